@@ -1,0 +1,23 @@
+"""opsnn: a neural-network operator library and graph engine (modelled on CANN ops-nn).
+
+>>> import opsnn, numpy as np
+>>> x = opsnn.tensor(np.random.rand(1, 3, 16, 16).astype(np.float32))
+>>> w = opsnn.tensor(np.random.rand(8, 3, 3, 3).astype(np.float32))
+>>> y = opsnn.ops.conv2d(x, w, None, stride=2, padding=1)
+>>> y.shape
+(1, 8, 8, 8)
+"""
+from . import dtypes, errors
+from .runtime import Device, Event, Stream, context, current_stream, finalize, hooks, init, is_initialized
+from .runtime import memory
+from .tensor import Tensor, empty, from_dlpack, from_numpy, full, ones, tensor, zeros
+from . import ops
+from .ops import kernel_selector, register_kernel, register_op
+from . import aclnn, config
+
+__version__ = "0.1.0"
+
+__all__ = ["Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
+           "empty", "errors", "finalize", "from_dlpack", "from_numpy", "full", "hooks", "init",
+           "is_initialized", "kernel_selector", "memory", "ones", "ops", "register_kernel", "register_op",
+           "tensor", "zeros"]

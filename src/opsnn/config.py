@@ -1,0 +1,26 @@
+"""Library-wide settings and capability queries.
+
+>>> import opsnn
+>>> caps = opsnn.config.get_backend_capability()
+>>> caps["cpu"]["Relu"]["kernels"][0]["name"]  # doctest: +SKIP
+'relu_numba'
+"""
+from __future__ import annotations
+
+from . import dtypes as _dt
+from .ops.registry import all_ops, kernel_selector  # noqa: F401 - re-exported
+
+
+def get_backend_capability() -> dict:
+    """``{backend: {op: {"category", "dtypes", "kernels": [{name, priority, dtypes}]}}}``."""
+    caps: dict = {}
+    for rec in all_ops():
+        for k in rec.kernels:
+            entry = caps.setdefault(k.backend, {}).setdefault(
+                rec.name if not rec.domain else f"{rec.domain}::{rec.name}",
+                {"category": rec.category,
+                 "dtypes": sorted({_dt.name(d) for d in (rec.inputs[0].dtypes or ())}) if rec.inputs else [],
+                 "kernels": []})
+            entry["kernels"].append({"name": k.name, "priority": k.priority, "fallback": k.fallback,
+                                     "dtypes": None if k.dtypes is None else [_dt.name(d) for d in k.dtypes]})
+    return caps

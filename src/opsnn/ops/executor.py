@@ -1,0 +1,324 @@
+"""Prepare/execute: ``prepare`` decides everything once, ``Executor.run`` only launches.
+
+``prepare`` validates inputs and attributes, infers output shapes, selects the kernel,
+computes its plan (tiling, packed weights) and workspace size, and binds output
+tensors. Eager calls reuse executors through a signature-keyed cache.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import OpsnnError, ParamInvalidError
+from ..runtime import hooks
+from ..runtime.context import context
+from ..runtime.stream import current_stream
+from ..tensor import Tensor, _alloc_array, as_tensor
+from .registry import InferContext, OpRecord, TensorMeta, select_kernel, selector_key, version
+
+_MAX_CACHE = 4096
+_cache: "OrderedDict[tuple, Executor]" = OrderedDict()
+
+
+def clear_cache() -> None:
+    _cache.clear()
+
+
+def cache_info() -> dict:
+    return {"entries": len(_cache), "capacity": _MAX_CACHE}
+
+
+def _freeze(v):
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, np.ndarray):
+        return (v.shape, v.dtype.str, v.tobytes())
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    if isinstance(v, Tensor):
+        return _freeze(v.numpy())
+    return v
+
+
+def _attrs_key(attrs: dict) -> tuple:
+    key = tuple(attrs.items())
+    try:
+        hash(key)
+        return key
+    except TypeError:
+        return tuple((k, _freeze(v)) for k, v in attrs.items())
+
+
+def _default_num_outputs(rec: OpRecord) -> int:
+    return max(1, sum(1 for o in rec.outputs if not o.optional and not o.variadic))
+
+
+class Executor:
+    """A prepared op: the chosen kernel, its plan and workspace size, bound tensors.
+
+    ``run(workspace=None, stream=None)`` launches asynchronously on ``stream`` (default:
+    the current stream) and returns the output tensor(s); call it again after writing
+    new data into the input tensors, or pass ``inputs=[...]`` of the same signature.
+
+    >>> import opsnn, numpy as np
+    >>> x = opsnn.tensor(np.ones((2, 3), np.float32))
+    >>> ex = opsnn.aclnn.relu.prepare(x)
+    >>> ex.workspace_size, ex.kernel_name
+    (0, 'relu_numba')
+    >>> y = ex.run()
+    """
+
+    def __init__(self, rec: OpRecord, ctx: InferContext, selection, plan, workspace_size: int,
+                 inputs: list, outputs: list | None, signature: tuple):
+        self.op = rec
+        self.attrs = ctx.attrs
+        self.input_metas = ctx.inputs
+        self.output_metas = ctx.outputs
+        self.num_outputs = ctx.num_outputs
+        self.kernel = selection.kernel
+        self.reason = selection.reason
+        self.rejected = selection.rejected
+        self.adapter = selection.adapter
+        self.plan = plan
+        self.workspace_size = int(workspace_size)
+        self.inputs = inputs
+        self.outputs = outputs
+        self.signature = signature
+        k = selection.kernel
+        self._contig = [not k.strided and t is not None and not t._array.flags.c_contiguous for t in inputs]
+        self._info = {"kernel": k.name, "fallback": k.fallback}
+        self.repeatable = not rec.dynamic_shape
+
+    @property
+    def kernel_name(self) -> str:
+        return self.kernel.name
+
+    def __repr__(self) -> str:
+        return (f"<Executor {self.op.name} kernel={self.kernel.name} workspace={self.workspace_size}B "
+                f"outputs={[m.shape for m in self.output_metas or []]}>")
+
+    def explain(self) -> str:
+        lines = [f"{self.op.name}: kernel {self.kernel.name} — {self.reason}"]
+        if self.adapter:
+            lines.append("  16-bit inputs computed in float32 (adapter), stored back in 16-bit")
+        if self.kernel.fallback:
+            lines.append("  WARNING: running the numpy reference implementation (no fast kernel applies)")
+        return "\n".join(lines)
+
+    # -- running ---------------------------------------------------------------------------
+    def run(self, workspace=None, stream=None, *, inputs=None):
+        if inputs is not None:
+            self.inputs = self._rebind(inputs)
+        if self.op.dynamic_shape:
+            self.outputs = self._run_dynamic(self.inputs, stream)
+        else:
+            self.launch(self.inputs, self.outputs, workspace, stream)
+        return self.result(self.outputs)
+
+    def result(self, outs):
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _rebind(self, inputs) -> list:
+        tensors = [None if x is None else as_tensor(x) for x in inputs]
+        if len(tensors) != len(self.inputs):
+            raise ParamInvalidError(f"{self.op.name}: executor prepared for {len(self.inputs)} inputs, "
+                                    f"run() got {len(tensors)}", op=self.op.name)
+        for i, (new, old) in enumerate(zip(tensors, self.inputs)):
+            if (new is None) != (old is None) or (new is not None and (new.shape != old.shape or new.dtype != old.dtype)):
+                got = None if new is None else (new.shape, _dt.name(new.dtype))
+                want = None if old is None else (old.shape, _dt.name(old.dtype))
+                raise ParamInvalidError(f"{self.op.name}: run(inputs=...) input {i} is {got}; this executor was "
+                                        f"prepared for {want} — prepare a new executor", op=self.op.name)
+        for i in self.op.host_inputs:
+            if i < len(tensors) and tensors[i] is not None and not np.array_equal(tensors[i].numpy(),
+                                                                                 self.inputs[i].numpy()):
+                raise ParamInvalidError(f"{self.op.name}: host input {self.op.inputs[i].name!r} changed value; "
+                                        "prepare a new executor", op=self.op.name)
+        self._contig = [not self.kernel.strided and t is not None and not t._array.flags.c_contiguous
+                        for t in tensors]
+        return tensors
+
+    def new_outputs(self) -> list:
+        return [Tensor(_alloc_array(m.shape, m.dtype, self.op.name)) for m in self.output_metas]
+
+    def _task(self, ins: list, outs: list, ws):
+        fn, attrs, plan = self.kernel.fn, self.attrs, self.plan
+        if any(self._contig):
+            ins = list(ins)
+            contig = self._contig
+
+            def prepare_inputs(ins=ins):
+                return [np.ascontiguousarray(a) if c else a for a, c in zip(ins, contig)]
+        else:
+            prepare_inputs = None
+        if self.adapter:
+            def task():
+                xs = prepare_inputs() if prepare_inputs else ins
+                xs = [a.astype(np.float32) if a is not None and _dt.is_low_precision(a.dtype) else a for a in xs]
+                tmp = [np.empty(o.shape, np.float32) if _dt.is_low_precision(o.dtype) else o for o in outs]
+                fn(xs, tmp, attrs, plan, ws)
+                for o, t in zip(outs, tmp):
+                    if t is not o:
+                        np.copyto(o, t, casting="unsafe")
+        elif prepare_inputs is not None:
+            def task():
+                fn(prepare_inputs(), outs, attrs, plan, ws)
+        else:
+            def task():
+                fn(ins, outs, attrs, plan, ws)
+        return task
+
+    def _workspace(self, workspace):
+        if self.workspace_size == 0:
+            return None
+        if workspace is None:
+            return _alloc_array((self.workspace_size,), _dt.uint8, f"{self.op.name}:workspace")
+        arr = workspace._array if isinstance(workspace, Tensor) else workspace
+        if arr.nbytes < self.workspace_size:
+            raise ParamInvalidError(f"{self.op.name}: workspace has {arr.nbytes} bytes, the executor needs "
+                                    f"{self.workspace_size}", op=self.op.name)
+        return arr.reshape(-1).view(np.uint8)
+
+    def launch(self, ins: list, outs: list, workspace=None, stream=None) -> None:
+        """Queue the kernel on ``stream`` over the given tensors (signature already checked)."""
+        stream = stream or current_stream()
+        arrays = []
+        for t in ins:
+            if t is None:
+                arrays.append(None)
+                continue
+            p = t._producer
+            if p is not None and p[0] is not stream:
+                stream.wait_stream_seq(p[0], p[1])
+            arrays.append(t._array)
+        task = self._task(arrays, [o._array for o in outs], self._workspace(workspace))
+        info = self._info
+        if hooks.active:
+            info = dict(info, shapes=[None if t is None else t.shape for t in ins],
+                        dtypes=[None if t is None else _dt.name(t.dtype) for t in ins],
+                        out_shapes=[o.shape for o in outs], attrs=self.attrs)
+            if self.kernel.fallback:
+                hooks.emit("fallback", {"op": self.op.name, "reason": self.reason})
+        seq = stream.launch(task, self.op.name, info)
+        producer = (stream, seq)
+        for o in outs:
+            o._producer = producer
+
+    def _run_dynamic(self, ins: list, stream=None) -> list:
+        """Ops whose output shape depends on data run synchronously (after their inputs)."""
+        stream = stream or current_stream()
+        arrays = [None if t is None else t.numpy() for t in ins]
+        results: list = []
+
+        def task():
+            results.extend(self.kernel.fn(arrays, None, self.attrs, self.plan, None))
+
+        stream.launch(task, self.op.name, self._info)
+        stream.synchronize()
+        outs = []
+        for r in results[: self.num_outputs]:
+            t = Tensor(_alloc_array(r.shape, r.dtype, self.op.name))
+            np.copyto(t._array, r)
+            outs.append(t)
+        return outs
+
+
+def _metas_and_values(rec: OpRecord, tensors: list) -> tuple[list, list]:
+    metas, values = [], []
+    for i, t in enumerate(tensors):
+        if t is None:
+            metas.append(None)
+            values.append(None)
+            continue
+        metas.append(TensorMeta(t.shape, t.dtype))
+        spec = rec.input_spec(i)
+        values.append(t.numpy() if spec.host else None)
+    return metas, values
+
+
+def _signature(rec: OpRecord, tensors: list, attrs: dict, algo, num_outputs) -> tuple:
+    sig = []
+    for i, t in enumerate(tensors):
+        if t is None:
+            sig.append(None)
+            continue
+        a = t._array
+        if i in rec.host_inputs:
+            sig.append((a.shape, a.dtype, a.strides, t.numpy().tobytes()))
+        else:
+            sig.append((a.shape, a.dtype, a.strides))
+    return (id(rec), _attrs_key(attrs), tuple(sig), algo, num_outputs, selector_key(), version())
+
+
+def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None, algo: str | None = None,
+            num_outputs: int | None = None, signature: tuple | None = None) -> Executor:
+    """Validate, infer, select a kernel and plan it; returns an :class:`Executor`."""
+    ctx_rt = context()
+    tensors = [None if x is None else as_tensor(x) for x in inputs]
+    while tensors and tensors[-1] is None and len(tensors) > sum(1 for s in rec.inputs if not s.optional):
+        tensors.pop()
+    n_out = num_outputs or _default_num_outputs(rec)
+    metas, values = _metas_and_values(rec, tensors)
+    rec.check_inputs(metas)
+    bound = rec.bind_attrs(attrs or {})
+    if rec.outputs and rec.outputs[-1].variadic and bound.get("num_outputs", 0) is None:
+        bound["num_outputs"] = n_out
+    ctx = InferContext(rec, metas, bound, values, n_out, ctx_rt.device.type)
+    try:
+        out_metas = rec.run_infer(ctx)
+    except OpsnnError:
+        raise
+    except (ValueError, IndexError, TypeError, KeyError) as exc:
+        raise ParamInvalidError(f"{rec.name}: invalid inputs or attributes: {exc}", op=rec.name) from exc
+    selection = select_kernel(rec, ctx, algo)
+    k = selection.kernel
+    plan = k.plan(ctx) if k.plan is not None else None
+    ws = k.workspace(ctx, plan) if k.workspace is not None else 0
+    outputs = None
+    if not rec.dynamic_shape:
+        if out is not None:
+            outs = list(out) if isinstance(out, (list, tuple)) else [out]
+            if len(outs) != len(out_metas):
+                raise ParamInvalidError(f"{rec.name}: out= needs {len(out_metas)} tensors, got {len(outs)}",
+                                        op=rec.name)
+            outputs = []
+            for i, (o, m) in enumerate(zip(outs, out_metas)):
+                o = as_tensor(o)
+                if o.shape != tuple(m.shape) or o.dtype != m.dtype:
+                    raise ParamInvalidError(f"{rec.name}: out[{i}] is {o.shape} {_dt.name(o.dtype)}, expected "
+                                            f"{tuple(m.shape)} {_dt.name(m.dtype)}", op=rec.name)
+                outputs.append(o)
+        else:
+            outputs = [Tensor(_alloc_array(tuple(m.shape), m.dtype, rec.name)) for m in out_metas]
+    if signature is None:
+        signature = _signature(rec, tensors, attrs or {}, algo, num_outputs)
+    ex = Executor(rec, ctx, selection, plan, ws, tensors, outputs, signature)
+    if hooks.active:
+        hooks.emit("prepare", {"op": rec.name, "kernel": k.name, "reason": selection.reason})
+    return ex
+
+
+def call(rec: OpRecord, inputs: list, attrs: dict | None = None, *, algo: str | None = None,
+         num_outputs: int | None = None, stream=None):
+    """Eager execution through the signature-keyed executor cache; returns new tensors."""
+    tensors = [None if x is None else as_tensor(x) for x in inputs]
+    attrs = attrs or {}
+    key = _signature(rec, tensors, attrs, algo, num_outputs)
+    ex = _cache.get(key)
+    if ex is None:
+        ex = prepare(rec, tensors, attrs, algo=algo, num_outputs=num_outputs, signature=key)
+        if len(_cache) >= _MAX_CACHE:
+            _cache.popitem(last=False)
+        _cache[key] = ex
+        outs = ex.outputs
+        ex.inputs = ex.outputs = None  # the cached executor must not pin this call's tensors
+    elif rec.dynamic_shape:
+        outs = None
+    else:
+        outs = ex.new_outputs()
+    if rec.dynamic_shape:
+        return ex.result(ex._run_dynamic(tensors, stream))
+    ex.launch(tensors, outs, None, stream)
+    return ex.result(outs)

@@ -1,0 +1,8 @@
+"""Runtime layer: device, streams, events, memory pool and the hooks tools observe."""
+from . import hooks, memory
+from .context import Context, context, finalize, init, is_initialized
+from .device import Device
+from .stream import Event, Stream, current_stream
+
+__all__ = ["Context", "Device", "Event", "Stream", "context", "current_stream", "finalize", "hooks",
+           "init", "is_initialized", "memory"]

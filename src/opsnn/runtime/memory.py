@@ -1,0 +1,182 @@
+"""The memory pool: 64-byte aligned blocks in size classes, reused after free.
+
+Also the ``opsnn.memory`` module users see::
+
+    >>> import opsnn
+    >>> opsnn.memory.summary()["current_bytes"]  # doctest: +SKIP
+    0
+"""
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import numpy as np
+
+from ..errors import OutOfMemoryError, ParamInvalidError
+from . import hooks
+
+ALIGNMENT = 64
+_MIN_CLASS = 512
+
+
+def size_class(nbytes: int) -> int:
+    """Round a request up to its size class: 4 classes per power of two (<= 25% waste)."""
+    if nbytes <= _MIN_CLASS:
+        return _MIN_CLASS
+    step = 1 << max(nbytes.bit_length() - 3, 0)
+    return (nbytes + step - 1) // step * step
+
+
+class Block:
+    """One aligned allocation; ``array`` is its uint8 view (exactly ``size`` bytes)."""
+
+    __slots__ = ("size", "requested", "array", "raw", "live", "tag")
+
+    def __init__(self, size: int):
+        raw = np.empty(size + ALIGNMENT, dtype=np.uint8)
+        shift = (-raw.ctypes.data) % ALIGNMENT
+        self.raw = raw
+        self.array = raw[shift:shift + size]
+        self.size = size
+        self.requested = 0
+        self.live = False
+        self.tag = None
+
+    @property
+    def ptr(self) -> int:
+        return self.array.ctypes.data
+
+
+class MemoryPool:
+    """A caching allocator for one device (cf. PyTorch's caching allocator, CANN's pool).
+
+    ``allocate(n)`` returns a :class:`Block` of at least ``n`` bytes, reusing a cached
+    block of the same size class when one is free; ``free(block)`` caches it again.
+    ``cap`` (bytes, ``None`` = unlimited) bounds the bytes the pool holds.
+    """
+
+    def __init__(self, cap: int | None = None):
+        self._lock = threading.Lock()
+        self._free: dict[int, list[Block]] = defaultdict(list)
+        self.cap = cap
+        self.reset_stats()
+        self._reserved = 0
+        self._current = 0
+        self._live: dict[int, Block] = {}
+
+    def reset_stats(self) -> None:
+        self._peak = getattr(self, "_current", 0)
+        self._n_alloc = 0
+        self._n_free = 0
+        self._n_reuse = 0
+
+    def set_cap(self, cap: int | None) -> None:
+        if cap is not None and (not isinstance(cap, int) or cap < 0):
+            raise ParamInvalidError(f"memory.set_cap: cap must be a non-negative int or None, got {cap!r}")
+        self.cap = cap
+
+    def allocate(self, nbytes: int, tag: str | None = None) -> Block:
+        if nbytes < 0:
+            raise ParamInvalidError(f"memory.allocate: size must be >= 0, got {nbytes}")
+        size = size_class(nbytes)
+        with self._lock:
+            bucket = self._free.get(size)
+            if bucket:
+                block = bucket.pop()
+                self._n_reuse += 1
+            else:
+                if self.cap is not None and self._reserved + size > self.cap:
+                    self._release_cached_locked()
+                    if self._reserved + size > self.cap:
+                        raise OutOfMemoryError(
+                            f"memory pool: cannot allocate {nbytes} bytes (size class {size}): "
+                            f"{self._current} bytes in use, {self._reserved} reserved, cap {self.cap} bytes; "
+                            "free tensors or raise the cap with opsnn.memory.set_cap()"
+                        )
+                block = Block(size)
+                self._reserved += size
+            block.live = True
+            block.requested = nbytes
+            block.tag = tag
+            self._current += size
+            self._n_alloc += 1
+            if self._current > self._peak:
+                self._peak = self._current
+            self._live[id(block)] = block
+        if hooks.active:
+            hooks.emit("alloc", {"block": block, "bytes": size, "tag": tag})
+        return block
+
+    def free(self, block: Block) -> None:
+        with self._lock:
+            if not block.live:
+                return
+            block.live = False
+            self._current -= block.size
+            self._n_free += 1
+            self._live.pop(id(block), None)
+            self._free[block.size].append(block)
+        if hooks.active:
+            hooks.emit("free", {"block": block, "bytes": block.size})
+
+    def _release_cached_locked(self) -> None:
+        for bucket in self._free.values():
+            for block in bucket:
+                self._reserved -= block.size
+        self._free.clear()
+
+    def empty_cache(self) -> None:
+        """Return every cached (free) block to the OS."""
+        with self._lock:
+            self._release_cached_locked()
+
+    def summary(self, top: int = 5) -> dict:
+        """Current / peak / reserved bytes, allocation counts and the largest live blocks."""
+        with self._lock:
+            largest = sorted(self._live.values(), key=lambda b: b.size, reverse=True)[:top]
+            return {
+                "current_bytes": self._current,
+                "peak_bytes": self._peak,
+                "reserved_bytes": self._reserved,
+                "cached_bytes": self._reserved - self._current,
+                "cap_bytes": self.cap,
+                "live_blocks": len(self._live),
+                "allocations": self._n_alloc,
+                "frees": self._n_free,
+                "reuses": self._n_reuse,
+                "largest_blocks": [{"bytes": b.size, "requested": b.requested, "tag": b.tag} for b in largest],
+            }
+
+    @property
+    def current_bytes(self) -> int:
+        return self._current
+
+
+def _pool() -> MemoryPool:
+    from .context import context
+
+    return context().pool
+
+
+def summary(top: int = 5) -> dict:
+    """Memory use of the current device's pool (see :meth:`MemoryPool.summary`)."""
+    return _pool().summary(top)
+
+
+def empty_cache() -> None:
+    """Release cached blocks of the current device's pool."""
+    _pool().empty_cache()
+
+
+def set_cap(cap: int | None) -> None:
+    """Cap the bytes the pool may hold; allocations past it raise ``OutOfMemoryError``."""
+    _pool().set_cap(cap)
+
+
+def reset_peak() -> None:
+    _pool().reset_stats()
+
+
+def current_bytes() -> int:
+    return _pool().current_bytes

@@ -1,0 +1,244 @@
+"""Streams (ordered asynchronous work queues) and events.
+
+On the CPU a worker stream owns one thread that runs its kernels in order; kernels
+release the GIL (numba ``nogil``, BLAS) so two streams really run at once. The
+default stream of a context is *inline*: it runs kernels on the calling thread,
+because a thread hop costs more than a small kernel (CUDA's legacy default stream
+plays the same role)::
+
+    >>> import opsnn
+    >>> s = opsnn.Stream()
+    >>> with s:                                   # ops issued here run on s's worker
+    ...     y = opsnn.ops.relu(opsnn.tensor([-1.0, 2.0]))
+    >>> s.synchronize()
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+
+from ..errors import KernelError, OpsnnRuntimeError
+from . import hooks
+
+_ids = itertools.count()
+_tls = threading.local()
+
+
+class Stream:
+    """An ordered queue of work. ``Stream()`` starts a worker thread; ``inline=True`` runs
+    work on the caller's thread (used for the default stream).
+
+    Errors raised by a kernel are kept and raised (as :class:`KernelError` naming the op)
+    by the next :meth:`synchronize`; the stream stays usable afterwards.
+    """
+
+    def __init__(self, device=None, *, inline: bool = False, name: str | None = None):
+        from .context import context
+
+        ctx = context()
+        self.device = ctx.device if device is None else device
+        self.id = next(_ids)
+        self.name = name or ("default" if inline else f"stream{self.id}")
+        self.inline = inline
+        self._cv = threading.Condition()
+        self._queue: deque = deque()
+        self._submitted = 0
+        self._completed = 0
+        self._errors: list[tuple[int, str, BaseException]] = []
+        self._failed: dict[int, str] = {}
+        self._closed = False
+        self._thread = None
+        if not inline:
+            self._thread = threading.Thread(target=self._work, name=f"opsnn-{self.name}", daemon=True)
+            self._thread.start()
+        ctx._register_stream(self)
+
+    # -- submission ----------------------------------------------------------
+    def launch(self, fn, name: str = "task", info: dict | None = None) -> int:
+        """Queue ``fn()``; returns its sequence number (see :meth:`done`)."""
+        if self._closed:
+            raise OpsnnRuntimeError(f"{name}: stream {self.name} was closed by opsnn.finalize()")
+        if self.inline:
+            self._submitted += 1
+            seq = self._submitted
+            self._run(seq, fn, name, info, time.perf_counter())
+            if self._failed:
+                self._raise_errors()
+            return seq
+        with self._cv:
+            self._submitted += 1
+            seq = self._submitted
+            self._queue.append((seq, fn, name, info, time.perf_counter() if hooks.active else 0.0))
+            self._cv.notify_all()
+        return seq
+
+    def _run(self, seq, fn, name, info, t_queue) -> None:
+        profiling = hooks.active and hooks.listening("kernel")
+        t0 = time.perf_counter() if profiling else 0.0
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - kept and re-raised at synchronize
+            self._errors.append((seq, name, exc))
+            self._failed[seq] = name
+        if profiling:
+            t1 = time.perf_counter()
+            hooks.emit("kernel", {"op": name, "stream": self.name, "queued": t_queue, "start": t0,
+                                  "end": t1, **(info or {})})
+        self._completed = seq
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                seq, fn, name, info, t_queue = self._queue[0]
+            self._run(seq, fn, name, info, t_queue)
+            fn = info = None  # drop the task's tensors now, not at the next task
+            with self._cv:
+                self._queue.popleft()
+                self._cv.notify_all()
+
+    # -- waiting -------------------------------------------------------------
+    def done(self, seq: int) -> bool:
+        return self._completed >= seq
+
+    def wait_seq(self, seq: int) -> None:
+        """Block the host until work ``seq`` finished; raise if that work failed."""
+        if self._completed < seq:
+            with self._cv:
+                while self._completed < seq:
+                    self._cv.wait()
+        if seq in self._failed:
+            raise KernelError(
+                f"{self._failed[seq]}: the kernel that produced this tensor failed on stream "
+                f"{self.name}; call synchronize() for the error"
+            )
+
+    def query(self) -> bool:
+        """True when all queued work has finished."""
+        return self._completed >= self._submitted
+
+    def synchronize(self) -> None:
+        """Wait for all queued work; raise the first kernel error since the last synchronize."""
+        self._wait_all()
+        self._raise_errors()
+
+    def _wait_all(self) -> None:
+        with self._cv:
+            while self._completed < self._submitted:
+                self._cv.wait()
+
+    def _raise_errors(self) -> None:
+        if not self._errors:
+            return
+        errors, self._errors = self._errors, []
+        self._failed.clear()
+        seq, name, exc = errors[0]
+        more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
+        raise KernelError(f"{name}: kernel failed on stream {self.name}: {type(exc).__name__}: {exc}{more}",
+                          op=name) from exc
+
+    def wait_event(self, event: "Event") -> None:
+        """Make later work on this stream wait until ``event`` completes."""
+        if event._stream is None:
+            return
+        self.wait_stream_seq(event._stream, event._seq)
+
+    def wait_stream_seq(self, other: "Stream", seq: int) -> None:
+        if other is self or other.done(seq):
+            return
+        if self.inline:
+            other._wait_quiet(seq)
+        else:
+            self.launch(lambda: other._wait_quiet(seq), name=f"wait:{other.name}")
+
+    def _wait_quiet(self, seq: int) -> None:
+        with self._cv:
+            while self._completed < seq:
+                self._cv.wait()
+
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def close(self) -> None:
+        """Finish queued work and stop the worker thread (done by ``opsnn.finalize()``)."""
+        self._wait_all()
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    # -- current-stream context --------------------------------------------------
+    def __enter__(self) -> "Stream":
+        stack = getattr(_tls, "stack", None)
+        if stack is None:
+            stack = _tls.stack = []
+        stack.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _tls.stack.pop()
+
+    def __repr__(self) -> str:
+        kind = "inline" if self.inline else "worker"
+        return f"<Stream {self.name} ({kind}) pending={self._submitted - self._completed}>"
+
+
+def current_stream() -> Stream:
+    """The stream ops are issued on: the innermost ``with stream:`` or the default stream."""
+    stack = getattr(_tls, "stack", None)
+    if stack:
+        return stack[-1]
+    from .context import context
+
+    return context().default_stream
+
+
+class Event:
+    """A marker in a stream: ``record`` it, ``wait`` on it from another stream or the host,
+    and time the work between two events with ``elapsed_ms``."""
+
+    def __init__(self):
+        self._stream: Stream | None = None
+        self._seq = 0
+        self._flag = threading.Event()
+        self.time: float | None = None
+
+    def record(self, stream: Stream | None = None) -> "Event":
+        stream = stream or current_stream()
+        self._flag.clear()
+        self.time = None
+
+        def mark():
+            self.time = time.perf_counter()
+            self._flag.set()
+
+        self._seq = stream.launch(mark, name="event")
+        self._stream = stream
+        return self
+
+    def query(self) -> bool:
+        return self._stream is None or self._flag.is_set()
+
+    def synchronize(self) -> None:
+        if self._stream is not None:
+            self._flag.wait()
+
+    def wait(self, stream: Stream | None = None) -> None:
+        """Make ``stream`` (default: the current one) wait for this event."""
+        (stream or current_stream()).wait_event(self)
+
+    def elapsed_ms(self, end: "Event") -> float:
+        """Milliseconds between this event and ``end`` (both must have completed)."""
+        self.synchronize()
+        end.synchronize()
+        if self.time is None or end.time is None:
+            raise OpsnnRuntimeError("Event.elapsed_ms: both events must be recorded first")
+        return (end.time - self.time) * 1e3

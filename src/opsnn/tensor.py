@@ -1,0 +1,421 @@
+"""``opsnn.Tensor``: a strided view (shape, strides, offset, dtype, format) of pool memory.
+
+Views (reshape, transpose, slicing, expand, ...) never copy; ``contiguous()`` copies only
+when the layout needs it. Tensors written by a kernel on a worker stream remember it, and
+reading them from the host (``numpy()``) waits for that kernel::
+
+    >>> import opsnn, numpy as np
+    >>> t = opsnn.tensor(np.arange(6, dtype=np.float32)).reshape(2, 3)
+    >>> t.transpose(0, 1).shape
+    (3, 2)
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import math
+
+import numpy as np
+
+from . import dtypes as _dt
+from .errors import ParamInvalidError
+from .runtime.context import context
+
+FORMATS = ("ND", "NCHW", "NHWC")
+
+
+class Storage:
+    """Owns one pool block; numpy arrays over it keep it alive, and it returns the block
+    to the pool when the last of them dies (so a user's ``numpy()`` view is never recycled
+    under them)."""
+
+    __slots__ = ("block", "pool", "__weakref__")
+
+    def __init__(self, pool, nbytes: int, tag: str | None = None):
+        self.pool = pool
+        self.block = pool.allocate(nbytes, tag)
+
+    @property
+    def __array_interface__(self) -> dict:
+        return {"shape": (self.block.size,), "typestr": "|u1", "data": (self.block.ptr, False), "version": 3}
+
+    def __del__(self):
+        pool = self.pool
+        if pool is not None:
+            pool.free(self.block)
+
+
+def _alloc_array(shape: tuple, dtype: np.dtype, tag: str | None = None) -> np.ndarray:
+    nbytes = math.prod(shape) * dtype.itemsize
+    storage = Storage(context().pool, nbytes, tag)
+    buf = np.asarray(storage)  # base is the Storage: keeps the block alive
+    return buf[:nbytes].view(dtype).reshape(shape)
+
+
+def _check_format(fmt: str, ndim: int) -> str:
+    if fmt not in FORMATS:
+        raise ParamInvalidError(f"Tensor: unknown format {fmt!r}; expected one of {FORMATS}")
+    if fmt != "ND" and ndim != 4:
+        raise ParamInvalidError(f"Tensor: format {fmt} needs a 4-D tensor, got {ndim}-D")
+    return fmt
+
+
+class Tensor:
+    """A tensor in opsnn memory. Build one with :func:`tensor`, :func:`empty`,
+    :func:`from_numpy` or :func:`from_dlpack`; ops return them."""
+
+    __slots__ = ("_array", "format", "_producer", "_pinned", "__weakref__")
+    __array_priority__ = 1000  # numpy defers binary operators to Tensor
+
+    def __init__(self, array: np.ndarray, format: str = "ND", producer=None):
+        self._array = array
+        self.format = format
+        self._producer = producer
+        self._pinned = False
+
+    # -- metadata --------------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        return self._array.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._array.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self._array.ndim
+
+    @property
+    def strides(self) -> tuple:
+        """Strides in elements (not bytes)."""
+        isz = self._array.dtype.itemsize
+        return tuple(s // isz for s in self._array.strides)
+
+    @property
+    def offset(self) -> int:
+        """Offset in elements from the start of the underlying storage."""
+        root = self._array
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        return (self._array.ctypes.data - root.ctypes.data) // self._array.dtype.itemsize
+
+    @property
+    def numel(self) -> int:
+        return self._array.size
+
+    def size(self, dim: int | None = None):
+        return self.shape if dim is None else self.shape[dim]
+
+    @property
+    def nbytes(self) -> int:
+        return self._array.nbytes
+
+    @property
+    def device(self):
+        return context().device
+
+    def is_contiguous(self) -> bool:
+        return self._array.flags.c_contiguous
+
+    # -- host access -------------------------------------------------------------
+    def _wait(self) -> None:
+        p = self._producer
+        if p is not None:
+            stream, seq = p
+            stream.wait_seq(seq)
+            self._producer = None
+
+    def numpy(self) -> np.ndarray:
+        """A numpy view of the data (no copy); waits for the kernel that writes it."""
+        self._wait()
+        return self._array
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.numpy()
+        return arr if dtype is None else arr.astype(dtype)
+
+    def item(self):
+        return self.numpy().item()
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        fmt = "" if self.format == "ND" else f", format={self.format}"
+        body = np.array2string(self.numpy(), separator=", ", threshold=64, edgeitems=3)
+        return f"tensor({body}, dtype={_dt.name(self.dtype)}{fmt})"
+
+    # -- views (zero-copy) ---------------------------------------------------------
+    def _view(self, array: np.ndarray, keep_format: bool = False) -> "Tensor":
+        return Tensor(array, self.format if keep_format else "ND", self._producer)
+
+    def view(self, *shape) -> "Tensor":
+        """Same data, new shape; raises if the layout makes that impossible without a copy."""
+        shape = _shape_arg(shape)
+        arr = self._array.view()
+        try:
+            arr.shape = _resolve_shape(shape, self.numel, "view")
+        except AttributeError:
+            raise ParamInvalidError(
+                f"view: a tensor with shape {self.shape} and strides {self.strides} cannot be viewed as "
+                f"{tuple(shape)} without a copy; use reshape() or contiguous() first"
+            ) from None
+        return self._view(arr)
+
+    def reshape(self, *shape) -> "Tensor":
+        """A view when the layout allows, else a contiguous copy (like torch.reshape)."""
+        shape = _resolve_shape(_shape_arg(shape), self.numel, "reshape")
+        arr = self._array.view()
+        try:
+            arr.shape = shape
+            return self._view(arr)
+        except AttributeError:
+            return self.contiguous().view(*shape)
+
+    def flatten(self) -> "Tensor":
+        return self.reshape(-1)
+
+    def transpose(self, dim0: int, dim1: int) -> "Tensor":
+        axes = list(range(self.ndim))
+        d0, d1 = _norm_dim(dim0, self.ndim, "transpose"), _norm_dim(dim1, self.ndim, "transpose")
+        axes[d0], axes[d1] = axes[d1], axes[d0]
+        return self._view(self._array.transpose(axes))
+
+    def permute(self, *dims) -> "Tensor":
+        dims = tuple(_norm_dim(d, self.ndim, "permute") for d in _shape_arg(dims))
+        if sorted(dims) != list(range(self.ndim)):
+            raise ParamInvalidError(f"permute: dims must be a permutation of 0..{self.ndim - 1}, got {dims}")
+        return self._view(self._array.transpose(dims))
+
+    @property
+    def T(self) -> "Tensor":
+        return self._view(self._array.T)
+
+    def expand(self, *shape) -> "Tensor":
+        """Broadcast to ``shape`` with zero strides (-1 keeps a dim)."""
+        shape = _shape_arg(shape)
+        lead = len(shape) - self.ndim
+        if lead < 0:
+            raise ParamInvalidError(f"expand: target {tuple(shape)} has fewer dims than the tensor {self.shape}")
+        full = tuple(self.shape[i - lead] if (s == -1 and i >= lead) else s for i, s in enumerate(shape))
+        try:
+            arr = np.broadcast_to(self._array, full)
+        except ValueError:
+            raise ParamInvalidError(f"expand: cannot expand shape {self.shape} to {tuple(shape)}") from None
+        return self._view(arr)
+
+    def squeeze(self, dim: int | None = None) -> "Tensor":
+        if dim is None:
+            return self._view(self._array.squeeze())
+        d = _norm_dim(dim, self.ndim, "squeeze")
+        if self.shape[d] != 1:
+            return self
+        return self._view(self._array.squeeze(d))
+
+    def unsqueeze(self, dim: int) -> "Tensor":
+        d = _norm_dim(dim, self.ndim + 1, "unsqueeze")
+        return self._view(np.expand_dims(self._array, d))
+
+    def __getitem__(self, index) -> "Tensor":
+        if isinstance(index, Tensor):
+            index = index.numpy()
+        arr = self._array[index]
+        if isinstance(index, np.ndarray) or (isinstance(index, (list, tuple)) and any(
+                isinstance(i, (list, np.ndarray)) for i in (index if isinstance(index, tuple) else [index]))):
+            # advanced indexing copies in numpy: move the copy into pool memory
+            self._wait()
+            return tensor(self._array[index])
+        if not isinstance(arr, np.ndarray):  # a scalar element: keep it a 0-d view
+            arr = self._array[index, ...] if not isinstance(index, tuple) else self._array[index + (Ellipsis,)]
+        return self._view(arr)
+
+    def __setitem__(self, index, value) -> None:
+        self._wait()
+        self._array[index] = value.numpy() if isinstance(value, Tensor) else value
+
+    # -- copies --------------------------------------------------------------------
+    def contiguous(self) -> "Tensor":
+        """Self if already C-contiguous, else a contiguous copy in pool memory."""
+        if self._array.flags.c_contiguous:
+            return self
+        return self.clone()
+
+    def clone(self) -> "Tensor":
+        from .runtime.stream import current_stream
+
+        src = self._array
+        out = Tensor(_alloc_array(src.shape, src.dtype), self.format)
+        dst = out._array
+        stream = current_stream()
+        p = self._producer
+        if p is not None:
+            stream.wait_stream_seq(*p)
+        out._producer = (stream, stream.launch(lambda: np.copyto(dst, src), name="Copy"))
+        return out
+
+    def copy_(self, src) -> "Tensor":
+        """Copy ``src`` (Tensor or array-like, broadcastable) into this tensor in place."""
+        self._wait()
+        np.copyto(self._array, src.numpy() if isinstance(src, Tensor) else np.asarray(src), casting="unsafe")
+        return self
+
+    def to(self, dtype) -> "Tensor":
+        from .ops import cast
+
+        return cast(self, _dt.get(dtype))
+
+    astype = to
+
+    def pin_memory(self) -> "Tensor":
+        """Page-lock this tensor's memory where the OS allows (``is_pinned`` says if it worked)."""
+        if not self._pinned:
+            self._pinned = _mlock(self._array)
+        return self
+
+    @property
+    def is_pinned(self) -> bool:
+        return bool(self._pinned)
+
+    # -- DLPack ----------------------------------------------------------------------
+    def __dlpack__(self, *args, **kwargs):
+        self._wait()
+        return self._array.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+    # -- operators (eager ops) -----------------------------------------------------------
+    def _binary(self, other, name, reverse=False):
+        from . import ops
+
+        fn = getattr(ops, name)
+        return fn(other, self) if reverse else fn(self, other)
+
+    def __add__(self, o): return self._binary(o, "add")
+    def __radd__(self, o): return self._binary(o, "add", True)
+    def __sub__(self, o): return self._binary(o, "sub")
+    def __rsub__(self, o): return self._binary(o, "sub", True)
+    def __mul__(self, o): return self._binary(o, "mul")
+    def __rmul__(self, o): return self._binary(o, "mul", True)
+    def __truediv__(self, o): return self._binary(o, "div")
+    def __rtruediv__(self, o): return self._binary(o, "div", True)
+    def __pow__(self, o): return self._binary(o, "pow")
+    def __matmul__(self, o): return self._binary(o, "matmul")
+    def __rmatmul__(self, o): return self._binary(o, "matmul", True)
+
+    def __neg__(self):
+        from .ops import neg
+
+        return neg(self)
+
+
+def _mlock(arr: np.ndarray) -> bool:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        return libc.mlock(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(max(arr.nbytes, 1))) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _shape_arg(shape) -> tuple:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    for s in shape:
+        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+            raise ParamInvalidError(f"shape entries must be ints, got {s!r} in {tuple(shape)}")
+    return tuple(int(s) for s in shape)
+
+
+def _resolve_shape(shape: tuple, numel: int, what: str) -> tuple:
+    if shape.count(-1) > 1:
+        raise ParamInvalidError(f"{what}: only one dim may be -1, got {shape}")
+    if any(s < -1 for s in shape):
+        raise ParamInvalidError(f"{what}: dims must be >= 0 (or one -1), got {shape}")
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        if known == 0 or numel % known:
+            raise ParamInvalidError(f"{what}: cannot infer -1 in {shape} for {numel} elements")
+        shape = tuple(numel // known if s == -1 else s for s in shape)
+    if math.prod(shape) != numel:
+        raise ParamInvalidError(f"{what}: shape {shape} has {math.prod(shape)} elements, the tensor has {numel}")
+    return shape
+
+
+def _norm_dim(dim: int, ndim: int, what: str) -> int:
+    if not -max(ndim, 1) <= dim < max(ndim, 1):
+        raise ParamInvalidError(f"{what}: dim {dim} out of range for a {ndim}-D tensor")
+    return dim % max(ndim, 1)
+
+
+# -- factories -------------------------------------------------------------------------------
+def empty(shape, dtype="float32", format: str = "ND") -> Tensor:
+    """An uninitialised tensor in pool memory."""
+    shape = _shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,))
+    if any(s < 0 for s in shape):
+        raise ParamInvalidError(f"empty: dims must be >= 0, got {shape}")
+    return Tensor(_alloc_array(shape, _dt.get(dtype)), _check_format(format, len(shape)))
+
+
+def full(shape, value, dtype="float32", format: str = "ND") -> Tensor:
+    t = empty(shape, dtype, format)
+    t._array.fill(value)
+    return t
+
+
+def zeros(shape, dtype="float32", format: str = "ND") -> Tensor:
+    return full(shape, 0, dtype, format)
+
+
+def ones(shape, dtype="float32", format: str = "ND") -> Tensor:
+    return full(shape, 1, dtype, format)
+
+
+def tensor(data, dtype=None, format: str = "ND") -> Tensor:
+    """Copy ``data`` (array-like, Tensor, scalar) into a new tensor in pool memory."""
+    if isinstance(data, Tensor):
+        data = data.numpy()
+    arr = np.asarray(data) if dtype is None else np.asarray(data, dtype=_dt.get(dtype))
+    if arr.dtype == np.float64 and dtype is None and not isinstance(data, np.ndarray):
+        arr = arr.astype(np.float32)  # Python floats default to float32, as in torch
+    if arr.dtype.kind == "O":
+        raise ParamInvalidError(f"tensor: cannot build a tensor from {type(data).__name__} (object dtype)")
+    t = Tensor(_alloc_array(arr.shape, arr.dtype), _check_format(format, arr.ndim))
+    np.copyto(t._array, arr)
+    return t
+
+
+def from_numpy(arr: np.ndarray, format: str = "ND") -> Tensor:
+    """Wrap a numpy array without copying (it stays numpy-owned memory)."""
+    if not isinstance(arr, np.ndarray):
+        raise ParamInvalidError(f"from_numpy: expected a numpy.ndarray, got {type(arr).__name__}")
+    return Tensor(arr, _check_format(format, arr.ndim))
+
+
+def from_dlpack(obj) -> Tensor:
+    """Import any DLPack producer (numpy, torch, ...) without copying."""
+    if isinstance(obj, Tensor):
+        return obj
+    return Tensor(np.from_dlpack(obj))
+
+
+def as_tensor(x, like: Tensor | None = None) -> Tensor:
+    """``x`` as a Tensor: Tensors pass through, arrays wrap without copy, scalars take the
+    dtype of ``like`` (a Python float with an integer tensor becomes float32)."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        return Tensor(x)
+    if isinstance(x, (bool, int, float, np.generic)) and like is not None:
+        dt = like.dtype
+        if isinstance(x, float) and not _dt.is_float(dt):
+            dt = _dt.float32
+        return Tensor(np.asarray(x, dtype=dt))
+    return tensor(x)
+
+

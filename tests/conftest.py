@@ -1,0 +1,29 @@
+"""Shared fixtures: a seeded RNG and a check that the pool's live bytes return to baseline."""
+import gc
+
+import numpy as np
+import pytest
+
+import opsnn
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+@pytest.fixture
+def no_leak():
+    """Assert that memory allocated from the pool inside the test is freed by its end."""
+    opsnn.init()
+    gc.collect()
+    opsnn.current_stream().synchronize()
+    base = opsnn.memory.current_bytes()
+    yield
+    for s in opsnn.context().streams():
+        try:
+            s.synchronize()
+        except opsnn.errors.KernelError:
+            pass
+    gc.collect()
+    assert opsnn.memory.current_bytes() == base, "pool live bytes did not return to baseline"
