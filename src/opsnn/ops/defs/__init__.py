@@ -2,7 +2,8 @@
 functional entry points in ``__all__``."""
 import importlib
 
-FAMILIES = ("elementwise", "activation", "reduction", "matmul", "conv", "pool", "norm", "shape")
+FAMILIES = ("elementwise", "activation", "reduction", "norm", "matmul", "conv", "pool", "quant", "shape",
+            "rnn", "attention", "loss", "random")
 
 __all__: list[str] = []
 for _family in FAMILIES:

@@ -1,0 +1,2 @@
+"""attention ops (records, kernels registration, functional entry points)."""
+__all__: list[str] = []

@@ -1,0 +1,2 @@
+"""loss ops (records, kernels registration, functional entry points)."""
+__all__: list[str] = []
