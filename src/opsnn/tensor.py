@@ -32,8 +32,9 @@ class Storage:
     __slots__ = ("block", "pool", "__weakref__")
 
     def __init__(self, pool, nbytes: int, tag: str | None = None):
-        self.pool = pool
+        self.pool = None  # set only once the block exists, so __del__ never frees a failed allocation
         self.block = pool.allocate(nbytes, tag)
+        self.pool = pool
 
     @property
     def __array_interface__(self) -> dict:

@@ -1,0 +1,168 @@
+"""The op registry and the two-phase API, driven by a custom op registered from outside
+the package with the same public API the library uses for its own ops."""
+import numba as nb
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn.errors import (DTypeError, InferShapeError, KernelNotFoundError, ParamInvalidError,
+                          ParamNullptrError)
+from opsnn.ops import Attr, Input, TensorMeta
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _scaled_add(x, y, alpha, out):
+    for i in nb.prange(x.size):
+        out[i] = x[i] + alpha * y[i]
+
+
+def _infer(ctx):
+    if ctx.shape(0) != ctx.shape(1):
+        ctx.fail(f"X and Y must have the same shape, got {ctx.shape(0)} and {ctx.shape(1)}")
+    return [TensorMeta(ctx.shape(0), ctx.dtype(0))]
+
+
+REC = opsnn.register_op(
+    "ScaledAdd", domain="user", category="elementwise",
+    inputs=[Input("X", (np.dtype("float32"), np.dtype("float64"), opsnn.dtypes.float16)), Input("Y")],
+    outputs=["Z"], attrs=[Attr("alpha", "float", 1.0)], infer=_infer,
+    reference=lambda ins, attrs: (ins[0] + attrs["alpha"] * ins[1]).astype(ins[0].dtype))
+
+CALLS = {"plan": 0}
+
+
+def _plan(ctx):
+    CALLS["plan"] += 1
+    return {"n": int(np.prod(ctx.shape(0)))}
+
+
+@REC.kernel("scaled_add_numba", priority=10, dtypes=(np.dtype("float32"), np.dtype("float64")), plan=_plan,
+            workspace=lambda ctx, plan: 128)
+def _scaled_add_kernel(ins, outs, attrs, plan, ws):
+    assert ws is not None and ws.nbytes >= 128
+    _scaled_add(ins[0].reshape(-1), ins[1].reshape(-1), attrs["alpha"], outs[0].reshape(-1))
+
+
+@opsnn.ops.api("scaled_add", "ScaledAdd", domain="user")
+def scaled_add(x, y, alpha=1.0):
+    return [x, y], {"alpha": float(alpha)}
+
+
+def test_custom_op_eager_and_two_phase(rng):
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    y = rng.standard_normal((3, 5)).astype(np.float32)
+    z = scaled_add(opsnn.tensor(x), opsnn.tensor(y), alpha=2.0)
+    np.testing.assert_allclose(z.numpy(), x + 2 * y, rtol=1e-6)
+    ex = opsnn.aclnn.scaled_add.prepare(opsnn.tensor(x), opsnn.tensor(y), alpha=0.5)
+    assert ex.kernel_name == "scaled_add_numba" and ex.workspace_size == 128
+    assert "priority 10" in ex.reason
+    ws = opsnn.empty((ex.workspace_size,), "uint8")
+    out = ex.run(ws)
+    np.testing.assert_allclose(out.numpy(), x + 0.5 * y, rtol=1e-6)
+
+
+def test_executor_is_repeatable_with_new_data(rng):
+    xt = opsnn.tensor(np.zeros((4,), np.float32))
+    yt = opsnn.tensor(np.ones((4,), np.float32))
+    ex = opsnn.aclnn.scaled_add.prepare(xt, yt, alpha=3.0)
+    plans = CALLS["plan"]
+    out = ex.run()
+    np.testing.assert_array_equal(out.numpy(), 3.0)
+    xt.copy_(np.arange(4, dtype=np.float32))
+    assert ex.run() is out
+    np.testing.assert_array_equal(out.numpy(), np.arange(4) + 3.0)
+    ex.run(inputs=[opsnn.tensor(np.full(4, 10, np.float32)), yt])
+    np.testing.assert_array_equal(out.numpy(), 13.0)
+    assert CALLS["plan"] == plans, "run() must not re-plan"
+    with pytest.raises(ParamInvalidError, match="prepared for"):
+        ex.run(inputs=[opsnn.tensor(np.zeros(5, np.float32)), yt])
+
+
+def test_executor_runs_async_on_a_stream():
+    s = opsnn.Stream()
+    xt = opsnn.tensor(np.ones((1 << 16,), np.float32))
+    ex = opsnn.aclnn.scaled_add.prepare(xt, xt, alpha=1.0)
+    out = ex.run(stream=s)
+    s.synchronize()
+    np.testing.assert_array_equal(out.numpy(), 2.0)
+
+
+def test_out_argument_and_errors():
+    x = opsnn.tensor(np.ones(3, np.float32))
+    out = opsnn.empty((3,), "float32")
+    ex = opsnn.aclnn.scaled_add.prepare(x, x, out=out)
+    assert ex.run() is out
+    with pytest.raises(ParamInvalidError, match="out"):
+        opsnn.aclnn.scaled_add.prepare(x, x, out=opsnn.empty((4,), "float32"))
+
+
+def test_eager_cache_reuses_executors():
+    x = opsnn.tensor(np.ones(7, np.float32))
+    scaled_add(x, x, alpha=1.5)
+    n = opsnn.ops.cache_info()["entries"]
+    plans = CALLS["plan"]
+    for _ in range(5):
+        r = scaled_add(opsnn.tensor(np.ones(7, np.float32)), x, alpha=1.5)
+    assert opsnn.ops.cache_info()["entries"] == n and CALLS["plan"] == plans
+    np.testing.assert_array_equal(r.numpy(), 2.5)
+    a, b = scaled_add(x, x), scaled_add(x, x)
+    assert not np.shares_memory(a.numpy(), b.numpy()), "eager calls return fresh outputs"
+
+
+def test_forcing_kernels_and_the_fallback():
+    x = opsnn.tensor(np.arange(5, dtype=np.float32))
+    assert opsnn.aclnn.scaled_add.prepare(x, x, algo="reference").kernel_name == "reference"
+    r = scaled_add(x, x, alpha=2.0, algo="reference")
+    np.testing.assert_array_equal(r.numpy(), 3 * np.arange(5))
+    with pytest.raises(KernelNotFoundError, match="no kernel named"):
+        scaled_add(x, x, algo="winograd")
+    ex = opsnn.aclnn.scaled_add.prepare(opsnn.tensor(np.ones(3, np.float16)), opsnn.tensor(np.ones(3, np.float16)))
+    assert ex.kernel_name == "scaled_add_numba" and ex.adapter
+    np.testing.assert_array_equal(ex.run().numpy(), np.full(3, 2, np.float16))
+
+
+def test_kernel_selector_context():
+    rec = opsnn.ops.get_op("Relu")
+    x = opsnn.tensor(np.array([-1.0, 1.0], np.float32))
+    with opsnn.kernel_selector(Relu="reference"):
+        assert opsnn.aclnn.relu.prepare(x).kernel_name == "reference"
+    assert opsnn.aclnn.relu.prepare(x).kernel_name != "reference"
+    assert any(k.name == "reference" for k in rec.kernels)
+    with pytest.raises(KernelNotFoundError, match="kernels"):
+        opsnn.kernel_selector(Relu="nope")
+
+
+def test_bad_input_errors_are_typed_and_pointed():
+    x = opsnn.tensor(np.ones(3, np.float32))
+    with pytest.raises(InferShapeError, match=r"ScaledAdd: .*\(3,\) and \(4,\)"):
+        scaled_add(x, opsnn.tensor(np.ones(4, np.float32)))
+    with pytest.raises(DTypeError, match="int32"):
+        scaled_add(opsnn.tensor(np.ones(3, np.int32)), x)
+    with pytest.raises(ParamNullptrError, match="'Y'"):
+        opsnn.ops.run_op("ScaledAdd", [x, None], domain="user")
+    with pytest.raises(ParamInvalidError, match="did you mean 'alpha'"):
+        opsnn.ops.run_op("ScaledAdd", [x, x], {"alpah": 1.0}, domain="user")
+    with pytest.raises(ParamInvalidError, match="unexpected keyword"):
+        scaled_add(x, x, beta=2)
+    with pytest.raises(KernelNotFoundError, match="nearest"):
+        opsnn.ops.get_op("Rellu")
+    err = ParamInvalidError("x")
+    assert err.code == 161002 and str(err).startswith("[161002]")
+
+
+def test_register_op_validation():
+    with pytest.raises(ParamInvalidError, match="already registered"):
+        opsnn.register_op("ScaledAdd", domain="user", inputs=["X"], outputs=["Y"], infer=_infer,
+                          reference=lambda i, a: i[0])
+    with pytest.raises(ParamInvalidError, match="required"):
+        opsnn.register_op("NoInfer", inputs=["X"], outputs=["Y"])
+    with pytest.raises(ParamInvalidError, match="already registered"):
+        REC.kernel("scaled_add_numba")(lambda *a: None)
+
+
+def test_backend_capability_lists_ops_and_kernels():
+    caps = opsnn.config.get_backend_capability()
+    entry = caps["cpu"]["user::ScaledAdd"]
+    assert [k["name"] for k in entry["kernels"]] == ["scaled_add_numba", "reference"]
+    assert entry["category"] == "elementwise"
+    assert "Relu" in caps["cpu"]

@@ -1,0 +1,292 @@
+"""Runtime: init/finalize, devices, streams (async, overlap, ordering, errors), events, pool."""
+import gc
+import threading
+import time
+
+import numba as nb
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn.errors import (KernelError, NotInitializedError, OutOfMemoryError, ParamInvalidError)
+from opsnn.ops import Input, TensorMeta
+
+
+@nb.njit(nogil=True, cache=True)
+def _spin(x, out, iters):
+    acc = 0.0
+    for _ in range(iters):
+        for i in range(x.size):
+            acc = acc * 0.999999 + x[i]
+    out[0] = acc
+
+
+def _register_test_ops():
+    if opsnn.ops.has_op("Spin", "test"):
+        return
+    spin = opsnn.register_op("Spin", domain="test", inputs=[Input("X")], outputs=["Y"],
+                             attrs=[("iters", "int", 1)],
+                             infer=lambda ctx: [TensorMeta((1,), ctx.dtype(0))],
+                             reference=lambda ins, attrs: np.zeros(1, ins[0].dtype))
+    spin.kernel("spin_nogil", priority=1)(lambda ins, outs, attrs, plan, ws: _spin(ins[0], outs[0], attrs["iters"]))
+
+    log = opsnn.register_op("Log", domain="test", inputs=[Input("X")], outputs=["Y"], attrs=[("tag", "int", 0)],
+                            infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
+                            reference=lambda ins, attrs: ins[0])
+
+    def log_kernel(ins, outs, attrs, plan, ws):
+        ORDER.append(attrs["tag"])
+        outs[0][...] = ins[0]
+
+    log.kernel("log", priority=1)(log_kernel)
+
+    fail = opsnn.register_op("Fail", domain="test", inputs=[Input("X")], outputs=["Y"],
+                             infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
+                             reference=lambda ins, attrs: ins[0])
+
+    def fail_kernel(ins, outs, attrs, plan, ws):
+        raise ValueError("deliberate failure")
+
+    fail.kernel("fail", priority=1)(fail_kernel)
+
+
+ORDER: list = []
+_register_test_ops()
+
+
+def run(op, *inputs, stream=None, **attrs):
+    return opsnn.ops.run_op(op, list(inputs), attrs, domain="test", stream=stream)[0]
+
+
+def test_init_twice_is_harmless_and_finalize_blocks_ops():
+    ctx = opsnn.init()
+    assert opsnn.init() is ctx
+    opsnn.finalize()
+    with pytest.raises(NotInitializedError, match="init"):
+        opsnn.tensor([1.0])
+    opsnn.finalize()  # twice is harmless too
+    with opsnn.init() as ctx2:
+        assert opsnn.is_initialized() and ctx2 is not ctx
+        t = opsnn.tensor(np.ones(3, np.float32))
+        assert run("Log", t).numpy().sum() == 3
+    assert not opsnn.is_initialized()
+    opsnn.init()
+
+
+def test_device():
+    assert opsnn.Device("cpu") == opsnn.Device("cpu:0")
+    assert opsnn.context().device.type == "cpu"
+    with pytest.raises(ParamInvalidError, match="cuda"):
+        opsnn.Device("cuda")
+    with pytest.raises(ParamInvalidError):
+        opsnn.Device("cpu:x")
+
+
+def test_stream_runs_asynchronously_and_host_goes_on():
+    s = opsnn.Stream()
+    x = opsnn.tensor(np.ones(20_000, np.float64))
+    run("Spin", x, iters=1)  # compile outside the measurement
+    s.synchronize()
+    y = run("Spin", x, stream=s, iters=2000)
+    assert not s.query(), "launch should return before the kernel finishes"
+    host_ran = sum(range(1000))  # the host keeps working meanwhile
+    s.synchronize()
+    assert s.query() and host_ran == 499500
+    assert np.isfinite(y.numpy()[0])
+
+
+def test_two_streams_overlap():
+    events = []
+    unsubscribe = opsnn.hooks.subscribe("kernel", lambda ev: events.append(ev))
+    try:
+        x = opsnn.tensor(np.ones(20_000, np.float64))
+        s1, s2 = opsnn.Stream(), opsnn.Stream()
+        run("Spin", x, stream=s1, iters=3000)
+        run("Spin", x, stream=s2, iters=3000)
+        s1.synchronize()
+        s2.synchronize()
+    finally:
+        unsubscribe()
+    spins = [e for e in events if e["op"] == "Spin"]
+    assert len(spins) == 2
+    a, b = spins
+    assert a["stream"] != b["stream"]
+    # both kernels were running at the same time: their intervals intersect
+    assert a["start"] < b["end"] and b["start"] < a["end"], "kernels on two streams did not overlap"
+
+
+def test_stream_keeps_order():
+    ORDER.clear()
+    s = opsnn.Stream()
+    x = opsnn.tensor(np.zeros(4, np.float32))
+    for i in range(200):
+        run("Log", x, stream=s, tag=i)
+    s.synchronize()
+    assert ORDER == list(range(200))
+
+
+def test_sixteen_streams():
+    streams = [opsnn.Stream() for _ in range(16)]
+    outs = []
+    for i, s in enumerate(streams):
+        with s:
+            outs.append(run("Log", opsnn.tensor(np.full(3, i, np.float32))))
+    assert opsnn.current_stream() is opsnn.context().default_stream
+    for s in streams:
+        s.synchronize()
+    assert [o.numpy()[0] for o in outs] == list(range(16))
+
+
+def test_current_stream_context_manager():
+    s = opsnn.Stream()
+    with s:
+        assert opsnn.current_stream() is s
+        inner = opsnn.Stream()
+        with inner:
+            assert opsnn.current_stream() is inner
+        assert opsnn.current_stream() is s
+    assert opsnn.current_stream() is opsnn.context().default_stream
+
+
+def test_cross_stream_dependency_is_respected():
+    """A tensor produced on one stream and consumed on another waits for its producer."""
+    s1, s2 = opsnn.Stream(), opsnn.Stream()
+    ORDER.clear()
+    x = opsnn.tensor(np.ones(10_000, np.float64))
+    y = run("Spin", x, stream=s1, iters=500)  # slow producer
+    z = run("Log", y, stream=s2, tag=7)       # consumer on another stream
+    s2.synchronize()
+    assert s1.query(), "consumer finished before its producer"
+    np.testing.assert_array_equal(z.numpy(), y.numpy())
+
+
+def test_kernel_error_surfaces_at_synchronize_and_stream_stays_usable(no_leak):
+    s = opsnn.Stream()
+    x = opsnn.tensor(np.ones(3, np.float32))
+    y = run("Fail", x, stream=s)  # returns at once
+    with pytest.raises(KernelError, match="Fail"):
+        y.numpy()  # reading a tensor whose kernel failed never gives garbage
+    with pytest.raises(KernelError, match="Fail.*deliberate failure"):
+        s.synchronize()
+    s.synchronize()  # the error was reported once
+    z = run("Log", x, stream=s)
+    s.synchronize()
+    np.testing.assert_array_equal(z.numpy(), x.numpy())
+    del x, y, z
+
+
+def test_kernel_error_on_default_stream_raises_immediately():
+    x = opsnn.tensor(np.ones(3, np.float32))
+    with pytest.raises(KernelError, match="Fail"):
+        run("Fail", x)
+    assert run("Log", x).numpy().sum() == 3
+
+
+def test_events_order_streams_and_time():
+    s1, s2 = opsnn.Stream(), opsnn.Stream()
+    x = opsnn.tensor(np.ones(10_000, np.float64))
+    start = opsnn.Event().record(s1)
+    run("Spin", x, stream=s1, iters=300)
+    done = s1.record_event()
+    assert isinstance(done, opsnn.Event)
+    ORDER.clear()
+    s2.wait_event(done)
+    run("Log", x, stream=s2, tag=1)
+    s2.synchronize()
+    assert done.query()
+    assert start.elapsed_ms(done) > 0
+    done.synchronize()
+
+
+def test_finalize_closes_streams_and_threads():
+    opsnn.finalize()
+    before = threading.active_count()
+    opsnn.init()
+    streams = [opsnn.Stream() for _ in range(4)]
+    assert threading.active_count() == before + 4
+    x = opsnn.tensor(np.ones(10, np.float64))
+    for s in streams:
+        run("Spin", x, stream=s, iters=10)
+    opsnn.finalize()  # waits for queued work, joins the workers
+    assert threading.active_count() == before
+    with pytest.raises(NotInitializedError):
+        run("Log", x)
+    opsnn.init()
+
+
+# -- memory pool ------------------------------------------------------------------------------
+def test_pool_alignment_reuse_and_summary(no_leak):
+    pool = opsnn.context().pool
+    before = pool.summary()
+    ts = [opsnn.empty((n,), "float32") for n in (1, 7, 1000, 12345)]
+    for t in ts:
+        assert t.numpy().ctypes.data % 64 == 0
+    s = opsnn.memory.summary()
+    assert s["current_bytes"] >= before["current_bytes"] + 4 * (1 + 7 + 1000 + 12345)
+    assert s["peak_bytes"] >= s["current_bytes"]
+    assert s["largest_blocks"][0]["bytes"] >= 12345 * 4
+    del ts, t
+    gc.collect()
+    reuses = pool.summary()["reuses"]
+    t = opsnn.empty((12345,), "float32")
+    assert pool.summary()["reuses"] == reuses + 1, "a freed block of the same size class is reused"
+    del t
+
+
+def test_numpy_view_keeps_block_alive():
+    t = opsnn.tensor(np.arange(1000, dtype=np.float32))
+    view = t.numpy()
+    used = opsnn.memory.current_bytes()
+    del t
+    gc.collect()
+    assert opsnn.memory.current_bytes() == used, "block freed while a numpy view still uses it"
+    u = opsnn.empty((1000,), "float32")
+    u.numpy()[:] = -1
+    assert view[5] == 5
+    del view, u
+
+
+def test_empty_cache_and_cap():
+    gc.collect()
+    opsnn.memory.empty_cache()
+    reserved = opsnn.memory.summary()["reserved_bytes"]
+    t = opsnn.empty((1 << 20,), "uint8")
+    del t
+    gc.collect()
+    assert opsnn.memory.summary()["reserved_bytes"] > reserved
+    opsnn.memory.empty_cache()
+    assert opsnn.memory.summary()["reserved_bytes"] == reserved
+    opsnn.memory.set_cap(reserved + (1 << 20))
+    try:
+        with pytest.raises(OutOfMemoryError) as err:
+            opsnn.empty((8 << 20,), "uint8")
+        msg = str(err.value)
+        assert "8388608 bytes" in msg and "cap" in msg and "in use" in msg
+    finally:
+        opsnn.memory.set_cap(None)
+    with pytest.raises(ParamInvalidError):
+        opsnn.memory.set_cap(-5)
+
+
+def test_live_bytes_return_to_baseline_after_failures(no_leak):
+    x = opsnn.tensor(np.ones(100, np.float32))
+    for _ in range(3):
+        with pytest.raises(KernelError):
+            run("Fail", x)
+        with pytest.raises(ParamInvalidError):
+            opsnn.ops.run_op("Log", [x], {"bogus": 1}, domain="test")
+    del x
+
+
+def test_pin_memory_flag():
+    t = opsnn.empty((256,), "float32").pin_memory()
+    assert isinstance(t.is_pinned, bool)
+    assert t.pin_memory() is t
+
+
+def test_timing_helper_is_monotonic():
+    # Event.elapsed_ms between two events on the default (inline) stream
+    a = opsnn.Event().record()
+    time.sleep(0.01)
+    b = opsnn.Event().record()
+    assert a.elapsed_ms(b) >= 5
