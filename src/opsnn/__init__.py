@@ -13,7 +13,7 @@ from .runtime import memory
 from .tensor import Tensor, empty, from_dlpack, from_numpy, full, ones, tensor, zeros
 from . import ops
 from .ops import kernel_selector, register_kernel, register_op
-from . import aclnn, config
+from . import aclnn, config, models
 
 __version__ = "0.1.0"
 

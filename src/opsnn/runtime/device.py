@@ -50,5 +50,17 @@ class Device:
 
     def describe(self) -> str:
         if self.type == "cpu":
-            return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+            return f"cpu: {cpu_model()}, {os.cpu_count()} cores"
         return BACKENDS[self.type]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (used in descriptions and as part of autotune keys)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

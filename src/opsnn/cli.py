@@ -1,0 +1,119 @@
+"""The ``opsnn`` command line: info, run (the main job), conformance.
+
+    $ opsnn info
+    $ opsnn run --batch 4 --repeat 50
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import statistics
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+
+
+def _table(rows: list[list], header: list[str]) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*header, show_edge=False, pad_edge=False, box=None)
+    for row in rows:
+        table.add_row(*[str(c) for c in row])
+    console = Console(width=120, force_terminal=False, no_color=True)
+    with console.capture() as cap:
+        console.print(table)
+    return cap.get().rstrip()
+
+
+def cmd_info(args) -> int:
+    import opsnn
+
+    ctx = opsnn.init()
+    records = opsnn.ops.all_ops()
+    print(f"opsnn {opsnn.__version__}")
+    print(f"device: {ctx.device.describe()}")
+    n_kernels = Counter(k.backend for r in records for k in r.kernels if not k.fallback)
+    print(f"operators: {len(records)} registered; kernels: "
+          + ", ".join(f"{b}: {n}" for b, n in sorted(n_kernels.items())))
+    by_cat = Counter(r.category for r in records)
+    print()
+    print(_table([[c, n] for c, n in sorted(by_cat.items(), key=lambda kv: (-kv[1], kv[0]))],
+                 ["category", "ops"]))
+    if args.ops:
+        print()
+        rows = []
+        for r in records:
+            fast = [k.name for k in r.kernels if not k.fallback]
+            name = f"{r.domain}::{r.name}" if r.domain else r.name
+            rows.append([name, r.category, ", ".join(fast) or "(reference only)"])
+        print(_table(rows, ["op", "category", "kernels"]))
+    no_fast = [r.name for r in records if all(k.fallback for k in r.kernels)]
+    print(f"\nops with a fast kernel: {len(records) - len(no_fast)}; reference only: {len(no_fast)}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    import opsnn
+
+    opsnn.init()
+    net = opsnn.models.SmallConvNet(seed=args.seed)
+    x = opsnn.tensor(net.example_input(args.batch))
+    t0 = time.perf_counter()
+    y = net(x).numpy()
+    first = time.perf_counter() - t0
+    with opsnn.kernel_selector({"*": "reference"}):
+        ref = net(x).numpy()
+    err = float(np.max(np.abs(y - ref)))
+    times = []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        net(x).numpy()
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times) * 1e3
+    print(f"model: SmallConvNet (conv-bn-relu-pool x2, avgpool, linear, softmax), input {tuple(x.shape)} float32")
+    print(f"device: {opsnn.context().device.describe()}")
+    top = np.argsort(-y[0])[:3]
+    print("top-3 classes (sample 0): " + ", ".join(f"{int(i)}: {y[0, i]:.4f}" for i in top))
+    ok = err <= args.atol
+    print(f"max |opsnn - numpy reference| = {err:.3e} ({'OK' if ok else 'MISMATCH'}, atol {args.atol:g})")
+    print(f"latency: first call {first * 1e3:.1f} ms (includes kernel compile/prepare), "
+          f"median {med:.3f} ms, min {min(times) * 1e3:.3f} ms over {args.repeat} runs")
+    opsnn.finalize()
+    return 0 if ok else 1
+
+
+def cmd_conformance(argv) -> int:
+    from .onnx import conformance
+
+    return conformance.main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if hasattr(signal, "SIGPIPE"):  # `opsnn info | head` ends quietly
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if argv and argv[0] == "conformance":
+        return cmd_conformance(argv[1:])
+    parser = argparse.ArgumentParser(prog="opsnn", description="opsnn: operator library and graph engine")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("info", help="device, operators by category, kernels")
+    p.add_argument("--ops", action="store_true", help="list every op with its kernels")
+    p.set_defaults(fn=cmd_info)
+    p = sub.add_parser("run", help="run the built-in conv net, check it against the numpy reference")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--atol", type=float, default=1e-4)
+    p.set_defaults(fn=cmd_run)
+    sub.add_parser("conformance", help="run ONNX's node test cases (see 'opsnn conformance --help')")
+    args = parser.parse_args(argv)
+    if getattr(args, "batch", 1) < 1 or getattr(args, "repeat", 1) < 1:
+        parser.error("--batch and --repeat must be >= 1")
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
