@@ -38,7 +38,7 @@ class Storage:
 
     @property
     def __array_interface__(self) -> dict:
-        return {"shape": (self.block.size,), "typestr": "|u1", "data": (self.block.ptr, False), "version": 3}
+        return self.block.interface
 
     def __del__(self):
         pool = self.pool

@@ -31,7 +31,7 @@ def size_class(nbytes: int) -> int:
 class Block:
     """One aligned allocation; ``array`` is its uint8 view (exactly ``size`` bytes)."""
 
-    __slots__ = ("size", "requested", "array", "raw", "live", "tag")
+    __slots__ = ("size", "requested", "array", "raw", "live", "tag", "ptr", "interface")
 
     def __init__(self, size: int):
         raw = np.empty(size + ALIGNMENT, dtype=np.uint8)
@@ -39,13 +39,12 @@ class Block:
         self.raw = raw
         self.array = raw[shift:shift + size]
         self.size = size
+        self.ptr = self.array.ctypes.data
+        # numpy's array-interface dict for a uint8 view of the whole block (see tensor.Storage)
+        self.interface = {"shape": (size,), "typestr": "|u1", "data": (self.ptr, False), "version": 3}
         self.requested = 0
         self.live = False
         self.tag = None
-
-    @property
-    def ptr(self) -> int:
-        return self.array.ctypes.data
 
 
 class MemoryPool:

@@ -20,6 +20,7 @@ import time
 from collections import deque
 
 from ..errors import KernelError, OpsnnRuntimeError
+from .context import context as _get_context
 from . import hooks
 
 _ids = itertools.count()
@@ -196,9 +197,7 @@ def current_stream() -> Stream:
     stack = getattr(_tls, "stack", None)
     if stack:
         return stack[-1]
-    from .context import context
-
-    return context().default_stream
+    return _get_context().default_stream
 
 
 class Event:
