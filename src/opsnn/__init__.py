@@ -13,11 +13,12 @@ from .runtime import memory
 from .tensor import Tensor, empty, from_dlpack, from_numpy, full, ones, tensor, zeros
 from . import ops
 from .ops import kernel_selector, register_kernel, register_op
-from . import aclnn, config, models
+from . import aclnn, config, models, tools
+from .tools import profiler
 
 __version__ = "0.1.0"
 
 __all__ = ["Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
            "empty", "errors", "finalize", "from_dlpack", "from_numpy", "full", "hooks", "init",
-           "is_initialized", "kernel_selector", "memory", "ones", "ops", "register_kernel", "register_op",
+           "is_initialized", "kernel_selector", "memory", "ones", "ops", "profiler", "tools", "register_kernel", "register_op",
            "tensor", "zeros"]

@@ -85,6 +85,29 @@ def cmd_run(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_analyze(args) -> int:
+    from .tools import trace
+
+    try:
+        tr = trace.load_trace_events(args.trace)
+    except trace.TraceError as exc:
+        print(f"opsnn analyze: {exc}", file=sys.stderr)
+        return 2
+    rep = trace.analyze(tr, top=args.top)
+    print(trace.format_report(rep))
+    if args.timeline:
+        tr = trace.load_trace_events(args.trace)  # a streamed trace is consumed once
+        with open(args.timeline, "w") as f:
+            f.write(trace.timeline_html(tr))
+        print(f"\nwrote {args.timeline}")
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(rep, f, indent=2, default=list)
+    return 0
+
+
 def cmd_conformance(argv) -> int:
     from .onnx import conformance
 
@@ -108,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--atol", type=float, default=1e-4)
     p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("analyze", help="summarize a saved profiler trace (hot ops, streams, gaps, suggestions)")
+    p.add_argument("trace", help="Chrome trace JSON written by Profile.export_chrome_trace")
+    p.add_argument("-t", "--timeline", help="also write a timeline HTML page here")
+    p.add_argument("--top", type=int, default=10)
+    p.add_argument("--json", help="write the report as JSON here")
+    p.set_defaults(fn=cmd_analyze)
     sub.add_parser("conformance", help="run ONNX's node test cases (see 'opsnn conformance --help')")
     args = parser.parse_args(argv)
     if getattr(args, "batch", 1) < 1 or getattr(args, "repeat", 1) < 1:

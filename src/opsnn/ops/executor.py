@@ -6,6 +6,8 @@ tensors. Eager calls reuse executors through a signature-keyed cache.
 """
 from __future__ import annotations
 
+import threading
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -88,7 +90,7 @@ class Executor:
         self.signature = signature
         k = selection.kernel
         self._contig = [not k.strided and t is not None and not t._array.flags.c_contiguous for t in inputs]
-        self._info = {"kernel": k.name, "fallback": k.fallback}
+        self._info = {"kernel": k.name, "fallback": k.fallback, "flops": _flops(rec, ctx), "bytes": _bytes(ctx)}
         self.repeatable = not rec.dynamic_shape
 
     @property
@@ -225,6 +227,24 @@ class Executor:
         return outs
 
 
+def _flops(rec: OpRecord, ctx: InferContext) -> int:
+    if rec.flops is None:
+        return 0
+    try:
+        return int(rec.flops(ctx))
+    except Exception:  # noqa: BLE001 - a cost model must never break prepare
+        return 0
+
+
+def _bytes(ctx: InferContext) -> int:
+    """Bytes a kernel reads and writes (inputs + outputs), for the profiler's GB/s."""
+    total = 0
+    for m in list(ctx.inputs) + list(ctx.outputs or []):
+        if m is not None and all(isinstance(d, (int, np.integer)) for d in m.shape):
+            total += int(np.prod(m.shape)) * m.dtype.itemsize
+    return total
+
+
 def _metas_and_values(rec: OpRecord, tensors: list) -> tuple[list, list]:
     metas, values = [], []
     for i, t in enumerate(tensors):
@@ -255,6 +275,7 @@ def _signature(rec: OpRecord, tensors: list, attrs: dict, algo, num_outputs) -> 
 def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None, algo: str | None = None,
             num_outputs: int | None = None, signature: tuple | None = None) -> Executor:
     """Validate, infer, select a kernel and plan it; returns an :class:`Executor`."""
+    t0 = time.perf_counter()
     ctx_rt = context()
     tensors = [None if x is None else as_tensor(x) for x in inputs]
     while tensors and tensors[-1] is None and len(tensors) > sum(1 for s in rec.inputs if not s.optional):
@@ -296,7 +317,9 @@ def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None,
         signature = _signature(rec, tensors, attrs or {}, algo, num_outputs)
     ex = Executor(rec, ctx, selection, plan, ws, tensors, outputs, signature)
     if hooks.active:
-        hooks.emit("prepare", {"op": rec.name, "kernel": k.name, "reason": selection.reason})
+        hooks.emit("prepare", {"op": rec.name, "kernel": k.name, "reason": selection.reason, "start": t0,
+                               "end": time.perf_counter(), "thread": threading.get_ident(),
+                               "fallback": k.fallback, "rejected": selection.rejected})
     return ex
 
 

@@ -179,6 +179,7 @@ class OpRecord:
     domain: str = ""
     doc: str = ""
     dynamic_shape: bool = False
+    flops: Callable | None = None  # flops(ctx) -> int, for the profiler's GFLOP/s
     kernels: list[Kernel] = field(default_factory=list)
 
     def __post_init__(self):
@@ -278,17 +279,18 @@ def version() -> int:
 
 
 def register_op(name: str, *, inputs, outputs, attrs=(), infer=None, reference=None, category="misc",
-                domain: str = "", doc: str = "", dynamic_shape: bool = False, replace: bool = False) -> OpRecord:
+                domain: str = "", doc: str = "", dynamic_shape: bool = False, flops=None,
+                replace: bool = False) -> OpRecord:
     """Register an operator record (the same call the library uses for its own ops).
 
     ``infer(ctx) -> [TensorMeta]`` and ``reference(ins, attrs) -> array | tuple`` are
-    required; a kernel of last resort that runs ``reference`` is added automatically,
+    required; ``flops(ctx) -> int`` (optional) feeds the profiler's GFLOP/s; a kernel of last resort that runs ``reference`` is added automatically,
     and the profiler and ``explain`` show when it runs.
     """
     if infer is None or reference is None:
         raise ParamInvalidError(f"register_op({name!r}): both infer= and reference= are required")
     rec = OpRecord(name=name, inputs=inputs, outputs=outputs, attrs=attrs, infer=infer, reference=reference,
-                   category=category, domain=domain, doc=doc, dynamic_shape=dynamic_shape)
+                   category=category, domain=domain, doc=doc, dynamic_shape=dynamic_shape, flops=flops)
     with _lock:
         if (domain, name) in REGISTRY and not replace:
             raise ParamInvalidError(f"register_op: op {name!r} (domain {domain!r}) is already registered; "

@@ -1,0 +1,4 @@
+"""Tools that observe the runtime through hooks: profiler, trace analyzer."""
+from . import profiler
+
+__all__ = ["profiler"]

@@ -1,0 +1,353 @@
+"""Saved traces: reading (streamed for huge files), analysis, flame graph SVG, timeline HTML.
+
+``opsnn analyze perf.json -t timeline.html`` (cf. ops-nn's ``acl_analyzer``) prints hot ops,
+stream utilization, host-bound gaps, reference fallbacks and suggestions.
+"""
+from __future__ import annotations
+
+import html
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+
+from ..errors import ParamInvalidError
+
+SUPPORTED_FORMAT = 1
+_STREAM_THRESHOLD = 64 << 20  # files above this are parsed event by event
+
+
+class TraceError(ParamInvalidError):
+    """A trace file that cannot be read (missing, malformed, or from a newer format)."""
+
+
+@dataclass
+class Trace:
+    kernels: list  # dicts: name, lane, ts, dur, args
+    host: list
+    lanes: list
+    format_version: int
+
+
+def _check_version(version) -> int:
+    version = int(version or SUPPORTED_FORMAT)
+    if version > SUPPORTED_FORMAT:
+        raise TraceError(f"trace: format version {version} is newer than this opsnn reads ({SUPPORTED_FORMAT}); "
+                         "upgrade opsnn to analyze it")
+    return version
+
+
+def _iter_events_streamed(path: str):
+    """Yield trace events one by one without loading the file whole."""
+    dec = json.JSONDecoder()
+    with open(path, "r") as f:
+        buf = ""
+        while '"traceEvents"' not in buf:
+            chunk = f.read(1 << 16)
+            if not chunk:
+                raise TraceError(f"trace {path}: no 'traceEvents' array found")
+            buf += chunk
+        buf = buf[buf.index('"traceEvents"') + len('"traceEvents"'):]
+        while "[" not in buf:
+            buf += f.read(1 << 16)
+        buf = buf[buf.index("[") + 1:]
+        while True:
+            buf = buf.lstrip().lstrip(",").lstrip()
+            if buf.startswith("]"):
+                return
+            try:
+                obj, end = dec.raw_decode(buf)
+            except json.JSONDecodeError:
+                chunk = f.read(1 << 16)
+                if not chunk:
+                    raise TraceError(f"trace {path}: truncated event list") from None
+                buf += chunk
+                continue
+            yield obj
+            buf = buf[end:]
+
+
+def _stream_version(path: str) -> int:
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(4096)
+        f.seek(max(0, size - 4096))
+        tail = f.read()
+    for blob in (head, tail):
+        i = blob.find(b'"format_version"')
+        if i >= 0:
+            rest = blob[i + len(b'"format_version"'):].lstrip(b": ")
+            digits = bytes(c for c in rest[:12] if chr(c).isdigit())
+            return _check_version(int(digits or b"1"))
+    return SUPPORTED_FORMAT
+
+
+def load_trace_events(source) -> Trace:
+    """Read a Chrome trace written by the profiler: a path or the trace dict itself."""
+    if isinstance(source, dict):
+        version = _check_version(source.get("otherData", {}).get("format_version"))
+        events = source.get("traceEvents", [])
+    else:
+        path = os.fspath(source)
+        if not os.path.exists(path):
+            raise TraceError(f"trace: no such file {path!r}")
+        try:
+            if os.path.getsize(path) > _STREAM_THRESHOLD:
+                version = _stream_version(path)
+                events = _iter_events_streamed(path)
+            else:
+                with open(path) as f:
+                    data = json.load(f)
+                if not isinstance(data, dict) or "traceEvents" not in data:
+                    raise TraceError(f"trace {path}: not a Chrome trace (no 'traceEvents')")
+                version = _check_version(data.get("otherData", {}).get("format_version"))
+                events = data["traceEvents"]
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise TraceError(f"trace {path}: unreadable JSON ({exc})") from None
+    names: dict = {}
+    kernels, host = [], []
+    for ev in events:
+        if not isinstance(ev, dict):
+            continue
+        if ev.get("ph") == "M" and ev.get("name") == "thread_name":
+            names[(ev.get("pid"), ev.get("tid"))] = ev.get("args", {}).get("name", "")
+        elif ev.get("ph") == "X":
+            rec = {"name": ev.get("name", "?"), "lane": (ev.get("pid", 0), ev.get("tid", 0)),
+                   "ts": float(ev.get("ts", 0)), "dur": float(ev.get("dur", 0)), "cat": ev.get("cat", ""),
+                   "args": ev.get("args", {})}
+            (kernels if ev.get("pid", 0) == 0 else host).append(rec)
+    lanes = sorted({k["lane"] for k in kernels} | {h["lane"] for h in host})
+    lane_names = [names.get(lane, ("stream " if lane[0] == 0 else "host thread ") + str(lane[1])) for lane in lanes]
+    lane_index = {lane: i for i, lane in enumerate(lanes)}
+    for rec in kernels + host:
+        rec["lane"] = lane_index[rec["lane"]]
+    return Trace(kernels, host, lane_names, version)
+
+
+# -- analysis --------------------------------------------------------------------------------------
+def analyze(trace: Trace, top: int = 10) -> dict:
+    by_op: dict = defaultdict(lambda: {"calls": 0, "us": 0.0, "kernels": set(), "fallback": 0})
+    per_lane: dict = defaultdict(list)
+    for k in trace.kernels:
+        a = by_op[k["name"]]
+        a["calls"] += 1
+        a["us"] += k["dur"]
+        a["kernels"].add(k["args"].get("kernel", "?"))
+        a["fallback"] += bool(k["args"].get("fallback"))
+        per_lane[k["lane"]].append(k)
+    total = sum(a["us"] for a in by_op.values()) or 1e-9
+    hot = sorted(({"op": op, "calls": a["calls"], "total_us": a["us"], "pct": 100 * a["us"] / total,
+                   "kernels": sorted(a["kernels"]), "fallback_calls": a["fallback"]}
+                  for op, a in by_op.items()), key=lambda r: -r["total_us"])
+    streams, host_gap_total = [], 0.0
+    for lane, evs in sorted(per_lane.items()):
+        evs.sort(key=lambda e: e["ts"])
+        span = (evs[-1]["ts"] + evs[-1]["dur"]) - evs[0]["ts"]
+        busy = sum(e["dur"] for e in evs)
+        # idle gaps where the next kernel had not even been queued yet: the host was the bottleneck
+        host_gap = 0.0
+        for prev, nxt in zip(evs, evs[1:]):
+            queued = nxt["args"].get("queued_us", nxt["ts"])
+            idle_start = prev["ts"] + prev["dur"]
+            host_gap += max(0.0, min(nxt["ts"], queued) - idle_start)
+        host_gap_total += host_gap
+        streams.append({"stream": trace.lanes[lane], "kernels": len(evs), "busy_us": busy, "span_us": span,
+                        "utilization_pct": 100 * busy / span if span > 0 else 100.0, "host_bound_gap_us": host_gap})
+    fallbacks = [r["op"] for r in hot if r["fallback_calls"]]
+    suggestions = []
+    for r in hot:
+        if r["fallback_calls"]:
+            suggestions.append(f"{r['op']} ran on the numpy reference fallback {r['fallback_calls']}x: "
+                               "no fast kernel applied to its shapes/dtypes (see `explain`)")
+    for k in trace.kernels:
+        if k["name"] == "Conv" and "im2col" in str(k["args"].get("kernel", "")):
+            shapes = k["args"].get("shapes") or []
+            w = shapes[1] if len(shapes) > 1 and shapes[1] else None
+            if w and len(w) == 4 and w[2] == w[3] == 3 and w[1] >= 16:
+                suggestions.append(f"Conv with weight {tuple(w)} used im2col; a Winograd F(4x4,3x3) kernel applies "
+                                   "to 3x3 stride-1 convolutions")
+                break
+    for s in streams:
+        if s["span_us"] > 0 and s["host_bound_gap_us"] > 0.3 * s["span_us"]:
+            suggestions.append(f"{s['stream']} idled {s['host_bound_gap_us'] / 1e3:.2f} ms waiting for the host "
+                               f"({100 * s['host_bound_gap_us'] / s['span_us']:.0f}% of its span): reuse executors "
+                               "or compile the graph to cut host overhead")
+    return {"hot_ops": hot[:top], "streams": streams, "fallback_ops": fallbacks,
+            "host_bound_gap_us": host_gap_total, "suggestions": suggestions, "kernel_events": len(trace.kernels)}
+
+
+def format_report(rep: dict) -> str:
+    lines = [f"kernel events: {rep['kernel_events']}", "", "hot ops:",
+             f"  {'op':24s} {'%':>6s} {'calls':>6s} {'total ms':>10s}  kernels"]
+    for r in rep["hot_ops"]:
+        lines.append(f"  {r['op'][:24]:24s} {r['pct']:6.1f} {r['calls']:6d} {r['total_us'] / 1e3:10.3f}  "
+                     + ", ".join(r["kernels"]))
+    lines += ["", "streams:"]
+    for s in rep["streams"]:
+        lines.append(f"  {s['stream']:20s} kernels {s['kernels']:6d}  busy {s['busy_us'] / 1e3:9.3f} ms  "
+                     f"utilization {s['utilization_pct']:5.1f}%  host-bound gaps {s['host_bound_gap_us'] / 1e3:.3f} ms")
+    lines += ["", "ops on the reference fallback: " + (", ".join(rep["fallback_ops"]) or "none")]
+    lines += ["", "suggestions:"] + ([f"  - {s}" for s in rep["suggestions"]] or ["  none"])
+    return "\n".join(lines)
+
+
+# -- flame graph -----------------------------------------------------------------------------------
+def flamegraph_svg(trace: Trace, width: int = 1200) -> str:
+    """Regions > ops > kernels, each box as wide as its kernel time."""
+    regions = sorted((h for h in trace.host if h["cat"] == "region"), key=lambda h: (h["ts"], -h["dur"]))
+    tree: dict = {"name": "all", "value": 0.0, "children": {}}
+
+    def path_for(k):
+        t = k["args"].get("queued_us", k["ts"])
+        path = [r["name"] for r in regions if r["ts"] <= t <= r["ts"] + r["dur"]]
+        return path + [k["name"], k["args"].get("kernel", "?")]
+
+    for k in trace.kernels:
+        node = tree
+        node["value"] += k["dur"]
+        for name in path_for(k):
+            node = node["children"].setdefault(name, {"name": name, "value": 0.0, "children": {}})
+            node["value"] += k["dur"]
+    depth = [0]
+
+    def measure(n, d):
+        depth[0] = max(depth[0], d)
+        for c in n["children"].values():
+            measure(c, d + 1)
+
+    measure(tree, 0)
+    row_h, total = 18, tree["value"] or 1.0
+    height = (depth[0] + 1) * row_h + 30
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" '
+           f'font-size="11"><rect width="100%" height="100%" fill="#fff"/>'
+           f'<text x="4" y="14">opsnn flame graph (kernel time; regions &gt; ops &gt; kernels)</text>']
+
+    def draw(n, x, d):
+        w = n["value"] / total * width
+        y = height - (d + 1) * row_h
+        hue = (hash(n["name"]) % 40) + 10
+        label = html.escape(n["name"])
+        out.append(f'<g><title>{label}: {n["value"] / 1e3:.3f} ms ({100 * n["value"] / total:.1f}%)</title>'
+                   f'<rect x="{x:.2f}" y="{y}" width="{max(w - 0.5, 0.1):.2f}" height="{row_h - 1}" '
+                   f'fill="hsl({hue},85%,60%)"/>')
+        if w > 40:
+            out.append(f'<text x="{x + 3:.2f}" y="{y + 12}">{label[: int(w / 7)]}</text>')
+        out.append("</g>")
+        cx = x
+        for c in sorted(n["children"].values(), key=lambda c: c["name"]):
+            draw(c, cx, d + 1)
+            cx += c["value"] / total * width
+
+    draw(tree, 0.0, 0)
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+# -- timeline HTML ------------------------------------------------------------------------------------
+_TIMELINE_TEMPLATE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>opsnn timeline</title>
+<style>
+body{font-family:sans-serif;margin:12px;color:#222}
+#view{position:relative;border:1px solid #999;overflow:hidden;user-select:none;cursor:grab;background:#fafafa}
+.lane{position:absolute;left:0;right:0;border-bottom:1px solid #ddd}
+.lane-label{position:absolute;left:4px;font-size:11px;color:#555;z-index:2;background:rgba(250,250,250,.8)}
+.ev{position:absolute;height:18px;border-radius:2px;font-size:10px;overflow:hidden;white-space:nowrap;
+    color:#000;box-sizing:border-box;border:1px solid rgba(0,0,0,.25)}
+.ev.fallback{outline:2px solid #c00}
+#tip{position:fixed;display:none;background:#ffe;border:1px solid #999;padding:4px 6px;font-size:12px;
+     pointer-events:none;z-index:10;white-space:pre}
+table{border-collapse:collapse;margin-top:12px;font-size:13px}
+td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
+</style></head><body>
+<h3>opsnn timeline</h3>
+<div>wheel: zoom &nbsp; drag: pan &nbsp; hover: details &nbsp; <button id="reset">reset</button>
+ <span id="range"></span></div>
+<div id="view"></div>
+<div id="tip"></div>
+<h4>top ops</h4><table id="top"><thead><tr><th>op</th><th>% time</th><th>calls</th><th>total ms</th>
+<th>kernels</th></tr></thead><tbody></tbody></table>
+<script>
+const DATA = __DATA__;
+const LANE_H = 24, LABEL_W = 130;
+const view = document.getElementById('view'), tip = document.getElementById('tip');
+view.style.height = (DATA.lanes.length * LANE_H + 4) + 'px';
+let t0 = DATA.t0, t1 = DATA.t1 > DATA.t0 ? DATA.t1 : DATA.t0 + 1;
+const full = [t0, t1];
+DATA.lanes.forEach((name, i) => {
+  const lane = document.createElement('div'); lane.className = 'lane';
+  lane.style.top = (i * LANE_H) + 'px'; lane.style.height = LANE_H + 'px'; lane.dataset.lane = i;
+  const lab = document.createElement('div'); lab.className = 'lane-label'; lab.textContent = name;
+  lab.style.top = '4px'; lane.appendChild(lab); view.appendChild(lane);
+});
+const lanes = view.querySelectorAll('.lane');
+const els = DATA.events.map(ev => {
+  const d = document.createElement('div'); d.className = 'ev' + (ev.fallback ? ' fallback' : '');
+  d.style.top = '3px'; d.style.background = 'hsl(' + ev.hue + ',75%,70%)';
+  d.textContent = ev.name; d.dataset.info = ev.info; lanes[ev.lane].appendChild(d); return d;
+});
+function layout() {
+  const w = view.clientWidth - LABEL_W, scale = w / (t1 - t0);
+  DATA.events.forEach((ev, i) => {
+    const x = LABEL_W + (ev.ts - t0) * scale, width = Math.max(ev.dur * scale, 1);
+    const el = els[i];
+    if (x + width < LABEL_W || x > view.clientWidth) { el.style.display = 'none'; return; }
+    el.style.display = ''; el.style.left = x + 'px'; el.style.width = width + 'px';
+  });
+  document.getElementById('range').textContent =
+    'showing ' + ((t1 - t0) / 1000).toFixed(3) + ' ms from ' + ((t0 - full[0]) / 1000).toFixed(3) + ' ms';
+}
+view.addEventListener('wheel', e => {
+  e.preventDefault();
+  const w = view.clientWidth - LABEL_W, rect = view.getBoundingClientRect();
+  const at = t0 + (e.clientX - rect.left - LABEL_W) / w * (t1 - t0);
+  const f = e.deltaY < 0 ? 0.8 : 1.25;
+  t0 = at - (at - t0) * f; t1 = at + (t1 - at) * f; layout();
+}, {passive: false});
+let drag = null;
+view.addEventListener('mousedown', e => { drag = {x: e.clientX, t0, t1}; view.style.cursor = 'grabbing'; });
+window.addEventListener('mouseup', () => { drag = null; view.style.cursor = 'grab'; });
+window.addEventListener('mousemove', e => {
+  if (drag) {
+    const dt = (e.clientX - drag.x) / (view.clientWidth - LABEL_W) * (drag.t1 - drag.t0);
+    t0 = drag.t0 - dt; t1 = drag.t1 - dt; layout();
+  }
+});
+view.addEventListener('mouseover', e => {
+  const el = e.target.closest('.ev'); if (!el) return;
+  tip.textContent = el.dataset.info; tip.style.display = 'block'; el.classList.add('hovered');
+});
+view.addEventListener('mousemove', e => { tip.style.left = (e.clientX + 12) + 'px'; tip.style.top = (e.clientY + 12) + 'px'; });
+view.addEventListener('mouseout', e => {
+  const el = e.target.closest('.ev'); if (el) el.classList.remove('hovered'); tip.style.display = 'none';
+});
+document.getElementById('reset').onclick = () => { [t0, t1] = full; layout(); };
+const tbody = document.querySelector('#top tbody');
+DATA.top.forEach(r => {
+  const tr = document.createElement('tr');
+  [r.op, r.pct.toFixed(1), r.calls, (r.total_us / 1000).toFixed(3), r.kernels.join(', ')].forEach(v => {
+    const td = document.createElement('td'); td.textContent = v; tr.appendChild(td); });
+  tbody.appendChild(tr);
+});
+window.addEventListener('resize', layout);
+layout();
+</script></body></html>
+"""
+
+
+def timeline_html(trace: Trace, max_events: int = 50_000) -> str:
+    """A self-contained HTML page: one lane per stream (and host thread), zoom/pan, hover, top ops."""
+    events = []
+    everything = trace.kernels + trace.host
+    for e in sorted(everything, key=lambda e: -e["dur"])[:max_events]:
+        args = e["args"]
+        info = [f"{e['name']}  {e['dur'] / 1e3:.3f} ms", f"lane: {trace.lanes[e['lane']]}"]
+        for key in ("kernel", "shapes", "dtypes", "flops", "bytes", "reason"):
+            if args.get(key) not in (None, [], 0, ""):
+                info.append(f"{key}: {args[key]}")
+        events.append({"name": e["name"], "lane": e["lane"], "ts": e["ts"], "dur": e["dur"],
+                       "hue": hash(e["name"]) % 360, "fallback": bool(args.get("fallback")), "info": "\n".join(info)})
+    t0 = min((e["ts"] for e in everything), default=0.0)
+    t1 = max((e["ts"] + e["dur"] for e in everything), default=1.0)
+    data = {"lanes": trace.lanes, "events": events, "t0": t0, "t1": t1, "top": analyze(trace)["hot_ops"]}
+    payload = json.dumps(data).replace("</", "<\\/")  # never close the script tag early
+    return _TIMELINE_TEMPLATE.replace("__DATA__", payload)
