@@ -64,6 +64,10 @@ class OutOfMemoryError(OpsnnRuntimeError, MemoryError):
     """The memory pool's cap would be exceeded."""
 
 
+class MemoryCorruptionError(OpsnnRuntimeError):
+    """A kernel wrote outside its buffers (found by the pool's debug guard bytes)."""
+
+
 class InnerError(OpsnnError):
     """An internal invariant failed (a bug in opsnn)."""
 

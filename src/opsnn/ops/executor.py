@@ -196,6 +196,9 @@ class Executor:
                 stream.wait_stream_seq(p[0], p[1])
             arrays.append(t._array)
         task = self._task(arrays, [o._array for o in outs], self._workspace(workspace))
+        pool = context().pool
+        if pool.guard_bytes:
+            task = _guarded(task, pool, f"{self.op.name} (kernel {self.kernel.name})")
         info = self._info
         if hooks.active:
             info = dict(info, shapes=[None if t is None else t.shape for t in ins],
@@ -225,6 +228,14 @@ class Executor:
             np.copyto(t._array, r)
             outs.append(t)
         return outs
+
+
+def _guarded(task, pool, who: str):
+    def guarded_task():
+        task()
+        pool.check_guards(who)
+
+    return guarded_task
 
 
 def _flops(rec: OpRecord, ctx: InferContext) -> int:

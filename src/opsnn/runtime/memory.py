@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..errors import OutOfMemoryError, ParamInvalidError
+from ..errors import MemoryCorruptionError, OutOfMemoryError, ParamInvalidError
 from . import hooks
 
 ALIGNMENT = 64
@@ -28,16 +28,28 @@ def size_class(nbytes: int) -> int:
     return (nbytes + step - 1) // step * step
 
 
+GUARD_PATTERN = 0xA5
+
+
 class Block:
-    """One aligned allocation; ``array`` is its uint8 view (exactly ``size`` bytes)."""
+    """One aligned allocation; ``array`` is its uint8 view (exactly ``size`` bytes).
 
-    __slots__ = ("size", "requested", "array", "raw", "live", "tag", "ptr", "interface")
+    With ``guard > 0`` (debug mode) the block is framed by ``guard`` bytes on each side,
+    filled with a pattern that :meth:`MemoryPool.check_guards` verifies after kernels.
+    """
 
-    def __init__(self, size: int):
-        raw = np.empty(size + ALIGNMENT, dtype=np.uint8)
+    __slots__ = ("size", "requested", "array", "raw", "live", "tag", "ptr", "interface", "guard", "front", "back",
+                 "stack")
+
+    def __init__(self, size: int, guard: int = 0):
+        raw = np.empty(size + 2 * guard + ALIGNMENT, dtype=np.uint8)
         shift = (-raw.ctypes.data) % ALIGNMENT
         self.raw = raw
-        self.array = raw[shift:shift + size]
+        self.guard = guard
+        self.front = raw[shift:shift + guard]
+        self.array = raw[shift + guard:shift + guard + size]
+        self.back = raw[shift + guard + size:shift + 2 * guard + size]
+        self.stack = None
         self.size = size
         self.ptr = self.array.ctypes.data
         # numpy's array-interface dict for a uint8 view of the whole block (see tensor.Storage)
@@ -63,9 +75,35 @@ class MemoryPool:
         self._reserved = 0
         self._current = 0
         self._live: dict[int, Block] = {}
+        self._by_tag: dict = {}
+        self.guard_bytes = 0
+
+    def set_debug_guards(self, nbytes: int = 64) -> None:
+        """Frame every new block with ``nbytes`` guard bytes (0 turns it off); cached blocks
+        are dropped so that every later allocation is guarded."""
+        if nbytes < 0 or nbytes % ALIGNMENT:
+            raise ParamInvalidError(f"memory.set_debug_guards: nbytes must be a multiple of {ALIGNMENT} >= 0, "
+                                    f"got {nbytes}")
+        self.guard_bytes = nbytes
+        self.empty_cache()
+
+    def check_guards(self, who: str) -> None:
+        """Raise :class:`MemoryCorruptionError` naming ``who`` if any live block's guard
+        bytes (or the slack past its requested size) were overwritten."""
+        with self._lock:
+            blocks = [b for b in self._live.values() if b.guard]
+        for b in blocks:
+            tail = b.array[b.requested:]
+            if (b.front != GUARD_PATTERN).any() or (b.back != GUARD_PATTERN).any() or (tail != GUARD_PATTERN).any():
+                where = "before the start" if (b.front != GUARD_PATTERN).any() else "past the end"
+                raise MemoryCorruptionError(
+                    f"{who}: wrote out of bounds ({where}) of a {b.requested}-byte buffer allocated by "
+                    f"{b.tag or 'the user'}")
 
     def reset_stats(self) -> None:
         self._peak = getattr(self, "_current", 0)
+        for t in getattr(self, "_by_tag", {}).values():
+            t[1] = t[0]
         self._n_alloc = 0
         self._n_free = 0
         self._n_reuse = 0
@@ -93,12 +131,23 @@ class MemoryPool:
                             f"{self._current} bytes in use, {self._reserved} reserved, cap {self.cap} bytes; "
                             "free tensors or raise the cap with opsnn.memory.set_cap()"
                         )
-                block = Block(size)
+                block = Block(size, self.guard_bytes)
                 self._reserved += size
             block.live = True
             block.requested = nbytes
             block.tag = tag
+            if block.guard:
+                block.front.fill(GUARD_PATTERN)
+                block.back.fill(GUARD_PATTERN)
+                block.array[nbytes:].fill(GUARD_PATTERN)
             self._current += size
+            t = self._by_tag.get(tag)
+            if t is None:
+                t = self._by_tag[tag] = [0, 0, 0]  # current, peak, allocations
+            t[0] += size
+            t[2] += 1
+            if t[0] > t[1]:
+                t[1] = t[0]
             self._n_alloc += 1
             if self._current > self._peak:
                 self._peak = self._current
@@ -113,6 +162,7 @@ class MemoryPool:
                 return
             block.live = False
             self._current -= block.size
+            self._by_tag[block.tag][0] -= block.size
             self._n_free += 1
             self._live.pop(id(block), None)
             self._free[block.size].append(block)
@@ -145,7 +195,13 @@ class MemoryPool:
                 "frees": self._n_free,
                 "reuses": self._n_reuse,
                 "largest_blocks": [{"bytes": b.size, "requested": b.requested, "tag": b.tag} for b in largest],
+                "per_op": sorted(({"op": tag or "(user)", "current_bytes": c, "peak_bytes": p, "allocations": n}
+                                  for tag, (c, p, n) in self._by_tag.items()), key=lambda r: -r["peak_bytes"]),
             }
+
+    def live_blocks(self) -> list:
+        with self._lock:
+            return list(self._live.values())
 
     @property
     def current_bytes(self) -> int:
@@ -171,6 +227,11 @@ def empty_cache() -> None:
 def set_cap(cap: int | None) -> None:
     """Cap the bytes the pool may hold; allocations past it raise ``OutOfMemoryError``."""
     _pool().set_cap(cap)
+
+
+def set_debug_guards(nbytes: int = 64) -> None:
+    """Debug mode: guard bytes around every buffer, checked after each kernel (0 = off)."""
+    _pool().set_debug_guards(nbytes)
 
 
 def reset_peak() -> None:
