@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: run test venv venv-test bench clean
+.PHONY: run test venv venv-test sysdeps bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,7 +19,19 @@ venv-test: $(BIN)/python
 run: venv
 	$(BIN)/opsnn run
 
-test: venv-test
+# Debian packages the tests need: chromium (timeline page in a real browser), graphviz (plots).
+SYSDEPS := chromium graphviz
+sysdeps:
+	@if ! command -v chromium >/dev/null || ! command -v dot >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian packages: $(SYSDEPS)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSDEPS) >/dev/null; \
+	  else \
+	    echo "warning: install the Debian packages '$(SYSDEPS)' for the browser and plot tests"; \
+	  fi; \
+	fi
+
+test: venv-test sysdeps
 	$(BIN)/python -m pytest
 
 bench: venv-test

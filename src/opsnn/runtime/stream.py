@@ -15,6 +15,7 @@ plays the same role)::
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections import deque
@@ -31,11 +32,16 @@ class Stream:
     """An ordered queue of work. ``Stream()`` starts a worker thread; ``inline=True`` runs
     work on the caller's thread (used for the default stream).
 
+    ``num_threads`` bounds the threads each parallel kernel of a worker stream uses
+    (default: half the cores), so several streams share the cores instead of
+    oversubscribing them.
+
     Errors raised by a kernel are kept and raised (as :class:`KernelError` naming the op)
     by the next :meth:`synchronize`; the stream stays usable afterwards.
     """
 
-    def __init__(self, device=None, *, inline: bool = False, name: str | None = None):
+    def __init__(self, device=None, *, inline: bool = False, name: str | None = None,
+                 num_threads: int | None = None):
         from .context import context
 
         ctx = context()
@@ -51,6 +57,9 @@ class Stream:
         self._failed: dict[int, str] = {}
         self._closed = False
         self._thread = None
+        # Kernel threads per worker: streams already run side by side, so each worker's
+        # parallel kernels use part of the cores (else N streams x all cores oversubscribe).
+        self.num_threads = num_threads or max(1, (os.cpu_count() or 1) // 2)
         if not inline:
             self._thread = threading.Thread(target=self._work, name=f"opsnn-{self.name}", daemon=True)
             self._thread.start()
@@ -90,6 +99,9 @@ class Stream:
         self._completed = seq
 
     def _work(self) -> None:
+        import numba
+
+        numba.set_num_threads(min(self.num_threads, numba.config.NUMBA_NUM_THREADS))  # thread-local setting
         while True:
             with self._cv:
                 while not self._queue and not self._closed:
