@@ -128,6 +128,8 @@ def test_dlpack_both_ways_without_copies():
     tt = opsnn.tensor(a).T  # strided layouts cross too
     np.testing.assert_array_equal(np.from_dlpack(tt), a.T)
     assert t.__dlpack_device__()[0] == 1  # kDLCPU
+    with pytest.raises(DTypeError, match="bfloat16"):
+        np.from_dlpack(opsnn.tensor(np.ones(2, dtypes.bfloat16)))
 
 
 def test_dlpack_with_torch():

@@ -286,6 +286,11 @@ class Tensor:
     # -- DLPack ----------------------------------------------------------------------
     def __dlpack__(self, *args, **kwargs):
         self._wait()
+        if self.dtype.kind not in "biufc":
+            from .errors import DTypeError
+
+            raise DTypeError(f"__dlpack__: numpy's DLPack cannot carry {_dt.name(self.dtype)}; export the raw "
+                             f"bits instead: opsnn.from_numpy(t.numpy().view(np.uint{8 * self.dtype.itemsize}))")
         return self._array.__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self):
