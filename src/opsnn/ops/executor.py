@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -283,23 +284,31 @@ def _signature(rec: OpRecord, tensors: list, attrs: dict, algo, num_outputs) -> 
     return (id(rec), _attrs_key(attrs), tuple(sig), algo, num_outputs, selector_key(), version())
 
 
-def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None, algo: str | None = None,
-            num_outputs: int | None = None, signature: tuple | None = None) -> Executor:
-    """Validate, infer, select a kernel and plan it; returns an :class:`Executor`."""
-    t0 = time.perf_counter()
-    ctx_rt = context()
-    tensors = [None if x is None else as_tensor(x) for x in inputs]
-    while tensors and tensors[-1] is None and len(tensors) > sum(1 for s in rec.inputs if not s.optional):
-        tensors.pop()
+@dataclass
+class OpPlan:
+    """Everything prepare decides before any tensor is bound: inferred outputs, the kernel
+    selection, its plan and workspace size (the graph compiler binds these to arena memory)."""
+
+    ctx: InferContext
+    selection: object
+    plan: object
+    workspace_size: int
+
+
+def plan_op(rec: OpRecord, metas: list, values: list, attrs: dict | None, *, algo: str | None = None,
+            num_outputs: int | None = None, device: str = "cpu") -> OpPlan:
+    """Validate inputs (metas and host values) and attributes, infer outputs, select and plan
+    the kernel. No memory is touched."""
+    while metas and metas[-1] is None and len(metas) > sum(1 for s in rec.inputs if not s.optional):
+        metas, values = metas[:-1], values[:-1]
     n_out = num_outputs or _default_num_outputs(rec)
-    metas, values = _metas_and_values(rec, tensors)
     rec.check_inputs(metas)
     bound = rec.bind_attrs(attrs or {})
     if rec.outputs and rec.outputs[-1].variadic and bound.get("num_outputs", 0) is None:
         bound["num_outputs"] = n_out
-    ctx = InferContext(rec, metas, bound, values, n_out, ctx_rt.device.type)
+    ctx = InferContext(rec, list(metas), bound, list(values), n_out, device)
     try:
-        out_metas = rec.run_infer(ctx)
+        rec.run_infer(ctx)
     except OpsnnError:
         raise
     except (ValueError, IndexError, TypeError, KeyError) as exc:
@@ -308,6 +317,20 @@ def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None,
     k = selection.kernel
     plan = k.plan(ctx) if k.plan is not None else None
     ws = k.workspace(ctx, plan) if k.workspace is not None else 0
+    return OpPlan(ctx, selection, plan, int(ws))
+
+
+def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None, algo: str | None = None,
+            num_outputs: int | None = None, signature: tuple | None = None) -> Executor:
+    """Validate, infer, select a kernel and plan it; returns an :class:`Executor`."""
+    t0 = time.perf_counter()
+    ctx_rt = context()
+    tensors = [None if x is None else as_tensor(x) for x in inputs]
+    while tensors and tensors[-1] is None and len(tensors) > sum(1 for s in rec.inputs if not s.optional):
+        tensors.pop()
+    metas, values = _metas_and_values(rec, tensors)
+    op = plan_op(rec, metas, values, attrs, algo=algo, num_outputs=num_outputs, device=ctx_rt.device.type)
+    out_metas = op.ctx.outputs
     outputs = None
     if not rec.dynamic_shape:
         if out is not None:
@@ -326,11 +349,12 @@ def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None,
             outputs = [Tensor(_alloc_array(tuple(m.shape), m.dtype, rec.name)) for m in out_metas]
     if signature is None:
         signature = _signature(rec, tensors, attrs or {}, algo, num_outputs)
-    ex = Executor(rec, ctx, selection, plan, ws, tensors, outputs, signature)
+    ex = Executor(rec, op.ctx, op.selection, op.plan, op.workspace_size, tensors, outputs, signature)
     if hooks.active:
-        hooks.emit("prepare", {"op": rec.name, "kernel": k.name, "reason": selection.reason, "start": t0,
+        k = op.selection.kernel
+        hooks.emit("prepare", {"op": rec.name, "kernel": k.name, "reason": op.selection.reason, "start": t0,
                                "end": time.perf_counter(), "thread": threading.get_ident(),
-                               "fallback": k.fallback, "rejected": selection.rejected})
+                               "fallback": k.fallback, "rejected": op.selection.rejected})
     return ex
 
 
