@@ -1,0 +1,465 @@
+"""The graph compiler: optimize once, plan per input-shape signature, replay in a flat loop.
+
+``compile(graph)`` runs the named passes, then ``CompiledGraph.run(inputs)`` looks up (or
+builds) the plan for the inputs' concrete shapes: every node's kernel is selected and
+planned, intermediates get offsets in one arena (static memory plan), and executors are
+bound to that memory. A run replays prepared kernel closures: no dispatch or shape
+inference per node. Graphs with data-dependent shapes or control flow run through the
+interpreter instead (``cg.mode`` says which, and why)::
+
+    cg = opsnn.compile(graph)
+    outputs = cg.run({"x": x})          # dict in, dict out
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import KernelError, OpsnnError, ParamInvalidError
+from ..ops import executor as _ex
+from ..ops.registry import TensorMeta, get_op, has_op
+from ..runtime import hooks
+from ..runtime.context import context
+from ..runtime.stream import current_stream
+from ..tensor import Tensor, _alloc_array, as_tensor
+from .ir import Graph, Node
+from .memory_plan import Buffer, MemoryPlan, plan_memory
+
+log = logging.getLogger("opsnn.graph.compile")
+
+#: ops that never run at plan time even when their inputs are constant
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
+                    "Multinomial", "Dropout"}
+#: elementwise ops whose kernels may write their output over a dying input of the same size
+_NOT_IN_PLACE = {"Softmax", "LogSoftmax", "Hardmax", "CumSum", "Cast", "CastLike"}
+_FOLD_LIMIT = 1 << 24  # plan-time folding only for small values (shape arithmetic, not weights)
+
+
+class NotPlannable(Exception):
+    """The graph needs the interpreter (control flow, data-dependent shapes, unknown host values)."""
+
+
+@dataclass
+class Step:
+    node: Node
+    executor: object
+    inputs: list          # value names ('' = absent)
+    outputs: list
+    workspace: object = None
+    task: object = None   # prebuilt closure (None when it reads graph inputs or writes graph outputs)
+
+
+@dataclass
+class Plan:
+    key: tuple
+    steps: list
+    memory: MemoryPlan
+    arena: np.ndarray | None
+    tensors: dict                 # value name -> Tensor bound for the plan's lifetime
+    output_metas: dict            # graph output name -> TensorMeta
+    folded: dict                  # values computed at plan time
+    input_steps: dict = field(default_factory=dict)   # graph input -> steps reading it
+    last_run: tuple | None = None  # (stream, seq) of the latest launch (the arena is busy until then)
+    build_ms: float = 0.0
+
+
+def _in_place_ok(rec, node: Node) -> bool:
+    return rec.category in ("elementwise", "activation") and node.op_type not in _NOT_IN_PLACE \
+        and len(node.outputs) == 1 and not rec.dynamic_shape
+
+
+class CompiledGraph:
+    """A graph prepared for repeated execution; see the module docstring."""
+
+    def __init__(self, graph: Graph, *, original: Graph | None = None, pass_report=None, max_plans: int = 16,
+                 memory_optimization: bool = True):
+        self.graph = graph
+        self.original_node_count = len(original.nodes) if original is not None else len(graph.nodes)
+        self.pass_report = pass_report
+        self.max_plans = max_plans
+        self.memory_optimization = memory_optimization
+        self._plans: "OrderedDict[tuple, Plan]" = OrderedDict()
+        self._lock = threading.Lock()
+        self.plans_built = 0
+        self.mode = "compiled"
+        self.mode_reason = ""
+        self._weights = {k: Tensor(np.ascontiguousarray(v)) for k, v in graph.initializers.items()}
+        self._input_specs = {v.name: v for v in graph.inputs if v.name not in graph.initializers}
+        self.hash = graph_hash(graph)
+
+    # -- public API ------------------------------------------------------------------------------
+    @property
+    def input_names(self) -> list[str]:
+        return list(self._input_specs)
+
+    @property
+    def output_names(self) -> list[str]:
+        return self.graph.output_names
+
+    def run(self, inputs, stream=None):
+        """Run on ``inputs`` (dict by name, or a list in input order); returns a dict when given a
+        dict, else a list. Launches asynchronously on ``stream``; read results with ``.numpy()``."""
+        as_dict = isinstance(inputs, dict)
+        feeds = self._feeds(inputs)
+        if self.mode == "interpreted":
+            return self._run_interpreted(feeds, as_dict)
+        key = tuple((name, t.shape, t.dtype.str) for name, t in feeds.items())
+        plan = self._plans.get(key)
+        if plan is None:
+            try:
+                plan = self._build_plan(key, feeds)
+            except NotPlannable as exc:
+                self.mode, self.mode_reason = "interpreted", str(exc)
+                log.info("graph %s runs interpreted: %s", self.graph.name, exc)
+                return self._run_interpreted(feeds, as_dict)
+        else:
+            self._plans.move_to_end(key)
+        outs = self._launch(plan, feeds, stream or current_stream())
+        return outs if as_dict else [outs[n] for n in self.output_names]
+
+    def explain(self, inputs=None) -> str:
+        """Each node's kernel and why, for the latest plan (or the plan of ``inputs``)."""
+        if inputs is not None:
+            self.run(inputs)
+        if self.mode == "interpreted":
+            return f"graph {self.graph.name}: interpreted ({self.mode_reason})"
+        if not self._plans:
+            return f"graph {self.graph.name}: no plan yet (run it once or pass inputs)"
+        plan = next(reversed(self._plans.values()))
+        lines = [f"graph {self.graph.name}: {len(plan.steps)} kernels, {plan.memory.summary()}"]
+        for st in plan.steps:
+            ex = st.executor
+            fused = getattr(st.node, "attrs_origin", None)
+            lines.append(f"  {st.node.name} ({st.node.qualified_type}): {ex.kernel.name} — {ex.reason}"
+                         + (f" [fused from {', '.join(fused)}]" if fused else "")
+                         + (" [REFERENCE FALLBACK]" if ex.kernel.fallback else ""))
+        return "\n".join(lines)
+
+    def memory_report(self) -> dict:
+        plan = next(reversed(self._plans.values())) if self._plans else None
+        if plan is None:
+            return {}
+        return {"arena_bytes": plan.memory.arena_bytes, "naive_bytes": plan.memory.naive_bytes,
+                "saving": plan.memory.saving, "in_place": len(plan.memory.aliases)}
+
+    def prepare_shapes(self, shapes: list[dict]) -> None:
+        """Static mode: build plans now for each declared ``{input: shape}`` (dtypes from the graph)."""
+        for shape_map in shapes:
+            feeds = {}
+            for name, spec in self._input_specs.items():
+                if name not in shape_map:
+                    raise ParamInvalidError(f"prepare_shapes: no shape given for input {name!r}")
+                feeds[name] = Tensor(np.zeros(shape_map[name], spec.dtype or np.float32))
+            self.run(feeds)
+
+    @property
+    def num_plans(self) -> int:
+        return len(self._plans)
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def _feeds(self, inputs) -> dict:
+        names = self.input_names
+        if isinstance(inputs, dict):
+            unknown = set(inputs) - set(names)
+            if unknown:
+                raise ParamInvalidError(f"graph {self.graph.name}: unknown input(s) {sorted(unknown)}; "
+                                        f"inputs are {names}")
+            missing = [n for n in names if n not in inputs]
+            if missing:
+                raise ParamInvalidError(f"graph {self.graph.name}: missing input(s) {missing}")
+            items = [(n, inputs[n]) for n in names]
+        else:
+            inputs = list(inputs)
+            if len(inputs) != len(names):
+                raise ParamInvalidError(f"graph {self.graph.name}: expected {len(names)} inputs {names}, "
+                                        f"got {len(inputs)}")
+            items = list(zip(names, inputs))
+        feeds = {}
+        for name, x in items:
+            t = as_tensor(x)
+            spec = self._input_specs[name]
+            if spec.dtype is not None and t.dtype != spec.dtype:
+                raise ParamInvalidError(f"graph {self.graph.name}: input {name!r} has dtype {_dt.name(t.dtype)}, "
+                                        f"the graph declares {_dt.name(spec.dtype)}")
+            if spec.shape is not None:
+                if len(spec.shape) != t.ndim:
+                    raise ParamInvalidError(f"graph {self.graph.name}: input {name!r} has shape {t.shape}, the "
+                                            f"graph declares rank {len(spec.shape)} {tuple(spec.shape)}")
+                for d, (want, got) in enumerate(zip(spec.shape, t.shape)):
+                    if isinstance(want, (int, np.integer)) and want >= 0 and want != got:
+                        raise ParamInvalidError(f"graph {self.graph.name}: input {name!r} has shape {t.shape}; "
+                                                f"dim {d} must be {want} (declared {tuple(spec.shape)})")
+            feeds[name] = t
+        return feeds
+
+    # -- planning -------------------------------------------------------------------------------------
+    def _build_plan(self, key: tuple, feeds: dict) -> Plan:
+        t0 = time.perf_counter()
+        g = self.graph
+        metas: dict = {k: TensorMeta(w.shape, w.dtype) for k, w in self._weights.items()}
+        metas.update({k: TensorMeta(t.shape, t.dtype) for k, t in feeds.items()})
+        known: dict = {k: w.numpy() for k, w in self._weights.items()}
+        folded: dict = {}
+        planned = []  # (node, rec, OpPlan)
+        device = context().device.type
+        for node in g.nodes:
+            if node.op_type == "Constant" and not node.domain:
+                from .interpreter import BUILTINS  # the interpreter owns Constant's attribute forms
+
+                val = BUILTINS[("", "Constant")](None, node, [], None)[0].numpy()
+                if val.dtype == object:
+                    raise NotPlannable(f"node {node.name}: string constants need the interpreter")
+                known[node.outputs[0]] = folded[node.outputs[0]] = val
+                metas[node.outputs[0]] = TensorMeta(val.shape, val.dtype)
+                continue
+            if any(True for _ in node.subgraphs()) or not has_op(node.op_type, node.domain):
+                raise NotPlannable(f"node {node.name} ({node.qualified_type}) needs the interpreter")
+            rec = get_op(node.op_type, node.domain)
+            if rec.dynamic_shape:
+                raise NotPlannable(f"node {node.name} ({node.op_type}) has a data-dependent output shape")
+            in_metas = []
+            for name in node.inputs:
+                if not name:
+                    in_metas.append(None)
+                    continue
+                if name not in metas:
+                    raise NotPlannable(f"node {node.name} reads {name!r}, which has no type (sequence/optional?)")
+                in_metas.append(metas[name])
+            values = [known.get(n) if n else None for n in node.inputs]
+            for i in rec.host_inputs:
+                if i < len(node.inputs) and node.inputs[i] and values[i] is None:
+                    raise NotPlannable(f"node {node.name} ({node.op_type}) needs the value of {node.inputs[i]!r} "
+                                       "at plan time, and it is computed from data")
+            # plan-time folding: shape arithmetic on known values (Shape of a typed value is known)
+            if node.op_type in ("Shape", "Size") and not node.domain and in_metas[0] is not None:
+                shp = np.array(in_metas[0].shape, np.int64)
+                if node.op_type == "Size":
+                    val = np.array(int(np.prod(shp)), np.int64)
+                else:
+                    start, end = node.attrs.get("start", 0), node.attrs.get("end", None)
+                    val = shp[start:end]
+                known[node.outputs[0]] = folded[node.outputs[0]] = val
+                metas[node.outputs[0]] = TensorMeta(val.shape, val.dtype)
+                continue
+            if all(v is not None for n, v in zip(node.inputs, values) if n) and node.op_type not in NONDETERMINISTIC \
+                    and all(m is None or int(np.prod(m.shape)) <= _FOLD_LIMIT for m in in_metas) \
+                    and any(n for n in node.inputs) and not all(n in self._weights for n in node.inputs if n):
+                outs = _ex.call(rec, [None if n == "" else known[n] for n in node.inputs], dict(node.attrs),
+                                num_outputs=len(node.outputs))
+                outs = outs if isinstance(outs, tuple) else (outs,)
+                for name, t in zip(node.outputs, outs):
+                    if name:
+                        known[name] = folded[name] = t.numpy()
+                        metas[name] = TensorMeta(t.shape, t.dtype)
+                continue
+            try:
+                op = _ex.plan_op(rec, in_metas, values, dict(node.attrs), num_outputs=len(node.outputs),
+                                 device=device)
+            except OpsnnError as exc:
+                shapes = [None if m is None else tuple(m.shape) for m in in_metas]
+                raise type(exc)(f"node {node.name} ({node.op_type}) with input shapes {shapes}: {exc}") from None
+            for name, m in zip(node.outputs, op.ctx.outputs):
+                if name:
+                    metas[name] = m
+            planned.append((node, rec, op))
+        missing = [o for o in g.output_names if o not in metas]
+        if missing:
+            raise NotPlannable(f"outputs {missing} have no type at plan time")
+        plan = self._bind(key, planned, metas, folded, feeds)
+        plan.build_ms = (time.perf_counter() - t0) * 1e3
+        with self._lock:
+            self._plans[key] = plan
+            self.plans_built += 1
+            while len(self._plans) > self.max_plans:
+                old_key, _ = self._plans.popitem(last=False)
+                log.info("graph %s: evicted the plan for %s (LRU, max_plans=%d)", g.name, old_key, self.max_plans)
+        return plan
+
+    def _bind(self, key, planned, metas, folded, feeds) -> Plan:
+        g = self.graph
+        graph_outputs = set(g.output_names)
+        external = set(feeds) | set(self._weights) | set(folded)
+        # lifetimes over the step order
+        first, last = {}, {}
+        for i, (node, _, op) in enumerate(planned):
+            for n in node.inputs:
+                if n:
+                    last[n] = i
+            for n in node.outputs:
+                if n:
+                    first.setdefault(n, i)
+                    last.setdefault(n, i)
+        nbytes = {n: int(np.prod(m.shape)) * m.dtype.itemsize for n, m in metas.items()}
+        aliases: dict = {}
+        root = {}
+        if self.memory_optimization:
+            for i, (node, rec, op) in enumerate(planned):
+                out = node.outputs[0] if node.outputs else ""
+                if not out or out in graph_outputs or not _in_place_ok(rec, node):
+                    continue
+                for n in node.inputs:
+                    src = root.get(n, n)
+                    if n and n not in external and n not in graph_outputs and last.get(n) == i \
+                            and nbytes.get(n) == nbytes.get(out) and metas[n].dtype == metas[out].dtype \
+                            and n not in aliases.values():
+                        aliases[out] = src
+                        root[out] = src
+                        last[src] = max(last[src], last.get(out, i))
+                        break
+        buffers = []
+        for n, start in first.items():
+            if n in graph_outputs or n in external or n in aliases:
+                continue
+            end = last[n]
+            for alias, src in aliases.items():  # a buffer lives as long as anything aliasing it
+                if src == n:
+                    end = max(end, last.get(alias, end))
+            buffers.append(Buffer(n, nbytes[n], start, end))
+        for i, (node, _, op) in enumerate(planned):
+            if op.workspace_size:
+                buffers.append(Buffer(f"__ws{i}", op.workspace_size, i, i))
+        if self.memory_optimization:
+            mem = plan_memory(buffers)
+        else:  # every buffer gets its own bytes
+            mem = MemoryPlan(buffers=buffers)
+            off = 0
+            for b in buffers:
+                mem.offsets[b.name] = off
+                off += (max(b.size, 1) + 63) // 64 * 64
+            mem.arena_bytes = mem.naive_bytes = off
+        if self.memory_optimization:
+            mem.naive_bytes = sum((max(b.size, 1) + 63) // 64 * 64 for b in buffers)
+        mem.aliases = dict(aliases)
+        arena = _alloc_array((mem.arena_bytes,), _dt.uint8, f"graph:{g.name}:arena") if mem.arena_bytes else None
+        tensors: dict = dict(self._weights)
+        for n, val in folded.items():
+            tensors[n] = Tensor(np.ascontiguousarray(val))
+
+        def view(name, meta):
+            off = mem.offsets[name]
+            size = int(np.prod(meta.shape)) * meta.dtype.itemsize
+            return Tensor(arena[off:off + size].view(meta.dtype).reshape(meta.shape))
+
+        for b in buffers:
+            if not b.name.startswith("__ws"):
+                tensors[b.name] = view(b.name, metas[b.name])
+        for alias, src in aliases.items():
+            tensors[alias] = Tensor(tensors[src]._array.view(metas[alias].dtype).reshape(metas[alias].shape))
+        steps = []
+        input_steps: dict = {}
+        for i, (node, rec, op) in enumerate(planned):
+            ws = None
+            if op.workspace_size:
+                off = mem.offsets[f"__ws{i}"]
+                ws = arena[off:off + op.workspace_size]
+            late = any(n in feeds for n in node.inputs) or any(n in graph_outputs for n in node.outputs)
+            in_t = [tensors.get(n) if n else None for n in node.inputs]
+            out_t = [tensors.get(n) for n in node.outputs]
+            ex = _ex.Executor(rec, op.ctx, op.selection, op.plan, op.workspace_size,
+                              [t if t is not None else (feeds.get(n) if n else None) for t, n in zip(in_t, node.inputs)],
+                              None, None)
+            step = Step(node, ex, list(node.inputs), list(node.outputs), ws)
+            if not late:
+                step.task = _named(ex._task([t._array if t is not None else None for t in in_t],
+                                            [t._array for t in out_t], ws), node)
+            for n in node.inputs:
+                if n in feeds:
+                    input_steps.setdefault(n, []).append(step)
+            steps.append(step)
+        out_metas = {n: metas[n] for n in g.output_names}
+        return Plan(key, steps, mem, arena, tensors, out_metas, folded, input_steps)
+
+    # -- running --------------------------------------------------------------------------------------
+    def _launch(self, plan: Plan, feeds: dict, stream) -> dict:
+        outputs = {}
+        for name, m in plan.output_metas.items():
+            if name in feeds:
+                outputs[name] = feeds[name]
+            elif name in plan.tensors and name not in plan.memory.offsets:
+                outputs[name] = plan.tensors[name]  # folded or a weight
+            else:
+                outputs[name] = Tensor(_alloc_array(tuple(m.shape), m.dtype, f"graph:{self.graph.name}"))
+        env = dict(plan.tensors)
+        env.update(feeds)
+        env.update(outputs)
+        for t in feeds.values():
+            p = t._producer
+            if p is not None and p[0] is not stream:
+                stream.wait_stream_seq(*p)
+        if plan.last_run is not None and plan.last_run[0] is not stream:
+            stream.wait_stream_seq(*plan.last_run)  # the arena is still in use by a run on another stream
+        tasks = []
+        for st in plan.steps:
+            task = st.task
+            if task is None:
+                ins = [env[n]._array if n else None for n in st.inputs]
+                outs = [env[n]._array for n in st.outputs if n]
+                if st.executor._contig != [a is not None and not st.executor.kernel.strided
+                                           and not a.flags.c_contiguous for a in ins]:
+                    st.executor._contig = [a is not None and not st.executor.kernel.strided
+                                           and not a.flags.c_contiguous for a in ins]
+                task = _named(st.executor._task(ins, outs, st.workspace), st.node)
+            tasks.append((st, task))
+        if hooks.active:  # one launch per kernel so tools see each one
+            seq = 0
+            for st, task in tasks:
+                info = dict(st.executor._info, node=st.node.name,
+                            shapes=[None if not n else env[n].shape for n in st.inputs])
+                seq = stream.launch(task, st.node.op_type, info)
+        else:
+            def run_graph(tasks=tasks):
+                for _, task in tasks:
+                    task()
+
+            seq = stream.launch(run_graph, f"graph:{self.graph.name}")
+        plan.last_run = (stream, seq)
+        for t in outputs.values():
+            if t._producer is None or t._producer[0] is stream:
+                t._producer = (stream, seq)
+        return outputs
+
+    def _run_interpreted(self, feeds: dict, as_dict: bool):
+        from .interpreter import run as interpret
+
+        res = interpret(self.graph, feeds)
+        outs = {n: (v if isinstance(v, Tensor) or v is None or isinstance(v, list) else Tensor(np.asarray(v)))
+                for n, v in res.items()}
+        return outs if as_dict else [outs[n] for n in self.output_names]
+
+
+def _named(task, node: Node):
+    """Wrap a kernel closure so that an error names the graph node that raised it."""
+    def run_node():
+        try:
+            task()
+        except Exception as exc:
+            raise KernelError(f"node {node.name} ({node.op_type}): {type(exc).__name__}: {exc}",
+                              op=node.op_type) from exc
+
+    return run_node
+
+
+def graph_hash(graph: Graph) -> str:
+    """A stable hash of a graph's structure, attributes and weights (the plan-cache key)."""
+    h = hashlib.sha256()
+    for v in graph.inputs:
+        h.update(f"in:{v.name}:{v.dtype}:{v.shape};".encode())
+    for n in graph.nodes:
+        h.update(f"{n.domain}:{n.op_type}:{n.inputs}:{n.outputs}:".encode())
+        for k in sorted(n.attrs):
+            v = n.attrs[k]
+            h.update(k.encode())
+            h.update(v.tobytes() if isinstance(v, np.ndarray) else repr(v).encode())
+    for k in sorted(graph.initializers):
+        a = graph.initializers[k]
+        h.update(f"init:{k}:{a.dtype}:{a.shape}".encode())
+        h.update(hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).tobytes()).digest())
+    h.update(repr(graph.output_names).encode())
+    return h.hexdigest()[:16]
