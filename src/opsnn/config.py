@@ -24,3 +24,22 @@ def get_backend_capability() -> dict:
             entry["kernels"].append({"name": k.name, "priority": k.priority, "fallback": k.fallback,
                                      "dtypes": None if k.dtypes is None else [_dt.name(d) for d in k.dtypes]})
     return caps
+
+
+_memory_optimization = [True]
+
+
+def enable_memory_optimization(enabled: bool = True) -> None:
+    """Static memory planning for compiled graphs (on by default)."""
+    _memory_optimization[0] = bool(enabled)
+
+
+def memory_optimization_enabled() -> bool:
+    return _memory_optimization[0]
+
+
+def disable_passes(names) -> None:
+    """Disable graph passes by name (``[]`` re-enables all); see ``opsnn.optimize.pass_names()``."""
+    from .graph.passes import disable_passes as _disable
+
+    _disable(names)

@@ -463,3 +463,52 @@ def graph_hash(graph: Graph) -> str:
         h.update(hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).tobytes()).digest())
     h.update(repr(graph.output_names).encode())
     return h.hexdigest()[:16]
+
+
+def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None, level: int = 3,
+            disabled_passes=None, max_plans: int = 16, memory_optimization: bool | None = None) -> CompiledGraph:
+    """Compile a Graph, an ONNX model (path or ModelProto) or a Python function of tensors.
+
+    ``example_inputs`` and ``dynamic_dims`` (``{arg: {dim: "name"}}``) are for functions,
+    which are traced. ``static_shapes``: a list of ``{input: shape}`` to plan ahead of time.
+
+    >>> import opsnn, numpy as np
+    >>> cg = opsnn.compile(lambda x: opsnn.ops.relu(x), [np.ones((2, 3), np.float32)],
+    ...                    dynamic_dims={"x": {0: "batch"}})
+    >>> cg.run([np.full((5, 3), -1, np.float32)])[0].shape
+    (5, 3)
+    """
+    import copy
+
+    from ..runtime.context import context
+    from .passes import optimize
+    from .tracing import trace
+
+    context()
+    if isinstance(model, Graph):
+        graph = model
+    elif callable(model):
+        if example_inputs is None:
+            raise ParamInvalidError("compile: a function needs example_inputs to be traced")
+        graph = trace(model, example_inputs, dynamic_dims)
+    else:
+        from .. import onnx as _onnx
+
+        graph = _onnx.load(model)
+    original = graph
+    # nodes and subgraphs are copied (passes rewrite them); weight arrays are shared, never mutated
+    work = copy.deepcopy(graph, {id(a): a for a in graph.initializers.values()})
+    t0 = time.perf_counter()
+    report = optimize(work, level=level, disabled=disabled_passes)
+    from ..tools import profiler
+
+    profiler.host_phase(f"compile {graph.name}", "compile", t0, time.perf_counter())
+    if memory_optimization is None:
+        from .. import config
+
+        memory_optimization = config.memory_optimization_enabled()
+    cg = CompiledGraph(work, original=original, pass_report=report, max_plans=max_plans,
+                       memory_optimization=memory_optimization)
+    if static_shapes:
+        cg.prepare_shapes(static_shapes)
+    return cg

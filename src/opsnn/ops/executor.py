@@ -22,6 +22,7 @@ from ..tensor import Tensor, _alloc_array, as_tensor
 from .registry import InferContext, OpRecord, TensorMeta, select_kernel, selector_key, version
 
 _MAX_CACHE = 4096
+_tracer = None  # set by graph.tracing while a function is traced
 _cache: "OrderedDict[tuple, Executor]" = OrderedDict()
 
 
@@ -377,6 +378,10 @@ def call(rec: OpRecord, inputs: list, attrs: dict | None = None, *, algo: str | 
     else:
         outs = ex.new_outputs()
     if rec.dynamic_shape:
-        return ex.result(ex._run_dynamic(tensors, stream))
-    ex.launch(tensors, outs, None, stream)
-    return ex.result(outs)
+        res = ex.result(ex._run_dynamic(tensors, stream))
+    else:
+        ex.launch(tensors, outs, None, stream)
+        res = ex.result(outs)
+    if _tracer is not None:
+        _tracer.record(rec, tensors, attrs, num_outputs, res)
+    return res

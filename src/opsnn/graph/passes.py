@@ -1,0 +1,383 @@
+"""Graph optimization passes: an explicit, ordered, named list; each can be disabled by name
+(``opsnn.config.disable_passes(["cse"])``) and reports what it did.
+
+>>> [p.name for p in PASSES][:3]
+['eliminate_noops', 'constant_folding', 'dead_code_elimination']
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ParamInvalidError
+from ..ops.registry import get_op, has_op
+from .ir import Graph, Node
+
+log = logging.getLogger("opsnn.graph.passes")
+
+_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
+                     "Multinomial"}
+_FOLD_MAX_BYTES = 256 << 20
+
+
+@dataclass
+class PassResult:
+    name: str
+    changes: int = 0
+    log: list = field(default_factory=list)   # what was done, one line each
+    refused: list = field(default_factory=list)  # what was not done, and why
+    ms: float = 0.0
+
+    def note(self, msg: str) -> None:
+        self.changes += 1
+        self.log.append(msg)
+        log.debug("%s: %s", self.name, msg)
+
+    def refuse(self, msg: str) -> None:
+        self.refused.append(msg)
+        log.debug("%s refused: %s", self.name, msg)
+
+
+@dataclass
+class Pass:
+    name: str
+    fn: Callable[[Graph, PassResult], None]
+    level: int = 1  # 1: basic (semantics-preserving cleanups), 2: fusions, 3: layout/precision
+    doc: str = ""
+
+
+@dataclass
+class OptimizeReport:
+    results: list = field(default_factory=list)
+    nodes_before: int = 0
+    nodes_after: int = 0
+
+    def summary(self) -> str:
+        lines = [f"nodes: {self.nodes_before} -> {self.nodes_after}"]
+        for r in self.results:
+            lines.append(f"  {r.name:34s} {r.changes:4d} changes  {len(r.refused):3d} refused  {r.ms:8.2f} ms")
+        return "\n".join(lines)
+
+    def by_name(self, name: str) -> PassResult:
+        return next(r for r in self.results if r.name == name)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def replace_uses(graph: Graph, old: str, new: str) -> None:
+    """Make every reader of value ``old`` read ``new`` instead (subgraphs included)."""
+    for _, n in graph.walk():
+        n.inputs = [new if i == old else i for i in n.inputs]
+
+
+def consumers(graph: Graph) -> dict:
+    return graph.consumers()
+
+
+def constants(graph: Graph) -> dict:
+    return graph.initializers
+
+
+def _removable_output(graph: Graph, name: str) -> bool:
+    return name not in graph.output_names
+
+
+def _freeze(v):
+    if isinstance(v, np.ndarray):
+        return ("nd", v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, Graph):
+        return ("graph", id(v))
+    return v
+
+
+# -- the passes ----------------------------------------------------------------------------------
+def eliminate_noops(graph: Graph, res: PassResult) -> None:
+    """Remove Identity, inference-mode Dropout, Cast to the same dtype and Reshape/Expand/
+    Squeeze/Unsqueeze/Flatten whose output shape equals the input's."""
+    from .shape_inference import infer_types
+
+    metas = None
+    keep = []
+    for n in graph.nodes:
+        src = n.inputs[0] if n.inputs else ""
+        out = n.outputs[0] if n.outputs else ""
+        drop = False
+        if n.domain or not src or not out:
+            pass
+        elif n.op_type == "Identity":
+            drop = True
+        elif n.op_type == "Dropout":
+            training = len(n.inputs) > 2 and n.inputs[2]
+            mask_used = len(n.outputs) > 1 and n.outputs[1]
+            drop = not training and not mask_used
+        elif n.op_type in ("Cast", "Reshape", "Expand", "Squeeze", "Unsqueeze", "Flatten", "CastLike"):
+            if metas is None:
+                metas = infer_types(graph)
+            a, b = metas.get(src), metas.get(out)
+            drop = a is not None and b is not None and a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) \
+                and all(isinstance(d, (int, np.integer)) or d is not None for d in a.shape) \
+                and None not in a.shape
+        if drop and not _removable_output(graph, out):
+            res.refuse(f"{n.name} ({n.op_type}): its output {out!r} is a graph output")
+            drop = False
+        if drop:
+            replace_uses(graph, out, src)
+            res.note(f"removed {n.name} ({n.op_type})")
+        else:
+            keep.append(n)
+    graph.nodes = keep
+
+
+def constant_folding(graph: Graph, res: PassResult) -> None:
+    """Evaluate nodes whose inputs are all constants; their outputs become initializers."""
+    from ..ops import executor as _ex
+    from .interpreter import BUILTINS
+
+    keep = []
+    for n in graph.nodes:
+        if n.op_type == "Constant" and not n.domain:
+            val = BUILTINS[("", "Constant")](None, n, [], None)[0].numpy()
+            if val.dtype != object and _removable_output(graph, n.outputs[0]):
+                graph.initializers[n.outputs[0]] = val
+                res.note(f"{n.name}: Constant -> initializer {n.outputs[0]!r}")
+                continue
+            keep.append(n)
+            continue
+        ins = [i for i in n.inputs if i]
+        foldable = ins and all(i in graph.initializers for i in ins) and has_op(n.op_type, n.domain) \
+            and n.op_type not in _NONDETERMINISTIC and not any(True for _ in n.subgraphs()) \
+            and all(_removable_output(graph, o) for o in n.outputs if o)
+        if not foldable:
+            keep.append(n)
+            continue
+        try:
+            outs = _ex.call(get_op(n.op_type, n.domain), [graph.initializers[i] if i else None for i in n.inputs],
+                            dict(n.attrs), num_outputs=len(n.outputs))
+        except Exception as exc:  # noqa: BLE001 - a node that cannot fold stays in the graph
+            res.refuse(f"{n.name} ({n.op_type}): evaluation failed: {exc}")
+            keep.append(n)
+            continue
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        if sum(t.nbytes for t in outs) > _FOLD_MAX_BYTES:
+            res.refuse(f"{n.name} ({n.op_type}): result larger than {_FOLD_MAX_BYTES} bytes")
+            keep.append(n)
+            continue
+        for name, t in zip(n.outputs, outs):
+            if name:
+                graph.initializers[name] = np.array(t.numpy())
+        res.note(f"folded {n.name} ({n.op_type})")
+    graph.nodes = keep
+
+
+def dead_code_elimination(graph: Graph, res: PassResult) -> None:
+    """Remove nodes whose outputs nobody reads, and initializers nobody uses."""
+    changed = True
+    while changed:
+        changed = False
+        used = set(graph.output_names)
+        for _, n in graph.walk():
+            used.update(i for i in n.inputs if i)
+        from .ir import free_names
+
+        for n in graph.nodes:
+            used |= free_names(n)
+        keep = []
+        for n in graph.nodes:
+            if any(o and o in used for o in n.outputs):
+                keep.append(n)
+            else:
+                res.note(f"removed {n.name} ({n.op_type}): outputs unused")
+                changed = True
+        graph.nodes = keep
+    used = set(graph.output_names)
+    for _, n in graph.walk():
+        used.update(i for i in n.inputs if i)
+    for k in list(graph.initializers):
+        if k not in used and k not in graph.input_names:
+            del graph.initializers[k]
+            res.note(f"dropped unused initializer {k!r}")
+
+
+def common_subexpression_elimination(graph: Graph, res: PassResult) -> None:
+    """Merge nodes with the same op, inputs and attributes (deterministic ops only)."""
+    seen: dict = {}
+    keep = []
+    for n in graph.nodes:
+        if n.op_type in _NONDETERMINISTIC or any(True for _ in n.subgraphs()):
+            keep.append(n)
+            continue
+        key = (n.domain, n.op_type, tuple(n.inputs), len(n.outputs),
+               tuple(sorted((k, _freeze(v)) for k, v in n.attrs.items())))
+        first = seen.get(key)
+        if first is None:
+            seen[key] = n
+            keep.append(n)
+            continue
+        if not all(_removable_output(graph, o) for o in n.outputs if o):
+            res.refuse(f"{n.name}: duplicate of {first.name} but writes a graph output")
+            keep.append(n)
+            continue
+        for o, f in zip(n.outputs, first.outputs):
+            if o:
+                replace_uses(graph, o, f)
+        res.note(f"merged {n.name} into {first.name} ({n.op_type})")
+    graph.nodes = keep
+
+
+def transpose_cancellation(graph: Graph, res: PassResult) -> None:
+    """Transpose(Transpose(x, p), q) -> Transpose(x, p∘q), or x when the composition is the identity."""
+    changed = True
+    while changed:
+        changed = False
+        prod = graph.producers()
+        users = graph.consumers()
+        for n in graph.nodes:
+            if n.op_type != "Transpose" or n.domain:
+                continue
+            inner = prod.get(n.inputs[0])
+            if inner is None or inner.op_type != "Transpose" or inner.domain:
+                continue
+            p, q = inner.attrs.get("perm"), n.attrs.get("perm")
+            if p is None or q is None:
+                res.refuse(f"{n.name}: a Transpose without perm (rank unknown)")
+                continue
+            composed = [list(p)[i] for i in q]
+            if composed == list(range(len(composed))) and _removable_output(graph, n.outputs[0]):
+                replace_uses(graph, n.outputs[0], inner.inputs[0])
+                graph.nodes = [m for m in graph.nodes if m is not n]
+                res.note(f"{inner.name} + {n.name}: cancelled")
+            else:
+                n.inputs[0] = inner.inputs[0]
+                n.attrs["perm"] = composed
+                res.note(f"{inner.name} + {n.name}: merged into one Transpose {composed}")
+            if len(users.get(inner.outputs[0], [])) <= 1 and _removable_output(graph, inner.outputs[0]):
+                graph.nodes = [m for m in graph.nodes if m is not inner]
+            changed = True
+            break
+
+
+def conv_bn_folding(graph: Graph, res: PassResult) -> None:
+    """Conv -> BatchNormalization (inference, constant parameters) into one Conv with new weights."""
+    prod = graph.producers()
+    users = graph.consumers()
+    inits = graph.initializers
+    remove = set()
+    for bn in graph.nodes:
+        if bn.op_type != "BatchNormalization" or bn.domain or len([o for o in bn.outputs if o]) != 1:
+            continue
+        conv = prod.get(bn.inputs[0])
+        if conv is None or conv.op_type != "Conv" or conv.domain:
+            continue
+        if len(users.get(conv.outputs[0], [])) != 1 or not _removable_output(graph, conv.outputs[0]):
+            res.refuse(f"{conv.name} -> {bn.name}: the conv output has other users")
+            continue
+        params = bn.inputs[1:5]
+        if not all(p in inits for p in params) or conv.inputs[1] not in inits or \
+                (len(conv.inputs) > 2 and conv.inputs[2] and conv.inputs[2] not in inits):
+            res.refuse(f"{conv.name} -> {bn.name}: weights or BN parameters are not constant")
+            continue
+        if bn.attrs.get("training_mode", 0):
+            res.refuse(f"{bn.name}: training mode")
+            continue
+        scale, bias, mean, var = (inits[p].astype(np.float64) for p in params)
+        w = inits[conv.inputs[1]]
+        eps = float(bn.attrs.get("epsilon", 1e-5))
+        factor = scale / np.sqrt(var + eps)
+        b = inits[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] else 0.0
+        new_w = (w.astype(np.float64) * factor.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+        new_b = ((b - mean) * factor + bias).astype(w.dtype)
+        wname, bname = graph.unique_name(conv.inputs[1] + "_bnfold"), graph.unique_name(conv.name + "_bias_bnfold")
+        inits[wname], inits[bname] = new_w, new_b
+        conv.inputs = [conv.inputs[0], wname, bname]
+        conv.outputs = [bn.outputs[0]]
+        remove.add(id(bn))
+        res.note(f"folded {bn.name} into {conv.name}")
+    graph.nodes = [n for n in graph.nodes if id(n) not in remove]
+
+
+def user_rewrites(graph: Graph, res: PassResult) -> None:
+    """Rules registered with ``opsnn.optimize.register_rewrite_rule`` (fixed point, loop guard)."""
+    from . import rules as _rules
+    from .pattern import rewrite
+
+    if not _rules.USER_RULES:
+        return
+    report = rewrite(graph, list(_rules.USER_RULES))
+    for rule, nodes in report.applied:
+        res.note(f"rule {rule}: replaced {', '.join(nodes)}")
+    for rule, root, why in report.refused:
+        res.refuse(f"rule {rule} at {root}: {why}")
+
+
+def builtin_fusions(graph: Graph, res: PassResult) -> None:
+    """The library's own rewrite rules (pattern recognition and fusions, see graph.rules)."""
+    from . import rules as _rules
+    from .pattern import rewrite
+
+    for group in _rules.BUILTIN_GROUPS:
+        report = rewrite(graph, group)
+        for rule, nodes in report.applied:
+            res.note(f"{rule}: {', '.join(nodes)}")
+        for rule, root, why in report.refused:
+            res.refuse(f"{rule} at {root}: {why}")
+
+
+PASSES: list[Pass] = [
+    Pass("eliminate_noops", eliminate_noops, 1, "Identity/Dropout/no-op Cast/Reshape elimination"),
+    Pass("constant_folding", constant_folding, 1, "evaluate constant subgraphs at compile time"),
+    Pass("dead_code_elimination", dead_code_elimination, 1, "drop unused nodes and initializers"),
+    Pass("common_subexpression_elimination", common_subexpression_elimination, 1, "merge identical nodes"),
+    Pass("transpose_cancellation", transpose_cancellation, 1, "cancel/merge consecutive Transposes"),
+    Pass("conv_bn_folding", conv_bn_folding, 2, "fold inference BatchNorm into the preceding Conv"),
+    Pass("builtin_fusions", builtin_fusions, 2, "pattern recognition and kernel fusions"),
+    Pass("user_rewrites", user_rewrites, 2, "user-registered rewrite rules"),
+    Pass("final_dead_code_elimination", dead_code_elimination, 1, "clean up after fusions"),
+]
+
+_disabled: set[str] = set()
+
+
+def pass_names() -> list[str]:
+    return [p.name for p in PASSES]
+
+
+def disable_passes(names) -> None:
+    """Disable passes by name (replaces the previous set; ``[]`` re-enables all)."""
+    names = [names] if isinstance(names, str) else list(names)
+    unknown = [n for n in names if n not in pass_names()]
+    if unknown:
+        raise ParamInvalidError(f"disable_passes: unknown pass(es) {unknown}; passes are {pass_names()}")
+    _disabled.clear()
+    _disabled.update(names)
+
+
+def disabled_passes() -> set[str]:
+    return set(_disabled)
+
+
+def optimize(graph: Graph, level: int = 3, disabled=None) -> OptimizeReport:
+    """Run the enabled passes up to ``level`` in order, in place; returns what each did."""
+    from ..tools import profiler
+
+    off = _disabled | set(disabled or ())
+    report = OptimizeReport(nodes_before=len(graph.nodes))
+    for p in PASSES:
+        if p.level > level or p.name in off:
+            continue
+        res = PassResult(p.name)
+        t0 = time.perf_counter()
+        p.fn(graph, res)
+        t1 = time.perf_counter()
+        res.ms = (t1 - t0) * 1e3
+        profiler.host_phase(f"pass {p.name}", "pass", t0, t1, changes=res.changes)
+        graph.validate()
+        report.results.append(res)
+        if res.changes:
+            log.info("pass %s: %d changes", p.name, res.changes)
+    report.nodes_after = len(graph.nodes)
+    return report
