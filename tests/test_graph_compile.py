@@ -1,0 +1,281 @@
+"""Graph engine: passes, rewrite rules, compiled plans (dynamic shapes, LRU, memory plan),
+tracing, symbolic shape inference, bad input."""
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn.errors import InferShapeError, KernelError, ParamInvalidError
+from opsnn.graph import Graph, GraphCycleError, Node, Value
+from opsnn.graph.pattern import RewriteError
+from opsnn.ops import Input, TensorMeta
+
+
+def _conv_graph(rng):
+    init = {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+            "s": rng.uniform(.5, 1.5, 4).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32),
+            "m": rng.standard_normal(4).astype(np.float32), "v": rng.uniform(.5, 1.5, 4).astype(np.float32),
+            "shape": np.array([0, -1], np.int64)}
+    nodes = [Node("Conv", ["x", "w"], ["c"], {"pads": [1, 1, 1, 1]}, name="conv"),
+             Node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"], name="bn"),
+             Node("Identity", ["bn"], ["i"], name="ident"),
+             Node("Relu", ["i"], ["r"], name="relu_a"), Node("Relu", ["i"], ["r2"], name="relu_b"),
+             Node("Add", ["r", "r2"], ["a"], name="add"),
+             Node("Transpose", ["a"], ["t1"], {"perm": [0, 2, 3, 1]}, name="t1"),
+             Node("Transpose", ["t1"], ["t2"], {"perm": [0, 3, 1, 2]}, name="t2"),
+             Node("Reshape", ["t2", "shape"], ["out"], name="reshape")]
+    return Graph("convnet", inputs=[Value("x", np.float32, ("N", 3, 8, 8))], outputs=["out"], nodes=nodes,
+                 initializers=init)
+
+
+def _np(v):
+    return v.numpy() if hasattr(v, "numpy") else np.asarray(v)
+
+
+def test_passes_shrink_the_graph_and_keep_results(rng):
+    g = _conv_graph(rng)
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    ref = _np(opsnn.graph.run(g, {"x": x})["out"])
+    cg = opsnn.compile(g)
+    rep = cg.pass_report
+    assert rep.nodes_before == 9 and rep.nodes_after == 4
+    for name in ("eliminate_noops", "common_subexpression_elimination", "transpose_cancellation",
+                 "conv_bn_folding"):
+        assert rep.by_name(name).changes >= 1, name
+    assert [n.op_type for n in cg.graph.nodes] == ["Conv", "Relu", "Add", "Reshape"]
+    assert len(g.nodes) == 9, "compile must not modify the caller's graph"
+    np.testing.assert_allclose(cg.run({"x": x})["out"].numpy(), ref, rtol=1e-4, atol=1e-5)
+    assert "conv2d" in cg.explain()
+
+
+def test_disable_passes_by_name(rng):
+    g = _conv_graph(rng)
+    try:
+        opsnn.config.disable_passes(["conv_bn_folding"])
+        cg = opsnn.compile(g)
+        assert "BatchNormalization" in [n.op_type for n in cg.graph.nodes]
+        assert "conv_bn_folding" not in [r.name for r in cg.pass_report.results]
+    finally:
+        opsnn.config.disable_passes([])
+    with pytest.raises(ParamInvalidError, match="unknown pass"):
+        opsnn.config.disable_passes(["conv_bn_fold"])
+
+
+def test_constant_folding_and_dce():
+    g = Graph("fold", inputs=[Value("x", np.float32, (3,))], outputs=["y"],
+              initializers={"a": np.array([1.0, 2.0, 3.0], np.float32), "b": np.array([1.0, 1.0, 1.0], np.float32),
+                            "unused": np.zeros(3, np.float32)},
+              nodes=[Node("Add", ["a", "b"], ["ab"]), Node("Mul", ["x", "ab"], ["y"]),
+                     Node("Neg", ["x"], ["dead"])])
+    cg = opsnn.compile(g)
+    assert [n.op_type for n in cg.graph.nodes] == ["Mul"]
+    assert "unused" not in cg.graph.initializers
+    np.testing.assert_allclose(cg.run({"x": np.ones(3, np.float32)})["y"].numpy(), [2, 3, 4])
+
+
+# -- user rewrite rules -------------------------------------------------------------------------------
+if not opsnn.ops.has_op("ReluNeg", "opsnn_test"):
+    _rn = opsnn.register_op("ReluNeg", domain="opsnn_test", inputs=[Input("X")], outputs=["Y"],
+                            attrs=[("Relu.dummy", "any", None)],
+                            infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
+                            reference=lambda ins, attrs: -np.maximum(ins[0], 0))
+    _rn.kernel("relu_neg", priority=1)(lambda ins, outs, a, p, ws: np.negative(np.maximum(ins[0], 0), out=outs[0]))
+
+
+def _relu_neg_graph():
+    return Graph("rn", inputs=[Value("x", np.float32, (4,))], outputs=["z"],
+                 nodes=[Node("Relu", ["x"], ["y"]), Node("Neg", ["y"], ["z"])])
+
+
+def test_user_rule_with_graph_pattern_and_template():
+    rule = opsnn.optimize.register_rewrite_rule(
+        opsnn.GraphPattern("Relu -> Neg"), opsnn.GraphTemplate("ReluNeg", domain="opsnn_test", attrs={}),
+        name="relu_neg_fusion")
+    try:
+        cg = opsnn.compile(_relu_neg_graph())
+        assert [n.qualified_type for n in cg.graph.nodes] == ["opsnn_test::ReluNeg"]
+        assert cg.pass_report.by_name("user_rewrites").changes == 1
+        x = np.array([-1, 2, -3, 4], np.float32)
+        np.testing.assert_array_equal(cg.run({"x": x})["z"].numpy(), [0, -2, 0, -4])
+        assert "fused from" in cg.explain()
+    finally:
+        opsnn.optimize.unregister_rewrite_rule(rule.name)
+
+
+def test_combinator_pattern_with_check_callback():
+    from opsnn.optimize import is_const, is_op, wildcard
+
+    g = Graph("mm", inputs=[Value("x", np.float32, (2, 3))], outputs=["y"],
+              initializers={"w": np.ones((3, 4), np.float32), "b": np.arange(4, dtype=np.float32)},
+              nodes=[Node("MatMul", ["x", "w"], ["xw"]), Node("Add", ["b", "xw"], ["y"])])  # b + xw: commuted
+    seen = []
+
+    def to_gemm(match):
+        return [Node("Gemm", [match.bindings["x"], match.bindings["w"], match.bindings["b"]], list(match.root.outputs))]
+
+    pattern = is_op("Add")(is_op("MatMul")(wildcard("x"), is_const("w")), is_const("b"))
+    rule = opsnn.optimize.register_rewrite_rule(pattern, to_gemm, name="matmul_add_to_gemm",
+                                                check=lambda m: seen.append(m) or True)
+    try:
+        cg = opsnn.compile(g)
+        assert [n.op_type for n in cg.graph.nodes] == ["Gemm"] and seen
+        x = np.ones((2, 3), np.float32)
+        np.testing.assert_allclose(cg.run({"x": x})["y"].numpy(), 3 + np.arange(4)[None].repeat(2, 0))
+    finally:
+        opsnn.optimize.unregister_rewrite_rule(rule.name)
+    refused = opsnn.optimize.register_rewrite_rule(pattern, to_gemm, name="refusing",
+                                                   check=lambda m: "weights too small")
+    try:
+        cg = opsnn.compile(g)
+        assert [n.op_type for n in cg.graph.nodes] == ["MatMul", "Add"]
+        assert any("weights too small" in r for r in cg.pass_report.by_name("user_rewrites").refused)
+    finally:
+        opsnn.optimize.unregister_rewrite_rule(refused.name)
+
+
+def test_invalid_rewrite_is_rejected_with_rule_name_and_graph_unchanged():
+    def broken(match):
+        return [Node("Neg", ["no_such_value"], list(match.root.outputs))]
+
+    rule = opsnn.optimize.register_rewrite_rule(opsnn.GraphPattern("Relu -> Neg"), broken, name="broken_rule")
+    g = _relu_neg_graph()
+    try:
+        with pytest.raises(RewriteError, match="broken_rule"):
+            opsnn.optimize.rewrite(g, [rule])
+        assert [n.op_type for n in g.nodes] == ["Relu", "Neg"]
+    finally:
+        opsnn.optimize.unregister_rewrite_rule("broken_rule")
+
+
+def test_multiple_consumers_block_fusion_and_say_why():
+    g = Graph("mc", inputs=[Value("x", np.float32, (4,))], outputs=["z", "y"],
+              nodes=[Node("Relu", ["x"], ["y"]), Node("Neg", ["y"], ["z"])])
+    rule = opsnn.optimize.RewriteRule(opsnn.GraphPattern("Relu -> Neg"), opsnn.GraphTemplate("ReluNeg"))
+    rep = opsnn.optimize.rewrite(g, [rule])
+    assert rep.applied == [] and "graph output" in rep.refused[0][2]
+
+
+# -- compiled plans ---------------------------------------------------------------------------------------
+def test_dynamic_batch_one_plan_per_shape_and_lru_cap(rng):
+    g = _conv_graph(rng)
+    cg = opsnn.compile(g, max_plans=2)
+    for n in (1, 2, 3, 1):
+        x = rng.standard_normal((n, 3, 8, 8)).astype(np.float32)
+        ref = _np(opsnn.graph.run(g, {"x": x})["out"])
+        np.testing.assert_allclose(cg.run({"x": x})["out"].numpy(), ref, rtol=1e-4, atol=1e-5)
+    assert cg.plans_built == 3 + 1 and cg.num_plans == 2  # batch 1 (least recent) was evicted by 3, then rebuilt
+
+
+def test_static_shapes_precompile(rng):
+    cg = opsnn.compile(_conv_graph(rng), static_shapes=[{"x": (1, 3, 8, 8)}, {"x": (4, 3, 8, 8)}])
+    assert cg.num_plans == 2
+    cg.run({"x": np.zeros((4, 3, 8, 8), np.float32)})
+    assert cg.plans_built == 2
+
+
+def test_wrong_inputs_get_clear_errors(rng):
+    cg = opsnn.compile(_conv_graph(rng))
+    with pytest.raises(ParamInvalidError, match="dtype float64"):
+        cg.run({"x": np.zeros((1, 3, 8, 8))})
+    with pytest.raises(ParamInvalidError, match="dim 1 must be 3"):
+        cg.run({"x": np.zeros((1, 4, 8, 8), np.float32)})
+    with pytest.raises(ParamInvalidError, match="missing input"):
+        cg.run({})
+    with pytest.raises(ParamInvalidError, match="unknown input"):
+        cg.run({"x": np.zeros((1, 3, 8, 8), np.float32), "y": 1})
+
+
+def test_runtime_shape_contradiction_names_node_and_shapes():
+    g = Graph("bad", inputs=[Value("a", np.float32, ("N", 4)), Value("b", np.float32, ("M", 4))], outputs=["c"],
+              nodes=[Node("Add", ["a", "b"], ["c"], name="the_add")])
+    cg = opsnn.compile(g)
+    cg.run({"a": np.ones((2, 4), np.float32), "b": np.ones((1, 4), np.float32)})  # broadcasts: fine
+    with pytest.raises(InferShapeError, match=r"the_add.*\(2, 4\).*\(3, 4\)"):
+        cg.run({"a": np.ones((2, 4), np.float32), "b": np.ones((3, 4), np.float32)})
+
+
+def test_memory_plan_reuses_the_arena():
+    nodes = [Node("Relu" if i % 2 else "Neg", [f"v{i}"], [f"v{i + 1}"]) for i in range(8)]
+    g = Graph("chain", inputs=[Value("v0", np.float32, (256,))], outputs=["v8"], nodes=nodes)
+    x = np.linspace(-1, 1, 256).astype(np.float32)
+    cg = opsnn.compile(g)
+    out = cg.run({"v0": x})["v8"].numpy()
+    np.testing.assert_allclose(out, np.maximum(-np.maximum(-x, 0), 0))
+    rep = cg.memory_report()
+    assert rep["in_place"] >= 5 and rep["arena_bytes"] <= 1024
+    opsnn.config.enable_memory_optimization(False)
+    try:
+        cg2 = opsnn.compile(g)
+        cg2.run({"v0": x})
+        assert cg2.memory_report()["arena_bytes"] == 7 * 1024 and cg2.memory_report()["in_place"] == 0
+    finally:
+        opsnn.config.enable_memory_optimization(True)
+
+
+def test_compiled_run_is_async_on_a_stream(rng):
+    g = _conv_graph(rng)
+    cg = opsnn.compile(g)
+    s = opsnn.Stream()
+    x = rng.standard_normal((8, 3, 8, 8)).astype(np.float32)
+    outs = [cg.run({"x": x}, stream=s)["out"] for _ in range(3)]
+    s.synchronize()
+    ref = _np(opsnn.graph.run(g, {"x": x})["out"])
+    for o in outs:
+        np.testing.assert_allclose(o.numpy(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_kernel_errors_name_the_graph_node():
+    if not opsnn.ops.has_op("Boom", "opsnn_test"):
+        rec = opsnn.register_op("Boom", domain="opsnn_test", inputs=["X"], outputs=["Y"],
+                                infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
+                                reference=lambda ins, attrs: ins[0])
+
+        def boom(ins, outs, a, p, ws):
+            raise RuntimeError("kaboom")
+
+        rec.kernel("boom", priority=1)(boom)
+    g = Graph("b", inputs=[Value("x", np.float32, (2,))], outputs=["y"],
+              nodes=[Node("Boom", ["x"], ["y"], domain="opsnn_test", name="exploding_node")])
+    with pytest.raises(KernelError, match="kaboom"):
+        opsnn.compile(g).run({"x": np.ones(2, np.float32)})
+
+
+def test_cycles_are_rejected():
+    g = Graph("cyc", inputs=[Value("x", np.float32, (2,))], outputs=["b"],
+              nodes=[Node("Add", ["x", "b"], ["a"]), Node("Relu", ["a"], ["b"])])
+    with pytest.raises((GraphCycleError, opsnn.graph.GraphError)):
+        opsnn.compile(g)
+
+
+# -- tracing --------------------------------------------------------------------------------------------------
+def test_trace_a_function_with_dynamic_batch(rng):
+    w = opsnn.tensor(rng.standard_normal((8, 4)).astype(np.float32))
+
+    def mlp(x):
+        return opsnn.ops.relu(opsnn.ops.matmul(x, w))
+
+    cg = opsnn.compile(mlp, [rng.standard_normal((2, 8)).astype(np.float32)], dynamic_dims={"x": {0: "batch"}})
+    assert cg.graph.inputs[0].shape == ("batch", 8)
+    assert [n.op_type for n in cg.graph.nodes] == ["MatMul", "Relu"]
+    for b in (1, 5):
+        x = rng.standard_normal((b, 8)).astype(np.float32)
+        np.testing.assert_allclose(cg.run([x])[0].numpy(), np.maximum(x @ w.numpy(), 0), rtol=1e-5, atol=1e-6)
+
+
+def test_symbolic_shape_inference_view():
+    g = Graph("s", inputs=[Value("x", np.float32, ("N", 3, "H", "W"))], outputs=["y"],
+              initializers={"w": np.ones((8, 3, 3, 3), np.float32)},
+              nodes=[Node("Conv", ["x", "w"], ["c"], {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+                     Node("Relu", ["c"], ["r"]), Node("Cast", ["r"], ["y"], {"to": 10})])
+    text = opsnn.debug.shape_inference(g)
+    assert "c: float32[N, 8, floor((H + 1)/2), floor((W + 1)/2)]" in text
+    flow = opsnn.debug.dtype_flow(g)
+    assert "PRECISION LOSS (float32->float16)" in flow
+
+
+def test_data_dependent_graphs_fall_back_to_the_interpreter():
+    g = Graph("nz", inputs=[Value("x", np.float32, (4,))], outputs=["y"],
+              nodes=[Node("NonZero", ["x"], ["y"])])
+    cg = opsnn.compile(g)
+    out = cg.run({"x": np.array([0, 1, 0, 2], np.float32)})["y"]
+    np.testing.assert_array_equal(_np(out), [[1, 3]])
+    assert cg.mode == "interpreted" and "data-dependent" in cg.mode_reason
