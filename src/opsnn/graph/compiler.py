@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import dtypes as _dt
-from ..errors import KernelError, OpsnnError, ParamInvalidError
+from ..errors import KernelError, KernelNotFoundError, OpsnnError, ParamInvalidError
 from ..ops import executor as _ex
 from ..ops.registry import TensorMeta, get_op, has_op
 from ..runtime import hooks
@@ -93,6 +93,9 @@ class CompiledGraph:
         self._weights = {k: Tensor(np.ascontiguousarray(v)) for k, v in graph.initializers.items()}
         self._input_specs = {v.name: v for v in graph.inputs if v.name not in graph.initializers}
         self.hash = graph_hash(graph)
+        self.kernel_choices: dict = {}  # node name -> kernel name (from a persisted cache)
+        self.cache_dir: str | None = None
+        self.loaded_from_cache = False
 
     # -- public API ------------------------------------------------------------------------------
     @property
@@ -162,6 +165,37 @@ class CompiledGraph:
     @property
     def num_plans(self) -> int:
         return len(self._plans)
+
+    # -- persistence ----------------------------------------------------------------------------------
+    def save(self, path: str) -> str:
+        """Write the optimized graph as an ONNX model (fused ops in the ``opsnn`` domain)."""
+        from .serialize import save
+
+        return save(self.graph, path)
+
+    def persist(self, directory: str | None = None) -> str:
+        """Write the optimized graph and the planned shapes + kernel choices to ``directory``
+        (default: the compile cache dir) so another process compiles it without passes or
+        kernel selection."""
+        import json
+        import os
+
+        directory = directory or self.cache_dir
+        if directory is None:
+            raise ParamInvalidError("persist: no directory given and the graph was compiled without cache_dir")
+        os.makedirs(directory, exist_ok=True)
+        self.save(os.path.join(directory, "graph.onnx"))
+        shapes, kernels = [], {}
+        for key, plan in self._plans.items():
+            shapes.append({name: list(shape) for name, shape, _ in key})
+            for st in plan.steps:
+                kernels[st.node.name] = st.executor.kernel.name
+        tmp = os.path.join(directory, "plans.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump({"format": 1, "graph": self.graph.name, "original_nodes": self.original_node_count,
+                       "shapes": shapes, "kernels": kernels}, f, indent=1)
+        os.replace(tmp, os.path.join(directory, "plans.json"))
+        return directory
 
     # -- inputs ------------------------------------------------------------------------------------
     def _feeds(self, inputs) -> dict:
@@ -260,8 +294,17 @@ class CompiledGraph:
                         metas[name] = TensorMeta(t.shape, t.dtype)
                 continue
             try:
-                op = _ex.plan_op(rec, in_metas, values, dict(node.attrs), num_outputs=len(node.outputs),
-                                 device=device)
+                algo = self.kernel_choices.get(node.name)
+                if algo is not None and not any(k.name == algo for k in rec.kernels):
+                    algo = None
+                try:
+                    op = _ex.plan_op(rec, in_metas, values, dict(node.attrs), num_outputs=len(node.outputs),
+                                     device=device, algo=algo)
+                except KernelNotFoundError:
+                    if algo is None:
+                        raise
+                    op = _ex.plan_op(rec, in_metas, values, dict(node.attrs), num_outputs=len(node.outputs),
+                                     device=device)
             except OpsnnError as exc:
                 shapes = [None if m is None else tuple(m.shape) for m in in_metas]
                 raise type(exc)(f"node {node.name} ({node.op_type}) with input shapes {shapes}: {exc}") from None
@@ -466,11 +509,14 @@ def graph_hash(graph: Graph) -> str:
 
 
 def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None, level: int = 3,
-            disabled_passes=None, max_plans: int = 16, memory_optimization: bool | None = None) -> CompiledGraph:
+            disabled_passes=None, max_plans: int = 16, memory_optimization: bool | None = None,
+            cache_dir: str | None = None) -> CompiledGraph:
     """Compile a Graph, an ONNX model (path or ModelProto) or a Python function of tensors.
 
     ``example_inputs`` and ``dynamic_dims`` (``{arg: {dim: "name"}}``) are for functions,
     which are traced. ``static_shapes``: a list of ``{input: shape}`` to plan ahead of time.
+    ``cache_dir`` (or ``$OPSNN_CACHE_DIR``): reuse a graph optimized and planned by an earlier
+    process (keyed by the graph's hash); ``cg.persist()`` writes it.
 
     >>> import opsnn, numpy as np
     >>> cg = opsnn.compile(lambda x: opsnn.ops.relu(x), [np.ones((2, 3), np.float32)],
@@ -495,6 +541,20 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
         from .. import onnx as _onnx
 
         graph = _onnx.load(model)
+    import os
+
+    cache_dir = cache_dir or os.environ.get("OPSNN_CACHE_DIR")
+    entry = None
+    if cache_dir:
+        from ..graph.passes import disabled_passes as _off
+
+        key = f"{graph_hash(graph)}-L{level}-{'-'.join(sorted(_off() | set(disabled_passes or ())))}"
+        entry = os.path.join(cache_dir, hashlib.sha256(key.encode()).hexdigest()[:20])
+        cached = _load_cached(entry, graph, max_plans, memory_optimization)
+        if cached is not None:
+            if static_shapes:
+                cached.prepare_shapes(static_shapes)
+            return cached
     original = graph
     # nodes and subgraphs are copied (passes rewrite them); weight arrays are shared, never mutated
     work = copy.deepcopy(graph, {id(a): a for a in graph.initializers.values()})
@@ -509,6 +569,40 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
         memory_optimization = config.memory_optimization_enabled()
     cg = CompiledGraph(work, original=original, pass_report=report, max_plans=max_plans,
                        memory_optimization=memory_optimization)
+    cg.cache_dir = entry
     if static_shapes:
         cg.prepare_shapes(static_shapes)
+    return cg
+
+
+def _load_cached(entry: str, original: Graph, max_plans: int, memory_optimization) -> CompiledGraph | None:
+    import json
+    import os
+
+    from .. import config
+    from .serialize import from_onnx
+
+    gpath, ppath = os.path.join(entry, "graph.onnx"), os.path.join(entry, "plans.json")
+    if not (os.path.exists(gpath) and os.path.exists(ppath)):
+        return None
+    try:
+        with open(ppath) as f:
+            meta = json.load(f)
+        graph = from_onnx(gpath)
+    except (OSError, ValueError, OpsnnError) as exc:
+        log.warning("compile cache %s unreadable (%s); compiling afresh", entry, exc)
+        return None
+    if meta.get("format") != 1:
+        return None
+    if memory_optimization is None:
+        memory_optimization = config.memory_optimization_enabled()
+    cg = CompiledGraph(graph, original=original, max_plans=max_plans, memory_optimization=memory_optimization)
+    cg.cache_dir = entry
+    cg.loaded_from_cache = True
+    cg.kernel_choices = dict(meta.get("kernels", {}))
+    for shapes in meta.get("shapes", []):
+        try:
+            cg.prepare_shapes([{k: tuple(v) for k, v in shapes.items()}])
+        except OpsnnError as exc:
+            log.warning("compile cache %s: could not re-plan %s (%s)", entry, shapes, exc)
     return cg
