@@ -1,2 +1,552 @@
-"""attention ops (records, kernels registration, functional entry points)."""
-__all__: list[str] = []
+"""Attention ops: ONNX ``Attention`` (opset 25) and ``RotaryEmbedding`` (opset 23), their
+kernels and entry points (``attention``, ``scaled_dot_product_attention``, ``rotary_embedding``).
+
+``Attention`` takes 4-D ``(B, H, S, D)`` inputs, or 3-D ``(B, S, H*D)`` ones with
+``q_num_heads``/``kv_num_heads``; GQA/MQA when K/V have fewer heads; boolean
+(True = attend) or additive masks, a last mask dim shorter than the key length is
+padded with ``-inf``; ``is_causal`` is bottom-right aligned (offset = past length, or
+``nonpad_kv_seqlen - Sq`` with an external cache); sliding windows; KV cache via
+``past_key``/``past_value`` -> ``present_key``/``present_value``; softcap.
+
+>>> import opsnn, numpy as np
+>>> q = opsnn.tensor(np.random.rand(1, 4, 16, 8).astype(np.float32))
+>>> y = opsnn.ops.scaled_dot_product_attention(q, q, q, is_causal=True)
+>>> y.shape
+(1, 4, 16, 8)
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import dtypes as _dt
+from ...errors import DTypeError, ParamInvalidError
+from ...kernels.cpu import attention as K
+from ..api import api
+from ..registry import Attr, Input, Output, TensorMeta, register_op
+
+FLOAT = _dt.FLOATS
+_MASK = _dt.FLOATS + _dt.INTEGERS + (_dt.bool_,)
+#: softmax_precision values (ONNX TensorProto codes) -> dtype
+_PRECISION = {1: _dt.float32, 10: _dt.float16, 11: _dt.float64, 16: _dt.bfloat16}
+
+
+# -- shapes ---------------------------------------------------------------------------------------
+class _Dims:
+    __slots__ = ("rank", "B", "Hq", "Hkv", "Sq", "Skv", "P", "T", "D", "Dv")
+
+
+def _dims(ctx) -> _Dims:
+    """Validate Attention's inputs; returns the canonical dims."""
+    a = ctx.attrs
+    q, k, v = ctx.inputs[0], ctx.inputs[1], ctx.inputs[2]
+    rank = len(q.shape)
+    if rank not in (3, 4) or len(k.shape) != rank or len(v.shape) != rank:
+        ctx.fail(f"Q, K, V must all be 3-D or all 4-D, got shapes {q.shape}, {k.shape}, {v.shape}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise DTypeError(f"Attention: Q, K, V must share one dtype, got {_dt.name(q.dtype)}, {_dt.name(k.dtype)}, "
+                         f"{_dt.name(v.dtype)}", op="Attention")
+    d = _Dims()
+    d.rank = rank
+    qh, kvh = a.get("q_num_heads"), a.get("kv_num_heads")
+    if rank == 4:
+        d.B, d.Hq, d.Sq, d.D = q.shape
+        _, d.Hkv, d.Skv, dk = k.shape
+        d.Dv = v.shape[3]
+        if (qh is not None and int(qh) != d.Hq) or (kvh is not None and int(kvh) != d.Hkv):
+            raise ParamInvalidError(f"Attention: q_num_heads/kv_num_heads ({qh}, {kvh}) contradict the 4-D inputs' "
+                                    f"head counts ({d.Hq}, {d.Hkv}); leave them unset for 4-D inputs",
+                                    op="Attention")
+        if k.shape[0] != d.B or dk != d.D or tuple(v.shape[:3]) != (d.B, d.Hkv, d.Skv):
+            ctx.fail(f"K must be (B={d.B}, Hkv, Skv, D={d.D}) and V (B, Hkv, Skv, Dv); got K {k.shape}, V {v.shape}")
+    else:
+        if qh is None or kvh is None:
+            raise ParamInvalidError("Attention: 3-D inputs need both q_num_heads and kv_num_heads attributes",
+                                    op="Attention")
+        d.Hq, d.Hkv = int(qh), int(kvh)
+        if d.Hq <= 0 or d.Hkv <= 0:
+            raise ParamInvalidError(f"Attention: head counts must be positive, got q_num_heads={d.Hq}, "
+                                    f"kv_num_heads={d.Hkv}", op="Attention")
+        d.B, d.Sq, hq = q.shape
+        _, d.Skv, hk = k.shape
+        hv = v.shape[2]
+        if hq % d.Hq or hk % d.Hkv or hv % d.Hkv:
+            ctx.fail(f"hidden sizes ({hq}, {hk}, {hv}) must divide by the head counts (q {d.Hq}, kv {d.Hkv})")
+        d.D, d.Dv = hq // d.Hq, hv // d.Hkv
+        if hk // d.Hkv != d.D or k.shape[0] != d.B or tuple(v.shape[:2]) != (d.B, d.Skv):
+            ctx.fail(f"K must be (B={d.B}, Skv, kv_num_heads*{d.D}) and V (B, Skv, kv_num_heads*Dv); "
+                     f"got K {k.shape}, V {v.shape}")
+    if d.Hq % d.Hkv:
+        ctx.fail(f"q heads ({d.Hq}) must be a multiple of kv heads ({d.Hkv})")
+    has_pk, has_pv = ctx.has(4), ctx.has(5)
+    if has_pk != has_pv:
+        raise ParamInvalidError("Attention: past_key and past_value must be given together", op="Attention")
+    d.P = 0
+    if has_pk:
+        pk, pv = ctx.inputs[4], ctx.inputs[5]
+        if len(pk.shape) != 4 or tuple(pk.shape[:2]) != (d.B, d.Hkv) or pk.shape[3] != d.D:
+            ctx.fail(f"past_key must be (B={d.B}, Hkv={d.Hkv}, P, D={d.D}), got {pk.shape}")
+        d.P = pk.shape[2]
+        if tuple(pv.shape) != (d.B, d.Hkv, d.P, d.Dv):
+            ctx.fail(f"past_value must be ({d.B}, {d.Hkv}, {d.P}, {d.Dv}), got {pv.shape}")
+        if pk.dtype != q.dtype or pv.dtype != q.dtype:
+            raise DTypeError("Attention: past_key/past_value must have Q's dtype", op="Attention")
+    if ctx.has(6):
+        if has_pk:
+            raise ParamInvalidError("Attention: nonpad_kv_seqlen cannot be combined with past_key/past_value",
+                                    op="Attention")
+        if tuple(ctx.inputs[6].shape) != (d.B,):
+            ctx.fail(f"nonpad_kv_seqlen must have shape (B={d.B},), got {ctx.inputs[6].shape}")
+    d.T = d.P + d.Skv
+    if ctx.has(3):
+        ms = tuple(ctx.inputs[3].shape)
+        full = (d.B, d.Hq, d.Sq, d.T)
+        if not 1 <= len(ms) <= 4 or ms[-1] > d.T or any(
+                m != 1 and m != f for m, f in zip(ms[::-1][1:], full[::-1][1:])):
+            ctx.fail(f"attn_mask of shape {ms} does not broadcast to (B, q_heads, Sq, total_kv) = {full} "
+                     "(its last dim may be shorter than total_kv)")
+    for name in ("left_window_size", "right_window_size"):
+        if int(a[name]) < -1:
+            raise ParamInvalidError(f"Attention: {name} must be -1 or >= 0, got {a[name]}", op="Attention")
+    mode = int(a["qk_matmul_output_mode"])
+    if mode not in (0, 1, 2, 3):
+        raise ParamInvalidError(f"Attention: qk_matmul_output_mode must be 0..3, got {mode}", op="Attention")
+    sp = a.get("softmax_precision")
+    if sp is not None and int(sp) not in _PRECISION:
+        raise ParamInvalidError(f"Attention: softmax_precision must be one of {sorted(_PRECISION)} "
+                                f"(FLOAT, FLOAT16, DOUBLE, BFLOAT16), got {sp}", op="Attention")
+    if float(a["softcap"]) < 0:
+        raise ParamInvalidError(f"Attention: softcap must be >= 0, got {a['softcap']}", op="Attention")
+    return d
+
+
+def _infer_attention(ctx):
+    d = _dims(ctx)
+    dt = ctx.dtype(0)
+    y = (d.B, d.Hq, d.Sq, d.Dv) if d.rank == 4 else (d.B, d.Sq, d.Hq * d.Dv)
+    return [TensorMeta(y, dt), TensorMeta((d.B, d.Hkv, d.T, d.D), dt), TensorMeta((d.B, d.Hkv, d.T, d.Dv), dt),
+            TensorMeta((d.B, d.Hq, d.Sq, d.T), dt)]
+
+
+def _to4(x, heads):
+    """(B, S, H*D) -> (B, H, S, D) view; 4-D passes through."""
+    if x.ndim == 4:
+        return x
+    B, S, HD = x.shape
+    return x.reshape(B, S, heads, HD // heads).transpose(0, 2, 1, 3)
+
+
+def _scale(attrs, D):
+    s = attrs.get("scale")
+    return 1.0 / math.sqrt(D) if s is None else float(s)
+
+
+# -- reference: one (batch, head) at a time, explicit masks -----------------------------------------------
+def _reference_attention(ins, attrs):
+    ins = list(ins) + [None] * (7 - len(ins))
+    Q, Kx, Vx, mask, pk, pv, nonpad = ins
+    dt = Q.dtype
+    rank = Q.ndim
+    Hq = Q.shape[1] if rank == 4 else int(attrs["q_num_heads"])
+    Hkv = Kx.shape[1] if rank == 4 else int(attrs["kv_num_heads"])
+    q, k, v = _to4(Q, Hq), _to4(Kx, Hkv), _to4(Vx, Hkv)
+    if pk is not None:
+        k = np.concatenate([pk, k], axis=2)
+        v = np.concatenate([pv, v], axis=2)
+    present_k, present_v = k.copy(), v.copy()
+    B, _, Sq, D = q.shape
+    T = k.shape[2]
+    scale = _scale(attrs, D)
+    softcap = float(attrs["softcap"])
+    causal = bool(attrs["is_causal"])
+    left, right = int(attrs["left_window_size"]), int(attrs["right_window_size"])
+    mode = int(attrs["qk_matmul_output_mode"])
+    sp = attrs.get("softmax_precision")
+    sdt = _PRECISION[int(sp)] if sp is not None else np.dtype(np.float64)
+    ydt = np.float64
+    Y = np.zeros((B, Hq, Sq, v.shape[3]), ydt)
+    QK = np.zeros((B, Hq, Sq, T), ydt)
+    if mask is not None:
+        m4 = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    group = Hq // Hkv
+    for b in range(B):
+        if pk is not None:
+            off = pk.shape[2]
+        elif nonpad is not None:
+            off = int(nonpad[b]) - Sq
+        else:
+            off = 0
+        for h in range(Hq):
+            hk = h // group
+            raw = (q[b, h].astype(ydt) * scale) @ k[b, hk].astype(ydt).T  # (Sq, T)
+            capped = softcap * np.tanh(raw / softcap) if softcap > 0 else raw
+            bias = np.zeros((Sq, T))
+            for i in range(Sq):
+                p = i + off
+                for j in range(T):
+                    ok = True
+                    if causal and j > p:
+                        ok = False
+                    if left >= 0 and j < p - left:
+                        ok = False
+                    if right >= 0 and j > p + right:
+                        ok = False
+                    if nonpad is not None and j >= nonpad[b]:
+                        ok = False
+                    if mask is not None:
+                        if j >= m4.shape[3]:
+                            ok = False
+                        else:
+                            mv = m4[min(b, m4.shape[0] - 1), min(h, m4.shape[1] - 1), min(i, m4.shape[2] - 1), j]
+                            if mask.dtype == np.bool_:
+                                ok = ok and bool(mv)
+                            else:
+                                bias[i, j] += float(mv)
+                    if not ok:
+                        bias[i, j] = -np.inf
+            scores = capped + bias
+            probs = np.zeros((Sq, T))
+            for i in range(Sq):
+                row = scores[i].astype(sdt)
+                if np.all(np.isneginf(bias[i])):
+                    continue  # fully masked row -> zeros
+                e = np.exp(row - row.max())
+                probs[i] = (e / e.sum()).astype(np.float64)
+            Y[b, h] = probs.astype(dt).astype(ydt) @ v[b, hk].astype(ydt)
+            QK[b, h] = (raw, capped, scores, probs)[mode]
+    if rank == 3:
+        Y = Y.transpose(0, 2, 1, 3).reshape(B, Sq, -1)
+    return Y.astype(dt), present_k.astype(dt), present_v.astype(dt), QK.astype(dt)
+
+
+# -- kernels --------------------------------------------------------------------------------------------
+def _common_plan(ctx):
+    d = _dims(ctx)
+    a = ctx.attrs
+    return {"d": d, "scale": _scale(a, d.D), "softcap": float(a["softcap"]), "causal": bool(a["is_causal"]),
+            "left": int(a["left_window_size"]), "right": int(a["right_window_size"]),
+            "cdt": _dt.compute_dtype(ctx.dtype(0))}
+
+
+def _kv(ins, outs, plan, cdt):
+    """K and V as (B, Hkv, T, D) arrays: the present outputs when asked for (written here),
+    else views of K/V themselves when there is no past."""
+    d = plan["d"]
+    _, Kx, Vx, _, pk, pv = ins[:6]
+    k4, v4 = _to4(Kx, d.Hkv), _to4(Vx, d.Hkv)
+    res = []
+    for new, past, idx in ((k4, pk, 1), (v4, pv, 2)):
+        out = outs[idx] if len(outs) > idx else None
+        if past is None and out is None:
+            res.append(new)
+            continue
+        buf = out if out is not None else np.empty(new.shape[:2] + (d.T,) + new.shape[3:], cdt)
+        if past is not None:
+            buf[:, :, :d.P] = past
+        buf[:, :, d.P:] = new
+        res.append(buf)
+    return res
+
+
+def _offsets(ins, d):
+    nonpad = ins[6] if len(ins) > 6 else None
+    if nonpad is not None:
+        kvlen = nonpad.astype(np.int64).reshape(d.B)
+        off = kvlen - d.Sq
+    else:
+        kvlen = np.full(d.B, d.T, np.int64)
+        off = np.full(d.B, d.P, np.int64)
+    return kvlen, off
+
+
+def _flash_applies(ctx):
+    if ctx.num_outputs > 3:
+        return "qk_matmul_output needs the score matrix (attention_blas materialises it)"
+    sp = ctx.attrs.get("softmax_precision")
+    if sp is not None and _PRECISION.get(int(sp)) not in (_dt.float32, ctx.dtype(0)):
+        return f"softmax_precision={sp} is wider than the fp32 accumulation of this kernel"
+    return True
+
+
+def _flash_plan(ctx):
+    p = _common_plan(ctx)
+    d = p["d"]
+    p["BQ"], p["BK"] = K.flash_tiles(d.B, d.Hq, d.Sq, K.num_threads())
+    p["nqb"] = -(-d.Sq // p["BQ"]) if d.Sq else 0
+    p["parallel"] = d.B * d.Hq * d.Sq * d.T * d.D >= K.PARALLEL_MIN
+    return p
+
+
+_DUMMY_MASK = np.zeros((1, 1, 1, 1), np.float32)
+
+
+def _flash(ins, outs, attrs, plan, ws):
+    ins = list(ins) + [None] * (7 - len(ins))
+    d = plan["d"]
+    k4, v4 = _kv(ins, outs, plan, np.float32)
+    y = outs[0]
+    y4 = y.reshape(d.B, d.Sq, d.Hq, d.Dv) if d.rank == 3 else y
+    if d.B * d.Hq * d.Sq * d.Dv == 0:
+        return
+    q4 = np.ascontiguousarray(_to4(ins[0], d.Hq), dtype=np.float32)
+    k4 = np.ascontiguousarray(k4, dtype=np.float32)
+    v4 = np.ascontiguousarray(v4, dtype=np.float32)
+    mask = ins[3]
+    if mask is None:
+        m4 = _DUMMY_MASK
+    else:
+        m4 = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+        m4 = np.where(m4, np.float32(0), np.float32(-np.inf)) if m4.dtype == np.bool_ else \
+            np.ascontiguousarray(m4, dtype=np.float32)
+    kvlen, off = _offsets(ins, d)
+    fn = K.flash_parallel if plan["parallel"] else K.flash_serial
+    fn(q4, k4, v4, y4, d.rank == 3, m4, mask is not None, kvlen, off, plan["causal"], plan["left"],
+       plan["right"], plan["scale"], plan["softcap"], d.Hq // d.Hkv, plan["nqb"], plan["BQ"], plan["BK"])
+
+
+def _blas(ins, outs, attrs, plan, ws):
+    """Materialises scores with batched BLAS matmuls (needed for qk_matmul_output and
+    softmax_precision=DOUBLE; also the float64 path)."""
+    ins = list(ins) + [None] * (7 - len(ins))
+    d = plan["d"]
+    cdt = plan["cdt"]
+    k4, v4 = _kv(ins, outs, plan, cdt)
+    g = d.Hq // d.Hkv
+    q5 = _to4(ins[0], d.Hq).astype(cdt).reshape(d.B, d.Hkv, g, d.Sq, d.D)
+    raw = np.matmul(q5 * cdt.type(plan["scale"]), k4.astype(cdt)[:, :, None].swapaxes(-1, -2))
+    raw = raw.reshape(d.B, d.Hq, d.Sq, d.T)
+    sc = plan["softcap"]
+    capped = sc * np.tanh(raw / sc) if sc > 0 else raw
+    # additive bias (B|1, Hq|1, Sq, T) from mask, causal, window and nonpad lengths
+    kvlen, off = _offsets(ins, d)
+    j = np.arange(d.T)
+    pos = np.arange(d.Sq)[None, :, None] + off[:, None, None]  # (B, Sq, 1)
+    allowed = j[None, None, :] < kvlen[:, None, None]
+    if plan["causal"]:
+        allowed = allowed & (j <= pos)
+    if plan["left"] >= 0:
+        allowed = allowed & (j >= pos - plan["left"])
+    if plan["right"] >= 0:
+        allowed = allowed & (j <= pos + plan["right"])
+    bias = np.where(allowed, cdt.type(0), cdt.type(-np.inf))[:, None]  # (B, 1, Sq, T)
+    mask = ins[3]
+    if mask is not None:
+        m4 = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+        pad = d.T - m4.shape[3]
+        if m4.dtype == np.bool_:
+            mb = np.where(m4, cdt.type(0), cdt.type(-np.inf))
+        else:
+            mb = m4.astype(cdt)
+        if pad:
+            mb = np.concatenate([mb, np.full(mb.shape[:3] + (pad,), -np.inf, cdt)], axis=3)
+        bias = bias + mb
+    scores = capped + bias
+    sp = attrs.get("softmax_precision")
+    sdt = _PRECISION[int(sp)] if sp is not None else cdt
+    if sdt in (_dt.float16, _dt.bfloat16):
+        s = scores.astype(sdt).astype(np.float32)  # round to the requested precision
+    else:
+        s = scores.astype(sdt)
+    dead = np.isneginf(bias).all(axis=-1, keepdims=True)
+    mx = np.where(dead, 0, s.max(axis=-1, keepdims=True))
+    e = np.exp(s - mx)
+    tot = e.sum(axis=-1, keepdims=True)
+    probs = np.where(dead, 0, e / np.where(tot == 0, 1, tot)).astype(cdt)
+    if sdt in (_dt.float16, _dt.bfloat16):
+        probs = probs.astype(sdt).astype(cdt)
+    yv = np.matmul(probs.reshape(d.B, d.Hkv, g, d.Sq, d.T), v4.astype(cdt)[:, :, None])
+    yv = yv.reshape(d.B, d.Hq, d.Sq, d.Dv)
+    if d.rank == 3:
+        yv = yv.transpose(0, 2, 1, 3).reshape(d.B, d.Sq, d.Hq * d.Dv)
+    np.copyto(outs[0], yv, casting="unsafe")
+    if len(outs) > 3:
+        mode = int(attrs["qk_matmul_output_mode"])
+        np.copyto(outs[3], (raw, capped, scores, probs)[mode], casting="unsafe")
+
+
+Attention = register_op(
+    "Attention", category="attention",
+    inputs=[Input("Q", FLOAT), Input("K", FLOAT), Input("V", FLOAT), Input("attn_mask", _MASK, optional=True),
+            Input("past_key", FLOAT, optional=True), Input("past_value", FLOAT, optional=True),
+            Input("nonpad_kv_seqlen", (_dt.int64, _dt.int32), optional=True)],
+    outputs=["Y", Output("present_key", True), Output("present_value", True), Output("qk_matmul_output", True)],
+    attrs=[Attr("is_causal", "int", 0), Attr("kv_num_heads", "int", None), Attr("q_num_heads", "int", None),
+           Attr("qk_matmul_output_mode", "int", 0), Attr("scale", "float", None), Attr("softcap", "float", 0.0),
+           Attr("softmax_precision", "int", None), Attr("left_window_size", "int", -1),
+           Attr("right_window_size", "int", -1)],
+    infer=_infer_attention, reference=_reference_attention,
+    doc="scaled dot-product attention with masks, GQA, KV cache, softcap and sliding windows")
+Attention.kernel("attention_flash", dtypes=(_dt.float32,), priority=20, applies=_flash_applies, plan=_flash_plan,
+                 doc="tiled online-softmax numba kernel (never materialises the score matrix)")(_flash)
+Attention.kernel("attention_blas", dtypes=(_dt.float32, _dt.float64), priority=10, plan=_common_plan,
+                 doc="batched BLAS matmuls over the full score matrix")(_blas)
+
+
+# -- RotaryEmbedding ----------------------------------------------------------------------------------------
+def _infer_rotary(ctx):
+    x, cos, sin = ctx.inputs[0], ctx.inputs[1], ctx.inputs[2]
+    a = ctx.attrs
+    if len(x.shape) not in (3, 4):
+        ctx.fail(f"input 'X' must be 3-D (B, S, H*D) or 4-D (B, H, S, D), got {x.shape}")
+    if cos.dtype != x.dtype or sin.dtype != x.dtype:
+        raise DTypeError("RotaryEmbedding: cos_cache and sin_cache must have X's dtype", op="RotaryEmbedding")
+    if len(x.shape) == 4:
+        B, N, S, Dh = x.shape
+        if a.get("num_heads") not in (None, 0) and int(a["num_heads"]) != N:
+            ctx.fail(f"num_heads={a['num_heads']} contradicts X's head dim {N}")
+    else:
+        B, S, HD = x.shape
+        n = a.get("num_heads")
+        if not n or HD % int(n):
+            raise ParamInvalidError(f"RotaryEmbedding: 3-D input needs num_heads dividing the hidden size {HD}, "
+                                    f"got {n}", op="RotaryEmbedding")
+        Dh = HD // int(n)
+    rot = int(a["rotary_embedding_dim"]) or Dh
+    if rot > Dh or rot % 2:
+        raise ParamInvalidError(f"RotaryEmbedding: rotary_embedding_dim must be even and <= head size {Dh}, "
+                                f"got {rot}", op="RotaryEmbedding")
+    if tuple(cos.shape) != tuple(sin.shape):
+        ctx.fail(f"cos_cache {cos.shape} and sin_cache {sin.shape} must have one shape")
+    if ctx.has(3):
+        if tuple(ctx.inputs[3].shape) != (B, S):
+            ctx.fail(f"position_ids must be (B={B}, S={S}), got {ctx.inputs[3].shape}")
+        if len(cos.shape) != 2 or cos.shape[1] != rot // 2:
+            ctx.fail(f"with position_ids the caches must be (max_position, {rot // 2}), got {cos.shape}")
+    elif len(cos.shape) != 3 or cos.shape[0] not in (1, B) or cos.shape[1] != S or cos.shape[2] != rot // 2:
+        ctx.fail(f"without position_ids the caches must be (B={B}, S={S}, {rot // 2}), got {cos.shape}")
+    return [TensorMeta(x.shape, x.dtype)]
+
+
+def _rotary_caches(ins):
+    cos, sin = ins[1], ins[2]
+    pos = ins[3] if len(ins) > 3 else None
+    if pos is not None:
+        if pos.size and (pos.min() < 0 or pos.max() >= cos.shape[0]):
+            raise ParamInvalidError(f"RotaryEmbedding: position_ids must lie in [0, {cos.shape[0]}), got "
+                                    f"[{pos.min()}, {pos.max()}]", op="RotaryEmbedding")
+        cos, sin = cos[pos], sin[pos]
+    return cos, sin
+
+
+def _reference_rotary(ins, attrs):
+    x = ins[0]
+    cos, sin = _rotary_caches(ins)
+    cos, sin = cos.astype(np.float64), sin.astype(np.float64)
+    if x.ndim == 4:
+        xs = x.transpose(0, 2, 1, 3)  # (B, S, N, Dh)
+    else:
+        n = int(attrs["num_heads"])
+        xs = x.reshape(x.shape[0], x.shape[1], n, -1)
+    xs = xs.astype(np.float64)
+    rot = int(attrs["rotary_embedding_dim"]) or xs.shape[3]
+    half = rot // 2
+    out = xs.copy()
+    c = np.broadcast_to(cos, (xs.shape[0],) + cos.shape[1:])
+    s = np.broadcast_to(sin, (xs.shape[0],) + sin.shape[1:])
+    for k in range(half):
+        i1, i2 = (2 * k, 2 * k + 1) if int(attrs["interleaved"]) else (k, k + half)
+        ck, sk = c[:, :, None, k], s[:, :, None, k]
+        out[..., i1] = ck * xs[..., i1] - sk * xs[..., i2]
+        out[..., i2] = sk * xs[..., i1] + ck * xs[..., i2]
+    out = out.transpose(0, 2, 1, 3) if x.ndim == 4 else out.reshape(x.shape)
+    return out.astype(x.dtype)
+
+
+def _rotary_plan(ctx):
+    x = ctx.inputs[0]
+    a = ctx.attrs
+    Dh = x.shape[3] if len(x.shape) == 4 else x.shape[2] // int(a["num_heads"])
+    return {"rot": int(a["rotary_embedding_dim"]) or Dh, "heads": None if len(x.shape) == 4 else int(a["num_heads"]),
+            "parallel": int(np.prod(x.shape)) >= (1 << 15)}
+
+
+def _rotary(ins, outs, attrs, plan, ws):
+    x = ins[0]
+    cos, sin = _rotary_caches(ins)
+    cos = np.ascontiguousarray(cos, np.float32)
+    sin = np.ascontiguousarray(sin, np.float32)
+    if x.ndim == 3:
+        B, S, _ = x.shape
+        x = x.reshape(B, S, plan["heads"], -1)
+        y = outs[0].reshape(x.shape)
+    else:
+        y = outs[0]
+    fn = K.rotary_parallel if plan["parallel"] else K.rotary_serial
+    fn(x, cos, sin, y, ins[0].ndim == 4, bool(attrs["interleaved"]), plan["rot"])
+
+
+RotaryEmbedding = register_op(
+    "RotaryEmbedding", category="attention",
+    inputs=[Input("X", (_dt.float32, _dt.float16, _dt.bfloat16)), Input("cos_cache", FLOAT),
+            Input("sin_cache", FLOAT), Input("position_ids", (_dt.int64,), optional=True)],
+    outputs=["Y"],
+    attrs=[Attr("interleaved", "int", 0), Attr("num_heads", "int", None), Attr("rotary_embedding_dim", "int", 0)],
+    infer=_infer_rotary, reference=_reference_rotary, doc="rotary position embedding (RoPE)")
+RotaryEmbedding.kernel("rotary_numba", dtypes=(_dt.float32,), priority=10, plan=_rotary_plan,
+                       doc="numba, parallel over (batch, position)")(_rotary)
+
+
+# -- entry points ---------------------------------------------------------------------------------------------
+@api("attention", "Attention")
+def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *, is_causal=False,
+              scale=None, q_num_heads=None, kv_num_heads=None, softcap=0.0, softmax_precision=None,
+              qk_matmul_output_mode=0, left_window_size=-1, right_window_size=-1, num_outputs=1):
+    """ONNX ``Attention``. Returns ``Y``, or the first ``num_outputs`` of
+    ``(Y, present_key, present_value, qk_matmul_output)``."""
+    a = {"is_causal": int(bool(is_causal)), "softcap": float(softcap),
+         "qk_matmul_output_mode": int(qk_matmul_output_mode), "left_window_size": int(left_window_size),
+         "right_window_size": int(right_window_size)}
+    for name, val in (("scale", scale), ("q_num_heads", q_num_heads), ("kv_num_heads", kv_num_heads),
+                      ("softmax_precision", softmax_precision)):
+        if val is not None:
+            a[name] = float(val) if name == "scale" else int(val)
+    return [q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen], a, int(num_outputs)
+
+
+@api("scaled_dot_product_attention", "Attention")
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """torch-style SDPA: ``softmax(q k^T * scale + mask) v`` over ``(B, H, L, E)`` or ``(N, L, E)``
+    inputs. A boolean mask marks positions that *take part*; a float mask is added.
+    ``is_causal`` is the top-left causal mask. Unlike torch, a fully masked row gives 0, not NaN.
+
+    >>> # y = opsnn.ops.scaled_dot_product_attention(q, k, v, is_causal=True)
+    """
+    if dropout_p:
+        raise ParamInvalidError(f"scaled_dot_product_attention: dropout_p must be 0 (inference only), got {dropout_p}",
+                                op="Attention")
+    if attn_mask is not None and is_causal:
+        raise ParamInvalidError("scaled_dot_product_attention: give either attn_mask or is_causal, not both",
+                                op="Attention")
+    from ...tensor import as_tensor
+    q, k, v = as_tensor(query), as_tensor(key), as_tensor(value)
+    a = {"is_causal": int(bool(is_causal))}
+    if scale is not None:
+        a["scale"] = float(scale)
+    if q.ndim == 3:
+        # one head of width E: ONNX's 3-D form with a single head is exactly torch's (N, L, E)
+        a["q_num_heads"] = a["kv_num_heads"] = 1
+        if attn_mask is not None:
+            m = as_tensor(attn_mask)
+            attn_mask = m.unsqueeze(-3) if m.ndim == 3 else m
+    elif q.ndim != 4:
+        raise ParamInvalidError(f"scaled_dot_product_attention: query must be 3-D (N, L, E) or 4-D (B, H, L, E), "
+                                f"got shape {q.shape}", op="Attention")
+    elif k.ndim == 4 and k.shape[1] != q.shape[1] and not enable_gqa:
+        raise ParamInvalidError(f"scaled_dot_product_attention: query has {q.shape[1]} heads, key {k.shape[1]}; "
+                                "pass enable_gqa=True for grouped-query attention", op="Attention")
+    return [q, k, v, attn_mask], a
+
+
+@api("rotary_embedding", "RotaryEmbedding")
+def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved=False, num_heads=None,
+                     rotary_embedding_dim=0):
+    """Rotary position embedding (ONNX ``RotaryEmbedding``) on ``(B, H, S, D)`` or ``(B, S, H*D)``."""
+    a = {"interleaved": int(bool(interleaved)), "rotary_embedding_dim": int(rotary_embedding_dim)}
+    if num_heads is not None:
+        a["num_heads"] = int(num_heads)
+    return [x, cos_cache, sin_cache, position_ids], a
+
+
+__all__ = ["attention", "scaled_dot_product_attention", "rotary_embedding"]

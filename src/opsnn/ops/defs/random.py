@@ -1,2 +1,299 @@
-"""random ops (records, kernels registration, functional entry points)."""
-__all__: list[str] = []
+"""Random ops: RandomNormal, RandomUniform, their ``*Like`` forms, Bernoulli and Multinomial
+(ONNX opset 22), drawn with numpy's ``Generator`` (PCG64).
+
+With a ``seed`` attribute every run draws the same values (a fresh generator seeded from
+the float's bits, so ``seed=1.0`` and ``seed=1.5`` differ); without one each run draws
+fresh entropy. ``dtype`` attributes take ONNX ``TensorProto`` codes (1 float, 10 float16,
+11 double, 16 bfloat16, 6 int32, 7 int64, ...); the entry points also accept dtype names.
+
+>>> import opsnn
+>>> x = opsnn.ops.random_normal((2, 3), seed=0)
+>>> x.shape, str(x.dtype)
+((2, 3), 'float32')
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import dtypes as _dt
+from ...errors import DTypeError, ParamInvalidError
+from ..api import api
+from ..registry import REQUIRED, Attr, Input, TensorMeta, register_op
+
+FLOAT = _dt.FLOATS
+#: ONNX TensorProto data type codes
+ONNX_DTYPES = {1: _dt.float32, 2: _dt.uint8, 3: _dt.int8, 4: _dt.uint16, 5: _dt.int16, 6: _dt.int32, 7: _dt.int64,
+               9: _dt.bool_, 10: _dt.float16, 11: _dt.float64, 12: _dt.uint32, 13: _dt.uint64, 16: _dt.bfloat16}
+_CODES = {v: k for k, v in ONNX_DTYPES.items()}
+
+
+def _dtype(op: str, code, allowed, what="dtype") -> np.dtype:
+    try:
+        dt = ONNX_DTYPES[int(code)]
+    except (KeyError, TypeError, ValueError):
+        raise DTypeError(f"{op}: attribute {what!r} must be an ONNX TensorProto code among "
+                         f"{sorted(c for c, d in ONNX_DTYPES.items() if d in allowed)}, got {code!r}", op=op) from None
+    if dt not in allowed:
+        raise DTypeError(f"{op}: output dtype {_dt.name(dt)} is not supported; expected one of "
+                         f"{[_dt.name(d) for d in allowed]}", op=op)
+    return dt
+
+
+def _code(dtype) -> int | None:
+    """An entry point's dtype argument (name, numpy dtype or TensorProto code) as a code."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
+        return int(dtype)
+    dt = _dt.get(dtype)
+    if dt not in _CODES:
+        raise DTypeError(f"random: unsupported dtype {_dt.name(dt)}")
+    return _CODES[dt]
+
+
+def generator(seed) -> np.random.Generator:
+    """The generator a run draws from: deterministic for a seed, fresh entropy without one."""
+    if seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng(int(np.array(float(seed), np.float64).view(np.uint64)))
+
+
+def _out_dtype(ctx, allowed, default_from_input=False) -> np.dtype:
+    code = ctx.attrs.get("dtype")
+    if code is None and default_from_input:
+        dt = ctx.dtype(0)
+        if dt not in allowed:
+            raise DTypeError(f"{ctx.op.name}: input dtype {_dt.name(dt)} is not a valid output dtype and no "
+                             f"'dtype' attribute was given; expected one of {[_dt.name(d) for d in allowed]}",
+                             op=ctx.op.name)
+        return dt
+    return _dtype(ctx.op.name, code, allowed)
+
+
+def _shape_attr(op, shape) -> tuple:
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ParamInvalidError(f"{op}: attribute 'shape' must be non-negative, got {shape}", op=op)
+    return shape
+
+
+def _check_range(ctx):
+    a = ctx.attrs
+    if "high" in a and not float(a["high"]) >= float(a["low"]):
+        raise ParamInvalidError(f"{ctx.op.name}: attribute 'high' ({a['high']}) must be >= 'low' ({a['low']})",
+                                op=ctx.op.name)
+
+
+def _infer_fixed(ctx):
+    _check_range(ctx)
+    return [TensorMeta(_shape_attr(ctx.op.name, ctx.attrs["shape"]), _out_dtype(ctx, FLOAT))]
+
+
+def _infer_like(ctx):
+    _check_range(ctx)
+    return [TensorMeta(tuple(ctx.shape(0)), _out_dtype(ctx, FLOAT, default_from_input=True))]
+
+
+def _draw(op, attrs, shape, dtype, rng):
+    gdt = np.float64 if dtype == _dt.float64 else np.float32
+    if op.startswith("RandomNormal"):
+        v = rng.standard_normal(shape, dtype=gdt)
+        return v * gdt(attrs["scale"]) + gdt(attrs["mean"])
+    lo, hi = float(attrs["low"]), float(attrs["high"])
+    return rng.random(shape, dtype=gdt) * gdt(hi - lo) + gdt(lo)
+
+
+def _reference_dist(op):
+    def ref(ins, attrs):
+        shape = tuple(ins[0].shape) if ins else tuple(int(s) for s in attrs["shape"])
+        code = attrs.get("dtype")
+        dt = ins[0].dtype if code is None else ONNX_DTYPES[int(code)]
+        return _draw(op, attrs, shape, dt, generator(attrs.get("seed"))).astype(dt)
+    return ref
+
+
+def _dist_kernel(ins, outs, attrs, plan, ws):
+    out = outs[0]
+    out[...] = _draw(plan, attrs, out.shape, out.dtype, generator(attrs.get("seed")))
+
+
+def _op_name_plan(ctx):
+    return ctx.op.name
+
+
+_NORMAL = [Attr("dtype", "int", 1), Attr("mean", "float", 0.0), Attr("scale", "float", 1.0),
+           Attr("seed", "float", None), Attr("shape", "ints", REQUIRED)]
+_UNIFORM = [Attr("dtype", "int", 1), Attr("high", "float", 1.0), Attr("low", "float", 0.0),
+            Attr("seed", "float", None), Attr("shape", "ints", REQUIRED)]
+
+
+def _like(attrs):
+    return [a if a.name != "dtype" else Attr("dtype", "int", None) for a in attrs if a.name != "shape"]
+
+
+RandomNormal = register_op("RandomNormal", category="random", inputs=[], outputs=["output"], attrs=_NORMAL,
+                           infer=_infer_fixed, reference=_reference_dist("RandomNormal"),
+                           doc="samples of N(mean, scale^2)")
+RandomUniform = register_op("RandomUniform", category="random", inputs=[], outputs=["output"], attrs=_UNIFORM,
+                            infer=_infer_fixed, reference=_reference_dist("RandomUniform"),
+                            doc="samples of U[low, high)")
+RandomNormalLike = register_op("RandomNormalLike", category="random", inputs=[Input("input")], outputs=["output"],
+                               attrs=_like(_NORMAL), infer=_infer_like,
+                               reference=_reference_dist("RandomNormalLike"),
+                               doc="RandomNormal with the input's shape (and dtype unless given)")
+RandomUniformLike = register_op("RandomUniformLike", category="random", inputs=[Input("input")],
+                                outputs=["output"], attrs=_like(_UNIFORM), infer=_infer_like,
+                                reference=_reference_dist("RandomUniformLike"),
+                                doc="RandomUniform with the input's shape (and dtype unless given)")
+for _rec in (RandomNormal, RandomUniform, RandomNormalLike, RandomUniformLike):
+    # dtypes=None: the generator writes every float dtype itself (no fp32 adapter needed)
+    _rec.kernel("random_numpy", priority=10, plan=_op_name_plan, doc="numpy Generator (PCG64)")(_dist_kernel)
+
+
+# -- Bernoulli ------------------------------------------------------------------------------------------
+_BERNOULLI_OUT = FLOAT + _dt.INTEGERS + (_dt.bool_,)
+
+
+def _infer_bernoulli(ctx):
+    return [TensorMeta(tuple(ctx.shape(0)), _out_dtype(ctx, _BERNOULLI_OUT, default_from_input=True))]
+
+
+def _bernoulli_ref(ins, attrs):
+    p = ins[0].astype(np.float64)
+    code = attrs.get("dtype")
+    dt = ins[0].dtype if code is None else ONNX_DTYPES[int(code)]
+    u = generator(attrs.get("seed")).random(p.shape)
+    return (u < p).astype(dt)
+
+
+def _bernoulli(ins, outs, attrs, plan, ws):
+    p = ins[0]
+    gdt = np.float64 if p.dtype == _dt.float64 else np.float32
+    u = generator(attrs.get("seed")).random(p.shape, dtype=gdt)
+    np.copyto(outs[0], np.less(u, p.astype(gdt, copy=False)), casting="unsafe")
+
+
+Bernoulli = register_op("Bernoulli", category="random", inputs=[Input("input", FLOAT)], outputs=["output"],
+                        attrs=[Attr("dtype", "int", None), Attr("seed", "float", None)], infer=_infer_bernoulli,
+                        reference=_bernoulli_ref, doc="draws 1 with probability input, else 0")
+Bernoulli.kernel("bernoulli_numpy", priority=10, doc="uniform draw compared with p")(_bernoulli)
+
+
+# -- Multinomial ----------------------------------------------------------------------------------------
+def _infer_multinomial(ctx):
+    x = ctx.inputs[0]
+    if len(x.shape) != 2:
+        ctx.fail(f"input must be 2-D (batch_size, class_size) of unnormalised log-probabilities, got {x.shape}")
+    n = int(ctx.attrs["sample_size"])
+    if n < 0:
+        raise ParamInvalidError(f"Multinomial: sample_size must be >= 0, got {n}", op="Multinomial")
+    if x.shape[1] == 0 and x.shape[0] and n:
+        ctx.fail("input has no classes to sample from")
+    return [TensorMeta((x.shape[0], n), _dtype("Multinomial", ctx.attrs["dtype"], (_dt.int32, _dt.int64)))]
+
+
+def _class_cdf(x):
+    z = x.astype(np.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    cdf = np.cumsum(p, axis=1)
+    return cdf / cdf[:, -1:]
+
+
+def _multinomial_ref(ins, attrs):
+    x = ins[0]
+    n = int(attrs["sample_size"])
+    dt = ONNX_DTYPES[int(attrs["dtype"])]
+    out = np.zeros((x.shape[0], n), dt)
+    if x.size == 0 or n == 0:
+        return out
+    cdf = _class_cdf(x)
+    u = generator(attrs.get("seed")).random((x.shape[0], n))
+    for b in range(x.shape[0]):
+        for s in range(n):
+            out[b, s] = min(int(np.searchsorted(cdf[b], u[b, s], side="right")), x.shape[1] - 1)
+    return out
+
+
+def _multinomial(ins, outs, attrs, plan, ws):
+    x = ins[0]
+    out = outs[0]
+    if out.size == 0:
+        return
+    B, C = x.shape
+    if not np.isfinite(x.max(axis=1)).all():
+        raise ParamInvalidError("Multinomial: every row needs a finite maximum logit (no NaN, no +inf, not all "
+                                "-inf)", op="Multinomial")
+    cdf = _class_cdf(x)
+    u = generator(attrs.get("seed")).random((B, out.shape[1]))
+    # rows offset by their index make one increasing array: one searchsorted for the batch
+    flat = (cdf + np.arange(B)[:, None]).ravel()
+    idx = np.searchsorted(flat, (u + np.arange(B)[:, None]).ravel(), side="right").reshape(B, -1)
+    idx -= (np.arange(B) * C)[:, None]
+    np.copyto(out, np.clip(idx, 0, C - 1), casting="unsafe")
+
+
+Multinomial = register_op("Multinomial", category="random", inputs=[Input("input", FLOAT)], outputs=["output"],
+                          attrs=[Attr("dtype", "int", 6), Attr("sample_size", "int", 1), Attr("seed", "float", None)],
+                          infer=_infer_multinomial, reference=_multinomial_ref,
+                          doc="class indices sampled from softmax(input) per row")
+Multinomial.kernel("multinomial_numpy", dtypes=(_dt.float32, _dt.float64), priority=10,
+                   doc="inverse-CDF sampling, one searchsorted for the whole batch")(_multinomial)
+
+
+# -- entry points -----------------------------------------------------------------------------------------
+def _dist_attrs(dtype, seed, **kw):
+    a = {k: float(v) for k, v in kw.items()}
+    c = _code(dtype)
+    if c is not None:
+        a["dtype"] = c
+    if seed is not None:
+        a["seed"] = float(seed)
+    return a
+
+
+@api("random_normal", "RandomNormal")
+def random_normal(shape, mean=0.0, scale=1.0, dtype="float32", seed=None):
+    """Samples of ``N(mean, scale^2)`` of the given shape."""
+    a = _dist_attrs(dtype, seed, mean=mean, scale=scale)
+    a["shape"] = [int(s) for s in ((shape,) if isinstance(shape, (int, np.integer)) else shape)]
+    return [], a
+
+
+@api("random_uniform", "RandomUniform")
+def random_uniform(shape, low=0.0, high=1.0, dtype="float32", seed=None):
+    """Samples of ``U[low, high)`` of the given shape."""
+    a = _dist_attrs(dtype, seed, low=low, high=high)
+    a["shape"] = [int(s) for s in ((shape,) if isinstance(shape, (int, np.integer)) else shape)]
+    return [], a
+
+
+@api("random_normal_like", "RandomNormalLike")
+def random_normal_like(x, mean=0.0, scale=1.0, dtype=None, seed=None):
+    """``random_normal`` with ``x``'s shape (and dtype unless given)."""
+    return [x], _dist_attrs(dtype, seed, mean=mean, scale=scale)
+
+
+@api("random_uniform_like", "RandomUniformLike")
+def random_uniform_like(x, low=0.0, high=1.0, dtype=None, seed=None):
+    """``random_uniform`` with ``x``'s shape (and dtype unless given)."""
+    return [x], _dist_attrs(dtype, seed, low=low, high=high)
+
+
+@api("bernoulli", "Bernoulli")
+def bernoulli(p, dtype=None, seed=None):
+    """1 with probability ``p`` elementwise, else 0 (in ``p``'s dtype unless given)."""
+    return [p], _dist_attrs(dtype, seed)
+
+
+@api("multinomial", "Multinomial")
+def multinomial(logits, sample_size=1, dtype="int32", seed=None):
+    """``sample_size`` class indices per row of ``logits (batch, classes)``, drawn with
+    replacement from ``softmax(logits)`` (ONNX semantics: unnormalised *log*-probabilities)."""
+    a = _dist_attrs(dtype, seed)
+    a["sample_size"] = int(sample_size)
+    return [logits], a
+
+
+__all__ = ["random_normal", "random_uniform", "random_normal_like", "random_uniform_like", "bernoulli",
+           "multinomial"]

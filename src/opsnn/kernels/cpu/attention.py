@@ -1,0 +1,210 @@
+"""CPU attention kernels: a tiled flash-style numba kernel, a batched-BLAS kernel, rotary embedding.
+
+``flash_attention`` never materialises the ``Sq x T`` score matrix: each task owns one
+``(batch, q_head, query block)`` and streams the keys in blocks of ``BK`` with an online
+softmax (running max ``m``, running sum ``l``, rescaled fp32 accumulator), so memory is
+``O(BQ * (BK + Dv))`` per thread. Key blocks that the causal frontier, the sliding window
+or ``nonpad_kv_seqlen`` rule out entirely are skipped. GQA maps query head ``h`` to key
+head ``h // (Hq // Hkv)`` without repeating K/V. A row that no key may attend (all
+``-inf``) yields zeros, as ONNX specifies.
+
+Masks reach the kernel as one fp32 additive bias of rank 4 in its *own* (unbroadcast)
+shape: dims of size 1 broadcast through zero index multipliers, and keys at or past the
+mask's last dim count as masked (ONNX pads a short mask with ``-inf``).
+"""
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+#: vectorise dot products (reassociation) but keep IEEE inf semantics for masking
+_FM = {"reassoc", "contract", "arcp", "nsz"}
+
+
+@nb.njit(nogil=True, cache=True, fastmath=_FM)
+def _attend_task(task, q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
+                 group, nqb, BQ, BK):
+    B, Hq, Sq, D = q.shape
+    T = k.shape[2]
+    Dv = v.shape[3]
+    qb = task % nqb
+    bh = task // nqb
+    h = bh % Hq
+    b = bh // Hq
+    hk = h // group
+    i0 = qb * BQ
+    i1 = min(i0 + BQ, Sq)
+    nq = i1 - i0
+    L = min(kvlen[b], T)
+    off = offset[b]
+    mB, mH, mS, mT = mask.shape
+    mb = b if mB > 1 else 0
+    mh = h if mH > 1 else 0
+    ms_on = 1 if mS > 1 else 0
+
+    kb = k[b, hk]  # (T, D) rows of this KV head
+    vb = v[b, hk]
+    qs = np.empty((nq, D), np.float32)
+    for ii in range(nq):
+        for dd in range(D):
+            qs[ii, dd] = q[b, h, i0 + ii, dd] * scale
+    s = np.empty((nq, BK), np.float32)
+    m = np.full(nq, -np.inf, np.float32)
+    l = np.zeros(nq, np.float32)
+    acc = np.zeros((nq, Dv), np.float32)
+
+    # key range any row of this block may see
+    j_hi = L
+    if causal:
+        j_hi = min(j_hi, i1 - 1 + off + 1)
+    if right >= 0:
+        j_hi = min(j_hi, i1 - 1 + off + right + 1)
+    if has_mask:
+        j_hi = min(j_hi, mT)
+    j_lo = 0
+    if left >= 0:
+        j_lo = max(0, i0 + off - left)
+
+    for j0 in range(j_lo, j_hi, BK):
+        j1 = min(j0 + BK, j_hi)
+        nk = j1 - j0
+        for jj in range(nk):
+            j = j0 + jj
+            for ii in range(nq):
+                a = np.float32(0.0)
+                for dd in range(D):
+                    a += qs[ii, dd] * kb[j, dd]
+                s[ii, jj] = a
+        for ii in range(nq):
+            i = i0 + ii
+            p_abs = i + off
+            rowmax = np.float32(-np.inf)
+            for jj in range(nk):
+                j = j0 + jj
+                sc = s[ii, jj]
+                if softcap > 0:
+                    sc = np.float32(softcap * math.tanh(sc / softcap))
+                if (causal and j > p_abs) or (left >= 0 and j < p_abs - left) or (right >= 0 and j > p_abs + right):
+                    sc = np.float32(-np.inf)
+                elif has_mask:
+                    sc += mask[mb, mh, i * ms_on, j]
+                s[ii, jj] = sc
+                if sc > rowmax:
+                    rowmax = sc
+            m_old = m[ii]
+            m_new = max(m_old, rowmax)
+            if m_new == -np.inf:
+                continue
+            corr = np.float32(math.exp(m_old - m_new))
+            lsum = l[ii] * corr
+            for dd in range(Dv):
+                acc[ii, dd] *= corr
+            for jj in range(nk):
+                p = np.float32(math.exp(s[ii, jj] - m_new))
+                if p != 0:
+                    lsum += p
+                    j = j0 + jj
+                    for dd in range(Dv):
+                        acc[ii, dd] += p * vb[j, dd]
+            l[ii] = lsum
+            m[ii] = m_new
+    for ii in range(nq):
+        inv = np.float32(1.0) / l[ii] if l[ii] > 0 else np.float32(0.0)
+        i = i0 + ii
+        for dd in range(Dv):
+            if y_bshd:
+                y[b, i, h, dd] = acc[ii, dd] * inv
+            else:
+                y[b, h, i, dd] = acc[ii, dd] * inv
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def flash_parallel(q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
+                   group, nqb, BQ, BK):
+    n = q.shape[0] * q.shape[1] * nqb
+    for t in nb.prange(n):
+        _attend_task(np.int64(t), q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale,
+                     softcap, group, nqb, BQ, BK)
+
+
+@nb.njit(nogil=True, cache=True)
+def flash_serial(q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
+                 group, nqb, BQ, BK):
+    n = q.shape[0] * q.shape[1] * nqb
+    for task in range(n):
+        _attend_task(task, q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale,
+                     softcap, group, nqb, BQ, BK)
+
+
+#: below this many multiply-adds (Sq*T*D summed over batch and heads) run the serial variant
+PARALLEL_MIN = 1 << 18
+
+
+def num_threads() -> int:
+    return nb.get_num_threads()
+
+
+def flash_tiles(B: int, Hq: int, Sq: int, threads: int) -> tuple[int, int]:
+    """Query/key block sizes: 64 x 64, with smaller query blocks when there are too few
+    ``(batch, head)`` pairs to keep every thread busy."""
+    BQ = 64
+    while BQ > 8 and B * Hq * -(-Sq // BQ) < 2 * threads:
+        BQ //= 2
+    return max(1, min(BQ, Sq)), 64
+
+
+# -- rotary embedding -----------------------------------------------------------------------------
+@nb.njit(nogil=True, cache=True)
+def _rotary_row(x, cos, sin, y, bnsd, interleaved, rot, b, s, n):
+    half = rot // 2
+    Dh = x.shape[3]
+    cb = b if cos.shape[0] > 1 else 0
+    for kk in range(half):
+        c = cos[cb, s, kk]
+        sn = sin[cb, s, kk]
+        if interleaved:
+            i1, i2 = 2 * kk, 2 * kk + 1
+        else:
+            i1, i2 = kk, kk + half
+        if bnsd:
+            x1, x2 = x[b, n, s, i1], x[b, n, s, i2]
+            y[b, n, s, i1] = c * x1 - sn * x2
+            y[b, n, s, i2] = sn * x1 + c * x2
+        else:
+            x1, x2 = x[b, s, n, i1], x[b, s, n, i2]
+            y[b, s, n, i1] = c * x1 - sn * x2
+            y[b, s, n, i2] = sn * x1 + c * x2
+    for dd in range(rot, Dh):
+        if bnsd:
+            y[b, n, s, dd] = x[b, n, s, dd]
+        else:
+            y[b, s, n, dd] = x[b, s, n, dd]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def rotary_parallel(x, cos, sin, y, bnsd, interleaved, rot):
+    if bnsd:
+        B, N, S = x.shape[0], x.shape[1], x.shape[2]
+    else:
+        B, S, N = x.shape[0], x.shape[1], x.shape[2]
+    for t in nb.prange(B * S):
+        r = np.int64(t)
+        b = r // S
+        s = r % S
+        for n in range(N):
+            _rotary_row(x, cos, sin, y, bnsd, interleaved, rot, b, s, n)
+
+
+@nb.njit(nogil=True, cache=True)
+def rotary_serial(x, cos, sin, y, bnsd, interleaved, rot):
+    if bnsd:
+        B, N, S = x.shape[0], x.shape[1], x.shape[2]
+    else:
+        B, S, N = x.shape[0], x.shape[1], x.shape[2]
+    for r in range(B * S):
+        b = r // S
+        s = r % S
+        for n in range(N):
+            _rotary_row(x, cos, sin, y, bnsd, interleaved, rot, b, s, n)
