@@ -37,14 +37,15 @@ def test_passes_shrink_the_graph_and_keep_results(rng):
     ref = _np(opsnn.graph.run(g, {"x": x})["out"])
     cg = opsnn.compile(g)
     rep = cg.pass_report
-    assert rep.nodes_before == 9 and rep.nodes_after == 4
+    assert rep.nodes_before == 9 and rep.nodes_after == 3
     for name in ("eliminate_noops", "common_subexpression_elimination", "transpose_cancellation",
                  "conv_bn_folding"):
         assert rep.by_name(name).changes >= 1, name
-    assert [n.op_type for n in cg.graph.nodes] == ["Conv", "Relu", "Add", "Reshape"]
+    assert [n.qualified_type for n in cg.graph.nodes] == ["opsnn::FusedConv", "Add", "Reshape"]
+    assert rep.by_name("builtin_fusions").changes == 1
     assert len(g.nodes) == 9, "compile must not modify the caller's graph"
     np.testing.assert_allclose(cg.run({"x": x})["out"].numpy(), ref, rtol=1e-4, atol=1e-5)
-    assert "conv2d" in cg.explain()
+    assert "conv_epilogue (inner kernel conv2d_" in cg.explain()
 
 
 def test_disable_passes_by_name(rng):

@@ -140,7 +140,9 @@ class CompiledGraph:
         for st in plan.steps:
             ex = st.executor
             fused = getattr(st.node, "attrs_origin", None)
-            lines.append(f"  {st.node.name} ({st.node.qualified_type}): {ex.kernel.name} — {ex.reason}"
+            inner = ex.plan.get("kernel") if isinstance(ex.plan, dict) else None
+            inner = f" (inner kernel {inner.name})" if hasattr(inner, "fn") else ""
+            lines.append(f"  {st.node.name} ({st.node.qualified_type}): {ex.kernel.name}{inner} — {ex.reason}"
                          + (f" [fused from {', '.join(fused)}]" if fused else "")
                          + (" [REFERENCE FALLBACK]" if ex.kernel.fallback else ""))
         return "\n".join(lines)

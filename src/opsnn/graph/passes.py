@@ -316,9 +316,12 @@ def user_rewrites(graph: Graph, res: PassResult) -> None:
 
 def builtin_fusions(graph: Graph, res: PassResult) -> None:
     """The library's own rewrite rules (pattern recognition and fusions, see graph.rules)."""
+    from . import fusion  # noqa: F401 - registers the library's rule groups
     from . import rules as _rules
     from .pattern import rewrite
+    from .shape_inference import infer_types
 
+    infer_types(graph)  # rule checks read value_info
     for group in _rules.BUILTIN_GROUPS:
         report = rewrite(graph, group)
         for rule, nodes in report.applied:

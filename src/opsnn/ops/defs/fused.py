@@ -1,0 +1,169 @@
+"""Fused ops produced by the graph engine's fusion passes (domain ``opsnn``):
+``FusedConv`` and ``FusedMatMul`` compute ``act(op(...) + bias + residual)`` with the
+producer's own kernel followed by one in-place epilogue pass.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import dtypes as _dt
+from ...errors import InferShapeError, ParamInvalidError
+from ...kernels.cpu import fused as K
+from ..registry import Attr, InferContext, Input, TensorMeta, get_op, register_op, select_kernel
+
+_F32_64 = (_dt.float32, _dt.float64)
+_EPILOGUE_ATTRS = [Attr("activation", "string", ""), Attr("activation_alpha", "float", 0.01),
+                   Attr("activation_beta", "float", 0.0)]
+
+
+def _act_code(op: str, attrs: dict) -> int:
+    act = attrs.get("activation") or ""
+    act = act.decode() if isinstance(act, bytes) else act
+    if act not in K.ACTIVATIONS:
+        raise ParamInvalidError(f"{op}: attribute 'activation' must be one of {sorted(K.ACTIVATIONS)}, got {act!r}",
+                                op=op)
+    return K.ACTIVATIONS[act]
+
+
+def _act_reference(y: np.ndarray, code: int, alpha: float, beta: float) -> np.ndarray:
+    import math
+
+    if code == 0:
+        return y
+    if code == 1:
+        return np.maximum(y, 0)
+    if code == 2:
+        return 1 / (1 + np.exp(-y))
+    if code == 3:
+        return np.tanh(y)
+    if code == 4:
+        erf = np.vectorize(math.erf)
+        return 0.5 * y * (1 + erf(y / np.sqrt(2)))
+    if code == 5:
+        return 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
+    if code == 6:
+        return y / (1 + np.exp(-alpha * y))
+    if code == 7:
+        return np.where(y >= 0, y, alpha * y)
+    return np.clip(y, alpha, beta)
+
+
+def _inner_ctx(ctx: InferContext, op: str, n_inputs: int, inner_attrs: dict) -> InferContext:
+    rec = get_op(op)
+    inner = InferContext(rec, list(ctx.inputs[:n_inputs]), rec.bind_attrs(inner_attrs),
+                         list(ctx.values[:n_inputs]), 1, ctx.device)
+    rec.run_infer(inner)
+    return inner
+
+
+def _check_residual(ctx: InferContext, idx: int, out: TensorMeta) -> None:
+    if ctx.has(idx) and tuple(ctx.shape(idx)) != tuple(out.shape):
+        raise InferShapeError(f"{ctx.op.name}: residual input Z has shape {ctx.shape(idx)}, the output has "
+                              f"{tuple(out.shape)}", op=ctx.op.name)
+
+
+# -- FusedConv ------------------------------------------------------------------------------------
+_CONV_ATTR_NAMES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+def _conv_attrs(attrs: dict) -> dict:
+    return {k: attrs[k] for k in _CONV_ATTR_NAMES if attrs.get(k) is not None}
+
+
+def _fused_conv_infer(ctx):
+    inner = _inner_ctx(ctx, "Conv", 3, _conv_attrs(ctx.attrs))
+    _act_code(ctx.op.name, ctx.attrs)
+    _check_residual(ctx, 3, inner.outputs[0])
+    return inner.outputs
+
+
+def _fused_conv_ref(ins, attrs):
+    conv = get_op("Conv")
+    y = conv.reference(ins[:3], conv.bind_attrs(_conv_attrs(attrs))).astype(np.float64)
+    if len(ins) > 3 and ins[3] is not None:
+        y = y + ins[3]
+    y = _act_reference(y, _act_code("FusedConv", attrs), attrs["activation_alpha"], attrs["activation_beta"])
+    return y.astype(ins[0].dtype)
+
+
+def _fused_conv_plan(ctx):
+    inner = _inner_ctx(ctx, "Conv", 3, _conv_attrs(ctx.attrs))
+    sel = select_kernel(inner.op, inner)
+    k = sel.kernel
+    plan = k.plan(inner) if k.plan else None
+    ws = k.workspace(inner, plan) if k.workspace else 0
+    return {"kernel": k, "plan": plan, "ws": ws, "attrs": inner.attrs, "code": _act_code("FusedConv", ctx.attrs)}
+
+
+def _fused_conv_kernel(ins, outs, attrs, plan, ws):
+    plan["kernel"].fn(ins[:3], outs, plan["attrs"], plan["plan"], ws)
+    y = outs[0]
+    z = ins[3] if len(ins) > 3 else None
+    if z is not None:  # NCHW residual: add on the flat view, then the activation
+        K.epilogue(y.reshape(1, -1), None, z.reshape(1, -1), plan["code"], attrs["activation_alpha"],
+                   attrs["activation_beta"])
+    else:
+        K.epilogue(y.reshape(1, -1), None, None, plan["code"], attrs["activation_alpha"], attrs["activation_beta"])
+
+
+def _conv_flops(ctx) -> int:
+    conv = get_op("Conv")
+    return conv.flops(_inner_ctx(ctx, "Conv", 3, _conv_attrs(ctx.attrs))) if conv.flops else 0
+
+
+FusedConv = register_op(
+    "FusedConv", domain="opsnn", category="conv",
+    inputs=[Input("X", _dt.FLOATS), Input("W", _dt.FLOATS), Input("B", _dt.FLOATS, optional=True),
+            Input("Z", _dt.FLOATS, optional=True)],
+    outputs=["Y"], attrs=[Attr(n, "any", None) for n in _CONV_ATTR_NAMES] + _EPILOGUE_ATTRS,
+    infer=_fused_conv_infer, reference=_fused_conv_ref, flops=_conv_flops,
+    doc="act(Conv(X, W, B) + Z): the conv kernel, then one in-place epilogue pass")
+FusedConv.kernel("conv_epilogue", dtypes=_F32_64, priority=10, plan=_fused_conv_plan,
+                 workspace=lambda ctx, plan: plan["ws"])(_fused_conv_kernel)
+
+
+# -- FusedMatMul ---------------------------------------------------------------------------------------
+def _fused_mm_infer(ctx):
+    inner = _inner_ctx(ctx, "MatMul", 2, {})
+    out = inner.outputs[0]
+    _act_code(ctx.op.name, ctx.attrs)
+    if ctx.has(2) and tuple(ctx.shape(2)) not in ((out.shape[-1],), ()):
+        raise InferShapeError(f"FusedMatMul: bias has shape {ctx.shape(2)}, expected ({out.shape[-1]},)",
+                              op="FusedMatMul")
+    _check_residual(ctx, 3, out)
+    return inner.outputs
+
+
+def _fused_mm_ref(ins, attrs):
+    y = np.matmul(ins[0].astype(np.float64), ins[1].astype(np.float64))
+    if len(ins) > 2 and ins[2] is not None:
+        y = y + ins[2]
+    if len(ins) > 3 and ins[3] is not None:
+        y = y + ins[3]
+    y = _act_reference(y, _act_code("FusedMatMul", attrs), attrs["activation_alpha"], attrs["activation_beta"])
+    return y.astype(ins[0].dtype)
+
+
+def _fused_mm_plan(ctx):
+    inner = _inner_ctx(ctx, "MatMul", 2, {})
+    sel = select_kernel(inner.op, inner)
+    k = sel.kernel
+    return {"kernel": k, "plan": k.plan(inner) if k.plan else None, "code": _act_code("FusedMatMul", ctx.attrs)}
+
+
+def _fused_mm_kernel(ins, outs, attrs, plan, ws):
+    plan["kernel"].fn(ins[:2], outs, {}, plan["plan"], None)
+    K.epilogue(outs[0], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, plan["code"],
+               attrs["activation_alpha"], attrs["activation_beta"])
+
+
+FusedMatMul = register_op(
+    "FusedMatMul", domain="opsnn", category="matmul",
+    inputs=[Input("A", _dt.FLOATS), Input("B", _dt.FLOATS), Input("bias", _dt.FLOATS, optional=True),
+            Input("Z", _dt.FLOATS, optional=True)],
+    outputs=["Y"], attrs=_EPILOGUE_ATTRS, infer=_fused_mm_infer, reference=_fused_mm_ref,
+    flops=lambda ctx: 2 * int(np.prod(ctx.outputs[0].shape)) * int(ctx.shape(0)[-1]) if ctx.outputs else 0,
+    doc="act(A @ B + bias + Z): BLAS GEMM, then one in-place epilogue pass")
+FusedMatMul.kernel("matmul_epilogue", dtypes=_F32_64, priority=10, plan=_fused_mm_plan)(_fused_mm_kernel)
+
+__all__: list[str] = []

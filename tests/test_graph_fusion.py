@@ -1,0 +1,143 @@
+"""The library's fusions: decomposed Gelu/LayerNorm/RMSNorm/SiLU recognized, attention fused,
+bias/activation/residual folded into Conv and MatMul epilogues — each checked against the
+unfused graph run op by op, and refusals explained."""
+import math
+
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn.graph import Graph, Node, Value
+
+
+def _check(g: Graph, feeds: dict, expect_ops: list, rtol=1e-4, atol=1e-5):
+    ref = {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in opsnn.graph.run(g, feeds).items()}
+    cg = opsnn.compile(g)
+    got = [n.qualified_type for n in cg.graph.nodes]
+    assert got == expect_ops, cg.pass_report.by_name("builtin_fusions").refused
+    out = cg.run(feeds)
+    for k in ref:
+        np.testing.assert_allclose(out[k].numpy(), ref[k], rtol=rtol, atol=atol)
+    return cg
+
+
+def _f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def test_gelu_erf_form_is_recognized(rng):
+    init = {"c": np.array(math.sqrt(2), np.float32), "one": np.array(1.0, np.float32),
+            "half": np.array(0.5, np.float32)}
+    g = Graph("gelu", inputs=[Value("x", np.float32, (4, 16))], outputs=["y"], initializers=init,
+              nodes=[Node("Div", ["x", "c"], ["d"]), Node("Erf", ["d"], ["e"]), Node("Add", ["e", "one"], ["a"]),
+                     Node("Mul", ["x", "a"], ["m"]), Node("Mul", ["m", "half"], ["y"])])
+    _check(g, {"x": _f32(rng, 4, 16)}, ["Gelu"])
+
+
+def test_gelu_with_wrong_constant_is_refused_with_reason(rng):
+    init = {"c": np.array(1.5, np.float32), "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)}
+    g = Graph("notgelu", inputs=[Value("x", np.float32, (4, 16))], outputs=["y"], initializers=init,
+              nodes=[Node("Div", ["x", "c"], ["d"]), Node("Erf", ["d"], ["e"]), Node("Add", ["e", "one"], ["a"]),
+                     Node("Mul", ["x", "a"], ["m"]), Node("Mul", ["m", "half"], ["y"])])
+    cg = opsnn.compile(g)
+    assert "Gelu" not in [n.op_type for n in cg.graph.nodes]
+    assert any("1/sqrt(2)" in r for r in cg.pass_report.by_name("builtin_fusions").refused)
+
+
+def test_silu_is_recognized(rng):
+    g = Graph("silu", inputs=[Value("x", np.float32, (3, 5))], outputs=["y"],
+              nodes=[Node("Sigmoid", ["x"], ["s"]), Node("Mul", ["x", "s"], ["y"])])
+    _check(g, {"x": _f32(rng, 3, 5)}, ["Swish"])
+
+
+def _layer_norm_graph(rng, hidden=32):
+    init = {"axes": np.array([-1], np.int64), "two": np.array(2.0, np.float32), "eps": np.array(1e-5, np.float32),
+            "gamma": _f32(rng, hidden), "beta": _f32(rng, hidden)}
+    nodes = [Node("ReduceMean", ["x", "axes"], ["mu"]), Node("Sub", ["x", "mu"], ["d"]),
+             Node("Pow", ["d", "two"], ["sq"]), Node("ReduceMean", ["sq", "axes"], ["var"]),
+             Node("Add", ["var", "eps"], ["ve"]), Node("Sqrt", ["ve"], ["std"]), Node("Div", ["d", "std"], ["n"]),
+             Node("Mul", ["n", "gamma"], ["s"]), Node("Add", ["s", "beta"], ["y"])]
+    return Graph("ln", inputs=[Value("x", np.float32, ("B", 7, hidden))], outputs=["y"], nodes=nodes,
+                 initializers=init)
+
+
+def test_layer_norm_is_recognized(rng):
+    cg = _check(_layer_norm_graph(rng), {"x": _f32(rng, 2, 7, 32)}, ["LayerNormalization"])
+    assert cg.pass_report.nodes_before == 9 and cg.pass_report.nodes_after == 1
+
+
+def test_rms_norm_is_recognized(rng):
+    init = {"axes": np.array([-1], np.int64), "two": np.array(2.0, np.float32), "eps": np.array(1e-6, np.float32),
+            "gamma": _f32(rng, 16)}
+    g = Graph("rms", inputs=[Value("x", np.float32, (3, 16))], outputs=["y"], initializers=init,
+              nodes=[Node("Pow", ["x", "two"], ["sq"]), Node("ReduceMean", ["sq", "axes"], ["ms"]),
+                     Node("Add", ["ms", "eps"], ["me"]), Node("Sqrt", ["me"], ["r"]), Node("Div", ["x", "r"], ["n"]),
+                     Node("Mul", ["n", "gamma"], ["y"])])
+    _check(g, {"x": _f32(rng, 3, 16)}, ["RMSNormalization"])
+
+
+def _attention_graph(masked: bool):
+    nodes = [Node("Transpose", ["k"], ["kt"], {"perm": [0, 1, 3, 2]}), Node("MatMul", ["q", "kt"], ["s"]),
+             Node("Div", ["s", "scale"], ["ss"])]
+    last = "ss"
+    if masked:
+        nodes.append(Node("Add", ["ss", "mask"], ["sm"]))
+        last = "sm"
+    nodes += [Node("Softmax", [last], ["p"], {"axis": -1}), Node("MatMul", ["p", "v"], ["y"])]
+    ins = [Value(n, np.float32, ("B", 4, 10, 8)) for n in ("q", "k", "v")]
+    if masked:
+        ins.append(Value("mask", np.float32, ("B", 1, 1, 10)))
+    return Graph("attn", inputs=ins, outputs=["y"], nodes=nodes, initializers={"scale": np.array(np.sqrt(8), np.float32)})
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_is_fused(rng, masked):
+    feeds = {n: _f32(rng, 2, 4, 10, 8) for n in ("q", "k", "v")}
+    if masked:
+        mask = np.zeros((2, 1, 1, 10), np.float32)
+        mask[1, ..., 7:] = -1e9  # padding in the second sequence
+        feeds["mask"] = mask
+    _check(_attention_graph(masked), feeds, ["Attention"])
+
+
+def test_conv_residual_relu_epilogue(rng):
+    init = {"w": _f32(rng, 6, 6, 3, 3), "b": _f32(rng, 6)}
+    g = Graph("res", inputs=[Value("x", np.float32, ("N", 6, 9, 9))], outputs=["y"], initializers=init,
+              nodes=[Node("Conv", ["x", "w", "b"], ["c"], {"pads": [1, 1, 1, 1]}), Node("Add", ["c", "x"], ["a"]),
+                     Node("Relu", ["a"], ["y"])])
+    cg = _check(g, {"x": _f32(rng, 2, 6, 9, 9)}, ["opsnn::FusedConv"])
+    node = cg.graph.nodes[0]
+    assert node.attrs["activation"] == "Relu" and node.inputs[3] == "x"
+
+
+def test_matmul_bias_gelu_epilogue_and_refusal(rng):
+    init = {"w": _f32(rng, 16, 24), "b": _f32(rng, 24)}
+    g = Graph("mlp", inputs=[Value("x", np.float32, ("B", 5, 16))], outputs=["y"], initializers=init,
+              nodes=[Node("MatMul", ["x", "w"], ["m"]), Node("Add", ["m", "b"], ["a"]), Node("Gelu", ["a"], ["y"])])
+    cg = _check(g, {"x": _f32(rng, 2, 5, 16)}, ["opsnn::FusedMatMul"])
+    assert cg.graph.nodes[0].attrs["activation"] == "Gelu"
+    # a MatMul whose result is also a graph output cannot be fused away; the refusal says so
+    g2 = Graph("mlp2", inputs=[Value("x", np.float32, ("B", 16))], outputs=["y", "m"], initializers=init,
+               nodes=[Node("MatMul", ["x", "w"], ["m"]), Node("Add", ["m", "b"], ["a"]), Node("Relu", ["a"], ["y"])])
+    cg2 = opsnn.compile(g2)
+    assert "MatMul" in [n.op_type for n in cg2.graph.nodes]
+    assert any("graph output" in r for r in cg2.pass_report.by_name("builtin_fusions").refused)
+
+
+def test_transformer_mlp_block_shrinks(rng):
+    """LayerNorm (decomposed) -> MatMul+bias -> Gelu (erf form) -> MatMul+bias -> residual add."""
+    h, f = 32, 64
+    g = _layer_norm_graph(rng, h)
+    init = g.initializers
+    init.update({"w1": _f32(rng, h, f) * 0.1, "b1": _f32(rng, f), "w2": _f32(rng, f, h) * 0.1, "b2": _f32(rng, h),
+                  "c": np.array(math.sqrt(2), np.float32), "one": np.array(1.0, np.float32),
+                  "half": np.array(0.5, np.float32)})
+    g.nodes += [Node("MatMul", ["y", "w1"], ["h1"]), Node("Add", ["h1", "b1"], ["h2"]),
+                Node("Div", ["h2", "c"], ["gd"]), Node("Erf", ["gd"], ["ge"]), Node("Add", ["ge", "one"], ["ga"]),
+                Node("Mul", ["h2", "ga"], ["gm"]), Node("Mul", ["gm", "half"], ["g"]),
+                Node("MatMul", ["g", "w2"], ["o1"]), Node("Add", ["o1", "b2"], ["o2"]), Node("Add", ["o2", "x"], ["out"])]
+    g.outputs = [Value("out")]
+    cg = _check(g, {"x": _f32(rng, 2, 7, h)},
+                ["LayerNormalization", "opsnn::FusedMatMul", "opsnn::FusedMatMul"], rtol=1e-4, atol=1e-4)
+    before, after = cg.pass_report.nodes_before, cg.pass_report.nodes_after
+    assert (before, after) == (19, 3) and 1 - after / before > 0.8
