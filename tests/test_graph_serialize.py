@@ -27,7 +27,7 @@ def _graph():
 
 def test_round_trip_and_onnxruntime_agree(rng):
     ort = pytest.importorskip("onnxruntime")
-    cg = opsnn.compile(_graph())
+    cg = opsnn.compile(_graph(), disabled_passes=["epilogue_fusion"])  # standard ops only, for onnxruntime
     proto = to_onnx(cg.graph)
     onnx.checker.check_model(proto)
     assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
@@ -37,6 +37,14 @@ def test_round_trip_and_onnxruntime_agree(rng):
     np.testing.assert_array_equal(back.run({"x": x})["out"].numpy(), ours)
     sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], ours, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_graph_round_trips(rng):
+    cg = opsnn.compile(_graph())
+    assert any(n.domain == "opsnn" for n in cg.graph.nodes)
+    back = opsnn.compile(from_onnx(to_onnx(cg.graph).SerializeToString()))
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(back.run({"x": x})["out"].numpy(), cg.run({"x": x})["out"].numpy())
 
 
 def test_fused_ops_serialize_in_the_opsnn_domain(tmp_path):

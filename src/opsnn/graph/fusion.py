@@ -302,4 +302,5 @@ EPILOGUE = [_conv_rule(True, True), _conv_rule(True, False), _conv_rule(False, T
 EPILOGUE += [_matmul_rule(b, r, a) for b, r, a in ((True, True, False), (True, False, True), (True, False, False),
                                                    (False, False, True))]
 
-BUILTIN_GROUPS.extend([[SILU, *GELU, LAYER_NORM, *RMS_NORM], ATTENTION, EPILOGUE])
+BUILTIN_GROUPS.update({"pattern_recognition": [SILU, *GELU, LAYER_NORM, *RMS_NORM], "attention_fusion": ATTENTION,
+                       "epilogue_fusion": EPILOGUE})

@@ -314,20 +314,22 @@ def user_rewrites(graph: Graph, res: PassResult) -> None:
         res.refuse(f"rule {rule} at {root}: {why}")
 
 
-def builtin_fusions(graph: Graph, res: PassResult) -> None:
-    """The library's own rewrite rules (pattern recognition and fusions, see graph.rules)."""
-    from . import fusion  # noqa: F401 - registers the library's rule groups
-    from . import rules as _rules
-    from .pattern import rewrite
-    from .shape_inference import infer_types
+def _rule_pass(group: str):
+    def run_rules(graph: Graph, res: PassResult) -> None:
+        from . import fusion  # noqa: F401 - registers the library's rule groups
+        from . import rules as _rules
+        from .pattern import rewrite
+        from .shape_inference import infer_types
 
-    infer_types(graph)  # rule checks read value_info
-    for group in _rules.BUILTIN_GROUPS:
-        report = rewrite(graph, group)
+        infer_types(graph)  # rule checks read value_info
+        report = rewrite(graph, _rules.BUILTIN_GROUPS[group])
         for rule, nodes in report.applied:
             res.note(f"{rule}: {', '.join(nodes)}")
         for rule, root, why in report.refused:
             res.refuse(f"{rule} at {root}: {why}")
+
+    run_rules.__doc__ = f"The library's {group.replace('_', ' ')} rules (see graph.fusion)."
+    return run_rules
 
 
 PASSES: list[Pass] = [
@@ -337,8 +339,12 @@ PASSES: list[Pass] = [
     Pass("common_subexpression_elimination", common_subexpression_elimination, 1, "merge identical nodes"),
     Pass("transpose_cancellation", transpose_cancellation, 1, "cancel/merge consecutive Transposes"),
     Pass("conv_bn_folding", conv_bn_folding, 2, "fold inference BatchNorm into the preceding Conv"),
-    Pass("builtin_fusions", builtin_fusions, 2, "pattern recognition and kernel fusions"),
+    Pass("pattern_recognition", _rule_pass("pattern_recognition"), 2,
+         "Gelu/LayerNorm/RMSNorm/SiLU from their decomposed ONNX forms"),
+    Pass("attention_fusion", _rule_pass("attention_fusion"), 2, "MatMul-Scale-Mask-Softmax-MatMul -> Attention"),
     Pass("user_rewrites", user_rewrites, 2, "user-registered rewrite rules"),
+    Pass("epilogue_fusion", _rule_pass("epilogue_fusion"), 2,
+         "bias, activation and residual add into Conv/MatMul epilogues"),
     Pass("final_dead_code_elimination", dead_code_elimination, 1, "clean up after fusions"),
 ]
 

@@ -12,8 +12,8 @@ from .pattern import GraphTemplate, Pattern, RewriteRule
 
 #: user rules, applied by the ``user_rewrites`` pass in registration order
 USER_RULES: list[RewriteRule] = []
-#: the library's rule groups, each run to a fixed point in order by the ``builtin_fusions`` pass
-BUILTIN_GROUPS: list[list[RewriteRule]] = []
+#: the library's rule groups by pass name, each run to a fixed point by its pass
+BUILTIN_GROUPS: dict[str, list[RewriteRule]] = {}
 
 
 def register_rewrite_rule(pattern: Pattern, replacement, *, name: str | None = None, check=None) -> RewriteRule:
