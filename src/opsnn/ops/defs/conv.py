@@ -1,2 +1,553 @@
-"""conv ops (records, kernels registration, functional entry points)."""
-__all__: list[str] = []
+"""Convolution ops: Conv, ConvTranspose, ConvInteger, QLinearConv (1-D/2-D/3-D) — records,
+kernel registration and torch-style entry points (conv1d/2d/3d, conv_transpose1d/2d/3d).
+
+>>> import opsnn, numpy as np
+>>> x = opsnn.tensor(np.ones((1, 3, 8, 8), np.float32))
+>>> w = opsnn.tensor(np.ones((4, 3, 3, 3), np.float32))
+>>> opsnn.ops.conv2d(x, w, stride=2, padding=1).shape
+(1, 4, 4, 4)
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ... import dtypes as _dt
+from ...errors import DTypeError, InferShapeError, ParamInvalidError
+from ...kernels.cpu import conv as K
+from ..api import api
+from ..registry import Attr, Input, TensorMeta, register_op
+
+FLOAT = _dt.FLOATS
+_F32_64 = (_dt.float32, _dt.float64)
+_Q8 = (_dt.uint8, _dt.int8)
+_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+_CONV_ATTRS = [Attr("auto_pad", "string", "NOTSET"), Attr("dilations", "ints", ()), Attr("group", "int", 1),
+               Attr("kernel_shape", "ints", ()), Attr("pads", "ints", ()), Attr("strides", "ints", ())]
+
+
+# -- geometry -----------------------------------------------------------------------------------
+class Geometry(NamedTuple):
+    """Per spatial dim: kernel, strides, dilations, pads at the begin / end, output size."""
+
+    k: tuple
+    s: tuple
+    d: tuple
+    pb: tuple
+    pe: tuple
+    out: tuple
+
+
+def _auto_pad(op: str, attrs: dict) -> str:
+    v = attrs.get("auto_pad") or "NOTSET"
+    v = (v.decode() if isinstance(v, bytes) else str(v)).upper()
+    if v not in _AUTO_PADS:
+        raise ParamInvalidError(f"{op}: attribute 'auto_pad' must be one of {_AUTO_PADS}, got {v!r}", op=op)
+    return v
+
+
+def _ints(op: str, attrs: dict, name: str, n: int, default: int, minimum: int | None) -> tuple:
+    v = attrs.get(name)
+    if v is None or (hasattr(v, "__len__") and len(v) == 0):
+        return (default,) * n
+    v = tuple(int(x) for x in np.asarray(v).reshape(-1))
+    if len(v) != n:
+        raise ParamInvalidError(f"{op}: attribute {name!r} needs {n} values (one per spatial dim), got {v}", op=op)
+    if minimum is not None and any(x < minimum for x in v):
+        what = "positive" if minimum == 1 else f">= {minimum}"
+        raise ParamInvalidError(f"{op}: attribute {name!r} must be {what}, got {v}", op=op)
+    return v
+
+
+def _fail(op: str, msg: str):
+    raise InferShapeError(f"{op}: {msg}", op=op)
+
+
+def _common(op: str, xs: tuple, ws: tuple, attrs: dict):
+    if len(xs) < 3:
+        _fail(op, f"input X must be at least 3-D (N, C, D1, ...), got shape {tuple(xs)}")
+    if len(ws) != len(xs):
+        _fail(op, f"weight W must have the rank of X ({len(xs)}-D), got W {tuple(ws)} for X {tuple(xs)}")
+    nd = len(xs) - 2
+    if nd > 3:
+        _fail(op, f"supports 1-D, 2-D and 3-D convolution, got {nd} spatial dims (X {tuple(xs)})")
+    k = tuple(int(v) for v in ws[2:])
+    ks = _ints(op, attrs, "kernel_shape", nd, 0, None)
+    if attrs.get("kernel_shape") is not None and len(attrs.get("kernel_shape")) and ks != k:
+        _fail(op, f"attribute kernel_shape {ks} does not match the weight's spatial dims {k}")
+    s = _ints(op, attrs, "strides", nd, 1, 1)
+    d = _ints(op, attrs, "dilations", nd, 1, 1)
+    g = int(attrs.get("group", 1))
+    if g < 1:
+        raise ParamInvalidError(f"{op}: attribute 'group' must be >= 1, got {g}", op=op)
+    return nd, k, s, d, g
+
+
+def _explicit_pads(op: str, attrs: dict, nd: int) -> tuple:
+    p = _ints(op, attrs, "pads", 2 * nd, 0, 0)
+    return p[:nd], p[nd:]
+
+
+def conv_geometry(op: str, xs: tuple, ws: tuple, attrs: dict) -> Geometry:
+    """Output size and effective pads of a forward conv (ONNX Conv's rules, auto_pad included)."""
+    nd, k, s, d, g = _common(op, xs, ws, attrs)
+    auto = _auto_pad(op, attrs)
+    in_sp = tuple(int(v) for v in xs[2:])
+    eff = tuple((k[i] - 1) * d[i] + 1 for i in range(nd))
+    if auto == "VALID":
+        pb = pe = (0,) * nd
+    elif auto in ("SAME_UPPER", "SAME_LOWER"):
+        pb, pe = [], []
+        for i in range(nd):
+            target = -(-in_sp[i] // s[i])
+            total = max(0, (target - 1) * s[i] + eff[i] - in_sp[i])
+            head = total // 2 if auto == "SAME_UPPER" else (total + 1) // 2
+            pb.append(head)
+            pe.append(total - head)
+        pb, pe = tuple(pb), tuple(pe)
+    else:
+        pb, pe = _explicit_pads(op, attrs, nd)
+    out = []
+    for i in range(nd):
+        padded = in_sp[i] + pb[i] + pe[i]
+        if padded < eff[i]:
+            _fail(op, f"kernel (dilated size {eff[i]} along spatial dim {i}) is larger than the padded input "
+                      f"({in_sp[i]} + pads {pb[i]}+{pe[i]} = {padded}); X {tuple(xs)}, W {tuple(ws)}")
+        out.append((padded - eff[i]) // s[i] + 1)
+    return Geometry(k, s, d, pb, pe, tuple(out))
+
+
+def conv_transpose_geometry(op: str, xs: tuple, ws: tuple, attrs: dict) -> Geometry:
+    """Output size and pads of ConvTranspose (output_shape / auto_pad generate the pads)."""
+    nd, k, s, d, g = _common(op, xs, ws, attrs)
+    auto = _auto_pad(op, attrs)
+    in_sp = tuple(int(v) for v in xs[2:])
+    opad = _ints(op, attrs, "output_padding", nd, 0, 0)
+    full = tuple(s[i] * (in_sp[i] - 1) + opad[i] + (k[i] - 1) * d[i] + 1 for i in range(nd))
+    oshape = attrs.get("output_shape")
+    oshape = tuple(int(v) for v in np.asarray(oshape).reshape(-1)) if oshape is not None and len(oshape) else None
+    if oshape is not None:
+        if len(oshape) == nd + 2:
+            oshape = oshape[2:]
+        if len(oshape) != nd:
+            raise ParamInvalidError(f"{op}: attribute 'output_shape' needs {nd} spatial sizes, got {oshape}", op=op)
+    elif auto in ("SAME_UPPER", "SAME_LOWER"):
+        oshape = tuple(in_sp[i] * s[i] for i in range(nd))
+    if oshape is not None:
+        pb, pe = [], []
+        for i in range(nd):
+            total = full[i] - oshape[i]
+            # a larger-than-natural output grows at the end, like output_padding (onnxruntime
+            # and torch's output_size agree; the spec's formula is silent on negative totals)
+            head = 0 if total < 0 else total // 2 if auto == "SAME_UPPER" else total - total // 2
+            pb.append(head)
+            pe.append(total - head)
+        pb, pe = tuple(pb), tuple(pe)
+    elif auto == "VALID":
+        pb = pe = (0,) * nd
+    else:
+        pb, pe = _explicit_pads(op, attrs, nd)
+    out = tuple(full[i] - pb[i] - pe[i] for i in range(nd))
+    if any(o <= 0 for o in out):
+        _fail(op, f"output spatial size {out} is not positive (X {tuple(xs)}, W {tuple(ws)}, strides {s}, "
+                  f"pads {pb + pe}, output_padding {opad})")
+    return Geometry(k, s, d, pb, pe, out)
+
+
+def _same_dtype(ctx, *idx) -> np.dtype:
+    dt = ctx.dtype(idx[0])
+    for i in idx[1:]:
+        if ctx.has(i) and ctx.dtype(i) != dt:
+            a, b = ctx.op.inputs[idx[0]].name, ctx.op.inputs[i].name
+            raise DTypeError(f"{ctx.op.name}: inputs {a!r} ({_dt.name(dt)}) and {b!r} ({_dt.name(ctx.dtype(i))}) "
+                             "must have the same dtype", op=ctx.op.name)
+    return dt
+
+
+def _check_channels(ctx, xs, ws, g: int) -> int:
+    """Conv channel rules; returns M (output channels)."""
+    c, m = xs[1], ws[0]
+    if c != ws[1] * g:
+        ctx.fail(f"input channels mismatch: X {tuple(xs)} has C={c} but W {tuple(ws)} expects "
+                 f"W.shape[1] * group = {ws[1]} * {g} = {ws[1] * g}")
+    if m % g:
+        ctx.fail(f"output channels M={m} (W.shape[0]) are not divisible by group={g}")
+    return m
+
+
+def _check_bias(ctx, i: int, m: int) -> None:
+    if ctx.has(i) and tuple(ctx.shape(i)) != (m,):
+        ctx.fail(f"bias {ctx.op.inputs[i].name!r} must have shape ({m},) (output channels), got {ctx.shape(i)}")
+
+
+def _compute_itemsize(dt) -> int:
+    return _dt.compute_dtype(dt).itemsize
+
+
+# -- references (numpy; independent of the kernels' im2col/col2im) --------------------------------
+def _conv_core(x: np.ndarray, w: np.ndarray, geo: Geometry, g: int) -> np.ndarray:
+    """Direct convolution: pad, then one einsum per kernel offset and group."""
+    n, c = x.shape[:2]
+    m = w.shape[0]
+    cg, mg = c // g, m // g
+    xp = np.pad(x, [(0, 0), (0, 0)] + list(zip(geo.pb, geo.pe)))
+    y = np.zeros((n, m) + geo.out, dtype=x.dtype)
+    if y.size == 0:
+        return y
+    for gi in range(g):
+        xg = xp[:, gi * cg:(gi + 1) * cg]
+        for kidx in itertools.product(*(range(v) for v in geo.k)):
+            sl = tuple(slice(kidx[i] * geo.d[i], kidx[i] * geo.d[i] + (geo.out[i] - 1) * geo.s[i] + 1, geo.s[i])
+                       for i in range(len(geo.k)))
+            wk = w[(slice(gi * mg, (gi + 1) * mg), slice(None)) + kidx]
+            y[:, gi * mg:(gi + 1) * mg] += np.einsum("nc...,mc->nm...", xg[(Ellipsis,) + sl], wk)
+    return y
+
+
+def _ref_dtype(dt):
+    return np.int64 if dt.kind in "iu" else (np.float64 if dt == np.float64 else np.float32)
+
+
+def _conv_ref(ins, attrs):
+    x, w = ins[0], ins[1]
+    b = ins[2] if len(ins) > 2 else None
+    geo = conv_geometry("Conv", x.shape, w.shape, attrs)
+    ct = _ref_dtype(x.dtype)
+    y = _conv_core(x.astype(ct), w.astype(ct), geo, int(attrs["group"]))
+    if b is not None:
+        y += b.astype(ct).reshape((1, -1) + (1,) * len(geo.k))
+    return y.astype(x.dtype)
+
+
+def _conv_transpose_ref(ins, attrs):
+    x, w = ins[0], ins[1]
+    b = ins[2] if len(ins) > 2 else None
+    geo = conv_transpose_geometry("ConvTranspose", x.shape, w.shape, attrs)
+    g = int(attrs["group"])
+    ct = _ref_dtype(x.dtype)
+    x, w = x.astype(ct), w.astype(ct)
+    n, c = x.shape[:2]
+    cg, mg = c // g, w.shape[1]
+    nd = len(geo.k)
+    in_sp = x.shape[2:]
+    # scatter every (input position, kernel offset) product into an uncropped buffer,
+    # shifted so negative pads (output_shape larger than natural) stay in range
+    shift = [max(0, -geo.pb[i]) for i in range(nd)]
+    span = [max((in_sp[i] - 1) * geo.s[i] + (geo.k[i] - 1) * geo.d[i] + 1, geo.pb[i] + geo.out[i]) for i in range(nd)]
+    buf = np.zeros((n, mg * g) + tuple(shift[i] + span[i] for i in range(nd)), dtype=ct)
+    if x.size:
+        for gi in range(g):
+            xg = x[:, gi * cg:(gi + 1) * cg]
+            for kidx in itertools.product(*(range(v) for v in geo.k)):
+                sl = tuple(slice(shift[i] + kidx[i] * geo.d[i],
+                                 shift[i] + kidx[i] * geo.d[i] + (in_sp[i] - 1) * geo.s[i] + 1, geo.s[i])
+                           for i in range(nd))
+                wk = w[(slice(gi * cg, (gi + 1) * cg), slice(None)) + kidx]
+                buf[(slice(None), slice(gi * mg, (gi + 1) * mg)) + sl] += np.einsum("nc...,cm->nm...", xg, wk)
+    crop = tuple(slice(shift[i] + geo.pb[i], shift[i] + geo.pb[i] + geo.out[i]) for i in range(nd))
+    y = buf[(slice(None), slice(None)) + crop]
+    if b is not None:
+        y = y + b.astype(ct).reshape((1, -1) + (1,) * nd)
+    return np.ascontiguousarray(y).astype(ins[0].dtype)
+
+
+# -- Conv ---------------------------------------------------------------------------------------
+def _conv_infer(ctx):
+    dt = _same_dtype(ctx, 0, 1, 2)
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    geo = conv_geometry(ctx.op.name, xs, ws, ctx.attrs)
+    m = _check_channels(ctx, xs, ws, int(ctx.attrs["group"]))
+    _check_bias(ctx, 2, m)
+    return [TensorMeta((xs[0], m) + geo.out, dt)]
+
+
+def _conv_flops(ctx) -> int:
+    return 2 * math.prod(ctx.outputs[0].shape) * math.prod(ctx.shape(1)[1:])
+
+
+def _conv_planner(kind: str | None, itemsize_of=_compute_itemsize, w_index: int = 1):
+    def plan(ctx):
+        xs, ws = ctx.shape(0), ctx.shape(w_index)
+        geo = conv_geometry(ctx.op.name, xs, ws, ctx.attrs)
+        return K.conv_plan(xs, ws, int(ctx.attrs["group"]), geo.k, geo.s, geo.d, geo.pb, geo.pe, geo.out,
+                           itemsize_of(ctx.dtype(0)), kind)
+    return plan
+
+
+def _workspace(ctx, plan) -> int:
+    return plan.workspace_bytes
+
+
+def _is_1x1(ctx):
+    geo = conv_geometry(ctx.op.name, ctx.shape(0), ctx.shape(1), ctx.attrs)
+    if all(v == 1 for v in geo.k) and all(v == 1 for v in geo.s) and not any(geo.pb) and not any(geo.pe):
+        return True
+    return "needs a 1x1 kernel with stride 1 and no padding"
+
+
+def _is_depthwise(ctx):
+    xs, ws, g = ctx.shape(0), ctx.shape(1), int(ctx.attrs["group"])
+    if len(xs) in (3, 4) and g > 1 and g == xs[1] and ws[1] == 1:
+        return True
+    return "needs a 1-D/2-D conv with group == input channels (depthwise)"
+
+
+def _is_2d(ctx):
+    return True if len(ctx.shape(0)) in (3, 4) else "handles 1-D and 2-D convolution only"
+
+
+Conv = register_op(
+    "Conv", category="conv",
+    inputs=[Input("X", FLOAT), Input("W", FLOAT), Input("B", FLOAT, optional=True)], outputs=["Y"],
+    attrs=_CONV_ATTRS, infer=_conv_infer, reference=_conv_ref, flops=_conv_flops,
+    doc="N-d convolution (ONNX Conv): X (N, C, D...) * W (M, C/group, k...) + B.")
+Conv.kernel("conv_1x1_gemm", dtypes=_F32_64, priority=30, applies=_is_1x1, plan=_conv_planner("gemm1x1"),
+            workspace=_workspace, doc="1x1 stride-1 unpadded: the input is the column matrix; one GEMM "
+            "per image and group, no workspace")(K.conv)
+Conv.kernel("conv2d_depthwise", dtypes=_F32_64, priority=40, applies=_is_depthwise,
+            plan=_conv_planner("depthwise2d"), workspace=_workspace,
+            doc="direct numba loop for group == C (depthwise, any channel multiplier); no workspace")(K.conv)
+Conv.kernel("conv2d_im2col", dtypes=_F32_64, priority=20, applies=_is_2d, plan=_conv_planner("im2col2d"),
+            workspace=_workspace, doc="numba parallel im2col into the workspace + BLAS GEMM per group "
+            "(1-D runs as H=1)")(K.conv)
+Conv.kernel("conv_nd_im2col", dtypes=_F32_64, priority=10, plan=_conv_planner("im2col_nd"),
+            workspace=_workspace, doc="numpy-vectorized im2col (one strided copy per kernel offset) + "
+            "BLAS GEMM; any rank")(K.conv)
+
+
+def _spatial(v, nd: int, name: str, fn: str) -> tuple:
+    if isinstance(v, (bool, np.bool_)):
+        raise ParamInvalidError(f"{fn}: {name} must be an int or {nd} ints, got {v!r}")
+    if isinstance(v, (int, np.integer)):
+        return (int(v),) * nd
+    try:
+        t = tuple(int(x) for x in v)
+    except TypeError:
+        raise ParamInvalidError(f"{fn}: {name} must be an int or {nd} ints, got {v!r}") from None
+    if len(t) != nd:
+        raise ParamInvalidError(f"{fn}: {name} must be an int or {nd} ints, got {v!r}")
+    return t
+
+
+def _check_rank(fn: str, nd: int, **tensors) -> None:
+    for name, t in tensors.items():
+        r = getattr(t, "ndim", None)
+        if r is None:
+            r = np.ndim(t)
+        if r != nd + 2:
+            raise ParamInvalidError(f"{fn}: {name} must be {nd + 2}-D (N, C, {'D, ' * (nd - 1)}...)"
+                                    f", got a {r}-D tensor of shape {tuple(getattr(t, 'shape', np.shape(t)))}")
+
+
+def _conv_attrs(fn: str, nd: int, stride, padding, dilation, groups) -> dict:
+    attrs = {"strides": list(_spatial(stride, nd, "stride", fn)),
+             "dilations": list(_spatial(dilation, nd, "dilation", fn)), "group": int(groups)}
+    if isinstance(padding, (str, bytes)):
+        p = padding.decode() if isinstance(padding, bytes) else padding
+        if p.lower() == "same":
+            attrs["auto_pad"] = "SAME_UPPER"
+        elif p.lower() == "valid":
+            attrs["auto_pad"] = "VALID"
+        else:
+            raise ParamInvalidError(f"{fn}: padding must be an int, {nd} ints, 'same' or 'valid', got {padding!r}")
+    else:
+        p = _spatial(padding, nd, "padding", fn)
+        attrs["pads"] = list(p) * 2
+    return attrs
+
+
+def _make_conv(nd: int):
+    fn = f"conv{nd}d"
+
+    def translate(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+        _check_rank(fn, nd, input=x, weight=w)
+        return [x, w, b], _conv_attrs(fn, nd, stride, padding, dilation, groups)
+
+    translate.__name__ = fn
+    translate.__doc__ = (f"{nd}-D convolution (torch.nn.functional.{fn} argument names; ONNX Conv record).\n\n"
+                         "``stride``/``padding``/``dilation``: an int or one per spatial dim; ``padding`` may also "
+                         "be ``'same'`` (ONNX SAME_UPPER: extra padding at the end, output = ceil(in / stride)) "
+                         "or ``'valid'``.")
+    return api(fn, "Conv")(translate)
+
+
+conv1d = _make_conv(1)
+conv2d = _make_conv(2)
+conv3d = _make_conv(3)
+
+
+# -- ConvTranspose --------------------------------------------------------------------------------
+def _conv_transpose_infer(ctx):
+    dt = _same_dtype(ctx, 0, 1, 2)
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    geo = conv_transpose_geometry(ctx.op.name, xs, ws, ctx.attrs)
+    g = int(ctx.attrs["group"])
+    if xs[1] != ws[0]:
+        ctx.fail(f"input channels mismatch: X {tuple(xs)} has C={xs[1]} but W {tuple(ws)} has W.shape[0]={ws[0]} "
+                 "(ConvTranspose weights are (C, M/group, k...))")
+    if xs[1] % g:
+        ctx.fail(f"input channels C={xs[1]} are not divisible by group={g}")
+    m = ws[1] * g
+    _check_bias(ctx, 2, m)
+    return [TensorMeta((xs[0], m) + geo.out, dt)]
+
+
+def _conv_transpose_plan(ctx):
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    geo = conv_transpose_geometry(ctx.op.name, xs, ws, ctx.attrs)
+    return K.conv_transpose_plan(xs, ws, int(ctx.attrs["group"]), geo.k, geo.s, geo.d, geo.pb, geo.out,
+                                 _compute_itemsize(ctx.dtype(0)))
+
+
+ConvTranspose = register_op(
+    "ConvTranspose", category="conv",
+    inputs=[Input("X", FLOAT), Input("W", FLOAT), Input("B", FLOAT, optional=True)], outputs=["Y"],
+    attrs=_CONV_ATTRS + [Attr("output_padding", "ints", ()), Attr("output_shape", "ints", ())],
+    infer=_conv_transpose_infer, reference=_conv_transpose_ref,
+    flops=lambda ctx: 2 * math.prod(ctx.shape(0)) * math.prod(ctx.shape(1)[1:]),
+    doc="Transposed (fractionally strided) convolution, ONNX ConvTranspose; W is (C, M/group, k...).")
+ConvTranspose.kernel("conv_transpose_col2im", dtypes=_F32_64, priority=20, plan=_conv_transpose_plan,
+                     workspace=_workspace, doc="BLAS GEMM W^T @ x into the workspace, then col2im (numba "
+                     "gather over output rows for 1-D/2-D; strided numpy adds for 3-D)")(K.conv_transpose)
+
+
+def _make_conv_transpose(nd: int):
+    fn = f"conv_transpose{nd}d"
+
+    def translate(x, w, b=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+        _check_rank(fn, nd, input=x, weight=w)
+        attrs = _conv_attrs(fn, nd, stride, padding, dilation, groups)
+        if "auto_pad" in attrs:
+            raise ParamInvalidError(f"{fn}: padding must be an int or {nd} ints, got {padding!r}")
+        attrs["output_padding"] = list(_spatial(output_padding, nd, "output_padding", fn))
+        return [x, w, b], attrs
+
+    translate.__name__ = fn
+    translate.__doc__ = (f"{nd}-D transposed convolution (torch.nn.functional.{fn} argument names and order; "
+                         "ONNX ConvTranspose record). ``weight`` is (C_in, C_out / groups, k...).")
+    return api(fn, "ConvTranspose")(translate)
+
+
+conv_transpose1d = _make_conv_transpose(1)
+conv_transpose2d = _make_conv_transpose(2)
+conv_transpose3d = _make_conv_transpose(3)
+
+
+# -- ConvInteger / QLinearConv --------------------------------------------------------------------
+def _check_zp(ctx, i: int, m: int | None, data_i: int | None) -> None:
+    """Zero point / scale ``i``: a scalar, or (``m`` given) 1-D per output channel."""
+    if not ctx.has(i):
+        return
+    name = ctx.op.inputs[i].name
+    shape = tuple(ctx.shape(i))
+    n = math.prod(shape)
+    if n != 1 and not (m is not None and shape == (m,)):
+        want = "a scalar" + (f" or 1-D of output channels ({m},)" if m is not None else "")
+        ctx.fail(f"{name!r} must be {want}, got shape {shape}")
+    if data_i is not None and ctx.dtype(i) != ctx.dtype(data_i):
+        raise DTypeError(f"{ctx.op.name}: {name!r} has dtype {_dt.name(ctx.dtype(i))}, expected "
+                         f"{_dt.name(ctx.dtype(data_i))} like {ctx.op.inputs[data_i].name!r}", op=ctx.op.name)
+
+
+def _conv_integer_infer(ctx):
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    geo = conv_geometry(ctx.op.name, xs, ws, ctx.attrs)
+    m = _check_channels(ctx, xs, ws, int(ctx.attrs["group"]))
+    _check_zp(ctx, 2, None, 0)
+    _check_zp(ctx, 3, m, 1)
+    return [TensorMeta((xs[0], m) + geo.out, _dt.int32)]
+
+
+def _shift(v: np.ndarray, zp, per_channel_ndim: int | None = None) -> np.ndarray:
+    v = v.astype(np.int64)
+    if zp is None:
+        return v
+    zp = zp.astype(np.int64)
+    if zp.size > 1:
+        return v - zp.reshape((-1,) + (1,) * (per_channel_ndim - 1))
+    return v - zp.reshape(())
+
+
+def _conv_integer_ref(ins, attrs):
+    x, w = ins[0], ins[1]
+    x_zp = ins[2] if len(ins) > 2 else None
+    w_zp = ins[3] if len(ins) > 3 else None
+    geo = conv_geometry("ConvInteger", x.shape, w.shape, attrs)
+    return _conv_core(_shift(x, x_zp), _shift(w, w_zp, w.ndim), geo, int(attrs["group"])).astype(np.int32)
+
+
+ConvInteger = register_op(
+    "ConvInteger", category="conv",
+    inputs=[Input("x", _Q8), Input("w", _Q8), Input("x_zero_point", _Q8, optional=True),
+            Input("w_zero_point", _Q8, optional=True)],
+    outputs=["y"], attrs=_CONV_ATTRS, infer=_conv_integer_infer, reference=_conv_integer_ref, flops=_conv_flops,
+    doc="int32 convolution of zero-point-shifted 8-bit data (ONNX ConvInteger).")
+ConvInteger.kernel("conv_integer_im2col", dtypes=_Q8, priority=20, plan=_conv_planner(None, lambda dt: 8),
+                   workspace=_workspace, doc="shifted operands in float64 (exact) through the float "
+                   "conv algorithms (1x1 GEMM / im2col)")(K.conv_integer)
+
+
+def _qlinear_conv_infer(ctx):
+    xs, ws = ctx.shape(0), ctx.shape(3)
+    geo = conv_geometry(ctx.op.name, xs, ws, ctx.attrs)
+    m = _check_channels(ctx, xs, ws, int(ctx.attrs["group"]))
+    _check_zp(ctx, 1, None, None)
+    _check_zp(ctx, 2, None, 0)
+    _check_zp(ctx, 4, m, None)
+    _check_zp(ctx, 5, m, 3)
+    _check_zp(ctx, 6, None, None)
+    _check_zp(ctx, 7, None, None)
+    _check_bias(ctx, 8, m)
+    return [TensorMeta((xs[0], m) + geo.out, ctx.dtype(7))]
+
+
+def _qlinear_conv_ref(ins, attrs):
+    x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp = ins[:8]
+    b = ins[8] if len(ins) > 8 else None
+    geo = conv_geometry("QLinearConv", x.shape, w.shape, attrs)
+    acc = _conv_core(_shift(x, x_zp), _shift(w, w_zp, w.ndim), geo, int(attrs["group"]))
+    bc = (1, -1) + (1,) * len(geo.k)
+    if b is not None:
+        acc = acc + b.astype(np.int64).reshape(bc)
+    w_s = w_s.reshape(bc) if w_s.size > 1 else w_s.reshape(())
+    scale = (x_s.reshape(()) * w_s / y_s.reshape(())).astype(np.float64)
+    y = np.rint(acc * scale) + float(y_zp.reshape(()))
+    info = np.iinfo(y_zp.dtype)
+    return np.clip(y, info.min, info.max).astype(y_zp.dtype)
+
+
+QLinearConv = register_op(
+    "QLinearConv", category="conv",
+    inputs=[Input("x", _Q8), Input("x_scale", (_dt.float32,)), Input("x_zero_point", _Q8), Input("w", _Q8),
+            Input("w_scale", (_dt.float32,)), Input("w_zero_point", _Q8), Input("y_scale", (_dt.float32,)),
+            Input("y_zero_point", _Q8), Input("B", (_dt.int32,), optional=True)],
+    outputs=["y"], attrs=_CONV_ATTRS, infer=_qlinear_conv_infer, reference=_qlinear_conv_ref,
+    flops=lambda ctx: 2 * math.prod(ctx.outputs[0].shape) * math.prod(ctx.shape(3)[1:]),
+    doc="Quantized convolution (ONNX QLinearConv); w_scale/w_zero_point may be per output channel.")
+QLinearConv.kernel("qlinear_conv_im2col", dtypes=_Q8, priority=20, plan=_conv_planner(None, lambda dt: 8, 3),
+                   workspace=_workspace, doc="exact float64 conv of shifted operands (1x1 GEMM / im2col), "
+                   "then round-half-even requantization")(K.qlinear_conv)
+
+
+@api("conv_integer", "ConvInteger")
+def conv_integer(x, w, x_zero_point=None, w_zero_point=None, stride=1, padding=0, dilation=1, groups=1):
+    """int32 ``conv(x - x_zero_point, w - w_zero_point)`` for uint8/int8 data (ONNX ConvInteger)."""
+    nd = max(getattr(x, "ndim", np.ndim(x)) - 2, 1)
+    return [x, w, x_zero_point, w_zero_point], _conv_attrs("conv_integer", nd, stride, padding, dilation, groups)
+
+
+@api("qlinear_conv", "QLinearConv")
+def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, stride=1,
+                 padding=0, dilation=1, groups=1):
+    """Quantized convolution (ONNX QLinearConv); output dtype is ``y_zero_point``'s."""
+    nd = max(getattr(x, "ndim", np.ndim(x)) - 2, 1)
+    return ([x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b],
+            _conv_attrs("qlinear_conv", nd, stride, padding, dilation, groups))
+
+
+__all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+           "conv_integer", "qlinear_conv"]

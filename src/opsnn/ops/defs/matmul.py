@@ -1,2 +1,431 @@
-"""matmul ops (records, kernels registration, functional entry points)."""
-__all__: list[str] = []
+"""Matrix-multiply ops: MatMul, Gemm, Linear (opsnn domain), Einsum and the integer /
+quantized matmuls (MatMulInteger, QLinearMatMul) — records, kernels, entry points.
+
+>>> import opsnn, numpy as np
+>>> a = opsnn.tensor(np.ones((2, 3, 4), np.float32))
+>>> opsnn.ops.matmul(a, opsnn.tensor(np.ones((4, 5), np.float32))).shape
+(2, 3, 5)
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import dtypes as _dt
+from ...errors import DTypeError
+from ...kernels.cpu import gemm as K
+from ...tensor import as_tensor
+from ..api import api
+from ..registry import Attr, Input, TensorMeta, register_op
+
+FLOAT = _dt.FLOATS
+_F32_64 = (_dt.float32, _dt.float64)
+_INTS_MM = (_dt.int32, _dt.int64, _dt.uint32, _dt.uint64)
+_Q8 = (_dt.uint8, _dt.int8)
+_SCALES = (_dt.float32, _dt.float16, _dt.bfloat16)
+
+
+def _same_dtype(ctx, *idx) -> np.dtype:
+    dt = ctx.dtype(idx[0])
+    for i in idx[1:]:
+        if ctx.has(i) and ctx.dtype(i) != dt:
+            a, b = ctx.op.input_spec(idx[0]).name, ctx.op.input_spec(i).name
+            if a == b:  # variadic: name them by position
+                a, b = f"{a}[{idx[0]}]", f"{b}[{i}]"
+            raise DTypeError(f"{ctx.op.name}: inputs {a!r} ({_dt.name(dt)}) and {b!r} ({_dt.name(ctx.dtype(i))}) "
+                             "must have the same dtype", op=ctx.op.name)
+    return dt
+
+
+def _broadcast(ctx, what: str, s1: tuple, s2: tuple) -> tuple:
+    """Numpy broadcasting of two shapes with a message naming both."""
+    n = max(len(s1), len(s2))
+    a = (1,) * (n - len(s1)) + tuple(s1)
+    b = (1,) * (n - len(s2)) + tuple(s2)
+    out = []
+    for x, y in zip(a, b):
+        if x != y and x != 1 and y != 1:
+            ctx.fail(f"{what}: shapes {tuple(s1)} and {tuple(s2)} do not broadcast (dim {x} vs {y})")
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
+def matmul_shape(ctx, sa: tuple, sb: tuple) -> tuple:
+    """numpy.matmul's output shape (1-D operands promoted then squeezed)."""
+    if len(sa) == 0 or len(sb) == 0:
+        ctx.fail(f"operands must be at least 1-D, got A {tuple(sa)} and B {tuple(sb)}")
+    a = (1,) + tuple(sa) if len(sa) == 1 else tuple(sa)
+    b = tuple(sb) + (1,) if len(sb) == 1 else tuple(sb)
+    if a[-1] != b[-2]:
+        ctx.fail(f"inner dimensions differ: A {tuple(sa)} has K={a[-1]}, B {tuple(sb)} has K={b[-2]}")
+    batch = _broadcast(ctx, "batch dims", a[:-2], b[:-2])
+    out = batch + ((a[-2],) if len(sa) > 1 else ()) + ((b[-1],) if len(sb) > 1 else ())
+    return out
+
+
+def _mm_flops(ctx, a: int, b: int) -> int:
+    """2 * (output elements) * K: the multiply-adds of a matmul."""
+    return 2 * math.prod(ctx.outputs[0].shape) * ctx.shape(a)[-1]
+
+
+# -- MatMul -------------------------------------------------------------------------------------
+def _matmul_infer(ctx):
+    dt = _same_dtype(ctx, 0, 1)
+    return [TensorMeta(matmul_shape(ctx, ctx.shape(0), ctx.shape(1)), dt)]
+
+
+def _matmul_ref(ins, attrs):
+    a, b = ins
+    if _dt.is_low_precision(a.dtype):
+        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+    return np.matmul(a, b)
+
+
+def _matmul_plan(ctx):
+    return K.matmul_plan(ctx.shape(0), ctx.shape(1))
+
+
+MatMul = register_op(
+    "MatMul", category="matmul",
+    inputs=[Input("A", FLOAT + _INTS_MM), Input("B", FLOAT + _INTS_MM)], outputs=["Y"],
+    infer=_matmul_infer, reference=_matmul_ref, flops=lambda ctx: _mm_flops(ctx, 0, 1),
+    doc="Matrix product with numpy.matmul semantics (batched, broadcast batch dims, 1-D operands).")
+MatMul.kernel("matmul_blas", dtypes=_F32_64, priority=10, plan=_matmul_plan, strided=True,
+              doc="OpenBLAS sgemm/dgemm; a (..., M, K) @ (K, N) batch is folded into one GEMM")(K.matmul)
+MatMul.kernel("matmul_numpy_int", dtypes=_INTS_MM, priority=5, plan=_matmul_plan, strided=True,
+              doc="numpy integer matmul (no BLAS for integers); wraps around on overflow")(K.matmul_int)
+
+
+@api("matmul", "MatMul")
+def matmul(a, b):
+    """``a @ b`` with numpy semantics: batch dims broadcast, 1-D operands promoted and squeezed.
+
+    >>> import opsnn, numpy as np
+    >>> opsnn.ops.matmul(np.ones((3, 4), np.float32), np.ones(4, np.float32)).shape
+    (3,)
+    """
+    return [a, b], {}
+
+
+# -- Gemm ---------------------------------------------------------------------------------------
+def _gemm_infer(ctx):
+    dt = _same_dtype(ctx, 0, 1, 2)
+    sa, sb = ctx.shape(0), ctx.shape(1)
+    if len(sa) != 2 or len(sb) != 2:
+        ctx.fail(f"A and B must be 2-D, got A {sa} and B {sb}")
+    ta, tb = int(ctx.attrs["transA"]), int(ctx.attrs["transB"])
+    m, ka = (sa[1], sa[0]) if ta else sa
+    kb, n = (sb[1], sb[0]) if tb else sb
+    if ka != kb:
+        ctx.fail(f"inner dimensions differ: op(A) is ({m}, {ka}) (transA={ta}), op(B) is ({kb}, {n}) (transB={tb})")
+    if ctx.has(2):
+        sc = tuple(ctx.shape(2))
+        if len(sc) > 2 or any(c not in (1, t) for c, t in zip(sc[::-1], (n, m))):
+            ctx.fail(f"C of shape {sc} is not unidirectionally broadcastable to (M, N) = ({m}, {n})")
+    return [TensorMeta((m, n), dt)]
+
+
+def _gemm_ref(ins, attrs):
+    a, b = ins[0], ins[1]
+    c = ins[2] if len(ins) > 2 else None
+    dt = a.dtype
+    if _dt.is_low_precision(dt):
+        a, b = a.astype(np.float32), b.astype(np.float32)
+        c = None if c is None else c.astype(np.float32)
+    a = a.T if attrs["transA"] else a
+    b = b.T if attrs["transB"] else b
+    y = attrs["alpha"] * (a @ b)
+    if c is not None:
+        y = y + attrs["beta"] * c
+    return np.asarray(y).astype(dt)
+
+
+Gemm = register_op(
+    "Gemm", category="matmul",
+    inputs=[Input("A", FLOAT + _INTS_MM), Input("B", FLOAT + _INTS_MM), Input("C", FLOAT + _INTS_MM, optional=True)],
+    outputs=["Y"],
+    attrs=[Attr("alpha", "float", 1.0), Attr("beta", "float", 1.0), Attr("transA", "int", 0),
+           Attr("transB", "int", 0)],
+    infer=_gemm_infer, reference=_gemm_ref,
+    flops=lambda ctx: 2 * math.prod(ctx.outputs[0].shape) * ctx.shape(0)[0 if ctx.attrs["transA"] else 1],
+    doc="Y = alpha * op(A) @ op(B) + beta * C (ONNX Gemm).")
+Gemm.kernel("gemm_blas", dtypes=_F32_64, priority=10, strided=True,
+            doc="OpenBLAS GEMM reading transposed operands in place; alpha/beta/C applied in place")(K.gemm)
+
+
+@api("gemm", "Gemm")
+def gemm(a, b, c=None, alpha=1.0, beta=1.0, trans_a=False, trans_b=False):
+    """``alpha * op(a) @ op(b) + beta * c`` for 2-D ``a``, ``b`` (ONNX Gemm).
+
+    >>> import opsnn, numpy as np
+    >>> opsnn.ops.gemm(np.ones((2, 3), np.float32), np.ones((4, 3), np.float32), trans_b=True).shape
+    (2, 4)
+    """
+    if c is not None and not hasattr(c, "shape"):
+        c = as_tensor(c, like=as_tensor(a))
+    return [a, b, c], {"alpha": float(alpha), "beta": float(beta), "transA": int(bool(trans_a)),
+                       "transB": int(bool(trans_b))}
+
+
+# -- Linear (opsnn domain) ------------------------------------------------------------------------
+# Its own record rather than an alias: ONNX Gemm is 2-D only and MatMul has neither the
+# transposed weight nor the bias, so ``x @ W^T + b`` over arbitrary leading dims would take
+# two or three nodes and an intermediate tensor. As one record it is one BLAS call with the
+# bias added in place, and it is the natural target for the graph engine's
+# "MatMul(x, Transpose(W)) -> Add(b)" fusion; an ONNX exporter lowers it back to that chain.
+def _linear_infer(ctx):
+    dt = _same_dtype(ctx, 0, 1, 2)
+    sx, sw = ctx.shape(0), ctx.shape(1)
+    if len(sw) != 2:
+        ctx.fail(f"weight must be 2-D (out_features, in_features), got {sw}")
+    if len(sx) < 1:
+        ctx.fail(f"input must be at least 1-D, got {sx}")
+    if sx[-1] != sw[1]:
+        ctx.fail(f"input's last dim is {sx[-1]} but weight {sw} expects in_features={sw[1]}")
+    if ctx.has(2) and tuple(ctx.shape(2)) != (sw[0],):
+        ctx.fail(f"bias must have shape ({sw[0]},) (out_features), got {ctx.shape(2)}")
+    return [TensorMeta(tuple(sx[:-1]) + (sw[0],), dt)]
+
+
+def _linear_ref(ins, attrs):
+    x, w = ins[0], ins[1]
+    b = ins[2] if len(ins) > 2 else None
+    dt = x.dtype
+    if _dt.is_low_precision(dt):
+        x, w = x.astype(np.float32), w.astype(np.float32)
+        b = None if b is None else b.astype(np.float32)
+    y = np.einsum("...k,nk->...n", x, w)
+    if b is not None:
+        y = y + b
+    return np.asarray(y).astype(dt)
+
+
+Linear = register_op(
+    "Linear", domain="opsnn", category="matmul",
+    inputs=[Input("X", FLOAT), Input("W", FLOAT), Input("B", FLOAT, optional=True)], outputs=["Y"],
+    infer=_linear_infer, reference=_linear_ref,
+    flops=lambda ctx: 2 * math.prod(ctx.outputs[0].shape) * ctx.shape(1)[1],
+    doc="Y = X @ W^T + B over any leading dims of X (torch.nn.functional.linear).")
+Linear.kernel("linear_blas", dtypes=_F32_64, priority=10, strided=True,
+              doc="one (rows, K) x (K, N) BLAS GEMM reading W^T in place; bias added in place")(K.linear)
+
+
+@api("linear", "Linear", domain="opsnn")
+def linear(x, weight, bias=None):
+    """``x @ weight.T + bias`` for ``x`` of shape (..., in_features), ``weight`` (out, in).
+
+    >>> import opsnn, numpy as np
+    >>> opsnn.ops.linear(np.ones((2, 5, 3), np.float32), np.ones((4, 3), np.float32)).shape
+    (2, 5, 4)
+    """
+    return [x, weight, bias], {}
+
+
+# -- Einsum -------------------------------------------------------------------------------------
+def _decode(s) -> str:
+    return s.decode() if isinstance(s, bytes) else str(s)
+
+
+def parse_einsum(ctx, equation: str, shapes: list) -> tuple:
+    """Validate ``equation`` against ``shapes``; returns (normalized equation, output shape).
+
+    Labels are letters; ``...`` broadcasts numpy-style; without ``->`` the output is the
+    broadcast ``...`` dims then the labels used exactly once, in alphabetical order."""
+    eq = equation.replace(" ", "")
+    if eq.count("->") > 1:
+        ctx.fail(f"equation {equation!r} has more than one '->'")
+    lhs, rhs = eq.split("->") if "->" in eq else (eq, None)
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        ctx.fail(f"equation {equation!r} has {len(terms)} operand terms but {len(shapes)} inputs were given")
+    dims: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    ell = ()
+    for t, (term, shape) in enumerate(zip(terms, shapes)):
+        if term.count("...") > 1 or term.replace("...", "").count(".") > 0:
+            ctx.fail(f"term {term!r} of {equation!r}: at most one '...' and no stray '.'")
+        labels = term.replace("...", "")
+        if not all(c.isalpha() for c in labels):
+            ctx.fail(f"term {term!r} of {equation!r}: labels must be letters")
+        n_ell = len(shape) - len(labels)
+        if ("..." not in term and n_ell != 0) or n_ell < 0:
+            ctx.fail(f"term {term!r} of {equation!r} names {len(labels)} dims but input {t} has shape "
+                     f"{tuple(shape)}")
+        if "..." in term:
+            pos = term.index("...")
+            ell_shape = tuple(shape[pos:pos + n_ell])
+            ell = _broadcast(ctx, f"'...' dims of {equation!r}", ell, ell_shape)
+            shape = tuple(shape[:pos]) + tuple(shape[pos + n_ell:])
+        for c, d in zip(labels, shape):
+            if c in dims and dims[c] != d:
+                ctx.fail(f"label {c!r} of {equation!r} is size {dims[c]} in one input and {d} in input {t}")
+            dims[c] = d
+            counts[c] = counts.get(c, 0) + 1
+    if rhs is None:
+        rhs = ("..." if ell or "..." in lhs else "") + "".join(sorted(c for c, n in counts.items() if n == 1))
+    out_labels = rhs.replace("...", "")
+    if rhs.count("...") > 1 or not all(c.isalpha() for c in out_labels):
+        ctx.fail(f"output {rhs!r} of {equation!r}: letters and at most one '...'")
+    if len(set(out_labels)) != len(out_labels):
+        ctx.fail(f"output {rhs!r} of {equation!r} repeats a label")
+    for c in out_labels:
+        if c not in dims:
+            ctx.fail(f"output label {c!r} of {equation!r} appears in no input")
+    if ell and "..." not in rhs:
+        ctx.fail(f"inputs of {equation!r} broadcast '...' dims {ell} but the output has no '...'")
+    out = []
+    i = 0
+    while i < len(rhs):
+        if rhs.startswith("...", i):
+            out.extend(ell)
+            i += 3
+        else:
+            out.append(dims[rhs[i]])
+            i += 1
+    return f"{lhs}->{rhs}", tuple(out)
+
+
+def _einsum_infer(ctx):
+    if len(ctx.inputs) == 0:
+        ctx.fail("needs at least one input")
+    dt = _same_dtype(ctx, *range(len(ctx.inputs)))
+    _, shape = parse_einsum(ctx, _decode(ctx.attrs["equation"]), [m.shape for m in ctx.inputs])
+    return [TensorMeta(shape, dt)]
+
+
+def _einsum_plan(ctx):
+    eq, _ = parse_einsum(ctx, _decode(ctx.attrs["equation"]), [m.shape for m in ctx.inputs])
+    return eq
+
+
+def _einsum_ref(ins, attrs):
+    eq = _decode(attrs["equation"]).replace(" ", "")
+    dt = ins[0].dtype
+    xs = [x.astype(np.float32) for x in ins] if _dt.is_low_precision(dt) else ins
+    return np.asarray(np.einsum(eq, *xs, optimize=False)).astype(dt)
+
+
+def _einsum_kernel(ins, outs, attrs, plan, ws):
+    # numpy's contraction-order optimizer turns pairwise contractions into tensordot/BLAS
+    np.copyto(outs[0], np.einsum(plan, *ins, optimize=True), casting="unsafe")
+
+
+Einsum = register_op(
+    "Einsum", category="matmul",
+    inputs=[Input("Inputs", _dt.FLOATS + _dt.INTEGERS, variadic=True)], outputs=["Output"],
+    attrs=[Attr("equation", "string")], infer=_einsum_infer, reference=_einsum_ref,
+    doc="Einstein summation (ONNX Einsum).")
+Einsum.kernel("einsum_numpy_opt", dtypes=_F32_64 + _dt.INTEGERS, priority=10, plan=_einsum_plan,
+              doc="np.einsum with optimize=True: contraction order planned, pairwise steps on BLAS"
+              )(_einsum_kernel)
+
+
+@api("einsum", "Einsum")
+def einsum(equation, *operands):
+    """Einstein summation, e.g. ``einsum("bij,bjk->bik", a, b)``."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    return list(operands), {"equation": str(equation)}
+
+
+# -- MatMulInteger / QLinearMatMul ----------------------------------------------------------------
+def _check_zp(ctx, i: int, what: str, sizes: tuple, data_dtype=None) -> None:
+    if not ctx.has(i):
+        return
+    name = ctx.op.inputs[i].name
+    n = int(np.prod(ctx.shape(i)))
+    if n != 1 and not (len(ctx.shape(i)) == 1 and n in sizes):
+        ctx.fail(f"{name!r} must be a scalar (per tensor) or 1-D of {what} size {sizes[0]}, got {ctx.shape(i)}")
+    if data_dtype is not None and ctx.dtype(i) != data_dtype:
+        raise DTypeError(f"{ctx.op.name}: {name!r} has dtype {_dt.name(ctx.dtype(i))}, expected "
+                         f"{_dt.name(data_dtype)} like its data input", op=ctx.op.name)
+
+
+def _matmul_integer_infer(ctx):
+    shape = matmul_shape(ctx, ctx.shape(0), ctx.shape(1))
+    sa, sb = ctx.shape(0), ctx.shape(1)
+    m = sa[-2] if len(sa) > 1 else 1
+    _check_zp(ctx, 2, "per-row", (m,), ctx.dtype(0))
+    _check_zp(ctx, 3, "per-column", (sb[-1] if len(sb) > 1 else 1,), ctx.dtype(1))
+    return [TensorMeta(shape, _dt.int32)]
+
+
+def _matmul_integer_ref(ins, attrs):
+    a, b = ins[0].astype(np.int64), ins[1].astype(np.int64)
+    if len(ins) > 2 and ins[2] is not None:
+        a = a - K.per_row(ins[2].astype(np.int64))
+    if len(ins) > 3 and ins[3] is not None:
+        b = b - K.per_col(ins[3].astype(np.int64))
+    return np.matmul(a, b).astype(np.int32)
+
+
+def _int_mm_plan(ctx):
+    return K.int_matmul_plan(ctx.shape(0)[-1], 255, 255)
+
+
+MatMulInteger = register_op(
+    "MatMulInteger", category="matmul",
+    inputs=[Input("A", _Q8), Input("B", _Q8), Input("a_zero_point", _Q8, optional=True),
+            Input("b_zero_point", _Q8, optional=True)],
+    outputs=["Y"], infer=_matmul_integer_infer, reference=_matmul_integer_ref, flops=lambda ctx: _mm_flops(ctx, 0, 1),
+    doc="int32 matmul of zero-point-shifted 8-bit operands (ONNX MatMulInteger).")
+MatMulInteger.kernel("matmul_integer_blas", dtypes=_Q8, priority=10, plan=_int_mm_plan, strided=True,
+                     doc="shifted operands in float64 on BLAS dgemm (exact below 2**53), else int64"
+                     )(K.matmul_integer)
+
+
+@api("matmul_integer", "MatMulInteger")
+def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
+    """int32 ``(a - a_zero_point) @ (b - b_zero_point)`` for uint8/int8 operands."""
+    return [a, b, a_zero_point, b_zero_point], {}
+
+
+def _qlinear_matmul_infer(ctx):
+    shape = matmul_shape(ctx, ctx.shape(0), ctx.shape(3))
+    sa, sb = ctx.shape(0), ctx.shape(3)
+    m = sa[-2] if len(sa) > 1 else 1
+    n = sb[-1] if len(sb) > 1 else 1
+    _check_zp(ctx, 1, "per-row", (m,))
+    _check_zp(ctx, 2, "per-row", (m,), ctx.dtype(0))
+    _check_zp(ctx, 4, "per-column", (n,))
+    _check_zp(ctx, 5, "per-column", (n,), ctx.dtype(3))
+    _check_zp(ctx, 6, "per-tensor", (1,))
+    _check_zp(ctx, 7, "per-tensor", (1,))
+    if not (ctx.dtype(1) == ctx.dtype(4) == ctx.dtype(6)):
+        raise DTypeError(f"QLinearMatMul: a_scale, b_scale, y_scale must share one dtype, got "
+                         f"{_dt.name(ctx.dtype(1))}, {_dt.name(ctx.dtype(4))}, {_dt.name(ctx.dtype(6))}",
+                         op="QLinearMatMul")
+    return [TensorMeta(shape, ctx.dtype(7))]
+
+
+def _qlinear_matmul_ref(ins, attrs):
+    a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = ins
+    acc = np.matmul(a.astype(np.int64) - K.per_row(a_zp.astype(np.int64)),
+                    b.astype(np.int64) - K.per_col(b_zp.astype(np.int64)))
+    scale = (K.per_row(a_s) * K.per_col(b_s) / y_s.reshape(())).astype(np.float64)
+    y = np.rint(acc * scale) + float(y_zp.reshape(()))
+    info = np.iinfo(y_zp.dtype)
+    return np.clip(y, info.min, info.max).astype(y_zp.dtype)
+
+
+QLinearMatMul = register_op(
+    "QLinearMatMul", category="matmul",
+    inputs=[Input("a", _Q8), Input("a_scale", _SCALES), Input("a_zero_point", _Q8), Input("b", _Q8),
+            Input("b_scale", _SCALES), Input("b_zero_point", _Q8), Input("y_scale", _SCALES),
+            Input("y_zero_point", _Q8)],
+    outputs=["y"], infer=_qlinear_matmul_infer, reference=_qlinear_matmul_ref,
+    flops=lambda ctx: _mm_flops(ctx, 0, 3),
+    doc="Quantized matmul: requantize((a - a_zp) @ (b - b_zp) * a_scale * b_scale / y_scale) + y_zp.")
+QLinearMatMul.kernel("qlinear_matmul_blas", dtypes=_Q8, priority=10, plan=_int_mm_plan, strided=True,
+                     doc="exact integer GEMM on BLAS dgemm, then fp64 round-half-even requantization"
+                     )(K.qlinear_matmul)
+
+
+@api("qlinear_matmul", "QLinearMatMul")
+def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+    """Quantized matmul (ONNX QLinearMatMul); output dtype is ``y_zero_point``'s."""
+    return [a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point], {}
+
+
+__all__ = ["matmul", "gemm", "linear", "einsum", "matmul_integer", "qlinear_matmul"]

@@ -1,0 +1,407 @@
+"""CPU convolution kernels: im2col + BLAS GEMM for Conv, GEMM + col2im for ConvTranspose.
+
+Three forward algorithms, chosen at prepare time:
+
+* ``gemm1x1``: 1x1 kernel, stride 1, no padding — the input already is the column
+  matrix, so one (M/g, C/g) x (C/g, H*W) GEMM per image and group; no workspace.
+* ``im2col2d``: 2-D (and 1-D, as H=1) — a numba kernel, parallel over (column row,
+  output row), unrolls each image into the executor's workspace, then BLAS multiplies
+  every group's weight slice by its slice of that buffer.
+* ``im2col_nd``: any rank (3-D) — numpy-vectorized im2col: one strided block copy per
+  kernel offset, with the slices precomputed in the plan.
+* ``depthwise2d``: group == C (one input channel per group), 1-D/2-D — a direct numba
+  loop; per-group GEMMs would be 1 x k*k x H*W and all overhead. No workspace.
+
+ConvTranspose is the adjoint: ``col = W^T @ x`` into the workspace, then col2im adds the
+columns back into the output (numba gather over output rows for 2-D, so threads never
+write the same row; per-offset strided adds for N-d). Kernels compute in float32 or
+float64; 16-bit inputs reach them through the executor's fp32 adapter.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numba as nb
+import numpy as np
+
+#: below this many column elements the serial im2col/col2im variant runs
+PARALLEL_MIN = 1 << 15
+#: workspace views start on a cache-line boundary (user buffers may not be aligned)
+ALIGN = 64
+
+
+# -- numba kernels ------------------------------------------------------------------------------
+@nb.njit(nogil=True, cache=True, inline="always")
+def _valid_range(n_iter, n_target, s, off):
+    """Indices t in [0, n_iter) with t * s + off in [0, n_target), as [lo, hi)."""
+    lo = 0 if off >= 0 else (-off + s - 1) // s
+    last = n_target - 1 - off
+    hi = 0 if last < 0 else last // s + 1
+    if hi > n_iter:
+        hi = n_iter
+    if lo > n_iter:
+        lo = n_iter
+    if hi < lo:
+        hi = lo
+    return lo, hi
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _im2col_row(x, col, t, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n):
+    # one output row (oh) of one column row r = (c, ki, kj)
+    r = t // oh_n
+    oh = t - r * oh_n
+    kk = kh * kw
+    c = r // kk
+    k = r - c * kk
+    ki = k // kw
+    kj = k - ki * kw
+    ih = oh * sh - ph + ki * dh
+    base = oh * ow_n
+    if ih < 0 or ih >= x.shape[1]:
+        for ow in range(ow_n):
+            col[r, base + ow] = 0
+        return
+    off = kj * dw - pw
+    lo, hi = _valid_range(ow_n, x.shape[2], sw, off)
+    for ow in range(lo):
+        col[r, base + ow] = 0
+    if sw == 1:  # unit stride: a contiguous run the compiler vectorizes
+        src = x[c, ih]
+        dst = col[r]
+        for ow in range(lo, hi):
+            dst[base + ow] = src[ow + off]
+    else:
+        for ow in range(lo, hi):
+            col[r, base + ow] = x[c, ih, ow * sw + off]
+    for ow in range(hi, ow_n):
+        col[r, base + ow] = 0
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def im2col2d_parallel(x, col, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n):
+    """x (C, H, W) -> col (C*kh*kw, OH*OW); zero where the window reads padding."""
+    for t in nb.prange(col.shape[0] * oh_n):
+        _im2col_row(x, col, t, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n)
+
+
+@nb.njit(nogil=True, cache=True)
+def im2col2d_serial(x, col, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n):
+    for t in range(col.shape[0] * oh_n):
+        _im2col_row(x, col, t, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _col2im_row(col, y, t, kh, kw, sh, sw, ph, pw, dh, dw, ih_n, iw_n):
+    # gather every column entry that lands on output row (m, oh); y is pre-initialised
+    oh_n = y.shape[1]
+    m = t // oh_n
+    oh = t - m * oh_n
+    for ki in range(kh):
+        a = oh + ph - ki * dh
+        if a < 0 or a % sh != 0:
+            continue
+        ih = a // sh
+        if ih >= ih_n:
+            continue
+        for kj in range(kw):
+            r = (m * kh + ki) * kw + kj
+            off = kj * dw - pw
+            lo, hi = _valid_range(iw_n, y.shape[2], sw, off)
+            base = ih * iw_n
+            for iw in range(lo, hi):
+                y[m, oh, iw * sw + off] += col[r, base + iw]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def col2im2d_parallel(col, y, kh, kw, sh, sw, ph, pw, dh, dw, ih_n, iw_n):
+    """col (M*kh*kw, IH*IW) added into y (M, OH, OW): y[m, ih*sh-ph+ki*dh, iw*sw-pw+kj*dw]."""
+    for t in nb.prange(y.shape[0] * y.shape[1]):
+        _col2im_row(col, y, t, kh, kw, sh, sw, ph, pw, dh, dw, ih_n, iw_n)
+
+
+@nb.njit(nogil=True, cache=True)
+def col2im2d_serial(col, y, kh, kw, sh, sw, ph, pw, dh, dw, ih_n, iw_n):
+    for t in range(y.shape[0] * y.shape[1]):
+        _col2im_row(col, y, t, kh, kw, sh, sw, ph, pw, dh, dw, ih_n, iw_n)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _depthwise_row(x, w, b, y, t, mult, sh, sw, ph, pw, dh, dw):
+    # output row (n, m, oh) of a depthwise conv: channel m reads input channel m // mult
+    m_n, oh_n, ow_n = y.shape[1], y.shape[2], y.shape[3]
+    n = t // (m_n * oh_n)
+    rem = t - n * m_n * oh_n
+    m = rem // oh_n
+    oh = rem - m * oh_n
+    c = m // mult
+    row = y[n, m, oh]
+    bias = b[m] if b.shape[0] > 0 else 0
+    for ow in range(ow_n):
+        row[ow] = bias
+    kh, kw = w.shape[1], w.shape[2]
+    for ki in range(kh):
+        ih = oh * sh - ph + ki * dh
+        if ih < 0 or ih >= x.shape[2]:
+            continue
+        src = x[n, c, ih]
+        for kj in range(kw):
+            wv = w[m, ki, kj]
+            off = kj * dw - pw
+            lo, hi = _valid_range(ow_n, x.shape[3], sw, off)
+            for ow in range(lo, hi):
+                row[ow] += wv * src[ow * sw + off]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def depthwise2d_parallel(x, w, b, y, mult, sh, sw, ph, pw, dh, dw):
+    """Direct depthwise conv: x (N, C, H, W), w (M, kh, kw), b (M,) or empty, y (N, M, OH, OW)."""
+    for t in nb.prange(y.shape[0] * y.shape[1] * y.shape[2]):
+        _depthwise_row(x, w, b, y, t, mult, sh, sw, ph, pw, dh, dw)
+
+
+@nb.njit(nogil=True, cache=True)
+def depthwise2d_serial(x, w, b, y, mult, sh, sw, ph, pw, dh, dw):
+    for t in range(y.shape[0] * y.shape[1] * y.shape[2]):
+        _depthwise_row(x, w, b, y, t, mult, sh, sw, ph, pw, dh, dw)
+
+
+# -- plans --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ConvPlan:
+    """Everything a conv kernel needs, fixed at prepare time (spatial tuples are per dim).
+
+    ``kind``: ``gemm1x1`` | ``depthwise2d`` | ``im2col2d`` | ``im2col_nd`` (forward) or ``col2im2d`` |
+    ``col2im_nd`` (transposed). For the 2-D kinds a 1-D problem is stored as H=1.
+    ``c``/``m``: input/output channels; ``col_shape``: the workspace's column buffer.
+    """
+
+    kind: str
+    n: int
+    c: int
+    m: int
+    g: int
+    in_sp: tuple
+    out_sp: tuple
+    k: tuple
+    s: tuple
+    d: tuple
+    pb: tuple
+    parallel: bool
+    col_shape: tuple
+    itemsize: int
+    slices: tuple = ()
+    zero_fill: bool = True  # im2col_nd: some kernel offset reads padding, so clear the buffer
+
+    @property
+    def workspace_bytes(self) -> int:
+        if self.kind in ("gemm1x1", "depthwise2d"):
+            return 0
+        return math.prod(self.col_shape) * self.itemsize + ALIGN
+
+
+def _offset_slices(n_iter: int, n_target: int, s: int, off: int):
+    """(iter slice, target slice) of t in [0, n_iter) with t*s + off in [0, n_target), or None."""
+    lo = 0 if off >= 0 else -(off // s)
+    last = n_target - 1 - off
+    hi = min(n_iter, last // s + 1) if last >= 0 else 0
+    if hi <= lo:
+        return None
+    return slice(lo, hi), slice(lo * s + off, (hi - 1) * s + off + 1, s)
+
+
+def _nd_slices(iter_sp, target_sp, k, s, d, pb):
+    """Per kernel offset j: the (iter slices, target slices) of its non-empty region."""
+    out = []
+    for j, kidx in enumerate(itertools.product(*(range(kk) for kk in k))):
+        per_dim = [_offset_slices(iter_sp[i], target_sp[i], s[i], kidx[i] * d[i] - pb[i]) for i in range(len(k))]
+        if any(p is None for p in per_dim):
+            continue
+        out.append((j, tuple(p[0] for p in per_dim), tuple(p[1] for p in per_dim)))
+    return tuple(out)
+
+
+def conv_plan(x_shape, w_shape, g, k, s, d, pb, pe, out_sp, itemsize, kind: str | None = None) -> ConvPlan:
+    """Plan a forward convolution; ``kind`` None picks the best algorithm for the shapes."""
+    n, c = int(x_shape[0]), int(x_shape[1])
+    m = int(w_shape[0])
+    in_sp = tuple(int(v) for v in x_shape[2:])
+    nd = len(in_sp)
+    if kind is None:
+        if nd <= 2 and g == c and int(w_shape[1]) == 1 and g > 1:
+            kind = "depthwise2d"
+        elif all(v == 1 for v in k) and all(v == 1 for v in s) and not any(pb) and not any(pe):
+            kind = "gemm1x1"
+        elif nd <= 2:
+            kind = "im2col2d"
+        else:
+            kind = "im2col_nd"
+    if kind in ("im2col2d", "depthwise2d") and nd == 1:
+        in_sp, out_sp, k, s, d, pb = (1,) + in_sp, (1,) + tuple(out_sp), (1,) + tuple(k), (1,) + tuple(s), \
+            (1,) + tuple(d), (0,) + tuple(pb)
+    kk = math.prod(k)
+    p = math.prod(out_sp)
+    col_shape = (g, (c // g) * kk, p)
+    parallel = (n * m if kind == "depthwise2d" else c) * kk * p >= PARALLEL_MIN
+    slices = _nd_slices(out_sp, in_sp, k, s, d, pb) if kind == "im2col_nd" else ()
+    zero_fill = len(slices) != kk or any(sl.start != 0 or sl.stop != o for _, o_sl, _ in slices
+                                         for sl, o in zip(o_sl, out_sp))
+    return ConvPlan(kind, n, c, m, g, tuple(in_sp), tuple(out_sp), tuple(k), tuple(s), tuple(d), tuple(pb),
+                    parallel, col_shape, itemsize, slices, zero_fill)
+
+
+def conv_transpose_plan(x_shape, w_shape, g, k, s, d, pb, out_sp, itemsize) -> ConvPlan:
+    n, c = int(x_shape[0]), int(x_shape[1])
+    m = int(w_shape[1]) * g
+    in_sp = tuple(int(v) for v in x_shape[2:])
+    nd = len(in_sp)
+    kind = "col2im2d" if nd <= 2 else "col2im_nd"
+    if nd == 1:
+        in_sp, out_sp, k, s, d, pb = (1,) + in_sp, (1,) + tuple(out_sp), (1,) + tuple(k), (1,) + tuple(s), \
+            (1,) + tuple(d), (0,) + tuple(pb)
+    kk = math.prod(k)
+    col_shape = (g, (m // g) * kk, math.prod(in_sp))
+    parallel = m * kk * math.prod(in_sp) >= PARALLEL_MIN
+    slices = _nd_slices(in_sp, out_sp, k, s, d, pb) if kind == "col2im_nd" else ()
+    return ConvPlan(kind, n, c, m, g, tuple(in_sp), tuple(out_sp), tuple(k), tuple(s), tuple(d), tuple(pb),
+                    parallel, col_shape, itemsize, slices)
+
+
+def workspace_view(ws: np.ndarray, dtype, shape: tuple) -> np.ndarray:
+    """The column buffer: ``ws`` (uint8) viewed as ``dtype`` from its first aligned byte."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    shift = (-ws.ctypes.data) % ALIGN
+    return ws[shift:shift + nbytes].view(dtype).reshape(shape)
+
+
+# -- forward convolution ------------------------------------------------------------------------
+def _add_bias(y: np.ndarray, b: np.ndarray | None, plan: ConvPlan) -> None:
+    if b is not None:
+        y.reshape(plan.n, plan.m, -1)[...] += b.reshape(1, plan.m, 1)
+
+
+def conv_forward(x, w, b, y, plan: ConvPlan, ws) -> None:
+    """y = conv(x, w) + b for contiguous float arrays, by ``plan.kind``."""
+    n, g = plan.n, plan.g
+    cg, mg = plan.c // g, plan.m // g
+    p = math.prod(plan.out_sp)
+    yv = y.reshape(n, g, mg, p)
+    if n == 0 or yv.size == 0:
+        return
+    wv = w.reshape(g, mg, -1)
+    if plan.kind == "depthwise2d":
+        (kh, kw), (sh, sw), (dh, dw), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
+        dw_fn = depthwise2d_parallel if plan.parallel else depthwise2d_serial
+        bias = b if b is not None else np.zeros(0, y.dtype)
+        dw_fn(x.reshape((n, plan.c) + plan.in_sp), w.reshape(plan.m, kh, kw), bias,
+              y.reshape((n, plan.m) + plan.out_sp), mg, sh, sw, ph, pw, dh, dw)
+        return
+    if plan.kind == "gemm1x1":
+        np.matmul(wv, x.reshape(n, g, cg, p), out=yv)
+    elif plan.kind == "im2col2d":
+        col = workspace_view(ws, x.dtype, plan.col_shape)
+        rows = col.reshape(plan.col_shape[0] * plan.col_shape[1], p)
+        xv = x.reshape((n, plan.c) + plan.in_sp)
+        (kh, kw), (sh, sw), (dh, dw), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
+        oh, ow = plan.out_sp
+        im2col = im2col2d_parallel if plan.parallel else im2col2d_serial
+        for i in range(n):
+            im2col(xv[i], rows, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)
+            np.matmul(wv, col, out=yv[i])
+    else:
+        col = workspace_view(ws, x.dtype, plan.col_shape)
+        cv = col.reshape((plan.c, math.prod(plan.k)) + plan.out_sp)
+        xv = x.reshape((n, plan.c) + plan.in_sp)
+        for i in range(n):
+            if plan.zero_fill:
+                col.fill(0)
+            for j, o_sl, i_sl in plan.slices:
+                cv[(slice(None), j) + o_sl] = xv[i][(slice(None),) + i_sl]
+            np.matmul(wv, col, out=yv[i])
+    _add_bias(y, b, plan)
+
+
+def conv(ins, outs, attrs, plan, ws):
+    """Conv kernel entry (all three algorithms; the plan fixes which)."""
+    conv_forward(ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], plan, ws)
+
+
+# -- transposed convolution ---------------------------------------------------------------------
+def conv_transpose(ins, outs, attrs, plan, ws):
+    """ConvTranspose: col = W_g^T @ x_g per image, then col2im into the bias-initialised output."""
+    x, w = ins[0], ins[1]
+    b = ins[2] if len(ins) > 2 else None
+    y = outs[0]
+    n, g = plan.n, plan.g
+    cg, mg = plan.c // g, plan.m // g
+    kk = math.prod(plan.k)
+    pin = math.prod(plan.in_sp)
+    yv = y.reshape((n, plan.m) + plan.out_sp)
+    if b is None:
+        y.fill(0)
+    else:
+        y.reshape(n, plan.m, -1)[...] = b.reshape(1, plan.m, 1)
+    if n == 0 or y.size == 0 or x.size == 0:
+        return
+    wt = w.reshape(g, cg, mg * kk).transpose(0, 2, 1)  # (g, mg*kk, cg) view; BLAS reads it transposed
+    xv = x.reshape(n, g, cg, pin)
+    col = workspace_view(ws, x.dtype, plan.col_shape)
+    if plan.kind == "col2im2d":
+        rows = col.reshape(plan.m * kk, pin)
+        (kh, kw), (sh, sw), (dh, dw), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
+        ih, iw = plan.in_sp
+        col2im = col2im2d_parallel if plan.parallel else col2im2d_serial
+        for i in range(n):
+            np.matmul(wt, xv[i], out=col)
+            col2im(rows, yv[i], kh, kw, sh, sw, ph, pw, dh, dw, ih, iw)
+    else:
+        cv = col.reshape((plan.m, kk) + plan.in_sp)
+        for i in range(n):
+            np.matmul(wt, xv[i], out=col)
+            for j, i_sl, o_sl in plan.slices:
+                yv[i][(slice(None),) + o_sl] += cv[(slice(None), j) + i_sl]
+
+
+# -- integer / quantized convolution --------------------------------------------------------------
+def shifted_conv(x, w, x_zp, w_zp, plan: ConvPlan, ws) -> np.ndarray:
+    """conv(x - x_zp, w - w_zp) exactly, in float64 (|sums| stay far below 2**53)."""
+    xs = x.astype(np.float64)
+    if x_zp is not None:
+        xs -= float(x_zp.reshape(()))
+    wsh = w.astype(np.float64)
+    if w_zp is not None:
+        wsh -= w_zp.astype(np.float64).reshape((-1,) + (1,) * (w.ndim - 1)) if w_zp.size > 1 else \
+            float(w_zp.reshape(()))
+    acc = np.empty((plan.n, plan.m) + tuple(plan.out_sp), np.float64)
+    conv_forward(xs, wsh, None, acc, plan, ws)
+    return acc
+
+
+def conv_integer(ins, outs, attrs, plan, ws):
+    """ConvInteger: int32 conv of zero-point-shifted 8-bit data (padding is 0 after the shift)."""
+    x, w = ins[0], ins[1]
+    x_zp = ins[2] if len(ins) > 2 else None
+    w_zp = ins[3] if len(ins) > 3 else None
+    acc = shifted_conv(x, w, x_zp, w_zp, plan, ws)
+    np.copyto(outs[0], acc.reshape(outs[0].shape), casting="unsafe")
+
+
+def qlinear_conv(ins, outs, attrs, plan, ws):
+    """QLinearConv: exact integer conv (+ int32 bias), then round-half-even requantization."""
+    x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp = ins[:8]
+    b = ins[8] if len(ins) > 8 else None
+    acc = shifted_conv(x, w, x_zp, w_zp, plan, ws)
+    acc = acc.reshape(plan.n, plan.m, -1)
+    if b is not None:
+        acc += b.astype(np.float64).reshape(1, plan.m, 1)
+    w_s = w_s.reshape(1, plan.m, 1) if w_s.size > 1 else w_s.reshape(())
+    scale = (x_s.reshape(()) * w_s / y_s.reshape(())).astype(np.float64)  # formed in the scales' dtype
+    r = acc * scale
+    np.rint(r, out=r)
+    r += float(y_zp.reshape(()))
+    info = np.iinfo(outs[0].dtype)
+    np.clip(r, info.min, info.max, out=r)
+    np.copyto(outs[0], r.reshape(outs[0].shape), casting="unsafe")
