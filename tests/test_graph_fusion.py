@@ -141,3 +141,29 @@ def test_transformer_mlp_block_shrinks(rng):
                 ["LayerNormalization", "opsnn::FusedMatMul", "opsnn::FusedMatMul"], rtol=1e-4, atol=1e-4)
     before, after = cg.pass_report.nodes_before, cg.pass_report.nodes_after
     assert (before, after) == (19, 3) and 1 - after / before > 0.8
+
+
+def test_elementwise_chain_becomes_one_generated_kernel(rng):
+    init = {"k": np.array(0.5, np.float32), "b": np.array(-0.25, np.float32)}
+    g = Graph("chain", inputs=[Value("x", np.float32, ("B", 64)), Value("y", np.float32, ("B", 64))], outputs=["out"],
+              initializers=init,
+              nodes=[Node("Mul", ["x", "y"], ["m"]), Node("Mul", ["m", "k"], ["mk"]), Node("Add", ["mk", "b"], ["a"]),
+                     Node("Tanh", ["a"], ["t"]), Node("Sub", ["t", "x"], ["s"]), Node("Relu", ["s"], ["out"])])
+    cg = _check(g, {"x": _f32(rng, 3, 64), "y": _f32(rng, 3, 64)}, ["opsnn::FusedElementwise"])
+    node = cg.graph.nodes[0]
+    assert node.inputs == ["x", "y"] and len(node.attrs_origin) == 6
+    # a second graph with the same chain reuses the generated kernel (one per chain signature)
+    from opsnn.kernels.cpu import codegen
+
+    n_before = len(codegen._kernels)
+    cg2 = opsnn.compile(g)
+    cg2.run({"x": _f32(rng, 2, 64), "y": _f32(rng, 2, 64)})
+    assert len(codegen._kernels) == n_before
+
+
+def test_elementwise_fusion_stops_at_broadcasts_and_shared_values(rng):
+    g = Graph("mixed", inputs=[Value("x", np.float32, (4, 8)), Value("v", np.float32, (8,))], outputs=["o", "e"],
+              nodes=[Node("Exp", ["x"], ["e"]), Node("Neg", ["e"], ["n"]), Node("Add", ["n", "v"], ["a"]),
+                     Node("Relu", ["a"], ["o"])])
+    cg = _check(g, {"x": _f32(rng, 4, 8), "v": _f32(rng, 8)}, ["Exp", "Neg", "Add", "Relu"])
+    assert cg.pass_report.by_name("elementwise_fusion").changes == 0

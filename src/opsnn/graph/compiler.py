@@ -404,7 +404,9 @@ class CompiledGraph:
             if op.workspace_size:
                 off = mem.offsets[f"__ws{i}"]
                 ws = arena[off:off + op.workspace_size]
-            late = any(n in feeds for n in node.inputs) or any(n in graph_outputs for n in node.outputs)
+            # bound per run: steps that read inputs or write/read the outputs handed to the caller
+            late = any(n in feeds or n in graph_outputs for n in node.inputs) or \
+                any(n in graph_outputs for n in node.outputs)
             in_t = [tensors.get(n) if n else None for n in node.inputs]
             out_t = [tensors.get(n) for n in node.outputs]
             ex = _ex.Executor(rec, op.ctx, op.selection, op.plan, op.workspace_size,

@@ -332,6 +332,12 @@ def _rule_pass(group: str):
     return run_rules
 
 
+def _elementwise_fusion(graph: Graph, res: PassResult) -> None:
+    from .elementwise_fusion import elementwise_fusion
+
+    elementwise_fusion(graph, res)
+
+
 PASSES: list[Pass] = [
     Pass("eliminate_noops", eliminate_noops, 1, "Identity/Dropout/no-op Cast/Reshape elimination"),
     Pass("constant_folding", constant_folding, 1, "evaluate constant subgraphs at compile time"),
@@ -345,6 +351,8 @@ PASSES: list[Pass] = [
     Pass("user_rewrites", user_rewrites, 2, "user-registered rewrite rules"),
     Pass("epilogue_fusion", _rule_pass("epilogue_fusion"), 2,
          "bias, activation and residual add into Conv/MatMul epilogues"),
+    Pass("elementwise_fusion", lambda g, r: _elementwise_fusion(g, r), 2,
+         "same-shape elementwise chains -> one generated numba kernel"),
     Pass("final_dead_code_elimination", dead_code_elimination, 1, "clean up after fusions"),
 ]
 

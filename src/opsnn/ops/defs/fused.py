@@ -167,3 +167,62 @@ FusedMatMul = register_op(
 FusedMatMul.kernel("matmul_epilogue", dtypes=_F32_64, priority=10, plan=_fused_mm_plan)(_fused_mm_kernel)
 
 __all__: list[str] = []
+
+
+# -- FusedElementwise -----------------------------------------------------------------------------------
+def _program(op: str, attrs: dict) -> list:
+    import json
+
+    from ...kernels.cpu.codegen import TEMPLATES
+
+    prog = attrs.get("program")
+    prog = json.loads(prog.decode() if isinstance(prog, bytes) else prog) if isinstance(prog, (str, bytes)) else prog
+    if not isinstance(prog, list) or not prog:
+        raise ParamInvalidError(f"{op}: attribute 'program' must be a non-empty JSON list of steps", op=op)
+    for step in prog:
+        if step[0] not in TEMPLATES:
+            raise ParamInvalidError(f"{op}: program step op {step[0]!r} is not fusible; fusible: {sorted(TEMPLATES)}",
+                                    op=op)
+    return prog
+
+
+def _fused_ew_infer(ctx):
+    shape = tuple(ctx.shape(0))
+    for i in range(1, len(ctx.inputs)):
+        if tuple(ctx.shape(i)) != shape or ctx.dtype(i) != ctx.dtype(0):
+            raise InferShapeError(f"FusedElementwise: input {i} is {ctx.shape(i)} {ctx.dtype(i)}, expected {shape} "
+                                  f"{ctx.dtype(0)} (fused chains take same-shape inputs)", op="FusedElementwise")
+    _program("FusedElementwise", ctx.attrs)
+    return [TensorMeta(shape, ctx.dtype(0))]
+
+
+def _fused_ew_ref(ins, attrs):
+    import math
+
+    from ...kernels.cpu.codegen import expression_lines
+
+    prog = _program("FusedElementwise", attrs)
+    env = {"np": np, "_erf": np.vectorize(math.erf, otypes=[np.float64])}
+    env.update({f"x{j}": a.astype(np.float64) for j, a in enumerate(ins)})
+    for line in expression_lines(prog, "numpy", [f"x{j}" for j in range(len(ins))]):
+        exec(line, env)  # noqa: S102 - the program is a list of known templates
+    return np.asarray(env[f"t{len(prog) - 1}"]).astype(ins[0].dtype)
+
+
+def _fused_ew_plan(ctx):
+    from ...kernels.cpu.codegen import get_kernel
+
+    par, ser = get_kernel(_program("FusedElementwise", ctx.attrs), len(ctx.inputs))
+    return par if int(np.prod(ctx.shape(0))) >= (1 << 15) else ser
+
+
+def _fused_ew_kernel(ins, outs, attrs, plan, ws):
+    plan(outs[0].reshape(-1), *[a.reshape(-1) for a in ins])
+
+
+FusedElementwise = register_op(
+    "FusedElementwise", domain="opsnn", category="elementwise",
+    inputs=[Input("X", _dt.FLOATS, variadic=True)], outputs=["Y"], attrs=[Attr("program", "string")],
+    infer=_fused_ew_infer, reference=_fused_ew_ref,
+    doc="a chain of elementwise ops as one generated numba kernel (one pass over memory)")
+FusedElementwise.kernel("elementwise_codegen", dtypes=_F32_64, priority=10, plan=_fused_ew_plan)(_fused_ew_kernel)

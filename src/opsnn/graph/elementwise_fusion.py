@@ -1,0 +1,110 @@
+"""Elementwise-chain fusion: maximal groups of same-shape elementwise ops (single consumers,
+scalar constants allowed) become one ``opsnn::FusedElementwise`` node whose generated numba
+kernel reads each input once and writes once (see kernels/cpu/codegen.py)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..kernels.cpu.codegen import TEMPLATES
+from .ir import Graph, Node
+from .shape_inference import infer_types
+
+_FLOAT_KINDS = "f"
+_BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
+
+
+def _scalar_const(graph: Graph, name: str):
+    a = graph.initializers.get(name)
+    if a is not None and a.size == 1 and a.dtype.kind in "fiu":
+        return float(a.reshape(-1)[0])
+    return None
+
+
+def elementwise_fusion(graph: Graph, res) -> None:
+    metas = infer_types(graph)
+    producers = graph.producers()
+    consumers = graph.consumers()
+    outputs = set(graph.output_names)
+    index = {id(n): i for i, n in enumerate(graph.nodes)}
+
+    def out_meta(n: Node):
+        return metas.get(n.outputs[0]) if n.outputs else None
+
+    def fusible(n: Node):
+        if n.domain or n.op_type not in TEMPLATES or len(n.outputs) != 1 or any(True for _ in n.subgraphs()):
+            return False
+        if n.op_type == "Gelu" and (n.attrs.get("approximate", "none") not in ("none", b"none")):
+            return False
+        if n.op_type in _BINARY and len([i for i in n.inputs if i]) != 2:
+            return False
+        m = out_meta(n)
+        if m is None or np.dtype(m.dtype).kind not in _FLOAT_KINDS or None in m.shape:
+            return False
+        for v in n.inputs:
+            if not v:
+                return False
+            if _scalar_const(graph, v) is not None:
+                continue
+            vm = metas.get(v)
+            if vm is None or tuple(vm.shape) != tuple(m.shape) or vm.dtype != m.dtype:
+                return False
+        return True
+
+    assigned: set = set()
+    groups = []
+    for n in reversed(graph.nodes):
+        if id(n) in assigned or not fusible(n):
+            continue
+        group, frontier = [n], [n]
+        assigned.add(id(n))
+        while frontier:
+            m = frontier.pop()
+            for v in m.inputs:
+                p = producers.get(v)
+                if p is None or id(p) in assigned or not fusible(p):
+                    continue
+                if v in outputs or len(consumers.get(v, [])) != 1:
+                    res.refuse(f"{p.name} -> {m.name}: {v!r} has other consumers or is a graph output")
+                    continue
+                group.append(p)
+                assigned.add(id(p))
+                frontier.append(p)
+        if len(group) >= 2:
+            groups.append(sorted(group, key=lambda x: index[id(x)]))
+        else:
+            assigned.discard(id(n))
+    if not groups:
+        return
+    replace = {}
+    for group in groups:
+        root = group[-1]
+        inputs: list[str] = []
+        step_of = {}
+        program = []
+        for k, node in enumerate(group):
+            args = []
+            for v in node.inputs:
+                if v in step_of:
+                    args.append(["step", step_of[v]])
+                elif _scalar_const(graph, v) is not None:
+                    args.append(["const", _scalar_const(graph, v)])
+                else:
+                    if v not in inputs:
+                        inputs.append(v)
+                    args.append(["in", inputs.index(v)])
+            attrs = {"alpha": float(node.attrs["alpha"])} if node.op_type in ("Swish", "LeakyRelu") and \
+                "alpha" in node.attrs else {}
+            program.append([node.op_type, args, attrs])
+            step_of[node.outputs[0]] = k
+        if not inputs:  # all-constant chains are constant folding's job
+            continue
+        fused = Node("FusedElementwise", inputs, list(root.outputs), {"program": json.dumps(program)},
+                     domain="opsnn", name=graph.unique_name(f"FusedElementwise_{root.name}"))
+        fused.attrs_origin = [x.name for x in group]
+        replace[id(root)] = fused
+        for x in group[:-1]:
+            replace[id(x)] = None
+        res.note(f"fused {len(group)} ops ({' -> '.join(x.op_type for x in group)}) into {fused.name}")
+    graph.nodes = [replace.get(id(n), n) for n in graph.nodes if replace.get(id(n), n) is not None]
