@@ -43,3 +43,11 @@ def disable_passes(names) -> None:
     from .graph.passes import disable_passes as _disable
 
     _disable(names)
+
+
+def allow_mix_precision(policy: dict | None) -> None:
+    """Per-op-type compute dtypes for compiled graphs, e.g.
+    ``{"MatMul": "float16", "LayerNorm": "float32", "Softmax": "bfloat16"}`` (None clears)."""
+    from .graph.mixed_precision import set_policy
+
+    set_policy(policy)

@@ -338,6 +338,12 @@ def _elementwise_fusion(graph: Graph, res: PassResult) -> None:
     elementwise_fusion(graph, res)
 
 
+def _mixed_precision(graph: Graph, res: PassResult) -> None:
+    from .mixed_precision import apply_mixed_precision
+
+    apply_mixed_precision(graph, res)
+
+
 PASSES: list[Pass] = [
     Pass("eliminate_noops", eliminate_noops, 1, "Identity/Dropout/no-op Cast/Reshape elimination"),
     Pass("constant_folding", constant_folding, 1, "evaluate constant subgraphs at compile time"),
@@ -353,6 +359,8 @@ PASSES: list[Pass] = [
          "bias, activation and residual add into Conv/MatMul epilogues"),
     Pass("elementwise_fusion", lambda g, r: _elementwise_fusion(g, r), 2,
          "same-shape elementwise chains -> one generated numba kernel"),
+    Pass("mixed_precision", lambda g, r: _mixed_precision(g, r), 3,
+         "per-op-type compute dtypes from opsnn.config.allow_mix_precision"),
     Pass("final_dead_code_elimination", dead_code_elimination, 1, "clean up after fusions"),
 ]
 

@@ -1,0 +1,124 @@
+"""Mixed precision: per-op-type compute dtypes (``opsnn.config.allow_mix_precision``).
+
+Listed op types run in their dtype (inputs cast, constant weights converted once, so 16-bit
+weights take half the memory); every other float op stays float32. Casts are shared between
+consumers and never stacked (a value cast down and back up reuses the original), and graph
+outputs keep their declared dtypes::
+
+    opsnn.config.allow_mix_precision({"MatMul": "float16", "LayerNorm": "float32", "Softmax": "bfloat16"})
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import ParamInvalidError
+from ..ops.registry import has_op
+from .ir import Graph, Node
+from .pattern import ALIASES
+from .shape_inference import infer_types
+
+#: fused ops follow the policy of the op they were made from
+_ORIGIN = {"FusedMatMul": "MatMul", "FusedConv": "Conv", "FusedElementwise": "Add"}
+_policy: dict = {}
+
+
+def set_policy(policy: dict | None) -> None:
+    """Set (or with None/{} clear) the op-type -> compute dtype policy."""
+    new = {}
+    for op, dt in (policy or {}).items():
+        name = ALIASES.get(op, op)
+        d = _dt.get(dt)
+        if not _dt.is_float(d):
+            raise ParamInvalidError(f"allow_mix_precision: {op!r} -> {dt!r}: compute dtypes must be floats")
+        if not has_op(name) and name not in _ORIGIN.values():
+            raise ParamInvalidError(f"allow_mix_precision: unknown op type {op!r}")
+        new[name] = d
+    _policy.clear()
+    _policy.update(new)
+
+
+def policy() -> dict:
+    return dict(_policy)
+
+
+def _target(node: Node, pol: dict):
+    op = _ORIGIN.get(node.op_type, node.op_type) if node.domain == "opsnn" else node.op_type
+    return pol.get(op, _dt.float32)
+
+
+def apply_mixed_precision(graph: Graph, res, pol: dict | None = None) -> None:
+    pol = _policy if pol is None else pol
+    if not pol or all(d == _dt.float32 for d in pol.values()):
+        return
+    metas = infer_types(graph)
+    vdtype = {k: np.dtype(m.dtype) for k, m in metas.items()}
+    cast_memo: dict = {}   # (source, dtype) -> value name
+    cast_src: dict = {}    # cast value -> (source, source dtype)
+    new_nodes: list[Node] = []
+    converted_weights = 0
+
+    def as_dtype(v: str, dt) -> str:
+        cur = vdtype.get(v)
+        if cur is None or cur == dt or not _dt.is_float(cur):
+            return v
+        src = cast_src.get(v)
+        if src is not None and src[1] == dt:  # cast back down/up: reuse the original value
+            return src[0]
+        key = (v, dt)
+        if key in cast_memo:
+            return cast_memo[key]
+        if v in graph.initializers and graph.initializers[v].dtype.kind == "f":
+            name = graph.unique_name(f"{v}_{_dt.name(dt)}")
+            graph.initializers[name] = graph.initializers[v].astype(dt)
+            nonlocal converted_weights
+            converted_weights += 1
+        else:
+            name = graph.unique_name(f"{v}_{_dt.name(dt)}")
+            new_nodes.append(Node("Cast", [v], [name], {"to": int(_onnx_type(dt))},
+                                  name=graph.unique_name(f"Cast_{v}_{_dt.name(dt)}")))
+            res.note(f"cast {v!r} {_dt.name(cur)} -> {_dt.name(dt)}")
+        cast_memo[key] = name
+        cast_src[name] = (v, cur)
+        vdtype[name] = np.dtype(dt)
+        return name
+
+    for node in graph.nodes:
+        outs_float = all(o and vdtype.get(o) is not None and _dt.is_float(vdtype[o]) for o in node.outputs)
+        ins_float = [i for i in node.inputs if i and vdtype.get(i) is not None and _dt.is_float(vdtype[i])]
+        if node.op_type == "Cast" or not outs_float or not ins_float:
+            # dtype-changing or non-float nodes keep their inputs as they were produced in fp32 graphs
+            node.inputs = [as_dtype(i, _dt.float32) if i and node.op_type != "Cast" and
+                           vdtype.get(i) is not None and _dt.is_float(vdtype[i]) and
+                           vdtype[i] != metas.get(i, vdtype[i]).dtype else i for i in node.inputs]
+            new_nodes.append(node)
+            continue
+        target = np.dtype(_target(node, pol))
+        node.inputs = [as_dtype(i, target) if i in ins_float else i for i in node.inputs]
+        for o in node.outputs:
+            if o:
+                vdtype[o] = target
+        new_nodes.append(node)
+    # graph outputs keep their declared dtype
+    for out in graph.outputs:
+        want = metas.get(out.name)
+        if want is None or vdtype.get(out.name) == np.dtype(want.dtype):
+            continue
+        producer = next(n for n in new_nodes if out.name in n.outputs)
+        inner = graph.unique_name(f"{out.name}_{_dt.name(vdtype[out.name])}")
+        producer.outputs = [inner if o == out.name else o for o in producer.outputs]
+        for n in new_nodes:
+            n.inputs = [inner if i == out.name else i for i in n.inputs]
+        new_nodes.append(Node("Cast", [inner], [out.name], {"to": int(_onnx_type(np.dtype(want.dtype)))},
+                              name=graph.unique_name(f"Cast_{out.name}")))
+        res.note(f"output {out.name!r} cast back to {_dt.name(want.dtype)}")
+    graph.nodes = new_nodes
+    graph.sort()
+    if converted_weights:
+        res.log.append(f"{converted_weights} constant weight(s) stored in 16-bit")
+
+
+def _onnx_type(dt) -> int:
+    from onnx import helper
+
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dt))
