@@ -108,6 +108,22 @@ def cmd_analyze(args) -> int:
     return 0
 
 
+def cmd_plot(args) -> int:
+    import opsnn
+    from .tools.plot import GraphvizMissingError
+
+    graph = opsnn.onnx.load(args.model)
+    if args.optimized:
+        graph = opsnn.compile(graph).graph
+    try:
+        out = opsnn.plot_graph(graph, args.output)
+    except GraphvizMissingError as exc:
+        print(f"opsnn plot: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
 def cmd_conformance(argv) -> int:
     from .onnx import conformance
 
@@ -137,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--json", help="write the report as JSON here")
     p.set_defaults(fn=cmd_analyze)
+    p = sub.add_parser("plot", help="draw a model's graph with Graphviz (pdf, svg, png or dot)")
+    p.add_argument("model", help="an .onnx file")
+    p.add_argument("-o", "--output", default="graph.pdf")
+    p.add_argument("--optimized", action="store_true", help="draw the graph after opsnn's passes (fusions shown)")
+    p.set_defaults(fn=cmd_plot)
     sub.add_parser("conformance", help="run ONNX's node test cases (see 'opsnn conformance --help')")
     args = parser.parse_args(argv)
     if getattr(args, "batch", 1) < 1 or getattr(args, "repeat", 1) < 1:
