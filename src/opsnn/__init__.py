@@ -17,12 +17,13 @@ from . import aclnn, config, models, tools
 from .tools import profiler
 from .tools.plot import plot_graph
 from . import debug, graph, optimize
+from . import onnx
 from .graph.compiler import CompiledGraph, compile
 from .graph.pattern import GraphPattern, GraphTemplate
 
 __version__ = "0.1.0"
 
-__all__ = ["plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
+__all__ = ["onnx", "plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
            "empty", "errors", "finalize", "from_dlpack", "from_numpy", "full", "hooks", "init",
            "is_initialized", "kernel_selector", "memory", "ones", "ops", "profiler", "tools", "register_kernel", "register_op",
            "tensor", "zeros"]
