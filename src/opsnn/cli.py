@@ -124,6 +124,31 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    import opsnn
+
+    graph = opsnn.onnx.load(args.model)
+    if args.inputs:
+        data = np.load(args.inputs)
+        feeds = {k: data[k] for k in data.files}
+    else:
+        rng = np.random.default_rng(args.seed)
+        feeds = {}
+        for v in graph.inputs:
+            if v.name in graph.initializers:
+                continue
+            shape = tuple(d if isinstance(d, int) and d >= 0 else 1 for d in (v.shape or ()))
+            dt = v.dtype or np.dtype(np.float32)
+            feeds[v.name] = (rng.standard_normal(shape).astype(dt) if dt.kind == "f"
+                             else rng.integers(0, 2, shape).astype(dt))
+    dtype = args.dtype
+    if "=" in dtype:  # a policy: MatMul=float16,Softmax=float32
+        dtype = dict(item.split("=", 1) for item in dtype.split(","))
+    rep = opsnn.tools.precision_compare(graph, feeds, dtype=dtype, tolerance=args.tol)
+    print(rep.format(top=args.top))
+    return 0
+
+
 def cmd_conformance(argv) -> int:
     from .onnx import conformance
 
@@ -158,6 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", default="graph.pdf")
     p.add_argument("--optimized", action="store_true", help="draw the graph after opsnn's passes (fusions shown)")
     p.set_defaults(fn=cmd_plot)
+    p = sub.add_parser("compare", help="precision compare: fp32 vs float16/bfloat16/a policy, node by node")
+    p.add_argument("model", help="an .onnx file")
+    p.add_argument("--dtype", default="float16", help="float16, bfloat16, or a policy like MatMul=float16,Softmax=float32")
+    p.add_argument("--inputs", help=".npz with the inputs (default: seeded random inputs, symbolic dims = 1)")
+    p.add_argument("--tol", type=float, default=1e-2)
+    p.add_argument("--top", type=int, default=15)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_compare)
     sub.add_parser("conformance", help="run ONNX's node test cases (see 'opsnn conformance --help')")
     args = parser.parse_args(argv)
     if getattr(args, "batch", 1) < 1 or getattr(args, "repeat", 1) < 1:

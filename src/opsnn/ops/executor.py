@@ -163,9 +163,10 @@ class Executor:
                 xs = [a.astype(np.float32) if a is not None and _dt.is_low_precision(a.dtype) else a for a in xs]
                 tmp = [np.empty(o.shape, np.float32) if _dt.is_low_precision(o.dtype) else o for o in outs]
                 fn(xs, tmp, attrs, plan, ws)
-                for o, t in zip(outs, tmp):
-                    if t is not o:
-                        np.copyto(o, t, casting="unsafe")
+                with np.errstate(over="ignore"):  # values beyond the 16-bit range become inf, as cast does
+                    for o, t in zip(outs, tmp):
+                        if t is not o:
+                            np.copyto(o, t, casting="unsafe")
         elif prepare_inputs is not None:
             def task():
                 fn(prepare_inputs(), outs, attrs, plan, ws)
