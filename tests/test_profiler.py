@@ -116,3 +116,20 @@ def test_profiling_across_finalize_stops_cleanly():
         opsnn.finalize()
     assert not hooks.active and len(p.kernels) == 1
     opsnn.init()
+
+
+def test_opsnn_debug_levels_print_choices_and_kernel_lines(capsys):
+    from opsnn.tools import debug_log
+
+    x = opsnn.tensor(np.ones((33, 17), np.float32))
+    debug_log.set_level(2)
+    try:
+        opsnn.ops.relu(x)
+        opsnn.ops.matmul(x, x.T.contiguous())
+    finally:
+        debug_log.set_level(0)
+    err = capsys.readouterr().err
+    assert "[opsnn] prepare Relu: relu_numba" in err
+    line = next(l for l in err.splitlines() if l.startswith("[opsnn] MatMul"))
+    assert "GFLOP/s" in line and "GB/s" in line and "ms" in line
+    assert not hooks.active

@@ -23,6 +23,10 @@ from .graph.pattern import GraphPattern, GraphTemplate
 
 __version__ = "0.1.0"
 
+from .tools import debug_log as _debug_log
+
+_debug_log.configure_from_env()
+
 __all__ = ["onnx", "plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
            "empty", "errors", "finalize", "from_dlpack", "from_numpy", "full", "hooks", "init",
            "is_initialized", "kernel_selector", "memory", "ones", "ops", "profiler", "tools", "register_kernel", "register_op",
