@@ -1,0 +1,563 @@
+"""CPU kernels of the shape/index family: strided copies, index-map gathers, row gathers, resampling.
+
+Data movement works on raw bits: every array is viewed as unsigned integers of its
+itemsize (1, 2, 4 or 8 bytes), so one numba specialisation per width serves every dtype
+(bool, float16, bfloat16, int64, ...) and compile time stays small.
+
+The planners here run at prepare time and turn an op into a list of :class:`CopyPlan`
+(a strided view of an input copied into a strided view of an output). Coalescing merges
+dims that are contiguous in both views; the plan then picks
+
+* ``numpy``: small copies (numba's parallel launch costs ~10 µs) — one ``np.copyto``;
+* ``rows``: rows contiguous (or uniformly strided) in both, split across threads;
+* ``tiles``: a transpose-like copy (the source's unit-stride dim is not the destination's),
+  done in cache-sized square tiles so both reads and writes stay in cache.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numba as nb
+import numpy as np
+
+#: copies smaller than this run through numpy (a numba parallel launch costs ~10 µs)
+PARALLEL_MIN_BYTES = 1 << 16
+#: long rows are split into chunks of this many elements so one row still spreads over threads
+ROW_CHUNK = 1 << 15
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def bit_copyable(dtype: np.dtype) -> bool:
+    """True when a dtype can be moved as raw 1/2/4/8-byte words (not object/string/complex)."""
+    return dtype.itemsize in _UINT and not dtype.hasobject and dtype.kind not in "USO"
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    """Flat unsigned-integer view of a C-contiguous array (no copy)."""
+    return a.reshape(-1).view(_UINT[a.dtype.itemsize])
+
+
+def contiguous_strides(shape) -> tuple:
+    """Element strides of a C-contiguous array of ``shape``."""
+    st = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        st[k] = st[k + 1] * max(int(shape[k + 1]), 1)
+    return tuple(st)
+
+
+# ---------------------------------------------------------------------------------------------
+# numba kernels (flat unsigned-int arrays; offsets and strides in elements)
+# ---------------------------------------------------------------------------------------------
+@nb.njit(parallel=True, nogil=True, cache=True)
+def copy_rows(src, soff, sstr, dst, doff, dstr, oshape, rowlen, s_in, d_in, chunk):
+    """dst[doff + i·dstr + j·d_in] = src[soff + i·sstr + j·s_in] for every outer index i and j < rowlen."""
+    nd = oshape.size
+    nrows = 1
+    for k in range(nd):
+        nrows *= oshape[k]
+    nchunks = (rowlen + chunk - 1) // chunk
+    for t in nb.prange(nrows * nchunks):
+        r = t // nchunks
+        c = t - r * nchunks
+        s = soff
+        d = doff
+        rem = r
+        for k in range(nd - 1, -1, -1):
+            q = rem // oshape[k]
+            i = rem - q * oshape[k]
+            rem = q
+            s += i * sstr[k]
+            d += i * dstr[k]
+        j0 = c * chunk
+        j1 = min(rowlen, j0 + chunk)
+        if s_in == 1 and d_in == 1:
+            dst[d + j0:d + j1] = src[s + j0:s + j1]
+        else:
+            # every position is >= 0 by construction; unsigned indices skip numba's wraparound code
+            for j in range(j0, j1):
+                dst[nb.uint64(d + j * d_in)] = src[nb.uint64(s + j * s_in)]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def copy_tiles(src, soff, sstr, dst, doff, dstr, oshape, na, sa, nb_, db, tile):
+    """Transpose-like copy in ``tile``×``tile`` blocks: dim a has unit stride in dst (stride sa > 0
+    in src), dim b has unit stride in src (stride db > 0 in dst); the remaining (outer) dims are
+    described by oshape/sstr/dstr. Inner indices are unsigned so LLVM emits no negative-index
+    wraparound code in the hot loop."""
+    nd = oshape.size
+    nrows = 1
+    for k in range(nd):
+        nrows *= oshape[k]
+    ta = (na + tile - 1) // tile
+    tb = (nb_ + tile - 1) // tile
+    per = ta * tb
+    usa = nb.uint64(sa)
+    udb = nb.uint64(db)
+    for t in nb.prange(nrows * per):
+        r = t // per
+        rest = t - r * per
+        ia = rest // tb
+        ib = rest - ia * tb
+        s = soff
+        d = doff
+        rem = r
+        for k in range(nd - 1, -1, -1):
+            q = rem // oshape[k]
+            i = rem - q * oshape[k]
+            rem = q
+            s += i * sstr[k]
+            d += i * dstr[k]
+        a0 = ia * tile
+        a1 = min(na, a0 + tile)
+        b0 = ib * tile
+        b1 = min(nb_, b0 + tile)
+        us = nb.uint64(s)
+        ud = nb.uint64(d)
+        for b in range(b0, b1):
+            ub = nb.uint64(b)
+            sb_ = us + ub
+            db_ = ud + ub * udb
+            for a in range(a0, a1):
+                ua = nb.uint64(a)
+                dst[db_ + ua] = src[sb_ + ua * usa]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def gather_maps(src, dst, oshape, sstr, maps, moff, fill, lo, hi, shift):
+    """dst[i0..in] = src[Σ maps_k[i_k]·sstr_k], or ``fill`` where any map entry is -1.
+
+    ``maps`` concatenates one int64 map per output dim (offsets ``moff``). On the last dim,
+    positions [lo, hi) map to j + shift with unit source stride (a plain row copy)."""
+    nd = oshape.size
+    last = oshape[nd - 1]
+    ml = moff[nd - 1]
+    usl = nb.uint64(sstr[nd - 1])
+    nrows = 1
+    for k in range(nd - 1):
+        nrows *= oshape[k]
+    for r in nb.prange(nrows):
+        rem = r + 0  # a copy: numba rejects writes to (an alias of) the prange index
+        s = 0
+        valid = True
+        for k in range(nd - 2, -1, -1):
+            q = rem // oshape[k]
+            i = rem - q * oshape[k]
+            rem = q
+            m = maps[moff[k] + i]
+            if m < 0:
+                valid = False
+            s += m * sstr[k]
+        ud = nb.uint64(r * last)
+        if not valid:
+            for j in range(last):
+                dst[ud + nb.uint64(j)] = fill
+            continue
+        us = nb.uint64(s)
+        for j in range(lo):
+            m = maps[ml + j]
+            dst[ud + nb.uint64(j)] = src[us + nb.uint64(m) * usl] if m >= 0 else fill
+        if hi > lo:
+            ushift = nb.uint64(s + lo + shift)
+            for j in range(hi - lo):
+                uj = nb.uint64(j)
+                dst[ud + nb.uint64(lo) + uj] = src[ushift + uj]
+        for j in range(hi, last):
+            m = maps[ml + j]
+            dst[ud + nb.uint64(j)] = src[us + nb.uint64(m) * usl] if m >= 0 else fill
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def gather_rows(src, idx, dst, outer, n, inner):
+    """ONNX Gather on (outer, n, inner) data with flat (already range-checked) indices."""
+    m = idx.size
+    for t in nb.prange(outer * m):
+        o = t // m
+        j = t - o * m
+        k = idx[j]
+        if k < 0:
+            k += n
+        s = (o * n + k) * inner
+        dst[t * inner:(t + 1) * inner] = src[s:s + inner]
+
+
+@nb.njit(nogil=True, cache=True)
+def first_bad_index(idx, n):
+    """Position of the first index outside [-n, n), or -1."""
+    for i in range(idx.size):
+        v = idx[i]
+        if v < -n or v >= n:
+            return i
+    return -1
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def resample_axis(src, dst, outer, n_in, inner, idx, coef):
+    """dst[o, j, :] = Σ_t coef[j, t] · src[o, idx[j, t], :] on (outer, n_in, inner) → (outer, n_out, inner)."""
+    n_out = idx.shape[0]
+    ntap = idx.shape[1]
+    uinner = nb.uint64(inner)
+    if inner == 1:
+        for o in nb.prange(outer):
+            us = nb.uint64(o * n_in)
+            ud = nb.uint64(o * n_out)
+            for j in range(n_out):
+                acc = coef[j, 0] * src[us + nb.uint64(idx[j, 0])]
+                for k in range(1, ntap):
+                    acc += coef[j, k] * src[us + nb.uint64(idx[j, k])]
+                dst[ud + nb.uint64(j)] = acc
+        return
+    for t in nb.prange(outer * n_out):
+        o = t // n_out
+        j = t - o * n_out
+        ud = nb.uint64(t) * uinner
+        c = coef[j, 0]
+        us = nb.uint64(o * n_in + idx[j, 0]) * uinner
+        for i in range(inner):
+            ui = nb.uint64(i)
+            dst[ud + ui] = c * src[us + ui]
+        for k in range(1, ntap):
+            c = coef[j, k]
+            if c == 0:
+                continue
+            us = nb.uint64(o * n_in + idx[j, k]) * uinner
+            for i in range(inner):
+                ui = nb.uint64(i)
+                dst[ud + ui] += c * src[us + ui]
+
+
+# ---------------------------------------------------------------------------------------------
+# strided-copy planning
+# ---------------------------------------------------------------------------------------------
+class CopyPlan(NamedTuple):
+    """Copy input ``src`` (a strided view) into output ``dst`` (a strided view); see module doc."""
+
+    mode: str           # "none" | "numpy" | "rows" | "tiles"
+    src: int
+    dst: int
+    shape: tuple        # coalesced shape
+    soff: int
+    sstr: tuple
+    doff: int
+    dstr: tuple
+    args: tuple         # numba arguments prepared at plan time
+
+
+def _coalesce(shape, sstr, dstr):
+    dims = [(int(n), int(a), int(b)) for n, a, b in zip(shape, sstr, dstr) if int(n) != 1]
+    out: list = []
+    for n, a, b in dims:
+        if out:
+            pn, pa, pb = out[-1]
+            if pa == a * n and pb == b * n:
+                out[-1] = (pn * n, a, b)
+                continue
+        out.append((n, a, b))
+    return out
+
+
+def plan_copy(shape, soff, sstr, doff, dstr, itemsize: int, src: int = 0, dst: int = 0,
+              parallel: bool | None = None) -> CopyPlan:
+    """Plan copying the view (shape, soff, sstr) of input ``src`` into the view (shape, doff, dstr)
+    of output ``dst`` (offsets/strides in elements). ``parallel=None``: decide by size."""
+    n = math.prod(int(s) for s in shape)
+    if n == 0:
+        return CopyPlan("none", src, dst, tuple(shape), 0, (), 0, (), ())
+    dims = _coalesce(shape, sstr, dstr) or [(1, 1, 1)]
+    cshape = tuple(d[0] for d in dims)
+    cs = tuple(d[1] for d in dims)
+    cd = tuple(d[2] for d in dims)
+    if parallel is None:
+        parallel = n * itemsize >= PARALLEL_MIN_BYTES
+    if not parallel:
+        return CopyPlan("numpy", src, dst, cshape, int(soff), cs, int(doff), cd, ())
+    last = len(dims) - 1
+    i64 = np.int64
+    if cs[last] == 1 and cd[last] == 1:
+        outer = list(range(last))
+        rowlen = cshape[last]
+        args = (np.array([cshape[k] for k in outer], i64), np.array([cs[k] for k in outer], i64),
+                np.array([cd[k] for k in outer], i64), rowlen, 1, 1, max(ROW_CHUNK, 1))
+        return CopyPlan("rows", src, dst, cshape, int(soff), cs, int(doff), cd, args)
+    a = next((k for k in range(last, -1, -1) if cd[k] == 1), None)
+    b = next((k for k in range(last, -1, -1) if cs[k] == 1), None)
+    if a is not None and b is not None and a != b and cshape[a] >= 4 and cshape[b] >= 4 and cs[a] > 0 \
+            and cd[b] > 0:
+        tile = max(16, 64 // itemsize)  # one 64-byte line per tile row
+        outer = [k for k in range(len(dims)) if k not in (a, b)]
+        args = (np.array([cshape[k] for k in outer], i64), np.array([cs[k] for k in outer], i64),
+                np.array([cd[k] for k in outer], i64), cshape[a], cs[a], cshape[b], cd[b], tile)
+        return CopyPlan("tiles", src, dst, cshape, int(soff), cs, int(doff), cd, args)
+    outer = list(range(last))
+    rowlen = cshape[last]
+    chunk = ROW_CHUNK if (cs[last] != 0 or cd[last] != 0) else rowlen
+    args = (np.array([cshape[k] for k in outer], i64), np.array([cs[k] for k in outer], i64),
+            np.array([cd[k] for k in outer], i64), rowlen, cs[last], cd[last], max(chunk, 1))
+    return CopyPlan("rows", src, dst, cshape, int(soff), cs, int(doff), cd, args)
+
+
+def _view(flat: np.ndarray, shape, off, strides) -> np.ndarray:
+    isz = flat.itemsize
+    return np.ndarray(shape, flat.dtype, buffer=flat, offset=off * isz, strides=tuple(s * isz for s in strides))
+
+
+def run_copy(p: CopyPlan, src: np.ndarray, dst: np.ndarray) -> None:
+    """Execute one :class:`CopyPlan` between contiguous arrays ``src`` and ``dst``."""
+    if p.mode == "none":
+        return
+    s = bits(src)
+    d = bits(dst)
+    if p.mode == "numpy":
+        np.copyto(_view(d, p.shape, p.doff, p.dstr), _view(s, p.shape, p.soff, p.sstr))
+    elif p.mode == "rows":
+        copy_rows(s, p.soff, p.args[1], d, p.doff, p.args[2], p.args[0], *p.args[3:])
+    else:
+        copy_tiles(s, p.soff, p.args[1], d, p.doff, p.args[2], p.args[0], *p.args[3:])
+
+
+def run_copies(ins, outs, attrs, plan, ws) -> None:
+    """Kernel body shared by every pure data-movement op: run its list of copy plans."""
+    for p in plan:
+        run_copy(p, ins[p.src], outs[p.dst])
+
+
+def plan_permute(in_shape, perm, itemsize: int, parallel=None) -> CopyPlan:
+    """Copy of a contiguous ``in_shape`` array transposed by ``perm`` into a contiguous output."""
+    cs = contiguous_strides(in_shape)
+    oshape = tuple(in_shape[p] for p in perm)
+    return plan_copy(oshape, 0, tuple(cs[p] for p in perm), 0, contiguous_strides(oshape), itemsize,
+                     parallel=parallel)
+
+
+def plan_flat_copy(n: int, itemsize: int, src: int = 0, dst: int = 0) -> CopyPlan:
+    """A plain contiguous copy of ``n`` elements (Reshape, Identity, Squeeze, ...)."""
+    return plan_copy((n,), 0, (1,), 0, (1,), itemsize, src, dst)
+
+
+# ---------------------------------------------------------------------------------------------
+# index-map gathers (Pad in every mode, CenterCropPad, nearest Resize)
+# ---------------------------------------------------------------------------------------------
+class MapPlan(NamedTuple):
+    mode: str           # "none" | "numpy" | "numba"
+    oshape: tuple
+    maps: tuple         # per output dim: int64 array of source indices (-1 = fill)
+    args: tuple
+
+
+def plan_maps(in_shape, maps, itemsize: int, parallel=None) -> MapPlan:
+    """Plan ``out[i0..in] = x[maps_0[i0], ..., maps_n[in]]`` (-1 entries take the fill value)."""
+    maps = tuple(np.ascontiguousarray(m, dtype=np.int64) for m in maps)
+    oshape = tuple(int(m.size) for m in maps)
+    n = math.prod(oshape)
+    if n == 0:
+        return MapPlan("none", oshape, maps, ())
+    if not maps:
+        return MapPlan("numpy", oshape, maps, ())
+    if parallel is None:
+        parallel = n * itemsize >= PARALLEL_MIN_BYTES
+    if not parallel:
+        return MapPlan("numpy", oshape, maps, ())
+    last = maps[-1]
+    # the longest run of the last map that is a unit-stride copy (j -> j + shift)
+    lo = hi = 0
+    if last.size:
+        delta = last - np.arange(last.size)
+        ok = last >= 0
+        best = (0, 0)
+        j = 0
+        while j < last.size:
+            if not ok[j]:
+                j += 1
+                continue
+            k = j
+            while k + 1 < last.size and ok[k + 1] and delta[k + 1] == delta[j]:
+                k += 1
+            if k + 1 - j > best[1] - best[0]:
+                best = (j, k + 1)
+            j = k + 1
+        lo, hi = best
+    shift = int(last[lo] - lo) if hi > lo else 0
+    sstr = contiguous_strides(in_shape)
+    if sstr and sstr[-1] != 1:
+        lo = hi = 0
+    moff = np.cumsum([0] + [m.size for m in maps[:-1]]).astype(np.int64)
+    args = (np.array(oshape, np.int64), np.array(sstr, np.int64), np.concatenate(maps), moff, lo, hi, shift)
+    return MapPlan("numba", oshape, maps, args)
+
+
+def run_maps(p: MapPlan, src: np.ndarray, dst: np.ndarray, fill) -> None:
+    """Execute a :class:`MapPlan`; ``fill`` is a scalar of ``dst``'s dtype."""
+    if p.mode == "none":
+        return
+    if p.mode == "numpy":
+        if not p.maps:
+            dst[...] = src
+            return
+        idx = np.ix_(*p.maps)
+        if all((m >= 0).all() for m in p.maps):
+            dst[...] = src[idx]
+            return
+        safe = np.ix_(*[np.maximum(m, 0) for m in p.maps])
+        valid = np.ones(p.oshape, bool)
+        for k, m in enumerate(p.maps):
+            shape = [1] * len(p.maps)
+            shape[k] = m.size
+            valid &= (m >= 0).reshape(shape)
+        dst[...] = np.where(valid, src[safe], fill)
+        return
+    f = np.asarray(fill, dtype=dst.dtype).reshape(1).view(_UINT[dst.dtype.itemsize])[0]
+    oshape, sstr, maps, moff, lo, hi, shift = p.args
+    gather_maps(bits(src), bits(dst), oshape, sstr, maps, moff, f, lo, hi, shift)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gather
+# ---------------------------------------------------------------------------------------------
+def gather(data: np.ndarray, indices: np.ndarray, out: np.ndarray, axis: int, parallel: bool, op: str = "Gather"):
+    """ONNX Gather along ``axis``; raises ParamInvalidError naming the first bad index."""
+    from ...errors import ParamInvalidError
+
+    n = data.shape[axis]
+    outer = math.prod(data.shape[:axis])
+    inner = math.prod(data.shape[axis + 1:])
+    idx = indices.reshape(-1).astype(np.int64, copy=False)
+    bad = first_bad_index(idx, n)
+    if bad >= 0:
+        pos = np.unravel_index(bad, indices.shape) if indices.ndim else ()
+        raise ParamInvalidError(f"{op}: index {int(idx[bad])} at position {tuple(int(p) for p in pos)} is out of "
+                                f"range for axis {axis} of size {n} (valid: [{-n}, {n - 1}])", op=op)
+    if out.size == 0:
+        return
+    if not parallel:
+        np.take(data.reshape(outer, n, inner), idx, axis=1, out=out.reshape(outer, idx.size, inner))
+        return
+    gather_rows(bits(data), idx, bits(out), outer, n, inner)
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy-vectorized kernels for the rarely-hot ONNX breadth ops
+# ---------------------------------------------------------------------------------------------
+def check_index_range(op: str, idx: np.ndarray, n, what: str) -> np.ndarray:
+    """Normalise negative indices and raise ParamInvalidError naming the first out-of-range one."""
+    from ...errors import ParamInvalidError
+
+    idx = idx.astype(np.int64, copy=False)
+    n = np.asarray(n, np.int64)
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        pos = tuple(int(p) for p in np.argwhere(bad)[0])
+        lim = int(np.broadcast_to(n, idx.shape)[pos])
+        raise ParamInvalidError(f"{op}: {what} {int(idx[pos])} at position {pos} is out of range for a dim of "
+                                f"size {lim} (valid: [{-lim}, {lim - 1}])", op=op)
+    return np.where(idx < 0, idx + n, idx)
+
+
+def _axis_index(idx: np.ndarray, axis: int) -> tuple:
+    """Full index tuple for an elementwise op along ``axis`` (take_along_axis style)."""
+    grids = list(np.indices(idx.shape, sparse=True))
+    grids[axis] = idx
+    return tuple(grids)
+
+
+def gather_elements(data, indices, out, axis):
+    idx = check_index_range("GatherElements", indices, data.shape[axis], "index")
+    out[...] = data[_axis_index(idx, axis)]
+
+
+_REDUCE_UFUNC = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def scatter_elements(data, indices, updates, out, axis, reduction, op="ScatterElements"):
+    np.copyto(out, data)
+    if indices.size == 0:
+        return
+    idx = check_index_range(op, indices, data.shape[axis], "index")
+    where = _axis_index(idx, axis)
+    if reduction == "none":
+        out[where] = updates
+    else:
+        _REDUCE_UFUNC[reduction].at(out, where, updates)
+
+
+def gather_nd(data, indices, out, batch_dims):
+    b = batch_dims
+    k = indices.shape[-1]
+    bshape = data.shape[:b]
+    nb_ = math.prod(bshape)
+    d = data.reshape((nb_,) + data.shape[b:])
+    ind = indices.reshape((nb_, -1, k))
+    lim = np.array(data.shape[b:b + k], np.int64)
+    ind = check_index_range("GatherND", ind, lim, "index")
+    bi = np.arange(nb_).reshape(nb_, 1)
+    res = d[(bi,) + tuple(ind[..., j] for j in range(k))]
+    out[...] = res.reshape(out.shape)
+
+
+def scatter_nd(data, indices, updates, out, reduction):
+    np.copyto(out, data)
+    k = indices.shape[-1]
+    if indices.size == 0 or k == 0 and updates.size == 0:
+        return
+    ind = indices.reshape(-1, k)
+    lim = np.array(data.shape[:k], np.int64)
+    ind = check_index_range("ScatterND", ind, lim, "index")
+    upd = updates.reshape((ind.shape[0],) + data.shape[k:])
+    where = tuple(ind[:, j] for j in range(k))
+    if reduction == "none":
+        out[where] = upd
+    else:
+        _REDUCE_UFUNC[reduction].at(out, where, upd)
+
+
+def topk(x, k, axis, largest, out_v, out_i):
+    """Top-k along ``axis`` with ties broken by the lower index (stable sort)."""
+    xm = np.moveaxis(x, axis, -1)
+    if largest:
+        # a stable ascending sort of the reversed row, read backwards, is descending with
+        # ties in ascending index order
+        rev = xm[..., ::-1]
+        order = np.argsort(rev, axis=-1, kind="stable")[..., ::-1]
+        order = xm.shape[-1] - 1 - order
+    else:
+        order = np.argsort(xm, axis=-1, kind="stable")
+    order = order[..., :k]
+    vals = np.take_along_axis(xm, order, axis=-1)
+    out_v[...] = np.moveaxis(vals, -1, axis)
+    out_i[...] = np.moveaxis(order, -1, axis)
+
+
+def unique(x, axis, sorted_):
+    """ONNX Unique: (Y, first indices, inverse indices, counts)."""
+    if axis is None:
+        flat = x.reshape(-1)
+        y, idx, inv, cnt = np.unique(flat, return_index=True, return_inverse=True, return_counts=True)
+    else:
+        y, idx, inv, cnt = np.unique(x, axis=axis, return_index=True, return_inverse=True, return_counts=True)
+    inv = inv.reshape(-1)
+    if not sorted_:
+        order = np.argsort(idx, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        y = np.take(y, order, axis=0 if axis is None else axis)
+        idx, cnt, inv = idx[order], cnt[order], rank[inv]
+    i64 = np.int64
+    return [y, idx.astype(i64), inv.astype(i64), cnt.astype(i64)]
+
+
+def col2im(x, image_shape, block_shape, dilations, pads, strides, out):
+    """Col2Im (fold): scatter-add each column block back into the image."""
+    n, ckk, L = x.shape
+    nd = len(image_shape)
+    kk = math.prod(block_shape)
+    c = ckk // kk
+    padded = [image_shape[i] + pads[i] + pads[i + nd] for i in range(nd)]
+    counts = [(padded[i] - (dilations[i] * (block_shape[i] - 1) + 1)) // strides[i] + 1 for i in range(nd)]
+    acc = np.zeros((n, c) + tuple(padded), dtype=np.float64 if x.dtype.kind == "f" else x.dtype)
+    cols = x.reshape((n, c) + tuple(block_shape) + tuple(counts))
+    for kidx in np.ndindex(*block_shape):
+        sl = tuple(slice(kidx[i] * dilations[i], kidx[i] * dilations[i] + strides[i] * (counts[i] - 1) + 1, strides[i])
+                   for i in range(nd))
+        acc[(slice(None), slice(None)) + sl] += cols[(slice(None), slice(None)) + kidx]
+    crop = tuple(slice(pads[i], pads[i] + image_shape[i]) for i in range(nd))
+    out[...] = acc[(slice(None), slice(None)) + crop]
