@@ -1,2 +1,486 @@
-"""norm ops (records, kernels registration, functional entry points)."""
-__all__: list[str] = []
+"""Normalization ops (LayerNormalization, RMSNormalization, BatchNormalization,
+GroupNormalization, InstanceNormalization, LpNormalization, MeanVarianceNormalization,
+LRN): records, kernel registration and functional entry points.
+
+Statistics are always computed in at least float32 (float64 accumulation in the kernels),
+which satisfies every ``stash_type``; ``stash_type`` only picks the dtype of
+LayerNormalization's Mean/InvStdDev outputs (1: float32, as ONNX infers).
+
+>>> import opsnn, numpy as np
+>>> x = opsnn.tensor(np.random.rand(2, 8).astype(np.float32))
+>>> opsnn.ops.layer_norm(x, (8,)).shape
+(2, 8)
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import dtypes as _dt
+from ...errors import ParamInvalidError
+from ...kernels.cpu import norm as K
+from ...tensor import as_tensor
+from ..api import api
+from ..registry import Attr, Input, Output, TensorMeta, register_op
+
+FLOAT = _dt.FLOATS
+_F32_64 = (_dt.float32, _dt.float64)
+
+
+def _bad(op: str, message: str):
+    return ParamInvalidError(f"{op}: {message}", op=op)
+
+
+def _norm_axis(op: str, axis: int, rank: int, what: str = "axis") -> int:
+    if not -rank <= axis < rank:
+        raise _bad(op, f"attribute '{what}' is {axis}; expected {-rank}..{rank - 1} for a rank-{rank} input")
+    return axis + rank if axis < 0 else axis
+
+
+def _unidirectional(op: str, name: str, shape: tuple, target: tuple) -> None:
+    """``shape`` must broadcast to ``target`` without changing ``target`` (ONNX unidirectional)."""
+    if len(shape) > len(target) or any(s != 1 and s != t for s, t in zip(reversed(shape), reversed(target))):
+        raise _bad(op, f"input '{name}' of shape {tuple(shape)} does not broadcast to X's shape {tuple(target)}")
+
+
+def _stash_dtype(ctx) -> np.dtype:
+    return _dt.float32 if int(ctx.attrs["stash_type"]) == 1 else ctx.dtype(0)
+
+
+def _rows_plan(ctx):
+    """(rows, N, parallel) of the normalized trailing block starting at ``axis``."""
+    shape = tuple(ctx.shape(0))
+    axis = _norm_axis(ctx.op.name, int(ctx.attrs["axis"]), len(shape))
+    rows, N = math.prod(shape[:axis]), math.prod(shape[axis:])
+    return rows, N, rows * N >= K.PARALLEL_MIN
+
+
+def _params_in_block(ctx):
+    """Fast kernels take scale/bias as vectors over the normalized block only."""
+    shape = tuple(ctx.shape(0))
+    axis = _norm_axis(ctx.op.name, int(ctx.attrs["axis"]), len(shape))
+    for i in range(1, len(ctx.inputs)):
+        if ctx.has(i):
+            s = list(ctx.shape(i))
+            while s and s[0] == 1:
+                s.pop(0)
+            if len(s) > len(shape) - axis:
+                return f"input {i} varies over the non-normalized dims (shape {ctx.shape(i)})"
+    return True
+
+
+def _block_vector(p: np.ndarray, shape: tuple, axis: int) -> np.ndarray:
+    block = shape[axis:]
+    s = p.shape
+    while len(s) > len(block):  # leading 1s (checked by applies)
+        p = p.reshape(s[1:])
+        s = p.shape
+    return np.ascontiguousarray(np.broadcast_to(p, block)).reshape(-1)
+
+
+# -- LayerNormalization ----------------------------------------------------------------------------
+def _ln_infer(ctx):
+    op = ctx.op.name
+    shape = tuple(ctx.shape(0))
+    axis = _norm_axis(op, int(ctx.attrs["axis"]), len(shape))
+    _unidirectional(op, "Scale", ctx.shape(1), shape)
+    if ctx.has(2):
+        _unidirectional(op, "B", ctx.shape(2), shape)
+    stat = shape[:axis] + (1,) * (len(shape) - axis)
+    u = _stash_dtype(ctx)
+    return [TensorMeta(shape, ctx.dtype(0)), TensorMeta(stat, u), TensorMeta(stat, u)]
+
+
+def _ln_ref(ins, attrs):
+    x, scale = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    axis = int(attrs["axis"]) % x.ndim
+    axes = tuple(range(axis, x.ndim))
+    w = x.astype(np.float64)
+    mean = w.mean(axis=axes, keepdims=True)
+    var = ((w - mean) ** 2).mean(axis=axes, keepdims=True)
+    inv = 1.0 / np.sqrt(var + float(attrs["epsilon"]))
+    y = (w - mean) * inv * scale.astype(np.float64)
+    if bias is not None:
+        y = y + bias.astype(np.float64)
+    u = np.float32 if int(attrs["stash_type"]) == 1 else x.dtype
+    return y.astype(x.dtype), mean.astype(u), inv.astype(u)
+
+
+def _ln_workspace(ctx, plan):
+    return 16 * plan[0]
+
+
+def _ln_kernel(rms: bool):
+    def run(ins, outs, attrs, plan, ws):
+        rows, N, par = plan
+        x = ins[0]
+        axis = int(attrs["axis"]) % x.ndim
+        scale = _block_vector(ins[1], x.shape, axis)
+        bias = _block_vector(ins[2], x.shape, axis) if not rms and len(ins) > 2 and ins[2] is not None else None
+        y = outs[0]
+        tmp = y if y.dtype == x.dtype else np.empty(y.shape, x.dtype)
+        stats = ws[: 16 * rows].view(np.float64) if ws is not None else np.empty(0)
+        K.layer_norm(x, scale, bias, tmp, stats, rows, N, float(attrs["epsilon"]), rms, par)
+        if tmp is not y:
+            np.copyto(y, tmp, casting="unsafe")
+        for k, o in enumerate(outs[1:3]):
+            np.copyto(o.reshape(-1), stats[k * rows: (k + 1) * rows], casting="unsafe")
+
+    return run
+
+
+LayerNormalization = register_op(
+    "LayerNormalization", category="norm",
+    inputs=[Input("X", FLOAT), Input("Scale", FLOAT), Input("B", FLOAT, optional=True)],
+    outputs=["Y", Output("Mean", optional=True), Output("InvStdDev", optional=True)],
+    attrs=[Attr("axis", "int", -1), Attr("epsilon", "float", 1e-5), Attr("stash_type", "int", 1)],
+    infer=_ln_infer, reference=_ln_ref,
+    doc="(x - mean) / sqrt(var + eps) * Scale + B over dims axis..rank-1")
+LayerNormalization.kernel("layer_norm_numba", dtypes=_F32_64, priority=10, plan=_rows_plan,
+                          workspace=_ln_workspace, applies=_params_in_block,
+                          doc="one stats pass per row (float64 sums), one write pass")(_ln_kernel(False))
+
+
+# -- RMSNormalization --------------------------------------------------------------------------------
+def _rms_infer(ctx):
+    op = ctx.op.name
+    shape = tuple(ctx.shape(0))
+    _norm_axis(op, int(ctx.attrs["axis"]), len(shape))
+    _unidirectional(op, "scale", ctx.shape(1), shape)
+    return [TensorMeta(shape, ctx.dtype(1))]
+
+
+def _rms_ref(ins, attrs):
+    x, scale = ins
+    axis = int(attrs["axis"]) % x.ndim
+    w = x.astype(np.float64)
+    ms = (w * w).mean(axis=tuple(range(axis, x.ndim)), keepdims=True)
+    return (w / np.sqrt(ms + float(attrs["epsilon"])) * scale.astype(np.float64)).astype(scale.dtype)
+
+
+RMSNormalization = register_op(
+    "RMSNormalization", category="norm", inputs=[Input("X", FLOAT), Input("scale", FLOAT)], outputs=["Y"],
+    attrs=[Attr("axis", "int", -1), Attr("epsilon", "float", 1e-5), Attr("stash_type", "int", 1)],
+    infer=_rms_infer, reference=_rms_ref, doc="x / sqrt(mean(x^2) + eps) * scale over dims axis..rank-1")
+RMSNormalization.kernel("rms_norm_numba", dtypes=_F32_64, priority=10, plan=_rows_plan, workspace=_ln_workspace,
+                        applies=_params_in_block,
+                        doc="one sum-of-squares pass per row (float64), one write pass")(_ln_kernel(True))
+
+
+# -- BatchNormalization ------------------------------------------------------------------------------
+def _channel_params(ctx, names, first: int) -> int:
+    op = ctx.op.name
+    shape = tuple(ctx.shape(0))
+    if len(shape) < 2:
+        raise _bad(op, f"input X must have rank >= 2 (N, C, ...), got shape {shape}")
+    C = shape[1]
+    for i, name in enumerate(names, start=first):
+        if tuple(ctx.shape(i)) != (C,):
+            raise _bad(op, f"input '{name}' must have shape ({C},) (one value per channel), got {ctx.shape(i)}")
+    return C
+
+
+def _bn_infer(ctx):
+    op = ctx.op.name
+    C = _channel_params(ctx, ("scale", "B", "input_mean", "input_var"), 1)
+    if not int(ctx.attrs["training_mode"]) and ctx.num_outputs > 1:
+        raise _bad(op, f"running_mean/running_var outputs exist only with training_mode=1; "
+                       f"got {ctx.num_outputs} outputs with training_mode=0")
+    return [TensorMeta(tuple(ctx.shape(0)), ctx.dtype(0)), TensorMeta((C,), ctx.dtype(3)),
+            TensorMeta((C,), ctx.dtype(4))]
+
+
+def _bn_ref(ins, attrs):
+    x, scale, b, mean, var = ins
+    w = x.astype(np.float64)
+    eps = float(attrs["epsilon"])
+    bshape = (1, -1) + (1,) * (x.ndim - 2)
+    training = bool(attrs["training_mode"])
+    if training:
+        axes = (0,) + tuple(range(2, x.ndim))
+        m = w.mean(axis=axes)
+        v = ((w - m.reshape(bshape)) ** 2).mean(axis=axes)
+    else:
+        m, v = mean.astype(np.float64), var.astype(np.float64)
+    y = (w - m.reshape(bshape)) / np.sqrt(v.reshape(bshape) + eps) * scale.astype(np.float64).reshape(bshape) \
+        + b.astype(np.float64).reshape(bshape)
+    if not training:
+        return y.astype(x.dtype)
+    mom = float(attrs["momentum"])
+    return (y.astype(x.dtype), (mean * mom + m * (1 - mom)).astype(mean.dtype),
+            (var * mom + v * (1 - mom)).astype(var.dtype))
+
+
+def _nc_plan(ctx):
+    shape = tuple(ctx.shape(0))
+    N, C, S = shape[0], shape[1], math.prod(shape[2:])
+    return N, C, S, N * C * S >= K.PARALLEL_MIN
+
+
+def _bn_kernel(ins, outs, attrs, plan, ws):
+    N, C, S, par = plan
+    x, scale, b, mean, var = ins
+    with np.errstate(all="ignore"):
+        res = K.batch_norm(x, scale, b, mean, var, outs[0], N, C, S, float(attrs["epsilon"]), par,
+                           bool(attrs["training_mode"]), float(attrs["momentum"]))
+    if res is not None:
+        for o, r in zip(outs[1:], res):
+            np.copyto(o, r, casting="unsafe")
+
+
+BatchNormalization = register_op(
+    "BatchNormalization", category="norm",
+    inputs=[Input("X", FLOAT), Input("scale", FLOAT), Input("B", FLOAT), Input("input_mean", FLOAT),
+            Input("input_var", FLOAT)],
+    outputs=["Y", Output("running_mean", optional=True), Output("running_var", optional=True)],
+    attrs=[Attr("epsilon", "float", 1e-5), Attr("momentum", "float", 0.9), Attr("training_mode", "int", 0)],
+    infer=_bn_infer, reference=_bn_ref,
+    doc="per-channel (axis 1) normalisation; training_mode=1 uses batch statistics and also returns "
+        "running = input * momentum + batch * (1 - momentum) (population variance)")
+BatchNormalization.kernel("batch_norm_numba", dtypes=_F32_64, priority=10, plan=_nc_plan,
+                          doc="per (n, c) plane: (x - mean) * a[c] + B[c]; training stats per channel")(_bn_kernel)
+
+
+# -- GroupNormalization / InstanceNormalization ----------------------------------------------------
+def _gn_infer(ctx):
+    op = ctx.op.name
+    shape = tuple(ctx.shape(0))
+    if len(shape) < 2:
+        raise _bad(op, f"input X must have rank >= 2 (N, C, ...), got shape {shape}")
+    C = shape[1]
+    G = int(ctx.attrs["num_groups"])
+    if G <= 0 or C % G:
+        raise _bad(op, f"num_groups={G} must be positive and divide the channel count C={C}")
+    for i, name in ((1, "scale"), (2, "bias")):
+        if tuple(ctx.shape(i)) != (C,):
+            raise _bad(op, f"input '{name}' must have shape ({C},) (per channel, opset 21), got {ctx.shape(i)}")
+    return [TensorMeta(shape, ctx.dtype(0))]
+
+
+def _group_ref(x, scale, bias, G, eps):
+    N, C = x.shape[:2]
+    w = x.astype(np.float64).reshape(N, G, -1)
+    m = w.mean(axis=2, keepdims=True)
+    v = ((w - m) ** 2).mean(axis=2, keepdims=True)
+    y = ((w - m) / np.sqrt(v + eps)).reshape(x.shape)
+    bshape = (1, C) + (1,) * (x.ndim - 2)
+    y = y * scale.astype(np.float64).reshape(bshape) + bias.astype(np.float64).reshape(bshape)
+    return y.astype(x.dtype)
+
+
+def _gn_plan(ctx):
+    shape = tuple(ctx.shape(0))
+    N, C = shape[0], shape[1]
+    G = int(ctx.attrs["num_groups"]) if "num_groups" in ctx.attrs else C
+    return N, G, C // G if G else 0, math.prod(shape[2:]), math.prod(shape) >= K.PARALLEL_MIN
+
+
+def _gn_kernel(ins, outs, attrs, plan, ws):
+    N, G, Cg, S, par = plan
+    K.group_norm(ins[0], ins[1], ins[2], outs[0], N, G, Cg, S, float(attrs["epsilon"]), par)
+
+
+GroupNormalization = register_op(
+    "GroupNormalization", category="norm",
+    inputs=[Input("X", FLOAT), Input("scale", FLOAT), Input("bias", FLOAT)], outputs=["Y"],
+    attrs=[Attr("epsilon", "float", 1e-5), Attr("num_groups", "int"), Attr("stash_type", "int", 1)],
+    infer=_gn_infer,
+    reference=lambda ins, attrs: _group_ref(ins[0], ins[1], ins[2], int(attrs["num_groups"]),
+                                            float(attrs["epsilon"])),
+    doc="statistics per (sample, group of C/num_groups channels); scale/bias per channel (opset 21)")
+GroupNormalization.kernel("group_norm_numba", dtypes=_F32_64, priority=10, plan=_gn_plan,
+                          doc="one stats pass per (n, g) row, per-channel affine write pass")(_gn_kernel)
+
+
+def _in_infer(ctx):
+    _channel_params(ctx, ("scale", "B"), 1)
+    return [TensorMeta(tuple(ctx.shape(0)), ctx.dtype(0))]
+
+
+InstanceNormalization = register_op(
+    "InstanceNormalization", category="norm",
+    inputs=[Input("input", FLOAT), Input("scale", FLOAT), Input("B", FLOAT)], outputs=["output"],
+    attrs=[Attr("epsilon", "float", 1e-5)], infer=_in_infer,
+    reference=lambda ins, attrs: _group_ref(ins[0], ins[1], ins[2], ins[0].shape[1], float(attrs["epsilon"])),
+    doc="statistics per (sample, channel) over the spatial dims; scale/B per channel")
+InstanceNormalization.kernel("instance_norm_numba", dtypes=_F32_64, priority=10, plan=_gn_plan,
+                             doc="group norm with one channel per group")(_gn_kernel)
+
+
+# -- LpNormalization / MeanVarianceNormalization / LRN (rarely hot: numpy kernels) -----------------
+def _lp_infer(ctx):
+    op = ctx.op.name
+    shape = tuple(ctx.shape(0))
+    _norm_axis(op, int(ctx.attrs["axis"]), len(shape))
+    if int(ctx.attrs["p"]) not in (1, 2):
+        raise _bad(op, f"attribute 'p' must be 1 or 2, got {ctx.attrs['p']}")
+    return [TensorMeta(shape, ctx.dtype(0))]
+
+
+def _lp_ref(ins, attrs):
+    x = ins[0]
+    axis = int(attrs["axis"]) % x.ndim
+    p = int(attrs["p"])
+    w = x.astype(np.float64)
+    norm = (np.abs(w) ** p).sum(axis=axis, keepdims=True) ** (1.0 / p)
+    safe = np.where(norm == 0, 1.0, norm)
+    return np.where(norm == 0, 0.0, w / safe).astype(x.dtype)
+
+
+LpNormalization = register_op(
+    "LpNormalization", category="norm", inputs=[Input("input", FLOAT)], outputs=["output"],
+    attrs=[Attr("axis", "int", -1), Attr("p", "int", 2)], infer=_lp_infer, reference=_lp_ref,
+    doc="x / ||x||_p along axis (p in {1, 2}); 0 where the norm is 0")
+LpNormalization.kernel("lp_norm_numpy", dtypes=_F32_64, priority=5,
+                       plan=lambda ctx: (int(ctx.attrs["axis"]) % len(ctx.shape(0)), int(ctx.attrs["p"])))(
+    lambda ins, outs, attrs, plan, ws: K.lp_normalize(ins[0], outs[0], plan[0], plan[1]))
+
+
+def _mvn_axes(ctx) -> tuple:
+    op = ctx.op.name
+    rank = len(ctx.shape(0))
+    axes = [_norm_axis(op, int(a), rank, "axes") for a in ctx.attrs["axes"]]
+    if len(set(axes)) != len(axes):
+        raise _bad(op, f"attribute 'axes' has duplicates: {list(ctx.attrs['axes'])}")
+    return tuple(sorted(axes))
+
+
+def _mvn_ref(ins, attrs):
+    x = ins[0]
+    axes = tuple(int(a) % x.ndim for a in attrs["axes"])
+    w = x.astype(np.float64)
+    m = w.mean(axis=axes, keepdims=True)
+    var = (w * w).mean(axis=axes, keepdims=True) - m * m
+    return ((w - m) / (np.sqrt(np.maximum(var, 0.0)) + 1e-9)).astype(x.dtype)
+
+
+MeanVarianceNormalization = register_op(
+    "MeanVarianceNormalization", category="norm", inputs=[Input("X", FLOAT)], outputs=["Y"],
+    attrs=[Attr("axes", "ints", (0, 2, 3))],
+    infer=lambda ctx: (_mvn_axes(ctx), [TensorMeta(tuple(ctx.shape(0)), ctx.dtype(0))])[1],
+    reference=_mvn_ref, doc="(x - mean) / (sqrt(var) + 1e-9) over axes")
+MeanVarianceNormalization.kernel("mvn_numpy", dtypes=_F32_64, priority=5, plan=_mvn_axes)(
+    lambda ins, outs, attrs, plan, ws: K.mean_variance_normalize(ins[0], outs[0], plan))
+
+
+def _lrn_infer(ctx):
+    op = ctx.op.name
+    shape = tuple(ctx.shape(0))
+    if len(shape) < 2:
+        raise _bad(op, f"input X must have rank >= 2 (N, C, ...), got shape {shape}")
+    if int(ctx.attrs["size"]) < 1:
+        raise _bad(op, f"attribute 'size' must be >= 1, got {ctx.attrs['size']}")
+    return [TensorMeta(shape, ctx.dtype(0))]
+
+
+def _lrn_ref(ins, attrs):
+    x = ins[0]
+    size = int(attrs["size"])
+    w = x.astype(np.float64)
+    C = x.shape[1]
+    sq = np.zeros_like(w)
+    for c in range(C):
+        lo = max(0, c - (size - 1) // 2)
+        hi = min(C - 1, c + math.ceil((size - 1) / 2))
+        sq[:, c] = (w[:, lo: hi + 1] ** 2).sum(axis=1)
+    y = w / (float(attrs["bias"]) + float(attrs["alpha"]) / size * sq) ** float(attrs["beta"])
+    return y.astype(x.dtype)
+
+
+LRN = register_op(
+    "LRN", category="norm", inputs=[Input("X", FLOAT)], outputs=["Y"],
+    attrs=[Attr("alpha", "float", 1e-4), Attr("beta", "float", 0.75), Attr("bias", "float", 1.0),
+           Attr("size", "int")],
+    infer=_lrn_infer, reference=_lrn_ref,
+    doc="x / (bias + alpha/size * sum of x^2 over a window of `size` channels)^beta")
+LRN.kernel("lrn_numpy", dtypes=_F32_64, priority=5)(
+    lambda ins, outs, attrs, plan, ws: K.lrn(ins[0], outs[0], int(attrs["size"]), float(attrs["alpha"]),
+                                             float(attrs["beta"]), float(attrs["bias"])))
+
+
+# -- functional entry points (torch-style) ----------------------------------------------------------
+def _ones(shape, dtype):
+    return np.ones(shape, dtype=dtype)
+
+
+def _zeros(shape, dtype):
+    return np.zeros(shape, dtype=dtype)
+
+
+def _normalized_axis(name: str, t, normalized_shape) -> int:
+    ns = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
+    k = len(ns)
+    if k == 0 or k > t.ndim or tuple(t.shape[t.ndim - k:]) != tuple(int(n) for n in ns):
+        raise ParamInvalidError(f"{name}: normalized_shape {ns} must equal the trailing dims of the input "
+                                f"shape {t.shape}")
+    return t.ndim - k
+
+
+@api("layer_norm", "LayerNormalization")
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Layer normalization over the trailing ``normalized_shape`` dims (like
+    ``torch.nn.functional.layer_norm``). ``opsnn.ops.layer_norm(x, (768,), w, b)``"""
+    t = as_tensor(x)
+    axis = _normalized_axis("layer_norm", t, normalized_shape)
+    if weight is None:
+        weight = _ones(t.shape[axis:], t.dtype)
+    return [t, weight, bias], {"axis": axis, "epsilon": float(eps)}
+
+
+@api("rms_norm", "RMSNormalization")
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    """RMS normalization over the trailing ``normalized_shape`` dims (like
+    ``torch.nn.functional.rms_norm``; ``eps=None`` means the dtype's machine epsilon)."""
+    t = as_tensor(x)
+    axis = _normalized_axis("rms_norm", t, normalized_shape)
+    if weight is None:
+        weight = _ones(t.shape[axis:], t.dtype)
+    if eps is None:
+        eps = float(np.finfo(t.dtype).eps)
+    return [t, weight], {"axis": axis, "epsilon": float(eps)}
+
+
+@api("batch_norm", "BatchNormalization")
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """Batch normalization over channel dim 1 (like ``torch.nn.functional.batch_norm``).
+    Inference returns y. ``training=True`` normalises with the batch statistics and returns
+    ``(y, new_running_mean, new_running_var)`` (ONNX update: population variance, nothing is
+    modified in place); ``momentum`` is torch's (weight of the batch statistic)."""
+    t = as_tensor(x)
+    if t.ndim < 2:
+        raise ParamInvalidError(f"batch_norm: input must have rank >= 2 (N, C, ...), got shape {t.shape}")
+    C = t.shape[1]
+    weight = _ones((C,), t.dtype) if weight is None else weight
+    bias = _zeros((C,), t.dtype) if bias is None else bias
+    attrs = {"epsilon": float(eps), "momentum": 1.0 - float(momentum), "training_mode": int(bool(training))}
+    return [t, weight, bias, running_mean, running_var], attrs, (3 if training else 1)
+
+
+@api("group_norm", "GroupNormalization")
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    """Group normalization (like ``torch.nn.functional.group_norm``): statistics per sample
+    and group of channels, per-channel ``weight``/``bias``."""
+    t = as_tensor(x)
+    if t.ndim < 2:
+        raise ParamInvalidError(f"group_norm: input must have rank >= 2 (N, C, ...), got shape {t.shape}")
+    C = t.shape[1]
+    weight = _ones((C,), t.dtype) if weight is None else weight
+    bias = _zeros((C,), t.dtype) if bias is None else bias
+    return [t, weight, bias], {"num_groups": int(num_groups), "epsilon": float(eps)}
+
+
+@api("instance_norm", "InstanceNormalization")
+def instance_norm(x, weight=None, bias=None, eps=1e-5):
+    """Instance normalization: statistics per (sample, channel) over the spatial dims."""
+    t = as_tensor(x)
+    if t.ndim < 2:
+        raise ParamInvalidError(f"instance_norm: input must have rank >= 2 (N, C, ...), got shape {t.shape}")
+    C = t.shape[1]
+    weight = _ones((C,), t.dtype) if weight is None else weight
+    bias = _zeros((C,), t.dtype) if bias is None else bias
+    return [t, weight, bias], {"epsilon": float(eps)}
+
+
+__all__ = ["layer_norm", "rms_norm", "batch_norm", "group_norm", "instance_norm"]

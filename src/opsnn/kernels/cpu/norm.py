@@ -1,0 +1,299 @@
+"""CPU normalization kernels (numba): per-row statistics in one pass, a second pass writes.
+
+LayerNorm/RMSNorm rows are the normalized trailing block; GroupNorm/InstanceNorm rows are
+one (sample, group); BatchNorm rows are one (sample, channel) plane with per-channel
+affine terms. Rows run in parallel (serial below ``PARALLEL_MIN`` elements).
+
+Statistics accumulate in float64. For float32 rows, mean and variance come from ONE pass
+of *shifted* sums ``sum(d)``, ``sum(d*d)`` with ``d = x - x[0]`` in float64: the pass
+vectorises (a Welford update divides per element and is a serial chain), and the
+cancellation in ``E[d²] - E[d]²`` costs about ``eps64 · ((x0 - mean)² + var) / var``
+relative error — with the shift, ``|x0 - mean|`` is of the order of the spread, so that
+is ~1e-15, far below float32 resolution. Float64 rows have no wider type to absorb
+cancellation, so they take the exact two-pass route (mean, then centred squares); the row
+is still hot in cache for the second read.
+"""
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+#: below this many elements the serial variant runs (thread fan-out costs ~10 µs)
+PARALLEL_MIN = 1 << 15
+
+_OPTS = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
+
+
+# Loops index slices from 0 (``xs = x[lo:hi]; xs[i]``): indexing ``x[lo + i]`` makes numba
+# emit a negative-index wraparound check that stops LLVM from vectorising the loop.
+@nb.njit(**_OPTS)
+def _stats(xs, exact):
+    """(mean, population variance) of the 1-D slice xs in float64."""
+    n = xs.size
+    if n == 0:
+        return np.nan, np.nan
+    if exact:
+        s = 0.0
+        for i in range(n):
+            s += xs[i]
+        mean = s / n
+        q = 0.0
+        for i in range(n):
+            d = xs[i] - mean
+            q += d * d
+        return mean, q / n
+    shift = float(xs[0])
+    s = 0.0
+    q = 0.0
+    for i in range(n):
+        d = xs[i] - shift
+        s += d
+        q += d * d
+    m = s / n
+    var = q / n - m * m
+    if var < 0.0:
+        var = 0.0
+    return shift + m, var
+
+
+# -- LayerNorm / RMSNorm ------------------------------------------------------------------------
+@nb.njit(**_OPTS)
+def _ln_task(x, scale, bias, has_bias, y, mean_o, inv_o, row, N, eps, exact, rms):
+    xs = x[row * N: row * N + N]
+    ys = y[row * N: row * N + N]
+    if rms:
+        q = 0.0
+        for i in range(N):
+            v = float(xs[i])
+            q += v * v
+        mean = 0.0
+        inv = 1.0 / np.sqrt(q / N + eps)
+        for j in range(N):
+            ys[j] = xs[j] * inv * scale[j]
+    else:
+        mean, var = _stats(xs, exact)
+        inv = 1.0 / np.sqrt(var + eps)
+        if has_bias:
+            for j in range(N):
+                ys[j] = (xs[j] - mean) * inv * scale[j] + bias[j]
+        else:
+            for j in range(N):
+                ys[j] = (xs[j] - mean) * inv * scale[j]
+    mean_o[row] = mean
+    inv_o[row] = inv
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _ln_parallel(x, scale, bias, has_bias, y, mean_o, inv_o, rows, N, eps, exact, rms):
+    for r in nb.prange(rows):
+        _ln_task(x, scale, bias, has_bias, y, mean_o, inv_o, r, N, eps, exact, rms)
+
+
+@nb.njit(**_OPTS)
+def _ln_serial(x, scale, bias, has_bias, y, mean_o, inv_o, rows, N, eps, exact, rms):
+    for r in range(rows):
+        _ln_task(x, scale, bias, has_bias, y, mean_o, inv_o, r, N, eps, exact, rms)
+
+
+def layer_norm(x: np.ndarray, scale: np.ndarray, bias, y: np.ndarray, stats: np.ndarray, rows: int, N: int,
+               eps: float, rms: bool, parallel: bool) -> None:
+    """Normalize each of ``rows`` contiguous rows of ``N`` elements; ``scale``/``bias`` are
+    N-vectors (bias may be None). ``stats`` (float64, 2*rows) receives mean and 1/std."""
+    if rows * N == 0:
+        stats[: 2 * rows] = np.nan if N == 0 else 0.0
+        return
+    cd = x.dtype
+    s = scale.astype(cd, copy=False)
+    b = bias.astype(cd, copy=False) if bias is not None else s
+    run = _ln_parallel if parallel else _ln_serial
+    run(x.reshape(-1), s, b, bias is not None, y.reshape(-1), stats[:rows], stats[rows: 2 * rows], rows, N,
+        float(eps), cd == np.float64, rms)
+
+
+# -- GroupNorm / InstanceNorm -------------------------------------------------------------------
+@nb.njit(**_OPTS)
+def _gn_task(x, scale, bias, y, row, G, Cg, S, eps, exact):
+    lo = row * Cg * S
+    mean, var = _stats(x[lo: lo + Cg * S], exact)
+    inv = 1.0 / np.sqrt(var + eps)
+    g = row % G
+    for k in range(Cg):
+        c = g * Cg + k
+        a = inv * scale[c]
+        bb = bias[c]
+        xs = x[lo + k * S: lo + k * S + S]
+        ys = y[lo + k * S: lo + k * S + S]
+        for s in range(S):
+            ys[s] = (xs[s] - mean) * a + bb
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _gn_parallel(x, scale, bias, y, rows, G, Cg, S, eps, exact):
+    for r in nb.prange(rows):
+        _gn_task(x, scale, bias, y, r, G, Cg, S, eps, exact)
+
+
+@nb.njit(**_OPTS)
+def _gn_serial(x, scale, bias, y, rows, G, Cg, S, eps, exact):
+    for r in range(rows):
+        _gn_task(x, scale, bias, y, r, G, Cg, S, eps, exact)
+
+
+def group_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, y: np.ndarray, N: int, G: int, Cg: int,
+               S: int, eps: float, parallel: bool) -> None:
+    """x viewed as (N, G, Cg, S): statistics per (n, g), affine per channel g*Cg + k."""
+    if x.size == 0:
+        return
+    cd = x.dtype
+    run = _gn_parallel if parallel else _gn_serial
+    run(x.reshape(-1), scale.astype(cd, copy=False), bias.astype(cd, copy=False), y.reshape(-1), N * G, G, Cg,
+        S, float(eps), cd == np.float64)
+
+
+# -- BatchNorm ----------------------------------------------------------------------------------
+@nb.njit(**_OPTS)
+def _bn_task(x, mean, a, b, y, row, C, S):
+    c = row % C
+    m = mean[c]
+    ac = a[c]
+    bc = b[c]
+    xs = x[row * S: row * S + S]
+    ys = y[row * S: row * S + S]
+    for s in range(S):
+        ys[s] = (xs[s] - m) * ac + bc
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_parallel(x, mean, a, b, y, rows, C, S):
+    for r in nb.prange(rows):
+        _bn_task(x, mean, a, b, y, r, C, S)
+
+
+@nb.njit(**_OPTS)
+def _bn_serial(x, mean, a, b, y, rows, C, S):
+    for r in range(rows):
+        _bn_task(x, mean, a, b, y, r, C, S)
+
+
+@nb.njit(**_OPTS)
+def _bn_stats_task(x, c, N, C, S, exact, mean_o, var_o):
+    """Mean and population variance of channel c over (N, S) of an (N, C, S) array."""
+    cnt = N * S
+    if cnt == 0:
+        mean_o[c] = np.nan
+        var_o[c] = np.nan
+        return
+    if exact:
+        s = 0.0
+        for n in range(N):
+            xs = x[(n * C + c) * S: (n * C + c) * S + S]
+            for i in range(S):
+                s += xs[i]
+        m = s / cnt
+        q = 0.0
+        for n in range(N):
+            xs = x[(n * C + c) * S: (n * C + c) * S + S]
+            for i in range(S):
+                d = xs[i] - m
+                q += d * d
+        mean_o[c] = m
+        var_o[c] = q / cnt
+        return
+    shift = float(x[c * S])
+    s = 0.0
+    q = 0.0
+    for n in range(N):
+        xs = x[(n * C + c) * S: (n * C + c) * S + S]
+        for i in range(S):
+            d = xs[i] - shift
+            s += d
+            q += d * d
+    m = s / cnt
+    v = q / cnt - m * m
+    mean_o[c] = shift + m
+    var_o[c] = v if v > 0.0 else 0.0
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_stats_parallel(x, N, C, S, exact, mean_o, var_o):
+    for c in nb.prange(C):
+        _bn_stats_task(x, c, N, C, S, exact, mean_o, var_o)
+
+
+@nb.njit(**_OPTS)
+def _bn_stats_serial(x, N, C, S, exact, mean_o, var_o):
+    for c in range(C):
+        _bn_stats_task(x, c, N, C, S, exact, mean_o, var_o)
+
+
+def batch_norm(x: np.ndarray, scale, bias, mean, var, y: np.ndarray, N: int, C: int, S: int, eps: float,
+               parallel: bool, training: bool, momentum: float):
+    """Inference: normalise with the given statistics. Training: per-channel batch statistics
+    (population variance), and return the updated running (mean, var) in float64."""
+    flat = x.reshape(-1)
+    if training:
+        bm = np.empty(C)
+        bv = np.empty(C)
+        if x.size:
+            (_bn_stats_parallel if parallel else _bn_stats_serial)(flat, N, C, S, x.dtype == np.float64, bm, bv)
+        else:
+            bm[:] = np.nan
+            bv[:] = np.nan
+        use_m, use_v = bm, bv
+    else:
+        use_m, use_v = mean.astype(np.float64), var.astype(np.float64)
+    with np.errstate(all="ignore"):
+        a = scale.astype(np.float64) / np.sqrt(use_v + eps)
+    if x.size:
+        (_bn_parallel if parallel else _bn_serial)(flat, use_m, a, bias.astype(np.float64), y.reshape(-1), N * C, C,
+                                                   S)
+    if training:
+        return (mean.astype(np.float64) * momentum + bm * (1.0 - momentum),
+                var.astype(np.float64) * momentum + bv * (1.0 - momentum))
+    return None
+
+
+# -- rarely-hot ONNX breadth ops (numpy-vectorised) ------------------------------------------------
+def lp_normalize(x: np.ndarray, out: np.ndarray, axis: int, p: int) -> None:
+    """x / ||x||_p along axis; 0 where the norm is 0 (ONNX)."""
+    w = x.astype(np.float64)
+    if p == 1:
+        norm = np.sum(np.abs(w), axis=axis, keepdims=True)
+    else:
+        norm = np.sqrt(np.sum(w * w, axis=axis, keepdims=True))
+    with np.errstate(all="ignore"):
+        r = np.where(norm == 0, 0.0, w / norm)
+    np.copyto(out, r, casting="unsafe")
+
+
+def mean_variance_normalize(x: np.ndarray, out: np.ndarray, axes: tuple) -> None:
+    """(x - mean) / (sqrt(var) + 1e-9) over axes (ONNX's function body, float64 math)."""
+    w = x.astype(np.float64)
+    n = math.prod(x.shape[a] for a in axes)
+    with np.errstate(all="ignore"):
+        m = np.sum(w, axis=axes, keepdims=True) / n
+        d = w - m
+        v = np.sum(d * d, axis=axes, keepdims=True) / n
+        r = d / (np.sqrt(v) + 1e-9)
+    np.copyto(out, r, casting="unsafe")
+
+
+def lrn(x: np.ndarray, out: np.ndarray, size: int, alpha: float, beta: float, bias: float) -> None:
+    """Local response normalisation across channels (axis 1) with a prefix-sum window:
+    channels ``[c - floor((size-1)/2), c + ceil((size-1)/2)]`` clipped to the range."""
+    w = x.astype(np.float64)
+    C = x.shape[1]
+    before = (size - 1) // 2
+    after = math.ceil((size - 1) / 2)
+    sq = w * w
+    cs = np.zeros((x.shape[0], C + 1) + x.shape[2:])
+    np.cumsum(sq, axis=1, out=cs[:, 1:])
+    c = np.arange(C)
+    hi = np.minimum(C, c + after + 1)
+    lo = np.maximum(0, c - before)
+    win = cs[:, hi] - cs[:, lo]
+    with np.errstate(all="ignore"):
+        r = w / (bias + (alpha / size) * win) ** beta
+    np.copyto(out, r, casting="unsafe")
