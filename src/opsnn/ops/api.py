@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-from ..errors import ParamInvalidError
+from ..errors import OpsnnError, ParamInvalidError
 from . import executor
 from .registry import OpRecord, get_op
 
@@ -41,6 +41,8 @@ class OpFunction:
     def _translate(self, args, kwargs):
         try:
             res = self.translate(*args, **kwargs)
+        except OpsnnError:
+            raise
         except TypeError as exc:
             raise ParamInvalidError(f"{self.name}: {exc}", op=self.op_name) from None
         if len(res) == 2:

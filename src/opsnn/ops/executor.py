@@ -43,6 +43,8 @@ def _freeze(v):
         return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
     if isinstance(v, Tensor):
         return _freeze(v.numpy())
+    if hasattr(v, "SerializeToString"):  # protobuf attribute values (e.g. an ONNX TensorProto)
+        return (type(v).__name__, v.SerializeToString())
     return v
 
 
@@ -303,9 +305,10 @@ def plan_op(rec: OpRecord, metas: list, values: list, attrs: dict | None, *, alg
     the kernel. No memory is touched."""
     while metas and metas[-1] is None and len(metas) > sum(1 for s in rec.inputs if not s.optional):
         metas, values = metas[:-1], values[:-1]
-    n_out = num_outputs or _default_num_outputs(rec)
     rec.check_inputs(metas)
     bound = rec.bind_attrs(attrs or {})
+    n_out = num_outputs or (rec.output_count(values, bound) if rec.output_count else None) \
+        or _default_num_outputs(rec)
     if rec.outputs and rec.outputs[-1].variadic and bound.get("num_outputs", 0) is None:
         bound["num_outputs"] = n_out
     ctx = InferContext(rec, list(metas), bound, list(values), n_out, device)

@@ -180,6 +180,7 @@ class OpRecord:
     doc: str = ""
     dynamic_shape: bool = False
     flops: Callable | None = None  # flops(ctx) -> int, for the profiler's GFLOP/s
+    output_count: Callable | None = None  # output_count(host values, attrs) -> int for variadic outputs
     kernels: list[Kernel] = field(default_factory=list)
 
     def __post_init__(self):

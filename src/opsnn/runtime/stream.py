@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 
-from ..errors import KernelError, OpsnnRuntimeError
+from ..errors import InferShapeError, KernelError, OpsnnRuntimeError, ParamInvalidError
 from .context import context as _get_context
 from . import hooks
 
@@ -151,6 +151,8 @@ class Stream:
         errors, self._errors = self._errors, []
         self._failed.clear()
         seq, name, exc = errors[0]
+        if isinstance(exc, (ParamInvalidError, InferShapeError)):
+            raise exc  # a data check inside a kernel (index out of range...): keep its typed error
         more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
         raise KernelError(f"{name}: kernel failed on stream {self.name}: {type(exc).__name__}: {exc}{more}",
                           op=name) from exc
