@@ -37,6 +37,11 @@ _ALIASES = {
     "bool": bool_,
     "float8_e4m3fn": float8_e4m3fn, "float8_e5m2": float8_e5m2,
 }
+# narrow types ml_dtypes provides (quantization, ONNX conformance); present ones only
+for _name in ("int4", "uint4", "int2", "uint2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
+              "float8_e8m0fnu", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"):
+    if hasattr(ml_dtypes, _name):
+        _ALIASES[_name] = np.dtype(getattr(ml_dtypes, _name))
 
 #: dtypes with a first-class place in opsnn (tensors of other numpy dtypes are still
 #: accepted by ops whose records allow them, e.g. strings for ONNX conformance).
@@ -72,7 +77,7 @@ def name(dtype) -> str:
 
 def is_float(dtype) -> bool:
     dt = get(dtype)
-    return dt.kind == "f" or dt in (bfloat16, float8_e4m3fn, float8_e5m2)
+    return dt.kind == "f" or dt == bfloat16 or dt.name.startswith(("float8", "float4", "float6"))
 
 
 def is_low_precision(dtype) -> bool:
