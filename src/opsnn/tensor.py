@@ -312,6 +312,14 @@ class Tensor:
     def __truediv__(self, o): return self._binary(o, "div")
     def __rtruediv__(self, o): return self._binary(o, "div", True)
     def __pow__(self, o): return self._binary(o, "pow")
+    def __rpow__(self, o): return self._binary(o, "pow", True)
+    def __mod__(self, o): return self._binary(o, "remainder")
+    def __lt__(self, o): return self._binary(o, "lt")
+    def __le__(self, o): return self._binary(o, "le")
+    def __gt__(self, o): return self._binary(o, "gt")
+    def __ge__(self, o): return self._binary(o, "ge")
+    def __and__(self, o): return self._binary(o, "logical_and")
+    def __or__(self, o): return self._binary(o, "logical_or")
     def __matmul__(self, o): return self._binary(o, "matmul")
     def __rmatmul__(self, o): return self._binary(o, "matmul", True)
 
@@ -319,6 +327,13 @@ class Tensor:
         from .ops import neg
 
         return neg(self)
+
+    def __abs__(self):
+        from .ops import abs as _abs
+
+        return _abs(self)
+
+    __hash__ = object.__hash__  # comparisons return tensors; identity hashing stays
 
 
 def _mlock(arr: np.ndarray) -> bool:
