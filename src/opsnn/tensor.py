@@ -47,6 +47,9 @@ class Storage:
 
 
 def _alloc_array(shape: tuple, dtype: np.dtype, tag: str | None = None) -> np.ndarray:
+    if dtype.hasobject:
+        # string tensors (ONNX string ops) hold Python object pointers, which raw pool bytes cannot own
+        return np.empty(shape, dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     storage = Storage(context().pool, nbytes, tag)
     buf = np.asarray(storage)  # base is the Storage: keeps the block alive
@@ -404,8 +407,9 @@ def tensor(data, dtype=None, format: str = "ND") -> Tensor:
     arr = np.asarray(data) if dtype is None else np.asarray(data, dtype=_dt.get(dtype))
     if arr.dtype == np.float64 and dtype is None and not isinstance(data, np.ndarray):
         arr = arr.astype(np.float32)  # Python floats default to float32, as in torch
-    if arr.dtype.kind == "O":
-        raise ParamInvalidError(f"tensor: cannot build a tensor from {type(data).__name__} (object dtype)")
+    if arr.dtype.kind == "O" and not all(isinstance(v, (str, bytes)) for v in arr.reshape(-1)):
+        raise ParamInvalidError(f"tensor: cannot build a tensor from {type(data).__name__} (object dtype that is "
+                                "not strings)")
     t = Tensor(_alloc_array(arr.shape, arr.dtype), _check_format(format, arr.ndim))
     np.copyto(t._array, arr)
     return t
