@@ -49,7 +49,8 @@ def _freeze(v):
 
 
 def _attrs_key(attrs: dict) -> tuple:
-    key = tuple(attrs.items())
+    # lists of ints are the common unhashable attribute: turn them into tuples cheaply first
+    key = tuple((k, tuple(v) if type(v) is list else v) for k, v in attrs.items())
     try:
         hash(key)
         return key
