@@ -13,7 +13,7 @@ from .runtime import memory
 from .tensor import Tensor, empty, from_dlpack, from_numpy, full, ones, tensor, zeros
 from . import ops
 from .ops import kernel_selector, register_kernel, register_op
-from . import aclnn, config, models, tools
+from . import aclnn, config, nn, models, tools
 from .tools import profiler
 from .tools.plot import plot_graph
 from . import debug, graph, optimize
@@ -27,7 +27,7 @@ from .tools import debug_log as _debug_log
 
 _debug_log.configure_from_env()
 
-__all__ = ["onnx", "plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
+__all__ = ["nn", "onnx", "plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
            "empty", "errors", "finalize", "from_dlpack", "from_numpy", "full", "hooks", "init",
            "is_initialized", "kernel_selector", "memory", "ones", "ops", "profiler", "tools", "register_kernel", "register_op",
            "tensor", "zeros"]

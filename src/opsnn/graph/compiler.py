@@ -90,7 +90,8 @@ class CompiledGraph:
         self.plans_built = 0
         self.mode = "compiled"
         self.mode_reason = ""
-        self._weights = {k: Tensor(np.ascontiguousarray(v)) for k, v in graph.initializers.items()}
+        # np.require keeps 0-d initializers 0-d (ascontiguousarray would make them shape (1,))
+        self._weights = {k: Tensor(np.require(v, requirements="C")) for k, v in graph.initializers.items()}
         self._input_specs = {v.name: v for v in graph.inputs if v.name not in graph.initializers}
         self.hash = graph_hash(graph)
         self.kernel_choices: dict = {}  # node name -> kernel name (from a persisted cache)
@@ -385,7 +386,7 @@ class CompiledGraph:
         arena = _alloc_array((mem.arena_bytes,), _dt.uint8, f"graph:{g.name}:arena") if mem.arena_bytes else None
         tensors: dict = dict(self._weights)
         for n, val in folded.items():
-            tensors[n] = Tensor(np.ascontiguousarray(val))
+            tensors[n] = Tensor(np.require(val, requirements="C"))
 
         def view(name, meta):
             off = mem.offsets[name]

@@ -1,0 +1,117 @@
+"""Deterministic weight initialisation: one seeded numpy generator that every layer draws from.
+
+Layers draw their initial weights from :func:`generator` in construction order, so building
+a model under ``seeded(s)`` gives the same weights every time::
+
+    >>> import opsnn
+    >>> with opsnn.nn.init.seeded(0):
+    ...     a = opsnn.nn.Linear(3, 2).weight.numpy().copy()
+    >>> with opsnn.nn.init.seeded(0):
+    ...     b = opsnn.nn.Linear(3, 2).weight.numpy()
+    >>> bool((a == b).all())
+    True
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import ParamInvalidError
+from ..tensor import Tensor
+
+_rng = np.random.default_rng(0)
+
+
+def manual_seed(seed: int) -> None:
+    """Reseed the generator layers draw their initial weights from."""
+    global _rng
+    _rng = np.random.default_rng(int(seed))
+
+
+def generator() -> np.random.Generator:
+    return _rng
+
+
+@contextlib.contextmanager
+def seeded(seed: int | None):
+    """Draw initial weights from a generator seeded with ``seed`` inside the block
+    (``None``: leave the current generator alone)."""
+    global _rng
+    if seed is None:
+        yield _rng
+        return
+    saved = _rng
+    _rng = np.random.default_rng(int(seed))
+    try:
+        yield _rng
+    finally:
+        _rng = saved
+
+
+def _fans(shape) -> tuple[int, int]:
+    if len(shape) < 2:
+        raise ParamInvalidError(f"init: fan in/out need a weight with >= 2 dims, got shape {tuple(shape)}")
+    recept = math.prod(shape[2:])
+    return shape[1] * recept, shape[0] * recept
+
+
+def _cast(a: np.ndarray, dtype) -> np.ndarray:
+    return a.astype(_dt.get(dtype), copy=False)
+
+
+def uniform(shape, low: float, high: float, dtype="float32") -> np.ndarray:
+    return _cast(_rng.uniform(low, high, size=tuple(shape)), dtype)
+
+
+def normal(shape, std: float = 1.0, mean: float = 0.0, dtype="float32") -> np.ndarray:
+    return _cast(_rng.standard_normal(size=tuple(shape), dtype=np.float32) * np.float32(std) + np.float32(mean),
+                 dtype)
+
+
+def kaiming_uniform(shape, a: float = math.sqrt(5), dtype="float32") -> np.ndarray:
+    """torch's default for Linear/Conv weights: ``U(-b, b)``, ``b = gain * sqrt(3 / fan_in)``."""
+    fan_in, _ = _fans(shape)
+    gain = math.sqrt(2.0 / (1 + a * a))
+    bound = gain * math.sqrt(3.0 / max(fan_in, 1))
+    return uniform(shape, -bound, bound, dtype)
+
+
+def kaiming_normal(shape, mode: str = "fan_in", nonlinearity: str = "relu", dtype="float32") -> np.ndarray:
+    fan_in, fan_out = _fans(shape)
+    fan = fan_in if mode == "fan_in" else fan_out
+    gain = math.sqrt(2.0) if nonlinearity == "relu" else 1.0
+    return normal(shape, gain / math.sqrt(max(fan, 1)), dtype=dtype)
+
+
+def fan_in_bound(weight_shape) -> float:
+    """torch's bias bound for Linear/Conv: ``1 / sqrt(fan_in)``."""
+    fan_in, _ = _fans(weight_shape)
+    return 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+
+
+# -- in place, on existing tensors ------------------------------------------------------------------
+def normal_(t: Tensor, std: float = 1.0, mean: float = 0.0) -> Tensor:
+    return t.copy_(normal(t.shape, std, mean, np.float32))
+
+
+def uniform_(t: Tensor, low: float, high: float) -> Tensor:
+    return t.copy_(uniform(t.shape, low, high, np.float64))
+
+
+def kaiming_normal_(t: Tensor, mode: str = "fan_in", nonlinearity: str = "relu") -> Tensor:
+    return t.copy_(kaiming_normal(t.shape, mode, nonlinearity, np.float32))
+
+
+def constant_(t: Tensor, value: float) -> Tensor:
+    return t.copy_(np.full(t.shape, value))
+
+
+def zeros_(t: Tensor) -> Tensor:
+    return constant_(t, 0)
+
+
+def ones_(t: Tensor) -> Tensor:
+    return constant_(t, 1)

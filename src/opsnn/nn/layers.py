@@ -1,0 +1,358 @@
+"""Layers with torch's names, arguments and parameter layouts, running on opsnn ops:
+Linear, Conv2d, BatchNorm2d, LayerNorm, RMSNorm, GroupNorm, Embedding, Dropout and the
+activation modules.
+
+>>> import opsnn, numpy as np
+>>> conv = opsnn.nn.Conv2d(3, 8, 3, padding=1, config={"algo": "conv2d_im2col"})
+>>> conv(opsnn.tensor(np.ones((1, 3, 8, 8), np.float32))).shape
+(1, 8, 8, 8)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes as _dt
+from .. import ops
+from ..errors import ParamInvalidError
+from ..ops.registry import get_op
+from . import init
+from .functional import check_token_ids, reshape
+from .module import Module, Parameter
+
+
+class OutOfVocabularyError(ParamInvalidError):
+    """A token id lies outside an embedding table."""
+
+
+def _pair(v, name: str) -> tuple:
+    if isinstance(v, (int, np.integer)):
+        return (int(v), int(v))
+    if isinstance(v, (tuple, list)) and len(v) == 2:
+        return (int(v[0]), int(v[1]))
+    raise ParamInvalidError(f"Conv2d: {name} must be an int or a pair of ints, got {v!r}")
+
+
+class Identity(Module):
+    def forward(self, x):
+        return x
+
+
+class Linear(Module):
+    """``y = x W^T + b`` with ``weight`` (out_features, in_features), torch's layout and init."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype="float32"):
+        super().__init__()
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        shape = (self.out_features, self.in_features)
+        self.weight = Parameter(init.kaiming_uniform(shape, dtype=dtype))
+        if bias:
+            b = init.fan_in_bound(shape)
+            self.bias = Parameter(init.uniform((self.out_features,), -b, b, dtype))
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x):
+        return ops.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def conv_kernels() -> list[str]:
+    """Names of the registered Conv kernels (what ``Conv2d(config={"algo": ...})`` accepts)."""
+    return [k.name for k in get_op("Conv").kernels]
+
+
+def resolve_conv_algo(algo: str) -> str:
+    """The Conv kernel named by ``algo``: its exact name, or a short form (``"winograd"`` for
+    ``conv2d_winograd``, ``"im2col"`` for ``conv2d_im2col``); anything else raises, listing the
+    registered Conv kernels."""
+    names = conv_kernels()
+    if algo in names:
+        return algo
+    if f"conv2d_{algo}" in names:
+        return f"conv2d_{algo}"
+    hits = [n for n in names if isinstance(algo, str) and algo and algo in n]
+    if len(hits) == 1:
+        return hits[0]
+    why = f"matches several ({hits})" if hits else "is not a registered Conv kernel"
+    raise ParamInvalidError(f"Conv2d: config algo {algo!r} {why}; available Conv kernels: {names}")
+
+
+class Conv2d(Module):
+    """2-D convolution, torch's arguments and ``weight`` layout (out, in/groups, kh, kw).
+
+    ``config={"algo": name}`` pins the Conv kernel used on every call (``algo=`` of
+    ``opsnn.ops.conv2d``); ``name`` is a kernel name or its short form (``"winograd"`` ->
+    ``conv2d_winograd``); an unknown name fails here, listing the registered kernels.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", dtype="float32",
+                 config: dict | None = None):
+        super().__init__()
+        if padding_mode != "zeros":
+            raise ParamInvalidError(f"Conv2d: only padding_mode='zeros' is supported, got {padding_mode!r}")
+        if in_channels % groups or out_channels % groups:
+            raise ParamInvalidError(f"Conv2d: in_channels ({in_channels}) and out_channels ({out_channels}) must "
+                                    f"be divisible by groups ({groups})")
+        self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), int(groups)
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.stride, self.dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+        self.padding = padding if isinstance(padding, str) else _pair(padding, "padding")
+        self.algo = None
+        config = dict(config or {})
+        algo = config.pop("algo", None)
+        if config:
+            raise ParamInvalidError(f"Conv2d: unknown config keys {sorted(config)}; supported: ['algo']")
+        if algo is not None:
+            self.algo = resolve_conv_algo(algo)
+        shape = (self.out_channels, self.in_channels // self.groups) + self.kernel_size
+        self.weight = Parameter(init.kaiming_uniform(shape, dtype=dtype))
+        if bias:
+            b = init.fan_in_bound(shape)
+            self.bias = Parameter(init.uniform((self.out_channels,), -b, b, dtype))
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x):
+        return ops.conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
+                          dilation=self.dilation, groups=self.groups, algo=self.algo)
+
+    def extra_repr(self) -> str:
+        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+             f"padding={self.padding}")
+        if self.dilation != (1, 1):
+            s += f", dilation={self.dilation}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        if self.algo:
+            s += f", algo={self.algo!r}"
+        return s + ("" if self.bias is not None else ", bias=False")
+
+
+class BatchNorm2d(Module):
+    """Inference batch norm with torch's parameters (``weight``, ``bias``) and buffers
+    (``running_mean``, ``running_var``, ``num_batches_tracked``)."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, dtype="float32"):
+        super().__init__()
+        if not track_running_stats:
+            raise ParamInvalidError("BatchNorm2d: track_running_stats=False (batch statistics) is not supported "
+                                    "in inference")
+        self.num_features, self.eps, self.momentum = int(num_features), float(eps), float(momentum)
+        dt = _dt.get(dtype)
+        if affine:
+            self.weight = Parameter(np.ones(num_features, dt))
+            self.bias = Parameter(np.zeros(num_features, dt))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.register_buffer("running_mean", np.zeros(num_features, dt))
+        self.register_buffer("running_var", np.ones(num_features, dt))
+        self.register_buffer("num_batches_tracked", np.zeros((), np.int64), optional=True)
+
+    def forward(self, x):
+        if self.training:
+            raise ParamInvalidError("BatchNorm2d: training mode is not supported (inference library); call .eval()")
+        return ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, eps={self.eps}"
+
+
+class LayerNorm(Module):
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 dtype="float32"):
+        super().__init__()
+        shape = (int(normalized_shape),) if isinstance(normalized_shape, (int, np.integer)) else \
+            tuple(int(s) for s in normalized_shape)
+        self.normalized_shape, self.eps = shape, float(eps)
+        dt = _dt.get(dtype)
+        if elementwise_affine:
+            self.weight = Parameter(np.ones(shape, dt))
+            if bias:
+                self.bias = Parameter(np.zeros(shape, dt))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x):
+        return ops.layer_norm(x, self.normalized_shape, self.weight, self.bias, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class RMSNorm(Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` (``eps=None``: the dtype's machine epsilon, as torch)."""
+
+    def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True,
+                 dtype="float32"):
+        super().__init__()
+        shape = (int(normalized_shape),) if isinstance(normalized_shape, (int, np.integer)) else \
+            tuple(int(s) for s in normalized_shape)
+        self.normalized_shape, self.eps = shape, eps
+        if elementwise_affine:
+            self.weight = Parameter(np.ones(shape, _dt.get(dtype)))
+        else:
+            self.register_parameter("weight", None)
+
+    def forward(self, x):
+        return ops.rms_norm(x, self.normalized_shape, self.weight, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class GroupNorm(Module):
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, dtype="float32"):
+        super().__init__()
+        if num_channels % num_groups:
+            raise ParamInvalidError(f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups "
+                                    f"({num_groups})")
+        self.num_groups, self.num_channels, self.eps = int(num_groups), int(num_channels), float(eps)
+        dt = _dt.get(dtype)
+        if affine:
+            self.weight = Parameter(np.ones(num_channels, dt))
+            self.bias = Parameter(np.zeros(num_channels, dt))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x):
+        return ops.group_norm(x, self.num_groups, self.weight, self.bias, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}"
+
+
+class Embedding(Module):
+    """A lookup table ``weight`` (num_embeddings, embedding_dim), initialised N(0, 1) with a zero
+    ``padding_idx`` row; ids outside the table raise :class:`OutOfVocabularyError`."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, dtype="float32"):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        w = init.normal((self.num_embeddings, self.embedding_dim), dtype=dtype)
+        if padding_idx is not None:
+            if not -self.num_embeddings <= padding_idx < self.num_embeddings:
+                raise ParamInvalidError(f"Embedding: padding_idx {padding_idx} outside [0, {self.num_embeddings})")
+            padding_idx %= self.num_embeddings
+            w[padding_idx] = 0
+        self.padding_idx = padding_idx
+        self.weight = Parameter(w)
+
+    def forward(self, ids):
+        ids = check_token_ids(ids, self.num_embeddings, "Embedding")
+        return ops.embedding(ids, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class Dropout(Module):
+    """Identity in eval mode (the default); inverted dropout in training mode."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ParamInvalidError(f"Dropout: p must be in [0, 1], got {p}")
+        self.p = float(p)
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        return ops.dropout(x, self.p, training=True)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class ReLU(Module):
+    def forward(self, x):
+        return ops.relu(x)
+
+
+class GELU(Module):
+    """``approximate='none'`` (erf) or ``'tanh'``."""
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ParamInvalidError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x):
+        return ops.gelu(x, approximate=self.approximate)
+
+
+class SiLU(Module):
+    def forward(self, x):
+        return ops.silu(x)
+
+
+class Sigmoid(Module):
+    def forward(self, x):
+        return ops.sigmoid(x)
+
+
+class Tanh(Module):
+    def forward(self, x):
+        return ops.tanh(x)
+
+
+class Softmax(Module):
+    def __init__(self, dim: int = -1):
+        super().__init__()
+        self.dim = int(dim)
+
+    def forward(self, x):
+        return ops.softmax(x, dim=self.dim)
+
+
+class Flatten(Module):
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        super().__init__()
+        self.start_dim, self.end_dim = int(start_dim), int(end_dim)
+
+    def forward(self, x):
+        if self.end_dim == -1 and self.start_dim >= 0:  # keeps the leading dims symbolic when traced
+            return reshape(x, (0,) * self.start_dim + (-1,))
+        return ops.flatten(x, self.start_dim, self.end_dim)
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False):
+        super().__init__()
+        self.kernel_size, self.padding, self.dilation = kernel_size, padding, dilation
+        self.stride = kernel_size if stride is None else stride
+        self.ceil_mode = bool(ceil_mode)
+
+    def forward(self, x):
+        return ops.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AdaptiveAvgPool2d(Module):
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, x):
+        if self.output_size in (1, (1, 1)):
+            return ops.run_op("GlobalAveragePool", [x])[0]
+        return ops.adaptive_avg_pool2d(x, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+__all__ = ["AdaptiveAvgPool2d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding", "Flatten", "GELU", "GroupNorm",
+           "Identity", "LayerNorm", "Linear", "MaxPool2d", "OutOfVocabularyError", "RMSNorm", "ReLU", "SiLU", "Sigmoid",
+           "Softmax", "Tanh", "conv_kernels", "resolve_conv_algo"]

@@ -1,0 +1,180 @@
+"""``LSTM`` and ``GRU`` with torch's parameters, run by the ONNX ``LSTM`` / ``GRU`` ops.
+
+Parameters keep torch's names and layout (``weight_ih_l{k}[_reverse]`` (G*H, in),
+``weight_hh_l{k}`` (G*H, H), ``bias_ih_l{k}``, ``bias_hh_l{k}``), so torch checkpoints load
+as they are. Each forward maps them onto the ONNX layout, one op call per layer:
+
+* gate order: torch's LSTM stacks gates as (i, f, g, o), ONNX's as (i, o, f, c) (c is g),
+  so the gate blocks are taken in order [0, 3, 1, 2]; torch's GRU stacks (r, z, n),
+  ONNX's (z, r, h), so the blocks are taken in order [1, 0, 2];
+* ``W`` = reordered ``weight_ih`` stacked over directions (dirs, G*H, in), ``R`` likewise
+  from ``weight_hh``, ``B`` = [reordered ``bias_ih``, reordered ``bias_hh``] (dirs, 2*G*H);
+* GRU uses ``linear_before_reset=1``: torch applies the reset gate after the hidden
+  matmul, ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``;
+* ONNX's Y (L, dirs, N, H) becomes torch's (L, N, dirs*H); Y_h of every layer is stacked
+  into h_n (layers*dirs, N, H).
+
+>>> import opsnn, numpy as np
+>>> lstm = opsnn.nn.LSTM(8, 16, num_layers=2, batch_first=True)
+>>> out, (h, c) = lstm(opsnn.tensor(np.random.rand(3, 5, 8).astype(np.float32)))
+>>> out.shape, h.shape
+((3, 5, 16), (2, 3, 16))
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import ops
+from ..errors import ParamInvalidError
+from ..tensor import as_tensor
+from . import init
+from .functional import reshape
+from .module import Module
+
+
+class _RNNBase(Module):
+    GATES = 1
+    ORDER = (0,)
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
+                 dtype="float32"):
+        super().__init__()
+        name = type(self).__name__
+        if proj_size:
+            raise ParamInvalidError(f"{name}: proj_size is not supported")
+        if num_layers < 1 or hidden_size < 1 or input_size < 1:
+            raise ParamInvalidError(f"{name}: input_size, hidden_size and num_layers must be >= 1, got "
+                                    f"{input_size}, {hidden_size}, {num_layers}")
+        self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
+        self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
+        self.bidirectional = bool(bidirectional)
+        self.num_directions = 2 if bidirectional else 1
+        H, G = self.hidden_size, self.GATES
+        bound = 1.0 / math.sqrt(H)
+        for layer in range(self.num_layers):
+            in_size = self.input_size if layer == 0 else H * self.num_directions
+            for sfx in self._suffixes(layer):
+                self.register_parameter(f"weight_ih{sfx}", init.uniform((G * H, in_size), -bound, bound, dtype))
+                self.register_parameter(f"weight_hh{sfx}", init.uniform((G * H, H), -bound, bound, dtype))
+                if bias:
+                    self.register_parameter(f"bias_ih{sfx}", init.uniform((G * H,), -bound, bound, dtype))
+                    self.register_parameter(f"bias_hh{sfx}", init.uniform((G * H,), -bound, bound, dtype))
+
+    def _suffixes(self, layer: int) -> list[str]:
+        return [f"_l{layer}"] + ([f"_l{layer}_reverse"] if self.bidirectional else [])
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}"
+        if self.batch_first:
+            s += ", batch_first=True"
+        if self.bidirectional:
+            s += ", bidirectional=True"
+        return s
+
+    def _reorder(self, a: np.ndarray) -> np.ndarray:
+        H = self.hidden_size
+        return np.concatenate([a[g * H:(g + 1) * H] for g in self.ORDER], axis=0)
+
+    def onnx_weights(self, layer: int) -> tuple:
+        """``(W, R, B)`` of ``layer`` in the ONNX layout (numpy; ``B`` None without bias)."""
+        W, R, B = [], [], []
+        for sfx in self._suffixes(layer):
+            W.append(self._reorder(getattr(self, f"weight_ih{sfx}").numpy()))
+            R.append(self._reorder(getattr(self, f"weight_hh{sfx}").numpy()))
+            if self.bias:
+                B.append(np.concatenate([self._reorder(getattr(self, f"bias_ih{sfx}").numpy()),
+                                         self._reorder(getattr(self, f"bias_hh{sfx}").numpy())]))
+        return np.stack(W), np.stack(R), (np.stack(B) if self.bias else None)
+
+    def _check_input(self, x):
+        x = as_tensor(x)
+        name = type(self).__name__
+        if x.ndim not in (2, 3) or x.shape[-1] != self.input_size:
+            raise ParamInvalidError(f"{name}: input must be (L, N, {self.input_size}) (or (N, L, ...) with "
+                                    f"batch_first, or 2-D unbatched), got {x.shape}")
+        return x
+
+    def _state(self, s, N: int, what: str):
+        if s is None:
+            return None
+        s = as_tensor(s)
+        want = (self.num_layers * self.num_directions, N, self.hidden_size)
+        if tuple(s.shape) != want:
+            raise ParamInvalidError(f"{type(self).__name__}: {what} must be {want}, got {s.shape}")
+        return s
+
+    def _layer_state(self, s, layer: int):
+        if s is None:
+            return None
+        d = self.num_directions
+        return ops.slice(s, [layer * d], [(layer + 1) * d], axes=[0])
+
+    def _run(self, x, states: list):
+        """Shared driver: returns (output, [stacked final states])."""
+        name = type(self).__name__
+        if self.training and self.dropout > 0 and self.num_layers > 1:
+            raise ParamInvalidError(f"{name}: inter-layer dropout in training mode is not supported")
+        x = self._check_input(x)
+        unbatched = x.ndim == 2
+        if unbatched:
+            x = ops.unsqueeze(x, 1)
+            states = [None if s is None else ops.unsqueeze(s, 1) for s in states]
+        elif self.batch_first:
+            x = ops.transpose(x, (1, 0, 2))
+        N = x.shape[1]
+        states = [self._state(s, N, w) for s, w in zip(states, ("h_0", "c_0"))]
+        direction = "bidirectional" if self.bidirectional else "forward"
+        finals = [[] for _ in states]
+        for layer in range(self.num_layers):
+            W, R, B = self.onnx_weights(layer)
+            init_states = [self._layer_state(s, layer) for s in states]
+            outs = self._op(x, W, R, B, init_states, direction)
+            y = outs[0]  # (L, dirs, N, H)
+            x = reshape(ops.transpose(y, (0, 2, 1, 3)), (0, 0, self.num_directions * self.hidden_size))
+            for f, o in zip(finals, outs[1:]):
+                f.append(o)
+        final = [f[0] if len(f) == 1 else ops.concat(f, dim=0) for f in finals]
+        if unbatched:
+            x = ops.squeeze(x, 1)
+            final = [ops.squeeze(f, 1) for f in final]
+        elif self.batch_first:
+            x = ops.transpose(x, (1, 0, 2))
+        return x, final
+
+
+class LSTM(_RNNBase):
+    """torch.nn.LSTM: ``forward(x, (h_0, c_0)=None) -> (output, (h_n, c_n))``."""
+
+    GATES = 4
+    ORDER = (0, 3, 1, 2)  # torch (i, f, g, o) -> ONNX (i, o, f, c)
+
+    def _op(self, x, W, R, B, init_states, direction):
+        h0, c0 = init_states
+        if (h0 is None) != (c0 is None):  # ONNX needs both or neither
+            zero = np.zeros((self.num_directions, x.shape[1], self.hidden_size), x.dtype)
+            h0 = zero if h0 is None else h0
+            c0 = zero if c0 is None else c0
+        return ops.lstm(x, W, R, B, None, h0, c0, hidden_size=self.hidden_size, direction=direction)
+
+    def forward(self, x, hx=None):
+        h0, c0 = (None, None) if hx is None else hx
+        y, (h, c) = self._run(x, [h0, c0])
+        return y, (h, c)
+
+
+class GRU(_RNNBase):
+    """torch.nn.GRU: ``forward(x, h_0=None) -> (output, h_n)``."""
+
+    GATES = 3
+    ORDER = (1, 0, 2)  # torch (r, z, n) -> ONNX (z, r, h)
+
+    def _op(self, x, W, R, B, init_states, direction):
+        return ops.gru(x, W, R, B, None, init_states[0], hidden_size=self.hidden_size, direction=direction,
+                       linear_before_reset=1)
+
+    def forward(self, x, hx=None):
+        y, (h,) = self._run(x, [hx])
+        return y, h
