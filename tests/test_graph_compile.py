@@ -280,3 +280,23 @@ def test_data_dependent_graphs_fall_back_to_the_interpreter():
     out = cg.run({"x": np.array([0, 1, 0, 2], np.float32)})["y"]
     np.testing.assert_array_equal(_np(out), [[1, 3]])
     assert cg.mode == "interpreted" and "data-dependent" in cg.mode_reason
+
+
+def test_tensor_view_methods_are_recorded_while_tracing(rng):
+    def f(x):
+        y = x.reshape(2, -1).T.unsqueeze(0)          # views become Reshape / Transpose / Unsqueeze nodes
+        return opsnn.ops.relu(y.squeeze(0).contiguous())
+
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    cg = opsnn.compile(f, [x])
+    ops_seen = [n.op_type for n in opsnn.graph.tracing.trace(f, [x]).nodes]
+    assert ops_seen[:3] == ["Reshape", "Transpose", "Unsqueeze"]
+    assert all(a.dtype.kind == "i" for a in cg.graph.initializers.values())  # shapes/axes only, no baked data
+    x2 = rng.standard_normal((4, 6)).astype(np.float32)  # new data must flow through, not a baked constant
+    np.testing.assert_allclose(cg.run([x2])[0].numpy(), np.maximum(x2.reshape(2, -1).T, 0))
+
+    def bad(x):
+        return opsnn.ops.relu(x[0])
+
+    with pytest.raises(ParamInvalidError, match="not recorded"):
+        opsnn.compile(bad, [x])

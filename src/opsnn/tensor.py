@@ -64,6 +64,13 @@ def _check_format(fmt: str, ndim: int) -> str:
     return fmt
 
 
+def _tracing() -> bool:
+    """True while opsnn.compile traces a function: view methods then record graph ops."""
+    from .ops import executor
+
+    return executor._tracer is not None
+
+
 class Tensor:
     """A tensor in opsnn memory. Build one with :func:`tensor`, :func:`empty`,
     :func:`from_numpy` or :func:`from_dlpack`; ops return them."""
@@ -162,6 +169,10 @@ class Tensor:
     def view(self, *shape) -> "Tensor":
         """Same data, new shape; raises if the layout makes that impossible without a copy."""
         shape = _shape_arg(shape)
+        if _tracing():
+            from .ops import reshape
+
+            return reshape(self, _resolve_shape(shape, self.numel, "view"))
         arr = self._array.view()
         try:
             arr.shape = _resolve_shape(shape, self.numel, "view")
@@ -175,6 +186,10 @@ class Tensor:
     def reshape(self, *shape) -> "Tensor":
         """A view when the layout allows, else a contiguous copy (like torch.reshape)."""
         shape = _resolve_shape(_shape_arg(shape), self.numel, "reshape")
+        if _tracing():
+            from .ops import reshape
+
+            return reshape(self, shape)
         arr = self._array.view()
         try:
             arr.shape = shape
@@ -189,16 +204,26 @@ class Tensor:
         axes = list(range(self.ndim))
         d0, d1 = _norm_dim(dim0, self.ndim, "transpose"), _norm_dim(dim1, self.ndim, "transpose")
         axes[d0], axes[d1] = axes[d1], axes[d0]
+        if _tracing():
+            from .ops import permute
+
+            return permute(self, *axes)
         return self._view(self._array.transpose(axes))
 
     def permute(self, *dims) -> "Tensor":
         dims = tuple(_norm_dim(d, self.ndim, "permute") for d in _shape_arg(dims))
         if sorted(dims) != list(range(self.ndim)):
             raise ParamInvalidError(f"permute: dims must be a permutation of 0..{self.ndim - 1}, got {dims}")
+        if _tracing():
+            from .ops import permute
+
+            return permute(self, *dims)
         return self._view(self._array.transpose(dims))
 
     @property
     def T(self) -> "Tensor":
+        if _tracing():
+            return self.permute(*reversed(range(self.ndim)))
         return self._view(self._array.T)
 
     def expand(self, *shape) -> "Tensor":
@@ -212,9 +237,17 @@ class Tensor:
             arr = np.broadcast_to(self._array, full)
         except ValueError:
             raise ParamInvalidError(f"expand: cannot expand shape {self.shape} to {tuple(shape)}") from None
+        if _tracing():
+            from .ops import expand
+
+            return expand(self, *full)
         return self._view(arr)
 
     def squeeze(self, dim: int | None = None) -> "Tensor":
+        if _tracing():
+            from .ops import squeeze
+
+            return squeeze(self, dim)
         if dim is None:
             return self._view(self._array.squeeze())
         d = _norm_dim(dim, self.ndim, "squeeze")
@@ -224,9 +257,16 @@ class Tensor:
 
     def unsqueeze(self, dim: int) -> "Tensor":
         d = _norm_dim(dim, self.ndim + 1, "unsqueeze")
+        if _tracing():
+            from .ops import unsqueeze
+
+            return unsqueeze(self, d)
         return self._view(np.expand_dims(self._array, d))
 
     def __getitem__(self, index) -> "Tensor":
+        if _tracing():
+            raise ParamInvalidError("indexing a tensor inside a traced function is not recorded in the graph; "
+                                    "use opsnn.ops.slice, opsnn.ops.gather or opsnn.ops.squeeze instead")
         if isinstance(index, Tensor):
             index = index.numpy()
         arr = self._array[index]
@@ -253,6 +293,10 @@ class Tensor:
     def clone(self) -> "Tensor":
         from .runtime.stream import current_stream
 
+        if _tracing():
+            from .ops import identity
+
+            return identity(self)
         src = self._array
         out = Tensor(_alloc_array(src.shape, src.dtype), self.format)
         dst = out._array

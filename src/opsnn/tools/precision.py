@@ -73,7 +73,7 @@ def _run_node(node, ins):
     if builtin is not None:
         from ..tensor import Tensor
 
-        outs = builtin(None, node, [None if a is None else Tensor(np.ascontiguousarray(a)) for a in ins], None)
+        outs = builtin(None, node, [None if a is None else Tensor(np.require(a, requirements="C")) for a in ins], None)
     else:
         outs = run_op(node.op_type, ins, dict(node.attrs), num_outputs=len(node.outputs), domain=node.domain)
     return [None if o is None else np.array(o.numpy() if hasattr(o, "numpy") else o) for o in outs]
