@@ -8,6 +8,7 @@ reason string when it refuses, so every refused fusion says why.
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -34,7 +35,14 @@ def _scalar(match: Match, name: str) -> float | None:
     return float(np.asarray(c).reshape(-1)[0])
 
 
+#: graph -> {value: concrete probe shape} (set by the rule passes, see shape_inference.probe_types)
+PROBE_SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _shape(match: Match, value: str):
+    probe = PROBE_SHAPES.get(match.graph)
+    if probe is not None and value in probe:
+        return tuple(probe[value].shape)
     v = match.graph.value_info.get(value)
     if v is None:
         if value in match.graph.initializers:

@@ -319,10 +319,14 @@ def _rule_pass(group: str):
         from . import fusion  # noqa: F401 - registers the library's rule groups
         from . import rules as _rules
         from .pattern import rewrite
-        from .shape_inference import infer_types
+        from .shape_inference import infer_types, probe_types
 
-        infer_types(graph)  # rule checks read value_info
-        report = rewrite(graph, _rules.BUILTIN_GROUPS[group])
+        infer_types(graph)
+        fusion.PROBE_SHAPES[graph] = probe_types(graph)  # rule checks read concrete probe shapes
+        try:
+            report = rewrite(graph, _rules.BUILTIN_GROUPS[group])
+        finally:
+            fusion.PROBE_SHAPES.pop(graph, None)
         for rule, nodes in report.applied:
             res.note(f"{rule}: {', '.join(nodes)}")
         for rule, root, why in report.refused:

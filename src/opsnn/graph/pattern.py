@@ -305,7 +305,10 @@ def rewrite(graph: Graph, rules: list[RewriteRule], max_iterations: int = 1000) 
         changed = False
         for rule in rules:
             m = Matcher(graph)
+            alive = set(map(id, graph.nodes))
             for root in list(graph.nodes):
+                if id(root) not in alive:  # removed by an earlier rewrite in this sweep
+                    continue
                 res = find_match(rule, graph, root, m)
                 if res is None:
                     continue
@@ -323,9 +326,8 @@ def rewrite(graph: Graph, rules: list[RewriteRule], max_iterations: int = 1000) 
                 report.applied.append((rule.name, [n.name for n in res.nodes]))
                 log.info("rewrite %s applied to %s", rule.name, [n.name for n in res.nodes])
                 changed = True
-                break
-            if changed:
-                break
+                m = Matcher(graph)  # the graph changed: fresh producers/consumers, keep sweeping
+                alive = set(map(id, graph.nodes))
         if not changed:
             break
     return report

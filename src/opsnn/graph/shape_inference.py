@@ -177,3 +177,66 @@ def format_dtype_flow(graph: Graph) -> str:
     if len(lines) == 1:
         lines.append("  none")
     return "\n".join(lines)
+
+
+_PROBE_EVAL_LIMIT = 1 << 16  # elements: evaluate shape arithmetic, never real tensors
+_SMALL_PRIMES = (37, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97)
+
+
+def probe_types(graph: Graph) -> dict:
+    """Concrete ``{value: TensorMeta}`` with every symbolic or unknown input dim bound to a distinct
+    probe prime, and values propagated through shape arithmetic (Shape -> Gather -> Concat ->
+    Reshape chains that exporters write). Ranks and equalities of shapes seen here hold for any
+    binding with high probability; rewrite rules use it to check their preconditions."""
+    from ..ops import executor as _ex
+
+    symbols = sorted({str(d) for v in graph.inputs for d in (v.shape or ()) if not isinstance(d, (int, np.integer))})
+    # small distinct primes: within real limits (max positions, vocab) and unlike model dims (64, 768...)
+    binding = {s: _SMALL_PRIMES[i % len(_SMALL_PRIMES)] for i, s in enumerate(symbols)}
+    metas: dict = {}
+    for v in graph.inputs:
+        if v.dtype is not None and v.shape is not None:
+            metas[v.name] = TensorMeta(tuple(d if isinstance(d, (int, np.integer)) else binding[str(d)]
+                                             for d in v.shape), v.dtype)
+    values = _constant_values(graph)
+    for k, a in values.items():
+        metas[k] = TensorMeta(a.shape, a.dtype)
+    for node in graph.nodes:
+        if node.op_type == "Constant" or not has_op(node.op_type, node.domain) or any(True for _ in node.subgraphs()):
+            continue
+        rec = get_op(node.op_type, node.domain)
+        ins = [metas.get(n) if n else None for n in node.inputs]
+        if any(m is None for m, n in zip(ins, node.inputs) if n):
+            continue
+        vals = [values.get(n) if n else None for n in node.inputs]
+        if node.op_type in ("Shape", "Size") and not node.domain:
+            shp = np.array(ins[0].shape, np.int64)
+            val = np.array(shp.prod(), np.int64) if node.op_type == "Size" else \
+                shp[node.attrs.get("start", 0):node.attrs.get("end", None)]
+            values[node.outputs[0]] = val
+            metas[node.outputs[0]] = TensorMeta(val.shape, val.dtype)
+            continue
+        known = all(v is not None for n, v in zip(node.inputs, vals) if n) and any(node.inputs)
+        small = all(m is None or int(np.prod(m.shape)) <= _PROBE_EVAL_LIMIT for m in ins)
+        if known and small and not rec.dynamic_shape and "Random" not in node.op_type:
+            try:
+                outs = _ex.call(rec, [None if not n else vals[i] for i, n in enumerate(node.inputs)],
+                                dict(node.attrs), num_outputs=len(node.outputs))
+                outs = outs if isinstance(outs, tuple) else (outs,)
+                for name, t in zip(node.outputs, outs):
+                    if name:
+                        values[name] = np.array(t.numpy())
+                        metas[name] = TensorMeta(t.shape, t.dtype)
+                continue
+            except Exception:  # noqa: BLE001 - fall back to shape inference only
+                pass
+        if any(i < len(node.inputs) and node.inputs[i] and vals[i] is None for i in rec.host_inputs):
+            continue
+        try:
+            outs = _infer_node(rec, ins, vals, node.attrs, len(node.outputs))
+        except Exception:  # noqa: BLE001 - one node's inference never breaks the graph's
+            continue
+        for name, m in zip(node.outputs, outs):
+            if name and m is not None:
+                metas[name] = TensorMeta(tuple(m.shape), m.dtype)
+    return metas
