@@ -300,3 +300,12 @@ def test_tensor_view_methods_are_recorded_while_tracing(rng):
 
     with pytest.raises(ParamInvalidError, match="not recorded"):
         opsnn.compile(bad, [x])
+
+
+def test_symbolic_dims_must_agree_across_inputs():
+    g = Graph("sym", inputs=[Value("a", np.float32, ("batch", 4)), Value("b", np.float32, ("batch", 4))],
+              outputs=["c"], nodes=[Node("Add", ["a", "b"], ["c"])])
+    cg = opsnn.compile(g)
+    cg.run({"a": np.ones((3, 4), np.float32), "b": np.ones((3, 4), np.float32)})
+    with pytest.raises(ParamInvalidError, match="symbolic dim 'batch' is 3 in input 'a' but 1 in input 'b'"):
+        cg.run({"a": np.ones((3, 4), np.float32), "b": np.ones((1, 4), np.float32)})

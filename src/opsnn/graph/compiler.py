@@ -219,6 +219,7 @@ class CompiledGraph:
                                         f"got {len(inputs)}")
             items = list(zip(names, inputs))
         feeds = {}
+        bound: dict = {}  # symbolic dim -> (value, input that fixed it): one value per symbol per run
         for name, x in items:
             t = as_tensor(x)
             spec = self._input_specs[name]
@@ -233,6 +234,12 @@ class CompiledGraph:
                     if isinstance(want, (int, np.integer)) and want >= 0 and want != got:
                         raise ParamInvalidError(f"graph {self.graph.name}: input {name!r} has shape {t.shape}; "
                                                 f"dim {d} must be {want} (declared {tuple(spec.shape)})")
+                    if isinstance(want, str) and want:
+                        prev = bound.setdefault(want, (got, name))
+                        if prev[0] != got:
+                            raise ParamInvalidError(
+                                f"graph {self.graph.name}: symbolic dim {want!r} is {prev[0]} in input {prev[1]!r} "
+                                f"but {got} in input {name!r} (shape {t.shape})")
             feeds[name] = t
         return feeds
 
