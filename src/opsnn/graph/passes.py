@@ -395,7 +395,14 @@ def optimize(graph: Graph, level: int = 3, disabled=None) -> OptimizeReport:
 
     off = _disabled | set(disabled or ())
     report = OptimizeReport(nodes_before=len(graph.nodes))
-    for p in PASSES:
+    import sys
+
+    from tqdm import tqdm
+
+    # a progress bar for big graphs on a terminal only
+    bar = tqdm(PASSES, desc=f"compile {graph.name}", unit="pass", leave=False,
+               disable=len(graph.nodes) < 300 or not sys.stderr.isatty())
+    for p in bar:
         if p.level > level or p.name in off:
             continue
         res = PassResult(p.name)
