@@ -449,7 +449,7 @@ def tensor(data, dtype=None, format: str = "ND") -> Tensor:
     if isinstance(data, Tensor):
         data = data.numpy()
     arr = np.asarray(data) if dtype is None else np.asarray(data, dtype=_dt.get(dtype))
-    if arr.dtype == np.float64 and dtype is None and not isinstance(data, np.ndarray):
+    if arr.dtype == np.float64 and dtype is None and not isinstance(data, (np.ndarray, np.generic)):
         arr = arr.astype(np.float32)  # Python floats default to float32, as in torch
     if arr.dtype.kind == "O" and not all(isinstance(v, (str, bytes)) for v in arr.reshape(-1)):
         raise ParamInvalidError(f"tensor: cannot build a tensor from {type(data).__name__} (object dtype that is "

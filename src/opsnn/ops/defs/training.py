@@ -1,0 +1,219 @@
+"""Optimizer ops of the ONNX training preview domain (``ai.onnx.preview.training``):
+Adagrad, Adam and Momentum — records, kernels and functional entry points.
+
+Each op updates any number of tensors at once: inputs are ``R`` (learning rate), ``T``
+(update count), then the tensors, their gradients and their state tensors, each group in
+the same order; outputs are the new tensors followed by the new states. The kernels are
+numpy expressions evaluated in float64 per tensor (optimizer steps are bandwidth-bound
+and rarely hot in inference)::
+
+    >>> import opsnn, numpy as np
+    >>> x, g, v = (np.array([1.0, 2.0], np.float32) for _ in range(3))
+    >>> x_new, v_new = opsnn.ops.momentum_step(0.1, 1, [x], [g], [v], alpha=0.9, beta=1.0)
+    >>> x_new.numpy()
+    array([0.81, 1.62], dtype=float32)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import dtypes as _dt
+from ...errors import DTypeError, ParamInvalidError
+from ..api import api
+from ..registry import Attr, Input, Output, TensorMeta, register_op
+
+DOMAIN = "ai.onnx.preview.training"
+_F32_64 = (_dt.float32, _dt.float64)
+
+#: op -> (state tensors per optimized tensor, output tensors per optimized tensor)
+_GROUPS = {"Adagrad": (1, 2), "Adam": (2, 3), "Momentum": (1, 2)}
+
+
+def _count(op: str, n_inputs: int) -> int:
+    """How many tensors a node with ``n_inputs`` inputs optimizes."""
+    per = 2 + _GROUPS[op][0]  # X, G and the states
+    n = n_inputs - 2
+    if n <= 0 or n % per:
+        raise ParamInvalidError(f"{op}: expects R, T and then {per} tensors per optimized tensor (X..., G..., "
+                                f"states...), got {n_inputs} inputs", op=op)
+    return n // per
+
+
+def _infer(ctx):
+    op = ctx.op.name
+    n = _count(op, len(ctx.inputs))
+    if any(m is None for m in ctx.inputs):
+        ctx.fail("no input may be omitted")
+    for i, name in ((0, "R"), (1, "T")):
+        if int(np.prod(ctx.shape(i))) != 1:
+            ctx.fail(f"input {name!r} must be a scalar, got shape {tuple(ctx.shape(i))}")
+    dt = ctx.dtype(2)
+    for j in range(2, len(ctx.inputs)):
+        if ctx.dtype(j) != dt:
+            raise DTypeError(f"{op}: input {j} has dtype {_dt.name(ctx.dtype(j))}; every optimized, gradient and "
+                             f"state tensor must have the dtype of the first ({_dt.name(dt)})", op=op)
+    groups = 2 + _GROUPS[op][0]
+    for k in range(n):
+        shape = tuple(ctx.shape(2 + k))
+        for gi in range(1, groups):
+            s = tuple(ctx.shape(2 + gi * n + k))
+            if s != shape:
+                ctx.fail(f"tensor {k}: input {2 + gi * n + k} has shape {s}, expected the shape of X_{k} {shape}")
+    n_out = _GROUPS[op][1] * n
+    if ctx.num_outputs != n_out:
+        ctx.fail(f"{n} optimized tensors give {n_out} outputs, the node asks for {ctx.num_outputs}")
+    outs = []
+    for gi in range(_GROUPS[op][1]):
+        src = 2 if gi == 0 else 2 + (gi + 1) * n  # X, then the states (skipping the gradients)
+        outs += [TensorMeta(tuple(ctx.shape(src + k)), dt) for k in range(n)]
+    return outs
+
+
+def _register(op: str, attrs, step, doc: str):
+    rec = register_op(op, domain=DOMAIN, category="training",
+                      inputs=[Input("R", _F32_64), Input("T", (_dt.int64,)), Input("inputs", _F32_64, variadic=True)],
+                      outputs=[Output("outputs", variadic=True)], attrs=attrs, infer=_infer,
+                      reference=lambda ins, a: _reference(op, step, ins, a), doc=doc)
+    rec.output_count = lambda values, a: _GROUPS[op][1] * _count(op, len(values))
+
+    def kernel(ins, outs, a, plan, ws):
+        n = len(outs) // _GROUPS[op][1]
+        r, t = float(ins[0].reshape(-1)[0]), int(ins[1].reshape(-1)[0])
+        for k in range(n):
+            tensors = [ins[2 + gi * n + k] for gi in range(2 + _GROUPS[op][0])]
+            with np.errstate(all="ignore"):
+                res = step(r, t, *[x.astype(np.float64, copy=False) for x in tensors], a)
+            for gi, v in enumerate(res):
+                np.copyto(outs[gi * n + k], v, casting="unsafe")
+
+    rec.kernel(f"{op.lower()}_numpy", dtypes=_F32_64, priority=5, doc="float64 numpy expression per tensor")(kernel)
+    return rec
+
+
+def _reference(op, step, ins, a):
+    """Scalar Python arithmetic, element by element (the update rule read literally)."""
+    n = _count(op, len(ins))
+    r, t = float(ins[0].reshape(-1)[0]), int(ins[1].reshape(-1)[0])
+    per = 2 + _GROUPS[op][0]
+    outs = [[None] * n for _ in range(_GROUPS[op][1])]
+    for k in range(n):
+        tensors = [ins[2 + gi * n + k] for gi in range(per)]
+        flat = [x.astype(np.float64).reshape(-1) for x in tensors]
+        res = [np.empty(flat[0].shape) for _ in range(_GROUPS[op][1])]
+        for e in range(flat[0].size):
+            vals = step(r, t, *[float(f[e]) for f in flat], a, scalar=True)
+            for gi, v in enumerate(vals):
+                res[gi][e] = v
+        for gi in range(_GROUPS[op][1]):
+            outs[gi][k] = res[gi].reshape(tensors[0].shape).astype(tensors[0].dtype)
+    return tuple(o for group in outs for o in group)
+
+
+def _sqrt(v, scalar: bool):
+    if scalar:
+        return float("nan") if v < 0 else v ** 0.5
+    return np.sqrt(v)
+
+
+# -- the update rules (arrays or Python floats) -------------------------------------------------------
+def _adagrad(r, t, x, g, h, a, scalar=False):
+    lr = r / (1 + t * a["decay_factor"])
+    g_reg = a["norm_coefficient"] * x + g
+    h_new = h + g_reg * g_reg
+    x_new = x - lr * g_reg / (_sqrt(h_new, scalar) + a["epsilon"])
+    return x_new, h_new
+
+
+def _adam(r, t, x, g, v, h, a, scalar=False):
+    alpha, beta = a["alpha"], a["beta"]
+    g_reg = a["norm_coefficient"] * x + g
+    v_new = alpha * v + (1 - alpha) * g_reg
+    h_new = beta * h + (1 - beta) * g_reg * g_reg
+    lr = r * (1 - beta ** t) ** 0.5 / (1 - alpha ** t) if t > 0 else r
+    x_new = x - lr * v_new / (_sqrt(h_new, scalar) + a["epsilon"])
+    return (1 - a["norm_coefficient_post"]) * x_new, v_new, h_new
+
+
+def _momentum_mode(a) -> str:
+    mode = a["mode"]
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    if mode not in ("standard", "nesterov"):
+        raise ParamInvalidError(f"Momentum: attribute 'mode' must be 'standard' or 'nesterov', got {mode!r}",
+                                op="Momentum")
+    return mode
+
+
+def _momentum(r, t, x, g, v, a, scalar=False):
+    g_reg = a["norm_coefficient"] * x + g
+    beta = a["beta"] if t > 0 else 1.0
+    v_new = a["alpha"] * v + beta * g_reg
+    if _momentum_mode(a) == "nesterov":
+        return x - r * (g_reg + a["alpha"] * v_new), v_new
+    return x - r * v_new, v_new
+
+
+Adagrad = _register("Adagrad", [Attr("decay_factor", "float", 0.0), Attr("epsilon", "float", 1e-6),
+                                Attr("norm_coefficient", "float", 0.0)], _adagrad,
+                    "one ADAGRAD step: X_new, H_new from R, T, X, G, H")
+Adam = _register("Adam", [Attr("alpha", "float", 0.9), Attr("beta", "float", 0.999), Attr("epsilon", "float", 1e-6),
+                          Attr("norm_coefficient", "float", 0.0), Attr("norm_coefficient_post", "float", 0.0)], _adam,
+                 "one Adam step: X_new, V_new, H_new from R, T, X, G, V, H")
+Momentum = _register("Momentum", [Attr("alpha", "float"), Attr("beta", "float"), Attr("mode", "string"),
+                                  Attr("norm_coefficient", "float")], _momentum,
+                     "one SGD-with-momentum step (standard or Nesterov): X_new, V_new from R, T, X, G, V")
+
+
+def _check_mode_infer(ctx):
+    _momentum_mode(ctx.attrs)
+    return _infer(ctx)
+
+
+Momentum.infer = _check_mode_infer
+
+
+# -- functional entry points -----------------------------------------------------------------------------
+def _lists(fn, *groups):
+    groups = [list(g) if isinstance(g, (list, tuple)) else [g] for g in groups]
+    if len({len(g) for g in groups}) != 1 or not groups[0]:
+        raise ParamInvalidError(f"{fn}: the tensor lists must be non-empty and of equal length, got lengths "
+                                f"{[len(g) for g in groups]}")
+    return [x for g in groups for x in g], len(groups[0])
+
+
+def _rt(lr, step, like_dtype=np.float32):
+    return [np.asarray(lr, dtype=like_dtype), np.asarray(int(step), np.int64)]
+
+
+def _dtype_of(x):
+    return np.dtype(getattr(x, "dtype", np.float32))
+
+
+@api("adagrad_step", "Adagrad", domain=DOMAIN)
+def adagrad_step(lr, step, params, grads, sq_sums, decay_factor=0.0, eps=1e-6, weight_decay=0.0):
+    """One ADAGRAD update of each tensor in ``params``; returns (*new params, *new squared sums)."""
+    flat, n = _lists("adagrad_step", params, grads, sq_sums)
+    return _rt(lr, step, _dtype_of(flat[0])) + flat, {"decay_factor": float(decay_factor), "epsilon": float(eps),
+                                                      "norm_coefficient": float(weight_decay)}, 2 * n
+
+
+@api("adam_step", "Adam", domain=DOMAIN)
+def adam_step(lr, step, params, grads, exp_avgs, exp_avg_sqs, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0,
+              weight_decay_post=0.0):
+    """One Adam update; returns (*new params, *new first moments, *new second moments)."""
+    flat, n = _lists("adam_step", params, grads, exp_avgs, exp_avg_sqs)
+    return _rt(lr, step, _dtype_of(flat[0])) + flat, {"alpha": float(beta1), "beta": float(beta2),
+                                                      "epsilon": float(eps), "norm_coefficient": float(weight_decay),
+                                                      "norm_coefficient_post": float(weight_decay_post)}, 3 * n
+
+
+@api("momentum_step", "Momentum", domain=DOMAIN)
+def momentum_step(lr, step, params, grads, momenta, alpha=0.9, beta=1.0, nesterov=False, weight_decay=0.0):
+    """One SGD-with-momentum update; returns (*new params, *new momenta)."""
+    flat, n = _lists("momentum_step", params, grads, momenta)
+    return _rt(lr, step, _dtype_of(flat[0])) + flat, {"alpha": float(alpha), "beta": float(beta),
+                                                      "mode": "nesterov" if nesterov else "standard",
+                                                      "norm_coefficient": float(weight_decay)}, 2 * n
+
+
+__all__ = ["adagrad_step", "adam_step", "momentum_step"]
