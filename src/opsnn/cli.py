@@ -55,6 +55,23 @@ def cmd_info(args) -> int:
     return 0
 
 
+def _time_runs(fn, repeat: int) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _report_top3(y) -> None:
+    import opsnn
+
+    print(f"device: {opsnn.context().device.describe()}")
+    top = np.argsort(-y[0])[:3]
+    print("top-3 classes (sample 0): " + ", ".join(f"{int(i)}: {y[0, i]:.4f}" for i in top))
+
+
 def cmd_run(args) -> int:
     if args.model == "smallnet":
         return _run_smallnet(args)
@@ -81,20 +98,14 @@ def _run_resnet50(args) -> int:
         ref = next(iter(opsnn.graph.run(graph, {name: x}).values()))
     ref = ref.numpy() if hasattr(ref, "numpy") else np.asarray(ref)
     err = float(np.max(np.abs(y - ref)) / (np.max(np.abs(ref)) + 1e-12))
-    times = []
-    for _ in range(args.repeat):
-        t1 = time.perf_counter()
-        next(iter(cg.run({name: x}).values())).numpy()
-        times.append(time.perf_counter() - t1)
+    times = _time_runs(lambda: next(iter(cg.run({name: x}).values())).numpy(), args.repeat)
     med = statistics.median(times) * 1e3
     rep = cg.pass_report
     mem = cg.memory_report()
     print(f"model: ResNet-50 (random weights, seed {args.seed}), input {x.shape} float32")
-    print(f"device: {opsnn.context().device.describe()}")
     print(f"graph: {rep.nodes_before} nodes -> {rep.nodes_after} after passes; arena {mem['arena_bytes'] / 2**20:.1f} MiB "
           f"(naive {mem['naive_bytes'] / 2**20:.1f} MiB)")
-    top = np.argsort(-y[0])[:3]
-    print("top-3 classes (sample 0): " + ", ".join(f"{int(i)}: {y[0, i]:.4f}" for i in top))
+    _report_top3(y)
     ok = err <= args.rtol
     print(f"max relative |opsnn - numpy references| = {err:.3e} ({'OK' if ok else 'MISMATCH'}, rtol {args.rtol:g})")
     print(f"latency: build + compile + first run {first:.2f} s, median {med:.1f} ms, min {min(times) * 1e3:.1f} ms "
@@ -115,16 +126,10 @@ def _run_smallnet(args) -> int:
     with opsnn.kernel_selector({"*": "reference"}):
         ref = net(x).numpy()
     err = float(np.max(np.abs(y - ref)))
-    times = []
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        net(x).numpy()
-        times.append(time.perf_counter() - t0)
+    times = _time_runs(lambda: net(x).numpy(), args.repeat)
     med = statistics.median(times) * 1e3
     print(f"model: SmallConvNet (conv-bn-relu-pool x2, avgpool, linear, softmax), input {tuple(x.shape)} float32, eager")
-    print(f"device: {opsnn.context().device.describe()}")
-    top = np.argsort(-y[0])[:3]
-    print("top-3 classes (sample 0): " + ", ".join(f"{int(i)}: {y[0, i]:.4f}" for i in top))
+    _report_top3(y)
     ok = err <= args.atol
     print(f"max |opsnn - numpy reference| = {err:.3e} ({'OK' if ok else 'MISMATCH'}, atol {args.atol:g})")
     print(f"latency: first call {first * 1e3:.1f} ms (includes kernel compile/prepare), "
