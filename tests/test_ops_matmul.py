@@ -100,11 +100,15 @@ def test_matmul_nan_inf(rng):
     assert np.isnan(y[1]).all()
 
 
-@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
-def test_matmul_16bit(rng, dtype):
-    a, b = rand(rng, (2, 5, 16)).astype(dtype), rand(rng, (16, 3)).astype(dtype)
+@pytest.mark.parametrize("dtype,rows,kernel,adapter", [
+    (np.float16, 5, "matmul_tiled_lowp", False),   # few fp16 rows: the tiled kernel reads fp16 directly
+    (np.float16, 40, "matmul_blas", True),         # more rows: BLAS on fp32 copies
+    (ml_dtypes.bfloat16, 5, "matmul_blas", True),
+])
+def test_matmul_16bit(rng, dtype, rows, kernel, adapter):
+    a, b = rand(rng, (2, rows, 16)).astype(dtype), rand(rng, (16, 3)).astype(dtype)
     ex = opsnn.aclnn.matmul.prepare(a, b)
-    assert ex.kernel_name == "matmul_blas" and ex.adapter
+    assert ex.kernel_name == kernel and ex.adapter == adapter
     y = ex.run().numpy()
     assert y.dtype == np.dtype(dtype)
     want = np.matmul(a.astype(np.float32), b.astype(np.float32))

@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from .. import dtypes as _dt
+from . import autotune as _autotune
 from ..errors import (DTypeError, InferShapeError, KernelNotFoundError, ParamInvalidError,
                       ParamNullptrError)
 
@@ -405,11 +406,17 @@ class Selection:
 def select_kernel(rec: OpRecord, ctx: InferContext, algo: str | None = None) -> Selection:
     """Pick the highest-priority applicable kernel (or the forced one) and say why."""
     forced = algo or forced_kernel(rec.name)
+    if forced is None and _autotune.active():
+        tuned = _autotune.select(rec, ctx)
+        if tuned is not None:
+            return tuned
     rejected: list[tuple[str, str]] = []
     for k in rec.kernels:
         if forced is not None and k.name != forced:
             continue
         why = k.check(ctx)
+        if forced is not None and isinstance(why, _autotune.NotPreferred):
+            why = None  # correct for these shapes, only expected to be slower: the user asked for it
         if why is None:
             reason = (f"forced ({'algo=' if algo else 'kernel_selector'}{forced})" if forced else
                       f"highest-priority applicable kernel (priority {k.priority})")

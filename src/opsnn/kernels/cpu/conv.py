@@ -1,16 +1,27 @@
 """CPU convolution kernels: im2col + BLAS GEMM for Conv, GEMM + col2im for ConvTranspose.
 
-Three forward algorithms, chosen at prepare time:
+Forward algorithms, chosen at prepare time:
 
 * ``gemm1x1``: 1x1 kernel, stride 1, no padding — the input already is the column
   matrix, so one (M/g, C/g) x (C/g, H*W) GEMM per image and group; no workspace.
-* ``im2col2d``: 2-D (and 1-D, as H=1) — a numba kernel, parallel over (column row,
-  output row), unrolls each image into the executor's workspace, then BLAS multiplies
-  every group's weight slice by its slice of that buffer.
+* ``im2col2d``: 2-D (and 1-D, as H=1) — a numba kernel, parallel over column rows
+  (input channel, kernel offset), unrolls each image into the executor's workspace, then
+  BLAS multiplies every group's weight slice by its slice of that buffer. Its loops index
+  with ``np.uintp`` (no negative-index wraparound, so LLVM vectorizes the row copies) and
+  do their divisions once per column row: 3-5x faster than per-(row, output row) tasks.
 * ``im2col_nd``: any rank (3-D) — numpy-vectorized im2col: one strided block copy per
   kernel offset, with the slices precomputed in the plan.
 * ``depthwise2d``: group == C (one input channel per group), 1-D/2-D — a direct numba
   loop; per-group GEMMs would be 1 x k*k x H*W and all overhead. No workspace.
+* ``direct2d``: any 2-D conv (large kernels, strides, dilations, groups) without a column
+  buffer: numba, parallel over (image, group, block of 4 output channels, output row),
+  accumulating one output row per channel in cache. Strided input is first split into
+  ``stride`` column phases (one pass over the input) so every tap reads a contiguous run
+  and vectorizes; dilation is a plain offset, so no zero-inserted input ever exists.
+  Slower than im2col + BLAS on this machine (see bench/kernels.py: numba cannot
+  register-block like BLAS), it is chosen when im2col's column buffer would be too large.
+
+Winograd F(4x4, 3x3) lives in ``winograd.py``.
 
 ConvTranspose is the adjoint: ``col = W^T @ x`` into the workspace, then col2im adds the
 columns back into the output (numba gather over output rows for 2-D, so threads never
@@ -49,48 +60,52 @@ def _valid_range(n_iter, n_target, s, off):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _im2col_row(x, col, t, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n):
-    # one output row (oh) of one column row r = (c, ki, kj)
-    r = t // oh_n
-    oh = t - r * oh_n
+def _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n):
+    # column row r = (c, ki, kj): every output row's window read at that kernel offset.
+    # The index arithmetic (divisions) runs once per column row, not per output row, and
+    # the copies are loops over 1-D views from 0, which numba/LLVM vectorizes.
     kk = kh * kw
     c = r // kk
     k = r - c * kk
     ki = k // kw
     kj = k - ki * kw
-    ih = oh * sh - ph + ki * dh
-    base = oh * ow_n
-    if ih < 0 or ih >= x.shape[1]:
-        for ow in range(ow_n):
-            col[r, base + ow] = 0
-        return
+    h_n = x.shape[1]
     off = kj * dw - pw
     lo, hi = _valid_range(ow_n, x.shape[2], sw, off)
-    for ow in range(lo):
-        col[r, base + ow] = 0
-    if sw == 1:  # unit stride: a contiguous run the compiler vectorizes
-        src = x[c, ih]
-        dst = col[r]
-        for ow in range(lo, hi):
-            dst[base + ow] = src[ow + off]
-    else:
-        for ow in range(lo, hi):
-            col[r, base + ow] = x[c, ih, ow * sw + off]
-    for ow in range(hi, ow_n):
-        col[r, base + ow] = 0
+    # unsigned indices: numba then skips negative-index wraparound, so LLVM vectorizes
+    ur = np.uintp(r)
+    uc = np.uintp(c)
+    for oh in range(oh_n):
+        ih = oh * sh - ph + ki * dh
+        base = oh * ow_n
+        if ih < 0 or ih >= h_n:
+            for ow in range(ow_n):
+                col[ur, np.uintp(base + ow)] = 0
+            continue
+        uih = np.uintp(ih)
+        for ow in range(lo):
+            col[ur, np.uintp(base + ow)] = 0
+        if sw == 1:  # unit stride: a contiguous copy
+            for ow in range(lo, hi):
+                col[ur, np.uintp(base + ow)] = x[uc, uih, np.uintp(ow + off)]
+        else:
+            for ow in range(lo, hi):
+                col[ur, np.uintp(base + ow)] = x[uc, uih, np.uintp(ow * sw + off)]
+        for ow in range(hi, ow_n):
+            col[ur, np.uintp(base + ow)] = 0
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
 def im2col2d_parallel(x, col, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n):
     """x (C, H, W) -> col (C*kh*kw, OH*OW); zero where the window reads padding."""
-    for t in nb.prange(col.shape[0] * oh_n):
-        _im2col_row(x, col, t, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n)
+    for r in nb.prange(col.shape[0]):
+        _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n)
 
 
 @nb.njit(nogil=True, cache=True)
 def im2col2d_serial(x, col, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n):
-    for t in range(col.shape[0] * oh_n):
-        _im2col_row(x, col, t, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n)
+    for r in range(col.shape[0]):
+        _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -168,14 +183,103 @@ def depthwise2d_serial(x, w, b, y, mult, sh, sw, ph, pw, dh, dw):
         _depthwise_row(x, w, b, y, t, mult, sh, sw, ph, pw, dh, dw)
 
 
+DIRECT_MB = 4  # output channels accumulated together (each input load feeds 4 FMAs)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _direct_task(xs, w, b, y, t, g_n, nmb, sh, sw, ph, pw, dh, dw, h_n, w_n, acc):
+    # one (group, block of DIRECT_MB output channels, output row) of one image.
+    # xs (C, H, S, Wq) is the image split into S = stride column phases:
+    # x[c, h, q * sw + p] == xs[c, h, p, q], so each tap reads a contiguous run.
+    m_n, oh_n, ow_n = y.shape
+    mg = m_n // g_n
+    cg, kh, kw = w.shape[1], w.shape[2], w.shape[3]
+    per_g = nmb * oh_n
+    gi = t // per_g
+    rem = t - gi * per_g
+    mb = rem // oh_n
+    oh = rem - mb * oh_n
+    m0 = gi * mg + mb * DIRECT_MB
+    mc = min(DIRECT_MB, (gi + 1) * mg - m0)
+    for j in range(DIRECT_MB):
+        aj = acc[j]
+        for i in range(ow_n):
+            aj[i] = 0
+    for ci in range(cg):
+        c = gi * cg + ci
+        for ki in range(kh):
+            ih = oh * sh - ph + ki * dh
+            if ih < 0 or ih >= h_n:
+                continue
+            for kj in range(kw):
+                off = kj * dw - pw
+                lo, hi = _valid_range(ow_n, w_n, sw, off)
+                if hi <= lo:
+                    continue
+                p = off % sw
+                qo = (off - p) // sw
+                # unsigned indices: no negative-index wraparound, so LLVM vectorizes
+                uc, uih, up = np.uintp(c), np.uintp(ih), np.uintp(p)
+                if mc == DIRECT_MB:
+                    w0 = w[m0, ci, ki, kj]
+                    w1 = w[m0 + 1, ci, ki, kj]
+                    w2 = w[m0 + 2, ci, ki, kj]
+                    w3 = w[m0 + 3, ci, ki, kj]
+                    for i in range(lo, hi):
+                        xv = xs[uc, uih, up, np.uintp(i + qo)]
+                        ui = np.uintp(i)
+                        acc[np.uintp(0), ui] += w0 * xv
+                        acc[np.uintp(1), ui] += w1 * xv
+                        acc[np.uintp(2), ui] += w2 * xv
+                        acc[np.uintp(3), ui] += w3 * xv
+                else:
+                    for j in range(mc):
+                        wv = w[m0 + j, ci, ki, kj]
+                        uj = np.uintp(j)
+                        for i in range(lo, hi):
+                            acc[uj, np.uintp(i)] += wv * xs[uc, uih, up, np.uintp(i + qo)]
+    for j in range(mc):
+        dst = y[m0 + j, oh]
+        aj = acc[j]
+        bias = b[m0 + j] if b.shape[0] > 0 else 0
+        for i in range(ow_n):
+            dst[i] = aj[i] + bias
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def direct2d_parallel(xs, w, b, y, g_n, sh, sw, ph, pw, dh, dw, h_n, w_n):
+    """y (M, OH, OW) = conv(x, w) + b for one image given as phase-split xs (C, H, S, Wq)."""
+    nmb = -(-(y.shape[0] // g_n) // DIRECT_MB)
+    for t in nb.prange(g_n * nmb * y.shape[1]):
+        acc = np.empty((DIRECT_MB, y.shape[2]), y.dtype)
+        _direct_task(xs, w, b, y, t, g_n, nmb, sh, sw, ph, pw, dh, dw, h_n, w_n, acc)
+
+
+@nb.njit(nogil=True, cache=True)
+def direct2d_serial(xs, w, b, y, g_n, sh, sw, ph, pw, dh, dw, h_n, w_n):
+    nmb = -(-(y.shape[0] // g_n) // DIRECT_MB)
+    acc = np.empty((DIRECT_MB, y.shape[2]), y.dtype)
+    for t in range(g_n * nmb * y.shape[1]):
+        _direct_task(xs, w, b, y, t, g_n, nmb, sh, sw, ph, pw, dh, dw, h_n, w_n, acc)
+
+
+def phase_split(x: np.ndarray, out: np.ndarray, s: int) -> None:
+    """out[c, h, p, q] = x[c, h, q * s + p] (columns past the row's end are never read)."""
+    w = x.shape[-1]
+    for p in range(s):
+        cnt = len(range(p, w, s))
+        out[:, :, p, :cnt] = x[:, :, p::s]
+
+
 # -- plans --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ConvPlan:
     """Everything a conv kernel needs, fixed at prepare time (spatial tuples are per dim).
 
-    ``kind``: ``gemm1x1`` | ``depthwise2d`` | ``im2col2d`` | ``im2col_nd`` (forward) or ``col2im2d`` |
+    ``kind``: ``gemm1x1`` | ``depthwise2d`` | ``direct2d`` | ``im2col2d`` | ``im2col_nd`` (forward) or ``col2im2d`` |
     ``col2im_nd`` (transposed). For the 2-D kinds a 1-D problem is stored as H=1.
-    ``c``/``m``: input/output channels; ``col_shape``: the workspace's column buffer.
+    ``c``/``m``: input/output channels; ``col_shape``: the workspace's column buffer
+    (for ``direct2d``: one image's phase-split copy, empty at column stride 1).
     """
 
     kind: str
@@ -197,9 +301,18 @@ class ConvPlan:
 
     @property
     def workspace_bytes(self) -> int:
-        if self.kind in ("gemm1x1", "depthwise2d"):
+        if self.kind in ("gemm1x1", "depthwise2d") or math.prod(self.col_shape) == 0:
             return 0
         return math.prod(self.col_shape) * self.itemsize + ALIGN
+
+    def describe(self) -> str:
+        what = {"gemm1x1": "one GEMM per image and group, no workspace",
+                "depthwise2d": "direct depthwise loop, no workspace",
+                "direct2d": "direct loop, no column buffer" + (
+                    f" (input split into {self.s[-1]} column phases)" if math.prod(self.col_shape) else ""),
+                "im2col2d": f"column buffer {self.col_shape[1]}x{self.col_shape[2]} per group, then BLAS",
+                "im2col_nd": f"column buffer {self.col_shape[1]}x{self.col_shape[2]} per group, then BLAS"}
+        return f"{self.kind}: {what.get(self.kind, '')}"
 
 
 def _offset_slices(n_iter: int, n_target: int, s: int, off: int):
@@ -238,13 +351,15 @@ def conv_plan(x_shape, w_shape, g, k, s, d, pb, pe, out_sp, itemsize, kind: str 
             kind = "im2col2d"
         else:
             kind = "im2col_nd"
-    if kind in ("im2col2d", "depthwise2d") and nd == 1:
+    if kind in ("im2col2d", "depthwise2d", "direct2d") and nd == 1:
         in_sp, out_sp, k, s, d, pb = (1,) + in_sp, (1,) + tuple(out_sp), (1,) + tuple(k), (1,) + tuple(s), \
             (1,) + tuple(d), (0,) + tuple(pb)
     kk = math.prod(k)
     p = math.prod(out_sp)
     col_shape = (g, (c // g) * kk, p)
-    parallel = (n * m if kind == "depthwise2d" else c) * kk * p >= PARALLEL_MIN
+    if kind == "direct2d":
+        col_shape = (c, in_sp[0], s[1], -(-in_sp[1] // s[1])) if s[1] > 1 else (0,)
+    parallel = (n * m if kind in ("depthwise2d", "direct2d") else c) * kk * p >= PARALLEL_MIN
     slices = _nd_slices(out_sp, in_sp, k, s, d, pb) if kind == "im2col_nd" else ()
     zero_fill = len(slices) != kk or any(sl.start != 0 or sl.stop != o for _, o_sl, _ in slices
                                          for sl, o in zip(o_sl, out_sp))
@@ -298,6 +413,23 @@ def conv_forward(x, w, b, y, plan: ConvPlan, ws) -> None:
         bias = b if b is not None else np.zeros(0, y.dtype)
         dw_fn(x.reshape((n, plan.c) + plan.in_sp), w.reshape(plan.m, kh, kw), bias,
               y.reshape((n, plan.m) + plan.out_sp), mg, sh, sw, ph, pw, dh, dw)
+        return
+    if plan.kind == "direct2d":
+        (sh, sw), (dh, dw), (ph, pw) = plan.s, plan.d, plan.pb
+        h_n, w_n = plan.in_sp
+        xv = x.reshape((n, plan.c) + plan.in_sp)
+        bias = b if b is not None else np.zeros(0, y.dtype)
+        y4 = y.reshape((n, plan.m) + plan.out_sp)
+        w4 = w.reshape((plan.m, cg) + plan.k)
+        fn = direct2d_parallel if plan.parallel else direct2d_serial
+        xs = workspace_view(ws, x.dtype, plan.col_shape) if sw > 1 else None
+        for i in range(n):
+            if xs is None:
+                src = xv[i].reshape(plan.c, h_n, 1, w_n)
+            else:
+                phase_split(xv[i], xs, sw)
+                src = xs
+            fn(src, w4, bias, y4[i], g, sh, sw, ph, pw, dh, dw, h_n, w_n)
         return
     if plan.kind == "gemm1x1":
         np.matmul(wv, x.reshape(n, g, cg, p), out=yv)

@@ -1,14 +1,30 @@
-"""CPU GEMM kernels: MatMul, Gemm, Linear and the integer/quantized matmuls, all on BLAS.
+"""CPU GEMM kernels: MatMul, Gemm, Linear and the integer/quantized matmuls.
 
 ``np.matmul`` on float32/float64 dispatches to OpenBLAS sgemm/dgemm per matrix and
 releases the GIL, so streams overlap. Host decisions (folding a batch into one large
-GEMM, the integer accumulation path) are made in the plan at prepare time; the kernels
-only launch. 16-bit floats reach these kernels through the executor's fp32 adapter.
+GEMM, the integer accumulation path, tile sizes, packed weights) are made in the plan at
+prepare time; the kernels only launch.
+
+16-bit floats (float16, bfloat16) have three paths:
+
+* the executor's fp32 adapter around the BLAS kernels (converts both operands, every call);
+* ``gemm_lowp``: a tiled numba GEMM that reads the 16-bit storage directly — each thread
+  widens one column panel of B (``tile_size`` columns) and four rows of A at a time into
+  fp32 scratch (bf16: ``uint16 << 16`` into a uint32 buffer viewed as float32; fp16: three
+  vectorized bit passes, exact for every pattern), accumulates in fp32 and rounds each
+  finished row back to 16 bits (round-to-nearest-even, NaN/Inf/subnormals kept). No fp32
+  copy of a whole operand exists. At 35-45 GFLOP/s per core it loses to BLAS on fp32
+  copies except where numpy's slow fp16 cast of B dominates (few rows of fp16);
+* pre-packed weights: when B (MatMul) or W (Linear) is a constant known at prepare time
+  (a graph initializer), the plan converts it to fp32 once, so each call converts only the
+  activations (pays off for fp16; bf16's widening is a shift, as cheap as reading the copy).
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
+import numba as nb
 import numpy as np
 
 #: largest |sum of products| that float64 accumulates exactly (2**53)
@@ -153,3 +169,275 @@ def qlinear_matmul(ins, outs, attrs, plan, ws):
     acc = int_matmul_acc(a, b, a_zp, b_zp, plan)
     scale = per_row(a_s) * per_col(b_s) / per_col(y_s)
     requantize(acc, scale, None if y_zp is None else per_col(y_zp), outs[0])
+
+
+# -- 16-bit GEMM reading fp16/bf16 storage directly -------------------------------------------------
+KIND_F16, KIND_BF16 = 0, 1
+MR = 4  # rows of A per inner block: each B element loaded feeds 4 FMAs
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _widen(src, dst_u, dst_f, kind):
+    """16-bit bit patterns ``src`` -> float32 values in ``dst_f`` (``dst_u`` is its uint32 view).
+
+    fp16 runs three vectorizable passes (a 64K-entry table lookup measured 2.5x slower): rebias the
+    exponent in the integer view (Inf/NaN get the exponent 255, subnormals the exponent of
+    2**-14), subtract 2**-14 from the subnormals in the float view (what remains is exactly
+    mantissa * 2**-24), then OR in the sign."""
+    if kind == KIND_BF16:
+        for k in range(src.shape[0]):
+            dst_u[k] = np.uint32(src[k]) << np.uint32(16)
+        return
+    for k in range(src.shape[0]):
+        em = np.uint32(src[k]) & np.uint32(0x7FFF)
+        adj = np.uint32(0x38000000)
+        if em >= np.uint32(0x7C00):
+            adj = np.uint32(0x70000000)
+        elif em < np.uint32(0x0400):
+            adj = np.uint32(0x38800000)
+        dst_u[k] = (em << np.uint32(13)) + adj
+    for k in range(src.shape[0]):
+        if (np.uint32(src[k]) & np.uint32(0x7C00)) == np.uint32(0):
+            dst_f[k] -= np.float32(6.103515625e-05)
+    for k in range(src.shape[0]):
+        dst_u[k] |= (np.uint32(src[k]) & np.uint32(0x8000)) << np.uint32(16)
+
+
+@nb.njit(nogil=True, cache=True)
+def _half_bits(u, v):
+    # float32 (bits u, value v) -> IEEE half bits, round to nearest even
+    sign = (u >> np.uint32(16)) & np.uint32(0x8000)
+    a = u & np.uint32(0x7FFFFFFF)
+    if a >= np.uint32(0x7F800000):  # Inf / NaN (NaN stays a quiet NaN)
+        return sign | np.uint32(0x7C00) | (np.uint32(0x200) if a > np.uint32(0x7F800000) else np.uint32(0))
+    if a >= np.uint32(0x477FF000):  # rounds past the largest half (65504) -> Inf
+        return sign | np.uint32(0x7C00)
+    if a < np.uint32(0x38800000):  # below 2**-14: a subnormal half; |v| * 2**24 is exact in float32
+        return sign | np.uint32(np.rint(abs(v) * np.float32(16777216.0)))
+    h = (((a >> np.uint32(23)) - np.uint32(112)) << np.uint32(10)) | ((a >> np.uint32(13)) & np.uint32(0x3FF))
+    rest = a & np.uint32(0x1FFF)
+    if rest > np.uint32(0x1000) or (rest == np.uint32(0x1000) and (h & np.uint32(1))):
+        h += np.uint32(1)  # a carry into the exponent is the correct rounding (up to Inf)
+    return sign | h
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _narrow(src_f, src_u, dst, kind):
+    """float32 values -> 16-bit bit patterns in ``dst`` (round to nearest even)."""
+    if kind == KIND_BF16:
+        for k in range(dst.shape[0]):
+            u = src_u[k]
+            if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+                dst[k] = np.uint16((u >> np.uint32(16)) | np.uint32(0x40))
+            else:
+                dst[k] = np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+    else:
+        for k in range(dst.shape[0]):
+            dst[k] = np.uint16(_half_bits(src_u[k], src_f[k]))
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _lowp_panel(a, b, out, j0, nc, kind, bp_u, bp, ar_u, ar, acc_u, acc):
+    # one column panel out[:, j0:j0 + w] = a @ b[:, j0:j0 + w]
+    m_n, k_n = a.shape
+    w = min(nc, b.shape[1] - j0)
+    for k in range(k_n):
+        _widen(b[k, j0:j0 + w], bp_u[k, :w], bp[k, :w], kind)
+    for i0 in range(0, m_n, MR):
+        rows = min(MR, m_n - i0)
+        for r in range(rows):
+            _widen(a[i0 + r], ar_u[r], ar[r], kind)
+            ac = acc[r, :w]
+            for j in range(w):
+                ac[j] = 0
+        if rows == MR:
+            c0 = acc[0, :w]
+            c1 = acc[1, :w]
+            c2 = acc[2, :w]
+            c3 = acc[3, :w]
+            for k in range(k_n):
+                x0 = ar[0, k]
+                x1 = ar[1, k]
+                x2 = ar[2, k]
+                x3 = ar[3, k]
+                brow = bp[k, :w]
+                for j in range(brow.shape[0]):
+                    bj = brow[j]
+                    c0[j] += x0 * bj
+                    c1[j] += x1 * bj
+                    c2[j] += x2 * bj
+                    c3[j] += x3 * bj
+        else:
+            for r in range(rows):
+                cr = acc[r, :w]
+                for k in range(k_n):
+                    x = ar[r, k]
+                    brow = bp[k, :w]
+                    for j in range(brow.shape[0]):
+                        cr[j] += x * brow[j]
+        for r in range(rows):
+            _narrow(acc[r, :w], acc_u[r, :w], out[i0 + r, j0:j0 + w], kind)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def gemm_lowp_parallel(a, b, out, nc, kind):
+    """out = a @ b for 2-D uint16 views of fp16/bf16 data (``kind``), fp32 accumulation,
+    parallel over column panels of ``nc`` columns."""
+    k_n = a.shape[1]
+    panels = -(-b.shape[1] // nc)
+    for jp in nb.prange(panels):
+        bp_u = np.empty((k_n, nc), np.uint32)
+        ar_u = np.empty((MR, k_n), np.uint32)
+        acc_u = np.empty((MR, nc), np.uint32)
+        _lowp_panel(a, b, out, jp * nc, nc, kind, bp_u, bp_u.view(np.float32), ar_u, ar_u.view(np.float32),
+                    acc_u, acc_u.view(np.float32))
+
+
+@nb.njit(nogil=True, cache=True)
+def gemm_lowp_serial(a, b, out, nc, kind):
+    k_n = a.shape[1]
+    bp_u = np.empty((k_n, nc), np.uint32)
+    ar_u = np.empty((MR, k_n), np.uint32)
+    acc_u = np.empty((MR, nc), np.uint32)
+    for jp in range(-(-b.shape[1] // nc)):
+        _lowp_panel(a, b, out, jp * nc, nc, kind, bp_u, bp_u.view(np.float32), ar_u, ar_u.view(np.float32),
+                    acc_u, acc_u.view(np.float32))
+
+
+class LowpPlan(NamedTuple):
+    """``tile_size``: columns of B per panel (a panel of K x tile_size fp32 values is one
+    thread's scratch). ``batch``: the batch shapes of A and B after folding; ``fold``: A's
+    leading dims fold into M because B is 2-D."""
+
+    tile_size: int
+    kind: int
+    parallel: bool
+    fold: bool
+    a_batch: tuple
+    b_batch: tuple
+    m: int
+    k: int
+    n: int
+
+    def describe(self) -> str:
+        kind = "bf16" if self.kind == KIND_BF16 else "fp16"
+        return (f"tiled {kind} GEMM: panels of {self.tile_size} columns widened to fp32 in cache, fp32 "
+                f"accumulation, {'parallel' if self.parallel else 'serial'}")
+
+
+#: default panel width, and the cap on one thread's K x tile_size fp32 panel (L2 is 1 MiB
+#: per core here); bench/kernels.py --lowp-tiles sweeps the width
+LOWP_TILE = 128
+LOWP_PANEL_BYTES = 1 << 20
+
+
+def lowp_plan(a_shape: tuple, b_shape: tuple, dtype, tile_size: int | None = None) -> LowpPlan:
+    k, n = int(a_shape[-1]), int(b_shape[-1])
+    m = int(a_shape[-2])
+    if tile_size is None:  # a multiple of 16 (one AVX-512 vector) whose fp32 panel fits LOWP_PANEL_BYTES
+        tile_size = max(16, min(LOWP_TILE, (LOWP_PANEL_BYTES // (4 * max(k, 1))) // 16 * 16))
+        tile_size = min(tile_size, -(-n // 16) * 16)
+    fold = len(b_shape) == 2
+    a_batch, b_batch = tuple(a_shape[:-2]), tuple(b_shape[:-2])
+    rows = m * (math.prod(a_batch) if fold else 1)
+    work = rows * k * n * (1 if fold else math.prod(a_batch))
+    kind = KIND_BF16 if np.dtype(dtype).itemsize == 2 and np.dtype(dtype) != np.float16 else KIND_F16
+    return LowpPlan(int(tile_size), kind, work >= (1 << 16), fold, a_batch, b_batch, m, k, n)
+
+
+def lowp_applies(a_shape: tuple, b_shape: tuple) -> str | None:
+    if len(a_shape) < 2 or len(b_shape) < 2:
+        return "needs 2-D or batched operands (1-D operands go to the BLAS path)"
+    if len(b_shape) > 2 and tuple(a_shape[:-2]) != tuple(b_shape[:-2]):
+        return "batched B must have A's batch dims exactly (no broadcasting)"
+    return None
+
+
+def matmul_lowp(ins, outs, attrs, plan: LowpPlan, ws):
+    """MatMul on fp16/bf16 storage with fp32 accumulation (``gemm_lowp_*``)."""
+    a, b, out = ins[0], ins[1], outs[0]
+    if out.size == 0:
+        return
+    if a.dtype.itemsize != 2 or b.dtype.itemsize != 2 or out.dtype.itemsize != 2:
+        # a caller's fp32 adapter already widened the operands (e.g. FusedMatMul planned this
+        # kernel for 16-bit inputs, then runs it inside its own adapter): plain BLAS then
+        np.matmul(a, b, out=out)
+        return
+    if plan.k == 0:
+        out[...] = 0
+        return
+    fn = gemm_lowp_parallel if plan.parallel else gemm_lowp_serial
+    av = a.view(np.uint16)
+    bv = b.view(np.uint16)
+    ov = out.view(np.uint16)
+    if plan.fold:
+        fn(av.reshape(-1, plan.k), bv, ov.reshape(-1, plan.n), plan.tile_size, plan.kind)
+        return
+    a3, b3, o3 = av.reshape(-1, plan.m, plan.k), bv.reshape(-1, plan.k, plan.n), ov.reshape(-1, plan.m, plan.n)
+    for i in range(a3.shape[0]):
+        fn(a3[i], b3[i], o3[i], plan.tile_size, plan.kind)
+
+
+# -- pre-packed constant weights ---------------------------------------------------------------------------
+class PackedPlan(NamedTuple):
+    """``w``: the constant right operand, packed once at prepare time as a contiguous
+    (K, N) array in the compute dtype (fp32 for 16-bit storage); ``k``/``n`` its shape."""
+
+    w: np.ndarray
+    k: int
+    n: int
+
+    def describe(self) -> str:
+        return f"weight pre-packed at prepare as ({self.k}x{self.n}) {self.w.dtype}; activations converted per call"
+
+
+def pack_weight(w: np.ndarray, transpose: bool) -> PackedPlan:
+    """B (K, N) for MatMul, or W (N, K) for Linear (``transpose``), as contiguous compute-dtype (K, N)."""
+    w = np.asarray(w)
+    ct = np.float64 if w.dtype == np.float64 else np.float32
+    wk = w.T if transpose else w
+    packed = np.ascontiguousarray(wk, dtype=ct)
+    packed.setflags(write=False)
+    return PackedPlan(packed, int(packed.shape[0]), int(packed.shape[1]))
+
+
+def packed_workspace(out_shape: tuple, out_dtype, plan: PackedPlan) -> int:
+    """Bytes of the fp32 result buffer a 16-bit output needs (0 when the output is the compute dtype)."""
+    if np.dtype(out_dtype) == plan.w.dtype:
+        return 0
+    return math.prod(out_shape) * plan.w.dtype.itemsize + 64
+
+
+def _result_buffer(out: np.ndarray, plan: PackedPlan, ws) -> np.ndarray:
+    if out.dtype == plan.w.dtype:
+        return out.reshape(-1, plan.n)
+    if ws is None:
+        return np.empty((out.size // max(plan.n, 1), plan.n), plan.w.dtype)
+    shift = (-ws.ctypes.data) % 64
+    return ws[shift:shift + out.size * plan.w.dtype.itemsize].view(plan.w.dtype).reshape(-1, plan.n)
+
+
+def matmul_packed(ins, outs, attrs, plan: PackedPlan, ws):
+    """``x @ W`` with W pre-packed; x may be 16-bit (converted per call) or fp32/fp64. A 16-bit
+    result is computed into the workspace, then rounded into the output."""
+    x, out = ins[0], outs[0]
+    ct = plan.w.dtype
+    xc = x if x.dtype == ct else x.astype(ct)
+    res = _result_buffer(out, plan, ws)
+    np.matmul(xc.reshape(-1, plan.k), plan.w, out=res)
+    if out.dtype != ct:
+        np.copyto(out.reshape(-1, plan.n), res, casting="unsafe")
+
+
+def linear_packed(ins, outs, attrs, plan: PackedPlan, ws):
+    """Linear ``x @ W^T + b`` with W^T pre-packed (16-bit storage: fp32 compute)."""
+    x, out = ins[0], outs[0]
+    b = ins[2] if len(ins) > 2 else None
+    ct = plan.w.dtype
+    xc = (x if x.dtype == ct else x.astype(ct)).reshape(-1, plan.k)
+    res = _result_buffer(out, plan, ws)
+    np.matmul(xc, plan.w, out=res)
+    if b is not None:
+        res += b if b.dtype == ct else b.astype(ct)
+    if out.dtype != ct:
+        np.copyto(out.reshape(-1, plan.n), res, casting="unsafe")

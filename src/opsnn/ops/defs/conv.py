@@ -18,7 +18,9 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, InferShapeError, ParamInvalidError
 from ...kernels.cpu import conv as K
+from ...kernels.cpu import winograd as WG
 from ..api import api
+from ..autotune import NotPreferred
 from ..registry import Attr, Input, TensorMeta, register_op
 
 FLOAT = _dt.FLOATS
@@ -300,6 +302,93 @@ def _is_2d(ctx):
     return True if len(ctx.shape(0)) in (3, 4) else "handles 1-D and 2-D convolution only"
 
 
+#: im2col's column buffer above this many bytes hands the conv to the direct kernel
+#: (no column buffer), which is slower but needs no workspace
+IM2COL_MAX_BYTES = 512 << 20
+#: Winograd is chosen from these sizes up (measured on the 2-core Zen 4 dev machine with
+#: bench/kernels.py: below them im2col + one large GEMM is as fast or faster; e.g. 512
+#: channels at 7x7 has 4 tiles per image: 0.55x at batch 1, 0.85x at 2, 1.2x at 4)
+WINOGRAD_MIN_CHANNELS = 8
+WINOGRAD_MIN_TILES = 16
+#: dilated 3x3 convs run as dilation**2 dense Winograd convs on phase sub-images; each phase
+#: pays copies and its own 36 GEMMs, so they need wide layers and >= 16 tiles per phase
+#: (measured: 256 ch 33x33 d=2 1.2x; 64 ch 56x56 d=4 0.9x vs im2col)
+WINOGRAD_DILATED_MIN_CHANNELS = 128
+
+
+def _col_bytes(ctx) -> int:
+    geo = conv_geometry(ctx.op.name, ctx.shape(0), ctx.shape(1), ctx.attrs)
+    return ctx.shape(0)[1] * math.prod(geo.k) * math.prod(geo.out) * _compute_itemsize(ctx.dtype(0))
+
+
+def _im2col2d_applies(ctx):
+    if len(ctx.shape(0)) not in (3, 4):
+        return "handles 1-D and 2-D convolution only"
+    nbytes = _col_bytes(ctx)
+    if nbytes > IM2COL_MAX_BYTES:
+        return (f"its column buffer would take {nbytes / 2**20:.0f} MiB (> IM2COL_MAX_BYTES = "
+                f"{IM2COL_MAX_BYTES >> 20} MiB)")
+    return True
+
+
+def winograd_rejection(xs, ws, attrs, op: str = "Conv", dilated: bool = False) -> str | None:
+    """Why Winograd F(4x4, 3x3) (``dilated``: its phase-split form) is not used for these
+    shapes; None when it is. A :class:`NotPreferred` answer means correct but slower."""
+    what = "dilated Winograd F(4x4,3x3)" if dilated else "Winograd F(4x4,3x3)"
+    if len(xs) != 4:
+        return f"{what} handles 2-D convolution only"
+    geo = conv_geometry(op, xs, ws, attrs)
+    g = int(attrs.get("group", 1))
+    d_ok = (geo.d != (1, 1)) if dilated else (geo.d == (1, 1))
+    if geo.k != (3, 3) or geo.s != (1, 1) or g != 1 or not d_ok:
+        return (f"{what} needs a 3x3 kernel, stride 1, {'dilation > 1' if dilated else 'dilation 1'}, group 1; "
+                f"got kernel {'x'.join(map(str, geo.k))}, stride {geo.s}, dilation {geo.d}, group {g}")
+    c, m = int(xs[1]), int(ws[0])
+    need = WINOGRAD_DILATED_MIN_CHANNELS if dilated else WINOGRAD_MIN_CHANNELS
+    if min(c, m) < need:
+        return NotPreferred(f"C={c}, M={m}: below {need} channels the tile transforms cost more than the "
+                            "GEMM saves")
+    # tiles of 4x4 outputs per image; a dilated conv's phases are each ceil(out / d) large
+    oh, ow = (-(-geo.out[0] // geo.d[0]), -(-geo.out[1] // geo.d[1])) if dilated else geo.out
+    tiles = int(xs[0]) * -(-oh // WG.TILE) * -(-ow // WG.TILE)
+    if tiles < WINOGRAD_MIN_TILES:
+        per = " per phase" if dilated else ""
+        return NotPreferred(f"only {tiles} output tiles of 4x4{per} (< {WINOGRAD_MIN_TILES}): 36 thin GEMMs lose "
+                            "to im2col's single GEMM")
+    return None
+
+
+def _winograd_applies(ctx):
+    why = winograd_rejection(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name)
+    return True if why is None else why
+
+
+def _winograd_plan(ctx):
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    geo = conv_geometry(ctx.op.name, xs, ws, ctx.attrs)
+    # a weight known at prepare time (graph initializer) is transformed once, here
+    return WG.winograd_plan(xs, int(ws[0]), geo.pb, geo.out, _compute_itemsize(ctx.dtype(0)), ctx.value(1))
+
+
+def _winograd_kernel(ins, outs, attrs, plan, ws):
+    WG.conv_winograd(ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], plan, ws)
+
+
+def _winograd_dilated_applies(ctx):
+    why = winograd_rejection(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name, dilated=True)
+    return True if why is None else why
+
+
+def _winograd_dilated_plan(ctx):
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    geo = conv_geometry(ctx.op.name, xs, ws, ctx.attrs)
+    return WG.dilated_plan(xs, int(ws[0]), geo.pb, geo.out, geo.d, _compute_itemsize(ctx.dtype(0)), ctx.value(1))
+
+
+def _winograd_dilated_kernel(ins, outs, attrs, plan, ws):
+    WG.conv_winograd_dilated(ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], plan, ws)
+
+
 Conv = register_op(
     "Conv", category="conv",
     inputs=[Input("X", FLOAT), Input("W", FLOAT), Input("B", FLOAT, optional=True)], outputs=["Y"],
@@ -311,9 +400,19 @@ Conv.kernel("conv_1x1_gemm", dtypes=_F32_64, priority=30, applies=_is_1x1, plan=
 Conv.kernel("conv2d_depthwise", dtypes=_F32_64, priority=40, applies=_is_depthwise,
             plan=_conv_planner("depthwise2d"), workspace=_workspace,
             doc="direct numba loop for group == C (depthwise, any channel multiplier); no workspace")(K.conv)
-Conv.kernel("conv2d_im2col", dtypes=_F32_64, priority=20, applies=_is_2d, plan=_conv_planner("im2col2d"),
-            workspace=_workspace, doc="numba parallel im2col into the workspace + BLAS GEMM per group "
-            "(1-D runs as H=1)")(K.conv)
+Conv.kernel("conv2d_winograd", dtypes=_F32_64, priority=25, applies=_winograd_applies, plan=_winograd_plan,
+            workspace=_workspace, doc="Winograd F(4x4,3x3): numba tile transforms + 36 BLAS GEMMs; constant "
+            "weights pre-transformed at prepare")(_winograd_kernel)
+Conv.kernel("conv2d_winograd_dilated", dtypes=_F32_64, priority=25, applies=_winograd_dilated_applies,
+            plan=_winograd_dilated_plan, workspace=_workspace, doc="dilated 3x3 stride 1: dilation**2 dense "
+            "Winograd F(4x4,3x3) convs on phase sub-images (no zero-inserted input, no column buffer)"
+            )(_winograd_dilated_kernel)
+Conv.kernel("conv2d_im2col", dtypes=_F32_64, priority=20, applies=_im2col2d_applies,
+            plan=_conv_planner("im2col2d"), workspace=_workspace, doc="numba parallel im2col into the "
+            "workspace + BLAS GEMM per group (1-D runs as H=1)")(K.conv)
+Conv.kernel("conv2d_direct", dtypes=_F32_64, priority=15, applies=_is_2d, plan=_conv_planner("direct2d"),
+            workspace=_workspace, doc="direct numba loop, no column buffer (strided input split into column "
+            "phases; dilation read in place)")(K.conv)
 Conv.kernel("conv_nd_im2col", dtypes=_F32_64, priority=10, plan=_conv_planner("im2col_nd"),
             workspace=_workspace, doc="numpy-vectorized im2col (one strided copy per kernel offset) + "
             "BLAS GEMM; any rank")(K.conv)

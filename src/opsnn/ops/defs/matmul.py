@@ -17,6 +17,7 @@ from ...errors import DTypeError
 from ...kernels.cpu import gemm as K
 from ...tensor import as_tensor
 from ..api import api
+from ..autotune import NotPreferred
 from ..registry import Attr, Input, TensorMeta, register_op
 
 FLOAT = _dt.FLOATS
@@ -93,6 +94,59 @@ MatMul = register_op(
     doc="Matrix product with numpy.matmul semantics (batched, broadcast batch dims, 1-D operands).")
 MatMul.kernel("matmul_blas", dtypes=_F32_64, priority=10, plan=_matmul_plan, strided=True,
               doc="OpenBLAS sgemm/dgemm; a (..., M, K) @ (K, N) batch is folded into one GEMM")(K.matmul)
+
+#: fp16 MatMul with at most this many rows of A runs the tiled kernel by default: numpy's
+#: fp16 -> fp32 cast of B then dominates the adapter path (bench/kernels.py --only lowp,
+#: single thread: 16 rows 2.2x, 1 row 4.8x faster; 128 rows 0.66-0.75x)
+LOWP_MAX_ROWS_F16 = 32
+
+
+def _prepacked_applies(ctx):
+    if ctx.value(1) is None:
+        return "the weight is not a constant known at prepare time (graph initializer)"
+    if len(ctx.shape(1)) != 2:
+        return "needs a 2-D constant weight"
+    if ctx.dtype(0) != _dt.float16:
+        # measured (bench/kernels.py --only lowp, 1 thread): fp16 1.4-1.5x faster than the adapter;
+        # bf16 0.84-1.05x (its widening is a shift, cheaper than reading a cold fp32 copy)
+        return NotPreferred(f"{_dt.name(ctx.dtype(0))} weights: converting per call costs no more than reading "
+                            "a pre-packed fp32 copy (packing pays off for float16)")
+    return True
+
+
+def _matmul_prepacked_plan(ctx):
+    return K.pack_weight(ctx.value(1), transpose=False)
+
+
+def _packed_workspace(ctx, plan):
+    return K.packed_workspace(ctx.outputs[0].shape, ctx.outputs[0].dtype, plan)
+
+
+MatMul.kernel("matmul_prepacked", dtypes=FLOAT, priority=20, applies=_prepacked_applies,
+              plan=_matmul_prepacked_plan, workspace=_packed_workspace,
+              doc="constant fp16 B converted to fp32 once at prepare; per call only A is converted, "
+              "then BLAS into the workspace and one rounding into the output")(K.matmul_packed)
+
+
+def _lowp_applies(ctx):
+    sa, sb = ctx.shape(0), ctx.shape(1)
+    why = K.lowp_applies(sa, sb)
+    if why is not None:
+        return why
+    rows = math.prod(sa[:-1]) if len(sb) == 2 else sa[-2]
+    if ctx.dtype(0) == _dt.float16 and rows <= LOWP_MAX_ROWS_F16:
+        return True
+    return NotPreferred(f"{rows} rows of {_dt.name(ctx.dtype(0))}: BLAS on fp32 copies is faster "
+                        f"(the tiled kernel wins only for float16 with <= {LOWP_MAX_ROWS_F16} rows)")
+
+
+def _lowp_plan(ctx):
+    return K.lowp_plan(ctx.shape(0), ctx.shape(1), ctx.dtype(0))
+
+
+MatMul.kernel("matmul_tiled_lowp", dtypes=_dt.LOW_PRECISION, priority=12, applies=_lowp_applies, plan=_lowp_plan,
+              doc="numba tiled GEMM on fp16/bf16 storage (panels widened in cache, fp32 accumulation, "
+              "round-to-nearest-even stores); plan.tile_size columns per panel")(K.matmul_lowp)
 MatMul.kernel("matmul_numpy_int", dtypes=_INTS_MM, priority=5, plan=_matmul_plan, strided=True,
               doc="numpy integer matmul (no BLAS for integers); wraps around on overflow")(K.matmul_int)
 
@@ -209,6 +263,10 @@ Linear = register_op(
     doc="Y = X @ W^T + B over any leading dims of X (torch.nn.functional.linear).")
 Linear.kernel("linear_blas", dtypes=_F32_64, priority=10, strided=True,
               doc="one (rows, K) x (K, N) BLAS GEMM reading W^T in place; bias added in place")(K.linear)
+Linear.kernel("linear_prepacked", dtypes=FLOAT, priority=20, applies=_prepacked_applies,
+              plan=lambda ctx: K.pack_weight(ctx.value(1), transpose=True), workspace=_packed_workspace,
+              doc="constant fp16 W packed once at prepare as fp32 W^T; per call only x is converted"
+              )(K.linear_packed)
 
 
 @api("linear", "Linear", domain="opsnn")

@@ -1,0 +1,515 @@
+"""Winograd F(4x4, 3x3) convolution: 3x3, stride 1, group 1, any padding; dilation 1, or any
+dilation through phase sub-images (``dilated_plan``: d*d dense convs, see below).
+
+Each 4x4 block of output (a *tile*) is computed from a 6x6 block of input with
+36 element-wise products instead of 144 multiply-adds per (input, output) channel
+pair (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", 2016)::
+
+    Y_tile = A^T [ (G g G^T) . (B^T d B) ] A
+
+Summed over input channels, the element-wise product becomes one GEMM per transform
+point: for each of the 36 points ``U[p] (M x C) @ V[p] (C x tiles)``. So a conv is
+
+1. weight transform ``U = G g G^T`` — once, in the plan, when the weight is a constant
+   known at prepare time (graph initializers): the weights are *pre-packed*; otherwise
+   per call, into the workspace;
+2. input transform ``V = B^T d B`` per (channel, tile) — numba, over (channel, tile row);
+3. 36 BLAS GEMMs (one batched ``np.matmul``);
+4. output transform ``A^T m A`` per (output channel, tile), clipped at the image edge,
+   with the bias added — numba, over (channel, tile row).
+
+The (image, tile row) pairs of the batch run in chunks sized so V and M stay cache-sized;
+the transforms of a chunk run in parallel only when large (``PARALLEL_MIN``).
+
+The transforms' loops index with ``np.uintp``: numba then skips negative-index wraparound,
+which otherwise keeps LLVM from vectorizing them.
+
+Accuracy: the transforms' constants (1/4, 1/6, 1/24; 4, 5, 8) amplify rounding, so
+fp32 results differ from a direct convolution by about 1e-5 of the output's scale
+(measured: max |err| / max |y| < 1e-4 up to C = 512); tests allow 2e-4 relative to
+the output's largest magnitude. float64 inputs run the same algorithm in float64.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numba as nb
+import numpy as np
+
+from .conv import ALIGN, workspace_view
+
+#: F(4x4, 3x3): output tile, input tile, transform points
+TILE = 4
+ALPHA = 6
+POINTS = ALPHA * ALPHA
+#: below this many transform outputs per chunk (36 x tiles x channels) the serial transforms
+#: run: waking numba's workers costs more than the ~0.1 ms transform saves (measured, 2 cores)
+PARALLEL_MIN = 1 << 18
+#: tile rows per chunk are chosen so the V + M transform buffers stay near this many bytes,
+#: cache-resident between the transforms and the GEMMs (1-32 MiB measured: batch 1 flat within
+#: noise; batch 8 at 56x56 ~1.5x slower when a chunk's buffers outgrow the caches)
+CHUNK_BYTES = 4 << 20
+
+# Transform matrices (Lavin & Gray's F(4,3) with interpolation points 0, +-1, +-2).
+G = np.array([[1 / 4, 0, 0],
+              [-1 / 6, -1 / 6, -1 / 6],
+              [-1 / 6, 1 / 6, -1 / 6],
+              [1 / 24, 1 / 12, 1 / 6],
+              [1 / 24, -1 / 12, 1 / 6],
+              [0, 0, 1]], dtype=np.float64)
+BT = np.array([[4, 0, -5, 0, 1, 0],
+               [0, -4, -4, 1, 1, 0],
+               [0, 4, -4, -1, 1, 0],
+               [0, -2, -1, 2, 1, 0],
+               [0, 2, -1, -2, 1, 0],
+               [0, 4, 0, -5, 0, 1]], dtype=np.float64)
+AT = np.array([[1, 1, 1, 1, 1, 0],
+               [0, 1, -1, 2, -2, 0],
+               [0, 1, 1, 4, 4, 0],
+               [0, 1, -1, 8, -8, 1]], dtype=np.float64)
+
+
+# -- transforms on 6-vectors (the 2-D transforms apply them to columns, then rows) ---------------
+@nb.njit(nogil=True, cache=True, inline="always")
+def _bt(d0, d1, d2, d3, d4, d5):
+    """B^T d for one 6-vector (B^T's zeros and repeated rows folded by hand)."""
+    a = d4 - 4 * d2
+    b = d3 - 4 * d1
+    c = d4 - d2
+    e = 2 * (d3 - d1)
+    return (4 * d0 - 5 * d2 + d4, a + b, a - b, c + e, c - e, 4 * d1 - 5 * d3 + d5)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _at(m0, m1, m2, m3, m4, m5):
+    """A^T m for one 6-vector."""
+    s12 = m1 + m2
+    d12 = m1 - m2
+    s34 = m3 + m4
+    d34 = m3 - m4
+    return (m0 + s12 + s34, d12 + 2 * d34, s12 + 4 * s34, d12 + 8 * d34 + m5)
+
+
+#: parallel transforms split their tasks into at most this many blocks (per-block scratch)
+BLOCKS = 64
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _input_task(x, v, t, row0, n_rows, th_n, tw_n, ph, pw, rowbuf, s):
+    # one (channel, global tile row): 6 padded input rows -> tw_n tiles of 36 points.
+    # The column transform runs along whole rows (contiguous, vectorizes); the row
+    # transform then reads each tile's 6 columns of it. Indices are unsigned (np.uintp):
+    # numba then skips negative-index wraparound and LLVM vectorizes the loops.
+    c = t // n_rows
+    rr = t - c * n_rows
+    g = row0 + rr
+    i = g // th_n
+    th = g - i * th_n
+    h_n, w_n = x.shape[2], x.shape[3]
+    wp = tw_n * TILE + 2
+    h0 = th * TILE - ph
+    lo = min(max(pw, 0), wp)         # padded columns [lo, hi) hold input columns [lo - pw, hi - pw)
+    hi = max(min(pw + w_n, wp), lo)
+    ui = np.uintp(i)
+    uc = np.uintp(c)
+    for r in range(ALPHA):
+        ur = np.uintp(r)
+        hh = h0 + r
+        if hh < 0 or hh >= h_n:
+            for j in range(wp):
+                rowbuf[ur, np.uintp(j)] = 0
+            continue
+        uh = np.uintp(hh)
+        for j in range(lo):
+            rowbuf[ur, np.uintp(j)] = 0
+        for j in range(lo, hi):
+            rowbuf[ur, np.uintp(j)] = x[ui, uc, uh, np.uintp(j - pw)]
+        for j in range(hi, wp):
+            rowbuf[ur, np.uintp(j)] = 0
+    for j in range(wp):  # s = B^T (rows of the tile row), all columns at once
+        uj = np.uintp(j)
+        d0 = rowbuf[np.uintp(0), uj]
+        d1 = rowbuf[np.uintp(1), uj]
+        d2 = rowbuf[np.uintp(2), uj]
+        d3 = rowbuf[np.uintp(3), uj]
+        d4 = rowbuf[np.uintp(4), uj]
+        d5 = rowbuf[np.uintp(5), uj]
+        a = d4 - 4 * d2
+        bb = d3 - 4 * d1
+        cc = d4 - d2
+        e = 2 * (d3 - d1)
+        s[np.uintp(0), uj] = 4 * d0 - 5 * d2 + d4
+        s[np.uintp(1), uj] = a + bb
+        s[np.uintp(2), uj] = a - bb
+        s[np.uintp(3), uj] = cc + e
+        s[np.uintp(4), uj] = cc - e
+        s[np.uintp(5), uj] = 4 * d1 - 5 * d3 + d5
+    col0 = rr * tw_n
+    for q in range(ALPHA):  # each tile's 6 columns: (B^T d) B
+        uq = np.uintp(q)
+        k0 = np.uintp(q * ALPHA)
+        for tw in range(tw_n):
+            j = np.uintp(tw * TILE)
+            u0, u1, u2, u3, u4, u5 = _bt(s[uq, j], s[uq, j + np.uintp(1)], s[uq, j + np.uintp(2)],
+                                         s[uq, j + np.uintp(3)], s[uq, j + np.uintp(4)], s[uq, j + np.uintp(5)])
+            p = np.uintp(col0 + tw)
+            v[k0, uc, p] = u0
+            v[k0 + np.uintp(1), uc, p] = u1
+            v[k0 + np.uintp(2), uc, p] = u2
+            v[k0 + np.uintp(3), uc, p] = u3
+            v[k0 + np.uintp(4), uc, p] = u4
+            v[k0 + np.uintp(5), uc, p] = u5
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def input_transform_parallel(x, v, row0, n_rows, th_n, tw_n, ph, pw):
+    """x (N, C, H, W), tile rows [row0, row0 + n_rows) of all images stacked (image-major)
+    -> v (36, C, n_rows * tw_n)."""
+    tasks = x.shape[1] * n_rows
+    n_blk = min(tasks, BLOCKS)
+    for blk in nb.prange(n_blk):
+        rowbuf = np.empty((ALPHA, tw_n * TILE + 2), x.dtype)
+        s = np.empty((ALPHA, tw_n * TILE + 2), x.dtype)
+        for t in range(blk * tasks // n_blk, (blk + 1) * tasks // n_blk):
+            _input_task(x, v, t, row0, n_rows, th_n, tw_n, ph, pw, rowbuf, s)
+
+
+@nb.njit(nogil=True, cache=True)
+def input_transform_serial(x, v, row0, n_rows, th_n, tw_n, ph, pw):
+    rowbuf = np.empty((ALPHA, tw_n * TILE + 2), x.dtype)
+    s = np.empty((ALPHA, tw_n * TILE + 2), x.dtype)
+    for t in range(x.shape[1] * n_rows):
+        _input_task(x, v, t, row0, n_rows, th_n, tw_n, ph, pw, rowbuf, s)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _output_task(mm, b, y, t, row0, n_rows, th_n, tw_n, ta):
+    # one (output channel, global tile row): tw_n tiles of 36 points -> up to 4 output rows.
+    # A^T along the points runs across all tiles of the row at once (contiguous in mm).
+    m = t // n_rows
+    rr = t - m * n_rows
+    g = row0 + rr
+    i = g // th_n
+    th = g - i * th_n
+    oh_n, ow_n = y.shape[2], y.shape[3]
+    bias = b[m] if b.shape[0] > 0 else 0
+    col0 = rr * tw_n
+    um = np.uintp(m)
+    for k in range(ALPHA):
+        uk = np.uintp(k)
+        for tw in range(tw_n):
+            p = np.uintp(col0 + tw)
+            o0, o1, o2, o3 = _at(mm[uk, um, p], mm[uk + np.uintp(ALPHA), um, p],
+                                 mm[uk + np.uintp(2 * ALPHA), um, p], mm[uk + np.uintp(3 * ALPHA), um, p],
+                                 mm[uk + np.uintp(4 * ALPHA), um, p], mm[uk + np.uintp(5 * ALPHA), um, p])
+            ut = np.uintp(tw)
+            ta[np.uintp(0), uk, ut] = o0
+            ta[np.uintp(1), uk, ut] = o1
+            ta[np.uintp(2), uk, ut] = o2
+            ta[np.uintp(3), uk, ut] = o3
+    h0 = th * TILE
+    rows = min(TILE, oh_n - h0)
+    full = min(tw_n, ow_n // TILE)
+    ui = np.uintp(i)
+    for r in range(rows):
+        ur = np.uintp(r)
+        uh = np.uintp(h0 + r)
+        for tw in range(full):
+            ut = np.uintp(tw)
+            y0, y1, y2, y3 = _at(ta[ur, np.uintp(0), ut], ta[ur, np.uintp(1), ut], ta[ur, np.uintp(2), ut],
+                                 ta[ur, np.uintp(3), ut], ta[ur, np.uintp(4), ut], ta[ur, np.uintp(5), ut])
+            j = np.uintp(tw * TILE)
+            y[ui, um, uh, j] = y0 + bias
+            y[ui, um, uh, j + np.uintp(1)] = y1 + bias
+            y[ui, um, uh, j + np.uintp(2)] = y2 + bias
+            y[ui, um, uh, j + np.uintp(3)] = y3 + bias
+        if full < tw_n:  # the last tile is cut by the image edge
+            tw = full
+            y0, y1, y2, y3 = _at(ta[r, 0, tw], ta[r, 1, tw], ta[r, 2, tw], ta[r, 3, tw], ta[r, 4, tw], ta[r, 5, tw])
+            j = tw * TILE
+            cols = ow_n - j
+            y[i, m, h0 + r, j] = y0 + bias
+            if cols > 1:
+                y[i, m, h0 + r, j + 1] = y1 + bias
+            if cols > 2:
+                y[i, m, h0 + r, j + 2] = y2 + bias
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def output_transform_parallel(mm, b, y, row0, n_rows, th_n, tw_n):
+    """mm (36, M, n_rows * tw_n) -> tile rows [row0, row0 + n_rows) of y (N, M, OH, OW),
+    plus bias b (M,) or empty."""
+    tasks = y.shape[1] * n_rows
+    n_blk = min(tasks, BLOCKS)
+    for blk in nb.prange(n_blk):
+        ta = np.empty((TILE, ALPHA, tw_n), y.dtype)
+        for t in range(blk * tasks // n_blk, (blk + 1) * tasks // n_blk):
+            _output_task(mm, b, y, t, row0, n_rows, th_n, tw_n, ta)
+
+
+@nb.njit(nogil=True, cache=True)
+def output_transform_serial(mm, b, y, row0, n_rows, th_n, tw_n):
+    ta = np.empty((TILE, ALPHA, tw_n), y.dtype)
+    for t in range(y.shape[1] * n_rows):
+        _output_task(mm, b, y, t, row0, n_rows, th_n, tw_n, ta)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _g(a, b, c):
+    """G g for one 3-vector (in float64: the 1/6, 1/24 fractions round once, at the store)."""
+    return (a / 4, -(a + b + c) / 6, -(a - b + c) / 6, a / 24 + b / 12 + c / 6, a / 24 - b / 12 + c / 6, c)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def weight_transform(w, u):
+    """u[xi * 6 + nu, m, c] = (G w[m, c] G^T)[xi, nu]: w (M, C, 3, 3) -> u (36, M, C)."""
+    m_n, c_n = w.shape[0], w.shape[1]
+    for t in nb.prange(m_n * c_n):
+        m = t // c_n
+        c = t - m * c_n
+        g = w[m, c]
+        t0 = _g(np.float64(g[0, 0]), np.float64(g[1, 0]), np.float64(g[2, 0]))  # columns: G g
+        t1 = _g(np.float64(g[0, 1]), np.float64(g[1, 1]), np.float64(g[2, 1]))
+        t2 = _g(np.float64(g[0, 2]), np.float64(g[1, 2]), np.float64(g[2, 2]))
+        for xi in range(ALPHA):  # rows: (G g) G^T
+            r = _g(t0[xi], t1[xi], t2[xi])
+            for nu in range(ALPHA):
+                u[xi * ALPHA + nu, m, c] = r[nu]
+
+
+def transform_weights(w: np.ndarray, dtype=None, out: np.ndarray | None = None) -> np.ndarray:
+    """U = G g G^T for every (output, input) channel pair: (M, C, 3, 3) -> (36, M, C), contiguous.
+    Computed in float64 and rounded once to ``dtype`` (default: w's dtype, float32 for 16-bit)."""
+    dtype = np.dtype(dtype or (w.dtype if w.dtype in (np.float32, np.float64) else np.float32))
+    w = np.asarray(w)
+    if w.dtype not in (np.float32, np.float64):
+        w = w.astype(np.float32)
+    w = np.ascontiguousarray(w)
+    if out is None:
+        out = np.empty((POINTS, w.shape[0], w.shape[1]), dtype)
+    weight_transform(w, out)
+    return out
+
+
+# -- plan -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WinogradPlan:
+    """``u``: the pre-packed transformed weights (36, M, C) when the weight was known at
+    prepare time, else None (transformed per call into the workspace). The (image, tile
+    row) pairs of the batch run in chunks of ``rows`` tile rows, so the V (36, C, tiles)
+    and M (36, M, tiles) buffers stay cache-sized whatever the batch and image size."""
+
+    n: int
+    c: int
+    m: int
+    in_sp: tuple
+    out_sp: tuple
+    ph: int
+    pw: int
+    th_n: int
+    tw_n: int
+    rows: int
+    itemsize: int
+    parallel: bool
+    u: np.ndarray | None = None
+
+    @property
+    def tiles(self) -> int:
+        return self.n * self.th_n * self.tw_n
+
+    def _sizes(self) -> tuple:
+        p = self.rows * self.tw_n
+        return POINTS * self.c * p, POINTS * self.m * p, (0 if self.u is not None else POINTS * self.m * self.c)
+
+    @property
+    def workspace_bytes(self) -> int:
+        return sum(s * self.itemsize + ALIGN for s in self._sizes())
+
+    def describe(self) -> str:
+        packed = "weights pre-packed at prepare" if self.u is not None else "weights transformed per call"
+        return (f"Winograd F(4x4,3x3): {self.tiles} tiles of 4x4, chunks of {self.rows * self.tw_n} tiles, "
+                f"36 GEMMs ({self.m}x{self.c}) @ ({self.c}x{self.rows * self.tw_n}) per chunk; {packed}")
+
+    def __eq__(self, other):  # the packed array makes the generated __eq__ ambiguous
+        return self is other
+
+    __hash__ = object.__hash__
+
+
+def winograd_plan(x_shape, m: int, pb: tuple, out_sp: tuple, itemsize: int, weight=None) -> WinogradPlan:
+    """Plan F(4x4, 3x3) for x (N, C, H, W) and M output channels; ``weight`` (M, C, 3, 3), when
+    known now, is transformed here once (pre-packed)."""
+    n, c = int(x_shape[0]), int(x_shape[1])
+    th_n, tw_n = -(-int(out_sp[0]) // TILE), -(-int(out_sp[1]) // TILE)
+    per_row = POINTS * (c + m) * tw_n * itemsize
+    rows = max(1, min(max(n * th_n, 1), CHUNK_BYTES // max(per_row, 1)))
+    parallel = POINTS * rows * tw_n * max(c, m) >= PARALLEL_MIN
+    u = None
+    if weight is not None:
+        u = transform_weights(np.asarray(weight), np.float64 if itemsize == 8 else np.float32)
+    return WinogradPlan(n, c, int(m), tuple(int(v) for v in x_shape[2:]), tuple(int(v) for v in out_sp),
+                        int(pb[0]), int(pb[1]), th_n, tw_n, rows, itemsize, parallel, u)
+
+
+# -- kernel -----------------------------------------------------------------------------------------
+def _split_workspace(ws: np.ndarray, dtype, plan: WinogradPlan):
+    """The workspace as flat (V, M, U) buffers, each starting on an aligned byte."""
+    itemsize = np.dtype(dtype).itemsize
+    off = 0
+    out = []
+    for size in plan._sizes():
+        if size == 0:
+            out.append(None)
+            continue
+        nbytes = size * itemsize + ALIGN
+        out.append(workspace_view(ws[off:off + nbytes], dtype, (size,)))
+        off += nbytes
+    return out
+
+
+def conv_winograd(x, w, b, y, plan: WinogradPlan, ws) -> None:
+    """y = conv3x3(x, w) + b (stride 1) through F(4x4, 3x3); float32/float64 arrays."""
+    if plan.n == 0 or y.size == 0:
+        return
+    dt = x.dtype
+    vflat, mflat, u = _split_workspace(ws, dt, plan)
+    if plan.u is not None:
+        u = plan.u if plan.u.dtype == dt else plan.u.astype(dt)
+    else:
+        u = transform_weights(w, dt, u.reshape(POINTS, plan.m, plan.c))
+    bias = b if b is not None else np.zeros(0, dt)
+    xin = x.reshape((plan.n, plan.c) + plan.in_sp)
+    yout = y.reshape((plan.n, plan.m) + plan.out_sp)
+    fin = input_transform_parallel if plan.parallel else input_transform_serial
+    fout = output_transform_parallel if plan.parallel else output_transform_serial
+    total = plan.n * plan.th_n
+    for row0 in range(0, total, plan.rows):
+        k = min(plan.rows, total - row0)
+        p = k * plan.tw_n
+        v = vflat[:POINTS * plan.c * p].reshape(POINTS, plan.c, p)
+        mm = mflat[:POINTS * plan.m * p].reshape(POINTS, plan.m, p)
+        fin(xin, v, row0, k, plan.th_n, plan.tw_n, plan.ph, plan.pw)
+        np.matmul(u, v, out=mm)  # 36 BLAS GEMMs (M x C) @ (C x tiles)
+        fout(mm, bias, yout, row0, k, plan.th_n, plan.tw_n)
+
+
+def flops(plan: WinogradPlan) -> int:
+    """Multiply-adds actually executed (GEMM part), x2: for reporting effective vs direct GFLOP/s."""
+    return 2 * POINTS * plan.m * plan.c * plan.tiles
+
+
+def direct_flops(plan: WinogradPlan) -> int:
+    return 2 * 9 * plan.m * plan.c * plan.n * math.prod(plan.out_sp)
+
+
+# -- dilated 3x3 convolutions as dense ones on phase sub-images ------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class DilatedWinogradPlan:
+    """A stride-1 3x3 conv with dilation (dh, dw) is dh*dw independent *dense* 3x3 convs:
+    output rows a, a + dh, a + 2dh, ... read only input rows of one residue mod dh (and the
+    same for columns). Each output phase copies its input phase (every input element is
+    copied once in all), runs F(4x4, 3x3) on it — the padding becomes a per-phase offset,
+    negative where the phase starts inside the image — and scatters its result back. No
+    zero-inserted input or im2col buffer ever exists. ``phases``: (input row residue, input
+    column residue, output row phase, output column phase, sub-plan)."""
+
+    n: int
+    c: int
+    m: int
+    d: tuple
+    phases: tuple
+    itemsize: int
+    u: np.ndarray | None = None
+
+    @property
+    def tiles(self) -> int:
+        return sum(p[4].tiles for p in self.phases)
+
+    def _sizes(self) -> tuple:
+        x_sz = max(self.n * self.c * p[4].in_sp[0] * p[4].in_sp[1] for p in self.phases)
+        y_sz = max(self.n * self.m * p[4].out_sp[0] * p[4].out_sp[1] for p in self.phases)
+        sub = max(p[4].workspace_bytes for p in self.phases)
+        u = 0 if self.u is not None else POINTS * self.m * self.c
+        return x_sz, y_sz, u, sub
+
+    @property
+    def workspace_bytes(self) -> int:
+        x_sz, y_sz, u, sub = self._sizes()
+        return (x_sz + y_sz + u) * self.itemsize + 3 * ALIGN + sub
+
+    def describe(self) -> str:
+        packed = "weights pre-packed at prepare" if self.u is not None else "weights transformed per call"
+        return (f"dilated Winograd F(4x4,3x3): dilation {self.d} split into {len(self.phases)} dense phase "
+                f"convs, {self.tiles} tiles of 4x4 in all; {packed}")
+
+
+def dilated_plan(x_shape, m: int, pb: tuple, out_sp: tuple, d: tuple, itemsize: int, weight=None):
+    n, c = int(x_shape[0]), int(x_shape[1])
+    h, w = int(x_shape[2]), int(x_shape[3])
+    phases = []
+    for a in range(d[0]):
+        oh_n = len(range(a, out_sp[0], d[0]))
+        ra, qa = (a - pb[0]) % d[0], (a - pb[0]) // d[0]
+        hs = len(range(ra, h, d[0]))
+        for b in range(d[1]):
+            ow_n = len(range(b, out_sp[1], d[1]))
+            rb, qb = (b - pb[1]) % d[1], (b - pb[1]) // d[1]
+            ws_ = len(range(rb, w, d[1]))
+            if oh_n == 0 or ow_n == 0:
+                continue
+            sub = winograd_plan((n, c, hs, ws_), m, (-qa, -qb), (oh_n, ow_n), itemsize, None)
+            # the sub-plans never own weights: the transformed U is shared by every phase
+            phases.append((ra, rb, a, b, _no_weights(sub)))
+    u = None
+    if weight is not None:
+        u = transform_weights(np.asarray(weight), np.float64 if itemsize == 8 else np.float32)
+    return DilatedWinogradPlan(n, c, int(m), tuple(d), tuple(phases), itemsize, u)
+
+
+class _SharedU(WinogradPlan):
+    """A phase's plan: its workspace holds no U (the dilated plan passes the shared one)."""
+
+    def _sizes(self) -> tuple:
+        sv, sm, _ = super()._sizes()
+        return sv, sm, 0
+
+
+def _no_weights(p: WinogradPlan) -> WinogradPlan:
+    return _SharedU(*[getattr(p, f) for f in WinogradPlan.__dataclass_fields__])
+
+
+def conv_winograd_dilated(x, w, b, y, plan: DilatedWinogradPlan, ws) -> None:
+    """y = conv3x3_dilated(x, w) + b (stride 1) through F(4x4, 3x3) on phase sub-images."""
+    if plan.n == 0 or y.size == 0:
+        return
+    dt = x.dtype
+    x_sz, y_sz, u_sz, _ = plan._sizes()
+    itemsize = np.dtype(dt).itemsize
+    off = 0
+    bufs = []
+    for size in (x_sz, y_sz, u_sz):
+        nbytes = size * itemsize + ALIGN
+        bufs.append(workspace_view(ws[off:off + nbytes], dt, (size,)) if size else None)
+        off += nbytes
+    xflat, yflat, uflat = bufs
+    sub_ws = ws[off:]
+    if plan.u is not None:
+        u = plan.u if plan.u.dtype == dt else plan.u.astype(dt)
+    else:
+        u = transform_weights(w, dt, uflat.reshape(POINTS, plan.m, plan.c))
+    dh, dw = plan.d
+    x4 = x.reshape(plan.n, plan.c, *x.shape[2:]) if x.ndim == 4 else x
+    y4 = y
+    for ra, rb, a, bb, sub in plan.phases:
+        hs, ws_ = sub.in_sp
+        oh_n, ow_n = sub.out_sp
+        xs = xflat[:plan.n * plan.c * hs * ws_].reshape(plan.n, plan.c, hs, ws_)
+        np.copyto(xs, x4[:, :, ra::dh, rb::dw])
+        ys = yflat[:plan.n * plan.m * oh_n * ow_n].reshape(plan.n, plan.m, oh_n, ow_n)
+        conv_winograd(xs, None, b, ys, _with_u(sub, u), sub_ws)
+        np.copyto(y4[:, :, a::dh, bb::dw], ys)
+
+
+def _with_u(sub: WinogradPlan, u: np.ndarray) -> WinogradPlan:
+    return _SharedU(*[u if f == "u" else getattr(sub, f) for f in WinogradPlan.__dataclass_fields__])
