@@ -208,12 +208,46 @@ def cmd_conformance(argv) -> int:
     return conformance.main(argv)
 
 
+def _explain(argv) -> int:
+    from .ops import explain
+
+    return explain.main(argv)
+
+
+def _generate(argv) -> int:
+    from .llm import cli_generate
+
+    return cli_generate(argv)
+
+
+def _serve_bench(argv) -> int:
+    from .llm import cli_serve_bench
+
+    return cli_serve_bench(argv)
+
+
+def _video_bench(argv) -> int:
+    from .pipeline import cli_video_bench
+
+    return cli_video_bench(argv)
+
+
+#: sub-commands that parse their own arguments: name -> (entry point, help line)
+PASS_THROUGH = {
+    "conformance": (cmd_conformance, "run ONNX's node test cases (see 'opsnn conformance --help')"),
+    "explain": (_explain, "which kernel each node of a model runs, and why (see 'opsnn explain --help')"),
+    "generate": (_generate, "generate tokens with the LLaMA-style decoder and a KV cache"),
+    "serve-bench": (_serve_bench, "replay a mixed LLM workload: dynamic batching vs one request at a time"),
+    "video-bench": (_video_bench, "video pipeline (decode, preprocess, infer, postprocess): pipelined vs sequential"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if hasattr(signal, "SIGPIPE"):  # `opsnn info | head` ends quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    if argv and argv[0] == "conformance":
-        return cmd_conformance(argv[1:])
+    if argv and argv[0] in PASS_THROUGH:
+        return PASS_THROUGH[argv[0]][0](argv[1:])
     parser = argparse.ArgumentParser(prog="opsnn", description="opsnn: operator library and graph engine")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("info", help="device, operators by category, kernels")
@@ -248,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_compare)
-    sub.add_parser("conformance", help="run ONNX's node test cases (see 'opsnn conformance --help')")
+    for name, (_, help_) in PASS_THROUGH.items():
+        sub.add_parser(name, help=help_)
     args = parser.parse_args(argv)
     if getattr(args, "batch", 1) < 1 or getattr(args, "repeat", 1) < 1:
         parser.error("--batch and --repeat must be >= 1")

@@ -1,0 +1,484 @@
+"""Kernel benchmarks: opsnn's conv, GEMM and attention kernels against numpy and onnxruntime.
+
+Each workload runs as a single-node ONNX model (weights as initializers, so opsnn's graph
+path pre-packs them) through ``opsnn.compile`` ("opsnn": what a model gets by default) and
+through an onnxruntime session in the same process, next to a numpy formulation; every
+opsnn kernel that can run the workload is also timed on its own ("opsnn:<kernel>": the
+kernel function called directly with its prepared plan, no dispatch). Contenders run
+round-robin (a burst of load from other processes hits them all alike); figures are
+medians with the p10-p90 spread.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/kernels.py \\
+        [--only conv,gemm,lowp,attention,threads] [--repeat 30] [--quick] [--json PATH]
+
+Prefix ``NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1`` for single-thread figures (onnxruntime
+then gets one thread too); their ``cpu`` column is robust to other jobs on the machine.
+
+Targets (issue: Fast CPU kernels): Winograd >= 1.5x faster than im2col on 3x3 stride-1
+layers with >= 64 channels; the fp32 GEMM path >= 90% of numpy's GFLOP/s.
+``--only threads`` reruns the OpenMP wait-policy experiment behind the default set in
+``opsnn/kernels/cpu/__init__.py`` (fresh processes, interleaved rounds).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import opsnn
+from opsnn.ops import autotune
+from opsnn.ops.registry import TensorMeta, get_op
+
+onnx = __import__("onnx")
+ort = __import__("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
+
+
+# -- timing -------------------------------------------------------------------------------------------
+def measure(fns: dict, repeat: int, budget_s: float = 20.0) -> dict:
+    """Round-robin medians: {name: {median_ms, p10_ms, p90_ms, cpu_ms, runs}}. ``cpu_ms`` is the
+    median process CPU time: with NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 it measures the
+    work done, unaffected by other jobs taking the cores (with threads it also counts spinning)."""
+    for f in fns.values():
+        f()
+        f()
+    times = {n: [] for n in fns}
+    cpu = {n: [] for n in fns}
+    start = time.perf_counter()
+    for _ in range(repeat):
+        for n, f in fns.items():
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            f()
+            times[n].append(time.perf_counter() - t0)
+            cpu[n].append(time.process_time() - c0)
+        if time.perf_counter() - start > budget_s and len(times[next(iter(fns))]) >= 5:
+            break
+    out = {}
+    for n, ts in times.items():
+        ts = np.array(ts) * 1e3
+        out[n] = {"median_ms": float(np.median(ts)), "p10_ms": float(np.percentile(ts, 10)),
+                  "p90_ms": float(np.percentile(ts, 90)), "cpu_ms": float(np.median(cpu[n]) * 1e3),
+                  "runs": int(ts.size)}
+    return out
+
+
+def _fmt(r: dict) -> str:
+    return f"{r['median_ms']:8.3f} ms [{r['p10_ms']:.3f}-{r['p90_ms']:.3f}] cpu {r['cpu_ms']:.3f}"
+
+
+# -- single-node models -------------------------------------------------------------------------------------
+def _model(op: str, inputs: dict, weights: dict, attrs: dict, out_dtype, opset: int = 21, name="y"):
+    node = helper.make_node(op, list(inputs) + list(weights), [name], **attrs)
+    g = helper.make_graph([node], f"bench_{op}",
+                          [helper.make_tensor_value_info(k, _TYPES[v.dtype], list(v.shape)) for k, v in inputs.items()],
+                          [helper.make_tensor_value_info(name, _TYPES[np.dtype(out_dtype)], None)],
+                          [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _ort_session(model):
+    so = ort.SessionOptions()
+    # as many threads as opsnn's kernels get (NUMBA_NUM_THREADS=1 for single-thread runs)
+    so.intra_op_num_threads = int(os.environ.get("NUMBA_NUM_THREADS") or os.cpu_count() or 1)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _opsnn_runner(model, feeds: dict, kernel: tuple | None = None):
+    """Compile ``model`` (under ``kernel_selector`` when a kernel is forced) and return
+    (run callable, chosen kernel name)."""
+    graph = opsnn.onnx.load(model)
+    tensors = {k: opsnn.tensor(v) for k, v in feeds.items()}
+    if kernel is not None:
+        with opsnn.kernel_selector(**{kernel[0]: kernel[1]}):
+            cg = opsnn.compile(graph)
+            cg.run(tensors)
+    else:
+        cg = opsnn.compile(graph)
+        cg.run(tensors)
+    plan = next(reversed(cg._plans.values()))
+    ex = plan.steps[0].executor
+    name = ex.kernel.name
+    if isinstance(ex.plan, dict) and hasattr(ex.plan.get("kernel"), "name"):
+        name = ex.plan["kernel"].name
+    out = cg.output_names[0]
+
+    def run():
+        return cg.run(tensors)[out].numpy()
+
+    return run, name
+
+
+def _kernel_runners(op: str, arrays: list, attrs: dict, constant: set) -> dict:
+    """{kernel name: run()} for every opsnn kernel of ``op`` that can run these inputs (its
+    predicate accepts them, or declines only as NotPreferred), called directly: plan made
+    here with the ``constant`` inputs' values known (so weights are pre-packed, as in the
+    graph path), outputs and workspace preallocated, fp32 adapter applied for 16-bit."""
+    from opsnn import dtypes as _dt
+    from opsnn.ops.executor import plan_op
+
+    rec = get_op(op)
+    metas = [None if a is None else TensorMeta(a.shape, a.dtype) for a in arrays]
+    values = [a if i in constant else None for i, a in enumerate(arrays)]
+    ctx = plan_op(rec, metas, values, attrs).ctx
+    runners = {}
+    for k in autotune.candidates(rec, ctx):
+        plan = k.plan(ctx) if k.plan else None
+        nbytes = int(k.workspace(ctx, plan)) if k.workspace else 0
+        ws = np.empty(nbytes, np.uint8) if nbytes else None
+        adapter = k.needs_adapter(ctx)
+        outs = [np.empty(m.shape, np.float32 if adapter and _dt.is_low_precision(m.dtype) else m.dtype)
+                for m in ctx.outputs]
+        final = [np.empty(m.shape, m.dtype) for m in ctx.outputs]
+        ins = list(arrays)
+
+        def run(k=k, plan=plan, ws=ws, outs=outs, final=final, ins=ins, adapter=adapter):
+            if not adapter:
+                k.fn(ins, outs, ctx.attrs, plan, ws)
+                return outs[0]
+            # what the executor's fp32 adapter does: widen inputs, run, narrow outputs
+            xs = [a.astype(np.float32) if a is not None and _dt.is_low_precision(a.dtype) else a for a in ins]
+            k.fn(xs, outs, ctx.attrs, plan, ws)
+            for o, f in zip(outs, final):
+                np.copyto(f, o, casting="unsafe")
+            return final[0]
+
+        runners[k.name] = run
+    return runners
+
+
+# -- Conv -----------------------------------------------------------------------------------------------------
+# ResNet-50 (v1.5) at batch 1: the stem, and per stage its 1x1 / 3x3 (stride 1 and the
+# stride-2 first block) convolutions; plus dilated 3x3 (DeepLab-style) and a VGG-style first layer.
+RESNET50 = [
+    ("stem 7x7/2", (1, 3, 224, 224), (64, 3, 7, 7), 2, 3, 1),
+    ("s1 1x1 64->64", (1, 64, 56, 56), (64, 64, 1, 1), 1, 0, 1),
+    ("s1 3x3 64", (1, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1),
+    ("s1 1x1 64->256", (1, 64, 56, 56), (256, 64, 1, 1), 1, 0, 1),
+    ("s1 1x1 256->64", (1, 256, 56, 56), (64, 256, 1, 1), 1, 0, 1),
+    ("s2 3x3/2 128", (1, 128, 56, 56), (128, 128, 3, 3), 2, 1, 1),
+    ("s2 3x3 128", (1, 128, 28, 28), (128, 128, 3, 3), 1, 1, 1),
+    ("s2 1x1 128->512", (1, 128, 28, 28), (512, 128, 1, 1), 1, 0, 1),
+    ("s2 1x1 512->128", (1, 512, 28, 28), (128, 512, 1, 1), 1, 0, 1),
+    ("s3 3x3/2 256", (1, 256, 28, 28), (256, 256, 3, 3), 2, 1, 1),
+    ("s3 3x3 256", (1, 256, 14, 14), (256, 256, 3, 3), 1, 1, 1),
+    ("s3 1x1 256->1024", (1, 256, 14, 14), (1024, 256, 1, 1), 1, 0, 1),
+    ("s3 1x1 1024->256", (1, 1024, 14, 14), (256, 1024, 1, 1), 1, 0, 1),
+    ("s4 3x3/2 512", (1, 512, 14, 14), (512, 512, 3, 3), 2, 1, 1),
+    ("s4 3x3 512", (1, 512, 7, 7), (512, 512, 3, 3), 1, 1, 1),
+    ("s4 1x1 512->2048", (1, 512, 7, 7), (2048, 512, 1, 1), 1, 0, 1),
+    ("s4 1x1 2048->512", (1, 2048, 7, 7), (512, 2048, 1, 1), 1, 0, 1),
+    ("s3 3x3 256 batch 8", (8, 256, 14, 14), (256, 256, 3, 3), 1, 1, 1),
+    ("s4 3x3 512 batch 8", (8, 512, 7, 7), (512, 512, 3, 3), 1, 1, 1),
+    ("dilated 3x3 d2 256", (1, 256, 33, 33), (256, 256, 3, 3), 1, 2, 2),
+    ("dilated 3x3 d4 64", (1, 64, 56, 56), (64, 64, 3, 3), 1, 4, 4),
+    ("dilated 3x3 d2 512", (1, 512, 28, 28), (512, 512, 3, 3), 1, 2, 2),
+    ("vgg 3x3 3->64", (1, 3, 224, 224), (64, 3, 3, 3), 1, 1, 1),
+]
+QUICK_CONV = {"stem 7x7/2", "s1 3x3 64", "s2 3x3 128", "s3 3x3 256", "s4 3x3 512", "s1 1x1 64->256",
+              "dilated 3x3 d2 256"}
+#: the issue's target: Winograd >= 1.5x faster than im2col on 3x3 stride-1 layers with >= 64 channels
+
+
+def numpy_conv(x, w, stride, pad, dil):
+    """im2col in numpy: a strided window view, then one tensordot (BLAS)."""
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    kh, kw = w.shape[2:]
+    eh, ew = (kh - 1) * dil + 1, (kw - 1) * dil + 1
+    win = np.lib.stride_tricks.sliding_window_view(xp, (eh, ew), axis=(2, 3))[:, :, ::stride, ::stride, ::dil, ::dil]
+    return np.einsum("ncpqij,mcij->nmpq", win, w, optimize=True)
+
+
+def bench_conv(args, rng) -> list:
+    rows = []
+    print("\n== Conv (ResNet-50 shapes at batch 1, float32; opsnn graph path with weights as initializers)")
+    for name, xs, ws, s, p, d in RESNET50:
+        if args.quick and name not in QUICK_CONV:
+            continue
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = (rng.standard_normal(ws) / math.sqrt(ws[1] * ws[2] * ws[3])).astype(np.float32)
+        b = rng.standard_normal(ws[0]).astype(np.float32)
+        attrs = {"strides": [s, s], "pads": [p] * 4, "dilations": [d, d]}
+        model = _model("Conv", {"x": x}, {"W": w, "B": b}, attrs, np.float32)
+        run_default, chosen = _opsnn_runner(model, {"x": x})
+        fns = {"opsnn": run_default}
+        for k, f in _kernel_runners("Conv", [x, w, b], attrs, {1, 2}).items():
+            fns[f"opsnn:{k}"] = f
+        sess = _ort_session(model)
+        fns["onnxruntime"] = lambda sess=sess, x=x: sess.run(None, {"x": x})[0]
+        fns["numpy"] = lambda: numpy_conv(x, w, s, p, d) + b.reshape(1, -1, 1, 1)
+        want = fns["onnxruntime"]()
+        errs = {k: float(np.abs(f() - want).max() / (np.abs(want).max() or 1)) for k, f in fns.items()}
+        res = measure(fns, args.repeat)
+        oh = (xs[2] + 2 * p - (ws[2] - 1) * d - 1) // s + 1
+        ow = (xs[3] + 2 * p - (ws[3] - 1) * d - 1) // s + 1
+        gflop = 2 * xs[0] * ws[0] * ws[1] * ws[2] * ws[3] * oh * ow / 1e9
+        t = {k: v["median_ms"] for k, v in res.items()}
+        row = {"name": name, "x": xs, "w": ws, "stride": s, "pad": p, "dilation": d, "chosen": chosen,
+               "gflop": gflop, "results": res, "max_rel_err": errs,
+               "gflops": {k: gflop / (v / 1e3) for k, v in t.items()},
+               "speedup_vs_numpy": t["numpy"] / t["opsnn"], "speedup_vs_ort": t["onnxruntime"] / t["opsnn"]}
+        if "opsnn:conv2d_winograd" in t and "opsnn:conv2d_im2col" in t:
+            row["winograd_vs_im2col"] = t["opsnn:conv2d_im2col"] / t["opsnn:conv2d_winograd"]
+            row["winograd_vs_im2col_cpu"] = (res["opsnn:conv2d_im2col"]["cpu_ms"]
+                                             / res["opsnn:conv2d_winograd"]["cpu_ms"])
+        if "opsnn:conv2d_winograd_dilated" in t and "opsnn:conv2d_im2col" in t:
+            row["dilated_winograd_vs_im2col"] = t["opsnn:conv2d_im2col"] / t["opsnn:conv2d_winograd_dilated"]
+        if "opsnn:conv2d_direct" in t and "opsnn:conv2d_im2col" in t:
+            row["direct_vs_im2col"] = t["opsnn:conv2d_im2col"] / t["opsnn:conv2d_direct"]
+        rows.append(row)
+        best = min((k for k in t if k.startswith("opsnn:")), key=t.get, default="opsnn")
+        print(f"{name:22s} chosen {chosen:16s} opsnn {_fmt(res['opsnn'])} {row['gflops']['opsnn']:6.1f} GF/s | "
+              f"numpy x{row['speedup_vs_numpy']:.2f} ort x{row['speedup_vs_ort']:.2f} | fastest {best[6:]}"
+              + (f" | winograd/im2col x{row['winograd_vs_im2col']:.2f}" if "winograd_vs_im2col" in row else "")
+              + (f" | dilated-winograd/im2col x{row['dilated_winograd_vs_im2col']:.2f}"
+                 if "dilated_winograd_vs_im2col" in row else "")
+              + (f" | direct/im2col x{row['direct_vs_im2col']:.2f}" if "direct_vs_im2col" in row else ""))
+        for k in sorted(t, key=t.get):
+            print(f"    {k:28s} {_fmt(res[k])} {row['gflops'][k]:7.1f} GF/s  err {errs[k]:.1e}")
+    return rows
+
+
+# -- GEMM -------------------------------------------------------------------------------------------------------
+# BERT-base at sequence length 128 (and 512): QKV / output projections, the FFN pair, and
+# the per-head attention products.
+BERT = [("proj 128x768x768", 128, 768, 768), ("ffn1 128x768x3072", 128, 768, 3072),
+        ("ffn2 128x3072x768", 128, 3072, 768), ("proj 512x768x768", 512, 768, 768),
+        ("ffn1 512x768x3072", 512, 768, 3072), ("decode 1x768x3072", 1, 768, 3072)]
+
+
+def bench_gemm(args, rng) -> list:
+    rows = []
+    print("\n== GEMM (BERT-base sizes, float32): opsnn two-phase executor (the kernel path), opsnn graph "
+          "(B an initializer), numpy.matmul, onnxruntime MatMul")
+    cases = BERT[:3] if args.quick else BERT
+    for name, m, k, n in cases:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        bm = (rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32)
+        ta, tb = opsnn.tensor(a), opsnn.tensor(bm)
+        ex = opsnn.aclnn.matmul.prepare(ta, tb)
+        out = np.empty((m, n), np.float32)
+        model = _model("MatMul", {"a": a}, {"B": bm}, {}, np.float32)
+        run_graph, chosen = _opsnn_runner(model, {"a": a})
+        sess = _ort_session(model)
+        fns = {"opsnn": lambda ex=ex: ex.run().numpy(), "opsnn graph": run_graph,
+               "numpy": lambda a=a, bm=bm, out=out: np.matmul(a, bm, out=out),
+               "onnxruntime": lambda sess=sess, a=a: sess.run(None, {"a": a})[0]}
+        res = measure(fns, args.repeat)
+        gflop = 2 * m * k * n / 1e9
+        t = {kk: v["median_ms"] for kk, v in res.items()}
+        row = {"name": name, "m": m, "k": k, "n": n, "kernel": ex.kernel_name, "graph_kernel": chosen,
+               "results": res, "gflops": {kk: gflop / (v / 1e3) for kk, v in t.items()},
+               "fraction_of_numpy": t["numpy"] / t["opsnn"], "graph_fraction_of_numpy": t["numpy"] / t["opsnn graph"],
+               "speedup_vs_ort": t["onnxruntime"] / t["opsnn"]}
+        rows.append(row)
+        print(f"{name:20s} {ex.kernel_name:12s} " + " | ".join(
+            f"{kk} {_fmt(res[kk])} {row['gflops'][kk]:6.1f} GF/s" for kk in fns)
+            + f" | opsnn = {100 * row['fraction_of_numpy']:.0f}% of numpy's GF/s (graph "
+              f"{100 * row['graph_fraction_of_numpy']:.0f}%)")
+    return rows
+
+
+def bench_lowp(args, rng) -> list:
+    """16-bit MatMul: the fp32 adapter (BLAS on converted copies), the tiled numba kernel
+    (tile sweep), the pre-packed constant-weight path, numpy and onnxruntime (fp16)."""
+    import ml_dtypes
+
+    from opsnn.kernels.cpu import gemm as G
+
+    rows = []
+    print("\n== 16-bit MatMul (B constant where the graph path is used)")
+    cases = [c for c in BERT if c[1] in (1, 16, 128)] + [("proj 16x768x768", 16, 768, 768)]
+    for dt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+        for name, m, k, n in cases:
+            a = rng.standard_normal((m, k)).astype(dt)
+            bm = (rng.standard_normal((k, n)) / math.sqrt(k)).astype(dt)
+            out = np.empty((m, n), dt)
+            fns = {}
+            for kern, f in _kernel_runners("MatMul", [a, bm], {}, set()).items():
+                fns[f"opsnn:{kern}" + (" (fp32 adapter)" if kern == "matmul_blas" else "")] = f
+            for tile in (32, 64, 128, 256):
+                plan = G.lowp_plan(a.shape, bm.shape, dt, tile)
+                fns[f"tiled tile_size={tile}"] = lambda plan=plan, a=a, bm=bm, out=out: G.matmul_lowp(
+                    [a, bm], [out], {}, plan, None)
+            for kern, f in _kernel_runners("MatMul", [a, bm], {}, {1}).items():
+                if kern == "matmul_prepacked":
+                    fns["opsnn:matmul_prepacked (B constant)"] = f
+            fns["numpy (astype fp32, matmul, astype)"] = lambda a=a, bm=bm: np.matmul(
+                a.astype(np.float32), bm.astype(np.float32)).astype(dt)
+            default = opsnn.aclnn.matmul.prepare(a, bm)
+            if dt == np.float16:
+                model = _model("MatMul", {"a": a}, {"B": bm}, {}, dt)
+                sess = _ort_session(model)
+                fns["onnxruntime fp16"] = lambda sess=sess, a=a: sess.run(None, {"a": a})[0]
+            res = measure(fns, max(5, args.repeat // 2))
+            gflop = 2 * m * k * n / 1e9
+            row = {"name": name, "dtype": str(dt), "m": m, "k": k, "n": n, "default_kernel": default.kernel_name,
+                   "tiled_vs_adapter": res["opsnn:matmul_blas (fp32 adapter)"]["median_ms"]
+                   / res["opsnn:matmul_tiled_lowp"]["median_ms"],
+                   "results": res, "gflops": {kk: gflop / (v["median_ms"] / 1e3) for kk, v in res.items()}}
+            rows.append(row)
+            print(f"{dt.name:9s} {name:20s} (default {default.kernel_name}; tiled vs adapter "
+                  f"x{row['tiled_vs_adapter']:.2f})")
+            for kk in sorted(res, key=lambda q: res[q]["median_ms"]):
+                print(f"    {kk:40s} {_fmt(res[kk])} {row['gflops'][kk]:6.1f} GF/s")
+    return rows
+
+
+# -- attention --------------------------------------------------------------------------------------------------
+def numpy_attention(q, kk, v):
+    s = np.matmul(q, kk.transpose(0, 1, 3, 2)) * (1 / math.sqrt(q.shape[-1]))
+    s -= s.max(-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(-1, keepdims=True)
+    return np.matmul(s, v)
+
+
+def bench_attention(args, rng) -> list:
+    rows = []
+    print("\n== Attention (BERT-base heads: batch 1, 12 heads, head dim 64, float32; ONNX Attention-23)")
+    lengths = (128, 512) if args.quick else (128, 256, 512, 1024, 2048)
+    for s in lengths:
+        q, kk, v = (rng.standard_normal((1, 12, s, 64)).astype(np.float32) for _ in range(3))
+        ex = opsnn.aclnn.attention.prepare(q, kk, v)
+        node = helper.make_node("Attention", ["q", "k", "v"], ["y"])
+        g = helper.make_graph([node], "attn", [helper.make_tensor_value_info(nm, TensorProto.FLOAT, [1, 12, s, 64])
+                                               for nm in "qkv"],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        sess = _ort_session(helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)]))
+        fns = {"opsnn": lambda ex=ex: ex.run().numpy()}
+        for kern in ("attention_flash", "attention_blas"):
+            if kern != ex.kernel_name:
+                e = opsnn.aclnn.attention.prepare(q, kk, v, algo=kern)
+                fns[f"opsnn:{kern}"] = lambda e=e: e.run().numpy()
+        fns["numpy"] = lambda: numpy_attention(q, kk, v)
+        fns["onnxruntime"] = lambda: sess.run(None, {"q": q, "k": kk, "v": v})[0]
+        want = fns["numpy"]()
+        err = float(np.abs(fns["opsnn"]() - want).max())
+        res = measure(fns, max(5, args.repeat // 2))
+        gflop = 4 * 12 * s * s * 64 / 1e9
+        t = {n: r["median_ms"] for n, r in res.items()}
+        row = {"seq": s, "kernel": ex.kernel_name, "results": res, "max_abs_err": err,
+               "gflops": {n: gflop / (x / 1e3) for n, x in t.items()},
+               "speedup_vs_numpy": t["numpy"] / t["opsnn"], "speedup_vs_ort": t["onnxruntime"] / t["opsnn"]}
+        rows.append(row)
+        print(f"seq {s:5d} {ex.kernel_name:16s} " + " | ".join(f"{n} {_fmt(res[n])} {row['gflops'][n]:6.1f} GF/s"
+                                                                for n in fns)
+              + f" | numpy x{row['speedup_vs_numpy']:.2f} ort x{row['speedup_vs_ort']:.2f} err {err:.1e}")
+    return rows
+
+
+# -- OpenMP wait policy ----------------------------------------------------------------------------------------------
+_THREAD_PROBE = r"""
+import os, statistics, time, json
+import numpy as np
+import opsnn
+rng = np.random.default_rng(0)
+x = rng.standard_normal((1, 64, 56, 56)).astype(np.float32)
+w = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
+ex_i = opsnn.aclnn.conv2d.prepare(x, w, padding=1, algo="conv2d_im2col")
+ex_w = opsnn.aclnn.conv2d.prepare(x, w, padding=1, algo="conv2d_winograd")
+ex_r = opsnn.aclnn.relu.prepare(rng.standard_normal(1 << 18).astype(np.float32))
+m1 = rng.standard_normal((256, 256)).astype(np.float32)
+def med(f, reps=40):
+    for _ in range(3): f()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter(); f(); ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+def relu_chain():
+    for _ in range(20): ex_r.run()
+def mixed():
+    for _ in range(10):
+        ex_r.run(); m1 @ m1
+print(json.dumps({"im2col conv": med(ex_i.run), "winograd conv": med(ex_w.run),
+                  "20x relu 256K": med(relu_chain), "10x (relu 256K + 256^2 sgemm)": med(mixed)}))
+"""
+
+THREAD_CONFIGS = {
+    "opsnn default (OMP_WAIT_POLICY=PASSIVE)": {},
+    "libgomp default (GOMP_SPINCOUNT=300000)": {"GOMP_SPINCOUNT": "300000"},
+    "GOMP_SPINCOUNT=0": {"GOMP_SPINCOUNT": "0"},
+    "NUMBA_THREADING_LAYER=workqueue": {"NUMBA_THREADING_LAYER": "workqueue"},
+}
+
+
+def bench_threads(args, rng) -> dict:
+    print("\n== OpenMP wait policy: fresh process per configuration, interleaved rounds")
+    rounds = 2 if args.quick else 3
+    results: dict = {c: [] for c in THREAD_CONFIGS}
+    for _ in range(rounds):
+        for cfg, extra in THREAD_CONFIGS.items():
+            env = dict(os.environ)
+            env.pop("OMP_WAIT_POLICY", None)
+            env.update(extra)
+            out = subprocess.run([sys.executable, "-c", _THREAD_PROBE], env=env, capture_output=True, text=True,
+                                 timeout=600)
+            if out.returncode != 0:
+                print(f"  {cfg}: failed: {out.stderr[-300:]}")
+                continue
+            results[cfg].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    summary = {}
+    for cfg, runs in results.items():
+        if not runs:
+            continue
+        summary[cfg] = {k: [min(r[k] for r in runs), max(r[k] for r in runs)] for k in runs[0]}
+        print(f"  {cfg:42s} " + " | ".join(f"{k} {lo:.2f}-{hi:.2f} ms" for k, (lo, hi) in summary[cfg].items()))
+    return {"rounds": rounds, "per_round": results, "range_ms": summary}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="conv,gemm,lowp,attention", help="sections: conv,gemm,lowp,attention,threads")
+    ap.add_argument("--repeat", type=int, default=30, help="round-robin rounds per workload")
+    ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument("--json", default="bench/results/kernels.json")
+    args = ap.parse_args()
+    opsnn.init()
+    rng = np.random.default_rng(0)
+    sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    report = {"cpu": autotune.cpu_model(), "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "load_average_start": os.getloadavg(), "repeat": args.repeat,
+              "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_WAIT_POLICY",
+                                                     "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")},
+              "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
+    print(f"cpu {report['cpu']}, load average {report['load_average_start']}, OMP_WAIT_POLICY="
+          f"{os.environ.get('OMP_WAIT_POLICY')}")
+    runners = {"conv": bench_conv, "gemm": bench_gemm, "lowp": bench_lowp, "attention": bench_attention,
+               "threads": bench_threads}
+    for s in sections:
+        if s not in runners:
+            ap.error(f"unknown section {s!r}; choose from {sorted(runners)}")
+        report[s] = runners[s](args, rng)
+    report["load_average_end"] = os.getloadavg()
+    if "conv" in report:
+        w = [r for r in report["conv"] if "winograd_vs_im2col" in r and r["w"][1] >= 64 and r["dilation"] == 1]
+        report["targets"] = {"winograd_vs_im2col_3x3_s1_ge64ch": {r["name"]: r["winograd_vs_im2col"] for r in w},
+                             "winograd_vs_im2col_cpu_time": {r["name"]: r["winograd_vs_im2col_cpu"] for r in w},
+                             "dilated_winograd_vs_im2col": {r["name"]: r["dilated_winograd_vs_im2col"]
+                                                            for r in report["conv"]
+                                                            if "dilated_winograd_vs_im2col" in r}}
+    if "gemm" in report:
+        report.setdefault("targets", {})["gemm_fraction_of_numpy_gflops"] = {
+            r["name"]: r["fraction_of_numpy"] for r in report["gemm"]}
+    if report.get("targets"):
+        print("\ntargets:", json.dumps(report["targets"], indent=1))
+    if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1, default=float)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

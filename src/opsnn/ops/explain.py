@@ -1,0 +1,174 @@
+"""Why each node of a graph runs the kernel it runs: ``explain_graph`` and ``opsnn explain``.
+
+For every kernel launch of a compiled graph at the given input shapes: the chosen kernel
+(and, for fused nodes, the inner Conv/MatMul kernel), why it was chosen, the plan it made
+(tiles, packed weights, workspace), and every kernel that was not chosen with its reason::
+
+    >>> import opsnn                                                  # doctest: +SKIP
+    >>> print(opsnn.ops.explain.explain_graph("resnet50.onnx", {"x": (1, 3, 224, 224)}))
+    graph resnet50 at x=(1, 3, 224, 224): 73 kernels (compiled)
+      conv1 (opsnn::FusedConv): conv_epilogue -> Conv: conv2d_im2col
+          why: highest-priority applicable kernel (priority 20)
+          plan: im2col2d: column buffer 147x12544 per group, then BLAS
+          not chosen: conv2d_winograd: Winograd F(4x4,3x3) needs a 3x3 kernel, stride 1, ...
+
+Command line (wired by ``opsnn.cli``): ``opsnn explain model.onnx --shape x=1,3,224,224``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+
+from ..errors import OpsnnError, ParamInvalidError
+from . import autotune, registry
+from .registry import InferContext, TensorMeta, get_op
+
+
+def _as_compiled(graph):
+    from ..graph.compiler import CompiledGraph, compile as _compile
+
+    if isinstance(graph, CompiledGraph):
+        return graph
+    return _compile(graph)
+
+
+def _declared_shapes(cg) -> dict:
+    shapes = {}
+    for name, spec in cg._input_specs.items():
+        if spec.shape is None or not all(isinstance(d, int) and d >= 0 for d in spec.shape):
+            raise ParamInvalidError(f"explain_graph: input {name!r} has no static shape in the graph "
+                                    f"({spec.shape}); pass input_shapes={{{name!r}: (...)}}")
+        shapes[name] = tuple(int(d) for d in spec.shape)
+    return shapes
+
+
+def _plan_text(plan) -> str | None:
+    if plan is None:
+        return None
+    describe = getattr(plan, "describe", None)
+    if callable(describe):
+        try:
+            return describe()
+        except Exception:  # noqa: BLE001 - explaining must never fail on a plan's description
+            return None
+    return None
+
+
+def _inner_selection(ex):
+    """(inner op name, Selection, inner plan) of a fused step whose plan wraps a kernel."""
+    plan = ex.plan
+    if not isinstance(plan, dict) or not hasattr(plan.get("kernel"), "fn"):
+        return None
+    k = plan["kernel"]
+    try:
+        rec = get_op(k.op)
+        n = len(rec.inputs)
+        metas = [m if isinstance(m, TensorMeta) or m is None else TensorMeta(m.shape, m.dtype)
+                 for m in list(ex.input_metas)[:n]]
+        ctx = InferContext(rec, metas, rec.bind_attrs(dict(plan.get("attrs") or {})), [None] * len(metas), 1)
+        rec.run_infer(ctx)
+        sel = registry.select_kernel(rec, ctx)
+    except (OpsnnError, TypeError, ValueError, KeyError, IndexError):
+        return (k.op, None, plan.get("plan"))
+    return (k.op, sel, plan.get("plan"))
+
+
+def explain_graph(graph, input_shapes: dict | None = None, *, show_rejected: bool = True) -> str:
+    """Plan ``graph`` (a Graph, CompiledGraph, ONNX path or ModelProto) for ``input_shapes``
+    (``{input name: shape}``; default: the graph's declared static shapes) and say, per kernel
+    launch, which kernel runs and why. Building the plan runs the graph once on zeros."""
+    if isinstance(graph, (str, bytes)) or type(graph).__name__ == "ModelProto":
+        from .. import onnx as _onnx
+
+        graph = _onnx.load(graph)
+    cg = _as_compiled(graph)
+    shapes = dict(input_shapes) if input_shapes is not None else _declared_shapes(cg)
+    shapes = {k: tuple(int(d) for d in v) for k, v in shapes.items()}
+    cg.prepare_shapes([shapes])
+    where = ", ".join(f"{k}={v}" for k, v in shapes.items())
+    title = f"graph {cg.graph.name} at {where}"
+    if cg.mode == "interpreted":
+        return f"{title}: runs in the interpreter ({cg.mode_reason}); kernels are selected per node at run time"
+    plans = getattr(cg, "_plans", None)
+    if not plans:
+        return cg.explain()
+    plan = next(reversed(plans.values()))
+    lines = []
+    counts: Counter = Counter()
+    fallbacks = 0
+    tuned = autotune.settings()
+    for st in plan.steps:
+        ex = st.executor
+        node = st.node
+        head = f"  {node.name} ({node.qualified_type}): {ex.kernel.name}"
+        inner = _inner_selection(ex)
+        sel_reason, rejected, plan_obj = ex.reason, ex.rejected, ex.plan
+        if inner is not None:
+            op, sel, plan_obj = inner
+            if sel is not None:
+                head += f" -> {op}: {sel.kernel.name}"
+                sel_reason, rejected = sel.reason, sel.rejected
+                counts[f"{op}:{sel.kernel.name}"] += 1
+        else:
+            counts[f"{node.op_type}:{ex.kernel.name}"] += 1
+        if ex.kernel.fallback:
+            head += "  [REFERENCE FALLBACK]"
+            fallbacks += 1
+        if ex.adapter:
+            head += "  [16-bit via fp32 adapter]"
+        lines.append(head)
+        lines.append(f"      why: {sel_reason.split('; skipped ')[0]}")
+        text = _plan_text(plan_obj)
+        if text:
+            lines.append(f"      plan: {text}")
+        if ex.workspace_size:
+            lines.append(f"      workspace: {ex.workspace_size / 2**20:.2f} MiB")
+        if show_rejected and rejected:
+            for name, why in rejected:
+                tag = " (autotune may still pick it)" if isinstance(why, autotune.NotPreferred) else ""
+                lines.append(f"      not chosen: {name}: {why}{tag}")
+    summary = ", ".join(f"{k} x{n}" for k, n in counts.most_common())
+    head = [f"{title}: {len(plan.steps)} kernels (compiled); {plan.memory.summary()}",
+            f"  kernels: {summary}",
+            f"  autotune: {tuned['mode'] or 'off'}" + (f" ({tuned['path']})" if tuned["mode"] else "")]
+    if fallbacks:
+        head.append(f"  WARNING: {fallbacks} node(s) run the numpy reference implementation")
+    return "\n".join(head + lines)
+
+
+def _parse_shape(text: str) -> tuple[str, tuple]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--shape wants NAME=D0,D1,..., got {text!r}")
+    name, dims = text.split("=", 1)
+    try:
+        return name, tuple(int(d) for d in dims.replace("x", ",").split(",") if d)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape {text!r}: dims must be integers") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``opsnn explain MODEL [--shape NAME=DIMS ...] [--autotune [FILE]] [--brief]``."""
+    p = argparse.ArgumentParser(prog="opsnn explain", description="which kernel each node of a model runs, and why")
+    p.add_argument("model", help="an ONNX model file")
+    p.add_argument("--shape", action="append", type=_parse_shape, default=[],
+                   help="input shape, e.g. --shape x=1,3,224,224 (default: the model's static shapes)")
+    p.add_argument("--autotune", nargs="?", const="", default=None, metavar="FILE",
+                   help="time the candidate kernels of each node (winners saved to FILE, default "
+                        "~/.cache/opsnn/autotune.json) and explain with the tuned choices")
+    p.add_argument("--brief", action="store_true", help="leave out the kernels that were not chosen")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    import opsnn
+
+    opsnn.init()
+    if args.autotune is not None:
+        autotune.enable(args.autotune or None)
+    try:
+        print(explain_graph(args.model, dict(args.shape) or None, show_rejected=not args.brief))
+    except (OpsnnError, OSError) as exc:
+        print(f"opsnn explain: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+__all__ = ["explain_graph", "main"]
