@@ -1,0 +1,431 @@
+"""opsnn.llm: KV-cache generation, sampling, dynamic batching scheduler, cancellation, errors, CLI."""
+import gc
+import json
+import threading
+
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn.errors import DTypeError, ParamInvalidError
+from opsnn.llm import (CachedDecoder, CacheFullError, GenerationError, KVCache, OutOfVocabularyError,
+                       PromptTooLongError, Sampler, SamplingParams, Scheduler, SchedulerClosedError, generate,
+                       generate_no_cache, mixed_workload, replay)
+
+VOCAB = 97
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return opsnn.models.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=VOCAB, intermediate=96, seed=3,
+                              max_position=256)
+
+
+def prompts(rng, lengths):
+    return [rng.integers(0, VOCAB, n) for n in lengths]
+
+
+# -- the cached forward --------------------------------------------------------------------------------------
+def test_decoder_logits_match_model_forward(lm, rng):
+    """Prefill (whole and chunked) and batched decode over non-adjacent slots give the model's own logits."""
+    cache = KVCache.for_model(lm, max_batch_slots=4, max_seq=32)
+    dec = CachedDecoder(lm, cache)
+    a, b = rng.integers(0, VOCAB, 7), rng.integers(0, VOCAB, 4)
+    s0, s1, s2 = cache.allocate(), cache.allocate(), cache.allocate()
+    ref_a = lm(a[None])[0].numpy()[0]
+    got = dec.forward(a[None], [s0], [0], all_positions=True)[0]
+    np.testing.assert_allclose(got, ref_a, rtol=1e-5, atol=1e-5)
+    dec.forward(b[None, :3], [s2], [0])  # chunked prefill: 3 then 1
+    last_b = dec.forward(b[None, 3:], [s2], [3])
+    np.testing.assert_allclose(last_b[0], lm(b[None])[0].numpy()[0, -1], rtol=1e-5, atol=1e-5)
+    cache.release(s1)  # slots 0 and 2 in use: attention runs over rows 0..2 with row 1 empty
+    nxt = dec.forward(np.array([[5], [11]]), [s2, s0], [4, 7])
+    ref_b = lm(np.append(b, 5)[None])[0].numpy()[0, -1]
+    ref_a2 = lm(np.append(a, 11)[None])[0].numpy()[0, -1]
+    np.testing.assert_allclose(nxt[0], ref_b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(nxt[1], ref_a2, rtol=1e-5, atol=1e-5)
+    assert cache.lengths[s0] == 8 and cache.lengths[s2] == 5
+
+
+def test_attention_reads_cache_views_with_the_fused_kernel(lm):
+    cache = KVCache.for_model(lm, max_batch_slots=3, max_seq=16)
+    k, v = cache.view(0, 0, 2)
+    assert k.shape == (2, 2, 16, 16) and k.numpy().base is not None  # a view, not a copy
+    assert np.shares_memory(k.numpy(), cache.keys[0].numpy())
+    q = opsnn.tensor(np.zeros((2, 4, 1, 16), np.float32))
+    ex = opsnn.aclnn.attention.prepare(q, k, v, None, None, None, np.array([3, 0], np.int64), is_causal=True)
+    assert ex.kernel_name == "attention_flash"
+
+
+@pytest.mark.parametrize("lengths,new", [((1,), 12), ((5,), 20), ((23,), 9)])
+def test_cached_generation_equals_full_reforward(lm, rng, lengths, new):
+    p = prompts(rng, lengths)[0]
+    ref = generate_no_cache(lm, p, new)
+    assert generate(lm, p, new).tokens == ref
+    assert generate(lm, p, new, max_prefill_tokens=4).tokens == ref  # chunked prefill
+
+
+def test_stop_tokens_end_generation(lm, rng):
+    p = prompts(rng, [6])[0]
+    ref = generate_no_cache(lm, p, 15)
+    stop = ref[4]
+    first = ref.index(stop)
+    r = generate(lm, p, 15, stop_tokens=[stop])
+    assert r.finish_reason == "stop" and r.stop_token == stop and r.tokens == ref[:first]
+    assert r.tokens == generate_no_cache(lm, p, 15, stop_tokens=[stop])
+
+
+def test_streaming_callback_gets_every_token_in_order(lm, rng):
+    seen = []
+    r = generate(lm, prompts(rng, [4])[0], 10, on_token=seen.append)
+    assert seen == r.tokens and len(seen) == 10 and r.finish_reason == "length"
+    m = r.metrics
+    assert m.generated_tokens == 10 and m.ttft_s > 0 and m.latency_s >= m.ttft_s and m.ms_per_token > 0
+
+
+# -- batching ---------------------------------------------------------------------------------------------------
+def test_batched_equals_one_at_a_time_greedy(lm, rng):
+    lengths, news = [3, 17, 1, 9, 30, 5, 12], [8, 3, 12, 6, 4, 10, 1]
+    ps = prompts(rng, lengths)
+    singles = [generate(lm, p, n).tokens for p, n in zip(ps, news)]
+    with Scheduler(lm, max_batch_slots=3, max_seq=48, max_prefill_tokens=16) as s:
+        reqs = [s.submit(p, n) for p, n in zip(ps, news)]
+        s.run()
+        assert s.stats()["mean_decode_batch"] > 1.5  # requests really shared decode steps
+    assert [r.result() for r in reqs] == singles
+    assert all(r.finish_reason == "length" for r in reqs)
+
+
+def test_sampled_batched_equals_sampled_single_per_seed(lm, rng):
+    ps = prompts(rng, [4, 11, 2])
+    kw = dict(temperature=0.9, top_k=20, top_p=0.95)
+    singles = [generate(lm, p, 12, seed=i, **kw).tokens for i, p in enumerate(ps)]
+    with Scheduler(lm, max_batch_slots=4, max_seq=32) as s:
+        reqs = [s.submit(p, 12, seed=i, **kw) for i, p in enumerate(ps)]
+        s.run()
+    assert [r.tokens for r in reqs] == singles
+
+
+def test_scheduler_admission_and_retirement_order(lm, rng):
+    """Two slots, FIFO admission between steps, a finished request's slot goes to the next in line."""
+    s = Scheduler(lm, max_batch_slots=2, max_seq=32)
+    news = [4, 1, 2, 3]
+    reqs = [s.submit(p, n) for p, n in zip(prompts(rng, [3, 5, 2, 4]), news)]
+    assert [r.status for r in reqs] == ["waiting"] * 4
+    s.step()  # admit 0 and 1; prefill both (1 finishes at its first token); decode 0
+    assert reqs[1].done() and reqs[1].finish_reason == "length" and len(reqs[1].tokens) == 1
+    assert reqs[0].status == "running" and len(reqs[0].tokens) == 2
+    assert reqs[2].status == "waiting" and reqs[3].status == "waiting"
+    s.run()
+    admits = [(e[2], e[3]) for e in s.events if e[1] == "admit"]
+    assert [a[0] for a in admits] == [0, 1, 2, 3]          # FIFO admission
+    assert admits[0][1] == 0 and admits[1][1] == 1          # lowest free slot first
+    assert admits[2][1] == 1                                # request 2 reuses request 1's slot
+    # step 0: 1 finishes at its first token; step 1: 2 admitted, prefilled, decoded once -> done;
+    # step 2: 3 admitted, 0 gets its 4th token; step 3: 3 gets its 3rd
+    assert [(e[0], e[2]) for e in s.events if e[1] == "finish"] == [(0, 1), (1, 2), (2, 0), (3, 3)]
+    assert [(e[0], e[2]) for e in s.events if e[1] == "admit"] == [(0, 0), (0, 1), (1, 2), (2, 3)]
+    for r, n in zip(reqs, news):
+        assert len(r.tokens) == n and r.slot is None
+    assert s.cache.free_slots == 2 and not s.has_work()
+
+
+def test_running_batch_never_exceeds_slots(lm, rng):
+    s = Scheduler(lm, max_batch_slots=3, max_seq=40)
+    for p in prompts(rng, [2, 8, 4, 6, 3, 9, 1]):
+        s.submit(p, 5)
+    peak = 0
+    while s.step():
+        peak = max(peak, len(s.running))
+    assert peak == 3 and s.cache.free_slots == 3
+
+
+# -- preallocated cache: no growth per decode step ---------------------------------------------------------------
+def test_decode_steps_do_not_grow_pool_memory(lm, rng):
+    s = Scheduler(lm, max_batch_slots=4, max_seq=64)
+    ptrs = [t.numpy().ctypes.data for t in s.cache.keys + s.cache.values]
+    for p in prompts(rng, [5, 9, 3]):
+        s.submit(p, 40)
+    for _ in range(4):  # admission, prefill, warm-up decode steps
+        s.step()
+    assert len(s.running) == 3 and all(r.status == "running" for r in s.running)
+    gc.collect()
+
+    def snap():
+        m = opsnn.memory.summary()
+        return m["reserved_bytes"], m["allocations"] - m["reuses"], m["live_blocks"], m["current_bytes"]
+
+    before = snap()
+    for _ in range(12):
+        s.step()
+        assert snap() == before  # no new block, no growth of live blocks or bytes
+    assert [t.numpy().ctypes.data for t in s.cache.keys + s.cache.values] == ptrs
+    assert all(len(r.tokens) == 17 for r in s.running)
+    s.close()
+
+
+# -- cancellation -----------------------------------------------------------------------------------------------
+def test_cancel_waiting_and_running_frees_slots(lm, rng, no_leak):
+    gc.collect()
+    before = opsnn.memory.current_bytes()
+    s = Scheduler(lm, max_batch_slots=2, max_seq=64)
+    gc.collect()
+    base = opsnn.memory.current_bytes()
+    assert base - before >= s.cache.nbytes
+    ps = prompts(rng, [4, 6, 3, 5])
+    holder = {}
+
+    def cancel_after_three(tok):
+        if len(holder["a"].tokens) == 3:
+            holder["a"].cancel()
+
+    a = holder["a"] = s.submit(ps[0], 30, on_token=cancel_after_three)
+    b = s.submit(ps[1], 30)
+    c = s.submit(ps[2], 30)
+    d = s.submit(ps[3], 6)
+    assert c.cancel()  # still waiting: never admitted
+    s.step()
+    assert a.status == "running" and b.status == "running" and c.done()
+    for _ in range(3):
+        s.step()
+    assert a.finish_reason == "cancelled" and len(a.tokens) == 3 and a.slot is None
+    b.cancel()  # cancelled from outside, mid-generation
+    s.step()
+    assert b.finish_reason == "cancelled" and c.finish_reason == "cancelled" and c.tokens == []
+    assert not c.cancel() and not a.cancel()  # already finished
+    s.run()
+    assert d.finish_reason == "length" and d.tokens == generate(lm, ps[3], 6).tokens
+    admits = {e[2]: e[3] for e in s.events if e[1] == "admit"}
+    assert 2 not in admits and admits[3] == 0  # d got the slot the cancelled request freed
+    assert s.cache.free_slots == 2 and s.cache.used_slots == []
+    gc.collect()
+    assert opsnn.memory.current_bytes() == base  # only the preallocated cache remains
+    s.close()
+    gc.collect()
+    assert opsnn.memory.current_bytes() == before  # close() returned the cache, handles still held
+    assert a.tokens and d.done()
+
+
+# -- errors -------------------------------------------------------------------------------------------------------
+def test_bad_requests_raise_typed_errors_before_any_work(lm):
+    s = Scheduler(lm, max_batch_slots=2, max_seq=16)
+    with pytest.raises(PromptTooLongError, match="max_seq=16"):
+        s.submit(np.zeros(17, np.int64), 1)
+    with pytest.raises(PromptTooLongError):
+        s.submit(np.zeros(10, np.int64), 8)  # 10 + 8 - 1 > 16
+    s.submit(np.zeros(10, np.int64), 7).cancel()  # exactly fits
+    with pytest.raises(OutOfVocabularyError, match=f"id {VOCAB} at position \\(2,\\)"):
+        s.submit([1, 2, VOCAB], 4)
+    with pytest.raises(OutOfVocabularyError):
+        s.submit([-1, 2], 4)
+    assert issubclass(OutOfVocabularyError, ParamInvalidError) and issubclass(PromptTooLongError, ParamInvalidError)
+    with pytest.raises(ParamInvalidError, match="non-empty"):
+        s.submit([], 4)
+    with pytest.raises(ParamInvalidError, match="1-D"):
+        s.submit([[1, 2]], 4)
+    with pytest.raises(DTypeError):
+        s.submit([1.0, 2.0], 4)
+    with pytest.raises(ParamInvalidError, match="max_new_tokens"):
+        s.submit([1, 2], 0)
+    for bad in (dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-2), dict(seed=-1)):
+        with pytest.raises(ParamInvalidError):
+            s.submit([1, 2], 4, **bad)
+    with pytest.raises(ParamInvalidError, match="stop_tokens"):
+        s.submit([1, 2], 4, stop_tokens=["eos"])
+    with pytest.raises(ParamInvalidError, match="on_token"):
+        s.submit([1, 2], 4, on_token=5)
+    assert s.steps == 0 and s.prefill_tokens == 0 and len(s.waiting) == 1
+    s.close()
+    assert s.waiting == [] and s.cache.free_slots == 2
+    with pytest.raises(SchedulerClosedError):
+        s.submit([1, 2], 4)
+    with pytest.raises(ParamInvalidError, match="max_position_embeddings"):
+        Scheduler(lm, max_seq=257)
+    with pytest.raises(ParamInvalidError, match="max_prefill_tokens"):
+        Scheduler(lm, max_seq=16, max_prefill_tokens=0)
+
+
+def test_cache_slot_errors():
+    c = KVCache(layers=1, kv_heads=1, head_dim=4, max_batch_slots=2, max_seq=4)
+    a, b = c.allocate(), c.allocate()
+    with pytest.raises(CacheFullError):
+        c.allocate()
+    c.release(a)
+    with pytest.raises(ParamInvalidError, match="not in use"):
+        c.release(a)
+    assert c.allocate() == a
+    gc.collect()
+    held = opsnn.memory.current_bytes()
+    c.close()
+    gc.collect()
+    assert c.closed and held - opsnn.memory.current_bytes() >= c.nbytes
+    with pytest.raises(CacheFullError, match="closed"):
+        c.allocate()
+    with pytest.raises(ParamInvalidError):
+        KVCache(layers=0, kv_heads=1, head_dim=4, max_batch_slots=2, max_seq=4)
+    with pytest.raises(ParamInvalidError, match="float32"):
+        KVCache(layers=1, kv_heads=1, head_dim=4, max_batch_slots=2, max_seq=4, dtype="float16")
+
+
+def test_failing_callback_and_nan_logits_fail_only_their_request(lm, rng, monkeypatch):
+    ps = prompts(rng, [3, 4])
+
+    def boom(tok):
+        raise RuntimeError("consumer went away")
+
+    with Scheduler(lm, max_batch_slots=2, max_seq=32) as s:
+        bad, good = s.submit(ps[0], 5, on_token=boom), s.submit(ps[1], 5)
+        s.run()
+    assert bad.finish_reason == "error" and isinstance(bad.error, RuntimeError)
+    with pytest.raises(GenerationError, match="consumer went away"):
+        bad.result()
+    assert good.result() == generate(lm, ps[1], 5).tokens
+    with pytest.raises(GenerationError, match="NaN"):
+        Sampler(SamplingParams()).sample(np.array([0.0, np.nan], np.float32))
+    with pytest.raises(GenerationError, match="NaN"):
+        Sampler(SamplingParams(temperature=1.0, seed=0)).sample(np.array([0.0, np.nan], np.float32))
+
+
+def test_exception_in_serving_thread_leaks_no_thread_or_slot(lm, rng, no_leak, monkeypatch):
+    threads_before = set(threading.enumerate())
+    s = Scheduler(lm, max_batch_slots=3, max_seq=32)
+    calls = {"n": 0}
+    real = s.decoder.forward
+
+    def flaky(tokens, slots, starts, **kw):
+        calls["n"] += 1
+        if np.asarray(tokens).shape[1] == 1 and len(slots) > 1:  # the first batched decode step fails
+            calls["failed"] = True
+            raise RuntimeError("kernel exploded")
+        return real(tokens, slots, starts, **kw)
+
+    monkeypatch.setattr(s.decoder, "forward", flaky)
+    s.start()
+    assert s.serving
+    reqs = [s.submit(p, 6) for p in prompts(rng, [3, 5, 2])]
+    for r in reqs:
+        assert r.wait(30)
+    assert calls.get("failed")
+    assert all(r.finish_reason == "error" for r in reqs)
+    with pytest.raises(GenerationError, match="kernel exploded"):
+        reqs[0].result(5)
+    assert s.cache.free_slots == 3
+    monkeypatch.setattr(s.decoder, "forward", real)
+    later = s.submit(prompts(rng, [4])[0], 4)  # the scheduler keeps serving after the failure
+    assert later.result(30) == generate(lm, later.prompt, 4).tokens
+    s.close()
+    assert not s.serving
+    assert set(threading.enumerate()) == threads_before
+    assert s.cache.free_slots == 3
+    del s, reqs, later, real
+    monkeypatch.undo()
+    gc.collect()
+
+
+def test_background_serving_matches_sync_and_close_cancels(lm, rng):
+    ps = prompts(rng, [3, 8, 5, 2])
+    sync = [generate(lm, p, 7).tokens for p in ps]
+    s = Scheduler(lm, max_batch_slots=2, max_seq=32).start()
+    out = [None] * len(ps)
+
+    def client(i):
+        out[i] = s.submit(ps[i], 7).result(60)
+
+    ts = [threading.Thread(target=client, args=(i,)) for i in range(len(ps))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert out == sync
+    long = s.submit(ps[0], 25)
+    s.close()  # without drain: the pending request is cancelled, its slot freed
+    assert long.done() and long.finish_reason == "cancelled" and s.cache.free_slots == 2
+
+
+# -- sampling -----------------------------------------------------------------------------------------------------
+def test_sampling_is_deterministic_per_seed(lm, rng):
+    p = prompts(rng, [5])[0]
+    kw = dict(temperature=1.0, top_k=0, top_p=1.0)
+    a = generate(lm, p, 15, seed=123, **kw).tokens
+    assert generate(lm, p, 15, seed=123, **kw).tokens == a
+    assert generate(lm, p, 15, seed=124, **kw).tokens != a
+    assert generate(lm, p, 15, top_k=1, temperature=2.0, seed=5).tokens == generate(lm, p, 15).tokens
+
+
+def test_sampler_filters(rng):
+    logits = np.log(np.array([0.05, 0.5, 0.02, 0.3, 0.13], np.float32))
+    s = Sampler(SamplingParams(temperature=1.0, top_k=2, seed=0))
+    assert {s.sample(logits) for _ in range(200)} == {1, 3}
+    s = Sampler(SamplingParams(temperature=1.0, top_p=0.75, seed=0))  # 0.5 + 0.3 reaches 0.75
+    assert {s.sample(logits) for _ in range(200)} == {1, 3}
+    s = Sampler(SamplingParams(temperature=1.0, top_p=0.4, seed=0))
+    assert {s.sample(logits) for _ in range(50)} == {1}
+    s = Sampler(SamplingParams(temperature=1.0, seed=1))  # plain sampling follows softmax(logits)
+    counts = np.bincount([s.sample(logits) for _ in range(4000)], minlength=5) / 4000
+    np.testing.assert_allclose(counts, [0.05, 0.5, 0.02, 0.3, 0.13], atol=0.03)
+    cold = Sampler(SamplingParams(temperature=0.05, seed=2))  # low temperature -> nearly greedy
+    assert {cold.sample(logits) for _ in range(50)} == {1}
+    assert Sampler(SamplingParams()).sample(logits) == 1
+    with pytest.raises(GenerationError, match="-inf"):
+        Sampler(SamplingParams(temperature=1.0, seed=0)).sample(np.full(3, -np.inf, np.float32))
+
+
+# -- workload, replay, CLI ------------------------------------------------------------------------------------------
+def test_mixed_workload_and_replay(lm):
+    items = mixed_workload(6, prompt_len=(2, 20), new_tokens=(1, 8), vocab=VOCAB, seed=4)
+    again = mixed_workload(6, prompt_len=(2, 20), new_tokens=(1, 8), vocab=VOCAB, seed=4)
+    assert all((a.prompt == b.prompt).all() and a.max_new_tokens == b.max_new_tokens for a, b in zip(items, again))
+    assert all(2 <= len(i.prompt) <= 20 and 1 <= i.max_new_tokens <= 8 for i in items)
+    batched = replay(lm, items, max_batch_slots=4, progress=False)
+    seq = replay(lm, items, sequential=True, progress=False)
+    assert batched.outputs == seq.outputs
+    assert batched.generated_tokens == seq.generated_tokens == sum(i.max_new_tokens for i in items)
+    assert batched.decode_steps < seq.decode_steps and seq.mean_decode_batch == 1.0
+    d = batched.as_dict()
+    assert set(d["latency_s"]) == {"p50", "p90", "p99", "mean"} and d["tokens_per_s"] > 0
+    with pytest.raises(ParamInvalidError):
+        mixed_workload(3, prompt_len=(5, 2))
+
+
+TINY = ["--layers", "1", "--hidden", "32", "--heads", "2", "--kv-heads", "1", "--vocab", "50", "--intermediate", "48"]
+
+
+def test_cli_generate_streams_and_checks(capsys, tmp_path):
+    from opsnn.llm import cli_generate
+
+    out = tmp_path / "g.json"
+    assert cli_generate(["--prompt-tokens", "1,2,3", "--max-new-tokens", "6", "--check", "--json", str(out)]
+                        + TINY) == 0
+    text = capsys.readouterr().out
+    toks = json.loads(out.read_text())["tokens"]
+    assert f"tokens: {' '.join(map(str, toks))}" in text and "match" in text and "ms/token" in text
+    assert cli_generate(["--prompt-tokens", "1,2,60", "--max-new-tokens", "4"] + TINY) == 2
+    err = capsys.readouterr()
+    assert "outside the vocabulary" in err.err and "tokens:" not in err.out
+    assert cli_generate(["--prompt-tokens", "1,2", "--max-new-tokens", "4", "--max-seq", "3"] + TINY) == 2
+    assert "cache" in capsys.readouterr().err
+
+
+def test_cli_serve_bench(capsys, tmp_path):
+    from opsnn.llm import cli_serve_bench
+
+    out = tmp_path / "s.json"
+    assert cli_serve_bench(["--requests", "5", "--prompt-len", "3,12", "--new-tokens", "2,6", "--max-batch", "4",
+                            "--no-progress", "--json", str(out)] + TINY) == 0
+    text = capsys.readouterr().out
+    assert "dynamic batching" in text and "one-at-a-time" in text and "throughput" in text
+    res = json.loads(out.read_text())
+    assert res["outputs_identical"] and res["throughput_ratio"] > 0 and len(res["reports"]) == 2
+
+
+def test_profiler_shows_prefill_and_decode_regions(lm, rng):
+    with opsnn.profiler.profile() as p:
+        generate(lm, prompts(rng, [6])[0], 3)
+    names = [e.name for e in p.host]
+    assert any(n.startswith("llm prefill") for n in names)
+    assert sum(n == "llm decode (batch 1)" for n in names) == 2
+
+
+def test_generate_rejects_prompt_beyond_model_positions(lm):
+    with pytest.raises(PromptTooLongError):
+        generate(lm, np.zeros(250, np.int64), 10)  # 259 positions > max_position_embeddings=256
