@@ -16,7 +16,7 @@ from .ops import kernel_selector, register_kernel, register_op
 from . import aclnn, config, nn, models, tools
 from .tools import profiler
 from .tools.plot import plot_graph
-from . import debug, graph, optimize
+from . import debug, graph, optimize, llm, pipeline
 from . import onnx
 from .graph.compiler import CompiledGraph, compile
 from .graph.pattern import GraphPattern, GraphTemplate

@@ -1,0 +1,397 @@
+"""The streaming pipeline (opsnn.pipeline): order, back-pressure, streams per stage, timings,
+failures (typed error naming stage and frame, nothing lost, threads and memory back to
+baseline), frame sources, the video classification pipeline and its benchmark CLI.
+
+Oracles: frame indices and hand-computed values for the engine; numpy preprocessing (a
+bilinear resize written here) + the model run directly for the video pipeline; the frames
+that were written for the sources.
+"""
+import gc
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn import ops
+from opsnn.errors import ParamInvalidError
+from opsnn.pipeline import (ImageFolder, Pipeline, Stage, StageError, SyntheticVideo, VideoFile, cli_video_bench,
+                            synth_frame, video_bench, video_pipeline, write_image_folder, write_video)
+from opsnn.pipeline.sources import have_png_support, have_video_support
+from opsnn.pipeline.video import MEAN, STD, build_model
+
+
+def _threads():
+    gc.collect()
+    return threading.active_count()
+
+
+def _scale_stage(a):
+    return ops.mul(opsnn.tensor(a), 2.0).numpy().copy()
+
+
+# -- the engine -------------------------------------------------------------------------------------------
+def test_frames_in_order_with_uneven_stages(no_leak):
+    rng = np.random.default_rng(1)
+    delays = rng.uniform(0, 0.004, (3, 40))
+
+    def slow(k):
+        def fn(v):
+            time.sleep(delays[k][v[0]])  # sleeps release the GIL, so frames overtake unless ordered
+            return v + (k,)
+        return fn
+    base = _threads()
+    pipe = Pipeline([Stage("a", lambda i: (i,), uses_ops=False), Stage("b", slow(0)),
+                     Stage("c", slow(1), uses_ops=False), Stage("d", slow(2))], queue_size=1)
+    res = pipe.run(range(40))
+    assert res.outputs == [(i, 0, 1, 2) for i in range(40)]
+    assert res.completed == list(range(40)) and not res.failed and not res.not_processed
+    assert [s.frames for s in res.stages] == [40] * 4
+    assert all(s.busy_s >= 0 and s.wait_in_s >= 0 and s.wait_out_s >= 0 for s in res.stages)
+    assert res.fps > 0 and len(res.latency_s) == 40
+    assert _threads() == base
+
+
+def test_back_pressure_bounds_frames_in_flight():
+    read = []
+    consumed = []
+
+    def source():
+        for i in range(30):
+            read.append(i)
+            yield i
+
+    def slow_sink(v):
+        time.sleep(0.003)
+        consumed.append(v)
+        return v
+    q = 2
+    pipe = Pipeline([Stage("decode", lambda i: i, uses_ops=False), Stage("mid", lambda v: v, uses_ops=False),
+                     Stage("sink", slow_sink, uses_ops=False)], queue_size=q)
+    ahead = []
+    res = pipe.run(source(), on_output=lambda i, v: ahead.append(len(read) - len(consumed)))
+    assert res.outputs == list(range(30))
+    # frames read but not yet through the slow stage: at most one per stage plus each bounded queue
+    assert max(ahead) <= 3 + 3 * q
+    decode = res.stages[0]
+    assert decode.wait_out_s > 0.02  # the decoder was held back by the full queue
+
+
+def test_ops_stages_run_on_their_own_streams(no_leak):
+    seen = {}
+
+    def record(name):
+        def fn(x):
+            s = opsnn.current_stream()
+            seen[name] = (s.name, s.inline, threading.current_thread().name)
+            return ops.add(opsnn.tensor(x), 1.0).numpy().copy()
+        return fn
+    base = _threads()
+    pipe = Pipeline([Stage("decode", lambda i: np.full(4, i, np.float32), uses_ops=False),
+                     Stage("pre", record("pre")), Stage("post", record("post"))])
+    res = pipe.run(range(5))
+    np.testing.assert_array_equal(np.stack(res.outputs), np.repeat(np.arange(5, dtype=np.float32)[:, None] + 2, 4, 1))
+    assert seen["pre"][0] == "pipeline:pre" and seen["post"][0] == "pipeline:post"
+    assert not seen["pre"][1] and seen["pre"][2] != seen["post"][2]
+    assert _threads() == base  # the stage threads and their streams' workers are gone
+    assert all(s._closed for s in opsnn.context().streams() if s.name.startswith("pipeline:"))
+
+
+def test_sequential_mode_same_outputs_and_timings(no_leak):
+    pipe = Pipeline([Stage("decode", lambda i: np.full(3, i, np.float32), uses_ops=False),
+                     Stage("double", _scale_stage)])
+    seq = pipe.run_sequential(range(6))
+    par = pipe.run(range(6))
+    np.testing.assert_array_equal(np.stack(seq.outputs), np.stack(par.outputs))
+    assert seq.mode == "sequential" and par.mode == "pipelined"
+    assert [s.frames for s in seq.stages] == [6, 6]
+    d = seq.as_dict()
+    assert d["frames"] == 6 and {s["stage"] for s in d["stages"]} == {"decode", "double"}
+
+
+def test_iter_yields_in_order_and_early_close_stops_threads(no_leak):
+    base = _threads()
+    pipe = Pipeline([Stage("decode", lambda i: np.full(2, i, np.float32), uses_ops=False),
+                     Stage("double", _scale_stage)], queue_size=1)
+    got = []
+    gen = pipe.iter(range(1000))
+    for idx, out in gen:
+        got.append((idx, float(out[0])))
+        if idx == 3:
+            break
+    gen.close()
+    assert got == [(i, 2.0 * i) for i in range(4)]
+    assert _threads() == base
+
+
+# -- failures ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["decode", "pre", "infer", "post"])
+def test_crashed_stage_surfaces_typed_error_and_cleans_up(no_leak, where):
+    n, bad = 20, 7
+    pool_base = opsnn.memory.current_bytes()
+
+    def stage(name, uses_ops=True):
+        def fn(x):
+            i = int(x[0]) if not isinstance(x, int) else x
+            if name == where and i == bad:
+                raise ValueError(f"boom in {name}")
+            if isinstance(x, int):
+                return np.full(1024, x, np.float32)
+            return ops.add(opsnn.tensor(x), 0.0).numpy().copy() if uses_ops else x
+        return Stage(name, fn, uses_ops=uses_ops)
+    base = _threads()
+    pipe = Pipeline([stage("decode", False), stage("pre"), stage("infer"), stage("post")], queue_size=2)
+    with pytest.raises(StageError) as ei:
+        pipe.run(range(n))
+    err = ei.value
+    assert err.stage == where and err.frame == bad
+    assert isinstance(err.cause, ValueError) and f"boom in {where}" in str(err)
+    assert f"stage {where!r} failed on frame {bad}" in str(err)
+    assert isinstance(err, opsnn.errors.OpsnnRuntimeError)
+    res = err.result
+    assert res.completed == list(range(bad))                         # frames before the failure finished
+    assert [int(o[0]) for o in res.outputs] == list(range(bad))
+    assert res.failed == {bad: where}
+    assert res.not_processed == list(range(bad + 1, n))              # the rest are reported, not lost
+    assert sorted(res.completed + list(res.failed) + res.not_processed) == list(range(n))
+    del err, res, ei
+    assert _threads() == base
+    gc.collect()
+    assert opsnn.memory.current_bytes() == pool_base
+
+
+def test_iter_raises_after_the_completed_frames(no_leak):
+    def fn(i):
+        if i == 3:
+            raise RuntimeError("bad frame")
+        return i
+    pipe = Pipeline([Stage("decode", lambda i: i, uses_ops=False), Stage("work", fn)])
+    got = []
+    with pytest.raises(StageError) as ei:
+        for idx, out in pipe.iter(range(10)):
+            got.append(out)
+    assert got == [0, 1, 2] and (ei.value.stage, ei.value.frame) == ("work", 3)
+    assert ei.value.result.not_processed == list(range(4, 10))
+
+
+def test_source_error_and_unsized_source(no_leak):
+    def source():
+        yield 0
+        yield 1
+        raise OSError("disk gone")
+    pipe = Pipeline([Stage("decode", lambda i: i, uses_ops=False), Stage("post", lambda v: v * 10, uses_ops=False)])
+    with pytest.raises(StageError) as ei:
+        pipe.run(source())
+    assert ei.value.stage == "decode" and ei.value.frame == 2 and isinstance(ei.value.cause, OSError)
+    assert ei.value.result.outputs == [0, 10]
+    with pytest.raises(StageError) as ei:
+        pipe.run_sequential(source())
+    assert (ei.value.stage, ei.value.frame, ei.value.result.outputs) == ("decode", 2, [0, 10])
+
+
+def test_kernel_error_on_a_stage_stream_is_that_stages_error(no_leak):
+    data = opsnn.tensor(np.arange(4, dtype=np.float32))
+
+    def gather(i):
+        idx = opsnn.tensor(np.array([i], np.int64))  # index 4+ is out of range: the kernel raises
+        return ops.gather(data, idx, 0).numpy().copy()
+    base = _threads()
+    pipe = Pipeline([Stage("decode", lambda i: i, uses_ops=False), Stage("lookup", gather)])
+    with pytest.raises(StageError) as ei:
+        pipe.run(range(8))
+    assert ei.value.stage == "lookup" and ei.value.frame == 4
+    assert isinstance(ei.value.cause, ParamInvalidError) and "out of range" in str(ei.value)
+    assert ei.value.result.not_processed == [5, 6, 7]
+    assert _threads() == base
+
+
+def test_consumer_error_stops_threads(no_leak):
+    base = _threads()
+    pipe = Pipeline([Stage("decode", lambda i: np.zeros(8, np.float32) + i, uses_ops=False),
+                     Stage("double", _scale_stage)], queue_size=1)
+
+    def callback(i, out):
+        if i == 2:
+            raise KeyError("consumer")
+    with pytest.raises(KeyError):
+        pipe.run(range(100), on_output=callback)
+    assert _threads() == base
+
+
+def test_blas_threads_set_during_a_pipelined_run_and_restored(no_leak):
+    from opsnn.pipeline.blas import blas_threads, get_blas_threads
+    before = get_blas_threads()
+    if before is None:
+        pytest.skip("numpy's BLAS is not OpenBLAS")
+    seen = []
+    pipe = Pipeline([Stage("probe", lambda i: seen.append(get_blas_threads()) or i, uses_ops=False)], blas_threads=1)
+    pipe.run(range(3))
+    assert seen == [1, 1, 1] and get_blas_threads() == before
+    seen.clear()
+    pipe.run_sequential(range(2), blas_threads=1)
+    assert seen == [1, 1] and get_blas_threads() == before
+    with blas_threads(1):
+        with blas_threads(1):
+            assert get_blas_threads() == 1
+        assert get_blas_threads() == 1
+    assert get_blas_threads() == before
+    with pytest.raises(StageError):  # restored after a failed run too
+        Pipeline([Stage("x", lambda i: 1 / 0, uses_ops=False)], blas_threads=1).run(range(2))
+    assert get_blas_threads() == before
+
+
+def test_bad_pipeline_arguments():
+    with pytest.raises(ParamInvalidError):
+        Pipeline([])
+    with pytest.raises(ParamInvalidError):
+        Pipeline([Stage("a", abs), Stage("a", abs)])
+    with pytest.raises(ParamInvalidError):
+        Pipeline([Stage("a", abs)], queue_size=0)
+    with pytest.raises(ParamInvalidError):
+        Pipeline([abs])
+    with pytest.raises(ParamInvalidError):
+        Stage("a", 3)
+    with pytest.raises(ParamInvalidError):
+        Stage("", abs)
+    with pytest.raises(ParamInvalidError, match="blas_threads"):
+        Pipeline([Stage("a", abs)], blas_threads=0)
+    base = _threads()
+    pipe = Pipeline([Stage("a", abs, uses_ops=False)])
+    with pytest.raises(ParamInvalidError, match="iterable"):
+        pipe.run(5)
+    with pytest.raises(ParamInvalidError, match="iterable"):
+        pipe.run_sequential(5)
+    assert pipe.run([]).outputs == [] and pipe.run_sequential([]).outputs == []
+    assert _threads() == base
+
+
+# -- sources ---------------------------------------------------------------------------------------------------
+def test_synthetic_video_is_deterministic_and_moves():
+    src = SyntheticVideo(3, height=24, width=40, seed=5)
+    frames = [src.decode(p) for p in src]
+    assert len(src) == 3 and frames[0].shape == (24, 40, 3) and frames[0].dtype == np.uint8
+    np.testing.assert_array_equal(frames[1], synth_frame(1, 24, 40, 5))
+    assert not np.array_equal(frames[0], frames[1])
+    with pytest.raises(ParamInvalidError):
+        SyntheticVideo(-1)
+    with pytest.raises(ParamInvalidError):
+        SyntheticVideo(2, height=0)
+
+
+def test_npy_and_png_folders_round_trip(tmp_path):
+    frames = [synth_frame(i, 20, 28) for i in range(3)]
+    write_image_folder(str(tmp_path / "npy"), frames, fmt="npy")
+    src = ImageFolder(str(tmp_path / "npy"))
+    assert len(src) == 3
+    for f, p in zip(frames, src):
+        np.testing.assert_array_equal(src.decode(p), f)
+    if have_png_support():
+        write_image_folder(str(tmp_path / "png"), frames, fmt="png")
+        src = ImageFolder(str(tmp_path / "png"))
+        for f, p in zip(frames, src):
+            np.testing.assert_array_equal(src.decode(p), f)  # PNG is lossless
+    with pytest.raises(ParamInvalidError):
+        ImageFolder(str(tmp_path / "missing"))
+    with pytest.raises(ParamInvalidError):
+        write_image_folder(str(tmp_path / "x"), frames, fmt="jpg")
+    np.save(tmp_path / "npy" / "frame_000009.npy", np.zeros((4, 4), np.float32))
+    with pytest.raises(ParamInvalidError, match="expected"):
+        ImageFolder(str(tmp_path / "npy")).decode(str(tmp_path / "npy" / "frame_000009.npy"))
+
+
+@pytest.mark.skipif(not have_video_support(), reason="imageio-ffmpeg not installed")
+def test_video_file_round_trip(tmp_path):
+    frames = [synth_frame(10 * i, 48, 64) for i in range(6)]
+    path = write_video(str(tmp_path / "v.mp4"), frames, quality=10)
+    src = VideoFile(path)
+    assert (src.height, src.width, len(src)) == (48, 64, 6)
+    got = [src.decode(p) for p in src]
+    assert len(got) == 6 and all(g.shape == (48, 64, 3) and g.dtype == np.uint8 for g in got)
+    for i, g in enumerate(got):  # lossy H.264 (4:2:0 chroma): each frame is nearest its own original
+        err = [np.abs(g.astype(int) - f.astype(int)).mean() for f in frames]
+        assert int(np.argmin(err)) == i and err[i] < 20
+    with pytest.raises(ParamInvalidError):
+        VideoFile(str(tmp_path / "none.mp4"))
+    (tmp_path / "junk.mp4").write_bytes(b"not a video")
+    with pytest.raises(ParamInvalidError):
+        VideoFile(str(tmp_path / "junk.mp4"))
+    with pytest.raises(ParamInvalidError):
+        write_video(str(tmp_path / "e.mp4"), [])
+
+
+# -- the video classification pipeline ---------------------------------------------------------------------------
+def _np_bilinear(img, size):
+    """Half-pixel bilinear resize of (C, H, W) (no antialias), as torch's align_corners=False."""
+    c, h, w = img.shape
+
+    def axis(n_in, n_out):
+        x = (np.arange(n_out) + 0.5) * n_in / n_out - 0.5
+        x = np.clip(x, 0, None)
+        i0 = np.minimum(np.floor(x).astype(int), n_in - 1)
+        i1 = np.minimum(i0 + 1, n_in - 1)
+        return i0, i1, x - i0
+    y0, y1, fy = axis(h, size)
+    x0, x1, fx = axis(w, size)
+    top = img[:, y0][:, :, x0] * (1 - fx) + img[:, y0][:, :, x1] * fx
+    bot = img[:, y1][:, :, x0] * (1 - fx) + img[:, y1][:, :, x1] * fx
+    return top * (1 - fy)[:, None] + bot * fy[:, None]
+
+
+def test_video_pipeline_matches_numpy_preprocess_and_direct_model(no_leak):
+    src = SyntheticVideo(6, height=40, width=56)
+    size = 32
+    cg = build_model("smallnet", size, num_classes=10)
+    pipe = video_pipeline(src, model=cg, image_size=size, top_k=3)
+    res = pipe.run(src)
+    assert [s.name for s in res.stages] == ["decode", "preprocess", "infer", "postprocess"]
+    for i, out in enumerate(res.outputs):
+        frame = src.decode(i).astype(np.float64).transpose(2, 0, 1)
+        x = (_np_bilinear(frame, size) - MEAN[:, None, None]) / STD[:, None, None]
+        logits = cg.run([x[None].astype(np.float32)])[0].numpy()[0].astype(np.float64)
+        p = np.exp(logits - logits.max())
+        p /= p.sum()
+        order = np.argsort(-p, kind="stable")[:3]
+        assert out["top"][0] == order[0]
+        np.testing.assert_allclose(out["prob"], p[out["top"]], rtol=1e-3, atol=1e-5)
+        np.testing.assert_allclose(sorted(out["prob"], reverse=True), p[order], rtol=1e-3, atol=1e-5)
+    seq = pipe.run_sequential(src)
+    assert [o["top"] for o in seq.outputs] == [o["top"] for o in res.outputs]
+
+
+def test_video_pipeline_bad_frames_and_arguments(tmp_path, no_leak):
+    src = SyntheticVideo(4, height=24, width=32)
+    cg = build_model("smallnet", 16, num_classes=4)
+    with pytest.raises(ParamInvalidError):
+        video_pipeline(src, model=cg, image_size=16, top_k=5)  # more than 4 classes
+    with pytest.raises(ParamInvalidError):
+        video_pipeline([1, 2], model=cg, image_size=16)
+    with pytest.raises(ParamInvalidError):
+        build_model("vgg", 32)
+    # a folder whose third frame has another size: decode fails on frame 2, naming the stage
+    frames = [synth_frame(i, 24, 32) for i in range(4)]
+    frames[2] = synth_frame(2, 20, 32)
+    write_image_folder(str(tmp_path / "f"), frames, fmt="npy")
+    folder = ImageFolder(str(tmp_path / "f"))
+    pipe = video_pipeline(folder, model=cg, image_size=16, top_k=2, frame_shape=(24, 32, 3))
+    with pytest.raises(StageError) as ei:
+        pipe.run(folder)
+    assert (ei.value.stage, ei.value.frame) == ("decode", 2)
+    assert ei.value.result.completed == [0, 1] and ei.value.result.not_processed == [3]
+
+
+def test_video_bench_and_cli(tmp_path, capsys):
+    rep = video_bench(frames=6, model="smallnet", image_size=24, height=32, width=48, source="synthetic", repeat=1)
+    assert rep["outputs_match"] and rep["sequential_fps"] > 0 and rep["pipelined_fps"] > 0
+    assert rep["ratio"] == pytest.approx(rep["pipelined_fps"] / rep["sequential_fps"], rel=1e-2)
+    assert [s["stage"] for s in rep["pipelined"]["stages"]] == ["decode", "preprocess", "infer", "postprocess"]
+    out = tmp_path / "v.json"
+    rc = cli_video_bench(["--frames", "4", "--model", "smallnet", "--image-size", "16", "--height", "24",
+                          "--width", "32", "--source", "npy", "--repeat", "1", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "frames/s" in text and "ratio" in text and "preprocess" in text
+    assert json.loads(out.read_text())["workload"]["source"] == "npy"
+    assert cli_video_bench(["--frames", "0"]) == 2
+    assert os.path.exists(out)
