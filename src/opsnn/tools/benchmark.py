@@ -1,0 +1,679 @@
+"""Model benchmarks: ResNet-50 (batch 1 and 8), BERT-base and a LLaMA-style decoder run by
+opsnn, onnxruntime and torch eager with the same weights, in one process, interleaved.
+
+Each model is built locally with deterministic random weights (``opsnn.models``). opsnn runs
+ResNet and BERT through the graph engine (``opsnn.compile`` of the model's ONNX export) and
+the decoder through ``opsnn.llm.generate`` (KV cache); onnxruntime runs the same ONNX file
+(default session options, 2 intra-op threads; the decoder's ``with_past`` export, feeding the
+present K/V back each step); torch eager (when ``import torch`` works) runs a small
+re-implementation of each model fed from the opsnn module's ``state_dict``. Every round calls
+every runtime once, in a rotating order, so load from other jobs hits all of them alike;
+figures are medians over rounds after warm-up. Outputs are checked against each other (max
+error relative to the largest reference value) before anything is timed.
+
+    $ opsnn bench --models resnet50,bert --repeat 10 --json bench/results/models.json
+    $ opsnn bench --small --no-torch            # tiny configs: a smoke test in seconds
+    $ opsnn bench --models resnet50 --dtype bfloat16   # + 16-bit weight storage check
+
+>>> from opsnn.tools import benchmark
+>>> benchmark.main(["--small", "--no-torch", "--repeat", "2", "--json", "/tmp/m.json"])  # doctest: +SKIP
+0
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MODELS = ("resnet50", "resnet50_b8", "bert", "llama")
+OPSNN, ORT, TORCH = "opsnn", "onnxruntime", "torch"
+
+
+# -- configurations ---------------------------------------------------------------------------------------
+@dataclass
+class Spec:
+    """One benchmark case: which model, its size and its input."""
+
+    name: str
+    kind: str                       # resnet | bert | llama
+    batch: int = 1
+    image: int = 224
+    seq: int = 128                  # bert sequence / llama prompt length
+    new_tokens: int = 65            # llama: the first from the prefill, then new_tokens - 1 decode steps
+    options: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        o = self.options
+        if self.kind == "resnet":
+            return f"{o.get('label', 'ResNet-50')}, batch {self.batch}, 3x{self.image}x{self.image}"
+        if self.kind == "bert":
+            return f"BERT-{o.get('config', 'base')}, batch {self.batch}, sequence {self.seq}"
+        return (f"LLaMA-style decoder ({o['layers']} layers, hidden {o['hidden']}, {o['heads']} heads, "
+                f"{o['kv_heads']} KV heads, vocab {o['vocab']}): prefill {self.seq} tokens, "
+                f"{self.new_tokens - 1} greedy decode steps")
+
+
+def specs(small: bool = False) -> dict:
+    """The cases by name; ``small``: tiny configs of the same shape of work (a smoke test)."""
+    if small:
+        res = dict(label="ResNet (basic blocks [1,1,1,1], 10 classes)", tiny=True)
+        return {"resnet50": Spec("resnet50", "resnet", 1, 32, options=res),
+                "resnet50_b8": Spec("resnet50_b8", "resnet", 2, 32, options=res),
+                "bert": Spec("bert", "bert", 1, seq=16, options=dict(config="tiny", vocab_size=100)),
+                "llama": Spec("llama", "llama", seq=8, new_tokens=5,
+                              options=dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=100))}
+    return {"resnet50": Spec("resnet50", "resnet", 1, 224),
+            "resnet50_b8": Spec("resnet50_b8", "resnet", 8, 224),
+            "bert": Spec("bert", "bert", 1, seq=128, options=dict(config="base")),
+            "llama": Spec("llama", "llama", seq=128, new_tokens=65,
+                          options=dict(layers=12, hidden=768, heads=12, kv_heads=4, vocab=32000))}
+
+
+def build_model(spec: Spec):
+    from .. import models
+    from ..nn import init
+
+    o = spec.options
+    if spec.kind == "resnet":
+        if o.get("tiny"):
+            from ..models.resnet import BasicBlock, ResNet
+
+            with init.seeded(0):
+                return ResNet(BasicBlock, [1, 1, 1, 1], num_classes=10)
+        return models.resnet50(seed=0)
+    if spec.kind == "bert":
+        return models.bert(o.get("config", "base"), seed=0, **{k: v for k, v in o.items() if k != "config"})
+    return models.llama(**o, seed=0, max_position=max(2048, spec.seq + spec.new_tokens))
+
+
+def make_inputs(spec: Spec, model) -> dict:
+    rng = np.random.default_rng(0)
+    if spec.kind == "resnet":
+        return {"input": rng.standard_normal((spec.batch, 3, spec.image, spec.image)).astype(np.float32)}
+    if spec.kind == "bert":
+        shape = (spec.batch, spec.seq)
+        return {"input_ids": rng.integers(1, model.config.vocab_size, shape).astype(np.int64),
+                "attention_mask": np.ones(shape, np.int64), "token_type_ids": np.zeros(shape, np.int64)}
+    return {"prompt": rng.integers(0, model.config.vocab_size, spec.seq).astype(np.int64)}
+
+
+# -- FLOP counts (multiply-adds x 2 of the convolutions and matrix products) ---------------------------------
+def resnet_flops(model, batch: int, image: int) -> int:
+    macs = 0
+
+    def conv(c, hw):
+        nonlocal macs
+        (kh, kw), (sh, sw), (ph, pw) = c.kernel_size, c.stride, c.padding
+        oh, ow = (hw[0] + 2 * ph - kh) // sh + 1, (hw[1] + 2 * pw - kw) // sw + 1
+        macs += c.out_channels * (c.in_channels // c.groups) * kh * kw * oh * ow
+        return oh, ow
+
+    hw = conv(model.conv1, (image, image))
+    hw = ((hw[0] + 2 - 3) // 2 + 1, (hw[1] + 2 - 3) // 2 + 1)  # max pool 3x3 s2 p1
+    for li in range(1, 5):
+        for blk in getattr(model, f"layer{li}"):
+            out = hw
+            for c in range(1, 4 if hasattr(blk, "conv3") else 3):
+                out = conv(getattr(blk, f"conv{c}"), out)
+            if blk.downsample is not None:
+                conv(blk.downsample[0], hw)
+            hw = out
+    macs += model.fc.weight.shape[0] * model.fc.weight.shape[1]
+    return 2 * macs * batch
+
+
+def bert_flops(cfg, batch: int, seq: int) -> int:
+    H, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    per_layer = 4 * seq * H * H + 2 * seq * H * I + 2 * seq * seq * H
+    return 2 * batch * (L * per_layer + H * H)
+
+
+def llama_flops(cfg, new: int, past: int, logits_rows: int = 1) -> int:
+    """FLOPs of one forward over ``new`` tokens after ``past`` cached ones (logits for
+    ``logits_rows`` positions, as the cached decoder computes only the last)."""
+    H, D, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    Hq, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    proj = H * Hq * D + 2 * H * Hkv * D + Hq * D * H + 3 * H * I
+    keys_seen = sum(past + i + 1 for i in range(new))  # causal
+    per_layer = 2 * new * proj + 4 * Hq * D * keys_seen
+    return cfg.num_hidden_layers * per_layer + 2 * logits_rows * H * cfg.vocab_size
+
+
+# -- shared helpers -----------------------------------------------------------------------------------------
+def rel_err(ours, ref) -> float:
+    """max |ours - ref| / max |ref| (0 when both are all zeros)."""
+    a, b = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    scale = float(np.max(np.abs(b))) if b.size else 0.0
+    d = float(np.max(np.abs(a - b))) if a.size else 0.0
+    return d / scale if scale > 0 else d
+
+
+def _np(t) -> np.ndarray:
+    return np.asarray(t.numpy() if hasattr(t, "numpy") else t)
+
+
+def _progress(total: int, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False, file=sys.stderr, disable=not sys.stderr.isatty(), unit="run")
+
+
+def interleaved(runners: dict, repeat: int, warmup: int = 1, desc: str = "") -> dict:
+    """Call every runner ``warmup + repeat`` times, one of each per round, rotating the order
+    each round; returns ``{name: [ms of each timed round]}`` (a runner returning a dict with
+    ``"ms"`` reports its own figures: ``{name: [that dict per round]}``)."""
+    names = list(runners)
+    out = {n: [] for n in names}
+    bar = _progress((warmup + repeat) * len(names), desc)
+    try:
+        for r in range(warmup + repeat):
+            for i in range(len(names)):
+                n = names[(i + r) % len(names)]
+                t0 = time.perf_counter()
+                res = runners[n]()
+                ms = (time.perf_counter() - t0) * 1e3
+                if r >= warmup:
+                    out[n].append(res if isinstance(res, dict) and "ms" in res else ms)
+                bar.update(1)
+    finally:
+        bar.close()
+    return out
+
+
+def _torch():
+    """``(torch, None)`` or ``(None, why not)``."""
+    try:
+        import torch
+    except Exception as e:  # ImportError, or OSError from a half-installed runtime library
+        return None, f"{type(e).__name__}: {e}"
+    torch.set_num_threads(2)
+    return torch, None
+
+
+def _ort_session(proto_bytes: bytes):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    return ort.InferenceSession(proto_bytes, so, providers=["CPUExecutionProvider"])
+
+
+def _torch_state(model, torch) -> dict:
+    return {k: torch.from_numpy(np.array(_np(v), copy=True)) for k, v in model.state_dict().items()}
+
+
+# -- torch re-implementations (fed from the opsnn module's state_dict) -----------------------------------------
+class TorchResNet:
+    """ResNet forward in torch eager: conv, batch norm (inference), ReLU, max/avg pool, fc."""
+
+    def __init__(self, model, torch):
+        self.torch, self.m, self.sd = torch, model, _torch_state(model, torch)
+
+    def _cbn(self, x, cname, conv, bname, bn):
+        F, sd = self.torch.nn.functional, self.sd
+        x = F.conv2d(x, sd[cname + ".weight"], None, conv.stride, conv.padding, conv.dilation, conv.groups)
+        return F.batch_norm(x, sd[bname + ".running_mean"], sd[bname + ".running_var"], sd[bname + ".weight"],
+                            sd[bname + ".bias"], False, 0.0, bn.eps)
+
+    def __call__(self, feeds: dict) -> dict:
+        torch, m = self.torch, self.m
+        F = torch.nn.functional
+        with torch.inference_mode():
+            x = F.relu(self._cbn(torch.from_numpy(feeds["input"]), "conv1", m.conv1, "bn1", m.bn1))
+            x = F.max_pool2d(x, 3, 2, 1)
+            for li in range(1, 5):
+                for bi, blk in enumerate(getattr(m, f"layer{li}")):
+                    p = f"layer{li}.{bi}"
+                    n = 3 if hasattr(blk, "conv3") else 2
+                    out = x
+                    for c in range(1, n + 1):
+                        out = self._cbn(out, f"{p}.conv{c}", getattr(blk, f"conv{c}"), f"{p}.bn{c}",
+                                        getattr(blk, f"bn{c}"))
+                        if c < n:
+                            out = F.relu(out)
+                    idn = x if blk.downsample is None else self._cbn(x, f"{p}.downsample.0", blk.downsample[0],
+                                                                     f"{p}.downsample.1", blk.downsample[1])
+                    x = F.relu(out + idn)
+            x = F.adaptive_avg_pool2d(x, 1).flatten(1)
+            return {"logits": F.linear(x, self.sd["fc.weight"], self.sd["fc.bias"]).numpy()}
+
+
+class TorchBert:
+    """BERT encoder in torch eager (post-LayerNorm, erf GELU, additive attention mask, pooler)."""
+
+    def __init__(self, model, torch):
+        self.torch, self.cfg, self.sd = torch, model.config, _torch_state(model, torch)
+        self.pooler = model.pooler is not None
+
+    def _lin(self, x, name):
+        return self.torch.nn.functional.linear(x, self.sd[name + ".weight"], self.sd.get(name + ".bias"))
+
+    def _ln(self, x, name):
+        sd = self.sd
+        return self.torch.nn.functional.layer_norm(x, (x.shape[-1],), sd[name + ".weight"], sd[name + ".bias"],
+                                                   self.cfg.layer_norm_eps)
+
+    def __call__(self, feeds: dict) -> dict:
+        torch, cfg, sd = self.torch, self.cfg, self.sd
+        F = torch.nn.functional
+        with torch.inference_mode():
+            ids = torch.from_numpy(feeds["input_ids"])
+            B, S = ids.shape
+            nh = cfg.num_attention_heads
+            D = cfg.hidden_size // nh
+            h = (F.embedding(ids, sd["embeddings.word_embeddings.weight"])
+                 + F.embedding(torch.from_numpy(feeds["token_type_ids"]), sd["embeddings.token_type_embeddings.weight"])
+                 + sd["embeddings.position_embeddings.weight"][:S])
+            h = self._ln(h, "embeddings.LayerNorm")
+            am = torch.from_numpy(feeds["attention_mask"]).to(torch.float32)[:, None, None, :]
+            mask = (1.0 - am) * torch.finfo(torch.float32).min
+            for i in range(cfg.num_hidden_layers):
+                p = f"encoder.layer.{i}."
+                q, k, v = (self._lin(h, p + "attention.self." + n).view(B, S, nh, D).transpose(1, 2)
+                           for n in ("query", "key", "value"))
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, S, -1)
+                h = self._ln(self._lin(a, p + "attention.output.dense") + h, p + "attention.output.LayerNorm")
+                f = F.gelu(self._lin(h, p + "intermediate.dense"))
+                h = self._ln(self._lin(f, p + "output.dense") + h, p + "output.LayerNorm")
+            out = {"last_hidden_state": h.numpy()}
+            if self.pooler:
+                out["pooler_output"] = torch.tanh(self._lin(h[:, 0], "pooler.dense")).numpy()
+            return out
+
+
+class TorchLlama:
+    """The LLaMA decoder in torch eager (RMSNorm, half-split rotary, grouped-query SDPA,
+    SwiGLU) with a preallocated KV cache written in place; logits of the last position."""
+
+    def __init__(self, model, torch, max_seq: int):
+        self.torch, self.cfg = torch, model.config
+        sd = _torch_state(model, torch)
+        cfg = self.cfg
+        self.embed, self.norm = sd["model.embed_tokens.weight"], sd["model.norm.weight"]
+        self.out = sd.get("lm_head.weight", self.embed)
+        cos, sin = _np(model.model.rope_cos), _np(model.model.rope_sin)
+        self.cos = torch.from_numpy(np.concatenate([cos, cos], -1))
+        self.sin = torch.from_numpy(np.concatenate([sin, sin], -1))
+        names = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                 "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+        self.layers = [[sd[f"model.layers.{i}.{n}"] for n in names] for i in range(cfg.num_hidden_layers)]
+        shape = (1, cfg.num_key_value_heads, max_seq, cfg.head_dim)
+        self.k = [torch.zeros(shape) for _ in self.layers]
+        self.v = [torch.zeros(shape) for _ in self.layers]
+
+    def forward(self, ids: np.ndarray, start: int) -> np.ndarray:
+        torch, cfg = self.torch, self.cfg
+        F = torch.nn.functional
+        Hq, Hkv, D, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+
+        def rope(x, cos, sin):
+            h = D // 2
+            return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
+
+        with torch.inference_mode():
+            x = torch.from_numpy(ids)
+            B, S = x.shape
+            h = F.embedding(x, self.embed)
+            pos = torch.arange(start, start + S)
+            cos, sin = self.cos[pos][None, None], self.sin[pos][None, None]
+            L = start + S
+            for i, (ln1, wq, wk, wv, wo, ln2, wg, wu, wd) in enumerate(self.layers):
+                y = F.rms_norm(h, (h.shape[-1],), ln1, eps)
+                q = rope(F.linear(y, wq).view(B, S, Hq, D).transpose(1, 2), cos, sin)
+                k = rope(F.linear(y, wk).view(B, S, Hkv, D).transpose(1, 2), cos, sin)
+                self.k[i].index_copy_(2, pos, k)
+                self.v[i].index_copy_(2, pos, F.linear(y, wv).view(B, S, Hkv, D).transpose(1, 2))
+                o = F.scaled_dot_product_attention(q, self.k[i][:, :, :L], self.v[i][:, :, :L], is_causal=S > 1,
+                                                   enable_gqa=True)
+                h = h + F.linear(o.transpose(1, 2).reshape(B, S, Hq * D), wo)
+                y = F.rms_norm(h, (h.shape[-1],), ln2, eps)
+                h = h + F.linear(F.silu(F.linear(y, wg)) * F.linear(y, wu), wd)
+            logits = F.linear(F.rms_norm(h[:, -1:], (h.shape[-1],), self.norm, eps), self.out)
+        return logits.numpy().reshape(B, -1)
+
+
+# -- decoders: one greedy generation, timed the same way for every runtime ------------------------------------
+def _greedy(step, prompt: np.ndarray, new: int) -> dict:
+    """``step(ids (1, S), start) -> logits (1, vocab)``; the first token comes from the prefill."""
+    t0 = time.perf_counter()
+    logits = step(prompt[None], 0)
+    tok = int(np.argmax(logits[0]))
+    t1 = time.perf_counter()
+    toks = [tok]
+    for i in range(new - 1):
+        tok = int(np.argmax(step(np.array([[tok]], np.int64), len(prompt) + i)[0]))
+        toks.append(tok)
+    t2 = time.perf_counter()
+    return {"ms": (t2 - t0) * 1e3, "prefill_ms": (t1 - t0) * 1e3,
+            "decode_ms_per_token": (t2 - t1) / max(new - 1, 1) * 1e3, "tokens": toks, "prefill_logits": logits[0]}
+
+
+class OrtLlama:
+    """Greedy decoding with onnxruntime over the ``with_past`` export (present K/V fed back)."""
+
+    def __init__(self, proto_bytes: bytes, cfg):
+        self.sess = _ort_session(proto_bytes)
+        self.cfg = cfg
+        self.out_names = [o.name for o in self.sess.get_outputs()]
+        self.past = {}
+
+    def step(self, ids: np.ndarray, start: int) -> np.ndarray:
+        cfg = self.cfg
+        if start == 0:
+            empty = np.zeros((1, cfg.num_key_value_heads, 0, cfg.head_dim), np.float32)
+            self.past = {f"past_key_values.{i}.{n}": empty for i in range(cfg.num_hidden_layers)
+                         for n in ("key", "value")}
+        S = ids.shape[1]
+        feeds = {"input_ids": ids, "position_ids": np.arange(start, start + S, dtype=np.int64)[None], **self.past}
+        outs = self.sess.run(None, feeds)
+        self.past = {n.replace("present.", "past_key_values."): o for n, o in zip(self.out_names, outs)
+                     if n.startswith("present.")}
+        return outs[0][:, -1]
+
+
+def _opsnn_generate(lm, prompt: np.ndarray, new: int) -> dict:
+    """``opsnn.llm.generate`` (scheduler, preallocated KV cache), timed by its own metrics."""
+    from ..llm import generate
+
+    r = generate(lm, prompt, new)
+    m = r.metrics
+    return {"ms": (m.finished - m.admitted) * 1e3, "prefill_ms": (m.first_token - m.admitted) * 1e3,
+            "decode_ms_per_token": m.ms_per_token if m.ms_per_token is not None else float("nan"),
+            "tokens": list(r.tokens)}
+
+
+def _opsnn_prefill_logits(lm, prompt: np.ndarray) -> np.ndarray:
+    """The last position's logits of the prefill (the cached decoder ``generate`` runs)."""
+    from ..llm import CachedDecoder, KVCache
+
+    cache = KVCache.for_model(lm, 1, len(prompt))
+    return CachedDecoder(lm, cache).forward(prompt[None], [cache.allocate()], [0])[0]
+
+
+# -- cases -------------------------------------------------------------------------------------------------
+def run_graph_case(spec: Spec, args, torch) -> dict:
+    """ResNet / BERT: opsnn's compiled graph, onnxruntime on the same ONNX file, torch eager."""
+    import opsnn
+
+    from ..models import to_onnx
+
+    model = build_model(spec)
+    feeds = make_inputs(spec, model)
+    proto = to_onnx(model).SerializeToString()
+    flops = resnet_flops(model, spec.batch, spec.image) if spec.kind == "resnet" else \
+        bert_flops(model.config, spec.batch, spec.seq)
+    t0 = time.perf_counter()
+    cg = opsnn.compile(opsnn.onnx.load(proto))
+    compile_ms = (time.perf_counter() - t0) * 1e3
+    runners = {OPSNN: lambda: {k: v.numpy() for k, v in cg.run(feeds).items()}}
+    skipped = {}
+    if args.ort:
+        sess = _ort_session(proto)
+        names = [o.name for o in sess.get_outputs()]
+        runners[ORT] = lambda: dict(zip(names, sess.run(None, feeds)))
+    else:
+        skipped[ORT] = "--no-ort"
+    if torch is not None:
+        tm = TorchResNet(model, torch) if spec.kind == "resnet" else TorchBert(model, torch)
+        runners[TORCH] = lambda: tm(feeds)
+    else:
+        skipped[TORCH] = args.torch_why
+    outs = {n: fn() for n, fn in runners.items()}
+    errs = {n: max(rel_err(outs[OPSNN][k], o[k]) for k in o) for n, o in outs.items() if n != OPSNN}
+    samples = interleaved(runners, args.repeat, args.warmup, desc=spec.name)
+    med = {n: statistics.median(v) for n, v in samples.items()}
+    row = {"model": spec.name, "description": spec.describe(), "flops": flops, "compile_ms": compile_ms,
+           "latency_ms": med, "samples_ms": samples,
+           "ratio_vs": {n: med[OPSNN] / med[n] for n in med if n != OPSNN},
+           "gflops_per_s": {n: flops / (m * 1e6) for n, m in med.items()},
+           "max_rel_err": errs, "agree": all(e <= args.rtol for e in errs.values()), "skipped": skipped}
+    del runners, cg
+    return row
+
+
+def run_llama_case(spec: Spec, args, torch) -> dict:
+    from ..models import to_onnx
+
+    lm = build_model(spec)
+    cfg = lm.config
+    prompt = make_inputs(spec, lm)["prompt"]
+    new = spec.new_tokens
+    runners = {OPSNN: lambda: _opsnn_generate(lm, prompt, new)}
+    skipped = {}
+    if args.ort:
+        ol = OrtLlama(to_onnx(lm, with_past=True).SerializeToString(), cfg)
+        runners[ORT] = lambda: _greedy(ol.step, prompt, new)
+    else:
+        skipped[ORT] = "--no-ort"
+    if torch is not None:
+        tl = TorchLlama(lm, torch, len(prompt) + new)
+        runners[TORCH] = lambda: _greedy(tl.forward, prompt, new)
+    else:
+        skipped[TORCH] = args.torch_why
+    runs = interleaved(runners, args.repeat, args.warmup, desc=spec.name)
+    ours = dict(runs[OPSNN][0], prefill_logits=_opsnn_prefill_logits(lm, prompt))
+    pre_flops = llama_flops(cfg, len(prompt), 0)
+    dec_flops = sum(llama_flops(cfg, 1, len(prompt) + i) for i in range(new - 1)) / max(new - 1, 1)
+    row = {"model": spec.name, "description": spec.describe(), "config": dict(spec.options),
+           "intermediate": cfg.intermediate_size, "prompt_tokens": len(prompt), "decode_steps": new - 1,
+           "prefill_flops": pre_flops, "decode_flops_per_token": dec_flops,
+           "prefill_ms": {}, "decode_ms_per_token": {}, "tokens_per_s": {}, "samples": {},
+           "gflops_per_s": {}, "ratio_vs": {}, "prefill_ratio_vs": {}, "max_rel_err": {}, "tokens_match": {},
+           "skipped": skipped}
+    for n, rs in runs.items():
+        pre = statistics.median(r["prefill_ms"] for r in rs)
+        dec = statistics.median(r["decode_ms_per_token"] for r in rs)
+        row["prefill_ms"][n], row["decode_ms_per_token"][n] = pre, dec
+        row["tokens_per_s"][n] = 1e3 / dec
+        row["gflops_per_s"][n] = {"prefill": pre_flops / (pre * 1e6), "decode": dec_flops / (dec * 1e6)}
+        row["samples"][n] = [{k: r[k] for k in ("prefill_ms", "decode_ms_per_token")} for r in rs]
+        if n != OPSNN:
+            first = rs[0]
+            row["max_rel_err"][n] = rel_err(ours["prefill_logits"], first["prefill_logits"])
+            same = 0
+            for a, b in zip(ours["tokens"], first["tokens"]):
+                if a != b:
+                    break
+                same += 1
+            row["tokens_match"][n] = f"{same}/{len(ours['tokens'])}"
+    for n in row["decode_ms_per_token"]:
+        if n != OPSNN:
+            row["ratio_vs"][n] = row["decode_ms_per_token"][OPSNN] / row["decode_ms_per_token"][n]
+            row["prefill_ratio_vs"][n] = row["prefill_ms"][OPSNN] / row["prefill_ms"][n]
+    row["agree"] = all(e <= args.rtol for e in row["max_rel_err"].values())
+    return row
+
+
+def run_storage_check(spec: Spec, dtype: str, args) -> dict:
+    """ResNet weights stored in 16-bit (the mixed-precision pass converts the Conv/Gemm/MatMul
+    weights once; kernels take 16-bit inputs): weight bytes and logits error vs fp32."""
+    import opsnn
+    from ..graph import mixed_precision
+
+    from ..models import to_onnx
+
+    model = build_model(spec)
+    feeds = make_inputs(spec, model)
+    proto = to_onnx(model).SerializeToString()
+
+    def weight_bytes(cg) -> int:
+        return int(sum(a.nbytes for a in cg.graph.initializers.values() if np.dtype(a.dtype).kind == "f"
+                       or np.dtype(a.dtype).itemsize == 2 and np.dtype(a.dtype).kind == "V"))
+
+    cg32 = opsnn.compile(opsnn.onnx.load(proto))
+    saved = mixed_precision.policy()
+    try:
+        opsnn.config.allow_mix_precision({"Conv": dtype, "Gemm": dtype, "MatMul": dtype})
+        cg16 = opsnn.compile(opsnn.onnx.load(proto))
+    finally:
+        mixed_precision.set_policy(saved)
+    runners = {"float32": lambda: cg32.run(feeds)["logits"].numpy(), dtype: lambda: cg16.run(feeds)["logits"].numpy()}
+    err = rel_err(runners[dtype](), runners["float32"]())
+    samples = interleaved(runners, args.repeat, args.warmup, desc=f"{spec.name} {dtype}")
+    b32, b16 = weight_bytes(cg32), weight_bytes(cg16)
+    dtypes16 = sorted({str(a.dtype) for a in cg16.graph.initializers.values() if np.dtype(a.dtype).itemsize == 2})
+    return {"model": spec.name, "description": spec.describe(), "dtype": dtype, "weight_bytes_fp32": b32,
+            "weight_bytes_16bit": b16, "weight_bytes_ratio": b16 / b32, "stored_dtypes": dtypes16,
+            "logits_max_rel_err": err, "target_rel_err": 1e-2, "passed": err < 1e-2 and b16 <= 0.51 * b32,
+            "latency_ms": {n: statistics.median(v) for n, v in samples.items()}}
+
+
+# -- report ------------------------------------------------------------------------------------------------
+def _table(rows: list, header: list) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*header, show_edge=False, pad_edge=False, box=None)
+    for row in rows:
+        table.add_row(*[str(c) for c in row])
+    console = Console(width=160, force_terminal=False, no_color=True)
+    with console.capture() as cap:
+        console.print(table)
+    return cap.get().rstrip()
+
+
+def _fmt(x, spec=".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def format_graph_row(row: dict) -> str:
+    lines = [f"{row['model']}: {row['description']}; {row['flops'] / 1e9:.2f} GFLOP per run; opsnn compile "
+             f"{row['compile_ms']:.0f} ms"]
+    rows = []
+    for n, ms in row["latency_ms"].items():
+        s = row["samples_ms"][n]
+        rows.append([n, f"{ms:.2f}", f"{min(s):.2f}-{max(s):.2f}",
+                     "1.00" if n == OPSNN else _fmt(row["ratio_vs"].get(n)),
+                     f"{row['gflops_per_s'][n]:.1f}", "-" if n == OPSNN else f"{row['max_rel_err'][n]:.2e}"])
+    lines.append(_table(rows, ["runtime", "median ms", "min-max", "opsnn/peer time", "GFLOP/s",
+                               "max rel err vs opsnn"]))
+    for n, why in row["skipped"].items():
+        lines.append(f"  {n}: skipped ({why})")
+    lines.append(f"  outputs agree: {row['agree']}")
+    return "\n".join(lines)
+
+
+def format_llama_row(row: dict) -> str:
+    lines = [f"{row['model']}: {row['description']}; intermediate {row['intermediate']}; "
+             f"prefill {row['prefill_flops'] / 1e9:.2f} GFLOP, decode {row['decode_flops_per_token'] / 1e9:.3f} "
+             "GFLOP/token"]
+    rows = []
+    for n in row["prefill_ms"]:
+        g = row["gflops_per_s"][n]
+        rows.append([n, f"{row['prefill_ms'][n]:.1f}", f"{row['decode_ms_per_token'][n]:.2f}",
+                     f"{row['tokens_per_s'][n]:.1f}", f"{g['prefill']:.1f} / {g['decode']:.1f}",
+                     "1.00 / 1.00" if n == OPSNN else
+                     f"{row['prefill_ratio_vs'][n]:.2f} / {row['ratio_vs'][n]:.2f}",
+                     "-" if n == OPSNN else f"{row['max_rel_err'][n]:.2e}",
+                     "-" if n == OPSNN else row["tokens_match"][n]])
+    lines.append(_table(rows, ["runtime", "prefill ms", "decode ms/token", "tokens/s", "GFLOP/s pre/dec",
+                               "opsnn/peer pre/dec", "prefill logits rel err", "greedy tokens same"]))
+    for n, why in row["skipped"].items():
+        lines.append(f"  {n}: skipped ({why})")
+    if TORCH in row["ratio_vs"]:
+        r = row["ratio_vs"][TORCH]
+        lines.append(f"  target: opsnn decode ms/token <= 0.8x torch eager: {r:.2f}x -> "
+                     f"{'met' if r <= 0.8 else 'not met'}")
+    lines.append(f"  outputs agree: {row['agree']}")
+    return "\n".join(lines)
+
+
+def format_storage(s: dict) -> str:
+    lat = ", ".join(f"{k} {v:.2f} ms" for k, v in s["latency_ms"].items())
+    return (f"{s['dtype']} weight storage ({s['description']}): weights {s['weight_bytes_fp32'] / 2**20:.1f} MiB fp32 "
+            f"-> {s['weight_bytes_16bit'] / 2**20:.1f} MiB ({s['weight_bytes_ratio']:.3f}x, stored as "
+            f"{', '.join(s['stored_dtypes']) or 'nothing 16-bit'}); logits max rel err vs fp32 "
+            f"{s['logits_max_rel_err']:.2e} (target < 1e-2): {'passed' if s['passed'] else 'FAILED'}; "
+            f"median latency {lat}")
+
+
+# -- entry point -------------------------------------------------------------------------------------------
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="opsnn bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    ap.add_argument("--repeat", type=int, default=10, help="timed rounds (each runtime once per round)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first (compilation, plans, caches)")
+    ap.add_argument("--json", default="bench/results/models.json")
+    ap.add_argument("--no-torch", dest="torch", action="store_false", help="skip torch eager")
+    ap.add_argument("--no-ort", dest="ort", action="store_false", help="skip onnxruntime")
+    ap.add_argument("--small", action="store_true", help="tiny configs (a fast smoke test)")
+    ap.add_argument("--dtype", choices=["float16", "bfloat16"], default=None,
+                    help="also check 16-bit weight storage on ResNet-50 (weight bytes, logits error vs fp32)")
+    ap.add_argument("--rtol", type=float, default=1e-3, help="outputs agree when max rel err <= this")
+    args = ap.parse_args(argv)
+    bad = [m for m in args.models.split(",") if m and m not in MODELS]
+    if bad:
+        ap.error(f"unknown model(s) {bad}; choose from {', '.join(MODELS)}")
+    if args.repeat < 1 or args.warmup < 0:
+        ap.error("--repeat must be >= 1 and --warmup >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; returns 0 when every output check passed, 1 otherwise."""
+    import opsnn
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    opsnn.init()
+    torch, args.torch_why = (None, "--no-torch") if not args.torch else _torch()
+    if args.ort:
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError as e:
+            args.ort = False
+            print(f"onnxruntime not importable ({e}): skipping it")
+    env = {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
+                                          "OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    versions = {"opsnn": opsnn.__version__, "numpy": np.__version__,
+                "torch": None if torch is None else torch.__version__}
+    if args.ort:
+        import onnxruntime
+
+        versions["onnxruntime"] = onnxruntime.__version__
+    print(f"opsnn bench: {os.cpu_count()} cores, load average {os.getloadavg()}, "
+          f"versions {versions}, env {env}")
+    if torch is None:
+        print(f"torch eager: skipped ({args.torch_why})")
+    results = {"command": " ".join(sys.argv if argv is None else ["opsnn", "bench", *argv]),
+               "small": args.small, "repeat": args.repeat, "warmup": args.warmup, "rtol": args.rtol, "env": env,
+               "versions": versions, "cpu_count": os.cpu_count(), "load_average_start": os.getloadavg(),
+               "torch_skipped": args.torch_why, "models": {}}
+    cases = specs(args.small)
+    for name in [m for m in args.models.split(",") if m]:
+        spec = cases[name]
+        row = run_llama_case(spec, args, torch) if spec.kind == "llama" else run_graph_case(spec, args, torch)
+        results["models"][name] = row
+        print(format_llama_row(row) if spec.kind == "llama" else format_graph_row(row), flush=True)
+        print()
+    if args.dtype:
+        results["storage_16bit"] = run_storage_check(cases["resnet50"], args.dtype, args)
+        print(format_storage(results["storage_16bit"]))
+    results["load_average_end"] = os.getloadavg()
+    results["agree"] = all(r["agree"] for r in results["models"].values()) and \
+        results.get("storage_16bit", {}).get("passed", True)
+    print(f"load average at the end {results['load_average_end']}; all output checks passed: {results['agree']}")
+    if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2, default=_json_default)
+        print(f"wrote {args.json}")
+    return 0 if results["agree"] else 1
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+__all__ = ["MODELS", "OrtLlama", "Spec", "TorchBert", "TorchLlama", "TorchResNet", "bert_flops", "build_model",
+           "interleaved", "llama_flops", "main", "resnet_flops", "specs"]

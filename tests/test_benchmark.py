@@ -1,0 +1,69 @@
+"""opsnn bench (opsnn.tools.benchmark): tiny configs end to end against onnxruntime; the
+outputs-agree check and the JSON layout (no timing assertions)."""
+import json
+
+import numpy as np
+import pytest
+
+from opsnn.tools import benchmark
+
+pytest.importorskip("onnxruntime")
+
+
+def test_small_run_agrees_and_writes_json(tmp_path, capsys):
+    path = tmp_path / "models.json"
+    rc = benchmark.main(["--small", "--no-torch", "--repeat", "1", "--warmup", "0", "--dtype", "bfloat16",
+                         "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    data = json.loads(path.read_text())
+    assert data["agree"] is True and data["small"] is True
+    for key in ("command", "env", "versions", "load_average_start", "load_average_end", "models", "repeat"):
+        assert key in data
+    assert set(data["models"]) == set(benchmark.MODELS)
+    for name in ("resnet50", "resnet50_b8", "bert"):
+        row = data["models"][name]
+        assert row["agree"] is True
+        assert set(row["latency_ms"]) == {"opsnn", "onnxruntime"}
+        assert row["max_rel_err"]["onnxruntime"] <= 1e-3
+        for key in ("flops", "ratio_vs", "gflops_per_s", "samples_ms", "description"):
+            assert key in row
+        assert "torch" in row["skipped"]
+    lm = data["models"]["llama"]
+    assert lm["agree"] is True and lm["max_rel_err"]["onnxruntime"] <= 1e-3
+    for key in ("prefill_ms", "decode_ms_per_token", "tokens_per_s", "ratio_vs", "tokens_match"):
+        assert set(lm[key]) >= {"onnxruntime"}
+    for key in ("prefill_ms", "decode_ms_per_token", "tokens_per_s"):
+        assert "opsnn" in lm[key]
+    st = data["storage_16bit"]
+    assert st["passed"] is True and st["stored_dtypes"] == ["bfloat16"]
+    assert st["weight_bytes_16bit"] * 2 <= st["weight_bytes_fp32"] * 1.02
+    assert st["logits_max_rel_err"] < 1e-2
+    assert "outputs agree: True" in out
+
+
+def test_flop_counts():
+    import opsnn
+
+    net = opsnn.models.resnet50()
+    assert 4.0e9 < benchmark.resnet_flops(net, 1, 224) / 2 < 4.2e9   # ~4.1 GMAC
+    assert benchmark.resnet_flops(net, 8, 224) == 8 * benchmark.resnet_flops(net, 1, 224)
+    cfg = opsnn.models.bert_config("base")
+    assert benchmark.bert_flops(cfg, 1, 128) == pytest.approx(2 * (12 * (4 * 128 * 768 ** 2 + 2 * 128 * 768 * 3072
+                                                                            + 2 * 128 ** 2 * 768) + 768 ** 2))
+
+
+def test_rel_err_and_interleaved_order():
+    assert benchmark.rel_err(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 0
+    assert benchmark.rel_err(np.array([1.0, 2.5]), np.array([1.0, 2.0])) == pytest.approx(0.25)
+    calls = []
+    res = benchmark.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeat=2, warmup=1)
+    assert calls == ["a", "b", "b", "a", "a", "b"] and [len(v) for v in res.values()] == [2, 2]
+
+
+def test_cli_pass_through(capsys):
+    from opsnn import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--help"])
+    assert e.value.code == 0 and "--no-torch" in capsys.readouterr().out
