@@ -41,6 +41,12 @@ import numpy as np
 PARALLEL_MIN = 1 << 15
 #: workspace views start on a cache-line boundary (user buffers may not be aligned)
 ALIGN = 64
+#: column buffers (im2col) and phase-split copies (direct, stride > 1) are built for a band of
+#: output rows at a time, as many rows as fit in this many bytes (at least one): the workspace
+#: stays bounded whatever the image size (a 4096x4096 image needs no more than a ResNet-50
+#: layer), and BLAS still gets a wide GEMM per band. Every ResNet-50 layer's columns fit whole
+#: (the largest, the stem's and stage 1's 3x3, are 7.4 MB), so those run as one band.
+BAND_BYTES = 8 << 20
 
 
 # -- numba kernels ------------------------------------------------------------------------------
@@ -60,10 +66,11 @@ def _valid_range(n_iter, n_target, s, off):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n):
-    # column row r = (c, ki, kj): every output row's window read at that kernel offset.
-    # The index arithmetic (divisions) runs once per column row, not per output row, and
-    # the copies are loops over 1-D views from 0, which numba/LLVM vectorizes.
+def _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh0, oh_n, ow_n):
+    # column row r = (c, ki, kj): the windows of output rows [oh0, oh0 + oh_n) (a band)
+    # read at that kernel offset. The index arithmetic (divisions) runs once per column
+    # row, not per output row, and the copies are loops over 1-D views from 0, which
+    # numba/LLVM vectorizes.
     kk = kh * kw
     c = r // kk
     k = r - c * kk
@@ -75,9 +82,9 @@ def _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n):
     # unsigned indices: numba then skips negative-index wraparound, so LLVM vectorizes
     ur = np.uintp(r)
     uc = np.uintp(c)
-    for oh in range(oh_n):
-        ih = oh * sh - ph + ki * dh
-        base = oh * ow_n
+    for t in range(oh_n):
+        ih = (oh0 + t) * sh - ph + ki * dh
+        base = t * ow_n
         if ih < 0 or ih >= h_n:
             for ow in range(ow_n):
                 col[ur, np.uintp(base + ow)] = 0
@@ -96,16 +103,17 @@ def _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def im2col2d_parallel(x, col, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n):
-    """x (C, H, W) -> col (C*kh*kw, OH*OW); zero where the window reads padding."""
+def im2col2d_parallel(x, col, kh, kw, sh, sw, ph, pw, dh, dw, oh0, oh_n, ow_n):
+    """x (C, H, W) -> col (C*kh*kw, oh_n*OW): the columns of output rows [oh0, oh0 + oh_n);
+    zero where the window reads padding."""
     for r in nb.prange(col.shape[0]):
-        _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n)
+        _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh0, oh_n, ow_n)
 
 
 @nb.njit(nogil=True, cache=True)
-def im2col2d_serial(x, col, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n):
+def im2col2d_serial(x, col, kh, kw, sh, sw, ph, pw, dh, dw, oh0, oh_n, ow_n):
     for r in range(col.shape[0]):
-        _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n)
+        _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh0, oh_n, ow_n)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -278,8 +286,10 @@ class ConvPlan:
 
     ``kind``: ``gemm1x1`` | ``depthwise2d`` | ``direct2d`` | ``im2col2d`` | ``im2col_nd`` (forward) or ``col2im2d`` |
     ``col2im_nd`` (transposed). For the 2-D kinds a 1-D problem is stored as H=1.
-    ``c``/``m``: input/output channels; ``col_shape``: the workspace's column buffer
-    (for ``direct2d``: one image's phase-split copy, empty at column stride 1).
+    ``c``/``m``: input/output channels; ``col_shape``: the workspace's column buffer for
+    one band (for ``direct2d``: a band's phase-split input rows, empty at column stride 1).
+    ``band``: output rows (``im2col_nd``: positions along the first spatial dim) per band;
+    the buffer is refilled band by band, so its size is bounded by :data:`BAND_BYTES`.
     """
 
     kind: str
@@ -298,6 +308,7 @@ class ConvPlan:
     itemsize: int
     slices: tuple = ()
     zero_fill: bool = True  # im2col_nd: some kernel offset reads padding, so clear the buffer
+    band: int = 0
 
     @property
     def workspace_bytes(self) -> int:
@@ -306,12 +317,13 @@ class ConvPlan:
         return math.prod(self.col_shape) * self.itemsize + ALIGN
 
     def describe(self) -> str:
+        bands = f" in bands of {self.band} of {self.out_sp[0]} output rows" if 0 < self.band < self.out_sp[0] else ""
         what = {"gemm1x1": "one GEMM per image and group, no workspace",
                 "depthwise2d": "direct depthwise loop, no workspace",
                 "direct2d": "direct loop, no column buffer" + (
-                    f" (input split into {self.s[-1]} column phases)" if math.prod(self.col_shape) else ""),
-                "im2col2d": f"column buffer {self.col_shape[1]}x{self.col_shape[2]} per group, then BLAS",
-                "im2col_nd": f"column buffer {self.col_shape[1]}x{self.col_shape[2]} per group, then BLAS"}
+                    f" (input split into {self.s[-1]} column phases{bands})" if math.prod(self.col_shape) else ""),
+                "im2col2d": f"column buffer {self.col_shape[1]}x{self.col_shape[2]} per group{bands}, then BLAS",
+                "im2col_nd": f"column buffer {self.col_shape[1]}x{self.col_shape[2]} per group{bands}, then BLAS"}
         return f"{self.kind}: {what.get(self.kind, '')}"
 
 
@@ -336,6 +348,19 @@ def _nd_slices(iter_sp, target_sp, k, s, d, pb):
     return tuple(out)
 
 
+def _needs_zero_fill(slices, kk: int, out_sp) -> bool:
+    """True when some kernel offset's region misses part of the output (reads padding)."""
+    return len(slices) != kk or any(sl.start != 0 or sl.stop != o for _, o_sl, _ in slices
+                                    for sl, o in zip(o_sl, out_sp))
+
+
+def band_rows(row_bytes: int, n_rows: int, cap: int | None = None) -> int:
+    """Rows per band: as many ``row_bytes`` rows as fit in ``cap`` (default :data:`BAND_BYTES`),
+    at least one, at most ``n_rows``."""
+    cap = BAND_BYTES if cap is None else cap
+    return max(1, min(n_rows, cap // max(row_bytes, 1)))
+
+
 def conv_plan(x_shape, w_shape, g, k, s, d, pb, pe, out_sp, itemsize, kind: str | None = None) -> ConvPlan:
     """Plan a forward convolution; ``kind`` None picks the best algorithm for the shapes."""
     n, c = int(x_shape[0]), int(x_shape[1])
@@ -356,15 +381,30 @@ def conv_plan(x_shape, w_shape, g, k, s, d, pb, pe, out_sp, itemsize, kind: str 
             (1,) + tuple(d), (0,) + tuple(pb)
     kk = math.prod(k)
     p = math.prod(out_sp)
+    inner = math.prod(out_sp[1:])  # outputs per row (per position along the first spatial dim)
+    band = int(out_sp[0])
     col_shape = (g, (c // g) * kk, p)
-    if kind == "direct2d":
-        col_shape = (c, in_sp[0], s[1], -(-in_sp[1] // s[1])) if s[1] > 1 else (0,)
-    parallel = (n * m if kind in ("depthwise2d", "direct2d") else c) * kk * p >= PARALLEL_MIN
-    slices = _nd_slices(out_sp, in_sp, k, s, d, pb) if kind == "im2col_nd" else ()
-    zero_fill = len(slices) != kk or any(sl.start != 0 or sl.stop != o for _, o_sl, _ in slices
-                                         for sl, o in zip(o_sl, out_sp))
+    work = (n * m if kind in ("depthwise2d", "direct2d") else c) * kk * p
+    if kind in ("im2col2d", "im2col_nd"):
+        band = band_rows(c * kk * inner * itemsize, int(out_sp[0]))
+        col_shape = (g, (c // g) * kk, band * inner)
+        work = c * kk * band * inner  # per band: what one im2col call does
+    elif kind == "direct2d":
+        col_shape = (0,)
+        if s[1] > 1:  # a band of output rows reads (band - 1) * stride + dilated kernel input rows
+            wq = -(-in_sp[1] // s[1])
+            eff = (k[0] - 1) * d[0] + 1
+            rows_fit = band_rows(c * s[1] * wq * itemsize, 1 << 62)
+            band = max(1, min(int(out_sp[0]), (rows_fit - eff) // s[0] + 1))
+            col_shape = (c, min(in_sp[0], (band - 1) * s[0] + eff), s[1], wq)
+    parallel = work >= PARALLEL_MIN
+    slices = ()
+    zero_fill = True
+    if kind == "im2col_nd":
+        slices = _nd_slices((band,) + tuple(out_sp[1:]), in_sp, k, s, d, pb)
+        zero_fill = _needs_zero_fill(slices, kk, (band,) + tuple(out_sp[1:]))
     return ConvPlan(kind, n, c, m, g, tuple(in_sp), tuple(out_sp), tuple(k), tuple(s), tuple(d), tuple(pb),
-                    parallel, col_shape, itemsize, slices, zero_fill)
+                    parallel, col_shape, itemsize, slices, zero_fill, band)
 
 
 def conv_transpose_plan(x_shape, w_shape, g, k, s, d, pb, out_sp, itemsize) -> ConvPlan:
@@ -422,38 +462,69 @@ def conv_forward(x, w, b, y, plan: ConvPlan, ws) -> None:
         y4 = y.reshape((n, plan.m) + plan.out_sp)
         w4 = w.reshape((plan.m, cg) + plan.k)
         fn = direct2d_parallel if plan.parallel else direct2d_serial
-        xs = workspace_view(ws, x.dtype, plan.col_shape) if sw > 1 else None
+        if sw == 1:  # reads the input in place
+            for i in range(n):
+                fn(xv[i].reshape(plan.c, h_n, 1, w_n), w4, bias, y4[i], g, sh, sw, ph, pw, dh, dw, h_n, w_n)
+            return
+        # stride > 1: phase-split the input rows of one band of output rows at a time; the
+        # band's rows [r0, r1) become rows [0, r1 - r0) of a sub-image with the top padding
+        # shifted so that output row oh0 + t reads what output row oh0 + t of the whole would
+        c, _, sp, wq = plan.col_shape
+        flat = workspace_view(ws, x.dtype, (math.prod(plan.col_shape),))
+        oh_n = plan.out_sp[0]
+        eff = (plan.k[0] - 1) * dh + 1
         for i in range(n):
-            if xs is None:
-                src = xv[i].reshape(plan.c, h_n, 1, w_n)
-            else:
-                phase_split(xv[i], xs, sw)
-                src = xs
-            fn(src, w4, bias, y4[i], g, sh, sw, ph, pw, dh, dw, h_n, w_n)
+            for oh0 in range(0, oh_n, plan.band):
+                oh1 = min(oh_n, oh0 + plan.band)
+                r0 = max(0, oh0 * sh - ph)
+                r1 = max(r0, min(h_n, (oh1 - 1) * sh - ph + eff))
+                xs = flat[:c * (r1 - r0) * sp * wq].reshape(c, r1 - r0, sp, wq)
+                phase_split(xv[i][:, r0:r1], xs, sw)
+                fn(xs, w4, bias, y4[i][:, oh0:oh1], g, sh, sw, ph - oh0 * sh + r0, pw, dh, dw, r1 - r0, w_n)
         return
     if plan.kind == "gemm1x1":
         np.matmul(wv, x.reshape(n, g, cg, p), out=yv)
-    elif plan.kind == "im2col2d":
-        col = workspace_view(ws, x.dtype, plan.col_shape)
-        rows = col.reshape(plan.col_shape[0] * plan.col_shape[1], p)
-        xv = x.reshape((n, plan.c) + plan.in_sp)
-        (kh, kw), (sh, sw), (dh, dw), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
-        oh, ow = plan.out_sp
-        im2col = im2col2d_parallel if plan.parallel else im2col2d_serial
-        for i in range(n):
-            im2col(xv[i], rows, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)
-            np.matmul(wv, col, out=yv[i])
     else:
-        col = workspace_view(ws, x.dtype, plan.col_shape)
-        cv = col.reshape((plan.c, math.prod(plan.k)) + plan.out_sp)
+        # im2col: the columns of one band of output rows at a time, then one GEMM per group
+        # writing that band of every output channel (a strided view BLAS takes as is)
+        gk = plan.col_shape[1]
+        flat = workspace_view(ws, x.dtype, (math.prod(plan.col_shape),))
         xv = x.reshape((n, plan.c) + plan.in_sp)
+        inner = math.prod(plan.out_sp[1:])
+        o_n, band = plan.out_sp[0], plan.band
+        if plan.kind == "im2col2d":
+            (kh, kw), (sh, sw), (dh, dw), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
+            im2col = im2col2d_parallel if plan.parallel else im2col2d_serial
         for i in range(n):
-            if plan.zero_fill:
-                col.fill(0)
-            for j, o_sl, i_sl in plan.slices:
-                cv[(slice(None), j) + o_sl] = xv[i][(slice(None),) + i_sl]
-            np.matmul(wv, col, out=yv[i])
+            for o0 in range(0, o_n, band):
+                rows = min(band, o_n - o0)
+                q = rows * inner
+                col = flat[:g * gk * q].reshape(g, gk, q)
+                if plan.kind == "im2col2d":
+                    im2col(xv[i], col.reshape(g * gk, q), kh, kw, sh, sw, ph, pw, dh, dw, o0, rows, inner)
+                else:
+                    _im2col_nd_band(xv[i], col, plan, o0, rows)
+                np.matmul(wv, col, out=yv[i][:, :, o0 * inner:o0 * inner + q])
     _add_bias(y, b, plan)
+
+
+def _im2col_nd_band(x, col, plan: ConvPlan, o0: int, rows: int) -> None:
+    """Columns of output positions [o0, o0 + rows) along the first spatial dim (any rank):
+    one strided copy per kernel offset. The first band's slices come from the plan; a later
+    band's are those of a sub-problem whose first-dim padding is shifted by o0 * stride."""
+    kk = math.prod(plan.k)
+    sub_out = (rows,) + tuple(plan.out_sp[1:])
+    if o0 == 0 and rows == plan.band:
+        slices, zero_fill = plan.slices, plan.zero_fill
+    else:
+        pb = (plan.pb[0] - o0 * plan.s[0],) + tuple(plan.pb[1:])
+        slices = _nd_slices(sub_out, plan.in_sp, plan.k, plan.s, plan.d, pb)
+        zero_fill = _needs_zero_fill(slices, kk, sub_out)
+    if zero_fill:
+        col.fill(0)
+    cv = col.reshape((plan.c, kk) + sub_out)
+    for j, o_sl, i_sl in slices:
+        cv[(slice(None), j) + o_sl] = x[(slice(None),) + i_sl]
 
 
 def conv(ins, outs, attrs, plan, ws):

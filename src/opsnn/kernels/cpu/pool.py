@@ -18,6 +18,11 @@ import numpy as np
 
 #: below this many output elements the serial variant runs (thread fan-out costs ~10 µs)
 PARALLEL_MIN = 1 << 14
+#: a work item's scratch (its input rows reduced over the window's width, float64 at most) is
+#: kept under this many bytes by capping its output rows: bounded memory on any image size
+#: (a 4096x4096 plane pools in blocks of ~30 rows), and the rows stay in L2 between the two
+#: passes. Blocks re-reduce the (kernel - stride) input rows they share with the next block.
+SCRATCH_BYTES = 1 << 20
 
 
 class DimPlan(NamedTuple):
@@ -78,6 +83,10 @@ def make_plan(x_shape: tuple, out_spatial: tuple, kernel, strides, dilations, pa
     # else blocks of rows so that every thread gets several items
     want_items = 8 * nb.config.NUMBA_NUM_THREADS
     block = oh if not parallel or planes >= want_items else max(1, (planes * oh) // want_items)
+    if len(dims) == 2:
+        dh = dims[0]
+        rows_fit = SCRATCH_BYTES // (8 * max(int(out_sp[-1]), 1))
+        block = min(block, max(1, (rows_fit - (dh.kernel - 1) * dh.dilation - 1) // dh.stride + 1))
     return PoolPlan(planes, in_sp, out_sp, dims, parallel, min(block, oh))
 
 

@@ -379,8 +379,13 @@ def conv_winograd(x, w, b, y, plan: WinogradPlan, ws) -> None:
     else:
         u = transform_weights(w, dt, u.reshape(POINTS, plan.m, plan.c))
     bias = b if b is not None else np.zeros(0, dt)
-    xin = x.reshape((plan.n, plan.c) + plan.in_sp)
-    yout = y.reshape((plan.n, plan.m) + plan.out_sp)
+    _run_chunks(x.reshape((plan.n, plan.c) + plan.in_sp), y.reshape((plan.n, plan.m) + plan.out_sp), u, bias, plan,
+                vflat, mflat)
+
+
+def _run_chunks(xin, yout, u, bias, plan: WinogradPlan, vflat, mflat) -> None:
+    """Transform, multiply and inverse-transform chunk by chunk; ``xin``/``yout`` may be strided
+    views (the dilated form passes phase sub-images of the caller's arrays)."""
     fin = input_transform_parallel if plan.parallel else input_transform_serial
     fout = output_transform_parallel if plan.parallel else output_transform_serial
     total = plan.n * plan.th_n
@@ -408,11 +413,12 @@ def direct_flops(plan: WinogradPlan) -> int:
 class DilatedWinogradPlan:
     """A stride-1 3x3 conv with dilation (dh, dw) is dh*dw independent *dense* 3x3 convs:
     output rows a, a + dh, a + 2dh, ... read only input rows of one residue mod dh (and the
-    same for columns). Each output phase copies its input phase (every input element is
-    copied once in all), runs F(4x4, 3x3) on it — the padding becomes a per-phase offset,
-    negative where the phase starts inside the image — and scatters its result back. No
-    zero-inserted input or im2col buffer ever exists. ``phases``: (input row residue, input
-    column residue, output row phase, output column phase, sub-plan)."""
+    same for columns). Each output phase runs F(4x4, 3x3) on its input phase, read in place
+    as a strided view, and writes its strided view of the output — the padding becomes a
+    per-phase offset, negative where the phase starts inside the image. No copy, zero-inserted
+    input or im2col buffer ever exists: the workspace is one phase's chunk buffers (bounded
+    by ``CHUNK_BYTES``) and, for weights not known at prepare, U. ``phases``: (input row
+    residue, input column residue, output row phase, output column phase, sub-plan)."""
 
     n: int
     c: int
@@ -427,16 +433,14 @@ class DilatedWinogradPlan:
         return sum(p[4].tiles for p in self.phases)
 
     def _sizes(self) -> tuple:
-        x_sz = max(self.n * self.c * p[4].in_sp[0] * p[4].in_sp[1] for p in self.phases)
-        y_sz = max(self.n * self.m * p[4].out_sp[0] * p[4].out_sp[1] for p in self.phases)
-        sub = max(p[4].workspace_bytes for p in self.phases)
+        sub = max((p[4].workspace_bytes for p in self.phases), default=0)
         u = 0 if self.u is not None else POINTS * self.m * self.c
-        return x_sz, y_sz, u, sub
+        return u, sub
 
     @property
     def workspace_bytes(self) -> int:
-        x_sz, y_sz, u, sub = self._sizes()
-        return (x_sz + y_sz + u) * self.itemsize + 3 * ALIGN + sub
+        u, sub = self._sizes()
+        return u * self.itemsize + ALIGN + sub
 
     def describe(self) -> str:
         packed = "weights pre-packed at prepare" if self.u is not None else "weights transformed per call"
@@ -484,32 +488,14 @@ def conv_winograd_dilated(x, w, b, y, plan: DilatedWinogradPlan, ws) -> None:
     if plan.n == 0 or y.size == 0:
         return
     dt = x.dtype
-    x_sz, y_sz, u_sz, _ = plan._sizes()
-    itemsize = np.dtype(dt).itemsize
-    off = 0
-    bufs = []
-    for size in (x_sz, y_sz, u_sz):
-        nbytes = size * itemsize + ALIGN
-        bufs.append(workspace_view(ws[off:off + nbytes], dt, (size,)) if size else None)
-        off += nbytes
-    xflat, yflat, uflat = bufs
-    sub_ws = ws[off:]
+    u_sz, _ = plan._sizes()
+    off = u_sz * np.dtype(dt).itemsize + ALIGN
     if plan.u is not None:
         u = plan.u if plan.u.dtype == dt else plan.u.astype(dt)
     else:
-        u = transform_weights(w, dt, uflat.reshape(POINTS, plan.m, plan.c))
+        u = transform_weights(w, dt, workspace_view(ws[:off], dt, (POINTS, plan.m, plan.c)))
+    bias = b if b is not None else np.zeros(0, dt)
     dh, dw = plan.d
-    x4 = x.reshape(plan.n, plan.c, *x.shape[2:]) if x.ndim == 4 else x
-    y4 = y
     for ra, rb, a, bb, sub in plan.phases:
-        hs, ws_ = sub.in_sp
-        oh_n, ow_n = sub.out_sp
-        xs = xflat[:plan.n * plan.c * hs * ws_].reshape(plan.n, plan.c, hs, ws_)
-        np.copyto(xs, x4[:, :, ra::dh, rb::dw])
-        ys = yflat[:plan.n * plan.m * oh_n * ow_n].reshape(plan.n, plan.m, oh_n, ow_n)
-        conv_winograd(xs, None, b, ys, _with_u(sub, u), sub_ws)
-        np.copyto(y4[:, :, a::dh, bb::dw], ys)
-
-
-def _with_u(sub: WinogradPlan, u: np.ndarray) -> WinogradPlan:
-    return _SharedU(*[u if f == "u" else getattr(sub, f) for f in WinogradPlan.__dataclass_fields__])
+        vflat, mflat, _ = _split_workspace(ws[off:], dt, sub)
+        _run_chunks(x[:, :, ra::dh, rb::dw], y[:, :, a::dh, bb::dw], u, bias, sub, vflat, mflat)

@@ -302,7 +302,8 @@ def _is_2d(ctx):
     return True if len(ctx.shape(0)) in (3, 4) else "handles 1-D and 2-D convolution only"
 
 
-#: im2col's column buffer above this many bytes hands the conv to the direct kernel
+#: im2col builds its columns a band of output rows at a time (``K.BAND_BYTES``); when even one
+#: output row's columns take more than this many bytes the conv goes to the direct kernel
 #: (no column buffer), which is slower but needs no workspace
 IM2COL_MAX_BYTES = 512 << 20
 #: Winograd is chosen from these sizes up (measured on the 2-core Zen 4 dev machine with
@@ -316,18 +317,19 @@ WINOGRAD_MIN_TILES = 16
 WINOGRAD_DILATED_MIN_CHANNELS = 128
 
 
-def _col_bytes(ctx) -> int:
+def _row_col_bytes(ctx) -> int:
+    """Bytes of the columns of one output row (im2col's smallest band)."""
     geo = conv_geometry(ctx.op.name, ctx.shape(0), ctx.shape(1), ctx.attrs)
-    return ctx.shape(0)[1] * math.prod(geo.k) * math.prod(geo.out) * _compute_itemsize(ctx.dtype(0))
+    return ctx.shape(0)[1] * math.prod(geo.k) * geo.out[-1] * _compute_itemsize(ctx.dtype(0))
 
 
 def _im2col2d_applies(ctx):
     if len(ctx.shape(0)) not in (3, 4):
         return "handles 1-D and 2-D convolution only"
-    nbytes = _col_bytes(ctx)
+    nbytes = _row_col_bytes(ctx)
     if nbytes > IM2COL_MAX_BYTES:
-        return (f"its column buffer would take {nbytes / 2**20:.0f} MiB (> IM2COL_MAX_BYTES = "
-                f"{IM2COL_MAX_BYTES >> 20} MiB)")
+        return (f"the column buffer of even one output row would take {nbytes / 2**20:.0f} MiB "
+                f"(> IM2COL_MAX_BYTES = {IM2COL_MAX_BYTES >> 20} MiB)")
     return True
 
 
@@ -409,13 +411,14 @@ Conv.kernel("conv2d_winograd_dilated", dtypes=_F32_64, priority=25, applies=_win
             )(_winograd_dilated_kernel)
 Conv.kernel("conv2d_im2col", dtypes=_F32_64, priority=20, applies=_im2col2d_applies,
             plan=_conv_planner("im2col2d"), workspace=_workspace, doc="numba parallel im2col into the "
-            "workspace + BLAS GEMM per group (1-D runs as H=1)")(K.conv)
+            "workspace + BLAS GEMM per group, in bands of output rows (workspace <= BAND_BYTES unless one row "
+            "needs more; 1-D runs as H=1)")(K.conv)
 Conv.kernel("conv2d_direct", dtypes=_F32_64, priority=15, applies=_is_2d, plan=_conv_planner("direct2d"),
             workspace=_workspace, doc="direct numba loop, no column buffer (strided input split into column "
-            "phases; dilation read in place)")(K.conv)
+            "phases a band of rows at a time; dilation read in place)")(K.conv)
 Conv.kernel("conv_nd_im2col", dtypes=_F32_64, priority=10, plan=_conv_planner("im2col_nd"),
             workspace=_workspace, doc="numpy-vectorized im2col (one strided copy per kernel offset) + "
-            "BLAS GEMM; any rank")(K.conv)
+            "BLAS GEMM, in bands along the first spatial dim; any rank")(K.conv)
 
 
 def _spatial(v, nd: int, name: str, fn: str) -> tuple:
