@@ -357,3 +357,68 @@ def test_pool_scratch_cap_equals_uncapped(monkeypatch, mode, shape, k, s, p, d, 
     np.testing.assert_array_equal(results[0], results[-1])
     if p <= k // 2:  # the eager (torch-style) entry point agrees too; it refuses larger padding
         np.testing.assert_allclose(fn(x, k, s, p, ceil_mode=ceil, **kw).numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def conv_transpose_oracle(x, w, stride, pads, dil, groups, out_pad=(0, 0)):
+    """float64 2-D transposed conv: scatter x * w[kernel offset] into a full buffer, then crop."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    n, c, h, wd = x.shape
+    mg, kh, kw = w.shape[1:]
+    cg = c // groups
+    full = ((h - 1) * stride[0] + (kh - 1) * dil[0] + 1 + out_pad[0],
+            (wd - 1) * stride[1] + (kw - 1) * dil[1] + 1 + out_pad[1])
+    buf = np.zeros((n, mg * groups) + full)
+    for g in range(groups):
+        for i, j in itertools.product(range(kh), range(kw)):
+            contrib = np.einsum("nchw,cm->nmhw", x[:, g * cg:(g + 1) * cg], w[g * cg:(g + 1) * cg, :, i, j])
+            buf[:, g * mg:(g + 1) * mg, i * dil[0]:i * dil[0] + (h - 1) * stride[0] + 1:stride[0],
+                j * dil[1]:j * dil[1] + (wd - 1) * stride[1] + 1:stride[1]] += contrib
+    return buf[:, :, pads[0]:full[0] - pads[2], pads[1]:full[1] - pads[3]]
+
+
+@pytest.mark.parametrize("xs,ws,stride,pads,dil,groups", [
+    ((1, 3, 9, 7), (3, 4, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    ((2, 4, 7, 8), (4, 3, 3, 2), (1, 2), (0, 1, 2, 0), (2, 1), 2),
+    ((1, 2, 1, 1), (2, 5, 3, 3), (3, 3), (0, 0, 0, 0), (1, 1), 1),        # 1x1 image
+    ((1, 3, 11, 5), (3, 2, 4, 4), (3, 2), (2, 2, 1, 1), (1, 2), 1),       # stride < kernel, bands overlap outputs
+])
+def test_banded_conv_transpose_equals_unbanded(monkeypatch, xs, ws, stride, pads, dil, groups):
+    rng = np.random.default_rng(xs[2] * 7 + ws[1])
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    attrs = {"strides": list(stride), "pads": list(pads), "dilations": list(dil), "group": groups}
+    want = conv_transpose_oracle(x, w, stride, pads, dil, groups)
+    results = []
+    for cap, one_band in ((1 << 30, True), (1, False), (ws[1] * groups * ws[2] * ws[3] * xs[3] * 4 * 2, False)):
+        monkeypatch.setattr(KC, "BAND_BYTES", cap)
+        y, plan, _ = _run("ConvTranspose", "conv_transpose_col2im", [x, w], attrs)
+        assert (plan.band == plan.in_sp[0]) == (one_band or xs[2] <= 2)
+        assert y.shape == want.shape
+        assert rel_err(y, want) < FP32_TOL, f"cap {cap}"
+        results.append(y)
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_banded_conv_transpose_3d(monkeypatch):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 2, 5, 4, 3)).astype(np.float32)
+    w = rng.standard_normal((2, 3, 3, 2, 2)).astype(np.float32)
+    attrs = {"strides": [2, 1, 2], "pads": [1, 0, 1, 1, 0, 0], "dilations": [1, 1, 1], "group": 1}
+    monkeypatch.setattr(KC, "BAND_BYTES", 1 << 30)
+    whole, plan, _ = _run("ConvTranspose", "conv_transpose_col2im", [x, w], attrs)
+    assert plan.band == 5
+    want = get_op("ConvTranspose").reference([x, w], get_op("ConvTranspose").bind_attrs(attrs))
+    assert rel_err(whole, want.astype(np.float64)) < FP32_TOL
+    for cap in (1, 600):
+        monkeypatch.setattr(KC, "BAND_BYTES", cap)
+        y, plan, _ = _run("ConvTranspose", "conv_transpose_col2im", [x, w], attrs)
+        assert plan.band < 5
+        np.testing.assert_allclose(y, whole, rtol=1e-5, atol=1e-5 * np.abs(whole).max())
+
+
+def test_conv_transpose_workspace_is_bounded_on_4096():
+    w = np.zeros((8, 4, 3, 3), np.float32)
+    attrs = {"strides": [2, 2], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1}
+    sizes = [_workspace("ConvTranspose", "conv_transpose_col2im",
+                        [np.broadcast_to(np.float32(0), (1, 8, h, BIG)), w], attrs) for h in (BIG, 2 * BIG)]
+    assert sizes[0] == sizes[1] <= 2 * KC.BAND_BYTES

@@ -117,17 +117,17 @@ def im2col2d_serial(x, col, kh, kw, sh, sw, ph, pw, dh, dw, oh0, oh_n, ow_n):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _col2im_row(col, y, t, kh, kw, sh, sw, ph, pw, dh, dw, ih_n, iw_n):
-    # gather every column entry that lands on output row (m, oh); y is pre-initialised
-    oh_n = y.shape[1]
-    m = t // oh_n
-    oh = t - m * oh_n
+def _col2im_row(col, y, t, kh, kw, sh, sw, ph, pw, dh, dw, ih0, ih_n, iw_n, oh0, oh_rows):
+    # gather every column entry of input rows [ih0, ih0 + ih_n) (a band) that lands on output
+    # row (m, oh0 + t % oh_rows); y is pre-initialised
+    m = t // oh_rows
+    oh = oh0 + t - m * oh_rows
     for ki in range(kh):
         a = oh + ph - ki * dh
         if a < 0 or a % sh != 0:
             continue
-        ih = a // sh
-        if ih >= ih_n:
+        ih = a // sh - ih0
+        if ih < 0 or ih >= ih_n:
             continue
         for kj in range(kw):
             r = (m * kh + ki) * kw + kj
@@ -139,16 +139,17 @@ def _col2im_row(col, y, t, kh, kw, sh, sw, ph, pw, dh, dw, ih_n, iw_n):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def col2im2d_parallel(col, y, kh, kw, sh, sw, ph, pw, dh, dw, ih_n, iw_n):
-    """col (M*kh*kw, IH*IW) added into y (M, OH, OW): y[m, ih*sh-ph+ki*dh, iw*sw-pw+kj*dw]."""
-    for t in nb.prange(y.shape[0] * y.shape[1]):
-        _col2im_row(col, y, t, kh, kw, sh, sw, ph, pw, dh, dw, ih_n, iw_n)
+def col2im2d_parallel(col, y, kh, kw, sh, sw, ph, pw, dh, dw, ih0, ih_n, iw_n, oh0, oh_rows):
+    """col (M*kh*kw, ih_n*IW), the columns of input rows [ih0, ih0 + ih_n), added into output rows
+    [oh0, oh0 + oh_rows) of y (M, OH, OW): y[m, ih*sh-ph+ki*dh, iw*sw-pw+kj*dw]."""
+    for t in nb.prange(y.shape[0] * oh_rows):
+        _col2im_row(col, y, t, kh, kw, sh, sw, ph, pw, dh, dw, ih0, ih_n, iw_n, oh0, oh_rows)
 
 
 @nb.njit(nogil=True, cache=True)
-def col2im2d_serial(col, y, kh, kw, sh, sw, ph, pw, dh, dw, ih_n, iw_n):
-    for t in range(y.shape[0] * y.shape[1]):
-        _col2im_row(col, y, t, kh, kw, sh, sw, ph, pw, dh, dw, ih_n, iw_n)
+def col2im2d_serial(col, y, kh, kw, sh, sw, ph, pw, dh, dw, ih0, ih_n, iw_n, oh0, oh_rows):
+    for t in range(y.shape[0] * oh_rows):
+        _col2im_row(col, y, t, kh, kw, sh, sw, ph, pw, dh, dw, ih0, ih_n, iw_n, oh0, oh_rows)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -417,11 +418,14 @@ def conv_transpose_plan(x_shape, w_shape, g, k, s, d, pb, out_sp, itemsize) -> C
         in_sp, out_sp, k, s, d, pb = (1,) + in_sp, (1,) + tuple(out_sp), (1,) + tuple(k), (1,) + tuple(s), \
             (1,) + tuple(d), (0,) + tuple(pb)
     kk = math.prod(k)
-    col_shape = (g, (m // g) * kk, math.prod(in_sp))
-    parallel = m * kk * math.prod(in_sp) >= PARALLEL_MIN
-    slices = _nd_slices(in_sp, out_sp, k, s, d, pb) if kind == "col2im_nd" else ()
+    inner = math.prod(in_sp[1:])
+    # columns of a band of input rows (positions along the first spatial dim) at a time
+    band = band_rows(m * kk * inner * itemsize, int(in_sp[0]))
+    col_shape = (g, (m // g) * kk, band * inner)
+    parallel = m * kk * band * inner >= PARALLEL_MIN
+    slices = _nd_slices((band,) + tuple(in_sp[1:]), out_sp, k, s, d, pb) if kind == "col2im_nd" else ()
     return ConvPlan(kind, n, c, m, g, tuple(in_sp), tuple(out_sp), tuple(k), tuple(s), tuple(d), tuple(pb),
-                    parallel, col_shape, itemsize, slices)
+                    parallel, col_shape, itemsize, slices, band=band)
 
 
 def workspace_view(ws: np.ndarray, dtype, shape: tuple) -> np.ndarray:
@@ -551,20 +555,32 @@ def conv_transpose(ins, outs, attrs, plan, ws):
         return
     wt = w.reshape(g, cg, mg * kk).transpose(0, 2, 1)  # (g, mg*kk, cg) view; BLAS reads it transposed
     xv = x.reshape(n, g, cg, pin)
-    col = workspace_view(ws, x.dtype, plan.col_shape)
+    flat = workspace_view(ws, x.dtype, (math.prod(plan.col_shape),))
+    i_n, band = plan.in_sp[0], plan.band
+    inner = math.prod(plan.in_sp[1:])
+    (sh, dh, ph), kh = (plan.s[0], plan.d[0], plan.pb[0]), plan.k[0]
     if plan.kind == "col2im2d":
-        rows = col.reshape(plan.m * kk, pin)
-        (kh, kw), (sh, sw), (dh, dw), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
-        ih, iw = plan.in_sp
+        kw, sw, dw, pw = plan.k[1], plan.s[1], plan.d[1], plan.pb[1]
         col2im = col2im2d_parallel if plan.parallel else col2im2d_serial
-        for i in range(n):
-            np.matmul(wt, xv[i], out=col)
-            col2im(rows, yv[i], kh, kw, sh, sw, ph, pw, dh, dw, ih, iw)
-    else:
-        cv = col.reshape((plan.m, kk) + plan.in_sp)
-        for i in range(n):
-            np.matmul(wt, xv[i], out=col)
-            for j, i_sl, o_sl in plan.slices:
+    # a band of input rows at a time: its columns, then added into the output rows they reach
+    for i in range(n):
+        for r0 in range(0, i_n, band):
+            rows = min(band, i_n - r0)
+            q = rows * inner
+            col = flat[:plan.m * kk * q].reshape(g, mg * kk, q)
+            np.matmul(wt, xv[i][:, :, r0 * inner:r0 * inner + q], out=col)
+            if plan.kind == "col2im2d":
+                oh0 = max(0, r0 * sh - ph)
+                oh1 = min(plan.out_sp[0], (r0 + rows - 1) * sh - ph + (kh - 1) * dh + 1)
+                if oh1 > oh0:
+                    col2im(col.reshape(plan.m * kk, q), yv[i], kh, kw, sh, sw, ph, pw, dh, dw, r0, rows, inner, oh0,
+                           oh1 - oh0)
+                continue
+            sub_in = (rows,) + tuple(plan.in_sp[1:])
+            slices = plan.slices if r0 == 0 and rows == band else _nd_slices(
+                sub_in, plan.out_sp, plan.k, plan.s, plan.d, (ph - r0 * sh,) + tuple(plan.pb[1:]))
+            cv = col.reshape((plan.m, kk) + sub_in)
+            for j, i_sl, o_sl in slices:
                 yv[i][(slice(None),) + o_sl] += cv[(slice(None), j) + i_sl]
 
 
