@@ -9,7 +9,7 @@ from opsnn import nn
 from opsnn.models import export
 from opsnn.models.bert import BERT_CONFIGS, bert, bert_config
 from opsnn.models.llama import llama
-from opsnn.models.resnet import resnet50
+from opsnn.models.resnet import resnet18, resnet50
 from opsnn.models.unet import unet_block
 from opsnn.models.weights import load_weights, save_weights
 
@@ -95,6 +95,24 @@ def test_resnet50_export_matches_onnxruntime_and_compile(rn50):
     cg = check_export(proto, {"input": x}, {"logits": y})
     kinds = {n.op_type for n in cg.graph.nodes}
     assert "BatchNormalization" not in kinds  # folded into the convs
+
+
+def test_resnet_weights_from_a_torchvision_style_checkpoint(tmp_path, rng):
+    """A DataParallel checkpoint ("module." prefix, no num_batches_tracked) in .safetensors loads
+    into a differently seeded ResNet; onnxruntime on the source model's export is the oracle."""
+    pytest.importorskip("safetensors")
+    src = resnet18(num_classes=10, seed=0)
+    x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+    ref = run_ort(export.to_onnx(src), {"input": x})["logits"]
+    sd = {"module." + k: v.numpy() for k, v in src.state_dict().items() if not k.endswith("num_batches_tracked")}
+    path = nn.write_weights(sd, tmp_path / "rn18.safetensors")
+    loaded = resnet18(num_classes=10, seed=1, weights=path)
+    assert rel(resnet18(num_classes=10, seed=1)(x).numpy(), ref) > 1e-2  # the seed alone gives other logits
+    assert rel(loaded(x).numpy(), ref) < RTOL
+    sd["module.fc.weight"] = sd["module.fc.weight"][:, :100]
+    bad = nn.write_weights(sd, tmp_path / "bad.safetensors")
+    with pytest.raises(nn.StateDictError, match=r"fc\.weight \(expected \(10, 512\), got \(10, 100\)\)"):
+        resnet18(num_classes=10, weights=bad)
 
 
 # -- BERT -----------------------------------------------------------------------------------------------------------

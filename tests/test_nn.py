@@ -420,6 +420,69 @@ def test_weight_files_roundtrip(tmp_path, ext):
     assert ei.value.missing == ["fc.weight"] and ei.value.unexpected == ["head.weight"]
     assert ei.value.mismatched == [("fc.bias", (3,), (7,))]
 
+def _hand_built_mlp_onnx(path, w0, b0, w2, b2):
+    """An ONNX file written here with onnx.helper (not by opsnn's exporter): Gemm with torch's
+    (out, in) weight layout, then MatMul over a ``<name>.T`` transposed initializer, plus an
+    initializer that is no weight of the module (a constant)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(w0, "0.weight"), numpy_helper.from_array(b0, "0.bias"),
+             numpy_helper.from_array(np.ascontiguousarray(w2.T), "2.weight.T"), numpy_helper.from_array(b2, "2.bias"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one")]
+    nodes = [helper.make_node("Gemm", ["x", "0.weight", "0.bias"], ["h"], transB=1),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "2.weight.T"], ["m"]),
+             helper.make_node("Add", ["m", "2.bias"], ["a"]),
+             helper.make_node("Mul", ["a", "one"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString())
+    return model
+
+
+def test_weights_from_hand_built_onnx_initializers(tmp_path, rng):
+    """Weights come from an independently written ONNX file's initializers by name; onnxruntime
+    running that file is the oracle for the loaded module's eager output."""
+    ort = pytest.importorskip("onnxruntime")
+    w0, b0 = rng.standard_normal((3, 5)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    w2, b2 = rng.standard_normal((2, 3)).astype(np.float32), rng.standard_normal(2).astype(np.float32)
+    path = tmp_path / "mlp.onnx"
+    _hand_built_mlp_onnx(path, w0, b0, w2, b2)
+    got = nn.read_weights(path)  # without a name filter: every initializer, ".T" ones read back transposed
+    assert sorted(got) == ["0.bias", "0.weight", "2.bias", "2.weight", "one"]
+    assert np.array_equal(got["2.weight"], w2)
+    with nn.init.seeded(7):
+        net = nn.Sequential(nn.Linear(5, 3), nn.ReLU(), nn.Linear(3, 2))
+    assert net.load_weights(path) == nn.IncompatibleKeys([], [])  # "one" is not a weight: ignored
+    assert np.array_equal(net[2].weight.numpy(), w2) and np.array_equal(net[0].weight.numpy(), w0)
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (ref,) = sess.run(None, {"x": x})
+    assert rel(net(x).numpy(), ref) < 1e-5
+    # a file with a mis-shaped and a missing weight: both named, nothing written
+    bad = tmp_path / "bad.onnx"
+    _hand_built_mlp_onnx(bad, w0, np.zeros(4, np.float32), w2, b2)
+    model = __import__("onnx").load(str(bad))
+    del model.graph.initializer[3]  # "2.bias"
+    model.graph.node[3].input[1] = "m"  # keep the graph valid without it
+    __import__("onnx").save(model, str(bad))
+    with nn.init.seeded(8):
+        other = nn.Sequential(nn.Linear(5, 3), nn.ReLU(), nn.Linear(3, 2))
+    before = {k: v.numpy().copy() for k, v in other.state_dict().items()}
+    with pytest.raises(nn.StateDictError) as ei:
+        other.load_weights(bad)
+    assert ei.value.missing == ["2.bias"] and ei.value.mismatched == [("0.bias", (3,), (4,))]
+    assert "2.bias" in str(ei.value) and "0.bias" in str(ei.value)
+    assert all(np.array_equal(v.numpy(), before[k]) for k, v in other.state_dict().items())
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x08\x07garbage")
+    with pytest.raises(nn.WeightFileError, match="could not be read as .onnx"):
+        other.load_weights(junk)
+
+
 
 def test_weight_file_errors(tmp_path):
     b = Block()
