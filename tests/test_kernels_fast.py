@@ -178,13 +178,33 @@ def test_winograd_selected_and_explains_itself(rng):
         assert words in why, why
 
 
+def test_winograd_per_call_weight_transform_needs_tiles(rng):
+    """A weight unknown at prepare is transformed every call: Winograd then needs enough tiles
+    to amortize it (NotPreferred below), while a constant (pre-packed) weight keeps it."""
+    from opsnn.ops.defs import conv as defs
+
+    x, w = rand(rng, (1, 64, 14, 14)), rand(rng, (64, 64, 3, 3))  # 16 tiles
+    ex = opsnn.aclnn.conv2d.prepare(x, w, padding=1)
+    assert ex.kernel_name == "conv2d_im2col"
+    assert "transformed on every call" in dict(ex.rejected)["conv2d_winograd"]
+    rec = get_op("Conv")
+    metas = [TensorMeta(a.shape, a.dtype) for a in (x, w)]
+    packed = plan_op(rec, metas, [None, w], conv_attrs(pads=(1,) * 4))
+    assert packed.selection.kernel.name == "conv2d_winograd"
+    assert 16 < defs.WINOGRAD_MIN_TILES_UNPACKED
+    # the per-call transform itself: U = kron(G, G) @ g for every channel pair, in float64
+    u = WG.transform_weights(w)
+    want = np.einsum("xi,mcij,yj->xymc", WG.G, w.astype(np.float64), WG.G).reshape(36, 64, 64)
+    np.testing.assert_allclose(u, want, rtol=1e-6, atol=1e-7)
+
+
 def test_winograd_float64_and_16bit(rng):
     x, w = rand(rng, (1, 16, 12, 12), np.float64), rand(rng, (16, 16, 3, 3), np.float64)
     y, _ = run_kernel("Conv", "conv2d_winograd", [x, w], conv_attrs(pads=(1,) * 4), constant={1})
     assert y.dtype == np.float64
     assert rel_err(y, conv_oracle(x, w, pads=(1,) * 4)) < 1e-12
     for dt in (np.float16, ml_dtypes.bfloat16):
-        xh, wh = rand(rng, (1, 16, 20, 20)).astype(dt), rand(rng, (16, 16, 3, 3), scale=0.2).astype(dt)
+        xh, wh = rand(rng, (1, 16, 28, 28)).astype(dt), rand(rng, (16, 16, 3, 3), scale=0.2).astype(dt)
         ex = opsnn.aclnn.conv2d.prepare(xh, wh, padding=1)
         assert ex.kernel_name == "conv2d_winograd" and ex.adapter
         y = ex.run().numpy()

@@ -10,7 +10,7 @@ pair (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", 2016)::
 Summed over input channels, the element-wise product becomes one GEMM per transform
 point: for each of the 36 points ``U[p] (M x C) @ V[p] (C x tiles)``. So a conv is
 
-1. weight transform ``U = G g G^T`` — once, in the plan, when the weight is a constant
+1. weight transform ``U = G g G^T`` (one float64 GEMM with kron(G, G)) — once, in the plan, when the weight is a constant
    known at prepare time (graph initializers): the weights are *pre-packed*; otherwise
    per call, into the workspace;
 2. input transform ``V = B^T d B`` per (channel, tile) — numba, over (channel, tile row);
@@ -255,27 +255,11 @@ def output_transform_serial(mm, b, y, row0, n_rows, th_n, tw_n):
         _output_task(mm, b, y, t, row0, n_rows, th_n, tw_n, ta)
 
 
-@nb.njit(nogil=True, cache=True, inline="always")
-def _g(a, b, c):
-    """G g for one 3-vector (in float64: the 1/6, 1/24 fractions round once, at the store)."""
-    return (a / 4, -(a + b + c) / 6, -(a - b + c) / 6, a / 24 + b / 12 + c / 6, a / 24 - b / 12 + c / 6, c)
-
-
-@nb.njit(parallel=True, nogil=True, cache=True)
-def weight_transform(w, u):
-    """u[xi * 6 + nu, m, c] = (G w[m, c] G^T)[xi, nu]: w (M, C, 3, 3) -> u (36, M, C)."""
-    m_n, c_n = w.shape[0], w.shape[1]
-    for t in nb.prange(m_n * c_n):
-        m = t // c_n
-        c = t - m * c_n
-        g = w[m, c]
-        t0 = _g(np.float64(g[0, 0]), np.float64(g[1, 0]), np.float64(g[2, 0]))  # columns: G g
-        t1 = _g(np.float64(g[0, 1]), np.float64(g[1, 1]), np.float64(g[2, 1]))
-        t2 = _g(np.float64(g[0, 2]), np.float64(g[1, 2]), np.float64(g[2, 2]))
-        for xi in range(ALPHA):  # rows: (G g) G^T
-            r = _g(t0[xi], t1[xi], t2[xi])
-            for nu in range(ALPHA):
-                u[xi * ALPHA + nu, m, c] = r[nu]
+#: U = G g G^T for a flattened 3x3 g is one product with the Kronecker square of G:
+#: U[x * 6 + y] = sum_ij G[x, i] G[y, j] g[i * 3 + j]
+GG = np.kron(G, G)
+#: channel pairs per weight-transform block (float64 temporaries of ~4.5 MiB)
+_WT_BLOCK = 1 << 14
 
 
 def transform_weights(w: np.ndarray, dtype=None, out: np.ndarray | None = None) -> np.ndarray:
@@ -288,7 +272,14 @@ def transform_weights(w: np.ndarray, dtype=None, out: np.ndarray | None = None) 
     w = np.ascontiguousarray(w)
     if out is None:
         out = np.empty((POINTS, w.shape[0], w.shape[1]), dtype)
-    weight_transform(w, out)
+    # (36 x 9) @ (9 x pairs) in float64 (BLAS), rounded once into U's dtype: a few ms for a
+    # 512x512 layer on one core, where a per-pair numba loop took 60 ms
+    pairs = w.shape[0] * w.shape[1]
+    w9 = w.reshape(pairs, 9)
+    u2 = out.reshape(POINTS, pairs)
+    for p0 in range(0, pairs, _WT_BLOCK):
+        blk = w9[p0:p0 + _WT_BLOCK].astype(np.float64)
+        u2[:, p0:p0 + blk.shape[0]] = GG @ blk.T
     return out
 
 

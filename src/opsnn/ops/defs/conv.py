@@ -315,6 +315,10 @@ WINOGRAD_MIN_TILES = 16
 #: pays copies and its own 36 GEMMs, so they need wide layers and >= 16 tiles per phase
 #: (measured: 256 ch 33x33 d=2 1.2x; 64 ch 56x56 d=4 0.9x vs im2col)
 WINOGRAD_DILATED_MIN_CHANNELS = 128
+#: a weight not known at prepare (eager calls) is transformed on every call (36 x M x C values):
+#: that pays off from this many output tiles (measured on one core, per-call transform included,
+#: vs im2col: 64 ch 56x56 (196 tiles) 1.5x faster, 128 ch 28x28 (49) 1.1x, 256 ch 14x14 (16) 0.46x)
+WINOGRAD_MIN_TILES_UNPACKED = 40
 
 
 def _row_col_bytes(ctx) -> int:
@@ -360,9 +364,23 @@ def winograd_rejection(xs, ws, attrs, op: str = "Conv", dilated: bool = False) -
     return None
 
 
+def _unpacked_rejection(ctx, dilated: bool):
+    """NotPreferred when the weight is transformed per call and too few tiles amortize it."""
+    if ctx.value(1) is not None:
+        return True
+    xs = ctx.shape(0)
+    geo = conv_geometry(ctx.op.name, xs, ctx.shape(1), ctx.attrs)
+    d = geo.d if dilated else (1, 1)
+    tiles = int(xs[0]) * d[0] * d[1] * -(-(-(-geo.out[0] // d[0])) // WG.TILE) * -(-(-(-geo.out[1] // d[1])) // WG.TILE)
+    if tiles < WINOGRAD_MIN_TILES_UNPACKED:
+        return NotPreferred(f"the weight is not known at prepare, so it is transformed on every call; {tiles} output "
+                            f"tiles of 4x4 (< {WINOGRAD_MIN_TILES_UNPACKED}) do not amortize that")
+    return True
+
+
 def _winograd_applies(ctx):
     why = winograd_rejection(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name)
-    return True if why is None else why
+    return _unpacked_rejection(ctx, False) if why is None else why
 
 
 def _winograd_plan(ctx):
@@ -378,7 +396,7 @@ def _winograd_kernel(ins, outs, attrs, plan, ws):
 
 def _winograd_dilated_applies(ctx):
     why = winograd_rejection(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name, dilated=True)
-    return True if why is None else why
+    return _unpacked_rejection(ctx, True) if why is None else why
 
 
 def _winograd_dilated_plan(ctx):
