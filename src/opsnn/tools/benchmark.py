@@ -491,6 +491,40 @@ def run_llama_case(spec: Spec, args, torch) -> dict:
     return row
 
 
+def _arrays(obj, seen: set, depth: int = 0):
+    """numpy arrays reachable from a kernel plan (dicts, sequences, objects; a few levels deep)."""
+    if depth > 5 or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        yield obj
+        return
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        items = list(obj)
+    elif hasattr(obj, "__dict__"):
+        items = list(vars(obj).values())
+    elif hasattr(obj, "__slots__"):
+        items = [getattr(obj, n, None) for n in obj.__slots__]
+    else:
+        return
+    for v in items:
+        yield from _arrays(v, seen, depth + 1)
+
+
+def plan_bytes(cg) -> dict:
+    """Bytes of arrays the compiled graph's kernel plans hold (pre-packed / transformed
+    weights), by dtype: resident weight memory beyond the initializers."""
+    seen: set = set()
+    out: dict = {}
+    for plan in getattr(cg, "_plans", {}).values():
+        for st in plan.steps:
+            for a in _arrays(getattr(st.executor, "plan", None), seen):
+                out[str(a.dtype)] = out.get(str(a.dtype), 0) + int(a.nbytes)
+    return out
+
+
 def run_storage_check(spec: Spec, dtype: str, args) -> dict:
     """ResNet weights stored in 16-bit (the mixed-precision pass converts the Conv/Gemm/MatMul
     weights once; kernels take 16-bit inputs): weight bytes and logits error vs fp32."""
@@ -518,9 +552,13 @@ def run_storage_check(spec: Spec, dtype: str, args) -> dict:
     err = rel_err(runners[dtype](), runners["float32"]())
     samples = interleaved(runners, args.repeat, args.warmup, desc=f"{spec.name} {dtype}")
     b32, b16 = weight_bytes(cg32), weight_bytes(cg16)
+    p32, p16 = plan_bytes(cg32), plan_bytes(cg16)
+    r32, r16 = b32 + sum(p32.values()), b16 + sum(p16.values())
     dtypes16 = sorted({str(a.dtype) for a in cg16.graph.initializers.values() if np.dtype(a.dtype).itemsize == 2})
     return {"model": spec.name, "description": spec.describe(), "dtype": dtype, "weight_bytes_fp32": b32,
             "weight_bytes_16bit": b16, "weight_bytes_ratio": b16 / b32, "stored_dtypes": dtypes16,
+            "plan_bytes_fp32": p32, "plan_bytes_16bit": p16, "resident_bytes_fp32": r32,
+            "resident_bytes_16bit": r16, "resident_ratio": r16 / r32,
             "logits_max_rel_err": err, "target_rel_err": 1e-2, "passed": err < 1e-2 and b16 <= 0.51 * b32,
             "latency_ms": {n: statistics.median(v) for n, v in samples.items()}}
 
@@ -567,13 +605,15 @@ def format_llama_row(row: dict) -> str:
     rows = []
     for n in row["prefill_ms"]:
         g = row["gflops_per_s"][n]
+        dec = [r["decode_ms_per_token"] for r in row["samples"][n]]
         rows.append([n, f"{row['prefill_ms'][n]:.1f}", f"{row['decode_ms_per_token'][n]:.2f}",
+                     f"{min(dec):.2f}-{max(dec):.2f}",
                      f"{row['tokens_per_s'][n]:.1f}", f"{g['prefill']:.1f} / {g['decode']:.1f}",
                      "1.00 / 1.00" if n == OPSNN else
                      f"{row['prefill_ratio_vs'][n]:.2f} / {row['ratio_vs'][n]:.2f}",
                      "-" if n == OPSNN else f"{row['max_rel_err'][n]:.2e}",
                      "-" if n == OPSNN else row["tokens_match"][n]])
-    lines.append(_table(rows, ["runtime", "prefill ms", "decode ms/token", "tokens/s", "GFLOP/s pre/dec",
+    lines.append(_table(rows, ["runtime", "prefill ms", "decode ms/token", "min-max", "tokens/s", "GFLOP/s pre/dec",
                                "opsnn/peer pre/dec", "prefill logits rel err", "greedy tokens same"]))
     for n, why in row["skipped"].items():
         lines.append(f"  {n}: skipped ({why})")
@@ -591,7 +631,14 @@ def format_storage(s: dict) -> str:
             f"-> {s['weight_bytes_16bit'] / 2**20:.1f} MiB ({s['weight_bytes_ratio']:.3f}x, stored as "
             f"{', '.join(s['stored_dtypes']) or 'nothing 16-bit'}); logits max rel err vs fp32 "
             f"{s['logits_max_rel_err']:.2e} (target < 1e-2): {'passed' if s['passed'] else 'FAILED'}; "
-            f"median latency {lat}")
+            f"median latency {lat}\n  kernel plans also hold pre-packed weights: fp32 graph "
+            f"{_mib(s['plan_bytes_fp32'])}, {s['dtype']} graph {_mib(s['plan_bytes_16bit'])}; resident weights "
+            f"{s['resident_bytes_fp32'] / 2**20:.1f} -> {s['resident_bytes_16bit'] / 2**20:.1f} MiB "
+            f"({s['resident_ratio']:.3f}x)")
+
+
+def _mib(by_dtype: dict) -> str:
+    return ", ".join(f"{v / 2**20:.1f} MiB {k}" for k, v in sorted(by_dtype.items()) if v >= 2**16) or "nothing"
 
 
 # -- entry point -------------------------------------------------------------------------------------------
