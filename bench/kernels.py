@@ -9,13 +9,16 @@ round-robin (a burst of load from other processes hits them all alike); figures 
 medians with the p10-p90 spread.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/kernels.py \\
-        [--only conv,gemm,lowp,attention,threads] [--repeat 30] [--quick] [--json PATH]
+        [--only conv,gemm,lowp,attention,threads,large] [--repeat 30] [--quick] [--json PATH]
 
 Prefix ``NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1`` for single-thread figures (onnxruntime
 then gets one thread too); their ``cpu`` column is robust to other jobs on the machine.
 
 Targets (issue: Fast CPU kernels): Winograd >= 1.5x faster than im2col on 3x3 stride-1
 layers with >= 64 channels; the fp32 GEMM path >= 90% of numpy's GFLOP/s.
+``--only large`` runs conv and pooling on a 1x{C}x4096x4096 image through the eager API and
+reports each kernel's time, workspace and the memory pool's peak against input + output
+(issue: Large inputs, bounded workspace: peak <= 2x (input + output)).
 ``--only threads`` reruns the OpenMP wait-policy experiment behind the default set in
 ``opsnn/kernels/cpu/__init__.py`` (fresh processes, interleaved rounds).
 """
@@ -377,6 +380,73 @@ def bench_attention(args, rng) -> list:
     return rows
 
 
+# -- large inputs -------------------------------------------------------------------------------------------------
+LARGE = [  # (name, C, M, stride, padding, dilation, kernel or None for the default)
+    ("conv 3x3 1->4", 1, 4, 1, 1, 1, None), ("conv 3x3 1->4", 1, 4, 1, 1, 1, "conv2d_im2col"),
+    ("conv 3x3/2 1->4", 1, 4, 2, 1, 1, "conv2d_direct"), ("conv 3x3/2 1->4", 1, 4, 2, 1, 1, "conv2d_im2col"),
+    ("conv 3x3 3->8", 3, 8, 1, 1, 1, None), ("conv 3x3 8->8", 8, 8, 1, 1, 1, "conv2d_winograd"),
+    ("conv 3x3 d2 8->8", 8, 8, 1, 2, 2, "conv2d_im2col")]
+
+
+def _peak_run(fn, repeat: int):
+    """(median ms over ``repeat`` runs after one warm-up, pool peak bytes above the baseline of the first run)."""
+    import gc
+
+    gc.collect()
+    base = opsnn.memory.current_bytes()
+    opsnn.memory.reset_peak()
+    out = fn()
+    peak = opsnn.memory.summary()["peak_bytes"] - base
+    del out
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(ts)), peak
+
+
+def bench_large(args, rng) -> list:
+    size = 2048 if args.quick else 4096
+    print(f"\n== Large inputs: 1xCx{size}x{size} float32 through the eager API (prepare + run, so the "
+          "output is inside the measured peak); peak = pool bytes at the peak incl. the input")
+    rows = []
+    reps = max(3, args.repeat // 10)
+    for name, c, m, s, p, d, algo in LARGE:
+        x = opsnn.tensor(rng.standard_normal((1, c, size, size), dtype=np.float32))
+        w = (rng.standard_normal((m, c, 3, 3)) / 3).astype(np.float32)
+        kw = {} if algo is None else {"algo": algo}
+        made = []
+
+        def run(x=x, w=w, s=s, p=p, d=d, kw=kw, made=made):
+            made[:] = [opsnn.aclnn.conv2d.prepare(x, w, stride=s, padding=p, dilation=d, **kw)]
+            return made[0].run().numpy()
+
+        t, peak = _peak_run(run, reps)
+        ex = made[0]
+        io = x.nbytes + math.prod(ex.outputs[0].shape) * 4
+        row = {"name": name, "size": size, "kernel": ex.kernel_name, "median_ms": t, "workspace_bytes": ex.workspace_size,
+               "peak_bytes": peak + x.nbytes, "in_out_bytes": io, "peak_over_in_out": (peak + x.nbytes) / io}
+        rows.append(row)
+        print(f"{name:18s} {ex.kernel_name:22s} {t:9.1f} ms  workspace {ex.workspace_size / 2**20:6.1f} MiB  peak "
+              f"{row['peak_bytes'] / 2**20:6.0f} MiB / in+out {io / 2**20:6.0f} MiB = {row['peak_over_in_out']:.3f}")
+        del made, x
+    x = opsnn.tensor(rng.standard_normal((1, 1, size, size), dtype=np.float32))
+    for name, fn, k, s, p in [("max_pool 3x3/1", opsnn.ops.max_pool2d, 3, 1, 1),
+                              ("max_pool 2x2/2", opsnn.ops.max_pool2d, 2, 2, 0),
+                              ("avg_pool 3x3/1", opsnn.ops.avg_pool2d, 3, 1, 1),
+                              ("avg_pool 3x3/2", opsnn.ops.avg_pool2d, 3, 2, 1)]:
+        t, peak = _peak_run(lambda fn=fn, k=k, s=s, p=p: fn(x, k, s, p).numpy(), reps)
+        o = -(-(size + 2 * p - k + 1) // s)
+        io = x.nbytes + o * o * 4
+        row = {"name": name, "size": size, "median_ms": t, "peak_bytes": peak + x.nbytes, "in_out_bytes": io,
+               "peak_over_in_out": (peak + x.nbytes) / io}
+        rows.append(row)
+        print(f"{name:18s} {'':22s} {t:9.1f} ms  {'':23s} peak {row['peak_bytes'] / 2**20:6.0f} MiB / in+out "
+              f"{io / 2**20:6.0f} MiB = {row['peak_over_in_out']:.3f}")
+    return rows
+
+
 # -- OpenMP wait policy ----------------------------------------------------------------------------------------------
 _THREAD_PROBE = r"""
 import os, statistics, time, json
@@ -438,7 +508,8 @@ def bench_threads(args, rng) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="conv,gemm,lowp,attention", help="sections: conv,gemm,lowp,attention,threads")
+    ap.add_argument("--only", default="conv,gemm,lowp,attention",
+                    help="sections: conv,gemm,lowp,attention,threads,large")
     ap.add_argument("--repeat", type=int, default=30, help="round-robin rounds per workload")
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--json", default="bench/results/kernels.json")
@@ -454,7 +525,7 @@ def main() -> int:
     print(f"cpu {report['cpu']}, load average {report['load_average_start']}, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY')}")
     runners = {"conv": bench_conv, "gemm": bench_gemm, "lowp": bench_lowp, "attention": bench_attention,
-               "threads": bench_threads}
+               "threads": bench_threads, "large": bench_large}
     for s in sections:
         if s not in runners:
             ap.error(f"unknown section {s!r}; choose from {sorted(runners)}")

@@ -422,3 +422,17 @@ def test_conv_transpose_workspace_is_bounded_on_4096():
     sizes = [_workspace("ConvTranspose", "conv_transpose_col2im",
                         [np.broadcast_to(np.float32(0), (1, 8, h, BIG)), w], attrs) for h in (BIG, 2 * BIG)]
     assert sizes[0] == sizes[1] <= 2 * KC.BAND_BYTES
+
+
+def test_thin_banded_im2col_hands_over_to_direct():
+    """A 4096x4096 conv with few output channels runs the direct kernel (banded thin GEMMs are
+    not preferred); with more output channels, or columns that fit one band, im2col stays."""
+    def chosen(c, m, size):
+        x = np.broadcast_to(np.float32(0), (1, c, size, size))
+        return opsnn.aclnn.conv2d.prepare(x, np.zeros((m, c, 3, 3), np.float32), padding=1)
+
+    ex = chosen(1, 4, BIG)
+    assert ex.kernel_name == "conv2d_direct"
+    assert "thin GEMMs" in dict(ex.rejected)["conv2d_im2col"]
+    assert chosen(3, 16, BIG).kernel_name == "conv2d_im2col"
+    assert chosen(1, 4, 64).kernel_name == "conv2d_im2col"

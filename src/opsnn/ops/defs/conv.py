@@ -306,6 +306,11 @@ def _is_2d(ctx):
 #: output row's columns take more than this many bytes the conv goes to the direct kernel
 #: (no column buffer), which is slower but needs no workspace
 IM2COL_MAX_BYTES = 512 << 20
+#: a banded im2col (columns larger than ``K.BAND_BYTES``) with at most this many output channels
+#: per group is a thin, memory-bound GEMM per band: the direct kernel is as fast on one core
+#: (1 -> 4 channels, 4096x4096: 65 vs 69 ms; 3 -> 8: 252 vs 222 ms) and, on two busy cores,
+#: 7-10x faster (it does not alternate numba and BLAS thread pools band after band)
+IM2COL_THIN_M = 8
 #: Winograd is chosen from these sizes up (measured on the 2-core Zen 4 dev machine with
 #: bench/kernels.py: below them im2col + one large GEMM is as fast or faster; e.g. 512
 #: channels at 7x7 has 4 tiles per image: 0.55x at batch 1, 0.85x at 2, 1.2x at 4)
@@ -334,6 +339,12 @@ def _im2col2d_applies(ctx):
     if nbytes > IM2COL_MAX_BYTES:
         return (f"the column buffer of even one output row would take {nbytes / 2**20:.0f} MiB "
                 f"(> IM2COL_MAX_BYTES = {IM2COL_MAX_BYTES >> 20} MiB)")
+    geo = conv_geometry(ctx.op.name, ctx.shape(0), ctx.shape(1), ctx.attrs)
+    mg = int(ctx.shape(1)[0]) // int(ctx.attrs["group"])
+    whole = nbytes * geo.out[0] if len(geo.out) == 2 else nbytes
+    if mg <= IM2COL_THIN_M and whole > K.BAND_BYTES:
+        return NotPreferred(f"{mg} output channels per group: the {whole / 2**20:.0f} MiB of columns would go "
+                            f"through thin GEMMs band by band (> K.BAND_BYTES); the direct kernel is faster")
     return True
 
 
