@@ -695,9 +695,13 @@ def main(argv: list[str] | None = None) -> int:
     cases = specs(args.small)
     for name in [m for m in args.models.split(",") if m]:
         spec = cases[name]
+        load0 = os.getloadavg()
         row = run_llama_case(spec, args, torch) if spec.kind == "llama" else run_graph_case(spec, args, torch)
+        row["load_average"] = {"start": load0, "end": os.getloadavg()}  # other jobs on the machine skew timings
         results["models"][name] = row
-        print(format_llama_row(row) if spec.kind == "llama" else format_graph_row(row), flush=True)
+        print(format_llama_row(row) if spec.kind == "llama" else format_graph_row(row))
+        print(f"  load average (1 min) {load0[0]:.2f} at the start, {row['load_average']['end'][0]:.2f} at the end "
+              f"of this model", flush=True)
         print()
     if args.dtype:
         results["storage_16bit"] = run_storage_check(cases["resnet50"], args.dtype, args)
