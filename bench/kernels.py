@@ -425,8 +425,8 @@ def bench_large(args, rng) -> list:
         t, peak = _peak_run(run, reps)
         ex = made[0]
         io = x.nbytes + math.prod(ex.outputs[0].shape) * 4
-        row = {"name": name, "size": size, "kernel": ex.kernel_name, "median_ms": t, "workspace_bytes": ex.workspace_size,
-               "peak_bytes": peak + x.nbytes, "in_out_bytes": io, "peak_over_in_out": (peak + x.nbytes) / io}
+        row = {"name": name, "size": size, "kernel": ex.kernel_name, "median_ms": t,
+               "workspace_bytes": ex.workspace_size, "peak_bytes": peak + x.nbytes, "in_out_bytes": io, "peak_over_in_out": (peak + x.nbytes) / io}
         rows.append(row)
         print(f"{name:18s} {ex.kernel_name:22s} {t:9.1f} ms  workspace {ex.workspace_size / 2**20:6.1f} MiB  peak "
               f"{row['peak_bytes'] / 2**20:6.0f} MiB / in+out {io / 2**20:6.0f} MiB = {row['peak_over_in_out']:.3f}")

@@ -5,27 +5,33 @@ Forward algorithms, chosen at prepare time:
 * ``gemm1x1``: 1x1 kernel, stride 1, no padding — the input already is the column
   matrix, so one (M/g, C/g) x (C/g, H*W) GEMM per image and group; no workspace.
 * ``im2col2d``: 2-D (and 1-D, as H=1) — a numba kernel, parallel over column rows
-  (input channel, kernel offset), unrolls each image into the executor's workspace, then
-  BLAS multiplies every group's weight slice by its slice of that buffer. Its loops index
-  with ``np.uintp`` (no negative-index wraparound, so LLVM vectorizes the row copies) and
-  do their divisions once per column row: 3-5x faster than per-(row, output row) tasks.
+  (input channel, kernel offset), unrolls a band of output rows of each image into the
+  executor's workspace, then BLAS multiplies every group's weight slice by its slice of
+  that buffer, writing that band of the output; the band is as many rows as fit in
+  :data:`BAND_BYTES` (every ResNet-50 layer is one band), so the workspace is bounded
+  whatever the image size. Its loops index with ``np.uintp`` (no negative-index
+  wraparound, so LLVM vectorizes the row copies) and do their divisions once per column
+  row: 3-5x faster than per-(row, output row) tasks.
 * ``im2col_nd``: any rank (3-D) — numpy-vectorized im2col: one strided block copy per
-  kernel offset, with the slices precomputed in the plan.
+  kernel offset, with the slices precomputed in the plan; banded along the first spatial dim.
 * ``depthwise2d``: group == C (one input channel per group), 1-D/2-D — a direct numba
   loop; per-group GEMMs would be 1 x k*k x H*W and all overhead. No workspace.
 * ``direct2d``: any 2-D conv (large kernels, strides, dilations, groups) without a column
   buffer: numba, parallel over (image, group, block of 4 output channels, output row),
   accumulating one output row per channel in cache. Strided input is first split into
-  ``stride`` column phases (one pass over the input) so every tap reads a contiguous run
-  and vectorizes; dilation is a plain offset, so no zero-inserted input ever exists.
-  Slower than im2col + BLAS on this machine (see bench/kernels.py: numba cannot
-  register-block like BLAS), it is chosen when im2col's column buffer would be too large.
+  ``stride`` column phases (a band of input rows at a time) so every tap reads a
+  contiguous run and vectorizes; dilation is a plain offset, so no zero-inserted input
+  ever exists. Slower than im2col + BLAS on wide layers (see bench/kernels.py: numba
+  cannot register-block like BLAS), it is chosen when even one row of im2col's columns
+  would be too large, and for large images with few output channels (im2col's banded
+  thin GEMMs are no faster, see ``ops/defs/conv.py``).
 
 Winograd F(4x4, 3x3) lives in ``winograd.py``.
 
-ConvTranspose is the adjoint: ``col = W^T @ x`` into the workspace, then col2im adds the
-columns back into the output (numba gather over output rows for 2-D, so threads never
-write the same row; per-offset strided adds for N-d). Kernels compute in float32 or
+ConvTranspose is the adjoint: ``col = W^T @ x`` for a band of input rows into the
+workspace, then col2im adds the columns back into the output rows the band reaches (numba
+gather over output rows for 2-D, so threads never write the same row; per-offset strided
+adds for N-d). Kernels compute in float32 or
 float64; 16-bit inputs reach them through the executor's fp32 adapter.
 """
 from __future__ import annotations

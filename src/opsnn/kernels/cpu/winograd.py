@@ -10,9 +10,9 @@ pair (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", 2016)::
 Summed over input channels, the element-wise product becomes one GEMM per transform
 point: for each of the 36 points ``U[p] (M x C) @ V[p] (C x tiles)``. So a conv is
 
-1. weight transform ``U = G g G^T`` (one float64 GEMM with kron(G, G)) — once, in the plan, when the weight is a constant
-   known at prepare time (graph initializers): the weights are *pre-packed*; otherwise
-   per call, into the workspace;
+1. weight transform ``U = G g G^T`` (one float64 GEMM with kron(G, G)) — once, in the
+   plan, when the weight is a constant known at prepare time (graph initializers): the
+   weights are *pre-packed*; otherwise per call, into the workspace;
 2. input transform ``V = B^T d B`` per (channel, tile) — numba, over (channel, tile row);
 3. 36 BLAS GEMMs (one batched ``np.matmul``);
 4. output transform ``A^T m A`` per (output channel, tile), clipped at the image edge,

@@ -382,7 +382,8 @@ def _unpacked_rejection(ctx, dilated: bool):
     xs = ctx.shape(0)
     geo = conv_geometry(ctx.op.name, xs, ctx.shape(1), ctx.attrs)
     d = geo.d if dilated else (1, 1)
-    tiles = int(xs[0]) * d[0] * d[1] * -(-(-(-geo.out[0] // d[0])) // WG.TILE) * -(-(-(-geo.out[1] // d[1])) // WG.TILE)
+    ph, pw = -(-geo.out[0] // d[0]), -(-geo.out[1] // d[1])  # a phase's output size (the whole one at d = 1)
+    tiles = int(xs[0]) * d[0] * d[1] * -(-ph // WG.TILE) * -(-pw // WG.TILE)
     if tiles < WINOGRAD_MIN_TILES_UNPACKED:
         return NotPreferred(f"the weight is not known at prepare, so it is transformed on every call; {tiles} output "
                             f"tiles of 4x4 (< {WINOGRAD_MIN_TILES_UNPACKED}) do not amortize that")
