@@ -10,7 +10,7 @@ Splitting read from decode keeps the decoding work on the decode stage's thread:
     [(48, 64, 3), (48, 64, 3), (48, 64, 3)]
 
 Video files use ``imageio-ffmpeg`` (a wheel that ships its own ffmpeg binary) and PNG folders
-use Pillow; both are optional (``pip install opsnn[bench]``): without them use
+use Pillow; both are optional (``pip install opsnn[video]``): without them use
 :class:`SyntheticVideo` or a folder of ``.npy`` frames.
 """
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _ffmpeg():
         import imageio_ffmpeg
     except ImportError:
         raise ParamInvalidError("video files need the 'imageio-ffmpeg' package (pip install imageio-ffmpeg, "
-                                "or opsnn[bench]); use SyntheticVideo or an image folder instead") from None
+                                "or opsnn[video]); use SyntheticVideo or an image folder instead") from None
     return imageio_ffmpeg
 
 

@@ -126,7 +126,7 @@ def make_source(kind: str, frames: int, height: int, width: int, workdir: str):
     gen = (synth_frame(i, height, width) for i in range(frames))
     if kind == "video":
         if not have_video_support():
-            raise ParamInvalidError("video source: needs imageio-ffmpeg (pip install opsnn[bench])")
+            raise ParamInvalidError("video source: needs imageio-ffmpeg (pip install opsnn[video])")
         path = write_video(os.path.join(workdir, "bench.mp4"), gen)
         return VideoFile(path)
     if kind in ("png", "npy"):
