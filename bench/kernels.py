@@ -385,7 +385,7 @@ LARGE = [  # (name, C, M, stride, padding, dilation, kernel or None for the defa
     ("conv 3x3 1->4", 1, 4, 1, 1, 1, None), ("conv 3x3 1->4", 1, 4, 1, 1, 1, "conv2d_im2col"),
     ("conv 3x3/2 1->4", 1, 4, 2, 1, 1, "conv2d_direct"), ("conv 3x3/2 1->4", 1, 4, 2, 1, 1, "conv2d_im2col"),
     ("conv 3x3 3->8", 3, 8, 1, 1, 1, None), ("conv 3x3 8->8", 8, 8, 1, 1, 1, "conv2d_winograd"),
-    ("conv 3x3 d2 8->8", 8, 8, 1, 2, 2, "conv2d_im2col")]
+    ("conv 3x3 d2 8->8", 8, 8, 1, 2, 2, None), ("conv 3x3 16->32", 16, 32, 1, 1, 1, None)]
 
 
 def _peak_run(fn, repeat: int):
