@@ -248,7 +248,7 @@ def small_model(path):
              helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
              helper.make_node("Conv", ["r1", "W2"], ["c2"], pads=[1, 1, 1, 1], name="conv3x3"),
              helper.make_node("Softmax", ["c2"], ["y"], name="softmax")]
-    g = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 40, 40])],
+    g = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 64, 64])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                           [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), path)
@@ -260,13 +260,13 @@ def test_explain_graph_lists_kernels_and_reasons(tmp_path):
 
     path = small_model(str(tmp_path / "small.onnx"))
     text = explain_graph(path)  # the model's declared shapes
-    assert text.startswith("graph small at x=(1, 3, 40, 40)")
+    assert text.startswith("graph small at x=(1, 3, 64, 64)")
     assert "-> Conv: conv2d_im2col" in text                  # the stem, inside FusedConv
     assert "conv3x3 (Conv): conv2d_winograd" in text
     assert "weights pre-packed at prepare" in text
     assert "not chosen: conv2d_winograd: Winograd F(4x4,3x3) needs a 3x3 kernel" in text
     assert "autotune: off" in text
-    brief = explain_graph(path, {"x": (1, 3, 40, 40)}, show_rejected=False)
+    brief = explain_graph(path, {"x": (1, 3, 64, 64)}, show_rejected=False)
     assert "conv2d_winograd" in brief and "not chosen" not in brief
 
 
@@ -298,10 +298,10 @@ def test_explain_cli(hooked, tmp_path, capsys):
     path = small_model(str(tmp_path / "small.onnx"))
     tune_file = str(tmp_path / "cli-tune.json")
     try:
-        assert explain.main([path, "--shape", "x=1,3,40,40", "--autotune", tune_file, "--brief"]) == 0
+        assert explain.main([path, "--shape", "x=1,3,64,64", "--autotune", tune_file, "--brief"]) == 0
     finally:
         autotune.disable()
     out = capsys.readouterr().out
-    assert "graph small at x=(1, 3, 40, 40)" in out and f"autotune: tune ({tune_file})" in out
+    assert "graph small at x=(1, 3, 64, 64)" in out and f"autotune: tune ({tune_file})" in out
     assert os.path.exists(tune_file)
     assert explain.main([str(tmp_path / "missing.onnx")]) == 2

@@ -139,7 +139,7 @@ def test_dilated_winograd_matches_oracle(rng, xs, m, pads, dil, prepacked):
 
 
 def test_dilated_winograd_selection(rng):
-    x, w = rand(rng, (1, 128, 26, 26)), rand(rng, (128, 128, 3, 3))
+    x, w = rand(rng, (1, 128, 46, 46)), rand(rng, (128, 128, 3, 3))
     ex = opsnn.aclnn.conv2d.prepare(x, w, padding=2, dilation=2)
     assert ex.kernel_name == "conv2d_winograd_dilated"
     assert "dilation 1" in dict(ex.rejected)["conv2d_winograd"]
@@ -183,7 +183,7 @@ def test_winograd_per_call_weight_transform_needs_tiles(rng):
     to amortize it (NotPreferred below), while a constant (pre-packed) weight keeps it."""
     from opsnn.ops.defs import conv as defs
 
-    x, w = rand(rng, (1, 64, 14, 14)), rand(rng, (64, 64, 3, 3))  # 16 tiles
+    x, w = rand(rng, (1, 64, 24, 24)), rand(rng, (64, 64, 3, 3))  # 36 tiles
     ex = opsnn.aclnn.conv2d.prepare(x, w, padding=1)
     assert ex.kernel_name == "conv2d_im2col"
     assert "transformed on every call" in dict(ex.rejected)["conv2d_winograd"]
@@ -191,7 +191,7 @@ def test_winograd_per_call_weight_transform_needs_tiles(rng):
     metas = [TensorMeta(a.shape, a.dtype) for a in (x, w)]
     packed = plan_op(rec, metas, [None, w], conv_attrs(pads=(1,) * 4))
     assert packed.selection.kernel.name == "conv2d_winograd"
-    assert 16 < defs.WINOGRAD_MIN_TILES_UNPACKED
+    assert defs.WINOGRAD_MIN_TILES <= 36 < defs.WINOGRAD_MIN_TILES_UNPACKED
     # the per-call transform itself: U = kron(G, G) @ g for every channel pair, in float64
     u = WG.transform_weights(w)
     want = np.einsum("xi,mcij,yj->xymc", WG.G, w.astype(np.float64), WG.G).reshape(36, 64, 64)
@@ -342,7 +342,7 @@ def test_fused_conv_runs_every_kernel(rng, kernel, xs, ws, attrs):
 
 
 def test_graph_prepacks_winograd_weights(rng):
-    x, w, b = rand(rng, (1, 16, 20, 20)), rand(rng, (16, 16, 3, 3)), rand(rng, (16,))
+    x, w, b = rand(rng, (1, 16, 28, 28)), rand(rng, (16, 16, 3, 3)), rand(rng, (16,))
     model, ys = _conv_relu_residual_model(x, w, b, conv_attrs(pads=(1,) * 4))
     cg = opsnn.compile(opsnn.onnx.load(model))
     cg.run({"x": x, "z": np.zeros(ys, np.float32)})

@@ -313,9 +313,11 @@ IM2COL_MAX_BYTES = 512 << 20
 IM2COL_THIN_M = 8
 #: Winograd is chosen from these sizes up (measured on the 2-core Zen 4 dev machine with
 #: bench/kernels.py: below them im2col + one large GEMM is as fast or faster; e.g. 512
-#: channels at 7x7 has 4 tiles per image: 0.55x at batch 1, 0.85x at 2, 1.2x at 4)
+#: channels at 7x7 has 4 tiles per image: 0.55x at batch 1, 0.85x at 2, 1.2x at 4; with
+#: pre-transformed weights, one thread: 64 ch 56x56 (196 tiles) 1.53x faster, 128 ch 28x28 (49)
+#: 1.47x, 256 ch 14x14 (16) 0.82x, 64 ch at 16 tiles 0.65x, 128 ch 0.97x)
 WINOGRAD_MIN_CHANNELS = 8
-WINOGRAD_MIN_TILES = 16
+WINOGRAD_MIN_TILES = 32
 #: dilated 3x3 convs run as dilation**2 dense Winograd convs on phase sub-images; each phase
 #: pays copies and its own 36 GEMMs, so they need wide layers and >= 16 tiles per phase
 #: (measured: 256 ch 33x33 d=2 1.2x; 64 ch 56x56 d=4 0.9x vs im2col)
