@@ -74,10 +74,11 @@ def run(inputs, attrs, nout=1, algo=None):
 def test_sdpa_matches_oracle(rng, B, H, L, S, E, causal):
     q, k, v = rand(rng, B, H, L, E), rand(rng, B, H, S, E), rand(rng, B, H, S, E)
     ex = opsnn.aclnn.scaled_dot_product_attention.prepare(q, k, v, is_causal=causal)
-    assert ex.kernel_name == "attention_flash"
-    got = ex.run().numpy()
+    assert ex.kernel_name == "attention_gemm"  # small score matrices
     want = sdpa_oracle(q, k, v, causal_bias(L, S) if causal else None)
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(ex.run().numpy(), want, rtol=2e-5, atol=2e-5)
+    flash = opsnn.aclnn.scaled_dot_product_attention.prepare(q, k, v, is_causal=causal, algo="attention_flash")
+    np.testing.assert_allclose(flash.run().numpy(), want, rtol=2e-5, atol=2e-5)
 
 
 def test_sdpa_masks_3d_inputs_and_scale(rng):
@@ -168,9 +169,10 @@ def test_attention_matches_onnx_reference(rng, name):
     want = onnx_ref("Attention", ins, attrs, nout)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
-    both = run(ins, attrs, nout, algo="attention_blas")
-    for g, w in zip(both, want):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    for algo in ("attention_blas", "attention_flash"):
+        both = run(ins, attrs, nout, algo=algo)
+        for g, w in zip(both, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", [n for n, s in sorted(CASES.items())
@@ -209,7 +211,7 @@ def test_softmax_precision_double_and_fully_masked_rows(rng):
     q, k, v = rand(rng, 1, 2, 5, 4), rand(rng, 1, 2, 6, 4), rand(rng, 1, 2, 6, 4)
     mask = np.ones((5, 6), bool)
     mask[2] = False  # row 2 attends nothing -> zeros, not NaN
-    for algo in ("attention_flash", "attention_blas", "reference"):
+    for algo in ("attention_gemm", "attention_flash", "attention_blas", "reference"):
         (y,) = run([q, k, v, mask], {}, algo=algo)
         assert np.all(y[:, :, 2] == 0) and np.isfinite(y).all()
     y, _, _, p = run([q, k, v, mask], {"softmax_precision": 11, "qk_matmul_output_mode": 3}, 4)

@@ -1,4 +1,5 @@
-"""CPU attention kernels: a tiled flash-style numba kernel, a batched-BLAS kernel, rotary embedding.
+"""CPU attention kernels: a tiled flash-style numba kernel, the masked softmax of the BLAS
+("gemm") kernel, rotary embedding.
 
 ``flash_attention`` never materialises the ``Sq x T`` score matrix: each task owns one
 ``(batch, q_head, query block)`` and streams the keys in blocks of ``BK`` with an online
@@ -136,6 +137,60 @@ def flash_serial(q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left
     for task in range(n):
         _attend_task(task, q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale,
                      softcap, group, nqb, BQ, BK)
+
+
+@nb.njit(nogil=True, cache=True, fastmath=_FM)
+def _softmax_scores_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap):
+    """Row ``r`` of the (B, Hq, Sq, T) scores in place: scale, softcap, masks, then softmax
+    (a row no key may attend becomes zeros). The same rules as ``_attend_task``."""
+    B, Hq, Sq, T = s.shape
+    i = r % Sq
+    h = (r // Sq) % Hq
+    b = r // (Sq * Hq)
+    L = min(kvlen[b], T)
+    p_abs = i + offset[b]
+    mB, mH, mS, mT = mask.shape
+    mb = b if mB > 1 else 0
+    mh = h if mH > 1 else 0
+    mi = i if mS > 1 else 0
+    row = s[b, h, i]
+    rowmax = np.float32(-np.inf)
+    for j in range(T):
+        if (j >= L or (causal and j > p_abs) or (left >= 0 and j < p_abs - left)
+                or (right >= 0 and j > p_abs + right) or (has_mask and j >= mT)):
+            row[j] = np.float32(-np.inf)
+            continue
+        sc = row[j] * scale
+        if softcap > 0:
+            sc = np.float32(softcap * math.tanh(sc / softcap))
+        if has_mask:
+            sc += mask[mb, mh, mi, j]
+        row[j] = sc
+        if sc > rowmax:
+            rowmax = sc
+    if rowmax == -np.inf:
+        row[:] = 0
+        return
+    tot = np.float32(0.0)
+    for j in range(T):
+        e = np.float32(math.exp(row[j] - rowmax))
+        row[j] = e
+        tot += e
+    inv = np.float32(1.0) / tot
+    for j in range(T):
+        row[j] *= inv
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def softmax_scores_parallel(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap):
+    for r in nb.prange(s.shape[0] * s.shape[1] * s.shape[2]):
+        _softmax_scores_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+
+
+@nb.njit(nogil=True, cache=True)
+def softmax_scores_serial(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap):
+    for r in range(s.shape[0] * s.shape[1] * s.shape[2]):
+        _softmax_scores_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
 
 
 #: below this many multiply-adds (Sq*T*D summed over batch and heads) run the serial variant

@@ -24,6 +24,7 @@ from ... import dtypes as _dt
 from ...errors import DTypeError, ParamInvalidError
 from ...kernels.cpu import attention as K
 from ..api import api
+from ..autotune import NotPreferred
 from ..registry import Attr, Input, Output, TensorMeta, register_op
 
 FLOAT = _dt.FLOATS
@@ -292,17 +293,80 @@ def _flash(ins, outs, attrs, plan, ws):
     q4 = np.ascontiguousarray(_to4(ins[0], d.Hq), dtype=np.float32)
     k4 = np.ascontiguousarray(k4, dtype=np.float32)
     v4 = np.ascontiguousarray(v4, dtype=np.float32)
-    mask = ins[3]
-    if mask is None:
-        m4 = _DUMMY_MASK
-    else:
-        m4 = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-        m4 = np.where(m4, np.float32(0), np.float32(-np.inf)) if m4.dtype == np.bool_ else \
-            np.ascontiguousarray(m4, dtype=np.float32)
     kvlen, off = _offsets(ins, d)
     fn = K.flash_parallel if plan["parallel"] else K.flash_serial
-    fn(q4, k4, v4, y4, d.rank == 3, m4, mask is not None, kvlen, off, plan["causal"], plan["left"],
+    fn(q4, k4, v4, y4, d.rank == 3, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"], plan["left"],
        plan["right"], plan["scale"], plan["softcap"], d.Hq // d.Hkv, plan["nqb"], plan["BQ"], plan["BK"])
+
+
+def _mask4(mask):
+    """The mask as an fp32 additive bias of rank 4 in its own (unbroadcast) shape."""
+    if mask is None:
+        return _DUMMY_MASK
+    m4 = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    if m4.dtype == np.bool_:
+        return np.where(m4, np.float32(0), np.float32(-np.inf))
+    return np.ascontiguousarray(m4, dtype=np.float32)
+
+
+#: attention_gemm materialises the (B, Hq, Sq, T) fp32 scores up to this size; longer
+#: sequences run the flash kernel, whose memory is O(N * d)
+GEMM_MAX_SCORE_BYTES = 16 << 20
+
+
+def _gemm_applies(ctx):
+    why = _flash_applies(ctx)
+    if why is not True:
+        return why
+    if len(ctx.inputs) > 6 and ctx.inputs[6] is not None:
+        return NotPreferred("nonpad_kv_seqlen (a KV cache's per-request lengths): the flash kernel skips the "
+                            "unused cache rows, scores by GEMM would cover the whole capacity")
+    d = _dims(ctx)
+    nbytes = 4 * d.B * d.Hq * d.Sq * d.T
+    if nbytes > GEMM_MAX_SCORE_BYTES:
+        return (f"the score matrix would take {nbytes >> 20} MiB (> {GEMM_MAX_SCORE_BYTES >> 20} MiB): "
+                "the flash kernel streams it instead")
+    return True
+
+
+def _gemm_plan(ctx):
+    p = _common_plan(ctx)
+    d = p["d"]
+    p["parallel"] = d.B * d.Hq * d.Sq * d.T >= K.PARALLEL_MIN // 16
+    return p
+
+
+def _gemm_workspace(ctx, plan):
+    d = plan["d"]
+    return 4 * d.B * d.Hq * d.Sq * d.T
+
+
+def _gemm(ins, outs, attrs, plan, ws):
+    """Scores by one batched BLAS GEMM per (batch, KV head) (GQA: the group's query heads
+    stacked as rows), a parallel numba masked softmax in place, then probs @ V by BLAS."""
+    ins = list(ins) + [None] * (7 - len(ins))
+    d = plan["d"]
+    k4, v4 = _kv(ins, outs, plan, np.float32)
+    if d.B * d.Hq * d.Sq * d.Dv == 0:
+        return
+    g = d.Hq // d.Hkv
+    rows = g * d.Sq
+    q4 = np.ascontiguousarray(_to4(ins[0], d.Hq), dtype=np.float32)
+    n = d.B * d.Hq * d.Sq * d.T
+    s = ws[: 4 * n].view(np.float32).reshape(d.B, d.Hq, d.Sq, d.T) if n else np.empty((d.B, d.Hq, d.Sq, 0), np.float32)
+    if d.T:
+        np.matmul(q4.reshape(d.B, d.Hkv, rows, d.D), np.asarray(k4, np.float32).swapaxes(-1, -2),
+                  out=s.reshape(d.B, d.Hkv, rows, d.T))
+    kvlen, off = _offsets(ins, d)
+    fn = K.softmax_scores_parallel if plan["parallel"] else K.softmax_scores_serial
+    fn(s, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"], plan["left"], plan["right"],
+       np.float32(plan["scale"]), np.float32(plan["softcap"]))
+    y = outs[0]
+    if d.rank == 4 and y.flags.c_contiguous:
+        np.matmul(s.reshape(d.B, d.Hkv, rows, d.T), np.asarray(v4, np.float32), out=y.reshape(d.B, d.Hkv, rows, d.Dv))
+    else:
+        yv = np.matmul(s.reshape(d.B, d.Hkv, rows, d.T), np.asarray(v4, np.float32)).reshape(d.B, d.Hq, d.Sq, d.Dv)
+        np.copyto(_to4(y, d.Hq) if d.rank == 3 else y, yv)
 
 
 def _blas(ins, outs, attrs, plan, ws):
@@ -379,6 +443,10 @@ Attention = register_op(
     doc="scaled dot-product attention with masks, GQA, KV cache, softcap and sliding windows")
 Attention.kernel("attention_flash", dtypes=(_dt.float32,), priority=20, applies=_flash_applies, plan=_flash_plan,
                  doc="tiled online-softmax numba kernel (never materialises the score matrix)")(_flash)
+Attention.kernel("attention_gemm", dtypes=(_dt.float32,), priority=25, applies=_gemm_applies, plan=_gemm_plan,
+                 workspace=_gemm_workspace,
+                 doc="scores by batched BLAS into the workspace, numba masked softmax in place, probs @ V by "
+                 "BLAS; for score matrices up to GEMM_MAX_SCORE_BYTES")(_gemm)
 Attention.kernel("attention_blas", dtypes=(_dt.float32, _dt.float64), priority=10, plan=_common_plan,
                  doc="batched BLAS matmuls over the full score matrix")(_blas)
 
