@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import opsnn
 from opsnn.kernels.cpu import conv as KC
+from opsnn.kernels.cpu import fused as KF
 from opsnn.kernels.cpu import gemm as KG
 from opsnn.kernels.cpu import winograd as WG
 from opsnn.ops import autotune
@@ -515,3 +516,30 @@ def test_threading_default_is_set():
 
     assert os.environ.get("OMP_WAIT_POLICY")  # set by opsnn unless the user chose a value
     assert math.isfinite(1.0)
+
+
+# -- fused epilogue -------------------------------------------------------------------------------------------------
+def _act_oracle(v, name, alpha, beta):
+    from math import erf
+
+    return {"": v, "Relu": np.maximum(v, 0), "Sigmoid": 1 / (1 + np.exp(-v)), "Tanh": np.tanh(v),
+            "Gelu": 0.5 * v * (1 + np.vectorize(erf)(v / np.sqrt(2))),
+            "GeluTanh": 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3))),
+            "Swish": v / (1 + np.exp(-alpha * v)), "LeakyRelu": np.where(v >= 0, v, alpha * v),
+            "Clip": np.clip(v, alpha, beta)}[name]
+
+
+@pytest.mark.parametrize("act", sorted(KF.ACTIVATIONS))
+@pytest.mark.parametrize("bias,resid", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_epilogue_matches_oracle(rng, act, bias, resid, dtype):
+    y = rand(rng, (7, 37)).astype(dtype)
+    y[0, 0] = np.nan  # NaN stays NaN through every activation
+    b = rand(rng, (37,)).astype(dtype) if bias else None
+    z = rand(rng, (7, 37)).astype(dtype) if resid else None
+    alpha, beta = (0.3, 0.0) if act != "Clip" else (-0.5, 0.5)
+    v = y.astype(np.float64) + (0 if b is None else b) + (0 if z is None else z)
+    want = _act_oracle(v, act, alpha, beta)
+    got = y.copy()
+    KF.epilogue(got, b, z, KF.ACTIVATIONS[act], alpha, beta)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # NaN == NaN: it must propagate

@@ -39,18 +39,34 @@ def _act(v, code, alpha, beta):
 
 @nb.njit(parallel=True, nogil=True, cache=True)
 def epilogue_rows(y, bias, z, code, alpha, beta):
-    """``y[r, c] = act(y[r, c] + bias[c] + z[r, c])`` (bias/z of size 0 mean absent)."""
+    """``y[r, c] = act(y[r, c] + bias[c] + z[r, c])`` (bias/z of size 0 mean absent).
+
+    Each row gets separate simple passes (adds, then the activation), chosen outside the
+    inner loops so that each is a branch-free loop LLVM vectorizes; a row is small enough
+    (a conv plane, a GEMM row) to stay in cache between passes."""
     rows, cols = y.shape
     has_b = bias.size > 0
     has_z = z.size > 0
     for r in nb.prange(rows):
-        for c in range(cols):
-            v = y[r, c]
-            if has_b:
-                v += bias[c]
-            if has_z:
-                v += z[r, c]
-            y[r, c] = _act(v, code, alpha, beta)
+        row = y[r]
+        if has_b and has_z:
+            zr = z[r]
+            for c in range(cols):
+                row[c] += bias[c] + zr[c]
+        elif has_b:
+            for c in range(cols):
+                row[c] += bias[c]
+        elif has_z:
+            zr = z[r]
+            for c in range(cols):
+                row[c] += zr[c]
+        if code == 1:
+            for c in range(cols):
+                if row[c] < 0:
+                    row[c] = 0
+        elif code != 0:
+            for c in range(cols):
+                row[c] = _act(row[c], code, alpha, beta)
 
 
 def epilogue(y: np.ndarray, bias: np.ndarray | None, z: np.ndarray | None, code: int, alpha: float,

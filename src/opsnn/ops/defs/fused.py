@@ -99,11 +99,10 @@ def _fused_conv_kernel(ins, outs, attrs, plan, ws):
     plan["kernel"].fn(ins[:3], outs, plan["attrs"], plan["plan"], ws)
     y = outs[0]
     z = ins[3] if len(ins) > 3 else None
-    if z is not None:  # NCHW residual: add on the flat view, then the activation
-        K.epilogue(y.reshape(1, -1), None, z.reshape(1, -1), plan["code"], attrs["activation_alpha"],
-                   attrs["activation_beta"])
-    else:
-        K.epilogue(y.reshape(1, -1), None, None, plan["code"], attrs["activation_alpha"], attrs["activation_beta"])
+    # NCHW: one row per (image, channel) plane, so the pass runs in parallel over the rows
+    rows = y.shape[0] * y.shape[1] if y.ndim >= 2 else 1
+    K.epilogue(y.reshape(rows, -1), None, None if z is None else z.reshape(rows, -1), plan["code"],
+               attrs["activation_alpha"], attrs["activation_beta"])
 
 
 def _conv_flops(ctx) -> int:
