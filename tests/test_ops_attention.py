@@ -344,3 +344,15 @@ def test_rotary_large_fp16_and_errors(rng):
         bad[0, 0] = 99
         opsnn.ops.rotary_embedding(x, cos, sin, bad).numpy()
         opsnn.current_stream().synchronize()
+
+
+@pytest.mark.parametrize("algo", ["attention_gemm", "attention_flash", "attention_blas"])
+def test_nan_score_poisons_its_row_only(rng, algo):
+    q, k, v = rand(rng, 1, 2, 3, 4), rand(rng, 1, 2, 5, 4), rand(rng, 1, 2, 5, 4)
+    q[0, 1, 2, 0] = np.nan  # head 1, query 2: every score of that row is NaN
+    (y,) = run([q, k, v], {}, algo=algo)
+    assert np.isnan(y[0, 1, 2]).all()
+    y[0, 1, 2] = 0
+    want = sdpa_oracle(np.where(np.isnan(q), 0, q), k, v, None)
+    want[0, 1, 2] = 0
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5)

@@ -55,6 +55,7 @@ def _attend_task(task, q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal
     m = np.full(nq, -np.inf, np.float32)
     l = np.zeros(nq, np.float32)
     acc = np.zeros((nq, Dv), np.float32)
+    nan_row = np.zeros(nq, np.bool_)  # a NaN score makes its row NaN (softmax semantics)
 
     # key range any row of this block may see
     j_hi = L
@@ -91,6 +92,8 @@ def _attend_task(task, q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal
                     sc = np.float32(-np.inf)
                 elif has_mask:
                     sc += mask[mb, mh, i * ms_on, j]
+                if sc != sc:
+                    nan_row[ii] = True
                 s[ii, jj] = sc
                 if sc > rowmax:
                     rowmax = sc
@@ -113,6 +116,8 @@ def _attend_task(task, q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal
             m[ii] = m_new
     for ii in range(nq):
         inv = np.float32(1.0) / l[ii] if l[ii] > 0 else np.float32(0.0)
+        if nan_row[ii]:
+            inv = np.float32(np.nan)
         i = i0 + ii
         for dd in range(Dv):
             if y_bshd:
@@ -140,9 +145,10 @@ def flash_serial(q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left
 
 
 @nb.njit(nogil=True, cache=True, fastmath=_FM)
-def _softmax_scores_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap):
-    """Row ``r`` of the (B, Hq, Sq, T) scores in place: scale, softcap, masks, then softmax
-    (a row no key may attend becomes zeros). The same rules as ``_attend_task``."""
+def _scores_row_shift(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap):
+    """Row ``r`` of the (B, Hq, Sq, T) scores in place: scale, softcap, masks (-inf where a key
+    may not be attended), then minus the row max, ready for exp. A row no key may attend is
+    left all -inf (exp gives zeros). The same rules as ``_attend_task``."""
     B, Hq, Sq, T = s.shape
     i = r % Sq
     h = (r // Sq) % Hq
@@ -154,43 +160,86 @@ def _softmax_scores_row(r, s, mask, has_mask, kvlen, offset, causal, left, right
     mh = h if mH > 1 else 0
     mi = i if mS > 1 else 0
     row = s[b, h, i]
-    rowmax = np.float32(-np.inf)
-    for j in range(T):
-        if (j >= L or (causal and j > p_abs) or (left >= 0 and j < p_abs - left)
-                or (right >= 0 and j > p_abs + right) or (has_mask and j >= mT)):
-            row[j] = np.float32(-np.inf)
-            continue
-        sc = row[j] * scale
-        if softcap > 0:
-            sc = np.float32(softcap * math.tanh(sc / softcap))
-        if has_mask:
-            sc += mask[mb, mh, mi, j]
-        row[j] = sc
-        if sc > rowmax:
-            rowmax = sc
-    if rowmax == -np.inf:
-        row[:] = 0
+    # the keys this row may attend form one range [lo, hi)
+    hi = L
+    if causal:
+        hi = min(hi, p_abs + 1)
+    if right >= 0:
+        hi = min(hi, p_abs + right + 1)
+    if has_mask:
+        hi = min(hi, mT)
+    lo = max(0, p_abs - left) if left >= 0 else 0
+    if hi <= lo:
+        row[:] = -np.inf
         return
+    row[:lo] = -np.inf
+    row[hi:] = -np.inf
+    seg = row[lo:hi]
+    # branch-free loops (the conditions are hoisted) so that LLVM vectorizes them
+    if softcap > 0:
+        for j in range(seg.size):
+            seg[j] = softcap * math.tanh(seg[j] * scale / softcap)
+    else:
+        for j in range(seg.size):
+            seg[j] *= scale
+    if has_mask:
+        mrow = mask[mb, mh, mi, lo:hi]
+        for j in range(seg.size):
+            seg[j] += mrow[j]
+    rowmax = np.float32(-np.inf)
+    for j in range(seg.size):
+        rowmax = max(rowmax, seg[j])
+    if rowmax == -np.inf:
+        return  # every allowed score is -inf: exp gives zeros
+    for j in range(seg.size):
+        seg[j] -= rowmax
+
+
+@nb.njit(nogil=True, cache=True, fastmath=_FM)
+def _normalize_row(r, s):
+    B, Hq, Sq, T = s.shape
+    row = s[r // (Sq * Hq), (r // Sq) % Hq, r % Sq]
     tot = np.float32(0.0)
     for j in range(T):
-        e = np.float32(math.exp(row[j] - rowmax))
-        row[j] = e
-        tot += e
-    inv = np.float32(1.0) / tot
-    for j in range(T):
-        row[j] *= inv
+        tot += row[j]
+    if tot > 0 or tot != tot:  # a NaN score makes the whole row NaN, as softmax does
+        inv = np.float32(1.0) / tot
+        for j in range(T):
+            row[j] *= inv
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def softmax_scores_parallel(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap):
+def _shift_parallel(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap):
     for r in nb.prange(s.shape[0] * s.shape[1] * s.shape[2]):
-        _softmax_scores_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+        _scores_row_shift(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
 
 
 @nb.njit(nogil=True, cache=True)
-def softmax_scores_serial(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap):
+def _shift_serial(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap):
     for r in range(s.shape[0] * s.shape[1] * s.shape[2]):
-        _softmax_scores_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+        _scores_row_shift(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _normalize_parallel(s):
+    for r in nb.prange(s.shape[0] * s.shape[1] * s.shape[2]):
+        _normalize_row(r, s)
+
+
+@nb.njit(nogil=True, cache=True)
+def _normalize_serial(s):
+    for r in range(s.shape[0] * s.shape[1] * s.shape[2]):
+        _normalize_row(r, s)
+
+
+def masked_softmax(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, parallel):
+    """Softmax over the last dim of the (B, Hq, Sq, T) fp32 scores, in place, with the masking
+    rules of the flash kernel: numba shifts each row by its max, numpy's SIMD exp runs over the
+    whole block (numba's scalar exp is ~6x slower), numba normalizes."""
+    (_shift_parallel if parallel else _shift_serial)(s, mask, has_mask, kvlen, offset, causal, left, right,
+                                                     scale, softcap)
+    np.exp(s, out=s)
+    (_normalize_parallel if parallel else _normalize_serial)(s)
 
 
 #: below this many multiply-adds (Sq*T*D summed over batch and heads) run the serial variant

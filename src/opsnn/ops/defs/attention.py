@@ -358,9 +358,8 @@ def _gemm(ins, outs, attrs, plan, ws):
         np.matmul(q4.reshape(d.B, d.Hkv, rows, d.D), np.asarray(k4, np.float32).swapaxes(-1, -2),
                   out=s.reshape(d.B, d.Hkv, rows, d.T))
     kvlen, off = _offsets(ins, d)
-    fn = K.softmax_scores_parallel if plan["parallel"] else K.softmax_scores_serial
-    fn(s, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"], plan["left"], plan["right"],
-       np.float32(plan["scale"]), np.float32(plan["softcap"]))
+    K.masked_softmax(s, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"], plan["left"], plan["right"],
+                     np.float32(plan["scale"]), np.float32(plan["softcap"]), plan["parallel"])
     y = outs[0]
     if d.rank == 4 and y.flags.c_contiguous:
         np.matmul(s.reshape(d.B, d.Hkv, rows, d.T), np.asarray(v4, np.float32), out=y.reshape(d.B, d.Hkv, rows, d.Dv))
