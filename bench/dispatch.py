@@ -9,14 +9,13 @@ against one-shot prepare+run; the eager cached path adds < 20 µs over the bare 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 
 import numpy as np
 
 import opsnn
+from workloads import write_json
 
 
 def _cases(rng):
@@ -89,10 +88,7 @@ def main() -> int:
         eager_add = statistics.median(r["eager_overhead_us"] for r in rows)
         print(f"\nmedian overhead cut by reusing an executor vs one-shot prepare+run: {cut:.1f}% (target >= 40%)")
         print(f"median eager overhead over the bare kernel: {eager_add:.2f} µs (target < 20 µs)")
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump({"benchmark": "dispatch", "rows": rows}, f, indent=2)
-    print(f"wrote {args.json}")
+    write_json({"benchmark": "dispatch", "rows": rows}, args.json)
     return 0
 
 

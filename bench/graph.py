@@ -10,9 +10,7 @@ faster than eager op by op; 60-80% fewer nodes on rewrite-heavy blocks.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import statistics
 import time
 
@@ -20,6 +18,7 @@ import numpy as np
 
 import opsnn
 from opsnn.graph import Graph, Node, Value
+from workloads import write_json
 
 
 def median_ms(fn, repeat: int, warmup: int = 2) -> float:
@@ -179,10 +178,7 @@ def main() -> int:
         print(f"dynamic batch (BERT-base, seq 128, batch 1..8 twice): {d['plans_built']} plans built for "
               f"{d['runs']} runs from one compiled graph; ms per batch: "
               + ", ".join(f"{b}: {t:.0f}" for b, t in d["ms_by_batch"].items()))
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {args.json}")
+    write_json(results, args.json)
     return 0
 
 

@@ -42,6 +42,7 @@ from opsnn.ops.registry import TensorMeta, get_op
 onnx = __import__("onnx")
 ort = __import__("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from workloads import write_json  # noqa: E402
 
 _TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
 
@@ -544,10 +545,7 @@ def main() -> int:
     if report.get("targets"):
         print("\ntargets:", json.dumps(report["targets"], indent=1))
     if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1, default=float)
-        print(f"wrote {args.json}")
+        write_json(report, args.json, indent=1, default=float)
     return 0
 
 

@@ -22,7 +22,6 @@ effect; the JSON records the environment and the load average at both ends.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -32,6 +31,7 @@ import numpy as np
 
 import opsnn
 from opsnn.llm import CachedDecoder, KVCache, mixed_workload, replay
+from workloads import write_json
 
 BIG = dict(layers=12, hidden=768, heads=12, kv_heads=4, vocab=32000)
 
@@ -125,10 +125,7 @@ def main() -> int:
         results["b_decode_growth"] = part_b(args, lm)
     results["load_average_end"] = os.getloadavg()
     print(f"load average at the end {os.getloadavg()}")
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {args.json}")
+    write_json(results, args.json)
     return 0
 
 

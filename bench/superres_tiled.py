@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ import numpy as np
 import opsnn
 from opsnn.models.superres import superres
 from opsnn.pipeline import TiledExecutor
+from workloads import write_json
 
 
 def main(argv=None) -> int:
@@ -68,10 +68,7 @@ def main(argv=None) -> int:
     res.update({"tiled": st, "tiled_peak_over_input_bytes": tiled_peak, "untiled_wall_s": wall,
                 "untiled_peak_over_input_bytes": whole_peak, "max_abs_diff": float(diff.max()), "max_rel_diff": rel,
                 "bit_identical": identical, "load_average_end": os.getloadavg()})
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(res, f, indent=1, default=str)
-    print(f"wrote {args.json}")
+    write_json(res, args.json, indent=1, default=str)
     return 0
 
 

@@ -13,11 +13,10 @@ other processes on the machine take cores from both modes.
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 from opsnn.pipeline.video import _parser, format_report, video_bench
+from workloads import write_json
 
 
 def main(argv=None) -> int:
@@ -29,10 +28,8 @@ def main(argv=None) -> int:
                       log=lambda m: print(m, file=sys.stderr))
     rep["benchmark"] = "video"
     print(format_report(rep))
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(rep, f, indent=1)
-    print(f"\nwrote {args.json}")
+    print()
+    write_json(rep, args.json, indent=1)
     return 0
 
 

@@ -26,3 +26,14 @@ def build(name: str, rng, batch: int = 1, seq: int = 128, image: int = 224):
         raise SystemExit(f"unknown workload {name!r}")
     data = proto.SerializeToString()
     return opsnn.onnx.load(data), feeds, data
+
+
+def write_json(obj, path: str, indent: int = 2, default=None) -> None:
+    """Write a benchmark's results to ``path`` (folders created) and say where."""
+    import json
+    import os
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=indent, default=default)
+    print(f"wrote {path}")

@@ -14,18 +14,7 @@ from collections import Counter
 
 import numpy as np
 
-
-def _table(rows: list[list], header: list[str]) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(*header, show_edge=False, pad_edge=False, box=None)
-    for row in rows:
-        table.add_row(*[str(c) for c in row])
-    console = Console(width=120, force_terminal=False, no_color=True)
-    with console.capture() as cap:
-        console.print(table)
-    return cap.get().rstrip()
+from .tools.text import table as _table
 
 
 def cmd_info(args) -> int:

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .text import table as _table
+
 MODELS = ("resnet50", "resnet50_b8", "bert", "llama")
 OPSNN, ORT, TORCH = "opsnn", "onnxruntime", "torch"
 
@@ -564,19 +566,6 @@ def run_storage_check(spec: Spec, dtype: str, args) -> dict:
 
 
 # -- report ------------------------------------------------------------------------------------------------
-def _table(rows: list, header: list) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(*header, show_edge=False, pad_edge=False, box=None)
-    for row in rows:
-        table.add_row(*[str(c) for c in row])
-    console = Console(width=160, force_terminal=False, no_color=True)
-    with console.capture() as cap:
-        console.print(table)
-    return cap.get().rstrip()
-
-
 def _fmt(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -591,7 +580,7 @@ def format_graph_row(row: dict) -> str:
                      "1.00" if n == OPSNN else _fmt(row["ratio_vs"].get(n)),
                      f"{row['gflops_per_s'][n]:.1f}", "-" if n == OPSNN else f"{row['max_rel_err'][n]:.2e}"])
     lines.append(_table(rows, ["runtime", "median ms", "min-max", "opsnn/peer time", "GFLOP/s",
-                               "max rel err vs opsnn"]))
+                               "max rel err vs opsnn"], width=160))
     for n, why in row["skipped"].items():
         lines.append(f"  {n}: skipped ({why})")
     lines.append(f"  outputs agree: {row['agree']}")
@@ -614,7 +603,7 @@ def format_llama_row(row: dict) -> str:
                      "-" if n == OPSNN else f"{row['max_rel_err'][n]:.2e}",
                      "-" if n == OPSNN else row["tokens_match"][n]])
     lines.append(_table(rows, ["runtime", "prefill ms", "decode ms/token", "min-max", "tokens/s", "GFLOP/s pre/dec",
-                               "opsnn/peer pre/dec", "prefill logits rel err", "greedy tokens same"]))
+                               "opsnn/peer pre/dec", "prefill logits rel err", "greedy tokens same"], width=160))
     for n, why in row["skipped"].items():
         lines.append(f"  {n}: skipped ({why})")
     if TORCH in row["ratio_vs"]:
