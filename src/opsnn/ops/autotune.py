@@ -25,6 +25,7 @@ applies only when no kernel is forced (``algo=`` or ``opsnn.kernel_selector``).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -113,10 +114,22 @@ def disable() -> None:
 
 
 def active() -> bool:
-    """Cheap check for the selection hook."""
+    """Cheap check for the selection hook (false inside :func:`paused` on this thread)."""
     if not _S.env_read:
         _read_env()
-    return _S.mode is not None
+    return _S.mode is not None and not getattr(_S.local, "paused", False)
+
+
+@contextlib.contextmanager
+def paused():
+    """Kernel selection on this thread ignores autotuning inside the block (e.g. to plan a
+    workload by the heuristic alone before timing it explicitly)."""
+    prev = getattr(_S.local, "paused", False)
+    _S.local.paused = True
+    try:
+        yield
+    finally:
+        _S.local.paused = prev
 
 
 def settings() -> dict:

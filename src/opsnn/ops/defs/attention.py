@@ -355,16 +355,16 @@ def _gemm(ins, outs, attrs, plan, ws):
     n = d.B * d.Hq * d.Sq * d.T
     s = ws[: 4 * n].view(np.float32).reshape(d.B, d.Hq, d.Sq, d.T) if n else np.empty((d.B, d.Hq, d.Sq, 0), np.float32)
     if d.T:
-        np.matmul(q4.reshape(d.B, d.Hkv, rows, d.D), np.asarray(k4, np.float32).swapaxes(-1, -2),
+        np.matmul(q4.reshape(d.B, d.Hkv, rows, d.D), k4.swapaxes(-1, -2),
                   out=s.reshape(d.B, d.Hkv, rows, d.T))
     kvlen, off = _offsets(ins, d)
     K.masked_softmax(s, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"], plan["left"], plan["right"],
                      np.float32(plan["scale"]), np.float32(plan["softcap"]), plan["parallel"])
     y = outs[0]
     if d.rank == 4 and y.flags.c_contiguous:
-        np.matmul(s.reshape(d.B, d.Hkv, rows, d.T), np.asarray(v4, np.float32), out=y.reshape(d.B, d.Hkv, rows, d.Dv))
+        np.matmul(s.reshape(d.B, d.Hkv, rows, d.T), v4, out=y.reshape(d.B, d.Hkv, rows, d.Dv))
     else:
-        yv = np.matmul(s.reshape(d.B, d.Hkv, rows, d.T), np.asarray(v4, np.float32)).reshape(d.B, d.Hq, d.Sq, d.Dv)
+        yv = np.matmul(s.reshape(d.B, d.Hkv, rows, d.T), v4).reshape(d.B, d.Hq, d.Sq, d.Dv)
         np.copyto(_to4(y, d.Hq) if d.rank == 3 else y, yv)
 
 
