@@ -127,9 +127,68 @@ def test_iter_yields_in_order_and_early_close_stops_threads(no_leak):
     assert _threads() == base
 
 
+def test_stage_workers_run_side_by_side_and_keep_frame_order(no_leak):
+    # two workers must be inside fn at once (the barrier needs both), and frames still leave in
+    # order although later frames finish first (their delays shrink)
+    both = threading.Barrier(2, timeout=10)
+    seen_threads = set()
+    pipelined = [True]
+
+    def decode(i):
+        seen_threads.add(threading.current_thread().name)
+        if i < 2 and pipelined[0]:
+            both.wait()
+        time.sleep(0.002 * (12 - i) / 12)
+        return np.full(3, i, np.float32)
+    base = _threads()
+    pipe = Pipeline([Stage("decode", decode, uses_ops=False, workers=2),
+                     Stage("double", _scale_stage, workers=3), Stage("sink", lambda a: a, uses_ops=False)])
+    res = pipe.run(range(12))
+    assert [float(o[0]) for o in res.outputs] == [2.0 * i for i in range(12)]
+    assert res.completed == list(range(12))
+    assert seen_threads == {"opsnn-pipeline-decode-0", "opsnn-pipeline-decode-1"}
+    st = {s.name: s for s in res.stages}
+    assert (st["decode"].workers, st["double"].workers, st["sink"].workers) == (2, 3, 1)
+    assert st["decode"].frames == st["double"].frames == 12
+    assert res.as_dict()["stages"][0]["workers"] == 2
+    assert _threads() == base
+    # the sequential baseline ignores workers and gives the same outputs
+    pipelined[0] = False
+    seq = pipe.run_sequential(range(12))
+    assert [float(o[0]) for o in seq.outputs] == [2.0 * i for i in range(12)]
+
+
+def test_stage_workers_after_frames_dropped_upstream_do_not_wait_for_them(no_leak):
+    # a failure upstream drops frames: the multi-worker stage after it gets fewer frames than
+    # were read and must neither hang on the missing ones nor reorder the rest
+    def flaky(i):
+        if i == 4:
+            raise ValueError("bad frame 4")
+        return i
+    pipe = Pipeline([Stage("decode", flaky, uses_ops=False, workers=2),
+                     Stage("work", lambda v: v * 10, uses_ops=False, workers=2)], queue_size=1)
+    with pytest.raises(StageError) as ei:
+        pipe.run(range(30))
+    res = ei.value.result
+    assert (ei.value.stage, ei.value.frame) == ("decode", 4)
+    assert res.outputs == [0, 10, 20, 30] and res.failed == {4: "decode"}
+    assert res.not_processed == list(range(5, 30))
+
+
+def test_stage_workers_early_close_stops_every_worker(no_leak):
+    base = _threads()
+    pipe = Pipeline([Stage("decode", lambda i: i, uses_ops=False, workers=2), Stage("w", lambda v: v, workers=2)],
+                    queue_size=1)
+    gen = pipe.iter(range(1000))
+    assert [next(gen)[1] for _ in range(3)] == [0, 1, 2]
+    gen.close()
+    assert _threads() == base
+
+
 # -- failures ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("where", ["decode", "pre", "infer", "post"])
-def test_crashed_stage_surfaces_typed_error_and_cleans_up(no_leak, where):
+def test_crashed_stage_surfaces_typed_error_and_cleans_up(no_leak, where, workers):
     n, bad = 20, 7
     pool_base = opsnn.memory.current_bytes()
 
@@ -141,7 +200,7 @@ def test_crashed_stage_surfaces_typed_error_and_cleans_up(no_leak, where):
             if isinstance(x, int):
                 return np.full(1024, x, np.float32)
             return ops.add(opsnn.tensor(x), 0.0).numpy().copy() if uses_ops else x
-        return Stage(name, fn, uses_ops=uses_ops)
+        return Stage(name, fn, uses_ops=uses_ops, workers=workers)
     base = _threads()
     pipe = Pipeline([stage("decode", False), stage("pre"), stage("infer"), stage("post")], queue_size=2)
     with pytest.raises(StageError) as ei:
@@ -256,6 +315,8 @@ def test_bad_pipeline_arguments():
         Stage("a", 3)
     with pytest.raises(ParamInvalidError):
         Stage("", abs)
+    with pytest.raises(ParamInvalidError, match="workers must be an int >= 1"):
+        Stage("a", abs, workers=0)
     with pytest.raises(ParamInvalidError, match="blas_threads"):
         Pipeline([Stage("a", abs)], blas_threads=0)
     base = _threads()

@@ -53,38 +53,49 @@ class Stage:
     that stream's kernels before handing the result on (so a kernel error is this stage's
     error, and the stage's busy time includes its kernels). ``num_threads`` bounds the threads
     each of its parallel kernels uses (default: the stream's default, half the cores).
+
+    ``workers > 1`` runs that many copies of the stage side by side (each on its own thread and
+    stream), for a stage whose frames are independent of each other (decoding image files,
+    rendering frames) and slower than the rest: frames still leave the stage in order (a
+    worker that finishes frame ``i + 1`` first waits for frame ``i``'s turn). ``fn`` must then
+    be safe to call from several threads at once.
     """
 
     name: str
     fn: Callable[[Any], Any]
     uses_ops: bool = True
     num_threads: int | None = None
+    workers: int = 1
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise ParamInvalidError(f"Stage: name must be a non-empty string, got {self.name!r}")
         if not callable(self.fn):
             raise ParamInvalidError(f"Stage {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ParamInvalidError(f"Stage {self.name!r}: workers must be an int >= 1, got {self.workers!r}")
 
 
 @dataclass
 class StageStats:
     """Where one stage's time went: ``busy_s`` running ``fn`` (and its kernels), ``wait_in_s``
     waiting for the previous stage (starved), ``wait_out_s`` blocked on a full queue to the next
-    stage (back-pressure)."""
+    stage (back-pressure) or, with several workers, waiting for an earlier frame's turn. With
+    several ``workers`` the times are summed over them (worker-seconds)."""
 
     name: str
     frames: int = 0
     busy_s: float = 0.0
     wait_in_s: float = 0.0
     wait_out_s: float = 0.0
+    workers: int = 1
 
     @property
     def busy_ms_per_frame(self) -> float:
         return self.busy_s / self.frames * 1e3 if self.frames else 0.0
 
     def as_dict(self) -> dict:
-        return {"stage": self.name, "frames": self.frames, "busy_s": round(self.busy_s, 6),
+        return {"stage": self.name, "workers": self.workers, "frames": self.frames, "busy_s": round(self.busy_s, 6),
                 "wait_in_s": round(self.wait_in_s, 6), "wait_out_s": round(self.wait_out_s, 6),
                 "busy_ms_per_frame": round(self.busy_ms_per_frame, 3)}
 
@@ -284,6 +295,28 @@ def _clear_frames(exc: BaseException) -> None:
         exc = exc.__cause__ or exc.__context__
 
 
+class _Turn:
+    """Hands a stage's frames on in order when several workers run it. Each frame gets a ticket
+    as it is taken from the queue (tickets count arrivals, so frames dropped upstream leave no
+    gap); a worker holding ticket ``t`` waits until ticket ``t - 1`` was handed on or dropped."""
+
+    def __init__(self):
+        self.next = 0
+        self.issued = 0
+        self.take = threading.Lock()  # taking an item and its ticket is one step
+        self.cond = threading.Condition()
+
+    def wait(self, idx: int) -> None:
+        with self.cond:
+            while self.next != idx:
+                self.cond.wait()
+
+    def advance(self) -> None:
+        with self.cond:
+            self.next += 1
+            self.cond.notify_all()
+
+
 class _Run:
     """One pipelined run: the threads, queues and streams, and their teardown."""
 
@@ -298,21 +331,28 @@ class _Run:
         self.total = _length(source)
         n = len(pipe.stages)
         self.queues = [queue.Queue(pipe.queue_size) for _ in range(n)]  # queues[i]: out of stage i
-        self.result = PipelineResult(stages=[StageStats(s.name) for s in pipe.stages])
+        self.result = PipelineResult(stages=[StageStats(s.name, workers=s.workers) for s in pipe.stages])
         self.failures: list = []  # (frame, stage position, exception)
         self.stop_at = -1         # the furthest failed stage: it and every stage before it discard
+        self.fail_min = None      # the earliest failed frame: later frames are discarded there
         self.cancelled = False
         self.lock = threading.Lock()
+        self.source_lock = threading.Lock()
+        self.source_done = False
         self.discarded: list = []
         self.started: dict = {}   # frame -> time it entered the first stage
         self.frames_in = 0
         self.done = False
-        self.streams = [Stream(name=f"pipeline:{s.name}", num_threads=s.num_threads) if s.uses_ops else None
+        self.turns = [_Turn() for _ in range(n)]
+        self.alive = [s.workers for s in pipe.stages]  # workers still running, per stage
+        self.streams = [[Stream(name=f"pipeline:{s.name}" + (f"#{w}" if s.workers > 1 else ""),
+                                num_threads=s.num_threads) if s.uses_ops else None for w in range(s.workers)]
                         for s in pipe.stages]
         self.blas = _blas.blas_threads(pipe.blas_threads)
         self.blas.__enter__()  # left in finish(), which run() and iter() always reach
-        self.threads = [threading.Thread(target=self._stage_loop, args=(i,), name=f"opsnn-pipeline-{s.name}",
-                                         daemon=True) for i, s in enumerate(pipe.stages)]
+        self.threads = [threading.Thread(target=self._stage_loop, args=(i, w), daemon=True,
+                                         name=f"opsnn-pipeline-{s.name}" + (f"-{w}" if s.workers > 1 else ""))
+                        for i, s in enumerate(pipe.stages) for w in range(s.workers)]
         self.t_start = time.perf_counter()
         for t in self.threads:
             t.start()
@@ -324,69 +364,115 @@ class _Run:
             self.failures.append((frame, pos, exc))
             # stages at or before a failed one stop; stages after it finish the earlier frames
             self.stop_at = max(self.stop_at, pos)
+            self.fail_min = frame if self.fail_min is None else min(self.fail_min, frame)
 
-    def _discarding(self, pos: int) -> bool:
-        return self.cancelled or pos <= self.stop_at
+    def _discarding(self, pos: int, idx: int) -> bool:
+        """Whether stage ``pos`` drops frame ``idx``: after a cancel, or when a stage at or after
+        it failed on an earlier frame (frames before a failure still finish)."""
+        return self.cancelled or (pos <= self.stop_at and idx > self.fail_min)
+
+    def _read(self):
+        """The next (index, payload) of the source, or None when it is exhausted, failed or the
+        run stops. Reading is serialized: the first stage's workers share one source."""
+        with self.source_lock:
+            if self.source_done or self.cancelled or self.stop_at >= 0:
+                return None
+            idx = self.frames_in
+            t0 = time.perf_counter()
+            try:
+                payload = next(self.source)
+            except StopIteration:
+                self.source_done = True
+                return None
+            except Exception as exc:  # noqa: BLE001 - reading the source is the first stage's work
+                self.source_done = True
+                self._fail(0, idx, exc)
+                return None
+            self.started[idx] = t0
+            self.frames_in = idx + 1
+            return idx, payload, t0
 
     # -- the stage thread ------------------------------------------------------------------------------------
-    def _stage_loop(self, pos: int) -> None:
+    def _stage_loop(self, pos: int, wid: int) -> None:
         stage = self.pipe.stages[pos]
         stats = self.result.stages[pos]
-        stream = self.streams[pos]
+        stream = self.streams[pos][wid]
         out_q = self.queues[pos]
         in_q = self.queues[pos - 1] if pos else None
-        source = self.source if pos == 0 else None
-        idx = 0
+        turn = self.turns[pos] if stage.workers > 1 else None
+        busy = wait_in = wait_out = 0.0
+        frames = 0
         try:
             while True:
                 t0 = time.perf_counter()
                 if pos == 0:
-                    if self._discarding(0):
+                    got = self._read()
+                    if got is None:
                         break
-                    try:
-                        payload = next(source)
-                    except StopIteration:
-                        break
-                    except Exception as exc:  # noqa: BLE001 - reading the source is the first stage's work
-                        self._fail(0, idx, exc)
-                        break
-                    self.started[idx] = t0
-                    self.frames_in = idx + 1
-                    t1 = t0
-                else:
+                    idx, payload, t1 = got
+                    ticket = idx  # the source's frames are numbered as read, under its lock
+                elif turn is None:
                     item = in_q.get()
+                    ticket = None
+                else:
+                    with turn.take:
+                        item = in_q.get()
+                        ticket = turn.issued
+                        turn.issued += 1
+                if pos:
                     t1 = time.perf_counter()
-                    stats.wait_in_s += t1 - t0
+                    wait_in += t1 - t0
                     if item is _END:
+                        if turn is not None:
+                            in_q.put(item)  # for this stage's other workers (the queue just had room)
                         break
                     idx, payload = item
-                    if self._discarding(pos):
+                    item = None
+                ok = not self._discarding(pos, idx)
+                if not ok:
+                    payload = None
+                    with self.lock:
                         self.discarded.append(idx)
-                        item = payload = None
-                        continue
-                try:
-                    if stream is not None:
-                        with stream:
+                else:
+                    try:
+                        if stream is not None:
+                            with stream:
+                                payload = stage.fn(payload)
+                            stream.synchronize()
+                        else:
                             payload = stage.fn(payload)
-                        stream.synchronize()
+                    except BaseException as exc:  # noqa: BLE001 - surfaces as StageError in the caller
+                        payload = None
+                        ok = False
+                        self._fail(pos, idx, _settle(stream, exc))
                     else:
-                        payload = stage.fn(payload)
-                except BaseException as exc:  # noqa: BLE001 - surfaces as StageError in the caller
-                    payload = item = None
-                    self._fail(pos, idx, _settle(stream, exc))
-                    if pos == 0:
-                        break
-                    continue
+                        busy += time.perf_counter() - t1
+                        frames += 1
                 t2 = time.perf_counter()
-                stats.busy_s += t2 - t1
-                stats.frames += 1
-                out_q.put((idx, payload))
-                stats.wait_out_s += time.perf_counter() - t2
-                item = payload = None
-                if pos == 0:
-                    idx += 1
+                if turn is not None:
+                    turn.wait(ticket)
+                try:
+                    if ok and self._discarding(pos, idx):  # a worker failed on an earlier frame meanwhile
+                        ok = False
+                        with self.lock:
+                            self.discarded.append(idx)
+                    if ok:
+                        out_q.put((idx, payload))
+                finally:
+                    if turn is not None:
+                        turn.advance()
+                wait_out += time.perf_counter() - t2
+                payload = None
         finally:
-            out_q.put(_END)
+            with self.lock:
+                stats.busy_s += busy
+                stats.wait_in_s += wait_in
+                stats.wait_out_s += wait_out
+                stats.frames += frames
+                self.alive[pos] -= 1
+                last = self.alive[pos] == 0
+            if last:
+                out_q.put(_END)
 
     # -- the caller's side ------------------------------------------------------------------------------------
     def outputs(self):
@@ -420,9 +506,10 @@ class _Run:
                 item = None
         for t in self.threads:
             t.join()
-        for s in self.streams:
-            if s is not None:
-                s.close()
+        for per_stage in self.streams:
+            for s in per_stage:
+                if s is not None:
+                    s.close()
         self.streams = []
         if self.blas is not None:
             self.blas.__exit__(None, None, None)

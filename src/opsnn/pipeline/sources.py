@@ -48,7 +48,10 @@ def synth_frame(index: int, height: int, width: int, seed: int = 0) -> np.ndarra
 
 class SyntheticVideo:
     """``num_frames`` frames of :func:`synth_frame`; packets are frame indices and decoding
-    renders the frame (a stand-in for a codec's per-frame work)."""
+    renders the frame (a stand-in for a codec's per-frame work). Frames are independent of
+    each other, so several decode workers may render them at once."""
+
+    independent_frames = True
 
     def __init__(self, num_frames: int, height: int = 480, width: int = 640, seed: int = 0):
         if not isinstance(num_frames, (int, np.integer)) or num_frames < 0:
@@ -130,7 +133,10 @@ class VideoFile:
     Packets are the raw frame bytes read from ffmpeg's pipe; ``decode`` turns one into an
     ``(H, W, 3)`` array. ``len()`` is ffmpeg's frame count estimate (exact for files written
     by :func:`write_video`). A file that is missing or not a video raises ``ParamInvalidError``
-    here; a file truncated mid-stream ends early (ffmpeg stops at the damage)."""
+    here; a file truncated mid-stream ends early (ffmpeg stops at the damage). The decoding itself
+    runs in ffmpeg's process as frames are read, in sequence: one decode worker."""
+
+    independent_frames = False
 
     def __init__(self, path: str):
         ff = _ffmpeg()
@@ -200,8 +206,10 @@ def write_image_folder(directory: str, frames, fmt: str = "png") -> list[str]:
 class ImageFolder:
     """The ``.png`` / ``.npy`` frames of a folder, in file-name order. Packets are paths;
     ``decode`` reads one (PNG through Pillow) and checks it is ``(H, W, 3)`` uint8 (grey and
-    RGBA PNGs are converted to RGB)."""
+    RGBA PNGs are converted to RGB). Files decode independently: several decode workers may
+    read them at once."""
 
+    independent_frames = True
     EXTENSIONS = (".png", ".npy")
 
     def __init__(self, directory: str):

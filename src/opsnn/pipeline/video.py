@@ -73,17 +73,34 @@ def preprocess_graph(frame_shape: tuple, image_size: int):
     return opsnn.compile(preprocess, [np.zeros(frame_shape, np.uint8)])
 
 
+def decode_workers_for(source, decode_workers="auto") -> int:
+    """How many decode workers: ``"auto"`` gives 2 when the source's frames decode independently
+    of each other (``source.independent_frames``: image files, synthesized frames) and the
+    machine has >= 2 cores, else 1 (a video file's frames come out of one ffmpeg process)."""
+    if decode_workers == "auto":
+        independent = bool(getattr(source, "independent_frames", False))
+        return 2 if independent and (os.cpu_count() or 1) >= 2 else 1
+    if isinstance(decode_workers, bool) or not isinstance(decode_workers, int) or decode_workers < 1:
+        raise ParamInvalidError(f"video_pipeline: decode_workers must be an int >= 1 or 'auto', got {decode_workers!r}")
+    if decode_workers > 1 and not getattr(source, "independent_frames", False):
+        raise ParamInvalidError(f"video_pipeline: {type(source).__name__} decodes frames in sequence (one ffmpeg "
+                                f"process), so decode_workers must be 1, got {decode_workers}")
+    return decode_workers
+
+
 def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int = 5, queue_size: int = 2,
-                   frame_shape: tuple | None = None) -> Pipeline:
+                   frame_shape: tuple | None = None, decode_workers="auto") -> Pipeline:
     """The four-stage classification pipeline over ``source`` (a :mod:`~opsnn.pipeline.sources`
     source). ``model``: a name from :data:`MODELS` or a CompiledGraph taking one
     ``(1, 3, image_size, image_size)`` float32 input and returning logits. Each output is
-    ``{"top": [class ids], "prob": [probabilities]}`` (frame ``i`` is ``outputs[i]``)."""
+    ``{"top": [class ids], "prob": [probabilities]}`` (frame ``i`` is ``outputs[i]``).
+    ``decode_workers``: see :func:`decode_workers_for` (frames still leave in order)."""
     if not hasattr(source, "decode"):
         raise ParamInvalidError(f"video_pipeline: source must have a decode(packet) method (SyntheticVideo, "
                                 f"VideoFile, ImageFolder), got {type(source).__name__}")
     if not isinstance(top_k, int) or top_k < 1:
         raise ParamInvalidError(f"video_pipeline: top_k must be an int >= 1, got {top_k!r}")
+    n_decode = decode_workers_for(source, decode_workers)
     cg = build_model(model, image_size) if isinstance(model, str) else model
     if frame_shape is None:
         frame_shape = (source.height, source.width, 3)
@@ -113,7 +130,7 @@ def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int =
         vals, idx = ops.topk(probs, top_k, dim=-1)
         return {"top": idx.numpy()[0].tolist(), "prob": vals.numpy()[0].tolist()}
 
-    return Pipeline([Stage("decode", decode, uses_ops=False), Stage("preprocess", preprocess),
+    return Pipeline([Stage("decode", decode, uses_ops=False, workers=n_decode), Stage("preprocess", preprocess),
                      Stage("infer", infer), Stage("postprocess", postprocess)], queue_size=queue_size)
 
 
@@ -137,7 +154,7 @@ def make_source(kind: str, frames: int, height: int, width: int, workdir: str):
 
 def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112, height: int = 720,
                 width: int = 1280, source: str = "auto", queue_size: int = 2, repeat: int = 3,
-                log=None) -> dict:
+                decode_workers="auto", log=None) -> dict:
     """Frames/s of the four stages pipelined vs one after another (same model, same frames);
     medians over ``repeat`` runs of each, alternated. Returns a JSON-ready dict."""
     import opsnn
@@ -152,7 +169,8 @@ def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112
     try:
         src = make_source(source, frames, height, width, workdir)
         t0 = time.perf_counter()
-        pipe = video_pipeline(src, model=model, image_size=image_size, queue_size=queue_size)
+        pipe = video_pipeline(src, model=model, image_size=image_size, queue_size=queue_size,
+                              decode_workers=decode_workers)
         build_s = time.perf_counter() - t0
         warm = _Subset(src, list(src)[: min(3, frames)])
         pipe.run_sequential(warm, collect=False)  # JIT caches and plans are warm for both modes
@@ -192,6 +210,7 @@ def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112
         return {
             "workload": {"frames": frames, "frame": [height, width, 3], "source": source, "model": model,
                          "image_size": image_size, "queue_size": queue_size, "repeat": repeat,
+                         "decode_workers": pipe.stages[0].workers,
                          "cpu_count": os.cpu_count(), "blas_threads_default": default_blas,
                          "blas_threads_pipelined": pipe.blas_threads},
             "build_s": round(build_s, 3),
@@ -231,6 +250,7 @@ def format_report(rep: dict) -> str:
     w = rep["workload"]
     lines = [f"video pipeline: {w['frames']} frames {w['frame'][1]}x{w['frame'][0]} from {w['source']}, "
              f"{w['model']} at {w['image_size']}x{w['image_size']}, queue {w['queue_size']}, "
+             f"{w['decode_workers']} decode worker{'s' if w['decode_workers'] > 1 else ''}, "
              f"{w['cpu_count']} cores, median of {w['repeat']}",
              *[f"  {k:<20}: {v:8.2f} frames/s" + ("  <- baseline" if k == rep["sequential_baseline"] else "")
                for k, v in rep["fps_by_mode"].items()],
@@ -265,9 +285,19 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--source", choices=["auto", "synthetic", "video", "png", "npy"], default="auto",
                    help="auto: an H.264 file when imageio-ffmpeg is installed, else synthesized frames")
     p.add_argument("--queue-size", type=int, default=2)
+    p.add_argument("--decode-workers", default="auto",
+                   help="decode stage workers (frames stay in order): auto = 2 for image folders and synthetic "
+                        "frames on >= 2 cores, 1 for video files")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", help="also write the report as JSON here")
     return p
+
+
+def _int_arg(v: str, name: str) -> int:
+    try:
+        return int(v)
+    except ValueError:
+        raise ParamInvalidError(f"{name} must be 'auto' or an int, got {v!r}") from None
 
 
 def cli_video_bench(argv=None, prog: str = "opsnn video-bench") -> int:
@@ -276,6 +306,8 @@ def cli_video_bench(argv=None, prog: str = "opsnn video-bench") -> int:
     try:
         rep = video_bench(frames=args.frames, model=args.model, image_size=args.image_size, height=args.height,
                           width=args.width, source=args.source, queue_size=args.queue_size, repeat=args.repeat,
+                          decode_workers=args.decode_workers if args.decode_workers == "auto" else
+                          _int_arg(args.decode_workers, "--decode-workers"),
                           log=lambda m: print(m, file=sys.stderr))
     except ParamInvalidError as exc:
         print(f"opsnn video-bench: {exc}", file=sys.stderr)
