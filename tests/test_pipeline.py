@@ -420,6 +420,10 @@ def test_video_pipeline_matches_numpy_preprocess_and_direct_model(no_leak):
         np.testing.assert_allclose(sorted(out["prob"], reverse=True), p[order], rtol=1e-3, atol=1e-5)
     seq = pipe.run_sequential(src)
     assert [o["top"] for o in seq.outputs] == [o["top"] for o in res.outputs]
+    # two decode workers: the same outputs, in the same order
+    two = video_pipeline(src, model=cg, image_size=size, top_k=3, decode_workers=2)
+    assert two.stages[0].workers == 2
+    assert two.run(src).outputs == res.outputs
 
 
 def test_video_pipeline_bad_frames_and_arguments(tmp_path, no_leak):
@@ -431,6 +435,13 @@ def test_video_pipeline_bad_frames_and_arguments(tmp_path, no_leak):
         video_pipeline([1, 2], model=cg, image_size=16)
     with pytest.raises(ParamInvalidError):
         build_model("vgg", 32)
+    with pytest.raises(ParamInvalidError, match="decode_workers must be an int >= 1"):
+        video_pipeline(src, model=cg, image_size=16, top_k=2, decode_workers=0)
+
+    class Sequential(SyntheticVideo):  # a source that decodes in sequence (like a video file)
+        independent_frames = False
+    with pytest.raises(ParamInvalidError, match="decodes frames in sequence"):
+        video_pipeline(Sequential(2, 24, 32), model=cg, image_size=16, top_k=2, decode_workers=2)
     # a folder whose third frame has another size: decode fails on frame 2, naming the stage
     frames = [synth_frame(i, 24, 32) for i in range(4)]
     frames[2] = synth_frame(2, 20, 32)
@@ -450,9 +461,12 @@ def test_video_bench_and_cli(tmp_path, capsys):
     assert [s["stage"] for s in rep["pipelined"]["stages"]] == ["decode", "preprocess", "infer", "postprocess"]
     out = tmp_path / "v.json"
     rc = cli_video_bench(["--frames", "4", "--model", "smallnet", "--image-size", "16", "--height", "24",
-                          "--width", "32", "--source", "npy", "--repeat", "1", "--json", str(out)])
+                          "--width", "32", "--source", "npy", "--repeat", "1", "--decode-workers", "2",
+                          "--json", str(out)])
     text = capsys.readouterr().out
-    assert rc == 0 and "frames/s" in text and "ratio" in text and "preprocess" in text
-    assert json.loads(out.read_text())["workload"]["source"] == "npy"
+    assert rc == 0 and "frames/s" in text and "ratio" in text and "preprocess" in text and "2 decode workers" in text
+    rep = json.loads(out.read_text())
+    assert rep["workload"]["source"] == "npy" and rep["workload"]["decode_workers"] == 2
+    assert rep["pipelined"]["stages"][0]["workers"] == 2
     assert cli_video_bench(["--frames", "0"]) == 2
     assert os.path.exists(out)
