@@ -1,7 +1,7 @@
 """Model benchmark (issue 5, item 7): ResNet-50 (batch 1 and 8), BERT-base (batch 1, sequence
 128) and a LLaMA-style decoder (12 layers, hidden 768, 12 heads, 4 KV heads, vocab 32000;
 prefill 128, then 64 greedy decode steps) run by opsnn, onnxruntime and torch eager with the
-same weights, interleaved in one process; a thin wrapper over ``opsnn bench``
+same weights, in settled blocks in one process; a thin wrapper over ``opsnn bench``
 (``opsnn.tools.benchmark``), which holds the logic.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/models.py --repeat 10

@@ -2,6 +2,8 @@
 outputs-agree check and the JSON layout (no timing assertions)."""
 import json
 
+import time
+
 import numpy as np
 import pytest
 
@@ -53,12 +55,19 @@ def test_flop_counts():
                                                                             + 2 * 128 ** 2 * 768) + 768 ** 2))
 
 
-def test_rel_err_and_interleaved_order():
+def test_rel_err_and_block_order():
     assert benchmark.rel_err(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 0
     assert benchmark.rel_err(np.array([1.0, 2.5]), np.array([1.0, 2.0])) == pytest.approx(0.25)
     calls = []
-    res = benchmark.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeat=2, warmup=1)
-    assert calls == ["a", "b", "b", "a", "a", "b"] and [len(v) for v in res.values()] == [2, 2]
+    res = benchmark.blocks({"a": lambda: calls.append(("a", time.perf_counter())),
+                            "b": lambda: calls.append(("b", time.perf_counter()))},
+                           repeat=3, warmup=1, block=2, block_warmup=1, settle_s=0.05)
+    # warm-up each, then blocks (1 untimed + up to 2 timed) taking turns in a rotating order
+    assert "".join(n for n, _ in calls) == "ab" + "aaa" + "bbb" + "bb" + "aa"
+    assert [len(v) for v in res.values()] == [3, 3]
+    # each block starts after the pause (another runtime's pool goes idle meanwhile)
+    starts = [i for i in range(2, len(calls)) if calls[i][0] != calls[i - 1][0]]
+    assert starts and all(calls[i][1] - calls[i - 1][1] >= 0.05 for i in starts)
 
 
 def test_cli_pass_through(capsys):

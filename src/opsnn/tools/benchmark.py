@@ -1,15 +1,18 @@
 """Model benchmarks: ResNet-50 (batch 1 and 8), BERT-base and a LLaMA-style decoder run by
-opsnn, onnxruntime and torch eager with the same weights, in one process, interleaved.
+opsnn, onnxruntime and torch eager with the same weights, in one process, in settled blocks.
 
 Each model is built locally with deterministic random weights (``opsnn.models``). opsnn runs
 ResNet and BERT through the graph engine (``opsnn.compile`` of the model's ONNX export) and
 the decoder through ``opsnn.llm.generate`` (KV cache); onnxruntime runs the same ONNX file
 (default session options, 2 intra-op threads; the decoder's ``with_past`` export, feeding the
 present K/V back each step); torch eager (when ``import torch`` works) runs a small
-re-implementation of each model fed from the opsnn module's ``state_dict``. Every round calls
-every runtime once, in a rotating order, so load from other jobs hits all of them alike;
-figures are medians over rounds after warm-up. Outputs are checked against each other (max
-error relative to the largest reference value) before anything is timed.
+re-implementation of each model fed from the opsnn module's ``state_dict``. Runtimes take
+turns in blocks of a few calls, in a rotating order, so load from other jobs hits all of them
+alike; each block starts after a pause (``SETTLE_S``) so that the previous runtime's spinning
+thread pool has gone idle (called back to back, the runtimes slow each other down 2-3x on 2
+cores), and with one untimed call; figures are medians over the timed calls after warm-up.
+The decoder's blocks are one whole generation each. Outputs are checked against each other
+(max error relative to the largest reference value) before anything is timed.
 
     $ opsnn bench --models resnet50,bert --repeat 10 --json bench/results/models.json
     $ opsnn bench --small --no-torch            # tiny configs: a smoke test in seconds
@@ -166,23 +169,47 @@ def _progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, leave=False, file=sys.stderr, disable=not sys.stderr.isatty(), unit="run")
 
 
-def interleaved(runners: dict, repeat: int, warmup: int = 1, desc: str = "") -> dict:
-    """Call every runner ``warmup + repeat`` times, one of each per round, rotating the order
-    each round; returns ``{name: [ms of each timed round]}`` (a runner returning a dict with
-    ``"ms"`` reports its own figures: ``{name: [that dict per round]}``)."""
+#: pause before each runtime's block of calls: thread pools (OpenBLAS', onnxruntime's, torch's
+#: OpenMP) keep spinning for a while after a call, and a runtime called right after another
+#: measures that interference, not itself (measured on 2 cores, ResNet-50 b1 alternating call by
+#: call: opsnn 60 ms and onnxruntime 67 ms, vs 30 and 18.5 ms each alone; 0.3 s apart: 33 / 20)
+SETTLE_S = 0.3
+
+
+def blocks(runners: dict, repeat: int, warmup: int = 1, desc: str = "", block: int = 3, block_warmup: int = 1,
+           settle_s: float = SETTLE_S) -> dict:
+    """Time every runner ``repeat`` times, in blocks: each block pauses ``settle_s`` (the other
+    runtimes' pools go idle), makes ``block_warmup`` untimed calls, then ``block`` timed ones;
+    runners take turns by block, in a rotating order, so slow drifts of the machine hit all of
+    them alike. ``warmup`` untimed calls per runner come first (compilation, plans, caches).
+    Returns ``{name: [ms of each timed call]}`` (a runner returning a dict with ``"ms"`` reports
+    its own figures: ``{name: [that dict per call]}``)."""
     names = list(runners)
     out = {n: [] for n in names}
-    bar = _progress((warmup + repeat) * len(names), desc)
+    block = max(1, min(block, repeat))
+    rounds = -(-repeat // block)
+    bar = _progress((warmup + repeat + rounds * block_warmup) * len(names), desc)
+
+    def call(n, keep):
+        t0 = time.perf_counter()
+        res = runners[n]()
+        ms = (time.perf_counter() - t0) * 1e3
+        if keep:
+            out[n].append(res if isinstance(res, dict) and "ms" in res else ms)
+        bar.update(1)
     try:
-        for r in range(warmup + repeat):
+        for n in names:
+            for _ in range(warmup):
+                call(n, False)
+        for r in range(rounds):
             for i in range(len(names)):
                 n = names[(i + r) % len(names)]
-                t0 = time.perf_counter()
-                res = runners[n]()
-                ms = (time.perf_counter() - t0) * 1e3
-                if r >= warmup:
-                    out[n].append(res if isinstance(res, dict) and "ms" in res else ms)
-                bar.update(1)
+                if settle_s > 0:
+                    time.sleep(settle_s)
+                for _ in range(block_warmup):
+                    call(n, False)
+                for _ in range(min(block, repeat - len(out[n]))):
+                    call(n, True)
     finally:
         bar.close()
     return out
@@ -429,7 +456,7 @@ def run_graph_case(spec: Spec, args, torch) -> dict:
         skipped[TORCH] = args.torch_why
     outs = {n: fn() for n, fn in runners.items()}
     errs = {n: max(rel_err(outs[OPSNN][k], o[k]) for k in o) for n, o in outs.items() if n != OPSNN}
-    samples = interleaved(runners, args.repeat, args.warmup, desc=spec.name)
+    samples = blocks(runners, args.repeat, args.warmup, desc=spec.name)
     med = {n: statistics.median(v) for n, v in samples.items()}
     row = {"model": spec.name, "description": spec.describe(), "flops": flops, "compile_ms": compile_ms,
            "latency_ms": med, "samples_ms": samples,
@@ -459,7 +486,7 @@ def run_llama_case(spec: Spec, args, torch) -> dict:
         runners[TORCH] = lambda: _greedy(tl.forward, prompt, new)
     else:
         skipped[TORCH] = args.torch_why
-    runs = interleaved(runners, args.repeat, args.warmup, desc=spec.name)
+    runs = blocks(runners, args.repeat, args.warmup, desc=spec.name, block=1, block_warmup=0)
     ours = dict(runs[OPSNN][0], prefill_logits=_opsnn_prefill_logits(lm, prompt))
     pre_flops = llama_flops(cfg, len(prompt), 0)
     dec_flops = sum(llama_flops(cfg, 1, len(prompt) + i) for i in range(new - 1)) / max(new - 1, 1)
@@ -552,7 +579,7 @@ def run_storage_check(spec: Spec, dtype: str, args) -> dict:
         mixed_precision.set_policy(saved)
     runners = {"float32": lambda: cg32.run(feeds)["logits"].numpy(), dtype: lambda: cg16.run(feeds)["logits"].numpy()}
     err = rel_err(runners[dtype](), runners["float32"]())
-    samples = interleaved(runners, args.repeat, args.warmup, desc=f"{spec.name} {dtype}")
+    samples = blocks(runners, args.repeat, args.warmup, desc=f"{spec.name} {dtype}")
     b32, b16 = weight_bytes(cg32), weight_bytes(cg16)
     p32, p16 = plan_bytes(cg32), plan_bytes(cg16)
     r32, r16 = b32 + sum(p32.values()), b16 + sum(p16.values())
@@ -634,7 +661,7 @@ def _mib(by_dtype: dict) -> str:
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="opsnn bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
-    ap.add_argument("--repeat", type=int, default=10, help="timed rounds (each runtime once per round)")
+    ap.add_argument("--repeat", type=int, default=10, help="timed calls per runtime (in blocks of 3)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first (compilation, plans, caches)")
     ap.add_argument("--json", default="bench/results/models.json")
     ap.add_argument("--no-torch", dest="torch", action="store_false", help="skip torch eager")
@@ -716,4 +743,4 @@ def _json_default(o):
 
 
 __all__ = ["MODELS", "OrtLlama", "Spec", "TorchBert", "TorchLlama", "TorchResNet", "bert_flops", "build_model",
-           "interleaved", "llama_flops", "main", "resnet_flops", "specs"]
+           "blocks", "llama_flops", "main", "resnet_flops", "specs"]
