@@ -1,11 +1,12 @@
-"""Fast CPU kernels — Winograd F(4x4,3x3), direct conv, im2col, tiled 16-bit GEMM and
+"""Fast CPU kernels — Winograd F(4x4,3x3) and F(2x2,3x3), direct conv, im2col, tiled 16-bit GEMM and
 pre-packed weights — against independent oracles (float64 direct-loop / einsum
 convolution written here, numpy float64 matmul), across the shapes their predicates
 accept, so kernel selection can never pick a kernel that is wrong for a shape.
 
 Tolerances: fp32 direct/im2col kernels 1e-4 (vs float64); Winograd F(4x4,3x3) in fp32
 2e-4 of the output's largest magnitude (its transform constants amplify rounding; the
-measured error is ~1e-5 up to C = 512); 16-bit outputs one rounding of the fp32 result
+measured error is ~1e-5 up to C = 512); F(2x2,3x3) 2e-5 (its transforms are exact in
+binary: +-1, 1/2; measured ~1e-6); 16-bit outputs one rounding of the fp32 result
 (fp16: 2**-10, bf16: 2**-7 relative, plus accumulation slack).
 """
 import itertools
@@ -30,6 +31,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 WINO_TOL = 2e-4   # relative to max |y|
+WINO_F2_TOL = 2e-5
 FP32_TOL = 1e-4
 
 
@@ -103,16 +105,43 @@ WINO_CASES = [
 ]
 
 
-@pytest.mark.parametrize("xs,m,pads", WINO_CASES)
+WINO_KERNELS = [("conv2d_winograd", 4, WINO_TOL), ("conv2d_winograd_f2", 2, WINO_F2_TOL)]
+
+
+@pytest.mark.parametrize("xs,m,pads", WINO_CASES + [
+    ((1, 256, 14, 14), 256, (1, 1, 1, 1)),   # ResNet-50 stage 3 (F(2x2)'s shape)
+    ((2, 40, 7, 7), 24, (1, 1, 1, 1)),       # stage-4-like 7x7, batch > 1
+])
 @pytest.mark.parametrize("prepacked", [False, True])
-def test_winograd_matches_oracle(rng, xs, m, pads, prepacked):
+@pytest.mark.parametrize("kernel,tile,tol", WINO_KERNELS)
+def test_winograd_matches_oracle(rng, xs, m, pads, prepacked, kernel, tile, tol):
     x, w, b = rand(rng, xs), rand(rng, (m, xs[1], 3, 3)), rand(rng, (m,))
     attrs = conv_attrs(pads=pads)
-    y, plan = run_kernel("Conv", "conv2d_winograd", [x, w, b], attrs, constant={1, 2} if prepacked else ())
-    assert (plan.u is not None) == prepacked
+    y, plan = run_kernel("Conv", kernel, [x, w, b], attrs, constant={1, 2} if prepacked else ())
+    assert (plan.u is not None) == prepacked and plan.tile == tile
+    if prepacked:
+        assert plan.u.shape == ((tile + 2) ** 2, m, xs[1])
     want = conv_oracle(x, w, b, pads=pads)
     assert y.shape == want.shape
-    assert rel_err(y, want) < WINO_TOL
+    assert rel_err(y, want) < tol
+
+
+@pytest.mark.parametrize("kernel,tile,tol", WINO_KERNELS)
+def test_winograd_no_bias_float64_strided(rng, kernel, tile, tol):
+    """No bias, float64 (same algorithm, float64 GEMMs), and non-contiguous x / y views."""
+    x, w = rand(rng, (2, 12, 11, 10), np.float64), rand(rng, (9, 12, 3, 3), np.float64)
+    y, plan = run_kernel("Conv", kernel, [x, w], conv_attrs(pads=(2, 1, 0, 1)), constant={1})
+    assert y.dtype == np.float64 and plan.u.dtype == np.float64
+    assert rel_err(y, conv_oracle(x, w, pads=(2, 1, 0, 1))) < 1e-12
+    # the kernel function on strided views (every other channel of a wider batch)
+    xw = rand(rng, (2, 24, 11, 10))
+    xv = xw[:, ::2]
+    plan = WG.winograd_plan(xv.shape, 9, (1, 1), (11, 10), 4, w.astype(np.float32), tile=tile)
+    yw = np.full((2, 18, 11, 10), np.nan, np.float32)
+    ws = np.zeros(plan.workspace_bytes, np.uint8)
+    WG.conv_winograd(xv, w.astype(np.float32), None, yw[:, 1::2], plan, ws)
+    assert np.isnan(yw[:, ::2]).all()
+    assert rel_err(yw[:, 1::2], conv_oracle(xv, w, pads=(1, 1, 1, 1))) < (WINO_TOL if tile == 4 else WINO_F2_TOL)
 
 
 DILATED_CASES = [
@@ -149,19 +178,46 @@ def test_dilated_winograd_selection(rng):
     assert "channels" in dict(small.rejected)["conv2d_winograd_dilated"]
 
 
-def test_winograd_chunks_across_images(rng, monkeypatch):
-    """Tiny chunk budget: every chunk is one tile row, chunks straddle image boundaries."""
+@pytest.mark.parametrize("kernel,tile,tol", WINO_KERNELS)
+def test_winograd_chunks_across_images(rng, monkeypatch, kernel, tile, tol):
+    """Tiny chunk budget: every chunk is one tile row, chunks straddle image boundaries; tiny
+    transform blocks: a channel's tiles are transformed one tile row at a time; parallel
+    transforms forced on."""
     x, w, b = rand(rng, (3, 5, 9, 7)), rand(rng, (4, 5, 3, 3)), rand(rng, (4,))
     want = conv_oracle(x, w, b, pads=(1, 1, 1, 1))
-    for budget in (1, 2000, 1 << 30):
+    for budget, block, par in ((1, 1, 1 << 40), (2000, 4, 0), (1 << 30, 256, 1 << 40), (1 << 30, 1, 0)):
         monkeypatch.setattr(WG, "CHUNK_BYTES", budget)
-        y, plan = run_kernel("Conv", "conv2d_winograd", [x, w, b], conv_attrs(pads=(1, 1, 1, 1)))
-        assert rel_err(y, want) < WINO_TOL
-    assert plan.rows == 3 * 3  # the whole batch (3 images x 3 tile rows) in one chunk
+        monkeypatch.setattr(WG, "PARALLEL_MIN", par)
+        y, plan = run_kernel("Conv", kernel, [x, w, b], conv_attrs(pads=(1, 1, 1, 1)))
+        assert plan.parallel == (par == 0)
+        assert rel_err(y, want) < tol
+    th = -(-9 // tile)
+    assert plan.rows == 3 * th  # the whole batch (3 images x th tile rows) in one chunk
+
+
+def test_winograd_transform_blocks(rng):
+    """The transforms' per-channel tile blocks (BLOCK_TILES // tile columns tile rows each):
+    an image whose tile rows do not divide into blocks, for both tile sizes, both F(4x4)
+    input transforms (row tasks for wide images, channel blocks for narrow ones)."""
+    x, w, b = rand(rng, (2, 3, 70, 150)), rand(rng, (5, 3, 3, 3)), rand(rng, (5,))
+    want = conv_oracle(x, w, b, pads=(1, 1, 1, 1))
+    for tile in (4, 2):
+        plan = WG.winograd_plan(x.shape, 5, (1, 1), (70, 150), 4, w, tile=tile)
+        assert plan.tw_n * plan.rows > WG.BLOCK_TILES  # several blocks per chunk
+        y = np.full(want.shape, np.nan, np.float32)
+        WG.conv_winograd(x, w, b, y, plan, np.zeros(plan.workspace_bytes, np.uint8))
+        assert rel_err(y, want) < (WINO_TOL if tile == 4 else WINO_F2_TOL)
+    x = rand(rng, (2, 3, 230, 20))  # 5 tiles of 4 per row: F(4x4)'s channel-block input form
+    want = conv_oracle(x, w, b, pads=(1, 1, 1, 1))
+    plan = WG.winograd_plan(x.shape, 5, (1, 1), (230, 20), 4, w)
+    assert plan.tw_n < WG.ROWS_MIN_TW and plan.tw_n * plan.rows > WG.BLOCK_TILES
+    y = np.full(want.shape, np.nan, np.float32)
+    WG.conv_winograd(x, w, b, y, plan, np.zeros(plan.workspace_bytes, np.uint8))
+    assert rel_err(y, want) < WINO_TOL
 
 
 def test_winograd_selected_and_explains_itself(rng):
-    x, w = rand(rng, (1, 64, 28, 28)), rand(rng, (64, 64, 3, 3))
+    x, w = rand(rng, (1, 64, 56, 56)), rand(rng, (64, 64, 3, 3))
     ex = opsnn.aclnn.conv2d.prepare(x, w, padding=1)
     assert ex.kernel_name == "conv2d_winograd"
     np.testing.assert_allclose(ex.run().numpy(), conv_oracle(x, w, pads=(1,) * 4), rtol=0,
@@ -184,48 +240,63 @@ def test_winograd_per_call_weight_transform_needs_tiles(rng):
     to amortize it (NotPreferred below), while a constant (pre-packed) weight keeps it."""
     from opsnn.ops.defs import conv as defs
 
-    x, w = rand(rng, (1, 64, 24, 24)), rand(rng, (64, 64, 3, 3))  # 36 tiles
-    ex = opsnn.aclnn.conv2d.prepare(x, w, padding=1)
-    assert ex.kernel_name == "conv2d_im2col"
-    assert "transformed on every call" in dict(ex.rejected)["conv2d_winograd"]
     rec = get_op("Conv")
+    x, w = rand(rng, (1, 192, 20, 28)), rand(rng, (192, 192, 3, 3))  # 5 x 7 tiles of 4x4, 10 x 14 of 2x2
+    ex = opsnn.aclnn.conv2d.prepare(x, w, padding=1)
+    assert "transformed on every call" in dict(ex.rejected)["conv2d_winograd"]
+    assert ex.kernel_name == "conv2d_winograd_f2"  # 140 tiles of 2x2 amortize its smaller transform
     metas = [TensorMeta(a.shape, a.dtype) for a in (x, w)]
     packed = plan_op(rec, metas, [None, w], conv_attrs(pads=(1,) * 4))
     assert packed.selection.kernel.name == "conv2d_winograd"
-    assert defs.WINOGRAD_MIN_TILES <= 36 < defs.WINOGRAD_MIN_TILES_UNPACKED
+    assert defs.WINOGRAD_MIN_TILES <= 35 < defs.WINOGRAD_MIN_TILES_UNPACKED
+    assert 192 * 35 >= defs.WINOGRAD_F4_MIN_WORK and 140 >= defs.WINOGRAD_F2_MIN_TILES_UNPACKED
+    # 14x14: 49 tiles of 2x2 do not amortize the per-call F(2x2) transform either -> im2col
+    x, w = rand(rng, (1, 256, 14, 14)), rand(rng, (256, 256, 3, 3))
+    ex = opsnn.aclnn.conv2d.prepare(x, w, padding=1)
+    assert ex.kernel_name == "conv2d_im2col"
+    assert "transformed on every call" in dict(ex.rejected)["conv2d_winograd_f2"]
+    packed = plan_op(rec, [TensorMeta(a.shape, a.dtype) for a in (x, w)], [None, w], conv_attrs(pads=(1,) * 4))
+    assert packed.selection.kernel.name == "conv2d_winograd_f2"
     # the per-call transform itself: U = kron(G, G) @ g for every channel pair, in float64
     u = WG.transform_weights(w)
-    want = np.einsum("xi,mcij,yj->xymc", WG.G, w.astype(np.float64), WG.G).reshape(36, 64, 64)
+    want = np.einsum("xi,mcij,yj->xymc", WG.G, w.astype(np.float64), WG.G).reshape(36, 256, 256)
     np.testing.assert_allclose(u, want, rtol=1e-6, atol=1e-7)
 
 
-def test_winograd_float64_and_16bit(rng):
+@pytest.mark.parametrize("kernel", ["conv2d_winograd", "conv2d_winograd_f2"])
+def test_winograd_float64_and_16bit(rng, kernel):
     x, w = rand(rng, (1, 16, 12, 12), np.float64), rand(rng, (16, 16, 3, 3), np.float64)
-    y, _ = run_kernel("Conv", "conv2d_winograd", [x, w], conv_attrs(pads=(1,) * 4), constant={1})
+    y, _ = run_kernel("Conv", kernel, [x, w], conv_attrs(pads=(1,) * 4), constant={1})
     assert y.dtype == np.float64
     assert rel_err(y, conv_oracle(x, w, pads=(1,) * 4)) < 1e-12
+    # 16-bit runs through the fp32 adapter; 16 ch 112x112 -> F(4x4), 16 ch 28x28 -> F(2x2)
+    hw = 112 if kernel == "conv2d_winograd" else 28
     for dt in (np.float16, ml_dtypes.bfloat16):
-        xh, wh = rand(rng, (1, 16, 28, 28)).astype(dt), rand(rng, (16, 16, 3, 3), scale=0.2).astype(dt)
+        xh, wh = rand(rng, (1, 16, hw, hw)).astype(dt), rand(rng, (16, 16, 3, 3), scale=0.2).astype(dt)
         ex = opsnn.aclnn.conv2d.prepare(xh, wh, padding=1)
-        assert ex.kernel_name == "conv2d_winograd" and ex.adapter
+        assert ex.kernel_name == kernel and ex.adapter
         y = ex.run().numpy()
         assert y.dtype == np.dtype(dt)
         want = conv_oracle(xh.astype(np.float32), wh.astype(np.float32), pads=(1,) * 4)
         assert rel_err(y.astype(np.float32), want) < (2e-3 if dt == np.float16 else 1.6e-2)
 
 
-def test_winograd_nan_inf_propagate(rng):
+@pytest.mark.parametrize("kernel,tile,tol", WINO_KERNELS)
+def test_winograd_nan_inf_propagate(rng, kernel, tile, tol):
     x, w = rand(rng, (1, 16, 12, 12)), np.abs(rand(rng, (16, 16, 3, 3))) + 0.1
     x[0, 3, 5, 6] = np.nan
-    y, _ = run_kernel("Conv", "conv2d_winograd", [x, w], conv_attrs(pads=(1,) * 4))
+    y, _ = run_kernel("Conv", kernel, [x, w], conv_attrs(pads=(1,) * 4))
     want = conv_oracle(x, w, pads=(1,) * 4)
     assert np.isnan(y[0, :, 4:7, 5:8]).all()  # every output whose window reads the NaN
-    # Winograd spreads a NaN over the whole 4x4 output tile (transforms mix the tile's inputs);
-    # outputs of tiles that never read it stay finite and exact
+    # Winograd spreads a NaN over the whole output tile of every tile that reads it (the
+    # transforms mix the tile's inputs); outputs of tiles that never read it stay finite and exact
     clean = np.ones(want.shape[2:], bool)
-    clean[4:8, 4:8] = False
+    for r0 in range(0, 12, tile):
+        for c0 in range(0, 12, tile):
+            if r0 <= 6 < r0 + tile + 2 and c0 <= 7 < c0 + tile + 2:  # its input tile holds x[5, 6] (padded: 6, 7)
+                clean[r0:r0 + tile, c0:c0 + tile] = False
     assert np.isfinite(y[0][:, clean]).all()
-    assert rel_err(y[0][:, clean], want[0][:, clean]) < WINO_TOL
+    assert rel_err(y[0][:, clean], want[0][:, clean]) < tol
 
 
 def test_weight_transform_matches_matrix_form(rng):
@@ -237,6 +308,60 @@ def test_weight_transform_matches_matrix_form(rng):
     g, d = rng.standard_normal(3), rng.standard_normal(6)
     y = WG.AT @ ((WG.G @ g) * (WG.BT @ d))
     np.testing.assert_allclose(y, [d[i:i + 3] @ g for i in range(4)], rtol=1e-12, atol=1e-12)
+    # F(2x2): U = G2 g G2^T, (16, M, C); and the F(2,3) identity
+    u = WG.transform_weights(w, np.float64, tile=2)
+    want = np.einsum("xi,mcij,yj->xymc", WG.G2, w.astype(np.float64), WG.G2).reshape(16, 5, 7)
+    np.testing.assert_allclose(u, want, rtol=1e-12, atol=1e-12)
+    y = WG.AT2 @ ((WG.G2 @ g) * (WG.BT2 @ d[:4]))
+    np.testing.assert_allclose(y, [d[i:i + 3] @ g for i in range(2)], rtol=1e-12, atol=1e-12)
+
+
+# (x shape, expected kernel, a word of the reason the other Winograd kernel gives)
+WINO_SELECTION = [
+    ((1, 64, 56, 56), "conv2d_winograd", None),          # ResNet-50 stage 1
+    ((1, 128, 28, 28), "conv2d_winograd", None),         # stage 2
+    ((1, 256, 14, 14), "conv2d_winograd_f2", "tiles"),   # stage 3: 16 tiles of 4x4
+    ((1, 512, 7, 7), "conv2d_winograd_f2", "tiles"),     # stage 4: F(4x4) has only 4 tiles
+    ((8, 256, 14, 14), "conv2d_winograd_f2", "wide"),
+    ((8, 512, 7, 7), "conv2d_winograd_f2", "wide"),
+    ((1, 32, 56, 56), "conv2d_winograd_f2", "channels"),  # few channels, 196 tiles of 4x4
+    ((1, 64, 28, 28), "conv2d_winograd_f2", "min(C, M)"),
+    ((1, 8, 28, 28), "conv2d_im2col", None),             # too little work for either
+]
+
+
+@pytest.mark.parametrize("xs,kernel,why", WINO_SELECTION)
+def test_winograd_f4_or_f2_selection(rng, xs, kernel, why):
+    rec = get_op("Conv")
+    x, w = rand(rng, xs), rand(rng, (xs[1], xs[1], 3, 3))
+    sel = plan_op(rec, [TensorMeta(a.shape, a.dtype) for a in (x, w)], [None, w], conv_attrs(pads=(1,) * 4)).selection
+    assert sel.kernel.name == kernel
+    rejected = dict(sel.rejected)
+    if kernel == "conv2d_winograd_f2":
+        reason = rejected["conv2d_winograd"]
+        assert isinstance(reason, autotune.NotPreferred) and why in reason, reason
+    if kernel == "conv2d_im2col":
+        assert isinstance(rejected["conv2d_winograd_f2"], autotune.NotPreferred)
+        assert "too little work" in rejected["conv2d_winograd_f2"]
+    # forcing either Winograd kernel still works, NotPreferred or not
+    for name in ("conv2d_winograd", "conv2d_winograd_f2"):
+        forced = opsnn.ops.conv2d(x, w, padding=1, algo=name).numpy()
+        tol = WINO_TOL if name == "conv2d_winograd" else WINO_F2_TOL
+        assert rel_err(forced, conv_oracle(x, w, pads=(1,) * 4)) < tol
+
+
+def test_winograd_f2_rejects_what_it_cannot_run(rng):
+    from opsnn.ops.defs import conv as defs
+
+    for ws, attrs, word in [((8, 8, 3, 3), conv_attrs(stride=(2, 2), pads=(1,) * 4), "stride"),
+                            ((8, 8, 5, 5), conv_attrs(pads=(2,) * 4), "3x3"),
+                            ((8, 4, 3, 3), conv_attrs(pads=(1,) * 4, groups=2), "group"),
+                            ((8, 8, 3, 3), conv_attrs(pads=(2,) * 4, dil=(2, 2)), "dilation")]:
+        why = defs.winograd_f2_rejection((1, 8, 20, 20), ws, attrs)
+        assert word in why and not isinstance(why, autotune.NotPreferred), why
+    assert "2-D" in defs.winograd_f2_rejection((1, 8, 20), (8, 8, 3), {})
+    assert isinstance(defs.winograd_f2_rejection((1, 4, 64, 64), (4, 4, 3, 3), conv_attrs(pads=(1,) * 4)),
+                      autotune.NotPreferred)  # 4 channels: correct but slower
 
 
 # -- direct and im2col kernels ------------------------------------------------------------------------------
@@ -320,6 +445,7 @@ def _conv_relu_residual_model(x, w, b, attrs):
 
 @pytest.mark.parametrize("kernel,xs,ws,attrs", [
     ("conv2d_winograd", (1, 16, 18, 17), (16, 16, 3, 3), conv_attrs(pads=(1,) * 4)),
+    ("conv2d_winograd_f2", (2, 16, 13, 10), (24, 16, 3, 3), conv_attrs(pads=(1,) * 4)),
     ("conv2d_winograd_dilated", (1, 128, 26, 26), (128, 128, 3, 3), conv_attrs(pads=(2,) * 4, dil=(2, 2))),
     ("conv2d_im2col", (1, 16, 10, 9), (16, 16, 3, 3), conv_attrs(pads=(1,) * 4)),
     ("conv2d_direct", (1, 3, 15, 14), (8, 3, 7, 7), conv_attrs((2, 2), (3,) * 4)),

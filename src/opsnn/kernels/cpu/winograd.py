@@ -1,5 +1,6 @@
-"""Winograd F(4x4, 3x3) convolution: 3x3, stride 1, group 1, any padding; dilation 1, or any
-dilation through phase sub-images (``dilated_plan``: d*d dense convs, see below).
+"""Winograd convolution, F(4x4, 3x3) and F(2x2, 3x3): 3x3, stride 1, group 1, any padding;
+dilation 1, or (F(4x4) only) any dilation through phase sub-images (``dilated_plan``: d*d
+dense convs, see below).
 
 Each 4x4 block of output (a *tile*) is computed from a 6x6 block of input with
 36 element-wise products instead of 144 multiply-adds per (input, output) channel
@@ -13,21 +14,42 @@ point: for each of the 36 points ``U[p] (M x C) @ V[p] (C x tiles)``. So a conv 
 1. weight transform ``U = G g G^T`` (one float64 GEMM with kron(G, G)) — once, in the
    plan, when the weight is a constant known at prepare time (graph initializers): the
    weights are *pre-packed*; otherwise per call, into the workspace;
-2. input transform ``V = B^T d B`` per (channel, tile) — numba, over (channel, tile row);
+2. input transform ``V = B^T d B`` per (channel, tile) — numba;
 3. 36 BLAS GEMMs (one batched ``np.matmul``);
 4. output transform ``A^T m A`` per (output channel, tile), clipped at the image edge,
-   with the bias added — numba, over (channel, tile row).
+   with the bias added — numba.
+
+F(2x2, 3x3) (``tile=2`` in :func:`winograd_plan`) is the same pipeline with 2x2 output
+tiles from 4x4 input tiles: 16 points, so 16 GEMMs (2.25x fewer multiplies than direct
+vs F(4x4)'s 4x), U only 16/9 the size of the plain weights (F(4x4): 4x), four times as
+many tiles — fatter GEMMs on small images (14x14: 49 tiles instead of 16, none overhanging
+the image) — and transforms that only add and subtract (B, A hold 0 and +-1, G 1/2: exact
+in binary, so it is as accurate as im2col). Measured, one thread, weights pre-packed: F(2x2)
+beats F(4x4) on small images and few channels (ResNet-50's 256 ch 14x14 and 512 ch 7x7 at
+batch 1-8), F(4x4) wins from ~28x28 with >= 64 channels; ``ops/defs/conv.py`` chooses.
+
+Transforms. The V and M buffers are (points, channels, tiles), tiles contiguous: the GEMM
+operands need no copy. The input transform handles one channel's tiles at a time, a block of
+tile rows (<= ``BLOCK_TILES`` tiles) at once: B^T along each tile's rows into scratch, then
+B^T down the columns of all the block's tiles in one contiguous, vectorized loop that writes
+V. Per (channel, tile row) work would be too short on small images (14x14: 4 tiles per row;
+that form took 100 ns per channel-tile there vs 40 now). F(4x4) on wide images (>=
+``ROWS_MIN_TW`` tiles per row) keeps the per-(channel, tile row) form: columns first along the
+padded rows, then rows per tile, which is faster when rows are long. The output transform
+mirrors the block form: A^T down the point columns of the block's tiles (vectorized), then
+along each tile's rows straight into y.
 
 The (image, tile row) pairs of the batch run in chunks sized so V and M stay cache-sized;
-the transforms of a chunk run in parallel only when large (``PARALLEL_MIN``).
+the transforms of a chunk run in parallel (over channels) only when large (``PARALLEL_MIN``).
 
 The transforms' loops index with ``np.uintp``: numba then skips negative-index wraparound,
 which otherwise keeps LLVM from vectorizing them.
 
-Accuracy: the transforms' constants (1/4, 1/6, 1/24; 4, 5, 8) amplify rounding, so
+Accuracy: F(4x4)'s transform constants (1/4, 1/6, 1/24; 4, 5, 8) amplify rounding, so
 fp32 results differ from a direct convolution by about 1e-5 of the output's scale
 (measured: max |err| / max |y| < 1e-4 up to C = 512); tests allow 2e-4 relative to
-the output's largest magnitude. float64 inputs run the same algorithm in float64.
+the output's largest magnitude. F(2x2): ~1e-6 (tests: 2e-5). float64 inputs run the same
+algorithm in float64.
 """
 from __future__ import annotations
 
@@ -43,13 +65,22 @@ from .conv import ALIGN, workspace_view
 TILE = 4
 ALPHA = 6
 POINTS = ALPHA * ALPHA
-#: below this many transform outputs per chunk (36 x tiles x channels) the serial transforms
+#: F(2x2, 3x3): output tile, input tile, transform points
+TILE2 = 2
+ALPHA2 = 4
+POINTS2 = ALPHA2 * ALPHA2
+#: below this many transform outputs per chunk (points x tiles x channels) the serial transforms
 #: run: waking numba's workers costs more than the ~0.1 ms transform saves (measured, 2 cores)
 PARALLEL_MIN = 1 << 18
 #: tile rows per chunk are chosen so the V + M transform buffers stay near this many bytes,
 #: cache-resident between the transforms and the GEMMs (1-32 MiB measured: batch 1 flat within
 #: noise; batch 8 at 56x56 ~1.5x slower when a chunk's buffers outgrow the caches)
 CHUNK_BYTES = 4 << 20
+#: the transforms work on one channel's tiles at most this many at a time (whole tile rows):
+#: long vectors for the half that runs along the tiles, scratch that stays in L1
+BLOCK_TILES = 256
+#: parallel transforms split the channels into at most this many blocks (per-block scratch)
+BLOCKS = 64
 
 # Transform matrices (Lavin & Gray's F(4,3) with interpolation points 0, +-1, +-2).
 G = np.array([[1 / 4, 0, 0],
@@ -68,9 +99,22 @@ AT = np.array([[1, 1, 1, 1, 1, 0],
                [0, 1, -1, 2, -2, 0],
                [0, 1, 1, 4, 4, 0],
                [0, 1, -1, 8, -8, 1]], dtype=np.float64)
+# F(2,3) with interpolation points 0, +-1.
+G2 = np.array([[1, 0, 0],
+               [1 / 2, 1 / 2, 1 / 2],
+               [1 / 2, -1 / 2, 1 / 2],
+               [0, 0, 1]], dtype=np.float64)
+BT2 = np.array([[1, 0, -1, 0],
+                [0, 1, 1, 0],
+                [0, -1, 1, 0],
+                [0, 1, 0, -1]], dtype=np.float64)
+AT2 = np.array([[1, 1, 1, 0],
+                [0, 1, -1, -1]], dtype=np.float64)
+
+_U = np.uintp  # unsigned indices: numba then skips negative-index wraparound (see the module doc)
 
 
-# -- transforms on 6-vectors (the 2-D transforms apply them to columns, then rows) ---------------
+# -- 1-D transforms (B^T d, A^T m); the 2-D ones apply them along rows, then columns ----------------------
 @nb.njit(nogil=True, cache=True, inline="always")
 def _bt(d0, d1, d2, d3, d4, d5):
     """B^T d for one 6-vector (B^T's zeros and repeated rows folded by hand)."""
@@ -91,8 +135,154 @@ def _at(m0, m1, m2, m3, m4, m5):
     return (m0 + s12 + s34, d12 + 2 * d34, s12 + 4 * s34, d12 + 8 * d34 + m5)
 
 
-#: parallel transforms split their tasks into at most this many blocks (per-block scratch)
-BLOCKS = 64
+@nb.njit(nogil=True, cache=True, inline="always")
+def _bt4(d0, d1, d2, d3):
+    """B^T d for one 4-vector (F(2, 3))."""
+    return d0 - d2, d1 + d2, d2 - d1, d1 - d3
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _at4(m0, m1, m2, m3):
+    """A^T m for one 4-vector (F(2, 3))."""
+    return m0 + m1 + m2, m1 - m2 - m3
+
+
+# -- input transform: per channel, a block of tile rows at a time ----------------------------------------
+# For each tile row: its alpha input rows are copied (zero-padded) into ``rowbuf``; B^T runs
+# along each row, tile by tile, into d (alpha rows, alpha points, tiles); then B^T runs down
+# the columns of all the block's tiles at once (contiguous along the tiles, vectorized),
+# writing V's rows straight away. The tiles of a chunk are its tile rows, image-major.
+@nb.njit(nogil=True, cache=True, inline="always")
+def _fill_rows(x, c, g, th_n, tile, alpha, ph, pw, rowbuf):
+    # the alpha (zero-padded) input rows of global tile row g of channel c -> rowbuf (alpha, wp)
+    h_n, w_n = x.shape[2], x.shape[3]
+    wp = rowbuf.shape[1]
+    lo = min(max(pw, 0), wp)         # padded columns [lo, hi) hold input columns [lo - pw, hi - pw)
+    hi = max(min(pw + w_n, wp), lo)
+    i = g // th_n
+    th = g - i * th_n
+    h0 = th * tile - ph
+    ui = _U(i)
+    uc = _U(c)
+    for r in range(alpha):
+        ur = _U(r)
+        hh = h0 + r
+        if hh < 0 or hh >= h_n:
+            for j in range(wp):
+                rowbuf[ur, _U(j)] = 0
+            continue
+        uh = _U(hh)
+        for j in range(lo):
+            rowbuf[ur, _U(j)] = 0
+        for j in range(lo, hi):
+            rowbuf[ur, _U(j)] = x[ui, uc, uh, _U(j - pw)]
+        for j in range(hi, wp):
+            rowbuf[ur, _U(j)] = 0
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _input_channel(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d):
+    uc = _U(c)
+    for rb in range(0, n_rows, bl):
+        nr = min(bl, n_rows - rb)
+        for rr in range(nr):
+            _fill_rows(x, c, row0 + rb + rr, th_n, TILE, ALPHA, ph, pw, rowbuf)
+            t0 = rr * tw_n
+            for r in range(ALPHA):  # B^T along the row, tile by tile
+                ur = _U(r)
+                for tw in range(tw_n):
+                    j = _U(tw * TILE)
+                    t = _U(t0 + tw)
+                    s0, s1, s2, s3, s4, s5 = _bt(rowbuf[ur, j], rowbuf[ur, j + _U(1)], rowbuf[ur, j + _U(2)],
+                                                 rowbuf[ur, j + _U(3)], rowbuf[ur, j + _U(4)], rowbuf[ur, j + _U(5)])
+                    d[ur, _U(0), t] = s0
+                    d[ur, _U(1), t] = s1
+                    d[ur, _U(2), t] = s2
+                    d[ur, _U(3), t] = s3
+                    d[ur, _U(4), t] = s4
+                    d[ur, _U(5), t] = s5
+        col0 = rb * tw_n
+        for q in range(ALPHA):  # B^T down the columns, all the block's tiles at once
+            uq = _U(q)
+            for t in range(nr * tw_n):
+                ut = _U(t)
+                p = _U(col0 + t)
+                u0, u1, u2, u3, u4, u5 = _bt(d[_U(0), uq, ut], d[_U(1), uq, ut], d[_U(2), uq, ut],
+                                             d[_U(3), uq, ut], d[_U(4), uq, ut], d[_U(5), uq, ut])
+                v[uq, uc, p] = u0
+                v[uq + _U(ALPHA), uc, p] = u1
+                v[uq + _U(2 * ALPHA), uc, p] = u2
+                v[uq + _U(3 * ALPHA), uc, p] = u3
+                v[uq + _U(4 * ALPHA), uc, p] = u4
+                v[uq + _U(5 * ALPHA), uc, p] = u5
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _input_channel2(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d):
+    uc = _U(c)
+    for rb in range(0, n_rows, bl):
+        nr = min(bl, n_rows - rb)
+        for rr in range(nr):
+            _fill_rows(x, c, row0 + rb + rr, th_n, TILE2, ALPHA2, ph, pw, rowbuf)
+            t0 = rr * tw_n
+            for r in range(ALPHA2):
+                ur = _U(r)
+                for tw in range(tw_n):
+                    j = _U(tw * TILE2)
+                    t = _U(t0 + tw)
+                    s0, s1, s2, s3 = _bt4(rowbuf[ur, j], rowbuf[ur, j + _U(1)], rowbuf[ur, j + _U(2)],
+                                          rowbuf[ur, j + _U(3)])
+                    d[ur, _U(0), t] = s0
+                    d[ur, _U(1), t] = s1
+                    d[ur, _U(2), t] = s2
+                    d[ur, _U(3), t] = s3
+        col0 = rb * tw_n
+        for q in range(ALPHA2):
+            uq = _U(q)
+            for t in range(nr * tw_n):
+                ut = _U(t)
+                p = _U(col0 + t)
+                u0, u1, u2, u3 = _bt4(d[_U(0), uq, ut], d[_U(1), uq, ut], d[_U(2), uq, ut], d[_U(3), uq, ut])
+                v[uq, uc, p] = u0
+                v[uq + _U(ALPHA2), uc, p] = u1
+                v[uq + _U(2 * ALPHA2), uc, p] = u2
+                v[uq + _U(3 * ALPHA2), uc, p] = u3
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _input_range(x, v, c0, c1, row0, n_rows, th_n, tw_n, ph, pw, tile):
+    bl = max(1, BLOCK_TILES // tw_n)
+    alpha = tile + 2
+    rowbuf = np.empty((alpha, tw_n * tile + 2), x.dtype)
+    d = np.empty((alpha, alpha, min(bl, n_rows) * tw_n), x.dtype)
+    for c in range(c0, c1):
+        if tile == TILE:
+            _input_channel(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d)
+        else:
+            _input_channel2(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def input_transform_parallel(x, v, row0, n_rows, th_n, tw_n, ph, pw, tile=TILE):
+    """x (N, C, H, W), tile rows [row0, row0 + n_rows) of all images stacked (image-major)
+    -> v ((tile + 2)**2, C, n_rows * tw_n)."""
+    c_n = x.shape[1]
+    n_blk = min(c_n, BLOCKS)
+    for blk in nb.prange(n_blk):
+        _input_range(x, v, blk * c_n // n_blk, (blk + 1) * c_n // n_blk, row0, n_rows, th_n, tw_n, ph, pw, tile)
+
+
+@nb.njit(nogil=True, cache=True)
+def input_transform_serial(x, v, row0, n_rows, th_n, tw_n, ph, pw, tile=TILE):
+    _input_range(x, v, 0, x.shape[1], row0, n_rows, th_n, tw_n, ph, pw, tile)
+
+
+# -- F(4x4) input transform for wide images: one task per (channel, tile row) ------------------------------
+# B^T down the columns of the tile row's 6 input rows (contiguous, vectorizes), then B^T along
+# each tile's 6 columns of the result. Faster than the per-channel block form above from
+# ``ROWS_MIN_TW`` tiles per row up (measured: 64 ch 56x56 0.23 vs 0.34 ms, 16 ch 224x224 0.15
+# vs 0.35 ms); slower below (256 ch 14x14: 0.41 vs 0.17 ms: per-row work too short).
+ROWS_MIN_TW = 8
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -163,9 +353,9 @@ def _input_task(x, v, t, row0, n_rows, th_n, tw_n, ph, pw, rowbuf, s):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def input_transform_parallel(x, v, row0, n_rows, th_n, tw_n, ph, pw):
-    """x (N, C, H, W), tile rows [row0, row0 + n_rows) of all images stacked (image-major)
-    -> v (36, C, n_rows * tw_n)."""
+def input_rows_parallel(x, v, row0, n_rows, th_n, tw_n, ph, pw, tile=TILE):
+    """F(4x4) input transform, one task per (channel, tile row): x (N, C, H, W), tile rows
+    [row0, row0 + n_rows) of all images stacked (image-major) -> v (36, C, n_rows * tw_n)."""
     tasks = x.shape[1] * n_rows
     n_blk = min(tasks, BLOCKS)
     for blk in nb.prange(n_blk):
@@ -176,110 +366,165 @@ def input_transform_parallel(x, v, row0, n_rows, th_n, tw_n, ph, pw):
 
 
 @nb.njit(nogil=True, cache=True)
-def input_transform_serial(x, v, row0, n_rows, th_n, tw_n, ph, pw):
+def input_rows_serial(x, v, row0, n_rows, th_n, tw_n, ph, pw, tile=TILE):
     rowbuf = np.empty((ALPHA, tw_n * TILE + 2), x.dtype)
     s = np.empty((ALPHA, tw_n * TILE + 2), x.dtype)
     for t in range(x.shape[1] * n_rows):
         _input_task(x, v, t, row0, n_rows, th_n, tw_n, ph, pw, rowbuf, s)
 
 
+# -- output transform: per output channel, a block of tile rows at a time -----------------------------------
+# A^T runs down the point columns of all the block's tiles at once (contiguous in M, vectorized)
+# into e (tile rows of outputs, alpha, tiles); then along each tile's rows, writing its output
+# row segment (clipped at the image edge) with the bias added.
 @nb.njit(nogil=True, cache=True, inline="always")
-def _output_task(mm, b, y, t, row0, n_rows, th_n, tw_n, ta):
-    # one (output channel, global tile row): tw_n tiles of 36 points -> up to 4 output rows.
-    # A^T along the points runs across all tiles of the row at once (contiguous in mm).
-    m = t // n_rows
-    rr = t - m * n_rows
-    g = row0 + rr
-    i = g // th_n
-    th = g - i * th_n
+def _output_channel(mm, b, y, mc, row0, n_rows, th_n, tw_n, bl, e):
+    um = _U(mc)
+    bias = b[mc] if b.shape[0] > 0 else 0
     oh_n, ow_n = y.shape[2], y.shape[3]
-    bias = b[m] if b.shape[0] > 0 else 0
-    col0 = rr * tw_n
-    um = np.uintp(m)
-    for k in range(ALPHA):
-        uk = np.uintp(k)
-        for tw in range(tw_n):
-            p = np.uintp(col0 + tw)
-            o0, o1, o2, o3 = _at(mm[uk, um, p], mm[uk + np.uintp(ALPHA), um, p],
-                                 mm[uk + np.uintp(2 * ALPHA), um, p], mm[uk + np.uintp(3 * ALPHA), um, p],
-                                 mm[uk + np.uintp(4 * ALPHA), um, p], mm[uk + np.uintp(5 * ALPHA), um, p])
-            ut = np.uintp(tw)
-            ta[np.uintp(0), uk, ut] = o0
-            ta[np.uintp(1), uk, ut] = o1
-            ta[np.uintp(2), uk, ut] = o2
-            ta[np.uintp(3), uk, ut] = o3
-    h0 = th * TILE
-    rows = min(TILE, oh_n - h0)
     full = min(tw_n, ow_n // TILE)
-    ui = np.uintp(i)
-    for r in range(rows):
-        ur = np.uintp(r)
-        uh = np.uintp(h0 + r)
-        for tw in range(full):
-            ut = np.uintp(tw)
-            y0, y1, y2, y3 = _at(ta[ur, np.uintp(0), ut], ta[ur, np.uintp(1), ut], ta[ur, np.uintp(2), ut],
-                                 ta[ur, np.uintp(3), ut], ta[ur, np.uintp(4), ut], ta[ur, np.uintp(5), ut])
-            j = np.uintp(tw * TILE)
-            y[ui, um, uh, j] = y0 + bias
-            y[ui, um, uh, j + np.uintp(1)] = y1 + bias
-            y[ui, um, uh, j + np.uintp(2)] = y2 + bias
-            y[ui, um, uh, j + np.uintp(3)] = y3 + bias
-        if full < tw_n:  # the last tile is cut by the image edge
-            tw = full
-            y0, y1, y2, y3 = _at(ta[r, 0, tw], ta[r, 1, tw], ta[r, 2, tw], ta[r, 3, tw], ta[r, 4, tw], ta[r, 5, tw])
-            j = tw * TILE
-            cols = ow_n - j
-            y[i, m, h0 + r, j] = y0 + bias
-            if cols > 1:
-                y[i, m, h0 + r, j + 1] = y1 + bias
-            if cols > 2:
-                y[i, m, h0 + r, j + 2] = y2 + bias
+    for rb in range(0, n_rows, bl):
+        nr = min(bl, n_rows - rb)
+        col0 = rb * tw_n
+        for q in range(ALPHA):
+            uq = _U(q)
+            for t in range(nr * tw_n):
+                p = _U(col0 + t)
+                ut = _U(t)
+                a0, a1, a2, a3 = _at(mm[uq, um, p], mm[uq + _U(ALPHA), um, p], mm[uq + _U(2 * ALPHA), um, p],
+                                     mm[uq + _U(3 * ALPHA), um, p], mm[uq + _U(4 * ALPHA), um, p],
+                                     mm[uq + _U(5 * ALPHA), um, p])
+                e[_U(0), uq, ut] = a0
+                e[_U(1), uq, ut] = a1
+                e[_U(2), uq, ut] = a2
+                e[_U(3), uq, ut] = a3
+        for rr in range(nr):
+            g = row0 + rb + rr
+            i = g // th_n
+            th = g - i * th_n
+            h0 = th * TILE
+            ui = _U(i)
+            t0 = rr * tw_n
+            for r in range(min(TILE, oh_n - h0)):
+                ur = _U(r)
+                uh = _U(h0 + r)
+                for tw in range(full):
+                    t = _U(t0 + tw)
+                    y0, y1, y2, y3 = _at(e[ur, _U(0), t], e[ur, _U(1), t], e[ur, _U(2), t], e[ur, _U(3), t],
+                                         e[ur, _U(4), t], e[ur, _U(5), t])
+                    j = _U(tw * TILE)
+                    y[ui, um, uh, j] = y0 + bias
+                    y[ui, um, uh, j + _U(1)] = y1 + bias
+                    y[ui, um, uh, j + _U(2)] = y2 + bias
+                    y[ui, um, uh, j + _U(3)] = y3 + bias
+                if full < tw_n:  # the last tile is cut by the image edge
+                    t = _U(t0 + full)
+                    y0, y1, y2, y3 = _at(e[ur, _U(0), t], e[ur, _U(1), t], e[ur, _U(2), t], e[ur, _U(3), t],
+                                         e[ur, _U(4), t], e[ur, _U(5), t])
+                    j = full * TILE
+                    cols = ow_n - j
+                    y[ui, um, uh, _U(j)] = y0 + bias
+                    if cols > 1:
+                        y[ui, um, uh, _U(j + 1)] = y1 + bias
+                    if cols > 2:
+                        y[ui, um, uh, _U(j + 2)] = y2 + bias
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _output_channel2(mm, b, y, mc, row0, n_rows, th_n, tw_n, bl, e):
+    um = _U(mc)
+    bias = b[mc] if b.shape[0] > 0 else 0
+    oh_n, ow_n = y.shape[2], y.shape[3]
+    full = min(tw_n, ow_n // TILE2)
+    for rb in range(0, n_rows, bl):
+        nr = min(bl, n_rows - rb)
+        col0 = rb * tw_n
+        for q in range(ALPHA2):
+            uq = _U(q)
+            for t in range(nr * tw_n):
+                p = _U(col0 + t)
+                ut = _U(t)
+                a0, a1 = _at4(mm[uq, um, p], mm[uq + _U(ALPHA2), um, p], mm[uq + _U(2 * ALPHA2), um, p],
+                              mm[uq + _U(3 * ALPHA2), um, p])
+                e[_U(0), uq, ut] = a0
+                e[_U(1), uq, ut] = a1
+        for rr in range(nr):
+            g = row0 + rb + rr
+            i = g // th_n
+            th = g - i * th_n
+            h0 = th * TILE2
+            ui = _U(i)
+            t0 = rr * tw_n
+            for r in range(min(TILE2, oh_n - h0)):
+                ur = _U(r)
+                uh = _U(h0 + r)
+                for tw in range(full):
+                    t = _U(t0 + tw)
+                    y0, y1 = _at4(e[ur, _U(0), t], e[ur, _U(1), t], e[ur, _U(2), t], e[ur, _U(3), t])
+                    j = _U(tw * TILE2)
+                    y[ui, um, uh, j] = y0 + bias
+                    y[ui, um, uh, j + _U(1)] = y1 + bias
+                if full < tw_n:  # the last tile is cut by the image edge: one column left
+                    t = _U(t0 + full)
+                    y0, y1 = _at4(e[ur, _U(0), t], e[ur, _U(1), t], e[ur, _U(2), t], e[ur, _U(3), t])
+                    y[ui, um, uh, _U(full * TILE2)] = y0 + bias
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _output_range(mm, b, y, m0, m1, row0, n_rows, th_n, tw_n, tile):
+    bl = max(1, BLOCK_TILES // tw_n)
+    e = np.empty((tile, tile + 2, min(bl, n_rows) * tw_n), y.dtype)
+    for mc in range(m0, m1):
+        if tile == TILE:
+            _output_channel(mm, b, y, mc, row0, n_rows, th_n, tw_n, bl, e)
+        else:
+            _output_channel2(mm, b, y, mc, row0, n_rows, th_n, tw_n, bl, e)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def output_transform_parallel(mm, b, y, row0, n_rows, th_n, tw_n):
-    """mm (36, M, n_rows * tw_n) -> tile rows [row0, row0 + n_rows) of y (N, M, OH, OW),
+def output_transform_parallel(mm, b, y, row0, n_rows, th_n, tw_n, tile=TILE):
+    """mm ((tile + 2)**2, M, n_rows * tw_n) -> tile rows [row0, row0 + n_rows) of y (N, M, OH, OW),
     plus bias b (M,) or empty."""
-    tasks = y.shape[1] * n_rows
-    n_blk = min(tasks, BLOCKS)
+    m_n = y.shape[1]
+    n_blk = min(m_n, BLOCKS)
     for blk in nb.prange(n_blk):
-        ta = np.empty((TILE, ALPHA, tw_n), y.dtype)
-        for t in range(blk * tasks // n_blk, (blk + 1) * tasks // n_blk):
-            _output_task(mm, b, y, t, row0, n_rows, th_n, tw_n, ta)
+        _output_range(mm, b, y, blk * m_n // n_blk, (blk + 1) * m_n // n_blk, row0, n_rows, th_n, tw_n, tile)
 
 
 @nb.njit(nogil=True, cache=True)
-def output_transform_serial(mm, b, y, row0, n_rows, th_n, tw_n):
-    ta = np.empty((TILE, ALPHA, tw_n), y.dtype)
-    for t in range(y.shape[1] * n_rows):
-        _output_task(mm, b, y, t, row0, n_rows, th_n, tw_n, ta)
+def output_transform_serial(mm, b, y, row0, n_rows, th_n, tw_n, tile=TILE):
+    _output_range(mm, b, y, 0, y.shape[1], row0, n_rows, th_n, tw_n, tile)
 
 
 #: U = G g G^T for a flattened 3x3 g is one product with the Kronecker square of G:
 #: U[x * 6 + y] = sum_ij G[x, i] G[y, j] g[i * 3 + j]
 GG = np.kron(G, G)
+GG2 = np.kron(G2, G2)
 #: channel pairs per weight-transform block (float64 temporaries of ~4.5 MiB)
 _WT_BLOCK = 1 << 14
 
 
-def transform_weights(w: np.ndarray, dtype=None, out: np.ndarray | None = None) -> np.ndarray:
-    """U = G g G^T for every (output, input) channel pair: (M, C, 3, 3) -> (36, M, C), contiguous.
-    Computed in float64 and rounded once to ``dtype`` (default: w's dtype, float32 for 16-bit)."""
+def transform_weights(w: np.ndarray, dtype=None, out: np.ndarray | None = None, tile: int = TILE) -> np.ndarray:
+    """U = G g G^T for every (output, input) channel pair: (M, C, 3, 3) -> (36, M, C) for
+    F(4x4, 3x3) (``tile`` 4), (16, M, C) for F(2x2, 3x3) (``tile`` 2), contiguous. Computed in
+    float64 and rounded once to ``dtype`` (default: w's dtype, float32 for 16-bit)."""
     dtype = np.dtype(dtype or (w.dtype if w.dtype in (np.float32, np.float64) else np.float32))
     w = np.asarray(w)
     if w.dtype not in (np.float32, np.float64):
         w = w.astype(np.float32)
     w = np.ascontiguousarray(w)
+    gg = GG if tile == TILE else GG2
+    points = gg.shape[0]
     if out is None:
-        out = np.empty((POINTS, w.shape[0], w.shape[1]), dtype)
+        out = np.empty((points, w.shape[0], w.shape[1]), dtype)
     # (36 x 9) @ (9 x pairs) in float64 (BLAS), rounded once into U's dtype: a few ms for a
     # 512x512 layer on one core, where a per-pair numba loop took 60 ms
     pairs = w.shape[0] * w.shape[1]
     w9 = w.reshape(pairs, 9)
-    u2 = out.reshape(POINTS, pairs)
+    u2 = out.reshape(points, pairs)
     for p0 in range(0, pairs, _WT_BLOCK):
         blk = w9[p0:p0 + _WT_BLOCK].astype(np.float64)
-        u2[:, p0:p0 + blk.shape[0]] = GG @ blk.T
+        u2[:, p0:p0 + blk.shape[0]] = gg @ blk.T
     return out
 
 
@@ -304,6 +549,12 @@ class WinogradPlan:
     itemsize: int
     parallel: bool
     u: np.ndarray | None = None
+    #: output tile side: 4 for F(4x4, 3x3) (36 points), 2 for F(2x2, 3x3) (16 points)
+    tile: int = TILE
+
+    @property
+    def points(self) -> int:
+        return (self.tile + 2) ** 2
 
     @property
     def tiles(self) -> int:
@@ -311,7 +562,8 @@ class WinogradPlan:
 
     def _sizes(self) -> tuple:
         p = self.rows * self.tw_n
-        return POINTS * self.c * p, POINTS * self.m * p, (0 if self.u is not None else POINTS * self.m * self.c)
+        pts = self.points
+        return pts * self.c * p, pts * self.m * p, (0 if self.u is not None else pts * self.m * self.c)
 
     @property
     def workspace_bytes(self) -> int:
@@ -319,8 +571,9 @@ class WinogradPlan:
 
     def describe(self) -> str:
         packed = "weights pre-packed at prepare" if self.u is not None else "weights transformed per call"
-        return (f"Winograd F(4x4,3x3): {self.tiles} tiles of 4x4, chunks of {self.rows * self.tw_n} tiles, "
-                f"36 GEMMs ({self.m}x{self.c}) @ ({self.c}x{self.rows * self.tw_n}) per chunk; {packed}")
+        t = self.tile
+        return (f"Winograd F({t}x{t},3x3): {self.tiles} tiles of {t}x{t}, chunks of {self.rows * self.tw_n} tiles, "
+                f"{self.points} GEMMs ({self.m}x{self.c}) @ ({self.c}x{self.rows * self.tw_n}) per chunk; {packed}")
 
     def __eq__(self, other):  # the packed array makes the generated __eq__ ambiguous
         return self is other
@@ -328,19 +581,23 @@ class WinogradPlan:
     __hash__ = object.__hash__
 
 
-def winograd_plan(x_shape, m: int, pb: tuple, out_sp: tuple, itemsize: int, weight=None) -> WinogradPlan:
-    """Plan F(4x4, 3x3) for x (N, C, H, W) and M output channels; ``weight`` (M, C, 3, 3), when
-    known now, is transformed here once (pre-packed)."""
+def winograd_plan(x_shape, m: int, pb: tuple, out_sp: tuple, itemsize: int, weight=None,
+                  tile: int = TILE) -> WinogradPlan:
+    """Plan F(4x4, 3x3) (``tile`` 2: F(2x2, 3x3)) for x (N, C, H, W) and M output channels;
+    ``weight`` (M, C, 3, 3), when known now, is transformed here once (pre-packed)."""
+    if tile not in (TILE, TILE2):
+        raise ValueError(f"Winograd output tile must be {TILE} or {TILE2}, got {tile}")
     n, c = int(x_shape[0]), int(x_shape[1])
-    th_n, tw_n = -(-int(out_sp[0]) // TILE), -(-int(out_sp[1]) // TILE)
-    per_row = POINTS * (c + m) * tw_n * itemsize
+    points = (tile + 2) ** 2
+    th_n, tw_n = -(-int(out_sp[0]) // tile), -(-int(out_sp[1]) // tile)
+    per_row = points * (c + m) * tw_n * itemsize
     rows = max(1, min(max(n * th_n, 1), CHUNK_BYTES // max(per_row, 1)))
-    parallel = POINTS * rows * tw_n * max(c, m) >= PARALLEL_MIN
+    parallel = points * rows * tw_n * max(c, m) >= PARALLEL_MIN
     u = None
     if weight is not None:
-        u = transform_weights(np.asarray(weight), np.float64 if itemsize == 8 else np.float32)
+        u = transform_weights(np.asarray(weight), np.float64 if itemsize == 8 else np.float32, tile=tile)
     return WinogradPlan(n, c, int(m), tuple(int(v) for v in x_shape[2:]), tuple(int(v) for v in out_sp),
-                        int(pb[0]), int(pb[1]), th_n, tw_n, rows, itemsize, parallel, u)
+                        int(pb[0]), int(pb[1]), th_n, tw_n, rows, itemsize, parallel, u, tile)
 
 
 # -- kernel -----------------------------------------------------------------------------------------
@@ -360,7 +617,8 @@ def _split_workspace(ws: np.ndarray, dtype, plan: WinogradPlan):
 
 
 def conv_winograd(x, w, b, y, plan: WinogradPlan, ws) -> None:
-    """y = conv3x3(x, w) + b (stride 1) through F(4x4, 3x3); float32/float64 arrays."""
+    """y = conv3x3(x, w) + b (stride 1) through F(4x4, 3x3) or F(2x2, 3x3) (``plan.tile``);
+    float32/float64 arrays."""
     if plan.n == 0 or y.size == 0:
         return
     dt = x.dtype
@@ -368,7 +626,7 @@ def conv_winograd(x, w, b, y, plan: WinogradPlan, ws) -> None:
     if plan.u is not None:
         u = plan.u if plan.u.dtype == dt else plan.u.astype(dt)
     else:
-        u = transform_weights(w, dt, u.reshape(POINTS, plan.m, plan.c))
+        u = transform_weights(w, dt, u.reshape(plan.points, plan.m, plan.c), tile=plan.tile)
     bias = b if b is not None else np.zeros(0, dt)
     _run_chunks(x.reshape((plan.n, plan.c) + plan.in_sp), y.reshape((plan.n, plan.m) + plan.out_sp), u, bias, plan,
                 vflat, mflat)
@@ -377,22 +635,26 @@ def conv_winograd(x, w, b, y, plan: WinogradPlan, ws) -> None:
 def _run_chunks(xin, yout, u, bias, plan: WinogradPlan, vflat, mflat) -> None:
     """Transform, multiply and inverse-transform chunk by chunk; ``xin``/``yout`` may be strided
     views (the dilated form passes phase sub-images of the caller's arrays)."""
-    fin = input_transform_parallel if plan.parallel else input_transform_serial
+    if plan.tile == TILE and plan.tw_n >= ROWS_MIN_TW:
+        fin = input_rows_parallel if plan.parallel else input_rows_serial
+    else:
+        fin = input_transform_parallel if plan.parallel else input_transform_serial
     fout = output_transform_parallel if plan.parallel else output_transform_serial
     total = plan.n * plan.th_n
+    pts = plan.points
     for row0 in range(0, total, plan.rows):
         k = min(plan.rows, total - row0)
         p = k * plan.tw_n
-        v = vflat[:POINTS * plan.c * p].reshape(POINTS, plan.c, p)
-        mm = mflat[:POINTS * plan.m * p].reshape(POINTS, plan.m, p)
-        fin(xin, v, row0, k, plan.th_n, plan.tw_n, plan.ph, plan.pw)
-        np.matmul(u, v, out=mm)  # 36 BLAS GEMMs (M x C) @ (C x tiles)
-        fout(mm, bias, yout, row0, k, plan.th_n, plan.tw_n)
+        v = vflat[:pts * plan.c * p].reshape(pts, plan.c, p)
+        mm = mflat[:pts * plan.m * p].reshape(pts, plan.m, p)
+        fin(xin, v, row0, k, plan.th_n, plan.tw_n, plan.ph, plan.pw, plan.tile)
+        np.matmul(u, v, out=mm)  # 36 (16) BLAS GEMMs (M x C) @ (C x tiles)
+        fout(mm, bias, yout, row0, k, plan.th_n, plan.tw_n, plan.tile)
 
 
 def flops(plan: WinogradPlan) -> int:
     """Multiply-adds actually executed (GEMM part), x2: for reporting effective vs direct GFLOP/s."""
-    return 2 * POINTS * plan.m * plan.c * plan.tiles
+    return 2 * plan.points * plan.m * plan.c * plan.tiles
 
 
 def direct_flops(plan: WinogradPlan) -> int:

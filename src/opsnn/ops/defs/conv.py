@@ -326,6 +326,24 @@ WINOGRAD_DILATED_MIN_CHANNELS = 128
 #: that pays off from this many output tiles (measured on one core, per-call transform included,
 #: vs im2col: 64 ch 56x56 (196 tiles) 1.5x faster, 128 ch 28x28 (49) 1.1x, 256 ch 14x14 (16) 0.46x)
 WINOGRAD_MIN_TILES_UNPACKED = 40
+#: F(4x4) vs F(2x2) (both with pre-packed weights, one thread, bench/kernels.py shapes): F(4x4)'s
+#: 36 GEMMs do 44% fewer multiplies but are thinner, its transforms cost more per output and its
+#: 4x4 tiles overhang small images (14x14: 16x16 computed). It is preferred only with at least
+#: this many tiles per row (output width >= 25), min(C, M) x tiles >= WINOGRAD_F4_MIN_WORK and,
+#: below 64 channels, >= WINOGRAD_F4_MIN_TILES_FEW_CH tiles. Measured, vs im2col (F4 / F2):
+#: 64 ch 56x56 1.88x / 1.61x, 128 ch 28x28 1.79 / 1.56, 256 ch 28x28 1.76 / 1.30, 16 ch 112x112
+#: 2.2 / 2.0; 64 ch 28x28 1.43 / 1.69, 32 ch 56x56 1.19 / 1.71, 256 ch 14x14 1.07 / 1.30,
+#: 512 ch 7x7 0.55 / 0.99, 4 x 256 ch 14x14 1.38 / 1.44, 8 x 512 ch 7x7 1.38 / 1.79
+WINOGRAD_F4_MIN_TILE_COLS = 7
+WINOGRAD_F4_MIN_WORK = 6144
+WINOGRAD_F4_MIN_TILES_FEW_CH = 400
+#: F(2x2, 3x3) vs im2col: below this much GEMM work (tiles of 2x2 x C x M) the conv takes a few
+#: tens of microseconds and the transforms' fixed costs eat the saving (measured: 8 ch 28x28
+#: (12.5k) 0.99x, 16 ch 14x14 (12.5k) 1.01x; 32 ch 14x14 (50k) 1.23x, 8 ch 56x56 (50k) 1.48x)
+WINOGRAD_F2_MIN_WORK = 1 << 15
+#: F(2x2) with a weight transformed on every call (16 x M x C values) needs this many 2x2 tiles
+#: (measured vs im2col: 256 ch 14x14 (49 tiles) 0.79x, 96 ch 20x20 (100) 1.22x, 64 ch 28x28 (196) 1.39x)
+WINOGRAD_F2_MIN_TILES_UNPACKED = 100
 
 
 def _row_col_bytes(ctx) -> int:
@@ -392,9 +410,48 @@ def _unpacked_rejection(ctx, dilated: bool):
     return True
 
 
+def f2_preferred(xs, ws, attrs, op: str = "Conv") -> str | None:
+    """Why F(2x2, 3x3) is expected to beat F(4x4, 3x3) on these (Winograd-able) shapes; None
+    when F(4x4) is preferred."""
+    geo = conv_geometry(op, xs, ws, attrs)
+    ch = min(int(xs[1]), int(ws[0]))
+    tw = -(-geo.out[1] // WG.TILE)
+    tiles = int(xs[0]) * -(-geo.out[0] // WG.TILE) * tw
+    if tw < WINOGRAD_F4_MIN_TILE_COLS:
+        return (f"F(2x2,3x3) is faster here: output {geo.out[1]} wide is {tw} tiles of 4 (< "
+                f"{WINOGRAD_F4_MIN_TILE_COLS}): thin GEMMs, tiles overhanging the image")
+    if ch * tiles < WINOGRAD_F4_MIN_WORK:
+        return (f"F(2x2,3x3) is faster here: min(C, M) x tiles = {ch} x {tiles} < {WINOGRAD_F4_MIN_WORK}: "
+                "36 small GEMMs")
+    if ch < 64 and tiles < WINOGRAD_F4_MIN_TILES_FEW_CH:
+        return (f"F(2x2,3x3) is faster here: {ch} channels and {tiles} tiles of 4x4 (< "
+                f"{WINOGRAD_F4_MIN_TILES_FEW_CH}): 36 small GEMMs")
+    return None
+
+
+def _f2_rejection(ctx) -> str | None:
+    """Why F(2x2, 3x3) does not run this Conv (None: it applies and is preferred to im2col)."""
+    why = winograd_f2_rejection(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name)
+    if why is not None:
+        return why
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    geo = conv_geometry(ctx.op.name, xs, ws, ctx.attrs)
+    tiles = int(xs[0]) * -(-geo.out[0] // WG.TILE2) * -(-geo.out[1] // WG.TILE2)
+    if ctx.value(1) is None and tiles < WINOGRAD_F2_MIN_TILES_UNPACKED:
+        return NotPreferred(f"the weight is not known at prepare, so it is transformed on every call; {tiles} output "
+                            f"tiles of 2x2 (< {WINOGRAD_F2_MIN_TILES_UNPACKED}) do not amortize that")
+    return None
+
+
 def _winograd_applies(ctx):
     why = winograd_rejection(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name)
-    return _unpacked_rejection(ctx, False) if why is None else why
+    if why is not None:
+        return why
+    why = _unpacked_rejection(ctx, False)
+    if why is not True:
+        return why
+    f2 = f2_preferred(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name)
+    return True if f2 is None else NotPreferred(f2)
 
 
 def _winograd_plan(ctx):
@@ -406,6 +463,40 @@ def _winograd_plan(ctx):
 
 def _winograd_kernel(ins, outs, attrs, plan, ws):
     WG.conv_winograd(ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], plan, ws)
+
+
+def winograd_f2_rejection(xs, ws, attrs, op: str = "Conv") -> str | None:
+    """Why Winograd F(2x2, 3x3) is not used for these shapes (weights pre-packed); None when
+    it is. A :class:`NotPreferred` answer means correct but slower (than im2col)."""
+    what = "Winograd F(2x2,3x3)"
+    if len(xs) != 4:
+        return f"{what} handles 2-D convolution only"
+    geo = conv_geometry(op, xs, ws, attrs)
+    g = int(attrs.get("group", 1))
+    if geo.k != (3, 3) or geo.s != (1, 1) or g != 1 or geo.d != (1, 1):
+        return (f"{what} needs a 3x3 kernel, stride 1, dilation 1, group 1; got kernel "
+                f"{'x'.join(map(str, geo.k))}, stride {geo.s}, dilation {geo.d}, group {g}")
+    c, m = int(xs[1]), int(ws[0])
+    if min(c, m) < WINOGRAD_MIN_CHANNELS:
+        return NotPreferred(f"C={c}, M={m}: below {WINOGRAD_MIN_CHANNELS} channels the tile transforms cost more "
+                            "than the GEMM saves")
+    tiles = int(xs[0]) * -(-geo.out[0] // WG.TILE2) * -(-geo.out[1] // WG.TILE2)
+    if tiles * c * m < WINOGRAD_F2_MIN_WORK:
+        return NotPreferred(f"{tiles} tiles of 2x2 x C={c} x M={m} < {WINOGRAD_F2_MIN_WORK}: too little work for "
+                            "the transforms' fixed costs")
+    return None
+
+
+def _winograd_f2_applies(ctx):
+    why = _f2_rejection(ctx)
+    return True if why is None else why
+
+
+def _winograd_f2_plan(ctx):
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    geo = conv_geometry(ctx.op.name, xs, ws, ctx.attrs)
+    return WG.winograd_plan(xs, int(ws[0]), geo.pb, geo.out, _compute_itemsize(ctx.dtype(0)), ctx.value(1),
+                            tile=WG.TILE2)
 
 
 def _winograd_dilated_applies(ctx):
@@ -441,6 +532,9 @@ Conv.kernel("conv2d_winograd_dilated", dtypes=_F32_64, priority=25, applies=_win
             plan=_winograd_dilated_plan, workspace=_workspace, doc="dilated 3x3 stride 1: dilation**2 dense "
             "Winograd F(4x4,3x3) convs on phase sub-images (no zero-inserted input, no column buffer)"
             )(_winograd_dilated_kernel)
+Conv.kernel("conv2d_winograd_f2", dtypes=_F32_64, priority=24, applies=_winograd_f2_applies,
+            plan=_winograd_f2_plan, workspace=_workspace, doc="Winograd F(2x2,3x3): numba tile transforms + 16 "
+            "BLAS GEMMs; constant weights pre-transformed at prepare")(_winograd_kernel)
 Conv.kernel("conv2d_im2col", dtypes=_F32_64, priority=20, applies=_im2col2d_applies,
             plan=_conv_planner("im2col2d"), workspace=_workspace, doc="numba parallel im2col into the "
             "workspace + BLAS GEMM per group, in bands of output rows (workspace <= BAND_BYTES unless one row "
