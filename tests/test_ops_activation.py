@@ -108,6 +108,30 @@ def test_pointwise_matches_formula_serial_and_parallel(name, dtype, rng):
         _check(ex.run().numpy(), oracle(x.astype(np.float64)), dtype)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted(n for n in POINTWISE if n != "relu"))
+def test_pointwise_in_place_matches_formula(name, dtype, rng):
+    # the graph's memory plan runs activations in place (output = input): those go through a
+    # scratch block (to stay vectorized); spans cross block edges, serial and parallel
+    kw, oracle = POINTWISE[name]
+    for n in (1, K.SCRATCH - 1, 3 * K.SCRATCH + 7, (1 << 17) + 5):
+        x = _inputs(rng, n, dtype).reshape(-1)
+        ex = _exec(name).prepare(opsnn.tensor(x), **kw)
+        op, a, b, chunk = ex.plan
+        y = x.copy()
+        if chunk:
+            K.map_parallel(y, y, op, a, b, chunk)
+        else:
+            K.map_chunk(y, y, 0, n, op, a, b)
+        _check(y, oracle(x.astype(np.float64)), dtype)
+        part = x.copy()  # a span in the middle: the rest is untouched
+        lo, hi = n // 3, n - n // 4
+        K.map_chunk(part, part, lo, hi, op, a, b)
+        _check(part[lo:hi], oracle(x[lo:hi].astype(np.float64)), dtype)
+        np.testing.assert_array_equal(part[:lo], x[:lo])
+        np.testing.assert_array_equal(part[hi:], x[hi:])
+
+
 @pytest.mark.parametrize("name", sorted(POINTWISE))
 def test_pointwise_special_values(name):
     kw, oracle = POINTWISE[name]
