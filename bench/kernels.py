@@ -9,7 +9,8 @@ round-robin (a burst of load from other processes hits them all alike); figures 
 medians with the p10-p90 spread.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/kernels.py \\
-        [--only conv,gemm,lowp,attention,threads,large] [--repeat 30] [--quick] [--json PATH]
+        [--only conv,gemm,lowp,attention,threads,large] [--repeat 30] [--quick] [--conv-filter S,...]
+        [--json PATH]
 
 Prefix ``NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1`` for single-thread figures (onnxruntime
 then gets one thread too); their ``cpu`` column is robust to other jobs on the machine.
@@ -167,10 +168,12 @@ RESNET50 = [
     ("stem 7x7/2", (1, 3, 224, 224), (64, 3, 7, 7), 2, 3, 1),
     ("s1 1x1 64->64", (1, 64, 56, 56), (64, 64, 1, 1), 1, 0, 1),
     ("s1 3x3 64", (1, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1),
+    ("s1 3x3 64 batch 8", (8, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1),
     ("s1 1x1 64->256", (1, 64, 56, 56), (256, 64, 1, 1), 1, 0, 1),
     ("s1 1x1 256->64", (1, 256, 56, 56), (64, 256, 1, 1), 1, 0, 1),
     ("s2 3x3/2 128", (1, 128, 56, 56), (128, 128, 3, 3), 2, 1, 1),
     ("s2 3x3 128", (1, 128, 28, 28), (128, 128, 3, 3), 1, 1, 1),
+    ("s2 3x3 128 batch 8", (8, 128, 28, 28), (128, 128, 3, 3), 1, 1, 1),
     ("s2 1x1 128->512", (1, 128, 28, 28), (512, 128, 1, 1), 1, 0, 1),
     ("s2 1x1 512->128", (1, 512, 28, 28), (128, 512, 1, 1), 1, 0, 1),
     ("s3 3x3/2 256", (1, 256, 28, 28), (256, 256, 3, 3), 2, 1, 1),
@@ -191,6 +194,9 @@ RESNET50 = [
 QUICK_CONV = {"stem 7x7/2", "s1 3x3 64", "s2 3x3 128", "s3 3x3 256", "s4 3x3 512", "s1 1x1 64->256",
               "dilated 3x3 d2 256"}
 #: the issue's target: Winograd >= 1.5x faster than im2col on 3x3 stride-1 layers with >= 64 channels
+#: (F(4x4,3x3) "conv2d_winograd" and F(2x2,3x3) "conv2d_winograd_f2" are both timed; the side-by-side
+#: table at the end of the section shows each against im2col and which one selection picks)
+WINOGRAD_KERNELS = {"conv2d_winograd": "F(4x4)", "conv2d_winograd_f2": "F(2x2)"}
 
 
 def numpy_conv(x, w, stride, pad, dil):
@@ -207,6 +213,8 @@ def bench_conv(args, rng) -> list:
     print("\n== Conv (ResNet-50 shapes at batch 1, float32; opsnn graph path with weights as initializers)")
     for name, xs, ws, s, p, d in RESNET50:
         if args.quick and name not in QUICK_CONV:
+            continue
+        if args.conv_filter and not any(f in name for f in args.conv_filter.split(",")):
             continue
         x = rng.standard_normal(xs).astype(np.float32)
         w = (rng.standard_normal(ws) / math.sqrt(ws[1] * ws[2] * ws[3])).astype(np.float32)
@@ -235,6 +243,10 @@ def bench_conv(args, rng) -> list:
             row["winograd_vs_im2col"] = t["opsnn:conv2d_im2col"] / t["opsnn:conv2d_winograd"]
             row["winograd_vs_im2col_cpu"] = (res["opsnn:conv2d_im2col"]["cpu_ms"]
                                              / res["opsnn:conv2d_winograd"]["cpu_ms"])
+        if "opsnn:conv2d_winograd_f2" in t and "opsnn:conv2d_im2col" in t:
+            row["winograd_f2_vs_im2col"] = t["opsnn:conv2d_im2col"] / t["opsnn:conv2d_winograd_f2"]
+            row["winograd_f2_vs_im2col_cpu"] = (res["opsnn:conv2d_im2col"]["cpu_ms"]
+                                                / res["opsnn:conv2d_winograd_f2"]["cpu_ms"])
         if "opsnn:conv2d_winograd_dilated" in t and "opsnn:conv2d_im2col" in t:
             row["dilated_winograd_vs_im2col"] = t["opsnn:conv2d_im2col"] / t["opsnn:conv2d_winograd_dilated"]
         if "opsnn:conv2d_direct" in t and "opsnn:conv2d_im2col" in t:
@@ -244,12 +256,34 @@ def bench_conv(args, rng) -> list:
         print(f"{name:22s} chosen {chosen:16s} opsnn {_fmt(res['opsnn'])} {row['gflops']['opsnn']:6.1f} GF/s | "
               f"numpy x{row['speedup_vs_numpy']:.2f} ort x{row['speedup_vs_ort']:.2f} | fastest {best[6:]}"
               + (f" | winograd/im2col x{row['winograd_vs_im2col']:.2f}" if "winograd_vs_im2col" in row else "")
+              + (f" | winograd_f2/im2col x{row['winograd_f2_vs_im2col']:.2f}" if "winograd_f2_vs_im2col" in row
+                 else "")
               + (f" | dilated-winograd/im2col x{row['dilated_winograd_vs_im2col']:.2f}"
                  if "dilated_winograd_vs_im2col" in row else "")
               + (f" | direct/im2col x{row['direct_vs_im2col']:.2f}" if "direct_vs_im2col" in row else ""))
         for k in sorted(t, key=t.get):
             print(f"    {k:28s} {_fmt(res[k])} {row['gflops'][k]:7.1f} GF/s  err {errs[k]:.1e}")
+    _winograd_table(rows)
     return rows
+
+
+def _winograd_table(rows: list) -> None:
+    """im2col vs F(4x4) vs F(2x2) side by side for the 3x3 stride-1 dilation-1 rows (median ms,
+    speed-up over im2col), and the kernel the default selection runs."""
+    sel = [r for r in rows if r["w"][2:] == (3, 3) and r["stride"] == 1 and r["dilation"] == 1
+           and "opsnn:conv2d_im2col" in r["results"]]
+    if not sel:
+        return
+    print("\n   3x3 stride 1: median ms (x speed-up over im2col); >= 64 channels target: >= 1.5x")
+    print(f"   {'shape':22s} {'im2col':>9s} " + " ".join(f"{v:>16s}" for v in WINOGRAD_KERNELS.values())
+          + "   chosen")
+    for r in sel:
+        base = r["results"]["opsnn:conv2d_im2col"]["median_ms"]
+        cells = []
+        for k in WINOGRAD_KERNELS:
+            v = r["results"].get(f"opsnn:{k}")
+            cells.append(f"{v['median_ms']:8.3f} (x{base / v['median_ms']:.2f})" if v else f"{'-':>16s}")
+        print(f"   {r['name']:22s} {base:9.3f} " + " ".join(f"{c:>16s}" for c in cells) + f"   {r['chosen']}")
 
 
 # -- GEMM -------------------------------------------------------------------------------------------------------
@@ -513,6 +547,9 @@ def main() -> int:
                     help="sections: conv,gemm,lowp,attention,threads,large")
     ap.add_argument("--repeat", type=int, default=30, help="round-robin rounds per workload")
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument("--conv-filter", default="",
+                    help="conv: only the shapes whose name contains one of these comma-separated strings "
+                         "(e.g. '3x3 64,3x3 128')")
     ap.add_argument("--json", default="bench/results/kernels.json")
     args = ap.parse_args()
     opsnn.init()
@@ -536,6 +573,11 @@ def main() -> int:
         w = [r for r in report["conv"] if "winograd_vs_im2col" in r and r["w"][1] >= 64 and r["dilation"] == 1]
         report["targets"] = {"winograd_vs_im2col_3x3_s1_ge64ch": {r["name"]: r["winograd_vs_im2col"] for r in w},
                              "winograd_vs_im2col_cpu_time": {r["name"]: r["winograd_vs_im2col_cpu"] for r in w},
+                             "winograd_f2_vs_im2col_3x3_s1_ge64ch": {r["name"]: r["winograd_f2_vs_im2col"] for r in w
+                                                                     if "winograd_f2_vs_im2col" in r},
+                             "best_winograd_vs_im2col_3x3_s1_ge64ch": {
+                                 r["name"]: max(r["winograd_vs_im2col"], r.get("winograd_f2_vs_im2col", 0))
+                                 for r in w},
                              "dilated_winograd_vs_im2col": {r["name"]: r["dilated_winograd_vs_im2col"]
                                                             for r in report["conv"]
                                                             if "dilated_winograd_vs_im2col" in r}}
