@@ -19,7 +19,8 @@ import sys
 import time
 
 VARIANTS = {
-    "default": {},
+    "default (threads auto)": {},
+    "OPSNN_NUM_THREADS=2": {"OPSNN_NUM_THREADS": "2"},
     "NUMBA_NUM_THREADS=1": {"NUMBA_NUM_THREADS": "1"},
     "OPENBLAS_NUM_THREADS=1": {"OPENBLAS_NUM_THREADS": "1"},
     "both =1": {"NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},

@@ -290,3 +290,86 @@ def test_timing_helper_is_monotonic():
     time.sleep(0.01)
     b = opsnn.Event().record()
     assert a.elapsed_ms(b) >= 5
+
+
+# -- threads per kernel (runtime.threads): every core when quiet, fewer when other processes hold cores ----------
+def test_thread_policy_follows_other_runnable_tasks():
+    from opsnn.runtime import threads as T
+
+    load = [0]
+    clock = [0.0]
+    pol = T.ThreadPolicy("auto", sampler=lambda: load[0], clock=lambda: clock[0])
+    cores = T.cores()
+    assert pol.threads() == cores and pol.mode == "auto"
+    load[0] = cores + 3  # a busy machine: at least one thread, once every sample in the window shows it
+    for i in range(T.WINDOW):
+        clock[0] += T.SAMPLE_S
+        got = pol.threads()
+        assert got == (1 if i == T.WINDOW - 1 else cores)
+    load[0] = 0  # a blip of quiet is enough to go back up (min over the window)
+    clock[0] += T.SAMPLE_S / 2
+    assert pol.threads() == 1  # not sampled again before SAMPLE_S
+    clock[0] += T.SAMPLE_S
+    assert pol.threads() == cores
+    # no /proc: every core
+    assert T.ThreadPolicy("auto", sampler=lambda: None).threads() == cores
+
+
+def test_thread_policy_fixed_and_bad_settings():
+    from opsnn.runtime import threads as T
+
+    pol = T.ThreadPolicy("3", sampler=lambda: 99)
+    assert pol.threads() == 3 and pol.mode == 3  # a fixed count ignores the load
+    pol.set("auto")
+    assert pol.mode == "auto"
+    for bad in (0, -1, "two", 1.5, True):
+        with pytest.raises(ParamInvalidError, match="int >= 1 or 'auto'"):
+            T.ThreadPolicy(bad)
+    try:
+        opsnn.set_num_threads(1)
+        assert opsnn.get_num_threads() == 1
+    finally:
+        opsnn.set_num_threads("auto")
+
+
+def test_kernels_under_load_use_fewer_threads_and_plans_are_not_affected(monkeypatch):
+    from opsnn.pipeline.blas import get_blas_threads
+    from opsnn.runtime import threads as T
+
+    before = nb.get_num_threads()
+    blas_before = get_blas_threads()
+    seen = []
+    monkeypatch.setattr(T, "policy", T.ThreadPolicy("auto", sampler=lambda: 100))  # every core taken
+    s = opsnn.current_stream()
+    s.launch(lambda: seen.append((nb.get_num_threads(), get_blas_threads())))
+    assert seen == [(1, None if blas_before is None else 1)]
+    assert nb.get_num_threads() == before  # the caller's own count is back: later plans see every core
+    monkeypatch.setattr(T, "policy", T.ThreadPolicy("auto", sampler=lambda: 0))
+    s.launch(lambda: seen.append((nb.get_num_threads(), get_blas_threads())))
+    assert seen[1] == (before, blas_before)  # quiet again: every core, OpenBLAS back to its own count
+    w = opsnn.Stream(num_threads=1)  # a worker stream's own limit still holds
+    w.launch(lambda: seen.append((nb.get_num_threads(), None)))
+    w.synchronize()
+    w.close()
+    assert seen[2][0] == 1
+
+
+def test_others_running_sees_a_busy_process():
+    import subprocess
+    import sys
+
+    from opsnn.runtime import threads as T
+
+    if T.others_running() is None:
+        pytest.skip("no /proc on this system")
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        counts = []
+        for _ in range(10):
+            counts.append(T.others_running())
+            time.sleep(0.01)
+        assert max(counts) >= 1  # the busy loop is runnable at every instant
+    finally:
+        hog.kill()
+        hog.wait()

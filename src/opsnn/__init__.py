@@ -10,6 +10,7 @@
 from . import dtypes, errors
 from .runtime import Device, Event, Stream, context, current_stream, finalize, hooks, init, is_initialized
 from .runtime import memory
+from .runtime.threads import get_num_threads, set_num_threads
 from .tensor import Tensor, empty, from_dlpack, from_numpy, full, ones, tensor, zeros
 from . import ops
 from .ops import kernel_selector, register_kernel, register_op
@@ -28,6 +29,6 @@ from .tools import debug_log as _debug_log
 _debug_log.configure_from_env()
 
 __all__ = ["nn", "onnx", "plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
-           "empty", "errors", "finalize", "from_dlpack", "from_numpy", "full", "hooks", "init",
+           "empty", "errors", "finalize", "from_dlpack", "from_numpy", "full", "get_num_threads", "hooks", "init",
            "is_initialized", "kernel_selector", "memory", "ones", "ops", "profiler", "tools", "register_kernel", "register_op",
-           "tensor", "zeros"]
+           "set_num_threads", "tensor", "zeros"]

@@ -82,3 +82,26 @@ def blas_threads(n: int | None):
             _depth -= 1
             if _depth == 0 and _saved is not None:
                 api[0](_saved)
+
+
+_policy_cap: int | None = None   # OpenBLAS's own thread count when first seen (its env setting)
+_policy_last: int | None = None
+
+
+def follow_policy(n: int) -> None:
+    """Set OpenBLAS to ``n`` threads (at most its own start-up count, e.g. OPENBLAS_NUM_THREADS)
+    for :mod:`opsnn.runtime.threads`; does nothing while a :func:`blas_threads` block holds it."""
+    global _policy_cap, _policy_last
+    if n == _policy_last or _depth:
+        return
+    api = _find()
+    if not api:
+        _policy_last = n
+        return
+    with _lock:
+        if _depth:
+            return
+        if _policy_cap is None:
+            _policy_cap = api[1]()
+        api[0](max(1, min(n, _policy_cap)))
+        _policy_last = n

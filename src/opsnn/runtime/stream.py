@@ -23,6 +23,7 @@ from collections import deque
 from ..errors import InferShapeError, KernelError, OpsnnRuntimeError, ParamInvalidError
 from .context import context as _get_context
 from . import hooks
+from . import threads as _threads
 
 _ids = itertools.count()
 _tls = threading.local()
@@ -60,6 +61,9 @@ class Stream:
         # Kernel threads per worker: streams already run side by side, so each worker's
         # parallel kernels use part of the cores (else N streams x all cores oversubscribe).
         self.num_threads = num_threads or max(1, (os.cpu_count() or 1) // 2)
+        # kernel threads never exceed this; the thread policy (runtime.threads) may use fewer.
+        # The inline default stream runs on the caller's thread with every core by default.
+        self._limit = num_threads or (1 << 30 if inline else self.num_threads)
         if not inline:
             self._thread = threading.Thread(target=self._work, name=f"opsnn-{self.name}", daemon=True)
             self._thread.start()
@@ -87,11 +91,14 @@ class Stream:
     def _run(self, seq, fn, name, info, t_queue) -> None:
         profiling = hooks.active and hooks.listening("kernel")
         t0 = time.perf_counter() if profiling else 0.0
+        prev = _threads.enter(self._limit)
         try:
             fn()
         except BaseException as exc:  # noqa: BLE001 - kept and re-raised at synchronize
             self._errors.append((seq, name, exc))
             self._failed[seq] = name
+        finally:
+            _threads.leave(prev)
         if profiling:
             t1 = time.perf_counter()
             hooks.emit("kernel", {"op": name, "stream": self.name, "queued": t_queue, "start": t0,
