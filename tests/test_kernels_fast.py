@@ -479,6 +479,22 @@ def test_graph_prepacks_winograd_weights(rng):
     assert "conv2d_winograd" in text and "weights pre-packed at prepare" in text, text
 
 
+def test_explain_reports_the_fused_conv_kernel_chosen_with_the_constant_weight(rng):
+    """256 ch 14x14: F(2x2) only with the weight pre-packed (per call: im2col); explain must
+    report the kernel the compiled graph runs, not a re-selection without the weight."""
+    from opsnn.ops.explain import explain_graph
+
+    x, w, b = rand(rng, (1, 256, 14, 14)), rand(rng, (256, 256, 3, 3), scale=0.05), rand(rng, (256,))
+    model, ys = _conv_relu_residual_model(x, w, b, conv_attrs(pads=(1,) * 4))
+    cg = opsnn.compile(opsnn.onnx.load(model))
+    z = rand(rng, ys)
+    y = cg.run({"x": x, "z": z})["y"].numpy()
+    want = np.maximum(conv_oracle(x, w, b, pads=(1,) * 4) + z, 0)
+    np.testing.assert_allclose(y, want, rtol=WINO_F2_TOL, atol=WINO_F2_TOL * np.abs(want).max())
+    text = explain_graph(cg, {"x": x.shape, "z": ys})
+    assert "-> Conv: conv2d_winograd_f2" in text and "Winograd F(2x2,3x3)" in text, text
+
+
 # -- 16-bit GEMM ---------------------------------------------------------------------------------------------------
 LOWP_SHAPES = [((1, 1), (1, 1)), ((3, 5), (5, 7)), ((37, 64), (64, 129)), ((4, 33), (33, 16)),
                ((2, 3, 9), (9, 20)), ((2, 5, 8), (2, 8, 3)), ((0, 4), (4, 3)), ((3, 0), (0, 5))]

@@ -61,6 +61,8 @@ def _inner_selection(ex):
     if not isinstance(plan, dict) or not hasattr(plan.get("kernel"), "fn"):
         return None
     k = plan["kernel"]
+    if getattr(plan.get("selection"), "kernel", None) is k:  # the selection made at prepare, constants known
+        return (k.op, plan["selection"], plan.get("plan"))
     try:
         rec = get_op(k.op)
         n = len(rec.inputs)

@@ -92,7 +92,9 @@ def _fused_conv_plan(ctx):
     k = sel.kernel
     plan = k.plan(inner) if k.plan else None
     ws = k.workspace(inner, plan) if k.workspace else 0
-    return {"kernel": k, "plan": plan, "ws": ws, "attrs": inner.attrs, "code": _act_code("FusedConv", ctx.attrs)}
+    # "selection": what explain reports (it depends on the constant weight, which explain cannot see)
+    return {"kernel": k, "plan": plan, "ws": ws, "attrs": inner.attrs, "code": _act_code("FusedConv", ctx.attrs),
+            "selection": sel}
 
 
 def _fused_conv_kernel(ins, outs, attrs, plan, ws):
@@ -147,7 +149,8 @@ def _fused_mm_plan(ctx):
     inner = _inner_ctx(ctx, "MatMul", 2, {})
     sel = select_kernel(inner.op, inner)
     k = sel.kernel
-    return {"kernel": k, "plan": k.plan(inner) if k.plan else None, "code": _act_code("FusedMatMul", ctx.attrs)}
+    return {"kernel": k, "plan": k.plan(inner) if k.plan else None, "code": _act_code("FusedMatMul", ctx.attrs),
+            "selection": sel}
 
 
 def _fused_mm_kernel(ins, outs, attrs, plan, ws):
