@@ -337,6 +337,10 @@ WINOGRAD_MIN_TILES_UNPACKED = 40
 WINOGRAD_F4_MIN_TILE_COLS = 7
 WINOGRAD_F4_MIN_WORK = 6144
 WINOGRAD_F4_MIN_TILES_FEW_CH = 400
+#: ... and, for batches > 1, at least this many channels (measured, bench/kernels.py round-robin:
+#: 64 ch 56x56 at batch 2 / 4 / 8: F4 1.41 / 1.25 / 1.26x vs F2 1.48 / 1.40 / 1.38x; batch 1: F4 1.62x
+#: vs F2 1.42x; 128 ch 28x28 batch 8: F4 1.83x vs F2 1.45x)
+WINOGRAD_F4_MIN_CH_BATCHED = 128
 #: F(2x2, 3x3) vs im2col: below this much GEMM work (tiles of 2x2 x C x M) the conv takes a few
 #: tens of microseconds and the transforms' fixed costs eat the saving (measured: 8 ch 28x28
 #: (12.5k) 0.99x, 16 ch 14x14 (12.5k) 1.01x; 32 ch 14x14 (50k) 1.23x, 8 ch 56x56 (50k) 1.48x)
@@ -426,6 +430,9 @@ def f2_preferred(xs, ws, attrs, op: str = "Conv") -> str | None:
     if ch < 64 and tiles < WINOGRAD_F4_MIN_TILES_FEW_CH:
         return (f"F(2x2,3x3) is faster here: {ch} channels and {tiles} tiles of 4x4 (< "
                 f"{WINOGRAD_F4_MIN_TILES_FEW_CH}): 36 small GEMMs")
+    if int(xs[0]) > 1 and ch < WINOGRAD_F4_MIN_CH_BATCHED:
+        return (f"F(2x2,3x3) is faster here: batch {int(xs[0])} with {ch} channels (< "
+                f"{WINOGRAD_F4_MIN_CH_BATCHED})")
     return None
 
 
