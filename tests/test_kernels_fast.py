@@ -180,12 +180,12 @@ def test_dilated_winograd_selection(rng):
 
 @pytest.mark.parametrize("kernel,tile,tol", WINO_KERNELS)
 def test_winograd_chunks_across_images(rng, monkeypatch, kernel, tile, tol):
-    """Tiny chunk budget: every chunk is one tile row, chunks straddle image boundaries; tiny
-    transform blocks: a channel's tiles are transformed one tile row at a time; parallel
-    transforms forced on."""
+    """Tiny chunk budget: every chunk is one tile row, chunks straddle image boundaries; serial
+    and parallel transforms."""
     x, w, b = rand(rng, (3, 5, 9, 7)), rand(rng, (4, 5, 3, 3)), rand(rng, (4,))
     want = conv_oracle(x, w, b, pads=(1, 1, 1, 1))
-    for budget, block, par in ((1, 1, 1 << 40), (2000, 4, 0), (1 << 30, 256, 1 << 40), (1 << 30, 1, 0)):
+    monkeypatch.setattr(WG, "CHUNK_U_FACTOR", 0)
+    for budget, par in ((1, 1 << 40), (2000, 0), (1 << 30, 1 << 40), (1 << 30, 0)):
         monkeypatch.setattr(WG, "CHUNK_BYTES", budget)
         monkeypatch.setattr(WG, "PARALLEL_MIN", par)
         y, plan = run_kernel("Conv", kernel, [x, w, b], conv_attrs(pads=(1, 1, 1, 1)))
@@ -193,6 +193,18 @@ def test_winograd_chunks_across_images(rng, monkeypatch, kernel, tile, tol):
         assert rel_err(y, want) < tol
     th = -(-9 // tile)
     assert plan.rows == 3 * th  # the whole batch (3 images x th tile rows) in one chunk
+
+
+def test_winograd_chunks_grow_with_the_weights(monkeypatch):
+    """Each chunk streams all of U: with large U the chunk may grow to CHUNK_U_FACTOR x U,
+    capped at CHUNK_MAX_BYTES; small U keeps CHUNK_BYTES."""
+    big = WG.winograd_plan((8, 512, 7, 7), 512, (1, 1), (7, 7), 4)            # U 36 MiB
+    assert big.rows == 8 * 2                                                  # the whole batch
+    assert big.workspace_bytes <= WG.CHUNK_MAX_BYTES + 36 * 512 * 512 * 4 + 3 * WG.ALIGN
+    small = WG.winograd_plan((8, 64, 56, 56), 64, (1, 1), (56, 56), 4)        # U 0.6 MiB
+    assert 36 * 128 * 14 * 4 * small.rows <= WG.CHUNK_BYTES < 36 * 128 * 14 * 4 * (small.rows + 1)
+    monkeypatch.setattr(WG, "CHUNK_MAX_BYTES", 0)
+    assert WG.winograd_plan((8, 512, 7, 7), 512, (1, 1), (7, 7), 4).rows == WG.CHUNK_BYTES // (36 * 1024 * 2 * 4)
 
 
 def test_winograd_transform_blocks(rng):
@@ -322,8 +334,10 @@ WINO_SELECTION = [
     ((1, 128, 28, 28), "conv2d_winograd", None),         # stage 2
     ((1, 256, 14, 14), "conv2d_winograd_f2", "tiles"),   # stage 3: 16 tiles of 4x4
     ((1, 512, 7, 7), "conv2d_winograd_f2", "tiles"),     # stage 4: F(4x4) has only 4 tiles
-    ((8, 256, 14, 14), "conv2d_winograd_f2", "wide"),
-    ((8, 512, 7, 7), "conv2d_winograd_f2", "wide"),
+    ((2, 256, 14, 14), "conv2d_winograd_f2", "wide"),
+    ((4, 512, 7, 7), "conv2d_winograd_f2", "tiles"),
+    ((8, 256, 14, 14), "conv2d_winograd", None),         # batch 8: F(4x4)'s GEMMs are fat enough
+    ((8, 512, 7, 7), "conv2d_winograd", None),
     ((1, 32, 56, 56), "conv2d_winograd_f2", "channels"),  # few channels, 196 tiles of 4x4
     ((1, 64, 28, 28), "conv2d_winograd_f2", "min(C, M)"),
     ((8, 64, 56, 56), "conv2d_winograd_f2", "batch"),

@@ -39,7 +39,8 @@ padded rows, then rows per tile, which is faster when rows are long. The output 
 mirrors the block form: A^T down the point columns of the block's tiles (vectorized), then
 along each tile's rows straight into y.
 
-The (image, tile row) pairs of the batch run in chunks sized so V and M stay cache-sized;
+The (image, tile row) pairs of the batch run in chunks sized so V and M stay cache-sized
+(``CHUNK_BYTES``), larger when U is large (each chunk streams all of U through the GEMMs);
 the transforms of a chunk run in parallel (over channels) only when large (``PARALLEL_MIN``).
 
 The transforms' loops index with ``np.uintp``: numba then skips negative-index wraparound,
@@ -76,6 +77,13 @@ PARALLEL_MIN = 1 << 18
 #: cache-resident between the transforms and the GEMMs (1-32 MiB measured: batch 1 flat within
 #: noise; batch 8 at 56x56 ~1.5x slower when a chunk's buffers outgrow the caches)
 CHUNK_BYTES = 4 << 20
+#: ... but every chunk streams all of U (the transformed weights) once through the GEMMs, so
+#: with many channels and a batch of small images the chunk may grow to this many times U's
+#: bytes, up to CHUNK_MAX_BYTES (one thread, vs im2col, 4 MiB chunks -> this rule: 8 x 256 ch
+#: 14x14 F(4x4) 1.41 -> 1.89x, F(2x2) 1.46 -> 1.71x; 8 x 512 ch 7x7 F(4x4) 1.24 -> 2.06x, F(2x2)
+#: 1.67 -> 1.93x; with U small, 8 x 64 ch 56x56 and 8 x 128 ch 28x28 were slower with 16 MiB)
+CHUNK_U_FACTOR = 2
+CHUNK_MAX_BYTES = 32 << 20
 #: the transforms work on one channel's tiles at most this many at a time (whole tile rows):
 #: long vectors for the half that runs along the tiles, scratch that stays in L1
 BLOCK_TILES = 256
@@ -591,7 +599,8 @@ def winograd_plan(x_shape, m: int, pb: tuple, out_sp: tuple, itemsize: int, weig
     points = (tile + 2) ** 2
     th_n, tw_n = -(-int(out_sp[0]) // tile), -(-int(out_sp[1]) // tile)
     per_row = points * (c + m) * tw_n * itemsize
-    rows = max(1, min(max(n * th_n, 1), CHUNK_BYTES // max(per_row, 1)))
+    budget = max(CHUNK_BYTES, min(CHUNK_U_FACTOR * points * m * c * itemsize, CHUNK_MAX_BYTES))
+    rows = max(1, min(max(n * th_n, 1), budget // max(per_row, 1)))
     parallel = points * rows * tw_n * max(c, m) >= PARALLEL_MIN
     u = None
     if weight is not None:

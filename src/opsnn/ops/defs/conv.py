@@ -328,14 +328,17 @@ WINOGRAD_DILATED_MIN_CHANNELS = 128
 WINOGRAD_MIN_TILES_UNPACKED = 40
 #: F(4x4) vs F(2x2) (both with pre-packed weights, one thread, bench/kernels.py shapes): F(4x4)'s
 #: 36 GEMMs do 44% fewer multiplies but are thinner, its transforms cost more per output and its
-#: 4x4 tiles overhang small images (14x14: 16x16 computed). It is preferred only with at least
-#: this many tiles per row (output width >= 25), min(C, M) x tiles >= WINOGRAD_F4_MIN_WORK and,
-#: below 64 channels, >= WINOGRAD_F4_MIN_TILES_FEW_CH tiles. Measured, vs im2col (F4 / F2):
-#: 64 ch 56x56 1.88x / 1.61x, 128 ch 28x28 1.79 / 1.56, 256 ch 28x28 1.76 / 1.30, 16 ch 112x112
-#: 2.2 / 2.0; 64 ch 28x28 1.43 / 1.69, 32 ch 56x56 1.19 / 1.71, 256 ch 14x14 1.07 / 1.30,
-#: 512 ch 7x7 0.55 / 0.99, 4 x 256 ch 14x14 1.38 / 1.44, 8 x 512 ch 7x7 1.38 / 1.79
+#: 4x4 tiles overhang small images (14x14: 16x16 computed). It is preferred only with
+#: min(C, M) x tiles >= WINOGRAD_F4_MIN_WORK, or WINOGRAD_F4_MIN_WORK_NARROW on images less than
+#: WINOGRAD_F4_MIN_TILE_COLS tiles wide (output width < 25), and, below 64 channels, with >=
+#: WINOGRAD_F4_MIN_TILES_FEW_CH tiles. Measured, vs im2col (F4 / F2): 64 ch 56x56 1.88x / 1.61x,
+#: 128 ch 28x28 1.79 / 1.56, 256 ch 28x28 1.76 / 1.30, 16 ch 112x112 2.2 / 2.0; 64 ch 28x28
+#: 1.43 / 1.69, 32 ch 56x56 1.19 / 1.71; 256 ch 14x14 at batch 1 / 2 / 4 / 8: F4 1.14 / 1.19 /
+#: 1.57 / 1.83, F2 1.33 / 1.38 / 1.55 / 1.53; 512 ch 7x7 at batch 1 / 2 / 4 / 8: F4 0.55 / 0.89 /
+#: 1.53 / 2.05, F2 1.05 / 1.46 / 1.88 / 1.86
 WINOGRAD_F4_MIN_TILE_COLS = 7
 WINOGRAD_F4_MIN_WORK = 6144
+WINOGRAD_F4_MIN_WORK_NARROW = 16384
 WINOGRAD_F4_MIN_TILES_FEW_CH = 400
 #: ... and, for batches > 1, at least this many channels (measured, bench/kernels.py round-robin:
 #: 64 ch 56x56 at batch 2 / 4 / 8: F4 1.41 / 1.25 / 1.26x vs F2 1.48 / 1.40 / 1.38x; batch 1: F4 1.62x
@@ -421,9 +424,10 @@ def f2_preferred(xs, ws, attrs, op: str = "Conv") -> str | None:
     ch = min(int(xs[1]), int(ws[0]))
     tw = -(-geo.out[1] // WG.TILE)
     tiles = int(xs[0]) * -(-geo.out[0] // WG.TILE) * tw
-    if tw < WINOGRAD_F4_MIN_TILE_COLS:
+    if tw < WINOGRAD_F4_MIN_TILE_COLS and ch * tiles < WINOGRAD_F4_MIN_WORK_NARROW:
         return (f"F(2x2,3x3) is faster here: output {geo.out[1]} wide is {tw} tiles of 4 (< "
-                f"{WINOGRAD_F4_MIN_TILE_COLS}): thin GEMMs, tiles overhanging the image")
+                f"{WINOGRAD_F4_MIN_TILE_COLS}) and min(C, M) x tiles = {ch} x {tiles} < "
+                f"{WINOGRAD_F4_MIN_WORK_NARROW}: thin GEMMs, tiles overhanging the image")
     if ch * tiles < WINOGRAD_F4_MIN_WORK:
         return (f"F(2x2,3x3) is faster here: min(C, M) x tiles = {ch} x {tiles} < {WINOGRAD_F4_MIN_WORK}: "
                 "36 small GEMMs")
