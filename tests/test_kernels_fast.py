@@ -340,7 +340,7 @@ WINO_SELECTION = [
     ((8, 512, 7, 7), "conv2d_winograd", None),
     ((1, 32, 56, 56), "conv2d_winograd_f2", "channels"),  # few channels, 196 tiles of 4x4
     ((1, 64, 28, 28), "conv2d_winograd_f2", "min(C, M)"),
-    ((8, 64, 56, 56), "conv2d_winograd_f2", "batch"),
+    ((8, 64, 56, 56), "conv2d_winograd", None),
     ((8, 128, 28, 28), "conv2d_winograd", None),
     ((1, 8, 28, 28), "conv2d_im2col", None),             # too little work for either
 ]

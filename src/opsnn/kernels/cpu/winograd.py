@@ -287,9 +287,11 @@ def input_transform_serial(x, v, row0, n_rows, th_n, tw_n, ph, pw, tile=TILE):
 
 # -- F(4x4) input transform for wide images: one task per (channel, tile row) ------------------------------
 # B^T down the columns of the tile row's 6 input rows (contiguous, vectorizes), then B^T along
-# each tile's 6 columns of the result. Faster than the per-channel block form above from
-# ``ROWS_MIN_TW`` tiles per row up (measured: 64 ch 56x56 0.23 vs 0.34 ms, 16 ch 224x224 0.15
-# vs 0.35 ms); slower below (256 ch 14x14: 0.41 vs 0.17 ms: per-row work too short).
+# each tile's 6 columns of the result. Faster than the per-channel block form above for one
+# image from ``ROWS_MIN_TW`` tiles per row up (measured, one thread, per image: 64 ch 56x56
+# 0.24 vs 0.37 ms, 64 ch 112x112 0.85 vs 1.32, 16 ch 224x224 0.57 vs 1.25); slower below (256 ch
+# 14x14: 0.41 vs 0.17 ms: per-row work too short) and for batches (64 ch 56x56 at batch 2 / 8:
+# 0.38 / 0.55 vs 0.33 / 0.37 ms per image; not understood: chunks then straddle images).
 ROWS_MIN_TW = 8
 
 
@@ -644,7 +646,7 @@ def conv_winograd(x, w, b, y, plan: WinogradPlan, ws) -> None:
 def _run_chunks(xin, yout, u, bias, plan: WinogradPlan, vflat, mflat) -> None:
     """Transform, multiply and inverse-transform chunk by chunk; ``xin``/``yout`` may be strided
     views (the dilated form passes phase sub-images of the caller's arrays)."""
-    if plan.tile == TILE and plan.tw_n >= ROWS_MIN_TW:
+    if plan.tile == TILE and plan.tw_n >= ROWS_MIN_TW and plan.n == 1:
         fin = input_rows_parallel if plan.parallel else input_rows_serial
     else:
         fin = input_transform_parallel if plan.parallel else input_transform_serial

@@ -333,17 +333,14 @@ WINOGRAD_MIN_TILES_UNPACKED = 40
 #: WINOGRAD_F4_MIN_TILE_COLS tiles wide (output width < 25), and, below 64 channels, with >=
 #: WINOGRAD_F4_MIN_TILES_FEW_CH tiles. Measured, vs im2col (F4 / F2): 64 ch 56x56 1.88x / 1.61x,
 #: 128 ch 28x28 1.79 / 1.56, 256 ch 28x28 1.76 / 1.30, 16 ch 112x112 2.2 / 2.0; 64 ch 28x28
-#: 1.43 / 1.69, 32 ch 56x56 1.19 / 1.71; 256 ch 14x14 at batch 1 / 2 / 4 / 8: F4 1.14 / 1.19 /
+#: 1.43 / 1.69, 32 ch 56x56 1.19 / 1.71, 64 ch 56x56 batch 2 / 4 / 8 1.63 / 1.54 / 1.54 vs 1.48 /
+#: 1.45 / 1.45, 32 ch 56x56 batch 4 1.23 / 1.29; 256 ch 14x14 at batch 1 / 2 / 4 / 8: F4 1.14 / 1.19 /
 #: 1.57 / 1.83, F2 1.33 / 1.38 / 1.55 / 1.53; 512 ch 7x7 at batch 1 / 2 / 4 / 8: F4 0.55 / 0.89 /
 #: 1.53 / 2.05, F2 1.05 / 1.46 / 1.88 / 1.86
 WINOGRAD_F4_MIN_TILE_COLS = 7
 WINOGRAD_F4_MIN_WORK = 6144
 WINOGRAD_F4_MIN_WORK_NARROW = 16384
 WINOGRAD_F4_MIN_TILES_FEW_CH = 400
-#: ... and, for batches > 1, at least this many channels (measured, bench/kernels.py round-robin:
-#: 64 ch 56x56 at batch 2 / 4 / 8: F4 1.41 / 1.25 / 1.26x vs F2 1.48 / 1.40 / 1.38x; batch 1: F4 1.62x
-#: vs F2 1.42x; 128 ch 28x28 batch 8: F4 1.83x vs F2 1.45x)
-WINOGRAD_F4_MIN_CH_BATCHED = 128
 #: F(2x2, 3x3) vs im2col: below this much GEMM work (tiles of 2x2 x C x M) the conv takes a few
 #: tens of microseconds and the transforms' fixed costs eat the saving (measured: 8 ch 28x28
 #: (12.5k) 0.99x, 16 ch 14x14 (12.5k) 1.01x; 32 ch 14x14 (50k) 1.23x, 8 ch 56x56 (50k) 1.48x)
@@ -434,9 +431,6 @@ def f2_preferred(xs, ws, attrs, op: str = "Conv") -> str | None:
     if ch < 64 and tiles < WINOGRAD_F4_MIN_TILES_FEW_CH:
         return (f"F(2x2,3x3) is faster here: {ch} channels and {tiles} tiles of 4x4 (< "
                 f"{WINOGRAD_F4_MIN_TILES_FEW_CH}): 36 small GEMMs")
-    if int(xs[0]) > 1 and ch < WINOGRAD_F4_MIN_CH_BATCHED:
-        return (f"F(2x2,3x3) is faster here: batch {int(xs[0])} with {ch} channels (< "
-                f"{WINOGRAD_F4_MIN_CH_BATCHED})")
     return None
 
 
