@@ -687,6 +687,24 @@ def _act_oracle(v, name, alpha, beta):
             "Clip": np.clip(v, alpha, beta)}[name]
 
 
+@pytest.mark.parametrize("act", ["Relu", "", "Gelu", "Sigmoid"])
+def test_epilogue_parallel_and_serial_paths_agree(rng, act):
+    # small epilogues run on the calling thread, large ones (or costly activations) in parallel
+    code = KF.ACTIVATIONS[act]
+    big = KF.PARALLEL_MIN_COSTLY if code in KF._COSTLY else KF.PARALLEL_MIN
+    for rows, cols in ((big // 1000 + 1, 1000), (3, 50)):
+        y = rand(rng, (rows, cols)).astype(np.float32)
+        b = rand(rng, (cols,)).astype(np.float32)
+        z = rand(rng, (rows, cols)).astype(np.float32)
+        want = _act_oracle(y.astype(np.float64) + b + z, act, 0.0, 0.0)
+        got = y.copy()
+        KF.epilogue(got, b, z, code, 0.0, 0.0)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        other = y.copy()  # the other driver on the same data: identical results
+        (KF.epilogue_rows_serial if rows * cols >= big else KF.epilogue_rows)(other, b, z, code, 0.0, 0.0)
+        np.testing.assert_array_equal(other, got)
+
+
 @pytest.mark.parametrize("act", sorted(KF.ACTIVATIONS))
 @pytest.mark.parametrize("bias,resid", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -73,6 +73,10 @@ def test_layer_norm_functional(rng):
     assert opsnn.aclnn.layer_norm.prepare(x, (8,)).kernel_name == "layer_norm_numba"
     with pytest.raises(ParamInvalidError, match="normalized_shape"):
         opsnn.ops.layer_norm(x, (6,))
+    # the weight passed where the dims go: one short line naming the fix, not the tensor's values
+    with pytest.raises(ParamInvalidError, match="pass weight= and bias= by keyword") as ei:
+        opsnn.ops.layer_norm(x, w, b)
+    assert len(str(ei.value)) < 300
 
 
 def test_layer_norm_large_offset_is_accurate(rng):

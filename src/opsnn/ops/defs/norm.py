@@ -410,6 +410,10 @@ def _zeros(shape, dtype):
 
 
 def _normalized_axis(name: str, t, normalized_shape) -> int:
+    if hasattr(normalized_shape, "shape") and hasattr(normalized_shape, "dtype"):  # a tensor where dims belong
+        raise ParamInvalidError(f"{name}: normalized_shape must be an int or a tuple of ints (the trailing dims, "
+                                f"e.g. {tuple(t.shape[-1:])}), got a {type(normalized_shape).__name__} of shape "
+                                f"{tuple(normalized_shape.shape)}; pass weight= and bias= by keyword")
     ns = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
     k = len(ns)
     if k == 0 or k > t.ndim or tuple(t.shape[t.ndim - k:]) != tuple(int(n) for n in ns):
