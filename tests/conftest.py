@@ -27,3 +27,15 @@ def no_leak():
             pass
     gc.collect()
     assert opsnn.memory.current_bytes() == base, "pool live bytes did not return to baseline"
+
+
+@pytest.fixture
+def low_parallel_min(monkeypatch):
+    """The parallel thresholds of the row/pointwise kernel families lowered to 32K elements,
+    so tests reach the parallel (chunked, split) paths with small arrays; the defaults are
+    tuned for speed (~1M elements on the dev VM, where waking a thread costs ~50 us)."""
+    from opsnn.kernels.cpu import activation, elementwise, norm, reduction
+
+    for mod in (activation, elementwise, norm, reduction):
+        monkeypatch.setattr(mod, "PARALLEL_MIN", 1 << 15)
+    monkeypatch.setattr(activation, "PARALLEL_MIN_COSTLY", 1 << 15)

@@ -97,14 +97,16 @@ def _check(got, want, dtype, **tol):
 @pytest.mark.parametrize("name", sorted(POINTWISE))
 def test_pointwise_matches_formula_serial_and_parallel(name, dtype, rng):
     kw, oracle = POINTWISE[name]
-    for n in (1, 97, 1000, (1 << 17) + 5):
+    probe = _exec(name).prepare(opsnn.tensor(_inputs(rng, 4, dtype)), **kw).plan
+    thr = K.PARALLEL_MIN if name == "relu" or probe[0] not in K.COSTLY else K.PARALLEL_MIN_COSTLY
+    for n in (1, 97, 1000, thr - 1, thr + 5):
         x = _inputs(rng, n, dtype).reshape(-1)
         if n == 1000:
             x = x.reshape(10, 4, 25)
         ex = _exec(name).prepare(opsnn.tensor(x), **kw)
         assert ex.kernel_name == KERNEL[name]
         parallel = ex.plan if name == "relu" else ex.plan[3]
-        assert bool(parallel) == (n > (1 << 17)), (n, ex.plan)
+        assert bool(parallel) == (n >= thr), (n, ex.plan)
         _check(ex.run().numpy(), oracle(x.astype(np.float64)), dtype)
 
 
@@ -114,7 +116,7 @@ def test_pointwise_in_place_matches_formula(name, dtype, rng):
     # the graph's memory plan runs activations in place (output = input): those go through a
     # scratch block (to stay vectorized); spans cross block edges, serial and parallel
     kw, oracle = POINTWISE[name]
-    for n in (1, K.SCRATCH - 1, 3 * K.SCRATCH + 7, (1 << 17) + 5):
+    for n in (1, K.SCRATCH - 1, 3 * K.SCRATCH + 7, K.PARALLEL_MIN + 5):
         x = _inputs(rng, n, dtype).reshape(-1)
         ex = _exec(name).prepare(opsnn.tensor(x), **kw)
         op, a, b, chunk = ex.plan
@@ -316,6 +318,7 @@ def test_softmax_every_axis(shape, log, rng):
 
 
 @pytest.mark.parametrize("log", [False, True])
+@pytest.mark.usefixtures("low_parallel_min")
 def test_softmax_modes_serial_parallel_split(log, rng):
     """Serial below the threshold, rows in parallel above it, and a few very long rows split
     across threads with their (max, sum) merged."""
@@ -341,6 +344,7 @@ def test_softmax_modes_serial_parallel_split(log, rng):
 
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("layout", ["rows", "strided", "split"])
+@pytest.mark.usefixtures("low_parallel_min")
 def test_softmax_inf_nan_and_overflow(layout, log):
     """Large values that overflow a naive exp, -inf entries (masked), all -inf rows (NaN, as
     exp(x - max) gives), +inf (NaN row) and NaN (NaN row); for 'split' the special values sit

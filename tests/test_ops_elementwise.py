@@ -98,6 +98,7 @@ def test_broadcast_walk_matches_numpy(shapes, fn):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.usefixtures("low_parallel_min")
 def test_plan_layout_coalesces_and_picks_fast_paths():
     lay = K.plan_layout((4, 5, 6), [(4, 5, 6), (4, 5, 6)])
     assert lay.kind == "flat" and lay.shape.tolist() == [120]
@@ -282,6 +283,7 @@ def test_pow_mixed_dtypes_match_onnx(xa, xb):
 
 
 @pytest.mark.parametrize("fn,code", [("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div")])
+@pytest.mark.usefixtures("low_parallel_min")
 def test_parallel_and_reference_kernels_agree(rng, fn, code):
     a = rand(rng, (70, 600), np.float32)
     b = rand(rng, (600,), np.float32, 0.5, 2)
@@ -482,6 +484,7 @@ def test_unary_float(rng, fn, dtype):
         close(getattr(ops, fn)(T(x), algo="unary_numba"), want, dtype)
 
 
+@pytest.mark.usefixtures("low_parallel_min")
 def test_unary_special_values_and_parallel(rng):
     x = np.array([0.0, -0.0, -1.0, np.inf, -np.inf, np.nan], np.float32)
     with np.errstate(all="ignore"):

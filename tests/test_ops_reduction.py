@@ -77,6 +77,7 @@ def test_reduce_matches_oracle(op, shape, axes, keepdims, rng):
 @pytest.mark.parametrize("op", REDUCE_OPS)
 @pytest.mark.parametrize("shape,axes", [((3, 40000), [1]), ((70001,), None), ((50, 701), [0]),
                                         ((40, 30, 37), [0, 2]), ((9, 4100, 3), [1])])
+@pytest.mark.usefixtures("low_parallel_min")
 def test_reduce_parallel_chunked_paths(op, shape, axes, rng):
     """Shapes past the parallel threshold: row chunks, split inner blocks, permuted copy."""
     x = _data(op, shape, rng)
@@ -87,6 +88,7 @@ def test_reduce_parallel_chunked_paths(op, shape, axes, rng):
     np.testing.assert_allclose(y.numpy(), want, rtol=2e-5, atol=1e-5)
 
 
+@pytest.mark.usefixtures("low_parallel_min")
 def test_chunked_plan_is_used_and_deterministic(rng):
     x = rng.standard_normal((2, 50000)).astype(np.float32)
     ex = opsnn.aclnn.sum.prepare(x, dim=1)
