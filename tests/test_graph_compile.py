@@ -212,6 +212,36 @@ def test_memory_plan_reuses_the_arena():
         opsnn.config.enable_memory_optimization(True)
 
 
+def test_reshapes_are_views_in_the_plan(rng):
+    # MatMul -> Reshape -> Relu -> Flatten -> Neg, and a second Reshape of the Relu output: a
+    # reshape costs nothing when its input is not read after it (no step; the output is the
+    # input's bytes); Flatten's input is read again later, so Flatten copies
+    w = rng.standard_normal((4, 12)).astype(np.float32)
+    g = Graph("views", inputs=[Value("x", np.float32, (2, 4))], outputs=["y", "z"],
+              nodes=[Node("MatMul", ["x", "w"], ["m"]),
+                     Node("Reshape", ["m", "shape"], ["r"]),
+                     Node("Relu", ["r"], ["a"]),
+                     Node("Flatten", ["a"], ["f"], {"axis": 1}),
+                     Node("Neg", ["f"], ["y"]),
+                     Node("Reshape", ["a", "shape2"], ["kept"]),   # the last read of "a"
+                     Node("Add", ["kept", "kept"], ["z"])],
+              initializers={"w": w, "shape": np.array([2, 3, 2, 2], np.int64),
+                            "shape2": np.array([2, 12], np.int64)})
+    cg = opsnn.compile(g, disabled_passes=["elementwise_fusion", "epilogue_fusion"])
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    out = cg.run({"x": x})
+    a = np.maximum(x @ w, 0).reshape(2, 3, 2, 2)
+    np.testing.assert_allclose(out["y"].numpy(), -a.reshape(2, 12), rtol=1e-6)
+    np.testing.assert_allclose(out["z"].numpy(), 2 * a.reshape(2, 12), rtol=1e-6)
+    plan = next(iter(cg._plans.values()))
+    ran = [st.node.op_type for st in plan.steps]
+    assert "Reshape" not in ran and "Flatten" in ran
+    assert plan.memory.aliases.get("r") == "m" and plan.memory.aliases.get("kept") == "m"
+    assert "f" not in plan.memory.aliases
+    again = cg.run({"x": 2 * x})  # replaying the plan: the views still see the new data
+    np.testing.assert_allclose(again["y"].numpy(), -2 * a.reshape(2, 12), rtol=1e-6)
+
+
 def test_compiled_run_is_async_on_a_stream(rng):
     g = _conv_graph(rng)
     cg = opsnn.compile(g)
