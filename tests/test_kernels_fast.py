@@ -701,8 +701,26 @@ def test_epilogue_parallel_and_serial_paths_agree(rng, act):
         KF.epilogue(got, b, z, code, 0.0, 0.0)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         other = y.copy()  # the other driver on the same data: identical results
-        (KF.epilogue_rows_serial if rows * cols >= big else KF.epilogue_rows)(other, b, z, code, 0.0, 0.0)
+        (KF.epilogue_rows_serial if rows * cols >= big else KF.epilogue_rows)(other, b, np.empty(0, np.float32), z,
+                                                                               code, 0.0, 0.0)
         np.testing.assert_array_equal(other, got)
+
+
+@pytest.mark.parametrize("act", ["Relu", "", "Sigmoid"])
+@pytest.mark.parametrize("resid", [False, True])
+@pytest.mark.parametrize("rows", [6, KF.PARALLEL_MIN // 64 + 6])
+def test_epilogue_row_bias(rng, act, resid, rows):
+    # a conv's per-channel bias over (image, channel) rows: row r gets rb[r % len(rb)]
+    y = rand(rng, (rows, 64)).astype(np.float32)
+    rb = rand(rng, (3,)).astype(np.float32)
+    cb = rand(rng, (64,)).astype(np.float32)
+    z = rand(rng, (rows, 64)).astype(np.float32) if resid else None
+    for col_bias in (None, cb):
+        v = y.astype(np.float64) + np.resize(rb, rows)[:, None] + (0 if z is None else z) + \
+            (0 if col_bias is None else col_bias)
+        got = y.copy()
+        KF.epilogue(got, col_bias, z, KF.ACTIVATIONS[act], 0.0, 0.0, row_bias=rb)
+        np.testing.assert_allclose(got, _act_oracle(v, act, 0.0, 0.0), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("act", sorted(KF.ACTIVATIONS))

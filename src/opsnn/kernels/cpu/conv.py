@@ -444,8 +444,16 @@ def workspace_view(ws: np.ndarray, dtype, shape: tuple) -> np.ndarray:
 
 # -- forward convolution ------------------------------------------------------------------------
 def _add_bias(y: np.ndarray, b: np.ndarray | None, plan: ConvPlan) -> None:
+    """y += b per output channel: one epilogue pass over the (image, channel) rows (numpy's
+    broadcast add took 244 us for 256 x 56 x 56, the epilogue ~90)."""
     if b is not None:
-        y.reshape(plan.n, plan.m, -1)[...] += b.reshape(1, plan.m, 1)
+        from .fused import epilogue
+
+        epilogue(y.reshape(plan.n * plan.m, -1), None, None, 0, 0.0, 0.0, row_bias=b)
+
+
+#: conv kinds whose bias is a separate pass over the output (the others fold it in)
+BIAS_PASS_KINDS = ("gemm1x1", "im2col2d", "im2col_nd")
 
 
 def conv_forward(x, w, b, y, plan: ConvPlan, ws) -> None:

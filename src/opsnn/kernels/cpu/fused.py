@@ -33,13 +33,25 @@ _COSTLY = (ACTIVATIONS["Sigmoid"], ACTIVATIONS["Tanh"], ACTIVATIONS["Gelu"], ACT
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _epilogue_row(y, bias, z, r, code, alpha, beta):
+def _epilogue_row(y, bias, rbias, z, r, code, alpha, beta):
     # separate simple passes (adds, then the activation), chosen outside the inner loops so
     # that each is a branch-free loop LLVM vectorizes; a row (a conv plane, a GEMM row) stays
     # in cache between passes
     cols = y.shape[1]
     row = y[r]
-    if bias.size > 0 and z.size > 0:
+    if rbias.size > 0:  # one value per row, cycling (NCHW: rows are (image, channel) planes)
+        rb = rbias[r % rbias.size]
+        if z.size > 0:
+            zr = z[r]
+            for c in range(cols):
+                row[c] += rb + zr[c]
+        else:
+            for c in range(cols):
+                row[c] += rb
+        if bias.size > 0:
+            for c in range(cols):
+                row[c] += bias[c]
+    elif bias.size > 0 and z.size > 0:
         zr = z[r]
         for c in range(cols):
             row[c] += bias[c] + zr[c]
@@ -64,28 +76,31 @@ def _epilogue_row(y, bias, z, r, code, alpha, beta):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def epilogue_rows(y, bias, z, code, alpha, beta):
-    """``y[r, c] = act(y[r, c] + bias[c] + z[r, c])`` (bias/z of size 0 mean absent), rows in parallel."""
+def epilogue_rows(y, bias, rbias, z, code, alpha, beta):
+    """``y[r, c] = act(y[r, c] + bias[c] + rbias[r % len(rbias)] + z[r, c])`` (bias, rbias, z of
+    size 0 mean absent), rows in parallel."""
     for r in nb.prange(y.shape[0]):
-        _epilogue_row(y, bias, z, r, code, alpha, beta)
+        _epilogue_row(y, bias, rbias, z, r, code, alpha, beta)
 
 
 @nb.njit(nogil=True, cache=True)
-def epilogue_rows_serial(y, bias, z, code, alpha, beta):
+def epilogue_rows_serial(y, bias, rbias, z, code, alpha, beta):
     """:func:`epilogue_rows` on the calling thread (small tensors)."""
     for r in range(y.shape[0]):
-        _epilogue_row(y, bias, z, r, code, alpha, beta)
+        _epilogue_row(y, bias, rbias, z, r, code, alpha, beta)
 
 
 def epilogue(y: np.ndarray, bias: np.ndarray | None, z: np.ndarray | None, code: int, alpha: float,
-             beta: float) -> None:
-    """Apply the epilogue in place on ``y`` viewed as (rows, last dim)."""
-    if y.size == 0 or (code == 0 and bias is None and z is None):
+             beta: float, row_bias: np.ndarray | None = None) -> None:
+    """Apply the epilogue in place on ``y`` viewed as (rows, last dim): ``bias`` per column,
+    ``row_bias`` per row (cycling: a conv's per-channel bias over (image, channel) rows)."""
+    if y.size == 0 or (code == 0 and bias is None and z is None and row_bias is None):
         return
     cols = y.shape[-1] if y.ndim else 1
     y2 = y.reshape(-1, cols)
     empty = np.empty(0, y.dtype)
     b = empty if bias is None else bias.reshape(-1).astype(y.dtype, copy=False)
+    rb = empty if row_bias is None else row_bias.reshape(-1).astype(y.dtype, copy=False)
     zz = np.empty((0, 0), y.dtype) if z is None else z.reshape(-1, cols).astype(y.dtype, copy=False)
     parallel = y.size >= (PARALLEL_MIN_COSTLY if code in _COSTLY else PARALLEL_MIN)
-    (epilogue_rows if parallel else epilogue_rows_serial)(y2, b, zz, code, alpha, beta)
+    (epilogue_rows if parallel else epilogue_rows_serial)(y2, b, rb, zz, code, alpha, beta)

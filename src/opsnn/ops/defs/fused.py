@@ -8,6 +8,7 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...errors import InferShapeError, ParamInvalidError
+from ...kernels.cpu import conv as KC
 from ...kernels.cpu import fused as K
 from ..registry import Attr, InferContext, Input, TensorMeta, get_op, register_op, select_kernel
 
@@ -98,13 +99,17 @@ def _fused_conv_plan(ctx):
 
 
 def _fused_conv_kernel(ins, outs, attrs, plan, ws):
-    plan["kernel"].fn(ins[:3], outs, plan["attrs"], plan["plan"], ws)
+    b = ins[2] if len(ins) > 2 else None
+    # GEMM-based convs add their bias in a pass of its own: it joins the epilogue's pass instead
+    # (Winograd, direct and depthwise kernels fold it into their own output loops)
+    bias_here = b is not None and getattr(plan["plan"], "kind", None) in KC.BIAS_PASS_KINDS
+    plan["kernel"].fn([ins[0], ins[1], None if bias_here else b], outs, plan["attrs"], plan["plan"], ws)
     y = outs[0]
     z = ins[3] if len(ins) > 3 else None
-    # NCHW: one row per (image, channel) plane, so the pass runs in parallel over the rows
+    # NCHW: one row per (image, channel) plane
     rows = y.shape[0] * y.shape[1] if y.ndim >= 2 else 1
     K.epilogue(y.reshape(rows, -1), None, None if z is None else z.reshape(rows, -1), plan["code"],
-               attrs["activation_alpha"], attrs["activation_beta"])
+               attrs["activation_alpha"], attrs["activation_beta"], row_bias=b if bias_here else None)
 
 
 def _conv_flops(ctx) -> int:
