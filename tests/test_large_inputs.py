@@ -188,13 +188,20 @@ def test_pool_4096_bounded_peak(big_image, mode, k, s, p):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
-def _workspace(op, name, arrays, attrs, constant=()):
+def _kernel(op, name, arrays, attrs, constant=()):
+    """(kernel ``name`` of ``op``, the planned context, whether it accepts the shapes: correct
+    when its predicate says yes or only NotPreferred)."""
     rec = get_op(op)
     metas = [TensorMeta(a.shape, a.dtype) for a in arrays]
     ctx = plan_op(rec, metas, [a if i in constant else None for i, a in enumerate(arrays)], attrs).ctx
     k = next(k for k in rec.kernels if k.name == name)
     why = k.check(ctx)
-    if why is not None and not isinstance(why, autotune.NotPreferred):
+    return k, ctx, why is None or isinstance(why, autotune.NotPreferred), why
+
+
+def _workspace(op, name, arrays, attrs, constant=()):
+    k, ctx, ok, _ = _kernel(op, name, arrays, attrs, constant)
+    if not ok:
         return None
     plan = k.plan(ctx) if k.plan else None
     return int(k.workspace(ctx, plan)) if k.workspace else 0
@@ -227,12 +234,8 @@ def test_every_conv_kernel_workspace_is_bounded_on_4096(c, m, stride, dil):
 
 # -- banded == unbanded on small shapes -----------------------------------------------------------------------
 def _run(op, name, arrays, attrs, constant=()):
-    rec = get_op(op)
-    metas = [TensorMeta(a.shape, a.dtype) for a in arrays]
-    ctx = plan_op(rec, metas, [a if i in constant else None for i, a in enumerate(arrays)], attrs).ctx
-    k = next(k for k in rec.kernels if k.name == name)
-    why = k.check(ctx)
-    assert why is None or isinstance(why, autotune.NotPreferred), f"{name}: {why}"
+    k, ctx, ok, why = _kernel(op, name, arrays, attrs, constant)
+    assert ok, f"{name}: {why}"
     plan = k.plan(ctx) if k.plan else None
     ws = np.zeros(int(k.workspace(ctx, plan)) if k.workspace else 0, np.uint8)
     outs = [np.full(m.shape, np.nan, m.dtype) for m in ctx.outputs]

@@ -281,7 +281,7 @@ def test_consumer_error_stops_threads(no_leak):
 
 
 def test_blas_threads_set_during_a_pipelined_run_and_restored(no_leak):
-    from opsnn.pipeline.blas import blas_threads, get_blas_threads
+    from opsnn.runtime.blas import blas_threads, get_blas_threads
     before = get_blas_threads()
     if before is None:
         pytest.skip("numpy's BLAS is not OpenBLAS")

@@ -333,7 +333,7 @@ def test_thread_policy_fixed_and_bad_settings():
 
 
 def test_kernels_under_load_use_fewer_threads_and_plans_are_not_affected(monkeypatch):
-    from opsnn.pipeline.blas import get_blas_threads
+    from opsnn.runtime.blas import get_blas_threads
     from opsnn.runtime import threads as T
 
     before = nb.get_num_threads()

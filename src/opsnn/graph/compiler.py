@@ -75,8 +75,12 @@ class Plan:
 _VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 
 
+def _is_view(node: Node) -> bool:
+    return node.op_type in _VIEW_OPS and not node.domain
+
+
 def _in_place_ok(rec, node: Node) -> bool:
-    if node.op_type in _VIEW_OPS and not node.domain:
+    if _is_view(node):
         return len(node.outputs) == 1
     return rec.category in ("elementwise", "activation") and node.op_type not in _NOT_IN_PLACE \
         and len(node.outputs) == 1 and not rec.dynamic_shape
@@ -364,7 +368,7 @@ class CompiledGraph:
                 out = node.outputs[0] if node.outputs else ""
                 if not out or out in graph_outputs or not _in_place_ok(rec, node):
                     continue
-                for n in (node.inputs[:1] if node.op_type in _VIEW_OPS else node.inputs):
+                for n in (node.inputs[:1] if _is_view(node) else node.inputs):
                     src = root.get(n, n)
                     if n and n not in external and n not in graph_outputs and last.get(n) == i \
                             and nbytes.get(n) == nbytes.get(out) and metas[n].dtype == metas[out].dtype \
@@ -415,7 +419,7 @@ class CompiledGraph:
         steps = []
         input_steps: dict = {}
         for i, (node, rec, op) in enumerate(planned):
-            if node.op_type in _VIEW_OPS and not node.domain and node.outputs and node.outputs[0] in aliases:
+            if _is_view(node) and node.outputs[0] in aliases:
                 continue  # its output is already its input's bytes under the new shape: nothing to run
             ws = None
             if op.workspace_size:

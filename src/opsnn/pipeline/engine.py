@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from ..errors import InnerError, KernelError, OpsnnRuntimeError, ParamInvalidError
-from . import blas as _blas
+from ..runtime import blas as _blas
 
 _END = object()  # end-of-stream marker passed down the queues
 
@@ -141,7 +141,7 @@ class Pipeline:
     ``blas_threads``: the BLAS thread pool size while a pipelined run is in progress (default
     ``"auto"``: half the cores, as each stage stream's kernels; ``None`` leaves it alone). BLAS
     pools are process-wide and spin, so stages calling GEMM at once on a pool sized for all
-    cores slow each other down (see :mod:`opsnn.pipeline.blas`).
+    cores slow each other down (see :mod:`opsnn.runtime.blas`).
     """
 
     def __init__(self, stages: list, queue_size: int = 2, blas_threads: int | str | None = "auto"):
@@ -343,7 +343,7 @@ class _Run:
         self.started: dict = {}   # frame -> time it entered the first stage
         self.frames_in = 0
         self.done = False
-        self.turns = [_Turn() for _ in range(n)]
+        self.turns = [_Turn() if s.workers > 1 else None for s in pipe.stages]
         self.alive = [s.workers for s in pipe.stages]  # workers still running, per stage
         self.streams = [[Stream(name=f"pipeline:{s.name}" + (f"#{w}" if s.workers > 1 else ""),
                                 num_threads=s.num_threads) if s.uses_ops else None for w in range(s.workers)]
@@ -399,7 +399,7 @@ class _Run:
         stream = self.streams[pos][wid]
         out_q = self.queues[pos]
         in_q = self.queues[pos - 1] if pos else None
-        turn = self.turns[pos] if stage.workers > 1 else None
+        turn = self.turns[pos]
         busy = wait_in = wait_out = 0.0
         frames = 0
         try:

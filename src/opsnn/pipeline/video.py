@@ -175,7 +175,7 @@ def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112
         warm = _Subset(src, list(src)[: min(3, frames)])
         pipe.run_sequential(warm, collect=False)  # JIT caches and plans are warm for both modes
         pipe.run(warm, collect=False)
-        from .blas import get_blas_threads
+        from ..runtime.blas import get_blas_threads
 
         default_blas = get_blas_threads()
         # the sequential baseline is run with the BLAS pool as it is and with the pipeline's

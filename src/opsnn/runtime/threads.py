@@ -19,7 +19,7 @@ alongside, median of 6): every core 1436 ms, one thread 68 ms, onnxruntime 51 ms
 The count applies to numba's parallel kernels (a per-thread setting, made on the thread that
 runs the kernels: the caller for the default stream, the worker for other streams, never more
 than the stream's own ``num_threads``) and to OpenBLAS (process-wide; left alone while a
-pipeline holds it at its own setting, see :mod:`opsnn.pipeline.blas`).
+pipeline holds it at its own setting, see :mod:`opsnn.runtime.blas`).
 
     >>> import opsnn
     >>> opsnn.set_num_threads(1)        # fixed: one thread per kernel
@@ -34,7 +34,10 @@ import threading
 import time
 from collections import deque
 
+import numba
+
 from ..errors import ParamInvalidError
+from . import blas
 
 #: seconds between two samples of the machine's load
 SAMPLE_S = 0.02
@@ -125,8 +128,6 @@ class ThreadPolicy:
 
 
 policy = ThreadPolicy()
-_last_blas = [policy.cores]  # the count OpenBLAS last followed (it starts with every core)
-_blas = None  # opsnn.pipeline.blas, imported on first use
 
 
 def enter(limit: int):
@@ -135,19 +136,10 @@ def enter(limit: int):
     Returns what :func:`leave` needs to put numba's count back after the kernel (plans made
     later on this thread size their parallel work by it and must not inherit a count chosen
     under load). With every core available it leaves numba's count as the thread has it."""
-    global _blas
     n = policy.threads()
-    if n != _last_blas[0]:
-        if _blas is None:
-            from ..pipeline import blas as _blas_mod
-
-            _blas = _blas_mod
-        _blas.follow_policy(n)
-        _last_blas[0] = n
+    blas.follow_policy(n)
     if n >= policy.cores:
         return None
-    import numba
-
     k = max(1, min(n, limit, numba.config.NUMBA_NUM_THREADS))
     cur = numba.get_num_threads()
     if cur <= k:
@@ -158,8 +150,6 @@ def enter(limit: int):
 
 def leave(prev) -> None:
     if prev is not None:
-        import numba
-
         numba.set_num_threads(prev)
 
 

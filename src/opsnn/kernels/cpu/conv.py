@@ -43,6 +43,8 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
+from .fused import epilogue
+
 #: below this many column elements the serial im2col/col2im variant runs
 PARALLEL_MIN = 1 << 15
 #: workspace views start on a cache-line boundary (user buffers may not be aligned)
@@ -447,12 +449,11 @@ def _add_bias(y: np.ndarray, b: np.ndarray | None, plan: ConvPlan) -> None:
     """y += b per output channel: one epilogue pass over the (image, channel) rows (numpy's
     broadcast add took 244 us for 256 x 56 x 56, the epilogue ~90)."""
     if b is not None:
-        from .fused import epilogue
-
         epilogue(y.reshape(plan.n * plan.m, -1), None, None, 0, 0.0, 0.0, row_bias=b)
 
 
-#: conv kinds whose bias is a separate pass over the output (the others fold it in)
+#: conv kinds whose bias is a separate pass over the output (conv_forward's GEMM branches end in
+#: _add_bias; the direct and depthwise loops fold it in)
 BIAS_PASS_KINDS = ("gemm1x1", "im2col2d", "im2col_nd")
 
 
@@ -523,7 +524,7 @@ def conv_forward(x, w, b, y, plan: ConvPlan, ws) -> None:
                 else:
                     _im2col_nd_band(xv[i], col, plan, o0, rows)
                 np.matmul(wv, col, out=yv[i][:, :, o0 * inner:o0 * inner + q])
-    _add_bias(y, b, plan)
+    _add_bias(y, b, plan)  # the BIAS_PASS_KINDS: FusedConv moves their bias into its epilogue
 
 
 def _im2col_nd_band(x, col, plan: ConvPlan, o0: int, rows: int) -> None:

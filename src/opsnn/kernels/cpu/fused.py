@@ -39,29 +39,23 @@ def _epilogue_row(y, bias, rbias, z, r, code, alpha, beta):
     # in cache between passes
     cols = y.shape[1]
     row = y[r]
-    if rbias.size > 0:  # one value per row, cycling (NCHW: rows are (image, channel) planes)
-        rb = rbias[r % rbias.size]
-        if z.size > 0:
-            zr = z[r]
-            for c in range(cols):
-                row[c] += rb + zr[c]
-        else:
-            for c in range(cols):
-                row[c] += rb
-        if bias.size > 0:
-            for c in range(cols):
-                row[c] += bias[c]
-    elif bias.size > 0 and z.size > 0:
+    # a per-row bias (NCHW: rows are (image, channel) planes, so it cycles) joins whichever add
+    # pass runs
+    rb = rbias[r % rbias.size] if rbias.size > 0 else row.dtype.type(0)
+    if bias.size > 0 and z.size > 0:
         zr = z[r]
         for c in range(cols):
-            row[c] += bias[c] + zr[c]
+            row[c] += bias[c] + zr[c] + rb
     elif bias.size > 0:
         for c in range(cols):
-            row[c] += bias[c]
+            row[c] += bias[c] + rb
     elif z.size > 0:
         zr = z[r]
         for c in range(cols):
-            row[c] += zr[c]
+            row[c] += zr[c] + rb
+    elif rbias.size > 0:
+        for c in range(cols):
+            row[c] += rb
     if code == 1:
         for c in range(cols):
             if row[c] < 0:

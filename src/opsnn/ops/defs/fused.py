@@ -94,15 +94,15 @@ def _fused_conv_plan(ctx):
     plan = k.plan(inner) if k.plan else None
     ws = k.workspace(inner, plan) if k.workspace else 0
     # "selection": what explain reports (it depends on the constant weight, which explain cannot see)
+    # GEMM-based convs add their bias in a pass of its own: it joins the epilogue's pass instead
+    # (Winograd, direct and depthwise kernels fold it into their own output loops)
     return {"kernel": k, "plan": plan, "ws": ws, "attrs": inner.attrs, "code": _act_code("FusedConv", ctx.attrs),
-            "selection": sel}
+            "selection": sel, "bias_in_epilogue": getattr(plan, "kind", None) in KC.BIAS_PASS_KINDS}
 
 
 def _fused_conv_kernel(ins, outs, attrs, plan, ws):
     b = ins[2] if len(ins) > 2 else None
-    # GEMM-based convs add their bias in a pass of its own: it joins the epilogue's pass instead
-    # (Winograd, direct and depthwise kernels fold it into their own output loops)
-    bias_here = b is not None and getattr(plan["plan"], "kind", None) in KC.BIAS_PASS_KINDS
+    bias_here = b is not None and plan["bias_in_epilogue"]
     plan["kernel"].fn([ins[0], ins[1], None if bias_here else b], outs, plan["attrs"], plan["plan"], ws)
     y = outs[0]
     z = ins[3] if len(ins) > 3 else None

@@ -1,4 +1,5 @@
-"""Bound the BLAS library's thread pool while pipeline stages run side by side.
+"""The BLAS library's thread pool: bounded while pipeline stages run side by side, and
+following the thread policy of :mod:`opsnn.runtime.threads`.
 
 When several stages each call GEMM at once, a BLAS pool sized for the whole machine makes
 them fight over the cores (OpenBLAS' waiting threads spin): on 2 cores two concurrent
