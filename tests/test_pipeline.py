@@ -424,6 +424,35 @@ def test_video_pipeline_matches_numpy_preprocess_and_direct_model(no_leak):
     two = video_pipeline(src, model=cg, image_size=size, top_k=3, decode_workers=2)
     assert two.stages[0].workers == 2
     assert two.run(src).outputs == res.outputs
+    # inference on one and on three compiled copies: the same outputs, in the same order
+    one = video_pipeline(src, model=cg, image_size=size, top_k=3, infer_workers=1)
+    three = video_pipeline(src, model=cg, image_size=size, top_k=3, infer_workers=3)
+    assert (one.stages[2].workers, three.stages[2].workers) == (1, 3)
+    assert one.run(src).outputs == res.outputs == three.run(src).outputs
+
+
+def test_replicas_run_side_by_side_with_buffers_of_their_own(no_leak):
+    cg = build_model("smallnet", 16, num_classes=5)
+    rep = cg.replica()
+    assert rep.graph is cg.graph and rep._weights is cg._weights  # the weights are shared, not copied
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((1, 3, 16, 16)).astype(np.float32) for _ in range(8)]
+    want = [cg.run([x])[0].numpy().copy() for x in xs]
+    got: dict = {}
+
+    def worker(model, idx):
+        with opsnn.Stream(name=f"replica-{idx[0]}"):  # a stream each, as pipeline workers have
+            for i in idx:
+                for _ in range(3):  # both replicas busy at the same time, many times over
+                    got[i] = model.run([xs[i]])[0].numpy().copy()
+
+    ts = [threading.Thread(target=worker, args=(m, range(k, 8, 2))) for k, m in enumerate((cg, rep))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for i in range(8):
+        np.testing.assert_array_equal(got[i], want[i])
 
 
 def test_video_pipeline_bad_frames_and_arguments(tmp_path, no_leak):
@@ -437,6 +466,8 @@ def test_video_pipeline_bad_frames_and_arguments(tmp_path, no_leak):
         build_model("vgg", 32)
     with pytest.raises(ParamInvalidError, match="decode_workers must be an int >= 1"):
         video_pipeline(src, model=cg, image_size=16, top_k=2, decode_workers=0)
+    with pytest.raises(ParamInvalidError, match="infer_workers must be an int >= 1"):
+        video_pipeline(src, model=cg, image_size=16, top_k=2, infer_workers=0)
 
     class Sequential(SyntheticVideo):  # a source that decodes in sequence (like a video file)
         independent_frames = False
@@ -462,11 +493,12 @@ def test_video_bench_and_cli(tmp_path, capsys):
     out = tmp_path / "v.json"
     rc = cli_video_bench(["--frames", "4", "--model", "smallnet", "--image-size", "16", "--height", "24",
                           "--width", "32", "--source", "npy", "--repeat", "1", "--decode-workers", "2",
-                          "--json", str(out)])
+                          "--infer-workers", "2", "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0 and "frames/s" in text and "ratio" in text and "preprocess" in text and "2 decode workers" in text
+    assert "2 infer workers" in text
     rep = json.loads(out.read_text())
     assert rep["workload"]["source"] == "npy" and rep["workload"]["decode_workers"] == 2
-    assert rep["pipelined"]["stages"][0]["workers"] == 2
+    assert rep["pipelined"]["stages"][0]["workers"] == 2 and rep["workload"]["infer_workers"] == 2
     assert cli_video_bench(["--frames", "0"]) == 2
     assert os.path.exists(out)

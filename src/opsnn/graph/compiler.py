@@ -159,6 +159,19 @@ class CompiledGraph:
                          + (" [REFERENCE FALLBACK]" if ex.kernel.fallback else ""))
         return "\n".join(lines)
 
+    def replica(self) -> "CompiledGraph":
+        """Another compiled graph over the same optimized graph and weight arrays (no passes run
+        again), with plans and activation buffers of its own: for running the model on several
+        threads at once (one replica per thread; a plan's buffers serve one run at a time)."""
+        cg = CompiledGraph(self.graph, pass_report=self.pass_report, max_plans=self.max_plans,
+                           memory_optimization=self.memory_optimization)
+        cg.original_node_count = self.original_node_count
+        cg.kernel_choices = dict(self.kernel_choices)
+        cg._weights = self._weights
+        if self.mode == "interpreted":
+            cg.mode, cg.mode_reason = self.mode, self.mode_reason
+        return cg
+
     def memory_report(self) -> dict:
         plan = next(reversed(self._plans.values())) if self._plans else None
         if plan is None:

@@ -53,8 +53,8 @@ SOFTMAX_CHUNK = 512
 #: a softmax row at least this long may be split across threads when rows are few
 SPLIT_MIN = 1 << 15
 
-_NJIT = dict(nogil=True, cache=True, error_model="numpy")
-_NJIT_INNER = dict(error_model="numpy")
+_NJIT = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
+_NJIT_INNER = dict(error_model="numpy", fastmath={"contract"})
 F32 = np.float32
 
 
