@@ -1,5 +1,6 @@
 """Runtime: init/finalize, devices, streams (async, overlap, ordering, errors), events, pool."""
 import gc
+import os
 import threading
 import time
 
@@ -373,3 +374,49 @@ def test_others_running_sees_a_busy_process():
     finally:
         hog.kill()
         hog.wait()
+
+
+_SPIN_PROBE = r"""
+import os, sys, time
+first = sys.argv[1]
+if first == "numpy":
+    import numpy
+import opsnn
+import numpy as np
+from opsnn import _blas_env
+a = np.ones((512, 512), np.float32)
+for _ in range(3):
+    a @ a
+time.sleep(0.03)
+me = os.getpid()
+spinning = 0
+for tid in os.listdir("/proc/self/task"):
+    if int(tid) == me:
+        continue
+    st = open(f"/proc/self/task/{tid}/stat", "rb").read()
+    spinning += st[st.rfind(b")") + 2:st.rfind(b")") + 3] == b"R"
+print(_blas_env.effective, os.environ["OPENBLAS_THREAD_TIMEOUT"], spinning)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task") or (os.cpu_count() or 1) < 2,
+                    reason="needs Linux /proc and 2+ cores (a multi-threaded OpenBLAS)")
+def test_openblas_workers_sleep_right_after_a_gemm():
+    import subprocess
+    import sys
+
+    def probe(first, **env):
+        e = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_THREAD_TIMEOUT", "OPENBLAS_NUM_THREADS",
+                                                              "OMP_NUM_THREADS")}
+        e.update(env)
+        out = subprocess.run([sys.executable, "-c", _SPIN_PROBE, first], env=e, capture_output=True, text=True,
+                             timeout=120, check=True).stdout.split()
+        return out[0], out[1], int(out[2])
+
+    # opsnn imported first: the timeout is in effect and no BLAS worker is still spinning 30 ms on
+    assert probe("opsnn") == ("True", "4", 0)
+    # numpy first: too late for OpenBLAS, and opsnn says so
+    assert probe("numpy")[:2] == ("False", "4")
+    # a value the user set wins; with a long timeout the workers do spin (what the setting prevents)
+    eff, val, spinning = probe("opsnn", OPENBLAS_THREAD_TIMEOUT="30")
+    assert (eff, val) == ("True", "30") and spinning >= 1

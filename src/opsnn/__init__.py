@@ -7,7 +7,10 @@
 >>> y.shape
 (1, 8, 8, 8)
 """
-from . import dtypes, errors
+from ._blas_env import configure as _configure_blas
+
+_configure_blas()  # before anything imports numpy (which loads OpenBLAS); see _blas_env
+from . import dtypes, errors  # noqa: E402
 from .runtime import Device, Event, Stream, context, current_stream, finalize, hooks, init, is_initialized
 from .runtime import memory
 from .runtime.threads import get_num_threads, set_num_threads

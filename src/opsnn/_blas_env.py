@@ -1,0 +1,35 @@
+"""OpenBLAS settings that only take effect before OpenBLAS is loaded (numpy loads it on import).
+
+``OPENBLAS_THREAD_TIMEOUT=4``: OpenBLAS' worker threads stay awake spinning for 2^28 cycles
+(~0.1 s) after each GEMM by default. Every opsnn kernel that follows a GEMM within that time
+(the fused epilogue's activation, a Winograd output transform, the next layer's im2col) runs
+its parallel region with one thread sharing a core with a spinning BLAS worker, so the region
+takes about twice as long. With the timeout at its minimum (2^4 cycles) the workers go to sleep
+at once; waking them costs a few tens of microseconds per GEMM, against GEMMs of 0.1-10 ms.
+Measured on the 2-core dev VM (AVX2 EPYC, 2026-12-01, a fresh process per setting, alternated):
+ResNet-50 b1 158 / 199 -> 146 / 140 ms, BERT-base 474 / 461 -> 444 / 446 ms; a GEMM 128x768x3072
+followed by its bias + GELU epilogue: the epilogue 3.2 / 8.0 -> 2.0 / 1.6 ms.
+
+``os.environ.setdefault``: a value the user set wins. OpenBLAS reads the variable once, when
+it is loaded, so this works only when opsnn is imported before numpy (``opsnn`` command-line
+tools, ``import opsnn`` first); :data:`effective` says whether it was in time.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+THREAD_TIMEOUT = "4"
+
+#: None until :func:`configure` ran; then True when OpenBLAS will see the timeout (numpy was
+#: not loaded yet, or the user had set the variable before starting Python)
+effective: bool | None = None
+
+
+def configure() -> None:
+    global effective
+    if effective is not None:
+        return
+    user_set = "OPENBLAS_THREAD_TIMEOUT" in os.environ
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)
+    effective = user_set or "numpy" not in sys.modules
