@@ -1,8 +1,9 @@
 """Normalization ops against hand-written float64 numpy formulas (and onnx.reference for
 LRN / LpNormalization / MeanVarianceNormalization).
 
-Tolerances: float32 kernels compute statistics in float64, so outputs match the float64
-oracle to a few float32 ulps (rtol/atol 1e-5); 16-bit inputs are compared with the
+Tolerances: float32 kernels compute statistics in float64 (LayerNorm/RMSNorm: float32 vector
+sums per block joined in float64), so outputs match the float64 oracle to a few float32 ulps
+(rtol/atol 1e-5); 16-bit inputs are compared with the
 float64 oracle of the rounded input at 2e-2 (bfloat16: 8 mantissa bits, |y| up to ~4).
 """
 import ml_dtypes
@@ -88,6 +89,38 @@ def test_layer_norm_large_offset_is_accurate(rng):
     x64 = 1e8 + rng.standard_normal((4, 300))
     y64 = opsnn.ops.layer_norm(x64, (300,), eps=0.0)
     np.testing.assert_allclose(y64.numpy(), ln_oracle(x64, 1.0, None, 1, 0.0)[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("N", [1, 2, 3, 7, 8, 9, 64, 513, 768, 1500])
+def test_layer_norm_float32_rows_edge_cases(N, rng):
+    """The float32 row kernel: one pass shifted by the mean of the first 8 elements, a second
+    (corrected two-pass) pass when they are outliers, blocks of 512 float32 partial sums, the
+    mean split in the normalize pass; constant rows; the parallel variant (rows * N large)."""
+    from opsnn.kernels.cpu import norm as K
+    x = rng.standard_normal((6, N)).astype(np.float32) * 3 + 5
+    x[1, :8] += 1e3                                      # outliers first: the second-pass route
+    x[2] = 7.25                                          # constant row: var 0
+    x[3] = (1e4 + rng.standard_normal(N) * 1e-2).astype(np.float32)  # |mean| >> std
+    x[4, :4] = -50
+    w = rng.standard_normal(N).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    for par in (False, True):
+        for bias in (b, None):
+            y = np.empty_like(x)
+            st = np.empty(12)
+            K.layer_norm(x, w, bias, y, st, 6, N, 1e-5, False, par)
+            wy, wm, winv = ln_oracle(x, w, bias, 1, 1e-5)
+            np.testing.assert_allclose(y, wy, rtol=1e-5, atol=1e-4 if N > 1 else 1e-5)
+            np.testing.assert_allclose(st[:6], wm[:, 0], rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(st[6:], winv[:, 0], rtol=1e-5)
+        y = np.empty_like(x)
+        K.layer_norm(x, w, None, y, np.empty(12), 6, N, 1e-5, True, par)
+        np.testing.assert_allclose(y, rms_oracle(x, w, 1, 1e-5), rtol=1e-5, atol=1e-5)
+    if N != 768:
+        return
+    big = rng.standard_normal(((1 << 19) // 768 + 3, 768)).astype(np.float32)   # the graph's parallel plan
+    np.testing.assert_allclose(opsnn.ops.layer_norm(big, (768,)).numpy(), ln_oracle(big, 1.0, None, 1, 1e-5)[0],
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_layer_norm_broadcast_params_and_fallback(rng):

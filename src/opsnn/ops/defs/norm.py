@@ -72,6 +72,8 @@ def _params_in_block(ctx):
 
 def _block_vector(p: np.ndarray, shape: tuple, axis: int) -> np.ndarray:
     block = shape[axis:]
+    if p.flags.c_contiguous and p.size == math.prod(block):  # already the block (the usual case): no copy
+        return p.reshape(-1)
     s = p.shape
     while len(s) > len(block):  # leading 1s (checked by applies)
         p = p.reshape(s[1:])
