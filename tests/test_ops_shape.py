@@ -50,10 +50,12 @@ def onnx_ref(op, inputs, attrs=None, n_out=1):
     return ReferenceEvaluator(node).run(None, {n: a for n, a in zip(names, inputs) if n})
 
 
-@pytest.fixture
-def parallel(monkeypatch):
-    """Plans made in this test take the numba (parallel) paths even for small tensors."""
+@pytest.fixture(params=["threads", "serial"])
+def parallel(monkeypatch, request):
+    """Plans made in this test take the numba paths even for small tensors: the parallel
+    kernels, then their serial twins (copies below THREADS_MIN_BYTES)."""
     monkeypatch.setattr(K, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(K, "THREADS_MIN_BYTES", 0 if request.param == "threads" else 1 << 62)
     monkeypatch.setattr(K, "ROW_CHUNK", 7)  # long rows split into chunks too
     yield
 
@@ -134,6 +136,20 @@ def test_transpose_parallel_paths(rng, parallel, dtype):
         modes.add(ex.plan[0].mode)
         same(ex.run(), np.ascontiguousarray(x.transpose(p)))
     assert {"rows", "tiles"} <= modes
+
+
+@pytest.mark.parametrize("shape,perm", [((1, 128, 12, 64), (0, 2, 1, 3)), ((1, 12, 128, 64), (0, 2, 1, 3)),
+                                        ((1, 128, 12, 64), (0, 2, 3, 1)), ((2, 12, 128, 64), (0, 1, 3, 2)),
+                                        ((3, 130, 5, 33), (0, 2, 1, 3)), ((1, 512, 16, 64), (0, 2, 1, 3)),
+                                        ((1, 1, 128, 768), (0, 2, 1, 3))])
+def test_transpose_default_plans(rng, shape, perm):
+    """At the default thresholds: BERT's head split/merge (serial row copies), tiles, and a
+    copy large enough for the threads (2 MiB)."""
+    x = rand(rng, shape)
+    ex = aclnn.transpose.prepare(x, perm)
+    p = ex.plan[0]
+    assert p.threads == (x.nbytes >= K.THREADS_MIN_BYTES)
+    same(ex.run(), np.ascontiguousarray(x.transpose(perm)))
 
 
 def test_transpose_api_forms(rng, no_leak):
