@@ -473,3 +473,54 @@ def test_few_planes_large_output_uses_row_blocks(rng):
     np.testing.assert_array_equal(ex.run().numpy(), ops.max_pool2d(x, 3, 1, 1, algo="reference").numpy())
     np.testing.assert_allclose(ops.avg_pool2d(x, 3, 1, 1).numpy(), ops.avg_pool2d(x, 3, 1, 1, algo="reference").numpy(),
                                rtol=1e-5, atol=1e-6)
+
+
+# -- 2-D max pooling without indices: the column-first streaming kernel ---------------------------------------
+
+STREAM_CASES = [  # shape, kernel, stride, pads (t, l, b, r), dilation, ceil_mode
+    ((1, 64, 112, 112), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 0),   # ResNet-50's stem pool
+    ((2, 3, 13, 17), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),      # odd sizes, ceil_mode
+    ((1, 2, 1, 1), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 0),        # 1x1 image
+    ((2, 2, 1, 1), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 0),        # 1x1 image, padded: no interior
+    ((1, 3, 9, 40), (2, 2), (3, 3), (0, 0, 0, 0), (1, 1), 1),       # stride > kernel
+    ((1, 2, 37, 45), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 0),      # stride 1, rows longer than a vector loop
+    ((1, 2, 23, 50), (5, 7), (2, 3), (2, 3, 1, 0), (1, 1), 1),      # more than 3 taps, asymmetric pads
+    ((1, 2, 30, 41), (4, 6), (1, 2), (1, 2, 2, 1), (2, 3), 0),      # dilation, even tap counts
+    ((1, 1, 8, 70), (8, 9), (3, 1), (0, 4, 0, 4), (1, 1), 0),       # 8 / 9 taps
+    ((1, 1, 3, 200), (1, 5), (1, 4), (0, 2, 0, 2), (1, 1), 1),      # 1-row kernel, long rows
+]
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.int8, np.uint8])
+@pytest.mark.parametrize("shape,k,s,p,d,ceil", STREAM_CASES)
+def test_max_pool2d_stream_kernel_matches_reference(rng, shape, k, s, p, d, ceil, dt):
+    from opsnn.kernels.cpu import pool as K
+    if np.dtype(dt).kind == "f":
+        x = rng.standard_normal(shape).astype(dt)
+    else:
+        x = rng.integers(np.iinfo(dt).min, np.iinfo(dt).max, shape, endpoint=True).astype(dt)
+    attrs = dict(kernel_shape=list(k), strides=list(s), pads=list(p), dilations=list(d), ceil_mode=ceil)
+    want = ops.run_op("MaxPool", [x], attrs, algo="reference")[0].numpy()
+    np.testing.assert_array_equal(ops.run_op("MaxPool", [x], attrs)[0].numpy(), want)
+    ex = opsnn.ops.prepare(opsnn.ops.get_op("MaxPool"), [x], attrs)
+    oh = ex.plan.out_spatial[0]
+    for parallel in (False, True):
+        for rb in sorted({1, 2, max(oh - 1, 1), oh}):
+            out = np.full_like(want, 7)
+            K.max_pool(x, out, None, ex.plan._replace(parallel=parallel, row_block=rb), False)
+            np.testing.assert_array_equal(out, want, err_msg=f"parallel={parallel} row_block={rb}")
+
+
+@pytest.mark.parametrize("k,s,p", [(3, 2, 1), (3, 1, 1), (5, 2, 2), (2, 2, 0), (7, 3, 3)])
+def test_max_pool2d_stream_kernel_nan(rng, k, s, p):
+    """NaN anywhere in a window (interior or border, any tap) gives NaN, as in the reference."""
+    x = rng.standard_normal((2, 3, 21, 67)).astype(np.float32)
+    x[rng.random(x.shape) < 0.01] = np.nan
+    x[0, 0, 0, :] = np.nan  # a NaN row on the border
+    x[1, 2, :, 66] = np.nan  # a NaN column on the border
+    x[0, 1, 10, 33] = -np.inf
+    attrs = dict(kernel_shape=[k, k], strides=[s, s], pads=[p] * 4)
+    want = ops.run_op("MaxPool", [x], attrs, algo="reference")[0].numpy()
+    got = ops.run_op("MaxPool", [x], attrs)[0].numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got, want)

@@ -4,10 +4,10 @@ for the rarely-hot ONNX pools (Lp, unpool, RoI max pool).
 A :class:`PoolPlan` (computed at prepare time) carries, per spatial dim, every output
 position's window start and the range of kernel taps that fall inside the input, so the
 inner loops never test bounds per element. 2-D max (without indices) and average pooling
-are separable: reduce each input row over the window's width, then reduce those rows over
-its height — kh + kw steps per output instead of kh * kw, with branch-free inner loops over
-contiguous output rows. Work items are (plane, block of output rows). 1-D pooling runs the
-2-D kernels with H = 1.
+are separable — kh + kw steps per output instead of kh * kw, with branch-free inner loops:
+average pooling reduces each input row over the window's width, then those rows over its
+height; max pooling reduces columns first, in long streams (see ``_max2d_block``). Work
+items are (plane, block of output rows). 1-D pooling runs the 2-D kernels with H = 1.
 """
 from __future__ import annotations
 
@@ -94,7 +94,9 @@ def make_plan(x_shape: tuple, out_spatial: tuple, kernel, strides, dilations, pa
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
 def _nanmax(a, b):
-    return b if (b > a or b != b) else a  # NaN in either argument propagates
+    # NaN in either argument propagates. `|`, not `or`: a short-circuit is a branch, and
+    # on random data a mispredicted one per element; this is a select (vcmpps + vblendvps)
+    return b if (b > a) | (b != b) else a
 
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
@@ -204,6 +206,188 @@ def _pool2d(x3, y3, plan: PoolPlan, hdiv, wdiv, init, is_max: bool, acc_t) -> No
        dw.stride, dw.full_lo, dw.full_hi, dw.kernel, hdiv, wdiv, init, is_max, acc_t)
 
 
+# -- 2-D max pooling (no indices): columns first, in long branch-free streams --------------------
+# A running ``acc[t] = max(acc[t], v[t])`` is a store of v only where v wins, which LLVM
+# vectorizes as a masked store (vmaskmovps): microcoded on AMD Zen, ~10x slower than a plain
+# loop (the separable kernel above took 3.4 ms on ResNet-50's 3x3/2 pool of 64x112x112 with 2
+# threads; this path ~0.7 ms on one thread, 0.5 with two, on the 2-core AVX2 VM). So every pass here writes a buffer it does not read, up to three taps per
+# pass, and indexes flat arrays with unsigned offsets (no per-row slices, whose reference
+# counting costs more than a 100-element row). Per work item (plane, block of output rows):
+#   1. V[r, w]  = max over the window's valid rows of x[.., w]       (a W-long stream per row)
+#   2. Hm[t]    = max over the window's columns of V, at every column (one stream for the block)
+#   3. y[r, ow] = Hm[r*W + ws[ow]] for the interior columns (every sw-th), scalar edge windows
+# Ties between -0.0 and +0.0 may resolve to the other zero than the reference's first in raster
+# order (columns are reduced before rows); values and NaN propagation are the same.
+
+_U = np.uint64
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def _max3(src, b0, b1, b2, n, dst, d):
+    """dst[d + t] = max(src[b0 + t], src[b1 + t], src[b2 + t]) (unsigned offsets: no wraparound)."""
+    for t in range(n):
+        dst[d + t] = _nanmax(_nanmax(src[b0 + t], src[b1 + t]), src[b2 + t])
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def _max2(src, b0, b1, n, dst, d):
+    for t in range(n):
+        dst[d + t] = _nanmax(src[b0 + t], src[b1 + t])
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def _max3b(acc, src, b1, b2, n, dst, d):
+    """dst[d + t] = max(acc[t], src[b1 + t], src[b2 + t])."""
+    for t in range(n):
+        dst[d + t] = _nanmax(_nanmax(acc[t], src[b1 + t]), src[b2 + t])
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def _max2b(acc, src, b1, n, dst, d):
+    for t in range(n):
+        dst[d + t] = _nanmax(acc[t], src[b1 + t])
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def _taps_max_many(src, b0, st, k, n, dst, d, ta, tb):
+    """_taps_max for k > 3 (its own function: the alternating buffer variables bring
+    reference counting that would otherwise run on every call of the common k <= 3)."""
+    _max3(src, b0, b0 + st, b0 + _U(2) * st, n, ta, _U(0))
+    j = 3
+    in_a = True
+    while k - j > 2:
+        bu = b0 + _U(j) * st
+        if in_a:
+            _max3b(ta, src, bu, bu + st, n, tb, _U(0))
+        else:
+            _max3b(tb, src, bu, bu + st, n, ta, _U(0))
+        j += 2
+        in_a = not in_a
+    cur = ta if in_a else tb
+    bu = b0 + _U(j) * st
+    if k - j == 2:
+        _max3b(cur, src, bu, bu + st, n, dst, d)
+    else:
+        _max2b(cur, src, bu, n, dst, d)
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _taps_max(src, base, step, k, n, dst, dbase, ta, tb, init):
+    """dst[dbase + t] = max over j < k of src[base + j*step + t], for t < n (NaN propagates;
+    all offsets >= 0). More than three taps alternate between the scratch buffers ta, tb."""
+    n_ = _U(n)
+    d = _U(dbase)
+    b0 = _U(base)
+    st = _U(step)
+    if k <= 0:
+        for t in range(n_):
+            dst[d + t] = init
+    elif k == 1:
+        for t in range(n_):
+            dst[d + t] = src[b0 + t]
+    elif k == 2:
+        _max2(src, b0, b0 + st, n_, dst, d)
+    elif k == 3:
+        _max3(src, b0, b0 + st, b0 + _U(2) * st, n_, dst, d)
+    else:
+        _taps_max_many(src, b0, st, k, n_, dst, d, ta, tb)
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def _max2d_block(xf, yf, p, oh0, oh1, H, W, OH, OW, hs, hlo, hhi, dh, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, init,
+                 V, Hm, ta, tb):
+    nr = oh1 - oh0
+    xb = p * H * W
+    yb = p * OH * OW
+    for oh in range(oh0, oh1):  # 1. rows of each window (hs + i*dh >= 0 for valid taps i)
+        i0 = hlo[oh]
+        _taps_max(xf, xb + (hs[oh] + i0 * dh) * W, dh * W, hhi[oh] - i0, W, V, (oh - oh0) * W, ta, tb, init)
+    m = f_hi - f_lo
+    if m > 0:
+        first = ws[f_lo]
+        # 2. one stream over the whole block: positions past a row's end mix two rows, but
+        # only the interior columns' starts are read back, and their windows stay in the row
+        L = (nr - 1) * W + (m - 1) * sw + 1
+        _taps_max(V, first, dw, kw, L, Hm, 0, ta, tb, init)
+        for r in range(nr):  # 3. every sw-th (a literal stride 2 lets LLVM shuffle, not gather)
+            hb = _U(r * W)
+            ob = _U(yb + (oh0 + r) * OW + f_lo)
+            if sw == 2:
+                for q in range(_U(m)):
+                    yf[ob + q] = Hm[hb + _U(2) * q]
+            else:
+                s_ = _U(sw)
+                for q in range(_U(m)):
+                    yf[ob + q] = Hm[hb + s_ * q]
+    e0 = f_lo if m > 0 else OW
+    e1 = max(f_hi, e0)
+    for r in range(nr):  # edge windows, clipped by the input's left / right border
+        vb = r * W
+        ob = yb + (oh0 + r) * OW
+        for ow in range(e0):
+            acc = init
+            for j in range(wlo[ow], whi[ow]):
+                acc = _nanmax(acc, V[vb + ws[ow] + j * dw])
+            yf[ob + ow] = acc
+        for ow in range(e1, OW):
+            acc = init
+            for j in range(wlo[ow], whi[ow]):
+                acc = _nanmax(acc, V[vb + ws[ow] + j * dw])
+            yf[ob + ow] = acc
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def _max2d_scratch(rb, W, kh, kw, dtype):
+    big = max(kh, kw) > 3
+    V = np.empty(rb * W, dtype)
+    Hm = np.empty(rb * W, dtype)
+    ta = np.empty(rb * W if big else 0, dtype)
+    tb = np.empty(rb * W if big else 0, dtype)
+    return V, Hm, ta, tb
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def max_pool2d_parallel(x, y, rb, hs, hlo, hhi, kh, dh, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, init):
+    P, OH, OW = y.shape
+    H, W = x.shape[1], x.shape[2]
+    xf = x.reshape(-1)
+    yf = y.reshape(-1)
+    nblk = (OH + rb - 1) // rb
+    for t in nb.prange(P * nblk):
+        p = t // nblk
+        oh0 = (t - p * nblk) * rb
+        V, Hm, ta, tb = _max2d_scratch(rb, W, kh, kw, x.dtype)
+        _max2d_block(xf, yf, p, oh0, min(OH, oh0 + rb), H, W, OH, OW, hs, hlo, hhi, dh, ws, wlo, whi, dw, sw, f_lo,
+                     f_hi, kw, init, V, Hm, ta, tb)
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def max_pool2d_serial(x, y, rb, hs, hlo, hhi, kh, dh, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, init):
+    P, OH, OW = y.shape
+    H, W = x.shape[1], x.shape[2]
+    xf = x.reshape(-1)
+    yf = y.reshape(-1)
+    nblk = (OH + rb - 1) // rb
+    V, Hm, ta, tb = _max2d_scratch(rb, W, kh, kw, x.dtype)
+    for t in range(P * nblk):
+        p = t // nblk
+        oh0 = (t - p * nblk) * rb
+        _max2d_block(xf, yf, p, oh0, min(OH, oh0 + rb), H, W, OH, OW, hs, hlo, hhi, dh, ws, wlo, whi, dw, sw, f_lo,
+                     f_hi, kw, init, V, Hm, ta, tb)
+
+
+def _max_pool2d(x3, y3, plan: PoolPlan, init) -> None:
+    dh, dw = plan.dims
+    # output rows per work item: the plan's, capped so that the item's scratch (V and Hm, plus
+    # two more for windows over 3 taps) stays within SCRATCH_BYTES
+    W = int(plan.in_spatial[-1])
+    per_row = (4 if max(dh.kernel, dw.kernel) > 3 else 2) * max(W, 1) * x3.dtype.itemsize
+    rb = max(1, min(plan.row_block, SCRATCH_BYTES // per_row))
+    fn = max_pool2d_parallel if plan.parallel else max_pool2d_serial
+    fn(x3, y3, rb, dh.start, dh.lo, dh.hi, dh.kernel, dh.dilation, dw.start, dw.lo, dw.hi, dw.dilation, dw.stride,
+       dw.full_lo, dw.full_hi, dw.kernel, init)
+
+
 # -- max pooling with indices, and 3-D ------------------------------------------------------------------
 # NaN propagates (as in torch): a window holding a NaN gives that NaN, and the index of its
 # first NaN. The running max uses selects: data-dependent branches cost more than the
@@ -311,7 +495,7 @@ def max_pool(x: np.ndarray, y: np.ndarray, idx: np.ndarray | None, plan: PoolPla
     init = _lowest(x.dtype)
     if len(plan.dims) == 2:
         if idx is None:
-            _pool2d(xs, ys, plan, _NO_DIV, _NO_DIV, init, True, x.dtype.type)
+            _max_pool2d(xs, ys, plan, init)
         else:
             dh, dw = plan.dims
             max_pool2d_indices(xs, ys, idx.reshape(ys.shape), col_major, dh.start, dh.lo, dh.hi, dh.dilation,
