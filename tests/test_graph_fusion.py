@@ -100,6 +100,75 @@ def test_attention_is_fused(rng, masked):
     _check(_attention_graph(masked), feeds, ["Attention"])
 
 
+def _bert_attention_graph(k_perm: str, merge: str):
+    """BERT's self-attention: projections (B, S, 32) reshaped to 4 heads of 8, head split
+    Transposes (K directly to (B, H, D, S) with perm 0,2,3,1 or split then 0,1,3,2), scores,
+    mask, softmax, probs @ V, then ``merge``: the head merge Transpose + Reshape, a Relu on
+    the 4-D output, or the 4-D output as the graph output."""
+    shp = {"s4": np.array([0, 0, 4, 8], np.int64), "s3": np.array([0, 0, 32], np.int64),
+           "scale": np.array(np.sqrt(8), np.float32)}
+    nodes = []
+    for n in ("q", "k", "v"):
+        nodes.append(Node("Reshape", [f"x{n}", "s4"], [f"{n}4"]))
+    nodes += [Node("Transpose", ["q4"], ["q"], {"perm": [0, 2, 1, 3]}),
+              Node("Transpose", ["v4"], ["v"], {"perm": [0, 2, 1, 3]})]
+    if k_perm == "0231":
+        nodes.append(Node("Transpose", ["k4"], ["kt"], {"perm": [0, 2, 3, 1]}))
+    else:
+        nodes += [Node("Transpose", ["k4"], ["k"], {"perm": [0, 2, 1, 3]}),
+                  Node("Transpose", ["k"], ["kt"], {"perm": [0, 1, 3, 2]})]
+    nodes += [Node("MatMul", ["q", "kt"], ["s"]), Node("Div", ["s", "scale"], ["ss"]),
+              Node("Add", ["ss", "mask"], ["sm"]), Node("Softmax", ["sm"], ["p"], {"axis": -1}),
+              Node("MatMul", ["p", "v"], ["y4"])]
+    out = "y"
+    if merge == "transpose":
+        nodes += [Node("Transpose", ["y4"], ["yt"], {"perm": [0, 2, 1, 3]}), Node("Reshape", ["yt", "s3"], ["y"])]
+    elif merge == "relu":
+        nodes.append(Node("Relu", ["y4"], ["y"]))
+    else:
+        out = "y4"
+    ins = [Value(f"x{n}", np.float32, ("B", "S", 32)) for n in ("q", "k", "v")]
+    ins.append(Value("mask", np.float32, ("B", 1, 1, "S")))
+    return Graph("bert_attn", inputs=ins, outputs=[out], nodes=nodes, initializers=shp)
+
+
+@pytest.mark.parametrize("k_perm", ["0231", "split"])
+@pytest.mark.parametrize("merge", ["transpose", "relu", "output"])
+def test_attention_reads_head_strided_layout(rng, k_perm, merge):
+    """attention_head_layout: the Q/K/V head split Transposes disappear (Attention takes the
+    (B, S, H*D) tensors with q_num_heads/kv_num_heads); the head merge Transpose becomes a
+    Reshape; a 4-D output another node reads is rebuilt by Reshape + Transpose; a 4-D graph
+    output keeps the 4-D Attention."""
+    feeds = {n: _f32(rng, 2, 10, 32) for n in ("xq", "xk", "xv")}
+    mask = np.zeros((2, 1, 1, 10), np.float32)
+    mask[1, ..., 7:] = -1e9
+    feeds["mask"] = mask
+    g = _bert_attention_graph(k_perm, merge)
+    ref = {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in opsnn.graph.run(g, feeds).items()}
+    cg = opsnn.compile(g)
+    kinds = [n.op_type for n in cg.graph.nodes]
+    att = next(n for n in cg.graph.nodes if n.op_type == "Attention")
+    rep = cg.pass_report.by_name("attention_head_layout")
+    if merge == "output":
+        assert rep.changes == 0 and "graph output" in rep.refused[0]
+        assert "q_num_heads" not in att.attrs
+    else:
+        assert rep.changes == 1 and att.attrs["q_num_heads"] == 4 and att.attrs["kv_num_heads"] == 4
+        assert kinds.count("Transpose") == (1 if merge == "relu" else 0), kinds
+    out = cg.run(feeds)
+    for k in ref:
+        np.testing.assert_allclose(out[k].numpy(), ref[k], rtol=1e-4, atol=1e-5)
+
+
+def test_attention_head_layout_refuses_plain_4d_inputs(rng):
+    g = _attention_graph(True)
+    feeds = {n: _f32(rng, 2, 4, 10, 8) for n in ("q", "k", "v")}
+    feeds["mask"] = np.zeros((2, 1, 1, 10), np.float32)
+    cg = _check(g, feeds, ["Attention"])
+    rep = cg.pass_report.by_name("attention_head_layout")
+    assert rep.changes == 0
+
+
 def test_conv_residual_relu_epilogue(rng):
     init = {"w": _f32(rng, 6, 6, 3, 3), "b": _f32(rng, 6)}
     g = Graph("res", inputs=[Value("x", np.float32, ("N", 6, 9, 9))], outputs=["y"], initializers=init,
@@ -182,6 +251,9 @@ def test_exported_bert_fuses_attention_layernorm_and_epilogues(rng):
     kinds = [n.op_type for n in cg.graph.nodes]
     layers = 2
     assert kinds.count("Attention") == layers and kinds.count("LayerNormalization") == 2 * layers + 1
+    # the head split/merge Transposes are gone: Attention reads and writes (B, S, H*D)
+    assert "Transpose" not in kinds
+    assert all(n.attrs.get("q_num_heads") for n in cg.graph.nodes if n.op_type == "Attention")
     assert cg.pass_report.nodes_after < 0.45 * cg.pass_report.nodes_before
     ref = opsnn.graph.run(g, feeds)
     out = cg.run(feeds)

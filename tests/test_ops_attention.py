@@ -384,3 +384,33 @@ def test_long_sequence_runs_flash_with_linear_memory(rng):
     p = np.exp(s - s.max(-1, keepdims=True))
     want = (p / p.sum(-1, keepdims=True)) @ v[0, 0].astype(np.float64)
     np.testing.assert_allclose(y[0, 0, rows], want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("B,H,Hkv,L,S,E,Ev", [(1, 12, 12, 128, 128, 64, 64), (2, 3, 3, 5, 7, 4, 6), (1, 1, 1, 1, 1, 1, 1),
+                                              (2, 4, 2, 9, 11, 8, 8), (1, 2, 1, 3, 0, 4, 4)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_gemm_kernel_head_strided_3d_layout(rng, B, H, Hkv, L, S, E, Ev, masked):
+    """attention_gemm on 3-D (B, S, H*D) inputs reads heads through strides (BLAS leading
+    dimension) and writes Y in place: equal to the 4-D form and the oracle; also when Q/K/V
+    are column slices of one packed QKV tensor (row stride > H*D) and for GQA (stacked rows,
+    a contiguous copy of Q)."""
+    q4, k4, v4 = rand(rng, B, H, L, E), rand(rng, B, Hkv, S, E), rand(rng, B, Hkv, S, Ev)
+    bias = np.where(rng.random((B, 1, L, S)) < 0.2, -np.inf, rng.standard_normal((B, 1, L, S))).astype(np.float32) \
+        if masked else None
+    if masked and S:
+        bias[..., 0] = 0.0
+    want = sdpa_oracle(q4, k4, v4, bias) if S else np.zeros((B, H, L, Ev))
+    to3 = lambda a: np.ascontiguousarray(a.transpose(0, 2, 1, 3)).reshape(a.shape[0], a.shape[2], a.shape[1] * a.shape[3])
+    attrs = {"q_num_heads": H, "kv_num_heads": Hkv}
+    ins = [to3(q4), to3(k4), to3(v4)] + ([bias] if masked else [])
+    (y,) = run(ins, attrs, algo="attention_gemm")
+    np.testing.assert_allclose(y.reshape(B, L, H, Ev).transpose(0, 2, 1, 3), want, rtol=2e-5, atol=2e-5)
+    if L == S:  # packed QKV: each of Q, K, V a strided column block of one (B, S, 3 * H * E) tensor
+        packed = np.concatenate([to3(q4), to3(k4), to3(v4)], axis=2) if H == Hkv and E == Ev else None
+        if packed is not None:
+            n = H * E
+            views = [packed[:, :, :n], packed[:, :, n:2 * n], packed[:, :, 2 * n:]]
+            (y2,) = run(views + ([bias] if masked else []), attrs, algo="attention_gemm")
+            np.testing.assert_allclose(y2, y, rtol=1e-6, atol=1e-6)
+    (y4,) = run([q4, k4, v4] + ([bias] if masked else []), {}, algo="attention_gemm")
+    np.testing.assert_allclose(y4, want, rtol=2e-5, atol=2e-5)

@@ -217,6 +217,106 @@ for _i, _s in enumerate(_SCALED):
         ATTENTION.append(RewriteRule(is_op("MatMul")(is_op("Softmax")(_scores), wildcard("v")), _build,
                                      name=f"attention_fusion_{'masked' if _masked else 'plain'}_{_i}", check=_chk))
 
+
+def _head_split_source(graph, prod, shape_of, name: str):
+    """``(x3, H, D, reshape_needed)`` when ``name`` is ``Transpose(perm=[0, 2, 1, 3])`` of a
+    4-D (B, S, H, D) value with static H and D: ``x3`` is the (B, S, H*D) tensor it was
+    reshaped from (or the 4-D value itself, ``reshape_needed``); else a reason string."""
+    tr = prod.get(name)
+    if tr is None or tr.op_type != "Transpose" or tr.domain or list(tr.attrs.get("perm") or []) != [0, 2, 1, 3]:
+        return f"{name} is not a Transpose(perm=[0, 2, 1, 3]) head split"
+    x4 = tr.inputs[0]
+    shape = shape_of(x4)
+    if shape is None or len(shape) != 4 or not all(isinstance(d, (int, np.integer)) and d > 0 for d in shape[2:]):
+        return f"{x4} has shape {shape}; the head split needs a 4-D (B, S, H, D) input with static H, D"
+    H, D = int(shape[2]), int(shape[3])
+    rs = prod.get(x4)
+    if rs is not None and rs.op_type == "Reshape" and not rs.domain:
+        src = shape_of(rs.inputs[0])
+        if src is not None and len(src) == 3 and src[2] == H * D and src[0] == shape[0] and src[1] == shape[1]:
+            return rs.inputs[0], H, D, False
+    return x4, H, D, True
+
+
+def attention_head_layout(graph, res) -> None:
+    """Attention on 4-D (B, H, S, D) Q/K/V that are all ``Transpose(perm=[0, 2, 1, 3])`` head
+    splits of (B, S, H, D) tensors (BERT: Reshape of a projection, then Transpose) reads the
+    untransposed (B, S, H*D) tensors instead (3-D Attention with q_num_heads/kv_num_heads;
+    the kernels read heads with strides), and when its only reader is the head merge
+    ``Transpose(perm=[0, 2, 1, 3])`` it writes (B, S, H*Dv) and the merge becomes a Reshape
+    (a view). BERT-base: 48 Transposes of (1, 128, 12, 64) fewer per run. Shapes come from
+    type inference, else from the probe run (exporters compute Reshape targets from Shape
+    ops); H and D must be static there and H*D the last dim of the tensor split."""
+    from .shape_inference import infer_types, probe_types
+
+    infer_types(graph)
+    probe = None
+
+    def shape_of(v):
+        nonlocal probe
+        sh = graph.value(v).shape
+        if sh is not None and all(isinstance(d, (int, np.integer)) for d in sh):
+            return tuple(sh)
+        if probe is None:
+            probe = probe_types(graph)
+        return tuple(probe[v].shape) if v in probe else sh
+    prod = graph.producers()
+    users = graph.consumers()
+    for node in list(graph.nodes):
+        if node.op_type != "Attention" or node.domain or len(node.inputs) < 3:
+            continue
+        if len(node.inputs) > 4 and any(node.inputs[4:]):
+            res.refuse(f"{node.name}: past key/value or nonpad_kv_seqlen inputs (the cache layout is 4-D)")
+            continue
+        if len([o for o in node.outputs if o]) != 1 or node.outputs[0] in graph.output_names:
+            res.refuse(f"{node.name}: more than the Y output, or Y is a graph output")
+            continue
+        srcs = [_head_split_source(graph, prod, shape_of, v) for v in node.inputs[:3]]
+        bad = next((r for r in srcs if isinstance(r, str)), None)
+        if bad is not None:
+            res.refuse(f"{node.name}: {bad}")
+            continue
+        (_, hq, dq, _), (_, hk, dk, _), (_, hv, dv, _) = srcs
+        if hk != hv or hq % hk or dq != dk:
+            res.refuse(f"{node.name}: head counts/sizes ({hq}, {hk}, {hv}; {dq}, {dk}) do not match")
+            continue
+        new_nodes = []
+        ins = []
+        for (x, h, d, need), v in zip(srcs, node.inputs[:3]):
+            if need:  # a (B, S, H, D) value not made by a Reshape: reshape it (a view) to (B, S, H*D)
+                shp = graph.unique_name(f"{v}_heads3d_shape")
+                graph.initializers[shp] = np.array([0, 0, h * d], np.int64)
+                x3 = graph.unique_name(f"{v}_heads3d")
+                new_nodes.append(Node("Reshape", [x, shp], [x3], {}, name=graph.unique_name(f"Reshape_{x3}")))
+                x = x3
+            ins.append(x)
+        y = node.outputs[0]
+        readers = users.get(y, [])
+        merge = readers[0] if len(readers) == 1 else None
+        y3 = graph.unique_name(f"{y}_bsh")
+        if merge is not None and merge.op_type == "Transpose" and not merge.domain and \
+                list(merge.attrs.get("perm") or []) == [0, 2, 1, 3]:
+            # Y3 (B, S, H*Dv) -> the merge's (B, S, H, Dv) output by a Reshape (a view)
+            shp = graph.unique_name(f"{y}_merge_shape")
+            graph.initializers[shp] = np.array([0, 0, hq, dv], np.int64)
+            merge.op_type, merge.inputs, merge.attrs = "Reshape", [y3, shp], {}
+            note = "; the head merge Transpose became a Reshape"
+        else:
+            # keep Y (B, H, S, Dv) for its readers: Y3 -> (B, S, H, Dv) -> Transpose
+            shp = graph.unique_name(f"{y}_split_shape")
+            graph.initializers[shp] = np.array([0, 0, hq, dv], np.int64)
+            y4 = graph.unique_name(f"{y}_bshd")
+            after = [Node("Reshape", [y3, shp], [y4], {}, name=graph.unique_name(f"Reshape_{y4}")),
+                     Node("Transpose", [y4], [y], {"perm": [0, 2, 1, 3]}, name=graph.unique_name(f"Transpose_{y}"))]
+            note = ""
+        node.inputs = ins + list(node.inputs[3:])
+        node.outputs = [y3]
+        node.attrs = dict(node.attrs, q_num_heads=hq, kv_num_heads=hk)
+        pos = graph.nodes.index(node)
+        graph.nodes[pos:pos + 1] = new_nodes + [node] + ([] if note else after)
+        res.note(f"{node.name}: Q/K/V read as (B, S, H*D) with head strides{note}")
+
+
 # -- epilogues ------------------------------------------------------------------------------------------------------
 _ACTS = ("Relu", "Sigmoid", "Tanh", "Gelu", "Swish", "LeakyRelu")
 

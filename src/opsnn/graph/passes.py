@@ -336,6 +336,12 @@ def _rule_pass(group: str):
     return run_rules
 
 
+def _attention_head_layout(graph: Graph, res: PassResult) -> None:
+    from .fusion import attention_head_layout
+
+    attention_head_layout(graph, res)
+
+
 def _elementwise_fusion(graph: Graph, res: PassResult) -> None:
     from .elementwise_fusion import elementwise_fusion
 
@@ -358,6 +364,8 @@ PASSES: list[Pass] = [
     Pass("pattern_recognition", _rule_pass("pattern_recognition"), 2,
          "Gelu/LayerNorm/RMSNorm/SiLU from their decomposed ONNX forms"),
     Pass("attention_fusion", _rule_pass("attention_fusion"), 2, "MatMul-Scale-Mask-Softmax-MatMul -> Attention"),
+    Pass("attention_head_layout", lambda g, r: _attention_head_layout(g, r), 2,
+         "Attention reads/writes (B, S, H*D) directly instead of head split/merge Transposes"),
     Pass("user_rewrites", user_rewrites, 2, "user-registered rewrite rules"),
     Pass("epilogue_fusion", _rule_pass("epilogue_fusion"), 2,
          "bias, activation and residual add into Conv/MatMul epilogues"),

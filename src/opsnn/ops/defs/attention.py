@@ -341,9 +341,24 @@ def _gemm_workspace(ctx, plan):
     return 4 * d.B * d.Hq * d.Sq * d.T
 
 
+def _blasable(a: np.ndarray) -> bool:
+    """True when every matrix a[..., :, :] is one BLAS operand as it stands (float32, unit
+    column stride, a row stride >= the row length): np.matmul then passes it with its leading
+    dimension instead of copying. The head view of a 3-D (B, S, H*D) tensor qualifies."""
+    if a.dtype != np.float32 or a.ndim < 2:
+        return False
+    isz = a.itemsize
+    r, c = a.shape[-2:]
+    rs, cs = a.strides[-2:]
+    return (c <= 1 or cs == isz) and (r <= 1 or (rs % isz == 0 and rs >= c * isz)) and \
+        all(st >= 0 and st % isz == 0 for st in a.strides[:-2])
+
+
 def _gemm(ins, outs, attrs, plan, ws):
     """Scores by one batched BLAS GEMM per (batch, KV head) (GQA: the group's query heads
-    stacked as rows), a parallel numba masked softmax in place, then probs @ V by BLAS."""
+    stacked as rows), a parallel numba masked softmax in place, then probs @ V by BLAS.
+    3-D (B, S, H*D) inputs and output (no GQA) go to BLAS as head-strided views (leading
+    dimension H*D): no transposed copies of Q, K, V or Y."""
     ins = list(ins) + [None] * (7 - len(ins))
     d = plan["d"]
     k4, v4 = _kv(ins, outs, plan, np.float32)
@@ -351,21 +366,30 @@ def _gemm(ins, outs, attrs, plan, ws):
         return
     g = d.Hq // d.Hkv
     rows = g * d.Sq
-    q4 = np.ascontiguousarray(_to4(ins[0], d.Hq), dtype=np.float32)
+    q4 = _to4(ins[0], d.Hq)
+    if g > 1 or not _blasable(q4):  # GQA stacks a group's query heads as rows of one GEMM
+        q4 = np.ascontiguousarray(q4, dtype=np.float32).reshape(d.B, d.Hkv, rows, d.D)
+    if not _blasable(k4):
+        k4 = np.ascontiguousarray(k4, dtype=np.float32)
+    if not _blasable(v4):
+        v4 = np.ascontiguousarray(v4, dtype=np.float32)
     n = d.B * d.Hq * d.Sq * d.T
     s = ws[: 4 * n].view(np.float32).reshape(d.B, d.Hq, d.Sq, d.T) if n else np.empty((d.B, d.Hq, d.Sq, 0), np.float32)
     if d.T:
-        np.matmul(q4.reshape(d.B, d.Hkv, rows, d.D), k4.swapaxes(-1, -2),
-                  out=s.reshape(d.B, d.Hkv, rows, d.T))
+        np.matmul(q4, k4.swapaxes(-1, -2), out=s.reshape(d.B, d.Hkv, rows, d.T))
     kvlen, off = _offsets(ins, d)
     K.masked_softmax(s, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"], plan["left"], plan["right"],
                      np.float32(plan["scale"]), np.float32(plan["softcap"]), plan["parallel"])
     y = outs[0]
-    if d.rank == 4 and y.flags.c_contiguous:
+    y4 = _to4(y, d.Hq) if d.rank == 3 else y
+    if g == 1 and _blasable(y4):
+        # (B, H, S, Dv) itself or the head-strided view of a 3-D (B, S, H*Dv) Y: BLAS writes it in place
+        np.matmul(s, v4, out=y4)
+    elif y.flags.c_contiguous and d.rank == 4:
         np.matmul(s.reshape(d.B, d.Hkv, rows, d.T), v4, out=y.reshape(d.B, d.Hkv, rows, d.Dv))
     else:
         yv = np.matmul(s.reshape(d.B, d.Hkv, rows, d.T), v4).reshape(d.B, d.Hq, d.Sq, d.Dv)
-        np.copyto(_to4(y, d.Hq) if d.rank == 3 else y, yv)
+        np.copyto(y4, yv)
 
 
 def _blas(ins, outs, attrs, plan, ws):
