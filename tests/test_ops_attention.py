@@ -386,8 +386,8 @@ def test_long_sequence_runs_flash_with_linear_memory(rng):
     np.testing.assert_allclose(y[0, 0, rows], want, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("B,H,Hkv,L,S,E,Ev", [(1, 12, 12, 128, 128, 64, 64), (2, 3, 3, 5, 7, 4, 6), (1, 1, 1, 1, 1, 1, 1),
-                                              (2, 4, 2, 9, 11, 8, 8), (1, 2, 1, 3, 0, 4, 4)])
+@pytest.mark.parametrize("B,H,Hkv,L,S,E,Ev", [(1, 12, 12, 128, 128, 64, 64), (2, 3, 3, 5, 7, 4, 6),
+                                              (1, 1, 1, 1, 1, 1, 1), (2, 4, 2, 9, 11, 8, 8), (1, 2, 1, 3, 0, 4, 4)])
 @pytest.mark.parametrize("masked", [False, True])
 def test_gemm_kernel_head_strided_3d_layout(rng, B, H, Hkv, L, S, E, Ev, masked):
     """attention_gemm on 3-D (B, S, H*D) inputs reads heads through strides (BLAS leading
@@ -400,7 +400,8 @@ def test_gemm_kernel_head_strided_3d_layout(rng, B, H, Hkv, L, S, E, Ev, masked)
     if masked and S:
         bias[..., 0] = 0.0
     want = sdpa_oracle(q4, k4, v4, bias) if S else np.zeros((B, H, L, Ev))
-    to3 = lambda a: np.ascontiguousarray(a.transpose(0, 2, 1, 3)).reshape(a.shape[0], a.shape[2], a.shape[1] * a.shape[3])
+    def to3(a):
+        return np.ascontiguousarray(a.transpose(0, 2, 1, 3)).reshape(a.shape[0], a.shape[2], a.shape[1] * a.shape[3])
     attrs = {"q_num_heads": H, "kv_num_heads": Hkv}
     ins = [to3(q4), to3(k4), to3(v4)] + ([bias] if masked else [])
     (y,) = run(ins, attrs, algo="attention_gemm")
