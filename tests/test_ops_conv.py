@@ -149,6 +149,27 @@ def test_conv2d_matches_direct_loop(rng, xs, ws, kw, kernel):
     np.testing.assert_allclose(y, ref, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("xs,ws,kw", [
+    ((1, 3, 37, 35), (8, 3, 7, 7), dict(stride=2, padding=3)),                 # ResNet stem-like, odd sizes
+    ((1, 3, 64, 64), (16, 3, 7, 7), dict(stride=2, padding=3)),                # parallel im2col
+    ((2, 5, 9, 12), (7, 5, 3, 3), dict(stride=2, padding=(0, 2), dilation=2)),  # dilated, asymmetric pads
+    ((1, 4, 1, 1), (3, 4, 3, 3), dict(stride=2, padding=1)),                   # 1x1 image
+    ((1, 6, 8, 9), (6, 2, 4, 5), dict(stride=(1, 2), padding=(1, 4), groups=3)),  # pad > kernel/2, groups
+    ((1, 3, 5, 20), (2, 3, 1, 3), dict(stride=(3, 2))),                         # no padding, wide
+])
+def test_conv2d_im2col_stride2_columns(rng, xs, ws, kw, dt):
+    """im2col's stride-2 column copy (a literal stride, vectorized with shuffles)."""
+    x, w, b = rand(rng, xs, dt), rand(rng, ws, dt), rand(rng, (ws[0],), dt)
+    y = opsnn.ops.conv2d(x, w, b, algo="conv2d_im2col", **kw).numpy()
+    pads = kw.get("padding", 0)
+    pads = pads if np.isscalar(pads) else tuple(pads) * 2
+    want = conv_direct(x, w, b, kw.get("stride", 1), pads, kw.get("dilation", 1), kw.get("groups", 1))
+    assert y.dtype == dt
+    np.testing.assert_allclose(y, want, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(y, opsnn.ops.conv2d(x, w, b, algo="reference", **kw).numpy(), rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("xs,ws,kw", [
     ((2, 3, 11), (4, 3, 3), dict(stride=2, padding=1, dilation=2)),
     ((1, 4, 5), (4, 1, 3), dict(groups=4, padding=2)),
@@ -520,3 +541,34 @@ def test_conv_shape_property(h, w_, k, s, p, d, g):
     assert y.shape == (1, 2 * g, (h + 2 * p - eff) // s + 1, (w_ + 2 * p - eff) // s + 1)
     ref = opsnn.ops.conv2d(x, wt, stride=s, padding=p, dilation=d, groups=g, algo="reference").numpy()
     np.testing.assert_allclose(y, ref, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("xs,ws,stride,pad,groups", [
+    ((1, 3, 45, 50), (8, 3, 7, 7), 2, 3, 1),      # stem-like: 147 column rows > 8 channels
+    ((2, 4, 23, 17), (6, 2, 5, 5), 1, 2, 2),      # groups: 50 column rows per group > 3 channels
+    ((1, 2, 9, 9), (3, 2, 3, 3), 1, 1, 1),        # fewer output columns than one band's minimum
+])
+def test_im2col_cache_bands(monkeypatch, rng, xs, ws, stride, pad, groups):
+    """Few-column-row im2col convs run in cache-sized bands: same result as one band."""
+    from opsnn.kernels.cpu import conv as KC
+    x, w, b = rand(rng, xs), rand(rng, ws), rand(rng, (ws[0],))
+    k = ws[2]
+    out = tuple((n + 2 * pad - k) // stride + 1 for n in xs[2:])
+
+    def run():
+        plan = KC.conv_plan(xs, ws, groups, (k, k), (stride, stride), (1, 1), (pad, pad), (pad, pad), out, 4)
+        y = np.empty((xs[0], ws[0]) + out, np.float32)
+        KC.conv_forward(x, w, b, y, plan, np.empty(plan.workspace_bytes, np.uint8))
+        return y, plan
+
+    whole, plan = run()
+    assert plan.band == out[0]
+    monkeypatch.setattr(KC, "CACHE_BAND_MIN_WHOLE", 0)
+    for cap, min_cols in ((1, 1), (2000, 1), (4000, 40)):
+        monkeypatch.setattr(KC, "CACHE_BAND_BYTES", cap)
+        monkeypatch.setattr(KC, "CACHE_BAND_MIN_COLS", min_cols)
+        y, plan = run()
+        assert plan.band < out[0] or out[0] * out[1] <= min_cols
+        np.testing.assert_allclose(y, whole, rtol=1e-5, atol=1e-5, err_msg=f"band {plan.band}")
+    want = conv_direct(x, w, b, stride, pad, 1, groups)
+    np.testing.assert_allclose(whole, want, rtol=RTOL, atol=ATOL)

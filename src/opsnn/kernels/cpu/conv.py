@@ -8,8 +8,9 @@ Forward algorithms, chosen at prepare time:
   (input channel, kernel offset), unrolls a band of output rows of each image into the
   executor's workspace, then BLAS multiplies every group's weight slice by its slice of
   that buffer, writing that band of the output; the band is as many rows as fit in
-  :data:`BAND_BYTES` (every ResNet-50 layer is one band), so the workspace is bounded
-  whatever the image size. Its loops index with ``np.uintp`` (no negative-index
+  :data:`BAND_BYTES` (every ResNet-50 layer is one band, but for the stem's cache-sized
+  bands, see :data:`CACHE_BAND_BYTES`), so the workspace is bounded whatever the image
+  size. Its loops index with ``np.uintp`` (no negative-index
   wraparound, so LLVM vectorizes the row copies) and do their divisions once per column
   row: 3-5x faster than per-(row, output row) tasks.
 * ``im2col_nd``: any rank (3-D) — numpy-vectorized im2col: one strided block copy per
@@ -53,8 +54,22 @@ ALIGN = 64
 #: output rows at a time, as many rows as fit in this many bytes (at least one): the workspace
 #: stays bounded whatever the image size (a 4096x4096 image needs no more than a ResNet-50
 #: layer), and BLAS still gets a wide GEMM per band. Every ResNet-50 layer's columns fit whole
-#: (the largest, the stem's and stage 1's 3x3, are 7.4 MB), so those run as one band.
+#: (the largest, the stem's and stage 1's 3x3, are 7.4 MB), so those run as one band (the
+#: stem then in smaller bands, for the cache: CACHE_BAND_BYTES).
 BAND_BYTES = 8 << 20
+#: im2col2d with few column rows, but more than output channels (per group: M/g < (C/g)*kh*kw <=
+#: CACHE_BAND_MAX_ROWS, e.g. a stem conv on 3 input channels), builds and multiplies its columns
+#: in bands of about CACHE_BAND_BYTES, still in cache when the GEMM reads them, instead of one
+#: buffer written to memory and read back; a band keeps at least CACHE_BAND_MIN_COLS columns (a
+#: wide GEMM), and column buffers under CACHE_BAND_MIN_WHOLE run whole. ResNet-50's stem (147
+#: column rows, 64 channels, 7.4 MB of columns; bands of 7 of 112 output rows), one thread:
+#: 10.3 -> 9.3 ms; two threads on the shared 2-core VM: within the noise (8.2 vs 8.0 ms median).
+#: Not for wide inputs: 64 -> 64 channels 3x3 at 56x56 (576 rows) ran 7.2 -> 8.8 ms with two
+#: threads; nor where the output outweighs the columns (3 -> 64 channels 3x3: 4.9 -> 5.4 ms).
+CACHE_BAND_BYTES = 1 << 19
+CACHE_BAND_MIN_COLS = 512
+CACHE_BAND_MIN_WHOLE = 4 << 20
+CACHE_BAND_MAX_ROWS = 256
 
 
 # -- numba kernels ------------------------------------------------------------------------------
@@ -103,6 +118,9 @@ def _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh0, oh_n, ow_n):
         if sw == 1:  # unit stride: a contiguous copy
             for ow in range(lo, hi):
                 col[ur, np.uintp(base + ow)] = x[uc, uih, np.uintp(ow + off)]
+        elif sw == 2:  # a literal stride: LLVM loads two vectors and shuffles, no gather
+            for ow in range(lo, hi):
+                col[ur, np.uintp(base + ow)] = x[uc, uih, np.uintp(ow * 2 + off)]
         else:
             for ow in range(lo, hi):
                 col[ur, np.uintp(base + ow)] = x[uc, uih, np.uintp(ow * sw + off)]
@@ -396,6 +414,12 @@ def conv_plan(x_shape, w_shape, g, k, s, d, pb, pe, out_sp, itemsize, kind: str 
     work = (n * m if kind in ("depthwise2d", "direct2d") else c) * kk * p
     if kind in ("im2col2d", "im2col_nd"):
         band = band_rows(c * kk * inner * itemsize, int(out_sp[0]))
+        whole = c * kk * inner * itemsize * int(out_sp[0])
+        if kind == "im2col2d" and m // g < (c // g) * kk <= CACHE_BAND_MAX_ROWS and whole >= CACHE_BAND_MIN_WHOLE:
+            cached = band_rows(c * kk * inner * itemsize, int(out_sp[0]), CACHE_BAND_BYTES)
+            cached = max(cached, -(-CACHE_BAND_MIN_COLS // max(inner, 1)))
+            cached = -(-int(out_sp[0]) // -(-int(out_sp[0]) // cached))  # bands of equal size
+            band = min(band, cached)
         col_shape = (g, (c // g) * kk, band * inner)
         work = c * kk * band * inner  # per band: what one im2col call does
     elif kind == "direct2d":
