@@ -76,3 +76,16 @@ def test_cli_pass_through(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["bench", "--help"])
     assert e.value.code == 0 and "--no-torch" in capsys.readouterr().out
+
+
+def test_info_says_whether_the_openblas_timeout_is_in_effect(capsys, monkeypatch):
+    from opsnn import _blas_env, cli
+
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "threads:" in out and "OpenBLAS idle-thread timeout" in out
+    # this test process imported numpy before opsnn (conftest): whatever it says must match
+    assert ("in effect" in out and "NOT" not in out) == bool(_blas_env.effective)
+    monkeypatch.setattr(_blas_env, "effective", False)
+    assert cli.main(["info"]) == 0
+    assert "NOT in effect (numpy was imported before opsnn; set OPENBLAS_THREAD_TIMEOUT=4" in capsys.readouterr().out

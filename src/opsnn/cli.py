@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import statistics
 import sys
@@ -24,6 +25,13 @@ def cmd_info(args) -> int:
     records = opsnn.ops.all_ops()
     print(f"opsnn {opsnn.__version__}")
     print(f"device: {ctx.device.describe()}")
+    from . import _blas_env
+    from .runtime import threads
+
+    print(f"threads: {threads.policy.mode} ({threads.cores()} cores); OpenBLAS idle-thread timeout "
+          f"{os.environ.get('OPENBLAS_THREAD_TIMEOUT')}: "
+          + ("in effect" if _blas_env.effective else "NOT in effect (numpy was imported before opsnn; set "
+             "OPENBLAS_THREAD_TIMEOUT=4 in the environment)"))
     n_kernels = Counter(k.backend for r in records for k in r.kernels if not k.fallback)
     print(f"operators: {len(records)} registered; kernels: "
           + ", ".join(f"{b}: {n}" for b, n in sorted(n_kernels.items())))
