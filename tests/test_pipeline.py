@@ -428,6 +428,7 @@ def test_video_pipeline_matches_numpy_preprocess_and_direct_model(no_leak):
     one = video_pipeline(src, model=cg, image_size=size, top_k=3, infer_workers=1)
     three = video_pipeline(src, model=cg, image_size=size, top_k=3, infer_workers=3)
     assert (one.stages[2].workers, three.stages[2].workers) == (1, 3)
+    assert (one.queue_size, three.queue_size) == (2, 4)  # default: a frame ready for every worker, and one more
     assert one.run(src).outputs == res.outputs == three.run(src).outputs
 
 
