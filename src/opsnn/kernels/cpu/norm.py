@@ -71,6 +71,26 @@ _BLK = 512
 
 
 @nb.njit(**_OPTS)
+def _shifted_sums32(xs, c):
+    """(sum(x - c), sum((x - c)²)) of a float32 row: float32 vector loops per block of
+    ``_BLK``, float64 totals."""
+    n = xs.size
+    s = 0.0
+    q = 0.0
+    for b0 in range(0, n, _BLK):
+        blk = xs[b0: min(b0 + _BLK, n)]
+        ts = np.float32(0.0)
+        tq = np.float32(0.0)
+        for i in range(blk.size):
+            d = blk[i] - c
+            ts += d
+            tq += d * d
+        s += ts
+        q += tq
+    return s, q
+
+
+@nb.njit(**_OPTS)
 def _stats_row32(xs):
     """(mean, population variance) of a float32 row in float32 vector loops (float64 sums of
     float32 data cost a widening convert and half-width vectors per element: on the AVX2
@@ -89,35 +109,13 @@ def _stats_row32(xs):
     for i in range(k):
         shift += xs[i]
     shift = np.float32(shift / np.float32(k))
-    s = 0.0
-    q = 0.0
-    for b0 in range(0, n, _BLK):
-        blk = xs[b0: min(b0 + _BLK, n)]
-        ts = np.float32(0.0)
-        tq = np.float32(0.0)
-        for i in range(blk.size):
-            d = blk[i] - shift
-            ts += d
-            tq += d * d
-        s += ts
-        q += tq
+    s, q = _shifted_sums32(xs, shift)
     md = s / n
     var = q / n - md * md
     if md * md <= 4.0 * var:
         return float(shift) + md, var
     m = np.float32(float(shift) + md)
-    c = 0.0
-    q = 0.0
-    for b0 in range(0, n, _BLK):
-        blk = xs[b0: min(b0 + _BLK, n)]
-        tc = np.float32(0.0)
-        tq = np.float32(0.0)
-        for i in range(blk.size):
-            d = blk[i] - m
-            tc += d
-            tq += d * d
-        c += tc
-        q += tq
+    c, q = _shifted_sums32(xs, m)
     cm = c / n
     var = q / n - cm * cm
     if var < 0.0:

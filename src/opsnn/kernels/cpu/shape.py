@@ -56,19 +56,25 @@ def contiguous_strides(shape) -> tuple:
 # numba kernels (flat unsigned-int arrays; offsets and strides in elements)
 # ---------------------------------------------------------------------------------------------
 @nb.njit(nogil=True, cache=True, inline="always")
-def _rows_task(t, src, soff, sstr, dst, doff, dstr, oshape, rowlen, s_in, d_in, chunk, nchunks):
-    nd = oshape.size
-    r = t // nchunks
-    c = t - r * nchunks
+def _outer_offsets(r, oshape, soff, sstr, doff, dstr):
+    """Source and destination offsets of outer (row) index ``r`` over ``oshape``."""
     s = soff
     d = doff
     rem = r
-    for k in range(nd - 1, -1, -1):
+    for k in range(oshape.size - 1, -1, -1):
         q = rem // oshape[k]
         i = rem - q * oshape[k]
         rem = q
         s += i * sstr[k]
         d += i * dstr[k]
+    return s, d
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _rows_task(t, src, soff, sstr, dst, doff, dstr, oshape, rowlen, s_in, d_in, chunk, nchunks):
+    r = t // nchunks
+    c = t - r * nchunks
+    s, d = _outer_offsets(r, oshape, soff, sstr, doff, dstr)
     j0 = c * chunk
     j1 = min(rowlen, j0 + chunk)
     if s_in == 1 and d_in == 1:
@@ -131,20 +137,11 @@ def copy_rows_serial(src, soff, sstr, dst, doff, dstr, oshape, rowlen, s_in, d_i
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _tile_task(t, src, soff, sstr, dst, doff, dstr, oshape, na, sa, nb_, db, tile, tb, per):
-    nd = oshape.size
     r = t // per
     rest = t - r * per
     ia = rest // tb
     ib = rest - ia * tb
-    s = soff
-    d = doff
-    rem = r
-    for k in range(nd - 1, -1, -1):
-        q = rem // oshape[k]
-        i = rem - q * oshape[k]
-        rem = q
-        s += i * sstr[k]
-        d += i * dstr[k]
+    s, d = _outer_offsets(r, oshape, soff, sstr, doff, dstr)
     a0 = ia * tile
     a1 = min(na, a0 + tile)
     b0 = ib * tile
