@@ -23,10 +23,15 @@ CLIP = ACTIVATIONS["Clip"]
 
 
 #: elements from which the epilogue runs in parallel: waking the second thread of a parallel
-#: region costs ~50 us on the 2-core dev VM, more than a cheap epilogue (bias, ReLU, residual)
+#: region costs ~50 us on the 2-core AVX-512 dev VM, more than a cheap epilogue (bias, ReLU, residual)
 #: takes alone below ~1M elements (measured: 96K bias 6 vs 54 us, 196K relu+residual 25 vs 66,
 #: 784K 32-70 vs 60-88 us); activations with exp/erf/tanh pay from ~32K
-PARALLEL_MIN = 1 << 20
+#: The AVX2 VM of 2026-12-01 (slower cores, cheaper wake-ups relative to them) disagrees: there
+#: the parallel pass wins from ~100K elements (`conv bias + residual + relu`, (C, HW) rows,
+#: serial vs 2 threads: 100K 78-209 vs 52-88 us, 401K 322 vs 187, 802K 671 vs 628; bias + relu
+#: 401K 347 vs 156, 802K 588 vs 306). 256K is the compromise: it takes the large wins there and
+#: costs at most a few tens of us per call on the AVX-512 VM.
+PARALLEL_MIN = 1 << 18
 PARALLEL_MIN_COSTLY = 1 << 15
 _COSTLY = (ACTIVATIONS["Sigmoid"], ACTIVATIONS["Tanh"], ACTIVATIONS["Gelu"], ACTIVATIONS["GeluTanh"],
            ACTIVATIONS["Swish"])
