@@ -32,6 +32,11 @@ def cmd_info(args) -> int:
           f"{os.environ.get('OPENBLAS_THREAD_TIMEOUT')}: "
           + ("in effect" if _blas_env.effective else "NOT in effect (numpy was imported before opsnn; set "
              "OPENBLAS_THREAD_TIMEOUT=4 in the environment)"))
+    from .kernels.cpu import mkl
+
+    why = mkl.unavailable()
+    print("packed GEMM for constant weights: " + (f"Intel MKL ({mkl.threading_layer()} threads)" if why is None
+                                                   else f"not used ({why})"))
     n_kernels = Counter(k.backend for r in records for k in r.kernels if not k.fallback)
     print(f"operators: {len(records)} registered; kernels: "
           + ", ".join(f"{b}: {n}" for b, n in sorted(n_kernels.items())))

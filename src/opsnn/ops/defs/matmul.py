@@ -15,6 +15,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError
 from ...kernels.cpu import gemm as K
+from ...kernels.cpu import mkl as KM
 from ...tensor import as_tensor
 from ..api import api
 from ..autotune import NotPreferred
@@ -122,6 +123,38 @@ def _packed_workspace(ctx, plan):
     return K.packed_workspace(ctx.outputs[0].shape, ctx.outputs[0].dtype, plan)
 
 
+def _mkl_packed_applies(ctx):
+    """MKL's packed SGEMM for a float32 product with a constant 2-D right operand."""
+    why = KM.unavailable()
+    if why is not None:
+        return why
+    if ctx.value(1) is None:
+        return "the weight is not a constant known at prepare time (graph initializer)"
+    if len(ctx.shape(1)) != 2:
+        return "needs a 2-D constant weight"
+    if ctx.dtype(0) != _dt.float32:
+        return f"float32 only, got {_dt.name(ctx.dtype(0))}"
+    if min(ctx.shape(1)) == 0:
+        return "empty weight"
+    return True
+
+
+def _rows(shape: tuple) -> int:
+    return math.prod(shape[:-1]) if len(shape) > 1 else 1
+
+
+def _matmul_mkl_plan(ctx):
+    return KM.pack(ctx.value(1), _rows(ctx.shape(0)), transpose=False)
+
+
+def _matmul_mkl(ins, outs, attrs, plan, ws):
+    KM.gemm(ins[0].reshape(-1, plan.k), plan, outs[0].reshape(-1, plan.n))
+
+
+MatMul.kernel("matmul_mkl_packed", dtypes=(_dt.float32,), priority=30, applies=_mkl_packed_applies,
+              plan=_matmul_mkl_plan,
+              doc="constant B packed once at prepare by Intel MKL (cblas_sgemm_pack); per call one "
+              "cblas_sgemm_compute on the packed panel (what onnxruntime's MLAS does)")(_matmul_mkl)
 MatMul.kernel("matmul_prepacked", dtypes=FLOAT, priority=20, applies=_prepacked_applies,
               plan=_matmul_prepacked_plan, workspace=_packed_workspace,
               doc="constant fp16 B converted to fp32 once at prepare; per call only A is converted, "
@@ -263,6 +296,17 @@ Linear = register_op(
     doc="Y = X @ W^T + B over any leading dims of X (torch.nn.functional.linear).")
 Linear.kernel("linear_blas", dtypes=_F32_64, priority=10, strided=True,
               doc="one (rows, K) x (K, N) BLAS GEMM reading W^T in place; bias added in place")(K.linear)
+def _linear_mkl(ins, outs, attrs, plan, ws):
+    out = outs[0].reshape(-1, plan.n)
+    KM.gemm(ins[0].reshape(-1, plan.k), plan, out)
+    if len(ins) > 2 and ins[2] is not None:
+        out += ins[2]
+
+
+Linear.kernel("linear_mkl_packed", dtypes=(_dt.float32,), priority=30, applies=_mkl_packed_applies,
+              plan=lambda ctx: KM.pack(ctx.value(1), _rows(ctx.shape(0)), transpose=True),
+              doc="constant W packed once at prepare by Intel MKL as W^T (cblas_sgemm_pack); per call one "
+              "cblas_sgemm_compute, bias added in place")(_linear_mkl)
 Linear.kernel("linear_prepacked", dtypes=FLOAT, priority=20, applies=_prepacked_applies,
               plan=lambda ctx: K.pack_weight(ctx.value(1), transpose=True), workspace=_packed_workspace,
               doc="constant fp16 W packed once at prepare as fp32 W^T; per call only x is converted"

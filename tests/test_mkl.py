@@ -1,0 +1,124 @@
+"""Intel MKL packed GEMM kernels (matmul_mkl_packed, linear_mkl_packed) against a float64 numpy
+oracle; selection with and without a constant weight, with MKL disabled; batched GEMMs for
+attention. Tolerance: fp32 GEMM vs float64, 1e-5 of the output's largest magnitude per sqrt(K)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn.kernels.cpu import mkl as KM
+from opsnn.ops.executor import plan_op
+from opsnn.ops.registry import TensorMeta, get_op
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+needs_mkl = pytest.mark.skipif(KM.unavailable() is not None, reason=f"MKL: {KM.unavailable()}")
+
+
+def _run(op, name, arrays, constant, domain=""):
+    rec = get_op(op, domain)
+    metas = [None if a is None else TensorMeta(a.shape, a.dtype) for a in arrays]
+    values = [a if i in constant else None for i, a in enumerate(arrays)]
+    planned = plan_op(rec, metas, values, {})
+    k = next(k for k in rec.kernels if k.name == name)
+    assert k.check(planned.ctx) is None, k.check(planned.ctx)
+    plan = k.plan(planned.ctx)
+    out = np.full(planned.ctx.outputs[0].shape, np.nan, np.float32)
+    k.fn(arrays, [out], planned.ctx.attrs, plan, None)
+    return out, planned.selection.kernel.name
+
+
+def _close(y, want, k):
+    assert y.shape == want.shape
+    tol = 1e-6 * max(k, 1) ** 0.5 * max(np.abs(want).max(initial=0.0), 1.0)
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=0, atol=tol)
+
+
+@needs_mkl
+@pytest.mark.parametrize("xshape,n", [((13,), 7), ((1, 13), 1), ((7, 13), 10), ((2, 3, 64), 33), ((130, 257), 96),
+                                      ((0, 13), 5), ((4, 1), 3)])
+def test_mkl_packed_matmul_matches_oracle(rng, xshape, n):
+    k = xshape[-1]
+    x = rng.standard_normal(xshape).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    y, chosen = _run("MatMul", "matmul_mkl_packed", [x, w], {1})
+    assert chosen == "matmul_mkl_packed"
+    _close(y, x.astype(np.float64) @ w.astype(np.float64), k)
+
+
+@needs_mkl
+@pytest.mark.parametrize("xshape,n,bias", [((7, 13), 10, True), ((2, 3, 64), 33, False), ((1, 768), 96, True),
+                                           ((5, 9), 4, None)])
+def test_mkl_packed_linear_matches_oracle(rng, xshape, n, bias):
+    k = xshape[-1]
+    x = rng.standard_normal(xshape).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    # bias None: the graph passes an absent optional input as None
+    arrays = [x, w] + ([rng.standard_normal(n).astype(np.float32)] if bias else [None] if bias is None else [])
+    y, chosen = _run("Linear", "linear_mkl_packed", arrays, {1, 2}, domain="opsnn")
+    assert chosen == "linear_mkl_packed"
+    want = x.astype(np.float64) @ w.astype(np.float64).T + (arrays[2].astype(np.float64) if bias else 0)
+    _close(y, want, k)
+
+
+@needs_mkl
+def test_packed_panel_serves_other_row_counts(rng):
+    # the plan packs for the prepared row count; a product with other rows reads the same panel
+    w = rng.standard_normal((40, 24)).astype(np.float32)
+    p = KM.pack(w, 128, transpose=False)
+    for m in (1, 5, 128, 300):
+        a = rng.standard_normal((m, 40)).astype(np.float32)
+        out = np.empty((m, 24), np.float32)
+        KM.gemm(a, p, out)
+        _close(out, a.astype(np.float64) @ w, 40)
+        KM.gemm(a, p, out, accumulate=True)
+        _close(out, 2 * (a.astype(np.float64) @ w), 40)
+
+
+@needs_mkl
+def test_fused_matmul_in_graph_uses_packed_weights(rng):
+    x = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"])]
+    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
+    cg = opsnn.compile(opsnn.onnx.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])))
+    y = cg.run({"x": x})["y"].numpy()
+    assert "matmul_mkl_packed" in cg.explain()
+    _close(y, np.maximum(x.astype(np.float64) @ w + b, 0), 16)
+
+
+@needs_mkl
+def test_eager_weights_are_not_packed(rng):
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    w = rng.standard_normal((8, 16)).astype(np.float32)
+    ex = opsnn.aclnn.linear.prepare(x, w)
+    assert ex.kernel_name != "linear_mkl_packed"
+    assert "constant" in str(dict(ex.rejected)["linear_mkl_packed"])
+
+
+def test_float16_and_float64_keep_their_kernels(rng):
+    for dt in (np.float16, np.float64):
+        x, w = rng.standard_normal((4, 16)).astype(dt), rng.standard_normal((16, 8)).astype(dt)
+        op = plan_op(get_op("MatMul"), [TensorMeta(x.shape, x.dtype), TensorMeta(w.shape, w.dtype)], [None, w], {})
+        assert op.selection.kernel.name != "matmul_mkl_packed"
+
+
+def test_disabled_by_environment_falls_back_with_a_reason():
+    code = ("import numpy as np, opsnn\n"
+            "from opsnn.ops.executor import plan_op\n"
+            "from opsnn.ops.registry import TensorMeta, get_op\n"
+            "x, w = np.ones((4, 16), np.float32), np.ones((16, 8), np.float32)\n"
+            "op = plan_op(get_op('MatMul'), [TensorMeta(x.shape, x.dtype), TensorMeta(w.shape, w.dtype)], [None, w], {})\n"
+            "print(op.selection.kernel.name, '|', dict(op.selection.rejected)['matmul_mkl_packed'])\n")
+    env = dict(os.environ, OPSNN_MKL="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "matmul_blas | disabled by OPSNN_MKL=0"
