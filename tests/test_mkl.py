@@ -122,3 +122,20 @@ def test_disabled_by_environment_falls_back_with_a_reason():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "matmul_blas | disabled by OPSNN_MKL=0"
+
+
+@needs_mkl
+@pytest.mark.parametrize("B,H,S,T,D", [(1, 12, 16, 16, 8), (2, 3, 5, 7, 4), (1, 2, 1, 9, 3), (2, 1, 4, 1, 1)])
+def test_batched_products_on_head_strided_views(rng, B, H, S, T, D):
+    # Q/K/V/Y as (B, S, H*D) tensors viewed per head: leading dimension H*D, head stride D
+    q = rng.standard_normal((B, S, H * D)).astype(np.float32)
+    k = rng.standard_normal((B, T, H * D)).astype(np.float32)
+    v = rng.standard_normal((B, T, H * D)).astype(np.float32)
+    heads = lambda x, n: x.reshape(B, n, H, D).transpose(0, 2, 1, 3)  # noqa: E731
+    s = np.full((B, H, S, T), np.nan, np.float32)
+    KM.matmul_batched(heads(q, S), heads(k, T), s, trans_b=True)
+    want = np.einsum("bhsd,bhtd->bhst", heads(q, S).astype(np.float64), heads(k, T).astype(np.float64))
+    _close(s, want, D)
+    y = np.full((B, S, H * D), np.nan, np.float32)
+    KM.matmul_batched(s, heads(v, T), heads(y, S))
+    _close(heads(y, S), np.einsum("bhst,bhtd->bhsd", s.astype(np.float64), heads(v, T).astype(np.float64)), T)

@@ -43,6 +43,7 @@ class _Api(NamedTuple):
     pack: object
     compute: object
     set_threads_local: object
+    batch: object
     threading: str
 
 
@@ -82,6 +83,8 @@ def _load() -> None:
         lib.MKL_Set_Threading_Layer.argtypes = [ctypes.c_int]
         lib.MKL_Set_Threading_Layer.restype = ctypes.c_int
         lib.MKL_Set_Threading_Layer(layer)
+        lib.MKL_Set_Interface_Layer.argtypes = [ctypes.c_int]
+        lib.MKL_Set_Interface_Layer(0)  # LP64: 32-bit integer arguments, whatever MKL_INTERFACE_LAYER says
         c = ctypes
         size = lib.cblas_sgemm_pack_get_size
         size.argtypes, size.restype = [c.c_int, c.c_int, c.c_int, c.c_int], c.c_size_t
@@ -95,7 +98,10 @@ def _load() -> None:
         compute.restype = None
         local = lib.MKL_Set_Num_Threads_Local
         local.argtypes, local.restype = [c.c_int], c.c_int
-        _lib = _Api(size, pack, compute, local, name)
+        batch = lib.cblas_sgemm_batch
+        batch.argtypes = [c.c_int] + [c.c_void_p] * 13 + [c.c_int, c.c_void_p]
+        batch.restype = None
+        _lib = _Api(size, pack, compute, local, batch, name)
 
 
 def unavailable() -> str | None:
@@ -165,3 +171,40 @@ def gemm(a: np.ndarray, p: PackedWeight, out: np.ndarray, accumulate: bool = Fal
     _lib.set_threads_local(_threads())
     _lib.compute(_ROW_MAJOR, _NO_TRANS, _PACKED, m, p.n, p.k, a.ctypes.data, p.k, p.addr, p.n,
                  1.0 if accumulate else 0.0, out.ctypes.data, p.n)
+
+
+def _matrices(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """Addresses of the matrices x[..., :, :] (row-major, unit column stride) and their
+    leading dimension in elements."""
+    lead = x.shape[:-2]
+    addr = np.full(lead, x.ctypes.data, np.int64)
+    for d, st in enumerate(x.strides[:-2]):
+        shape = [1] * len(lead)
+        shape[d] = lead[d]
+        addr += np.arange(lead[d], dtype=np.int64).reshape(shape) * st
+    rows, cols = x.shape[-2:]
+    ld = x.strides[-2] // x.itemsize if rows > 1 else cols
+    return addr.ravel(), max(ld, cols, 1)
+
+
+def matmul_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_b: bool = False) -> None:
+    """``c[i] = a[i] @ b[i]`` (``b[i].T`` when ``trans_b``) over equal leading dims in one
+    ``cblas_sgemm_batch`` call: MKL spreads the small products over its threads (numpy's
+    matmul issues one BLAS call per matrix, each waking the BLAS pool). Every operand is a
+    float32 view whose matrices have unit column stride (head-strided views qualify)."""
+    m, k = a.shape[-2:]
+    n = b.shape[-2] if trans_b else b.shape[-1]
+    count = int(np.prod(a.shape[:-2]))
+    if count == 0 or m == 0 or n == 0:
+        return
+    pa, lda = _matrices(a)
+    pb, ldb = _matrices(b)
+    pc, ldc = _matrices(c)
+    i32 = np.int32
+    args = [np.array([_NO_TRANS], i32), np.array([_TRANS if trans_b else _NO_TRANS], i32),
+            np.array([m], i32), np.array([n], i32), np.array([k], i32), np.array([1.0], np.float32),
+            pa, np.array([lda], i32), pb, np.array([ldb], i32), np.array([0.0], np.float32), pc,
+            np.array([ldc], i32)]
+    size = np.array([count], i32)
+    _lib.set_threads_local(_threads())
+    _lib.batch(_ROW_MAJOR, *[x.ctypes.data for x in args], 1, size.ctypes.data)

@@ -23,6 +23,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, ParamInvalidError
 from ...kernels.cpu import attention as K
+from ...kernels.cpu import mkl as KM
 from ..api import api
 from ..autotune import NotPreferred
 from ..registry import Attr, Input, Output, TensorMeta, register_op
@@ -354,11 +355,17 @@ def _blasable(a: np.ndarray) -> bool:
         all(st >= 0 and st % isz == 0 for st in a.strides[:-2])
 
 
+def _matmul_out(a, b, c):
+    np.matmul(a, b, out=c)
+
+
 def _gemm(ins, outs, attrs, plan, ws):
     """Scores by one batched BLAS GEMM per (batch, KV head) (GQA: the group's query heads
     stacked as rows), a parallel numba masked softmax in place, then probs @ V by BLAS.
     3-D (B, S, H*D) inputs and output (no GQA) go to BLAS as head-strided views (leading
-    dimension H*D): no transposed copies of Q, K, V or Y."""
+    dimension H*D): no transposed copies of Q, K, V or Y. With MKL each product is one
+    ``cblas_sgemm_batch`` over all heads (BERT-base, 12 heads x 128 x 64: QK^T 0.45 -> 0.15 ms
+    on the 2-core AVX-512 VM), else numpy's matmul (a BLAS call per head)."""
     ins = list(ins) + [None] * (7 - len(ins))
     d = plan["d"]
     k4, v4 = _kv(ins, outs, plan, np.float32)
@@ -375,8 +382,12 @@ def _gemm(ins, outs, attrs, plan, ws):
         v4 = np.ascontiguousarray(v4, dtype=np.float32)
     n = d.B * d.Hq * d.Sq * d.T
     s = ws[: 4 * n].view(np.float32).reshape(d.B, d.Hq, d.Sq, d.T) if n else np.empty((d.B, d.Hq, d.Sq, 0), np.float32)
+    mkl = KM.unavailable() is None
     if d.T:
-        np.matmul(q4, k4.swapaxes(-1, -2), out=s.reshape(d.B, d.Hkv, rows, d.T))
+        if mkl:  # one batched call instead of a BLAS call per head
+            KM.matmul_batched(q4, k4, s.reshape(d.B, d.Hkv, rows, d.T), trans_b=True)
+        else:
+            np.matmul(q4, k4.swapaxes(-1, -2), out=s.reshape(d.B, d.Hkv, rows, d.T))
     kvlen, off = _offsets(ins, d)
     K.masked_softmax(s, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"], plan["left"], plan["right"],
                      np.float32(plan["scale"]), np.float32(plan["softcap"]), plan["parallel"])
@@ -384,9 +395,10 @@ def _gemm(ins, outs, attrs, plan, ws):
     y4 = _to4(y, d.Hq) if d.rank == 3 else y
     if g == 1 and _blasable(y4):
         # (B, H, S, Dv) itself or the head-strided view of a 3-D (B, S, H*Dv) Y: BLAS writes it in place
-        np.matmul(s, v4, out=y4)
+        (KM.matmul_batched if mkl else _matmul_out)(s, v4, y4)
     elif y.flags.c_contiguous and d.rank == 4:
-        np.matmul(s.reshape(d.B, d.Hkv, rows, d.T), v4, out=y.reshape(d.B, d.Hkv, rows, d.Dv))
+        (KM.matmul_batched if mkl else _matmul_out)(s.reshape(d.B, d.Hkv, rows, d.T), v4,
+                                                    y.reshape(d.B, d.Hkv, rows, d.Dv))
     else:
         yv = np.matmul(s.reshape(d.B, d.Hkv, rows, d.T), v4).reshape(d.B, d.Hq, d.Sq, d.Dv)
         np.copyto(y4, yv)
