@@ -453,8 +453,69 @@ def test_prepared_decode_steps_match_the_eager_path(lm, rng, no_leak):
         got = fast.forward(tok, sl, st)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         pos[rows] += 1
-    assert len(fast._steps) == 2  # slots 0..2 (any rows of them) and slots 1..2, each built on its 2nd use
+    assert sorted(fast._steps) == [2, 3]  # one step per row-count bucket (3 rows; 2 rows), any slots
     fast.release_steps()
     assert not fast._steps
+    del fast, eager
+    cache.close()
+
+
+def test_decode_attention_kernel_matches_the_attention_op(rng):
+    """The decoder's one-token attention (any slots, per-row lengths incl. 0 and the full capacity,
+    GQA) against the fused Attention op's reference over the same cache rows."""
+    from opsnn.llm.attention import PARALLEL_MIN, decode_attention
+
+    slots_total, Hq, Hkv, T, D = 6, 8, 2, 40, 16
+    K = rng.standard_normal((slots_total, Hkv, T, D)).astype(np.float32)
+    V = rng.standard_normal((slots_total, Hkv, T, D)).astype(np.float32)
+    slots = np.array([4, 0, 5, 2], np.int64)
+    lengths = np.array([1, 17, 0, T], np.int64)
+    q = rng.standard_normal((len(slots), Hq, 1, D)).astype(np.float32)
+    want = opsnn.aclnn.prepare("Attention", [q, K[slots], V[slots], None, None, None, lengths],
+                               {"is_causal": True}, algo="attention_flash").run().numpy()
+    for big in (False, True):  # the serial and the parallel variant
+        y = np.full_like(q, np.nan)
+        if big:
+            import opsnn.llm.attention as LA
+            old, LA.PARALLEL_MIN = LA.PARALLEL_MIN, 0
+        try:
+            decode_attention(q, K, V, slots, lengths, y, D ** -0.5)
+        finally:
+            if big:
+                LA.PARALLEL_MIN = old
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+        assert not y[2].any()  # length 0: zeros
+    assert PARALLEL_MIN > 0
+
+
+def test_decode_steps_pad_to_row_buckets(lm, rng, no_leak):
+    """5 requests in slots out of order run a prepared step of 8 rows (3 pad rows): logits equal the
+    eager path's, the pad rows store nothing, and sizes 5..8 share that one step."""
+    from opsnn.llm.decoder import decode_bucket
+
+    assert [decode_bucket(b, 32) for b in (1, 2, 3, 4, 5, 8, 9, 31, 32)] == [1, 2, 4, 4, 8, 8, 12, 32, 32]
+    assert decode_bucket(5, 6) == 6
+    cache = KVCache.for_model(lm, max_batch_slots=10, max_seq=32)
+    fast, eager = CachedDecoder(lm, cache), CachedDecoder(lm, cache)
+    eager._decode_step = lambda *a: None
+    slots = np.array([cache.allocate() for _ in range(7)])[[6, 1, 3, 0, 4, 5, 2]]
+    lens = rng.integers(2, 9, len(slots))  # (a 1-token prompt would be a decode step)
+    for s, n in zip(slots, lens):
+        fast.forward(rng.integers(0, VOCAB, n)[None], [s], [0])
+    before_k = [k.numpy().copy() for k in cache.keys]
+    for n in (5, 7, 6, 8 - 1):
+        sl, st = slots[:n], lens[:n]
+        tok = rng.integers(0, VOCAB, (n, 1))
+        want = eager.forward(tok, sl, st)
+        got = fast.forward(tok, sl, st)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert list(fast._steps) == [8]
+    # only the decoding rows' positions were written: the other slots' rows are untouched
+    for k0, k in zip(before_k, cache.keys):
+        untouched = np.ones(k0.shape, bool)
+        untouched[slots[:7], :, lens[:7]] = False
+        assert np.array_equal(k0.view(np.uint32)[untouched], k.numpy().view(np.uint32)[untouched])  # bits: the
+        # unwritten cache memory may hold NaN patterns
+    fast.release_steps()
     del fast, eager
     cache.close()

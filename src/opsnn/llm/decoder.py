@@ -26,8 +26,13 @@ import numpy as np
 
 from .. import ops
 from ..errors import ParamInvalidError
-from ..tensor import Tensor, as_tensor
+from ..runtime.stream import current_stream
+from ..tensor import Tensor, _alloc_array, as_tensor
+from .attention import decode_attention
 from .cache import KVCache
+
+
+_F32 = np.dtype(np.float32)
 
 
 class _Layer:
@@ -57,6 +62,7 @@ class CachedDecoder:
         self.norm_w, self.eps = m.norm.weight, cfg.rms_norm_eps
         self.cos, self.sin = m.rope_cos, m.rope_sin
         self.out_w = model.output_weight
+        self._scale = 1.0 / float(np.sqrt(cfg.head_dim))  # the Attention op's default scale
         self.layers = []
         for layer in m.layers:
             p = _Layer()
@@ -65,10 +71,9 @@ class CachedDecoder:
             p.wq, p.wk, p.wv, p.wo = a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight
             p.wg, p.wu, p.wd = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
             self.layers.append(p)
-        # decode steps (one token per row, rows = a contiguous slot range) replay executors
-        # prepared once per (rows, slot range): see _DecodeStep
-        self._steps: "OrderedDict[tuple, _DecodeStep]" = OrderedDict()
-        self._seen: dict = {}
+        # decode steps (one token per row, any slots) replay executors prepared once per row
+        # count bucket: see _DecodeStep
+        self._steps: "OrderedDict[int, _DecodeStep]" = OrderedDict()
 
     def _check(self, tokens: np.ndarray, slots: np.ndarray, starts: np.ndarray) -> None:
         B, S = tokens.shape
@@ -93,17 +98,17 @@ class CachedDecoder:
         cfg, cache = self.config, self.cache
         B, S = tokens.shape
         Hq, Hkv, D, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        if S == 1 and not all_positions:
+            step = self._decode_step(B)
+            if step is not None:
+                cache.lengths[slots] = starts + S
+                return step.run(tokens, slots, starts)
         pos = as_tensor(starts[:, None] + np.arange(S, dtype=np.int64)[None, :])
-        # attention runs over the slot range [lo, hi): row r of the call is slot lo + r; slots in the
-        # range that are not in this batch get length 0 (the kernel writes zeros for them, reads nothing)
+        # prefill attention runs over the slot range [lo, hi): row r of the call is slot lo + r; slots in
+        # the range that are not in this batch get length 0 (the kernel writes zeros for them, reads nothing)
         lo, hi = int(slots.min()), int(slots.max()) + 1
         rows = slots - lo
         packed = hi - lo == B and bool((rows == np.arange(B)).all())
-        if S == 1 and not all_positions:
-            step = self._decode_step(lo, hi)
-            if step is not None:
-                cache.lengths[slots] = starts + S
-                return step.run(tokens, slots, starts, rows)
         kvlen = np.zeros(hi - lo, np.int64)
         kvlen[rows] = starts + S
         kvlen_t = as_tensor(kvlen)
@@ -116,16 +121,20 @@ class CachedDecoder:
             k = ops.rotary_embedding(ops.linear(x, p.wk), self.cos, self.sin, pos, num_heads=Hkv)
             v = ops.linear(x, p.wv)
             cache.write(i, slots, starts, k.numpy().reshape(B, S, Hkv, D), v.numpy().reshape(B, S, Hkv, D))
-            q4 = q.reshape(B, S, Hq, D).transpose(1, 2)  # (B, Hq, S, D) view
-            if not packed:
-                qf = Tensor(np.zeros((hi - lo, Hq, S, D), np.float32))
-                qf.numpy()[rows] = q4.numpy()
-                q4 = qf
-            kc, vc = cache.view(i, lo, hi)
-            y = ops.attention(q4, kc, vc, None, None, None, kvlen_t, is_causal=True)
-            if not packed:
-                y = Tensor(y.numpy()[rows])
-            y = y.transpose(1, 2).reshape(B, S, Hq * D)
+            if S == 1:  # decode: the kernel the prepared steps run (see _attend_decode)
+                y = Tensor(_alloc_array((B, 1, Hq * D), _F32, "llm decode attention"))
+                self._attend_decode(i, q.numpy(), slots, starts + 1, y.numpy())
+            else:
+                q4 = q.reshape(B, S, Hq, D).transpose(1, 2)  # (B, Hq, S, D) view
+                if not packed:
+                    qf = Tensor(np.zeros((hi - lo, Hq, S, D), np.float32))
+                    qf.numpy()[rows] = q4.numpy()
+                    q4 = qf
+                kc, vc = cache.view(i, lo, hi)
+                y = ops.attention(q4, kc, vc, None, None, None, kvlen_t, is_causal=True)
+                if not packed:
+                    y = Tensor(y.numpy()[rows])
+                y = y.transpose(1, 2).reshape(B, S, Hq * D)
             h = ops.add(h, ops.linear(y, p.wo))
             x = ops.rms_norm(h, H, p.ln2, eps=self.eps)
             h = ops.add(h, ops.linear(ops.swiglu(ops.linear(x, p.wg), ops.linear(x, p.wu)), p.wd))
@@ -134,62 +143,79 @@ class CachedDecoder:
         logits = ops.linear(ops.rms_norm(h, H, self.norm_w, eps=self.eps), self.out_w).numpy()
         return logits if all_positions else logits.reshape(B, -1)
 
+    def _attend_decode(self, layer: int, q: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
+                       y: np.ndarray) -> None:
+        """Attention of one query token per row (q: (B, 1, Hq*D)) over the first ``lengths[b]``
+        cache positions of slot ``slots[b]``, into y (B, 1, Hq*D): every decode step, eager or
+        replayed, runs this one kernel (launched on the current stream, so the profiler sees it)."""
+        cfg, cache = self.config, self.cache
+        B, Hq, D = len(slots), cfg.num_attention_heads, cfg.head_dim
+        q4 = q.reshape(B, 1, Hq, D).transpose(0, 2, 1, 3)
+        y4 = y.reshape(B, Hq, 1, D)  # (B, Hq, 1, D) is (B, 1, Hq*D) in memory
+        kc, vc = cache._k[layer], cache._v[layer]
+        flops = 4 * int(lengths.sum()) * Hq * D
+        current_stream().launch(lambda: decode_attention(q4, kc, vc, slots, lengths, y4, self._scale), "Attention",
+                                {"kernel": "llm_decode_attention", "flops": flops})
+
     def release_steps(self) -> None:
         """Drop the prepared decode steps (their activation buffers go back to the pool)."""
         self._steps.clear()
-        self._seen.clear()
 
-    def _decode_step(self, lo: int, hi: int):
-        """The prepared decode step over cache slots ``lo .. hi-1`` (any subset of them may
-        decode), built the second time that range comes (a one-off range runs eagerly), at most
-        ``MAX_DECODE_STEPS`` kept (least recently used dropped)."""
-        key = (lo, hi)
-        step = self._steps.get(key)
+    def _decode_step(self, B: int) -> "_DecodeStep":
+        """The prepared decode step for ``B`` rows: the one of the row-count bucket
+        (:func:`decode_bucket`) that holds them, built on first use, at most ``MAX_DECODE_STEPS``
+        kept (least recently used dropped)."""
+        R = decode_bucket(B, self.cache.max_batch_slots)
+        step = self._steps.get(R)
         if step is not None:
-            self._steps.move_to_end(key)
+            self._steps.move_to_end(R)
             return step
-        self._seen[key] = self._seen.get(key, 0) + 1
-        if self._seen[key] < 2:
-            return None
-        if len(self._seen) > 64:
-            self._seen.clear()
-        step = _DecodeStep(self, lo, hi)
-        self._steps[key] = step
+        step = _DecodeStep(self, R)
+        self._steps[R] = step
         while len(self._steps) > MAX_DECODE_STEPS:
             self._steps.popitem(last=False)
         return step
 
 
+def decode_bucket(rows: int, max_rows: int) -> int:
+    """Rows a decode step of ``rows`` requests runs: 1 and 2 as they are, then the next multiple
+    of 4 (at most ``max_rows``), so a batch whose size drifts as requests come and go reuses a
+    few prepared steps, and pads at most 3 rows (their GEMM rows are the only waste: attention
+    reads nothing for them)."""
+    return rows if rows <= 2 else min(max_rows, -(-rows // 4) * 4)
+
+
 #: prepared decode steps a CachedDecoder keeps (each holds its activation buffers: a few KB per row)
-MAX_DECODE_STEPS = 4
+MAX_DECODE_STEPS = 8
 
 
 class _DecodeStep:
-    """One decode step over the cache slots ``lo .. hi-1`` (one token per slot) as a list of
+    """One decode step of up to ``R`` rows (one token each, any cache slots) as a list of
     executors prepared once on fixed buffers and replayed: the same kernels and plans the
     eager ops pick, without the per-op dispatch (signature, executor cache lookup, output
-    allocation: ~40-50 us an op on the AVX2 dev VM, ~180 ops a step). Every slot of the range
-    is a row (as CUDA-graph batch buckets pad), so a batch whose members come and go within
-    the range reuses the step: rows not in this call get token 0 at position 0 and filled
-    length 0 (attention reads nothing for them), their K/V are not stored, and the final norm
-    and the vocabulary projection (the largest GEMM) run eagerly on the decoding rows only. Per call the tokens, positions and filled lengths are written into the bound
-    tensors; the new K/V go into the cache between the projections and attention, as in the
-    eager path."""
+    allocation: ~40-50 us an op on the AVX2 dev VM, ~180 ops a step). A call with B < R rows
+    fills rows 0..B-1; the pad rows get token 0 at position 0 and filled length 0 (attention
+    reads nothing for them) and their K/V are not stored. The final norm and the vocabulary
+    projection (the largest GEMM) run eagerly on the B rows only. Per call the tokens,
+    positions, slots and filled lengths are written into the bound buffers; the new K/V go
+    into the cache between the projections and attention, as in the eager path."""
 
-    def __init__(self, dec: "CachedDecoder", lo: int, hi: int):
+    def __init__(self, dec: "CachedDecoder", R: int):
         from .. import aclnn
 
-        cfg, cache = dec.config, dec.cache
+        cfg = dec.config
         Hq, Hkv, D, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
-        R = hi - lo
-        self.dec, self.R, self.Hkv, self.D = dec, R, Hkv, D
+        self.dec, self.R = dec, R
         self.tokens = Tensor(np.zeros((R, 1), np.int64))
         self.pos = Tensor(np.zeros((R, 1), np.int64))
-        self.kvlen = Tensor(np.zeros(R, np.int64))
-        self.plan: list = []  # executors, and ("kv", layer, k, v) where the new K/V go into the cache
+        self.kvlen = np.zeros(R, np.int64)
+        self.slots = np.zeros(R, np.int64)
+        self.starts = np.zeros(0, np.int64)
+        self.B = 0
+        self.plan: list = []  # callables: executors' run, K/V stores, attention
 
         def add(ex):
-            self.plan.append(ex)
+            self.plan.append(ex.run)
             return ex.outputs[0]
 
         h = add(aclnn.embedding.prepare(self.tokens, dec.embed))
@@ -200,41 +226,47 @@ class _DecodeStep:
             k = add(aclnn.rotary_embedding.prepare(add(aclnn.linear.prepare(x, p.wk)), dec.cos, dec.sin, self.pos,
                                                    num_heads=Hkv))
             v = add(aclnn.linear.prepare(x, p.wv))
-            self.plan.append(("kv", i, k, v))
-            kc, vc = cache.view(i, lo, hi)
-            q4 = Tensor(q.numpy().reshape(R, 1, Hq, D).transpose(0, 2, 1, 3))  # (R, Hq, 1, D) view
-            y = add(aclnn.attention.prepare(q4, kc, vc, None, None, None, self.kvlen, is_causal=True))
-            y = Tensor(y.numpy().reshape(R, 1, Hq * D))  # (R, Hq, 1, D) is (R, 1, Hq*D) in memory
+            y = Tensor(_alloc_array((R, 1, Hq * D), _F32, "llm decode attention"))
+            self.plan.append(self._store_kv(i, k.numpy().reshape(R, 1, Hkv, D), v.numpy().reshape(R, 1, Hkv, D)))
+            self.plan.append(self._attend(i, q.numpy(), y.numpy()))
             h = add(aclnn.add.prepare(h, add(aclnn.linear.prepare(y, p.wo))))
             x = add(aclnn.rms_norm.prepare(h, H, p.ln2, eps=dec.eps))
             gu = aclnn.swiglu.prepare(add(aclnn.linear.prepare(x, p.wg)), add(aclnn.linear.prepare(x, p.wu)))
             h = add(aclnn.add.prepare(h, add(aclnn.linear.prepare(add(gu), p.wd))))
         self.h, self.H = h, H  # the final norm and the vocabulary projection run on the decoding rows only
 
-    def run(self, tokens: np.ndarray, slots: np.ndarray, starts: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Logits (B, vocab) for ``tokens`` (B, 1) of the slots ``slots`` (range rows ``rows``)."""
-        B, cache = len(rows), self.dec.cache
-        full = len(rows) == self.R and bool((rows == np.arange(self.R)).all())  # every row, in range order
-        tok, pos, kvlen = self.tokens.numpy(), self.pos.numpy(), self.kvlen.numpy()
-        if not full:
-            tok[:] = 0
-            pos[:] = 0
-            kvlen[:] = 0
-        tok[rows] = tokens
-        pos[rows, 0] = starts
-        kvlen[rows] = starts + 1
-        for ex in self.plan:
-            if type(ex) is tuple:
-                _, i, k, v = ex
-                k = k.numpy().reshape(self.R, 1, self.Hkv, self.D)
-                v = v.numpy().reshape(self.R, 1, self.Hkv, self.D)
-                cache.write(i, slots, starts, k if full else k[rows], v if full else v[rows])
-            else:
-                ex.run()
-        h = self.h if full else Tensor(self.h.numpy()[rows])  # a copy: the buffer is the next step's
+    def _store_kv(self, layer: int, k: np.ndarray, v: np.ndarray):
+        cache = self.dec.cache
+
+        def store():
+            B = self.B
+            cache.write(layer, self.slots[:B], self.starts, k[:B], v[:B])
+        return store
+
+    def _attend(self, layer: int, q: np.ndarray, y: np.ndarray):
+        # every row attends (pad rows: length 0, zeros), so the buffers stay fixed
+        return lambda: self.dec._attend_decode(layer, q, self.slots, self.kvlen, y)
+
+    def run(self, tokens: np.ndarray, slots: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """Logits (B, vocab) for ``tokens`` (B, 1) at positions ``starts`` of cache slots ``slots``."""
+        B = len(slots)
+        tok, pos, kvlen = self.tokens.numpy(), self.pos.numpy(), self.kvlen
+        if B < self.R:
+            tok[B:] = 0
+            pos[B:] = 0
+            kvlen[B:] = 0
+            self.slots[B:] = 0
+        tok[:B] = tokens
+        pos[:B, 0] = starts
+        kvlen[:B] = starts + 1
+        self.slots[:B] = slots
+        self.starts, self.B = starts, B
+        for fn in self.plan:
+            fn()
+        h = self.h if B == self.R else Tensor(self.h.numpy()[:B])
         dec = self.dec
         logits = ops.linear(ops.rms_norm(h, self.H, dec.norm_w, eps=dec.eps), dec.out_w).numpy()
         return logits.reshape(B, -1)
 
 
-__all__ = ["CachedDecoder"]
+__all__ = ["CachedDecoder", "decode_bucket"]

@@ -398,8 +398,8 @@ class Scheduler:
                 r.slot = None
             if r in self._running:
                 self._running.remove(r)
-                if not self._running:  # idle: the prepared decode steps give their buffers back
-                    self.decoder.release_steps()
+                if not self._running and not self._waiting:  # idle: the prepared decode steps give
+                    self.decoder.release_steps()                 # their buffers back
             r.status, r.finish_reason, r.error = FINISHED, reason, error
             r.metrics.finished = time.perf_counter()
             r.metrics.generated_tokens = len(r.tokens)
