@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import ops
 from ..errors import ParamInvalidError
+from ..ops.defs.attention import GEMM_MAX_SCORE_BYTES
 from ..runtime.stream import current_stream
 from ..tensor import Tensor, _alloc_array, as_tensor
 from .attention import decode_attention
@@ -113,6 +114,11 @@ class CachedDecoder:
         kvlen[rows] = starts + S
         kvlen_t = as_tensor(kvlen)
         cache.lengths[slots] = starts + S
+        fresh = S > 1 and not starts.any()
+        # a continued prefill chunk attends over the cache: by GEMM (scores over the keys up to
+        # the furthest row's end), as whole prompts are, while the score matrix stays moderate
+        t_end = int(starts.max()) + S
+        algo = "attention_gemm" if 4 * (hi - lo) * Hq * S * t_end <= GEMM_MAX_SCORE_BYTES else None
 
         h = ops.embedding(as_tensor(tokens), self.embed)
         for i, p in enumerate(self.layers):
@@ -124,14 +130,20 @@ class CachedDecoder:
             if S == 1:  # decode: the kernel the prepared steps run (see _attend_decode)
                 y = Tensor(_alloc_array((B, 1, Hq * D), _F32, "llm decode attention"))
                 self._attend_decode(i, q.numpy(), slots, starts + 1, y.numpy())
+            elif fresh:  # whole prompts from position 0: causal attention over their own K/V, which
+                # the fused op serves by GEMM (the cache path's flash kernel streams key blocks: 2x slower)
+                y = ops.attention(q.reshape(B, S, Hq, D).transpose(1, 2), k.reshape(B, S, Hkv, D).transpose(1, 2),
+                                  v.reshape(B, S, Hkv, D).transpose(1, 2), is_causal=True)
+                y = y.transpose(1, 2).reshape(B, S, Hq * D)
             else:
                 q4 = q.reshape(B, S, Hq, D).transpose(1, 2)  # (B, Hq, S, D) view
                 if not packed:
                     qf = Tensor(np.zeros((hi - lo, Hq, S, D), np.float32))
                     qf.numpy()[rows] = q4.numpy()
                     q4 = qf
-                kc, vc = cache.view(i, lo, hi)
-                y = ops.attention(q4, kc, vc, None, None, None, kvlen_t, is_causal=True)
+                # keys up to the furthest row's end only, so the GEMM kernel's scores cover what is read
+                kc, vc = (t[:, :, :t_end] for t in cache.view(i, lo, hi))
+                y = ops.attention(q4, kc, vc, None, None, None, kvlen_t, is_causal=True, algo=algo)
                 if not packed:
                     y = Tensor(y.numpy()[rows])
                 y = y.transpose(1, 2).reshape(B, S, Hq * D)
