@@ -510,9 +510,11 @@ print(json.dumps({"im2col conv": med(ex_i.run), "winograd conv": med(ex_w.run),
 """
 
 THREAD_CONFIGS = {
-    "opsnn default (OMP_WAIT_POLICY=PASSIVE)": {},
+    "opsnn default (OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT=10000)": {},
+    "OMP_WAIT_POLICY=PASSIVE alone": {"OMP_WAIT_POLICY": "PASSIVE"},
     "libgomp default (GOMP_SPINCOUNT=300000)": {"GOMP_SPINCOUNT": "300000"},
     "GOMP_SPINCOUNT=0": {"GOMP_SPINCOUNT": "0"},
+    "opsnn default, OPSNN_MKL=0": {"OPSNN_MKL": "0"},
     "NUMBA_THREADING_LAYER=workqueue": {"NUMBA_THREADING_LAYER": "workqueue"},
 }
 
@@ -525,6 +527,7 @@ def bench_threads(args, rng) -> dict:
         for cfg, extra in THREAD_CONFIGS.items():
             env = dict(os.environ)
             env.pop("OMP_WAIT_POLICY", None)
+            env.pop("GOMP_SPINCOUNT", None)
             env.update(extra)
             out = subprocess.run([sys.executable, "-c", _THREAD_PROBE], env=env, capture_output=True, text=True,
                                  timeout=600)
@@ -558,7 +561,7 @@ def main() -> int:
     report = {"cpu": autotune.cpu_model(), "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "load_average_start": os.getloadavg(), "repeat": args.repeat,
               "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_WAIT_POLICY",
-                                                     "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")},
+                                                     "GOMP_SPINCOUNT", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")},
               "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
     print(f"cpu {report['cpu']}, load average {report['load_average_start']}, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY')}")

@@ -693,7 +693,8 @@ def main(argv: list[str] | None = None) -> int:
             args.ort = False
             print(f"onnxruntime not importable ({e}): skipping it")
     env = {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
-                                          "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT")}
+                                          "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
+                                          "OPENBLAS_THREAD_TIMEOUT")}
     from .. import _blas_env
 
     env["openblas_thread_timeout_in_effect"] = _blas_env.effective

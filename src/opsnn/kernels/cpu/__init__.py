@@ -22,7 +22,18 @@ The price is ~25-60 us to wake the workers per parallel region (last row); the g
 fight (2.8-4.2 ms) but is slower for numba-only chains (1.9-4.1 ms) and not thread-safe.
 libgomp reads the variable once, when numba loads it (first parallel kernel), so this runs
 before any kernel can; it has no effect if another library (e.g. torch) loaded libgomp first.
+
+``GOMP_SPINCOUNT=10000`` (only when the user set neither variable): a bounded spin before
+sleeping. Since MKL's GEMMs run on the same libgomp pool as numba's kernels (see
+:mod:`opsnn.kernels.cpu.mkl`), a GEMM -> epilogue -> GEMM chain hands the workers from one
+region to the next; with no spin at all each region pays the wake-up. Measured on the 2-core
+AVX-512 VM (2026-12-01, ``bench/models.py --models bert,resnet50 --repeat 6``, fresh process
+per setting, alternated): BERT-base 88.2 / 92.0 -> 76.4 / 76.6 ms (onnxruntime 76-80 in the
+same runs), ResNet-50 51.2 / 48.5 -> 48.6 / 48.4 ms. Longer spins start to fight OpenBLAS'
+threads again (GOMP_SPINCOUNT=100000: ResNet-50 62 ms); 1000 is too short to help BERT (84.5).
 """
 import os
 
+if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = "10000"
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
