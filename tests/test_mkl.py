@@ -139,3 +139,46 @@ def test_batched_products_on_head_strided_views(rng, B, H, S, T, D):
     y = np.full((B, S, H * D), np.nan, np.float32)
     KM.matmul_batched(s, heads(v, T), heads(y, S))
     _close(heads(y, S), np.einsum("bhst,bhtd->bhsd", s.astype(np.float64), heads(v, T).astype(np.float64)), T)
+
+
+@needs_mkl
+@pytest.mark.parametrize("xshape,m,bias", [((1, 16, 7, 9), 24, True), ((2, 5, 3, 3), 7, False), ((3, 8, 11), 4, True),
+                                          ((1, 1, 1, 1), 1, True)])
+def test_mkl_packed_1x1_conv_matches_oracle(rng, xshape, m, bias):
+    x = rng.standard_normal(xshape).astype(np.float32)
+    w = rng.standard_normal((m, xshape[1]) + (1,) * (len(xshape) - 2)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if bias else None
+    rec = get_op("Conv")
+    arrays = [x, w, b]
+    metas = [None if a is None else TensorMeta(a.shape, a.dtype) for a in arrays]
+    attrs = {"group": 1}
+    planned = plan_op(rec, metas, [None, w, b], attrs)
+    assert planned.selection.kernel.name == "conv_1x1_mkl_packed"
+    k = planned.selection.kernel
+    plan = k.plan(planned.ctx)
+    assert "MKL" in plan.describe()
+    y = np.full(planned.ctx.outputs[0].shape, np.nan, np.float32)
+    k.fn(arrays, [y], planned.ctx.attrs, plan, None)
+    want = np.einsum("nc...,mc->nm...", x.astype(np.float64), w.reshape(m, -1).astype(np.float64))
+    if bias:
+        want += b.reshape((1, m) + (1,) * (len(xshape) - 2))
+    _close(y, want, xshape[1])
+
+
+@needs_mkl
+def test_fused_1x1_conv_in_graph_uses_packed_weights(rng):
+    x = rng.standard_normal((1, 8, 5, 5)).astype(np.float32)
+    w = rng.standard_normal((6, 8, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    z = rng.standard_normal((1, 6, 5, 5)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "W", "b"], ["c"]), helper.make_node("Add", ["c", "z"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"])]
+    g = helper.make_graph(nodes, "c1", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape),
+                                        helper.make_tensor_value_info("z", TensorProto.FLOAT, z.shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
+    cg = opsnn.compile(opsnn.onnx.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])))
+    y = cg.run({"x": x, "z": z})["y"].numpy()
+    assert "conv_1x1_mkl_packed" in cg.explain()
+    want = np.einsum("nchw,mc->nmhw", x.astype(np.float64), w[:, :, 0, 0].astype(np.float64))
+    _close(y, np.maximum(want + b.reshape(1, 6, 1, 1) + z, 0), 8)

@@ -132,11 +132,16 @@ class PackedWeight(NamedTuple):
         return f"weight ({self.k}x{self.n}) packed by MKL at prepare for {self.m}-row products ({self.buf.nbytes} bytes)"
 
 
+def _api() -> _Api:
+    if unavailable() is not None:
+        raise RuntimeError(f"MKL GEMM: {_why}")
+    return _lib
+
+
 def pack(w: np.ndarray, m: int, transpose: bool) -> PackedWeight:
     """Pack B = ``w`` (K, N), or ``w.T`` when ``transpose`` (``w`` is then (N, K), a Linear
     weight), for ``(m, K) @ B`` products. ``w`` is converted to contiguous float32 first."""
-    if unavailable() is not None:
-        raise RuntimeError(f"MKL packed GEMM: {_why}")
+    _api()
     w = np.ascontiguousarray(w, dtype=np.float32)
     n, k = (w.shape[0], w.shape[1]) if transpose else (w.shape[1], w.shape[0])
     m = max(int(m), 1)
@@ -148,6 +153,33 @@ def pack(w: np.ndarray, m: int, transpose: bool) -> PackedWeight:
               w.shape[1], buf.ctypes.data)
     buf.setflags(write=False)
     return PackedWeight(buf, buf.ctypes.data, m, k, n)
+
+
+def pack_left(w: np.ndarray, n: int) -> PackedWeight:
+    """Pack A = ``w`` (M, K) for ``A @ (K, n)`` products (a 1x1 convolution's weight times an
+    image's (C, H*W) pixels); ``w`` is converted to contiguous float32 first."""
+    lib = _api()
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    m, k = w.shape
+    n = max(int(n), 1)
+    nbytes = int(lib.pack_size(_A_MATRIX, m, n, k))
+    raw = np.empty(nbytes + 64, np.uint8)
+    shift = (-raw.ctypes.data) % 64
+    buf = raw[shift:shift + nbytes]
+    lib.pack(_ROW_MAJOR, _A_MATRIX, _NO_TRANS, m, n, k, 1.0, w.ctypes.data, k, buf.ctypes.data)
+    buf.setflags(write=False)
+    return PackedWeight(buf, buf.ctypes.data, m, k, n)
+
+
+def gemm_left(p: PackedWeight, b: np.ndarray, out: np.ndarray) -> None:
+    """``out = A @ b`` with A packed by :func:`pack_left`; ``b`` (K, N) and ``out`` (M, N) are
+    C-contiguous float32 (N may differ from the packed ``n``)."""
+    n = b.shape[1]
+    if n == 0 or p.m == 0:
+        return
+    _lib.set_threads_local(_threads())
+    _lib.compute(_ROW_MAJOR, _PACKED, _NO_TRANS, p.m, n, p.k, p.addr, p.k, b.ctypes.data, n, 0.0,
+                 out.ctypes.data, n)
 
 
 def _threads() -> int:
@@ -197,6 +229,9 @@ def matmul_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_b: bool = 
     count = int(np.prod(a.shape[:-2]))
     if count == 0 or m == 0 or n == 0:
         return
+    if k == 0:
+        c[...] = 0
+        return
     pa, lda = _matrices(a)
     pb, ldb = _matrices(b)
     pc, ldc = _matrices(c)
@@ -206,5 +241,35 @@ def matmul_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_b: bool = 
             pa, np.array([lda], i32), pb, np.array([ldb], i32), np.array([0.0], np.float32), pc,
             np.array([ldc], i32)]
     size = np.array([count], i32)
-    _lib.set_threads_local(_threads())
-    _lib.batch(_ROW_MAJOR, *[x.ctypes.data for x in args], 1, size.ctypes.data)
+    lib = _api()
+    lib.set_threads_local(_threads())
+    lib.batch(_ROW_MAJOR, *[x.ctypes.data for x in args], 1, size.ctypes.data)
+
+
+def _blas_view(x: np.ndarray) -> bool:
+    """True when every x[..., :, :] is a row-major BLAS operand as it stands: float32, unit column
+    stride, a row stride of at least a row (or a single row), non-negative batch strides."""
+    if x.dtype != np.float32 or x.ndim < 2:
+        return False
+    isz = x.itemsize
+    rows, cols = x.shape[-2:]
+    rs, cs = x.strides[-2:]
+    return (cols <= 1 or cs == isz) and (rows <= 1 or (rs % isz == 0 and rs >= cols * isz)) and \
+        all(st >= 0 and st % isz == 0 for st in x.strides[:-2])
+
+
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``np.matmul(a, b, out=out)`` for operands of rank >= 2 with broadcast leading dims: one
+    ``cblas_sgemm_batch`` call when MKL is available and all three are float32 BLAS views
+    (``out`` without broadcast dims), else numpy's matmul."""
+    if (_lib is None and unavailable() is not None) or _why is not None or a.ndim < 2 or b.ndim < 2 \
+            or not (_blas_view(a) and _blas_view(b) and _blas_view(out)) or 0 in out.strides[:-2]:
+        np.matmul(a, b, out=out)
+        return
+    lead = out.shape[:-2]
+    if a.ndim == 2 and b.ndim == 2:
+        a, b, out = a[None], b[None], out[None]
+    else:
+        a = np.broadcast_to(a, lead + a.shape[-2:])
+        b = np.broadcast_to(b, lead + b.shape[-2:])
+    matmul_batched(a, b, out)

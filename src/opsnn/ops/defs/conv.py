@@ -18,6 +18,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, InferShapeError, ParamInvalidError
 from ...kernels.cpu import conv as K
+from ...kernels.cpu import mkl as KM
 from ...kernels.cpu import winograd as WG
 from ..api import api
 from ..autotune import NotPreferred
@@ -524,6 +525,57 @@ Conv = register_op(
     inputs=[Input("X", FLOAT), Input("W", FLOAT), Input("B", FLOAT, optional=True)], outputs=["Y"],
     attrs=_CONV_ATTRS, infer=_conv_infer, reference=_conv_ref, flops=_conv_flops,
     doc="N-d convolution (ONNX Conv): X (N, C, D...) * W (M, C/group, k...) + B.")
+class Packed1x1(NamedTuple):
+    """A 1x1 convolution's plan plus its constant weight packed by MKL (``packed``)."""
+
+    conv: K.ConvPlan
+    packed: object
+
+    @property
+    def kind(self) -> str:  # FusedConv moves the bias of GEMM kinds into its epilogue
+        return self.conv.kind
+
+    def describe(self) -> str:
+        return f"gemm1x1 on the weight {self.packed.describe()}"
+
+
+def _conv_1x1_mkl_applies(ctx):
+    why = _is_1x1(ctx)
+    if why is not True:
+        return why
+    why = KM.unavailable()
+    if why is not None:
+        return why
+    if ctx.value(1) is None:
+        return "the weight is not a constant known at prepare time (graph initializer)"
+    if int(ctx.attrs["group"]) != 1:
+        return "group 1 only"
+    if ctx.dtype(0) != _dt.float32:
+        return f"float32 only, got {_dt.name(ctx.dtype(0))}"
+    if 0 in ctx.shape(1)[:2]:
+        return "empty weight"
+    return True
+
+
+def _conv_1x1_mkl_plan(ctx):
+    plan = _conv_planner("gemm1x1")(ctx)
+    w = ctx.value(1)
+    return Packed1x1(plan, KM.pack_left(w.reshape(w.shape[0], -1), math.prod(plan.out_sp)))
+
+
+def _conv_1x1_mkl(ins, outs, attrs, plan, ws):
+    x, y = ins[0], outs[0]
+    p, c = plan.packed, plan.conv
+    xv = x.reshape(c.n, c.c, -1)
+    yv = y.reshape(c.n, c.m, -1)
+    for i in range(c.n):
+        KM.gemm_left(p, xv[i], yv[i])
+    K._add_bias(y, ins[2] if len(ins) > 2 else None, c)
+
+
+Conv.kernel("conv_1x1_mkl_packed", dtypes=(_dt.float32,), priority=35, applies=_conv_1x1_mkl_applies,
+            plan=_conv_1x1_mkl_plan, doc="1x1 stride-1 unpadded, constant weight: the weight packed once at "
+            "prepare by Intel MKL (cblas_sgemm_pack), one cblas_sgemm_compute per image")(_conv_1x1_mkl)
 Conv.kernel("conv_1x1_gemm", dtypes=_F32_64, priority=30, applies=_is_1x1, plan=_conv_planner("gemm1x1"),
             workspace=_workspace, doc="1x1 stride-1 unpadded: the input is the column matrix; one GEMM "
             "per image and group, no workspace")(K.conv)
