@@ -182,3 +182,22 @@ def test_fused_1x1_conv_in_graph_uses_packed_weights(rng):
     assert "conv_1x1_mkl_packed" in cg.explain()
     want = np.einsum("nchw,mc->nmhw", x.astype(np.float64), w[:, :, 0, 0].astype(np.float64))
     _close(y, np.maximum(want + b.reshape(1, 6, 1, 1) + z, 0), 8)
+
+
+@pytest.mark.parametrize("ashape,bshape", [((36, 8, 5), (36, 5, 7)), ((2, 1, 4, 3), (1, 3, 3, 6)), ((4, 3), (3, 2)),
+                                           ((3, 4, 0), (3, 0, 2))])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matmul_matches_numpy_with_or_without_mkl(rng, ashape, bshape, dtype):
+    # Winograd's 36 GEMMs go through KM.matmul: one MKL batch call for float32 BLAS views,
+    # numpy's matmul otherwise (float64, MKL absent, a view BLAS cannot take)
+    a = rng.standard_normal(ashape).astype(dtype)
+    b = rng.standard_normal(bshape).astype(dtype)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    out = np.full(want.shape, np.nan, dtype)
+    KM.matmul(a, b, out)
+    _close(out, want, ashape[-1])
+    # a transposed (column-strided) operand is not a BLAS view: numpy's path, same result
+    at = np.ascontiguousarray(np.swapaxes(a, -1, -2)).swapaxes(-1, -2)
+    out2 = np.full(want.shape, np.nan, dtype)
+    KM.matmul(at, b, out2)
+    _close(out2, want, ashape[-1])
