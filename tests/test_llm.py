@@ -463,7 +463,7 @@ def test_prepared_decode_steps_match_the_eager_path(lm, rng, no_leak):
 def test_decode_attention_kernel_matches_the_attention_op(rng):
     """The decoder's one-token attention (any slots, per-row lengths incl. 0 and the full capacity,
     GQA) against the fused Attention op's reference over the same cache rows."""
-    from opsnn.llm.attention import PARALLEL_MIN, decode_attention
+    from opsnn.llm.attention import decode_attention
 
     slots_total, Hq, Hkv, T, D = 6, 8, 2, 40, 16
     K = rng.standard_normal((slots_total, Hkv, T, D)).astype(np.float32)
@@ -473,19 +473,10 @@ def test_decode_attention_kernel_matches_the_attention_op(rng):
     q = rng.standard_normal((len(slots), Hq, 1, D)).astype(np.float32)
     want = opsnn.aclnn.prepare("Attention", [q, K[slots], V[slots], None, None, None, lengths],
                                {"is_causal": True}, algo="attention_flash").run().numpy()
-    for big in (False, True):  # the serial and the parallel variant
-        y = np.full_like(q, np.nan)
-        if big:
-            import opsnn.llm.attention as LA
-            old, LA.PARALLEL_MIN = LA.PARALLEL_MIN, 0
-        try:
-            decode_attention(q, K, V, slots, lengths, y, D ** -0.5)
-        finally:
-            if big:
-                LA.PARALLEL_MIN = old
-        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
-        assert not y[2].any()  # length 0: zeros
-    assert PARALLEL_MIN > 0
+    y = np.full_like(q, np.nan)
+    decode_attention(q, np.ascontiguousarray(K.transpose(0, 1, 3, 2)), V, slots, lengths, y, D ** -0.5)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    assert not y[2].any()  # length 0: zeros
 
 
 def test_decode_steps_pad_to_row_buckets(lm, rng, no_leak):
@@ -502,7 +493,7 @@ def test_decode_steps_pad_to_row_buckets(lm, rng, no_leak):
     lens = rng.integers(2, 9, len(slots))  # (a 1-token prompt would be a decode step)
     for s, n in zip(slots, lens):
         fast.forward(rng.integers(0, VOCAB, n)[None], [s], [0])
-    before_k = [k.numpy().copy() for k in cache.keys]
+    before_k = [t.numpy().copy() for t in cache.keys + cache.values]
     for n in (5, 7, 6, 8 - 1):
         sl, st = slots[:n], lens[:n]
         tok = rng.integers(0, VOCAB, (n, 1))
@@ -511,10 +502,14 @@ def test_decode_steps_pad_to_row_buckets(lm, rng, no_leak):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert list(fast._steps) == [8]
     # only the decoding rows' positions were written: the other slots' rows are untouched
-    for k0, k in zip(before_k, cache.keys):
+    for i, (k0, k) in enumerate(zip(before_k, cache.keys + cache.values)):
+        if i < len(cache.keys):  # keys are stored (slot, head, dim, position)
+            k0, k = k0.swapaxes(2, 3), k.numpy().swapaxes(2, 3)
+        else:
+            k = k.numpy()
         untouched = np.ones(k0.shape, bool)
         untouched[slots[:7], :, lens[:7]] = False
-        assert np.array_equal(k0.view(np.uint32)[untouched], k.numpy().view(np.uint32)[untouched])  # bits: the
+        assert np.array_equal(k0.view(np.uint32)[untouched], k.view(np.uint32)[untouched])  # bits: the
         # unwritten cache memory may hold NaN patterns
     fast.release_steps()
     del fast, eager

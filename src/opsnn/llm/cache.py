@@ -1,5 +1,9 @@
-"""The KV cache: one preallocated key and one value buffer per layer, each
-(max_batch_slots, kv_heads, max_seq, head_dim), that live as long as the cache.
+"""The KV cache: one preallocated key and one value buffer per layer, that live as long as
+the cache: values (max_batch_slots, kv_heads, max_seq, head_dim), keys stored transposed,
+(max_batch_slots, kv_heads, head_dim, max_seq), so that a decode step's scores (one query
+against a row's keys) are unit-stride multiply-adds over positions instead of a reduction per
+key (:mod:`opsnn.llm.attention`); :meth:`KVCache.view` gives both as (slots, kv_heads,
+max_seq, head_dim) views, the Attention op's layout.
 
 A request owns one *slot* (a row of every buffer) from admission to retirement; its
 tokens occupy positions ``0 .. length-1`` of that row. Prefill and decode write the
@@ -8,8 +12,8 @@ memory, and attention reads views of the buffers (no copy)::
 
     >>> import opsnn
     >>> c = KVCache(layers=2, kv_heads=2, head_dim=8, max_batch_slots=4, max_seq=16)
-    >>> c.keys[0].shape, c.nbytes
-    ((4, 2, 16, 8), 16384)
+    >>> c.keys[0].shape, c.values[0].shape, c.nbytes
+    ((4, 2, 8, 16), (4, 2, 16, 8), 16384)
     >>> s = c.allocate(); s, c.free_slots
     (0, 3)
     >>> c.release(s); c.free_slots
@@ -45,7 +49,8 @@ class KVCache:
         self.layers, self.kv_heads, self.head_dim = int(layers), int(kv_heads), int(head_dim)
         self.max_batch_slots, self.max_seq = int(max_batch_slots), int(max_seq)
         shape = (self.max_batch_slots, self.kv_heads, self.max_seq, self.head_dim)
-        self.keys = [Tensor(_alloc_array(shape, self.dtype, "KVCache")) for _ in range(self.layers)]
+        kshape = (self.max_batch_slots, self.kv_heads, self.head_dim, self.max_seq)  # transposed
+        self.keys = [Tensor(_alloc_array(kshape, self.dtype, "KVCache")) for _ in range(self.layers)]
         self.values = [Tensor(_alloc_array(shape, self.dtype, "KVCache")) for _ in range(self.layers)]
         self._k = [t.numpy() for t in self.keys]
         self._v = [t.numpy() for t in self.values]
@@ -111,17 +116,18 @@ class KVCache:
         kc, vc = self._k[layer], self._v[layer]
         S = k.shape[1]
         if S == 1:  # decode: one scattered row per request, a single fancy-index write
-            kc[slots, :, starts, :] = k[:, 0]
+            kc[slots, :, :, starts] = k[:, 0]
             vc[slots, :, starts, :] = v[:, 0]
         else:
             for b in range(k.shape[0]):
                 s0 = int(starts[b])
-                kc[slots[b], :, s0:s0 + S, :] = k[b].transpose(1, 0, 2)
+                kc[slots[b], :, :, s0:s0 + S] = k[b].transpose(1, 2, 0)
                 vc[slots[b], :, s0:s0 + S, :] = v[b].transpose(1, 0, 2)
 
     def view(self, layer: int, lo: int, hi: int) -> tuple[Tensor, Tensor]:
-        """Zero-copy (hi-lo, kv_heads, max_seq, head_dim) views of slots ``lo .. hi-1``."""
-        return self.keys[layer][lo:hi], self.values[layer][lo:hi]
+        """Zero-copy (hi-lo, kv_heads, max_seq, head_dim) views of slots ``lo .. hi-1`` (the keys'
+        a transposed view of their buffer)."""
+        return self.keys[layer][lo:hi].transpose(2, 3), self.values[layer][lo:hi]
 
     def __repr__(self) -> str:
         return (f"KVCache(layers={self.layers}, slots={self.max_batch_slots}, max_seq={self.max_seq}, "
