@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
+from . import mkl as _mkl
 from .fused import epilogue
 
 #: below this many column elements the serial im2col/col2im variant runs
@@ -481,8 +482,18 @@ def _add_bias(y: np.ndarray, b: np.ndarray | None, plan: ConvPlan) -> None:
 BIAS_PASS_KINDS = ("gemm1x1", "im2col2d", "im2col_nd")
 
 
-def conv_forward(x, w, b, y, plan: ConvPlan, ws) -> None:
-    """y = conv(x, w) + b for contiguous float arrays, by ``plan.kind``."""
+def _gemm(wv, cols, out, packed) -> None:
+    """out[g] = wv[g] @ cols[g] per group; with ``packed`` (group 1: the weight packed by MKL at
+    prepare, :func:`opsnn.kernels.cpu.mkl.pack_left`) one packed-panel MKL call."""
+    if packed is None:
+        np.matmul(wv, cols, out=out)
+    else:
+        _mkl.gemm_left(packed, cols[0], out[0])
+
+
+def conv_forward(x, w, b, y, plan: ConvPlan, ws, packed=None) -> None:
+    """y = conv(x, w) + b for contiguous float arrays, by ``plan.kind``; ``packed``: the GEMM
+    kinds' weight packed by MKL (group 1, float32)."""
     n, g = plan.n, plan.g
     cg, mg = plan.c // g, plan.m // g
     p = math.prod(plan.out_sp)
@@ -526,7 +537,12 @@ def conv_forward(x, w, b, y, plan: ConvPlan, ws) -> None:
                 fn(xs, w4, bias, y4[i][:, oh0:oh1], g, sh, sw, ph - oh0 * sh + r0, pw, dh, dw, r1 - r0, w_n)
         return
     if plan.kind == "gemm1x1":
-        np.matmul(wv, x.reshape(n, g, cg, p), out=yv)
+        xg = x.reshape(n, g, cg, p)
+        if packed is None:
+            np.matmul(wv, xg, out=yv)
+        else:
+            for i in range(n):
+                _gemm(wv, xg[i], yv[i], packed)
     else:
         # im2col: the columns of one band of output rows at a time, then one GEMM per group
         # writing that band of every output channel (a strided view BLAS takes as is)
@@ -547,7 +563,7 @@ def conv_forward(x, w, b, y, plan: ConvPlan, ws) -> None:
                     im2col(xv[i], col.reshape(g * gk, q), kh, kw, sh, sw, ph, pw, dh, dw, o0, rows, inner)
                 else:
                     _im2col_nd_band(xv[i], col, plan, o0, rows)
-                np.matmul(wv, col, out=yv[i][:, :, o0 * inner:o0 * inner + q])
+                _gemm(wv, col, yv[i][:, :, o0 * inner:o0 * inner + q], packed)
     _add_bias(y, b, plan)  # the BIAS_PASS_KINDS: FusedConv moves their bias into its epilogue
 
 

@@ -173,13 +173,16 @@ def pack_left(w: np.ndarray, n: int) -> PackedWeight:
 
 def gemm_left(p: PackedWeight, b: np.ndarray, out: np.ndarray) -> None:
     """``out = A @ b`` with A packed by :func:`pack_left`; ``b`` (K, N) and ``out`` (M, N) are
-    C-contiguous float32 (N may differ from the packed ``n``)."""
+    float32 with unit column stride (a band of an image's columns: row stride >= N); N may
+    differ from the packed ``n``."""
     n = b.shape[1]
     if n == 0 or p.m == 0:
         return
+    ldb = b.strides[0] // 4 if p.k > 1 else n
+    ldc = out.strides[0] // 4 if p.m > 1 else n
     _lib.set_threads_local(_threads())
-    _lib.compute(_ROW_MAJOR, _PACKED, _NO_TRANS, p.m, n, p.k, p.addr, p.k, b.ctypes.data, n, 0.0,
-                 out.ctypes.data, n)
+    _lib.compute(_ROW_MAJOR, _PACKED, _NO_TRANS, p.m, n, p.k, p.addr, p.k, b.ctypes.data, max(ldb, n), 0.0,
+                 out.ctypes.data, max(ldc, n))
 
 
 def _threads() -> int:

@@ -525,8 +525,8 @@ Conv = register_op(
     inputs=[Input("X", FLOAT), Input("W", FLOAT), Input("B", FLOAT, optional=True)], outputs=["Y"],
     attrs=_CONV_ATTRS, infer=_conv_infer, reference=_conv_ref, flops=_conv_flops,
     doc="N-d convolution (ONNX Conv): X (N, C, D...) * W (M, C/group, k...) + B.")
-class Packed1x1(NamedTuple):
-    """A 1x1 convolution's plan plus its constant weight packed by MKL (``packed``)."""
+class PackedConv(NamedTuple):
+    """A GEMM-kind conv plan (1x1, im2col) plus its constant weight packed by MKL (``packed``)."""
 
     conv: K.ConvPlan
     packed: object
@@ -535,14 +535,15 @@ class Packed1x1(NamedTuple):
     def kind(self) -> str:  # FusedConv moves the bias of GEMM kinds into its epilogue
         return self.conv.kind
 
+    @property
+    def workspace_bytes(self) -> int:
+        return self.conv.workspace_bytes
+
     def describe(self) -> str:
-        return f"gemm1x1 on the weight {self.packed.describe()}"
+        return f"{self.conv.describe()}; {self.packed.describe()}"
 
 
-def _conv_1x1_mkl_applies(ctx):
-    why = _is_1x1(ctx)
-    if why is not True:
-        return why
+def _mkl_packed_rejection(ctx) -> str | None:
     why = KM.unavailable()
     if why is not None:
         return why
@@ -554,28 +555,32 @@ def _conv_1x1_mkl_applies(ctx):
         return f"float32 only, got {_dt.name(ctx.dtype(0))}"
     if 0 in ctx.shape(1)[:2]:
         return "empty weight"
-    return True
+    return None
 
 
-def _conv_1x1_mkl_plan(ctx):
-    plan = _conv_planner("gemm1x1")(ctx)
-    w = ctx.value(1)
-    return Packed1x1(plan, KM.pack_left(w.reshape(w.shape[0], -1), math.prod(plan.out_sp)))
+def _packed_applies(base):
+    def applies(ctx):  # a hard rejection first: the base may answer NotPreferred (runnable)
+        return _mkl_packed_rejection(ctx) or base(ctx)
+    return applies
 
 
-def _conv_1x1_mkl(ins, outs, attrs, plan, ws):
-    x, y = ins[0], outs[0]
-    p, c = plan.packed, plan.conv
-    xv = x.reshape(c.n, c.c, -1)
-    yv = y.reshape(c.n, c.m, -1)
-    for i in range(c.n):
-        KM.gemm_left(p, xv[i], yv[i])
-    K._add_bias(y, ins[2] if len(ins) > 2 else None, c)
+def _packed_planner(kind: str):
+    def plan(ctx):
+        p = _conv_planner(kind)(ctx)
+        w = ctx.value(1)
+        # the GEMM's columns: a band of output rows (im2col) or the whole image (1x1)
+        cols = p.band * math.prod(p.out_sp[1:]) if p.kind == "im2col2d" else math.prod(p.out_sp)
+        return PackedConv(p, KM.pack_left(w.reshape(w.shape[0], -1), cols))
+    return plan
 
 
-Conv.kernel("conv_1x1_mkl_packed", dtypes=(_dt.float32,), priority=35, applies=_conv_1x1_mkl_applies,
-            plan=_conv_1x1_mkl_plan, doc="1x1 stride-1 unpadded, constant weight: the weight packed once at "
-            "prepare by Intel MKL (cblas_sgemm_pack), one cblas_sgemm_compute per image")(_conv_1x1_mkl)
+def _packed_conv(ins, outs, attrs, plan, ws):
+    K.conv_forward(ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], plan.conv, ws, plan.packed)
+
+
+Conv.kernel("conv_1x1_mkl_packed", dtypes=(_dt.float32,), priority=35, applies=_packed_applies(_is_1x1),
+            plan=_packed_planner("gemm1x1"), doc="1x1 stride-1 unpadded, constant weight: the weight packed once at "
+            "prepare by Intel MKL (cblas_sgemm_pack), one cblas_sgemm_compute per image")(_packed_conv)
 Conv.kernel("conv_1x1_gemm", dtypes=_F32_64, priority=30, applies=_is_1x1, plan=_conv_planner("gemm1x1"),
             workspace=_workspace, doc="1x1 stride-1 unpadded: the input is the column matrix; one GEMM "
             "per image and group, no workspace")(K.conv)
@@ -596,6 +601,10 @@ Conv.kernel("conv2d_im2col", dtypes=_F32_64, priority=20, applies=_im2col2d_appl
             plan=_conv_planner("im2col2d"), workspace=_workspace, doc="numba parallel im2col into the "
             "workspace + BLAS GEMM per group, in bands of output rows (workspace <= BAND_BYTES unless one row "
             "needs more; 1-D runs as H=1)")(K.conv)
+Conv.kernel("conv2d_im2col_mkl_packed", dtypes=(_dt.float32,), priority=21,
+            applies=_packed_applies(_im2col2d_applies), plan=_packed_planner("im2col2d"), workspace=_workspace,
+            doc="conv2d_im2col with the constant weight packed once at prepare by Intel MKL; each band's GEMM "
+            "reads the packed panel")(_packed_conv)
 Conv.kernel("conv2d_direct", dtypes=_F32_64, priority=15, applies=_is_2d, plan=_conv_planner("direct2d"),
             workspace=_workspace, doc="direct numba loop, no column buffer (strided input split into column "
             "phases a band of rows at a time; dilation read in place)")(K.conv)
