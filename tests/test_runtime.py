@@ -247,6 +247,46 @@ def test_numpy_view_keeps_block_alive():
     del view, u
 
 
+def test_garbage_collection_inside_an_allocation_frees_later_not_deadlocks(monkeypatch):
+    """A collection started by numpy inside the pool's critical section runs finalizers (a
+    tensor's storage frees its block) on the same thread: their frees are queued and done when
+    the section ends. The lock used to be taken twice there: a hang seen in the LLM bench."""
+    from opsnn.runtime import memory
+
+    pool = memory.MemoryPool()  # a private pool: a deadlock here cannot block other tests
+    events = []
+
+    class Holder:  # in a reference cycle: freed only by the cycle collector
+        def __del__(self):
+            pool.free(self.block)
+
+    gc.collect()
+    h = Holder()
+    h.block, h.me = pool.allocate(12000, "cycle"), h
+    held = pool.current_bytes
+    del h
+    real = memory.Block.__init__
+
+    def collecting(self, *a, **k):
+        gc.collect()  # what an allocation inside Block() may trigger
+        real(self, *a, **k)
+
+    monkeypatch.setattr(memory.Block, "__init__", collecting)
+    monkeypatch.setattr(memory.hooks, "active", True)
+    monkeypatch.setattr(memory.hooks, "emit", lambda kind, info: events.append((kind, info["bytes"])))
+    done = []
+    th = threading.Thread(target=lambda: done.append(pool.allocate(3 * 1024 * 1024 + 17, "big")), daemon=True)
+    th.start()
+    th.join(10)
+    assert done, "allocate deadlocked on a finalizer's free"
+    block = done[0]
+    assert pool.current_bytes == block.size and held == memory.size_class(12000)
+    assert sorted(events) == sorted([("alloc", block.size), ("free", held)])  # the queued free is reported
+    assert not pool._deferred and not pool._busy
+    pool.free(block)
+    assert pool.current_bytes == 0
+
+
 def test_empty_cache_and_cap():
     gc.collect()
     opsnn.memory.empty_cache()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -65,10 +66,18 @@ class MemoryPool:
     ``allocate(n)`` returns a :class:`Block` of at least ``n`` bytes, reusing a cached
     block of the same size class when one is free; ``free(block)`` caches it again.
     ``cap`` (bytes, ``None`` = unlimited) bounds the bytes the pool holds.
+
+    Re-entrancy: any allocation inside the pool's critical sections (numpy's, building a
+    block) may start a garbage collection whose finalizers (``Storage.__del__``) free blocks
+    on the same thread. The lock is re-entrant and such a nested :meth:`free` is queued and
+    carried out when the outer section ends, so it neither deadlocks nor changes the pool's
+    tables halfway through an update.
     """
 
     def __init__(self, cap: int | None = None):
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._busy = False  # a critical section is running (on the thread holding the lock)
+        self._deferred: list[Block] = []
         self._free: dict[int, list[Block]] = defaultdict(list)
         self.cap = cap
         self.reset_stats()
@@ -77,6 +86,29 @@ class MemoryPool:
         self._live: dict[int, Block] = {}
         self._by_tag: dict = {}
         self.guard_bytes = 0
+
+    @contextmanager
+    def _section(self):
+        """Hold the lock for one update of the pool's tables; frees queued by finalizers that
+        ran inside it are carried out (and reported to the hooks) when the outermost ends."""
+        with self._lock:
+            outer = not self._busy
+            self._busy = True
+            try:
+                yield
+            finally:
+                if outer:
+                    self._busy = False
+        if outer and self._deferred:
+            self._drain()
+
+    def _drain(self) -> None:
+        while self._deferred:
+            try:
+                block = self._deferred.pop()
+            except IndexError:  # another thread drained it
+                return
+            self.free(block)
 
     def set_debug_guards(self, nbytes: int = 64) -> None:
         """Frame every new block with ``nbytes`` guard bytes (0 turns it off); cached blocks
@@ -90,7 +122,7 @@ class MemoryPool:
     def check_guards(self, who: str) -> None:
         """Raise :class:`MemoryCorruptionError` naming ``who`` if any live block's guard
         bytes (or the slack past its requested size) were overwritten."""
-        with self._lock:
+        with self._section():
             blocks = [b for b in self._live.values() if b.guard]
         for b in blocks:
             tail = b.array[b.requested:]
@@ -117,7 +149,7 @@ class MemoryPool:
         if nbytes < 0:
             raise ParamInvalidError(f"memory.allocate: size must be >= 0, got {nbytes}")
         size = size_class(nbytes)
-        with self._lock:
+        with self._section():
             bucket = self._free.get(size)
             if bucket:
                 block = bucket.pop()
@@ -158,6 +190,10 @@ class MemoryPool:
 
     def free(self, block: Block) -> None:
         with self._lock:
+            if self._busy:  # a finalizer inside a critical section of this thread: done when it ends
+                self._deferred.append(block)
+                return
+        with self._section():
             if not block.live:
                 return
             block.live = False
@@ -177,12 +213,12 @@ class MemoryPool:
 
     def empty_cache(self) -> None:
         """Return every cached (free) block to the OS."""
-        with self._lock:
+        with self._section():
             self._release_cached_locked()
 
     def summary(self, top: int = 5) -> dict:
         """Current / peak / reserved bytes, allocation counts and the largest live blocks."""
-        with self._lock:
+        with self._section():
             largest = sorted(self._live.values(), key=lambda b: b.size, reverse=True)[:top]
             return {
                 "current_bytes": self._current,
@@ -200,7 +236,7 @@ class MemoryPool:
             }
 
     def live_blocks(self) -> list:
-        with self._lock:
+        with self._section():
             return list(self._live.values())
 
     @property
