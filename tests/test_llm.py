@@ -473,10 +473,51 @@ def test_decode_attention_kernel_matches_the_attention_op(rng):
     q = rng.standard_normal((len(slots), Hq, 1, D)).astype(np.float32)
     want = opsnn.aclnn.prepare("Attention", [q, K[slots], V[slots], None, None, None, lengths],
                                {"is_causal": True}, algo="attention_flash").run().numpy()
+    kt = np.ascontiguousarray(K.transpose(0, 1, 3, 2))
     y = np.full_like(q, np.nan)
-    decode_attention(q, np.ascontiguousarray(K.transpose(0, 1, 3, 2)), V, slots, lengths, y, D ** -0.5)
+    decode_attention(q, kt, V, slots, lengths, y, D ** -0.5)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
     assert not y[2].any()  # length 0: zeros
+    yp = np.full_like(q, np.nan)  # the tasks spread over threads: the same per-task arithmetic
+    decode_attention(q, kt, V, slots, lengths, yp, D ** -0.5, parallel=True)
+    np.testing.assert_array_equal(yp, y)
+
+
+def test_decoder_packed_projections_match_the_linear_op(lm, rng):
+    """With MKL the decoder packs its float32 projection weights once and every product of two or
+    more rows (prefill, batched decode steps of any bucket) reads the panels; one-row products
+    run as MKL's sgemv on the weight itself. Logits agree with a decoder that runs every
+    projection on the Linear op."""
+    from opsnn.kernels.cpu import mkl
+
+    cache_a, cache_b = KVCache.for_model(lm, 8, 32), KVCache.for_model(lm, 8, 32)
+    packed, plain = CachedDecoder(lm, cache_a), CachedDecoder(lm, cache_b)
+    plain._packs = None  # as without MKL
+    if mkl.unavailable():
+        assert packed._packs is None
+    else:
+        w = lm.output_weight
+        assert packed._packed(w, 1).shape == w.shape and packed._packed(w, 3) is packed._packed(w, 8)
+    for c in (cache_a, cache_b):
+        for _ in range(5):
+            c.allocate()
+    ps = [rng.integers(0, VOCAB, n) for n in (6, 3, 9, 1, 4)]
+    for i, p in enumerate(ps):
+        np.testing.assert_allclose(packed.forward(p[None], [i], [0]), plain.forward(p[None], [i], [0]),
+                                   rtol=1e-5, atol=1e-5)
+    starts = np.array([len(p) for p in ps])
+    for rows in ([0], [3, 1], [4, 0, 2], [0, 1, 2, 3, 4]):  # buckets 1, 2 and 4, 8 (pad rows)
+        tok = rng.integers(0, VOCAB, (len(rows), 1))
+        got = packed.forward(tok, rows, starts[rows])
+        want = plain.forward(tok, rows, starts[rows])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        starts[rows] += 1
+    if not mkl.unavailable():
+        assert len(packed._packs) == 7 * lm.config.num_hidden_layers + 1  # each weight packed once
+    packed.release_steps()
+    plain.release_steps()
+    cache_a.close()
+    cache_b.close()
 
 
 def test_decode_steps_pad_to_row_buckets(lm, rng, no_leak):
@@ -514,3 +555,46 @@ def test_decode_steps_pad_to_row_buckets(lm, rng, no_leak):
     fast.release_steps()
     del fast, eager
     cache.close()
+
+
+def test_batched_prefill_equals_per_request_prefill(lm, rng):
+    """Several prompt chunks in one forward (whole prompts and a continued chunk, slots out of
+    order) give each chunk's own last-position logits and cache rows, as prefilling them one
+    by one does; a bad chunk raises before any work."""
+    c1, c2 = KVCache.for_model(lm, 4, 64), KVCache.for_model(lm, 4, 64)
+    d1, d2 = CachedDecoder(lm, c1), CachedDecoder(lm, c2)
+    for c in (c1, c2):
+        for _ in range(4):
+            c.allocate()
+    head = rng.integers(0, VOCAB, 5)
+    for d in (d1, d2):
+        d.forward(head[None], [2], [0])
+    chunks = [(rng.integers(0, VOCAB, 7), 3, 0), (rng.integers(0, VOCAB, 12), 2, 5), (rng.integers(0, VOCAB, 3), 0, 0)]
+    got = d1.prefill(chunks)
+    want = np.stack([d2.forward(t[None], [s], [st])[0] for t, s, st in chunks])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert c1.lengths.tolist() == c2.lengths.tolist() == [3, 0, 17, 7]
+    for layer in range(lm.config.num_hidden_layers):
+        for s, n in ((3, 7), (2, 17), (0, 3)):
+            k1, v1 = (t[s:s + 1, :, :n] for t in c1.view(layer, 0, 4))
+            k2, v2 = (t[s:s + 1, :, :n] for t in c2.view(layer, 0, 4))
+            np.testing.assert_allclose(k1.numpy(), k2.numpy(), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(v1.numpy(), v2.numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ParamInvalidError):
+        d1.prefill([(chunks[0][0], 1, 0), (chunks[2][0], 1, 0)])  # the same slot twice
+    with pytest.raises(ParamInvalidError):
+        d1.prefill([(chunks[0][0], 1, 60), (chunks[2][0], 0, 0)])  # past the cache
+    c1.close()
+    c2.close()
+
+
+def test_scheduler_prefills_a_step_s_chunks_in_one_forward(lm, rng, monkeypatch):
+    calls = []
+    orig = CachedDecoder.prefill
+    monkeypatch.setattr(CachedDecoder, "prefill", lambda self, ch: calls.append(len(ch)) or orig(self, ch))
+    ps = prompts(rng, [5, 9, 4])
+    with Scheduler(lm, max_batch_slots=3, max_seq=32, max_prefill_tokens=16) as s:
+        reqs = [s.submit(p, 4) for p in ps]
+        s.step()
+    assert calls[0] == 3  # 5 + 9 + 2 of the 4 (budget 16), one forward
+    assert [r.tokens for r in reqs] == [generate(lm, p, 4).tokens for p in ps]

@@ -80,6 +80,16 @@ def test_packed_panel_serves_other_row_counts(rng):
 
 
 @needs_mkl
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 13), (300, 257), (64, 1), (0, 5)])
+def test_gemv_matches_oracle(rng, n, k):
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = rng.standard_normal(k).astype(np.float32)
+    out = np.full(n, np.nan, np.float32)
+    KM.gemv(w, x, out)
+    _close(out, w.astype(np.float64) @ x, k)
+
+
+@needs_mkl
 def test_fused_matmul_in_graph_uses_packed_weights(rng):
     x = rng.standard_normal((2, 5, 16)).astype(np.float32)
     w = rng.standard_normal((16, 8)).astype(np.float32)

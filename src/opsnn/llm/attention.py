@@ -110,20 +110,27 @@ def _decode_all(q, kt, v, slots, lengths, y, scale):
         _decode_task(np.int64(t), q, kt, v, slots, lengths, y, scale)
 
 
+@nb.njit(nogil=True, parallel=True, cache=True)
+def _decode_all_parallel(q, kt, v, slots, lengths, y, scale):
+    for t in nb.prange(q.shape[0] * kt.shape[1]):
+        _decode_task(np.int64(t), q, kt, v, slots, lengths, y, scale)
+
+
 def decode_attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
-                     y: np.ndarray, scale: float) -> None:
+                     y: np.ndarray, scale: float, parallel: bool = False) -> None:
     """``y[b, h, 0] = softmax(scale * q[b, h, 0] . K[s, h // g, :L]) @ v[s, h // g, :L]`` with
     ``s = slots[b]``, ``L = lengths[b]`` (0: zeros), ``g = Hq // Hkv`` and ``K[s, hk] = kt[s, hk].T``.
     q (B, Hq, 1, D) (any strides); kt (slots, Hkv, D, T) and v (slots, Hkv, T, Dv), both with
     unit-stride rows (the KV cache's buffers); y (B, Hq, 1, Dv) float32, written in place.
 
-    It runs on the calling thread. A decode step alternates it with small GEMMs whose OpenBLAS
-    worker threads keep spinning between calls, and a parallel region fighting them lost to
-    one thread in every case measured in place (2-core VM, decode step A/B in one process:
-    4 layers x hidden 256, 16 rows at 300: 9.0 -> 7.5 ms a step; 12 layers x hidden 768, 1 row
-    at 1024: 21.7 -> 18.5 ms, 8 rows at 1024: 68.3 -> 65.1 ms), although alone it is ~2x faster
-    on two threads."""
-    _decode_all(q, kt, v, slots, lengths, y, np.float32(scale))
+    It runs on the calling thread unless ``parallel`` (tasks spread over numba's threads). A
+    decode step whose GEMMs run on OpenBLAS should keep it on one thread: OpenBLAS's workers
+    keep spinning between calls, and a parallel region fighting them lost in every case
+    measured in place (2-core VM, decode step A/B in one process: 4 layers x hidden 256, 16
+    rows at 300: 9.0 -> 7.5 ms a step; 12 layers x hidden 768, 1 row at 1024: 21.7 -> 18.5 ms,
+    8 rows at 1024: 68.3 -> 65.1 ms). Next to MKL's GEMMs, which share numba's OpenMP pool,
+    two threads halve it (16 rows x 12 heads x 64 at 170 positions: 0.94 -> 0.49 ms alone)."""
+    (_decode_all_parallel if parallel else _decode_all)(q, kt, v, slots, lengths, y, np.float32(scale))
 
 
 __all__ = ["decode_attention"]

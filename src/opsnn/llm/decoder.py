@@ -1,12 +1,15 @@
 """The cached forward of a LLaMA model: prefill chunks and batched decode steps that write
 keys/values into a :class:`~opsnn.llm.cache.KVCache` in place and attend over views of it.
 
-It reads the parameters of an ``opsnn.models.llama`` model (no copies) and runs the same
-ops as the model's own ``forward``; what differs is where K/V live. The model's forward
-concatenates ``past`` and the new K/V into fresh tensors each call; here the new K/V are
-stored at each request's offset in the preallocated buffers and the fused ``Attention``
-op gets the buffers' rows plus ``nonpad_kv_seqlen`` (each row's filled length), so rows of
-different lengths share one call and the kernel never reads past a row's length::
+It reads the parameters of an ``opsnn.models.llama`` model and runs the same ops as the
+model's own ``forward``; what differs is where K/V live (and, with Intel MKL, that the
+projections read MKL's packed panels of the weights: a packed copy of each projection
+weight, made on first use, so build a new decoder after changing the model's weights). The
+model's forward concatenates ``past`` and the new K/V into fresh tensors each call; here
+the new K/V are stored at each request's offset in the preallocated buffers and the fused
+``Attention`` op gets the buffers' rows plus ``nonpad_kv_seqlen`` (each row's filled
+length), so rows of different lengths share one call and the kernel never reads past a
+row's length::
 
     >>> import opsnn, numpy as np
     >>> lm = opsnn.models.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=100)
@@ -26,6 +29,7 @@ import numpy as np
 
 from .. import ops
 from ..errors import ParamInvalidError
+from ..kernels.cpu import mkl as _mkl
 from ..ops.defs.attention import GEMM_MAX_SCORE_BYTES
 from ..runtime.stream import current_stream
 from ..tensor import Tensor, _alloc_array, as_tensor
@@ -72,6 +76,9 @@ class CachedDecoder:
             p.wq, p.wk, p.wv, p.wo = a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight
             p.wg, p.wu, p.wd = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
             self.layers.append(p)
+        # float32 projection weights packed once by MKL (cblas_sgemm_pack), shared by every
+        # forward and decode step whatever its row count: see _linear
+        self._packs: dict | None = None if _mkl.unavailable() else {}
         # decode steps (one token per row, any slots) replay executors prepared once per row
         # count bucket: see _DecodeStep
         self._steps: "OrderedDict[int, _DecodeStep]" = OrderedDict()
@@ -123,9 +130,9 @@ class CachedDecoder:
         h = ops.embedding(as_tensor(tokens), self.embed)
         for i, p in enumerate(self.layers):
             x = ops.rms_norm(h, H, p.ln1, eps=self.eps)
-            q = ops.rotary_embedding(ops.linear(x, p.wq), self.cos, self.sin, pos, num_heads=Hq)
-            k = ops.rotary_embedding(ops.linear(x, p.wk), self.cos, self.sin, pos, num_heads=Hkv)
-            v = ops.linear(x, p.wv)
+            q = ops.rotary_embedding(self._linear(x, p.wq), self.cos, self.sin, pos, num_heads=Hq)
+            k = ops.rotary_embedding(self._linear(x, p.wk), self.cos, self.sin, pos, num_heads=Hkv)
+            v = self._linear(x, p.wv)
             cache.write(i, slots, starts, k.numpy().reshape(B, S, Hkv, D), v.numpy().reshape(B, S, Hkv, D))
             if S == 1:  # decode: the kernel the prepared steps run (see _attend_decode)
                 y = Tensor(_alloc_array((B, 1, Hq * D), _F32, "llm decode attention"))
@@ -147,13 +154,94 @@ class CachedDecoder:
                 if not packed:
                     y = Tensor(y.numpy()[rows])
                 y = y.transpose(1, 2).reshape(B, S, Hq * D)
-            h = ops.add(h, ops.linear(y, p.wo))
+            h = ops.add(h, self._linear(y, p.wo))
             x = ops.rms_norm(h, H, p.ln2, eps=self.eps)
-            h = ops.add(h, ops.linear(ops.swiglu(ops.linear(x, p.wg), ops.linear(x, p.wu)), p.wd))
+            h = ops.add(h, self._linear(ops.swiglu(self._linear(x, p.wg), self._linear(x, p.wu)), p.wd))
         if not all_positions and S > 1:
             h = h[:, S - 1:, :]
-        logits = ops.linear(ops.rms_norm(h, H, self.norm_w, eps=self.eps), self.out_w).numpy()
+        logits = self._linear(ops.rms_norm(h, H, self.norm_w, eps=self.eps), self.out_w).numpy()
         return logits if all_positions else logits.reshape(B, -1)
+
+    def prefill(self, chunks) -> np.ndarray:
+        """Prefill several requests' prompt chunks in one forward: ``chunks`` is a list of
+        ``(tokens, slot, start)`` (1-D tokens at positions ``start ..`` of cache ``slot``). Their
+        tokens run as one sequence of rows through every row-wise op (one GEMM per weight over
+        all of them); each chunk stores its K/V and attends (causal, over its own cache row) on
+        its own. Returns the logits of each chunk's last position, (len(chunks), vocab)."""
+        if len(chunks) == 1:
+            t, slot, start = chunks[0]
+            return self.forward(np.asarray(t, np.int64)[None], [slot], [start])
+        cfg, cache = self.config, self.cache
+        Hq, Hkv, D, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        toks = [np.asarray(t, np.int64).reshape(-1) for t, _, _ in chunks]
+        slots = np.array([int(s) for _, s, _ in chunks], np.int64)
+        starts = np.array([int(st) for _, _, st in chunks], np.int64)
+        for t, s, st in zip(toks, slots, starts):
+            if t.size == 0:
+                raise ParamInvalidError("CachedDecoder.prefill: a chunk has no tokens")
+            self._check(t[None], s[None], st[None])
+        if len(set(slots.tolist())) != len(slots):
+            raise ParamInvalidError(f"CachedDecoder.prefill: slots must be distinct, got {slots.tolist()}")
+        lens = np.array([t.size for t in toks], np.int64)
+        ends = np.cumsum(lens)
+        N = int(ends[-1])
+        pos = as_tensor(np.concatenate([st + np.arange(n, dtype=np.int64) for st, n in zip(starts, lens)])[None])
+        cache.lengths[slots] = starts + lens
+        h = ops.embedding(as_tensor(np.concatenate(toks)[None]), self.embed)  # (1, N, H)
+        for i, p in enumerate(self.layers):
+            x = ops.rms_norm(h, H, p.ln1, eps=self.eps)
+            q = ops.rotary_embedding(self._linear(x, p.wq), self.cos, self.sin, pos, num_heads=Hq).numpy()
+            k = ops.rotary_embedding(self._linear(x, p.wk), self.cos, self.sin, pos, num_heads=Hkv).numpy()
+            v = self._linear(x, p.wv).numpy()
+            y = Tensor(_alloc_array((1, N, Hq * D), _F32, "llm prefill attention"))
+            yn = y.numpy()
+            for c in range(len(chunks)):
+                a, b, n, st = int(ends[c] - lens[c]), int(ends[c]), int(lens[c]), int(starts[c])
+                kc4, vc4 = k[0, a:b].reshape(1, n, Hkv, D), v[0, a:b].reshape(1, n, Hkv, D)
+                cache.write(i, slots[c:c + 1], starts[c:c + 1], kc4, vc4)
+                q4 = Tensor(q[0, a:b].reshape(1, n, Hq, D)).transpose(1, 2)
+                if st == 0:  # a whole prompt: over its own K/V (attention_gemm)
+                    yc = ops.attention(q4, Tensor(kc4).transpose(1, 2), Tensor(vc4).transpose(1, 2), is_causal=True)
+                else:  # a continued chunk: over its cache row up to its end
+                    sl = int(slots[c])
+                    kc, vc = (t[:, :, :st + n] for t in cache.view(i, sl, sl + 1))
+                    algo = "attention_gemm" if 4 * Hq * n * (st + n) <= GEMM_MAX_SCORE_BYTES else None
+                    yc = ops.attention(q4, kc, vc, None, None, None, as_tensor(np.array([st + n], np.int64)),
+                                       is_causal=True, algo=algo)
+                yn[0, a:b] = yc.numpy().transpose(0, 2, 1, 3).reshape(n, Hq * D)
+            h = ops.add(h, self._linear(y, p.wo))
+            x = ops.rms_norm(h, H, p.ln2, eps=self.eps)
+            h = ops.add(h, self._linear(ops.swiglu(self._linear(x, p.wg), self._linear(x, p.wu)), p.wd))
+        last = Tensor(np.ascontiguousarray(h.numpy()[0, ends - 1])[:, None, :])  # (chunks, 1, H)
+        logits = self._linear(ops.rms_norm(last, H, self.norm_w, eps=self.eps), self.out_w).numpy()
+        return logits.reshape(len(chunks), -1)
+
+    def _packed(self, w: Tensor, rows: int):
+        """How MKL multiplies ``rows`` rows by the projection weight ``w`` (N, K): its packed
+        panel (packed on first use) for two or more rows, the weight itself (``cblas_sgemv``)
+        for one; None without MKL or for a non-float32 weight (the Linear op runs then)."""
+        if self._packs is None or w.dtype != _F32 or w.ndim != 2:
+            return None
+        if rows < 2:  # a matrix-vector product streams the weight once: packing buys nothing
+            return np.ascontiguousarray(w.numpy())
+        p = self._packs.get(id(w))
+        if p is None:
+            p = self._packs[id(w)] = _mkl.pack(w.numpy(), self.cache.max_batch_slots, transpose=True)
+        return p
+
+    def _linear(self, x: Tensor, w: Tensor) -> Tensor:
+        """``x @ w.T`` (the model's bias-free projections). With MKL every product runs on it
+        (:meth:`_packed`): a decode step's GEMMs have 1..32 rows, where OpenBLAS's unpacked GEMM
+        is 2-3x slower than MKL's packed one, and a step that mixed the two libraries would
+        have OpenBLAS's spinning workers fight the OpenMP pool that MKL shares with numba."""
+        p = self._packed(w, int(np.prod(x.shape[:-1])))
+        if p is None:
+            return ops.linear(x, w)
+        xa = np.ascontiguousarray(x.numpy(), dtype=_F32)
+        n = p.shape[0] if isinstance(p, np.ndarray) else p.n
+        out = _alloc_array(xa.shape[:-1] + (n,), _F32, "llm linear")
+        _launch_linear(xa.reshape(-1, xa.shape[-1]), p, out.reshape(-1, n))
+        return Tensor(out)
 
     def _attend_decode(self, layer: int, q: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
                        y: np.ndarray) -> None:
@@ -166,8 +254,9 @@ class CachedDecoder:
         y4 = y.reshape(B, Hq, 1, D)  # (B, Hq, 1, D) is (B, 1, Hq*D) in memory
         kc, vc = cache._k[layer], cache._v[layer]
         flops = 4 * int(lengths.sum()) * Hq * D
-        current_stream().launch(lambda: decode_attention(q4, kc, vc, slots, lengths, y4, self._scale), "Attention",
-                                {"kernel": "llm_decode_attention", "flops": flops})
+        par = self._packs is not None  # then the step's GEMMs are MKL's (see _packed): no OpenBLAS workers
+        current_stream().launch(lambda: decode_attention(q4, kc, vc, slots, lengths, y4, self._scale, par),
+                                "Attention", {"kernel": "llm_decode_attention", "flops": flops})
 
     def release_steps(self) -> None:
         """Drop the prepared decode steps (their activation buffers go back to the pool)."""
@@ -230,21 +319,29 @@ class _DecodeStep:
             self.plan.append(ex.run)
             return ex.outputs[0]
 
+        def linear(x, w):  # the Linear op's executor, or the decoder's MKL-packed weight on fixed buffers
+            pw = dec._packed(w, R)
+            if pw is None:
+                return aclnn.linear.prepare(x, w)
+            n = pw.shape[0] if isinstance(pw, np.ndarray) else pw.n
+            out = Tensor(_alloc_array(x.shape[:-1] + (n,), _F32, "llm decode linear"))
+            return _PackedLinearStep(x.numpy().reshape(-1, x.shape[-1]), pw, out)
+
         h = add(aclnn.embedding.prepare(self.tokens, dec.embed))
         for i, p in enumerate(dec.layers):
             x = add(aclnn.rms_norm.prepare(h, H, p.ln1, eps=dec.eps))
-            q = add(aclnn.rotary_embedding.prepare(add(aclnn.linear.prepare(x, p.wq)), dec.cos, dec.sin, self.pos,
+            q = add(aclnn.rotary_embedding.prepare(add(linear(x, p.wq)), dec.cos, dec.sin, self.pos,
                                                    num_heads=Hq))
-            k = add(aclnn.rotary_embedding.prepare(add(aclnn.linear.prepare(x, p.wk)), dec.cos, dec.sin, self.pos,
+            k = add(aclnn.rotary_embedding.prepare(add(linear(x, p.wk)), dec.cos, dec.sin, self.pos,
                                                    num_heads=Hkv))
-            v = add(aclnn.linear.prepare(x, p.wv))
+            v = add(linear(x, p.wv))
             y = Tensor(_alloc_array((R, 1, Hq * D), _F32, "llm decode attention"))
             self.plan.append(self._store_kv(i, k.numpy().reshape(R, 1, Hkv, D), v.numpy().reshape(R, 1, Hkv, D)))
             self.plan.append(self._attend(i, q.numpy(), y.numpy()))
-            h = add(aclnn.add.prepare(h, add(aclnn.linear.prepare(y, p.wo))))
+            h = add(aclnn.add.prepare(h, add(linear(y, p.wo))))
             x = add(aclnn.rms_norm.prepare(h, H, p.ln2, eps=dec.eps))
-            gu = aclnn.swiglu.prepare(add(aclnn.linear.prepare(x, p.wg)), add(aclnn.linear.prepare(x, p.wu)))
-            h = add(aclnn.add.prepare(h, add(aclnn.linear.prepare(add(gu), p.wd))))
+            gu = aclnn.swiglu.prepare(add(linear(x, p.wg)), add(linear(x, p.wu)))
+            h = add(aclnn.add.prepare(h, add(linear(add(gu), p.wd))))
         self.h, self.H = h, H  # the final norm and the vocabulary projection run on the decoding rows only
 
     def _store_kv(self, layer: int, k: np.ndarray, v: np.ndarray):
@@ -277,8 +374,35 @@ class _DecodeStep:
             fn()
         h = self.h if B == self.R else Tensor(self.h.numpy()[:B])
         dec = self.dec
-        logits = ops.linear(ops.rms_norm(h, self.H, dec.norm_w, eps=dec.eps), dec.out_w).numpy()
+        logits = dec._linear(ops.rms_norm(h, self.H, dec.norm_w, eps=dec.eps), dec.out_w).numpy()
         return logits.reshape(B, -1)
+
+
+def _launch_linear(x: np.ndarray, p, out: np.ndarray) -> None:
+    """``out = x @ W.T`` on MKL, on the current stream (so the profiler sees it): ``p`` is W's
+    packed panel, or W itself (N, K) for one row (``cblas_sgemv``)."""
+    if isinstance(p, np.ndarray):
+        n, k = p.shape
+        fn = lambda: _mkl.gemv(p, x.reshape(-1), out.reshape(-1))  # noqa: E731
+        kernel = "llm_linear_mkl_gemv"
+    else:
+        n, k = p.n, p.k
+        fn = lambda: _mkl.gemm(x, p, out)  # noqa: E731
+        kernel = "llm_linear_mkl_packed"
+    current_stream().launch(fn, "Linear", {"kernel": kernel, "flops": 2 * x.shape[0] * k * n})
+
+
+class _PackedLinearStep:
+    """A decode step's projection on MKL, on fixed buffers: the executor interface the step
+    replays (``run``, ``outputs``)."""
+
+    __slots__ = ("x", "p", "out", "outputs")
+
+    def __init__(self, x: np.ndarray, p, out: Tensor):
+        self.x, self.p, self.out, self.outputs = x, p, out.numpy().reshape(x.shape[0], -1), [out]
+
+    def run(self):
+        _launch_linear(self.x, self.p, self.out)
 
 
 __all__ = ["CachedDecoder", "decode_bucket"]

@@ -5,10 +5,10 @@ Batching choice: *per-request cache offsets*, not grouping by length. Every runn
 keeps its own slot and length in the :class:`~opsnn.llm.cache.KVCache`; a decode step
 runs one token of each through the model as a (B, 1) batch and the fused attention op gets
 each row's filled length (``nonpad_kv_seqlen``), so requests of any lengths share a step
-with no padding compute and no re-batching when one finishes. Prefill runs per request
-(B=1), chunked to at most ``max_prefill_tokens`` prompt tokens per step so that a long
-prompt does not stall the running requests for long; a prefill's GEMMs are already
-compute-bound, so batching prefills would gain little.
+with no padding compute and no re-batching when one finishes. A step's prefill chunks (at
+most ``max_prefill_tokens`` prompt tokens per step, so that a long prompt does not stall the
+running requests for long) run as one forward: their tokens share every GEMM, each attends
+over its own cache row (:meth:`~opsnn.llm.decoder.CachedDecoder.prefill`).
 
 One step = reap cancellations -> admit waiting requests into free slots (FIFO) -> prefill
 chunks (FIFO, token budget) -> one decode step over every request past its prefill ->
@@ -314,29 +314,35 @@ class Scheduler:
                 self.events.append((self.steps, "admit", r.id, r.slot))
 
     def _prefill(self) -> None:
+        """This step's prefill chunks (FIFO, within the token budget) in one forward."""
         budget = self.max_prefill_tokens or math.inf
+        batch = []
         for r in list(self._running):
             if budget <= 0:
                 break
             if r.status != PREFILL or r.done():
                 continue
-            p0 = r._prefilled
-            n = int(min(len(r.prompt) - p0, budget))
-            t0 = time.perf_counter()
-            try:
-                with record(f"llm prefill (request {r.id}, {n} tokens)"):
-                    logits = self.decoder.forward(r.prompt[None, p0:p0 + n], [r.slot], [p0])
-            except Exception as exc:  # noqa: BLE001 - becomes this request's error
-                self._finish(r, "error", exc)
-                continue
-            finally:
-                self.prefill_s += time.perf_counter() - t0
-            r._prefilled += n
+            n = int(min(len(r.prompt) - r._prefilled, budget))
+            batch.append((r, r._prefilled, n))
             budget -= n
+        if not batch:
+            return
+        t0 = time.perf_counter()
+        try:
+            with record(f"llm prefill ({len(batch)} requests, {sum(n for _, _, n in batch)} tokens)"):
+                logits = self.decoder.prefill([(r.prompt[p0:p0 + n], r.slot, p0) for r, p0, n in batch])
+        except Exception as exc:  # noqa: BLE001 - becomes the error of every request of the batch
+            for r, _, _ in batch:
+                self._finish(r, "error", exc)
+            return
+        finally:
+            self.prefill_s += time.perf_counter() - t0
+        for (r, _, n), row in zip(batch, logits):
+            r._prefilled += n
             self.prefill_tokens += n
             if r._prefilled == len(r.prompt):
                 r.status = RUNNING
-                self._emit(r, logits[0])
+                self._emit(r, row)
 
     def _decode(self) -> None:
         rows = [r for r in self._running if r.status == RUNNING and not r.done()]

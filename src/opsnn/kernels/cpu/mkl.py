@@ -44,6 +44,7 @@ class _Api(NamedTuple):
     compute: object
     set_threads_local: object
     batch: object
+    gemv: object
     threading: str
 
 
@@ -101,7 +102,11 @@ def _load() -> None:
         batch = lib.cblas_sgemm_batch
         batch.argtypes = [c.c_int] + [c.c_void_p] * 13 + [c.c_int, c.c_void_p]
         batch.restype = None
-        _lib = _Api(size, pack, compute, local, batch, name)
+        gemv = lib.cblas_sgemv
+        gemv.argtypes = [c.c_int, c.c_int, c.c_int, c.c_int, c.c_float, c.c_void_p, c.c_int, c.c_void_p, c.c_int,
+                         c.c_float, c.c_void_p, c.c_int]
+        gemv.restype = None
+        _lib = _Api(size, pack, compute, local, batch, gemv, name)
 
 
 def unavailable() -> str | None:
@@ -206,6 +211,16 @@ def gemm(a: np.ndarray, p: PackedWeight, out: np.ndarray, accumulate: bool = Fal
     _lib.set_threads_local(_threads())
     _lib.compute(_ROW_MAJOR, _NO_TRANS, _PACKED, m, p.n, p.k, a.ctypes.data, p.k, p.addr, p.n,
                  1.0 if accumulate else 0.0, out.ctypes.data, p.n)
+
+
+def gemv(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """``out = w @ x`` for a C-contiguous float32 matrix ``w`` (N, K) and float32 vectors ``x``
+    (K elements) and ``out`` (N), each contiguous (a Linear layer's product for one row)."""
+    n, k = w.shape
+    if n == 0:
+        return
+    _lib.set_threads_local(_threads())
+    _lib.gemv(_ROW_MAJOR, _NO_TRANS, n, k, 1.0, w.ctypes.data, k, x.ctypes.data, 1, 0.0, out.ctypes.data, 1)
 
 
 def _matrices(x: np.ndarray) -> tuple[np.ndarray, int]:
