@@ -25,6 +25,7 @@ import numba as nb
 import numpy as np
 
 from ..kernels.cpu.activation import fexp
+from ..kernels.cpu.attention import _row_max
 
 #: vectorise dot products (reassociation) but keep IEEE inf semantics
 _FM = {"reassoc", "contract", "arcp", "nsz"}
@@ -60,24 +61,7 @@ def _decode_task(t, q, kt, v, slots, lengths, y, scale):
     inv = np.empty(group, np.float32)
     for gi in range(group):
         row = s[gi]
-        # eight running maxima: one max chain is latency-bound
-        m0 = np.float32(-np.inf)
-        m1, m2, m3, m4, m5, m6, m7 = m0, m0, m0, m0, m0, m0, m0
-        j = 0
-        while j + 8 <= L:
-            m0 = max(m0, row[j])
-            m1 = max(m1, row[j + 1])
-            m2 = max(m2, row[j + 2])
-            m3 = max(m3, row[j + 3])
-            m4 = max(m4, row[j + 4])
-            m5 = max(m5, row[j + 5])
-            m6 = max(m6, row[j + 6])
-            m7 = max(m7, row[j + 7])
-            j += 8
-        m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
-        while j < L:
-            m = max(m, row[j])
-            j += 1
+        m = _row_max(row)  # eight running maxima: one max chain is latency-bound
         for j in range(L):
             row[j] = fexp(row[j] - m)
         tot = zero
