@@ -514,6 +514,7 @@ def test_decoder_packed_projections_match_the_linear_op(lm, rng):
         starts[rows] += 1
     if not mkl.unavailable():
         assert len(packed._packs) == 7 * lm.config.num_hidden_layers + 1  # each weight packed once
+        assert CachedDecoder(lm, cache_a)._packed(lm.output_weight, 4) is packed._packed(lm.output_weight, 4)
     packed.release_steps()
     plain.release_steps()
     cache_a.close()
@@ -554,6 +555,27 @@ def test_decode_steps_pad_to_row_buckets(lm, rng, no_leak):
         # unwritten cache memory may hold NaN patterns
     fast.release_steps()
     del fast, eager
+    cache.close()
+
+
+def test_packed_projections_follow_load_state_dict(rng):
+    """The model keeps the packed panels for its next decoders; new weights loaded by
+    load_state_dict are packed again (the logits follow the new weights)."""
+    from opsnn.kernels.cpu import mkl
+
+    m = opsnn.models.llama(layers=1, hidden=32, heads=2, kv_heads=1, vocab=VOCAB, intermediate=48, seed=5,
+                           max_position=64)
+    other = opsnn.models.llama(layers=1, hidden=32, heads=2, kv_heads=1, vocab=VOCAB, intermediate=48, seed=6,
+                               max_position=64)
+    p = rng.integers(0, VOCAB, (1, 6))
+    cache = KVCache.for_model(m, 1, 16)
+    s = cache.allocate()
+    CachedDecoder(m, cache).forward(p, [s], [0])
+    if not mkl.unavailable():
+        assert len(getattr(m, "_llm_packed_projections")) == 7  # the last position's vocab product: sgemv
+    m.load_state_dict(other.state_dict())
+    got = CachedDecoder(m, cache).forward(p, [s], [0])
+    np.testing.assert_allclose(got[0], other(p)[0].numpy()[0, -1], rtol=1e-5, atol=1e-5)
     cache.close()
 
 

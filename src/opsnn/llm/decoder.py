@@ -4,7 +4,8 @@ keys/values into a :class:`~opsnn.llm.cache.KVCache` in place and attend over vi
 It reads the parameters of an ``opsnn.models.llama`` model and runs the same ops as the
 model's own ``forward``; what differs is where K/V live (and, with Intel MKL, that the
 projections read MKL's packed panels of the weights: a packed copy of each projection
-weight, made on first use, so build a new decoder after changing the model's weights). The
+weight, made on first use and kept by the model for every later decoder, dropped by
+``load_state_dict``; a weight changed in place by other means keeps its old panel). The
 model's forward concatenates ``past`` and the new K/V into fresh tensors each call; here
 the new K/V are stored at each request's offset in the preallocated buffers and the fused
 ``Attention`` op gets the buffers' rows plus ``nonpad_kv_seqlen`` (each row's filled
@@ -23,6 +24,7 @@ row's length::
 """
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -77,8 +79,9 @@ class CachedDecoder:
             p.wg, p.wu, p.wd = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
             self.layers.append(p)
         # float32 projection weights packed once by MKL (cblas_sgemm_pack), shared by every
-        # forward and decode step whatever its row count: see _linear
-        self._packs: dict | None = None if _mkl.unavailable() else {}
+        # forward and decode step whatever its row count, and by every decoder of the model
+        # (generate() builds one per call): see _linear
+        self._packs = None if _mkl.unavailable() else _model_packs(model)
         # decode steps (one token per row, any slots) replay executors prepared once per row
         # count bucket: see _DecodeStep
         self._steps: "OrderedDict[int, _DecodeStep]" = OrderedDict()
@@ -224,9 +227,13 @@ class CachedDecoder:
             return None
         if rows < 2:  # a matrix-vector product streams the weight once: packing buys nothing
             return np.ascontiguousarray(w.numpy())
-        p = self._packs.get(id(w))
-        if p is None:
-            p = self._packs[id(w)] = _mkl.pack(w.numpy(), self.cache.max_batch_slots, transpose=True)
+        packs, key = self._packs, id(w)
+        got = packs.get(key)
+        if got is not None and got[0]() is w and got[1]() is w._array:
+            return got[2]
+        p = _mkl.pack(w.numpy(), self.cache.max_batch_slots, transpose=True)
+        # the entry goes with the weight tensor; a weight given a new array is packed again
+        packs[key] = (weakref.ref(w, lambda _, k=key: packs.pop(k, None)), weakref.ref(w._array), p)
         return p
 
     def _linear(self, x: Tensor, w: Tensor) -> Tensor:
@@ -376,6 +383,22 @@ class _DecodeStep:
         dec = self.dec
         logits = dec._linear(ops.rms_norm(h, self.H, dec.norm_w, eps=dec.eps), dec.out_w).numpy()
         return logits.reshape(B, -1)
+
+
+def _model_packs(model) -> dict:
+    """The model's packed projection weights (id(weight tensor) -> (ref to the tensor, ref to
+    its array, panel)), kept on the model so that every decoder of it shares them;
+    ``load_state_dict`` drops them (``LlamaForCausalLM.on_weights_loaded``). Keyed by id, not
+    by the tensor: a tensor's ``==`` is elementwise."""
+    packs = model.__dict__.get(PACKS_ATTR)
+    if packs is None:
+        packs = {}
+        object.__setattr__(model, PACKS_ATTR, packs)
+    return packs
+
+
+#: the attribute of a model that holds its packed projection weights
+PACKS_ATTR = "_llm_packed_projections"
 
 
 def _launch_linear(x: np.ndarray, p, out: np.ndarray) -> None:
