@@ -454,6 +454,22 @@ def test_prepared_decode_steps_match_the_eager_path(lm, rng, no_leak):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         pos[rows] += 1
     assert sorted(fast._steps) == [2, 3]  # one step per row-count bucket (3 rows; 2 rows), any slots
+    # under the profiler the step launches each kernel on its own (observers see them), else as one task;
+    # both run the same kernels on the same buffers
+    rows, tok = [0, 1], rng.integers(0, VOCAB, (2, 1))
+    sl, st = np.array([slots[r] for r in rows]), pos[rows]
+    want = eager.forward(tok, sl, st)
+    with opsnn.profiler.profile() as prof:
+        got = fast.forward(tok, sl, st)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    names = [k.kernel for k in prof.kernels]
+    assert "llm_decode_attention" in names and "llm_decode_step" not in names
+    step, calls = fast._steps[2], []
+    run_kernels = step._run_kernels
+    step._run_kernels = lambda: (calls.append(1), run_kernels())
+    got2 = fast.forward(tok, sl, st)  # no observer: one task
+    assert calls == [1]
+    np.testing.assert_array_equal(got2, got)
     fast.release_steps()
     assert not fast._steps
     del fast, eager

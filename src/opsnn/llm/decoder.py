@@ -33,6 +33,8 @@ from .. import ops
 from ..errors import ParamInvalidError
 from ..kernels.cpu import mkl as _mkl
 from ..ops.defs.attention import GEMM_MAX_SCORE_BYTES
+from ..runtime import hooks
+from ..runtime.context import context
 from ..runtime.stream import current_stream
 from ..tensor import Tensor, _alloc_array, as_tensor
 from .attention import decode_attention
@@ -255,15 +257,22 @@ class CachedDecoder:
         """Attention of one query token per row (q: (B, 1, Hq*D)) over the first ``lengths[b]``
         cache positions of slot ``slots[b]``, into y (B, 1, Hq*D): every decode step, eager or
         replayed, runs this one kernel (launched on the current stream, so the profiler sees it)."""
+        flops = 4 * int(lengths.sum()) * self.config.num_attention_heads * self.config.head_dim
+        current_stream().launch(self._attention_kernel(layer, q, slots, lengths, y), "Attention",
+                                {"kernel": "llm_decode_attention", "flops": flops})
+
+    def _attention_kernel(self, layer: int, q: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
+                          y: np.ndarray):
+        """The decode attention of :meth:`_attend_decode` as a closure over these arrays (read
+        when it runs: a prepared step rewrites ``slots`` and ``lengths`` in place)."""
         cfg, cache = self.config, self.cache
         B, Hq, D = len(slots), cfg.num_attention_heads, cfg.head_dim
         q4 = q.reshape(B, 1, Hq, D).transpose(0, 2, 1, 3)
         y4 = y.reshape(B, Hq, 1, D)  # (B, Hq, 1, D) is (B, 1, Hq*D) in memory
         kc, vc = cache._k[layer], cache._v[layer]
-        flops = 4 * int(lengths.sum()) * Hq * D
         par = self._packs is not None  # then the step's GEMMs are MKL's (see _packed): no OpenBLAS workers
-        current_stream().launch(lambda: decode_attention(q4, kc, vc, slots, lengths, y4, self._scale, par),
-                                "Attention", {"kernel": "llm_decode_attention", "flops": flops})
+        scale = self._scale
+        return lambda: decode_attention(q4, kc, vc, slots, lengths, y4, scale, par)
 
     def release_steps(self) -> None:
         """Drop the prepared decode steps (their activation buffers go back to the pool)."""
@@ -321,9 +330,11 @@ class _DecodeStep:
         self.starts = np.zeros(0, np.int64)
         self.B = 0
         self.plan: list = []  # callables: executors' run, K/V stores, attention
+        self.kernels: list = []  # the same steps as bare kernel calls (see run)
 
         def add(ex):
             self.plan.append(ex.run)
+            self.kernels.append(ex.bound_kernel())
             return ex.outputs[0]
 
         def linear(x, w):  # the Linear op's executor, or the decoder's MKL-packed weight on fixed buffers
@@ -343,8 +354,11 @@ class _DecodeStep:
                                                    num_heads=Hkv))
             v = add(linear(x, p.wv))
             y = Tensor(_alloc_array((R, 1, Hq * D), _F32, "llm decode attention"))
-            self.plan.append(self._store_kv(i, k.numpy().reshape(R, 1, Hkv, D), v.numpy().reshape(R, 1, Hkv, D)))
+            store = self._store_kv(i, k.numpy().reshape(R, 1, Hkv, D), v.numpy().reshape(R, 1, Hkv, D))
+            self.plan.append(store)
+            self.kernels.append(store)
             self.plan.append(self._attend(i, q.numpy(), y.numpy()))
+            self.kernels.append(dec._attention_kernel(i, q.numpy(), self.slots, self.kvlen, y.numpy()))
             h = add(aclnn.add.prepare(h, add(linear(y, p.wo))))
             x = add(aclnn.rms_norm.prepare(h, H, p.ln2, eps=dec.eps))
             gu = aclnn.swiglu.prepare(add(linear(x, p.wg)), add(linear(x, p.wu)))
@@ -363,6 +377,10 @@ class _DecodeStep:
         # every row attends (pad rows: length 0, zeros), so the buffers stay fixed
         return lambda: self.dec._attend_decode(layer, q, self.slots, self.kvlen, y)
 
+    def _run_kernels(self) -> None:
+        for fn in self.kernels:
+            fn()
+
     def run(self, tokens: np.ndarray, slots: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """Logits (B, vocab) for ``tokens`` (B, 1) at positions ``starts`` of cache slots ``slots``."""
         B = len(slots)
@@ -377,8 +395,14 @@ class _DecodeStep:
         kvlen[:B] = starts + 1
         self.slots[:B] = slots
         self.starts, self.B = starts, B
-        for fn in self.plan:
-            fn()
+        stream = current_stream()
+        if hooks.active or not stream.inline or context().pool.guard_bytes:
+            for fn in self.plan:  # every kernel launched on its own: observers see each one
+                fn()
+        else:
+            # no observer and the caller's thread runs the stream: the step's ~13 kernels a layer
+            # as one task (each executor's launch bookkeeping is ~20-30 us, ~4 ms a token for 12 layers)
+            stream.launch(self._run_kernels, "DecodeStep", {"kernel": "llm_decode_step"})
         h = self.h if B == self.R else Tensor(self.h.numpy()[:B])
         dec = self.dec
         logits = dec._linear(ops.rms_norm(h, self.H, dec.norm_w, eps=dec.eps), dec.out_w).numpy()
@@ -426,6 +450,13 @@ class _PackedLinearStep:
 
     def run(self):
         _launch_linear(self.x, self.p, self.out)
+
+    def bound_kernel(self):
+        x, p, out = self.x, self.p, self.out
+        if isinstance(p, np.ndarray):
+            xv, ov = x.reshape(-1), out.reshape(-1)
+            return lambda: _mkl.gemv(p, xv, ov)
+        return lambda: _mkl.gemm(x, p, out)
 
 
 __all__ = ["CachedDecoder", "decode_bucket"]

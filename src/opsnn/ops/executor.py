@@ -124,6 +124,17 @@ class Executor:
             self.launch(self.inputs, self.outputs, workspace, stream)
         return self.result(self.outputs)
 
+    def bound_kernel(self):
+        """The kernel call on this executor's bound inputs and outputs as a closure that runs
+        where it is called: no stream, no observers, no dependency tracking, the workspace
+        allocated once and held by the closure. For callers that replay a chain of executors on
+        fixed buffers as one stream task (opsnn.llm's decode steps); ``run`` is the general path."""
+        if self.op.dynamic_shape or self.outputs is None:
+            raise ParamInvalidError(f"{self.op.name}: bound_kernel needs an executor with fixed outputs",
+                                    op=self.op.name)
+        return self._task([None if t is None else t._array for t in self.inputs], [o._array for o in self.outputs],
+                          self._workspace(None))
+
     def result(self, outs):
         return outs[0] if len(outs) == 1 else tuple(outs)
 
