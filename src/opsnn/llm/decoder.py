@@ -247,9 +247,9 @@ class CachedDecoder:
         if p is None:
             return ops.linear(x, w)
         xa = np.ascontiguousarray(x.numpy(), dtype=_F32)
-        n = p.shape[0] if isinstance(p, np.ndarray) else p.n
+        n = _out_features(p)
         out = _alloc_array(xa.shape[:-1] + (n,), _F32, "llm linear")
-        _launch_linear(xa.reshape(-1, xa.shape[-1]), p, out.reshape(-1, n))
+        current_stream().launch(*_mkl_product(xa.reshape(-1, xa.shape[-1]), p, out.reshape(-1, n)))
         return Tensor(out)
 
     def _attend_decode(self, layer: int, q: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
@@ -257,9 +257,12 @@ class CachedDecoder:
         """Attention of one query token per row (q: (B, 1, Hq*D)) over the first ``lengths[b]``
         cache positions of slot ``slots[b]``, into y (B, 1, Hq*D): every decode step, eager or
         replayed, runs this one kernel (launched on the current stream, so the profiler sees it)."""
+        self._launch_attention(self._attention_kernel(layer, q, slots, lengths, y), lengths)
+
+    def _launch_attention(self, kernel, lengths: np.ndarray) -> None:
+        """Launch a :meth:`_attention_kernel` closure on the current stream (the profiler sees it)."""
         flops = 4 * int(lengths.sum()) * self.config.num_attention_heads * self.config.head_dim
-        current_stream().launch(self._attention_kernel(layer, q, slots, lengths, y), "Attention",
-                                {"kernel": "llm_decode_attention", "flops": flops})
+        current_stream().launch(kernel, "Attention", {"kernel": "llm_decode_attention", "flops": flops})
 
     def _attention_kernel(self, layer: int, q: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
                           y: np.ndarray):
@@ -341,8 +344,7 @@ class _DecodeStep:
             pw = dec._packed(w, R)
             if pw is None:
                 return aclnn.linear.prepare(x, w)
-            n = pw.shape[0] if isinstance(pw, np.ndarray) else pw.n
-            out = Tensor(_alloc_array(x.shape[:-1] + (n,), _F32, "llm decode linear"))
+            out = Tensor(_alloc_array(x.shape[:-1] + (_out_features(pw),), _F32, "llm decode linear"))
             return _PackedLinearStep(x.numpy().reshape(-1, x.shape[-1]), pw, out)
 
         h = add(aclnn.embedding.prepare(self.tokens, dec.embed))
@@ -357,8 +359,10 @@ class _DecodeStep:
             store = self._store_kv(i, k.numpy().reshape(R, 1, Hkv, D), v.numpy().reshape(R, 1, Hkv, D))
             self.plan.append(store)
             self.kernels.append(store)
-            self.plan.append(self._attend(i, q.numpy(), y.numpy()))
-            self.kernels.append(dec._attention_kernel(i, q.numpy(), self.slots, self.kvlen, y.numpy()))
+            # every row attends (pad rows: length 0, zeros), so the buffers stay fixed
+            attend = dec._attention_kernel(i, q.numpy(), self.slots, self.kvlen, y.numpy())
+            self.plan.append(lambda attend=attend: dec._launch_attention(attend, self.kvlen))
+            self.kernels.append(attend)
             h = add(aclnn.add.prepare(h, add(linear(y, p.wo))))
             x = add(aclnn.rms_norm.prepare(h, H, p.ln2, eps=dec.eps))
             gu = aclnn.swiglu.prepare(add(linear(x, p.wg)), add(linear(x, p.wu)))
@@ -372,10 +376,6 @@ class _DecodeStep:
             B = self.B
             cache.write(layer, self.slots[:B], self.starts, k[:B], v[:B])
         return store
-
-    def _attend(self, layer: int, q: np.ndarray, y: np.ndarray):
-        # every row attends (pad rows: length 0, zeros), so the buffers stay fixed
-        return lambda: self.dec._attend_decode(layer, q, self.slots, self.kvlen, y)
 
     def _run_kernels(self) -> None:
         for fn in self.kernels:
@@ -425,38 +425,39 @@ def _model_packs(model) -> dict:
 PACKS_ATTR = "_llm_packed_projections"
 
 
-def _launch_linear(x: np.ndarray, p, out: np.ndarray) -> None:
-    """``out = x @ W.T`` on MKL, on the current stream (so the profiler sees it): ``p`` is W's
-    packed panel, or W itself (N, K) for one row (``cblas_sgemv``)."""
+def _out_features(p) -> int:
+    """N of a projection :meth:`CachedDecoder._packed` gave: a packed panel or the (N, K) weight."""
+    return p.shape[0] if isinstance(p, np.ndarray) else p.n
+
+
+def _mkl_product(x: np.ndarray, p, out: np.ndarray) -> tuple:
+    """``out = x @ W.T`` on MKL as (closure over these arrays, task name, profiler info), the
+    arguments of a stream launch: ``p`` is W's packed panel, or W itself (N, K) for one row
+    (``cblas_sgemv``)."""
     if isinstance(p, np.ndarray):
-        n, k = p.shape
-        fn = lambda: _mkl.gemv(p, x.reshape(-1), out.reshape(-1))  # noqa: E731
-        kernel = "llm_linear_mkl_gemv"
+        (n, k), xv, ov = p.shape, x.reshape(-1), out.reshape(-1)
+        fn, kernel = (lambda: _mkl.gemv(p, xv, ov)), "llm_linear_mkl_gemv"
     else:
         n, k = p.n, p.k
-        fn = lambda: _mkl.gemm(x, p, out)  # noqa: E731
-        kernel = "llm_linear_mkl_packed"
-    current_stream().launch(fn, "Linear", {"kernel": kernel, "flops": 2 * x.shape[0] * k * n})
+        fn, kernel = (lambda: _mkl.gemm(x, p, out)), "llm_linear_mkl_packed"
+    return fn, "Linear", {"kernel": kernel, "flops": 2 * x.shape[0] * k * n}
 
 
 class _PackedLinearStep:
-    """A decode step's projection on MKL, on fixed buffers: the executor interface the step
-    replays (``run``, ``outputs``)."""
+    """A decode step's projection on MKL, on fixed buffers, bound once: the executor
+    interface the step replays (``run``, ``bound_kernel``, ``outputs``)."""
 
-    __slots__ = ("x", "p", "out", "outputs")
+    __slots__ = ("launch_args", "outputs")
 
     def __init__(self, x: np.ndarray, p, out: Tensor):
-        self.x, self.p, self.out, self.outputs = x, p, out.numpy().reshape(x.shape[0], -1), [out]
+        self.launch_args = _mkl_product(x, p, out.numpy().reshape(x.shape[0], -1))
+        self.outputs = [out]
 
     def run(self):
-        _launch_linear(self.x, self.p, self.out)
+        current_stream().launch(*self.launch_args)
 
     def bound_kernel(self):
-        x, p, out = self.x, self.p, self.out
-        if isinstance(p, np.ndarray):
-            xv, ov = x.reshape(-1), out.reshape(-1)
-            return lambda: _mkl.gemv(p, xv, ov)
-        return lambda: _mkl.gemm(x, p, out)
+        return self.launch_args[0]
 
 
 __all__ = ["CachedDecoder", "decode_bucket"]

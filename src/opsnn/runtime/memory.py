@@ -89,13 +89,14 @@ class MemoryPool:
 
     @contextmanager
     def _section(self):
-        """Hold the lock for one update of the pool's tables; frees queued by finalizers that
-        ran inside it are carried out (and reported to the hooks) when the outermost ends."""
+        """Hold the lock for one update of the pool's tables; yields False when this thread is
+        already inside one (a finalizer run by the garbage collector there). Frees queued by such
+        finalizers are carried out (and reported to the hooks) when the outermost section ends."""
         with self._lock:
             outer = not self._busy
             self._busy = True
             try:
-                yield
+                yield outer
             finally:
                 if outer:
                     self._busy = False
@@ -189,11 +190,10 @@ class MemoryPool:
         return block
 
     def free(self, block: Block) -> None:
-        with self._lock:
-            if self._busy:  # a finalizer inside a critical section of this thread: done when it ends
+        with self._section() as outer:
+            if not outer:  # a finalizer inside a critical section of this thread: done when it ends
                 self._deferred.append(block)
                 return
-        with self._section():
             if not block.live:
                 return
             block.live = False
