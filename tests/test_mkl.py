@@ -217,6 +217,56 @@ def test_matmul_matches_numpy_with_or_without_mkl(rng, ashape, bshape, dtype):
     _close(out2, want, ashape[-1])
 
 
+@needs_mkl
+@pytest.mark.parametrize("m,k,n", [(1, 7, 5), (5, 7, 1), (1, 1, 1), (6, 9, 8), (3, 1, 4), (1, 300, 257), (2, 0, 3)])
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_gemm2d_reads_transposed_views_and_single_rows(rng, m, k, n, ta, tb):
+    # the kernels' float32 products (Gemm with transA/transB, Linear's W.T, one-row products as
+    # sgemv) run in one MKL call on the views as they stand, into a row-strided output
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    a, b = (a.T if ta else a), (b.T if tb else b)
+    out = np.full((m, n + 3), np.nan, np.float32)[:, :n]
+    assert KM.gemm2d(a, b, out)
+    _close(out, a.astype(np.float64) @ b, max(k, 1))
+
+
+@needs_mkl
+def test_gemm2d_declines_what_blas_cannot_read(rng):
+    a = rng.standard_normal((6, 9)).astype(np.float32)[::2, ::3]   # neither stride is unit
+    b = rng.standard_normal((3, 4)).astype(np.float32)
+    out = np.full((3, 4), np.nan, np.float32)
+    assert not KM.gemm2d(a, b, out) and np.isnan(out).all()
+    assert not KM.gemm2d(a.astype(np.float64), b, out)
+    KM.matmul(a, b, out)  # numpy's matmul then
+    _close(out, a.astype(np.float64) @ b, 3)
+
+
+@needs_mkl
+def test_float32_graph_products_never_wake_openblas(rng, monkeypatch):
+    # OpenBLAS's workers spin ~0.1 s after a GEMM unless OPENBLAS_THREAD_TIMEOUT was set before
+    # numpy loaded (import order): with MKL every float32 product stays off OpenBLAS. Gemm with
+    # transB (ResNet's classifier, one row), MatMul, Linear through the graph and eagerly
+    def no_numpy_matmul(*args, **kwargs):
+        raise AssertionError("np.matmul (OpenBLAS) called for a float32 product")
+
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    w = rng.standard_normal((10, 64)).astype(np.float32)
+    c = rng.standard_normal(10).astype(np.float32)
+    node = helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")])
+    cg = opsnn.compile(opsnn.onnx.load(helper.make_model(g).SerializeToString()))
+    monkeypatch.setattr(np, "matmul", no_numpy_matmul)
+    y = cg.run({"x": x})["y"]
+    _close(y, x.astype(np.float64) @ w.T + c, 64)
+    a = rng.standard_normal((3, 5, 64)).astype(np.float32)
+    _close(opsnn.ops.matmul(opsnn.tensor(a), opsnn.tensor(w.T.copy())).numpy(), a.astype(np.float64) @ w.T, 64)
+    _close(opsnn.ops.linear(opsnn.tensor(a), opsnn.tensor(w)).numpy(), a.astype(np.float64) @ w.T, 64)
+
+
 def _conv_oracle(x, w, b, s, p):
     """float64 2-D convolution, group 1, as a sum over kernel offsets."""
     n, c, h, wd = x.shape

@@ -486,7 +486,7 @@ def _gemm(wv, cols, out, packed) -> None:
     """out[g] = wv[g] @ cols[g] per group; with ``packed`` (group 1: the weight packed by MKL at
     prepare, :func:`opsnn.kernels.cpu.mkl.pack_left`) one packed-panel MKL call."""
     if packed is None:
-        np.matmul(wv, cols, out=out)
+        _mkl.matmul(wv, cols, out)
     else:
         _mkl.gemm_left(packed, cols[0], out[0])
 
@@ -539,7 +539,7 @@ def conv_forward(x, w, b, y, plan: ConvPlan, ws, packed=None) -> None:
     if plan.kind == "gemm1x1":
         xg = x.reshape(n, g, cg, p)
         if packed is None:
-            np.matmul(wv, xg, out=yv)
+            _mkl.matmul(wv, xg, yv)
         else:
             for i in range(n):
                 _gemm(wv, xg[i], yv[i], packed)
@@ -623,7 +623,7 @@ def conv_transpose(ins, outs, attrs, plan, ws):
             rows = min(band, i_n - r0)
             q = rows * inner
             col = flat[:plan.m * kk * q].reshape(g, mg * kk, q)
-            np.matmul(wt, xv[i][:, :, r0 * inner:r0 * inner + q], out=col)
+            _mkl.matmul(wt, xv[i][:, :, r0 * inner:r0 * inner + q], col)
             if plan.kind == "col2im2d":
                 oh0 = max(0, r0 * sh - ph)
                 oh1 = min(plan.out_sp[0], (r0 + rows - 1) * sh - ph + (kh - 1) * dh + 1)

@@ -27,6 +27,8 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
+from .mkl import matmul as _blas_matmul
+
 #: largest |sum of products| that float64 accumulates exactly (2**53)
 _F64_EXACT = 1 << 53
 
@@ -52,9 +54,9 @@ def _matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, plan: MatMulPlan
         out[...] = np.dot(a, b)
     elif plan.fold:
         # reshape copies only when A is a non-contiguous view: still one large GEMM
-        np.matmul(a.reshape(-1, plan.k), b, out=out.reshape(-1, plan.n))
+        _blas_matmul(a.reshape(-1, plan.k), b, out.reshape(-1, plan.n))
     else:
-        np.matmul(a, b, out=out)
+        _blas_matmul(a, b, out)
 
 
 def matmul(ins, outs, attrs, plan, ws):
@@ -76,7 +78,7 @@ def gemm(ins, outs, attrs, plan, ws):
         a = a.T
     if attrs["transB"]:
         b = b.T
-    np.matmul(a, b, out=out)
+    _blas_matmul(a, b, out)
     alpha, beta = attrs["alpha"], attrs["beta"]
     if alpha != 1.0:
         out *= out.dtype.type(alpha)
@@ -96,7 +98,7 @@ def linear(ins, outs, attrs, plan, ws):
     if x.ndim == 1:
         np.matmul(w, x, out=out)
     else:
-        np.matmul(x.reshape(-1, k), w.T, out=out.reshape(-1, n))
+        _blas_matmul(x.reshape(-1, k), w.T, out.reshape(-1, n))
     if b is not None:
         out += b
 
@@ -424,7 +426,7 @@ def matmul_packed(ins, outs, attrs, plan: PackedPlan, ws):
     ct = plan.w.dtype
     xc = x if x.dtype == ct else x.astype(ct)
     res = _result_buffer(out, plan, ws)
-    np.matmul(xc.reshape(-1, plan.k), plan.w, out=res)
+    _blas_matmul(xc.reshape(-1, plan.k), plan.w, res)
     if out.dtype != ct:
         np.copyto(out.reshape(-1, plan.n), res, casting="unsafe")
 
@@ -436,7 +438,7 @@ def linear_packed(ins, outs, attrs, plan: PackedPlan, ws):
     ct = plan.w.dtype
     xc = (x if x.dtype == ct else x.astype(ct)).reshape(-1, plan.k)
     res = _result_buffer(out, plan, ws)
-    np.matmul(xc, plan.w, out=res)
+    _blas_matmul(xc, plan.w, res)
     if b is not None:
         res += b if b.dtype == ct else b.astype(ct)
     if out.dtype != ct:

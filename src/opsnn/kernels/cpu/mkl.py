@@ -45,6 +45,7 @@ class _Api(NamedTuple):
     set_threads_local: object
     batch: object
     gemv: object
+    sgemm: object
     threading: str
 
 
@@ -106,7 +107,11 @@ def _load() -> None:
         gemv.argtypes = [c.c_int, c.c_int, c.c_int, c.c_int, c.c_float, c.c_void_p, c.c_int, c.c_void_p, c.c_int,
                          c.c_float, c.c_void_p, c.c_int]
         gemv.restype = None
-        _lib = _Api(size, pack, compute, local, batch, gemv, name)
+        sgemm = lib.cblas_sgemm
+        sgemm.argtypes = [c.c_int, c.c_int, c.c_int, c.c_int, c.c_int, c.c_int, c.c_float, c.c_void_p, c.c_int,
+                          c.c_void_p, c.c_int, c.c_float, c.c_void_p, c.c_int]
+        sgemm.restype = None
+        _lib = _Api(size, pack, compute, local, batch, gemv, sgemm, name)
 
 
 def unavailable() -> str | None:
@@ -276,10 +281,72 @@ def _blas_view(x: np.ndarray) -> bool:
         all(st >= 0 and st % isz == 0 for st in x.strides[:-2])
 
 
+def _operand(x: np.ndarray):
+    """``(trans, ld)`` for a 2-D float32 view BLAS reads as it stands — row-major (unit column
+    stride) or a transposed row-major matrix (unit row stride, e.g. ``w.T``) — else None."""
+    r, c = x.shape
+    rs, cs = x.strides
+    if (c <= 1 or cs == 4) and (r <= 1 or (rs % 4 == 0 and rs >= c * 4)):
+        return _NO_TRANS, max(rs // 4 if r > 1 else c, c, 1)
+    if (r <= 1 or rs == 4) and (c <= 1 or (cs % 4 == 0 and cs >= r * 4)):
+        return _TRANS, max(cs // 4 if c > 1 else r, r, 1)
+    return None
+
+
+def _step(x: np.ndarray) -> int:
+    """The element stride of a 1-D float32 view (0 when BLAS cannot take it: negative, zero or
+    not a whole number of elements)."""
+    st = x.strides[0] if x.shape[0] > 1 else 4
+    return st // 4 if st > 0 and st % 4 == 0 else 0
+
+
+def gemm2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+    """``out = a @ b`` for 2-D float32 views in one MKL call (``cblas_sgemv`` when a side is a
+    single row or column, else ``cblas_sgemm``), transposed views read in place. False (nothing
+    done) when MKL is not available or a view is not a BLAS operand as it stands."""
+    if (_lib is None and unavailable() is not None) or _why is not None or \
+            a.dtype != np.float32 or b.dtype != np.float32 or out.dtype != np.float32:
+        return False
+    m, k = a.shape
+    n = b.shape[1]
+    if m == 0 or n == 0:
+        return True
+    if k == 0:
+        out[...] = 0
+        return True
+    if m == 1 or n == 1:
+        # one row: out = b^T a[0]; one column: out = a b[:, 0]
+        mat, vec, res, t_row = (b, a[0], out[0], _TRANS) if m == 1 else (a, b[:, 0], out[:, 0], _NO_TRANS)
+        lay = _operand(mat)
+        inc_x, inc_y = _step(vec), _step(res)
+        if lay is None or not inc_x or not inc_y:
+            return False
+        trans, ld = lay
+        rows, cols = mat.shape if trans == _NO_TRANS else mat.shape[::-1]  # as stored, row-major
+        _lib.set_threads_local(_threads())
+        _lib.gemv(_ROW_MAJOR, t_row if trans == _NO_TRANS else (_NO_TRANS if t_row == _TRANS else _TRANS),
+                  rows, cols, 1.0, mat.ctypes.data, ld, vec.ctypes.data, inc_x, 0.0, res.ctypes.data, inc_y)
+        return True
+    la, lb, lc = _operand(a), _operand(b), _operand(out)
+    if la is None or lb is None or lc is None or lc[0] != _NO_TRANS:
+        return False
+    _lib.set_threads_local(_threads())
+    _lib.sgemm(_ROW_MAJOR, la[0], lb[0], m, n, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1], 0.0,
+               out.ctypes.data, lc[1])
+    return True
+
+
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """``np.matmul(a, b, out=out)`` for operands of rank >= 2 with broadcast leading dims: one
-    ``cblas_sgemm_batch`` call when MKL is available and all three are float32 BLAS views
-    (``out`` without broadcast dims), else numpy's matmul."""
+    """``np.matmul(a, b, out=out)`` for operands of rank >= 2 with broadcast leading dims, on MKL
+    when it is available and the operands are float32 BLAS views: 2-D products in one
+    :func:`gemm2d` call (transposed views too), batches in one ``cblas_sgemm_batch`` call
+    (row-major matrices, ``out`` without broadcast dims); else numpy's matmul (OpenBLAS).
+
+    Keeping every float32 product on MKL keeps OpenBLAS' worker threads asleep: after a GEMM
+    they spin for ~0.1 s unless ``OPENBLAS_THREAD_TIMEOUT`` was set before numpy loaded
+    (:mod:`opsnn._blas_env`), taking a core from the next layers' kernels."""
+    if a.ndim == 2 and b.ndim == 2 and out.ndim == 2 and gemm2d(a, b, out):
+        return
     if (_lib is None and unavailable() is not None) or _why is not None or a.ndim < 2 or b.ndim < 2 \
             or not (_blas_view(a) and _blas_view(b) and _blas_view(out)) or 0 in out.strides[:-2]:
         np.matmul(a, b, out=out)

@@ -51,6 +51,7 @@ import numba as nb
 import numpy as np
 
 from ...errors import ParamInvalidError
+from .mkl import matmul as _blas_matmul
 
 # activation codes shared with the op record (index = code)
 ACTIVATIONS = ("relu", "tanh", "sigmoid", "affine", "leakyrelu", "thresholdedrelu", "scaledtanh", "hardsigmoid",
@@ -286,9 +287,9 @@ def run(ins, outs, attrs, plan: RNNPlan, ws, directions) -> None:
         reverse = directions[d]
         Wd, Rd = W[d], R[d]
         if xt2 is not None:
-            np.matmul(xt2, Wd.T, out=xw.reshape(T * B, G * H))
+            _blas_matmul(xt2, Wd.T, xw.reshape(T * B, G * H))
         else:
-            np.matmul(xt, Wd.T, out=xw)
+            _blas_matmul(xt, Wd.T, xw)
         if Bias is not None:
             wb, rb = Bias[d, :G * H], Bias[d, G * H:]
             xw += wb
@@ -303,7 +304,7 @@ def run(ins, outs, attrs, plan: RNNPlan, ws, directions) -> None:
         act, alpha, beta = plan.act[d], plan.alpha[d], plan.beta[d]
         if plan.cell == "rnn":
             for s in range(T):
-                np.matmul(h, Rd.T, out=hr)
+                _blas_matmul(h, Rd.T, hr)
                 rnn_cell(xw, hr, s, reverse, lens, h, ybuf, d, bt, act, alpha, beta, plan.clip)
         elif plan.cell == "lstm":
             if init_c is not None:
@@ -312,20 +313,20 @@ def run(ins, outs, attrs, plan: RNNPlan, ws, directions) -> None:
                 c.fill(0)
             p = P[d] if P is not None else np.zeros(3 * H, dt)
             for s in range(T):
-                np.matmul(h, Rd.T, out=hr)
+                _blas_matmul(h, Rd.T, hr)
                 lstm_cell(xw, hr, s, reverse, lens, h, c, p, ybuf, d, bt, act, alpha, beta, plan.clip,
                           plan.input_forget)
         elif plan.linear_before_reset:
             rbh = Bias[d, 5 * H:] if Bias is not None else np.zeros(H, dt)
             for s in range(T):
-                np.matmul(h, Rd.T, out=hr)
+                _blas_matmul(h, Rd.T, hr)
                 gru_cell_lbr(xw, hr, rbh, s, reverse, lens, h, ybuf, d, bt, act, alpha, beta, plan.clip)
         else:
             hr2 = hr.reshape(-1)[:B * 2 * H].reshape(B, 2 * H)  # contiguous (B, 2H)
             for s in range(T):
-                np.matmul(h, Rd[:2 * H].T, out=hr2)
+                _blas_matmul(h, Rd[:2 * H].T, hr2)
                 gru_gates_zr(xw, hr2, s, reverse, lens, h, z, rh, act, alpha, beta, plan.clip)
-                np.matmul(rh, Rd[2 * H:].T, out=hh)
+                _blas_matmul(rh, Rd[2 * H:].T, hh)
                 gru_cell_h(xw, hh, s, reverse, lens, h, z, ybuf, d, bt, act, alpha, beta, plan.clip)
         empty = lens == 0
         if len(outs) > 1 and outs[1] is not None:

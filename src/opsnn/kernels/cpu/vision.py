@@ -18,6 +18,7 @@ import numpy as np
 
 from ...errors import ParamInvalidError
 from .conv import ALIGN, workspace_view
+from .mkl import matmul as _blas_matmul
 
 #: below this many output elements the serial variants run (thread fan-out costs ~10 µs)
 PARALLEL_MIN = 1 << 14
@@ -329,7 +330,7 @@ def deform_conv2d(x, w, offset, b, mask, y, plan: DeformPlan, ws) -> None:
             im2col(x[i], off[i], msk[i if has_mask else 0], has_mask, cols, kh, kw, sh, sw, ph, pw, dh, dw,
                    c // og)
             for gi in range(g):
-                np.matmul(wg[gi], cols[gi * rows_g:(gi + 1) * rows_g], out=yv[i, gi * (m // g):(gi + 1) * (m // g)])
+                _blas_matmul(wg[gi], cols[gi * rows_g:(gi + 1) * rows_g], yv[i, gi * (m // g):(gi + 1) * (m // g)])
     if b is not None:
         yv += b.reshape(1, m, 1)
 
