@@ -29,9 +29,13 @@ CLIP = ACTIVATIONS["Clip"]
 #: The AVX2 VM of 2026-12-01 (slower cores, cheaper wake-ups relative to them) disagrees: there
 #: the parallel pass wins from ~100K elements (`conv bias + residual + relu`, (C, HW) rows,
 #: serial vs 2 threads: 100K 78-209 vs 52-88 us, 401K 322 vs 187, 802K 671 vs 628; bias + relu
-#: 401K 347 vs 156, 802K 588 vs 306). 256K is the compromise: it takes the large wins there and
-#: costs at most a few tens of us per call on the AVX-512 VM.
-PARALLEL_MIN = 1 << 18
+#: 401K 347 vs 156, 802K 588 vs 306). 256K was the compromise while the GEMMs ran on OpenBLAS.
+#: Now the GEMM before an epilogue runs on MKL, whose threads are numba's own libgomp pool, still
+#: spinning (GOMP_SPINCOUNT) when the epilogue starts: measured on the AVX-512 VM (2026-12-02,
+#: an MKL GEMM then the epilogue, bias + ReLU (+ residual), (C, HW) rows, parallel vs serial):
+#: 512x49 (25K) 10 vs 41 us, 1024x49 19 vs 71, 256x196 9 vs 26, 1024x196 30 vs 91, 512x784 73
+#: vs 124, 256x3136 115 vs 195; even 32x784 8 vs 9. Hence 32K.
+PARALLEL_MIN = 1 << 15
 PARALLEL_MIN_COSTLY = 1 << 15
 _COSTLY = (ACTIVATIONS["Sigmoid"], ACTIVATIONS["Tanh"], ACTIVATIONS["Gelu"], ACTIVATIONS["GeluTanh"],
            ACTIVATIONS["Swish"])

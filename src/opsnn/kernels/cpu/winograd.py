@@ -72,8 +72,13 @@ TILE2 = 2
 ALPHA2 = 4
 POINTS2 = ALPHA2 * ALPHA2
 #: below this many transform outputs per chunk (points x tiles x channels) the serial transforms
-#: run: waking numba's workers costs more than the ~0.1 ms transform saves (measured, 2 cores)
-PARALLEL_MIN = 1 << 18
+#: run: waking numba's workers would cost more than the split saves. Since the GEMMs run on MKL,
+#: whose threads are numba's own libgomp pool (spinning GOMP_SPINCOUNT after each region), the
+#: workers are awake when a transform starts: whole conv, weights pre-packed, parallel vs serial
+#: transforms, interleaved (2-core AVX-512 VM, 2026-12-02): 128 ch 28x28 F(4x4) 1.19 vs 1.80 ms,
+#: 256 ch 14x14 F(4x4) 1.28 vs 1.72, 512 ch 7x7 F(2x2) 1.64 vs 2.00, down to 128 ch 7x7 F(4x4)
+#: (18K outputs) 0.354 vs 0.386 and 64 ch 14x14 F(2x2) 0.217 vs 0.238 (was 1 << 18 with OpenBLAS)
+PARALLEL_MIN = 1 << 14
 #: tile rows per chunk are chosen so the V + M transform buffers stay near this many bytes,
 #: cache-resident between the transforms and the GEMMs (1-32 MiB measured: batch 1 flat within
 #: noise; batch 8 at 56x56 ~1.5x slower when a chunk's buffers outgrow the caches)
