@@ -150,7 +150,12 @@ class MemoryPool:
         if nbytes < 0:
             raise ParamInvalidError(f"memory.allocate: size must be >= 0, got {nbytes}")
         size = size_class(nbytes)
-        with self._section():
+        # the hot path takes the lock by hand (what _section does, without a generator's cost)
+        lock = self._lock
+        lock.acquire()
+        outer = not self._busy
+        self._busy = True
+        try:
             bucket = self._free.get(size)
             if bucket:
                 block = bucket.pop()
@@ -185,15 +190,25 @@ class MemoryPool:
             if self._current > self._peak:
                 self._peak = self._current
             self._live[id(block)] = block
+        finally:
+            if outer:
+                self._busy = False
+            lock.release()
+        if outer and self._deferred:
+            self._drain()
         if hooks.active:
             hooks.emit("alloc", {"block": block, "bytes": size, "tag": tag})
         return block
 
     def free(self, block: Block) -> None:
-        with self._section() as outer:
-            if not outer:  # a finalizer inside a critical section of this thread: done when it ends
-                self._deferred.append(block)
-                return
+        lock = self._lock  # by hand, as in allocate
+        lock.acquire()
+        if self._busy:  # a finalizer inside a critical section of this thread: done when it ends
+            self._deferred.append(block)
+            lock.release()
+            return
+        self._busy = True
+        try:
             if not block.live:
                 return
             block.live = False
@@ -202,6 +217,11 @@ class MemoryPool:
             self._n_free += 1
             self._live.pop(id(block), None)
             self._free[block.size].append(block)
+        finally:
+            self._busy = False
+            lock.release()
+            if self._deferred:
+                self._drain()
         if hooks.active:
             hooks.emit("free", {"block": block, "bytes": block.size})
 

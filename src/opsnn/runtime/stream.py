@@ -77,7 +77,7 @@ class Stream:
         if self.inline:
             self._submitted += 1
             seq = self._submitted
-            self._run(seq, fn, name, info, time.perf_counter())
+            self._run(seq, fn, name, info, time.perf_counter() if hooks.active else 0.0)
             if self._failed:
                 self._raise_errors()
             return seq
