@@ -11,6 +11,9 @@ MKL packed 62 ms (350 GFLOP/s).
 
 MKL is an optional dependency (PyPI ``mkl``, x86-64): when it is not installed, or
 ``OPSNN_MKL=0``, :func:`unavailable` says why and the BLAS kernels through numpy run instead.
+When it is available, every float32 product of the CPU kernels runs on it (:func:`matmul`,
+:func:`gemm2d`: packed or not), never on numpy's OpenBLAS, whose idle workers would otherwise
+spin next to the OpenMP pool (see :func:`matmul`).
 MKL runs its GNU OpenMP threading layer, i.e. the same libgomp thread pool numba's ``omp``
 layer uses (``OMP_WAIT_POLICY=PASSIVE`` applies to both, see :mod:`opsnn.kernels.cpu`), so
 the two never spin against each other; without libgomp it runs sequentially. The thread
@@ -322,10 +325,12 @@ def gemm2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
         if lay is None or not inc_x or not inc_y:
             return False
         trans, ld = lay
-        rows, cols = mat.shape if trans == _NO_TRANS else mat.shape[::-1]  # as stored, row-major
+        if trans == _TRANS:  # stored as mat.T row-major: the product transposes the other way
+            t_row = _NO_TRANS if t_row == _TRANS else _TRANS
+        rows, cols = mat.shape if trans == _NO_TRANS else mat.shape[::-1]  # as stored
         _lib.set_threads_local(_threads())
-        _lib.gemv(_ROW_MAJOR, t_row if trans == _NO_TRANS else (_NO_TRANS if t_row == _TRANS else _TRANS),
-                  rows, cols, 1.0, mat.ctypes.data, ld, vec.ctypes.data, inc_x, 0.0, res.ctypes.data, inc_y)
+        _lib.gemv(_ROW_MAJOR, t_row, rows, cols, 1.0, mat.ctypes.data, ld, vec.ctypes.data, inc_x, 0.0,
+                  res.ctypes.data, inc_y)
         return True
     la, lb, lc = _operand(a), _operand(b), _operand(out)
     if la is None or lb is None or lc is None or lc[0] != _NO_TRANS:
