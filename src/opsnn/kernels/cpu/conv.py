@@ -45,7 +45,8 @@ import numba as nb
 import numpy as np
 
 from . import mkl as _mkl
-from .fused import epilogue
+from .fused import ACTIVATIONS, epilogue
+from .gemm import KIND_BF16, _narrow, _widen, add_bf16_rows, narrow_bf16_rows
 
 #: below this many column elements the serial im2col/col2im variant runs
 PARALLEL_MIN = 1 << 15
@@ -565,6 +566,99 @@ def conv_forward(x, w, b, y, plan: ConvPlan, ws, packed=None) -> None:
                     _im2col_nd_band(xv[i], col, plan, o0, rows)
                 _gemm(wv, col, yv[i][:, :, o0 * inner:o0 * inner + q], packed)
     _add_bias(y, b, plan)  # the BIAS_PASS_KINDS: FusedConv moves their bias into its epilogue
+
+
+# -- bfloat16 convolution on MKL's bf16 GEMM (fp32 accumulation) ------------------------------------------
+@nb.njit(parallel=True, nogil=True, cache=True)
+def finish_bf16_rows(acc, acc_u, rbias, z, relu, out):
+    """out (rows, cols) bfloat16 bits = round(act(acc + rbias[r] + z)) in one pass per row (the
+    row stays in cache): ``acc`` float32 (``acc_u`` its uint32 view), ``rbias`` float32 per row
+    or empty, ``z`` bf16 bits (rows, cols) or (0, 0), ``relu`` the activation (else none)."""
+    cols = acc.shape[1]
+    for r in nb.prange(acc.shape[0]):
+        ar = acc[r]
+        b = rbias[r] if rbias.size > 0 else np.float32(0)
+        if z.size > 0:
+            tmp = np.empty(cols, np.uint32)
+            tf = tmp.view(np.float32)
+            _widen(z[r], tmp, tf, KIND_BF16)
+            for c in range(cols):
+                ar[c] += b + tf[c]
+        elif rbias.size > 0:
+            for c in range(cols):
+                ar[c] += b
+        if relu:
+            for c in range(cols):
+                if ar[c] < 0:
+                    ar[c] = 0
+        _narrow(ar, acc_u[r], out[r], KIND_BF16)
+
+
+_EMPTY32 = np.empty(0, np.float32)
+_EMPTY16 = np.empty((0, 0), np.uint16)
+
+
+def bf16_workspace_bytes(plan: ConvPlan) -> int:
+    """Workspace of :func:`conv_forward_bf16`: the bf16 column buffer (im2col) and one band's
+    (all of an image's, 1x1) float32 accumulator."""
+    q = math.prod(plan.out_sp) if plan.kind == "gemm1x1" else plan.band * math.prod(plan.out_sp[1:])
+    cols = 0 if plan.kind == "gemm1x1" else math.prod(plan.col_shape) * 2 + ALIGN
+    return cols + plan.m * q * 4 + ALIGN
+
+
+def conv_forward_bf16(x, y, plan: ConvPlan, ws, w2, bias=None, z=None, code: int = 0, alpha: float = 0.0,
+                      beta: float = 0.0) -> None:
+    """y = act(conv(x, W) + bias + z) for bfloat16 ``x``, ``z``, ``y`` (group 1, 1x1 or 2-D im2col
+    plans; ``w2``: the weight's bits as a (M, C*kh*kw) uint16 matrix); each image (im2col: each
+    band of output rows) is one MKL bf16 GEMM (:func:`opsnn.kernels.cpu.mkl.gemm2d_bf16`) into a
+    float32 accumulator,
+    whose epilogue (``bias`` float32 per output channel, residual, activation ``code``) runs in
+    float32 before one rounding to bfloat16."""
+    n, m = plan.n, plan.m
+    p = math.prod(plan.out_sp)
+    yv = y.view(np.uint16).reshape(n, m, p)
+    if n == 0 or yv.size == 0:
+        return
+    zv = None if z is None else z.view(np.uint16).reshape(n, m, p)
+    xv = x.view(np.uint16).reshape((n, plan.c) + plan.in_sp)
+    q_max = p if plan.kind == "gemm1x1" else plan.band * math.prod(plan.out_sp[1:])
+    off = 0
+    if plan.kind != "gemm1x1":
+        ncol = math.prod(plan.col_shape)
+        flat = workspace_view(ws, np.uint16, (ncol,))
+        off = ncol * 2 + ALIGN
+    acc_all = workspace_view(ws[off:], np.float32, (m * q_max,))
+
+    def finish(acc, i, c0, q):
+        zq = None if zv is None else zv[i][:, c0:c0 + q]
+        if code in (ACTIVATIONS[""], ACTIVATIONS["Relu"]):  # one pass
+            finish_bf16_rows(acc, acc.view(np.uint32), _EMPTY32 if bias is None else bias,
+                             _EMPTY16 if zq is None else zq, code == ACTIVATIONS["Relu"], yv[i][:, c0:c0 + q])
+            return
+        if zq is not None:
+            add_bf16_rows(acc, zq)
+        epilogue(acc, None, None, code, alpha, beta, row_bias=bias)
+        narrow_bf16_rows(acc.view(np.uint32), yv[i][:, c0:c0 + q])
+
+    if plan.kind == "gemm1x1":
+        for i in range(n):
+            acc = acc_all[:m * p].reshape(m, p)
+            _mkl.gemm2d_bf16(w2, xv[i].reshape(plan.c, p), acc)
+            finish(acc, i, 0, p)
+        return
+    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
+    im2col = im2col2d_parallel if plan.parallel else im2col2d_serial
+    inner = math.prod(plan.out_sp[1:])
+    gk = plan.col_shape[1]
+    for i in range(n):
+        for o0 in range(0, plan.out_sp[0], plan.band):
+            rows = min(plan.band, plan.out_sp[0] - o0)
+            q = rows * inner
+            col = flat[:gk * q].reshape(gk, q)
+            im2col(xv[i], col, kh, kw, sh, sw, ph, pw, dh, dw, o0, rows, inner)
+            acc = acc_all[:m * q].reshape(m, q)
+            _mkl.gemm2d_bf16(w2, col, acc)
+            finish(acc, i, o0 * inner, q)
 
 
 def _im2col_nd_band(x, col, plan: ConvPlan, o0: int, rows: int) -> None:

@@ -27,6 +27,8 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
+from . import mkl as _mkl
+from .fused import epilogue
 from .mkl import matmul as _blas_matmul
 
 #: largest |sum of products| that float64 accumulates exactly (2**53)
@@ -238,6 +240,52 @@ def _narrow(src_f, src_u, dst, kind):
             dst[k] = np.uint16(_half_bits(src_u[k], src_f[k]))
 
 
+#: elements per task of the flat bfloat16 conversions (parallel over such blocks)
+_CONVERT_BLOCK = 1 << 15
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def bf16_to_f32(src, dst_u):
+    """bfloat16 bits ``src`` (uint16, flat, contiguous) -> float32 bits in ``dst_u`` (uint32)."""
+    n = src.shape[0]
+    for blk in nb.prange(-(-n // _CONVERT_BLOCK)):
+        lo = blk * _CONVERT_BLOCK
+        hi = min(n, lo + _CONVERT_BLOCK)
+        for k in range(lo, hi):
+            dst_u[k] = np.uint32(src[k]) << np.uint32(16)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def f32_to_bf16(src_f, src_u, dst):
+    """float32 ``src_f`` (``src_u``: its uint32 view; flat, contiguous) -> bfloat16 bits in ``dst``
+    (uint16), rounded to nearest even; NaN stays NaN."""
+    n = dst.shape[0]
+    for blk in nb.prange(-(-n // _CONVERT_BLOCK)):
+        lo = blk * _CONVERT_BLOCK
+        hi = min(n, lo + _CONVERT_BLOCK)
+        _narrow(src_f[lo:hi], src_u[lo:hi], dst[lo:hi], KIND_BF16)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def add_bf16_rows(acc, z):
+    """acc (rows, cols) float32 += z (rows, cols), bfloat16 bits (uint16, any strides)."""
+    for r in nb.prange(acc.shape[0]):
+        tmp = np.empty(acc.shape[1], np.uint32)
+        _widen(z[r], tmp, tmp.view(np.float32), KIND_BF16)
+        tf = tmp.view(np.float32)
+        ar = acc[r]
+        for c in range(ar.shape[0]):
+            ar[c] += tf[c]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def narrow_bf16_rows(acc_u, out):
+    """out (rows, cols) bfloat16 bits (uint16, any strides) = acc rounded to nearest even
+    (``acc_u``: the float32 accumulator's uint32 view)."""
+    for r in nb.prange(acc_u.shape[0]):
+        _narrow(acc_u[r].view(np.float32), acc_u[r], out[r], KIND_BF16)
+
+
 @nb.njit(nogil=True, cache=True, inline="always")
 def _lowp_panel(a, b, out, j0, nc, kind, bp_u, bp, ar_u, ar, acc_u, acc):
     # one column panel out[:, j0:j0 + w] = a @ b[:, j0:j0 + w]
@@ -443,3 +491,40 @@ def linear_packed(ins, outs, attrs, plan: PackedPlan, ws):
         res += b if b.dtype == ct else b.astype(ct)
     if out.dtype != ct:
         np.copyto(out.reshape(-1, plan.n), res, casting="unsafe")
+
+
+# -- bfloat16 on MKL's bf16 GEMM (cblas_gemm_bf16bf16f32: AMX / AVX512-BF16) ---------------------------------
+class Bf16Plan(NamedTuple):
+    """A constant right operand's bits as a (K, N) uint16 view (``w``: the weight as stored, or a
+    transposed view of it; MKL reads it as it is), plus what the epilogue adds in float32:
+    ``bias`` per output column (Linear's b; Gemm's beta * C when it broadcasts along rows) or None."""
+
+    w: np.ndarray
+    bias: np.ndarray | None
+
+    def describe(self) -> str:
+        extra = "; bias widened to float32 at prepare" if self.bias is not None else ""
+        return (f"bfloat16 weight ({self.w.shape[0]}x{self.w.shape[1]}) read as stored by MKL's bf16 GEMM; fp32 "
+                f"accumulation, one rounding to bfloat16{extra}")
+
+
+def bf16_workspace(out_shape: tuple) -> int:
+    """Bytes of the float32 accumulator :func:`matmul_bf16` needs for an output of ``out_shape``."""
+    return math.prod(out_shape) * 4 + 64
+
+
+def matmul_bf16(a: np.ndarray, plan: Bf16Plan, out: np.ndarray, ws, alpha: float = 1.0, bias=None, z=None,
+                code: int = 0, act_alpha: float = 0.0, act_beta: float = 0.0) -> None:
+    """out (bfloat16) = round(act(alpha * a @ B + bias + z)): ``a`` (..., K) bfloat16, B (K, N) in
+    ``plan``; the product accumulates in float32 in the workspace, where the epilogue runs (``bias``
+    float32 per column, ``z`` bfloat16 like ``out``), before one rounding."""
+    k, n = plan.w.shape
+    a2 = np.ascontiguousarray(a).view(np.uint16).reshape(-1, k)
+    rows = a2.shape[0]
+    shift = (-ws.ctypes.data) % 64
+    acc = ws[shift:shift + rows * n * 4].view(np.float32).reshape(rows, n)
+    _mkl.gemm2d_bf16(a2, plan.w, acc, alpha)
+    if z is not None:
+        add_bf16_rows(acc, np.ascontiguousarray(z).view(np.uint16).reshape(rows, n))
+    epilogue(acc, bias, None, code, act_alpha, act_beta)
+    narrow_bf16_rows(acc.view(np.uint32), out.view(np.uint16).reshape(rows, n))

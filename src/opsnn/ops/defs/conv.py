@@ -578,6 +578,71 @@ def _packed_conv(ins, outs, attrs, plan, ws):
     K.conv_forward(ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], plan.conv, ws, plan.packed)
 
 
+# -- bfloat16 on MKL's bf16 GEMM --------------------------------------------------------------------------
+def bf16_rejection(ctx) -> str | None:
+    """None when the bfloat16 MKL conv (``conv_mkl_bf16``) can run ``ctx``, else why not."""
+    why = KM.bf16_unavailable()
+    if why is not None:
+        return why
+    if ctx.dtype(0) != _dt.bfloat16 or ctx.dtype(1) != _dt.bfloat16:
+        return f"bfloat16 input and weight only, got {_dt.name(ctx.dtype(0))} and {_dt.name(ctx.dtype(1))}"
+    if ctx.value(1) is None:
+        return "the weight is not a constant known at prepare time (graph initializer)"
+    if int(ctx.attrs["group"]) != 1:
+        return "group 1 only"
+    if 0 in ctx.shape(1)[:2]:
+        return "empty weight"
+    if _is_1x1(ctx) is True:
+        return None
+    ok = _im2col2d_applies(ctx)
+    return None if ok is True else ok
+
+
+class Bf16Conv(NamedTuple):
+    """A 1x1 or im2col plan over bfloat16 columns, the weight's bits as a (M, C*kh*kw) uint16
+    matrix (read by MKL as it is) and the bias (when constant) widened to float32 once."""
+
+    conv: K.ConvPlan
+    w2: np.ndarray
+    bias: np.ndarray | None
+
+    @property
+    def kind(self) -> str:
+        return self.conv.kind
+
+    @property
+    def workspace_bytes(self) -> int:
+        return K.bf16_workspace_bytes(self.conv)
+
+    def describe(self) -> str:
+        return (f"{self.conv.describe().replace('then BLAS', 'then MKL bf16 GEMM')} on the bfloat16 weight as "
+                "stored; fp32 accumulation and epilogue, one rounding to bfloat16")
+
+
+def bf16_conv_plan(ctx) -> Bf16Conv:
+    kind = "gemm1x1" if _is_1x1(ctx) is True else "im2col2d"
+    p = _conv_planner(kind, itemsize_of=lambda dt: 2)(ctx)
+    w = np.asarray(ctx.value(1))
+    b = ctx.value(2) if ctx.has(2) else None
+    bias = None if b is None else np.asarray(b).astype(np.float32)
+    return Bf16Conv(p, np.ascontiguousarray(w.view(np.uint16).reshape(w.shape[0], -1)), bias)
+
+
+def bf16_bias(ins, plan: Bf16Conv):
+    """The float32 bias: the plan's (constant) or this call's input widened."""
+    if plan.bias is not None or len(ins) < 3 or ins[2] is None:
+        return plan.bias
+    return ins[2].astype(np.float32)
+
+
+def _bf16_conv(ins, outs, attrs, plan, ws):
+    K.conv_forward_bf16(ins[0], outs[0], plan.conv, ws, plan.w2, bf16_bias(ins, plan))
+
+
+Conv.kernel("conv_mkl_bf16", dtypes=(_dt.bfloat16,), priority=36, applies=lambda ctx: bf16_rejection(ctx) or True,
+            plan=bf16_conv_plan, workspace=_workspace,
+            doc="bfloat16 1x1 / im2col conv with a constant weight: MKL's bf16 GEMM (cblas_gemm_bf16bf16f32: "
+            "AMX / AVX512-BF16) on the weight as stored, fp32 accumulation, one rounding")(_bf16_conv)
 Conv.kernel("conv_1x1_mkl_packed", dtypes=(_dt.float32,), priority=35, applies=_packed_applies(_is_1x1),
             plan=_packed_planner("gemm1x1"), doc="1x1 stride-1 unpadded, constant weight: the weight packed once at "
             "prepare by Intel MKL (cblas_sgemm_pack), one cblas_sgemm_compute per image")(_packed_conv)

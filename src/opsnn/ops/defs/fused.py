@@ -10,6 +10,9 @@ from ... import dtypes as _dt
 from ...errors import InferShapeError, ParamInvalidError
 from ...kernels.cpu import conv as KC
 from ...kernels.cpu import fused as K
+from .conv import bf16_bias, bf16_conv_plan, bf16_rejection as conv_bf16_rejection
+from .matmul import bf16_bias_columns, bf16_matmul_plan, bf16_rejection as mm_bf16_rejection
+from ...kernels.cpu import gemm as KG
 from ..registry import Attr, InferContext, Input, TensorMeta, get_op, register_op, select_kernel
 
 _F32_64 = (_dt.float32, _dt.float64)
@@ -128,6 +131,28 @@ FusedConv.kernel("conv_epilogue", dtypes=_F32_64, priority=10, plan=_fused_conv_
                  workspace=lambda ctx, plan: plan["ws"])(_fused_conv_kernel)
 
 
+def _fused_conv_bf16_applies(ctx):
+    return conv_bf16_rejection(_inner_ctx(ctx, "Conv", 3, _conv_attrs(ctx.attrs))) or True
+
+
+def _fused_conv_bf16_plan(ctx):
+    inner = _inner_ctx(ctx, "Conv", 3, _conv_attrs(ctx.attrs))
+    return {"conv": bf16_conv_plan(inner), "code": _act_code("FusedConv", ctx.attrs)}
+
+
+def _fused_conv_bf16(ins, outs, attrs, plan, ws):
+    p = plan["conv"]
+    z = ins[3] if len(ins) > 3 else None
+    KC.conv_forward_bf16(ins[0], outs[0], p.conv, ws, p.w2, bf16_bias(ins, p), z, plan["code"],
+                         attrs["activation_alpha"], attrs["activation_beta"])
+
+
+FusedConv.kernel("conv_epilogue_mkl_bf16", dtypes=(_dt.bfloat16,), priority=11, applies=_fused_conv_bf16_applies,
+                 plan=_fused_conv_bf16_plan, workspace=lambda ctx, plan: plan["conv"].workspace_bytes,
+                 doc="bfloat16: the conv_mkl_bf16 GEMM into a float32 accumulator, bias + residual + activation "
+                 "on it, one rounding to bfloat16")(_fused_conv_bf16)
+
+
 # -- FusedMatMul ---------------------------------------------------------------------------------------
 def _fused_mm_infer(ctx):
     inner = _inner_ctx(ctx, "MatMul", 2, {})
@@ -172,6 +197,30 @@ FusedMatMul = register_op(
     flops=lambda ctx: 2 * int(np.prod(ctx.outputs[0].shape)) * int(ctx.shape(0)[-1]) if ctx.outputs else 0,
     doc="act(A @ B + bias + Z): BLAS GEMM, then one in-place epilogue pass")
 FusedMatMul.kernel("matmul_epilogue", dtypes=_F32_64, priority=10, plan=_fused_mm_plan)(_fused_mm_kernel)
+
+def _fused_mm_bf16_applies(ctx):
+    return mm_bf16_rejection(_inner_ctx(ctx, "MatMul", 2, {})) or True
+
+
+def _fused_mm_bf16_plan(ctx):
+    inner = _inner_ctx(ctx, "MatMul", 2, {})
+    n = ctx.outputs[0].shape[-1]
+    return {"mm": bf16_matmul_plan(inner), "code": _act_code("FusedMatMul", ctx.attrs),
+            "bias": bf16_bias_columns(ctx.value(2), n) if ctx.has(2) else None}
+
+
+def _fused_mm_bf16(ins, outs, attrs, plan, ws):
+    b = plan["bias"]
+    if b is None and len(ins) > 2 and ins[2] is not None:
+        b = np.broadcast_to(ins[2].astype(np.float32), (outs[0].shape[-1],))
+    KG.matmul_bf16(ins[0], plan["mm"], outs[0], ws, bias=b, z=ins[3] if len(ins) > 3 else None, code=plan["code"],
+                   act_alpha=attrs["activation_alpha"], act_beta=attrs["activation_beta"])
+
+
+FusedMatMul.kernel("matmul_epilogue_mkl_bf16", dtypes=(_dt.bfloat16,), priority=11, applies=_fused_mm_bf16_applies,
+                   plan=_fused_mm_bf16_plan, workspace=lambda ctx, plan: KG.bf16_workspace(ctx.outputs[0].shape),
+                   doc="bfloat16 with a constant B: MKL's bf16 GEMM into a float32 accumulator, bias + residual + "
+                   "activation on it, one rounding")(_fused_mm_bf16)
 
 __all__: list[str] = []
 

@@ -154,6 +154,43 @@ def _matmul_mkl(ins, outs, attrs, plan, ws):
     KM.gemm(ins[0].reshape(-1, plan.k), plan, outs[0].reshape(-1, plan.n))
 
 
+def bf16_rejection(ctx, weight_index: int = 1) -> str | None:
+    """None when MKL's bfloat16 GEMM can run this product: bfloat16 operands, a constant 2-D
+    right operand known at prepare time."""
+    why = KM.bf16_unavailable()
+    if why is not None:
+        return why
+    if ctx.dtype(0) != _dt.bfloat16 or ctx.dtype(weight_index) != _dt.bfloat16:
+        return f"bfloat16 operands only, got {_dt.name(ctx.dtype(0))} and {_dt.name(ctx.dtype(weight_index))}"
+    if ctx.value(weight_index) is None:
+        return "the weight is not a constant known at prepare time (graph initializer)"
+    if len(ctx.shape(weight_index)) != 2 or min(ctx.shape(weight_index)) == 0:
+        return "needs a non-empty 2-D constant weight"
+    return None
+
+
+def bf16_bias_columns(value, n: int):
+    """A constant bias as float32 per output column, or None when it does not broadcast that way."""
+    if value is None:
+        return None
+    b = np.asarray(value).astype(np.float32)
+    return b.reshape(-1) if b.size == n and b.ndim <= 2 and (b.ndim < 2 or b.shape[0] == 1) else None
+
+
+def bf16_matmul_plan(ctx, transpose: bool = False, weight_index: int = 1) -> K.Bf16Plan:
+    w = np.ascontiguousarray(np.asarray(ctx.value(weight_index)).view(np.uint16))
+    return K.Bf16Plan(w.T if transpose else w, None)
+
+
+def _bf16_ws(ctx, plan):
+    return K.bf16_workspace(ctx.outputs[0].shape)
+
+
+MatMul.kernel("matmul_mkl_bf16", dtypes=(_dt.bfloat16,), priority=35,
+              applies=lambda ctx: bf16_rejection(ctx) or True, plan=bf16_matmul_plan, workspace=_bf16_ws,
+              doc="bfloat16 with a constant B: MKL's bf16 GEMM (cblas_gemm_bf16bf16f32: AMX / AVX512-BF16) on "
+              "the weight as stored, fp32 accumulation, one rounding")(lambda ins, outs, attrs, plan, ws: K.matmul_bf16(
+                  ins[0], plan, outs[0], ws))
 MatMul.kernel("matmul_mkl_packed", dtypes=(_dt.float32,), priority=30, applies=_mkl_packed_applies,
               plan=_matmul_mkl_plan,
               doc="constant B packed once at prepare by Intel MKL (cblas_sgemm_pack); per call one "
@@ -244,6 +281,43 @@ Gemm.kernel("gemm_blas", dtypes=_F32_64, priority=10, strided=True,
             doc="OpenBLAS GEMM reading transposed operands in place; alpha/beta/C applied in place")(K.gemm)
 
 
+def _gemm_bf16_applies(ctx):
+    why = bf16_rejection(ctx)
+    if why is not None:
+        return why
+    if ctx.attrs["transA"]:
+        return "transA=0 only"
+    if ctx.has(2) and ctx.value(2) is not None and bf16_bias_columns(ctx.value(2), ctx.outputs[0].shape[-1]) is None:
+        return "C must be a per-column bias (shape (N,) or (1, N)) when constant"
+    return True
+
+
+def _gemm_bf16_plan(ctx):
+    p = bf16_matmul_plan(ctx, transpose=bool(ctx.attrs["transB"]))
+    c = ctx.value(2) if ctx.has(2) else None
+    bias = bf16_bias_columns(c, ctx.outputs[0].shape[-1])
+    if bias is not None:
+        bias = bias * np.float32(ctx.attrs["beta"])
+    return p._replace(bias=bias)
+
+
+def _gemm_bf16(ins, outs, attrs, plan, ws):
+    c = ins[2] if len(ins) > 2 else None
+    z = None
+    if plan.bias is None and c is not None and attrs["beta"] != 0.0:
+        if attrs["beta"] == 1.0 and c.shape == outs[0].shape:
+            z = c  # a full C joins as the residual
+        else:
+            z = np.broadcast_to((c.astype(np.float32) * np.float32(attrs["beta"])).astype(c.dtype), outs[0].shape)
+    K.matmul_bf16(ins[0], plan, outs[0], ws, alpha=attrs["alpha"], bias=plan.bias, z=z)
+
+
+Gemm.kernel("gemm_mkl_bf16", dtypes=(_dt.bfloat16,), priority=35, applies=_gemm_bf16_applies,
+            plan=_gemm_bf16_plan, workspace=_bf16_ws,
+            doc="bfloat16 with a constant B: MKL's bf16 GEMM on the weight as stored, alpha in the GEMM, "
+            "beta * C in the fp32 epilogue, one rounding")(_gemm_bf16)
+
+
 @api("gemm", "Gemm")
 def gemm(a, b, c=None, alpha=1.0, beta=1.0, trans_a=False, trans_b=False):
     """``alpha * op(a) @ op(b) + beta * c`` for 2-D ``a``, ``b`` (ONNX Gemm).
@@ -310,6 +384,22 @@ Linear.kernel("linear_mkl_packed", dtypes=(_dt.float32,), priority=30, applies=_
               plan=lambda ctx: KM.pack(ctx.value(1), _rows(ctx.shape(0)), transpose=True),
               doc="constant W packed once at prepare by Intel MKL as W^T (cblas_sgemm_pack); per call one "
               "cblas_sgemm_compute, bias added in place")(_linear_mkl)
+def _linear_bf16_plan(ctx):
+    p = bf16_matmul_plan(ctx, transpose=True)
+    return p._replace(bias=bf16_bias_columns(ctx.value(2), ctx.outputs[0].shape[-1]) if ctx.has(2) else None)
+
+
+def _linear_bf16(ins, outs, attrs, plan, ws):
+    b = plan.bias
+    if b is None and len(ins) > 2 and ins[2] is not None:
+        b = ins[2].astype(np.float32)
+    K.matmul_bf16(ins[0], plan, outs[0], ws, bias=b)
+
+
+Linear.kernel("linear_mkl_bf16", dtypes=(_dt.bfloat16,), priority=35,
+              applies=lambda ctx: bf16_rejection(ctx) or True, plan=_linear_bf16_plan, workspace=_bf16_ws,
+              doc="bfloat16 with a constant W: MKL's bf16 GEMM reading W^T in place, bias in the fp32 "
+              "epilogue, one rounding")(_linear_bf16)
 Linear.kernel("linear_prepacked", dtypes=FLOAT, priority=20, applies=_prepacked_applies,
               plan=lambda ctx: K.pack_weight(ctx.value(1), transpose=True), workspace=_packed_workspace,
               doc="constant fp16 W packed once at prepare as fp32 W^T; per call only x is converted"

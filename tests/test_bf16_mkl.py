@@ -1,0 +1,174 @@
+"""bfloat16 kernels on MKL's bf16 GEMM (conv_mkl_bf16, conv_epilogue_mkl_bf16, matmul/gemm/linear
+_mkl_bf16, matmul_epilogue_mkl_bf16) and the fp32 <-> bf16 Cast, against float64 oracles on the
+same bf16-rounded inputs."""
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn.kernels.cpu import mkl as KM
+from opsnn.ops.executor import plan_op
+from opsnn.ops.registry import TensorMeta, get_op
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+needs_bf16 = pytest.mark.skipif(KM.bf16_unavailable() is not None, reason=f"MKL bf16: {KM.bf16_unavailable()}")
+
+
+def _bf(rng, shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(BF16)
+
+
+def _run(op, arrays, constant, attrs, want_kernel, domain=""):
+    """Plan ``op`` on bf16 ``arrays`` (``constant``: indices known at prepare), check the chosen
+    kernel and run it; returns the bf16 output and the float64 oracle on the same inputs."""
+    rec = get_op(op, domain)
+    metas = [None if a is None else TensorMeta(a.shape, a.dtype) for a in arrays]
+    values = [a if i in constant else None for i, a in enumerate(arrays)]
+    planned = plan_op(rec, metas, values, attrs)
+    assert planned.selection.kernel.name == want_kernel, planned.selection.reason
+    out = np.full(planned.ctx.outputs[0].shape, np.nan, np.float32).astype(BF16)
+    ws = np.empty(max(planned.workspace_size, 1), np.uint8)
+    planned.selection.kernel.fn(arrays, [out], planned.ctx.attrs, planned.plan, ws)
+    wide = [None if a is None else a.astype(np.float64) for a in arrays]
+    want = rec.reference([None if a is None else a.astype(np.float32) for a in arrays], planned.ctx.attrs)
+    return out, np.asarray(want, np.float64), wide
+
+
+def _close_bf16(y, want):
+    # one rounding of the fp32-accumulated result to bfloat16: 2**-8 relative, plus the fp32
+    # accumulation order against the float64 oracle
+    assert y.shape == want.shape
+    scale = max(np.abs(want).max(initial=0.0), 1e-6)
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=2 ** -8, atol=2e-3 * scale)
+
+
+@needs_bf16
+@pytest.mark.parametrize("xshape,wshape,attrs", [
+    ((1, 16, 9, 9), (8, 16, 1, 1), {}),                                   # 1x1: the image is the column matrix
+    ((2, 16, 9, 7), (12, 16, 3, 3), {"pads": [1, 1, 1, 1]}),              # im2col, batch 2
+    ((1, 3, 23, 23), (8, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # stem-like
+    ((1, 8, 5, 5), (4, 8, 3, 3), {"strides": [3, 3], "pads": [2, 2, 2, 2]}),    # stride > kernel, pad > k/2
+    ((1, 8, 1, 1), (4, 8, 3, 3), {"pads": [1, 1, 1, 1]}),                 # 1x1 image
+    ((2, 6, 17), (5, 6, 3), {"pads": [1, 1], "dilations": [2]}),          # 1-D, dilated
+    ((1, 16, 14, 14), (16, 16, 1, 1), {"strides": [2, 2]}),               # strided 1x1 goes through im2col
+])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_conv_matches_oracle(rng, xshape, wshape, attrs, bias):
+    x, w = _bf(rng, xshape), _bf(rng, wshape, 0.2)
+    arrays = [x, w] + ([_bf(rng, wshape[:1])] if bias else [])
+    y, want, _ = _run("Conv", arrays, {1, 2}, attrs, "conv_mkl_bf16")
+    assert y.dtype == BF16
+    _close_bf16(y, want)
+
+
+@needs_bf16
+@pytest.mark.parametrize("activation", ["Relu", "", "Sigmoid", "LeakyRelu"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_bf16_fused_conv_epilogue(rng, activation, residual):
+    # ReLU / none take the one-pass finish; other activations the three-pass one
+    x, w, b = _bf(rng, (2, 16, 10, 10)), _bf(rng, (24, 16, 3, 3), 0.2), _bf(rng, (24,))
+    z = _bf(rng, (2, 24, 10, 10)) if residual else None
+    attrs = {"pads": [1, 1, 1, 1], "activation": activation, "activation_alpha": 0.1, "activation_beta": 0.0}
+    y, want, _ = _run("FusedConv", [x, w, b, z], {1, 2}, attrs, "conv_epilogue_mkl_bf16", domain="opsnn")
+    _close_bf16(y, want)
+
+
+@needs_bf16
+def test_bf16_conv_needs_a_constant_weight_and_group_1(rng):
+    x, w = _bf(rng, (1, 8, 6, 6)), _bf(rng, (8, 8, 3, 3))
+    rec = get_op("Conv")
+    metas = [TensorMeta(x.shape, x.dtype), TensorMeta(w.shape, w.dtype)]
+    planned = plan_op(rec, metas, [None, None], {"pads": [1, 1, 1, 1]})
+    assert dict(planned.selection.rejected)["conv_mkl_bf16"].startswith("the weight is not a constant")
+    wg = _bf(rng, (8, 4, 3, 3))
+    planned = plan_op(rec, [metas[0], TensorMeta(wg.shape, wg.dtype)], [None, wg], {"pads": [1, 1, 1, 1], "group": 2})
+    assert dict(planned.selection.rejected)["conv_mkl_bf16"] == "group 1 only"
+    # float32 keeps its kernels
+    x32 = x.astype(np.float32)
+    planned = plan_op(rec, [TensorMeta(x32.shape, x32.dtype), TensorMeta(w.shape, np.dtype(np.float32))],
+                      [None, w.astype(np.float32)], {"pads": [1, 1, 1, 1]})
+    assert "bf16" not in planned.selection.kernel.name
+
+
+@needs_bf16
+@pytest.mark.parametrize("ashape,n", [((5, 64), 32), ((1, 2048), 100), ((2, 3, 40), 7), ((0, 16), 4)])
+def test_bf16_matmul_linear_gemm_match_oracle(rng, ashape, n):
+    a = _bf(rng, ashape)
+    k = ashape[-1]
+    w, b = _bf(rng, (n, k), 0.2), _bf(rng, (n,))
+    y, want, _ = _run("MatMul", [a, np.ascontiguousarray(w.T)], {1}, {}, "matmul_mkl_bf16")
+    _close_bf16(y, want)
+    y, want, _ = _run("Linear", [a, w, b], {1, 2}, {}, "linear_mkl_bf16", domain="opsnn")
+    _close_bf16(y, want)
+    if len(ashape) == 2:
+        attrs = {"transB": 1, "alpha": 0.5, "beta": 2.0}
+        y, want, _ = _run("Gemm", [a, w, b], {1, 2}, attrs, "gemm_mkl_bf16")
+        _close_bf16(y, want)
+        # C known only at run time (full shape, beta 1): added in the fp32 epilogue
+        c = _bf(rng, (ashape[0], n))
+        y, want, _ = _run("Gemm", [a, w, c], {1}, {"transB": 1}, "gemm_mkl_bf16")
+        _close_bf16(y, want)
+
+
+@needs_bf16
+@pytest.mark.parametrize("activation", ["Relu", "Gelu"])
+def test_bf16_fused_matmul_epilogue(rng, activation):
+    a, w, b, z = _bf(rng, (6, 48)), _bf(rng, (48, 20), 0.2), _bf(rng, (20,)), _bf(rng, (6, 20))
+    attrs = {"activation": activation, "activation_alpha": 0.0, "activation_beta": 0.0}
+    y, want, _ = _run("FusedMatMul", [a, w, b, z], {1, 2}, attrs, "matmul_epilogue_mkl_bf16", domain="opsnn")
+    _close_bf16(y, want)
+
+
+def test_cast_float32_bfloat16_is_bitwise_ml_dtypes(rng):
+    x = (rng.standard_normal(70001) * 1e3).astype(np.float32)
+    x[:9] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.4e38, 1e-40, -1e-45, 1.0 + 2 ** -8]  # overflow, subnormals, a tie
+    y = opsnn.ops.cast(opsnn.tensor(x), "bfloat16").numpy()
+    want = x.astype(BF16)
+    assert y.dtype == BF16
+    assert np.isnan(y[0].astype(np.float32))
+    np.testing.assert_array_equal(y.view(np.uint16)[1:], want.view(np.uint16)[1:])
+    back = opsnn.ops.cast(opsnn.tensor(want), "float32").numpy()
+    np.testing.assert_array_equal(back.view(np.uint32)[1:], want.astype(np.float32).view(np.uint32)[1:])
+    assert np.isnan(back[0])
+
+
+@needs_bf16
+def test_mixed_precision_resnet_block_runs_on_bf16_kernels(rng):
+    # a bottleneck block with 16-bit Conv/Gemm weights: every conv on MKL's bf16 GEMM, none
+    # through the fp32 adapter (which widened the weights on every call), logits close to fp32
+    from opsnn.graph import mixed_precision
+    from opsnn.models import resnet50, to_onnx
+
+    proto = to_onnx(resnet50(num_classes=10, seed=0)).SerializeToString()
+    x = rng.standard_normal((1, 3, 64, 64)).astype(np.float32)
+    y32 = opsnn.compile(opsnn.onnx.load(proto)).run({"input": x})["logits"].numpy()
+    saved = mixed_precision.policy()
+    try:
+        opsnn.config.allow_mix_precision({"Conv": "bfloat16", "Gemm": "bfloat16", "MatMul": "bfloat16"})
+        cg = opsnn.compile(opsnn.onnx.load(proto))
+    finally:
+        mixed_precision.set_policy(saved)
+    y16 = cg.run({"input": x})["logits"].numpy()
+    text = cg.explain()
+    assert "conv_epilogue_mkl_bf16" in text and "gemm_mkl_bf16" in text
+    assert "adapter" not in text
+    assert np.abs(y16.astype(np.float64) - y32).max() / np.abs(y32).max() < 2e-2
+
+
+def test_bf16_kernels_say_why_not_without_mkl():
+    code = ("import numpy as np, ml_dtypes, opsnn\n"
+            "from opsnn.ops.executor import plan_op\n"
+            "from opsnn.ops.registry import TensorMeta, get_op\n"
+            "bf = np.dtype(ml_dtypes.bfloat16)\n"
+            "w = np.ones((8, 8, 1, 1), bf)\n"
+            "op = plan_op(get_op('Conv'), [TensorMeta((1, 8, 4, 4), bf), TensorMeta(w.shape, bf)], [None, w], {})\n"
+            "print(op.selection.kernel.name, '|', dict(op.selection.rejected)['conv_mkl_bf16'])\n")
+    env = dict(os.environ, OPSNN_MKL="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    name, why = out.stdout.strip().split(" | ")
+    assert "bf16" not in name and why == "disabled by OPSNN_MKL=0"
