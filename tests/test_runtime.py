@@ -1,5 +1,6 @@
 """Runtime: init/finalize, devices, streams (async, overlap, ordering, errors), events, pool."""
 import gc
+import sys
 import os
 import threading
 import time
@@ -285,6 +286,37 @@ def test_garbage_collection_inside_an_allocation_frees_later_not_deadlocks(monke
     assert not pool._deferred and not pool._busy
     pool.free(block)
     assert pool.current_bytes == 0
+
+
+def test_thousands_of_frees_queued_by_a_collection_drain_without_recursion(monkeypatch):
+    """A collection inside the pool's critical section can queue thousands of frees (a model's
+    worth of tensors in reference cycles); they are carried out by one loop when the section
+    ends, not by nested calls (the LLM bench once died of 'maximum recursion depth exceeded')."""
+    from opsnn.runtime import memory
+
+    pool = memory.MemoryPool()
+    n = 3 * sys.getrecursionlimit()
+
+    class Holder:
+        def __del__(self):
+            pool.free(self.block)
+
+    gc.collect()
+    for _ in range(n):
+        h = Holder()
+        h.block, h.me = pool.allocate(256, "cycle"), h
+    del h
+    real = memory.Block.__init__
+
+    def collecting(self, *a, **k):
+        gc.collect()
+        real(self, *a, **k)
+
+    monkeypatch.setattr(memory.Block, "__init__", collecting)
+    block = pool.allocate(1 << 20, "big")  # a new size class: builds a Block, which collects
+    assert not pool._deferred and pool.current_bytes == block.size
+    pool.free(block)
+    assert pool.current_bytes == 0 and pool.summary()["frees"] == n + 1
 
 
 def test_empty_cache_and_cap():

@@ -78,6 +78,7 @@ class MemoryPool:
         self._lock = threading.RLock()
         self._busy = False  # a critical section is running (on the thread holding the lock)
         self._deferred: list[Block] = []
+        self._draining = threading.local()  # .on: this thread is in _drain's loop
         self._free: dict[int, list[Block]] = defaultdict(list)
         self.cap = cap
         self.reset_stats()
@@ -104,12 +105,20 @@ class MemoryPool:
             self._drain()
 
     def _drain(self) -> None:
-        while self._deferred:
-            try:
-                block = self._deferred.pop()
-            except IndexError:  # another thread drained it
-                return
-            self.free(block)
+        # one loop per thread, not one nested call per queued block: each free below ends by
+        # draining again, and a collection can queue thousands of blocks (recursion limit)
+        if getattr(self._draining, "on", False):
+            return
+        self._draining.on = True
+        try:
+            while self._deferred:
+                try:
+                    block = self._deferred.pop()
+                except IndexError:  # another thread drained it
+                    return
+                self.free(block)
+        finally:
+            self._draining.on = False
 
     def set_debug_guards(self, nbytes: int = 64) -> None:
         """Frame every new block with ``nbytes`` guard bytes (0 turns it off); cached blocks
