@@ -126,16 +126,23 @@ def test_float16_and_float64_keep_their_kernels(rng):
 
 
 def test_disabled_by_environment_falls_back_with_a_reason():
-    code = ("import numpy as np, opsnn\n"
+    code = ("import numpy as np, ml_dtypes, opsnn\n"
             "from opsnn.ops.executor import plan_op\n"
             "from opsnn.ops.registry import TensorMeta, get_op\n"
             "x, w = np.ones((4, 16), np.float32), np.ones((16, 8), np.float32)\n"
             "op = plan_op(get_op('MatMul'), [TensorMeta(x.shape, x.dtype), TensorMeta(w.shape, w.dtype)], [None, w], {})\n"
-            "print(op.selection.kernel.name, '|', dict(op.selection.rejected)['matmul_mkl_packed'])\n")
+            "print(op.selection.kernel.name, '|', dict(op.selection.rejected)['matmul_mkl_packed'])\n"
+            "bf = np.dtype(ml_dtypes.bfloat16)\n"  # the bfloat16 kernels too
+            "w = np.ones((8, 8, 1, 1), bf)\n"
+            "op = plan_op(get_op('Conv'), [TensorMeta((1, 8, 4, 4), bf), TensorMeta(w.shape, bf)], [None, w], {})\n"
+            "print(op.selection.kernel.name, '|', dict(op.selection.rejected)['conv_mkl_bf16'])\n")
     env = dict(os.environ, OPSNN_MKL="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "matmul_blas | disabled by OPSNN_MKL=0"
+    first, second = out.stdout.strip().splitlines()
+    assert first == "matmul_blas | disabled by OPSNN_MKL=0"
+    name, why = second.split(" | ")
+    assert "bf16" not in name and why == "disabled by OPSNN_MKL=0"
 
 
 @needs_mkl
