@@ -153,3 +153,15 @@ def test_mixed_precision_resnet_block_runs_on_bf16_kernels(rng):
     assert "conv_epilogue_mkl_bf16" in text and "gemm_mkl_bf16" in text
     assert "adapter" not in text
     assert np.abs(y16.astype(np.float64) - y32).max() / np.abs(y32).max() < 2e-2
+
+
+@needs_bf16
+def test_bf16_epilogue_kernels_decline_a_float32_residual(rng):
+    # the fusion pass only fuses same-dtype adds, but a hand-built FusedConv / FusedMatMul with a
+    # float32 Z must not have its bytes read as bfloat16: the fp32 adapter kernels run it instead
+    x, w = _bf(rng, (1, 8, 6, 6)), _bf(rng, (8, 8, 1, 1))
+    z = rng.standard_normal((1, 8, 6, 6)).astype(np.float32)
+    rec = get_op("FusedConv", "opsnn")
+    metas = [TensorMeta(a.shape, a.dtype) for a in (x, w)] + [None, TensorMeta(z.shape, z.dtype)]
+    planned = plan_op(rec, metas, [None, w, None, None], {"activation": "Relu"})
+    assert dict(planned.selection.rejected)["conv_epilogue_mkl_bf16"] == "the residual Z must be bfloat16 too, got float32"

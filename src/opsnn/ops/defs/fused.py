@@ -131,8 +131,14 @@ FusedConv.kernel("conv_epilogue", dtypes=_F32_64, priority=10, plan=_fused_conv_
                  workspace=lambda ctx, plan: plan["ws"])(_fused_conv_kernel)
 
 
+def _bf16_residual(ctx, idx: int = 3) -> str | None:
+    if ctx.has(idx) and ctx.dtype(idx) != _dt.bfloat16:
+        return f"the residual Z must be bfloat16 too, got {_dt.name(ctx.dtype(idx))}"
+    return None
+
+
 def _fused_conv_bf16_applies(ctx):
-    return conv_bf16_rejection(_inner_ctx(ctx, "Conv", 3, _conv_attrs(ctx.attrs))) or True
+    return conv_bf16_rejection(_inner_ctx(ctx, "Conv", 3, _conv_attrs(ctx.attrs))) or _bf16_residual(ctx) or True
 
 
 def _fused_conv_bf16_plan(ctx):
@@ -199,7 +205,7 @@ FusedMatMul = register_op(
 FusedMatMul.kernel("matmul_epilogue", dtypes=_F32_64, priority=10, plan=_fused_mm_plan)(_fused_mm_kernel)
 
 def _fused_mm_bf16_applies(ctx):
-    return mm_bf16_rejection(_inner_ctx(ctx, "MatMul", 2, {})) or True
+    return mm_bf16_rejection(_inner_ctx(ctx, "MatMul", 2, {})) or _bf16_residual(ctx) or True
 
 
 def _fused_mm_bf16_plan(ctx):

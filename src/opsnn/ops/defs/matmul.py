@@ -287,6 +287,8 @@ def _gemm_bf16_applies(ctx):
         return why
     if ctx.attrs["transA"]:
         return "transA=0 only"
+    if ctx.has(2) and ctx.value(2) is None and ctx.dtype(2) != _dt.bfloat16:
+        return f"a runtime C must be bfloat16 too, got {_dt.name(ctx.dtype(2))}"
     if ctx.has(2) and ctx.value(2) is not None and bf16_bias_columns(ctx.value(2), ctx.outputs[0].shape[-1]) is None:
         return "C must be a per-column bias (shape (N,) or (1, N)) when constant"
     return True
