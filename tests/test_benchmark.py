@@ -22,7 +22,7 @@ def test_small_run_agrees_and_writes_json(tmp_path, capsys):
     assert data["agree"] is True and data["small"] is True
     for key in ("command", "env", "versions", "load_average_start", "load_average_end", "models", "repeat"):
         assert key in data
-    assert set(data["models"]) == set(benchmark.MODELS)
+    assert set(data["models"]) == set(benchmark.MODELS) | {"llama_bfloat16"}
     for name in ("resnet50", "resnet50_b8", "bert"):
         row = data["models"][name]
         assert row["agree"] is True
@@ -37,6 +37,9 @@ def test_small_run_agrees_and_writes_json(tmp_path, capsys):
         assert set(lm[key]) >= {"onnxruntime"}
     for key in ("prefill_ms", "decode_ms_per_token", "tokens_per_s"):
         assert "opsnn" in lm[key]
+    lb = data["models"]["llama_bfloat16"]  # the decoder with bf16 weights: opsnn alone here (no torch, no ORT)
+    assert lb["agree"] is True and lb["dtype"] == "bfloat16" and "onnxruntime" in lb["skipped"]
+    assert lb["decode_ms_per_token"]["opsnn"] > 0 and len(lb["samples"]["opsnn"]) >= 1
     st = data["storage_16bit"]
     assert st["passed"] is True and st["stored_dtypes"] == ["bfloat16"]
     assert st["weight_bytes_16bit"] * 2 <= st["weight_bytes_fp32"] * 1.02

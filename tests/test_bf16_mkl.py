@@ -165,3 +165,50 @@ def test_bf16_epilogue_kernels_decline_a_float32_residual(rng):
     metas = [TensorMeta(a.shape, a.dtype) for a in (x, w)] + [None, TensorMeta(z.shape, z.dtype)]
     planned = plan_op(rec, metas, [None, w, None, None], {"activation": "Relu"})
     assert dict(planned.selection.rejected)["conv_epilogue_mkl_bf16"] == "the residual Z must be bfloat16 too, got float32"
+
+
+def _decoders(bf16_fast: bool):
+    from opsnn.llm import CachedDecoder, KVCache
+
+    cfg = dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=97, max_position=64)
+    lm32, lm16 = opsnn.models.llama(**cfg), opsnn.models.llama(**cfg).to("bfloat16")  # same seed: same weights
+    out = []
+    for lm in (lm32, lm16):
+        cache = KVCache.for_model(lm, max_batch_slots=4, max_seq=32)
+        dec = CachedDecoder(lm, cache)
+        if lm is lm16 and not bf16_fast:
+            dec._bf16 = False  # as without MKL's bf16 GEMM: the Linear op on widened weights
+        out.append((lm, cache, dec))
+    return out
+
+
+@pytest.mark.parametrize("bf16_fast", [pytest.param(True, marks=needs_bf16), False])
+def test_llama_cast_to_bfloat16_decodes_close_to_float32(rng, bf16_fast):
+    # Module.to("bfloat16") keeps the weights in bf16; the decoder keeps float32 activations and
+    # KV cache, widens the norms / RoPE tables once and runs the projections on MKL's bf16 GEMM
+    (lm32, c32, d32), (lm16, c16, d16) = _decoders(bf16_fast)
+    assert lm16.model.layers[0].self_attn.q_proj.weight.dtype == BF16
+    prompt = rng.integers(0, 97, (2, 9))
+    want, got = [], []
+    for cache, dec, res in ((c32, d32, want), (c16, d16, got)):
+        slots = [cache.allocate(), cache.allocate()]
+        res.append(dec.forward(prompt, slots, [0, 0]))                       # prefill (eager)
+        res.append(dec.forward(np.array([[3], [5]]), slots, [9, 9]))         # decode (prepared step)
+        res.append(dec.prefill([(np.array([7, 8]), slots[0], 10), (np.array([1]), slots[1], 10)]))
+        assert cache.keys[0].dtype == np.float32
+    for w, g in zip(want, got):
+        assert g.dtype == np.float32
+        assert np.abs(g - w).max() / np.abs(w).max() < 3e-2
+
+
+@needs_bf16
+def test_bfloat16_decoder_projections_run_on_the_bf16_gemm(rng):
+    from opsnn.tools.profiler import profile
+
+    (_, _, _), (_, cache, dec) = _decoders(True)
+    slots = [cache.allocate()]
+    dec.forward(rng.integers(0, 97, (1, 5)), slots, [0])
+    with profile() as p:
+        dec.forward(np.array([[4]]), slots, [5])
+    kernels = {k.kernel for k in p.kernels if k.op == "Linear"}
+    assert kernels == {"llm_linear_mkl_bf16"}

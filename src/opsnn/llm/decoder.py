@@ -29,9 +29,11 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .. import dtypes as _dt
 from .. import ops
 from ..errors import ParamInvalidError
 from ..kernels.cpu import mkl as _mkl
+from ..kernels.cpu.gemm import f32_to_bf16
 from ..ops.defs.attention import GEMM_MAX_SCORE_BYTES
 from ..runtime import hooks
 from ..runtime.context import context
@@ -68,15 +70,18 @@ class CachedDecoder:
         self.model, self.cache, self.config = model, cache, cfg
         m = model.model
         self.embed = m.embed_tokens.weight
-        self.norm_w, self.eps = m.norm.weight, cfg.rms_norm_eps
-        self.cos, self.sin = m.rope_cos, m.rope_sin
+        # a model cast to bfloat16 (Module.to) keeps its weights in bf16 (half the memory); the
+        # activations, the KV cache and the small vectors stay float32 (the norms' weights and the
+        # RoPE tables are widened once here), and the projections run on MKL's bf16 GEMM (_linear)
+        self.norm_w, self.eps = _f32(m.norm.weight), cfg.rms_norm_eps
+        self.cos, self.sin = _f32(m.rope_cos), _f32(m.rope_sin)
         self.out_w = model.output_weight
         self._scale = 1.0 / float(np.sqrt(cfg.head_dim))  # the Attention op's default scale
         self.layers = []
         for layer in m.layers:
             p = _Layer()
             a, mlp = layer.self_attn, layer.mlp
-            p.ln1, p.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+            p.ln1, p.ln2 = _f32(layer.input_layernorm.weight), _f32(layer.post_attention_layernorm.weight)
             p.wq, p.wk, p.wv, p.wo = a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight
             p.wg, p.wu, p.wd = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
             self.layers.append(p)
@@ -84,6 +89,7 @@ class CachedDecoder:
         # forward and decode step whatever its row count, and by every decoder of the model
         # (generate() builds one per call): see _linear
         self._packs = None if _mkl.unavailable() else _model_packs(model)
+        self._bf16 = _mkl.bf16_unavailable() is None  # bf16 weights: MKL's bf16 GEMM (else widened per call)
         # decode steps (one token per row, any slots) replay executors prepared once per row
         # count bucket: see _DecodeStep
         self._steps: "OrderedDict[int, _DecodeStep]" = OrderedDict()
@@ -132,7 +138,7 @@ class CachedDecoder:
         t_end = int(starts.max()) + S
         algo = "attention_gemm" if 4 * (hi - lo) * Hq * S * t_end <= GEMM_MAX_SCORE_BYTES else None
 
-        h = ops.embedding(as_tensor(tokens), self.embed)
+        h = self._embed(as_tensor(tokens))
         for i, p in enumerate(self.layers):
             x = ops.rms_norm(h, H, p.ln1, eps=self.eps)
             q = ops.rotary_embedding(self._linear(x, p.wq), self.cos, self.sin, pos, num_heads=Hq)
@@ -192,7 +198,7 @@ class CachedDecoder:
         N = int(ends[-1])
         pos = as_tensor(np.concatenate([st + np.arange(n, dtype=np.int64) for st, n in zip(starts, lens)])[None])
         cache.lengths[slots] = starts + lens
-        h = ops.embedding(as_tensor(np.concatenate(toks)[None]), self.embed)  # (1, N, H)
+        h = self._embed(as_tensor(np.concatenate(toks)[None]))  # (1, N, H)
         for i, p in enumerate(self.layers):
             x = ops.rms_norm(h, H, p.ln1, eps=self.eps)
             q = ops.rotary_embedding(self._linear(x, p.wq), self.cos, self.sin, pos, num_heads=Hq).numpy()
@@ -221,10 +227,17 @@ class CachedDecoder:
         logits = self._linear(ops.rms_norm(last, H, self.norm_w, eps=self.eps), self.out_w).numpy()
         return logits.reshape(len(chunks), -1)
 
+    def _embed(self, tokens: Tensor) -> Tensor:
+        h = ops.embedding(tokens, self.embed)
+        return h if h.dtype == _F32 else ops.cast(h, "float32")
+
     def _packed(self, w: Tensor, rows: int):
         """How MKL multiplies ``rows`` rows by the projection weight ``w`` (N, K): its packed
         panel (packed on first use) for two or more rows, the weight itself (``cblas_sgemv``)
-        for one; None without MKL or for a non-float32 weight (the Linear op runs then)."""
+        for one, a :class:`_Bf16Weight` for a bfloat16 weight; None without MKL or for another
+        dtype (the Linear op runs then)."""
+        if w.dtype == _BF16 and w.ndim == 2 and self._bf16:
+            return _Bf16Weight(w.numpy().view(np.uint16))
         if self._packs is None or w.dtype != _F32 or w.ndim != 2:
             return None
         if rows < 2:  # a matrix-vector product streams the weight once: packing buys nothing
@@ -245,7 +258,7 @@ class CachedDecoder:
         have OpenBLAS's spinning workers fight the OpenMP pool that MKL shares with numba."""
         p = self._packed(w, int(np.prod(x.shape[:-1])))
         if p is None:
-            return ops.linear(x, w)
+            return ops.linear(x, w if w.dtype == x.dtype else ops.cast(w, x.dtype))
         xa = np.ascontiguousarray(x.numpy(), dtype=_F32)
         n = _out_features(p)
         out = _alloc_array(xa.shape[:-1] + (n,), _F32, "llm linear")
@@ -343,11 +356,15 @@ class _DecodeStep:
         def linear(x, w):  # the Linear op's executor, or the decoder's MKL-packed weight on fixed buffers
             pw = dec._packed(w, R)
             if pw is None:
+                if w.dtype != x.dtype:  # bf16 weights without MKL's bf16 GEMM: widened every step
+                    w = add(aclnn.cast.prepare(w, "float32"))
                 return aclnn.linear.prepare(x, w)
             out = Tensor(_alloc_array(x.shape[:-1] + (_out_features(pw),), _F32, "llm decode linear"))
             return _PackedLinearStep(x.numpy().reshape(-1, x.shape[-1]), pw, out)
 
         h = add(aclnn.embedding.prepare(self.tokens, dec.embed))
+        if h.dtype != _F32:  # a bf16 model's table: rows widened to the float32 activations
+            h = add(aclnn.cast.prepare(h, "float32"))
         for i, p in enumerate(dec.layers):
             x = add(aclnn.rms_norm.prepare(h, H, p.ln1, eps=dec.eps))
             q = add(aclnn.rotary_embedding.prepare(add(linear(x, p.wq)), dec.cos, dec.sin, self.pos,
@@ -425,15 +442,47 @@ def _model_packs(model) -> dict:
 PACKS_ATTR = "_llm_packed_projections"
 
 
+_BF16 = _dt.bfloat16
+
+
+def _f32(t: Tensor) -> Tensor:
+    """``t`` as float32 (a widened copy when the model was cast to 16 bits)."""
+    return t if t.dtype == _F32 else Tensor(t.numpy().astype(np.float32))
+
+
+class _Bf16Weight:
+    """A bfloat16 projection weight (N, K), its bits as uint16: ``x`` is rounded to bf16 and
+    multiplied by MKL's bf16 GEMM (fp32 accumulation) reading the weight as stored."""
+
+    __slots__ = ("w",)
+
+    def __init__(self, w: np.ndarray):
+        self.w = w
+
+    @property
+    def shape(self) -> tuple:
+        return self.w.shape
+
+
 def _out_features(p) -> int:
     """N of a projection :meth:`CachedDecoder._packed` gave: a packed panel or the (N, K) weight."""
-    return p.shape[0] if isinstance(p, np.ndarray) else p.n
+    return p.shape[0] if isinstance(p, (np.ndarray, _Bf16Weight)) else p.n
 
 
 def _mkl_product(x: np.ndarray, p, out: np.ndarray) -> tuple:
     """``out = x @ W.T`` on MKL as (closure over these arrays, task name, profiler info), the
-    arguments of a stream launch: ``p`` is W's packed panel, or W itself (N, K) for one row
-    (``cblas_sgemv``)."""
+    arguments of a stream launch: ``p`` is W's packed panel, W itself (N, K) for one row
+    (``cblas_sgemv``), or a :class:`_Bf16Weight` (``x`` rounded into a bf16 buffer of its own,
+    then ``cblas_gemm_bf16bf16f32``)."""
+    if isinstance(p, _Bf16Weight):
+        (n, k), wt = p.w.shape, p.w.T
+        xb = np.empty(x.shape, np.uint16)
+        xf, xu, xbf = x.reshape(-1), x.reshape(-1).view(np.uint32), xb.reshape(-1)
+
+        def fn():
+            f32_to_bf16(xf, xu, xbf)
+            _mkl.gemm2d_bf16(xb, wt, out)
+        return fn, "Linear", {"kernel": "llm_linear_mkl_bf16", "flops": 2 * x.shape[0] * k * n}
     if isinstance(p, np.ndarray):
         (n, k), xv, ov = p.shape, x.reshape(-1), out.reshape(-1)
         fn, kernel = (lambda: _mkl.gemv(p, xv, ov)), "llm_linear_mkl_gemv"

@@ -234,7 +234,22 @@ def _ort_session(proto_bytes: bytes):
 
 
 def _torch_state(model, torch) -> dict:
-    return {k: torch.from_numpy(np.array(_np(v), copy=True)) for k, v in model.state_dict().items()}
+    """The model's tensors for torch; bfloat16 ones (ml_dtypes, which torch cannot take from
+    numpy) go through float32, exactly, and come out as torch.bfloat16."""
+    out = {}
+    for k, v in model.state_dict().items():
+        a = _np(v)
+        if a.dtype == _dt_bf16():
+            out[k] = torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16)
+        else:
+            out[k] = torch.from_numpy(np.array(a, copy=True))
+    return out
+
+
+def _dt_bf16():
+    from .. import dtypes
+
+    return dtypes.bfloat16
 
 
 # -- torch re-implementations (fed from the opsnn module's state_dict) -----------------------------------------
@@ -326,16 +341,17 @@ class TorchLlama:
         cfg = self.cfg
         self.embed, self.norm = sd["model.embed_tokens.weight"], sd["model.norm.weight"]
         self.out = sd.get("lm_head.weight", self.embed)
-        cos, sin = _np(model.model.rope_cos), _np(model.model.rope_sin)
-        self.cos = torch.from_numpy(np.concatenate([cos, cos], -1))
-        self.sin = torch.from_numpy(np.concatenate([sin, sin], -1))
+        dt = self.embed.dtype  # a bfloat16 model runs in bfloat16 throughout (model.to(torch.bfloat16))
+        cos, sin = (_np(t).astype(np.float32) for t in (model.model.rope_cos, model.model.rope_sin))
+        self.cos = torch.from_numpy(np.concatenate([cos, cos], -1)).to(dt)
+        self.sin = torch.from_numpy(np.concatenate([sin, sin], -1)).to(dt)
         names = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
                  "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
                  "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
         self.layers = [[sd[f"model.layers.{i}.{n}"] for n in names] for i in range(cfg.num_hidden_layers)]
         shape = (1, cfg.num_key_value_heads, max_seq, cfg.head_dim)
-        self.k = [torch.zeros(shape) for _ in self.layers]
-        self.v = [torch.zeros(shape) for _ in self.layers]
+        self.k = [torch.zeros(shape, dtype=dt) for _ in self.layers]
+        self.v = [torch.zeros(shape, dtype=dt) for _ in self.layers]
 
     def forward(self, ids: np.ndarray, start: int) -> np.ndarray:
         torch, cfg = self.torch, self.cfg
@@ -365,7 +381,7 @@ class TorchLlama:
                 y = F.rms_norm(h, (h.shape[-1],), ln2, eps)
                 h = h + F.linear(F.silu(F.linear(y, wg)) * F.linear(y, wu), wd)
             logits = F.linear(F.rms_norm(h[:, -1:], (h.shape[-1],), self.norm, eps), self.out)
-        return logits.numpy().reshape(B, -1)
+        return logits.float().numpy().reshape(B, -1)
 
 
 # -- decoders: one greedy generation, timed the same way for every runtime ------------------------------------
@@ -467,16 +483,27 @@ def run_graph_case(spec: Spec, args, torch) -> dict:
     return row
 
 
-def run_llama_case(spec: Spec, args, torch) -> dict:
+#: outputs of two bfloat16 runs agree within this relative error (opsnn keeps float32 activations
+#: and rounds only the GEMM inputs; torch's bf16 model rounds every activation)
+BF16_RTOL = 5e-2
+
+
+def run_llama_case(spec: Spec, args, torch, dtype: str | None = None) -> dict:
+    """The decoder case; ``dtype`` "bfloat16": the model cast to bf16 (``Module.to``) for opsnn
+    and for torch (onnxruntime is skipped: its CPU provider has no bf16 MatMul)."""
     from ..models import to_onnx
 
     lm = build_model(spec)
+    if dtype:
+        lm.to(dtype)
     cfg = lm.config
     prompt = make_inputs(spec, lm)["prompt"]
     new = spec.new_tokens
     runners = {OPSNN: lambda: _opsnn_generate(lm, prompt, new)}
     skipped = {}
-    if args.ort:
+    if dtype:
+        skipped[ORT] = f"{dtype} run: onnxruntime's CPU provider has no {dtype} MatMul kernels"
+    elif args.ort:
         ol = OrtLlama(to_onnx(lm, with_past=True).SerializeToString(), cfg)
         runners[ORT] = lambda: _greedy(ol.step, prompt, new)
     else:
@@ -490,7 +517,9 @@ def run_llama_case(spec: Spec, args, torch) -> dict:
     ours = dict(runs[OPSNN][0], prefill_logits=_opsnn_prefill_logits(lm, prompt))
     pre_flops = llama_flops(cfg, len(prompt), 0)
     dec_flops = sum(llama_flops(cfg, 1, len(prompt) + i) for i in range(new - 1)) / max(new - 1, 1)
-    row = {"model": spec.name, "description": spec.describe(), "config": dict(spec.options),
+    row = {"model": spec.name + (f" {dtype}" if dtype else ""),
+           "description": spec.describe() + (f"; weights in {dtype}" if dtype else ""), "config": dict(spec.options),
+           "dtype": dtype or "float32",
            "intermediate": cfg.intermediate_size, "prompt_tokens": len(prompt), "decode_steps": new - 1,
            "prefill_flops": pre_flops, "decode_flops_per_token": dec_flops,
            "prefill_ms": {}, "decode_ms_per_token": {}, "tokens_per_s": {}, "samples": {},
@@ -516,7 +545,7 @@ def run_llama_case(spec: Spec, args, torch) -> dict:
         if n != OPSNN:
             row["ratio_vs"][n] = row["decode_ms_per_token"][OPSNN] / row["decode_ms_per_token"][n]
             row["prefill_ratio_vs"][n] = row["prefill_ms"][OPSNN] / row["prefill_ms"][n]
-    row["agree"] = all(e <= args.rtol for e in row["max_rel_err"].values())
+    row["agree"] = all(e <= (BF16_RTOL if dtype else args.rtol) for e in row["max_rel_err"].values())
     return row
 
 
@@ -668,7 +697,8 @@ def parse_args(argv):
     ap.add_argument("--no-ort", dest="ort", action="store_false", help="skip onnxruntime")
     ap.add_argument("--small", action="store_true", help="tiny configs (a fast smoke test)")
     ap.add_argument("--dtype", choices=["float16", "bfloat16"], default=None,
-                    help="also check 16-bit weight storage on ResNet-50 (weight bytes, logits error vs fp32)")
+                    help="also check 16-bit weight storage on ResNet-50 (weight bytes, logits error vs fp32); "
+                    "bfloat16 with llama also runs the decoder with bf16 weights (opsnn and torch)")
     ap.add_argument("--rtol", type=float, default=1e-3, help="outputs agree when max rel err <= this")
     args = ap.parse_args(argv)
     bad = [m for m in args.models.split(",") if m and m not in MODELS]
@@ -726,6 +756,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.dtype:
         results["storage_16bit"] = run_storage_check(cases["resnet50"], args.dtype, args)
         print(format_storage(results["storage_16bit"]))
+        if "llama" in args.models.split(",") and args.dtype == "bfloat16":
+            row = run_llama_case(cases["llama"], args, torch, dtype=args.dtype)
+            results["models"]["llama_" + args.dtype] = row
+            print(format_llama_row(row))
     results["load_average_end"] = os.getloadavg()
     results["agree"] = all(r["agree"] for r in results["models"].values()) and \
         results.get("storage_16bit", {}).get("passed", True)

@@ -256,14 +256,24 @@ def bf16_to_f32(src, dst_u):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def f32_to_bf16(src_f, src_u, dst):
-    """float32 ``src_f`` (``src_u``: its uint32 view; flat, contiguous) -> bfloat16 bits in ``dst``
-    (uint16), rounded to nearest even; NaN stays NaN."""
+def _f32_to_bf16_parallel(src_f, src_u, dst):
     n = dst.shape[0]
     for blk in nb.prange(-(-n // _CONVERT_BLOCK)):
         lo = blk * _CONVERT_BLOCK
         hi = min(n, lo + _CONVERT_BLOCK)
         _narrow(src_f[lo:hi], src_u[lo:hi], dst[lo:hi], KIND_BF16)
+
+
+@nb.njit(nogil=True, cache=True)
+def _f32_to_bf16_serial(src_f, src_u, dst):
+    _narrow(src_f, src_u, dst, KIND_BF16)
+
+
+def f32_to_bf16(src_f, src_u, dst) -> None:
+    """float32 ``src_f`` (``src_u``: its uint32 view; flat, contiguous) -> bfloat16 bits in ``dst``
+    (uint16), rounded to nearest even; NaN stays NaN. One block (a decode step's activation row)
+    runs on the calling thread: a parallel region would cost more than the conversion."""
+    (_f32_to_bf16_parallel if dst.shape[0] > _CONVERT_BLOCK else _f32_to_bf16_serial)(src_f, src_u, dst)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
