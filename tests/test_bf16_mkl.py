@@ -62,6 +62,38 @@ def test_bf16_conv_matches_oracle(rng, xshape, wshape, attrs, bias):
 
 
 @needs_bf16
+def test_bf16_1x1_conv_bounds_its_accumulator(rng, monkeypatch):
+    # a 1x1 conv multiplies the image's columns a block at a time so the float32 accumulator
+    # stays within BAND_BYTES: here 3 blocks of 100 positions (the last one short)
+    from opsnn.kernels.cpu import conv as KC
+
+    monkeypatch.setattr(KC, "BAND_BYTES", 4 * 6 * 100)
+    x, w, b = _bf(rng, (2, 5, 16, 16)), _bf(rng, (6, 5, 1, 1)), _bf(rng, (6,))
+    z = _bf(rng, (2, 6, 16, 16))
+    attrs = {"activation": "Relu", "activation_alpha": 0.0, "activation_beta": 0.0}
+    y, want, _ = _run("FusedConv", [x, w, b, z], {1, 2}, attrs, "conv_epilogue_mkl_bf16", domain="opsnn")
+    _close_bf16(y, want)
+    plan = KC.conv_plan(x.shape, w.shape, 1, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), (16, 16), 2, "gemm1x1")
+    assert KC.bf16_workspace_bytes(plan) < 4 * 6 * 256
+
+
+@needs_bf16
+def test_bf16_im2col_bands_bound_the_accumulator_too(rng, monkeypatch):
+    # many output channels over few input channels: the float32 accumulator (M x band) would
+    # outgrow the bf16 column buffer; the plan narrows the band for it
+    from opsnn.kernels.cpu import conv as KC
+
+    monkeypatch.setattr(KC, "BAND_BYTES", 4 * 32 * 12 * 3)  # 3 output rows of 12 for 32 channels
+    x, w = _bf(rng, (1, 2, 12, 12)), _bf(rng, (32, 2, 3, 3), 0.2)
+    y, want, _ = _run("Conv", [x, w], {1}, {"pads": [1, 1, 1, 1]}, "conv_mkl_bf16")
+    _close_bf16(y, want)
+    rec = get_op("Conv")
+    planned = plan_op(rec, [TensorMeta(x.shape, x.dtype), TensorMeta(w.shape, w.dtype)], [None, w],
+                      {"pads": [1, 1, 1, 1]})
+    assert planned.plan.conv.band == 3 and planned.workspace_size <= KC.BAND_BYTES + 4096
+
+
+@needs_bf16
 @pytest.mark.parametrize("activation", ["Relu", "", "Sigmoid", "LeakyRelu"])
 @pytest.mark.parametrize("residual", [False, True])
 def test_bf16_fused_conv_epilogue(rng, activation, residual):

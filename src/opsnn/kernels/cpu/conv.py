@@ -598,12 +598,20 @@ _EMPTY32 = np.empty(0, np.float32)
 _EMPTY16 = np.empty((0, 0), np.uint16)
 
 
+def _bf16_cols(plan: ConvPlan) -> int:
+    """Output positions per bf16 GEMM: a band of output rows (im2col), or for 1x1 as many of the
+    image's positions as keep the float32 accumulator within BAND_BYTES (a 4096x4096 image
+    must not need an accumulator of the whole output)."""
+    if plan.kind != "gemm1x1":
+        return plan.band * math.prod(plan.out_sp[1:])
+    return max(1, min(math.prod(plan.out_sp), BAND_BYTES // max(4 * plan.m, 1)))
+
+
 def bf16_workspace_bytes(plan: ConvPlan) -> int:
     """Workspace of :func:`conv_forward_bf16`: the bf16 column buffer (im2col) and one band's
-    (all of an image's, 1x1) float32 accumulator."""
-    q = math.prod(plan.out_sp) if plan.kind == "gemm1x1" else plan.band * math.prod(plan.out_sp[1:])
+    float32 accumulator."""
     cols = 0 if plan.kind == "gemm1x1" else math.prod(plan.col_shape) * 2 + ALIGN
-    return cols + plan.m * q * 4 + ALIGN
+    return cols + plan.m * _bf16_cols(plan) * 4 + ALIGN
 
 
 def conv_forward_bf16(x, y, plan: ConvPlan, ws, w2, bias=None, z=None, code: int = 0, alpha: float = 0.0,
@@ -621,7 +629,7 @@ def conv_forward_bf16(x, y, plan: ConvPlan, ws, w2, bias=None, z=None, code: int
         return
     zv = None if z is None else z.view(np.uint16).reshape(n, m, p)
     xv = x.view(np.uint16).reshape((n, plan.c) + plan.in_sp)
-    q_max = p if plan.kind == "gemm1x1" else plan.band * math.prod(plan.out_sp[1:])
+    q_max = _bf16_cols(plan)
     off = 0
     if plan.kind != "gemm1x1":
         ncol = math.prod(plan.col_shape)
@@ -640,11 +648,14 @@ def conv_forward_bf16(x, y, plan: ConvPlan, ws, w2, bias=None, z=None, code: int
         epilogue(acc, None, None, code, alpha, beta, row_bias=bias)
         narrow_bf16_rows(acc.view(np.uint32), yv[i][:, c0:c0 + q])
 
-    if plan.kind == "gemm1x1":
+    if plan.kind == "gemm1x1":  # the image is the column matrix, q_max of its columns at a time
         for i in range(n):
-            acc = acc_all[:m * p].reshape(m, p)
-            _mkl.gemm2d_bf16(w2, xv[i].reshape(plan.c, p), acc)
-            finish(acc, i, 0, p)
+            xi = xv[i].reshape(plan.c, p)
+            for c0 in range(0, p, q_max):
+                q = min(q_max, p - c0)
+                acc = acc_all[:m * q].reshape(m, q)
+                _mkl.gemm2d_bf16(w2, xi[:, c0:c0 + q], acc)
+                finish(acc, i, c0, q)
         return
     (kh, kw), (sh, sw), (dh, dw), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
     im2col = im2col2d_parallel if plan.parallel else im2col2d_serial

@@ -9,6 +9,7 @@ kernel registration and torch-style entry points (conv1d/2d/3d, conv_transpose1d
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import NamedTuple
@@ -622,6 +623,11 @@ class Bf16Conv(NamedTuple):
 def bf16_conv_plan(ctx) -> Bf16Conv:
     kind = "gemm1x1" if _is_1x1(ctx) is True else "im2col2d"
     p = _conv_planner(kind, itemsize_of=lambda dt: 2)(ctx)
+    if kind == "im2col2d":  # the float32 accumulator of a band stays within K.BAND_BYTES too
+        inner = math.prod(p.out_sp[1:])
+        rows = max(1, K.BAND_BYTES // max(4 * p.m * inner, 1))
+        if p.band > rows:
+            p = dataclasses.replace(p, band=rows, col_shape=p.col_shape[:2] + (rows * inner,))
     w = np.asarray(ctx.value(1))
     b = ctx.value(2) if ctx.has(2) else None
     bias = None if b is None else np.asarray(b).astype(np.float32)
