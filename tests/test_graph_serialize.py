@@ -80,3 +80,24 @@ def test_persisted_cache_is_reused_by_another_process(tmp_path, rng):
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), expected)
+
+
+def test_persisted_cache_is_keyed_by_the_mixed_precision_policy(tmp_path, rng):
+    # a graph persisted in float32 must not be reloaded for a bfloat16 policy (nor the reverse)
+    from opsnn.graph import mixed_precision
+
+    cache = str(tmp_path / "cache")
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    cg = opsnn.compile(_graph(), cache_dir=cache)
+    cg.run({"x": x})
+    cg.persist()
+    saved = mixed_precision.policy()
+    try:
+        opsnn.config.allow_mix_precision({"Conv": "bfloat16"})
+        cg16 = opsnn.compile(_graph(), cache_dir=cache)
+        assert not getattr(cg16, "loaded_from_cache", False)
+        assert any(n.op_type == "Cast" for n in cg16.graph.nodes)
+    finally:
+        mixed_precision.set_policy(saved)
+    again = opsnn.compile(_graph(), cache_dir=cache)
+    assert again.loaded_from_cache and not any(n.op_type == "Cast" for n in again.graph.nodes)
