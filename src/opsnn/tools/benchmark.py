@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import dtypes as _dt
 from .text import table as _table
 
 MODELS = ("resnet50", "resnet50_b8", "bert", "llama")
@@ -239,17 +240,11 @@ def _torch_state(model, torch) -> dict:
     out = {}
     for k, v in model.state_dict().items():
         a = _np(v)
-        if a.dtype == _dt_bf16():
+        if a.dtype == _dt.bfloat16:
             out[k] = torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16)
         else:
             out[k] = torch.from_numpy(np.array(a, copy=True))
     return out
-
-
-def _dt_bf16():
-    from .. import dtypes
-
-    return dtypes.bfloat16
 
 
 # -- torch re-implementations (fed from the opsnn module's state_dict) -----------------------------------------

@@ -45,8 +45,8 @@ import numba as nb
 import numpy as np
 
 from . import mkl as _mkl
-from .fused import ACTIVATIONS, epilogue
-from .gemm import KIND_BF16, _narrow, _widen, add_bf16_rows, narrow_bf16_rows
+from .fused import epilogue
+from .gemm import bf16_epilogue
 
 #: below this many column elements the serial im2col/col2im variant runs
 PARALLEL_MIN = 1 << 15
@@ -569,35 +569,6 @@ def conv_forward(x, w, b, y, plan: ConvPlan, ws, packed=None) -> None:
 
 
 # -- bfloat16 convolution on MKL's bf16 GEMM (fp32 accumulation) ------------------------------------------
-@nb.njit(parallel=True, nogil=True, cache=True)
-def finish_bf16_rows(acc, acc_u, rbias, z, relu, out):
-    """out (rows, cols) bfloat16 bits = round(act(acc + rbias[r] + z)) in one pass per row (the
-    row stays in cache): ``acc`` float32 (``acc_u`` its uint32 view), ``rbias`` float32 per row
-    or empty, ``z`` bf16 bits (rows, cols) or (0, 0), ``relu`` the activation (else none)."""
-    cols = acc.shape[1]
-    for r in nb.prange(acc.shape[0]):
-        ar = acc[r]
-        b = rbias[r] if rbias.size > 0 else np.float32(0)
-        if z.size > 0:
-            tmp = np.empty(cols, np.uint32)
-            tf = tmp.view(np.float32)
-            _widen(z[r], tmp, tf, KIND_BF16)
-            for c in range(cols):
-                ar[c] += b + tf[c]
-        elif rbias.size > 0:
-            for c in range(cols):
-                ar[c] += b
-        if relu:
-            for c in range(cols):
-                if ar[c] < 0:
-                    ar[c] = 0
-        _narrow(ar, acc_u[r], out[r], KIND_BF16)
-
-
-_EMPTY32 = np.empty(0, np.float32)
-_EMPTY16 = np.empty((0, 0), np.uint16)
-
-
 def _bf16_cols(plan: ConvPlan) -> int:
     """Output positions per bf16 GEMM: a band of output rows (im2col), or for 1x1 as many of the
     image's positions as keep the float32 accumulator within BAND_BYTES (a 4096x4096 image
@@ -638,15 +609,8 @@ def conv_forward_bf16(x, y, plan: ConvPlan, ws, w2, bias=None, z=None, code: int
     acc_all = workspace_view(ws[off:], np.float32, (m * q_max,))
 
     def finish(acc, i, c0, q):
-        zq = None if zv is None else zv[i][:, c0:c0 + q]
-        if code in (ACTIVATIONS[""], ACTIVATIONS["Relu"]):  # one pass
-            finish_bf16_rows(acc, acc.view(np.uint32), _EMPTY32 if bias is None else bias,
-                             _EMPTY16 if zq is None else zq, code == ACTIVATIONS["Relu"], yv[i][:, c0:c0 + q])
-            return
-        if zq is not None:
-            add_bf16_rows(acc, zq)
-        epilogue(acc, None, None, code, alpha, beta, row_bias=bias)
-        narrow_bf16_rows(acc.view(np.uint32), yv[i][:, c0:c0 + q])
+        bf16_epilogue(acc, yv[i][:, c0:c0 + q], None if zv is None else zv[i][:, c0:c0 + q], code, alpha, beta,
+                      row_bias=bias)
 
     if plan.kind == "gemm1x1":  # the image is the column matrix, q_max of its columns at a time
         for i in range(n):

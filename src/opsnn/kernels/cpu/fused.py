@@ -42,7 +42,7 @@ _COSTLY = (ACTIVATIONS["Sigmoid"], ACTIVATIONS["Tanh"], ACTIVATIONS["Gelu"], ACT
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _epilogue_row(y, bias, rbias, z, r, code, alpha, beta):
+def epilogue_row(y, bias, rbias, z, r, code, alpha, beta):
     # separate simple passes (adds, then the activation), chosen outside the inner loops so
     # that each is a branch-free loop LLVM vectorizes; a row (a conv plane, a GEMM row) stays
     # in cache between passes
@@ -83,14 +83,14 @@ def epilogue_rows(y, bias, rbias, z, code, alpha, beta):
     """``y[r, c] = act(y[r, c] + bias[c] + rbias[r % len(rbias)] + z[r, c])`` (bias, rbias, z of
     size 0 mean absent), rows in parallel."""
     for r in nb.prange(y.shape[0]):
-        _epilogue_row(y, bias, rbias, z, r, code, alpha, beta)
+        epilogue_row(y, bias, rbias, z, r, code, alpha, beta)
 
 
 @nb.njit(nogil=True, cache=True)
 def epilogue_rows_serial(y, bias, rbias, z, code, alpha, beta):
     """:func:`epilogue_rows` on the calling thread (small tensors)."""
     for r in range(y.shape[0]):
-        _epilogue_row(y, bias, rbias, z, r, code, alpha, beta)
+        epilogue_row(y, bias, rbias, z, r, code, alpha, beta)
 
 
 def epilogue(y: np.ndarray, bias: np.ndarray | None, z: np.ndarray | None, code: int, alpha: float,

@@ -28,7 +28,7 @@ import numba as nb
 import numpy as np
 
 from . import mkl as _mkl
-from .fused import epilogue
+from .fused import epilogue_row
 from .mkl import matmul as _blas_matmul
 
 #: largest |sum of products| that float64 accumulates exactly (2**53)
@@ -277,23 +277,33 @@ def f32_to_bf16(src_f, src_u, dst) -> None:
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def add_bf16_rows(acc, z):
-    """acc (rows, cols) float32 += z (rows, cols), bfloat16 bits (uint16, any strides)."""
+def _finish_bf16_rows(acc, acc_u, cbias, rbias, z, code, alpha, beta, out):
+    """out (rows, cols) bfloat16 bits = round(act(acc + cbias + rbias + z)) in one pass per row
+    (the row stays in cache): the fp32 epilogue's row kernel (:func:`.fused.epilogue_row`:
+    ``cbias`` per column, ``rbias`` per row, float32 or empty; activation ``code``) on ``acc`` (float32, ``acc_u`` its uint32 view), with ``z`` (bf16 bits, (rows, cols)
+    or (0, 0)) widened into row scratch first, then the rounding."""
+    cols = acc.shape[1]
     for r in nb.prange(acc.shape[0]):
-        tmp = np.empty(acc.shape[1], np.uint32)
-        _widen(z[r], tmp, tmp.view(np.float32), KIND_BF16)
-        tf = tmp.view(np.float32)
-        ar = acc[r]
-        for c in range(ar.shape[0]):
-            ar[c] += tf[c]
+        tmp = np.empty((1, cols if z.size > 0 else 0), np.uint32)
+        zf = tmp.view(np.float32)
+        if z.size > 0:
+            _widen(z[r], tmp[0], zf[0], KIND_BF16)
+        epilogue_row(acc[r:r + 1], cbias, rbias[r:r + 1], zf, 0, code, alpha, beta)
+        _narrow(acc[r], acc_u[r], out[r], KIND_BF16)
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def narrow_bf16_rows(acc_u, out):
-    """out (rows, cols) bfloat16 bits (uint16, any strides) = acc rounded to nearest even
-    (``acc_u``: the float32 accumulator's uint32 view)."""
-    for r in nb.prange(acc_u.shape[0]):
-        _narrow(acc_u[r].view(np.float32), acc_u[r], out[r], KIND_BF16)
+_EMPTY32 = np.empty(0, np.float32)
+_EMPTY16 = np.empty((0, 0), np.uint16)
+
+
+def bf16_epilogue(acc: np.ndarray, out: np.ndarray, z: np.ndarray | None, code: int, alpha: float, beta: float,
+                  bias: np.ndarray | None = None, row_bias: np.ndarray | None = None) -> None:
+    """out (bfloat16, any strides) = round(act(acc + bias + row_bias + z)) for a float32 (rows,
+    cols) accumulator (modified): ``bias`` float32 per column, ``row_bias`` per row (a conv's
+    channels), ``z`` bfloat16 like ``out``; one pass per row."""
+    _finish_bf16_rows(acc, acc.view(np.uint32), _EMPTY32 if bias is None else bias,
+                      _EMPTY32 if row_bias is None else row_bias,
+                      _EMPTY16 if z is None else z.view(np.uint16), code, alpha, beta, out.view(np.uint16))
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -534,7 +544,5 @@ def matmul_bf16(a: np.ndarray, plan: Bf16Plan, out: np.ndarray, ws, alpha: float
     shift = (-ws.ctypes.data) % 64
     acc = ws[shift:shift + rows * n * 4].view(np.float32).reshape(rows, n)
     _mkl.gemm2d_bf16(a2, plan.w, acc, alpha)
-    if z is not None:
-        add_bf16_rows(acc, np.ascontiguousarray(z).view(np.uint16).reshape(rows, n))
-    epilogue(acc, bias, None, code, act_alpha, act_beta)
-    narrow_bf16_rows(acc.view(np.uint32), out.view(np.uint16).reshape(rows, n))
+    bf16_epilogue(acc, out.reshape(rows, n), None if z is None else np.ascontiguousarray(z).reshape(rows, n), code,
+                  act_alpha, act_beta, bias=bias)

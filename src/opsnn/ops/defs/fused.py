@@ -10,10 +10,10 @@ from ... import dtypes as _dt
 from ...errors import InferShapeError, ParamInvalidError
 from ...kernels.cpu import conv as KC
 from ...kernels.cpu import fused as K
-from .conv import bf16_bias, bf16_conv_plan, bf16_rejection as conv_bf16_rejection
-from .matmul import bf16_bias_columns, bf16_matmul_plan, bf16_rejection as mm_bf16_rejection
 from ...kernels.cpu import gemm as KG
 from ..registry import Attr, InferContext, Input, TensorMeta, get_op, register_op, select_kernel
+from .conv import bf16_bias, bf16_conv_plan, bf16_rejection as conv_bf16_rejection
+from .matmul import bf16_bias_columns, bf16_matmul_plan, bf16_rejection as mm_bf16_rejection
 
 _F32_64 = (_dt.float32, _dt.float64)
 _EPILOGUE_ATTRS = [Attr("activation", "string", ""), Attr("activation_alpha", "float", 0.01),
@@ -204,6 +204,7 @@ FusedMatMul = register_op(
     doc="act(A @ B + bias + Z): BLAS GEMM, then one in-place epilogue pass")
 FusedMatMul.kernel("matmul_epilogue", dtypes=_F32_64, priority=10, plan=_fused_mm_plan)(_fused_mm_kernel)
 
+
 def _fused_mm_bf16_applies(ctx):
     return mm_bf16_rejection(_inner_ctx(ctx, "MatMul", 2, {})) or _bf16_residual(ctx) or True
 
@@ -227,6 +228,7 @@ FusedMatMul.kernel("matmul_epilogue_mkl_bf16", dtypes=(_dt.bfloat16,), priority=
                    plan=_fused_mm_bf16_plan, workspace=lambda ctx, plan: KG.bf16_workspace(ctx.outputs[0].shape),
                    doc="bfloat16 with a constant B: MKL's bf16 GEMM into a float32 accumulator, bias + residual + "
                    "activation on it, one rounding")(_fused_mm_bf16)
+
 
 __all__: list[str] = []
 

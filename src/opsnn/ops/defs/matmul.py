@@ -191,6 +191,8 @@ MatMul.kernel("matmul_mkl_bf16", dtypes=(_dt.bfloat16,), priority=35,
               doc="bfloat16 with a constant B: MKL's bf16 GEMM (cblas_gemm_bf16bf16f32: AMX / AVX512-BF16) on "
               "the weight as stored, fp32 accumulation, one rounding")(lambda ins, outs, attrs, plan, ws: K.matmul_bf16(
                   ins[0], plan, outs[0], ws))
+
+
 MatMul.kernel("matmul_mkl_packed", dtypes=(_dt.float32,), priority=30, applies=_mkl_packed_applies,
               plan=_matmul_mkl_plan,
               doc="constant B packed once at prepare by Intel MKL (cblas_sgemm_pack); per call one "
@@ -386,6 +388,8 @@ Linear.kernel("linear_mkl_packed", dtypes=(_dt.float32,), priority=30, applies=_
               plan=lambda ctx: KM.pack(ctx.value(1), _rows(ctx.shape(0)), transpose=True),
               doc="constant W packed once at prepare by Intel MKL as W^T (cblas_sgemm_pack); per call one "
               "cblas_sgemm_compute, bias added in place")(_linear_mkl)
+
+
 def _linear_bf16_plan(ctx):
     p = bf16_matmul_plan(ctx, transpose=True)
     return p._replace(bias=bf16_bias_columns(ctx.value(2), ctx.outputs[0].shape[-1]) if ctx.has(2) else None)
@@ -402,6 +406,8 @@ Linear.kernel("linear_mkl_bf16", dtypes=(_dt.bfloat16,), priority=35,
               applies=lambda ctx: bf16_rejection(ctx) or True, plan=_linear_bf16_plan, workspace=_bf16_ws,
               doc="bfloat16 with a constant W: MKL's bf16 GEMM reading W^T in place, bias in the fp32 "
               "epilogue, one rounding")(_linear_bf16)
+
+
 Linear.kernel("linear_prepacked", dtypes=FLOAT, priority=20, applies=_prepacked_applies,
               plan=lambda ctx: K.pack_weight(ctx.value(1), transpose=True), workspace=_packed_workspace,
               doc="constant fp16 W packed once at prepare as fp32 W^T; per call only x is converted"
