@@ -52,3 +52,26 @@ def test_policy_validation(policy):
     with pytest.raises(ParamInvalidError, match="floats"):
         policy({"MatMul": "int8"})
     policy({"LayerNorm": "float32"})  # aliases accepted
+
+
+def test_policy_reaches_nodes_after_shape_computations(rng, policy):
+    # an exported BERT computes its position ids from Shape(input_ids): symbolic inference cannot
+    # size what follows, and the pass used to skip every such node (the whole model stayed fp32)
+    from opsnn.models import bert, to_onnx
+
+    proto = to_onnx(bert("tiny")).SerializeToString()
+    feeds = {"input_ids": rng.integers(0, 100, (1, 12)).astype(np.int64),
+             "attention_mask": np.ones((1, 12), np.int64), "token_type_ids": np.zeros((1, 12), np.int64)}
+    names = {v.name for v in opsnn.onnx.load(proto).inputs}
+    feeds = {k: v for k, v in feeds.items() if k in names}
+    ref = opsnn.compile(opsnn.onnx.load(proto)).run(feeds)
+    policy({"MatMul": "float16", "Gemm": "float16"})
+    cg = opsnn.compile(opsnn.onnx.load(proto))
+    products = [n for n in cg.graph.nodes if n.op_type in ("FusedMatMul", "MatMul", "Gemm")]
+    weights = [cg.graph.initializers[i] for n in products for i in n.inputs if i in cg.graph.initializers]
+    assert products and weights and all(a.dtype == np.float16 for a in weights)
+    out = cg.run(feeds)
+    for k, r in ref.items():
+        y, r = out[k].numpy(), r.numpy()
+        assert y.dtype == np.float32
+        assert np.abs(y.astype(np.float64) - r).max() / np.abs(r).max() < 2e-2

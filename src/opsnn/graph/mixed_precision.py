@@ -16,7 +16,7 @@ from ..errors import ParamInvalidError
 from ..ops.registry import has_op
 from .ir import Graph, Node
 from .pattern import ALIASES
-from .shape_inference import infer_types
+from .shape_inference import infer_types, probe_types
 
 #: fused ops follow the policy of the op they were made from
 _ORIGIN = {"FusedMatMul": "MatMul", "FusedConv": "Conv", "FusedElementwise": "Add"}
@@ -51,7 +51,7 @@ def apply_mixed_precision(graph: Graph, res, pol: dict | None = None) -> None:
     pol = _policy if pol is None else pol
     if not pol or all(d == _dt.float32 for d in pol.values()):
         return
-    metas = infer_types(graph)
+    metas = _dtypes(graph)
     vdtype = {k: np.dtype(m.dtype) for k, m in metas.items()}
     cast_memo: dict = {}   # (source, dtype) -> value name
     cast_src: dict = {}    # cast value -> (source, source dtype)
@@ -116,6 +116,18 @@ def apply_mixed_precision(graph: Graph, res, pol: dict | None = None) -> None:
     graph.sort()
     if converted_weights:
         res.log.append(f"{converted_weights} constant weight(s) stored in 16-bit")
+
+
+def _dtypes(graph: Graph) -> dict:
+    """``{value: TensorMeta}`` for every value whose dtype is known. Symbolic inference stops at
+    values computed from shapes (an exporter's Shape -> Slice -> Gather position ids leave the
+    rest of a dynamic-length BERT untyped); dtypes do not depend on the sizes, so a probe with
+    concrete sizes fills in what it could not type."""
+    metas = infer_types(graph)
+    if any(o and o not in metas for n in graph.nodes for o in n.outputs):
+        for k, m in probe_types(graph).items():
+            metas.setdefault(k, m)
+    return metas
 
 
 def _onnx_type(dt) -> int:

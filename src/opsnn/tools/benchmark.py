@@ -556,8 +556,8 @@ def _arrays(obj, seen: set, depth: int = 0):
         items = list(obj.values())
     elif isinstance(obj, (list, tuple)):
         items = list(obj)
-    elif hasattr(obj, "__dict__"):
-        items = list(vars(obj).values())
+    elif isinstance(getattr(obj, "__dict__", None), dict):  # (some wrappers' __dict__ is not a dict)
+        items = list(obj.__dict__.values())
     elif hasattr(obj, "__slots__"):
         items = [getattr(obj, n, None) for n in obj.__slots__]
     else:
@@ -578,9 +578,12 @@ def plan_bytes(cg) -> dict:
     return out
 
 
-def run_storage_check(spec: Spec, dtype: str, args) -> dict:
-    """ResNet weights stored in 16-bit (the mixed-precision pass converts the Conv/Gemm/MatMul
-    weights once; kernels take 16-bit inputs): weight bytes and logits error vs fp32."""
+def run_storage_check(spec: Spec, dtype: str, args, rtol: float = 1e-2, halves: bool = True) -> dict:
+    """A graph model with its Conv/Gemm/MatMul in 16-bit (the mixed-precision pass converts their
+    weights once; kernels take 16-bit inputs) vs float32: weight bytes, the first output's error
+    and both latencies. ResNet's logits target 1e-2 (issue 5); BERT's activations pass through
+    twelve layers of 16-bit products, so it is held to ``BF16_RTOL``, and its embedding tables (Gather,
+    not a product) stay float32, so its weights do not halve (``halves=False``)."""
     import opsnn
     from ..graph import mixed_precision
 
@@ -601,7 +604,8 @@ def run_storage_check(spec: Spec, dtype: str, args) -> dict:
         cg16 = opsnn.compile(opsnn.onnx.load(proto))
     finally:
         mixed_precision.set_policy(saved)
-    runners = {"float32": lambda: cg32.run(feeds)["logits"].numpy(), dtype: lambda: cg16.run(feeds)["logits"].numpy()}
+    out = cg32.graph.outputs[0].name
+    runners = {"float32": lambda: cg32.run(feeds)[out].numpy(), dtype: lambda: cg16.run(feeds)[out].numpy()}
     err = rel_err(runners[dtype](), runners["float32"]())
     samples = blocks(runners, args.repeat, args.warmup, desc=f"{spec.name} {dtype}")
     b32, b16 = weight_bytes(cg32), weight_bytes(cg16)
@@ -611,8 +615,8 @@ def run_storage_check(spec: Spec, dtype: str, args) -> dict:
     return {"model": spec.name, "description": spec.describe(), "dtype": dtype, "weight_bytes_fp32": b32,
             "weight_bytes_16bit": b16, "weight_bytes_ratio": b16 / b32, "stored_dtypes": dtypes16,
             "plan_bytes_fp32": p32, "plan_bytes_16bit": p16, "resident_bytes_fp32": r32,
-            "resident_bytes_16bit": r16, "resident_ratio": r16 / r32,
-            "logits_max_rel_err": err, "target_rel_err": 1e-2, "passed": err < 1e-2 and b16 <= 0.51 * b32,
+            "resident_bytes_16bit": r16, "resident_ratio": r16 / r32, "output": out,
+            "logits_max_rel_err": err, "target_rel_err": rtol, "passed": err < rtol and (b16 <= 0.51 * b32 if halves else b16 < b32),
             "latency_ms": {n: statistics.median(v) for n, v in samples.items()}}
 
 
@@ -669,8 +673,9 @@ def format_storage(s: dict) -> str:
     lat = ", ".join(f"{k} {v:.2f} ms" for k, v in s["latency_ms"].items())
     return (f"{s['dtype']} weight storage ({s['description']}): weights {s['weight_bytes_fp32'] / 2**20:.1f} MiB fp32 "
             f"-> {s['weight_bytes_16bit'] / 2**20:.1f} MiB ({s['weight_bytes_ratio']:.3f}x, stored as "
-            f"{', '.join(s['stored_dtypes']) or 'nothing 16-bit'}); logits max rel err vs fp32 "
-            f"{s['logits_max_rel_err']:.2e} (target < 1e-2): {'passed' if s['passed'] else 'FAILED'}; "
+            f"{', '.join(s['stored_dtypes']) or 'nothing 16-bit'}); {s['output']} max rel err vs fp32 "
+            f"{s['logits_max_rel_err']:.2e} (target < {s['target_rel_err']:g}): "
+            f"{'passed' if s['passed'] else 'FAILED'}; "
             f"median latency {lat}\n  kernel plans also hold pre-packed weights: fp32 graph "
             f"{_mib(s['plan_bytes_fp32'])}, {s['dtype']} graph {_mib(s['plan_bytes_16bit'])}; resident weights "
             f"{s['resident_bytes_fp32'] / 2**20:.1f} -> {s['resident_bytes_16bit'] / 2**20:.1f} MiB "
@@ -751,13 +756,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.dtype:
         results["storage_16bit"] = run_storage_check(cases["resnet50"], args.dtype, args)
         print(format_storage(results["storage_16bit"]))
+        if "bert" in args.models.split(","):
+            results["bert_16bit"] = run_storage_check(cases["bert"], args.dtype, args, rtol=BF16_RTOL, halves=False)
+            print(format_storage(results["bert_16bit"]))
         if "llama" in args.models.split(",") and args.dtype == "bfloat16":
             row = run_llama_case(cases["llama"], args, torch, dtype=args.dtype)
             results["models"]["llama_" + args.dtype] = row
             print(format_llama_row(row))
     results["load_average_end"] = os.getloadavg()
     results["agree"] = all(r["agree"] for r in results["models"].values()) and \
-        results.get("storage_16bit", {}).get("passed", True)
+        all(results.get(k, {}).get("passed", True) for k in ("storage_16bit", "bert_16bit"))
     print(f"load average at the end {results['load_average_end']}; all output checks passed: {results['agree']}")
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
