@@ -235,6 +235,29 @@ def test_pool_alignment_reuse_and_summary(no_leak):
     del t
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bool", "int8", "complex64", "float16", "bfloat16", "S3", "object"])
+def test_pool_arrays_of_every_dtype_and_their_views_own_the_block(dtype, no_leak):
+    # numeric arrays come straight from the block's array interface, other types (bfloat16,
+    # byte strings) as a view of its bytes; object arrays never live in raw pool memory
+    from opsnn.tensor import _alloc_array
+
+    dt = np.dtype(opsnn.dtypes.get(dtype)) if dtype not in ("S3", "object", "complex64") else np.dtype(dtype)
+    a = _alloc_array((3, 5), dt, "test")
+    assert a.shape == (3, 5) and a.dtype == dt and a.flags.c_contiguous and a.flags.writeable
+    if dt.hasobject:
+        a[...] = "x"  # Python objects: a plain numpy array
+        return
+    assert a.ctypes.data % 64 == 0
+    used = opsnn.memory.current_bytes()
+    v = a[1:].T[::2]  # a view of a view
+    del a
+    gc.collect()
+    assert opsnn.memory.current_bytes() == used, "block freed while a view of a view still uses it"
+    del v
+    gc.collect()
+    assert opsnn.memory.current_bytes() < used
+
+
 def test_numpy_view_keeps_block_alive():
     t = opsnn.tensor(np.arange(1000, dtype=np.float32))
     view = t.numpy()

@@ -49,6 +49,8 @@ def _freeze(v):
 
 
 def _attrs_key(attrs: dict) -> tuple:
+    if not attrs:
+        return ()
     # lists of ints are the common unhashable attribute: turn them into tuples cheaply first
     key = tuple((k, tuple(v) if type(v) is list else v) for k, v in attrs.items())
     try:
@@ -212,7 +214,18 @@ class Executor:
             if p is not None and p[0] is not stream:
                 stream.wait_stream_seq(p[0], p[1])
             arrays.append(t._array)
-        task = self._task(arrays, [o._array for o in outs], self._workspace(workspace))
+        oarrays = [o._array for o in outs]
+        ws = self._workspace(workspace) if self.workspace_size else None
+        if hooks.active or self.adapter or True in self._contig or context().pool.guard_bytes:
+            seq = self._launch_observed(stream, arrays, oarrays, ins, outs, ws)
+        else:  # the common eager case: the kernel itself with its arguments, no closure around it
+            seq = stream.launch(self.kernel.fn, self.op.name, self._info, (arrays, oarrays, self.attrs, self.plan, ws))
+        producer = (stream, seq)
+        for o in outs:
+            o._producer = producer
+
+    def _launch_observed(self, stream, arrays, oarrays, ins, outs, ws) -> int:
+        task = self._task(arrays, oarrays, ws)
         pool = context().pool
         if pool.guard_bytes:
             task = _guarded(task, pool, f"{self.op.name} (kernel {self.kernel.name})")
@@ -223,10 +236,7 @@ class Executor:
                         out_shapes=[o.shape for o in outs], attrs=self.attrs)
             if self.kernel.fallback:
                 hooks.emit("fallback", {"op": self.op.name, "reason": self.reason})
-        seq = stream.launch(task, self.op.name, info)
-        producer = (stream, seq)
-        for o in outs:
-            o._producer = producer
+        return stream.launch(task, self.op.name, info)
 
     def _run_dynamic(self, ins: list, stream=None) -> list:
         """Ops whose output shape depends on data run synchronously (after their inputs)."""

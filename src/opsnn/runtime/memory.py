@@ -156,10 +156,15 @@ class MemoryPool:
         self.cap = cap
 
     def allocate(self, nbytes: int, tag: str | None = None) -> Block:
-        if nbytes < 0:
-            raise ParamInvalidError(f"memory.allocate: size must be >= 0, got {nbytes}")
-        size = size_class(nbytes)
-        # the hot path takes the lock by hand (what _section does, without a generator's cost)
+        # the eager path allocates every output here: size_class inlined, one pass of bookkeeping
+        if nbytes <= _MIN_CLASS:
+            if nbytes < 0:
+                raise ParamInvalidError(f"memory.allocate: size must be >= 0, got {nbytes}")
+            size = _MIN_CLASS
+        else:
+            step = 1 << (nbytes.bit_length() - 3)
+            size = -(-nbytes // step) * step
+        # the lock by hand (what _section does, without a generator's cost)
         lock = self._lock
         lock.acquire()
         outer = not self._busy
@@ -170,16 +175,7 @@ class MemoryPool:
                 block = bucket.pop()
                 self._n_reuse += 1
             else:
-                if self.cap is not None and self._reserved + size > self.cap:
-                    self._release_cached_locked()
-                    if self._reserved + size > self.cap:
-                        raise OutOfMemoryError(
-                            f"memory pool: cannot allocate {nbytes} bytes (size class {size}): "
-                            f"{self._current} bytes in use, {self._reserved} reserved, cap {self.cap} bytes; "
-                            "free tensors or raise the cap with opsnn.memory.set_cap()"
-                        )
-                block = Block(size, self.guard_bytes)
-                self._reserved += size
+                block = self._new_block(size, nbytes)
             block.live = True
             block.requested = nbytes
             block.tag = tag
@@ -187,17 +183,17 @@ class MemoryPool:
                 block.front.fill(GUARD_PATTERN)
                 block.back.fill(GUARD_PATTERN)
                 block.array[nbytes:].fill(GUARD_PATTERN)
-            self._current += size
+            cur = self._current = self._current + size
+            if cur > self._peak:
+                self._peak = cur
             t = self._by_tag.get(tag)
             if t is None:
                 t = self._by_tag[tag] = [0, 0, 0]  # current, peak, allocations
-            t[0] += size
+            c = t[0] = t[0] + size
             t[2] += 1
-            if t[0] > t[1]:
-                t[1] = t[0]
+            if c > t[1]:
+                t[1] = c
             self._n_alloc += 1
-            if self._current > self._peak:
-                self._peak = self._current
             self._live[id(block)] = block
         finally:
             if outer:
@@ -209,6 +205,19 @@ class MemoryPool:
             hooks.emit("alloc", {"block": block, "bytes": size, "tag": tag})
         return block
 
+    def _new_block(self, size: int, nbytes: int) -> Block:
+        if self.cap is not None and self._reserved + size > self.cap:
+            self._release_cached_locked()
+            if self._reserved + size > self.cap:
+                raise OutOfMemoryError(
+                    f"memory pool: cannot allocate {nbytes} bytes (size class {size}): "
+                    f"{self._current} bytes in use, {self._reserved} reserved, cap {self.cap} bytes; "
+                    "free tensors or raise the cap with opsnn.memory.set_cap()"
+                )
+        block = Block(size, self.guard_bytes)
+        self._reserved += size
+        return block
+
     def free(self, block: Block) -> None:
         lock = self._lock  # by hand, as in allocate
         lock.acquire()
@@ -216,21 +225,23 @@ class MemoryPool:
             self._deferred.append(block)
             lock.release()
             return
+        if not block.live:
+            lock.release()
+            return
         self._busy = True
         try:
-            if not block.live:
-                return
             block.live = False
-            self._current -= block.size
-            self._by_tag[block.tag][0] -= block.size
+            size = block.size
+            self._current -= size
+            self._by_tag[block.tag][0] -= size
             self._n_free += 1
-            self._live.pop(id(block), None)
-            self._free[block.size].append(block)
+            del self._live[id(block)]
+            self._free[size].append(block)
         finally:
             self._busy = False
             lock.release()
-            if self._deferred:
-                self._drain()
+        if self._deferred:
+            self._drain()
         if hooks.active:
             hooks.emit("free", {"block": block, "bytes": block.size})
 

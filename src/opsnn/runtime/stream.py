@@ -70,30 +70,30 @@ class Stream:
         ctx._register_stream(self)
 
     # -- submission ----------------------------------------------------------
-    def launch(self, fn, name: str = "task", info: dict | None = None) -> int:
-        """Queue ``fn()``; returns its sequence number (see :meth:`done`)."""
+    def launch(self, fn, name: str = "task", info: dict | None = None, args: tuple = ()) -> int:
+        """Queue ``fn(*args)``; returns its sequence number (see :meth:`done`)."""
         if self._closed:
             raise OpsnnRuntimeError(f"{name}: stream {self.name} was closed by opsnn.finalize()")
         if self.inline:
             self._submitted += 1
             seq = self._submitted
-            self._run(seq, fn, name, info, time.perf_counter() if hooks.active else 0.0)
+            self._run(seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args)
             if self._failed:
                 self._raise_errors()
             return seq
         with self._cv:
             self._submitted += 1
             seq = self._submitted
-            self._queue.append((seq, fn, name, info, time.perf_counter() if hooks.active else 0.0))
+            self._queue.append((seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args))
             self._cv.notify_all()
         return seq
 
-    def _run(self, seq, fn, name, info, t_queue) -> None:
+    def _run(self, seq, fn, name, info, t_queue, args) -> None:
         profiling = hooks.active and hooks.listening("kernel")
         t0 = time.perf_counter() if profiling else 0.0
         prev = _threads.enter(self._limit)
         try:
-            fn()
+            fn(*args)
         except BaseException as exc:  # noqa: BLE001 - kept and re-raised at synchronize
             self._errors.append((seq, name, exc))
             self._failed[seq] = name
@@ -115,9 +115,9 @@ class Stream:
                     self._cv.wait()
                 if not self._queue:
                     return
-                seq, fn, name, info, t_queue = self._queue[0]
-            self._run(seq, fn, name, info, t_queue)
-            fn = info = None  # drop the task's tensors now, not at the next task
+                seq, fn, name, info, t_queue, args = self._queue[0]
+            self._run(seq, fn, name, info, t_queue, args)
+            fn = info = args = None  # drop the task's tensors now, not at the next task
             with self._cv:
                 self._queue.popleft()
                 self._cv.notify_all()

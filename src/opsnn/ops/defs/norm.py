@@ -123,7 +123,8 @@ def _ln_kernel(rms: bool):
         bias = _block_vector(ins[2], x.shape, axis) if not rms and len(ins) > 2 and ins[2] is not None else None
         y = outs[0]
         tmp = y if y.dtype == x.dtype else np.empty(y.shape, x.dtype)
-        stats = ws[: 16 * rows].view(np.float64) if ws is not None else np.empty(0)
+        # the numba kernel writes 2*rows statistics unchecked: never hand it a short buffer
+        stats = ws[: 16 * rows].view(np.float64) if ws is not None else np.empty(2 * rows)
         K.layer_norm(x, scale, bias, tmp, stats, rows, N, float(attrs["epsilon"]), rms, par)
         if tmp is not y:
             np.copyto(y, tmp, casting="unsafe")
