@@ -5,8 +5,9 @@ path pre-packs them) through ``opsnn.compile`` ("opsnn": what a model gets by de
 through an onnxruntime session in the same process, next to a numpy formulation; every
 opsnn kernel that can run the workload is also timed on its own ("opsnn:<kernel>": the
 kernel function called directly with its prepared plan, no dispatch). Contenders run
-round-robin (a burst of load from other processes hits them all alike); figures are
-medians with the p10-p90 spread.
+round-robin (a burst of load from other processes hits them all alike), each turn an untimed
+settling run and then two timed ones (see ``measure``); figures are medians with the p10-p90
+spread.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/kernels.py \\
         [--only conv,gemm,lowp,attention,threads,large] [--repeat 30] [--quick] [--conv-filter S,...]
@@ -49,10 +50,21 @@ _TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorP
 
 
 # -- timing -------------------------------------------------------------------------------------------
-def measure(fns: dict, repeat: int, budget_s: float = 20.0) -> dict:
+#: seconds to let a peer's idle threads stop after its turn: onnxruntime's pool spins ~50-60 ms of
+#: CPU after a run (measured: process CPU during a sleep after a run, 5 ms: 7, 50 ms: 52, 100 ms:
+#: 60), OpenBLAS's workers (numpy) a similar while; in strict round-robin that spin was charged to
+#: the next contender (64 ch 56x56 at batch 8: opsnn's Winograd 11.7 ms alone, 24.0 right after ORT)
+SETTLE_S = 0.08
+
+
+def measure(fns: dict, repeat: int, budget_s: float = 20.0, block: int = 2) -> dict:
     """Round-robin medians: {name: {median_ms, p10_ms, p90_ms, cpu_ms, runs}}. ``cpu_ms`` is the
     median process CPU time: with NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 it measures the
-    work done, unaffected by other jobs taking the cores (with threads it also counts spinning)."""
+    work done, unaffected by other jobs taking the cores (with threads it also counts spinning).
+
+    Each round gives every contender an untimed settling run, then ``block`` timed runs: the
+    contender before it may leave threads spinning; after a peer's turn (any contender not named
+    "opsnn...") the round pauses ``SETTLE_S`` so that its spinning is not charged to the next."""
     for f in fns.values():
         f()
         f()
@@ -61,11 +73,15 @@ def measure(fns: dict, repeat: int, budget_s: float = 20.0) -> dict:
     start = time.perf_counter()
     for _ in range(repeat):
         for n, f in fns.items():
-            c0 = time.process_time()
-            t0 = time.perf_counter()
             f()
-            times[n].append(time.perf_counter() - t0)
-            cpu[n].append(time.process_time() - c0)
+            for _ in range(block):
+                c0 = time.process_time()
+                t0 = time.perf_counter()
+                f()
+                times[n].append(time.perf_counter() - t0)
+                cpu[n].append(time.process_time() - c0)
+            if not n.startswith("opsnn"):
+                time.sleep(SETTLE_S)
         if time.perf_counter() - start > budget_s and len(times[next(iter(fns))]) >= 5:
             break
     out = {}
