@@ -476,12 +476,13 @@ def test_prepared_decode_steps_match_the_eager_path(lm, rng, no_leak):
     cache.close()
 
 
-def test_decode_attention_kernel_matches_the_attention_op(rng):
+@pytest.mark.parametrize("D", [16, 12, 5])  # key dims: eight a pass, then the rest one by one
+def test_decode_attention_kernel_matches_the_attention_op(rng, D):
     """The decoder's one-token attention (any slots, per-row lengths incl. 0 and the full capacity,
     GQA) against the fused Attention op's reference over the same cache rows."""
     from opsnn.llm.attention import decode_attention
 
-    slots_total, Hq, Hkv, T, D = 6, 8, 2, 40, 16
+    slots_total, Hq, Hkv, T = 6, 8, 2, 40
     K = rng.standard_normal((slots_total, Hkv, T, D)).astype(np.float32)
     V = rng.standard_normal((slots_total, Hkv, T, D)).astype(np.float32)
     slots = np.array([4, 0, 5, 2], np.int64)
