@@ -244,3 +244,20 @@ def test_bfloat16_decoder_projections_run_on_the_bf16_gemm(rng):
         dec.forward(np.array([[4]]), slots, [5])
     kernels = {k.kernel for k in p.kernels if k.op == "Linear"}
     assert kernels == {"llm_linear_mkl_bf16"}
+
+
+@needs_bf16
+def test_mkl_products_called_first_thing_in_a_process_load_mkl():
+    # gemm2d_bf16 and gemv read the loaded library: called before anything else had loaded it
+    # they failed with "'NoneType' object has no attribute 'set_threads_local'"
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, ml_dtypes\n"
+            "from opsnn.kernels.cpu import mkl\n"
+            "a = np.ones((3, 4), ml_dtypes.bfloat16).view(np.uint16); b = np.ones((4, 5), ml_dtypes.bfloat16)\n"
+            "out = np.empty((3, 5), np.float32); mkl.gemm2d_bf16(a, b.view(np.uint16), out); assert (out == 4).all()\n"
+            "w = np.ones((6, 4), np.float32); y = np.empty(6, np.float32)\n"
+            "mkl.gemv(w, np.ones(4, np.float32), y); assert (y == 4).all(); print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

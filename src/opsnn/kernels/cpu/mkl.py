@@ -222,6 +222,9 @@ def gemm2d_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha: float = 1.
     shapes (2-core AVX-512 VM: 256x64 @ 64x3136 0.69 vs 0.81 ms, 256x2304 @ 2304x196 0.45 vs 0.47,
     1000x2048 @ 2048x1 0.09 vs 0.08), and MKL's bf16 panels reserve 10-20 MB a matrix, which would
     undo the halved weight memory 16-bit storage is chosen for."""
+    why = bf16_unavailable()  # also loads MKL when nothing has yet
+    if why is not None:
+        raise RuntimeError(f"MKL bf16 GEMM: {why}")
     m, k = a.shape
     n = b.shape[1]
     if m == 0 or n == 0:
@@ -267,8 +270,9 @@ def gemv(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     n, k = w.shape
     if n == 0:
         return
-    _lib.set_threads_local(_threads())
-    _lib.gemv(_ROW_MAJOR, _NO_TRANS, n, k, 1.0, w.ctypes.data, k, x.ctypes.data, 1, 0.0, out.ctypes.data, 1)
+    lib = _api()  # also loads MKL when nothing has yet
+    lib.set_threads_local(_threads())
+    lib.gemv(_ROW_MAJOR, _NO_TRANS, n, k, 1.0, w.ctypes.data, k, x.ctypes.data, 1, 0.0, out.ctypes.data, 1)
 
 
 def _matrices(x: np.ndarray) -> tuple[np.ndarray, int]:
