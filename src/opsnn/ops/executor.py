@@ -60,6 +60,10 @@ def _attrs_key(attrs: dict) -> tuple:
         return tuple((k, _freeze(v)) for k, v in attrs.items())
 
 
+#: workspaces up to this many bytes are plain numpy scratch, not pool blocks (see Executor._workspace)
+SMALL_WORKSPACE = 4096
+
+
 def _default_num_outputs(rec: OpRecord) -> int:
     return max(1, sum(1 for o in rec.outputs if not o.optional and not o.variadic))
 
@@ -195,7 +199,13 @@ class Executor:
         if self.workspace_size == 0:
             return None
         if workspace is None:
-            return _alloc_array((self.workspace_size,), _dt.uint8, f"{self.op.name}:workspace")
+            size = self.workspace_size
+            if size <= SMALL_WORKSPACE and not context().pool.guard_bytes:
+                # scratch of a few KB (LayerNorm's statistics): plain numpy memory (16-byte aligned;
+                # kernels that want more align their views, as workspace_view does), several us less
+                # a call than a pool block (guard mode keeps the pool's, whose guards catch overruns)
+                return np.empty(size, np.uint8)
+            return _alloc_array((size,), _dt.uint8, f"{self.op.name}:workspace")
         arr = workspace._array if isinstance(workspace, Tensor) else workspace
         if arr.nbytes < self.workspace_size:
             raise ParamInvalidError(f"{self.op.name}: workspace has {arr.nbytes} bytes, the executor needs "

@@ -413,7 +413,8 @@ def _zeros(shape, dtype):
 
 
 def _normalized_axis(name: str, t, normalized_shape) -> int:
-    if hasattr(normalized_shape, "shape") and hasattr(normalized_shape, "dtype"):  # a tensor where dims belong
+    if type(normalized_shape) not in (tuple, list, int) and hasattr(normalized_shape, "shape") and \
+            hasattr(normalized_shape, "dtype"):  # a tensor where dims belong
         raise ParamInvalidError(f"{name}: normalized_shape must be an int or a tuple of ints (the trailing dims, "
                                 f"e.g. {tuple(t.shape[-1:])}), got a {type(normalized_shape).__name__} of shape "
                                 f"{tuple(normalized_shape.shape)}; pass weight= and bias= by keyword")

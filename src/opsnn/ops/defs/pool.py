@@ -611,6 +611,8 @@ def _max_roi_pool_numpy(ins, outs, attrs, plan, ws):
 # -- functional entry points (torch-style arguments) ----------------------------------------------------------
 
 def _ints_arg(fn: str, name: str, v, n: int, minimum: int) -> tuple:
+    if type(v) is int and v >= minimum:  # the common call (max_pool2d(x, 2)): no generic checks
+        return (v,) * n
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
         v = (int(v),) * n
     elif isinstance(v, (tuple, list)) and len(v) == 1 and n > 1:
