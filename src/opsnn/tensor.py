@@ -52,16 +52,15 @@ class Storage:
 
 
 def _alloc_array(shape: tuple, dtype: np.dtype, tag: str | None = None) -> np.ndarray:
-    if dtype.isbuiltin == 1 and dtype.kind in "biufc":  # one step: the interface gives numpy the final array (~1 us less a tensor)
-        nbytes = math.prod(shape) * dtype.itemsize
-        return np.asarray(Storage(context().pool, nbytes, tag,
-                                  {"shape": tuple(shape), "typestr": dtype.str, "version": 3}))
     if dtype.hasobject:
         # string tensors (ONNX string ops) hold Python object pointers, which raw pool bytes cannot own
         return np.empty(shape, dtype)
     nbytes = math.prod(shape) * dtype.itemsize
-    storage = Storage(context().pool, nbytes, tag)
-    buf = np.asarray(storage)  # base is the Storage: keeps the block alive
+    if dtype.isbuiltin == 1 and dtype.kind in "biufc":
+        # one step: the interface gives numpy the final array (~1 us less a tensor than a byte view)
+        return np.asarray(Storage(context().pool, nbytes, tag,
+                                  {"shape": tuple(shape), "typestr": dtype.str, "version": 3}))
+    buf = np.asarray(Storage(context().pool, nbytes, tag))  # base is the Storage: keeps the block alive
     return buf[:nbytes].view(dtype).reshape(shape)
 
 

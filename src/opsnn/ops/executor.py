@@ -225,18 +225,20 @@ class Executor:
                 stream.wait_stream_seq(p[0], p[1])
             arrays.append(t._array)
         oarrays = [o._array for o in outs]
-        ws = self._workspace(workspace) if self.workspace_size else None
-        if hooks.active or self.adapter or True in self._contig or context().pool.guard_bytes:
-            seq = self._launch_observed(stream, arrays, oarrays, ins, outs, ws)
+        ws = self._workspace(workspace)
+        pool = context().pool
+        if hooks.active or self.adapter or True in self._contig or pool.guard_bytes:
+            seq = self._launch_observed(stream, pool, arrays, oarrays, ins, outs, ws)
         else:  # the common eager case: the kernel itself with its arguments, no closure around it
             seq = stream.launch(self.kernel.fn, self.op.name, self._info, (arrays, oarrays, self.attrs, self.plan, ws))
         producer = (stream, seq)
         for o in outs:
             o._producer = producer
 
-    def _launch_observed(self, stream, arrays, oarrays, ins, outs, ws) -> int:
+    def _launch_observed(self, stream, pool, arrays, oarrays, ins, outs, ws) -> int:
+        """The launch with a closure around the kernel: strided inputs made contiguous, the 16-bit
+        adapter, guard-byte checks, observers' shapes and dtypes."""
         task = self._task(arrays, oarrays, ws)
-        pool = context().pool
         if pool.guard_bytes:
             task = _guarded(task, pool, f"{self.op.name} (kernel {self.kernel.name})")
         info = self._info
