@@ -261,3 +261,19 @@ def test_mkl_products_called_first_thing_in_a_process_load_mkl():
             "mkl.gemv(w, np.ones(4, np.float32), y); assert (y == 4).all(); print('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+@needs_bf16
+@pytest.mark.parametrize("m,k,n", [(1, 64, 48), (5, 33, 7), (4, 0, 3)])
+def test_gemm2d_bf16_alpha_beta(rng, m, k, n):
+    """``out = alpha * a @ b + beta * out`` (the decoder's residual projections use beta = 1);
+    beta 0 never reads ``out`` (NaN there does not survive), also with an empty K."""
+    a, b = _bf(rng, (m, k)), _bf(rng, (k, n))
+    ab = a.astype(np.float64) @ b.astype(np.float64)
+    out = np.full((m, n), np.nan, np.float32)
+    KM.gemm2d_bf16(a.view(np.uint16), b.view(np.uint16), out)
+    np.testing.assert_allclose(out, ab, rtol=1e-5, atol=1e-5)
+    z = rng.standard_normal((m, n)).astype(np.float32)
+    out[...] = z
+    KM.gemm2d_bf16(a.view(np.uint16), b.view(np.uint16), out, alpha=0.5, beta=1.0)
+    np.testing.assert_allclose(out, 0.5 * ab + z, rtol=1e-5, atol=1e-5)

@@ -463,13 +463,16 @@ def test_prepared_decode_steps_match_the_eager_path(lm, rng, no_leak):
         got = fast.forward(tok, sl, st)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     names = [k.kernel for k in prof.kernels]
-    assert "llm_decode_attention" in names and "llm_decode_step" not in names
+    assert "llm_decode_rope_attention" in names and "llm_decode_step" not in names
     step, calls = fast._steps[2], []
     run_kernels = step._run_kernels
-    step._run_kernels = lambda: (calls.append(1), run_kernels())
+    step._run_kernels = lambda *a: (calls.append(1), run_kernels(*a))
     got2 = fast.forward(tok, sl, st)  # no observer: one task
     assert calls == [1]
     np.testing.assert_array_equal(got2, got)
+    # a full step (2 rows in the 2-row bucket) replays the final norm and vocabulary projection too;
+    # its logits are the caller's own array, not the buffer the next step overwrites
+    assert not np.shares_memory(got2, step.logits.numpy())
     fast.release_steps()
     assert not fast._steps
     del fast, eager
@@ -498,6 +501,41 @@ def test_decode_attention_kernel_matches_the_attention_op(rng, D):
     yp = np.full_like(q, np.nan)  # the tasks spread over threads: the same per-task arithmetic
     decode_attention(q, kt, V, slots, lengths, yp, D ** -0.5, parallel=True)
     np.testing.assert_array_equal(yp, y)
+
+
+def test_rope_store_matches_the_rotary_op_and_the_cache_write(rng):
+    """The decode step's RoPE + K/V store against the RotaryEmbedding op and KVCache.write: q
+    rotated in place (pad rows too), keys rotated into the transposed cache, values copied, rows
+    past ``rows`` (a step's pad rows) leave the cache untouched."""
+    from opsnn.llm.attention import rope_store
+    from opsnn.models.llama import LlamaConfig, rope_cache
+
+    Hq, Hkv, D, T, n_slots = 4, 2, 16, 24, 5
+    cos, sin = rope_cache(LlamaConfig(vocab_size=8, hidden_size=Hq * D, intermediate_size=8, num_hidden_layers=1,
+                                      num_attention_heads=Hq, num_key_value_heads=Hkv, max_position_embeddings=T))
+    R, rows = 4, 3
+    q = rng.standard_normal((R, Hq, D)).astype(np.float32)
+    k = rng.standard_normal((R, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((R, Hkv, D)).astype(np.float32)
+    pos = np.array([0, 7, T - 1, 3], np.int64)
+    slots = np.array([3, 0, 4, 1], np.int64)
+    rot = lambda x, n: opsnn.ops.rotary_embedding(x.reshape(R, 1, n * D), cos, sin, pos[:, None],  # noqa: E731
+                                                  num_heads=n).numpy().reshape(R, n, D)
+    want_q, want_k = rot(q, Hq), rot(k, Hkv)
+    cache = KVCache(layers=1, max_batch_slots=n_slots, max_seq=T, kv_heads=Hkv, head_dim=D)
+    cache.write(0, slots[:rows], pos[:rows], want_k[:rows, None], v[:rows, None])
+    kt = np.full((n_slots, Hkv, D, T), np.nan, np.float32)
+    vc = np.full((n_slots, Hkv, T, D), np.nan, np.float32)
+    kt_want, vc_want = kt.copy(), vc.copy()
+    for b in range(rows):
+        kt_want[slots[b], :, :, pos[b]] = cache._k[0][slots[b], :, :, pos[b]]
+        vc_want[slots[b], :, pos[b]] = cache._v[0][slots[b], :, pos[b]]
+    rope_store(q, k, v, cos, sin, pos, kt, vc, slots, rows)
+    np.testing.assert_allclose(q, want_q, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(kt, kt_want, rtol=1e-6, atol=1e-6)  # NaN where nothing was written
+    np.testing.assert_array_equal(vc, vc_want)
+    assert np.isnan(kt[slots[3]]).all() and np.isnan(vc[slots[3]]).all()  # the pad row stored nothing
+    cache.close()
 
 
 def test_decoder_packed_projections_match_the_linear_op(lm, rng):

@@ -91,6 +91,8 @@ def test_gemv_matches_oracle(rng, n, k):
     out = np.full(n, np.nan, np.float32)
     KM.gemv(w, x, out)
     _close(out, w.astype(np.float64) @ x, k)
+    KM.gemv(w, x, out, accumulate=True)  # a residual added by the product: out += w @ x
+    _close(out, 2 * (w.astype(np.float64) @ x), k)
 
 
 @needs_mkl

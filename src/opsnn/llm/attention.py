@@ -121,6 +121,35 @@ def _decode_all_parallel(q, kt, v, slots, lengths, y, scale, nt):
             _decode_task(np.int64(t), q, kt, v, slots, lengths, y, scale)
 
 
+@nb.njit(nogil=True, cache=True)
+def rope_store(q, k, v, cos, sin, pos, kt, vc, slots, rows):
+    """A decode step's rotary embedding and K/V store in one pass: rotate every row of ``q``
+    (R, Hq, D) in place and the first ``rows`` rows of ``k`` (R, Hkv, D) into the cache, row
+    ``b`` at position ``pos[b]`` of slot ``slots[b]`` (keys transposed: ``kt`` (slots, Hkv, D,
+    T); values ``vc`` (slots, Hkv, T, D) copied from ``v``). ``cos``/``sin`` are the
+    (max_position, D/2) tables of the model's non-interleaved ("rotate half") RoPE; positions
+    must lie in the table and the cache (the caller checks)."""
+    half = cos.shape[1]
+    for b in range(q.shape[0]):
+        p = pos[b]
+        c, s = cos[p], sin[p]
+        for n in range(q.shape[1]):
+            for i in range(half):
+                x1, x2 = q[b, n, i], q[b, n, i + half]
+                q[b, n, i] = c[i] * x1 - s[i] * x2
+                q[b, n, i + half] = s[i] * x1 + c[i] * x2
+        if b >= rows:
+            continue
+        sl = slots[b]
+        for n in range(k.shape[1]):
+            kd = kt[sl, n]
+            for i in range(half):
+                x1, x2 = k[b, n, i], k[b, n, i + half]
+                kd[i, p] = c[i] * x1 - s[i] * x2
+                kd[i + half, p] = s[i] * x1 + c[i] * x2
+            vc[sl, n, p, :] = v[b, n, :]
+
+
 def decode_attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
                      y: np.ndarray, scale: float, parallel: bool = False) -> None:
     """``y[b, h, 0] = softmax(scale * q[b, h, 0] . K[s, h // g, :L]) @ v[s, h // g, :L]`` with
@@ -141,4 +170,4 @@ def decode_attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slots: np.nda
         _decode_all(q, kt, v, slots, lengths, y, np.float32(scale))
 
 
-__all__ = ["decode_attention"]
+__all__ = ["decode_attention", "rope_store"]

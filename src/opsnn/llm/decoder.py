@@ -39,7 +39,7 @@ from ..runtime import hooks
 from ..runtime.context import context
 from ..runtime.stream import current_stream
 from ..tensor import Tensor, _alloc_array, as_tensor
-from .attention import decode_attention
+from .attention import decode_attention, rope_store
 from .cache import KVCache
 
 
@@ -272,10 +272,10 @@ class CachedDecoder:
         replayed, runs this one kernel (launched on the current stream, so the profiler sees it)."""
         self._launch_attention(self._attention_kernel(layer, q, slots, lengths, y), lengths)
 
-    def _launch_attention(self, kernel, lengths: np.ndarray) -> None:
+    def _launch_attention(self, kernel, lengths: np.ndarray, name: str = "llm_decode_attention") -> None:
         """Launch a :meth:`_attention_kernel` closure on the current stream (the profiler sees it)."""
         flops = 4 * int(lengths.sum()) * self.config.num_attention_heads * self.config.head_dim
-        current_stream().launch(kernel, "Attention", {"kernel": "llm_decode_attention", "flops": flops})
+        current_stream().launch(kernel, "Attention", {"kernel": name, "flops": flops})
 
     def _attention_kernel(self, layer: int, q: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
                           y: np.ndarray):
@@ -343,14 +343,13 @@ class _DecodeStep:
         self.pos = Tensor(np.zeros((R, 1), np.int64))
         self.kvlen = np.zeros(R, np.int64)
         self.slots = np.zeros(R, np.int64)
-        self.starts = np.zeros(0, np.int64)
         self.B = 0
         self.plan: list = []  # callables: executors' run, K/V stores, attention
         self.kernels: list = []  # the same steps as bare kernel calls (see run)
 
-        def add(ex):
-            self.plan.append(ex.run)
-            self.kernels.append(ex.bound_kernel())
+        def add(ex, lists=(self.plan, self.kernels)):
+            lists[0].append(ex.run)
+            lists[1].append(ex.bound_kernel())
             return ex.outputs[0]
 
         def linear(x, w):  # the Linear op's executor, or the decoder's MKL-packed weight on fixed buffers
@@ -362,41 +361,54 @@ class _DecodeStep:
             out = Tensor(_alloc_array(x.shape[:-1] + (_out_features(pw),), _F32, "llm decode linear"))
             return _PackedLinearStep(x.numpy().reshape(-1, x.shape[-1]), pw, out)
 
+        def residual(h, y, w):  # h + y @ w.T; on MKL the GEMM adds into h's buffer (beta = 1)
+            pw = dec._packed(w, R)
+            if pw is None:
+                return add(aclnn.add.prepare(h, add(linear(y, w))))
+            add(_PackedLinearStep(y.numpy().reshape(-1, y.shape[-1]), pw, h, accumulate=True))
+            return h
+
         h = add(aclnn.embedding.prepare(self.tokens, dec.embed))
         if h.dtype != _F32:  # a bf16 model's table: rows widened to the float32 activations
             h = add(aclnn.cast.prepare(h, "float32"))
+        pos = self.pos.numpy().reshape(R)
+        cos, sin = dec.cos.numpy(), dec.sin.numpy()
         for i, p in enumerate(dec.layers):
             x = add(aclnn.rms_norm.prepare(h, H, p.ln1, eps=dec.eps))
-            q = add(aclnn.rotary_embedding.prepare(add(linear(x, p.wq)), dec.cos, dec.sin, self.pos,
-                                                   num_heads=Hq))
-            k = add(aclnn.rotary_embedding.prepare(add(linear(x, p.wk)), dec.cos, dec.sin, self.pos,
-                                                   num_heads=Hkv))
-            v = add(linear(x, p.wv))
-            y = Tensor(_alloc_array((R, 1, Hq * D), _F32, "llm decode attention"))
-            store = self._store_kv(i, k.numpy().reshape(R, 1, Hkv, D), v.numpy().reshape(R, 1, Hkv, D))
-            self.plan.append(store)
-            self.kernels.append(store)
-            # every row attends (pad rows: length 0, zeros), so the buffers stay fixed
-            attend = dec._attention_kernel(i, q.numpy(), self.slots, self.kvlen, y.numpy())
-            self.plan.append(lambda attend=attend: dec._launch_attention(attend, self.kvlen))
-            self.kernels.append(attend)
-            h = add(aclnn.add.prepare(h, add(linear(y, p.wo))))
+            q, k, v = (add(linear(x, w)).numpy() for w in (p.wq, p.wk, p.wv))
+            y = _alloc_array((R, 1, Hq * D), _F32, "llm decode attention")
+            # RoPE on q (in place) and k, K/V into the cache, attention: one task (the rotary op per
+            # head and the cache's fancy-index store were three more per layer, ~20-30 us each in
+            # the step, where the kernels themselves take ~1 us); every row attends (pad rows:
+            # length 0, zeros) and pad rows store nothing, so the buffers stay fixed
+            attend = dec._attention_kernel(i, q, self.slots, self.kvlen, y)
+            kc, vc = dec.cache._k[i], dec.cache._v[i]
+
+            def rope_attend(q=q.reshape(R, Hq, D), k=k.reshape(R, Hkv, D), v=v.reshape(R, Hkv, D), kc=kc, vc=vc,
+                            attend=attend):
+                rope_store(q, k, v, cos, sin, pos, kc, vc, self.slots, self.B)
+                attend()
+            self.plan.append(lambda fn=rope_attend: dec._launch_attention(fn, self.kvlen, "llm_decode_rope_attention"))
+            self.kernels.append(rope_attend)
+            h = residual(h, Tensor(y), p.wo)
             x = add(aclnn.rms_norm.prepare(h, H, p.ln2, eps=dec.eps))
             gu = aclnn.swiglu.prepare(add(linear(x, p.wg)), add(linear(x, p.wu)))
-            h = add(aclnn.add.prepare(h, add(linear(add(gu), p.wd))))
-        self.h, self.H = h, H  # the final norm and the vocabulary projection run on the decoding rows only
+            h = residual(h, add(gu), p.wd)
+        # the final norm and the vocabulary projection: prepared for all R rows, replayed when
+        # the step is full (eagerly on the B decoding rows otherwise); eager after the step's
+        # weight streaming, with the interpreter's state cold in cache, the norm's dispatch
+        # alone took ~0.4 ms a token (12 layers x hidden 768, one row)
+        self.head_plan, self.head_kernels = [], []
+        head = (self.head_plan, self.head_kernels)
+        self.logits = add(linear(add(aclnn.rms_norm.prepare(h, H, dec.norm_w, eps=dec.eps), head), dec.out_w), head)
+        self.h, self.H = h, H
 
-    def _store_kv(self, layer: int, k: np.ndarray, v: np.ndarray):
-        cache = self.dec.cache
-
-        def store():
-            B = self.B
-            cache.write(layer, self.slots[:B], self.starts, k[:B], v[:B])
-        return store
-
-    def _run_kernels(self) -> None:
+    def _run_kernels(self, head: bool = False) -> None:
         for fn in self.kernels:
             fn()
+        if head:
+            for fn in self.head_kernels:
+                fn()
 
     def run(self, tokens: np.ndarray, slots: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """Logits (B, vocab) for ``tokens`` (B, 1) at positions ``starts`` of cache slots ``slots``."""
@@ -411,16 +423,20 @@ class _DecodeStep:
         pos[:B, 0] = starts
         kvlen[:B] = starts + 1
         self.slots[:B] = slots
-        self.starts, self.B = starts, B
+        self.B = B
         stream = current_stream()
+        full = B == self.R
         if hooks.active or not stream.inline or context().pool.guard_bytes:
-            for fn in self.plan:  # every kernel launched on its own: observers see each one
+            for fn in self.plan + self.head_plan if full else self.plan:  # each kernel on its own: observers see each
                 fn()
         else:
             # no observer and the caller's thread runs the stream: the step's ~13 kernels a layer
             # as one task (each executor's launch bookkeeping is ~20-30 us, ~4 ms a token for 12 layers)
-            stream.launch(self._run_kernels, "DecodeStep", {"kernel": "llm_decode_step"})
-        h = self.h if B == self.R else Tensor(self.h.numpy()[:B])
+            stream.launch(self._run_kernels, "DecodeStep", {"kernel": "llm_decode_step"}, (full,))
+        stream.synchronize()  # the residual GEMMs write h in place: no producer for numpy() to wait on
+        if full:
+            return self.logits.numpy().reshape(B, -1).copy()  # the buffer is the next step's
+        h = Tensor(self.h.numpy()[:B])
         dec = self.dec
         logits = dec._linear(ops.rms_norm(h, self.H, dec.norm_w, eps=dec.eps), dec.out_w).numpy()
         return logits.reshape(B, -1)
@@ -469,11 +485,13 @@ def _out_features(p) -> int:
     return p.shape[0] if isinstance(p, (np.ndarray, _Bf16Weight)) else p.n
 
 
-def _mkl_product(x: np.ndarray, p, out: np.ndarray) -> tuple:
-    """``out = x @ W.T`` on MKL as (closure over these arrays, task name, profiler info), the
-    arguments of a stream launch: ``p`` is W's packed panel, W itself (N, K) for one row
-    (``cblas_sgemv``), or a :class:`_Bf16Weight` (``x`` rounded into a bf16 buffer of its own,
-    then ``cblas_gemm_bf16bf16f32``)."""
+def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) -> tuple:
+    """``out = x @ W.T`` (``out += x @ W.T`` when ``accumulate``: a residual added by the GEMM
+    itself) on MKL as (closure over these arrays, task name, profiler info), the arguments of a
+    stream launch: ``p`` is W's packed panel, W itself (N, K) for one row (``cblas_sgemv``), or
+    a :class:`_Bf16Weight` (``x`` rounded into a bf16 buffer of its own, then
+    ``cblas_gemm_bf16bf16f32``)."""
+    beta = 1.0 if accumulate else 0.0
     if isinstance(p, _Bf16Weight):
         (n, k), wt = p.w.shape, p.w.T
         xb = np.empty(x.shape, np.uint16)
@@ -481,14 +499,14 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray) -> tuple:
 
         def fn():
             f32_to_bf16(xf, xu, xbf)
-            _mkl.gemm2d_bf16(xb, wt, out)
+            _mkl.gemm2d_bf16(xb, wt, out, beta=beta)
         return fn, "Linear", {"kernel": "llm_linear_mkl_bf16", "flops": 2 * x.shape[0] * k * n}
     if isinstance(p, np.ndarray):
         (n, k), xv, ov = p.shape, x.reshape(-1), out.reshape(-1)
-        fn, kernel = (lambda: _mkl.gemv(p, xv, ov)), "llm_linear_mkl_gemv"
+        fn, kernel = (lambda: _mkl.gemv(p, xv, ov, accumulate)), "llm_linear_mkl_gemv"
     else:
         n, k = p.n, p.k
-        fn, kernel = (lambda: _mkl.gemm(x, p, out)), "llm_linear_mkl_packed"
+        fn, kernel = (lambda: _mkl.gemm(x, p, out, accumulate)), "llm_linear_mkl_packed"
     return fn, "Linear", {"kernel": kernel, "flops": 2 * x.shape[0] * k * n}
 
 
@@ -498,8 +516,8 @@ class _PackedLinearStep:
 
     __slots__ = ("launch_args", "outputs")
 
-    def __init__(self, x: np.ndarray, p, out: Tensor):
-        self.launch_args = _mkl_product(x, p, out.numpy().reshape(x.shape[0], -1))
+    def __init__(self, x: np.ndarray, p, out: Tensor, accumulate: bool = False):
+        self.launch_args = _mkl_product(x, p, out.numpy().reshape(x.shape[0], -1), accumulate)
         self.outputs = [out]
 
     def run(self):

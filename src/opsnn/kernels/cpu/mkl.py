@@ -215,8 +215,8 @@ def bf16_unavailable() -> str | None:
     return None
 
 
-def gemm2d_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha: float = 1.0) -> None:
-    """``out = alpha * a @ b`` in float32 for bfloat16 operands (uint16 views of the bits, row-major
+def gemm2d_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha: float = 1.0, beta: float = 0.0) -> None:
+    """``out = alpha * a @ b + beta * out`` in float32 for bfloat16 operands (uint16 views of the bits, row-major
     or transposed views as they stand; ``out`` row-major float32) in one ``cblas_gemm_bf16bf16f32``
     call. The weights are read as they are, not packed: packing bought 0-15% on ResNet-50's
     shapes (2-core AVX-512 VM: 256x64 @ 64x3136 0.69 vs 0.81 ms, 256x2304 @ 2304x196 0.45 vs 0.47,
@@ -229,15 +229,18 @@ def gemm2d_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha: float = 1.
     n = b.shape[1]
     if m == 0 or n == 0:
         return
-    if k == 0:
-        out[...] = 0
+    if k == 0:  # as BLAS: with beta 0 ``out`` is not read (NaN there does not survive)
+        if beta == 0:
+            out[...] = 0
+        else:
+            out *= beta
         return
     la, lb = _operand(a, 2), _operand(b, 2)
     lc = _operand(out)
     if la is None or lb is None or lc is None or lc[0] != _NO_TRANS:
         raise ValueError("gemm2d_bf16: operands must be row-major or transposed views (unit stride along a side)")
     _lib.set_threads_local(_threads())
-    _lib.bf16(_ROW_MAJOR, la[0], lb[0], m, n, k, alpha, a.ctypes.data, la[1], b.ctypes.data, lb[1], 0.0,
+    _lib.bf16(_ROW_MAJOR, la[0], lb[0], m, n, k, alpha, a.ctypes.data, la[1], b.ctypes.data, lb[1], beta,
               out.ctypes.data, lc[1])
 
 
@@ -264,15 +267,17 @@ def gemm(a: np.ndarray, p: PackedWeight, out: np.ndarray, accumulate: bool = Fal
                  1.0 if accumulate else 0.0, out.ctypes.data, p.n)
 
 
-def gemv(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """``out = w @ x`` for a C-contiguous float32 matrix ``w`` (N, K) and float32 vectors ``x``
-    (K elements) and ``out`` (N), each contiguous (a Linear layer's product for one row)."""
+def gemv(w: np.ndarray, x: np.ndarray, out: np.ndarray, accumulate: bool = False) -> None:
+    """``out = w @ x`` (``out += w @ x`` when ``accumulate``) for a C-contiguous float32 matrix
+    ``w`` (N, K) and float32 vectors ``x`` (K elements) and ``out`` (N), each contiguous (a
+    Linear layer's product for one row)."""
     n, k = w.shape
     if n == 0:
         return
     lib = _api()  # also loads MKL when nothing has yet
     lib.set_threads_local(_threads())
-    lib.gemv(_ROW_MAJOR, _NO_TRANS, n, k, 1.0, w.ctypes.data, k, x.ctypes.data, 1, 0.0, out.ctypes.data, 1)
+    lib.gemv(_ROW_MAJOR, _NO_TRANS, n, k, 1.0, w.ctypes.data, k, x.ctypes.data, 1, 1.0 if accumulate else 0.0,
+             out.ctypes.data, 1)
 
 
 def _matrices(x: np.ndarray) -> tuple[np.ndarray, int]:
