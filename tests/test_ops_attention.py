@@ -160,6 +160,40 @@ def build(rng, spec, dtype=np.float32, B=2, Sq=6, Skv=9, D=8, Dv=5):
     return ins, attrs
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gemm_kernel_task_form_matches_the_reference(rng, monkeypatch, name, parallel):
+    """attention_gemm's one-region form (a task per (batch, KV head): both products on
+    single-threaded MKL, the masked softmax between; K.gemm_tasks) and its batched form give
+    the ONNX reference on every case: masks, GQA, past K/V, softcap, windows, nonpad lengths."""
+    import sys
+
+    from opsnn.kernels.cpu import mkl
+
+    A = sys.modules["opsnn.ops.defs.attention"]  # (the package attribute is the op function)
+    if mkl.unavailable():
+        pytest.skip(f"MKL: {mkl.unavailable()}")
+    spec = CASES[name]
+    ins, attrs = build(rng, spec)
+    nout = 3 if spec.get("past") else 1
+    want = onnx_ref("Attention", ins, attrs, nout)
+    calls = []
+    real = A.K.gemm_tasks
+    # the serial or the parallel loop, whichever the size would pick
+    monkeypatch.setattr(A.K, "gemm_tasks", lambda *a: (calls.append(1), real(*a[:-2], parallel, a[-1])))
+    for tasks in (True, False):
+        monkeypatch.setattr(A, "_tasks_balance", lambda n, t=tasks: t)
+        mkl._lib.set_threads_local(2)
+        got = run(ins, attrs, nout, algo="attention_gemm")
+        opsnn.current_stream().synchronize()
+        # the tasks ran MKL single-threaded and put this thread's MKL setting back
+        assert mkl._lib.set_threads_local(0) == 2
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    # the task form ran once (4-D Y, or 3-D without GQA: Y is a BLAS operand)
+    assert calls == ([1] if spec["shape"] == "4d" or spec.get("hq", 3) == spec.get("hkv", spec.get("hq", 3)) else [])
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_attention_matches_onnx_reference(rng, name):
     spec = CASES[name]

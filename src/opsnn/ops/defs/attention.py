@@ -24,6 +24,7 @@ from ... import dtypes as _dt
 from ...errors import DTypeError, ParamInvalidError
 from ...kernels.cpu import attention as K
 from ...kernels.cpu import mkl as KM
+from ...kernels.cpu import mkl_nb as MN
 from ..api import api
 from ..autotune import NotPreferred
 from ..registry import Attr, Input, Output, TensorMeta, register_op
@@ -359,13 +360,32 @@ def _matmul_out(a, b, c):
     np.matmul(a, b, out=c)
 
 
+def _tasks_balance(tasks: int) -> bool:
+    """Whether ``tasks`` (batch x KV heads) one-thread tasks keep the threads evenly busy: a
+    whole number of rounds, or enough rounds that the last one's gap is small (one batch of
+    one KV head would run on a single thread; the batched products split it instead)."""
+    nt = K.num_threads()
+    return tasks >= nt and (tasks % nt == 0 or tasks >= 3 * nt)
+
+
+_ADDRESSES: list = []
+
+
+def _mkl_addresses() -> np.ndarray:
+    if not _ADDRESSES:
+        _ADDRESSES.append(MN.addresses())
+    return _ADDRESSES[0]
+
+
 def _gemm(ins, outs, attrs, plan, ws):
     """Scores by one batched BLAS GEMM per (batch, KV head) (GQA: the group's query heads
     stacked as rows), a parallel numba masked softmax in place, then probs @ V by BLAS.
     3-D (B, S, H*D) inputs and output (no GQA) go to BLAS as head-strided views (leading
     dimension H*D): no transposed copies of Q, K, V or Y. With MKL each product is one
     ``cblas_sgemm_batch`` over all heads (BERT-base, 12 heads x 128 x 64: QK^T 0.45 -> 0.15 ms
-    on the 2-core AVX-512 VM), else numpy's matmul (a BLAS call per head)."""
+    on the 2-core AVX-512 VM), else numpy's matmul (a BLAS call per head). With MKL, when the
+    (batch, KV head) tasks split evenly over the threads and Y is a BLAS operand, the three
+    steps run as one region instead, a task per (batch, KV head) (``K.gemm_tasks``)."""
     ins = list(ins) + [None] * (7 - len(ins))
     d = plan["d"]
     k4, v4 = _kv(ins, outs, plan, np.float32)
@@ -383,6 +403,18 @@ def _gemm(ins, outs, attrs, plan, ws):
     n = d.B * d.Hq * d.Sq * d.T
     s = ws[: 4 * n].view(np.float32).reshape(d.B, d.Hq, d.Sq, d.T) if n else np.empty((d.B, d.Hq, d.Sq, 0), np.float32)
     mkl = KM.unavailable() is None
+    y = outs[0]
+    y4 = _to4(y, d.Hq) if d.rank == 3 else y
+    # Y as (B, Hkv, rows, Dv) BLAS operands: the (head-strided) view itself, or a GQA group's rows
+    yt = y4 if g == 1 and _blasable(y4) else y.reshape(d.B, d.Hkv, rows, d.Dv) if \
+        y.flags.c_contiguous and d.rank == 4 else None
+    if mkl and yt is not None and d.T and d.D and _tasks_balance(d.B * d.Hkv):
+        # one region: a (batch, KV head) task runs both products and its softmax (K.gemm_tasks)
+        kvlen, off = _offsets(ins, d)
+        K.gemm_tasks(q4, k4, v4, yt, s, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"],
+                     plan["left"], plan["right"], np.float32(plan["scale"]), np.float32(plan["softcap"]),
+                     plan["parallel"], _mkl_addresses())
+        return
     if d.T:
         if mkl:  # one batched call instead of a BLAS call per head
             KM.matmul_batched(q4, k4, s.reshape(d.B, d.Hkv, rows, d.T), trans_b=True)
@@ -391,8 +423,6 @@ def _gemm(ins, outs, attrs, plan, ws):
     kvlen, off = _offsets(ins, d)
     K.masked_softmax(s, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"], plan["left"], plan["right"],
                      np.float32(plan["scale"]), np.float32(plan["softcap"]), plan["parallel"])
-    y = outs[0]
-    y4 = _to4(y, d.Hq) if d.rank == 3 else y
     if g == 1 and _blasable(y4):
         # (B, H, S, Dv) itself or the head-strided view of a 3-D (B, S, H*Dv) Y: BLAS writes it in place
         (KM.matmul_batched if mkl else _matmul_out)(s, v4, y4)

@@ -1,0 +1,99 @@
+"""MKL's SGEMM called from inside numba kernels, one GEMM per task of a parallel loop.
+
+Why: a kernel whose tasks are small products with work between them (attention: scores, a
+softmax, probabilities @ V per head; a convolution: im2col then a GEMM per band) otherwise
+runs as a chain of parallel regions — MKL's batch or banded calls, each splitting a small
+product over the threads, with numba's passes in between. Here every task runs its whole
+chain on one thread, its data in that core's cache, MKL single-threaded inside it
+(``MKL_Set_Num_Threads_Local(1)`` for the task, restored after), the tasks spread over
+numba's threads: one parallel region.
+
+The functions are called through their addresses, passed to the kernel as arguments
+(:func:`addresses`), so that kernels stay cacheable (``cache=True``: a ctypes function
+object would bake a process-specific address into the cached code).
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from . import mkl as _mkl
+
+#: CBLAS constants (row-major; no transpose / transpose)
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+
+
+def _as_i32(builder, val, ty):
+    if isinstance(ty, types.Integer):
+        return builder.trunc(val, ir.IntType(32)) if ty.bitwidth > 32 else \
+            (builder.sext(val, ir.IntType(32)) if ty.bitwidth < 32 else val)
+    if isinstance(ty, types.Boolean):
+        return builder.zext(val, ir.IntType(32))
+    raise TypeError(f"an int argument, got {ty}")
+
+
+def _as_f32(builder, val, ty):
+    if ty == types.float32:
+        return val
+    if ty == types.float64:
+        return builder.fptrunc(val, ir.FloatType())
+    raise TypeError(f"a float argument, got {ty}")
+
+
+def _as_ptr(builder, val, ty):
+    if not isinstance(ty, types.Integer):
+        raise TypeError(f"an address (integer) argument, got {ty}")
+    return builder.inttoptr(val, ir.IntType(8).as_pointer())
+
+
+@intrinsic
+def sgemm(typingctx, fn, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
+    """``C = op(A) @ op(B) + beta * C`` (row-major, float32; ``a``, ``b``, ``c`` addresses, e.g.
+    ``arr.ctypes.data``) through ``cblas_sgemm`` at address ``fn``."""
+    sig = types.void(fn, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc)
+
+    def codegen(context, builder, signature, args):
+        i32, f32, ptr = ir.IntType(32), ir.FloatType(), ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [i32] * 6 + [f32, ptr, i32, ptr, i32, f32, ptr, i32])
+        tys = signature.args
+        call = [ir.Constant(i32, ROW_MAJOR)]
+        call += [_as_i32(builder, args[i], tys[i]) for i in range(1, 6)]
+        call += [ir.Constant(f32, 1.0), _as_ptr(builder, args[6], tys[6]), _as_i32(builder, args[7], tys[7]),
+                 _as_ptr(builder, args[8], tys[8]), _as_i32(builder, args[9], tys[9]),
+                 _as_f32(builder, args[10], tys[10]), _as_ptr(builder, args[11], tys[11]),
+                 _as_i32(builder, args[12], tys[12])]
+        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), call)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def set_threads_local(typingctx, fn, nthreads):
+    """``MKL_Set_Num_Threads_Local(nthreads)`` at address ``fn``: the calling thread's MKL
+    thread count (0: back to the global setting); returns the previous one."""
+    sig = types.int32(fn, nthreads)
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(i32, [i32])
+        return builder.call(builder.inttoptr(args[0], fnty.as_pointer()),
+                            [_as_i32(builder, args[1], signature.args[1])])
+
+    return sig, codegen
+
+
+def addresses() -> np.ndarray | None:
+    """int64 ``[cblas_sgemm, MKL_Set_Num_Threads_Local]`` for the kernels, or None without MKL."""
+    if _mkl.unavailable() is not None:
+        return None
+    import ctypes
+
+    lib = _mkl._lib
+    return np.array([ctypes.cast(lib.sgemm, ctypes.c_void_p).value,
+                     ctypes.cast(lib.set_threads_local, ctypes.c_void_p).value], np.int64)
+
+
+__all__ = ["NO_TRANS", "TRANS", "addresses", "set_threads_local", "sgemm"]
