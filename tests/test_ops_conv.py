@@ -105,6 +105,8 @@ def rand(rng, shape, dtype=np.float32):
 
 
 # -- Conv: kernels vs the direct-loop oracle --------------------------------------------------------
+#: few input channels and enough output positions: the one-region task form on MKL, else im2col
+TASKS = "conv2d_im2col" if opsnn.kernels.cpu.mkl.unavailable() else "conv2d_im2col_tasks"
 CONV_CASES = [
     # (x shape, w shape, conv2d kwargs, expected kernel)
     ((2, 3, 8, 7), (4, 3, 3, 3), dict(stride=1, padding=1), "conv2d_im2col"),
@@ -121,7 +123,7 @@ CONV_CASES = [
     ((2, 3, 5, 6), (4, 3, 3, 3), dict(padding="same"), "conv2d_im2col"),
     ((2, 3, 5, 6), (4, 3, 2, 4), dict(padding="same", dilation=2), "conv2d_im2col"),
     ((2, 3, 5, 6), (4, 3, 3, 3), dict(padding="valid", stride=2), "conv2d_im2col"),
-    ((1, 3, 40, 40), (16, 3, 3, 3), dict(padding=1), "conv2d_im2col"),        # parallel im2col
+    ((1, 3, 40, 40), (16, 3, 3, 3), dict(padding=1), TASKS),                  # parallel im2col / tasks
     ((1, 32, 40, 40), (32, 1, 3, 3), dict(groups=32, padding=1), "conv2d_depthwise"),  # parallel depthwise
 ]
 
@@ -214,6 +216,52 @@ def test_conv_record_matches_onnxruntime(rng, attrs):
     if not (attrs.get("auto_pad", "NOTSET") != "NOTSET" and "dilations" in attrs):  # ort: unsupported combination
         np.testing.assert_allclose(got, run_ort("Conv", [x, w, b], attrs), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(got, run_onnx_ref("Conv", [x, w, b], attrs), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("xs,ws,kw", [(xs, ws, kw) for xs, ws, kw, _ in CONV_CASES if kw.get("groups", 1) == 1]
+                         + [((2, 3, 23, 19), (5, 3, 7, 7), dict(stride=2, padding=3)),    # a stem, odd sizes
+                            ((1, 2, 1, 50), (4, 2, 1, 5), dict(padding=(0, 2))),          # one output row
+                            ((3, 4, 17, 13), (6, 4, 3, 3), dict(dilation=2, padding=(3, 1), stride=(1, 2)))])
+@pytest.mark.parametrize("band_bytes", [64, 1 << 19])  # a task per output row (many bands) / a few bands
+def test_im2col_tasks_matches_direct_loop(rng, monkeypatch, xs, ws, kw, band_bytes):
+    """conv2d_im2col_tasks (a task per band of output rows: its columns in its thread's buffer,
+    then single-threaded MKL), forced on every group-1 case, with tasks of one output row and
+    with the default bands (uneven last band, fewer bands than threads)."""
+    from opsnn.kernels.cpu import conv as KC
+    from opsnn.kernels.cpu import mkl as KM
+    from opsnn.ops.executor import plan_op
+    from opsnn.ops.registry import TensorMeta, get_op
+
+    if KM.unavailable():
+        pytest.skip(f"MKL: {KM.unavailable()}")
+    monkeypatch.setattr(KC, "TASK_BAND_BYTES", band_bytes)
+    monkeypatch.setattr(KC, "TASK_MIN_COLS", 1)
+    x, w, b = rand(rng, xs), rand(rng, ws), rand(rng, (ws[0],))
+    ref = opsnn.ops.conv2d(x, w, b, algo="reference", **kw).numpy()  # the attrs ONNX-style, via the op
+    rec = get_op("Conv")
+    ex = opsnn.aclnn.conv2d.prepare(x, w, b, **kw)
+    planned = plan_op(rec, [TensorMeta(a.shape, a.dtype) for a in (x, w, b)], [None, w, b], ex.attrs)
+    kern = next(k for k in rec.kernels if k.name == "conv2d_im2col_tasks")
+    plan = kern.plan(planned.ctx)
+    assert plan.kind == "im2col_tasks" and (band_bytes > 64 or plan.band == 1)
+    ws_ = np.zeros(int(kern.workspace(planned.ctx, plan)), np.uint8)
+    y = np.full(ref.shape, np.nan, np.float32)
+    kern.fn([x, w, b], [y], planned.ctx.attrs, plan, ws_)
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(y, conv_direct(x, w, b, kw.get("stride", 1), _pads(kw, ws), kw.get("dilation", 1)),
+                               rtol=RTOL, atol=ATOL)
+
+
+def _pads(kw, ws):
+    """conv2d's padding argument as conv_direct's pads (begin..., end...)."""
+    pads = kw.get("padding", 0)
+    if pads == "same":
+        d = kw.get("dilation", 1)
+        tot = [d * (k - 1) for k in ws[2:]]
+        return tuple(t // 2 for t in tot) + tuple(t - t // 2 for t in tot)
+    if pads == "valid":
+        return 0
+    return pads if np.isscalar(pads) else tuple(pads) * 2
 
 
 @pytest.mark.parametrize("algo", ["conv2d_im2col", "conv_nd_im2col", "reference"])

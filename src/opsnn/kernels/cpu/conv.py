@@ -13,6 +13,11 @@ Forward algorithms, chosen at prepare time:
   size. Its loops index with ``np.uintp`` (no negative-index
   wraparound, so LLVM vectorizes the row copies) and do their divisions once per column
   row: 3-5x faster than per-(row, output row) tasks.
+* ``im2col_tasks``: 2-D, group 1, float32 on MKL, for small weights (few input channels: a
+  stem) — one parallel region; a task per band of output rows builds that band's columns in
+  its thread's own buffer and multiplies them on single-threaded MKL while they are in that
+  core's cache (:func:`im2col_gemm_tasks`), bands dealt to the threads in turn. The banded
+  ``im2col2d`` runs two regions a band (a parallel im2col, MKL's GEMM split over the threads).
 * ``im2col_nd``: any rank (3-D) — numpy-vectorized im2col: one strided block copy per
   kernel offset, with the slices precomputed in the plan; banded along the first spatial dim.
 * ``depthwise2d``: group == C (one input channel per group), 1-D/2-D — a direct numba
@@ -45,6 +50,7 @@ import numba as nb
 import numpy as np
 
 from . import mkl as _mkl
+from . import mkl_nb as MN
 from .fused import epilogue
 from .gemm import bf16_epilogue
 
@@ -69,6 +75,14 @@ BAND_BYTES = 8 << 20
 #: Not for wide inputs: 64 -> 64 channels 3x3 at 56x56 (576 rows) ran 7.2 -> 8.8 ms with two
 #: threads; nor where the output outweighs the columns (3 -> 64 channels 3x3: 4.9 -> 5.4 ms).
 CACHE_BAND_BYTES = 1 << 19
+#: ``im2col_tasks``: a task's columns (one thread's buffer) take about this many bytes, so that
+#: they and the band of output stay in that core's L2; a task keeps at least TASK_MIN_COLS
+#: output positions (a wide GEMM). ResNet-50's stem (147 column rows x 112 per output row),
+#: 2-core AVX-512 VM, rows per task 2 / 4 / 7 / 14 / 28: 2.03 / 1.80 / 1.64 / 1.88 / 1.75 ms
+#: (the banded im2col2d on MKL's packed weight: 2.44); a VGG-style 3 -> 64 3x3 at 224x224: 14
+#: rows (340 KB) 1.16 ms, 28 rows 2.09, banded im2col2d 2.49.
+TASK_BAND_BYTES = 1 << 19
+TASK_MIN_COLS = 256
 CACHE_BAND_MIN_COLS = 512
 CACHE_BAND_MIN_WHOLE = 4 << 20
 CACHE_BAND_MAX_ROWS = 256
@@ -142,6 +156,33 @@ def im2col2d_parallel(x, col, kh, kw, sh, sw, ph, pw, dh, dw, oh0, oh_n, ow_n):
 def im2col2d_serial(x, col, kh, kw, sh, sw, ph, pw, dh, dw, oh0, oh_n, ow_n):
     for r in range(col.shape[0]):
         _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh0, oh_n, ow_n)
+
+
+@nb.njit(nogil=True, cache=True)
+def _im2col_gemm_task(x, w, y, col, kh, kw, sh, sw, ph, pw, dh, dw, oh0, oh_n, ow_n, fns):
+    # the columns of output rows [oh0, oh0 + oh_n) into this thread's buffer, then
+    # y[:, band] = w @ col on single-threaded MKL (y: (M, OH*OW) rows of one image)
+    for r in range(col.shape[0]):
+        _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh0, oh_n, ow_n)
+    m, kdim = w.shape
+    MN.sgemm(fns[0], MN.NO_TRANS, MN.NO_TRANS, m, oh_n * ow_n, kdim, w.ctypes.data, kdim, col.ctypes.data,
+             col.shape[1], 0.0, y[:, oh0 * ow_n:].ctypes.data, y.shape[1])
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def im2col_gemm_tasks(x, w, y, cols, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n, band, fns):
+    """y (M, OH*OW) = w (M, C*kh*kw) @ im2col(x (C, H, W)), a task per ``band`` output rows:
+    thread ``th`` of ``len(cols)`` builds its bands' columns in ``cols[th]`` (C*kh*kw, >=
+    band*OW) and multiplies them on single-threaded MKL (``fns``: :func:`.mkl_nb.addresses`)."""
+    nt = cols.shape[0]
+    n_bands = (oh_n + band - 1) // band
+    for th in nb.prange(nt):
+        prev = MN.set_threads_local(fns[1], 1)
+        for t in range(th, n_bands, nt):
+            oh0 = t * band
+            _im2col_gemm_task(x, w, y, cols[th], kh, kw, sh, sw, ph, pw, dh, dw, oh0, min(band, oh_n - oh0),
+                              ow_n, fns)
+        MN.set_threads_local(fns[1], prev)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -352,6 +393,9 @@ class ConvPlan:
                 "direct2d": "direct loop, no column buffer" + (
                     f" (input split into {self.s[-1]} column phases{bands})" if math.prod(self.col_shape) else ""),
                 "im2col2d": f"column buffer {self.col_shape[1]}x{self.col_shape[2]} per group{bands}, then BLAS",
+                "im2col_tasks": f"a task per {self.band} of {self.out_sp[0]} output rows: its columns "
+                                f"({self.col_shape[1]}x{self.col_shape[2]}) in its thread's buffer ({self.col_shape[0]} "
+                                "buffers), then single-threaded MKL, one parallel region",
                 "im2col_nd": f"column buffer {self.col_shape[1]}x{self.col_shape[2]} per group{bands}, then BLAS"}
         return f"{self.kind}: {what.get(self.kind, '')}"
 
@@ -390,6 +434,19 @@ def band_rows(row_bytes: int, n_rows: int, cap: int | None = None) -> int:
     return max(1, min(n_rows, cap // max(row_bytes, 1)))
 
 
+def task_bands(row_bytes: int, n_rows: int, inner: int, threads: int) -> tuple[int, int]:
+    """``im2col_tasks``: (output rows per task, thread buffers): about TASK_BAND_BYTES of
+    columns a task and at least TASK_MIN_COLS positions, then bands of equal size in a count
+    that the threads share evenly where the rows allow."""
+    rows = max(band_rows(row_bytes, n_rows, TASK_BAND_BYTES), -(-TASK_MIN_COLS // max(inner, 1)))
+    rows = max(1, min(rows, n_rows))
+    tasks = -(-n_rows // rows)
+    if tasks > 1 and tasks % threads:
+        tasks = -(-tasks // threads) * threads
+    rows = -(-n_rows // tasks)
+    return rows, max(1, min(threads, -(-n_rows // rows)))
+
+
 def conv_plan(x_shape, w_shape, g, k, s, d, pb, pe, out_sp, itemsize, kind: str | None = None) -> ConvPlan:
     """Plan a forward convolution; ``kind`` None picks the best algorithm for the shapes."""
     n, c = int(x_shape[0]), int(x_shape[1])
@@ -405,7 +462,7 @@ def conv_plan(x_shape, w_shape, g, k, s, d, pb, pe, out_sp, itemsize, kind: str 
             kind = "im2col2d"
         else:
             kind = "im2col_nd"
-    if kind in ("im2col2d", "depthwise2d", "direct2d") and nd == 1:
+    if kind in ("im2col2d", "im2col_tasks", "depthwise2d", "direct2d") and nd == 1:
         in_sp, out_sp, k, s, d, pb = (1,) + in_sp, (1,) + tuple(out_sp), (1,) + tuple(k), (1,) + tuple(s), \
             (1,) + tuple(d), (0,) + tuple(pb)
     kk = math.prod(k)
@@ -424,6 +481,10 @@ def conv_plan(x_shape, w_shape, g, k, s, d, pb, pe, out_sp, itemsize, kind: str 
             band = min(band, cached)
         col_shape = (g, (c // g) * kk, band * inner)
         work = c * kk * band * inner  # per band: what one im2col call does
+    elif kind == "im2col_tasks":
+        band, parts = task_bands(c * kk * inner * itemsize, int(out_sp[0]), inner, nb.get_num_threads())
+        col_shape = (parts, c * kk, band * inner)
+        work = c * kk * band * inner
     elif kind == "direct2d":
         col_shape = (0,)
         if s[1] > 1:  # a band of output rows reads (band - 1) * stride + dilated kernel input rows
@@ -480,7 +541,7 @@ def _add_bias(y: np.ndarray, b: np.ndarray | None, plan: ConvPlan) -> None:
 
 #: conv kinds whose bias is a separate pass over the output (conv_forward's GEMM branches end in
 #: _add_bias; the direct and depthwise loops fold it in)
-BIAS_PASS_KINDS = ("gemm1x1", "im2col2d", "im2col_nd")
+BIAS_PASS_KINDS = ("gemm1x1", "im2col2d", "im2col_tasks", "im2col_nd")
 
 
 def _gemm(wv, cols, out, packed) -> None:
@@ -536,6 +597,17 @@ def conv_forward(x, w, b, y, plan: ConvPlan, ws, packed=None) -> None:
                 xs = flat[:c * (r1 - r0) * sp * wq].reshape(c, r1 - r0, sp, wq)
                 phase_split(xv[i][:, r0:r1], xs, sw)
                 fn(xs, w4, bias, y4[i][:, oh0:oh1], g, sh, sw, ph - oh0 * sh + r0, pw, dh, dw, r1 - r0, w_n)
+        return
+    if plan.kind == "im2col_tasks":
+        (kh, kw), (sh, sw), (dh, dw), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
+        cols = workspace_view(ws, x.dtype, plan.col_shape)
+        xv = x.reshape((n, plan.c) + plan.in_sp)
+        w2 = w.reshape(plan.m, -1)
+        fns = MN.addresses()
+        for i in range(n):
+            im2col_gemm_tasks(xv[i], w2, yv[i, 0], cols, kh, kw, sh, sw, ph, pw, dh, dw, plan.out_sp[0],
+                              math.prod(plan.out_sp[1:]), plan.band, fns)
+        _add_bias(y, b, plan)
         return
     if plan.kind == "gemm1x1":
         xg = x.reshape(n, g, cg, p)

@@ -85,15 +85,21 @@ def set_threads_local(typingctx, fn, nthreads):
     return sig, codegen
 
 
+_ADDRESSES: list = []
+
+
 def addresses() -> np.ndarray | None:
     """int64 ``[cblas_sgemm, MKL_Set_Num_Threads_Local]`` for the kernels, or None without MKL."""
+    if _ADDRESSES:
+        return _ADDRESSES[0]
     if _mkl.unavailable() is not None:
         return None
     import ctypes
 
     lib = _mkl._lib
-    return np.array([ctypes.cast(lib.sgemm, ctypes.c_void_p).value,
-                     ctypes.cast(lib.set_threads_local, ctypes.c_void_p).value], np.int64)
+    _ADDRESSES.append(np.array([ctypes.cast(lib.sgemm, ctypes.c_void_p).value,
+                                ctypes.cast(lib.set_threads_local, ctypes.c_void_p).value], np.int64))
+    return _ADDRESSES[0]
 
 
 __all__ = ["NO_TRANS", "TRANS", "addresses", "set_threads_local", "sgemm"]

@@ -368,15 +368,6 @@ def _tasks_balance(tasks: int) -> bool:
     return tasks >= nt and (tasks % nt == 0 or tasks >= 3 * nt)
 
 
-_ADDRESSES: list = []
-
-
-def _mkl_addresses() -> np.ndarray:
-    if not _ADDRESSES:
-        _ADDRESSES.append(MN.addresses())
-    return _ADDRESSES[0]
-
-
 def _gemm(ins, outs, attrs, plan, ws):
     """Scores by one batched BLAS GEMM per (batch, KV head) (GQA: the group's query heads
     stacked as rows), a parallel numba masked softmax in place, then probs @ V by BLAS.
@@ -413,7 +404,7 @@ def _gemm(ins, outs, attrs, plan, ws):
         kvlen, off = _offsets(ins, d)
         K.gemm_tasks(q4, k4, v4, yt, s, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"],
                      plan["left"], plan["right"], np.float32(plan["scale"]), np.float32(plan["softcap"]),
-                     plan["parallel"], _mkl_addresses())
+                     plan["parallel"], MN.addresses())
         return
     if d.T:
         if mkl:  # one batched call instead of a BLAS call per head
