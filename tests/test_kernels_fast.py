@@ -175,7 +175,7 @@ def test_dilated_winograd_selection(rng):
     assert ex.kernel_name == "conv2d_winograd_dilated"
     assert "dilation 1" in dict(ex.rejected)["conv2d_winograd"]
     small = opsnn.aclnn.conv2d.prepare(x[:, :64], w[:64, :64], padding=2, dilation=2)
-    assert small.kernel_name == "conv2d_im2col"
+    assert small.kernel_name == _IM2COL
     assert "channels" in dict(small.rejected)["conv2d_winograd_dilated"]
 
 
@@ -345,8 +345,8 @@ WINO_SELECTION = [
     ((8, 128, 28, 28), "conv2d_winograd", None),
     ((1, 8, 28, 28), "conv2d_im2col", None),             # too little work for either
 ]
-# with Intel MKL the constant weight of an im2col conv is packed (tests/test_mkl.py)
-_IM2COL = "conv2d_im2col" if KM.unavailable() else "conv2d_im2col_mkl_packed"
+# with Intel MKL a small weight's im2col runs as tasks on single-threaded MKL (conv2d_im2col_tasks)
+_IM2COL = "conv2d_im2col" if KM.unavailable() else "conv2d_im2col_tasks"
 
 
 @pytest.mark.parametrize("xs,kernel,why", WINO_SELECTION)
@@ -741,3 +741,21 @@ def test_epilogue_matches_oracle(rng, act, bias, resid, dtype):
     got = y.copy()
     KF.epilogue(got, b, z, KF.ACTIVATIONS[act], alpha, beta)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # NaN == NaN: it must propagate
+
+
+@pytest.mark.parametrize("pts,m,c,n", [(16, 24, 40, 49), (36, 8, 3, 5), (5, 1, 1, 1)])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_winograd_point_gemms_on_mkl_tasks(rng, pts, m, c, n, parallel):
+    """Winograd's per-point GEMMs as tasks on single-threaded MKL equal the batched product;
+    operands they cannot take as they stand (a strided view, float64) are declined, not
+    misread, and leave the output alone."""
+    u, v = rng.standard_normal((pts, m, c)).astype(np.float32), rng.standard_normal((pts, c, n)).astype(np.float32)
+    mm = np.full((pts, m, n), np.nan, np.float32)
+    if KM.unavailable():
+        assert not WG.point_gemms(u, v, mm, parallel)
+        return
+    assert WG.point_gemms(u, v, mm, parallel)
+    np.testing.assert_allclose(mm, np.matmul(u.astype(np.float64), v), rtol=1e-5, atol=1e-5 * c)
+    strided = np.full((pts, m, 2 * n), np.nan, np.float32)[:, :, ::2]
+    assert not WG.point_gemms(u, v, strided, parallel) and np.isnan(strided).all()
+    assert not WG.point_gemms(u.astype(np.float64), v.astype(np.float64), mm.astype(np.float64), parallel)
