@@ -759,3 +759,15 @@ def test_winograd_point_gemms_on_mkl_tasks(rng, pts, m, c, n, parallel):
     strided = np.full((pts, m, 2 * n), np.nan, np.float32)[:, :, ::2]
     assert not WG.point_gemms(u, v, strided, parallel) and np.isnan(strided).all()
     assert not WG.point_gemms(u.astype(np.float64), v.astype(np.float64), mm.astype(np.float64), parallel)
+
+
+@pytest.mark.parametrize("bias_shape", [(), (5,)])
+def test_fused_matmul_scalar_bias_broadcasts(rng, bias_shape):
+    """FusedMatMul's bias may be a scalar (shape ()): every column gets it (the epilogue
+    indexed it per column and read past its one value)."""
+    a, w = rand(rng, (4, 8)), rand(rng, (8, 5))
+    b = rand(rng, bias_shape)
+    for act in ("", "Relu"):
+        y = opsnn.ops.run_op("FusedMatMul", [a, w, b], {"activation": act}, domain="opsnn")[0].numpy()
+        want = a.astype(np.float64) @ w + b
+        np.testing.assert_allclose(y, np.maximum(want, 0) if act else want, rtol=1e-5, atol=1e-5)

@@ -93,6 +93,13 @@ def epilogue_rows_serial(y, bias, rbias, z, code, alpha, beta):
         epilogue_row(y, bias, rbias, z, r, code, alpha, beta)
 
 
+def _columns(bias: np.ndarray, cols: int, dtype) -> np.ndarray:
+    """A per-column bias as ``cols`` contiguous values (a scalar bias, shape () or (1,), repeated:
+    the kernels index it by column)."""
+    b = bias.reshape(-1).astype(dtype, copy=False)
+    return b if b.size == cols else np.ascontiguousarray(np.broadcast_to(b, (cols,)))
+
+
 def epilogue(y: np.ndarray, bias: np.ndarray | None, z: np.ndarray | None, code: int, alpha: float,
              beta: float, row_bias: np.ndarray | None = None) -> None:
     """Apply the epilogue in place on ``y`` viewed as (rows, last dim): ``bias`` per column,
@@ -102,8 +109,9 @@ def epilogue(y: np.ndarray, bias: np.ndarray | None, z: np.ndarray | None, code:
     cols = y.shape[-1] if y.ndim else 1
     y2 = y.reshape(-1, cols)
     empty = np.empty(0, y.dtype)
-    b = empty if bias is None else bias.reshape(-1).astype(y.dtype, copy=False)
+    b = empty if bias is None else _columns(bias, cols, y.dtype)
     rb = empty if row_bias is None else row_bias.reshape(-1).astype(y.dtype, copy=False)
     zz = np.empty((0, 0), y.dtype) if z is None else z.reshape(-1, cols).astype(y.dtype, copy=False)
     parallel = y.size >= (PARALLEL_MIN_COSTLY if code in _COSTLY else PARALLEL_MIN)
     (epilogue_rows if parallel else epilogue_rows_serial)(y2, b, rb, zz, code, alpha, beta)
+
