@@ -503,6 +503,40 @@ def test_decode_attention_kernel_matches_the_attention_op(rng, D):
     np.testing.assert_array_equal(yp, y)
 
 
+def test_one_row_decode_step_runs_four_regions_a_layer(lm, rng, no_leak):
+    """A lone request's decode step (the 1-row bucket) runs each layer as the fused regions of
+    opsnn.llm.fused (with MKL): logits equal the eager path's step after step, with and without
+    observers, and the cache holds the same keys and values."""
+    from opsnn.kernels.cpu import mkl
+
+    cache_a, cache_b = KVCache.for_model(lm, 2, 48), KVCache.for_model(lm, 2, 48)
+    fast, eager = CachedDecoder(lm, cache_a), CachedDecoder(lm, cache_b)
+    eager._decode_step = lambda *a: None
+    sa, sb = cache_a.allocate(), cache_b.allocate()
+    prompt = rng.integers(0, VOCAB, 11)
+    np.testing.assert_allclose(fast.forward(prompt[None], [sa], [0]), eager.forward(prompt[None], [sb], [0]),
+                               rtol=1e-5, atol=1e-6)
+    for t in range(6):
+        tok = rng.integers(0, VOCAB, (1, 1))
+        if t == 3:
+            with opsnn.profiler.profile() as prof:
+                got = fast.forward(tok, [sa], [11 + t])
+            names = {k.kernel for k in prof.kernels}
+        else:
+            got = fast.forward(tok, [sa], [11 + t])
+        np.testing.assert_allclose(got, eager.forward(tok, [sb], [11 + t]), rtol=1e-5, atol=1e-6)
+    fused = mkl.unavailable() is None
+    assert ("llm_decode_attention_block" in names and "llm_decode_mlp_block" in names) == fused
+    for layer in range(lm.config.num_hidden_layers):
+        np.testing.assert_allclose(cache_a._k[layer][sa, :, :, :17], cache_b._k[layer][sb, :, :, :17], rtol=1e-5,
+                                   atol=1e-6)
+        np.testing.assert_allclose(cache_a._v[layer][sa, :, :17], cache_b._v[layer][sb, :, :17], rtol=1e-5,
+                                   atol=1e-6)
+    del fast, eager
+    cache_a.close()
+    cache_b.close()
+
+
 def test_rope_store_matches_the_rotary_op_and_the_cache_write(rng):
     """The decode step's RoPE + K/V store against the RotaryEmbedding op and KVCache.write: q
     rotated in place (pad rows too), keys rotated into the transposed cache, values copied, rows

@@ -27,18 +27,21 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 
+import numba as nb
 import numpy as np
 
 from .. import dtypes as _dt
 from .. import ops
 from ..errors import ParamInvalidError
 from ..kernels.cpu import mkl as _mkl
+from ..kernels.cpu import mkl_nb as _mkl_nb
 from ..kernels.cpu.gemm import f32_to_bf16
 from ..ops.defs.attention import GEMM_MAX_SCORE_BYTES
 from ..runtime import hooks
 from ..runtime.context import context
 from ..runtime.stream import current_stream
 from ..tensor import Tensor, _alloc_array, as_tensor
+from . import fused as _fused
 from .attention import decode_attention, rope_store
 from .cache import KVCache
 
@@ -371,6 +374,8 @@ class _DecodeStep:
         h = add(aclnn.embedding.prepare(self.tokens, dec.embed))
         if h.dtype != _F32:  # a bf16 model's table: rows widened to the float32 activations
             h = add(aclnn.cast.prepare(h, "float32"))
+        if R == 1 and self._fuse_one_row(h):
+            return
         pos = self.pos.numpy().reshape(R)
         cos, sin = dec.cos.numpy(), dec.sin.numpy()
         for i, p in enumerate(dec.layers):
@@ -402,6 +407,51 @@ class _DecodeStep:
         head = (self.head_plan, self.head_kernels)
         self.logits = add(linear(add(aclnn.rms_norm.prepare(h, H, dec.norm_w, eps=dec.eps), head), dec.out_w), head)
         self.h, self.H = h, H
+
+    def _fuse_one_row(self, h: Tensor) -> bool:
+        """One row (the bucket of a lone request): every layer as the four parallel regions of
+        :mod:`opsnn.llm.fused` (each thread its rows of a projection on single-threaded MKL, and
+        what follows from them), the final norm and vocabulary projection as a fifth; False
+        (nothing built) without MKL or for other than float32 weights."""
+        dec = self.dec
+        cfg, cache = dec.config, dec.cache
+        fns = _mkl_nb.addresses()
+        weights = [w for p in dec.layers for w in (p.wq, p.wk, p.wv, p.wo, p.wg, p.wu, p.wd)] + [dec.out_w]
+        if fns is None or dec._packs is None or any(w.dtype != _F32 or w.ndim != 2 for w in weights) \
+                or cfg.head_dim % 2 or cfg.num_attention_heads % cfg.num_key_value_heads:
+            return False
+        Hq, D, H = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
+        nt = nb.get_num_threads()
+        hv = h.numpy().reshape(H)
+        q, y = np.empty((1, Hq, 1, D), np.float32), np.empty((1, Hq, 1, D), np.float32)
+        gu = np.empty(cfg.intermediate_size, np.float32)
+        pos = self.pos.numpy().reshape(1)
+        cos, sin = dec.cos.numpy(), dec.sin.numpy()
+        eps, scale, one = float(dec.eps), np.float32(dec._scale), np.float32(1.0)
+        arr = [np.ascontiguousarray(w.numpy()) for w in weights]
+
+        def step(fn, op, kernel, lists=(self.plan, self.kernels)):
+            lists[0].append(lambda: current_stream().launch(fn, op, {"kernel": kernel}))
+            lists[1].append(fn)
+
+        for i, p in enumerate(dec.layers):
+            wq, wk, wv, wo, wg, wu, wd = arr[7 * i: 7 * i + 7]
+            kc, vc = cache._k[i], cache._v[i]
+            ln1, ln2 = p.ln1.numpy(), p.ln2.numpy()
+            step(lambda ln1=ln1, wq=wq, wk=wk, wv=wv, kc=kc, vc=vc: _fused.attention_block(
+                hv, ln1, eps, wq, wk, wv, cos, sin, pos, kc, vc, self.slots, self.kvlen, q, y, scale, fns, nt),
+                "Attention", "llm_decode_attention_block")
+            step(lambda wo=wo: _fused.residual_gemv(wo, y.reshape(-1), hv, fns, nt), "Linear", "llm_decode_residual_gemv")
+            step(lambda ln2=ln2, wg=wg, wu=wu: _fused.mlp_block(hv, ln2, eps, wg, wu, gu, one, fns, nt), "SwiGLU",
+                 "llm_decode_mlp_block")
+            step(lambda wd=wd: _fused.residual_gemv(wd, gu, hv, fns, nt), "Linear", "llm_decode_residual_gemv")
+        logits = np.empty((1, arr[-1].shape[0]), np.float32)
+        norm_w, wout = dec.norm_w.numpy(), arr[-1]
+        self.head_plan, self.head_kernels = [], []
+        step(lambda: _fused.head_block(hv, norm_w, eps, wout, logits.reshape(-1), fns, nt), "Linear",
+             "llm_decode_head", (self.head_plan, self.head_kernels))
+        self.logits, self.h, self.H = Tensor(logits), h, H
+        return True
 
     def _run_kernels(self, head: bool = False) -> None:
         for fn in self.kernels:

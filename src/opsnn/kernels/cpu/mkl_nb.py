@@ -71,6 +71,28 @@ def sgemm(typingctx, fn, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
 
 
 @intrinsic
+def sgemv(typingctx, fn, m, n, a, lda, x, beta, y):
+    """``y = A @ x + beta * y`` for a row-major float32 ``A`` (m, n) with leading dimension
+    ``lda`` and unit-stride vectors (addresses as in :func:`sgemm`) through ``cblas_sgemv`` at
+    address ``fn``."""
+    sig = types.void(fn, m, n, a, lda, x, beta, y)
+
+    def codegen(context, builder, signature, args):
+        i32, f32, ptr = ir.IntType(32), ir.FloatType(), ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, i32, f32, ptr, i32, ptr, i32, f32, ptr, i32])
+        tys = signature.args
+        one = ir.Constant(i32, 1)
+        call = [ir.Constant(i32, ROW_MAJOR), ir.Constant(i32, NO_TRANS), _as_i32(builder, args[1], tys[1]),
+                _as_i32(builder, args[2], tys[2]), ir.Constant(f32, 1.0), _as_ptr(builder, args[3], tys[3]),
+                _as_i32(builder, args[4], tys[4]), _as_ptr(builder, args[5], tys[5]), one,
+                _as_f32(builder, args[6], tys[6]), _as_ptr(builder, args[7], tys[7]), one]
+        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), call)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def set_threads_local(typingctx, fn, nthreads):
     """``MKL_Set_Num_Threads_Local(nthreads)`` at address ``fn``: the calling thread's MKL
     thread count (0: back to the global setting); returns the previous one."""
@@ -89,7 +111,8 @@ _ADDRESSES: list = []
 
 
 def addresses() -> np.ndarray | None:
-    """int64 ``[cblas_sgemm, MKL_Set_Num_Threads_Local]`` for the kernels, or None without MKL."""
+    """int64 ``[cblas_sgemm, MKL_Set_Num_Threads_Local, cblas_sgemv]`` for the kernels, or None
+    without MKL."""
     if _ADDRESSES:
         return _ADDRESSES[0]
     if _mkl.unavailable() is not None:
@@ -98,8 +121,9 @@ def addresses() -> np.ndarray | None:
 
     lib = _mkl._lib
     _ADDRESSES.append(np.array([ctypes.cast(lib.sgemm, ctypes.c_void_p).value,
-                                ctypes.cast(lib.set_threads_local, ctypes.c_void_p).value], np.int64))
+                                ctypes.cast(lib.set_threads_local, ctypes.c_void_p).value,
+                                ctypes.cast(lib.gemv, ctypes.c_void_p).value], np.int64))
     return _ADDRESSES[0]
 
 
-__all__ = ["NO_TRANS", "TRANS", "addresses", "set_threads_local", "sgemm"]
+__all__ = ["NO_TRANS", "TRANS", "addresses", "set_threads_local", "sgemm", "sgemv"]
