@@ -431,11 +431,16 @@ def test_generate_rejects_prompt_beyond_model_positions(lm):
         generate(lm, np.zeros(250, np.int64), 10)  # 259 positions > max_position_embeddings=256
 
 
-def test_prepared_decode_steps_match_the_eager_path(lm, rng, no_leak):
-    """Decode steps replayed from prepared executors give the eager path's logits, row for row,
-    across steps (inputs rewritten each time), batch compositions and cache slot ranges."""
+@pytest.mark.parametrize("fused", [True, False])
+def test_prepared_decode_steps_match_the_eager_path(lm, rng, no_leak, fused):
+    """Decode steps replayed from prepared executors (``fused``: each layer as opsnn.llm.fused's
+    regions, with MKL) give the eager path's logits, row for row, across steps (inputs rewritten
+    each time), batch compositions (pad rows in a bucket) and cache slot ranges."""
+    from opsnn.kernels.cpu import mkl
+
     cache = KVCache.for_model(lm, max_batch_slots=3, max_seq=64)
     fast, eager = CachedDecoder(lm, cache), CachedDecoder(lm, cache)
+    fast.fused_steps = fused
     eager._decode_step = lambda *a: None  # the reference: never replays
     slots = [cache.allocate() for _ in range(3)]
     prompts = [rng.integers(0, VOCAB, n) for n in (5, 9, 3)]
@@ -463,7 +468,8 @@ def test_prepared_decode_steps_match_the_eager_path(lm, rng, no_leak):
         got = fast.forward(tok, sl, st)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     names = [k.kernel for k in prof.kernels]
-    assert "llm_decode_rope_attention" in names and "llm_decode_step" not in names
+    attention = "llm_decode_attention_block" if fused and mkl.unavailable() is None else "llm_decode_rope_attention"
+    assert attention in names and "llm_decode_step" not in names
     step, calls = fast._steps[2], []
     run_kernels = step._run_kernels
     step._run_kernels = lambda *a: (calls.append(1), run_kernels(*a))

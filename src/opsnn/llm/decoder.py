@@ -96,6 +96,9 @@ class CachedDecoder:
         # decode steps (one token per row, any slots) replay executors prepared once per row
         # count bucket: see _DecodeStep
         self._steps: "OrderedDict[int, _DecodeStep]" = OrderedDict()
+        #: prepared steps run each layer as opsnn.llm.fused's four regions (float32 weights, MKL);
+        #: False: op by op (the kernels the eager path runs)
+        self.fused_steps = True
 
     def _check(self, tokens: np.ndarray, slots: np.ndarray, starts: np.ndarray) -> None:
         B, S = tokens.shape
@@ -321,6 +324,14 @@ def decode_bucket(rows: int, max_rows: int) -> int:
     return rows if rows <= 2 else min(max_rows, -(-rows // 4) * 4)
 
 
+#: decode steps of up to this many rows run fused (opsnn.llm.fused); larger batches keep the
+#: op-by-op step, whose products read MKL's packed panels: unpacked, a thread's share of a
+#: weight is slower to multiply by more rows. 12 layers x hidden 768 on the 2-core AVX-512 VM,
+#: fused vs op by op, ms a step: 1 row 19.1-20.3 vs 22.7-26.0, 2 rows 23.9-25.0 vs 30.1-31.1,
+#: 4 rows 39.6 vs 33.7, 8 rows 59.0 vs 40.9 (4 layers x hidden 256: 2 rows 3.1 vs 3.8, 4 rows
+#: 5.4 vs 5.0)
+FUSED_MAX_ROWS = 2
+
 #: prepared decode steps a CachedDecoder keeps (each holds its activation buffers: a few KB per row)
 MAX_DECODE_STEPS = 8
 
@@ -374,7 +385,7 @@ class _DecodeStep:
         h = add(aclnn.embedding.prepare(self.tokens, dec.embed))
         if h.dtype != _F32:  # a bf16 model's table: rows widened to the float32 activations
             h = add(aclnn.cast.prepare(h, "float32"))
-        if R == 1 and self._fuse_one_row(h):
+        if self._fuse(h):
             return
         pos = self.pos.numpy().reshape(R)
         cos, sin = dec.cos.numpy(), dec.sin.numpy()
@@ -408,24 +419,25 @@ class _DecodeStep:
         self.logits = add(linear(add(aclnn.rms_norm.prepare(h, H, dec.norm_w, eps=dec.eps), head), dec.out_w), head)
         self.h, self.H = h, H
 
-    def _fuse_one_row(self, h: Tensor) -> bool:
-        """One row (the bucket of a lone request): every layer as the four parallel regions of
-        :mod:`opsnn.llm.fused` (each thread its rows of a projection on single-threaded MKL, and
-        what follows from them), the final norm and vocabulary projection as a fifth; False
-        (nothing built) without MKL or for other than float32 weights."""
+    def _fuse(self, h: Tensor) -> bool:
+        """Every layer as the four parallel regions of :mod:`opsnn.llm.fused` (each thread its
+        share of a projection's outputs on single-threaded MKL, and what follows from them), the
+        final norm and vocabulary projection as a fifth; False (nothing built) for more than
+        FUSED_MAX_ROWS rows, without MKL or for other than float32 weights."""
         dec = self.dec
         cfg, cache = dec.config, dec.cache
         fns = _mkl_nb.addresses()
         weights = [w for p in dec.layers for w in (p.wq, p.wk, p.wv, p.wo, p.wg, p.wu, p.wd)] + [dec.out_w]
-        if fns is None or dec._packs is None or any(w.dtype != _F32 or w.ndim != 2 for w in weights) \
+        if not dec.fused_steps or self.R > FUSED_MAX_ROWS or fns is None or dec._packs is None or \
+                any(w.dtype != _F32 or w.ndim != 2 for w in weights) \
                 or cfg.head_dim % 2 or cfg.num_attention_heads % cfg.num_key_value_heads:
             return False
-        Hq, D, H = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
+        Hq, D, H, R = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size, self.R
         nt = nb.get_num_threads()
-        hv = h.numpy().reshape(H)
-        q, y = np.empty((1, Hq, 1, D), np.float32), np.empty((1, Hq, 1, D), np.float32)
-        gu = np.empty(cfg.intermediate_size, np.float32)
-        pos = self.pos.numpy().reshape(1)
+        hv = h.numpy().reshape(R, H)
+        q, y = np.empty((R, Hq, 1, D), np.float32), np.empty((R, Hq, 1, D), np.float32)
+        gu = np.empty((R, cfg.intermediate_size), np.float32)
+        pos = self.pos.numpy().reshape(R)
         cos, sin = dec.cos.numpy(), dec.sin.numpy()
         eps, scale, one = float(dec.eps), np.float32(dec._scale), np.float32(1.0)
         arr = [np.ascontiguousarray(w.numpy()) for w in weights]
@@ -439,16 +451,17 @@ class _DecodeStep:
             kc, vc = cache._k[i], cache._v[i]
             ln1, ln2 = p.ln1.numpy(), p.ln2.numpy()
             step(lambda ln1=ln1, wq=wq, wk=wk, wv=wv, kc=kc, vc=vc: _fused.attention_block(
-                hv, ln1, eps, wq, wk, wv, cos, sin, pos, kc, vc, self.slots, self.kvlen, q, y, scale, fns, nt),
+                hv, ln1, eps, wq, wk, wv, cos, sin, pos, kc, vc, self.slots, self.kvlen, self.B, q, y, scale, fns, nt),
                 "Attention", "llm_decode_attention_block")
-            step(lambda wo=wo: _fused.residual_gemv(wo, y.reshape(-1), hv, fns, nt), "Linear", "llm_decode_residual_gemv")
+            step(lambda wo=wo: _fused.residual_gemm(wo, y.reshape(R, -1), hv, fns, nt), "Linear",
+                 "llm_decode_residual_gemm")
             step(lambda ln2=ln2, wg=wg, wu=wu: _fused.mlp_block(hv, ln2, eps, wg, wu, gu, one, fns, nt), "SwiGLU",
                  "llm_decode_mlp_block")
-            step(lambda wd=wd: _fused.residual_gemv(wd, gu, hv, fns, nt), "Linear", "llm_decode_residual_gemv")
-        logits = np.empty((1, arr[-1].shape[0]), np.float32)
+            step(lambda wd=wd: _fused.residual_gemm(wd, gu, hv, fns, nt), "Linear", "llm_decode_residual_gemm")
+        logits = np.empty((R, arr[-1].shape[0]), np.float32)
         norm_w, wout = dec.norm_w.numpy(), arr[-1]
         self.head_plan, self.head_kernels = [], []
-        step(lambda: _fused.head_block(hv, norm_w, eps, wout, logits.reshape(-1), fns, nt), "Linear",
+        step(lambda: _fused.head_block(hv, norm_w, eps, wout, logits, fns, nt), "Linear",
              "llm_decode_head", (self.head_plan, self.head_kernels))
         self.logits, self.h, self.H = Tensor(logits), h, H
         return True

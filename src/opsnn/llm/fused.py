@@ -1,17 +1,18 @@
-"""A one-row decode step of a LLaMA layer as four parallel regions on single-threaded MKL.
+"""A decode step of a LLaMA layer as four parallel regions on single-threaded MKL.
 
 One token's step is matrix-vector products (memory-bound: every weight byte is read once)
 with little work between them: norms, RoPE, the K/V store, attention, SiLU. Run op by op that
 is ~15 kernel calls a layer, each its own dispatch and (for the products) its own fork/join of
 MKL's threads, with the interpreter's state cold after each product streamed megabytes of
-weights. Here each thread computes its share of a projection's output rows (``cblas_sgemv``
-over its rows of the weight) and carries on with what needs only those rows:
+weights. Here each thread computes its share of a projection's outputs (its rows of the
+weight: ``cblas_sgemv`` for one row, ``cblas_sgemm`` for a batch) and carries on with what needs
+only those:
 
-1. ``attention_block``: the RMSNorm of ``h`` (every thread for itself: 768 values), the q/k/v
+1. ``attention_block``: the RMSNorm of ``h`` (every thread for itself: a few KB), the q/k/v
    rows of its KV heads, RoPE, the K/V store into the cache, the attention of those heads;
-2. ``residual_gemv``: ``h += W_o @ y`` over its rows of W_o;
+2. ``residual_gemm``: ``h += y @ W_o.T`` over its rows of W_o;
 3. ``mlp_block``: the norm again, its rows of the gate and up projections, SiLU(gate) * up;
-4. ``residual_gemv``: ``h += W_down @ gu``.
+4. ``residual_gemm``: ``h += gu @ W_down.T``.
 
 The same arithmetic as the op-by-op step (float32, MKL's products, the decoder's own RoPE,
 attention and norm kernels), so the two agree to rounding.
@@ -29,57 +30,68 @@ from .attention import _decode_task
 
 @nb.njit(nogil=True, cache=True)
 def _rms(h, w, eps, x):
-    stats = np.empty(2)
-    _ln_rows32(h, w, w, False, x, stats[:1], stats[1:], 0, 1, h.size, eps, True)
+    # x[b] = rms_norm(h[b]) * w for every row (h, x: (R, H))
+    stats = np.empty(2 * h.shape[0])
+    R = h.shape[0]
+    _ln_rows32(h.reshape(-1), w, w, False, x.reshape(-1), stats[:R], stats[R:], 0, R, h.shape[1], eps, True)
 
 
 @nb.njit(nogil=True, cache=True)
-def _rotate(src, dst, cos, sin, half):
-    # non-interleaved ("rotate half") RoPE of one head: dst may be src
-    for i in range(half):
-        x1, x2 = src[i], src[i + half]
-        dst[i] = cos[i] * x1 - sin[i] * x2
-        dst[i + half] = sin[i] * x1 + cos[i] * x2
+def _gemm_t(fns, x, w, lo, hi, beta, out, ldo):
+    # out[:, :hi-lo] = x @ w[lo:hi].T + beta * out (x (R, K), w (N, K) row-major; out's rows ldo apart)
+    R, k = x.shape
+    if R == 1:  # one row: a matrix-vector product over the weight's rows
+        MN.sgemv(fns[2], hi - lo, k, w[lo:].ctypes.data, k, x.ctypes.data, beta, out.ctypes.data)
+    else:
+        MN.sgemm(fns[0], MN.NO_TRANS, MN.TRANS, R, hi - lo, k, x.ctypes.data, k, w[lo:].ctypes.data, k, beta,
+                 out.ctypes.data, ldo)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def attention_block(h, ln_w, eps, wq, wk, wv, cos, sin, pos, kt, vc, slots, lengths, q, y, scale, fns, nt):
-    """One row: ``x = rms_norm(h) * ln_w``; per KV head ``hk`` (dealt to the threads in turn) its
-    group's query rows ``wq[hk*g*D:(hk+1)*g*D] @ x`` into ``q`` (1, Hq, 1, D), its key and value
-    rows, RoPE at position ``pos[0]``, the key (transposed) and value into cache slot
-    ``slots[0]`` (``kt`` (slots, Hkv, D, T), ``vc`` (slots, Hkv, T, D)), then the attention of
-    its query heads over the first ``lengths[0]`` positions into ``y`` (1, Hq, 1, D)."""
+def attention_block(h, ln_w, eps, wq, wk, wv, cos, sin, pos, kt, vc, slots, lengths, rows, q, y, scale, fns, nt):
+    """R rows (h (R, H)): ``x = rms_norm(h) * ln_w``; per KV head ``hk`` (dealt to the threads in
+    turn) its group's query rows of ``wq`` into ``q`` (R, Hq, 1, D), its key and value rows, RoPE
+    at positions ``pos``, the keys (transposed) and values of the first ``rows`` rows into cache
+    slots ``slots`` (``kt`` (slots, Hkv, D, T), ``vc`` (slots, Hkv, T, D)), then the attention of
+    its query heads over the first ``lengths[b]`` positions of each row into ``y`` (R, Hq, 1, D)."""
     Hkv, D = kt.shape[1], kt.shape[2]
-    g = q.shape[1] // Hkv
-    H = h.size
+    R, Hq = q.shape[0], q.shape[1]
+    g = Hq // Hkv
+    H = h.shape[1]
     half = D // 2
-    p = pos[0]
-    sl = slots[0]
-    c, s = cos[p], sin[p]
     for th in nb.prange(nt):
         prev = MN.set_threads_local(fns[1], 1)
-        x = np.empty(H, np.float32)
+        x = np.empty((R, H), np.float32)
         _rms(h, ln_w, eps, x)
-        kv = np.empty(2 * D, np.float32)
+        kv = np.empty((2, R, D), np.float32)
         for hk in range(th, Hkv, nt):
-            MN.sgemv(fns[2], g * D, H, wq[hk * g * D:].ctypes.data, H, x.ctypes.data, 0.0, q[0, hk * g].ctypes.data)
-            MN.sgemv(fns[2], D, H, wk[hk * D:].ctypes.data, H, x.ctypes.data, 0.0, kv.ctypes.data)
-            MN.sgemv(fns[2], D, H, wv[hk * D:].ctypes.data, H, x.ctypes.data, 0.0, kv[D:].ctypes.data)
-            for gi in range(g):
-                qh = q[0, hk * g + gi, 0]
-                _rotate(qh, qh, c, s, half)
-            kd = kt[sl, hk]
-            for i in range(half):
-                x1, x2 = kv[i], kv[i + half]
-                kd[i, p] = c[i] * x1 - s[i] * x2
-                kd[i + half, p] = s[i] * x1 + c[i] * x2
-            vc[sl, hk, p, :] = kv[D:]
-            _decode_task(np.int64(hk), q, kt, vc, slots, lengths, y, scale)
+            _gemm_t(fns, x, wq, hk * g * D, (hk + 1) * g * D, 0.0, q[0, hk * g], Hq * D)
+            _gemm_t(fns, x, wk, hk * D, (hk + 1) * D, 0.0, kv[0], D)
+            _gemm_t(fns, x, wv, hk * D, (hk + 1) * D, 0.0, kv[1], D)
+            for b in range(R):
+                p = pos[b]
+                c, s = cos[p], sin[p]
+                for gi in range(g):
+                    qh = q[b, hk * g + gi, 0]
+                    for i in range(half):
+                        x1, x2 = qh[i], qh[i + half]
+                        qh[i] = c[i] * x1 - s[i] * x2
+                        qh[i + half] = s[i] * x1 + c[i] * x2
+                if b < rows:
+                    kd = kt[slots[b], hk]
+                    kb = kv[0, b]
+                    for i in range(half):
+                        x1, x2 = kb[i], kb[i + half]
+                        kd[i, p] = c[i] * x1 - s[i] * x2
+                        kd[i + half, p] = s[i] * x1 + c[i] * x2
+                    vc[slots[b], hk, p, :] = kv[1, b]
+            for b in range(R):
+                _decode_task(np.int64(b * Hkv + hk), q, kt, vc, slots, lengths, y, scale)
         MN.set_threads_local(fns[1], prev)
 
 
 @nb.njit(nogil=True, cache=True)
-def _rows(n, th, nt):
+def _cols(n, th, nt):
     per = -(-n // nt)
     per = -(-per // 16) * 16  # whole cache lines of output per thread
     lo = min(n, th * per)
@@ -87,48 +99,53 @@ def _rows(n, th, nt):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def residual_gemv(w, x, h, fns, nt):
-    """``h += w @ x`` (w (N, K) row-major, x (K,), h (N,)), each thread its block of rows."""
-    n, k = w.shape
+def residual_gemm(w, x, h, fns, nt):
+    """``h += x @ w.T`` (w (N, K) row-major, x (R, K), h (R, N)), each thread its block of columns
+    (rows of ``w``)."""
+    n = w.shape[0]
     for th in nb.prange(nt):
         prev = MN.set_threads_local(fns[1], 1)
-        lo, hi = _rows(n, th, nt)
+        lo, hi = _cols(n, th, nt)
         if hi > lo:
-            MN.sgemv(fns[2], hi - lo, k, w[lo:].ctypes.data, k, x.ctypes.data, 1.0, h[lo:].ctypes.data)
+            _gemm_t(fns, x, w, lo, hi, 1.0, h[0, lo:], n)
         MN.set_threads_local(fns[1], prev)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
 def mlp_block(h, ln_w, eps, wg, wu, gu, alpha, fns, nt):
-    """``x = rms_norm(h) * ln_w``; ``gu = silu_alpha(wg @ x) * (wu @ x)``, each thread its block of
-    rows of both projections."""
-    n, k = wg.shape
+    """``x = rms_norm(h) * ln_w``; ``gu = silu_alpha(x @ wg.T) * (x @ wu.T)`` (h (R, H), gu (R, I)),
+    each thread its block of columns of both projections."""
+    n = wg.shape[0]
+    R, k = h.shape
     for th in nb.prange(nt):
         prev = MN.set_threads_local(fns[1], 1)
-        x = np.empty(k, np.float32)
+        x = np.empty((R, k), np.float32)
         _rms(h, ln_w, eps, x)
-        lo, hi = _rows(n, th, nt)
+        lo, hi = _cols(n, th, nt)
         if hi > lo:
-            gate = np.empty(hi - lo, np.float32)
-            up = np.empty(hi - lo, np.float32)
-            MN.sgemv(fns[2], hi - lo, k, wg[lo:].ctypes.data, k, x.ctypes.data, 0.0, gate.ctypes.data)
-            MN.sgemv(fns[2], hi - lo, k, wu[lo:].ctypes.data, k, x.ctypes.data, 0.0, up.ctypes.data)
-            swiglu_chunk(gate, up, gu[lo:hi], 0, hi - lo, alpha)
+            gate = np.empty((R, hi - lo), np.float32)
+            up = np.empty((R, hi - lo), np.float32)
+            _gemm_t(fns, x, wg, lo, hi, 0.0, gate, hi - lo)
+            _gemm_t(fns, x, wu, lo, hi, 0.0, up, hi - lo)
+            for b in range(R):
+                swiglu_chunk(gate[b], up[b], gu[b, lo:hi], 0, hi - lo, alpha)
         MN.set_threads_local(fns[1], prev)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
 def head_block(h, ln_w, eps, w, logits, fns, nt):
-    """``logits = w @ (rms_norm(h) * ln_w)``, each thread its block of the vocabulary's rows."""
-    n, k = w.shape
+    """``logits = rms_norm(h) * ln_w @ w.T`` (h (R, H), logits (R, V)), each thread its block of
+    the vocabulary."""
+    n = w.shape[0]
+    R, k = h.shape
     for th in nb.prange(nt):
         prev = MN.set_threads_local(fns[1], 1)
-        x = np.empty(k, np.float32)
+        x = np.empty((R, k), np.float32)
         _rms(h, ln_w, eps, x)
-        lo, hi = _rows(n, th, nt)
+        lo, hi = _cols(n, th, nt)
         if hi > lo:
-            MN.sgemv(fns[2], hi - lo, k, w[lo:].ctypes.data, k, x.ctypes.data, 0.0, logits[lo:].ctypes.data)
+            _gemm_t(fns, x, w, lo, hi, 0.0, logits[0, lo:], n)
         MN.set_threads_local(fns[1], prev)
 
 
-__all__ = ["attention_block", "head_block", "mlp_block", "residual_gemv"]
+__all__ = ["attention_block", "head_block", "mlp_block", "residual_gemm"]
