@@ -37,6 +37,14 @@ def _rms(h, w, eps, x):
 
 
 @nb.njit(nogil=True, cache=True)
+def _normed(h, w, eps):
+    # a thread's own copy of rms_norm(h) * w (h (R, H): a few KB, cheaper than a barrier)
+    x = np.empty(h.shape, np.float32)
+    _rms(h, w, eps, x)
+    return x
+
+
+@nb.njit(nogil=True, cache=True)
 def _gemm_t(fns, x, w, lo, hi, beta, out, ldo):
     # out[:, :hi-lo] = x @ w[lo:hi].T + beta * out (x (R, K), w (N, K) row-major; out's rows ldo apart)
     R, k = x.shape
@@ -57,12 +65,10 @@ def attention_block(h, ln_w, eps, wq, wk, wv, cos, sin, pos, kt, vc, slots, leng
     Hkv, D = kt.shape[1], kt.shape[2]
     R, Hq = q.shape[0], q.shape[1]
     g = Hq // Hkv
-    H = h.shape[1]
     half = D // 2
     for th in nb.prange(nt):
         prev = MN.set_threads_local(fns[1], 1)
-        x = np.empty((R, H), np.float32)
-        _rms(h, ln_w, eps, x)
+        x = _normed(h, ln_w, eps)
         kv = np.empty((2, R, D), np.float32)
         for hk in range(th, Hkv, nt):
             _gemm_t(fns, x, wq, hk * g * D, (hk + 1) * g * D, 0.0, q[0, hk * g], Hq * D)
@@ -116,11 +122,10 @@ def mlp_block(h, ln_w, eps, wg, wu, gu, alpha, fns, nt):
     """``x = rms_norm(h) * ln_w``; ``gu = silu_alpha(x @ wg.T) * (x @ wu.T)`` (h (R, H), gu (R, I)),
     each thread its block of columns of both projections."""
     n = wg.shape[0]
-    R, k = h.shape
+    R = h.shape[0]
     for th in nb.prange(nt):
         prev = MN.set_threads_local(fns[1], 1)
-        x = np.empty((R, k), np.float32)
-        _rms(h, ln_w, eps, x)
+        x = _normed(h, ln_w, eps)
         lo, hi = _cols(n, th, nt)
         if hi > lo:
             gate = np.empty((R, hi - lo), np.float32)
@@ -137,11 +142,9 @@ def head_block(h, ln_w, eps, w, logits, fns, nt):
     """``logits = rms_norm(h) * ln_w @ w.T`` (h (R, H), logits (R, V)), each thread its block of
     the vocabulary."""
     n = w.shape[0]
-    R, k = h.shape
     for th in nb.prange(nt):
         prev = MN.set_threads_local(fns[1], 1)
-        x = np.empty((R, k), np.float32)
-        _rms(h, ln_w, eps, x)
+        x = _normed(h, ln_w, eps)
         lo, hi = _cols(n, th, nt)
         if hi > lo:
             _gemm_t(fns, x, w, lo, hi, 0.0, logits[0, lo:], n)
