@@ -179,19 +179,24 @@ def test_gemm_kernel_task_form_matches_the_reference(rng, monkeypatch, name, par
     want = onnx_ref("Attention", ins, attrs, nout)
     calls = []
     real = A.K.gemm_tasks
-    # the serial or the parallel loop, whichever the size would pick
-    monkeypatch.setattr(A.K, "gemm_tasks", lambda *a: (calls.append(1), real(*a[:-2], parallel, a[-1])))
+    restored = []
+
+    def spy(*a):  # the serial or the parallel loop, whichever the size would pick
+        calls.append(1)
+        mkl._lib.set_threads_local(3)
+        real(*a[:-2], parallel, a[-1])
+        restored.append(mkl._lib.set_threads_local(0))  # the tasks put this thread's MKL setting back
+
+    monkeypatch.setattr(A.K, "gemm_tasks", spy)
     for tasks in (True, False):
         monkeypatch.setattr(A, "_tasks_balance", lambda n, t=tasks: t)
-        mkl._lib.set_threads_local(2)
         got = run(ins, attrs, nout, algo="attention_gemm")
         opsnn.current_stream().synchronize()
-        # the tasks ran MKL single-threaded and put this thread's MKL setting back
-        assert mkl._lib.set_threads_local(0) == 2
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
     # the task form ran once (4-D Y, or 3-D without GQA: Y is a BLAS operand)
     assert calls == ([1] if spec["shape"] == "4d" or spec.get("hq", 3) == spec.get("hkv", spec.get("hq", 3)) else [])
+    assert restored == [3] * len(calls)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
