@@ -122,6 +122,30 @@ def _decode_all_parallel(q, kt, v, slots, lengths, y, scale, nt):
 
 
 @nb.njit(nogil=True, cache=True)
+def rope_query(qh, c, s):
+    """Non-interleaved ("rotate half") RoPE of one head ``qh`` (D,) in place; ``c``/``s`` the
+    position's (D/2,) rows of the cos/sin tables."""
+    half = c.size
+    for i in range(half):
+        x1, x2 = qh[i], qh[i + half]
+        qh[i] = c[i] * x1 - s[i] * x2
+        qh[i + half] = s[i] * x1 + c[i] * x2
+
+
+@nb.njit(nogil=True, cache=True)
+def store_key_value(kh, vh, kt, vc, sl, hk, p, c, s):
+    """One KV head's new key ``kh`` (rotated as :func:`rope_query`, written transposed into
+    ``kt[sl, hk, :, p]``) and value ``vh`` (into ``vc[sl, hk, p]``) at position ``p``."""
+    half = c.size
+    kd = kt[sl, hk]
+    for i in range(half):
+        x1, x2 = kh[i], kh[i + half]
+        kd[i, p] = c[i] * x1 - s[i] * x2
+        kd[i + half, p] = s[i] * x1 + c[i] * x2
+    vc[sl, hk, p, :] = vh
+
+
+@nb.njit(nogil=True, cache=True)
 def rope_store(q, k, v, cos, sin, pos, kt, vc, slots, rows):
     """A decode step's rotary embedding and K/V store in one pass: rotate every row of ``q``
     (R, Hq, D) in place and the first ``rows`` rows of ``k`` (R, Hkv, D) into the cache, row
@@ -129,25 +153,13 @@ def rope_store(q, k, v, cos, sin, pos, kt, vc, slots, rows):
     T); values ``vc`` (slots, Hkv, T, D) copied from ``v``). ``cos``/``sin`` are the
     (max_position, D/2) tables of the model's non-interleaved ("rotate half") RoPE; positions
     must lie in the table and the cache (the caller checks)."""
-    half = cos.shape[1]
     for b in range(q.shape[0]):
-        p = pos[b]
-        c, s = cos[p], sin[p]
+        c, s = cos[pos[b]], sin[pos[b]]
         for n in range(q.shape[1]):
-            for i in range(half):
-                x1, x2 = q[b, n, i], q[b, n, i + half]
-                q[b, n, i] = c[i] * x1 - s[i] * x2
-                q[b, n, i + half] = s[i] * x1 + c[i] * x2
-        if b >= rows:
-            continue
-        sl = slots[b]
-        for n in range(k.shape[1]):
-            kd = kt[sl, n]
-            for i in range(half):
-                x1, x2 = k[b, n, i], k[b, n, i + half]
-                kd[i, p] = c[i] * x1 - s[i] * x2
-                kd[i + half, p] = s[i] * x1 + c[i] * x2
-            vc[sl, n, p, :] = v[b, n, :]
+            rope_query(q[b, n], c, s)
+        if b < rows:
+            for n in range(k.shape[1]):
+                store_key_value(k[b, n], v[b, n], kt, vc, slots[b], n, pos[b], c, s)
 
 
 def decode_attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
@@ -170,4 +182,4 @@ def decode_attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slots: np.nda
         _decode_all(q, kt, v, slots, lengths, y, np.float32(scale))
 
 
-__all__ = ["decode_attention", "rope_store"]
+__all__ = ["decode_attention", "rope_query", "rope_store", "store_key_value"]

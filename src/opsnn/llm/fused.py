@@ -25,7 +25,7 @@ import numpy as np
 from ..kernels.cpu import mkl_nb as MN
 from ..kernels.cpu.activation import swiglu_chunk
 from ..kernels.cpu.norm import _ln_rows32
-from .attention import _decode_task
+from .attention import _decode_task, rope_query, store_key_value
 
 
 @nb.njit(nogil=True, cache=True)
@@ -65,7 +65,6 @@ def attention_block(h, ln_w, eps, wq, wk, wv, cos, sin, pos, kt, vc, slots, leng
     Hkv, D = kt.shape[1], kt.shape[2]
     R, Hq = q.shape[0], q.shape[1]
     g = Hq // Hkv
-    half = D // 2
     for th in nb.prange(nt):
         prev = MN.set_threads_local(fns[1], 1)
         x = _normed(h, ln_w, eps)
@@ -75,22 +74,11 @@ def attention_block(h, ln_w, eps, wq, wk, wv, cos, sin, pos, kt, vc, slots, leng
             _gemm_t(fns, x, wk, hk * D, (hk + 1) * D, 0.0, kv[0], D)
             _gemm_t(fns, x, wv, hk * D, (hk + 1) * D, 0.0, kv[1], D)
             for b in range(R):
-                p = pos[b]
-                c, s = cos[p], sin[p]
+                c, s = cos[pos[b]], sin[pos[b]]
                 for gi in range(g):
-                    qh = q[b, hk * g + gi, 0]
-                    for i in range(half):
-                        x1, x2 = qh[i], qh[i + half]
-                        qh[i] = c[i] * x1 - s[i] * x2
-                        qh[i + half] = s[i] * x1 + c[i] * x2
+                    rope_query(q[b, hk * g + gi, 0], c, s)
                 if b < rows:
-                    kd = kt[slots[b], hk]
-                    kb = kv[0, b]
-                    for i in range(half):
-                        x1, x2 = kb[i], kb[i + half]
-                        kd[i, p] = c[i] * x1 - s[i] * x2
-                        kd[i + half, p] = s[i] * x1 + c[i] * x2
-                    vc[slots[b], hk, p, :] = kv[1, b]
+                    store_key_value(kv[0, b], kv[1, b], kt, vc, slots[b], hk, pos[b], c, s)
             for b in range(R):
                 _decode_task(np.int64(b * Hkv + hk), q, kt, vc, slots, lengths, y, scale)
         MN.set_threads_local(fns[1], prev)
