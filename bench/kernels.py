@@ -62,9 +62,13 @@ def measure(fns: dict, repeat: int, budget_s: float = 20.0, block: int = 2) -> d
     median process CPU time: with NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 it measures the
     work done, unaffected by other jobs taking the cores (with threads it also counts spinning).
 
-    Each round gives every contender an untimed settling run, then ``block`` timed runs: the
-    contender before it may leave threads spinning; after a peer's turn (any contender not named
-    "opsnn...") the round pauses ``SETTLE_S`` so that its spinning is not charged to the next."""
+    Each round gives every contender an untimed settling run, then ``block`` timed runs, then
+    pauses ``SETTLE_S`` so that threads a contender left spinning are not charged to the next.
+    The pause follows every contender, so each starts its turn from the same idle machine: with
+    the pause only after peers, a contender that ran right after an opsnn one found the second
+    core awake and its caches warm (decode 1x768x3072: numpy's one-thread gemv 0.23-0.27 ms after
+    opsnn's turn, MKL's two-thread gemv 0.27-0.37 ms in its first runs after a pause; the same
+    two calls back to back after a pause: 0.34/0.27 and 0.37/0.27 ms)."""
     for f in fns.values():
         f()
         f()
@@ -80,8 +84,7 @@ def measure(fns: dict, repeat: int, budget_s: float = 20.0, block: int = 2) -> d
                 f()
                 times[n].append(time.perf_counter() - t0)
                 cpu[n].append(time.process_time() - c0)
-            if not n.startswith("opsnn"):
-                time.sleep(SETTLE_S)
+            time.sleep(SETTLE_S)
         if time.perf_counter() - start > budget_s and len(times[next(iter(fns))]) >= 5:
             break
     out = {}
