@@ -432,11 +432,15 @@ def test_kernels_under_load_use_fewer_threads_and_plans_are_not_affected(monkeyp
     from opsnn.runtime.blas import get_blas_threads
     from opsnn.runtime import threads as T
 
+    s = opsnn.current_stream()
+    # the quiet state first: under the real policy on a loaded machine, an earlier launch may
+    # have left OpenBLAS at fewer threads than a quiet launch sets
+    monkeypatch.setattr(T, "policy", T.ThreadPolicy("auto", sampler=lambda: 0))
+    s.launch(lambda: None)
     before = nb.get_num_threads()
     blas_before = get_blas_threads()
     seen = []
     monkeypatch.setattr(T, "policy", T.ThreadPolicy("auto", sampler=lambda: 100))  # every core taken
-    s = opsnn.current_stream()
     s.launch(lambda: seen.append((nb.get_num_threads(), get_blas_threads())))
     assert seen == [(1, None if blas_before is None else 1)]
     assert nb.get_num_threads() == before  # the caller's own count is back: later plans see every core
