@@ -181,12 +181,17 @@ def test_gemm_kernel_task_form_matches_the_reference(rng, monkeypatch, name, par
     real = A.K.gemm_tasks
     restored = []
 
-    def spy(*a):  # the serial or the parallel loop, whichever the size would pick
-        calls.append(1)
-        mkl._lib.set_threads_local(3)
-        real(*a[:-2], parallel, a[-1])
-        restored.append(mkl._lib.set_threads_local(0))  # the tasks put this thread's MKL setting back
+    def spy(*a):  # the serial or the parallel loop, whichever the size would pick; causal row blocks
+        calls.append(1)  # of every size: one row, a partial last block (6 = 4 + 2), the default, none
+        y = a[3]  # the output as the tasks write it
+        for bq in (1, 4, a[-1], 0):
+            y[...] = np.nan
+            mkl._lib.set_threads_local(3)
+            real(*a[:-3], parallel, a[-2], bq)
+            restored.append(mkl._lib.set_threads_local(0))  # the tasks put this thread's MKL setting back
+            ys.append(y.copy())
 
+    ys = []
     monkeypatch.setattr(A.K, "gemm_tasks", spy)
     for tasks in (True, False):
         monkeypatch.setattr(A, "_tasks_balance", lambda n, t=tasks: t)
@@ -196,7 +201,9 @@ def test_gemm_kernel_task_form_matches_the_reference(rng, monkeypatch, name, par
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
     # the task form ran once (4-D Y, or 3-D without GQA: Y is a BLAS operand)
     assert calls == ([1] if spec["shape"] == "4d" or spec.get("hq", 3) == spec.get("hkv", spec.get("hq", 3)) else [])
-    assert restored == [3] * len(calls)
+    assert restored == [3] * 4 * len(calls)
+    for y in ys[:-1]:  # every row block size gives the same output (the last run is the one checked)
+        np.testing.assert_allclose(y, ys[-1], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -260,48 +260,91 @@ def masked_softmax(s, mask, has_mask, kvlen, offset, causal, left, right, scale,
 
 # -- the "gemm" kernel as one task per (batch, KV head) on MKL --------------------------------------
 @nb.njit(nogil=True, cache=True)
-def _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, fns):
+def _gemm_rows(q4, k4, s, b, hk, r, n, hb, fns):
+    # score rows [r, r + n) of task (b, hk) (s: its (rows, T) scores) over keys [0, hb)
+    T, D = k4.shape[2], q4.shape[3]
+    MN.sgemm(fns[0], MN.NO_TRANS, MN.TRANS, n, hb, D, q4[b, hk, r:].ctypes.data, max(q4.strides[2] // 4, D),
+             k4[b, hk].ctypes.data, max(k4.strides[2] // 4, D), 0.0, s.ctypes.data + 4 * r * T, T)
+
+
+@nb.njit(nogil=True, cache=True)
+def _gemm_out(v4, y4, s, b, hk, r, n, hb, fns):
+    # y rows [r, r + n) of task (b, hk) = probabilities[:, :hb] @ V[:hb] (zeros when no key is read)
+    T, Dv = s.shape[1], v4.shape[3]
+    if hb <= 0:
+        for rr in range(r, r + n):
+            y4[b, hk, rr, :] = np.float32(0.0)
+        return
+    MN.sgemm(fns[0], MN.NO_TRANS, MN.NO_TRANS, n, Dv, hb, s.ctypes.data + 4 * r * T, T, v4[b, hk].ctypes.data,
+             max(v4.strides[2] // 4, Dv), 0.0, y4[b, hk, r:].ctypes.data, max(y4.strides[2] // 4, Dv))
+
+
+@nb.njit(nogil=True, cache=True)
+def _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns):
     # task t = (b, KV head hk): its query rows (the GQA group's heads stacked) times its keys into the
     # group's score rows, the masked softmax of those rows, then probabilities @ V into its output rows;
-    # single-threaded MKL, the scores still in this core's cache for the softmax and the second product
+    # single-threaded MKL, the scores still in this core's cache for the softmax and the second product.
+    # Only keys some row may attend are multiplied: up to the row's length (kvlen), and with a causal
+    # mask, per block of bq query rows, up to the block's last position (about half the work of a
+    # whole prompt: the products and the softmax skip the masked triangle)
     B, Hkv, rows, D = q4.shape
-    T, Dv = k4.shape[2], v4.shape[3]
+    T = k4.shape[2]
     Hq, Sq = s.shape[1], s.shape[2]
     g = Hq // Hkv
     b = t // Hkv
     hk = t % Hkv
-    sv = s[b, hk * g]
-    # leading dims: a single row's stride is free, BLAS still wants one >= the row length
-    MN.sgemm(fns[0], MN.NO_TRANS, MN.TRANS, rows, T, D, q4[b, hk].ctypes.data, max(q4.strides[2] // 4, D),
-             k4[b, hk].ctypes.data, max(k4.strides[2] // 4, D), 0.0, sv.ctypes.data, T)
+    sv = s[b, hk * g:(hk + 1) * g].reshape(rows, T)  # the group's score rows, stacked as q4's
+    L = max(0, min(kvlen[b], T))
     r0 = (b * Hq + hk * g) * Sq
-    for rr in range(rows):
-        _softmax_row(r0 + rr, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
-    MN.sgemm(fns[0], MN.NO_TRANS, MN.NO_TRANS, rows, Dv, T, sv.ctypes.data, T, v4[b, hk].ctypes.data,
-             max(v4.strides[2] // 4, Dv), 0.0, y4[b, hk].ctypes.data, max(y4.strides[2] // 4, Dv))
+    if not causal or bq >= Sq:
+        hb = L
+        if causal:
+            hb = max(0, min(hb, Sq + offset[b]))
+        if hb > 0:
+            _gemm_rows(q4, k4, sv, b, hk, 0, rows, hb, fns)
+        for rr in range(rows):
+            if hb > 0:
+                _softmax_row(r0 + rr, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+            else:
+                sv[rr, :] = np.float32(0.0)
+        _gemm_out(v4, y4, sv, b, hk, 0, rows, hb, fns)
+        return
+    for gi in range(g):
+        for i0 in range(0, Sq, bq):
+            n = min(bq, Sq - i0)
+            r = gi * Sq + i0
+            hb = max(0, min(L, i0 + n + offset[b]))  # the block's last row attends up to position i0 + n - 1
+            if hb > 0:
+                _gemm_rows(q4, k4, sv, b, hk, r, n, hb, fns)
+                for rr in range(r, r + n):
+                    _softmax_row(r0 + rr, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+            _gemm_out(v4, y4, sv, b, hk, r, n, hb, fns)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _gemm_tasks_parallel(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
-                         fns, nt):
+                         bq, fns, nt):
     n = q4.shape[0] * q4.shape[1]
     for th in nb.prange(nt):  # thread th takes tasks th, th + nt, ...
         prev = MN.set_threads_local(fns[1], 1)
         for t in range(th, n, nt):
-            _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, fns)
+            _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq,
+                       fns)
         MN.set_threads_local(fns[1], prev)
 
 
 @nb.njit(nogil=True, cache=True)
-def _gemm_tasks_serial(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, fns):
+def _gemm_tasks_serial(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq,
+                       fns):
     prev = MN.set_threads_local(fns[1], 1)
     for t in range(q4.shape[0] * q4.shape[1]):
-        _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, fns)
+        _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq,
+                   fns)
     MN.set_threads_local(fns[1], prev)
 
 
 def gemm_tasks(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, parallel,
-               fns) -> None:
+               fns, bq: int = 0) -> None:
     """The "gemm" attention kernel as one parallel region: a task per (batch, KV head) runs
     ``S = Q K^T`` into its rows of the (B, Hq, Sq, T) scores ``s``, the masked softmax of those
     rows (:func:`masked_softmax`'s rules) and ``Y = S V``, on single-threaded MKL
@@ -311,17 +354,26 @@ def gemm_tasks(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, r
     (BLAS operands as they stand: the head-strided views of (B, S, H*D) tensors qualify).
     Against the batched form (MKL's batch QK^T, a parallel softmax, MKL's batch S V: three
     regions, each splitting small products over the threads), BERT-base's 12 heads x 128 x 64
-    on the 2-core AVX-512 VM: 1.03 -> 0.65 ms."""
+    on the 2-core AVX-512 VM: 1.03 -> 0.65 ms.
+
+    With a causal mask and ``bq`` > 0 the query rows go in blocks of ``bq``, each multiplied by
+    the keys up to its last position only (:data:`CAUSAL_BLOCK_ROWS`); keys past a row's length
+    (``kvlen``) are never multiplied."""
+    bq = np.int64(bq if bq > 0 else 1 << 62)
     if parallel:
         _gemm_tasks_parallel(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
-                             fns, nb.get_num_threads())
+                             bq, fns, nb.get_num_threads())
     else:
         _gemm_tasks_serial(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
-                           fns)
+                           bq, fns)
 
 
 #: below this many multiply-adds (Sq*T*D summed over batch and heads) run the serial variant
 PARALLEL_MIN = 1 << 18
+
+#: query rows per block of :func:`gemm_tasks` under a causal mask (each block's products stop at
+#: its last position)
+CAUSAL_BLOCK_ROWS = 64
 
 
 def num_threads() -> int:

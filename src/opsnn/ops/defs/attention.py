@@ -404,7 +404,7 @@ def _gemm(ins, outs, attrs, plan, ws):
         kvlen, off = _offsets(ins, d)
         K.gemm_tasks(q4, k4, v4, yt, s, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"],
                      plan["left"], plan["right"], np.float32(plan["scale"]), np.float32(plan["softcap"]),
-                     plan["parallel"], MN.addresses())
+                     plan["parallel"], MN.addresses(), K.CAUSAL_BLOCK_ROWS)
         return
     if d.T:
         if mkl:  # one batched call instead of a BLAS call per head
