@@ -383,6 +383,25 @@ def test_winograd_f2_rejects_what_it_cannot_run(rng):
                       autotune.NotPreferred)  # 4 channels: correct but slower
 
 
+def test_winograd_f2_leaves_few_tiles_of_a_wide_layer_to_im2col(rng):
+    # ResNet-18 at 112x112, stage 4: 512 ch at 4x4 is 4 tiles of 2x2; the transformed weight (16 MiB)
+    # would be streamed for 4 columns a product
+    from opsnn.ops.defs import conv as defs
+
+    attrs = conv_attrs(pads=(1,) * 4)
+    why = defs.winograd_f2_rejection((1, 512, 4, 4), (512, 512, 3, 3), attrs)
+    assert isinstance(why, autotune.NotPreferred) and "transformed weight" in why, why
+    assert defs.winograd_f2_rejection((1, 512, 7, 7), (512, 512, 3, 3), attrs) is None   # 16 tiles
+    assert defs.winograd_f2_rejection((4, 512, 4, 4), (512, 512, 3, 3), attrs) is None   # batch 4: 16 tiles
+    assert defs.winograd_f2_rejection((1, 128, 4, 4), (128, 128, 3, 3), attrs) is None   # 1 MiB: stays in L2
+    x, w = rand(rng, (1, 512, 4, 4)), rand(rng, (512, 512, 3, 3))
+    sel = plan_op(get_op("Conv"), [TensorMeta(a.shape, a.dtype) for a in (x, w)], [None, w], attrs).selection
+    assert sel.kernel.name.startswith("conv2d_im2col"), sel.kernel.name
+    want = conv_oracle(x, w, pads=(1,) * 4)
+    for name in (None, "conv2d_winograd_f2"):  # forcing F2 still works
+        assert rel_err(opsnn.ops.conv2d(x, w, padding=1, algo=name).numpy(), want) < WINO_F2_TOL
+
+
 # -- direct and im2col kernels ------------------------------------------------------------------------------
 DIRECT_CASES = [
     # (x shape, w shape, stride, pads, dilation, groups)

@@ -350,6 +350,14 @@ WINOGRAD_F2_MIN_WORK = 1 << 15
 #: F(2x2) with a weight transformed on every call (16 x M x C values) needs this many 2x2 tiles
 #: (measured vs im2col: 256 ch 14x14 (49 tiles) 0.79x, 96 ch 20x20 (100) 1.22x, 64 ch 28x28 (196) 1.39x)
 WINOGRAD_F2_MIN_TILES_UNPACKED = 100
+#: F(2x2) with a pre-transformed weight of more than WINOGRAD_F2_WIDE_BYTES (16 x M x C values:
+#: 1.8x the weight itself) needs this many 2x2 tiles: with fewer, the products stream that
+#: weight from memory for a few columns each and im2col's smaller weight wins (measured, batch 1,
+#: vs im2col_mkl_packed: 512 ch 4x4 (4 tiles) 1.61x slower, 256 ch 4x4 1.38x, 256 ch 6x6 (9)
+#: 1.26x, 512 ch 6x6 0.96x, 512 ch 7x7 (16) 0.81x faster, 256 ch 7x7 0.83x; 128 ch 4x4 0.99x,
+#: 64 ch 4x4 0.88x: those transformed weights stay in L2)
+WINOGRAD_F2_MIN_TILES_WIDE = 12
+WINOGRAD_F2_WIDE_BYTES = 2 << 20
 
 
 def _row_col_bytes(ctx) -> int:
@@ -491,6 +499,10 @@ def winograd_f2_rejection(xs, ws, attrs, op: str = "Conv") -> str | None:
     if tiles * c * m < WINOGRAD_F2_MIN_WORK:
         return NotPreferred(f"{tiles} tiles of 2x2 x C={c} x M={m} < {WINOGRAD_F2_MIN_WORK}: too little work for "
                             "the transforms' fixed costs")
+    wbytes = 16 * c * m * 4
+    if wbytes > WINOGRAD_F2_WIDE_BYTES and tiles < WINOGRAD_F2_MIN_TILES_WIDE:
+        return NotPreferred(f"{tiles} tiles of 2x2 (< {WINOGRAD_F2_MIN_TILES_WIDE}) for a transformed weight of "
+                            f"{wbytes / 2**20:.1f} MiB: streaming it for so few columns loses to im2col")
     return None
 
 
