@@ -579,8 +579,9 @@ def test_rope_store_matches_the_rotary_op_and_the_cache_write(rng):
 
 
 def test_decoder_packed_projections_match_the_linear_op(lm, rng):
-    """With MKL the decoder packs its float32 projection weights once and every product of two or
-    more rows (prefill, batched decode steps of any bucket) reads the panels; one-row products
+    """With MKL the decoder packs its float32 projection weights once (q/k/v and gate/up stacked
+    into one panel each) and every product of two or more rows (prefill, batched decode steps of
+    any bucket) reads the panels; one-row products
     run as MKL's sgemv on the weight itself. Logits agree with a decoder that runs every
     projection on the Linear op."""
     from opsnn.kernels.cpu import mkl
@@ -608,7 +609,13 @@ def test_decoder_packed_projections_match_the_linear_op(lm, rng):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         starts[rows] += 1
     if not mkl.unavailable():
-        assert len(packed._packs) == 7 * lm.config.num_hidden_layers + 1  # each weight packed once
+        # each weight packed once: o and down on their own, q/k/v and gate/up stacked, the head
+        assert len(packed._packs) == 4 * lm.config.num_hidden_layers + 1
+        p0 = packed.layers[0]
+        qkv = packed._packed_cat((p0.wq, p0.wk, p0.wv), 4)
+        assert qkv is packed._packed_cat((p0.wq, p0.wk, p0.wv), 16) and \
+            qkv.n == sum(w.shape[0] for w in (p0.wq, p0.wk, p0.wv))
+        assert packed._packed_cat((p0.wg, p0.wu), 1) is None  # one row: matrix-vector products
         assert CachedDecoder(lm, cache_a)._packed(lm.output_weight, 4) is packed._packed(lm.output_weight, 4)
     packed.release_steps()
     plain.release_steps()
@@ -667,7 +674,8 @@ def test_packed_projections_follow_load_state_dict(rng):
     s = cache.allocate()
     CachedDecoder(m, cache).forward(p, [s], [0])
     if not mkl.unavailable():
-        assert len(getattr(m, "_llm_packed_projections")) == 7  # the last position's vocab product: sgemv
+        # q/k/v and gate/up stacked, o and down; the last position's vocab product: sgemv
+        assert len(getattr(m, "_llm_packed_projections")) == 4
     m.load_state_dict(other.state_dict())
     got = CachedDecoder(m, cache).forward(p, [s], [0])
     np.testing.assert_allclose(got[0], other(p)[0].numpy()[0, -1], rtol=1e-5, atol=1e-5)
