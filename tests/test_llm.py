@@ -52,9 +52,27 @@ def test_attention_reads_cache_views_with_the_fused_kernel(lm):
     k, v = cache.view(0, 0, 2)
     assert k.shape == (2, 2, 16, 16) and k.numpy().base is not None  # a view, not a copy
     assert np.shares_memory(k.numpy(), cache.keys[0].numpy())
-    q = opsnn.tensor(np.zeros((2, 4, 1, 16), np.float32))
-    ex = opsnn.aclnn.attention.prepare(q, k, v, None, None, None, np.array([3, 0], np.int64), is_causal=True)
-    assert ex.kernel_name == "attention_flash"
+    from opsnn.kernels.cpu import mkl
+
+    rng = np.random.default_rng(3)
+    for t in (cache.keys[0], cache.values[0]):
+        t.numpy()[...] = rng.standard_normal(t.shape).astype(np.float32)
+    q = opsnn.tensor(rng.standard_normal((2, 4, 3, 16)).astype(np.float32))
+    kvlen = np.array([9, 0], np.int64)  # request 1: nothing cached yet (zeros out)
+    ex = opsnn.aclnn.attention.prepare(q, k, v, None, None, None, kvlen, is_causal=True)
+    # the tiled GEMM kernel reads the transposed keys in place; the flash kernel gives the same
+    assert ex.kernel_name == ("attention_flash" if mkl.unavailable() else "attention_gemm_tiled")
+    got = ex.run().numpy()
+    flash = opsnn.aclnn.attention.prepare(q, k, v, None, None, None, kvlen, is_causal=True,
+                                          algo="attention_flash").run().numpy()
+    np.testing.assert_allclose(got, flash, rtol=1e-5, atol=1e-6)
+    qn, kn, vn = q.numpy()[0].astype(np.float64), k.numpy()[0, :, :9].astype(np.float64), v.numpy()[0, :, :9]
+    for h in range(4):  # request 0 by hand: queries at positions 6, 7, 8 over its 9 keys, causal
+        sc = qn[h] @ kn[h // 2].T / 4.0
+        sc[np.arange(9)[None, :] > np.arange(6, 9)[:, None]] = -np.inf
+        pr = np.exp(sc - sc.max(-1, keepdims=True))
+        np.testing.assert_allclose(got[0, h], (pr / pr.sum(-1, keepdims=True)) @ vn[h // 2], rtol=1e-5, atol=1e-5)
+    assert not got[1].any()
 
 
 @pytest.mark.parametrize("lengths,new", [((1,), 12), ((5,), 20), ((23,), 9)])

@@ -221,6 +221,30 @@ def test_attention_matches_onnx_reference(rng, name):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 64])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_tiled_gemm_kernel_matches_the_reference(rng, monkeypatch, name, rows):
+    """attention_gemm_tiled (blocks of query rows on per-thread score tiles) gives the ONNX
+    reference on every case, with one-row blocks, blocks that split the queries unevenly (6 =
+    2 + 2 + 2, 4 = 2 + 2) and one block per head."""
+    import sys
+
+    from opsnn.kernels.cpu import mkl
+
+    A = sys.modules["opsnn.ops.defs.attention"]
+    if mkl.unavailable():
+        pytest.skip(f"MKL: {mkl.unavailable()}")
+    monkeypatch.setattr(A, "TILED_MIN_ROWS", 1)
+    monkeypatch.setattr(A, "TILED_MAX_ROWS", rows)
+    spec = CASES[name]
+    ins, attrs = build(rng, spec)
+    nout = 3 if spec.get("past") else 1
+    want = onnx_ref("Attention", ins, attrs, nout)
+    got = run(ins, attrs, nout, algo="attention_gemm_tiled")
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", [n for n, s in sorted(CASES.items())
                                   if s.get("opset", 23) == 23 and "short" not in n])  # ORT: no short masks
 def test_attention_matches_onnxruntime(rng, name):
@@ -404,11 +428,15 @@ def test_nan_score_poisons_its_row_only(rng, algo):
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5)
 
 
-def test_long_sequence_runs_flash_with_linear_memory(rng):
+@pytest.mark.parametrize("algo", [None, "attention_flash"])
+def test_long_sequence_runs_with_linear_memory(rng, algo):
     """N = 4096: the N x N scores (64 MiB per head) are never materialised; the pool's peak
-    during the call is the output (N x d) plus small scratch, and the result matches the
-    oracle on sampled query rows."""
+    during the call is the output (N x d) plus the tiles (the tiled GEMM kernel, chosen with
+    MKL: threads x 32 x N floats) or small scratch (flash), and the result matches the oracle on
+    sampled query rows."""
     import gc
+
+    from opsnn.kernels.cpu import mkl
 
     N, D = 4096, 32
     q, k, v = rand(rng, 1, 1, N, D), rand(rng, 1, 1, N, D), rand(rng, 1, 1, N, D)
@@ -416,9 +444,11 @@ def test_long_sequence_runs_flash_with_linear_memory(rng):
     opsnn.current_stream().synchronize()
     base = opsnn.memory.current_bytes()
     opsnn.memory.reset_peak()
-    ex = opsnn.aclnn.scaled_dot_product_attention.prepare(q, k, v, is_causal=True)
-    assert ex.kernel_name == "attention_flash"
-    assert "MiB" in dict(ex.rejected)["attention_gemm"]  # too large to materialise
+    ex = opsnn.aclnn.scaled_dot_product_attention.prepare(q, k, v, is_causal=True, algo=algo)
+    assert ex.kernel_name == algo or ex.kernel_name == ("attention_flash" if mkl.unavailable() else
+                                                        "attention_gemm_tiled")
+    if algo is None:
+        assert "MiB" in dict(ex.rejected)["attention_gemm"]  # too large to materialise
     y = ex.run().numpy()
     opsnn.current_stream().synchronize()
     peak = opsnn.memory.summary()["peak_bytes"] - base

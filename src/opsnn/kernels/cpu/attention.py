@@ -174,21 +174,28 @@ def _row_max(seg):
 
 @nb.njit(nogil=True, cache=True, fastmath=_FM)
 def _softmax_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap):
-    """Row ``r`` of the (B, Hq, Sq, T) scores in place: scale, softcap, masks (-inf where a key
-    may not be attended), then softmax, in one pass over a row that stays in L1 (the float32
-    exp is the activation kernels' vectorized ``fexp``). A row no key may attend becomes zeros;
-    a NaN score makes its row NaN. The same rules as ``_attend_task``."""
+    """Row ``r`` of the (B, Hq, Sq, T) scores in place (:func:`_softmax_vec`)."""
     B, Hq, Sq, T = s.shape
     i = r % Sq
     h = (r // Sq) % Hq
     b = r // (Sq * Hq)
+    _softmax_vec(s[b, h, i], b, h, i, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+
+
+@nb.njit(nogil=True, cache=True, fastmath=_FM)
+def _softmax_vec(row, b, h, i, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap):
+    """The scores ``row`` of query ``i`` of head ``h``, batch ``b`` over keys ``0 .. row.size - 1``
+    in place: scale, softcap, masks (-inf where a key may not be attended), then softmax, in
+    one pass over a row that stays in L1 (the float32 exp is the activation kernels' vectorized
+    ``fexp``). A row no key may attend becomes zeros; a NaN score makes its row NaN. The same
+    rules as ``_attend_task``; keys past ``row.size`` must be ones the row may not attend."""
+    T = row.size
     L = min(kvlen[b], T)
     p_abs = i + offset[b]
     mB, mH, mS, mT = mask.shape
     mb = b if mB > 1 else 0
     mh = h if mH > 1 else 0
     mi = i if mS > 1 else 0
-    row = s[b, h, i]
     zero = np.float32(0.0)
     # the keys this row may attend form one range [lo, hi)
     hi = L
@@ -366,6 +373,72 @@ def gemm_tasks(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, r
     else:
         _gemm_tasks_serial(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
                            bq, fns)
+
+
+# -- the "gemm_tiled" kernel: blocks of query rows on per-thread score tiles --------------------------
+@nb.njit(nogil=True, cache=True)
+def _tile_task(t, q4, k4, k_t, v4, y4, sc, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
+               bq, fns):
+    # task t = (b, query head h, block of bq query rows): their scores over the keys some row of
+    # the block may attend ([0, kvlen), and with a causal mask up to the block's last position)
+    # into this thread's tile sc (bq, T), the masked softmax of each row, then tile @ V into
+    # the block's output rows; single-threaded MKL
+    B, Hq, Sq, D = q4.shape
+    Hkv, T = v4.shape[1], v4.shape[2]
+    Dv = v4.shape[3]
+    nblk = (Sq + bq - 1) // bq
+    blk = t % nblk
+    h = (t // nblk) % Hq
+    b = t // (nblk * Hq)
+    hk = h // (Hq // Hkv)
+    i0 = blk * bq
+    n = min(bq, Sq - i0)
+    hb = max(0, min(kvlen[b], T))
+    if causal:
+        hb = max(0, min(hb, i0 + n + offset[b]))  # the block's last row attends up to position i0 + n - 1
+    if hb == 0:
+        for rr in range(i0, i0 + n):
+            y4[b, h, rr, :] = np.float32(0.0)
+        return
+    if k_t:  # keys stored transposed (k4 is (B, Hkv, D, T): a KV cache's layout)
+        MN.sgemm(fns[0], MN.NO_TRANS, MN.NO_TRANS, n, hb, D, q4[b, h, i0:].ctypes.data, max(q4.strides[2] // 4, D),
+                 k4[b, hk].ctypes.data, max(k4.strides[2] // 4, hb), 0.0, sc.ctypes.data, T)
+    else:
+        MN.sgemm(fns[0], MN.NO_TRANS, MN.TRANS, n, hb, D, q4[b, h, i0:].ctypes.data, max(q4.strides[2] // 4, D),
+                 k4[b, hk].ctypes.data, max(k4.strides[2] // 4, D), 0.0, sc.ctypes.data, T)
+    for rr in range(n):
+        _softmax_vec(sc[rr, :hb], b, h, i0 + rr, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+    MN.sgemm(fns[0], MN.NO_TRANS, MN.NO_TRANS, n, Dv, hb, sc.ctypes.data, T, v4[b, hk].ctypes.data,
+             max(v4.strides[2] // 4, Dv), 0.0, y4[b, h, i0:].ctypes.data, max(y4.strides[2] // 4, Dv))
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _tiled_parallel(q4, k4, k_t, v4, y4, tiles, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
+                    bq, fns, nt):
+    n = q4.shape[0] * q4.shape[1] * ((q4.shape[2] + bq - 1) // bq)
+    for th in nb.prange(nt):  # thread th takes tasks th, th + nt, ... on its own tile
+        prev = MN.set_threads_local(fns[1], 1)
+        for t in range(th, n, nt):
+            _tile_task(t, q4, k4, k_t, v4, y4, tiles[th], mask, has_mask, kvlen, offset, causal, left, right, scale,
+                       softcap, bq, fns)
+        MN.set_threads_local(fns[1], prev)
+
+
+def gemm_tiled(q4, k4, k_t, v4, y4, tiles, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq,
+               fns) -> None:
+    """Attention by GEMM without the whole score matrix: a task per (batch, query head, block of
+    ``bq`` query rows) multiplies the block by the keys some of its rows may attend into the
+    running thread's ``(bq, T)`` tile of ``tiles`` (``(threads, bq, T)`` float32), takes each row's
+    masked softmax (:func:`masked_softmax`'s rules) and multiplies the tile by V into the
+    block's rows of ``y4``; MKL single-threaded inside a task (``fns``: :func:`~.mkl_nb.addresses`).
+    ``q4`` (B, Hq, Sq, D), ``k4`` (B, Hkv, T, D) or with ``k_t`` its transpose (B, Hkv, D, T) (a
+    KV cache's keys, read in place), ``v4`` (B, Hkv, T, Dv), ``y4`` (B, Hq, Sq, Dv): float32 views
+    with unit-stride rows (head-strided views of (B, S, H*D) tensors qualify). Its
+    memory is the tiles, ``threads * bq * T`` floats: O(N d) with ``bq <= d``. Uses at most
+    ``tiles.shape[0]`` threads."""
+    nt = max(1, min(tiles.shape[0], nb.get_num_threads()))
+    _tiled_parallel(q4, k4, bool(k_t), v4, y4, tiles, mask, has_mask, kvlen, offset, causal, left, right, scale,
+                    softcap, np.int64(bq), fns, nt)
 
 
 #: below this many multiply-adds (Sq*T*D summed over batch and heads) run the serial variant

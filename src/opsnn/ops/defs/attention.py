@@ -343,6 +343,64 @@ def _gemm_workspace(ctx, plan):
     return 4 * d.B * d.Hq * d.Sq * d.T
 
 
+def _tiled_applies(ctx):
+    why = _flash_applies(ctx)
+    if why is not True:
+        return why
+    if MN.addresses() is None:
+        return f"needs Intel MKL called from numba: {KM.unavailable() or 'not loaded'}"
+    return True
+
+
+def _tiled_plan(ctx):
+    p = _common_plan(ctx)
+    d = p["d"]
+    # a block of query rows per task: at most the head dim (so the tiles, threads x bq x T
+    # floats, stay O(N d)), at least 16 rows for the products' sake
+    p["bq"] = max(1, min(d.Sq, max(TILED_MIN_ROWS, min(TILED_MAX_ROWS, d.D))))
+    p["threads"] = K.num_threads()
+    return p
+
+
+def _tiled_workspace(ctx, plan):
+    d = plan["d"]
+    return 4 * plan["threads"] * plan["bq"] * d.T
+
+
+def _tiled(ins, outs, attrs, plan, ws):
+    """attention_gemm_tiled: blocks of query rows on per-thread score tiles (K.gemm_tiled)."""
+    ins = list(ins) + [None] * (7 - len(ins))
+    d = plan["d"]
+    k4, v4 = _kv(ins, outs, plan, np.float32)
+    if d.B * d.Hq * d.Sq * d.Dv == 0:
+        return
+    y = outs[0]
+    y4 = _to4(y, d.Hq)
+    if not d.T or not d.D:  # no keys, or scores of zero-length vectors: the reference path's answer
+        _blas(ins[:7], outs, attrs, plan, None)
+        return
+    q4, out = _to4(ins[0], d.Hq), y4
+    k_t = not _blasable(k4) and _blasable(k4.swapaxes(2, 3))  # keys stored transposed (a KV cache): as they are
+    if k_t:
+        k4 = k4.swapaxes(2, 3)
+    q4, k4, v4 = (a if _blasable(a) else np.ascontiguousarray(a, dtype=np.float32) for a in (q4, k4, v4))
+    if not _blasable(y4):
+        out = np.empty(y4.shape, np.float32)
+    tiles = ws[: _tiled_workspace(None, plan)].view(np.float32).reshape(plan["threads"], plan["bq"], d.T)
+    kvlen, off = _offsets(ins, d)
+    K.gemm_tiled(q4, k4, k_t, v4, out, tiles, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"],
+                 plan["left"], plan["right"], np.float32(plan["scale"]), np.float32(plan["softcap"]), plan["bq"],
+                 MN.addresses())
+    if out is not y4:
+        np.copyto(y4, out)
+
+
+#: query rows per task of attention_gemm_tiled: at most TILED_MAX_ROWS, at most the head dim
+#: unless that is below TILED_MIN_ROWS
+TILED_MAX_ROWS = 64
+TILED_MIN_ROWS = 16
+
+
 def _blasable(a: np.ndarray) -> bool:
     """True when every matrix a[..., :, :] is one BLAS operand as it stands (float32, unit
     column stride, a row stride >= the row length): np.matmul then passes it with its leading
@@ -503,6 +561,11 @@ Attention.kernel("attention_gemm", dtypes=(_dt.float32,), priority=25, applies=_
                  workspace=_gemm_workspace,
                  doc="scores by batched BLAS into the workspace, numba masked softmax in place, probs @ V by "
                  "BLAS; for score matrices up to GEMM_MAX_SCORE_BYTES")(_gemm)
+Attention.kernel("attention_gemm_tiled", dtypes=(_dt.float32,), priority=22, applies=_tiled_applies,
+                 plan=_tiled_plan, workspace=_tiled_workspace,
+                 doc="a task per (batch, head, block of query rows): scores by MKL into a per-thread tile, "
+                 "numba masked softmax, tile @ V by MKL; memory O(N d) (sequences whose score matrix "
+                 "attention_gemm will not materialise)")(_tiled)
 Attention.kernel("attention_blas", dtypes=(_dt.float32, _dt.float64), priority=10, plan=_common_plan,
                  doc="batched BLAS matmuls over the full score matrix")(_blas)
 
