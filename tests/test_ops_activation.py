@@ -560,6 +560,23 @@ def test_swiglu(rng, no_leak):
         ops.swiglu(opsnn.tensor(a), opsnn.tensor(a.astype(np.float64)))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1, 3, 8), (2, 128, 1200)])  # serial, parallel (>= PARALLEL_MIN_COSTLY)
+def test_swiglu_reads_column_blocks_in_place(rng, shape, dtype):
+    """Gate and value as the two column halves of one (.., 2n) product (row stride 2n): read in
+    place, rows serial or parallel; the result equals the formula."""
+    *lead, n = shape
+    both = (rng.standard_normal(tuple(lead) + (2 * n,)) * 3).astype(dtype)
+    g, v = both[..., :n], both[..., n:]
+    assert not g.flags.c_contiguous
+    want = g.astype(np.float64) * _sig(g.astype(np.float64)) * v
+    ex = aclnn.swiglu.prepare(opsnn.from_numpy(g), opsnn.from_numpy(v))
+    _check(ex.run().numpy(), want, dtype)
+    x = both[..., ::2][..., :n // 2]  # no unit stride: made contiguous first
+    _check(ops.swiglu(opsnn.from_numpy(x), opsnn.from_numpy(x)).numpy(),
+           x.astype(np.float64) ** 2 * _sig(x.astype(np.float64)), dtype)
+
+
 # -- argument and attribute errors ---------------------------------------------------------------------------
 def test_bad_arguments_raise_typed_errors():
     x = opsnn.tensor(np.zeros((2, 3), np.float32))

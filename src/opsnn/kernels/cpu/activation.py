@@ -636,10 +636,52 @@ def swiglu_plan(ctx):
     return cdt.type(ctx.attrs["alpha"]), _chunk(math.prod(ctx.shape(0)), True)
 
 
+@nb.njit(parallel=True, **_NJIT)
+def swiglu_rows_parallel(g, gs, v, vs, out, n, alpha):
+    for r in nb.prange(out.size // n):
+        swiglu_chunk(g[r * gs:r * gs + n], v[r * vs:r * vs + n], out[r * n:(r + 1) * n], 0, n, alpha)
+
+
+@nb.njit(**_NJIT)
+def swiglu_rows(g, gs, v, vs, out, n, alpha):
+    for r in range(out.size // n):
+        swiglu_chunk(g[r * gs:r * gs + n], v[r * vs:r * vs + n], out[r * n:(r + 1) * n], 0, n, alpha)
+
+
+def _span(x: np.ndarray):
+    """A matrix of rows with unit-stride columns as (the 1-D contiguous run of memory from its
+    first to its last element, its row stride in elements), so that numba sees contiguous rows
+    (and vectorizes); None when ``x`` (any rank) does not fold into such rows (column blocks of
+    a wider matrix fold: the gate and up halves of one GEMM's output)."""
+    n = x.shape[-1] if x.ndim else 0
+    if n == 0 or x.size == 0 or x.strides[-1] != x.itemsize:
+        return None
+    try:
+        r = x.view()
+        r.shape = (-1, n)
+    except AttributeError:
+        return None
+    rs = r.strides[0] // x.itemsize if r.shape[0] > 1 else n
+    if rs < n or r.strides[0] % x.itemsize:
+        return None
+    span = (r.shape[0] - 1) * rs + n
+    return np.lib.stride_tricks.as_strided(r, shape=(span,), strides=(x.itemsize,)), rs
+
+
 def swiglu(ins, outs, attrs, plan, ws):
+    """Strided inputs are read in place when their rows are unit-stride (column views of a
+    stacked gate|up product), else made contiguous first."""
     alpha, chunk = plan
-    g, v = ins[0].reshape(-1), ins[1].reshape(-1)
-    out = outs[0].reshape(-1)
+    g, v, out = ins[0], ins[1], outs[0]
+    if not (g.flags.c_contiguous and v.flags.c_contiguous):
+        gs, vs = _span(g), _span(v)
+        if gs is not None and vs is not None and out.flags.c_contiguous and g.shape == v.shape == out.shape:
+            (swiglu_rows_parallel if chunk else swiglu_rows)(gs[0], gs[1], vs[0], vs[1], out.reshape(-1),
+                                                             out.shape[-1], alpha)
+            return
+        g, v = np.ascontiguousarray(g), np.ascontiguousarray(v)
+    g, v = g.reshape(-1), v.reshape(-1)
+    out = out.reshape(-1)
     if chunk:
         swiglu_parallel(g, v, out, alpha, chunk)
     else:

@@ -233,7 +233,7 @@ def _swiglu_ref(ins, attrs):
 SwiGLU = register_op("SwiGLU", category="activation", inputs=[Input("A", FLOAT), Input("B", FLOAT)], outputs=["Y"],
                      attrs=[Attr("alpha", "float", 1.0)], infer=_swiglu_infer, reference=_swiglu_ref,
                      doc="Swish_alpha(A) * B (gate A, value B)")
-SwiGLU.kernel("swiglu_numba", dtypes=_F32_64, priority=10, plan=K.swiglu_plan)(K.swiglu)
+SwiGLU.kernel("swiglu_numba", dtypes=_F32_64, priority=10, plan=K.swiglu_plan, strided=True)(K.swiglu)
 
 
 # -- Softmax, LogSoftmax, Hardmax -------------------------------------------------------------------------
