@@ -249,13 +249,20 @@ class CachedDecoder:
             return None
         if rows < 2:  # a matrix-vector product streams the weight once: packing buys nothing
             return np.ascontiguousarray(w.numpy())
-        packs, key = self._packs, id(w)
+        return self._pack_stacked((w,))
+
+    def _pack_stacked(self, ws: tuple):
+        """MKL's panel of the weights ``ws`` (each (N_i, K)) stacked along N, packed on first use
+        and kept in the model's packs; packed again when a weight was given a new array."""
+        packs, key = self._packs, tuple(id(w) for w in ws)
         got = packs.get(key)
-        if got is not None and got[0]() is w and got[1]() is w._array:
+        if got is not None and all(r() is w for r, w in zip(got[0], ws)) and \
+                all(r() is w._array for r, w in zip(got[1], ws)):
             return got[2]
-        p = _mkl.pack(w.numpy(), self.cache.max_batch_slots, transpose=True)
-        # the entry goes with the weight tensor; a weight given a new array is packed again
-        packs[key] = (weakref.ref(w, lambda _, k=key: packs.pop(k, None)), weakref.ref(w._array), p)
+        arr = ws[0].numpy() if len(ws) == 1 else np.concatenate([w.numpy() for w in ws])
+        p = _mkl.pack(arr, self.cache.max_batch_slots, transpose=True)
+        packs[key] = (tuple(weakref.ref(w) for w in ws), tuple(weakref.ref(w._array) for w in ws), p)
+        weakref.finalize(ws[0], packs.pop, key, None)  # the entry goes with the (first) weight tensor
         return p
 
     def _packed_cat(self, ws: tuple, rows: int):
@@ -268,17 +275,7 @@ class CachedDecoder:
         if rows < 2 or self._packs is None or any(w.dtype != _F32 or w.ndim != 2 for w in ws) or \
                 len({w.shape[1] for w in ws}) != 1:
             return None
-        packs, key = self._packs, tuple(id(w) for w in ws)
-        got = packs.get(key)
-        if got is not None and all(r() is w for r, w in zip(got[0], ws)) and \
-                all(r() is w._array for r, w in zip(got[1], ws)):
-            return got[2]
-        p = _mkl.pack(np.concatenate([w.numpy() for w in ws]), self.cache.max_batch_slots, transpose=True)
-        # dropped with the first of the weights (their refs are checked on every use: a weight given
-        # a new array is packed again)
-        packs[key] = (tuple(weakref.ref(w) for w in ws), tuple(weakref.ref(w._array) for w in ws), p)
-        weakref.finalize(ws[0], packs.pop, key, None)
-        return p
+        return self._pack_stacked(ws)
 
     def _linear_cat(self, x: Tensor, ws: tuple) -> list:
         """``[x @ w.T for w in ws]``: one GEMM on :meth:`_packed_cat`'s panel (the results are
@@ -554,8 +551,8 @@ class _DecodeStep:
 
 
 def _model_packs(model) -> dict:
-    """The model's packed projection weights (id(weight tensor) -> (ref to the tensor, ref to
-    its array, panel)), kept on the model so that every decoder of it shares them;
+    """The model's packed projection weights ((ids of the stacked weight tensors) -> (refs to the
+    tensors, refs to their arrays, panel)), kept on the model so that every decoder of it shares them;
     ``load_state_dict`` drops them (``LlamaForCausalLM.on_weights_loaded``). Keyed by id, not
     by the tensor: a tensor's ``==`` is elementwise."""
     packs = model.__dict__.get(PACKS_ATTR)

@@ -309,12 +309,9 @@ def _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left
             hb = max(0, min(hb, Sq + offset[b]))
         if hb > 0:
             _gemm_rows(q4, k4, sv, b, hk, 0, rows, hb, fns)
-        for rr in range(rows):
-            if hb > 0:
+            for rr in range(rows):
                 _softmax_row(r0 + rr, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
-            else:
-                sv[rr, :] = np.float32(0.0)
-        _gemm_out(v4, y4, sv, b, hk, 0, rows, hb, fns)
+        _gemm_out(v4, y4, sv, b, hk, 0, rows, hb, fns)  # (no key: zeros, the scores unread)
         return
     for gi in range(g):
         for i0 in range(0, Sq, bq):

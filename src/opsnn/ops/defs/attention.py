@@ -377,7 +377,7 @@ def _tiled(ins, outs, attrs, plan, ws):
     y = outs[0]
     y4 = _to4(y, d.Hq)
     if not d.T or not d.D:  # no keys, or scores of zero-length vectors: the reference path's answer
-        _blas(ins[:7], outs, attrs, plan, None)
+        _blas(ins, outs, attrs, plan, None)
         return
     q4, out = _to4(ins[0], d.Hq), y4
     k_t = not _blasable(k4) and _blasable(k4.swapaxes(2, 3))  # keys stored transposed (a KV cache): as they are
