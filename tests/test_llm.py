@@ -678,6 +678,44 @@ def test_decode_steps_pad_to_row_buckets(lm, rng, no_leak):
     cache.close()
 
 
+@pytest.mark.skipif(__import__("opsnn.kernels.cpu.mkl", fromlist=["x"]).unavailable() is not None,
+                    reason="needs MKL")
+def test_decoder_products_of_many_rows_go_to_openblas_where_it_is_faster(lm, rng, monkeypatch):
+    """Where OpenBLAS is the faster library (AMD CPUs), products of many rows (long prompts)
+    multiply the (stacked) weights themselves on numpy's BLAS; few-row decode steps keep MKL's
+    packed panels. Logits agree with the all-Linear-op decoder either way."""
+    from opsnn.kernels.cpu import mkl
+    from opsnn.llm import decoder as D
+
+    monkeypatch.setattr(mkl, "_library", "openblas")
+    monkeypatch.setattr(mkl, "PACKED_MAX_ROWS_ELSEWHERE", 4)
+    monkeypatch.setattr(mkl, "PACKED_MAX_MACS_ELSEWHERE", 0)
+    cache_a, cache_b = KVCache.for_model(lm, 4, 32), KVCache.for_model(lm, 4, 32)
+    mixed, plain = CachedDecoder(lm, cache_a), CachedDecoder(lm, cache_b)
+    plain._packs = None
+    p0 = mixed.layers[0]
+    qkv = mixed._packed_cat((p0.wq, p0.wk, p0.wv), 9)
+    assert isinstance(qkv, D._PlainWeight) and qkv.n == sum(w.shape[0] for w in (p0.wq, p0.wk, p0.wv))
+    np.testing.assert_array_equal(qkv.w, np.concatenate([w.numpy() for w in (p0.wq, p0.wk, p0.wv)]))
+    assert not isinstance(mixed._packed_cat((p0.wq, p0.wk, p0.wv), 3), D._PlainWeight)
+    assert mixed._packed(p0.wo, 9) is mixed._packed(p0.wo, 12)
+    for c in (cache_a, cache_b):
+        for _ in range(3):
+            c.allocate()
+    ps = [rng.integers(0, VOCAB, n) for n in (9, 2, 6)]
+    for i, p in enumerate(ps):
+        np.testing.assert_allclose(mixed.forward(p[None], [i], [0]), plain.forward(p[None], [i], [0]),
+                                   rtol=1e-5, atol=1e-5)
+    starts = np.array([len(p) for p in ps])
+    tok = rng.integers(0, VOCAB, (3, 1))
+    np.testing.assert_allclose(mixed.forward(tok, [0, 1, 2], starts), plain.forward(tok, [0, 1, 2], starts),
+                               rtol=1e-5, atol=1e-5)
+    mixed.release_steps()
+    plain.release_steps()
+    cache_a.close()
+    cache_b.close()
+
+
 def test_packed_projections_follow_load_state_dict(rng):
     """The model keeps the packed panels for its next decoders; new weights loaded by
     load_state_dict are packed again (the logits follow the new weights)."""

@@ -20,6 +20,14 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 needs_mkl = pytest.mark.skipif(KM.unavailable() is not None, reason=f"MKL: {KM.unavailable()}")
 
 
+@pytest.fixture
+def gemm_on(monkeypatch):
+    """``gemm_on("mkl" | "openblas")``: the library :func:`KM.gemm_library` answers for the test."""
+    def use(name):
+        monkeypatch.setattr(KM, "_library", name)
+    return use
+
+
 def _run(op, name, arrays, constant, domain=""):
     rec = get_op(op, domain)
     metas = [None if a is None else TensorMeta(a.shape, a.dtype) for a in arrays]
@@ -96,7 +104,8 @@ def test_gemv_matches_oracle(rng, n, k):
 
 
 @needs_mkl
-def test_fused_matmul_in_graph_uses_packed_weights(rng):
+def test_fused_matmul_in_graph_uses_packed_weights(rng, gemm_on):
+    gemm_on("mkl")
     x = rng.standard_normal((2, 5, 16)).astype(np.float32)
     w = rng.standard_normal((16, 8)).astype(np.float32)
     b = rng.standard_normal(8).astype(np.float32)
@@ -189,7 +198,8 @@ def test_mkl_packed_1x1_conv_matches_oracle(rng, xshape, m, bias):
 
 
 @needs_mkl
-def test_fused_1x1_conv_in_graph_uses_packed_weights(rng):
+def test_fused_1x1_conv_in_graph_uses_packed_weights(rng, gemm_on):
+    gemm_on("mkl")
     x = rng.standard_normal((1, 8, 5, 5)).astype(np.float32)
     w = rng.standard_normal((6, 8, 1, 1)).astype(np.float32)
     b = rng.standard_normal(6).astype(np.float32)
@@ -255,10 +265,19 @@ def test_gemm2d_declines_what_blas_cannot_read(rng):
 @needs_mkl
 def test_float32_graph_products_never_wake_openblas(rng, monkeypatch):
     # OpenBLAS's workers spin ~0.1 s after a GEMM unless OPENBLAS_THREAD_TIMEOUT was set before
-    # numpy loaded (import order): with MKL every float32 product stays off OpenBLAS. Gemm with
-    # transB (ResNet's classifier, one row), MatMul, Linear through the graph and eagerly
+    # numpy loaded (import order): with MKL every float32 product stays off OpenBLAS, whatever
+    # the CPU. Gemm with transB (ResNet's classifier, one row), MatMul, Linear through the graph
+    # and eagerly
+    from opsnn import _blas_env
+
     def no_numpy_matmul(*args, **kwargs):
         raise AssertionError("np.matmul (OpenBLAS) called for a float32 product")
+
+    monkeypatch.setattr(_blas_env, "effective", False)
+    monkeypatch.setattr(KM, "_library", None)
+    monkeypatch.setattr(KM, "_gemv_openblas", None)
+    monkeypatch.delenv("OPSNN_GEMM", raising=False)
+    assert KM.gemm_library() == "mkl"
 
     x = rng.standard_normal((1, 64)).astype(np.float32)
     w = rng.standard_normal((10, 64)).astype(np.float32)
@@ -314,3 +333,81 @@ def test_mkl_packed_im2col_conv_matches_oracle(rng, monkeypatch, xshape, m, k, s
     # no constant weight (eager): not applicable, and it says why
     eager = plan_op(rec, [TensorMeta(a.shape, a.dtype) for a in (x, w, b)], [None, None, None], attrs)
     assert "constant" in kern.check(eager.ctx)
+
+
+@needs_mkl
+def test_gemm_library_by_cpu_and_environment(monkeypatch):
+    # MKL on Intel; OpenBLAS elsewhere once its workers sleep after a call; OPSNN_GEMM decides
+    from opsnn import _blas_env
+    from opsnn.runtime import device
+
+    def choice(vendor, effective=True, env=None):
+        monkeypatch.setattr(KM, "_library", None)
+        monkeypatch.setattr(KM, "_gemv_openblas", None)
+        monkeypatch.setattr(_blas_env, "effective", effective)
+        monkeypatch.setattr(device, "cpu_vendor", lambda: vendor)
+        if env is None:
+            monkeypatch.delenv("OPSNN_GEMM", raising=False)
+        else:
+            monkeypatch.setenv("OPSNN_GEMM", env)
+        return KM.gemm_library()
+
+    openblas = opsnn.runtime.blas.get_blas_threads() is not None
+    assert choice("GenuineIntel") == "mkl"
+    assert choice("AuthenticAMD") == ("openblas" if openblas else "mkl")
+    assert choice("AuthenticAMD", effective=False) == "mkl"
+    assert choice("GenuineIntel", env="openblas") == "openblas"
+    assert choice("AuthenticAMD", env=" MKL ") == "mkl"
+    with pytest.raises(ValueError, match="OPSNN_GEMM='blis': expected 'mkl' or 'openblas'"):
+        choice("AuthenticAMD", env="blis")
+
+
+@needs_mkl
+def test_openblas_choice_runs_products_on_numpy_and_skips_packing(rng, monkeypatch, gemm_on):
+    # where MKL's threaded SGEMM is the slower library, 2-D products and large batches go to
+    # numpy's matmul, mid-sized batches stay one MKL batch call, and the packed-weight kernels
+    # are NotPreferred (still runnable when forced), with the reason in explain()
+    gemm_on("openblas")
+    calls = []
+    real = np.matmul
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(np, "matmul", counting)
+    for ashape, bshape, numpy_path in [((7, 13), (13, 5), True), ((1, 300), (300, 257), True),
+                                       ((4, 64, 48), (4, 48, 40), True),         # tiny products
+                                       ((3, 128, 64), (3, 64, 128), False),      # one MKL batch
+                                       ((2, 512, 256), (2, 256, 384), True)]:    # large products
+        a = rng.standard_normal(ashape).astype(np.float32)
+        b = rng.standard_normal(bshape).astype(np.float32)
+        out = np.full(np.broadcast_shapes(ashape[:-2], bshape[:-2]) + (ashape[-2], bshape[-1]), np.nan, np.float32)
+        calls.clear()
+        KM.matmul(a, b, out)
+        assert bool(calls) == numpy_path, (ashape, bshape)
+        _close(out, real(a.astype(np.float64), b.astype(np.float64)), ashape[-1])
+    monkeypatch.setattr(np, "matmul", real)
+
+    # products of few rows keep MKL's packed panel (2-3x faster there); these tiny ones stand in
+    monkeypatch.setattr(KM, "PACKED_MAX_ROWS_ELSEWHERE", 4)
+    monkeypatch.setattr(KM, "PACKED_MAX_MACS_ELSEWHERE", 0)
+    assert KM.packed_unpreferred(3, 1 << 20, 1 << 20) is None
+    x = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"])]
+    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "W")])
+    cg = opsnn.compile(opsnn.onnx.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])))
+    _close(cg.run({"x": x})["y"].numpy(), x.astype(np.float64) @ w, 16)
+    text = cg.explain()
+    assert "matmul_mkl_packed" in text and "slower than OpenBLAS on this CPU" in text
+    out, chosen = _run("MatMul", "matmul_mkl_packed", [x, w], {1})
+    assert chosen != "matmul_mkl_packed"
+    _close(out, x.astype(np.float64) @ w, 16)
+    xc = rng.standard_normal((1, 8, 5, 5)).astype(np.float32)
+    wc = rng.standard_normal((6, 8, 1, 1)).astype(np.float32)
+    out, chosen = _run("Conv", "conv_1x1_mkl_packed", [xc, wc], {1})
+    assert chosen != "conv_1x1_mkl_packed"
+    _close(out, np.einsum("nchw,mc->nmhw", xc.astype(np.float64), wc[:, :, 0, 0].astype(np.float64)), 8)

@@ -249,18 +249,23 @@ class CachedDecoder:
             return None
         if rows < 2:  # a matrix-vector product streams the weight once: packing buys nothing
             return np.ascontiguousarray(w.numpy())
-        return self._pack_stacked((w,))
+        return self._pack_stacked((w,), rows)
 
-    def _pack_stacked(self, ws: tuple):
+    def _pack_stacked(self, ws: tuple, rows: int):
         """MKL's panel of the weights ``ws`` (each (N_i, K)) stacked along N, packed on first use
-        and kept in the model's packs; packed again when a weight was given a new array."""
-        packs, key = self._packs, tuple(id(w) for w in ws)
+        and kept in the model's packs; packed again when a weight was given a new array. Where
+        OpenBLAS is the faster library for ``rows`` rows (:func:`opsnn.kernels.cpu.mkl.packed_unpreferred`:
+        long prompts on AMD CPUs) the stacked weight itself as a :class:`_PlainWeight`."""
+        n, k = sum(w.shape[0] for w in ws), ws[0].shape[1]
+        plain = _mkl.packed_unpreferred(rows, k, n) is not None
+        packs, key = self._packs, tuple(id(w) for w in ws) + (plain,)
         got = packs.get(key)
         if got is not None and all(r() is w for r, w in zip(got[0], ws)) and \
                 all(r() is w._array for r, w in zip(got[1], ws)):
             return got[2]
         arr = ws[0].numpy() if len(ws) == 1 else np.concatenate([w.numpy() for w in ws])
-        p = _mkl.pack(arr, self.cache.max_batch_slots, transpose=True)
+        p = _PlainWeight(np.ascontiguousarray(arr)) if plain else \
+            _mkl.pack(arr, self.cache.max_batch_slots, transpose=True)
         packs[key] = (tuple(weakref.ref(w) for w in ws), tuple(weakref.ref(w._array) for w in ws), p)
         weakref.finalize(ws[0], packs.pop, key, None)  # the entry goes with the (first) weight tensor
         return p
@@ -275,7 +280,7 @@ class CachedDecoder:
         if rows < 2 or self._packs is None or any(w.dtype != _F32 or w.ndim != 2 for w in ws) or \
                 len({w.shape[1] for w in ws}) != 1:
             return None
-        return self._pack_stacked(ws)
+        return self._pack_stacked(ws, rows)
 
     def _linear_cat(self, x: Tensor, ws: tuple) -> list:
         """``[x @ w.T for w in ws]``: one GEMM on :meth:`_packed_cat`'s panel (the results are
@@ -574,6 +579,20 @@ def _f32(t: Tensor) -> Tensor:
     return t if t.dtype == _F32 else Tensor(t.numpy().astype(np.float32))
 
 
+class _PlainWeight:
+    """A float32 projection weight (N, K) (or q/k/v, gate/up stacked along N), contiguous, for
+    products numpy's OpenBLAS runs faster than MKL's packed panel (``x @ w.T``)."""
+
+    __slots__ = ("w",)
+
+    def __init__(self, w: np.ndarray):
+        self.w = w
+
+    @property
+    def n(self) -> int:
+        return self.w.shape[0]
+
+
 class _Bf16Weight:
     """A bfloat16 projection weight (N, K), its bits as uint16: ``x`` is rounded to bf16 and
     multiplied by MKL's bf16 GEMM (fp32 accumulation) reading the weight as stored."""
@@ -619,6 +638,15 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
             f32_to_bf16(xf, xu, xbf)
             _mkl.gemm2d_bf16(xb, wt, out, beta=beta)
         return fn, "Linear", {"kernel": "llm_linear_mkl_bf16", "flops": 2 * x.shape[0] * k * n}
+    if isinstance(p, _PlainWeight):
+        (n, k), wt = p.w.shape, p.w.T
+
+        def fn():
+            if accumulate:
+                out[...] += np.matmul(x, wt)
+            else:
+                np.matmul(x, wt, out=out)
+        return fn, "Linear", {"kernel": "llm_linear_openblas", "flops": 2 * x.shape[0] * k * n}
     if isinstance(p, np.ndarray):
         (n, k), xv, ov = p.shape, x.reshape(-1), out.reshape(-1)
         fn, kernel = (lambda: _mkl.gemv(p, xv, ov, accumulate)), "llm_linear_mkl_gemv"

@@ -29,7 +29,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import threading
@@ -144,16 +143,9 @@ _cpu_cache: list = []
 def cpu_model() -> str:
     """The CPU the timings belong to: model name and logical core count."""
     if not _cpu_cache:
-        name = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith("model name"):
-                        name = line.split(":", 1)[1].strip()
-                        break
-        except OSError:
-            pass
-        _cpu_cache.append(f"{name} x{os.cpu_count() or 1}")
+        from ..runtime.device import cpu_model as name
+
+        _cpu_cache.append(f"{name()} x{os.cpu_count() or 1}")
     return _cpu_cache[0]
 
 

@@ -54,13 +54,23 @@ class Device:
         return BACKENDS[self.type]
 
 
-def cpu_model() -> str:
-    """The CPU's model name (used in descriptions and as part of autotune keys)."""
+def _cpuinfo(field: str) -> str | None:
+    """The first ``field`` line's value in /proc/cpuinfo (None where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (used in descriptions and as part of autotune keys)."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+def cpu_vendor() -> str:
+    """The CPU vendor string ('GenuineIntel', 'AuthenticAMD', ...; '' where unknown)."""
+    return _cpuinfo("vendor_id") or ""

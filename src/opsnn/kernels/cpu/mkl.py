@@ -391,17 +391,107 @@ def gemm2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
     return True
 
 
+_library: str | None = None
+
+
+def gemm_library() -> str:
+    """'mkl' or 'openblas': the library that runs the multi-threaded float32 products of
+    :func:`matmul` and that the packed-weight kernels are preferred for (``OPSNN_GEMM=mkl`` or
+    ``openblas`` chooses; single-threaded products inside opsnn's own parallel regions,
+    :mod:`.mkl_nb`, stay on MKL either way). Default: MKL on Intel CPUs; OpenBLAS on others
+    when numpy's BLAS is OpenBLAS and its workers sleep after a call (:mod:`opsnn._blas_env`):
+    MKL's threaded SGEMM takes 1.2-1.6x OpenBLAS' time on AMD (2-core EPYC Zen 4 VM, 2 threads,
+    ms, OpenBLAS / MKL / MKL packed: 128x768x768 0.90 / 1.02 / 1.01, 128x768x3072 3.5-4.1 /
+    4.3-5.0 / 4.6-4.8, 512x768x3072 12.9-14.1 / 19.3-22.5 / 19.9-23.8, 2048^3 94-96 / 146-148;
+    on one thread the two are within 10%)."""
+    global _library
+    if _library is None:
+        want = os.environ.get("OPSNN_GEMM", "").strip().lower()
+        if want not in ("", "mkl", "openblas"):
+            raise ValueError(f"OPSNN_GEMM={want!r}: expected 'mkl' or 'openblas'")
+        if unavailable() is not None:
+            _library = "openblas"
+        elif want:
+            _library = want
+        else:
+            from ...runtime.device import cpu_vendor
+
+            _library = "mkl" if cpu_vendor() == "GenuineIntel" or not _openblas_gemv() else "openblas"
+    return _library
+
+
+#: where OpenBLAS is the faster library, an (m, k) @ (k, n) product with a packed right operand still
+#: stays on MKL's packed panel below these sizes (2-core EPYC Zen 4 VM, 2 threads, ms, OpenBLAS on
+#: W.T / MKL packed: 16 x 768 x 1280 0.52 / 0.35, 32 x 2048 x 768 1.78 / 0.73, 128 x 768 x 1280 1.64 /
+#: 1.66; larger ones: 128 x 768 x 4096 5.3 / 6.2, 512 x 768 x 4096 17.9 / 28.3, 512 x 2048 x 768 8.8 / 10.1)
+PACKED_MAX_ROWS_ELSEWHERE = 64
+PACKED_MAX_MACS_ELSEWHERE = 1 << 27
+
+
+def packed_unpreferred(m: int | None = None, k: int = 0, n: int = 0) -> str | None:
+    """Why MKL's packed-weight kernels should not be chosen for an (m, k) @ (k, n) product here
+    (None: they should; ``m`` None: any size, as for the left-packed convolution weights)."""
+    if gemm_library() != "openblas":
+        return None
+    if m is not None and (m < PACKED_MAX_ROWS_ELSEWHERE or m * k * n < PACKED_MAX_MACS_ELSEWHERE):
+        return None
+    return ("MKL's SGEMM is slower than OpenBLAS on this CPU" + ("" if m is None else f" at {m} x {k} x {n}")
+            + " (see opsnn.kernels.cpu.mkl.gemm_library; OPSNN_GEMM=mkl overrides)")
+
+
+def _batch_of_small(a: np.ndarray, b: np.ndarray) -> bool:
+    """A batch of mid-sized products, which MKL's ``cblas_sgemm_batch`` spreads over its threads
+    faster than numpy's per-matrix OpenBLAS calls even where MKL's single large products are
+    slower (2-core EPYC Zen 4 VM, ms, numpy / MKL batch: 12 x 128x64x128 0.48-0.58 / 0.25,
+    12 x 128x128x64 0.34-0.38 / 0.25, 16 x 64x64x196 0.23 / 0.20-0.26; tiny products and large
+    ones go to numpy: 36 x 64x64x49 0.16 / 0.20-0.22, 32 x 16^3 0.004 / 0.05, 4 x 512x768x768
+    13 / 15-20)."""
+    if a.ndim < 3 and b.ndim < 3:
+        return False
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    return (1 << 19) <= m * k * n <= (1 << 24) and _blas_view(a) and _blas_view(b)
+
+
+_gemv_openblas: bool | None = None
+
+
+def _openblas_gemv() -> bool:
+    """True when one-row / one-column float32 products go to numpy's OpenBLAS ``sgemv``: numpy
+    uses OpenBLAS and its workers sleep right after a call (:mod:`opsnn._blas_env`'s timeout was
+    in time). MKL's ``cblas_sgemv`` runs on one thread whatever its thread setting, and even
+    OpenBLAS' one-thread gemv is faster (2-core AVX-512 VM, float32, ms, OpenBLAS 2 threads /
+    1 thread / MKL): 1x768 @ 768x3072 0.16 / 0.20 / 0.22-0.31, 1x3072 @ 3072x768 0.09-0.15 /
+    0.13 / 0.19-0.23, 1x256 @ (32000x256).T 1.5-1.6 / 3.2-3.3 / 4.0-5.8, 1x768 @ 768x768 0.05 /
+    0.03 / 0.05."""
+    global _gemv_openblas
+    if _gemv_openblas is None:
+        from ... import _blas_env
+        from ...runtime import blas
+
+        _gemv_openblas = bool(_blas_env.effective) and blas.get_blas_threads() is not None
+    return _gemv_openblas
+
+
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``np.matmul(a, b, out=out)`` for operands of rank >= 2 with broadcast leading dims, on MKL
     when it is available and the operands are float32 BLAS views: 2-D products in one
     :func:`gemm2d` call (transposed views too), batches in one ``cblas_sgemm_batch`` call
-    (row-major matrices, ``out`` without broadcast dims); else numpy's matmul (OpenBLAS).
+    (row-major matrices, ``out`` without broadcast dims); else numpy's matmul (OpenBLAS). 2-D
+    products with one row or one column go to OpenBLAS' gemv where :func:`_openblas_gemv` says.
 
     Keeping every float32 product on MKL keeps OpenBLAS' worker threads asleep: after a GEMM
     they spin for ~0.1 s unless ``OPENBLAS_THREAD_TIMEOUT`` was set before numpy loaded
     (:mod:`opsnn._blas_env`), taking a core from the next layers' kernels."""
-    if a.ndim == 2 and b.ndim == 2 and out.ndim == 2 and gemm2d(a, b, out):
+    if gemm_library() == "openblas" and a.ndim >= 2 and b.ndim >= 2 and not _batch_of_small(a, b):
+        np.matmul(a, b, out=out)
         return
+    if a.ndim == 2 and b.ndim == 2 and out.ndim == 2:
+        if (a.shape[0] == 1 or b.shape[1] == 1) and _openblas_gemv():
+            np.matmul(a, b, out=out)
+            return
+        if gemm2d(a, b, out):
+            return
     if (_lib is None and unavailable() is not None) or _why is not None or a.ndim < 2 or b.ndim < 2 \
             or not (_blas_view(a) and _blas_view(b) and _blas_view(out)) or 0 in out.strides[:-2]:
         np.matmul(a, b, out=out)

@@ -604,7 +604,11 @@ def _tasks_applies(ctx):
 
 def _packed_applies(base):
     def applies(ctx):  # a hard rejection first: the base may answer NotPreferred (runnable)
-        return _mkl_packed_rejection(ctx) or base(ctx)
+        why = _mkl_packed_rejection(ctx) or base(ctx)
+        if why is None or why is True:
+            slower = KM.packed_unpreferred()
+            return why if slower is None else NotPreferred(slower)
+        return why
     return applies
 
 

@@ -139,7 +139,9 @@ def _mkl_packed_applies(ctx):
     if _rows(ctx.shape(0)) == 1:
         return NotPreferred("one row: a matrix-vector product reads the weight once either way, and MKL's packed "
                             "compute was 4x slower than BLAS there (1x768 @ 768x3072: 1.21 vs 0.29 ms)")
-    return True
+    k, n = ctx.shape(1)[::-1] if ctx.op.name == "Linear" else ctx.shape(1)
+    why = KM.packed_unpreferred(_rows(ctx.shape(0)), k, n)
+    return True if why is None else NotPreferred(why)
 
 
 def _rows(shape: tuple) -> int:
