@@ -12,9 +12,9 @@ import argparse
 import statistics
 import time
 
+import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 import numpy as np
 
-import opsnn
 from workloads import write_json
 
 

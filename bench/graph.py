@@ -14,9 +14,9 @@ import math
 import statistics
 import time
 
+import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 import numpy as np
 
-import opsnn
 from opsnn.graph import Graph, Node, Value
 from workloads import write_json
 

@@ -35,9 +35,9 @@ import subprocess
 import sys
 import time
 
-import numpy as np
+import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 
-import opsnn
+import numpy as np
 from opsnn.ops import autotune
 from opsnn.ops.registry import TensorMeta, get_op
 
@@ -504,8 +504,8 @@ def bench_large(args, rng) -> list:
 # -- OpenMP wait policy ----------------------------------------------------------------------------------------------
 _THREAD_PROBE = r"""
 import os, statistics, time, json
-import numpy as np
 import opsnn
+import numpy as np
 rng = np.random.default_rng(0)
 x = rng.standard_normal((1, 64, 56, 56)).astype(np.float32)
 w = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)

@@ -27,9 +27,9 @@ import statistics
 import sys
 import time
 
+import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 import numpy as np
 
-import opsnn
 from opsnn.llm import CachedDecoder, KVCache, mixed_workload, replay
 from workloads import write_json
 

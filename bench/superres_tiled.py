@@ -17,9 +17,9 @@ import os
 import sys
 import time
 
+import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 import numpy as np
 
-import opsnn
 from opsnn.models.superres import superres
 from opsnn.pipeline import TiledExecutor
 from workloads import write_json
