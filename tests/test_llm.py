@@ -527,11 +527,19 @@ def test_decode_attention_kernel_matches_the_attention_op(rng, D):
     np.testing.assert_array_equal(yp, y)
 
 
-def test_one_row_decode_step_runs_four_regions_a_layer(lm, rng, no_leak):
+@pytest.mark.parametrize("gemv", ["mkl", "numba"])
+def test_one_row_decode_step_runs_four_regions_a_layer(lm, rng, no_leak, monkeypatch, gemv):
     """A lone request's decode step (the 1-row bucket) runs each layer as the fused regions of
     opsnn.llm.fused (with MKL): logits equal the eager path's step after step, with and without
-    observers, and the cache holds the same keys and values."""
+    observers, and the cache holds the same keys and values. ``gemv``: the regions' matrix-vector
+    products on MKL's sgemv or on opsnn's own kernel (the choice on non-Intel CPUs)."""
     from opsnn.kernels.cpu import mkl
+    from opsnn.kernels.cpu import mkl_nb
+
+    if gemv == "numba" and mkl.unavailable() is None:
+        fns = mkl_nb.addresses().copy()
+        fns[2] = 0
+        monkeypatch.setattr(mkl_nb, "_ADDRESSES", [fns])
 
     cache_a, cache_b = KVCache.for_model(lm, 2, 48), KVCache.for_model(lm, 2, 48)
     fast, eager = CachedDecoder(lm, cache_a), CachedDecoder(lm, cache_b)
@@ -779,3 +787,23 @@ def test_scheduler_prefills_a_step_s_chunks_in_one_forward(lm, rng, monkeypatch)
         s.step()
     assert calls[0] == 3  # 5 + 9 + 2 of the 4 (budget 16), one forward
     assert [r.tokens for r in reqs] == [generate(lm, p, 4).tokens for p in ps]
+
+
+@pytest.mark.parametrize("n,k,lo,hi", [(11, 37, 0, 11), (11, 37, 3, 10), (8, 1, 0, 8), (5, 64, 2, 2), (130, 256, 1, 129)])
+def test_gemv_rows_matches_a_float64_oracle(rng, n, k, lo, hi):
+    """opsnn.llm.fused.gemv_rows (four rows a pass, a remainder loop): out = w[lo:hi] @ x (beta 0:
+    NaN in out is not read) and out = w[lo:hi] @ x + 0.5 * out."""
+    from opsnn.llm.fused import gemv_rows
+
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = rng.standard_normal(k).astype(np.float32)
+    want = w[lo:hi].astype(np.float64) @ x
+    tol = 1e-6 * np.sqrt(k) * max(np.abs(want).max(initial=0.0), 1.0)
+    out = np.full(hi - lo + 2, np.nan, np.float32)
+    gemv_rows(w, lo, hi, x, np.float32(0), out)
+    np.testing.assert_allclose(out[:hi - lo], want, rtol=0, atol=tol)
+    assert np.isnan(out[hi - lo:]).all()  # nothing written past the rows
+    prev = rng.standard_normal(hi - lo).astype(np.float32)
+    out = prev.copy()
+    gemv_rows(w, lo, hi, x, np.float32(0.5), out)
+    np.testing.assert_allclose(out, want + 0.5 * prev, rtol=0, atol=tol)
