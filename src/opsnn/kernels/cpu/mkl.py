@@ -423,20 +423,21 @@ def gemm_library() -> str:
 #: where OpenBLAS is the faster library, an (m, k) @ (k, n) product with a packed right operand still
 #: stays on MKL's packed panel below these sizes (2-core EPYC Zen 4 VM, 2 threads, ms, OpenBLAS on
 #: W.T / MKL packed: 16 x 768 x 1280 0.52 / 0.35, 32 x 2048 x 768 1.78 / 0.73, 128 x 768 x 1280 1.64 /
-#: 1.66; larger ones: 128 x 768 x 4096 5.3 / 6.2, 512 x 768 x 4096 17.9 / 28.3, 512 x 2048 x 768 8.8 / 10.1)
+#: 1.66; larger ones: 128 x 768 x 4096 5.3 / 6.2, 512 x 768 x 4096 17.9 / 28.3, 512 x 2048 x 768 8.8 / 10.1;
+#: MatMul + bias in the graph: 64 x 768 x 768 0.71-0.75 / 0.57-0.63, 128 x 768 x 768 1.15 / 1.08-1.11,
+#: 128 x 768 x 3072 3.8-4.0 / 4.2-5.5)
 PACKED_MAX_ROWS_ELSEWHERE = 64
 PACKED_MAX_MACS_ELSEWHERE = 1 << 27
 
 
-def packed_unpreferred(m: int | None = None, k: int = 0, n: int = 0) -> str | None:
-    """Why MKL's packed-weight kernels should not be chosen for an (m, k) @ (k, n) product here
-    (None: they should; ``m`` None: any size, as for the left-packed convolution weights)."""
-    if gemm_library() != "openblas":
+def packed_unpreferred(m: int, k: int, n: int) -> str | None:
+    """Why MKL's packed right operand should not be chosen for an (m, k) @ (k, n) product here
+    (None: it should). The convolutions' left-packed weights stay on MKL (see
+    ``opsnn.ops.defs.conv._packed_applies``)."""
+    if gemm_library() != "openblas" or m < PACKED_MAX_ROWS_ELSEWHERE or m * k * n < PACKED_MAX_MACS_ELSEWHERE:
         return None
-    if m is not None and (m < PACKED_MAX_ROWS_ELSEWHERE or m * k * n < PACKED_MAX_MACS_ELSEWHERE):
-        return None
-    return ("MKL's SGEMM is slower than OpenBLAS on this CPU" + ("" if m is None else f" at {m} x {k} x {n}")
-            + " (see opsnn.kernels.cpu.mkl.gemm_library; OPSNN_GEMM=mkl overrides)")
+    return (f"MKL's SGEMM is slower than OpenBLAS on this CPU at {m} x {k} x {n} (see "
+            "opsnn.kernels.cpu.mkl.gemm_library; OPSNN_GEMM=mkl overrides)")
 
 
 def _batch_of_small(a: np.ndarray, b: np.ndarray) -> bool:

@@ -603,12 +603,13 @@ def _tasks_applies(ctx):
 
 
 def _packed_applies(base):
+    # MKL's packed panel stays the choice where OpenBLAS is the faster library for plain GEMMs
+    # (KM.gemm_library()): in the graph, on a 2-core EPYC Zen 4 VM, ms, OpenBLAS / MKL packed,
+    # ResNet-50's 1x1 convs: 512->128 at 28x28 0.84-0.91 / 0.68-0.71, 256->1024 at 14x14
+    # 0.83-0.91 / 0.72-0.73, 64->256 at 56x56 0.99-1.42 / 0.84-0.87, 2048->512 at 7x7 0.73-0.75 /
+    # 0.87-0.90; 3x3 stride-2 im2col 128 ch at 56x56 2.14-2.25 / 2.13-2.81
     def applies(ctx):  # a hard rejection first: the base may answer NotPreferred (runnable)
-        why = _mkl_packed_rejection(ctx) or base(ctx)
-        if why is None or why is True:
-            slower = KM.packed_unpreferred()
-            return why if slower is None else NotPreferred(slower)
-        return why
+        return _mkl_packed_rejection(ctx) or base(ctx)
     return applies
 
 
