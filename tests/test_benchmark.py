@@ -95,3 +95,18 @@ def test_info_says_whether_the_openblas_timeout_is_in_effect(capsys, monkeypatch
     monkeypatch.setattr(_blas_env, "effective", False)
     assert cli.main(["info"]) == 0
     assert "NOT in effect (numpy was imported before opsnn; set OPENBLAS_THREAD_TIMEOUT=4" in capsys.readouterr().out
+
+
+def test_info_says_which_library_runs_threaded_gemms(capsys, monkeypatch):
+    from opsnn import cli
+    from opsnn.kernels.cpu import mkl
+
+    for lib, env, text in [("openblas", None, "threaded float32 GEMM: OpenBLAS (numpy), "),
+                           ("mkl", "mkl", "threaded float32 GEMM: Intel MKL, OPSNN_GEMM")]:
+        monkeypatch.setattr(mkl, "_library", lib)
+        if env is None:
+            monkeypatch.delenv("OPSNN_GEMM", raising=False)
+        else:
+            monkeypatch.setenv("OPSNN_GEMM", env)
+        assert cli.main(["info"]) == 0
+        assert text in capsys.readouterr().out

@@ -358,7 +358,7 @@ def test_gemm_library_by_cpu_and_environment(monkeypatch):
     assert choice("AuthenticAMD", effective=False) == "mkl"
     assert choice("GenuineIntel", env="openblas") == "openblas"
     assert choice("AuthenticAMD", env=" MKL ") == "mkl"
-    with pytest.raises(ValueError, match="OPSNN_GEMM='blis': expected 'mkl' or 'openblas'"):
+    with pytest.raises(opsnn.errors.ParamInvalidError, match="OPSNN_GEMM='blis': expected 'mkl' or 'openblas'"):
         choice("AuthenticAMD", env="blis")
 
 

@@ -408,7 +408,9 @@ def gemm_library() -> str:
     if _library is None:
         want = os.environ.get("OPSNN_GEMM", "").strip().lower()
         if want not in ("", "mkl", "openblas"):
-            raise ValueError(f"OPSNN_GEMM={want!r}: expected 'mkl' or 'openblas'")
+            from ...errors import ParamInvalidError
+
+            raise ParamInvalidError(f"OPSNN_GEMM={want!r}: expected 'mkl' or 'openblas' (or unset: chosen by CPU)")
         if unavailable() is not None:
             _library = "openblas"
         elif want:
@@ -461,7 +463,7 @@ def _openblas_gemv() -> bool:
     """True when one-row / one-column float32 products go to numpy's OpenBLAS ``sgemv``: numpy
     uses OpenBLAS and its workers sleep right after a call (:mod:`opsnn._blas_env`'s timeout was
     in time). MKL's ``cblas_sgemv`` runs on one thread whatever its thread setting, and even
-    OpenBLAS' one-thread gemv is faster (2-core AVX-512 VM, float32, ms, OpenBLAS 2 threads /
+    OpenBLAS' one-thread gemv is faster (2-core EPYC Zen 4 VM, float32, ms, OpenBLAS 2 threads /
     1 thread / MKL): 1x768 @ 768x3072 0.16 / 0.20 / 0.22-0.31, 1x3072 @ 3072x768 0.09-0.15 /
     0.13 / 0.19-0.23, 1x256 @ (32000x256).T 1.5-1.6 / 3.2-3.3 / 4.0-5.8, 1x768 @ 768x768 0.05 /
     0.03 / 0.05."""
