@@ -214,10 +214,13 @@ def _decoders(bf16_fast: bool):
     return out
 
 
-@pytest.mark.parametrize("bf16_fast", [pytest.param(True, marks=needs_bf16), False])
-def test_llama_cast_to_bfloat16_decodes_close_to_float32(rng, bf16_fast):
+@pytest.mark.parametrize("bf16_fast,library", [pytest.param(True, "mkl", marks=needs_bf16),
+                                               pytest.param(True, "openblas", marks=needs_bf16), (False, "mkl")])
+def test_llama_cast_to_bfloat16_decodes_close_to_float32(rng, monkeypatch, bf16_fast, library):
     # Module.to("bfloat16") keeps the weights in bf16; the decoder keeps float32 activations and
     # KV cache, widens the norms / RoPE tables once and runs the projections on MKL's bf16 GEMM
+    # (one-row steps on opsnn's bf16 matrix-vector kernel where OpenBLAS is the GEMM library)
+    monkeypatch.setattr(KM, "_library", library)
     (lm32, c32, d32), (lm16, c16, d16) = _decoders(bf16_fast)
     assert lm16.model.layers[0].self_attn.q_proj.weight.dtype == BF16
     prompt = rng.integers(0, 97, (2, 9))
@@ -234,16 +237,40 @@ def test_llama_cast_to_bfloat16_decodes_close_to_float32(rng, bf16_fast):
 
 
 @needs_bf16
-def test_bfloat16_decoder_projections_run_on_the_bf16_gemm(rng):
+@pytest.mark.parametrize("library,one_row", [("mkl", "llm_linear_mkl_bf16"), ("openblas", "llm_linear_bf16_gemv")])
+def test_bfloat16_decoder_projections_run_on_the_bf16_gemm(rng, monkeypatch, library, one_row):
     from opsnn.tools.profiler import profile
 
+    monkeypatch.setattr(KM, "_library", library)
     (_, _, _), (_, cache, dec) = _decoders(True)
-    slots = [cache.allocate()]
-    dec.forward(rng.integers(0, 97, (1, 5)), slots, [0])
+    slots = [cache.allocate(), cache.allocate()]
+    dec.forward(rng.integers(0, 97, (1, 5)), slots[:1], [0])
+    dec.forward(rng.integers(0, 97, (1, 5)), slots[1:], [0])
     with profile() as p:
-        dec.forward(np.array([[4]]), slots, [5])
-    kernels = {k.kernel for k in p.kernels if k.op == "Linear"}
-    assert kernels == {"llm_linear_mkl_bf16"}
+        dec.forward(np.array([[4]]), slots[:1], [5])
+    assert {k.kernel for k in p.kernels if k.op == "Linear"} == {one_row}
+    with profile() as p:
+        dec.forward(np.array([[4], [6]]), slots, [6, 5])
+    assert {k.kernel for k in p.kernels if k.op == "Linear"} == {"llm_linear_mkl_bf16"}
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 33), (130, 64), (65, 0)])
+def test_gemv_bf16_matches_a_float64_oracle(rng, n, k):
+    """opsnn.kernels.cpu.gemm.gemv_bf16: out = W @ x (beta 0: NaN in out is not read) and
+    out = W @ x + 0.5 * out, W's bfloat16 bits widened exactly, x kept in float32."""
+    from opsnn.kernels.cpu.gemm import gemv_bf16
+
+    w = _bf(rng, (n, k))
+    x = rng.standard_normal(k).astype(np.float32)
+    want = w.astype(np.float64) @ x.astype(np.float64)
+    tol = 1e-6 * max(k, 1) ** 0.5 * max(np.abs(want).max(initial=0.0), 1.0)
+    out = np.full(n, np.nan, np.float32)
+    gemv_bf16(w.view(np.uint16), x, out, 0.0)
+    np.testing.assert_allclose(out, want, rtol=0, atol=tol)
+    prev = rng.standard_normal(n).astype(np.float32)
+    out = prev.copy()
+    gemv_bf16(w.view(np.uint16), x, out, 0.5)
+    np.testing.assert_allclose(out, want + 0.5 * prev, rtol=0, atol=tol)
 
 
 @needs_bf16

@@ -255,6 +255,32 @@ def bf16_to_f32(src, dst_u):
             dst_u[k] = np.uint32(src[k]) << np.uint32(16)
 
 
+#: output rows per task of :func:`gemv_bf16`
+_GEMV_ROWS = 64
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def gemv_bf16(w, x, out, beta):
+    """``out = W @ x + beta * out`` for a bfloat16 matrix ``W`` given as its bits ``w`` (uint16,
+    (N, K), rows contiguous), float32 ``x`` (K) and ``out`` (N; not read when ``beta`` is 0):
+    each task widens its rows one at a time into a float32 row buffer (``bits << 16``) and dots
+    it with ``x`` (kept in float32, not rounded to bf16). A one-row product streams the weight
+    once, so reading 2 bytes a value instead of 4 is what makes it fast."""
+    n, k = w.shape
+    for blk in nb.prange(-(-n // _GEMV_ROWS)):
+        buf_u = np.empty(k, np.uint32)
+        buf = buf_u.view(np.float32)
+        lo = blk * _GEMV_ROWS
+        for i in range(lo, min(n, lo + _GEMV_ROWS)):
+            wi = w[i]
+            for c in range(k):
+                buf_u[c] = np.uint32(wi[c]) << np.uint32(16)
+            s = np.float32(0)
+            for c in range(k):
+                s += buf[c] * x[c]
+            out[i] = s if beta == 0 else s + np.float32(beta) * out[i]
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _f32_to_bf16_parallel(src_f, src_u, dst):
     n = dst.shape[0]
