@@ -688,36 +688,50 @@ def test_decode_steps_pad_to_row_buckets(lm, rng, no_leak):
 
 @pytest.mark.skipif(__import__("opsnn.kernels.cpu.mkl", fromlist=["x"]).unavailable() is not None,
                     reason="needs MKL")
-def test_decoder_products_of_many_rows_go_to_openblas_where_it_is_faster(lm, rng, monkeypatch):
-    """Where OpenBLAS is the faster library (AMD CPUs), products of many rows (long prompts)
-    multiply the (stacked) weights themselves on numpy's BLAS; few-row decode steps keep MKL's
-    packed panels. Logits agree with the all-Linear-op decoder either way."""
+def test_decoder_products_by_row_count_where_openblas_is_the_gemm_library(lm, rng, monkeypatch):
+    """Where OpenBLAS is the faster library (AMD CPUs): products of a few rows (decode steps) run
+    on opsnn's gemm_rows over the (stacked) weights, mid-sized ones keep MKL's packed panels,
+    many rows (long prompts) multiply the weights on numpy's BLAS. Logits agree with the
+    all-Linear-op decoder in every regime."""
     from opsnn.kernels.cpu import mkl
     from opsnn.llm import decoder as D
+    from opsnn.tools.profiler import profile
 
     monkeypatch.setattr(mkl, "_library", "openblas")
-    monkeypatch.setattr(mkl, "PACKED_MAX_ROWS_ELSEWHERE", 4)
+    monkeypatch.setattr(D, "SMALL_ROWS", 2)
+    monkeypatch.setattr(mkl, "PACKED_MAX_ROWS_ELSEWHERE", 6)
     monkeypatch.setattr(mkl, "PACKED_MAX_MACS_ELSEWHERE", 0)
     cache_a, cache_b = KVCache.for_model(lm, 4, 32), KVCache.for_model(lm, 4, 32)
     mixed, plain = CachedDecoder(lm, cache_a), CachedDecoder(lm, cache_b)
+    mixed.fused_steps = False   # op by op: every product goes through the row-count choice
     plain._packs = None
     p0 = mixed.layers[0]
     qkv = mixed._packed_cat((p0.wq, p0.wk, p0.wv), 9)
     assert isinstance(qkv, D._PlainWeight) and qkv.n == sum(w.shape[0] for w in (p0.wq, p0.wk, p0.wv))
     np.testing.assert_array_equal(qkv.w, np.concatenate([w.numpy() for w in (p0.wq, p0.wk, p0.wv)]))
-    assert not isinstance(mixed._packed_cat((p0.wq, p0.wk, p0.wv), 3), D._PlainWeight)
+    assert not isinstance(mixed._packed_cat((p0.wq, p0.wk, p0.wv), 4), D._PlainWeight)
+    assert isinstance(mixed._packed(p0.wo, 1), D._PlainWeight)
     assert mixed._packed(p0.wo, 9) is mixed._packed(p0.wo, 12)
     for c in (cache_a, cache_b):
         for _ in range(3):
             c.allocate()
-    ps = [rng.integers(0, VOCAB, n) for n in (9, 2, 6)]
+    ps = [rng.integers(0, VOCAB, n) for n in (9, 4, 2)]
+    want = {"llm_linear_openblas", "llm_linear_mkl_packed", "llm_linear_rows"}
+    seen = set()
     for i, p in enumerate(ps):
-        np.testing.assert_allclose(mixed.forward(p[None], [i], [0]), plain.forward(p[None], [i], [0]),
-                                   rtol=1e-5, atol=1e-5)
+        with profile() as prof:
+            got = mixed.forward(p[None], [i], [0])
+        seen |= {k.kernel for k in prof.kernels if k.op == "Linear"}
+        np.testing.assert_allclose(got, plain.forward(p[None], [i], [0]), rtol=1e-5, atol=1e-5)
     starts = np.array([len(p) for p in ps])
-    tok = rng.integers(0, VOCAB, (3, 1))
-    np.testing.assert_allclose(mixed.forward(tok, [0, 1, 2], starts), plain.forward(tok, [0, 1, 2], starts),
-                               rtol=1e-5, atol=1e-5)
+    for rows in ([0, 1, 2], [1]):
+        tok = rng.integers(0, VOCAB, (len(rows), 1))
+        with profile() as prof:
+            got = mixed.forward(tok, rows, starts[rows])
+        seen |= {k.kernel for k in prof.kernels if k.op == "Linear"}
+        np.testing.assert_allclose(got, plain.forward(tok, rows, starts[rows]), rtol=1e-5, atol=1e-5)
+        starts[rows] += 1
+    assert want <= seen, seen
     mixed.release_steps()
     plain.release_steps()
     cache_a.close()
@@ -789,21 +803,27 @@ def test_scheduler_prefills_a_step_s_chunks_in_one_forward(lm, rng, monkeypatch)
     assert [r.tokens for r in reqs] == [generate(lm, p, 4).tokens for p in ps]
 
 
-@pytest.mark.parametrize("n,k,lo,hi", [(11, 37, 0, 11), (11, 37, 3, 10), (8, 1, 0, 8), (5, 64, 2, 2), (130, 256, 1, 129)])
-def test_gemv_rows_matches_a_float64_oracle(rng, n, k, lo, hi):
-    """opsnn.llm.fused.gemv_rows (four rows a pass, a remainder loop): out = w[lo:hi] @ x (beta 0:
-    NaN in out is not read) and out = w[lo:hi] @ x + 0.5 * out."""
-    from opsnn.llm.fused import gemv_rows
+@pytest.mark.parametrize("n,k,lo,hi", [(11, 37, 0, 11), (11, 37, 3, 10), (8, 1, 0, 8), (5, 64, 2, 2), (300, 256, 1, 299)])
+def test_gemm_rows_matches_a_float64_oracle(rng, n, k, lo, hi):
+    """opsnn.kernels.cpu.gemm.gemm_rows (four weight rows a pass, a remainder loop) for 1 and 3 rows
+    of x, and its parallel form: out = x @ w[lo:hi].T (beta 0: NaN in out is not read) and
+    out = x @ w[lo:hi].T + 0.5 * out."""
+    from opsnn.kernels.cpu.gemm import gemm_rows, gemm_rows_parallel
 
     w = rng.standard_normal((n, k)).astype(np.float32)
-    x = rng.standard_normal(k).astype(np.float32)
-    want = w[lo:hi].astype(np.float64) @ x
-    tol = 1e-6 * np.sqrt(k) * max(np.abs(want).max(initial=0.0), 1.0)
-    out = np.full(hi - lo + 2, np.nan, np.float32)
-    gemv_rows(w, lo, hi, x, np.float32(0), out)
-    np.testing.assert_allclose(out[:hi - lo], want, rtol=0, atol=tol)
-    assert np.isnan(out[hi - lo:]).all()  # nothing written past the rows
-    prev = rng.standard_normal(hi - lo).astype(np.float32)
-    out = prev.copy()
-    gemv_rows(w, lo, hi, x, np.float32(0.5), out)
-    np.testing.assert_allclose(out, want + 0.5 * prev, rtol=0, atol=tol)
+    for R in (1, 3):
+        x = rng.standard_normal((R, k)).astype(np.float32)
+        want = x.astype(np.float64) @ w[lo:hi].T
+        tol = 1e-6 * np.sqrt(k) * max(np.abs(want).max(initial=0.0), 1.0)
+        out = np.full((R, hi - lo + 2), np.nan, np.float32)
+        gemm_rows(x, w, lo, hi, np.float32(0), out[:, :hi - lo])
+        np.testing.assert_allclose(out[:, :hi - lo], want, rtol=0, atol=tol)
+        assert np.isnan(out[:, hi - lo:]).all()  # nothing written past the rows
+        prev = rng.standard_normal((R, hi - lo)).astype(np.float32)
+        out = prev.copy()
+        gemm_rows(x, w, lo, hi, np.float32(0.5), out)
+        np.testing.assert_allclose(out, want + 0.5 * prev, rtol=0, atol=tol)
+        full = np.full((R, n), np.nan, np.float32)
+        gemm_rows_parallel(x, w, full, np.float32(0))
+        np.testing.assert_allclose(full, x.astype(np.float64) @ w.T, rtol=0,
+                                   atol=1e-6 * np.sqrt(k) * max(np.abs(x.astype(np.float64) @ w.T).max(initial=0), 1))

@@ -35,7 +35,7 @@ from .. import ops
 from ..errors import ParamInvalidError
 from ..kernels.cpu import mkl as _mkl
 from ..kernels.cpu import mkl_nb as _mkl_nb
-from ..kernels.cpu.gemm import f32_to_bf16, gemv_bf16
+from ..kernels.cpu.gemm import SMALL_ROWS, f32_to_bf16, gemm_rows_parallel, gemv_bf16
 from ..ops.defs.attention import GEMM_MAX_SCORE_BYTES
 from ..runtime import hooks
 from ..runtime.context import context
@@ -247,17 +247,20 @@ class CachedDecoder:
             return _Bf16Weight(w.numpy().view(np.uint16))
         if self._packs is None or w.dtype != _F32 or w.ndim != 2:
             return None
-        if rows < 2:  # a matrix-vector product streams the weight once: packing buys nothing
-            return np.ascontiguousarray(w.numpy())
+        if rows < 2 and _mkl.gemm_library() == "mkl":  # a matrix-vector product streams the weight once:
+            return np.ascontiguousarray(w.numpy())       # packing buys nothing
         return self._pack_stacked((w,), rows)
 
     def _pack_stacked(self, ws: tuple, rows: int):
         """MKL's panel of the weights ``ws`` (each (N_i, K)) stacked along N, packed on first use
         and kept in the model's packs; packed again when a weight was given a new array. Where
         OpenBLAS is the faster library for ``rows`` rows (:func:`opsnn.kernels.cpu.mkl.packed_unpreferred`:
-        long prompts on AMD CPUs) the stacked weight itself as a :class:`_PlainWeight`."""
+        long prompts on AMD CPUs), or the product has at most ``SMALL_ROWS`` rows where MKL is not
+        the GEMM library (decode steps there: opsnn's own kernel), the stacked weight itself as a
+        :class:`_PlainWeight`."""
         n, k = sum(w.shape[0] for w in ws), ws[0].shape[1]
-        plain = _mkl.packed_unpreferred(rows, k, n) is not None
+        plain = _mkl.packed_unpreferred(rows, k, n) is not None or \
+            (rows <= SMALL_ROWS and _mkl.gemm_library() != "mkl")
         packs, key = self._packs, tuple(id(w) for w in ws) + (plain,)
         got = packs.get(key)
         if got is not None and all(r() is w for r, w in zip(got[0], ws)) and \
@@ -581,7 +584,8 @@ def _f32(t: Tensor) -> Tensor:
 
 class _PlainWeight:
     """A float32 projection weight (N, K) (or q/k/v, gate/up stacked along N), contiguous, for
-    products numpy's OpenBLAS runs faster than MKL's packed panel (``x @ w.T``)."""
+    products numpy's OpenBLAS (``x @ w.T``) or, for a few rows, opsnn's ``gemm_rows`` runs
+    faster than MKL's packed panel."""
 
     __slots__ = ("w",)
 
@@ -644,6 +648,10 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
             f32_to_bf16(xf, xu, xbf)
             _mkl.gemm2d_bf16(xb, wt, out, beta=beta)
         return fn, "Linear", {"kernel": "llm_linear_mkl_bf16", "flops": 2 * x.shape[0] * k * n}
+    if isinstance(p, _PlainWeight) and x.shape[0] <= SMALL_ROWS and _mkl.gemm_library() != "mkl":
+        (n, k), w, b32 = p.w.shape, p.w, np.float32(beta)
+        info = {"kernel": "llm_linear_rows", "flops": 2 * x.shape[0] * k * n}
+        return (lambda: gemm_rows_parallel(x, w, out, b32)), "Linear", info
     if isinstance(p, _PlainWeight):
         (n, k), wt = p.w.shape, p.w.T
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..kernels.cpu import mkl_nb as MN
 from ..kernels.cpu.activation import swiglu_chunk
+from ..kernels.cpu.gemm import gemm_rows
 from ..kernels.cpu.norm import _ln_rows32
 from .attention import _decode_task, rope_query, store_key_value
 
@@ -44,49 +45,13 @@ def _normed(h, w, eps):
     return x
 
 
-@nb.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
-def gemv_rows(w, lo, hi, x, beta, out):
-    """``out[i - lo] = w[i] . x + beta * out[i - lo]`` for rows ``lo <= i < hi`` of a row-major
-    ``w`` (N, K) (``out`` not read when ``beta`` is 0): four rows at a time, each a vectorized
-    dot product, so one pass streams four weight rows (used where MKL's ``cblas_sgemv`` is the
-    slower one, see :func:`opsnn.kernels.cpu.mkl_nb.addresses`)."""
-    k = x.shape[0]
-    i = lo
-    while i + 4 <= hi:
-        w0, w1, w2, w3 = w[i], w[i + 1], w[i + 2], w[i + 3]
-        s0 = s1 = s2 = s3 = np.float32(0)
-        for c in range(k):
-            xc = x[c]
-            s0 += w0[c] * xc
-            s1 += w1[c] * xc
-            s2 += w2[c] * xc
-            s3 += w3[c] * xc
-        j = i - lo
-        if beta == 0:
-            out[j], out[j + 1], out[j + 2], out[j + 3] = s0, s1, s2, s3
-        else:
-            out[j] = s0 + beta * out[j]
-            out[j + 1] = s1 + beta * out[j + 1]
-            out[j + 2] = s2 + beta * out[j + 2]
-            out[j + 3] = s3 + beta * out[j + 3]
-        i += 4
-    while i < hi:
-        wi = w[i]
-        s = np.float32(0)
-        for c in range(k):
-            s += wi[c] * x[c]
-        j = i - lo
-        out[j] = s if beta == 0 else s + beta * out[j]
-        i += 1
-
-
 @nb.njit(nogil=True, cache=True)
 def _gemm_t(fns, x, w, lo, hi, beta, out, ldo):
     # out[:, :hi-lo] = x @ w[lo:hi].T + beta * out (x (R, K), w (N, K) row-major; out's rows ldo apart)
     R, k = x.shape
     if R == 1:  # one row: a matrix-vector product over the weight's rows
         if fns[2] == 0:
-            gemv_rows(w, lo, hi, x[0], np.float32(beta), out.reshape(-1))
+            gemm_rows(x, w, lo, hi, np.float32(beta), out.reshape(1, -1))
         else:
             MN.sgemv(fns[2], hi - lo, k, w[lo:].ctypes.data, k, x.ctypes.data, beta, out.ctypes.data)
     else:

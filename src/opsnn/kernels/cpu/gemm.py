@@ -255,6 +255,72 @@ def bf16_to_f32(src, dst_u):
             dst_u[k] = np.uint32(src[k]) << np.uint32(16)
 
 
+@nb.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def gemm_rows(x, w, lo, hi, beta, out):
+    """``out[:, i - lo] = x @ w[i] + beta * out[:, i - lo]`` for the weight rows ``lo <= i < hi``
+    of a row-major ``w`` (N, K), ``x`` (R, K) (``out`` (R, hi - lo) not read when ``beta`` is
+    0): four weight rows at a time, each x row's four vectorized dot products with them while
+    they sit in L1, so the weight streams from memory once for all R rows. For products of a few
+    rows (decode steps), where the weight's bytes, not the arithmetic, set the time, and where
+    MKL's ``cblas_sgemv`` / packed GEMM is the slower choice (see
+    :func:`opsnn.kernels.cpu.mkl_nb.addresses`, :data:`SMALL_ROWS`)."""
+    R, k = x.shape
+    i = lo
+    while i + 4 <= hi:
+        w0, w1, w2, w3 = w[i], w[i + 1], w[i + 2], w[i + 3]
+        j = i - lo
+        for r in range(R):
+            xr = x[r]
+            s0 = s1 = s2 = s3 = np.float32(0)
+            for c in range(k):
+                xc = xr[c]
+                s0 += w0[c] * xc
+                s1 += w1[c] * xc
+                s2 += w2[c] * xc
+                s3 += w3[c] * xc
+            o = out[r]
+            if beta == 0:
+                o[j], o[j + 1], o[j + 2], o[j + 3] = s0, s1, s2, s3
+            else:
+                o[j] = s0 + beta * o[j]
+                o[j + 1] = s1 + beta * o[j + 1]
+                o[j + 2] = s2 + beta * o[j + 2]
+                o[j + 3] = s3 + beta * o[j + 3]
+        i += 4
+    while i < hi:
+        wi = w[i]
+        j = i - lo
+        for r in range(R):
+            xr = x[r]
+            s = np.float32(0)
+            for c in range(k):
+                s += wi[c] * xr[c]
+            out[r, j] = s if beta == 0 else s + beta * out[r, j]
+        i += 1
+
+
+#: weight rows per task of :func:`gemm_rows_parallel`
+_ROWS_TASK = 128
+
+#: where MKL is not the GEMM library (:func:`opsnn.kernels.cpu.mkl.gemm_library`), products of up
+#: to this many rows with a float32 weight run on :func:`gemm_rows_parallel` instead of MKL's
+#: packed panel (2-core EPYC Zen 4 VM, ms, numba / MKL packed / OpenBLAS: 8 x 768 -> 4096 0.61 /
+#: 1.39 / 1.46, 8 x 768 -> 32000 8.0 / 16.7 / 14.7, 16 x 768 -> 4096 1.23 / 2.07 / 1.92, 16 x
+#: 768 -> 32000 12.1 / 19.5 / 16.9, 2 x 768 -> 4096 0.19 / 0.81 / 1.62; 8 x 2048 -> 768 0.36 / 0.34)
+SMALL_ROWS = 16
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def gemm_rows_parallel(x, w, out, beta):
+    """``out = x @ w.T + beta * out`` (x (R, K), w (N, K), out (R, N)) as :func:`gemm_rows` over
+    tasks of ``_ROWS_TASK`` weight rows."""
+    n = w.shape[0]
+    for t in nb.prange(-(-n // _ROWS_TASK)):
+        lo = t * _ROWS_TASK
+        hi = min(n, lo + _ROWS_TASK)
+        gemm_rows(x, w, lo, hi, beta, out[:, lo:hi])
+
+
 #: output rows per task of :func:`gemv_bf16`
 _GEMV_ROWS = 64
 

@@ -114,7 +114,7 @@ def addresses() -> np.ndarray | None:
     """int64 ``[cblas_sgemm, MKL_Set_Num_Threads_Local, cblas_sgemv]`` for the kernels, or None
     without MKL. The ``cblas_sgemv`` entry is 0 where OpenBLAS is the faster library
     (:func:`opsnn.kernels.cpu.mkl.gemm_library`: non-Intel CPUs), and callers use opsnn's own
-    matrix-vector kernel (:func:`opsnn.llm.fused.gemv_rows`) instead: MKL's single-threaded
+    kernel for products of a few rows (:func:`opsnn.kernels.cpu.gemm.gemm_rows`) instead: MKL's single-threaded
     gemv on a 2-core EPYC Zen 4 VM, half the rows per thread, ms, MKL / numba: 3072x768 0.116 /
     0.078, 768x2048 0.083-0.086 / 0.052-0.054, 1280x768 0.048 / 0.032, 32000x256 2.0-3.1 /
     1.8-2.3."""
