@@ -449,12 +449,19 @@ def test_generate_rejects_prompt_beyond_model_positions(lm):
         generate(lm, np.zeros(250, np.int64), 10)  # 259 positions > max_position_embeddings=256
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_prepared_decode_steps_match_the_eager_path(lm, rng, no_leak, fused):
+@pytest.mark.parametrize("fused,gemv", [(True, "mkl"), (True, "numba"), (False, "mkl")])
+def test_prepared_decode_steps_match_the_eager_path(lm, rng, no_leak, monkeypatch, fused, gemv):
     """Decode steps replayed from prepared executors (``fused``: each layer as opsnn.llm.fused's
-    regions, with MKL) give the eager path's logits, row for row, across steps (inputs rewritten
-    each time), batch compositions (pad rows in a bucket) and cache slot ranges."""
+    regions, with MKL; ``gemv`` "numba": their products on opsnn's gemm_rows, as on non-Intel
+    CPUs) give the eager path's logits, row for row, across steps (inputs rewritten each time),
+    batch compositions (pad rows in a bucket) and cache slot ranges."""
     from opsnn.kernels.cpu import mkl
+    from opsnn.kernels.cpu import mkl_nb
+
+    if gemv == "numba" and mkl.unavailable() is None:
+        fns = mkl_nb.addresses().copy()
+        fns[2] = 0
+        monkeypatch.setattr(mkl_nb, "_ADDRESSES", [fns])
 
     cache = KVCache.for_model(lm, max_batch_slots=3, max_seq=64)
     fast, eager = CachedDecoder(lm, cache), CachedDecoder(lm, cache)

@@ -49,11 +49,10 @@ def _normed(h, w, eps):
 def _gemm_t(fns, x, w, lo, hi, beta, out, ldo):
     # out[:, :hi-lo] = x @ w[lo:hi].T + beta * out (x (R, K), w (N, K) row-major; out's rows ldo apart)
     R, k = x.shape
-    if R == 1:  # one row: a matrix-vector product over the weight's rows
-        if fns[2] == 0:
-            gemm_rows(x, w, lo, hi, np.float32(beta), out.reshape(1, -1))
-        else:
-            MN.sgemv(fns[2], hi - lo, k, w[lo:].ctypes.data, k, x.ctypes.data, beta, out.ctypes.data)
+    if fns[2] == 0:  # no MKL gemv: opsnn's few-row kernel (where MKL is not the GEMM library)
+        gemm_rows(x, w, lo, hi, np.float32(beta), out)
+    elif R == 1:  # one row: a matrix-vector product over the weight's rows
+        MN.sgemv(fns[2], hi - lo, k, w[lo:].ctypes.data, k, x.ctypes.data, beta, out.ctypes.data)
     else:
         MN.sgemm(fns[0], MN.NO_TRANS, MN.TRANS, R, hi - lo, k, x.ctypes.data, k, w[lo:].ctypes.data, k, beta,
                  out.ctypes.data, ldo)
@@ -69,12 +68,13 @@ def attention_block(h, ln_w, eps, wq, wk, wv, cos, sin, pos, kt, vc, slots, leng
     Hkv, D = kt.shape[1], kt.shape[2]
     R, Hq = q.shape[0], q.shape[1]
     g = Hq // Hkv
+    q2 = q.reshape(R, Hq * D)
     for th in nb.prange(nt):
         prev = MN.set_threads_local(fns[1], 1)
         x = _normed(h, ln_w, eps)
         kv = np.empty((2, R, D), np.float32)
         for hk in range(th, Hkv, nt):
-            _gemm_t(fns, x, wq, hk * g * D, (hk + 1) * g * D, 0.0, q[0, hk * g:(hk + 1) * g], Hq * D)
+            _gemm_t(fns, x, wq, hk * g * D, (hk + 1) * g * D, 0.0, q2[:, hk * g * D:(hk + 1) * g * D], Hq * D)
             _gemm_t(fns, x, wk, hk * D, (hk + 1) * D, 0.0, kv[0], D)
             _gemm_t(fns, x, wv, hk * D, (hk + 1) * D, 0.0, kv[1], D)
             for b in range(R):
@@ -105,7 +105,7 @@ def residual_gemm(w, x, h, fns, nt):
         prev = MN.set_threads_local(fns[1], 1)
         lo, hi = _cols(n, th, nt)
         if hi > lo:
-            _gemm_t(fns, x, w, lo, hi, 1.0, h[0, lo:], n)
+            _gemm_t(fns, x, w, lo, hi, 1.0, h[:, lo:hi], n)
         MN.set_threads_local(fns[1], prev)
 
 
@@ -139,7 +139,7 @@ def head_block(h, ln_w, eps, w, logits, fns, nt):
         x = _normed(h, ln_w, eps)
         lo, hi = _cols(n, th, nt)
         if hi > lo:
-            _gemm_t(fns, x, w, lo, hi, 0.0, logits[0, lo:], n)
+            _gemm_t(fns, x, w, lo, hi, 0.0, logits[:, lo:hi], n)
         MN.set_threads_local(fns[1], prev)
 
 
