@@ -37,12 +37,8 @@ def cmd_info(args) -> int:
     why = mkl.unavailable()
     print("packed GEMM for constant weights: " + (f"Intel MKL ({mkl.threading_layer()} threads)" if why is None
                                                    else f"not used ({why})"))
-    from .runtime import device
-
     lib = mkl.gemm_library()
-    how = "OPSNN_GEMM" if os.environ.get("OPSNN_GEMM", "").strip() else (
-        "MKL not available" if why is not None else f"chosen for this CPU ({device.cpu_vendor() or 'vendor unknown'})")
-    print(f"threaded float32 GEMM: {'Intel MKL' if lib == 'mkl' else 'OpenBLAS (numpy)'}, {how}")
+    print(f"threaded float32 GEMM: {'Intel MKL' if lib == 'mkl' else 'OpenBLAS (numpy)'}, {mkl.gemm_library_why()}")
     n_kernels = Counter(k.backend for r in records for k in r.kernels if not k.fallback)
     print(f"operators: {len(records)} registered; kernels: "
           + ", ".join(f"{b}: {n}" for b, n in sorted(n_kernels.items())))

@@ -247,8 +247,8 @@ class CachedDecoder:
             return _Bf16Weight(w.numpy().view(np.uint16))
         if self._packs is None or w.dtype != _F32 or w.ndim != 2:
             return None
-        if rows < 2 and _mkl.gemm_library() == "mkl":  # a matrix-vector product streams the weight once:
-            return np.ascontiguousarray(w.numpy())       # packing buys nothing
+        if rows < 2 and not _own_kernel(rows):  # a matrix-vector product (MKL's sgemv) streams the
+            return np.ascontiguousarray(w.numpy())  # weight once: packing buys nothing
         return self._pack_stacked((w,), rows)
 
     def _pack_stacked(self, ws: tuple, rows: int):
@@ -259,8 +259,7 @@ class CachedDecoder:
         the GEMM library (decode steps there: opsnn's own kernel), the stacked weight itself as a
         :class:`_PlainWeight`."""
         n, k = sum(w.shape[0] for w in ws), ws[0].shape[1]
-        plain = _mkl.packed_unpreferred(rows, k, n) is not None or \
-            (rows <= SMALL_ROWS and _mkl.gemm_library() != "mkl")
+        plain = _own_kernel(rows) or _mkl.packed_unpreferred(rows, k, n) is not None
         packs, key = self._packs, tuple(id(w) for w in ws) + (plain,)
         got = packs.get(key)
         if got is not None and all(r() is w for r, w in zip(got[0], ws)) and \
@@ -582,6 +581,13 @@ def _f32(t: Tensor) -> Tensor:
     return t if t.dtype == _F32 else Tensor(t.numpy().astype(np.float32))
 
 
+def _own_kernel(rows: int) -> bool:
+    """True when a product of ``rows`` rows runs on opsnn's own few-row kernels (``gemm_rows``,
+    ``gemv_bf16``) rather than MKL: at most ``SMALL_ROWS`` rows where MKL is not the GEMM library
+    (:func:`opsnn.kernels.cpu.mkl.gemm_library`)."""
+    return rows <= SMALL_ROWS and _mkl.gemm_library() != "mkl"
+
+
 class _PlainWeight:
     """A float32 projection weight (N, K) (or q/k/v, gate/up stacked along N), contiguous, for
     products numpy's OpenBLAS (``x @ w.T``) or, for a few rows, opsnn's ``gemm_rows`` runs
@@ -628,12 +634,13 @@ def _out_features(p) -> int:
 
 def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) -> tuple:
     """``out = x @ W.T`` (``out += x @ W.T`` when ``accumulate``: a residual added by the GEMM
-    itself) on MKL as (closure over these arrays, task name, profiler info), the arguments of a
-    stream launch: ``p`` is W's packed panel, W itself (N, K) for one row (``cblas_sgemv``), or
-    a :class:`_Bf16Weight` (``x`` rounded into a bf16 buffer of its own, then
-    ``cblas_gemm_bf16bf16f32``)."""
+    itself) as (closure over these arrays, task name, profiler info), the arguments of a stream
+    launch: ``p`` is W's packed panel (MKL), W itself (N, K) for one row (``cblas_sgemv``), a
+    :class:`_Bf16Weight` (``x`` rounded into a bf16 buffer of its own, then
+    ``cblas_gemm_bf16bf16f32``; one row on ``gemv_bf16`` where :func:`_own_kernel`), or a
+    :class:`_PlainWeight` (``gemm_rows_parallel`` where :func:`_own_kernel`, else OpenBLAS)."""
     beta = 1.0 if accumulate else 0.0
-    if isinstance(p, _Bf16Weight) and x.shape[0] == 1 and _mkl.gemm_library() != "mkl":
+    if isinstance(p, _Bf16Weight) and x.shape[0] == 1 and _own_kernel(1):
         # one row where MKL is not the library of choice: its bf16 GEMM runs 4-5x slower than
         # opsnn's bf16 matrix-vector kernel there (EPYC Zen 4 VM: 32000 x 768 6.8-7.0 vs 1.6-1.8 ms)
         (n, k), xv, ov = p.w.shape, x.reshape(-1), out.reshape(-1)
@@ -648,7 +655,7 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
             f32_to_bf16(xf, xu, xbf)
             _mkl.gemm2d_bf16(xb, wt, out, beta=beta)
         return fn, "Linear", {"kernel": "llm_linear_mkl_bf16", "flops": 2 * x.shape[0] * k * n}
-    if isinstance(p, _PlainWeight) and x.shape[0] <= SMALL_ROWS and _mkl.gemm_library() != "mkl":
+    if isinstance(p, _PlainWeight) and _own_kernel(x.shape[0]):
         (n, k), w, b32 = p.w.shape, p.w, np.float32(beta)
         info = {"kernel": "llm_linear_rows", "flops": 2 * x.shape[0] * k * n}
         return (lambda: gemm_rows_parallel(x, w, out, b32)), "Linear", info

@@ -46,8 +46,8 @@ def _normed(h, w, eps):
 
 
 @nb.njit(nogil=True, cache=True)
-def _gemm_t(fns, x, w, lo, hi, beta, out, ldo):
-    # out[:, :hi-lo] = x @ w[lo:hi].T + beta * out (x (R, K), w (N, K) row-major; out's rows ldo apart)
+def _gemm_t(fns, x, w, lo, hi, beta, out):
+    # out = x @ w[lo:hi].T + beta * out (x (R, K), w (N, K) row-major; out (R, hi - lo), unit column stride)
     R, k = x.shape
     if fns[2] == 0:  # no MKL gemv: opsnn's few-row kernel (where MKL is not the GEMM library)
         gemm_rows(x, w, lo, hi, np.float32(beta), out)
@@ -55,7 +55,7 @@ def _gemm_t(fns, x, w, lo, hi, beta, out, ldo):
         MN.sgemv(fns[2], hi - lo, k, w[lo:].ctypes.data, k, x.ctypes.data, beta, out.ctypes.data)
     else:
         MN.sgemm(fns[0], MN.NO_TRANS, MN.TRANS, R, hi - lo, k, x.ctypes.data, k, w[lo:].ctypes.data, k, beta,
-                 out.ctypes.data, ldo)
+                 out.ctypes.data, out.strides[0] // 4)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -74,9 +74,9 @@ def attention_block(h, ln_w, eps, wq, wk, wv, cos, sin, pos, kt, vc, slots, leng
         x = _normed(h, ln_w, eps)
         kv = np.empty((2, R, D), np.float32)
         for hk in range(th, Hkv, nt):
-            _gemm_t(fns, x, wq, hk * g * D, (hk + 1) * g * D, 0.0, q2[:, hk * g * D:(hk + 1) * g * D], Hq * D)
-            _gemm_t(fns, x, wk, hk * D, (hk + 1) * D, 0.0, kv[0], D)
-            _gemm_t(fns, x, wv, hk * D, (hk + 1) * D, 0.0, kv[1], D)
+            _gemm_t(fns, x, wq, hk * g * D, (hk + 1) * g * D, 0.0, q2[:, hk * g * D:(hk + 1) * g * D])
+            _gemm_t(fns, x, wk, hk * D, (hk + 1) * D, 0.0, kv[0])
+            _gemm_t(fns, x, wv, hk * D, (hk + 1) * D, 0.0, kv[1])
             for b in range(R):
                 c, s = cos[pos[b]], sin[pos[b]]
                 for gi in range(g):
@@ -105,7 +105,7 @@ def residual_gemm(w, x, h, fns, nt):
         prev = MN.set_threads_local(fns[1], 1)
         lo, hi = _cols(n, th, nt)
         if hi > lo:
-            _gemm_t(fns, x, w, lo, hi, 1.0, h[:, lo:hi], n)
+            _gemm_t(fns, x, w, lo, hi, 1.0, h[:, lo:hi])
         MN.set_threads_local(fns[1], prev)
 
 
@@ -122,8 +122,8 @@ def mlp_block(h, ln_w, eps, wg, wu, gu, alpha, fns, nt):
         if hi > lo:
             gate = np.empty((R, hi - lo), np.float32)
             up = np.empty((R, hi - lo), np.float32)
-            _gemm_t(fns, x, wg, lo, hi, 0.0, gate, hi - lo)
-            _gemm_t(fns, x, wu, lo, hi, 0.0, up, hi - lo)
+            _gemm_t(fns, x, wg, lo, hi, 0.0, gate)
+            _gemm_t(fns, x, wu, lo, hi, 0.0, up)
             for b in range(R):
                 swiglu_chunk(gate[b], up[b], gu[b, lo:hi], 0, hi - lo, alpha)
         MN.set_threads_local(fns[1], prev)
@@ -139,7 +139,7 @@ def head_block(h, ln_w, eps, w, logits, fns, nt):
         x = _normed(h, ln_w, eps)
         lo, hi = _cols(n, th, nt)
         if hi > lo:
-            _gemm_t(fns, x, w, lo, hi, 0.0, logits[:, lo:hi], n)
+            _gemm_t(fns, x, w, lo, hi, 0.0, logits[:, lo:hi])
         MN.set_threads_local(fns[1], prev)
 
 

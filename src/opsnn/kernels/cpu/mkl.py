@@ -404,7 +404,7 @@ def gemm_library() -> str:
     ms, OpenBLAS / MKL / MKL packed: 128x768x768 0.90 / 1.02 / 1.01, 128x768x3072 3.5-4.1 /
     4.3-5.0 / 4.6-4.8, 512x768x3072 12.9-14.1 / 19.3-22.5 / 19.9-23.8, 2048^3 94-96 / 146-148;
     on one thread the two are within 10%)."""
-    global _library
+    global _library, _library_why
     if _library is None:
         want = os.environ.get("OPSNN_GEMM", "").strip().lower()
         if want not in ("", "mkl", "openblas"):
@@ -412,14 +412,25 @@ def gemm_library() -> str:
 
             raise ParamInvalidError(f"OPSNN_GEMM={want!r}: expected 'mkl' or 'openblas' (or unset: chosen by CPU)")
         if unavailable() is not None:
-            _library = "openblas"
+            _library, _library_why = "openblas", "MKL not available"
         elif want:
-            _library = want
+            _library, _library_why = want, "OPSNN_GEMM"
         else:
             from ...runtime.device import cpu_vendor
 
-            _library = "mkl" if cpu_vendor() == "GenuineIntel" or not _openblas_gemv() else "openblas"
+            vendor = cpu_vendor()
+            _library = "mkl" if vendor == "GenuineIntel" or not _openblas_gemv() else "openblas"
+            _library_why = f"chosen for this CPU ({vendor or 'vendor unknown'})"
     return _library
+
+
+_library_why = ""
+
+
+def gemm_library_why() -> str:
+    """Why :func:`gemm_library` chose as it did (for ``opsnn info``)."""
+    gemm_library()
+    return _library_why
 
 
 #: where OpenBLAS is the faster library, an (m, k) @ (k, n) product with a packed right operand still
