@@ -252,7 +252,18 @@ def small_model(path):
     return path
 
 
-def test_explain_graph_lists_kernels_and_reasons(tmp_path):
+@pytest.fixture
+def plain_layout():
+    """The small model's conv chain stays in NCHW (the blocked_layout pass would move it to oneDNN's
+    convolutions, which have no alternatives to explain or tune)."""
+    from opsnn.graph import passes
+
+    passes.disable_passes(["blocked_layout"])
+    yield
+    passes.disable_passes([])
+
+
+def test_explain_graph_lists_kernels_and_reasons(tmp_path, plain_layout):
     from opsnn.ops.explain import explain_graph
 
     path = small_model(str(tmp_path / "small.onnx"))
@@ -289,7 +300,7 @@ def test_hooked_selection_uses_autotune(hooked, tuned):
     assert entry["winner"] == "probe_fast"
 
 
-def test_explain_cli(hooked, tmp_path, capsys):
+def test_explain_cli(hooked, tmp_path, capsys, plain_layout):
     from opsnn.ops import explain
 
     path = small_model(str(tmp_path / "small.onnx"))

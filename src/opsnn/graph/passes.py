@@ -348,6 +348,12 @@ def _elementwise_fusion(graph: Graph, res: PassResult) -> None:
     elementwise_fusion(graph, res)
 
 
+def _blocked_layout(graph: Graph, res: PassResult) -> None:
+    from .blocked_layout import blocked_layout
+
+    blocked_layout(graph, res)
+
+
 def _mixed_precision(graph: Graph, res: PassResult) -> None:
     from .mixed_precision import apply_mixed_precision
 
@@ -373,6 +379,8 @@ PASSES: list[Pass] = [
          "same-shape elementwise chains -> one generated numba kernel"),
     Pass("mixed_precision", lambda g, r: _mixed_precision(g, r), 3,
          "per-op-type compute dtypes from opsnn.config.allow_mix_precision"),
+    Pass("blocked_layout", lambda g, r: _blocked_layout(g, r), 3,
+         "float32 conv chains on channel-blocked (nChw16c) activations with oneDNN's convolutions"),
     Pass("final_dead_code_elimination", dead_code_elimination, 1, "clean up after fusions"),
 ]
 

@@ -3,7 +3,7 @@ functional entry points in ``__all__``."""
 import importlib
 
 FAMILIES = ("elementwise", "activation", "reduction", "norm", "matmul", "conv", "pool", "quant", "shape",
-            "rnn", "attention", "loss", "random", "vision", "signal", "training", "text", "ml", "fused")
+            "rnn", "attention", "loss", "random", "vision", "signal", "training", "text", "ml", "fused", "blocked")
 
 __all__: list[str] = []
 for _family in FAMILIES:

@@ -1,0 +1,180 @@
+"""Layout pass ``blocked_layout``: chains of float32 2-D convolutions run on channel-blocked
+(``nChw16c``) activations with oneDNN's JIT convolutions (:mod:`opsnn.kernels.cpu.onednn`).
+
+Candidates: ``Conv`` / ``FusedConv`` nodes (float32, static 4-D shapes, group 1, a constant
+weight, output channels a multiple of 16) and ``MaxPool`` nodes fed by a candidate (2-D, no
+dilation, no Indices output). Candidates joined by an edge (one's output is another's X or
+residual Z) form a chain; a chain with at least ``MIN_CONVS`` convolutions is rewritten:
+
+* each conv becomes ``opsnn::BlockedConv`` writing a blocked output; each pool
+  ``opsnn::BlockedMaxPool``;
+* an input that comes from outside the chain is blocked by one ``opsnn::ToBlocked`` (shared by
+  all its readers), except a conv's X whose channel count is not a multiple of 16 (a network's
+  first conv on an RGB image): oneDNN reads that one plain;
+* a chain value read outside the chain (or a graph output) gets one ``opsnn::FromBlocked``
+  that writes the original value name, so the rest of the graph is unchanged.
+
+Blocked values get new names (``<value>_nChw16c``): tools that compare intermediate values by
+name (precision compare, dumps) never see blocked data under a plain tensor's name.
+A single conv between plain neighbours is left alone: its two reorders would cost more than the
+faster convolution gains.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .ir import Graph, Node, Value
+
+MIN_CONVS = 2
+BLOCK = 16
+
+
+def _static4(v: Value) -> bool:
+    """4-D with a static channel count (batch and spatial dims may be symbolic: the primitives
+    are built at prepare, for the shapes of that call)."""
+    return v.shape is not None and len(v.shape) == 4 and isinstance(v.shape[1], (int, np.integer)) and v.shape[1] > 0
+
+
+def _value(graph: Graph, name: str) -> Value:
+    """The inferred type of ``name`` (a graph output's declaration may carry none)."""
+    v = graph.value(name)
+    return graph.value_info.get(name, v) if v.shape is None or v.dtype is None else v
+
+
+def _conv_ok(graph: Graph, n: Node) -> str | None:
+    x, y = _value(graph, n.inputs[0]), _value(graph, n.outputs[0])
+    if x.dtype != np.float32 or not _static4(x) or not _static4(y):
+        return "float32 4-D input and output with a static channel count only"
+    if len(n.inputs) < 2 or n.inputs[1] not in graph.initializers:
+        return "the weight is not a constant"
+    w = graph.initializers[n.inputs[1]]
+    if w.ndim != 4 or w.dtype != np.float32:
+        return "2-D float32 weight only"
+    if int(n.attrs.get("group", 1) or 1) != 1:
+        return "group 1 only"
+    if int(y.shape[1]) % BLOCK:
+        return f"{y.shape[1]} output channels (not a multiple of {BLOCK})"
+    if len(n.inputs) > 2 and n.inputs[2] and _value(graph, n.inputs[2]).dtype not in (None, np.float32):
+        return "float32 bias only"
+    if len(n.inputs) > 3 and n.inputs[3]:
+        z = _value(graph, n.inputs[3])
+        if not _static4(z) or z.shape[1] != y.shape[1]:
+            return "the residual's shape is not the output's"
+    return None
+
+
+def _pool_ok(graph: Graph, n: Node) -> str | None:
+    x, y = _value(graph, n.inputs[0]), _value(graph, n.outputs[0])
+    if len([o for o in n.outputs if o]) != 1 or (len(n.outputs) > 1 and n.outputs[1]):
+        return "the Indices output is used"
+    if x.dtype != np.float32 or not _static4(x) or not _static4(y) or int(x.shape[1]) % BLOCK:
+        return "float32 4-D input with a multiple of 16 channels only"
+    if any(int(d) != 1 for d in (n.attrs.get("dilations") or [])) or int(n.attrs.get("storage_order", 0) or 0):
+        return "dilated windows / storage_order"
+    return None
+
+
+def blocked_layout(graph: Graph, res) -> None:
+    from ..kernels.cpu import onednn
+    from .shape_inference import infer_types
+
+    why = onednn.unavailable()
+    if why is not None:
+        res.refuse(f"oneDNN: {why}")
+        return
+    infer_types(graph)
+    prod = graph.producers()
+    users = graph.consumers()
+    cand: dict[str, str] = {}          # node name -> "conv" | "pool"
+    nodes = {n.name: n for n in graph.nodes}
+    for n in graph.nodes:
+        if (n.op_type == "Conv" and not n.domain) or (n.op_type == "FusedConv" and n.domain == "opsnn"):
+            bad = _conv_ok(graph, n)
+            if bad is None:
+                cand[n.name] = "conv"
+            else:
+                res.refuse(f"{n.name}: {bad}")
+    for n in graph.nodes:
+        if n.op_type == "MaxPool" and not n.domain:
+            p = prod.get(n.inputs[0])
+            bad = _pool_ok(graph, n) if p is not None and p.name in cand else "not fed by a blocked convolution"
+            if bad is None:
+                cand[n.name] = "pool"
+    # chains: union-find over candidate -> candidate edges through X (and a conv's residual Z)
+    parent = {k: k for k in cand}
+
+    def find(a):
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    def chain_inputs(n: Node) -> list[str]:
+        ins = [n.inputs[0]]
+        if cand[n.name] == "conv" and len(n.inputs) > 3 and n.inputs[3]:
+            ins.append(n.inputs[3])
+        return ins
+
+    for name in cand:
+        for v in chain_inputs(nodes[name]):
+            p = prod.get(v)
+            if p is not None and p.name in cand:
+                parent[find(p.name)] = find(name)
+    convs: dict[str, int] = {}
+    for name, kind in cand.items():
+        if kind == "conv":
+            convs[find(name)] = convs.get(find(name), 0) + 1
+    chosen = {name for name in cand if convs.get(find(name), 0) >= MIN_CONVS}
+    if not chosen:
+        return
+    blocked: dict[str, str] = {}       # plain value name -> its blocked value's name
+    to_blocked: dict[str, Node] = {}
+    out_names = set(graph.output_names)
+    new_nodes: list[Node] = []
+
+    def blocked_input(v: str) -> str:
+        if v in blocked:
+            return blocked[v]
+        if v not in to_blocked:
+            b = graph.unique_name(f"{v}_nChw16c")
+            node = Node("ToBlocked", [v], [b], {}, domain="opsnn", name=graph.unique_name(f"ToBlocked_{v}"))
+            to_blocked[v] = node
+            new_nodes.append(node)
+            graph.value_info[b] = Value(b, np.float32, _value(graph, v).shape)
+        return to_blocked[v].outputs[0]
+
+    for n in graph.nodes:
+        if n.name not in chosen:
+            new_nodes.append(n)
+            continue
+        x = n.inputs[0]
+        if cand[n.name] == "conv":
+            src_blocked = x in blocked or int(_value(graph, x).shape[1]) % BLOCK == 0
+            ins = [blocked_input(x) if src_blocked else x] + list(n.inputs[1:3])
+            ins += [""] * (3 - len(ins))
+            if len(n.inputs) > 3 and n.inputs[3]:
+                ins.append(blocked_input(n.inputs[3]))
+            attrs = dict(n.attrs)
+            attrs.setdefault("activation", "")
+            attrs["src_blocked"] = int(src_blocked)
+            op = "BlockedConv"
+        else:
+            ins = [blocked_input(x)]
+            attrs = {k: v for k, v in n.attrs.items() if k != "storage_order"}
+            op = "BlockedMaxPool"
+        y = n.outputs[0]
+        yb = graph.unique_name(f"{y}_nChw16c")
+        graph.value_info[yb] = Value(yb, np.float32, _value(graph, y).shape)
+        new = Node(op, ins, [yb], attrs, domain="opsnn", name=graph.unique_name(f"{op}_{n.name}"))
+        new.attrs_origin = [n.name]
+        new_nodes.append(new)
+        blocked[y] = yb
+        res.note(f"{n.name} -> {op}{'' if op != 'BlockedConv' or attrs['src_blocked'] else ' (plain NCHW input)'}")
+        outside = [u for u in users.get(y, []) if u.name not in chosen] or y in out_names
+        inside_x_only = all(y in chain_inputs(u) and y not in u.inputs[1:3] for u in users.get(y, [])
+                            if u.name in chosen)
+        if outside or not inside_x_only:
+            new_nodes.append(Node("FromBlocked", [yb], [y], {}, domain="opsnn",
+                                  name=graph.unique_name(f"FromBlocked_{y}")))
+    graph.nodes = new_nodes
+    graph.sort()

@@ -1,0 +1,175 @@
+"""Ops on channel-blocked activations (domain ``opsnn``), produced by the graph engine's
+``blocked_layout`` pass (:mod:`opsnn.graph.blocked_layout`): a blocked tensor keeps its logical
+(N, C, H, W) shape, its elements are stored in ``nChw16c`` order (see
+:mod:`opsnn.kernels.cpu.blocked`).
+
+``ToBlocked`` / ``FromBlocked`` change the order; ``BlockedConv`` is ``FusedConv`` (``act(conv(X,
+W, B) + Z)``) on a blocked or plain X, a blocked Z and a blocked Y; ``BlockedMaxPool`` is
+``MaxPool`` on blocked tensors. Their references unblock, run the plain op's reference and block
+the result again, so every kernel is checked against the plain ops' oracles.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import dtypes as _dt
+from ...errors import InferShapeError
+from ...kernels.cpu import blocked as KB
+from ...kernels.cpu import onednn as KD
+from ..registry import Attr, Input, TensorMeta, get_op, register_op
+from .conv import conv_geometry
+from .fused import _CONV_ATTR_NAMES, _EPILOGUE_ATTRS, _act_code, _conv_attrs, _fused_conv_infer
+from .pool import _pool_attrs, pool_geometry
+
+_F32 = (_dt.float32,)
+
+
+def _check_blockable(ctx, idx: int, what: str) -> None:
+    shape = ctx.shape(idx)
+    if len(shape) != 4 or not isinstance(shape[1], (int, np.integer)) or shape[1] % KB.BLOCK:
+        raise InferShapeError(f"{ctx.op.name}: {what} must be 4-D (N, C, H, W) with C a multiple of {KB.BLOCK} "
+                              f"to be channel-blocked, got shape {tuple(shape)}", op=ctx.op.name)
+
+
+# -- ToBlocked / FromBlocked ---------------------------------------------------------------------------
+def _reorder_infer(ctx):
+    _check_blockable(ctx, 0, "X")
+    return [TensorMeta(tuple(ctx.shape(0)), ctx.dtype(0))]
+
+
+ToBlocked = register_op(
+    "ToBlocked", domain="opsnn", category="layout", inputs=[Input("X", _F32)], outputs=["Y"],
+    infer=_reorder_infer, reference=lambda ins, attrs: KB.blocked_reference(ins[0]),
+    doc="X (N, C, H, W) -> the same tensor in nChw16c element order (C a multiple of 16)")
+FromBlocked = register_op(
+    "FromBlocked", domain="opsnn", category="layout", inputs=[Input("X", _F32)], outputs=["Y"],
+    infer=_reorder_infer, reference=lambda ins, attrs: KB.plain_reference(ins[0]),
+    doc="X in nChw16c element order -> plain NCHW (C a multiple of 16)")
+
+
+@ToBlocked.kernel("to_blocked_numba", dtypes=_F32, priority=10)
+def _to_blocked(ins, outs, attrs, plan, ws):
+    KB.to_blocked(ins[0], outs[0])
+
+
+@FromBlocked.kernel("from_blocked_numba", dtypes=_F32, priority=10)
+def _from_blocked(ins, outs, attrs, plan, ws):
+    KB.from_blocked(ins[0], outs[0])
+
+
+# -- BlockedConv --------------------------------------------------------------------------------------
+def _blocked_conv_infer(ctx):
+    if int(ctx.attrs["src_blocked"]):
+        _check_blockable(ctx, 0, "X")
+    outs = _fused_conv_infer(ctx)
+    if len(outs[0].shape) != 4 or outs[0].shape[1] % KB.BLOCK:
+        raise InferShapeError(f"BlockedConv: the output must be 4-D with a multiple of {KB.BLOCK} channels, got "
+                              f"{tuple(outs[0].shape)}", op="BlockedConv")
+    return outs
+
+
+def _blocked_conv_ref(ins, attrs):
+    x = KB.plain_reference(ins[0]) if int(attrs["src_blocked"]) else ins[0]
+    plain = list(ins)
+    plain[0] = x
+    if len(ins) > 3 and ins[3] is not None:
+        plain[3] = KB.plain_reference(ins[3])
+    fused = get_op("FusedConv", "opsnn")
+    y = fused.reference(plain, fused.bind_attrs({k: v for k, v in attrs.items() if k != "src_blocked"}))
+    return KB.blocked_reference(y)
+
+
+def _blocked_conv_applies(ctx):
+    why = KD.unavailable()
+    if why is not None:
+        return why
+    if ctx.value(1) is None:
+        return "the weight is not a constant known at prepare time (graph initializer)"
+    if int(ctx.attrs.get("group") or 1) != 1:
+        return "group 1 only"
+    if len(ctx.shape(1)) != 4:
+        return "2-D convolution only"
+    return True
+
+
+class _OneDnnPlan:
+    def __init__(self, prim, what: str):
+        self.prim = prim
+        self.what = what
+
+    def describe(self) -> str:
+        return f"oneDNN {self.prim.impl} {self.what}"
+
+
+def _blocked_conv_plan(ctx):
+    xs, w = tuple(ctx.shape(0)), np.asarray(ctx.value(1))
+    g = conv_geometry("BlockedConv", xs, w.shape, _conv_attrs(ctx.attrs))
+    ys = (xs[0], w.shape[0]) + tuple(g.out)
+    src_blocked = bool(int(ctx.attrs["src_blocked"]))
+    prim = KD.ConvPrimitive(xs, w, ys, g.s, (g.pb[0], g.pb[1], g.pe[0], g.pe[1]), g.d, src_blocked=src_blocked,
+                            has_bias=ctx.has(2), residual=ctx.has(3), act=_act_code("BlockedConv", ctx.attrs),
+                            alpha=float(ctx.attrs["activation_alpha"]), beta=float(ctx.attrs["activation_beta"]))
+    parts = ["bias"] * ctx.has(2) + ["residual add"] * ctx.has(3) + [ctx.attrs["activation"] or ""]
+    epi = " + ".join(p for p in parts if p)
+    return _OneDnnPlan(prim, f"conv {'nChw16c' if src_blocked else 'NCHW'} -> nChw16c, weight reordered at prepare"
+                             + (f", {epi} as post-ops" if epi else ""))
+
+
+BlockedConv = register_op(
+    "BlockedConv", domain="opsnn", category="conv",
+    inputs=[Input("X", _F32), Input("W", _F32), Input("B", _F32, optional=True), Input("Z", _F32, optional=True)],
+    outputs=["Y"], attrs=[Attr(n, "any", None) for n in _CONV_ATTR_NAMES] + _EPILOGUE_ATTRS
+    + [Attr("src_blocked", "int", 1)],
+    infer=_blocked_conv_infer, reference=_blocked_conv_ref,
+    flops=lambda ctx: get_op("FusedConv", "opsnn").flops(ctx),
+    doc="FusedConv on channel-blocked tensors: X blocked (src_blocked=1) or plain NCHW, Z and Y blocked")
+
+
+@BlockedConv.kernel("conv_onednn", dtypes=_F32, priority=10, applies=_blocked_conv_applies, plan=_blocked_conv_plan,
+                    doc="oneDNN's JIT direct convolution (brgconv / jit:avx512_core) with bias, residual add and "
+                    "activation as post-ops")
+def _blocked_conv(ins, outs, attrs, plan, ws):
+    plan.prim(ins[0], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, outs[0])
+
+
+# -- BlockedMaxPool ------------------------------------------------------------------------------------
+def _plain_pool_attrs(attrs: dict) -> dict:
+    return {k: v for k, v in attrs.items() if v is not None}
+
+
+def _blocked_pool_infer(ctx):
+    _check_blockable(ctx, 0, "X")
+    g = pool_geometry("BlockedMaxPool", tuple(ctx.shape(0)), ctx.attrs)
+    if any(d != 1 for d in g.dilations):
+        raise InferShapeError(f"BlockedMaxPool: dilations must be 1, got {g.dilations}", op="BlockedMaxPool")
+    return [TensorMeta(tuple(ctx.shape(0)[:2]) + tuple(g.out), ctx.dtype(0))]
+
+
+def _blocked_pool_ref(ins, attrs):
+    mp = get_op("MaxPool")
+    y = mp.reference([KB.plain_reference(ins[0])], mp.bind_attrs(_plain_pool_attrs(attrs)))
+    y = y[0] if isinstance(y, (list, tuple)) else y
+    return KB.blocked_reference(y)
+
+
+def _blocked_pool_plan(ctx):
+    xs = tuple(ctx.shape(0))
+    g = pool_geometry("BlockedMaxPool", xs, ctx.attrs)
+    # the end pads that give exactly the output size (ceil mode adds a partial window's worth)
+    pe = tuple((g.out[i] - 1) * g.strides[i] + g.kernel[i] - xs[2 + i] - g.pads_begin[i] for i in range(2))
+    prim = KD.MaxPoolPrimitive(xs, xs[:2] + tuple(g.out), g.kernel, g.strides,
+                               (g.pads_begin[0], g.pads_begin[1], pe[0], pe[1]))
+    return _OneDnnPlan(prim, "max pooling nChw16c -> nChw16c")
+
+
+BlockedMaxPool = register_op(
+    "BlockedMaxPool", domain="opsnn", category="pool", inputs=[Input("X", _F32)], outputs=["Y"], attrs=_pool_attrs(),
+    infer=_blocked_pool_infer, reference=_blocked_pool_ref,
+    doc="MaxPool (2-D, no dilation, no indices) on channel-blocked tensors")
+
+
+@BlockedMaxPool.kernel("max_pool_onednn", dtypes=_F32, priority=10,
+                       applies=lambda ctx: KD.unavailable() or True, plan=_blocked_pool_plan,
+                       doc="oneDNN's JIT max pooling on nChw16c")
+def _blocked_pool(ins, outs, attrs, plan, ws):
+    plan.prim(ins[0], outs[0])

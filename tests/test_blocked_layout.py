@@ -1,0 +1,199 @@
+"""Channel-blocked (nChw16c) convolution chains: the ToBlocked / FromBlocked kernels against numpy
+transposes, BlockedConv / BlockedMaxPool on oneDNN against the plain ops' references (Conv's and
+MaxPool's numpy oracles, unblocked), and the blocked_layout pass: which chains it rewrites, what
+it leaves alone and why, and that compiled graphs agree with the uncompiled interpreter."""
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn.errors import OpsnnError
+from opsnn.graph import Graph, Node, Value
+from opsnn.graph import passes
+from opsnn.kernels.cpu import blocked as KB
+from opsnn.kernels.cpu import onednn as KD
+from opsnn.ops import run_op
+from opsnn.ops.executor import plan_op
+from opsnn.ops.registry import TensorMeta, get_op
+
+needs_onednn = pytest.mark.skipif(KD.unavailable() is not None, reason=f"oneDNN: {KD.unavailable()}")
+
+
+def _f32(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("shape", [(2, 32, 5, 7), (1, 16, 1, 1), (3, 48, 4, 3)])
+def test_to_and_from_blocked_match_numpy_transposes(rng, shape):
+    x = _f32(rng, *shape)
+    b = run_op("ToBlocked", [x], domain="opsnn")[0].numpy()
+    # element (n, c, h, w) sits at ((n, c // 16, h, w, c % 16)) of the (N, C/16, H, W, 16) array
+    n, c, h, w = shape
+    want = x.reshape(n, c // 16, 16, h, w).transpose(0, 1, 3, 4, 2)
+    np.testing.assert_array_equal(b.reshape(want.shape), want)
+    np.testing.assert_array_equal(KB.blocked_reference(x), b)
+    back = run_op("FromBlocked", [b], domain="opsnn")[0].numpy()
+    np.testing.assert_array_equal(back, x)
+
+
+def test_blocking_needs_a_multiple_of_16_channels(rng):
+    with pytest.raises(OpsnnError, match="multiple of 16"):
+        run_op("ToBlocked", [_f32(rng, 1, 24, 3, 3)], domain="opsnn")
+    with pytest.raises(ValueError, match="C-contiguous output"):
+        KB.to_blocked(_f32(rng, 1, 16, 4, 4), np.empty((1, 16, 4, 8), np.float32)[..., ::2])
+
+
+def _run_kernel(op: str, name: str, ins: list, values: list, attrs: dict):
+    rec = get_op(op, "opsnn")
+    metas = [None if a is None else TensorMeta(a.shape, a.dtype) for a in ins]
+    planned = plan_op(rec, metas, values, attrs)
+    k = next(k for k in rec.kernels if k.name == name)
+    assert k.check(planned.ctx) is None
+    plan = k.plan(planned.ctx)
+    out = np.full(planned.ctx.outputs[0].shape, np.nan, np.float32)
+    k.fn([a for a in ins], [out], planned.ctx.attrs, plan, None)
+    want = rec.reference(ins, planned.ctx.attrs)
+    return out, want, plan, planned.selection.kernel.name
+
+
+CONV_CASES = [
+    # (N, C, H, W), (M, kh, kw), attrs, src blocked
+    ((1, 16, 9, 9), (32, 1, 1), {}, True),
+    ((2, 32, 8, 7), (16, 3, 3), {"pads": [1, 1, 1, 1]}, True),
+    ((1, 32, 9, 11), (32, 3, 3), {"pads": [0, 1, 2, 1], "strides": [2, 2]}, True),
+    ((1, 16, 10, 10), (16, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}, True),
+    ((1, 16, 5, 5), (16, 1, 1), {"strides": [3, 3]}, True),          # stride > kernel
+    ((1, 16, 1, 1), (16, 3, 3), {"pads": [1, 1, 1, 1]}, True),       # a 1x1 image, padding > kernel/2
+    ((1, 3, 23, 23), (16, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}, False),   # RGB stem, plain X
+    ((1, 16, 7, 7), (32, 3, 3), {"auto_pad": "SAME_UPPER"}, True),
+]
+ACTS = [("", 0.0, 0.0), ("Relu", 0.0, 0.0), ("LeakyRelu", 0.1, 0.0), ("Clip", -0.5, 0.7), ("Sigmoid", 0.0, 0.0),
+        ("Tanh", 0.0, 0.0), ("Gelu", 0.0, 0.0), ("GeluTanh", 0.0, 0.0), ("Swish", 1.5, 0.0)]
+
+
+@needs_onednn
+@pytest.mark.parametrize("case", range(len(CONV_CASES)))
+@pytest.mark.parametrize("bias,residual", [(True, False), (False, True), (True, True), (False, False)])
+def test_blocked_conv_on_onednn_matches_the_conv_reference(rng, case, bias, residual):
+    xs, (m, kh, kw), attrs, src_blocked = CONV_CASES[case]
+    x = _f32(rng, *xs)
+    w = _f32(rng, m, xs[1], kh, kw, scale=0.2)
+    b = _f32(rng, m) if bias else None
+    act, alpha, beta = ACTS[(case * 4 + 2 * bias + residual) % len(ACTS)]
+    attrs = dict(attrs, activation=act, activation_alpha=alpha, activation_beta=beta, src_blocked=int(src_blocked))
+    out_shape = run_op("Conv", [x, w], {k: v for k, v in attrs.items() if k in ("pads", "strides", "dilations",
+                                                                                   "auto_pad")})[0].shape
+    z = KB.blocked_reference(_f32(rng, *out_shape)) if residual else None
+    xin = KB.blocked_reference(x) if src_blocked else x
+    out, want, plan, chosen = _run_kernel("BlockedConv", "conv_onednn", [xin, w, b, z], [None, w, None, None], attrs)
+    assert chosen == "conv_onednn"
+    assert "oneDNN" in plan.describe()
+    tol = 2e-5 * (xs[1] * kh * kw) ** 0.5
+    np.testing.assert_allclose(out, want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()))
+
+
+@needs_onednn
+@pytest.mark.parametrize("attrs", [{"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+                                   {"kernel_shape": [2, 2], "strides": [2, 2]},
+                                   {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}])
+def test_blocked_max_pool_matches_the_max_pool_reference(rng, attrs):
+    x = KB.blocked_reference(_f32(rng, 2, 32, 9, 10))
+    out, want, plan, chosen = _run_kernel("BlockedMaxPool", "max_pool_onednn", [x], [None], attrs)
+    assert chosen == "max_pool_onednn"
+    np.testing.assert_array_equal(out, want)
+
+
+def test_blocked_conv_without_a_constant_weight_is_not_run_on_onednn(rng):
+    rec = get_op("BlockedConv", "opsnn")
+    x, w = _f32(rng, 1, 16, 4, 4), _f32(rng, 16, 16, 1, 1)
+    planned = plan_op(rec, [TensorMeta(x.shape, x.dtype), TensorMeta(w.shape, w.dtype)], [None, None], {})
+    k = next(k for k in rec.kernels if k.name == "conv_onednn")
+    why = k.check(planned.ctx)
+    assert why is not None and ("constant" in str(why) or "oneDNN" in str(why) or "AVX-512" in str(why))
+
+
+# -- the pass -------------------------------------------------------------------------------------------
+def _block_graph(rng, c=16, mid=16, out_c=32, stem=False, extra_output=False):
+    """A ResNet-style bottleneck: [stem conv + maxpool] -> 1x1 -> 3x3 -> 1x1, projection shortcut,
+    residual add, relu."""
+    init = {}
+    nodes = []
+    x = "x"
+    cin = 3 if stem else c
+    if stem:
+        init["ws"] = _f32(rng, c, 3, 3, 3, scale=0.3)
+        nodes += [Node("Conv", ["x", "ws"], ["s"], {"pads": [1, 1, 1, 1], "strides": [2, 2]}), Node("Relu", ["s"], ["sr"]),
+                  Node("MaxPool", ["sr"], ["p"], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]})]
+        x = "p"
+    init.update({"w1": _f32(rng, mid, c, 1, 1, scale=0.3), "b1": _f32(rng, mid),
+                 "w2": _f32(rng, mid, mid, 3, 3, scale=0.1), "w3": _f32(rng, out_c, mid, 1, 1, scale=0.3),
+                 "wd": _f32(rng, out_c, c, 1, 1, scale=0.3)})
+    nodes += [Node("Conv", [x, "w1", "b1"], ["a"]), Node("Relu", ["a"], ["ar"]),
+              Node("Conv", ["ar", "w2"], ["b"], {"pads": [1, 1, 1, 1]}), Node("Relu", ["b"], ["br"]),
+              Node("Conv", ["br", "w3"], ["c"]), Node("Conv", [x, "wd"], ["d"]),
+              Node("Add", ["c", "d"], ["e"]), Node("Relu", ["e"], ["y"])]
+    outs = ["y", "br"] if extra_output else ["y"]
+    g = Graph("block", inputs=[Value("x", np.float32, ("N", cin, "H", "W"))], outputs=outs, nodes=nodes,
+              initializers=init)
+    return g
+
+
+def _compile_and_check(g, feeds):
+    want = {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in opsnn.graph.run(g, feeds).items()}
+    cg = opsnn.compile(g)
+    out = cg.run(feeds)
+    for k, v in want.items():
+        np.testing.assert_allclose(out[k].numpy(), v, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(v).max()))
+    return cg
+
+
+def _types(cg) -> list:
+    return [n.qualified_type for n in cg.graph.nodes]
+
+
+@needs_onednn
+def test_pass_rewrites_a_bottleneck_chain_and_agrees_with_the_interpreter(rng):
+    g = _block_graph(rng, stem=True)
+    cg = _compile_and_check(g, {"x": _f32(rng, 2, 3, 18, 17)})
+    types = _types(cg)
+    assert types.count("opsnn::BlockedConv") == 5 and "opsnn::BlockedMaxPool" in types
+    assert types.count("opsnn::FromBlocked") == 1 and types[-1] == "opsnn::FromBlocked"
+    assert "opsnn::ToBlocked" not in types  # the stem conv reads the 3-channel input plain
+    stem = next(n for n in cg.graph.nodes if n.op_type == "BlockedConv")
+    assert stem.attrs["src_blocked"] == 0
+    assert "conv_onednn" in cg.explain() and "max_pool_onednn" in cg.explain()
+    # a second batch size: the primitives are built for that plan's shapes
+    _compile_and_check(g, {"x": _f32(rng, 1, 3, 12, 12)})
+
+
+@needs_onednn
+def test_pass_blocks_outside_inputs_once_and_unblocks_values_read_outside(rng):
+    g = _block_graph(rng, extra_output=True)
+    cg = _compile_and_check(g, {"x": _f32(rng, 1, 16, 7, 9)})
+    types = _types(cg)
+    # x feeds two convs through one ToBlocked; y and the extra output br are unblocked
+    assert types.count("opsnn::ToBlocked") == 1 and types.count("opsnn::FromBlocked") == 2
+    names = {o for n in cg.graph.nodes for o in n.outputs}
+    assert "br" in names and "y" in names and any(o.endswith("_nChw16c") for o in names)
+
+
+@needs_onednn
+def test_pass_leaves_single_convs_and_odd_channel_counts_alone(rng):
+    init = {"w": _f32(rng, 16, 16, 3, 3, scale=0.2)}
+    g = Graph("one", inputs=[Value("x", np.float32, ("N", 16, 8, 8))], outputs=["y"],
+              nodes=[Node("Conv", ["x", "w"], ["c"], {"pads": [1, 1, 1, 1]}), Node("Relu", ["c"], ["y"])],
+              initializers=init)
+    assert "opsnn::BlockedConv" not in _types(_compile_and_check(g, {"x": _f32(rng, 1, 16, 8, 8)}))
+    g2 = _block_graph(rng, mid=24)        # 24 channels: the middle convs are refused, the chain broken
+    cg2 = _compile_and_check(g2, {"x": _f32(rng, 1, 16, 6, 6)})
+    res = next(r for r in cg2.pass_report.results if r.name == "blocked_layout")
+    assert any("24 output channels" in r for r in res.refused)
+
+
+def test_pass_says_why_when_onednn_is_unavailable(rng, monkeypatch):
+    monkeypatch.setattr(KD, "_looked", True)
+    monkeypatch.setattr(KD, "_why", "disabled by OPSNN_ONEDNN=0")
+    cg = _compile_and_check(_block_graph(rng), {"x": _f32(rng, 1, 16, 6, 6)})
+    assert "opsnn::BlockedConv" not in _types(cg)
+    res = next(r for r in cg.pass_report.results if r.name == "blocked_layout")
+    assert res.refused == ["oneDNN: disabled by OPSNN_ONEDNN=0"]
+    assert "blocked_layout" in passes.pass_names()
