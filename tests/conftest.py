@@ -39,3 +39,13 @@ def low_parallel_min(monkeypatch):
     for mod in (activation, elementwise, norm, reduction):
         monkeypatch.setattr(mod, "PARALLEL_MIN", 1 << 15)
     monkeypatch.setattr(activation, "PARALLEL_MIN_COSTLY", 1 << 15)
+
+
+@pytest.fixture
+def onednn_off(monkeypatch):
+    """oneDNN unavailable for the test (kernels and passes that use it step aside), to test the
+    kernels they would otherwise displace."""
+    from opsnn.kernels.cpu import onednn
+
+    monkeypatch.setattr(onednn, "_looked", True)
+    monkeypatch.setattr(onednn, "_why", "turned off for this test")

@@ -104,7 +104,7 @@ def test_gemv_matches_oracle(rng, n, k):
 
 
 @needs_mkl
-def test_fused_matmul_in_graph_uses_packed_weights(rng, gemm_on):
+def test_fused_matmul_in_graph_uses_packed_weights(rng, gemm_on, onednn_off):
     gemm_on("mkl")
     x = rng.standard_normal((2, 5, 16)).astype(np.float32)
     w = rng.standard_normal((16, 8)).astype(np.float32)

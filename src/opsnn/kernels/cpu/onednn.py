@@ -387,9 +387,16 @@ class MatMulPrimitive:
         args.append((_ARG_DST, dst.h))
         self.prim = Primitive(pd, args, keep=(src, dst, w_any, bias))
         self.has_bias, self.residual = has_bias, residual
+        self.shape = (m, k, n)
+        self.post = [p[0] for p in post]
 
     @property
     def impl(self) -> str:
         return self.prim.impl
+
+    def describe(self) -> str:
+        m, k, n = self.shape
+        return (f"oneDNN {self.impl} matmul {m}x{k} @ {k}x{n}, B reordered at prepare"
+                + (", bias" if self.has_bias else "") + "".join(f", {p} post-op" for p in self.post))
 
     __call__ = ConvPrimitive.__call__

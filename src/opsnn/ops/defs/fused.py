@@ -11,6 +11,8 @@ from ...errors import InferShapeError, ParamInvalidError
 from ...kernels.cpu import conv as KC
 from ...kernels.cpu import fused as K
 from ...kernels.cpu import gemm as KG
+from ...kernels.cpu import onednn as KD
+from ..autotune import NotPreferred
 from ..registry import Attr, InferContext, Input, TensorMeta, get_op, register_op, select_kernel
 from .conv import bf16_bias, bf16_conv_plan, bf16_rejection as conv_bf16_rejection
 from .matmul import bf16_bias_columns, bf16_matmul_plan, bf16_rejection as mm_bf16_rejection
@@ -203,6 +205,53 @@ FusedMatMul = register_op(
     flops=lambda ctx: 2 * int(np.prod(ctx.outputs[0].shape)) * int(ctx.shape(0)[-1]) if ctx.outputs else 0,
     doc="act(A @ B + bias + Z): BLAS GEMM, then one in-place epilogue pass")
 FusedMatMul.kernel("matmul_epilogue", dtypes=_F32_64, priority=10, plan=_fused_mm_plan)(_fused_mm_kernel)
+
+
+def _fused_mm_onednn_applies(ctx):
+    why = KD.unavailable()
+    if why is not None:
+        return why
+    if ctx.dtype(0) != _dt.float32 or ctx.dtype(1) != _dt.float32:
+        return "float32 only"
+    w = ctx.value(1)
+    if w is None or np.ndim(w) != 2:
+        return "B is not a constant 2-D matrix known at prepare time (graph initializer)"
+    n = ctx.outputs[0].shape[-1]
+    if ctx.has(2) and (ctx.dtype(2) != _dt.float32 or tuple(ctx.shape(2)) != (n,)):
+        return f"bias must be float32 of shape ({n},), got {tuple(ctx.shape(2))}"
+    if ctx.has(3) and ctx.dtype(3) != _dt.float32:
+        return "float32 residual only"
+    if 0 in ctx.outputs[0].shape or ctx.shape(0)[-1] == 0:
+        return "empty product"
+    rows = int(np.prod(ctx.outputs[0].shape[:-1]))
+    if rows < ONEDNN_MIN_ROWS:
+        return NotPreferred(f"{rows} row (< ONEDNN_MIN_ROWS = {ONEDNN_MIN_ROWS}): the matrix-vector kernels "
+                            "are as fast")
+    return True
+
+
+#: fewest rows for which FusedMatMul prefers oneDNN's matmul. Measured on the 2-core EPYC Zen 4 VM
+#: (2026-12-02, ms, oneDNN / opsnn's MatMul path on OpenBLAS): 768->3072 with 1 row 0.10-0.14 /
+#: 0.11-0.17 (even: the matrix-vector kernels stay), 2 rows 0.11 / 0.79-0.84, 8 rows 0.22 / 0.84-0.87,
+#: 16 rows 0.38-0.57 / 1.04-1.25; 128 rows with bias + GELU 4.2-4.4 / 4.4-5.4 (product alone)
+ONEDNN_MIN_ROWS = 2
+
+
+def _fused_mm_onednn_plan(ctx):
+    rows = int(np.prod(ctx.outputs[0].shape[:-1]))
+    return KD.MatMulPrimitive(rows, np.asarray(ctx.value(1)), has_bias=ctx.has(2), residual=ctx.has(3),
+                              act=_act_code("FusedMatMul", ctx.attrs), alpha=float(ctx.attrs["activation_alpha"]),
+                              beta=float(ctx.attrs["activation_beta"]))
+
+
+def _fused_mm_onednn(ins, outs, attrs, plan, ws):
+    plan(ins[0], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, outs[0])
+
+
+FusedMatMul.kernel("matmul_onednn", dtypes=(_dt.float32,), priority=12, applies=_fused_mm_onednn_applies,
+                   plan=_fused_mm_onednn_plan,
+                   doc="float32 with a constant 2-D B: oneDNN's matmul (brgemm) on B reordered once at prepare, "
+                   "the bias, residual add and activation as post-ops (no separate epilogue pass)")(_fused_mm_onednn)
 
 
 def _fused_mm_bf16_applies(ctx):

@@ -1,0 +1,80 @@
+"""FusedMatMul on oneDNN's matmul (matmul_onednn): act(A @ B + bias + Z) against a float64 numpy
+oracle for every epilogue form; when it is chosen, when it steps aside and why."""
+import math
+
+import numpy as np
+import pytest
+
+from opsnn.kernels.cpu import onednn as KD
+from opsnn.ops.autotune import NotPreferred
+from opsnn.ops.defs import fused as F
+from opsnn.ops.executor import plan_op
+from opsnn.ops.registry import TensorMeta, get_op
+
+needs_onednn = pytest.mark.skipif(KD.unavailable() is not None, reason=f"oneDNN: {KD.unavailable()}")
+
+_ERF = np.vectorize(math.erf)
+ORACLE = {"": lambda y, a, b: y, "Relu": lambda y, a, b: np.maximum(y, 0),
+          "Sigmoid": lambda y, a, b: 1 / (1 + np.exp(-y)), "Tanh": lambda y, a, b: np.tanh(y),
+          "Gelu": lambda y, a, b: 0.5 * y * (1 + _ERF(y / np.sqrt(2))),
+          "GeluTanh": lambda y, a, b: 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3))),
+          "Swish": lambda y, a, b: y / (1 + np.exp(-a * y)), "LeakyRelu": lambda y, a, b: np.where(y >= 0, y, a * y),
+          "Clip": lambda y, a, b: np.clip(y, a, b)}
+
+
+def _plan(a, w, b=None, z=None, attrs=None):
+    rec = get_op("FusedMatMul", "opsnn")
+    ins = [a, w, b, z]
+    metas = [None if t is None else TensorMeta(t.shape, t.dtype) for t in ins]
+    return rec, plan_op(rec, metas, [None, w, None, None], dict(attrs or {}))
+
+
+@needs_onednn
+@pytest.mark.parametrize("act,alpha,beta", [("", 0, 0), ("Relu", 0, 0), ("Gelu", 0, 0), ("GeluTanh", 0, 0),
+                                            ("Sigmoid", 0, 0), ("Tanh", 0, 0), ("Swish", 1.7, 0),
+                                            ("LeakyRelu", 0.2, 0), ("Clip", -0.3, 0.4)])
+@pytest.mark.parametrize("bias,residual", [(True, False), (False, True), (True, True), (False, False)])
+def test_matmul_onednn_matches_a_float64_oracle(rng, act, alpha, beta, bias, residual):
+    a = rng.standard_normal((3, 11, 40)).astype(np.float32)      # 33 rows, K = 40 (not a tile multiple)
+    w = (rng.standard_normal((40, 24)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32) if bias else None
+    z = rng.standard_normal((3, 11, 24)).astype(np.float32) if residual else None
+    attrs = {"activation": act, "activation_alpha": alpha, "activation_beta": beta}
+    rec, planned = _plan(a, w, b, z, attrs)
+    assert planned.selection.kernel.name == "matmul_onednn"
+    k = planned.selection.kernel
+    plan = k.plan(planned.ctx)
+    assert "oneDNN" in plan.describe() and "reordered at prepare" in plan.describe()
+    out = np.full((3, 11, 24), np.nan, np.float32)
+    k.fn([a, w, b, z], [out], planned.ctx.attrs, plan, None)
+    y = a.astype(np.float64) @ w
+    if bias:
+        y = y + b
+    if residual:
+        y = y + z
+    want = ORACLE[act](y, alpha, beta)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-5 * max(1.0, np.abs(want).max()))
+
+
+@needs_onednn
+def test_matmul_onednn_steps_aside_for_few_rows_and_variable_weights(rng):
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    few = rng.standard_normal((1, F.ONEDNN_MIN_ROWS - 1, 16)).astype(np.float32)
+    rec, planned = _plan(few, w)
+    k = next(k for k in rec.kernels if k.name == "matmul_onednn")
+    why = k.check(planned.ctx)
+    assert isinstance(why, NotPreferred) and "ONEDNN_MIN_ROWS" in str(why)
+    assert planned.selection.kernel.name != "matmul_onednn"
+    # a B that is not a constant at prepare
+    rec = get_op("FusedMatMul", "opsnn")
+    a = rng.standard_normal((32, 16)).astype(np.float32)
+    p = plan_op(rec, [TensorMeta(a.shape, a.dtype), TensorMeta(w.shape, w.dtype)], [None, None], {})
+    assert "constant" in k.check(p.ctx) and p.selection.kernel.name != "matmul_onednn"
+
+
+def test_matmul_onednn_is_not_offered_without_onednn(rng, onednn_off):
+    a, w = rng.standard_normal((32, 16)).astype(np.float32), rng.standard_normal((16, 8)).astype(np.float32)
+    rec, planned = _plan(a, w)
+    k = next(k for k in rec.kernels if k.name == "matmul_onednn")
+    assert k.check(planned.ctx) == "turned off for this test"
+    assert planned.selection.kernel.name == "matmul_epilogue"
