@@ -109,3 +109,34 @@ def test_info_says_which_library_runs_threaded_gemms(capsys, monkeypatch):
         monkeypatch.setenv("OPSNN_GEMM", env)
         assert cli.main(["info"]) == 0
         assert text in capsys.readouterr().out
+
+
+def test_info_says_whether_onednn_is_used(capsys, monkeypatch):
+    from opsnn import cli
+    from opsnn.kernels.cpu import onednn
+
+    assert cli.main(["info"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("blocked convolutions"))
+    assert ("oneDNN 3." in line) == (onednn.unavailable() is None)
+    monkeypatch.setattr(onednn, "_looked", True)
+    monkeypatch.setattr(onednn, "_why", "disabled by OPSNN_ONEDNN=0")
+    assert cli.main(["info"]) == 0
+    assert "constant-weight matmuls: not used (disabled by OPSNN_ONEDNN=0)" in capsys.readouterr().out
+
+
+def test_onednn_env_switch_and_load_failure_say_why(monkeypatch):
+    from opsnn.kernels.cpu import onednn
+
+    for env, why in [("0", "disabled by OPSNN_ONEDNN=0")]:
+        monkeypatch.setattr(onednn, "_looked", False)
+        monkeypatch.setattr(onednn, "_why", None)
+        monkeypatch.setenv("OPSNN_ONEDNN", env)
+        onednn._load()
+        assert onednn.unavailable() == why
+    monkeypatch.setattr(onednn, "_looked", False)
+    monkeypatch.setattr(onednn, "_why", None)
+    monkeypatch.delenv("OPSNN_ONEDNN")
+    monkeypatch.setattr(onednn, "_candidates", lambda: [])
+    monkeypatch.setattr(onednn, "_avx512", lambda: True)
+    onednn._load()
+    assert "not installed" in onednn.unavailable()

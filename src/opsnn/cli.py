@@ -37,6 +37,11 @@ def cmd_info(args) -> int:
     why = mkl.unavailable()
     print("packed GEMM for constant weights: " + (f"Intel MKL ({mkl.threading_layer()} threads)" if why is None
                                                    else f"not used ({why})"))
+    from .kernels.cpu import onednn
+
+    why = onednn.unavailable()
+    print("blocked convolutions and constant-weight matmuls: " + (f"oneDNN {onednn.version()}" if why is None
+                                                                  else f"not used ({why})"))
     lib = mkl.gemm_library()
     print(f"threaded float32 GEMM: {'Intel MKL' if lib == 'mkl' else 'OpenBLAS (numpy)'}, {mkl.gemm_library_why()}")
     n_kernels = Counter(k.backend for r in records for k in r.kernels if not k.fallback)
