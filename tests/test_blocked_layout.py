@@ -197,3 +197,33 @@ def test_pass_says_why_when_onednn_is_unavailable(rng, monkeypatch):
     res = next(r for r in cg.pass_report.results if r.name == "blocked_layout")
     assert res.refused == ["oneDNN: disabled by OPSNN_ONEDNN=0"]
     assert "blocked_layout" in passes.pass_names()
+
+
+@needs_onednn
+def test_one_primitive_called_from_two_threads_at_once(rng):
+    """Each thread binds its own memory objects: concurrent calls on different arrays do not mix."""
+    import threading
+
+    w = _f32(rng, 32, 16, 3, 3, scale=0.2)
+    prim = KD.ConvPrimitive((1, 16, 12, 12), w, (1, 32, 12, 12), (1, 1), (1, 1, 1, 1), (1, 1), src_blocked=True,
+                            has_bias=False, residual=False, act=0)
+    xs = [KB.blocked_reference(_f32(rng, 1, 16, 12, 12)) for _ in range(2)]
+    rec = get_op("BlockedConv", "opsnn")
+    attrs = rec.bind_attrs({"pads": [1, 1, 1, 1]})
+    want = [rec.reference([x, w], attrs) for x in xs]
+    bad = []
+
+    def work(i):
+        y = np.empty((1, 32, 12, 12), np.float32)
+        for _ in range(200):
+            prim(xs[i], None, None, y)
+            if not np.allclose(y, want[i], rtol=1e-4, atol=1e-4):
+                bad.append(i)
+                return
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad

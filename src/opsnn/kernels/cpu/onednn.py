@@ -194,22 +194,19 @@ class Primitive:
         _lib.dnnl_primitive_desc_query(pd, _QUERY_IMPL_INFO, 0, C.byref(s))
         self.impl = s.value.decode() if s.value else "?"
 
-    def _memories(self):
+    def _memories(self) -> "_Memories":
         m = getattr(self._mems, "v", None)
-        if m is None:
-            m = []
-            for _, md in self._args:
-                h = _vp()
-                _check(_lib.dnnl_memory_create(C.byref(h), md, _engine, None), "memory object")
-                m.append(h)
-            arr = (_ExecArg * len(m))(*[_ExecArg(a, h) for (a, _), h in zip(self._args, m)])
-            self._mems.v = m = (m, arr)
+        if m is None:  # one set per thread (set_data_handle on a shared set would race)
+            self._mems.v = m = _Memories(self._args)
         return m
 
     def run(self, *ptrs: int) -> None:
-        mems, arr = self._memories()
-        for h, p in zip(mems, ptrs):
-            _check(_lib.dnnl_memory_set_data_handle(h, p), "set data handle")
+        m = self._memories()
+        mems, arr = m.handles, m.args
+        if ptrs != m.bound:
+            for h, p in zip(mems, ptrs):
+                _check(_lib.dnnl_memory_set_data_handle(h, p), "set data handle")
+            m.bound = ptrs
         if _lib.opsnn_set_threads is not None:
             _lib.opsnn_set_threads(_threads())
         stream = _stream()
@@ -227,6 +224,25 @@ class Primitive:
 
 class _ExecArg(C.Structure):
     _fields_ = [("arg", C.c_int), ("memory", _vp)]
+
+
+class _Memories:
+    """A primitive's memory objects for one thread (data pointers bound per call; ``bound``:
+    the pointers they hold now), destroyed with it."""
+
+    def __init__(self, args):
+        self.handles = []
+        for _, md in args:
+            h = _vp()
+            _check(_lib.dnnl_memory_create(C.byref(h), md, _engine, None), "memory object")
+            self.handles.append(h)
+        self.args = (_ExecArg * len(args))(*[_ExecArg(a, h) for (a, _), h in zip(args, self.handles)])
+        self.bound = None
+
+    def __del__(self):
+        if _lib is not None:
+            for h in self.handles:
+                _lib.dnnl_memory_destroy(h)
 
 
 def _attr_with(post_ops: list[tuple]) -> tuple:
