@@ -12,31 +12,22 @@ BLOCK = 16
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _to_blocked(x, out):
-    n_img, c, hw = x.shape
+def _reorder(plain, flat, to_blocked):
+    """Between ``plain`` (N, C, H*W) and ``flat`` (its nChw16c order, 1-D), either way."""
+    n_img, c, hw = plain.shape
     nb = c // BLOCK
     for t in prange(n_img * nb):
         n = t // nb
         cb = t - n * nb
         base = t * hw * BLOCK
         for j in range(BLOCK):
-            src = x[n, cb * BLOCK + j]
-            for p in range(hw):
-                out[base + p * BLOCK + j] = src[p]
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _from_blocked(x, out):
-    n_img, c, hw = out.shape
-    nb = c // BLOCK
-    for t in prange(n_img * nb):
-        n = t // nb
-        cb = t - n * nb
-        base = t * hw * BLOCK
-        for j in range(BLOCK):
-            dst = out[n, cb * BLOCK + j]
-            for p in range(hw):
-                dst[p] = x[base + p * BLOCK + j]
+            row = plain[n, cb * BLOCK + j]
+            if to_blocked:
+                for p in range(hw):
+                    flat[base + p * BLOCK + j] = row[p]
+            else:
+                for p in range(hw):
+                    row[p] = flat[base + p * BLOCK + j]
 
 
 def _check(x: np.ndarray, out: np.ndarray) -> None:
@@ -49,14 +40,14 @@ def to_blocked(x: np.ndarray, out: np.ndarray) -> None:
     """``out`` (C-contiguous, x's shape) = ``x`` (N, C, ...) in nChw16c order."""
     _check(x, out)
     n, c = x.shape[:2]
-    _to_blocked(np.ascontiguousarray(x).reshape(n, c, -1), out.reshape(-1))
+    _reorder(np.ascontiguousarray(x).reshape(n, c, -1), out.reshape(-1), True)
 
 
 def from_blocked(x: np.ndarray, out: np.ndarray) -> None:
     """``out`` (N, C, ...) in plain order = ``x`` (C-contiguous, nChw16c order)."""
     _check(x, out)
     n, c = x.shape[:2]
-    _from_blocked(np.ascontiguousarray(x).reshape(-1), out.reshape(n, c, -1))
+    _reorder(out.reshape(n, c, -1), np.ascontiguousarray(x).reshape(-1), False)
 
 
 def blocked_reference(x: np.ndarray) -> np.ndarray:

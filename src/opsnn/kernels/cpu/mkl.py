@@ -53,12 +53,18 @@ class _Api(NamedTuple):
     threading: str
 
 
-def _candidates() -> list[str]:
-    """libmkl_rt shared objects: the pip package puts them in <prefix>/lib."""
+def prefix_libraries(pattern: str, newest_first: bool = True) -> list[str]:
+    """Shared objects matching ``pattern`` in <prefix>/lib of this Python (where pip wheels such as
+    ``mkl`` and ``onednn-cpu-gomp`` put them): the venv's prefix, the base prefix, the executable's."""
     found = []
     for prefix in dict.fromkeys((sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(sys.executable)))):
-        found += sorted(glob.glob(os.path.join(prefix, "lib", "libmkl_rt.so*")), reverse=True)
+        found += sorted(glob.glob(os.path.join(prefix, "lib", pattern)), reverse=newest_first)
     return found
+
+
+def _candidates() -> list[str]:
+    """libmkl_rt shared objects (the pip package puts them in <prefix>/lib)."""
+    return prefix_libraries("libmkl_rt.so*")
 
 
 def _load() -> None:

@@ -23,9 +23,7 @@ layout once, when the primitive is built (at prepare).
 from __future__ import annotations
 
 import ctypes as C
-import glob
 import os
-import sys
 import threading
 
 import numpy as np
@@ -61,11 +59,10 @@ class OneDnnError(RuntimeError):
 
 
 def _candidates() -> list[str]:
-    """libdnnl shared objects: the pip package puts them in <prefix>/lib."""
-    found = []
-    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(sys.executable)))):
-        found += sorted(glob.glob(os.path.join(prefix, "lib", "libdnnl.so.3*")))
-    return found
+    """libdnnl shared objects (the pip package puts them in <prefix>/lib)."""
+    from .mkl import prefix_libraries
+
+    return prefix_libraries("libdnnl.so.3*", newest_first=False)
 
 
 def _avx512() -> bool:
@@ -280,6 +277,26 @@ def _reorder(src_md, src: np.ndarray, dst_md, dst: np.ndarray) -> None:
     Primitive(rpd, [(_ARG_SRC, src_md), (_ARG_DST, dst_md)]).run(src.ctypes.data, dst.ctypes.data)
 
 
+def _epilogue(dst: _Md, residual: bool, act: int, alpha: float, beta: float) -> list:
+    """Post-ops for ``act(result + Z)``: a binary add of Z (laid out as ``dst``), then the activation."""
+    post = [("binary_add", dst)] if residual else []
+    if act:
+        post.append(("eltwise",) + _eltwise(act, alpha, beta))
+    return post
+
+
+def _weighted_args(pd, src: _Md, bias, residual: bool, dst: _Md) -> list:
+    """(argument id, memory descriptor) in the order ``ConvPrimitive.__call__`` passes pointers:
+    source, the reordered weight, [bias], [the residual post-op's operand], destination."""
+    args = [(_ARG_SRC, src.h), (_ARG_WEIGHTS, _vp(_lib.dnnl_primitive_desc_query_md(pd, _QUERY_WEIGHTS_MD, 0)))]
+    if bias is not None:
+        args.append((_ARG_BIAS, bias.h))
+    if residual:
+        args.append((_ARG_POST_OP_BASE | _ARG_SRC_1, dst.h))
+    args.append((_ARG_DST, dst.h))
+    return args
+
+
 def _reordered_weight(pd, plain: _Md, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The constant weight ``w`` (described by ``plain``) in the layout primitive ``pd`` chose,
     64-byte aligned: (the weight, the buffer that owns it)."""
@@ -307,12 +324,7 @@ class ConvPrimitive:
         dst = _Md(y_shape, TAG_NCHW16C)
         w_any = _Md(w.shape, TAG_ANY)
         bias = _Md([co], TAG_A) if has_bias else None
-        post = []
-        if residual:
-            post.append(("binary_add", dst))
-        if act:
-            post.append(("eltwise",) + _eltwise(act, alpha, beta))
-        attr = _attr_with(post)
+        attr = _attr_with(_epilogue(dst, residual, act, alpha, beta))
         pd = _vp()
         dil = [int(d) - 1 for d in dilations]
         pt, pl, pb, pr = pads
@@ -321,15 +333,8 @@ class ConvPrimitive:
             _Dims(*strides), _Dims(*dil), _Dims(pt, pl), _Dims(pb, pr), attr)
         _lib.dnnl_primitive_attr_destroy(attr)
         _check(status, f"convolution descriptor (x {tuple(x_shape)}, w {w.shape}, y {tuple(y_shape)})")
-        w_md = _vp(_lib.dnnl_primitive_desc_query_md(pd, _QUERY_WEIGHTS_MD, 0))  # owned by pd
         self.weight, self._raw = _reordered_weight(pd, _Md(w.shape, TAG_OIHW), w)
-        args = [(_ARG_SRC, src.h), (_ARG_WEIGHTS, w_md)]
-        if bias is not None:
-            args.append((_ARG_BIAS, bias.h))
-        if residual:
-            args.append((_ARG_POST_OP_BASE | _ARG_SRC_1, dst.h))
-        args.append((_ARG_DST, dst.h))
-        self.prim = Primitive(pd, args, keep=(src, dst, w_any, bias))
+        self.prim = Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=(src, dst, w_any, bias))
         self.has_bias, self.residual = has_bias, residual
 
     @property
@@ -385,9 +390,7 @@ class MatMulPrimitive:
         src, dst = _Md([m, k], TAG_AB), _Md([m, n], TAG_AB)
         w_any = _Md([k, n], TAG_ANY)
         bias = _Md([1, n], TAG_AB) if has_bias else None
-        post = [("binary_add", dst)] if residual else []
-        if act:
-            post.append(("eltwise",) + _eltwise(act, alpha, beta))
+        post = _epilogue(dst, residual, act, alpha, beta)
         attr = _attr_with(post)
         pd = _vp()
         status = _lib.dnnl_matmul_primitive_desc_create(C.byref(pd), _engine, src.h, w_any.h,
@@ -395,13 +398,7 @@ class MatMulPrimitive:
         _lib.dnnl_primitive_attr_destroy(attr)
         _check(status, f"matmul descriptor ({m}x{k} @ {k}x{n})")
         self.weight, self._raw = _reordered_weight(pd, _Md([k, n], TAG_AB), w)
-        args = [(_ARG_SRC, src.h), (_ARG_WEIGHTS, _vp(_lib.dnnl_primitive_desc_query_md(pd, _QUERY_WEIGHTS_MD, 0)))]
-        if bias is not None:
-            args.append((_ARG_BIAS, bias.h))
-        if residual:
-            args.append((_ARG_POST_OP_BASE | _ARG_SRC_1, dst.h))
-        args.append((_ARG_DST, dst.h))
-        self.prim = Primitive(pd, args, keep=(src, dst, w_any, bias))
+        self.prim = Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=(src, dst, w_any, bias))
         self.has_bias, self.residual = has_bias, residual
         self.shape = (m, k, n)
         self.post = [p[0] for p in post]
