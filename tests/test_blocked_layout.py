@@ -227,3 +227,29 @@ def test_one_primitive_called_from_two_threads_at_once(rng):
     for t in threads:
         t.join()
     assert not bad
+
+
+@needs_onednn
+def test_pass_refuses_convs_onednn_would_run_with_its_reference_code(rng, monkeypatch):
+    real = KD.conv_impl
+    calls = []
+
+    def impl(*args, **kw):
+        calls.append(args[1])
+        return "ref:any" if args[1][2] == 3 else real(*args, **kw)   # pretend the 3x3 has no JIT kernel
+    monkeypatch.setattr(KD, "conv_impl", impl)
+    cg = _compile_and_check(_block_graph(rng), {"x": _f32(rng, 1, 16, 6, 6)})
+    assert calls and "opsnn::BlockedConv" in _types(cg)
+    res = next(r for r in cg.pass_report.results if r.name == "blocked_layout")
+    assert any("reference implementation (ref:any)" in r for r in res.refused)
+    assert not any(n.op_type == "BlockedConv" and cg.graph.initializers[n.inputs[1]].shape[2] == 3
+                   for n in cg.graph.nodes)
+
+
+@needs_onednn
+def test_resnet_shapes_all_have_jit_kernels():
+    """The probe the pass uses: ResNet-50's stem (plain X) and a blocked 3x3 with residual + ReLU."""
+    assert KD.conv_impl((1, 3, 224, 224), (64, 3, 7, 7), (1, 64, 112, 112), (2, 2), (3, 3, 3, 3), (1, 1),
+                        src_blocked=False, has_bias=True, act=1).startswith("jit")
+    assert not KD.conv_impl((1, 64, 56, 56), (64, 64, 3, 3), (1, 64, 56, 56), (1, 1), (1, 1, 1, 1), (1, 1),
+                            src_blocked=True, residual=True, act=1).startswith("ref")

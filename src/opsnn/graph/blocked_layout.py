@@ -27,6 +27,8 @@ from .ir import Graph, Node, Value
 
 MIN_CONVS = 2
 BLOCK = 16
+#: spatial size of the probe a convolution with symbolic spatial dims is asked about
+PROBE_SIZE = 32
 
 
 def _static4(v: Value) -> bool:
@@ -56,10 +58,38 @@ def _conv_ok(graph: Graph, n: Node) -> str | None:
         return f"{y.shape[1]} output channels (not a multiple of {BLOCK})"
     if len(n.inputs) > 2 and n.inputs[2] and _value(graph, n.inputs[2]).dtype not in (None, np.float32):
         return "float32 bias only"
-    if len(n.inputs) > 3 and n.inputs[3]:
+    residual = len(n.inputs) > 3 and bool(n.inputs[3])
+    if residual:
         z = _value(graph, n.inputs[3])
         if not _static4(z) or z.shape[1] != y.shape[1]:
             return "the residual's shape is not the output's"
+    return _jit_rejection(n, x, w, residual)
+
+
+def _jit_rejection(n: Node, x: Value, w: np.ndarray, residual: bool) -> str | None:
+    """Why oneDNN would run this convolution with its reference code, or None: asked for a probe
+    shape (the graph's spatial dims when static, else PROBE_SIZE; the batch is 1)."""
+    from ..errors import OpsnnError
+    from ..kernels.cpu import fused as KF
+    from ..kernels.cpu import onednn
+    from ..ops.defs.conv import conv_geometry
+
+    conv_attrs = {k: n.attrs[k] for k in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+                  if n.attrs.get(k) is not None}
+    sp = [int(d) if isinstance(d, (int, np.integer)) else max(PROBE_SIZE, int(w.shape[2 + i]) * 4)
+          for i, d in enumerate(x.shape[2:])]
+    xs = (1, int(x.shape[1]), *sp)
+    act = n.attrs.get("activation") or ""
+    act = act.decode() if isinstance(act, bytes) else act
+    try:
+        g = conv_geometry(n.op_type, xs, w.shape, conv_attrs)
+        impl = onednn.conv_impl(xs, w.shape, (1, w.shape[0]) + tuple(g.out), g.s, (g.pb[0], g.pb[1], g.pe[0], g.pe[1]),
+                                g.d, src_blocked=xs[1] % BLOCK == 0, has_bias=len(n.inputs) > 2 and bool(n.inputs[2]),
+                                residual=residual, act=KF.ACTIVATIONS.get(act, 0))
+    except (OpsnnError, onednn.OneDnnError) as e:
+        return f"oneDNN cannot run it: {e}"
+    if impl.startswith("ref"):
+        return f"oneDNN has only its reference implementation ({impl}) for it"
     return None
 
 

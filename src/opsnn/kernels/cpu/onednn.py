@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import ctypes as C
 import os
+import logging
 import threading
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 # enum values of oneDNN's C API (v3)
 _F32 = 3
@@ -187,9 +190,9 @@ class Primitive:
         self._args = args          # (argument id, memory descriptor handle) in run()'s order
         self._keep = list(keep)    # descriptors and buffers the handles point into
         self._mems = threading.local()
-        s = C.c_char_p()
-        _lib.dnnl_primitive_desc_query(pd, _QUERY_IMPL_INFO, 0, C.byref(s))
-        self.impl = s.value.decode() if s.value else "?"
+        self.impl = _impl_name(pd)
+        if self.impl.startswith("ref"):
+            log.warning("oneDNN runs %s with its reference implementation (slow)", self.impl)
 
     def _memories(self) -> "_Memories":
         m = getattr(self._mems, "v", None)
@@ -309,6 +312,45 @@ def _reordered_weight(pd, plain: _Md, w: np.ndarray) -> tuple[np.ndarray, np.nda
     return weight, raw
 
 
+def _conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, src_blocked, has_bias, residual, act,
+               alpha=0.0, beta=0.0):
+    """A convolution's primitive descriptor and the memory descriptors it refers to."""
+    if unavailable() is not None:
+        raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
+    src = _Md(x_shape, TAG_NCHW16C if src_blocked else TAG_NCHW)
+    dst = _Md(y_shape, TAG_NCHW16C)
+    w_any = _Md(w_shape, TAG_ANY)
+    bias = _Md([w_shape[0]], TAG_A) if has_bias else None
+    attr = _attr_with(_epilogue(dst, residual, act, alpha, beta))
+    pd = _vp()
+    dil = [int(d) - 1 for d in dilations]
+    pt, pl, pb, pr = pads
+    status = _lib.dnnl_convolution_forward_primitive_desc_create(
+        C.byref(pd), _engine, _FORWARD_INFERENCE, _CONV_DIRECT, src.h, w_any.h, bias.h if bias else None, dst.h,
+        _Dims(*strides), _Dims(*dil), _Dims(pt, pl), _Dims(pb, pr), attr)
+    _lib.dnnl_primitive_attr_destroy(attr)
+    _check(status, f"convolution descriptor (x {tuple(x_shape)}, w {tuple(w_shape)}, y {tuple(y_shape)})")
+    return pd, (src, dst, w_any, bias)
+
+
+def _impl_name(pd) -> str:
+    s = C.c_char_p()
+    _lib.dnnl_primitive_desc_query(pd, _QUERY_IMPL_INFO, 0, C.byref(s))
+    return s.value.decode() if s.value else "?"
+
+
+def conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, *, src_blocked: bool, has_bias: bool = False,
+              residual: bool = False, act: int = 0) -> str:
+    """The implementation oneDNN picks for this convolution (descriptor only: no weight, no JIT
+    code). One starting with ``ref`` is oneDNN's scalar reference code, orders of magnitude
+    slower than its JIT kernels: the layout pass does not move such a convolution to oneDNN."""
+    pd, _ = _conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, src_blocked, has_bias, residual, act)
+    try:
+        return _impl_name(pd)
+    finally:
+        _lib.dnnl_primitive_desc_destroy(pd)
+
+
 class ConvPrimitive:
     """``act(conv(X, W) + B + Z)`` for float32 (N, C, H, W) ``X`` (plain NCHW or ``nChw16c``),
     a constant weight (reordered here, once), optional bias ``B`` (C_out,), optional residual
@@ -316,23 +358,9 @@ class ConvPrimitive:
 
     def __init__(self, x_shape, w: np.ndarray, y_shape, strides, pads, dilations, *, src_blocked: bool,
                  has_bias: bool, residual: bool, act: int, alpha: float = 0.0, beta: float = 0.0):
-        if unavailable() is not None:
-            raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
         w = np.ascontiguousarray(w, dtype=np.float32)
-        co = w.shape[0]
-        src = _Md(x_shape, TAG_NCHW16C if src_blocked else TAG_NCHW)
-        dst = _Md(y_shape, TAG_NCHW16C)
-        w_any = _Md(w.shape, TAG_ANY)
-        bias = _Md([co], TAG_A) if has_bias else None
-        attr = _attr_with(_epilogue(dst, residual, act, alpha, beta))
-        pd = _vp()
-        dil = [int(d) - 1 for d in dilations]
-        pt, pl, pb, pr = pads
-        status = _lib.dnnl_convolution_forward_primitive_desc_create(
-            C.byref(pd), _engine, _FORWARD_INFERENCE, _CONV_DIRECT, src.h, w_any.h, bias.h if bias else None, dst.h,
-            _Dims(*strides), _Dims(*dil), _Dims(pt, pl), _Dims(pb, pr), attr)
-        _lib.dnnl_primitive_attr_destroy(attr)
-        _check(status, f"convolution descriptor (x {tuple(x_shape)}, w {w.shape}, y {tuple(y_shape)})")
+        pd, (src, dst, w_any, bias) = _conv_desc(x_shape, w.shape, y_shape, strides, pads, dilations, src_blocked,
+                                                 has_bias, residual, act, alpha, beta)
         self.weight, self._raw = _reordered_weight(pd, _Md(w.shape, TAG_OIHW), w)
         self.prim = Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=(src, dst, w_any, bias))
         self.has_bias, self.residual = has_bias, residual
