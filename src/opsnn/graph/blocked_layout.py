@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.cpu.blocked import BLOCK
 from .ir import Graph, Node, Value
 
 MIN_CONVS = 2
-BLOCK = 16
 #: spatial size of the probe a convolution with symbolic spatial dims is asked about
 PROBE_SIZE = 32
 
@@ -200,10 +200,8 @@ def blocked_layout(graph: Graph, res) -> None:
         new_nodes.append(new)
         blocked[y] = yb
         res.note(f"{n.name} -> {op}{'' if op != 'BlockedConv' or attrs['src_blocked'] else ' (plain NCHW input)'}")
-        outside = [u for u in users.get(y, []) if u.name not in chosen] or y in out_names
-        inside_x_only = all(y in chain_inputs(u) and y not in u.inputs[1:3] for u in users.get(y, [])
-                            if u.name in chosen)
-        if outside or not inside_x_only:
+        # chain members read it as X or Z only (weights are constants, a bias is 1-D): blocked
+        if y in out_names or any(u.name not in chosen for u in users.get(y, [])):
             new_nodes.append(Node("FromBlocked", [yb], [y], {}, domain="opsnn",
                                   name=graph.unique_name(f"FromBlocked_{y}")))
     graph.nodes = new_nodes

@@ -23,11 +23,13 @@ layout once, when the primitive is built (at prepare).
 from __future__ import annotations
 
 import ctypes as C
-import os
 import logging
+import os
 import threading
 
 import numpy as np
+
+from .mkl import _threads, prefix_libraries
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,6 @@ _QUERY_IMPL_INFO, _QUERY_SRC_MD, _QUERY_WEIGHTS_MD, _QUERY_DST_MD = 8, 129, 131,
 _ENGINE_CPU, _STREAM_IN_ORDER = 1, 1
 #: opsnn's epilogue activation codes (kernels.cpu.fused.ACTIVATIONS) -> oneDNN eltwise algorithms
 _ELTWISE = {1: 32, 2: 41, 3: 33, 4: 49, 5: 43, 6: 44, 7: 32, 8: 46}
-BLOCK = 16
 
 _Dims = C.c_int64 * 12
 _vp = C.c_void_p
@@ -63,8 +64,6 @@ class OneDnnError(RuntimeError):
 
 def _candidates() -> list[str]:
     """libdnnl shared objects (the pip package puts them in <prefix>/lib)."""
-    from .mkl import prefix_libraries
-
     return prefix_libraries("libdnnl.so.3*", newest_first=False)
 
 
@@ -171,12 +170,6 @@ class _Md:
     def __del__(self):
         if _lib is not None and self.h:
             _lib.dnnl_memory_desc_destroy(self.h)
-
-
-def _threads() -> int:
-    from .mkl import _threads as threads
-
-    return threads()
 
 
 class Primitive:
