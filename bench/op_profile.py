@@ -76,7 +76,7 @@ def ort_profile(data: bytes, feeds, runs: int):
 
 
 def _kind(op: str) -> str:
-    return {"FusedConv": "Conv", "FusedMatMul": "MatMul", "FusedGemm": "Gemm"}.get(op, op)
+    return {"FusedConv": "Conv", "BlockedConv": "Conv", "FusedMatMul": "MatMul", "FusedGemm": "Gemm"}.get(op, op)
 
 
 def main() -> int:

@@ -118,10 +118,14 @@ def test_info_says_whether_onednn_is_used(capsys, monkeypatch):
     assert cli.main(["info"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("blocked convolutions"))
     assert ("oneDNN 3." in line) == (onednn.unavailable() is None)
+    if onednn.unavailable() is None:
+        assert line.endswith(f"on nChw{onednn.block()}c")
     monkeypatch.setattr(onednn, "_looked", True)
     monkeypatch.setattr(onednn, "_why", "disabled by OPSNN_ONEDNN=0")
     assert cli.main(["info"]) == 0
-    assert "constant-weight matmuls: not used (disabled by OPSNN_ONEDNN=0)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "blocked convolutions: not used (disabled by OPSNN_ONEDNN=0)" in out
+    assert "constant-weight matmuls: not on oneDNN (disabled by OPSNN_ONEDNN=0)" in out
 
 
 def test_onednn_env_switch_and_load_failure_say_why(monkeypatch):
@@ -137,6 +141,5 @@ def test_onednn_env_switch_and_load_failure_say_why(monkeypatch):
     monkeypatch.setattr(onednn, "_why", None)
     monkeypatch.delenv("OPSNN_ONEDNN")
     monkeypatch.setattr(onednn, "_candidates", lambda: [])
-    monkeypatch.setattr(onednn, "_avx512", lambda: True)
     onednn._load()
     assert "not installed" in onednn.unavailable()

@@ -11,7 +11,7 @@ from opsnn.ops.defs import fused as F
 from opsnn.ops.executor import plan_op
 from opsnn.ops.registry import TensorMeta, get_op
 
-needs_onednn = pytest.mark.skipif(KD.unavailable() is not None, reason=f"oneDNN: {KD.unavailable()}")
+needs_onednn = pytest.mark.skipif(KD.matmul_unavailable() is not None, reason=f"oneDNN: {KD.matmul_unavailable()}")
 
 _ERF = np.vectorize(math.erf)
 ORACLE = {"": lambda y, a, b: y, "Relu": lambda y, a, b: np.maximum(y, 0),

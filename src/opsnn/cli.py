@@ -40,8 +40,10 @@ def cmd_info(args) -> int:
     from .kernels.cpu import onednn
 
     why = onednn.unavailable()
-    print("blocked convolutions and constant-weight matmuls: " + (f"oneDNN {onednn.version()}" if why is None
-                                                                  else f"not used ({why})"))
+    print("blocked convolutions: " + (f"oneDNN {onednn.version()} on nChw{onednn.block()}c" if why is None
+                                      else f"not used ({why})"))
+    why = onednn.matmul_unavailable()
+    print("constant-weight matmuls: " + ("oneDNN's brgemm matmul" if why is None else f"not on oneDNN ({why})"))
     lib = mkl.gemm_library()
     print(f"threaded float32 GEMM: {'Intel MKL' if lib == 'mkl' else 'OpenBLAS (numpy)'}, {mkl.gemm_library_why()}")
     n_kernels = Counter(k.backend for r in records for k in r.kernels if not k.fallback)

@@ -1,20 +1,22 @@
 """Layout pass ``blocked_layout``: chains of float32 2-D convolutions run on channel-blocked
-(``nChw16c``) activations with oneDNN's JIT convolutions (:mod:`opsnn.kernels.cpu.onednn`).
+(``nChw16c`` with AVX-512, ``nChw8c`` with AVX2: the block is :func:`opsnn.kernels.cpu.onednn.block`,
+an attribute of every op the pass writes) activations with oneDNN's JIT convolutions
+(:mod:`opsnn.kernels.cpu.onednn`).
 
 Candidates: ``Conv`` / ``FusedConv`` nodes (float32, static 4-D shapes, group 1, a constant
-weight, output channels a multiple of 16) and ``MaxPool`` nodes fed by a candidate (2-D, no
+weight, output channels a multiple of the block, a convolution oneDNN has JIT code for) and ``MaxPool`` nodes fed by a candidate (2-D, no
 dilation, no Indices output). Candidates joined by an edge (one's output is another's X or
 residual Z) form a chain; a chain with at least ``MIN_CONVS`` convolutions is rewritten:
 
 * each conv becomes ``opsnn::BlockedConv`` writing a blocked output; each pool
   ``opsnn::BlockedMaxPool``;
 * an input that comes from outside the chain is blocked by one ``opsnn::ToBlocked`` (shared by
-  all its readers), except a conv's X whose channel count is not a multiple of 16 (a network's
+  all its readers), except a conv's X whose channel count is not a multiple of the block (a network's
   first conv on an RGB image): oneDNN reads that one plain;
 * a chain value read outside the chain (or a graph output) gets one ``opsnn::FromBlocked``
   that writes the original value name, so the rest of the graph is unchanged.
 
-Blocked values get new names (``<value>_nChw16c``): tools that compare intermediate values by
+Blocked values get new names (``<value>_nChw16c``, ``<value>_nChw8c``): tools that compare intermediate values by
 name (precision compare, dumps) never see blocked data under a plain tensor's name.
 A single conv between plain neighbours is left alone: its two reorders would cost more than the
 faster convolution gains.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.cpu.blocked import BLOCK
+from ..kernels.cpu.blocked import layout_name
 from .ir import Graph, Node, Value
 
 MIN_CONVS = 2
@@ -43,7 +45,7 @@ def _value(graph: Graph, name: str) -> Value:
     return graph.value_info.get(name, v) if v.shape is None or v.dtype is None else v
 
 
-def _conv_ok(graph: Graph, n: Node) -> str | None:
+def _conv_ok(graph: Graph, n: Node, block: int) -> str | None:
     x, y = _value(graph, n.inputs[0]), _value(graph, n.outputs[0])
     if x.dtype != np.float32 or not _static4(x) or not _static4(y):
         return "float32 4-D input and output with a static channel count only"
@@ -54,8 +56,8 @@ def _conv_ok(graph: Graph, n: Node) -> str | None:
         return "2-D float32 weight only"
     if int(n.attrs.get("group", 1) or 1) != 1:
         return "group 1 only"
-    if int(y.shape[1]) % BLOCK:
-        return f"{y.shape[1]} output channels (not a multiple of {BLOCK})"
+    if int(y.shape[1]) % block:
+        return f"{y.shape[1]} output channels (not a multiple of {block})"
     if len(n.inputs) > 2 and n.inputs[2] and _value(graph, n.inputs[2]).dtype not in (None, np.float32):
         return "float32 bias only"
     residual = len(n.inputs) > 3 and bool(n.inputs[3])
@@ -63,10 +65,10 @@ def _conv_ok(graph: Graph, n: Node) -> str | None:
         z = _value(graph, n.inputs[3])
         if not _static4(z) or z.shape[1] != y.shape[1]:
             return "the residual's shape is not the output's"
-    return _jit_rejection(n, x, w, residual)
+    return _jit_rejection(n, x, w, residual, block)
 
 
-def _jit_rejection(n: Node, x: Value, w: np.ndarray, residual: bool) -> str | None:
+def _jit_rejection(n: Node, x: Value, w: np.ndarray, residual: bool, block: int) -> str | None:
     """Why oneDNN would run this convolution with its reference code, or None: asked for a probe
     shape (the graph's spatial dims when static, else PROBE_SIZE; the batch is 1)."""
     from ..errors import OpsnnError
@@ -84,7 +86,7 @@ def _jit_rejection(n: Node, x: Value, w: np.ndarray, residual: bool) -> str | No
     try:
         g = conv_geometry(n.op_type, xs, w.shape, conv_attrs)
         impl = onednn.conv_impl(xs, w.shape, (1, w.shape[0]) + tuple(g.out), g.s, (g.pb[0], g.pb[1], g.pe[0], g.pe[1]),
-                                g.d, src_blocked=xs[1] % BLOCK == 0, has_bias=len(n.inputs) > 2 and bool(n.inputs[2]),
+                                g.d, block=block, src_blocked=xs[1] % block == 0, has_bias=len(n.inputs) > 2 and bool(n.inputs[2]),
                                 residual=residual, act=KF.ACTIVATIONS.get(act, 0))
     except (OpsnnError, onednn.OneDnnError) as e:
         return f"oneDNN cannot run it: {e}"
@@ -93,12 +95,12 @@ def _jit_rejection(n: Node, x: Value, w: np.ndarray, residual: bool) -> str | No
     return None
 
 
-def _pool_ok(graph: Graph, n: Node) -> str | None:
+def _pool_ok(graph: Graph, n: Node, block: int) -> str | None:
     x, y = _value(graph, n.inputs[0]), _value(graph, n.outputs[0])
     if len([o for o in n.outputs if o]) != 1 or (len(n.outputs) > 1 and n.outputs[1]):
         return "the Indices output is used"
-    if x.dtype != np.float32 or not _static4(x) or not _static4(y) or int(x.shape[1]) % BLOCK:
-        return "float32 4-D input with a multiple of 16 channels only"
+    if x.dtype != np.float32 or not _static4(x) or not _static4(y) or int(x.shape[1]) % block:
+        return f"float32 4-D input with a multiple of {block} channels only"
     if any(int(d) != 1 for d in (n.attrs.get("dilations") or [])) or int(n.attrs.get("storage_order", 0) or 0):
         return "dilated windows / storage_order"
     return None
@@ -112,6 +114,8 @@ def blocked_layout(graph: Graph, res) -> None:
     if why is not None:
         res.refuse(f"oneDNN: {why}")
         return
+    block = onednn.block()
+    layout = layout_name(block)
     infer_types(graph)
     prod = graph.producers()
     users = graph.consumers()
@@ -119,7 +123,7 @@ def blocked_layout(graph: Graph, res) -> None:
     nodes = {n.name: n for n in graph.nodes}
     for n in graph.nodes:
         if (n.op_type == "Conv" and not n.domain) or (n.op_type == "FusedConv" and n.domain == "opsnn"):
-            bad = _conv_ok(graph, n)
+            bad = _conv_ok(graph, n, block)
             if bad is None:
                 cand[n.name] = "conv"
             else:
@@ -127,7 +131,7 @@ def blocked_layout(graph: Graph, res) -> None:
     for n in graph.nodes:
         if n.op_type == "MaxPool" and not n.domain:
             p = prod.get(n.inputs[0])
-            bad = _pool_ok(graph, n) if p is not None and p.name in cand else "not fed by a blocked convolution"
+            bad = _pool_ok(graph, n, block) if p is not None and p.name in cand else "not fed by a blocked convolution"
             if bad is None:
                 cand[n.name] = "pool"
     # chains: union-find over candidate -> candidate edges through X (and a conv's residual Z)
@@ -166,8 +170,8 @@ def blocked_layout(graph: Graph, res) -> None:
         if v in blocked:
             return blocked[v]
         if v not in to_blocked:
-            b = graph.unique_name(f"{v}_nChw16c")
-            node = Node("ToBlocked", [v], [b], {}, domain="opsnn", name=graph.unique_name(f"ToBlocked_{v}"))
+            b = graph.unique_name(f"{v}_{layout}")
+            node = Node("ToBlocked", [v], [b], {"block": block}, domain="opsnn", name=graph.unique_name(f"ToBlocked_{v}"))
             to_blocked[v] = node
             new_nodes.append(node)
             graph.value_info[b] = Value(b, np.float32, _value(graph, v).shape)
@@ -179,7 +183,7 @@ def blocked_layout(graph: Graph, res) -> None:
             continue
         x = n.inputs[0]
         if cand[n.name] == "conv":
-            src_blocked = x in blocked or int(_value(graph, x).shape[1]) % BLOCK == 0
+            src_blocked = x in blocked or int(_value(graph, x).shape[1]) % block == 0
             ins = [blocked_input(x) if src_blocked else x] + list(n.inputs[1:3])
             ins += [""] * (3 - len(ins))
             if len(n.inputs) > 3 and n.inputs[3]:
@@ -193,7 +197,8 @@ def blocked_layout(graph: Graph, res) -> None:
             attrs = {k: v for k, v in n.attrs.items() if k != "storage_order"}
             op = "BlockedMaxPool"
         y = n.outputs[0]
-        yb = graph.unique_name(f"{y}_nChw16c")
+        attrs["block"] = block
+        yb = graph.unique_name(f"{y}_{layout}")
         graph.value_info[yb] = Value(yb, np.float32, _value(graph, y).shape)
         new = Node(op, ins, [yb], attrs, domain="opsnn", name=graph.unique_name(f"{op}_{n.name}"))
         new.attrs_origin = [n.name]
@@ -202,7 +207,7 @@ def blocked_layout(graph: Graph, res) -> None:
         res.note(f"{n.name} -> {op}{'' if op != 'BlockedConv' or attrs['src_blocked'] else ' (plain NCHW input)'}")
         # chain members read it as X or Z only (weights are constants, a bias is 1-D): blocked
         if y in out_names or any(u.name not in chosen for u in users.get(y, [])):
-            new_nodes.append(Node("FromBlocked", [yb], [y], {}, domain="opsnn",
+            new_nodes.append(Node("FromBlocked", [yb], [y], {"block": block}, domain="opsnn",
                                   name=graph.unique_name(f"FromBlocked_{y}")))
     graph.nodes = new_nodes
     graph.sort()

@@ -380,7 +380,7 @@ PASSES: list[Pass] = [
     Pass("mixed_precision", lambda g, r: _mixed_precision(g, r), 3,
          "per-op-type compute dtypes from opsnn.config.allow_mix_precision"),
     Pass("blocked_layout", lambda g, r: _blocked_layout(g, r), 3,
-         "float32 conv chains on channel-blocked (nChw16c) activations with oneDNN's convolutions"),
+         "float32 conv chains on channel-blocked (nChw16c / nChw8c) activations with oneDNN's convolutions"),
     Pass("final_dead_code_elimination", dead_code_elimination, 1, "clean up after fusions"),
 ]
 

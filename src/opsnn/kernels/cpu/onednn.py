@@ -1,24 +1,33 @@
-"""oneDNN (Intel's Deep Neural Network Library) convolution and pooling primitives through ctypes,
-on activations in the channel-blocked layout ``nChw16c``.
+"""oneDNN (Intel's Deep Neural Network Library) convolution, pooling and matmul primitives
+through ctypes; convolutions and pooling on activations in a channel-blocked layout
+(``nChw16c`` on AVX-512 CPUs, ``nChw8c`` on AVX2 CPUs: one vector register holds one pixel's
+16 or 8 channels).
 
 Why: on ResNet-50's convolutions, GEMM-based kernels (im2col / 1x1 products through OpenBLAS or
 MKL) reach ~100-130 GFLOP/s on the 2-core AMD EPYC (Zen 4) dev VM; onnxruntime's MLAS ~235.
 oneDNN's JIT direct convolutions (``brgconv``) reach 200-250 GFLOP/s on the same shapes when the
-activations are channel-blocked: 16 channels of one pixel contiguous (``nChw16c``: the array
-(N, C/16, H, W, 16)), so that one AVX-512 register holds one pixel's 16 channels. Measured
-(2026-12-02, 2 threads, ms per call, plain NCHW -> blocked): 3x3 512 ch at 7x7 4.42 -> 0.94,
-1x1 1024->256 at 14x14 0.58 -> 0.49, the 7x7 stride-2 stem 3.24 -> 1.14. The graph pass
+activations are channel-blocked (the array (N, C/b, H, W, b)). Measured (2026-12-02, 2 threads,
+ms per call, plain NCHW -> nChw16c): 3x3 512 ch at 7x7 4.42 -> 0.94, 1x1 1024->256 at 14x14
+0.58 -> 0.49, the 7x7 stride-2 stem 3.24 -> 1.14. The graph pass
 :mod:`opsnn.graph.blocked_layout` keeps whole conv chains in that layout, so the layout
 change happens once at a chain's ends (``opsnn::ToBlocked`` / ``FromBlocked``).
 
+The block follows the instruction set oneDNN runs with (:func:`block`; its own answer, so
+``ONEDNN_MAX_CPU_ISA=AVX2`` gives nChw8c on an AVX-512 CPU): oneDNN has no AVX2 kernels for
+nChw16c (its reference code, orders of magnitude slower) and AVX2 ones for nChw8c. ResNet-50
+with AVX2 kernels (``ONEDNN_MAX_CPU_ISA=AVX2`` on the Zen 4 VM, whose AVX2 throughput per clock is
+its AVX-512 one, vs opsnn's own kernels with OpenBLAS/MKL limited to AVX2): 55-68 vs 70-90 ms.
+oneDNN's matmul has a fast (``brg``) implementation only with AVX-512; :func:`matmul_unavailable`
+asks oneDNN which it would use.
+
 A blocked tensor keeps its logical NCHW shape in the graph (same element count, since its
-channel count is a multiple of 16): only the order of its elements differs.
+channel count is a multiple of the block): only the order of its elements differs.
 
 oneDNN is an optional dependency (PyPI ``onednn-cpu-gomp``: its GNU OpenMP build, which shares
 libgomp's thread pool with numba's kernels and MKL). When it is not installed, cannot be
-loaded, the CPU lacks AVX-512, or ``OPSNN_ONEDNN=0``, :func:`unavailable` says why and the
-layout pass leaves the graph alone. Constant weights are reordered into the primitive's own
-layout once, when the primitive is built (at prepare).
+loaded, the CPU has neither AVX2 nor AVX-512, or ``OPSNN_ONEDNN=0``, :func:`unavailable` says why
+and the layout pass leaves the graph alone. Constant weights are reordered into the primitive's
+own layout once, when the primitive is built (at prepare).
 """
 from __future__ import annotations
 
@@ -35,7 +44,11 @@ log = logging.getLogger(__name__)
 
 # enum values of oneDNN's C API (v3)
 _F32 = 3
-TAG_ANY, TAG_A, TAG_AB, TAG_NCHW, TAG_OIHW, TAG_NCHW16C = 1, 2, 3, 5, 5, 78
+TAG_ANY, TAG_A, TAG_AB, TAG_NCHW, TAG_OIHW = 1, 2, 3, 5, 5
+#: channel block -> oneDNN's format tag (nChw8c, nChw16c)
+TAG_BLOCKED = {8: 102, 16: 78}
+#: oneDNN's dnnl_cpu_isa_t bits: AVX2 (0x7) and AVX-512 core (0x27, includes AVX2's)
+_ISA_AVX2, _ISA_AVX512 = 0x7, 0x27
 _FORWARD_INFERENCE = 96
 _CONV_DIRECT = 1
 _POOL_MAX = 511
@@ -55,6 +68,7 @@ _lib = None
 _why: str | None = None
 _looked = False
 _engine = None
+_block: int | None = None
 _local = threading.local()
 
 
@@ -67,29 +81,14 @@ def _candidates() -> list[str]:
     return prefix_libraries("libdnnl.so.3*", newest_first=False)
 
 
-def _avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags
-    except OSError:
-        pass
-    return False
-
-
 def _load() -> None:
-    global _lib, _why, _looked, _engine
+    global _lib, _why, _looked, _engine, _block
     with _lock:
         if _looked:
             return
         _looked = True
         if os.environ.get("OPSNN_ONEDNN", "1").strip().lower() in ("0", "false", "no", "off"):
             _why = "disabled by OPSNN_ONEDNN=0"
-            return
-        if not _avx512():
-            _why = "the CPU has no AVX-512 (oneDNN's blocked convolutions are not faster than opsnn's own here)"
             return
         paths = _candidates()
         if not paths:
@@ -111,6 +110,16 @@ def _load() -> None:
         lib.dnnl_memory_set_data_handle.argtypes = [_vp, _vp]
         lib.dnnl_primitive_execute.argtypes = [_vp, _vp, C.c_int, _vp]
         lib.dnnl_stream_wait.argtypes = [_vp]
+        lib.dnnl_get_effective_cpu_isa.restype = C.c_int
+        isa = int(lib.dnnl_get_effective_cpu_isa())
+        if isa & _ISA_AVX512 == _ISA_AVX512:
+            _block = 16
+        elif isa & _ISA_AVX2 == _ISA_AVX2:
+            _block = 8
+        else:
+            _why = (f"oneDNN runs with neither AVX2 nor AVX-512 here (its ISA {isa:#x}): its blocked "
+                    "convolutions would not be faster than opsnn's own")
+            return
         eng = _vp()
         status = lib.dnnl_engine_create(C.byref(eng), _ENGINE_CPU, C.c_size_t(0))
         if status != 0:
@@ -131,6 +140,34 @@ def unavailable() -> str | None:
     if not _looked:
         _load()
     return _why
+
+
+def block() -> int | None:
+    """The channel block of the blocked layout oneDNN's JIT kernels use here: 16 (AVX-512),
+    8 (AVX2), None when oneDNN is unavailable."""
+    return None if unavailable() is not None else _block
+
+
+_matmul_why: list = []
+
+
+def matmul_unavailable() -> str | None:
+    """None when oneDNN's matmul is worth using for constant-weight products here, else why not:
+    oneDNN is unavailable, or its matmul would not be its brgemm code (asked once, for a
+    128x768 @ 768x3072 probe). Measured with AVX2 (``gemm:jit:f32``) vs OpenBLAS, ms:
+    128x768x3072 7.1-7.3 vs 3.8-4.5, 8x768x3072 0.59-0.61 vs 0.49-0.50."""
+    why = unavailable()
+    if why is not None:
+        return why
+    if not _matmul_why:
+        try:
+            impl = MatMulPrimitive.impl_for(128, 768, 3072)
+        except OneDnnError as e:
+            _matmul_why.append(f"oneDNN's matmul cannot be created: {e}")
+        else:
+            _matmul_why.append(None if impl.startswith("brg") else
+                               f"oneDNN's matmul would be its {impl} code here, slower than OpenBLAS")
+    return _matmul_why[0]
 
 
 def version() -> str | None:
@@ -305,13 +342,20 @@ def _reordered_weight(pd, plain: _Md, w: np.ndarray) -> tuple[np.ndarray, np.nda
     return weight, raw
 
 
-def _conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, src_blocked, has_bias, residual, act,
-               alpha=0.0, beta=0.0):
-    """A convolution's primitive descriptor and the memory descriptors it refers to."""
+def _blocked_tag(block: int) -> int:
     if unavailable() is not None:
         raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
-    src = _Md(x_shape, TAG_NCHW16C if src_blocked else TAG_NCHW)
-    dst = _Md(y_shape, TAG_NCHW16C)
+    if block not in TAG_BLOCKED:
+        raise OneDnnError(f"channel block {block} is not one of {sorted(TAG_BLOCKED)}")
+    return TAG_BLOCKED[block]
+
+
+def _conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, src_blocked, has_bias, residual, act,
+               alpha=0.0, beta=0.0, block=16):
+    """A convolution's primitive descriptor and the memory descriptors it refers to."""
+    tag = _blocked_tag(block)
+    src = _Md(x_shape, tag if src_blocked else TAG_NCHW)
+    dst = _Md(y_shape, tag)
     w_any = _Md(w_shape, TAG_ANY)
     bias = _Md([w_shape[0]], TAG_A) if has_bias else None
     attr = _attr_with(_epilogue(dst, residual, act, alpha, beta))
@@ -332,12 +376,13 @@ def _impl_name(pd) -> str:
     return s.value.decode() if s.value else "?"
 
 
-def conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, *, src_blocked: bool, has_bias: bool = False,
-              residual: bool = False, act: int = 0) -> str:
+def conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, *, block: int, src_blocked: bool,
+              has_bias: bool = False, residual: bool = False, act: int = 0) -> str:
     """The implementation oneDNN picks for this convolution (descriptor only: no weight, no JIT
     code). One starting with ``ref`` is oneDNN's scalar reference code, orders of magnitude
     slower than its JIT kernels: the layout pass does not move such a convolution to oneDNN."""
-    pd, _ = _conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, src_blocked, has_bias, residual, act)
+    pd, _ = _conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, src_blocked, has_bias, residual, act,
+                       block=block)
     try:
         return _impl_name(pd)
     finally:
@@ -345,15 +390,16 @@ def conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, *, src_blocke
 
 
 class ConvPrimitive:
-    """``act(conv(X, W) + B + Z)`` for float32 (N, C, H, W) ``X`` (plain NCHW or ``nChw16c``),
-    a constant weight (reordered here, once), optional bias ``B`` (C_out,), optional residual
-    ``Z`` and the output ``Y`` in ``nChw16c`` (a binary-add and an eltwise post-op)."""
+    """``act(conv(X, W) + B + Z)`` for float32 (N, C, H, W) ``X`` (plain NCHW or
+    ``nChw<block>c``), a constant weight (reordered here, once), optional bias ``B`` (C_out,),
+    optional residual ``Z`` and the output ``Y`` in ``nChw<block>c`` (a binary-add and an eltwise
+    post-op)."""
 
-    def __init__(self, x_shape, w: np.ndarray, y_shape, strides, pads, dilations, *, src_blocked: bool,
+    def __init__(self, x_shape, w: np.ndarray, y_shape, strides, pads, dilations, *, block: int, src_blocked: bool,
                  has_bias: bool, residual: bool, act: int, alpha: float = 0.0, beta: float = 0.0):
         w = np.ascontiguousarray(w, dtype=np.float32)
         pd, (src, dst, w_any, bias) = _conv_desc(x_shape, w.shape, y_shape, strides, pads, dilations, src_blocked,
-                                                 has_bias, residual, act, alpha, beta)
+                                                 has_bias, residual, act, alpha, beta, block)
         self.weight, self._raw = _reordered_weight(pd, _Md(w.shape, TAG_OIHW), w)
         self.prim = Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=(src, dst, w_any, bias))
         self.has_bias, self.residual = has_bias, residual
@@ -373,13 +419,12 @@ class ConvPrimitive:
 
 
 class MaxPoolPrimitive:
-    """2-D max pooling on ``nChw16c`` float32 activations (input and output)."""
+    """2-D max pooling on ``nChw<block>c`` float32 activations (input and output)."""
 
-    def __init__(self, x_shape, y_shape, kernel, strides, pads):
-        if unavailable() is not None:
-            raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
-        src = _Md(x_shape, TAG_NCHW16C)
-        dst = _Md(y_shape, TAG_NCHW16C)
+    def __init__(self, x_shape, y_shape, kernel, strides, pads, *, block: int):
+        tag = _blocked_tag(block)
+        src = _Md(x_shape, tag)
+        dst = _Md(y_shape, tag)
         pt, pl, pb, pr = pads
         pd = _vp()
         _check(_lib.dnnl_pooling_forward_primitive_desc_create(
@@ -404,10 +449,19 @@ class MatMulPrimitive:
 
     def __init__(self, m: int, w: np.ndarray, *, has_bias: bool, residual: bool, act: int, alpha: float = 0.0,
                  beta: float = 0.0):
-        if unavailable() is not None:
-            raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
         w = np.ascontiguousarray(w, dtype=np.float32)
         k, n = w.shape
+        pd, (src, dst, w_any, bias), post = self._desc(m, k, n, has_bias, residual, act, alpha, beta)
+        self.weight, self._raw = _reordered_weight(pd, _Md([k, n], TAG_AB), w)
+        self.prim = Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=(src, dst, w_any, bias))
+        self.has_bias, self.residual = has_bias, residual
+        self.shape = (m, k, n)
+        self.post = [p[0] for p in post]
+
+    @staticmethod
+    def _desc(m, k, n, has_bias, residual, act, alpha, beta):
+        if unavailable() is not None:
+            raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
         src, dst = _Md([m, k], TAG_AB), _Md([m, n], TAG_AB)
         w_any = _Md([k, n], TAG_ANY)
         bias = _Md([1, n], TAG_AB) if has_bias else None
@@ -418,11 +472,17 @@ class MatMulPrimitive:
                                                         bias.h if bias else None, dst.h, attr)
         _lib.dnnl_primitive_attr_destroy(attr)
         _check(status, f"matmul descriptor ({m}x{k} @ {k}x{n})")
-        self.weight, self._raw = _reordered_weight(pd, _Md([k, n], TAG_AB), w)
-        self.prim = Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=(src, dst, w_any, bias))
-        self.has_bias, self.residual = has_bias, residual
-        self.shape = (m, k, n)
-        self.post = [p[0] for p in post]
+        return pd, (src, dst, w_any, bias), post
+
+    @classmethod
+    def impl_for(cls, m: int, k: int, n: int) -> str:
+        """The implementation oneDNN picks for an (m, k) @ (k, n) product with a bias
+        (descriptor only)."""
+        pd, _, _ = cls._desc(m, k, n, True, False, 0, 0.0, 0.0)
+        try:
+            return _impl_name(pd)
+        finally:
+            _lib.dnnl_primitive_desc_destroy(pd)
 
     @property
     def impl(self) -> str:

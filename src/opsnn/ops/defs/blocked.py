@@ -1,7 +1,7 @@
 """Ops on channel-blocked activations (domain ``opsnn``), produced by the graph engine's
 ``blocked_layout`` pass (:mod:`opsnn.graph.blocked_layout`): a blocked tensor keeps its logical
-(N, C, H, W) shape, its elements are stored in ``nChw16c`` order (see
-:mod:`opsnn.kernels.cpu.blocked`).
+(N, C, H, W) shape, its elements are stored in ``nChw<block>c`` order, ``block`` (an attribute of
+every op here) 16 or 8 (see :mod:`opsnn.kernels.cpu.blocked`).
 
 ``ToBlocked`` / ``FromBlocked`` change the order; ``BlockedConv`` is ``FusedConv`` (``act(conv(X,
 W, B) + Z)``) on a blocked or plain X, a blocked Z and a blocked Y; ``BlockedMaxPool`` is
@@ -24,10 +24,20 @@ from .pool import _pool_attrs, pool_geometry
 _F32 = (_dt.float32,)
 
 
+_BLOCK_ATTR = Attr("block", "int", 16)
+
+
+def _block(ctx) -> int:
+    b = int(ctx.attrs["block"])
+    if b not in KB.BLOCKS:
+        raise InferShapeError(f"{ctx.op.name}: block={b} is not one of {KB.BLOCKS}", op=ctx.op.name)
+    return b
+
+
 def _check_blockable(ctx, idx: int, what: str) -> None:
-    shape = ctx.shape(idx)
-    if len(shape) != 4 or not isinstance(shape[1], (int, np.integer)) or shape[1] % KB.BLOCK:
-        raise InferShapeError(f"{ctx.op.name}: {what} must be 4-D (N, C, H, W) with C a multiple of {KB.BLOCK} "
+    shape, b = ctx.shape(idx), _block(ctx)
+    if len(shape) != 4 or not isinstance(shape[1], (int, np.integer)) or shape[1] % b:
+        raise InferShapeError(f"{ctx.op.name}: {what} must be 4-D (N, C, H, W) with C a multiple of {b} "
                               f"to be channel-blocked, got shape {tuple(shape)}", op=ctx.op.name)
 
 
@@ -38,23 +48,23 @@ def _reorder_infer(ctx):
 
 
 ToBlocked = register_op(
-    "ToBlocked", domain="opsnn", category="layout", inputs=[Input("X", _F32)], outputs=["Y"],
-    infer=_reorder_infer, reference=lambda ins, attrs: KB.blocked_reference(ins[0]),
-    doc="X (N, C, H, W) -> the same tensor in nChw16c element order (C a multiple of 16)")
+    "ToBlocked", domain="opsnn", category="layout", inputs=[Input("X", _F32)], outputs=["Y"], attrs=[_BLOCK_ATTR],
+    infer=_reorder_infer, reference=lambda ins, attrs: KB.blocked_reference(ins[0], int(attrs["block"])),
+    doc="X (N, C, H, W) -> the same tensor in nChw<block>c element order (C a multiple of block)")
 FromBlocked = register_op(
-    "FromBlocked", domain="opsnn", category="layout", inputs=[Input("X", _F32)], outputs=["Y"],
-    infer=_reorder_infer, reference=lambda ins, attrs: KB.plain_reference(ins[0]),
-    doc="X in nChw16c element order -> plain NCHW (C a multiple of 16)")
+    "FromBlocked", domain="opsnn", category="layout", inputs=[Input("X", _F32)], outputs=["Y"], attrs=[_BLOCK_ATTR],
+    infer=_reorder_infer, reference=lambda ins, attrs: KB.plain_reference(ins[0], int(attrs["block"])),
+    doc="X in nChw<block>c element order -> plain NCHW (C a multiple of block)")
 
 
 @ToBlocked.kernel("to_blocked_numba", dtypes=_F32, priority=10)
 def _to_blocked(ins, outs, attrs, plan, ws):
-    KB.to_blocked(ins[0], outs[0])
+    KB.to_blocked(ins[0], outs[0], int(attrs["block"]))
 
 
 @FromBlocked.kernel("from_blocked_numba", dtypes=_F32, priority=10)
 def _from_blocked(ins, outs, attrs, plan, ws):
-    KB.from_blocked(ins[0], outs[0])
+    KB.from_blocked(ins[0], outs[0], int(attrs["block"]))
 
 
 # -- BlockedConv --------------------------------------------------------------------------------------
@@ -62,21 +72,23 @@ def _blocked_conv_infer(ctx):
     if int(ctx.attrs["src_blocked"]):
         _check_blockable(ctx, 0, "X")
     outs = _fused_conv_infer(ctx)
-    if len(outs[0].shape) != 4 or outs[0].shape[1] % KB.BLOCK:
-        raise InferShapeError(f"BlockedConv: the output must be 4-D with a multiple of {KB.BLOCK} channels, got "
+    b = _block(ctx)
+    if len(outs[0].shape) != 4 or outs[0].shape[1] % b:
+        raise InferShapeError(f"BlockedConv: the output must be 4-D with a multiple of {b} channels, got "
                               f"{tuple(outs[0].shape)}", op="BlockedConv")
     return outs
 
 
 def _blocked_conv_ref(ins, attrs):
-    x = KB.plain_reference(ins[0]) if int(attrs["src_blocked"]) else ins[0]
+    b = int(attrs["block"])
+    x = KB.plain_reference(ins[0], b) if int(attrs["src_blocked"]) else ins[0]
     plain = list(ins)
     plain[0] = x
     if len(ins) > 3 and ins[3] is not None:
-        plain[3] = KB.plain_reference(ins[3])
+        plain[3] = KB.plain_reference(ins[3], b)
     fused = get_op("FusedConv", "opsnn")
-    y = fused.reference(plain, fused.bind_attrs({k: v for k, v in attrs.items() if k != "src_blocked"}))
-    return KB.blocked_reference(y)
+    y = fused.reference(plain, fused.bind_attrs({k: v for k, v in attrs.items() if k not in ("src_blocked", "block")}))
+    return KB.blocked_reference(y, b)
 
 
 def _blocked_conv_applies(ctx):
@@ -105,13 +117,15 @@ def _blocked_conv_plan(ctx):
     xs, w = tuple(ctx.shape(0)), np.asarray(ctx.value(1))
     g = conv_geometry("BlockedConv", xs, w.shape, _conv_attrs(ctx.attrs))
     ys = (xs[0], w.shape[0]) + tuple(g.out)
-    src_blocked = bool(int(ctx.attrs["src_blocked"]))
-    prim = KD.ConvPrimitive(xs, w, ys, g.s, (g.pb[0], g.pb[1], g.pe[0], g.pe[1]), g.d, src_blocked=src_blocked,
+    src_blocked, b = bool(int(ctx.attrs["src_blocked"])), int(ctx.attrs["block"])
+    prim = KD.ConvPrimitive(xs, w, ys, g.s, (g.pb[0], g.pb[1], g.pe[0], g.pe[1]), g.d, block=b,
+                            src_blocked=src_blocked,
                             has_bias=ctx.has(2), residual=ctx.has(3), act=_act_code("BlockedConv", ctx.attrs),
                             alpha=float(ctx.attrs["activation_alpha"]), beta=float(ctx.attrs["activation_beta"]))
     parts = ["bias"] * ctx.has(2) + ["residual add"] * ctx.has(3) + [ctx.attrs["activation"] or ""]
     epi = " + ".join(p for p in parts if p)
-    return _OneDnnPlan(prim, f"conv {'nChw16c' if src_blocked else 'NCHW'} -> nChw16c, weight reordered at prepare"
+    lay = KB.layout_name(b)
+    return _OneDnnPlan(prim, f"conv {lay if src_blocked else 'NCHW'} -> {lay}, weight reordered at prepare"
                              + (f", {epi} as post-ops" if epi else ""))
 
 
@@ -119,14 +133,15 @@ BlockedConv = register_op(
     "BlockedConv", domain="opsnn", category="conv",
     inputs=[Input("X", _F32), Input("W", _F32), Input("B", _F32, optional=True), Input("Z", _F32, optional=True)],
     outputs=["Y"], attrs=[Attr(n, "any", None) for n in _CONV_ATTR_NAMES] + _EPILOGUE_ATTRS
-    + [Attr("src_blocked", "int", 1)],
+    + [Attr("src_blocked", "int", 1), _BLOCK_ATTR],
     infer=_blocked_conv_infer, reference=_blocked_conv_ref,
     flops=lambda ctx: get_op("FusedConv", "opsnn").flops(ctx),
-    doc="FusedConv on channel-blocked tensors: X blocked (src_blocked=1) or plain NCHW, Z and Y blocked")
+    doc="FusedConv on channel-blocked (nChw<block>c) tensors: X blocked (src_blocked=1) or plain NCHW, Z and Y "
+    "blocked")
 
 
 @BlockedConv.kernel("conv_onednn", dtypes=_F32, priority=10, applies=_blocked_conv_applies, plan=_blocked_conv_plan,
-                    doc="oneDNN's JIT direct convolution (brgconv / jit:avx512_core) with bias, residual add and "
+                    doc="oneDNN's JIT direct convolution (brgconv / jit:avx512_core / jit:avx2) with bias, residual add and "
                     "activation as post-ops")
 def _blocked_conv(ins, outs, attrs, plan, ws):
     plan.prim(ins[0], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, outs[0])
@@ -134,7 +149,7 @@ def _blocked_conv(ins, outs, attrs, plan, ws):
 
 # -- BlockedMaxPool ------------------------------------------------------------------------------------
 def _plain_pool_attrs(attrs: dict) -> dict:
-    return {k: v for k, v in attrs.items() if v is not None}
+    return {k: v for k, v in attrs.items() if v is not None and k != "block"}
 
 
 def _blocked_pool_infer(ctx):
@@ -147,9 +162,10 @@ def _blocked_pool_infer(ctx):
 
 def _blocked_pool_ref(ins, attrs):
     mp = get_op("MaxPool")
-    y = mp.reference([KB.plain_reference(ins[0])], mp.bind_attrs(_plain_pool_attrs(attrs)))
+    b = int(attrs["block"])
+    y = mp.reference([KB.plain_reference(ins[0], b)], mp.bind_attrs(_plain_pool_attrs(attrs)))
     y = y[0] if isinstance(y, (list, tuple)) else y
-    return KB.blocked_reference(y)
+    return KB.blocked_reference(y, b)
 
 
 def _blocked_pool_plan(ctx):
@@ -158,18 +174,19 @@ def _blocked_pool_plan(ctx):
     # the end pads that give exactly the output size (ceil mode adds a partial window's worth)
     pe = tuple((g.out[i] - 1) * g.strides[i] + g.kernel[i] - xs[2 + i] - g.pads_begin[i] for i in range(2))
     prim = KD.MaxPoolPrimitive(xs, xs[:2] + tuple(g.out), g.kernel, g.strides,
-                               (g.pads_begin[0], g.pads_begin[1], pe[0], pe[1]))
-    return _OneDnnPlan(prim, "max pooling nChw16c -> nChw16c")
+                               (g.pads_begin[0], g.pads_begin[1], pe[0], pe[1]), block=int(ctx.attrs["block"]))
+    lay = KB.layout_name(int(ctx.attrs["block"]))
+    return _OneDnnPlan(prim, f"max pooling {lay} -> {lay}")
 
 
 BlockedMaxPool = register_op(
-    "BlockedMaxPool", domain="opsnn", category="pool", inputs=[Input("X", _F32)], outputs=["Y"], attrs=_pool_attrs(),
+    "BlockedMaxPool", domain="opsnn", category="pool", inputs=[Input("X", _F32)], outputs=["Y"], attrs=_pool_attrs() + [_BLOCK_ATTR],
     infer=_blocked_pool_infer, reference=_blocked_pool_ref,
     doc="MaxPool (2-D, no dilation, no indices) on channel-blocked tensors")
 
 
 @BlockedMaxPool.kernel("max_pool_onednn", dtypes=_F32, priority=10,
                        applies=lambda ctx: KD.unavailable() or True, plan=_blocked_pool_plan,
-                       doc="oneDNN's JIT max pooling on nChw16c")
+                       doc="oneDNN's JIT max pooling on nChw<block>c")
 def _blocked_pool(ins, outs, attrs, plan, ws):
     plan.prim(ins[0], outs[0])

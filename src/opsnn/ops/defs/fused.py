@@ -208,7 +208,7 @@ FusedMatMul.kernel("matmul_epilogue", dtypes=_F32_64, priority=10, plan=_fused_m
 
 
 def _fused_mm_onednn_applies(ctx):
-    why = KD.unavailable()
+    why = KD.matmul_unavailable()
     if why is not None:
         return why
     if ctx.dtype(0) != _dt.float32 or ctx.dtype(1) != _dt.float32:
