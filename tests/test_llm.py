@@ -705,6 +705,7 @@ def test_decoder_products_by_row_count_where_openblas_is_the_gemm_library(lm, rn
     from opsnn.tools.profiler import profile
 
     monkeypatch.setattr(mkl, "_library", "openblas")
+    monkeypatch.setattr(D, "ONEDNN_MIN_ROWS", 1 << 30)   # oneDNN's matmul: the next test
     monkeypatch.setattr(D, "SMALL_ROWS", 2)
     monkeypatch.setattr(mkl, "PACKED_MAX_ROWS_ELSEWHERE", 6)
     monkeypatch.setattr(mkl, "PACKED_MAX_MACS_ELSEWHERE", 0)
@@ -743,6 +744,55 @@ def test_decoder_products_by_row_count_where_openblas_is_the_gemm_library(lm, rn
     plain.release_steps()
     cache_a.close()
     cache_b.close()
+
+
+@pytest.mark.skipif(__import__("opsnn.kernels.cpu.onednn", fromlist=["x"]).matmul_unavailable() is not None
+                    or __import__("opsnn.kernels.cpu.mkl", fromlist=["x"]).unavailable() is not None,
+                    reason="needs oneDNN's brgemm matmul and MKL")
+def test_decoder_products_on_onednn_where_openblas_is_the_gemm_library(lm, rng, monkeypatch):
+    """With oneDNN's matmul (AVX-512): products of ONEDNN_MIN_ROWS rows or more (prompts, batched
+    decode steps, their residual adds as the matmul's sum post-op) run on it, reading the
+    (stacked) weights in place; fewer rows stay on gemm_rows. Logits agree with the
+    all-Linear-op decoder, op by op and in the bound decode steps."""
+    from opsnn.kernels.cpu import mkl
+    from opsnn.llm import decoder as D
+    from opsnn.tools.profiler import profile
+
+    monkeypatch.setattr(mkl, "_library", "openblas")
+    monkeypatch.setattr(D, "ONEDNN_MIN_ROWS", 3)
+    for fused in (False, True):
+        cache_a, cache_b = KVCache.for_model(lm, 4, 32), KVCache.for_model(lm, 4, 32)
+        dec, plain = CachedDecoder(lm, cache_a), CachedDecoder(lm, cache_b)
+        dec.fused_steps = fused
+        plain._packs = None
+        p0 = dec.layers[0]
+        assert isinstance(dec._packed_cat((p0.wq, p0.wk, p0.wv), 3), D._PlainWeight)
+        for c in (cache_a, cache_b):
+            for _ in range(4):
+                c.allocate()
+        ps = [rng.integers(0, VOCAB, n) for n in (9, 3, 2, 5)]
+        seen = []
+        for i, p in enumerate(ps):
+            with profile() as prof:
+                got = dec.forward(p[None], [i], [0])
+            seen.append({k.kernel for k in prof.kernels if k.op == "Linear"})
+            np.testing.assert_allclose(got, plain.forward(p[None], [i], [0]), rtol=1e-5, atol=1e-5)
+        assert "llm_linear_onednn" in seen[0] and "llm_linear_onednn" in seen[1]
+        assert "llm_linear_onednn" not in seen[2]
+        starts = np.array([len(p) for p in ps])
+        for step in range(3):   # 4-row decode steps (bound and replayed when fused), then 2 rows
+            rows = [0, 1, 2, 3] if step < 2 else [1, 2]
+            tok = rng.integers(0, VOCAB, (len(rows), 1))
+            with profile() as prof:
+                got = dec.forward(tok, rows, starts[rows])
+            kernels = {k.kernel for k in prof.kernels if k.op == "Linear"}
+            assert ("llm_linear_onednn" in kernels) == (len(rows) >= 3), kernels
+            np.testing.assert_allclose(got, plain.forward(tok, rows, starts[rows]), rtol=1e-5, atol=1e-5)
+            starts[rows] += 1
+        dec.release_steps()
+        plain.release_steps()
+        cache_a.close()
+        cache_b.close()
 
 
 def test_packed_projections_follow_load_state_dict(rng):

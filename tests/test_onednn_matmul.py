@@ -78,3 +78,27 @@ def test_matmul_onednn_is_not_offered_without_onednn(rng, onednn_off):
     k = next(k for k in rec.kernels if k.name == "matmul_onednn")
     assert k.check(planned.ctx) == "turned off for this test"
     assert planned.selection.kernel.name == "matmul_epilogue"
+
+
+@needs_onednn
+@pytest.mark.parametrize("m,k,n", [(1, 40, 24), (9, 33, 70), (128, 96, 200)])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_wt_matmul_matches_a_float64_oracle(rng, m, k, n, accumulate):
+    """The decoder's products: Y = X @ W.T (Y += X @ W.T), W (n, k) read in place."""
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    y0 = rng.standard_normal((m, n)).astype(np.float32)
+    y = y0.copy()
+    KD.wt_matmul(m, k, n, accumulate).run(x.ctypes.data, w.ctypes.data, y.ctypes.data)
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + (y0 if accumulate else 0)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * math.sqrt(k) * 4)
+    assert KD.wt_matmul(m, k, n, accumulate) is KD.wt_matmul(m, k, n, accumulate)   # kept, one per shape
+
+
+@needs_onednn
+def test_wt_matmul_keeps_at_most_wt_cache_size_primitives(monkeypatch):
+    monkeypatch.setattr(KD, "_wt_cache", type(KD._wt_cache)())
+    monkeypatch.setattr(KD, "WT_CACHE_SIZE", 3)
+    prims = [KD.wt_matmul(m, 16, 8) for m in range(1, 6)]
+    assert list(KD._wt_cache) == [(m, 16, 8, False) for m in (3, 4, 5)]
+    assert KD.wt_matmul(5, 16, 8) is prims[-1] and KD.wt_matmul(1, 16, 8) is not prims[0]

@@ -35,6 +35,7 @@ from .. import ops
 from ..errors import ParamInvalidError
 from ..kernels.cpu import mkl as _mkl
 from ..kernels.cpu import mkl_nb as _mkl_nb
+from ..kernels.cpu import onednn as _onednn
 from ..kernels.cpu.gemm import SMALL_ROWS, f32_to_bf16, gemm_rows_parallel, gemv_bf16
 from ..ops.defs.attention import GEMM_MAX_SCORE_BYTES
 from ..runtime import hooks
@@ -259,7 +260,7 @@ class CachedDecoder:
         the GEMM library (decode steps there: opsnn's own kernel), the stacked weight itself as a
         :class:`_PlainWeight`."""
         n, k = sum(w.shape[0] for w in ws), ws[0].shape[1]
-        plain = _own_kernel(rows) or _mkl.packed_unpreferred(rows, k, n) is not None
+        plain = _own_kernel(rows) or _onednn_rows(rows) or _mkl.packed_unpreferred(rows, k, n) is not None
         packs, key = self._packs, tuple(id(w) for w in ws) + (plain,)
         got = packs.get(key)
         if got is not None and all(r() is w for r, w in zip(got[0], ws)) and \
@@ -581,6 +582,23 @@ def _f32(t: Tensor) -> Tensor:
     return t if t.dtype == _F32 else Tensor(t.numpy().astype(np.float32))
 
 
+#: fewest rows of a float32 projection that run on oneDNN's matmul (:func:`_onednn_rows`); fewer
+#: stay on ``gemm_rows``, which streams the weight as fast (2-core EPYC Zen 4 VM, 2026-12-02, ms,
+#: oneDNN / gemm_rows: 768 -> 4096 at 2 rows 0.53 / 0.42, 8 rows 0.53-1.53 / 0.64-1.30, 16 rows
+#: 0.83 / 1.38; 2048 -> 768 (+=) 4 rows 0.29 / 0.29, 8 rows 0.34-0.39 / 0.36-0.57, 16 rows 0.45 / 0.69;
+#: 768 -> 32000 8 rows 7.1 / 8.2, 16 rows 8.8 / 12.5)
+ONEDNN_MIN_ROWS = 8
+
+
+def _onednn_rows(rows: int) -> bool:
+    """True when a float32 product of ``rows`` rows runs on oneDNN's matmul reading the weight in
+    place (:func:`opsnn.kernels.cpu.onednn.wt_matmul`): at least ``ONEDNN_MIN_ROWS`` rows, MKL not
+    the GEMM library (on Intel CPUs its packed panels stay), and oneDNN's brgemm code available
+    (:func:`opsnn.kernels.cpu.onednn.matmul_unavailable`). It is faster than OpenBLAS at every
+    row count and than ``gemm_rows`` from about 8 rows on (see ``wt_matmul``'s figures)."""
+    return rows >= ONEDNN_MIN_ROWS and _mkl.gemm_library() != "mkl" and _onednn.matmul_unavailable() is None
+
+
 def _own_kernel(rows: int) -> bool:
     """True when a product of ``rows`` rows runs on opsnn's own few-row kernels (``gemm_rows``,
     ``gemv_bf16``) rather than MKL: at most ``SMALL_ROWS`` rows where MKL is not the GEMM library
@@ -638,7 +656,8 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
     launch: ``p`` is W's packed panel (MKL), W itself (N, K) for one row (``cblas_sgemv``), a
     :class:`_Bf16Weight` (``x`` rounded into a bf16 buffer of its own, then
     ``cblas_gemm_bf16bf16f32``; one row on ``gemv_bf16`` where :func:`_own_kernel`), or a
-    :class:`_PlainWeight` (``gemm_rows_parallel`` where :func:`_own_kernel`, else OpenBLAS)."""
+    :class:`_PlainWeight` (oneDNN's matmul where :func:`_onednn_rows`, else ``gemm_rows_parallel``
+    where :func:`_own_kernel`, else OpenBLAS)."""
     beta = 1.0 if accumulate else 0.0
     if isinstance(p, _Bf16Weight) and x.shape[0] == 1 and _own_kernel(1):
         # one row where MKL is not the library of choice: its bf16 GEMM runs 4-5x slower than
@@ -655,6 +674,12 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
             f32_to_bf16(xf, xu, xbf)
             _mkl.gemm2d_bf16(xb, wt, out, beta=beta)
         return fn, "Linear", {"kernel": "llm_linear_mkl_bf16", "flops": 2 * x.shape[0] * k * n}
+    if isinstance(p, _PlainWeight) and _onednn_rows(x.shape[0]) and x.flags.c_contiguous and out.flags.c_contiguous:
+        (n, k), w = p.w.shape, p.w
+        prim = _onednn.wt_matmul(x.shape[0], k, n, accumulate)
+        ptrs = (x.ctypes.data, w.ctypes.data, out.ctypes.data)
+        info = {"kernel": "llm_linear_onednn", "flops": 2 * x.shape[0] * k * n}
+        return (lambda _arrays=(x, w, out): prim.run(*ptrs)), "Linear", info
     if isinstance(p, _PlainWeight) and _own_kernel(x.shape[0]):
         (n, k), w, b32 = p.w.shape, p.w, np.float32(beta)
         info = {"kernel": "llm_linear_rows", "flops": 2 * x.shape[0] * k * n}
