@@ -584,10 +584,12 @@ def _f32(t: Tensor) -> Tensor:
 
 #: fewest rows of a float32 projection that run on oneDNN's matmul (:func:`_onednn_rows`); fewer
 #: stay on ``gemm_rows``, which streams the weight as fast (2-core EPYC Zen 4 VM, 2026-12-02, ms,
-#: oneDNN / gemm_rows: 768 -> 4096 at 2 rows 0.53 / 0.42, 8 rows 0.53-1.53 / 0.64-1.30, 16 rows
-#: 0.83 / 1.38; 2048 -> 768 (+=) 4 rows 0.29 / 0.29, 8 rows 0.34-0.39 / 0.36-0.57, 16 rows 0.45 / 0.69;
-#: 768 -> 32000 8 rows 7.1 / 8.2, 16 rows 8.8 / 12.5)
-ONEDNN_MIN_ROWS = 8
+#: oneDNN / gemm_rows: 768 -> 4096 at 2 rows 0.53 / 0.42, 8 rows 0.53-1.53 / 0.64-1.30, 12 rows
+#: 0.72 / 1.00, 16 rows 0.83 / 1.38; 2048 -> 768 (+=) 4 rows 0.29 / 0.29, 8 rows 0.34-0.39 /
+#: 0.36-0.57, 12 rows 0.41 / 0.52, 16 rows 0.45 / 0.69; 768 -> 1280 12 rows 0.20 / 0.27; 768 -> 32000
+#: 8 rows 7.1-8.8 / 8.2-8.9, 12 rows 8.2 / 10.0, 16 rows 8.8 / 12.5). Batch-8 decode steps of the
+#: LLaMA-style decoder measured even (52 ms either way), so 8 rows stay on gemm_rows.
+ONEDNN_MIN_ROWS = 12
 
 
 def _onednn_rows(rows: int) -> bool:
@@ -595,7 +597,7 @@ def _onednn_rows(rows: int) -> bool:
     place (:func:`opsnn.kernels.cpu.onednn.wt_matmul`): at least ``ONEDNN_MIN_ROWS`` rows, MKL not
     the GEMM library (on Intel CPUs its packed panels stay), and oneDNN's brgemm code available
     (:func:`opsnn.kernels.cpu.onednn.matmul_unavailable`). It is faster than OpenBLAS at every
-    row count and than ``gemm_rows`` from about 8 rows on (see ``wt_matmul``'s figures)."""
+    row count and than ``gemm_rows`` from about 12 rows on (see ``wt_matmul``'s figures)."""
     return rows >= ONEDNN_MIN_ROWS and _mkl.gemm_library() != "mkl" and _onednn.matmul_unavailable() is None
 
 

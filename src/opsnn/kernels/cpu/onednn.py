@@ -515,7 +515,7 @@ def wt_matmul(m: int, k: int, n: int, accumulate: bool = False) -> Primitive:
     Measured on the 2-core EPYC Zen 4 VM (2026-12-02, ms, oneDNN / OpenBLAS ``x @ W.T`` /
     opsnn's ``gemm_rows``): 128 x 768 -> 4096 5.05 / 6.04 / -, 128 x 2048 -> 768 (+=) 2.20 /
     2.98 / -, 512 x 768 -> 4096 17.5 / 23.3 / -, 32 x 768 -> 4096 2.70 / 3.71 / 4.35,
-    8 x 768 -> 4096 0.62 / 1.90 / 1.46, 8 x 768 -> 1280 0.16 / 0.43 / 0.18."""
+    16 x 768 -> 4096 1.69 / 2.66 / 2.60, 8 x 768 -> 1280 0.16 / 0.43 / 0.18."""
     key = (int(m), int(k), int(n), bool(accumulate))
     with _wt_lock:
         prim = _wt_cache.get(key)
