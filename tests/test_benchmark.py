@@ -143,3 +143,19 @@ def test_onednn_env_switch_and_load_failure_say_why(monkeypatch):
     monkeypatch.setattr(onednn, "_candidates", lambda: [])
     onednn._load()
     assert "not installed" in onednn.unavailable()
+
+
+def test_plan_bytes_counts_each_buffer_once_and_not_the_initializers():
+    """A plan holding an aligned buffer and its view counts the buffer once; a plan holding a view
+    of an initializer adds nothing (that memory is the graph's weights)."""
+    from types import SimpleNamespace as NS
+
+    from opsnn.tools.benchmark import plan_bytes
+
+    w = np.ones((8, 4), np.float32)
+    raw = np.empty(40, np.float32)
+    packed = NS(weight=raw[4:36], _raw=raw)
+    steps = [NS(executor=NS(plan=packed)), NS(executor=NS(plan={"w": w.reshape(4, 8)[:2]})),
+             NS(executor=NS(plan=[np.zeros(3, np.uint16), raw[:8]]))]
+    cg = NS(graph=NS(initializers={"w": w}), _plans={"p": NS(steps=steps)})
+    assert plan_bytes(cg) == {"float32": raw.nbytes, "uint16": 6}

@@ -568,14 +568,28 @@ def _arrays(obj, seen: set, depth: int = 0):
 
 def plan_bytes(cg) -> dict:
     """Bytes of arrays the compiled graph's kernel plans hold (pre-packed / transformed
-    weights), by dtype: resident weight memory beyond the initializers."""
+    weights), by dtype: resident weight memory beyond the initializers. Each buffer counts once
+    (a plan may hold an aligned buffer and its view); views of the initializers do not count."""
     seen: set = set()
+    owners = {id(_owner(a)) for a in getattr(getattr(cg, "graph", None), "initializers", {}).values()
+              if isinstance(a, np.ndarray)}
     out: dict = {}
     for plan in getattr(cg, "_plans", {}).values():
         for st in plan.steps:
             for a in _arrays(getattr(st.executor, "plan", None), seen):
-                out[str(a.dtype)] = out.get(str(a.dtype), 0) + int(a.nbytes)
+                root = _owner(a)
+                if id(root) in owners:
+                    continue
+                owners.add(id(root))
+                out[str(root.dtype)] = out.get(str(root.dtype), 0) + int(root.nbytes)
     return out
+
+
+def _owner(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (``a`` itself unless it is a view)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 def run_storage_check(spec: Spec, dtype: str, args, rtol: float = 1e-2, halves: bool = True) -> dict:
