@@ -117,7 +117,7 @@ def _blocked_conv_plan(ctx):
     xs, w = tuple(ctx.shape(0)), np.asarray(ctx.value(1))
     g = conv_geometry("BlockedConv", xs, w.shape, _conv_attrs(ctx.attrs))
     ys = (xs[0], w.shape[0]) + tuple(g.out)
-    src_blocked, b = bool(int(ctx.attrs["src_blocked"])), int(ctx.attrs["block"])
+    src_blocked, b = bool(int(ctx.attrs["src_blocked"])), _block(ctx)
     prim = KD.ConvPrimitive(xs, w, ys, g.s, (g.pb[0], g.pb[1], g.pe[0], g.pe[1]), g.d, block=b,
                             src_blocked=src_blocked,
                             has_bias=ctx.has(2), residual=ctx.has(3), act=_act_code("BlockedConv", ctx.attrs),
@@ -141,8 +141,8 @@ BlockedConv = register_op(
 
 
 @BlockedConv.kernel("conv_onednn", dtypes=_F32, priority=10, applies=_blocked_conv_applies, plan=_blocked_conv_plan,
-                    doc="oneDNN's JIT direct convolution (brgconv / jit:avx512_core / jit:avx2) with bias, residual add and "
-                    "activation as post-ops")
+                    doc="oneDNN's JIT direct convolution (brgconv / jit:avx512_core / jit:avx2) with bias, "
+                    "residual add and activation as post-ops")
 def _blocked_conv(ins, outs, attrs, plan, ws):
     plan.prim(ins[0], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, outs[0])
 
@@ -174,13 +174,14 @@ def _blocked_pool_plan(ctx):
     # the end pads that give exactly the output size (ceil mode adds a partial window's worth)
     pe = tuple((g.out[i] - 1) * g.strides[i] + g.kernel[i] - xs[2 + i] - g.pads_begin[i] for i in range(2))
     prim = KD.MaxPoolPrimitive(xs, xs[:2] + tuple(g.out), g.kernel, g.strides,
-                               (g.pads_begin[0], g.pads_begin[1], pe[0], pe[1]), block=int(ctx.attrs["block"]))
-    lay = KB.layout_name(int(ctx.attrs["block"]))
+                               (g.pads_begin[0], g.pads_begin[1], pe[0], pe[1]), block=_block(ctx))
+    lay = KB.layout_name(_block(ctx))
     return _OneDnnPlan(prim, f"max pooling {lay} -> {lay}")
 
 
 BlockedMaxPool = register_op(
-    "BlockedMaxPool", domain="opsnn", category="pool", inputs=[Input("X", _F32)], outputs=["Y"], attrs=_pool_attrs() + [_BLOCK_ATTR],
+    "BlockedMaxPool", domain="opsnn", category="pool", inputs=[Input("X", _F32)], outputs=["Y"],
+    attrs=_pool_attrs() + [_BLOCK_ATTR],
     infer=_blocked_pool_infer, reference=_blocked_pool_ref,
     doc="MaxPool (2-D, no dilation, no indices) on channel-blocked tensors")
 
