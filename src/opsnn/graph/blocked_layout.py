@@ -6,7 +6,8 @@ an attribute of every op the pass writes) activations with oneDNN's JIT convolut
 Candidates: ``Conv`` / ``FusedConv`` nodes (float32, static 4-D shapes, group 1, a constant
 weight, output channels a multiple of the block, a convolution oneDNN has JIT code for) and
 ``MaxPool`` nodes fed by a candidate (2-D, no dilation, no Indices output). Candidates joined
-by an edge (one's output is another's X or residual Z) form a chain; a chain with at least ``MIN_CONVS`` convolutions is rewritten:
+by an edge (one's output is another's X or residual Z) form a chain; a chain with at least
+``MIN_CONVS`` convolutions is rewritten:
 
 * each conv becomes ``opsnn::BlockedConv`` writing a blocked output; each pool
   ``opsnn::BlockedMaxPool``;
@@ -87,7 +88,8 @@ def _jit_rejection(n: Node, x: Value, w: np.ndarray, residual: bool, block: int)
         g = conv_geometry(n.op_type, xs, w.shape, conv_attrs)
         impl = onednn.conv_impl(xs, w.shape, (1, w.shape[0]) + tuple(g.out), g.s, (g.pb[0], g.pb[1], g.pe[0], g.pe[1]),
                                 g.d, block=block, src_blocked=xs[1] % block == 0,
-                                has_bias=len(n.inputs) > 2 and bool(n.inputs[2]), residual=residual, act=KF.ACTIVATIONS.get(act, 0))
+                                has_bias=len(n.inputs) > 2 and bool(n.inputs[2]), residual=residual,
+                                act=KF.ACTIVATIONS.get(act, 0))
     except (OpsnnError, onednn.OneDnnError) as e:
         return f"oneDNN cannot run it: {e}"
     if impl.startswith("ref"):
