@@ -174,17 +174,29 @@ def test_mixed_precision_resnet_block_runs_on_bf16_kernels(rng):
     proto = to_onnx(resnet50(num_classes=10, seed=0)).SerializeToString()
     x = rng.standard_normal((1, 3, 64, 64)).astype(np.float32)
     y32 = opsnn.compile(opsnn.onnx.load(proto)).run({"input": x})["logits"].numpy()
+    from opsnn.graph import passes
+    from opsnn.kernels.cpu import onednn
+
     saved = mixed_precision.policy()
     try:
         opsnn.config.allow_mix_precision({"Conv": "bfloat16", "Gemm": "bfloat16", "MatMul": "bfloat16"})
+        cg_onednn = opsnn.compile(opsnn.onnx.load(proto))
+        # what runs where oneDNN has no native bf16 kernels: the convs stay on MKL's bf16 GEMM
+        passes.disable_passes(["blocked_layout"])
         cg = opsnn.compile(opsnn.onnx.load(proto))
     finally:
+        passes.disable_passes([])
         mixed_precision.set_policy(saved)
     y16 = cg.run({"input": x})["logits"].numpy()
     text = cg.explain()
     assert "conv_epilogue_mkl_bf16" in text and "gemm_mkl_bf16" in text
     assert "adapter" not in text
     assert np.abs(y16.astype(np.float64) - y32).max() / np.abs(y32).max() < 2e-2
+    # with AVX512-BF16 the blocked-layout pass moves the bf16 convs to oneDNN's bf16 kernels
+    y16o = cg_onednn.run({"input": x})["logits"].numpy()
+    text = cg_onednn.explain()
+    assert ("conv_onednn" in text) == (onednn.bf16_unavailable() is None) and "adapter" not in text
+    assert np.abs(y16o.astype(np.float64) - y32).max() / np.abs(y32).max() < 2e-2
 
 
 @needs_bf16

@@ -18,6 +18,8 @@ from opsnn.ops.executor import plan_op
 from opsnn.ops.registry import TensorMeta, get_op
 
 needs_onednn = pytest.mark.skipif(KD.unavailable() is not None, reason=f"oneDNN: {KD.unavailable()}")
+needs_bf16 = pytest.mark.skipif(KD.bf16_unavailable() is not None, reason=f"oneDNN bf16: {KD.bf16_unavailable()}")
+BF16 = opsnn.dtypes.bfloat16
 #: the block the pass uses on this machine (tests that do not depend on it use 16)
 BLOCK = KD.block() or 16
 
@@ -26,10 +28,11 @@ def _f32(rng, *shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("block", KB.BLOCKS)
 @pytest.mark.parametrize("shape", [(2, 32, 5, 7), (1, 16, 1, 1), (3, 48, 4, 3)])
-def test_to_and_from_blocked_match_numpy_transposes(rng, shape, block):
-    x = _f32(rng, *shape)
+def test_to_and_from_blocked_match_numpy_transposes(rng, shape, block, dtype):
+    x = _f32(rng, *shape).astype(opsnn.dtypes.get(dtype))
     b = run_op("ToBlocked", [x], {"block": block}, domain="opsnn")[0].numpy()
     # element (n, c, h, w) sits at ((n, c // b, h, w, c % b)) of the (N, C/b, H, W, b) array
     n, c, h, w = shape
@@ -37,6 +40,7 @@ def test_to_and_from_blocked_match_numpy_transposes(rng, shape, block):
     np.testing.assert_array_equal(b.reshape(want.shape), want)
     np.testing.assert_array_equal(KB.blocked_reference(x, block), b)
     back = run_op("FromBlocked", [b], {"block": block}, domain="opsnn")[0].numpy()
+    assert b.dtype == back.dtype == x.dtype
     np.testing.assert_array_equal(back, x)
 
 
@@ -111,6 +115,57 @@ def test_blocked_max_pool_matches_the_max_pool_reference(rng, attrs, block):
     out, want, plan, chosen = _run_kernel("BlockedMaxPool", "max_pool_onednn", [x], [None], dict(attrs, block=block))
     assert chosen == "max_pool_onednn"
     np.testing.assert_array_equal(out, want)
+
+
+def _bf16(a):
+    return None if a is None else a.astype(BF16)
+
+
+@needs_bf16
+@pytest.mark.parametrize("case", range(len(CONV_CASES)))
+@pytest.mark.parametrize("bias,residual", [(True, False), (False, True), (True, True)])
+def test_bfloat16_blocked_conv_matches_the_float32_reference_on_the_same_values(rng, case, bias, residual):
+    """bf16 X, W, B, Z: oneDNN accumulates in float32 and rounds Y to bf16
+    once, so Y is within bf16's rounding (2**-8 relative) of the float32 oracle computed from the
+    same (bf16-representable) values."""
+    xs, (m, kh, kw), attrs, src_blocked = CONV_CASES[case]
+    x = _bf16(_f32(rng, *xs))
+    w = _bf16(_f32(rng, m, xs[1], kh, kw, scale=0.2))
+    b = _bf16(_f32(rng, m)) if bias else None
+    act, alpha, beta = ACTS[(case * 4 + 2 * bias + residual) % len(ACTS)]
+    attrs = dict(attrs, activation=act, activation_alpha=alpha, activation_beta=beta, src_blocked=int(src_blocked),
+                 block=BLOCK)
+    out_shape = run_op("Conv", [x.astype(np.float32), w.astype(np.float32)],
+                       {k: v for k, v in attrs.items() if k in ("pads", "strides", "dilations", "auto_pad")})[0].shape
+    z = _bf16(KB.blocked_reference(_f32(rng, *out_shape), BLOCK)) if residual else None
+    xin = KB.blocked_reference(x, BLOCK) if src_blocked else x
+    ins = [xin, w, b, z]
+    rec = get_op("BlockedConv", "opsnn")
+    planned = plan_op(rec, [None if a is None else TensorMeta(a.shape, a.dtype) for a in ins], [None, w, None, None],
+                      attrs)
+    k = planned.selection.kernel
+    assert k.name == "conv_onednn" and not k.needs_adapter(planned.ctx)
+    plan = k.plan(planned.ctx)
+    assert plan.prim.impl.endswith("avx512_core_bf16") and plan.describe().startswith("oneDNN jit_bf16")
+    assert "bfloat16 conv" in plan.describe()
+    out = np.zeros(out_shape, BF16)
+    k.fn(ins, [out], planned.ctx.attrs, plan, None)
+    want = rec.reference([None if a is None else a.astype(np.float32) for a in ins], planned.ctx.attrs)
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(out.astype(np.float32), want, rtol=2 ** -7, atol=1e-4 * (xs[1] * kh * kw) ** 0.5 * scale)
+
+
+@needs_bf16
+def test_bfloat16_blocked_max_pool_is_exact_and_dtypes_must_agree(rng):
+    x = KB.blocked_reference(_bf16(_f32(rng, 1, 32, 9, 10)), BLOCK)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "block": BLOCK}
+    got = run_op("BlockedMaxPool", [x], attrs, domain="opsnn")[0].numpy()
+    want = get_op("BlockedMaxPool", "opsnn").reference([x.astype(np.float32)],
+                                                       get_op("BlockedMaxPool", "opsnn").bind_attrs(attrs))
+    assert got.dtype == BF16
+    np.testing.assert_array_equal(got.astype(np.float32), want)   # max commutes with rounding
+    with pytest.raises(OpsnnError, match="W is float32 but X is bfloat16; W must be bfloat16 too"):
+        run_op("BlockedConv", [x, _f32(rng, 16, 32, 1, 1)], {"block": BLOCK}, domain="opsnn")
 
 
 def test_blocked_conv_without_a_constant_weight_is_not_run_on_onednn(rng):
@@ -211,6 +266,43 @@ def test_pass_says_why_when_onednn_is_unavailable(rng, monkeypatch):
     assert "blocked_layout" in passes.pass_names()
 
 
+@needs_bf16
+def test_pass_runs_a_bfloat16_chain_on_onednn_with_the_pool_between_casts_in_bf16(rng):
+    """Mixed precision makes the convs bf16 and leaves MaxPool float32 between two Casts; the
+    pass blocks the whole chain in bf16 (pool included, its Casts dropped) and agrees with the
+    same bf16 graph run without it and with the float32 interpreter."""
+    from opsnn.graph import mixed_precision
+
+    feeds = {"x": _f32(rng, 2, 3, 18, 17)}
+    want = opsnn.graph.run(_block_graph(np.random.default_rng(1), stem=True, extra_output=True), feeds)
+    saved = mixed_precision.policy()
+    try:
+        opsnn.config.allow_mix_precision({"Conv": "bfloat16"})
+        cg = opsnn.compile(_block_graph(np.random.default_rng(1), stem=True, extra_output=True))
+        passes.disable_passes(["blocked_layout"])
+        try:
+            plain = opsnn.compile(_block_graph(np.random.default_rng(1), stem=True, extra_output=True))
+        finally:
+            passes.disable_passes([])
+    finally:
+        mixed_precision.set_policy(saved)
+    types = _types(cg)
+    assert types.count("opsnn::BlockedConv") == 5 and "opsnn::BlockedMaxPool" in types, types
+    assert "MaxPool" not in types and "opsnn::BlockedConv" not in _types(plain)
+    pool = next(n for n in cg.graph.nodes if n.op_type == "BlockedMaxPool")
+    assert cg.graph.value(pool.inputs[0]).dtype == BF16 and cg.graph.value(pool.outputs[0]).dtype == BF16
+    res = next(r for r in cg.pass_report.results if r.name == "blocked_layout")
+    assert any("runs on bfloat16 data (the Casts around it dropped)" in m for m in res.log)
+    out, ref = cg.run(feeds), plain.run(feeds)
+    assert "conv_onednn" in cg.explain() and "max_pool_onednn" in cg.explain()
+    for k, v in want.items():
+        o = out[k].numpy()
+        assert o.dtype == np.float32
+        # the same bf16 arithmetic up to float32 summation order and one bf16 rounding
+        np.testing.assert_allclose(o, ref[k].numpy(), rtol=2 ** -7, atol=2 ** -7 * np.abs(v).max())
+        np.testing.assert_allclose(o, v, rtol=3e-2, atol=3e-2 * np.abs(v).max())
+
+
 @needs_onednn
 def test_one_primitive_called_from_two_threads_at_once(rng):
     """Each thread binds its own memory objects: concurrent calls on different arrays do not mix."""
@@ -277,7 +369,8 @@ cg = _compile_and_check(_block_graph(rng, stem=True, extra_output=True), {"x": _
 types = _types(cg)
 assert types.count("opsnn::BlockedConv") == 5, types
 print(KD.block(), sorted({n.attrs["block"] for n in cg.graph.nodes if "Blocked" in n.op_type}),
-      any(o.endswith("_nChw8c") for n in cg.graph.nodes for o in n.outputs), "|", KD.matmul_unavailable())
+      any(o.endswith("_nChw8c") for n in cg.graph.nodes for o in n.outputs), "|", KD.matmul_unavailable(),
+      "|", KD.bf16_unavailable())
 """
 
 
@@ -297,3 +390,4 @@ def test_pass_uses_nchw8c_when_onednn_runs_avx2_code():
     assert r.returncode == 0, r.stderr[-3000:]
     line = r.stdout.strip().splitlines()[-1]
     assert line.startswith("8 [8] True |") and "gemm:jit" in line, line
+    assert line.split("|")[-1].strip().startswith("oneDNN runs without AVX512-BF16 here"), line

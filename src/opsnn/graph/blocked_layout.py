@@ -1,11 +1,13 @@
-"""Layout pass ``blocked_layout``: chains of float32 2-D convolutions run on channel-blocked
+"""Layout pass ``blocked_layout``: chains of 2-D convolutions run on channel-blocked
 (``nChw16c`` with AVX-512, ``nChw8c`` with AVX2: the block is :func:`opsnn.kernels.cpu.onednn.block`,
 an attribute of every op the pass writes) activations with oneDNN's JIT convolutions
 (:mod:`opsnn.kernels.cpu.onednn`).
 
-Candidates: ``Conv`` / ``FusedConv`` nodes (float32, static 4-D shapes, group 1, a constant
-weight, output channels a multiple of the block, a convolution oneDNN has JIT code for) and
-``MaxPool`` nodes fed by a candidate (2-D, no dilation, no Indices output). Candidates joined
+Candidates: ``Conv`` / ``FusedConv`` nodes (float32, or bfloat16 where the mixed-precision
+pass made the convolutions bf16; static 4-D shapes, group 1, a constant weight of the input's
+dtype, output channels a multiple of the block, a convolution oneDNN has JIT code for) and
+``MaxPool`` nodes fed by a candidate (2-D, no dilation, no Indices output; in a bf16 graph the
+pool's Casts to float32 and back are dropped, see :func:`_through_casts`). Candidates joined
 by an edge (one's output is another's X or residual Z) form a chain; a chain with at least
 ``MIN_CONVS`` convolutions is rewritten:
 
@@ -34,6 +36,12 @@ MIN_CONVS = 2
 PROBE_SIZE = 32
 
 
+def _blockable_dtype(dt) -> bool:
+    from ..kernels.cpu.onednn import is_bf16
+
+    return dt is not None and (np.dtype(dt) == np.float32 or is_bf16(dt))
+
+
 def _static4(v: Value) -> bool:
     """4-D with a static channel count (batch and spatial dims may be symbolic: the primitives
     are built at prepare, for the shapes of that call)."""
@@ -47,25 +55,29 @@ def _value(graph: Graph, name: str) -> Value:
 
 
 def _conv_ok(graph: Graph, n: Node, block: int) -> str | None:
+    from ..kernels.cpu.onednn import bf16_unavailable, is_bf16
+
     x, y = _value(graph, n.inputs[0]), _value(graph, n.outputs[0])
-    if x.dtype != np.float32 or not _static4(x) or not _static4(y):
-        return "float32 4-D input and output with a static channel count only"
+    if not _blockable_dtype(x.dtype) or not _static4(x) or not _static4(y):
+        return "float32 or bfloat16 4-D input and output with a static channel count only"
+    if is_bf16(x.dtype) and bf16_unavailable() is not None:
+        return f"bfloat16: {bf16_unavailable()}"
     if len(n.inputs) < 2 or n.inputs[1] not in graph.initializers:
         return "the weight is not a constant"
     w = graph.initializers[n.inputs[1]]
-    if w.ndim != 4 or w.dtype != np.float32:
-        return "2-D float32 weight only"
+    if w.ndim != 4 or w.dtype != x.dtype:
+        return f"2-D weight of the input's dtype ({np.dtype(x.dtype)}) only"
     if int(n.attrs.get("group", 1) or 1) != 1:
         return "group 1 only"
     if int(y.shape[1]) % block:
         return f"{y.shape[1]} output channels (not a multiple of {block})"
-    if len(n.inputs) > 2 and n.inputs[2] and _value(graph, n.inputs[2]).dtype not in (None, np.float32):
-        return "float32 bias only"
+    if len(n.inputs) > 2 and n.inputs[2] and _value(graph, n.inputs[2]).dtype not in (None, x.dtype):
+        return "a bias of the input's dtype only"
     residual = len(n.inputs) > 3 and bool(n.inputs[3])
     if residual:
         z = _value(graph, n.inputs[3])
-        if not _static4(z) or z.shape[1] != y.shape[1]:
-            return "the residual's shape is not the output's"
+        if not _static4(z) or z.shape[1] != y.shape[1] or z.dtype not in (None, x.dtype):
+            return "the residual's shape or dtype is not the output's"
     return _jit_rejection(n, x, w, residual, block)
 
 
@@ -89,7 +101,7 @@ def _jit_rejection(n: Node, x: Value, w: np.ndarray, residual: bool, block: int)
         impl = onednn.conv_impl(xs, w.shape, (1, w.shape[0]) + tuple(g.out), g.s, (g.pb[0], g.pb[1], g.pe[0], g.pe[1]),
                                 g.d, block=block, src_blocked=xs[1] % block == 0,
                                 has_bias=len(n.inputs) > 2 and bool(n.inputs[2]), residual=residual,
-                                act=KF.ACTIVATIONS.get(act, 0))
+                                act=KF.ACTIVATIONS.get(act, 0), dtype=w.dtype)
     except (OpsnnError, onednn.OneDnnError) as e:
         return f"oneDNN cannot run it: {e}"
     if impl.startswith("ref"):
@@ -97,12 +109,34 @@ def _jit_rejection(n: Node, x: Value, w: np.ndarray, residual: bool, block: int)
     return None
 
 
-def _pool_ok(graph: Graph, n: Node, block: int) -> str | None:
-    x, y = _value(graph, n.inputs[0]), _value(graph, n.outputs[0])
+def _through_casts(graph: Graph, n: Node, prod: dict, users: dict) -> tuple[str, str, tuple]:
+    """A MaxPool's (input, output, casts it replaces): in a bfloat16 graph the mixed-precision
+    pass runs MaxPool (no policy of its own) in float32 between ``Cast(bf16 -> f32)`` and
+    ``Cast(f32 -> bf16)``. Rounding to bf16 is monotonic, so the max of the rounded values is the
+    rounded max: the pool runs on the bf16 values themselves and the casts go (the first only
+    when the pool is its sole reader)."""
+    from ..kernels.cpu.onednn import is_bf16
+
+    plain = (n.inputs[0], n.outputs[0], ())
+    c1, outs = prod.get(n.inputs[0]), users.get(n.outputs[0], [])
+    if (c1 is None or c1.op_type != "Cast" or c1.domain or len(outs) != 1 or outs[0].op_type != "Cast"
+            or outs[0].domain or n.outputs[0] in graph.output_names):
+        return plain
+    c2 = outs[0]
+    v, w = _value(graph, c1.inputs[0]), _value(graph, c2.outputs[0])
+    if not (v.dtype is not None and is_bf16(v.dtype) and _value(graph, n.inputs[0]).dtype == np.float32
+            and w.dtype is not None and is_bf16(w.dtype)):
+        return plain
+    sole = [u.name for u in users.get(c1.outputs[0], [])] == [n.name] and c1.outputs[0] not in graph.output_names
+    return c1.inputs[0], c2.outputs[0], ((c1.name,) if sole else ()) + (c2.name,)
+
+
+def _pool_ok(graph: Graph, n: Node, block: int, x_name: str, y_name: str) -> str | None:
+    x, y = _value(graph, x_name), _value(graph, y_name)
     if len([o for o in n.outputs if o]) != 1 or (len(n.outputs) > 1 and n.outputs[1]):
         return "the Indices output is used"
-    if x.dtype != np.float32 or not _static4(x) or not _static4(y) or int(x.shape[1]) % block:
-        return f"float32 4-D input with a multiple of {block} channels only"
+    if not _blockable_dtype(x.dtype) or not _static4(x) or not _static4(y) or int(x.shape[1]) % block:
+        return f"float32 or bfloat16 4-D input with a multiple of {block} channels only"
     if any(int(d) != 1 for d in (n.attrs.get("dilations") or [])) or int(n.attrs.get("storage_order", 0) or 0):
         return "dilated windows / storage_order"
     return None
@@ -130,12 +164,17 @@ def blocked_layout(graph: Graph, res) -> None:
                 cand[n.name] = "conv"
             else:
                 res.refuse(f"{n.name}: {bad}")
+    hop: dict[str, tuple] = {}         # pool name -> (input, output, casts it replaces)
     for n in graph.nodes:
         if n.op_type == "MaxPool" and not n.domain:
-            p = prod.get(n.inputs[0])
-            bad = _pool_ok(graph, n, block) if p is not None and p.name in cand else "not fed by a blocked convolution"
+            x, y, casts = _through_casts(graph, n, prod, users)
+            p = prod.get(x)
+            bad = (_pool_ok(graph, n, block, x, y) if p is not None and p.name in cand
+                   else "not fed by a blocked convolution")
             if bad is None:
                 cand[n.name] = "pool"
+                hop[n.name] = (x, y, casts)
+                prod[y] = n            # the pool now produces the value its second Cast did
     # chains: union-find over candidate -> candidate edges through X (and a conv's residual Z)
     parent = {k: k for k in cand}
 
@@ -146,7 +185,7 @@ def blocked_layout(graph: Graph, res) -> None:
         return a
 
     def chain_inputs(n: Node) -> list[str]:
-        ins = [n.inputs[0]]
+        ins = [hop[n.name][0] if n.name in hop else n.inputs[0]]
         if cand[n.name] == "conv" and len(n.inputs) > 3 and n.inputs[3]:
             ins.append(n.inputs[3])
         return ins
@@ -177,14 +216,17 @@ def blocked_layout(graph: Graph, res) -> None:
                         name=graph.unique_name(f"ToBlocked_{v}"))
             to_blocked[v] = node
             new_nodes.append(node)
-            graph.value_info[b] = Value(b, np.float32, _value(graph, v).shape)
+            graph.value_info[b] = Value(b, _value(graph, v).dtype, _value(graph, v).shape)
         return to_blocked[v].outputs[0]
 
+    dropped = {c for name in chosen if name in hop for c in hop[name][2]}
     for n in graph.nodes:
+        if n.name in dropped:
+            continue
         if n.name not in chosen:
             new_nodes.append(n)
             continue
-        x = n.inputs[0]
+        x, y = hop.get(n.name, (n.inputs[0], n.outputs[0]))[:2]
         if cand[n.name] == "conv":
             src_blocked = x in blocked or int(_value(graph, x).shape[1]) % block == 0
             ins = [blocked_input(x) if src_blocked else x] + list(n.inputs[1:3])
@@ -199,17 +241,18 @@ def blocked_layout(graph: Graph, res) -> None:
             ins = [blocked_input(x)]
             attrs = {k: v for k, v in n.attrs.items() if k != "storage_order"}
             op = "BlockedMaxPool"
-        y = n.outputs[0]
+            if hop[n.name][2]:
+                res.note(f"{n.name} runs on {np.dtype(_value(graph, y).dtype)} data (the Casts around it dropped)")
         attrs["block"] = block
         yb = graph.unique_name(f"{y}_{layout}")
-        graph.value_info[yb] = Value(yb, np.float32, _value(graph, y).shape)
+        graph.value_info[yb] = Value(yb, _value(graph, y).dtype, _value(graph, y).shape)
         new = Node(op, ins, [yb], attrs, domain="opsnn", name=graph.unique_name(f"{op}_{n.name}"))
         new.attrs_origin = [n.name]
         new_nodes.append(new)
         blocked[y] = yb
         res.note(f"{n.name} -> {op}{'' if op != 'BlockedConv' or attrs['src_blocked'] else ' (plain NCHW input)'}")
         # chain members read it as X or Z only (weights are constants, a bias is 1-D): blocked
-        if y in out_names or any(u.name not in chosen for u in users.get(y, [])):
+        if y in out_names or any(u.name not in chosen and u.name not in dropped for u in users.get(y, [])):
             new_nodes.append(Node("FromBlocked", [yb], [y], {"block": block}, domain="opsnn",
                                   name=graph.unique_name(f"FromBlocked_{y}")))
     graph.nodes = new_nodes

@@ -39,23 +39,31 @@ def layout_name(block: int) -> str:
 def _check(x: np.ndarray, out: np.ndarray, block: int) -> None:
     if block not in BLOCKS:
         raise ValueError(f"blocked layout: block {block} is not one of {BLOCKS}")
+    if x.dtype != out.dtype:
+        raise ValueError(f"blocked layout: {x.dtype} -> {out.dtype} (a reorder keeps the dtype)")
     if x.shape != out.shape or x.ndim < 2 or x.shape[1] % block or not out.flags.c_contiguous:
         raise ValueError(f"blocked layout: shapes {x.shape} -> {out.shape} (same shape, channels a multiple of "
                          f"{block}, a C-contiguous output) expected")
 
 
+def _bits(a: np.ndarray) -> np.ndarray:
+    """``a`` as numba can index it: 16-bit elements (bfloat16, which numba does not know) are
+    moved as their uint16 bit patterns."""
+    return a.view(np.uint16) if a.dtype.itemsize == 2 else a
+
+
 def to_blocked(x: np.ndarray, out: np.ndarray, block: int) -> None:
-    """``out`` (C-contiguous, x's shape) = ``x`` (N, C, ...) in nChw<block>c order."""
+    """``out`` (C-contiguous, x's shape and dtype) = ``x`` (N, C, ...) in nChw<block>c order."""
     _check(x, out, block)
     n, c = x.shape[:2]
-    _reorder(np.ascontiguousarray(x).reshape(n, c, -1), out.reshape(-1), True, block)
+    _reorder(_bits(np.ascontiguousarray(x)).reshape(n, c, -1), _bits(out).reshape(-1), True, block)
 
 
 def from_blocked(x: np.ndarray, out: np.ndarray, block: int) -> None:
     """``out`` (N, C, ...) in plain order = ``x`` (C-contiguous, nChw<block>c order)."""
     _check(x, out, block)
     n, c = x.shape[:2]
-    _reorder(out.reshape(n, c, -1), np.ascontiguousarray(x).reshape(-1), False, block)
+    _reorder(_bits(out).reshape(n, c, -1), _bits(np.ascontiguousarray(x)).reshape(-1), False, block)
 
 
 def blocked_reference(x: np.ndarray, block: int) -> np.ndarray:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import dtypes as _dt
-from ...errors import InferShapeError
+from ...errors import DTypeError, InferShapeError
 from ...kernels.cpu import blocked as KB
 from ...kernels.cpu import onednn as KD
 from ..registry import Attr, Input, TensorMeta, get_op, register_op
@@ -21,7 +21,9 @@ from .conv import conv_geometry
 from .fused import _CONV_ATTR_NAMES, _EPILOGUE_ATTRS, _act_code, _conv_attrs, _fused_conv_infer
 from .pool import _pool_attrs, pool_geometry
 
-_F32 = (_dt.float32,)
+#: the dtypes blocked activations come in: float32, and bfloat16 (a mixed-precision graph's
+#: convolutions; oneDNN's bf16 kernels need AVX512-BF16 for their speed)
+_F32 = (_dt.float32, _dt.bfloat16)
 
 
 _BLOCK_ATTR = Attr("block", "int", 16)
@@ -71,6 +73,11 @@ def _from_blocked(ins, outs, attrs, plan, ws):
 def _blocked_conv_infer(ctx):
     if int(ctx.attrs["src_blocked"]):
         _check_blockable(ctx, 0, "X")
+    dt = ctx.dtype(0)
+    for i, what in ((1, "W"), (2, "B"), (3, "Z")):
+        if ctx.has(i) and ctx.dtype(i) != dt:
+            raise DTypeError(f"BlockedConv: {what} is {_dt.name(ctx.dtype(i))} but X is {_dt.name(dt)}; "
+                             f"{what} must be {_dt.name(dt)} too", op="BlockedConv")
     outs = _fused_conv_infer(ctx)
     b = _block(ctx)
     if len(outs[0].shape) != 4 or outs[0].shape[1] % b:
@@ -125,7 +132,8 @@ def _blocked_conv_plan(ctx):
     parts = ["bias"] * ctx.has(2) + ["residual add"] * ctx.has(3) + [ctx.attrs["activation"] or ""]
     epi = " + ".join(p for p in parts if p)
     lay = KB.layout_name(b)
-    return _OneDnnPlan(prim, f"conv {lay if src_blocked else 'NCHW'} -> {lay}, weight reordered at prepare"
+    dt = "" if ctx.dtype(0) == _dt.float32 else f"{_dt.name(ctx.dtype(0))} "
+    return _OneDnnPlan(prim, f"{dt}conv {lay if src_blocked else 'NCHW'} -> {lay}, weight reordered at prepare"
                              + (f", {epi} as post-ops" if epi else ""))
 
 
@@ -174,7 +182,8 @@ def _blocked_pool_plan(ctx):
     # the end pads that give exactly the output size (ceil mode adds a partial window's worth)
     pe = tuple((g.out[i] - 1) * g.strides[i] + g.kernel[i] - xs[2 + i] - g.pads_begin[i] for i in range(2))
     prim = KD.MaxPoolPrimitive(xs, xs[:2] + tuple(g.out), g.kernel, g.strides,
-                               (g.pads_begin[0], g.pads_begin[1], pe[0], pe[1]), block=_block(ctx))
+                               (g.pads_begin[0], g.pads_begin[1], pe[0], pe[1]), block=_block(ctx),
+                               dtype=ctx.dtype(0))
     lay = KB.layout_name(_block(ctx))
     return _OneDnnPlan(prim, f"max pooling {lay} -> {lay}")
 
