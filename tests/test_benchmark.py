@@ -44,6 +44,8 @@ def test_small_run_agrees_and_writes_json(tmp_path, capsys):
     assert st["passed"] is True and st["stored_dtypes"] == ["bfloat16"]
     assert st["weight_bytes_16bit"] * 2 <= st["weight_bytes_fp32"] * 1.02
     assert st["logits_max_rel_err"] < 1e-2
+    # onnxruntime's float32 run timed in the same blocks (torch is not installed here)
+    assert st["latency_ms"]["onnxruntime float32"] > 0 and st["peer_rel_err"]["onnxruntime float32"] < 1e-3
     sb = data["bert_16bit"]  # every MatMul of the dynamic-length BERT in bf16, not only ResNet's convs
     assert sb["passed"] is True and sb["stored_dtypes"] == ["bfloat16"] and sb["output"] == "last_hidden_state"
     assert sb["weight_bytes_16bit"] < 0.6 * sb["weight_bytes_fp32"]  # the embeddings stay fp32

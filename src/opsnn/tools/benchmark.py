@@ -251,8 +251,12 @@ def _torch_state(model, torch) -> dict:
 class TorchResNet:
     """ResNet forward in torch eager: conv, batch norm (inference), ReLU, max/avg pool, fc."""
 
-    def __init__(self, model, torch):
+    def __init__(self, model, torch, dtype=None):
+        """``dtype``: a torch dtype to run in (weights and activations; default the model's)."""
         self.torch, self.m, self.sd = torch, model, _torch_state(model, torch)
+        self.dtype = dtype
+        if dtype is not None:
+            self.sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in self.sd.items()}
 
     def _cbn(self, x, cname, conv, bname, bn):
         F, sd = self.torch.nn.functional, self.sd
@@ -264,7 +268,9 @@ class TorchResNet:
         torch, m = self.torch, self.m
         F = torch.nn.functional
         with torch.inference_mode():
-            x = F.relu(self._cbn(torch.from_numpy(feeds["input"]), "conv1", m.conv1, "bn1", m.bn1))
+            x = torch.from_numpy(feeds["input"])
+            x = x if self.dtype is None else x.to(self.dtype)
+            x = F.relu(self._cbn(x, "conv1", m.conv1, "bn1", m.bn1))
             x = F.max_pool2d(x, 3, 2, 1)
             for li in range(1, 5):
                 for bi, blk in enumerate(getattr(m, f"layer{li}")):
@@ -280,7 +286,7 @@ class TorchResNet:
                                                                      f"{p}.downsample.1", blk.downsample[1])
                     x = F.relu(out + idn)
             x = F.adaptive_avg_pool2d(x, 1).flatten(1)
-            return {"logits": F.linear(x, self.sd["fc.weight"], self.sd["fc.bias"]).numpy()}
+            return {"logits": F.linear(x, self.sd["fc.weight"], self.sd["fc.bias"]).float().numpy()}
 
 
 class TorchBert:
@@ -592,10 +598,12 @@ def _owner(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def run_storage_check(spec: Spec, dtype: str, args, rtol: float = 1e-2, halves: bool = True) -> dict:
+def run_storage_check(spec: Spec, dtype: str, args, rtol: float = 1e-2, halves: bool = True,
+                      torch=None) -> dict:
     """A graph model with its Conv/Gemm/MatMul in 16-bit (the mixed-precision pass converts their
     weights once; kernels take 16-bit inputs) vs float32: weight bytes, the first output's error
-    and both latencies. ResNet's logits target 1e-2 (issue 5); BERT's activations pass through
+    and both latencies, in the same interleaved blocks as onnxruntime's float32 run and (ResNet,
+    with ``torch``) torch eager in the 16-bit dtype. ResNet's logits target 1e-2 (issue 5); BERT's activations pass through
     twelve layers of 16-bit products, so it is held to ``BF16_RTOL``, and its embedding tables (Gather,
     not a product) stay float32, so its weights do not halve (``halves=False``)."""
     import opsnn
@@ -621,6 +629,13 @@ def run_storage_check(spec: Spec, dtype: str, args, rtol: float = 1e-2, halves: 
     out = cg32.graph.outputs[0].name
     runners = {"float32": lambda: cg32.run(feeds)[out].numpy(), dtype: lambda: cg16.run(feeds)[out].numpy()}
     err = rel_err(runners[dtype](), runners["float32"]())
+    if args.ort:
+        sess = _ort_session(proto)
+        runners[f"{ORT} float32"] = lambda: sess.run(None, feeds)[0]
+    if torch is not None and spec.kind == "resnet":
+        tm = TorchResNet(model, torch, dtype=getattr(torch, dtype))
+        runners[f"{TORCH} {dtype}"] = lambda: tm(feeds)["logits"]
+    peer_err = {n: rel_err(fn(), runners["float32"]()) for n, fn in runners.items() if " " in n}
     samples = blocks(runners, args.repeat, args.warmup, desc=f"{spec.name} {dtype}")
     b32, b16 = weight_bytes(cg32), weight_bytes(cg16)
     p32, p16 = plan_bytes(cg32), plan_bytes(cg16)
@@ -630,7 +645,7 @@ def run_storage_check(spec: Spec, dtype: str, args, rtol: float = 1e-2, halves: 
             "weight_bytes_16bit": b16, "weight_bytes_ratio": b16 / b32, "stored_dtypes": dtypes16,
             "plan_bytes_fp32": p32, "plan_bytes_16bit": p16, "resident_bytes_fp32": r32,
             "resident_bytes_16bit": r16, "resident_ratio": r16 / r32, "output": out,
-            "logits_max_rel_err": err, "target_rel_err": rtol, "passed": err < rtol and (b16 <= 0.51 * b32 if halves else b16 < b32),
+            "logits_max_rel_err": err, "peer_rel_err": peer_err, "target_rel_err": rtol, "passed": err < rtol and (b16 <= 0.51 * b32 if halves else b16 < b32),
             "latency_ms": {n: statistics.median(v) for n, v in samples.items()}}
 
 
@@ -685,6 +700,10 @@ def format_llama_row(row: dict) -> str:
 
 def format_storage(s: dict) -> str:
     lat = ", ".join(f"{k} {v:.2f} ms" for k, v in s["latency_ms"].items())
+    ours = s["latency_ms"][s["dtype"]]
+    peers = "".join(f"\n  opsnn {s['dtype']} / {n}: {ours / v:.2f}x (its max rel err vs opsnn float32 "
+                    f"{s.get('peer_rel_err', {}).get(n, float('nan')):.2e})"
+                    for n, v in s["latency_ms"].items() if " " in n)
     return (f"{s['dtype']} weight storage ({s['description']}): weights {s['weight_bytes_fp32'] / 2**20:.1f} MiB fp32 "
             f"-> {s['weight_bytes_16bit'] / 2**20:.1f} MiB ({s['weight_bytes_ratio']:.3f}x, stored as "
             f"{', '.join(s['stored_dtypes']) or 'nothing 16-bit'}); {s['output']} max rel err vs fp32 "
@@ -693,7 +712,7 @@ def format_storage(s: dict) -> str:
             f"median latency {lat}\n  kernel plans also hold pre-packed weights: fp32 graph "
             f"{_mib(s['plan_bytes_fp32'])}, {s['dtype']} graph {_mib(s['plan_bytes_16bit'])}; resident weights "
             f"{s['resident_bytes_fp32'] / 2**20:.1f} -> {s['resident_bytes_16bit'] / 2**20:.1f} MiB "
-            f"({s['resident_ratio']:.3f}x)")
+            f"({s['resident_ratio']:.3f}x)" + peers)
 
 
 def _mib(by_dtype: dict) -> str:
@@ -768,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
               f"of this model", flush=True)
         print()
     if args.dtype:
-        results["storage_16bit"] = run_storage_check(cases["resnet50"], args.dtype, args)
+        results["storage_16bit"] = run_storage_check(cases["resnet50"], args.dtype, args, torch=torch)
         print(format_storage(results["storage_16bit"]))
         if "bert" in args.models.split(","):
             results["bert_16bit"] = run_storage_check(cases["bert"], args.dtype, args, rtol=BF16_RTOL, halves=False)
