@@ -7,6 +7,7 @@ import pytest
 
 import opsnn
 from opsnn.kernels.cpu import mkl as KM
+from opsnn.kernels.cpu import onednn as KD
 from opsnn.ops.executor import plan_op
 from opsnn.ops.registry import TensorMeta, get_op
 
@@ -18,17 +19,24 @@ def _bf(rng, shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(BF16)
 
 
-def _run(op, arrays, constant, attrs, want_kernel, domain=""):
+def _run(op, arrays, constant, attrs, want_kernel, domain="", force=False):
     """Plan ``op`` on bf16 ``arrays`` (``constant``: indices known at prepare), check the chosen
-    kernel and run it; returns the bf16 output and the float64 oracle on the same inputs."""
+    kernel (``force``: run ``want_kernel`` whichever is chosen) and run it; returns the bf16
+    output and the float64 oracle on the same inputs."""
     rec = get_op(op, domain)
     metas = [None if a is None else TensorMeta(a.shape, a.dtype) for a in arrays]
     values = [a if i in constant else None for i, a in enumerate(arrays)]
     planned = plan_op(rec, metas, values, attrs)
-    assert planned.selection.kernel.name == want_kernel, planned.selection.reason
+    k, plan, ws_size = planned.selection.kernel, planned.plan, planned.workspace_size
+    if force:
+        k = next(k for k in rec.kernels if k.name == want_kernel)
+        assert k.check(planned.ctx) is None
+        plan = k.plan(planned.ctx) if k.plan else None
+        ws_size = k.workspace(planned.ctx, plan) if k.workspace else 0
+    assert k.name == want_kernel, planned.selection.reason
     out = np.full(planned.ctx.outputs[0].shape, np.nan, np.float32).astype(BF16)
-    ws = np.empty(max(planned.workspace_size, 1), np.uint8)
-    planned.selection.kernel.fn(arrays, [out], planned.ctx.attrs, planned.plan, ws)
+    ws = np.empty(max(ws_size, 1), np.uint8)
+    k.fn(arrays, [out], planned.ctx.attrs, plan, ws)
     wide = [None if a is None else a.astype(np.float64) for a in arrays]
     want = rec.reference([None if a is None else a.astype(np.float32) for a in arrays], planned.ctx.attrs)
     return out, np.asarray(want, np.float64), wide
@@ -147,7 +155,13 @@ def test_bf16_matmul_linear_gemm_match_oracle(rng, ashape, n):
 def test_bf16_fused_matmul_epilogue(rng, activation):
     a, w, b, z = _bf(rng, (6, 48)), _bf(rng, (48, 20), 0.2), _bf(rng, (20,)), _bf(rng, (6, 20))
     attrs = {"activation": activation, "activation_alpha": 0.0, "activation_beta": 0.0}
-    y, want, _ = _run("FusedMatMul", [a, w, b, z], {1, 2}, attrs, "matmul_epilogue_mkl_bf16", domain="opsnn")
+    # oneDNN's bf16 matmul where it has native bf16 kernels, else MKL's bf16 GEMM; both checked
+    chosen = "matmul_onednn" if KD.matmul_unavailable() is None and KD.bf16_unavailable() is None else \
+        "matmul_epilogue_mkl_bf16"
+    y, want, _ = _run("FusedMatMul", [a, w, b, z], {1, 2}, attrs, chosen, domain="opsnn")
+    _close_bf16(y, want)
+    y, want, _ = _run("FusedMatMul", [a, w, b, z], {1, 2}, attrs, "matmul_epilogue_mkl_bf16", domain="opsnn",
+                      force=True)
     _close_bf16(y, want)
 
 
@@ -175,7 +189,6 @@ def test_mixed_precision_resnet_block_runs_on_bf16_kernels(rng):
     x = rng.standard_normal((1, 3, 64, 64)).astype(np.float32)
     y32 = opsnn.compile(opsnn.onnx.load(proto)).run({"input": x})["logits"].numpy()
     from opsnn.graph import passes
-    from opsnn.kernels.cpu import onednn
 
     saved = mixed_precision.policy()
     try:
@@ -195,7 +208,7 @@ def test_mixed_precision_resnet_block_runs_on_bf16_kernels(rng):
     # with AVX512-BF16 the blocked-layout pass moves the bf16 convs to oneDNN's bf16 kernels
     y16o = cg_onednn.run({"input": x})["logits"].numpy()
     text = cg_onednn.explain()
-    assert ("conv_onednn" in text) == (onednn.bf16_unavailable() is None) and "adapter" not in text
+    assert ("conv_onednn" in text) == (KD.bf16_unavailable() is None) and "adapter" not in text
     assert np.abs(y16o.astype(np.float64) - y32).max() / np.abs(y32).max() < 2e-2
 
 

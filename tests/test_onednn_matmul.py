@@ -5,6 +5,8 @@ import math
 import numpy as np
 import pytest
 
+import opsnn
+
 from opsnn.kernels.cpu import onednn as KD
 from opsnn.ops.autotune import NotPreferred
 from opsnn.ops.defs import fused as F
@@ -54,6 +56,34 @@ def test_matmul_onednn_matches_a_float64_oracle(rng, act, alpha, beta, bias, res
         y = y + z
     want = ORACLE[act](y, alpha, beta)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-5 * max(1.0, np.abs(want).max()))
+
+
+@pytest.mark.skipif(KD.matmul_unavailable() is not None or KD.bf16_unavailable() is not None,
+                    reason=f"oneDNN bf16 matmul: {KD.matmul_unavailable() or KD.bf16_unavailable()}")
+@pytest.mark.parametrize("act,bias,residual", [("", True, False), ("Gelu", True, False), ("", False, True),
+                                               ("Relu", True, True)])
+def test_bfloat16_matmul_onednn_matches_the_oracle_on_the_same_values(rng, act, bias, residual):
+    """bf16 A, B, bias, Z: float32 accumulation and one rounding of Y, so Y is within bf16's
+    rounding of the float64 oracle computed from the same (bf16-representable) values."""
+    bf = opsnn.dtypes.bfloat16
+    a = rng.standard_normal((2, 17, 72)).astype(bf)
+    w = (rng.standard_normal((72, 40)) * 0.2).astype(bf)
+    b = rng.standard_normal(40).astype(bf) if bias else None
+    z = rng.standard_normal((2, 17, 40)).astype(bf) if residual else None
+    rec, planned = _plan(a, w, b, z, {"activation": act})
+    k = planned.selection.kernel
+    assert k.name == "matmul_onednn" and not k.needs_adapter(planned.ctx)
+    plan = k.plan(planned.ctx)
+    assert "bfloat16 matmul" in plan.describe() and "bf16" in plan.impl
+    out = np.zeros((2, 17, 40), bf)
+    k.fn([a, w, b, z], [out], planned.ctx.attrs, plan, None)
+    y = a.astype(np.float64) @ w.astype(np.float64)
+    if bias:
+        y = y + b.astype(np.float64)
+    if residual:
+        y = y + z.astype(np.float64)
+    want = ORACLE[act](y, 0, 0)
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=2 ** -7, atol=1e-3 * np.abs(want).max())
 
 
 @needs_onednn

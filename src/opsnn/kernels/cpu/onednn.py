@@ -478,29 +478,33 @@ class MaxPoolPrimitive:
 
 
 class MatMulPrimitive:
-    """``act(A @ W + bias + Z)`` for float32 row-major ``A`` (M, K), a constant ``W`` (K, N)
+    """``act(A @ W + bias + Z)`` for row-major ``A`` (M, K), a constant ``W`` (K, N)
     (reordered here, once, into the primitive's blocked layout), optional ``bias`` (N,) and
     residual ``Z`` (M, N), row-major ``Y`` (M, N): oneDNN's matmul (brgemm) with the bias as its
-    bias argument and the residual add and activation as post-ops."""
+    bias argument and the residual add and activation as post-ops. All float32, or all bfloat16
+    (W's dtype says which; float32 accumulation, Y rounded once). bf16 vs float32 on the 2-core
+    Zen 4 VM (ms): 128x768x768 0.67 / 1.35, 128x768x3072 1.60 / 5.56, 128x3072x768 1.36 / 3.20."""
 
     def __init__(self, m: int, w: np.ndarray, *, has_bias: bool, residual: bool, act: int, alpha: float = 0.0,
                  beta: float = 0.0):
-        w = np.ascontiguousarray(w, dtype=np.float32)
+        w = np.ascontiguousarray(w)
+        if not is_bf16(w.dtype):
+            w = w.astype(np.float32, copy=False)
         k, n = w.shape
-        pd, (src, dst, w_any, bias), post = self._desc(m, k, n, has_bias, residual, act, alpha, beta)
-        self.weight, self._raw = _reordered_weight(pd, _Md([k, n], TAG_AB), w)
+        pd, (src, dst, w_any, bias), post = self._desc(m, k, n, has_bias, residual, act, alpha, beta, w.dtype)
+        self.weight, self._raw = _reordered_weight(pd, _Md([k, n], TAG_AB, w.dtype), w)
         self.prim = Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=(src, dst, w_any, bias))
         self.has_bias, self.residual = has_bias, residual
         self.shape = (m, k, n)
         self.post = [p[0] for p in post]
 
     @staticmethod
-    def _desc(m, k, n, has_bias, residual, act, alpha, beta):
+    def _desc(m, k, n, has_bias, residual, act, alpha, beta, dtype=np.float32):
         if unavailable() is not None:
             raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
-        src, dst = _Md([m, k], TAG_AB), _Md([m, n], TAG_AB)
-        w_any = _Md([k, n], TAG_ANY)
-        bias = _Md([1, n], TAG_AB) if has_bias else None
+        src, dst = _Md([m, k], TAG_AB, dtype), _Md([m, n], TAG_AB, dtype)
+        w_any = _Md([k, n], TAG_ANY, dtype)
+        bias = _Md([1, n], TAG_AB, dtype) if has_bias else None
         post = _epilogue(dst, residual, act, alpha, beta)
         attr = _attr_with(post)
         pd = _vp()
@@ -526,7 +530,8 @@ class MatMulPrimitive:
 
     def describe(self) -> str:
         m, k, n = self.shape
-        return (f"oneDNN {self.impl} matmul {m}x{k} @ {k}x{n}, B reordered at prepare"
+        dt = "bfloat16 " if is_bf16(self.weight.dtype) else ""
+        return (f"oneDNN {self.impl} {dt}matmul {m}x{k} @ {k}x{n}, B reordered at prepare"
                 + (", bias" if self.has_bias else "") + "".join(f", {p} post-op" for p in self.post))
 
     __call__ = ConvPrimitive.__call__

@@ -211,16 +211,19 @@ def _fused_mm_onednn_applies(ctx):
     why = KD.matmul_unavailable()
     if why is not None:
         return why
-    if ctx.dtype(0) != _dt.float32 or ctx.dtype(1) != _dt.float32:
-        return "float32 only"
+    dt = ctx.dtype(0)
+    if dt not in (_dt.float32, _dt.bfloat16) or ctx.dtype(1) != dt:
+        return "float32 or bfloat16 A and B of one dtype only"
+    if dt == _dt.bfloat16 and KD.bf16_unavailable() is not None:
+        return f"bfloat16: {KD.bf16_unavailable()}"
     w = ctx.value(1)
     if w is None or np.ndim(w) != 2:
         return "B is not a constant 2-D matrix known at prepare time (graph initializer)"
     n = ctx.outputs[0].shape[-1]
-    if ctx.has(2) and (ctx.dtype(2) != _dt.float32 or tuple(ctx.shape(2)) != (n,)):
-        return f"bias must be float32 of shape ({n},), got {tuple(ctx.shape(2))}"
-    if ctx.has(3) and ctx.dtype(3) != _dt.float32:
-        return "float32 residual only"
+    if ctx.has(2) and (ctx.dtype(2) != dt or tuple(ctx.shape(2)) != (n,)):
+        return f"bias must be {_dt.name(dt)} of shape ({n},), got {_dt.name(ctx.dtype(2))} {tuple(ctx.shape(2))}"
+    if ctx.has(3) and ctx.dtype(3) != dt:
+        return f"the residual must be {_dt.name(dt)} too"
     if 0 in ctx.outputs[0].shape or ctx.shape(0)[-1] == 0:
         return "empty product"
     rows = int(np.prod(ctx.outputs[0].shape[:-1]))
@@ -248,10 +251,11 @@ def _fused_mm_onednn(ins, outs, attrs, plan, ws):
     plan(ins[0], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, outs[0])
 
 
-FusedMatMul.kernel("matmul_onednn", dtypes=(_dt.float32,), priority=12, applies=_fused_mm_onednn_applies,
-                   plan=_fused_mm_onednn_plan,
-                   doc="float32 with a constant 2-D B: oneDNN's matmul (brgemm) on B reordered once at prepare, "
-                   "the bias, residual add and activation as post-ops (no separate epilogue pass)")(_fused_mm_onednn)
+FusedMatMul.kernel("matmul_onednn", dtypes=(_dt.float32, _dt.bfloat16), priority=12,
+                   applies=_fused_mm_onednn_applies, plan=_fused_mm_onednn_plan,
+                   doc="float32 (or bfloat16 with AVX512-BF16) with a constant 2-D B: oneDNN's matmul (brgemm) on "
+                   "B reordered once at prepare, the bias, residual add and activation as post-ops (no separate "
+                   "epilogue pass)")(_fused_mm_onednn)
 
 
 def _fused_mm_bf16_applies(ctx):
