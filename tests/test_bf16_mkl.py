@@ -244,7 +244,8 @@ def _decoders(bf16_fast: bool):
 def test_llama_cast_to_bfloat16_decodes_close_to_float32(rng, monkeypatch, bf16_fast, library):
     # Module.to("bfloat16") keeps the weights in bf16; the decoder keeps float32 activations and
     # KV cache, widens the norms / RoPE tables once and runs the projections on MKL's bf16 GEMM
-    # (one-row steps on opsnn's bf16 matrix-vector kernel where OpenBLAS is the GEMM library)
+    # (where OpenBLAS is the GEMM library: one-row steps on opsnn's bf16 matrix-vector kernel,
+    # more rows on oneDNN's bf16 matmul where it has native bf16 code)
     monkeypatch.setattr(KM, "_library", library)
     (lm32, c32, d32), (lm16, c16, d16) = _decoders(bf16_fast)
     assert lm16.model.layers[0].self_attn.q_proj.weight.dtype == BF16
@@ -276,7 +277,11 @@ def test_bfloat16_decoder_projections_run_on_the_bf16_gemm(rng, monkeypatch, lib
     assert {k.kernel for k in p.kernels if k.op == "Linear"} == {one_row}
     with profile() as p:
         dec.forward(np.array([[4], [6]]), slots, [6, 5])
-    assert {k.kernel for k in p.kernels if k.op == "Linear"} == {"llm_linear_mkl_bf16"}
+    # two rows and more: oneDNN's bf16 matmul where OpenBLAS is the library and oneDNN has native
+    # bf16 code (MKL's bf16 GEMM is 2.5-4.5x slower there), else MKL's
+    few = "llm_linear_onednn_bf16" if library == "openblas" and KD.matmul_unavailable() is None \
+        and KD.bf16_unavailable() is None else "llm_linear_mkl_bf16"
+    assert {k.kernel for k in p.kernels if k.op == "Linear"} == {few}
 
 
 @pytest.mark.parametrize("n,k", [(1, 1), (7, 33), (130, 64), (65, 0)])

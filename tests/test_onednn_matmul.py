@@ -125,10 +125,29 @@ def test_wt_matmul_matches_a_float64_oracle(rng, m, k, n, accumulate):
     assert KD.wt_matmul(m, k, n, accumulate) is KD.wt_matmul(m, k, n, accumulate)   # kept, one per shape
 
 
+@pytest.mark.skipif(KD.matmul_unavailable() is not None or KD.bf16_unavailable() is not None,
+                    reason=f"oneDNN bf16 matmul: {KD.matmul_unavailable() or KD.bf16_unavailable()}")
+@pytest.mark.parametrize("m,k,n", [(2, 40, 24), (128, 96, 200)])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_bfloat16_wt_matmul_accumulates_in_float32(rng, m, k, n, accumulate):
+    """A bf16 model's products: bf16 X and W (n, k), float32 Y (= or +=), against the float64
+    oracle on the same bf16 values (so only float32 summation order differs)."""
+    bf = opsnn.dtypes.bfloat16
+    x = rng.standard_normal((m, k)).astype(bf)
+    w = rng.standard_normal((n, k)).astype(bf)
+    y0 = rng.standard_normal((m, n)).astype(np.float32)
+    y = y0.copy()
+    prim = KD.wt_matmul(m, k, n, accumulate, bf)
+    assert prim is not KD.wt_matmul(m, k, n, accumulate) and "bf16" in prim.impl
+    prim.run(x.ctypes.data, w.ctypes.data, y.ctypes.data)
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + (y0 if accumulate else 0)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * math.sqrt(k) * 4)
+
+
 @needs_onednn
 def test_wt_matmul_keeps_at_most_wt_cache_size_primitives(monkeypatch):
     monkeypatch.setattr(KD, "_wt_cache", type(KD._wt_cache)())
     monkeypatch.setattr(KD, "WT_CACHE_SIZE", 3)
     prims = [KD.wt_matmul(m, 16, 8) for m in range(1, 6)]
-    assert list(KD._wt_cache) == [(m, 16, 8, False) for m in (3, 4, 5)]
+    assert list(KD._wt_cache) == [(m, 16, 8, False, "float32") for m in (3, 4, 5)]
     assert KD.wt_matmul(5, 16, 8) is prims[-1] and KD.wt_matmul(1, 16, 8) is not prims[0]

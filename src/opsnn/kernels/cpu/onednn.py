@@ -544,17 +544,17 @@ _wt_cache: "OrderedDict[tuple, Primitive]" = OrderedDict()
 _wt_lock = threading.Lock()
 
 
-def wt_matmul(m: int, k: int, n: int, accumulate: bool = False) -> Primitive:
+def wt_matmul(m: int, k: int, n: int, accumulate: bool = False, dtype=np.float32) -> Primitive:
     """oneDNN's matmul ``Y = X @ W.T`` (``Y += X @ W.T`` with ``accumulate``: a sum post-op)
-    for row-major float32 ``X`` (m, k), ``W`` (n, k) and ``Y`` (m, n): ``run(x_ptr, w_ptr,
-    y_ptr)``. W is read in place as a transposed operand (no reordered copy), so one primitive
-    serves every weight of that shape; primitives are kept per (m, k, n, accumulate), up to
+    for row-major ``X`` (m, k), ``W`` (n, k) in ``dtype`` (float32, or bfloat16: a bf16 model's
+    weights, float32 accumulation) and float32 ``Y`` (m, n): ``run(x_ptr, w_ptr, y_ptr)``. W is read in place as a transposed operand (no reordered copy), so one primitive
+    serves every weight of that shape; primitives are kept per (m, k, n, accumulate, dtype), up to
     ``WT_CACHE_SIZE``. The LLaMA decoder's projections use it (:mod:`opsnn.llm.decoder`).
     Measured on the 2-core EPYC Zen 4 VM (2026-12-02, ms, oneDNN / OpenBLAS ``x @ W.T`` /
     opsnn's ``gemm_rows``): 128 x 768 -> 4096 5.05 / 6.04 / -, 128 x 2048 -> 768 (+=) 2.20 /
     2.98 / -, 512 x 768 -> 4096 17.5 / 23.3 / -, 32 x 768 -> 4096 2.70 / 3.71 / 4.35,
     16 x 768 -> 4096 1.69 / 2.66 / 2.60, 8 x 768 -> 1280 0.16 / 0.43 / 0.18."""
-    key = (int(m), int(k), int(n), bool(accumulate))
+    key = (int(m), int(k), int(n), bool(accumulate), np.dtype(dtype).name)
     with _wt_lock:
         prim = _wt_cache.get(key)
         if prim is not None:
@@ -562,7 +562,7 @@ def wt_matmul(m: int, k: int, n: int, accumulate: bool = False) -> Primitive:
             return prim
     if unavailable() is not None:
         raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
-    src, w, dst = _Md([m, k], TAG_AB), _Md([k, n], TAG_BA), _Md([m, n], TAG_AB)
+    src, w, dst = _Md([m, k], TAG_AB, dtype), _Md([k, n], TAG_BA, dtype), _Md([m, n], TAG_AB)
     attr = _attr_with([("sum",)] if accumulate else [])
     pd = _vp()
     status = _lib.dnnl_matmul_primitive_desc_create(C.byref(pd), _engine, src.h, w.h, None, dst.h, attr)
