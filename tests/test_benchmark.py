@@ -128,6 +128,7 @@ def test_info_says_whether_onednn_is_used(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "blocked convolutions: not used (disabled by OPSNN_ONEDNN=0)" in out
     assert "constant-weight matmuls: not on oneDNN (disabled by OPSNN_ONEDNN=0)" in out
+    assert "bfloat16 (mixed precision) convolutions and products: not on oneDNN (disabled by OPSNN_ONEDNN=0)" in out
 
 
 def test_onednn_env_switch_and_load_failure_say_why(monkeypatch):
