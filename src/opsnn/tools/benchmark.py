@@ -603,9 +603,10 @@ def run_storage_check(spec: Spec, dtype: str, args, rtol: float = 1e-2, halves: 
     """A graph model with its Conv/Gemm/MatMul in 16-bit (the mixed-precision pass converts their
     weights once; kernels take 16-bit inputs) vs float32: weight bytes, the first output's error
     and both latencies, in the same interleaved blocks as onnxruntime's float32 run and (ResNet,
-    with ``torch``) torch eager in the 16-bit dtype. ResNet's logits target 1e-2 (issue 5); BERT's activations pass through
-    twelve layers of 16-bit products, so it is held to ``BF16_RTOL``, and its embedding tables (Gather,
-    not a product) stay float32, so its weights do not halve (``halves=False``)."""
+    with ``torch``) torch eager in the 16-bit dtype. ResNet's logits target 1e-2 (issue 5); BERT's
+    activations pass through twelve layers of 16-bit products, so it is held to ``BF16_RTOL``,
+    and its embedding tables (Gather, not a product) stay float32, so its weights do not halve
+    (``halves=False``)."""
     import opsnn
     from ..graph import mixed_precision
 
@@ -645,7 +646,8 @@ def run_storage_check(spec: Spec, dtype: str, args, rtol: float = 1e-2, halves: 
             "weight_bytes_16bit": b16, "weight_bytes_ratio": b16 / b32, "stored_dtypes": dtypes16,
             "plan_bytes_fp32": p32, "plan_bytes_16bit": p16, "resident_bytes_fp32": r32,
             "resident_bytes_16bit": r16, "resident_ratio": r16 / r32, "output": out,
-            "logits_max_rel_err": err, "peer_rel_err": peer_err, "target_rel_err": rtol, "passed": err < rtol and (b16 <= 0.51 * b32 if halves else b16 < b32),
+            "logits_max_rel_err": err, "peer_rel_err": peer_err, "target_rel_err": rtol,
+            "passed": err < rtol and (b16 <= 0.51 * b32 if halves else b16 < b32),
             "latency_ms": {n: statistics.median(v) for n, v in samples.items()}}
 
 

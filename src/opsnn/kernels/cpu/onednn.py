@@ -547,8 +547,9 @@ _wt_lock = threading.Lock()
 def wt_matmul(m: int, k: int, n: int, accumulate: bool = False, dtype=np.float32) -> Primitive:
     """oneDNN's matmul ``Y = X @ W.T`` (``Y += X @ W.T`` with ``accumulate``: a sum post-op)
     for row-major ``X`` (m, k), ``W`` (n, k) in ``dtype`` (float32, or bfloat16: a bf16 model's
-    weights, float32 accumulation) and float32 ``Y`` (m, n): ``run(x_ptr, w_ptr, y_ptr)``. W is read in place as a transposed operand (no reordered copy), so one primitive
-    serves every weight of that shape; primitives are kept per (m, k, n, accumulate, dtype), up to
+    weights, float32 accumulation) and float32 ``Y`` (m, n): ``run(x_ptr, w_ptr, y_ptr)``. W is
+    read in place as a transposed operand (no reordered copy), so one primitive serves every
+    weight of that shape; primitives are kept per (m, k, n, accumulate, dtype), up to
     ``WT_CACHE_SIZE``. The LLaMA decoder's projections use it (:mod:`opsnn.llm.decoder`).
     Measured on the 2-core EPYC Zen 4 VM (2026-12-02, ms, oneDNN / OpenBLAS ``x @ W.T`` /
     opsnn's ``gemm_rows``): 128 x 768 -> 4096 5.05 / 6.04 / -, 128 x 2048 -> 768 (+=) 2.20 /
