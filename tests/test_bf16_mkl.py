@@ -144,9 +144,10 @@ def test_bf16_matmul_linear_gemm_match_oracle(rng, ashape, n):
         attrs = {"transB": 1, "alpha": 0.5, "beta": 2.0}
         y, want, _ = _run("Gemm", [a, w, b], {1, 2}, attrs, "gemm_mkl_bf16")
         _close_bf16(y, want)
-        # C known only at run time (full shape, beta 1): added in the fp32 epilogue
+        # C known only at run time (full shape, beta 1): added in the fp32 epilogue (oneDNN's
+        # matmul takes this one where it has native bf16 code: tests/test_onednn_matmul.py)
         c = _bf(rng, (ashape[0], n))
-        y, want, _ = _run("Gemm", [a, w, c], {1}, {"transB": 1}, "gemm_mkl_bf16")
+        y, want, _ = _run("Gemm", [a, w, c], {1}, {"transB": 1}, "gemm_mkl_bf16", force=True)
         _close_bf16(y, want)
 
 
@@ -179,7 +180,7 @@ def test_cast_float32_bfloat16_is_bitwise_ml_dtypes(rng):
 
 
 @needs_bf16
-def test_mixed_precision_resnet_block_runs_on_bf16_kernels(rng):
+def test_mixed_precision_resnet_block_runs_on_bf16_kernels(rng, monkeypatch):
     # a bottleneck block with 16-bit Conv/Gemm weights: every conv on MKL's bf16 GEMM, none
     # through the fp32 adapter (which widened the weights on every call), logits close to fp32
     from opsnn.graph import mixed_precision
@@ -188,19 +189,17 @@ def test_mixed_precision_resnet_block_runs_on_bf16_kernels(rng):
     proto = to_onnx(resnet50(num_classes=10, seed=0)).SerializeToString()
     x = rng.standard_normal((1, 3, 64, 64)).astype(np.float32)
     y32 = opsnn.compile(opsnn.onnx.load(proto)).run({"input": x})["logits"].numpy()
-    from opsnn.graph import passes
-
     saved = mixed_precision.policy()
     try:
         opsnn.config.allow_mix_precision({"Conv": "bfloat16", "Gemm": "bfloat16", "MatMul": "bfloat16"})
         cg_onednn = opsnn.compile(opsnn.onnx.load(proto))
         # what runs where oneDNN has no native bf16 kernels: the convs stay on MKL's bf16 GEMM
-        passes.disable_passes(["blocked_layout"])
-        cg = opsnn.compile(opsnn.onnx.load(proto))
+        with monkeypatch.context() as mp:
+            mp.setattr(KD, "bf16_unavailable", lambda: "no AVX512-BF16 (test)")
+            cg = opsnn.compile(opsnn.onnx.load(proto))
+            y16 = cg.run({"input": x})["logits"].numpy()    # plans (kernel choices) are made here
     finally:
-        passes.disable_passes([])
         mixed_precision.set_policy(saved)
-    y16 = cg.run({"input": x})["logits"].numpy()
     text = cg.explain()
     assert "conv_epilogue_mkl_bf16" in text and "gemm_mkl_bf16" in text
     assert "adapter" not in text
@@ -209,6 +208,7 @@ def test_mixed_precision_resnet_block_runs_on_bf16_kernels(rng):
     y16o = cg_onednn.run({"input": x})["logits"].numpy()
     text = cg_onednn.explain()
     assert ("conv_onednn" in text) == (KD.bf16_unavailable() is None) and "adapter" not in text
+    assert ("gemm_onednn" in text) == (KD.product_unavailable(BF16) is None)
     assert np.abs(y16o.astype(np.float64) - y32).max() / np.abs(y32).max() < 2e-2
 
 

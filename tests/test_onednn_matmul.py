@@ -151,3 +151,36 @@ def test_wt_matmul_keeps_at_most_wt_cache_size_primitives(monkeypatch):
     prims = [KD.wt_matmul(m, 16, 8) for m in range(1, 6)]
     assert list(KD._wt_cache) == [(m, 16, 8, False, "float32") for m in (3, 4, 5)]
     assert KD.wt_matmul(5, 16, 8) is prims[-1] and KD.wt_matmul(1, 16, 8) is not prims[0]
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("trans_b,c_shape,beta", [(1, (24,), 1.0), (0, (1, 24), 1.0), (1, (5, 24), 1.0),
+                                                  (0, None, 1.0), (1, (5, 24), 0.0)])
+def test_gemm_on_onednn_matches_the_gemm_reference(rng, dtype, trans_b, c_shape, beta):
+    """Gemm with a constant B (ResNet's classifier, exported Linear layers): B reordered once,
+    C as the matmul's bias or a residual post-op."""
+    dt = opsnn.dtypes.get(dtype)
+    if dtype == "bfloat16" and KD.bf16_unavailable() is not None:
+        pytest.skip(f"oneDNN bf16: {KD.bf16_unavailable()}")
+    a = rng.standard_normal((5, 40)).astype(dt)
+    b = (rng.standard_normal((24, 40) if trans_b else (40, 24)) * 0.2).astype(dt)
+    c = None if c_shape is None else rng.standard_normal(c_shape).astype(dt)
+    rec = get_op("Gemm")
+    attrs = {"transB": trans_b, "beta": beta}
+    ins = [a, b] + ([c] if c is not None else [])
+    planned = plan_op(rec, [TensorMeta(t.shape, t.dtype) for t in ins], [None, b] + [None] * (len(ins) - 2), attrs)
+    k = planned.selection.kernel
+    assert k.name == "gemm_onednn", planned.selection.reason
+    out = np.zeros((5, 24), dt)
+    k.fn(ins, [out], planned.ctx.attrs, planned.plan, None)
+    want = rec.reference([t.astype(np.float64) for t in ins], planned.ctx.attrs)
+    tol = 2 ** -7 if dtype == "bfloat16" else 1e-5
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=tol, atol=tol * np.abs(want).max())
+    # what it leaves to the other kernels, with the reason
+    metas = [TensorMeta(t.shape, t.dtype) for t in ins]
+    for bad, why in (({"alpha": 0.5}, "transA=0 and alpha=1"), ({"beta": 0.5}, "beta=1")):
+        if "beta" in bad and c is None:
+            continue
+        p2 = plan_op(rec, metas, [None, b] + [None] * (len(ins) - 2), dict(attrs, **bad))
+        assert why in str(k.check(p2.ctx)) and p2.selection.kernel.name != "gemm_onednn"

@@ -184,6 +184,21 @@ def matmul_unavailable() -> str | None:
     return _matmul_why[0]
 
 
+def product_unavailable(dtype) -> str | None:
+    """None when oneDNN's matmul is worth using for a constant-weight product in ``dtype``
+    (float32: :func:`matmul_unavailable`; bfloat16: that and :func:`bf16_unavailable`), else why not."""
+    why = matmul_unavailable()
+    if why is not None:
+        return why
+    d = np.dtype(dtype)
+    if d == np.float32:
+        return None
+    if is_bf16(d):
+        why = bf16_unavailable()
+        return None if why is None else f"bfloat16: {why}"
+    return f"float32 or bfloat16 only, not {d}"
+
+
 def version() -> str | None:
     if unavailable() is not None:
         return None

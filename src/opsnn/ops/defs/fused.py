@@ -208,14 +208,10 @@ FusedMatMul.kernel("matmul_epilogue", dtypes=_F32_64, priority=10, plan=_fused_m
 
 
 def _fused_mm_onednn_applies(ctx):
-    why = KD.matmul_unavailable()
+    dt = ctx.dtype(0)
+    why = KD.product_unavailable(dt)
     if why is not None:
         return why
-    dt = ctx.dtype(0)
-    if dt not in (_dt.float32, _dt.bfloat16) or ctx.dtype(1) != dt:
-        return "float32 or bfloat16 A and B of one dtype only"
-    if dt == _dt.bfloat16 and KD.bf16_unavailable() is not None:
-        return f"bfloat16: {KD.bf16_unavailable()}"
     w = ctx.value(1)
     if w is None or np.ndim(w) != 2:
         return "B is not a constant 2-D matrix known at prepare time (graph initializer)"

@@ -16,6 +16,7 @@ from ... import dtypes as _dt
 from ...errors import DTypeError
 from ...kernels.cpu import gemm as K
 from ...kernels.cpu import mkl as KM
+from ...kernels.cpu import onednn as KD
 from ...tensor import as_tensor
 from ..api import api
 from ..autotune import NotPreferred
@@ -322,6 +323,42 @@ Gemm.kernel("gemm_mkl_bf16", dtypes=(_dt.bfloat16,), priority=35, applies=_gemm_
             plan=_gemm_bf16_plan, workspace=_bf16_ws,
             doc="bfloat16 with a constant B: MKL's bf16 GEMM on the weight as stored, alpha in the GEMM, "
             "beta * C in the fp32 epilogue, one rounding")(_gemm_bf16)
+
+
+def _gemm_onednn_applies(ctx):
+    why = KD.product_unavailable(ctx.dtype(0))
+    if why is not None:
+        return why
+    if ctx.attrs["transA"] or ctx.attrs["alpha"] != 1.0:
+        return "transA=0 and alpha=1 only"
+    if ctx.value(1) is None:
+        return "B is not a constant known at prepare time (graph initializer)"
+    m, n = ctx.outputs[0].shape
+    if 0 in (m, n) or ctx.shape(0)[1] == 0:
+        return "empty product"
+    if ctx.has(2) and ctx.attrs["beta"] != 0.0:
+        if ctx.attrs["beta"] != 1.0 or tuple(ctx.shape(2)) not in ((n,), (1, n), (m, n)):
+            return "C must be a bias (N,) / (1, N) or a full (M, N) C, with beta=1"
+    return True
+
+
+def _gemm_onednn_plan(ctx):
+    b = np.asarray(ctx.value(1))
+    w = b.T if ctx.attrs["transB"] else b
+    m, n = ctx.outputs[0].shape
+    c = tuple(ctx.shape(2)) if ctx.has(2) and ctx.attrs["beta"] != 0.0 else None
+    return KD.MatMulPrimitive(m, w, has_bias=c is not None and c != (m, n), residual=c == (m, n), act=0)
+
+
+def _gemm_onednn(ins, outs, attrs, plan, ws):
+    c = ins[2] if len(ins) > 2 and attrs["beta"] != 0.0 else None
+    plan(ins[0], c if plan.has_bias else None, c if plan.residual else None, outs[0])
+
+
+Gemm.kernel("gemm_onednn", dtypes=(_dt.float32, _dt.bfloat16), priority=36, applies=_gemm_onednn_applies,
+            plan=_gemm_onednn_plan,
+            doc="a constant B (transB either way, reordered once at prepare), transA=0, alpha=1: oneDNN's matmul "
+            "(brgemm, bf16 too with AVX512-BF16), C as its bias or a residual post-op")(_gemm_onednn)
 
 
 @api("gemm", "Gemm")
