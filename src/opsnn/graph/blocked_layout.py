@@ -36,6 +36,16 @@ MIN_CONVS = 2
 PROBE_SIZE = 32
 
 
+def machine_key() -> str:
+    """What this pass's rewrite depends on besides the graph: the channel block oneDNN uses here
+    (16, 8, or none) and whether bf16 chains go to oneDNN. Part of the persisted compile cache's
+    key, so a graph blocked for one CPU (or oneDNN setting) is not reloaded on another."""
+    from ..kernels.cpu import onednn
+
+    b = onednn.block()
+    return "plain" if b is None else f"{layout_name(b)}{'+bf16' if onednn.bf16_unavailable() is None else ''}"
+
+
 def _blockable_dtype(dt) -> bool:
     from ..kernels.cpu.onednn import is_bf16
 

@@ -590,7 +590,11 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
 
         # the mixed-precision policy changes the compiled graph (casts, 16-bit weights): part of the key
         mp = ",".join(f"{op}:{np.dtype(dt).name}" for op, dt in sorted(_mp_policy().items()))
-        key = f"{graph_hash(graph)}-L{level}-{'-'.join(sorted(_off() | set(disabled_passes or ())))}-MP{mp}"
+        # so does the CPU (and oneDNN setting): the blocked-layout pass rewrites for this one's block
+        from .blocked_layout import machine_key
+
+        key = (f"{graph_hash(graph)}-L{level}-{'-'.join(sorted(_off() | set(disabled_passes or ())))}-MP{mp}"
+               f"-{machine_key()}")
         entry = os.path.join(cache_dir, hashlib.sha256(key.encode()).hexdigest()[:20])
         cached = _load_cached(entry, graph, max_plans, memory_optimization)
         if cached is not None:
