@@ -391,3 +391,49 @@ def test_pass_uses_nchw8c_when_onednn_runs_avx2_code():
     line = r.stdout.strip().splitlines()[-1]
     assert line.startswith("8 [8] True |") and "gemm:jit" in line, line
     assert line.split("|")[-1].strip().startswith("oneDNN runs without AVX512-BF16 here"), line
+
+
+@needs_onednn
+def test_primitives_share_one_reordered_copy_of_a_weight(rng):
+    """Plans for other input shapes (and other primitives) on the same weight array in the same
+    layout share one reordered copy; another array, even with equal values, gets its own; a
+    copy goes when its last primitive does, and a new array at a freed one's address is not
+    mistaken for it."""
+    import gc
+
+    w = _f32(rng, 32, 16, 3, 3, scale=0.2)
+    geo = dict(strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), block=BLOCK, src_blocked=True, has_bias=False,
+               residual=False, act=0)
+    p1 = KD.ConvPrimitive((1, 16, 12, 12), w, (1, 32, 12, 12), **geo)
+    p2 = KD.ConvPrimitive((3, 16, 12, 12), w, (3, 32, 12, 12), **geo)
+    assert p1._w is p2._w and p1.weight.ctypes.data == p2.weight.ctypes.data
+    p3 = KD.ConvPrimitive((1, 16, 12, 12), w.copy(), (1, 32, 12, 12), **geo)
+    assert p3._w is not p1._w
+    np.testing.assert_array_equal(p3.weight, p1.weight)
+    key = next(k for k, refs in KD._reordered.items() if any(r() is p1._w for r in refs))
+    del p1, p2
+    gc.collect()
+    assert all(r() is None for r in KD._reordered.get(key, []))
+    rec = get_op("BlockedConv", "opsnn")
+    attrs = rec.bind_attrs({"pads": [1, 1, 1, 1], "block": BLOCK})
+    for _ in range(3):       # fresh weights, often at the address the last one had
+        w = _f32(rng, 32, 16, 3, 3, scale=0.2)
+        p = KD.ConvPrimitive((1, 16, 12, 12), w, (1, 32, 12, 12), **geo)
+        x = KB.blocked_reference(_f32(rng, 1, 16, 12, 12), BLOCK)
+        y = np.empty((1, 32, 12, 12), np.float32)
+        p(x, None, None, y)
+        np.testing.assert_allclose(y, rec.reference([x, w], attrs), rtol=1e-4, atol=1e-4)
+        del w, p
+        gc.collect()
+
+
+@needs_onednn
+def test_plans_for_several_batch_sizes_hold_one_copy_of_the_weights(rng):
+    from opsnn.tools.benchmark import plan_bytes
+
+    cg = opsnn.compile(_block_graph(rng, stem=True))
+    cg.run({"x": _f32(rng, 1, 3, 18, 17)})
+    one = plan_bytes(cg)
+    for n in (2, 3):
+        cg.run({"x": _f32(rng, n, 3, 18, 17)})
+    assert cg.num_plans == 3 and plan_bytes(cg) == one and one["float32"] > 0

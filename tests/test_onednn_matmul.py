@@ -177,6 +177,12 @@ def test_gemm_on_onednn_matches_the_gemm_reference(rng, dtype, trans_b, c_shape,
     want = rec.reference([t.astype(np.float64) for t in ins], planned.ctx.attrs)
     tol = 2 ** -7 if dtype == "bfloat16" else 1e-5
     np.testing.assert_allclose(out.astype(np.float64), want, rtol=tol, atol=tol * np.abs(want).max())
+    # a plan for another row count reads B (transposed or not) into the same reordered copy
+    a7 = rng.standard_normal((7, 40)).astype(dt)
+    c7 = None if c is None else (c if c.shape[0] == 1 or c.ndim == 1 else np.zeros((7, 24), dt))
+    ins7 = [a7, b] + ([c7] if c7 is not None else [])
+    p7 = plan_op(rec, [TensorMeta(t.shape, t.dtype) for t in ins7], [None, b] + [None] * (len(ins7) - 2), attrs)
+    assert p7.selection.kernel.name == "gemm_onednn" and p7.plan._w is planned.plan._w
     # what it leaves to the other kernels, with the reason
     metas = [TensorMeta(t.shape, t.dtype) for t in ins]
     for bad, why in (({"alpha": 0.5}, "transA=0 and alpha=1"), ({"beta": 0.5}, "beta=1")):

@@ -41,6 +41,7 @@ import ctypes as C
 import logging
 import os
 import threading
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -111,6 +112,8 @@ def _load() -> None:
         lib.dnnl_primitive_desc_query_md.argtypes = [_vp, C.c_int, C.c_int]
         lib.dnnl_memory_desc_get_size.restype = C.c_size_t
         lib.dnnl_memory_desc_get_size.argtypes = [_vp]
+        lib.dnnl_memory_desc_equal.argtypes = [_vp, _vp]
+        lib.dnnl_memory_desc_clone.argtypes = [_vp, _vp]
         lib.dnnl_primitive_desc_query.argtypes = [_vp, C.c_int, C.c_int, _vp]
         lib.dnnl_memory_create.argtypes = [_vp, _vp, _vp, _vp]
         lib.dnnl_reorder_primitive_desc_create.argtypes = [_vp, _vp, _vp, _vp, _vp, _vp]
@@ -383,16 +386,56 @@ def _weighted_args(pd, src: _Md, bias, residual: bool, dst: _Md) -> list:
     return args
 
 
-def _reordered_weight(pd, plain: _Md, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The constant weight ``w`` (described by ``plain``) in the layout primitive ``pd`` chose,
-    64-byte aligned: (the weight, the buffer that owns it)."""
+class _Reordered:
+    """A constant weight reordered into one primitive's layout, 64-byte aligned (``weight``, a view
+    of ``raw``), with a clone of that layout's descriptor (``md``) and a weak reference to the
+    source array (``src``): primitives that want the same source in the same layout share it."""
+
+    __slots__ = ("md", "weight", "raw", "src", "__weakref__")
+
+    def __del__(self):
+        md = getattr(self, "md", None)
+        if _lib is not None and md:
+            _lib.dnnl_memory_desc_destroy(md)
+
+
+#: (source data pointer, shape, dtype, strides) -> weak references to its :class:`_Reordered` copies
+_reordered: dict = {}
+_reordered_lock = threading.Lock()
+
+
+def _reordered_weight(pd, plain: _Md, w: np.ndarray) -> _Reordered:
+    """The constant weight ``w`` (described by ``plain``) in the layout primitive ``pd`` chose.
+    Built once per (source array, layout): every plan of a compiled graph (one per input shape)
+    builds its own primitives, and without sharing each would hold its own copy of every weight
+    (ResNet-50 with four batch sizes: 4 x 97.5 MiB); a copy lives as long as a primitive uses it."""
     w_md = _vp(_lib.dnnl_primitive_desc_query_md(pd, _QUERY_WEIGHTS_MD, 0))  # owned by pd
-    nbytes = _lib.dnnl_memory_desc_get_size(w_md)
-    raw = np.empty(nbytes // w.itemsize + 64 // w.itemsize, w.dtype)
-    off = (-raw.ctypes.data % 64) // w.itemsize
-    weight = raw[off:off + nbytes // w.itemsize]
-    _reorder(plain.h, w, w_md, weight)
-    return weight, raw
+    key = (w.ctypes.data, w.shape, w.dtype.str, w.strides)
+    with _reordered_lock:
+        live = []
+        for ref in _reordered.get(key, ()):
+            e = ref()
+            if e is None or e.src() is not w:  # dropped, or another array now at that address
+                continue
+            live.append(ref)
+            if _lib.dnnl_memory_desc_equal(e.md, w_md):
+                _reordered[key] = live
+                return e
+        nbytes = _lib.dnnl_memory_desc_get_size(w_md)
+        e = _Reordered()
+        e.raw = np.empty(nbytes // w.itemsize + 64 // w.itemsize, w.dtype)
+        off = (-e.raw.ctypes.data % 64) // w.itemsize
+        e.weight = e.raw[off:off + nbytes // w.itemsize]
+        _reorder(plain.h, w, w_md, e.weight)
+        e.md = _vp()
+        _check(_lib.dnnl_memory_desc_clone(C.byref(e.md), w_md), "memory descriptor clone")
+        e.src = weakref.ref(w)
+        live.append(weakref.ref(e))
+        _reordered[key] = live
+        # forget keys whose copies are all gone (a long-lived process compiles many graphs)
+        for k in [k for k, refs in _reordered.items() if all(r() is None for r in refs)]:
+            del _reordered[k]
+        return e
 
 
 def _blocked_tag(block: int) -> int:
@@ -457,7 +500,8 @@ class ConvPrimitive:
             w = w.astype(np.float32, copy=False)
         pd, (src, dst, w_any, bias) = _conv_desc(x_shape, w.shape, y_shape, strides, pads, dilations, src_blocked,
                                                  has_bias, residual, act, alpha, beta, block, w.dtype)
-        self.weight, self._raw = _reordered_weight(pd, _Md(w.shape, TAG_OIHW, w.dtype), w)
+        self._w = _reordered_weight(pd, _Md(w.shape, TAG_OIHW, w.dtype), w)
+        self.weight = self._w.weight
         self.prim = Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=(src, dst, w_any, bias))
         self.has_bias, self.residual = has_bias, residual
 
@@ -504,16 +548,18 @@ class MatMulPrimitive:
     residual ``Z`` (M, N), row-major ``Y`` (M, N): oneDNN's matmul (brgemm) with the bias as its
     bias argument and the residual add and activation as post-ops. All float32, or all bfloat16
     (W's dtype says which; float32 accumulation, Y rounded once). bf16 vs float32 on the 2-core
-    Zen 4 VM (ms): 128x768x768 0.67 / 1.35, 128x768x3072 1.60 / 5.56, 128x3072x768 1.36 / 3.20."""
+    Zen 4 VM (ms): 128x768x768 0.67 / 1.35, 128x768x3072 1.60 / 5.56, 128x3072x768 1.36 / 3.20.
+    ``transposed``: ``w`` is W.T, row-major (N, K) (a Gemm's B with transB=1), read as such."""
 
     def __init__(self, m: int, w: np.ndarray, *, has_bias: bool, residual: bool, act: int, alpha: float = 0.0,
-                 beta: float = 0.0):
+                 beta: float = 0.0, transposed: bool = False):
         w = np.ascontiguousarray(w)
         if not is_bf16(w.dtype):
             w = w.astype(np.float32, copy=False)
-        k, n = w.shape
+        n, k = w.shape if transposed else w.shape[::-1]
         pd, (src, dst, w_any, bias), post = self._desc(m, k, n, has_bias, residual, act, alpha, beta, w.dtype)
-        self.weight, self._raw = _reordered_weight(pd, _Md([k, n], TAG_AB, w.dtype), w)
+        self._w = _reordered_weight(pd, _Md([k, n], TAG_BA if transposed else TAG_AB, w.dtype), w)
+        self.weight = self._w.weight
         self.prim = Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=(src, dst, w_any, bias))
         self.has_bias, self.residual = has_bias, residual
         self.shape = (m, k, n)

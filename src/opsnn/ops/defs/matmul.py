@@ -343,11 +343,10 @@ def _gemm_onednn_applies(ctx):
 
 
 def _gemm_onednn_plan(ctx):
-    b = np.asarray(ctx.value(1))
-    w = b.T if ctx.attrs["transB"] else b
     m, n = ctx.outputs[0].shape
     c = tuple(ctx.shape(2)) if ctx.has(2) and ctx.attrs["beta"] != 0.0 else None
-    return KD.MatMulPrimitive(m, w, has_bias=c is not None and c != (m, n), residual=c == (m, n), act=0)
+    return KD.MatMulPrimitive(m, np.asarray(ctx.value(1)), has_bias=c is not None and c != (m, n),
+                              residual=c == (m, n), act=0, transposed=bool(ctx.attrs["transB"]))
 
 
 def _gemm_onednn(ins, outs, attrs, plan, ws):
