@@ -410,6 +410,12 @@ def test_primitives_share_one_reordered_copy_of_a_weight(rng):
     p3 = KD.ConvPrimitive((1, 16, 12, 12), w.copy(), (1, 32, 12, 12), **geo)
     assert p3._w is not p1._w
     np.testing.assert_array_equal(p3.weight, p1.weight)
+    w2 = w.copy()                 # the same array changed in place between two builds: not stale
+    p4 = KD.ConvPrimitive((1, 16, 12, 12), w2, (1, 32, 12, 12), **geo)
+    w2 *= 2
+    p5 = KD.ConvPrimitive((1, 16, 12, 12), w2, (1, 32, 12, 12), **geo)
+    assert p5._w is not p4._w
+    np.testing.assert_array_equal(p5.weight, 2 * p4.weight)
     key = next(k for k, refs in KD._reordered.items() if any(r() is p1._w for r in refs))
     del p1, p2
     gc.collect()
