@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import dtypes as _dt
 from ..kernels.cpu.blocked import layout_name
 from .ir import Graph, Node, Value
 
@@ -47,9 +48,7 @@ def machine_key() -> str:
 
 
 def _blockable_dtype(dt) -> bool:
-    from ..kernels.cpu.onednn import is_bf16
-
-    return dt is not None and (np.dtype(dt) == np.float32 or is_bf16(dt))
+    return dt is not None and np.dtype(dt) in (np.float32, _dt.bfloat16)
 
 
 def _static4(v: Value) -> bool:
@@ -65,12 +64,12 @@ def _value(graph: Graph, name: str) -> Value:
 
 
 def _conv_ok(graph: Graph, n: Node, block: int) -> str | None:
-    from ..kernels.cpu.onednn import bf16_unavailable, is_bf16
+    from ..kernels.cpu.onednn import bf16_unavailable
 
     x, y = _value(graph, n.inputs[0]), _value(graph, n.outputs[0])
     if not _blockable_dtype(x.dtype) or not _static4(x) or not _static4(y):
         return "float32 or bfloat16 4-D input and output with a static channel count only"
-    if is_bf16(x.dtype) and bf16_unavailable() is not None:
+    if np.dtype(x.dtype) == _dt.bfloat16 and bf16_unavailable() is not None:
         return f"bfloat16: {bf16_unavailable()}"
     if len(n.inputs) < 2 or n.inputs[1] not in graph.initializers:
         return "the weight is not a constant"
@@ -125,8 +124,6 @@ def _through_casts(graph: Graph, n: Node, prod: dict, users: dict) -> tuple[str,
     ``Cast(f32 -> bf16)``. Rounding to bf16 is monotonic, so the max of the rounded values is the
     rounded max: the pool runs on the bf16 values themselves and the casts go (the first only
     when the pool is its sole reader)."""
-    from ..kernels.cpu.onednn import is_bf16
-
     plain = (n.inputs[0], n.outputs[0], ())
     c1, outs = prod.get(n.inputs[0]), users.get(n.outputs[0], [])
     if (c1 is None or c1.op_type != "Cast" or c1.domain or len(outs) != 1 or outs[0].op_type != "Cast"
@@ -134,8 +131,8 @@ def _through_casts(graph: Graph, n: Node, prod: dict, users: dict) -> tuple[str,
         return plain
     c2 = outs[0]
     v, w = _value(graph, c1.inputs[0]), _value(graph, c2.outputs[0])
-    if not (v.dtype is not None and is_bf16(v.dtype) and _value(graph, n.inputs[0]).dtype == np.float32
-            and w.dtype is not None and is_bf16(w.dtype)):
+    if not (v.dtype is not None and np.dtype(v.dtype) == _dt.bfloat16 and _value(graph, n.inputs[0]).dtype == np.float32
+            and w.dtype is not None and np.dtype(w.dtype) == _dt.bfloat16):
         return plain
     sole = [u.name for u in users.get(c1.outputs[0], [])] == [n.name] and c1.outputs[0] not in graph.output_names
     return c1.inputs[0], c2.outputs[0], ((c1.name,) if sole else ()) + (c2.name,)

@@ -609,8 +609,7 @@ def _onednn_bf16_rows(rows: int) -> bool:
     768 -> 4096 2 rows 0.95 / 0.19, 16 rows 1.11 / 0.46, 128 rows 7.39 / 2.43; 2048 -> 768 128 rows
     3.49 / 1.12; 768 -> 32000 8 rows 18.5 / 5.0, 128 rows 85.7 / 19.5. One row stays on
     ``gemv_bf16`` (768 -> 32000: 1.81 vs oneDNN 4.29)."""
-    return (rows >= 2 and _mkl.gemm_library() != "mkl" and _onednn.matmul_unavailable() is None
-            and _onednn.bf16_unavailable() is None)
+    return rows >= 2 and _mkl.gemm_library() != "mkl" and _onednn.product_unavailable(_BF16) is None
 
 
 def _own_kernel(rows: int) -> bool:

@@ -47,6 +47,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ... import dtypes as _dt
 from .mkl import _threads, prefix_libraries
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ def product_unavailable(dtype) -> str | None:
     d = np.dtype(dtype)
     if d == np.float32:
         return None
-    if is_bf16(d):
+    if d == _dt.bfloat16:
         why = bf16_unavailable()
         return None if why is None else f"bfloat16: {why}"
     return f"float32 or bfloat16 only, not {d}"
@@ -235,19 +236,20 @@ def _stream():
     return s
 
 
-def is_bf16(dtype) -> bool:
-    d = np.dtype(dtype)
-    return d.itemsize == 2 and d.name == "bfloat16"
-
-
 def _dt_code(dtype) -> int:
     """oneDNN's data type for a numpy dtype: float32 or bfloat16 (ml_dtypes)."""
     d = np.dtype(dtype)
     if d == np.float32:
         return _F32
-    if is_bf16(d):
+    if d == _dt.bfloat16:
         return _BF16
     raise OneDnnError(f"oneDNN primitives here take float32 or bfloat16 data, not {d}")
+
+
+def _weight_array(w) -> np.ndarray:
+    """A constant weight as the primitives take it: contiguous, bfloat16 kept, else float32."""
+    w = np.ascontiguousarray(w)
+    return w if w.dtype == _dt.bfloat16 else w.astype(np.float32, copy=False)
 
 
 class _Md:
@@ -499,9 +501,7 @@ class ConvPrimitive:
 
     def __init__(self, x_shape, w: np.ndarray, y_shape, strides, pads, dilations, *, block: int, src_blocked: bool,
                  has_bias: bool, residual: bool, act: int, alpha: float = 0.0, beta: float = 0.0):
-        w = np.ascontiguousarray(w)
-        if not is_bf16(w.dtype):
-            w = w.astype(np.float32, copy=False)
+        w = _weight_array(w)
         pd, (src, dst, w_any, bias) = _conv_desc(x_shape, w.shape, y_shape, strides, pads, dilations, src_blocked,
                                                  has_bias, residual, act, alpha, beta, block, w.dtype)
         self._w = _reordered_weight(pd, _Md(w.shape, TAG_OIHW, w.dtype), w)
@@ -557,9 +557,7 @@ class MatMulPrimitive:
 
     def __init__(self, m: int, w: np.ndarray, *, has_bias: bool, residual: bool, act: int, alpha: float = 0.0,
                  beta: float = 0.0, transposed: bool = False):
-        w = np.ascontiguousarray(w)
-        if not is_bf16(w.dtype):
-            w = w.astype(np.float32, copy=False)
+        w = _weight_array(w)
         n, k = w.shape if transposed else w.shape[::-1]
         pd, (src, dst, w_any, bias), post = self._desc(m, k, n, has_bias, residual, act, alpha, beta, w.dtype)
         self._w = _reordered_weight(pd, _Md([k, n], TAG_BA if transposed else TAG_AB, w.dtype), w)
@@ -601,7 +599,7 @@ class MatMulPrimitive:
 
     def describe(self) -> str:
         m, k, n = self.shape
-        dt = "bfloat16 " if is_bf16(self.weight.dtype) else ""
+        dt = "bfloat16 " if self.weight.dtype == _dt.bfloat16 else ""
         return (f"oneDNN {self.impl} {dt}matmul {m}x{k} @ {k}x{n}, B reordered at prepare"
                 + (", bias" if self.has_bias else "") + "".join(f", {p} post-op" for p in self.post))
 

@@ -23,7 +23,7 @@ from .pool import _pool_attrs, pool_geometry
 
 #: the dtypes blocked activations come in: float32, and bfloat16 (a mixed-precision graph's
 #: convolutions; oneDNN's bf16 kernels need AVX512-BF16 for their speed)
-_F32 = (_dt.float32, _dt.bfloat16)
+_DTS = (_dt.float32, _dt.bfloat16)
 
 
 _BLOCK_ATTR = Attr("block", "int", 16)
@@ -50,21 +50,21 @@ def _reorder_infer(ctx):
 
 
 ToBlocked = register_op(
-    "ToBlocked", domain="opsnn", category="layout", inputs=[Input("X", _F32)], outputs=["Y"], attrs=[_BLOCK_ATTR],
+    "ToBlocked", domain="opsnn", category="layout", inputs=[Input("X", _DTS)], outputs=["Y"], attrs=[_BLOCK_ATTR],
     infer=_reorder_infer, reference=lambda ins, attrs: KB.blocked_reference(ins[0], int(attrs["block"])),
     doc="X (N, C, H, W) -> the same tensor in nChw<block>c element order (C a multiple of block)")
 FromBlocked = register_op(
-    "FromBlocked", domain="opsnn", category="layout", inputs=[Input("X", _F32)], outputs=["Y"], attrs=[_BLOCK_ATTR],
+    "FromBlocked", domain="opsnn", category="layout", inputs=[Input("X", _DTS)], outputs=["Y"], attrs=[_BLOCK_ATTR],
     infer=_reorder_infer, reference=lambda ins, attrs: KB.plain_reference(ins[0], int(attrs["block"])),
     doc="X in nChw<block>c element order -> plain NCHW (C a multiple of block)")
 
 
-@ToBlocked.kernel("to_blocked_numba", dtypes=_F32, priority=10)
+@ToBlocked.kernel("to_blocked_numba", dtypes=_DTS, priority=10)
 def _to_blocked(ins, outs, attrs, plan, ws):
     KB.to_blocked(ins[0], outs[0], int(attrs["block"]))
 
 
-@FromBlocked.kernel("from_blocked_numba", dtypes=_F32, priority=10)
+@FromBlocked.kernel("from_blocked_numba", dtypes=_DTS, priority=10)
 def _from_blocked(ins, outs, attrs, plan, ws):
     KB.from_blocked(ins[0], outs[0], int(attrs["block"]))
 
@@ -139,7 +139,7 @@ def _blocked_conv_plan(ctx):
 
 BlockedConv = register_op(
     "BlockedConv", domain="opsnn", category="conv",
-    inputs=[Input("X", _F32), Input("W", _F32), Input("B", _F32, optional=True), Input("Z", _F32, optional=True)],
+    inputs=[Input("X", _DTS), Input("W", _DTS), Input("B", _DTS, optional=True), Input("Z", _DTS, optional=True)],
     outputs=["Y"], attrs=[Attr(n, "any", None) for n in _CONV_ATTR_NAMES] + _EPILOGUE_ATTRS
     + [Attr("src_blocked", "int", 1), _BLOCK_ATTR],
     infer=_blocked_conv_infer, reference=_blocked_conv_ref,
@@ -148,7 +148,7 @@ BlockedConv = register_op(
     "blocked")
 
 
-@BlockedConv.kernel("conv_onednn", dtypes=_F32, priority=10, applies=_blocked_conv_applies, plan=_blocked_conv_plan,
+@BlockedConv.kernel("conv_onednn", dtypes=_DTS, priority=10, applies=_blocked_conv_applies, plan=_blocked_conv_plan,
                     doc="oneDNN's JIT direct convolution (brgconv / jit:avx512_core / jit:avx2) with bias, "
                     "residual add and activation as post-ops")
 def _blocked_conv(ins, outs, attrs, plan, ws):
@@ -189,13 +189,13 @@ def _blocked_pool_plan(ctx):
 
 
 BlockedMaxPool = register_op(
-    "BlockedMaxPool", domain="opsnn", category="pool", inputs=[Input("X", _F32)], outputs=["Y"],
+    "BlockedMaxPool", domain="opsnn", category="pool", inputs=[Input("X", _DTS)], outputs=["Y"],
     attrs=_pool_attrs() + [_BLOCK_ATTR],
     infer=_blocked_pool_infer, reference=_blocked_pool_ref,
     doc="MaxPool (2-D, no dilation, no indices) on channel-blocked tensors")
 
 
-@BlockedMaxPool.kernel("max_pool_onednn", dtypes=_F32, priority=10,
+@BlockedMaxPool.kernel("max_pool_onednn", dtypes=_DTS, priority=10,
                        applies=lambda ctx: KD.unavailable() or True, plan=_blocked_pool_plan,
                        doc="oneDNN's JIT max pooling on nChw<block>c")
 def _blocked_pool(ins, outs, attrs, plan, ws):
