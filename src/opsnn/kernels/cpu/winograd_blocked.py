@@ -1,0 +1,248 @@
+"""Winograd F(4x4, 3x3) on channel-blocked tensors (``nChw<b>c``, see :mod:`.blocked`), its 36
+GEMMs on oneDNN's batched matmul: the fast path for ResNet-style 3x3 stride-1 convolutions
+inside the graph engine's blocked-layout chains.
+
+oneDNN 3.2 has no float32 Winograd on AVX-512 CPUs without AMX (its ``winograd`` algorithm
+fails to create, and ``auto`` picks the direct ``jit:avx512_core`` kernel, which runs close to
+the cores' FMA peak). Winograd does 4x fewer multiplies; it pays only if the three steps stay
+cheap, and on blocked tensors they do:
+
+1. **input transform** (numba, parallel over (image, tile row, channel block)): each 6x6 input
+   tile of ``b`` channels (zero outside the image) -> ``V[p, tile, c]`` = B^T d B, the ``b``
+   channels of a pixel contiguous in X and in V, so every step is a ``b``-wide vector operation;
+2. **36 GEMMs in one oneDNN batched matmul** ``M[p] (tiles x C_out) = V[p] (tiles x C_in) @ U[p]
+   (C_in x C_out)``, U = G g G^T transformed once at prepare (float64, rounded once) and
+   reordered into the matmul's own blocked layout (brgemm);
+3. **output transform** (numba, same split over output channel blocks): A^T m A per tile, the
+   bias, a residual Z and ReLU applied as it is written into Y (nChw<b>c), clipped at the edge.
+
+Measured on the 2-core AVX-512 (Zen 4) VM, fp32, bias + Relu, ms, oneDNN direct / this kernel
+(best of 3 x 10 calls, interleaved): batch 1: 64 ch 56x56 0.99 / 0.44, 128 ch 28x28 0.98 / 0.39,
+256 ch 14x14 1.00 / 0.57, 512 ch 7x7 1.04 / 1.03; batch 8: 8.38 / 4.52, 7.96 / 3.12, 7.51 / 3.71.
+The transforms' lanes must vectorize: with signed indices they took 0.22 + 0.30 ms of the 56x56
+case, with unsigned ones 0.15 + 0.12. ``ops/defs/blocked.py`` says which shapes it takes.
+
+Accuracy: F(4x4)'s constants amplify rounding: results differ from a direct convolution by
+about 1e-5 of the output's scale (tests allow 2e-4, as for :mod:`.winograd`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba as nb
+import numpy as np
+
+from . import onednn as D
+from .conv import ALIGN, workspace_view
+from .winograd import ALPHA, POINTS, TILE, transform_weights
+
+_U = np.uintp  # unsigned indices: no negative-index wraparound, so LLVM vectorizes
+_F2, _F4, _F5, _F8 = np.float32(2), np.float32(4), np.float32(5), np.float32(8)
+
+#: U (36 x C_in x C_out float32) above this many bytes streams from memory on every call with
+#: few tiles to share it: 512 channels at 7x7 (37.7 MB, 4 tiles) took 3.5 ms in the GEMMs alone
+#: against 0.92 ms for oneDNN's direct convolution. ``ops/defs/blocked.py`` also wants enough
+#: tiles per image (see there).
+MAX_WEIGHT_BYTES = 16 << 20
+
+
+# B^T d and A^T m for one 6-vector (as :mod:`.winograd`'s, with float32 constants: numba would
+# promote float32 * int to float64, halving the vector width)
+@nb.njit(nogil=True, cache=True, inline="always")
+def _bt(d0, d1, d2, d3, d4, d5):
+    a = d4 - _F4 * d2
+    b = d3 - _F4 * d1
+    c = d4 - d2
+    e = _F2 * (d3 - d1)
+    return _F4 * d0 - _F5 * d2 + d4, a + b, a - b, c + e, c - e, _F4 * d1 - _F5 * d3 + d5
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _at(m0, m1, m2, m3, m4, m5):
+    s12 = m1 + m2
+    d12 = m1 - m2
+    s34 = m3 + m4
+    d34 = m3 - m4
+    return m0 + s12 + s34, d12 + _F2 * d34, s12 + _F4 * s34, d12 + _F8 * d34 + m5
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def input_transform(x, v, ph, pw, th_n, tw_n):
+    """``x`` (N, C/b, H, W, b) -> ``v`` (36, N*th_n*tw_n, C): B^T d B of every 6x6 tile (4x4
+    output tiles, their inputs starting ``ph``/``pw`` before the image), zeros outside. Indices
+    are unsigned (``_U``) so numba skips negative-index wraparound and LLVM vectorizes the lanes."""
+    n_img, cb_n, h, w, b = x.shape
+    ub = _U(b)
+    for task in nb.prange(n_img * th_n * cb_n):
+        cb = task % cb_n
+        row = task // cb_n            # image * th_n + tile row
+        ty = row % th_n
+        un = _U(row // th_n)
+        ucb = _U(cb)
+        d = np.empty((ALPHA, ALPHA, b), np.float32)
+        t = np.empty((ALPHA, ALPHA, b), np.float32)
+        c0 = _U(cb * b)
+        for tx in range(tw_n):
+            y0 = ty * TILE - ph
+            x0 = tx * TILE - pw
+            for i in range(ALPHA):
+                iy = y0 + i
+                ui = _U(i)
+                for j in range(ALPHA):
+                    ix = x0 + j
+                    uj = _U(j)
+                    if 0 <= iy < h and 0 <= ix < w:
+                        uy, ux = _U(iy), _U(ix)
+                        for lane in range(ub):
+                            d[ui, uj, lane] = x[un, ucb, uy, ux, lane]
+                    else:
+                        for lane in range(ub):
+                            d[ui, uj, lane] = 0.0
+            for i in range(_U(ALPHA)):  # B^T along each row
+                for lane in range(ub):
+                    r0, r1, r2, r3, r4, r5 = _bt(d[i, 0, lane], d[i, 1, lane], d[i, 2, lane], d[i, 3, lane],
+                                                 d[i, 4, lane], d[i, 5, lane])
+                    t[i, 0, lane], t[i, 1, lane], t[i, 2, lane] = r0, r1, r2
+                    t[i, 3, lane], t[i, 4, lane], t[i, 5, lane] = r3, r4, r5
+            tile = _U(row * tw_n + tx)
+            for k in range(_U(ALPHA)):  # ... then down each column, into V
+                for lane in range(ub):
+                    r0, r1, r2, r3, r4, r5 = _bt(t[0, k, lane], t[1, k, lane], t[2, k, lane], t[3, k, lane],
+                                                 t[4, k, lane], t[5, k, lane])
+                    c = c0 + lane
+                    v[k, tile, c], v[6 + k, tile, c], v[12 + k, tile, c] = r0, r1, r2
+                    v[18 + k, tile, c], v[24 + k, tile, c], v[30 + k, tile, c] = r3, r4, r5
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def output_transform(mm, bias, z, y, th_n, tw_n, has_z, relu):
+    """``mm`` (36, tiles, M) -> ``y`` (N, M/b, Ho, Wo, b): A^T m A per tile, + ``bias`` (M,),
+    + ``z`` (y's shape, when ``has_z``), then max(., 0) when ``relu``; tiles clipped at the edge."""
+    n_img, mb_n, ho, wo, b = y.shape
+    ub = _U(b)
+    zero = np.float32(0)
+    for task in nb.prange(n_img * th_n * mb_n):
+        mb = task % mb_n
+        row = task // mb_n
+        ty = row % th_n
+        un = _U(row // th_n)
+        umb = _U(mb)
+        u = np.empty((ALPHA, TILE, b), np.float32)
+        o = np.empty((TILE, TILE, b), np.float32)
+        m0 = _U(mb * b)
+        for tx in range(tw_n):
+            tile = _U(row * tw_n + tx)
+            for a in range(_U(ALPHA)):  # A^T along each row of points
+                p = a * _U(ALPHA)
+                for lane in range(ub):
+                    c = m0 + lane
+                    r0, r1, r2, r3 = _at(mm[p, tile, c], mm[p + 1, tile, c], mm[p + 2, tile, c],
+                                         mm[p + 3, tile, c], mm[p + 4, tile, c], mm[p + 5, tile, c])
+                    u[a, 0, lane], u[a, 1, lane], u[a, 2, lane], u[a, 3, lane] = r0, r1, r2, r3
+            for s in range(_U(TILE)):  # ... then down each column
+                for lane in range(ub):
+                    r0, r1, r2, r3 = _at(u[0, s, lane], u[1, s, lane], u[2, s, lane], u[3, s, lane],
+                                         u[4, s, lane], u[5, s, lane])
+                    bb = bias[m0 + lane]
+                    o[0, s, lane], o[1, s, lane], o[2, s, lane], o[3, s, lane] = r0 + bb, r1 + bb, r2 + bb, r3 + bb
+            for i in range(min(TILE, ho - ty * TILE)):
+                uy, ui = _U(ty * TILE + i), _U(i)
+                for s in range(min(TILE, wo - tx * TILE)):
+                    ux, us = _U(tx * TILE + s), _U(s)
+                    if has_z:
+                        for lane in range(ub):
+                            o[ui, us, lane] += z[un, umb, uy, ux, lane]
+                    if relu:
+                        for lane in range(ub):
+                            y[un, umb, uy, ux, lane] = max(o[ui, us, lane], zero)
+                    else:
+                        for lane in range(ub):
+                            y[un, umb, uy, ux, lane] = o[ui, us, lane]
+
+
+def weight_bytes(c_in: int, c_out: int) -> int:
+    """Bytes of the transformed weight U (float32)."""
+    return POINTS * c_in * c_out * 4
+
+
+#: images per chunk are chosen so a chunk's V + M stay near this many bytes (cache-resident
+#: between the transforms and the GEMMs): 8 x 64 ch 56x56 in one chunk (29 MB) took 10.0 ms,
+#: the transforms alone 5.5 of it
+CHUNK_BYTES = 4 << 20
+
+
+@dataclass(eq=False)
+class BlockedWinogradPlan:
+    """Everything a call needs, built at prepare: the tile counts, the images per chunk and a
+    batched matmul primitive per chunk size (sharing one transformed, reordered weight U)."""
+
+    x_shape: tuple
+    y_shape: tuple
+    block: int
+    pads: tuple          # (top, left) padding
+    tiles: tuple         # (tile rows, tile columns) per image
+    per_chunk: int       # images per chunk
+    gemms: dict          # images in a chunk -> D.BatchMatMulPrimitive
+    relu: bool
+
+    @property
+    def chunk_tiles(self) -> int:
+        return self.per_chunk * self.tiles[0] * self.tiles[1]
+
+    def workspace_bytes(self) -> int:
+        """V (36 x tiles x C_in) and M (36 x tiles x C_out) of one chunk, float32, aligned."""
+        return POINTS * self.chunk_tiles * (self.x_shape[1] + self.y_shape[1]) * 4 + ALIGN
+
+    def describe(self) -> str:
+        th, tw = self.tiles
+        g = self.gemms[self.per_chunk]
+        _, m, k, n = g.shape
+        return (f"Winograd F(4x4,3x3) on nChw{self.block}c: {th}x{tw} tiles per image, {self.per_chunk} image(s) "
+                f"per chunk, the 36 GEMMs ({m}x{k} @ {k}x{n}) in one oneDNN {g.impl} batched matmul, weights "
+                f"transformed at prepare")
+
+
+def plan(x_shape, w: np.ndarray, y_shape, pads: tuple, block: int, relu: bool) -> BlockedWinogradPlan:
+    """Prepare a 3x3 stride-1 convolution of blocked ``x_shape`` (N, C, H, W) with the constant
+    float32 weight ``w`` (M, C, 3, 3) into blocked ``y_shape``, ``pads`` (top, left)."""
+    n, c = int(x_shape[0]), int(x_shape[1])
+    m, ho, wo = int(y_shape[1]), int(y_shape[2]), int(y_shape[3])
+    th, tw = -(-ho // TILE), -(-wo // TILE)
+    per_image = POINTS * th * tw * (c + m) * 4
+    per_chunk = max(1, min(n, CHUNK_BYTES // per_image))
+    u = transform_weights(np.asarray(w, np.float32), np.float32)       # (36, M, C)
+    # V (36, T, C) @ U^T (36, C, M); a last, smaller chunk gets its own primitive (same U copy)
+    gemms = {k: D.BatchMatMulPrimitive(k * th * tw, u, transposed=True) for k in {per_chunk, n % per_chunk} if k}
+    return BlockedWinogradPlan(tuple(int(s) for s in x_shape), tuple(int(s) for s in y_shape), int(block),
+                               (int(pads[0]), int(pads[1])), (th, tw), per_chunk, gemms, bool(relu))
+
+
+def conv(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndarray) -> None:
+    """``y = act(conv(x, W) + b + z)`` on blocked arrays (x, z, y flat or 5-D, C-contiguous)."""
+    n, c, h, w = p.x_shape
+    _, m, ho, wo = p.y_shape
+    blk = p.block
+    x5 = x.reshape(n, c // blk, h, w, blk)
+    y5 = y.reshape(n, m // blk, ho, wo, blk)
+    z5 = z.reshape(y5.shape) if z is not None else y5
+    bias = b if b is not None else _zeros(m)
+    flat = workspace_view(ws, np.float32, ((p.workspace_bytes() - ALIGN) // 4,))
+    per_tile = p.tiles[0] * p.tiles[1]
+    for i0 in range(0, n, p.per_chunk):
+        k = min(p.per_chunk, n - i0)
+        t = k * per_tile
+        v = flat[:POINTS * t * c].reshape(POINTS, t, c)
+        mm = flat[POINTS * t * c:POINTS * t * (c + m)].reshape(POINTS, t, m)
+        input_transform(x5[i0:i0 + k], v, p.pads[0], p.pads[1], p.tiles[0], p.tiles[1])
+        p.gemms[k](v, mm)
+        output_transform(mm, bias, z5[i0:i0 + k], y5[i0:i0 + k], p.tiles[0], p.tiles[1], z is not None, p.relu)
+
+
+_ZEROS: dict[int, np.ndarray] = {}
+
+
+def _zeros(m: int) -> np.ndarray:
+    z = _ZEROS.get(m)
+    if z is None:
+        z = _ZEROS[m] = np.zeros(m, np.float32)
+    return z
