@@ -143,3 +143,18 @@ def test_a_compiled_chain_runs_it_and_agrees_with_the_interpreter(rng):
         got = cg.run(feeds)["y"].numpy()
         assert sum(f"(opsnn::BlockedConv): {NAME}" in ln for ln in cg.explain().splitlines()) == 1, cg.explain()
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+
+
+def test_plans_share_one_transformed_weight_and_a_changed_weight_is_transformed_again(rng):
+    x1, x4 = _f32(rng, 1, 16, 16, 16), _f32(rng, 4, 16, 16, 16)
+    w, b = _f32(rng, 32, 16, 3, 3, scale=0.2), _f32(rng, 32)
+    attrs = {"pads": [1, 1, 1, 1], "activation": "Relu"}
+    _, _, p1 = _run([KB.blocked_reference(x1, 16), w, b, None], attrs)
+    out, want, p4 = _run([KB.blocked_reference(x4, 16), w, b, None], attrs)
+    np.testing.assert_allclose(out, want, rtol=0, atol=2e-4 * np.abs(want).max())
+    assert p1.gemms[1].weight.ctypes.data == p4.gemms[4].weight.ctypes.data
+    assert p1.gemms[1].weight.nbytes >= KW.weight_bytes(16, 32)
+    w[:] = _f32(rng, 32, 16, 3, 3, scale=0.2)  # changed in place: a new plan must not reuse the old U
+    out, want, p = _run([KB.blocked_reference(x1, 16), w, b, None], attrs)
+    assert p.gemms[1].weight.ctypes.data != p1.gemms[1].weight.ctypes.data
+    np.testing.assert_allclose(out, want, rtol=0, atol=2e-4 * np.abs(want).max())

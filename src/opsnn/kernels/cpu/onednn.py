@@ -408,25 +408,31 @@ _reordered: dict = {}
 _reordered_lock = threading.Lock()
 
 
-def _reordered_weight(pd, plain: _Md, w: np.ndarray) -> _Reordered:
+def _reordered_weight(pd, plain: _Md, w, source: tuple | None = None) -> _Reordered:
     """The constant weight ``w`` (described by ``plain``) in the layout primitive ``pd`` chose.
     Built once per (source array, layout): every plan of a compiled graph (one per input shape)
     builds its own primitives, and without sharing each would hold its own copy of every weight
     (ResNet-50 with four batch sizes: 4 x 97.5 MiB); a copy lives as long as a primitive uses it.
     The key has the weight's CRC-32 (~25 ms per 100 MB, less than the reorder it saves), so a
-    weight array changed in place between two compiles is reordered again, never served stale."""
+    weight array changed in place between two compiles is reordered again, never served stale.
+    ``source`` = (array, name): ``w`` is a function computing the weight from that array (e.g.
+    Winograd's transformed weight), called only when no copy derived from it by ``name`` exists;
+    the copy is keyed by, and lives no longer than is useful for, the source array."""
     w_md = _vp(_lib.dnnl_primitive_desc_query_md(pd, _QUERY_WEIGHTS_MD, 0))  # owned by pd
-    key = (w.ctypes.data, w.shape, w.dtype.str, zlib.crc32(memoryview(w.reshape(-1).view(np.uint8))))
+    src, name = source if source is not None else (w, "")
+    key = (src.ctypes.data, src.shape, src.dtype.str, zlib.crc32(memoryview(src.reshape(-1).view(np.uint8))), name)
     with _reordered_lock:
         live = []
         for ref in _reordered.get(key, ()):
             e = ref()
-            if e is None or e.src() is not w:  # dropped, or another array now at that address
+            if e is None or e.src() is not src:  # dropped, or another array now at that address
                 continue
             live.append(ref)
             if _lib.dnnl_memory_desc_equal(e.md, w_md):
                 _reordered[key] = live
                 return e
+        if source is not None:
+            w = w()
         nbytes = _lib.dnnl_memory_desc_get_size(w_md)
         e = _Reordered()
         e.raw = np.empty(nbytes // w.itemsize + 64 // w.itemsize, w.dtype)
@@ -435,7 +441,7 @@ def _reordered_weight(pd, plain: _Md, w: np.ndarray) -> _Reordered:
         _reorder(plain.h, w, w_md, e.weight)
         e.md = _vp()
         _check(_lib.dnnl_memory_desc_clone(C.byref(e.md), w_md), "memory descriptor clone")
-        e.src = weakref.ref(w)
+        e.src = weakref.ref(src)
         live.append(weakref.ref(e))
         _reordered[key] = live
         # forget keys whose copies are all gone (a long-lived process compiles many graphs)
@@ -613,21 +619,29 @@ class BatchMatMulPrimitive:
     batch: Winograd's 36 point GEMMs (:mod:`.winograd_blocked`). (A tile-major A, (M, batch, K),
     described by strides, makes oneDNN fall back from brgemm to its plain GEMM: 1.2-1.6x slower.)"""
 
-    def __init__(self, m: int, w: np.ndarray, *, transposed: bool = False):
-        w = _weight_array(w)
-        if w.ndim != 3:
-            raise OneDnnError(f"batched matmul: W must be 3-D (batch, K, N), got shape {w.shape}")
-        batch, n, k = (w.shape if transposed else (w.shape[0], w.shape[2], w.shape[1]))
+    def __init__(self, m: int, w, *, transposed: bool = False, source: tuple | None = None):
+        """``source`` = (array, name, (shape, dtype)): ``w`` is a function computing W from that
+        array, called only if no primitive holds a copy derived from it by ``name`` (see
+        :func:`_reordered_weight`), W's shape and dtype given here."""
+        if source is None:
+            w = _weight_array(w)
+            shape, dtype = w.shape, w.dtype
+        else:
+            shape, dtype = source[2][0], np.dtype(source[2][1])
+        if len(shape) != 3:
+            raise OneDnnError(f"batched matmul: W must be 3-D (batch, K, N), got shape {tuple(shape)}")
+        batch, n, k = (shape if transposed else (shape[0], shape[2], shape[1]))
         if unavailable() is not None:
             raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
-        src, dst = _Md([batch, m, k], TAG_ABC, w.dtype), _Md([batch, m, n], TAG_ABC, w.dtype)
-        w_any = _Md([batch, k, n], TAG_ANY, w.dtype)
+        src, dst = _Md([batch, m, k], TAG_ABC, dtype), _Md([batch, m, n], TAG_ABC, dtype)
+        w_any = _Md([batch, k, n], TAG_ANY, dtype)
         attr = _attr_with([])
         pd = _vp()
         status = _lib.dnnl_matmul_primitive_desc_create(C.byref(pd), _engine, src.h, w_any.h, None, dst.h, attr)
         _lib.dnnl_primitive_attr_destroy(attr)
         _check(status, f"batched matmul descriptor ({batch} x {m}x{k} @ {k}x{n})")
-        self._w = _reordered_weight(pd, _Md([batch, k, n], TAG_ACB if transposed else TAG_ABC, w.dtype), w)
+        self._w = _reordered_weight(pd, _Md([batch, k, n], TAG_ACB if transposed else TAG_ABC, dtype), w,
+                                    source and source[:2])
         self.weight = self._w.weight
         self.prim = Primitive(pd, _weighted_args(pd, src, None, False, dst), keep=(src, dst, w_any))
         self.shape = (batch, m, k, n)

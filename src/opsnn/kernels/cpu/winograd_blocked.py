@@ -210,9 +210,12 @@ def plan(x_shape, w: np.ndarray, y_shape, pads: tuple, block: int, relu: bool) -
     th, tw = -(-ho // TILE), -(-wo // TILE)
     per_image = POINTS * th * tw * (c + m) * 4
     per_chunk = max(1, min(n, CHUNK_BYTES // per_image))
-    u = transform_weights(np.asarray(w, np.float32), np.float32)       # (36, M, C)
-    # V (36, T, C) @ U^T (36, C, M); a last, smaller chunk gets its own primitive (same U copy)
-    gemms = {k: D.BatchMatMulPrimitive(k * th * tw, u, transposed=True) for k in {per_chunk, n % per_chunk} if k}
+    w = np.asarray(w)
+    # V (36, T, C) @ U^T (36, C, M), U = G w G^T (36, M, C), computed and reordered once per weight
+    # array: plans for other batch sizes and a last, smaller chunk's primitive share the copy
+    source = (w, "winograd F(4x4,3x3)", ((POINTS, m, c), np.float32))
+    gemms = {k: D.BatchMatMulPrimitive(k * th * tw, lambda: transform_weights(w, np.float32), transposed=True,
+                                       source=source) for k in {per_chunk, n % per_chunk} if k}
     return BlockedWinogradPlan(tuple(int(s) for s in x_shape), tuple(int(s) for s in y_shape), int(block),
                                (int(pads[0]), int(pads[1])), (th, tw), per_chunk, gemms, bool(relu))
 
