@@ -38,6 +38,7 @@ import time
 import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 
 import numpy as np
+from opsnn.kernels.cpu import blocked as KB
 from opsnn.ops import autotune
 from opsnn.ops.registry import TensorMeta, get_op
 
@@ -142,7 +143,7 @@ def _opsnn_runner(model, feeds: dict, kernel: tuple | None = None):
     return run, name
 
 
-def _kernel_runners(op: str, arrays: list, attrs: dict, constant: set) -> dict:
+def _kernel_runners(op: str, arrays: list, attrs: dict, constant: set, domain: str = "") -> dict:
     """{kernel name: run()} for every opsnn kernel of ``op`` that can run these inputs (its
     predicate accepts them, or declines only as NotPreferred), called directly: plan made
     here with the ``constant`` inputs' values known (so weights are pre-packed, as in the
@@ -150,7 +151,7 @@ def _kernel_runners(op: str, arrays: list, attrs: dict, constant: set) -> dict:
     from opsnn import dtypes as _dt
     from opsnn.ops.executor import plan_op
 
-    rec = get_op(op)
+    rec = get_op(op, domain) if domain else get_op(op)
     metas = [None if a is None else TensorMeta(a.shape, a.dtype) for a in arrays]
     values = [a if i in constant else None for i, a in enumerate(arrays)]
     ctx = plan_op(rec, metas, values, attrs).ctx
@@ -244,11 +245,19 @@ def bench_conv(args, rng) -> list:
         fns = {"opsnn": run_default}
         for k, f in _kernel_runners("Conv", [x, w, b], attrs, {1, 2}).items():
             fns[f"opsnn:{k}"] = f
+        blk = _blocked_block()
+        if blk and xs[1] % blk == 0 and ws[0] % blk == 0:
+            # the kernels a ResNet graph runs (blocked_layout pass: nChw<blk>c chains), called directly
+            battrs = dict(attrs, src_blocked=1, block=blk)
+            for k, f in _kernel_runners("BlockedConv", [KB.blocked_reference(x, blk), w, b, None], battrs, {1, 2},
+                                        domain="opsnn").items():
+                fns[f"{BLOCKED}{k}"] = f
         sess = _ort_session(model)
         fns["onnxruntime"] = lambda sess=sess, x=x: sess.run(None, {"x": x})[0]
         fns["numpy"] = lambda: numpy_conv(x, w, s, p, d) + b.reshape(1, -1, 1, 1)
         want = fns["onnxruntime"]()
-        errs = {k: float(np.abs(f() - want).max() / (np.abs(want).max() or 1)) for k, f in fns.items()}
+        errs = {k: float(np.abs((KB.plain_reference(f(), blk) if k.startswith(BLOCKED) else f()) - want).max()
+                         / (np.abs(want).max() or 1)) for k, f in fns.items()}
         res = measure(fns, args.repeat)
         oh = (xs[2] + 2 * p - (ws[2] - 1) * d - 1) // s + 1
         ow = (xs[3] + 2 * p - (ws[3] - 1) * d - 1) // s + 1
@@ -270,8 +279,10 @@ def bench_conv(args, rng) -> list:
             row["dilated_winograd_vs_im2col"] = t["opsnn:conv2d_im2col"] / t["opsnn:conv2d_winograd_dilated"]
         if "opsnn:conv2d_direct" in t and "opsnn:conv2d_im2col" in t:
             row["direct_vs_im2col"] = t["opsnn:conv2d_im2col"] / t["opsnn:conv2d_direct"]
+        if f"{BLOCKED}conv_winograd_blocked" in t and f"{BLOCKED}conv_onednn" in t:
+            row["blocked_winograd_vs_onednn"] = t[f"{BLOCKED}conv_onednn"] / t[f"{BLOCKED}conv_winograd_blocked"]
         rows.append(row)
-        best = min((k for k in t if k.startswith("opsnn:")), key=t.get, default="opsnn")
+        best = min((k for k in t if k.startswith("opsnn")), key=t.get, default="opsnn")
         print(f"{name:22s} chosen {chosen:16s} opsnn {_fmt(res['opsnn'])} {row['gflops']['opsnn']:6.1f} GF/s | "
               f"numpy x{row['speedup_vs_numpy']:.2f} ort x{row['speedup_vs_ort']:.2f} | fastest {best[6:]}"
               + (f" | winograd/im2col x{row['winograd_vs_im2col']:.2f}" if "winograd_vs_im2col" in row else "")
@@ -279,11 +290,37 @@ def bench_conv(args, rng) -> list:
                  else "")
               + (f" | dilated-winograd/im2col x{row['dilated_winograd_vs_im2col']:.2f}"
                  if "dilated_winograd_vs_im2col" in row else "")
-              + (f" | direct/im2col x{row['direct_vs_im2col']:.2f}" if "direct_vs_im2col" in row else ""))
+              + (f" | direct/im2col x{row['direct_vs_im2col']:.2f}" if "direct_vs_im2col" in row else "")
+              + (f" | blocked winograd/oneDNN x{row['blocked_winograd_vs_onednn']:.2f}"
+                 if "blocked_winograd_vs_onednn" in row else ""))
         for k in sorted(t, key=t.get):
             print(f"    {k:28s} {_fmt(res[k])} {row['gflops'][k]:7.1f} GF/s  err {errs[k]:.1e}")
     _winograd_table(rows)
+    _blocked_table(rows)
     return rows
+
+
+#: prefix of the BlockedConv kernels' entries (nChw<b>c in and out, as inside a ResNet graph)
+BLOCKED = "opsnn-blocked:"
+
+
+def _blocked_block() -> int | None:
+    from opsnn.kernels.cpu import onednn
+
+    return onednn.block() if onednn.unavailable() is None else None
+
+
+def _blocked_table(rows: list) -> None:
+    """Inside a graph's blocked chains: oneDNN's direct conv vs Winograd on nChw<b>c (median ms)."""
+    sel = [r for r in rows if f"{BLOCKED}conv_winograd_blocked" in r["results"]
+           and f"{BLOCKED}conv_onednn" in r["results"]]
+    if not sel:
+        return
+    print("\n   blocked chains (nChw<b>c, the ResNet graph's path): median ms, oneDNN direct vs Winograd F(4x4) "
+          "(x speed-up)")
+    for r in sel:
+        a, b = (r["results"][f"{BLOCKED}{k}"]["median_ms"] for k in ("conv_onednn", "conv_winograd_blocked"))
+        print(f"   {r['name']:22s} {a:9.3f} {b:9.3f} (x{a / b:.2f})")
 
 
 def _winograd_table(rows: list) -> None:
