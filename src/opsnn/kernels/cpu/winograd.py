@@ -127,28 +127,31 @@ BT2 = np.array([[1, 0, -1, 0],
 AT2 = np.array([[1, 1, 1, 0],
                 [0, 1, -1, -1]], dtype=np.float64)
 
+_F2, _F4, _F5, _F8 = np.float32(2), np.float32(4), np.float32(5), np.float32(8)
 _U = np.uintp  # unsigned indices: numba then skips negative-index wraparound (see the module doc)
 
 
 # -- 1-D transforms (B^T d, A^T m); the 2-D ones apply them along rows, then columns ----------------------
 @nb.njit(nogil=True, cache=True, inline="always")
 def _bt(d0, d1, d2, d3, d4, d5):
-    """B^T d for one 6-vector (B^T's zeros and repeated rows folded by hand)."""
-    a = d4 - 4 * d2
-    b = d3 - 4 * d1
+    """B^T d for one 6-vector (B^T's zeros and repeated rows folded by hand). The constants are
+    float32 (float64 inputs stay float64): with int ones numba promotes float32 * int to float64,
+    halving the vector width."""
+    a = d4 - _F4 * d2
+    b = d3 - _F4 * d1
     c = d4 - d2
-    e = 2 * (d3 - d1)
-    return (4 * d0 - 5 * d2 + d4, a + b, a - b, c + e, c - e, 4 * d1 - 5 * d3 + d5)
+    e = _F2 * (d3 - d1)
+    return (_F4 * d0 - _F5 * d2 + d4, a + b, a - b, c + e, c - e, _F4 * d1 - _F5 * d3 + d5)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _at(m0, m1, m2, m3, m4, m5):
-    """A^T m for one 6-vector."""
+    """A^T m for one 6-vector (float32 constants, as in :func:`_bt`)."""
     s12 = m1 + m2
     d12 = m1 - m2
     s34 = m3 + m4
     d34 = m3 - m4
-    return (m0 + s12 + s34, d12 + 2 * d34, s12 + 4 * s34, d12 + 8 * d34 + m5)
+    return (m0 + s12 + s34, d12 + _F2 * d34, s12 + _F4 * s34, d12 + _F8 * d34 + m5)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")

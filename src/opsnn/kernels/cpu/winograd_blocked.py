@@ -34,36 +34,15 @@ import numpy as np
 
 from . import onednn as D
 from .conv import ALIGN, workspace_view
-from .winograd import ALPHA, POINTS, TILE, transform_weights
+from .winograd import ALPHA, POINTS, TILE, _at, _bt, transform_weights
 
 _U = np.uintp  # unsigned indices: no negative-index wraparound, so LLVM vectorizes
-_F2, _F4, _F5, _F8 = np.float32(2), np.float32(4), np.float32(5), np.float32(8)
 
 #: U (36 x C_in x C_out float32) above this many bytes streams from memory on every call with
 #: few tiles to share it: 512 channels at 7x7 (37.7 MB, 4 tiles) took 3.5 ms in the GEMMs alone
 #: against 0.92 ms for oneDNN's direct convolution. ``ops/defs/blocked.py`` also wants enough
 #: tiles per image (see there).
 MAX_WEIGHT_BYTES = 16 << 20
-
-
-# B^T d and A^T m for one 6-vector (as :mod:`.winograd`'s, with float32 constants: numba would
-# promote float32 * int to float64, halving the vector width)
-@nb.njit(nogil=True, cache=True, inline="always")
-def _bt(d0, d1, d2, d3, d4, d5):
-    a = d4 - _F4 * d2
-    b = d3 - _F4 * d1
-    c = d4 - d2
-    e = _F2 * (d3 - d1)
-    return _F4 * d0 - _F5 * d2 + d4, a + b, a - b, c + e, c - e, _F4 * d1 - _F5 * d3 + d5
-
-
-@nb.njit(nogil=True, cache=True, inline="always")
-def _at(m0, m1, m2, m3, m4, m5):
-    s12 = m1 + m2
-    d12 = m1 - m2
-    s34 = m3 + m4
-    d34 = m3 - m4
-    return m0 + s12 + s34, d12 + _F2 * d34, s12 + _F4 * s34, d12 + _F8 * d34 + m5
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
