@@ -56,6 +56,12 @@ _TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorP
 #: 60), OpenBLAS's workers (numpy) a similar while; in strict round-robin that spin was charged to
 #: the next contender (64 ch 56x56 at batch 8: opsnn's Winograd 11.7 ms alone, 24.0 right after ORT)
 SETTLE_S = 0.08
+#: ... and after the pause each contender runs untimed for this long (at least once) before its timed
+#: runs: on the 2-vCPU VM the first milliseconds after an idle pause run slow (sleeping OpenMP workers,
+#: an idle vCPU rescheduled by the host). 64 ch 56x56 3x3, batch 1, ms, back-to-back loop / one untimed
+#: call / 30 ms / 100 ms of warm-up: im2col 1.62 / 6.56 / 2.78 / 1.89, Winograd F(4x4) 0.66 / 0.71 /
+#: 0.93 / 0.95, blocked Winograd 0.47 / 2.56 / 0.71 / 0.57, oneDNN direct 1.00 / 2.39 / 1.08 / 1.11
+WARM_S = 0.1
 
 
 def measure(fns: dict, repeat: int, budget_s: float = 20.0, block: int = 2) -> dict:
@@ -78,7 +84,10 @@ def measure(fns: dict, repeat: int, budget_s: float = 20.0, block: int = 2) -> d
     start = time.perf_counter()
     for _ in range(repeat):
         for n, f in fns.items():
+            t_warm = time.perf_counter()
             f()
+            while time.perf_counter() - t_warm < WARM_S:
+                f()
             for _ in range(block):
                 c0 = time.process_time()
                 t0 = time.perf_counter()
