@@ -45,6 +45,15 @@ _U = np.uintp  # unsigned indices: no negative-index wraparound, so LLVM vectori
 MAX_WEIGHT_BYTES = 16 << 20
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def _split(task, blocks, th_n, b):
+    """A transform task -> (image * th_n + tile row, tile row, image, channel block, its first
+    channel): the tasks run over (image, tile row, channel block), channel blocks fastest."""
+    cb = task % blocks
+    row = task // blocks
+    return row, row % th_n, _U(row // th_n), _U(cb), _U(cb * b)
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
 def input_transform(x, v, ph, pw, th_n, tw_n):
     """``x`` (N, C/b, H, W, b) -> ``v`` (36, N*th_n*tw_n, C): B^T d B of every 6x6 tile (4x4
@@ -53,14 +62,9 @@ def input_transform(x, v, ph, pw, th_n, tw_n):
     n_img, cb_n, h, w, b = x.shape
     ub = _U(b)
     for task in nb.prange(n_img * th_n * cb_n):
-        cb = task % cb_n
-        row = task // cb_n            # image * th_n + tile row
-        ty = row % th_n
-        un = _U(row // th_n)
-        ucb = _U(cb)
+        row, ty, un, ucb, c0 = _split(task, cb_n, th_n, b)
         d = np.empty((ALPHA, ALPHA, b), np.float32)
         t = np.empty((ALPHA, ALPHA, b), np.float32)
-        c0 = _U(cb * b)
         for tx in range(tw_n):
             y0 = ty * TILE - ph
             x0 = tx * TILE - pw
@@ -101,14 +105,9 @@ def output_transform(mm, bias, z, y, th_n, tw_n, has_z, relu):
     ub = _U(b)
     zero = np.float32(0)
     for task in nb.prange(n_img * th_n * mb_n):
-        mb = task % mb_n
-        row = task // mb_n
-        ty = row % th_n
-        un = _U(row // th_n)
-        umb = _U(mb)
+        row, ty, un, umb, m0 = _split(task, mb_n, th_n, b)
         u = np.empty((ALPHA, TILE, b), np.float32)
         o = np.empty((TILE, TILE, b), np.float32)
-        m0 = _U(mb * b)
         for tx in range(tw_n):
             tile = _U(row * tw_n + tx)
             for a in range(_U(ALPHA)):  # A^T along each row of points
