@@ -552,6 +552,19 @@ class MaxPoolPrimitive:
         self.prim.run(x.ctypes.data, y.ctypes.data)
 
 
+def _matmul_pd(src: _Md, w: _Md, bias, dst: _Md, post: list, what: str):
+    """oneDNN's matmul primitive descriptor for these memory descriptors and post-ops."""
+    if unavailable() is not None:
+        raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
+    attr = _attr_with(post)
+    pd = _vp()
+    status = _lib.dnnl_matmul_primitive_desc_create(C.byref(pd), _engine, src.h, w.h, bias.h if bias else None,
+                                                    dst.h, attr)
+    _lib.dnnl_primitive_attr_destroy(attr)
+    _check(status, f"{what} descriptor")
+    return pd
+
+
 class MatMulPrimitive:
     """``act(A @ W + bias + Z)`` for row-major ``A`` (M, K), a constant ``W`` (K, N)
     (reordered here, once, into the primitive's blocked layout), optional ``bias`` (N,) and
@@ -575,19 +588,11 @@ class MatMulPrimitive:
 
     @staticmethod
     def _desc(m, k, n, has_bias, residual, act, alpha, beta, dtype=np.float32):
-        if unavailable() is not None:
-            raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
         src, dst = _Md([m, k], TAG_AB, dtype), _Md([m, n], TAG_AB, dtype)
         w_any = _Md([k, n], TAG_ANY, dtype)
         bias = _Md([1, n], TAG_AB, dtype) if has_bias else None
         post = _epilogue(dst, residual, act, alpha, beta)
-        attr = _attr_with(post)
-        pd = _vp()
-        status = _lib.dnnl_matmul_primitive_desc_create(C.byref(pd), _engine, src.h, w_any.h,
-                                                        bias.h if bias else None, dst.h, attr)
-        _lib.dnnl_primitive_attr_destroy(attr)
-        _check(status, f"matmul descriptor ({m}x{k} @ {k}x{n})")
-        return pd, (src, dst, w_any, bias), post
+        return _matmul_pd(src, w_any, bias, dst, post, f"matmul ({m}x{k} @ {k}x{n})"), (src, dst, w_any, bias), post
 
     @classmethod
     def impl_for(cls, m: int, k: int, n: int) -> str:
@@ -635,11 +640,7 @@ class BatchMatMulPrimitive:
             raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
         src, dst = _Md([batch, m, k], TAG_ABC, dtype), _Md([batch, m, n], TAG_ABC, dtype)
         w_any = _Md([batch, k, n], TAG_ANY, dtype)
-        attr = _attr_with([])
-        pd = _vp()
-        status = _lib.dnnl_matmul_primitive_desc_create(C.byref(pd), _engine, src.h, w_any.h, None, dst.h, attr)
-        _lib.dnnl_primitive_attr_destroy(attr)
-        _check(status, f"batched matmul descriptor ({batch} x {m}x{k} @ {k}x{n})")
+        pd = _matmul_pd(src, w_any, None, dst, [], f"batched matmul ({batch} x {m}x{k} @ {k}x{n})")
         self._w = _reordered_weight(pd, _Md([batch, k, n], TAG_ACB if transposed else TAG_ABC, dtype), w,
                                     source and source[:2])
         self.weight = self._w.weight
@@ -681,11 +682,7 @@ def wt_matmul(m: int, k: int, n: int, accumulate: bool = False, dtype=np.float32
     if unavailable() is not None:
         raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
     src, w, dst = _Md([m, k], TAG_AB, dtype), _Md([k, n], TAG_BA, dtype), _Md([m, n], TAG_AB)
-    attr = _attr_with([("sum",)] if accumulate else [])
-    pd = _vp()
-    status = _lib.dnnl_matmul_primitive_desc_create(C.byref(pd), _engine, src.h, w.h, None, dst.h, attr)
-    _lib.dnnl_primitive_attr_destroy(attr)
-    _check(status, f"matmul descriptor ({m}x{k} @ ({n}x{k}).T)")
+    pd = _matmul_pd(src, w, None, dst, [("sum",)] if accumulate else [], f"matmul ({m}x{k} @ ({n}x{k}).T)")
     prim = Primitive(pd, [(_ARG_SRC, src.h), (_ARG_WEIGHTS, w.h), (_ARG_DST, dst.h)], keep=(src, w, dst))
     with _wt_lock:
         prim = _wt_cache.setdefault(key, prim)

@@ -162,6 +162,7 @@ class BlockedWinogradPlan:
     per_chunk: int       # images per chunk
     gemms: dict          # images in a chunk -> D.BatchMatMulPrimitive
     relu: bool
+    zero_bias: np.ndarray  # (C_out,) zeros: the output transform's bias when the conv has none
 
     @property
     def chunk_tiles(self) -> int:
@@ -195,7 +196,8 @@ def plan(x_shape, w: np.ndarray, y_shape, pads: tuple, block: int, relu: bool) -
     gemms = {k: D.BatchMatMulPrimitive(k * th * tw, lambda: transform_weights(w, np.float32), transposed=True,
                                        source=source) for k in {per_chunk, n % per_chunk} if k}
     return BlockedWinogradPlan(tuple(int(s) for s in x_shape), tuple(int(s) for s in y_shape), int(block),
-                               (int(pads[0]), int(pads[1])), (th, tw), per_chunk, gemms, bool(relu))
+                               (int(pads[0]), int(pads[1])), (th, tw), per_chunk, gemms, bool(relu),
+                               np.zeros(m, np.float32))
 
 
 def conv(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndarray) -> None:
@@ -206,7 +208,7 @@ def conv(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndar
     x5 = x.reshape(n, c // blk, h, w, blk)
     y5 = y.reshape(n, m // blk, ho, wo, blk)
     z5 = z.reshape(y5.shape) if z is not None else y5
-    bias = b if b is not None else _zeros(m)
+    bias = b if b is not None else p.zero_bias
     flat = workspace_view(ws, np.float32, ((p.workspace_bytes() - ALIGN) // 4,))
     per_tile = p.tiles[0] * p.tiles[1]
     for i0 in range(0, n, p.per_chunk):
@@ -218,12 +220,3 @@ def conv(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndar
         p.gemms[k](v, mm)
         output_transform(mm, bias, z5[i0:i0 + k], y5[i0:i0 + k], p.tiles[0], p.tiles[1], z is not None, p.relu)
 
-
-_ZEROS: dict[int, np.ndarray] = {}
-
-
-def _zeros(m: int) -> np.ndarray:
-    z = _ZEROS.get(m)
-    if z is None:
-        z = _ZEROS[m] = np.zeros(m, np.float32)
-    return z

@@ -122,10 +122,15 @@ class _OneDnnPlan:
         return f"oneDNN {self.prim.impl} {self.what}"
 
 
-def _blocked_conv_plan(ctx):
+def _planned_geometry(ctx):
+    """(X's shape, the constant weight, the conv geometry, Y's shape) of a BlockedConv at prepare."""
     xs, w = tuple(ctx.shape(0)), np.asarray(ctx.value(1))
     g = conv_geometry("BlockedConv", xs, w.shape, _conv_attrs(ctx.attrs))
-    ys = (xs[0], w.shape[0]) + tuple(g.out)
+    return xs, w, g, (xs[0], w.shape[0]) + tuple(g.out)
+
+
+def _blocked_conv_plan(ctx):
+    xs, w, g, ys = _planned_geometry(ctx)
     src_blocked, b = bool(int(ctx.attrs["src_blocked"])), _block(ctx)
     prim = KD.ConvPrimitive(xs, w, ys, g.s, (g.pb[0], g.pb[1], g.pe[0], g.pe[1]), g.d, block=b,
                             src_blocked=src_blocked,
@@ -193,9 +198,7 @@ def _blocked_winograd_applies(ctx):
 
 
 def _blocked_winograd_plan(ctx):
-    xs, w = tuple(ctx.shape(0)), np.asarray(ctx.value(1))
-    g = conv_geometry("BlockedConv", xs, w.shape, _conv_attrs(ctx.attrs))
-    ys = (xs[0], w.shape[0]) + tuple(g.out)
+    xs, w, g, ys = _planned_geometry(ctx)
     return KW.plan(xs, w, ys, g.pb, _block(ctx), _act_code("BlockedConv", ctx.attrs) == 1)
 
 
