@@ -5,7 +5,7 @@ thread (and opsnn Stream), vs the same four stages one after another on the same
 
 Prints frames/s of both modes, their ratio (target: pipelined >= 1.5x sequential) and per-stage
 busy / wait times, and writes them as JSON (default bench/results/video.json). Frames come from
-an H.264 file written for the run when imageio-ffmpeg is installed (``pip install -e .[bench]``),
+an H.264 file written for the run when PyAV (av) is installed (``pip install -e .[video]``),
 else from synthesized frames. The overlap on few cores comes from kernels (numba ``nogil``, BLAS)
 and numpy releasing the GIL while other stages run Python; the report also gives each mode's
 process CPU time / wall time (how many cores it kept busy) and the machine's load average, since

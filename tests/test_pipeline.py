@@ -363,7 +363,7 @@ def test_npy_and_png_folders_round_trip(tmp_path):
         ImageFolder(str(tmp_path / "npy")).decode(str(tmp_path / "npy" / "frame_000009.npy"))
 
 
-@pytest.mark.skipif(not have_video_support(), reason="imageio-ffmpeg not installed")
+@pytest.mark.skipif(not have_video_support(), reason="PyAV (av) not installed")
 def test_video_file_round_trip(tmp_path):
     frames = [synth_frame(10 * i, 48, 64) for i in range(6)]
     path = write_video(str(tmp_path / "v.mp4"), frames, quality=10)
@@ -374,13 +374,52 @@ def test_video_file_round_trip(tmp_path):
     for i, g in enumerate(got):  # lossy H.264 (4:2:0 chroma): each frame is nearest its own original
         err = [np.abs(g.astype(int) - f.astype(int)).mean() for f in frames]
         assert int(np.argmin(err)) == i and err[i] < 20
+    threaded = VideoFile(path, threads=2)  # frame threading decodes ahead; the frames are the same
+    for g, p in zip(got, threaded, strict=True):
+        np.testing.assert_array_equal(threaded.decode(p), g)
     with pytest.raises(ParamInvalidError):
         VideoFile(str(tmp_path / "none.mp4"))
     (tmp_path / "junk.mp4").write_bytes(b"not a video")
     with pytest.raises(ParamInvalidError):
         VideoFile(str(tmp_path / "junk.mp4"))
+    with pytest.raises(ParamInvalidError, match="threads must be an int >= 1"):
+        VideoFile(path, threads=0)
+    with pytest.raises(ParamInvalidError, match="packet must be a frame"):
+        src.decode(np.zeros((48, 64, 3), np.uint8))
     with pytest.raises(ParamInvalidError):
         write_video(str(tmp_path / "e.mp4"), [])
+    with pytest.raises(ParamInvalidError, match="even height and width"):
+        write_video(str(tmp_path / "odd.mp4"), [np.zeros((48, 63, 3), np.uint8)])
+    with pytest.raises(ParamInvalidError, match="quality must be"):
+        write_video(str(tmp_path / "q.mp4"), frames, quality=11)
+    with pytest.raises(ParamInvalidError, match="frame 1 has shape"):
+        write_video(str(tmp_path / "s.mp4"), [frames[0], frames[0][:32]])
+
+
+@pytest.mark.skipif(not have_video_support(), reason="PyAV (av) not installed")
+def test_video_file_damage(tmp_path):
+    """A cut-off file fails when opened; damage mid-stream fails the decode stage at the frame
+    it hits, after the frames before it went through every stage."""
+    path = write_video(str(tmp_path / "v.mp4"), [synth_frame(i, 48, 64) for i in range(30)])
+    data = open(path, "rb").read()
+    (tmp_path / "cut.mp4").write_bytes(data[: len(data) * 6 // 10])  # the index (moov) is at the end
+    with pytest.raises(ParamInvalidError, match="not a readable video"):
+        VideoFile(str(tmp_path / "cut.mp4"))
+    bad = bytearray(data)
+    bad[len(data) // 2: len(data) // 2 + 400] = np.random.default_rng(0).integers(0, 256, 400, np.uint8).tobytes()
+    (tmp_path / "bad.mp4").write_bytes(bytes(bad))
+    src = VideoFile(str(tmp_path / "bad.mp4"))
+    with pytest.raises(ParamInvalidError, match="decoding failed after"):
+        for _ in src:
+            pass
+    pipe = Pipeline([Stage("decode", src.decode, uses_ops=False),
+                     Stage("mean", lambda f: float(f.mean()), uses_ops=False)])
+    for run in (pipe.run, pipe.run_sequential):
+        with pytest.raises(StageError) as ei:
+            run(src)
+        assert ei.value.stage == "decode" and isinstance(ei.value.cause, ParamInvalidError)
+        n = ei.value.frame
+        assert 0 < n < 30 and ei.value.result.completed == list(range(n))
 
 
 # -- the video classification pipeline ---------------------------------------------------------------------------

@@ -9,13 +9,14 @@ Splitting read from decode keeps the decoding work on the decode stage's thread:
     >>> [src.decode(p).shape for p in src]
     [(48, 64, 3), (48, 64, 3), (48, 64, 3)]
 
-Video files use ``imageio-ffmpeg`` (a wheel that ships its own ffmpeg binary) and PNG folders
-use Pillow; both are optional (``pip install opsnn[video]``): without them use
+Video files use PyAV (``av``: a wheel that ships FFmpeg's libraries, libx264 included) and PNG
+folders use Pillow; both are optional (``pip install opsnn[video]``): without them use
 :class:`SyntheticVideo` or a folder of ``.npy`` frames.
 """
 from __future__ import annotations
 
 import os
+from fractions import Fraction
 
 import numpy as np
 
@@ -76,19 +77,19 @@ class SyntheticVideo:
         return f"SyntheticVideo({self.num_frames} frames, {self.width}x{self.height})"
 
 
-def _ffmpeg():
+def _av():
     try:
-        import imageio_ffmpeg
+        import av
     except ImportError:
-        raise ParamInvalidError("video files need the 'imageio-ffmpeg' package (pip install imageio-ffmpeg, "
-                                "or opsnn[video]); use SyntheticVideo or an image folder instead") from None
-    return imageio_ffmpeg
+        raise ParamInvalidError("video files need the 'av' package (PyAV: pip install av, or opsnn[video]); "
+                                "use SyntheticVideo or an image folder instead") from None
+    return av
 
 
 def have_video_support() -> bool:
-    """True when ``imageio-ffmpeg`` is importable (video files can be written and read)."""
+    """True when PyAV (``av``) is importable (video files can be written and read)."""
     try:
-        import imageio_ffmpeg  # noqa: F401
+        import av  # noqa: F401
     except ImportError:
         return False
     return True
@@ -104,60 +105,80 @@ def have_png_support() -> bool:
 
 
 def write_video(path: str, frames, fps: float = 30.0, quality: int = 7) -> str:
-    """Encode ``(H, W, 3)`` uint8 frames into an H.264 video at ``path`` (ffmpeg from imageio-ffmpeg)."""
-    ff = _ffmpeg()
-    writer = None
+    """Encode ``(H, W, 3)`` uint8 frames into an H.264 (libx264, yuv420p) video at ``path`` with PyAV.
+    ``quality`` 0..10 maps to x264's constant rate factor ``round(51 * (1 - quality / 10))``
+    (7: CRF 15; 10: lossless luma). 4:2:0 chroma needs an even height and width."""
+    av = _av()
+    if isinstance(quality, bool) or not isinstance(quality, (int, float)) or not 0 <= quality <= 10:
+        raise ParamInvalidError(f"write_video: quality must be a number in 0..10, got {quality!r}")
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0:
+        raise ParamInvalidError(f"write_video: fps must be a positive number, got {fps!r}")
+    container = stream = shape = None
     n = 0
     try:
         for f in frames:
             f = np.ascontiguousarray(f)
             if f.ndim != 3 or f.shape[2] != 3 or f.dtype != np.uint8:
                 raise ParamInvalidError(f"write_video: frames must be (H, W, 3) uint8, got {f.shape} {f.dtype}")
-            if writer is None:
-                writer = ff.write_frames(path, (f.shape[1], f.shape[0]), fps=fps, quality=quality,
-                                         macro_block_size=1, ffmpeg_log_level="error")
-                writer.send(None)
+            if shape is None:
+                if f.shape[0] % 2 or f.shape[1] % 2:
+                    raise ParamInvalidError(f"write_video: H.264 4:2:0 needs an even height and width, frame 0 is "
+                                            f"{f.shape[0]}x{f.shape[1]} (crop or pad it by one pixel)")
                 shape = f.shape
+                container = av.open(path, "w")
+                stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+                stream.height, stream.width = shape[:2]
+                stream.pix_fmt = "yuv420p"
+                stream.options = {"crf": str(round(51 * (1 - quality / 10)))}
             elif f.shape != shape:
                 raise ParamInvalidError(f"write_video: frame {n} has shape {f.shape}, frame 0 had {shape}")
-            writer.send(f)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")))
             n += 1
+        if stream is not None:
+            container.mux(stream.encode(None))  # flush the encoder's delayed frames
     finally:
-        if writer is not None:
-            writer.close()
+        if container is not None:
+            container.close()
     if n == 0:
         raise ParamInvalidError("write_video: no frames given")
     return path
 
 
 class VideoFile:
-    """Frames of a local video file, decoded by ffmpeg (from imageio-ffmpeg) to RGB24.
+    """Frames of a local video file, decoded in this process by FFmpeg's libavcodec (PyAV).
 
-    Packets are the raw frame bytes read from ffmpeg's pipe; ``decode`` turns one into an
-    ``(H, W, 3)`` array. ``len()`` is ffmpeg's frame count estimate (exact for files written
-    by :func:`write_video`). A file that is missing or not a video raises ``ParamInvalidError``
-    here; a file truncated mid-stream ends early (ffmpeg stops at the damage). The decoding itself
-    runs in ffmpeg's process as frames are read, in sequence: one decode worker."""
+    Iterating demuxes and decodes (a packet is one decoded, still YUV, frame); ``decode(packet)``
+    converts it to an ``(H, W, 3)`` RGB array. Both run on the pipeline's decode stage, which
+    reads the source: decoding is that stage's work in a pipelined and in a sequential run alike.
+    ``threads``: libavcodec's decoding threads. 1 (default) decodes each frame when it is read;
+    more use frame threading, which decodes later frames in the background, outside any stage.
+    ``len()`` is the container's frame count (exact for files written by :func:`write_video`).
+    A missing or unreadable file raises ``ParamInvalidError`` here; damage found while decoding
+    raises it from the iteration (a pipeline reports it as the decode stage's error). Frames
+    decode in sequence: one decode worker."""
 
     independent_frames = False
 
-    def __init__(self, path: str):
-        ff = _ffmpeg()
+    def __init__(self, path: str, threads: int = 1):
+        av = _av()
         if not os.path.isfile(path):
             raise ParamInvalidError(f"VideoFile: no such file {path!r}")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ParamInvalidError(f"VideoFile: threads must be an int >= 1, got {threads!r}")
         self.path = path
+        self.threads = threads
         try:
-            gen = ff.read_frames(path)
-            meta = next(gen)
-            gen.close()
-        except (RuntimeError, OSError, StopIteration) as exc:
+            with av.open(path) as container:
+                if not container.streams.video:
+                    raise ParamInvalidError(f"VideoFile: {path!r} has no video stream")
+                stream = container.streams.video[0]
+                self.width, self.height = stream.codec_context.width, stream.codec_context.height
+                self.fps = float(stream.average_rate or 0.0)
+                self.num_frames = int(stream.frames) or None
+        except av.FFmpegError as exc:
             raise ParamInvalidError(f"VideoFile: {path!r} is not a readable video: {exc}") from None
-        self.width, self.height = meta["size"]
-        self.fps = meta.get("fps") or 0.0
-        try:
-            self.num_frames = int(ff.count_frames_and_secs(path)[0])
-        except (RuntimeError, OSError):
-            self.num_frames = None
+        if not self.width or not self.height:
+            raise ParamInvalidError(f"VideoFile: {path!r}: the video stream has no frame size")
 
     def __len__(self) -> int:
         if self.num_frames is None:
@@ -165,19 +186,27 @@ class VideoFile:
         return self.num_frames
 
     def __iter__(self):
-        gen = _ffmpeg().read_frames(self.path, pix_fmt="rgb24")
+        av = _av()
+        n = 0
         try:
-            next(gen)  # metadata
-            yield from gen
-        finally:
-            gen.close()
+            with av.open(self.path) as container:
+                stream = container.streams.video[0]
+                stream.thread_type = "FRAME" if self.threads > 1 else "SLICE"
+                stream.thread_count = self.threads
+                for frame in container.decode(stream):
+                    yield frame
+                    n += 1
+        except av.FFmpegError as exc:
+            raise ParamInvalidError(f"VideoFile {self.path!r}: decoding failed after {n} frames: {exc}") from None
 
     def decode(self, packet) -> np.ndarray:
-        frame = np.frombuffer(packet, np.uint8)
-        if frame.size != self.height * self.width * 3:
-            raise ParamInvalidError(f"VideoFile {self.path!r}: a frame has {frame.size} bytes, expected "
-                                    f"{self.height}x{self.width}x3")
-        return frame.reshape(self.height, self.width, 3)
+        if not isinstance(packet, _av().VideoFrame):
+            raise ParamInvalidError(f"VideoFile.decode: packet must be a frame from iterating the VideoFile, "
+                                    f"got {type(packet).__name__}")
+        if (packet.height, packet.width) != (self.height, self.width):
+            raise ParamInvalidError(f"VideoFile {self.path!r}: a frame is {packet.height}x{packet.width}, expected "
+                                    f"{self.height}x{self.width}")
+        return packet.to_ndarray(format="rgb24")
 
     def __repr__(self) -> str:
         return f"VideoFile({self.path!r}, {self.num_frames} frames, {self.width}x{self.height})"

@@ -84,7 +84,7 @@ DEFAULT_INFER_WORKERS = 2
 def decode_workers_for(source, decode_workers: int = 1) -> int:
     """Check ``decode_workers``: several workers need a source whose frames decode independently
     (``source.independent_frames``: image files, synthesized frames; a video file's frames come
-    out of one ffmpeg process in sequence). Measured on 2 cores, 2 workers pay off only when
+    out of one decoder in sequence). Measured on 2 cores, 2 workers pay off only when
     decode is the slowest stage and its work is compute-bound (PNG: 57.9 -> 60.6 frames/s);
     rendering synthetic frames is memory-bound and a second worker slows inference more than it
     speeds decode (74 -> 67 frames/s). So the default is 1."""
@@ -177,7 +177,7 @@ def make_source(kind: str, frames: int, height: int, width: int, workdir: str):
     gen = (synth_frame(i, height, width) for i in range(frames))
     if kind == "video":
         if not have_video_support():
-            raise ParamInvalidError("video source: needs imageio-ffmpeg (pip install opsnn[video])")
+            raise ParamInvalidError("video source: needs PyAV (pip install av, or opsnn[video])")
         path = write_video(os.path.join(workdir, "bench.mp4"), gen)
         return VideoFile(path)
     if kind in ("png", "npy"):
@@ -318,7 +318,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--height", type=int, default=720, help="frame height (frames are decoded at this size)")
     p.add_argument("--width", type=int, default=1280)
     p.add_argument("--source", choices=["auto", "synthetic", "video", "png", "npy"], default="auto",
-                   help="auto: an H.264 file when imageio-ffmpeg is installed, else synthesized frames")
+                   help="auto: an H.264 file when PyAV (av) is installed, else synthesized frames")
     p.add_argument("--queue-size", type=int, default=None,
                    help="frames queued between stages (default: infer workers + 1)")
     p.add_argument("--decode-workers", type=int, default=1,
