@@ -117,6 +117,24 @@ def test_blocked_max_pool_matches_the_max_pool_reference(rng, attrs, block):
     np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.parametrize("block", KB.BLOCKS)
+@pytest.mark.parametrize("shape", [(2, 32, 7, 7), (1, 16, 1, 1), (1, 48, 5, 9), (3, 16, 64, 96)])  # last: parallel
+def test_blocked_global_average_pool_matches_the_plain_reference(rng, shape, block):
+    x = _f32(rng, *shape, scale=3.0) + 100.0  # a large common offset: float32 sums would drift
+    if shape[0] > 1:
+        x[1, 5, 0, 0] = np.nan  # NaN stays in its own channel
+    xb = KB.blocked_reference(x, block)
+    out, want, _, chosen = _run_kernel("BlockedGlobalAveragePool", "global_avg_pool_blocked_numba", [xb], [None],
+                                       {"block": block})
+    assert chosen == "global_avg_pool_blocked_numba" and out.shape == (shape[0], shape[1], 1, 1)
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(out, x.astype(np.float64).mean(axis=(2, 3), keepdims=True), rtol=1e-6)
+    if shape[0] > 1:
+        assert np.isnan(out[1, 5, 0, 0]) and np.isfinite(np.delete(out.reshape(-1), shape[1] + 5)).all()
+    with pytest.raises(OpsnnError):
+        run_op("BlockedGlobalAveragePool", [_f32(rng, 1, 12, 3, 3)], {"block": block})  # 12 channels: not blockable
+
+
 def _bf16(a):
     return None if a is None else a.astype(BF16)
 
@@ -229,6 +247,25 @@ def test_pass_rewrites_a_bottleneck_chain_and_agrees_with_the_interpreter(rng):
     assert "conv_onednn" in cg.explain() and "max_pool_onednn" in cg.explain()
     # a second batch size: the primitives are built for that plan's shapes
     _compile_and_check(g, {"x": _f32(rng, 1, 3, 12, 12)})
+
+
+@needs_onednn
+def test_pass_pools_a_classifier_head_on_the_blocked_features(rng):
+    """GlobalAveragePool fed by a chain reads the blocked feature map: no FromBlocked of it; a
+    second plain reader of the same value keeps its FromBlocked."""
+    def head(outputs):
+        g = _block_graph(rng)
+        init = dict(g.initializers, wf=_f32(np.random.default_rng(1), 10, 32, scale=0.2))
+        nodes = list(g.nodes) + [Node("GlobalAveragePool", ["y"], ["gp"]), Node("Flatten", ["gp"], ["f"]),
+                                 Node("Gemm", ["f", "wf"], ["logits"], {"transB": 1})]
+        return Graph("head", inputs=list(g.inputs), outputs=outputs, nodes=nodes, initializers=init)
+
+    cg = _compile_and_check(head(["logits"]), {"x": _f32(rng, 2, 16, 9, 7)})
+    types = _types(cg)
+    assert "opsnn::BlockedGlobalAveragePool" in types and "opsnn::FromBlocked" not in types
+    assert "global_avg_pool_blocked_numba" in cg.explain()
+    types = _types(_compile_and_check(head(["logits", "y"]), {"x": _f32(rng, 1, 16, 6, 6)}))
+    assert "opsnn::BlockedGlobalAveragePool" in types and types.count("opsnn::FromBlocked") == 1
 
 
 @needs_onednn

@@ -7,12 +7,15 @@ Candidates: ``Conv`` / ``FusedConv`` nodes (float32, or bfloat16 where the mixed
 pass made the convolutions bf16; static 4-D shapes, group 1, a constant weight of the input's
 dtype, output channels a multiple of the block, a convolution oneDNN has JIT code for) and
 ``MaxPool`` nodes fed by a candidate (2-D, no dilation, no Indices output; in a bf16 graph the
-pool's Casts to float32 and back are dropped, see :func:`_through_casts`). Candidates joined
+pool's Casts to float32 and back are dropped, see :func:`_through_casts`), and float32
+``GlobalAveragePool`` nodes fed by a candidate. Candidates joined
 by an edge (one's output is another's X or residual Z) form a chain; a chain with at least
 ``MIN_CONVS`` convolutions is rewritten:
 
 * each conv becomes ``opsnn::BlockedConv`` writing a blocked output; each pool
-  ``opsnn::BlockedMaxPool``;
+  ``opsnn::BlockedMaxPool``; each global average pool ``opsnn::BlockedGlobalAveragePool``, which
+  reads the blocked value and writes its plain (N, C, 1, 1) output under the original name (a
+  classifier's head then needs no ``FromBlocked`` of the last feature map);
 * an input that comes from outside the chain is blocked by one ``opsnn::ToBlocked`` (shared by
   all its readers), except a conv's X whose channel count is not a multiple of the block (a network's
   first conv on an RGB image): oneDNN reads that one plain;
@@ -182,6 +185,12 @@ def blocked_layout(graph: Graph, res) -> None:
                 cand[n.name] = "pool"
                 hop[n.name] = (x, y, casts)
                 prod[y] = n            # the pool now produces the value its second Cast did
+    for n in graph.nodes:
+        if n.op_type == "GlobalAveragePool" and not n.domain:
+            p, x = prod.get(n.inputs[0]), _value(graph, n.inputs[0])
+            if p is not None and p.name in cand and x.dtype is not None and np.dtype(x.dtype) == np.float32 \
+                    and _static4(x):
+                cand[n.name] = "gap"
     # chains: union-find over candidate -> candidate edges through X (and a conv's residual Z)
     parent = {k: k for k in cand}
 
@@ -234,6 +243,13 @@ def blocked_layout(graph: Graph, res) -> None:
             new_nodes.append(n)
             continue
         x, y = hop.get(n.name, (n.inputs[0], n.outputs[0]))[:2]
+        if cand[n.name] == "gap":  # blocked in, plain (N, C, 1, 1) out: y keeps its name and readers
+            new = Node("BlockedGlobalAveragePool", [blocked_input(x)], [y], {"block": block}, domain="opsnn",
+                       name=graph.unique_name(f"BlockedGlobalAveragePool_{n.name}"))
+            new.attrs_origin = [n.name]
+            new_nodes.append(new)
+            res.note(f"{n.name} -> BlockedGlobalAveragePool (reads the blocked {x}, no FromBlocked)")
+            continue
         if cand[n.name] == "conv":
             src_blocked = x in blocked or int(_value(graph, x).shape[1]) % block == 0
             ins = [blocked_input(x) if src_blocked else x] + list(n.inputs[1:3])

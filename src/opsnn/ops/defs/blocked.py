@@ -5,7 +5,8 @@ every op here) 16 or 8 (see :mod:`opsnn.kernels.cpu.blocked`).
 
 ``ToBlocked`` / ``FromBlocked`` change the order; ``BlockedConv`` is ``FusedConv`` (``act(conv(X,
 W, B) + Z)``) on a blocked or plain X, a blocked Z and a blocked Y; ``BlockedMaxPool`` is
-``MaxPool`` on blocked tensors. Their references unblock, run the plain op's reference and block
+``MaxPool`` on blocked tensors; ``BlockedGlobalAveragePool`` reads a blocked X and writes a plain
+(N, C, 1, 1) Y (at 1x1 both orders are the same). Their references unblock, run the plain op's reference and block
 the result again, so every kernel is checked against the plain ops' oracles.
 """
 from __future__ import annotations
@@ -255,3 +256,31 @@ BlockedMaxPool = register_op(
                        doc="oneDNN's JIT max pooling on nChw<block>c")
 def _blocked_pool(ins, outs, attrs, plan, ws):
     plan.prim(ins[0], outs[0])
+
+
+def _blocked_gap_infer(ctx):
+    _check_blockable(ctx, 0, "X")
+    if ctx.dtype(0) != np.float32:
+        raise DTypeError(f"BlockedGlobalAveragePool: X must be float32, got {np.dtype(ctx.dtype(0))}",
+                         op="BlockedGlobalAveragePool")
+    return [TensorMeta(tuple(ctx.shape(0)[:2]) + (1, 1), ctx.dtype(0))]
+
+
+def _blocked_gap_ref(ins, attrs):
+    gap = get_op("GlobalAveragePool")
+    y = gap.reference([KB.plain_reference(ins[0], int(attrs["block"]))], gap.bind_attrs({}))
+    return y[0] if isinstance(y, (list, tuple)) else y
+
+
+BlockedGlobalAveragePool = register_op(
+    "BlockedGlobalAveragePool", domain="opsnn", category="pool", inputs=[Input("X", (_dt.float32,))],
+    outputs=["Y"], attrs=[_BLOCK_ATTR], infer=_blocked_gap_infer, reference=_blocked_gap_ref,
+    doc="GlobalAveragePool of a channel-blocked (N, C, H, W) float32 tensor; Y (N, C, 1, 1) is plain "
+        "(its nChw<block>c order is the plain order), so no FromBlocked follows it")
+
+
+@BlockedGlobalAveragePool.kernel("global_avg_pool_blocked_numba", dtypes=(_dt.float32,), priority=10,
+                                 plan=lambda ctx: int(np.prod(ctx.shape(0))) >= KB.GAP_PARALLEL_MIN, doc="one pass over X's nChw<block>c order, a block of channels per task, "
+                                     "float64 sums")
+def _blocked_gap(ins, outs, attrs, plan, ws):
+    KB.global_avg_pool(ins[0], outs[0], int(attrs["block"]), plan)
