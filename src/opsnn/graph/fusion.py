@@ -412,3 +412,117 @@ EPILOGUE += [_matmul_rule(b, r, a) for b, r, a in ((True, True, False), (True, F
 
 BUILTIN_GROUPS.update({"pattern_recognition": [SILU, *GELU, LAYER_NORM, *RMS_NORM], "attention_fusion": ATTENTION,
                        "epilogue_fusion": EPILOGUE})
+
+
+#: the integer and float dtypes a fused resize reads (opsnn::FusedResize's X)
+_RESIZE_SOURCES = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float32", "float64")
+
+
+def _sole_reader(graph, users, value: str, node: Node) -> bool:
+    return value not in graph.output_names and [u.name for u in users.get(value, [])] == [node.name]
+
+
+def resize_prologue_fusion(graph, res) -> None:
+    """``Resize(Cast(Transpose / Unsqueeze ...(S)))`` with mode linear or cubic becomes one
+    ``opsnn::FusedResize`` that reads S itself (an image pipeline's uint8 HWC frame: permute to
+    CHW, add the batch axis, widen to float32, resize): the transposed copy and the 4x wider cast
+    copy of the full-size image are never written; each output value converts its taps as it
+    reads them. The Cast must go to float32/float64 and each step must be read by the next only.
+    Left alone (with the reason): other Resize modes, shapes whose resize is not on the last two
+    of four axes, positions outside the input (tf_crop_and_resize)."""
+    from ..ops.defs.elementwise import onnx_dtype
+    from ..ops.registry import get_op
+    from .shape_inference import infer_types
+
+    infer_types(graph)
+    prod, users = graph.producers(), graph.consumers()
+    fused = get_op("FusedResize", "opsnn")
+    dead: set = set()
+    new_nodes: dict = {}
+    for n in graph.nodes:
+        if n.op_type != "Resize" or n.domain:
+            continue
+        mode = n.attrs.get("mode") or "nearest"
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        cast = prod.get(n.inputs[0])
+        if mode == "nearest" or cast is None or cast.op_type != "Cast" or cast.domain:
+            continue
+        if not _sole_reader(graph, users, n.inputs[0], n):
+            res.refuse(f"{n.name}: its input Cast is read elsewhere too")
+            continue
+        try:
+            to = onnx_dtype(cast.attrs.get("to"))
+        except Exception:  # noqa: BLE001 - a bad Cast is the Cast kernel's error to report
+            continue
+        if to not in (np.float32, np.float64) or graph.value(cast.inputs[0]).shape is None:
+            continue
+        chain, src = [cast], cast.inputs[0]
+        view = list(range(len(graph.value(src).shape)))
+        while True:
+            p = prod.get(src)
+            if p is None or p.domain or p.op_type not in ("Transpose", "Unsqueeze") or not _sole_reader(
+                    graph, users, src, chain[-1]):
+                break
+            if p.op_type == "Transpose":
+                perm = [int(v) for v in (p.attrs.get("perm") or [])]
+                if not perm:
+                    break
+                view = [-1 if v < 0 else perm[v] for v in view]
+            else:
+                axes = p.attrs.get("axes")
+                if axes is None and len(p.inputs) > 1 and p.inputs[1] in graph.initializers:
+                    axes = graph.initializers[p.inputs[1]]
+                if axes is None:
+                    break
+                r = len(view)
+                axes = sorted(int(a) % r for a in np.asarray(axes).reshape(-1))
+                view = [-1 if v < 0 or v in axes else v - sum(a < v for a in axes) for v in view]
+            chain.append(p)
+            src = p.inputs[0]
+        sv = graph.value(src)
+        if sv.dtype is None or np.dtype(sv.dtype).name not in _RESIZE_SOURCES or sv.shape is None:
+            res.refuse(f"{n.name}: the source {src!r} is not an integer or float tensor of known rank")
+            continue
+        attrs = {k: v for k, v in n.attrs.items() if v is not None}
+        attrs.update(to=int(cast.attrs["to"]), view=view)
+        node = Node("FusedResize", [src] + list(n.inputs[1:]), list(n.outputs), attrs, domain="opsnn",
+                    name=graph.unique_name(f"FusedResize_{n.name}"))
+        try:  # the kernel's conditions, on the graph's shapes (static here, or refused)
+            why = _fused_resize_refusal(graph, fused, node, sv)
+        except Exception as exc:  # noqa: BLE001 - an unexpected shape: leave the graph as it was
+            why = f"{type(exc).__name__}: {exc}"
+        if why is not None:
+            res.refuse(f"{n.name}: {why}")
+            continue
+        node.attrs_origin = [c.name for c in reversed(chain)] + [n.name]
+        new_nodes[n.name] = node
+        dead.update(c.name for c in chain)
+        res.note(f"{' -> '.join(node.attrs_origin)} -> FusedResize (reads {src!r} directly)")
+    if new_nodes:
+        graph.nodes = [new_nodes.get(n.name, n) for n in graph.nodes if n.name not in dead]
+        graph.sort()
+
+
+def _fused_resize_refusal(graph, fused, node: Node, sv) -> str | None:
+    from ..ops.executor import plan_op
+    from ..ops.registry import TensorMeta
+
+    if not all(isinstance(d, (int, np.integer)) for d in sv.shape):
+        return "the source's shape is not static"
+    metas = [TensorMeta(tuple(sv.shape), sv.dtype)]
+    values = [None]
+    for name in node.inputs[1:]:
+        if not name:
+            metas.append(None)
+            values.append(None)
+        elif name in graph.initializers:
+            arr = graph.initializers[name]
+            metas.append(TensorMeta(arr.shape, arr.dtype))
+            values.append(arr)
+        else:
+            return f"Resize's {name!r} is not a constant"
+    planned = plan_op(fused, metas, values, node.attrs)
+    if planned.selection.kernel.name == "fused_resize_2d":
+        return None
+    return "; ".join(why for name, why in planned.selection.rejected if name == "fused_resize_2d") or \
+        "no fused kernel for these shapes"

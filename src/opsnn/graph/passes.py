@@ -348,6 +348,12 @@ def _elementwise_fusion(graph: Graph, res: PassResult) -> None:
     elementwise_fusion(graph, res)
 
 
+def _resize_prologue_fusion(graph: Graph, res: PassResult) -> None:
+    from .fusion import resize_prologue_fusion
+
+    resize_prologue_fusion(graph, res)
+
+
 def _blocked_layout(graph: Graph, res: PassResult) -> None:
     from .blocked_layout import blocked_layout
 
@@ -375,6 +381,8 @@ PASSES: list[Pass] = [
     Pass("user_rewrites", user_rewrites, 2, "user-registered rewrite rules"),
     Pass("epilogue_fusion", _rule_pass("epilogue_fusion"), 2,
          "bias, activation and residual add into Conv/MatMul epilogues"),
+    Pass("resize_prologue_fusion", lambda g, r: _resize_prologue_fusion(g, r), 2,
+         "Transpose/Unsqueeze -> Cast -> Resize (an image's uint8 HWC -> float NCHW) as one FusedResize"),
     Pass("elementwise_fusion", lambda g, r: _elementwise_fusion(g, r), 2,
          "same-shape elementwise chains -> one generated numba kernel"),
     Pass("mixed_precision", lambda g, r: _mixed_precision(g, r), 3,

@@ -655,3 +655,48 @@ def col2im(x, image_shape, block_shape, dilations, pads, strides, out):
         acc[(slice(None), slice(None)) + sl] += cols[(slice(None), slice(None)) + kidx]
     crop = tuple(slice(pads[i], pads[i] + image_shape[i]) for i in range(nd))
     out[...] = acc[(slice(None), slice(None)) + crop]
+
+
+@nb.njit(nogil=True, cache=True)
+def _resize2d_rows(src, strides, n_c, oh_n, t0, t1, hi, hw_, wi, ww, dst):
+    """Rows ``t0:t1`` of :func:`resize2d_view` (a row: one (image, channel, output row))."""
+    s0, s1, s2, s3 = strides
+    n_ow, th, tw = wi.shape[0], hi.shape[1], wi.shape[1]
+    for t in range(t0, t1):
+        nc = t // oh_n
+        oh = t - nc * oh_n
+        ni = nc // n_c
+        base = ni * s0 + (nc - ni * n_c) * s1
+        out = t * n_ow
+        for ow in range(n_ow):
+            acc = 0.0
+            for i in range(th):
+                row = base + hi[oh, i] * s2
+                a = 0.0
+                for j in range(tw):
+                    a += ww[ow, j] * src[row + wi[ow, j] * s3]
+                acc += hw_[oh, i] * a
+            dst[out + ow] = acc
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _resize2d_parallel(src, strides, n_c, oh_n, rows, hi, hw_, wi, ww, dst, chunks):
+    per = (rows + chunks - 1) // chunks
+    for c in nb.prange(chunks):
+        _resize2d_rows(src, strides, n_c, oh_n, c * per, min(rows, (c + 1) * per), hi, hw_, wi, ww, dst)
+
+
+def resize2d_view(src, strides, n_c: int, hi, hw_, wi, ww, dst, parallel: bool) -> None:
+    """``dst`` (N, C, OH, OW) = ``Σ_i Σ_j hw_[oh, i] ww[ow, j] · X[n, c, hi[oh, i], wi[ow, j]]`` in
+    float64, where ``X[n, c, h, w] = src[n*s0 + c*s1 + h*s2 + w*s3]`` (``strides``, in elements,
+    of any view of the 1-D ``src``, whose dtype the sum converts from): a 2-D resampling that
+    reads its input through a transpose / unsqueeze and a cast without materializing them."""
+    rows = dst.shape[0] * dst.shape[1] * dst.shape[2]
+    if rows == 0 or dst.shape[3] == 0:
+        return
+    flat = dst.reshape(-1)
+    if parallel:
+        _resize2d_parallel(src, strides, n_c, dst.shape[2], rows, hi, hw_, wi, ww, flat,
+                           min(rows, 4 * nb.get_num_threads()))
+    else:
+        _resize2d_rows(src, strides, n_c, dst.shape[2], 0, rows, hi, hw_, wi, ww, flat)

@@ -1727,6 +1727,104 @@ def _resize_separable(ins, outs, attrs, plan, ws):
 
 
 # ---------------------------------------------------------------------------------------------
+# FusedResize: Resize(Cast(view(S))) in one pass, from the graph engine's resize_prologue_fusion
+# ---------------------------------------------------------------------------------------------
+#: the source dtypes FusedResize reads (numba converts each element as it sums)
+_FUSED_RESIZE_SRC = (np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.uint16), np.dtype(np.int16),
+                     np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.float32), np.dtype(np.float64))
+#: output rows x taps from which the fused resize runs parallel (decided at prepare)
+FUSED_RESIZE_PARALLEL_MIN = 1 << 15
+
+
+def _fused_view(ctx) -> list:
+    """``view``: for each axis of the resized tensor X, the axis of S it reads, or -1 for an
+    inserted unit axis (a permutation of S's axes plus -1s)."""
+    view = _ints(ctx.attrs["view"])
+    if sorted(v for v in view if v >= 0) != list(range(len(ctx.shape(0)))) or any(v < -1 for v in view):
+        ctx.fail(f"attribute 'view' must list each of the source's {len(ctx.shape(0))} axes once (and -1 for "
+                 f"inserted unit axes), got {view}")
+    return view
+
+
+def _fused_resize_spec(ctx):
+    view = _fused_view(ctx)
+    shape = tuple(1 if v < 0 else ctx.shape(0)[v] for v in view)
+    return _resize_spec(shape, ctx.attrs, _host(ctx, 1, "roi"), _host(ctx, 2, "scales"), _host(ctx, 3, "sizes")), view
+
+
+def _fused_resize_infer(ctx):
+    to = np.dtype(_onnx_dtype(ctx.attrs["to"]))
+    if to not in (np.float32, np.float64):
+        raise DTypeError(f"FusedResize: attribute 'to' must be float32 or float64, got {to}", op="FusedResize")
+    spec, _ = _fused_resize_spec(ctx)
+    if spec.mode == "nearest":
+        ctx.fail("mode 'nearest' is not fused (Resize moves the source's values as they are)")
+    return [TensorMeta(spec.out_shape, to)]
+
+
+def _fused_resize_ref(ins, a):
+    view = [int(v) for v in a["view"]]
+    x = np.transpose(ins[0], [v for v in view if v >= 0]).reshape([1 if v < 0 else ins[0].shape[v] for v in view])
+    to = np.dtype(_onnx_dtype(a["to"]))
+    attrs = {k: v for k, v in a.items() if k not in ("to", "view")}
+    return _resize_ref([x.astype(to)] + list(ins[1:]), attrs)
+
+
+def _onnx_dtype(to):
+    from .elementwise import onnx_dtype
+
+    return onnx_dtype(to)
+
+
+FusedResize = register_op(
+    "FusedResize", domain="opsnn", category="shape",
+    inputs=[Input("X", tuple(_FUSED_RESIZE_SRC)), Input("roi", _dt.FLOATS, optional=True, host=True),
+            Input("scales", (_dt.float32,), optional=True, host=True),
+            Input("sizes", (_dt.int64,), optional=True, host=True)],
+    outputs=["Y"], attrs=list(Resize.attrs) + [Attr("to", "int"), Attr("view", "ints")],
+    infer=_fused_resize_infer, reference=_fused_resize_ref,
+    doc="Resize(Cast(X', to)) where X' is X transposed and unsqueezed by 'view' (the resized tensor's axis "
+        "i is X's axis view[i], -1 a new unit axis): an image's uint8 HWC pixels resized straight to a "
+        "float NCHW tensor, without the transposed and widened copies")
+
+
+def _fused_resize_plan(ctx):
+    spec, view = _fused_resize_spec(ctx)
+    if len(view) != 4 or any(a not in (2, 3) for a in spec.axes):
+        ctx.fail("4-D, resizing only the last two axes")
+    src_strides = [int(math.prod(ctx.shape(0)[k + 1:])) for k in range(len(ctx.shape(0)))]
+    strides = tuple(0 if v < 0 else src_strides[v] for v in view)
+    tables = []
+    for a in (2, 3):
+        if a in spec.axes:
+            idx, w, extrap = spec.table(a)
+            if extrap is not None and extrap.any():
+                ctx.fail("tf_crop_and_resize positions outside the input (extrapolated) are not fused")
+        else:
+            idx, w = np.arange(spec.in_shape[a])[:, None], np.ones((spec.in_shape[a], 1))
+        tables += [np.ascontiguousarray(idx, dtype=np.int64), np.ascontiguousarray(w, dtype=np.float64)]
+    rows = int(math.prod(spec.out_shape[:3]))
+    work = rows * spec.out_shape[3] * tables[1].shape[1] * tables[3].shape[1]
+    return strides, int(spec.in_shape[1]), tables, work >= FUSED_RESIZE_PARALLEL_MIN
+
+
+def _fused_resize_applies(ctx):
+    spec, view = _fused_resize_spec(ctx)
+    if len(view) != 4 or any(a not in (2, 3) for a in spec.axes):
+        return "4-D, resizing only the last two axes"
+    return None
+
+
+@FusedResize.kernel("fused_resize_2d", priority=10, dtypes=_FUSED_RESIZE_SRC, plan=_fused_resize_plan,
+                    applies=_fused_resize_applies,
+                    doc="one numba pass over the output: each value sums its taps (2x2 linear, 4x4 cubic, wider "
+                        "with antialias) read through the view's strides and converted as read; float64 sums")
+def _fused_resize(ins, outs, attrs, plan, ws):
+    strides, n_c, (hi, hw_, wi, ww), parallel = plan
+    K.resize2d_view(np.ascontiguousarray(ins[0]).reshape(-1), strides, n_c, hi, hw_, wi, ww, outs[0], parallel)
+
+
+# ---------------------------------------------------------------------------------------------
 # functional entry points
 # ---------------------------------------------------------------------------------------------
 def _shape_of(x):
