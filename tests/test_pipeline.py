@@ -21,7 +21,7 @@ from opsnn.errors import ParamInvalidError
 from opsnn.pipeline import (ImageFolder, Pipeline, Stage, StageError, SyntheticVideo, VideoFile, cli_video_bench,
                             synth_frame, video_bench, video_pipeline, write_image_folder, write_video)
 from opsnn.pipeline.sources import have_png_support, have_video_support
-from opsnn.pipeline.video import MEAN, STD, build_model
+from opsnn.pipeline.video import MEAN, STD, build_model, format_report
 
 
 def _threads():
@@ -523,6 +523,21 @@ def test_video_pipeline_bad_frames_and_arguments(tmp_path, no_leak):
         pipe.run(folder)
     assert (ei.value.stage, ei.value.frame) == ("decode", 2)
     assert ei.value.result.completed == [0, 1] and ei.value.result.not_processed == [3]
+
+
+@pytest.mark.skipif(not have_video_support(), reason="PyAV (av) not installed")
+def test_video_bench_on_a_video_file_compares_best_settings():
+    """A video file is timed with one and two decoding threads in both modes; each mode is
+    represented by its fastest setting and the ratio is theirs."""
+    rep = video_bench(frames=6, model="smallnet", image_size=24, height=32, width=48, source="video", repeat=1)
+    fps = rep["fps_by_mode"]
+    assert {"sequential", "sequential_decode2", "pipelined", "pipelined_decode2"} <= set(fps)
+    seq = [k for k in fps if k.startswith("sequential")]
+    pipe = [k for k in fps if k.startswith("pipelined")]
+    assert rep["sequential_baseline"] == max(seq, key=fps.get) and rep["pipelined_best"] == max(pipe, key=fps.get)
+    assert rep["ratio"] == pytest.approx(fps[rep["pipelined_best"]] / fps[rep["sequential_baseline"]], rel=1e-2)
+    assert rep["outputs_match"]  # the same frames whatever the decoding threads
+    assert "<- best pipelined" in format_report(rep)
 
 
 def test_video_bench_and_cli(tmp_path, capsys):

@@ -190,7 +190,8 @@ def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112
                 width: int = 1280, source: str = "auto", queue_size: int | None = None, repeat: int = 3,
                 decode_workers: int = 1, infer_workers: int | None = None, log=None) -> dict:
     """Frames/s of the four stages pipelined vs one after another (same model, same frames);
-    medians over ``repeat`` runs of each, alternated. Returns a JSON-ready dict."""
+    medians over ``repeat`` runs of each setting, alternated; each mode is represented by its
+    fastest setting (see the variants below). Returns a JSON-ready dict."""
     import opsnn
 
     if source == "auto":
@@ -212,28 +213,37 @@ def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112
         from ..runtime.blas import get_blas_threads
 
         default_blas = get_blas_threads()
-        # the sequential baseline is run with the BLAS pool as it is and with the pipeline's
-        # setting; the faster of the two is the one compared against
-        variants = {"sequential": None}
+        # Both modes run over the same settings and each is represented by its fastest: the BLAS
+        # pool as it is or the pipeline's (sequential only; a pipelined run sets its own) and, for
+        # a video file, one or two libavcodec threads. Two threads (frame threading) decode later
+        # frames in the background: a pipelined run's decode stage, its bottleneck, then uses the
+        # cores the other stages leave idle; a sequential run's inference competes with them
+        blas = {"": None}
         if pipe.blas_threads is not None and default_blas is not None and pipe.blas_threads != default_blas:
-            variants[f"sequential_blas{pipe.blas_threads}"] = pipe.blas_threads
-        runs: dict = {k: [] for k in [*variants, "pipelined"]}
+            blas[f"_blas{pipe.blas_threads}"] = pipe.blas_threads
+        sources = {"": src}
+        if isinstance(src, VideoFile):
+            sources["_decode2"] = VideoFile(src.path, threads=2)
+        variants = {f"sequential{b}{d}": (bt, sv) for b, bt in blas.items() for d, sv in sources.items()}
+        variants.update({f"pipelined{d}": (None, sv) for d, sv in sources.items()})
+        runs: dict = {k: [] for k in variants}
         cpu: dict = {k: [] for k in runs}
         for r in range(repeat):
-            for name in runs:
+            for name, (bt, sv) in variants.items():
                 c0 = time.process_time()
-                if name == "pipelined":
-                    res = pipe.run(src)
+                if name.startswith("pipelined"):
+                    res = pipe.run(sv)
                 else:
-                    res = pipe.run_sequential(src, blas_threads=variants[name])
+                    res = pipe.run_sequential(sv, blas_threads=bt)
                 cpu[name].append((time.process_time() - c0) / res.wall_s)
                 runs[name].append(res)
             if log:
                 log(f"run {r + 1}/{repeat}: " + ", ".join(f"{k} {v[-1].fps:.2f}" for k, v in runs.items())
                     + " frames/s")
         fps = {k: statistics.median(x.fps for x in v) for k, v in runs.items()}
-        seq_name = max(variants, key=lambda k: fps[k])
-        seq_fps, pipe_fps = fps[seq_name], fps["pipelined"]
+        seq_name = max((k for k in variants if k.startswith("sequential")), key=lambda k: fps[k])
+        pipe_name = max((k for k in variants if k.startswith("pipelined")), key=lambda k: fps[k])
+        seq_fps, pipe_fps = fps[seq_name], fps[pipe_name]
         ref = runs[seq_name][0].outputs
         same = all([o["top"] for o in v[0].outputs] == [o["top"] for o in ref] and
                    np.allclose([o["prob"] for o in v[0].outputs], [o["prob"] for o in ref], rtol=1e-4, atol=1e-6)
@@ -251,12 +261,13 @@ def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112
             "sequential_fps": round(seq_fps, 3),
             "sequential_baseline": seq_name,
             "pipelined_fps": round(pipe_fps, 3),
+            "pipelined_best": pipe_name,
             "ratio": round(pipe_fps / seq_fps, 3) if seq_fps else None,
             "target_ratio": 1.5,
             "outputs_match": bool(same),
             "fps_by_mode": {k: round(v, 3) for k, v in fps.items()},
             "sequential": typical(seq_name),
-            "pipelined": typical("pipelined"),
+            "pipelined": typical(pipe_name),
             # process CPU seconds per wall second: how many cores each mode kept busy
             "cores_busy": {k: round(statistics.median(v), 2) for k, v in cpu.items()},
             "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
@@ -287,9 +298,10 @@ def format_report(rep: dict) -> str:
              f"{w['decode_workers']} decode worker{'s' if w['decode_workers'] > 1 else ''}, "
              f"{w.get('infer_workers', 1)} infer worker{'s' if w.get('infer_workers', 1) > 1 else ''}, "
              f"{w['cpu_count']} cores, median of {w['repeat']}",
-             *[f"  {k:<20}: {v:8.2f} frames/s" + ("  <- baseline" if k == rep["sequential_baseline"] else "")
+             *[f"  {k:<25}: {v:8.2f} frames/s" + ("  <- baseline" if k == rep["sequential_baseline"] else "")
+               + ("  <- best pipelined" if k == rep["pipelined_best"] else "")
                for k, v in rep["fps_by_mode"].items()],
-             f"  ratio (pipelined / {rep['sequential_baseline']}): {rep['ratio']:.2f}x "
+             f"  ratio ({rep['pipelined_best']} / {rep['sequential_baseline']}): {rep['ratio']:.2f}x "
              f"(target >= {rep['target_ratio']}x"
              f"{', met' if rep['ratio'] and rep['ratio'] >= rep['target_ratio'] else ', NOT met'})",
              f"  outputs identical in both modes: {rep['outputs_match']}",
