@@ -136,3 +136,24 @@ def test_pass_leaves_other_resizes_alone_and_says_why(rng):
     cg = _compile_and_check(_image_graph(size=(1, 12, 10), axes=(1, 2, 3)), {"frame": frame})
     assert "opsnn::FusedResize" not in [n.qualified_type for n in cg.graph.nodes]
     assert any("last two axes" in r for r in _report(cg).refused)
+
+
+def test_crop_and_resize_outside_the_input_is_declined_not_failed(rng):
+    """tf_crop_and_resize with an roi reaching past the input writes extrapolation_value there:
+    the fused kernel declines it at selection (so the pass would not create it) and the op
+    still answers, through its reference."""
+    from opsnn.ops.executor import plan_op
+    from opsnn.ops.registry import TensorMeta
+
+    s = _source(rng, (9, 11, 3), np.uint8)
+    roi = np.array([-0.2, 0.1, 0.9, 1.3], np.float32)  # starts and ends of axes 2, 3
+    sizes = np.array([5, 6], np.int64)
+    attrs = dict(mode="linear", coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=-7.0,
+                 axes=[2, 3], to=F32, view=[-1, 2, 0, 1])
+    planned = plan_op(FUSED, [TensorMeta(s.shape, s.dtype), TensorMeta(roi.shape, roi.dtype), None,
+                              TensorMeta(sizes.shape, sizes.dtype)], [None, roi, None, sizes], attrs)
+    assert any(name == "fused_resize_2d" and "extrapolated" in why for name, why in planned.selection.rejected)
+    y = run_op("FusedResize", [s, roi, None, sizes], attrs, domain="opsnn")[0].numpy()
+    want = _reference([s, roi, None, sizes], attrs)
+    np.testing.assert_allclose(y, want, rtol=1e-6)
+    assert (y == -7.0).any()

@@ -414,10 +414,6 @@ BUILTIN_GROUPS.update({"pattern_recognition": [SILU, *GELU, LAYER_NORM, *RMS_NOR
                        "epilogue_fusion": EPILOGUE})
 
 
-#: the integer and float dtypes a fused resize reads (opsnn::FusedResize's X)
-_RESIZE_SOURCES = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float32", "float64")
-
-
 def _sole_reader(graph, users, value: str, node: Node) -> bool:
     return value not in graph.output_names and [u.name for u in users.get(value, [])] == [node.name]
 
@@ -480,7 +476,7 @@ def resize_prologue_fusion(graph, res) -> None:
             chain.append(p)
             src = p.inputs[0]
         sv = graph.value(src)
-        if sv.dtype is None or np.dtype(sv.dtype).name not in _RESIZE_SOURCES or sv.shape is None:
+        if sv.dtype is None or np.dtype(sv.dtype) not in fused.inputs[0].dtypes or sv.shape is None:
             res.refuse(f"{n.name}: the source {src!r} is not an integer or float tensor of known rank")
             continue
         attrs = {k: v for k, v in n.attrs.items() if v is not None}

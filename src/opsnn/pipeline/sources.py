@@ -167,6 +167,7 @@ class VideoFile:
             raise ParamInvalidError(f"VideoFile: threads must be an int >= 1, got {threads!r}")
         self.path = path
         self.threads = threads
+        self._av = av
         try:
             with av.open(path) as container:
                 if not container.streams.video:
@@ -186,7 +187,7 @@ class VideoFile:
         return self.num_frames
 
     def __iter__(self):
-        av = _av()
+        av = self._av
         n = 0
         try:
             with av.open(self.path) as container:
@@ -200,7 +201,7 @@ class VideoFile:
             raise ParamInvalidError(f"VideoFile {self.path!r}: decoding failed after {n} frames: {exc}") from None
 
     def decode(self, packet) -> np.ndarray:
-        if not isinstance(packet, _av().VideoFrame):
+        if not isinstance(packet, self._av.VideoFrame):
             raise ParamInvalidError(f"VideoFile.decode: packet must be a frame from iterating the VideoFile, "
                                     f"got {type(packet).__name__}")
         if (packet.height, packet.width) != (self.height, self.width):

@@ -277,7 +277,8 @@ BlockedGlobalAveragePool = register_op(
 
 
 @BlockedGlobalAveragePool.kernel("global_avg_pool_blocked_numba", dtypes=(_dt.float32,), priority=10,
-                                 plan=lambda ctx: int(np.prod(ctx.shape(0))) >= KB.GAP_PARALLEL_MIN, doc="one pass over X's nChw<block>c order, a block of channels per task, "
+                                 plan=lambda ctx: int(np.prod(ctx.shape(0))) >= KB.GAP_PARALLEL_MIN,
+                                 doc="one pass over X's nChw<block>c order, a block of channels per task, "
                                      "float64 sums")
 def _blocked_gap(ins, outs, attrs, plan, ws):
     KB.global_avg_pool(ins[0], outs[0], int(attrs["block"]), plan)

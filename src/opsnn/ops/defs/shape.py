@@ -24,6 +24,7 @@ from ...kernels.cpu import shape as K
 from ...tensor import Tensor, as_tensor
 from ..api import api
 from ..registry import Attr, Input, Output, TensorMeta, register_op
+from .elementwise import onnx_dtype
 
 INDEX = (_dt.int32, _dt.int64)
 I64 = _dt.int64
@@ -1753,7 +1754,7 @@ def _fused_resize_spec(ctx):
 
 
 def _fused_resize_infer(ctx):
-    to = np.dtype(_onnx_dtype(ctx.attrs["to"]))
+    to = np.dtype(onnx_dtype(ctx.attrs["to"]))
     if to not in (np.float32, np.float64):
         raise DTypeError(f"FusedResize: attribute 'to' must be float32 or float64, got {to}", op="FusedResize")
     spec, _ = _fused_resize_spec(ctx)
@@ -1765,15 +1766,9 @@ def _fused_resize_infer(ctx):
 def _fused_resize_ref(ins, a):
     view = [int(v) for v in a["view"]]
     x = np.transpose(ins[0], [v for v in view if v >= 0]).reshape([1 if v < 0 else ins[0].shape[v] for v in view])
-    to = np.dtype(_onnx_dtype(a["to"]))
+    to = np.dtype(onnx_dtype(a["to"]))
     attrs = {k: v for k, v in a.items() if k not in ("to", "view")}
     return _resize_ref([x.astype(to)] + list(ins[1:]), attrs)
-
-
-def _onnx_dtype(to):
-    from .elementwise import onnx_dtype
-
-    return onnx_dtype(to)
 
 
 FusedResize = register_op(
@@ -1788,31 +1783,34 @@ FusedResize = register_op(
         "float NCHW tensor, without the transposed and widened copies")
 
 
-def _fused_resize_plan(ctx):
-    spec, view = _fused_resize_spec(ctx)
-    if len(view) != 4 or any(a not in (2, 3) for a in spec.axes):
-        ctx.fail("4-D, resizing only the last two axes")
-    src_strides = [int(math.prod(ctx.shape(0)[k + 1:])) for k in range(len(ctx.shape(0)))]
-    strides = tuple(0 if v < 0 else src_strides[v] for v in view)
-    tables = []
-    for a in (2, 3):
-        if a in spec.axes:
-            idx, w, extrap = spec.table(a)
-            if extrap is not None and extrap.any():
-                ctx.fail("tf_crop_and_resize positions outside the input (extrapolated) are not fused")
-        else:
-            idx, w = np.arange(spec.in_shape[a])[:, None], np.ones((spec.in_shape[a], 1))
-        tables += [np.ascontiguousarray(idx, dtype=np.int64), np.ascontiguousarray(w, dtype=np.float64)]
-    rows = int(math.prod(spec.out_shape[:3]))
-    work = rows * spec.out_shape[3] * tables[1].shape[1] * tables[3].shape[1]
-    return strides, int(spec.in_shape[1]), tables, work >= FUSED_RESIZE_PARALLEL_MIN
+def _fused_resize_tables(spec, a: int):
+    """(source indices, weights, extrapolated mask or None) of the resized tensor's axis ``a``
+    (2 or 3; an axis left as it is reads each position with weight 1)."""
+    if a in spec.axes:
+        return spec.table(a)
+    return np.arange(spec.in_shape[a])[:, None], np.ones((spec.in_shape[a], 1)), None
 
 
 def _fused_resize_applies(ctx):
     spec, view = _fused_resize_spec(ctx)
     if len(view) != 4 or any(a not in (2, 3) for a in spec.axes):
         return "4-D, resizing only the last two axes"
+    if any(m is not None and m.any() for m in (_fused_resize_tables(spec, a)[2] for a in spec.axes)):
+        return "tf_crop_and_resize positions outside the input (extrapolated) are not fused"
     return None
+
+
+def _fused_resize_plan(ctx):
+    spec, view = _fused_resize_spec(ctx)
+    src_strides = [int(math.prod(ctx.shape(0)[k + 1:])) for k in range(len(ctx.shape(0)))]
+    strides = tuple(0 if v < 0 else src_strides[v] for v in view)
+    tables = []
+    for a in (2, 3):
+        idx, w, _ = _fused_resize_tables(spec, a)
+        tables += [np.ascontiguousarray(idx, dtype=np.int64), np.ascontiguousarray(w, dtype=np.float64)]
+    rows = int(math.prod(spec.out_shape[:3]))
+    work = rows * spec.out_shape[3] * tables[1].shape[1] * tables[3].shape[1]
+    return strides, int(spec.in_shape[1]), tables, work >= FUSED_RESIZE_PARALLEL_MIN
 
 
 @FusedResize.kernel("fused_resize_2d", priority=10, dtypes=_FUSED_RESIZE_SRC, plan=_fused_resize_plan,
