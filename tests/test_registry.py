@@ -1,5 +1,7 @@
 """The op registry and the two-phase API, driven by a custom op registered from outside
 the package with the same public API the library uses for its own ops."""
+import re
+
 import numba as nb
 import numpy as np
 import pytest
@@ -166,3 +168,61 @@ def test_backend_capability_lists_ops_and_kernels():
     assert [k["name"] for k in entry["kernels"]] == ["scaled_add_numba", "reference"]
     assert entry["category"] == "elementwise"
     assert "Relu" in caps["cpu"]
+
+
+def test_unreadable_arguments_name_the_argument():
+    """An argument an entry point cannot read (a string for a number, an array for a flag,
+    None for a tensor) is a ParamInvalidError naming it, not numpy's or Python's bare error."""
+    x = opsnn.tensor(np.ones((1, 3, 8, 8), np.float32))
+    w = opsnn.tensor(np.ones((4, 3, 3, 3), np.float32))
+    with pytest.raises(ParamInvalidError, match=r"conv2d: groups must be an int, got 'two'"):
+        opsnn.ops.conv2d(x, w, groups="two")
+    with pytest.raises(ParamInvalidError, match=r"sum: keepdim must be a bool, got array"):
+        opsnn.ops.sum(x, dim=1, keepdim=np.ones((2, 2)))
+    with pytest.raises(ParamInvalidError, match=r"gemm: alpha must be a number, got 'z'"):
+        opsnn.ops.gemm(x, x, alpha="z")
+    with pytest.raises(ParamInvalidError, match=r"flatten: x is required, got None"):
+        opsnn.ops.flatten(None)
+    with pytest.raises(ParamInvalidError, match=r"topk: k='k' is not valid"):
+        opsnn.ops.topk(x, "k")
+    with pytest.raises(ParamInvalidError, match=r"at most 64"):
+        opsnn.ops.reshape(opsnn.tensor(np.ones(1, np.float32)), [1] * 70)
+
+
+def _entry_points():
+    import inspect
+
+    from opsnn.ops.api import FUNCTIONS
+
+    for name, fn in sorted(FUNCTIONS.items()):
+        sig = inspect.signature(fn.translate)
+        for p in sig.parameters.values():
+            if isinstance(p.default, (bool, int, float)) and p.kind is not p.VAR_KEYWORD:
+                yield name, fn, p.name
+
+
+@pytest.mark.parametrize("bad", ["abc", np.ones((2, 2))], ids=["string", "array"])
+def test_every_entry_point_types_its_scalar_argument_errors(bad):
+    """Every functional entry point, every argument with a bool / int / float default: a bad
+    value either works (some accept arrays) or raises an opsnn error, never a bare one."""
+    import inspect
+
+    x = opsnn.tensor(np.ones((2, 3, 4, 5), np.float32))
+    checked = 0
+    for name, fn, pname in _entry_points():
+        sig = inspect.signature(fn.translate)
+        required = {p.name: x for p in sig.parameters.values()
+                    if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        try:
+            fn.translate(**required)
+        except Exception:  # noqa: BLE001 - these inputs do not suit this op: nothing to pin on pname
+            continue
+        try:
+            fn(**required, **{pname: bad})
+        except opsnn.errors.OpsnnError as e:
+            checked += 1
+            if "must be" in str(e) and f"{name}:" in str(e):
+                assert re.search(rf"\b{pname}\b", str(e)), f"{name}: the error names another argument: {e}"
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"{name}({pname}={bad!r}) raised a bare {type(e).__name__}: {e}")
+    assert checked > 50

@@ -51,7 +51,14 @@ class Storage:
             pool.free(self.block)
 
 
+#: the most dimensions a tensor may have (numpy's limit)
+MAX_DIMS = 64
+
+
 def _alloc_array(shape: tuple, dtype: np.dtype, tag: str | None = None) -> np.ndarray:
+    if len(shape) > MAX_DIMS:
+        raise ParamInvalidError(f"{tag or 'tensor'}: an output of {len(shape)} dimensions; at most {MAX_DIMS} "
+                                f"are supported")
     if dtype.hasobject:
         # string tensors (ONNX string ops) hold Python object pointers, which raw pool bytes cannot own
         return np.empty(shape, dtype)
