@@ -339,3 +339,40 @@ def test_symbolic_dims_must_agree_across_inputs():
     cg.run({"a": np.ones((3, 4), np.float32), "b": np.ones((3, 4), np.float32)})
     with pytest.raises(ParamInvalidError, match="symbolic dim 'batch' is 3 in input 'a' but 1 in input 'b'"):
         cg.run({"a": np.ones((3, 4), np.float32), "b": np.ones((1, 4), np.float32)})
+
+
+def test_an_output_the_model_leaves_out_still_gets_bytes(rng):
+    """LSTM's Y omitted (''), only Y_h read: the kernel still sees Y in its place (it used to get
+    Y_h there, a 3-D array where a 4-D one goes), and the compiled result is the interpreter's;
+    then a Y_h-only read inside a larger graph, where the node's outputs are planned, not late."""
+    T, B, I, H = 5, 2, 4, 3
+    x = rng.standard_normal((T, B, I)).astype(np.float32)
+    w = (rng.standard_normal((1, 4 * H, I)) * 0.5).astype(np.float32)
+    r = (rng.standard_normal((1, 4 * H, H)) * 0.5).astype(np.float32)
+    for tail in ([], [Node("Relu", ["yh"], ["out"])]):
+        g = Graph("lstm", inputs=[Value("x", np.float32, (T, B, I))], outputs=["out" if tail else "yh"],
+                  nodes=[Node("LSTM", ["x", "w", "r"], ["", "yh"], {"hidden_size": H}), *tail],
+                  initializers={"w": w, "r": r})
+        want = opsnn.graph.interpreter.run(g, {"x": x})
+        cg = opsnn.compile(g)
+        got = cg.run({"x": x})
+        assert cg.mode == "compiled"
+        name = g.output_names[0]
+        np.testing.assert_allclose(_np(got[name]), want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_sequence_and_optional_inputs_run_interpreted_and_stay_sequences():
+    g = Graph("seq", inputs=[Value("s", kind="sequence", elem=Value("", np.float32)),
+                             Value("o", kind="optional", elem=Value("", np.float32))],
+              outputs=["n", "s2", "has"],
+              nodes=[Node("SequenceLength", ["s"], ["n"]), Node("Identity", ["s"], ["s2"]),
+                     Node("OptionalHasElement", ["o"], ["has"])])
+    cg = opsnn.compile(g)
+    a, b = np.ones((2, 3), np.float32), np.zeros((2, 3), np.float32)
+    got = cg.run({"s": [a, b], "o": None})
+    assert cg.mode == "interpreted" and "'s' is a sequence" in cg.mode_reason
+    assert int(_np(got["n"])) == 2 and not bool(_np(got["has"]))
+    assert isinstance(got["s2"], list) and len(got["s2"]) == 2  # not stacked into one (2, 2, 3) tensor
+    np.testing.assert_array_equal(_np(got["s2"][1]), b)
+    got = cg.run({"s": [a]})  # an optional input may be left out
+    assert int(_np(got["n"])) == 1 and not bool(_np(got["has"]))

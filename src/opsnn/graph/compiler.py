@@ -104,6 +104,11 @@ class CompiledGraph:
         # np.require keeps 0-d initializers 0-d (ascontiguousarray would make them shape (1,))
         self._weights = {k: Tensor(np.require(v, requirements="C")) for k, v in graph.initializers.items()}
         self._input_specs = {v.name: v for v in graph.inputs if v.name not in graph.initializers}
+        other = [v for v in self._input_specs.values() if v.kind != "tensor"]
+        if other:  # plans hold tensors: a sequence or an optional input runs on the interpreter
+            self.mode = "interpreted"
+            self.mode_reason = f"input {other[0].name!r} is {'an' if other[0].kind == 'optional' else 'a'} " \
+                               f"{other[0].kind}"
         self.hash = graph_hash(graph)
         self.kernel_choices: dict = {}  # node name -> kernel name (from a persisted cache)
         self.cache_dir: str | None = None
@@ -232,10 +237,10 @@ class CompiledGraph:
             if unknown:
                 raise ParamInvalidError(f"graph {self.graph.name}: unknown input(s) {sorted(unknown)}; "
                                         f"inputs are {names}")
-            missing = [n for n in names if n not in inputs]
+            missing = [n for n in names if n not in inputs and self._input_specs[n].kind != "optional"]
             if missing:
                 raise ParamInvalidError(f"graph {self.graph.name}: missing input(s) {missing}")
-            items = [(n, inputs[n]) for n in names]
+            items = [(n, inputs.get(n)) for n in names]
         else:
             inputs = list(inputs)
             if len(inputs) != len(names):
@@ -245,8 +250,13 @@ class CompiledGraph:
         feeds = {}
         bound: dict = {}  # symbolic dim -> (value, input that fixed it): one value per symbol per run
         for name, x in items:
-            t = as_tensor(x)
             spec = self._input_specs[name]
+            if spec.kind != "tensor":  # a list (sequence) or None / a value (optional): the interpreter checks it
+                from .interpreter import to_value
+
+                feeds[name] = to_value(x)
+                continue
+            t = as_tensor(x)
             if spec.dtype is not None and t.dtype != spec.dtype:
                 raise ParamInvalidError(f"graph {self.graph.name}: input {name!r} has dtype {_dt.name(t.dtype)}, "
                                         f"the graph declares {_dt.name(spec.dtype)}")
@@ -402,6 +412,16 @@ class CompiledGraph:
         for i, (node, _, op) in enumerate(planned):
             if op.workspace_size:
                 buffers.append(Buffer(f"__ws{i}", op.workspace_size, i, i))
+        # an output the model leaves out ("" among a node's outputs, e.g. LSTM's Y when only Y_h is
+        # read) still gets bytes of its own for that step, so every kernel sees the outputs in place
+        metas = dict(metas)
+        omitted: dict = {}
+        for i, (node, _, op) in enumerate(planned):
+            for k, n in enumerate(node.outputs):
+                if not n and k < len(op.ctx.outputs):
+                    name = omitted[i, k] = f"__omitted{i}.{k}"
+                    metas[name] = m = op.ctx.outputs[k]
+                    buffers.append(Buffer(name, int(np.prod(m.shape)) * m.dtype.itemsize, i, i))
         if self.memory_optimization:
             mem = plan_memory(buffers)
         else:  # every buffer gets its own bytes
@@ -442,11 +462,12 @@ class CompiledGraph:
             late = any(n in feeds or n in graph_outputs for n in node.inputs) or \
                 any(n in graph_outputs for n in node.outputs)
             in_t = [tensors.get(n) if n else None for n in node.inputs]
-            out_t = [tensors.get(n) for n in node.outputs]
+            out_names = [omitted.get((i, k), n) for k, n in enumerate(node.outputs)]
+            out_t = [tensors.get(n) for n in out_names if n]
             ex = _ex.Executor(rec, op.ctx, op.selection, op.plan, op.workspace_size,
                               [t if t is not None else (feeds.get(n) if n else None) for t, n in zip(in_t, node.inputs)],
                               None, None)
-            step = Step(node, ex, list(node.inputs), list(node.outputs), ws)
+            step = Step(node, ex, list(node.inputs), out_names, ws)
             if not late:
                 step.task = _named(ex._task([t._array if t is not None else None for t in in_t],
                                             [t._array for t in out_t], ws), node)
