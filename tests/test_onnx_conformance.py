@@ -154,3 +154,15 @@ def test_light_model_zoo():
         if "test_squeezenet" in failing:
             assert "values outside" in failing["test_squeezenet"], failing["test_squeezenet"]
     assert report.totals()["pass"] >= floor, [f"{n}: {w[:200]}" for n, w in failing.items()]
+
+
+def test_node_suite_compiled_passes_what_the_interpreter_passes(node_report):
+    """The graph engine (passes, kernel plans, one memory arena) on every node case: each case
+    the node-by-node interpreter passes passes compiled too (omitted outputs such as LSTM's Y
+    with only Y_h read, sequence and optional inputs, multi-output attention)."""
+    passed = {r.name for r in node_report.results if r.status == "pass"}
+    compiled = C.run(C.node_cases(), timeout=60.0, progress=False, engine="compiled")
+    broken = [f"{r.name}: {r.reason[:160]}" for r in compiled.results if r.name in passed and r.status != "pass"]
+    assert not broken, f"{len(broken)} cases fail compiled:\n" + "\n".join(broken[:40])
+    with pytest.raises(ValueError, match="engine"):
+        C.run_opsnn(C.node_cases("test_abs$")[0], engine="jit")

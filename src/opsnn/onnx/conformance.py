@@ -329,10 +329,41 @@ def _reason(exc: BaseException) -> str:
     return msg if len(msg) < 600 else msg[:597] + "..."
 
 
-def run_opsnn(case: Case, timeout: float | None = 60.0) -> Result:
-    """Import, run and compare one case with opsnn."""
+#: how opsnn runs a case: its ONNX backend's node-by-node interpreter, or the graph engine
+#: (``opsnn.compile``: passes, kernel plans, one memory arena; graphs it cannot plan run interpreted)
+ENGINES = ("interpreter", "compiled")
+
+
+class _CompiledRep:
+    """A case's model through :func:`opsnn.compile`, run like the backend's rep (inputs by position)."""
+
+    def __init__(self, model):
+        from ..graph.compiler import compile as _compile
+        from .importer import load
+
+        graph = load(model)
+        self.names = [v.name for v in graph.inputs if v.name not in graph.initializers]
+        self.cg = _compile(graph)
+
+    def run(self, inputs: list) -> list:
+        outs = self.cg.run(dict(zip(self.names, inputs)))
+        return [_numpy(outs[n]) for n in self.cg.output_names]
+
+
+def _numpy(v):
+    """A compiled graph's output as the interpreter gives it: numpy arrays, lists of them, None."""
+    if isinstance(v, (list, tuple)):
+        return [_numpy(e) for e in v]
+    return v.numpy() if hasattr(v, "numpy") else v
+
+
+def run_opsnn(case: Case, timeout: float | None = 60.0, engine: str = "interpreter") -> Result:
+    """Import, run and compare one case with opsnn's ``engine`` (see :data:`ENGINES`)."""
     from .backend import OpsnnBackend
     from .errors import UnsupportedOpError, UnsupportedOpsetError
+
+    if engine not in ENGINES:
+        raise ValueError(f"run_opsnn: engine must be one of {ENGINES}, got {engine!r}")
 
     t0 = time.perf_counter()
     status, reason = PASS, ""
@@ -341,7 +372,7 @@ def run_opsnn(case: Case, timeout: float | None = 60.0) -> Result:
         with _time_limit(timeout) as deadline, warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             try:
-                rep = OpsnnBackend.prepare(case.model)
+                rep = OpsnnBackend.prepare(case.model) if engine == "interpreter" else _CompiledRep(case.model)
             except (UnsupportedOpError, UnsupportedOpsetError) as exc:
                 status, reason = UNSUPPORTED, _reason(exc)
             except Exception as exc:  # noqa: BLE001 - recorded, never stops the run
@@ -391,8 +422,8 @@ PEERS: dict[str, Callable[[Case, float | None], Result]] = {"onnxruntime": run_o
 
 
 def run(cases: list[Case], *, timeout: float | None = 60.0, peer: str | None = None, progress: bool | None = None,
-        baseline: dict | None = None) -> Report:
-    """Run ``cases`` with opsnn (and ``peer`` when given); never stops on a failing case."""
+        baseline: dict | None = None, engine: str = "interpreter") -> Report:
+    """Run ``cases`` with opsnn's ``engine`` (and ``peer`` when given); never stops on a failing case."""
     from tqdm import tqdm
 
     if peer is not None and peer not in PEERS:
@@ -404,7 +435,7 @@ def run(cases: list[Case], *, timeout: float | None = 60.0, peer: str | None = N
     bar = tqdm(cases, desc="conformance", unit="case", disable=not progress, file=sys.stderr)
     n_pass = 0
     for i, case in enumerate(bar):
-        r = run_opsnn(case, timeout)
+        r = run_opsnn(case, timeout, engine)
         report.results.append(r)
         n_pass += r.status == PASS
         if peer is not None:
@@ -470,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--filter", metavar="REGEX", help="only cases whose name matches REGEX (re.search)")
     p.add_argument("--suite", choices=("all", "node", "light"), default="all", help="which cases (default: all)")
     p.add_argument("--peer", choices=sorted(PEERS), help="also run this runtime on the same cases")
+    p.add_argument("--engine", choices=ENGINES, default="interpreter",
+                   help="interpreter: node by node (default); compiled: opsnn.compile's graph engine")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per case (default 60; 0 = none)")
     p.add_argument("--report", metavar="PATH", default="conformance-report.json",
                    help="JSON report path (default: conformance-report.json; '-' = none)")
@@ -491,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     base_dir = args.baseline if args.baseline is not None else default_baseline_dir()
     baseline = load_baseline(base_dir)
-    report = run(cases, timeout=args.timeout or None, peer=args.peer, progress=args.progress, baseline=baseline)
+    report = run(cases, timeout=args.timeout or None, peer=args.peer, progress=args.progress, baseline=baseline,
+                 engine=args.engine)
 
     print(format_table(report))
     t, tn, tl = report.totals(), report.totals("node"), report.totals("light")
@@ -528,5 +562,5 @@ if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
 
 
-__all__ = ["Case", "Report", "Result", "compare", "compare_outputs", "light_cases", "load_baseline", "main",
+__all__ = ["ENGINES", "Case", "Report", "Result", "compare", "compare_outputs", "light_cases", "load_baseline", "main",
            "node_cases", "run", "run_onnxruntime", "run_opsnn"]
