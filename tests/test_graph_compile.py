@@ -376,3 +376,22 @@ def test_sequence_and_optional_inputs_run_interpreted_and_stay_sequences():
     np.testing.assert_array_equal(_np(got["s2"][1]), b)
     got = cg.run({"s": [a]})  # an optional input may be left out
     assert int(_np(got["n"])) == 1 and not bool(_np(got["has"]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_bn_folding_scales_each_output_channel_in_float64(rng, dtype):
+    """The folded weight is numpy's float64 product rounded once, bit for bit (the numba pass
+    for float32/float64, numpy's own for other dtypes), for conv and 1-D weights."""
+    from opsnn.kernels.cpu.norm import scale_rows
+
+    for shape in [(64, 3, 7, 7), (5, 2, 1), (7,)]:
+        w = (rng.standard_normal(shape) * 3).astype(dtype)
+        factor = rng.standard_normal(shape[0]) * 1e-2 + 1.0
+        want = (w.astype(np.float64) * factor.reshape((-1,) + (1,) * (w.ndim - 1))).astype(dtype)
+        got = scale_rows(w, factor)
+        assert got.dtype == w.dtype and got.shape == w.shape
+        np.testing.assert_array_equal(got, want)
+    strided = np.asarray(rng.standard_normal((8, 4, 3, 3)), dtype)[:, ::2]  # a non-contiguous weight view
+    f = rng.standard_normal(8)
+    np.testing.assert_array_equal(scale_rows(strided, f),
+                                  (strided.astype(np.float64) * f.reshape(-1, 1, 1, 1)).astype(dtype))

@@ -12,6 +12,7 @@ interpreter instead (``cg.mode`` says which, and why)::
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -109,12 +110,16 @@ class CompiledGraph:
             self.mode = "interpreted"
             self.mode_reason = f"input {other[0].name!r} is {'an' if other[0].kind == 'optional' else 'a'} " \
                                f"{other[0].kind}"
-        self.hash = graph_hash(graph)
         self.kernel_choices: dict = {}  # node name -> kernel name (from a persisted cache)
         self.cache_dir: str | None = None
         self.loaded_from_cache = False
 
     # -- public API ------------------------------------------------------------------------------
+    @functools.cached_property
+    def hash(self) -> str:
+        """:func:`graph_hash` of the compiled graph (computed on first use: it reads every weight)."""
+        return graph_hash(self.graph)
+
     @property
     def input_names(self) -> list[str]:
         return list(self._input_specs)

@@ -113,10 +113,9 @@ class Node:
         for key, val in self.attrs.items():
             if isinstance(val, Graph):
                 yield key, val
-            elif isinstance(val, (list, tuple)):
+            elif isinstance(val, (list, tuple)) and val and isinstance(val[0], Graph):  # GRAPHS: all graphs
                 for g in val:
-                    if isinstance(g, Graph):
-                        yield key, g
+                    yield key, g
 
     def present_inputs(self) -> list[str]:
         return [i for i in self.inputs if i]
@@ -214,12 +213,17 @@ class Graph:
         names.update(v.name for v in self.inputs)
         names.update(v.name for v in self.outputs)
         update = names.update
+        add = names.add
         for n in self.nodes:
             update(n.outputs)
             update(n.inputs)
-            update((n.name,))
-            for _, sub in n.subgraphs():
-                update(sub._names())
+            add(n.name)
+            for val in n.attrs.values():  # Node.subgraphs, inlined: this runs for every new name
+                if isinstance(val, Graph):
+                    update(val._names())
+                elif isinstance(val, (list, tuple)) and val and isinstance(val[0], Graph):
+                    for sub in val:
+                        update(sub._names())
         return names
 
     # -- checks ------------------------------------------------------------------------------

@@ -263,6 +263,8 @@ def transpose_cancellation(graph: Graph, res: PassResult) -> None:
 
 def conv_bn_folding(graph: Graph, res: PassResult) -> None:
     """Conv -> BatchNormalization (inference, constant parameters) into one Conv with new weights."""
+    from ..kernels.cpu.norm import scale_rows
+
     prod = graph.producers()
     users = graph.consumers()
     inits = graph.initializers
@@ -289,7 +291,7 @@ def conv_bn_folding(graph: Graph, res: PassResult) -> None:
         eps = float(bn.attrs.get("epsilon", 1e-5))
         factor = scale / np.sqrt(var + eps)
         b = inits[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] else 0.0
-        new_w = (w.astype(np.float64) * factor.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+        new_w = scale_rows(w, factor)
         new_b = ((b - mean) * factor + bias).astype(w.dtype)
         wname, bname = graph.unique_name(conv.inputs[1] + "_bnfold"), graph.unique_name(conv.name + "_bias_bnfold")
         inits[wname], inits[bname] = new_w, new_b

@@ -424,3 +424,26 @@ def lrn(x: np.ndarray, out: np.ndarray, size: int, alpha: float, beta: float, bi
     with np.errstate(all="ignore"):
         r = w / (bias + (alpha / size) * win) ** beta
     np.copyto(out, r, casting="unsafe")
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _scale_rows(w, factor, out):
+    for o in nb.prange(w.shape[0]):
+        f = factor[o]
+        wo, oo = w[o], out[o]
+        for j in range(wo.shape[0]):
+            oo[j] = np.float64(wo[j]) * f
+
+
+def scale_rows(w: np.ndarray, factor: np.ndarray) -> np.ndarray:
+    """``w * factor`` per output channel (axis 0), each product in float64 and rounded once to
+    ``w``'s dtype: the weight of a BatchNorm folded into its Conv. One pass, no float64 copy of
+    the weight (numpy's ``(w.astype(float64) * f).astype(w.dtype)`` allocates three arrays per
+    weight: ResNet-50's folding 0.26 s -> ~0.02 s, the same bits)."""
+    factor = np.ascontiguousarray(factor, np.float64).reshape(-1)
+    if w.dtype not in (np.float32, np.float64) or w.ndim == 0 or w.shape[0] != factor.size:
+        return (w.astype(np.float64) * factor.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+    w2 = np.ascontiguousarray(w).reshape(w.shape[0], -1)
+    out = np.empty(w2.shape, w.dtype)
+    _scale_rows(w2, factor, out)
+    return out.reshape(w.shape)
