@@ -119,8 +119,8 @@ def test_winograd_matches_oracle(rng, xs, m, pads, prepacked, kernel, tile, tol)
     x, w, b = rand(rng, xs), rand(rng, (m, xs[1], 3, 3)), rand(rng, (m,))
     attrs = conv_attrs(pads=pads)
     y, plan = run_kernel("Conv", kernel, [x, w, b], attrs, constant={1, 2} if prepacked else ())
-    assert (plan.u is not None) == prepacked and plan.tile == tile
-    if prepacked:
+    assert (plan.u is not None or bool(plan.gemms)) == prepacked and plan.tile == tile
+    if plan.u is not None:
         assert plan.u.shape == ((tile + 2) ** 2, m, xs[1])
     want = conv_oracle(x, w, b, pads=pads)
     assert y.shape == want.shape
@@ -194,6 +194,39 @@ def test_winograd_chunks_across_images(rng, monkeypatch, kernel, tile, tol):
         assert rel_err(y, want) < tol
     th = -(-9 // tile)
     assert plan.rows == 3 * th  # the whole batch (3 images x th tile rows) in one chunk
+
+
+@pytest.mark.parametrize("kernel,tile,tol", WINO_KERNELS)
+def test_winograd_point_gemms_on_onednn_match_mkl_and_the_oracle(rng, monkeypatch, kernel, tile, tol):
+    """Pre-packed float32 weights and chunks of at most ONEDNN_MAX_TILES tiles: the point GEMMs
+    run as oneDNN batched matmuls (tile-major copies in and out), one primitive per chunk size
+    (a last, shorter chunk gets its own). Same result as the MKL path and the oracle, with
+    chunks of one tile row, chunks straddling images, a short last chunk, serial and parallel."""
+    from opsnn.kernels.cpu import onednn as D
+
+    if D.product_unavailable(np.float32) is not None:
+        pytest.skip(D.product_unavailable(np.float32))
+    x, w, b = rand(rng, (3, 20, 9, 7)), rand(rng, (24, 20, 3, 3)), rand(rng, (24,))
+    want = conv_oracle(x, w, b, pads=(1, 1, 1, 1))
+    th, tw = -(-9 // tile), -(-7 // tile)
+    monkeypatch.setattr(WG, "CHUNK_U_FACTOR", 0)
+    for rows, par in ((1, 1 << 40), (2, 0), (3 * th - 1, 1 << 40), (3 * th, 0)):
+        per_row = (tile + 2) ** 2 * (20 + 24) * tw * 4
+        monkeypatch.setattr(WG, "CHUNK_BYTES", rows * per_row)
+        monkeypatch.setattr(WG, "PARALLEL_MIN", par)
+        y, plan = run_kernel("Conv", kernel, [x, w, b], conv_attrs(pads=(1, 1, 1, 1)), constant={1, 2})
+        assert plan.rows == rows and plan.u is None
+        chunks = {min(rows, 3 * th) * tw} | ({(3 * th) % rows * tw} if (3 * th) % rows else set())
+        assert set(plan.gemms) == chunks
+        assert rel_err(y, want) < tol
+        with monkeypatch.context() as m:
+            m.setattr(WG, "_onednn_gemms", lambda *a: None)
+            y_mkl, plan_mkl = run_kernel("Conv", kernel, [x, w, b], conv_attrs(pads=(1, 1, 1, 1)), constant={1, 2})
+        assert plan_mkl.gemms is None and plan_mkl.u is not None
+        assert rel_err(y, y_mkl) < tol
+    monkeypatch.setattr(WG, "ONEDNN_MAX_TILES", 0)  # longer chunks: MKL
+    _, plan = run_kernel("Conv", kernel, [x, w, b], conv_attrs(pads=(1, 1, 1, 1)), constant={1, 2})
+    assert plan.gemms is None and plan.u is not None
 
 
 def test_winograd_chunks_grow_with_the_weights(monkeypatch):

@@ -549,6 +549,17 @@ def transform_weights(w: np.ndarray, dtype=None, out: np.ndarray | None = None, 
     return out
 
 
+#: chunks of at most this many tiles run their point GEMMs on oneDNN's batched brgemm (when
+#: oneDNN is there), longer ones on MKL (a point per task). Whole conv, float32, weights
+#: pre-packed, ms MKL / oneDNN (2-core AVX-512 VM, 2026-12-03, median of alternated runs; tiles
+#: per chunk in brackets): batch 1 512 ch 7x7 F(4x4) [4] 7.84 / 1.81, F(2x2) [16] 2.42 / 1.25;
+#: 256 ch 14x14 F(4x4) [16] 1.24 / 0.88, F(2x2) [49] 1.16 / 0.96; 128 ch 28x28 F(4x4) [49] 0.91 /
+#: 0.76, F(2x2) [196] 1.06 / 1.12; 64 ch 56x56 F(4x4) [196] 1.05 / 1.11; batch 8 128 ch 28x28
+#: F(4x4) [126] 7.25 / 6.49, 256 ch 14x14 F(4x4) [128] 7.48 / 6.71, F(2x2) [252] 9.00 / 9.59, 512 ch
+#: 7x7 F(4x4) [32] 8.09 / 6.47, F(2x2) [128] 9.89 / 10.04; 64 ch 56x56 F(4x4) 7.28 / 8.15
+ONEDNN_MAX_TILES = 128
+
+
 # -- plan -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WinogradPlan:
@@ -572,6 +583,9 @@ class WinogradPlan:
     u: np.ndarray | None = None
     #: output tile side: 4 for F(4x4, 3x3) (36 points), 2 for F(2x2, 3x3) (16 points)
     tile: int = TILE
+    #: oneDNN batched matmuls (brgemm) holding U in their own layout, by a chunk's tile count
+    #: (see :func:`_onednn_gemms`); then ``u`` is None and nothing is transformed per call
+    gemms: dict | None = None
 
     @property
     def points(self) -> int:
@@ -584,6 +598,8 @@ class WinogradPlan:
     def _sizes(self) -> tuple:
         p = self.rows * self.tw_n
         pts = self.points
+        if self.gemms:  # V and M each twice: channel-major for the transforms, tile-major for the matmul
+            return 2 * pts * self.c * p, 2 * pts * self.m * p, 0
         return pts * self.c * p, pts * self.m * p, (0 if self.u is not None else pts * self.m * self.c)
 
     @property
@@ -591,7 +607,8 @@ class WinogradPlan:
         return sum(s * self.itemsize + ALIGN for s in self._sizes())
 
     def describe(self) -> str:
-        packed = "weights pre-packed at prepare" if self.u is not None else "weights transformed per call"
+        packed = ("weights pre-packed at prepare for oneDNN's batched brgemm" if self.gemms else
+                  "weights pre-packed at prepare" if self.u is not None else "weights transformed per call")
         t = self.tile
         return (f"Winograd F({t}x{t},3x3): {self.tiles} tiles of {t}x{t}, chunks of {self.rows * self.tw_n} tiles, "
                 f"{self.points} GEMMs ({self.m}x{self.c}) @ ({self.c}x{self.rows * self.tw_n}) per chunk; {packed}")
@@ -615,11 +632,36 @@ def winograd_plan(x_shape, m: int, pb: tuple, out_sp: tuple, itemsize: int, weig
     budget = max(CHUNK_BYTES, min(CHUNK_U_FACTOR * points * m * c * itemsize, CHUNK_MAX_BYTES))
     rows = max(1, min(max(n * th_n, 1), budget // max(per_row, 1)))
     parallel = points * rows * tw_n * max(c, m) >= PARALLEL_MIN
-    u = None
+    u = gemms = None
     if weight is not None:
-        u = transform_weights(np.asarray(weight), np.float64 if itemsize == 8 else np.float32, tile=tile)
+        if itemsize == 4 and rows * tw_n <= ONEDNN_MAX_TILES:
+            gemms = _onednn_gemms(np.asarray(weight), tile, (n * th_n, rows), tw_n)
+        if gemms is None:
+            u = transform_weights(np.asarray(weight), np.float64 if itemsize == 8 else np.float32, tile=tile)
     return WinogradPlan(n, c, int(m), tuple(int(v) for v in x_shape[2:]), tuple(int(v) for v in out_sp),
-                        int(pb[0]), int(pb[1]), th_n, tw_n, rows, itemsize, parallel, u, tile)
+                        int(pb[0]), int(pb[1]), th_n, tw_n, rows, itemsize, parallel, u, tile, gemms)
+
+
+def _onednn_gemms(weight: np.ndarray, tile: int, tile_rows: tuple, tw_n: int) -> dict | None:
+    """The point GEMMs of a float32 Winograd plan as oneDNN batched matmuls (brgemm), U
+    reordered once into their layout: one primitive per chunk size (``tile_rows`` = (all tile
+    rows, rows per chunk)), keyed by the chunk's tile count; None without oneDNN. Against MKL
+    (a point per task, :func:`point_gemms`), the GEMM phase on the 2-core AVX-512 VM
+    (2026-12-03, ms): 512 ch 7x7 F(2x2) 0.92 vs 2.04-2.15, F(4x4) 1.20-1.44 vs 6.8; 256 ch
+    14x14 F(2x2) 0.54 vs 0.98-1.01 (the transposes to and from the tile-major layout included
+    in :func:`conv_winograd`'s timings, see bench/kernels.py)."""
+    from . import onednn as D
+
+    if D.product_unavailable(np.float32) is not None:
+        return None
+    w = np.asarray(weight)
+    total, rows = tile_rows
+    points = (tile + 2) ** 2
+    m, c = int(w.shape[0]), int(w.shape[1])
+    source = (w, f"winograd F({tile}x{tile},3x3)", ((points, m, c), np.float32))
+    return {k * tw_n: D.BatchMatMulPrimitive(k * tw_n, lambda: transform_weights(w, np.float32, tile=tile),
+                                             transposed=True, source=source)
+            for k in {min(rows, total), total % rows} if k}
 
 
 # -- kernel -----------------------------------------------------------------------------------------
@@ -645,7 +687,9 @@ def conv_winograd(x, w, b, y, plan: WinogradPlan, ws) -> None:
         return
     dt = x.dtype
     vflat, mflat, u = _split_workspace(ws, dt, plan)
-    if plan.u is not None:
+    if plan.gemms:
+        u = None  # inside the primitives
+    elif plan.u is not None:
         u = plan.u if plan.u.dtype == dt else plan.u.astype(dt)
     else:
         u = transform_weights(w, dt, u.reshape(plan.points, plan.m, plan.c), tile=plan.tile)
@@ -664,16 +708,41 @@ def _run_chunks(xin, yout, u, bias, plan: WinogradPlan, vflat, mflat) -> None:
     fout = output_transform_parallel if plan.parallel else output_transform_serial
     total = plan.n * plan.th_n
     pts = plan.points
+    half_v, half_m = vflat.size // 2, mflat.size // 2
     for row0 in range(0, total, plan.rows):
         k = min(plan.rows, total - row0)
         p = k * plan.tw_n
         v = vflat[:pts * plan.c * p].reshape(pts, plan.c, p)
         mm = mflat[:pts * plan.m * p].reshape(pts, plan.m, p)
         fin(xin, v, row0, k, plan.th_n, plan.tw_n, plan.ph, plan.pw, plan.tile)
+        if plan.gemms:
+            # (tiles x C) @ (C x M) per point, one oneDNN batched brgemm; tile-major copies in and out
+            vt = vflat[half_v:half_v + pts * p * plan.c].reshape(pts, p, plan.c)
+            yt = mflat[half_m:half_m + pts * p * plan.m].reshape(pts, p, plan.m)
+            swap_last(v, vt, plan.parallel)
+            plan.gemms[p](vt, yt)
+            swap_last(yt, mm, plan.parallel)
         # 36 (16) GEMMs (M x C) @ (C x tiles): a task per point on MKL, else one MKL batch call / BLAS per GEMM
-        if not point_gemms(u, v, mm, plan.parallel):
+        elif not point_gemms(u, v, mm, plan.parallel):
             _mkl.matmul(u, v, mm)
         fout(mm, bias, yout, row0, k, plan.th_n, plan.tw_n, plan.tile)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _swap_last_parallel(src, dst):
+    for p in nb.prange(src.shape[0]):
+        dst[p] = src[p].T
+
+
+@nb.njit(nogil=True, cache=True)
+def _swap_last_serial(src, dst):
+    for p in range(src.shape[0]):
+        dst[p] = src[p].T
+
+
+def swap_last(src: np.ndarray, dst: np.ndarray, parallel: bool) -> None:
+    """``dst[p] = src[p].T`` for every transform point (contiguous (P, a, b) -> (P, b, a))."""
+    (_swap_last_parallel if parallel else _swap_last_serial)(src, dst)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)

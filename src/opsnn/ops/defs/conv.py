@@ -707,15 +707,15 @@ Conv.kernel("conv2d_depthwise", dtypes=_F32_64, priority=40, applies=_is_depthwi
             plan=_conv_planner("depthwise2d"), workspace=_workspace,
             doc="direct numba loop for group == C (depthwise, any channel multiplier); no workspace")(K.conv)
 Conv.kernel("conv2d_winograd", dtypes=_F32_64, priority=25, applies=_winograd_applies, plan=_winograd_plan,
-            workspace=_workspace, doc="Winograd F(4x4,3x3): numba tile transforms + 36 BLAS GEMMs; constant "
-            "weights pre-transformed at prepare")(_winograd_kernel)
+            workspace=_workspace, doc="Winograd F(4x4,3x3): numba tile transforms + 36 GEMMs (MKL; oneDNN's "
+            "batched brgemm for chunks of <= 128 tiles); constant weights pre-transformed at prepare")(_winograd_kernel)
 Conv.kernel("conv2d_winograd_dilated", dtypes=_F32_64, priority=25, applies=_winograd_dilated_applies,
             plan=_winograd_dilated_plan, workspace=_workspace, doc="dilated 3x3 stride 1: dilation**2 dense "
             "Winograd F(4x4,3x3) convs on phase sub-images (no zero-inserted input, no column buffer)"
             )(_winograd_dilated_kernel)
 Conv.kernel("conv2d_winograd_f2", dtypes=_F32_64, priority=24, applies=_winograd_f2_applies,
             plan=_winograd_f2_plan, workspace=_workspace, doc="Winograd F(2x2,3x3): numba tile transforms + 16 "
-            "BLAS GEMMs; constant weights pre-transformed at prepare")(_winograd_kernel)
+            "GEMMs (as F(4x4)); constant weights pre-transformed at prepare")(_winograd_kernel)
 Conv.kernel("conv2d_im2col", dtypes=_F32_64, priority=20, applies=_im2col2d_applies,
             plan=_conv_planner("im2col2d"), workspace=_workspace, doc="numba parallel im2col into the "
             "workspace + BLAS GEMM per group, in bands of output rows (workspace <= BAND_BYTES unless one row "
