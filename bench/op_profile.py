@@ -49,19 +49,17 @@ def ort_profile(data: bytes, feeds, runs: int):
     so = ort.SessionOptions()
     so.intra_op_num_threads = os.cpu_count() or 1
     so.enable_profiling = True
-    so.profile_file_prefix = os.path.join(tempfile.mkdtemp(prefix="opsnn-ortprof-"), "ort")
-    sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
-    for _ in range(3):
-        sess.run(None, feeds)
-    path = sess.end_profiling()  # drop the warm-up runs: start a fresh profile
-    sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
-    for _ in range(runs + 1):
-        sess.run(None, feeds)
-    os.remove(path)
-    path = sess.end_profiling()
-    with open(path) as f:
-        events = json.load(f)
-    os.remove(path)
+    with tempfile.TemporaryDirectory(prefix="opsnn-ortprof-") as tmp:  # ORT's trace files go here, then away
+        so.profile_file_prefix = os.path.join(tmp, "ort")
+        sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        for _ in range(3):
+            sess.run(None, feeds)
+        sess.end_profiling()  # drop the warm-up runs: start a fresh profile
+        sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        for _ in range(runs + 1):
+            sess.run(None, feeds)
+        with open(sess.end_profiling()) as f:
+            events = json.load(f)
     by_op, by_shape = defaultdict(lambda: [0, 0.0]), defaultdict(float)
     for e in events:
         if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
