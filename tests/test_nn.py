@@ -529,3 +529,49 @@ def test_to_graph_multihead_attention(rng):
     outs = list(outs.values()) if isinstance(outs, dict) else list(outs)
     ref_y, ref_w = mha(q3, kv3, kv3)
     assert rel(outs[0].numpy(), ref_y.numpy()) < 1e-5 and rel(outs[1].numpy(), ref_w.numpy()) < 1e-5
+
+
+def test_constructor_arguments_of_the_wrong_kind_are_named():
+    """opsnn's layers: a constructor argument that cannot be used is a ParamInvalidError that
+    names it (not the bare TypeError / ZeroDivisionError its arithmetic raised)."""
+    from opsnn import nn as N
+
+    cases = [(lambda: N.Conv2d(3, "eight", 3), r"Conv2d: out_channels must be an int, got 'eight'"),
+             (lambda: N.Conv2d(3, 8, 3, groups=0), r"Conv2d: groups=0 is not valid"),
+             (lambda: N.LSTM(4, "abc"), r"LSTM: hidden_size must be an int"),
+             (lambda: N.Dropout("x"), r"Dropout: p must be a number, got 'x'"),
+             (lambda: N.BatchNorm2d(8, affine=np.ones((2, 2))), r"BatchNorm2d: affine must be a bool"),
+             (lambda: N.Linear(-1, 3), r"Linear\(in_features=-1, out_features=3\)")]
+    for make, msg in cases:
+        with pytest.raises(ParamInvalidError, match=msg):
+            make()
+
+    class Mine(N.Module):  # a user's own module: its errors are its own, untouched
+        def __init__(self):
+            super().__init__()
+            self.w = undefined_name  # noqa: F821
+
+    with pytest.raises(NameError):
+        Mine()
+
+
+def test_every_layer_types_its_constructor_errors():
+    import inspect
+
+    from opsnn import nn as N
+
+    layers = [c for c in vars(N).values() if isinstance(c, type) and issubclass(c, N.Module) and c is not N.Module]
+    tried = 0
+    for cls in layers:
+        params = [p for p in list(inspect.signature(cls.__init__).parameters.values())[1:]
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        base = {p.name: 4 for p in params if p.default is p.empty}
+        for p in params:
+            for bad in ("abc", -1, 0, 2.5, None, np.ones((2, 2)), (1, 2, 3, 4, 5)):
+                try:
+                    cls(**{**base, p.name: bad})
+                except opsnn.errors.OpsnnError:
+                    tried += 1
+                except Exception as e:  # noqa: BLE001
+                    pytest.fail(f"{cls.__name__}({p.name}={bad!r}) raised a bare {type(e).__name__}: {e}")
+    assert tried > 100

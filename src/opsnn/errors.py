@@ -93,3 +93,85 @@ class KernelNotFoundError(OpsnnError, LookupError):
 
 
 __all__ = [n for n in list(globals()) if n.endswith("Error") or n.isupper()]
+
+
+#: what a function's argument parsing raises when handed a value of the wrong kind
+ARGUMENT_ERRORS = (TypeError, ValueError, AttributeError, LookupError, ZeroDivisionError, OverflowError)
+
+
+def _expected(default) -> str:
+    """What an argument whose default is ``default`` takes, in words."""
+    if isinstance(default, bool):
+        return "a bool"
+    if isinstance(default, int):
+        return "an int"
+    if isinstance(default, float):
+        return "a number"
+    if isinstance(default, str):
+        return "a string"
+    if isinstance(default, (tuple, list)):
+        import reprlib
+
+        return "a sequence like " + reprlib.repr(default)
+    return "a valid value" if default is not None else "a valid value or None"
+
+
+def bad_arguments_message(name: str, fn, args: tuple, kwargs: dict, exc: BaseException) -> str:
+    """One line naming the argument ``fn(*args, **kwargs)`` could not read (``int('abc')``, an
+    array where a flag goes, ``None`` for a tensor) after it raised ``exc``. The culprit is the
+    argument whose default value, put in its place, lets ``fn`` through, so ``fn`` must be safe
+    to call again (parse its arguments, build its result, nothing else)."""
+    import inspect
+    import reprlib
+
+    sig = inspect.signature(fn)
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError as e:  # a missing, extra or misspelled argument
+        return f"{name}: {e}"
+    given = dict(bound.arguments)
+    for pname, value in given.items():
+        p = sig.parameters[pname]
+        if value is None and p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            return f"{name}: {pname} is required, got None"
+    for pname, value in given.items():
+        p = sig.parameters[pname]
+        if p.default is p.empty or value is p.default:
+            continue
+        bound.arguments[pname] = p.default
+        try:
+            fn(*bound.args, **bound.kwargs)
+        except Exception:  # noqa: BLE001 - not this argument (or not it alone)
+            continue
+        finally:
+            bound.arguments[pname] = value
+        want = _expected(p.default)
+        if want in ("an int", "a number", "a bool") and _is_kind(value, want):  # the right kind, a bad value
+            return f"{name}: {pname}={reprlib.repr(value)} is not valid ({exc})"
+        return f"{name}: {pname} must be {want}, got {reprlib.repr(value)} ({exc})"
+    for pname, value in given.items():  # a required one of the wrong kind for its annotation
+        want = _annotated_kind(sig.parameters[pname].annotation)
+        if want is not None and not _is_kind(value, want):
+            return f"{name}: {pname} must be {want}, got {reprlib.repr(value)} ({exc})"
+    for pname, value in given.items():  # ... or one the message quotes
+        if isinstance(value, str) and repr(value) in str(exc):
+            return f"{name}: {pname}={value!r} is not valid ({exc})"
+    call = ", ".join(f"{k}={reprlib.repr(v)}" for k, v in given.items() if k != "self")
+    return f"{name}({call}): {type(exc).__name__}: {exc}"
+
+
+def _annotated_kind(annotation) -> str | None:
+    """"an int" / "a number" / "a bool" for a parameter annotated ``int`` / ``float`` / ``bool``."""
+    ann = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return {"int": "an int", "float": "a number", "bool": "a bool"}.get(ann)
+
+
+def _is_kind(value, kind: str) -> bool:
+    import numbers
+
+    if kind == "a bool":
+        return isinstance(value, (bool, numbers.Integral))
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, numbers.Integral if kind == "an int" else numbers.Real)
+

@@ -13,6 +13,7 @@ torch, so ``state_dict()`` keys are dotted paths (``layer1.0.conv1.weight``)::
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from collections import OrderedDict
 from typing import Iterator, NamedTuple
@@ -20,7 +21,7 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 from .. import dtypes as _dt
-from ..errors import DTypeError, ParamInvalidError
+from ..errors import ARGUMENT_ERRORS, DTypeError, OpsnnError, ParamInvalidError, bad_arguments_message
 from ..tensor import Tensor, empty, tensor
 
 
@@ -93,6 +94,27 @@ class Module:
     ``opsnn.nn.init``'s seeded generator, so building under ``nn.init.seeded(s)`` is
     deterministic.
     """
+
+    def __init_subclass__(cls, **kwargs):
+        """opsnn's own layers: a constructor argument of the wrong kind (``Conv2d(3, 'a', 3)``,
+        ``groups=0``, an array for a flag) is a ParamInvalidError naming it, not the bare error
+        the arithmetic on it raised. User subclasses are left alone (their errors are theirs)."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None or not cls.__module__.startswith("opsnn."):
+            return
+
+        @functools.wraps(init)
+        def checked_init(self, *args, **kw):
+            try:
+                init(self, *args, **kw)
+            except OpsnnError:
+                raise
+            except ARGUMENT_ERRORS as exc:
+                raise ParamInvalidError(bad_arguments_message(type(self).__name__, init, (self,) + args, kw, exc)) \
+                    from None
+
+        cls.__init__ = checked_init
 
     def __init__(self):
         d = self.__dict__

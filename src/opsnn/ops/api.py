@@ -11,11 +11,9 @@ ONNX-style inputs and attributes; both modes then go through the same record::
 from __future__ import annotations
 
 import functools
-import inspect
-import reprlib
 from typing import Callable
 
-from ..errors import OpsnnError, ParamInvalidError
+from ..errors import ARGUMENT_ERRORS, OpsnnError, ParamInvalidError, bad_arguments_message
 from . import executor
 from .registry import OpRecord, get_op
 
@@ -45,43 +43,12 @@ class OpFunction:
             res = self.translate(*args, **kwargs)
         except OpsnnError:
             raise
-        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            raise ParamInvalidError(self._bad_arguments(args, kwargs, exc), op=self.op_name) from None
+        except ARGUMENT_ERRORS as exc:
+            raise ParamInvalidError(bad_arguments_message(self.name, self.translate, args, kwargs, exc),
+                                    op=self.op_name) from None
         if len(res) == 2:
             return res[0], res[1], None
         return res
-
-    def _bad_arguments(self, args, kwargs, exc: BaseException) -> str:
-        """One line naming the argument ``translate`` could not read (``int('abc')``, an array
-        where a flag goes, ``None`` for a tensor). The culprit is the argument whose default
-        value, put in its place, lets ``translate`` through (translations are pure: inputs and
-        attributes, nothing else, so trying again is safe)."""
-        sig = inspect.signature(self.translate)
-        try:
-            bound = sig.bind(*args, **kwargs)
-        except TypeError as e:  # a missing, extra or misspelled argument
-            return f"{self.name}: {e}"
-        given = dict(bound.arguments)
-        for pname, value in given.items():
-            p = sig.parameters[pname]
-            if value is None and p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                return f"{self.name}: {pname} is required, got None"
-        for pname, value in given.items():
-            p = sig.parameters[pname]
-            if p.default is p.empty or value is p.default:
-                continue
-            bound.arguments[pname] = p.default
-            try:
-                self.translate(*bound.args, **bound.kwargs)
-            except Exception:  # noqa: BLE001 - not this argument (or not it alone)
-                continue
-            finally:
-                bound.arguments[pname] = value
-            return f"{self.name}: {pname} must be {_expected(p.default)}, got {reprlib.repr(value)} ({exc})"
-        for pname, value in given.items():  # a required one: the message may quote it
-            if isinstance(value, str) and repr(value) in str(exc):
-                return f"{self.name}: {pname}={value!r} is not valid ({exc})"
-        return f"{self.name}: invalid arguments ({type(exc).__name__}: {exc})"
 
     def __call__(self, *args, algo: str | None = None, stream=None, **kwargs):
         inputs, attrs, n_out = self._translate(args, kwargs)
@@ -94,21 +61,6 @@ class OpFunction:
 
     def __repr__(self) -> str:
         return f"<opsnn op function {self.name} -> {self.op_name}>"
-
-
-def _expected(default) -> str:
-    """What an argument whose default is ``default`` takes, in words."""
-    if isinstance(default, bool):
-        return "a bool"
-    if isinstance(default, int):
-        return "an int"
-    if isinstance(default, float):
-        return "a number"
-    if isinstance(default, str):
-        return "a string"
-    if isinstance(default, (tuple, list)):
-        return "a sequence like " + reprlib.repr(default)
-    return "a valid value" if default is not None else "a valid value or None"
 
 
 def api(name: str, op: str, domain: str = "") -> Callable[[Callable], OpFunction]:
