@@ -92,8 +92,6 @@ class KernelNotFoundError(OpsnnError, LookupError):
     code = KERNEL_NOT_FOUND
 
 
-__all__ = [n for n in list(globals()) if n.endswith("Error") or n.isupper()]
-
 
 #: what a function's argument parsing raises when handed a value of the wrong kind
 ARGUMENT_ERRORS = (TypeError, ValueError, AttributeError, LookupError, ZeroDivisionError, OverflowError)
@@ -175,3 +173,5 @@ def _is_kind(value, kind: str) -> bool:
         return False
     return isinstance(value, numbers.Integral if kind == "an int" else numbers.Real)
 
+
+__all__ = [n for n in list(globals()) if n.endswith("Error") or n.isupper()] + ["bad_arguments_message"]

@@ -213,17 +213,12 @@ class Graph:
         names.update(v.name for v in self.inputs)
         names.update(v.name for v in self.outputs)
         update = names.update
-        add = names.add
         for n in self.nodes:
             update(n.outputs)
             update(n.inputs)
-            add(n.name)
-            for val in n.attrs.values():  # Node.subgraphs, inlined: this runs for every new name
-                if isinstance(val, Graph):
-                    update(val._names())
-                elif isinstance(val, (list, tuple)) and val and isinstance(val[0], Graph):
-                    for sub in val:
-                        update(sub._names())
+            update((n.name,))
+            for _, sub in n.subgraphs():
+                update(sub._names())
         return names
 
     # -- checks ------------------------------------------------------------------------------

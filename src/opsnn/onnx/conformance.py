@@ -346,15 +346,10 @@ class _CompiledRep:
         self.cg = _compile(graph)
 
     def run(self, inputs: list) -> list:
+        from ..graph.interpreter import to_numpy
+
         outs = self.cg.run(dict(zip(self.names, inputs)))
-        return [_numpy(outs[n]) for n in self.cg.output_names]
-
-
-def _numpy(v):
-    """A compiled graph's output as the interpreter gives it: numpy arrays, lists of them, None."""
-    if isinstance(v, (list, tuple)):
-        return [_numpy(e) for e in v]
-    return v.numpy() if hasattr(v, "numpy") else v
+        return [to_numpy(outs[n]) for n in self.cg.output_names]
 
 
 def run_opsnn(case: Case, timeout: float | None = 60.0, engine: str = "interpreter") -> Result:
