@@ -97,6 +97,12 @@ def test_flatten_squeeze_unsqueeze_identity(rng, no_leak):
     x = rand(rng, (2, 1, 3, 1))
     same(ops.flatten(x), x.reshape(-1))
     same(ops.flatten(x, 1, 2), x.reshape(2, 3, 1))
+    z = np.zeros((2, 0, 3), np.float32)  # zero-size: the merged dim cannot be inferred, it is spelled out
+    assert ops.flatten(z, 1).shape == (2, 0) and ops.flatten(z, 0, 1).shape == (0, 3)
+    # traced with a dynamic batch, flatten(x, 1) flattens the batch it is run with (not the example's)
+    cg = opsnn.compile(lambda v: ops.flatten(v, 1), [x], dynamic_dims={0: {0: "batch"}})
+    y = rand(rng, (5, 1, 3, 1))
+    same(cg.run([y])[0], y.reshape(5, 3))
     for axis, want in [(0, (1, 6)), (2, (2, 3)), (-1, (6, 1)), (4, (6, 1)), (-4, (1, 6))]:
         same(ops.run_op("Flatten", [x], {"axis": axis})[0], x.reshape(want))
     same(ops.squeeze(x), x.reshape(2, 3))

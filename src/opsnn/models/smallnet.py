@@ -51,6 +51,6 @@ class SmallConvNet:
         y = ops.conv2d(y, self.conv2, None, stride=2, padding=1)
         y = ops.relu(ops.batch_norm(y, b2["mean"], b2["var"], b2["weight"], b2["bias"], eps=1e-5))
         y = ops.adaptive_avg_pool2d(y, 1)
-        y = ops.reshape(y, (y.shape[0], -1))
+        y = ops.flatten(y, 1)  # not reshape(y, (y.shape[0], -1)): a traced batch size would be baked in
         y = ops.linear(y, self.fc_w, self.fc_b)
         return ops.softmax(y, dim=-1)

@@ -1960,7 +1960,11 @@ def flatten(x, start_dim=0, end_dim=-1):
     a, b = _axis("flatten", start_dim, r, "start_dim"), _axis("flatten", end_dim, r, "end_dim")
     if a > b:
         raise ParamInvalidError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}", op="Reshape")
-    return [x, _i64(list(s[:a]) + [math.prod(s[a:b + 1])] + list(s[b + 1:]))], {"allowzero": 1}
+    if 0 in s:  # a zero-size tensor: every dim spelled out (-1 cannot be inferred from 0 elements)
+        return [x, _i64(list(s[:a]) + [math.prod(s[a:b + 1])] + list(s[b + 1:]))], {"allowzero": 1}
+    # the dims before start_dim copied (0) and the merged one inferred (-1): a traced graph then
+    # flattens whatever batch size it is run with
+    return [x, _i64([0] * a + [-1] + list(s[b + 1:]))], {}
 
 
 @api("squeeze", "Squeeze")
