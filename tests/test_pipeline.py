@@ -185,6 +185,97 @@ def test_stage_workers_early_close_stops_every_worker(no_leak):
     assert _threads() == base
 
 
+def _doubler(sizes, delay=0.0):
+    """A batched stage fn (list in, list out) that records each call's batch size."""
+    def fn(items):
+        sizes.append(len(items))
+        time.sleep(delay)
+        return [ops.mul(opsnn.tensor(a), 2.0).numpy().copy() for a in items]
+    return fn
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_batched_stage_takes_the_frames_already_waiting(no_leak, workers):
+    # a slow batched stage behind a fast source: each call takes the frames queued meanwhile, at
+    # most max_batch; frames keep their order and values, with one worker or two
+    sizes = []
+    base = _threads()
+    pipe = Pipeline([Stage("decode", lambda i: np.full(3, i, np.float32), uses_ops=False),
+                     Stage("work", _doubler(sizes, 0.01), max_batch=3, workers=workers),
+                     Stage("sink", lambda a: a, uses_ops=False)], queue_size=6)
+    res = pipe.run(range(40))
+    assert [float(o[0]) for o in res.outputs] == [2.0 * i for i in range(40)]
+    assert res.completed == list(range(40)) and not res.failed and not res.not_processed
+    assert sum(sizes) == 40 and max(sizes) == 3 and min(sizes) >= 1
+    assert res.stages[1].frames == 40
+    assert _threads() == base
+    # run one after another, the stage gets one-item lists
+    sizes.clear()
+    seq = pipe.run_sequential(range(5))
+    assert sizes == [1] * 5 and [float(o[0]) for o in seq.outputs] == [0.0, 2.0, 4.0, 6.0, 8.0]
+
+
+def test_batched_stage_never_waits_for_a_batch_to_fill(no_leak):
+    # the source hands out frame i + 1 only after frame i left the pipeline: a stage that waited
+    # for a second frame before calling fn would never get one (the source gives up after 5 s)
+    n = 6
+    left = [threading.Event() for _ in range(n)]
+
+    def source():
+        for i in range(n):
+            yield i
+            assert left[i].wait(5), f"frame {i} was held back"
+    sizes = []
+    pipe = Pipeline([Stage("decode", lambda i: np.full(2, i, np.float32), uses_ops=False),
+                     Stage("work", _doubler(sizes), max_batch=4),
+                     Stage("sink", lambda a: left[int(a[0]) // 2].set() or a, uses_ops=False)])
+    res = pipe.run(source())
+    assert [float(o[0]) for o in res.outputs] == [2.0 * i for i in range(n)] and sizes == [1] * n
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_batched_stage_failure_fails_the_frames_of_its_call(no_leak, workers):
+    n, bad = 30, 11
+    pool_base = opsnn.memory.current_bytes()
+
+    def work(items):
+        if any(int(a[0]) == bad for a in items):
+            raise ValueError("boom")
+        time.sleep(0.002)
+        return [ops.add(opsnn.tensor(a), 1.0).numpy().copy() for a in items]
+    base = _threads()
+    pipe = Pipeline([Stage("decode", lambda i: np.full(4, i, np.float32), uses_ops=False),
+                     Stage("work", work, max_batch=2, workers=workers)], queue_size=4)
+    with pytest.raises(StageError) as ei:
+        pipe.run(range(n))
+    err, res = ei.value, ei.value.result
+    first = min(res.failed)
+    assert err.stage == "work" and err.frame == first and isinstance(err.cause, ValueError)
+    assert bad in res.failed and set(res.failed.values()) == {"work"}
+    assert len(res.failed) <= 2 and max(res.failed) - first < 2      # one call's frames, at most max_batch
+    assert res.completed == list(range(first))                       # frames before the failure finished
+    assert [int(o[0]) for o in res.outputs] == [i + 1 for i in range(first)]
+    assert sorted(res.completed + list(res.failed) + res.not_processed) == list(range(n))
+    del err, res, ei
+    assert _threads() == base
+    gc.collect()
+    assert opsnn.memory.current_bytes() == pool_base
+
+
+def test_batched_stage_must_return_one_output_per_frame(no_leak):
+    for fn, said in ((lambda items: items + items, "it got 1 and returned 2"),
+                     (lambda items: np.zeros(len(items)), "it got 1 and returned a ndarray")):
+        pipe = Pipeline([Stage("decode", lambda i: i, uses_ops=False), Stage("work", fn, uses_ops=False, max_batch=2)])
+        with pytest.raises(StageError) as ei:
+            pipe.run(range(4))
+        assert ei.value.stage == "work" and isinstance(ei.value.cause, ParamInvalidError)
+        assert "(max_batch=2): fn must return a list of one output per payload" in str(ei.value.cause)
+        with pytest.raises(StageError) as ei:  # one after another: one-item lists
+            pipe.run_sequential(range(3))
+        assert (ei.value.frame, str(ei.value.cause).endswith(said)) == (0, True)
+        del ei
+
+
 # -- failures ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("where", ["decode", "pre", "infer", "post"])
@@ -317,6 +408,11 @@ def test_bad_pipeline_arguments():
         Stage("", abs)
     with pytest.raises(ParamInvalidError, match="workers must be an int >= 1"):
         Stage("a", abs, workers=0)
+    for bad in (0, -1, True, "2", 1.5):
+        with pytest.raises(ParamInvalidError, match="max_batch must be an int >= 1 or None"):
+            Stage("a", abs, max_batch=bad)
+    with pytest.raises(ParamInvalidError, match="first stage .* reads the source one item at a time"):
+        Pipeline([Stage("a", abs, max_batch=2), Stage("b", abs)])
     with pytest.raises(ParamInvalidError, match="blas_threads"):
         Pipeline([Stage("a", abs)], blas_threads=0)
     base = _threads()
@@ -469,6 +565,20 @@ def test_video_pipeline_matches_numpy_preprocess_and_direct_model(no_leak):
     assert (one.stages[2].workers, three.stages[2].workers) == (1, 3)
     assert (one.queue_size, three.queue_size) == (2, 4)  # default: a frame ready for every worker, and one more
     assert one.run(src).outputs == res.outputs == three.run(src).outputs
+    # up to two frames per model call: the same classes, probabilities to float32 rounding
+    # (a batch of two may take other kernels' summation order)
+    assert pipe.stages[2].max_batch == 1  # a compiled model passed in: one frame a call unless asked
+    two = video_pipeline(src, model=cg, image_size=size, top_k=3, infer_batch=2)
+    assert two.stages[2].max_batch == 2
+    for r in (two.run(src), two.run_sequential(src)):
+        assert [o["top"] for o in r.outputs] == [o["top"] for o in res.outputs]
+        np.testing.assert_allclose([o["prob"] for o in r.outputs], [o["prob"] for o in res.outputs], rtol=1e-5)
+    infer = two.stages[2].fn  # a batch of two, whatever the timing of the run above
+    xs = [pipe.stages[1].fn(src.decode(i)) for i in (1, 4)]
+    pair = infer(xs)
+    assert len(pair) == 2 and all(y.shape == (1, 10) for y in pair)
+    for x, y in zip(xs, pair):
+        np.testing.assert_allclose(y.numpy(), infer([x])[0].numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_replicas_run_side_by_side_with_buffers_of_their_own(no_leak):
@@ -508,6 +618,13 @@ def test_video_pipeline_bad_frames_and_arguments(tmp_path, no_leak):
         video_pipeline(src, model=cg, image_size=16, top_k=2, decode_workers=0)
     with pytest.raises(ParamInvalidError, match="infer_workers must be an int >= 1"):
         video_pipeline(src, model=cg, image_size=16, top_k=2, infer_workers=0)
+    with pytest.raises(ParamInvalidError, match="infer_batch must be an int >= 1"):
+        video_pipeline(src, model=cg, image_size=16, top_k=2, infer_batch=0)
+    static = opsnn.compile(opsnn.models.SmallConvNet(num_classes=4, image_size=16), [np.zeros((1, 3, 16, 16), np.float32)])
+    with pytest.raises(ParamInvalidError, match="infer_batch=2 needs a model whose batch dimension may change"):
+        video_pipeline(src, model=static, image_size=16, top_k=2, infer_batch=2)
+    assert video_pipeline(src, model=static, image_size=16, top_k=2).stages[2].max_batch == 1
+    assert video_pipeline(src, model="smallnet", image_size=16, top_k=2).stages[2].max_batch == 2  # built by name
 
     class Sequential(SyntheticVideo):  # a source that decodes in sequence (like a video file)
         independent_frames = False
@@ -545,13 +662,15 @@ def test_video_bench_and_cli(tmp_path, capsys):
     assert rep["outputs_match"] and rep["sequential_fps"] > 0 and rep["pipelined_fps"] > 0
     assert rep["ratio"] == pytest.approx(rep["pipelined_fps"] / rep["sequential_fps"], rel=1e-2)
     assert [s["stage"] for s in rep["pipelined"]["stages"]] == ["decode", "preprocess", "infer", "postprocess"]
+    # two frames a call by default; the same pipeline one frame a call is timed too
+    assert rep["workload"]["infer_batch"] == 2 and {"pipelined", "pipelined_batch1"} <= set(rep["fps_by_mode"])
     out = tmp_path / "v.json"
     rc = cli_video_bench(["--frames", "4", "--model", "smallnet", "--image-size", "16", "--height", "24",
                           "--width", "32", "--source", "npy", "--repeat", "1", "--decode-workers", "2",
-                          "--infer-workers", "2", "--json", str(out)])
+                          "--infer-workers", "2", "--infer-batch", "1", "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0 and "frames/s" in text and "ratio" in text and "preprocess" in text and "2 decode workers" in text
-    assert "2 infer workers" in text
+    assert "2 infer workers of up to 1 frame a call" in text and "pipelined_batch1" not in text
     rep = json.loads(out.read_text())
     assert rep["workload"]["source"] == "npy" and rep["workload"]["decode_workers"] == 2
     assert rep["pipelined"]["stages"][0]["workers"] == 2 and rep["workload"]["infer_workers"] == 2

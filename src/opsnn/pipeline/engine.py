@@ -59,6 +59,13 @@ class Stage:
     rendering frames) and slower than the rest: frames still leave the stage in order (a
     worker that finishes frame ``i + 1`` first waits for frame ``i``'s turn). ``fn`` must then
     be safe to call from several threads at once.
+
+    ``max_batch=k`` (not for the first stage, which reads the source) makes ``fn`` take a list
+    of payloads and return a list of as many outputs: each call gets the frame it waited for
+    plus those already queued behind it, at most ``k`` in all (it never waits for a batch to
+    fill, so a starved stage still runs frame by frame). For a stage whose cost per call falls
+    with the batch (a model's weights read once for several frames). A failing call fails each
+    of its frames. Run sequentially, ``fn`` gets one-item lists.
     """
 
     name: str
@@ -66,6 +73,7 @@ class Stage:
     uses_ops: bool = True
     num_threads: int | None = None
     workers: int = 1
+    max_batch: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -74,6 +82,22 @@ class Stage:
             raise ParamInvalidError(f"Stage {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ParamInvalidError(f"Stage {self.name!r}: workers must be an int >= 1, got {self.workers!r}")
+        b = self.max_batch
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise ParamInvalidError(f"Stage {self.name!r}: max_batch must be an int >= 1 or None, got {b!r}")
+
+
+def _apply(stage: Stage, payloads: list) -> list:
+    """``stage.fn`` over one call's payloads: the one payload, or (``max_batch``) the list."""
+    if stage.max_batch is None:
+        return [stage.fn(payloads[0])]
+    ret = stage.fn(payloads)
+    outs = list(ret) if isinstance(ret, (list, tuple)) else None
+    if outs is None or len(outs) != len(payloads):
+        got = f"{len(outs)}" if outs is not None else f"a {type(ret).__name__}"
+        raise ParamInvalidError(f"Stage {stage.name!r} (max_batch={stage.max_batch}): fn must return a list of "
+                                f"one output per payload; it got {len(payloads)} and returned {got}")
+    return outs
 
 
 @dataclass
@@ -152,6 +176,9 @@ class Pipeline:
             if not isinstance(s, Stage):
                 raise ParamInvalidError(f"Pipeline: stages must be Stage objects, got {type(s).__name__}")
         names = [s.name for s in stages]
+        if stages[0].max_batch is not None:
+            raise ParamInvalidError(f"Pipeline: the first stage ({stages[0].name!r}) reads the source one item at "
+                                    f"a time; max_batch applies to the stages after it")
         if len(set(names)) != len(names):
             raise ParamInvalidError(f"Pipeline: stage names must be unique, got {names}")
         if not isinstance(queue_size, int) or queue_size < 1:
@@ -232,10 +259,10 @@ class Pipeline:
                 try:
                     if stage.uses_ops:
                         with stream:
-                            payload = stage.fn(payload)
+                            payload = _apply(stage, [payload])[0]
                         stream.synchronize()
                     else:
-                        payload = stage.fn(payload)
+                        payload = _apply(stage, [payload])[0]
                 except Exception as exc:  # noqa: BLE001 - reported as StageError
                     failure = (pos, idx, _settle(stream if stage.uses_ops else None, exc))
                     payload = None
@@ -393,6 +420,32 @@ class _Run:
             return idx, payload, t0
 
     # -- the stage thread ------------------------------------------------------------------------------------
+    def _take(self, in_q, limit: int):
+        """Wait for the next item of ``in_q``, then take those already queued behind it, up to
+        ``limit`` in all (never waiting for more). Returns ``(items, ended)``."""
+        item = in_q.get()
+        if item is _END:
+            return [], True
+        items = [item]
+        while len(items) < limit:
+            try:
+                item = in_q.get_nowait()
+            except queue.Empty:
+                break
+            if item is _END:
+                return items, True
+            items.append(item)
+        return items, False
+
+    def _call(self, stage: Stage, stream, payloads: list) -> list:
+        """``stage.fn`` over the payloads of one call (one, or a batch), on ``stream``."""
+        if stream is not None:
+            with stream:
+                outs = _apply(stage, payloads)
+            stream.synchronize()
+            return outs
+        return _apply(stage, payloads)
+
     def _stage_loop(self, pos: int, wid: int) -> None:
         stage = self.pipe.stages[pos]
         stats = self.result.stages[pos]
@@ -400,69 +453,72 @@ class _Run:
         out_q = self.queues[pos]
         in_q = self.queues[pos - 1] if pos else None
         turn = self.turns[pos]
+        limit = stage.max_batch or 1
         busy = wait_in = wait_out = 0.0
         frames = 0
         try:
-            while True:
+            ended = False
+            while not ended:
                 t0 = time.perf_counter()
                 if pos == 0:
                     got = self._read()
                     if got is None:
                         break
                     idx, payload, t1 = got
+                    items = [(idx, payload)]
                     ticket = idx  # the source's frames are numbered as read, under its lock
-                elif turn is None:
-                    item = in_q.get()
-                    ticket = None
+                    got = payload = None
                 else:
-                    with turn.take:
-                        item = in_q.get()
-                        ticket = turn.issued
-                        turn.issued += 1
-                if pos:
+                    if turn is None:
+                        items, ended = self._take(in_q, limit)
+                        ticket = None
+                    else:
+                        with turn.take:
+                            items, ended = self._take(in_q, limit)
+                            ticket = turn.issued
+                            if items:
+                                turn.issued += 1
+                        if ended:
+                            in_q.put(_END)  # for this stage's other workers (the queue just had room)
                     t1 = time.perf_counter()
                     wait_in += t1 - t0
-                    if item is _END:
-                        if turn is not None:
-                            in_q.put(item)  # for this stage's other workers (the queue just had room)
+                    if not items:
                         break
-                    idx, payload = item
-                    item = None
-                ok = not self._discarding(pos, idx)
-                if not ok:
-                    payload = None
-                    with self.lock:
-                        self.discarded.append(idx)
-                else:
+                live = []  # the items of this call not discarded
+                for idx, payload in items:
+                    if self._discarding(pos, idx):
+                        with self.lock:
+                            self.discarded.append(idx)
+                    else:
+                        live.append((idx, payload))
+                items = payload = None
+                outs = []
+                if live:
                     try:
-                        if stream is not None:
-                            with stream:
-                                payload = stage.fn(payload)
-                            stream.synchronize()
-                        else:
-                            payload = stage.fn(payload)
+                        outs = self._call(stage, stream, [p for _, p in live])
                     except BaseException as exc:  # noqa: BLE001 - surfaces as StageError in the caller
-                        payload = None
-                        ok = False
-                        self._fail(pos, idx, _settle(stream, exc))
+                        outs = []
+                        exc = _settle(stream, exc)
+                        for idx, _ in live:
+                            self._fail(pos, idx, exc)
                     else:
                         busy += time.perf_counter() - t1
-                        frames += 1
+                        frames += len(live)
                 t2 = time.perf_counter()
                 if turn is not None:
                     turn.wait(ticket)
                 try:
-                    if ok and self._discarding(pos, idx):  # a worker failed on an earlier frame meanwhile
-                        ok = False
-                        with self.lock:
-                            self.discarded.append(idx)
-                    if ok:
-                        out_q.put((idx, payload))
+                    for (idx, _), out in zip(live, outs):
+                        if self._discarding(pos, idx):  # a worker failed on an earlier frame meanwhile
+                            with self.lock:
+                                self.discarded.append(idx)
+                        else:
+                            out_q.put((idx, out))
                 finally:
                     if turn is not None:
                         turn.advance()
                 wait_out += time.perf_counter() - t2
-                payload = None
+                live = outs = out = None
         finally:
             with self.lock:
                 stats.busy_s += busy

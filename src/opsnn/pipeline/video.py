@@ -3,8 +3,9 @@
 ``video_pipeline(source, model)`` builds the four stages: decode on a plain thread (codec or
 frame synthesis work), preprocess (uint8 HWC frame -> resized, normalized NCHW float32, a
 compiled graph), infer (the compiled CNN) and postprocess (softmax + top-k) each on a thread
-and opsnn Stream of its own. ``video_bench`` runs the same stages pipelined and one after
-another on the same frames and compares frames/s::
+and opsnn Stream of its own; inference takes up to ``infer_batch`` waiting frames per model
+call. ``video_bench`` runs the same stages pipelined and one after another (frame by frame) on
+the same frames and compares frames/s::
 
     >>> from opsnn.pipeline import video_pipeline, SyntheticVideo
     >>> src = SyntheticVideo(4, height=64, width=80)
@@ -14,6 +15,7 @@ another on the same frames and compares frames/s::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import queue
@@ -41,8 +43,9 @@ MODELS = ("resnet18", "resnet50", "smallnet")
 
 
 def build_model(name: str, image_size: int, num_classes: int = 1000, seed: int = 0):
-    """A compiled classifier over ``(1, 3, image_size, image_size)`` float32 inputs
-    (deterministic random weights)."""
+    """A compiled classifier over ``(batch, 3, image_size, image_size)`` float32 inputs
+    (deterministic random weights; the batch dimension is dynamic, each batch size gets a plan
+    of its own on first use)."""
     import opsnn
     from .. import models
 
@@ -53,9 +56,9 @@ def build_model(name: str, image_size: int, num_classes: int = 1000, seed: int =
     example = np.zeros((1, 3, image_size, image_size), np.float32)
     if name == "smallnet":
         net = models.SmallConvNet(seed=seed, num_classes=num_classes, image_size=image_size)
-        return opsnn.compile(net, [example])
-    net = getattr(models, name)(num_classes=num_classes, seed=seed)
-    return opsnn.compile(net, [example])
+    else:
+        net = getattr(models, name)(num_classes=num_classes, seed=seed)
+    return opsnn.compile(net, [example], dynamic_dims={0: {0: "batch"}})
 
 
 def preprocess_graph(frame_shape: tuple, image_size: int):
@@ -80,6 +83,13 @@ def preprocess_graph(frame_shape: tuple, image_size: int):
 #: --source synthetic --frames 96`: pipelined 21.1 -> 23.1 frames/s; cores busy 1.71 -> 1.93)
 DEFAULT_INFER_WORKERS = 2
 
+#: frames per inference call by default (models built by name): ResNet-18 at 112x112 on one
+#: thread takes ~11.5 ms for one frame and ~18.5 ms for two (its deep layers are 7x7 and 4x4
+#: maps: one frame makes thin GEMMs, and its 45 MB of weights stream from memory per call). With
+#: two, `opsnn video-bench --frames 96` (2-core Zen 4 VM, 2026-12-03): pipelined 64 -> 74
+#: frames/s (sequential 45.6); three: 72
+DEFAULT_INFER_BATCH = 2
+
 
 def decode_workers_for(source, decode_workers: int = 1) -> int:
     """Check ``decode_workers``: several workers need a source whose frames decode independently
@@ -97,16 +107,24 @@ def decode_workers_for(source, decode_workers: int = 1) -> int:
 
 
 def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int = 5, queue_size: int | None = None,
-                   frame_shape: tuple | None = None, decode_workers: int = 1, infer_workers: int | None = None) -> Pipeline:
+                   frame_shape: tuple | None = None, decode_workers: int = 1, infer_workers: int | None = None,
+                   infer_batch: int | None = None) -> Pipeline:
     """The four-stage classification pipeline over ``source`` (a :mod:`~opsnn.pipeline.sources`
     source). ``model``: a name from :data:`MODELS` or a CompiledGraph taking one
-    ``(1, 3, image_size, image_size)`` float32 input and returning logits. Each output is
+    ``(batch, 3, image_size, image_size)`` float32 input (batch 1, or up to ``infer_batch``)
+    and returning logits. Each output is
     ``{"top": [class ids], "prob": [probabilities]}`` (frame ``i`` is ``outputs[i]``).
     ``decode_workers``: see :func:`decode_workers_for` (frames still leave in order).
     ``infer_workers``: inference runs that many frames side by side, each worker on a compiled
     copy of the model of its own (a compiled graph's plan holds one set of activation buffers,
     so two runs at once need two; the weights are shared); frames still leave in order. Default:
     2 on a machine with 2 or more cores (each worker's kernels use half the cores), else 1.
+    ``infer_batch``: at most that many frames per model call (the frames already waiting when a
+    worker takes one; see ``Stage.max_batch``): the weights are read once per call and the
+    small deep layers make larger GEMMs, so a frame costs less, at the price of holding up to
+    that many frames together. The model is planned for every batch size up to it. Default:
+    :data:`DEFAULT_INFER_BATCH` for a model given by name (built with a dynamic batch
+    dimension), 1 for a compiled model passed in.
     ``queue_size`` (frames waiting between two stages; default ``infer_workers + 1``, so that
     every inference worker finds a frame ready and one more is on its way)."""
     if not hasattr(source, "decode"):
@@ -119,6 +137,10 @@ def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int =
         infer_workers = DEFAULT_INFER_WORKERS if (os.cpu_count() or 1) >= 2 else 1
     if isinstance(infer_workers, bool) or not isinstance(infer_workers, int) or infer_workers < 1:
         raise ParamInvalidError(f"video_pipeline: infer_workers must be an int >= 1, got {infer_workers!r}")
+    if infer_batch is None:
+        infer_batch = DEFAULT_INFER_BATCH if isinstance(model, str) else 1
+    if isinstance(infer_batch, bool) or not isinstance(infer_batch, int) or infer_batch < 1:
+        raise ParamInvalidError(f"video_pipeline: infer_batch must be an int >= 1, got {infer_batch!r}")
     if queue_size is None:
         # measured (`opsnn video-bench --source synthetic --frames 96 --queue-size Q`, 2 infer
         # workers, AVX2 dev VM): Q=2 1.48/1.48/1.47x, Q=3 1.54/1.50/1.53x
@@ -129,12 +151,18 @@ def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int =
     pre = preprocess_graph(tuple(frame_shape), image_size)
     # plan both graphs now, on this thread: stage threads then only replay
     x0 = pre.run([np.zeros(frame_shape, np.uint8)])[0]
+    batches = [np.zeros((k,) + tuple(x0.shape[1:]), np.float32) for k in range(2, infer_batch + 1)]
     logits0 = cg.run([x0])[0]
     models = queue.SimpleQueue()  # the compiled copies free to run a frame
-    models.put(cg)
-    for _ in range(infer_workers - 1):
-        copy = cg.replica()
-        copy.run([x0])
+    for w in range(infer_workers):
+        copy = cg if w == 0 else cg.replica()
+        for xb in ([] if w == 0 else [x0]) + batches:
+            try:
+                copy.run([xb])
+            except ParamInvalidError as exc:
+                raise ParamInvalidError(f"video_pipeline: infer_batch={infer_batch} needs a model whose batch "
+                                        f"dimension may change (compile it with dynamic_dims={{0: {{0: 'batch'}}}}): "
+                                        f"{exc}") from None
         models.put(copy)
     n_classes = logits0.shape[-1]
     if top_k > n_classes:
@@ -150,14 +178,14 @@ def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int =
     def preprocess(frame):
         return pre.run([from_numpy(frame)])[0]
 
-    def infer(x):
+    def infer(xs):
         m = models.get()  # never waits: there are as many copies as workers
         try:
-            y = m.run([x])[0]
+            y = m.run([xs[0] if len(xs) == 1 else ops.concat(xs, 0)])[0]
             current_stream().synchronize()  # m's buffers are free once its kernels are done
         finally:
             models.put(m)
-        return y
+        return [y] if len(xs) == 1 else [y[i:i + 1] for i in range(len(xs))]
 
     def postprocess(logits):
         probs = ops.softmax(logits, dim=-1)
@@ -165,7 +193,8 @@ def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int =
         return {"top": idx.numpy()[0].tolist(), "prob": vals.numpy()[0].tolist()}
 
     return Pipeline([Stage("decode", decode, uses_ops=False, workers=n_decode), Stage("preprocess", preprocess),
-                     Stage("infer", infer, workers=infer_workers), Stage("postprocess", postprocess)], queue_size=queue_size)
+                     Stage("infer", infer, workers=infer_workers, max_batch=infer_batch),
+                     Stage("postprocess", postprocess)], queue_size=queue_size)
 
 
 # -- the benchmark ------------------------------------------------------------------------------------------
@@ -188,10 +217,13 @@ def make_source(kind: str, frames: int, height: int, width: int, workdir: str):
 
 def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112, height: int = 720,
                 width: int = 1280, source: str = "auto", queue_size: int | None = None, repeat: int = 3,
-                decode_workers: int = 1, infer_workers: int | None = None, log=None) -> dict:
+                decode_workers: int = 1, infer_workers: int | None = None, infer_batch: int | None = None,
+                log=None) -> dict:
     """Frames/s of the four stages pipelined vs one after another (same model, same frames);
     medians over ``repeat`` runs of each setting, alternated; each mode is represented by its
-    fastest setting (see the variants below). Returns a JSON-ready dict."""
+    fastest setting (see the variants below; with ``infer_batch`` > 1 the pipelined settings
+    include the same pipeline one frame per model call, ``pipelined_batch1``, so the report
+    shows what overlap alone gives). Returns a JSON-ready dict."""
     import opsnn
 
     if source == "auto":
@@ -205,7 +237,7 @@ def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112
         src = make_source(source, frames, height, width, workdir)
         t0 = time.perf_counter()
         pipe = video_pipeline(src, model=model, image_size=image_size, queue_size=queue_size,
-                              decode_workers=decode_workers, infer_workers=infer_workers)
+                              decode_workers=decode_workers, infer_workers=infer_workers, infer_batch=infer_batch)
         build_s = time.perf_counter() - t0
         warm = _Subset(src, list(src)[: min(3, frames)])
         pipe.run_sequential(warm, collect=False)  # JIT caches and plans are warm for both modes
@@ -225,16 +257,21 @@ def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112
         if isinstance(src, VideoFile):
             sources["_decode2"] = VideoFile(src.path, threads=2)
         variants = {f"sequential{b}{d}": (bt, sv) for b, bt in blas.items() for d, sv in sources.items()}
-        variants.update({f"pipelined{d}": (None, sv) for d, sv in sources.items()})
+        pipes = {"": pipe}
+        infer = pipe.stages[2]
+        if infer.max_batch > 1:  # the same stages (and compiled models), one frame per model call
+            pipes["_batch1"] = Pipeline([*pipe.stages[:2], dataclasses.replace(infer, max_batch=1), pipe.stages[3]],
+                                        queue_size=pipe.queue_size, blas_threads=pipe.blas_threads)
+        variants.update({f"pipelined{b}{d}": (pv, sv) for b, pv in pipes.items() for d, sv in sources.items()})
         runs: dict = {k: [] for k in variants}
         cpu: dict = {k: [] for k in runs}
         for r in range(repeat):
-            for name, (bt, sv) in variants.items():
+            for name, (how, sv) in variants.items():  # how: the Pipeline, or the BLAS pool size
                 c0 = time.process_time()
                 if name.startswith("pipelined"):
-                    res = pipe.run(sv)
+                    res = how.run(sv)
                 else:
-                    res = pipe.run_sequential(sv, blas_threads=bt)
+                    res = pipe.run_sequential(sv, blas_threads=how)
                 cpu[name].append((time.process_time() - c0) / res.wall_s)
                 runs[name].append(res)
             if log:
@@ -255,6 +292,7 @@ def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112
             "workload": {"frames": frames, "frame": [height, width, 3], "source": source, "model": model,
                          "image_size": image_size, "queue_size": pipe.queue_size, "repeat": repeat,
                          "decode_workers": pipe.stages[0].workers, "infer_workers": pipe.stages[2].workers,
+                         "infer_batch": pipe.stages[2].max_batch,
                          "cpu_count": os.cpu_count(), "blas_threads_default": default_blas,
                          "blas_threads_pipelined": pipe.blas_threads},
             "build_s": round(build_s, 3),
@@ -296,7 +334,8 @@ def format_report(rep: dict) -> str:
     lines = [f"video pipeline: {w['frames']} frames {w['frame'][1]}x{w['frame'][0]} from {w['source']}, "
              f"{w['model']} at {w['image_size']}x{w['image_size']}, queue {w['queue_size']}, "
              f"{w['decode_workers']} decode worker{'s' if w['decode_workers'] > 1 else ''}, "
-             f"{w.get('infer_workers', 1)} infer worker{'s' if w.get('infer_workers', 1) > 1 else ''}, "
+             f"{w.get('infer_workers', 1)} infer worker{'s' if w.get('infer_workers', 1) > 1 else ''} "
+             f"of up to {w.get('infer_batch', 1)} frame{'s' if w.get('infer_batch', 1) > 1 else ''} a call, "
              f"{w['cpu_count']} cores, median of {w['repeat']}",
              *[f"  {k:<25}: {v:8.2f} frames/s" + ("  <- baseline" if k == rep["sequential_baseline"] else "")
                + ("  <- best pipelined" if k == rep["pipelined_best"] else "")
@@ -304,7 +343,7 @@ def format_report(rep: dict) -> str:
              f"  ratio ({rep['pipelined_best']} / {rep['sequential_baseline']}): {rep['ratio']:.2f}x "
              f"(target >= {rep['target_ratio']}x"
              f"{', met' if rep['ratio'] and rep['ratio'] >= rep['target_ratio'] else ', NOT met'})",
-             f"  outputs identical in both modes: {rep['outputs_match']}",
+             f"  outputs agree in every mode (same top classes, probabilities to 1e-4): {rep['outputs_match']}",
              "  cores kept busy (process CPU s / wall s): "
              + ", ".join(f"{k} {v:.2f}" for k, v in rep["cores_busy"].items())
              + f"; machine load average {rep['load_average_1m']}",
@@ -338,6 +377,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--infer-workers", type=int, default=None,
                    help="inference stage workers, each on its own compiled copy of the model (frames stay in "
                    f"order); default {DEFAULT_INFER_WORKERS} on 2 or more cores")
+    p.add_argument("--infer-batch", type=int, default=None,
+                   help="frames per inference call at most (those already waiting); default "
+                   f"{DEFAULT_INFER_BATCH}")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", help="also write the report as JSON here")
     return p
@@ -350,7 +392,7 @@ def cli_video_bench(argv=None, prog: str = "opsnn video-bench") -> int:
         rep = video_bench(frames=args.frames, model=args.model, image_size=args.image_size, height=args.height,
                           width=args.width, source=args.source, queue_size=args.queue_size, repeat=args.repeat,
                           decode_workers=args.decode_workers, infer_workers=args.infer_workers,
-                          log=lambda m: print(m, file=sys.stderr))
+                          infer_batch=args.infer_batch, log=lambda m: print(m, file=sys.stderr))
     except ParamInvalidError as exc:
         print(f"opsnn video-bench: {exc}", file=sys.stderr)
         return 2
