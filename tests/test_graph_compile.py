@@ -292,6 +292,26 @@ def test_trace_a_function_with_dynamic_batch(rng):
         np.testing.assert_allclose(cg.run([x])[0].numpy(), np.maximum(x @ w.numpy(), 0), rtol=1e-5, atol=1e-6)
 
 
+def test_compile_a_module_traces_it_as_to_graph_does(rng):
+    # inputs named after forward's arguments, weights after their state_dict keys, and a nested
+    # output (a decoder's logits and its per-layer key/value cache) flattened, as Module.to_graph
+    m = opsnn.models.llama(layers=2, hidden=32, heads=2, kv_heads=1, vocab=50)
+    ids = rng.integers(0, 50, (1, 6)).astype(np.int64)
+    cg = opsnn.compile(m, [ids])
+    assert cg.input_names == ["input_ids"]
+    assert "model.embed_tokens.weight" in cg.graph.initializers
+    logits, past = m(opsnn.tensor(ids))
+    want = [logits] + [t for kv in past for t in kv]
+    got = cg.run([ids])
+    assert len(got) == len(want) == 5
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-4, atol=1e-5)
+    lin = opsnn.nn.Linear(8, 3)  # a dynamic dim may be named by the argument's name
+    cg = opsnn.compile(lin, [np.zeros((2, 8), np.float32)], dynamic_dims={"x": {0: "batch"}})
+    x = rng.standard_normal((5, 8)).astype(np.float32)
+    np.testing.assert_allclose(cg.run([x])[0].numpy(), lin(opsnn.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_symbolic_shape_inference_view():
     g = Graph("s", inputs=[Value("x", np.float32, ("N", 3, "H", "W"))], outputs=["y"],
               initializers={"w": np.ones((8, 3, 3, 3), np.float32)},

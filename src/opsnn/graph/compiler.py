@@ -595,12 +595,17 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
     from .tracing import trace
 
     context()
+    from ..nn.module import Module
+
     if isinstance(model, Graph):
         graph = model
     elif callable(model):
         if example_inputs is None:
             raise ParamInvalidError("compile: a function needs example_inputs to be traced")
-        graph = trace(model, example_inputs, dynamic_dims)
+        # a Module traces as Module.to_graph does: inputs named after forward's arguments, weights
+        # after their state_dict keys, nested outputs (a decoder's logits and cache) flattened
+        graph = (model.to_graph(example_inputs, dynamic_dims) if isinstance(model, Module)
+                 else trace(model, example_inputs, dynamic_dims))
     else:
         from .. import onnx as _onnx
 
