@@ -234,32 +234,42 @@ def test_batched_stage_never_waits_for_a_batch_to_fill(no_leak):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_batched_stage_failure_fails_the_frames_of_its_call(no_leak, workers):
+def test_batched_stage_failure_names_the_frame_that_raised(no_leak, workers):
+    # a batch holding the bad frame fails; its frames run again one per call, so the frames
+    # before the bad one finish and the error names the bad one, as without batching
     n, bad = 30, 11
     pool_base = opsnn.memory.current_bytes()
+    sizes = []
 
     def work(items):
+        sizes.append(len(items))
         if any(int(a[0]) == bad for a in items):
             raise ValueError("boom")
         time.sleep(0.002)
         return [ops.add(opsnn.tensor(a), 1.0).numpy().copy() for a in items]
     base = _threads()
     pipe = Pipeline([Stage("decode", lambda i: np.full(4, i, np.float32), uses_ops=False),
-                     Stage("work", work, max_batch=2, workers=workers)], queue_size=4)
+                     Stage("work", work, max_batch=3, workers=workers)], queue_size=6)
     with pytest.raises(StageError) as ei:
         pipe.run(range(n))
     err, res = ei.value, ei.value.result
-    first = min(res.failed)
-    assert err.stage == "work" and err.frame == first and isinstance(err.cause, ValueError)
-    assert bad in res.failed and set(res.failed.values()) == {"work"}
-    assert len(res.failed) <= 2 and max(res.failed) - first < 2      # one call's frames, at most max_batch
-    assert res.completed == list(range(first))                       # frames before the failure finished
-    assert [int(o[0]) for o in res.outputs] == [i + 1 for i in range(first)]
-    assert sorted(res.completed + list(res.failed) + res.not_processed) == list(range(n))
+    assert (err.stage, err.frame) == ("work", bad) and isinstance(err.cause, ValueError)
+    assert res.failed == {bad: "work"} and res.completed == list(range(bad))
+    assert [int(o[0]) for o in res.outputs] == [i + 1 for i in range(bad)]
+    assert res.not_processed == list(range(bad + 1, n))
+    assert max(sizes) > 1  # batches did form
     del err, res, ei
     assert _threads() == base
     gc.collect()
     assert opsnn.memory.current_bytes() == pool_base
+    # a batch that fails while each of its frames passes alone: the frames' own outputs
+    def only_alone(items):
+        if len(items) > 1:
+            raise MemoryError("batch too large")
+        return [items[0] * 2]
+    res = Pipeline([Stage("decode", lambda i: i, uses_ops=False), Stage("work", only_alone, uses_ops=False,
+                                                                         max_batch=4)], queue_size=4).run(range(20))
+    assert res.outputs == [2 * i for i in range(20)] and not res.failed
 
 
 def test_batched_stage_must_return_one_output_per_frame(no_leak):
@@ -277,9 +287,10 @@ def test_batched_stage_must_return_one_output_per_frame(no_leak):
 
 
 # -- failures ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("batch", [None, 3])
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("where", ["decode", "pre", "infer", "post"])
-def test_crashed_stage_surfaces_typed_error_and_cleans_up(no_leak, where, workers):
+def test_crashed_stage_surfaces_typed_error_and_cleans_up(no_leak, where, workers, batch):
     n, bad = 20, 7
     pool_base = opsnn.memory.current_bytes()
 
@@ -291,7 +302,9 @@ def test_crashed_stage_surfaces_typed_error_and_cleans_up(no_leak, where, worker
             if isinstance(x, int):
                 return np.full(1024, x, np.float32)
             return ops.add(opsnn.tensor(x), 0.0).numpy().copy() if uses_ops else x
-        return Stage(name, fn, uses_ops=uses_ops, workers=workers)
+        if batch is None or name == "decode":
+            return Stage(name, fn, uses_ops=uses_ops, workers=workers)
+        return Stage(name, lambda xs: [fn(x) for x in xs], uses_ops=uses_ops, workers=workers, max_batch=batch)
     base = _threads()
     pipe = Pipeline([stage("decode", False), stage("pre"), stage("infer"), stage("post")], queue_size=2)
     with pytest.raises(StageError) as ei:

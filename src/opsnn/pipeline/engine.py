@@ -64,8 +64,9 @@ class Stage:
     of payloads and return a list of as many outputs: each call gets the frame it waited for
     plus those already queued behind it, at most ``k`` in all (it never waits for a batch to
     fill, so a starved stage still runs frame by frame). For a stage whose cost per call falls
-    with the batch (a model's weights read once for several frames). A failing call fails each
-    of its frames. Run sequentially, ``fn`` gets one-item lists.
+    with the batch (a model's weights read once for several frames). When a batch raises, its
+    frames run again one per call, so the failure is the frame's that raises (as unbatched).
+    Run sequentially, ``fn`` gets one-item lists.
     """
 
     name: str
@@ -446,6 +447,28 @@ class _Run:
             return outs
         return _apply(stage, payloads)
 
+    def _process(self, pos: int, stage: Stage, stream, live: list) -> list:
+        """The outputs of one call over ``live`` ((frame, payload) pairs), in order. When a
+        batch fails, its frames run again one per call, so the error names the frame that
+        raised it: the frames before it keep their outputs, those after it go unprocessed (a
+        batch that fails while each of its frames passes alone gives those outputs)."""
+        try:
+            return self._call(stage, stream, [p for _, p in live])
+        except BaseException as exc:  # noqa: BLE001 - surfaces as StageError in the caller
+            exc = _settle(stream, exc)
+            if len(live) == 1:
+                self._fail(pos, live[0][0], exc)
+                return []
+        exc = None
+        outs = []
+        for idx, payload in live:
+            try:
+                outs += self._call(stage, stream, [payload])
+            except BaseException as exc:  # noqa: BLE001 - as above
+                self._fail(pos, idx, _settle(stream, exc))
+                break
+        return outs
+
     def _stage_loop(self, pos: int, wid: int) -> None:
         stage = self.pipe.stages[pos]
         stats = self.result.stages[pos]
@@ -492,18 +515,9 @@ class _Run:
                     else:
                         live.append((idx, payload))
                 items = payload = None
-                outs = []
-                if live:
-                    try:
-                        outs = self._call(stage, stream, [p for _, p in live])
-                    except BaseException as exc:  # noqa: BLE001 - surfaces as StageError in the caller
-                        outs = []
-                        exc = _settle(stream, exc)
-                        for idx, _ in live:
-                            self._fail(pos, idx, exc)
-                    else:
-                        busy += time.perf_counter() - t1
-                        frames += len(live)
+                outs = self._process(pos, stage, stream, live) if live else []
+                busy += time.perf_counter() - t1
+                frames += len(outs)
                 t2 = time.perf_counter()
                 if turn is not None:
                     turn.wait(ticket)
