@@ -202,6 +202,19 @@ def test_bert_to_graph_compiles(rng):
     out = list(out.values()) if isinstance(out, dict) else list(out)
     seq, pooled = m(ids, mask, tt)
     assert rel(out[0].numpy(), seq.numpy()) < RTOL and rel(out[1].numpy(), pooled.numpy()) < RTOL
+    # traced with a dynamic batch and sequence length, it runs at other lengths (the position ids
+    # it reads are sliced by the input's length, not the example's)
+    dyn = {"input_ids": {0: "b", 1: "s"}, "attention_mask": {0: "b", 1: "s"}, "token_type_ids": {0: "b", 1: "s"}}
+    cg = opsnn.compile(m.to_graph([ids, mask, tt], dynamic_dims=dyn))
+    for b, s in ((1, 5), (3, 11)):
+        ids2, tt2 = rng.integers(0, 200, (b, s)).astype(np.int64), rng.integers(0, 2, (b, s)).astype(np.int64)
+        mask2 = np.ones((b, s), np.int64)
+        mask2[0, s - 2:] = 0
+        out = cg.run([ids2, mask2, tt2])
+        out = list(out.values()) if isinstance(out, dict) else list(out)
+        seq, pooled = m(ids2, mask2, tt2)
+        assert out[0].shape == (b, s, 128)
+        assert rel(out[0].numpy(), seq.numpy()) < RTOL and rel(out[1].numpy(), pooled.numpy()) < RTOL
 
 
 # -- LLaMA -----------------------------------------------------------------------------------------------------------
@@ -337,6 +350,11 @@ def test_to_graph_llama_and_unet(rng):
     out = opsnn.compile(g).run([ids])
     out = list(out.values()) if isinstance(out, dict) else list(out)
     assert rel(out[0].numpy(), lm(ids)[0].numpy()) < RTOL
+    # traced with a dynamic batch and length: the default positions (0..S-1) follow the input
+    cg = opsnn.compile(lm, [ids], dynamic_dims={"input_ids": {0: "b", 1: "s"}})
+    for b, s in ((2, 9), (1, 3)):
+        ids2 = rng.integers(0, 120, (b, s)).astype(np.int64)
+        assert rel(cg.run([ids2])[0].numpy(), lm(ids2)[0].numpy()) < RTOL
     blk = unet_block(in_channels=16, out_channels=32, context_dim=8, heads=2, groups=4, seed=0)
     x, c = rng.standard_normal((2, 16, 4, 4)).astype(np.float32), rng.standard_normal((2, 3, 8)).astype(np.float32)
     cg = opsnn.compile(blk.to_graph([x, c], dynamic_dims={"x": {0: "b"}, "context": {0: "b", 1: "l"}}))
@@ -344,3 +362,9 @@ def test_to_graph_llama_and_unet(rng):
     out = cg.run([x3, c3])
     out = list(out.values()) if isinstance(out, dict) else list(out)
     assert rel(out[0].numpy(), blk(x3, c3).numpy()) < RTOL
+    # ... and with a dynamic image size (the attention's tokens are reshaped back by x's own size)
+    cg = opsnn.compile(blk, [x, c], dynamic_dims={"x": {0: "b", 2: "h", 3: "w"}, "context": {0: "b"}})
+    x5 = rng.standard_normal((2, 16, 6, 5)).astype(np.float32)
+    out = cg.run([x5, c])
+    out = list(out.values()) if isinstance(out, dict) else list(out)
+    assert out[0].shape == (2, 32, 6, 5) and rel(out[0].numpy(), blk(x5, c).numpy()) < RTOL

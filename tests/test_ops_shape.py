@@ -99,6 +99,21 @@ def test_flatten_squeeze_unsqueeze_identity(rng, no_leak):
     same(ops.flatten(x, 1, 2), x.reshape(2, 3, 1))
     z = np.zeros((2, 0, 3), np.float32)  # zero-size: the merged dim cannot be inferred, it is spelled out
     assert ops.flatten(z, 1).shape == (2, 0) and ops.flatten(z, 0, 1).shape == (0, 3)
+    # shape(): the dims as an int64 tensor; a slice's ends or a reshape's target taken from it are
+    # recorded when tracing, so the compiled graph follows the sizes it is run with
+    same(ops.shape(x), np.array([2, 1, 3, 1], np.int64))
+    same(ops.shape(x, 1, 3), np.array([1, 3], np.int64))
+    same(ops.shape(x, -2), np.array([3, 1], np.int64))
+    table = opsnn.tensor(np.arange(40, dtype=np.float32).reshape(20, 2))
+
+    def head_rows(v, w):  # the first len(v) rows of table, shaped like w
+        return ops.reshape(ops.slice(table, [0], ops.shape(v, 0, 1), axes=[0]), ops.shape(w))
+    cg = opsnn.compile(head_rows, [np.zeros(3, np.float32), np.zeros((3, 2), np.float32)],
+                       dynamic_dims={0: {0: "n"}, 1: {0: "p", 1: "q"}})
+    assert [n.op_type for n in cg.graph.nodes if n.op_type == "Shape"] == ["Shape", "Shape"]
+    got = cg.run([np.zeros(6, np.float32), np.zeros((4, 3), np.float32)])[0]
+    same(got, np.arange(12, dtype=np.float32).reshape(4, 3))
+    assert cg.mode == "compiled"  # the shapes fold when each plan is made: no interpreter
     # traced with a dynamic batch, flatten(x, 1) flattens the batch it is run with (not the example's)
     cg = opsnn.compile(lambda v: ops.flatten(v, 1), [x], dynamic_dims={0: {0: "batch"}})
     y = rand(rng, (5, 1, 3, 1))

@@ -109,7 +109,7 @@ class BertEmbeddings(nn.Module):
                                         f"{tti.shape}")
             tt = self.token_type_embeddings(tti)
         h = ops.add(h, tt)
-        pos = ops.slice(self.position_ids, [0], [S], axes=[1])
+        pos = ops.slice(self.position_ids, [0], ops.shape(ids, 1, 2), axes=[1])  # traced: follows ids' length
         h = ops.add(h, ops.embedding(pos, self.position_embeddings.weight))
         return self.dropout(self.LayerNorm(h))
 

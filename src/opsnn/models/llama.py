@@ -203,9 +203,14 @@ class LlamaForCausalLM(nn.Module):
         past = None if past_key_values is None else [(as_tensor(k), as_tensor(v)) for k, v in past_key_values]
         P = 0 if past is None else self._check_past(past, B)
         if position_ids is None:
-            off = P if position_offset is None else int(position_offset)
-            pos = np.broadcast_to(np.arange(off, off + S, dtype=np.int64), (B, S)).copy()
-            position_ids = as_tensor(pos)
+            # off + (0, 1, ..., S - 1) on every row, computed from ids (and the cache's length) by
+            # ops, so a traced graph follows the batch, length and past it is run with
+            if position_offset is not None:
+                off = int(position_offset)
+            else:
+                off = 0 if past is None else ops.shape(past[0][0], 2, 3)
+            ones = ops.add(ops.mul(ids, 0), 1)
+            position_ids = ops.add(ops.sub(ops.cumsum(ones, 1), 1), off)
         else:
             position_ids = as_tensor(position_ids)
             if tuple(position_ids.shape) != (B, S) or position_ids.dtype.kind not in "iu":

@@ -120,13 +120,14 @@ class Transformer2DModel(nn.Module):
         self.proj_out = nn.Linear(channels, channels)
 
     def forward(self, x, context):
-        _, C, H, W = x.shape
+        C = x.shape[1]
         h = reshape(ops.transpose(self.norm(x), (0, 2, 3, 1)), (0, -1, C))
         h = self.proj_in(h)
         for blk in self.transformer_blocks:
             h = blk(h, context)
         h = self.proj_out(h)
-        h = ops.transpose(reshape(h, (0, H, W, C)), (0, 3, 1, 2))
+        nhwc = ops.gather(ops.shape(x), [0, 2, 3, 1])  # x's (N, H, W, C), traced: follows the input's size
+        h = ops.transpose(ops.reshape(h, nhwc), (0, 3, 1, 2))
         return ops.add(h, x)
 
 

@@ -97,6 +97,12 @@ def _i64(values) -> Tensor:
     return Tensor(np.asarray(values, dtype=np.int64).reshape(-1))
 
 
+def _i64_or_tensor(values) -> Tensor:
+    """``values`` as an int64 vector; a Tensor (e.g. from :func:`shape`) is passed on as it is, so
+    a traced graph computes it (from the input's shape) instead of holding the example's value."""
+    return values if isinstance(values, Tensor) else _i64(values)
+
+
 # ---------------------------------------------------------------------------------------------
 # Reshape
 # ---------------------------------------------------------------------------------------------
@@ -1832,8 +1838,9 @@ def _shape_of(x):
 @api("reshape", "Reshape")
 def reshape(x, shape):
     """A reshaped copy like torch.reshape (one -1 is inferred, 0 is a zero-size dim).
-    ``opsnn.ops.reshape(x, (2, -1))``."""
-    return [x, _i64(shape)], {"allowzero": 1}
+    ``opsnn.ops.reshape(x, (2, -1))``; ``shape`` may be an int64 Tensor (e.g. built from
+    :func:`shape` of another tensor, so a traced graph follows that tensor's sizes)."""
+    return [x, _i64_or_tensor(shape)], {"allowzero": 1}
 
 
 @api("transpose", "Transpose")
@@ -1881,11 +1888,25 @@ def split(x, split_size_or_sections, dim=0):
 
 def slice_(x, starts, ends, axes=None, steps=None):
     """ONNX Slice: ``slice(x, [1], [-1], axes=[0], steps=[2])`` (clamped; negative steps allowed)."""
-    return [x, _i64(starts), _i64(ends), None if axes is None else _i64(axes),
-            None if steps is None else _i64(steps)], {}
+    return [x, _i64_or_tensor(starts), _i64_or_tensor(ends), None if axes is None else _i64(axes),
+            None if steps is None else _i64_or_tensor(steps)], {}
 
 
 slice_ = api("slice", "Slice")(slice_)
+
+
+@api("shape", "Shape")
+def shape(x, start=0, end=None):
+    """``x``'s shape (dims ``start`` to ``end``) as an int64 tensor, like ONNX Shape. Unlike
+    ``x.shape`` it is recorded when tracing, so sizes computed from it (a Slice's ends, a Reshape's
+    target) follow the input a compiled graph is run with::
+
+        pos = ops.slice(position_ids, [0], ops.shape(ids, 1, 2), axes=[1])   # the first seq ids
+    """
+    attrs = {"start": int(start)}
+    if end is not None:
+        attrs["end"] = int(end)
+    return [x], attrs
 
 
 @api("gather", "Gather")
@@ -2214,8 +2235,8 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["reshape", "transpose", "permute", "concat", "split", "slice", "gather", "index_select", "embedding",
-           "pad", "flatten", "squeeze", "unsqueeze", "expand", "tile", "identity", "gather_elements", "gather_nd",
-           "scatter_elements", "scatter_nd", "depth_to_space", "pixel_shuffle", "space_to_depth", "pixel_unshuffle",
-           "arange", "constant_of_shape", "eye_like", "triu", "tril", "one_hot", "nonzero", "topk", "unique",
-           "compress", "reverse_sequence", "dropout", "center_crop_pad", "col2im", "resize", "interpolate"]
+__all__ = ["reshape", "transpose", "permute", "concat", "split", "slice", "shape", "gather", "index_select",
+           "embedding", "pad", "flatten", "squeeze", "unsqueeze", "expand", "tile", "identity", "gather_elements",
+           "gather_nd", "scatter_elements", "scatter_nd", "depth_to_space", "pixel_shuffle", "space_to_depth",
+           "pixel_unshuffle", "arange", "constant_of_shape", "eye_like", "triu", "tril", "one_hot", "nonzero", "topk",
+           "unique", "compress", "reverse_sequence", "dropout", "center_crop_pad", "col2im", "resize", "interpolate"]
