@@ -459,7 +459,6 @@ class _Run:
             if len(live) == 1:
                 self._fail(pos, live[0][0], exc)
                 return []
-        exc = None
         outs = []
         for idx, payload in live:
             try:
