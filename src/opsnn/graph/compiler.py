@@ -577,8 +577,8 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
             cache_dir: str | None = None) -> CompiledGraph:
     """Compile a Graph, an ONNX model (path or ModelProto) or a Python function of tensors.
 
-    ``example_inputs`` and ``dynamic_dims`` (``{arg: {dim: "name"}}``) are for functions,
-    which are traced. ``static_shapes``: a list of ``{input: shape}`` to plan ahead of time.
+    ``example_inputs`` and ``dynamic_dims`` (``{arg: {dim: "name"}}``) are for functions and
+    ``opsnn.nn`` modules, which are traced (a module as :meth:`Module.to_graph` does). ``static_shapes``: a list of ``{input: shape}`` to plan ahead of time.
     ``cache_dir`` (or ``$OPSNN_CACHE_DIR``): reuse a graph optimized and planned by an earlier
     process (keyed by the graph's hash); ``cg.persist()`` writes it.
 
