@@ -578,7 +578,8 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
     """Compile a Graph, an ONNX model (path or ModelProto) or a Python function of tensors.
 
     ``example_inputs`` and ``dynamic_dims`` (``{arg: {dim: "name"}}``) are for functions and
-    ``opsnn.nn`` modules, which are traced (a module as :meth:`Module.to_graph` does). ``static_shapes``: a list of ``{input: shape}`` to plan ahead of time.
+    ``opsnn.nn`` modules, which are traced (a module as :meth:`Module.to_graph` does).
+    ``static_shapes``: a list of ``{input: shape}`` to plan ahead of time.
     ``cache_dir`` (or ``$OPSNN_CACHE_DIR``): reuse a graph optimized and planned by an earlier
     process (keyed by the graph's hash); ``cg.persist()`` writes it.
 
@@ -590,13 +591,12 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
     """
     import copy
 
+    from ..nn.module import Module
     from ..runtime.context import context
     from .passes import optimize
     from .tracing import trace
 
     context()
-    from ..nn.module import Module
-
     if isinstance(model, Graph):
         graph = model
     elif callable(model):

@@ -101,6 +101,17 @@ def _apply(stage: Stage, payloads: list) -> list:
     return outs
 
 
+def _call(stage: Stage, stream, payloads: list) -> list:
+    """``stage.fn`` over the payloads of one call (one, or a batch), on ``stream`` when given
+    (waiting for its kernels, so their errors are this call's)."""
+    if stream is None:
+        return _apply(stage, payloads)
+    with stream:
+        outs = _apply(stage, payloads)
+    stream.synchronize()
+    return outs
+
+
 @dataclass
 class StageStats:
     """Where one stage's time went: ``busy_s`` running ``fn`` (and its kernels), ``wait_in_s``
@@ -258,12 +269,7 @@ class Pipeline:
             for pos, stage in enumerate(self.stages):
                 t1 = time.perf_counter()
                 try:
-                    if stage.uses_ops:
-                        with stream:
-                            payload = _apply(stage, [payload])[0]
-                        stream.synchronize()
-                    else:
-                        payload = _apply(stage, [payload])[0]
+                    payload = _call(stage, stream if stage.uses_ops else None, [payload])[0]
                 except Exception as exc:  # noqa: BLE001 - reported as StageError
                     failure = (pos, idx, _settle(stream if stage.uses_ops else None, exc))
                     payload = None
@@ -438,22 +444,13 @@ class _Run:
             items.append(item)
         return items, False
 
-    def _call(self, stage: Stage, stream, payloads: list) -> list:
-        """``stage.fn`` over the payloads of one call (one, or a batch), on ``stream``."""
-        if stream is not None:
-            with stream:
-                outs = _apply(stage, payloads)
-            stream.synchronize()
-            return outs
-        return _apply(stage, payloads)
-
     def _process(self, pos: int, stage: Stage, stream, live: list) -> list:
         """The outputs of one call over ``live`` ((frame, payload) pairs), in order. When a
         batch fails, its frames run again one per call, so the error names the frame that
         raised it: the frames before it keep their outputs, those after it go unprocessed (a
         batch that fails while each of its frames passes alone gives those outputs)."""
         try:
-            return self._call(stage, stream, [p for _, p in live])
+            return _call(stage, stream, [p for _, p in live])
         except BaseException as exc:  # noqa: BLE001 - surfaces as StageError in the caller
             exc = _settle(stream, exc)
             if len(live) == 1:
@@ -462,7 +459,7 @@ class _Run:
         outs = []
         for idx, payload in live:
             try:
-                outs += self._call(stage, stream, [payload])
+                outs += _call(stage, stream, [payload])
             except BaseException as exc:  # noqa: BLE001 - as above
                 self._fail(pos, idx, _settle(stream, exc))
                 break

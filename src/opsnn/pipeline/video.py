@@ -154,9 +154,8 @@ def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int =
     batches = [np.zeros((k,) + tuple(x0.shape[1:]), np.float32) for k in range(2, infer_batch + 1)]
     logits0 = cg.run([x0])[0]
     models = queue.SimpleQueue()  # the compiled copies free to run a frame
-    for w in range(infer_workers):
-        copy = cg if w == 0 else cg.replica()
-        for xb in ([] if w == 0 else [x0]) + batches:
+    for copy in [cg] + [cg.replica() for _ in range(infer_workers - 1)]:
+        for xb in [x0] + batches:  # a plan for every batch size
             try:
                 copy.run([xb])
             except ParamInvalidError as exc:
@@ -185,7 +184,7 @@ def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int =
             current_stream().synchronize()  # m's buffers are free once its kernels are done
         finally:
             models.put(m)
-        return [y] if len(xs) == 1 else [y[i:i + 1] for i in range(len(xs))]
+        return [y[i:i + 1] for i in range(len(xs))]
 
     def postprocess(logits):
         probs = ops.softmax(logits, dim=-1)
