@@ -318,9 +318,11 @@ def test_exception_in_serving_thread_leaks_no_thread_or_slot(lm, rng, no_leak, m
         return real(tokens, slots, starts, **kw)
 
     monkeypatch.setattr(s.decoder, "forward", flaky)
+    # queued before the serving thread starts, so all three share the first decode step (submitted
+    # after, a loaded machine could let the first request finish alone before the others arrive)
+    reqs = [s.submit(p, 6) for p in prompts(rng, [3, 5, 2])]
     s.start()
     assert s.serving
-    reqs = [s.submit(p, 6) for p in prompts(rng, [3, 5, 2])]
     for r in reqs:
         assert r.wait(30)
     assert calls.get("failed")
