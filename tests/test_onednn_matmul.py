@@ -190,3 +190,56 @@ def test_gemm_on_onednn_matches_the_gemm_reference(rng, dtype, trans_b, c_shape,
             continue
         p2 = plan_op(rec, metas, [None, b] + [None] * (len(ins) - 2), dict(attrs, **bad))
         assert why in str(k.check(p2.ctx)) and p2.selection.kernel.name != "gemm_onednn"
+
+
+@needs_onednn
+def test_one_primitive_run_from_two_threads_at_once_gives_each_its_own_result(rng):
+    """oneDNN's own (library) scratchpad is one buffer per primitive: two threads running the same
+    primitive overwrote each other's partial sums (wt_matmul: ~180 of 200 products wrong in each
+    thread). opsnn passes each thread's own scratchpad, so concurrent runs are independent."""
+    import threading
+
+    w = rng.standard_normal((512, 768)).astype(np.float32)
+    wt = KD.wt_matmul(64, 768, 512)
+    assert wt._scratch > 0  # the case that raced: a primitive that needs a scratchpad
+    u = rng.standard_normal((36, 64, 64)).astype(np.float32)
+    batched = KD.BatchMatMulPrimitive(98, u, transposed=True)
+    wc = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    conv = KD.ConvPrimitive((1, 16, 20, 20), wc, (1, 32, 20, 20), (1, 1), (1, 1, 1, 1), (1, 1), block=KD.block(),
+                            src_blocked=True, has_bias=False, residual=False, act=0)
+    from opsnn.kernels.cpu import blocked as KB
+
+    def case(i):
+        x = rng.standard_normal((64, 768)).astype(np.float32)
+        a = rng.standard_normal((36, 98, 64)).astype(np.float32)
+        xc = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
+        ref_c = np.zeros((1, 32, 20, 20))
+        xp = np.pad(xc.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+        for dy in range(3):
+            for dx in range(3):
+                ref_c += np.einsum("nchw,oc->nohw", xp[:, :, dy:dy + 20, dx:dx + 20], wc[:, :, dy, dx])
+        return (x, x.astype(np.float64) @ w.T.astype(np.float64), a, a @ u.transpose(0, 2, 1), xc,
+                KB.blocked_reference(ref_c.astype(np.float32), KD.block()))
+
+    cases = [case(i) for i in range(2)]
+    wrong = [0, 0]
+
+    def work(i):
+        x, ref, a, ref_b, xc, ref_c = cases[i]
+        xb = KB.blocked_reference(xc, KD.block())
+        y, yb, yc = np.empty((64, 512), np.float32), np.empty((36, 98, 64), np.float32), np.empty(ref_c.shape,
+                                                                                              np.float32)
+        for _ in range(60):
+            wt.run(x.ctypes.data, w.ctypes.data, y.ctypes.data)
+            batched(a, yb)
+            conv(xb, None, None, yc)
+            wrong[i] += (not np.allclose(y, ref, rtol=1e-4, atol=1e-3)) + (not np.allclose(yb, ref_b, atol=1e-3)) \
+                + (not np.allclose(yc, ref_c, atol=1e-3))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not conv.impl.startswith("ref")
+    assert wrong == [0, 0]

@@ -65,7 +65,10 @@ _POOL_MAX = 511
 _BINARY_ADD = 0x1fff0
 _ARG_SRC, _ARG_SRC_1, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS = 1, 2, 17, 33, 41
 _ARG_POST_OP_BASE = 1 << 15
+_ARG_SCRATCHPAD = 80
 _QUERY_IMPL_INFO, _QUERY_SRC_MD, _QUERY_WEIGHTS_MD, _QUERY_DST_MD = 8, 129, 131, 133
+_QUERY_SCRATCHPAD_MD = 136
+_SCRATCHPAD_USER = 1
 _ENGINE_CPU, _STREAM_IN_ORDER = 1, 1
 #: opsnn's epilogue activation codes (kernels.cpu.fused.ACTIVATIONS) -> oneDNN eltwise algorithms
 _ELTWISE = {1: 32, 2: 41, 3: 33, 4: 49, 5: 43, 6: 44, 7: 32, 8: 46}
@@ -123,6 +126,7 @@ def _load() -> None:
         lib.dnnl_memory_set_data_handle.argtypes = [_vp, _vp]
         lib.dnnl_primitive_execute.argtypes = [_vp, _vp, C.c_int, _vp]
         lib.dnnl_stream_wait.argtypes = [_vp]
+        lib.dnnl_primitive_attr_set_scratchpad_mode.argtypes = [_vp, C.c_int]
         lib.dnnl_get_effective_cpu_isa.restype = C.c_int
         _isa = isa = int(lib.dnnl_get_effective_cpu_isa())
         if isa & _ISA_AVX512 == _ISA_AVX512:
@@ -236,6 +240,20 @@ def _stream():
     return s
 
 
+def _scratchpad(nbytes: int) -> int:
+    """The address of this thread's scratchpad, at least ``nbytes``, 64-byte aligned. Primitives are
+    built with a user-managed scratchpad: with oneDNN's own (library) one, each primitive keeps a
+    single buffer, and two threads running the same primitive at once (the LLaMA decoder's shared
+    ``wt_matmul`` primitives, a kernel called eagerly from two threads) overwrite each other's
+    partial results: 159 of 300 batched matmuls wrong in a two-thread test. A thread runs one
+    primitive at a time, so all of a thread's primitives share its buffer (grown when needed)."""
+    buf = getattr(_local, "scratch", None)
+    if buf is None or buf[1] < nbytes:
+        raw = np.empty(nbytes + 64, np.uint8)
+        buf = _local.scratch = (raw, nbytes, raw.ctypes.data + (-raw.ctypes.data % 64))
+    return buf[2]
+
+
 def _dt_code(dtype) -> int:
     """oneDNN's data type for a numpy dtype: float32 or bfloat16 (ml_dtypes)."""
     d = np.dtype(dtype)
@@ -274,6 +292,12 @@ class Primitive:
         self._pd = pd
         self._prim = _vp()
         _check(_lib.dnnl_primitive_create(C.byref(self._prim), pd), "primitive creation")
+        # the scratchpad is the caller's (every attribute asks for _SCRATCHPAD_USER): one buffer per
+        # thread, passed at each run, so threads can run the same primitive at once
+        sp = _vp(_lib.dnnl_primitive_desc_query_md(pd, _QUERY_SCRATCHPAD_MD, 0))  # owned by pd
+        self._scratch = int(_lib.dnnl_memory_desc_get_size(sp)) if sp else 0
+        if self._scratch:
+            args = list(args) + [(_ARG_SCRATCHPAD, sp)]
         self._args = args          # (argument id, memory descriptor handle) in run()'s order
         self._keep = list(keep)    # descriptors and buffers the handles point into
         self._mems = threading.local()
@@ -288,6 +312,8 @@ class Primitive:
         return m
 
     def run(self, *ptrs: int) -> None:
+        if self._scratch:
+            ptrs += (_scratchpad(self._scratch),)
         m = self._memories()
         mems, arr = m.handles, m.args
         if ptrs != m.bound:
@@ -332,9 +358,17 @@ class _Memories:
                 _lib.dnnl_memory_destroy(h)
 
 
-def _attr_with(post_ops: list[tuple]) -> tuple:
+def _new_attr():
+    """A primitive attribute with a user-managed scratchpad (see :func:`_scratchpad`); the caller
+    destroys it once the descriptor is made."""
     attr = _vp()
     _check(_lib.dnnl_primitive_attr_create(C.byref(attr)), "attribute creation")
+    _check(_lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_USER), "scratchpad mode")
+    return attr
+
+
+def _attr_with(post_ops: list[tuple]):
+    attr = _new_attr()
     po = _vp()
     _check(_lib.dnnl_post_ops_create(C.byref(po)), "post-op creation")
     for op in post_ops:
@@ -363,9 +397,10 @@ def _eltwise(code: int, alpha: float, beta: float) -> tuple[int, float, float]:
 
 
 def _reorder(src_md, src: np.ndarray, dst_md, dst: np.ndarray) -> None:
-    rpd = _vp()
-    _check(_lib.dnnl_reorder_primitive_desc_create(C.byref(rpd), src_md, _engine, dst_md, _engine, None),
-           "reorder descriptor")
+    rpd, attr = _vp(), _new_attr()
+    status = _lib.dnnl_reorder_primitive_desc_create(C.byref(rpd), src_md, _engine, dst_md, _engine, attr)
+    _lib.dnnl_primitive_attr_destroy(attr)
+    _check(status, "reorder descriptor")
     Primitive(rpd, [(_ARG_SRC, src_md), (_ARG_DST, dst_md)]).run(src.ctypes.data, dst.ctypes.data)
 
 
@@ -537,11 +572,12 @@ class MaxPoolPrimitive:
         src = _Md(x_shape, tag, dtype)
         dst = _Md(y_shape, tag, dtype)
         pt, pl, pb, pr = pads
-        pd = _vp()
-        _check(_lib.dnnl_pooling_forward_primitive_desc_create(
+        pd, attr = _vp(), _new_attr()
+        status = _lib.dnnl_pooling_forward_primitive_desc_create(
             C.byref(pd), _engine, _FORWARD_INFERENCE, _POOL_MAX, src.h, dst.h, _Dims(*strides), _Dims(*kernel),
-            _Dims(0, 0), _Dims(pt, pl), _Dims(pb, pr), None),
-            f"max pooling descriptor (x {tuple(x_shape)}, y {tuple(y_shape)})")
+            _Dims(0, 0), _Dims(pt, pl), _Dims(pb, pr), attr)
+        _lib.dnnl_primitive_attr_destroy(attr)
+        _check(status, f"max pooling descriptor (x {tuple(x_shape)}, y {tuple(y_shape)})")
         self.prim = Primitive(pd, [(_ARG_SRC, src.h), (_ARG_DST, dst.h)], keep=(src, dst))
 
     @property
