@@ -254,6 +254,50 @@ def test_compiled_run_is_async_on_a_stream(rng):
         np.testing.assert_allclose(o.numpy(), ref, rtol=1e-4, atol=1e-5)
 
 
+def test_one_compiled_graph_run_from_two_threads_on_their_own_streams(rng):
+    """Each run waits for the plan's previous run on another stream (they share the arena). Two
+    threads launching at once both saw the same earlier run and skipped the wait: with the GIL
+    switching every microsecond, 5-15 of 6000 results came out wrong."""
+    import sys
+    import threading
+
+    from opsnn import nn
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(64, 256), nn.Linear(256, 64)
+
+        def forward(self, x):
+            return self.b(opsnn.ops.relu(self.a(x)))
+
+    xs = [rng.standard_normal((8, 64)).astype(np.float32) for _ in range(2)]
+    model = MLP()
+    cg = opsnn.compile(model, example_inputs=(xs[0],))
+    refs = [cg.run([x])[0].numpy().copy() for x in xs]  # one at a time: no race
+    for x, ref in zip(xs, refs):
+        np.testing.assert_allclose(ref, np.asarray(model(x).numpy()), rtol=1e-5, atol=1e-5)
+    wrong = [0, 0]
+
+    def work(i):
+        with opsnn.Stream():
+            for _ in range(3000):
+                y = cg.run([xs[i]])[0].numpy()
+                wrong[i] += not np.allclose(y, refs[i], rtol=1e-5, atol=1e-5)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert cg.plans_built == 1 and wrong == [0, 0]
+
+
 def test_kernel_errors_name_the_graph_node():
     if not opsnn.ops.has_op("Boom", "opsnn_test"):
         rec = opsnn.register_op("Boom", domain="opsnn_test", inputs=["X"], outputs=["Y"],

@@ -69,6 +69,10 @@ class Plan:
     input_steps: dict = field(default_factory=dict)   # graph input -> steps reading it
     last_run: tuple | None = None  # (stream, seq) of the latest launch (the arena is busy until then)
     build_ms: float = 0.0
+    # held from reading last_run to setting it: two threads launching the plan on their own streams
+    # would otherwise both see the same earlier run, neither wait for the other, and share the arena
+    # at once (a two-thread test got 18 of 6000 results wrong)
+    launch_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 #: ops whose output is their first input's bytes under another shape (C order): planned as a
@@ -500,33 +504,34 @@ class CompiledGraph:
             p = t._producer
             if p is not None and p[0] is not stream:
                 stream.wait_stream_seq(*p)
-        if plan.last_run is not None and plan.last_run[0] is not stream:
-            stream.wait_stream_seq(*plan.last_run)  # the arena is still in use by a run on another stream
-        tasks = []
-        for st in plan.steps:
-            task = st.task
-            if task is None:
-                ins = [env[n]._array if n else None for n in st.inputs]
-                outs = [env[n]._array for n in st.outputs if n]
-                if st.executor._contig != [a is not None and not st.executor.kernel.strided
-                                           and not a.flags.c_contiguous for a in ins]:
-                    st.executor._contig = [a is not None and not st.executor.kernel.strided
-                                           and not a.flags.c_contiguous for a in ins]
-                task = _named(st.executor._task(ins, outs, st.workspace), st.node)
-            tasks.append((st, task))
-        if hooks.active:  # one launch per kernel so tools see each one
-            seq = 0
-            for st, task in tasks:
-                info = dict(st.executor._info, node=st.node.name,
-                            shapes=[None if not n else env[n].shape for n in st.inputs])
-                seq = stream.launch(task, st.node.op_type, info)
-        else:
-            def run_graph(tasks=tasks):
-                for _, task in tasks:
-                    task()
+        with plan.launch_lock:
+            if plan.last_run is not None and plan.last_run[0] is not stream:
+                stream.wait_stream_seq(*plan.last_run)  # the arena is still in use by a run on another stream
+            tasks = []
+            for st in plan.steps:
+                task = st.task
+                if task is None:
+                    ins = [env[n]._array if n else None for n in st.inputs]
+                    outs = [env[n]._array for n in st.outputs if n]
+                    if st.executor._contig != [a is not None and not st.executor.kernel.strided
+                                               and not a.flags.c_contiguous for a in ins]:
+                        st.executor._contig = [a is not None and not st.executor.kernel.strided
+                                               and not a.flags.c_contiguous for a in ins]
+                    task = _named(st.executor._task(ins, outs, st.workspace), st.node)
+                tasks.append((st, task))
+            if hooks.active:  # one launch per kernel so tools see each one
+                seq = 0
+                for st, task in tasks:
+                    info = dict(st.executor._info, node=st.node.name,
+                                shapes=[None if not n else env[n].shape for n in st.inputs])
+                    seq = stream.launch(task, st.node.op_type, info)
+            else:
+                def run_graph(tasks=tasks):
+                    for _, task in tasks:
+                        task()
 
-            seq = stream.launch(run_graph, f"graph:{self.graph.name}")
-        plan.last_run = (stream, seq)
+                seq = stream.launch(run_graph, f"graph:{self.graph.name}")
+            plan.last_run = (stream, seq)
         for t in outputs.values():
             if t._producer is None or t._producer[0] is stream:
                 t._producer = (stream, seq)
