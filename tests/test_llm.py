@@ -26,6 +26,31 @@ def prompts(rng, lengths):
 
 
 # -- the cached forward --------------------------------------------------------------------------------------
+def test_two_threads_generate_with_one_model_at_once(lm, rng):
+    """Each thread's generate() (its own cache and scheduler, the model's weights shared) gives the
+    tokens it gives alone and the no-cache oracle's. Both issue on the shared default stream: this
+    hung in synchronize() before its counters were made thread-safe."""
+    ps = prompts(rng, (5, 11))
+    want = [generate_no_cache(lm, p, max_new_tokens=12) for p in ps]
+    got, failures = [[], []], []
+
+    def work(i):
+        try:
+            for _ in range(3):
+                got[i].append(generate(lm, ps[i], max_new_tokens=12).tokens)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a generate() call hung"
+    assert not failures
+    assert got == [[want[0]] * 3, [want[1]] * 3]
+
+
 def test_decoder_logits_match_model_forward(lm, rng):
     """Prefill (whole and chunked) and batched decode over non-adjacent slots give the model's own logits."""
     cache = KVCache.for_model(lm, max_batch_slots=4, max_seq=32)

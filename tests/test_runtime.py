@@ -184,6 +184,46 @@ def test_kernel_error_on_default_stream_raises_immediately():
     assert run("Log", x).numpy().sum() == 3
 
 
+def test_threads_sharing_the_default_stream_neither_hang_nor_see_each_others_errors():
+    """The default stream runs work on the calling thread, and every thread shares it. Its counters
+    were updated without a lock: a thread finishing its (earlier) kernel after another's set the
+    completed count backwards, and synchronize() then waited forever (two threads generating with
+    one LLaMA model hung); a synchronize() waiting on the other thread's kernel must be woken when
+    it ends. A kernel error belongs to the thread that ran it."""
+    x = opsnn.tensor(np.arange(4096, dtype=np.float32) - 2048)
+    ref = np.maximum(x.numpy(), 0)
+    spin_x = opsnn.tensor(np.ones(20_000, np.float64))
+    run("Spin", spin_x, iters=1)  # compiled before the threads start
+    wrong, errors, finished = [0, 0], [0, 0], [False, False]
+
+    def work(i):
+        for k in range(400):
+            if i == 1 and k % 50 == 0:
+                try:
+                    run("Fail", x)
+                except KernelError:
+                    errors[i] += 1
+            if i == 1 and k % 4 == 0:
+                run("Spin", spin_x, iters=300)  # a longer kernel (GIL released) the other thread's sync sees
+            wrong[i] += not np.array_equal(opsnn.ops.relu(x).numpy(), ref)
+            opsnn.current_stream().synchronize()
+        finished[i] = True
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        sys.setswitchinterval(old)
+    assert finished == [True, True], "a thread hung in synchronize()"
+    assert wrong == [0, 0] and errors == [0, 8]
+    opsnn.current_stream().synchronize()  # nothing left over for this thread either
+
+
 def test_events_order_streams_and_time():
     s1, s2 = opsnn.Stream(), opsnn.Stream()
     x = opsnn.tensor(np.ones(10_000, np.float64))

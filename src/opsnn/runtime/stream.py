@@ -75,11 +75,14 @@ class Stream:
         if self._closed:
             raise OpsnnRuntimeError(f"{name}: stream {self.name} was closed by opsnn.finalize()")
         if self.inline:
-            self._submitted += 1
-            seq = self._submitted
-            self._run(seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args)
-            if self._failed:
-                self._raise_errors()
+            # every thread issues here, each running its own work: the counters move under the lock,
+            # and a kernel's error goes straight to the thread that ran it (not into the shared list)
+            with self._cv:
+                self._submitted += 1
+                seq = self._submitted
+            exc = self._run(seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args, keep=False)
+            if exc is not None:
+                raise self._error(name, exc)
             return seq
         with self._cv:
             self._submitted += 1
@@ -88,22 +91,32 @@ class Stream:
             self._cv.notify_all()
         return seq
 
-    def _run(self, seq, fn, name, info, t_queue, args) -> None:
+    def _run(self, seq, fn, name, info, t_queue, args, keep: bool = True) -> BaseException | None:
+        """Run one task; its exception is returned, and with ``keep`` also kept for synchronize."""
         profiling = hooks.active and hooks.listening("kernel")
         t0 = time.perf_counter() if profiling else 0.0
         prev = _threads.enter(self._limit)
+        failure = None
         try:
             fn(*args)
         except BaseException as exc:  # noqa: BLE001 - kept and re-raised at synchronize
-            self._errors.append((seq, name, exc))
-            self._failed[seq] = name
+            failure = exc
+            if keep:
+                self._errors.append((seq, name, exc))
+                self._failed[seq] = name
         finally:
             _threads.leave(prev)
         if profiling:
             t1 = time.perf_counter()
             hooks.emit("kernel", {"op": name, "stream": self.name, "queued": t_queue, "start": t0,
                                   "end": t1, **(info or {})})
-        self._completed = seq
+        if self.inline:
+            with self._cv:  # threads finish in any order: the count never goes back
+                self._completed = max(self._completed, seq)
+                self._cv.notify_all()  # a thread's synchronize() may be waiting on another's kernel
+        else:
+            self._completed = seq
+        return failure
 
     def _work(self) -> None:
         import numba
@@ -158,11 +171,16 @@ class Stream:
         errors, self._errors = self._errors, []
         self._failed.clear()
         seq, name, exc = errors[0]
+        raise self._error(name, exc, len(errors) - 1)
+
+    def _error(self, name: str, exc: BaseException, more: int = 0) -> BaseException:
+        """The exception to raise for a kernel's failure (``more``: later failures not shown)."""
         if isinstance(exc, (ParamInvalidError, InferShapeError)):
-            raise exc  # a data check inside a kernel (index out of range...): keep its typed error
-        more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
-        raise KernelError(f"{name}: kernel failed on stream {self.name}: {type(exc).__name__}: {exc}{more}",
-                          op=name) from exc
+            return exc  # a data check inside a kernel (index out of range...): keep its typed error
+        err = KernelError(f"{name}: kernel failed on stream {self.name}: {type(exc).__name__}: {exc}"
+                          + (f" (and {more} more errors)" if more else ""), op=name)
+        err.__cause__, err.__suppress_context__ = exc, True  # as `raise err from exc`
+        return err
 
     def wait_event(self, event: "Event") -> None:
         """Make later work on this stream wait until ``event`` completes."""
