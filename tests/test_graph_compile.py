@@ -301,6 +301,43 @@ def test_one_compiled_graph_run_from_two_threads(rng, own_streams):
     assert cg.plans_built == 1 and wrong == [0, 0]
 
 
+def test_threads_running_more_shapes_than_plans_kept(rng):
+    """Two threads cycling through 5 batch sizes with max_plans=2: one thread's run evicts a plan
+    the other just looked up. The lookup and its LRU bump were two steps, and the bump raised
+    KeyError for a plan evicted in between; an evicted plan still runs."""
+    import sys
+    import threading
+
+    w = rng.standard_normal((16, 16)).astype(np.float32)
+    g = Graph("m", inputs=[Value("x", np.float32, ("N", 16))], outputs=["y"], initializers={"w": w},
+              nodes=[Node("MatMul", ["x", "w"], ["h"]), Node("Relu", ["h"], ["y"])])
+    cg = opsnn.compile(g)
+    cg.max_plans = 2
+    xs = [rng.standard_normal((n, 16)).astype(np.float32) for n in range(1, 6)]
+    wrong, failures = [0, 0], []
+
+    def work(i):
+        try:
+            for k in range(2500):
+                x = xs[(k + i) % 5]
+                wrong[i] += not np.allclose(cg.run({"x": x})["y"].numpy(), np.maximum(x @ w, 0), atol=1e-4)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not failures and wrong == [0, 0]
+    assert cg.num_plans <= 2
+
+
 def test_kernel_errors_name_the_graph_node():
     if not opsnn.ops.has_op("Boom", "opsnn_test"):
         rec = opsnn.register_op("Boom", domain="opsnn_test", inputs=["X"], outputs=["Y"],

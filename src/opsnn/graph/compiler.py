@@ -140,7 +140,10 @@ class CompiledGraph:
         if self.mode == "interpreted":
             return self._run_interpreted(feeds, as_dict)
         key = tuple((name, t.shape, t.dtype.str) for name, t in feeds.items())
-        plan = self._plans.get(key)
+        with self._lock:  # another thread may be evicting this plan (an evicted plan still runs)
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
         if plan is None:
             try:
                 plan = self._build_plan(key, feeds)
@@ -148,8 +151,6 @@ class CompiledGraph:
                 self.mode, self.mode_reason = "interpreted", str(exc)
                 log.info("graph %s runs interpreted: %s", self.graph.name, exc)
                 return self._run_interpreted(feeds, as_dict)
-        else:
-            self._plans.move_to_end(key)
         outs = self._launch(plan, feeds, stream or current_stream())
         return outs if as_dict else [outs[n] for n in self.output_names]
 
