@@ -1,5 +1,9 @@
 """Graph engine: passes, rewrite rules, compiled plans (dynamic shapes, LRU, memory plan),
 tracing, symbolic shape inference, bad input."""
+import contextlib
+import sys
+import threading
+
 import numpy as np
 import pytest
 
@@ -254,16 +258,27 @@ def test_compiled_run_is_async_on_a_stream(rng):
         np.testing.assert_allclose(o.numpy(), ref, rtol=1e-4, atol=1e-5)
 
 
+def _in_two_threads(work):
+    """Run ``work(0)`` and ``work(1)`` at once with the GIL switching every microsecond, so that
+    races between the two show up."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+
+
 @pytest.mark.parametrize("own_streams", [True, False])
 def test_one_compiled_graph_run_from_two_threads(rng, own_streams):
     """Each run waits for the plan's previous run on another stream (they share the arena). Two
     threads launching at once both saw the same earlier run and skipped the wait: with the GIL
     switching every microsecond, 5-15 of 6000 results came out wrong; on the shared default stream
     (each thread running its call itself) about half were."""
-    import contextlib
-    import sys
-    import threading
-
     from opsnn import nn
 
     class MLP(nn.Module):
@@ -288,16 +303,7 @@ def test_one_compiled_graph_run_from_two_threads(rng, own_streams):
                 y = cg.run([xs[i]])[0].numpy()
                 wrong[i] += not np.allclose(y, refs[i], rtol=1e-5, atol=1e-5)
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    _in_two_threads(work)
     assert cg.plans_built == 1 and wrong == [0, 0]
 
 
@@ -305,9 +311,6 @@ def test_threads_running_more_shapes_than_plans_kept(rng):
     """Two threads cycling through 5 batch sizes with max_plans=2: one thread's run evicts a plan
     the other just looked up. The lookup and its LRU bump were two steps, and the bump raised
     KeyError for a plan evicted in between; an evicted plan still runs."""
-    import sys
-    import threading
-
     w = rng.standard_normal((16, 16)).astype(np.float32)
     g = Graph("m", inputs=[Value("x", np.float32, ("N", 16))], outputs=["y"], initializers={"w": w},
               nodes=[Node("MatMul", ["x", "w"], ["h"]), Node("Relu", ["h"], ["y"])])
@@ -324,16 +327,7 @@ def test_threads_running_more_shapes_than_plans_kept(rng):
         except Exception as exc:  # noqa: BLE001 - reported below
             failures.append(exc)
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    _in_two_threads(work)
     assert not failures and wrong == [0, 0]
     assert cg.num_plans <= 2
 
