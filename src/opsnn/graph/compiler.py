@@ -514,10 +514,8 @@ class CompiledGraph:
                 if task is None:
                     ins = [env[n]._array if n else None for n in st.inputs]
                     outs = [env[n]._array for n in st.outputs if n]
-                    if st.executor._contig != [a is not None and not st.executor.kernel.strided
-                                               and not a.flags.c_contiguous for a in ins]:
-                        st.executor._contig = [a is not None and not st.executor.kernel.strided
-                                               and not a.flags.c_contiguous for a in ins]
+                    st.executor._contig = [a is not None and not st.executor.kernel.strided
+                                           and not a.flags.c_contiguous for a in ins]
                     task = _named(st.executor._task(ins, outs, st.workspace), st.node)
                 tasks.append((st, task))
             if hooks.active:  # one launch per kernel so tools see each one

@@ -80,7 +80,7 @@ class Stream:
             with self._cv:
                 self._submitted += 1
                 seq = self._submitted
-            exc = self._run(seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args, keep=False)
+            exc = self._run(seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args)
             if exc is not None:
                 raise self._error(name, exc)
             return seq
@@ -91,8 +91,8 @@ class Stream:
             self._cv.notify_all()
         return seq
 
-    def _run(self, seq, fn, name, info, t_queue, args, keep: bool = True) -> BaseException | None:
-        """Run one task; its exception is returned, and with ``keep`` also kept for synchronize."""
+    def _run(self, seq, fn, name, info, t_queue, args) -> BaseException | None:
+        """Run one task; its exception is returned (a worker stream also keeps it for synchronize)."""
         profiling = hooks.active and hooks.listening("kernel")
         t0 = time.perf_counter() if profiling else 0.0
         prev = _threads.enter(self._limit)
@@ -101,7 +101,7 @@ class Stream:
             fn(*args)
         except BaseException as exc:  # noqa: BLE001 - kept and re-raised at synchronize
             failure = exc
-            if keep:
+            if not self.inline:
                 self._errors.append((seq, name, exc))
                 self._failed[seq] = name
         finally:
