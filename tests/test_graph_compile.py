@@ -348,6 +348,47 @@ def test_kernel_errors_name_the_graph_node():
         opsnn.compile(g).run({"x": np.ones(2, np.float32)})
 
 
+#: calls of the Twice kernel's fn, of its bind and of the calls bind returned
+_TWICE = {"fn": 0, "bind": 0, "call": 0}
+
+
+def _twice_fn(ins, outs, a, p, ws):
+    _TWICE["fn"] += 1
+    np.multiply(ins[0], 2, out=outs[0])
+
+
+def _twice_bind(ins, outs, a, p, ws):
+    _TWICE["bind"] += 1
+    x, y = ins[0], outs[0]
+
+    def call():
+        _TWICE["call"] += 1
+        np.multiply(x, 2, out=y)
+    return call
+
+
+if not opsnn.ops.has_op("Twice", "opsnn_test"):
+    opsnn.register_op("Twice", domain="opsnn_test", inputs=["X"], outputs=["Y"],
+                      infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
+                      reference=lambda ins, attrs: 2 * ins[0]).kernel("twice", priority=1, bind=_twice_bind)(_twice_fn)
+
+
+def test_a_kernel_with_bind_is_bound_once_per_plan_and_its_call_runs_every_time():
+    # between two Relus it reads and writes arena buffers (a graph input or output is another array each run)
+    g = Graph("tw", inputs=[Value("x", np.float32, (3,))], outputs=["z"],
+              nodes=[Node("Relu", ["x"], ["a"]), Node("Twice", ["a"], ["b"], domain="opsnn_test"),
+                     Node("Relu", ["b"], ["z"])])
+    before = dict(_TWICE)
+    cg = opsnn.compile(g)
+    for i in range(3):
+        x = np.array([1, -2, 3], np.float32) * (i + 1)
+        np.testing.assert_array_equal(cg.run({"x": x})["z"].numpy(), 2 * np.maximum(x, 0))
+    assert [_TWICE[k] - before[k] for k in ("bind", "call", "fn")] == [1, 3, 0]
+    # eagerly, the kernel runs as itself
+    np.testing.assert_array_equal(opsnn.ops.run_op("Twice", [np.ones(2, np.float32)], {}, domain="opsnn_test")[0],
+                                  [2, 2])
+
+
 def test_cycles_are_rejected():
     g = Graph("cyc", inputs=[Value("x", np.float32, (2,))], outputs=["b"],
               nodes=[Node("Add", ["x", "b"], ["a"]), Node("Relu", ["a"], ["b"])])

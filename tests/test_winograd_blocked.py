@@ -3,6 +3,8 @@ kernel): against the plain Conv's numpy oracle (through BlockedConv's reference)
 tiles, padding, batches split into chunks, bias / residual / Relu epilogues and both blocks;
 its oneDNN batched matmul against numpy; which shapes select it and why the others do not;
 and a compiled ResNet-style chain using it agrees with the interpreter."""
+import gc
+
 import numpy as np
 import pytest
 
@@ -84,6 +86,26 @@ def test_a_batch_runs_in_chunks_with_a_smaller_last_one(rng, monkeypatch):
     # the two primitives share one reordered copy of the transformed weight
     assert plan.gemms[1].weight.ctypes.data == plan.gemms[2].weight.ctypes.data
     np.testing.assert_allclose(out, want, rtol=0, atol=2e-4 * np.abs(want).max())
+
+
+def test_a_bound_call_holds_its_arrays_and_reads_their_current_values(rng):
+    # Kernel.bind: a compiled graph binds each step once to its arena buffers, then writes new
+    # values into them before every run
+    xs, w, b = (2, 16, 9, 9), _f32(rng, 32, 16, 3, 3, scale=0.2), _f32(rng, 32)
+    attrs = {"pads": [1, 1, 1, 1], "activation": "Relu"}
+    x = KB.blocked_reference(_f32(rng, *xs), 16)
+    rec, planned = _plan([x, w, b, None], [None, w, None, None], attrs)
+    k = next(k for k in rec.kernels if k.name == NAME)
+    plan = k.plan(planned.ctx)
+    out = np.full(planned.ctx.outputs[0].shape, np.nan, np.float32)
+    call = k.bind([x, w, b.copy(), None], [out], planned.ctx.attrs, plan,
+                  np.empty(k.workspace(planned.ctx, plan), np.uint8))
+    gc.collect()  # the bias copy and the workspace live on in the call (it holds the views it took)
+    for _ in range(2):
+        call()
+        want = rec.reference([x, w, b, None], planned.ctx.attrs)
+        np.testing.assert_allclose(out, want, rtol=0, atol=2e-4 * np.abs(want).max())
+        x[...] = KB.blocked_reference(_f32(rng, *xs), 16)  # new values, same buffer
 
 
 @pytest.mark.parametrize("transposed", [False, True])

@@ -190,6 +190,8 @@ class Executor:
         elif prepare_inputs is not None:
             def task():
                 fn(prepare_inputs(), outs, attrs, plan, ws)
+        elif self.kernel.bind is not None:
+            task = self.kernel.bind(ins, outs, attrs, plan, ws)
         else:
             def task():
                 fn(ins, outs, attrs, plan, ws)

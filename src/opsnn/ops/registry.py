@@ -128,6 +128,10 @@ class Kernel:
     ``dtypes``: the input dtypes ``fn`` handles natively; 16-bit floats outside it run
     through an fp32 adapter (compute fp32, store 16-bit). ``strided``: ``fn`` accepts
     non-contiguous inputs (else the executor makes them contiguous first).
+    ``bind(ins, outs, attrs, plan, workspace)``, optional: a zero-argument callable doing what
+    ``fn`` does on exactly these arrays, its per-call setup done once (a oneDNN primitive's
+    argument addresses, reshaped views): a compiled graph's steps run on fixed arena buffers,
+    so their tasks are bound once per plan.
     """
 
     name: str
@@ -142,6 +146,7 @@ class Kernel:
     strided: bool = False
     fallback: bool = False
     doc: str = ""
+    bind: Callable | None = None
 
     def check(self, ctx: InferContext) -> str | None:
         """None when this kernel can run ``ctx``, else the reason it cannot."""

@@ -29,6 +29,7 @@ import sys
 import threading
 from typing import NamedTuple
 
+import numba
 import numpy as np
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
@@ -250,13 +251,17 @@ def gemm2d_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha: float = 1.
               out.ctypes.data, lc[1])
 
 
+_blas_threads = None  # opsnn.runtime.blas.get_blas_threads, imported on the first call (runtime imports us)
+
+
 def _threads() -> int:
-    from ...runtime import blas
-
-    n = blas.get_blas_threads()
+    """The thread count for a BLAS or oneDNN call: OpenBLAS' setting (which ``opsnn.set_num_threads``
+    and ``blas_threads`` move), else numba's. Called before every such call: kept cheap."""
+    global _blas_threads
+    if _blas_threads is None:
+        from ...runtime.blas import get_blas_threads as _blas_threads
+    n = _blas_threads()
     if n is None:
-        import numba
-
         n = numba.get_num_threads()
     return max(1, n)
 

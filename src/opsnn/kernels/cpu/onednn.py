@@ -312,18 +312,37 @@ class Primitive:
         return m
 
     def run(self, *ptrs: int) -> None:
+        """Execute with the arguments at these addresses (in the order of ``args``)."""
+        self._execute(ptrs)
+
+    def bind(self, ptrs: tuple, keep=()):
+        """A zero-argument call running this primitive on these addresses: what :meth:`run` does,
+        less its arguments' per-call handling. ``keep``: the arrays behind the addresses, held as
+        long as the call is. Kernels bind once for a compiled graph's fixed buffers: a conv call
+        from Python cost 14.5 us through the array-taking ``__call__`` (``ndarray.ctypes.data``
+        alone is 1.8 us an array), 5.6 through :meth:`run`, 3.5 bound, 2.2 for the bare
+        ``dnnl_primitive_execute`` + wait (2-core Zen 4 VM, a 16-channel 2x2 conv)."""
+        ptrs = tuple(ptrs)
+        execute = self._execute
+
+        def call(keep=keep):
+            execute(ptrs)
+        return call
+
+    def _execute(self, ptrs: tuple) -> None:
         if self._scratch:
             ptrs += (_scratchpad(self._scratch),)
-        m = self._memories()
-        mems, arr = m.handles, m.args
+        m = getattr(self._mems, "v", None) or self._memories()
         if ptrs != m.bound:
-            for h, p in zip(mems, ptrs):
+            for h, p in zip(m.handles, ptrs):
                 _check(_lib.dnnl_memory_set_data_handle(h, p), "set data handle")
             m.bound = ptrs
         if _lib.opsnn_set_threads is not None:
             _lib.opsnn_set_threads(_threads())
         stream = _stream()
-        _check(_lib.dnnl_primitive_execute(self._prim, stream, len(mems), arr), f"execution of {self.impl}")
+        status = _lib.dnnl_primitive_execute(self._prim, stream, len(m.handles), m.args)
+        if status:
+            _check(status, f"execution of {self.impl}")
         _check(_lib.dnnl_stream_wait(stream), "stream wait")
 
     def __del__(self):
@@ -554,14 +573,21 @@ class ConvPrimitive:
     def impl(self) -> str:
         return self.prim.impl
 
-    def __call__(self, x: np.ndarray, b, z, y: np.ndarray) -> None:
+    def _ptrs(self, x: np.ndarray, b, z, y: np.ndarray) -> tuple:
         ptrs = [x.ctypes.data, self.weight.ctypes.data]
         if self.has_bias:
             ptrs.append(b.ctypes.data)
         if self.residual:
             ptrs.append(z.ctypes.data)
         ptrs.append(y.ctypes.data)
-        self.prim.run(*ptrs)
+        return tuple(ptrs)
+
+    def __call__(self, x: np.ndarray, b, z, y: np.ndarray) -> None:
+        self.prim.run(*self._ptrs(x, b, z, y))
+
+    def bind(self, x: np.ndarray, b, z, y: np.ndarray):
+        """``lambda: self(x, b, z, y)``, the addresses taken once (:meth:`Primitive.bind`)."""
+        return self.prim.bind(self._ptrs(x, b, z, y), keep=(x, b, z, y))
 
 
 class MaxPoolPrimitive:
@@ -586,6 +612,10 @@ class MaxPoolPrimitive:
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> None:
         self.prim.run(x.ctypes.data, y.ctypes.data)
+
+    def bind(self, x: np.ndarray, y: np.ndarray):
+        """``lambda: self(x, y)``, the addresses taken once (:meth:`Primitive.bind`)."""
+        return self.prim.bind((x.ctypes.data, y.ctypes.data), keep=(x, y))
 
 
 def _matmul_pd(src: _Md, w: _Md, bias, dst: _Md, post: list, what: str):
@@ -650,7 +680,7 @@ class MatMulPrimitive:
         return (f"oneDNN {self.impl} {dt}matmul {m}x{k} @ {k}x{n}, B reordered at prepare"
                 + (", bias" if self.has_bias else "") + "".join(f", {p} post-op" for p in self.post))
 
-    __call__ = ConvPrimitive.__call__
+    _ptrs, __call__, bind = ConvPrimitive._ptrs, ConvPrimitive.__call__, ConvPrimitive.bind
 
 
 class BatchMatMulPrimitive:
@@ -689,6 +719,10 @@ class BatchMatMulPrimitive:
 
     def __call__(self, a: np.ndarray, y: np.ndarray) -> None:
         self.prim.run(a.ctypes.data, self.weight.ctypes.data, y.ctypes.data)
+
+    def bind(self, a: np.ndarray, y: np.ndarray):
+        """``lambda: self(a, y)``, the addresses taken once (:meth:`Primitive.bind`)."""
+        return self.prim.bind((a.ctypes.data, self.weight.ctypes.data, y.ctypes.data), keep=(a, y))
 
 
 #: most primitives :func:`wt_matmul` keeps (least recently used dropped first); each costs

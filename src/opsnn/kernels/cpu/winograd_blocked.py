@@ -200,8 +200,9 @@ def plan(x_shape, w: np.ndarray, y_shape, pads: tuple, block: int, relu: bool) -
                                np.zeros(m, np.float32))
 
 
-def conv(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndarray) -> None:
-    """``y = act(conv(x, W) + b + z)`` on blocked arrays (x, z, y flat or 5-D, C-contiguous)."""
+def bind(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndarray):
+    """``lambda: conv(x, b, z, y, p, ws)`` with the chunks' views and the GEMMs' addresses
+    prepared once (a compiled graph's fixed buffers: see ``Kernel.bind``)."""
     n, c, h, w = p.x_shape
     _, m, ho, wo = p.y_shape
     blk = p.block
@@ -210,13 +211,23 @@ def conv(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndar
     z5 = z.reshape(y5.shape) if z is not None else y5
     bias = b if b is not None else p.zero_bias
     flat = workspace_view(ws, np.float32, ((p.workspace_bytes() - ALIGN) // 4,))
-    per_tile = p.tiles[0] * p.tiles[1]
+    (ph, pw), (th, tw), has_z, relu = p.pads, p.tiles, z is not None, p.relu
+    chunks = []
     for i0 in range(0, n, p.per_chunk):
         k = min(p.per_chunk, n - i0)
-        t = k * per_tile
+        t = k * th * tw
         v = flat[:POINTS * t * c].reshape(POINTS, t, c)
         mm = flat[POINTS * t * c:POINTS * t * (c + m)].reshape(POINTS, t, m)
-        input_transform(x5[i0:i0 + k], v, p.pads[0], p.pads[1], p.tiles[0], p.tiles[1])
-        p.gemms[k](v, mm)
-        output_transform(mm, bias, z5[i0:i0 + k], y5[i0:i0 + k], p.tiles[0], p.tiles[1], z is not None, p.relu)
+        chunks.append((x5[i0:i0 + k], v, p.gemms[k].bind(v, mm), mm, z5[i0:i0 + k], y5[i0:i0 + k]))
 
+    def call():
+        for xc, v, gemm, mm, zc, yc in chunks:
+            input_transform(xc, v, ph, pw, th, tw)
+            gemm()
+            output_transform(mm, bias, zc, yc, th, tw, has_z, relu)
+    return call
+
+
+def conv(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndarray) -> None:
+    """``y = act(conv(x, W) + b + z)`` on blocked arrays (x, z, y flat or 5-D, C-contiguous)."""
+    bind(x, b, z, y, p, ws)()

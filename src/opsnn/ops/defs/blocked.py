@@ -156,11 +156,22 @@ BlockedConv = register_op(
     "blocked")
 
 
+def _conv_args(ins, outs) -> tuple:
+    """(X, B or None, Z or None, Y) of a BlockedConv call."""
+    return ins[0], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, outs[0]
+
+
+def _bind_prim(ins, outs, attrs, plan, ws):
+    """``bind`` of the kernels whose plan holds a oneDNN conv or pool primitive (:class:`_OneDnnPlan`)."""
+    return plan.prim.bind(*_conv_args(ins, outs)) if len(ins) > 1 else plan.prim.bind(ins[0], outs[0])
+
+
 @BlockedConv.kernel("conv_onednn", dtypes=_DTS, priority=10, applies=_blocked_conv_applies, plan=_blocked_conv_plan,
+                    bind=_bind_prim,
                     doc="oneDNN's JIT direct convolution (brgconv / jit:avx512_core / jit:avx2) with bias, "
                     "residual add and activation as post-ops")
 def _blocked_conv(ins, outs, attrs, plan, ws):
-    plan.prim(ins[0], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, outs[0])
+    plan.prim(*_conv_args(ins, outs))
 
 
 #: Winograd on blocked tensors is preferred to oneDNN's direct convolution from this many 4x4
@@ -203,12 +214,17 @@ def _blocked_winograd_plan(ctx):
     return KW.plan(xs, w, ys, g.pb, _block(ctx), _act_code("BlockedConv", ctx.attrs) == 1)
 
 
+def _bind_winograd(ins, outs, attrs, plan, ws):
+    return KW.bind(*_conv_args(ins, outs), plan, ws)
+
+
 @BlockedConv.kernel("conv_winograd_blocked", dtypes=(_dt.float32,), priority=20, applies=_blocked_winograd_applies,
                     plan=_blocked_winograd_plan, workspace=lambda ctx, plan: plan.workspace_bytes(),
+                    bind=_bind_winograd,
                     doc="Winograd F(4x4,3x3) on nChw<block>c: numba transforms with the bias, residual add and "
                     "Relu in the output transform, the 36 GEMMs in one oneDNN batched matmul")
 def _blocked_winograd(ins, outs, attrs, plan, ws):
-    KW.conv(ins[0], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, outs[0], plan, ws)
+    KW.conv(*_conv_args(ins, outs), plan, ws)
 
 
 # -- BlockedMaxPool ------------------------------------------------------------------------------------
@@ -253,6 +269,7 @@ BlockedMaxPool = register_op(
 
 @BlockedMaxPool.kernel("max_pool_onednn", dtypes=_DTS, priority=10,
                        applies=lambda ctx: KD.unavailable() or True, plan=_blocked_pool_plan,
+                       bind=_bind_prim,
                        doc="oneDNN's JIT max pooling on nChw<block>c")
 def _blocked_pool(ins, outs, attrs, plan, ws):
     plan.prim(ins[0], outs[0])

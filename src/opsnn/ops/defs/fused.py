@@ -243,12 +243,22 @@ def _fused_mm_onednn_plan(ctx):
                               beta=float(ctx.attrs["activation_beta"]))
 
 
+def _fused_mm_args(ins, outs) -> tuple:
+    """(A, bias or None, residual or None, Y) of a FusedMatMul call."""
+    return ins[0], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, outs[0]
+
+
 def _fused_mm_onednn(ins, outs, attrs, plan, ws):
-    plan(ins[0], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, outs[0])
+    plan(*_fused_mm_args(ins, outs))
+
+
+def _fused_mm_onednn_bind(ins, outs, attrs, plan, ws):
+    return plan.bind(*_fused_mm_args(ins, outs))
 
 
 FusedMatMul.kernel("matmul_onednn", dtypes=(_dt.float32, _dt.bfloat16), priority=12,
                    applies=_fused_mm_onednn_applies, plan=_fused_mm_onednn_plan,
+                   bind=_fused_mm_onednn_bind,
                    doc="float32 (or bfloat16 with AVX512-BF16) with a constant 2-D B: oneDNN's matmul (brgemm) on "
                    "B reordered once at prepare, the bias, residual add and activation as post-ops (no separate "
                    "epilogue pass)")(_fused_mm_onednn)

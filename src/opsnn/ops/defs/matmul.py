@@ -349,13 +349,22 @@ def _gemm_onednn_plan(ctx):
                               residual=c == (m, n), act=0, transposed=bool(ctx.attrs["transB"]))
 
 
-def _gemm_onednn(ins, outs, attrs, plan, ws):
+def _gemm_onednn_args(ins, outs, attrs, plan) -> tuple:
+    """(A, bias or None, residual or None, Y) of a Gemm on oneDNN: C is one or the other."""
     c = ins[2] if len(ins) > 2 and attrs["beta"] != 0.0 else None
-    plan(ins[0], c if plan.has_bias else None, c if plan.residual else None, outs[0])
+    return ins[0], c if plan.has_bias else None, c if plan.residual else None, outs[0]
+
+
+def _gemm_onednn(ins, outs, attrs, plan, ws):
+    plan(*_gemm_onednn_args(ins, outs, attrs, plan))
+
+
+def _gemm_onednn_bind(ins, outs, attrs, plan, ws):
+    return plan.bind(*_gemm_onednn_args(ins, outs, attrs, plan))
 
 
 Gemm.kernel("gemm_onednn", dtypes=(_dt.float32, _dt.bfloat16), priority=36, applies=_gemm_onednn_applies,
-            plan=_gemm_onednn_plan,
+            plan=_gemm_onednn_plan, bind=_gemm_onednn_bind,
             doc="a constant B (transB either way, reordered once at prepare), transA=0, alpha=1: oneDNN's matmul "
             "(brgemm, bf16 too with AVX512-BF16), C as its bias or a residual post-op")(_gemm_onednn)
 
