@@ -162,3 +162,14 @@ def test_plan_bytes_counts_each_buffer_once_and_not_the_initializers():
              NS(executor=NS(plan=[np.zeros(3, np.uint16), raw[:8]]))]
     cg = NS(graph=NS(initializers={"w": w}), _plans={"p": NS(steps=steps)})
     assert plan_bytes(cg) == {"float32": raw.nbytes, "uint16": 6}
+
+
+def test_paired_ratios_compare_blocks_of_the_same_round():
+    # a slow spell hits both runtimes in round 2 and only the peer in round 3: the ratio of the
+    # overall medians says 8 / 15 = 0.53; round by round we are 0.8x the peer in 3 of 4 rounds
+    ours = [8, 8, 8, 16, 16, 16, 8, 8, 8, 8, 8, 8]
+    peer = [10, 10, 10, 20, 20, 20, 20, 20, 20, 10, 10, 10]
+    pr = benchmark.paired_ratios(ours, peer, block=3)
+    assert pr["rounds"] == 4 and pr["median"] == pytest.approx(0.8)
+    assert pr["p25"] == pytest.approx(0.7) and pr["p75"] == pytest.approx(0.8)
+    assert benchmark.paired_ratios([1, 2, 3], [1, 2, 3], block=3)["median"] is None  # one round: no spread
