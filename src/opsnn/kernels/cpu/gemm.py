@@ -256,6 +256,24 @@ def bf16_to_f32(src, dst_u):
 
 
 @nb.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def _gemv_rows(x, w, lo, hi, beta, out):
+    """``out[i - lo] = w[i] @ x + beta * out[i - lo]`` for ``lo <= i < hi``, a row at a time: the
+    rows are read in memory order, a single stream the hardware prefetcher keeps ahead of. Four
+    rows at a time (four streams 4*K bytes apart, as :func:`gemm_rows` reads for several x rows)
+    streamed 15-23 GB/s from memory on the 2-core Zen 4 VM, a row at a time 24-33 (ms, 2 threads,
+    cold weight, 4 rows / 1 row: 768 -> 32000 4.63 / 3.00, 768 -> 4096 0.56 / 0.43, 2048 -> 768
+    0.42 / 0.26)."""
+    k = x.shape[0]
+    for i in range(lo, hi):
+        wi = w[i]
+        s = np.float32(0)
+        for c in range(k):
+            s += wi[c] * x[c]
+        j = i - lo
+        out[j] = s if beta == 0 else s + beta * out[j]
+
+
+@nb.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
 def gemm_rows(x, w, lo, hi, beta, out):
     """``out[:, i - lo] = x @ w[i] + beta * out[:, i - lo]`` for the weight rows ``lo <= i < hi``
     of a row-major ``w`` (N, K), ``x`` (R, K) (``out`` (R, hi - lo) not read when ``beta`` is
@@ -265,6 +283,9 @@ def gemm_rows(x, w, lo, hi, beta, out):
     MKL's ``cblas_sgemv`` / packed GEMM is the slower choice (see
     :func:`opsnn.kernels.cpu.mkl_nb.addresses`, :data:`SMALL_ROWS`)."""
     R, k = x.shape
+    if R == 1:  # a matrix-vector product: the weight rows one after another, one stream from memory
+        _gemv_rows(x[0], w, lo, hi, beta, out[0])
+        return
     i = lo
     while i + 4 <= hi:
         w0, w1, w2, w3 = w[i], w[i + 1], w[i + 2], w[i + 3]
