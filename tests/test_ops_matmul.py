@@ -177,6 +177,38 @@ def test_gemm(rng, ta, tb, c_shape):
     np.testing.assert_allclose(y, run_ort("Gemm", [a, b, c], attrs, opset=13), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("tb", [0, 1])
+@pytest.mark.parametrize("k,n", [(40, 24), (2048, 1000), (1, 3), (37, 129)])
+@pytest.mark.parametrize("c_kind,beta", [(None, 1.0), ("n", 1.0), ("1n", -0.5), ("n", 0.0)])
+def test_gemm_vector_runs_one_row_products_with_a_constant_b(rng, tb, k, n, c_kind, beta):
+    """gemm_vector (a classifier head: one row, B a graph constant, its rows streamed by gemm_rows)
+    against the float64 formula; more rows, a variable B or alpha != 1 go to the other kernels."""
+    from opsnn.ops.executor import plan_op
+    from opsnn.ops.registry import TensorMeta, get_op
+
+    a = rand(rng, (1, k))
+    b = rand(rng, (n, k) if tb else (k, n))
+    c = None if c_kind is None else rand(rng, (n,) if c_kind == "n" else (1, n))
+    ins = [a, b] + ([] if c is None else [c])
+    rec, attrs = get_op("Gemm"), {"transB": tb, "beta": beta}
+    metas = [TensorMeta(t.shape, t.dtype) for t in ins]
+    planned = plan_op(rec, metas, [None, b] + [None] * (len(ins) - 2), attrs)
+    kern = planned.selection.kernel
+    assert kern.name == "gemm_vector", planned.selection.reason
+    out = np.full((1, n), np.nan, np.float32)
+    kern.fn(ins, [out], planned.ctx.attrs, planned.plan, None)
+    want = a.astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+    if c is not None:
+        want = want + beta * c.astype(np.float64)
+    np.testing.assert_allclose(out, want, rtol=0, atol=1e-6 * np.sqrt(k) * max(1.0, np.abs(want).max()))
+    for metas2, values, bad, why in (
+            ([TensorMeta((2, k), a.dtype)] + metas[1:], [None, b] + [None] * (len(ins) - 2), attrs, "2 rows"),
+            (metas, [None] * len(ins), attrs, "not a constant"),
+            (metas, [None, b] + [None] * (len(ins) - 2), dict(attrs, alpha=2.0), "alpha=1 only")):
+        p2 = plan_op(rec, metas2, values, bad)
+        assert p2.selection.kernel.name != "gemm_vector" and why in str(kern.check(p2.ctx))
+
+
 def test_gemm_scalar_c_non_contiguous_and_16bit(rng):
     a = rand(rng, (4, 3)).T              # (3, 4) view
     b = rand(rng, (4, 5))
