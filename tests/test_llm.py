@@ -889,13 +889,16 @@ def test_scheduler_prefills_a_step_s_chunks_in_one_forward(lm, rng, monkeypatch)
 
 @pytest.mark.parametrize("n,k,lo,hi", [(11, 37, 0, 11), (11, 37, 3, 10), (8, 1, 0, 8), (5, 64, 2, 2), (300, 256, 1, 299)])
 def test_gemm_rows_matches_a_float64_oracle(rng, n, k, lo, hi):
-    """opsnn.kernels.cpu.gemm.gemm_rows for 1 row of x (a weight row at a time) and 3 (four weight
-    rows a pass, a remainder loop), and its parallel form: out = x @ w[lo:hi].T (beta 0: NaN in out
-    is not read) and out = x @ w[lo:hi].T + 0.5 * out."""
+    """opsnn.kernels.cpu.gemm.gemm_rows for 1 and 3 rows of x (a weight row at a time) and 5 (four
+    weight rows a pass, a remainder loop), and its parallel form: out = x @ w[lo:hi].T (beta 0: NaN
+    in out is not read) and out = x @ w[lo:hi].T + 0.5 * out."""
+    from opsnn.kernels.cpu.gemm import ROW_AT_A_TIME_MAX
+
+    assert 3 <= ROW_AT_A_TIME_MAX < 5
     from opsnn.kernels.cpu.gemm import gemm_rows, gemm_rows_parallel
 
     w = rng.standard_normal((n, k)).astype(np.float32)
-    for R in (1, 3):
+    for R in (1, 3, 5):
         x = rng.standard_normal((R, k)).astype(np.float32)
         want = x.astype(np.float64) @ w[lo:hi].T
         tol = 1e-6 * np.sqrt(k) * max(np.abs(want).max(initial=0.0), 1.0)

@@ -255,22 +255,31 @@ def bf16_to_f32(src, dst_u):
             dst_u[k] = np.uint32(src[k]) << np.uint32(16)
 
 
+#: up to this many x rows, :func:`gemm_rows` reads the weight a row at a time (one stream in memory
+#: order) instead of four rows at a time. 2-thread products, weight not in cache, ms, 4 rows at a
+#: time / a row at a time (2-core Zen 4 VM): 768 -> 32000 1 row 4.63 / 2.82 (21 / 35 GB/s), 2 rows
+#: 5.11 / 3.11, 3 rows 5.42 / 3.74, 4 rows 5.97 / 5.89, 6 rows 10.0 / 12.4; 768 -> 4096 1 row 0.56 /
+#: 0.39, 2 rows 0.71 / 0.55, 3 rows 0.78 / 0.54, 4 rows 0.74 / 0.60, 6 rows 0.83 / 1.11; 768 -> 2048
+#: 1 row 0.42 / 0.25, 3 rows 0.52 / 0.31, 6 rows 0.69 / 0.86
+ROW_AT_A_TIME_MAX = 3
+
+
 @nb.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
-def _gemv_rows(x, w, lo, hi, beta, out):
-    """``out[i - lo] = w[i] @ x + beta * out[i - lo]`` for ``lo <= i < hi``, a row at a time: the
-    rows are read in memory order, a single stream the hardware prefetcher keeps ahead of. Four
-    rows at a time (four streams 4*K bytes apart, as :func:`gemm_rows` reads for several x rows)
-    streamed 15-23 GB/s from memory on the 2-core Zen 4 VM, a row at a time 24-33 (ms, 2 threads,
-    cold weight, 4 rows / 1 row: 768 -> 32000 4.63 / 3.00, 768 -> 4096 0.56 / 0.43, 2048 -> 768
-    0.42 / 0.26)."""
-    k = x.shape[0]
+def _rows_in_order(x, w, lo, hi, beta, out):
+    """:func:`gemm_rows` a weight row at a time: the rows are read in memory order, a single
+    stream the hardware prefetcher keeps ahead of, each dotted with every x row while in L1.
+    Four rows at a time read four streams 4*K bytes apart and keep four dot products in flight
+    (the better trade from 4 x rows on: :data:`ROW_AT_A_TIME_MAX`)."""
+    R, k = x.shape
     for i in range(lo, hi):
         wi = w[i]
-        s = np.float32(0)
-        for c in range(k):
-            s += wi[c] * x[c]
         j = i - lo
-        out[j] = s if beta == 0 else s + beta * out[j]
+        for r in range(R):
+            xr = x[r]
+            s = np.float32(0)
+            for c in range(k):
+                s += wi[c] * xr[c]
+            out[r, j] = s if beta == 0 else s + beta * out[r, j]
 
 
 @nb.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
@@ -278,13 +287,14 @@ def gemm_rows(x, w, lo, hi, beta, out):
     """``out[:, i - lo] = x @ w[i] + beta * out[:, i - lo]`` for the weight rows ``lo <= i < hi``
     of a row-major ``w`` (N, K), ``x`` (R, K) (``out`` (R, hi - lo) not read when ``beta`` is
     0): four weight rows at a time, each x row's four vectorized dot products with them while
-    they sit in L1, so the weight streams from memory once for all R rows. For products of a few
+    they sit in L1, so the weight streams from memory once for all R rows (up to
+    :data:`ROW_AT_A_TIME_MAX` x rows, a weight row at a time: :func:`_rows_in_order`). For products of a few
     rows (decode steps), where the weight's bytes, not the arithmetic, set the time, and where
     MKL's ``cblas_sgemv`` / packed GEMM is the slower choice (see
     :func:`opsnn.kernels.cpu.mkl_nb.addresses`, :data:`SMALL_ROWS`)."""
     R, k = x.shape
-    if R == 1:  # a matrix-vector product: the weight rows one after another, one stream from memory
-        _gemv_rows(x[0], w, lo, hi, beta, out[0])
+    if R <= ROW_AT_A_TIME_MAX:  # a decode step's few rows: the weight's rows one after another
+        _rows_in_order(x, w, lo, hi, beta, out)
         return
     i = lo
     while i + 4 <= hi:
