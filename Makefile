@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: run test venv venv-test sysdeps bench clean
+.PHONY: run test venv venv-test sysdeps bench clean clean-cache
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,5 +37,9 @@ test: venv-test sysdeps
 bench: venv-test
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BIN)/python bench/dispatch.py
 
-clean:
+clean: clean-cache
 	rm -rf $(VENV) build src/*.egg-info
+
+# numba's on-disk kernel cache (see README: a kernel inlined from another module is not re-checked)
+clean-cache:
+	find src -name '*.nbi' -delete -o -name '*.nbc' -delete
