@@ -318,16 +318,8 @@ def gemm_rows(x, w, lo, hi, beta, out):
                 o[j + 2] = s2 + beta * o[j + 2]
                 o[j + 3] = s3 + beta * o[j + 3]
         i += 4
-    while i < hi:
-        wi = w[i]
-        j = i - lo
-        for r in range(R):
-            xr = x[r]
-            s = np.float32(0)
-            for c in range(k):
-                s += wi[c] * xr[c]
-            out[r, j] = s if beta == 0 else s + beta * out[r, j]
-        i += 1
+    if i < hi:  # the last rows, one at a time
+        _rows_in_order(x, w, i, hi, beta, out[:, i - lo:])
 
 
 #: weight rows per task of :func:`gemm_rows_parallel`

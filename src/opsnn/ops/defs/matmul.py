@@ -325,10 +325,9 @@ Gemm.kernel("gemm_mkl_bf16", dtypes=(_dt.bfloat16,), priority=35, applies=_gemm_
             "beta * C in the fp32 epilogue, one rounding")(_gemm_bf16)
 
 
-def _gemm_onednn_applies(ctx):
-    why = KD.product_unavailable(ctx.dtype(0))
-    if why is not None:
-        return why
+def _constant_b_rejection(ctx) -> str | None:
+    """Why a Gemm is not ``op(A) @ B (+ beta * C)`` with transA=0, alpha=1, a constant B known at
+    prepare time and a non-empty product (None when it is): what the constant-B kernels take."""
     if ctx.attrs["transA"] or ctx.attrs["alpha"] != 1.0:
         return "transA=0 and alpha=1 only"
     if ctx.value(1) is None:
@@ -336,6 +335,14 @@ def _gemm_onednn_applies(ctx):
     m, n = ctx.outputs[0].shape
     if 0 in (m, n) or ctx.shape(0)[1] == 0:
         return "empty product"
+    return None
+
+
+def _gemm_onednn_applies(ctx):
+    why = KD.product_unavailable(ctx.dtype(0)) or _constant_b_rejection(ctx)
+    if why is not None:
+        return why
+    m, n = ctx.outputs[0].shape
     if ctx.has(2) and ctx.attrs["beta"] != 0.0:
         if ctx.attrs["beta"] != 1.0 or tuple(ctx.shape(2)) not in ((n,), (1, n), (m, n)):
             return "C must be a bias (N,) / (1, N) or a full (M, N) C, with beta=1"
@@ -372,13 +379,10 @@ Gemm.kernel("gemm_onednn", dtypes=(_dt.float32, _dt.bfloat16), priority=36, appl
 def _gemm_vector_applies(ctx):
     if ctx.dtype(0) != _dt.float32:
         return f"float32 only, got {_dt.name(ctx.dtype(0))}"
-    if ctx.attrs["transA"] or ctx.attrs["alpha"] != 1.0:
-        return "transA=0 and alpha=1 only"
-    if ctx.value(1) is None:
-        return "B is not a constant known at prepare time (graph initializer)"
+    why = _constant_b_rejection(ctx)
+    if why is not None:
+        return why
     m, n = ctx.outputs[0].shape
-    if 0 in (m, n) or ctx.shape(0)[1] == 0:
-        return "empty product"
     if ctx.has(2) and ctx.attrs["beta"] != 0.0 and tuple(ctx.shape(2)) not in ((n,), (1, n), (m, n)):
         return f"C must be a row of {n} (N,) / (1, N), got {tuple(ctx.shape(2))}"
     if m != 1:
