@@ -892,10 +892,9 @@ def test_gemm_rows_matches_a_float64_oracle(rng, n, k, lo, hi):
     """opsnn.kernels.cpu.gemm.gemm_rows for 1 and 3 rows of x (a weight row at a time) and 5 (four
     weight rows a pass, a remainder loop), and its parallel form: out = x @ w[lo:hi].T (beta 0: NaN
     in out is not read) and out = x @ w[lo:hi].T + 0.5 * out."""
-    from opsnn.kernels.cpu.gemm import ROW_AT_A_TIME_MAX
+    from opsnn.kernels.cpu.gemm import ROW_AT_A_TIME_MAX, gemm_rows, gemm_rows_parallel
 
     assert 3 <= ROW_AT_A_TIME_MAX < 5
-    from opsnn.kernels.cpu.gemm import gemm_rows, gemm_rows_parallel
 
     w = rng.standard_normal((n, k)).astype(np.float32)
     for R in (1, 3, 5):

@@ -220,7 +220,7 @@ def blocks(runners: dict, repeat: int, warmup: int = 1, desc: str = "", block: i
     return out
 
 
-def paired_ratios(ours: list, peer: list, block: int = 3) -> dict:
+def paired_ratios(ours: list, peer: list, block: int = GRAPH_BLOCK) -> dict:
     """Our time / the peer's, round by round: the median of each of our blocks of ``block`` calls
     over the median of the peer's block in the same round (the two run back to back, a second or so
     apart). The machine's load drifts over seconds (other tenants of the VM host), and a slow spell

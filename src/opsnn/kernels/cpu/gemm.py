@@ -288,9 +288,9 @@ def gemm_rows(x, w, lo, hi, beta, out):
     of a row-major ``w`` (N, K), ``x`` (R, K) (``out`` (R, hi - lo) not read when ``beta`` is
     0): four weight rows at a time, each x row's four vectorized dot products with them while
     they sit in L1, so the weight streams from memory once for all R rows (up to
-    :data:`ROW_AT_A_TIME_MAX` x rows, a weight row at a time: :func:`_rows_in_order`). For products of a few
-    rows (decode steps), where the weight's bytes, not the arithmetic, set the time, and where
-    MKL's ``cblas_sgemv`` / packed GEMM is the slower choice (see
+    :data:`ROW_AT_A_TIME_MAX` x rows, a weight row at a time: :func:`_rows_in_order`). For
+    products of a few rows (decode steps), where the weight's bytes, not the arithmetic, set the
+    time, and where MKL's ``cblas_sgemv`` / packed GEMM is the slower choice (see
     :func:`opsnn.kernels.cpu.mkl_nb.addresses`, :data:`SMALL_ROWS`)."""
     R, k = x.shape
     if R <= ROW_AT_A_TIME_MAX:  # a decode step's few rows: the weight's rows one after another

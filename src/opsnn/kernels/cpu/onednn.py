@@ -332,7 +332,7 @@ class Primitive:
     def _execute(self, ptrs: tuple) -> None:
         if self._scratch:
             ptrs += (_scratchpad(self._scratch),)
-        m = getattr(self._mems, "v", None) or self._memories()
+        m = self._memories()
         if ptrs != m.bound:
             for h, p in zip(m.handles, ptrs):
                 _check(_lib.dnnl_memory_set_data_handle(h, p), "set data handle")

@@ -21,7 +21,8 @@ from ...kernels.cpu import winograd_blocked as KW
 from ..autotune import NotPreferred
 from ..registry import Attr, Input, TensorMeta, get_op, register_op
 from .conv import conv_geometry
-from .fused import _CONV_ATTR_NAMES, _EPILOGUE_ATTRS, _act_code, _conv_attrs, _fused_conv_infer
+from .fused import (_CONV_ATTR_NAMES, _EPILOGUE_ATTRS, _act_code, _conv_attrs, _fused_conv_infer,
+                    epilogue_args)
 from .pool import _pool_attrs, pool_geometry
 
 #: the dtypes blocked activations come in: float32, and bfloat16 (a mixed-precision graph's
@@ -156,22 +157,16 @@ BlockedConv = register_op(
     "blocked")
 
 
-def _conv_args(ins, outs) -> tuple:
-    """(X, B or None, Z or None, Y) of a BlockedConv call."""
-    return ins[0], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, outs[0]
-
-
-def _bind_prim(ins, outs, attrs, plan, ws):
-    """``bind`` of the kernels whose plan holds a oneDNN conv or pool primitive (:class:`_OneDnnPlan`)."""
-    return plan.prim.bind(*_conv_args(ins, outs)) if len(ins) > 1 else plan.prim.bind(ins[0], outs[0])
+def _bind_conv(ins, outs, attrs, plan, ws):
+    return plan.prim.bind(*epilogue_args(ins, outs))
 
 
 @BlockedConv.kernel("conv_onednn", dtypes=_DTS, priority=10, applies=_blocked_conv_applies, plan=_blocked_conv_plan,
-                    bind=_bind_prim,
+                    bind=_bind_conv,
                     doc="oneDNN's JIT direct convolution (brgconv / jit:avx512_core / jit:avx2) with bias, "
                     "residual add and activation as post-ops")
 def _blocked_conv(ins, outs, attrs, plan, ws):
-    plan.prim(*_conv_args(ins, outs))
+    plan.prim(*epilogue_args(ins, outs))
 
 
 #: Winograd on blocked tensors is preferred to oneDNN's direct convolution from this many 4x4
@@ -215,7 +210,7 @@ def _blocked_winograd_plan(ctx):
 
 
 def _bind_winograd(ins, outs, attrs, plan, ws):
-    return KW.bind(*_conv_args(ins, outs), plan, ws)
+    return KW.bind(*epilogue_args(ins, outs), plan, ws)
 
 
 @BlockedConv.kernel("conv_winograd_blocked", dtypes=(_dt.float32,), priority=20, applies=_blocked_winograd_applies,
@@ -224,7 +219,7 @@ def _bind_winograd(ins, outs, attrs, plan, ws):
                     doc="Winograd F(4x4,3x3) on nChw<block>c: numba transforms with the bias, residual add and "
                     "Relu in the output transform, the 36 GEMMs in one oneDNN batched matmul")
 def _blocked_winograd(ins, outs, attrs, plan, ws):
-    KW.conv(*_conv_args(ins, outs), plan, ws)
+    KW.conv(*epilogue_args(ins, outs), plan, ws)
 
 
 # -- BlockedMaxPool ------------------------------------------------------------------------------------
@@ -269,7 +264,7 @@ BlockedMaxPool = register_op(
 
 @BlockedMaxPool.kernel("max_pool_onednn", dtypes=_DTS, priority=10,
                        applies=lambda ctx: KD.unavailable() or True, plan=_blocked_pool_plan,
-                       bind=_bind_prim,
+                       bind=lambda ins, outs, attrs, plan, ws: plan.prim.bind(ins[0], outs[0]),
                        doc="oneDNN's JIT max pooling on nChw<block>c")
 def _blocked_pool(ins, outs, attrs, plan, ws):
     plan.prim(ins[0], outs[0])

@@ -243,17 +243,18 @@ def _fused_mm_onednn_plan(ctx):
                               beta=float(ctx.attrs["activation_beta"]))
 
 
-def _fused_mm_args(ins, outs) -> tuple:
-    """(A, bias or None, residual or None, Y) of a FusedMatMul call."""
+def epilogue_args(ins, outs) -> tuple:
+    """(X, bias or None, residual or None, Y) of a call of an op with inputs (X, W, B, Z): FusedMatMul,
+    FusedConv, BlockedConv."""
     return ins[0], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, outs[0]
 
 
 def _fused_mm_onednn(ins, outs, attrs, plan, ws):
-    plan(*_fused_mm_args(ins, outs))
+    plan(*epilogue_args(ins, outs))
 
 
 def _fused_mm_onednn_bind(ins, outs, attrs, plan, ws):
-    return plan.bind(*_fused_mm_args(ins, outs))
+    return plan.bind(*epilogue_args(ins, outs))
 
 
 FusedMatMul.kernel("matmul_onednn", dtypes=(_dt.float32, _dt.bfloat16), priority=12,
