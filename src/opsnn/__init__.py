@@ -1,11 +1,24 @@
-"""opsnn: a neural-network operator library and graph engine (modelled on CANN ops-nn).
+"""opsnn: a neural-network operator library and graph engine for the CPU (modelled on CANN ops-nn).
 
->>> import opsnn, numpy as np
+Ops run eagerly or in two phases; whole ONNX models compile to a planned, fused graph:
+
+>>> import numpy as np, opsnn
 >>> x = opsnn.tensor(np.random.rand(1, 3, 16, 16).astype(np.float32))
 >>> w = opsnn.tensor(np.random.rand(8, 3, 3, 3).astype(np.float32))
->>> y = opsnn.ops.conv2d(x, w, None, stride=2, padding=1)
->>> y.shape
+>>> opsnn.ops.conv2d(x, w, None, stride=2, padding=1).shape         # eager
 (1, 8, 8, 8)
+>>> ex = opsnn.aclnn.conv2d.prepare(x, w, None, stride=2, padding=1) # prepare once, ex.run() many times
+>>> cg = opsnn.compile(lambda t: opsnn.ops.relu(t), [np.ones((1, 3), np.float32)])
+>>> cg.run([np.array([[-1, 2, -3]], np.float32)])[0].numpy().tolist() # or opsnn.compile("model.onnx")
+[[0.0, 2.0, 0.0]]
+
+Where to look: ``opsnn.ops`` (every operator; ``opsnn info --ops``), ``opsnn.aclnn`` (two-phase
+API), ``opsnn.onnx`` (load ONNX files), ``opsnn.compile`` / ``CompiledGraph`` (the graph engine),
+``opsnn.nn`` and ``opsnn.models`` (modules, ResNet / BERT / LLaMA builders), ``opsnn.llm``
+(generation), ``opsnn.pipeline`` (video, tiling), ``opsnn.profiler`` and ``opsnn.tools``
+(profiler, memory checker, precision compare), ``opsnn.config`` (settings). The README and
+docs/ (one page per task, docs/ops.md for the operators) have more; ``opsnn --help`` lists the
+command-line tools.
 """
 from ._blas_env import configure as _configure_blas
 
