@@ -51,16 +51,13 @@ _TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorP
 
 
 # -- timing -------------------------------------------------------------------------------------------
-#: seconds to let a peer's idle threads stop after its turn: onnxruntime's pool spins ~50-60 ms of
-#: CPU after a run (measured: process CPU during a sleep after a run, 5 ms: 7, 50 ms: 52, 100 ms:
-#: 60), OpenBLAS's workers (numpy) a similar while; in strict round-robin that spin was charged to
-#: the next contender (64 ch 56x56 at batch 8: opsnn's Winograd 11.7 ms alone, 24.0 right after ORT)
+#: seconds to let a peer's idle threads stop after its turn: onnxruntime's pool and OpenBLAS's
+#: workers keep spinning after a run, and in strict round-robin that spin is charged to the next
+#: contender (docs/performance.md, "Benchmark method")
 SETTLE_S = 0.08
 #: ... and after the pause each contender runs untimed for this long (at least once) before its timed
-#: runs: on the 2-vCPU VM the first milliseconds after an idle pause run slow (sleeping OpenMP workers,
-#: an idle vCPU rescheduled by the host). 64 ch 56x56 3x3, batch 1, ms, back-to-back loop / one untimed
-#: call / 30 ms / 100 ms of warm-up: im2col 1.62 / 6.56 / 2.78 / 1.89, Winograd F(4x4) 0.66 / 0.71 /
-#: 0.93 / 0.95, blocked Winograd 0.47 / 2.56 / 0.71 / 0.57, oneDNN direct 1.00 / 2.39 / 1.08 / 1.11
+#: runs: the first milliseconds after an idle pause run slow (sleeping OpenMP workers, an idle vCPU
+#: rescheduled by the host; docs/performance.md, "Benchmark method")
 WARM_S = 0.1
 
 
@@ -73,9 +70,7 @@ def measure(fns: dict, repeat: int, budget_s: float = 20.0, block: int = 2) -> d
     pauses ``SETTLE_S`` so that threads a contender left spinning are not charged to the next.
     The pause follows every contender, so each starts its turn from the same idle machine: with
     the pause only after peers, a contender that ran right after an opsnn one found the second
-    core awake and its caches warm (decode 1x768x3072: numpy's one-thread gemv 0.23-0.27 ms after
-    opsnn's turn, MKL's two-thread gemv 0.27-0.37 ms in its first runs after a pause; the same
-    two calls back to back after a pause: 0.34/0.27 and 0.37/0.27 ms)."""
+    core awake and its caches warm."""
     for f in fns.values():
         f()
         f()

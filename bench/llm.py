@@ -14,8 +14,8 @@ rounds, and the spread (min-max over rounds) is printed next to it. Results go t
 bench/results/llm.json.
 
 Noise: decode GEMMs have few rows (1..32). OpenBLAS splits them over its 2 threads and
-waits for both, so when other jobs hold the cores a GEMM can take 10-30x its quiet time
-(measured here: a 12-layer batch-8 decode step 56 ms quiet, 1.6 s with two busy jobs).
+waits for both, so when other jobs hold the cores a GEMM can take many times its quiet time
+(docs/performance.md, "Under load").
 Running the same command with ``OPENBLAS_NUM_THREADS=1`` shows the figures without that
 effect; the JSON records the environment and the load average at both ends.
 """

@@ -64,7 +64,7 @@ def _alloc_array(shape: tuple, dtype: np.dtype, tag: str | None = None) -> np.nd
         return np.empty(shape, dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     if dtype.isbuiltin == 1 and dtype.kind in "biufc":
-        # one step: the interface gives numpy the final array (~1 us less a tensor than a byte view)
+        # one step: the interface gives numpy the final array (cheaper than a byte view, then a view)
         return np.asarray(Storage(context().pool, nbytes, tag,
                                   {"shape": tuple(shape), "typestr": dtype.str, "version": 3}))
     buf = np.asarray(Storage(context().pool, nbytes, tag))  # base is the Storage: keeps the block alive

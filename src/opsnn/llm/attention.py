@@ -51,8 +51,7 @@ def _decode_task(t, q, kt, v, slots, lengths, y, scale):
     vb = v[sl, hk]   # (T, Dv)
     # scores: unit-stride multiply-add passes over the row's positions (no reduction per key),
     # eight key dims a pass: eight streams of K at once keep the memory system busy (one dim a
-    # pass restarted the prefetch for each short row: 32 rows x 128 (row, head) tasks, 100-600
-    # positions, cold cache: 1.71 -> 1.14 ms a layer together with the cyclic task split)
+    # pass restarted the prefetch for each short row; docs/performance.md, "LLM decoding")
     s = np.zeros((group, L), np.float32)
     dd = 0
     while dd + 8 <= D:
@@ -171,11 +170,8 @@ def decode_attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slots: np.nda
 
     It runs on the calling thread unless ``parallel`` (tasks spread over numba's threads). A
     decode step whose GEMMs run on OpenBLAS should keep it on one thread: OpenBLAS's workers
-    keep spinning between calls, and a parallel region fighting them lost in every case
-    measured in place (2-core VM, decode step A/B in one process: 4 layers x hidden 256, 16
-    rows at 300: 9.0 -> 7.5 ms a step; 12 layers x hidden 768, 1 row at 1024: 21.7 -> 18.5 ms,
-    8 rows at 1024: 68.3 -> 65.1 ms). Next to MKL's GEMMs, which share numba's OpenMP pool,
-    two threads halve it (16 rows x 12 heads x 64 at 170 positions: 0.94 -> 0.49 ms alone)."""
+    keep spinning between calls, and a parallel region fighting them loses. Next to MKL's GEMMs,
+    which share numba's OpenMP pool, two threads halve it (docs/performance.md, "LLM decoding")."""
     if parallel:
         _decode_all_parallel(q, kt, v, slots, lengths, y, np.float32(scale), nb.get_num_threads())
     else:

@@ -32,10 +32,9 @@ def _check_dims(who: str, height, width) -> tuple[int, int]:
 
 def synth_frame(index: int, height: int, width: int, seed: int = 0) -> np.ndarray:
     """Frame ``index`` of a deterministic moving test pattern (gradients, a moving disc,
-    seeded sensor-like noise of 0-3 levels), ``(height, width, 3)`` uint8. The noise was 0-15
-    levels, fresh in every pixel of every frame: H.264 then needs ~70 Mbit/s at 720p30 (real
-    720p video: a few Mbit/s) and ffmpeg spent 43 ms of CPU decoding each frame; with 0-3 levels
-    25 Mbit/s and 20 ms (2-core dev VM)."""
+    seeded sensor-like noise of 0-3 levels), ``(height, width, 3)`` uint8. The noise is kept low
+    so that an H.264 encoding of it has a realistic bit rate and decoding cost
+    (docs/performance.md, "Video pipeline")."""
     y = np.arange(height, dtype=np.float32)[:, None]
     x = np.arange(width, dtype=np.float32)[None, :]
     t = float(index)

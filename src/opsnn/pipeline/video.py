@@ -78,26 +78,23 @@ def preprocess_graph(frame_shape: tuple, image_size: int):
     return opsnn.compile(preprocess, [np.zeros(frame_shape, np.uint8)])
 
 
-#: inference workers by default: two single-threaded replicas keep both cores of the 2-core dev
-#: VM busier than one replica using both cores per kernel (measured 2026-12-01, `opsnn video-bench
-#: --source synthetic --frames 96`: pipelined 21.1 -> 23.1 frames/s; cores busy 1.71 -> 1.93)
+#: inference workers by default: two single-threaded replicas keep two cores busier than one
+#: replica using both cores per kernel (docs/performance.md, "Video pipeline")
 DEFAULT_INFER_WORKERS = 2
 
-#: frames per inference call by default (models built by name): ResNet-18 at 112x112 on one
-#: thread takes ~11.5 ms for one frame and ~18.5 ms for two (its deep layers are 7x7 and 4x4
-#: maps: one frame makes thin GEMMs, and its 45 MB of weights stream from memory per call). With
-#: two, `opsnn video-bench --frames 96` (2-core Zen 4 VM, 2026-12-03): pipelined 64 -> 74
-#: frames/s (sequential 45.6); three: 72
+#: frames per inference call by default (models built by name): two frames cost far less than
+#: twice one (a small model's deep layers are 7x7 and 4x4 maps: one frame makes thin GEMMs, and
+#: its weights stream from memory per call); three gain nothing more (docs/performance.md)
 DEFAULT_INFER_BATCH = 2
 
 
 def decode_workers_for(source, decode_workers: int = 1) -> int:
     """Check ``decode_workers``: several workers need a source whose frames decode independently
     (``source.independent_frames``: image files, synthesized frames; a video file's frames come
-    out of one decoder in sequence). Measured on 2 cores, 2 workers pay off only when
-    decode is the slowest stage and its work is compute-bound (PNG: 57.9 -> 60.6 frames/s);
-    rendering synthetic frames is memory-bound and a second worker slows inference more than it
-    speeds decode (74 -> 67 frames/s). So the default is 1."""
+    out of one decoder in sequence). On 2 cores, 2 workers pay off only when decode is the
+    slowest stage and its work is compute-bound (PNG files); rendering synthetic frames is
+    memory-bound and a second worker slows inference more than it speeds decode
+    (docs/performance.md, "Video pipeline"). So the default is 1."""
     if isinstance(decode_workers, bool) or not isinstance(decode_workers, int) or decode_workers < 1:
         raise ParamInvalidError(f"video_pipeline: decode_workers must be an int >= 1, got {decode_workers!r}")
     if decode_workers > 1 and not getattr(source, "independent_frames", False):
@@ -142,8 +139,7 @@ def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int =
     if isinstance(infer_batch, bool) or not isinstance(infer_batch, int) or infer_batch < 1:
         raise ParamInvalidError(f"video_pipeline: infer_batch must be an int >= 1, got {infer_batch!r}")
     if queue_size is None:
-        # measured (`opsnn video-bench --source synthetic --frames 96 --queue-size Q`, 2 infer
-        # workers, AVX2 dev VM): Q=2 1.48/1.48/1.47x, Q=3 1.54/1.50/1.53x
+        # one slot more than the inference workers keeps each of them fed (docs/performance.md)
         queue_size = infer_workers + 1
     cg = build_model(model, image_size) if isinstance(model, str) else model
     if frame_shape is None:

@@ -172,8 +172,7 @@ def _progress(total: int, desc: str):
 
 #: pause before each runtime's block of calls: thread pools (OpenBLAS', onnxruntime's, torch's
 #: OpenMP) keep spinning for a while after a call, and a runtime called right after another
-#: measures that interference, not itself (measured on 2 cores, ResNet-50 b1 alternating call by
-#: call: opsnn 60 ms and onnxruntime 67 ms, vs 30 and 18.5 ms each alone; 0.3 s apart: 33 / 20)
+#: measures that interference, not itself (docs/performance.md, "Benchmark method")
 SETTLE_S = 0.3
 #: issue 5's targets for the graph cases: opsnn's median time over onnxruntime's, at most
 TARGETS = {"resnet50": 0.9, "bert": 1.0}

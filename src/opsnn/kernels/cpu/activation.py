@@ -36,11 +36,10 @@ from numba.extending import intrinsic, overload
 
 from ...dtypes import compute_dtype
 
-#: below this many elements a cheap map (relu, clamps) runs serially; measured 2026-12-01 on the 2-core dev VM (bench: serial vs 2 threads per size): waking the second thread of a parallel region costs ~50 us with OMP_WAIT_POLICY=PASSIVE: relu 256K 24 us
-#: serial vs 69 us parallel, 1M 90 vs 96, 4M 468 vs 218
+#: below this many elements a cheap map (relu, clamps) runs serially: waking a parallel region's
+#: second thread costs more than the map saves (figures: docs/performance.md, "Parallel thresholds")
 PARALLEL_MIN = 1 << 20
-#: the same threshold for maps that evaluate exp/erf/tanh per element (and softmax): sigmoid
-#: 256K 100 vs 114 us, 512K 196 vs 157; gelu 256K 269 vs 195; softmax 256K 160 vs 149
+#: the same threshold for maps that evaluate exp/erf/tanh per element (and softmax)
 PARALLEL_MIN_COSTLY = 1 << 18
 #: smallest chunk a parallel pointwise launch hands to one task
 CHUNK_MIN = 1 << 13
@@ -217,8 +216,8 @@ def _ov_fphi(x):
             # that of x^2, ~1e-7 z^2 relative in the tail.
             z = abs(x) * F32(0.7071067811865476)
             t = F32(2.0) / (F32(2.0) + z)
-            # Estrin's scheme (a dependency chain of 4 multiply-adds instead of Horner's 10: the
-            # loop is latency-bound, 2.3 -> 1.2 ms for 393K floats on one Zen1 core)
+            # Estrin's scheme: a dependency chain of 4 multiply-adds instead of Horner's 10 (the
+            # loop is latency-bound; see docs/performance.md)
             t2 = t * t
             t4 = t2 * t2
             q0 = F32(-1.2655641415664483) + F32(1.0014734280472495) * t
@@ -409,7 +408,7 @@ def map_chunk(x, out, lo, hi, op, a, b):
 
     In place (``out`` is ``x``, as the graph's memory plan often makes it) the loops go
     through a small scratch block: with input and output the same array LLVM cannot prove a
-    loop safe to vectorize and runs it one element at a time (GELU 14x slower)."""
+    loop safe to vectorize and runs it one element at a time."""
     if x.ctypes.data != out.ctypes.data:
         map_span(x[lo:hi], out[lo:hi], op, a, b)
         return

@@ -108,7 +108,7 @@ def _gap_parallel(x3, out2, chunks):
 
 
 #: below this many input elements the blocked global average pool runs on one thread (waking
-#: the OpenMP workers costs more than the ~20 us of reading ResNet-50's last 2048x7x7)
+#: the OpenMP workers costs more than reading ResNet-50's last 2048x7x7 feature map)
 GAP_PARALLEL_MIN = 1 << 18
 
 

@@ -14,7 +14,7 @@ the walk into tasks of whole rows or row pieces; the plan sizes them and picks s
 Op codes select the operation inside one compiled kernel per dtype, with the switch outside the
 loops, so the suite compiles a handful of specializations rather than one per op and dtype.
 Transcendental maps (exp, log, trig) run numpy's SIMD loops instead (see ``NUMPY_SIMD``): numba
-calls scalar libm per element, which measured 5-50x slower on AVX-512 hardware.
+calls scalar libm per element, far slower (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ from .gemm import bf16_to_f32, f32_to_bf16
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 
-#: below this many output elements the serial variant runs; measured 2026-12-01 on the 2-core dev VM (bench: serial vs 2 threads per size): waking the second thread of a parallel region costs ~50 us with OMP_WAIT_POLICY=PASSIVE: add 32K 5 vs 53 us,
-#: 512K 63 vs 91, 1M 132 vs 111, 4M 881 vs 396
+#: below this many output elements the serial variant runs: waking a parallel region's second
+#: thread costs more than it saves (figures: docs/performance.md, "Parallel thresholds")
 PARALLEL_MIN = 1 << 20
 #: fewest elements one parallel task gets
 GRAIN = 1 << 14
@@ -916,7 +916,7 @@ def ufunc_kernel(ufunc):
 
 NUMPY_UNARY_INT = {U_NEG: np.negative, U_ABS: np.abs, U_SIGN: np.sign}
 
-#: transcendental maps whose numpy loops are SIMD (AVX2/AVX-512): 5-50x faster here than numba's
+#: transcendental maps whose numpy loops are SIMD (AVX2/AVX-512), far faster than numba's
 #: per-element libm calls, so they are these ops' first kernel
 NUMPY_SIMD = {U_EXP: np.exp, U_LOG: np.log, U_SIN: np.sin, U_COS: np.cos, U_TAN: np.tan, U_ASIN: np.arcsin,
               U_ACOS: np.arccos, U_ATAN: np.arctan, U_SINH: np.sinh, U_COSH: np.cosh, U_ASINH: np.arcsinh,
@@ -1032,7 +1032,7 @@ def cast_plan(ctx) -> CastPlan:
     if src == dst:
         return CastPlan("copy", dst)
     if (src, dst) in ((np.dtype(np.float32), _BF16), (_BF16, np.dtype(np.float32))):
-        return CastPlan("bf16", dst)  # numba bit conversions (ml_dtypes' astype: ~6x slower)
+        return CastPlan("bf16", dst)  # numba bit conversions (faster than ml_dtypes' astype)
     if dst in FLOAT8 and saturate:
         return CastPlan("saturate", dst)
     if dst == E8M0:

@@ -22,19 +22,9 @@ _MAP_OP = np.array([0, 0, A.SIGMOID, A.TANH, A.GELU_ERF, A.GELU_TANH, A.SWISH, A
 CLIP = ACTIVATIONS["Clip"]
 
 
-#: elements from which the epilogue runs in parallel: waking the second thread of a parallel
-#: region costs ~50 us on the 2-core AVX-512 dev VM, more than a cheap epilogue (bias, ReLU, residual)
-#: takes alone below ~1M elements (measured: 96K bias 6 vs 54 us, 196K relu+residual 25 vs 66,
-#: 784K 32-70 vs 60-88 us); activations with exp/erf/tanh pay from ~32K
-#: The AVX2 VM of 2026-12-01 (slower cores, cheaper wake-ups relative to them) disagrees: there
-#: the parallel pass wins from ~100K elements (`conv bias + residual + relu`, (C, HW) rows,
-#: serial vs 2 threads: 100K 78-209 vs 52-88 us, 401K 322 vs 187, 802K 671 vs 628; bias + relu
-#: 401K 347 vs 156, 802K 588 vs 306). 256K was the compromise while the GEMMs ran on OpenBLAS.
-#: Now the GEMM before an epilogue runs on MKL, whose threads are numba's own libgomp pool, still
-#: spinning (GOMP_SPINCOUNT) when the epilogue starts: measured on the AVX-512 VM (2026-12-02,
-#: an MKL GEMM then the epilogue, bias + ReLU (+ residual), (C, HW) rows, parallel vs serial):
-#: 512x49 (25K) 10 vs 41 us, 1024x49 19 vs 71, 256x196 9 vs 26, 1024x196 30 vs 91, 512x784 73
-#: vs 124, 256x3136 115 vs 195; even 32x784 8 vs 9. Hence 32K.
+#: elements from which the epilogue runs in parallel: the GEMM before it (MKL, on numba's own
+#: libgomp pool) leaves the workers spinning, so a second thread pays off early (figures and the
+#: history of this threshold: docs/performance.md, "Parallel thresholds")
 PARALLEL_MIN = 1 << 15
 PARALLEL_MIN_COSTLY = 1 << 15
 _COSTLY = (ACTIVATIONS["Sigmoid"], ACTIVATIONS["Tanh"], ACTIVATIONS["Gelu"], ACTIVATIONS["GeluTanh"],

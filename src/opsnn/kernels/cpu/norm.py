@@ -15,8 +15,8 @@ then centred squares); the row is still hot in cache for the second read.
 
 LayerNorm/RMSNorm float32 rows (a few KiB, cache-resident) instead run every loop in float32
 8 lanes wide — blocks of ``_BLK`` float32 partial sums joined in float64, a corrected
-two-pass variance — and normalise in float32 (``_stats_row32``): 3x faster than the float64
-sums on the AVX2 VM, within float32 rounding of the float64 reference.
+two-pass variance — and normalise in float32 (``_stats_row32``): faster than float64 sums,
+within float32 rounding of the float64 reference.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import math
 import numba as nb
 import numpy as np
 
-#: below this many elements the serial variant runs; measured 2026-12-01 on the 2-core dev VM (bench: serial vs 2 threads per size): waking the second thread of a parallel region costs ~50 us with OMP_WAIT_POLICY=PASSIVE: layer_norm 96K 30 vs 62 us,
-#: 512K 134 vs 136, 1M 257 vs 191
+#: below this many elements the serial variant runs: waking a parallel region's second thread
+#: costs more than it saves (figures: docs/performance.md, "Parallel thresholds")
 PARALLEL_MIN = 1 << 19
 
 _OPTS = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
@@ -93,8 +93,8 @@ def _shifted_sums32(xs, c):
 @nb.njit(**_OPTS)
 def _stats_row32(xs):
     """(mean, population variance) of a float32 row in float32 vector loops (float64 sums of
-    float32 data cost a widening convert and half-width vectors per element: on the AVX2
-    VM 3x slower for LayerNorm's rows), with float64 totals per block of ``_BLK``.
+    float32 data cost a widening convert and half-width vectors per element), with float64
+    totals per block of ``_BLK``.
 
     One pass of sums shifted by ``c``, the mean of the first 8 elements (``d = x - c``,
     ``sum(d)``, ``sum(d*d)``), whose float32 cancellation in ``E[d²] - E[d]²`` costs about
@@ -169,8 +169,8 @@ def _ln_rows32(x, scale, bias, has_bias, y, mean_o, inv_o, r0, r1, N, eps, rms):
     """Rows ``r0..r1`` of a float32 LayerNorm/RMSNorm, every loop in float32 (8 lanes): the
     statistics of ``_stats_row32`` / ``_sumsq_row32``, then ``y = ((x - mh)*a - ml*a) * scale + bias``
     with the mean split as ``mh + ml``.
-    A loop over rows in one function (not a call per row): the per-row calls of the float64
-    path cost ~13 us of the ~50 us of BERT's (128, 768)."""
+    A loop over rows in one function (not a call per row): per-row calls cost a sizeable share
+    of a short row's time."""
     for row in range(r0, r1):
         xs = x[row * N: row * N + N]
         ys = y[row * N: row * N + N]
@@ -439,7 +439,7 @@ def scale_rows(w: np.ndarray, factor: np.ndarray) -> np.ndarray:
     """``w * factor`` per output channel (axis 0), each product in float64 and rounded once to
     ``w``'s dtype: the weight of a BatchNorm folded into its Conv. One pass, no float64 copy of
     the weight (numpy's ``(w.astype(float64) * f).astype(w.dtype)`` allocates three arrays per
-    weight: ResNet-50's folding 0.26 s -> ~0.02 s, the same bits)."""
+    weight and is much slower on ResNet-50's folding; the same bits)."""
     factor = np.ascontiguousarray(factor, np.float64).reshape(-1)
     if w.dtype not in (np.float32, np.float64) or w.ndim == 0 or w.shape[0] != factor.size:
         return (w.astype(np.float64) * factor.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-#: below this many output elements the serial variant runs (thread fan-out costs ~10 µs)
+#: below this many output elements the serial variant runs (thread fan-out costs more than the work)
 PARALLEL_MIN = 1 << 14
 #: a work item's scratch (its input rows reduced over the window's width, float64 at most) is
 #: kept under this many bytes by capping its output rows: bounded memory on any image size
@@ -208,9 +208,8 @@ def _pool2d(x3, y3, plan: PoolPlan, hdiv, wdiv, init, is_max: bool, acc_t) -> No
 
 # -- 2-D max pooling (no indices): columns first, in long branch-free streams --------------------
 # A running ``acc[t] = max(acc[t], v[t])`` is a store of v only where v wins, which LLVM
-# vectorizes as a masked store (vmaskmovps): microcoded on AMD Zen, ~10x slower than a plain
-# loop (the separable kernel above took 3.4 ms on ResNet-50's 3x3/2 pool of 64x112x112 with 2
-# threads; this path ~0.7 ms on one thread, 0.5 with two, on the 2-core AVX2 VM). So every pass here writes a buffer it does not read, up to three taps per
+# vectorizes as a masked store (vmaskmovps): microcoded on AMD Zen, far slower than a plain
+# loop (figures: docs/performance.md, "Max pooling"). So every pass here writes a buffer it does not read, up to three taps per
 # pass, and indexes flat arrays with unsigned offsets (no per-row slices, whose reference
 # counting costs more than a 100-element row). Per work item (plane, block of output rows):
 #   1. V[r, w]  = max over the window's valid rows of x[.., w]       (a W-long stream per row)

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
-#: below this many input elements the serial variant runs; measured 2026-12-01 on the 2-core dev VM (bench: serial vs 2 threads per size): waking the second thread of a parallel region costs ~50 us with OMP_WAIT_POLICY=PASSIVE: sum over rows
-#: 32K 6 vs 52 us, 1M 73 vs 92, 4M 318 vs 223
+#: below this many input elements the serial variant runs: waking a parallel region's second
+#: thread costs more than it saves (figures: docs/performance.md, "Parallel thresholds")
 PARALLEL_MIN = 1 << 20
 #: rows shorter than this are never split into chunks
 CHUNK_MIN = 1 << 14
@@ -481,8 +481,8 @@ def _reduce_flat(flat, o, plan: ReducePlan, ws, acc: int, post: int) -> None:
 
 
 def _logsumexp(flat, o, plan: ReducePlan, ws) -> None:
-    """max (numba) -> exp(x - max) (numpy's SIMD exp: numba without SVML calls scalar libm,
-    ~25x slower) -> sum (numba, float64 accumulation) -> max + log(sum)."""
+    """max (numba) -> exp(x - max) (numpy's SIMD exp: numba without SVML calls scalar libm per
+    element) -> sum (numba, float64 accumulation) -> max + log(sum)."""
     dt = flat.dtype
     base = plan.ws_perm + plan.ws_part
     nout = plan.outer * plan.inner

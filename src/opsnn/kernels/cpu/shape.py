@@ -22,11 +22,10 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-#: copies smaller than this run through numpy (a numba call costs a few µs)
+#: copies smaller than this run through numpy (a numba call's fixed cost dominates them)
 PARALLEL_MIN_BYTES = 1 << 16
-#: numba copies smaller than this run on the calling thread: waking the second thread of a
-#: parallel region costs ~50 µs on the 2-core VM, while one thread moves ~16 GB/s
-#: (BERT's (1, 128, 12, 64) head split, 384 KiB: parallel rows 95 µs, serial 25 µs, np.copyto 41 µs)
+#: numba copies smaller than this run on the calling thread: one thread copies them before a
+#: parallel region's second thread would be awake (figures: docs/performance.md, "Copies")
 THREADS_MIN_BYTES = 2 << 20
 #: long rows are split into chunks of this many elements so one row still spreads over threads
 ROW_CHUNK = 1 << 15
@@ -104,8 +103,7 @@ def copy_rows(src, soff, sstr, dst, doff, dstr, oshape, rowlen, s_in, d_in, chun
 def copy_rows_serial(src, soff, sstr, dst, doff, dstr, oshape, rowlen, s_in, d_in, chunk):
     """``copy_rows`` on the calling thread (copies below ``THREADS_MIN_BYTES``): the outer
     index runs as an odometer (no divisions per row), contiguous rows copy in a vectorised
-    loop (BERT's head split, 1536 rows of 64 floats: 30 µs, vs 170 µs with the per-task
-    index decomposition of the parallel kernel run serially)."""
+    loop (much cheaper than the parallel kernel's per-task index decomposition run serially)."""
     nd = oshape.size
     nrows = 1
     for k in range(nd):

@@ -20,7 +20,7 @@ from ...errors import ParamInvalidError
 from .conv import ALIGN, workspace_view
 from .mkl import matmul as _blas_matmul
 
-#: below this many output elements the serial variants run (thread fan-out costs ~10 µs)
+#: below this many output elements the serial variants run (thread fan-out costs more than the work)
 PARALLEL_MIN = 1 << 14
 #: output points per GridSample work item
 GS_BLOCK = 256

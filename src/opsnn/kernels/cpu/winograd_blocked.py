@@ -16,11 +16,9 @@ cheap, and on blocked tensors they do:
 3. **output transform** (numba, same split over output channel blocks): A^T m A per tile, the
    bias, a residual Z and ReLU applied as it is written into Y (nChw<b>c), clipped at the edge.
 
-Measured on the 2-core AVX-512 (Zen 4) VM, fp32, bias + Relu, ms, oneDNN direct / this kernel
-(best of 3 x 10 calls, interleaved): batch 1: 64 ch 56x56 0.99 / 0.44, 128 ch 28x28 0.98 / 0.39,
-256 ch 14x14 1.00 / 0.57, 512 ch 7x7 1.04 / 1.03; batch 8: 8.38 / 4.52, 7.96 / 3.12, 7.51 / 3.71.
-The transforms' lanes must vectorize: with signed indices they took 0.22 + 0.30 ms of the 56x56
-case, with unsigned ones 0.15 + 0.12. ``ops/defs/blocked.py`` says which shapes it takes.
+It takes about half the direct convolution's time on ResNet-50's stages 1-3 (figures:
+docs/performance.md, "Winograd on blocked tensors"). The transforms' lanes must vectorize
+(unsigned indices, below). ``ops/defs/blocked.py`` says which shapes it takes.
 
 Accuracy: F(4x4)'s constants amplify rounding: results differ from a direct convolution by
 about 1e-5 of the output's scale (tests allow 2e-4, as for :mod:`.winograd`).
@@ -39,9 +37,8 @@ from .winograd import ALPHA, POINTS, TILE, _at, _bt, transform_weights
 _U = np.uintp  # unsigned indices: no negative-index wraparound, so LLVM vectorizes
 
 #: U (36 x C_in x C_out float32) above this many bytes streams from memory on every call with
-#: few tiles to share it: 512 channels at 7x7 (37.7 MB, 4 tiles) took 3.5 ms in the GEMMs alone
-#: against 0.92 ms for oneDNN's direct convolution. ``ops/defs/blocked.py`` also wants enough
-#: tiles per image (see there).
+#: few tiles to share it, and the direct convolution wins (docs/performance.md).
+#: ``ops/defs/blocked.py`` also wants enough tiles per image (see there).
 MAX_WEIGHT_BYTES = 16 << 20
 
 
@@ -144,8 +141,7 @@ def weight_bytes(c_in: int, c_out: int) -> int:
 
 
 #: images per chunk are chosen so a chunk's V + M stay near this many bytes (cache-resident
-#: between the transforms and the GEMMs): 8 x 64 ch 56x56 in one chunk (29 MB) took 10.0 ms,
-#: the transforms alone 5.5 of it
+#: between the transforms and the GEMMs; one large chunk spends most of its time in the transforms)
 CHUNK_BYTES = 4 << 20
 
 

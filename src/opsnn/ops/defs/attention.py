@@ -431,8 +431,8 @@ def _gemm(ins, outs, attrs, plan, ws):
     stacked as rows), a parallel numba masked softmax in place, then probs @ V by BLAS.
     3-D (B, S, H*D) inputs and output (no GQA) go to BLAS as head-strided views (leading
     dimension H*D): no transposed copies of Q, K, V or Y. With MKL each product is one
-    ``cblas_sgemm_batch`` over all heads (BERT-base, 12 heads x 128 x 64: QK^T 0.45 -> 0.15 ms
-    on the 2-core AVX-512 VM), else numpy's matmul (a BLAS call per head). With MKL, when the
+    ``cblas_sgemm_batch`` over all heads (one call instead of one per head; docs/performance.md),
+    else numpy's matmul (a BLAS call per head). With MKL, when the
     (batch, KV head) tasks split evenly over the threads and Y is a BLAS operand, the three
     steps run as one region instead, a task per (batch, KV head) (``K.gemm_tasks``)."""
     ins = list(ins) + [None] * (7 - len(ins))

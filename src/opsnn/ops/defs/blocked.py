@@ -170,9 +170,7 @@ def _blocked_conv(ins, outs, attrs, plan, ws):
 
 
 #: Winograd on blocked tensors is preferred to oneDNN's direct convolution from this many 4x4
-#: output tiles per image (batch 1, 2-core AVX-512 VM, ms, direct / Winograd: 64 ch 56x56 (196
-#: tiles) 0.99 / 0.44, 128 ch 28x28 (49) 0.98 / 0.39, 256 ch 14x14 (16) 1.00 / 0.57, 512 ch 7x7
-#: (4) 1.04 / 1.03 with a 38 MB transformed weight)
+#: output tiles per image (docs/performance.md, "Winograd on blocked tensors")
 WINOGRAD_MIN_TILES = 16
 
 

@@ -309,53 +309,38 @@ def _is_2d(ctx):
 #: (no column buffer), which is slower but needs no workspace
 IM2COL_MAX_BYTES = 512 << 20
 #: a banded im2col (columns larger than ``K.BAND_BYTES``) with at most this many output channels
-#: per group is a thin, memory-bound GEMM per band: the direct kernel is as fast on one core
-#: (1 -> 4 channels, 4096x4096: 65 vs 69 ms; 3 -> 8: 252 vs 222 ms) and, on two busy cores,
-#: 7-10x faster (it does not alternate numba and BLAS thread pools band after band)
+#: per group is a thin, memory-bound GEMM per band: the direct kernel is as fast on one core and
+#: much faster on busy cores (it does not alternate numba and BLAS thread pools band after band;
+#: figures: docs/performance.md, "Convolution algorithms")
 IM2COL_THIN_M = 8
-#: Winograd is chosen from these sizes up (measured on the 2-core Zen 4 dev machine with
-#: bench/kernels.py: below them im2col + one large GEMM is as fast or faster; e.g. 512
-#: channels at 7x7 has 4 tiles per image: 0.55x at batch 1, 0.85x at 2, 1.2x at 4; with
-#: pre-transformed weights, one thread: 64 ch 56x56 (196 tiles) 1.53x faster, 128 ch 28x28 (49)
-#: 1.47x, 256 ch 14x14 (16) 0.82x, 64 ch at 16 tiles 0.65x, 128 ch 0.97x)
+#: Winograd is chosen from these sizes up: below them im2col + one large GEMM is as fast or
+#: faster (this and the thresholds below: docs/performance.md, "Convolution algorithms")
 WINOGRAD_MIN_CHANNELS = 8
 WINOGRAD_MIN_TILES = 32
 #: dilated 3x3 convs run as dilation**2 dense Winograd convs on phase sub-images; each phase
 #: pays copies and its own 36 GEMMs, so they need wide layers and >= 16 tiles per phase
-#: (measured: 256 ch 33x33 d=2 1.2x; 64 ch 56x56 d=4 0.9x vs im2col)
 WINOGRAD_DILATED_MIN_CHANNELS = 128
 #: a weight not known at prepare (eager calls) is transformed on every call (36 x M x C values):
-#: that pays off from this many output tiles (measured on one core, per-call transform included,
-#: vs im2col: 64 ch 56x56 (196 tiles) 1.5x faster, 128 ch 28x28 (49) 1.1x, 256 ch 14x14 (16) 0.46x)
+#: that pays off from this many output tiles
 WINOGRAD_MIN_TILES_UNPACKED = 40
-#: F(4x4) vs F(2x2) (both with pre-packed weights, one thread, bench/kernels.py shapes): F(4x4)'s
-#: 36 GEMMs do 44% fewer multiplies but are thinner, its transforms cost more per output and its
-#: 4x4 tiles overhang small images (14x14: 16x16 computed). It is preferred only with
-#: min(C, M) x tiles >= WINOGRAD_F4_MIN_WORK, or WINOGRAD_F4_MIN_WORK_NARROW on images less than
-#: WINOGRAD_F4_MIN_TILE_COLS tiles wide (output width < 25), and, below 64 channels, with >=
-#: WINOGRAD_F4_MIN_TILES_FEW_CH tiles. Measured, vs im2col (F4 / F2): 64 ch 56x56 1.88x / 1.61x,
-#: 128 ch 28x28 1.79 / 1.56, 256 ch 28x28 1.76 / 1.30, 16 ch 112x112 2.2 / 2.0; 64 ch 28x28
-#: 1.43 / 1.69, 32 ch 56x56 1.19 / 1.71, 64 ch 56x56 batch 2 / 4 / 8 1.63 / 1.54 / 1.54 vs 1.48 /
-#: 1.45 / 1.45, 32 ch 56x56 batch 4 1.23 / 1.29; 256 ch 14x14 at batch 1 / 2 / 4 / 8: F4 1.14 / 1.19 /
-#: 1.57 / 1.83, F2 1.33 / 1.38 / 1.55 / 1.53; 512 ch 7x7 at batch 1 / 2 / 4 / 8: F4 0.55 / 0.89 /
-#: 1.53 / 2.05, F2 1.05 / 1.46 / 1.88 / 1.86
+#: F(4x4) vs F(2x2): F(4x4)'s 36 GEMMs do fewer multiplies but are thinner, its transforms cost
+#: more per output and its 4x4 tiles overhang small images (14x14: 16x16 computed). It is
+#: preferred only with min(C, M) x tiles >= WINOGRAD_F4_MIN_WORK, or WINOGRAD_F4_MIN_WORK_NARROW on
+#: images less than WINOGRAD_F4_MIN_TILE_COLS tiles wide (output width < 25), and, below 64
+#: channels, with >= WINOGRAD_F4_MIN_TILES_FEW_CH tiles
 WINOGRAD_F4_MIN_TILE_COLS = 7
 WINOGRAD_F4_MIN_WORK = 6144
 WINOGRAD_F4_MIN_WORK_NARROW = 16384
 WINOGRAD_F4_MIN_TILES_FEW_CH = 400
 #: F(2x2, 3x3) vs im2col: below this much GEMM work (tiles of 2x2 x C x M) the conv takes a few
-#: tens of microseconds and the transforms' fixed costs eat the saving (measured: 8 ch 28x28
-#: (12.5k) 0.99x, 16 ch 14x14 (12.5k) 1.01x; 32 ch 14x14 (50k) 1.23x, 8 ch 56x56 (50k) 1.48x)
+#: tens of microseconds and the transforms' fixed costs eat the saving
 WINOGRAD_F2_MIN_WORK = 1 << 15
 #: F(2x2) with a weight transformed on every call (16 x M x C values) needs this many 2x2 tiles
-#: (measured vs im2col: 256 ch 14x14 (49 tiles) 0.79x, 96 ch 20x20 (100) 1.22x, 64 ch 28x28 (196) 1.39x)
 WINOGRAD_F2_MIN_TILES_UNPACKED = 100
 #: F(2x2) with a pre-transformed weight of more than WINOGRAD_F2_WIDE_BYTES (16 x M x C values:
 #: 1.8x the weight itself) needs this many 2x2 tiles: with fewer, the products stream that
-#: weight from memory for a few columns each and im2col's smaller weight wins (measured, batch 1,
-#: vs im2col_mkl_packed: 512 ch 4x4 (4 tiles) 1.61x slower, 256 ch 4x4 1.38x, 256 ch 6x6 (9)
-#: 1.26x, 512 ch 6x6 0.96x, 512 ch 7x7 (16) 0.81x faster, 256 ch 7x7 0.83x; 128 ch 4x4 0.99x,
-#: 64 ch 4x4 0.88x: those transformed weights stay in L2)
+#: weight from memory for a few columns each and im2col's smaller weight wins (smaller
+#: transformed weights stay in L2)
 WINOGRAD_F2_MIN_TILES_WIDE = 12
 WINOGRAD_F2_WIDE_BYTES = 2 << 20
 
@@ -572,10 +557,8 @@ def _mkl_packed_rejection(ctx) -> str | None:
 
 
 #: conv2d_im2col_tasks: weights up to this many bytes (each task's GEMM reads the whole weight
-#: from its core's cache; few input channels, e.g. a stem). Measured on the 2-core AVX-512 VM
-#: against the banded im2col on MKL's packed weight: ResNet-50's stem (37 KB) 1.64 vs 2.44 ms,
-#: 64 -> 64 3x3 at 56x56 (147 KB) 1.45 vs 2.08, 128 -> 128 3x3 stride 2 (590 KB) 1.71 vs 1.77,
-#: 256 -> 256 3x3 stride 2 (2.4 MB) 1.88 vs 1.76, 512 -> 512 (9.4 MB) 2.78 vs 2.10
+#: from its core's cache; few input channels, e.g. a stem); larger weights run faster on the
+#: banded im2col (figures: docs/performance.md, "Convolution algorithms")
 TASKS_MAX_WEIGHT_BYTES = 256 << 10
 
 
@@ -604,10 +587,7 @@ def _tasks_applies(ctx):
 
 def _packed_applies(base):
     # MKL's packed panel stays the choice where OpenBLAS is the faster library for plain GEMMs
-    # (KM.gemm_library()): in the graph, on a 2-core EPYC Zen 4 VM, ms, OpenBLAS / MKL packed,
-    # ResNet-50's 1x1 convs: 512->128 at 28x28 0.84-0.91 / 0.68-0.71, 256->1024 at 14x14
-    # 0.83-0.91 / 0.72-0.73, 64->256 at 56x56 0.99-1.42 / 0.84-0.87, 2048->512 at 7x7 0.73-0.75 /
-    # 0.87-0.90; 3x3 stride-2 im2col 128 ch at 56x56 2.14-2.25 / 2.13-2.81
+    # (KM.gemm_library()): on ResNet-50's 1x1 convs it is still the faster (docs/performance.md)
     def applies(ctx):  # a hard rejection first: the base may answer NotPreferred (runnable)
         return _mkl_packed_rejection(ctx) or base(ctx)
     return applies

@@ -229,10 +229,8 @@ def _fused_mm_onednn_applies(ctx):
     return True
 
 
-#: fewest rows for which FusedMatMul prefers oneDNN's matmul. Measured on the 2-core EPYC Zen 4 VM
-#: (2026-12-02, ms, oneDNN / opsnn's MatMul path on OpenBLAS): 768->3072 with 1 row 0.10-0.14 /
-#: 0.11-0.17 (even: the matrix-vector kernels stay), 2 rows 0.11 / 0.79-0.84, 8 rows 0.22 / 0.84-0.87,
-#: 16 rows 0.38-0.57 / 1.04-1.25; 128 rows with bias + GELU 4.2-4.4 / 4.4-5.4 (product alone)
+#: fewest rows for which FusedMatMul prefers oneDNN's matmul (one row is a tie: the matrix-vector
+#: kernels stay; figures: docs/performance.md, "Products with a constant weight")
 ONEDNN_MIN_ROWS = 2
 
 

@@ -98,8 +98,7 @@ MatMul.kernel("matmul_blas", dtypes=_F32_64, priority=10, plan=_matmul_plan, str
               doc="OpenBLAS sgemm/dgemm; a (..., M, K) @ (K, N) batch is folded into one GEMM")(K.matmul)
 
 #: fp16 MatMul with at most this many rows of A runs the tiled kernel by default: numpy's
-#: fp16 -> fp32 cast of B then dominates the adapter path (bench/kernels.py --only lowp,
-#: single thread: 16 rows 2.2x, 1 row 4.8x faster; 128 rows 0.66-0.75x)
+#: fp16 -> fp32 cast of B then dominates the adapter path (docs/performance.md, "Low precision")
 LOWP_MAX_ROWS_F16 = 32
 
 
@@ -109,8 +108,8 @@ def _prepacked_applies(ctx):
     if len(ctx.shape(1)) != 2:
         return "needs a 2-D constant weight"
     if ctx.dtype(0) != _dt.float16:
-        # measured (bench/kernels.py --only lowp, 1 thread): fp16 1.4-1.5x faster than the adapter;
-        # bf16 0.84-1.05x (its widening is a shift, cheaper than reading a cold fp32 copy)
+        # packing pays for fp16 only: bf16's widening is a shift, no dearer than reading a cold
+        # fp32 copy (docs/performance.md, "Low precision")
         return NotPreferred(f"{_dt.name(ctx.dtype(0))} weights: converting per call costs no more than reading "
                             "a pre-packed fp32 copy (packing pays off for float16)")
     return True
@@ -405,8 +404,7 @@ def _gemm_vector(ins, outs, attrs, plan, ws):
 
 #: a one-row Gemm with a constant B (a classifier head: ResNet-50's 2048 -> 1000) reads B once
 #: either way, so the kernel that streams it fastest wins: B as (N, K) rows read in memory order
-#: by ``gemm_rows`` (2-core Zen 4 VM, weight not in cache, ms: 2048 -> 1000 + bias, oneDNN matmul
-#: 0.57, MKL sgemv 0.57, gemm_rows 0.33)
+#: by ``gemm_rows`` (docs/performance.md, "Products with a constant weight")
 Gemm.kernel("gemm_vector", dtypes=(_dt.float32,), priority=37, applies=_gemm_vector_applies,
             plan=_gemm_vector_plan,
             doc="one row, a constant B (transposed once at prepare when transB=0), transA=0, alpha=1: the "
