@@ -16,8 +16,8 @@ executor's adapter), so sums of float32 are exact to float32 rounding; fastmath
 ``reassoc`` lets LLVM vectorise those float64 sums (~10x over a strict serial chain) and
 changes nothing but the order of additions. Max/min run a vectorised NaN scan, then an
 8-accumulator compare/select loop (NaN propagates). Log-sum-exp is max (numba), then
-``exp(x - max)`` with numpy's SIMD exp (numba without SVML calls scalar libm: ~25x
-slower), then a float64 sum. Integer reductions and integer ArgMax/ArgMin run numpy
+``exp(x - max)`` with numpy's SIMD exp (numba without SVML calls scalar libm per
+element), then a float64 sum. Integer reductions and integer ArgMax/ArgMin run numpy
 kernels in int64 (exact; rarely hot, and they spare numba specialisations).
 
 An empty reduction (``R == 0``) follows ONNX: sum 0, prod 1, max -inf, min +inf, mean
