@@ -1,0 +1,577 @@
+"""Gradient rules as data: one rule per op name, attached to the op records at import.
+
+A rule is ``rule(ctx, grads) -> [gradient or None per input]``: ``ctx`` holds the forward
+inputs, outputs and bound attributes and which inputs need a gradient (``ctx.needs``),
+``grads`` the incoming gradient of each output (None where none flowed). Rules are written
+with registry ops (the functional API), so a backward pass runs through the same executor,
+kernels and observers as the forward. Like PyTorch's ``derivatives.yaml`` (one entry per op)
+and tinygrad's ``gradient.py``, the table is kept in one place rather than beside each record,
+so the op definitions stay about running the op; ``attach()`` writes each rule onto its
+record's ``gradient`` field, and ``opsnn info --ops`` reads that field.
+
+Outputs other than the first (LayerNormalization's Mean/InvStdDev, MaxPool's Indices,
+BatchNormalization's running statistics, SoftmaxCrossEntropyLoss' log_prob) are treated as
+not differentiable; integer and host inputs (indices, labels, shapes, axes) get no gradient.
+
+>>> import opsnn
+>>> opsnn.ops.get_op("Mul").gradient is not None
+True
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ParamInvalidError
+from ..tensor import Tensor, ones, tensor, zeros
+from .registry import get_op, has_op
+
+
+
+class GradContext:
+    """What a gradient rule sees: the forward call's inputs, outputs and attributes."""
+
+    __slots__ = ("op", "inputs", "outputs", "attrs", "needs")
+
+    def __init__(self, op: str, inputs: list, outputs: list, attrs: dict, needs: list):
+        self.op = op
+        self.inputs = inputs
+        self.outputs = outputs
+        self.attrs = attrs
+        self.needs = needs
+
+    def value(self, i: int):
+        """Host value (numpy) of input ``i``, or None when it was omitted."""
+        t = self.inputs[i] if i < len(self.inputs) else None
+        return None if t is None else t.numpy()
+
+
+def _ops():
+    from .. import ops
+
+    return ops
+
+
+def _const(arr, like: Tensor) -> Tensor:
+    return tensor(np.asarray(arr, dtype=like.dtype))
+
+
+def unbroadcast(g: Tensor, shape: tuple) -> Tensor:
+    """``g`` summed over the dims that broadcasting added or stretched, reshaped to ``shape``."""
+    shape = tuple(shape)
+    if tuple(g.shape) == shape:
+        return g
+    ops = _ops()
+    lead = g.ndim - len(shape)
+    axes = list(range(lead)) + [lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1]
+    if axes:
+        g = ops.sum(g, dim=axes, keepdim=True)
+    return ops.reshape(g, shape)
+
+
+def _perm_last2(nd: int) -> list:
+    return list(range(nd - 2)) + [nd - 1, nd - 2]
+
+
+# -- elementwise -----------------------------------------------------------------------------------
+def _add(ctx, grads):
+    g = grads[0]
+    a, b = ctx.inputs
+    return [unbroadcast(g, a.shape) if ctx.needs[0] else None, unbroadcast(g, b.shape) if ctx.needs[1] else None]
+
+
+def _sub(ctx, grads):
+    g = grads[0]
+    a, b = ctx.inputs
+    return [unbroadcast(g, a.shape) if ctx.needs[0] else None,
+            unbroadcast(_ops().neg(g), b.shape) if ctx.needs[1] else None]
+
+
+def _mul(ctx, grads):
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs
+    return [unbroadcast(ops.mul(g, b), a.shape) if ctx.needs[0] else None,
+            unbroadcast(ops.mul(g, a), b.shape) if ctx.needs[1] else None]
+
+
+def _div(ctx, grads):
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs
+    y = ctx.outputs[0]
+    return [unbroadcast(ops.div(g, b), a.shape) if ctx.needs[0] else None,
+            unbroadcast(ops.neg(ops.div(ops.mul(g, y), b)), b.shape) if ctx.needs[1] else None]
+
+
+def _neg(ctx, grads):
+    return [_ops().neg(grads[0])]
+
+
+def _pow(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, e = ctx.inputs
+    z = ctx.outputs[0]
+    gx = ge = None
+    if ctx.needs[0]:
+        e_f = e if e.dtype == x.dtype else ops.cast(e, x.dtype)
+        gx = unbroadcast(ops.mul(g, ops.mul(e_f, ops.pow(x, ops.sub(e_f, _const(1, x))))), x.shape)
+    if ctx.needs[1]:
+        ge = unbroadcast(ops.mul(g, ops.mul(z, ops.log(x))), e.shape)
+    return [gx, ge]
+
+
+def _exp(ctx, grads):
+    return [_ops().mul(grads[0], ctx.outputs[0])]
+
+
+def _log(ctx, grads):
+    return [_ops().div(grads[0], ctx.inputs[0])]
+
+
+def _sqrt(ctx, grads):
+    ops = _ops()
+    y = ctx.outputs[0]
+    return [ops.div(ops.mul(grads[0], _const(0.5, y)), y)]
+
+
+def _relu(ctx, grads):
+    ops = _ops()
+    x = ctx.inputs[0]
+    return [ops.where(ops.gt(x, _const(0, x)), grads[0], _const(0, x))]
+
+
+def _sigmoid(ctx, grads):
+    ops = _ops()
+    y = ctx.outputs[0]
+    return [ops.mul(grads[0], ops.mul(y, ops.sub(_const(1, y), y)))]
+
+
+def _tanh(ctx, grads):
+    ops = _ops()
+    y = ctx.outputs[0]
+    return [ops.mul(grads[0], ops.sub(_const(1, y), ops.mul(y, y)))]
+
+
+def _gelu(ctx, grads):
+    ops = _ops()
+    x = ctx.inputs[0]
+    approx = ctx.attrs.get("approximate", "none")
+    approx = approx.decode() if isinstance(approx, bytes) else approx
+    if approx == "tanh":
+        k = math.sqrt(2.0 / math.pi)
+        x2 = ops.mul(x, x)
+        u = ops.mul(_const(k, x), ops.add(x, ops.mul(_const(0.044715, x), ops.mul(x2, x))))
+        t = ops.tanh(u)
+        du = ops.mul(_const(k, x), ops.add(_const(1, x), ops.mul(_const(3 * 0.044715, x), x2)))
+        d = ops.add(ops.mul(_const(0.5, x), ops.add(_const(1, x), t)),
+                    ops.mul(ops.mul(_const(0.5, x), x), ops.mul(ops.sub(_const(1, x), ops.mul(t, t)), du)))
+    else:
+        cdf = ops.mul(_const(0.5, x), ops.add(_const(1, x), ops.erf(ops.mul(x, _const(1 / math.sqrt(2), x)))))
+        pdf = ops.mul(_const(1 / math.sqrt(2 * math.pi), x), ops.exp(ops.mul(ops.mul(x, x), _const(-0.5, x))))
+        d = ops.add(cdf, ops.mul(x, pdf))
+    return [ops.mul(grads[0], d)]
+
+
+def _softmax(ctx, grads):
+    ops = _ops()
+    y, g = ctx.outputs[0], grads[0]
+    axis = int(ctx.attrs.get("axis", -1))
+    s = ops.sum(ops.mul(g, y), dim=axis, keepdim=True)
+    return [ops.mul(y, ops.sub(g, s))]
+
+
+def _log_softmax(ctx, grads):
+    ops = _ops()
+    y, g = ctx.outputs[0], grads[0]
+    axis = int(ctx.attrs.get("axis", -1))
+    return [ops.sub(g, ops.mul(ops.exp(y), ops.sum(g, dim=axis, keepdim=True)))]
+
+
+def _identity(ctx, grads):
+    return [grads[0]]
+
+
+def _cast(ctx, grads):
+    x = ctx.inputs[0]
+    if x.dtype.kind != "f" and not str(x.dtype) == "bfloat16":
+        return [None]
+    g = grads[0]
+    return [g if g.dtype == x.dtype else _ops().cast(g, x.dtype)]
+
+
+# -- products ----------------------------------------------------------------------------------------
+def _matmul(ctx, grads):
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs
+    a2 = a if a.ndim > 1 else ops.reshape(a, (1, a.shape[0]))
+    b2 = b if b.ndim > 1 else ops.reshape(b, (b.shape[0], 1))
+    g2 = g
+    if a.ndim == 1:
+        g2 = ops.unsqueeze(g2, -2 if b.ndim > 1 else 0)
+    if b.ndim == 1:
+        g2 = ops.unsqueeze(g2, -1)
+    ga = gb = None
+    if ctx.needs[0]:
+        ga = ops.matmul(g2, ops.transpose(b2, _perm_last2(b2.ndim)))
+        ga = ops.reshape(unbroadcast(ga, a2.shape), a.shape)
+    if ctx.needs[1]:
+        gb = ops.matmul(ops.transpose(a2, _perm_last2(a2.ndim)), g2)
+        gb = ops.reshape(unbroadcast(gb, b2.shape), b.shape)
+    return [ga, gb]
+
+
+def _gemm(ctx, grads):
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs[0], ctx.inputs[1]
+    c = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    alpha, beta = float(ctx.attrs.get("alpha", 1.0)), float(ctx.attrs.get("beta", 1.0))
+    ta, tb = int(ctx.attrs.get("transA", 0)), int(ctx.attrs.get("transB", 0))
+    a_ = ops.transpose(a) if ta else a
+    b_ = ops.transpose(b) if tb else b
+    ga_ = ops.mul(g, _const(alpha, g)) if alpha != 1.0 else g
+    out = [None, None, None]
+    if ctx.needs[0]:
+        d = ops.matmul(ga_, ops.transpose(b_))
+        out[0] = ops.transpose(d) if ta else d
+    if ctx.needs[1]:
+        d = ops.matmul(ops.transpose(a_), ga_)
+        out[1] = ops.transpose(d) if tb else d
+    if c is not None and len(ctx.needs) > 2 and ctx.needs[2]:
+        out[2] = unbroadcast(ops.mul(g, _const(beta, g)) if beta != 1.0 else g, c.shape)
+    return out[:len(ctx.inputs)]
+
+
+def _linear(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, w = ctx.inputs[0], ctx.inputs[1]
+    b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    out_f, in_f = w.shape
+    g2 = ops.reshape(g, (-1, out_f))
+    out = [None, None, None]
+    if ctx.needs[0]:
+        out[0] = ops.reshape(ops.matmul(g2, w), x.shape)
+    if ctx.needs[1]:
+        out[1] = ops.matmul(ops.transpose(g2), ops.reshape(x, (-1, in_f)))
+    if b is not None and len(ctx.needs) > 2 and ctx.needs[2]:
+        out[2] = ops.reshape(ops.sum(g2, dim=0), b.shape)
+    return out[:len(ctx.inputs)]
+
+
+# -- reductions --------------------------------------------------------------------------------------
+def _reduce_axes(ctx, ndim: int):
+    axes = ctx.value(1) if len(ctx.inputs) > 1 else None
+    if axes is None or np.size(axes) == 0:
+        if int(ctx.attrs.get("noop_with_empty_axes", 0)):
+            return None
+        return list(range(ndim))
+    return sorted({int(a) % max(ndim, 1) for a in np.asarray(axes).reshape(-1)})
+
+
+def _reduce(mean: bool):
+    def rule(ctx, grads):
+        ops, g = _ops(), grads[0]
+        x = ctx.inputs[0]
+        axes = _reduce_axes(ctx, x.ndim)
+        if axes is None:
+            return [g]
+        kshape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+        g = ops.reshape(g, kshape)
+        if mean:
+            n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
+            g = ops.div(g, _const(max(n, 1), g))
+        return [ops.expand(g, *x.shape)]
+
+    return rule
+
+
+# -- shape and index ----------------------------------------------------------------------------------
+def _reshape_back(ctx, grads):
+    return [_ops().reshape(grads[0], ctx.inputs[0].shape)]
+
+
+def _transpose(ctx, grads):
+    perm = ctx.attrs.get("perm")
+    nd = ctx.inputs[0].ndim
+    perm = list(range(nd))[::-1] if perm is None else [int(p) % nd for p in perm]
+    inv = [0] * nd
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return [_ops().transpose(grads[0], inv)]
+
+
+def _expand(ctx, grads):
+    return [unbroadcast(grads[0], ctx.inputs[0].shape)]
+
+
+def _concat(ctx, grads):
+    ops, g = _ops(), grads[0]
+    axis = int(ctx.attrs["axis"]) % g.ndim
+    out, start = [], 0
+    for i, t in enumerate(ctx.inputs):
+        n = t.shape[axis]
+        out.append(ops.slice(g, [start], [start + n], axes=[axis]) if ctx.needs[i] else None)
+        start += n
+    return out
+
+
+def _scatter_into(index_map: np.ndarray, g: Tensor, shape: tuple, add: bool) -> Tensor:
+    """A zero tensor of ``shape`` with ``g`` written (or added, for repeated positions) at the
+    flat positions ``index_map`` (same shape as ``g``)."""
+    ops = _ops()
+    n = int(np.prod(shape))
+    base = zeros((n,), g.dtype)
+    idx = tensor(np.ascontiguousarray(index_map.reshape(-1), dtype=np.int64))
+    out = ops.scatter_elements(base, idx, ops.reshape(g, (-1,)), axis=0, reduction="add" if add else "none")
+    return ops.reshape(out, shape)
+
+
+def _slice(ctx, grads):
+    x = ctx.inputs[0]
+    pos = np.arange(x.numel, dtype=np.int64).reshape(x.shape)
+    host = [None if t is None else t for t in ctx.inputs[1:]]
+    sel = _ops().run_op("Slice", [tensor(pos)] + host)[0].numpy()
+    return [_scatter_into(sel, grads[0], x.shape, add=False)] + [None] * (len(ctx.inputs) - 1)
+
+
+def _gather(ctx, grads):
+    x, idx = ctx.inputs
+    axis = int(ctx.attrs.get("axis", 0)) % x.ndim
+    ind = idx.numpy().astype(np.int64)
+    ind = np.where(ind < 0, ind + x.shape[axis], ind)
+    pos = np.take(np.arange(x.numel, dtype=np.int64).reshape(x.shape), ind, axis=axis)
+    return [_scatter_into(pos, grads[0], x.shape, add=True), None]
+
+
+# -- convolution and pooling ---------------------------------------------------------------------------
+def _ints_attr(attrs, name, n, default):
+    v = attrs.get(name)
+    if v is None or len(v) == 0:
+        return [default] * n
+    return [int(a) for a in v]
+
+
+def _pads(attrs, in_sp, k, s, d) -> tuple[list, list]:
+    """Begin and end pads per spatial dim, resolving auto_pad as ONNX does."""
+    nd = len(in_sp)
+    auto = attrs.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for i in range(nd):
+            out = -(-in_sp[i] // s[i])
+            total = max((out - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in_sp[i], 0)
+            lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            begin.append(lo)
+            end.append(total - lo)
+        return begin, end
+    if auto == "VALID":
+        return [0] * nd, [0] * nd
+    p = attrs.get("pads")
+    if p is None or len(p) == 0:
+        return [0] * nd, [0] * nd
+    p = [int(v) for v in p]
+    return p[:nd], p[nd:]
+
+
+def _conv(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, w = ctx.inputs[0], ctx.inputs[1]
+    b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    nd = x.ndim - 2
+    k = list(w.shape[2:])
+    s = _ints_attr(ctx.attrs, "strides", nd, 1)
+    d = _ints_attr(ctx.attrs, "dilations", nd, 1)
+    groups = int(ctx.attrs.get("group", 1))
+    pb, pe = _pads(ctx.attrs, list(x.shape[2:]), k, s, d)
+    out_sp = list(g.shape[2:])
+    res = [None, None, None]
+    if ctx.needs[0]:
+        opad = [x.shape[2 + i] - ((out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - pb[i] - pe[i]) for i in range(nd)]
+        attrs = {"strides": s, "dilations": d, "group": groups, "pads": pb + pe, "output_padding": opad,
+                 "kernel_shape": k}
+        res[0] = ops.run_op("ConvTranspose", [g, w], attrs)[0]
+    if ctx.needs[1]:
+        C, O = x.shape[1], w.shape[0]
+        cg, og = C // groups, O // groups
+        swap = [1, 0] + list(range(2, nd + 2))
+        parts = []
+        for gi in range(groups):
+            xg = x if groups == 1 else ops.slice(x, [gi * cg], [(gi + 1) * cg], axes=[1])
+            gg = g if groups == 1 else ops.slice(g, [gi * og], [(gi + 1) * og], axes=[1])
+            # correlate the input with the output gradient: batch becomes the channel being summed
+            r = ops.run_op("Conv", [ops.transpose(xg, swap), ops.transpose(gg, swap)],
+                           {"strides": d, "dilations": s, "pads": pb + pe})[0]
+            if list(r.shape[2:]) != k:
+                r = ops.slice(r, [0] * nd, k, axes=list(range(2, nd + 2)))
+            parts.append(ops.transpose(r, swap))
+        res[1] = parts[0] if groups == 1 else ops.concat(parts, dim=0)
+    if b is not None and len(ctx.needs) > 2 and ctx.needs[2]:
+        res[2] = ops.sum(g, dim=[0] + list(range(2, nd + 2)))
+    return res[:len(ctx.inputs)]
+
+
+def _max_pool(ctx, grads):
+    x = ctx.inputs[0]
+    _, idx = _ops().run_op("MaxPool", [x], dict(ctx.attrs, storage_order=0), num_outputs=2)
+    return [_scatter_into(idx.numpy(), grads[0], x.shape, add=True)]
+
+
+def _average_pool(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    nd = x.ndim - 2
+    k = [int(v) for v in ctx.attrs["kernel_shape"]]
+    s = _ints_attr(ctx.attrs, "strides", nd, 1)
+    d = _ints_attr(ctx.attrs, "dilations", nd, 1)
+    pb, pe = _pads(ctx.attrs, list(x.shape[2:]), k, s, d)
+    out_sp = list(g.shape[2:])
+    in_sp = list(x.shape[2:])
+    # end padding that ceil_mode's last, partial window reaches into
+    need = [(out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in_sp[i] - pb[i] for i in range(nd)]
+    extra = [max(need[i] - pe[i], 0) for i in range(nd)]
+    if int(ctx.attrs.get("count_include_pad", 0)):
+        ones_shape = [in_sp[i] + pb[i] + pe[i] for i in range(nd)]
+        cpads = [0] * nd + extra
+    else:
+        ones_shape = in_sp
+        cpads = pb + [pe[i] + extra[i] for i in range(nd)]
+    ones_in = ones((1, 1, *ones_shape), x.dtype)
+    kernel = ones((1, 1, *k), x.dtype)
+    counts = ops.run_op("Conv", [ones_in, kernel], {"strides": s, "dilations": d, "pads": cpads})[0]
+    counts = ops.slice(counts, [0] * nd, out_sp, axes=list(range(2, nd + 2)))
+    n, c = x.shape[:2]
+    gs = ops.reshape(ops.div(g, counts), (n * c, 1, *out_sp))
+    opad = [in_sp[i] - ((out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - pb[i] - pe[i] - extra[i])
+            for i in range(nd)]
+    gx = ops.run_op("ConvTranspose", [gs, kernel], {"strides": s, "dilations": d, "pads": pb + [
+        pe[i] + extra[i] for i in range(nd)], "output_padding": opad, "kernel_shape": k})[0]
+    return [ops.reshape(gx, x.shape)]
+
+
+def _global_average_pool(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    n = int(np.prod(x.shape[2:]))
+    return [ops.expand(ops.div(g, _const(n, g)), *x.shape)]
+
+
+# -- normalization --------------------------------------------------------------------------------------
+def _normalize_backward(x: Tensor, g: Tensor, scale_b: Tensor | None, axes: list, eps: float,
+                        mean: Tensor | None = None, var: Tensor | None = None):
+    """dx, xhat of ``y = (x - mean) / sqrt(var + eps) * scale`` over ``axes``; batch statistics
+    (whose gradient flows back into x) when ``mean`` is None, fixed ones otherwise."""
+    ops = _ops()
+    batch = mean is None
+    if batch:
+        mean = ops.mean(x, dim=axes, keepdim=True)
+        xc = ops.sub(x, mean)
+        var = ops.mean(ops.mul(xc, xc), dim=axes, keepdim=True)
+    else:
+        xc = ops.sub(x, mean)
+    rstd = ops.div(_const(1, x), ops.sqrt(ops.add(var, _const(eps, x))))
+    xhat = ops.mul(xc, rstd)
+    dxhat = g if scale_b is None else ops.mul(g, scale_b)
+    if batch:
+        m1 = ops.mean(dxhat, dim=axes, keepdim=True)
+        m2 = ops.mean(ops.mul(dxhat, xhat), dim=axes, keepdim=True)
+        dx = ops.mul(rstd, ops.sub(ops.sub(dxhat, m1), ops.mul(xhat, m2)))
+    else:
+        dx = ops.mul(dxhat, rstd)
+    return dx, xhat
+
+
+def _layer_norm(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, scale = ctx.inputs[0], ctx.inputs[1]
+    b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    axis = int(ctx.attrs.get("axis", -1)) % x.ndim
+    axes = list(range(axis, x.ndim))
+    dx, xhat = _normalize_backward(x, g, scale, axes, float(ctx.attrs.get("epsilon", 1e-5)))
+    res = [dx if ctx.needs[0] else None, None, None]
+    if ctx.needs[1]:
+        res[1] = unbroadcast(ops.mul(g, xhat), scale.shape)
+    if b is not None and ctx.needs[2]:
+        res[2] = unbroadcast(g, b.shape)
+    return res[:len(ctx.inputs)]
+
+
+def _batch_norm(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, scale, bias, rmean, rvar = ctx.inputs[:5]
+    shape_c = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    axes = [0] + list(range(2, x.ndim))
+    eps = float(ctx.attrs.get("epsilon", 1e-5))
+    sc = ops.reshape(scale, shape_c)
+    if int(ctx.attrs.get("training_mode", 0)):
+        dx, xhat = _normalize_backward(x, g, sc, axes, eps)
+    else:
+        dx, xhat = _normalize_backward(x, g, sc, axes, eps, ops.reshape(rmean, shape_c), ops.reshape(rvar, shape_c))
+    res = [dx if ctx.needs[0] else None, None, None, None, None]
+    if ctx.needs[1]:
+        res[1] = ops.sum(ops.mul(g, xhat), dim=axes)
+    if ctx.needs[2]:
+        res[2] = ops.sum(g, dim=axes)
+    return res[:len(ctx.inputs)]
+
+
+# -- losses -------------------------------------------------------------------------------------------
+def _class_coefficients(ctx, g: Tensor):
+    """(one-hot of the labels moved to dim 1, per-position coefficient (N, 1, d...)) for the
+    index losses: weight of the label (0 where ignored) over the mean's denominator, times g."""
+    ops = _ops()
+    x, t = ctx.inputs[0], ctx.inputs[1]
+    w = ctx.inputs[2] if len(ctx.inputs) > 2 and ctx.inputs[2] is not None else None
+    C = x.shape[1]
+    labels = t.numpy().astype(np.int64)
+    ignore = ctx.attrs.get("ignore_index")
+    valid = np.ones(labels.shape, bool) if ignore is None else labels != int(ignore)
+    safe = np.where(valid, labels, 0)
+    wt = valid.astype(np.float64) if w is None else np.where(valid, w.numpy().astype(np.float64)[safe], 0.0)
+    red = ctx.attrs.get("reduction", "mean")
+    red = red.decode() if isinstance(red, bytes) else red
+    if red == "mean":
+        wt = wt / wt.sum()
+    onehot = np.moveaxis(np.eye(C, dtype=x.dtype)[safe], -1, 1)
+    coef = ops.mul(_const(wt, x), g)  # g is 0-d for sum/mean, the labels' shape for none
+    return tensor(onehot), ops.unsqueeze(coef, 1)
+
+
+def _softmax_cross_entropy(ctx, grads):
+    ops = _ops()
+    onehot, coef = _class_coefficients(ctx, grads[0])
+    p = ops.softmax(ctx.inputs[0], dim=1)
+    return [ops.mul(ops.sub(p, onehot), coef)] + [None] * (len(ctx.inputs) - 1)
+
+
+def _nll(ctx, grads):
+    ops = _ops()
+    onehot, coef = _class_coefficients(ctx, grads[0])
+    return [ops.neg(ops.mul(onehot, coef))] + [None] * (len(ctx.inputs) - 1)
+
+
+#: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
+#: default domain, then in opsnn's own, where the fused ops such as Linear live)
+RULES = {
+    "Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div, "Neg": _neg, "Pow": _pow, "Exp": _exp, "Log": _log,
+    "Sqrt": _sqrt, "Relu": _relu, "Sigmoid": _sigmoid, "Tanh": _tanh, "Gelu": _gelu, "Softmax": _softmax,
+    "LogSoftmax": _log_softmax, "Identity": _identity, "Cast": _cast,
+    "MatMul": _matmul, "Gemm": _gemm, "Linear": _linear,
+    "ReduceSum": _reduce(False), "ReduceMean": _reduce(True),
+    "Reshape": _reshape_back, "Flatten": _reshape_back, "Squeeze": _reshape_back, "Unsqueeze": _reshape_back,
+    "Transpose": _transpose, "Expand": _expand, "Concat": _concat, "Slice": _slice, "Gather": _gather,
+    "Conv": _conv, "MaxPool": _max_pool, "AveragePool": _average_pool, "GlobalAveragePool": _global_average_pool,
+    "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm,
+    "SoftmaxCrossEntropyLoss": _softmax_cross_entropy, "NegativeLogLikelihoodLoss": _nll,
+}
+
+
+def attach() -> None:
+    """Write every rule onto its op record (called once when ``opsnn.ops`` is imported)."""
+    for name, rule in RULES.items():
+        rec = get_op(name, "opsnn") if has_op(name, "opsnn") and not has_op(name) else get_op(name)
+        if rec.gradient is not None and rec.gradient is not rule:
+            raise ParamInvalidError(f"gradients: op {name!r} already has a gradient rule")
+        rec.gradient = rule
+
+
+__all__ = ["GradContext", "RULES", "attach", "unbroadcast"]
