@@ -160,3 +160,164 @@ def test_rule_matches_torch(case):
     np.testing.assert_allclose(loss, tloss.item(), rtol=1e-10, atol=1e-12)
     for i, g, tg in zip(wrt, grads, tgrads):
         np.testing.assert_allclose(g, tg.numpy(), rtol=1e-9, atol=1e-11, err_msg=f"input {i}")
+
+
+# -- the autograd API -------------------------------------------------------------------------------------
+def _leaf(a):
+    return opsnn.tensor(np.asarray(a, np.float32)).requires_grad_()
+
+
+def test_backward_accumulates_and_zero_grad_resets(no_leak):
+    lin = opsnn.nn.Linear(3, 2)
+    x = opsnn.tensor(RNG.standard_normal((4, 3)).astype(np.float32))
+    for _ in range(2):
+        ops.sum(lin(x)).backward()
+    # d sum(x W^T + b) / dW = column sums of x, twice
+    np.testing.assert_allclose(lin.weight.grad.numpy(), 2 * np.tile(x.numpy().sum(0), (2, 1)), rtol=1e-5)
+    np.testing.assert_allclose(lin.bias.grad.numpy(), [8.0, 8.0])
+    lin.zero_grad()
+    assert lin.weight.grad is None and lin.bias.grad is None
+    del lin, x
+
+
+def test_retain_graph_allows_a_second_backward_and_its_absence_is_a_typed_error():
+    x = _leaf([1.0, 2.0])
+    y = ops.sum(ops.exp(x))
+    y.backward(retain_graph=True)
+    y.backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * np.exp([1.0, 2.0]), rtol=1e-6)
+    with pytest.raises(autograd.GraphFreedError, match="ReduceSum|Exp"):
+        y.backward()
+
+
+def test_non_scalar_backward_needs_a_gradient_of_the_right_shape():
+    x = _leaf([[1.0, 2.0]])
+    y = x * 3.0
+    with pytest.raises(autograd.NonScalarBackwardError, match=r"shape \(1, 2\)"):
+        y.backward()
+    with pytest.raises(autograd.GradientShapeError, match=r"gradient has shape \(2,\)"):
+        y.backward(opsnn.tensor(np.ones(2, np.float32)))
+    y.backward(opsnn.tensor(np.array([[1.0, 2.0]], np.float32)))
+    np.testing.assert_allclose(x.grad.numpy(), [[3.0, 6.0]])
+
+
+def test_gradient_through_an_op_without_a_rule_is_a_typed_error_naming_it():
+    assert ops.get_op("Cos").gradient is None
+    x = _leaf([0.5, 1.0])
+    y = ops.sum(ops.cos(x))
+    with pytest.raises(autograd.NoGradientError, match="Cos"):
+        y.backward()
+
+
+def test_no_grad_detach_and_requires_grad_flags():
+    x = _leaf([1.0, 2.0])
+    with opsnn.no_grad():
+        y = x * 2.0
+    assert not y.requires_grad and y.grad_fn is None
+    z = x * 2.0
+    assert z.requires_grad and not z.is_leaf and x.is_leaf
+    d = z.detach()
+    assert not d.requires_grad and np.shares_memory(d.numpy(), z.numpy())
+    with pytest.raises(opsnn.errors.DTypeError):
+        opsnn.tensor(np.array([1, 2])).requires_grad_()
+    with pytest.raises(autograd.NoGradFnError):
+        ops.sum(d).backward()
+    frozen = opsnn.nn.Linear(2, 2).requires_grad_(False)
+    assert not any(p.requires_grad for p in frozen.parameters())
+    assert frozen(opsnn.tensor(np.ones((1, 2), np.float32))).grad_fn is None
+
+
+def test_autograd_grad_leaves_dot_grad_alone_and_reaches_non_leaf_inputs():
+    x = _leaf([1.0, 2.0, 3.0])
+    h = x * x
+    out = ops.sum(h * 2.0)
+    gh, gx = autograd.grad(out, [h, x], retain_graph=True)
+    np.testing.assert_allclose(gh.numpy(), [2.0, 2.0, 2.0])
+    np.testing.assert_allclose(gx.numpy(), [4.0, 8.0, 12.0])
+    assert x.grad is None
+    unused = _leaf([1.0])
+    with pytest.raises(autograd.NoGradFnError, match="not used"):
+        autograd.grad(out, [unused], retain_graph=True)
+    assert autograd.grad(out, [unused], allow_unused=True) == (None,)
+
+
+def test_recording_is_off_without_inputs_that_require_grad():
+    x = opsnn.tensor(np.ones(3, np.float32))
+    y = ops.exp(x)
+    assert y.grad_fn is None and not y.requires_grad
+
+
+# -- losses and nn training semantics against torch ----------------------------------------------------------
+@pytest.mark.parametrize("kw", [dict(), dict(label_smoothing=0.2), dict(label_smoothing=0.1, ignore_index=1),
+                                dict(label_smoothing=0.3, weight=True, reduction="sum"),
+                                dict(label_smoothing=0.3, weight=True), dict(reduction="none", ignore_index=0),
+                                dict(probs=True, label_smoothing=0.1)])
+def test_cross_entropy_matches_torch(kw):
+    torch = pytest.importorskip("torch")
+    kw = dict(kw)
+    x = RNG.standard_normal((5, 4, 3))
+    tgt = RNG.integers(0, 4, size=(5, 3))
+    if kw.pop("probs", False):
+        tgt = RNG.dirichlet(np.ones(4), size=(5, 3)).transpose(0, 2, 1).copy()
+    w = RNG.uniform(0.5, 2.0, 4) if kw.pop("weight", False) else None
+    xt = opsnn.tensor(x).requires_grad_()
+    loss = opsnn.nn.CrossEntropyLoss(weight=w, **kw)(xt, tgt)
+    g = autograd.grad(ops.sum(loss), [xt])[0].numpy()
+    tx = torch.tensor(x, requires_grad=True)
+    tl = torch.nn.CrossEntropyLoss(weight=None if w is None else torch.tensor(w), **kw)(tx, torch.tensor(tgt))
+    (tg,) = torch.autograd.grad(tl.sum(), [tx])
+    np.testing.assert_allclose(loss.numpy(), tl.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(g, tg.numpy(), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_mse_and_nll_losses_match_torch(reduction):
+    torch = pytest.importorskip("torch")
+    x, y = RNG.standard_normal((4, 3)), RNG.standard_normal((4, 3))
+    xt = opsnn.tensor(x).requires_grad_()
+    loss = opsnn.nn.MSELoss(reduction)(xt, y)
+    g = autograd.grad(ops.sum(loss), [xt])[0].numpy()
+    tx = torch.tensor(x, requires_grad=True)
+    tl = torch.nn.MSELoss(reduction=reduction)(tx, torch.tensor(y))
+    np.testing.assert_allclose(loss.numpy(), tl.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(g, torch.autograd.grad(tl.sum(), [tx])[0].numpy(), rtol=1e-12)
+    t = np.array([0, 2, 1, 2])
+    nl = opsnn.nn.NLLLoss(ignore_index=1, reduction=reduction)(opsnn.tensor(x), t)
+    tn = torch.nn.NLLLoss(ignore_index=1, reduction=reduction)(torch.tensor(x), torch.tensor(t))
+    np.testing.assert_allclose(nl.numpy(), tn.numpy(), rtol=1e-12)
+
+
+def test_batchnorm_training_updates_running_stats_like_torch():
+    torch = pytest.importorskip("torch")
+    x = RNG.standard_normal((4, 3, 5, 5)).astype(np.float32) * 2 + 1
+    for momentum in (0.1, None):
+        bn = opsnn.nn.BatchNorm2d(3, momentum=momentum).train()
+        tbn = torch.nn.BatchNorm2d(3, momentum=momentum).train()
+        for _ in range(3):
+            y = bn(opsnn.tensor(x))
+            ty = tbn(torch.tensor(x))
+        np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(bn.running_mean.numpy(), tbn.running_mean.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(bn.running_var.numpy(), tbn.running_var.numpy(), rtol=1e-5, atol=1e-6)
+        assert int(bn.num_batches_tracked.item()) == 3
+        bn.eval()
+        tbn.eval()
+        np.testing.assert_allclose(bn(opsnn.tensor(x)).numpy(), tbn(torch.tensor(x)).detach().numpy(), rtol=1e-4,
+                                   atol=1e-5)
+
+
+def test_clip_grad_norm_matches_torch():
+    torch = pytest.importorskip("torch")
+    grads = [RNG.standard_normal(s).astype(np.float32) for s in ((3, 4), (5,))]
+    for norm_type in (2.0, 1.0, float("inf")):
+        ps = [opsnn.nn.Parameter(np.zeros_like(g)) for g in grads]
+        for p, g in zip(ps, grads):
+            p.grad = opsnn.tensor(g)
+        tps = [torch.zeros(g.shape, requires_grad=True) for g in grads]
+        for p, g in zip(tps, grads):
+            p.grad = torch.tensor(g)
+        total = opsnn.nn.utils.clip_grad_norm_(ps, 0.5, norm_type)
+        ttotal = torch.nn.utils.clip_grad_norm_(tps, 0.5, norm_type)
+        np.testing.assert_allclose(total.item(), ttotal.item(), rtol=1e-5)
+        for p, tp in zip(ps, tps):
+            np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-5, atol=1e-7)
