@@ -15,6 +15,7 @@ from .. import dtypes as _dt
 from .. import ops
 from ..errors import ParamInvalidError
 from ..ops.registry import get_op
+from ..tensor import as_tensor
 from . import init
 from .functional import check_token_ids, reshape
 from .module import Module, Parameter
@@ -166,6 +167,7 @@ class BatchNorm2d(Module):
                 self.register_buffer(n, None)
 
     def forward(self, x):
+        x = as_tensor(x)
         if not self.training and self.track_running_stats:
             return ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, eps=self.eps)
         c, dt = self.num_features, x.dtype

@@ -1,0 +1,178 @@
+"""Training end to end: optimizers against torch.optim, and a small CNN and an MLP built in opsnn
+and in torch with the same weights, trained 20 steps on the same data, step by step."""
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn import nn, ops, optim
+
+RNG = np.random.default_rng(1)
+
+
+# -- optimizers on given gradients ----------------------------------------------------------------------
+OPT_CASES = [
+    ("SGD", dict(lr=0.1)),
+    ("SGD", dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
+    ("SGD", dict(lr=0.05, momentum=0.8, nesterov=True, maximize=True)),
+    ("Adam", dict(lr=0.01, weight_decay=0.1)),
+    ("Adam", dict(lr=0.02, betas=(0.8, 0.9), amsgrad=True)),
+    ("AdamW", dict(lr=0.01)),
+    ("AdamW", dict(lr=0.01, weight_decay=0.1, amsgrad=True, maximize=True)),
+]
+
+
+@pytest.mark.parametrize("name,kw", OPT_CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(OPT_CASES)])
+def test_optimizer_matches_torch_over_param_groups(name, kw):
+    torch = pytest.importorskip("torch")
+    shapes = [(70000,), (3, 5), (7,)]  # the first spans several parallel chunks
+    init = [RNG.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [[RNG.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(4)]
+    ps = [nn.Parameter(a) for a in init]
+    tps = [torch.tensor(a, requires_grad=True) for a in init]
+    # two groups: the second with its own learning rate
+    opt = getattr(optim, name)([{"params": ps[:2]}, {"params": ps[2:], "lr": kw["lr"] * 3}], **kw)
+    topt = getattr(torch.optim, name)([{"params": tps[:2]}, {"params": tps[2:], "lr": kw["lr"] * 3}], **kw)
+    for step, gs in enumerate(grads):
+        for i, (p, tp, g) in enumerate(zip(ps, tps, gs)):
+            if step == 1 and i == 1:  # a parameter without a gradient this step is left alone
+                p.grad, tp.grad = None, None
+                continue
+            p.grad, tp.grad = opsnn.tensor(g), torch.tensor(g)
+        opt.step()
+        topt.step()
+        for p, tp in zip(ps, tps):
+            np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_optimizer_state_dict_round_trip_and_mismatch_errors():
+    ps = [nn.Parameter(RNG.standard_normal((4, 3)).astype(np.float32)), nn.Parameter(np.zeros(3, np.float32))]
+    grads = [[RNG.standard_normal(p.shape).astype(np.float32) for p in ps] for _ in range(5)]
+
+    def run(opt, params, steps):
+        for gs in steps:
+            for p, g in zip(params, gs):
+                p.grad = opsnn.tensor(g)
+            opt.step()
+
+    opt = optim.AdamW(ps, lr=0.05, amsgrad=True)
+    run(opt, ps, grads[:2])
+    sd = opt.state_dict()
+    ps2 = [nn.Parameter(p.numpy()) for p in ps]
+    opt2 = optim.AdamW(ps2, lr=0.9)
+    opt2.load_state_dict(sd)
+    assert opt2.param_groups[0]["lr"] == 0.05
+    run(opt, ps, grads[2:])
+    run(opt2, ps2, grads[2:])
+    for p, q in zip(ps, ps2):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())
+    before = {k: v for k, v in opt2.state_dict()["state"].items()}
+    with pytest.raises(optim.OptimizerStateError, match="1 parameters in the state dict, 2 here"):
+        opt2.load_state_dict(optim.AdamW([nn.Parameter(np.zeros(3, np.float32))]).state_dict())
+    with pytest.raises(optim.OptimizerStateError, match="lacks option"):
+        opt2.load_state_dict(optim.SGD(ps2, lr=0.1).state_dict())
+    wrong = optim.AdamW([nn.Parameter(np.zeros((3, 4), np.float32)), nn.Parameter(np.zeros(3, np.float32))])
+    wrong.state_dict()
+    for p in wrong.param_groups[0]["params"]:
+        p.grad = opsnn.tensor(np.ones(p.shape, np.float32))
+    wrong.step()
+    with pytest.raises(optim.OptimizerStateError, match=r"shape \(3, 4\), the parameter \(4, 3\)"):
+        opt2.load_state_dict(wrong.state_dict())
+    after = opt2.state_dict()["state"]
+    for k in before:  # nothing was written by the failed loads
+        np.testing.assert_array_equal(before[k]["exp_avg"].numpy(), after[k]["exp_avg"].numpy())
+
+
+def test_optimizer_rejects_tensors_that_do_not_require_grad():
+    frozen = nn.Parameter(np.zeros(3, np.float32)).requires_grad_(False)
+    with pytest.raises(opsnn.errors.ParamInvalidError, match="does not require grad"):
+        optim.SGD([frozen], lr=0.1)
+    with pytest.raises(opsnn.errors.ParamInvalidError, match="nesterov"):
+        optim.SGD([nn.Parameter(np.zeros(3, np.float32))], lr=0.1, nesterov=True)
+    with pytest.raises(opsnn.errors.ParamInvalidError, match="betas"):
+        optim.Adam([nn.Parameter(np.zeros(3, np.float32))], betas=(0.9, 1.5))
+
+
+# -- models trained side by side with torch -----------------------------------------------------------------
+def _cnn(lib):
+    n = lib.nn
+    # no bias before BatchNorm: its true gradient is 0, so Adam would amplify rounding noise into steps
+    return n.Sequential(n.Conv2d(3, 8, 3, padding=1, bias=False), n.BatchNorm2d(8), n.ReLU(), n.MaxPool2d(2),
+                        n.Conv2d(8, 8, 3, stride=2, padding=1, groups=2), n.ReLU(), n.Flatten(), n.Linear(8 * 2 * 2, 5))
+
+
+def _mlp(lib):
+    n = lib.nn
+    return n.Sequential(n.Linear(10, 16), n.GELU(), n.Linear(16, 16), n.Tanh(), n.Linear(16, 4))
+
+
+def _train_pair(build, x, y, make_opt, loss_kind, steps=20):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    tmodel = build(torch).train()
+    model = build(opsnn).train()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tmodel.state_dict().items()})
+    opt, topt = make_opt(optim, list(model.parameters())), make_opt(torch.optim, list(tmodel.parameters()))
+    if loss_kind == "ce":
+        loss_fn, tloss_fn = nn.CrossEntropyLoss(label_smoothing=0.1), torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    else:
+        loss_fn, tloss_fn = nn.MSELoss(), torch.nn.MSELoss()
+    losses, tlosses = [], []
+    xt, yt = torch.tensor(x), torch.tensor(y)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = loss_fn(model(opsnn.tensor(x)), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))
+        topt.zero_grad()
+        tl = tloss_fn(tmodel(xt), yt)
+        tl.backward()
+        topt.step()
+        tlosses.append(tl.item())
+    return model, tmodel, np.array(losses), np.array(tlosses)
+
+
+def _sgd(lib, params):
+    return lib.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-4)
+
+
+def _adamw(lib, params):
+    return lib.AdamW(params, lr=3e-3, weight_decay=0.05)
+
+
+@pytest.mark.parametrize("make_opt", [_sgd, _adamw], ids=["sgd_momentum", "adamw"])
+@pytest.mark.parametrize("kind", ["cnn", "mlp"])
+def test_model_trains_like_torch(kind, make_opt):
+    if kind == "cnn":
+        x = RNG.standard_normal((6, 3, 8, 8)).astype(np.float32)
+        y = RNG.integers(0, 5, size=6)
+        model, tmodel, losses, tlosses = _train_pair(_cnn, x, y, make_opt, "ce")
+    else:
+        x = RNG.standard_normal((12, 10)).astype(np.float32)
+        y = RNG.standard_normal((12, 4)).astype(np.float32)
+        model, tmodel, losses, tlosses = _train_pair(_mlp, x, y, make_opt, "mse")
+    assert losses[-1] < 0.8 * losses[0]  # it learns
+    # float32 end to end, different summation orders: 20 steps stay within these
+    np.testing.assert_allclose(losses, tlosses, rtol=2e-4, atol=1e-5)
+    tsd = tmodel.state_dict()
+    for name, v in model.state_dict().items():
+        np.testing.assert_allclose(v.numpy(), tsd[name].detach().numpy(), rtol=1e-3, atol=2e-4, err_msg=name)
+
+
+def test_training_steps_return_pool_memory(no_leak):
+    x = opsnn.tensor(RNG.standard_normal((4, 3, 8, 8)).astype(np.float32))
+    y = RNG.integers(0, 5, size=4)
+    model = _cnn(opsnn).train()
+    opt = optim.AdamW(model.parameters(), lr=1e-3)
+    live = []
+    for _ in range(6):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        del loss
+        opsnn.current_stream().synchronize()
+        live.append(opsnn.memory.current_bytes())
+    # steady state: after the first step (optimizer state allocated) each step frees what it made
+    assert live[2:] == [live[1]] * 4, live
+    del model, opt, x
