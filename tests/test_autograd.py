@@ -42,6 +42,7 @@ CASES = [
     ("gelu_tanh", lambda a: F.gelu(a, approximate="tanh"),
      lambda a: __import__("torch").nn.functional.gelu(a, approximate="tanh"), [_rand((3, 7), -3, 3)], [0]),
     ("softmax", lambda a: F.softmax(a, dim=1), lambda a: a.softmax(1), [_rand((2, 5, 3))], [0]),
+    ("softmax_dim0", lambda a: F.softmax(a, dim=0), lambda a: a.softmax(0), [_rand((4, 3))], [0]),
     ("log_softmax", lambda a: F.log_softmax(a, dim=-1), lambda a: a.log_softmax(-1), [_rand((3, 6))], [0]),
     ("matmul_batched", F.matmul, lambda a, b: a @ b, [_rand((2, 3, 4)), _rand((4, 5))], [0, 1]),
     ("matmul_bcast", F.matmul, lambda a, b: a @ b, [_rand((2, 1, 3, 4)), _rand((3, 4, 2))], [0, 1]),
@@ -74,6 +75,12 @@ CASES = [
     ("conv2d_plain", lambda x, w: F.conv2d(x, w, None, stride=(1, 2), padding=(2, 0)),
      lambda x, w: __import__("torch").nn.functional.conv2d(x, w, None, stride=(1, 2), padding=(2, 0)),
      [_rand((1, 3, 5, 8)), _rand((4, 3, 2, 3))], [0, 1]),
+    ("conv2d_same", lambda x, w: F.conv2d(x, w, None, padding="same"),
+     lambda x, w: __import__("torch").nn.functional.conv2d(x, w, None, padding="same"),
+     [_rand((2, 2, 5, 6)), _rand((3, 2, 4, 3))], [0, 1]),
+    ("max_pool2d_ceil_dilated", lambda x: F.max_pool2d(x, 2, 2, 1, dilation=2, ceil_mode=True),
+     lambda x: __import__("torch").nn.functional.max_pool2d(x, 2, 2, 1, dilation=2, ceil_mode=True),
+     [_rand((1, 2, 8, 7))], [0]),
     ("max_pool2d", lambda x: F.max_pool2d(x, 3, 2, 1),
      lambda x: __import__("torch").nn.functional.max_pool2d(x, 3, 2, 1), [_rand((2, 3, 7, 6))], [0]),
     ("avg_pool2d", lambda x: F.avg_pool2d(x, 3, 2, 1),
@@ -148,6 +155,7 @@ def test_rule_matches_finite_differences(case):
                                    err_msg=f"input {i}")
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same'")  # torch on the even kernel (asymmetric pads)
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_rule_matches_torch(case):
     torch = pytest.importorskip("torch")

@@ -246,6 +246,23 @@ def _index_backward(src: Tensor, index):
     return lambda g: _scatter_into(np.asarray(pos), g, shape, add=advanced)
 
 
+def _inverse_perm(src: Tensor, out: Tensor):
+    """The permutation taking ``out``'s dims back to ``src``'s, for a view that only permutes
+    dims (matched by size and stride), or None when that cannot be told."""
+    sa, oa = src._array, out._array
+    if sa.ndim != oa.ndim:
+        return None
+    used, perm = set(), []
+    for size, stride in zip(sa.shape, sa.strides):
+        k = next((j for j in range(oa.ndim) if j not in used and oa.shape[j] == size and oa.strides[j] == stride),
+                 None)
+        if k is None:
+            return None
+        used.add(k)
+        perm.append(k)
+    return perm
+
+
 def _wrap_views() -> None:
     """Tensor's zero-copy view methods bypass the ops; give them gradients here."""
     orig = {n: getattr(Tensor, n) for n in ("view", "reshape", "flatten", "transpose", "permute", "expand",
@@ -267,10 +284,14 @@ def _wrap_views() -> None:
     for n in ("view", "reshape", "flatten", "squeeze", "unsqueeze"):
         setattr(Tensor, n, shape_kept(n))
 
-    def transpose(self, dim0, dim1):
-        out = orig["transpose"](self, dim0, dim1)
-        if _META:
-            _record_view("transpose", self, out, lambda g: g.transpose(dim0, dim1))
+    def transpose(self, *args, **kwargs):
+        out = orig["transpose"](self, *args, **kwargs)
+        if _META and requires_grad(self):
+            src_shape = tuple(self.shape)
+            # the inverse of a swap of two dims is the same swap; read it off the two shapes' strides
+            inv = _inverse_perm(self, out)
+            _record_view("transpose", self, out,
+                         (lambda g: g.permute(*inv)) if inv is not None else _view_backward_reshape(src_shape))
         return out
 
     def permute(self, *dims):
