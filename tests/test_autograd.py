@@ -256,10 +256,10 @@ def test_recording_is_off_without_inputs_that_require_grad():
 
 
 # -- losses and nn training semantics against torch ----------------------------------------------------------
-@pytest.mark.parametrize("kw", [dict(), dict(label_smoothing=0.2), dict(label_smoothing=0.1, ignore_index=1),
-                                dict(label_smoothing=0.3, weight=True, reduction="sum"),
-                                dict(label_smoothing=0.3, weight=True), dict(reduction="none", ignore_index=0),
-                                dict(probs=True, label_smoothing=0.1)])
+@pytest.mark.parametrize("kw", [{}, {"label_smoothing": 0.2}, {"label_smoothing": 0.1, "ignore_index": 1},
+                                {"label_smoothing": 0.3, "weight": True, "reduction": "sum"},
+                                {"label_smoothing": 0.3, "weight": True}, {"reduction": "none", "ignore_index": 0},
+                                {"probs": True, "label_smoothing": 0.1}])
 def test_cross_entropy_matches_torch(kw):
     torch = pytest.importorskip("torch")
     kw = dict(kw)
@@ -329,3 +329,15 @@ def test_clip_grad_norm_matches_torch():
         np.testing.assert_allclose(total.item(), ttotal.item(), rtol=1e-5)
         for p, tp in zip(ps, tps):
             np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_info_ops_lists_which_ops_have_a_gradient(capsys):
+    from opsnn import cli
+
+    assert cli.main(["info", "--ops"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    assert "gradient" in out
+    assert rows["Conv"][2] == "yes" and rows["Cos"][2] == "-"
+    n = sum(r.gradient is not None for r in opsnn.ops.all_ops())
+    assert f"ops with a gradient rule: {n}" in out

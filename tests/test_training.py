@@ -4,20 +4,20 @@ import numpy as np
 import pytest
 
 import opsnn
-from opsnn import nn, ops, optim
+from opsnn import nn, optim
 
 RNG = np.random.default_rng(1)
 
 
 # -- optimizers on given gradients ----------------------------------------------------------------------
 OPT_CASES = [
-    ("SGD", dict(lr=0.1)),
-    ("SGD", dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
-    ("SGD", dict(lr=0.05, momentum=0.8, nesterov=True, maximize=True)),
-    ("Adam", dict(lr=0.01, weight_decay=0.1)),
-    ("Adam", dict(lr=0.02, betas=(0.8, 0.9), amsgrad=True)),
-    ("AdamW", dict(lr=0.01)),
-    ("AdamW", dict(lr=0.01, weight_decay=0.1, amsgrad=True, maximize=True)),
+    ("SGD", {"lr": 0.1}),
+    ("SGD", {"lr": 0.05, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01}),
+    ("SGD", {"lr": 0.05, "momentum": 0.8, "nesterov": True, "maximize": True}),
+    ("Adam", {"lr": 0.01, "weight_decay": 0.1}),
+    ("Adam", {"lr": 0.02, "betas": (0.8, 0.9), "amsgrad": True}),
+    ("AdamW", {"lr": 0.01}),
+    ("AdamW", {"lr": 0.01, "weight_decay": 0.1, "amsgrad": True, "maximize": True}),
 ]
 
 

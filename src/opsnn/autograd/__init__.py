@@ -14,7 +14,13 @@ gradient rule (``opsnn.ops.gradients``) in reverse through the same executor::
     array([[3., 4.]], dtype=float32)
 """
 from .engine import backward, grad
-from .errors import GradientShapeError, GraphFreedError, NoGradFnError, NoGradientError, NonScalarBackwardError
+from .errors import (
+           GradientShapeError,
+           GraphFreedError,
+           NoGradFnError,
+           NoGradientError,
+           NonScalarBackwardError,
+)
 from .graph import install as _install
 from .mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 

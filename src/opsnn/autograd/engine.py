@@ -12,7 +12,13 @@ from __future__ import annotations
 from .. import dtypes as _dt
 from ..errors import InnerError, ParamInvalidError
 from ..tensor import Tensor, as_tensor, ones
-from .errors import GradientShapeError, GraphFreedError, NoGradFnError, NoGradientError, NonScalarBackwardError
+from .errors import (
+    GradientShapeError,
+    GraphFreedError,
+    NoGradFnError,
+    NoGradientError,
+    NonScalarBackwardError,
+)
 from .graph import LEAF, get_meta
 from .mode import no_grad
 

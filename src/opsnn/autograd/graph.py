@@ -25,7 +25,7 @@ LEAF = object()  # edge kind: gradient accumulates into a leaf's .grad
 
 
 class AutogradMeta:
-    __slots__ = ("ref", "requires_grad", "grad", "grad_fn", "output_nr")
+    __slots__ = ("grad", "grad_fn", "output_nr", "ref", "requires_grad")
 
     def __init__(self):
         self.ref = None
@@ -71,8 +71,17 @@ class Node:
     """One recorded op call: ``fn(grads)`` maps the gradients of its outputs to those of its
     inputs; ``edges[i]`` says where input ``i``'s gradient goes (None: nowhere)."""
 
-    __slots__ = ("name", "fn", "edges", "in_shapes", "in_dtypes", "out_shapes", "out_dtypes", "freed",
-                 "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "edges",
+        "fn",
+        "freed",
+        "in_dtypes",
+        "in_shapes",
+        "name",
+        "out_dtypes",
+        "out_shapes",
+    )
 
     def __init__(self, name: str, fn, edges: list, inputs: list, outputs: list):
         self.name = name
@@ -361,4 +370,4 @@ def install() -> None:
     _executor._autograd = record_op
 
 
-__all__ = ["AutogradMeta", "LEAF", "Node", "get_meta", "install", "no_grad", "record_op", "requires_grad"]
+__all__ = ["LEAF", "AutogradMeta", "Node", "get_meta", "install", "no_grad", "record_op", "requires_grad"]

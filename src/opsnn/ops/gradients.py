@@ -28,11 +28,10 @@ from ..tensor import Tensor, ones, tensor, zeros
 from .registry import get_op, has_op
 
 
-
 class GradContext:
     """What a gradient rule sees: the forward call's inputs, outputs and attributes."""
 
-    __slots__ = ("op", "inputs", "outputs", "attrs", "needs")
+    __slots__ = ("attrs", "inputs", "needs", "op", "outputs")
 
     def __init__(self, op: str, inputs: list, outputs: list, attrs: dict, needs: list):
         self.op = op
@@ -193,7 +192,7 @@ def _identity(ctx, grads):
 
 def _cast(ctx, grads):
     x = ctx.inputs[0]
-    if x.dtype.kind != "f" and not str(x.dtype) == "bfloat16":
+    if x.dtype.kind != "f" and str(x.dtype) != "bfloat16":
         return [None]
     g = grads[0]
     return [g if g.dtype == x.dtype else _ops().cast(g, x.dtype)]
@@ -497,7 +496,7 @@ def _layer_norm(ctx, grads):
 
 def _batch_norm(ctx, grads):
     ops, g = _ops(), grads[0]
-    x, scale, bias, rmean, rvar = ctx.inputs[:5]
+    x, scale, _, rmean, rvar = ctx.inputs[:5]
     shape_c = (1, x.shape[1]) + (1,) * (x.ndim - 2)
     axes = [0] + list(range(2, x.ndim))
     eps = float(ctx.attrs.get("epsilon", 1e-5))
@@ -574,4 +573,4 @@ def attach() -> None:
         rec.gradient = rule
 
 
-__all__ = ["GradContext", "RULES", "attach", "unbroadcast"]
+__all__ = ["RULES", "GradContext", "attach", "unbroadcast"]

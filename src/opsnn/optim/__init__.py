@@ -11,4 +11,4 @@ from .adam import Adam, AdamW
 from .optimizer import Optimizer, OptimizerStateError
 from .sgd import SGD
 
-__all__ = ["Adam", "AdamW", "Optimizer", "OptimizerStateError", "SGD"]
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "OptimizerStateError"]

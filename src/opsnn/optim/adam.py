@@ -27,8 +27,8 @@ class Adam(Optimizer):
         if differentiable or capturable:
             raise ParamInvalidError(f"{type(self).__name__}: differentiable/capturable are not supported")
         self._decoupled = self._decoupled or bool(decoupled_weight_decay)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                                      amsgrad=amsgrad, maximize=maximize))
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
+                                      "amsgrad": amsgrad, "maximize": maximize})
 
     _state_keys = frozenset({"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"})
 

@@ -24,8 +24,8 @@ class SGD(Optimizer):
                  differentiable: bool = False, fused=None):
         if differentiable:
             raise ParamInvalidError("SGD: differentiable=True is not supported")
-        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                                      nesterov=nesterov, maximize=maximize))
+        super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
+                                      "nesterov": nesterov, "maximize": maximize})
 
     _state_keys = frozenset({"momentum_buffer"})
 

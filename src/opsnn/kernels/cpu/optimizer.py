@@ -102,8 +102,7 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_sqs, chunks, hyper, flag
             v[i] = vi
             vi = np.float64(v[i])
             if amsgrad:
-                if vi > vmax[i]:
-                    vmax[i] = vi
+                vmax[i] = max(vmax[i], vi)
                 vi = np.float64(vmax[i])
             denom = math.sqrt(vi) / bc2_sqrt + eps
             p[i] = pi - step_size * np.float64(m[i]) / denom
