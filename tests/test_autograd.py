@@ -341,3 +341,12 @@ def test_info_ops_lists_which_ops_have_a_gradient(capsys):
     assert rows["Conv"][2] == "yes" and rows["Cos"][2] == "-"
     n = sum(r.gradient is not None for r in opsnn.ops.all_ops())
     assert f"ops with a gradient rule: {n}" in out
+
+
+def test_gradient_through_an_output_the_rule_does_not_cover_is_a_typed_error():
+    x = opsnn.tensor(RNG.standard_normal((2, 3)).astype(np.float32)).requires_grad_()
+    loss, log_prob = ops.softmax_cross_entropy_loss(x, np.array([0, 2]), return_log_prob=True)
+    with pytest.raises(autograd.NoGradientError, match="output 1 .*log_prob"):
+        ops.sum(log_prob).backward()
+    loss.backward()
+    assert x.grad is not None

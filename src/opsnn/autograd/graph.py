@@ -157,6 +157,26 @@ def record_op(rec, tensors: list, attrs: dict, res) -> None:
         differentiable = getattr(rule, "outputs", 1)
     node = Node(rec.name, fn, edges, tensors, outputs)
     _attach(node, outputs, differentiable)
+    if differentiable < len(outputs):
+        _attach_non_differentiable(rec, edges, tensors, outputs, differentiable)
+
+
+def _attach_non_differentiable(rec, edges, tensors, outputs, first: int) -> None:
+    """Floating outputs the rule does not cover (LayerNormalization's Mean, a loss's log_prob ...):
+    a gradient through them is an error naming the op and output, never a silent zero."""
+    for k in range(first, len(outputs)):
+        o = outputs[k]
+        if o is None or not differentiable_dtype(o.dtype):
+            continue
+        name = rec.outputs[min(k, len(rec.outputs) - 1)].name
+
+        def fn(grads, op=rec.name, k=k, name=name):
+            raise NoGradientError(f"{op}: output {k} ({name!r}) is not differentiable (the gradient rule covers "
+                                  "the first output only)", op=op)
+
+        node = Node(rec.name, fn, edges, tensors, [o])
+        m = _new_meta(o)
+        m.requires_grad, m.grad_fn, m.output_nr, m.grad = True, node, 0, None
 
 
 def _record_view(name: str, src: Tensor, out: Tensor, backward) -> None:
