@@ -198,6 +198,99 @@ def _cast(ctx, grads):
     return [g if g.dtype == x.dtype else _ops().cast(g, x.dtype)]
 
 
+def _swish(ctx, grads):
+    ops = _ops()
+    x = ctx.inputs[0]
+    alpha = float(ctx.attrs.get("alpha", 1.0))
+    s = ops.sigmoid(ops.mul(x, _const(alpha, x)) if alpha != 1.0 else x)
+    d = ops.add(s, ops.mul(ops.mul(x, _const(alpha, x)), ops.mul(s, ops.sub(_const(1, x), s))))
+    return [ops.mul(grads[0], d)]
+
+
+def _leaky_relu(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    return [ops.where(ops.gt(x, _const(0, x)), g, ops.mul(g, _const(float(ctx.attrs.get("alpha", 0.01)), g)))]
+
+
+def _abs(ctx, grads):
+    ops = _ops()
+    return [ops.mul(grads[0], ops.sign(ctx.inputs[0]))]
+
+
+def _softplus(ctx, grads):
+    ops = _ops()
+    return [ops.mul(grads[0], ops.sigmoid(ctx.inputs[0]))]
+
+
+def _erf(ctx, grads):
+    ops = _ops()
+    x = ctx.inputs[0]
+    return [ops.mul(grads[0], ops.mul(_const(2 / math.sqrt(math.pi), x), ops.exp(ops.neg(ops.mul(x, x)))))]
+
+
+def _reciprocal(ctx, grads):
+    ops = _ops()
+    y = ctx.outputs[0]
+    return [ops.neg(ops.mul(grads[0], ops.mul(y, y)))]
+
+
+def _rsqrt(ctx, grads):
+    ops = _ops()
+    y = ctx.outputs[0]
+    return [ops.mul(grads[0], ops.mul(_const(-0.5, y), ops.mul(y, ops.mul(y, y))))]
+
+
+def _where(ctx, grads):
+    ops, g = _ops(), grads[0]
+    c, a, b = ctx.inputs
+    zero = _const(0, g)
+    return [None, unbroadcast(ops.where(c, g, zero), a.shape) if ctx.needs[1] else None,
+            unbroadcast(ops.where(c, zero, g), b.shape) if ctx.needs[2] else None]
+
+
+def _clip(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    keep = None
+    for i, cmp in ((1, ops.ge), (2, ops.le)):
+        bound = ctx.inputs[i] if i < len(ctx.inputs) else None
+        if bound is not None:
+            m = cmp(x, bound)
+            keep = m if keep is None else ops.logical_and(keep, m)
+    gx = g if keep is None else ops.where(keep, g, _const(0, g))
+    return [gx] + [None] * (len(ctx.inputs) - 1)
+
+
+def _sum_n(ctx, grads):
+    return [unbroadcast(grads[0], t.shape) if need else None for t, need in zip(ctx.inputs, ctx.needs)]
+
+
+def _split(ctx, grads):
+    ops = _ops()
+    full = [g if g is not None else zeros(o.shape, o.dtype) for g, o in zip(grads, ctx.outputs)]
+    axis = int(ctx.attrs.get("axis", 0)) % ctx.inputs[0].ndim
+    return [ops.concat(full, dim=axis)] + [None] * (len(ctx.inputs) - 1)
+
+
+_split.outputs = 1 << 30  # every output of Split is differentiable
+
+
+def _pad(ctx, grads):
+    x = ctx.inputs[0]
+    mode = ctx.attrs.get("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    pads = [int(v) for v in np.asarray(ctx.value(1)).reshape(-1)]
+    axes = ctx.value(3) if len(ctx.inputs) > 3 else None
+    axes = list(range(x.ndim)) if axes is None else [int(a) % x.ndim for a in np.asarray(axes).reshape(-1)]
+    if mode != "constant" or any(p < 0 for p in pads):
+        return [None] + [None] * (len(ctx.inputs) - 1)  # reflect/edge/crop: no rule yet (a typed error)
+    n = len(axes)
+    starts = [pads[i] for i in range(n)]
+    ends = [pads[i] + x.shape[a] for i, a in enumerate(axes)]
+    return [_ops().slice(grads[0], starts, ends, axes=axes)] + [None] * (len(ctx.inputs) - 1)
+
+
 # -- products ----------------------------------------------------------------------------------------
 def _matmul(ctx, grads):
     ops, g = _ops(), grads[0]
@@ -494,6 +587,41 @@ def _layer_norm(ctx, grads):
     return res[:len(ctx.inputs)]
 
 
+def _rms_norm(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, scale = ctx.inputs[0], ctx.inputs[1]
+    axis = int(ctx.attrs.get("axis", -1)) % x.ndim
+    axes = list(range(axis, x.ndim))
+    eps = float(ctx.attrs.get("epsilon", 1e-5))
+    rstd = ops.div(_const(1, x), ops.sqrt(ops.add(ops.mean(ops.mul(x, x), dim=axes, keepdim=True), _const(eps, x))))
+    xhat = ops.mul(x, rstd)
+    dxhat = ops.mul(g, scale)
+    res = [None, None]
+    if ctx.needs[0]:
+        m = ops.mean(ops.mul(dxhat, xhat), dim=axes, keepdim=True)
+        res[0] = ops.mul(rstd, ops.sub(dxhat, ops.mul(xhat, m)))
+    if ctx.needs[1]:
+        res[1] = unbroadcast(ops.mul(g, xhat), scale.shape)
+    return res
+
+
+def _group_norm(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, scale, bias = ctx.inputs[:3]
+    n, c = x.shape[:2]
+    groups = int(ctx.attrs["num_groups"])
+    shape_c = (1, c) + (1,) * (x.ndim - 2)
+    sc = ops.reshape(scale, shape_c)
+    xg = ops.reshape(x, (n, groups, -1))
+    dxhat = ops.reshape(ops.mul(g, sc), (n, groups, -1))
+    dx, xhat = _normalize_backward(xg, dxhat, None, [2], float(ctx.attrs.get("epsilon", 1e-5)))
+    xhat = ops.reshape(xhat, x.shape)
+    axes = [0] + list(range(2, x.ndim))
+    return [ops.reshape(dx, x.shape) if ctx.needs[0] else None,
+            ops.sum(ops.mul(g, xhat), dim=axes) if ctx.needs[1] else None,
+            ops.sum(g, dim=axes) if ctx.needs[2] else None]
+
+
 def _batch_norm(ctx, grads):
     ops, g = _ops(), grads[0]
     x, scale, _, rmean, rvar = ctx.inputs[:5]
@@ -553,13 +681,16 @@ def _nll(ctx, grads):
 RULES = {
     "Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div, "Neg": _neg, "Pow": _pow, "Exp": _exp, "Log": _log,
     "Sqrt": _sqrt, "Relu": _relu, "Sigmoid": _sigmoid, "Tanh": _tanh, "Gelu": _gelu, "Softmax": _softmax,
-    "LogSoftmax": _log_softmax, "Identity": _identity, "Cast": _cast,
+    "LogSoftmax": _log_softmax, "Identity": _identity, "Cast": _cast, "Swish": _swish, "LeakyRelu": _leaky_relu,
+    "Abs": _abs, "Softplus": _softplus, "Erf": _erf, "Reciprocal": _reciprocal, "Rsqrt": _rsqrt, "Where": _where,
+    "Clip": _clip, "Sum": _sum_n, "Split": _split, "Pad": _pad,
     "MatMul": _matmul, "Gemm": _gemm, "Linear": _linear,
     "ReduceSum": _reduce(False), "ReduceMean": _reduce(True),
     "Reshape": _reshape_back, "Flatten": _reshape_back, "Squeeze": _reshape_back, "Unsqueeze": _reshape_back,
     "Transpose": _transpose, "Expand": _expand, "Concat": _concat, "Slice": _slice, "Gather": _gather,
     "Conv": _conv, "MaxPool": _max_pool, "AveragePool": _average_pool, "GlobalAveragePool": _global_average_pool,
-    "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm,
+    "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "RMSNormalization": _rms_norm,
+    "GroupNormalization": _group_norm,
     "SoftmaxCrossEntropyLoss": _softmax_cross_entropy, "NegativeLogLikelihoodLoss": _nll,
 }
 
