@@ -607,7 +607,7 @@ def _rms_norm(ctx, grads):
 
 def _group_norm(ctx, grads):
     ops, g = _ops(), grads[0]
-    x, scale, bias = ctx.inputs[:3]
+    x, scale = ctx.inputs[:2]
     n, c = x.shape[:2]
     groups = int(ctx.attrs["num_groups"])
     shape_c = (1, c) + (1,) * (x.ndim - 2)
