@@ -321,6 +321,25 @@ def test_mse_and_nll_losses_match_torch(reduction):
     np.testing.assert_allclose(nl.numpy(), tn.numpy(), rtol=1e-12)
 
 
+@pytest.mark.parametrize("kw", [{}, {"reduction": "sum", "weight": True}, {"reduction": "none", "pos_weight": True}])
+def test_bce_with_logits_matches_torch(kw):
+    torch = pytest.importorskip("torch")
+    kw = dict(kw)
+    x, t = RNG.standard_normal((4, 3)) * 3, RNG.uniform(0, 1, (4, 3))
+    if kw.pop("weight", False):
+        kw["weight"] = RNG.uniform(0.5, 2, (3,))
+    if kw.pop("pos_weight", False):
+        kw["pos_weight"] = RNG.uniform(0.5, 2, (3,))
+    xt = opsnn.tensor(x).requires_grad_()
+    loss = opsnn.nn.BCEWithLogitsLoss(**kw)(xt, t)
+    g = autograd.grad(ops.sum(loss), [xt])[0].numpy()
+    tx = torch.tensor(x, requires_grad=True)
+    tl = torch.nn.BCEWithLogitsLoss(**{k: torch.tensor(v) if k != "reduction" else v for k, v in kw.items()})(
+        tx, torch.tensor(t))
+    np.testing.assert_allclose(loss.numpy(), tl.detach().numpy(), rtol=1e-10)
+    np.testing.assert_allclose(g, torch.autograd.grad(tl.sum(), [tx])[0].numpy(), rtol=1e-9, atol=1e-12)
+
+
 def test_batchnorm_training_updates_running_stats_like_torch():
     torch = pytest.importorskip("torch")
     x = RNG.standard_normal((4, 3, 5, 5)).astype(np.float32) * 2 + 1
@@ -355,6 +374,10 @@ def test_clip_grad_norm_matches_torch():
         np.testing.assert_allclose(total.item(), ttotal.item(), rtol=1e-5)
         for p, tp in zip(ps, tps):
             np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-5, atol=1e-7)
+    opsnn.nn.utils.clip_grad_value_(ps, 0.01)
+    torch.nn.utils.clip_grad_value_(tps, 0.01)
+    for p, tp in zip(ps, tps):
+        np.testing.assert_array_equal(p.grad.numpy(), tp.grad.numpy())
 
 
 def test_info_ops_lists_which_ops_have_a_gradient(capsys):

@@ -16,13 +16,13 @@ from .attention import MultiheadAttention
 from .layers import (GELU, AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, GroupNorm, Identity,
                      LayerNorm, Linear, MaxPool2d, OutOfVocabularyError, ReLU, RMSNorm, Sigmoid, SiLU, Softmax, Tanh,
                      conv_kernels)
-from .loss import CrossEntropyLoss, MSELoss, NLLLoss
+from .loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss
 from .module import (IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential, StateDictError,
                      new_parameter)
 from .rnn import GRU, LSTM
 from .weights import WeightFileError, onnx_initializers, read_weights, write_weights
 
-__all__ = ["AdaptiveAvgPool2d", "BatchNorm2d", "Conv2d", "CrossEntropyLoss", "MSELoss", "NLLLoss", "utils", "Dropout", "Embedding", "Flatten", "GELU", "GRU", "GroupNorm",
+__all__ = ["AdaptiveAvgPool2d", "BatchNorm2d", "Conv2d", "BCEWithLogitsLoss", "CrossEntropyLoss", "MSELoss", "NLLLoss", "utils", "Dropout", "Embedding", "Flatten", "GELU", "GRU", "GroupNorm",
            "Identity", "IncompatibleKeys", "LSTM", "LayerNorm", "Linear", "MaxPool2d", "Module", "ModuleDict",
            "ModuleList", "MultiheadAttention", "OutOfVocabularyError", "Parameter", "RMSNorm", "ReLU", "SiLU",
            "Sequential", "Sigmoid", "Softmax", "StateDictError", "Tanh", "WeightFileError", "conv_kernels",

@@ -166,3 +166,29 @@ def mse_loss(input, target, reduction: str = "mean") -> Tensor:
     if reduction == "none":
         return sq
     return ops.sum(sq) if reduction == "sum" else ops.mean(sq)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, reduction: str = "mean",
+                                     pos_weight=None) -> Tensor:
+    """torch.nn.functional.binary_cross_entropy_with_logits, in the stable form
+    ``(1 - t) x + (1 + (pos_weight - 1) t) softplus(-x)``.
+
+    >>> import opsnn, numpy as np
+    >>> x = opsnn.tensor(np.array([0.0, 2.0], np.float32))
+    >>> round(float(binary_cross_entropy_with_logits(x, np.array([1.0, 0.0], np.float32)).item()), 2)
+    1.41
+    """
+    _check_reduction("binary_cross_entropy_with_logits", reduction)
+    x = as_tensor(input)
+    t = as_tensor(target, like=x)
+    one = as_tensor(np.asarray(1.0, x.dtype))
+    sp = ops.softplus(ops.neg(x))
+    if pos_weight is not None:
+        lw = ops.add(one, ops.mul(ops.sub(as_tensor(pos_weight, like=x), one), t))
+        sp = ops.mul(lw, sp)
+    loss = ops.add(ops.mul(ops.sub(one, t), x), sp)
+    if weight is not None:
+        loss = ops.mul(loss, as_tensor(weight, like=x))
+    if reduction == "none":
+        return loss
+    return ops.sum(loss) if reduction == "sum" else ops.mean(loss)

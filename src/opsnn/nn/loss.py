@@ -1,5 +1,5 @@
 """Loss modules with torch's names and arguments (``nn.CrossEntropyLoss``, ``nn.NLLLoss``,
-``nn.MSELoss``) over the functional losses, whose ops carry gradient rules.
+``nn.MSELoss``, ``nn.BCEWithLogitsLoss``) over the functional losses, whose ops carry gradient rules.
 
 >>> import opsnn, numpy as np
 >>> loss = opsnn.nn.MSELoss()(opsnn.tensor(np.array([1.0, 3.0], np.float32)), np.array([0.0, 1.0], np.float32))
@@ -42,4 +42,14 @@ class MSELoss(Module):
         return F.mse_loss(input, target, self.reduction)
 
 
-__all__ = ["CrossEntropyLoss", "MSELoss", "NLLLoss"]
+class BCEWithLogitsLoss(Module):
+    def __init__(self, weight=None, reduction: str = "mean", pos_weight=None):
+        super().__init__()
+        self.reduction = F._check_reduction("BCEWithLogitsLoss", reduction)
+        self.weight, self.pos_weight = weight, pos_weight
+
+    def forward(self, input, target):
+        return F.binary_cross_entropy_with_logits(input, target, self.weight, self.reduction, self.pos_weight)
+
+
+__all__ = ["BCEWithLogitsLoss", "CrossEntropyLoss", "MSELoss", "NLLLoss"]
