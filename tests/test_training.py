@@ -176,3 +176,36 @@ def test_training_steps_return_pool_memory(no_leak):
     # steady state: after the first step (optimizer state allocated) each step frees what it made
     assert live[2:] == [live[1]] * 4, live
     del model, opt, x
+
+
+# -- learning-rate schedulers ------------------------------------------------------------------------------
+SCHEDULES = [
+    ("StepLR", {"step_size": 3, "gamma": 0.5}),
+    ("CosineAnnealingLR", {"T_max": 7, "eta_min": 0.001}),
+    ("LinearLR", {"start_factor": 0.1, "total_iters": 4}),
+    ("LambdaLR", {"lr_lambda": lambda e: 1.0 / (1 + e)}),
+    ("warmup_cosine", None),
+]
+
+
+@pytest.mark.parametrize("name,kw", SCHEDULES, ids=[s[0] for s in SCHEDULES])
+def test_lr_schedulers_match_torch(name, kw):
+    torch = pytest.importorskip("torch")
+
+    def build(lib, opt):
+        sch = lib.optim.lr_scheduler
+        if name == "warmup_cosine":
+            return sch.SequentialLR(opt, [sch.LinearLR(opt, 0.2, total_iters=3), sch.CosineAnnealingLR(opt, 6)], [3])
+        return getattr(sch, name)(opt, **kw)
+
+    opt = optim.SGD([{"params": [nn.Parameter(np.zeros(2, np.float32))]},
+                     {"params": [nn.Parameter(np.zeros(2, np.float32))], "lr": 0.3}], lr=0.1)
+    topt = torch.optim.SGD([{"params": [torch.zeros(2, requires_grad=True)]},
+                            {"params": [torch.zeros(2, requires_grad=True)], "lr": 0.3}], lr=0.1)
+    sched, tsched = build(opsnn, opt), build(torch, topt)
+    for _ in range(15):
+        np.testing.assert_allclose(sched.get_last_lr(), tsched.get_last_lr(), rtol=1e-9, atol=1e-15)
+        opt.step()
+        topt.step()
+        sched.step()
+        tsched.step()
