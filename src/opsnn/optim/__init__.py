@@ -13,4 +13,4 @@ from .adam import Adam, AdamW
 from .optimizer import Optimizer, OptimizerStateError
 from .sgd import SGD
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "OptimizerStateError"]
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "OptimizerStateError", "lr_scheduler"]

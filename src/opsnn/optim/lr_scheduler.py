@@ -70,7 +70,7 @@ class StepLR(LRScheduler):
 class CosineAnnealingLR(LRScheduler):
     """``lr = eta_min + (base_lr - eta_min) (1 + cos(pi epoch / T_max)) / 2``."""
 
-    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1):  # noqa: N803 - torch's
+    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1):
         if int(T_max) <= 0:
             raise ParamInvalidError(f"CosineAnnealingLR: T_max must be a positive int, got {T_max}")
         self.T_max, self.eta_min = int(T_max), float(eta_min)
