@@ -209,3 +209,45 @@ def test_lr_schedulers_match_torch(name, kw):
         topt.step()
         sched.step()
         tsched.step()
+
+
+# -- loss scaling -------------------------------------------------------------------------------------------
+def test_grad_scaler_skips_overflowing_steps_and_tracks_torchs_scale():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    tmodel = _mlp(torch)
+    model = _mlp(opsnn)
+    model.load_state_dict({k: v.detach().numpy() for k, v in tmodel.state_dict().items()})
+    opt, topt = optim.SGD(model.parameters(), lr=0.05), torch.optim.SGD(tmodel.parameters(), lr=0.05)
+    scaler = opsnn.amp.GradScaler(init_scale=256.0, growth_interval=2)
+    tscaler = torch.amp.GradScaler("cpu", init_scale=256.0, growth_interval=2)
+    x = RNG.standard_normal((8, 10)).astype(np.float32)
+    y = RNG.standard_normal((8, 4)).astype(np.float32)
+    scales = []
+    for step in range(7):
+        opt.zero_grad()
+        topt.zero_grad()
+        scaler.scale(nn.functional.mse_loss(model(opsnn.tensor(x)), y)).backward()
+        tscaler.scale(torch.nn.functional.mse_loss(tmodel(torch.tensor(x)), torch.tensor(y))).backward()
+        if step in (2, 3):  # force an overflow: the step is skipped and the scale halves
+            first = next(iter(model.parameters()))
+            first.grad.numpy()[0, 0] = np.inf if step == 2 else np.nan
+            next(iter(tmodel.parameters())).grad[0, 0] = float("inf") if step == 2 else float("nan")
+        scaler.unscale_(opt)
+        tscaler.unscale_(topt)
+        with pytest.raises(opsnn.amp.GradScalerStateError, match="already called"):
+            scaler.unscale_(opt)
+        before = [p.numpy().copy() for p in model.parameters()]
+        scaler.step(opt)
+        tscaler.step(topt)
+        if step in (2, 3):
+            for b, p in zip(before, model.parameters()):
+                np.testing.assert_array_equal(b, p.numpy())  # nothing corrupted
+        scaler.update()
+        tscaler.update()
+        scales.append(scaler.get_scale())
+        assert scaler.get_scale() == tscaler.get_scale()
+    assert scales == [256.0, 512.0, 256.0, 128.0, 128.0, 256.0, 256.0]
+    tsd = tmodel.state_dict()
+    for name, v in model.state_dict().items():
+        np.testing.assert_allclose(v.numpy(), tsd[name].detach().numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
