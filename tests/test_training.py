@@ -251,3 +251,47 @@ def test_grad_scaler_skips_overflowing_steps_and_tracks_torchs_scale():
     tsd = tmodel.state_dict()
     for name, v in model.state_dict().items():
         np.testing.assert_allclose(v.numpy(), tsd[name].detach().numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+# -- checkpoints ---------------------------------------------------------------------------------------------
+def test_checkpoint_resume_is_bit_identical(tmp_path):
+    x = opsnn.tensor(RNG.standard_normal((4, 3, 8, 8)).astype(np.float32))
+    y = RNG.integers(0, 5, size=4)
+
+    def run(model, opt, scaler, sched, steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            scaler.scale(nn.functional.cross_entropy(model(x), y, label_smoothing=0.1)).backward()
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+
+    def fresh(seed):
+        with nn.init.seeded(seed):
+            model = _cnn(opsnn).train()
+        opt = optim.AdamW([{"params": list(model.parameters())[:3]}, {"params": list(model.parameters())[3:],
+                                                                      "lr": 2e-3}], lr=1e-3, amsgrad=True)
+        return model, opt, opsnn.amp.GradScaler(init_scale=64.0, growth_interval=2), \
+            optim.lr_scheduler.CosineAnnealingLR(opt, 10)
+
+    model, opt, scaler, sched = fresh(0)
+    run(model, opt, scaler, sched, 3)
+    path = opsnn.save_checkpoint(tmp_path / "ck.safetensors", model, opt, step=3, scaler=scaler, scheduler=sched,
+                                 extra={"note": "three steps"})
+    run(model, opt, scaler, sched, 3)
+    model2, opt2, scaler2, sched2 = fresh(1)
+    info = opsnn.load_checkpoint(path, model2, opt2, scaler=scaler2, scheduler=sched2)
+    assert info == {"step": 3, "extra": {"note": "three steps"}}
+    run(model2, opt2, scaler2, sched2, 3)
+    sd2 = model2.state_dict()
+    for name, v in model.state_dict().items():
+        np.testing.assert_array_equal(v.numpy(), sd2[name].numpy(), err_msg=name)
+    assert scaler.get_scale() == scaler2.get_scale() and sched.get_last_lr() == sched2.get_last_lr()
+    # a checkpoint of another optimizer or model is refused before anything is written
+    before = [p.numpy().copy() for p in model2.parameters()]
+    with pytest.raises(opsnn.checkpoint.CheckpointError, match="AdamW state, the optimizer is SGD"):
+        opsnn.load_checkpoint(path, model2, optim.SGD(model2.parameters(), lr=0.1))
+    with pytest.raises(opsnn.nn.StateDictError):
+        opsnn.load_checkpoint(path, _mlp(opsnn))
+    for b, p in zip(before, model2.parameters()):
+        np.testing.assert_array_equal(b, p.numpy())
