@@ -399,3 +399,34 @@ def test_gradient_through_an_output_the_rule_does_not_cover_is_a_typed_error():
         ops.sum(log_prob).backward()
     loss.backward()
     assert x.grad is not None
+
+
+def test_dropout_module_is_seeded_and_passes_gradients_through_kept_elements():
+    x = opsnn.tensor(RNG.standard_normal((64, 32)).astype(np.float32)).requires_grad_()
+    drop = opsnn.nn.Dropout(0.25).train()
+    opsnn.manual_seed(3)
+    y = drop(x)
+    opsnn.manual_seed(3)
+    np.testing.assert_array_equal(drop(x).numpy(), y.numpy())
+    keep = y.numpy() != 0
+    assert 0.7 < keep.mean() < 0.8
+    np.testing.assert_allclose(y.numpy()[keep], x.numpy()[keep] / 0.75, rtol=1e-6)
+    ops.sum(y).backward()
+    np.testing.assert_allclose(x.grad.numpy(), keep / 0.75, rtol=1e-6)
+    assert drop.eval()(x) is x
+
+
+def test_dropout_op_gradient_uses_its_mask():
+    x = opsnn.tensor(RNG.standard_normal((5, 6))).requires_grad_()
+    for kw in ({"seed": 7}, {}):
+        y = ops.dropout(x, 0.4, training=True, **kw)
+        keep = y.numpy() != 0
+        if kw:
+            (g,) = autograd.grad(ops.sum(y), [x])
+            np.testing.assert_allclose(g.numpy(), keep / 0.6, rtol=1e-12)
+        else:  # an unseeded mask that was not returned cannot be recomputed
+            with pytest.raises(autograd.NoGradientError, match="Dropout"):
+                autograd.grad(ops.sum(y), [x])
+    y, mask = ops.run_op("Dropout", [x, np.asarray(0.4), np.asarray(True)], num_outputs=2)
+    (g,) = autograd.grad(ops.sum(y), [x])
+    np.testing.assert_allclose(g.numpy(), mask.numpy() / 0.6, rtol=1e-12)

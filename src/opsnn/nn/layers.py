@@ -287,7 +287,9 @@ class Embedding(Module):
 
 
 class Dropout(Module):
-    """Identity in eval mode (the default); inverted dropout in training mode."""
+    """Identity in eval mode (the default); inverted dropout in training mode: zero with
+    probability ``p``, scale the rest by ``1/(1-p)``. The mask is drawn from opsnn's seeded
+    generator (``opsnn.manual_seed``), and the gradient flows through the kept elements."""
 
     def __init__(self, p: float = 0.5):
         super().__init__()
@@ -298,7 +300,11 @@ class Dropout(Module):
     def forward(self, x):
         if not self.training or self.p == 0.0:
             return x
-        return ops.dropout(x, self.p, training=True)
+        x = as_tensor(x)
+        if self.p == 1.0:
+            return ops.mul(x, as_tensor(np.zeros((), x.dtype)))
+        keep = init.generator().random(x.shape) >= self.p
+        return ops.mul(x, as_tensor((keep * (1.0 / (1.0 - self.p))).astype(x.dtype)))
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -291,6 +291,22 @@ def _pad(ctx, grads):
     return [_ops().slice(grads[0], starts, ends, axes=axes)] + [None] * (len(ctx.inputs) - 1)
 
 
+def _dropout(ctx, grads):
+    ops, g = _ops(), grads[0]
+    training = ctx.value(2) if len(ctx.inputs) > 2 else None
+    if training is None or not bool(np.asarray(training).reshape(-1)[0]):
+        return [g, None, None][:len(ctx.inputs)]
+    ratio = float(np.asarray(ctx.value(1)).reshape(-1)[0]) if len(ctx.inputs) > 1 else 0.5
+    if len(ctx.outputs) > 1:
+        mask = ctx.outputs[1]
+    elif ctx.attrs.get("seed") is not None:  # the same seed draws the same mask again
+        mask = ops.run_op("Dropout", ctx.inputs, ctx.attrs, num_outputs=2)[1]
+    else:
+        return [None] * len(ctx.inputs)  # an unseeded mask that was not kept: a typed error
+    scale = ops.cast(mask, g.dtype)
+    return [ops.mul(g, ops.mul(scale, _const(1.0 / (1.0 - ratio), g)))] + [None] * (len(ctx.inputs) - 1)
+
+
 # -- products ----------------------------------------------------------------------------------------
 def _matmul(ctx, grads):
     ops, g = _ops(), grads[0]
@@ -683,7 +699,7 @@ RULES = {
     "Sqrt": _sqrt, "Relu": _relu, "Sigmoid": _sigmoid, "Tanh": _tanh, "Gelu": _gelu, "Softmax": _softmax,
     "LogSoftmax": _log_softmax, "Identity": _identity, "Cast": _cast, "Swish": _swish, "LeakyRelu": _leaky_relu,
     "Abs": _abs, "Softplus": _softplus, "Erf": _erf, "Reciprocal": _reciprocal, "Rsqrt": _rsqrt, "Where": _where,
-    "Clip": _clip, "Sum": _sum_n, "Split": _split, "Pad": _pad,
+    "Clip": _clip, "Sum": _sum_n, "Split": _split, "Pad": _pad, "Dropout": _dropout,
     "MatMul": _matmul, "Gemm": _gemm, "Linear": _linear,
     "ReduceSum": _reduce(False), "ReduceMean": _reduce(True),
     "Reshape": _reshape_back, "Flatten": _reshape_back, "Squeeze": _reshape_back, "Unsqueeze": _reshape_back,
