@@ -692,6 +692,91 @@ def _nll(ctx, grads):
     return [ops.neg(ops.mul(onehot, coef))] + [None] * (len(ctx.inputs) - 1)
 
 
+# -- attention -------------------------------------------------------------------------------------------
+def _attention_bias(mask, B, Hq, Sq, T, causal, left, right):
+    """Additive bias (B|1, Hq|1, Sq, T) of a mask, the causal triangle and sliding windows (no
+    cache: query i sits at key position i), and which rows keep at least one key."""
+    bias = np.zeros((1, 1, Sq, T))
+    i = np.arange(Sq)[:, None]
+    j = np.arange(T)[None, :]
+    off = (j > i) if causal else np.zeros((Sq, T), bool)
+    if left >= 0:
+        off |= j < i - left
+    if right >= 0:
+        off |= j > i + right
+    bias = np.where(off, -np.inf, 0.0)[None, None]
+    if mask is not None:
+        m = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+        if m.shape[3] < T:  # a short mask: the missing keys are masked out
+            pad = np.zeros(m.shape[:3] + (T - m.shape[3],), m.dtype) if m.dtype == np.bool_ else \
+                np.full(m.shape[:3] + (T - m.shape[3],), -np.inf)
+            m = np.concatenate([m, pad], axis=3)
+        bias = bias + (np.where(m, 0.0, -np.inf) if m.dtype == np.bool_ else m.astype(np.float64))
+    rows = ~np.all(np.isneginf(bias), axis=-1, keepdims=True)
+    return bias, rows
+
+
+def _attention(ctx, grads):
+    ops, g = _ops(), grads[0]
+    ins = list(ctx.inputs) + [None] * (7 - len(ctx.inputs))
+    q, k, v, mask = ins[:4]
+    n_in = len(ctx.inputs)
+    if any(t is not None for t in ins[4:7]) or float(ctx.attrs.get("softcap") or 0.0) != 0.0 or \
+            (mask is not None and len(ctx.needs) > 3 and ctx.needs[3]):
+        return [None] * n_in  # with a KV cache, softcap or a trainable mask: no rule yet (a typed error)
+    rank = q.ndim
+    if rank == 3:
+        hq, hkv = int(ctx.attrs["q_num_heads"]), int(ctx.attrs["kv_num_heads"])
+
+        def to4(t, h):
+            return ops.transpose(ops.reshape(t, (t.shape[0], t.shape[1], h, t.shape[2] // h)), [0, 2, 1, 3])
+        q4, k4, v4 = to4(q, hq), to4(k, hkv), to4(v, hkv)
+        g4 = to4(g, hq)
+    else:
+        q4, k4, v4, g4 = q, k, v, g
+    B, Hq, Sq, D = q4.shape
+    Hkv, T = k4.shape[1], k4.shape[2]
+    rep = Hq // Hkv
+    scale = ctx.attrs.get("scale")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+
+    def repeat(t):  # (B, Hkv, T, d) -> (B, Hq, T, d)
+        if rep == 1:
+            return t
+        e = ops.expand(ops.unsqueeze(t, 2), B, Hkv, rep, t.shape[2], t.shape[3])
+        return ops.reshape(e, (B, Hq, t.shape[2], t.shape[3]))
+
+    def fold(t):  # (B, Hq, T, d) -> (B, Hkv, T, d), summing each group's heads
+        if rep == 1:
+            return t
+        return ops.sum(ops.reshape(t, (B, Hkv, rep, t.shape[2], t.shape[3])), dim=2)
+
+    kr, vr = repeat(k4), repeat(v4)
+    bias, rows = _attention_bias(None if mask is None else mask.numpy(), B, Hq, Sq, T,
+                                 bool(ctx.attrs.get("is_causal", 0)), int(ctx.attrs.get("left_window_size", -1)),
+                                 int(ctx.attrs.get("right_window_size", -1)))
+    sc = ops.add(ops.mul(ops.matmul(q4, ops.transpose(kr, [0, 1, 3, 2])), _const(scale, q4)), _const(bias, q4))
+    p = ops.softmax(sc, dim=-1)
+    if not rows.all():  # fully masked rows give 0 (not NaN), as the forward does
+        p = ops.where(tensor(np.broadcast_to(rows, p.shape).copy()), p, _const(0, p))
+    dp = ops.matmul(g4, ops.transpose(vr, [0, 1, 3, 2]))
+    ds = ops.mul(p, ops.sub(dp, ops.sum(ops.mul(dp, p), dim=-1, keepdim=True)))
+    ds = ops.mul(ds, _const(scale, ds))
+    res = [None] * n_in
+    if ctx.needs[0]:
+        res[0] = ops.matmul(ds, kr)
+    if ctx.needs[1]:
+        res[1] = fold(ops.matmul(ops.transpose(ds, [0, 1, 3, 2]), q4))
+    if ctx.needs[2]:
+        res[2] = fold(ops.matmul(ops.transpose(p, [0, 1, 3, 2]), g4))
+    if rank == 3:
+        for i in range(3):
+            if res[i] is not None:
+                t = res[i]
+                res[i] = ops.reshape(ops.transpose(t, [0, 2, 1, 3]), (t.shape[0], t.shape[2], t.shape[1] * t.shape[3]))
+    return res
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -707,6 +792,7 @@ RULES = {
     "Conv": _conv, "MaxPool": _max_pool, "AveragePool": _average_pool, "GlobalAveragePool": _global_average_pool,
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "RMSNormalization": _rms_norm,
     "GroupNormalization": _group_norm,
+    "Attention": _attention,
     "SoftmaxCrossEntropyLoss": _softmax_cross_entropy, "NegativeLogLikelihoodLoss": _nll,
 }
 
