@@ -777,6 +777,100 @@ def _attention(ctx, grads):
     return res
 
 
+# -- recurrent --------------------------------------------------------------------------------------------
+def _lstm(ctx, grads):
+    """Backpropagation through time with registry ops: each direction's forward is recomputed
+    step by step (keeping the gates), then walked backwards. Default activations, no peepholes,
+    clip, input_forget, sequence_lens or batch-first layout (those: no rule yet, a typed error)."""
+    ops = _ops()
+    ins = list(ctx.inputs) + [None] * (8 - len(ctx.inputs))
+    x, w, r, b, seq, h0, c0, peep = ins
+    n_in = len(ctx.inputs)
+    acts = ctx.attrs.get("activations")
+    if (seq is not None or peep is not None or ctx.attrs.get("clip") is not None or int(ctx.attrs.get("layout", 0))
+            or int(ctx.attrs.get("input_forget", 0)) or
+            (acts and [_s(a).lower() for a in acts] not in (["sigmoid", "tanh", "tanh"] * k for k in (1, 2)))):
+        return [None] * n_in
+    direction = _s(ctx.attrs.get("direction", "forward")).lower()
+    dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
+    L, N, _ = x.shape
+    H = r.shape[2]
+    gy, gyh, gyc = (list(grads) + [None, None, None])[:3]
+    one = _const(1, x)
+    res = {k: [] for k in ("x", "w", "r", "b", "h0", "c0")}
+    for d, name in enumerate(dirs):
+        wd, rd = ops.squeeze(ops.slice(w, [d], [d + 1], axes=[0]), 0), ops.squeeze(ops.slice(r, [d], [d + 1],
+                                                                                               axes=[0]), 0)
+        bias = None
+        if b is not None:
+            bd = ops.squeeze(ops.slice(b, [d], [d + 1], axes=[0]), 0)
+            bias = ops.add(ops.slice(bd, [0], [4 * H]), ops.slice(bd, [4 * H], [8 * H]))
+        h = zeros((N, H), x.dtype) if h0 is None else ops.squeeze(ops.slice(h0, [d], [d + 1], axes=[0]), 0)
+        c = zeros((N, H), x.dtype) if c0 is None else ops.squeeze(ops.slice(c0, [d], [d + 1], axes=[0]), 0)
+        steps = range(L) if name == "forward" else range(L - 1, -1, -1)
+        saved = []
+        for t in steps:
+            xt = ops.squeeze(ops.slice(x, [t], [t + 1], axes=[0]), 0)
+            a = ops.add(ops.matmul(xt, ops.transpose(wd)), ops.matmul(h, ops.transpose(rd)))
+            if bias is not None:
+                a = ops.add(a, bias)
+            gi, go, gf, gc = ops.split(a, [H, H, H, H], dim=1)
+            i, o, f, cc = ops.sigmoid(gi), ops.sigmoid(go), ops.sigmoid(gf), ops.tanh(gc)
+            c_new = ops.add(ops.mul(f, c), ops.mul(i, cc))
+            tc = ops.tanh(c_new)
+            saved.append((t, xt, h, c, i, o, f, cc, tc))
+            h = ops.mul(o, tc)
+            c = c_new
+        dh = zeros((N, H), x.dtype)
+        dc = zeros((N, H), x.dtype)
+        if gyh is not None:
+            dh = ops.add(dh, ops.squeeze(ops.slice(gyh, [d], [d + 1], axes=[0]), 0))
+        if gyc is not None:
+            dc = ops.add(dc, ops.squeeze(ops.slice(gyc, [d], [d + 1], axes=[0]), 0))
+        dx = [None] * L
+        dw = dr = db = None
+        for t, xt, h_prev, c_prev, i, o, f, cc, tc in reversed(saved):
+            if gy is not None:
+                dh = ops.add(dh, ops.reshape(ops.slice(gy, [t, d], [t + 1, d + 1], axes=[0, 1]), (N, H)))
+            dc = ops.add(dc, ops.mul(ops.mul(dh, o), ops.sub(one, ops.mul(tc, tc))))
+            da = ops.concat([ops.mul(ops.mul(dc, cc), ops.mul(i, ops.sub(one, i))),
+                             ops.mul(ops.mul(dh, tc), ops.mul(o, ops.sub(one, o))),
+                             ops.mul(ops.mul(dc, c_prev), ops.mul(f, ops.sub(one, f))),
+                             ops.mul(ops.mul(dc, i), ops.sub(one, ops.mul(cc, cc)))], dim=1)
+            dx[t] = ops.matmul(da, wd)
+            daT = ops.transpose(da)
+            dw = _acc(dw, ops.matmul(daT, xt))
+            dr = _acc(dr, ops.matmul(daT, h_prev))
+            db = _acc(db, ops.sum(da, dim=0))
+            dh = ops.matmul(da, rd)
+            dc = ops.mul(dc, f)
+        res["x"].append(ops.concat([ops.unsqueeze(v, 0) for v in dx], dim=0))
+        res["w"].append(ops.unsqueeze(dw, 0))
+        res["r"].append(ops.unsqueeze(dr, 0))
+        res["b"].append(ops.unsqueeze(ops.concat([db, db], dim=0), 0))
+        res["h0"].append(ops.unsqueeze(dh, 0))
+        res["c0"].append(ops.unsqueeze(dc, 0))
+
+    def total(k):
+        v = res[k]
+        return v[0] if len(v) == 1 else (ops.add(v[0], v[1]) if k == "x" else ops.concat(v, dim=0))
+
+    out = [total("x"), total("w"), total("r"), total("b") if b is not None else None, None,
+           total("h0") if h0 is not None else None, total("c0") if c0 is not None else None, None]
+    return [g if need else None for g, need in zip(out[:n_in], ctx.needs)]
+
+
+_lstm.outputs = 3  # Y, Y_h and Y_c are all differentiable
+
+
+def _acc(a, b):
+    return b if a is None else _ops().add(a, b)
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -792,7 +886,7 @@ RULES = {
     "Conv": _conv, "MaxPool": _max_pool, "AveragePool": _average_pool, "GlobalAveragePool": _global_average_pool,
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "RMSNormalization": _rms_norm,
     "GroupNormalization": _group_norm,
-    "Attention": _attention,
+    "Attention": _attention, "LSTM": _lstm,
     "SoftmaxCrossEntropyLoss": _softmax_cross_entropy, "NegativeLogLikelihoodLoss": _nll,
 }
 
