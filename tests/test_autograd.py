@@ -151,6 +151,12 @@ CASES = [
                        _rand((2, 2, 3))], [0, 1, 2, 3, 4, 5]),
     ("lstm_reverse_no_state", lambda x, w, r: F.lstm(x, w, r, hidden_size=2, direction="reverse")[0], None,
      [_rand((3, 2, 2)), _rand((1, 8, 2)), _rand((1, 8, 2))], [0, 1, 2]),
+    ("gru_bidirectional_lbr", lambda x, w, r, b, h0: F.concat(
+        [F.reshape(o, (-1,)) for o in F.gru(x, w, r, b, None, h0, hidden_size=3, direction="bidirectional",
+                                              linear_before_reset=1)], dim=0), None,
+     [_rand((4, 2, 3)), _rand((2, 9, 3)), _rand((2, 9, 3)), _rand((2, 18)), _rand((2, 2, 3))], [0, 1, 2, 3, 4]),
+    ("gru_forward", lambda x, w, r, b: F.gru(x, w, r, b, hidden_size=2)[0], None,
+     [_rand((3, 2, 2)), _rand((1, 6, 2)), _rand((1, 6, 2)), _rand((1, 12))], [0, 1, 2, 3]),
     ("cross_entropy", lambda x: F.cross_entropy(x, np.array([1, 0, 3, 2, 1])),
      lambda x: __import__("torch").nn.functional.cross_entropy(x, __import__("torch").tensor([1, 0, 3, 2, 1])),
      [_rand((5, 4))], [0]),

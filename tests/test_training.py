@@ -365,14 +365,14 @@ def test_transformer_encoder_trains_like_torch(make_opt):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-4, err_msg=name)
 
 
-def _tagger(lib, vocab=13, d=8, hidden=6, tags=4):
+def _tagger(lib, vocab=13, d=8, hidden=6, tags=4, rnn="LSTM"):
     n = lib.nn
 
     class Tagger(n.Module):
         def __init__(self):
             super().__init__()
             self.emb = n.Embedding(vocab, d)
-            self.lstm = n.LSTM(d, hidden, num_layers=2, batch_first=True, bidirectional=True)
+            self.lstm = getattr(n, rnn)(d, hidden, num_layers=2, batch_first=True, bidirectional=True)
             self.head = n.Linear(2 * hidden, tags)
 
         def forward(self, ids):
@@ -384,10 +384,11 @@ def _tagger(lib, vocab=13, d=8, hidden=6, tags=4):
 @pytest.mark.parametrize("make_opt", [lambda lib, p: lib.SGD(p, lr=0.5, momentum=0.9, weight_decay=1e-4),
                                       lambda lib, p: lib.AdamW(p, lr=2e-2, weight_decay=0.05)],
                          ids=["sgd_momentum", "adamw"])
-def test_lstm_tagger_trains_like_torch(make_opt):
+@pytest.mark.parametrize("rnn", ["LSTM", "GRU"])
+def test_rnn_tagger_trains_like_torch(rnn, make_opt):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
-    tmodel, model = _tagger(torch).train(), _tagger(opsnn).train()
+    tmodel, model = _tagger(torch, rnn=rnn).train(), _tagger(opsnn, rnn=rnn).train()
     model.load_state_dict({k: v.detach().numpy() for k, v in tmodel.state_dict().items()})
     opt, topt = make_opt(optim, list(model.parameters())), make_opt(torch.optim, list(tmodel.parameters()))
     ids, y = RNG.integers(0, 13, size=(3, 5)), RNG.integers(0, 4, size=(3, 5))

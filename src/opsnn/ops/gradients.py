@@ -863,6 +863,102 @@ def _lstm(ctx, grads):
 _lstm.outputs = 3  # Y, Y_h and Y_c are all differentiable
 
 
+def _gru(ctx, grads):
+    """Backpropagation through time for ONNX GRU (gate order z, r, h), either
+    ``linear_before_reset``; the same restrictions as the LSTM rule."""
+    ops = _ops()
+    ins = list(ctx.inputs) + [None] * (6 - len(ctx.inputs))
+    x, w, r, b, seq, h0 = ins
+    n_in = len(ctx.inputs)
+    acts = ctx.attrs.get("activations")
+    if (seq is not None or ctx.attrs.get("clip") is not None or int(ctx.attrs.get("layout", 0)) or
+            (acts and [_s(a).lower() for a in acts] not in (["sigmoid", "tanh"] * k for k in (1, 2)))):
+        return [None] * n_in
+    lbr = int(ctx.attrs.get("linear_before_reset", 0))
+    direction = _s(ctx.attrs.get("direction", "forward")).lower()
+    dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
+    L, N, _ = x.shape
+    H = r.shape[2]
+    gy, gyh = (list(grads) + [None, None])[:2]
+    one = _const(1, x)
+    res = {k: [] for k in ("x", "w", "r", "b", "h0")}
+    for d, name in enumerate(dirs):
+        def sel(t, d=d):
+            return ops.squeeze(ops.slice(t, [d], [d + 1], axes=[0]), 0)
+
+        wd, rd = sel(w), sel(r)
+        r_zr, r_h = ops.slice(rd, [0], [2 * H]), ops.slice(rd, [2 * H], [3 * H])
+        if b is not None:
+            bd = sel(b)
+            wb, rb = ops.slice(bd, [0], [3 * H]), ops.slice(bd, [3 * H], [6 * H])
+        else:
+            wb = rb = zeros((3 * H,), x.dtype)
+        rb_zr, rb_h = ops.slice(rb, [0], [2 * H]), ops.slice(rb, [2 * H], [3 * H])
+        h = zeros((N, H), x.dtype) if h0 is None else sel(h0)
+        steps = range(L) if name == "forward" else range(L - 1, -1, -1)
+        saved = []
+        for t in steps:
+            xt = ops.squeeze(ops.slice(x, [t], [t + 1], axes=[0]), 0)
+            ax = ops.add(ops.matmul(xt, ops.transpose(wd)), wb)
+            ax_zr, ax_h = ops.split(ax, [2 * H, H], dim=1)
+            zr = ops.sigmoid(ops.add(ax_zr, ops.add(ops.matmul(h, ops.transpose(r_zr)), rb_zr)))
+            z, rr = ops.split(zr, [H, H], dim=1)
+            if lbr:
+                hr = ops.add(ops.matmul(h, ops.transpose(r_h)), rb_h)
+                hh = ops.tanh(ops.add(ax_h, ops.mul(rr, hr)))
+            else:
+                hr = ops.mul(rr, h)
+                hh = ops.tanh(ops.add(ax_h, ops.add(ops.matmul(hr, ops.transpose(r_h)), rb_h)))
+            saved.append((t, xt, h, z, rr, hh, hr))
+            h = ops.add(ops.mul(ops.sub(one, z), hh), ops.mul(z, h))
+        dh = zeros((N, H), x.dtype) if gyh is None else sel(gyh)
+        dx = [None] * L
+        dw = dr_zr = dr_h = dwb = drb_zr = drb_h = None
+        for t, xt, h_prev, z, rr, hh, hr in reversed(saved):
+            if gy is not None:
+                dh = ops.add(dh, ops.reshape(ops.slice(gy, [t, d], [t + 1, d + 1], axes=[0, 1]), (N, H)))
+            dz = ops.mul(dh, ops.sub(h_prev, hh))
+            dah = ops.mul(ops.mul(dh, ops.sub(one, z)), ops.sub(one, ops.mul(hh, hh)))
+            dh_prev = ops.mul(dh, z)
+            if lbr:
+                drr = ops.mul(dah, hr)
+                dhr = ops.mul(dah, rr)
+                dh_prev = ops.add(dh_prev, ops.matmul(dhr, r_h))
+                dr_h = _acc(dr_h, ops.matmul(ops.transpose(dhr), h_prev))
+                drb_h = _acc(drb_h, ops.sum(dhr, dim=0))
+            else:
+                drh = ops.matmul(dah, r_h)
+                drr = ops.mul(drh, h_prev)
+                dh_prev = ops.add(dh_prev, ops.mul(drh, rr))
+                dr_h = _acc(dr_h, ops.matmul(ops.transpose(dah), hr))
+                drb_h = _acc(drb_h, ops.sum(dah, dim=0))
+            dazr = ops.concat([ops.mul(dz, ops.mul(z, ops.sub(one, z))), ops.mul(drr, ops.mul(rr, ops.sub(one, rr)))],
+                              dim=1)
+            da = ops.concat([dazr, dah], dim=1)
+            dx[t] = ops.matmul(da, wd)
+            dw = _acc(dw, ops.matmul(ops.transpose(da), xt))
+            dwb = _acc(dwb, ops.sum(da, dim=0))
+            dr_zr = _acc(dr_zr, ops.matmul(ops.transpose(dazr), h_prev))
+            drb_zr = _acc(drb_zr, ops.sum(dazr, dim=0))
+            dh = ops.add(dh_prev, ops.matmul(dazr, r_zr))
+        res["x"].append(ops.concat([ops.unsqueeze(v, 0) for v in dx], dim=0))
+        res["w"].append(ops.unsqueeze(dw, 0))
+        res["r"].append(ops.unsqueeze(ops.concat([dr_zr, dr_h], dim=0), 0))
+        res["b"].append(ops.unsqueeze(ops.concat([dwb, drb_zr, drb_h], dim=0), 0))
+        res["h0"].append(ops.unsqueeze(dh, 0))
+
+    def total(k):
+        v = res[k]
+        return v[0] if len(v) == 1 else (ops.add(v[0], v[1]) if k == "x" else ops.concat(v, dim=0))
+
+    out = [total("x"), total("w"), total("r"), total("b") if b is not None else None, None,
+           total("h0") if h0 is not None else None]
+    return [g if need else None for g, need in zip(out[:n_in], ctx.needs)]
+
+
+_gru.outputs = 2  # Y and Y_h
+
+
 def _acc(a, b):
     return b if a is None else _ops().add(a, b)
 
@@ -886,7 +982,7 @@ RULES = {
     "Conv": _conv, "MaxPool": _max_pool, "AveragePool": _average_pool, "GlobalAveragePool": _global_average_pool,
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "RMSNormalization": _rms_norm,
     "GroupNormalization": _group_norm,
-    "Attention": _attention, "LSTM": _lstm,
+    "Attention": _attention, "LSTM": _lstm, "GRU": _gru,
     "SoftmaxCrossEntropyLoss": _softmax_cross_entropy, "NegativeLogLikelihoodLoss": _nll,
 }
 
