@@ -87,6 +87,8 @@ CASES = [
      lambda a: a[1:5:2, 0:7:3], [_rand((6, 7))], [0]),
     ("gather_dup", lambda a: F.gather(a, np.array([[0, 2], [2, -1]]), axis=1),
      lambda a: a[:, [[0, 2], [2, -1]]], [_rand((3, 4))], [0]),
+    ("gather_axis0_negative", lambda a: F.gather(a, np.array([[3, -1], [0, 3]]), axis=0),
+     lambda a: a[__import__("torch").tensor([[3, -1], [0, 3]])], [_rand((4, 2, 3))], [0]),
     ("embedding", lambda w: F.embedding(np.array([[1, 3, 1], [0, 3, 3]]), w),
      lambda w: w[__import__("torch").tensor([[1, 3, 1], [0, 3, 3]])], [_rand((5, 4))], [0]),
     ("conv2d", lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, dilation=2, groups=2),

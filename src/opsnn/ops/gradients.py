@@ -446,6 +446,9 @@ def _gather(ctx, grads):
     axis = int(ctx.attrs.get("axis", 0)) % x.ndim
     ind = idx.numpy().astype(np.int64)
     ind = np.where(ind < 0, ind + x.shape[axis], ind)
+    if axis == 0:  # embedding lookups: add each gradient row into its table row (repeats accumulate)
+        base = zeros(tuple(x.shape), grads[0].dtype)
+        return [_ops().scatter_nd(base, tensor(ind[..., None]), grads[0], reduction="add"), None]
     pos = np.take(np.arange(x.numel, dtype=np.int64).reshape(x.shape), ind, axis=axis)
     return [_scatter_into(pos, grads[0], x.shape, add=True), None]
 
