@@ -152,11 +152,11 @@ def test_model_trains_like_torch(kind, make_opt):
         y = RNG.standard_normal((12, 4)).astype(np.float32)
         model, tmodel, losses, tlosses = _train_pair(_mlp, x, y, make_opt, "mse")
     assert losses[-1] < 0.8 * losses[0]  # it learns
-    # float32 end to end, different summation orders: 20 steps stay within these
-    np.testing.assert_allclose(losses, tlosses, rtol=2e-4, atol=1e-5)
+    # float32 end to end, different summation orders: 20 steps stay within these (measured: ~1e-6)
+    np.testing.assert_allclose(losses, tlosses, rtol=2e-5, atol=1e-6)
     tsd = tmodel.state_dict()
     for name, v in model.state_dict().items():
-        np.testing.assert_allclose(v.numpy(), tsd[name].detach().numpy(), rtol=1e-3, atol=2e-4, err_msg=name)
+        np.testing.assert_allclose(v.numpy(), tsd[name].detach().numpy(), rtol=1e-4, atol=2e-5, err_msg=name)
 
 
 def test_training_steps_return_pool_memory(no_leak):
@@ -354,7 +354,7 @@ def test_transformer_encoder_trains_like_torch(make_opt):
         topt.step()
         tlosses.append(tl.item())
     assert losses[-1] < 0.9 * losses[0]
-    np.testing.assert_allclose(losses, tlosses, rtol=2e-4, atol=1e-5)
+    np.testing.assert_allclose(losses, tlosses, rtol=2e-5, atol=1e-6)
     tsd = tmodel.state_dict()
     for name, v in model.state_dict().items():
         a, b = v.numpy(), tsd[name].detach().numpy()
@@ -362,6 +362,7 @@ def test_transformer_encoder_trains_like_torch(make_opt):
             # the key bias adds one constant to a whole score row, which softmax ignores: its true gradient
             # is 0, and Adam turns either library's rounding noise into full-size steps
             a, b = np.delete(a, np.s_[16:32]), np.delete(b, np.s_[16:32])
+        # looser than the CNN's: Adam's normalised steps amplify rounding differences in small gradients
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-4, err_msg=name)
 
 
@@ -404,8 +405,8 @@ def test_rnn_tagger_trains_like_torch(rnn, make_opt):
         tl.backward()
         topt.step()
         tlosses.append(tl.item())
-    np.testing.assert_allclose(losses, tlosses, rtol=2e-4, atol=1e-5)
+    np.testing.assert_allclose(losses, tlosses, rtol=2e-5, atol=1e-6)
     assert losses[-1] < 0.9 * losses[0]
     tsd = tmodel.state_dict()
     for name, v in model.state_dict().items():
-        np.testing.assert_allclose(v.numpy(), tsd[name].detach().numpy(), rtol=1e-3, atol=2e-4, err_msg=name)
+        np.testing.assert_allclose(v.numpy(), tsd[name].detach().numpy(), rtol=1e-4, atol=2e-5, err_msg=name)
