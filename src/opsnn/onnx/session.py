@@ -205,7 +205,7 @@ def _shape_list(tp: onnx.TypeProto, free_dims: dict) -> list:
 class NodeArg:
     """An input's or output's name, declared shape and type string (onnxruntime's ``NodeArg``)."""
 
-    __slots__ = ("name", "shape", "type", "_dtype", "_ranked")
+    __slots__ = ("_dtype", "_ranked", "name", "shape", "type")
 
     def __init__(self, name: str, shape: list, type: str, dtype: np.dtype | None = None, ranked: bool = False):
         self.name = name
@@ -281,7 +281,7 @@ class OrtValue:
         self._array = array
 
     @classmethod
-    def ortvalue_from_numpy(cls, numpy_obj, device_type: str = "cpu", device_id: int = 0, vendor_id=-1) -> "OrtValue":
+    def ortvalue_from_numpy(cls, numpy_obj, device_type: str = "cpu", device_id: int = 0, vendor_id=-1) -> OrtValue:
         _check_cpu(device_type, "OrtValue.ortvalue_from_numpy")
         if isinstance(numpy_obj, Tensor):
             numpy_obj = numpy_obj.numpy()
@@ -292,7 +292,7 @@ class OrtValue:
 
     @classmethod
     def ortvalue_from_shape_and_type(cls, shape, element_type, device_type: str = "cpu", device_id: int = 0,
-                                     vendor_id=-1, memory_info=None) -> "OrtValue":
+                                     vendor_id=-1, memory_info=None) -> OrtValue:
         _check_cpu(device_type, "OrtValue.ortvalue_from_shape_and_type")
         return cls(np.empty(tuple(int(s) for s in shape), _np_element_type(element_type,
                                                                             "OrtValue.ortvalue_from_shape_and_type")))
@@ -504,9 +504,7 @@ class InferenceSession:
         where = f"InferenceSession.run: input {name!r}"
         if isinstance(value, OrtValue):
             value = value.numpy()
-        if isinstance(value, Tensor):
-            arr = value
-        elif isinstance(value, np.ndarray):
+        if isinstance(value, (Tensor, np.ndarray)):
             arr = value
         else:
             try:
@@ -587,10 +585,10 @@ class InferenceSession:
     def run_with_ort_values(self, output_names, input_dict_ort_values, run_options: RunOptions | None = None) -> list:
         return [OrtValue(r) for r in self.run(output_names, input_dict_ort_values, run_options)]
 
-    def io_binding(self) -> "IOBinding":
+    def io_binding(self) -> IOBinding:
         return IOBinding(self)
 
-    def run_with_iobinding(self, iobinding: "IOBinding", run_options: RunOptions | None = None) -> None:
+    def run_with_iobinding(self, iobinding: IOBinding, run_options: RunOptions | None = None) -> None:
         """Run on the inputs bound to ``iobinding``, writing its bound outputs (preallocated ones in place)."""
         if not isinstance(iobinding, IOBinding) or iobinding._session is not self:
             raise ParamInvalidError("InferenceSession.run_with_iobinding: the IOBinding must come from this "
