@@ -345,3 +345,48 @@ def test_light_zoo_same_script(name):
     # the zoo's outputs are softmax probabilities of ~1e-3 from logits of 1e9 and more: compared as
     # ONNX's own runner compares them (rtol 1e-3, atol 1e-7)
     _compare(ref, got, rtol=1e-3, atol=1e-7)
+
+
+def test_log_severity_applies_while_the_session_builds(rng, caplog):
+    """Severity 0 (verbose) lets opsnn's info records (each pass's changes) through while the session
+    builds; the default leaves the ``opsnn`` logger as it was."""
+    import logging
+
+    model, _ = mlp(rng)
+    logger = logging.getLogger("opsnn")
+    before = logger.level
+    opsnn.InferenceSession(model.SerializeToString())
+    assert not [r for r in caplog.records if r.name.startswith("opsnn") and r.levelno == logging.INFO]
+    so = opsnn.SessionOptions()
+    so.log_severity_level = 0
+    opsnn.InferenceSession(model.SerializeToString(), so)
+    assert any(r.name.startswith("opsnn.graph") and "pass" in r.getMessage() for r in caplog.records)
+    assert logger.level == before
+
+
+def test_raw_pointer_inputs_ort_values_and_free_dims(rng):
+    model, feeds = symbolic_batch(rng)
+    x = feeds["x"]
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    s = opsnn.InferenceSession(model.SerializeToString())
+    b = s.io_binding()
+    b.bind_input("x", "cpu", 0, np.float32, list(x.shape), x.ctypes.data)
+    b.bind_output("y")
+    s.run_with_iobinding(b)
+    _same([ref], b.copy_outputs_to_cpu(), "raw pointer input")
+    (ov,) = s.run_with_ort_values(None, {"x": ort_compat.OrtValue.ortvalue_from_numpy(x)})
+    assert ov.shape() == [5, 4] and ov.data_type() == "tensor(float)" and ov.element_type() == T.FLOAT
+    _same([ref], [ov.numpy()], "run_with_ort_values")
+    out = ort_compat.OrtValue.ortvalue_from_shape_and_type([5, 4], T.FLOAT)
+    b.bind_ortvalue_output("y", out)
+    s.run_with_iobinding(b)
+    _same([ref], [out.numpy()], "bound OrtValue output")
+    with pytest.raises(ParamInvalidError, match="output 'y' is bound to tensor\\(float32\\) of shape \\(2, 4\\)"):
+        b.bind_ortvalue_output("y", ort_compat.OrtValue.ortvalue_from_shape_and_type([2, 4], np.float32))
+        s.run_with_iobinding(b)
+    so = opsnn.SessionOptions()
+    so.add_free_dimension_override_by_name("batch", 5)
+    fixed = opsnn.InferenceSession(model.SerializeToString(), so)
+    assert fixed.get_inputs()[0].shape == [5, 6]
+    with pytest.raises(ParamInvalidError, match="dim 0 must be 5, got 2"):
+        fixed.run(None, {"x": x[:2]})
