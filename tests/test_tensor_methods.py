@@ -326,6 +326,11 @@ def test_repr_aligns_rows_like_numpy():
     assert len(cols) == 1 and len(next(iter(cols))) == 3, lines
     assert "nan" in repr(opsnn.tensor(np.array([np.nan, 1.5], np.float32)))
     assert repr(opsnn.tensor(np.float32(2.5))) == "tensor(2.5000, dtype=float32)"
+    assert repr(opsnn.tensor(np.zeros((0, 3), np.float32))) == "tensor([], shape=(0, 3), dtype=float32)"
+    import ml_dtypes
+
+    assert repr(opsnn.tensor(np.array([1, -2], ml_dtypes.int4))) == "tensor([ 1, -2], dtype=int4)"
+    assert repr(opsnn.tensor(np.array([1.5, -2], ml_dtypes.bfloat16))) == "tensor([ 1.5000, -2.0000], dtype=bfloat16)"
 
 
 def test_against_torch_where_importable(rng):

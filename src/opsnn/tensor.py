@@ -187,7 +187,8 @@ class Tensor:
 
     def __repr__(self) -> str:
         fmt = "" if self.format == "ND" else f", format={self.format}"
-        return f"{_array_text(self.numpy(), 'tensor(')}, dtype={_dt.name(self.dtype)}{fmt})"
+        shape = f", shape={self.shape}" if self.numel == 0 and self.ndim > 1 else ""  # as numpy: [] hides it
+        return f"{_array_text(self.numpy(), 'tensor(')}{shape}, dtype={_dt.name(self.dtype)}{fmt})"
 
     # -- views (zero-copy) ---------------------------------------------------------
     def _view(self, array: np.ndarray, keep_format: bool = False) -> "Tensor":
@@ -402,7 +403,8 @@ def _array_text(arr: np.ndarray, prefix: str) -> str:
     """numpy's text of ``arr`` after ``prefix``, rows aligned under the first (as numpy's repr).
     Floats read as torch prints them: ``1.``, ``2.`` when all are whole, else 4 decimals."""
     if arr.dtype.kind == "V" or arr.dtype.kind == "f" and arr.dtype.itemsize < 4:
-        arr = arr.astype(np.float32)  # bfloat16 / float8 / float16 print through float32
+        # bfloat16 / float8 / float16 print through float32, int4 / uint4 through int64
+        arr = arr.astype(np.float32 if _dt.is_float(arr.dtype) else np.int64)
     opts = {}
     if arr.dtype.kind in "fc":
         finite = arr[np.isfinite(arr)] if arr.size else arr
