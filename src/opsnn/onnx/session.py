@@ -38,7 +38,11 @@ from onnx import TensorProto, helper
 
 from .. import dtypes as _dt
 from ..errors import DTypeError, ParamInvalidError, ParamNullptrError
+from ..graph.compiler import NONDETERMINISTIC
+from ..graph.compiler import compile as _compile
 from ..tensor import Tensor
+from ..tools import profiler
+from .importer import load, read_model
 
 #: what this build can run on (onnxruntime's ``get_available_providers()``)
 AVAILABLE_PROVIDERS = ("CPUExecutionProvider",)
@@ -423,10 +427,6 @@ class InferenceSession:
 
     def __init__(self, path_or_bytes, sess_options: SessionOptions | None = None, providers=None,
                  provider_options=None, **kwargs):
-        from ..graph.compiler import compile as _compile
-        from ..tools import profiler
-        from .importer import load, read_model
-
         if sess_options is not None and not isinstance(sess_options, SessionOptions):
             raise ParamInvalidError(f"InferenceSession: sess_options must be an opsnn SessionOptions, got "
                                     f"{type(sess_options).__name__}")
@@ -446,12 +446,11 @@ class InferenceSession:
             self._proto = proto
             self._graph = load(proto, base_dir=base_dir)
             self._level = OPT_LEVELS[so.graph_optimization_level]
-            self._compiled = {frozenset(): self._compile_with(_compile, frozenset())}
+            self._compiled = {frozenset(): self._compile_with(frozenset())}
         free = so._free_dims
         inits = {t.name for t in proto.graph.initializer}
         # before IR version 4 initializers had to be listed as inputs too: onnxruntime keeps them constant
         overridable = inits if proto.ir_version >= 4 else set()
-        self._overridable_names = overridable
         self._inputs_meta = [_node_arg(vi, free) for vi in proto.graph.input if vi.name not in inits]
         self._overridable = [_node_arg(vi, free) for vi in proto.graph.input if vi.name in overridable]
         self._outputs_meta = [_node_arg(vi, free) for vi in proto.graph.output]
@@ -459,7 +458,7 @@ class InferenceSession:
         if so.optimized_model_filepath:
             self._compiled[frozenset()].save(os.fspath(so.optimized_model_filepath))
 
-    def _compile_with(self, compile_fn, overridden: frozenset):
+    def _compile_with(self, overridden: frozenset):
         g = self._graph
         if overridden:  # those initializers become inputs of a copy of the graph
             import copy
@@ -467,7 +466,7 @@ class InferenceSession:
             g = copy.copy(g)
             g.initializers = {k: v for k, v in self._graph.initializers.items() if k not in overridden}
             g.inputs = list(self._graph.inputs) + [self._graph.value_info[n] for n in sorted(overridden)]
-        return compile_fn(g, level=self._level)
+        return _compile(g, level=self._level)
 
     # -- metadata ----------------------------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -560,8 +559,6 @@ class InferenceSession:
         return list(output_names)
 
     def _run(self, output_names, input_feed, run_options) -> tuple[list[str], list]:
-        from ..graph.compiler import compile as _compile
-
         names = self._output_names(output_names)
         severity = self._sess_options.log_severity_level
         if run_options is not None and run_options.log_severity_level >= 0:
@@ -570,7 +567,7 @@ class InferenceSession:
             feeds, overridden = self._prepare_feeds(input_feed)
             cg = self._compiled.get(overridden)
             if cg is None:
-                cg = self._compiled[overridden] = self._compile_with(_compile, overridden)
+                cg = self._compiled[overridden] = self._compile_with(overridden)
             with _threads(self._sess_options.intra_op_num_threads):
                 outs = cg.run(feeds)
                 const = _constant_outputs(cg)
@@ -639,8 +636,6 @@ def _constant_outputs(cg) -> set:
     folded) memory for them each time, so they are copied before the caller gets them."""
     const = getattr(cg, "_ort_constant_outputs", None)
     if const is None:
-        from ..graph.compiler import NONDETERMINISTIC
-
         g = cg.graph
         live = {v.name for v in g.inputs if v.name not in g.initializers}
         for node in g.nodes:
