@@ -388,3 +388,16 @@ def test_alias_rows_match_their_originals(rng):
             args = (0.2, 0.6)
         got, want = getattr(ta, alias)(*args), getattr(ta, base)(*args)
         assert np.array_equal(got.numpy(), want.numpy()), alias
+
+
+def test_functional_api_takes_the_same_spellings():
+    """opsnn.ops functions read ``axis`` / ``keepdims`` as torch does, and name the nearest keyword."""
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = opsnn.tensor(a)
+    close(opsnn.ops.sum(t, axis=1, keepdims=True), a.sum(1, keepdims=True))
+    close(opsnn.ops.softmax(t, axis=0), opsnn.ops.softmax(t, dim=0).numpy())
+    with pytest.raises(ParamInvalidError, match=r"softmax\(\) got an unexpected keyword 'axs'; did you mean "
+                                                r"'axis' / 'dim'\?"):
+        opsnn.ops.softmax(t, axs=1)
+    with pytest.raises(ParamInvalidError, match=r"sum\(\) got two values for 'dim' / 'axis'"):
+        opsnn.ops.sum(t, dim=0, axis=1)

@@ -24,7 +24,6 @@ accepts both); an unknown keyword names the nearest parameter::
 """
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections import namedtuple
 from collections.abc import Callable
@@ -34,13 +33,12 @@ import numpy as np
 
 from ..errors import ParamInvalidError
 from ..tensor import Tensor
-from .api import FUNCTIONS
+from .api import FUNCTIONS, KEYWORD_ALIASES, spellings, unknown_keyword
 
 #: torch's ``(values, indices)`` result of ``max(dim)`` / ``min(dim)``
 MinMax = namedtuple("MinMax", ["values", "indices"])
 
-#: keyword spellings torch accepts for one parameter
-ALIASES = {"dim": ("axis",), "axis": ("dim",), "keepdim": ("keepdims",), "keepdims": ("keepdim",)}
+ALIASES = KEYWORD_ALIASES
 
 
 @dataclass(frozen=True)
@@ -165,30 +163,13 @@ def _method_params(name: str, spec: Method) -> tuple[list, str, bool]:
     return pairs, self_as, varargs and spec.params is None
 
 
-def _spellings(mname: str) -> tuple:
-    return (mname,) + ALIASES.get(mname, ())
-
-
-def unknown_keyword(name: str, key: str, params: list) -> ParamInvalidError:
-    """The error for ``name(key=...)``: names the nearest parameter with all its spellings."""
-    spelled = {s: m for m in params for s in _spellings(m)}
-    close = difflib.get_close_matches(key, list(spelled), n=1, cutoff=0.5)
-    if close:
-        m = spelled[close[0]]
-        names = [close[0]] + [s for s in _spellings(m) if s != close[0]]
-        return ParamInvalidError(f"{name}() got an unexpected keyword {key!r}; did you mean "
-                                 f"{' / '.join(repr(s) for s in names)}?")
-    listed = ", ".join(" / ".join(repr(s) for s in _spellings(m)) for m in params) or "none"
-    return ParamInvalidError(f"{name}() got an unexpected keyword {key!r}; its parameters are {listed}")
-
-
 def make_method(name: str, spec: Method) -> Callable:
     """The Tensor method ``name`` built from its table row."""
     pairs, self_as, varargs = _method_params(name, spec)
     fn = FUNCTIONS[spec.fn]
     order = [m for m, _ in pairs]
     to_fn = dict(pairs)
-    spelled = {s: m for m in order for s in _spellings(m)}
+    spelled = {s: m for m in order for s in spellings(m)}
     other_fn = FUNCTIONS[spec.tensor_arg_fn] if spec.tensor_arg_fn else None
     shown = name.strip("_") if name.startswith("__") else name
 
@@ -213,7 +194,7 @@ def make_method(name: str, spec: Method) -> Callable:
             if m is None:
                 raise unknown_keyword(shown, k, order)
             if to_fn[m] in call:
-                raise ParamInvalidError(f"{shown}() got two values for {' / '.join(map(repr, _spellings(m)))}")
+                raise ParamInvalidError(f"{shown}() got two values for {' / '.join(map(repr, spellings(m)))}")
             call[to_fn[m]] = v
         call[self_as] = self
         res = fn(**call)
