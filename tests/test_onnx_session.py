@@ -311,6 +311,15 @@ def test_intra_op_threads_apply_during_the_run_only(rng):
         unsub()
     assert seen and set(seen) == {1}
     assert threads.policy.mode == before
+    # runs on several threads at once: each result right, the setting put back after the last
+    import concurrent.futures
+
+    expect = s.run(None, feeds)[0]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda _: s.run(None, feeds)[0], range(9)))
+    for r in results:
+        np.testing.assert_allclose(r, expect, rtol=1e-6, atol=1e-6)
+    assert threads.policy.mode == before
 
 
 # -- ONNX's light model zoo --------------------------------------------------------------------------------------

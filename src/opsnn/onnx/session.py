@@ -30,6 +30,7 @@ import enum
 import logging
 import math
 import os
+import threading
 import time
 
 import numpy as np
@@ -404,19 +405,31 @@ def _log_level(severity: int):
         logger.setLevel(prev)
 
 
+_threads_lock = threading.Lock()
+_threads_held = [0, None]  # runs inside _threads, and the setting to put back when the last one ends
+
+
 @contextlib.contextmanager
 def _threads(n: int):
+    """opsnn's thread count is process-wide: set for the runs of sessions that ask for one, and put
+    back when the last of them (on any thread) ends."""
     if not n or n <= 0:
         yield
         return
     from ..runtime import threads
 
-    prev = threads.policy.mode
-    threads.set_num_threads(int(n))
+    with _threads_lock:
+        if _threads_held[0] == 0:
+            _threads_held[1] = threads.policy.mode
+        _threads_held[0] += 1
+        threads.set_num_threads(int(n))
     try:
         yield
     finally:
-        threads.set_num_threads(prev)
+        with _threads_lock:
+            _threads_held[0] -= 1
+            if _threads_held[0] == 0:
+                threads.set_num_threads(_threads_held[1])
 
 
 class InferenceSession:
