@@ -266,7 +266,8 @@ def test_optimization_levels_map_onto_opsnn_passes(rng, tmp_path):
         s = opsnn.InferenceSession(model.SerializeToString(), so)
         cg = s.compiled_graph
         counts[level] = len(cg.graph.nodes)
-        assert cg.pass_report.results == [] if level == 0 else cg.pass_report.results
+        ran = [r.name for r in cg.pass_report.results]
+        assert (ran == []) if level == 0 else ("epilogue_fusion" in ran), ran
         _same(expect, s.run(None, feeds), f"level {level}")
         saved = opsnn.onnx.load(so.optimized_model_filepath)
         assert len(saved.nodes) == counts[level]
