@@ -212,6 +212,9 @@ def test_metadata_methods():
     assert t.ndim == 3 and t.dim() == 3 and t.ndimension() == 3
     assert t.size() == (2, 3, 4) and t.size(1) == 3 and t.size(-1) == 4
     assert t.element_size() == 4
+    assert float(t.sum()) == 0.0 and int(opsnn.tensor(np.array([7], np.int64))) == 7
+    with pytest.raises(ValueError, match="size 1"):
+        float(t)
     with pytest.raises(ParamInvalidError, match="size: dim 3 out of range for a 3-D tensor"):
         t.size(3)
 

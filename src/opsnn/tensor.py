@@ -180,6 +180,12 @@ class Tensor:
     def tolist(self):
         return self.numpy().tolist()
 
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
