@@ -35,6 +35,7 @@ from .tools import profiler
 from .tools.plot import plot_graph
 from . import debug, graph, optimize, llm, pipeline
 from . import onnx
+from .onnx.session import GraphOptimizationLevel, InferenceSession, RunOptions, SessionOptions
 from .graph.compiler import CompiledGraph, compile
 from .graph.pattern import GraphPattern, GraphTemplate
 
@@ -44,7 +45,7 @@ from .tools import debug_log as _debug_log
 
 _debug_log.configure_from_env()
 
-__all__ = ["nn", "onnx", "plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
+__all__ = ["GraphOptimizationLevel", "InferenceSession", "RunOptions", "SessionOptions", "nn", "onnx", "plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
            "empty", "errors", "finalize", "from_dlpack", "from_numpy", "full", "get_num_threads", "hooks", "init",
            "is_initialized", "kernel_selector", "memory", "ones", "ops", "profiler", "tools", "register_kernel", "register_op",
            "set_num_threads", "tensor", "zeros"]

@@ -127,11 +127,24 @@ class Tensor:
         return (self._array.ctypes.data - root.ctypes.data) // self._array.dtype.itemsize
 
     @property
-    def numel(self) -> int:
+    def numel(self) -> "_Count":
+        """The element count; an int that can also be called, as torch's ``t.numel()``."""
+        return _Count(self._array.size)
+
+    def nelement(self) -> int:
         return self._array.size
 
+    def dim(self) -> int:
+        """The number of dimensions (torch's name for ``ndim``)."""
+        return self._array.ndim
+
+    ndimension = dim
+
+    def element_size(self) -> int:
+        return self._array.dtype.itemsize
+
     def size(self, dim: int | None = None):
-        return self.shape if dim is None else self.shape[dim]
+        return self.shape if dim is None else self.shape[_norm_dim(dim, self.ndim, "size")]
 
     @property
     def nbytes(self) -> int:
@@ -167,6 +180,12 @@ class Tensor:
     def tolist(self):
         return self.numpy().tolist()
 
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
@@ -174,8 +193,8 @@ class Tensor:
 
     def __repr__(self) -> str:
         fmt = "" if self.format == "ND" else f", format={self.format}"
-        body = np.array2string(self.numpy(), separator=", ", threshold=64, edgeitems=3)
-        return f"tensor({body}, dtype={_dt.name(self.dtype)}{fmt})"
+        shape = f", shape={self.shape}" if self.numel == 0 and self.ndim > 1 else ""  # as numpy: [] hides it
+        return f"{_array_text(self.numpy(), 'tensor(')}{shape}, dtype={_dt.name(self.dtype)}{fmt})"
 
     # -- views (zero-copy) ---------------------------------------------------------
     def _view(self, array: np.ndarray, keep_format: bool = False) -> "Tensor":
@@ -212,8 +231,16 @@ class Tensor:
         except AttributeError:
             return self.contiguous().view(*shape)
 
-    def flatten(self) -> "Tensor":
-        return self.reshape(-1)
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+        """Merge dims ``start_dim..end_dim`` into one (a view when the layout allows, as torch)."""
+        if self.ndim == 0:
+            return self.reshape(1)
+        a, b = _norm_dim(start_dim, self.ndim, "flatten"), _norm_dim(end_dim, self.ndim, "flatten")
+        if a > b:
+            raise ParamInvalidError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for a "
+                                    f"{self.ndim}-D tensor")
+        s = self.shape
+        return self.reshape(*s[:a], math.prod(s[a:b + 1]), *s[b + 1:])
 
     def transpose(self, dim0: int, dim1: int) -> "Tensor":
         axes = list(range(self.ndim))
@@ -329,6 +356,11 @@ class Tensor:
         return self
 
     def to(self, dtype) -> "Tensor":
+        """A copy in ``dtype`` (self when it already is); a device (``"cpu"``) leaves the tensor as is."""
+        from .runtime.device import Device
+
+        if isinstance(dtype, Device) or isinstance(dtype, str) and dtype.split(":")[0] == "cpu":
+            return self
         from .ops import cast
 
         return cast(self, _dt.get(dtype))
@@ -358,44 +390,34 @@ class Tensor:
     def __dlpack_device__(self):
         return self._array.__dlpack_device__()
 
-    # -- operators (eager ops) -----------------------------------------------------------
-    def _binary(self, other, name, reverse=False):
-        from . import ops
-
-        fn = getattr(ops, name)
-        return fn(other, self) if reverse else fn(self, other)
-
-    def __add__(self, o): return self._binary(o, "add")
-    def __radd__(self, o): return self._binary(o, "add", True)
-    def __sub__(self, o): return self._binary(o, "sub")
-    def __rsub__(self, o): return self._binary(o, "sub", True)
-    def __mul__(self, o): return self._binary(o, "mul")
-    def __rmul__(self, o): return self._binary(o, "mul", True)
-    def __truediv__(self, o): return self._binary(o, "div")
-    def __rtruediv__(self, o): return self._binary(o, "div", True)
-    def __pow__(self, o): return self._binary(o, "pow")
-    def __rpow__(self, o): return self._binary(o, "pow", True)
-    def __mod__(self, o): return self._binary(o, "remainder")
-    def __lt__(self, o): return self._binary(o, "lt")
-    def __le__(self, o): return self._binary(o, "le")
-    def __gt__(self, o): return self._binary(o, "gt")
-    def __ge__(self, o): return self._binary(o, "ge")
-    def __and__(self, o): return self._binary(o, "logical_and")
-    def __or__(self, o): return self._binary(o, "logical_or")
-    def __matmul__(self, o): return self._binary(o, "matmul")
-    def __rmatmul__(self, o): return self._binary(o, "matmul", True)
-
-    def __neg__(self):
-        from .ops import neg
-
-        return neg(self)
-
-    def __abs__(self):
-        from .ops import abs as _abs
-
-        return _abs(self)
+    # Math methods and operators (``t.sum()``, ``t + u``, ...) are not written here: the ops
+    # layer generates them from one table (opsnn/ops/tensor_methods.py) when it is imported.
 
     __hash__ = object.__hash__  # comparisons return tensors; identity hashing stays
+
+
+class _Count(int):
+    """An int that is also callable (``t.numel`` and torch's ``t.numel()`` both work)."""
+
+    __slots__ = ()
+
+    def __call__(self) -> int:
+        return int(self)
+
+
+def _array_text(arr: np.ndarray, prefix: str) -> str:
+    """numpy's text of ``arr`` after ``prefix``, rows aligned under the first (as numpy's repr).
+    Floats read as torch prints them: ``1.``, ``2.`` when all are whole, else 4 decimals."""
+    if arr.dtype.kind == "V" or arr.dtype.kind == "f" and arr.dtype.itemsize < 4:
+        # bfloat16 / float8 / float16 print through float32, int4 / uint4 through int64
+        arr = arr.astype(np.float32 if _dt.is_float(arr.dtype) else np.int64)
+    opts = {}
+    if arr.dtype.kind in "fc":
+        finite = arr[np.isfinite(arr)] if arr.size else arr
+        whole = finite.size == 0 or bool(np.all(finite == np.round(finite)))
+        opts = {"precision": 4, "floatmode": "maxprec" if whole else "fixed"}
+    with np.printoptions(**opts):
+        return prefix + np.array2string(arr, separator=", ", threshold=64, edgeitems=3, prefix=prefix)
 
 
 def _mlock(arr: np.ndarray) -> bool:

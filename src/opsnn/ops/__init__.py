@@ -11,6 +11,9 @@ from .registry import (REGISTRY, Attr, InferContext, Input, Kernel, OpRecord, Ou
                        get_op, has_op, kernel_selector, register_kernel, register_op)
 from . import defs
 from .defs import *  # noqa: F401,F403 - the functional entry points
+from . import tensor_methods
+
+tensor_methods.install()  # Tensor.sum(), t.softmax(dim), t + u, ... from the functional entry points
 
 __all__ = ["FUNCTIONS", "OpFunction", "api", "run_op", "Executor", "cache_info", "clear_cache", "prepare",
            "REGISTRY", "Attr", "InferContext", "Input", "Kernel", "OpRecord", "Output", "TensorMeta", "all_ops",
