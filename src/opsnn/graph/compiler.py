@@ -160,9 +160,9 @@ class CompiledGraph:
             self.run(inputs)
         if self.mode == "interpreted":
             return f"graph {self.graph.name}: interpreted ({self.mode_reason})"
-        if not self._plans:
+        plan = self.latest_plan
+        if plan is None:
             return f"graph {self.graph.name}: no plan yet (run it once or pass inputs)"
-        plan = next(reversed(self._plans.values()))
         lines = [f"graph {self.graph.name}: {len(plan.steps)} kernels, {plan.memory.summary()}"]
         for st in plan.steps:
             ex = st.executor
@@ -188,7 +188,7 @@ class CompiledGraph:
         return cg
 
     def memory_report(self) -> dict:
-        plan = next(reversed(self._plans.values())) if self._plans else None
+        plan = self.latest_plan
         if plan is None:
             return {}
         return {"arena_bytes": plan.memory.arena_bytes, "naive_bytes": plan.memory.naive_bytes,
@@ -207,6 +207,40 @@ class CompiledGraph:
     @property
     def num_plans(self) -> int:
         return len(self._plans)
+
+    # -- inspection ----------------------------------------------------------------------------------
+    @property
+    def input_specs(self) -> dict:
+        """``{input name: Value}`` of the graph's inputs (weights excluded), in input order."""
+        return dict(self._input_specs)
+
+    @property
+    def plans(self) -> list:
+        """The plans kept (one per input-shape signature), least recently used first."""
+        with self._lock:
+            return list(self._plans.values())
+
+    @property
+    def latest_plan(self) -> Plan | None:
+        """The most recently used plan (None before the first compiled run)."""
+        with self._lock:
+            return next(reversed(self._plans.values())) if self._plans else None
+
+    def drop_plans(self, shapes: dict) -> int:
+        """Forget the plans whose inputs have the given ``{input name: shape}`` (any dtype), freeing
+        their arenas; returns how many were dropped. A later run with those shapes plans again."""
+        want = {name: tuple(shape) for name, shape in shapes.items()}
+        with self._lock:
+            keys = [key for key in self._plans
+                    if all(tuple(shape) == want[name] for name, shape, _ in key if name in want)]
+            for key in keys:
+                del self._plans[key]
+        return len(keys)
+
+    def resident_bytes(self) -> dict:
+        """Bytes of the arrays this graph's plans hold beyond its weights (pre-packed or transformed
+        weights, by dtype); see :func:`resident_bytes`."""
+        return resident_bytes(self.graph.initializers, self.plans)
 
     # -- persistence ----------------------------------------------------------------------------------
     def save(self, path: str) -> str:
@@ -555,6 +589,53 @@ def _named(task, node: Node):
                               op=node.op_type) from exc
 
     return run_node
+
+
+def resident_bytes(initializers: dict, plans) -> dict:
+    """Bytes of arrays that ``plans``' kernels hold (pre-packed / transformed weights), by dtype:
+    resident weight memory beyond the ``initializers``. Each buffer counts once (a plan may hold
+    an aligned buffer and its view); views of the initializers do not count."""
+    seen: set = set()
+    owners = {id(_owner(a)) for a in initializers.values() if isinstance(a, np.ndarray)}
+    out: dict = {}
+    for plan in plans:
+        for st in plan.steps:
+            for a in _arrays(getattr(st.executor, "plan", None), seen):
+                root = _owner(a)
+                if id(root) in owners:
+                    continue
+                owners.add(id(root))
+                out[str(root.dtype)] = out.get(str(root.dtype), 0) + int(root.nbytes)
+    return out
+
+
+def _arrays(obj, seen: set, depth: int = 0):
+    """numpy arrays reachable from a kernel plan (dicts, sequences, objects; a few levels deep)."""
+    if depth > 5 or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        yield obj
+        return
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        items = list(obj)
+    elif isinstance(getattr(obj, "__dict__", None), dict):  # (some wrappers' __dict__ is not a dict)
+        items = list(obj.__dict__.values())
+    elif hasattr(obj, "__slots__"):
+        items = [getattr(obj, n, None) for n in obj.__slots__]
+    else:
+        return
+    for v in items:
+        yield from _arrays(v, seen, depth + 1)
+
+
+def _owner(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (``a`` itself unless it is a view)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 def graph_hash(graph: Graph) -> str:

@@ -346,9 +346,7 @@ class TiledExecutor:
     def _drop_plan(self, crop_shape: tuple) -> None:
         """Free the arena of a crop size that will not be used (its plan stays cached otherwise)."""
         cg = self.compiled
-        with cg._lock:
-            for key in [k for k in cg._plans if tuple(k[0][1]) == tuple(crop_shape)]:
-                del cg._plans[key]
+        cg.drop_plans({cg.input_names[0]: crop_shape})
 
     def _choose_tile(self, n, c, h, w, dtype, halo, align) -> tuple[int, Fraction | None, int | None]:
         """The tile size (halved until the working set fits ``max_working_bytes``), the probed
