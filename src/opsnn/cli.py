@@ -223,7 +223,7 @@ def cmd_conformance(argv) -> int:
 
 
 def _explain(argv) -> int:
-    from .ops import explain
+    from .tools import explain
 
     return explain.main(argv)
 
