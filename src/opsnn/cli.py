@@ -241,8 +241,8 @@ def bench_module(name: str):
     module_name = f"opsnn_bench_{name}"
     if module_name in sys.modules:
         return sys.modules[module_name]
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))  # bench modules import their neighbours by name, as scripts do
+    if str(folder) not in sys.path:  # bench modules import their neighbours by name, as scripts do
+        sys.path.append(str(folder))  # last, so that no bench file shadows an installed module
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
