@@ -1,4 +1,4 @@
-"""Autotuning (opsnn.ops.autotune) and selection explanations (opsnn.ops.explain), tested by
+"""Autotuning (opsnn.ops.autotune) and selection explanations (opsnn.tools.explain), tested by
 calling their functions directly: candidates, keys, timing, the JSON file, reuse in another
 process, the use-only mode, failures, progress bars, and ``explain_graph`` / ``opsnn explain``."""
 import json
@@ -264,7 +264,7 @@ def plain_layout():
 
 
 def test_explain_graph_lists_kernels_and_reasons(tmp_path, plain_layout):
-    from opsnn.ops.explain import explain_graph
+    from opsnn.tools.explain import explain_graph
 
     path = small_model(str(tmp_path / "small.onnx"))
     text = explain_graph(path)  # the model's declared shapes
@@ -280,7 +280,7 @@ def test_explain_graph_lists_kernels_and_reasons(tmp_path, plain_layout):
 
 def test_explain_needs_static_shapes(tmp_path):
     from opsnn.errors import ParamInvalidError
-    from opsnn.ops.explain import explain_graph
+    from opsnn.tools.explain import explain_graph
 
     node = helper.make_node("Relu", ["x"], ["y"])
     g = helper.make_graph([node], "dyn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
@@ -301,7 +301,7 @@ def test_hooked_selection_uses_autotune(hooked, tuned):
 
 
 def test_explain_cli(hooked, tmp_path, capsys, plain_layout):
-    from opsnn.ops import explain
+    from opsnn.tools import explain
 
     path = small_model(str(tmp_path / "small.onnx"))
     tune_file = str(tmp_path / "cli-tune.json")

@@ -237,7 +237,7 @@ def test_reshapes_are_views_in_the_plan(rng):
     a = np.maximum(x @ w, 0).reshape(2, 3, 2, 2)
     np.testing.assert_allclose(out["y"].numpy(), -a.reshape(2, 12), rtol=1e-6)
     np.testing.assert_allclose(out["z"].numpy(), 2 * a.reshape(2, 12), rtol=1e-6)
-    plan = next(iter(cg._plans.values()))
+    plan = cg.plans[0]
     ran = [st.node.op_type for st in plan.steps]
     assert "Reshape" not in ran and "Flatten" in ran
     assert plan.memory.aliases.get("r") == "m" and plan.memory.aliases.get("kept") == "m"
@@ -534,3 +534,39 @@ def test_bn_folding_scales_each_output_channel_in_float64(rng, dtype):
     f = rng.standard_normal(8)
     np.testing.assert_array_equal(scale_rows(strided, f),
                                   (strided.astype(np.float64) * f.reshape(-1, 1, 1, 1)).astype(dtype))
+
+
+def test_resident_bytes_counts_each_buffer_once_and_not_the_initializers():
+    """A plan holding an aligned buffer and its view counts the buffer once; a plan holding a view
+    of an initializer adds nothing (that memory is the graph's weights)."""
+    from types import SimpleNamespace as NS
+
+    from opsnn.graph.compiler import resident_bytes
+
+    w = np.ones((8, 4), np.float32)
+    raw = np.empty(40, np.float32)
+    packed = NS(weight=raw[4:36], _raw=raw)
+    steps = [NS(executor=NS(plan=packed)), NS(executor=NS(plan={"w": w.reshape(4, 8)[:2]})),
+             NS(executor=NS(plan=[np.zeros(3, np.uint16), raw[:8]]))]
+    assert resident_bytes({"w": w}, [NS(steps=steps)]) == {"float32": raw.nbytes, "uint16": 6}
+
+
+def test_inspection_api_plans_input_specs_and_dropping_plans(rng):
+    """plans (least recently used first), latest_plan, input_specs and drop_plans: the public view
+    of what a compiled graph keeps, as explain, the tiler and the benchmarks read it."""
+    g = Graph("insp", inputs=[Value("x", np.float32, ("N", 4))], outputs=["y"], nodes=[Node("Relu", ["x"], ["y"])])
+    cg = opsnn.compile(g)
+    assert list(cg.input_specs) == ["x"] and cg.input_specs["x"].shape == ("N", 4)
+    assert cg.plans == [] and cg.latest_plan is None and cg.resident_bytes() == {}
+    x2, x3 = rng.standard_normal((2, 4)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    cg.run({"x": x2})
+    cg.run({"x": x3})
+    assert len(cg.plans) == 2 and cg.latest_plan is cg.plans[-1]
+    assert [st.node.op_type for st in cg.latest_plan.steps] == ["Relu"]
+    first = cg.plans[0]
+    cg.run({"x": x2})  # x2's plan becomes the most recent
+    assert cg.latest_plan is first and cg.plans[0] is not first
+    assert cg.drop_plans({"x": (3, 4)}) == 1 and cg.plans == [first]
+    assert cg.drop_plans({"x": (7, 4)}) == 0
+    np.testing.assert_array_equal(cg.run({"x": x3})["y"].numpy(), np.maximum(x3, 0))  # planned again
+    assert cg.num_plans == 2

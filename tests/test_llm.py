@@ -826,6 +826,7 @@ def test_packed_projections_follow_load_state_dict(rng):
     """The model keeps the packed panels for its next decoders; new weights loaded by
     load_state_dict are packed again (the logits follow the new weights)."""
     from opsnn.kernels.cpu import mkl
+    from opsnn.llm.decoder import PACKS
 
     m = opsnn.models.llama(layers=1, hidden=32, heads=2, kv_heads=1, vocab=VOCAB, intermediate=48, seed=5,
                            max_position=64)
@@ -837,7 +838,7 @@ def test_packed_projections_follow_load_state_dict(rng):
     CachedDecoder(m, cache).forward(p, [s], [0])
     if not mkl.unavailable():
         # q/k/v and gate/up stacked, o and down; the last position's vocab product: sgemv
-        assert len(getattr(m, "_llm_packed_projections")) == 4
+        assert len(m.derived_cache(PACKS)) == 4
     m.load_state_dict(other.state_dict())
     got = CachedDecoder(m, cache).forward(p, [s], [0])
     np.testing.assert_allclose(got[0], other(p)[0].numpy()[0, -1], rtol=1e-5, atol=1e-5)

@@ -36,10 +36,11 @@ from .tools.plot import plot_graph
 from . import debug, graph, optimize, llm, pipeline
 from . import onnx
 from .onnx.session import GraphOptimizationLevel, InferenceSession, RunOptions, SessionOptions
-from .graph.compiler import CompiledGraph, compile
+from .graph.compiler import CompiledGraph
+from .frontend import compile
 from .graph.pattern import GraphPattern, GraphTemplate
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401 - opsnn.__version__
 
 from .tools import debug_log as _debug_log
 

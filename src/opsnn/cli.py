@@ -223,9 +223,40 @@ def cmd_conformance(argv) -> int:
 
 
 def _explain(argv) -> int:
-    from .ops import explain
+    from .tools import explain
 
     return explain.main(argv)
+
+
+def bench_module(name: str):
+    """``bench/<name>.py`` of the source checkout opsnn runs from, imported; None when opsnn is an
+    installed package (the benchmarks and their peers are not part of it)."""
+    import importlib.util
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "bench"
+    path = folder / f"{name}.py"
+    if not path.is_file():
+        return None
+    module_name = f"opsnn_bench_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    if str(folder) not in sys.path:  # bench modules import their neighbours by name, as scripts do
+        sys.path.append(str(folder))  # last, so that no bench file shadows an installed module
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bench(argv) -> int:
+    models = bench_module("models")
+    if models is None:
+        print("opsnn bench: the model benchmarks are not installed with opsnn; they live in bench/models.py of "
+              "the source repository (run `opsnn bench` or `python bench/models.py` from a clone)", file=sys.stderr)
+        return 2
+    return models.main(argv)
 
 
 def _generate(argv) -> int:
@@ -249,8 +280,7 @@ def _video_bench(argv) -> int:
 #: sub-commands that parse their own arguments: name -> (entry point, help line)
 PASS_THROUGH = {
     "conformance": (cmd_conformance, "run ONNX's node test cases (see 'opsnn conformance --help')"),
-    "bench": (lambda argv: __import__("opsnn.tools.benchmark", fromlist=["main"]).main(argv),
-              "models side by side with onnxruntime and torch eager (see 'opsnn bench --help')"),
+    "bench": (_bench, "models side by side with onnxruntime and torch eager (see 'opsnn bench --help')"),
     "explain": (_explain, "which kernel each node of a model runs, and why (see 'opsnn explain --help')"),
     "generate": (_generate, "generate tokens with the LLaMA-style decoder and a KV cache"),
     "serve-bench": (_serve_bench, "replay a mixed LLM workload: dynamic batching vs one request at a time"),

@@ -26,16 +26,17 @@ def get_backend_capability() -> dict:
     return caps
 
 
-_memory_optimization = [True]
-
-
 def enable_memory_optimization(enabled: bool = True) -> None:
     """Static memory planning for compiled graphs (on by default)."""
-    _memory_optimization[0] = bool(enabled)
+    from .graph.compiler import enable_memory_optimization as _enable
+
+    _enable(enabled)
 
 
 def memory_optimization_enabled() -> bool:
-    return _memory_optimization[0]
+    from .graph.compiler import memory_optimization_enabled as _enabled
+
+    return _enabled()
 
 
 def disable_passes(names) -> None:

@@ -160,9 +160,9 @@ class CompiledGraph:
             self.run(inputs)
         if self.mode == "interpreted":
             return f"graph {self.graph.name}: interpreted ({self.mode_reason})"
-        if not self._plans:
+        plan = self.latest_plan
+        if plan is None:
             return f"graph {self.graph.name}: no plan yet (run it once or pass inputs)"
-        plan = next(reversed(self._plans.values()))
         lines = [f"graph {self.graph.name}: {len(plan.steps)} kernels, {plan.memory.summary()}"]
         for st in plan.steps:
             ex = st.executor
@@ -188,7 +188,7 @@ class CompiledGraph:
         return cg
 
     def memory_report(self) -> dict:
-        plan = next(reversed(self._plans.values())) if self._plans else None
+        plan = self.latest_plan
         if plan is None:
             return {}
         return {"arena_bytes": plan.memory.arena_bytes, "naive_bytes": plan.memory.naive_bytes,
@@ -207,6 +207,40 @@ class CompiledGraph:
     @property
     def num_plans(self) -> int:
         return len(self._plans)
+
+    # -- inspection ----------------------------------------------------------------------------------
+    @property
+    def input_specs(self) -> dict:
+        """``{input name: Value}`` of the graph's inputs (weights excluded), in input order."""
+        return dict(self._input_specs)
+
+    @property
+    def plans(self) -> list:
+        """The plans kept (one per input-shape signature), least recently used first."""
+        with self._lock:
+            return list(self._plans.values())
+
+    @property
+    def latest_plan(self) -> Plan | None:
+        """The most recently used plan (None before the first compiled run)."""
+        with self._lock:
+            return next(reversed(self._plans.values())) if self._plans else None
+
+    def drop_plans(self, shapes: dict) -> int:
+        """Forget the plans whose inputs have the given ``{input name: shape}`` (any dtype), freeing
+        their arenas; returns how many were dropped. A later run with those shapes plans again."""
+        want = {name: tuple(shape) for name, shape in shapes.items()}
+        with self._lock:
+            keys = [key for key in self._plans
+                    if all(tuple(shape) == want[name] for name, shape, _ in key if name in want)]
+            for key in keys:
+                del self._plans[key]
+        return len(keys)
+
+    def resident_bytes(self) -> dict:
+        """Bytes of the arrays this graph's plans hold beyond its weights (pre-packed or transformed
+        weights, by dtype); see :func:`resident_bytes`."""
+        return resident_bytes(self.graph.initializers, self.plans)
 
     # -- persistence ----------------------------------------------------------------------------------
     def save(self, path: str) -> str:
@@ -557,6 +591,53 @@ def _named(task, node: Node):
     return run_node
 
 
+def resident_bytes(initializers: dict, plans) -> dict:
+    """Bytes of arrays that ``plans``' kernels hold (pre-packed / transformed weights), by dtype:
+    resident weight memory beyond the ``initializers``. Each buffer counts once (a plan may hold
+    an aligned buffer and its view); views of the initializers do not count."""
+    seen: set = set()
+    owners = {id(_owner(a)) for a in initializers.values() if isinstance(a, np.ndarray)}
+    out: dict = {}
+    for plan in plans:
+        for st in plan.steps:
+            for a in _arrays(getattr(st.executor, "plan", None), seen):
+                root = _owner(a)
+                if id(root) in owners:
+                    continue
+                owners.add(id(root))
+                out[str(root.dtype)] = out.get(str(root.dtype), 0) + int(root.nbytes)
+    return out
+
+
+def _arrays(obj, seen: set, depth: int = 0):
+    """numpy arrays reachable from a kernel plan (dicts, sequences, objects; a few levels deep)."""
+    if depth > 5 or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        yield obj
+        return
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        items = list(obj)
+    elif isinstance(getattr(obj, "__dict__", None), dict):  # (some wrappers' __dict__ is not a dict)
+        items = list(obj.__dict__.values())
+    elif hasattr(obj, "__slots__"):
+        items = [getattr(obj, n, None) for n in obj.__slots__]
+    else:
+        return
+    for v in items:
+        yield from _arrays(v, seen, depth + 1)
+
+
+def _owner(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (``a`` itself unless it is a view)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
 def graph_hash(graph: Graph) -> str:
     """A stable hash of a graph's structure, attributes and weights (the plan-cache key)."""
     h = hashlib.sha256()
@@ -576,27 +657,34 @@ def graph_hash(graph: Graph) -> str:
     return h.hexdigest()[:16]
 
 
-def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None, level: int = 3,
-            disabled_passes=None, max_plans: int = 16, memory_optimization: bool | None = None,
-            cache_dir: str | None = None) -> CompiledGraph:
-    """Compile a Graph, an ONNX model (path or ModelProto) or a Python function of tensors.
+_memory_optimization = [True]
 
-    ``example_inputs`` and ``dynamic_dims`` (``{arg: {dim: "name"}}``) are for functions and
-    ``opsnn.nn`` modules, which are traced (a module as :meth:`Module.to_graph` does).
-    ``static_shapes``: a list of ``{input: shape}`` to plan ahead of time.
-    ``cache_dir`` (or ``$OPSNN_CACHE_DIR``): reuse a graph optimized and planned by an earlier
-    process (keyed by the graph's hash); ``cg.persist()`` writes it.
+
+def enable_memory_optimization(enabled: bool = True) -> None:
+    """Static memory planning for compiled graphs (on by default); ``opsnn.config`` exposes it."""
+    _memory_optimization[0] = bool(enabled)
+
+
+def memory_optimization_enabled() -> bool:
+    return _memory_optimization[0]
+
+
+def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None, level: int = 3,
+            disabled_passes=None, max_plans: int = 16, memory_optimization: bool | None = None) -> CompiledGraph:
+    """Compile a Graph or a Python function of tensors (traced on ``example_inputs``, with
+    ``dynamic_dims`` = ``{arg: {dim: "name"}}``). ``static_shapes``: a list of ``{input: shape}``
+    to plan ahead of time. :func:`opsnn.compile` (``opsnn.frontend``) is the front door that also
+    takes ONNX models and ``opsnn.nn`` modules and keeps the compile cache.
 
     >>> import opsnn, numpy as np
-    >>> cg = opsnn.compile(lambda x: opsnn.ops.relu(x), [np.ones((2, 3), np.float32)],
-    ...                    dynamic_dims={"x": {0: "batch"}})
+    >>> from opsnn.graph.compiler import compile
+    >>> cg = compile(lambda x: opsnn.ops.relu(x), [np.ones((2, 3), np.float32)],
+    ...              dynamic_dims={"x": {0: "batch"}})
     >>> cg.run([np.full((5, 3), -1, np.float32)])[0].shape
     (5, 3)
     """
     import copy
 
-    from ..nn.module import Module
-    from ..runtime.context import context
     from .passes import optimize
     from .tracing import trace
 
@@ -606,84 +694,20 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
     elif callable(model):
         if example_inputs is None:
             raise ParamInvalidError("compile: a function needs example_inputs to be traced")
-        # a Module traces as Module.to_graph does: inputs named after forward's arguments, weights
-        # after their state_dict keys, nested outputs (a decoder's logits and cache) flattened
-        graph = (model.to_graph(example_inputs, dynamic_dims) if isinstance(model, Module)
-                 else trace(model, example_inputs, dynamic_dims))
+        graph = trace(model, example_inputs, dynamic_dims)
     else:
-        from .. import onnx as _onnx
-
-        graph = _onnx.load(model)
-    import os
-
-    cache_dir = cache_dir or os.environ.get("OPSNN_CACHE_DIR")
-    entry = None
-    if cache_dir:
-        from ..graph.passes import disabled_passes as _off
-
-        from .mixed_precision import policy as _mp_policy
-
-        # the mixed-precision policy changes the compiled graph (casts, 16-bit weights): part of the key
-        mp = ",".join(f"{op}:{np.dtype(dt).name}" for op, dt in sorted(_mp_policy().items()))
-        # so does the CPU (and oneDNN setting): the blocked-layout pass rewrites for this one's block
-        from .blocked_layout import machine_key
-
-        key = (f"{graph_hash(graph)}-L{level}-{'-'.join(sorted(_off() | set(disabled_passes or ())))}-MP{mp}"
-               f"-{machine_key()}")
-        entry = os.path.join(cache_dir, hashlib.sha256(key.encode()).hexdigest()[:20])
-        cached = _load_cached(entry, graph, max_plans, memory_optimization)
-        if cached is not None:
-            if static_shapes:
-                cached.prepare_shapes(static_shapes)
-            return cached
+        raise ParamInvalidError(f"compile: expected a Graph or a function of tensors, got {type(model).__name__} "
+                                f"(opsnn.compile also takes ONNX models and opsnn.nn modules)")
     original = graph
     # nodes and subgraphs are copied (passes rewrite them); weight arrays are shared, never mutated
     work = copy.deepcopy(graph, {id(a): a for a in graph.initializers.values()})
     t0 = time.perf_counter()
     report = optimize(work, level=level, disabled=disabled_passes)
-    from ..tools import profiler
-
-    profiler.host_phase(f"compile {graph.name}", "compile", t0, time.perf_counter())
+    hooks.host_phase(f"compile {graph.name}", "compile", t0, time.perf_counter())
     if memory_optimization is None:
-        from .. import config
-
-        memory_optimization = config.memory_optimization_enabled()
+        memory_optimization = memory_optimization_enabled()
     cg = CompiledGraph(work, original=original, pass_report=report, max_plans=max_plans,
                        memory_optimization=memory_optimization)
-    cg.cache_dir = entry
     if static_shapes:
         cg.prepare_shapes(static_shapes)
-    return cg
-
-
-def _load_cached(entry: str, original: Graph, max_plans: int, memory_optimization) -> CompiledGraph | None:
-    import json
-    import os
-
-    from .. import config
-    from .serialize import from_onnx
-
-    gpath, ppath = os.path.join(entry, "graph.onnx"), os.path.join(entry, "plans.json")
-    if not (os.path.exists(gpath) and os.path.exists(ppath)):
-        return None
-    try:
-        with open(ppath) as f:
-            meta = json.load(f)
-        graph = from_onnx(gpath)
-    except (OSError, ValueError, OpsnnError) as exc:
-        log.warning("compile cache %s unreadable (%s); compiling afresh", entry, exc)
-        return None
-    if meta.get("format") != 1:
-        return None
-    if memory_optimization is None:
-        memory_optimization = config.memory_optimization_enabled()
-    cg = CompiledGraph(graph, original=original, max_plans=max_plans, memory_optimization=memory_optimization)
-    cg.cache_dir = entry
-    cg.loaded_from_cache = True
-    cg.kernel_choices = dict(meta.get("kernels", {}))
-    for shapes in meta.get("shapes", []):
-        try:
-            cg.prepare_shapes([{k: tuple(v) for k, v in shapes.items()}])
-        except OpsnnError as exc:
-            log.warning("compile cache %s: could not re-plan %s (%s)", entry, shapes, exc)
     return cg

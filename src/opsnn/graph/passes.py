@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import ParamInvalidError
 from ..ops.registry import get_op, has_op
+from ..runtime import hooks
 from .ir import Graph, Node
 
 log = logging.getLogger("opsnn.graph.passes")
@@ -417,8 +418,6 @@ def disabled_passes() -> set[str]:
 
 def optimize(graph: Graph, level: int = 3, disabled=None) -> OptimizeReport:
     """Run the enabled passes up to ``level`` in order, in place; returns what each did."""
-    from ..tools import profiler
-
     off = _disabled | set(disabled or ())
     report = OptimizeReport(nodes_before=len(graph.nodes))
     import sys
@@ -436,7 +435,7 @@ def optimize(graph: Graph, level: int = 3, disabled=None) -> OptimizeReport:
         p.fn(graph, res)
         t1 = time.perf_counter()
         res.ms = (t1 - t0) * 1e3
-        profiler.host_phase(f"pass {p.name}", "pass", t0, t1, changes=res.changes)
+        hooks.host_phase(f"pass {p.name}", "pass", t0, t1, changes=res.changes)
         graph.validate()
         report.results.append(res)
         if res.changes:

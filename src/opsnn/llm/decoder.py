@@ -561,17 +561,13 @@ class _DecodeStep:
 def _model_packs(model) -> dict:
     """The model's packed projection weights ((ids of the stacked weight tensors) -> (refs to the
     tensors, refs to their arrays, panel)), kept on the model so that every decoder of it shares them;
-    ``load_state_dict`` drops them (``LlamaForCausalLM.on_weights_loaded``). Keyed by id, not
-    by the tensor: a tensor's ``==`` is elementwise."""
-    packs = model.__dict__.get(PACKS_ATTR)
-    if packs is None:
-        packs = {}
-        object.__setattr__(model, PACKS_ATTR, packs)
-    return packs
+    ``load_state_dict`` empties them (``Module.derived_cache``). Keyed by id, not by the tensor:
+    a tensor's ``==`` is elementwise."""
+    return model.derived_cache(PACKS)
 
 
-#: the attribute of a model that holds its packed projection weights
-PACKS_ATTR = "_llm_packed_projections"
+#: the name of the model's derived cache that holds its packed projection weights
+PACKS = "llm.packed_projections"
 
 
 _BF16 = _dt.bfloat16

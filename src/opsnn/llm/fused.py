@@ -25,7 +25,7 @@ import numpy as np
 from ..kernels.cpu import mkl_nb as MN
 from ..kernels.cpu.activation import swiglu_chunk
 from ..kernels.cpu.gemm import gemm_rows
-from ..kernels.cpu.norm import _ln_rows32
+from ..kernels.cpu.norm import norm_rows32
 from .attention import _decode_task, rope_query, store_key_value
 
 
@@ -34,7 +34,7 @@ def _rms(h, w, eps, x):
     # x[b] = rms_norm(h[b]) * w for every row (h, x: (R, H))
     stats = np.empty(2 * h.shape[0])
     R = h.shape[0]
-    _ln_rows32(h.reshape(-1), w, w, False, x.reshape(-1), stats[:R], stats[R:], 0, R, h.shape[1], eps, True)
+    norm_rows32(h.reshape(-1), w, w, False, x.reshape(-1), stats[:R], stats[R:], 0, R, h.shape[1], eps, True)
 
 
 @nb.njit(nogil=True, cache=True)

@@ -160,13 +160,6 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 init.normal_(m.weight, std)
 
-    def on_weights_loaded(self) -> None:
-        """``load_state_dict`` wrote new values: drop the packed copies of the projection
-        weights that the LLM decoder made (opsnn.llm.decoder)."""
-        from ..llm.decoder import PACKS_ATTR
-
-        self.__dict__.pop(PACKS_ATTR, None)
-
     @property
     def output_weight(self):
         """The (vocab, hidden) matrix of the output projection (the embedding when tied)."""

@@ -101,7 +101,7 @@ class Report:
     def to_json(self) -> dict:
         import onnx
 
-        from .. import __version__
+        from ..version import __version__
 
         out = {
             "opsnn": __version__, "onnx": onnx.__version__, "seconds": round(self.seconds, 1),

@@ -41,8 +41,8 @@ from .. import dtypes as _dt
 from ..errors import DTypeError, ParamInvalidError, ParamNullptrError
 from ..graph.compiler import NONDETERMINISTIC
 from ..graph.compiler import compile as _compile
+from ..runtime import hooks
 from ..tensor import Tensor
-from ..tools import profiler
 from .importer import load, read_model
 
 #: what this build can run on (onnxruntime's ``get_available_providers()``)
@@ -451,7 +451,7 @@ class InferenceSession:
         so = self._sess_options
         self._profile = None
         if so.enable_profiling:
-            self._profile = profiler.profile()
+            self._profile = hooks.observer("profile")  # the profiler tool, without importing it
             self._profile._start()
         self._profile_start_ns = time.monotonic_ns()
         with _log_level(so.log_severity_level):

@@ -30,6 +30,10 @@ def clear_cache() -> None:
     _cache.clear()
 
 
+# a finalized runtime's executors hold its streams and pool blocks: drop them all
+hooks.subscribe("finalize", lambda ev: clear_cache())
+
+
 def cache_info() -> dict:
     return {"entries": len(_cache), "capacity": _MAX_CACHE}
 

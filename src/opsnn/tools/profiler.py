@@ -74,12 +74,15 @@ class Profile:
         self.host.append(HostEvent(f"prepare {ev['op']}", "prepare", ev["start"], ev["end"], ev["thread"],
                                    {"kernel": ev["kernel"], "reason": ev["reason"]}))
 
+    def _on_host(self, ev: dict) -> None:
+        self.host.append(HostEvent(ev["name"], ev["category"], ev["start"], ev["end"], ev["thread"], ev["args"]))
+
     def _on_finalize(self, ev: dict) -> None:
         self._stop()
 
     def _start(self) -> None:
         self._unsubs = [hooks.subscribe("kernel", self._on_kernel), hooks.subscribe("prepare", self._on_prepare),
-                        hooks.subscribe("finalize", self._on_finalize)]
+                        hooks.subscribe("host", self._on_host), hooks.subscribe("finalize", self._on_finalize)]
         with _lock:
             _active.append(self)
 
@@ -192,33 +195,16 @@ def profile() -> Profile:
     return Profile()
 
 
-class record:
+hooks.provide("profile", profile)
+
+
+class record(hooks.region):
     """Mark a user region (``with opsnn.profiler.record("decode step"): ...``); free when no
     profiler is active."""
 
-    __slots__ = ("name", "t0")
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __enter__(self) -> "record":
-        self.t0 = time.perf_counter() if _active else None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.t0 is None or not _active:
-            return
-        ev = HostEvent(self.name, "region", self.t0, time.perf_counter(), threading.get_ident())
-        for p in list(_active):
-            p.host.append(ev)
+    __slots__ = ()
 
 
 def host_phase(name: str, category: str, start: float, end: float, **args) -> None:
     """Record a host phase (compile, a graph pass...) into active profiles."""
-    if not _active:
-        return
-    ev = HostEvent(name, category, start, end, threading.get_ident(), args)
-    for p in list(_active):
-        p.host.append(ev)
-
-
+    hooks.host_phase(name, category, start, end, **args)

@@ -5,7 +5,7 @@ For every kernel launch of a compiled graph at the given input shapes: the chose
 (tiles, packed weights, workspace), and every kernel that was not chosen with its reason::
 
     >>> import opsnn                                                  # doctest: +SKIP
-    >>> print(opsnn.ops.explain.explain_graph("resnet50.onnx", {"x": (1, 3, 224, 224)}))
+    >>> print(opsnn.tools.explain.explain_graph("resnet50.onnx", {"x": (1, 3, 224, 224)}))
     graph resnet50 at x=(1, 3, 224, 224): 73 kernels (compiled)
       conv1 (opsnn::FusedConv): conv_epilogue -> Conv: conv2d_im2col
           why: highest-priority applicable kernel (priority 20)
@@ -21,13 +21,13 @@ import sys
 from collections import Counter
 
 from ..errors import OpsnnError, ParamInvalidError
-from . import autotune, registry
-from .registry import InferContext, TensorMeta, get_op
+from ..frontend import compile as _compile
+from ..graph.compiler import CompiledGraph
+from ..ops import autotune, registry
+from ..ops.registry import InferContext, TensorMeta, get_op
 
 
 def _as_compiled(graph):
-    from ..graph.compiler import CompiledGraph, compile as _compile
-
     if isinstance(graph, CompiledGraph):
         return graph
     return _compile(graph)
@@ -35,7 +35,7 @@ def _as_compiled(graph):
 
 def _declared_shapes(cg) -> dict:
     shapes = {}
-    for name, spec in cg._input_specs.items():
+    for name, spec in cg.input_specs.items():
         if spec.shape is None or not all(isinstance(d, int) and d >= 0 for d in spec.shape):
             raise ParamInvalidError(f"explain_graph: input {name!r} has no static shape in the graph "
                                     f"({spec.shape}); pass input_shapes={{{name!r}: (...)}}")
@@ -92,10 +92,9 @@ def explain_graph(graph, input_shapes: dict | None = None, *, show_rejected: boo
     title = f"graph {cg.graph.name} at {where}"
     if cg.mode == "interpreted":
         return f"{title}: runs in the interpreter ({cg.mode_reason}); kernels are selected per node at run time"
-    plans = getattr(cg, "_plans", None)
-    if not plans:
+    plan = cg.latest_plan
+    if plan is None:
         return cg.explain()
-    plan = next(reversed(plans.values()))
     lines = []
     counts: Counter = Counter()
     fallbacks = 0
@@ -160,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                         "~/.cache/opsnn/autotune.json) and explain with the tuned choices")
     p.add_argument("--brief", action="store_true", help="leave out the kernels that were not chosen")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    import opsnn
+    from ..runtime import init
 
-    opsnn.init()
+    init()
     if args.autotune is not None:
         autotune.enable(args.autotune or None)
     try:
