@@ -2,7 +2,7 @@
 (``opsnn.config.disable_passes(["cse"])``) and reports what it did.
 
 >>> [p.name for p in PASSES][:3]
-['eliminate_noops', 'constant_folding', 'dead_code_elimination']
+['variadic_to_binary', 'eliminate_noops', 'constant_folding']
 """
 from __future__ import annotations
 
@@ -131,6 +131,89 @@ def eliminate_noops(graph: Graph, res: PassResult) -> None:
         else:
             keep.append(n)
     graph.nodes = keep
+
+
+def variadic_to_binary(graph: Graph, res: PassResult) -> None:
+    """``Sum`` / ``Mean`` (older exporters' residuals, e.g. ONNX's zoo ResNet-50 at opset 9) as the
+    binary ops the fusions know: Sum(a, b, c) -> Add(Add(a, b), c), Mean(a, b) -> Mul(Add(a, b), 0.5)
+    (x * 0.5 and x / 2 round alike: both are the exact half, rounded once; Div by n where 1/n is
+    not exact), one input -> Identity."""
+    from .shape_inference import infer_types
+
+    metas = None
+    out_nodes = []
+    for n in graph.nodes:
+        ins = [i for i in n.inputs if i]
+        if n.domain or n.op_type not in ("Sum", "Mean") or not ins or len(n.outputs) != 1:
+            out_nodes.append(n)
+            continue
+        out = n.outputs[0]
+        if len(ins) == 1:
+            out_nodes.append(Node("Identity", ins, [out], name=n.name))
+            res.note(f"{n.name} ({n.op_type} of one input) -> Identity")
+            continue
+        scale = None
+        if n.op_type == "Mean":
+            if metas is None:
+                metas = infer_types(graph)
+            meta = metas.get(out)
+            if meta is None or np.dtype(meta.dtype).kind != "f":
+                res.refuse(f"{n.name} (Mean): the output dtype is not known to be a float")
+                out_nodes.append(n)
+                continue
+            exact = len(ins) & (len(ins) - 1) == 0  # a power of two: 1/n is exact
+            scale = graph.unique_name(f"{n.name}_scale")
+            graph.initializers[scale] = np.array(1.0 / len(ins) if exact else len(ins), dtype=meta.dtype)
+        acc = ins[0]
+        for k, nxt in enumerate(ins[1:]):
+            last = k == len(ins) - 2
+            dst = out if last and scale is None else graph.unique_name(f"{out}_sum{k}")
+            out_nodes.append(Node("Add", [acc, nxt], [dst], name=n.name if k == 0 else f"{n.name}_add{k}"))
+            acc = dst
+        if scale is not None:
+            op = "Mul" if exact else "Div"
+            out_nodes.append(Node(op, [acc, scale], [out], name=f"{n.name}_mean"))
+        res.note(f"{n.name} ({n.op_type} of {len(ins)} inputs) -> {len(ins) - 1} Add" + (f" + {op}" if scale else ""))
+    graph.nodes = out_nodes
+    _head_forms(graph, res)
+
+
+def _const_ints(graph: Graph, name: str):
+    v = graph.initializers.get(name) if name else None
+    return None if v is None else [int(i) for i in np.asarray(v).reshape(-1)]
+
+
+def _head_forms(graph: Graph, res: PassResult) -> None:
+    """torch.onnx's classifier head as the builder writes it: ReduceMean over H and W of a 4-D
+    tensor (keepdims) -> GlobalAveragePool; Reshape of (N, C, 1, 1) or (N, F) to [0 or N, -1] -> Flatten."""
+    from .shape_inference import infer_types
+
+    metas = None
+    for i, n in enumerate(graph.nodes):
+        if n.domain or n.op_type not in ("ReduceMean", "Reshape") or not n.inputs or len(n.outputs) != 1:
+            continue
+        if metas is None:
+            metas = infer_types(graph)
+        meta = metas.get(n.inputs[0])
+        shape = tuple(meta.shape) if meta is not None and meta.shape is not None else None
+        if shape is None:
+            continue
+        rank = len(shape)
+        if n.op_type == "ReduceMean":
+            axes = n.attrs.get("axes")
+            axes = list(axes) if axes is not None else _const_ints(graph, n.inputs[1] if len(n.inputs) > 1 else "")
+            if rank != 4 or axes is None or sorted(a % 4 for a in axes) != [2, 3] or not n.attrs.get("keepdims", 1):
+                continue
+            graph.nodes[i] = Node("GlobalAveragePool", [n.inputs[0]], list(n.outputs), name=n.name)
+            res.note(f"{n.name} (ReduceMean over H, W) -> GlobalAveragePool")
+        else:
+            target = _const_ints(graph, n.inputs[1] if len(n.inputs) > 1 else "")
+            if target is None or len(target) != 2 or target[1] != -1 or rank < 2 or n.attrs.get("allowzero", 0):
+                continue
+            if not (target[0] == 0 or (isinstance(shape[0], (int, np.integer)) and target[0] == shape[0])):
+                continue
+            graph.nodes[i] = Node("Flatten", [n.inputs[0]], list(n.outputs), {"axis": 1}, name=n.name)
+            res.note(f"{n.name} (Reshape to [N, -1]) -> Flatten")
 
 
 def constant_folding(graph: Graph, res: PassResult) -> None:
@@ -369,6 +452,8 @@ def _mixed_precision(graph: Graph, res: PassResult) -> None:
 
 
 PASSES: list[Pass] = [
+    Pass("variadic_to_binary", variadic_to_binary, 1, "Sum/Mean of inputs -> Add (+ Mul by 1/n); torch's "
+         "ReduceMean(H, W) / Reshape(N, -1) head -> GlobalAveragePool / Flatten"),
     Pass("eliminate_noops", eliminate_noops, 1, "Identity/Dropout/no-op Cast/Reshape elimination"),
     Pass("constant_folding", constant_folding, 1, "evaluate constant subgraphs at compile time"),
     Pass("dead_code_elimination", dead_code_elimination, 1, "drop unused nodes and initializers"),
