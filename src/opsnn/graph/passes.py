@@ -185,35 +185,25 @@ def _const_ints(graph: Graph, name: str):
 
 def _head_forms(graph: Graph, res: PassResult) -> None:
     """torch.onnx's classifier head as the builder writes it: ReduceMean over H and W of a 4-D
-    tensor (keepdims) -> GlobalAveragePool; Reshape of (N, C, 1, 1) or (N, F) to [0 or N, -1] -> Flatten."""
+    tensor (keepdims) -> GlobalAveragePool, which the blocked layout reads in place."""
     from .shape_inference import infer_types
 
     metas = None
     for i, n in enumerate(graph.nodes):
-        if n.domain or n.op_type not in ("ReduceMean", "Reshape") or not n.inputs or len(n.outputs) != 1:
+        if n.domain or n.op_type != "ReduceMean" or not n.inputs or len(n.outputs) != 1:
             continue
         if metas is None:
             metas = infer_types(graph)
         meta = metas.get(n.inputs[0])
         shape = tuple(meta.shape) if meta is not None and meta.shape is not None else None
-        if shape is None:
+        if shape is None or np.dtype(meta.dtype).kind != "f":  # GlobalAveragePool: floats only
             continue
-        rank = len(shape)
-        if n.op_type == "ReduceMean":
-            axes = n.attrs.get("axes")
-            axes = list(axes) if axes is not None else _const_ints(graph, n.inputs[1] if len(n.inputs) > 1 else "")
-            if rank != 4 or axes is None or sorted(a % 4 for a in axes) != [2, 3] or not n.attrs.get("keepdims", 1):
-                continue
-            graph.nodes[i] = Node("GlobalAveragePool", [n.inputs[0]], list(n.outputs), name=n.name)
-            res.note(f"{n.name} (ReduceMean over H, W) -> GlobalAveragePool")
-        else:
-            target = _const_ints(graph, n.inputs[1] if len(n.inputs) > 1 else "")
-            if target is None or len(target) != 2 or target[1] != -1 or rank < 2 or n.attrs.get("allowzero", 0):
-                continue
-            if not (target[0] == 0 or (isinstance(shape[0], (int, np.integer)) and target[0] == shape[0])):
-                continue
-            graph.nodes[i] = Node("Flatten", [n.inputs[0]], list(n.outputs), {"axis": 1}, name=n.name)
-            res.note(f"{n.name} (Reshape to [N, -1]) -> Flatten")
+        axes = n.attrs.get("axes")
+        axes = list(axes) if axes is not None else _const_ints(graph, n.inputs[1] if len(n.inputs) > 1 else "")
+        if len(shape) != 4 or axes is None or sorted(a % 4 for a in axes) != [2, 3] or not n.attrs.get("keepdims", 1):
+            continue
+        graph.nodes[i] = Node("GlobalAveragePool", [n.inputs[0]], list(n.outputs), name=n.name)
+        res.note(f"{n.name} (ReduceMean over H, W) -> GlobalAveragePool")
 
 
 def constant_folding(graph: Graph, res: PassResult) -> None:
@@ -453,7 +443,7 @@ def _mixed_precision(graph: Graph, res: PassResult) -> None:
 
 PASSES: list[Pass] = [
     Pass("variadic_to_binary", variadic_to_binary, 1, "Sum/Mean of inputs -> Add (+ Mul by 1/n); torch's "
-         "ReduceMean(H, W) / Reshape(N, -1) head -> GlobalAveragePool / Flatten"),
+         "ReduceMean(H, W) head -> GlobalAveragePool"),
     Pass("eliminate_noops", eliminate_noops, 1, "Identity/Dropout/no-op Cast/Reshape elimination"),
     Pass("constant_folding", constant_folding, 1, "evaluate constant subgraphs at compile time"),
     Pass("dead_code_elimination", dead_code_elimination, 1, "drop unused nodes and initializers"),
