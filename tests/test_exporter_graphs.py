@@ -83,6 +83,8 @@ class _Net:
     def head(self, y):
         if self.style == "reduce_mean":  # torch's adaptive_avg_pool2d((1, 1)) as a mean over H, W
             p = self.op("ReduceMean", [y], axes=[-2, -1], keepdims=1)
+        elif self.style == "average_pool":  # the zoo's: an AveragePool over the whole (static) image
+            p = self.op("AveragePool", [y], kernel_shape=[16, 16], strides=[1, 1])
         else:
             p = self.op("GlobalAveragePool", [y])
         if self.style == "reshape":  # torch's x.view(x.size(0), -1) / flatten(1) as a Reshape
@@ -126,7 +128,7 @@ def builder():
     return _optimized("builder")
 
 
-@pytest.mark.parametrize("style", ["sum", "torch_attrs", "conv_bias", "reduce_mean", "reshape"])
+@pytest.mark.parametrize("style", ["sum", "torch_attrs", "conv_bias", "reduce_mean", "average_pool", "reshape"])
 def test_exporter_style_optimizes_like_the_builder(builder, style):
     got = _optimized(style)
     if style == "reshape":  # Reshape(x, [0, -1]) and Flatten: both a view of the same bytes

@@ -184,13 +184,14 @@ def _const_ints(graph: Graph, name: str):
 
 
 def _head_forms(graph: Graph, res: PassResult) -> None:
-    """torch.onnx's classifier head as the builder writes it: ReduceMean over H and W of a 4-D
-    tensor (keepdims) -> GlobalAveragePool, which the blocked layout reads in place."""
+    """Classifier heads as the builder writes them: ReduceMean over H and W of a 4-D tensor
+    (torch.onnx, keepdims) and an unpadded AveragePool whose kernel is the whole (static) image
+    (the zoo's) -> GlobalAveragePool, which the blocked layout reads in place."""
     from .shape_inference import infer_types
 
     metas = None
     for i, n in enumerate(graph.nodes):
-        if n.domain or n.op_type != "ReduceMean" or not n.inputs or len(n.outputs) != 1:
+        if n.domain or n.op_type not in ("ReduceMean", "AveragePool") or not n.inputs or len(n.outputs) != 1:
             continue
         if metas is None:
             metas = infer_types(graph)
@@ -198,12 +199,22 @@ def _head_forms(graph: Graph, res: PassResult) -> None:
         shape = tuple(meta.shape) if meta is not None and meta.shape is not None else None
         if shape is None or np.dtype(meta.dtype).kind != "f":  # GlobalAveragePool: floats only
             continue
-        axes = n.attrs.get("axes")
-        axes = list(axes) if axes is not None else _const_ints(graph, n.inputs[1] if len(n.inputs) > 1 else "")
-        if len(shape) != 4 or axes is None or sorted(a % 4 for a in axes) != [2, 3] or not n.attrs.get("keepdims", 1):
+        if len(shape) != 4:
             continue
+        if n.op_type == "ReduceMean":
+            axes = n.attrs.get("axes")
+            axes = list(axes) if axes is not None else _const_ints(graph, n.inputs[1] if len(n.inputs) > 1 else "")
+            if axes is None or sorted(a % 4 for a in axes) != [2, 3] or not n.attrs.get("keepdims", 1):
+                continue
+        else:
+            a = n.attrs
+            auto = a.get("auto_pad", "NOTSET")
+            auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+            if list(a.get("kernel_shape") or []) != list(shape[2:]) or any(a.get("pads") or []) \
+                    or any(v != 1 for v in a.get("dilations") or []) or auto not in ("NOTSET", "VALID"):
+                continue
         graph.nodes[i] = Node("GlobalAveragePool", [n.inputs[0]], list(n.outputs), name=n.name)
-        res.note(f"{n.name} (ReduceMean over H, W) -> GlobalAveragePool")
+        res.note(f"{n.name} ({n.op_type} over all of H, W) -> GlobalAveragePool")
 
 
 def constant_folding(graph: Graph, res: PassResult) -> None:
