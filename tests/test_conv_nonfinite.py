@@ -250,3 +250,21 @@ def test_winograd_records_say_how_and_refuse_nonfinite_constant_weights(op, doma
     metas = [TensorMeta(xs, np.dtype(np.float32)), TensorMeta(w.shape, np.dtype(np.float32))]
     ctx = plan_op(rec, metas, [None, w], attrs, algo="reference").ctx
     assert "holds Inf or NaN" in str(k.check(ctx))
+
+
+def test_explain_shows_how_the_chosen_kernel_keeps_nan_and_inf(rng):
+    from opsnn.graph import Graph, Node, Value
+    from opsnn.ops.explain import explain_graph
+
+    w = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
+    g = Graph("g", inputs=[Value("x", np.float32, (1, 64, 28, 28))], outputs=["y"],
+              nodes=[Node("Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1]})], initializers={"w": w})
+    text = explain_graph(g)
+    chosen = [ln for ln in text.splitlines() if ln.startswith("  ") and not ln.startswith("   ") and "Conv" in ln
+              and "): " in ln]  # the node's line: "  name (op): kernel [-> Conv: inner kernel]"
+    assert chosen, text
+    nonfinite = [k for op in ("Conv", "BlockedConv") for k in get_op(op, "opsnn" if op[0] == "B" else "").kernels
+                 if k.nonfinite and k.name in chosen[0]]
+    for k in nonfinite:
+        assert f"inf/nan: {k.nonfinite}" in text
+    assert ("inf/nan:" in text) == bool(nonfinite), text
