@@ -91,8 +91,14 @@ class _Net:
             f = self.op("Reshape", [p, self.init("shape", np.array([0, -1], np.int64))])
         else:
             f = self.op("Flatten", [p], axis=1)
-        w = self.init("fc_w", _f32(self.rng, CLASSES, 4 * C, scale=0.2))
-        return self.op("Gemm", [f, w, self.init("fc_b", _f32(self.rng, CLASSES, scale=0.1))], transB=1)
+        w = _f32(self.rng, CLASSES, 4 * C, scale=0.2)
+        b = self.init("fc_b", _f32(self.rng, CLASSES, scale=0.1))
+        if self.style == "matmul_add":  # Linear as MatMul by the stored transpose, then Add
+            return self.op("Add", [self.op("MatMul", [f, self.init("fc_wt", np.ascontiguousarray(w.T))]), b])
+        gemm = dict(transB=1)
+        if self.style == "torch_attrs":
+            gemm.update(alpha=1.0, beta=1.0)
+        return self.op("Gemm", [f, self.init("fc_w", w), b], **gemm)
 
     def model(self):
         y = self.conv_bn("x", 3, C, 7, 2)
@@ -105,9 +111,10 @@ class _Net:
         y = self.head(y)
         self.nodes[-1].output[0] = "logits"
         opset = 9 if self.style in ("sum", "conv_bias") else 17
+        dims = ["batch", 3, "height", "width"] if self.style == "symbolic" else [1, 3, 64, 64]
         g = helper.make_graph(self.nodes, "resnet_" + self.style,
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 64, 64])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, CLASSES])],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [dims[0], CLASSES])],
                               self.inits)
         return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
@@ -128,11 +135,14 @@ def builder():
     return _optimized("builder")
 
 
-@pytest.mark.parametrize("style", ["sum", "torch_attrs", "conv_bias", "reduce_mean", "average_pool", "reshape"])
+@pytest.mark.parametrize("style", ["sum", "torch_attrs", "conv_bias", "reduce_mean", "average_pool", "reshape",
+                                   "matmul_add", "symbolic"])
 def test_exporter_style_optimizes_like_the_builder(builder, style):
     got = _optimized(style)
     if style == "reshape":  # Reshape(x, [0, -1]) and Flatten: both a view of the same bytes
         got = ["Flatten" if t == "Reshape" else t for t in got]
+    if style == "matmul_add":  # MatMul + Add(bias) fuse into one FusedMatMul where Gemm is one node
+        got = ["Gemm" if t == "opsnn::FusedMatMul" else t for t in got]
     assert len(got) == len(builder) and sorted(got) == sorted(builder), (style, got, builder)
 
 
