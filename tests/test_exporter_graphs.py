@@ -164,3 +164,22 @@ def test_sum_of_three_and_mean_of_three_match_onnx_reference():
         got = cg.run({"a": a, "b": b, "c": c})["y"].numpy()
         want = ReferenceEvaluator(proto).run(None, {"a": a, "b": b, "c": c})[0]
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_opset9_softmax_on_a_graph_output_leaves_no_reshape():
+    # before opset 13 Softmax flattened to 2-D: the importer writes Shape, Flatten, Softmax,
+    # Reshape; on a 2-D Gemm output (the zoo's head) all but the Softmax are no-ops, the
+    # Reshape's output being the graph's: the Softmax then writes it
+    rng = np.random.default_rng(3)
+    w, b = _f32(rng, 10, 8), _f32(rng, 10)
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["logits"], transB=1),
+             helper.make_node("Softmax", ["logits"], ["prob"], axis=1)]
+    g = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                          [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [2, 10])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 9)], ir_version=8)
+    cg = opsnn.compile(opsnn.onnx.load(proto))
+    assert [n.op_type for n in cg.graph.nodes] == ["Gemm", "Softmax"], [n.op_type for n in cg.graph.nodes]
+    x = _f32(rng, 2, 8)
+    want = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(cg.run({"x": x})["prob"].numpy(), want, rtol=1e-5, atol=1e-6)

@@ -101,8 +101,10 @@ def eliminate_noops(graph: Graph, res: PassResult) -> None:
     Squeeze/Unsqueeze/Flatten whose output shape equals the input's."""
     from .shape_inference import infer_types
 
-    metas = None
+    metas = users = prods = None
     keep = []
+    shape_of = {n.outputs[0]: n.inputs[0] for n in graph.nodes  # Shape(c) outputs -> c
+                if n.op_type == "Shape" and not n.domain and n.inputs and n.outputs and not n.attrs}
     for n in graph.nodes:
         src = n.inputs[0] if n.inputs else ""
         out = n.outputs[0] if n.outputs else ""
@@ -119,10 +121,20 @@ def eliminate_noops(graph: Graph, res: PassResult) -> None:
             if metas is None:
                 metas = infer_types(graph)
             a, b = metas.get(src), metas.get(out)
+            if n.op_type == "Reshape" and len(n.inputs) > 1 and n.inputs[1] in shape_of:
+                b = metas.get(shape_of[n.inputs[1]])  # Reshape(a, Shape(c)): a gets c's shape (opset < 13 Softmax)
             drop = a is not None and b is not None and a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) \
                 and all(isinstance(d, (int, np.integer)) or d is not None for d in a.shape) \
                 and None not in a.shape
         if drop and not _removable_output(graph, out):
+            if users is None:
+                users, prods = graph.consumers(), graph.producers()
+            prod = prods.get(src)
+            if prod is not None and len(users.get(src, [])) == 1 and _removable_output(graph, src):
+                # a graph output: the producer of the input writes it instead (its one reader is this node)
+                prod.outputs[prod.outputs.index(src)] = out
+                res.note(f"removed {n.name} ({n.op_type}); {prod.name} writes the graph output {out!r}")
+                continue
             res.refuse(f"{n.name} ({n.op_type}): its output {out!r} is a graph output")
             drop = False
         if drop:
