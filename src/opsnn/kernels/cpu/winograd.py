@@ -52,6 +52,15 @@ fp32 results differ from a direct convolution by about 1e-5 of the output's scal
 (measured: max |err| / max |y| < 1e-4 up to C = 512); tests allow 2e-4 relative to
 the output's largest magnitude. F(2x2): ~1e-6 (tests: 2e-5). float64 inputs run the same
 algorithm in float64.
+
+Inf and NaN. Every output of a tile depends on every input of its tile through the transforms,
+so one NaN would spread over the tile and an Inf become Inf - Inf = NaN. The input transforms
+also sum, per tile, the first and last point of every column of V (a vector add per 3 values of
+V; F(2x2): per 2), which is not finite exactly when the tile's input is not (or a finite value
+overflows); when a chunk's sum is not finite, the tiles whose input window holds Inf or NaN are
+found (one pass over the input) and computed again by the direct 3x3 sum (:func:`redo_tiles`),
+so the result has NaN and Inf where a direct convolution has them. A weight holding Inf or NaN
+makes every tile direct (the selector does not take Winograd for such a constant weight).
 """
 from __future__ import annotations
 

@@ -23,7 +23,9 @@ The transforms' lanes must vectorize: with signed indices they took 0.22 + 0.30 
 case, with unsigned ones 0.15 + 0.12. ``ops/defs/blocked.py`` says which shapes it takes.
 
 Accuracy: F(4x4)'s constants amplify rounding: results differ from a direct convolution by
-about 1e-5 of the output's scale (tests allow 2e-4, as for :mod:`.winograd`).
+about 1e-5 of the output's scale (tests allow 2e-4, as for :mod:`.winograd`). Inf and NaN as in
+:mod:`.winograd`: the input transform's check finds tiles whose input is not finite, and those
+are computed again by the direct sum with the same epilogue (:func:`direct_tiles`).
 """
 from __future__ import annotations
 
