@@ -83,6 +83,8 @@ class _Net:
     def head(self, y):
         if self.style == "reduce_mean":  # torch's adaptive_avg_pool2d((1, 1)) as a mean over H, W
             p = self.op("ReduceMean", [y], axes=[-2, -1], keepdims=1)
+        elif self.style == "reduce_mean18":  # opset 18: the axes as an input (torch's dynamo exporter)
+            p = self.op("ReduceMean", [y, self.init("axes", np.array([-1, -2], np.int64))], keepdims=1)
         elif self.style == "average_pool":  # the zoo's: an AveragePool over the whole (static) image
             p = self.op("AveragePool", [y], kernel_shape=[16, 16], strides=[1, 1])
         else:
@@ -110,7 +112,7 @@ class _Net:
         y = self.bottleneck(y, 4 * C, C, 4 * C, 1)
         y = self.head(y)
         self.nodes[-1].output[0] = "logits"
-        opset = 9 if self.style in ("sum", "conv_bias") else 17
+        opset = {"sum": 9, "conv_bias": 9, "reduce_mean18": 18}.get(self.style, 17)
         dims = ["batch", 3, "height", "width"] if self.style == "symbolic" else [1, 3, 64, 64]
         g = helper.make_graph(self.nodes, "resnet_" + self.style,
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
@@ -135,7 +137,8 @@ def builder():
     return _optimized("builder")
 
 
-@pytest.mark.parametrize("style", ["sum", "torch_attrs", "conv_bias", "reduce_mean", "average_pool", "reshape",
+@pytest.mark.parametrize("style", ["sum", "torch_attrs", "conv_bias", "reduce_mean", "reduce_mean18", "average_pool",
+                                   "reshape",
                                    "matmul_add", "symbolic"])
 def test_exporter_style_optimizes_like_the_builder(builder, style):
     got = _optimized(style)
