@@ -2,7 +2,7 @@
 (``opsnn.config.disable_passes(["cse"])``) and reports what it did.
 
 >>> [p.name for p in PASSES][:3]
-['eliminate_noops', 'constant_folding', 'dead_code_elimination']
+['variadic_to_binary', 'eliminate_noops', 'constant_folding']
 """
 from __future__ import annotations
 
@@ -102,8 +102,10 @@ def eliminate_noops(graph: Graph, res: PassResult) -> None:
     Squeeze/Unsqueeze/Flatten whose output shape equals the input's."""
     from .shape_inference import infer_types
 
-    metas = None
+    metas = users = prods = None
     keep = []
+    shape_of = {n.outputs[0]: n.inputs[0] for n in graph.nodes  # Shape(c) outputs -> c
+                if n.op_type == "Shape" and not n.domain and n.inputs and n.outputs and not n.attrs}
     for n in graph.nodes:
         src = n.inputs[0] if n.inputs else ""
         out = n.outputs[0] if n.outputs else ""
@@ -120,10 +122,20 @@ def eliminate_noops(graph: Graph, res: PassResult) -> None:
             if metas is None:
                 metas = infer_types(graph)
             a, b = metas.get(src), metas.get(out)
+            if n.op_type == "Reshape" and len(n.inputs) > 1 and n.inputs[1] in shape_of:
+                b = metas.get(shape_of[n.inputs[1]])  # Reshape(a, Shape(c)): a gets c's shape (opset < 13 Softmax)
             drop = a is not None and b is not None and a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) \
                 and all(isinstance(d, (int, np.integer)) or d is not None for d in a.shape) \
                 and None not in a.shape
         if drop and not _removable_output(graph, out):
+            if users is None:
+                users, prods = graph.consumers(), graph.producers()
+            prod = prods.get(src)
+            if prod is not None and len(users.get(src, [])) == 1 and _removable_output(graph, src):
+                # a graph output: the producer of the input writes it instead (its one reader is this node)
+                prod.outputs[prod.outputs.index(src)] = out
+                res.note(f"removed {n.name} ({n.op_type}); {prod.name} writes the graph output {out!r}")
+                continue
             res.refuse(f"{n.name} ({n.op_type}): its output {out!r} is a graph output")
             drop = False
         if drop:
@@ -132,6 +144,90 @@ def eliminate_noops(graph: Graph, res: PassResult) -> None:
         else:
             keep.append(n)
     graph.nodes = keep
+
+
+def variadic_to_binary(graph: Graph, res: PassResult) -> None:
+    """``Sum`` / ``Mean`` (older exporters' residuals, e.g. ONNX's zoo ResNet-50 at opset 9) as the
+    binary ops the fusions know: Sum(a, b, c) -> Add(Add(a, b), c), Mean(a, b) -> Mul(Add(a, b), 0.5)
+    (x * 0.5 and x / 2 round alike: both are the exact half, rounded once; Div by n where 1/n is
+    not exact), one input -> Identity."""
+    from .shape_inference import infer_types
+
+    metas = None
+    out_nodes = []
+    for n in graph.nodes:
+        ins = [i for i in n.inputs if i]
+        if n.domain or n.op_type not in ("Sum", "Mean") or not ins or len(n.outputs) != 1:
+            out_nodes.append(n)
+            continue
+        out = n.outputs[0]
+        if len(ins) == 1:
+            out_nodes.append(Node("Identity", ins, [out], name=n.name))
+            res.note(f"{n.name} ({n.op_type} of one input) -> Identity")
+            continue
+        scale = None
+        if n.op_type == "Mean":
+            if metas is None:
+                metas = infer_types(graph)
+            meta = metas.get(out)
+            if meta is None or np.dtype(meta.dtype).kind != "f":
+                res.refuse(f"{n.name} (Mean): the output dtype is not known to be a float")
+                out_nodes.append(n)
+                continue
+            exact = len(ins) & (len(ins) - 1) == 0  # a power of two: 1/n is exact
+            scale = graph.unique_name(f"{n.name}_scale")
+            graph.initializers[scale] = np.array(1.0 / len(ins) if exact else len(ins), dtype=meta.dtype)
+        acc = ins[0]
+        for k, nxt in enumerate(ins[1:]):
+            last = k == len(ins) - 2
+            dst = out if last and scale is None else graph.unique_name(f"{out}_sum{k}")
+            out_nodes.append(Node("Add", [acc, nxt], [dst], name=n.name if k == 0 else f"{n.name}_add{k}"))
+            acc = dst
+        if scale is not None:
+            op = "Mul" if exact else "Div"
+            out_nodes.append(Node(op, [acc, scale], [out], name=f"{n.name}_mean"))
+        res.note(f"{n.name} ({n.op_type} of {len(ins)} inputs) -> {len(ins) - 1} Add" + (f" + {op}" if scale else ""))
+    graph.nodes = out_nodes
+    _head_forms(graph, res)
+
+
+def _const_ints(graph: Graph, name: str):
+    v = graph.initializers.get(name) if name else None
+    return None if v is None else [int(i) for i in np.asarray(v).reshape(-1)]
+
+
+def _head_forms(graph: Graph, res: PassResult) -> None:
+    """Classifier heads as the builder writes them: ReduceMean over H and W of a 4-D tensor
+    (torch.onnx, keepdims) and an unpadded AveragePool whose kernel is the whole (static) image
+    (the zoo's) -> GlobalAveragePool, which the blocked layout reads in place."""
+    from .shape_inference import infer_types
+
+    metas = None
+    for i, n in enumerate(graph.nodes):
+        if n.domain or n.op_type not in ("ReduceMean", "AveragePool") or not n.inputs or len(n.outputs) != 1:
+            continue
+        if metas is None:
+            metas = infer_types(graph)
+        meta = metas.get(n.inputs[0])
+        shape = tuple(meta.shape) if meta is not None and meta.shape is not None else None
+        if shape is None or np.dtype(meta.dtype).kind != "f":  # GlobalAveragePool: floats only
+            continue
+        if len(shape) != 4:
+            continue
+        if n.op_type == "ReduceMean":
+            axes = n.attrs.get("axes")
+            axes = list(axes) if axes is not None else _const_ints(graph, n.inputs[1] if len(n.inputs) > 1 else "")
+            if axes is None or sorted(a % 4 for a in axes) != [2, 3] or not n.attrs.get("keepdims", 1):
+                continue
+        else:
+            a = n.attrs
+            auto = a.get("auto_pad", "NOTSET")
+            auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+            if list(a.get("kernel_shape") or []) != list(shape[2:]) or any(a.get("pads") or []) \
+                    or any(v != 1 for v in a.get("dilations") or []) or auto not in ("NOTSET", "VALID"):
+                continue
+        graph.nodes[i] = Node("GlobalAveragePool", [n.inputs[0]], list(n.outputs), name=n.name)
+        res.note(f"{n.name} ({n.op_type} over all of H, W) -> GlobalAveragePool")
 
 
 def constant_folding(graph: Graph, res: PassResult) -> None:
@@ -370,6 +466,8 @@ def _mixed_precision(graph: Graph, res: PassResult) -> None:
 
 
 PASSES: list[Pass] = [
+    Pass("variadic_to_binary", variadic_to_binary, 1, "Sum/Mean of inputs -> Add (+ Mul by 1/n); torch's "
+         "ReduceMean(H, W) head -> GlobalAveragePool"),
     Pass("eliminate_noops", eliminate_noops, 1, "Identity/Dropout/no-op Cast/Reshape elimination"),
     Pass("constant_folding", constant_folding, 1, "evaluate constant subgraphs at compile time"),
     Pass("dead_code_elimination", dead_code_elimination, 1, "drop unused nodes and initializers"),

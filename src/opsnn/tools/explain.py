@@ -120,6 +120,9 @@ def explain_graph(graph, input_shapes: dict | None = None, *, show_rejected: boo
             head += "  [16-bit via fp32 adapter]"
         lines.append(head)
         lines.append(f"      why: {sel_reason.split('; skipped ')[0]}")
+        chosen = sel.kernel if inner is not None and sel is not None else ex.kernel
+        if chosen.nonfinite:
+            lines.append(f"      inf/nan: {chosen.nonfinite}")
         text = _plan_text(plan_obj)
         if text:
             lines.append(f"      plan: {text}")
