@@ -125,6 +125,50 @@ def load_trace_events(source) -> Trace:
 
 
 # -- analysis --------------------------------------------------------------------------------------
+HOST_GAP_SHARE = 0.1  # a stream idle this share of its span waiting for launches is worth a suggestion
+LAYOUT_SHARE = 0.05  # layout conversions taking this share of kernel time are worth a suggestion
+_TO_PLAIN, _TO_BLOCKED = "FromBlocked", "ToBlocked"
+
+
+def _base(name: str) -> str:
+    return name.rpartition("::")[2]
+
+
+def _layout_suggestions(per_lane: dict, total_us: float) -> list:
+    """Blocked-layout round trips: residuals that leave the blocked layout (FromBlocked -> ops -> ToBlocked)
+    and the share of kernel time spent converting layouts."""
+    out = []
+    trips: dict = defaultdict(lambda: [0, 0.0])  # "Sum -> Relu" -> [count, us]
+    convert_us = 0.0
+    for evs in per_lane.values():
+        evs = sorted(evs, key=lambda e: e["ts"])
+        i = 0
+        while i < len(evs):
+            name = _base(evs[i]["name"])
+            if name in (_TO_PLAIN, _TO_BLOCKED):
+                convert_us += evs[i]["dur"]
+            if name == _TO_PLAIN:
+                j = i + 1
+                while j < len(evs) and j - i <= 4 and _base(evs[j]["name"]) not in (_TO_PLAIN, _TO_BLOCKED):
+                    j += 1
+                if i + 1 < j < len(evs) and _base(evs[j]["name"]) == _TO_BLOCKED:
+                    key = " -> ".join(_base(e["name"]) for e in evs[i + 1:j])
+                    trips[key][0] += 1
+                    trips[key][1] += sum(e["dur"] for e in evs[i:j + 1])
+                    convert_us += evs[j]["dur"]
+                    i = j + 1
+                    continue
+            i += 1
+    for key, (n, us) in sorted(trips.items(), key=lambda kv: -kv[1][1]):
+        out.append(f"{n} x FromBlocked -> {key} -> ToBlocked ({100 * us / total_us:.1f}% of kernel time): these ops "
+                   "left the blocked layout between two blocked convolutions; fused into the conv (as the "
+                   "blocked_layout pass does for Add and Relu) they would cost nothing")
+    if convert_us > LAYOUT_SHARE * total_us:
+        out.append(f"layout conversions (ToBlocked / FromBlocked) take {100 * convert_us / total_us:.1f}% of kernel "
+                   "time: `opsnn explain MODEL` says where the blocked chains start and end")
+    return out
+
+
 def analyze(trace: Trace, top: int = 10) -> dict:
     by_op: dict = defaultdict(lambda: {"calls": 0, "us": 0.0, "kernels": set(), "fallback": 0})
     per_lane: dict = defaultdict(list)
@@ -167,11 +211,16 @@ def analyze(trace: Trace, top: int = 10) -> dict:
                 suggestions.append(f"Conv with weight {tuple(w)} used im2col; a Winograd F(4x4,3x3) kernel applies "
                                    "to 3x3 stride-1 convolutions")
                 break
+    suggestions += _layout_suggestions(per_lane, total)
     for s in streams:
-        if s["span_us"] > 0 and s["host_bound_gap_us"] > 0.3 * s["span_us"]:
+        if s["span_us"] > 0 and s["host_bound_gap_us"] > HOST_GAP_SHARE * s["span_us"]:
             suggestions.append(f"{s['stream']} idled {s['host_bound_gap_us'] / 1e3:.2f} ms waiting for the host "
                                f"({100 * s['host_bound_gap_us'] / s['span_us']:.0f}% of its span): reuse executors "
                                "or compile the graph to cut host overhead")
+    if not suggestions and hot:
+        r = hot[0]
+        suggestions.append(f"most kernel time is in {r['op']} ({r['pct']:.0f}%, kernels {', '.join(r['kernels'])}): "
+                           "`opsnn explain MODEL` shows why each node runs its kernel and what was not chosen")
     return {"hot_ops": hot[:top], "streams": streams, "fallback_ops": fallbacks,
             "host_bound_gap_us": host_gap_total, "suggestions": suggestions, "kernel_events": len(trace.kernels)}
 
