@@ -459,6 +459,7 @@ def test_cli_serve_bench(capsys, tmp_path):
                             "--no-progress", "--json", str(out)] + TINY) == 0
     text = capsys.readouterr().out
     assert "dynamic batching" in text and "one-at-a-time" in text and "throughput" in text
+    assert "warm-up (compiles kernels, not timed)" in text and "target" not in text
     res = json.loads(out.read_text())
     assert res["outputs_identical"] and res["throughput_ratio"] > 0 and len(res["reports"]) == 2
 

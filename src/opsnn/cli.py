@@ -15,6 +15,7 @@ from collections import Counter
 
 import numpy as np
 
+from .tools.text import shape_arg
 from .tools.text import table as _table
 
 
@@ -201,10 +202,32 @@ def cmd_compare(args) -> int:
     else:
         rng = np.random.default_rng(args.seed)
         feeds = {}
+        given = dict(args.shape)
+        names = [v.name for v in graph.inputs if v.name not in graph.initializers]
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise opsnn.errors.ParamInvalidError(f"opsnn compare: --shape names {unknown}, not inputs of the model "
+                                                 f"(its inputs: {names})")
         for v in graph.inputs:
             if v.name in graph.initializers:
                 continue
-            shape = tuple(d if isinstance(d, int) and d >= 0 else 1 for d in (v.shape or ()))
+            shape = given.get(v.name)
+            if shape is None:
+                dims = tuple(v.shape or ())
+                if not all(isinstance(d, int) and d >= 0 for d in dims):
+                    syms = [str(d) if isinstance(d, str) and d else "?" for d in dims
+                            if not (isinstance(d, int) and d >= 0)]
+                    example = ",".join(str(d) if isinstance(d, int) and d >= 0 else (str(d) if d else "?")
+                                       for d in dims)
+                    raise opsnn.errors.ParamInvalidError(
+                        f"opsnn compare: input {v.name!r} has symbolic dims; give its shape with "
+                        f"--shape {v.name}={example} (sizes in place of {', '.join(dict.fromkeys(syms))}), "
+                        "or its data with --inputs")
+                shape = dims
+            elif v.shape is not None and len(shape) != len(v.shape):
+                raise opsnn.errors.ParamInvalidError(
+                    f"opsnn compare: --shape {v.name} has {len(shape)} dims, the model's input has "
+                    f"{len(v.shape)} {tuple(v.shape)}")
             dt = v.dtype or np.dtype(np.float32)
             feeds[v.name] = (rng.standard_normal(shape).astype(dt) if dt.kind == "f"
                              else rng.integers(0, 2, shape).astype(dt))
@@ -323,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("compare", help="precision compare: fp32 vs float16/bfloat16/a policy, node by node")
     p.add_argument("model", help="an .onnx file")
     p.add_argument("--dtype", default="float16", help="float16, bfloat16, or a policy like MatMul=float16,Softmax=float32")
-    p.add_argument("--inputs", help=".npz with the inputs (default: seeded random inputs, symbolic dims = 1)")
+    p.add_argument("--inputs", help=".npz with the inputs (default: seeded random inputs of the model's shapes)")
+    p.add_argument("--shape", action="append", type=shape_arg, default=[],
+                   help="input shape for the random inputs, e.g. --shape x=1,3,224,224 (needed for symbolic dims)")
     p.add_argument("--tol", type=float, default=1e-2)
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--seed", type=int, default=0)

@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..runtime import hooks
+from ..ops import registry
 
 TRACE_FORMAT_VERSION = 1
 _active: list["Profile"] = []
@@ -159,7 +160,7 @@ class Profile:
                            "args": {"kernel": k.kernel, "stream": k.stream, "flops": k.flops, "bytes": k.bytes,
                                     "queued_us": (k.queued - base) * 1e6, "shapes": [list(s) if s else s
                                                                                      for s in k.shapes],
-                                    "dtypes": k.dtypes, "fallback": k.fallback}})
+                                    "dtypes": k.dtypes, "fallback": k.fallback, "family": op_family(k.op)}})
         threads = sorted({h.thread for h in self.host})
         htid = {t: i for i, t in enumerate(threads)}
         for h in self.host:
@@ -188,6 +189,14 @@ class Profile:
         with open(path, "w") as f:
             f.write(timeline_html(load_trace_events(self.chrome_trace())))
         return path
+
+
+def op_family(op: str) -> str:
+    """The op record's category ("conv", "matmul", ...) for a kernel event's op name; "other" if unknown."""
+    domain, _, name = op.rpartition("::")
+    if registry.has_op(name, domain):
+        return registry.get_op(name, domain).category
+    return "other"
 
 
 def profile() -> Profile:
