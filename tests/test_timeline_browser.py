@@ -24,6 +24,7 @@ def _profiled_page(tmp_path):
     x = opsnn.tensor(rng.standard_normal(50_000).astype(np.float32))
     a = opsnn.tensor(rng.standard_normal((96, 96)).astype(np.float32))
     streams = [opsnn.Stream(name=f"s{i}") for i in range(3)]
+    cg = opsnn.compile(lambda t: opsnn.ops.relu(t), [x])
     with opsnn.profiler.profile() as p:
         with opsnn.profiler.record("warm-up"):
             for s in streams:
@@ -34,6 +35,8 @@ def _profiled_page(tmp_path):
             for _ in range(3):
                 opsnn.ops.matmul(a, a)
         opsnn.ops.relu(x)
+        for _ in range(2):
+            cg.run([x])
     for s in streams:
         s.synchronize()
     return p.export_timeline(str(tmp_path / "timeline.html"))
@@ -72,6 +75,9 @@ def test_timeline_shows_axis_legend_lanes_regions_and_reacts(tmp_path):
             assert ev_fams <= fams
             # region bands for profiler.record, labelled
             assert set(page.locator(".region").all_inner_texts()) == {"warm-up", "products"}
+            # run boundaries of the compiled graph
+            assert page.locator(".run-mark").count() == 2
+            assert len(page.locator(".run-label").all_inner_texts()) == 2
             # summary above: span, kernel time, busy per stream, top ops
             summary = page.locator("#summary").inner_text()
             assert "span:" in summary and "kernel time:" in summary and "busy:" in summary

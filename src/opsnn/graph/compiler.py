@@ -135,6 +135,7 @@ class CompiledGraph:
     def run(self, inputs, stream=None):
         """Run on ``inputs`` (dict by name, or a list in input order); returns a dict when given a
         dict, else a list. Launches asynchronously on ``stream``; read results with ``.numpy()``."""
+        t_run = time.perf_counter() if hooks.listening("host") else None  # a run boundary for the timeline
         as_dict = isinstance(inputs, dict)
         feeds = self._feeds(inputs)
         if self.mode == "interpreted":
@@ -152,6 +153,8 @@ class CompiledGraph:
                 log.info("graph %s runs interpreted: %s", self.graph.name, exc)
                 return self._run_interpreted(feeds, as_dict)
         outs = self._launch(plan, feeds, stream or current_stream())
+        if t_run is not None:
+            hooks.host_phase(f"run {self.graph.name}", "run", t_run, time.perf_counter())
         return outs if as_dict else [outs[n] for n in self.output_names]
 
     def explain(self, inputs=None) -> str:

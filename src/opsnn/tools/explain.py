@@ -25,6 +25,7 @@ from ..frontend import compile as _compile
 from ..graph.compiler import CompiledGraph
 from ..ops import autotune, registry
 from ..ops.registry import InferContext, TensorMeta, get_op
+from .text import shape_arg
 
 
 def _as_compiled(graph):
@@ -141,21 +142,11 @@ def explain_graph(graph, input_shapes: dict | None = None, *, show_rejected: boo
     return "\n".join(head + lines)
 
 
-def _parse_shape(text: str) -> tuple[str, tuple]:
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"--shape wants NAME=D0,D1,..., got {text!r}")
-    name, dims = text.split("=", 1)
-    try:
-        return name, tuple(int(d) for d in dims.replace("x", ",").split(",") if d)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shape {text!r}: dims must be integers") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     """``opsnn explain MODEL [--shape NAME=DIMS ...] [--autotune [FILE]] [--brief]``."""
     p = argparse.ArgumentParser(prog="opsnn explain", description="which kernel each node of a model runs, and why")
     p.add_argument("model", help="an ONNX model file")
-    p.add_argument("--shape", action="append", type=_parse_shape, default=[],
+    p.add_argument("--shape", action="append", type=shape_arg, default=[],
                    help="input shape, e.g. --shape x=1,3,224,224 (default: the model's static shapes)")
     p.add_argument("--autotune", nargs="?", const="", default=None, metavar="FILE",
                    help="time the candidate kernels of each node (winners saved to FILE, default "
