@@ -313,3 +313,20 @@ def test_explain_cli(hooked, tmp_path, capsys, plain_layout):
     assert "graph small at x=(1, 3, 64, 64)" in out and f"autotune: tune ({tune_file})" in out
     assert os.path.exists(tune_file)
     assert explain.main([str(tmp_path / "missing.onnx")]) == 2
+
+
+def test_explain_cli_prints_a_summary_by_default_and_detail_with_verbose(tmp_path, capsys, plain_layout):
+    from opsnn.tools import explain
+
+    path = small_model(str(tmp_path / "small.onnx"))
+    assert explain.main([path]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("graph small at x=(1, 3, 64, 64)")
+    assert "kernels by op type:" in out and "reference fallbacks: none" in out and "fusions refused:" in out
+    assert "passes: " in out and "--verbose" in out and "why:" not in out
+    rows = out.split("kernels by op type:")[1].split("reference fallbacks")[0]
+    assert "conv2d_winograd" in rows
+    assert explain.main([path, "--verbose"]) == 0
+    detail = capsys.readouterr().out
+    assert "why:" in detail and "not chosen:" in detail
+    assert max(len(line) for line in detail.splitlines()) <= 130  # long reasons wrap
