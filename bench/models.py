@@ -73,10 +73,11 @@ def specs(small: bool = False) -> dict:
     """The cases by name; ``small``: tiny configs of the same shape of work (a smoke test)."""
     if small:
         res = dict(label="ResNet (basic blocks [1,1,1,1], 10 classes)", tiny=True)
-        return {"resnet50": Spec("resnet50", "resnet", 1, 32, options=res),
-                "resnet50_b8": Spec("resnet50_b8", "resnet", 2, 32, options=res),
-                "bert": Spec("bert", "bert", 1, seq=16, options=dict(config="tiny", vocab_size=100)),
-                "llama": Spec("llama", "llama", seq=8, new_tokens=5,
+        # keyed like the full cases (so --models picks them), named for what they are
+        return {"resnet50": Spec("resnet_tiny", "resnet", 1, 32, options=res),
+                "resnet50_b8": Spec("resnet_tiny_b2", "resnet", 2, 32, options=res),
+                "bert": Spec("bert_tiny", "bert", 1, seq=16, options=dict(config="tiny", vocab_size=100)),
+                "llama": Spec("llama_tiny", "llama", seq=8, new_tokens=5,
                               options=dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=100))}
     return {"resnet50": Spec("resnet50", "resnet", 1, 224),
             "resnet50_b8": Spec("resnet50_b8", "resnet", 8, 224),
@@ -573,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2, default=_json_default)
-        print(f"wrote {args.json}")
+        print(f"wrote {os.path.abspath(args.json)}")
     return 0 if results["agree"] else 1
 
 

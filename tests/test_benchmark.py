@@ -27,8 +27,9 @@ def test_small_run_agrees_and_writes_json(tmp_path, capsys):
     for key in ("command", "env", "versions", "load_average_start", "load_average_end", "models", "repeat"):
         assert key in data
     assert set(data["models"]) == set(benchmark.MODELS) | {"llama_bfloat16"}
-    for name in ("resnet50", "resnet50_b8", "bert"):
+    for name, honest in (("resnet50", "resnet_tiny"), ("resnet50_b8", "resnet_tiny_b2"), ("bert", "bert_tiny")):
         row = data["models"][name]
+        assert row["model"] == honest and "ResNet-50" not in row["description"]  # --small says what it ran
         assert row["agree"] is True
         assert set(row["latency_ms"]) == {"opsnn", "onnxruntime"}
         assert row["max_rel_err"]["onnxruntime"] <= 1e-3
