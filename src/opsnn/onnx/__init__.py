@@ -7,10 +7,10 @@ and the conformance harness over ONNX's own test cases.
 >>> outputs = rep.run([x])                                       # doctest: +SKIP
 """
 from . import errors, opset
-from .errors import (ExternalDataError, ModelFormatError, OnnxImportError, TensorTooLargeError, UnsupportedOpError,
+from .errors import (ExpansionLimitError, ExternalDataError, ModelFormatError, OnnxImportError, TensorTooLargeError, UnsupportedOpError,
                      UnsupportedOpsetError)
 from .importer import load, read_model
 from . import backend
 
-__all__ = ["ExternalDataError", "ModelFormatError", "OnnxImportError", "TensorTooLargeError", "UnsupportedOpError",
+__all__ = ["ExpansionLimitError", "ExternalDataError", "ModelFormatError", "OnnxImportError", "TensorTooLargeError", "UnsupportedOpError",
            "UnsupportedOpsetError", "backend", "errors", "load", "opset", "read_model"]
