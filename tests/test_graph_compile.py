@@ -534,3 +534,85 @@ def test_bn_folding_scales_each_output_channel_in_float64(rng, dtype):
     f = rng.standard_normal(8)
     np.testing.assert_array_equal(scale_rows(strided, f),
                                   (strided.astype(np.float64) * f.reshape(-1, 1, 1, 1)).astype(dtype))
+
+
+def _long_chains_graph(k, rng):
+    """k of each shape a pass might handle one at a time: MatMul -> Relu pairs (epilogue fusion),
+    Identities (no-op elimination), Transposes (cancellation), duplicated Negs (CSE), a dead chain."""
+    nodes, t = [], "x"
+    for i in range(k):
+        nodes += [Node("MatMul", [t, "w"], [f"mm{i}"]), Node("Relu", [f"mm{i}"], [f"r{i}"])]
+        t = f"r{i}"
+    for i in range(k):
+        nodes.append(Node("Identity", [t], [f"id{i}"]))
+        t = f"id{i}"
+    for i in range(2 * k):
+        nodes.append(Node("Transpose", [t], [f"tr{i}"], {"perm": [1, 0]}))
+        t = f"tr{i}"
+    for i in range(k):
+        nodes += [Node("Neg", [t], [f"na{i}"]), Node("Neg", [t], [f"nb{i}"]), Node("Add", [f"na{i}", f"nb{i}"], [f"s{i}"])]
+        t = f"s{i}"
+    d = "x"
+    for i in range(k):
+        nodes.append(Node("Exp", [d], [f"dead{i}"]))
+        d = f"dead{i}"
+    w = (rng.standard_normal((8, 8)) * 0.3).astype(np.float32)
+    return Graph(f"chains{k}", inputs=[Value("x", np.float32, (8, 8))], outputs=[t], nodes=nodes,
+                 initializers={"w": w}), w, t
+
+
+def test_pass_cost_does_not_grow_with_the_number_of_rewrites(rng, monkeypatch):
+    """Each whole-graph scan (producers/consumers maps, name collection, validation, walks, matcher
+    builds) happens a fixed number of times per compile, however many rewrites the passes make:
+    K rewrites of an N-node graph cost O(N + K), not O(N * K) (1,000 MatMul -> Relu pairs took
+    minutes in epilogue fusion alone when each rewrite rebuilt them)."""
+    from opsnn.graph import ir, pattern
+
+    def count_calls(k):
+        calls: dict = {}
+        for cls, name in ((ir.Graph, "walk"), (ir.Graph, "producers"), (ir.Graph, "consumers"),
+                          (ir.Graph, "_names"), (ir.Graph, "validate"), (pattern.Matcher, "__init__")):
+            def counted(*a, _f=getattr(cls, name), _key=f"{cls.__name__}.{name}", **kw):
+                calls[_key] = calls.get(_key, 0) + 1
+                return _f(*a, **kw)
+
+            monkeypatch.setattr(cls, name, counted)
+        g, w, out = _long_chains_graph(k, rng)
+        cg = opsnn.compile(g)
+        monkeypatch.undo()
+        x = rng.standard_normal((8, 8)).astype(np.float32)
+        want = x.astype(np.float64)
+        for _ in range(k):
+            want = np.maximum(want @ w, 0)
+        want = want * (-2.0) ** k
+        np.testing.assert_allclose(cg.run({"x": x})[out].numpy(), want, rtol=1e-4, atol=1e-5)
+        kinds = [n.op_type for n in cg.graph.nodes]
+        assert kinds.count("FusedMatMul") == k and not {"Identity", "Transpose", "Exp", "Neg"} & set(kinds)
+        return calls
+
+    small, large = count_calls(8), count_calls(24)
+    assert small == large, (small, large)
+
+
+def test_long_relu_chain_compiles_and_runs_in_a_subprocess():
+    """A hard bound on the whole path (passes, fused kernels, memory plan): 5,000 Relus in a row
+    compile and run well inside a generous limit (a killed process fails the test, not the run)."""
+    import os
+    import subprocess
+
+    script = (
+        "import numpy as np, opsnn\n"
+        "from opsnn.graph import Graph, Node, Value\n"
+        "n = 5000\n"
+        "g = Graph('relus', inputs=[Value('v0', np.float32, (4, 8))], outputs=[f'v{n}'],\n"
+        "          nodes=[Node('Relu', [f'v{i}'], [f'v{i + 1}']) for i in range(n)])\n"
+        "cg = opsnn.compile(g)\n"
+        "x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)\n"
+        "np.testing.assert_array_equal(cg.run({'v0': x})[f'v{n}'].numpy(), np.maximum(x, 0))\n"
+        "print(len(cg.graph.nodes))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from opsnn.graph.elementwise_fusion import MAX_FUSED_OPS
+
+    assert int(proc.stdout.split()[-1]) == -(-5000 // MAX_FUSED_OPS)
