@@ -616,3 +616,49 @@ def test_long_relu_chain_compiles_and_runs_in_a_subprocess():
     from opsnn.graph.elementwise_fusion import MAX_FUSED_OPS
 
     assert int(proc.stdout.split()[-1]) == -(-5000 // MAX_FUSED_OPS)
+
+
+def _one_node(op, inputs, attrs, inits, x_shape=(2, 3), name="user_node", then_relu=False):
+    nodes = [Node(op, ["x"] + inputs, ["y" if not then_relu else "c"], attrs, name=name)]
+    if then_relu:
+        nodes.append(Node("Relu", ["c"], ["y"], name="act"))
+    return Graph("g", inputs=[Value("x", np.float32, x_shape)], outputs=["y"], initializers=inits, nodes=nodes)
+
+
+def test_compile_checks_attributes_against_the_users_node(rng):
+    """Attribute mistakes surface at compile, as typed errors naming the user's node, not at the
+    first run as a KernelError wrapping a ValueError, nor against the fused op the node became."""
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    with pytest.raises(ParamInvalidError, match=r"node 'user_node' \(Gemm\): attribute 'alpha' must be a float.*'big'"):
+        opsnn.compile(_one_node("Gemm", ["w"], {"alpha": "big"}, {"w": w}))
+    cw = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    with pytest.raises(ParamInvalidError, match=r"node 'user_node' \(Conv\): unknown attribute 'kerlel_shape'") as exc:
+        opsnn.compile(_one_node("Conv", ["w"], {"kerlel_shape": [3, 3]}, {"w": cw}, (1, 3, 8, 8), then_relu=True))
+    assert "Fused" not in str(exc.value)
+    with pytest.raises(ParamInvalidError, match=r"\(Conv\): attribute 'group' must be an int, got 2.5"):
+        opsnn.compile(_one_node("Conv", ["w"], {"group": 2.5}, {"w": cw}, (1, 3, 8, 8)))
+    with pytest.raises(ParamInvalidError, match=r"\(Conv\): attribute 'strides' must be a list of ints"):
+        opsnn.compile(_one_node("Conv", ["w"], {"strides": "a"}, {"w": cw}, (1, 3, 8, 8)))
+    # numpy scalars, tuples, arrays and integral floats are what builders pass: accepted
+    g = _one_node("Conv", ["w"], {"group": np.int64(1), "strides": (1, 1), "pads": np.array([1, 1, 1, 1]),
+                                  "dilations": [1.0, 1.0]}, {"w": cw}, (1, 3, 8, 8))
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = opsnn.ops.conv2d(x, cw, padding=1, algo="reference").numpy()
+    np.testing.assert_allclose(opsnn.compile(g).run({"x": x})["y"].numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_compile_checks_shapes_where_they_are_known(rng):
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    g = _one_node("Gemm", ["w", "c"], {}, {"w": w, "c": np.zeros((0,), np.float32)})
+    with pytest.raises(InferShapeError, match=r"node 'user_node' \(Gemm\): C of shape \(0,\) is not .*broadcastable"):
+        opsnn.compile(g)
+    g = _one_node("Gemm", ["w"], {"alpha": 2}, {"w": w})
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_allclose(opsnn.compile(g).run({"x": x})["y"].numpy(), 2 * x.astype(np.float64) @ w,
+                               rtol=1e-5, atol=1e-5)
+    # a symbolic batch leaves the shape check to plan time, which still names the node
+    g = Graph("g", inputs=[Value("x", np.float32, ("N", 3))], outputs=["y"],
+              initializers={"w": w, "c": np.zeros((0,), np.float32)}, nodes=[Node("Gemm", ["x", "w", "c"], ["y"], name="gm")])
+    cg = opsnn.compile(g)
+    with pytest.raises(InferShapeError, match=r"node gm \(Gemm\)"):
+        cg.run({"x": x})

@@ -638,6 +638,9 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
             if static_shapes:
                 cached.prepare_shapes(static_shapes)
             return cached
+    from .checks import check_nodes
+
+    check_nodes(graph)  # before any pass: a mistake is reported against the user's node, not a fused op
     original = graph
     # nodes and subgraphs are copied (passes rewrite them); weight arrays are shared, never mutated
     work = copy.deepcopy(graph, {id(a): a for a in graph.initializers.values()})
