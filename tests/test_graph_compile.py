@@ -662,3 +662,37 @@ def test_compile_checks_shapes_where_they_are_known(rng):
     cg = opsnn.compile(g)
     with pytest.raises(InferShapeError, match=r"node gm \(Gemm\)"):
         cg.run({"x": x})
+
+
+def test_deep_symbolic_dims_stay_small(tmp_path):
+    """Symbolic inference through 40 strided pools, and an expression nesting 40 opaque terms:
+    nested floors fold into one term, and a dim's symbols are found visiting each term once (it
+    took 2**depth steps: 20 strided pools ran for 12 s, 30 for hours). Run in a subprocess with a
+    time limit so that a regression fails instead of hanging the test run."""
+    import subprocess
+
+    script = (
+        "import numpy as np\n"
+        "from opsnn.graph import Graph, Node, Value\n"
+        "from opsnn.graph.shape_inference import infer_types\n"
+        "from opsnn.graph.symbolic import Sym, sym_max\n"
+        "for pads in (0, 1):\n"
+        "    n = 40\n"
+        "    attrs = {'kernel_shape': [3, 3], 'strides': [2, 2], 'pads': [pads] * 4}\n"
+        "    g = Graph('pools', inputs=[Value('v0', np.float32, (1, 1, 'H', 'W'))], outputs=[f'v{n}'],\n"
+        "              nodes=[Node('MaxPool', [f'v{i}'], [f'v{i + 1}'], attrs) for i in range(n)])\n"
+        "    dim = infer_types(g)[f'v{n}'].shape[2]\n"
+        "    assert len(str(dim)) < 120, str(dim)[:200]\n"
+        "    for h in (3, 7, 1000, 10 ** 13, 3 * 10 ** 12 + 17):\n"
+        "        want = h\n"
+        "        for _ in range(n):\n"
+        "            want = (want + 2 * pads - 3) // 2 + 1\n"
+        "        assert dim.evaluate({'H': h}) == want, (pads, h)\n"
+        "e = Sym('A')\n"
+        "for i in range(40):\n"
+        "    e = sym_max(e, Sym(f'B{i}')) + 1\n"
+        "assert e.atoms() == {'A'} | {f'B{i}' for i in range(40)}\n"
+        "assert e.evaluate({'A': 5, **{f'B{i}': i for i in range(40)}}) == 45\n"
+        "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
