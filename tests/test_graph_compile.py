@@ -639,6 +639,13 @@ def test_compile_checks_attributes_against_the_users_node(rng):
         opsnn.compile(_one_node("Conv", ["w"], {"group": 2.5}, {"w": cw}, (1, 3, 8, 8)))
     with pytest.raises(ParamInvalidError, match=r"\(Conv\): attribute 'strides' must be a list of ints"):
         opsnn.compile(_one_node("Conv", ["w"], {"strides": "a"}, {"w": cw}, (1, 3, 8, 8)))
+    # a node inside a control-flow body is checked too (its attributes; its shapes vary per iteration)
+    then = Graph("then", outputs=["a"], nodes=[Node("LeakyRelu", ["x"], ["a"], {"alpha": "big"}, name="inner")])
+    other = Graph("else", outputs=["b"], nodes=[Node("Neg", ["x"], ["b"])])
+    g = Graph("g", inputs=[Value("x", np.float32, (2,)), Value("c", np.bool_, ())], outputs=["y"],
+              nodes=[Node("If", ["c"], ["y"], {"then_branch": then, "else_branch": other})])
+    with pytest.raises(ParamInvalidError, match=r"node 'inner' \(LeakyRelu\): attribute 'alpha'"):
+        opsnn.compile(g)
     # numpy scalars, tuples, arrays and integral floats are what builders pass: accepted
     g = _one_node("Conv", ["w"], {"group": np.int64(1), "strides": (1, 1), "pads": np.array([1, 1, 1, 1]),
                                   "dilations": [1.0, 1.0]}, {"w": cw}, (1, 3, 8, 8))

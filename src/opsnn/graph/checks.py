@@ -120,6 +120,13 @@ def check_nodes(graph: Graph) -> None:
                 values[node.outputs[0]] = val
                 metas[node.outputs[0]] = TensorMeta(val.shape, val.dtype)
             continue
+        for _, sub in node.subgraphs():  # a body's nodes: their attributes (shapes vary per iteration)
+            for _, inner in sub.walk():
+                if has_op(inner.op_type, inner.domain):
+                    try:
+                        check_attrs(get_op(inner.op_type, inner.domain), inner.attrs)
+                    except OpsnnError as exc:
+                        raise _named(inner, exc) from None
         if not has_op(node.op_type, node.domain):
             continue
         rec = get_op(node.op_type, node.domain)
