@@ -64,7 +64,7 @@ def test_traceback_on_request(files, capsys, monkeypatch):
 def test_cli_process_exit_code_and_stderr(files):
     env = dict(os.environ, OPSNN_DEBUG="0")
     proc = subprocess.run([sys.executable, "-m", "opsnn.cli", "plot", files["empty"]], capture_output=True, text=True,
-                          env=env, timeout=300)
+                          env=env, timeout=300, check=False)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("opsnn plot: ")

@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[0] if argv and not argv[0].startswith("-") else ""
     try:
         return _dispatch(argv)
-    except Exception as exc:  # noqa: BLE001 - the one place a command's error becomes a message
+    except Exception as exc:  # the one place a command's error becomes a message
         if traceback:
             raise
         print(f"opsnn{' ' + command if command else ''}: {_error_line(exc)}", file=sys.stderr)
