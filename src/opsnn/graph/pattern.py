@@ -337,7 +337,9 @@ def rewrite(graph: Graph, rules: list[RewriteRule], max_iterations: int = 1000) 
 
     A rewrite costs about the size of its match, not of the graph: the matcher's maps are
     updated in place and a splice is checked where it happened (the whole graph is validated
-    once at the end), so K rewrites of an N-node graph cost O(N + K) rather than O(N * K)."""
+    once at the end), so K rewrites of an N-node graph cost O(N + K) rather than O(N * K).
+    A replacement returns new nodes and leaves the rest of the graph alone: an edit elsewhere is
+    invisible to the matcher until the next sweep (the final validation still checks it)."""
     report = RewriteReport()
     refused_seen = set()
     original = list(graph.nodes)
