@@ -156,11 +156,7 @@ def _run_smallnet(args) -> int:
 def cmd_analyze(args) -> int:
     from .tools import trace
 
-    try:
-        tr = trace.load_trace_events(args.trace)
-    except trace.TraceError as exc:
-        print(f"opsnn analyze: {exc}", file=sys.stderr)
-        return 2
+    tr = trace.load_trace_events(args.trace)
     rep = trace.analyze(tr, top=args.top)
     print(trace.format_report(rep))
     if args.timeline:
@@ -178,16 +174,11 @@ def cmd_analyze(args) -> int:
 
 def cmd_plot(args) -> int:
     import opsnn
-    from .tools.plot import GraphvizMissingError
 
     graph = opsnn.onnx.load(args.model)
     if args.optimized:
         graph = opsnn.compile(graph).graph
-    try:
-        out = opsnn.plot_graph(graph, args.output)
-    except GraphvizMissingError as exc:
-        print(f"opsnn plot: {exc}", file=sys.stderr)
-        return 2
+    out = opsnn.plot_graph(graph, args.output)
     print(f"wrote {out}")
     return 0
 
@@ -233,7 +224,13 @@ def cmd_compare(args) -> int:
                              else rng.integers(0, 2, shape).astype(dt))
     dtype = args.dtype
     if "=" in dtype:  # a policy: MatMul=float16,Softmax=float32
-        dtype = dict(item.split("=", 1) for item in dtype.split(","))
+        from .errors import ParamInvalidError
+
+        items = dtype.split(",")
+        bad = [item for item in items if item.count("=") != 1]
+        if bad:
+            raise ParamInvalidError(f"compare: --dtype policy items are OP=DTYPE, got {bad[0]!r} in {dtype!r}")
+        dtype = dict(item.split("=") for item in items)
     rep = opsnn.tools.precision_compare(graph, feeds, dtype=dtype, tolerance=args.tol)
     print(rep.format(top=args.top))
     return 0
@@ -312,12 +309,44 @@ PASS_THROUGH = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run one command; an error opsnn or the OS raises ends it with one line on stderr and exit
+    code 2 (``--traceback`` before the command, or ``OPSNN_DEBUG=1``, shows the traceback instead)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    traceback = os.environ.get("OPSNN_DEBUG", "") not in ("", "0")
+    while argv and argv[0] == "--traceback":
+        traceback = True
+        argv.pop(0)
     if hasattr(signal, "SIGPIPE"):  # `opsnn info | head` ends quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    command = argv[0] if argv and not argv[0].startswith("-") else ""
+    try:
+        return _dispatch(argv)
+    except Exception as exc:  # the one place a command's error becomes a message
+        if traceback:
+            raise
+        print(f"opsnn{' ' + command if command else ''}: {_error_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def _error_line(exc: BaseException) -> str:
+    from .errors import OpsnnError
+
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename!r}" if exc.filename is not None else ""
+        return f"{exc.strerror}{where}"
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, OpsnnError):
+        return msg
+    # not an error opsnn reports on purpose: say what it was and how to see where it came from
+    return f"{type(exc).__name__}: {msg} (rerun with --traceback or OPSNN_DEBUG=1 for the traceback)"
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] in PASS_THROUGH:
         return PASS_THROUGH[argv[0]][0](argv[1:])
     parser = argparse.ArgumentParser(prog="opsnn", description="opsnn: operator library and graph engine")
+    parser.add_argument("--traceback", action="store_true",
+                        help="show the Python traceback of an error (also OPSNN_DEBUG=1)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("info", help="device, operators by category, kernels")
     p.add_argument("--ops", action="store_true", help="list every op with its kernels")

@@ -432,6 +432,7 @@ class CompiledGraph:
                     last.setdefault(n, i)
         nbytes = {n: int(np.prod(m.shape)) * m.dtype.itemsize for n, m in metas.items()}
         aliases: dict = {}
+        aliased: set = set()  # aliases' values, for an O(1) membership test
         root = {}
         if self.memory_optimization:
             for i, (node, rec, op) in enumerate(planned):
@@ -442,20 +443,21 @@ class CompiledGraph:
                     src = root.get(n, n)
                     if n and n not in external and n not in graph_outputs and last.get(n) == i \
                             and nbytes.get(n) == nbytes.get(out) and metas[n].dtype == metas[out].dtype \
-                            and n not in aliases.values():
+                            and n not in aliased:
                         aliases[out] = src
+                        aliased.add(src)
                         root[out] = src
                         last[src] = max(last[src], last.get(out, i))
                         break
+        alias_end: dict = {}  # a buffer lives as long as anything aliasing it
+        for alias, src in aliases.items():
+            if alias in last:
+                alias_end[src] = max(alias_end.get(src, -1), last[alias])
         buffers = []
         for n, start in first.items():
             if n in graph_outputs or n in external or n in aliases:
                 continue
-            end = last[n]
-            for alias, src in aliases.items():  # a buffer lives as long as anything aliasing it
-                if src == n:
-                    end = max(end, last.get(alias, end))
-            buffers.append(Buffer(n, nbytes[n], start, end))
+            buffers.append(Buffer(n, nbytes[n], start, max(last[n], alias_end.get(n, -1))))
         for i, (node, _, op) in enumerate(planned):
             if op.workspace_size:
                 buffers.append(Buffer(f"__ws{i}", op.workspace_size, i, i))
@@ -701,6 +703,9 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
     else:
         raise ParamInvalidError(f"compile: expected a Graph or a function of tensors, got {type(model).__name__} "
                                 f"(opsnn.compile also takes ONNX models and opsnn.nn modules)")
+    from .checks import check_nodes
+
+    check_nodes(graph)  # before any pass: a mistake is reported against the user's node, not a fused op
     original = graph
     # nodes and subgraphs are copied (passes rewrite them); weight arrays are shared, never mutated
     work = copy.deepcopy(graph, {id(a): a for a in graph.initializers.values()})

@@ -74,6 +74,14 @@ def replace_uses(graph: Graph, old: str, new: str) -> None:
         n.inputs = [new if i == old else i for i in n.inputs]
 
 
+def apply_renames(graph: Graph, renamed: dict) -> None:
+    """Make every reader (subgraphs included) of a key of ``renamed`` read its value instead, in one
+    walk: a pass that bypasses K nodes renames once rather than walking the graph K times."""
+    if renamed:
+        for _, n in graph.walk():
+            n.inputs = [renamed.get(i, i) for i in n.inputs]
+
+
 def consumers(graph: Graph) -> dict:
     return graph.consumers()
 
@@ -104,9 +112,11 @@ def eliminate_noops(graph: Graph, res: PassResult) -> None:
 
     metas = users = prods = None
     keep = []
+    renamed: dict = {}
     shape_of = {n.outputs[0]: n.inputs[0] for n in graph.nodes  # Shape(c) outputs -> c
                 if n.op_type == "Shape" and not n.domain and n.inputs and n.outputs and not n.attrs}
     for n in graph.nodes:
+        n.inputs = [renamed.get(i, i) for i in n.inputs]
         src = n.inputs[0] if n.inputs else ""
         out = n.outputs[0] if n.outputs else ""
         drop = False
@@ -131,7 +141,9 @@ def eliminate_noops(graph: Graph, res: PassResult) -> None:
             if users is None:
                 users, prods = graph.consumers(), graph.producers()
             prod = prods.get(src)
-            if prod is not None and len(users.get(src, [])) == 1 and _removable_output(graph, src):
+            # src read through a pending rename has readers the consumer map does not count yet
+            if prod is not None and src not in renamed.values() and len(users.get(src, [])) == 1 \
+                    and _removable_output(graph, src):
                 # a graph output: the producer of the input writes it instead (its one reader is this node)
                 prod.outputs[prod.outputs.index(src)] = out
                 res.note(f"removed {n.name} ({n.op_type}); {prod.name} writes the graph output {out!r}")
@@ -139,11 +151,12 @@ def eliminate_noops(graph: Graph, res: PassResult) -> None:
             res.refuse(f"{n.name} ({n.op_type}): its output {out!r} is a graph output")
             drop = False
         if drop:
-            replace_uses(graph, out, src)
+            renamed[out] = src  # src is already resolved: the nodes are in topological order
             res.note(f"removed {n.name} ({n.op_type})")
         else:
             keep.append(n)
     graph.nodes = keep
+    apply_renames(graph, renamed)
 
 
 def variadic_to_binary(graph: Graph, res: PassResult) -> None:
@@ -273,24 +286,22 @@ def constant_folding(graph: Graph, res: PassResult) -> None:
 
 def dead_code_elimination(graph: Graph, res: PassResult) -> None:
     """Remove nodes whose outputs nobody reads, and initializers nobody uses."""
-    changed = True
-    while changed:
-        changed = False
-        used = set(graph.output_names)
-        for _, n in graph.walk():
-            used.update(i for i in n.inputs if i)
-        from .ir import free_names
+    from .ir import free_names
 
-        for n in graph.nodes:
+    # one sweep from the outputs back: the nodes are in topological order, so a node's readers are
+    # all decided before it is (a dead chain goes in one sweep, not one sweep per link)
+    used = set(graph.output_names)
+    live = []
+    for n in reversed(graph.nodes):
+        if any(o and o in used for o in n.outputs):
+            live.append(n)
+            used.update(i for i in n.inputs if i)
             used |= free_names(n)
-        keep = []
-        for n in graph.nodes:
-            if any(o and o in used for o in n.outputs):
-                keep.append(n)
-            else:
-                res.note(f"removed {n.name} ({n.op_type}): outputs unused")
-                changed = True
-        graph.nodes = keep
+    live_ids = set(map(id, live))
+    for n in graph.nodes:
+        if id(n) not in live_ids:
+            res.note(f"removed {n.name} ({n.op_type}): outputs unused")
+    graph.nodes = live[::-1]
     used = set(graph.output_names)
     for _, n in graph.walk():
         used.update(i for i in n.inputs if i)
@@ -304,7 +315,9 @@ def common_subexpression_elimination(graph: Graph, res: PassResult) -> None:
     """Merge nodes with the same op, inputs and attributes (deterministic ops only)."""
     seen: dict = {}
     keep = []
+    renamed: dict = {}
     for n in graph.nodes:
+        n.inputs = [renamed.get(i, i) for i in n.inputs]  # merged values, so duplicates of duplicates merge too
         if n.op_type in _NONDETERMINISTIC or any(True for _ in n.subgraphs()):
             keep.append(n)
             continue
@@ -321,41 +334,49 @@ def common_subexpression_elimination(graph: Graph, res: PassResult) -> None:
             continue
         for o, f in zip(n.outputs, first.outputs):
             if o:
-                replace_uses(graph, o, f)
+                renamed[o] = f
         res.note(f"merged {n.name} into {first.name} ({n.op_type})")
     graph.nodes = keep
+    apply_renames(graph, renamed)
 
 
 def transpose_cancellation(graph: Graph, res: PassResult) -> None:
     """Transpose(Transpose(x, p), q) -> Transpose(x, p∘q), or x when the composition is the identity."""
-    changed = True
-    while changed:
-        changed = False
-        prod = graph.producers()
-        users = graph.consumers()
-        for n in graph.nodes:
-            if n.op_type != "Transpose" or n.domain:
-                continue
-            inner = prod.get(n.inputs[0])
-            if inner is None or inner.op_type != "Transpose" or inner.domain:
-                continue
-            p, q = inner.attrs.get("perm"), n.attrs.get("perm")
-            if p is None or q is None:
-                res.refuse(f"{n.name}: a Transpose without perm (rank unknown)")
-                continue
-            composed = [list(p)[i] for i in q]
-            if composed == list(range(len(composed))) and _removable_output(graph, n.outputs[0]):
-                replace_uses(graph, n.outputs[0], inner.inputs[0])
-                graph.nodes = [m for m in graph.nodes if m is not n]
-                res.note(f"{inner.name} + {n.name}: cancelled")
-            else:
-                n.inputs[0] = inner.inputs[0]
-                n.attrs["perm"] = composed
-                res.note(f"{inner.name} + {n.name}: merged into one Transpose {composed}")
-            if len(users.get(inner.outputs[0], [])) <= 1 and _removable_output(graph, inner.outputs[0]):
-                graph.nodes = [m for m in graph.nodes if m is not inner]
-            changed = True
-            break
+    # one sweep in topological order: a Transpose's input is final when it is reached, so a chain of
+    # K Transposes folds in one pass (not one pass per fold)
+    prod = graph.producers()
+    users = {k: len(v) for k, v in graph.consumers().items()}
+    renamed: dict = {}
+    dropped: set = set()
+    for n in graph.nodes:
+        n.inputs = [renamed.get(i, i) for i in n.inputs]
+        if n.op_type != "Transpose" or n.domain:
+            continue
+        inner = prod.get(n.inputs[0])
+        if inner is None or inner.op_type != "Transpose" or inner.domain:
+            continue
+        p, q = inner.attrs.get("perm"), n.attrs.get("perm")
+        if p is None or q is None:
+            res.refuse(f"{n.name}: a Transpose without perm (rank unknown)")
+            continue
+        composed = [list(p)[i] for i in q]
+        src = inner.inputs[0]
+        if composed == list(range(len(composed))) and _removable_output(graph, n.outputs[0]):
+            renamed[n.outputs[0]] = src
+            dropped.add(id(n))
+            users[src] = users.get(src, 0) + users.get(n.outputs[0], 0)  # n's readers now read src
+            res.note(f"{inner.name} + {n.name}: cancelled")
+        else:
+            n.inputs[0] = src
+            n.attrs["perm"] = composed
+            users[src] = users.get(src, 0) + 1
+            res.note(f"{inner.name} + {n.name}: merged into one Transpose {composed}")
+        users[inner.outputs[0]] -= 1
+        if users[inner.outputs[0]] <= 0 and _removable_output(graph, inner.outputs[0]) and id(inner) not in dropped:
+            dropped.add(id(inner))
+            users[src] = users.get(src, 0) - 1
+    graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
+    apply_renames(graph, renamed)
 
 
 def conv_bn_folding(graph: Graph, res: PassResult) -> None:
@@ -530,7 +551,8 @@ def optimize(graph: Graph, level: int = 3, disabled=None) -> OptimizeReport:
             continue
         res = PassResult(p.name)
         t0 = time.perf_counter()
-        p.fn(graph, res)
+        with graph.reserving_names():  # unique_name from one set per pass, not a graph scan per call
+            p.fn(graph, res)
         t1 = time.perf_counter()
         res.ms = (t1 - t0) * 1e3
         hooks.host_phase(f"pass {p.name}", "pass", t0, t1, changes=res.changes)

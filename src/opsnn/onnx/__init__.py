@@ -8,7 +8,7 @@
 >>> outputs = rep.run([x])                                       # doctest: +SKIP
 """
 from . import errors, opset
-from .errors import (ExternalDataError, ModelFormatError, OnnxImportError, TensorTooLargeError, UnsupportedOpError,
+from .errors import (ExpansionLimitError, ExternalDataError, ModelFormatError, OnnxImportError, TensorTooLargeError, UnsupportedOpError,
                      UnsupportedOpsetError)
 from .importer import load, read_model
 from . import backend
@@ -17,5 +17,5 @@ from .session import (GraphOptimizationLevel, InferenceSession, IOBinding, OrtVa
 from . import ort_compat
 
 __all__ = ["GraphOptimizationLevel", "InferenceSession", "IOBinding", "OrtValue", "RunOptions", "SessionOptions",
-           "get_available_providers", "ort_compat", "ExternalDataError", "ModelFormatError", "OnnxImportError", "TensorTooLargeError", "UnsupportedOpError",
+           "get_available_providers", "ort_compat", "ExpansionLimitError", "ExternalDataError", "ModelFormatError", "OnnxImportError", "TensorTooLargeError", "UnsupportedOpError",
            "UnsupportedOpsetError", "backend", "errors", "load", "opset", "read_model"]
