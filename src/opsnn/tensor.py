@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from . import dtypes as _dt
-from .errors import ParamInvalidError
+from .errors import KernelError, ParamInvalidError
 from .runtime.context import context
 
 FORMATS = ("ND", "NCHW", "NHWC")
@@ -145,11 +145,21 @@ class Tensor:
         return self._array.flags.c_contiguous
 
     # -- host access -------------------------------------------------------------
-    def _wait(self) -> None:
+    def _wait(self, check: bool = True) -> None:
+        """Wait for the kernel that writes this tensor; with ``check``, raise if it failed. The
+        failure mark stays (synchronize() reporting the error does not make the data valid) until
+        a new write replaces the producer: an op's output, ``copy_`` or a whole ``t[...] = v``."""
         p = self._producer
         if p is not None:
-            stream, seq = p
+            stream, seq = p[0], p[1]
+            if not check:
+                stream._wait_quiet(seq)
+                return
             stream.wait_seq(seq)
+            if len(p) > 2 and p[2]:
+                raise KernelError(f"{p[2][0]}: the kernel that produced this tensor failed on stream "
+                                  f"{stream.name}; its output holds no valid data until it is written again",
+                                  op=p[2][0])
             self._producer = None
 
     def numpy(self) -> np.ndarray:
@@ -295,8 +305,11 @@ class Tensor:
         return self._view(arr)
 
     def __setitem__(self, index, value) -> None:
-        self._wait()
+        self._wait(check=False)
         self._array[index] = value.numpy() if isinstance(value, Tensor) else value
+        if all(i is Ellipsis or (isinstance(i, slice) and i == slice(None))
+               for i in (index if isinstance(index, tuple) else (index,))):
+            self._producer = None  # overwritten whole: a failed producer's mark no longer applies
 
     # -- copies --------------------------------------------------------------------
     def contiguous(self) -> "Tensor":
@@ -319,13 +332,15 @@ class Tensor:
         p = self._producer
         if p is not None:
             stream.wait_stream_seq(*p)
-        out._producer = (stream, stream.launch(lambda: np.copyto(dst, src), name="Copy"))
+        mark: list = []
+        out._producer = (stream, stream.launch(lambda: np.copyto(dst, src), name="Copy", mark=mark), mark)
         return out
 
     def copy_(self, src) -> "Tensor":
         """Copy ``src`` (Tensor or array-like, broadcastable) into this tensor in place."""
-        self._wait()
+        self._wait(check=False)
         np.copyto(self._array, src.numpy() if isinstance(src, Tensor) else np.asarray(src), casting="unsafe")
+        self._producer = None  # written whole: clears a failed producer's mark
         return self
 
     def to(self, dtype) -> "Tensor":

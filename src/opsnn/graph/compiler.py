@@ -509,6 +509,7 @@ class CompiledGraph:
             if plan.last_run is not None and plan.last_run[0] is not stream:
                 stream.wait_stream_seq(*plan.last_run)  # the arena is still in use by a run on another stream
             tasks = []
+            mark: list = []  # a failed run's outputs stay failed when read (see Tensor._wait)
             for st in plan.steps:
                 task = st.task
                 if task is None:
@@ -523,17 +524,17 @@ class CompiledGraph:
                 for st, task in tasks:
                     info = dict(st.executor._info, node=st.node.name,
                                 shapes=[None if not n else env[n].shape for n in st.inputs])
-                    seq = stream.launch(task, st.node.op_type, info)
+                    seq = stream.launch(task, st.node.op_type, info, mark=mark)
             else:
                 def run_graph(tasks=tasks):
                     for _, task in tasks:
                         task()
 
-                seq = stream.launch(run_graph, f"graph:{self.graph.name}")
+                seq = stream.launch(run_graph, f"graph:{self.graph.name}", mark=mark)
             plan.last_run = (stream, seq)
         for t in outputs.values():
             if t._producer is None or t._producer[0] is stream:
-                t._producer = (stream, seq)
+                t._producer = (stream, seq, mark)
         return outputs
 
     def _run_interpreted(self, feeds: dict, as_dict: bool):

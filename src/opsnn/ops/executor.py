@@ -229,15 +229,23 @@ class Executor:
         oarrays = [o._array for o in outs]
         ws = self._workspace(workspace)
         pool = context().pool
-        if hooks.active or self.adapter or True in self._contig or pool.guard_bytes:
-            seq = self._launch_observed(stream, pool, arrays, oarrays, ins, outs, ws)
-        else:  # the common eager case: the kernel itself with its arguments, no closure around it
-            seq = stream.launch(self.kernel.fn, self.op.name, self._info, (arrays, oarrays, self.attrs, self.plan, ws))
-        producer = (stream, seq)
+        mark: list = []  # the kernel's name once it failed: its outputs keep reporting it when read
+        try:
+            if hooks.active or self.adapter or True in self._contig or pool.guard_bytes:
+                seq = self._launch_observed(stream, pool, arrays, oarrays, ins, outs, ws, mark)
+            else:  # the common eager case: the kernel itself with its arguments, no closure around it
+                seq = stream.launch(self.kernel.fn, self.op.name, self._info,
+                                    (arrays, oarrays, self.attrs, self.plan, ws), mark)
+        except BaseException:
+            if mark:  # an inline stream raised at once: bound outputs (out=) must not read as valid
+                for o in outs:
+                    o._producer = (stream, 0, mark)
+            raise
+        producer = (stream, seq, mark)
         for o in outs:
             o._producer = producer
 
-    def _launch_observed(self, stream, pool, arrays, oarrays, ins, outs, ws) -> int:
+    def _launch_observed(self, stream, pool, arrays, oarrays, ins, outs, ws, mark=None) -> int:
         """The launch with a closure around the kernel: strided inputs made contiguous, the 16-bit
         adapter, guard-byte checks, observers' shapes and dtypes."""
         task = self._task(arrays, oarrays, ws)
@@ -250,7 +258,7 @@ class Executor:
                         out_shapes=[o.shape for o in outs], attrs=self.attrs)
             if self.kernel.fallback:
                 hooks.emit("fallback", {"op": self.op.name, "reason": self.reason})
-        return stream.launch(task, self.op.name, info)
+        return stream.launch(task, self.op.name, info, mark=mark)
 
     def _run_dynamic(self, ins: list, stream=None) -> list:
         """Ops whose output shape depends on data run synchronously (after their inputs)."""

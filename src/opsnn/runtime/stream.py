@@ -70,8 +70,10 @@ class Stream:
         ctx._register_stream(self)
 
     # -- submission ----------------------------------------------------------
-    def launch(self, fn, name: str = "task", info: dict | None = None, args: tuple = ()) -> int:
-        """Queue ``fn(*args)``; returns its sequence number (see :meth:`done`)."""
+    def launch(self, fn, name: str = "task", info: dict | None = None, args: tuple = (),
+               mark: list | None = None) -> int:
+        """Queue ``fn(*args)``; returns its sequence number (see :meth:`done`). If it fails, its name
+        is appended to ``mark`` (the failure mark its output tensors keep, see ``Tensor.numpy``)."""
         if self._closed:
             raise OpsnnRuntimeError(f"{name}: stream {self.name} was closed by opsnn.finalize()")
         if self.inline:
@@ -80,18 +82,18 @@ class Stream:
             with self._cv:
                 self._submitted += 1
                 seq = self._submitted
-            exc = self._run(seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args)
+            exc = self._run(seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args, mark)
             if exc is not None:
                 raise self._error(name, exc)
             return seq
         with self._cv:
             self._submitted += 1
             seq = self._submitted
-            self._queue.append((seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args))
+            self._queue.append((seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args, mark))
             self._cv.notify_all()
         return seq
 
-    def _run(self, seq, fn, name, info, t_queue, args) -> BaseException | None:
+    def _run(self, seq, fn, name, info, t_queue, args, mark=None) -> BaseException | None:
         """Run one task; its exception is returned (a worker stream also keeps it for synchronize)."""
         profiling = hooks.active and hooks.listening("kernel")
         t0 = time.perf_counter() if profiling else 0.0
@@ -101,6 +103,8 @@ class Stream:
             fn(*args)
         except BaseException as exc:  # noqa: BLE001 - kept and re-raised at synchronize
             failure = exc
+            if mark is not None:
+                mark.append(name)
             if not self.inline:
                 self._errors.append((seq, name, exc))
                 self._failed[seq] = name
@@ -128,9 +132,9 @@ class Stream:
                     self._cv.wait()
                 if not self._queue:
                     return
-                seq, fn, name, info, t_queue, args = self._queue[0]
-            self._run(seq, fn, name, info, t_queue, args)
-            fn = info = args = None  # drop the task's tensors now, not at the next task
+                seq, fn, name, info, t_queue, args, mark = self._queue[0]
+            self._run(seq, fn, name, info, t_queue, args, mark)
+            fn = info = args = mark = None  # drop the task's tensors now, not at the next task
             with self._cv:
                 self._queue.popleft()
                 self._cv.notify_all()
@@ -188,7 +192,8 @@ class Stream:
             return
         self.wait_stream_seq(event._stream, event._seq)
 
-    def wait_stream_seq(self, other: "Stream", seq: int) -> None:
+    def wait_stream_seq(self, other: "Stream", seq: int, mark: list | None = None) -> None:
+        # ``mark``: a tensor's failure mark (``Tensor._producer[2]``), accepted so producers unpack here
         if other is self or other.done(seq):
             return
         if self.inline:

@@ -1,0 +1,89 @@
+"""Reliability of the runtime: failed outputs stay failed, strided ``out=`` views, typed
+out-of-memory errors before allocating, no allocation outside the pool's cap, dropped streams."""
+import gc
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn.errors import KernelError, OutOfMemoryError, ParamInvalidError
+from opsnn.ops import Input, TensorMeta
+
+
+def _register_fail_op():
+    if opsnn.ops.has_op("FailAfterWrite", "test_rel"):
+        return
+    rec = opsnn.register_op("FailAfterWrite", domain="test_rel", inputs=[Input("X")], outputs=["Y"],
+                            infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
+                            reference=lambda ins, attrs: ins[0])
+
+    def fail_kernel(ins, outs, attrs, plan, ws):
+        raise ValueError("deliberate failure")
+
+    rec.kernel("fail", priority=1)(fail_kernel)
+
+
+_register_fail_op()
+
+
+def _fail(x, stream=None, out=None):
+    if out is None:
+        return opsnn.ops.run_op("FailAfterWrite", [x], domain="test_rel", stream=stream)[0]
+    rec = opsnn.ops.get_op("FailAfterWrite", "test_rel")
+    return opsnn.ops.executor.prepare(rec, [x], out=out).run(None, stream)
+
+
+# -- 1. a failed op's output stays failed --------------------------------------------------------
+def test_failed_output_stays_failed_after_synchronize_reported_the_error():
+    s = opsnn.Stream()
+    stale = opsnn.tensor(np.full(64, 3.0, np.float32))
+    del stale  # its block goes back to the pool: the failed op's output may get it
+    x = opsnn.tensor(np.ones(64, np.float32))
+    y = _fail(x, stream=s)
+    view = y[:8]
+    with pytest.raises(KernelError, match="FailAfterWrite.*deliberate failure"):
+        s.synchronize()
+    for read in (y.numpy, view.numpy, y[2:].numpy, lambda: np.asarray(y), y.tolist):
+        with pytest.raises(KernelError, match="FailAfterWrite"):
+            read()
+    # a new write of the whole tensor makes it valid again
+    y.copy_(np.arange(64, dtype=np.float32))
+    np.testing.assert_array_equal(y.numpy(), np.arange(64, dtype=np.float32))
+    s.close()
+
+
+def test_failed_out_tensor_stays_failed_until_an_op_writes_it_again():
+    o = opsnn.tensor(np.full(16, 7.0, np.float32))
+    x = opsnn.tensor(np.linspace(-1, 1, 16).astype(np.float32))
+    with pytest.raises(KernelError, match="FailAfterWrite"):  # the default stream raises at once
+        _fail(x, out=o)
+    with pytest.raises(KernelError, match="FailAfterWrite"):
+        o.numpy()
+    s = opsnn.Stream()
+    _fail(x, stream=s, out=o)
+    with pytest.raises(KernelError):
+        s.synchronize()
+    with pytest.raises(KernelError, match="FailAfterWrite"):
+        o.numpy()
+    opsnn.aclnn.relu.prepare(x, out=o).run(None, s)  # a successful write clears the mark
+    np.testing.assert_array_equal(o.numpy(), np.maximum(x.numpy(), 0))
+    o[...] = 2.0
+    np.testing.assert_array_equal(o.numpy(), np.full(16, 2.0, np.float32))
+    s.close()
+
+
+def test_failed_compiled_graph_output_stays_failed():
+    from opsnn.graph import Graph, Node, Value
+
+    g = Graph("failing", inputs=[Value("x", np.float32, (4,))], outputs=["y"],
+              nodes=[Node("FailAfterWrite", ["x"], ["y"], domain="test_rel")])
+    cg = opsnn.compile(g)
+    s = opsnn.Stream()
+    out = cg.run({"x": opsnn.tensor(np.ones(4, np.float32))}, stream=s)["y"]
+    with pytest.raises(KernelError):
+        s.synchronize()
+    with pytest.raises(KernelError, match="FailAfterWrite|graph"):
+        out.numpy()
+    s.close()
