@@ -87,3 +87,40 @@ def test_failed_compiled_graph_output_stays_failed():
     with pytest.raises(KernelError, match="FailAfterWrite|graph"):
         out.numpy()
     s.close()
+
+
+# -- 9. a dropped stream stops its worker thread ---------------------------------------------------
+def _threads_settle(target: int, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while threading.active_count() > target and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    return threading.active_count()
+
+
+def test_dropped_streams_stop_their_workers_after_finishing_queued_work():
+    base = _threads_settle(threading.active_count())
+    done = []
+    x = opsnn.tensor(np.linspace(-1, 1, 32).astype(np.float32))
+    outs = []
+    for i in range(200):
+        s = opsnn.Stream()
+        s.launch(lambda i=i: (time.sleep(0.0005), done.append(i)), name="work")  # still queued at the drop
+        if i % 20 == 0:
+            outs.append(opsnn.ops.relu(x, stream=s))  # its tensor keeps the stream until read
+        s.synchronize() if i % 2 else None
+        del s
+    np.testing.assert_array_equal(np.stack([o.numpy() for o in outs]), np.tile(np.maximum(x.numpy(), 0), (10, 1)))
+    del outs
+    assert _threads_settle(base) == base
+    assert sorted(done) == list(range(200))
+
+
+def test_close_still_stops_a_stream_and_refuses_later_work():
+    base = _threads_settle(threading.active_count())
+    s = opsnn.Stream()
+    s.synchronize()
+    s.close()
+    assert _threads_settle(base) == base
+    with pytest.raises(opsnn.errors.OpsnnRuntimeError, match="closed"):
+        s.launch(lambda: None)

@@ -18,6 +18,7 @@ import itertools
 import os
 import threading
 import time
+import weakref
 from collections import deque
 
 from ..errors import InferShapeError, KernelError, OpsnnRuntimeError, ParamInvalidError
@@ -56,7 +57,7 @@ class Stream:
         self._completed = 0
         self._errors: list[tuple[int, str, BaseException]] = []
         self._failed: dict[int, str] = {}
-        self._closed = False
+        self._closed_flag: list = []  # non-empty once closed; shared with the worker thread
         self._thread = None
         # Kernel threads per worker: streams already run side by side, so each worker's
         # parallel kernels use part of the cores (else N streams x all cores oversubscribe).
@@ -65,9 +66,18 @@ class Stream:
         # The inline default stream runs on the caller's thread with every core by default.
         self._limit = num_threads or (1 << 30 if inline else self.num_threads)
         if not inline:
-            self._thread = threading.Thread(target=self._work, name=f"opsnn-{self.name}", daemon=True)
+            # the worker holds the stream weakly (a bound method would keep it alive forever): once
+            # nobody references the stream, the callback closes it and the worker ends after its queue
+            ref = weakref.ref(self, lambda _, cv=self._cv, closed=self._closed_flag: _stop(cv, closed))
+            self._thread = threading.Thread(target=_work, args=(ref, self._cv, self._queue, self._closed_flag,
+                                                                self.num_threads),
+                                            name=f"opsnn-{self.name}", daemon=True)
             self._thread.start()
         ctx._register_stream(self)
+
+    @property
+    def _closed(self) -> bool:
+        return bool(self._closed_flag)
 
     # -- submission ----------------------------------------------------------
     def launch(self, fn, name: str = "task", info: dict | None = None, args: tuple = (),
@@ -121,23 +131,6 @@ class Stream:
         else:
             self._completed = seq
         return failure
-
-    def _work(self) -> None:
-        import numba
-
-        numba.set_num_threads(min(self.num_threads, numba.config.NUMBA_NUM_THREADS))  # thread-local setting
-        while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait()
-                if not self._queue:
-                    return
-                seq, fn, name, info, t_queue, args, mark = self._queue[0]
-            self._run(seq, fn, name, info, t_queue, args, mark)
-            fn = info = args = mark = None  # drop the task's tensors now, not at the next task
-            with self._cv:
-                self._queue.popleft()
-                self._cv.notify_all()
 
     # -- waiting -------------------------------------------------------------
     def done(self, seq: int) -> bool:
@@ -214,10 +207,8 @@ class Stream:
     def close(self) -> None:
         """Finish queued work and stop the worker thread (done by ``opsnn.finalize()``)."""
         self._wait_all()
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        if self._thread is not None:
+        _stop(self._cv, self._closed_flag)
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
     # -- current-stream context --------------------------------------------------
@@ -234,6 +225,42 @@ class Stream:
     def __repr__(self) -> str:
         kind = "inline" if self.inline else "worker"
         return f"<Stream {self.name} ({kind}) pending={self._submitted - self._completed}>"
+
+
+def _stop(cv: threading.Condition, closed: list) -> None:
+    with cv:
+        if not closed:
+            closed.append(True)
+        cv.notify_all()
+
+
+def _work(ref, cv: threading.Condition, queue: deque, closed: list, num_threads: int) -> None:
+    """A worker stream's thread: runs queued tasks in order until the stream is closed (or dropped)
+    and its queue is empty. It holds the stream only while running a task."""
+    import numba
+
+    numba.set_num_threads(min(num_threads, numba.config.NUMBA_NUM_THREADS))  # thread-local setting
+    while True:
+        with cv:
+            while not queue and not closed:
+                cv.wait()
+            if not queue:
+                return
+            seq, fn, name, info, t_queue, args, mark = queue[0]
+        stream = ref()
+        if stream is not None:
+            stream._run(seq, fn, name, info, t_queue, args, mark)
+        else:  # dropped with work queued: nobody can wait on it any more, but the work still runs
+            try:
+                fn(*args)
+            except BaseException:  # noqa: BLE001 - no one is left to report it to
+                if mark is not None:
+                    mark.append(name)
+        # drop the task's tensors (and the stream) now, not at the next task
+        stream = fn = info = args = mark = None
+        with cv:
+            queue.popleft()
+            cv.notify_all()
 
 
 def current_stream() -> Stream:
