@@ -73,6 +73,7 @@ class Stream:
                                                                 self.num_threads),
                                             name=f"opsnn-{self.name}", daemon=True)
             self._thread.start()
+            _workers.add(self._thread)
         ctx._register_stream(self)
 
     @property
@@ -225,6 +226,18 @@ class Stream:
     def __repr__(self) -> str:
         kind = "inline" if self.inline else "worker"
         return f"<Stream {self.name} ({kind}) pending={self._submitted - self._completed}>"
+
+
+#: worker threads still running, dropped streams' included (``join_workers`` waits for them)
+_workers: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+def join_workers() -> None:
+    """Wait until every worker thread has ended; callers close the live streams first
+    (``opsnn.finalize()``), dropped ones end by themselves once their queue is empty."""
+    for t in list(_workers):
+        if t is not threading.current_thread():
+            t.join()
 
 
 def _stop(cv: threading.Condition, closed: list) -> None:
