@@ -124,3 +124,30 @@ def test_close_still_stops_a_stream_and_refuses_later_work():
     assert _threads_settle(base) == base
     with pytest.raises(opsnn.errors.OpsnnRuntimeError, match="closed"):
         s.launch(lambda: None)
+
+
+# -- 8. string initializers hash by value ---------------------------------------------------------
+def test_compile_a_graph_with_a_string_initializer():
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    words = np.array([b"Monday", b"tuesday", b"WEDNESDAY"], dtype=object)
+    init = helper.make_tensor("w", TensorProto.STRING, [3], list(words))
+    node = helper.make_node("StringNormalizer", ["w"], ["y"], case_change_action="LOWER")
+    g = helper.make_graph([node], "strings", [], [helper.make_tensor_value_info("y", TensorProto.STRING, [3])],
+                          [init])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    cg = opsnn.compile(model)
+    out = cg.run({})
+    got = out["y"] if isinstance(out, dict) else out[0]
+    want = ReferenceEvaluator(model).run(None, {})[0]
+    assert [str(v) for v in np.asarray(got.numpy() if hasattr(got, "numpy") else got).reshape(-1)] == \
+        [str(v) for v in want.reshape(-1)]
+    # the plan-cache key follows the strings' values, not their addresses
+    from opsnn.graph.compiler import graph_hash
+
+    g1 = opsnn.onnx.load(model)
+    g2 = opsnn.onnx.load(model)
+    assert graph_hash(g1) == graph_hash(g2)
+    model.graph.initializer[0].string_data[0] = b"Friday"
+    assert graph_hash(opsnn.onnx.load(model)) != graph_hash(g1)

@@ -568,13 +568,27 @@ def graph_hash(graph: Graph) -> str:
         for k in sorted(n.attrs):
             v = n.attrs[k]
             h.update(k.encode())
-            h.update(v.tobytes() if isinstance(v, np.ndarray) else repr(v).encode())
+            h.update(_array_digest(v) if isinstance(v, np.ndarray) else repr(v).encode())
     for k in sorted(graph.initializers):
         a = graph.initializers[k]
         h.update(f"init:{k}:{a.dtype}:{a.shape}".encode())
-        h.update(hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).tobytes()).digest())
+        h.update(_array_digest(a))
     h.update(repr(graph.output_names).encode())
     return h.hexdigest()[:16]
+
+
+def _array_digest(a: np.ndarray) -> bytes:
+    """sha256 of an array's values; object arrays (ONNX strings) by their elements, whose
+    memory holds only pointers."""
+    h = hashlib.sha256()
+    if a.dtype.hasobject:
+        for x in a.reshape(-1):
+            b = x if isinstance(x, bytes) else repr(x).encode()
+            h.update(len(b).to_bytes(8, "little"))
+            h.update(b)
+    else:
+        h.update(np.ascontiguousarray(a).view(np.uint8).tobytes())
+    return h.digest()
 
 
 def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None, level: int = 3,
