@@ -151,3 +151,71 @@ def test_compile_a_graph_with_a_string_initializer():
     assert graph_hash(g1) == graph_hash(g2)
     model.graph.initializer[0].string_data[0] = b"Friday"
     assert graph_hash(opsnn.onnx.load(model)) != graph_hash(g1)
+
+
+# -- 2. strided out= views: written correctly, or refused at prepare -----------------------------
+def _simple_ops():
+    """(record, inputs) for every ONNX-domain op that prepares on one or two float32 (6, 10) tensors
+    with default attributes and gives one float32 (6, 10) output, deterministically."""
+    rng = np.random.default_rng(0)
+    a = opsnn.tensor(rng.uniform(0.25, 1.5, (6, 10)).astype(np.float32))
+    b = opsnn.tensor(rng.uniform(0.25, 1.5, (6, 10)).astype(np.float32))
+    found = []
+    for rec in opsnn.ops.all_ops():
+        if rec.domain or rec.dynamic_shape:
+            continue
+        for ins in ([a], [a, b]):
+            try:
+                ex = opsnn.ops.prepare(rec, ins)
+                metas = ex.output_metas
+                if len(metas) != 1 or tuple(metas[0].shape) != (6, 10) or metas[0].dtype != np.float32:
+                    continue
+                first, second = ex.run().numpy().copy(), ex.run().numpy().copy()
+            except opsnn.errors.OpsnnError:
+                continue
+            if np.array_equal(first, second, equal_nan=True):
+                found.append((rec, ins, first))
+            break
+    return found
+
+
+def test_strided_out_views_are_written_or_refused_for_every_simple_op():
+    cases = _simple_ops()
+    assert len(cases) >= 40, [r.name for r, _, _ in cases]
+    for rec, ins, want in cases:
+        for make in (lambda: opsnn.empty((10, 6)).T,                       # transposed
+                     lambda: opsnn.empty((6, 20))[:, ::2],                 # every other column
+                     lambda: opsnn.empty((12, 10))[::-2]):                 # reversed rows, step 2
+            view = make()
+            view.copy_(np.full((6, 10), -7.0, np.float32))
+            assert not view.is_contiguous()
+            res = opsnn.ops.prepare(rec, ins, out=view).run()
+            assert res is view
+            np.testing.assert_array_equal(view.numpy(), want, err_msg=f"{rec.name} into strides {view.strides}")
+        expanded = opsnn.zeros((1, 10)).expand(6, 10)
+        with pytest.raises(ParamInvalidError, match=rf"{rec.name}: out\[0\] is read-only"):
+            opsnn.ops.prepare(rec, ins, out=expanded)
+        base = np.zeros(10, np.float32)
+        overlapping = opsnn.from_numpy(np.lib.stride_tricks.as_strided(base, (6, 10), (0, 4), writeable=True))
+        with pytest.raises(ParamInvalidError, match=rf"{rec.name}: out\[0\].*share memory"):
+            opsnn.ops.prepare(rec, ins, out=overlapping)
+
+
+def test_strided_out_through_the_functional_two_phase_api_and_a_worker_stream():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((16, 32)).astype(np.float32)
+    b = rng.standard_normal((32, 8)).astype(np.float32)
+    o = opsnn.tensor(np.zeros((32, 16), np.float32))
+    s = opsnn.Stream()
+    ws = opsnn.empty((0,), "uint8")
+    ex = opsnn.aclnn.relu.prepare(opsnn.tensor(a), out=o.T)
+    ex.run(ws, s)
+    s.synchronize()
+    np.testing.assert_array_equal(o.T.numpy(), np.maximum(a, 0))
+    m = opsnn.tensor(np.zeros((8, 16), np.float32))
+    opsnn.aclnn.matmul.prepare(opsnn.tensor(a), opsnn.tensor(b), out=m.T).run(None, s)
+    s.synchronize()
+    np.testing.assert_allclose(m.T.numpy(), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ParamInvalidError, match=r"MatMul: out\[0\] is read-only"):
+        opsnn.aclnn.matmul.prepare(opsnn.tensor(a), opsnn.tensor(b), out=opsnn.zeros((1, 8)).expand(16, 8))
+    s.close()

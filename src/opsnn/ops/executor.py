@@ -101,6 +101,7 @@ class Executor:
         self.signature = signature
         k = selection.kernel
         self._contig = [not k.strided and t is not None and not t._array.flags.c_contiguous for t in inputs]
+        self._strided_out = outputs is not None and not all(o._array.flags.c_contiguous for o in outputs)
         self._info = {"kernel": k.name, "fallback": k.fallback, "flops": _flops(rec, ctx), "bytes": _bytes(ctx)}
         self.repeatable = not rec.dynamic_shape
 
@@ -168,6 +169,20 @@ class Executor:
         return [Tensor(_alloc_array(m.shape, m.dtype, self.op.name)) for m in self.output_metas]
 
     def _task(self, ins: list, outs: list, ws):
+        if not all(o.flags.c_contiguous for o in outs):
+            # kernels write contiguous outputs: a strided out= view gets a contiguous temporary,
+            # copied into the view after the kernel (its overlap was refused at prepare)
+            views = outs
+            outs = [o if o.flags.c_contiguous else _alloc_array(o.shape, o.dtype, f"{self.op.name}:out")
+                    for o in views]
+            inner = self._task(ins, outs, ws)
+
+            def task():
+                inner()
+                for v, t in zip(views, outs):
+                    if v is not t:
+                        np.copyto(v, t)
+            return task
         fn, attrs, plan = self.kernel.fn, self.attrs, self.plan
         if any(self._contig):
             ins = list(ins)
@@ -231,7 +246,7 @@ class Executor:
         pool = context().pool
         mark: list = []  # the kernel's name once it failed: its outputs keep reporting it when read
         try:
-            if hooks.active or self.adapter or True in self._contig or pool.guard_bytes:
+            if hooks.active or self.adapter or True in self._contig or pool.guard_bytes or self._strided_out:
                 seq = self._launch_observed(stream, pool, arrays, oarrays, ins, outs, ws, mark)
             else:  # the common eager case: the kernel itself with its arguments, no closure around it
                 seq = stream.launch(self.kernel.fn, self.op.name, self._info,
@@ -277,6 +292,22 @@ class Executor:
             np.copyto(t._array, r)
             outs.append(t)
         return outs
+
+
+def _check_writable_out(op: str, i: int, a: np.ndarray) -> None:
+    """Refuse an ``out=`` view the kernel cannot write: read-only memory, or one whose elements
+    share memory (an expanded, zero-stride view), where the result would depend on write order."""
+    if not a.flags.writeable:
+        raise ParamInvalidError(f"{op}: out[{i}] is read-only (e.g. an expanded or broadcast view); pass a "
+                                f"writable tensor", op=op)
+    extent = a.itemsize
+    for stride, n in sorted((abs(st), n) for st, n in zip(a.strides, a.shape) if n > 1):
+        if stride < extent:
+            raise ParamInvalidError(
+                f"{op}: out[{i}] of shape {a.shape} and strides {tuple(st // a.itemsize for st in a.strides)} "
+                f"has elements that share memory (an expanded or overlapping view); more than one element "
+                f"of an output may not refer to a single memory location", op=op)
+        extent += stride * (n - 1)
 
 
 def _guarded(task, pool, who: str):
@@ -393,6 +424,7 @@ def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None,
                 if o.shape != tuple(m.shape) or o.dtype != m.dtype:
                     raise ParamInvalidError(f"{rec.name}: out[{i}] is {o.shape} {_dt.name(o.dtype)}, expected "
                                             f"{tuple(m.shape)} {_dt.name(m.dtype)}", op=rec.name)
+                _check_writable_out(rec.name, i, o._array)
                 outputs.append(o)
         else:
             outputs = [Tensor(_alloc_array(tuple(m.shape), m.dtype, rec.name)) for m in out_metas]
