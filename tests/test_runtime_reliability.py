@@ -219,3 +219,83 @@ def test_strided_out_through_the_functional_two_phase_api_and_a_worker_stream():
     with pytest.raises(ParamInvalidError, match=r"MatMul: out\[0\] is read-only"):
         opsnn.aclnn.matmul.prepare(opsnn.tensor(a), opsnn.tensor(b), out=opsnn.zeros((1, 8)).expand(16, 8))
     s.close()
+
+
+# -- 6, 7. allocations: typed OutOfMemoryError before allocating, nothing outside the cap ---------
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _oom_cases  # noqa: E402
+
+
+@pytest.fixture
+def cap():
+    pool = opsnn.context().pool
+    old = pool.cap
+    yield opsnn.memory.set_cap
+    opsnn.memory.set_cap(old)
+
+
+def test_requests_beyond_physical_memory_are_typed_errors_with_no_cap_set(cap):
+    cap(None)
+    x = opsnn.tensor(np.ones((1, 1, 4, 4), np.float32))
+    w = opsnn.tensor(np.ones((1, 1, 3, 3), np.float32))
+    t = opsnn.tensor(np.ones(4, np.float32))
+    calls = {"empty": lambda: opsnn.empty((2 ** 31, 2 ** 31)),
+             "full": lambda: opsnn.full((10 ** 7, 10 ** 7), 1.0),
+             "strings": lambda: opsnn.ops.run_op("Tile", [opsnn.tensor(np.array(["a"], object)),
+                                                          np.array([2 ** 40], np.int64)]),
+             "conv2d": lambda: opsnn.ops.conv2d(x, w, padding=2 ** 40),
+             "arange": lambda: opsnn.ops.arange(0, 10 ** 13),
+             "pad": lambda: opsnn.ops.pad(t, (0, 2 ** 40))}
+    for what, call in calls.items():
+        with pytest.raises(OutOfMemoryError, match=r"cannot allocate \d+ bytes.*physical memory"):
+            call()
+    for name, model in list(_oom_cases.cases(10 ** 6).items()) + [("sparse", _oom_cases.sparse_model(10 ** 6))]:
+        with pytest.raises(OutOfMemoryError, match=r"\d+ bytes.*physical memory"):
+            _oom_cases.run(model)
+
+
+def test_plans_and_index_maps_are_checked_against_the_cap(cap):
+    """Range's values and Pad's index maps are built at prepare time outside the pool: with the
+    output under the cap, they are checked first (they allocated 16 bytes an element unchecked)."""
+    cap(opsnn.memory.current_bytes() + (64 << 20))
+    with pytest.raises(OutOfMemoryError, match=r"Range: 5000000 values: cannot allocate 80000000 bytes"):
+        opsnn.ops.arange(0, 5_000_000, dtype="float32")
+    with pytest.raises(OutOfMemoryError, match=r"Pad: index maps: cannot allocate \d+ bytes"):
+        opsnn.ops.pad(opsnn.tensor(np.ones(4, np.float32)), (0, 5_000_000))
+    # under the cap both still run
+    np.testing.assert_array_equal(opsnn.ops.arange(0, 1000, dtype="float32").numpy(),
+                                  np.arange(1000, dtype=np.float32))
+    np.testing.assert_array_equal(opsnn.ops.pad(opsnn.tensor(np.ones(4, np.float32)), (0, 1000)).numpy(),
+                                  np.pad(np.ones(4, np.float32), (0, 1000)))
+
+
+def test_models_that_grow_from_small_constants_stay_under_the_cap(cap):
+    """Every case under a 64 MB cap, D = 2900 (8.4M elements, 34 MB outputs): runs or raises
+    OutOfMemoryError, nothing else."""
+    cap(opsnn.memory.current_bytes() + (64 << 20))
+    for name, model in list(_oom_cases.cases(2900).items()) + [("sparse", _oom_cases.sparse_model(2900))]:
+        try:
+            _oom_cases.run(model)
+        except OutOfMemoryError:
+            pass
+
+
+def test_models_past_the_cap_fail_before_allocating_outside_the_pool():
+    """In a fresh process (its peak RSS is its own): outputs of 400 MB under a 64 MB cap. Every
+    case raises OutOfMemoryError and the process's peak RSS grows by less than the cap (Range's
+    planner used to reach 1.6 GB before the error)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    res = subprocess.run([sys.executable, _oom_cases.__file__, "10000", str(64 << 20)], capture_output=True,
+                         text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = [ln.split("\t") for ln in res.stdout.strip().splitlines()]
+    growth = int(lines[-1][0].split()[1])
+    cases = {name: outcome for name, _, outcome in lines[:-1]}
+    assert len(cases) == len(_oom_cases.cases(2)) + 1
+    wrong = {n: o for n, o in cases.items() if not o.startswith(("OutOfMemoryError", "TensorTooLargeError"))}
+    assert not wrong
+    assert growth < 64 << 20, (growth, lines)

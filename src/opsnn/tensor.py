@@ -20,6 +20,7 @@ import numpy as np
 from . import dtypes as _dt
 from .errors import KernelError, ParamInvalidError
 from .runtime.context import context
+from .runtime.memory import check_request, physical_memory
 
 FORMATS = ("ND", "NCHW", "NHWC")
 
@@ -59,10 +60,12 @@ def _alloc_array(shape: tuple, dtype: np.dtype, tag: str | None = None) -> np.nd
     if len(shape) > MAX_DIMS:
         raise ParamInvalidError(f"{tag or 'tensor'}: an output of {len(shape)} dimensions; at most {MAX_DIMS} "
                                 f"are supported")
-    if dtype.hasobject:
-        # string tensors (ONNX string ops) hold Python object pointers, which raw pool bytes cannot own
-        return np.empty(shape, dtype)
     nbytes = math.prod(shape) * dtype.itemsize
+    if dtype.hasobject or (nbytes >= 1 << 30 and nbytes > physical_memory()):
+        # name the request; string tensors (ONNX string ops) hold Python object pointers, which raw
+        # pool bytes cannot own
+        check_request(nbytes, f"{tag or 'tensor'} of shape {tuple(shape)} {_dt.name(dtype)}")
+        return np.empty(shape, dtype)
     if dtype.isbuiltin == 1 and dtype.kind in "biufc":
         # one step: the interface gives numpy the final array (~1 us less a tensor than a byte view)
         return np.asarray(Storage(context().pool, nbytes, tag,

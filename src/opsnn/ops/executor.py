@@ -6,6 +6,7 @@ tensors. Eager calls reuse executors through a signature-keyed cache.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import dtypes as _dt
-from ..errors import OpsnnError, ParamInvalidError
+from ..errors import OpsnnError, OutOfMemoryError, ParamInvalidError
 from ..runtime import hooks
 from ..runtime.context import context
+from ..runtime.memory import check_request
 from ..runtime.stream import current_stream
 from ..tensor import Tensor, _alloc_array, as_tensor
 from .registry import InferContext, OpRecord, TensorMeta, select_kernel, selector_key, version
@@ -393,11 +395,31 @@ def plan_op(rec: OpRecord, metas: list, values: list, attrs: dict | None, *, alg
         raise
     except (ValueError, IndexError, TypeError, KeyError) as exc:
         raise ParamInvalidError(f"{rec.name}: invalid inputs or attributes: {exc}", op=rec.name) from exc
+    _check_output_bytes(rec, ctx)
     selection = select_kernel(rec, ctx, algo)
     k = selection.kernel
-    plan = k.plan(ctx) if k.plan is not None else None
-    ws = k.workspace(ctx, plan) if k.workspace is not None else 0
+    try:
+        plan = k.plan(ctx) if k.plan is not None else None
+        ws = k.workspace(ctx, plan) if k.workspace is not None else 0
+    except MemoryError as exc:
+        if isinstance(exc, OutOfMemoryError):
+            raise
+        raise OutOfMemoryError(f"{rec.name}: planning kernel {k.name} ran out of host memory: {exc}",
+                               op=rec.name) from None
+    if ws:
+        check_request(int(ws), f"{rec.name}: workspace of kernel {k.name}")
     return OpPlan(ctx, selection, plan, int(ws))
+
+
+def _check_output_bytes(rec: OpRecord, ctx: InferContext) -> None:
+    """Refuse outputs that cannot be allocated before any plan (index maps, tables) is built for them."""
+    total = 0
+    for m in ctx.outputs or []:
+        if m is None or not all(isinstance(d, (int, np.integer)) for d in m.shape):
+            return  # symbolic: sized when the graph is planned for real shapes
+        total += math.prod(int(d) for d in m.shape) * m.dtype.itemsize
+    if total:
+        check_request(total, f"{rec.name}: outputs of shapes {[tuple(m.shape) for m in ctx.outputs]}")
 
 
 def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None, algo: str | None = None,

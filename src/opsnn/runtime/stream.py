@@ -21,7 +21,7 @@ import time
 import weakref
 from collections import deque
 
-from ..errors import InferShapeError, KernelError, OpsnnRuntimeError, ParamInvalidError
+from ..errors import InferShapeError, KernelError, OpsnnRuntimeError, OutOfMemoryError, ParamInvalidError
 from .context import context as _get_context
 from . import hooks
 from . import threads as _threads
@@ -173,8 +173,13 @@ class Stream:
 
     def _error(self, name: str, exc: BaseException, more: int = 0) -> BaseException:
         """The exception to raise for a kernel's failure (``more``: later failures not shown)."""
-        if isinstance(exc, (ParamInvalidError, InferShapeError)):
+        if isinstance(exc, (ParamInvalidError, InferShapeError, OutOfMemoryError)):
             return exc  # a data check inside a kernel (index out of range...): keep its typed error
+        if isinstance(exc, MemoryError):  # numpy's, for a temporary the kernel allocated itself
+            err = OutOfMemoryError(f"{name}: kernel ran out of host memory on stream {self.name}: {exc}"
+                                   + (f" (and {more} more errors)" if more else ""), op=name)
+            err.__cause__, err.__suppress_context__ = exc, True
+            return err
         err = KernelError(f"{name}: kernel failed on stream {self.name}: {type(exc).__name__}: {exc}"
                           + (f" (and {more} more errors)" if more else ""), op=name)
         err.__cause__, err.__suppress_context__ = exc, True  # as `raise err from exc`
