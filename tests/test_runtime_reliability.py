@@ -299,3 +299,16 @@ def test_models_past_the_cap_fail_before_allocating_outside_the_pool():
     wrong = {n: o for n, o in cases.items() if not o.startswith(("OutOfMemoryError", "TensorTooLargeError"))}
     assert not wrong
     assert growth < 64 << 20, (growth, lines)
+
+
+def test_an_op_refuses_an_input_whose_producer_is_known_to_have_failed():
+    s = opsnn.Stream()
+    y = _fail(opsnn.tensor(np.ones(8, np.float32)), stream=s)
+    with pytest.raises(KernelError):
+        s.synchronize()
+    for stream in (s, None):
+        with pytest.raises(KernelError, match=r"Relu: input 0 was produced by FailAfterWrite"):
+            opsnn.ops.relu(y, stream=stream)
+    y.copy_(np.full(8, -1.0, np.float32))
+    np.testing.assert_array_equal(opsnn.ops.relu(y).numpy(), np.zeros(8, np.float32))
+    s.close()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import dtypes as _dt
-from ..errors import OpsnnError, OutOfMemoryError, ParamInvalidError
+from ..errors import KernelError, OpsnnError, OutOfMemoryError, ParamInvalidError
 from ..runtime import hooks
 from ..runtime.context import context
 from ..runtime.memory import check_request
@@ -240,8 +240,12 @@ class Executor:
                 arrays.append(None)
                 continue
             p = t._producer
-            if p is not None and p[0] is not stream:
-                stream.wait_stream_seq(p[0], p[1])
+            if p is not None:
+                if len(p) > 2 and p[2]:  # its producer is known to have failed: its data is not valid
+                    raise KernelError(f"{self.op.name}: input {len(arrays)} was produced by {p[2][0]}, whose kernel "
+                                      "failed; write it again before using it", op=self.op.name)
+                if p[0] is not stream:
+                    stream.wait_stream_seq(p[0], p[1])
             arrays.append(t._array)
         oarrays = [o._array for o in outs]
         ws = self._workspace(workspace)
