@@ -312,3 +312,19 @@ def test_an_op_refuses_an_input_whose_producer_is_known_to_have_failed():
     y.copy_(np.full(8, -1.0, np.float32))
     np.testing.assert_array_equal(opsnn.ops.relu(y).numpy(), np.zeros(8, np.float32))
     s.close()
+
+
+def test_kernel_temporaries_for_strided_and_16_bit_inputs_come_from_the_pool(cap):
+    """A reduction over an expanded (zero-stride) view copies it contiguous first, and the fp32
+    adapter widens 16-bit tensors: both temporaries used to be numpy memory outside the cap."""
+    x = opsnn.tensor(np.full(1, 0.5, np.float32)).expand(4000, 4000)  # 64 MB as a view, 4 bytes of data
+    np.testing.assert_allclose(opsnn.ops.run_op("ReduceSum", [x], {"keepdims": 0})[0].numpy(), 8e6, rtol=1e-6)
+    b = opsnn.tensor(np.full((3000, 3000), 0.25, np.float32)).to("bfloat16")
+    ex = opsnn.ops.prepare(opsnn.ops.get_op("Erf"), [b])
+    assert ex.adapter  # Erf has no bfloat16 kernel: computed in float32
+    opsnn.memory.empty_cache()  # the first sum's block, cached, would be reused under any cap
+    cap(opsnn.memory.current_bytes() + (24 << 20))
+    with pytest.raises(OutOfMemoryError, match=r"cannot allocate 64000000 bytes for ReduceSum:contiguous input"):
+        opsnn.ops.run_op("ReduceSum", [x], {"keepdims": 0})
+    with pytest.raises(OutOfMemoryError, match=r"cannot allocate 36000000 bytes for Erf:fp32 adapter"):
+        ex.run()

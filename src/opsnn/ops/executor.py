@@ -190,15 +190,16 @@ class Executor:
             ins = list(ins)
             contig = self._contig
 
-            def prepare_inputs(ins=ins):
-                return [np.ascontiguousarray(a) if c else a for a, c in zip(ins, contig)]
+            def prepare_inputs(ins=ins, tag=f"{self.op.name}:contiguous input"):
+                return [_pool_copy(a, a.dtype, tag) if c else a for a, c in zip(ins, contig)]
         else:
             prepare_inputs = None
         if self.adapter:
-            def task():
+            def task(tag=f"{self.op.name}:fp32 adapter"):
                 xs = prepare_inputs() if prepare_inputs else ins
-                xs = [a.astype(np.float32) if a is not None and _dt.is_low_precision(a.dtype) else a for a in xs]
-                tmp = [np.empty(o.shape, np.float32) if _dt.is_low_precision(o.dtype) else o for o in outs]
+                xs = [_pool_copy(a, _dt.float32, tag) if a is not None and _dt.is_low_precision(a.dtype) else a
+                      for a in xs]
+                tmp = [_alloc_array(o.shape, _dt.float32, tag) if _dt.is_low_precision(o.dtype) else o for o in outs]
                 fn(xs, tmp, attrs, plan, ws)
                 with np.errstate(over="ignore"):  # values beyond the 16-bit range become inf, as cast does
                     for o, t in zip(outs, tmp):
@@ -298,6 +299,14 @@ class Executor:
             np.copyto(t._array, r)
             outs.append(t)
         return outs
+
+
+def _pool_copy(a: np.ndarray, dtype, tag: str) -> np.ndarray:
+    """A contiguous copy of ``a`` (cast to ``dtype``) in pool memory: a kernel's temporary as large
+    as a (possibly expanded, zero-stride) input is counted against the cap."""
+    t = _alloc_array(a.shape, np.dtype(dtype), tag)
+    np.copyto(t, a, casting="unsafe")
+    return t
 
 
 def _check_writable_out(op: str, i: int, a: np.ndarray) -> None:
