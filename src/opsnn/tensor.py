@@ -62,9 +62,11 @@ def _alloc_array(shape: tuple, dtype: np.dtype, tag: str | None = None) -> np.nd
                                 f"are supported")
     nbytes = math.prod(shape) * dtype.itemsize
     if dtype.hasobject or (nbytes >= 1 << 30 and nbytes > physical_memory()):
-        # name the request; string tensors (ONNX string ops) hold Python object pointers, which raw
+        # refused with the shape named (the pool would refuse it too, naming bytes only); string
+        # tensors are checked against the cap here: they hold Python object pointers, which raw
         # pool bytes cannot own
         check_request(nbytes, f"{tag or 'tensor'} of shape {tuple(shape)} {_dt.name(dtype)}")
+    if dtype.hasobject:
         return np.empty(shape, dtype)
     if dtype.isbuiltin == 1 and dtype.kind in "biufc":
         # one step: the interface gives numpy the final array (~1 us less a tensor than a byte view)

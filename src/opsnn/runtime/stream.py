@@ -39,7 +39,11 @@ class Stream:
     oversubscribing them.
 
     Errors raised by a kernel are kept and raised (as :class:`KernelError` naming the op)
-    by the next :meth:`synchronize`; the stream stays usable afterwards.
+    by the next :meth:`synchronize`; the stream stays usable afterwards. The tensors the
+    failed kernel wrote keep raising when read until they are written again.
+
+    A worker stream nobody references any more (tensors it writes hold it until read) runs
+    the work already queued, then its thread ends; :meth:`close` ends it now.
     """
 
     def __init__(self, device=None, *, inline: bool = False, name: str | None = None,
