@@ -238,7 +238,7 @@ class Stream:
 
 
 #: worker threads still running, dropped streams' included (``join_workers`` waits for them)
-_workers: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+_workers: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 
 def join_workers() -> None:
