@@ -326,3 +326,27 @@ def test_kernel_temporaries_for_strided_and_16_bit_inputs_come_from_the_pool(cap
         opsnn.ops.run_op("ReduceSum", [x], {"keepdims": 0})
     with pytest.raises(OutOfMemoryError, match=r"cannot allocate 36000000 bytes for Erf:fp32 adapter"):
         ex.run()
+
+
+def test_ops_queued_on_a_failed_output_fail_too():
+    """Consumers queued before their producer failed (here: behind a slow task) fail when they run,
+    down the chain and across streams, instead of computing from the failed output's memory."""
+    s, s2 = opsnn.Stream(), opsnn.Stream()
+    gate = threading.Event()
+    s.launch(lambda: gate.wait(10), name="gate")
+    y = _fail(opsnn.tensor(np.ones(8, np.float32)), stream=s)
+    z = opsnn.ops.relu(y, stream=s)
+    w = opsnn.ops.neg(z, stream=s)
+    other = opsnn.ops.relu(y, stream=s2)
+    gate.set()
+    with pytest.raises(KernelError, match="FailAfterWrite"):
+        s.synchronize()
+    with pytest.raises(KernelError, match="Relu: an input was produced by FailAfterWrite"):
+        s2.synchronize()
+    for t, producer in ((z, "Relu"), (w, "Neg"), (other, "Relu")):
+        with pytest.raises(KernelError, match=producer):
+            t.numpy()
+    with pytest.raises(KernelError, match="FailAfterWrite"):
+        y.clone()
+    s.close()
+    s2.close()

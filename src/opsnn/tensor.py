@@ -335,10 +335,15 @@ class Tensor:
         dst = out._array
         stream = current_stream()
         p = self._producer
+        deps = None
         if p is not None:
+            if len(p) > 2:
+                if p[2]:
+                    self._wait()  # raises: the source's producer failed
+                deps = [p[2]]
             stream.wait_stream_seq(*p)
         mark: list = []
-        out._producer = (stream, stream.launch(lambda: np.copyto(dst, src), name="Copy", mark=mark), mark)
+        out._producer = (stream, stream.launch(lambda: np.copyto(dst, src), name="Copy", mark=mark, deps=deps), mark)
         return out
 
     def copy_(self, src) -> "Tensor":

@@ -236,15 +236,18 @@ class Executor:
         """Queue the kernel on ``stream`` over the given tensors (signature already checked)."""
         stream = stream or current_stream()
         arrays = []
+        deps = None  # failure marks of inputs still in flight: checked when the kernel runs
         for t in ins:
             if t is None:
                 arrays.append(None)
                 continue
             p = t._producer
             if p is not None:
-                if len(p) > 2 and p[2]:  # its producer is known to have failed: its data is not valid
-                    raise KernelError(f"{self.op.name}: input {len(arrays)} was produced by {p[2][0]}, whose kernel "
-                                      "failed; write it again before using it", op=self.op.name)
+                if len(p) > 2:
+                    if p[2]:  # its producer is known to have failed: its data is not valid
+                        raise KernelError(f"{self.op.name}: input {len(arrays)} was produced by {p[2][0]}, whose "
+                                          "kernel failed; write it again before using it", op=self.op.name)
+                    deps = [p[2]] if deps is None else deps + [p[2]]
                 if p[0] is not stream:
                     stream.wait_stream_seq(p[0], p[1])
             arrays.append(t._array)
@@ -254,10 +257,10 @@ class Executor:
         mark: list = []  # the kernel's name once it failed: its outputs keep reporting it when read
         try:
             if hooks.active or self.adapter or True in self._contig or pool.guard_bytes or self._strided_out:
-                seq = self._launch_observed(stream, pool, arrays, oarrays, ins, outs, ws, mark)
+                seq = self._launch_observed(stream, pool, arrays, oarrays, ins, outs, ws, mark, deps)
             else:  # the common eager case: the kernel itself with its arguments, no closure around it
                 seq = stream.launch(self.kernel.fn, self.op.name, self._info,
-                                    (arrays, oarrays, self.attrs, self.plan, ws), mark)
+                                    (arrays, oarrays, self.attrs, self.plan, ws), mark, deps)
         except BaseException:
             if mark:  # an inline stream raised at once: bound outputs (out=) must not read as valid
                 for o in outs:
@@ -267,7 +270,7 @@ class Executor:
         for o in outs:
             o._producer = producer
 
-    def _launch_observed(self, stream, pool, arrays, oarrays, ins, outs, ws, mark=None) -> int:
+    def _launch_observed(self, stream, pool, arrays, oarrays, ins, outs, ws, mark=None, deps=None) -> int:
         """The launch with a closure around the kernel: strided inputs made contiguous, the 16-bit
         adapter, guard-byte checks, observers' shapes and dtypes."""
         task = self._task(arrays, oarrays, ws)
@@ -280,7 +283,7 @@ class Executor:
                         out_shapes=[o.shape for o in outs], attrs=self.attrs)
             if self.kernel.fallback:
                 hooks.emit("fallback", {"op": self.op.name, "reason": self.reason})
-        return stream.launch(task, self.op.name, info, mark=mark)
+        return stream.launch(task, self.op.name, info, mark=mark, deps=deps)
 
     def _run_dynamic(self, ins: list, stream=None) -> list:
         """Ops whose output shape depends on data run synchronously (after their inputs)."""

@@ -86,9 +86,10 @@ class Stream:
 
     # -- submission ----------------------------------------------------------
     def launch(self, fn, name: str = "task", info: dict | None = None, args: tuple = (),
-               mark: list | None = None) -> int:
+               mark: list | None = None, deps: list | None = None) -> int:
         """Queue ``fn(*args)``; returns its sequence number (see :meth:`done`). If it fails, its name
-        is appended to ``mark`` (the failure mark its output tensors keep, see ``Tensor.numpy``)."""
+        is appended to ``mark`` (the failure mark its output tensors keep, see ``Tensor.numpy``).
+        ``deps``: the failure marks of its inputs; one set by the time it runs fails it too."""
         if self._closed:
             raise OpsnnRuntimeError(f"{name}: stream {self.name} was closed by opsnn.finalize()")
         if self.inline:
@@ -97,24 +98,27 @@ class Stream:
             with self._cv:
                 self._submitted += 1
                 seq = self._submitted
-            exc = self._run(seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args, mark)
+            exc = self._run(seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args, mark, deps)
             if exc is not None:
                 raise self._error(name, exc)
             return seq
         with self._cv:
             self._submitted += 1
             seq = self._submitted
-            self._queue.append((seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args, mark))
+            self._queue.append((seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args, mark,
+                                deps))
             self._cv.notify_all()
         return seq
 
-    def _run(self, seq, fn, name, info, t_queue, args, mark=None) -> BaseException | None:
+    def _run(self, seq, fn, name, info, t_queue, args, mark=None, deps=None) -> BaseException | None:
         """Run one task; its exception is returned (a worker stream also keeps it for synchronize)."""
         profiling = hooks.active and hooks.listening("kernel")
         t0 = time.perf_counter() if profiling else 0.0
         prev = _threads.enter(self._limit)
         failure = None
         try:
+            if deps:
+                _check_deps(name, deps)
             fn(*args)
         except BaseException as exc:  # noqa: BLE001 - kept and re-raised at synchronize
             failure = exc
@@ -249,6 +253,12 @@ def join_workers() -> None:
             t.join()
 
 
+def _check_deps(name: str, deps: list) -> None:
+    for d in deps:
+        if d:
+            raise KernelError(f"{name}: an input was produced by {d[0]}, whose kernel failed", op=name)
+
+
 def _stop(cv: threading.Condition, closed: list) -> None:
     with cv:
         if not closed:
@@ -268,18 +278,20 @@ def _work(ref, cv: threading.Condition, queue: deque, closed: list, num_threads:
                 cv.wait()
             if not queue:
                 return
-            seq, fn, name, info, t_queue, args, mark = queue[0]
+            seq, fn, name, info, t_queue, args, mark, deps = queue[0]
         stream = ref()
         if stream is not None:
-            stream._run(seq, fn, name, info, t_queue, args, mark)
+            stream._run(seq, fn, name, info, t_queue, args, mark, deps)
         else:  # dropped with work queued: nobody can wait on it any more, but the work still runs
             try:
+                if deps:
+                    _check_deps(name, deps)
                 fn(*args)
             except BaseException:  # noqa: BLE001 - no one is left to report it to
                 if mark is not None:
                     mark.append(name)
         # drop the task's tensors (and the stream) now, not at the next task
-        stream = fn = info = args = mark = None
+        stream = fn = info = args = mark = deps = None
         with cv:
             queue.popleft()
             cv.notify_all()
