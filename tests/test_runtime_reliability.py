@@ -222,6 +222,8 @@ def test_strided_out_through_the_functional_two_phase_api_and_a_worker_stream():
     opsnn.aclnn.matmul.prepare(opsnn.tensor(a), opsnn.tensor(b), out=m.T).run(None, s)
     s.synchronize()
     np.testing.assert_allclose(m.T.numpy(), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ParamInvalidError, match=r"NonZero: out= is not supported"):  # it was ignored
+        opsnn.ops.prepare(opsnn.ops.get_op("NonZero"), [opsnn.tensor(a)], out=opsnn.empty((2, 512), "int64"))
     with pytest.raises(ParamInvalidError, match=r"MatMul: out\[0\] is read-only"):
         opsnn.aclnn.matmul.prepare(opsnn.tensor(a), opsnn.tensor(b), out=opsnn.zeros((1, 8)).expand(16, 8))
     s.close()

@@ -450,6 +450,9 @@ def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None,
     op = plan_op(rec, metas, values, attrs, algo=algo, num_outputs=num_outputs, device=ctx_rt.device.type)
     out_metas = op.ctx.outputs
     outputs = None
+    if rec.dynamic_shape and out is not None:
+        raise ParamInvalidError(f"{rec.name}: out= is not supported: the output's shape depends on the input "
+                                "data (it is allocated when the op runs)", op=rec.name)
     if not rec.dynamic_shape:
         if out is not None:
             outs = list(out) if isinstance(out, (list, tuple)) else [out]
