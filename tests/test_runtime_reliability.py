@@ -350,5 +350,11 @@ def test_ops_queued_on_a_failed_output_fail_too():
             t.numpy()
     with pytest.raises(KernelError, match="FailAfterWrite"):
         y.clone()
+    from opsnn.graph import Graph, Node, Value
+
+    cg = opsnn.compile(Graph("relu", inputs=[Value("x", np.float32, (8,))], outputs=["r"],
+                             nodes=[Node("Relu", ["x"], ["r"])]))
+    with pytest.raises(KernelError, match="input 'x' was produced by FailAfterWrite"):
+        cg.run({"x": y})
     s.close()
     s2.close()

@@ -501,8 +501,11 @@ class CompiledGraph:
         env = dict(plan.tensors)
         env.update(feeds)
         env.update(outputs)
-        for t in feeds.values():
+        for name, t in feeds.items():
             p = t._producer
+            if p is not None and len(p) > 2 and p[2]:  # written by a kernel that failed: not valid data
+                raise KernelError(f"graph {self.graph.name}: input {name!r} was produced by {p[2][0]}, whose "
+                                  "kernel failed; write it again before running the graph")
             if p is not None and p[0] is not stream:
                 stream.wait_stream_seq(*p)
         with plan.launch_lock:
