@@ -118,7 +118,7 @@ def test_dropped_streams_stop_their_workers_after_finishing_queued_work():
         del s
     np.testing.assert_array_equal(np.stack([o.numpy() for o in outs]), np.tile(np.maximum(x.numpy(), 0), (10, 1)))
     del outs
-    assert _threads_settle(base) == base
+    assert _threads_settle(base) <= base
     assert sorted(done) == list(range(200))
 
 
@@ -127,7 +127,7 @@ def test_close_still_stops_a_stream_and_refuses_later_work():
     s = opsnn.Stream()
     s.synchronize()
     s.close()
-    assert _threads_settle(base) == base
+    assert _threads_settle(base) <= base
     with pytest.raises(opsnn.errors.OpsnnRuntimeError, match="closed"):
         s.launch(lambda: None)
 
