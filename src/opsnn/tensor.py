@@ -18,8 +18,9 @@ import math
 import numpy as np
 
 from . import dtypes as _dt
-from .errors import ParamInvalidError
+from .errors import KernelError, ParamInvalidError
 from .runtime.context import context
+from .runtime.memory import check_request, physical_memory
 
 FORMATS = ("ND", "NCHW", "NHWC")
 
@@ -59,10 +60,14 @@ def _alloc_array(shape: tuple, dtype: np.dtype, tag: str | None = None) -> np.nd
     if len(shape) > MAX_DIMS:
         raise ParamInvalidError(f"{tag or 'tensor'}: an output of {len(shape)} dimensions; at most {MAX_DIMS} "
                                 f"are supported")
-    if dtype.hasobject:
-        # string tensors (ONNX string ops) hold Python object pointers, which raw pool bytes cannot own
-        return np.empty(shape, dtype)
     nbytes = math.prod(shape) * dtype.itemsize
+    if dtype.hasobject or (nbytes >= 1 << 30 and nbytes > physical_memory()):
+        # refused with the shape named (the pool would refuse it too, naming bytes only); string
+        # tensors are checked against the cap here: they hold Python object pointers, which raw
+        # pool bytes cannot own
+        check_request(nbytes, f"{tag or 'tensor'} of shape {tuple(shape)} {_dt.name(dtype)}")
+    if dtype.hasobject:
+        return np.empty(shape, dtype)
     if dtype.isbuiltin == 1 and dtype.kind in "biufc":
         # one step: the interface gives numpy the final array (cheaper than a byte view, then a view)
         return np.asarray(Storage(context().pool, nbytes, tag,
@@ -158,11 +163,21 @@ class Tensor:
         return self._array.flags.c_contiguous
 
     # -- host access -------------------------------------------------------------
-    def _wait(self) -> None:
+    def _wait(self, check: bool = True) -> None:
+        """Wait for the kernel that writes this tensor; with ``check``, raise if it failed. The
+        failure mark stays (synchronize() reporting the error does not make the data valid) until
+        a new write replaces the producer: an op's output, ``copy_`` or a whole ``t[...] = v``."""
         p = self._producer
         if p is not None:
-            stream, seq = p
+            stream, seq = p[0], p[1]
+            if not check:
+                stream._wait_quiet(seq)
+                return
             stream.wait_seq(seq)
+            if len(p) > 2 and p[2]:
+                raise KernelError(f"{p[2][0]}: the kernel that produced this tensor failed on stream "
+                                  f"{stream.name}; its output holds no valid data until it is written again",
+                                  op=p[2][0])
             self._producer = None
 
     def numpy(self) -> np.ndarray:
@@ -322,8 +337,11 @@ class Tensor:
         return self._view(arr)
 
     def __setitem__(self, index, value) -> None:
-        self._wait()
+        self._wait(check=False)
         self._array[index] = value.numpy() if isinstance(value, Tensor) else value
+        if all(i is Ellipsis or (isinstance(i, slice) and i == slice(None))
+               for i in (index if isinstance(index, tuple) else (index,))):
+            self._producer = None  # overwritten whole: a failed producer's mark no longer applies
 
     # -- copies --------------------------------------------------------------------
     def contiguous(self) -> "Tensor":
@@ -344,15 +362,22 @@ class Tensor:
         dst = out._array
         stream = current_stream()
         p = self._producer
+        deps = None
         if p is not None:
+            if len(p) > 2:
+                if p[2]:
+                    self._wait()  # raises: the source's producer failed
+                deps = [p[2]]
             stream.wait_stream_seq(*p)
-        out._producer = (stream, stream.launch(lambda: np.copyto(dst, src), name="Copy"))
+        mark: list = []
+        out._producer = (stream, stream.launch(lambda: np.copyto(dst, src), name="Copy", mark=mark, deps=deps), mark)
         return out
 
     def copy_(self, src) -> "Tensor":
         """Copy ``src`` (Tensor or array-like, broadcastable) into this tensor in place."""
-        self._wait()
+        self._wait(check=False)
         np.copyto(self._array, src.numpy() if isinstance(src, Tensor) else np.asarray(src), casting="unsafe")
+        self._producer = None  # written whole: clears a failed producer's mark
         return self
 
     def to(self, dtype) -> "Tensor":

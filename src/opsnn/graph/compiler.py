@@ -540,14 +540,18 @@ class CompiledGraph:
         env = dict(plan.tensors)
         env.update(feeds)
         env.update(outputs)
-        for t in feeds.values():
+        for name, t in feeds.items():
             p = t._producer
+            if p is not None and len(p) > 2 and p[2]:  # written by a kernel that failed: not valid data
+                raise KernelError(f"graph {self.graph.name}: input {name!r} was produced by {p[2][0]}, whose "
+                                  "kernel failed; write it again before running the graph")
             if p is not None and p[0] is not stream:
                 stream.wait_stream_seq(*p)
         with plan.launch_lock:
             if plan.last_run is not None and plan.last_run[0] is not stream:
                 stream.wait_stream_seq(*plan.last_run)  # the arena is still in use by a run on another stream
             tasks = []
+            mark: list = []  # a failed run's outputs stay failed when read (see Tensor._wait)
             for st in plan.steps:
                 task = st.task
                 if task is None:
@@ -562,17 +566,17 @@ class CompiledGraph:
                 for st, task in tasks:
                     info = dict(st.executor._info, node=st.node.name,
                                 shapes=[None if not n else env[n].shape for n in st.inputs])
-                    seq = stream.launch(task, st.node.op_type, info)
+                    seq = stream.launch(task, st.node.op_type, info, mark=mark)
             else:
                 def run_graph(tasks=tasks):
                     for _, task in tasks:
                         task()
 
-                seq = stream.launch(run_graph, f"graph:{self.graph.name}")
+                seq = stream.launch(run_graph, f"graph:{self.graph.name}", mark=mark)
             plan.last_run = (stream, seq)
         for t in outputs.values():
             if t._producer is None or t._producer[0] is stream:
-                t._producer = (stream, seq)
+                t._producer = (stream, seq, mark)
         return outputs
 
     def _run_interpreted(self, feeds: dict, as_dict: bool):
@@ -653,13 +657,27 @@ def graph_hash(graph: Graph) -> str:
         for k in sorted(n.attrs):
             v = n.attrs[k]
             h.update(k.encode())
-            h.update(v.tobytes() if isinstance(v, np.ndarray) else repr(v).encode())
+            h.update(_array_digest(v) if isinstance(v, np.ndarray) else repr(v).encode())
     for k in sorted(graph.initializers):
         a = graph.initializers[k]
         h.update(f"init:{k}:{a.dtype}:{a.shape}".encode())
-        h.update(hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).tobytes()).digest())
+        h.update(_array_digest(a))
     h.update(repr(graph.output_names).encode())
     return h.hexdigest()[:16]
+
+
+def _array_digest(a: np.ndarray) -> bytes:
+    """sha256 of an array's values; object arrays (ONNX strings) by their elements, whose
+    memory holds only pointers."""
+    h = hashlib.sha256()
+    if a.dtype.hasobject:
+        for x in a.reshape(-1):
+            b = x if isinstance(x, bytes) else repr(x).encode()
+            h.update(len(b).to_bytes(8, "little"))
+            h.update(b)
+    else:
+        h.update(np.ascontiguousarray(a).view(np.uint8).tobytes())
+    return h.digest()
 
 
 _memory_optimization = [True]

@@ -26,6 +26,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 from ..graph.interpreter import is_supported, supported_ops
 from ..graph.ir import Graph, Node, Value, toposort
 from ..runtime.context import context
+from ..runtime.memory import physical_memory
 from . import opset as _opset
 from .errors import (ExpansionLimitError, ExternalDataError, ModelFormatError, TensorTooLargeError, UnsupportedOpError,
                      UnsupportedOpsetError)
@@ -106,6 +107,9 @@ def _check_size(n: int, itemsize: int, what: str) -> None:
         raise TensorTooLargeError(f"onnx.load: {what} declares {nbytes} bytes, more than the memory pool's cap "
                                   f"of {cap} bytes; raise the cap with opsnn.memory.set_cap() or load a smaller "
                                   "model")
+    if nbytes > physical_memory():
+        raise TensorTooLargeError(f"onnx.load: {what} declares {nbytes} bytes, more than the machine's "
+                                  f"{physical_memory()} bytes of physical memory")
 
 
 def _storage_len(n: int, data_type: int, itemsize: int) -> int:

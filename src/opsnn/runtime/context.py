@@ -69,6 +69,9 @@ def finalize() -> None:
             return
         for stream in ctx.streams():
             stream.close()
+        from .stream import join_workers
+
+        join_workers()  # dropped streams' workers too, so none outlives finalize()
         ctx.pool.empty_cache()
         _ctx = None
         _finalized = True

@@ -21,6 +21,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, ParamInvalidError
 from ...kernels.cpu import shape as K
+from ...runtime.memory import check_request
 from ...tensor import Tensor, as_tensor
 from ..api import api
 from ..registry import Attr, Input, Output, TensorMeta, register_op
@@ -476,6 +477,7 @@ def _pad_plan(ctx):
     pads, axes, mode = _pad_args(ctx)
     s = ctx.shape(0)
     w = pad_widths("Pad", s, pads, axes, mode)
+    check_request(16 * sum(d + b + e for d, (b, e) in zip(s, w)), "Pad: index maps")  # built outside the pool
     return K.plan_maps(s, [pad_map(d, b, e, mode) for d, (b, e) in zip(s, w)], ctx.dtype(0).itemsize)
 
 
@@ -893,6 +895,7 @@ def range_count(start, limit, delta) -> int:
 
 
 def _range_values(start, limit, delta, dtype, n):
+    check_request(16 * n, f"Range: {n} values")  # an arange and its scaled copy, outside the pool
     if dtype.kind in "iu":
         return (int(start) + np.arange(n, dtype=np.int64) * int(delta)).astype(dtype)
     return (float(start) + np.arange(n, dtype=np.float64) * float(delta)).astype(dtype)
