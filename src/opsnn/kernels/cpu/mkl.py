@@ -32,6 +32,8 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
+from ...runtime import cpu
+
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _A_MATRIX, _B_MATRIX, _PACKED = 161, 162, 151
 _LAYER_SEQUENTIAL, _LAYER_GNU = 1, 3
@@ -81,6 +83,7 @@ def _load() -> None:
         if not paths:
             _why = "Intel MKL is not installed (pip install mkl, x86-64 only)"
             return
+        cpu.library_loaded("MKL")  # MKL_ENABLE_INSTRUCTIONS follows the ISA cap
         try:
             lib = ctypes.CDLL(paths[0])
         except OSError as e:

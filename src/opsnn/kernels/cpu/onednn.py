@@ -48,6 +48,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ... import dtypes as _dt
+from ...runtime import cpu
 from .mkl import _threads, prefix_libraries
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ def _load() -> None:
         if not paths:
             _why = "oneDNN is not installed (pip install onednn-cpu-gomp, x86-64 Linux only)"
             return
+        cpu.library_loaded("oneDNN")  # ONEDNN_MAX_CPU_ISA follows the ISA cap
         try:
             lib = C.CDLL(paths[0])
         except OSError as e:
