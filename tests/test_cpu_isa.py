@@ -97,3 +97,22 @@ def test_avx2_cap_reaches_onednn_mkl_and_numba():
         assert "+avx2" in feats and "-avx512f" in feats and not any(f.startswith("+avx512") for f in feats)
     if got["onednn_why"] is None:
         assert got["block"] == 8 and got["bf16"] is not None
+
+
+@pytest.mark.skipif(cpu.detected() not in ("avx512", "avx512_bf16", "amx"),
+                    reason="the CPU's own level is AVX2 or below: the native run covers the AVX2 paths")
+def test_kernel_choice_tests_pass_under_the_avx2_cap():
+    """The tests marked ``isa_portable`` (kernel choices per ISA, model-level results) again, in a
+    process capped at AVX2, so an AVX-512 machine also checks what an AVX2-only CPU runs. The
+    capped process compiles its own numba kernels (numba's cache is keyed by the target): minutes
+    on a cold cache, seconds warm."""
+    env = dict(os.environ, OPSNN_CPU_ISA="avx2")
+    for var in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"):
+        env.pop(var, None)
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = sorted(os.path.join(here, f) for f in os.listdir(here) if f.startswith("test_") and f.endswith(".py")
+                   and "mark.isa_portable" in open(os.path.join(here, f)).read())
+    r = subprocess.run([sys.executable, "-m", "pytest", "-m", "isa_portable", "-p", "no:cacheprovider",
+                        "-o", "addopts=-q", *files], env=env, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and " failed" not in r.stdout, r.stdout[-2000:]
