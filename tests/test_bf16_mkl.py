@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import opsnn
+from opsnn.kernels.cpu import libraries as KL
 from opsnn.kernels.cpu import mkl as KM
 from opsnn.kernels.cpu import onednn as KD
 from opsnn.ops.executor import plan_op
@@ -256,7 +257,7 @@ def test_llama_cast_to_bfloat16_decodes_close_to_float32(rng, monkeypatch, bf16_
     # KV cache, widens the norms / RoPE tables once and runs the projections on MKL's bf16 GEMM
     # (where OpenBLAS is the GEMM library: one-row steps on opsnn's bf16 matrix-vector kernel,
     # more rows on oneDNN's bf16 matmul where it has native bf16 code)
-    monkeypatch.setattr(KM, "_library", library)
+    monkeypatch.setattr(KL, "_library", library)
     (lm32, c32, d32), (lm16, c16, d16) = _decoders(bf16_fast)
     assert lm16.model.layers[0].self_attn.q_proj.weight.dtype == BF16
     prompt = rng.integers(0, 97, (2, 9))
@@ -277,7 +278,7 @@ def test_llama_cast_to_bfloat16_decodes_close_to_float32(rng, monkeypatch, bf16_
 def test_bfloat16_decoder_projections_run_on_the_bf16_gemm(rng, monkeypatch, library, one_row):
     from opsnn.tools.profiler import profile
 
-    monkeypatch.setattr(KM, "_library", library)
+    monkeypatch.setattr(KL, "_library", library)
     (_, _, _), (_, cache, dec) = _decoders(True)
     slots = [cache.allocate(), cache.allocate()]
     dec.forward(rng.integers(0, 97, (1, 5)), slots[:1], [0])

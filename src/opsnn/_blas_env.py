@@ -5,10 +5,8 @@
 (the fused epilogue's activation, a Winograd output transform, the next layer's im2col) runs
 its parallel region with one thread sharing a core with a spinning BLAS worker, so the region
 takes about twice as long. With the timeout at its minimum (2^4 cycles) the workers go to sleep
-at once; waking them costs a few tens of microseconds per GEMM, against GEMMs of 0.1-10 ms.
-Measured on the 2-core dev VM (AVX2 EPYC, 2026-12-01, a fresh process per setting, alternated):
-ResNet-50 b1 158 / 199 -> 146 / 140 ms, BERT-base 474 / 461 -> 444 / 446 ms; a GEMM 128x768x3072
-followed by its bias + GELU epilogue: the epilogue 3.2 / 8.0 -> 2.0 / 1.6 ms.
+at once; waking them costs a few tens of microseconds per GEMM, against GEMMs of 0.1-10 ms
+(measured: docs/kernel-libraries.md).
 
 ``os.environ.setdefault``: a value the user set wins. OpenBLAS reads the variable once, when
 it is loaded, so this works only when opsnn is imported before numpy (``opsnn`` command-line

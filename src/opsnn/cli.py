@@ -50,9 +50,11 @@ def cmd_info(args) -> int:
     why = onednn.bf16_unavailable()
     print("bfloat16 (mixed precision) convolutions and products: "
           + ("oneDNN's native bf16 kernels (AVX512-BF16)" if why is None else f"not on oneDNN ({why})"))
-    lib = mkl.gemm_library()
-    print(f"threaded float32 GEMM: {'Intel MKL' if lib == 'mkl' else 'OpenBLAS (numpy)'}, {mkl.gemm_library_why()}")
     from .kernels.cpu import libraries
+
+    lib = libraries.gemm_library()
+    print(f"threaded float32 GEMM: {'Intel MKL' if lib == 'mkl' else 'OpenBLAS (numpy)'}, "
+          f"{libraries.gemm_library_why()}")
 
     print(f"in one line: {libraries.summary()}")
     n_kernels = Counter(k.backend for r in records for k in r.kernels if not k.fallback)

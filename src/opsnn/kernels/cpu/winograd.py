@@ -645,14 +645,13 @@ def winograd_plan(x_shape, m: int, pb: tuple, out_sp: tuple, itemsize: int, weig
 def _onednn_gemms(weight: np.ndarray, tile: int, tile_rows: tuple, tw_n: int) -> dict | None:
     """The point GEMMs of a float32 Winograd plan as oneDNN batched matmuls (brgemm), U
     reordered once into their layout: one primitive per chunk size (``tile_rows`` = (all tile
-    rows, rows per chunk)), keyed by the chunk's tile count; None without oneDNN. Against MKL
-    (a point per task, :func:`point_gemms`), the GEMM phase on the 2-core AVX-512 VM
-    (2026-12-03, ms): 512 ch 7x7 F(2x2) 0.92 vs 2.04-2.15, F(4x4) 1.20-1.44 vs 6.8; 256 ch
-    14x14 F(2x2) 0.54 vs 0.98-1.01 (the transposes to and from the tile-major layout included
-    in :func:`conv_winograd`'s timings, see bench/kernels.py)."""
+    rows, rows per chunk)), keyed by the chunk's tile count; None where the strategy
+    (:func:`opsnn.kernels.cpu.libraries.winograd_gemms`) leaves them to MKL: 2-3x faster than MKL a
+    point per task there (docs/kernel-libraries.md)."""
+    from . import libraries
     from . import onednn as D
 
-    if D.product_unavailable(np.float32) is not None:
+    if libraries.winograd_gemms().library != "onednn":
         return None
     w = np.asarray(weight)
     total, rows = tile_rows

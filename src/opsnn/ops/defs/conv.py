@@ -19,6 +19,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, InferShapeError, ParamInvalidError
 from ...kernels.cpu import conv as K
+from ...kernels.cpu import libraries as KL
 from ...kernels.cpu import mkl as KM
 from ...kernels.cpu import winograd as WG
 from ..api import api
@@ -557,9 +558,9 @@ class PackedConv(NamedTuple):
 
 
 def _mkl_packed_rejection(ctx) -> str | None:
-    why = KM.unavailable()
-    if why is not None:
-        return why
+    choice = KL.conv_gemms()
+    if choice.library != "mkl":
+        return choice.reason
     if ctx.value(1) is None:
         return "the weight is not a constant known at prepare time (graph initializer)"
     if int(ctx.attrs["group"]) != 1:
@@ -603,11 +604,7 @@ def _tasks_applies(ctx):
 
 
 def _packed_applies(base):
-    # MKL's packed panel stays the choice where OpenBLAS is the faster library for plain GEMMs
-    # (KM.gemm_library()): in the graph, on a 2-core EPYC Zen 4 VM, ms, OpenBLAS / MKL packed,
-    # ResNet-50's 1x1 convs: 512->128 at 28x28 0.84-0.91 / 0.68-0.71, 256->1024 at 14x14
-    # 0.83-0.91 / 0.72-0.73, 64->256 at 56x56 0.99-1.42 / 0.84-0.87, 2048->512 at 7x7 0.73-0.75 /
-    # 0.87-0.90; 3x3 stride-2 im2col 128 ch at 56x56 2.14-2.25 / 2.13-2.81
+    # MKL's packed weight wherever MKL is available (libraries.conv_gemms; docs/kernel-libraries.md)
     def applies(ctx):  # a hard rejection first: the base may answer NotPreferred (runnable)
         return _mkl_packed_rejection(ctx) or base(ctx)
     return applies
