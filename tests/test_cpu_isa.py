@@ -116,3 +116,12 @@ def test_kernel_choice_tests_pass_under_the_avx2_cap():
                         "-o", "addopts=-q", *files], env=env, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and " failed" not in r.stdout, r.stdout[-2000:]
+
+
+def test_info_says_which_isa_is_in_force_and_why(capsys):
+    from opsnn import cli
+
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert f"instruction sets: {cpu.describe()}\n" in out
+    assert f"in one line: ISA {cpu.isa()}" in out
