@@ -257,6 +257,6 @@ def summary() -> str:
     return "; ".join(parts)
 
 
-__all__ = ["Choice", "Platform", "attention_gemms", "conv_gemms", "winograd_gemms", "gemm_library", "gemm_library_why", "mkl_gemv_in_tasks",
-           "onednn_bf16_rows", "onednn_rows", "openblas_gemv", "own_rows_kernel", "packed_panel_rejection",
-           "platform", "projection", "summary", "weight_stays_unpacked"]
+__all__ = ["Choice", "Platform", "attention_gemms", "conv_gemms", "gemm_library", "gemm_library_why",
+           "mkl_gemv_in_tasks", "onednn_bf16_rows", "onednn_rows", "openblas_gemv", "own_rows_kernel",
+           "packed_panel_rejection", "platform", "projection", "summary", "weight_stays_unpacked", "winograd_gemms"]
