@@ -34,7 +34,7 @@ class Platform(NamedTuple):
 
     @classmethod
     def for_isa(cls, level: str, vendor: str, mkl: bool = True, onednn: bool = True) -> "Platform":
-        """The platform an ``level`` CPU of ``vendor`` with MKL / oneDNN installed presents (oneDNN's
+        """The platform a ``level`` CPU of ``vendor`` with MKL / oneDNN installed presents (oneDNN's
         matmul has brgemm code from AVX-512 on, native bf16 from AVX512-BF16 on): what the
         decision tables are pinned against."""
         rank = cpu.LEVELS.index(level)

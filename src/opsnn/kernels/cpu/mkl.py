@@ -13,7 +13,7 @@ Which products run on it is decided by the kernel-library strategy
 (:mod:`opsnn.kernels.cpu.libraries`); this module only runs them (:func:`matmul`,
 :func:`try_gemm2d`, :func:`gemm`: packed or not).
 MKL runs its GNU OpenMP threading layer, i.e. the same libgomp thread pool numba's ``omp``
-layer uses (``OMP_WAIT_POLICY=PASSIVE`` applies to both, see :mod:`opsnn.kernels.cpu`), so
+layer uses (``OMP_WAIT_POLICY=PASSIVE`` applies to both, see :mod:`opsnn._blas_env`), so
 the two never spin against each other; without libgomp it runs sequentially. The thread
 count per call follows the one OpenBLAS is set to (opsnn's thread policy and pipelined
 stages' BLAS limits, :mod:`opsnn.runtime.blas`).
