@@ -50,11 +50,12 @@ def test_other_strategies_per_isa(level):
     for vendor in (AMD, INTEL):
         p = KL.Platform.for_isa(level, vendor)
         rank = cpu.LEVELS.index(level)
-        assert KL.winograd_gemms(p).library == ("onednn" if rank >= cpu.LEVELS.index("avx512") else "mkl")
+        assert KL.winograd_gemms(16, p).library == ("onednn" if rank >= cpu.LEVELS.index("avx512") else "mkl")
+        assert KL.winograd_gemms(KL.WINOGRAD_ONEDNN_MAX_TILES + 1, p).library == "mkl"
         assert KL.attention_gemms(p).library == "mkl" and KL.conv_gemms(p).library == "mkl"
     none = KL.Platform.for_isa(level, AMD, mkl=False, onednn=False)
     assert none.gemm_library == "openblas" and KL.projection(8, 768, 3072, F32, none).kernel == "Linear"
-    assert KL.winograd_gemms(none).library == "openblas" and KL.attention_gemms(none).library == "openblas"
+    assert KL.winograd_gemms(16, none).library == "openblas" and KL.attention_gemms(none).library == "openblas"
     assert KL.conv_gemms(none).library == "openblas" and "not installed" in KL.conv_gemms(none).reason
 
 

@@ -219,12 +219,21 @@ def conv_gemms(p: Platform | None = None) -> Choice:
     return Choice("openblas", "numpy_matmul", p.mkl)
 
 
-def winograd_gemms(p: Platform | None = None) -> Choice:
-    """Who runs the point GEMMs of a float32 Winograd convolution: oneDNN's batched brgemm matmul
-    (U reordered once) where it has that code, else MKL a point per task (or numpy without MKL)."""
+#: Winograd chunks of at most this many tiles run their point GEMMs on oneDNN's batched brgemm,
+#: longer ones on MKL (a point per task)
+WINOGRAD_ONEDNN_MAX_TILES = 128
+
+
+def winograd_gemms(tiles: int = 1, p: Platform | None = None) -> Choice:
+    """Who runs the point GEMMs of a float32 Winograd convolution whose chunks hold ``tiles``
+    tiles: oneDNN's batched brgemm matmul (U reordered once) where it has that code and the
+    chunks are short, else MKL a point per task (or numpy without MKL)."""
     p = p if p is not None else platform()
-    if p.onednn_matmul is None:
+    if p.onednn_matmul is None and tiles <= WINOGRAD_ONEDNN_MAX_TILES:
         return Choice("onednn", "batch_matmul_onednn", "oneDNN's batched brgemm matmul")
+    if p.onednn_matmul is None and p.mkl is None:
+        return Choice("mkl", "point_gemms", f"{tiles} tiles a chunk (> {WINOGRAD_ONEDNN_MAX_TILES}): MKL a point "
+                      "per task")
     if p.mkl is None:
         return Choice("mkl", "point_gemms", f"MKL a point per task (oneDNN: {p.onednn_matmul})")
     return Choice("openblas", "point_gemms", f"numpy (no MKL: {p.mkl})")
