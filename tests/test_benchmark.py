@@ -121,13 +121,13 @@ def test_info_says_whether_the_openblas_timeout_is_in_effect(capsys, monkeypatch
 
 def test_info_says_which_library_runs_threaded_gemms(capsys, monkeypatch):
     from opsnn import cli
-    from opsnn.kernels.cpu import mkl
+    from opsnn.kernels.cpu import libraries, mkl
 
     for env, text in [("openblas", "threaded float32 GEMM: OpenBLAS (numpy), "),
                       ("mkl", "threaded float32 GEMM: Intel MKL, OPSNN_GEMM")]:
         if env == "mkl" and mkl.unavailable() is not None:
             continue
-        monkeypatch.setattr(mkl, "_library", None)  # chosen again, from the environment
+        monkeypatch.setattr(libraries, "_library", None)  # chosen again, from the environment
         monkeypatch.setenv("OPSNN_GEMM", env)
         assert cli.main(["info"]) == 0
         assert text in capsys.readouterr().out

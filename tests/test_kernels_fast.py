@@ -22,6 +22,7 @@ import opsnn
 from opsnn.kernels.cpu import conv as KC
 from opsnn.kernels.cpu import fused as KF
 from opsnn.kernels.cpu import gemm as KG
+from opsnn.kernels.cpu import libraries as KL
 from opsnn.kernels.cpu import mkl as KM
 from opsnn.kernels.cpu import winograd as WG
 from opsnn.ops import autotune
@@ -224,7 +225,7 @@ def test_winograd_point_gemms_on_onednn_match_mkl_and_the_oracle(rng, monkeypatc
             y_mkl, plan_mkl = run_kernel("Conv", kernel, [x, w, b], conv_attrs(pads=(1, 1, 1, 1)), constant={1, 2})
         assert plan_mkl.gemms is None and plan_mkl.u is not None
         assert rel_err(y, y_mkl) < tol
-    monkeypatch.setattr(WG, "ONEDNN_MAX_TILES", 0)  # longer chunks: MKL
+    monkeypatch.setattr(KL, "WINOGRAD_ONEDNN_MAX_TILES", 0)  # longer chunks: MKL
     _, plan = run_kernel("Conv", kernel, [x, w, b], conv_attrs(pads=(1, 1, 1, 1)), constant={1, 2})
     assert plan.gemms is None and plan.u is not None
 

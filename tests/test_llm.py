@@ -728,15 +728,15 @@ def test_decoder_products_by_row_count_where_openblas_is_the_gemm_library(lm, rn
     on opsnn's gemm_rows over the (stacked) weights, mid-sized ones keep MKL's packed panels,
     many rows (long prompts) multiply the weights on numpy's BLAS. Logits agree with the
     all-Linear-op decoder in every regime."""
-    from opsnn.kernels.cpu import mkl
+    from opsnn.kernels.cpu import libraries as KL
     from opsnn.llm import decoder as D
     from opsnn.tools.profiler import profile
 
-    monkeypatch.setattr(mkl, "_library", "openblas")
-    monkeypatch.setattr(D, "ONEDNN_MIN_ROWS", 1 << 30)   # oneDNN's matmul: the next test
-    monkeypatch.setattr(D, "SMALL_ROWS", 2)
-    monkeypatch.setattr(mkl, "PACKED_MAX_ROWS_ELSEWHERE", 6)
-    monkeypatch.setattr(mkl, "PACKED_MAX_MACS_ELSEWHERE", 0)
+    monkeypatch.setattr(KL, "_library", "openblas")
+    monkeypatch.setattr(KL, "ONEDNN_MIN_ROWS", 1 << 30)   # oneDNN's matmul: the next test
+    monkeypatch.setattr(KL, "SMALL_ROWS", 2)
+    monkeypatch.setattr(KL, "PACKED_MAX_ROWS_ELSEWHERE", 6)
+    monkeypatch.setattr(KL, "PACKED_MAX_MACS_ELSEWHERE", 0)
     cache_a, cache_b = KVCache.for_model(lm, 4, 32), KVCache.for_model(lm, 4, 32)
     mixed, plain = CachedDecoder(lm, cache_a), CachedDecoder(lm, cache_b)
     mixed.fused_steps = False   # op by op: every product goes through the row-count choice
@@ -782,12 +782,12 @@ def test_decoder_products_on_onednn_where_openblas_is_the_gemm_library(lm, rng, 
     decode steps, their residual adds as the matmul's sum post-op) run on it, reading the
     (stacked) weights in place; fewer rows stay on gemm_rows. Logits agree with the
     all-Linear-op decoder, op by op and in the bound decode steps."""
-    from opsnn.kernels.cpu import mkl
+    from opsnn.kernels.cpu import libraries as KL
     from opsnn.llm import decoder as D
     from opsnn.tools.profiler import profile
 
-    monkeypatch.setattr(mkl, "_library", "openblas")
-    monkeypatch.setattr(D, "ONEDNN_MIN_ROWS", 3)
+    monkeypatch.setattr(KL, "_library", "openblas")
+    monkeypatch.setattr(KL, "ONEDNN_MIN_ROWS", 3)
     for fused in (False, True):
         cache_a, cache_b = KVCache.for_model(lm, 4, 32), KVCache.for_model(lm, 4, 32)
         dec, plain = CachedDecoder(lm, cache_a), CachedDecoder(lm, cache_b)

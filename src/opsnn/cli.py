@@ -26,6 +26,9 @@ def cmd_info(args) -> int:
     records = opsnn.ops.all_ops()
     print(f"opsnn {opsnn.__version__}")
     print(f"device: {ctx.device.describe()}")
+    from .runtime import cpu as _cpu
+
+    print(f"instruction sets: {_cpu.describe()}")
     from . import _blas_env
     from .runtime import threads
 
@@ -48,8 +51,13 @@ def cmd_info(args) -> int:
     why = onednn.bf16_unavailable()
     print("bfloat16 (mixed precision) convolutions and products: "
           + ("oneDNN's native bf16 kernels (AVX512-BF16)" if why is None else f"not on oneDNN ({why})"))
-    lib = mkl.gemm_library()
-    print(f"threaded float32 GEMM: {'Intel MKL' if lib == 'mkl' else 'OpenBLAS (numpy)'}, {mkl.gemm_library_why()}")
+    from .kernels.cpu import libraries
+
+    lib = libraries.gemm_library()
+    print(f"threaded float32 GEMM: {'Intel MKL' if lib == 'mkl' else 'OpenBLAS (numpy)'}, "
+          f"{libraries.gemm_library_why()}")
+
+    print(f"in one line: {libraries.summary()}")
     n_kernels = Counter(k.backend for r in records for k in r.kernels if not k.fallback)
     print(f"operators: {len(records)} registered; kernels: "
           + ", ".join(f"{b}: {n}" for b, n in sorted(n_kernels.items())))

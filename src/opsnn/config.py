@@ -52,3 +52,20 @@ def allow_mix_precision(policy: dict | None) -> None:
     from .graph.mixed_precision import set_policy
 
     set_policy(policy)
+
+
+def set_cpu_isa(level: str | None) -> str | None:
+    """Cap the instruction sets kernels may use (``"sse41"``, ``"avx2"``, ``"avx512"``,
+    ``"avx512_bf16"``, ``"amx"``; None: the CPU's own), as ``OPSNN_CPU_ISA`` does at start-up;
+    returns the level in force. Only before oneDNN and MKL are loaded, and not for numba's own
+    kernels: see :func:`opsnn.runtime.cpu.set_cpu_isa`."""
+    from .runtime import cpu
+
+    return cpu.set_cpu_isa(level)
+
+
+def get_cpu_isa() -> str | None:
+    """The instruction-set level in force (see :func:`set_cpu_isa`)."""
+    from .runtime import cpu
+
+    return cpu.isa()

@@ -49,7 +49,7 @@ def _normed(h, w, eps):
 def _gemm_t(fns, x, w, lo, hi, beta, out):
     # out = x @ w[lo:hi].T + beta * out (x (R, K), w (N, K) row-major; out (R, hi - lo), unit column stride)
     R, k = x.shape
-    if fns[2] == 0:  # no MKL gemv: opsnn's few-row kernel (where MKL is not the GEMM library)
+    if fns[2] == 0:  # no MKL gemv (libraries.mkl_gemv_in_tasks): opsnn's few-row kernel
         gemm_rows(x, w, lo, hi, np.float32(beta), out)
     elif R == 1:  # one row: a matrix-vector product over the weight's rows
         MN.sgemv(fns[2], hi - lo, k, w[lo:].ctypes.data, k, x.ctypes.data, beta, out.ctypes.data)

@@ -587,17 +587,6 @@ def transform_weights(w: np.ndarray, dtype=None, out: np.ndarray | None = None, 
     return out
 
 
-#: chunks of at most this many tiles run their point GEMMs on oneDNN's batched brgemm (when
-#: oneDNN is there), longer ones on MKL (a point per task). Whole conv, float32, weights
-#: pre-packed, ms MKL / oneDNN (2-core AVX-512 VM, 2026-12-03, median of alternated runs; tiles
-#: per chunk in brackets): batch 1 512 ch 7x7 F(4x4) [4] 7.84 / 1.81, F(2x2) [16] 2.42 / 1.25;
-#: 256 ch 14x14 F(4x4) [16] 1.24 / 0.88, F(2x2) [49] 1.16 / 0.96; 128 ch 28x28 F(4x4) [49] 0.91 /
-#: 0.76, F(2x2) [196] 1.06 / 1.12; 64 ch 56x56 F(4x4) [196] 1.05 / 1.11; batch 8 128 ch 28x28
-#: F(4x4) [126] 7.25 / 6.49, 256 ch 14x14 F(4x4) [128] 7.48 / 6.71, F(2x2) [252] 9.00 / 9.59, 512 ch
-#: 7x7 F(4x4) [32] 8.09 / 6.47, F(2x2) [128] 9.89 / 10.04; 64 ch 56x56 F(4x4) 7.28 / 8.15
-ONEDNN_MAX_TILES = 128
-
-
 # -- plan -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WinogradPlan:
@@ -676,7 +665,7 @@ def winograd_plan(x_shape, m: int, pb: tuple, out_sp: tuple, itemsize: int, weig
     u = gemms = None
     finite_w = weight is None or all_finite(weight)
     if weight is not None:
-        if itemsize == 4 and rows * tw_n <= ONEDNN_MAX_TILES:
+        if itemsize == 4:
             gemms = _onednn_gemms(np.asarray(weight), tile, (n * th_n, rows), tw_n)
         if gemms is None:
             u = transform_weights(np.asarray(weight), np.float64 if itemsize == 8 else np.float32, tile=tile)
@@ -687,17 +676,16 @@ def winograd_plan(x_shape, m: int, pb: tuple, out_sp: tuple, itemsize: int, weig
 def _onednn_gemms(weight: np.ndarray, tile: int, tile_rows: tuple, tw_n: int) -> dict | None:
     """The point GEMMs of a float32 Winograd plan as oneDNN batched matmuls (brgemm), U
     reordered once into their layout: one primitive per chunk size (``tile_rows`` = (all tile
-    rows, rows per chunk)), keyed by the chunk's tile count; None without oneDNN. Against MKL
-    (a point per task, :func:`point_gemms`), the GEMM phase on the 2-core AVX-512 VM
-    (2026-12-03, ms): 512 ch 7x7 F(2x2) 0.92 vs 2.04-2.15, F(4x4) 1.20-1.44 vs 6.8; 256 ch
-    14x14 F(2x2) 0.54 vs 0.98-1.01 (the transposes to and from the tile-major layout included
-    in :func:`conv_winograd`'s timings, see bench/kernels.py)."""
+    rows, rows per chunk)), keyed by the chunk's tile count; None where the strategy
+    (:func:`opsnn.kernels.cpu.libraries.winograd_gemms`) leaves them to MKL: 2-3x faster than MKL a
+    point per task there (docs/kernel-libraries.md)."""
+    from . import libraries
     from . import onednn as D
 
-    if D.product_unavailable(np.float32) is not None:
+    total, rows = tile_rows
+    if libraries.winograd_gemms(rows * tw_n).library != "onednn":
         return None
     w = np.asarray(weight)
-    total, rows = tile_rows
     points = (tile + 2) ** 2
     m, c = int(w.shape[0]), int(w.shape[1])
     source = (w, f"winograd F({tile}x{tile},3x3)", ((points, m, c), np.float32))
@@ -891,10 +879,8 @@ def _point_gemms(u, v, mm, fns, nt):
 def point_gemms(u, v, mm, parallel: bool) -> bool:
     """``mm[p] = u[p] @ v[p]`` for every transform point as one parallel region, a point per
     task on single-threaded MKL (:mod:`.mkl_nb`); False (nothing done) without MKL or for
-    other than C-contiguous float32. Against MKL's batch call (which splits each small product
-    over the threads), the GEMM phase on the 2-core AVX-512 VM: 256 ch 14x14 F(2x2) 0.91 ->
-    0.69 ms, 512 ch 7x7 F(2x2) 1.19 -> 0.95, 256 ch 14x14 F(4x4) 0.77 -> 0.53, 128 ch 28x28
-    0.66 -> 0.43, 64 ch 56x56 0.57 -> 0.39."""
+    other than C-contiguous float32. Faster than MKL's batch call, which splits each small
+    product over the threads (docs/kernel-libraries.md)."""
     fns = MN.addresses()
     if fns is None or u.dtype != np.float32 or not (u.flags.c_contiguous and v.flags.c_contiguous
                                                     and mm.flags.c_contiguous) or 0 in mm.shape or 0 in u.shape:

@@ -19,6 +19,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, InferShapeError, ParamInvalidError
 from ...kernels.cpu import conv as K
+from ...kernels.cpu import libraries as KL
 from ...kernels.cpu import mkl as KM
 from ...kernels.cpu import winograd as WG
 from ..api import api
@@ -568,9 +569,9 @@ class PackedConv(NamedTuple):
 
 
 def _mkl_packed_rejection(ctx) -> str | None:
-    why = KM.unavailable()
-    if why is not None:
-        return why
+    choice = KL.conv_gemms()
+    if choice.library != "mkl":
+        return choice.reason
     if ctx.value(1) is None:
         return "the weight is not a constant known at prepare time (graph initializer)"
     if int(ctx.attrs["group"]) != 1:
@@ -612,8 +613,7 @@ def _tasks_applies(ctx):
 
 
 def _packed_applies(base):
-    # MKL's packed panel stays the choice where OpenBLAS is the faster library for plain GEMMs
-    # (KM.gemm_library()): on ResNet-50's 1x1 convs it is still the faster (docs/performance.md)
+    # MKL's packed weight wherever MKL is available (libraries.conv_gemms; docs/kernel-libraries.md)
     def applies(ctx):  # a hard rejection first: the base may answer NotPreferred (runnable)
         return _mkl_packed_rejection(ctx) or base(ctx)
     return applies
