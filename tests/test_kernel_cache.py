@@ -167,3 +167,37 @@ def test_cache_path_names_the_cpu_target(monkeypatch):
     assert kernel_cache.cpu_target() == (name, "")
     loc = kernel_cache.ContentCacheLocator(kernel_cache.dependency_stamp, kernel_cache.__file__)
     assert f"{os.sep}{name}-" in loc.get_cache_path()
+
+
+def test_concurrent_saves_keep_each_signature(tmp_path, monkeypatch):
+    """Two processes adding different signatures of one kernel at once (threads here, each with
+    its own index object, both reading the index before either writes): each keeps its own code."""
+    import threading
+
+    from numba.core import caching
+
+    from opsnn.runtime import kernel_cache
+
+    path = str(tmp_path)
+    monkeypatch.setattr(kernel_cache.ContentCacheLocator, "paths", {path})
+    read = caching.IndexDataCacheFile._load_index
+    both_read = threading.Barrier(2, timeout=0.5)
+
+    def load_then_wait(self):
+        overloads = read(self)
+        try:
+            both_read.wait()  # unlocked, both now pick data file 1
+        except threading.BrokenBarrierError:  # locked: the other waits for the lock instead
+            pass
+        return overloads
+
+    monkeypatch.setattr(caching.IndexDataCacheFile, "_load_index", load_then_wait)
+    files = [caching.IndexDataCacheFile(path, "mini.total-7", "stamp") for _ in range(2)]
+    threads = [threading.Thread(target=f.save, args=(f"sig{i}", f"code{i}")) for i, f in enumerate(files)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    monkeypatch.setattr(caching.IndexDataCacheFile, "_load_index", read)
+    fresh = caching.IndexDataCacheFile(path, "mini.total-7", "stamp")
+    assert (fresh.load("sig0"), fresh.load("sig1")) == ("code0", "code1")

@@ -22,8 +22,10 @@ terminal, one line on stderr otherwise (``OPSNN_COMPILE_PROGRESS=0`` silences it
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
+import itertools
 import os
 import sys
 import threading
@@ -82,8 +84,8 @@ def _constant(value):
     """A deterministic text for a value numba would freeze into code, else None."""
     if isinstance(value, _SIMPLE):
         return repr(value)
-    if isinstance(value, (tuple, list)) and all(isinstance(v, _SIMPLE) for v in value):
-        return repr(value)
+    if isinstance(value, tuple) and all(isinstance(v, _SIMPLE) for v in value):
+        return repr(value)  # lists are left out: numba freezes tuples, lists are run-time state
     if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, _SIMPLE) for k, v in value.items()):
         return repr(sorted(value.items()))
     try:
@@ -167,6 +169,7 @@ class ContentCacheLocator(caching._CacheLocator):
     """numba cache locator for opsnn's kernels: a user-wide folder, keyed by content (above)."""
 
     _writable: ClassVar[set] = set()
+    paths: ClassVar[set] = set()  # cache folders this locator hands out (their saves are locked)
 
     def __init__(self, py_func, py_file):
         self._py_file = py_file
@@ -176,6 +179,7 @@ class ContentCacheLocator(caching._CacheLocator):
         cpu = hashlib.sha256(f"{name}|{features}".encode()).hexdigest()[:12]
         self._cache_path = os.path.join(cache_root(), f"numba-{numba.__version__}", f"{name}-{cpu}",
                                         py_func.__module__)
+        self.paths.add(self._cache_path)
 
     def get_cache_path(self):
         return self._cache_path
@@ -259,18 +263,58 @@ class CompileProgress(event.Listener):
                   file=self._out, flush=True)
 
 
+@contextlib.contextmanager
+def _file_lock(path: str):
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: numba's own unlocked save
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+_numba_save = caching.IndexDataCacheFile.save
+
+
+def _locked_save(self, key, data):
+    """numba's save (read the index, pick a free data file, write both) under a lock, data first.
+
+    Unlocked, two processes adding different signatures of one kernel at once can both pick
+    data file 1 and leave an index entry pointing at the other's machine code; a shared cache
+    makes that likelier. Locked, the second reads the first's entry and picks file 2."""
+    if self._cache_path not in ContentCacheLocator.paths:
+        return _numba_save(self, key, data)
+    with _file_lock(self._index_path + ".lock"):
+        overloads = self._load_index()
+        name = overloads.get(key)
+        if name is None:
+            existing = set(overloads.values())
+            name = next(self._data_name(i) for i in itertools.count(1) if self._data_name(i) not in existing)
+        self._save_data(name, data)  # before the index: a reader never finds an entry without its data
+        overloads[key] = name
+        self._save_index(overloads)
+    return None
+
+
 _installed = False
 progress: CompileProgress | None = None
 
 
 def install() -> None:
-    """Puts ``ContentCacheLocator`` first in numba's locators and starts ``CompileProgress``."""
+    """Puts ``ContentCacheLocator`` first in numba's locators, locks saves into its folders and
+    starts ``CompileProgress``."""
     global _installed, progress
     if _installed:
         return
     _installed = True
     if ContentCacheLocator not in caching.CacheImpl._locator_classes:
         caching.CacheImpl._locator_classes.insert(0, ContentCacheLocator)
+    caching.IndexDataCacheFile.save = _locked_save
     if os.environ.get("OPSNN_COMPILE_PROGRESS", "1") != "0":
         progress = CompileProgress()
         event.register("numba:compile", progress)
