@@ -65,12 +65,15 @@ def file_digest(path: str) -> str:
 
 def cpu_target() -> tuple[str, str]:
     """The CPU name and features numba generates code for (its settings, else the host's)."""
+    return _cpu_target(config.CPU_NAME, config.CPU_FEATURES)
+
+
+@functools.cache
+def _cpu_target(name: str | None, features: str | None) -> tuple[str, str]:
     import llvmlite.binding as ll
     from numba.core.codegen import get_host_cpu_features
 
-    name = config.CPU_NAME or ll.get_host_cpu_name()
-    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
-    return name, features
+    return name or ll.get_host_cpu_name(), features if features is not None else get_host_cpu_features()
 
 
 def _in_scope(path: str | None) -> bool:
