@@ -153,7 +153,7 @@ def test_progress_bar_on_a_terminal():
     progress.close()
     text = out.getvalue()
     assert "opsnn: compiling kernels" in text and progress.count == 1
-    assert text.rstrip().splitlines()[-1].startswith("opsnn: compiled 1 kernels in")
+    assert text.rstrip().splitlines()[-1].startswith("opsnn: compiled 1 kernel in")
 
 
 def test_cache_path_names_the_cpu_target(monkeypatch):

@@ -256,13 +256,15 @@ class CompileProgress(event.Listener):
         self.seconds += time.perf_counter() - self._start
         if self._bar is not None:
             self._bar.update(1)
+            self._bar.clear()  # shown while a kernel compiles, off the line the program prints on
 
     def close(self):
         """Ends the bar with one summary line (terminal only)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-            print(f"opsnn: compiled {self.count} kernels in {self.seconds:.1f} s (cached in {cache_root()})",
+            print(f"opsnn: compiled {self.count} kernel{'' if self.count == 1 else 's'} in {self.seconds:.1f} s "
+                  f"(cached in {cache_root()})",
                   file=self._out, flush=True)
 
 
