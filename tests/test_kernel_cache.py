@@ -36,9 +36,13 @@ def total(a):
 """
 
 # a fresh process: the tree under argv[1] is in the locator's scope, as opsnn's own package is
+# (kernel_cache.py imports nothing from opsnn: loaded alone, the process skips opsnn's import)
 RUNNER = """
-import json, sys
-from opsnn.runtime import kernel_cache
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("kernel_cache", sys.argv[2])
+kernel_cache = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(kernel_cache)
+kernel_cache.install()
 kernel_cache.PACKAGE_DIRS.append(sys.argv[1])
 sys.path.insert(0, sys.argv[1])
 import numpy as np
@@ -65,7 +69,8 @@ def _run(tmp_path, tree, cache, **env):
     for k in ("NUMBA_CACHE_DIR", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_DISABLE_JIT"):
         if k not in env:
             e.pop(k, None)
-    out = subprocess.run([sys.executable, str(runner), str(tree)], check=False, env=e, capture_output=True, text=True,
+    module = os.path.join(SRC, "opsnn", "runtime", "kernel_cache.py")
+    out = subprocess.run([sys.executable, str(runner), str(tree), module], check=False, env=e, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
