@@ -182,6 +182,10 @@ def main(argv=None) -> int:
         results["models"][model] = {"cold": cold, "warm": warm}
         print(f"{model:<16}{cold['first_s']:>8.2f}{warm['first_s']:>8.2f}{cold['compiles']:>10}"
               f"{cold['compile_s']:>11.2f}{warm['cache_hits']:>12}")
+        ort = results.get("onnxruntime")
+        if ort and model == "light_resnet50":
+            print(f"    cold / onnxruntime {cold['first_s'] / ort['first_s']:.1f}x, "
+                  f"warm / onnxruntime {warm['first_s'] / ort['first_s']:.1f}x")
         for top, n, secs in by_top(cold["kernels"])[:args.kernels]:
             print(f"    {secs:7.2f} s  {n:3d} compiles  {top}")
         if not args.keep:
