@@ -4,16 +4,17 @@ numba's default cache sits beside each module and is keyed by that file alone: a
 fresh clone of the same code starts cold, and a kernel that inlines a helper from another module
 keeps the old helper after that module changes. ``ContentCacheLocator`` puts opsnn's kernels in
 one user-wide folder (``$OPSNN_KERNEL_CACHE_DIR``, else ``$OPSNN_CACHE_DIR/kernels``, else
-``~/.cache/opsnn/kernels``) under a stamp of everything the kernel's machine code depends on:
+``~/.cache/opsnn/kernels``, ``$XDG_CACHE_HOME`` for ``~/.cache`` when set) under a stamp of everything the kernel's machine code depends on:
 
 - the content of the kernel's module and of every opsnn module whose functions it calls or
   whose names it reads (transitively), never their paths or times;
 - the constants numba freezes into the code (module-level numbers, strings, option dicts);
-- numba's version, and the CPU name and features numba compiles for (``NUMBA_CPU_NAME`` /
-  ``NUMBA_CPU_FEATURES`` when set), which numba's own index key also holds.
+- numba's version.
 
-A changed source, a changed constant or another CPU gives another stamp, so a stale kernel is
-never loaded; moving or copying the same tree keeps the stamp. ``NUMBA_CACHE_DIR`` (numba's own
+The folder is per numba version and CPU target (the name and features numba compiles for:
+``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` when an ISA cap sets them), which numba's own index
+key also holds. A changed source or constant gives another stamp and another CPU target another
+entry, so a stale kernel is never loaded; moving or copying the same tree keeps the stamp. ``NUMBA_CACHE_DIR`` (numba's own
 setting) still wins when set. ``install()`` runs on ``import opsnn`` before any kernel module.
 
 Compiling a kernel on first use takes seconds; ``CompileProgress`` says so: a progress bar on a
