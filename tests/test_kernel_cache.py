@@ -107,10 +107,22 @@ def test_copied_tree_hits_changed_dependency_or_cpu_misses(tmp_path):
     again = _run(tmp_path, one, cache)
     assert (again["misses"], again["hits"]) == (0, 1) and again["result"] == expected
 
-    # another target CPU (what an ISA cap sets) compiles anew, into its own folder
+    # another target CPU compiles anew, into its own folder
     generic = _run(tmp_path, one, cache, NUMBA_CPU_NAME="generic")
     assert (generic["misses"], generic["hits"]) == (1, 0)
     assert generic["path"] != first["path"] and generic["result"] == expected
+
+    # the host CPU with fewer features (what the AVX2 cap sets on an AVX-512 machine, here AVX2
+    # and everything above it turned off, so it differs on every AVX2 CPU) is another target too
+    import llvmlite.binding as ll
+    from numba.core.codegen import get_host_cpu_features
+
+    feats = get_host_cpu_features().split(",")
+    capped = ",".join("-" + f[1:] if f.startswith(("+avx2", "+avx512")) else f for f in feats)
+    if capped != ",".join(feats):
+        fewer = _run(tmp_path, one, cache, NUMBA_CPU_NAME=ll.get_host_cpu_name(), NUMBA_CPU_FEATURES=capped)
+        assert (fewer["misses"], fewer["hits"]) == (1, 0)
+        assert fewer["path"] not in (first["path"], generic["path"]) and fewer["result"] == expected
 
 
 def test_dependency_stamp_follows_callees_and_constants(tmp_path, monkeypatch):
