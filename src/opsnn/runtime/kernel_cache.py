@@ -250,8 +250,11 @@ class CompileProgress(event.Listener):
                   f"cached in {cache_root()})", file=out, flush=True)
 
     def on_end(self, ev):
-        self._depth.n -= 1
-        if self._depth.n:
+        depth = getattr(self._depth, "n", 0)
+        if depth == 0:  # a compile that began before this listener was registered
+            return
+        self._depth.n = depth - 1
+        if depth > 1:
             return
         self.count += 1
         self.seconds += time.perf_counter() - self._start
