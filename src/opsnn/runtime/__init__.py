@@ -2,6 +2,9 @@
 from . import cpu
 
 cpu.apply_environment()  # the ISA cap, before anything below imports numba or loads a library
+from . import kernel_cache  # noqa: E402
+
+kernel_cache.install()  # before any module with a numba kernel: its locator keys the cache by content
 from . import hooks, memory  # noqa: E402
 from .context import Context, context, finalize, init, is_initialized  # noqa: E402
 from .device import Device  # noqa: E402
