@@ -268,7 +268,7 @@ def run_graph_case(spec: Spec, args, torch) -> dict:
     t0 = time.perf_counter()
     cg = opsnn.compile(opsnn.onnx.load(proto))
     compile_ms = (time.perf_counter() - t0) * 1e3
-    runners = {OPSNN: lambda: {k: v.numpy() for k, v in cg.run(feeds).items()}}
+    runners = {OPSNN: lambda: {k: v.numpy() for k, v in cg.run(feeds).items()}}  # noqa: F821 - del'd after use
     skipped = {}
     if args.ort:
         sess = ort_session(proto)

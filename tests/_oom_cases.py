@@ -71,7 +71,7 @@ if __name__ == "__main__":  # python _oom_cases.py D cap_bytes: one line per cas
 
     D, cap = int(sys.argv[1]), (int(sys.argv[2]) or None)
     small = cases(2)
-    for name, m in small.items():  # warm: compile every kernel, so the RSS below is the cases' own
+    for m in small.values():  # warm: compile every kernel, so the RSS below is the cases' own
         run(m)
     opsnn.memory.set_cap(cap)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -290,7 +290,7 @@ def test_bad_requests_raise_typed_errors_before_any_work(lm):
 
 def test_cache_slot_errors():
     c = KVCache(layers=1, kv_heads=1, head_dim=4, max_batch_slots=2, max_seq=4)
-    a, b = c.allocate(), c.allocate()
+    a, _ = c.allocate(), c.allocate()
     with pytest.raises(CacheFullError):
         c.allocate()
     c.release(a)
@@ -340,7 +340,7 @@ def test_exception_in_serving_thread_leaks_no_thread_or_slot(lm, rng, no_leak, m
         if np.asarray(tokens).shape[1] == 1 and len(slots) > 1:  # the first batched decode step fails
             calls["failed"] = True
             raise RuntimeError("kernel exploded")
-        return real(tokens, slots, starts, **kw)
+        return real(tokens, slots, starts, **kw)  # noqa: F821 - deleted only after the scheduler stopped
 
     monkeypatch.setattr(s.decoder, "forward", flaky)
     # queued before the serving thread starts, so all three share the first decode step (submitted

@@ -334,7 +334,7 @@ def test_iter_raises_after_the_completed_frames(no_leak):
     pipe = Pipeline([Stage("decode", lambda i: i, uses_ops=False), Stage("work", fn)])
     got = []
     with pytest.raises(StageError) as ei:
-        for idx, out in pipe.iter(range(10)):
+        for _idx, out in pipe.iter(range(10)):
             got.append(out)
     assert got == [0, 1, 2] and (ei.value.stage, ei.value.frame) == ("work", 3)
     assert ei.value.result.not_processed == list(range(4, 10))

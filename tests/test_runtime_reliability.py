@@ -253,7 +253,7 @@ def test_requests_beyond_physical_memory_are_typed_errors_with_no_cap_set(cap):
     for call in calls.values():
         with pytest.raises(OutOfMemoryError, match=r"cannot allocate \d+ bytes.*physical memory"):
             call()
-    for name, model in list(_oom_cases.cases(10 ** 6).items()) + [("sparse", _oom_cases.sparse_model(10 ** 6))]:
+    for _name, model in list(_oom_cases.cases(10 ** 6).items()) + [("sparse", _oom_cases.sparse_model(10 ** 6))]:
         with pytest.raises(OutOfMemoryError, match=r"\d+ bytes.*physical memory"):
             _oom_cases.run(model)
 

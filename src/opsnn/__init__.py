@@ -46,7 +46,7 @@ from .tools import debug_log as _debug_log
 
 _debug_log.configure_from_env()
 
-__all__ = ["GraphOptimizationLevel", "InferenceSession", "RunOptions", "SessionOptions", "nn", "onnx", "plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
+__all__ = ["GraphOptimizationLevel", "InferenceSession", "RunOptions", "SessionOptions", "llm", "models", "nn", "onnx", "pipeline", "plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
            "empty", "errors", "finalize", "from_dlpack", "from_numpy", "full", "get_num_threads", "hooks", "init",
            "is_initialized", "kernel_selector", "memory", "ones", "ops", "profiler", "tools", "register_kernel", "register_op",
            "set_num_threads", "tensor", "zeros"]

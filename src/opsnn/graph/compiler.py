@@ -422,7 +422,7 @@ class CompiledGraph:
         external = set(feeds) | set(self._weights) | set(folded)
         # lifetimes over the step order
         first, last = {}, {}
-        for i, (node, _, op) in enumerate(planned):
+        for i, (node, _, _op) in enumerate(planned):
             for n in node.inputs:
                 if n:
                     last[n] = i
@@ -435,7 +435,7 @@ class CompiledGraph:
         aliased: set = set()  # aliases' values, for an O(1) membership test
         root = {}
         if self.memory_optimization:
-            for i, (node, rec, op) in enumerate(planned):
+            for i, (node, rec, _op) in enumerate(planned):
                 out = node.outputs[0] if node.outputs else ""
                 if not out or out in graph_outputs or not _in_place_ok(rec, node):
                     continue
@@ -458,7 +458,7 @@ class CompiledGraph:
             if n in graph_outputs or n in external or n in aliases:
                 continue
             buffers.append(Buffer(n, nbytes[n], start, max(last[n], alias_end.get(n, -1))))
-        for i, (node, _, op) in enumerate(planned):
+        for i, (_node, _, op) in enumerate(planned):
             if op.workspace_size:
                 buffers.append(Buffer(f"__ws{i}", op.workspace_size, i, i))
         # an output the model leaves out ("" among a node's outputs, e.g. LSTM's Y when only Y_h is

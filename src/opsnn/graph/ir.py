@@ -282,7 +282,7 @@ class Graph:
                                               f"{o!r}, which is already a graph input or initializer")
                 producers[o] = n
         visible = set(defined) | set(outer)
-        for i, n in enumerate(self.nodes):
+        for _i, n in enumerate(self.nodes):
             for name in n.present_inputs():
                 if name in visible:
                     continue

@@ -448,8 +448,8 @@ class _DecodeStep:
             attend = dec._attention_kernel(i, q, self.slots, self.kvlen, y)
             kc, vc = dec.cache._k[i], dec.cache._v[i]
 
-            def rope_attend(q=q.reshape(R, Hq, D), k=k.reshape(R, Hkv, D), v=v.reshape(R, Hkv, D), kc=kc, vc=vc,
-                            attend=attend):
+            def rope_attend(q=q.reshape(R, Hq, D), k=k.reshape(R, Hkv, D), v=v.reshape(R, Hkv, D),  # noqa: B008
+                            kc=kc, vc=vc, attend=attend):  # the defaults bind this layer's views once
                 rope_store(q, k, v, cos, sin, pos, kc, vc, self.slots, self.B)
                 attend()
             self.plan.append(lambda fn=rope_attend: dec._launch_attention(fn, self.kvlen, "llm_decode_rope_attention"))

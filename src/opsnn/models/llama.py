@@ -194,7 +194,8 @@ class LlamaForCausalLM(nn.Module):
             raise ParamInvalidError(f"llama: input_ids must be (batch, seq), got shape {ids.shape}")
         B, S = ids.shape
         past = None if past_key_values is None else [(as_tensor(k), as_tensor(v)) for k, v in past_key_values]
-        P = 0 if past is None else self._check_past(past, B)
+        if past is not None:
+            self._check_past(past, B)
         if position_ids is None:
             # off + (0, 1, ..., S - 1) on every row, computed from ids (and the cache's length) by
             # ops, so a traced graph follows the batch, length and past it is run with

@@ -111,7 +111,7 @@ def _analyze(graph: Graph) -> ReceptiveField:
     if not inputs:
         raise ParamInvalidError(f"tiling: graph {graph.name} has no input")
     spatial: dict = {inputs[0]: _Spatial()}
-    for extra in inputs[1:]:
+    for _extra in inputs[1:]:
         raise ParamInvalidError(f"tiling: graph {graph.name} has more than one input ({inputs}); tiling feeds one "
                                 "image")
     consts = dict(graph.initializers)

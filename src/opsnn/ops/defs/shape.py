@@ -903,7 +903,7 @@ def _range_values(start, limit, delta, dtype, n):
 
 def _range_infer(ctx):
     vals = [_host(ctx, i, n) for i, n in enumerate(("start", "limit", "delta"))]
-    for i, (m, n) in enumerate(zip(ctx.inputs, ("start", "limit", "delta"))):
+    for _i, (m, n) in enumerate(zip(ctx.inputs, ("start", "limit", "delta"))):
         if math.prod(m.shape) != 1:
             ctx.fail(f"{n} must be a scalar, got shape {tuple(m.shape)}")
         if m.dtype != ctx.dtype(0):
@@ -973,18 +973,6 @@ ConstantOfShape = register_op(
 @ConstantOfShape.kernel("fill", priority=10, plan=lambda ctx: constant_value(ctx.attrs["value"]))
 def _fill_kernel(ins, outs, attrs, plan, ws):
     outs[0][...] = plan
-
-
-def onnx_dtype(v) -> np.dtype:
-    """A dtype given as an ONNX TensorProto code, a name or a numpy dtype."""
-    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-        from onnx import helper
-
-        try:
-            return np.dtype(helper.tensor_dtype_to_np_dtype(int(v)))
-        except (KeyError, ValueError, TypeError):
-            raise DTypeError(f"unknown ONNX dtype code {v}") from None
-    return _dt.get(_str(v) if isinstance(v, bytes) else v)
 
 
 def _eye_infer(ctx):
