@@ -537,13 +537,18 @@ def main(argv: list[str] | None = None) -> int:
         import onnxruntime
 
         versions["onnxruntime"] = onnxruntime.__version__
-    print(f"opsnn bench: {os.cpu_count()} cores, load average {os.getloadavg()}, "
-          f"versions {versions}, env {env}")
+    from opsnn.kernels.cpu import libraries
+    from opsnn.runtime.device import cpu_model
+
+    platform = libraries.summary()  # which ISA and libraries ran, so two machines' figures can be told apart
+    print(f"opsnn bench: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()}")
+    print(f"  {platform}")
+    print(f"  versions {versions}, env {env}")
     if torch is None:
         print(f"torch eager: skipped ({args.torch_why})")
     results = {"command": " ".join(sys.argv if argv is None else ["opsnn", "bench", *argv]),
                "small": args.small, "repeat": args.repeat, "warmup": args.warmup, "rtol": args.rtol, "env": env,
-               "versions": versions, "cpu_count": os.cpu_count(), "load_average_start": os.getloadavg(),
+               "versions": versions, "cpu": cpu_model(), "platform": platform, "cpu_count": os.cpu_count(), "load_average_start": os.getloadavg(),
                "torch_skipped": args.torch_why, "models": {}}
     cases = specs(args.small)
     for name in [m for m in args.models.split(",") if m]:

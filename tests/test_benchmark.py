@@ -26,6 +26,7 @@ def test_small_run_agrees_and_writes_json(tmp_path, capsys):
     assert data["agree"] is True and data["small"] is True
     for key in ("command", "env", "versions", "load_average_start", "load_average_end", "models", "repeat"):
         assert key in data
+    assert data["platform"].startswith("ISA ") and "GEMM" in data["platform"] and data["platform"] in out
     assert set(data["models"]) == set(benchmark.MODELS) | {"llama_bfloat16"}
     for name, honest in (("resnet50", "resnet_tiny"), ("resnet50_b8", "resnet_tiny_b2"), ("bert", "bert_tiny")):
         row = data["models"][name]
