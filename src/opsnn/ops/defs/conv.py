@@ -410,7 +410,7 @@ def _unpacked_rejection(ctx, dilated: bool):
     return True
 
 
-def f2_preferred(xs, ws, attrs, op: str = "Conv") -> str | None:
+def f2_reason(xs, ws, attrs, op: str = "Conv") -> str | None:
     """Why F(2x2, 3x3) is expected to beat F(4x4, 3x3) on these (Winograd-able) shapes; None
     when F(4x4) is preferred."""
     geo = conv_geometry(op, xs, ws, attrs)
@@ -476,7 +476,7 @@ def _winograd_applies(ctx):
     why = _unpacked_rejection(ctx, False)
     if why is not True:
         return why
-    f2 = f2_preferred(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name)
+    f2 = f2_reason(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name)
     return True if f2 is None else NotPreferred(f2)
 
 

@@ -955,7 +955,7 @@ def constant_value(v) -> np.ndarray:
     return a.reshape(())
 
 
-def _cos_shape(ctx):
+def _constant_of_shape_dims(ctx):
     s = _ints(_host(ctx, 0, "input"))
     if any(d < 0 for d in s):
         raise ParamInvalidError(f"ConstantOfShape: dims must be >= 0, got {s}", op="ConstantOfShape")
@@ -965,7 +965,7 @@ def _cos_shape(ctx):
 ConstantOfShape = register_op(
     "ConstantOfShape", category="shape", inputs=[Input("input", (_dt.int64,), host=True)], outputs=["output"],
     attrs=[Attr("value", "tensor", None)],
-    infer=lambda ctx: [TensorMeta(_cos_shape(ctx), constant_value(ctx.attrs["value"]).dtype)],
+    infer=lambda ctx: [TensorMeta(_constant_of_shape_dims(ctx), constant_value(ctx.attrs["value"]).dtype)],
     reference=lambda ins, a: np.full(_ints(ins[0]), constant_value(a["value"])),
     doc="A tensor of the given shape filled with one value (default float32 0).")
 
