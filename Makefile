@@ -40,6 +40,8 @@ bench: venv-test
 clean: clean-cache
 	rm -rf $(VENV) build src/*.egg-info
 
-# numba's on-disk kernel cache (see README: a kernel inlined from another module is not re-checked)
+# the compiled-kernel cache (runtime/kernel_cache.py: keyed by content, so this only frees space)
+# and the numba files older versions left beside the modules
 clean-cache:
 	find src -name '*.nbi' -delete -o -name '*.nbc' -delete
+	rm -rf "$${OPSNN_KERNEL_CACHE_DIR:-$${OPSNN_CACHE_DIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/opsnn}/kernels}"

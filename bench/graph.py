@@ -61,7 +61,7 @@ def replay_overhead(n_nodes: int = 512, repeat: int = 30) -> dict:
     x = np.linspace(-1, 1, 16).astype(np.float32)
     run = lambda: cg.run({"v0": x})[f"v{n_nodes}"].numpy()  # noqa: E731
     t_run = median_ms(run, repeat)
-    plan = next(iter(cg._plans.values()))
+    plan = cg.plans[0]
     calls = []
     for st in plan.steps:
         ex = st.executor

@@ -134,7 +134,7 @@ def _opsnn_runner(model, feeds: dict, kernel: tuple | None = None):
     else:
         cg = opsnn.compile(graph)
         cg.run(tensors)
-    plan = next(reversed(cg._plans.values()))
+    plan = cg.latest_plan
     ex = plan.steps[0].executor
     name = ex.kernel.name
     if isinstance(ex.plan, dict) and hasattr(ex.plan.get("kernel"), "name"):

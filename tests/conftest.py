@@ -1,10 +1,25 @@
 """Shared fixtures: a seeded RNG and a check that the pool's live bytes return to baseline."""
 import gc
+import os
 
 import numpy as np
 import pytest
 
 import opsnn
+from opsnn.runtime import threads as _threads
+
+# Plans choose serial or parallel kernels by the thread count, which "auto" takes from the
+# machine's load: the suite pins the policy's input (a quiet machine), so that no verdict depends
+# on what else runs; subprocesses get the same count as a fixed setting. The policy's own tests
+# build policies with their own samplers.
+_threads.policy.sampler = lambda: 0
+os.environ.setdefault("OPSNN_NUM_THREADS", str(_threads.cores()))
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "isa_portable: a kernel-choice or model-level test that tests/test_cpu_isa.py also runs "
+        "under OPSNN_CPU_ISA=avx2 (select them with -m isa_portable)")
 
 
 @pytest.fixture

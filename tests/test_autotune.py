@@ -1,4 +1,4 @@
-"""Autotuning (opsnn.ops.autotune) and selection explanations (opsnn.ops.explain), tested by
+"""Autotuning (opsnn.ops.autotune) and selection explanations (opsnn.tools.explain), tested by
 calling their functions directly: candidates, keys, timing, the JSON file, reuse in another
 process, the use-only mode, failures, progress bars, and ``explain_graph`` / ``opsnn explain``."""
 import json
@@ -264,7 +264,7 @@ def plain_layout():
 
 
 def test_explain_graph_lists_kernels_and_reasons(tmp_path, plain_layout):
-    from opsnn.ops.explain import explain_graph
+    from opsnn.tools.explain import explain_graph
 
     path = small_model(str(tmp_path / "small.onnx"))
     text = explain_graph(path)  # the model's declared shapes
@@ -280,7 +280,7 @@ def test_explain_graph_lists_kernels_and_reasons(tmp_path, plain_layout):
 
 def test_explain_needs_static_shapes(tmp_path):
     from opsnn.errors import ParamInvalidError
-    from opsnn.ops.explain import explain_graph
+    from opsnn.tools.explain import explain_graph
 
     node = helper.make_node("Relu", ["x"], ["y"])
     g = helper.make_graph([node], "dyn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
@@ -301,7 +301,7 @@ def test_hooked_selection_uses_autotune(hooked, tuned):
 
 
 def test_explain_cli(hooked, tmp_path, capsys, plain_layout):
-    from opsnn.ops import explain
+    from opsnn.tools import explain
 
     path = small_model(str(tmp_path / "small.onnx"))
     tune_file = str(tmp_path / "cli-tune.json")
@@ -313,3 +313,20 @@ def test_explain_cli(hooked, tmp_path, capsys, plain_layout):
     assert "graph small at x=(1, 3, 64, 64)" in out and f"autotune: tune ({tune_file})" in out
     assert os.path.exists(tune_file)
     assert explain.main([str(tmp_path / "missing.onnx")]) == 2
+
+
+def test_explain_cli_prints_a_summary_by_default_and_detail_with_verbose(tmp_path, capsys, plain_layout):
+    from opsnn.tools import explain
+
+    path = small_model(str(tmp_path / "small.onnx"))
+    assert explain.main([path]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("graph small at x=(1, 3, 64, 64)")
+    assert "kernels by op type:" in out and "reference fallbacks: none" in out and "fusions refused:" in out
+    assert "passes: " in out and "--verbose" in out and "why:" not in out
+    rows = out.split("kernels by op type:")[1].split("reference fallbacks")[0]
+    assert "conv2d_winograd" in rows
+    assert explain.main([path, "--verbose"]) == 0
+    detail = capsys.readouterr().out
+    assert "why:" in detail and "not chosen:" in detail
+    assert max(len(line) for line in detail.splitlines()) <= 130  # long reasons wrap

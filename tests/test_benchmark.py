@@ -1,15 +1,19 @@
-"""opsnn bench (opsnn.tools.benchmark): tiny configs end to end against onnxruntime; the
-outputs-agree check and the JSON layout (no timing assertions)."""
+"""opsnn bench (bench/models.py, peers in bench/peers.py): tiny configs end to end against
+onnxruntime; the outputs-agree check and the JSON layout (no timing assertions)."""
 import json
-
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from opsnn.tools import benchmark
+from opsnn.cli import bench_module
 
 pytest.importorskip("onnxruntime")
+benchmark = bench_module("models")
+assert benchmark is not None, "bench/models.py not found next to the source tree"
 
 
 def test_small_run_agrees_and_writes_json(tmp_path, capsys):
@@ -22,9 +26,11 @@ def test_small_run_agrees_and_writes_json(tmp_path, capsys):
     assert data["agree"] is True and data["small"] is True
     for key in ("command", "env", "versions", "load_average_start", "load_average_end", "models", "repeat"):
         assert key in data
+    assert data["platform"].startswith("ISA ") and "GEMM" in data["platform"] and data["platform"] in out
     assert set(data["models"]) == set(benchmark.MODELS) | {"llama_bfloat16"}
-    for name in ("resnet50", "resnet50_b8", "bert"):
+    for name, honest in (("resnet50", "resnet_tiny"), ("resnet50_b8", "resnet_tiny_b2"), ("bert", "bert_tiny")):
         row = data["models"][name]
+        assert row["model"] == honest and "ResNet-50" not in row["description"]  # --small says what it ran
         assert row["agree"] is True
         assert set(row["latency_ms"]) == {"opsnn", "onnxruntime"}
         assert row["max_rel_err"]["onnxruntime"] <= 1e-3
@@ -86,6 +92,21 @@ def test_cli_pass_through(capsys):
     assert e.value.code == 0 and "--no-torch" in capsys.readouterr().out
 
 
+def test_bench_from_an_installed_package_says_where_the_benchmarks_are(tmp_path):
+    """An installed opsnn (no bench/ two folders above the package) prints one line and exits 2."""
+    import shutil
+
+    import opsnn
+
+    site = tmp_path / "lib" / "site-packages"
+    shutil.copytree(Path(opsnn.__file__).parent, site / "opsnn", ignore=shutil.ignore_patterns("__pycache__"))
+    r = subprocess.run([sys.executable, "-c", "import sys; from opsnn import cli; sys.exit(cli.main(['bench']))"],
+                       env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "bench/models.py" in r.stderr
+
+
 def test_info_says_whether_the_openblas_timeout_is_in_effect(capsys, monkeypatch):
     from opsnn import _blas_env, cli
 
@@ -101,13 +122,13 @@ def test_info_says_whether_the_openblas_timeout_is_in_effect(capsys, monkeypatch
 
 def test_info_says_which_library_runs_threaded_gemms(capsys, monkeypatch):
     from opsnn import cli
-    from opsnn.kernels.cpu import mkl
+    from opsnn.kernels.cpu import libraries, mkl
 
     for env, text in [("openblas", "threaded float32 GEMM: OpenBLAS (numpy), "),
                       ("mkl", "threaded float32 GEMM: Intel MKL, OPSNN_GEMM")]:
         if env == "mkl" and mkl.unavailable() is not None:
             continue
-        monkeypatch.setattr(mkl, "_library", None)  # chosen again, from the environment
+        monkeypatch.setattr(libraries, "_library", None)  # chosen again, from the environment
         monkeypatch.setenv("OPSNN_GEMM", env)
         assert cli.main(["info"]) == 0
         assert text in capsys.readouterr().out
@@ -146,22 +167,6 @@ def test_onednn_env_switch_and_load_failure_say_why(monkeypatch):
     monkeypatch.setattr(onednn, "_candidates", lambda: [])
     onednn._load()
     assert "not installed" in onednn.unavailable()
-
-
-def test_plan_bytes_counts_each_buffer_once_and_not_the_initializers():
-    """A plan holding an aligned buffer and its view counts the buffer once; a plan holding a view
-    of an initializer adds nothing (that memory is the graph's weights)."""
-    from types import SimpleNamespace as NS
-
-    from opsnn.tools.benchmark import plan_bytes
-
-    w = np.ones((8, 4), np.float32)
-    raw = np.empty(40, np.float32)
-    packed = NS(weight=raw[4:36], _raw=raw)
-    steps = [NS(executor=NS(plan=packed)), NS(executor=NS(plan={"w": w.reshape(4, 8)[:2]})),
-             NS(executor=NS(plan=[np.zeros(3, np.uint16), raw[:8]]))]
-    cg = NS(graph=NS(initializers={"w": w}), _plans={"p": NS(steps=steps)})
-    assert plan_bytes(cg) == {"float32": raw.nbytes, "uint16": 6}
 
 
 def test_paired_ratios_compare_blocks_of_the_same_round():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import opsnn
+from opsnn.kernels.cpu import libraries as KL
 from opsnn.kernels.cpu import mkl as KM
 from opsnn.kernels.cpu import onednn as KD
 from opsnn.ops.executor import plan_op
@@ -179,7 +180,15 @@ def test_cast_float32_bfloat16_is_bitwise_ml_dtypes(rng):
     assert np.isnan(back[0])
 
 
+def _chosen_kernels(explain: str) -> set:
+    """The kernels an explain text says run (``  node (Op): kernel — why; skipped ...``), not the
+    ones it lists as skipped."""
+    return {line.split("): ", 1)[1].split(" ", 1)[0] for line in explain.splitlines()
+            if line.startswith("  ") and "): " in line}
+
+
 @needs_bf16
+@pytest.mark.isa_portable
 def test_mixed_precision_resnet_block_runs_on_bf16_kernels(rng, monkeypatch):
     # a bottleneck block with 16-bit Conv/Gemm weights: every conv on MKL's bf16 GEMM, none
     # through the fp32 adapter (which widened the weights on every call), logits close to fp32
@@ -201,14 +210,16 @@ def test_mixed_precision_resnet_block_runs_on_bf16_kernels(rng, monkeypatch):
     finally:
         mixed_precision.set_policy(saved)
     text = cg.explain()
-    assert "conv_epilogue_mkl_bf16" in text and "gemm_mkl_bf16" in text
-    assert "adapter" not in text
+    chosen = _chosen_kernels(text)
+    assert "conv_epilogue_mkl_bf16" in chosen and "gemm_mkl_bf16" in chosen
+    assert "fp32 adapter" not in text
     assert np.abs(y16.astype(np.float64) - y32).max() / np.abs(y32).max() < 2e-2
     # with AVX512-BF16 the blocked-layout pass moves the bf16 convs to oneDNN's bf16 kernels
     y16o = cg_onednn.run({"input": x})["logits"].numpy()
     text = cg_onednn.explain()
-    assert ("conv_onednn" in text) == (KD.bf16_unavailable() is None) and "adapter" not in text
-    assert ("gemm_onednn" in text) == (KD.product_unavailable(BF16) is None)
+    chosen = _chosen_kernels(text)
+    assert ("conv_onednn" in chosen) == (KD.bf16_unavailable() is None) and "fp32 adapter" not in text
+    assert ("gemm_onednn" in chosen) == (KD.product_unavailable(BF16) is None)
     assert np.abs(y16o.astype(np.float64) - y32).max() / np.abs(y32).max() < 2e-2
 
 
@@ -246,7 +257,7 @@ def test_llama_cast_to_bfloat16_decodes_close_to_float32(rng, monkeypatch, bf16_
     # KV cache, widens the norms / RoPE tables once and runs the projections on MKL's bf16 GEMM
     # (where OpenBLAS is the GEMM library: one-row steps on opsnn's bf16 matrix-vector kernel,
     # more rows on oneDNN's bf16 matmul where it has native bf16 code)
-    monkeypatch.setattr(KM, "_library", library)
+    monkeypatch.setattr(KL, "_library", library)
     (lm32, c32, d32), (lm16, c16, d16) = _decoders(bf16_fast)
     assert lm16.model.layers[0].self_attn.q_proj.weight.dtype == BF16
     prompt = rng.integers(0, 97, (2, 9))
@@ -267,7 +278,7 @@ def test_llama_cast_to_bfloat16_decodes_close_to_float32(rng, monkeypatch, bf16_
 def test_bfloat16_decoder_projections_run_on_the_bf16_gemm(rng, monkeypatch, library, one_row):
     from opsnn.tools.profiler import profile
 
-    monkeypatch.setattr(KM, "_library", library)
+    monkeypatch.setattr(KL, "_library", library)
     (_, _, _), (_, cache, dec) = _decoders(True)
     slots = [cache.allocate(), cache.allocate()]
     dec.forward(rng.integers(0, 97, (1, 5)), slots[:1], [0])

@@ -237,7 +237,7 @@ def test_reshapes_are_views_in_the_plan(rng):
     a = np.maximum(x @ w, 0).reshape(2, 3, 2, 2)
     np.testing.assert_allclose(out["y"].numpy(), -a.reshape(2, 12), rtol=1e-6)
     np.testing.assert_allclose(out["z"].numpy(), 2 * a.reshape(2, 12), rtol=1e-6)
-    plan = next(iter(cg._plans.values()))
+    plan = cg.plans[0]
     ran = [st.node.op_type for st in plan.steps]
     assert "Reshape" not in ran and "Flatten" in ran
     assert plan.memory.aliases.get("r") == "m" and plan.memory.aliases.get("kept") == "m"
@@ -534,3 +534,210 @@ def test_bn_folding_scales_each_output_channel_in_float64(rng, dtype):
     f = rng.standard_normal(8)
     np.testing.assert_array_equal(scale_rows(strided, f),
                                   (strided.astype(np.float64) * f.reshape(-1, 1, 1, 1)).astype(dtype))
+
+
+def test_resident_bytes_counts_each_buffer_once_and_not_the_initializers():
+    """A plan holding an aligned buffer and its view counts the buffer once; a plan holding a view
+    of an initializer adds nothing (that memory is the graph's weights)."""
+    from types import SimpleNamespace as NS
+
+    from opsnn.graph.compiler import resident_bytes
+
+    w = np.ones((8, 4), np.float32)
+    raw = np.empty(40, np.float32)
+    packed = NS(weight=raw[4:36], _raw=raw)
+    steps = [NS(executor=NS(plan=packed)), NS(executor=NS(plan={"w": w.reshape(4, 8)[:2]})),
+             NS(executor=NS(plan=[np.zeros(3, np.uint16), raw[:8]]))]
+    assert resident_bytes({"w": w}, [NS(steps=steps)]) == {"float32": raw.nbytes, "uint16": 6}
+
+
+def test_inspection_api_plans_input_specs_and_dropping_plans(rng):
+    """plans (least recently used first), latest_plan, input_specs and drop_plans: the public view
+    of what a compiled graph keeps, as explain, the tiler and the benchmarks read it."""
+    g = Graph("insp", inputs=[Value("x", np.float32, ("N", 4))], outputs=["y"], nodes=[Node("Relu", ["x"], ["y"])])
+    cg = opsnn.compile(g)
+    assert list(cg.input_specs) == ["x"] and cg.input_specs["x"].shape == ("N", 4)
+    assert cg.plans == [] and cg.latest_plan is None and cg.resident_bytes() == {}
+    x2, x3 = rng.standard_normal((2, 4)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    cg.run({"x": x2})
+    cg.run({"x": x3})
+    assert len(cg.plans) == 2 and cg.latest_plan is cg.plans[-1]
+    assert [st.node.op_type for st in cg.latest_plan.steps] == ["Relu"]
+    first = cg.plans[0]
+    cg.run({"x": x2})  # x2's plan becomes the most recent
+    assert cg.latest_plan is first and cg.plans[0] is not first
+    assert cg.drop_plans({"x": (3, 4)}) == 1 and cg.plans == [first]
+    assert cg.drop_plans({"x": (7, 4)}) == 0
+    np.testing.assert_array_equal(cg.run({"x": x3})["y"].numpy(), np.maximum(x3, 0))  # planned again
+    assert cg.num_plans == 2
+
+
+def _long_chains_graph(k, rng):
+    """k of each shape a pass might handle one at a time: MatMul -> Relu pairs (epilogue fusion),
+    Identities (no-op elimination), Transposes (cancellation), duplicated Negs (CSE), a dead chain."""
+    nodes, t = [], "x"
+    for i in range(k):
+        nodes += [Node("MatMul", [t, "w"], [f"mm{i}"]), Node("Relu", [f"mm{i}"], [f"r{i}"])]
+        t = f"r{i}"
+    for i in range(k):
+        nodes.append(Node("Identity", [t], [f"id{i}"]))
+        t = f"id{i}"
+    for i in range(2 * k):
+        nodes.append(Node("Transpose", [t], [f"tr{i}"], {"perm": [1, 0]}))
+        t = f"tr{i}"
+    for i in range(k):
+        nodes += [Node("Neg", [t], [f"na{i}"]), Node("Neg", [t], [f"nb{i}"]), Node("Add", [f"na{i}", f"nb{i}"], [f"s{i}"])]
+        t = f"s{i}"
+    d = "x"
+    for i in range(k):
+        nodes.append(Node("Exp", [d], [f"dead{i}"]))
+        d = f"dead{i}"
+    w = (rng.standard_normal((8, 8)) * 0.3).astype(np.float32)
+    return Graph(f"chains{k}", inputs=[Value("x", np.float32, (8, 8))], outputs=[t], nodes=nodes,
+                 initializers={"w": w}), w, t
+
+
+def test_pass_cost_does_not_grow_with_the_number_of_rewrites(rng, monkeypatch):
+    """Each whole-graph scan (producers/consumers maps, name collection, validation, walks, matcher
+    builds) happens a fixed number of times per compile, however many rewrites the passes make:
+    K rewrites of an N-node graph cost O(N + K), not O(N * K) (1,000 MatMul -> Relu pairs took
+    minutes in epilogue fusion alone when each rewrite rebuilt them)."""
+    from opsnn.graph import ir, pattern
+
+    def count_calls(k):
+        calls: dict = {}
+        def counting(fn, key):
+            def counted(*a, **kw):
+                calls[key] = calls.get(key, 0) + 1
+                return fn(*a, **kw)
+            return counted
+
+        for cls, name in ((ir.Graph, "walk"), (ir.Graph, "producers"), (ir.Graph, "consumers"),
+                          (ir.Graph, "_names"), (ir.Graph, "validate"), (pattern.Matcher, "__init__")):
+            monkeypatch.setattr(cls, name, counting(getattr(cls, name), f"{cls.__name__}.{name}"))
+        g, w, out = _long_chains_graph(k, rng)
+        cg = opsnn.compile(g)
+        monkeypatch.undo()
+        x = rng.standard_normal((8, 8)).astype(np.float32)
+        want = x.astype(np.float64)
+        for _ in range(k):
+            want = np.maximum(want @ w, 0)
+        want = want * (-2.0) ** k
+        np.testing.assert_allclose(cg.run({"x": x})[out].numpy(), want, rtol=1e-4, atol=1e-5)
+        kinds = [n.op_type for n in cg.graph.nodes]
+        assert kinds.count("FusedMatMul") == k and not {"Identity", "Transpose", "Exp", "Neg"} & set(kinds)
+        return calls
+
+    small, large = count_calls(8), count_calls(24)
+    assert small == large, (small, large)
+
+
+def test_long_relu_chain_compiles_and_runs_in_a_subprocess():
+    """A hard bound on the whole path (passes, fused kernels, memory plan): 5,000 Relus in a row
+    compile and run well inside a generous limit (a killed process fails the test, not the run)."""
+    import os
+    import subprocess
+
+    script = (
+        "import numpy as np, opsnn\n"
+        "from opsnn.graph import Graph, Node, Value\n"
+        "n = 5000\n"
+        "g = Graph('relus', inputs=[Value('v0', np.float32, (4, 8))], outputs=[f'v{n}'],\n"
+        "          nodes=[Node('Relu', [f'v{i}'], [f'v{i + 1}']) for i in range(n)])\n"
+        "cg = opsnn.compile(g)\n"
+        "x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)\n"
+        "np.testing.assert_array_equal(cg.run({'v0': x})[f'v{n}'].numpy(), np.maximum(x, 0))\n"
+        "print(len(cg.graph.nodes))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ), check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from opsnn.graph.elementwise_fusion import MAX_FUSED_OPS
+
+    assert int(proc.stdout.split()[-1]) == -(-5000 // MAX_FUSED_OPS)
+
+
+def _one_node(op, inputs, attrs, inits, x_shape=(2, 3), name="user_node", then_relu=False):
+    nodes = [Node(op, ["x"] + inputs, ["y" if not then_relu else "c"], attrs, name=name)]
+    if then_relu:
+        nodes.append(Node("Relu", ["c"], ["y"], name="act"))
+    return Graph("g", inputs=[Value("x", np.float32, x_shape)], outputs=["y"], initializers=inits, nodes=nodes)
+
+
+def test_compile_checks_attributes_against_the_users_node(rng):
+    """Attribute mistakes surface at compile, as typed errors naming the user's node, not at the
+    first run as a KernelError wrapping a ValueError, nor against the fused op the node became."""
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    with pytest.raises(ParamInvalidError, match=r"node 'user_node' \(Gemm\): attribute 'alpha' must be a float.*'big'"):
+        opsnn.compile(_one_node("Gemm", ["w"], {"alpha": "big"}, {"w": w}))
+    cw = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    with pytest.raises(ParamInvalidError, match=r"node 'user_node' \(Conv\): unknown attribute 'kerlel_shape'") as exc:
+        opsnn.compile(_one_node("Conv", ["w"], {"kerlel_shape": [3, 3]}, {"w": cw}, (1, 3, 8, 8), then_relu=True))
+    assert "Fused" not in str(exc.value)
+    with pytest.raises(ParamInvalidError, match=r"\(Conv\): attribute 'group' must be an int, got 2.5"):
+        opsnn.compile(_one_node("Conv", ["w"], {"group": 2.5}, {"w": cw}, (1, 3, 8, 8)))
+    with pytest.raises(ParamInvalidError, match=r"\(Conv\): attribute 'strides' must be a list of ints"):
+        opsnn.compile(_one_node("Conv", ["w"], {"strides": "a"}, {"w": cw}, (1, 3, 8, 8)))
+    # a node inside a control-flow body is checked too (its attributes; its shapes vary per iteration)
+    then = Graph("then", outputs=["a"], nodes=[Node("LeakyRelu", ["x"], ["a"], {"alpha": "big"}, name="inner")])
+    other = Graph("else", outputs=["b"], nodes=[Node("Neg", ["x"], ["b"])])
+    g = Graph("g", inputs=[Value("x", np.float32, (2,)), Value("c", np.bool_, ())], outputs=["y"],
+              nodes=[Node("If", ["c"], ["y"], {"then_branch": then, "else_branch": other})])
+    with pytest.raises(ParamInvalidError, match=r"node 'inner' \(LeakyRelu\): attribute 'alpha'"):
+        opsnn.compile(g)
+    # numpy scalars, tuples, arrays and integral floats are what builders pass: accepted
+    g = _one_node("Conv", ["w"], {"group": np.int64(1), "strides": (1, 1), "pads": np.array([1, 1, 1, 1]),
+                                  "dilations": [1.0, 1.0]}, {"w": cw}, (1, 3, 8, 8))
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = opsnn.ops.conv2d(x, cw, padding=1, algo="reference").numpy()
+    np.testing.assert_allclose(opsnn.compile(g).run({"x": x})["y"].numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_compile_checks_shapes_where_they_are_known(rng):
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    g = _one_node("Gemm", ["w", "c"], {}, {"w": w, "c": np.zeros((0,), np.float32)})
+    with pytest.raises(InferShapeError, match=r"node 'user_node' \(Gemm\): C of shape \(0,\) is not .*broadcastable"):
+        opsnn.compile(g)
+    g = _one_node("Gemm", ["w"], {"alpha": 2}, {"w": w})
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_allclose(opsnn.compile(g).run({"x": x})["y"].numpy(), 2 * x.astype(np.float64) @ w,
+                               rtol=1e-5, atol=1e-5)
+    # a symbolic batch leaves the shape check to plan time, which still names the node
+    g = Graph("g", inputs=[Value("x", np.float32, ("N", 3))], outputs=["y"],
+              initializers={"w": w, "c": np.zeros((0,), np.float32)}, nodes=[Node("Gemm", ["x", "w", "c"], ["y"], name="gm")])
+    cg = opsnn.compile(g)
+    with pytest.raises(InferShapeError, match=r"node gm \(Gemm\)"):
+        cg.run({"x": x})
+
+
+def test_deep_symbolic_dims_stay_small(tmp_path):
+    """Symbolic inference through 40 strided pools, and an expression nesting 40 opaque terms:
+    nested floors fold into one term, and a dim's symbols are found visiting each term once (it
+    took 2**depth steps: 20 strided pools ran for 12 s, 30 for hours). Run in a subprocess with a
+    time limit so that a regression fails instead of hanging the test run."""
+    import subprocess
+
+    script = (
+        "import numpy as np\n"
+        "from opsnn.graph import Graph, Node, Value\n"
+        "from opsnn.graph.shape_inference import infer_types\n"
+        "from opsnn.graph.symbolic import Sym, sym_max\n"
+        "for pads in (0, 1):\n"
+        "    n = 40\n"
+        "    attrs = {'kernel_shape': [3, 3], 'strides': [2, 2], 'pads': [pads] * 4}\n"
+        "    g = Graph('pools', inputs=[Value('v0', np.float32, (1, 1, 'H', 'W'))], outputs=[f'v{n}'],\n"
+        "              nodes=[Node('MaxPool', [f'v{i}'], [f'v{i + 1}'], attrs) for i in range(n)])\n"
+        "    dim = infer_types(g)[f'v{n}'].shape[2]\n"
+        "    assert len(str(dim)) < 120, str(dim)[:200]\n"
+        "    for h in (3, 7, 1000, 10 ** 13, 3 * 10 ** 12 + 17):\n"
+        "        want = h\n"
+        "        for _ in range(n):\n"
+        "            want = (want + 2 * pads - 3) // 2 + 1\n"
+        "        assert dim.evaluate({'H': h}) == want, (pads, h)\n"
+        "e = Sym('A')\n"
+        "for i in range(40):\n"
+        "    e = sym_max(e, Sym(f'B{i}')) + 1\n"
+        "assert e.atoms() == {'A'} | {f'B{i}' for i in range(40)}\n"
+        "assert e.evaluate({'A': 5, **{f'B{i}': i for i in range(40)}}) == 45\n"
+        "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -260,3 +260,46 @@ def test_exported_bert_fuses_attention_layernorm_and_epilogues(rng):
     for k in out:
         r = ref[k].numpy() if hasattr(ref[k], "numpy") else ref[k]
         np.testing.assert_allclose(out[k].numpy(), r, rtol=1e-4, atol=1e-5)
+
+
+def test_long_elementwise_chain_is_split_into_bounded_kernels(rng):
+    """Generated kernels compute at most MAX_FUSED_OPS ops each (numba's compile time grows faster
+    than a kernel's length); every op of the chain is still fused, and the result is unchanged."""
+    from opsnn.graph.elementwise_fusion import MAX_FUSED_OPS
+
+    n = 3 * MAX_FUSED_OPS + 6
+    ops = ["Neg", "Tanh"] * (n // 2)
+    g = Graph("long", inputs=[Value("v0", np.float32, (4, 8))], outputs=[f"v{n}"],
+              nodes=[Node(op, [f"v{i}"], [f"v{i + 1}"], name=f"n{i}") for i, op in enumerate(ops)])
+    cg = opsnn.compile(g)
+    fused = [nd for nd in cg.graph.nodes if nd.op_type == "FusedElementwise"]
+    sizes = [len(nd.attrs_origin) for nd in fused]
+    assert [nd.op_type for nd in cg.graph.nodes] == ["FusedElementwise"] * len(fused)
+    assert max(sizes) <= MAX_FUSED_OPS and sum(sizes) == n and len(fused) == -(-n // MAX_FUSED_OPS), sizes
+    x = _f32(rng, 4, 8)
+    want = x.astype(np.float64)
+    for op in ops:
+        want = -want if op == "Neg" else np.tanh(want)
+    np.testing.assert_allclose(cg.run({"v0": x})[f"v{n}"].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_distinct_fused_kernels_per_graph_are_bounded(rng, monkeypatch):
+    """Each distinct program costs a numba compile: past MAX_FUSED_KERNELS, groups that need a new
+    one stay unfused (with the reason), groups that reuse one are still fused."""
+    from opsnn.graph import elementwise_fusion as ef
+
+    monkeypatch.setattr(ef, "MAX_FUSED_OPS", 3)
+    monkeypatch.setattr(ef, "MAX_FUSED_KERNELS", 2)
+    ops = ["Neg", "Abs", "Neg"] + ["Tanh", "Neg", "Neg"] + ["Neg", "Abs", "Neg"] + ["Abs", "Abs", "Tanh"]
+    g = Graph("mix", inputs=[Value("v0", np.float32, (4, 8))], outputs=[f"v{len(ops)}"],
+              nodes=[Node(op, [f"v{i}"], [f"v{i + 1}"], name=f"n{i}") for i, op in enumerate(ops)])
+    cg = opsnn.compile(g)
+    programs = {nd.attrs["program"] for nd in cg.graph.nodes if nd.op_type == "FusedElementwise"}
+    assert len(programs) == 2
+    assert sum(len(nd.attrs_origin) for nd in cg.graph.nodes if nd.op_type == "FusedElementwise") == 9
+    assert any("distinct fused kernels" in r for r in cg.pass_report.by_name("elementwise_fusion").refused)
+    x = _f32(rng, 4, 8)
+    want = x.astype(np.float64)
+    for op in ops:
+        want = {"Neg": np.negative, "Abs": np.abs, "Tanh": np.tanh}[op](want)
+    np.testing.assert_allclose(cg.run({"v0": x})[f"v{len(ops)}"].numpy(), want, rtol=1e-5, atol=1e-6)

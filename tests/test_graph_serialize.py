@@ -12,7 +12,7 @@ import pytest
 
 import opsnn
 from opsnn.graph import Graph, Node, Value
-from opsnn.graph.serialize import from_onnx, to_onnx
+from opsnn.graph.serialize import to_onnx
 
 
 def _graph():
@@ -31,7 +31,7 @@ def test_round_trip_and_onnxruntime_agree(rng):
     proto = to_onnx(cg.graph)
     onnx.checker.check_model(proto)
     assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
-    back = opsnn.compile(from_onnx(proto.SerializeToString()))
+    back = opsnn.compile(opsnn.onnx.load(proto.SerializeToString()))
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
     ours = cg.run({"x": x})["out"].numpy()
     np.testing.assert_array_equal(back.run({"x": x})["out"].numpy(), ours)
@@ -42,7 +42,7 @@ def test_round_trip_and_onnxruntime_agree(rng):
 def test_fused_graph_round_trips(rng):
     cg = opsnn.compile(_graph())
     assert any(n.domain == "opsnn" for n in cg.graph.nodes)
-    back = opsnn.compile(from_onnx(to_onnx(cg.graph).SerializeToString()))
+    back = opsnn.compile(opsnn.onnx.load(to_onnx(cg.graph).SerializeToString()))
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
     np.testing.assert_array_equal(back.run({"x": x})["out"].numpy(), cg.run({"x": x})["out"].numpy())
 

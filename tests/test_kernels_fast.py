@@ -22,6 +22,7 @@ import opsnn
 from opsnn.kernels.cpu import conv as KC
 from opsnn.kernels.cpu import fused as KF
 from opsnn.kernels.cpu import gemm as KG
+from opsnn.kernels.cpu import libraries as KL
 from opsnn.kernels.cpu import mkl as KM
 from opsnn.kernels.cpu import winograd as WG
 from opsnn.ops import autotune
@@ -224,7 +225,7 @@ def test_winograd_point_gemms_on_onednn_match_mkl_and_the_oracle(rng, monkeypatc
             y_mkl, plan_mkl = run_kernel("Conv", kernel, [x, w, b], conv_attrs(pads=(1, 1, 1, 1)), constant={1, 2})
         assert plan_mkl.gemms is None and plan_mkl.u is not None
         assert rel_err(y, y_mkl) < tol
-    monkeypatch.setattr(WG, "ONEDNN_MAX_TILES", 0)  # longer chunks: MKL
+    monkeypatch.setattr(KL, "WINOGRAD_ONEDNN_MAX_TILES", 0)  # longer chunks: MKL
     _, plan = run_kernel("Conv", kernel, [x, w, b], conv_attrs(pads=(1, 1, 1, 1)), constant={1, 2})
     assert plan.gemms is None and plan.u is not None
 
@@ -544,7 +545,7 @@ def test_graph_prepacks_winograd_weights(rng):
     model, ys = _conv_relu_residual_model(x, w, b, conv_attrs(pads=(1,) * 4))
     cg = opsnn.compile(opsnn.onnx.load(model))
     cg.run({"x": x, "z": np.zeros(ys, np.float32)})
-    from opsnn.ops.explain import explain_graph
+    from opsnn.tools.explain import explain_graph
 
     text = explain_graph(cg, {"x": x.shape, "z": ys})
     assert "conv2d_winograd" in text and "weights pre-packed at prepare" in text, text
@@ -553,7 +554,7 @@ def test_graph_prepacks_winograd_weights(rng):
 def test_explain_reports_the_fused_conv_kernel_chosen_with_the_constant_weight(rng):
     """256 ch 14x14: F(2x2) only with the weight pre-packed (per call: im2col); explain must
     report the kernel the compiled graph runs, not a re-selection without the weight."""
-    from opsnn.ops.explain import explain_graph
+    from opsnn.tools.explain import explain_graph
 
     x, w, b = rand(rng, (1, 256, 14, 14)), rand(rng, (256, 256, 3, 3), scale=0.05), rand(rng, (256,))
     model, ys = _conv_relu_residual_model(x, w, b, conv_attrs(pads=(1,) * 4))

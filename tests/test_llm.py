@@ -290,7 +290,7 @@ def test_bad_requests_raise_typed_errors_before_any_work(lm):
 
 def test_cache_slot_errors():
     c = KVCache(layers=1, kv_heads=1, head_dim=4, max_batch_slots=2, max_seq=4)
-    a, b = c.allocate(), c.allocate()
+    a, _ = c.allocate(), c.allocate()
     with pytest.raises(CacheFullError):
         c.allocate()
     c.release(a)
@@ -340,7 +340,7 @@ def test_exception_in_serving_thread_leaks_no_thread_or_slot(lm, rng, no_leak, m
         if np.asarray(tokens).shape[1] == 1 and len(slots) > 1:  # the first batched decode step fails
             calls["failed"] = True
             raise RuntimeError("kernel exploded")
-        return real(tokens, slots, starts, **kw)
+        return real(tokens, slots, starts, **kw)  # noqa: F821 - deleted only after the scheduler stopped
 
     monkeypatch.setattr(s.decoder, "forward", flaky)
     # queued before the serving thread starts, so all three share the first decode step (submitted
@@ -459,6 +459,7 @@ def test_cli_serve_bench(capsys, tmp_path):
                             "--no-progress", "--json", str(out)] + TINY) == 0
     text = capsys.readouterr().out
     assert "dynamic batching" in text and "one-at-a-time" in text and "throughput" in text
+    assert "warm-up (compiles kernels, not timed)" in text and "target" not in text
     res = json.loads(out.read_text())
     assert res["outputs_identical"] and res["throughput_ratio"] > 0 and len(res["reports"]) == 2
 
@@ -727,15 +728,15 @@ def test_decoder_products_by_row_count_where_openblas_is_the_gemm_library(lm, rn
     on opsnn's gemm_rows over the (stacked) weights, mid-sized ones keep MKL's packed panels,
     many rows (long prompts) multiply the weights on numpy's BLAS. Logits agree with the
     all-Linear-op decoder in every regime."""
-    from opsnn.kernels.cpu import mkl
+    from opsnn.kernels.cpu import libraries as KL
     from opsnn.llm import decoder as D
     from opsnn.tools.profiler import profile
 
-    monkeypatch.setattr(mkl, "_library", "openblas")
-    monkeypatch.setattr(D, "ONEDNN_MIN_ROWS", 1 << 30)   # oneDNN's matmul: the next test
-    monkeypatch.setattr(D, "SMALL_ROWS", 2)
-    monkeypatch.setattr(mkl, "PACKED_MAX_ROWS_ELSEWHERE", 6)
-    monkeypatch.setattr(mkl, "PACKED_MAX_MACS_ELSEWHERE", 0)
+    monkeypatch.setattr(KL, "_library", "openblas")
+    monkeypatch.setattr(KL, "ONEDNN_MIN_ROWS", 1 << 30)   # oneDNN's matmul: the next test
+    monkeypatch.setattr(KL, "SMALL_ROWS", 2)
+    monkeypatch.setattr(KL, "PACKED_MAX_ROWS_ELSEWHERE", 6)
+    monkeypatch.setattr(KL, "PACKED_MAX_MACS_ELSEWHERE", 0)
     cache_a, cache_b = KVCache.for_model(lm, 4, 32), KVCache.for_model(lm, 4, 32)
     mixed, plain = CachedDecoder(lm, cache_a), CachedDecoder(lm, cache_b)
     mixed.fused_steps = False   # op by op: every product goes through the row-count choice
@@ -781,12 +782,12 @@ def test_decoder_products_on_onednn_where_openblas_is_the_gemm_library(lm, rng, 
     decode steps, their residual adds as the matmul's sum post-op) run on it, reading the
     (stacked) weights in place; fewer rows stay on gemm_rows. Logits agree with the
     all-Linear-op decoder, op by op and in the bound decode steps."""
-    from opsnn.kernels.cpu import mkl
+    from opsnn.kernels.cpu import libraries as KL
     from opsnn.llm import decoder as D
     from opsnn.tools.profiler import profile
 
-    monkeypatch.setattr(mkl, "_library", "openblas")
-    monkeypatch.setattr(D, "ONEDNN_MIN_ROWS", 3)
+    monkeypatch.setattr(KL, "_library", "openblas")
+    monkeypatch.setattr(KL, "ONEDNN_MIN_ROWS", 3)
     for fused in (False, True):
         cache_a, cache_b = KVCache.for_model(lm, 4, 32), KVCache.for_model(lm, 4, 32)
         dec, plain = CachedDecoder(lm, cache_a), CachedDecoder(lm, cache_b)
@@ -826,6 +827,7 @@ def test_packed_projections_follow_load_state_dict(rng):
     """The model keeps the packed panels for its next decoders; new weights loaded by
     load_state_dict are packed again (the logits follow the new weights)."""
     from opsnn.kernels.cpu import mkl
+    from opsnn.llm.decoder import PACKS
 
     m = opsnn.models.llama(layers=1, hidden=32, heads=2, kv_heads=1, vocab=VOCAB, intermediate=48, seed=5,
                            max_position=64)
@@ -837,7 +839,7 @@ def test_packed_projections_follow_load_state_dict(rng):
     CachedDecoder(m, cache).forward(p, [s], [0])
     if not mkl.unavailable():
         # q/k/v and gate/up stacked, o and down; the last position's vocab product: sgemv
-        assert len(getattr(m, "_llm_packed_projections")) == 4
+        assert len(m.derived_cache(PACKS)) == 4
     m.load_state_dict(other.state_dict())
     got = CachedDecoder(m, cache).forward(p, [s], [0])
     np.testing.assert_allclose(got[0], other(p)[0].numpy()[0, -1], rtol=1e-5, atol=1e-5)

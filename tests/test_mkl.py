@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import opsnn
+from opsnn.kernels.cpu import libraries as KL
 from opsnn.kernels.cpu import mkl as KM
 from opsnn.ops.autotune import NotPreferred
 from opsnn.ops.executor import plan_op
@@ -22,9 +23,9 @@ needs_mkl = pytest.mark.skipif(KM.unavailable() is not None, reason=f"MKL: {KM.u
 
 @pytest.fixture
 def gemm_on(monkeypatch):
-    """``gemm_on("mkl" | "openblas")``: the library :func:`KM.gemm_library` answers for the test."""
+    """``gemm_on("mkl" | "openblas")``: the library :func:`KL.gemm_library` answers for the test."""
     def use(name):
-        monkeypatch.setattr(KM, "_library", name)
+        monkeypatch.setattr(KL, "_library", name)
     return use
 
 
@@ -247,7 +248,7 @@ def test_gemm2d_reads_transposed_views_and_single_rows(rng, m, k, n, ta, tb):
     b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
     a, b = (a.T if ta else a), (b.T if tb else b)
     out = np.full((m, n + 3), np.nan, np.float32)[:, :n]
-    assert KM.gemm2d(a, b, out)
+    assert KM.try_gemm2d(a, b, out)
     _close(out, a.astype(np.float64) @ b, max(k, 1))
 
 
@@ -256,8 +257,8 @@ def test_gemm2d_declines_what_blas_cannot_read(rng):
     a = rng.standard_normal((6, 9)).astype(np.float32)[::2, ::3]   # neither stride is unit
     b = rng.standard_normal((3, 4)).astype(np.float32)
     out = np.full((3, 4), np.nan, np.float32)
-    assert not KM.gemm2d(a, b, out) and np.isnan(out).all()
-    assert not KM.gemm2d(a.astype(np.float64), b, out)
+    assert not KM.try_gemm2d(a, b, out) and np.isnan(out).all()
+    assert not KM.try_gemm2d(a.astype(np.float64), b, out)
     KM.matmul(a, b, out)  # numpy's matmul then
     _close(out, a.astype(np.float64) @ b, 3)
 
@@ -274,10 +275,10 @@ def test_float32_graph_products_never_wake_openblas(rng, monkeypatch):
         raise AssertionError("np.matmul (OpenBLAS) called for a float32 product")
 
     monkeypatch.setattr(_blas_env, "effective", False)
-    monkeypatch.setattr(KM, "_library", None)
-    monkeypatch.setattr(KM, "_gemv_openblas", None)
+    monkeypatch.setattr(KL, "_library", None)
+    monkeypatch.setattr(KL, "_gemv_openblas", None)
     monkeypatch.delenv("OPSNN_GEMM", raising=False)
-    assert KM.gemm_library() == "mkl"
+    assert KL.gemm_library() == "mkl"
 
     x = rng.standard_normal((1, 64)).astype(np.float32)
     w = rng.standard_normal((10, 64)).astype(np.float32)
@@ -342,15 +343,15 @@ def test_gemm_library_by_cpu_and_environment(monkeypatch):
     from opsnn.runtime import device
 
     def choice(vendor, effective=True, env=None):
-        monkeypatch.setattr(KM, "_library", None)
-        monkeypatch.setattr(KM, "_gemv_openblas", None)
+        monkeypatch.setattr(KL, "_library", None)
+        monkeypatch.setattr(KL, "_gemv_openblas", None)
         monkeypatch.setattr(_blas_env, "effective", effective)
         monkeypatch.setattr(device, "cpu_vendor", lambda: vendor)
         if env is None:
             monkeypatch.delenv("OPSNN_GEMM", raising=False)
         else:
             monkeypatch.setenv("OPSNN_GEMM", env)
-        return KM.gemm_library()
+        return KL.gemm_library()
 
     openblas = opsnn.runtime.blas.get_blas_threads() is not None
     assert choice("GenuineIntel") == "mkl"
@@ -391,9 +392,9 @@ def test_openblas_choice_runs_products_on_numpy_and_skips_packing(rng, monkeypat
     monkeypatch.setattr(np, "matmul", real)
 
     # products of few rows keep MKL's packed panel (2-3x faster there); these tiny ones stand in
-    monkeypatch.setattr(KM, "PACKED_MAX_ROWS_ELSEWHERE", 4)
-    monkeypatch.setattr(KM, "PACKED_MAX_MACS_ELSEWHERE", 0)
-    assert KM.packed_unpreferred(3, 1 << 20, 1 << 20) is None
+    monkeypatch.setattr(KL, "PACKED_MAX_ROWS_ELSEWHERE", 4)
+    monkeypatch.setattr(KL, "PACKED_MAX_MACS_ELSEWHERE", 0)
+    assert KL.packed_panel_rejection(3, 1 << 20, 1 << 20) is None
     x = rng.standard_normal((2, 5, 16)).astype(np.float32)
     w = rng.standard_normal((16, 8)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "W"], ["y"])]

@@ -63,7 +63,7 @@ def rn50():
     net = resnet50(num_classes=10, seed=0)
     # non-trivial BatchNorm statistics so BN (and Conv+BN folding) is really exercised
     r = np.random.default_rng(5)
-    for name, m in net.named_modules():
+    for _name, m in net.named_modules():
         if isinstance(m, nn.BatchNorm2d):
             c = m.num_features
             m.load_state_dict({"weight": r.uniform(0.5, 1.0, c), "bias": r.normal(0, 0.1, c),

@@ -254,6 +254,66 @@ def test_model_local_function_is_inlined():
     np.testing.assert_allclose(opsnn_run(m, {"x": x})[0], np.maximum(x, 0) * 3)
 
 
+def _calls_model(n_calls):
+    """``n_calls`` calls in a row of one two-node local function, F(a) = -|a| (so F(F(a)) = F(a))."""
+    fn = helper.make_function("local", "F", ["a"], ["b"], [helper.make_node("Abs", ["a"], ["t"]),
+                                                          helper.make_node("Neg", ["t"], ["b"])],
+                              [helper.make_opsetid("", 18)])
+    nodes = [helper.make_node("F", [f"v{i}"], [f"v{i + 1}"], domain="local") for i in range(n_calls)]
+    g = helper.make_graph(nodes, "calls", [vi("v0", [3])], [vi(f"v{n_calls}", [3])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("local", 1)],
+                             functions=[fn])
+
+
+def _nested_model(depth):
+    """``depth`` local functions, each calling the next twice: 2**depth Relus from a 2 KB model."""
+    fns = []
+    for d in range(depth):
+        body = [helper.make_node("Relu", ["a"], ["b"])] if d == depth - 1 else \
+            [helper.make_node(f"F{d + 1}", ["a"], ["t"], domain="local"),
+             helper.make_node(f"F{d + 1}", ["t"], ["b"], domain="local")]
+        fns.append(helper.make_function("local", f"F{d}", ["a"], ["b"], body,
+                                        [helper.make_opsetid("", 18), helper.make_opsetid("local", 1)]))
+    g = helper.make_graph([helper.make_node("F0", ["x"], ["y"], domain="local")], "nested", [vi("x", [3])],
+                          [vi("y", [3])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("local", 1)],
+                             functions=fns)
+
+
+def test_function_inlining_names_in_linear_time(monkeypatch):
+    """Each call's fresh names cost O(1) probes of the name set, not one per earlier call."""
+    import opsnn.onnx.importer as imp
+
+    probes = [0]
+
+    class CountingNames(imp._opset.NameSet):
+        def __contains__(self, name):
+            probes[0] += 1
+            return super().__contains__(name)
+
+    monkeypatch.setattr(imp._opset, "NameSet", CountingNames)
+    n = 1500
+    g = opsnn.onnx.load(_calls_model(n))
+    assert len(g.nodes) == 2 * n
+    assert probes[0] < 10 * n, f"{probes[0]} name probes for {n} calls"
+    x = np.array([-1, 0.5, 2], np.float32)
+    np.testing.assert_allclose(run(g, {"v0": x})[f"v{n}"], -np.abs(x))
+
+
+def test_function_expansion_budget(monkeypatch):
+    import opsnn.onnx.importer as imp
+
+    with pytest.raises(opsnn.onnx.ExpansionLimitError, match=r"more than 300 nodes.*max_function_nodes="):
+        opsnn.onnx.load(_calls_model(200), max_function_nodes=300)
+    assert len(opsnn.onnx.load(_calls_model(150), max_function_nodes=300).nodes) == 300
+    # 30 nested doubling functions would expand to 2**30 nodes: refused once the default budget is spent
+    monkeypatch.setattr(imp, "MAX_FUNCTION_NODES", 4000)
+    with pytest.raises(opsnn.onnx.ExpansionLimitError, match="more than 4000 nodes"):
+        opsnn.onnx.load(_nested_model(30))
+    g = opsnn.onnx.load(_nested_model(8))
+    assert [n.op_type for n in g.nodes] == ["Relu"] * 2 ** 7
+
+
 def test_onnx_function_body_fallback(monkeypatch):
     """An op without a record expands from its ONNX function body (here Celu, forced)."""
     import opsnn.onnx.importer as imp
@@ -473,7 +533,8 @@ def test_external_data_loads(tmp_path, rng):
 
 
 @pytest.mark.parametrize("location,match", [("../weights.bin", "escapes"), ("sub/../../x.bin", "escapes"),
-                                            ("/etc/passwd", "absolute"), ("missing.bin", "cannot read")])
+                                            ("/etc/passwd", "absolute"), ("missing.bin", "cannot read"),
+                                            ("weights.bin\x00.txt", "NUL byte")])
 def test_external_data_bad_locations(tmp_path, rng, location, match):
     inner = tmp_path / "inner"
     inner.mkdir()

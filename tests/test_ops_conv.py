@@ -313,6 +313,18 @@ def test_empty_batch(rng, fn, ws):
     assert y.shape == ref.shape and y.shape[0] == 0 and y.shape[1] == (4 if fn != "conv2d" or groups == 1 else 3)
 
 
+@pytest.mark.parametrize("fn,xs,ws,pads", [("conv2d", (2, 0, 5, 5), (4, 0, 3, 3), 1), ("conv2d", (2, 0, 5, 5), (4, 0, 1, 1), 0),
+                                          ("conv2d", (1, 0, 6, 5), (3, 0, 3, 2), 0), ("conv1d", (2, 0, 7), (4, 0, 3), 0),
+                                          ("conv3d", (1, 0, 3, 4, 4), (2, 0, 2, 2, 2), 1)])
+def test_zero_input_channels_give_the_bias(rng, fn, xs, ws, pads):
+    """No input channels: every output is an empty sum plus the bias (the direct loop's answer)."""
+    x, w = np.zeros(xs, np.float32), np.zeros(ws, np.float32)
+    b = rand(rng, (ws[0],))
+    got = getattr(opsnn.ops, fn)(x, w, b, padding=pads).numpy()
+    np.testing.assert_allclose(got, conv_direct(x, w, b, 1, pads), rtol=0, atol=0)
+    np.testing.assert_array_equal(getattr(opsnn.ops, fn)(x, w, None, padding=pads).numpy(), 0)
+
+
 def test_nan_and_inf_propagate(rng):
     x = rand(rng, (1, 2, 6, 6))
     x[0, 1, 2, 3] = np.nan

@@ -429,7 +429,7 @@ def test_errors():
 def test_random_geometry_sweep():
     from opsnn.kernels.cpu import pool as K
     rng = np.random.default_rng(7)
-    for trial in range(40):
+    for _trial in range(40):
         n = int(rng.integers(1, 3))  # spatial rank 1 or 2
         spatial = tuple(int(v) for v in rng.integers(1, 12, n))
         k = [int(v) for v in rng.integers(1, 5, n)]

@@ -133,3 +133,32 @@ def test_opsnn_debug_levels_print_choices_and_kernel_lines(capsys):
     line = next(l for l in err.splitlines() if l.startswith("[opsnn] MatMul"))
     assert "GFLOP/s" in line and "GB/s" in line and "ms" in line
     assert not hooks.active
+
+
+def _trace(events):
+    """A trace of kernel events on stream 0: (name, ts_us, dur_us)."""
+    return {"traceEvents": [{"ph": "X", "pid": 0, "tid": 0, "name": n, "cat": "kernel", "ts": t, "dur": d,
+                             "args": {"kernel": n.lower()}} for n, t, d in events]}
+
+
+def test_analyzer_names_unfused_residuals_and_layout_cost():
+    seq, t = [], 0.0
+    for _ in range(3):  # conv, then a residual that leaves the blocked layout, then the next conv
+        for name, dur in (("opsnn::BlockedConv", 100), ("opsnn::FromBlocked", 8), ("Sum", 5), ("Relu", 3),
+                          ("opsnn::ToBlocked", 8)):
+            seq.append((name, t, dur))
+            t += dur
+    rep = trace.analyze(trace.load_trace_events(_trace(seq)))
+    trip = [s for s in rep["suggestions"] if "FromBlocked -> Sum -> Relu -> ToBlocked" in s]
+    assert len(trip) == 1 and trip[0].startswith("3 x ")
+    assert any(s.startswith("layout conversions (ToBlocked / FromBlocked) take") for s in rep["suggestions"])
+    assert "suggestions:\n  none" not in trace.format_report(rep)
+
+
+def test_analyzer_always_says_where_the_time_goes_and_flags_host_gaps():
+    rep = trace.analyze(trace.load_trace_events(_trace([("Conv", 0, 900), ("Relu", 900, 100)])))
+    assert rep["suggestions"] == [rep["suggestions"][0]] and "most kernel time is in Conv (90%" in rep["suggestions"][0]
+    gappy = _trace([("Relu", 0, 10), ("Relu", 100, 10)])
+    gappy["traceEvents"][1]["args"]["queued_us"] = 95  # queued long after the previous kernel ended
+    rep = trace.analyze(trace.load_trace_events(gappy))
+    assert any("waiting for the host" in s for s in rep["suggestions"])

@@ -40,16 +40,18 @@ from .tools import profiler
 from .tools.plot import plot_graph
 from . import debug, graph, optimize, llm, pipeline
 from . import onnx
-from .graph.compiler import CompiledGraph, compile
+from .onnx.session import GraphOptimizationLevel, InferenceSession, RunOptions, SessionOptions
+from .graph.compiler import CompiledGraph
+from .frontend import compile
 from .graph.pattern import GraphPattern, GraphTemplate
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401 - opsnn.__version__
 
 from .tools import debug_log as _debug_log
 
 _debug_log.configure_from_env()
 
-__all__ = ["manual_seed", "load_checkpoint", "save_checkpoint", "amp", "optim", "autograd", "enable_grad", "no_grad", "set_grad_enabled", "nn", "onnx", "plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
+__all__ = ["manual_seed", "load_checkpoint", "save_checkpoint", "amp", "optim", "autograd", "enable_grad", "no_grad", "set_grad_enabled", "GraphOptimizationLevel", "InferenceSession", "RunOptions", "SessionOptions", "llm", "models", "nn", "onnx", "pipeline", "plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
            "empty", "errors", "finalize", "from_dlpack", "from_numpy", "full", "get_num_threads", "hooks", "init",
            "is_initialized", "kernel_selector", "memory", "ones", "ops", "profiler", "tools", "register_kernel", "register_op",
            "set_num_threads", "tensor", "zeros"]

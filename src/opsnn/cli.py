@@ -15,6 +15,7 @@ from collections import Counter
 
 import numpy as np
 
+from .tools.text import shape_arg
 from .tools.text import table as _table
 
 
@@ -25,6 +26,9 @@ def cmd_info(args) -> int:
     records = opsnn.ops.all_ops()
     print(f"opsnn {opsnn.__version__}")
     print(f"device: {ctx.device.describe()}")
+    from .runtime import cpu as _cpu
+
+    print(f"instruction sets: {_cpu.describe()}")
     from . import _blas_env
     from .runtime import threads
 
@@ -47,8 +51,13 @@ def cmd_info(args) -> int:
     why = onednn.bf16_unavailable()
     print("bfloat16 (mixed precision) convolutions and products: "
           + ("oneDNN's native bf16 kernels (AVX512-BF16)" if why is None else f"not on oneDNN ({why})"))
-    lib = mkl.gemm_library()
-    print(f"threaded float32 GEMM: {'Intel MKL' if lib == 'mkl' else 'OpenBLAS (numpy)'}, {mkl.gemm_library_why()}")
+    from .kernels.cpu import libraries
+
+    lib = libraries.gemm_library()
+    print(f"threaded float32 GEMM: {'Intel MKL' if lib == 'mkl' else 'OpenBLAS (numpy)'}, "
+          f"{libraries.gemm_library_why()}")
+
+    print(f"in one line: {libraries.summary()}")
     n_kernels = Counter(k.backend for r in records for k in r.kernels if not k.fallback)
     print(f"operators: {len(records)} registered; kernels: "
           + ", ".join(f"{b}: {n}" for b, n in sorted(n_kernels.items())))
@@ -157,11 +166,7 @@ def _run_smallnet(args) -> int:
 def cmd_analyze(args) -> int:
     from .tools import trace
 
-    try:
-        tr = trace.load_trace_events(args.trace)
-    except trace.TraceError as exc:
-        print(f"opsnn analyze: {exc}", file=sys.stderr)
-        return 2
+    tr = trace.load_trace_events(args.trace)
     rep = trace.analyze(tr, top=args.top)
     print(trace.format_report(rep))
     if args.timeline:
@@ -179,16 +184,11 @@ def cmd_analyze(args) -> int:
 
 def cmd_plot(args) -> int:
     import opsnn
-    from .tools.plot import GraphvizMissingError
 
     graph = opsnn.onnx.load(args.model)
     if args.optimized:
         graph = opsnn.compile(graph).graph
-    try:
-        out = opsnn.plot_graph(graph, args.output)
-    except GraphvizMissingError as exc:
-        print(f"opsnn plot: {exc}", file=sys.stderr)
-        return 2
+    out = opsnn.plot_graph(graph, args.output)
     print(f"wrote {out}")
     return 0
 
@@ -203,16 +203,44 @@ def cmd_compare(args) -> int:
     else:
         rng = np.random.default_rng(args.seed)
         feeds = {}
+        given = dict(args.shape)
+        names = [v.name for v in graph.inputs if v.name not in graph.initializers]
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise opsnn.errors.ParamInvalidError(f"opsnn compare: --shape names {unknown}, not inputs of the model "
+                                                 f"(its inputs: {names})")
         for v in graph.inputs:
             if v.name in graph.initializers:
                 continue
-            shape = tuple(d if isinstance(d, int) and d >= 0 else 1 for d in (v.shape or ()))
+            shape = given.get(v.name)
+            if shape is None:
+                dims = tuple(v.shape or ())
+                if not all(isinstance(d, int) and d >= 0 for d in dims):
+                    syms = [str(d) if isinstance(d, str) and d else "?" for d in dims
+                            if not (isinstance(d, int) and d >= 0)]
+                    example = ",".join(str(d) if isinstance(d, int) and d >= 0 else (str(d) if d else "?")
+                                       for d in dims)
+                    raise opsnn.errors.ParamInvalidError(
+                        f"opsnn compare: input {v.name!r} has symbolic dims; give its shape with "
+                        f"--shape {v.name}={example} (sizes in place of {', '.join(dict.fromkeys(syms))}), "
+                        "or its data with --inputs")
+                shape = dims
+            elif v.shape is not None and len(shape) != len(v.shape):
+                raise opsnn.errors.ParamInvalidError(
+                    f"opsnn compare: --shape {v.name} has {len(shape)} dims, the model's input has "
+                    f"{len(v.shape)} {tuple(v.shape)}")
             dt = v.dtype or np.dtype(np.float32)
             feeds[v.name] = (rng.standard_normal(shape).astype(dt) if dt.kind == "f"
                              else rng.integers(0, 2, shape).astype(dt))
     dtype = args.dtype
     if "=" in dtype:  # a policy: MatMul=float16,Softmax=float32
-        dtype = dict(item.split("=", 1) for item in dtype.split(","))
+        from .errors import ParamInvalidError
+
+        items = dtype.split(",")
+        bad = [item for item in items if item.count("=") != 1]
+        if bad:
+            raise ParamInvalidError(f"compare: --dtype policy items are OP=DTYPE, got {bad[0]!r} in {dtype!r}")
+        dtype = dict(item.split("=") for item in items)
     rep = opsnn.tools.precision_compare(graph, feeds, dtype=dtype, tolerance=args.tol)
     print(rep.format(top=args.top))
     return 0
@@ -225,9 +253,40 @@ def cmd_conformance(argv) -> int:
 
 
 def _explain(argv) -> int:
-    from .ops import explain
+    from .tools import explain
 
     return explain.main(argv)
+
+
+def bench_module(name: str):
+    """``bench/<name>.py`` of the source checkout opsnn runs from, imported; None when opsnn is an
+    installed package (the benchmarks and their peers are not part of it)."""
+    import importlib.util
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "bench"
+    path = folder / f"{name}.py"
+    if not path.is_file():
+        return None
+    module_name = f"opsnn_bench_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    if str(folder) not in sys.path:  # bench modules import their neighbours by name, as scripts do
+        sys.path.append(str(folder))  # last, so that no bench file shadows an installed module
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bench(argv) -> int:
+    models = bench_module("models")
+    if models is None:
+        print("opsnn bench: the model benchmarks are not installed with opsnn; they live in bench/models.py of "
+              "the source repository (run `opsnn bench` or `python bench/models.py` from a clone)", file=sys.stderr)
+        return 2
+    return models.main(argv)
 
 
 def _generate(argv) -> int:
@@ -251,8 +310,7 @@ def _video_bench(argv) -> int:
 #: sub-commands that parse their own arguments: name -> (entry point, help line)
 PASS_THROUGH = {
     "conformance": (cmd_conformance, "run ONNX's node test cases (see 'opsnn conformance --help')"),
-    "bench": (lambda argv: __import__("opsnn.tools.benchmark", fromlist=["main"]).main(argv),
-              "models side by side with onnxruntime and torch eager (see 'opsnn bench --help')"),
+    "bench": (_bench, "models side by side with onnxruntime and torch eager (see 'opsnn bench --help')"),
     "explain": (_explain, "which kernel each node of a model runs, and why (see 'opsnn explain --help')"),
     "generate": (_generate, "generate tokens with the LLaMA-style decoder and a KV cache"),
     "serve-bench": (_serve_bench, "replay a mixed LLM workload: dynamic batching vs one request at a time"),
@@ -261,12 +319,44 @@ PASS_THROUGH = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run one command; an error opsnn or the OS raises ends it with one line on stderr and exit
+    code 2 (``--traceback`` before the command, or ``OPSNN_DEBUG=1``, shows the traceback instead)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    traceback = os.environ.get("OPSNN_DEBUG", "") not in ("", "0")
+    while argv and argv[0] == "--traceback":
+        traceback = True
+        argv.pop(0)
     if hasattr(signal, "SIGPIPE"):  # `opsnn info | head` ends quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    command = argv[0] if argv and not argv[0].startswith("-") else ""
+    try:
+        return _dispatch(argv)
+    except Exception as exc:  # the one place a command's error becomes a message
+        if traceback:
+            raise
+        print(f"opsnn{' ' + command if command else ''}: {_error_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def _error_line(exc: BaseException) -> str:
+    from .errors import OpsnnError
+
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename!r}" if exc.filename is not None else ""
+        return f"{exc.strerror}{where}"
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, OpsnnError):
+        return msg
+    # not an error opsnn reports on purpose: say what it was and how to see where it came from
+    return f"{type(exc).__name__}: {msg} (rerun with --traceback or OPSNN_DEBUG=1 for the traceback)"
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] in PASS_THROUGH:
         return PASS_THROUGH[argv[0]][0](argv[1:])
     parser = argparse.ArgumentParser(prog="opsnn", description="opsnn: operator library and graph engine")
+    parser.add_argument("--traceback", action="store_true",
+                        help="show the Python traceback of an error (also OPSNN_DEBUG=1)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("info", help="device, operators by category, kernels")
     p.add_argument("--ops", action="store_true", help="list every op with its kernels")
@@ -295,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("compare", help="precision compare: fp32 vs float16/bfloat16/a policy, node by node")
     p.add_argument("model", help="an .onnx file")
     p.add_argument("--dtype", default="float16", help="float16, bfloat16, or a policy like MatMul=float16,Softmax=float32")
-    p.add_argument("--inputs", help=".npz with the inputs (default: seeded random inputs, symbolic dims = 1)")
+    p.add_argument("--inputs", help=".npz with the inputs (default: seeded random inputs of the model's shapes)")
+    p.add_argument("--shape", action="append", type=shape_arg, default=[],
+                   help="input shape for the random inputs, e.g. --shape x=1,3,224,224 (needed for symbolic dims)")
     p.add_argument("--tol", type=float, default=1e-2)
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--seed", type=int, default=0)

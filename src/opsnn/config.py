@@ -26,16 +26,17 @@ def get_backend_capability() -> dict:
     return caps
 
 
-_memory_optimization = [True]
-
-
 def enable_memory_optimization(enabled: bool = True) -> None:
     """Static memory planning for compiled graphs (on by default)."""
-    _memory_optimization[0] = bool(enabled)
+    from .graph.compiler import enable_memory_optimization as _enable
+
+    _enable(enabled)
 
 
 def memory_optimization_enabled() -> bool:
-    return _memory_optimization[0]
+    from .graph.compiler import memory_optimization_enabled as _enabled
+
+    return _enabled()
 
 
 def disable_passes(names) -> None:
@@ -51,3 +52,20 @@ def allow_mix_precision(policy: dict | None) -> None:
     from .graph.mixed_precision import set_policy
 
     set_policy(policy)
+
+
+def set_cpu_isa(level: str | None) -> str | None:
+    """Cap the instruction sets kernels may use (``"sse41"``, ``"avx2"``, ``"avx512"``,
+    ``"avx512_bf16"``, ``"amx"``; None: the CPU's own), as ``OPSNN_CPU_ISA`` does at start-up;
+    returns the level in force. Only before oneDNN and MKL are loaded, and not for numba's own
+    kernels: see :func:`opsnn.runtime.cpu.set_cpu_isa`."""
+    from .runtime import cpu
+
+    return cpu.set_cpu_isa(level)
+
+
+def get_cpu_isa() -> str | None:
+    """The instruction-set level in force (see :func:`set_cpu_isa`)."""
+    from .runtime import cpu
+
+    return cpu.isa()

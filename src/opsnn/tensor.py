@@ -18,8 +18,9 @@ import math
 import numpy as np
 
 from . import dtypes as _dt
-from .errors import ParamInvalidError
+from .errors import KernelError, ParamInvalidError
 from .runtime.context import context
+from .runtime.memory import check_request, physical_memory
 
 FORMATS = ("ND", "NCHW", "NHWC")
 
@@ -59,10 +60,14 @@ def _alloc_array(shape: tuple, dtype: np.dtype, tag: str | None = None) -> np.nd
     if len(shape) > MAX_DIMS:
         raise ParamInvalidError(f"{tag or 'tensor'}: an output of {len(shape)} dimensions; at most {MAX_DIMS} "
                                 f"are supported")
-    if dtype.hasobject:
-        # string tensors (ONNX string ops) hold Python object pointers, which raw pool bytes cannot own
-        return np.empty(shape, dtype)
     nbytes = math.prod(shape) * dtype.itemsize
+    if dtype.hasobject or (nbytes >= 1 << 30 and nbytes > physical_memory()):
+        # refused with the shape named (the pool would refuse it too, naming bytes only); string
+        # tensors are checked against the cap here: they hold Python object pointers, which raw
+        # pool bytes cannot own
+        check_request(nbytes, f"{tag or 'tensor'} of shape {tuple(shape)} {_dt.name(dtype)}")
+    if dtype.hasobject:
+        return np.empty(shape, dtype)
     if dtype.isbuiltin == 1 and dtype.kind in "biufc":
         # one step: the interface gives numpy the final array (cheaper than a byte view, then a view)
         return np.asarray(Storage(context().pool, nbytes, tag,
@@ -127,11 +132,24 @@ class Tensor:
         return (self._array.ctypes.data - root.ctypes.data) // self._array.dtype.itemsize
 
     @property
-    def numel(self) -> int:
+    def numel(self) -> "_Count":
+        """The element count; an int that can also be called, as torch's ``t.numel()``."""
+        return _Count(self._array.size)
+
+    def nelement(self) -> int:
         return self._array.size
 
+    def dim(self) -> int:
+        """The number of dimensions (torch's name for ``ndim``)."""
+        return self._array.ndim
+
+    ndimension = dim
+
+    def element_size(self) -> int:
+        return self._array.dtype.itemsize
+
     def size(self, dim: int | None = None):
-        return self.shape if dim is None else self.shape[dim]
+        return self.shape if dim is None else self.shape[_norm_dim(dim, self.ndim, "size")]
 
     @property
     def nbytes(self) -> int:
@@ -145,11 +163,21 @@ class Tensor:
         return self._array.flags.c_contiguous
 
     # -- host access -------------------------------------------------------------
-    def _wait(self) -> None:
+    def _wait(self, check: bool = True) -> None:
+        """Wait for the kernel that writes this tensor; with ``check``, raise if it failed. The
+        failure mark stays (synchronize() reporting the error does not make the data valid) until
+        a new write replaces the producer: an op's output, ``copy_`` or a whole ``t[...] = v``."""
         p = self._producer
         if p is not None:
-            stream, seq = p
+            stream, seq = p[0], p[1]
+            if not check:
+                stream._wait_quiet(seq)
+                return
             stream.wait_seq(seq)
+            if len(p) > 2 and p[2]:
+                raise KernelError(f"{p[2][0]}: the kernel that produced this tensor failed on stream "
+                                  f"{stream.name}; its output holds no valid data until it is written again",
+                                  op=p[2][0])
             self._producer = None
 
     def numpy(self) -> np.ndarray:
@@ -167,6 +195,12 @@ class Tensor:
     def tolist(self):
         return self.numpy().tolist()
 
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
@@ -174,8 +208,8 @@ class Tensor:
 
     def __repr__(self) -> str:
         fmt = "" if self.format == "ND" else f", format={self.format}"
-        body = np.array2string(self.numpy(), separator=", ", threshold=64, edgeitems=3)
-        return f"tensor({body}, dtype={_dt.name(self.dtype)}{fmt})"
+        shape = f", shape={self.shape}" if self.numel == 0 and self.ndim > 1 else ""  # as numpy: [] hides it
+        return f"{_array_text(self.numpy(), 'tensor(')}{shape}, dtype={_dt.name(self.dtype)}{fmt})"
 
     # -- views (zero-copy) ---------------------------------------------------------
     def _view(self, array: np.ndarray, keep_format: bool = False) -> "Tensor":
@@ -212,8 +246,16 @@ class Tensor:
         except AttributeError:
             return self.contiguous().view(*shape)
 
-    def flatten(self) -> "Tensor":
-        return self.reshape(-1)
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+        """Merge dims ``start_dim..end_dim`` into one (a view when the layout allows, as torch)."""
+        if self.ndim == 0:
+            return self.reshape(1)
+        a, b = _norm_dim(start_dim, self.ndim, "flatten"), _norm_dim(end_dim, self.ndim, "flatten")
+        if a > b:
+            raise ParamInvalidError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for a "
+                                    f"{self.ndim}-D tensor")
+        s = self.shape
+        return self.reshape(*s[:a], math.prod(s[a:b + 1]), *s[b + 1:])
 
     def transpose(self, dim0: int, dim1: int) -> "Tensor":
         axes = list(range(self.ndim))
@@ -295,8 +337,11 @@ class Tensor:
         return self._view(arr)
 
     def __setitem__(self, index, value) -> None:
-        self._wait()
+        self._wait(check=False)
         self._array[index] = value.numpy() if isinstance(value, Tensor) else value
+        if all(i is Ellipsis or (isinstance(i, slice) and i == slice(None))
+               for i in (index if isinstance(index, tuple) else (index,))):
+            self._producer = None  # overwritten whole: a failed producer's mark no longer applies
 
     # -- copies --------------------------------------------------------------------
     def contiguous(self) -> "Tensor":
@@ -317,18 +362,30 @@ class Tensor:
         dst = out._array
         stream = current_stream()
         p = self._producer
+        deps = None
         if p is not None:
+            if len(p) > 2:
+                if p[2]:
+                    self._wait()  # raises: the source's producer failed
+                deps = [p[2]]
             stream.wait_stream_seq(*p)
-        out._producer = (stream, stream.launch(lambda: np.copyto(dst, src), name="Copy"))
+        mark: list = []
+        out._producer = (stream, stream.launch(lambda: np.copyto(dst, src), name="Copy", mark=mark, deps=deps), mark)
         return out
 
     def copy_(self, src) -> "Tensor":
         """Copy ``src`` (Tensor or array-like, broadcastable) into this tensor in place."""
-        self._wait()
+        self._wait(check=False)
         np.copyto(self._array, src.numpy() if isinstance(src, Tensor) else np.asarray(src), casting="unsafe")
+        self._producer = None  # written whole: clears a failed producer's mark
         return self
 
     def to(self, dtype) -> "Tensor":
+        """A copy in ``dtype`` (self when it already is); a device (``"cpu"``) leaves the tensor as is."""
+        from .runtime.device import Device
+
+        if isinstance(dtype, Device) or isinstance(dtype, str) and dtype.split(":")[0] == "cpu":
+            return self
         from .ops import cast
 
         return cast(self, _dt.get(dtype))
@@ -358,44 +415,34 @@ class Tensor:
     def __dlpack_device__(self):
         return self._array.__dlpack_device__()
 
-    # -- operators (eager ops) -----------------------------------------------------------
-    def _binary(self, other, name, reverse=False):
-        from . import ops
-
-        fn = getattr(ops, name)
-        return fn(other, self) if reverse else fn(self, other)
-
-    def __add__(self, o): return self._binary(o, "add")
-    def __radd__(self, o): return self._binary(o, "add", True)
-    def __sub__(self, o): return self._binary(o, "sub")
-    def __rsub__(self, o): return self._binary(o, "sub", True)
-    def __mul__(self, o): return self._binary(o, "mul")
-    def __rmul__(self, o): return self._binary(o, "mul", True)
-    def __truediv__(self, o): return self._binary(o, "div")
-    def __rtruediv__(self, o): return self._binary(o, "div", True)
-    def __pow__(self, o): return self._binary(o, "pow")
-    def __rpow__(self, o): return self._binary(o, "pow", True)
-    def __mod__(self, o): return self._binary(o, "remainder")
-    def __lt__(self, o): return self._binary(o, "lt")
-    def __le__(self, o): return self._binary(o, "le")
-    def __gt__(self, o): return self._binary(o, "gt")
-    def __ge__(self, o): return self._binary(o, "ge")
-    def __and__(self, o): return self._binary(o, "logical_and")
-    def __or__(self, o): return self._binary(o, "logical_or")
-    def __matmul__(self, o): return self._binary(o, "matmul")
-    def __rmatmul__(self, o): return self._binary(o, "matmul", True)
-
-    def __neg__(self):
-        from .ops import neg
-
-        return neg(self)
-
-    def __abs__(self):
-        from .ops import abs as _abs
-
-        return _abs(self)
+    # Math methods and operators (``t.sum()``, ``t + u``, ...) are not written here: the ops
+    # layer generates them from one table (opsnn/ops/tensor_methods.py) when it is imported.
 
     __hash__ = object.__hash__  # comparisons return tensors; identity hashing stays
+
+
+class _Count(int):
+    """An int that is also callable (``t.numel`` and torch's ``t.numel()`` both work)."""
+
+    __slots__ = ()
+
+    def __call__(self) -> int:
+        return int(self)
+
+
+def _array_text(arr: np.ndarray, prefix: str) -> str:
+    """numpy's text of ``arr`` after ``prefix``, rows aligned under the first (as numpy's repr).
+    Floats read as torch prints them: ``1.``, ``2.`` when all are whole, else 4 decimals."""
+    if arr.dtype.kind == "V" or arr.dtype.kind == "f" and arr.dtype.itemsize < 4:
+        # bfloat16 / float8 / float16 print through float32, int4 / uint4 through int64
+        arr = arr.astype(np.float32 if _dt.is_float(arr.dtype) else np.int64)
+    opts = {}
+    if arr.dtype.kind in "fc":
+        finite = arr[np.isfinite(arr)] if arr.size else arr
+        whole = finite.size == 0 or bool(np.all(finite == np.round(finite)))
+        opts = {"precision": 4, "floatmode": "maxprec" if whole else "fixed"}
+    with np.printoptions(**opts):
+        return prefix + np.array2string(arr, separator=", ", threshold=64, edgeitems=3, prefix=prefix)
 
 
 def _mlock(arr: np.ndarray) -> bool:

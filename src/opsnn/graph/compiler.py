@@ -135,6 +135,7 @@ class CompiledGraph:
     def run(self, inputs, stream=None):
         """Run on ``inputs`` (dict by name, or a list in input order); returns a dict when given a
         dict, else a list. Launches asynchronously on ``stream``; read results with ``.numpy()``."""
+        t_run = time.perf_counter() if hooks.listening("host") else None  # a run boundary for the timeline
         as_dict = isinstance(inputs, dict)
         feeds = self._feeds(inputs)
         if self.mode == "interpreted":
@@ -152,6 +153,8 @@ class CompiledGraph:
                 log.info("graph %s runs interpreted: %s", self.graph.name, exc)
                 return self._run_interpreted(feeds, as_dict)
         outs = self._launch(plan, feeds, stream or current_stream())
+        if t_run is not None:
+            hooks.host_phase(f"run {self.graph.name}", "run", t_run, time.perf_counter())
         return outs if as_dict else [outs[n] for n in self.output_names]
 
     def explain(self, inputs=None) -> str:
@@ -160,9 +163,9 @@ class CompiledGraph:
             self.run(inputs)
         if self.mode == "interpreted":
             return f"graph {self.graph.name}: interpreted ({self.mode_reason})"
-        if not self._plans:
+        plan = self.latest_plan
+        if plan is None:
             return f"graph {self.graph.name}: no plan yet (run it once or pass inputs)"
-        plan = next(reversed(self._plans.values()))
         lines = [f"graph {self.graph.name}: {len(plan.steps)} kernels, {plan.memory.summary()}"]
         for st in plan.steps:
             ex = st.executor
@@ -188,7 +191,7 @@ class CompiledGraph:
         return cg
 
     def memory_report(self) -> dict:
-        plan = next(reversed(self._plans.values())) if self._plans else None
+        plan = self.latest_plan
         if plan is None:
             return {}
         return {"arena_bytes": plan.memory.arena_bytes, "naive_bytes": plan.memory.naive_bytes,
@@ -207,6 +210,40 @@ class CompiledGraph:
     @property
     def num_plans(self) -> int:
         return len(self._plans)
+
+    # -- inspection ----------------------------------------------------------------------------------
+    @property
+    def input_specs(self) -> dict:
+        """``{input name: Value}`` of the graph's inputs (weights excluded), in input order."""
+        return dict(self._input_specs)
+
+    @property
+    def plans(self) -> list:
+        """The plans kept (one per input-shape signature), least recently used first."""
+        with self._lock:
+            return list(self._plans.values())
+
+    @property
+    def latest_plan(self) -> Plan | None:
+        """The most recently used plan (None before the first compiled run)."""
+        with self._lock:
+            return next(reversed(self._plans.values())) if self._plans else None
+
+    def drop_plans(self, shapes: dict) -> int:
+        """Forget the plans whose inputs have the given ``{input name: shape}`` (any dtype), freeing
+        their arenas; returns how many were dropped. A later run with those shapes plans again."""
+        want = {name: tuple(shape) for name, shape in shapes.items()}
+        with self._lock:
+            keys = [key for key in self._plans
+                    if all(tuple(shape) == want[name] for name, shape, _ in key if name in want)]
+            for key in keys:
+                del self._plans[key]
+        return len(keys)
+
+    def resident_bytes(self) -> dict:
+        """Bytes of the arrays this graph's plans hold beyond its weights (pre-packed or transformed
+        weights, by dtype); see :func:`resident_bytes`."""
+        return resident_bytes(self.graph.initializers, self.plans)
 
     # -- persistence ----------------------------------------------------------------------------------
     def save(self, path: str) -> str:
@@ -385,7 +422,7 @@ class CompiledGraph:
         external = set(feeds) | set(self._weights) | set(folded)
         # lifetimes over the step order
         first, last = {}, {}
-        for i, (node, _, op) in enumerate(planned):
+        for i, (node, _, _op) in enumerate(planned):
             for n in node.inputs:
                 if n:
                     last[n] = i
@@ -395,9 +432,10 @@ class CompiledGraph:
                     last.setdefault(n, i)
         nbytes = {n: int(np.prod(m.shape)) * m.dtype.itemsize for n, m in metas.items()}
         aliases: dict = {}
+        aliased: set = set()  # aliases' values, for an O(1) membership test
         root = {}
         if self.memory_optimization:
-            for i, (node, rec, op) in enumerate(planned):
+            for i, (node, rec, _op) in enumerate(planned):
                 out = node.outputs[0] if node.outputs else ""
                 if not out or out in graph_outputs or not _in_place_ok(rec, node):
                     continue
@@ -405,21 +443,22 @@ class CompiledGraph:
                     src = root.get(n, n)
                     if n and n not in external and n not in graph_outputs and last.get(n) == i \
                             and nbytes.get(n) == nbytes.get(out) and metas[n].dtype == metas[out].dtype \
-                            and n not in aliases.values():
+                            and n not in aliased:
                         aliases[out] = src
+                        aliased.add(src)
                         root[out] = src
                         last[src] = max(last[src], last.get(out, i))
                         break
+        alias_end: dict = {}  # a buffer lives as long as anything aliasing it
+        for alias, src in aliases.items():
+            if alias in last:
+                alias_end[src] = max(alias_end.get(src, -1), last[alias])
         buffers = []
         for n, start in first.items():
             if n in graph_outputs or n in external or n in aliases:
                 continue
-            end = last[n]
-            for alias, src in aliases.items():  # a buffer lives as long as anything aliasing it
-                if src == n:
-                    end = max(end, last.get(alias, end))
-            buffers.append(Buffer(n, nbytes[n], start, end))
-        for i, (node, _, op) in enumerate(planned):
+            buffers.append(Buffer(n, nbytes[n], start, max(last[n], alias_end.get(n, -1))))
+        for i, (_node, _, op) in enumerate(planned):
             if op.workspace_size:
                 buffers.append(Buffer(f"__ws{i}", op.workspace_size, i, i))
         # an output the model leaves out ("" among a node's outputs, e.g. LSTM's Y when only Y_h is
@@ -501,14 +540,18 @@ class CompiledGraph:
         env = dict(plan.tensors)
         env.update(feeds)
         env.update(outputs)
-        for t in feeds.values():
+        for name, t in feeds.items():
             p = t._producer
+            if p is not None and len(p) > 2 and p[2]:  # written by a kernel that failed: not valid data
+                raise KernelError(f"graph {self.graph.name}: input {name!r} was produced by {p[2][0]}, whose "
+                                  "kernel failed; write it again before running the graph")
             if p is not None and p[0] is not stream:
                 stream.wait_stream_seq(*p)
         with plan.launch_lock:
             if plan.last_run is not None and plan.last_run[0] is not stream:
                 stream.wait_stream_seq(*plan.last_run)  # the arena is still in use by a run on another stream
             tasks = []
+            mark: list = []  # a failed run's outputs stay failed when read (see Tensor._wait)
             for st in plan.steps:
                 task = st.task
                 if task is None:
@@ -523,17 +566,17 @@ class CompiledGraph:
                 for st, task in tasks:
                     info = dict(st.executor._info, node=st.node.name,
                                 shapes=[None if not n else env[n].shape for n in st.inputs])
-                    seq = stream.launch(task, st.node.op_type, info)
+                    seq = stream.launch(task, st.node.op_type, info, mark=mark)
             else:
                 def run_graph(tasks=tasks):
                     for _, task in tasks:
                         task()
 
-                seq = stream.launch(run_graph, f"graph:{self.graph.name}")
+                seq = stream.launch(run_graph, f"graph:{self.graph.name}", mark=mark)
             plan.last_run = (stream, seq)
         for t in outputs.values():
             if t._producer is None or t._producer[0] is stream:
-                t._producer = (stream, seq)
+                t._producer = (stream, seq, mark)
         return outputs
 
     def _run_interpreted(self, feeds: dict, as_dict: bool):
@@ -557,6 +600,53 @@ def _named(task, node: Node):
     return run_node
 
 
+def resident_bytes(initializers: dict, plans) -> dict:
+    """Bytes of arrays that ``plans``' kernels hold (pre-packed / transformed weights), by dtype:
+    resident weight memory beyond the ``initializers``. Each buffer counts once (a plan may hold
+    an aligned buffer and its view); views of the initializers do not count."""
+    seen: set = set()
+    owners = {id(_owner(a)) for a in initializers.values() if isinstance(a, np.ndarray)}
+    out: dict = {}
+    for plan in plans:
+        for st in plan.steps:
+            for a in _arrays(getattr(st.executor, "plan", None), seen):
+                root = _owner(a)
+                if id(root) in owners:
+                    continue
+                owners.add(id(root))
+                out[str(root.dtype)] = out.get(str(root.dtype), 0) + int(root.nbytes)
+    return out
+
+
+def _arrays(obj, seen: set, depth: int = 0):
+    """numpy arrays reachable from a kernel plan (dicts, sequences, objects; a few levels deep)."""
+    if depth > 5 or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        yield obj
+        return
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        items = list(obj)
+    elif isinstance(getattr(obj, "__dict__", None), dict):  # (some wrappers' __dict__ is not a dict)
+        items = list(obj.__dict__.values())
+    elif hasattr(obj, "__slots__"):
+        items = [getattr(obj, n, None) for n in obj.__slots__]
+    else:
+        return
+    for v in items:
+        yield from _arrays(v, seen, depth + 1)
+
+
+def _owner(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (``a`` itself unless it is a view)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
 def graph_hash(graph: Graph) -> str:
     """A stable hash of a graph's structure, attributes and weights (the plan-cache key)."""
     h = hashlib.sha256()
@@ -567,36 +657,57 @@ def graph_hash(graph: Graph) -> str:
         for k in sorted(n.attrs):
             v = n.attrs[k]
             h.update(k.encode())
-            h.update(v.tobytes() if isinstance(v, np.ndarray) else repr(v).encode())
+            h.update(_array_digest(v) if isinstance(v, np.ndarray) else repr(v).encode())
     for k in sorted(graph.initializers):
         a = graph.initializers[k]
         h.update(f"init:{k}:{a.dtype}:{a.shape}".encode())
-        h.update(hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).tobytes()).digest())
+        h.update(_array_digest(a))
     h.update(repr(graph.output_names).encode())
     return h.hexdigest()[:16]
 
 
-def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None, level: int = 3,
-            disabled_passes=None, max_plans: int = 16, memory_optimization: bool | None = None,
-            cache_dir: str | None = None) -> CompiledGraph:
-    """Compile a Graph, an ONNX model (path or ModelProto) or a Python function of tensors.
+def _array_digest(a: np.ndarray) -> bytes:
+    """sha256 of an array's values; object arrays (ONNX strings) by their elements, whose
+    memory holds only pointers."""
+    h = hashlib.sha256()
+    if a.dtype.hasobject:
+        for x in a.reshape(-1):
+            b = x if isinstance(x, bytes) else repr(x).encode()
+            h.update(len(b).to_bytes(8, "little"))
+            h.update(b)
+    else:
+        h.update(np.ascontiguousarray(a).view(np.uint8).tobytes())
+    return h.digest()
 
-    ``example_inputs`` and ``dynamic_dims`` (``{arg: {dim: "name"}}``) are for functions and
-    ``opsnn.nn`` modules, which are traced (a module as :meth:`Module.to_graph` does).
-    ``static_shapes``: a list of ``{input: shape}`` to plan ahead of time.
-    ``cache_dir`` (or ``$OPSNN_CACHE_DIR``): reuse a graph optimized and planned by an earlier
-    process (keyed by the graph's hash); ``cg.persist()`` writes it.
+
+_memory_optimization = [True]
+
+
+def enable_memory_optimization(enabled: bool = True) -> None:
+    """Static memory planning for compiled graphs (on by default); ``opsnn.config`` exposes it."""
+    _memory_optimization[0] = bool(enabled)
+
+
+def memory_optimization_enabled() -> bool:
+    return _memory_optimization[0]
+
+
+def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None, level: int = 3,
+            disabled_passes=None, max_plans: int = 16, memory_optimization: bool | None = None) -> CompiledGraph:
+    """Compile a Graph or a Python function of tensors (traced on ``example_inputs``, with
+    ``dynamic_dims`` = ``{arg: {dim: "name"}}``). ``static_shapes``: a list of ``{input: shape}``
+    to plan ahead of time. :func:`opsnn.compile` (``opsnn.frontend``) is the front door that also
+    takes ONNX models and ``opsnn.nn`` modules and keeps the compile cache.
 
     >>> import opsnn, numpy as np
-    >>> cg = opsnn.compile(lambda x: opsnn.ops.relu(x), [np.ones((2, 3), np.float32)],
-    ...                    dynamic_dims={"x": {0: "batch"}})
+    >>> from opsnn.graph.compiler import compile
+    >>> cg = compile(lambda x: opsnn.ops.relu(x), [np.ones((2, 3), np.float32)],
+    ...              dynamic_dims={"x": {0: "batch"}})
     >>> cg.run([np.full((5, 3), -1, np.float32)])[0].shape
     (5, 3)
     """
     import copy
 
-    from ..nn.module import Module
-    from ..runtime.context import context
     from .passes import optimize
     from .tracing import trace
 
@@ -606,84 +717,23 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
     elif callable(model):
         if example_inputs is None:
             raise ParamInvalidError("compile: a function needs example_inputs to be traced")
-        # a Module traces as Module.to_graph does: inputs named after forward's arguments, weights
-        # after their state_dict keys, nested outputs (a decoder's logits and cache) flattened
-        graph = (model.to_graph(example_inputs, dynamic_dims) if isinstance(model, Module)
-                 else trace(model, example_inputs, dynamic_dims))
+        graph = trace(model, example_inputs, dynamic_dims)
     else:
-        from .. import onnx as _onnx
+        raise ParamInvalidError(f"compile: expected a Graph or a function of tensors, got {type(model).__name__} "
+                                f"(opsnn.compile also takes ONNX models and opsnn.nn modules)")
+    from .checks import check_nodes
 
-        graph = _onnx.load(model)
-    import os
-
-    cache_dir = cache_dir or os.environ.get("OPSNN_CACHE_DIR")
-    entry = None
-    if cache_dir:
-        from ..graph.passes import disabled_passes as _off
-
-        from .mixed_precision import policy as _mp_policy
-
-        # the mixed-precision policy changes the compiled graph (casts, 16-bit weights): part of the key
-        mp = ",".join(f"{op}:{np.dtype(dt).name}" for op, dt in sorted(_mp_policy().items()))
-        # so does the CPU (and oneDNN setting): the blocked-layout pass rewrites for this one's block
-        from .blocked_layout import machine_key
-
-        key = (f"{graph_hash(graph)}-L{level}-{'-'.join(sorted(_off() | set(disabled_passes or ())))}-MP{mp}"
-               f"-{machine_key()}")
-        entry = os.path.join(cache_dir, hashlib.sha256(key.encode()).hexdigest()[:20])
-        cached = _load_cached(entry, graph, max_plans, memory_optimization)
-        if cached is not None:
-            if static_shapes:
-                cached.prepare_shapes(static_shapes)
-            return cached
+    check_nodes(graph)  # before any pass: a mistake is reported against the user's node, not a fused op
     original = graph
     # nodes and subgraphs are copied (passes rewrite them); weight arrays are shared, never mutated
     work = copy.deepcopy(graph, {id(a): a for a in graph.initializers.values()})
     t0 = time.perf_counter()
     report = optimize(work, level=level, disabled=disabled_passes)
-    from ..tools import profiler
-
-    profiler.host_phase(f"compile {graph.name}", "compile", t0, time.perf_counter())
+    hooks.host_phase(f"compile {graph.name}", "compile", t0, time.perf_counter())
     if memory_optimization is None:
-        from .. import config
-
-        memory_optimization = config.memory_optimization_enabled()
+        memory_optimization = memory_optimization_enabled()
     cg = CompiledGraph(work, original=original, pass_report=report, max_plans=max_plans,
                        memory_optimization=memory_optimization)
-    cg.cache_dir = entry
     if static_shapes:
         cg.prepare_shapes(static_shapes)
-    return cg
-
-
-def _load_cached(entry: str, original: Graph, max_plans: int, memory_optimization) -> CompiledGraph | None:
-    import json
-    import os
-
-    from .. import config
-    from .serialize import from_onnx
-
-    gpath, ppath = os.path.join(entry, "graph.onnx"), os.path.join(entry, "plans.json")
-    if not (os.path.exists(gpath) and os.path.exists(ppath)):
-        return None
-    try:
-        with open(ppath) as f:
-            meta = json.load(f)
-        graph = from_onnx(gpath)
-    except (OSError, ValueError, OpsnnError) as exc:
-        log.warning("compile cache %s unreadable (%s); compiling afresh", entry, exc)
-        return None
-    if meta.get("format") != 1:
-        return None
-    if memory_optimization is None:
-        memory_optimization = config.memory_optimization_enabled()
-    cg = CompiledGraph(graph, original=original, max_plans=max_plans, memory_optimization=memory_optimization)
-    cg.cache_dir = entry
-    cg.loaded_from_cache = True
-    cg.kernel_choices = dict(meta.get("kernels", {}))
-    for shapes in meta.get("shapes", []):
-        try:
-            cg.prepare_shapes([{k: tuple(v) for k, v in shapes.items()}])
-        except OpsnnError as exc:
-            log.warning("compile cache %s: could not re-plan %s (%s)", entry, shapes, exc)
     return cg

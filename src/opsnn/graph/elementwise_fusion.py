@@ -1,18 +1,26 @@
 """Elementwise-chain fusion: maximal groups of same-shape elementwise ops (single consumers,
 scalar constants allowed) become one ``opsnn::FusedElementwise`` node whose generated numba
-kernel reads each input once and writes once (see kernels/cpu/codegen.py)."""
+kernel reads each input once and writes once (see kernels/cpu/codegen.py). A group holds at most
+:data:`MAX_FUSED_OPS` ops: numba's compile time grows faster than the kernel's length, so a long
+chain becomes several bounded kernels (a chain of one op type reuses one of them), and one graph
+generates at most :data:`MAX_FUSED_KERNELS` distinct kernels (each costs a numba compile; past the
+budget, groups that would need a new one stay unfused and run on the ops' own kernels)."""
 from __future__ import annotations
 
 import json
 
 import numpy as np
 
-from ..kernels.cpu.codegen import TEMPLATES
+from ..kernels.cpu.codegen import TEMPLATES, signature
 from .ir import Graph, Node
 from .shape_inference import infer_types
 
 _FLOAT_KINDS = "f"
 _BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
+#: the most ops one generated kernel computes
+MAX_FUSED_OPS = 32
+#: the most distinct generated kernels (programs) one graph may need
+MAX_FUSED_KERNELS = 32
 
 
 def _scalar_const(graph: Graph, name: str):
@@ -68,6 +76,9 @@ def elementwise_fusion(graph: Graph, res) -> None:
                 if v in outputs or len(consumers.get(v, [])) != 1:
                     res.refuse(f"{p.name} -> {m.name}: {v!r} has other consumers or is a graph output")
                     continue
+                if len(group) >= MAX_FUSED_OPS:  # p starts a group of its own (it is met later in the sweep)
+                    res.refuse(f"{p.name} -> {m.name}: the kernel of {n.name} already computes {MAX_FUSED_OPS} ops")
+                    continue
                 group.append(p)
                 assigned.add(id(p))
                 frontier.append(p)
@@ -78,6 +89,7 @@ def elementwise_fusion(graph: Graph, res) -> None:
     if not groups:
         return
     replace = {}
+    programs: set = set()
     for group in groups:
         root = group[-1]
         inputs: list[str] = []
@@ -100,6 +112,12 @@ def elementwise_fusion(graph: Graph, res) -> None:
             step_of[node.outputs[0]] = k
         if not inputs:  # all-constant chains are constant folding's job
             continue
+        sig = signature(program, len(inputs))
+        if sig not in programs and len(programs) >= MAX_FUSED_KERNELS:
+            res.refuse(f"{root.name}: the graph already needs {MAX_FUSED_KERNELS} distinct fused kernels; "
+                       f"{len(group)} ops left unfused")
+            continue
+        programs.add(sig)
         fused = Node("FusedElementwise", inputs, list(root.outputs), {"program": json.dumps(program)},
                      domain="opsnn", name=graph.unique_name(f"FusedElementwise_{root.name}"))
         fused.attrs_origin = [x.name for x in group]

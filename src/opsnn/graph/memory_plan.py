@@ -47,14 +47,30 @@ class MemoryPlan:
                 f"{len(self.aliases)} in-place)")
 
 
+#: steps per time bucket: a buffer is compared only with buffers placed in the buckets its
+#: lifetime spans, so a long chain of short-lived buffers plans in O(n), not O(n^2)
+_BUCKET = 64
+
+
 def plan_memory(buffers: list[Buffer]) -> MemoryPlan:
     """Assign arena offsets so that no two simultaneously live buffers overlap."""
     placed: list[tuple[int, int, Buffer]] = []  # (offset, aligned size, buffer)
+    buckets: dict[int, list[int]] = {}  # time bucket -> indices into placed of buffers live in it
     offsets: dict = {}
     for buf in sorted(buffers, key=lambda b: (-b.size, b.start, b.name)):
         size = _align(max(buf.size, 1))
-        busy = sorted((off, off + sz) for off, sz, other in placed
-                      if other.start <= buf.end and buf.start <= other.end)
+        span = range(buf.start // _BUCKET, max(buf.start, buf.end) // _BUCKET + 1)
+        seen: set = set()
+        busy = []
+        for t in span:
+            for j in buckets.get(t, ()):
+                if j in seen:
+                    continue
+                seen.add(j)
+                off, sz, other = placed[j]
+                if other.start <= buf.end and buf.start <= other.end:
+                    busy.append((off, off + sz))
+        busy.sort()
         best, best_gap, cursor = None, None, 0
         for lo, hi in busy:
             gap = lo - cursor
@@ -64,6 +80,8 @@ def plan_memory(buffers: list[Buffer]) -> MemoryPlan:
         if best is None:
             best = cursor
         offsets[buf.name] = best
+        for t in span:
+            buckets.setdefault(t, []).append(len(placed))
         placed.append((best, size, buf))
     arena = max((off + sz for off, sz, _ in placed), default=0)
     return MemoryPlan(offsets, arena, sum(_align(max(b.size, 1)) for b in buffers), list(buffers))

@@ -99,20 +99,25 @@ def apply_mixed_precision(graph: Graph, res, pol: dict | None = None) -> None:
             if o:
                 vdtype[o] = target
         new_nodes.append(node)
-    # graph outputs keep their declared dtype
+    # graph outputs keep their declared dtype (readers renamed in one sweep, not one per output)
+    producer_of = {o: n for n in new_nodes for o in n.outputs if o}
+    renamed: dict = {}
+    casts = []
     for out in graph.outputs:
         want = metas.get(out.name)
-        if want is None or vdtype.get(out.name) == np.dtype(want.dtype):
+        if out.name in renamed or want is None or vdtype.get(out.name) == np.dtype(want.dtype):
             continue
-        producer = next(n for n in new_nodes if out.name in n.outputs)
+        producer = producer_of[out.name]
         inner = graph.unique_name(f"{out.name}_{_dt.name(vdtype[out.name])}")
         producer.outputs = [inner if o == out.name else o for o in producer.outputs]
-        for n in new_nodes:
-            n.inputs = [inner if i == out.name else i for i in n.inputs]
-        new_nodes.append(Node("Cast", [inner], [out.name], {"to": int(_onnx_type(np.dtype(want.dtype)))},
-                              name=graph.unique_name(f"Cast_{out.name}")))
+        renamed[out.name] = inner
+        casts.append(Node("Cast", [inner], [out.name], {"to": int(_onnx_type(np.dtype(want.dtype)))},
+                          name=graph.unique_name(f"Cast_{out.name}")))
         res.note(f"output {out.name!r} cast back to {_dt.name(want.dtype)}")
-    graph.nodes = new_nodes
+    if renamed:
+        for n in new_nodes:
+            n.inputs = [renamed.get(i, i) for i in n.inputs]
+    graph.nodes = new_nodes + casts
     graph.sort()
     if converted_weights:
         res.log.append(f"{converted_weights} constant weight(s) stored in 16-bit")

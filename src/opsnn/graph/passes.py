@@ -2,7 +2,7 @@
 (``opsnn.config.disable_passes(["cse"])``) and reports what it did.
 
 >>> [p.name for p in PASSES][:3]
-['eliminate_noops', 'constant_folding', 'dead_code_elimination']
+['variadic_to_binary', 'eliminate_noops', 'constant_folding']
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import ParamInvalidError
 from ..ops.registry import get_op, has_op
+from ..runtime import hooks
 from .ir import Graph, Node
 
 log = logging.getLogger("opsnn.graph.passes")
@@ -73,6 +74,14 @@ def replace_uses(graph: Graph, old: str, new: str) -> None:
         n.inputs = [new if i == old else i for i in n.inputs]
 
 
+def apply_renames(graph: Graph, renamed: dict) -> None:
+    """Make every reader (subgraphs included) of a key of ``renamed`` read its value instead, in one
+    walk: a pass that bypasses K nodes renames once rather than walking the graph K times."""
+    if renamed:
+        for _, n in graph.walk():
+            n.inputs = [renamed.get(i, i) for i in n.inputs]
+
+
 def consumers(graph: Graph) -> dict:
     return graph.consumers()
 
@@ -101,9 +110,13 @@ def eliminate_noops(graph: Graph, res: PassResult) -> None:
     Squeeze/Unsqueeze/Flatten whose output shape equals the input's."""
     from .shape_inference import infer_types
 
-    metas = None
+    metas = users = prods = None
     keep = []
+    renamed: dict = {}
+    shape_of = {n.outputs[0]: n.inputs[0] for n in graph.nodes  # Shape(c) outputs -> c
+                if n.op_type == "Shape" and not n.domain and n.inputs and n.outputs and not n.attrs}
     for n in graph.nodes:
+        n.inputs = [renamed.get(i, i) for i in n.inputs]
         src = n.inputs[0] if n.inputs else ""
         out = n.outputs[0] if n.outputs else ""
         drop = False
@@ -119,18 +132,115 @@ def eliminate_noops(graph: Graph, res: PassResult) -> None:
             if metas is None:
                 metas = infer_types(graph)
             a, b = metas.get(src), metas.get(out)
+            if n.op_type == "Reshape" and len(n.inputs) > 1 and n.inputs[1] in shape_of:
+                b = metas.get(shape_of[n.inputs[1]])  # Reshape(a, Shape(c)): a gets c's shape (opset < 13 Softmax)
             drop = a is not None and b is not None and a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) \
                 and all(isinstance(d, (int, np.integer)) or d is not None for d in a.shape) \
                 and None not in a.shape
         if drop and not _removable_output(graph, out):
+            if users is None:
+                users, prods = graph.consumers(), graph.producers()
+            prod = prods.get(src)
+            # src read through a pending rename has readers the consumer map does not count yet
+            if prod is not None and src not in renamed.values() and len(users.get(src, [])) == 1 \
+                    and _removable_output(graph, src):
+                # a graph output: the producer of the input writes it instead (its one reader is this node)
+                prod.outputs[prod.outputs.index(src)] = out
+                res.note(f"removed {n.name} ({n.op_type}); {prod.name} writes the graph output {out!r}")
+                continue
             res.refuse(f"{n.name} ({n.op_type}): its output {out!r} is a graph output")
             drop = False
         if drop:
-            replace_uses(graph, out, src)
+            renamed[out] = src  # src is already resolved: the nodes are in topological order
             res.note(f"removed {n.name} ({n.op_type})")
         else:
             keep.append(n)
     graph.nodes = keep
+    apply_renames(graph, renamed)
+
+
+def variadic_to_binary(graph: Graph, res: PassResult) -> None:
+    """``Sum`` / ``Mean`` (older exporters' residuals, e.g. ONNX's zoo ResNet-50 at opset 9) as the
+    binary ops the fusions know: Sum(a, b, c) -> Add(Add(a, b), c), Mean(a, b) -> Mul(Add(a, b), 0.5)
+    (x * 0.5 and x / 2 round alike: both are the exact half, rounded once; Div by n where 1/n is
+    not exact), one input -> Identity."""
+    from .shape_inference import infer_types
+
+    metas = None
+    out_nodes = []
+    for n in graph.nodes:
+        ins = [i for i in n.inputs if i]
+        if n.domain or n.op_type not in ("Sum", "Mean") or not ins or len(n.outputs) != 1:
+            out_nodes.append(n)
+            continue
+        out = n.outputs[0]
+        if len(ins) == 1:
+            out_nodes.append(Node("Identity", ins, [out], name=n.name))
+            res.note(f"{n.name} ({n.op_type} of one input) -> Identity")
+            continue
+        scale = None
+        if n.op_type == "Mean":
+            if metas is None:
+                metas = infer_types(graph)
+            meta = metas.get(out)
+            if meta is None or np.dtype(meta.dtype).kind != "f":
+                res.refuse(f"{n.name} (Mean): the output dtype is not known to be a float")
+                out_nodes.append(n)
+                continue
+            exact = len(ins) & (len(ins) - 1) == 0  # a power of two: 1/n is exact
+            scale = graph.unique_name(f"{n.name}_scale")
+            graph.initializers[scale] = np.array(1.0 / len(ins) if exact else len(ins), dtype=meta.dtype)
+        acc = ins[0]
+        for k, nxt in enumerate(ins[1:]):
+            last = k == len(ins) - 2
+            dst = out if last and scale is None else graph.unique_name(f"{out}_sum{k}")
+            out_nodes.append(Node("Add", [acc, nxt], [dst], name=n.name if k == 0 else f"{n.name}_add{k}"))
+            acc = dst
+        if scale is not None:
+            op = "Mul" if exact else "Div"
+            out_nodes.append(Node(op, [acc, scale], [out], name=f"{n.name}_mean"))
+        res.note(f"{n.name} ({n.op_type} of {len(ins)} inputs) -> {len(ins) - 1} Add" + (f" + {op}" if scale else ""))
+    graph.nodes = out_nodes
+    _head_forms(graph, res)
+
+
+def _const_ints(graph: Graph, name: str):
+    v = graph.initializers.get(name) if name else None
+    return None if v is None else [int(i) for i in np.asarray(v).reshape(-1)]
+
+
+def _head_forms(graph: Graph, res: PassResult) -> None:
+    """Classifier heads as the builder writes them: ReduceMean over H and W of a 4-D tensor
+    (torch.onnx, keepdims) and an unpadded AveragePool whose kernel is the whole (static) image
+    (the zoo's) -> GlobalAveragePool, which the blocked layout reads in place."""
+    from .shape_inference import infer_types
+
+    metas = None
+    for i, n in enumerate(graph.nodes):
+        if n.domain or n.op_type not in ("ReduceMean", "AveragePool") or not n.inputs or len(n.outputs) != 1:
+            continue
+        if metas is None:
+            metas = infer_types(graph)
+        meta = metas.get(n.inputs[0])
+        shape = tuple(meta.shape) if meta is not None and meta.shape is not None else None
+        if shape is None or np.dtype(meta.dtype).kind != "f":  # GlobalAveragePool: floats only
+            continue
+        if len(shape) != 4:
+            continue
+        if n.op_type == "ReduceMean":
+            axes = n.attrs.get("axes")
+            axes = list(axes) if axes is not None else _const_ints(graph, n.inputs[1] if len(n.inputs) > 1 else "")
+            if axes is None or sorted(a % 4 for a in axes) != [2, 3] or not n.attrs.get("keepdims", 1):
+                continue
+        else:
+            a = n.attrs
+            auto = a.get("auto_pad", "NOTSET")
+            auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+            if list(a.get("kernel_shape") or []) != list(shape[2:]) or any(a.get("pads") or []) \
+                    or any(v != 1 for v in a.get("dilations") or []) or auto not in ("NOTSET", "VALID"):
+                continue
+        graph.nodes[i] = Node("GlobalAveragePool", [n.inputs[0]], list(n.outputs), name=n.name)
+        res.note(f"{n.name} ({n.op_type} over all of H, W) -> GlobalAveragePool")
 
 
 def constant_folding(graph: Graph, res: PassResult) -> None:
@@ -176,24 +286,22 @@ def constant_folding(graph: Graph, res: PassResult) -> None:
 
 def dead_code_elimination(graph: Graph, res: PassResult) -> None:
     """Remove nodes whose outputs nobody reads, and initializers nobody uses."""
-    changed = True
-    while changed:
-        changed = False
-        used = set(graph.output_names)
-        for _, n in graph.walk():
-            used.update(i for i in n.inputs if i)
-        from .ir import free_names
+    from .ir import free_names
 
-        for n in graph.nodes:
+    # one sweep from the outputs back: the nodes are in topological order, so a node's readers are
+    # all decided before it is (a dead chain goes in one sweep, not one sweep per link)
+    used = set(graph.output_names)
+    live = []
+    for n in reversed(graph.nodes):
+        if any(o and o in used for o in n.outputs):
+            live.append(n)
+            used.update(i for i in n.inputs if i)
             used |= free_names(n)
-        keep = []
-        for n in graph.nodes:
-            if any(o and o in used for o in n.outputs):
-                keep.append(n)
-            else:
-                res.note(f"removed {n.name} ({n.op_type}): outputs unused")
-                changed = True
-        graph.nodes = keep
+    live_ids = set(map(id, live))
+    for n in graph.nodes:
+        if id(n) not in live_ids:
+            res.note(f"removed {n.name} ({n.op_type}): outputs unused")
+    graph.nodes = live[::-1]
     used = set(graph.output_names)
     for _, n in graph.walk():
         used.update(i for i in n.inputs if i)
@@ -207,7 +315,9 @@ def common_subexpression_elimination(graph: Graph, res: PassResult) -> None:
     """Merge nodes with the same op, inputs and attributes (deterministic ops only)."""
     seen: dict = {}
     keep = []
+    renamed: dict = {}
     for n in graph.nodes:
+        n.inputs = [renamed.get(i, i) for i in n.inputs]  # merged values, so duplicates of duplicates merge too
         if n.op_type in _NONDETERMINISTIC or any(True for _ in n.subgraphs()):
             keep.append(n)
             continue
@@ -224,41 +334,49 @@ def common_subexpression_elimination(graph: Graph, res: PassResult) -> None:
             continue
         for o, f in zip(n.outputs, first.outputs):
             if o:
-                replace_uses(graph, o, f)
+                renamed[o] = f
         res.note(f"merged {n.name} into {first.name} ({n.op_type})")
     graph.nodes = keep
+    apply_renames(graph, renamed)
 
 
 def transpose_cancellation(graph: Graph, res: PassResult) -> None:
     """Transpose(Transpose(x, p), q) -> Transpose(x, p∘q), or x when the composition is the identity."""
-    changed = True
-    while changed:
-        changed = False
-        prod = graph.producers()
-        users = graph.consumers()
-        for n in graph.nodes:
-            if n.op_type != "Transpose" or n.domain:
-                continue
-            inner = prod.get(n.inputs[0])
-            if inner is None or inner.op_type != "Transpose" or inner.domain:
-                continue
-            p, q = inner.attrs.get("perm"), n.attrs.get("perm")
-            if p is None or q is None:
-                res.refuse(f"{n.name}: a Transpose without perm (rank unknown)")
-                continue
-            composed = [list(p)[i] for i in q]
-            if composed == list(range(len(composed))) and _removable_output(graph, n.outputs[0]):
-                replace_uses(graph, n.outputs[0], inner.inputs[0])
-                graph.nodes = [m for m in graph.nodes if m is not n]
-                res.note(f"{inner.name} + {n.name}: cancelled")
-            else:
-                n.inputs[0] = inner.inputs[0]
-                n.attrs["perm"] = composed
-                res.note(f"{inner.name} + {n.name}: merged into one Transpose {composed}")
-            if len(users.get(inner.outputs[0], [])) <= 1 and _removable_output(graph, inner.outputs[0]):
-                graph.nodes = [m for m in graph.nodes if m is not inner]
-            changed = True
-            break
+    # one sweep in topological order: a Transpose's input is final when it is reached, so a chain of
+    # K Transposes folds in one pass (not one pass per fold)
+    prod = graph.producers()
+    users = {k: len(v) for k, v in graph.consumers().items()}
+    renamed: dict = {}
+    dropped: set = set()
+    for n in graph.nodes:
+        n.inputs = [renamed.get(i, i) for i in n.inputs]
+        if n.op_type != "Transpose" or n.domain:
+            continue
+        inner = prod.get(n.inputs[0])
+        if inner is None or inner.op_type != "Transpose" or inner.domain:
+            continue
+        p, q = inner.attrs.get("perm"), n.attrs.get("perm")
+        if p is None or q is None:
+            res.refuse(f"{n.name}: a Transpose without perm (rank unknown)")
+            continue
+        composed = [list(p)[i] for i in q]
+        src = inner.inputs[0]
+        if composed == list(range(len(composed))) and _removable_output(graph, n.outputs[0]):
+            renamed[n.outputs[0]] = src
+            dropped.add(id(n))
+            users[src] = users.get(src, 0) + users.get(n.outputs[0], 0)  # n's readers now read src
+            res.note(f"{inner.name} + {n.name}: cancelled")
+        else:
+            n.inputs[0] = src
+            n.attrs["perm"] = composed
+            users[src] = users.get(src, 0) + 1
+            res.note(f"{inner.name} + {n.name}: merged into one Transpose {composed}")
+        users[inner.outputs[0]] -= 1
+        if users[inner.outputs[0]] <= 0 and _removable_output(graph, inner.outputs[0]) and id(inner) not in dropped:
+            dropped.add(id(inner))
+            users[src] = users.get(src, 0) - 1
+    graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
+    apply_renames(graph, renamed)
 
 
 def conv_bn_folding(graph: Graph, res: PassResult) -> None:
@@ -369,6 +487,8 @@ def _mixed_precision(graph: Graph, res: PassResult) -> None:
 
 
 PASSES: list[Pass] = [
+    Pass("variadic_to_binary", variadic_to_binary, 1, "Sum/Mean of inputs -> Add (+ Mul by 1/n); torch's "
+         "ReduceMean(H, W) head -> GlobalAveragePool"),
     Pass("eliminate_noops", eliminate_noops, 1, "Identity/Dropout/no-op Cast/Reshape elimination"),
     Pass("constant_folding", constant_folding, 1, "evaluate constant subgraphs at compile time"),
     Pass("dead_code_elimination", dead_code_elimination, 1, "drop unused nodes and initializers"),
@@ -417,8 +537,6 @@ def disabled_passes() -> set[str]:
 
 def optimize(graph: Graph, level: int = 3, disabled=None) -> OptimizeReport:
     """Run the enabled passes up to ``level`` in order, in place; returns what each did."""
-    from ..tools import profiler
-
     off = _disabled | set(disabled or ())
     report = OptimizeReport(nodes_before=len(graph.nodes))
     import sys
@@ -433,10 +551,11 @@ def optimize(graph: Graph, level: int = 3, disabled=None) -> OptimizeReport:
             continue
         res = PassResult(p.name)
         t0 = time.perf_counter()
-        p.fn(graph, res)
+        with graph.reserving_names():  # unique_name from one set per pass, not a graph scan per call
+            p.fn(graph, res)
         t1 = time.perf_counter()
         res.ms = (t1 - t0) * 1e3
-        profiler.host_phase(f"pass {p.name}", "pass", t0, t1, changes=res.changes)
+        hooks.host_phase(f"pass {p.name}", "pass", t0, t1, changes=res.changes)
         graph.validate()
         report.results.append(res)
         if res.changes:

@@ -1,4 +1,4 @@
-"""Graph -> ONNX ModelProto (opsnn's fused ops in the ``opsnn`` domain), and back.
+"""Graph -> ONNX ModelProto (opsnn's fused ops in the ``opsnn`` domain); ``opsnn.onnx.load`` reads it back.
 
 A compiled graph can be saved, sent to another process, reloaded with
 ``opsnn.onnx.load`` and opened in any ONNX viewer::
@@ -113,10 +113,3 @@ def save(graph: Graph, path: str) -> str:
     except ValueError as exc:  # > 2 GB needs external data
         raise ParamInvalidError(f"save: {exc}") from None
     return path
-
-
-def from_onnx(model) -> Graph:
-    """Load a serialized graph (any ONNX model) back into the IR."""
-    from .. import onnx as _onnx
-
-    return _onnx.load(model)

@@ -116,7 +116,19 @@ class Sym:
             raise SymbolicError("symbolic dim divided by zero")
         if all(c % d == 0 for c in self.terms.values()):
             return Sym._wrap({m: c // d for m, c in self.terms.items()}, self._atoms)
+        inner, k = self._atom_plus_constant()
+        if d > 0 and inner is not None and inner[0] == "floor" and isinstance(inner[2], int) and inner[2] > 0:
+            # floor((floor(a/p) + k)/d) = floor((a + k*p)/(p*d)): a chain of strided pools stays one term
+            return (inner[1] + k * inner[2]) // (inner[2] * d)
         return self._opaque("floor", d)
+
+    def _atom_plus_constant(self):
+        """``(spec, k)`` when this is exactly one opaque term (coefficient 1) plus a constant ``k``."""
+        k = self.terms.get((), 0)
+        rest = [(m, c) for m, c in self.terms.items() if m]
+        if len(rest) != 1 or rest[0][1] != 1 or len(rest[0][0]) != 1 or rest[0][0][0][1] != 1:
+            return None, 0
+        return self._atoms.get(rest[0][0][0][0]), k
 
     def __rfloordiv__(self, other):
         return Sym._lift(other)._opaque("floor", self)
@@ -174,14 +186,18 @@ class Sym:
     # -- evaluation ----------------------------------------------------------------------------
     def atoms(self) -> set[str]:
         """The named symbols this expression depends on (through opaque terms too)."""
-        names = set()
-        for name, spec in self._atoms.items():
-            if spec is None:
-                names.add(name)
-            else:
-                for part in spec[1:]:
-                    if isinstance(part, Sym):
-                        names |= part.atoms()
+        # each opaque term is visited once: a term's atoms include its operands' (recursing into
+        # every one of them took 2**depth steps for a chain of strided pools)
+        names, seen, todo = set(), set(), [self]
+        while todo:
+            for name, spec in todo.pop()._atoms.items():
+                if name in seen:
+                    continue
+                seen.add(name)
+                if spec is None:
+                    names.add(name)
+                else:
+                    todo.extend(part for part in spec[1:] if isinstance(part, Sym))
         return names
 
     def evaluate(self, bindings: dict) -> int:

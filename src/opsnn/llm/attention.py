@@ -25,7 +25,7 @@ import numba as nb
 import numpy as np
 
 from ..kernels.cpu.activation import fexp
-from ..kernels.cpu.attention import _row_max
+from ..kernels.cpu.attention import row_max
 
 #: vectorise dot products (reassociation) but keep IEEE inf semantics
 _FM = {"reassoc", "contract", "arcp", "nsz"}
@@ -77,7 +77,7 @@ def _decode_task(t, q, kt, v, slots, lengths, y, scale):
     inv = np.empty(group, np.float32)
     for gi in range(group):
         row = s[gi]
-        m = _row_max(row)  # eight running maxima: one max chain is latency-bound
+        m = row_max(row)  # eight running maxima: one max chain is latency-bound
         for j in range(L):
             row[j] = fexp(row[j] - m)
         tot = zero

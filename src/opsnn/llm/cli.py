@@ -145,8 +145,14 @@ def cli_serve_bench(argv: list[str] | None = None) -> int:
         print(f"workload: {len(items)} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens "
               f"(total {sum(len(i.prompt) for i in items)}), outputs {args.new_tokens[0]}-{args.new_tokens[1]} "
               f"(total {sum(i.max_new_tokens for i in items)}), seed {args.seed}, greedy")
-        # compile the kernels before timing anything
-        replay(model, mixed_workload(2, (4, 8), (2, 3), args.vocab, 1), max_batch_slots=2, progress=False)
+        # warm-up: the same batch sizes and prompt lengths as the timed runs (kernel choice and compiled
+        # specializations follow the row counts), few output tokens; both modes, so neither times compilation
+        t_warm = time.perf_counter()
+        warm = mixed_workload(min(args.requests, args.max_batch), args.prompt_len, (2, 3), args.vocab, args.seed + 1)
+        replay(model, warm, max_batch_slots=args.max_batch, max_prefill_tokens=args.max_prefill_tokens, progress=False)
+        if not args.no_sequential:
+            replay(model, warm[:2], sequential=True, max_prefill_tokens=args.max_prefill_tokens, progress=False)
+        print(f"warm-up (compiles kernels, not timed): {time.perf_counter() - t_warm:.1f} s")
         reports = [replay(model, items, max_batch_slots=args.max_batch, max_prefill_tokens=args.max_prefill_tokens,
                           progress=args.progress)]
         if not args.no_sequential:

@@ -33,10 +33,11 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops
 from ..errors import ParamInvalidError
+from ..kernels.cpu import libraries as _libs
 from ..kernels.cpu import mkl as _mkl
 from ..kernels.cpu import mkl_nb as _mkl_nb
 from ..kernels.cpu import onednn as _onednn
-from ..kernels.cpu.gemm import SMALL_ROWS, f32_to_bf16, gemm_rows_parallel, gemv_bf16
+from ..kernels.cpu.gemm import f32_to_bf16, gemm_rows_parallel, gemv_bf16
 from ..ops.defs.attention import GEMM_MAX_SCORE_BYTES
 from ..runtime import hooks
 from ..runtime.context import context
@@ -248,19 +249,18 @@ class CachedDecoder:
             return _Bf16Weight(w.numpy().view(np.uint16))
         if self._packs is None or w.dtype != _F32 or w.ndim != 2:
             return None
-        if rows < 2 and not _own_kernel(rows):  # a matrix-vector product (MKL's sgemv) streams the
-            return np.ascontiguousarray(w.numpy())  # weight once: packing buys nothing
+        if _libs.projection(rows, w.shape[1], w.shape[0], _F32).kernel == "llm_linear_mkl_gemv":
+            return np.ascontiguousarray(w.numpy())  # MKL's sgemv streams the weight once: packing buys nothing
         return self._pack_stacked((w,), rows)
 
     def _pack_stacked(self, ws: tuple, rows: int):
         """MKL's panel of the weights ``ws`` (each (N_i, K)) stacked along N, packed on first use
         and kept in the model's packs; packed again when a weight was given a new array. Where
-        OpenBLAS is the faster library for ``rows`` rows (:func:`opsnn.kernels.cpu.mkl.packed_unpreferred`:
-        long prompts on AMD CPUs), or the product has at most ``SMALL_ROWS`` rows where MKL is not
-        the GEMM library (decode steps there: opsnn's own kernel), the stacked weight itself as a
+        the strategy runs ``rows`` rows on another library
+        (:func:`opsnn.kernels.cpu.libraries.weight_stays_unpacked`), the stacked weight itself as a
         :class:`_PlainWeight`."""
         n, k = sum(w.shape[0] for w in ws), ws[0].shape[1]
-        plain = _own_kernel(rows) or _onednn_rows(rows) or _mkl.packed_unpreferred(rows, k, n) is not None
+        plain = _libs.weight_stays_unpacked(rows, k, n)
         packs, key = self._packs, tuple(id(w) for w in ws) + (plain,)
         got = packs.get(key)
         if got is not None and all(r() is w for r, w in zip(got[0], ws)) and \
@@ -275,9 +275,7 @@ class CachedDecoder:
 
     def _packed_cat(self, ws: tuple, rows: int):
         """One packed panel of the projection weights ``ws`` stacked along N (q/k/v, or gate
-        and up): one GEMM instead of two or three, each wider (MKL, 2-core AVX-512 VM, x @
-        [W_q; W_k; W_v].T for 768 -> 768 + 256 + 256 vs three products: 128 rows 1.45 -> 1.27 ms,
-        16 rows 0.30 -> 0.23; gate + up 2 x 2048: 128 rows 4.92 -> 4.60, 16 rows 0.83 -> 0.73).
+        and up): one GEMM instead of two or three, each wider (docs/kernel-libraries.md).
         None when the weights would not each be a packed panel (one row: matrix-vector products
         read each weight once either way; bf16 weights; no MKL)."""
         if rows < 2 or self._packs is None or any(w.dtype != _F32 or w.ndim != 2 for w in ws) or \
@@ -371,10 +369,7 @@ def decode_bucket(rows: int, max_rows: int) -> int:
 
 #: decode steps of up to this many rows run fused (opsnn.llm.fused); larger batches keep the
 #: op-by-op step, whose products read MKL's packed panels: unpacked, a thread's share of a
-#: weight is slower to multiply by more rows. 12 layers x hidden 768 on the 2-core AVX-512 VM,
-#: fused vs op by op, ms a step: 1 row 19.1-20.3 vs 22.7-26.0, 2 rows 23.9-25.0 vs 30.1-31.1,
-#: 4 rows 39.6 vs 33.7, 8 rows 59.0 vs 40.9 (4 layers x hidden 256: 2 rows 3.1 vs 3.8, 4 rows
-#: 5.4 vs 5.0)
+#: weight is slower to multiply by more rows (measured: docs/kernel-libraries.md)
 FUSED_MAX_ROWS = 2
 
 #: prepared decode steps a CachedDecoder keeps (each holds its activation buffers: a few KB per row)
@@ -453,8 +448,8 @@ class _DecodeStep:
             attend = dec._attention_kernel(i, q, self.slots, self.kvlen, y)
             kc, vc = dec.cache._k[i], dec.cache._v[i]
 
-            def rope_attend(q=q.reshape(R, Hq, D), k=k.reshape(R, Hkv, D), v=v.reshape(R, Hkv, D), kc=kc, vc=vc,
-                            attend=attend):
+            def rope_attend(q=q.reshape(R, Hq, D), k=k.reshape(R, Hkv, D), v=v.reshape(R, Hkv, D),  # noqa: B008
+                            kc=kc, vc=vc, attend=attend):  # the defaults bind this layer's views once
                 rope_store(q, k, v, cos, sin, pos, kc, vc, self.slots, self.B)
                 attend()
             self.plan.append(lambda fn=rope_attend: dec._launch_attention(fn, self.kvlen, "llm_decode_rope_attention"))
@@ -561,17 +556,13 @@ class _DecodeStep:
 def _model_packs(model) -> dict:
     """The model's packed projection weights ((ids of the stacked weight tensors) -> (refs to the
     tensors, refs to their arrays, panel)), kept on the model so that every decoder of it shares them;
-    ``load_state_dict`` drops them (``LlamaForCausalLM.on_weights_loaded``). Keyed by id, not
-    by the tensor: a tensor's ``==`` is elementwise."""
-    packs = model.__dict__.get(PACKS_ATTR)
-    if packs is None:
-        packs = {}
-        object.__setattr__(model, PACKS_ATTR, packs)
-    return packs
+    ``load_state_dict`` empties them (``Module.derived_cache``). Keyed by id, not by the tensor:
+    a tensor's ``==`` is elementwise."""
+    return model.derived_cache(PACKS)
 
 
-#: the attribute of a model that holds its packed projection weights
-PACKS_ATTR = "_llm_packed_projections"
+#: the name of the model's derived cache that holds its packed projection weights
+PACKS = "llm.packed_projections"
 
 
 _BF16 = _dt.bfloat16
@@ -580,43 +571,6 @@ _BF16 = _dt.bfloat16
 def _f32(t: Tensor) -> Tensor:
     """``t`` as float32 (a widened copy when the model was cast to 16 bits)."""
     return t if t.dtype == _F32 else Tensor(t.numpy().astype(np.float32))
-
-
-#: fewest rows of a float32 projection that run on oneDNN's matmul (:func:`_onednn_rows`); fewer
-#: stay on ``gemm_rows``, which streams the weight as fast (2-core EPYC Zen 4 VM, 2026-12-02, ms,
-#: oneDNN / gemm_rows: 768 -> 4096 at 2 rows 0.53 / 0.42, 8 rows 0.53-1.53 / 0.64-1.30, 12 rows
-#: 0.72 / 1.00, 16 rows 0.83 / 1.38; 2048 -> 768 (+=) 4 rows 0.29 / 0.29, 8 rows 0.34-0.39 /
-#: 0.36-0.57, 12 rows 0.41 / 0.52, 16 rows 0.45 / 0.69; 768 -> 1280 12 rows 0.20 / 0.27; 768 -> 32000
-#: 8 rows 7.1-8.8 / 8.2-8.9, 12 rows 8.2 / 10.0, 16 rows 8.8 / 12.5). Batch-8 decode steps of the
-#: LLaMA-style decoder measured even (52 ms either way), so 8 rows stay on gemm_rows.
-ONEDNN_MIN_ROWS = 12
-
-
-def _onednn_rows(rows: int) -> bool:
-    """True when a float32 product of ``rows`` rows runs on oneDNN's matmul reading the weight in
-    place (:func:`opsnn.kernels.cpu.onednn.wt_matmul`): at least ``ONEDNN_MIN_ROWS`` rows, MKL not
-    the GEMM library (on Intel CPUs its packed panels stay), and oneDNN's brgemm code available
-    (:func:`opsnn.kernels.cpu.onednn.matmul_unavailable`). It is faster than OpenBLAS at every
-    row count and than ``gemm_rows`` from about 12 rows on (see ``wt_matmul``'s figures)."""
-    return rows >= ONEDNN_MIN_ROWS and _mkl.gemm_library() != "mkl" and _onednn.matmul_unavailable() is None
-
-
-def _onednn_bf16_rows(rows: int) -> bool:
-    """True when a bfloat16 model's product of ``rows`` rows runs on oneDNN's bf16 matmul
-    (:func:`opsnn.kernels.cpu.onednn.wt_matmul`, the weight read in place): two rows or more
-    where MKL is not the GEMM library and oneDNN has native bf16 brgemm code. Measured on the
-    2-core EPYC Zen 4 VM (2026-12-02, ms, MKL's bf16 GEMM / oneDNN, x rounded to bf16 included):
-    768 -> 4096 2 rows 0.95 / 0.19, 16 rows 1.11 / 0.46, 128 rows 7.39 / 2.43; 2048 -> 768 128 rows
-    3.49 / 1.12; 768 -> 32000 8 rows 18.5 / 5.0, 128 rows 85.7 / 19.5. One row stays on
-    ``gemv_bf16`` (768 -> 32000: 1.81 vs oneDNN 4.29)."""
-    return rows >= 2 and _mkl.gemm_library() != "mkl" and _onednn.product_unavailable(_BF16) is None
-
-
-def _own_kernel(rows: int) -> bool:
-    """True when a product of ``rows`` rows runs on opsnn's own few-row kernels (``gemm_rows``,
-    ``gemv_bf16``) rather than MKL: at most ``SMALL_ROWS`` rows where MKL is not the GEMM library
-    (:func:`opsnn.kernels.cpu.mkl.gemm_library`)."""
-    return rows <= SMALL_ROWS and _mkl.gemm_library() != "mkl"
 
 
 class _PlainWeight:
@@ -667,15 +621,17 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
     """``out = x @ W.T`` (``out += x @ W.T`` when ``accumulate``: a residual added by the GEMM
     itself) as (closure over these arrays, task name, profiler info), the arguments of a stream
     launch: ``p`` is W's packed panel (MKL), W itself (N, K) for one row (``cblas_sgemv``), a
-    :class:`_Bf16Weight` (``x`` rounded into a bf16 buffer of its own, then oneDNN's bf16 matmul
-    where :func:`_onednn_bf16_rows`, else ``cblas_gemm_bf16bf16f32``; one row on ``gemv_bf16``
-    where :func:`_own_kernel`), or a
-    :class:`_PlainWeight` (oneDNN's matmul where :func:`_onednn_rows`, else ``gemm_rows_parallel``
-    where :func:`_own_kernel`, else OpenBLAS)."""
+    :class:`_Bf16Weight` (``x`` rounded into a bf16 buffer of its own) or a :class:`_PlainWeight`,
+    each run as :func:`opsnn.kernels.cpu.libraries.projection` decides."""
     beta = 1.0 if accumulate else 0.0
-    if isinstance(p, _Bf16Weight) and x.shape[0] == 1 and _own_kernel(1):
-        # one row where MKL is not the library of choice: its bf16 GEMM runs 4-5x slower than
-        # opsnn's bf16 matrix-vector kernel there (EPYC Zen 4 VM: 32000 x 768 6.8-7.0 vs 1.6-1.8 ms)
+    kernel = None
+    if isinstance(p, _Bf16Weight):
+        kernel = _libs.projection(x.shape[0], p.w.shape[1], p.w.shape[0], _BF16,
+                                  contiguous=out.flags.c_contiguous).kernel
+    elif isinstance(p, _PlainWeight):
+        kernel = _libs.projection(x.shape[0], p.w.shape[1], p.w.shape[0], _F32,
+                                  contiguous=x.flags.c_contiguous and out.flags.c_contiguous).kernel
+    if kernel == "llm_linear_bf16_gemv":
         (n, k), xv, ov = p.w.shape, x.reshape(-1), out.reshape(-1)
         info = {"kernel": "llm_linear_bf16_gemv", "flops": 2 * k * n}
         return (lambda: gemv_bf16(p.w, xv, ov, beta)), "Linear", info
@@ -683,7 +639,7 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
         (n, k), wt = p.w.shape, p.w.T
         xb = np.empty(x.shape, np.uint16)
         xf, xu, xbf = x.reshape(-1), x.reshape(-1).view(np.uint32), xb.reshape(-1)
-        if _onednn_bf16_rows(x.shape[0]) and out.flags.c_contiguous:
+        if kernel == "llm_linear_onednn_bf16":
             prim = _onednn.wt_matmul(x.shape[0], k, n, accumulate, _BF16)
             ptrs = (xb.ctypes.data, p.w.ctypes.data, out.ctypes.data)
 
@@ -696,13 +652,13 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
             f32_to_bf16(xf, xu, xbf)
             _mkl.gemm2d_bf16(xb, wt, out, beta=beta)
         return fn, "Linear", {"kernel": "llm_linear_mkl_bf16", "flops": 2 * x.shape[0] * k * n}
-    if isinstance(p, _PlainWeight) and _onednn_rows(x.shape[0]) and x.flags.c_contiguous and out.flags.c_contiguous:
+    if isinstance(p, _PlainWeight) and kernel == "llm_linear_onednn":
         (n, k), w = p.w.shape, p.w
         prim = _onednn.wt_matmul(x.shape[0], k, n, accumulate)
         ptrs = (x.ctypes.data, w.ctypes.data, out.ctypes.data)
         info = {"kernel": "llm_linear_onednn", "flops": 2 * x.shape[0] * k * n}
         return (lambda _arrays=(x, w, out): prim.run(*ptrs)), "Linear", info
-    if isinstance(p, _PlainWeight) and _own_kernel(x.shape[0]):
+    if isinstance(p, _PlainWeight) and kernel == "llm_linear_rows":
         (n, k), w, b32 = p.w.shape, p.w, np.float32(beta)
         info = {"kernel": "llm_linear_rows", "flops": 2 * x.shape[0] * k * n}
         return (lambda: gemm_rows_parallel(x, w, out, b32)), "Linear", info

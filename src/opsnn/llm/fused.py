@@ -25,7 +25,7 @@ import numpy as np
 from ..kernels.cpu import mkl_nb as MN
 from ..kernels.cpu.activation import swiglu_chunk
 from ..kernels.cpu.gemm import gemm_rows
-from ..kernels.cpu.norm import _ln_rows32
+from ..kernels.cpu.norm import norm_rows32
 from .attention import _decode_task, rope_query, store_key_value
 
 
@@ -34,7 +34,7 @@ def _rms(h, w, eps, x):
     # x[b] = rms_norm(h[b]) * w for every row (h, x: (R, H))
     stats = np.empty(2 * h.shape[0])
     R = h.shape[0]
-    _ln_rows32(h.reshape(-1), w, w, False, x.reshape(-1), stats[:R], stats[R:], 0, R, h.shape[1], eps, True)
+    norm_rows32(h.reshape(-1), w, w, False, x.reshape(-1), stats[:R], stats[R:], 0, R, h.shape[1], eps, True)
 
 
 @nb.njit(nogil=True, cache=True)
@@ -49,7 +49,7 @@ def _normed(h, w, eps):
 def _gemm_t(fns, x, w, lo, hi, beta, out):
     # out = x @ w[lo:hi].T + beta * out (x (R, K), w (N, K) row-major; out (R, hi - lo), unit column stride)
     R, k = x.shape
-    if fns[2] == 0:  # no MKL gemv: opsnn's few-row kernel (where MKL is not the GEMM library)
+    if fns[2] == 0:  # no MKL gemv (libraries.mkl_gemv_in_tasks): opsnn's few-row kernel
         gemm_rows(x, w, lo, hi, np.float32(beta), out)
     elif R == 1:  # one row: a matrix-vector product over the weight's rows
         MN.sgemv(fns[2], hi - lo, k, w[lo:].ctypes.data, k, x.ctypes.data, beta, out.ctypes.data)

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..errors import DTypeError, ParamInvalidError
 from ..nn.functional import check_token_ids
-from ..tools.profiler import record
+from ..runtime.hooks import region
 from .cache import KVCache
 from .decoder import CachedDecoder
 from .errors import GenerationError, PromptTooLongError, SchedulerClosedError
@@ -329,7 +329,7 @@ class Scheduler:
             return
         t0 = time.perf_counter()
         try:
-            with record(f"llm prefill ({len(batch)} requests, {sum(n for _, _, n in batch)} tokens)"):
+            with region(f"llm prefill ({len(batch)} requests, {sum(n for _, _, n in batch)} tokens)"):
                 logits = self.decoder.prefill([(r.prompt[p0:p0 + n], r.slot, p0) for r, p0, n in batch])
         except Exception as exc:  # noqa: BLE001 - becomes the error of every request of the batch
             for r, _, _ in batch:
@@ -353,7 +353,7 @@ class Scheduler:
         starts = np.array([r.position for r in rows], np.int64)
         t0 = time.perf_counter()
         try:
-            with record(f"llm decode (batch {len(rows)})"):
+            with region(f"llm decode (batch {len(rows)})"):
                 logits = self.decoder.forward(tokens, slots, starts)
         except Exception as exc:  # noqa: BLE001 - every row of the failed batch gets the error
             for r in rows:

@@ -160,13 +160,6 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 init.normal_(m.weight, std)
 
-    def on_weights_loaded(self) -> None:
-        """``load_state_dict`` wrote new values: drop the packed copies of the projection
-        weights that the LLM decoder made (opsnn.llm.decoder)."""
-        from ..llm.decoder import PACKS_ATTR
-
-        self.__dict__.pop(PACKS_ATTR, None)
-
     @property
     def output_weight(self):
         """The (vocab, hidden) matrix of the output projection (the embedding when tied)."""
@@ -201,7 +194,8 @@ class LlamaForCausalLM(nn.Module):
             raise ParamInvalidError(f"llama: input_ids must be (batch, seq), got shape {ids.shape}")
         B, S = ids.shape
         past = None if past_key_values is None else [(as_tensor(k), as_tensor(v)) for k, v in past_key_values]
-        P = 0 if past is None else self._check_past(past, B)
+        if past is not None:
+            self._check_past(past, B)
         if position_ids is None:
             # off + (0, 1, ..., S - 1) on every row, computed from ids (and the cache's length) by
             # ops, so a traced graph follows the batch, length and past it is run with

@@ -41,7 +41,7 @@ def adapt_names(model: Module, state: dict) -> dict:
         for p in prefixes:
             if k.startswith(p) and k not in own:
                 k = k[len(p):]
-        if k not in own and (k.endswith(".gamma") or k.endswith(".beta")):
+        if k not in own and k.endswith((".gamma", ".beta")):
             alt = k.rsplit(".", 1)[0] + (".weight" if k.endswith(".gamma") else ".bias")
             if alt in own:
                 k = alt

@@ -345,9 +345,22 @@ class Module:
         """Called on every module after ``load_state_dict`` wrote new values (caches derived
         from weights refresh here)."""
         for m in self.modules():
+            m.__dict__.pop("_derived_caches", None)
             hook = type(m).__dict__.get("on_weights_loaded")
             if hook is not None:
                 hook(m)
+
+    def derived_cache(self, name: str) -> dict:
+        """A dict kept on this module for data a caller derives from its weights (packed or
+        converted copies), shared by every user of the module; ``load_state_dict`` empties it.
+
+        >>> import opsnn
+        >>> lin = opsnn.nn.Linear(2, 3)
+        >>> lin.derived_cache("my.packs")["w"] = "packed"
+        >>> lin.derived_cache("my.packs")
+        {'w': 'packed'}
+        """
+        return self.__dict__.setdefault("_derived_caches", {}).setdefault(name, {})
 
     def load_weights(self, source, strict: bool = True) -> IncompatibleKeys:
         """Load weights from a local ``.safetensors``, ``.npz`` or ``.onnx`` file (ONNX:

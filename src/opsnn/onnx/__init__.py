@@ -1,5 +1,6 @@
-"""ONNX frontend: import models as opsnn graphs, the standard ``onnx.backend`` interface,
-and the conformance harness over ONNX's own test cases.
+"""ONNX frontend: import models as opsnn graphs, an onnxruntime-compatible
+``InferenceSession`` (and ``ort_compat``, onnxruntime's API as a module), the standard
+``onnx.backend`` interface, and the conformance harness over ONNX's own test cases.
 
 >>> import opsnn.onnx                                           # doctest: +SKIP
 >>> g = opsnn.onnx.load("model.onnx")                            # doctest: +SKIP
@@ -7,10 +8,14 @@ and the conformance harness over ONNX's own test cases.
 >>> outputs = rep.run([x])                                       # doctest: +SKIP
 """
 from . import errors, opset
-from .errors import (ExternalDataError, ModelFormatError, OnnxImportError, TensorTooLargeError, UnsupportedOpError,
+from .errors import (ExpansionLimitError, ExternalDataError, ModelFormatError, OnnxImportError, TensorTooLargeError, UnsupportedOpError,
                      UnsupportedOpsetError)
 from .importer import load, read_model
 from . import backend
+from .session import (GraphOptimizationLevel, InferenceSession, IOBinding, OrtValue, RunOptions, SessionOptions,
+                      get_available_providers)
+from . import ort_compat
 
-__all__ = ["ExternalDataError", "ModelFormatError", "OnnxImportError", "TensorTooLargeError", "UnsupportedOpError",
+__all__ = ["GraphOptimizationLevel", "InferenceSession", "IOBinding", "OrtValue", "RunOptions", "SessionOptions",
+           "get_available_providers", "ort_compat", "ExpansionLimitError", "ExternalDataError", "ModelFormatError", "OnnxImportError", "TensorTooLargeError", "UnsupportedOpError",
            "UnsupportedOpsetError", "backend", "errors", "load", "opset", "read_model"]

@@ -101,7 +101,7 @@ class Report:
     def to_json(self) -> dict:
         import onnx
 
-        from .. import __version__
+        from ..version import __version__
 
         out = {
             "opsnn": __version__, "onnx": onnx.__version__, "seconds": round(self.seconds, 1),
@@ -546,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report and args.report != "-":
         with open(args.report, "w") as f:
             json.dump(report.to_json(), f, indent=1)
-        print(f"\nreport written to {args.report}")
+        print(f"\nreport written to {os.path.abspath(args.report)}")
     if args.min_pass is not None and t[PASS] < args.min_pass:
         print(f"FAILED: {t[PASS]} cases pass, fewer than --min-pass {args.min_pass}", file=sys.stderr)
         return 1

@@ -30,11 +30,16 @@ class ExternalDataError(OnnxImportError, ParamInvalidError):
     """An initializer's external data file is missing, too short, or outside the model's folder."""
 
 
+class ExpansionLimitError(OnnxImportError, ParamInvalidError):
+    """Expanding the model's functions (local functions, ONNX function bodies) would create more
+    nodes than the import's budget (``onnx.load(..., max_function_nodes=)``)."""
+
+
 class TensorTooLargeError(OnnxImportError, OutOfMemoryError):
     """A tensor's declared size exceeds the memory pool's cap; refused before allocating."""
 
     code = OutOfMemoryError.code
 
 
-__all__ = ["ExternalDataError", "ModelFormatError", "OnnxImportError", "TensorTooLargeError", "UnsupportedOpError",
+__all__ = ["ExpansionLimitError", "ExternalDataError", "ModelFormatError", "OnnxImportError", "TensorTooLargeError", "UnsupportedOpError",
            "UnsupportedOpsetError"]

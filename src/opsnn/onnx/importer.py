@@ -26,11 +26,14 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 from ..graph.interpreter import is_supported, supported_ops
 from ..graph.ir import Graph, Node, Value, toposort
 from ..runtime.context import context
+from ..runtime.memory import physical_memory
 from . import opset as _opset
-from .errors import (ExternalDataError, ModelFormatError, TensorTooLargeError, UnsupportedOpError,
+from .errors import (ExpansionLimitError, ExternalDataError, ModelFormatError, TensorTooLargeError, UnsupportedOpError,
                      UnsupportedOpsetError)
 
 _MAX_INLINE_DEPTH = 32
+#: default budget of nodes that function expansion may add to one model (onnx.load's max_function_nodes)
+MAX_FUNCTION_NODES = 200_000
 _PACKED = {TensorProto.INT4: 2, TensorProto.UINT4: 2, TensorProto.FLOAT4E2M1: 2}
 for _n in ("INT2", "UINT2"):
     if hasattr(TensorProto, _n):
@@ -104,6 +107,9 @@ def _check_size(n: int, itemsize: int, what: str) -> None:
         raise TensorTooLargeError(f"onnx.load: {what} declares {nbytes} bytes, more than the memory pool's cap "
                                   f"of {cap} bytes; raise the cap with opsnn.memory.set_cap() or load a smaller "
                                   "model")
+    if nbytes > physical_memory():
+        raise TensorTooLargeError(f"onnx.load: {what} declares {nbytes} bytes, more than the machine's "
+                                  f"{physical_memory()} bytes of physical memory")
 
 
 def _storage_len(n: int, data_type: int, itemsize: int) -> int:
@@ -112,13 +118,15 @@ def _storage_len(n: int, data_type: int, itemsize: int) -> int:
 
 
 class _Importer:
-    def __init__(self, proto: onnx.ModelProto, base_dir: str | None):
+    def __init__(self, proto: onnx.ModelProto, base_dir: str | None, max_function_nodes: int | None = None):
         self.proto = proto
         self.base_dir = base_dir
+        self.max_function_nodes = MAX_FUNCTION_NODES if max_function_nodes is None else int(max_function_nodes)
+        self.function_nodes = 0  # nodes function expansion has added so far
         self.functions = {(f.domain if f.domain != "ai.onnx" else "", f.name): f for f in proto.functions}
         self._count = 0
         self._inferred: dict[str, Any] | None = None
-        self.names: set[str] = set()  # every name in the model; adapters and inlining add fresh ones
+        self.names = _opset.NameSet()  # every name in the model; adapters and inlining add fresh ones
         _collect_names(proto.graph, self.names)
         for f in proto.functions:
             for n in f.node:
@@ -179,6 +187,8 @@ class _Importer:
         if self.base_dir is None:
             raise ExternalDataError(f"onnx.load: {what} stores its data in {loc!r} next to the model; load the "
                                     "model from its path (or pass base_dir=) so the file can be found")
+        if "\x00" in loc:  # the OS cannot name such a file; os.path would raise an untyped ValueError
+            raise ExternalDataError(f"onnx.load: {what}: external data location {loc!r} contains a NUL byte")
         base = os.path.realpath(self.base_dir)
         if os.path.isabs(loc) or loc.startswith(("/", "\\")) or (len(loc) > 1 and loc[1] == ":"):
             raise ExternalDataError(f"onnx.load: {what}: external data location {loc!r} is absolute; it must be "
@@ -413,6 +423,12 @@ class _Importer:
         if depth >= _MAX_INLINE_DEPTH:
             raise UnsupportedOpError(f"onnx.load: {where}: function expansion nested deeper than "
                                      f"{_MAX_INLINE_DEPTH} levels (recursive function?)", op=np_.op_type)
+        self.function_nodes += len(fp.node)
+        if self.function_nodes > self.max_function_nodes:
+            raise ExpansionLimitError(f"onnx.load: {where}: expanding the model's functions would add more than "
+                                      f"{self.max_function_nodes} nodes (function {fp.name or np_.op_type!r} of "
+                                      f"{len(fp.node)} nodes, at nesting depth {depth}); raise the budget with "
+                                      "onnx.load(..., max_function_nodes=N) if the model is trusted")
         prefix = _opset.fresh_name(self.names, f"{np_.name or np_.op_type}__")
         mapping = {}
         for i, formal in enumerate(fp.input):
@@ -581,13 +597,15 @@ def _unsupported(node: Node, ver: int, where: str) -> UnsupportedOpError:
                               f"{where}; opsnn has no implementation{hint}", op=node.op_type)
 
 
-def load(model, *, base_dir: str | None = None) -> Graph:
+def load(model, *, base_dir: str | None = None, max_function_nodes: int | None = None) -> Graph:
     """Import an ONNX model (path, bytes, file object or ``onnx.ModelProto``) as a Graph.
 
     ``base_dir``: the folder external data files are read from (default: the model
-    file's folder). Raises :class:`~opsnn.onnx.errors.ModelFormatError`,
+    file's folder). ``max_function_nodes``: the most nodes that expanding functions (the model's
+    local functions, ONNX function bodies) may add, so a small model of nested calls cannot
+    expand without bound (default :data:`MAX_FUNCTION_NODES`). Raises :class:`~opsnn.onnx.errors.ModelFormatError`,
     :class:`~opsnn.onnx.errors.UnsupportedOpError`, :class:`~opsnn.onnx.errors.UnsupportedOpsetError`,
-    :class:`~opsnn.onnx.errors.ExternalDataError` or :class:`~opsnn.onnx.errors.TensorTooLargeError`.
+    :class:`~opsnn.onnx.errors.ExternalDataError`, :class:`~opsnn.onnx.errors.ExpansionLimitError` or :class:`~opsnn.onnx.errors.TensorTooLargeError`.
 
     >>> import onnx, numpy as np, opsnn.onnx
     >>> from onnx import helper, TensorProto
@@ -604,7 +622,7 @@ def load(model, *, base_dir: str | None = None) -> Graph:
     if "" not in opsets:
         if any(n.domain in ("", "ai.onnx") for n in proto.graph.node):
             raise ModelFormatError("onnx.load: the model imports no ai.onnx opset (opset_import is empty)")
-    imp = _Importer(proto, base_dir)
+    imp = _Importer(proto, base_dir, max_function_nodes)
     g = imp.graph(proto.graph, None, opsets)
     g.metadata.update({"producer": proto.producer_name, "producer_version": proto.producer_version,
                        "ir_version": int(proto.ir_version), "source_opsets": dict(opsets),

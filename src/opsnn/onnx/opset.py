@@ -95,13 +95,26 @@ class AdapterContext:
         return self.graph.initializers.get(name)
 
 
+class NameSet(set):
+    """The names in use, remembering per hint the last suffix :func:`fresh_name` gave it, so that
+    asking for the same hint n times costs O(n), not O(n^2)."""
+
+    def __init__(self, names=()):
+        super().__init__(names)
+        self.last_suffix: dict[str, int] = {}
+
+
 def fresh_name(taken: set, hint: str) -> str:
     """``hint`` (or ``hint_<k>``) not in ``taken``; adds it to ``taken``."""
-    name, k = hint, 0
+    counters = getattr(taken, "last_suffix", None)
+    k = counters.get(hint, 0) if counters is not None else 0
+    name = hint if k == 0 else f"{hint}_{k}"
     while name in taken:
         k += 1
         name = f"{hint}_{k}"
     taken.add(name)
+    if counters is not None:
+        counters[hint] = k
     return name
 
 

@@ -11,10 +11,12 @@ from .registry import (REGISTRY, Attr, InferContext, Input, Kernel, OpRecord, Ou
                        get_op, has_op, kernel_selector, register_kernel, register_op)
 from . import defs
 from .defs import *  # noqa: F401,F403 - the functional entry points
-from . import gradients
+from . import gradients, tensor_methods
 
 gradients.attach()
 
-__all__ = ["FUNCTIONS", "OpFunction", "api", "run_op", "Executor", "cache_info", "clear_cache", "prepare",
+tensor_methods.install()  # Tensor.sum(), t.softmax(dim), t + u, ... from the functional entry points
+
+__all__ = ["FUNCTIONS",  # noqa: PLE0604 - ruff cannot see that defs.__all__ holds strings "OpFunction", "api", "run_op", "Executor", "cache_info", "clear_cache", "prepare",
            "REGISTRY", "Attr", "InferContext", "Input", "Kernel", "OpRecord", "Output", "TensorMeta", "all_ops",
            "get_op", "has_op", "kernel_selector", "register_kernel", "register_op", *defs.__all__]

@@ -10,7 +10,9 @@ ONNX-style inputs and attributes; both modes then go through the same record::
 """
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
 from typing import Callable
 
 from ..errors import ARGUMENT_ERRORS, OpsnnError, ParamInvalidError, bad_arguments_message
@@ -38,7 +40,36 @@ class OpFunction:
             self._rec = get_op(self.op_name, self.domain)
         return self._rec
 
+    @functools.cached_property
+    def _keywords(self) -> frozenset | None:
+        """The names ``translate`` takes by keyword (None when it takes any, ``**kw``)."""
+        params = inspect.signature(self.translate).parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return None
+        return frozenset(p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY))
+
+    def _spelled(self, kwargs: dict) -> dict:
+        """``kwargs`` with torch's second spellings (``axis`` for ``dim``, ``keepdims`` for ``keepdim``,
+        and back) under the names ``translate`` takes; an unknown keyword names the nearest one."""
+        names = self._keywords
+        if names is None or names.issuperset(kwargs):
+            return kwargs
+        out = {}
+        for k, v in kwargs.items():
+            if k not in names:
+                alias = next((a for a in KEYWORD_ALIASES.get(k, ()) if a in names), None)
+                if alias is None:
+                    raise unknown_keyword(self.name, k, [n for n in inspect.signature(self.translate).parameters
+                                                         if n in names][1:])
+                if alias in kwargs:
+                    raise ParamInvalidError(f"{self.name}() got two values for {alias!r} / {k!r}", op=self.op_name)
+                k = alias
+            out[k] = v
+        return out
+
     def _translate(self, args, kwargs):
+        if kwargs:
+            kwargs = self._spelled(kwargs)
         try:
             res = self.translate(*args, **kwargs)
         except OpsnnError:
@@ -61,6 +92,26 @@ class OpFunction:
 
     def __repr__(self) -> str:
         return f"<opsnn op function {self.name} -> {self.op_name}>"
+
+
+#: keyword spellings torch accepts for one parameter (``x.sum(axis=1, keepdims=True)``)
+KEYWORD_ALIASES = {"dim": ("axis",), "axis": ("dim",), "keepdim": ("keepdims",), "keepdims": ("keepdim",)}
+
+
+def spellings(name: str) -> tuple:
+    return (name,) + KEYWORD_ALIASES.get(name, ())
+
+
+def unknown_keyword(fn_name: str, key: str, params: list) -> ParamInvalidError:
+    """The error for ``fn_name(key=...)``: names the nearest of ``params`` with all its spellings."""
+    spelled = {s: m for m in params for s in spellings(m)}
+    close = difflib.get_close_matches(key, list(spelled), n=1, cutoff=0.5)
+    if close:
+        names = [close[0]] + [s for s in spellings(spelled[close[0]]) if s != close[0]]
+        return ParamInvalidError(f"{fn_name}() got an unexpected keyword {key!r}; did you mean "
+                                 f"{' / '.join(repr(s) for s in names)}?")
+    listed = ", ".join(" / ".join(repr(s) for s in spellings(m)) for m in params) or "none"
+    return ParamInvalidError(f"{fn_name}() got an unexpected keyword {key!r}; its parameters are {listed}")
 
 
 def api(name: str, op: str, domain: str = "") -> Callable[[Callable], OpFunction]:

@@ -6,6 +6,7 @@ tensors. Eager calls reuse executors through a signature-keyed cache.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import dtypes as _dt
-from ..errors import OpsnnError, ParamInvalidError
+from ..errors import KernelError, OpsnnError, OutOfMemoryError, ParamInvalidError
 from ..runtime import hooks
 from ..runtime.context import context
+from ..runtime.memory import check_request
 from ..runtime.stream import current_stream
 from ..tensor import Tensor, _alloc_array, as_tensor
 from .registry import InferContext, OpRecord, TensorMeta, select_kernel, selector_key, version
@@ -29,6 +31,10 @@ _cache: "OrderedDict[tuple, Executor]" = OrderedDict()
 
 def clear_cache() -> None:
     _cache.clear()
+
+
+# a finalized runtime's executors hold its streams and pool blocks: drop them all
+hooks.subscribe("finalize", lambda ev: clear_cache())
 
 
 def cache_info() -> dict:
@@ -102,6 +108,7 @@ class Executor:
         self.signature = signature
         k = selection.kernel
         self._contig = [not k.strided and t is not None and not t._array.flags.c_contiguous for t in inputs]
+        self._strided_out = outputs is not None and not all(o._array.flags.c_contiguous for o in outputs)
         self._info = {"kernel": k.name, "fallback": k.fallback, "flops": _flops(rec, ctx), "bytes": _bytes(ctx)}
         self.repeatable = not rec.dynamic_shape
 
@@ -169,20 +176,35 @@ class Executor:
         return [Tensor(_alloc_array(m.shape, m.dtype, self.op.name)) for m in self.output_metas]
 
     def _task(self, ins: list, outs: list, ws):
+        if not all(o.flags.c_contiguous for o in outs):
+            # kernels write contiguous outputs: a strided out= view gets a contiguous temporary,
+            # copied into the view after the kernel (its overlap was refused at prepare)
+            views = outs
+            outs = [o if o.flags.c_contiguous else _alloc_array(o.shape, o.dtype, f"{self.op.name}:out")
+                    for o in views]
+            inner = self._task(ins, outs, ws)
+
+            def task():
+                inner()
+                for v, t in zip(views, outs):
+                    if v is not t:
+                        np.copyto(v, t)
+            return task
         fn, attrs, plan = self.kernel.fn, self.attrs, self.plan
         if any(self._contig):
             ins = list(ins)
             contig = self._contig
 
-            def prepare_inputs(ins=ins):
-                return [np.ascontiguousarray(a) if c else a for a, c in zip(ins, contig)]
+            def prepare_inputs(ins=ins, tag=f"{self.op.name}:contiguous input"):
+                return [_pool_copy(a, a.dtype, tag) if c else a for a, c in zip(ins, contig)]
         else:
             prepare_inputs = None
         if self.adapter:
-            def task():
+            def task(tag=f"{self.op.name}:fp32 adapter"):
                 xs = prepare_inputs() if prepare_inputs else ins
-                xs = [a.astype(np.float32) if a is not None and _dt.is_low_precision(a.dtype) else a for a in xs]
-                tmp = [np.empty(o.shape, np.float32) if _dt.is_low_precision(o.dtype) else o for o in outs]
+                xs = [_pool_copy(a, _dt.float32, tag) if a is not None and _dt.is_low_precision(a.dtype) else a
+                      for a in xs]
+                tmp = [_alloc_array(o.shape, _dt.float32, tag) if _dt.is_low_precision(o.dtype) else o for o in outs]
                 fn(xs, tmp, attrs, plan, ws)
                 with np.errstate(over="ignore"):  # values beyond the 16-bit range become inf, as cast does
                     for o, t in zip(outs, tmp):
@@ -219,26 +241,41 @@ class Executor:
         """Queue the kernel on ``stream`` over the given tensors (signature already checked)."""
         stream = stream or current_stream()
         arrays = []
+        deps = None  # failure marks of inputs still in flight: checked when the kernel runs
         for t in ins:
             if t is None:
                 arrays.append(None)
                 continue
             p = t._producer
-            if p is not None and p[0] is not stream:
-                stream.wait_stream_seq(p[0], p[1])
+            if p is not None:
+                if len(p) > 2:
+                    if p[2]:  # its producer is known to have failed: its data is not valid
+                        raise KernelError(f"{self.op.name}: input {len(arrays)} was produced by {p[2][0]}, whose "
+                                          "kernel failed; write it again before using it", op=self.op.name)
+                    deps = [p[2]] if deps is None else deps + [p[2]]
+                if p[0] is not stream:
+                    stream.wait_stream_seq(p[0], p[1])
             arrays.append(t._array)
         oarrays = [o._array for o in outs]
         ws = self._workspace(workspace)
         pool = context().pool
-        if hooks.active or self.adapter or True in self._contig or pool.guard_bytes:
-            seq = self._launch_observed(stream, pool, arrays, oarrays, ins, outs, ws)
-        else:  # the common eager case: the kernel itself with its arguments, no closure around it
-            seq = stream.launch(self.kernel.fn, self.op.name, self._info, (arrays, oarrays, self.attrs, self.plan, ws))
-        producer = (stream, seq)
+        mark: list = []  # the kernel's name once it failed: its outputs keep reporting it when read
+        try:
+            if hooks.active or self.adapter or True in self._contig or pool.guard_bytes or self._strided_out:
+                seq = self._launch_observed(stream, pool, arrays, oarrays, ins, outs, ws, mark, deps)
+            else:  # the common eager case: the kernel itself with its arguments, no closure around it
+                seq = stream.launch(self.kernel.fn, self.op.name, self._info,
+                                    (arrays, oarrays, self.attrs, self.plan, ws), mark, deps)
+        except BaseException:
+            if mark:  # an inline stream raised at once: bound outputs (out=) must not read as valid
+                for o in outs:
+                    o._producer = (stream, 0, mark)
+            raise
+        producer = (stream, seq, mark)
         for o in outs:
             o._producer = producer
 
-    def _launch_observed(self, stream, pool, arrays, oarrays, ins, outs, ws) -> int:
+    def _launch_observed(self, stream, pool, arrays, oarrays, ins, outs, ws, mark=None, deps=None) -> int:
         """The launch with a closure around the kernel: strided inputs made contiguous, the 16-bit
         adapter, guard-byte checks, observers' shapes and dtypes."""
         task = self._task(arrays, oarrays, ws)
@@ -251,7 +288,7 @@ class Executor:
                         out_shapes=[o.shape for o in outs], attrs=self.attrs)
             if self.kernel.fallback:
                 hooks.emit("fallback", {"op": self.op.name, "reason": self.reason})
-        return stream.launch(task, self.op.name, info)
+        return stream.launch(task, self.op.name, info, mark=mark, deps=deps)
 
     def _run_dynamic(self, ins: list, stream=None) -> list:
         """Ops whose output shape depends on data run synchronously (after their inputs)."""
@@ -270,6 +307,30 @@ class Executor:
             np.copyto(t._array, r)
             outs.append(t)
         return outs
+
+
+def _pool_copy(a: np.ndarray, dtype, tag: str) -> np.ndarray:
+    """A contiguous copy of ``a`` (cast to ``dtype``) in pool memory: a kernel's temporary as large
+    as a (possibly expanded, zero-stride) input is counted against the cap."""
+    t = _alloc_array(a.shape, np.dtype(dtype), tag)
+    np.copyto(t, a, casting="unsafe")
+    return t
+
+
+def _check_writable_out(op: str, i: int, a: np.ndarray) -> None:
+    """Refuse an ``out=`` view the kernel cannot write: read-only memory, or one whose elements
+    share memory (an expanded, zero-stride view), where the result would depend on write order."""
+    if not a.flags.writeable:
+        raise ParamInvalidError(f"{op}: out[{i}] is read-only (e.g. an expanded or broadcast view); pass a "
+                                f"writable tensor", op=op)
+    extent = a.itemsize
+    for stride, n in sorted((abs(st), n) for st, n in zip(a.strides, a.shape) if n > 1):
+        if stride < extent:
+            raise ParamInvalidError(
+                f"{op}: out[{i}] of shape {a.shape} and strides {tuple(st // a.itemsize for st in a.strides)} "
+                f"has elements that share memory (an expanded or overlapping view); more than one element "
+                f"of an output may not refer to a single memory location", op=op)
+        extent += stride * (n - 1)
 
 
 def _guarded(task, pool, who: str):
@@ -355,11 +416,31 @@ def plan_op(rec: OpRecord, metas: list, values: list, attrs: dict | None, *, alg
         raise
     except (ValueError, IndexError, TypeError, KeyError) as exc:
         raise ParamInvalidError(f"{rec.name}: invalid inputs or attributes: {exc}", op=rec.name) from exc
+    _check_output_bytes(rec, ctx)
     selection = select_kernel(rec, ctx, algo)
     k = selection.kernel
-    plan = k.plan(ctx) if k.plan is not None else None
-    ws = k.workspace(ctx, plan) if k.workspace is not None else 0
+    try:
+        plan = k.plan(ctx) if k.plan is not None else None
+        ws = k.workspace(ctx, plan) if k.workspace is not None else 0
+    except MemoryError as exc:
+        if isinstance(exc, OutOfMemoryError):
+            raise
+        raise OutOfMemoryError(f"{rec.name}: planning kernel {k.name} ran out of host memory: {exc}",
+                               op=rec.name) from None
+    if ws:
+        check_request(int(ws), f"{rec.name}: workspace of kernel {k.name}")
     return OpPlan(ctx, selection, plan, int(ws))
+
+
+def _check_output_bytes(rec: OpRecord, ctx: InferContext) -> None:
+    """Refuse outputs that cannot be allocated before any plan (index maps, tables) is built for them."""
+    total = 0
+    for m in ctx.outputs or []:
+        if m is None or not all(isinstance(d, (int, np.integer)) for d in m.shape):
+            return  # symbolic: sized when the graph is planned for real shapes
+        total += math.prod(int(d) for d in m.shape) * m.dtype.itemsize
+    if total:
+        check_request(total, f"{rec.name}: outputs of shapes {[tuple(m.shape) for m in ctx.outputs]}")
 
 
 def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None, algo: str | None = None,
@@ -374,6 +455,9 @@ def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None,
     op = plan_op(rec, metas, values, attrs, algo=algo, num_outputs=num_outputs, device=ctx_rt.device.type)
     out_metas = op.ctx.outputs
     outputs = None
+    if rec.dynamic_shape and out is not None:
+        raise ParamInvalidError(f"{rec.name}: out= is not supported: the output's shape depends on the input "
+                                "data (it is allocated when the op runs)", op=rec.name)
     if not rec.dynamic_shape:
         if out is not None:
             outs = list(out) if isinstance(out, (list, tuple)) else [out]
@@ -386,6 +470,7 @@ def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None,
                 if o.shape != tuple(m.shape) or o.dtype != m.dtype:
                     raise ParamInvalidError(f"{rec.name}: out[{i}] is {o.shape} {_dt.name(o.dtype)}, expected "
                                             f"{tuple(m.shape)} {_dt.name(m.dtype)}", op=rec.name)
+                _check_writable_out(rec.name, i, o._array)
                 outputs.append(o)
         else:
             outputs = [Tensor(_alloc_array(tuple(m.shape), m.dtype, rec.name)) for m in out_metas]

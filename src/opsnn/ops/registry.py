@@ -132,6 +132,10 @@ class Kernel:
     ``fn`` does on exactly these arrays, its per-call setup done once (a oneDNN primitive's
     argument addresses, reshaped views): a compiled graph's steps run on fixed arena buffers,
     so their tasks are bound once per plan.
+    ``nonfinite``: how a kernel whose algorithm does not keep the op definition's Inf and NaN
+    semantics by itself (a transform that mixes neighbouring values) still gives them, or
+    where it does not; empty for kernels that compute the definition's sums and products
+    directly. ``explain`` shows it.
     """
 
     name: str
@@ -147,6 +151,7 @@ class Kernel:
     fallback: bool = False
     doc: str = ""
     bind: Callable | None = None
+    nonfinite: str = ""
 
     def check(self, ctx: InferContext) -> str | None:
         """None when this kernel can run ``ctx``, else the reason it cannot."""

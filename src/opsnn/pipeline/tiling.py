@@ -111,7 +111,7 @@ def _analyze(graph: Graph) -> ReceptiveField:
     if not inputs:
         raise ParamInvalidError(f"tiling: graph {graph.name} has no input")
     spatial: dict = {inputs[0]: _Spatial()}
-    for extra in inputs[1:]:
+    for _extra in inputs[1:]:
         raise ParamInvalidError(f"tiling: graph {graph.name} has more than one input ({inputs}); tiling feeds one "
                                 "image")
     consts = dict(graph.initializers)
@@ -305,7 +305,7 @@ class TiledExecutor:
 
     # -- preparation --------------------------------------------------------------------------------
     def _prepare(self, example: np.ndarray) -> None:
-        import opsnn
+        from ..frontend import compile
 
         if self.field is not None:
             return
@@ -331,7 +331,7 @@ class TiledExecutor:
             rf = ReceptiveField(-(-self.user_halo // rf.align) * rf.align, rf.scale, rf.align, rf.reach, rf.steps)
         self.field = rf
         if self.compiled is None:
-            self.compiled = opsnn.compile(graph)
+            self.compiled = compile(graph)
 
     def _probe(self, crop_shape: tuple, dtype) -> tuple[Fraction, int]:
         """Plan and run one zero crop: the scale it shows and the tile's working set in bytes."""
@@ -346,9 +346,7 @@ class TiledExecutor:
     def _drop_plan(self, crop_shape: tuple) -> None:
         """Free the arena of a crop size that will not be used (its plan stays cached otherwise)."""
         cg = self.compiled
-        with cg._lock:
-            for key in [k for k in cg._plans if tuple(k[0][1]) == tuple(crop_shape)]:
-                del cg._plans[key]
+        cg.drop_plans({cg.input_names[0]: crop_shape})
 
     def _choose_tile(self, n, c, h, w, dtype, halo, align) -> tuple[int, Fraction | None, int | None]:
         """The tile size (halved until the working set fits ``max_working_bytes``), the probed
@@ -371,8 +369,8 @@ class TiledExecutor:
     def run(self, image, out=None):
         """Run on ``image`` ((N, C, H, W) numpy array or Tensor); returns an opsnn Tensor (or
         writes ``out``, a Tensor/array of the output's shape and dtype)."""
-        import opsnn
-        from ..tensor import Tensor
+        from ..runtime import memory
+        from ..tensor import Tensor, empty, from_numpy
 
         arr = image.numpy() if isinstance(image, Tensor) else image
         if not isinstance(arr, np.ndarray):
@@ -395,8 +393,8 @@ class TiledExecutor:
                                     "stride) to tile exactly")
         tile, probed_scale, working = self._choose_tile(n, c, h, w, arr.dtype, halo, align)
         gc.collect()
-        opsnn.memory.reset_peak()  # the plan for the chosen crop (if probed) is part of the baseline
-        base = opsnn.memory.current_bytes()
+        memory.reset_peak()  # the plan for the chosen crop (if probed) is part of the baseline
+        base = memory.current_bytes()
         crop_h, crop_w = min(h, tile + 2 * halo), min(w, tile + 2 * halo)
         scale = rf.scale if rf is not None else probed_scale
         oh, ow = h * scale, w * scale
@@ -404,7 +402,7 @@ class TiledExecutor:
             raise ParamInvalidError(f"tiled: image {h}x{w} times the model's scale {scale} is not whole")
         oh, ow = int(oh), int(ow)
         rows, cols = _windows(h, tile, crop_h), _windows(w, tile, crop_w)
-        crop_buf = opsnn.empty((n, c, crop_h, crop_w), arr.dtype)
+        crop_buf = empty((n, c, crop_h, crop_w), arr.dtype)
         cb = crop_buf.numpy()
         result = None
         n_tiles = 0
@@ -428,9 +426,9 @@ class TiledExecutor:
                                             "('same'-padded) stacks tile")
                 if result is None:
                     if out is None:
-                        result = opsnn.empty((n, ya.shape[1], oh, ow), ya.dtype)
+                        result = empty((n, ya.shape[1], oh, ow), ya.dtype)
                     else:
-                        result = out if isinstance(out, Tensor) else opsnn.from_numpy(out)
+                        result = out if isinstance(out, Tensor) else from_numpy(out)
                         if result.shape != (n, ya.shape[1], oh, ow) or result.dtype != ya.dtype:
                             raise ParamInvalidError(f"tiled: out has shape {result.shape} {result.dtype}, expected "
                                                     f"{(n, ya.shape[1], oh, ow)} {ya.dtype}")
@@ -443,7 +441,7 @@ class TiledExecutor:
                 n_tiles += 1
         cb_bytes = cb.nbytes
         del crop_buf, cb
-        summary = opsnn.memory.summary()
+        summary = memory.summary()
         in_bytes, out_bytes = arr.nbytes, result.nbytes
         if working is None:
             working = cb_bytes + self.compiled.memory_report().get("arena_bytes", 0) + tile_out_bytes

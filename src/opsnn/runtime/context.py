@@ -10,6 +10,7 @@ import threading
 import weakref
 
 from ..errors import NotInitializedError
+from . import hooks
 from .device import Device
 from .memory import MemoryPool
 
@@ -66,18 +67,15 @@ def finalize() -> None:
         ctx = _ctx
         if ctx is None:
             return
-        from . import hooks
-
         for stream in ctx.streams():
             stream.close()
+        from .stream import join_workers
+
+        join_workers()  # dropped streams' workers too, so none outlives finalize()
         ctx.pool.empty_cache()
         _ctx = None
         _finalized = True
-        if hooks.active:
-            hooks.emit("finalize", {"context": ctx})
-    from ..ops.executor import clear_cache
-
-    clear_cache()
+    hooks.emit("finalize", {"context": ctx})
 
 
 def context() -> Context:

@@ -8,6 +8,7 @@ Also the ``opsnn.memory`` module users see::
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections import defaultdict
 from contextlib import contextmanager
@@ -175,7 +176,7 @@ class MemoryPool:
                 block = bucket.pop()
                 self._n_reuse += 1
             else:
-                block = self._new_block(size, nbytes)
+                block = self._new_block(size, nbytes, tag)
             block.live = True
             block.requested = nbytes
             block.tag = tag
@@ -205,16 +206,23 @@ class MemoryPool:
             hooks.emit("alloc", {"block": block, "bytes": size, "tag": tag})
         return block
 
-    def _new_block(self, size: int, nbytes: int) -> Block:
+    def _new_block(self, size: int, nbytes: int, tag: str | None = None) -> Block:
+        who = f" for {tag}" if tag else ""
+        if size > physical_memory():
+            raise OutOfMemoryError(f"memory pool: cannot allocate {nbytes} bytes{who}: more than the machine's "
+                                   f"{physical_memory()} bytes of physical memory")
         if self.cap is not None and self._reserved + size > self.cap:
             self._release_cached_locked()
             if self._reserved + size > self.cap:
                 raise OutOfMemoryError(
-                    f"memory pool: cannot allocate {nbytes} bytes (size class {size}): "
+                    f"memory pool: cannot allocate {nbytes} bytes{who} (size class {size}): "
                     f"{self._current} bytes in use, {self._reserved} reserved, cap {self.cap} bytes; "
                     "free tensors or raise the cap with opsnn.memory.set_cap()"
                 )
-        block = Block(size, self.guard_bytes)
+        try:
+            block = Block(size, self.guard_bytes)
+        except (MemoryError, ValueError) as exc:  # the OS refused (numpy's MemoryError), or numpy's size limit
+            raise OutOfMemoryError(f"memory pool: cannot allocate {nbytes} bytes{who}: {exc}") from None
         self._reserved += size
         return block
 
@@ -282,6 +290,40 @@ class MemoryPool:
     @property
     def current_bytes(self) -> int:
         return self._current
+
+
+_physical: list = []
+
+
+def physical_memory() -> int:
+    """Bytes of RAM on this machine (no allocation larger than this can succeed)."""
+    if not _physical:
+        try:
+            _physical.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (ValueError, OSError, AttributeError):  # not a POSIX system: no such bound known
+            _physical.append(1 << 62)
+    return _physical[0]
+
+
+def check_request(nbytes: int, what: str) -> None:
+    """Raise :class:`OutOfMemoryError` naming ``what`` before allocating ``nbytes`` of host memory
+    that cannot be had: more than physical memory, or more than the pool's cap leaves beside the
+    bytes in use. For memory a numpy call allocates outside the pool (a plan, an index map, a
+    loaded initializer) and for requests checked before the pool sees them::
+
+        >>> import opsnn
+        >>> opsnn.memory.check_request(1 << 70, "Range: values")  # doctest: +SKIP
+        Traceback (most recent call last):
+        opsnn.errors.OutOfMemoryError: [361001] Range: values: cannot allocate 1180591620717411303424 bytes ...
+    """
+    if nbytes > physical_memory():
+        raise OutOfMemoryError(f"{what}: cannot allocate {nbytes} bytes: more than the machine's "
+                               f"{physical_memory()} bytes of physical memory")
+    pool = _pool()
+    cap = pool.cap
+    if cap is not None and pool.current_bytes + nbytes > cap:
+        raise OutOfMemoryError(f"{what}: cannot allocate {nbytes} bytes: {pool.current_bytes} bytes in use, "
+                               f"cap {cap} bytes; free tensors or raise the cap with opsnn.memory.set_cap()")
 
 
 def _pool() -> MemoryPool:

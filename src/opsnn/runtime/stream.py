@@ -18,9 +18,10 @@ import itertools
 import os
 import threading
 import time
+import weakref
 from collections import deque
 
-from ..errors import InferShapeError, KernelError, OpsnnRuntimeError, ParamInvalidError
+from ..errors import InferShapeError, KernelError, OpsnnRuntimeError, OutOfMemoryError, ParamInvalidError
 from .context import context as _get_context
 from . import hooks
 from . import threads as _threads
@@ -38,7 +39,11 @@ class Stream:
     oversubscribing them.
 
     Errors raised by a kernel are kept and raised (as :class:`KernelError` naming the op)
-    by the next :meth:`synchronize`; the stream stays usable afterwards.
+    by the next :meth:`synchronize`; the stream stays usable afterwards. The tensors the
+    failed kernel wrote keep raising when read until they are written again.
+
+    A worker stream nobody references any more (tensors it writes hold it until read) runs
+    the work already queued, then its thread ends; :meth:`close` ends it now.
     """
 
     def __init__(self, device=None, *, inline: bool = False, name: str | None = None,
@@ -56,7 +61,7 @@ class Stream:
         self._completed = 0
         self._errors: list[tuple[int, str, BaseException]] = []
         self._failed: dict[int, str] = {}
-        self._closed = False
+        self._closed_flag: list = []  # non-empty once closed; shared with the worker thread
         self._thread = None
         # Kernel threads per worker: streams already run side by side, so each worker's
         # parallel kernels use part of the cores (else N streams x all cores oversubscribe).
@@ -65,13 +70,26 @@ class Stream:
         # The inline default stream runs on the caller's thread with every core by default.
         self._limit = num_threads or (1 << 30 if inline else self.num_threads)
         if not inline:
-            self._thread = threading.Thread(target=self._work, name=f"opsnn-{self.name}", daemon=True)
+            # the worker holds the stream weakly (a bound method would keep it alive forever): once
+            # nobody references the stream, the callback closes it and the worker ends after its queue
+            ref = weakref.ref(self, lambda _, cv=self._cv, closed=self._closed_flag: _stop(cv, closed))
+            self._thread = threading.Thread(target=_work, args=(ref, self._cv, self._queue, self._closed_flag,
+                                                                self.num_threads),
+                                            name=f"opsnn-{self.name}", daemon=True)
             self._thread.start()
+            _workers.add(self._thread)
         ctx._register_stream(self)
 
+    @property
+    def _closed(self) -> bool:
+        return bool(self._closed_flag)
+
     # -- submission ----------------------------------------------------------
-    def launch(self, fn, name: str = "task", info: dict | None = None, args: tuple = ()) -> int:
-        """Queue ``fn(*args)``; returns its sequence number (see :meth:`done`)."""
+    def launch(self, fn, name: str = "task", info: dict | None = None, args: tuple = (),
+               mark: list | None = None, deps: list | None = None) -> int:
+        """Queue ``fn(*args)``; returns its sequence number (see :meth:`done`). If it fails, its name
+        is appended to ``mark`` (the failure mark its output tensors keep, see ``Tensor.numpy``).
+        ``deps``: the failure marks of its inputs; one set by the time it runs fails it too."""
         if self._closed:
             raise OpsnnRuntimeError(f"{name}: stream {self.name} was closed by opsnn.finalize()")
         if self.inline:
@@ -80,27 +98,32 @@ class Stream:
             with self._cv:
                 self._submitted += 1
                 seq = self._submitted
-            exc = self._run(seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args)
+            exc = self._run(seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args, mark, deps)
             if exc is not None:
                 raise self._error(name, exc)
             return seq
         with self._cv:
             self._submitted += 1
             seq = self._submitted
-            self._queue.append((seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args))
+            self._queue.append((seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args, mark,
+                                deps))
             self._cv.notify_all()
         return seq
 
-    def _run(self, seq, fn, name, info, t_queue, args) -> BaseException | None:
+    def _run(self, seq, fn, name, info, t_queue, args, mark=None, deps=None) -> BaseException | None:
         """Run one task; its exception is returned (a worker stream also keeps it for synchronize)."""
         profiling = hooks.active and hooks.listening("kernel")
         t0 = time.perf_counter() if profiling else 0.0
         prev = _threads.enter(self._limit)
         failure = None
         try:
+            if deps:
+                _check_deps(name, deps)
             fn(*args)
         except BaseException as exc:  # noqa: BLE001 - kept and re-raised at synchronize
             failure = exc
+            if mark is not None:
+                mark.append(name)
             if not self.inline:
                 self._errors.append((seq, name, exc))
                 self._failed[seq] = name
@@ -117,23 +140,6 @@ class Stream:
         else:
             self._completed = seq
         return failure
-
-    def _work(self) -> None:
-        import numba
-
-        numba.set_num_threads(min(self.num_threads, numba.config.NUMBA_NUM_THREADS))  # thread-local setting
-        while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait()
-                if not self._queue:
-                    return
-                seq, fn, name, info, t_queue, args = self._queue[0]
-            self._run(seq, fn, name, info, t_queue, args)
-            fn = info = args = None  # drop the task's tensors now, not at the next task
-            with self._cv:
-                self._queue.popleft()
-                self._cv.notify_all()
 
     # -- waiting -------------------------------------------------------------
     def done(self, seq: int) -> bool:
@@ -175,8 +181,13 @@ class Stream:
 
     def _error(self, name: str, exc: BaseException, more: int = 0) -> BaseException:
         """The exception to raise for a kernel's failure (``more``: later failures not shown)."""
-        if isinstance(exc, (ParamInvalidError, InferShapeError)):
+        if isinstance(exc, (ParamInvalidError, InferShapeError, OutOfMemoryError)):
             return exc  # a data check inside a kernel (index out of range...): keep its typed error
+        if isinstance(exc, MemoryError):  # numpy's, for a temporary the kernel allocated itself
+            err = OutOfMemoryError(f"{name}: kernel ran out of host memory on stream {self.name}: {exc}"
+                                   + (f" (and {more} more errors)" if more else ""), op=name)
+            err.__cause__, err.__suppress_context__ = exc, True
+            return err
         err = KernelError(f"{name}: kernel failed on stream {self.name}: {type(exc).__name__}: {exc}"
                           + (f" (and {more} more errors)" if more else ""), op=name)
         err.__cause__, err.__suppress_context__ = exc, True  # as `raise err from exc`
@@ -188,7 +199,8 @@ class Stream:
             return
         self.wait_stream_seq(event._stream, event._seq)
 
-    def wait_stream_seq(self, other: "Stream", seq: int) -> None:
+    def wait_stream_seq(self, other: "Stream", seq: int, mark: list | None = None) -> None:
+        # ``mark``: a tensor's failure mark (``Tensor._producer[2]``), accepted so producers unpack here
         if other is self or other.done(seq):
             return
         if self.inline:
@@ -209,10 +221,8 @@ class Stream:
     def close(self) -> None:
         """Finish queued work and stop the worker thread (done by ``opsnn.finalize()``)."""
         self._wait_all()
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        if self._thread is not None:
+        _stop(self._cv, self._closed_flag)
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
     # -- current-stream context --------------------------------------------------
@@ -229,6 +239,62 @@ class Stream:
     def __repr__(self) -> str:
         kind = "inline" if self.inline else "worker"
         return f"<Stream {self.name} ({kind}) pending={self._submitted - self._completed}>"
+
+
+#: worker threads still running, dropped streams' included (``join_workers`` waits for them)
+_workers: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def join_workers() -> None:
+    """Wait until every worker thread has ended; callers close the live streams first
+    (``opsnn.finalize()``), dropped ones end by themselves once their queue is empty."""
+    for t in list(_workers):
+        if t is not threading.current_thread():
+            t.join()
+
+
+def _check_deps(name: str, deps: list) -> None:
+    for d in deps:
+        if d:
+            raise KernelError(f"{name}: an input was produced by {d[0]}, whose kernel failed", op=name)
+
+
+def _stop(cv: threading.Condition, closed: list) -> None:
+    with cv:
+        if not closed:
+            closed.append(True)
+        cv.notify_all()
+
+
+def _work(ref, cv: threading.Condition, queue: deque, closed: list, num_threads: int) -> None:
+    """A worker stream's thread: runs queued tasks in order until the stream is closed (or dropped)
+    and its queue is empty. It holds the stream only while running a task."""
+    import numba
+
+    numba.set_num_threads(min(num_threads, numba.config.NUMBA_NUM_THREADS))  # thread-local setting
+    while True:
+        with cv:
+            while not queue and not closed:
+                cv.wait()
+            if not queue:
+                return
+            seq, fn, name, info, t_queue, args, mark, deps = queue[0]
+        stream = ref()
+        if stream is not None:
+            stream._run(seq, fn, name, info, t_queue, args, mark, deps)
+        else:  # dropped with work queued: nobody can wait on it any more, but the work still runs
+            try:
+                if deps:
+                    _check_deps(name, deps)
+                fn(*args)
+            except BaseException:  # noqa: BLE001 - no one is left to report it to
+                if mark is not None:
+                    mark.append(name)
+        # drop the task's tensors (and the stream) now, not at the next task
+        stream = fn = info = args = mark = deps = None
+        with cv:
+            queue.popleft()
+            cv.notify_all()
 
 
 def current_stream() -> Stream:

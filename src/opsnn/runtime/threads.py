@@ -3,10 +3,9 @@
 Our parallel kernels are fork-join: a numba parallel region or an OpenBLAS GEMM splits its
 work into one share per thread and waits for the last share. When another process holds a
 core, the share on that core waits for the scheduler (milliseconds per region, dozens of
-regions per model), and idle pool threads spinning for work take more of the cores. Measured
-with ``bench/under_load.py`` (ResNet-50 batch 1 compiled, 2 cores, 2 busy-loop processes
-alongside, median of 6): every core 1436 ms, one thread 68 ms, onnxruntime 51 ms; quiet
-31 ms. So the policy is:
+regions per model), and idle pool threads spinning for work take more of the cores (with two
+busy processes beside it ResNet-50 ran ~20x slower on every core than on one: see
+docs/kernel-libraries.md). So the policy is:
 
 - ``OPSNN_NUM_THREADS=n`` or ``opsnn.set_num_threads(n)``: kernels use ``n`` threads.
 - ``"auto"`` (the default): before a kernel launch, at most every ``SAMPLE_S``, count the

@@ -92,6 +92,9 @@ def plot_graph(graph, path: str, input_shapes: dict | None = None) -> str:
     fmt = os.path.splitext(path)[1].lstrip(".").lower()
     if fmt not in FORMATS:
         raise ParamInvalidError(f"plot_graph: unsupported file type {fmt!r} for {path!r}; use one of {FORMATS}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):  # graphviz would create it: a typo in the path should not make folders
+        raise ParamInvalidError(f"plot_graph: the folder {folder!r} of {path!r} does not exist; create it first")
     dot = to_dot(graph, input_shapes)
     if fmt == "dot":
         with open(path, "w") as f:
@@ -101,6 +104,6 @@ def plot_graph(graph, path: str, input_shapes: dict | None = None) -> str:
         raise GraphvizMissingError("plot_graph: Graphviz's 'dot' program is not installed; install the Debian "
                                    "package graphviz (apt-get install graphviz), or write a .dot file instead")
     base, _ = os.path.splitext(path)
-    out = dot.render(filename=os.path.basename(base), directory=os.path.dirname(os.path.abspath(path)),
+    out = dot.render(filename=os.path.basename(base), directory=folder,
                      format=fmt, cleanup=True)
     return out

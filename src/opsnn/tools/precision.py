@@ -20,8 +20,15 @@ class NodeError:
     op: str
     max_abs: float
     max_rel: float
-    cosine: float
+    cosine: float  # over the elements finite in both runs; NaN when the target run has NaN/Inf
     nonfinite: bool
+    nonfinite_kinds: tuple = ()  # which of "NaN", "+Inf", "-Inf" the target run produced where fp32 had none
+    cause: bool = False  # the error starts here: every float input was within tolerance and finite
+
+    @property
+    def flag(self) -> str:
+        """What went wrong in the target run: "NaN", "+Inf", "NaN/-Inf" ... or "" when all is finite."""
+        return "/".join(self.nonfinite_kinds)
 
 
 @dataclass
@@ -39,8 +46,14 @@ class PrecisionReport:
                  f"{'node':32s} {'op':18s} {'max abs':>10s} {'max rel':>10s} {'cosine':>9s}"]
         worst = sorted(self.rows, key=lambda r: -r.max_rel)[:top]
         for r in sorted(worst, key=lambda r: self.rows.index(r)):
-            flag = "  NaN/Inf" if r.nonfinite else ("  > tol" if r.max_rel > self.tolerance else "")
-            lines.append(f"{r.node[:32]:32s} {r.op[:18]:18s} {r.max_abs:10.3e} {r.max_rel:10.3e} {r.cosine:9.6f}{flag}")
+            if r.nonfinite:
+                flag = "  " + r.flag + (" (starts here)" if r.cause else "")
+            elif r.max_rel > self.tolerance:
+                flag = "  > tol" + (" (starts here)" if r.cause else "")
+            else:
+                flag = ""
+            cos = "      n/a" if r.cosine != r.cosine else f"{r.cosine:9.6f}"
+            lines.append(f"{r.node[:32]:32s} {r.op[:18]:18s} {r.max_abs:10.3e} {r.max_rel:10.3e} {cos}{flag}")
         lines.append("")
         for name, (a, rel) in self.outputs.items():
             lines.append(f"output {name}: max abs {a:.3e}, max rel {rel:.3e}")
@@ -48,7 +61,8 @@ class PrecisionReport:
         lines.append("first node over tolerance: " + (f"{fe.node} ({fe.op}), rel {fe.max_rel:.3e}" if fe else "none"))
         fn = self.first_nonfinite
         lines.append("first NaN/Inf: " + (f"{fn[1]} at node {fn[0]}: {fn[2]}" if fn else "none"))
-        lines.append("keep in fp32: " + (", ".join(self.suggest_fp32) if self.suggest_fp32 else "nothing needed"))
+        lines.append("keep in fp32: " + (", ".join(self.suggest_fp32) + " (the ops where the error starts)"
+                                         if self.suggest_fp32 else "nothing needed"))
         return "\n".join(lines)
 
 
@@ -116,7 +130,8 @@ def precision_compare(model, inputs: dict, dtype="float16", tolerance: float = 1
     env32.update({k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in inputs.items()})
     envlo = dict(env32)
     rep = PrecisionReport(label, tolerance)
-    bad_ops: dict = {}
+    bad_values: set = set()  # values whose target-precision result is off (over tolerance or non-finite)
+    causes: list = []
     for node in graph.nodes:
         target = policy.get(node.op_type, default)
 
@@ -129,6 +144,7 @@ def precision_compare(model, inputs: dict, dtype="float16", tolerance: float = 1
         ins_lo = [low(envlo[i]) if i else None for i in node.inputs]
         outs32 = _run_node(node, ins32)
         outs_lo = _run_node(node, ins_lo)
+        inherited = any(i in bad_values for i in node.inputs if i)
         for name, a, b in zip(node.outputs, outs32, outs_lo):
             if not name:
                 continue
@@ -136,27 +152,34 @@ def precision_compare(model, inputs: dict, dtype="float16", tolerance: float = 1
             if a is None or b is None or not (a.dtype.kind == "f" or a.dtype == _dt.bfloat16) or a.size == 0:
                 continue
             a64, b64 = a.astype(np.float64), b.astype(np.float64)
-            nonfinite = bool(np.any(~np.isfinite(b64) & np.isfinite(a64)))
+            new_bad = ~np.isfinite(b64) & np.isfinite(a64)
+            kinds = tuple(k for k, m in (("NaN", np.isnan(b64)), ("+Inf", np.isposinf(b64)),
+                                         ("-Inf", np.isneginf(b64))) if np.any(m & new_bad))
+            nonfinite = bool(kinds)
             both = np.isfinite(a64) & np.isfinite(b64)
             diff = np.abs(a64 - b64)[both]
             max_abs = float(diff.max()) if diff.size else 0.0
             scale = float(np.abs(a64[both]).max()) if both.any() else 0.0
             max_rel = max_abs / scale if scale > 0 else max_abs
             na, nb = np.linalg.norm(a64[both]), np.linalg.norm(b64[both])
-            cos = float(np.dot(a64[both], b64[both]) / (na * nb)) if na > 0 and nb > 0 else 1.0
-            row = NodeError(node.name, node.qualified_type, max_abs, max_rel, cos, nonfinite)
+            if nonfinite:
+                cos = float("nan")  # a cosine over the finite part would hide the NaN/Inf
+            else:
+                cos = float(np.dot(a64[both], b64[both]) / (na * nb)) if na > 0 and nb > 0 else 1.0
+            bad = nonfinite or max_rel > tolerance
+            row = NodeError(node.name, node.qualified_type, max_abs, max_rel, cos, nonfinite, kinds,
+                            cause=bad and not inherited)
             rep.rows.append(row)
             if nonfinite and rep.first_nonfinite is None:
                 rep.first_nonfinite = (node.name, node.op_type, _diagnose(node, ins_lo, target))
-            if (max_rel > tolerance or nonfinite) and rep.first_exceeding is None:
+            if bad and rep.first_exceeding is None:
                 rep.first_exceeding = row
-            if nonfinite or max_rel > tolerance:
-                bad_ops[node.op_type] = bad_ops.get(node.op_type, 0) + 1
-    # error that first appears at an op (not inherited) marks the op type to keep fp32
-    rep.suggest_fp32 = sorted(bad_ops, key=lambda k: -bad_ops[k])[:5] if rep.first_exceeding else []
-    if rep.first_exceeding is not None:
-        first_op = rep.first_exceeding.op.split("::")[-1]
-        rep.suggest_fp32 = [first_op] + [o for o in rep.suggest_fp32 if o != first_op][:4]
+            if bad:
+                bad_values.add(name)
+                if row.cause:
+                    causes.append(node.op_type)
+    # only the op types where the error starts (inputs still good), not those that inherit it
+    rep.suggest_fp32 = list(dict.fromkeys(causes))[:5]
     for v in graph.outputs:
         a, b = env32.get(v.name), envlo.get(v.name)
         if a is not None and b is not None and a.dtype.kind == "f":

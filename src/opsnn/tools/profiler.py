@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..runtime import hooks
+from ..ops import registry
 
 TRACE_FORMAT_VERSION = 1
 _active: list["Profile"] = []
@@ -74,12 +75,15 @@ class Profile:
         self.host.append(HostEvent(f"prepare {ev['op']}", "prepare", ev["start"], ev["end"], ev["thread"],
                                    {"kernel": ev["kernel"], "reason": ev["reason"]}))
 
+    def _on_host(self, ev: dict) -> None:
+        self.host.append(HostEvent(ev["name"], ev["category"], ev["start"], ev["end"], ev["thread"], ev["args"]))
+
     def _on_finalize(self, ev: dict) -> None:
         self._stop()
 
     def _start(self) -> None:
         self._unsubs = [hooks.subscribe("kernel", self._on_kernel), hooks.subscribe("prepare", self._on_prepare),
-                        hooks.subscribe("finalize", self._on_finalize)]
+                        hooks.subscribe("host", self._on_host), hooks.subscribe("finalize", self._on_finalize)]
         with _lock:
             _active.append(self)
 
@@ -156,7 +160,7 @@ class Profile:
                            "args": {"kernel": k.kernel, "stream": k.stream, "flops": k.flops, "bytes": k.bytes,
                                     "queued_us": (k.queued - base) * 1e6, "shapes": [list(s) if s else s
                                                                                      for s in k.shapes],
-                                    "dtypes": k.dtypes, "fallback": k.fallback}})
+                                    "dtypes": k.dtypes, "fallback": k.fallback, "family": op_family(k.op)}})
         threads = sorted({h.thread for h in self.host})
         htid = {t: i for i, t in enumerate(threads)}
         for h in self.host:
@@ -187,38 +191,29 @@ class Profile:
         return path
 
 
+def op_family(op: str) -> str:
+    """The op record's category ("conv", "matmul", ...) for a kernel event's op name; "other" if unknown."""
+    domain, _, name = op.rpartition("::")
+    if registry.has_op(name, domain):
+        return registry.get_op(name, domain).category
+    return "other"
+
+
 def profile() -> Profile:
     """Start recording; use as ``with opsnn.profiler.profile() as p: ...``."""
     return Profile()
 
 
-class record:
+hooks.provide("profile", profile)
+
+
+class record(hooks.region):
     """Mark a user region (``with opsnn.profiler.record("decode step"): ...``); free when no
     profiler is active."""
 
-    __slots__ = ("name", "t0")
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __enter__(self) -> "record":
-        self.t0 = time.perf_counter() if _active else None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.t0 is None or not _active:
-            return
-        ev = HostEvent(self.name, "region", self.t0, time.perf_counter(), threading.get_ident())
-        for p in list(_active):
-            p.host.append(ev)
+    __slots__ = ()
 
 
 def host_phase(name: str, category: str, start: float, end: float, **args) -> None:
     """Record a host phase (compile, a graph pass...) into active profiles."""
-    if not _active:
-        return
-    ev = HostEvent(name, category, start, end, threading.get_ident(), args)
-    for p in list(_active):
-        p.host.append(ev)
-
-
+    hooks.host_phase(name, category, start, end, **args)

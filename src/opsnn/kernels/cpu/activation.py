@@ -955,7 +955,8 @@ def softmax_plan(ctx, axis: int, log: bool) -> SoftmaxPlan:
     parallel = total >= PARALLEL_MIN_COSTLY and threads > 1
     if parallel and inner == 1 and outer < threads and n >= SPLIT_MIN:
         parts = max(2, min(n // (SPLIT_MIN // 4), -(-4 * threads // outer)))
-        nch = 0 if log else -(-(-(-n // parts)) // SOFTMAX_CHUNK)
+        per_part = -(-n // parts)  # ceil(n / parts)
+        nch = 0 if log else -(-per_part // SOFTMAX_CHUNK)
         items = outer * parts
         return SoftmaxPlan("split", items, n, inner, outer, log, parts, nch,
                            8 * (2 * (items + outer) + items * nch))

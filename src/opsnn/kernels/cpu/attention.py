@@ -148,7 +148,7 @@ def flash_serial(q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left
 
 
 @nb.njit(nogil=True, cache=True)
-def _row_max(seg):
+def row_max(seg):
     """max(seg) with eight independent running maxima (one chain is latency-bound at ~4 cycles
     a score: 1536 rows of 128, 97 -> 28 us). A NaN may or may not survive here; the caller's
     exp/sum turns its row into NaN either way."""
@@ -227,7 +227,7 @@ def _softmax_vec(row, b, h, i, mask, has_mask, kvlen, offset, causal, left, righ
     else:
         for j in range(seg.size):
             seg[j] *= scale
-    rowmax = _row_max(seg)
+    rowmax = row_max(seg)
     if rowmax == -np.inf:  # every allowed score is -inf (zeros) or NaN (the row is NaN)
         t = zero
         for j in range(seg.size):

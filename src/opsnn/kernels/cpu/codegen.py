@@ -73,7 +73,8 @@ def signature(program: list, n_inputs: int) -> str:
 
 
 def cache_dir() -> str:
-    root = os.environ.get("OPSNN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "opsnn")
+    root = os.environ.get("OPSNN_KERNEL_CACHE_DIR") or os.environ.get("OPSNN_CACHE_DIR") or \
+        os.path.join(os.path.expanduser("~"), ".cache", "opsnn")
     path = os.path.join(root, "fused_kernels")
     os.makedirs(path, exist_ok=True)
     return path

@@ -291,7 +291,7 @@ def gemm_rows(x, w, lo, hi, beta, out):
     :data:`ROW_AT_A_TIME_MAX` x rows, a weight row at a time: :func:`_rows_in_order`). For
     products of a few rows (decode steps), where the weight's bytes, not the arithmetic, set the
     time, and where MKL's ``cblas_sgemv`` / packed GEMM is the slower choice (see
-    :func:`opsnn.kernels.cpu.mkl_nb.addresses`, :data:`SMALL_ROWS`)."""
+    :func:`opsnn.kernels.cpu.mkl_nb.addresses`, :data:`opsnn.kernels.cpu.libraries.SMALL_ROWS`)."""
     R, k = x.shape
     if R <= ROW_AT_A_TIME_MAX:  # a decode step's few rows: the weight's rows one after another
         _rows_in_order(x, w, lo, hi, beta, out)
@@ -324,15 +324,6 @@ def gemm_rows(x, w, lo, hi, beta, out):
 
 #: weight rows per task of :func:`gemm_rows_parallel`
 _ROWS_TASK = 128
-
-#: where MKL is not the GEMM library (:func:`opsnn.kernels.cpu.mkl.gemm_library`), products of up
-#: to this many rows with a float32 weight run on :func:`gemm_rows_parallel` instead of MKL's
-#: packed panel (2-core EPYC Zen 4 VM, ms, numba / MKL packed / OpenBLAS: 8 x 768 -> 4096 0.61 /
-#: 1.39 / 1.46, 8 x 768 -> 32000 8.0 / 16.7 / 14.7, 16 x 768 -> 4096 1.23 / 2.07 / 1.92, 16 x
-#: 768 -> 32000 12.1 / 19.5 / 16.9, 2 x 768 -> 4096 0.19 / 0.81 / 1.62; 8 x 2048 -> 768 0.36 / 0.34;
-#: 32 x 768 -> 4096 2.49 / 2.83 / 2.40, 32 x 256 -> 32000 6.2 / 8.5 / 8.4, 32 x 256 -> 1536 0.22 / 0.24
-#: / 0.29)
-SMALL_ROWS = 32
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)

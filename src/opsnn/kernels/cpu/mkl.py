@@ -4,18 +4,16 @@ call multiplies the activations by the packed panel.
 Why: with few activation rows (BERT's 128 tokens, a decode batch) OpenBLAS spends a large part
 of every call packing the weight matrix into its panel layout again — each weight element is
 read for only M multiply-adds. onnxruntime's MLAS packs constant weights once at session
-creation; MKL exposes the same through ``cblas_sgemm_pack`` / ``cblas_sgemm_compute``.
-Measured on the 2-core AVX-512 dev VM (2026-12-01, BERT-base's 72 linear-layer GEMMs, 12
-layers with distinct weights, M=128): OpenBLAS sgemm 97 ms (223 GFLOP/s), MKL sgemm 74 ms,
-MKL packed 62 ms (350 GFLOP/s).
+creation; MKL exposes the same through ``cblas_sgemm_pack`` / ``cblas_sgemm_compute`` (the
+figures: docs/kernel-libraries.md).
 
 MKL is an optional dependency (PyPI ``mkl``, x86-64): when it is not installed, or
 ``OPSNN_MKL=0``, :func:`unavailable` says why and the BLAS kernels through numpy run instead.
-When it is available, every float32 product of the CPU kernels runs on it (:func:`matmul`,
-:func:`gemm2d`: packed or not), never on numpy's OpenBLAS, whose idle workers would otherwise
-spin next to the OpenMP pool (see :func:`matmul`).
+Which products run on it is decided by the kernel-library strategy
+(:mod:`opsnn.kernels.cpu.libraries`); this module only runs them (:func:`matmul`,
+:func:`try_gemm2d`, :func:`gemm`: packed or not).
 MKL runs its GNU OpenMP threading layer, i.e. the same libgomp thread pool numba's ``omp``
-layer uses (``OMP_WAIT_POLICY=PASSIVE`` applies to both, see :mod:`opsnn.kernels.cpu`), so
+layer uses (``OMP_WAIT_POLICY=PASSIVE`` applies to both, see :mod:`opsnn._blas_env`), so
 the two never spin against each other; without libgomp it runs sequentially. The thread
 count per call follows the one OpenBLAS is set to (opsnn's thread policy and pipelined
 stages' BLAS limits, :mod:`opsnn.runtime.blas`).
@@ -31,6 +29,9 @@ from typing import NamedTuple
 
 import numba
 import numpy as np
+
+from ...runtime import cpu
+from . import libraries
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _A_MATRIX, _B_MATRIX, _PACKED = 161, 162, 151
@@ -81,6 +82,7 @@ def _load() -> None:
         if not paths:
             _why = "Intel MKL is not installed (pip install mkl, x86-64 only)"
             return
+        cpu.library_loaded("MKL")  # MKL_ENABLE_INSTRUCTIONS follows the ISA cap
         try:
             lib = ctypes.CDLL(paths[0])
         except OSError as e:
@@ -225,10 +227,8 @@ def bf16_unavailable() -> str | None:
 def gemm2d_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha: float = 1.0, beta: float = 0.0) -> None:
     """``out = alpha * a @ b + beta * out`` in float32 for bfloat16 operands (uint16 views of the bits, row-major
     or transposed views as they stand; ``out`` row-major float32) in one ``cblas_gemm_bf16bf16f32``
-    call. The weights are read as they are, not packed: packing bought 0-15% on ResNet-50's
-    shapes (2-core AVX-512 VM: 256x64 @ 64x3136 0.69 vs 0.81 ms, 256x2304 @ 2304x196 0.45 vs 0.47,
-    1000x2048 @ 2048x1 0.09 vs 0.08), and MKL's bf16 panels reserve 10-20 MB a matrix, which would
-    undo the halved weight memory 16-bit storage is chosen for."""
+    call. The weights are read as they are, not packed: packing bought little on ResNet-50's
+    shapes and MKL's bf16 panels would undo the halved weight memory (docs/kernel-libraries.md)."""
     why = bf16_unavailable()  # also loads MKL when nothing has yet
     if why is not None:
         raise RuntimeError(f"MKL bf16 GEMM: {why}")
@@ -364,10 +364,11 @@ def _step(x: np.ndarray) -> int:
     return st // 4 if st > 0 and st % 4 == 0 else 0
 
 
-def gemm2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+def try_gemm2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
     """``out = a @ b`` for 2-D float32 views in one MKL call (``cblas_sgemv`` when a side is a
-    single row or column, else ``cblas_sgemm``), transposed views read in place. False (nothing
-    done) when MKL is not available or a view is not a BLAS operand as it stands."""
+    single row or column, else ``cblas_sgemm``), transposed views read in place; True when done.
+    False (nothing done: the caller runs the product itself) when MKL is not available or a view
+    is not a BLAS operand as it stands."""
     if (_lib is None and unavailable() is not None) or _why is not None or \
             a.dtype != np.float32 or b.dtype != np.float32 or out.dtype != np.float32:
         return False
@@ -402,75 +403,10 @@ def gemm2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
     return True
 
 
-_library: str | None = None
-
-
-def gemm_library() -> str:
-    """'mkl' or 'openblas': the library that runs the multi-threaded float32 products of
-    :func:`matmul` and that the packed-weight kernels are preferred for (``OPSNN_GEMM=mkl`` or
-    ``openblas`` chooses; single-threaded products inside opsnn's own parallel regions,
-    :mod:`.mkl_nb`, stay on MKL either way). Default: MKL on Intel CPUs; OpenBLAS on others
-    when numpy's BLAS is OpenBLAS and its workers sleep after a call (:mod:`opsnn._blas_env`):
-    MKL's threaded SGEMM takes 1.2-1.6x OpenBLAS' time on AMD (2-core EPYC Zen 4 VM, 2 threads,
-    ms, OpenBLAS / MKL / MKL packed: 128x768x768 0.90 / 1.02 / 1.01, 128x768x3072 3.5-4.1 /
-    4.3-5.0 / 4.6-4.8, 512x768x3072 12.9-14.1 / 19.3-22.5 / 19.9-23.8, 2048^3 94-96 / 146-148;
-    on one thread the two are within 10%)."""
-    global _library, _library_why
-    if _library is None:
-        want = os.environ.get("OPSNN_GEMM", "").strip().lower()
-        if want not in ("", "mkl", "openblas"):
-            from ...errors import ParamInvalidError
-
-            raise ParamInvalidError(f"OPSNN_GEMM={want!r}: expected 'mkl' or 'openblas' (or unset: chosen by CPU)")
-        if unavailable() is not None:
-            _library, _library_why = "openblas", "MKL not available"
-        elif want:
-            _library, _library_why = want, "OPSNN_GEMM"
-        else:
-            from ...runtime.device import cpu_vendor
-
-            vendor = cpu_vendor()
-            _library = "mkl" if vendor == "GenuineIntel" or not _openblas_gemv() else "openblas"
-            _library_why = f"chosen for this CPU ({vendor or 'vendor unknown'})"
-    return _library
-
-
-_library_why = ""
-
-
-def gemm_library_why() -> str:
-    """Why :func:`gemm_library` chose as it did (for ``opsnn info``)."""
-    gemm_library()
-    return _library_why
-
-
-#: where OpenBLAS is the faster library, an (m, k) @ (k, n) product with a packed right operand still
-#: stays on MKL's packed panel below these sizes (2-core EPYC Zen 4 VM, 2 threads, ms, OpenBLAS on
-#: W.T / MKL packed: 16 x 768 x 1280 0.52 / 0.35, 32 x 2048 x 768 1.78 / 0.73, 128 x 768 x 1280 1.64 /
-#: 1.66; larger ones: 128 x 768 x 4096 5.3 / 6.2, 512 x 768 x 4096 17.9 / 28.3, 512 x 2048 x 768 8.8 / 10.1;
-#: MatMul + bias in the graph: 64 x 768 x 768 0.71-0.75 / 0.57-0.63, 128 x 768 x 768 1.15 / 1.08-1.11,
-#: 128 x 768 x 3072 3.8-4.0 / 4.2-5.5)
-PACKED_MAX_ROWS_ELSEWHERE = 64
-PACKED_MAX_MACS_ELSEWHERE = 1 << 27
-
-
-def packed_unpreferred(m: int, k: int, n: int) -> str | None:
-    """Why MKL's packed right operand should not be chosen for an (m, k) @ (k, n) product here
-    (None: it should). The convolutions' left-packed weights stay on MKL (see
-    ``opsnn.ops.defs.conv._packed_applies``)."""
-    if gemm_library() != "openblas" or m < PACKED_MAX_ROWS_ELSEWHERE or m * k * n < PACKED_MAX_MACS_ELSEWHERE:
-        return None
-    return (f"MKL's SGEMM is slower than OpenBLAS on this CPU at {m} x {k} x {n} (see "
-            "opsnn.kernels.cpu.mkl.gemm_library; OPSNN_GEMM=mkl overrides)")
-
-
 def _batch_of_small(a: np.ndarray, b: np.ndarray) -> bool:
     """A batch of mid-sized products, which MKL's ``cblas_sgemm_batch`` spreads over its threads
     faster than numpy's per-matrix OpenBLAS calls even where MKL's single large products are
-    slower (2-core EPYC Zen 4 VM, ms, numpy / MKL batch: 12 x 128x64x128 0.48-0.58 / 0.25,
-    12 x 128x128x64 0.34-0.38 / 0.25, 16 x 64x64x196 0.23 / 0.20-0.26; tiny products and large
-    ones go to numpy: 36 x 64x64x49 0.16 / 0.20-0.22, 32 x 16^3 0.004 / 0.05, 4 x 512x768x768
-    13 / 15-20)."""
+    slower; tiny and large ones go to numpy (docs/kernel-libraries.md)."""
     if a.ndim < 3 and b.ndim < 3:
         return False
     m, k = a.shape[-2:]
@@ -478,44 +414,25 @@ def _batch_of_small(a: np.ndarray, b: np.ndarray) -> bool:
     return (1 << 19) <= m * k * n <= (1 << 24) and _blas_view(a) and _blas_view(b)
 
 
-_gemv_openblas: bool | None = None
-
-
-def _openblas_gemv() -> bool:
-    """True when one-row / one-column float32 products go to numpy's OpenBLAS ``sgemv``: numpy
-    uses OpenBLAS and its workers sleep right after a call (:mod:`opsnn._blas_env`'s timeout was
-    in time). MKL's ``cblas_sgemv`` runs on one thread whatever its thread setting, and even
-    OpenBLAS' one-thread gemv is faster (2-core EPYC Zen 4 VM, float32, ms, OpenBLAS 2 threads /
-    1 thread / MKL): 1x768 @ 768x3072 0.16 / 0.20 / 0.22-0.31, 1x3072 @ 3072x768 0.09-0.15 /
-    0.13 / 0.19-0.23, 1x256 @ (32000x256).T 1.5-1.6 / 3.2-3.3 / 4.0-5.8, 1x768 @ 768x768 0.05 /
-    0.03 / 0.05."""
-    global _gemv_openblas
-    if _gemv_openblas is None:
-        from ... import _blas_env
-        from ...runtime import blas
-
-        _gemv_openblas = bool(_blas_env.effective) and blas.get_blas_threads() is not None
-    return _gemv_openblas
-
-
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``np.matmul(a, b, out=out)`` for operands of rank >= 2 with broadcast leading dims, on MKL
     when it is available and the operands are float32 BLAS views: 2-D products in one
-    :func:`gemm2d` call (transposed views too), batches in one ``cblas_sgemm_batch`` call
+    :func:`try_gemm2d` call (transposed views too), batches in one ``cblas_sgemm_batch`` call
     (row-major matrices, ``out`` without broadcast dims); else numpy's matmul (OpenBLAS). 2-D
-    products with one row or one column go to OpenBLAS' gemv where :func:`_openblas_gemv` says.
+    products with one row or one column go to OpenBLAS' gemv where
+    :func:`opsnn.kernels.cpu.libraries.openblas_gemv` says (the strategy decides the library).
 
     Keeping every float32 product on MKL keeps OpenBLAS' worker threads asleep: after a GEMM
     they spin for ~0.1 s unless ``OPENBLAS_THREAD_TIMEOUT`` was set before numpy loaded
     (:mod:`opsnn._blas_env`), taking a core from the next layers' kernels."""
-    if gemm_library() == "openblas" and a.ndim >= 2 and b.ndim >= 2 and not _batch_of_small(a, b):
+    if libraries.gemm_library() == "openblas" and a.ndim >= 2 and b.ndim >= 2 and not _batch_of_small(a, b):
         np.matmul(a, b, out=out)
         return
     if a.ndim == 2 and b.ndim == 2 and out.ndim == 2:
-        if (a.shape[0] == 1 or b.shape[1] == 1) and _openblas_gemv():
+        if (a.shape[0] == 1 or b.shape[1] == 1) and libraries.openblas_gemv():
             np.matmul(a, b, out=out)
             return
-        if gemm2d(a, b, out):
+        if try_gemm2d(a, b, out):
             return
     if (_lib is None and unavailable() is not None) or _why is not None or a.ndim < 2 or b.ndim < 2 \
             or not (_blas_view(a) and _blas_view(b) and _blas_view(out)) or 0 in out.strides[:-2]:

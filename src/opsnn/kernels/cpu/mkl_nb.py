@@ -19,6 +19,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from . import libraries
 from . import mkl as _mkl
 
 #: CBLAS constants (row-major; no transpose / transpose)
@@ -112,12 +113,10 @@ _ADDRESSES: list = []
 
 def addresses() -> np.ndarray | None:
     """int64 ``[cblas_sgemm, MKL_Set_Num_Threads_Local, cblas_sgemv]`` for the kernels, or None
-    without MKL. The ``cblas_sgemv`` entry is 0 where OpenBLAS is the faster library
-    (:func:`opsnn.kernels.cpu.mkl.gemm_library`: non-Intel CPUs), and callers use opsnn's own
-    kernel for products of a few rows (:func:`opsnn.kernels.cpu.gemm.gemm_rows`) instead: MKL's single-threaded
-    gemv on a 2-core EPYC Zen 4 VM, half the rows per thread, ms, MKL / numba: 3072x768 0.116 /
-    0.078, 768x2048 0.083-0.086 / 0.052-0.054, 1280x768 0.048 / 0.032, 32000x256 2.0-3.1 /
-    1.8-2.3."""
+    without MKL. The ``cblas_sgemv`` entry is 0 where the strategy keeps one-row products off MKL
+    (:func:`opsnn.kernels.cpu.libraries.mkl_gemv_in_tasks`: non-Intel CPUs), and callers use opsnn's own
+    kernel for products of a few rows (:func:`opsnn.kernels.cpu.gemm.gemm_rows`) instead, faster
+    there than MKL's single-threaded gemv (docs/kernel-libraries.md)."""
     if _ADDRESSES:
         return _ADDRESSES[0]
     if _mkl.unavailable() is not None:
@@ -128,7 +127,7 @@ def addresses() -> np.ndarray | None:
     _ADDRESSES.append(np.array([ctypes.cast(lib.sgemm, ctypes.c_void_p).value,
                                 ctypes.cast(lib.set_threads_local, ctypes.c_void_p).value,
                                 ctypes.cast(lib.gemv, ctypes.c_void_p).value
-                                if _mkl.gemm_library() == "mkl" else 0], np.int64))
+                                if libraries.mkl_gemv_in_tasks() else 0], np.int64))
     return _ADDRESSES[0]
 
 

@@ -165,7 +165,7 @@ def _ln_task(x, scale, bias, has_bias, y, mean_o, inv_o, row, N, eps, rms):
 
 
 @nb.njit(**_OPTS)
-def _ln_rows32(x, scale, bias, has_bias, y, mean_o, inv_o, r0, r1, N, eps, rms):
+def norm_rows32(x, scale, bias, has_bias, y, mean_o, inv_o, r0, r1, N, eps, rms):
     """Rows ``r0..r1`` of a float32 LayerNorm/RMSNorm, every loop in float32 (8 lanes): the
     statistics of ``_stats_row32`` / ``_sumsq_row32``, then ``y = ((x - mh)*a - ml*a) * scale + bias``
     with the mean split as ``mh + ml``.
@@ -213,7 +213,7 @@ def _ln_serial(x, scale, bias, has_bias, y, mean_o, inv_o, rows, N, eps, rms):
 @nb.njit(parallel=True, **_OPTS)
 def _ln_parallel32(x, scale, bias, has_bias, y, mean_o, inv_o, rows, N, eps, rms, chunks):
     for c in nb.prange(chunks):
-        _ln_rows32(x, scale, bias, has_bias, y, mean_o, inv_o, rows * c // chunks, rows * (c + 1) // chunks, N,
+        norm_rows32(x, scale, bias, has_bias, y, mean_o, inv_o, rows * c // chunks, rows * (c + 1) // chunks, N,
                    eps, rms)
 
 
@@ -233,7 +233,7 @@ def layer_norm(x: np.ndarray, scale: np.ndarray, bias, y: np.ndarray, stats: np.
             _ln_parallel32(xf, s, b, bias is not None, yf, mo, io, rows, N, float(eps), rms,
                            min(rows, 4 * nb.get_num_threads()))
         else:
-            _ln_rows32(xf, s, b, bias is not None, yf, mo, io, 0, rows, N, float(eps), rms)
+            norm_rows32(xf, s, b, bias is not None, yf, mo, io, 0, rows, N, float(eps), rms)
         return
     run = _ln_parallel if parallel else _ln_serial
     run(xf, s, b, bias is not None, yf, mo, io, rows, N, float(eps), rms)

@@ -3,20 +3,16 @@ through ctypes; convolutions and pooling on activations in a channel-blocked lay
 (``nChw16c`` on AVX-512 CPUs, ``nChw8c`` on AVX2 CPUs: one vector register holds one pixel's
 16 or 8 channels).
 
-Why: on ResNet-50's convolutions, GEMM-based kernels (im2col / 1x1 products through OpenBLAS or
-MKL) reach ~100-130 GFLOP/s on the 2-core AMD EPYC (Zen 4) dev VM; onnxruntime's MLAS ~235.
-oneDNN's JIT direct convolutions (``brgconv``) reach 200-250 GFLOP/s on the same shapes when the
-activations are channel-blocked (the array (N, C/b, H, W, b)). Measured (2026-12-02, 2 threads,
-ms per call, plain NCHW -> nChw16c): 3x3 512 ch at 7x7 4.42 -> 0.94, 1x1 1024->256 at 14x14
-0.58 -> 0.49, the 7x7 stride-2 stem 3.24 -> 1.14. The graph pass
+Why: on ResNet-50's convolutions oneDNN's JIT direct convolutions (``brgconv``) on
+channel-blocked activations (the array (N, C/b, H, W, b)) run about twice as fast as GEMM-based
+kernels (docs/kernel-libraries.md). The graph pass
 :mod:`opsnn.graph.blocked_layout` keeps whole conv chains in that layout, so the layout
 change happens once at a chain's ends (``opsnn::ToBlocked`` / ``FromBlocked``).
 
 The block follows the instruction set oneDNN runs with (:func:`block`; its own answer, so
 ``ONEDNN_MAX_CPU_ISA=AVX2`` gives nChw8c on an AVX-512 CPU): oneDNN has no AVX2 kernels for
-nChw16c (its reference code, orders of magnitude slower) and AVX2 ones for nChw8c. ResNet-50
-with AVX2 kernels (``ONEDNN_MAX_CPU_ISA=AVX2`` on the Zen 4 VM, whose AVX2 throughput per clock is
-its AVX-512 one, vs opsnn's own kernels with OpenBLAS/MKL limited to AVX2): 55-68 vs 70-90 ms.
+nChw16c (its reference code, orders of magnitude slower) and AVX2 ones for nChw8c; opsnn's ISA
+cap (``OPSNN_CPU_ISA``, :mod:`opsnn.runtime.cpu`) sets ``ONEDNN_MAX_CPU_ISA`` before loading it.
 oneDNN's matmul has a fast (``brg``) implementation only with AVX-512; :func:`matmul_unavailable`
 asks oneDNN which it would use.
 
@@ -25,9 +21,7 @@ channel count is a multiple of the block): only the order of its elements differ
 
 Convolutions, pooling and matmuls take float32 or bfloat16 data (a mixed-precision graph's bf16
 convolutions and products): with AVX512-BF16 (:func:`bf16_unavailable`) oneDNN's bf16 kernels
-multiply in bf16 and accumulate in float32 at ~2x its float32 speed (2-core Zen 4 VM, ms, bf16 /
-float32: 3x3 64 ch at 56x56 0.52 / 1.11, 3x3 512 ch at 7x7 0.43 / 0.94, 1x1 1024->256 at 14x14
-0.25 / 0.48; matmul 128x768x3072 1.60 / 5.56).
+multiply in bf16 and accumulate in float32 at ~2x its float32 speed.
 
 oneDNN is an optional dependency (PyPI ``onednn-cpu-gomp``: its GNU OpenMP build, which shares
 libgomp's thread pool with numba's kernels and MKL). When it is not installed, cannot be
@@ -48,6 +42,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ... import dtypes as _dt
+from ...runtime import cpu
 from .mkl import _threads, prefix_libraries
 
 log = logging.getLogger(__name__)
@@ -108,6 +103,7 @@ def _load() -> None:
         if not paths:
             _why = "oneDNN is not installed (pip install onednn-cpu-gomp, x86-64 Linux only)"
             return
+        cpu.library_loaded("oneDNN")  # ONEDNN_MAX_CPU_ISA follows the ISA cap
         try:
             lib = C.CDLL(paths[0])
         except OSError as e:
@@ -183,8 +179,7 @@ _matmul_why: list = []
 def matmul_unavailable() -> str | None:
     """None when oneDNN's matmul is worth using for constant-weight products here, else why not:
     oneDNN is unavailable, or its matmul would not be its brgemm code (asked once, for a
-    128x768 @ 768x3072 probe). Measured with AVX2 (``gemm:jit:f32``) vs OpenBLAS, ms:
-    128x768x3072 7.1-7.3 vs 3.8-4.5, 8x768x3072 0.59-0.61 vs 0.49-0.50."""
+    128x768 @ 768x3072 probe): its AVX2 ``gemm:jit:f32`` is slower than OpenBLAS."""
     why = unavailable()
     if why is not None:
         return why
@@ -636,8 +631,7 @@ class MatMulPrimitive:
     (reordered here, once, into the primitive's blocked layout), optional ``bias`` (N,) and
     residual ``Z`` (M, N), row-major ``Y`` (M, N): oneDNN's matmul (brgemm) with the bias as its
     bias argument and the residual add and activation as post-ops. All float32, or all bfloat16
-    (W's dtype says which; float32 accumulation, Y rounded once). bf16 vs float32 on the 2-core
-    Zen 4 VM (ms): 128x768x768 0.67 / 1.35, 128x768x3072 1.60 / 5.56, 128x3072x768 1.36 / 3.20.
+    (W's dtype says which; float32 accumulation, Y rounded once).
     ``transposed``: ``w`` is W.T, row-major (N, K) (a Gemm's B with transB=1), read as such."""
 
     def __init__(self, m: int, w: np.ndarray, *, has_bias: bool, residual: bool, act: int, alpha: float = 0.0,
@@ -738,11 +732,7 @@ def wt_matmul(m: int, k: int, n: int, accumulate: bool = False, dtype=np.float32
     weights, float32 accumulation) and float32 ``Y`` (m, n): ``run(x_ptr, w_ptr, y_ptr)``. W is
     read in place as a transposed operand (no reordered copy), so one primitive serves every
     weight of that shape; primitives are kept per (m, k, n, accumulate, dtype), up to
-    ``WT_CACHE_SIZE``. The LLaMA decoder's projections use it (:mod:`opsnn.llm.decoder`).
-    Measured on the 2-core EPYC Zen 4 VM (2026-12-02, ms, oneDNN / OpenBLAS ``x @ W.T`` /
-    opsnn's ``gemm_rows``): 128 x 768 -> 4096 5.05 / 6.04 / -, 128 x 2048 -> 768 (+=) 2.20 /
-    2.98 / -, 512 x 768 -> 4096 17.5 / 23.3 / -, 32 x 768 -> 4096 2.70 / 3.71 / 4.35,
-    16 x 768 -> 4096 1.69 / 2.66 / 2.60, 8 x 768 -> 1280 0.16 / 0.43 / 0.18."""
+    ``WT_CACHE_SIZE``. The LLaMA decoder's projections use it (:mod:`opsnn.llm.decoder`)."""
     key = (int(m), int(k), int(n), bool(accumulate), np.dtype(dtype).name)
     with _wt_lock:
         prim = _wt_cache.get(key)

@@ -52,6 +52,15 @@ fp32 results differ from a direct convolution by about 1e-5 of the output's scal
 (measured: max |err| / max |y| < 1e-4 up to C = 512); tests allow 2e-4 relative to
 the output's largest magnitude. F(2x2): ~1e-6 (tests: 2e-5). float64 inputs run the same
 algorithm in float64.
+
+Inf and NaN. Every output of a tile depends on every input of its tile through the transforms,
+so one NaN would spread over the tile and an Inf become Inf - Inf = NaN. The input transforms
+also sum, per tile, the first and last point of every column of V (a vector add per 3 values of
+V; F(2x2): per 2), which is not finite exactly when the tile's input is not (or a finite value
+overflows); when a chunk's sum is not finite, the tiles whose input window holds Inf or NaN are
+found (one pass over the input) and computed again by the direct 3x3 sum (:func:`redo_tiles`),
+so the result has NaN and Inf where a direct convolution has them. A weight holding Inf or NaN
+makes every tile direct (the selector does not take Winograd for such a constant weight).
 """
 from __future__ import annotations
 
@@ -200,7 +209,7 @@ def _fill_rows(x, c, g, th_n, tile, alpha, ph, pw, rowbuf):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _input_channel(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d):
+def _input_channel(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d, chk):
     uc = _U(c)
     for rb in range(0, n_rows, bl):
         nr = min(bl, n_rows - rb)
@@ -234,10 +243,11 @@ def _input_channel(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d):
                 v[uq + _U(3 * ALPHA), uc, p] = u3
                 v[uq + _U(4 * ALPHA), uc, p] = u4
                 v[uq + _U(5 * ALPHA), uc, p] = u5
+                chk[p] += u0 + u5  # rows 0, 2, 4 and 1, 3, 5 of the tile: see _input_range
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _input_channel2(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d):
+def _input_channel2(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d, chk):
     uc = _U(c)
     for rb in range(0, n_rows, bl):
         nr = min(bl, n_rows - rb)
@@ -266,34 +276,55 @@ def _input_channel2(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d):
                 v[uq + _U(ALPHA2), uc, p] = u1
                 v[uq + _U(2 * ALPHA2), uc, p] = u2
                 v[uq + _U(3 * ALPHA2), uc, p] = u3
+                chk[p] += u0 + u3  # rows 0, 2 and 1, 3
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _checksum(chk):
+    s = 0.0
+    for i in range(chk.shape[0]):
+        s += chk[i]
+    return s
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _input_range(x, v, c0, c1, row0, n_rows, th_n, tw_n, ph, pw, tile):
+    # returns the finiteness check of the channels' tiles: per tile, the sum of the first and last
+    # point of every column of V. Each of those depends on every input row of its column with a
+    # nonzero factor (B^T's first and last rows), and B^T is invertible, so an Inf or NaN in the
+    # tile's input makes the sum Inf or NaN, and no later addition makes it finite again (a
+    # finite overflow may flag a tile too: it is recomputed, never missed). A vector add per 3
+    # (F(2x2): 2) values of V: the tiles' sums are contiguous, the column pass stays vectorized.
     bl = max(1, BLOCK_TILES // tw_n)
     alpha = tile + 2
     rowbuf = np.empty((alpha, tw_n * tile + 2), x.dtype)
     d = np.empty((alpha, alpha, min(bl, n_rows) * tw_n), x.dtype)
+    chk = np.zeros(n_rows * tw_n, x.dtype)
     for c in range(c0, c1):
         if tile == TILE:
-            _input_channel(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d)
+            _input_channel(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d, chk)
         else:
-            _input_channel2(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d)
+            _input_channel2(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d, chk)
+    return _checksum(chk)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
 def input_transform_parallel(x, v, row0, n_rows, th_n, tw_n, ph, pw, tile=TILE):
     """x (N, C, H, W), tile rows [row0, row0 + n_rows) of all images stacked (image-major)
-    -> v ((tile + 2)**2, C, n_rows * tw_n)."""
+    -> v ((tile + 2)**2, C, n_rows * tw_n). Returns a check value: not finite when an input
+    tile holds an Inf or NaN (see ``_input_range``)."""
     c_n = x.shape[1]
     n_blk = min(c_n, BLOCKS)
+    total = 0.0
     for blk in nb.prange(n_blk):
-        _input_range(x, v, blk * c_n // n_blk, (blk + 1) * c_n // n_blk, row0, n_rows, th_n, tw_n, ph, pw, tile)
+        total += _input_range(x, v, blk * c_n // n_blk, (blk + 1) * c_n // n_blk, row0, n_rows, th_n, tw_n, ph, pw,
+                              tile)
+    return total
 
 
 @nb.njit(nogil=True, cache=True)
 def input_transform_serial(x, v, row0, n_rows, th_n, tw_n, ph, pw, tile=TILE):
-    _input_range(x, v, 0, x.shape[1], row0, n_rows, th_n, tw_n, ph, pw, tile)
+    return _input_range(x, v, 0, x.shape[1], row0, n_rows, th_n, tw_n, ph, pw, tile)
 
 
 # -- F(4x4) input transform for wide images: one task per (channel, tile row) ------------------------------
@@ -307,7 +338,7 @@ ROWS_MIN_TW = 8
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _input_task(x, v, t, row0, n_rows, th_n, tw_n, ph, pw, rowbuf, s):
+def _input_task(x, v, t, row0, n_rows, th_n, tw_n, ph, pw, rowbuf, s, chk):
     # one (channel, global tile row): 6 padded input rows -> tw_n tiles of 36 points.
     # The column transform runs along whole rows (contiguous, vectorizes); the row
     # transform then reads each tile's 6 columns of it. Indices are unsigned (np.uintp):
@@ -371,6 +402,7 @@ def _input_task(x, v, t, row0, n_rows, th_n, tw_n, ph, pw, rowbuf, s):
             v[k0 + np.uintp(3), uc, p] = u3
             v[k0 + np.uintp(4), uc, p] = u4
             v[k0 + np.uintp(5), uc, p] = u5
+            chk[p] += u0 + u5  # as in _input_range: points 0 and 5 of the column cover its 6 rows
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -379,19 +411,25 @@ def input_rows_parallel(x, v, row0, n_rows, th_n, tw_n, ph, pw, tile=TILE):
     [row0, row0 + n_rows) of all images stacked (image-major) -> v (36, C, n_rows * tw_n)."""
     tasks = x.shape[1] * n_rows
     n_blk = min(tasks, BLOCKS)
+    total = 0.0
     for blk in nb.prange(n_blk):
         rowbuf = np.empty((ALPHA, tw_n * TILE + 2), x.dtype)
         s = np.empty((ALPHA, tw_n * TILE + 2), x.dtype)
+        chk = np.zeros(n_rows * tw_n, x.dtype)
         for t in range(blk * tasks // n_blk, (blk + 1) * tasks // n_blk):
-            _input_task(x, v, t, row0, n_rows, th_n, tw_n, ph, pw, rowbuf, s)
+            _input_task(x, v, t, row0, n_rows, th_n, tw_n, ph, pw, rowbuf, s, chk)
+        total += _checksum(chk)
+    return total
 
 
 @nb.njit(nogil=True, cache=True)
 def input_rows_serial(x, v, row0, n_rows, th_n, tw_n, ph, pw, tile=TILE):
     rowbuf = np.empty((ALPHA, tw_n * TILE + 2), x.dtype)
     s = np.empty((ALPHA, tw_n * TILE + 2), x.dtype)
+    chk = np.zeros(n_rows * tw_n, x.dtype)
     for t in range(x.shape[1] * n_rows):
-        _input_task(x, v, t, row0, n_rows, th_n, tw_n, ph, pw, rowbuf, s)
+        _input_task(x, v, t, row0, n_rows, th_n, tw_n, ph, pw, rowbuf, s, chk)
+    return _checksum(chk)
 
 
 # -- output transform: per output channel, a block of tile rows at a time -----------------------------------
@@ -549,17 +587,6 @@ def transform_weights(w: np.ndarray, dtype=None, out: np.ndarray | None = None, 
     return out
 
 
-#: chunks of at most this many tiles run their point GEMMs on oneDNN's batched brgemm (when
-#: oneDNN is there), longer ones on MKL (a point per task). Whole conv, float32, weights
-#: pre-packed, ms MKL / oneDNN (2-core AVX-512 VM, 2026-12-03, median of alternated runs; tiles
-#: per chunk in brackets): batch 1 512 ch 7x7 F(4x4) [4] 7.84 / 1.81, F(2x2) [16] 2.42 / 1.25;
-#: 256 ch 14x14 F(4x4) [16] 1.24 / 0.88, F(2x2) [49] 1.16 / 0.96; 128 ch 28x28 F(4x4) [49] 0.91 /
-#: 0.76, F(2x2) [196] 1.06 / 1.12; 64 ch 56x56 F(4x4) [196] 1.05 / 1.11; batch 8 128 ch 28x28
-#: F(4x4) [126] 7.25 / 6.49, 256 ch 14x14 F(4x4) [128] 7.48 / 6.71, F(2x2) [252] 9.00 / 9.59, 512 ch
-#: 7x7 F(4x4) [32] 8.09 / 6.47, F(2x2) [128] 9.89 / 10.04; 64 ch 56x56 F(4x4) 7.28 / 8.15
-ONEDNN_MAX_TILES = 128
-
-
 # -- plan -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WinogradPlan:
@@ -586,6 +613,9 @@ class WinogradPlan:
     #: oneDNN batched matmuls (brgemm) holding U in their own layout, by a chunk's tile count
     #: (see :func:`_onednn_gemms`); then ``u`` is None and nothing is transformed per call
     gemms: dict | None = None
+    #: False when the weight known at prepare holds an Inf or NaN: every tile is then computed
+    #: directly (its transform would turn Inf into Inf - Inf = NaN over whole tiles)
+    finite_w: bool = True
 
     @property
     def points(self) -> int:
@@ -633,29 +663,29 @@ def winograd_plan(x_shape, m: int, pb: tuple, out_sp: tuple, itemsize: int, weig
     rows = max(1, min(max(n * th_n, 1), budget // max(per_row, 1)))
     parallel = points * rows * tw_n * max(c, m) >= PARALLEL_MIN
     u = gemms = None
+    finite_w = weight is None or all_finite(weight)
     if weight is not None:
-        if itemsize == 4 and rows * tw_n <= ONEDNN_MAX_TILES:
+        if itemsize == 4:
             gemms = _onednn_gemms(np.asarray(weight), tile, (n * th_n, rows), tw_n)
         if gemms is None:
             u = transform_weights(np.asarray(weight), np.float64 if itemsize == 8 else np.float32, tile=tile)
     return WinogradPlan(n, c, int(m), tuple(int(v) for v in x_shape[2:]), tuple(int(v) for v in out_sp),
-                        int(pb[0]), int(pb[1]), th_n, tw_n, rows, itemsize, parallel, u, tile, gemms)
+                        int(pb[0]), int(pb[1]), th_n, tw_n, rows, itemsize, parallel, u, tile, gemms, finite_w)
 
 
 def _onednn_gemms(weight: np.ndarray, tile: int, tile_rows: tuple, tw_n: int) -> dict | None:
     """The point GEMMs of a float32 Winograd plan as oneDNN batched matmuls (brgemm), U
     reordered once into their layout: one primitive per chunk size (``tile_rows`` = (all tile
-    rows, rows per chunk)), keyed by the chunk's tile count; None without oneDNN. Against MKL
-    (a point per task, :func:`point_gemms`), the GEMM phase on the 2-core AVX-512 VM
-    (2026-12-03, ms): 512 ch 7x7 F(2x2) 0.92 vs 2.04-2.15, F(4x4) 1.20-1.44 vs 6.8; 256 ch
-    14x14 F(2x2) 0.54 vs 0.98-1.01 (the transposes to and from the tile-major layout included
-    in :func:`conv_winograd`'s timings, see bench/kernels.py)."""
+    rows, rows per chunk)), keyed by the chunk's tile count; None where the strategy
+    (:func:`opsnn.kernels.cpu.libraries.winograd_gemms`) leaves them to MKL: 2-3x faster than MKL a
+    point per task there (docs/kernel-libraries.md)."""
+    from . import libraries
     from . import onednn as D
 
-    if D.product_unavailable(np.float32) is not None:
+    total, rows = tile_rows
+    if libraries.winograd_gemms(rows * tw_n).library != "onednn":
         return None
     w = np.asarray(weight)
-    total, rows = tile_rows
     points = (tile + 2) ** 2
     m, c = int(w.shape[0]), int(w.shape[1])
     source = (w, f"winograd F({tile}x{tile},3x3)", ((points, m, c), np.float32))
@@ -687,20 +717,25 @@ def conv_winograd(x, w, b, y, plan: WinogradPlan, ws) -> None:
         return
     dt = x.dtype
     vflat, mflat, u = _split_workspace(ws, dt, plan)
+    finite_w = plan.finite_w
     if plan.gemms:
         u = None  # inside the primitives
     elif plan.u is not None:
         u = plan.u if plan.u.dtype == dt else plan.u.astype(dt)
     else:
         u = transform_weights(w, dt, u.reshape(plan.points, plan.m, plan.c), tile=plan.tile)
+        finite_w = all_finite(w)
     bias = b if b is not None else np.zeros(0, dt)
     _run_chunks(x.reshape((plan.n, plan.c) + plan.in_sp), y.reshape((plan.n, plan.m) + plan.out_sp), u, bias, plan,
-                vflat, mflat)
+                vflat, mflat, w.reshape(plan.m, plan.c, 3, 3), finite_w)
 
 
-def _run_chunks(xin, yout, u, bias, plan: WinogradPlan, vflat, mflat) -> None:
+def _run_chunks(xin, yout, u, bias, plan: WinogradPlan, vflat, mflat, w, finite_w: bool) -> None:
     """Transform, multiply and inverse-transform chunk by chunk; ``xin``/``yout`` may be strided
-    views (the dilated form passes phase sub-images of the caller's arrays)."""
+    views (the dilated form passes phase sub-images of the caller's arrays). Tiles whose input
+    holds an Inf or NaN (the input transforms' check) are then computed again directly from
+    ``w`` (M, C, 3, 3), all of them when the weight is not finite: the result is the direct
+    convolution's, NaN and Inf where it has them."""
     if plan.tile == TILE and plan.tw_n >= ROWS_MIN_TW and plan.n == 1:
         fin = input_rows_parallel if plan.parallel else input_rows_serial
     else:
@@ -709,12 +744,13 @@ def _run_chunks(xin, yout, u, bias, plan: WinogradPlan, vflat, mflat) -> None:
     total = plan.n * plan.th_n
     pts = plan.points
     half_v, half_m = vflat.size // 2, mflat.size // 2
+    check = 0.0
     for row0 in range(0, total, plan.rows):
         k = min(plan.rows, total - row0)
         p = k * plan.tw_n
         v = vflat[:pts * plan.c * p].reshape(pts, plan.c, p)
         mm = mflat[:pts * plan.m * p].reshape(pts, plan.m, p)
-        fin(xin, v, row0, k, plan.th_n, plan.tw_n, plan.ph, plan.pw, plan.tile)
+        check += fin(xin, v, row0, k, plan.th_n, plan.tw_n, plan.ph, plan.pw, plan.tile)
         if plan.gemms:
             # (tiles x C) @ (C x M) per point, one oneDNN batched brgemm; tile-major copies in and out
             vt = vflat[half_v:half_v + pts * p * plan.c].reshape(pts, p, plan.c)
@@ -726,6 +762,89 @@ def _run_chunks(xin, yout, u, bias, plan: WinogradPlan, vflat, mflat) -> None:
         elif not point_gemms(u, v, mm, plan.parallel):
             _mkl.matmul(u, v, mm)
         fout(mm, bias, yout, row0, k, plan.th_n, plan.tw_n, plan.tile)
+    if not finite_w or not math.isfinite(check):
+        redo_tiles(xin, w, bias, yout, plan.th_n, plan.tw_n, plan.tile, plan.ph, plan.pw, finite_w)
+
+
+# -- Inf and NaN: tiles computed directly -------------------------------------------------------------------
+@nb.njit(nogil=True, cache=True)
+def _all_finite(a):
+    for i in range(a.shape[0]):
+        if not np.isfinite(a[i]):
+            return False
+    return True
+
+
+def all_finite(a) -> bool:
+    """True when the array ``a`` holds no Inf or NaN (one pass, stops at the first)."""
+    a = np.asarray(a)
+    if a.dtype not in (np.float32, np.float64):
+        a = a.astype(np.float32)
+    return bool(_all_finite(np.ascontiguousarray(a).reshape(-1)))
+
+
+@nb.njit(nogil=True, cache=True)
+def nonfinite_tiles(x, th_n, tw_n, tile, ph, pw):
+    """(image, tile row, tile column) of every tile whose input window ((tile + 2)**2 pixels,
+    all channels, starting ``ph``/``pw`` before the image) holds an Inf or NaN."""
+    n_img, c_n, h_n, w_n = x.shape
+    bad = np.zeros((n_img, h_n, w_n), np.bool_)
+    for i in range(n_img):
+        for c in range(c_n):
+            for hh in range(h_n):
+                for ww in range(w_n):
+                    if not np.isfinite(x[i, c, hh, ww]):
+                        bad[i, hh, ww] = True
+    out = np.empty((n_img * th_n * tw_n, 3), np.int64)
+    k = 0
+    for i in range(n_img):
+        for th in range(th_n):
+            for tw in range(tw_n):
+                hit = False
+                for hh in range(max(th * tile - ph, 0), min(th * tile - ph + tile + 2, h_n)):
+                    for ww in range(max(tw * tile - pw, 0), min(tw * tile - pw + tile + 2, w_n)):
+                        hit = hit or bad[i, hh, ww]
+                if hit:
+                    out[k, 0], out[k, 1], out[k, 2] = i, th, tw
+                    k += 1
+    return out[:k]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def direct_tiles(x, w, b, y, tiles, tile, ph, pw):
+    """y's output ``tiles`` ((image, tile row, tile column) rows) by the direct 3x3 sum in
+    float64, plus the bias b (M,) or empty: IEEE semantics of a direct convolution."""
+    c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
+    m_n, oh_n, ow_n = y.shape[1], y.shape[2], y.shape[3]
+    for task in nb.prange(tiles.shape[0] * m_n):
+        t = task // m_n
+        mc = task - t * m_n
+        i, th, tw = tiles[t, 0], tiles[t, 1], tiles[t, 2]
+        bias = b[mc] if b.shape[0] > 0 else 0
+        for oy in range(th * tile, min(th * tile + tile, oh_n)):
+            for ox in range(tw * tile, min(tw * tile + tile, ow_n)):
+                acc = 0.0
+                for c in range(c_n):
+                    for ky in range(3):
+                        hh = oy + ky - ph
+                        if hh < 0 or hh >= h_n:
+                            continue
+                        for kx in range(3):
+                            ww = ox + kx - pw
+                            if 0 <= ww < w_n:
+                                acc += np.float64(x[i, c, hh, ww]) * np.float64(w[mc, c, ky, kx])
+                y[i, mc, oy, ox] = acc + bias
+
+
+def redo_tiles(x, w, bias, y, th_n: int, tw_n: int, tile: int, ph: int, pw: int, finite_w: bool) -> None:
+    """Compute again, directly, the tiles of y (N, M, OH, OW) whose input holds an Inf or NaN
+    (every tile when the weight ``w`` (M, C, 3, 3) does not hold only finite values, or when the
+    transforms' check fired on a finite overflow)."""
+    tiles = nonfinite_tiles(x, th_n, tw_n, tile, ph, pw) if finite_w else np.empty((0, 3), np.int64)
+    if not len(tiles):
+        grid = np.indices((x.shape[0], th_n, tw_n)).reshape(3, -1).T
+        tiles = np.ascontiguousarray(grid, dtype=np.int64)
+    direct_tiles(x, w, bias, y, tiles, tile, ph, pw)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -760,10 +879,8 @@ def _point_gemms(u, v, mm, fns, nt):
 def point_gemms(u, v, mm, parallel: bool) -> bool:
     """``mm[p] = u[p] @ v[p]`` for every transform point as one parallel region, a point per
     task on single-threaded MKL (:mod:`.mkl_nb`); False (nothing done) without MKL or for
-    other than C-contiguous float32. Against MKL's batch call (which splits each small product
-    over the threads), the GEMM phase on the 2-core AVX-512 VM: 256 ch 14x14 F(2x2) 0.91 ->
-    0.69 ms, 512 ch 7x7 F(2x2) 1.19 -> 0.95, 256 ch 14x14 F(4x4) 0.77 -> 0.53, 128 ch 28x28
-    0.66 -> 0.43, 64 ch 56x56 0.57 -> 0.39."""
+    other than C-contiguous float32. Faster than MKL's batch call, which splits each small
+    product over the threads (docs/kernel-libraries.md)."""
     fns = MN.addresses()
     if fns is None or u.dtype != np.float32 or not (u.flags.c_contiguous and v.flags.c_contiguous
                                                     and mm.flags.c_contiguous) or 0 in mm.shape or 0 in u.shape:
@@ -800,6 +917,7 @@ class DilatedWinogradPlan:
     phases: tuple
     itemsize: int
     u: np.ndarray | None = None
+    finite_w: bool = True
 
     @property
     def tiles(self) -> int:
@@ -839,9 +957,11 @@ def dilated_plan(x_shape, m: int, pb: tuple, out_sp: tuple, d: tuple, itemsize: 
             # the sub-plans never own weights: the transformed U is shared by every phase
             phases.append((ra, rb, a, b, _no_weights(sub)))
     u = None
+    finite_w = True
     if weight is not None:
         u = transform_weights(np.asarray(weight), np.float64 if itemsize == 8 else np.float32)
-    return DilatedWinogradPlan(n, c, int(m), tuple(d), tuple(phases), itemsize, u)
+        finite_w = all_finite(weight)
+    return DilatedWinogradPlan(n, c, int(m), tuple(d), tuple(phases), itemsize, u, finite_w)
 
 
 class _SharedU(WinogradPlan):
@@ -869,6 +989,8 @@ def conv_winograd_dilated(x, w, b, y, plan: DilatedWinogradPlan, ws) -> None:
         u = transform_weights(w, dt, workspace_view(ws[:off], dt, (POINTS, plan.m, plan.c)))
     bias = b if b is not None else np.zeros(0, dt)
     dh, dw = plan.d
+    finite_w = plan.finite_w if plan.u is not None else all_finite(w)
+    w4 = w.reshape(plan.m, plan.c, 3, 3)
     for ra, rb, a, bb, sub in plan.phases:
         vflat, mflat, _ = _split_workspace(ws[off:], dt, sub)
-        _run_chunks(x[:, :, ra::dh, rb::dw], y[:, :, a::dh, bb::dw], u, bias, sub, vflat, mflat)
+        _run_chunks(x[:, :, ra::dh, rb::dw], y[:, :, a::dh, bb::dw], u, bias, sub, vflat, mflat, w4, finite_w)

@@ -21,10 +21,13 @@ docs/performance.md, "Winograd on blocked tensors"). The transforms' lanes must 
 (unsigned indices, below). ``ops/defs/blocked.py`` says which shapes it takes.
 
 Accuracy: F(4x4)'s constants amplify rounding: results differ from a direct convolution by
-about 1e-5 of the output's scale (tests allow 2e-4, as for :mod:`.winograd`).
+about 1e-5 of the output's scale (tests allow 2e-4, as for :mod:`.winograd`). Inf and NaN as in
+:mod:`.winograd`: the input transform's check finds tiles whose input is not finite, and those
+are computed again by the direct sum with the same epilogue (:func:`direct_tiles`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numba as nb
@@ -32,7 +35,7 @@ import numpy as np
 
 from . import onednn as D
 from .conv import ALIGN, workspace_view
-from .winograd import ALPHA, POINTS, TILE, _at, _bt, transform_weights
+from .winograd import ALPHA, POINTS, TILE, _at, _bt, all_finite, transform_weights
 
 _U = np.uintp  # unsigned indices: no negative-index wraparound, so LLVM vectorizes
 
@@ -55,13 +58,18 @@ def _split(task, blocks, th_n, b):
 def input_transform(x, v, ph, pw, th_n, tw_n):
     """``x`` (N, C/b, H, W, b) -> ``v`` (36, N*th_n*tw_n, C): B^T d B of every 6x6 tile (4x4
     output tiles, their inputs starting ``ph``/``pw`` before the image), zeros outside. Indices
-    are unsigned (``_U``) so numba skips negative-index wraparound and LLVM vectorizes the lanes."""
+    are unsigned (``_U``) so numba skips negative-index wraparound and LLVM vectorizes the lanes.
+    Returns a check value, not finite when an input tile holds an Inf or NaN: per lane, the first
+    and last point of every column of V (together they depend on all the column's rows with
+    nonzero factors, see ``winograd._input_range``), one vector add per 3 values of V."""
     n_img, cb_n, h, w, b = x.shape
     ub = _U(b)
+    total = 0.0
     for task in nb.prange(n_img * th_n * cb_n):
         row, ty, un, ucb, c0 = _split(task, cb_n, th_n, b)
         d = np.empty((ALPHA, ALPHA, b), np.float32)
         t = np.empty((ALPHA, ALPHA, b), np.float32)
+        chk = np.zeros(b, np.float32)
         for tx in range(tw_n):
             y0 = ty * TILE - ph
             x0 = tx * TILE - pw
@@ -92,6 +100,72 @@ def input_transform(x, v, ph, pw, th_n, tw_n):
                     c = c0 + lane
                     v[k, tile, c], v[6 + k, tile, c], v[12 + k, tile, c] = r0, r1, r2
                     v[18 + k, tile, c], v[24 + k, tile, c], v[30 + k, tile, c] = r3, r4, r5
+                    chk[lane] += r0 + r5
+        s = 0.0
+        for lane in range(ub):
+            s += chk[lane]
+        total += s
+    return total
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def direct_tiles(x, w, bias, z, y, tiles, ph, pw, has_z, relu):
+    """The output ``tiles`` ((image, tile row, tile column) rows) of ``y`` (N, M/b, Ho, Wo, b)
+    by the direct 3x3 sum over ``x`` (N, C/b, H, W, b) and ``w`` (M, C, 3, 3) in float64, with the
+    epilogue of :func:`output_transform`: IEEE semantics of a direct convolution."""
+    n_img, cb_n, h, wd, b = x.shape
+    mb_n, ho, wo = y.shape[1], y.shape[2], y.shape[3]
+    m_n = mb_n * b
+    for task in nb.prange(tiles.shape[0] * m_n):
+        k = task // m_n
+        mc = task - k * m_n
+        mb, ml = mc // b, mc % b
+        i, ty, tx = tiles[k, 0], tiles[k, 1], tiles[k, 2]
+        for oy in range(ty * TILE, min(ty * TILE + TILE, ho)):
+            for ox in range(tx * TILE, min(tx * TILE + TILE, wo)):
+                acc = 0.0
+                for cb in range(cb_n):
+                    for ky in range(3):
+                        iy = oy + ky - ph
+                        if iy < 0 or iy >= h:
+                            continue
+                        for kx in range(3):
+                            ix = ox + kx - pw
+                            if 0 <= ix < wd:
+                                for cl in range(b):
+                                    acc += np.float64(x[i, cb, iy, ix, cl]) * np.float64(w[mc, cb * b + cl, ky, kx])
+                o = np.float32(acc + bias[mc])
+                if has_z:
+                    o += z[i, mb, oy, ox, ml]
+                y[i, mb, oy, ox, ml] = max(o, np.float32(0)) if relu else o
+
+
+@nb.njit(nogil=True, cache=True)
+def nonfinite_tiles(x, th_n, tw_n, ph, pw):
+    """(image, tile row, tile column) of every 4x4 output tile whose 6x6 input window (all
+    channels) holds an Inf or NaN; ``x`` (N, C/b, H, W, b)."""
+    n_img, cb_n, h, w, b = x.shape
+    bad = np.zeros((n_img, h, w), np.bool_)
+    for i in range(n_img):
+        for cb in range(cb_n):
+            for iy in range(h):
+                for ix in range(w):
+                    for lane in range(b):
+                        if not np.isfinite(x[i, cb, iy, ix, lane]):
+                            bad[i, iy, ix] = True
+    out = np.empty((n_img * th_n * tw_n, 3), np.int64)
+    k = 0
+    for i in range(n_img):
+        for ty in range(th_n):
+            for tx in range(tw_n):
+                hit = False
+                for iy in range(max(ty * TILE - ph, 0), min(ty * TILE - ph + ALPHA, h)):
+                    for ix in range(max(tx * TILE - pw, 0), min(tx * TILE - pw + ALPHA, w)):
+                        hit = hit or bad[i, iy, ix]
+                if hit:
+                    out[k, 0], out[k, 1], out[k, 2] = i, ty, tx
+                    k += 1
+    return out[:k]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -159,6 +233,10 @@ class BlockedWinogradPlan:
     gemms: dict          # images in a chunk -> D.BatchMatMulPrimitive
     relu: bool
     zero_bias: np.ndarray  # (C_out,) zeros: the output transform's bias when the conv has none
+    #: the weight (M, C, 3, 3) as float32, for the tiles computed directly (Inf or NaN inputs)
+    w: np.ndarray
+    #: False when ``w`` holds an Inf or NaN: then every tile is computed directly
+    finite_w: bool = True
 
     @property
     def chunk_tiles(self) -> int:
@@ -191,9 +269,10 @@ def plan(x_shape, w: np.ndarray, y_shape, pads: tuple, block: int, relu: bool) -
     source = (w, "winograd F(4x4,3x3)", ((POINTS, m, c), np.float32))
     gemms = {k: D.BatchMatMulPrimitive(k * th * tw, lambda: transform_weights(w, np.float32), transposed=True,
                                        source=source) for k in {per_chunk, n % per_chunk} if k}
+    w32 = np.ascontiguousarray(w, dtype=np.float32)
     return BlockedWinogradPlan(tuple(int(s) for s in x_shape), tuple(int(s) for s in y_shape), int(block),
                                (int(pads[0]), int(pads[1])), (th, tw), per_chunk, gemms, bool(relu),
-                               np.zeros(m, np.float32))
+                               np.zeros(m, np.float32), w32, all_finite(w32))
 
 
 def bind(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndarray):
@@ -216,11 +295,18 @@ def bind(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndar
         mm = flat[POINTS * t * c:POINTS * t * (c + m)].reshape(POINTS, t, m)
         chunks.append((x5[i0:i0 + k], v, p.gemms[k].bind(v, mm), mm, z5[i0:i0 + k], y5[i0:i0 + k]))
 
+    w4, finite_w = p.w, p.finite_w
+
     def call():
         for xc, v, gemm, mm, zc, yc in chunks:
-            input_transform(xc, v, ph, pw, th, tw)
+            check = input_transform(xc, v, ph, pw, th, tw)
             gemm()
             output_transform(mm, bias, zc, yc, th, tw, has_z, relu)
+            if not finite_w or not math.isfinite(check):  # Inf or NaN in: those tiles again, directly
+                tiles = nonfinite_tiles(xc, th, tw, ph, pw) if finite_w else np.empty((0, 3), np.int64)
+                if not len(tiles):  # the weight, or a finite overflow: every tile
+                    tiles = np.ascontiguousarray(np.indices((xc.shape[0], th, tw)).reshape(3, -1).T, np.int64)
+                direct_tiles(xc, w4, bias, zc, yc, tiles, ph, pw, has_z, relu)
     return call
 
 

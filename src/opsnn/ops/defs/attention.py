@@ -23,6 +23,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, ParamInvalidError
 from ...kernels.cpu import attention as K
+from ...kernels.cpu import libraries as KL
 from ...kernels.cpu import mkl as KM
 from ...kernels.cpu import mkl_nb as MN
 from ..api import api
@@ -431,8 +432,8 @@ def _gemm(ins, outs, attrs, plan, ws):
     stacked as rows), a parallel numba masked softmax in place, then probs @ V by BLAS.
     3-D (B, S, H*D) inputs and output (no GQA) go to BLAS as head-strided views (leading
     dimension H*D): no transposed copies of Q, K, V or Y. With MKL each product is one
-    ``cblas_sgemm_batch`` over all heads (one call instead of one per head; docs/performance.md),
-    else numpy's matmul (a BLAS call per head). With MKL, when the
+    ``cblas_sgemm_batch`` over all heads, else numpy's matmul (a BLAS call per head), as
+    :func:`opsnn.kernels.cpu.libraries.attention_gemms` decides. With MKL, when the
     (batch, KV head) tasks split evenly over the threads and Y is a BLAS operand, the three
     steps run as one region instead, a task per (batch, KV head) (``K.gemm_tasks``)."""
     ins = list(ins) + [None] * (7 - len(ins))
@@ -451,7 +452,7 @@ def _gemm(ins, outs, attrs, plan, ws):
         v4 = np.ascontiguousarray(v4, dtype=np.float32)
     n = d.B * d.Hq * d.Sq * d.T
     s = ws[: 4 * n].view(np.float32).reshape(d.B, d.Hq, d.Sq, d.T) if n else np.empty((d.B, d.Hq, d.Sq, 0), np.float32)
-    mkl = KM.unavailable() is None
+    mkl = KL.attention_gemms().library == "mkl"
     y = outs[0]
     y4 = _to4(y, d.Hq) if d.rank == 3 else y
     # Y as (B, Hkv, rows, Dv) BLAS operands: the (head-strided) view itself, or a GQA group's rows

@@ -20,7 +20,7 @@ from ...kernels.cpu import onednn as KD
 from ...kernels.cpu import winograd_blocked as KW
 from ..autotune import NotPreferred
 from ..registry import Attr, Input, TensorMeta, get_op, register_op
-from .conv import conv_geometry
+from .conv import WINOGRAD_NONFINITE, conv_geometry, nonfinite_weight_rejection
 from .fused import (_CONV_ATTR_NAMES, _EPILOGUE_ATTRS, _act_code, _conv_attrs, _fused_conv_infer,
                     epilogue_args)
 from .pool import _pool_attrs, pool_geometry
@@ -164,7 +164,9 @@ def _bind_conv(ins, outs, attrs, plan, ws):
 @BlockedConv.kernel("conv_onednn", dtypes=_DTS, priority=10, applies=_blocked_conv_applies, plan=_blocked_conv_plan,
                     bind=_bind_conv,
                     doc="oneDNN's JIT direct convolution (brgconv / jit:avx512_core / jit:avx2) with bias, "
-                    "residual add and activation as post-ops")
+                    "residual add and activation as post-ops",
+                    nonfinite="the convolution keeps NaN and Inf as a direct one, but oneDNN's Relu post-op gives 0 "
+                    "for NaN (a max instruction; onnxruntime's fused Conv+Relu does the same)")
 def _blocked_conv(ins, outs, attrs, plan, ws):
     plan.prim(*epilogue_args(ins, outs))
 
@@ -192,6 +194,9 @@ def _blocked_winograd_applies(ctx):
         return "a blocked X only (the first conv of a chain reads NCHW: left to oneDNN)"
     if _act_code("BlockedConv", ctx.attrs) not in (0, 1):
         return f"no activation or Relu only, got {ctx.attrs['activation']}"
+    why = nonfinite_weight_rejection(ctx)
+    if why is not None:
+        return why
     tiles = -(-g.out[0] // KW.TILE) * -(-g.out[1] // KW.TILE)
     if tiles < WINOGRAD_MIN_TILES:
         return NotPreferred(f"{tiles} 4x4 output tiles per image (< {WINOGRAD_MIN_TILES}): oneDNN's direct "
@@ -215,7 +220,8 @@ def _bind_winograd(ins, outs, attrs, plan, ws):
                     plan=_blocked_winograd_plan, workspace=lambda ctx, plan: plan.workspace_bytes(),
                     bind=_bind_winograd,
                     doc="Winograd F(4x4,3x3) on nChw<block>c: numba transforms with the bias, residual add and "
-                    "Relu in the output transform, the 36 GEMMs in one oneDNN batched matmul")
+                    "Relu in the output transform, the 36 GEMMs in one oneDNN batched matmul",
+                    nonfinite=WINOGRAD_NONFINITE)
 def _blocked_winograd(ins, outs, attrs, plan, ws):
     KW.conv(*epilogue_args(ins, outs), plan, ws)
 

@@ -19,6 +19,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, InferShapeError, ParamInvalidError
 from ...kernels.cpu import conv as K
+from ...kernels.cpu import libraries as KL
 from ...kernels.cpu import mkl as KM
 from ...kernels.cpu import winograd as WG
 from ..api import api
@@ -409,7 +410,7 @@ def _unpacked_rejection(ctx, dilated: bool):
     return True
 
 
-def f2_preferred(xs, ws, attrs, op: str = "Conv") -> str | None:
+def f2_reason(xs, ws, attrs, op: str = "Conv") -> str | None:
     """Why F(2x2, 3x3) is expected to beat F(4x4, 3x3) on these (Winograd-able) shapes; None
     when F(4x4) is preferred."""
     geo = conv_geometry(op, xs, ws, attrs)
@@ -443,14 +444,39 @@ def _f2_rejection(ctx) -> str | None:
     return None
 
 
+#: the record's ``nonfinite`` of the Winograd kernels (kernels/cpu/winograd.py, winograd_blocked.py)
+WINOGRAD_NONFINITE = ("as a direct convolution: a tile's transform mixes its inputs (one NaN would spread over the "
+                      "tile, an Inf become Inf - Inf = NaN), so a check folded into the input transform finds the "
+                      "tiles whose input holds Inf or NaN and those are computed again by the direct sum; a constant "
+                      "weight holding Inf or NaN is not taken (the selector moves on), one given per call makes every "
+                      "tile direct")
+
+
+def nonfinite_weight_rejection(ctx) -> str | None:
+    """Why a Winograd kernel does not take a constant weight holding Inf or NaN (None: it does)."""
+    w = ctx.value(1)
+    if w is None or WG.all_finite(w):
+        return None
+    return ("the constant weight holds Inf or NaN: its Winograd transform would spread them over every tile "
+            "(every tile would be computed directly)")
+
+
+def with_nonfinite_weight(ctx, why):
+    """``why`` (a shape rejection, NotPreferred, or None), unless it is no hard rejection and the
+    constant weight holds Inf or NaN: then that (a hard one; the weight scan only once the shapes fit)."""
+    if why is None or isinstance(why, NotPreferred):
+        return nonfinite_weight_rejection(ctx) or why
+    return why
+
+
 def _winograd_applies(ctx):
-    why = winograd_rejection(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name)
+    why = with_nonfinite_weight(ctx, winograd_rejection(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name))
     if why is not None:
         return why
     why = _unpacked_rejection(ctx, False)
     if why is not True:
         return why
-    f2 = f2_preferred(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name)
+    f2 = f2_reason(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name)
     return True if f2 is None else NotPreferred(f2)
 
 
@@ -492,7 +518,7 @@ def winograd_f2_rejection(xs, ws, attrs, op: str = "Conv") -> str | None:
 
 
 def _winograd_f2_applies(ctx):
-    why = _f2_rejection(ctx)
+    why = with_nonfinite_weight(ctx, _f2_rejection(ctx))
     return True if why is None else why
 
 
@@ -504,7 +530,8 @@ def _winograd_f2_plan(ctx):
 
 
 def _winograd_dilated_applies(ctx):
-    why = winograd_rejection(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name, dilated=True)
+    why = with_nonfinite_weight(ctx, winograd_rejection(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name,
+                                                        dilated=True))
     return _unpacked_rejection(ctx, True) if why is None else why
 
 
@@ -542,9 +569,9 @@ class PackedConv(NamedTuple):
 
 
 def _mkl_packed_rejection(ctx) -> str | None:
-    why = KM.unavailable()
-    if why is not None:
-        return why
+    choice = KL.conv_gemms()
+    if choice.library != "mkl":
+        return choice.reason
     if ctx.value(1) is None:
         return "the weight is not a constant known at prepare time (graph initializer)"
     if int(ctx.attrs["group"]) != 1:
@@ -586,8 +613,7 @@ def _tasks_applies(ctx):
 
 
 def _packed_applies(base):
-    # MKL's packed panel stays the choice where OpenBLAS is the faster library for plain GEMMs
-    # (KM.gemm_library()): on ResNet-50's 1x1 convs it is still the faster (docs/performance.md)
+    # MKL's packed weight wherever MKL is available (libraries.conv_gemms; docs/kernel-libraries.md)
     def applies(ctx):  # a hard rejection first: the base may answer NotPreferred (runnable)
         return _mkl_packed_rejection(ctx) or base(ctx)
     return applies
@@ -688,14 +714,16 @@ Conv.kernel("conv2d_depthwise", dtypes=_F32_64, priority=40, applies=_is_depthwi
             doc="direct numba loop for group == C (depthwise, any channel multiplier); no workspace")(K.conv)
 Conv.kernel("conv2d_winograd", dtypes=_F32_64, priority=25, applies=_winograd_applies, plan=_winograd_plan,
             workspace=_workspace, doc="Winograd F(4x4,3x3): numba tile transforms + 36 GEMMs (MKL; oneDNN's "
-            "batched brgemm for chunks of <= 128 tiles); constant weights pre-transformed at prepare")(_winograd_kernel)
+            "batched brgemm for chunks of <= 128 tiles); constant weights pre-transformed at prepare",
+            nonfinite=WINOGRAD_NONFINITE)(_winograd_kernel)
 Conv.kernel("conv2d_winograd_dilated", dtypes=_F32_64, priority=25, applies=_winograd_dilated_applies,
             plan=_winograd_dilated_plan, workspace=_workspace, doc="dilated 3x3 stride 1: dilation**2 dense "
-            "Winograd F(4x4,3x3) convs on phase sub-images (no zero-inserted input, no column buffer)"
-            )(_winograd_dilated_kernel)
+            "Winograd F(4x4,3x3) convs on phase sub-images (no zero-inserted input, no column buffer)",
+            nonfinite=WINOGRAD_NONFINITE)(_winograd_dilated_kernel)
 Conv.kernel("conv2d_winograd_f2", dtypes=_F32_64, priority=24, applies=_winograd_f2_applies,
             plan=_winograd_f2_plan, workspace=_workspace, doc="Winograd F(2x2,3x3): numba tile transforms + 16 "
-            "GEMMs (as F(4x4)); constant weights pre-transformed at prepare")(_winograd_kernel)
+            "GEMMs (as F(4x4)); constant weights pre-transformed at prepare",
+            nonfinite=WINOGRAD_NONFINITE)(_winograd_kernel)
 Conv.kernel("conv2d_im2col", dtypes=_F32_64, priority=20, applies=_im2col2d_applies,
             plan=_conv_planner("im2col2d"), workspace=_workspace, doc="numba parallel im2col into the "
             "workspace + BLAS GEMM per group, in bands of output rows (workspace <= BAND_BYTES unless one row "

@@ -15,6 +15,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError
 from ...kernels.cpu import gemm as K
+from ...kernels.cpu import libraries as KL
 from ...kernels.cpu import mkl as KM
 from ...kernels.cpu import onednn as KD
 from ...tensor import as_tensor
@@ -140,7 +141,7 @@ def _mkl_packed_applies(ctx):
         return NotPreferred("one row: a matrix-vector product reads the weight once either way, and MKL's packed "
                             "compute was 4x slower than BLAS there (1x768 @ 768x3072: 1.21 vs 0.29 ms)")
     k, n = ctx.shape(1)[::-1] if ctx.op.name == "Linear" else ctx.shape(1)
-    why = KM.packed_unpreferred(_rows(ctx.shape(0)), k, n)
+    why = KL.packed_panel_rejection(_rows(ctx.shape(0)), k, n)
     return True if why is None else NotPreferred(why)
 
 

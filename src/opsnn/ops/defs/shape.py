@@ -21,6 +21,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, ParamInvalidError
 from ...kernels.cpu import shape as K
+from ...runtime.memory import check_request
 from ...tensor import Tensor, as_tensor
 from ..api import api
 from ..registry import Attr, Input, Output, TensorMeta, register_op
@@ -476,6 +477,7 @@ def _pad_plan(ctx):
     pads, axes, mode = _pad_args(ctx)
     s = ctx.shape(0)
     w = pad_widths("Pad", s, pads, axes, mode)
+    check_request(16 * sum(d + b + e for d, (b, e) in zip(s, w)), "Pad: index maps")  # built outside the pool
     return K.plan_maps(s, [pad_map(d, b, e, mode) for d, (b, e) in zip(s, w)], ctx.dtype(0).itemsize)
 
 
@@ -893,6 +895,7 @@ def range_count(start, limit, delta) -> int:
 
 
 def _range_values(start, limit, delta, dtype, n):
+    check_request(16 * n, f"Range: {n} values")  # an arange and its scaled copy, outside the pool
     if dtype.kind in "iu":
         return (int(start) + np.arange(n, dtype=np.int64) * int(delta)).astype(dtype)
     return (float(start) + np.arange(n, dtype=np.float64) * float(delta)).astype(dtype)
@@ -900,7 +903,7 @@ def _range_values(start, limit, delta, dtype, n):
 
 def _range_infer(ctx):
     vals = [_host(ctx, i, n) for i, n in enumerate(("start", "limit", "delta"))]
-    for i, (m, n) in enumerate(zip(ctx.inputs, ("start", "limit", "delta"))):
+    for _i, (m, n) in enumerate(zip(ctx.inputs, ("start", "limit", "delta"))):
         if math.prod(m.shape) != 1:
             ctx.fail(f"{n} must be a scalar, got shape {tuple(m.shape)}")
         if m.dtype != ctx.dtype(0):
@@ -952,7 +955,7 @@ def constant_value(v) -> np.ndarray:
     return a.reshape(())
 
 
-def _cos_shape(ctx):
+def _constant_of_shape_dims(ctx):
     s = _ints(_host(ctx, 0, "input"))
     if any(d < 0 for d in s):
         raise ParamInvalidError(f"ConstantOfShape: dims must be >= 0, got {s}", op="ConstantOfShape")
@@ -962,7 +965,7 @@ def _cos_shape(ctx):
 ConstantOfShape = register_op(
     "ConstantOfShape", category="shape", inputs=[Input("input", (_dt.int64,), host=True)], outputs=["output"],
     attrs=[Attr("value", "tensor", None)],
-    infer=lambda ctx: [TensorMeta(_cos_shape(ctx), constant_value(ctx.attrs["value"]).dtype)],
+    infer=lambda ctx: [TensorMeta(_constant_of_shape_dims(ctx), constant_value(ctx.attrs["value"]).dtype)],
     reference=lambda ins, a: np.full(_ints(ins[0]), constant_value(a["value"])),
     doc="A tensor of the given shape filled with one value (default float32 0).")
 
@@ -970,18 +973,6 @@ ConstantOfShape = register_op(
 @ConstantOfShape.kernel("fill", priority=10, plan=lambda ctx: constant_value(ctx.attrs["value"]))
 def _fill_kernel(ins, outs, attrs, plan, ws):
     outs[0][...] = plan
-
-
-def onnx_dtype(v) -> np.dtype:
-    """A dtype given as an ONNX TensorProto code, a name or a numpy dtype."""
-    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-        from onnx import helper
-
-        try:
-            return np.dtype(helper.tensor_dtype_to_np_dtype(int(v)))
-        except (KeyError, ValueError, TypeError):
-            raise DTypeError(f"unknown ONNX dtype code {v}") from None
-    return _dt.get(_str(v) if isinstance(v, bytes) else v)
 
 
 def _eye_infer(ctx):

@@ -1,0 +1,271 @@
+"""The kernel-library strategy: the one place that decides which library (OpenBLAS, MKL, oneDNN
+or opsnn's own kernels) runs a product, from its shape, dtype, whether the weight is constant,
+the CPU (vendor, instruction sets under the ``OPSNN_CPU_ISA`` cap) and the user's overrides
+(``OPSNN_GEMM``, ``OPSNN_MKL``, ``OPSNN_ONEDNN``).
+
+Like ONNX Runtime's MLAS platform object, the facts about this machine are gathered in one
+:class:`Platform` (:func:`platform`: each library module says whether it can run, e.g.
+:func:`opsnn.kernels.cpu.onednn.matmul_unavailable`); like TVM's x86 strategy, the choices are
+rules in priority order over those facts (:func:`projection`, :func:`packed_panel_rejection`,
+:func:`gemm_library` ...), each returning the library, the kernel and the reason. Callers read
+these at prepare time; ``docs/kernel-libraries.md`` has the table for users and the measurements
+behind the thresholds.
+"""
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from ... import dtypes as _dt
+from ...runtime import cpu
+
+
+class Platform(NamedTuple):
+    """What this machine offers, each library's "why not" (None: usable)."""
+
+    isa: str | None
+    gemm_library: str              # 'mkl' or 'openblas': the threaded float32 GEMM library
+    mkl: str | None                # MKL's packed SGEMM
+    mkl_bf16: str | None           # MKL's cblas_gemm_bf16bf16f32
+    onednn_matmul: str | None      # oneDNN's float32 matmul is its brgemm code
+    onednn_bf16: str | None        # oneDNN's bf16 matmul is native (brgemm with AVX512-BF16)
+
+    @classmethod
+    def for_isa(cls, level: str, vendor: str, mkl: bool = True, onednn: bool = True) -> "Platform":
+        """The platform a ``level`` CPU of ``vendor`` with MKL / oneDNN installed presents (oneDNN's
+        matmul has brgemm code from AVX-512 on, native bf16 from AVX512-BF16 on): what the
+        decision tables are pinned against."""
+        rank = cpu.LEVELS.index(level)
+        no_dnn = None if onednn else "oneDNN is not installed"
+        return cls(level, "mkl" if vendor == "GenuineIntel" and mkl else "openblas",
+                   None if mkl else "MKL is not installed", None if mkl else "MKL is not installed",
+                   no_dnn or (None if rank >= cpu.LEVELS.index("avx512") else "gemm:jit:f32 only"),
+                   no_dnn or (None if rank >= cpu.LEVELS.index("avx512_bf16") else "no AVX512-BF16"))
+
+
+def platform() -> Platform:
+    """This machine's :class:`Platform` (each fact cached by its library module)."""
+    from . import mkl, onednn
+
+    return Platform(cpu.isa(), gemm_library(), mkl.unavailable(), mkl.bf16_unavailable(),
+                    onednn.product_unavailable(np.float32), onednn.product_unavailable(_dt.bfloat16))
+
+
+class Choice(NamedTuple):
+    """A decision: the library that runs the work, the kernel (as the profiler names it) and why."""
+
+    library: str
+    kernel: str
+    reason: str
+
+
+# -- the threaded float32 GEMM library --------------------------------------------------------------------
+_library: str | None = None
+_library_why = ""
+
+
+def gemm_library() -> str:
+    """'mkl' or 'openblas': the library that runs the multi-threaded float32 products of
+    :func:`opsnn.kernels.cpu.mkl.matmul` and that the packed-weight kernels are preferred for
+    (``OPSNN_GEMM=mkl`` or ``openblas`` chooses; single-threaded products inside opsnn's own parallel
+    regions, :mod:`.mkl_nb`, stay on MKL either way). Default: MKL on Intel CPUs; OpenBLAS on
+    others when numpy's BLAS is OpenBLAS and its workers sleep after a call (:mod:`opsnn._blas_env`):
+    MKL's threaded SGEMM is the slower one on AMD."""
+    global _library, _library_why
+    if _library is None:
+        from . import mkl
+
+        want = os.environ.get("OPSNN_GEMM", "").strip().lower()
+        if want not in ("", "mkl", "openblas"):
+            from ...errors import ParamInvalidError
+
+            raise ParamInvalidError(f"OPSNN_GEMM={want!r}: expected 'mkl' or 'openblas' (or unset: chosen by CPU)")
+        if mkl.unavailable() is not None:
+            _library, _library_why = "openblas", "MKL not available"
+        elif want:
+            _library, _library_why = want, "OPSNN_GEMM"
+        else:
+            from ...runtime.device import cpu_vendor
+
+            vendor = cpu_vendor()
+            _library = "mkl" if vendor == "GenuineIntel" or not openblas_gemv() else "openblas"
+            _library_why = f"chosen for this CPU ({vendor or 'vendor unknown'})"
+    return _library
+
+
+def gemm_library_why() -> str:
+    """Why :func:`gemm_library` chose as it did (for ``opsnn info``)."""
+    gemm_library()
+    return _library_why
+
+
+_gemv_openblas: bool | None = None
+
+
+def openblas_gemv() -> bool:
+    """True when one-row / one-column float32 products go to numpy's OpenBLAS ``sgemv``: numpy
+    uses OpenBLAS and its workers sleep right after a call (:mod:`opsnn._blas_env`'s timeout was
+    in time). MKL's ``cblas_sgemv`` runs on one thread whatever its thread setting."""
+    global _gemv_openblas
+    if _gemv_openblas is None:
+        from ... import _blas_env
+        from ...runtime import blas
+
+        _gemv_openblas = bool(_blas_env.effective) and blas.get_blas_threads() is not None
+    return _gemv_openblas
+
+
+def mkl_gemv_in_tasks(p: Platform | None = None) -> bool:
+    """Whether one-row products inside opsnn's parallel tasks (:mod:`opsnn.llm.fused`) call MKL's
+    single-threaded ``cblas_sgemv`` (where MKL is the GEMM library), else opsnn's ``gemm_rows``."""
+    return (p.gemm_library if p is not None else gemm_library()) == "mkl"
+
+
+# -- constant-weight products ---------------------------------------------------------------------------
+#: where OpenBLAS is the faster library, an (m, k) @ (k, n) product with a packed right operand still
+#: stays on MKL's packed panel below these sizes
+PACKED_MAX_ROWS_ELSEWHERE = 64
+PACKED_MAX_MACS_ELSEWHERE = 1 << 27
+#: where MKL is not the GEMM library, products of up to this many rows run on opsnn's own few-row
+#: kernels (``gemm_rows``, ``gemv_bf16``): the weight's bytes, not the arithmetic, set their time
+SMALL_ROWS = 32
+#: fewest rows of a float32 decoder projection that run on oneDNN's matmul; fewer stay on
+#: ``gemm_rows``, which streams the weight as fast
+ONEDNN_MIN_ROWS = 12
+
+
+def packed_panel_rejection(m: int, k: int, n: int, p: Platform | None = None) -> str | None:
+    """Why MKL's packed right operand should not be chosen for an (m, k) @ (k, n) product here
+    (None: it should). The convolutions' left-packed weights stay on MKL either way."""
+    lib = p.gemm_library if p is not None else gemm_library()
+    if lib != "openblas" or m < PACKED_MAX_ROWS_ELSEWHERE or m * k * n < PACKED_MAX_MACS_ELSEWHERE:
+        return None
+    return (f"MKL's SGEMM is slower than OpenBLAS on this CPU at {m} x {k} x {n} (see "
+            "opsnn.kernels.cpu.libraries.gemm_library; OPSNN_GEMM=mkl overrides)")
+
+
+def own_rows_kernel(rows: int, p: Platform | None = None) -> bool:
+    """True when a product of ``rows`` rows runs on opsnn's own few-row kernels (``gemm_rows``,
+    ``gemv_bf16``) rather than MKL: at most ``SMALL_ROWS`` rows where MKL is not the GEMM library."""
+    return rows <= SMALL_ROWS and (p.gemm_library if p is not None else gemm_library()) != "mkl"
+
+
+def onednn_rows(rows: int, p: Platform | None = None) -> bool:
+    """True when a float32 product of ``rows`` rows runs on oneDNN's matmul reading the weight in
+    place: at least ``ONEDNN_MIN_ROWS`` rows, MKL not the GEMM library (on Intel CPUs its packed
+    panels stay), and oneDNN's brgemm code available."""
+    from . import onednn
+
+    if p is None:
+        return rows >= ONEDNN_MIN_ROWS and gemm_library() != "mkl" and onednn.matmul_unavailable() is None
+    return rows >= ONEDNN_MIN_ROWS and p.gemm_library != "mkl" and p.onednn_matmul is None
+
+
+def onednn_bf16_rows(rows: int, p: Platform | None = None) -> bool:
+    """True when a bfloat16 product of ``rows`` rows runs on oneDNN's bf16 matmul (the weight read
+    in place): two rows or more where MKL is not the GEMM library and oneDNN has native bf16
+    brgemm code. One row stays on ``gemv_bf16``."""
+    from . import onednn
+
+    if p is None:
+        return rows >= 2 and gemm_library() != "mkl" and onednn.product_unavailable(_dt.bfloat16) is None
+    return rows >= 2 and p.gemm_library != "mkl" and p.onednn_bf16 is None
+
+
+def projection(rows: int, k: int, n: int, dtype, p: Platform | None = None, contiguous: bool = True) -> Choice:
+    """How the LLM decoder multiplies ``rows`` rows by a constant (n, k) weight in ``dtype``
+    (``contiguous``: the activations and output are C-contiguous, as oneDNN's in-place matmul
+    needs); the rules in priority order."""
+    p = p if p is not None else platform()
+    if np.dtype(dtype) == _dt.bfloat16:
+        if p.mkl_bf16 is not None:
+            return Choice("opsnn", "Linear", f"the Linear op, weights widened per call ({p.mkl_bf16})")
+        if rows == 1 and own_rows_kernel(1, p):
+            return Choice("opsnn", "llm_linear_bf16_gemv", "one row, MKL not the GEMM library: opsnn's bf16 gemv")
+        if onednn_bf16_rows(rows, p) and contiguous:
+            return Choice("onednn", "llm_linear_onednn_bf16", "oneDNN's native bf16 matmul")
+        return Choice("mkl", "llm_linear_mkl_bf16", "MKL's bf16 GEMM")
+    if p.mkl is not None:
+        return Choice("opsnn", "Linear", f"the Linear op ({p.mkl})")
+    if rows < 2 and not own_rows_kernel(rows, p):
+        return Choice("mkl", "llm_linear_mkl_gemv", "one row: MKL's sgemv streams the weight once")
+    if onednn_rows(rows, p) and contiguous:
+        return Choice("onednn", "llm_linear_onednn", f">= {ONEDNN_MIN_ROWS} rows, MKL not the GEMM library: "
+                      "oneDNN's brgemm matmul")
+    if own_rows_kernel(rows, p):
+        return Choice("opsnn", "llm_linear_rows", f"<= {SMALL_ROWS} rows, MKL not the GEMM library: opsnn's gemm_rows")
+    why = packed_panel_rejection(rows, k, n, p)
+    if why is not None or onednn_rows(rows, p):
+        return Choice("openblas", "llm_linear_openblas", why or "oneDNN needs contiguous operands")
+    return Choice("mkl", "llm_linear_mkl_packed", "MKL's packed panel, packed once")
+
+
+def weight_stays_unpacked(rows: int, k: int, n: int, p: Platform | None = None) -> bool:
+    """True when the decoder keeps a float32 weight as it is (its products of ``rows`` rows run on
+    oneDNN, opsnn's own kernel or OpenBLAS) rather than packing it for MKL."""
+    p = p if p is not None else platform()
+    return own_rows_kernel(rows, p) or onednn_rows(rows, p) or packed_panel_rejection(rows, k, n, p) is not None
+
+
+def conv_gemms(p: Platform | None = None) -> Choice:
+    """Who runs the GEMMs of 1x1 and im2col convolutions with a constant float32 weight: MKL's
+    left-packed weight wherever MKL is available (faster than OpenBLAS on those shapes even where
+    OpenBLAS is the GEMM library), else numpy's OpenBLAS."""
+    p = p if p is not None else platform()
+    if p.mkl is None:
+        return Choice("mkl", "packed_left", "MKL's weight packed once at prepare")
+    return Choice("openblas", "numpy_matmul", p.mkl)
+
+
+#: Winograd chunks of at most this many tiles run their point GEMMs on oneDNN's batched brgemm,
+#: longer ones on MKL (a point per task)
+WINOGRAD_ONEDNN_MAX_TILES = 128
+
+
+def winograd_gemms(tiles: int = 1, p: Platform | None = None) -> Choice:
+    """Who runs the point GEMMs of a float32 Winograd convolution whose chunks hold ``tiles``
+    tiles: oneDNN's batched brgemm matmul (U reordered once) where it has that code and the
+    chunks are short, else MKL a point per task (or numpy without MKL)."""
+    p = p if p is not None else platform()
+    if p.onednn_matmul is None and tiles <= WINOGRAD_ONEDNN_MAX_TILES:
+        return Choice("onednn", "batch_matmul_onednn", "oneDNN's batched brgemm matmul")
+    if p.onednn_matmul is None and p.mkl is None:
+        return Choice("mkl", "point_gemms", f"{tiles} tiles a chunk (> {WINOGRAD_ONEDNN_MAX_TILES}): MKL a point "
+                      "per task")
+    if p.mkl is None:
+        return Choice("mkl", "point_gemms", f"MKL a point per task (oneDNN: {p.onednn_matmul})")
+    return Choice("openblas", "point_gemms", f"numpy (no MKL: {p.mkl})")
+
+
+def attention_gemms(p: Platform | None = None) -> Choice:
+    """Who runs the products of the GEMM attention kernel: MKL (one ``cblas_sgemm_batch`` over the
+    heads, or MKL inside a task per (batch, KV head)) where it is available, else numpy's matmul
+    (a BLAS call per head)."""
+    p = p if p is not None else platform()
+    if p.mkl is None:
+        return Choice("mkl", "sgemm_batch", "MKL's batched GEMM over the heads")
+    return Choice("openblas", "numpy_matmul", f"numpy's matmul, a call per head (no MKL: {p.mkl})")
+
+
+def summary() -> str:
+    """One line naming the instruction-set level in force (and why), the threaded float32 GEMM
+    library, MKL, oneDNN (its blocked layout and whether its matmul and bf16 kernels are used),
+    so that figures from two machines can be told apart."""
+    from . import mkl, onednn
+
+    parts = [f"ISA {cpu.describe()}", f"GEMM {'MKL' if gemm_library() == 'mkl' else 'OpenBLAS'}"]
+    parts.append("MKL " + (mkl.threading_layer() if mkl.unavailable() is None else "off"))
+    if onednn.unavailable() is None:
+        extra = [f"nChw{onednn.block()}c", "matmul" if onednn.matmul_unavailable() is None else "no matmul",
+                 "bf16" if onednn.bf16_unavailable() is None else "no bf16"]
+        parts.append(f"oneDNN {onednn.version()} ({', '.join(extra)})")
+    else:
+        parts.append("oneDNN off")
+    return "; ".join(parts)
+
+
+__all__ = ["Choice", "Platform", "attention_gemms", "conv_gemms", "gemm_library", "gemm_library_why",
+           "mkl_gemv_in_tasks", "onednn_bf16_rows", "onednn_rows", "openblas_gemv", "own_rows_kernel",
+           "packed_panel_rejection", "platform", "projection", "summary", "weight_stays_unpacked", "winograd_gemms"]

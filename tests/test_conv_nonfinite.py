@@ -1,0 +1,268 @@
+"""Inf and NaN through every convolution kernel: each float kernel of each op of the registry's
+"conv" category (enumerated, so a new kernel is covered or fails here until a case fits it)
+gets inputs holding NaN, +Inf and -Inf, and weights holding Inf and NaN, and must put NaN,
++Inf and -Inf exactly where a float64 direct convolution (written here: zero padding, every
+tap multiplied, one einsum per kernel offset) has them, and agree on the finite values.
+
+Winograd kernels would spread a NaN over a whole tile and turn an Inf into Inf - Inf = NaN;
+they find such tiles in their input transform and compute them directly (their record's
+``nonfinite``), and do not take constant weights holding Inf or NaN."""
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import opsnn  # noqa: F401  (registers the ops)
+from opsnn.errors import KernelNotFoundError
+from opsnn.kernels.cpu import blocked as KB
+from opsnn.kernels.cpu import mkl as KM
+from opsnn.kernels.cpu import onednn as KD
+from opsnn.ops.autotune import NotPreferred
+from opsnn.ops.executor import plan_op
+from opsnn.ops.registry import TensorMeta, all_ops, get_op
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the oracles' Inf - Inf
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+BLOCK = 8 if 8 in KB.BLOCKS else KB.BLOCKS[0]
+
+
+# -- the oracle ---------------------------------------------------------------------------------------
+def conv64(x, w, b=None, strides=None, pads=None, dilations=None, group=1):
+    """Direct convolution in float64: zero-padded x, y += x[window at tap] * w[tap] per tap."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    nd = x.ndim - 2
+    s = tuple(strides or (1,) * nd)
+    d = tuple(dilations or (1,) * nd)
+    p = tuple(pads or (0,) * (2 * nd))
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(p[i], p[nd + i]) for i in range(nd)])
+    k = w.shape[2:]
+    out = tuple((xp.shape[2 + i] - (k[i] - 1) * d[i] - 1) // s[i] + 1 for i in range(nd))
+    n, c, m = x.shape[0], x.shape[1], w.shape[0]
+    cg, mg = c // group, m // group
+    y = np.zeros((n, m) + out)
+    for g in range(group):
+        for t in itertools.product(*(range(v) for v in k)):
+            sl = tuple(slice(t[i] * d[i], t[i] * d[i] + (out[i] - 1) * s[i] + 1, s[i]) for i in range(nd))
+            y[:, g * mg:(g + 1) * mg] += np.einsum("nc...,mc->nm...", xp[(slice(None), slice(g * cg, (g + 1) * cg))
+                                                                         + sl], w[(slice(g * mg, (g + 1) * mg),
+                                                                                   slice(None)) + t])
+    if b is not None:
+        y += b.astype(np.float64).reshape((1, -1) + (1,) * nd)
+    return y
+
+
+def conv_transpose64(x, w, b=None, strides=None, pads=None, group=1):
+    """Transposed convolution in float64: every x[i] * w[tap] scattered to i * s + tap, then cropped."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    nd = x.ndim - 2
+    s = tuple(strides or (1,) * nd)
+    p = tuple(pads or (0,) * (2 * nd))
+    n, c = x.shape[:2]
+    mg, k = w.shape[1], w.shape[2:]
+    cg = c // group
+    full = tuple((x.shape[2 + i] - 1) * s[i] + k[i] for i in range(nd))
+    y = np.zeros((n, mg * group) + full)
+    for g in range(group):
+        for t in itertools.product(*(range(v) for v in k)):
+            sl = tuple(slice(t[i], t[i] + (x.shape[2 + i] - 1) * s[i] + 1, s[i]) for i in range(nd))
+            y[(slice(None), slice(g * mg, (g + 1) * mg)) + sl] += np.einsum(
+                "nc...,cm->nm...", x[:, g * cg:(g + 1) * cg], w[(slice(g * cg, (g + 1) * cg), slice(None)) + t])
+    y = y[(slice(None), slice(None)) + tuple(slice(p[i], full[i] - p[nd + i]) for i in range(nd))]
+    if b is not None:
+        y = y + b.astype(np.float64).reshape((1, -1) + (1,) * nd)
+    return y
+
+
+# -- the cases -------------------------------------------------------------------------------------------
+# (x shape, w shape, attrs): between them every kernel applies at least once (Winograd F(4x4),
+# F(2x2) and the dilated form on the 3x3 ones, each transform variant, 1x1 GEMMs, depthwise,
+# grouped and strided im2col, 1-D and 3-D)
+CONV = [
+    ((2, 16, 14, 14), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 16, 34, 33), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # F(4x4) on one wide image: the row-task transform
+    ((1, 8, 6, 6), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}),       # little work: serial transforms
+    ((1, 16, 9, 11), (24, 16, 1, 1), {}),
+    ((1, 16, 12, 12), (16, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 16}),
+    ((1, 16, 13, 13), (16, 16, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((1, 8, 10, 10), (8, 4, 3, 3), {"pads": [1, 1, 1, 1], "group": 2, "strides": [2, 2]}),
+    ((1, 4, 9), (6, 4, 3), {"pads": [1, 1]}),
+    ((1, 2, 5, 6, 5), (3, 2, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1]}),
+]
+TRANSPOSE = [
+    ((1, 6, 7, 8), (6, 4, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 4, 6, 5), (4, 3, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}),
+]
+
+
+def _poison_x(x):
+    """NaN, +Inf and -Inf at a corner, inside and near an edge; +Inf and -Inf close enough that
+    some outputs see both."""
+    x = x.copy()
+    n = x.size
+    for i, v in zip((0, n // 3, n // 3 + 2, n - 2, n // 2 + 1), (np.inf, np.nan, -np.inf, -np.inf, np.inf)):
+        x.flat[i] = v
+    return x
+
+
+def _poison_w(w):
+    """+Inf, -Inf and NaN at the centre tap. Not at a tap that meets the zero padding: 0 * Inf is
+    NaN for kernels that multiply the padding (im2col, onnx.reference) and nothing for those
+    that skip it (direct loops, oneDNN); the ONNX spec does not say which."""
+    w = w.copy()
+    centre = tuple(k // 2 for k in w.shape[2:])
+    w[(0, 0) + centre] = np.inf
+    w[(w.shape[0] - 1, w.shape[1] - 1) + centre] = np.nan
+    w[(w.shape[0] // 2, 0) + centre] = -np.inf
+    return w
+
+
+def _inputs(rec_name, case, kind, dt, rng, relu_nan_is_zero=False):
+    """(inputs, attrs, float64 oracle output, to_plain(out)) of one case."""
+    xs, ws, attrs = case
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ws) * 0.3).astype(np.float32)
+    b = rng.standard_normal(ws[1] * attrs.get("group", 1) if rec_name == "ConvTranspose" else ws[0]).astype(
+        np.float32)
+    if kind == "x":
+        x = _poison_x(x)
+    else:
+        w = _poison_w(w)
+    x, w, b = x.astype(dt), w.astype(dt), b.astype(dt)
+    geo = dict(strides=attrs.get("strides"), pads=attrs.get("pads"), group=attrs.get("group", 1))
+    if rec_name == "ConvTranspose":
+        return [x, w, b], dict(attrs), conv_transpose64(x, w, b, **geo), None
+    want = conv64(x, w, b, dilations=attrs.get("dilations"), **geo)
+    if rec_name == "Conv":
+        return [x, w, b], dict(attrs), want, None
+    z = rng.standard_normal(want.shape).astype(dt)
+    want = np.maximum(want + z.astype(np.float64), 0)  # Relu(NaN) is NaN ...
+    if relu_nan_is_zero:  # ... except where the kernel's record says otherwise
+        want[np.isnan(want)] = 0
+    attrs = dict(attrs, activation="Relu")
+    if rec_name == "FusedConv":
+        return [x, w, b, z], attrs, want, None
+    attrs.update(src_blocked=1, block=BLOCK)  # BlockedConv: X, Z and Y channel-blocked
+    ins = [KB.blocked_reference(x, BLOCK), w, b, KB.blocked_reference(z, BLOCK)]
+    return ins, attrs, want, lambda y: KB.plain_reference(y, BLOCK)
+
+
+def _cases(rec_name):
+    if rec_name == "ConvTranspose":
+        return TRANSPOSE
+    if rec_name == "BlockedConv":
+        return [c for c in CONV if len(c[0]) == 4 and c[2].get("group", 1) == 1 and c[0][1] % BLOCK == 0
+                and c[1][0] % BLOCK == 0]
+    return CONV
+
+
+def _kernels():
+    out = []
+    for rec in all_ops():
+        if rec.category != "conv" or not any(np.dtype(d).kind == "f" for d in rec.inputs[0].dtypes):
+            continue  # ConvInteger, QLinearConv: no Inf or NaN in 8-bit data
+        if rec.name == "DeformConv":
+            # bilinear sampling weighs the neighbours of an integer position by 0: 0 * NaN spreads
+            # NaN to them, so it is no direct convolution even at zero offsets
+            continue
+        for k in rec.kernels:
+            if k.dtypes is None or any(np.dtype(d).kind == "f" or np.dtype(d) == BF16 for d in k.dtypes):
+                out.append(pytest.param(rec.name, rec.domain, k.name, id=f"{rec.name}:{k.name}"))
+    return out
+
+
+def _dtype(k):
+    if k.dtypes is None:
+        return np.dtype(np.float32)
+    dts = [np.dtype(d) for d in k.dtypes]
+    return np.dtype(np.float32) if np.dtype(np.float32) in dts else dts[0]
+
+
+_UNAVAILABLE = [why for why in (KM.unavailable(), KM.bf16_unavailable(), KD.unavailable(), KD.matmul_unavailable())
+                if why]
+
+
+def _assert_ieee_equal(got, want, tol, what):
+    for name, fn in (("NaN", np.isnan), ("+Inf", np.isposinf), ("-Inf", np.isneginf)):
+        bad = fn(got) != fn(want)
+        assert not bad.any(), (f"{what}: {name} at {np.argwhere(bad)[:5].tolist()} ({int(bad.sum())} places) differs "
+                               f"from the direct convolution (got {got[bad][:5]}, want {want[bad][:5]})")
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=0, atol=tol * np.abs(want[fin]).max(initial=1.0),
+                               err_msg=what)
+
+
+@pytest.mark.parametrize("op,domain,name", _kernels())
+def test_nan_and_inf_as_a_direct_convolution(op, domain, name, rng):
+    rec = get_op(op, domain)
+    k = next(k for k in rec.kernels if k.name == name)
+    dt = _dtype(k)
+    tol = 3e-2 if dt == BF16 else 2e-4  # F(4x4)'s transform constants amplify rounding (~1e-5 of the scale)
+    ran, rejected = [], []
+    for case, const, kind in itertools.product(_cases(op), (True, False), ("x", "w")):
+        ins, attrs, want, to_plain = _inputs(op, case, kind, dt, rng, "Relu post-op gives 0 for NaN" in k.nonfinite)
+        metas = [TensorMeta(a.shape, a.dtype) for a in ins]
+        values = [None, ins[1]] + [None] * (len(ins) - 2) if const else [None] * len(ins)
+        try:
+            ctx = plan_op(rec, metas, values, attrs, algo="reference").ctx
+        except KernelNotFoundError as exc:
+            rejected.append(str(exc))
+            continue
+        why = k.check(ctx)
+        if why is not None and not isinstance(why, NotPreferred):
+            if "Inf or NaN" not in why:
+                rejected.append(why)
+                continue
+            # the selector does not take it; forced, it must still be right
+            assert k.nonfinite and const and kind == "w", (name, why)
+        plan = k.plan(ctx) if k.plan else None
+        ws = np.full(k.workspace(ctx, plan) if k.workspace else 0, 0xFF, np.uint8)  # NaN-filled scratch
+        out = np.full(ctx.outputs[0].shape, np.nan, dt)  # NaN-filled: a place not written fails
+        k.fn([np.ascontiguousarray(a) for a in ins], [out], ctx.attrs, plan, ws)
+        got = (to_plain(out) if to_plain else out).astype(np.float64)
+        assert not np.isfinite(want).all(), "the case must exercise NaN or Inf"
+        _assert_ieee_equal(got, want, tol, f"{name} on {case} ({'constant' if const else 'per-call'} weight, "
+                                           f"non-finite {kind})")
+        ran.append((case, const, kind))
+    if not ran:
+        if any(u in r for u in _UNAVAILABLE for r in rejected):
+            pytest.skip(f"{name} is not available on this machine: {rejected[0]}")
+        pytest.fail(f"{name}: no case here applies (add one): {sorted(set(rejected))}")
+
+
+@pytest.mark.parametrize("op,domain,name", [("Conv", "", "conv2d_winograd"), ("Conv", "", "conv2d_winograd_f2"),
+                                            ("Conv", "", "conv2d_winograd_dilated"),
+                                            ("BlockedConv", "opsnn", "conv_winograd_blocked")])
+def test_winograd_records_say_how_and_refuse_nonfinite_constant_weights(op, domain, name):
+    rec = get_op(op, domain)
+    k = next(k for k in rec.kernels if k.name == name)
+    assert "computed again by the direct sum" in k.nonfinite
+    w = np.zeros((16, 16, 3, 3), np.float32)
+    w[3, 4, 1, 1] = np.inf
+    xs, attrs = (1, 16, 24, 24), {"pads": [1, 1, 1, 1], **({"dilations": [2, 2], "pads": [2] * 4}
+                                                           if "dilated" in name else {})}
+    if op == "BlockedConv":
+        attrs.update(src_blocked=1, block=BLOCK)
+    metas = [TensorMeta(xs, np.dtype(np.float32)), TensorMeta(w.shape, np.dtype(np.float32))]
+    ctx = plan_op(rec, metas, [None, w], attrs, algo="reference").ctx
+    assert "holds Inf or NaN" in str(k.check(ctx))
+
+
+def test_explain_shows_how_the_chosen_kernel_keeps_nan_and_inf(rng):
+    from opsnn.graph import Graph, Node, Value
+    from opsnn.tools.explain import explain_graph
+
+    w = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
+    g = Graph("g", inputs=[Value("x", np.float32, (1, 64, 28, 28))], outputs=["y"],
+              nodes=[Node("Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1]})], initializers={"w": w})
+    text = explain_graph(g)
+    chosen = [ln for ln in text.splitlines() if ln.startswith("  ") and not ln.startswith("   ") and "Conv" in ln
+              and "): " in ln]  # the node's line: "  name (op): kernel [-> Conv: inner kernel]"
+    assert chosen, text
+    nonfinite = [k for op in ("Conv", "BlockedConv") for k in get_op(op, "opsnn" if op[0] == "B" else "").kernels
+                 if k.nonfinite and k.name in chosen[0]]
+    flat = " ".join(text.split())  # explain wraps long lines
+    for k in nonfinite:
+        assert f"inf/nan: {' '.join(k.nonfinite.split())}" in flat
+    assert ("inf/nan:" in text) == bool(nonfinite), text

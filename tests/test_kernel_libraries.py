@@ -1,0 +1,85 @@
+"""The kernel-library strategy (opsnn.kernels.cpu.libraries): its decisions pinned for a table of
+representative workloads per ISA level and CPU vendor, and this machine's facts checked against the
+model the table assumes (oneDNN's brgemm matmul from AVX-512 on, native bf16 from AVX512-BF16 on)."""
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn.kernels.cpu import libraries as KL
+from opsnn.kernels.cpu import mkl as KM
+from opsnn.kernels.cpu import onednn as KD
+from opsnn.runtime import cpu
+
+F32, BF16 = np.float32, opsnn.dtypes.bfloat16
+AMD, INTEL = "AuthenticAMD", "GenuineIntel"
+ROWS = (1, 8, 16, 48, 128, 512)
+
+
+def _kernels(p, dtype, k=768, n=3072):
+    return tuple(KL.projection(r, k, n, dtype, p).kernel.removeprefix("llm_linear_") for r in ROWS)
+
+
+#: (level, vendor) -> decoder projection kernels for ROWS rows of a 768 -> 3072 weight, float32 and bf16
+TABLE = {
+    ("avx2", AMD): (("rows", "rows", "rows", "mkl_packed", "openblas", "openblas"),
+                    ("bf16_gemv", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16")),
+    ("avx512", AMD): (("rows", "rows", "onednn", "onednn", "onednn", "onednn"),
+                      ("bf16_gemv", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16")),
+    ("avx512_bf16", AMD): (("rows", "rows", "onednn", "onednn", "onednn", "onednn"),
+                           ("bf16_gemv", "onednn_bf16", "onednn_bf16", "onednn_bf16", "onednn_bf16", "onednn_bf16")),
+    ("avx2", INTEL): (("mkl_gemv",) + ("mkl_packed",) * 5, ("mkl_bf16",) * 6),
+    ("avx512_bf16", INTEL): (("mkl_gemv",) + ("mkl_packed",) * 5, ("mkl_bf16",) * 6),
+    ("amx", INTEL): (("mkl_gemv",) + ("mkl_packed",) * 5, ("mkl_bf16",) * 6),
+}
+
+
+@pytest.mark.parametrize("level, vendor", sorted(TABLE))
+def test_projection_decisions_per_isa_and_vendor(level, vendor):
+    p = KL.Platform.for_isa(level, vendor)
+    f32, bf16 = TABLE[level, vendor]
+    assert _kernels(p, F32) == f32
+    assert _kernels(p, BF16) == bf16
+    # operands oneDNN cannot read in place: the next rule in order (opsnn's kernel or OpenBLAS)
+    c = KL.projection(128, 768, 3072, F32, p, contiguous=False)
+    assert c.library in ("openblas", "mkl") and c.kernel != "llm_linear_onednn" and c.reason
+    assert KL.mkl_gemv_in_tasks(p) == (vendor == INTEL)
+
+
+@pytest.mark.parametrize("level", cpu.LEVELS[1:])
+def test_other_strategies_per_isa(level):
+    for vendor in (AMD, INTEL):
+        p = KL.Platform.for_isa(level, vendor)
+        rank = cpu.LEVELS.index(level)
+        assert KL.winograd_gemms(16, p).library == ("onednn" if rank >= cpu.LEVELS.index("avx512") else "mkl")
+        assert KL.winograd_gemms(KL.WINOGRAD_ONEDNN_MAX_TILES + 1, p).library == "mkl"
+        assert KL.attention_gemms(p).library == "mkl" and KL.conv_gemms(p).library == "mkl"
+    none = KL.Platform.for_isa(level, AMD, mkl=False, onednn=False)
+    assert none.gemm_library == "openblas" and KL.projection(8, 768, 3072, F32, none).kernel == "Linear"
+    assert KL.winograd_gemms(16, none).library == "openblas" and KL.attention_gemms(none).library == "openblas"
+    assert KL.conv_gemms(none).library == "openblas" and "not installed" in KL.conv_gemms(none).reason
+
+
+def test_packed_panel_rejection_thresholds():
+    amd, intel = KL.Platform.for_isa("avx2", AMD), KL.Platform.for_isa("avx2", INTEL)
+    assert KL.packed_panel_rejection(512, 768, 4096, intel) is None
+    assert KL.packed_panel_rejection(KL.PACKED_MAX_ROWS_ELSEWHERE - 1, 4096, 4096, amd) is None
+    assert KL.packed_panel_rejection(128, 768, 768, amd) is None            # under PACKED_MAX_MACS_ELSEWHERE
+    why = KL.packed_panel_rejection(512, 768, 4096, amd)
+    assert "512 x 768 x 4096" in why and "OPSNN_GEMM=mkl" in why
+
+
+@pytest.mark.isa_portable
+def test_this_machine_matches_the_model_of_its_isa():
+    """The facts gathered here (oneDNN's own answers, under the ISA cap) are what the table assumes
+    for the level in force, so the table's rows are the ones that run."""
+    p = KL.platform()
+    assert p.isa == cpu.isa()
+    if KD.unavailable() is None and p.isa is not None and cpu.at_least("avx2"):
+        model = KL.Platform.for_isa(p.isa, AMD)
+        assert (p.onednn_matmul is None) == (model.onednn_matmul is None), (p, model)
+        assert (p.onednn_bf16 is None) == (model.onednn_bf16 is None), (p, model)
+        assert KD.block() == (16 if cpu.at_least("avx512") else 8)
+    assert (p.mkl is None) == (KM.unavailable() is None)
+    assert p.gemm_library in ("mkl", "openblas") and KL.gemm_library_why()
+    line = KL.summary()
+    assert line.startswith(f"ISA {cpu.isa()}") and "GEMM" in line and "\n" not in line
