@@ -52,7 +52,7 @@ class Adam(Optimizer):
             hyper = np.zeros((len(items), 7), np.float64)
             flags = np.zeros((len(items), 3), np.int64)
             ms, vs, vmaxs = [], [], []
-            for t, (g, p, pa, ga) in enumerate(items):
+            for t, (g, p, _pa, _ga) in enumerate(items):
                 st = self.state.setdefault(p, {})
                 st["step"] = step = float(st.get("step", 0.0)) + 1.0
                 b1, b2 = g["betas"]

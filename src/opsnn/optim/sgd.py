@@ -50,7 +50,7 @@ class SGD(Optimizer):
             hyper = np.zeros((len(items), 4), np.float64)
             flags = np.zeros((len(items), 3), np.int64)
             bufs = []
-            for t, (g, p, pa, ga) in enumerate(items):
+            for t, (g, p, pa, _ga) in enumerate(items):
                 hyper[t] = (g["lr"], g["momentum"], g["dampening"], g["weight_decay"])
                 mom = float(g["momentum"]) != 0.0
                 first = mom and "momentum_buffer" not in self.state.get(p, {})
