@@ -16,7 +16,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 import opsnn
-from opsnn.errors import DTypeError, InferShapeError, KernelError, ParamInvalidError
+from opsnn.errors import DTypeError, InferShapeError, ParamInvalidError
 from opsnn.kernels.cpu import shape as K
 
 ops = opsnn.ops

@@ -5,13 +5,26 @@
 >>> y.numpy()
 array([0., 2.], dtype=float32)
 """
+from . import defs, tensor_methods
 from .api import FUNCTIONS, OpFunction, api, run_op
-from .executor import Executor, cache_info, clear_cache, prepare
-from .registry import (REGISTRY, Attr, InferContext, Input, Kernel, OpRecord, Output, TensorMeta, all_ops,
-                       get_op, has_op, kernel_selector, register_kernel, register_op)
-from . import defs
 from .defs import *  # noqa: F401,F403 - the functional entry points
-from . import tensor_methods
+from .executor import Executor, cache_info, clear_cache, prepare
+from .registry import (
+                       REGISTRY,
+                       Attr,
+                       InferContext,
+                       Input,
+                       Kernel,
+                       OpRecord,
+                       Output,
+                       TensorMeta,
+                       all_ops,
+                       get_op,
+                       has_op,
+                       kernel_selector,
+                       register_kernel,
+                       register_op,
+)
 
 tensor_methods.install()  # Tensor.sum(), t.softmax(dim), t + u, ... from the functional entry points
 

@@ -25,7 +25,7 @@ from .registry import InferContext, OpRecord, TensorMeta, select_kernel, selecto
 
 _MAX_CACHE = 4096
 _tracer = None  # set by graph.tracing while a function is traced
-_cache: "OrderedDict[tuple, Executor]" = OrderedDict()
+_cache: OrderedDict[tuple, Executor] = OrderedDict()
 
 
 def clear_cache() -> None:
