@@ -797,7 +797,11 @@ def _scatter_infer(op):
             if len(s) != len(i) or tuple(i) != tuple(u) or not s:
                 ctx.fail(f"data {tuple(s)}, indices {tuple(i)}, updates {tuple(u)}: indices and updates must have "
                          "the same shape and the rank of data")
-            _axis(op, ctx.attrs["axis"], len(s))
+            ax = _axis(op, ctx.attrs["axis"], len(s))
+            over = [d for d in range(len(s)) if d != ax and i[d] > s[d]]
+            if over:  # the other axes index data by position: they cannot be longer than data's
+                ctx.fail(f"indices {tuple(i)} is longer than data {tuple(s)} on axis {over[0]} (axis={ax} is the "
+                         "scattered one; the others must be <= data's)")
         else:
             if not i:
                 ctx.fail("indices must have rank >= 1")
