@@ -519,6 +519,13 @@ def test_one_hot(rng):
     same(ops.one_hot(np.array([0, 2])), np.eye(3, dtype=np.int64)[[0, 2]])
 
 
+@pytest.mark.parametrize("depth", [np.inf, -np.inf, np.nan])
+def test_onehot_non_finite_depth_is_refused(depth):
+    """found by tests/fuzz: an infinite depth escaped as Python's OverflowError"""
+    with pytest.raises(ParamInvalidError, match="depth"):
+        ops.run_op("OneHot", [np.array([0, 1], np.int64), np.array(depth, np.float32), np.array([0, 1], np.float32)])
+
+
 # ---------------------------------------------------------------------------------------------
 # GatherElements / GatherND / ScatterElements / ScatterND / Scatter
 # ---------------------------------------------------------------------------------------------

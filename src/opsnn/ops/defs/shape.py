@@ -1054,6 +1054,8 @@ def _onehot_depth(ctx_or_value) -> int:
     d = np.asarray(ctx_or_value).reshape(-1)
     if d.size != 1:
         raise ParamInvalidError(f"OneHot: depth must be a scalar, got {d.size} values", op="OneHot")
+    if d.dtype.kind == "f" and not np.isfinite(d[0]):
+        raise ParamInvalidError(f"OneHot: depth must be a finite number, got {d[0]}", op="OneHot")
     depth = int(d[0])
     if depth < 1:
         raise ParamInvalidError(f"OneHot: depth must be >= 1, got {depth}", op="OneHot")
