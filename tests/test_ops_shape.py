@@ -765,6 +765,21 @@ def test_resize_vs_onnx_reference(rng, attrs, scales, sizes):
     np.testing.assert_allclose(h.astype(np.float32), want, rtol=1e-2, atol=1e-2)
 
 
+def test_resize_nearest_copies_nan_and_inf(rng):
+    """Nearest copies one input per output: Inf stays Inf in the kernel and in the reference (found by
+    tests/fuzz: the reference summed its zero-weight taps, 0 * Inf = NaN; onnx.reference does too, so the
+    oracle is onnx.reference's choice of input on the positions 0..11, gathered from x)."""
+    x = rand(rng, (1, 1, 3, 4))
+    x[0, 0, 0, 0], x[0, 0, 1, 2], x[0, 0, 2, 3] = np.inf, -np.inf, np.nan
+    sc = np.array([1, 1, 2, 1.5], np.float32)
+    pos = np.arange(12, dtype=np.float32).reshape(x.shape)
+    want = x.reshape(-1)[onnx_ref("Resize", [pos, None, sc], {"mode": "nearest"})[0].astype(np.int64)]
+    for algo in ("resize_nearest", "reference"):
+        got = ops.run_op("Resize", [x, None, sc], {"mode": "nearest"}, algo=algo)[0].numpy()
+        np.testing.assert_array_equal(got, want)
+    assert np.isposinf(want).any() and np.isneginf(want).any() and np.isnan(want).any()
+
+
 def test_resize_dtypes_parallel(rng, parallel):
     x = rand(rng, (1, 2, 4, 5), np.uint8)
     attrs = {"mode": "nearest"}

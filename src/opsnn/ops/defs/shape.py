@@ -1662,7 +1662,10 @@ def _resize_ref(ins, a):
         taken = np.take(res, idx, axis=ax)  # [..., n_out, taps, ...]
         wshape = [1] * taken.ndim
         wshape[ax], wshape[ax + 1] = w.shape
-        res = (taken * w.reshape(wshape)).sum(axis=ax + 1)
+        w = w.reshape(wshape)
+        if spec.mode == "nearest":  # a copy of one tap: the others (weight 0) must not make 0 * Inf = NaN
+            taken = np.where(w != 0, taken, 0.0)
+        res = (taken * w).sum(axis=ax + 1)
         if extrap is not None:
             mshape = [1] * res.ndim
             mshape[ax] = extrap.size
