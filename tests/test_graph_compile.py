@@ -534,3 +534,19 @@ def test_bn_folding_scales_each_output_channel_in_float64(rng, dtype):
     f = rng.standard_normal(8)
     np.testing.assert_array_equal(scale_rows(strided, f),
                                   (strided.astype(np.float64) * f.reshape(-1, 1, 1, 1)).astype(dtype))
+
+
+def test_absent_variadic_input_is_refused_not_run():
+    """Max(x, "") in a graph (and Max(x, None) eagerly): an absent input of a variadic op is a typed
+    error naming the node, not a KernelError wrapping the kernel's IndexError (found by tests/fuzz)."""
+    from opsnn.errors import ParamNullptrError
+
+    g = Graph("g", inputs=[Value("x", np.float32, (2, 3))], outputs=["y"],
+              nodes=[Node("Max", ["x", ""], ["m"]), Node("Relu", ["m"], ["y"])])
+    with pytest.raises(ParamNullptrError, match=r"node Max_\d+ \(Max\)"):
+        opsnn.compile(g).run({"x": np.ones((2, 3), np.float32)})
+    with pytest.raises(ParamNullptrError, match="Max"):
+        opsnn.ops.run_op("Max", [np.ones(3, np.float32), None])
+    # absent optional inputs are still dropped
+    np.testing.assert_array_equal(opsnn.ops.run_op("Clip", [np.full(3, 2, np.float32), None, None])[0].numpy(),
+                                  np.full(3, 2, np.float32))
