@@ -4,10 +4,12 @@ Six kinds of case, each generated from a seed (or drawn by hypothesis) and judge
 ``onnx_mutate`` (ONNX files built here, then truncated, bit-flipped or edited: load, compile and run
 give an opsnn error or onnx.reference's answer), ``op_schema`` (one registry op on inputs and
 attributes drawn from its own schema: the op's numpy reference, or an opsnn error), ``graph``
-(random chains of ops compiled: onnx.reference's answer), ``out_view`` (strided, transposed and
+(random chains of ops compiled: onnx.reference's answer; and registry ops drawn from their schemas as
+one-node models: their reference), ``out_view`` (strided, transposed and
 expanded ``out=`` views: written right or refused at prepare), ``nan_inf`` (every kernel of every
 float op on inputs holding NaN and +-Inf: non-finite exactly where the reference has them) and
-``soak`` (thousands of eager calls and compiled runs: pool live bytes, threads and RSS flat).
+``soak`` (thousands of eager calls, some on fresh streams, and compiled runs: pool live bytes,
+threads and RSS flat).
 A case runs in a :class:`WorkerPool` process with a time limit; a crash or a hang is a failure of
 that case, and the worker is restarted::
 
@@ -318,10 +320,11 @@ def _hint_fused_elementwise(draw, rec):
     return [draw.array(shape, np.float32) for _ in range(n_in)], {"program": json.dumps(prog)}
 
 
-HINTS = {"FusedElementwise": _hint_fused_elementwise, "Conv": _hint_conv, "ConvTranspose": _hint_conv, "FusedConv": _hint_conv, "MatMul": _hint_matmul,
-         "Gemm": _hint_matmul, "Linear": _hint_matmul, "FusedMatMul": _hint_matmul, "MaxPool": _hint_pool,
-         "AveragePool": _hint_pool, "LpPool": _hint_pool, "LayerNormalization": _hint_norm,
-         "BatchNormalization": _hint_norm, "InstanceNormalization": _hint_norm, "GroupNormalization": _hint_norm}
+HINTS = {"FusedElementwise": _hint_fused_elementwise, "Conv": _hint_conv, "ConvTranspose": _hint_conv,
+         "FusedConv": _hint_conv, "MatMul": _hint_matmul, "Gemm": _hint_matmul, "Linear": _hint_matmul,
+         "FusedMatMul": _hint_matmul, "MaxPool": _hint_pool, "AveragePool": _hint_pool, "LpPool": _hint_pool,
+         "LayerNormalization": _hint_norm, "BatchNormalization": _hint_norm, "InstanceNormalization": _hint_norm,
+         "GroupNormalization": _hint_norm}
 
 
 def draw_op_case(rec, draw) -> dict:
@@ -1007,9 +1010,11 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def case_soak(seed: int, *, eager: int = 10_000, compiled: int = 1_000, rss_slack: int = 64 << 20) -> tuple[str, str]:
-    """``eager`` mixed eager calls and ``compiled`` compiled runs at varying shapes: afterwards the pool's
-    live bytes are back to the baseline, the thread count is what it was and RSS grew by < rss_slack."""
+def case_soak(seed: int, *, eager: int = 10_000, compiled: int = 1_000, streams: bool = True,
+              rss_slack: int = 64 << 20) -> tuple[str, str]:
+    """``eager`` mixed eager calls (``streams``: every 50th on a new Stream, dropped after it) and
+    ``compiled`` compiled runs at varying shapes: afterwards the pool's live bytes are back to the
+    baseline, the thread count is what it was and RSS grew by < rss_slack."""
     import gc
     import threading
 
@@ -1035,6 +1040,11 @@ def case_soak(seed: int, *, eager: int = 10_000, compiled: int = 1_000, rss_slac
 
     def one_eager(i):
         x = opsnn.tensor(draw.array(shapes[(i // len(calls)) % len(shapes)], np.float32))
+        if streams and i % 50 == 49:  # a Stream nobody keeps: its worker thread must end with it
+            s = opsnn.Stream()
+            y = ops.relu(x, stream=s)
+            s.synchronize()
+            return y
         return calls[i % len(calls)](x)
 
     def one_compiled(i):
