@@ -115,7 +115,7 @@ def test_soak_with_dropped_streams(fuzz_pool):
 def test_worker_reports_crash_and_hang(fuzz_pool):
     """The harness itself: a case that kills its worker or never returns is a reported failure, and the
     next case runs in a fresh worker."""
-    pool = F.WorkerPool(timeout=5)
+    pool = F.WorkerPool(timeout=3)
     try:
         crash = pool.run({"kind": "selftest", "seed": 0, "action": "crash"})
         hang = pool.run({"kind": "selftest", "seed": 0, "action": "hang"})

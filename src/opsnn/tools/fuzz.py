@@ -1188,8 +1188,9 @@ class WorkerPool:
     that crashes the worker or runs past ``timeout`` seconds ends as ``crash`` / ``hang`` and the
     next case gets a fresh worker. The worker's stderr goes to a log whose tail a crash report quotes."""
 
-    def __init__(self, timeout: float = 60.0, env: dict | None = None):
+    def __init__(self, timeout: float = 60.0, env: dict | None = None, startup_timeout: float = 300.0):
         self.timeout = timeout
+        self.startup_timeout = startup_timeout
         self.env = dict(os.environ, **(env or {}))
         self.proc = None
         self.log = None
@@ -1201,10 +1202,15 @@ class WorkerPool:
     def __exit__(self, *exc):
         self.close()
 
-    def _start(self):
+    def _start(self) -> bool:
+        """A fresh worker, ready (opsnn imported: the case's time limit does not pay for the import)."""
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the worker
         self.proc = subprocess.Popen([sys.executable, "-m", "opsnn.tools.fuzz", "--worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, env=self.env)
+        try:
+            return _recv(self.proc.stdout.fileno(), time.monotonic() + self.startup_timeout) == "ready"
+        except TimeoutError:
+            return False
 
     def _stop(self, kill: bool):
         p, self.proc = self.proc, None
@@ -1232,8 +1238,10 @@ class WorkerPool:
         return self.log.read().decode(errors="replace").strip().replace("\n", " | ")[-1200:]
 
     def run(self, spec: dict, timeout: float | None = None) -> dict:
-        if self.proc is None or self.proc.poll() is not None:
-            self._start()
+        if (self.proc is None or self.proc.poll() is not None) and not self._start():
+            tail = self._log_tail()
+            self._stop(kill=True)
+            return {"status": CRASH, "detail": f"worker did not start: {tail}", "seconds": 0.0}
         t0 = time.monotonic()
         try:
             _send(self.proc.stdin, spec)
@@ -1265,6 +1273,7 @@ def _worker_main() -> None:
     os.dup2(2, 1)
     import opsnn  # noqa: F401 - imported once per worker, before the first case
 
+    _send(out, "ready")
     inp = sys.stdin.buffer.fileno()
     while True:
         spec = _recv(inp, None)
