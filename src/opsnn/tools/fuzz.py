@@ -1186,7 +1186,8 @@ def _recv(fd: int, deadline: float | None):
 class WorkerPool:
     """Cases run one at a time in a worker process (``python -m opsnn.tools.fuzz --worker``); a case
     that crashes the worker or runs past ``timeout`` seconds ends as ``crash`` / ``hang`` and the
-    next case gets a fresh worker. The worker's stderr goes to a log whose tail a crash report quotes."""
+    next case gets a fresh worker. The worker's stderr goes to a log whose tail a crash report quotes;
+    its memory pool is capped at ``$OPSNN_FUZZ_CAP_BYTES`` (default 1 GiB)."""
 
     def __init__(self, timeout: float = 60.0, env: dict | None = None, startup_timeout: float = 300.0):
         self.timeout = timeout
@@ -1271,8 +1272,11 @@ def _worker_main() -> None:
     """Serve specs from stdin until it closes; answers go to the saved stdout (prints go to stderr)."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    import opsnn  # noqa: F401 - imported once per worker, before the first case
+    import opsnn  # imported once per worker, before the first case
 
+    # a cap on the pool: a hostile model asking for gigabytes (pads of 10**6) ends in OutOfMemoryError
+    # rather than minutes of legitimate work
+    opsnn.memory.set_cap(int(os.environ.get("OPSNN_FUZZ_CAP_BYTES", 1 << 30)))
     _send(out, "ready")
     inp = sys.stdin.buffer.fileno()
     while True:
