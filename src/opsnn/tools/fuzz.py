@@ -1088,6 +1088,15 @@ def run_spec(spec: dict) -> dict:
     """Run one case described by ``spec`` (``{"kind", "seed"}``, or ``{"kind": "op", "case": {...}}``
     for a drawn op case) in this process; returns ``{"status", "detail"}``."""
     kind = spec["kind"]
+    if "cap" in spec:  # this case under another pool cap (None: none), the worker's cap restored after
+        import opsnn
+
+        saved = opsnn.context().pool.cap
+        opsnn.memory.set_cap(spec["cap"])
+        try:
+            return run_spec({k: v for k, v in spec.items() if k != "cap"})
+        finally:
+            opsnn.memory.set_cap(saved)
     try:
         if kind == "op":
             status, detail = run_op_case(spec["case"], algo=spec.get("algo"))
@@ -1276,7 +1285,7 @@ def _worker_main() -> None:
 
     # a cap on the pool: a hostile model asking for gigabytes (pads of 10**6) ends in OutOfMemoryError
     # rather than minutes of legitimate work
-    opsnn.memory.set_cap(int(os.environ.get("OPSNN_FUZZ_CAP_BYTES", 1 << 30)))
+    opsnn.memory.set_cap(int(os.environ.get("OPSNN_FUZZ_CAP_BYTES", str(1 << 30))))
     _send(out, "ready")
     inp = sys.stdin.buffer.fileno()
     while True:
