@@ -35,6 +35,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import ops as ops_pkg
+from ..graph.compiler import compile as compile_graph
+from ..onnx import load as load_onnx
+from ..ops.api import run_op
+from ..runtime import Stream, memory
+from ..runtime.context import context
+from ..tensor import full, tensor
+
 KINDS = ("onnx_mutate", "op_schema", "graph", "out_view", "nan_inf", "soak")
 #: statuses a case can end with; the last three are failures
 OK, TYPED, SKIP, FAIL, CRASH, HANG = "ok", "typed-error", "skip", "fail", "crash", "hang"
@@ -448,22 +456,18 @@ def _describe(exc) -> str:
 
 
 def _sync_all():
-    import opsnn
-
-    for s in opsnn.context().streams():
+    for s in context().streams():
         s.synchronize()
 
 
 def run_op_case(case: dict, *, algo: str | None = None, check: bool = True) -> tuple[str, str]:
     """Run one op case eagerly; (status, detail)."""
-    import opsnn
-
     from ..ops.registry import get_op
 
     rec = get_op(case["op"], case["domain"])
     try:
         with np.errstate(all="ignore"):
-            outs = opsnn.ops.run_op(rec.name, [None if x is None else opsnn.tensor(x) for x in case["inputs"]],
+            outs = run_op(rec.name, [None if x is None else tensor(x) for x in case["inputs"]],
                                     dict(case["attrs"]), domain=rec.domain, algo=algo)
             _sync_all()
             got = [None if o is None else np.array(o.numpy()) for o in outs]
@@ -486,10 +490,8 @@ def run_op_case(case: dict, *, algo: str | None = None, check: bool = True) -> t
 
 
 def _drain_errors():
-    import opsnn
-
     try:
-        streams = opsnn.context().streams()
+        streams = context().streams()
     except Exception:  # noqa: BLE001
         return
     for s in streams:
@@ -589,24 +591,22 @@ VIEWS = ("transposed", "strided", "negative", "expanded", "offset")
 
 def _out_view(view: str, shape, dtype, sentinel):
     """A tensor of ``shape`` that is a non-contiguous view of a larger, sentinel-filled base."""
-    import opsnn
-
     nd = len(shape)
     if view == "transposed":
-        base = opsnn.full(tuple(reversed(shape)), sentinel, dtype=dtype)
+        base = full(tuple(reversed(shape)), sentinel, dtype=dtype)
         return base, base.permute(*reversed(range(nd))) if nd else base
     if view == "strided":
         big = tuple(shape[:-1]) + (2 * shape[-1],) if nd else ()
-        base = opsnn.full(big, sentinel, dtype=dtype)
+        base = full(big, sentinel, dtype=dtype)
         return base, base[..., ::2] if nd else base
     if view == "negative":
-        base = opsnn.full(tuple(shape), sentinel, dtype=dtype)
+        base = full(tuple(shape), sentinel, dtype=dtype)
         return base, base[..., ::-1] if nd else base
     if view == "offset":
         big = (shape[0] + 2,) + tuple(shape[1:]) if nd else ()
-        base = opsnn.full(big, sentinel, dtype=dtype)
+        base = full(big, sentinel, dtype=dtype)
         return base, base[1:-1] if nd else base
-    base = opsnn.full(tuple(1 for _ in shape), sentinel, dtype=dtype)  # expanded: zero strides
+    base = full(tuple(1 for _ in shape), sentinel, dtype=dtype)  # expanded: zero strides
     return base, base.expand(*shape)
 
 
@@ -617,8 +617,6 @@ def out_ops() -> list:
 
 def case_out_view(seed: int, op: str | None = None, view: str | None = None, domain: str = "") -> tuple[str, str]:
     """One op prepared with ``out=`` a non-contiguous ``view``: ``op``/``view`` given, or picked by the seed."""
-    import opsnn
-
     from ..ops import executor
     from ..ops.registry import get_op
 
@@ -633,7 +631,7 @@ def case_out_view(seed: int, op: str | None = None, view: str | None = None, dom
     rec = get_op(case["op"], case["domain"])
     try:
         with np.errstate(all="ignore"):
-            ins = [None if x is None else opsnn.tensor(x) for x in case["inputs"]]
+            ins = [None if x is None else tensor(x) for x in case["inputs"]]
             ex0 = executor.prepare(rec, ins, case["attrs"])
             want = ex0.run()
             want = [np.array(w.numpy()) for w in (want if isinstance(want, tuple) else (want,))]
@@ -797,12 +795,10 @@ def _onnx_reference(model, feeds: dict):
 
 def run_model(data, feeds: dict, *, compare_reference: bool = True, model=None) -> tuple[str, str]:
     """Load ``data`` (bytes), compile and run it on ``feeds``; judge against onnx.reference."""
-    import opsnn
-
     try:
         with np.errstate(all="ignore"):
-            g = opsnn.onnx.load(data)
-            cg = opsnn.compile(g)
+            g = load_onnx(data)
+            cg = compile_graph(g)
             names = [v.name for v in g.inputs]
             feeds = _feeds_for(g, feeds)
             outs = cg.run({n: feeds[n] for n in names})
@@ -876,8 +872,6 @@ def op_model(case: dict, n_outputs: int):
 
 def case_op_graph(seed: int) -> tuple[str, str]:
     """One registry op drawn from its schema, run as a one-node compiled model: its numpy reference."""
-    import opsnn
-
     from ..ops.registry import get_op
 
     ops = [r for r in _ops() if r.domain in ("", "ai.onnx.ml") and r.category != "random"
@@ -896,7 +890,7 @@ def case_op_graph(seed: int) -> tuple[str, str]:
     model, feeds = built
     try:
         with np.errstate(all="ignore"):
-            cg = opsnn.compile(opsnn.onnx.load(model.SerializeToString()))
+            cg = compile_graph(load_onnx(model.SerializeToString()))
             got = [np.array(v.numpy()) for v in cg.run(feeds).values()]
     except Exception as exc:  # noqa: BLE001
         _drain_errors()
@@ -1018,14 +1012,12 @@ def case_soak(seed: int, *, eager: int = 10_000, compiled: int = 1_000, streams:
     import gc
     import threading
 
-    import opsnn
-
     draw = RngDraw(seed)
     model, _ = random_model(seed)
-    cg = opsnn.compile(opsnn.onnx.load(model.SerializeToString()))
+    cg = compile_graph(load_onnx(model.SerializeToString()))
     mk = model.graph.input[0].type.tensor_type.shape.dim
     base_shape = [1] + [d.dim_value for d in mk[1:]]
-    ops = opsnn.ops
+    ops = ops_pkg
     calls = [
         lambda x: ops.relu(x), lambda x: ops.add(x, x), lambda x: ops.mul(x, 2.0), lambda x: ops.sigmoid(x),
         lambda x: ops.softmax(x, dim=-1), lambda x: ops.sum(x, dim=-1) if hasattr(ops, "sum") else ops.relu(x),
@@ -1039,9 +1031,9 @@ def case_soak(seed: int, *, eager: int = 10_000, compiled: int = 1_000, streams:
     batches = [1, 2, 3, 4]
 
     def one_eager(i):
-        x = opsnn.tensor(draw.array(shapes[(i // len(calls)) % len(shapes)], np.float32))
+        x = tensor(draw.array(shapes[(i // len(calls)) % len(shapes)], np.float32))
         if streams and i % 50 == 49:  # a Stream nobody keeps: its worker thread must end with it
-            s = opsnn.Stream()
+            s = Stream()
             y = ops.relu(x, stream=s)
             s.synchronize()
             return y
@@ -1060,7 +1052,7 @@ def case_soak(seed: int, *, eager: int = 10_000, compiled: int = 1_000, streams:
     for i in range(len(batches)):
         one_compiled(i)
     settle()
-    live0, threads0, rss0 = opsnn.memory.current_bytes(), threading.active_count(), _rss_bytes()
+    live0, threads0, rss0 = memory.current_bytes(), threading.active_count(), _rss_bytes()
     checks, y, out = [], None, None
     for i in range(eager):
         y = one_eager(i)
@@ -1072,7 +1064,7 @@ def case_soak(seed: int, *, eager: int = 10_000, compiled: int = 1_000, streams:
             [v.numpy() for v in out.values()]
     del y, out
     settle()
-    live1, threads1, rss1 = opsnn.memory.current_bytes(), threading.active_count(), _rss_bytes()
+    live1, threads1, rss1 = memory.current_bytes(), threading.active_count(), _rss_bytes()
     if live1 != live0:
         checks.append(f"pool live bytes {live0} -> {live1}")
     if threads1 != threads0:
@@ -1089,14 +1081,12 @@ def run_spec(spec: dict) -> dict:
     for a drawn op case) in this process; returns ``{"status", "detail"}``."""
     kind = spec["kind"]
     if "cap" in spec:  # this case under another pool cap (None: none), the worker's cap restored after
-        import opsnn
-
-        saved = opsnn.context().pool.cap
-        opsnn.memory.set_cap(spec["cap"])
+        saved = context().pool.cap
+        memory.set_cap(spec["cap"])
         try:
             return run_spec({k: v for k, v in spec.items() if k != "cap"})
         finally:
-            opsnn.memory.set_cap(saved)
+            memory.set_cap(saved)
     try:
         if kind == "op":
             status, detail = run_op_case(spec["case"], algo=spec.get("algo"))
@@ -1281,11 +1271,9 @@ def _worker_main() -> None:
     """Serve specs from stdin until it closes; answers go to the saved stdout (prints go to stderr)."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    import opsnn  # imported once per worker, before the first case
-
     # a cap on the pool: a hostile model asking for gigabytes (pads of 10**6) ends in OutOfMemoryError
     # rather than minutes of legitimate work
-    opsnn.memory.set_cap(int(os.environ.get("OPSNN_FUZZ_CAP_BYTES", str(1 << 30))))
+    memory.set_cap(int(os.environ.get("OPSNN_FUZZ_CAP_BYTES", str(1 << 30))))
     _send(out, "ready")
     inp = sys.stdin.buffer.fileno()
     while True:
