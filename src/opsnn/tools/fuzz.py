@@ -92,6 +92,10 @@ class HypothesisDraw:
 
 
 def _fill(rng, shape, dtype) -> np.ndarray:
+    return np.asarray(_values(rng, shape, dtype))  # shape (): a 0-d array, not a numpy scalar
+
+
+def _values(rng, shape, dtype):
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
         return rng.random(shape) < 0.5
@@ -432,12 +436,15 @@ def _reference(rec, case: dict):
 
 
 def _typed(exc) -> bool:
-    """An opsnn error, and not one wrapping a Python error a kernel raised (a ZeroDivisionError inside
-    a KernelError is a kernel bug, not a refusal)."""
-    from ..errors import OpsnnError
+    """An opsnn error, and not a run-time one wrapping a Python error a kernel raised (a ZeroDivisionError
+    inside a KernelError is a kernel bug, not a refusal; a ValueError from shape inference wrapped in a
+    ParamInvalidError at prepare is a refusal)."""
+    from ..errors import KernelError, OpsnnError
 
     if not isinstance(exc, OpsnnError):
         return False
+    if not isinstance(exc, KernelError):
+        return True
     inner, seen = exc, set()
     while inner.__cause__ is not None and id(inner) not in seen:
         seen.add(id(inner))
