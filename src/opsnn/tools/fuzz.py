@@ -852,8 +852,8 @@ def op_model(case: dict, n_outputs: int):
     from ..ops.registry import get_op
 
     rec = get_op(case["op"], case["domain"])
-    if any(isinstance(v, np.dtype) or v is None for v in case["attrs"].values()):
-        return None
+    if any(isinstance(v, np.dtype) or v is None or (isinstance(v, list) and not v) for v in case["attrs"].values()):
+        return None  # an empty list has no ONNX attribute type to infer
     names, graph_inputs, inits, feeds = [], [], [], {}
     for i, x in enumerate(case["inputs"]):
         if x is None:
