@@ -551,12 +551,15 @@ def test_gather_scatter_elements(rng, dtype):
 
 
 def test_scatter_elements_indices_longer_than_data_off_axis(rng):
-    """Off the scattered axis indices address data by position: longer than data there is refused at
-    prepare (found by tests/fuzz: a KernelError wrapping numpy's IndexError at run)."""
+    """Off the scattered (gathered) axis indices address data by position: longer than data there is
+    refused at prepare (found by tests/fuzz: a KernelError wrapping numpy's IndexError at run)."""
     x, idx = rand(rng, (3, 3, 2)), np.zeros((2, 3, 5), np.int64)
     with pytest.raises(InferShapeError, match="axis 2"):
         ops.scatter_elements(x, idx, rand(rng, (2, 3, 5)), axis=0)
     same(ops.scatter_elements(x, idx[:, :, :2], np.ones((2, 3, 2), np.float32), axis=0)[0, 0], np.ones(2, np.float32))
+    with pytest.raises(InferShapeError, match="axis 2"):
+        ops.gather_elements(x, idx, 0)
+    same(ops.gather_elements(x, idx[:, :, :2], 0), np.take_along_axis(x, idx[:, :, :2], 0))
 
 
 @pytest.mark.parametrize("reduction", ["add", "mul", "max", "min"])

@@ -725,7 +725,11 @@ def _ge_infer(ctx):
     s, i = ctx.shape(0), ctx.shape(1)
     if len(s) != len(i) or not s:
         ctx.fail(f"data {tuple(s)} and indices {tuple(i)} must have the same rank >= 1")
-    _axis("GatherElements", ctx.attrs["axis"], len(s))
+    ax = _axis("GatherElements", ctx.attrs["axis"], len(s))
+    over = [d for d in range(len(s)) if d != ax and i[d] > s[d]]
+    if over:  # the other axes index data by position: they cannot be longer than data's
+        ctx.fail(f"indices {tuple(i)} is longer than data {tuple(s)} on axis {over[0]} (axis={ax} is the "
+                 "gathered one; the others must be <= data's)")
     return [TensorMeta(tuple(i), ctx.dtype(0))]
 
 
