@@ -379,8 +379,8 @@ def valid_case(rec, seed: int, *, algo: str | None = None, tries: int = 300, flo
 # -- judging an op result against its reference -----------------------------------------------------------------
 def _tolerance(dtype) -> tuple[float, float]:
     name = np.dtype(dtype).name
-    if name == "float64":
-        return 1e-9, 1e-12
+    if name == "float64":  # a graph and the reference may order a float64 sum differently
+        return 1e-7, 1e-10
     if name == "float32":
         return 2e-4, 2e-5
     if name == "float16":
