@@ -246,6 +246,17 @@ def test_elementwise_chain_keeps_ieee_semantics():
     assert np.isnan(want[:, 2]).all() and np.isposinf(want[:, 0]).all()
 
 
+@pytest.mark.parametrize("c", [np.nan, np.inf, -np.inf])
+def test_elementwise_chain_with_a_non_finite_constant(c):
+    """A NaN or Inf scalar constant in a fused chain (found by tests/fuzz: the generated source read
+    'nan', an undefined name, and numba's typing failed at run)."""
+    g = Graph("k", inputs=[Value("x", np.float32, (2, 5))], outputs=["out"], initializers={"c": np.array(c, np.float32)},
+              nodes=[Node("Relu", ["x"], ["r"]), Node("Max", ["r", "c"], ["out"])])
+    x = np.linspace(-2, 2, 10, dtype=np.float32).reshape(2, 5)
+    cg = _check(g, {"x": x}, ["opsnn::FusedElementwise"])
+    np.testing.assert_array_equal(cg.run({"x": x})["out"].numpy(), np.maximum(np.maximum(x, 0), c))
+
+
 def test_elementwise_fusion_stops_at_broadcasts_and_shared_values(rng):
     g = Graph("mixed", inputs=[Value("x", np.float32, (4, 8)), Value("v", np.float32, (8,))], outputs=["o", "e"],
               nodes=[Node("Exp", ["x"], ["e"]), Node("Neg", ["e"], ["n"]), Node("Add", ["n", "v"], ["a"]),

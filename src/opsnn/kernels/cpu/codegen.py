@@ -56,7 +56,10 @@ def _operand(ref, names: list[str]) -> str:
         return f"x{val}[i]" if names is None else names[val]
     if kind == "step":
         return f"t{val}"
-    return repr(float(val))
+    val = float(val)
+    if val != val or val in (float("inf"), float("-inf")):  # repr gives nan / inf: no such names
+        return "np.nan" if val != val else ("np.inf" if val > 0 else "-np.inf")
+    return repr(val)
 
 
 def expression_lines(program: list, mode: str, inputs: list[str] | None = None) -> list[str]:
