@@ -550,6 +550,12 @@ def test_gather_scatter_elements(rng, dtype):
          onnx_ref("ScatterElements", [x, idx, upd], {"axis": 2})[0])
 
 
+def test_split_with_a_0d_split_input_is_refused_typed():
+    """found by tests/fuzz: a 0-d 'split' made the output count raise Python's TypeError (len() of unsized)"""
+    with pytest.raises(ParamInvalidError, match="split"):
+        ops.run_op("Split", [np.zeros((5, 5, 1), np.int64), np.array(0, np.int64)], {"axis": 2})
+
+
 def test_scatter_elements_indices_longer_than_data_off_axis(rng):
     """Off the scattered (gathered) axis indices address data by position: longer than data there is
     refused at prepare (found by tests/fuzz: a KernelError wrapping numpy's IndexError at run)."""

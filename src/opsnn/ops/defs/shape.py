@@ -288,8 +288,8 @@ Split = register_op(
     outputs=[Output("outputs", variadic=True)],
     attrs=[Attr("axis", "int", 0), Attr("num_outputs", "int", None)], infer=_split_infer, reference=_split_ref,
     doc="Split along an axis into given sizes or num_outputs equal chunks (the last may be smaller).")
-Split.output_count = lambda values, attrs: (len(values[1]) if len(values) > 1 and values[1] is not None
-                                            else attrs.get("num_outputs"))
+Split.output_count = lambda values, attrs: (np.size(values[1]) if len(values) > 1 and values[1] is not None
+                                            else attrs.get("num_outputs"))  # size: a 0-d split is refused by infer
 _copy_kernel(Split, "split_copy", _split_plan)
 
 
