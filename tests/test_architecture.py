@@ -33,9 +33,10 @@ LAYER_OF = {
     "ops": "ops", "tensor": "ops", "aclnn": "ops",
     # graph: IR, passes, memory plan, compiler, interpreter; graph-level facades
     "graph": "graph", "optimize": "graph", "debug": "graph",
-    # training: none yet (autograd, optim, amp, distributed go here)
+    # training: autograd (the tape, backward), optim (optimizers, LR schedules), amp (loss scaling)
+    "autograd": "training", "optim": "training", "amp": "training",
     # frontends: what builds or loads graphs and modules; the compile front door; user settings
-    "nn": "frontends", "models": "frontends", "onnx": "frontends", "frontend": "frontends", "config": "frontends",
+    "nn": "frontends", "checkpoint": "frontends", "models": "frontends", "onnx": "frontends", "frontend": "frontends", "config": "frontends",
     # applications: whole jobs built on the frontends
     "llm": "applications", "pipeline": "applications",
     # tools: observers (through runtime.hooks) and inspectors

@@ -30,7 +30,12 @@ from .runtime.threads import get_num_threads, set_num_threads
 from .tensor import Tensor, empty, from_dlpack, from_numpy, full, ones, tensor, zeros
 from . import ops
 from .ops import kernel_selector, register_kernel, register_op
+from . import autograd  # noqa: E402 - before nn: Parameters require grad
+from .autograd import enable_grad, no_grad, set_grad_enabled
 from . import aclnn, config, nn, models, tools
+from . import amp, optim  # noqa: E402
+from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from .nn.init import manual_seed  # noqa: E402
 from .tools import profiler
 from .tools.plot import plot_graph
 from . import debug, graph, optimize, llm, pipeline
@@ -46,7 +51,7 @@ from .tools import debug_log as _debug_log
 
 _debug_log.configure_from_env()
 
-__all__ = ["GraphOptimizationLevel", "InferenceSession", "RunOptions", "SessionOptions", "llm", "models", "nn", "onnx", "pipeline", "plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
+__all__ = ["manual_seed", "load_checkpoint", "save_checkpoint", "amp", "optim", "autograd", "enable_grad", "no_grad", "set_grad_enabled", "GraphOptimizationLevel", "InferenceSession", "RunOptions", "SessionOptions", "llm", "models", "nn", "onnx", "pipeline", "plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
            "empty", "errors", "finalize", "from_dlpack", "from_numpy", "full", "get_num_threads", "hooks", "init",
            "is_initialized", "kernel_selector", "memory", "ones", "ops", "profiler", "tools", "register_kernel", "register_op",
            "set_num_threads", "tensor", "zeros"]

@@ -71,10 +71,12 @@ def cmd_info(args) -> int:
         for r in records:
             fast = [k.name for k in r.kernels if not k.fallback]
             name = f"{r.domain}::{r.name}" if r.domain else r.name
-            rows.append([name, r.category, ", ".join(fast) or "(reference only)"])
-        print(_table(rows, ["op", "category", "kernels"]))
+            rows.append([name, r.category, "yes" if r.gradient is not None else "-",
+                         ", ".join(fast) or "(reference only)"])
+        print(_table(rows, ["op", "category", "gradient", "kernels"]))
     no_fast = [r.name for r in records if all(k.fallback for k in r.kernels)]
     print(f"\nops with a fast kernel: {len(records) - len(no_fast)}; reference only: {len(no_fast)}")
+    print(f"ops with a gradient rule: {sum(r.gradient is not None for r in records)}")
     return 0
 
 

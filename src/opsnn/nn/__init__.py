@@ -1,4 +1,5 @@
-"""``opsnn.nn``: torch-style modules over opsnn ops (inference), deterministic seeded init,
+"""``opsnn.nn``: torch-style modules over opsnn ops (inference and training: losses, train/eval,
+zero_grad, gradient clipping in ``nn.utils``), deterministic seeded init,
 weight files (safetensors / npz / ONNX initializers) and tracing to graphs.
 
 >>> import opsnn, numpy as np
@@ -10,7 +11,7 @@ weight files (safetensors / npz / ONNX initializers) and tracing to graphs.
 >>> [n.op_type for n in g.nodes]
 ['Linear', 'Gelu', 'Linear']
 """
-from . import functional, init
+from . import functional, init, utils
 from .attention import MultiheadAttention
 from .layers import (
                      GELU,
@@ -34,6 +35,7 @@ from .layers import (
                      Tanh,
                      conv_kernels,
 )
+from .loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss
 from .module import (
                      IncompatibleKeys,
                      Module,
@@ -47,7 +49,7 @@ from .module import (
 from .rnn import GRU, LSTM
 from .weights import WeightFileError, onnx_initializers, read_weights, write_weights
 
-__all__ = ["AdaptiveAvgPool2d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding", "Flatten", "GELU", "GRU", "GroupNorm",
+__all__ = ["AdaptiveAvgPool2d", "BatchNorm2d", "Conv2d", "BCEWithLogitsLoss", "CrossEntropyLoss", "MSELoss", "NLLLoss", "utils", "Dropout", "Embedding", "Flatten", "GELU", "GRU", "GroupNorm",
            "Identity", "IncompatibleKeys", "LSTM", "LayerNorm", "Linear", "MaxPool2d", "Module", "ModuleDict",
            "ModuleList", "MultiheadAttention", "OutOfVocabularyError", "Parameter", "RMSNorm", "ReLU", "SiLU",
            "Sequential", "Sigmoid", "Softmax", "StateDictError", "Tanh", "WeightFileError", "conv_kernels",

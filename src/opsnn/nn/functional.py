@@ -76,3 +76,119 @@ def as_image(x, channels: int, what: str) -> Tensor:
     if t.dtype.kind != "f":
         raise DTypeError(f"{what}: input must be floating point, got {t.dtype}")
     return t
+
+
+# -- losses (torch.nn.functional names and arguments) -------------------------------------------------------
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _check_reduction(what: str, reduction: str) -> str:
+    if reduction not in _REDUCTIONS:
+        from ..errors import ParamInvalidError
+
+        raise ParamInvalidError(f"{what}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    return reduction
+
+
+def cross_entropy(input, target, weight=None, ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """torch.nn.functional.cross_entropy: ``input`` (N, C, ...) logits; ``target`` class indices
+    (N, ...) or class probabilities (input's shape). ``label_smoothing`` mixes the target with
+    the uniform distribution as torch does (ignored positions stay out of both terms).
+
+    >>> import opsnn, numpy as np
+    >>> x = opsnn.tensor(np.array([[2.0, 0.5, -1.0]], np.float32))
+    >>> round(float(cross_entropy(x, np.array([0]), label_smoothing=0.1).item()), 4)
+    0.3913
+    """
+    from ..errors import ParamInvalidError
+
+    _check_reduction("cross_entropy", reduction)
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ParamInvalidError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    x, t = as_tensor(input), as_tensor(target)
+    C = x.shape[1] if x.ndim > 1 else x.shape[0]
+    eps = float(label_smoothing)
+    if t.dtype.kind == "f":  # class probabilities
+        if tuple(t.shape) != tuple(x.shape):
+            raise ParamInvalidError(f"cross_entropy: probability targets must have the input's shape {x.shape}, "
+                                    f"got {t.shape}")
+        logp = ops.log_softmax(x, dim=1)
+        if eps:
+            t = ops.add(ops.mul(t, as_tensor(np.asarray(1.0 - eps, x.dtype))), as_tensor(np.asarray(eps / C, x.dtype)))
+        if weight is not None:
+            shape = (1, C) + (1,) * (x.ndim - 2)
+            logp = ops.mul(logp, ops.reshape(as_tensor(weight), shape))
+        per = ops.neg(ops.sum(ops.mul(logp, t), dim=1))
+        if reduction == "none":
+            return per
+        return ops.sum(per) if reduction == "sum" else ops.mean(per)
+    if not eps:
+        return ops.cross_entropy(x, t, weight, ignore_index=ignore_index, reduction=reduction)
+    logp = ops.log_softmax(x, dim=1)
+    nll = ops.nll_loss(logp, t, weight, ignore_index=ignore_index, reduction=reduction)
+    labels = t.numpy().astype(np.int64)
+    valid = labels != int(ignore_index)
+    if weight is not None:
+        shape = (1, C) + (1,) * (x.ndim - 2)
+        w = as_tensor(weight)
+        logp = ops.mul(logp, ops.reshape(w, shape))
+    smooth = ops.mul(ops.neg(ops.sum(logp, dim=1)), as_tensor(valid.astype(x.dtype)))
+    if reduction == "sum":
+        smooth = ops.sum(smooth)
+    elif reduction == "mean":
+        if weight is not None:
+            denom = float(as_tensor(weight).numpy().astype(np.float64)[np.where(valid, labels, 0)][valid].sum())
+        else:
+            denom = float(valid.sum())
+        smooth = ops.div(ops.sum(smooth), as_tensor(np.asarray(denom, x.dtype)))
+    return ops.add(ops.mul(nll, as_tensor(np.asarray(1.0 - eps, x.dtype))),
+                   ops.mul(smooth, as_tensor(np.asarray(eps / C, x.dtype))))
+
+
+def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """torch.nn.functional.nll_loss over log-probabilities ``input`` (N, C, ...)."""
+    _check_reduction("nll_loss", reduction)
+    return ops.nll_loss(input, target, weight, ignore_index=ignore_index, reduction=reduction)
+
+
+def mse_loss(input, target, reduction: str = "mean") -> Tensor:
+    """torch.nn.functional.mse_loss: squared error, averaged, summed or per element.
+
+    >>> import opsnn, numpy as np
+    >>> float(mse_loss(opsnn.tensor(np.array([1.0, 3.0], np.float32)), np.array([0.0, 1.0], np.float32)).item())
+    2.5
+    """
+    _check_reduction("mse_loss", reduction)
+    x = as_tensor(input)
+    d = ops.sub(x, as_tensor(target, like=x))
+    sq = ops.mul(d, d)
+    if reduction == "none":
+        return sq
+    return ops.sum(sq) if reduction == "sum" else ops.mean(sq)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, reduction: str = "mean",
+                                     pos_weight=None) -> Tensor:
+    """torch.nn.functional.binary_cross_entropy_with_logits, in the stable form
+    ``(1 - t) x + (1 + (pos_weight - 1) t) softplus(-x)``.
+
+    >>> import opsnn, numpy as np
+    >>> x = opsnn.tensor(np.array([0.0, 2.0], np.float32))
+    >>> round(float(binary_cross_entropy_with_logits(x, np.array([1.0, 0.0], np.float32)).item()), 2)
+    1.41
+    """
+    _check_reduction("binary_cross_entropy_with_logits", reduction)
+    x = as_tensor(input)
+    t = as_tensor(target, like=x)
+    one = as_tensor(np.asarray(1.0, x.dtype))
+    sp = ops.softplus(ops.neg(x))
+    if pos_weight is not None:
+        lw = ops.add(one, ops.mul(ops.sub(as_tensor(pos_weight, like=x), one), t))
+        sp = ops.mul(lw, sp)
+    loss = ops.add(ops.mul(ops.sub(one, t), x), sp)
+    if weight is not None:
+        loss = ops.mul(loss, as_tensor(weight, like=x))
+    if reduction == "none":
+        return loss
+    return ops.sum(loss) if reduction == "sum" else ops.mean(loss)

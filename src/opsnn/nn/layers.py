@@ -15,6 +15,7 @@ from .. import dtypes as _dt
 from .. import ops
 from ..errors import ParamInvalidError
 from ..ops.registry import get_op
+from ..tensor import as_tensor
 from . import init
 from .functional import check_token_ids, reshape
 from .module import Module, Parameter
@@ -132,16 +133,24 @@ class Conv2d(Module):
 
 
 class BatchNorm2d(Module):
-    """Inference batch norm with torch's parameters (``weight``, ``bias``) and buffers
-    (``running_mean``, ``running_var``, ``num_batches_tracked``)."""
+    """Batch norm with torch's parameters (``weight``, ``bias``) and buffers (``running_mean``,
+    ``running_var``, ``num_batches_tracked``). In training mode it normalises with the batch's
+    statistics and updates the running ones as torch does (``momentum`` weighs the batch; the
+    running variance takes the unbiased batch variance; ``momentum=None`` is a cumulative average).
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
+    >>> import opsnn, numpy as np
+    >>> bn = opsnn.nn.BatchNorm2d(2).train()
+    >>> y = bn(opsnn.tensor(np.arange(16, dtype=np.float32).reshape(2, 2, 2, 2)))
+    >>> bn.running_mean.numpy(), int(bn.num_batches_tracked.item())
+    (array([0.55, 0.95], dtype=float32), 1)
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                  track_running_stats: bool = True, dtype="float32"):
         super().__init__()
-        if not track_running_stats:
-            raise ParamInvalidError("BatchNorm2d: track_running_stats=False (batch statistics) is not supported "
-                                    "in inference")
-        self.num_features, self.eps, self.momentum = int(num_features), float(eps), float(momentum)
+        self.num_features, self.eps = int(num_features), float(eps)
+        self.momentum = None if momentum is None else float(momentum)
+        self.track_running_stats = bool(track_running_stats)
         dt = _dt.get(dtype)
         if affine:
             self.weight = Parameter(np.ones(num_features, dt))
@@ -149,17 +158,40 @@ class BatchNorm2d(Module):
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
-        self.register_buffer("running_mean", np.zeros(num_features, dt))
-        self.register_buffer("running_var", np.ones(num_features, dt))
-        self.register_buffer("num_batches_tracked", np.zeros((), np.int64), optional=True)
+        if self.track_running_stats:
+            self.register_buffer("running_mean", np.zeros(num_features, dt))
+            self.register_buffer("running_var", np.ones(num_features, dt))
+            self.register_buffer("num_batches_tracked", np.zeros((), np.int64), optional=True)
+        else:
+            for n in ("running_mean", "running_var", "num_batches_tracked"):
+                self.register_buffer(n, None)
 
     def forward(self, x):
-        if self.training:
-            raise ParamInvalidError("BatchNorm2d: training mode is not supported (inference library); call .eval()")
-        return ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, eps=self.eps)
+        x = as_tensor(x)
+        if not self.training and self.track_running_stats:
+            return ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, eps=self.eps)
+        c, dt = self.num_features, x.dtype
+        mean = self.running_mean if self.track_running_stats else np.zeros(c, dt)
+        var = self.running_var if self.track_running_stats else np.ones(c, dt)
+        y = ops.batch_norm(x, mean, var, self.weight, self.bias, training=True, eps=self.eps)[0]
+        if self.training and self.track_running_stats:
+            self._update_running_stats(x)
+        return y
+
+    def _update_running_stats(self, x) -> None:
+        self.num_batches_tracked.copy_(self.num_batches_tracked.numpy() + 1)
+        m = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked.item())
+        a = x.numpy()
+        axes = (0,) + tuple(range(2, a.ndim))
+        n = a.size // a.shape[1]
+        mean = a.mean(axis=axes, dtype=np.float64)
+        var = a.var(axis=axes, dtype=np.float64) * (n / max(n - 1, 1))
+        rm, rv = self.running_mean, self.running_var
+        rm.copy_((1.0 - m) * rm.numpy() + m * mean)
+        rv.copy_((1.0 - m) * rv.numpy() + m * var)
 
     def extra_repr(self) -> str:
-        return f"{self.num_features}, eps={self.eps}"
+        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
 
 
 class LayerNorm(Module):
@@ -255,7 +287,9 @@ class Embedding(Module):
 
 
 class Dropout(Module):
-    """Identity in eval mode (the default); inverted dropout in training mode."""
+    """Identity in eval mode (the default); inverted dropout in training mode: zero with
+    probability ``p``, scale the rest by ``1/(1-p)``. The mask is drawn from opsnn's seeded
+    generator (``opsnn.manual_seed``), and the gradient flows through the kept elements."""
 
     def __init__(self, p: float = 0.5):
         super().__init__()
@@ -266,7 +300,11 @@ class Dropout(Module):
     def forward(self, x):
         if not self.training or self.p == 0.0:
             return x
-        return ops.dropout(x, self.p, training=True)
+        x = as_tensor(x)
+        if self.p == 1.0:
+            return ops.mul(x, as_tensor(np.zeros((), x.dtype)))
+        keep = init.generator().random(x.shape) >= self.p
+        return ops.mul(x, as_tensor((keep * (1.0 / (1.0 - self.p))).astype(x.dtype)))
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

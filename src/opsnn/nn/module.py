@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import autograd as _autograd  # noqa: F401 - gives Tensor requires_grad / grad before Parameters exist
 from .. import dtypes as _dt
 from ..errors import ARGUMENT_ERRORS, DTypeError, OpsnnError, ParamInvalidError, bad_arguments_message
 from ..tensor import Tensor, empty, tensor
@@ -52,24 +53,29 @@ class IncompatibleKeys(NamedTuple):
 
 class Parameter(Tensor):
     """A tensor that a :class:`Module` registers as a weight when assigned to one of its attributes.
+    A floating parameter requires grad (as in torch) unless ``requires_grad=False``.
 
     >>> import numpy as np
     >>> p = Parameter(np.zeros((2, 3), np.float32))
-    >>> p.shape
-    (2, 3)
+    >>> p.shape, p.requires_grad
+    ((2, 3), True)
     """
 
     __slots__ = ()
 
-    def __init__(self, data, dtype=None):
+    def __init__(self, data, dtype=None, requires_grad: bool = True):
         src = tensor(data, dtype)  # always a fresh copy in pool memory: a Parameter owns its data
         super().__init__(src._array)
+        if requires_grad and _dt.is_float(self.dtype):
+            self.requires_grad_(True)
 
     @classmethod
-    def wrap(cls, t: Tensor) -> Parameter:
+    def wrap(cls, t: Tensor, requires_grad: bool = True) -> Parameter:
         """A Parameter over ``t``'s memory (no copy)."""
         p = cls.__new__(cls)
         Tensor.__init__(p, t.numpy())
+        if requires_grad and _dt.is_float(p.dtype):
+            p.requires_grad_(True)
         return p
 
     def __repr__(self) -> str:
@@ -380,6 +386,21 @@ class Module:
     def eval(self) -> Module:
         return self.train(False)
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset every parameter's ``.grad`` (to None, or to zeros when ``set_to_none=False``)."""
+        for p in self.parameters():
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad = empty(p.shape, p.dtype)
+                p.grad.numpy().fill(0)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
+        """Freeze (``False``) or unfreeze every parameter; returns self."""
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
     def to(self, dtype) -> Module:
         """Cast floating parameters and buffers to ``dtype`` in place (returns self)."""
         dt = _dt.get(dtype)
@@ -391,7 +412,8 @@ class Module:
                 for n, t in list(d.items()):
                     if t is not None and _dt.is_float(t.dtype) and t.dtype != dt:
                         arr = t.numpy().astype(dt)
-                        d[n] = Parameter(arr) if isinstance(t, Parameter) else tensor(arr)
+                        d[n] = Parameter(arr, requires_grad=t.requires_grad) if isinstance(t, Parameter) \
+                            else tensor(arr)
         self._weights_loaded()
         return self
 

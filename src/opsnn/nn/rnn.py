@@ -27,6 +27,7 @@ import math
 import numpy as np
 
 from .. import ops
+from ..autograd import is_grad_enabled
 from ..errors import ParamInvalidError
 from ..tensor import as_tensor
 from . import init
@@ -89,6 +90,32 @@ class _RNNBase(Module):
                                          self._reorder(getattr(self, f"bias_hh{sfx}").numpy())]))
         return np.stack(W), np.stack(R), (np.stack(B) if self.bias else None)
 
+    def _onnx_weight_tensors(self, layer: int) -> tuple:
+        """``onnx_weights`` built with ops from the Parameters, so gradients reach them."""
+        H = self.hidden_size
+
+        def reorder(t):
+            parts = ops.split(t, [H] * self.GATES, dim=0)
+            return ops.concat([parts[g] for g in self.ORDER], dim=0)
+
+        W, R, B = [], [], []
+        for sfx in self._suffixes(layer):
+            W.append(ops.unsqueeze(reorder(getattr(self, f"weight_ih{sfx}")), 0))
+            R.append(ops.unsqueeze(reorder(getattr(self, f"weight_hh{sfx}")), 0))
+            if self.bias:
+                B.append(ops.unsqueeze(ops.concat([reorder(getattr(self, f"bias_ih{sfx}")),
+                                                   reorder(getattr(self, f"bias_hh{sfx}"))], dim=0), 0))
+
+        def cat(ts):
+            return ts[0] if len(ts) == 1 else ops.concat(ts, dim=0)
+
+        return cat(W), cat(R), (cat(B) if self.bias else None)
+
+    def _weights(self, layer: int) -> tuple:
+        if is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            return self._onnx_weight_tensors(layer)
+        return self.onnx_weights(layer)
+
     def _check_input(self, x):
         x = as_tensor(x)
         name = type(self).__name__
@@ -129,7 +156,7 @@ class _RNNBase(Module):
         direction = "bidirectional" if self.bidirectional else "forward"
         finals = [[] for _ in states]
         for layer in range(self.num_layers):
-            W, R, B = self.onnx_weights(layer)
+            W, R, B = self._weights(layer)
             init_states = [self._layer_state(s, layer) for s in states]
             outs = self._op(x, W, R, B, init_states, direction)
             y = outs[0]  # (L, dirs, N, H)

@@ -25,6 +25,7 @@ from .registry import InferContext, OpRecord, TensorMeta, select_kernel, selecto
 
 _MAX_CACHE = 4096
 _tracer = None  # set by graph.tracing while a function is traced
+_autograd = None  # set by opsnn.autograd: records eager calls whose inputs require grad
 _cache: OrderedDict[tuple, Executor] = OrderedDict()
 
 
@@ -518,4 +519,6 @@ def call(rec: OpRecord, inputs: list, attrs: dict | None = None, *, algo: str | 
         res = ex.result(outs)
     if _tracer is not None:
         _tracer.record(rec, tensors, attrs, num_outputs, res)
+    if _autograd is not None:
+        _autograd(rec, tensors, attrs, res)
     return res

@@ -193,6 +193,8 @@ class OpRecord:
     flops: Callable | None = None  # flops(ctx) -> int, for the profiler's GFLOP/s
     output_count: Callable | None = None  # output_count(host values, attrs) -> int for variadic outputs
     kernels: list[Kernel] = field(default_factory=list)
+    #: gradient(ctx, grads) -> one gradient (or None) per input, written with registry ops (see ops/gradients.py)
+    gradient: Callable | None = None
 
     def __post_init__(self):
         self.inputs = tuple(_as_input(i) for i in self.inputs)

@@ -1,0 +1,262 @@
+"""The backward pass: walk the recorded nodes in reverse topological order, run each node's
+gradient rule (through the same ops and executor as the forward), accumulate into leaves.
+
+>>> import opsnn, numpy as np
+>>> x = opsnn.tensor(np.array([1.0, 2.0], np.float32)).requires_grad_()
+>>> opsnn.ops.sum(x * x).backward()
+>>> x.grad.numpy()
+array([2., 4.], dtype=float32)
+"""
+from __future__ import annotations
+
+from .. import dtypes as _dt
+from ..errors import InnerError, ParamInvalidError
+from ..tensor import Tensor, as_tensor, ones
+from .errors import (
+    GradientShapeError,
+    GraphFreedError,
+    NoGradFnError,
+    NoGradientError,
+    NonScalarBackwardError,
+)
+from .graph import LEAF, get_meta
+from .mode import no_grad
+
+
+def _check_grad(t: Tensor, g, what: str) -> Tensor:
+    g = as_tensor(g)
+    if tuple(g.shape) != tuple(t.shape):
+        raise GradientShapeError(f"{what}: gradient has shape {tuple(g.shape)}, the tensor it belongs to has shape "
+                                 f"{tuple(t.shape)}")
+    if g.dtype != t.dtype:
+        raise GradientShapeError(f"{what}: gradient has dtype {_dt.name(g.dtype)}, the tensor has "
+                                 f"{_dt.name(t.dtype)}")
+    return g
+
+
+def _roots(tensors, grads, what: str) -> list:
+    tensors = [tensors] if isinstance(tensors, Tensor) else list(tensors)
+    if grads is None:
+        grads = [None] * len(tensors)
+    else:
+        grads = [grads] if isinstance(grads, Tensor) else list(grads)
+    if len(grads) != len(tensors):
+        raise ParamInvalidError(f"{what}: {len(tensors)} outputs but {len(grads)} gradients")
+    roots = []
+    for i, (t, g) in enumerate(zip(tensors, grads)):
+        m = get_meta(t)
+        if m is None or not m.requires_grad:
+            raise NoGradFnError(f"{what}: output {i} (shape {tuple(t.shape)}) does not require grad and has no "
+                                "grad_fn (was it computed under no_grad, or from tensors that do not require grad?)")
+        if g is None:
+            if t.numel != 1:
+                raise NonScalarBackwardError(f"{what}: output {i} has shape {tuple(t.shape)}; a gradient can be "
+                                             "implied only for a one-element output: pass grad_outputs / gradient "
+                                             "of that shape")
+            g = ones(t.shape, t.dtype)
+        else:
+            g = _check_grad(t, g, f"{what}: gradient {i}")
+        roots.append((m, g))
+    return roots
+
+
+def _add(a: Tensor | None, b: Tensor) -> Tensor:
+    from .. import ops
+
+    return b if a is None else ops.add(a, b)
+
+
+def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
+    """Run the backward pass from ``roots`` [(meta, grad)]. ``targets`` (autograd.grad): maps
+    (node, output_nr) or (LEAF, meta) keys to a slot; their gradients are returned by slot and no
+    leaf's .grad is touched. Without targets every reached leaf accumulates into .grad."""
+    root_nodes = []
+    for m, _ in roots:
+        if m.grad_fn is not None and m.grad_fn not in root_nodes:
+            root_nodes.append(m.grad_fn)
+    # discover the graph (iteratively: graphs can be thousands of nodes deep)
+    children: dict = {}
+    order = []
+    stack = list(root_nodes)
+    seen = {id(n) for n in root_nodes}
+    while stack:
+        n = stack.pop()
+        if n.freed:
+            raise GraphFreedError(f"backward through {n.name} a second time: its saved tensors were freed by the "
+                                  "first backward; pass retain_graph=True to the first one")
+        order.append(n)
+        kids = []
+        for e in n.edges:
+            if e is not None and e[0] is not LEAF:
+                kids.append(e[0])
+                if id(e[0]) not in seen:
+                    seen.add(id(e[0]))
+                    stack.append(e[0])
+        children[id(n)] = kids
+    needed = None
+    if targets is not None:
+        needed = _needed(order, children, targets)
+    deps: dict = {}
+    for n in order:
+        if needed is not None and id(n) not in needed:
+            continue
+        for c in children[id(n)]:
+            if needed is None or id(c) in needed:
+                deps[id(c)] = deps.get(id(c), 0) + 1
+    found: dict = {}
+    buffers: dict = {}
+    for m, g in roots:
+        if m.grad_fn is None:
+            _to_leaf(m, g, targets, found)
+        else:
+            buf = buffers.setdefault(id(m.grad_fn), [None] * len(m.grad_fn.out_shapes))
+            buf[m.output_nr] = _add(buf[m.output_nr], g)
+    ready = [n for n in root_nodes if deps.get(id(n), 0) == 0 and (needed is None or id(n) in needed)]
+    with no_grad():
+        while ready:
+            n = ready.pop()
+            grads = buffers.pop(id(n))
+            if targets is not None:
+                for k, g in enumerate(grads):
+                    slot = targets.get((id(n), k))
+                    if slot is not None and g is not None:
+                        found[slot] = g
+            if grads[0] is None:
+                grads[0] = _zeros(n.out_shapes[0], n.out_dtypes[0])
+            if n.fn is None:
+                raise GraphFreedError(f"backward through {n.name} a second time: its saved tensors were freed; pass "
+                                      "retain_graph=True to the first backward")
+            in_grads = n.fn(grads)
+            for i, e in enumerate(n.edges):
+                if e is None:
+                    continue
+                child = e[0]
+                if needed is not None and (child is LEAF and (LEAF, id(e[1])) not in targets
+                                           or child is not LEAF and id(child) not in needed):
+                    continue
+                gi = in_grads[i] if i < len(in_grads) else None
+                if gi is None:
+                    raise NoGradientError(f"{n.name}: its gradient rule gives no gradient for input {i}, which "
+                                          "requires grad", op=n.name)
+                if tuple(gi.shape) != n.in_shapes[i]:
+                    raise InnerError(f"{n.name}: gradient rule made shape {tuple(gi.shape)} for input {i} of shape "
+                                     f"{n.in_shapes[i]}", op=n.name)
+                if gi.dtype != n.in_dtypes[i]:
+                    from .. import ops
+
+                    gi = ops.cast(gi, n.in_dtypes[i])
+                if child is LEAF:
+                    _to_leaf(e[1], gi, targets, found)
+                    continue
+                buf = buffers.setdefault(id(child), [None] * len(child.out_shapes))
+                buf[e[1]] = _add(buf[e[1]], gi)
+                deps[id(child)] -= 1
+                if deps[id(child)] == 0:
+                    ready.append(child)
+            if not retain_graph:
+                n.release()
+    return found
+
+
+def _zeros(shape, dtype) -> Tensor:
+    from ..tensor import zeros
+
+    return zeros(shape, dtype)
+
+
+def _needed(order: list, children: dict, targets: dict) -> set:
+    """Ids of the nodes from which some target is reachable (others need not run)."""
+    needed: set = set()
+    # ``order`` is a DFS pre-order from the roots: visiting it backwards sees children first
+    # only for trees; iterate to a fixed point for shared subgraphs
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(order):
+            if id(n) in needed:
+                continue
+            hit = any((id(n), k) in targets for k in range(len(n.out_shapes)))
+            if not hit:
+                for e in n.edges:
+                    if e is None:
+                        continue
+                    if (e[0] is LEAF and (LEAF, id(e[1])) in targets) or (e[0] is not LEAF and id(e[0]) in needed):
+                        hit = True
+                        break
+            if hit:
+                needed.add(id(n))
+                changed = True
+    return needed
+
+
+def _to_leaf(m, g: Tensor, targets, found) -> None:
+    if targets is not None:
+        slot = targets.get((LEAF, id(m)))
+        if slot is not None:
+            found[slot] = _add(found.get(slot), g)
+        return
+    if m.grad is None:
+        m.grad = g.clone()  # a fresh, contiguous tensor: rules may hand the same gradient to several inputs
+    else:
+        m.grad = _add(m.grad, g)
+
+
+def backward(tensors, grad_tensors=None, retain_graph: bool | None = None, create_graph: bool = False,
+             inputs=None) -> None:
+    """Accumulate d(tensors)/d(leaf) into every reached leaf's ``.grad`` (``inputs``: only those)."""
+    if create_graph:
+        raise ParamInvalidError("backward: create_graph=True (higher-order gradients) is not supported yet")
+    roots = _roots(tensors, grad_tensors, "backward")
+    if inputs is None:
+        _run(roots, bool(retain_graph), None)
+        return
+    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    res = grad(tensors, inputs, grad_tensors, retain_graph=retain_graph, allow_unused=True)
+    for t, g in zip(inputs, res):
+        if g is not None:
+            m = get_meta(t)
+            m.grad = g.clone() if m.grad is None else _add(m.grad, g)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, create_graph: bool = False,
+         allow_unused: bool = False) -> tuple:
+    """The gradients of ``outputs`` with respect to ``inputs`` (a tuple, one per input), like
+    ``torch.autograd.grad``; no ``.grad`` is modified.
+
+    >>> import opsnn, numpy as np
+    >>> x = opsnn.tensor(np.array([3.0], np.float32)).requires_grad_()
+    >>> opsnn.autograd.grad(opsnn.ops.sum(x * x), [x])[0].numpy()
+    array([6.], dtype=float32)
+    """
+    if create_graph:
+        raise ParamInvalidError("grad: create_graph=True (higher-order gradients) is not supported yet")
+    roots = _roots(outputs, grad_outputs, "grad")
+    single = isinstance(inputs, Tensor)
+    inputs = [inputs] if single else list(inputs)
+    targets = {}
+    for i, t in enumerate(inputs):
+        m = get_meta(t)
+        if m is None or not m.requires_grad:
+            raise NoGradFnError(f"grad: input {i} (shape {tuple(t.shape)}) does not require grad")
+        key = (LEAF, id(m)) if m.grad_fn is None else (id(m.grad_fn), m.output_nr)
+        targets[key] = i
+    # a root that is itself an input
+    found_roots = {}
+    for m, g in roots:
+        key = (LEAF, id(m)) if m.grad_fn is None else (id(m.grad_fn), m.output_nr)
+        if key in targets and m.grad_fn is None:
+            found_roots[targets[key]] = g
+    found = _run(roots, bool(retain_graph), targets)
+    for k, g in found_roots.items():
+        found[k] = _add(found.get(k), g)
+    out = []
+    for i, t in enumerate(inputs):
+        g = found.get(i)
+        if g is None and not allow_unused:
+            raise NoGradFnError(f"grad: input {i} (shape {tuple(t.shape)}) was not used to compute the outputs; "
+                                "pass allow_unused=True to get None for it")
+        out.append(g)
+    return tuple(out)
+
+
+__all__ = ["backward", "grad"]

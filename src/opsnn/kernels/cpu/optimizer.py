@@ -1,0 +1,108 @@
+"""Fused multi-tensor optimizer steps (SGD, Adam/AdamW): one parallel numba kernel per step over
+every parameter, like torch's foreach path or ops-nn's aclnnApplyAdamW.
+
+The tensors arrive as typed lists of flat arrays (parameters, gradients, state buffers); the
+work is cut into chunks of at most ``CHUNK`` elements, ``chunks[c] = (tensor, start, end)``, and
+the chunks run in parallel, so one large and many small parameters balance across threads.
+Per-tensor hyper-parameters (parameter groups may differ) come as float64 rows. Arithmetic is
+in float64, rounded once when stored.
+"""
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+from numba import prange
+from numba.typed import List
+
+#: elements per parallel work item
+CHUNK = 1 << 15
+
+# hyper-parameter columns
+SGD_LR, SGD_MOMENTUM, SGD_DAMPENING, SGD_WD = range(4)
+SGD_NESTEROV, SGD_MAXIMIZE, SGD_FIRST = range(3)
+ADAM_LR, ADAM_B1, ADAM_B2, ADAM_EPS, ADAM_WD, ADAM_BC1, ADAM_BC2 = range(7)
+ADAM_AMSGRAD, ADAM_DECOUPLED, ADAM_MAXIMIZE = range(3)
+
+
+def chunk_table(sizes) -> np.ndarray:
+    """(tensor index, start, end) rows covering every tensor in pieces of at most CHUNK elements."""
+    rows = []
+    for t, n in enumerate(sizes):
+        for s in range(0, int(n), CHUNK):
+            rows.append((t, s, min(s + CHUNK, int(n))))
+    return np.asarray(rows, np.int64).reshape(-1, 3)
+
+
+def typed_list(arrays) -> List:
+    out = List()
+    for a in arrays:
+        out.append(a)
+    return out
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def sgd_step(params, grads, bufs, chunks, hyper, flags):
+    """torch.optim.SGD's update for every chunk: weight decay, momentum (the buffer starts as
+    the gradient on its first step), dampening, Nesterov, maximize."""
+    for c in prange(chunks.shape[0]):
+        t, s, e = chunks[c, 0], chunks[c, 1], chunks[c, 2]
+        p, g, b = params[t], grads[t], bufs[t]
+        lr, mom = hyper[t, SGD_LR], hyper[t, SGD_MOMENTUM]
+        damp, wd = hyper[t, SGD_DAMPENING], hyper[t, SGD_WD]
+        nesterov, maximize, first = flags[t, SGD_NESTEROV], flags[t, SGD_MAXIMIZE], flags[t, SGD_FIRST]
+        for i in range(s, e):
+            gi = np.float64(g[i])
+            if maximize:
+                gi = -gi
+            pi = np.float64(p[i])
+            if wd != 0.0:
+                gi = gi + wd * pi
+            if mom != 0.0:
+                if first:
+                    bi = gi
+                else:
+                    bi = mom * np.float64(b[i]) + (1.0 - damp) * gi
+                b[i] = bi
+                bi = np.float64(b[i])  # the stored (rounded) buffer, as torch uses it
+                if nesterov:
+                    gi = gi + mom * bi
+                else:
+                    gi = bi
+            p[i] = pi - lr * gi
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_sqs, chunks, hyper, flags):
+    """torch.optim.Adam / AdamW's update for every chunk (L2 or decoupled weight decay, bias
+    correction from the per-tensor step, amsgrad, maximize)."""
+    for c in prange(chunks.shape[0]):
+        t, s, e = chunks[c, 0], chunks[c, 1], chunks[c, 2]
+        p, g, m, v, vmax = params[t], grads[t], exp_avgs[t], exp_avg_sqs[t], max_sqs[t]
+        lr, b1, b2 = hyper[t, ADAM_LR], hyper[t, ADAM_B1], hyper[t, ADAM_B2]
+        eps, wd = hyper[t, ADAM_EPS], hyper[t, ADAM_WD]
+        step_size = lr / hyper[t, ADAM_BC1]
+        bc2_sqrt = math.sqrt(hyper[t, ADAM_BC2])
+        amsgrad, decoupled, maximize = flags[t, ADAM_AMSGRAD], flags[t, ADAM_DECOUPLED], flags[t, ADAM_MAXIMIZE]
+        for i in range(s, e):
+            gi = np.float64(g[i])
+            if maximize:
+                gi = -gi
+            pi = np.float64(p[i])
+            if wd != 0.0:
+                if decoupled:
+                    pi = pi * (1.0 - lr * wd)
+                else:
+                    gi = gi + wd * pi
+            mi = np.float64(m[i])
+            mi = mi + (1.0 - b1) * (gi - mi)
+            vi = b2 * np.float64(v[i]) + (1.0 - b2) * gi * gi
+            m[i] = mi
+            v[i] = vi
+            vi = np.float64(v[i])
+            if amsgrad:
+                vmax[i] = max(vmax[i], vi)
+                vi = np.float64(vmax[i])
+            denom = math.sqrt(vi) / bc2_sqrt + eps
+            p[i] = pi - step_size * np.float64(m[i]) / denom

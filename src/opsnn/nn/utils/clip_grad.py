@@ -1,0 +1,58 @@
+"""Clip the gradients of parameters in place, as torch.nn.utils does.
+
+>>> import opsnn, numpy as np
+>>> p = opsnn.nn.Parameter(np.zeros(2, np.float32))
+>>> p.grad = opsnn.tensor(np.array([3.0, 4.0], np.float32))
+>>> float(opsnn.nn.utils.clip_grad_norm_([p], 1.0).item())
+5.0
+>>> np.round(p.grad.numpy(), 4)
+array([0.6, 0.8], dtype=float32)
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...errors import ParamInvalidError
+from ...tensor import Tensor, tensor
+
+
+def _grads(parameters) -> list:
+    if isinstance(parameters, Tensor):
+        parameters = [parameters]
+    return [p.grad for p in parameters if p.grad is not None]
+
+
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach=None) -> Tensor:
+    """Scale all gradients together so their joint ``norm_type`` norm is at most ``max_norm``;
+    returns the norm before clipping (a 0-d tensor)."""
+    grads = _grads(parameters)
+    norm_type = float(norm_type)
+    if not grads:
+        return tensor(np.zeros((), np.float32))
+    arrays = [g.numpy() for g in grads]
+    if math.isinf(norm_type):
+        total = max(float(np.max(np.abs(a))) if a.size else 0.0 for a in arrays)
+    else:
+        total = float(np.sum([np.sum(np.abs(a.astype(np.float64)) ** norm_type) for a in arrays])) ** (1.0 / norm_type)
+    if error_if_nonfinite and not math.isfinite(total):
+        raise ParamInvalidError(f"clip_grad_norm_: the total {norm_type}-norm of the gradients is {total}; "
+                                "pass error_if_nonfinite=False to clip anyway")
+    coef = float(max_norm) / (total + 1e-6)
+    if coef < 1.0:
+        for a in arrays:
+            a *= np.asarray(coef, a.dtype)
+    return tensor(np.asarray(total, grads[0].dtype))
+
+
+def clip_grad_value_(parameters, clip_value: float, foreach=None) -> None:
+    """Clamp every gradient element into ``[-clip_value, clip_value]`` in place."""
+    v = float(clip_value)
+    for g in _grads(parameters):
+        a = g.numpy()
+        np.clip(a, -v, v, out=a)
+
+
+__all__ = ["clip_grad_norm_", "clip_grad_value_"]

@@ -1,0 +1,1002 @@
+"""Gradient rules as data: one rule per op name, attached to the op records at import.
+
+A rule is ``rule(ctx, grads) -> [gradient or None per input]``: ``ctx`` holds the forward
+inputs, outputs and bound attributes and which inputs need a gradient (``ctx.needs``),
+``grads`` the incoming gradient of each output (None where none flowed). Rules are written
+with registry ops (the functional API), so a backward pass runs through the same executor,
+kernels and observers as the forward. Like PyTorch's ``derivatives.yaml`` (one entry per op)
+and tinygrad's ``gradient.py``, the table is kept in one place rather than beside each record,
+so the op definitions stay about running the op; ``attach()`` writes each rule onto its
+record's ``gradient`` field, and ``opsnn info --ops`` reads that field.
+
+Outputs other than the first (LayerNormalization's Mean/InvStdDev, MaxPool's Indices,
+BatchNormalization's running statistics, SoftmaxCrossEntropyLoss' log_prob) are treated as
+not differentiable; integer and host inputs (indices, labels, shapes, axes) get no gradient.
+
+>>> import opsnn
+>>> opsnn.ops.get_op("Mul").gradient is not None
+True
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ParamInvalidError
+from ..tensor import Tensor, ones, tensor, zeros
+from .registry import get_op, has_op
+
+
+class GradContext:
+    """What a gradient rule sees: the forward call's inputs, outputs and attributes."""
+
+    __slots__ = ("attrs", "inputs", "needs", "op", "outputs")
+
+    def __init__(self, op: str, inputs: list, outputs: list, attrs: dict, needs: list):
+        self.op = op
+        self.inputs = inputs
+        self.outputs = outputs
+        self.attrs = attrs
+        self.needs = needs
+
+    def value(self, i: int):
+        """Host value (numpy) of input ``i``, or None when it was omitted."""
+        t = self.inputs[i] if i < len(self.inputs) else None
+        return None if t is None else t.numpy()
+
+
+def _ops():
+    from .. import ops
+
+    return ops
+
+
+def _const(arr, like: Tensor) -> Tensor:
+    return tensor(np.asarray(arr, dtype=like.dtype))
+
+
+def unbroadcast(g: Tensor, shape: tuple) -> Tensor:
+    """``g`` summed over the dims that broadcasting added or stretched, reshaped to ``shape``."""
+    shape = tuple(shape)
+    if tuple(g.shape) == shape:
+        return g
+    ops = _ops()
+    lead = g.ndim - len(shape)
+    axes = list(range(lead)) + [lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1]
+    if axes:
+        g = ops.sum(g, dim=axes, keepdim=True)
+    return ops.reshape(g, shape)
+
+
+def _perm_last2(nd: int) -> list:
+    return list(range(nd - 2)) + [nd - 1, nd - 2]
+
+
+# -- elementwise -----------------------------------------------------------------------------------
+def _add(ctx, grads):
+    g = grads[0]
+    a, b = ctx.inputs
+    return [unbroadcast(g, a.shape) if ctx.needs[0] else None, unbroadcast(g, b.shape) if ctx.needs[1] else None]
+
+
+def _sub(ctx, grads):
+    g = grads[0]
+    a, b = ctx.inputs
+    return [unbroadcast(g, a.shape) if ctx.needs[0] else None,
+            unbroadcast(_ops().neg(g), b.shape) if ctx.needs[1] else None]
+
+
+def _mul(ctx, grads):
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs
+    return [unbroadcast(ops.mul(g, b), a.shape) if ctx.needs[0] else None,
+            unbroadcast(ops.mul(g, a), b.shape) if ctx.needs[1] else None]
+
+
+def _div(ctx, grads):
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs
+    y = ctx.outputs[0]
+    return [unbroadcast(ops.div(g, b), a.shape) if ctx.needs[0] else None,
+            unbroadcast(ops.neg(ops.div(ops.mul(g, y), b)), b.shape) if ctx.needs[1] else None]
+
+
+def _neg(ctx, grads):
+    return [_ops().neg(grads[0])]
+
+
+def _pow(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, e = ctx.inputs
+    z = ctx.outputs[0]
+    gx = ge = None
+    if ctx.needs[0]:
+        e_f = e if e.dtype == x.dtype else ops.cast(e, x.dtype)
+        gx = unbroadcast(ops.mul(g, ops.mul(e_f, ops.pow(x, ops.sub(e_f, _const(1, x))))), x.shape)
+    if ctx.needs[1]:
+        ge = unbroadcast(ops.mul(g, ops.mul(z, ops.log(x))), e.shape)
+    return [gx, ge]
+
+
+def _exp(ctx, grads):
+    return [_ops().mul(grads[0], ctx.outputs[0])]
+
+
+def _log(ctx, grads):
+    return [_ops().div(grads[0], ctx.inputs[0])]
+
+
+def _sqrt(ctx, grads):
+    ops = _ops()
+    y = ctx.outputs[0]
+    return [ops.div(ops.mul(grads[0], _const(0.5, y)), y)]
+
+
+def _relu(ctx, grads):
+    ops = _ops()
+    x = ctx.inputs[0]
+    return [ops.where(ops.gt(x, _const(0, x)), grads[0], _const(0, x))]
+
+
+def _sigmoid(ctx, grads):
+    ops = _ops()
+    y = ctx.outputs[0]
+    return [ops.mul(grads[0], ops.mul(y, ops.sub(_const(1, y), y)))]
+
+
+def _tanh(ctx, grads):
+    ops = _ops()
+    y = ctx.outputs[0]
+    return [ops.mul(grads[0], ops.sub(_const(1, y), ops.mul(y, y)))]
+
+
+def _gelu(ctx, grads):
+    ops = _ops()
+    x = ctx.inputs[0]
+    approx = ctx.attrs.get("approximate", "none")
+    approx = approx.decode() if isinstance(approx, bytes) else approx
+    if approx == "tanh":
+        k = math.sqrt(2.0 / math.pi)
+        x2 = ops.mul(x, x)
+        u = ops.mul(_const(k, x), ops.add(x, ops.mul(_const(0.044715, x), ops.mul(x2, x))))
+        t = ops.tanh(u)
+        du = ops.mul(_const(k, x), ops.add(_const(1, x), ops.mul(_const(3 * 0.044715, x), x2)))
+        d = ops.add(ops.mul(_const(0.5, x), ops.add(_const(1, x), t)),
+                    ops.mul(ops.mul(_const(0.5, x), x), ops.mul(ops.sub(_const(1, x), ops.mul(t, t)), du)))
+    else:
+        cdf = ops.mul(_const(0.5, x), ops.add(_const(1, x), ops.erf(ops.mul(x, _const(1 / math.sqrt(2), x)))))
+        pdf = ops.mul(_const(1 / math.sqrt(2 * math.pi), x), ops.exp(ops.mul(ops.mul(x, x), _const(-0.5, x))))
+        d = ops.add(cdf, ops.mul(x, pdf))
+    return [ops.mul(grads[0], d)]
+
+
+def _softmax(ctx, grads):
+    ops = _ops()
+    y, g = ctx.outputs[0], grads[0]
+    axis = int(ctx.attrs.get("axis", -1))
+    s = ops.sum(ops.mul(g, y), dim=axis, keepdim=True)
+    return [ops.mul(y, ops.sub(g, s))]
+
+
+def _log_softmax(ctx, grads):
+    ops = _ops()
+    y, g = ctx.outputs[0], grads[0]
+    axis = int(ctx.attrs.get("axis", -1))
+    return [ops.sub(g, ops.mul(ops.exp(y), ops.sum(g, dim=axis, keepdim=True)))]
+
+
+def _identity(ctx, grads):
+    return [grads[0]]
+
+
+def _cast(ctx, grads):
+    x = ctx.inputs[0]
+    if x.dtype.kind != "f" and str(x.dtype) != "bfloat16":
+        return [None]
+    g = grads[0]
+    return [g if g.dtype == x.dtype else _ops().cast(g, x.dtype)]
+
+
+def _swish(ctx, grads):
+    ops = _ops()
+    x = ctx.inputs[0]
+    alpha = float(ctx.attrs.get("alpha", 1.0))
+    s = ops.sigmoid(ops.mul(x, _const(alpha, x)) if alpha != 1.0 else x)
+    d = ops.add(s, ops.mul(ops.mul(x, _const(alpha, x)), ops.mul(s, ops.sub(_const(1, x), s))))
+    return [ops.mul(grads[0], d)]
+
+
+def _leaky_relu(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    return [ops.where(ops.gt(x, _const(0, x)), g, ops.mul(g, _const(float(ctx.attrs.get("alpha", 0.01)), g)))]
+
+
+def _abs(ctx, grads):
+    ops = _ops()
+    return [ops.mul(grads[0], ops.sign(ctx.inputs[0]))]
+
+
+def _softplus(ctx, grads):
+    ops = _ops()
+    return [ops.mul(grads[0], ops.sigmoid(ctx.inputs[0]))]
+
+
+def _erf(ctx, grads):
+    ops = _ops()
+    x = ctx.inputs[0]
+    return [ops.mul(grads[0], ops.mul(_const(2 / math.sqrt(math.pi), x), ops.exp(ops.neg(ops.mul(x, x)))))]
+
+
+def _reciprocal(ctx, grads):
+    ops = _ops()
+    y = ctx.outputs[0]
+    return [ops.neg(ops.mul(grads[0], ops.mul(y, y)))]
+
+
+def _rsqrt(ctx, grads):
+    ops = _ops()
+    y = ctx.outputs[0]
+    return [ops.mul(grads[0], ops.mul(_const(-0.5, y), ops.mul(y, ops.mul(y, y))))]
+
+
+def _where(ctx, grads):
+    ops, g = _ops(), grads[0]
+    c, a, b = ctx.inputs
+    zero = _const(0, g)
+    return [None, unbroadcast(ops.where(c, g, zero), a.shape) if ctx.needs[1] else None,
+            unbroadcast(ops.where(c, zero, g), b.shape) if ctx.needs[2] else None]
+
+
+def _clip(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    keep = None
+    for i, cmp in ((1, ops.ge), (2, ops.le)):
+        bound = ctx.inputs[i] if i < len(ctx.inputs) else None
+        if bound is not None:
+            m = cmp(x, bound)
+            keep = m if keep is None else ops.logical_and(keep, m)
+    gx = g if keep is None else ops.where(keep, g, _const(0, g))
+    return [gx] + [None] * (len(ctx.inputs) - 1)
+
+
+def _sum_n(ctx, grads):
+    return [unbroadcast(grads[0], t.shape) if need else None for t, need in zip(ctx.inputs, ctx.needs)]
+
+
+def _split(ctx, grads):
+    ops = _ops()
+    full = [g if g is not None else zeros(o.shape, o.dtype) for g, o in zip(grads, ctx.outputs)]
+    axis = int(ctx.attrs.get("axis", 0)) % ctx.inputs[0].ndim
+    return [ops.concat(full, dim=axis)] + [None] * (len(ctx.inputs) - 1)
+
+
+_split.outputs = 1 << 30  # every output of Split is differentiable
+
+
+def _pad(ctx, grads):
+    x = ctx.inputs[0]
+    mode = ctx.attrs.get("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    pads = [int(v) for v in np.asarray(ctx.value(1)).reshape(-1)]
+    axes = ctx.value(3) if len(ctx.inputs) > 3 else None
+    axes = list(range(x.ndim)) if axes is None else [int(a) % x.ndim for a in np.asarray(axes).reshape(-1)]
+    if mode != "constant" or any(p < 0 for p in pads):
+        return [None] + [None] * (len(ctx.inputs) - 1)  # reflect/edge/crop: no rule yet (a typed error)
+    n = len(axes)
+    starts = [pads[i] for i in range(n)]
+    ends = [pads[i] + x.shape[a] for i, a in enumerate(axes)]
+    return [_ops().slice(grads[0], starts, ends, axes=axes)] + [None] * (len(ctx.inputs) - 1)
+
+
+def _dropout(ctx, grads):
+    ops, g = _ops(), grads[0]
+    training = ctx.value(2) if len(ctx.inputs) > 2 else None
+    if training is None or not bool(np.asarray(training).reshape(-1)[0]):
+        return [g, None, None][:len(ctx.inputs)]
+    ratio = float(np.asarray(ctx.value(1)).reshape(-1)[0]) if len(ctx.inputs) > 1 else 0.5
+    if len(ctx.outputs) > 1:
+        mask = ctx.outputs[1]
+    elif ctx.attrs.get("seed") is not None:  # the same seed draws the same mask again
+        mask = ops.run_op("Dropout", ctx.inputs, ctx.attrs, num_outputs=2)[1]
+    else:
+        return [None] * len(ctx.inputs)  # an unseeded mask that was not kept: a typed error
+    scale = ops.cast(mask, g.dtype)
+    return [ops.mul(g, ops.mul(scale, _const(1.0 / (1.0 - ratio), g)))] + [None] * (len(ctx.inputs) - 1)
+
+
+# -- products ----------------------------------------------------------------------------------------
+def _matmul(ctx, grads):
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs
+    a2 = a if a.ndim > 1 else ops.reshape(a, (1, a.shape[0]))
+    b2 = b if b.ndim > 1 else ops.reshape(b, (b.shape[0], 1))
+    g2 = g
+    if a.ndim == 1:
+        g2 = ops.unsqueeze(g2, -2 if b.ndim > 1 else 0)
+    if b.ndim == 1:
+        g2 = ops.unsqueeze(g2, -1)
+    ga = gb = None
+    if ctx.needs[0]:
+        ga = ops.matmul(g2, ops.transpose(b2, _perm_last2(b2.ndim)))
+        ga = ops.reshape(unbroadcast(ga, a2.shape), a.shape)
+    if ctx.needs[1]:
+        gb = ops.matmul(ops.transpose(a2, _perm_last2(a2.ndim)), g2)
+        gb = ops.reshape(unbroadcast(gb, b2.shape), b.shape)
+    return [ga, gb]
+
+
+def _gemm(ctx, grads):
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs[0], ctx.inputs[1]
+    c = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    alpha, beta = float(ctx.attrs.get("alpha", 1.0)), float(ctx.attrs.get("beta", 1.0))
+    ta, tb = int(ctx.attrs.get("transA", 0)), int(ctx.attrs.get("transB", 0))
+    a_ = ops.transpose(a) if ta else a
+    b_ = ops.transpose(b) if tb else b
+    ga_ = ops.mul(g, _const(alpha, g)) if alpha != 1.0 else g
+    out = [None, None, None]
+    if ctx.needs[0]:
+        d = ops.matmul(ga_, ops.transpose(b_))
+        out[0] = ops.transpose(d) if ta else d
+    if ctx.needs[1]:
+        d = ops.matmul(ops.transpose(a_), ga_)
+        out[1] = ops.transpose(d) if tb else d
+    if c is not None and len(ctx.needs) > 2 and ctx.needs[2]:
+        out[2] = unbroadcast(ops.mul(g, _const(beta, g)) if beta != 1.0 else g, c.shape)
+    return out[:len(ctx.inputs)]
+
+
+def _linear(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, w = ctx.inputs[0], ctx.inputs[1]
+    b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    out_f, in_f = w.shape
+    g2 = ops.reshape(g, (-1, out_f))
+    out = [None, None, None]
+    if ctx.needs[0]:
+        out[0] = ops.reshape(ops.matmul(g2, w), x.shape)
+    if ctx.needs[1]:
+        out[1] = ops.matmul(ops.transpose(g2), ops.reshape(x, (-1, in_f)))
+    if b is not None and len(ctx.needs) > 2 and ctx.needs[2]:
+        out[2] = ops.reshape(ops.sum(g2, dim=0), b.shape)
+    return out[:len(ctx.inputs)]
+
+
+# -- reductions --------------------------------------------------------------------------------------
+def _reduce_axes(ctx, ndim: int):
+    axes = ctx.value(1) if len(ctx.inputs) > 1 else None
+    if axes is None or np.size(axes) == 0:
+        if int(ctx.attrs.get("noop_with_empty_axes", 0)):
+            return None
+        return list(range(ndim))
+    return sorted({int(a) % max(ndim, 1) for a in np.asarray(axes).reshape(-1)})
+
+
+def _reduce(mean: bool):
+    def rule(ctx, grads):
+        ops, g = _ops(), grads[0]
+        x = ctx.inputs[0]
+        axes = _reduce_axes(ctx, x.ndim)
+        if axes is None:
+            return [g]
+        kshape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+        g = ops.reshape(g, kshape)
+        if mean:
+            n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
+            g = ops.div(g, _const(max(n, 1), g))
+        return [ops.expand(g, *x.shape)]
+
+    return rule
+
+
+# -- shape and index ----------------------------------------------------------------------------------
+def _reshape_back(ctx, grads):
+    return [_ops().reshape(grads[0], ctx.inputs[0].shape)]
+
+
+def _transpose(ctx, grads):
+    perm = ctx.attrs.get("perm")
+    nd = ctx.inputs[0].ndim
+    perm = list(range(nd))[::-1] if perm is None else [int(p) % nd for p in perm]
+    inv = [0] * nd
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return [_ops().transpose(grads[0], inv)]
+
+
+def _expand(ctx, grads):
+    return [unbroadcast(grads[0], ctx.inputs[0].shape)]
+
+
+def _concat(ctx, grads):
+    ops, g = _ops(), grads[0]
+    axis = int(ctx.attrs["axis"]) % g.ndim
+    out, start = [], 0
+    for i, t in enumerate(ctx.inputs):
+        n = t.shape[axis]
+        out.append(ops.slice(g, [start], [start + n], axes=[axis]) if ctx.needs[i] else None)
+        start += n
+    return out
+
+
+def _scatter_into(index_map: np.ndarray, g: Tensor, shape: tuple, add: bool) -> Tensor:
+    """A zero tensor of ``shape`` with ``g`` written (or added, for repeated positions) at the
+    flat positions ``index_map`` (same shape as ``g``)."""
+    ops = _ops()
+    n = int(np.prod(shape))
+    base = zeros((n,), g.dtype)
+    idx = tensor(np.ascontiguousarray(index_map.reshape(-1), dtype=np.int64))
+    out = ops.scatter_elements(base, idx, ops.reshape(g, (-1,)), axis=0, reduction="add" if add else "none")
+    return ops.reshape(out, shape)
+
+
+def _slice(ctx, grads):
+    x = ctx.inputs[0]
+    pos = np.arange(x.numel, dtype=np.int64).reshape(x.shape)
+    host = [None if t is None else t for t in ctx.inputs[1:]]
+    sel = _ops().run_op("Slice", [tensor(pos)] + host)[0].numpy()
+    return [_scatter_into(sel, grads[0], x.shape, add=False)] + [None] * (len(ctx.inputs) - 1)
+
+
+def _gather(ctx, grads):
+    x, idx = ctx.inputs
+    axis = int(ctx.attrs.get("axis", 0)) % x.ndim
+    ind = idx.numpy().astype(np.int64)
+    ind = np.where(ind < 0, ind + x.shape[axis], ind)
+    if axis == 0:  # embedding lookups: add each gradient row into its table row (repeats accumulate)
+        base = zeros(tuple(x.shape), grads[0].dtype)
+        return [_ops().scatter_nd(base, tensor(ind[..., None]), grads[0], reduction="add"), None]
+    pos = np.take(np.arange(x.numel, dtype=np.int64).reshape(x.shape), ind, axis=axis)
+    return [_scatter_into(pos, grads[0], x.shape, add=True), None]
+
+
+# -- convolution and pooling ---------------------------------------------------------------------------
+def _ints_attr(attrs, name, n, default):
+    v = attrs.get(name)
+    if v is None or len(v) == 0:
+        return [default] * n
+    return [int(a) for a in v]
+
+
+def _pads(attrs, in_sp, k, s, d) -> tuple[list, list]:
+    """Begin and end pads per spatial dim, resolving auto_pad as ONNX does."""
+    nd = len(in_sp)
+    auto = attrs.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for i in range(nd):
+            out = -(-in_sp[i] // s[i])
+            total = max((out - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in_sp[i], 0)
+            lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            begin.append(lo)
+            end.append(total - lo)
+        return begin, end
+    if auto == "VALID":
+        return [0] * nd, [0] * nd
+    p = attrs.get("pads")
+    if p is None or len(p) == 0:
+        return [0] * nd, [0] * nd
+    p = [int(v) for v in p]
+    return p[:nd], p[nd:]
+
+
+def _conv(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, w = ctx.inputs[0], ctx.inputs[1]
+    b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    nd = x.ndim - 2
+    k = list(w.shape[2:])
+    s = _ints_attr(ctx.attrs, "strides", nd, 1)
+    d = _ints_attr(ctx.attrs, "dilations", nd, 1)
+    groups = int(ctx.attrs.get("group", 1))
+    pb, pe = _pads(ctx.attrs, list(x.shape[2:]), k, s, d)
+    out_sp = list(g.shape[2:])
+    res = [None, None, None]
+    if ctx.needs[0]:
+        opad = [x.shape[2 + i] - ((out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - pb[i] - pe[i]) for i in range(nd)]
+        attrs = {"strides": s, "dilations": d, "group": groups, "pads": pb + pe, "output_padding": opad,
+                 "kernel_shape": k}
+        res[0] = ops.run_op("ConvTranspose", [g, w], attrs)[0]
+    if ctx.needs[1]:
+        C, O = x.shape[1], w.shape[0]
+        cg, og = C // groups, O // groups
+        swap = [1, 0] + list(range(2, nd + 2))
+        parts = []
+        for gi in range(groups):
+            xg = x if groups == 1 else ops.slice(x, [gi * cg], [(gi + 1) * cg], axes=[1])
+            gg = g if groups == 1 else ops.slice(g, [gi * og], [(gi + 1) * og], axes=[1])
+            # correlate the input with the output gradient: batch becomes the channel being summed
+            r = ops.run_op("Conv", [ops.transpose(xg, swap), ops.transpose(gg, swap)],
+                           {"strides": d, "dilations": s, "pads": pb + pe})[0]
+            if list(r.shape[2:]) != k:
+                r = ops.slice(r, [0] * nd, k, axes=list(range(2, nd + 2)))
+            parts.append(ops.transpose(r, swap))
+        res[1] = parts[0] if groups == 1 else ops.concat(parts, dim=0)
+    if b is not None and len(ctx.needs) > 2 and ctx.needs[2]:
+        res[2] = ops.sum(g, dim=[0] + list(range(2, nd + 2)))
+    return res[:len(ctx.inputs)]
+
+
+def _max_pool(ctx, grads):
+    x = ctx.inputs[0]
+    _, idx = _ops().run_op("MaxPool", [x], dict(ctx.attrs, storage_order=0), num_outputs=2)
+    return [_scatter_into(idx.numpy(), grads[0], x.shape, add=True)]
+
+
+def _average_pool(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    nd = x.ndim - 2
+    k = [int(v) for v in ctx.attrs["kernel_shape"]]
+    s = _ints_attr(ctx.attrs, "strides", nd, 1)
+    d = _ints_attr(ctx.attrs, "dilations", nd, 1)
+    pb, pe = _pads(ctx.attrs, list(x.shape[2:]), k, s, d)
+    out_sp = list(g.shape[2:])
+    in_sp = list(x.shape[2:])
+    # end padding that ceil_mode's last, partial window reaches into
+    need = [(out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in_sp[i] - pb[i] for i in range(nd)]
+    extra = [max(need[i] - pe[i], 0) for i in range(nd)]
+    if int(ctx.attrs.get("count_include_pad", 0)):
+        ones_shape = [in_sp[i] + pb[i] + pe[i] for i in range(nd)]
+        cpads = [0] * nd + extra
+    else:
+        ones_shape = in_sp
+        cpads = pb + [pe[i] + extra[i] for i in range(nd)]
+    ones_in = ones((1, 1, *ones_shape), x.dtype)
+    kernel = ones((1, 1, *k), x.dtype)
+    counts = ops.run_op("Conv", [ones_in, kernel], {"strides": s, "dilations": d, "pads": cpads})[0]
+    counts = ops.slice(counts, [0] * nd, out_sp, axes=list(range(2, nd + 2)))
+    n, c = x.shape[:2]
+    gs = ops.reshape(ops.div(g, counts), (n * c, 1, *out_sp))
+    opad = [in_sp[i] - ((out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - pb[i] - pe[i] - extra[i])
+            for i in range(nd)]
+    gx = ops.run_op("ConvTranspose", [gs, kernel], {"strides": s, "dilations": d, "pads": pb + [
+        pe[i] + extra[i] for i in range(nd)], "output_padding": opad, "kernel_shape": k})[0]
+    return [ops.reshape(gx, x.shape)]
+
+
+def _global_average_pool(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    n = int(np.prod(x.shape[2:]))
+    return [ops.expand(ops.div(g, _const(n, g)), *x.shape)]
+
+
+# -- normalization --------------------------------------------------------------------------------------
+def _normalize_backward(x: Tensor, g: Tensor, scale_b: Tensor | None, axes: list, eps: float,
+                        mean: Tensor | None = None, var: Tensor | None = None):
+    """dx, xhat of ``y = (x - mean) / sqrt(var + eps) * scale`` over ``axes``; batch statistics
+    (whose gradient flows back into x) when ``mean`` is None, fixed ones otherwise."""
+    ops = _ops()
+    batch = mean is None
+    if batch:
+        mean = ops.mean(x, dim=axes, keepdim=True)
+        xc = ops.sub(x, mean)
+        var = ops.mean(ops.mul(xc, xc), dim=axes, keepdim=True)
+    else:
+        xc = ops.sub(x, mean)
+    rstd = ops.div(_const(1, x), ops.sqrt(ops.add(var, _const(eps, x))))
+    xhat = ops.mul(xc, rstd)
+    dxhat = g if scale_b is None else ops.mul(g, scale_b)
+    if batch:
+        m1 = ops.mean(dxhat, dim=axes, keepdim=True)
+        m2 = ops.mean(ops.mul(dxhat, xhat), dim=axes, keepdim=True)
+        dx = ops.mul(rstd, ops.sub(ops.sub(dxhat, m1), ops.mul(xhat, m2)))
+    else:
+        dx = ops.mul(dxhat, rstd)
+    return dx, xhat
+
+
+def _layer_norm(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, scale = ctx.inputs[0], ctx.inputs[1]
+    b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    axis = int(ctx.attrs.get("axis", -1)) % x.ndim
+    axes = list(range(axis, x.ndim))
+    dx, xhat = _normalize_backward(x, g, scale, axes, float(ctx.attrs.get("epsilon", 1e-5)))
+    res = [dx if ctx.needs[0] else None, None, None]
+    if ctx.needs[1]:
+        res[1] = unbroadcast(ops.mul(g, xhat), scale.shape)
+    if b is not None and ctx.needs[2]:
+        res[2] = unbroadcast(g, b.shape)
+    return res[:len(ctx.inputs)]
+
+
+def _rms_norm(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, scale = ctx.inputs[0], ctx.inputs[1]
+    axis = int(ctx.attrs.get("axis", -1)) % x.ndim
+    axes = list(range(axis, x.ndim))
+    eps = float(ctx.attrs.get("epsilon", 1e-5))
+    rstd = ops.div(_const(1, x), ops.sqrt(ops.add(ops.mean(ops.mul(x, x), dim=axes, keepdim=True), _const(eps, x))))
+    xhat = ops.mul(x, rstd)
+    dxhat = ops.mul(g, scale)
+    res = [None, None]
+    if ctx.needs[0]:
+        m = ops.mean(ops.mul(dxhat, xhat), dim=axes, keepdim=True)
+        res[0] = ops.mul(rstd, ops.sub(dxhat, ops.mul(xhat, m)))
+    if ctx.needs[1]:
+        res[1] = unbroadcast(ops.mul(g, xhat), scale.shape)
+    return res
+
+
+def _group_norm(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, scale = ctx.inputs[:2]
+    n, c = x.shape[:2]
+    groups = int(ctx.attrs["num_groups"])
+    shape_c = (1, c) + (1,) * (x.ndim - 2)
+    sc = ops.reshape(scale, shape_c)
+    xg = ops.reshape(x, (n, groups, -1))
+    dxhat = ops.reshape(ops.mul(g, sc), (n, groups, -1))
+    dx, xhat = _normalize_backward(xg, dxhat, None, [2], float(ctx.attrs.get("epsilon", 1e-5)))
+    xhat = ops.reshape(xhat, x.shape)
+    axes = [0] + list(range(2, x.ndim))
+    return [ops.reshape(dx, x.shape) if ctx.needs[0] else None,
+            ops.sum(ops.mul(g, xhat), dim=axes) if ctx.needs[1] else None,
+            ops.sum(g, dim=axes) if ctx.needs[2] else None]
+
+
+def _batch_norm(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, scale, _, rmean, rvar = ctx.inputs[:5]
+    shape_c = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    axes = [0] + list(range(2, x.ndim))
+    eps = float(ctx.attrs.get("epsilon", 1e-5))
+    sc = ops.reshape(scale, shape_c)
+    if int(ctx.attrs.get("training_mode", 0)):
+        dx, xhat = _normalize_backward(x, g, sc, axes, eps)
+    else:
+        dx, xhat = _normalize_backward(x, g, sc, axes, eps, ops.reshape(rmean, shape_c), ops.reshape(rvar, shape_c))
+    res = [dx if ctx.needs[0] else None, None, None, None, None]
+    if ctx.needs[1]:
+        res[1] = ops.sum(ops.mul(g, xhat), dim=axes)
+    if ctx.needs[2]:
+        res[2] = ops.sum(g, dim=axes)
+    return res[:len(ctx.inputs)]
+
+
+# -- losses -------------------------------------------------------------------------------------------
+def _class_coefficients(ctx, g: Tensor):
+    """(one-hot of the labels moved to dim 1, per-position coefficient (N, 1, d...)) for the
+    index losses: weight of the label (0 where ignored) over the mean's denominator, times g."""
+    ops = _ops()
+    x, t = ctx.inputs[0], ctx.inputs[1]
+    w = ctx.inputs[2] if len(ctx.inputs) > 2 and ctx.inputs[2] is not None else None
+    C = x.shape[1]
+    labels = t.numpy().astype(np.int64)
+    ignore = ctx.attrs.get("ignore_index")
+    valid = np.ones(labels.shape, bool) if ignore is None else labels != int(ignore)
+    safe = np.where(valid, labels, 0)
+    wt = valid.astype(np.float64) if w is None else np.where(valid, w.numpy().astype(np.float64)[safe], 0.0)
+    red = ctx.attrs.get("reduction", "mean")
+    red = red.decode() if isinstance(red, bytes) else red
+    if red == "mean":
+        wt = wt / wt.sum()
+    onehot = np.moveaxis(np.eye(C, dtype=x.dtype)[safe], -1, 1)
+    coef = ops.mul(_const(wt, x), g)  # g is 0-d for sum/mean, the labels' shape for none
+    return tensor(onehot), ops.unsqueeze(coef, 1)
+
+
+def _softmax_cross_entropy(ctx, grads):
+    ops = _ops()
+    onehot, coef = _class_coefficients(ctx, grads[0])
+    p = ops.softmax(ctx.inputs[0], dim=1)
+    return [ops.mul(ops.sub(p, onehot), coef)] + [None] * (len(ctx.inputs) - 1)
+
+
+def _nll(ctx, grads):
+    ops = _ops()
+    onehot, coef = _class_coefficients(ctx, grads[0])
+    return [ops.neg(ops.mul(onehot, coef))] + [None] * (len(ctx.inputs) - 1)
+
+
+# -- attention -------------------------------------------------------------------------------------------
+def _attention_bias(mask, B, Hq, Sq, T, causal, left, right):
+    """Additive bias (B|1, Hq|1, Sq, T) of a mask, the causal triangle and sliding windows (no
+    cache: query i sits at key position i), and which rows keep at least one key."""
+    bias = np.zeros((1, 1, Sq, T))
+    i = np.arange(Sq)[:, None]
+    j = np.arange(T)[None, :]
+    off = (j > i) if causal else np.zeros((Sq, T), bool)
+    if left >= 0:
+        off |= j < i - left
+    if right >= 0:
+        off |= j > i + right
+    bias = np.where(off, -np.inf, 0.0)[None, None]
+    if mask is not None:
+        m = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+        if m.shape[3] < T:  # a short mask: the missing keys are masked out
+            pad = np.zeros(m.shape[:3] + (T - m.shape[3],), m.dtype) if m.dtype == np.bool_ else \
+                np.full(m.shape[:3] + (T - m.shape[3],), -np.inf)
+            m = np.concatenate([m, pad], axis=3)
+        bias = bias + (np.where(m, 0.0, -np.inf) if m.dtype == np.bool_ else m.astype(np.float64))
+    rows = ~np.all(np.isneginf(bias), axis=-1, keepdims=True)
+    return bias, rows
+
+
+def _attention(ctx, grads):
+    ops, g = _ops(), grads[0]
+    ins = list(ctx.inputs) + [None] * (7 - len(ctx.inputs))
+    q, k, v, mask = ins[:4]
+    n_in = len(ctx.inputs)
+    if any(t is not None for t in ins[4:7]) or float(ctx.attrs.get("softcap") or 0.0) != 0.0 or \
+            (mask is not None and len(ctx.needs) > 3 and ctx.needs[3]):
+        return [None] * n_in  # with a KV cache, softcap or a trainable mask: no rule yet (a typed error)
+    rank = q.ndim
+    if rank == 3:
+        hq, hkv = int(ctx.attrs["q_num_heads"]), int(ctx.attrs["kv_num_heads"])
+
+        def to4(t, h):
+            return ops.transpose(ops.reshape(t, (t.shape[0], t.shape[1], h, t.shape[2] // h)), [0, 2, 1, 3])
+        q4, k4, v4 = to4(q, hq), to4(k, hkv), to4(v, hkv)
+        g4 = to4(g, hq)
+    else:
+        q4, k4, v4, g4 = q, k, v, g
+    B, Hq, Sq, D = q4.shape
+    Hkv, T = k4.shape[1], k4.shape[2]
+    rep = Hq // Hkv
+    scale = ctx.attrs.get("scale")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+
+    def repeat(t):  # (B, Hkv, T, d) -> (B, Hq, T, d)
+        if rep == 1:
+            return t
+        e = ops.expand(ops.unsqueeze(t, 2), B, Hkv, rep, t.shape[2], t.shape[3])
+        return ops.reshape(e, (B, Hq, t.shape[2], t.shape[3]))
+
+    def fold(t):  # (B, Hq, T, d) -> (B, Hkv, T, d), summing each group's heads
+        if rep == 1:
+            return t
+        return ops.sum(ops.reshape(t, (B, Hkv, rep, t.shape[2], t.shape[3])), dim=2)
+
+    kr, vr = repeat(k4), repeat(v4)
+    bias, rows = _attention_bias(None if mask is None else mask.numpy(), B, Hq, Sq, T,
+                                 bool(ctx.attrs.get("is_causal", 0)), int(ctx.attrs.get("left_window_size", -1)),
+                                 int(ctx.attrs.get("right_window_size", -1)))
+    sc = ops.add(ops.mul(ops.matmul(q4, ops.transpose(kr, [0, 1, 3, 2])), _const(scale, q4)), _const(bias, q4))
+    p = ops.softmax(sc, dim=-1)
+    if not rows.all():  # fully masked rows give 0 (not NaN), as the forward does
+        p = ops.where(tensor(np.broadcast_to(rows, p.shape).copy()), p, _const(0, p))
+    dp = ops.matmul(g4, ops.transpose(vr, [0, 1, 3, 2]))
+    ds = ops.mul(p, ops.sub(dp, ops.sum(ops.mul(dp, p), dim=-1, keepdim=True)))
+    ds = ops.mul(ds, _const(scale, ds))
+    res = [None] * n_in
+    if ctx.needs[0]:
+        res[0] = ops.matmul(ds, kr)
+    if ctx.needs[1]:
+        res[1] = fold(ops.matmul(ops.transpose(ds, [0, 1, 3, 2]), q4))
+    if ctx.needs[2]:
+        res[2] = fold(ops.matmul(ops.transpose(p, [0, 1, 3, 2]), g4))
+    if rank == 3:
+        for i in range(3):
+            if res[i] is not None:
+                t = res[i]
+                res[i] = ops.reshape(ops.transpose(t, [0, 2, 1, 3]), (t.shape[0], t.shape[2], t.shape[1] * t.shape[3]))
+    return res
+
+
+# -- recurrent --------------------------------------------------------------------------------------------
+def _lstm(ctx, grads):
+    """Backpropagation through time with registry ops: each direction's forward is recomputed
+    step by step (keeping the gates), then walked backwards. Default activations, no peepholes,
+    clip, input_forget, sequence_lens or batch-first layout (those: no rule yet, a typed error)."""
+    ops = _ops()
+    ins = list(ctx.inputs) + [None] * (8 - len(ctx.inputs))
+    x, w, r, b, seq, h0, c0, peep = ins
+    n_in = len(ctx.inputs)
+    acts = ctx.attrs.get("activations")
+    if (seq is not None or peep is not None or ctx.attrs.get("clip") is not None or int(ctx.attrs.get("layout", 0))
+            or int(ctx.attrs.get("input_forget", 0)) or
+            (acts and [_s(a).lower() for a in acts] not in (["sigmoid", "tanh", "tanh"] * k for k in (1, 2)))):
+        return [None] * n_in
+    direction = _s(ctx.attrs.get("direction", "forward")).lower()
+    dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
+    L, N, _ = x.shape
+    H = r.shape[2]
+    gy, gyh, gyc = (list(grads) + [None, None, None])[:3]
+    one = _const(1, x)
+    res = {k: [] for k in ("x", "w", "r", "b", "h0", "c0")}
+    for d, name in enumerate(dirs):
+        wd, rd = ops.squeeze(ops.slice(w, [d], [d + 1], axes=[0]), 0), ops.squeeze(ops.slice(r, [d], [d + 1],
+                                                                                               axes=[0]), 0)
+        bias = None
+        if b is not None:
+            bd = ops.squeeze(ops.slice(b, [d], [d + 1], axes=[0]), 0)
+            bias = ops.add(ops.slice(bd, [0], [4 * H]), ops.slice(bd, [4 * H], [8 * H]))
+        h = zeros((N, H), x.dtype) if h0 is None else ops.squeeze(ops.slice(h0, [d], [d + 1], axes=[0]), 0)
+        c = zeros((N, H), x.dtype) if c0 is None else ops.squeeze(ops.slice(c0, [d], [d + 1], axes=[0]), 0)
+        steps = range(L) if name == "forward" else range(L - 1, -1, -1)
+        saved = []
+        for t in steps:
+            xt = ops.squeeze(ops.slice(x, [t], [t + 1], axes=[0]), 0)
+            a = ops.add(ops.matmul(xt, ops.transpose(wd)), ops.matmul(h, ops.transpose(rd)))
+            if bias is not None:
+                a = ops.add(a, bias)
+            gi, go, gf, gc = ops.split(a, [H, H, H, H], dim=1)
+            i, o, f, cc = ops.sigmoid(gi), ops.sigmoid(go), ops.sigmoid(gf), ops.tanh(gc)
+            c_new = ops.add(ops.mul(f, c), ops.mul(i, cc))
+            tc = ops.tanh(c_new)
+            saved.append((t, xt, h, c, i, o, f, cc, tc))
+            h = ops.mul(o, tc)
+            c = c_new
+        dh = zeros((N, H), x.dtype)
+        dc = zeros((N, H), x.dtype)
+        if gyh is not None:
+            dh = ops.add(dh, ops.squeeze(ops.slice(gyh, [d], [d + 1], axes=[0]), 0))
+        if gyc is not None:
+            dc = ops.add(dc, ops.squeeze(ops.slice(gyc, [d], [d + 1], axes=[0]), 0))
+        dx = [None] * L
+        dw = dr = db = None
+        for t, xt, h_prev, c_prev, i, o, f, cc, tc in reversed(saved):
+            if gy is not None:
+                dh = ops.add(dh, ops.reshape(ops.slice(gy, [t, d], [t + 1, d + 1], axes=[0, 1]), (N, H)))
+            dc = ops.add(dc, ops.mul(ops.mul(dh, o), ops.sub(one, ops.mul(tc, tc))))
+            da = ops.concat([ops.mul(ops.mul(dc, cc), ops.mul(i, ops.sub(one, i))),
+                             ops.mul(ops.mul(dh, tc), ops.mul(o, ops.sub(one, o))),
+                             ops.mul(ops.mul(dc, c_prev), ops.mul(f, ops.sub(one, f))),
+                             ops.mul(ops.mul(dc, i), ops.sub(one, ops.mul(cc, cc)))], dim=1)
+            dx[t] = ops.matmul(da, wd)
+            daT = ops.transpose(da)
+            dw = _acc(dw, ops.matmul(daT, xt))
+            dr = _acc(dr, ops.matmul(daT, h_prev))
+            db = _acc(db, ops.sum(da, dim=0))
+            dh = ops.matmul(da, rd)
+            dc = ops.mul(dc, f)
+        res["x"].append(ops.concat([ops.unsqueeze(v, 0) for v in dx], dim=0))
+        res["w"].append(ops.unsqueeze(dw, 0))
+        res["r"].append(ops.unsqueeze(dr, 0))
+        res["b"].append(ops.unsqueeze(ops.concat([db, db], dim=0), 0))
+        res["h0"].append(ops.unsqueeze(dh, 0))
+        res["c0"].append(ops.unsqueeze(dc, 0))
+
+    def total(k):
+        v = res[k]
+        return v[0] if len(v) == 1 else (ops.add(v[0], v[1]) if k == "x" else ops.concat(v, dim=0))
+
+    out = [total("x"), total("w"), total("r"), total("b") if b is not None else None, None,
+           total("h0") if h0 is not None else None, total("c0") if c0 is not None else None, None]
+    return [g if need else None for g, need in zip(out[:n_in], ctx.needs)]
+
+
+_lstm.outputs = 3  # Y, Y_h and Y_c are all differentiable
+
+
+def _gru(ctx, grads):
+    """Backpropagation through time for ONNX GRU (gate order z, r, h), either
+    ``linear_before_reset``; the same restrictions as the LSTM rule."""
+    ops = _ops()
+    ins = list(ctx.inputs) + [None] * (6 - len(ctx.inputs))
+    x, w, r, b, seq, h0 = ins
+    n_in = len(ctx.inputs)
+    acts = ctx.attrs.get("activations")
+    if (seq is not None or ctx.attrs.get("clip") is not None or int(ctx.attrs.get("layout", 0)) or
+            (acts and [_s(a).lower() for a in acts] not in (["sigmoid", "tanh"] * k for k in (1, 2)))):
+        return [None] * n_in
+    lbr = int(ctx.attrs.get("linear_before_reset", 0))
+    direction = _s(ctx.attrs.get("direction", "forward")).lower()
+    dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
+    L, N, _ = x.shape
+    H = r.shape[2]
+    gy, gyh = (list(grads) + [None, None])[:2]
+    one = _const(1, x)
+    res = {k: [] for k in ("x", "w", "r", "b", "h0")}
+    for d, name in enumerate(dirs):
+        def sel(t, d=d):
+            return ops.squeeze(ops.slice(t, [d], [d + 1], axes=[0]), 0)
+
+        wd, rd = sel(w), sel(r)
+        r_zr, r_h = ops.slice(rd, [0], [2 * H]), ops.slice(rd, [2 * H], [3 * H])
+        if b is not None:
+            bd = sel(b)
+            wb, rb = ops.slice(bd, [0], [3 * H]), ops.slice(bd, [3 * H], [6 * H])
+        else:
+            wb = rb = zeros((3 * H,), x.dtype)
+        rb_zr, rb_h = ops.slice(rb, [0], [2 * H]), ops.slice(rb, [2 * H], [3 * H])
+        h = zeros((N, H), x.dtype) if h0 is None else sel(h0)
+        steps = range(L) if name == "forward" else range(L - 1, -1, -1)
+        saved = []
+        for t in steps:
+            xt = ops.squeeze(ops.slice(x, [t], [t + 1], axes=[0]), 0)
+            ax = ops.add(ops.matmul(xt, ops.transpose(wd)), wb)
+            ax_zr, ax_h = ops.split(ax, [2 * H, H], dim=1)
+            zr = ops.sigmoid(ops.add(ax_zr, ops.add(ops.matmul(h, ops.transpose(r_zr)), rb_zr)))
+            z, rr = ops.split(zr, [H, H], dim=1)
+            if lbr:
+                hr = ops.add(ops.matmul(h, ops.transpose(r_h)), rb_h)
+                hh = ops.tanh(ops.add(ax_h, ops.mul(rr, hr)))
+            else:
+                hr = ops.mul(rr, h)
+                hh = ops.tanh(ops.add(ax_h, ops.add(ops.matmul(hr, ops.transpose(r_h)), rb_h)))
+            saved.append((t, xt, h, z, rr, hh, hr))
+            h = ops.add(ops.mul(ops.sub(one, z), hh), ops.mul(z, h))
+        dh = zeros((N, H), x.dtype) if gyh is None else sel(gyh)
+        dx = [None] * L
+        dw = dr_zr = dr_h = dwb = drb_zr = drb_h = None
+        for t, xt, h_prev, z, rr, hh, hr in reversed(saved):
+            if gy is not None:
+                dh = ops.add(dh, ops.reshape(ops.slice(gy, [t, d], [t + 1, d + 1], axes=[0, 1]), (N, H)))
+            dz = ops.mul(dh, ops.sub(h_prev, hh))
+            dah = ops.mul(ops.mul(dh, ops.sub(one, z)), ops.sub(one, ops.mul(hh, hh)))
+            dh_prev = ops.mul(dh, z)
+            if lbr:
+                drr = ops.mul(dah, hr)
+                dhr = ops.mul(dah, rr)
+                dh_prev = ops.add(dh_prev, ops.matmul(dhr, r_h))
+                dr_h = _acc(dr_h, ops.matmul(ops.transpose(dhr), h_prev))
+                drb_h = _acc(drb_h, ops.sum(dhr, dim=0))
+            else:
+                drh = ops.matmul(dah, r_h)
+                drr = ops.mul(drh, h_prev)
+                dh_prev = ops.add(dh_prev, ops.mul(drh, rr))
+                dr_h = _acc(dr_h, ops.matmul(ops.transpose(dah), hr))
+                drb_h = _acc(drb_h, ops.sum(dah, dim=0))
+            dazr = ops.concat([ops.mul(dz, ops.mul(z, ops.sub(one, z))), ops.mul(drr, ops.mul(rr, ops.sub(one, rr)))],
+                              dim=1)
+            da = ops.concat([dazr, dah], dim=1)
+            dx[t] = ops.matmul(da, wd)
+            dw = _acc(dw, ops.matmul(ops.transpose(da), xt))
+            dwb = _acc(dwb, ops.sum(da, dim=0))
+            dr_zr = _acc(dr_zr, ops.matmul(ops.transpose(dazr), h_prev))
+            drb_zr = _acc(drb_zr, ops.sum(dazr, dim=0))
+            dh = ops.add(dh_prev, ops.matmul(dazr, r_zr))
+        res["x"].append(ops.concat([ops.unsqueeze(v, 0) for v in dx], dim=0))
+        res["w"].append(ops.unsqueeze(dw, 0))
+        res["r"].append(ops.unsqueeze(ops.concat([dr_zr, dr_h], dim=0), 0))
+        res["b"].append(ops.unsqueeze(ops.concat([dwb, drb_zr, drb_h], dim=0), 0))
+        res["h0"].append(ops.unsqueeze(dh, 0))
+
+    def total(k):
+        v = res[k]
+        return v[0] if len(v) == 1 else (ops.add(v[0], v[1]) if k == "x" else ops.concat(v, dim=0))
+
+    out = [total("x"), total("w"), total("r"), total("b") if b is not None else None, None,
+           total("h0") if h0 is not None else None]
+    return [g if need else None for g, need in zip(out[:n_in], ctx.needs)]
+
+
+_gru.outputs = 2  # Y and Y_h
+
+
+def _acc(a, b):
+    return b if a is None else _ops().add(a, b)
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+#: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
+#: default domain, then in opsnn's own, where the fused ops such as Linear live)
+RULES = {
+    "Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div, "Neg": _neg, "Pow": _pow, "Exp": _exp, "Log": _log,
+    "Sqrt": _sqrt, "Relu": _relu, "Sigmoid": _sigmoid, "Tanh": _tanh, "Gelu": _gelu, "Softmax": _softmax,
+    "LogSoftmax": _log_softmax, "Identity": _identity, "Cast": _cast, "Swish": _swish, "LeakyRelu": _leaky_relu,
+    "Abs": _abs, "Softplus": _softplus, "Erf": _erf, "Reciprocal": _reciprocal, "Rsqrt": _rsqrt, "Where": _where,
+    "Clip": _clip, "Sum": _sum_n, "Split": _split, "Pad": _pad, "Dropout": _dropout,
+    "MatMul": _matmul, "Gemm": _gemm, "Linear": _linear,
+    "ReduceSum": _reduce(False), "ReduceMean": _reduce(True),
+    "Reshape": _reshape_back, "Flatten": _reshape_back, "Squeeze": _reshape_back, "Unsqueeze": _reshape_back,
+    "Transpose": _transpose, "Expand": _expand, "Concat": _concat, "Slice": _slice, "Gather": _gather,
+    "Conv": _conv, "MaxPool": _max_pool, "AveragePool": _average_pool, "GlobalAveragePool": _global_average_pool,
+    "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "RMSNormalization": _rms_norm,
+    "GroupNormalization": _group_norm,
+    "Attention": _attention, "LSTM": _lstm, "GRU": _gru,
+    "SoftmaxCrossEntropyLoss": _softmax_cross_entropy, "NegativeLogLikelihoodLoss": _nll,
+}
+
+
+def attach() -> None:
+    """Write every rule onto its op record (called once when ``opsnn.ops`` is imported)."""
+    for name, rule in RULES.items():
+        rec = get_op(name, "opsnn") if has_op(name, "opsnn") and not has_op(name) else get_op(name)
+        if rec.gradient is not None and rec.gradient is not rule:
+            raise ParamInvalidError(f"gradients: op {name!r} already has a gradient rule")
+        rec.gradient = rule
+
+
+__all__ = ["RULES", "GradContext", "attach", "unbroadcast"]

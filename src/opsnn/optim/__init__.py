@@ -1,0 +1,16 @@
+"""``opsnn.optim``: optimizers with torch's names, signatures and parameter groups (SGD, Adam,
+AdamW); each ``step()`` is one fused multi-tensor numba kernel over all parameters.
+Learning-rate schedulers are in ``opsnn.optim.lr_scheduler``.
+
+>>> import opsnn, numpy as np
+>>> lin = opsnn.nn.Linear(3, 1)
+>>> opt = opsnn.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+>>> loss = opsnn.nn.functional.mse_loss(lin(opsnn.tensor(np.ones((2, 3), np.float32))), np.zeros((2, 1), np.float32))
+>>> opt.zero_grad(); loss.backward(); opt.step()
+"""
+from . import lr_scheduler
+from .adam import Adam, AdamW
+from .optimizer import Optimizer, OptimizerStateError
+from .sgd import SGD
+
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "OptimizerStateError", "lr_scheduler"]

@@ -1,0 +1,198 @@
+"""``Optimizer``: torch's parameter groups, per-parameter state, ``zero_grad`` and state dicts.
+
+Subclasses implement ``step`` as one fused multi-tensor kernel (``opsnn.kernels.cpu.optimizer``)
+over all parameters that have a gradient, one launch per parameter dtype.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..autograd import no_grad
+from ..errors import DTypeError, ParamInvalidError
+from ..runtime.stream import current_stream
+from ..tensor import Tensor, tensor, zeros
+
+
+class OptimizerStateError(ParamInvalidError):
+    """``load_state_dict`` got a state dict that does not fit this optimizer (groups, parameter
+    counts, state shapes or keys); nothing is written when it is raised."""
+
+
+class Optimizer:
+    """Base class: ``params`` is an iterable of tensors or of dicts (parameter groups, each with
+    ``"params"`` and any per-group option overriding ``defaults``)."""
+
+    def __init__(self, params, defaults: dict):
+        self.defaults = dict(defaults)
+        self.state: dict = {}
+        self.param_groups: list[dict] = []
+        if isinstance(params, Tensor):
+            raise ParamInvalidError(f"{type(self).__name__}: params must be an iterable of tensors or dicts, got a "
+                                    "single Tensor")
+        groups = list(params)
+        if not groups:
+            raise ParamInvalidError(f"{type(self).__name__}: got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for g in groups:
+            self.add_param_group(g)
+
+    def add_param_group(self, group: dict) -> None:
+        name = type(self).__name__
+        if not isinstance(group, dict) or "params" not in group:
+            raise ParamInvalidError(f"{name}: a parameter group must be a dict with a 'params' entry, got {group!r}")
+        group = dict(group)
+        ps = group["params"]
+        group["params"] = [ps] if isinstance(ps, Tensor) else list(ps)
+        unknown = set(group) - set(self.defaults) - {"params"}
+        if unknown:
+            raise ParamInvalidError(f"{name}: unknown option(s) {sorted(unknown)} in a parameter group; options: "
+                                    f"{sorted(self.defaults)}")
+        for k, v in self.defaults.items():
+            group.setdefault(k, v)
+        self._check_options(group)
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        for i, p in enumerate(group["params"]):
+            if not isinstance(p, Tensor):
+                raise ParamInvalidError(f"{name}: parameter {i} of a group is a {type(p).__name__}, not a Tensor")
+            if not _dt.is_float(p.dtype):
+                raise DTypeError(f"{name}: parameter {i} has dtype {_dt.name(p.dtype)}; only floating tensors can be "
+                                 "optimized")
+            if not p.requires_grad:
+                raise ParamInvalidError(f"{name}: parameter {i} (shape {tuple(p.shape)}) does not require grad; "
+                                        "optimize only tensors with requires_grad=True")
+            if not p.is_leaf:
+                raise ParamInvalidError(f"{name}: parameter {i} (shape {tuple(p.shape)}) is not a leaf tensor (it "
+                                        "was computed from others); optimize leaves such as Parameters")
+            if not p.is_contiguous():
+                raise ParamInvalidError(f"{name}: parameter {i} (shape {tuple(p.shape)}) is not contiguous")
+            if id(p) in seen:
+                raise ParamInvalidError(f"{name}: parameter {i} (shape {tuple(p.shape)}) appears in more than one "
+                                        "group")
+            seen.add(id(p))
+        self.param_groups.append(group)
+
+    def _check_options(self, group: dict) -> None:
+        """Subclasses validate their options (learning rate, betas ...) here."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for g in self.param_groups:
+            for p in g["params"]:
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad = zeros(p.shape, p.dtype)
+
+    # -- running a step ---------------------------------------------------------------------------------
+    def _with_grads(self):
+        """(group, param, flat param array, flat grad array) for every parameter with a gradient,
+        after the stream has finished the kernels that produce them."""
+        current_stream().synchronize()
+        out = []
+        for g in self.param_groups:
+            for p in g["params"]:
+                gr = p.grad
+                if gr is None:
+                    continue
+                ga = gr.numpy()
+                if ga.dtype != p.dtype:
+                    raise DTypeError(f"{type(self).__name__}: gradient of a parameter of shape {tuple(p.shape)} has "
+                                     f"dtype {_dt.name(ga.dtype)}, the parameter {_dt.name(p.dtype)}")
+                out.append((g, p, p.numpy().reshape(-1), np.ascontiguousarray(ga).reshape(-1)))
+        return out
+
+    def _state_buffer(self, p: Tensor, key: str) -> np.ndarray:
+        st = self.state.setdefault(p, {})
+        t = st.get(key)
+        if t is None:
+            t = st[key] = zeros(p.shape, p.dtype)
+        return t.numpy().reshape(-1)
+
+    def step(self, closure=None):
+        raise NotImplementedError
+
+    def _closure(self, closure):
+        if closure is None:
+            return None
+        from ..autograd import enable_grad
+
+        with enable_grad():
+            return closure()
+
+    # -- state dicts -------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """``{"state": {index: {name: value}}, "param_groups": [{options, "params": [index]}]}``
+        (parameters by their position across the groups, as in torch; tensors are copies)."""
+        index, groups, k = {}, [], 0
+        for g in self.param_groups:
+            ids = []
+            for p in g["params"]:
+                index[id(p)] = k
+                ids.append(k)
+                k += 1
+            groups.append({**{n: copy.deepcopy(v) for n, v in g.items() if n != "params"}, "params": ids})
+        state = {}
+        for p, st in self.state.items():
+            state[index[id(p)]] = {n: tensor(v) if isinstance(v, Tensor) else v for n, v in st.items()}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a ``state_dict()`` of an optimizer of the same kind over parameters of the same
+        shapes and grouping; anything else raises :class:`OptimizerStateError` and changes nothing."""
+        name = type(self).__name__
+        if not isinstance(state_dict, dict) or set(state_dict) != {"state", "param_groups"}:
+            raise OptimizerStateError(f"{name}.load_state_dict: expected a dict with 'state' and 'param_groups', got "
+                                      f"{sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict)}")
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise OptimizerStateError(f"{name}.load_state_dict: the state dict has {len(groups)} parameter groups, "
+                                      f"this optimizer {len(self.param_groups)}")
+        params = []
+        for i, (mine, theirs) in enumerate(zip(self.param_groups, groups)):
+            if len(mine["params"]) != len(theirs.get("params", ())):
+                raise OptimizerStateError(f"{name}.load_state_dict: group {i} has {len(theirs.get('params', ()))} "
+                                          f"parameters in the state dict, {len(mine['params'])} here")
+            missing = set(self.defaults) - set(theirs)
+            if missing:
+                raise OptimizerStateError(f"{name}.load_state_dict: group {i} lacks option(s) {sorted(missing)} "
+                                          f"(a state dict of another optimizer?)")
+            params += list(zip(theirs["params"], mine["params"]))
+        by_index = dict(params)
+        new_state = {}
+        for k, st in state_dict["state"].items():
+            if k not in by_index:
+                raise OptimizerStateError(f"{name}.load_state_dict: state for parameter {k}, which no group lists")
+            p = by_index[k]
+            entry = {}
+            for n, v in st.items():
+                if n not in self._state_keys:
+                    raise OptimizerStateError(f"{name}.load_state_dict: parameter {k} has state {n!r}; {name} keeps "
+                                              f"{sorted(self._state_keys)}")
+                if n == "step":
+                    entry[n] = float(np.asarray(v.numpy() if isinstance(v, Tensor) else v))
+                    continue
+                arr = v.numpy() if isinstance(v, Tensor) else np.asarray(v)
+                if tuple(arr.shape) != tuple(p.shape):
+                    raise OptimizerStateError(f"{name}.load_state_dict: state {n!r} of parameter {k} has shape "
+                                              f"{tuple(arr.shape)}, the parameter {tuple(p.shape)}")
+                entry[n] = tensor(arr.astype(p.dtype))
+            new_state[p] = entry
+        for mine, theirs in zip(self.param_groups, groups):
+            for n in self.defaults:
+                mine[n] = copy.deepcopy(theirs[n])
+        self.state = new_state
+
+    _state_keys: frozenset = frozenset()
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for i, g in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            lines += [f"    {k}: {v}" for k, v in sorted(g.items()) if k != "params"]
+        return "\n".join(lines + [")"])
+
+
+__all__ = ["Optimizer", "OptimizerStateError", "no_grad"]

@@ -1,0 +1,64 @@
+"""``opsnn.optim.SGD``: torch's SGD (momentum, dampening, Nesterov, weight decay, maximize) as one
+fused multi-tensor kernel per step.
+
+>>> import opsnn, numpy as np
+>>> p = opsnn.nn.Parameter(np.array([1.0, 2.0], np.float32))
+>>> opt = opsnn.optim.SGD([p], lr=0.1, momentum=0.9)
+>>> p.grad = opsnn.tensor(np.array([1.0, 1.0], np.float32))
+>>> opt.step()
+>>> p.numpy()
+array([0.9, 1.9], dtype=float32)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ParamInvalidError
+from ..kernels.cpu import optimizer as K
+from .optimizer import Optimizer
+
+
+class SGD(Optimizer):
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False, foreach=None,
+                 differentiable: bool = False, fused=None):
+        if differentiable:
+            raise ParamInvalidError("SGD: differentiable=True is not supported")
+        super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
+                                      "nesterov": nesterov, "maximize": maximize})
+
+    _state_keys = frozenset({"momentum_buffer"})
+
+    def _check_options(self, g: dict) -> None:
+        if not float(g["lr"]) >= 0.0:
+            raise ParamInvalidError(f"SGD: lr must be >= 0, got {g['lr']}")
+        if not float(g["momentum"]) >= 0.0:
+            raise ParamInvalidError(f"SGD: momentum must be >= 0, got {g['momentum']}")
+        if not float(g["weight_decay"]) >= 0.0:
+            raise ParamInvalidError(f"SGD: weight_decay must be >= 0, got {g['weight_decay']}")
+        if g["nesterov"] and (float(g["momentum"]) <= 0 or float(g["dampening"]) != 0):
+            raise ParamInvalidError("SGD: nesterov=True needs momentum > 0 and dampening = 0, got momentum="
+                                    f"{g['momentum']}, dampening={g['dampening']}")
+
+    def step(self, closure=None):
+        """One update of every parameter that has a gradient (one kernel launch per dtype)."""
+        loss = self._closure(closure)
+        by_dtype: dict = {}
+        for g, p, pa, ga in self._with_grads():
+            by_dtype.setdefault(pa.dtype, []).append((g, p, pa, ga))
+        for items in by_dtype.values():
+            hyper = np.zeros((len(items), 4), np.float64)
+            flags = np.zeros((len(items), 3), np.int64)
+            bufs = []
+            for t, (g, p, pa, _ga) in enumerate(items):
+                hyper[t] = (g["lr"], g["momentum"], g["dampening"], g["weight_decay"])
+                mom = float(g["momentum"]) != 0.0
+                first = mom and "momentum_buffer" not in self.state.get(p, {})
+                flags[t] = (bool(g["nesterov"]), bool(g["maximize"]), first)
+                bufs.append(self._state_buffer(p, "momentum_buffer") if mom else pa)
+            K.sgd_step(K.typed_list([i[2] for i in items]), K.typed_list([i[3] for i in items]), K.typed_list(bufs),
+                       K.chunk_table([i[2].size for i in items]), hyper, flags)
+        return loss
+
+
+__all__ = ["SGD"]
