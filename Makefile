@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: run test venv venv-test sysdeps bench clean clean-cache
+.PHONY: run test lint venv venv-test sysdeps bench clean clean-cache
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,10 @@ sysdeps:
 
 test: venv-test sysdeps
 	$(BIN)/python -m pytest
+
+# house style: ruff's rules as configured in pyproject.toml (each ignore there says why)
+lint: venv-test
+	$(BIN)/ruff check src tests bench
 
 bench: venv-test
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BIN)/python bench/dispatch.py

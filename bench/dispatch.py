@@ -12,10 +12,10 @@ import argparse
 import statistics
 import time
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 import numpy as np
-
 from workloads import write_json
+
+import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 
 
 def _cases(rng):

@@ -14,11 +14,11 @@ import math
 import statistics
 import time
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 import numpy as np
-
-from opsnn.graph import Graph, Node, Value
 from workloads import write_json
+
+import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
+from opsnn.graph import Graph, Node, Value
 
 
 def median_ms(fn, repeat: int, warmup: int = 2) -> float:

@@ -30,14 +30,13 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
-
 import numpy as np
+
+import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 from opsnn.kernels.cpu import blocked as KB
 from opsnn.ops import autotune
 from opsnn.ops.registry import TensorMeta, get_op

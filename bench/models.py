@@ -35,11 +35,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 import numpy as np
-
-from opsnn.tools.text import table as _table
 from peers import OrtLlama, TorchBert, TorchLlama, TorchResNet, greedy, load_torch, ort_session
+
+import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
+from opsnn.tools.text import table as _table
 
 MODELS = ("resnet50", "resnet50_b8", "bert", "llama")
 OPSNN, ORT, TORCH = "opsnn", "onnxruntime", "torch"

@@ -17,11 +17,11 @@ import os
 import statistics
 import time
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
-
 import numpy as np
-from opsnn.kernels.cpu import activation, elementwise, norm, reduction
 from workloads import write_json
+
+import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
+from opsnn.kernels.cpu import activation, elementwise, norm, reduction
 
 ROW = 768  # row length for the row-wise ops (LayerNorm, softmax, sum over rows): BERT-base's hidden size
 

@@ -10,9 +10,9 @@ import statistics
 import sys
 import time
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 import numpy as np
 
+import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from workloads import build  # noqa: E402

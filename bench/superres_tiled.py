@@ -17,12 +17,12 @@ import os
 import sys
 import time
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 import numpy as np
+from workloads import write_json
 
+import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 from opsnn.models.superres import superres
 from opsnn.pipeline import TiledExecutor
-from workloads import write_json
 
 
 def main(argv=None) -> int:

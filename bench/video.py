@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import sys
 
-from opsnn.pipeline.video import _parser, format_report, video_bench
 from workloads import write_json
+
+from opsnn.pipeline.video import _parser, format_report, video_bench
 
 
 def main(argv=None) -> int:

@@ -2,9 +2,9 @@
 onnxruntime and to opsnn), with deterministic inputs."""
 from __future__ import annotations
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 import numpy as np
 
+import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 
 
 def build(name: str, rng, batch: int = 1, seq: int = 128, image: int = 224):

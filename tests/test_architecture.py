@@ -54,13 +54,13 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_module(name: str) -> bool:
     base = SRC.joinpath(*name.split("."))
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tree(path: Path) -> ast.AST:
     return ast.parse(path.read_text(), str(path))
 

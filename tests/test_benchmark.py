@@ -164,7 +164,7 @@ def test_onednn_env_switch_and_load_failure_say_why(monkeypatch):
     monkeypatch.setattr(onednn, "_looked", False)
     monkeypatch.setattr(onednn, "_why", None)
     monkeypatch.delenv("OPSNN_ONEDNN")
-    monkeypatch.setattr(onednn, "_candidates", lambda: [])
+    monkeypatch.setattr(onednn, "_candidates", list)
     onednn._load()
     assert "not installed" in onednn.unavailable()
 

@@ -9,8 +9,7 @@ import pytest
 
 import opsnn
 from opsnn.errors import OpsnnError
-from opsnn.graph import Graph, Node, Value
-from opsnn.graph import passes
+from opsnn.graph import Graph, Node, Value, passes
 from opsnn.kernels.cpu import blocked as KB
 from opsnn.kernels.cpu import onednn as KD
 from opsnn.ops import run_op

@@ -741,3 +741,19 @@ def test_deep_symbolic_dims_stay_small(tmp_path):
         "print('ok')\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_absent_variadic_input_is_refused_not_run():
+    """Max(x, "") in a graph (and Max(x, None) eagerly): an absent input of a variadic op is a typed
+    error naming the node, not a KernelError wrapping the kernel's IndexError (found by tests/fuzz)."""
+    from opsnn.errors import ParamNullptrError
+
+    g = Graph("g", inputs=[Value("x", np.float32, (2, 3))], outputs=["y"],
+              nodes=[Node("Max", ["x", ""], ["m"]), Node("Relu", ["m"], ["y"])])
+    with pytest.raises(ParamNullptrError, match=r"node Max_\d+ \(Max\)"):
+        opsnn.compile(g).run({"x": np.ones((2, 3), np.float32)})
+    with pytest.raises(ParamNullptrError, match="Max"):
+        opsnn.ops.run_op("Max", [np.ones(3, np.float32), None])
+    # absent optional inputs are still dropped
+    np.testing.assert_array_equal(opsnn.ops.run_op("Clip", [np.full(3, 2, np.float32), None, None])[0].numpy(),
+                                  np.full(3, 2, np.float32))

@@ -19,7 +19,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import opsnn
-from opsnn.kernels.cpu import conv as KC
 from opsnn.kernels.cpu import fused as KF
 from opsnn.kernels.cpu import gemm as KG
 from opsnn.kernels.cpu import libraries as KL

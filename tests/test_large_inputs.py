@@ -16,7 +16,6 @@ average 1e-6.
 """
 import gc
 import itertools
-import math
 
 import numpy as np
 import pytest

@@ -8,9 +8,22 @@ import pytest
 
 import opsnn
 from opsnn.errors import DTypeError, ParamInvalidError
-from opsnn.llm import (CachedDecoder, CacheFullError, GenerationError, KVCache, OutOfVocabularyError,
-                       PromptTooLongError, Sampler, SamplingParams, Scheduler, SchedulerClosedError, generate,
-                       generate_no_cache, mixed_workload, replay)
+from opsnn.llm import (
+    CachedDecoder,
+    CacheFullError,
+    GenerationError,
+    KVCache,
+    OutOfVocabularyError,
+    PromptTooLongError,
+    Sampler,
+    SamplingParams,
+    Scheduler,
+    SchedulerClosedError,
+    generate,
+    generate_no_cache,
+    mixed_workload,
+    replay,
+)
 
 VOCAB = 97
 
@@ -483,8 +496,7 @@ def test_prepared_decode_steps_match_the_eager_path(lm, rng, no_leak, monkeypatc
     regions, with MKL; ``gemv`` "numba": their products on opsnn's gemm_rows, as on non-Intel
     CPUs) give the eager path's logits, row for row, across steps (inputs rewritten each time),
     batch compositions (pad rows in a bucket) and cache slot ranges."""
-    from opsnn.kernels.cpu import mkl
-    from opsnn.kernels.cpu import mkl_nb
+    from opsnn.kernels.cpu import mkl, mkl_nb
 
     if gemv == "numba" and mkl.unavailable() is None:
         fns = mkl_nb.addresses().copy()
@@ -568,8 +580,7 @@ def test_one_row_decode_step_runs_four_regions_a_layer(lm, rng, no_leak, monkeyp
     opsnn.llm.fused (with MKL): logits equal the eager path's step after step, with and without
     observers, and the cache holds the same keys and values. ``gemv``: the regions' matrix-vector
     products on MKL's sgemv or on opsnn's own kernel (the choice on non-Intel CPUs)."""
-    from opsnn.kernels.cpu import mkl
-    from opsnn.kernels.cpu import mkl_nb
+    from opsnn.kernels.cpu import mkl, mkl_nb
 
     if gemv == "numba" and mkl.unavailable() is None:
         fns = mkl_nb.addresses().copy()

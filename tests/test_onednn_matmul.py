@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import opsnn
-
 from opsnn.kernels.cpu import onednn as KD
 from opsnn.ops.autotune import NotPreferred
 from opsnn.ops.defs import fused as F

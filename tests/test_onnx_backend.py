@@ -4,7 +4,6 @@ outputs of those tests, compared by ONNX's runner with each test's rtol/atol).""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 

@@ -16,10 +16,24 @@ from onnx.reference import ReferenceEvaluator
 
 import opsnn
 import opsnn.onnx
-from opsnn.graph import (DanglingValueError, DuplicateValueError, Graph, GraphCycleError, GraphError, Interpreter,
-                         Node, Value, run)
-from opsnn.onnx import (ExternalDataError, ModelFormatError, TensorTooLargeError, UnsupportedOpError,
-                        UnsupportedOpsetError)
+from opsnn.graph import (
+    DanglingValueError,
+    DuplicateValueError,
+    Graph,
+    GraphCycleError,
+    GraphError,
+    Interpreter,
+    Node,
+    Value,
+    run,
+)
+from opsnn.onnx import (
+    ExternalDataError,
+    ModelFormatError,
+    TensorTooLargeError,
+    UnsupportedOpError,
+    UnsupportedOpsetError,
+)
 
 F = TensorProto.FLOAT
 RTOL, ATOL = 1e-5, 1e-6

@@ -398,6 +398,16 @@ def test_qlinear_matmul_saturates(qt):
     np.testing.assert_array_equal(y[1], info.min)
 
 
+def test_qlinear_matmul_vector_dot_vector(rng):
+    """1-D @ 1-D: a 0-d result (found by tests/fuzz: the requantization wrote into a numpy scalar)."""
+    a, b = rng.integers(-128, 128, (7,)).astype(np.int8), rng.integers(-128, 128, (7,)).astype(np.int8)
+    s, z = np.array(0.1, np.float32), np.array(1, np.int8)
+    ins = [a, s, z, b, s, z, np.array(0.7, np.float32), np.array(3, np.uint8)]
+    y = opsnn.ops.qlinear_matmul(*ins).numpy()
+    assert y.shape == () and y.dtype == np.uint8
+    np.testing.assert_array_equal(y, run_onnx_ref("QLinearMatMul", ins, out_dtype=np.uint8, opset=21))
+
+
 def test_two_phase_reuse_and_out(rng, no_leak):
     a = opsnn.tensor(rand(rng, (3, 4)))
     b = opsnn.tensor(rand(rng, (4, 2)))

@@ -388,5 +388,18 @@ def test_lrn(size, rng):
     np.testing.assert_allclose(r.numpy(), ex.run().numpy(), rtol=1e-5, atol=1e-6)
     with pytest.raises(ParamInvalidError):
         run_op("LRN", [x], {"size": 0})
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_lrn_nan_inf_stay_in_their_window(bad, rng):
+    """A NaN or Inf in channel 1 reaches only the channels whose window holds channel 1 (found by
+    tests/fuzz: a prefix sum over channels carried it into every later channel)."""
+    x = rng.standard_normal((2, 9, 3, 2)).astype(np.float32)
+    x[0, 1, 2, 1] = bad
+    attrs = {"size": 3, "alpha": 1e-2, "beta": 0.75, "bias": 1.5}
+    (y,) = run_op("LRN", [x], attrs)
+    want = lrn_oracle(x, 3, 1e-2, 0.75, 1.5)
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-6)  # NaN where the oracle has NaN
+    assert np.isfinite(y.numpy()[:, 3:]).all() and np.isfinite(y.numpy()[1]).all()
     with pytest.raises(opsnn.errors.ParamNullptrError):
         run_op("LRN", [x], {})

@@ -371,6 +371,20 @@ def test_cumsum_matches_oracle(shape, axis, exclusive, reverse, dtype, rng):
     np.testing.assert_allclose(r.numpy(), _cumsum_oracle(x, axis, exclusive, reverse), rtol=1e-6)
 
 
+@pytest.mark.parametrize("op", ["CumSum", "ReduceSum", "ReduceMax", "ReduceProd"])
+def test_bfloat16_references_accumulate_in_float64(op, rng):
+    """The references read bfloat16 as floats (its numpy kind is "V": they truncated it to int64; found
+    by tests/fuzz); the kernel (fp32 adapter) and the reference agree with a float64 oracle."""
+    x = (rng.standard_normal((4, 3)) * 2).astype(ml_dtypes.bfloat16)
+    axis = np.array([0], np.int64)
+    w = x.astype(np.float64)
+    want = {"CumSum": np.cumsum(w, 0), "ReduceSum": w.sum(0, keepdims=True), "ReduceMax": w.max(0, keepdims=True),
+            "ReduceProd": w.prod(0, keepdims=True)}[op]
+    for algo in (None, "reference"):
+        got = run_op(op, [x, axis], algo=algo)[0].numpy().astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
 def test_cumsum_edge_cases(rng):
     x = np.array([1.0, np.inf, 2.0], np.float32)
     np.testing.assert_array_equal(opsnn.ops.cumsum(x, 0, exclusive=True).numpy(), [0.0, 1.0, np.inf])

@@ -16,7 +16,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 import opsnn
-from opsnn.errors import DTypeError, InferShapeError, KernelError, ParamInvalidError
+from opsnn.errors import DTypeError, InferShapeError, ParamInvalidError
 from opsnn.kernels.cpu import shape as K
 
 ops = opsnn.ops
@@ -519,6 +519,13 @@ def test_one_hot(rng):
     same(ops.one_hot(np.array([0, 2])), np.eye(3, dtype=np.int64)[[0, 2]])
 
 
+@pytest.mark.parametrize("depth", [np.inf, -np.inf, np.nan])
+def test_onehot_non_finite_depth_is_refused(depth):
+    """found by tests/fuzz: an infinite depth escaped as Python's OverflowError"""
+    with pytest.raises(ParamInvalidError, match="depth"):
+        ops.run_op("OneHot", [np.array([0, 1], np.int64), np.array(depth, np.float32), np.array([0, 1], np.float32)])
+
+
 # ---------------------------------------------------------------------------------------------
 # GatherElements / GatherND / ScatterElements / ScatterND / Scatter
 # ---------------------------------------------------------------------------------------------
@@ -541,6 +548,24 @@ def test_gather_scatter_elements(rng, dtype):
          onnx_ref("ScatterElements", [x, idx, upd], {"axis": 2})[0])
     same(ops.run_op("Scatter", [x, idx, upd], {"axis": -1})[0],
          onnx_ref("ScatterElements", [x, idx, upd], {"axis": 2})[0])
+
+
+def test_split_with_a_0d_split_input_is_refused_typed():
+    """found by tests/fuzz: a 0-d 'split' made the output count raise Python's TypeError (len() of unsized)"""
+    with pytest.raises(ParamInvalidError, match="split"):
+        ops.run_op("Split", [np.zeros((5, 5, 1), np.int64), np.array(0, np.int64)], {"axis": 2})
+
+
+def test_scatter_elements_indices_longer_than_data_off_axis(rng):
+    """Off the scattered (gathered) axis indices address data by position: longer than data there is
+    refused at prepare (found by tests/fuzz: a KernelError wrapping numpy's IndexError at run)."""
+    x, idx = rand(rng, (3, 3, 2)), np.zeros((2, 3, 5), np.int64)
+    with pytest.raises(InferShapeError, match="axis 2"):
+        ops.scatter_elements(x, idx, rand(rng, (2, 3, 5)), axis=0)
+    same(ops.scatter_elements(x, idx[:, :, :2], np.ones((2, 3, 2), np.float32), axis=0)[0, 0], np.ones(2, np.float32))
+    with pytest.raises(InferShapeError, match="axis 2"):
+        ops.gather_elements(x, idx, 0)
+    same(ops.gather_elements(x, idx[:, :, :2], 0), np.take_along_axis(x, idx[:, :, :2], 0))
 
 
 @pytest.mark.parametrize("reduction", ["add", "mul", "max", "min"])
@@ -747,6 +772,21 @@ def test_resize_vs_onnx_reference(rng, attrs, scales, sizes):
         np.testing.assert_allclose(ops.run_op("Resize", [x, roi, sc, sz], neg)[0].numpy(), want, rtol=1e-5, atol=1e-5)
     h = ops.run_op("Resize", [x.astype(np.float16), roi, sc, sz], attrs)[0].numpy()
     np.testing.assert_allclose(h.astype(np.float32), want, rtol=1e-2, atol=1e-2)
+
+
+def test_resize_nearest_copies_nan_and_inf(rng):
+    """Nearest copies one input per output: Inf stays Inf in the kernel and in the reference (found by
+    tests/fuzz: the reference summed its zero-weight taps, 0 * Inf = NaN; onnx.reference does too, so the
+    oracle is onnx.reference's choice of input on the positions 0..11, gathered from x)."""
+    x = rand(rng, (1, 1, 3, 4))
+    x[0, 0, 0, 0], x[0, 0, 1, 2], x[0, 0, 2, 3] = np.inf, -np.inf, np.nan
+    sc = np.array([1, 1, 2, 1.5], np.float32)
+    pos = np.arange(12, dtype=np.float32).reshape(x.shape)
+    want = x.reshape(-1)[onnx_ref("Resize", [pos, None, sc], {"mode": "nearest"})[0].astype(np.int64)]
+    for algo in ("resize_nearest", "reference"):
+        got = ops.run_op("Resize", [x, None, sc], {"mode": "nearest"}, algo=algo)[0].numpy()
+        np.testing.assert_array_equal(got, want)
+    assert np.isposinf(want).any() and np.isneginf(want).any() and np.isnan(want).any()
 
 
 def test_resize_dtypes_parallel(rng, parallel):

@@ -415,6 +415,11 @@ def test_bitcast_same_width_pairs(rng, no_leak):
     want = onnx_ref("BitCast", [x], opset=26, to=6)
     np.testing.assert_array_equal(V.bitcast(opsnn.tensor(x), "int32").numpy(), want)
     assert V.bitcast(opsnn.tensor(np.zeros((0, 2), np.float32)), "uint32").numpy().shape == (0, 2)
+    # a 0-d input stays 0-d in the kernel and in the reference (found by tests/fuzz: the reference made it 1-d)
+    s = np.array(-0.75, np.float32)
+    for algo in ("bitcast_view", "reference"):
+        got = opsnn.ops.run_op("BitCast", [s], {"to": 6}, algo=algo)[0].numpy()
+        assert got.shape == () and got == s.view(np.int32)
 
 
 def test_bitcast_bool_subbyte_and_errors(no_leak):

@@ -18,8 +18,20 @@ import pytest
 import opsnn
 from opsnn import ops
 from opsnn.errors import ParamInvalidError
-from opsnn.pipeline import (ImageFolder, Pipeline, Stage, StageError, SyntheticVideo, VideoFile, cli_video_bench,
-                            synth_frame, video_bench, video_pipeline, write_image_folder, write_video)
+from opsnn.pipeline import (
+    ImageFolder,
+    Pipeline,
+    Stage,
+    StageError,
+    SyntheticVideo,
+    VideoFile,
+    cli_video_bench,
+    synth_frame,
+    video_bench,
+    video_pipeline,
+    write_image_folder,
+    write_video,
+)
 from opsnn.pipeline.sources import have_png_support, have_video_support
 from opsnn.pipeline.video import MEAN, STD, build_model, format_report
 

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 import opsnn
-from opsnn.errors import (DTypeError, InferShapeError, KernelNotFoundError, ParamInvalidError,
-                          ParamNullptrError)
+from opsnn.errors import DTypeError, InferShapeError, KernelNotFoundError, ParamInvalidError, ParamNullptrError
 from opsnn.ops import Attr, Input, TensorMeta
 
 

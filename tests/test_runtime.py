@@ -1,7 +1,7 @@
 """Runtime: init/finalize, devices, streams (async, overlap, ordering, errors), events, pool."""
 import gc
-import sys
 import os
+import sys
 import threading
 import time
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import opsnn
-from opsnn.errors import (KernelError, NotInitializedError, OutOfMemoryError, ParamInvalidError)
+from opsnn.errors import KernelError, NotInitializedError, OutOfMemoryError, ParamInvalidError
 from opsnn.ops import Input, TensorMeta
 
 
@@ -469,8 +469,8 @@ def test_thread_policy_fixed_and_bad_settings():
 
 
 def test_kernels_under_load_use_fewer_threads_and_plans_are_not_affected(monkeypatch):
-    from opsnn.runtime.blas import get_blas_threads
     from opsnn.runtime import threads as T
+    from opsnn.runtime.blas import get_blas_threads
 
     s = opsnn.current_stream()
     # the quiet state first: under the real policy on a loaded machine, an earlier launch may

@@ -311,6 +311,8 @@ def _video_bench(argv) -> int:
 PASS_THROUGH = {
     "conformance": (cmd_conformance, "run ONNX's node test cases (see 'opsnn conformance --help')"),
     "bench": (_bench, "models side by side with onnxruntime and torch eager (see 'opsnn bench --help')"),
+    "fuzz": (lambda argv: __import__("opsnn.tools.fuzz", fromlist=["main"]).main(argv),
+             "fuzz models, ops, out= views, NaN/Inf and resources for N minutes (see 'opsnn fuzz --help')"),
     "explain": (_explain, "which kernel each node of a model runs, and why (see 'opsnn explain --help')"),
     "generate": (_generate, "generate tokens with the LLaMA-style decoder and a KV cache"),
     "serve-bench": (_serve_bench, "replay a mixed LLM workload: dynamic batching vs one request at a time"),

@@ -132,7 +132,7 @@ class Tensor:
         return (self._array.ctypes.data - root.ctypes.data) // self._array.dtype.itemsize
 
     @property
-    def numel(self) -> "_Count":
+    def numel(self) -> _Count:
         """The element count; an int that can also be called, as torch's ``t.numel()``."""
         return _Count(self._array.size)
 
@@ -212,10 +212,10 @@ class Tensor:
         return f"{_array_text(self.numpy(), 'tensor(')}{shape}, dtype={_dt.name(self.dtype)}{fmt})"
 
     # -- views (zero-copy) ---------------------------------------------------------
-    def _view(self, array: np.ndarray, keep_format: bool = False) -> "Tensor":
+    def _view(self, array: np.ndarray, keep_format: bool = False) -> Tensor:
         return Tensor(array, self.format if keep_format else "ND", self._producer)
 
-    def view(self, *shape) -> "Tensor":
+    def view(self, *shape) -> Tensor:
         """Same data, new shape; raises if the layout makes that impossible without a copy."""
         shape = _shape_arg(shape)
         if _tracing():
@@ -232,7 +232,7 @@ class Tensor:
             ) from None
         return self._view(arr)
 
-    def reshape(self, *shape) -> "Tensor":
+    def reshape(self, *shape) -> Tensor:
         """A view when the layout allows, else a contiguous copy (like torch.reshape)."""
         shape = _resolve_shape(_shape_arg(shape), self.numel, "reshape")
         if _tracing():
@@ -246,7 +246,7 @@ class Tensor:
         except AttributeError:
             return self.contiguous().view(*shape)
 
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         """Merge dims ``start_dim..end_dim`` into one (a view when the layout allows, as torch)."""
         if self.ndim == 0:
             return self.reshape(1)
@@ -257,7 +257,7 @@ class Tensor:
         s = self.shape
         return self.reshape(*s[:a], math.prod(s[a:b + 1]), *s[b + 1:])
 
-    def transpose(self, dim0: int, dim1: int) -> "Tensor":
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
         axes = list(range(self.ndim))
         d0, d1 = _norm_dim(dim0, self.ndim, "transpose"), _norm_dim(dim1, self.ndim, "transpose")
         axes[d0], axes[d1] = axes[d1], axes[d0]
@@ -267,7 +267,7 @@ class Tensor:
             return permute(self, *axes)
         return self._view(self._array.transpose(axes))
 
-    def permute(self, *dims) -> "Tensor":
+    def permute(self, *dims) -> Tensor:
         dims = tuple(_norm_dim(d, self.ndim, "permute") for d in _shape_arg(dims))
         if sorted(dims) != list(range(self.ndim)):
             raise ParamInvalidError(f"permute: dims must be a permutation of 0..{self.ndim - 1}, got {dims}")
@@ -278,12 +278,12 @@ class Tensor:
         return self._view(self._array.transpose(dims))
 
     @property
-    def T(self) -> "Tensor":
+    def T(self) -> Tensor:
         if _tracing():
             return self.permute(*reversed(range(self.ndim)))
         return self._view(self._array.T)
 
-    def expand(self, *shape) -> "Tensor":
+    def expand(self, *shape) -> Tensor:
         """Broadcast to ``shape`` with zero strides (-1 keeps a dim)."""
         shape = _shape_arg(shape)
         lead = len(shape) - self.ndim
@@ -300,7 +300,7 @@ class Tensor:
             return expand(self, *full)
         return self._view(arr)
 
-    def squeeze(self, dim: int | None = None) -> "Tensor":
+    def squeeze(self, dim: int | None = None) -> Tensor:
         if _tracing():
             from .ops import squeeze
 
@@ -312,7 +312,7 @@ class Tensor:
             return self
         return self._view(self._array.squeeze(d))
 
-    def unsqueeze(self, dim: int) -> "Tensor":
+    def unsqueeze(self, dim: int) -> Tensor:
         d = _norm_dim(dim, self.ndim + 1, "unsqueeze")
         if _tracing():
             from .ops import unsqueeze
@@ -320,7 +320,7 @@ class Tensor:
             return unsqueeze(self, d)
         return self._view(np.expand_dims(self._array, d))
 
-    def __getitem__(self, index) -> "Tensor":
+    def __getitem__(self, index) -> Tensor:
         if _tracing():
             raise ParamInvalidError("indexing a tensor inside a traced function is not recorded in the graph; "
                                     "use opsnn.ops.slice, opsnn.ops.gather or opsnn.ops.squeeze instead")
@@ -344,13 +344,13 @@ class Tensor:
             self._producer = None  # overwritten whole: a failed producer's mark no longer applies
 
     # -- copies --------------------------------------------------------------------
-    def contiguous(self) -> "Tensor":
+    def contiguous(self) -> Tensor:
         """Self if already C-contiguous, else a contiguous copy in pool memory."""
         if self._array.flags.c_contiguous:
             return self
         return self.clone()
 
-    def clone(self) -> "Tensor":
+    def clone(self) -> Tensor:
         from .runtime.stream import current_stream
 
         if _tracing():
@@ -373,14 +373,14 @@ class Tensor:
         out._producer = (stream, stream.launch(lambda: np.copyto(dst, src), name="Copy", mark=mark, deps=deps), mark)
         return out
 
-    def copy_(self, src) -> "Tensor":
+    def copy_(self, src) -> Tensor:
         """Copy ``src`` (Tensor or array-like, broadcastable) into this tensor in place."""
         self._wait(check=False)
         np.copyto(self._array, src.numpy() if isinstance(src, Tensor) else np.asarray(src), casting="unsafe")
         self._producer = None  # written whole: clears a failed producer's mark
         return self
 
-    def to(self, dtype) -> "Tensor":
+    def to(self, dtype) -> Tensor:
         """A copy in ``dtype`` (self when it already is); a device (``"cpu"``) leaves the tensor as is."""
         from .runtime.device import Device
 
@@ -392,7 +392,7 @@ class Tensor:
 
     astype = to
 
-    def pin_memory(self) -> "Tensor":
+    def pin_memory(self) -> Tensor:
         """Page-lock this tensor's memory where the OS allows (``is_pinned`` says if it worked)."""
         if not self._pinned:
             self._pinned = _mlock(self._array)

@@ -8,8 +8,17 @@
 array([0., 3.], dtype=float32)
 """
 from .interpreter import BUILTINS, Interpreter, builtin, is_supported, run, supported_ops
-from .ir import (DanglingValueError, DuplicateValueError, Graph, GraphCycleError, GraphError, Node, Value,
-                 free_names, toposort)
+from .ir import (
+                 DanglingValueError,
+                 DuplicateValueError,
+                 Graph,
+                 GraphCycleError,
+                 GraphError,
+                 Node,
+                 Value,
+                 free_names,
+                 toposort,
+)
 
 __all__ = ["BUILTINS", "DanglingValueError", "DuplicateValueError", "Graph", "GraphCycleError", "GraphError",
            "Interpreter", "Node", "Value", "builtin", "free_names", "is_supported", "run", "supported_ops",

@@ -101,7 +101,7 @@ class CompiledGraph:
         self.pass_report = pass_report
         self.max_plans = max_plans
         self.memory_optimization = memory_optimization
-        self._plans: "OrderedDict[tuple, Plan]" = OrderedDict()
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
         self._lock = threading.Lock()
         self.plans_built = 0
         self.mode = "compiled"
@@ -177,7 +177,7 @@ class CompiledGraph:
                          + (" [REFERENCE FALLBACK]" if ex.kernel.fallback else ""))
         return "\n".join(lines)
 
-    def replica(self) -> "CompiledGraph":
+    def replica(self) -> CompiledGraph:
         """Another compiled graph over the same optimized graph and weight arrays (no passes run
         again), with plans and activation buffers of its own: for running the model on several
         threads at once (one replica per thread; a plan's buffers serve one run at a time)."""

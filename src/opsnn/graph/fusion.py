@@ -36,7 +36,7 @@ def _scalar(match: Match, name: str) -> float | None:
 
 
 #: graph -> {value: concrete probe shape} (set by the rule passes, see shape_inference.probe_types)
-PROBE_SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+PROBE_SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _shape(match: Match, value: str):

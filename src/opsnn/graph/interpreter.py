@@ -16,7 +16,8 @@ graphs enclosing them::
 from __future__ import annotations
 
 from collections import ChainMap
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

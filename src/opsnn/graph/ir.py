@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,7 @@ class Value:
     dtype: Any = None
     shape: tuple | None = None
     kind: str = "tensor"
-    elem: "Value | None" = None
+    elem: Value | None = None
 
     def __post_init__(self):
         if self.dtype is not None and not isinstance(self.dtype, np.dtype):
@@ -109,7 +110,7 @@ class Node:
     def qualified_type(self) -> str:
         return f"{self.domain}::{self.op_type}" if self.domain else self.op_type
 
-    def subgraphs(self) -> Iterator[tuple[str, "Graph"]]:
+    def subgraphs(self) -> Iterator[tuple[str, Graph]]:
         """``(attribute name, graph)`` for every graph-valued attribute."""
         for key, val in self.attrs.items():
             if isinstance(val, Graph):
@@ -190,7 +191,7 @@ class Graph:
             return Value(name, a.dtype, a.shape)
         return Value(name)
 
-    def walk(self) -> Iterator[tuple["Graph", Node]]:
+    def walk(self) -> Iterator[tuple[Graph, Node]]:
         """Every ``(graph, node)`` pair, subgraphs included (depth first)."""
         for n in self.nodes:
             yield self, n
@@ -316,7 +317,7 @@ class Graph:
                          f"{producers[name].name!r} writes it; the nodes are not in topological order "
                          "(call graph.sort())")
 
-    def sort(self) -> "Graph":
+    def sort(self) -> Graph:
         """Reorder ``nodes`` topologically (stable); raises :class:`GraphCycleError`."""
         self.nodes = toposort(self.nodes, set(self.initializers) | set(self.input_names), graph_name=self.name)
         return self

@@ -18,8 +18,8 @@ rejected with its name and the graph is left as it was::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..errors import ParamInvalidError
 from .ir import Graph, GraphError, Node, free_names
@@ -141,10 +141,10 @@ class OpPattern(Pattern):
         self.check = check
         self.name = name
 
-    def __call__(self, *inputs: Pattern) -> "OpPattern":
+    def __call__(self, *inputs: Pattern) -> OpPattern:
         return OpPattern(self.op_types, list(inputs), self.attrs, self.check, self.name)
 
-    def named(self, name: str) -> "OpPattern":
+    def named(self, name: str) -> OpPattern:
         return OpPattern(self.op_types, self.inputs, self.attrs, self.check, name)
 
     def match(self, value: str, m: Matcher) -> bool:

@@ -14,8 +14,6 @@ from ..ops.registry import InferContext, TensorMeta, get_op, has_op
 from .ir import Graph, Value
 from .symbolic import Sym, SymbolicError, as_dim, bind
 
-
-
 _PRIMES = (1009, 1237, 1447, 1693, 1931, 2179, 2417, 2693, 2903, 3181, 3413, 3673, 3911, 4153, 4409, 4657, 4933)
 
 

@@ -43,7 +43,7 @@ class Sym:
 
     # -- construction helpers ---------------------------------------------------------------
     @staticmethod
-    def _lift(x) -> "Sym":
+    def _lift(x) -> Sym:
         if isinstance(x, Sym):
             return x
         if isinstance(x, bool) or not isinstance(x, int):
@@ -66,7 +66,7 @@ class Sym:
             return self.terms[()]
         return None
 
-    def _merge_atoms(self, other: "Sym") -> dict:
+    def _merge_atoms(self, other: Sym) -> dict:
         return {**self._atoms, **other._atoms}
 
     # -- arithmetic ---------------------------------------------------------------------------
@@ -102,7 +102,7 @@ class Sym:
 
     __rmul__ = __mul__
 
-    def _opaque(self, kind: str, other) -> "Sym":
+    def _opaque(self, kind: str, other) -> Sym:
         name = f"{kind}({self}, {other})" if kind in ("max", "min") else \
             (f"floor(({self})/{other})" if kind == "floor" else f"(({self}) mod {other})")
         return Sym({((name, 1),): 1}, {**self._atoms, name: (kind, self, other)})

@@ -61,7 +61,7 @@ class KVCache:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_model(cls, model, max_batch_slots: int, max_seq: int) -> "KVCache":
+    def for_model(cls, model, max_batch_slots: int, max_seq: int) -> KVCache:
         cfg = model.config
         return cls(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, max_batch_slots, max_seq)
 

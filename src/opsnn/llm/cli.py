@@ -11,7 +11,6 @@ import json
 import sys
 import time
 
-
 from ..errors import OpsnnError
 
 

@@ -47,7 +47,6 @@ from . import fused as _fused
 from .attention import decode_attention, rope_store
 from .cache import KVCache
 
-
 _F32 = np.dtype(np.float32)
 
 
@@ -97,7 +96,7 @@ class CachedDecoder:
         self._bf16 = _mkl.bf16_unavailable() is None  # bf16 weights: MKL's bf16 GEMM (else widened per call)
         # decode steps (one token per row, any slots) replay executors prepared once per row
         # count bucket: see _DecodeStep
-        self._steps: "OrderedDict[int, _DecodeStep]" = OrderedDict()
+        self._steps: OrderedDict[int, _DecodeStep] = OrderedDict()
         #: prepared steps run each layer as opsnn.llm.fused's four regions (float32 weights, MKL);
         #: False: op by op (the kernels the eager path runs)
         self.fused_steps = True
@@ -343,7 +342,7 @@ class CachedDecoder:
         """Drop the prepared decode steps (their activation buffers go back to the pool)."""
         self._steps.clear()
 
-    def _decode_step(self, B: int) -> "_DecodeStep":
+    def _decode_step(self, B: int) -> _DecodeStep:
         """The prepared decode step for ``B`` rows: the one of the row-count bucket
         (:func:`decode_bucket`) that holds them, built on first use, at most ``MAX_DECODE_STEPS``
         kept (least recently used dropped)."""
@@ -387,7 +386,7 @@ class _DecodeStep:
     positions, slots and filled lengths are written into the bound buffers; the new K/V go
     into the cache between the projections and attention, as in the eager path."""
 
-    def __init__(self, dec: "CachedDecoder", R: int):
+    def __init__(self, dec: CachedDecoder, R: int):
         from .. import aclnn
 
         cfg = dec.config

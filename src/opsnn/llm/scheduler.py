@@ -95,7 +95,7 @@ class Request:
     ``"length"``, ``"stop"``, ``"cancelled"`` or ``"error"`` (then ``error`` holds the
     exception)."""
 
-    def __init__(self, scheduler: "Scheduler", rid: int, prompt: np.ndarray, max_new_tokens: int,
+    def __init__(self, scheduler: Scheduler, rid: int, prompt: np.ndarray, max_new_tokens: int,
                  sampling: SamplingParams, stop_tokens: frozenset, on_token):
         self.id = rid
         self.prompt = prompt
@@ -420,7 +420,7 @@ class Scheduler:
             self._waiting.clear()
 
     # -- background serving ---------------------------------------------------------------------------------
-    def start(self) -> "Scheduler":
+    def start(self) -> Scheduler:
         """Serve from a background thread until :meth:`close`."""
         with self._cv:
             if self._closed:
@@ -467,7 +467,7 @@ class Scheduler:
         if not self.serving:
             self.cache.close()  # give the KV buffers back now, even while request handles live on
 
-    def __enter__(self) -> "Scheduler":
+    def __enter__(self) -> Scheduler:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -13,12 +13,39 @@ weight files (safetensors / npz / ONNX initializers) and tracing to graphs.
 """
 from . import functional, init, utils
 from .attention import MultiheadAttention
-from .layers import (GELU, AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, GroupNorm, Identity,
-                     LayerNorm, Linear, MaxPool2d, OutOfVocabularyError, ReLU, RMSNorm, Sigmoid, SiLU, Softmax, Tanh,
-                     conv_kernels)
+from .layers import (
+                     GELU,
+                     AdaptiveAvgPool2d,
+                     BatchNorm2d,
+                     Conv2d,
+                     Dropout,
+                     Embedding,
+                     Flatten,
+                     GroupNorm,
+                     Identity,
+                     LayerNorm,
+                     Linear,
+                     MaxPool2d,
+                     OutOfVocabularyError,
+                     ReLU,
+                     RMSNorm,
+                     Sigmoid,
+                     SiLU,
+                     Softmax,
+                     Tanh,
+                     conv_kernels,
+)
 from .loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss
-from .module import (IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential, StateDictError,
-                     new_parameter)
+from .module import (
+                     IncompatibleKeys,
+                     Module,
+                     ModuleDict,
+                     ModuleList,
+                     Parameter,
+                     Sequential,
+                     StateDictError,
+                     new_parameter,
+)
 from .rnn import GRU, LSTM
 from .weights import WeightFileError, onnx_initializers, read_weights, write_weights
 

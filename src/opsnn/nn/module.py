@@ -16,7 +16,8 @@ from __future__ import annotations
 import functools
 import inspect
 from collections import OrderedDict
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -69,7 +70,7 @@ class Parameter(Tensor):
             self.requires_grad_(True)
 
     @classmethod
-    def wrap(cls, t: Tensor, requires_grad: bool = True) -> "Parameter":
+    def wrap(cls, t: Tensor, requires_grad: bool = True) -> Parameter:
         """A Parameter over ``t``'s memory (no copy)."""
         p = cls.__new__(cls)
         Tensor.__init__(p, t.numpy())
@@ -204,7 +205,7 @@ class Module:
         if optional:
             self._optional_buffers.add(name)
 
-    def register_module(self, name: str, module: "Module | None") -> None:
+    def register_module(self, name: str, module: Module | None) -> None:
         self._check_name(name)
         if module is not None and not isinstance(module, Module):
             raise ParamInvalidError(f"register_module: {name!r} must be a Module, got {type(module).__name__}")
@@ -220,16 +221,16 @@ class Module:
         self._registry("_parameters")
 
     # -- traversal ----------------------------------------------------------------------------
-    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+    def named_children(self) -> Iterator[tuple[str, Module]]:
         for n, m in self._modules.items():
             if m is not None:
                 yield n, m
 
-    def children(self) -> Iterator["Module"]:
+    def children(self) -> Iterator[Module]:
         for _, m in self.named_children():
             yield m
 
-    def named_modules(self, prefix: str = "", remove_duplicate: bool = True) -> Iterator[tuple[str, "Module"]]:
+    def named_modules(self, prefix: str = "", remove_duplicate: bool = True) -> Iterator[tuple[str, Module]]:
         """Depth-first ``(dotted path, module)`` pairs, self first (a shared module once unless
         ``remove_duplicate=False``)."""
         seen = set()
@@ -243,7 +244,7 @@ class Module:
             yield name, mod
             stack[0:0] = [(f"{name}.{n}" if name else n, m) for n, m in mod.named_children()]
 
-    def modules(self) -> Iterator["Module"]:
+    def modules(self) -> Iterator[Module]:
         for _, m in self.named_modules():
             yield m
 
@@ -281,7 +282,7 @@ class Module:
         return sum(p.numel for p in self.parameters())
 
     # -- state -------------------------------------------------------------------------------------
-    def state_dict(self, prefix: str = "") -> "OrderedDict[str, Tensor]":
+    def state_dict(self, prefix: str = "") -> OrderedDict[str, Tensor]:
         """Every parameter and persistent buffer by dotted name (the live tensors, not copies)."""
         out = OrderedDict()
         for mname, mod in self.named_modules(prefix, remove_duplicate=False):
@@ -377,12 +378,12 @@ class Module:
         return write_weights(self.state_dict(), path)
 
     # -- modes and dtype -------------------------------------------------------------------------
-    def train(self, mode: bool = True) -> "Module":
+    def train(self, mode: bool = True) -> Module:
         for m in self.modules():
             m.__dict__["training"] = bool(mode)
         return self
 
-    def eval(self) -> "Module":
+    def eval(self) -> Module:
         return self.train(False)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -394,13 +395,13 @@ class Module:
                 p.grad = empty(p.shape, p.dtype)
                 p.grad.numpy().fill(0)
 
-    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
         """Freeze (``False``) or unfreeze every parameter; returns self."""
         for p in self.parameters():
             p.requires_grad_(requires_grad)
         return self
 
-    def to(self, dtype) -> "Module":
+    def to(self, dtype) -> Module:
         """Cast floating parameters and buffers to ``dtype`` in place (returns self)."""
         dt = _dt.get(dtype)
         if not _dt.is_float(dt):
@@ -416,7 +417,7 @@ class Module:
         self._weights_loaded()
         return self
 
-    def apply(self, fn) -> "Module":
+    def apply(self, fn) -> Module:
         for m in list(self.modules())[::-1]:
             fn(m)
         return self
@@ -536,7 +537,7 @@ class Sequential(Module):
     def __iter__(self):
         return iter(self._modules.values())
 
-    def append(self, module: Module) -> "Sequential":
+    def append(self, module: Module) -> Sequential:
         self.register_module(str(len(self._modules)), module)
         return self
 
@@ -554,7 +555,7 @@ class ModuleList(Module):
         for m in modules:
             self.append(m)
 
-    def append(self, module: Module) -> "ModuleList":
+    def append(self, module: Module) -> ModuleList:
         self.register_module(str(len(self._modules)), module)
         return self
 

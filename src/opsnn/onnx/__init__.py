@@ -7,14 +7,26 @@
 >>> rep = opsnn.onnx.backend.prepare(onnx.load("model.onnx"))    # doctest: +SKIP
 >>> outputs = rep.run([x])                                       # doctest: +SKIP
 """
-from . import errors, opset
-from .errors import (ExpansionLimitError, ExternalDataError, ModelFormatError, OnnxImportError, TensorTooLargeError, UnsupportedOpError,
-                     UnsupportedOpsetError)
+from . import backend, errors, opset, ort_compat
+from .errors import (
+                     ExpansionLimitError,
+                     ExternalDataError,
+                     ModelFormatError,
+                     OnnxImportError,
+                     TensorTooLargeError,
+                     UnsupportedOpError,
+                     UnsupportedOpsetError,
+)
 from .importer import load, read_model
-from . import backend
-from .session import (GraphOptimizationLevel, InferenceSession, IOBinding, OrtValue, RunOptions, SessionOptions,
-                      get_available_providers)
-from . import ort_compat
+from .session import (
+                     GraphOptimizationLevel,
+                     InferenceSession,
+                     IOBinding,
+                     OrtValue,
+                     RunOptions,
+                     SessionOptions,
+                     get_available_providers,
+)
 
 __all__ = ["GraphOptimizationLevel", "InferenceSession", "IOBinding", "OrtValue", "RunOptions", "SessionOptions",
            "get_available_providers", "ort_compat", "ExpansionLimitError", "ExternalDataError", "ModelFormatError", "OnnxImportError", "TensorTooLargeError", "UnsupportedOpError",

@@ -1,8 +1,14 @@
 """Typed errors of the ONNX frontend; each names the model part at fault and the fix."""
 from __future__ import annotations
 
-from ..errors import (KERNEL_NOT_FOUND, PARAM_INVALID, KernelNotFoundError, OpsnnError, OutOfMemoryError,
-                      ParamInvalidError)
+from ..errors import (
+    KERNEL_NOT_FOUND,
+    PARAM_INVALID,
+    KernelNotFoundError,
+    OpsnnError,
+    OutOfMemoryError,
+    ParamInvalidError,
+)
 
 
 class OnnxImportError(OpsnnError):

@@ -28,8 +28,14 @@ from ..graph.ir import Graph, Node, Value, toposort
 from ..runtime.context import context
 from ..runtime.memory import physical_memory
 from . import opset as _opset
-from .errors import (ExpansionLimitError, ExternalDataError, ModelFormatError, TensorTooLargeError, UnsupportedOpError,
-                     UnsupportedOpsetError)
+from .errors import (
+    ExpansionLimitError,
+    ExternalDataError,
+    ModelFormatError,
+    TensorTooLargeError,
+    UnsupportedOpError,
+    UnsupportedOpsetError,
+)
 
 _MAX_INLINE_DEPTH = 32
 #: default budget of nodes that function expansion may add to one model (onnx.load's max_function_nodes)
@@ -235,7 +241,7 @@ class _Importer:
         return _value_from_type(vi.name, vi.type)
 
     # -- attributes -----------------------------------------------------------------------------------
-    def attr(self, a: AttributeProto, scope: "_Scope", opsets: dict, where: str):
+    def attr(self, a: AttributeProto, scope: _Scope, opsets: dict, where: str):
         T = AttributeProto
         kind = a.type
         if kind == T.UNDEFINED:  # very old models leave the type unset
@@ -283,7 +289,7 @@ class _Importer:
         raise ModelFormatError(f"onnx.load: {what} has unknown attribute type {a.type}")
 
     # -- graphs ---------------------------------------------------------------------------------------
-    def graph(self, gp: onnx.GraphProto, outer: "_Scope | None", opsets: dict) -> Graph:
+    def graph(self, gp: onnx.GraphProto, outer: _Scope | None, opsets: dict) -> Graph:
         inits: dict[str, np.ndarray] = {}
         for t in gp.initializer:
             inits[t.name] = self.tensor(t, f"initializer {t.name!r}")
@@ -310,7 +316,7 @@ class _Importer:
         g.nodes = toposort(g.nodes, set(g.initializers) | set(g.input_names), graph_name=g.name)
         return g
 
-    def _nodes(self, protos: list, g: Graph, scope: "_Scope", opsets: dict, depth: int) -> None:
+    def _nodes(self, protos: list, g: Graph, scope: _Scope, opsets: dict, depth: int) -> None:
         for np_ in protos:
             _check_text(np_)
             dom = "" if np_.domain in ("", "ai.onnx") else np_.domain
@@ -361,7 +367,7 @@ class _Importer:
         g.nodes = keep
 
     # -- functions --------------------------------------------------------------------------------------
-    def _schema_function(self, node: Node, np_, ver: int, scope: "_Scope"):
+    def _schema_function(self, node: Node, np_, ver: int, scope: _Scope):
         """The ONNX function body of ``node``'s op at opset ``ver`` (None when it has none)."""
         try:
             schema = onnx.defs.get_schema(node.op_type, ver, node.domain)
@@ -396,7 +402,7 @@ class _Importer:
                                       if k not in {x.name for x in fp.attribute_proto})
         return fp  # _inline applies the body's own opset imports over the calling graph's
 
-    def _type_of(self, name: str, scope: "_Scope"):
+    def _type_of(self, name: str, scope: _Scope):
         if not name:
             return ...
         v = scope.lookup(name)
@@ -419,7 +425,7 @@ class _Importer:
                 pass
         return self._inferred
 
-    def _inline(self, np_, fp, g: Graph, scope: "_Scope", opsets: dict, depth: int, where: str) -> None:
+    def _inline(self, np_, fp, g: Graph, scope: _Scope, opsets: dict, depth: int, where: str) -> None:
         if depth >= _MAX_INLINE_DEPTH:
             raise UnsupportedOpError(f"onnx.load: {where}: function expansion nested deeper than "
                                      f"{_MAX_INLINE_DEPTH} levels (recursive function?)", op=np_.op_type)
@@ -538,7 +544,7 @@ def _check_node(np_, dom: str, ver: int, where: str) -> None:
 class _Scope:
     """Value types visible while importing one graph (and those of enclosing graphs)."""
 
-    def __init__(self, g: Graph, outer: "_Scope | None"):
+    def __init__(self, g: Graph, outer: _Scope | None):
         self.g = g
         self.outer = outer
 

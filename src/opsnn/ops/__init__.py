@@ -10,13 +10,13 @@ from .executor import Executor, cache_info, clear_cache, prepare
 from .registry import (REGISTRY, Attr, InferContext, Input, Kernel, OpRecord, Output, TensorMeta, all_ops,
                        get_op, has_op, kernel_selector, register_kernel, register_op)
 from . import defs
-from .defs import *  # noqa: F401,F403 - the functional entry points
+from .defs import *  # noqa: F403 - the functional entry points
 from . import gradients, tensor_methods
 
-gradients.attach()
-
+gradients.attach()  # each record's gradient rule from ops/gradients.py, once every record exists
 tensor_methods.install()  # Tensor.sum(), t.softmax(dim), t + u, ... from the functional entry points
 
-__all__ = ["FUNCTIONS",  # noqa: PLE0604 - ruff cannot see that defs.__all__ holds strings "OpFunction", "api", "run_op", "Executor", "cache_info", "clear_cache", "prepare",
+# ruff cannot evaluate defs.__all__ (strings) inside this list, hence its noqa
+__all__ = ["FUNCTIONS", "OpFunction", "api", "run_op", "Executor", "cache_info", "clear_cache", "prepare",  # noqa: PLE0604
            "REGISTRY", "Attr", "InferContext", "Input", "Kernel", "OpRecord", "Output", "TensorMeta", "all_ops",
            "get_op", "has_op", "kernel_selector", "register_kernel", "register_op", *defs.__all__]

@@ -13,14 +13,14 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import ARGUMENT_ERRORS, OpsnnError, ParamInvalidError, bad_arguments_message
 from . import executor
 from .registry import OpRecord, get_op
 
 #: snake_case name -> OpFunction (``opsnn.aclnn`` reads this table)
-FUNCTIONS: dict[str, "OpFunction"] = {}
+FUNCTIONS: dict[str, OpFunction] = {}
 
 
 class OpFunction:

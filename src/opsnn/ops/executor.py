@@ -26,7 +26,7 @@ from .registry import InferContext, OpRecord, TensorMeta, select_kernel, selecto
 _MAX_CACHE = 4096
 _tracer = None  # set by graph.tracing while a function is traced
 _autograd = None  # set by opsnn.autograd: records eager calls whose inputs require grad
-_cache: "OrderedDict[tuple, Executor]" = OrderedDict()
+_cache: OrderedDict[tuple, Executor] = OrderedDict()
 
 
 def clear_cache() -> None:
@@ -397,11 +397,20 @@ class OpPlan:
     workspace_size: int
 
 
+def _absent_optional_last(rec: OpRecord, items: list) -> bool:
+    """Whether the last of ``items`` is an absent (None) optional input, to drop; an absent required or
+    variadic one (``Max(x, None)``, a graph's ``Max(x, "")``) stays, for check_inputs to refuse."""
+    n = len(items)
+    if not n or items[-1] is not None or n <= sum(1 for s in rec.inputs if not s.optional):
+        return False
+    return (n > len(rec.inputs) and not rec.inputs[-1].variadic) or rec.input_spec(n - 1).optional
+
+
 def plan_op(rec: OpRecord, metas: list, values: list, attrs: dict | None, *, algo: str | None = None,
             num_outputs: int | None = None, device: str = "cpu") -> OpPlan:
     """Validate inputs (metas and host values) and attributes, infer outputs, select and plan
     the kernel. No memory is touched."""
-    while metas and metas[-1] is None and len(metas) > sum(1 for s in rec.inputs if not s.optional):
+    while _absent_optional_last(rec, metas):
         metas, values = metas[:-1], values[:-1]
     rec.check_inputs(metas)
     bound = rec.bind_attrs(attrs or {})
@@ -449,7 +458,7 @@ def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None,
     t0 = time.perf_counter()
     ctx_rt = context()
     tensors = [None if x is None else as_tensor(x) for x in inputs]
-    while tensors and tensors[-1] is None and len(tensors) > sum(1 for s in rec.inputs if not s.optional):
+    while _absent_optional_last(rec, tensors):
         tensors.pop()
     metas, values = _metas_and_values(rec, tensors)
     op = plan_op(rec, metas, values, attrs, algo=algo, num_outputs=num_outputs, device=ctx_rt.device.type)

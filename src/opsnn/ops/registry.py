@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import difflib
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import dtypes as _dt
+from ..errors import DTypeError, InferShapeError, KernelNotFoundError, ParamInvalidError, ParamNullptrError
 from . import autotune as _autotune
-from ..errors import (DTypeError, InferShapeError, KernelNotFoundError, ParamInvalidError,
-                      ParamNullptrError)
 
 REQUIRED = object()  # default marker: the attribute must be given
 
@@ -89,7 +89,7 @@ class InferContext:
 
     __slots__ = ("op", "inputs", "attrs", "values", "num_outputs", "outputs", "device")
 
-    def __init__(self, op: "OpRecord", inputs: list, attrs: dict, values: list, num_outputs: int,
+    def __init__(self, op: OpRecord, inputs: list, attrs: dict, values: list, num_outputs: int,
                  device: str = "cpu"):
         self.op = op
         self.inputs: list[TensorMeta | None] = inputs

@@ -25,8 +25,9 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ..errors import InnerError, KernelError, OpsnnRuntimeError, ParamInvalidError
 from ..runtime import blas as _blas
@@ -39,7 +40,7 @@ class StageError(OpsnnRuntimeError):
     exception), ``result`` (the :class:`PipelineResult` so far: completed outputs, the frames
     not processed, stage timings) and ``errors`` (every failure, earliest frame first)."""
 
-    def __init__(self, stage: str, frame: int, cause: BaseException, result: "PipelineResult | None" = None):
+    def __init__(self, stage: str, frame: int, cause: BaseException, result: PipelineResult | None = None):
         self.stage, self.frame, self.cause, self.result = stage, frame, cause, result
         self.errors: list = []
         super().__init__(f"pipeline stage {stage!r} failed on frame {frame}: {type(cause).__name__}: {cause}")

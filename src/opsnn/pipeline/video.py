@@ -31,9 +31,16 @@ from .. import ops
 from ..errors import ParamInvalidError
 from ..runtime.stream import current_stream
 from ..tensor import from_numpy
-from .engine import Pipeline, PipelineResult, Stage
-from .sources import (ImageFolder, SyntheticVideo, VideoFile, have_png_support, have_video_support, synth_frame,
-                      write_image_folder, write_video)
+from .engine import Pipeline, Stage
+from .sources import (
+    ImageFolder,
+    SyntheticVideo,
+    VideoFile,
+    have_video_support,
+    synth_frame,
+    write_image_folder,
+    write_video,
+)
 
 #: ImageNet channel statistics (in 0..255 units), the usual classifier normalization
 MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255

@@ -15,7 +15,7 @@ from .device import Device
 from .memory import MemoryPool
 
 _lock = threading.RLock()
-_ctx: "Context | None" = None
+_ctx: Context | None = None
 _finalized = False
 
 
@@ -25,7 +25,7 @@ class Context:
     def __init__(self, device: Device, pool_cap: int | None = None):
         self.device = device
         self.pool = MemoryPool(cap=pool_cap)
-        self._streams: "weakref.WeakSet" = weakref.WeakSet()
+        self._streams: weakref.WeakSet = weakref.WeakSet()
         self.default_stream = None  # set by init() once the context is current
 
     def _register_stream(self, stream) -> None:
@@ -35,7 +35,7 @@ class Context:
         return list(self._streams)
 
     # context-manager form: ``with opsnn.init(): ...`` finalizes on exit
-    def __enter__(self) -> "Context":
+    def __enter__(self) -> Context:
         return self
 
     def __exit__(self, *exc) -> None:

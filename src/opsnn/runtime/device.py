@@ -22,7 +22,7 @@ class Device:
 
     __slots__ = ("type", "index")
 
-    def __init__(self, spec: "str | Device" = "cpu", index: int | None = None):
+    def __init__(self, spec: str | Device = "cpu", index: int | None = None):
         if isinstance(spec, Device):
             spec, index = spec.type, spec.index
         if not isinstance(spec, str):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 _lock = threading.Lock()
 _subscribers: dict[str, tuple[Callable, ...]] = {}
@@ -87,7 +87,7 @@ class region:
         self.name = name
         self.category = category
 
-    def __enter__(self) -> "region":
+    def __enter__(self) -> region:
         self.t0 = time.perf_counter() if "host" in _subscribers else None
         return self
 

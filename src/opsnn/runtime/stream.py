@@ -22,9 +22,9 @@ import weakref
 from collections import deque
 
 from ..errors import InferShapeError, KernelError, OpsnnRuntimeError, OutOfMemoryError, ParamInvalidError
-from .context import context as _get_context
 from . import hooks
 from . import threads as _threads
+from .context import context as _get_context
 
 _ids = itertools.count()
 _tls = threading.local()
@@ -193,13 +193,13 @@ class Stream:
         err.__cause__, err.__suppress_context__ = exc, True  # as `raise err from exc`
         return err
 
-    def wait_event(self, event: "Event") -> None:
+    def wait_event(self, event: Event) -> None:
         """Make later work on this stream wait until ``event`` completes."""
         if event._stream is None:
             return
         self.wait_stream_seq(event._stream, event._seq)
 
-    def wait_stream_seq(self, other: "Stream", seq: int, mark: list | None = None) -> None:
+    def wait_stream_seq(self, other: Stream, seq: int, mark: list | None = None) -> None:
         # ``mark``: a tensor's failure mark (``Tensor._producer[2]``), accepted so producers unpack here
         if other is self or other.done(seq):
             return
@@ -213,7 +213,7 @@ class Stream:
             while self._completed < seq:
                 self._cv.wait()
 
-    def record_event(self, event: "Event | None" = None) -> "Event":
+    def record_event(self, event: Event | None = None) -> Event:
         event = event or Event()
         event.record(self)
         return event
@@ -226,7 +226,7 @@ class Stream:
             self._thread.join()
 
     # -- current-stream context --------------------------------------------------
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:
         stack = getattr(_tls, "stack", None)
         if stack is None:
             stack = _tls.stack = []
@@ -315,7 +315,7 @@ class Event:
         self._flag = threading.Event()
         self.time: float | None = None
 
-    def record(self, stream: Stream | None = None) -> "Event":
+    def record(self, stream: Stream | None = None) -> Event:
         stream = stream or current_stream()
         self._flag.clear()
         self.time = None
@@ -339,7 +339,7 @@ class Event:
         """Make ``stream`` (default: the current one) wait for this event."""
         (stream or current_stream()).wait_event(self)
 
-    def elapsed_ms(self, end: "Event") -> float:
+    def elapsed_ms(self, end: Event) -> float:
         """Milliseconds between this event and ``end`` (both must have completed)."""
         self.synchronize()
         end.synchronize()

@@ -49,7 +49,7 @@ class memory_checker:
     def _on_free(self, ev: dict) -> None:
         self._live.pop(id(ev["block"]), None)
 
-    def __enter__(self) -> "memory_checker":
+    def __enter__(self) -> memory_checker:
         self._unsubs = [hooks.subscribe("alloc", self._on_alloc), hooks.subscribe("free", self._on_free)]
         return self
 

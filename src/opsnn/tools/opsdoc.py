@@ -29,8 +29,9 @@ with the dtypes they accept (`?` optional, `...` variadic, `host`: the value is 
 prepare time), its attributes with their defaults, and its kernels, highest priority first,
 with the input dtypes each handles natively (float16 / bfloat16 inputs of a float32-only
 kernel run through an fp32 adapter). Every op also has its numpy reference as the kernel of
-last resort (`reference`); `opsnn explain` shows which kernel a node runs and why. The
-records have no gradient rules yet, so there is no gradient column.
+last resort (`reference`); `opsnn explain` shows which kernel a node runs and why.
+`gradient`: whether the op's record carries a gradient rule (`loss.backward()` through it), from
+`src/opsnn/ops/gradients.py`.
 """
 
 
@@ -101,7 +102,8 @@ def render_op(rec: OpRecord, by_op: dict | None = None) -> str:
               f"- inputs: {_inputs(rec)}",
               f"- outputs: {_outputs(rec)}",
               f"- attributes: {_attrs(rec)}",
-              f"- kernels: {_kernels(rec)}", ""]
+              f"- kernels: {_kernels(rec)}",
+              f"- gradient: {'yes' if rec.gradient is not None else 'no'}", ""]
     return "\n".join(lines)
 
 
@@ -120,7 +122,9 @@ def render(records=None) -> str:
     for rec in records:
         by_cat[rec.category].append(rec)
     fast = sum(1 for r in records if any(not k.fallback for k in r.kernels))
-    out = [HEADER, f"{len(records)} operators, {fast} with a kernel of their own besides the reference.", ""]
+    grads = sum(1 for r in records if r.gradient is not None)
+    out = [HEADER, f"{len(records)} operators, {fast} with a kernel of their own besides the reference, "
+                   f"{grads} with a gradient rule.", ""]
     out.append(" · ".join(f"[{c}](#{c}) ({len(by_cat[c])})" for c in sorted(by_cat)))
     out.append("")
     for cat in sorted(by_cat):

@@ -31,8 +31,8 @@ def to_dot(graph, input_shapes: dict | None = None):
     except ImportError:
         raise GraphvizMissingError("plot_graph: the Python package 'graphviz' is missing; pip install graphviz "
                                    "(and the Debian package graphviz for the 'dot' program)") from None
-    from ..ops.registry import get_op, has_op
     from ..graph.shape_inference import infer_types
+    from ..ops.registry import get_op, has_op
 
     metas = infer_types(graph, input_shapes)
     dot = graphviz.Digraph(graph.name, graph_attr={"rankdir": "TB", "fontname": "Helvetica"},

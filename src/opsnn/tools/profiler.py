@@ -18,11 +18,11 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..runtime import hooks
 from ..ops import registry
+from ..runtime import hooks
 
 TRACE_FORMAT_VERSION = 1
-_active: list["Profile"] = []
+_active: list[Profile] = []
 _lock = threading.Lock()
 
 
@@ -98,7 +98,7 @@ class Profile:
                 _active.remove(self)
         self.t1 = time.perf_counter()
 
-    def __enter__(self) -> "Profile":
+    def __enter__(self) -> Profile:
         self._start()
         return self
 

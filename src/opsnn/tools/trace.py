@@ -40,7 +40,7 @@ def _check_version(version) -> int:
 def _iter_events_streamed(path: str):
     """Yield trace events one by one without loading the file whole."""
     dec = json.JSONDecoder()
-    with open(path, "r") as f:
+    with open(path) as f:
         buf = ""
         while '"traceEvents"' not in buf:
             chunk = f.read(1 << 16)

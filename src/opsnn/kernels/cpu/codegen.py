@@ -13,7 +13,9 @@ import os
 import sys
 import threading
 
-#: op -> (numba expression, numpy expression) over operands a, b and attributes
+#: op -> (numba expression, numpy expression) over operands a, b and attributes; IEEE semantics as the
+#: unfused ops have them (the kernels' error_model="numpy": 1 / 0 is Inf; np.maximum keeps a NaN in
+#: either operand, Python's max drops one in the second; np.floor of NaN / Inf stays a float)
 TEMPLATES = {
     "Relu": ("max({a}, 0.0)", "np.maximum({a}, 0)"),
     "Neg": ("-({a})", "-({a})"),
@@ -25,8 +27,8 @@ TEMPLATES = {
     "Tanh": ("math.tanh({a})", "np.tanh({a})"),
     "Erf": ("math.erf({a})", "_erf({a})"),
     "Reciprocal": ("1.0 / ({a})", "1.0 / ({a})"),
-    "Floor": ("math.floor({a})", "np.floor({a})"),
-    "Ceil": ("math.ceil({a})", "np.ceil({a})"),
+    "Floor": ("np.floor({a})", "np.floor({a})"),
+    "Ceil": ("np.ceil({a})", "np.ceil({a})"),
     "Sin": ("math.sin({a})", "np.sin({a})"),
     "Cos": ("math.cos({a})", "np.cos({a})"),
     "Softplus": ("math.log1p(math.exp({a}))", "np.log1p(np.exp({a}))"),
@@ -39,8 +41,8 @@ TEMPLATES = {
     "Mul": ("({a}) * ({b})", "({a}) * ({b})"),
     "Div": ("({a}) / ({b})", "({a}) / ({b})"),
     "Pow": ("({a}) ** ({b})", "np.power({a}, {b})"),
-    "Max": ("max({a}, {b})", "np.maximum({a}, {b})"),
-    "Min": ("min({a}, {b})", "np.minimum({a}, {b})"),
+    "Max": ("np.maximum({a}, {b})", "np.maximum({a}, {b})"),
+    "Min": ("np.minimum({a}, {b})", "np.minimum({a}, {b})"),
 }
 ATTR_DEFAULTS = {"Swish": {"alpha": 1.0}, "LeakyRelu": {"alpha": 0.01}}
 
@@ -54,7 +56,10 @@ def _operand(ref, names: list[str]) -> str:
         return f"x{val}[i]" if names is None else names[val]
     if kind == "step":
         return f"t{val}"
-    return repr(float(val))
+    val = float(val)
+    if val != val or val in (float("inf"), float("-inf")):  # repr gives nan / inf: no such names
+        return "np.nan" if val != val else ("np.inf" if val > 0 else "-np.inf")
+    return repr(val)
 
 
 def expression_lines(program: list, mode: str, inputs: list[str] | None = None) -> list[str]:
@@ -87,16 +92,17 @@ def _source(program: list, n_inputs: int) -> str:
 import math
 
 import numba as nb
+import numpy as np
 
 
-@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False, error_model="numpy")
 def kernel_parallel(out, {args}):
     for i in nb.prange(out.size):
 {body}
         out[i] = t{len(program) - 1}
 
 
-@nb.njit(nogil=True, cache=True, fastmath=False)
+@nb.njit(nogil=True, cache=True, fastmath=False, error_model="numpy")
 def kernel_serial(out, {args}):
     for i in range(out.size):
 {body}

@@ -156,7 +156,8 @@ def matmul_integer(ins, outs, attrs, plan, ws):
 
 def requantize(acc: np.ndarray, scale, y_zp: np.ndarray | None, out: np.ndarray) -> None:
     """out = saturate(round_half_even(acc * scale) + y_zp) in out's integer dtype."""
-    r = acc.astype(np.float64, copy=False) * np.asarray(scale, np.float64)
+    # asarray: a 1-D @ 1-D product is a numpy scalar, which np.rint(out=) cannot write
+    r = np.asarray(acc.astype(np.float64, copy=False) * np.asarray(scale, np.float64))
     np.rint(r, out=r)
     if y_zp is not None:
         r += y_zp.astype(np.float64)

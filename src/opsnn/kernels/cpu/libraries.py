@@ -33,7 +33,7 @@ class Platform(NamedTuple):
     onednn_bf16: str | None        # oneDNN's bf16 matmul is native (brgemm with AVX512-BF16)
 
     @classmethod
-    def for_isa(cls, level: str, vendor: str, mkl: bool = True, onednn: bool = True) -> "Platform":
+    def for_isa(cls, level: str, vendor: str, mkl: bool = True, onednn: bool = True) -> Platform:
         """The platform a ``level`` CPU of ``vendor`` with MKL / oneDNN installed presents (oneDNN's
         matmul has brgemm code from AVX-512 on, native bf16 from AVX512-BF16 on): what the
         decision tables are pinned against."""

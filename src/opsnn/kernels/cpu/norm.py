@@ -408,19 +408,19 @@ def mean_variance_normalize(x: np.ndarray, out: np.ndarray, axes: tuple) -> None
 
 
 def lrn(x: np.ndarray, out: np.ndarray, size: int, alpha: float, beta: float, bias: float) -> None:
-    """Local response normalisation across channels (axis 1) with a prefix-sum window:
-    channels ``[c - floor((size-1)/2), c + ceil((size-1)/2)]`` clipped to the range."""
+    """Local response normalisation across channels (axis 1), the window
+    channels ``[c - floor((size-1)/2), c + ceil((size-1)/2)]`` clipped to the range, summed one
+    shifted slice per offset (a prefix sum would carry a NaN or Inf into every later channel)."""
     w = x.astype(np.float64)
     C = x.shape[1]
     before = (size - 1) // 2
     after = math.ceil((size - 1) / 2)
     sq = w * w
-    cs = np.zeros((x.shape[0], C + 1) + x.shape[2:])
-    np.cumsum(sq, axis=1, out=cs[:, 1:])
-    c = np.arange(C)
-    hi = np.minimum(C, c + after + 1)
-    lo = np.maximum(0, c - before)
-    win = cs[:, hi] - cs[:, lo]
+    win = np.zeros_like(sq)
+    for d in range(-before, after + 1):
+        lo, hi = max(0, -d), min(C, C - d)  # channels c whose neighbour c + d exists
+        if lo < hi:
+            win[:, lo:hi] += sq[:, lo + d:hi + d]
     with np.errstate(all="ignore"):
         r = w / (bias + (alpha / size) * win) ** beta
     np.copyto(out, r, casting="unsafe")

@@ -300,7 +300,7 @@ class Primitive:
         if self.impl.startswith("ref"):
             log.warning("oneDNN runs %s with its reference implementation (slow)", self.impl)
 
-    def _memories(self) -> "_Memories":
+    def _memories(self) -> _Memories:
         m = getattr(self._mems, "v", None)
         if m is None:  # one set per thread (set_data_handle on a shared set would race)
             self._mems.v = m = _Memories(self._args)
@@ -722,7 +722,7 @@ class BatchMatMulPrimitive:
 #: most primitives :func:`wt_matmul` keeps (least recently used dropped first); each costs
 #: ~0.6-1.1 ms to create and a few KB of JIT code
 WT_CACHE_SIZE = 128
-_wt_cache: "OrderedDict[tuple, Primitive]" = OrderedDict()
+_wt_cache: OrderedDict[tuple, Primitive] = OrderedDict()
 _wt_lock = threading.Lock()
 
 

@@ -21,8 +21,7 @@ from ...kernels.cpu import winograd_blocked as KW
 from ..autotune import NotPreferred
 from ..registry import Attr, Input, TensorMeta, get_op, register_op
 from .conv import WINOGRAD_NONFINITE, conv_geometry, nonfinite_weight_rejection
-from .fused import (_CONV_ATTR_NAMES, _EPILOGUE_ATTRS, _act_code, _conv_attrs, _fused_conv_infer,
-                    epilogue_args)
+from .fused import _CONV_ATTR_NAMES, _EPILOGUE_ATTRS, _act_code, _conv_attrs, _fused_conv_infer, epilogue_args
 from .pool import _pool_attrs, pool_geometry
 
 #: the dtypes blocked activations come in: float32, and bfloat16 (a mixed-precision graph's

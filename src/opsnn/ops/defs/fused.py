@@ -14,8 +14,10 @@ from ...kernels.cpu import gemm as KG
 from ...kernels.cpu import onednn as KD
 from ..autotune import NotPreferred
 from ..registry import Attr, InferContext, Input, TensorMeta, get_op, register_op, select_kernel
-from .conv import bf16_bias, bf16_conv_plan, bf16_rejection as conv_bf16_rejection
-from .matmul import bf16_bias_columns, bf16_matmul_plan, bf16_rejection as mm_bf16_rejection
+from .conv import bf16_bias, bf16_conv_plan
+from .conv import bf16_rejection as conv_bf16_rejection
+from .matmul import bf16_bias_columns, bf16_matmul_plan
+from .matmul import bf16_rejection as mm_bf16_rejection
 
 _F32_64 = (_dt.float32, _dt.float64)
 _EPILOGUE_ATTRS = [Attr("activation", "string", ""), Attr("activation_alpha", "float", 0.01),

@@ -107,7 +107,7 @@ def _reduce_ref(kind: str):
         keep = bool(attrs["keepdims"])
         if x.dtype == _dt.bool_:
             w = x
-        elif x.dtype.kind == "f" or kind in ("l2", "logsum", "logsumexp", "mean", "var"):
+        elif _dt.is_float(x.dtype) or kind in ("l2", "logsum", "logsumexp", "mean", "var"):  # bf16 too
             w = x.astype(np.float64)
         else:
             w = x.astype(np.int64)
@@ -295,7 +295,7 @@ def _cumsum_axis(ctx) -> int:
 def _cumsum_ref(ins, attrs):
     x = ins[0]
     axis = int(np.asarray(ins[1]).reshape(-1)[0]) % x.ndim
-    acc = np.float64 if x.dtype.kind == "f" else np.int64
+    acc = np.float64 if _dt.is_float(x.dtype) else np.int64  # bfloat16's numpy kind is "V", not "f"
     n = x.shape[axis]
     out = np.zeros(x.shape, acc)
     idx = [slice(None)] * x.ndim

@@ -289,8 +289,8 @@ Split = register_op(
     outputs=[Output("outputs", variadic=True)],
     attrs=[Attr("axis", "int", 0), Attr("num_outputs", "int", None)], infer=_split_infer, reference=_split_ref,
     doc="Split along an axis into given sizes or num_outputs equal chunks (the last may be smaller).")
-Split.output_count = lambda values, attrs: (len(values[1]) if len(values) > 1 and values[1] is not None
-                                            else attrs.get("num_outputs"))
+Split.output_count = lambda values, attrs: (np.size(values[1]) if len(values) > 1 and values[1] is not None
+                                            else attrs.get("num_outputs"))  # size: a 0-d split is refused by infer
 _copy_kernel(Split, "split_copy", _split_plan)
 
 
@@ -727,7 +727,11 @@ def _ge_infer(ctx):
     s, i = ctx.shape(0), ctx.shape(1)
     if len(s) != len(i) or not s:
         ctx.fail(f"data {tuple(s)} and indices {tuple(i)} must have the same rank >= 1")
-    _axis("GatherElements", ctx.attrs["axis"], len(s))
+    ax = _axis("GatherElements", ctx.attrs["axis"], len(s))
+    over = [d for d in range(len(s)) if d != ax and i[d] > s[d]]
+    if over:  # the other axes index data by position: they cannot be longer than data's
+        ctx.fail(f"indices {tuple(i)} is longer than data {tuple(s)} on axis {over[0]} (axis={ax} is the "
+                 "gathered one; the others must be <= data's)")
     return [TensorMeta(tuple(i), ctx.dtype(0))]
 
 
@@ -799,7 +803,11 @@ def _scatter_infer(op):
             if len(s) != len(i) or tuple(i) != tuple(u) or not s:
                 ctx.fail(f"data {tuple(s)}, indices {tuple(i)}, updates {tuple(u)}: indices and updates must have "
                          "the same shape and the rank of data")
-            _axis(op, ctx.attrs["axis"], len(s))
+            ax = _axis(op, ctx.attrs["axis"], len(s))
+            over = [d for d in range(len(s)) if d != ax and i[d] > s[d]]
+            if over:  # the other axes index data by position: they cannot be longer than data's
+                ctx.fail(f"indices {tuple(i)} is longer than data {tuple(s)} on axis {over[0]} (axis={ax} is the "
+                         "scattered one; the others must be <= data's)")
         else:
             if not i:
                 ctx.fail("indices must have rank >= 1")
@@ -1041,6 +1049,8 @@ def _onehot_depth(ctx_or_value) -> int:
     d = np.asarray(ctx_or_value).reshape(-1)
     if d.size != 1:
         raise ParamInvalidError(f"OneHot: depth must be a scalar, got {d.size} values", op="OneHot")
+    if d.dtype.kind == "f" and not np.isfinite(d[0]):
+        raise ParamInvalidError(f"OneHot: depth must be a finite number, got {d[0]}", op="OneHot")
     depth = int(d[0])
     if depth < 1:
         raise ParamInvalidError(f"OneHot: depth must be >= 1, got {depth}", op="OneHot")
@@ -1647,7 +1657,10 @@ def _resize_ref(ins, a):
         taken = np.take(res, idx, axis=ax)  # [..., n_out, taps, ...]
         wshape = [1] * taken.ndim
         wshape[ax], wshape[ax + 1] = w.shape
-        res = (taken * w.reshape(wshape)).sum(axis=ax + 1)
+        w = w.reshape(wshape)
+        if spec.mode == "nearest":  # a copy of one tap: the others (weight 0) must not make 0 * Inf = NaN
+            taken = np.where(w != 0, taken, 0.0)
+        res = (taken * w).sum(axis=ax + 1)
         if extrap is not None:
             mshape = [1] * res.ndim
             mshape[ax] = extrap.size

@@ -680,7 +680,7 @@ def _bitcast_infer(ctx):
 
 
 def _bitcast(x: np.ndarray, dst: np.dtype) -> np.ndarray:
-    x = np.ascontiguousarray(x)
+    x = np.require(x, requirements="C")  # ascontiguousarray would make a 0-d input 1-d
     if dst == _dt.bool_:
         return x.view(np.uint8) != 0  # any non-zero byte is true (a bool byte must hold 0 or 1)
     if x.dtype.itemsize == 1 and dst.name in _SUB_BYTE:
