@@ -159,6 +159,10 @@ CASES = [
      [_rand((4, 2, 3)), _rand((2, 9, 3)), _rand((2, 9, 3)), _rand((2, 18)), _rand((2, 2, 3))], [0, 1, 2, 3, 4]),
     ("gru_forward", lambda x, w, r, b: F.gru(x, w, r, b, hidden_size=2)[0], None,
      [_rand((3, 2, 2)), _rand((1, 6, 2)), _rand((1, 6, 2)), _rand((1, 12))], [0, 1, 2, 3]),
+    ("swiglu", lambda a, b: F.swiglu(a, b), lambda a, b: __import__("torch").nn.functional.silu(a) * b,
+     [_rand((3, 4), -3, 3), _rand((3, 4))], [0, 1]),
+    ("swiglu_alpha", lambda a, b: F.swiglu(a, b, alpha=1.7), lambda a, b: a * (1.7 * a).sigmoid() * b,
+     [_rand((5,), -3, 3), _rand((5,))], [0, 1]),
     ("cross_entropy", lambda x: F.cross_entropy(x, np.array([1, 0, 3, 2, 1])),
      lambda x: __import__("torch").nn.functional.cross_entropy(x, __import__("torch").tensor([1, 0, 3, 2, 1])),
      [_rand((5, 4))], [0]),
@@ -467,3 +471,21 @@ def test_dropout_op_gradient_uses_its_mask():
     y, mask = ops.run_op("Dropout", [x, np.asarray(0.4), np.asarray(True)], num_outputs=2)
     (g,) = autograd.grad(ops.sum(y), [x])
     np.testing.assert_allclose(g.numpy(), mask.numpy() / 0.6, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kw", [{"rotary_embedding_dim": 4}, {"interleaved": True}])
+def test_rotary_embedding_gradient_matches_finite_differences(kw):
+    # RotaryEmbedding runs in float32 only; it is linear in x, so a wide step is exact up to rounding
+    x = RNG.standard_normal((2, 2, 3, 6)).astype(np.float32)
+    ang = np.arange(18.0).reshape(6, 3) / 5
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    pos = np.array([[0, 2, 5], [1, 3, 4]])
+    if kw.get("rotary_embedding_dim"):
+        cos, sin = cos[:, :2], sin[:, :2]
+
+    def fn(t):
+        return F.rotary_embedding(t, cos, sin, pos, **kw)
+
+    _, (g,) = _opsnn_grads(fn, [x], [0], np.ones(x.shape, np.float32))
+    num = _numeric_grad(fn, [x], 0, np.ones(x.shape), eps=1e-2)
+    np.testing.assert_allclose(g, num, rtol=1e-3, atol=1e-3)

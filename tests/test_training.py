@@ -410,3 +410,26 @@ def test_rnn_tagger_trains_like_torch(rnn, make_opt):
     tsd = tmodel.state_dict()
     for name, v in model.state_dict().items():
         np.testing.assert_allclose(v.numpy(), tsd[name].detach().numpy(), rtol=1e-4, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "bert-tiny", "llama-tiny"])
+def test_builtin_models_backpropagate_to_their_parameters(name):
+    from opsnn import models
+
+    rng = np.random.default_rng(0)
+    if name == "resnet18":
+        model, args = models.resnet18(num_classes=10), [opsnn.tensor(rng.standard_normal((2, 3, 16, 16)).astype(
+            np.float32))]
+    elif name == "bert-tiny":
+        model, args = models.bert("tiny"), [rng.integers(0, 100, (2, 8))]
+    else:
+        model, args = models.llama(layers=1, hidden=64, heads=4, kv_heads=2, vocab=100), [rng.integers(0, 100, (2, 8))]
+    out = model.train()(*args)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    ops.sum(ops.mul(out, out)).backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    # BERT's first output is the sequence output: the pooler is not on its path
+    assert missing == ([] if name != "bert-tiny" else [n for n in missing if n.startswith("pooler")]), missing
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            assert np.isfinite(p.grad.numpy()).all(), n

@@ -307,6 +307,25 @@ def _dropout(ctx, grads):
     return [ops.mul(g, ops.mul(scale, _const(1.0 / (1.0 - ratio), g)))] + [None] * (len(ctx.inputs) - 1)
 
 
+def _swiglu(ctx, grads):
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs
+    alpha = float(ctx.attrs.get("alpha", 1.0))
+    s = ops.sigmoid(ops.mul(a, _const(alpha, a)) if alpha != 1.0 else a)
+    silu = ops.mul(a, s)
+    ds = ops.add(s, ops.mul(ops.mul(a, _const(alpha, a)), ops.mul(s, ops.sub(_const(1, a), s))))
+    return [unbroadcast(ops.mul(ops.mul(g, b), ds), a.shape) if ctx.needs[0] else None,
+            unbroadcast(ops.mul(g, silu), b.shape) if ctx.needs[1] else None]
+
+
+def _rotary(ctx, grads):
+    """A rotation is orthogonal: its gradient is the rotation by the opposite angles (sin negated)."""
+    ops = _ops()
+    ins = list(ctx.inputs)
+    back = [grads[0], ins[1], ops.neg(ins[2])] + ins[3:]
+    return [ops.run_op("RotaryEmbedding", back, ctx.attrs)[0]] + [None] * (len(ins) - 1)
+
+
 # -- products ----------------------------------------------------------------------------------------
 def _matmul(ctx, grads):
     ops, g = _ops(), grads[0]
@@ -985,7 +1004,7 @@ RULES = {
     "Conv": _conv, "MaxPool": _max_pool, "AveragePool": _average_pool, "GlobalAveragePool": _global_average_pool,
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "RMSNormalization": _rms_norm,
     "GroupNormalization": _group_norm,
-    "Attention": _attention, "LSTM": _lstm, "GRU": _gru,
+    "Attention": _attention, "LSTM": _lstm, "GRU": _gru, "SwiGLU": _swiglu, "RotaryEmbedding": _rotary,
     "SoftmaxCrossEntropyLoss": _softmax_cross_entropy, "NegativeLogLikelihoodLoss": _nll,
 }
 
