@@ -1,0 +1,279 @@
+"""``torch.compile(model, backend="opsnn")``: PyTorch models run on opsnn's graph engine.
+
+The backend receives Dynamo's FX graph and its example inputs, traces it to core ATen with
+torch's decompositions (functionalized), splits it into the parts opsnn maps exactly (the
+table in :mod:`.aten`) and the rest, and compiles each supported part with ``opsnn.compile``
+(passes, memory plan, a plan per input shape). Parameters and buffers become graph constants
+that share the torch tensors' memory. Every node left to torch is logged with its reason
+(``logging`` INFO on ``opsnn.frontends.torch``; ``OPSNN_DEBUG=1`` prints them);
+:func:`explain` reports the partitions, fallbacks and kernels.
+
+Forward (inference) only for now: a graph compiled while autograd records (grad enabled and
+an input that requires grad) runs in torch, as does a graph with symbolic shapes.
+
+torch is an optional dependency: nothing here imports it until the backend is used.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import OpsnnError
+
+log = logging.getLogger("opsnn.frontends.torch")
+
+__all__ = ["backend", "explain", "TorchNotInstalledError", "Report"]
+
+
+class TorchNotInstalledError(OpsnnError, ImportError):
+    """The torch frontend was asked for but PyTorch is not installed."""
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise TorchNotInstalledError("opsnn.frontends.torch: the 'opsnn' torch.compile backend needs PyTorch; "
+                                     "install it with `pip install opsnn[torch]`") from None
+    return torch
+
+
+@dataclass
+class Report:
+    """What one backend call did: partitions run on opsnn, nodes left to torch and why, kernels."""
+
+    partitions: list = field(default_factory=list)   # (name, [aten ops], CompiledGraph)
+    fallbacks: list = field(default_factory=list)    # (node name, aten target, reason)
+    whole_graph_reason: str = ""                      # set when the whole graph runs in torch
+
+    def __str__(self) -> str:
+        lines = []
+        if self.whole_graph_reason:
+            lines.append(f"whole graph runs in torch: {self.whole_graph_reason}")
+        for name, ops, cg in self.partitions:
+            lines.append(f"partition {name}: {len(ops)} ATen ops on opsnn")
+            lines.append("  " + cg.explain().replace("\n", "\n  "))
+        for node, target, reason in self.fallbacks:
+            lines.append(f"fallback {node} ({target}): {reason}")
+        return "\n".join(lines)
+
+
+#: the report of every backend call, newest last (explain() reads the ones its call produced)
+_REPORTS: list = []
+
+
+def _fallback(report: Report, node: str, target, reason: str) -> None:
+    report.fallbacks.append((node, str(target), reason))
+    log.info("torch fallback: %s (%s): %s", node, target, reason)
+    if os.environ.get("OPSNN_DEBUG") == "1":
+        print(f"opsnn torch fallback: {node} ({target}): {reason}", file=sys.stderr)
+
+
+def backend(gm, example_inputs):
+    """The ``torch.compile`` backend: ``(GraphModule, example_inputs) -> callable``."""
+    torch = _torch()
+    report = Report()
+    _REPORTS.append(report)
+    del _REPORTS[:-64]
+    whole = _whole_graph_reason(torch, gm, example_inputs)
+    if whole:
+        report.whole_graph_reason = whole
+        _fallback(report, "<graph>", "", whole)
+        return gm.forward
+    return _compile(torch, gm, example_inputs, report)
+
+
+def _whole_graph_reason(torch, gm, example_inputs) -> str:
+    for x in example_inputs:
+        if not isinstance(x, torch.Tensor):
+            return f"an input of type {type(x).__name__} (symbolic shapes: dynamic=True is not supported yet)"
+        if x.device.type != "cpu":
+            return f"an input on {x.device} (opsnn runs on the CPU)"
+        if x.layout != torch.strided or x.is_quantized:
+            return "a sparse or quantized input"
+    if torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs):
+        return "autograd is recording (training graphs are not supported yet: run under torch.no_grad())"
+    return ""
+
+
+def _compile(torch, gm, example_inputs, report: Report):
+    from torch._decomp import core_aten_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OperatorSupportBase
+
+    from . import aten as _aten
+
+    static = [getattr(x, "_dynamo_static_input_type", None) is not None for x in example_inputs]
+    consts = [x for x, s in zip(example_inputs, static) if s]
+    user_idx = [i for i, s in enumerate(static) if not s]
+
+    def with_consts(*user):
+        it_c, it_u = iter(consts), iter(user)
+        return gm(*[next(it_c) if s else next(it_u) for s in static])
+
+    # parameters and buffers are closed over: make_fx records them as get_attr constants
+    traced = make_fx(torch.func.functionalize(with_consts, remove="mutations_and_views"),
+                     decomposition_table=core_aten_decompositions())(*[example_inputs[i] for i in user_idx])
+    traced.graph.eliminate_dead_code()  # unused tuple members (a norm's saved statistics) go
+    traced.recompile()
+    table = _aten.build_table()
+    verdicts: dict = {}
+
+    def verdict(node) -> str:
+        """'' when opsnn lowers ``node`` exactly, else the reason it stays in torch."""
+        if node in verdicts:
+            return verdicts[node]
+        if node.op != "call_function":
+            return "not a call"
+        adapter = table.get(node.target)
+        if adapter is None:
+            why = "no mapping for this ATen op"
+        else:
+            try:
+                if node.target is _getitem_op():
+                    src, i = node.args
+                    why = verdict(src) or ("" if i == 0 else f"output {i} of {src.target} is not computed on opsnn")
+                else:
+                    _aten.check_dtypes(node)
+                    adapter(node, _aten.Emit(_ProbeGraph(), probe=True))
+                    used = sorted({u.args[1] for u in node.users if u.target is _getitem_op()} - {0})
+                    # the tuple-valued lowerings compute output 0 only (the saved statistics, pool indices)
+                    why = f"its output {used[0]} is used and not computed on opsnn" if used else ""
+            except _aten.Unsupported as exc:
+                why = str(exc)
+        verdicts[node] = why
+        return why
+
+    class Support(OperatorSupportBase):
+        def is_node_supported(self, submodules, node) -> bool:
+            return node.op == "call_function" and not verdict(node)
+
+    for node in traced.graph.nodes:
+        if node.op == "call_function" and verdict(node) and not (node.target is _getitem_op()
+                                                                  and verdict(node.args[0])):
+            _fallback(report, node.name, node.target, verdict(node))
+    partitioned = CapabilityBasedPartitioner(traced, Support(), allows_single_node_partition=True).partition_and_fuse()
+    for node in list(partitioned.graph.nodes):
+        if node.op != "call_module" or not node.target.startswith("fused_"):
+            continue
+        sub = getattr(partitioned, node.target)
+        runner = _partition(torch, node.target, sub, node.args, partitioned, report)
+        setattr(partitioned, node.target, runner)
+    partitioned.recompile()
+    return partitioned.forward if not user_idx or len(user_idx) == len(example_inputs) \
+        else (lambda *args: partitioned(*[args[i] for i in user_idx]))
+
+
+def _getitem_op():
+    import operator
+
+    return operator.getitem
+
+
+class _ProbeGraph:
+    """A stand-in graph for support checks: names are free, constants go nowhere."""
+
+    def __init__(self):
+        self.initializers: dict = {}
+        self._n = 0
+
+    def unique_name(self, hint: str) -> str:
+        self._n += 1
+        return f"{hint}_{self._n}"
+
+
+def _get_attr(gm, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _partition(torch, name: str, sub, outer_args, outer_gm, report: Report):
+    """An ``nn.Module`` that runs the fused FX submodule ``sub`` as one compiled opsnn graph."""
+    from ...frontend import compile as _opsnn_compile
+    from ...graph.ir import Graph, Node, Value
+    from . import aten as _aten
+
+    table = _aten.build_table()
+    g = Graph(f"torch_{name}")
+    emit = _aten.Emit(g)
+    runtime_idx = []
+    keep = []  # the torch tensors whose memory the constants share
+    ops = []
+    for node in sub.graph.nodes:
+        if node.op == "placeholder":
+            i = len(runtime_idx) + len(keep)
+            outer = outer_args[i]
+            if getattr(outer, "op", None) == "get_attr":
+                t = _get_attr(outer_gm, outer.target).detach()
+                keep.append(t)
+                emit.names[node] = emit.const(node.name, t.numpy())  # CPU tensors: a view, no copy
+            else:
+                runtime_idx.append(i)
+                g.inputs.append(Value(emit.out(node), np.float32, _aten._shape(node)))
+        elif node.op == "call_function":
+            g.nodes.extend(table[node.target](node, emit))
+            ops.append(str(node.target))
+        elif node.op == "output":
+            result = node.args[0]
+            as_tuple = isinstance(result, (tuple, list))
+            seen = set(g.initializers) | set(g.input_names)
+            for r in (result if as_tuple else [result]):
+                out = emit.name(r)
+                if out in seen:  # a graph output that is an input, a constant or an earlier output: a copy of it
+                    copy = g.unique_name(f"{out}_out")
+                    g.nodes.append(Node("Identity", [out], [copy]))
+                    out = copy
+                seen.add(out)
+                g.outputs.append(Value(out))
+    g.validate()
+    cg = _opsnn_compile(g)
+    report.partitions.append((name, ops, cg))
+    log.info("partition %s: %d ATen ops on opsnn", name, len(ops))
+
+    class OpsnnPartition(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cg, self._keep, self._as_tuple = cg, keep, as_tuple
+
+        def forward(self, *args):
+            feeds = [args[i].detach().numpy() for i in runtime_idx]  # CPU tensors: views, no copies
+            outs = []
+            results = self.cg.run(feeds)
+            plan = self.cg.latest_plan
+            for name, t in zip(self.cg.output_names, results):
+                arr = t.numpy()
+                # a constant output (a weight, or folded at plan time) is the same array every call, and
+                # an output may be an input's memory: torch gets copies of those, fresh arrays as they are
+                if name in self.cg.graph.initializers or (plan is not None and name in plan.folded) \
+                        or any(np.may_share_memory(arr, f) for f in feeds):
+                    arr = arr.copy()
+                outs.append(torch.from_numpy(arr))
+            return tuple(outs) if self._as_tuple else outs[0]
+
+    return OpsnnPartition()
+
+
+def explain(model, *inputs) -> list:
+    """Compile ``model`` with the opsnn backend, run it once on ``inputs`` (under ``torch.no_grad``)
+    and print the partitions, the fallbacks with their reasons and each partition's kernels;
+    returns the :class:`Report` of every graph Dynamo handed over."""
+    torch = _torch()
+    reports: list = []
+
+    def recording(gm, example_inputs):
+        fn = backend(gm, example_inputs)
+        reports.append(_REPORTS[-1])
+        return fn
+
+    compiled = torch.compile(model, backend=recording, dynamic=False)
+    with torch.no_grad():
+        compiled(*inputs)
+    print("\n".join(f"graph {i}:\n{r}" for i, r in enumerate(reports)))
+    return reports
