@@ -85,12 +85,16 @@ def test_cnn_conv_bn_relu_maxpool_linear_eval():
         m[1].running_mean.uniform_(-0.5, 0.5)
         m[1].running_var.uniform_(0.5, 2.0)
     m.eval()
-    _check(m, torch.randn(2, 3, 16, 16))
+    reports = []
+    _check(m, torch.randn(2, 3, 16, 16), backend=_recording(reports))
+    assert len(reports) == 1 and not reports[0].fallbacks and len(reports[0].partitions) == 1
 
 
 def test_transformer_block():
     torch.manual_seed(2)
-    _check(Block().eval(), torch.randn(2, 6, 16))
+    reports = []
+    _check(Block().eval(), torch.randn(2, 6, 16), backend=_recording(reports))
+    assert len(reports) == 1 and not reports[0].fallbacks and len(reports[0].partitions) == 1
 
 
 def test_parameters_are_shared_not_copied():
@@ -235,3 +239,43 @@ def test_entry_point_is_discoverable_without_importing_opsnn(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_parameter_updated_after_compile_is_seen():
+    """load_state_dict copies into the parameters in place; a folded batch norm or a repacked weight
+    would keep the old values: the backend sees the version counters move and compiles again."""
+    torch.manual_seed(7)
+    m = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.ReLU(),
+                            torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 2)).eval()
+    other = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 2)).eval()
+    with torch.no_grad():
+        other[1].running_var.fill_(3.0)
+    x = torch.randn(1, 2, 6, 6)
+    compiled = torch.compile(m, backend=fe.backend, dynamic=False)
+    with torch.no_grad():
+        compiled(x)
+        m.load_state_dict(other.state_dict())
+        got = compiled(x)
+        np.testing.assert_allclose(got.numpy(), other(x).numpy(), rtol=RTOL, atol=RTOL * float(other(x).abs().max()))
+
+
+def test_input_mutation_stays_in_torch():
+    def f(x):
+        x.mul_(2.0)
+        return torch.relu(x) + 1.0
+
+    x = torch.randn(3, 4)
+    want_x = x.clone()
+    want = f(want_x)
+    got = torch.compile(f, backend=fe.backend, dynamic=False)(x)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=RTOL, atol=RTOL)
+    np.testing.assert_allclose(x.numpy(), want_x.numpy(), rtol=RTOL, atol=RTOL)  # the input was mutated as in eager
+
+
+def test_strided_input():
+    torch.manual_seed(8)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+    x = torch.randn(4, 5).t()  # column-major (5, 4): strides (1, 5)
+    assert not x.is_contiguous()
+    _check(m, x)

@@ -84,7 +84,30 @@ def backend(gm, example_inputs):
         report.whole_graph_reason = whole
         _fallback(report, "<graph>", "", whole)
         return gm.forward
-    return _compile(torch, gm, example_inputs, report)
+    return _guarded(torch, gm, example_inputs, report)
+
+
+def _guarded(torch, gm, example_inputs, report: Report):
+    """Compile, and compile again when a parameter or buffer changed since: another tensor in its
+    place, or an in-place update (load_state_dict) that a repacked copy (a folded batch norm, a
+    transposed weight) would not see. Dynamo does not guard these inputs; their version counters do."""
+    static_idx = [i for i, x in enumerate(example_inputs) if getattr(x, "_dynamo_static_input_type", None)]
+    state: dict = {}
+
+    def build(args):
+        state["key"] = [(args[i].data_ptr(), args[i]._version) for i in static_idx]
+        state["fn"] = _compile(torch, gm, args, report)
+
+    build(example_inputs)
+
+    def run(*args):
+        if any(args[i].data_ptr() != p or args[i]._version != v for i, (p, v) in zip(static_idx, state["key"])):
+            log.info("graph parameters changed since they were compiled: compiling again")
+            del report.partitions[:], report.fallbacks[:]
+            build(args)
+        return state["fn"](*args)
+
+    return run
 
 
 def _whole_graph_reason(torch, gm, example_inputs) -> str:
@@ -102,6 +125,7 @@ def _whole_graph_reason(torch, gm, example_inputs) -> str:
 
 def _compile(torch, gm, example_inputs, report: Report):
     from torch._decomp import core_aten_decompositions
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
@@ -109,16 +133,29 @@ def _compile(torch, gm, example_inputs, report: Report):
     from . import aten as _aten
 
     static = [getattr(x, "_dynamo_static_input_type", None) is not None for x in example_inputs]
-    consts = [x for x, s in zip(example_inputs, static) if s]
     user_idx = [i for i, s in enumerate(static) if not s]
-
-    def with_consts(*user):
-        it_c, it_u = iter(consts), iter(user)
-        return gm(*[next(it_c) if s else next(it_u) for s in static])
-
-    # parameters and buffers are closed over: make_fx records them as get_attr constants
-    traced = make_fx(torch.func.functionalize(with_consts, remove="mutations_and_views"),
-                     decomposition_table=core_aten_decompositions())(*[example_inputs[i] for i in user_idx])
+    # traced on fake tensors of fixed shapes (a real trace would run the graph, mutating inputs and
+    # buffers once more), functionalized, decomposed to core ATen
+    fake_mode = FakeTensorMode()
+    fakes = [fake_mode.from_tensor(x, static_shapes=True) for x in example_inputs]
+    with fake_mode:
+        traced = make_fx(torch.func.functionalize(gm, remove="mutations_and_views"),
+                         decomposition_table=core_aten_decompositions())(*fakes)
+    # parameters and buffers become constants: get_attr nodes over the real tensors
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    for k, (node, is_static) in enumerate(zip(placeholders, static)):
+        if is_static:
+            attr = f"_opsnn_const_{k}"
+            t = example_inputs[k]
+            if isinstance(t, torch.nn.Parameter):
+                traced.register_parameter(attr, t)
+            else:
+                traced.register_buffer(attr, t, persistent=False)
+            with traced.graph.inserting_before(node):
+                const = traced.graph.get_attr(attr)
+            const.meta = dict(node.meta)
+            node.replace_all_uses_with(const)
+            traced.graph.erase_node(node)
     traced.graph.eliminate_dead_code()  # unused tuple members (a norm's saved statistics) go
     traced.recompile()
     table = _aten.build_table()
@@ -137,12 +174,15 @@ def _compile(torch, gm, example_inputs, report: Report):
             try:
                 if node.target is _getitem_op():
                     src, i = node.args
-                    why = verdict(src) or ("" if i == 0 else f"output {i} of {src.target} is not computed on opsnn")
+                    first_only = getattr(table.get(src.target), "first_only", False)
+                    why = verdict(src) or ("" if i == 0 or not first_only
+                                           else f"output {i} of {src.target} is not computed on opsnn")
                 else:
                     _aten.check_dtypes(node)
                     adapter(node, _aten.Emit(_ProbeGraph(), probe=True))
                     used = sorted({u.args[1] for u in node.users if u.target is _getitem_op()} - {0})
-                    # the tuple-valued lowerings compute output 0 only (the saved statistics, pool indices)
+                    if not getattr(adapter, "first_only", False):
+                        used = []
                     why = f"its output {used[0]} is used and not computed on opsnn" if used else ""
             except _aten.Unsupported as exc:
                 why = str(exc)
@@ -165,8 +205,7 @@ def _compile(torch, gm, example_inputs, report: Report):
         runner = _partition(torch, node.target, sub, node.args, partitioned, report)
         setattr(partitioned, node.target, runner)
     partitioned.recompile()
-    return partitioned.forward if not user_idx or len(user_idx) == len(example_inputs) \
-        else (lambda *args: partitioned(*[args[i] for i in user_idx]))
+    return lambda *args: partitioned(*[args[i] for i in user_idx])
 
 
 def _getitem_op():
@@ -195,7 +234,18 @@ def _get_attr(gm, target: str):
 
 
 def _partition(torch, name: str, sub, outer_args, outer_gm, report: Report):
-    """An ``nn.Module`` that runs the fused FX submodule ``sub`` as one compiled opsnn graph."""
+    """An ``nn.Module`` that runs the fused FX submodule ``sub`` as one compiled opsnn graph (or
+    ``sub`` itself, in torch, when opsnn cannot compile it)."""
+    from . import aten as _aten
+
+    try:
+        return _lowered(torch, name, sub, outer_args, outer_gm, report)
+    except (_aten.Unsupported, OpsnnError) as exc:  # the submodule is plain FX: torch runs it as it is
+        _fallback(report, name, "partition", f"opsnn could not compile it: {exc}")
+        return sub
+
+
+def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
     from ...frontend import compile as _opsnn_compile
     from ...graph.ir import Graph, Node, Value
     from . import aten as _aten
@@ -223,6 +273,7 @@ def _partition(torch, name: str, sub, outer_args, outer_gm, report: Report):
         elif node.op == "output":
             result = node.args[0]
             as_tuple = isinstance(result, (tuple, list))
+            expected = [_aten._shape(r) for r in (result if as_tuple else [result])]
             seen = set(g.initializers) | set(g.input_names)
             for r in (result if as_tuple else [result]):
                 out = emit.name(r)
@@ -241,8 +292,11 @@ def _partition(torch, name: str, sub, outer_args, outer_gm, report: Report):
         def __init__(self):
             super().__init__()
             self.cg, self._keep, self._as_tuple = cg, keep, as_tuple
+            self.torch_reason = ""  # set when opsnn's result disagrees with torch's shapes: torch runs it
 
         def forward(self, *args):
+            if self.torch_reason:
+                return sub(*args)
             feeds = [args[i].detach().numpy() for i in runtime_idx]  # CPU tensors: views, no copies
             outs = []
             results = self.cg.run(feeds)
@@ -255,6 +309,11 @@ def _partition(torch, name: str, sub, outer_args, outer_gm, report: Report):
                         or any(np.may_share_memory(arr, f) for f in feeds):
                     arr = arr.copy()
                 outs.append(torch.from_numpy(arr))
+            got = [tuple(o.shape) for o in outs]
+            if got != expected:
+                self.torch_reason = f"opsnn's output shapes {got} differ from torch's {expected}"
+                _fallback(report, name, "partition", self.torch_reason)
+                return sub(*args)
             return tuple(outs) if self._as_tuple else outs[0]
 
     return OpsnnPartition()

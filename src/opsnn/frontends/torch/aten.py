@@ -30,7 +30,10 @@ def check_dtypes(node) -> None:
     """Every tensor this node reads and writes is float32 (the only dtype mapped for now)."""
     vals = [_val(a) for a in node.all_input_nodes]
     out = _val(node)
-    vals += list(out) if isinstance(out, (tuple, list)) else [out]
+    if isinstance(out, (tuple, list)):  # a first-only lowering computes output 0 alone (pool indices are int64)
+        vals += [out[0]] if getattr(build_table().get(node.target), "first_only", False) else list(out)
+    else:
+        vals.append(out)
     for v in vals:
         if v is None:
             continue
@@ -150,8 +153,10 @@ def _permute(n, e):
 
 
 def _clone(n, e):
-    if n.kwargs.get("memory_format") not in (None,) or len(n.args) > 1:
-        raise Unsupported("a memory_format")
+    import torch
+
+    if n.kwargs.get("memory_format") not in (None, torch.contiguous_format, torch.preserve_format) or len(n.args) > 1:
+        raise Unsupported(f"memory_format {n.kwargs.get('memory_format')}")
     return [Node("Identity", [e.name(n.args[0])], [e.out(n)])]
 
 
@@ -181,12 +186,34 @@ def _batch_norm_eval(n, e):
                  {"epsilon": float(eps)})]
 
 
+def _batch_norm(n, e):
+    x, weight, bias, mean, var, training, _momentum, eps = n.args[:8]
+    if training:
+        raise Unsupported("training-mode batch norm (batch statistics, running-stat updates)")
+    if weight is None or bias is None or mean is None or var is None:
+        raise Unsupported("batch norm without affine weights or running statistics")
+    y, _, _ = e.outs(n, 3)
+    e.names[n] = (y, None, None)
+    return [Node("BatchNormalization", [e.name(x), e.name(weight), e.name(bias), e.name(mean), e.name(var)], [y],
+                 {"epsilon": float(eps)})]
+
+
+def _split(n, e):
+    x, _sizes = n.args[:2]
+    dim = int(_kw(n, 2, "dim", 0)) % _rank(x)
+    sizes = [int(v.shape[dim]) for v in _val(n)]
+    names = e.outs(n, len(sizes))
+    return [Node("Split", [e.name(x), e.const("split", np.array(sizes, np.int64))], names, {"axis": dim})]
+
+
 def _max_pool2d_with_indices(n, e):
     x, kernel = n.args[:2]
     stride = _kw(n, 2, "stride", [])
     padding = _kw(n, 3, "padding", 0)
     dilation = _kw(n, 4, "dilation", 1)
     ceil_mode = _kw(n, 5, "ceil_mode", False)
+    if ceil_mode:  # ONNX's and torch's rules for a last window that starts in the padding differ
+        raise Unsupported("ceil_mode=True")
     ks = _pairs(kernel, 2)
     pads = _pairs(padding, 2)
     y, _ = e.outs(n, 2)
@@ -235,7 +262,7 @@ def _reduce(op):
     return adapt
 
 
-def _getitem(n, e):
+def _getitem(n, e):  # a tuple member: the name its producer's lowering gave it
     src, i = n.args
     names = e.names.get(src)
     if not isinstance(names, tuple) or names[i] is None:
@@ -244,14 +271,28 @@ def _getitem(n, e):
     return []
 
 
+#: lowerings that compute a tuple's output 0 alone (the others: saved statistics, int64 indices)
+for _f in (_batch_norm_eval, _batch_norm, _max_pool2d_with_indices, _layer_norm):
+    _f.first_only = True
+
+_TABLE: dict = {}
+
+
 def build_table():
     """``{ATen overload: adapter}``; built on first use (it needs torch)."""
+    if not _TABLE:
+        _TABLE.update(_table())
+    return _TABLE
+
+
+def _table():
     import torch
 
     aten = torch.ops.aten
     return {
         aten.convolution.default: _convolution,                              # -> Conv
         aten._native_batch_norm_legit_no_training.default: _batch_norm_eval,  # -> BatchNormalization
+        aten.native_batch_norm.default: _batch_norm,                         # -> BatchNormalization (eval)
         aten.max_pool2d_with_indices.default: _max_pool2d_with_indices,      # -> MaxPool (values only)
         aten.native_layer_norm.default: _layer_norm,                         # -> LayerNormalization
         aten.addmm.default: _addmm,                                          # -> MatMul + Add
@@ -273,7 +314,14 @@ def build_table():
         aten.view.default: _reshape,                                         # -> Reshape
         aten._unsafe_view.default: _reshape,                                 # -> Reshape
         aten.reshape.default: _reshape,                                      # -> Reshape
+        aten.view_copy.default: _reshape,                                    # -> Reshape
         aten.expand.default: _expand,                                        # -> Expand
+        aten.expand_copy.default: _expand,                                   # -> Expand
+        aten.permute_copy.default: _permute,                                 # -> Transpose
+        aten.split.Tensor: _split,                                           # -> Split
+        aten.split_copy.Tensor: _split,                                      # -> Split
+        aten.split_with_sizes.default: _split,                               # -> Split
+        aten.split_with_sizes_copy.default: _split,                          # -> Split
         aten.permute.default: _permute,                                      # -> Transpose
         aten.clone.default: _clone,                                          # -> Identity
         aten.sum.dim_IntList: _reduce("ReduceSum"),
