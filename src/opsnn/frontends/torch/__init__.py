@@ -9,7 +9,8 @@ that share the torch tensors' memory. Every node left to torch is logged with it
 :func:`explain` reports the partitions, fallbacks and kernels.
 
 Forward (inference) only for now: a graph compiled while autograd records (grad enabled and
-an input that requires grad) runs in torch, as does a graph with symbolic shapes.
+an input that requires grad) runs in torch. A graph with symbolic sizes (``dynamic=True``) is
+compiled again for each concrete shape it meets (no opsnn symbolic dims yet).
 
 torch is an optional dependency: nothing here imports it until the backend is used.
 """
@@ -84,7 +85,37 @@ def backend(gm, example_inputs):
         report.whole_graph_reason = whole
         _fallback(report, "<graph>", "", whole)
         return gm.forward
+    if any(_symbolic(torch, x) for x in example_inputs):
+        return _per_shape(torch, gm, report)
     return _guarded(torch, gm, example_inputs, report)
+
+
+def _symbolic(torch, x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return any(not isinstance(d, int) for d in x.shape)
+    return isinstance(x, torch.SymInt)
+
+
+#: concrete shapes kept per graph Dynamo compiled with symbolic sizes
+MAX_SHAPES = 16
+
+
+def _per_shape(torch, gm, report: Report):
+    """A graph with symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic shapes): compiled
+    again for each concrete signature it meets (its sizes are baked into that trace)."""
+    cache: dict = {}
+
+    def run(*args):
+        key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+        fn = cache.get(key)
+        if fn is None:
+            if len(cache) >= MAX_SHAPES:
+                cache.pop(next(iter(cache)))
+            log.info("symbolic graph: compiling for %s", key)
+            fn = cache[key] = _guarded(torch, gm, args, report)
+        return fn(*args)
+
+    return run
 
 
 def _guarded(torch, gm, example_inputs, report: Report):
@@ -112,13 +143,15 @@ def _guarded(torch, gm, example_inputs, report: Report):
 
 def _whole_graph_reason(torch, gm, example_inputs) -> str:
     for x in example_inputs:
+        if isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool):
+            continue  # a size: the graph is compiled per concrete value
         if not isinstance(x, torch.Tensor):
-            return f"an input of type {type(x).__name__} (symbolic shapes: dynamic=True is not supported yet)"
+            return f"an input of type {type(x).__name__}"
         if x.device.type != "cpu":
             return f"an input on {x.device} (opsnn runs on the CPU)"
         if x.layout != torch.strided or x.is_quantized:
             return "a sparse or quantized input"
-    if torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs):
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
         return "autograd is recording (training graphs are not supported yet: run under torch.no_grad())"
     return ""
 
@@ -137,7 +170,8 @@ def _compile(torch, gm, example_inputs, report: Report):
     # traced on fake tensors of fixed shapes (a real trace would run the graph, mutating inputs and
     # buffers once more), functionalized, decomposed to core ATen
     fake_mode = FakeTensorMode()
-    fakes = [fake_mode.from_tensor(x, static_shapes=True) for x in example_inputs]
+    fakes = [fake_mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
+             for x in example_inputs]
     with fake_mode:
         traced = make_fx(torch.func.functionalize(gm, remove="mutations_and_views"),
                          decomposition_table=core_aten_decompositions())(*fakes)

@@ -303,6 +303,10 @@ def _table():
         aten.tanh.default: _unary("Tanh"),
         aten.exp.default: _unary("Exp"),
         aten.neg.default: _unary("Neg"),
+        aten.abs.default: _unary("Abs"),
+        aten.log.default: _unary("Log"),
+        aten.erf.default: _unary("Erf"),
+        aten.reciprocal.default: _unary("Reciprocal"),
         aten.sqrt.default: _unary("Sqrt"),
         aten.gelu.default: _gelu,                                            # -> Gelu
         aten._softmax.default: _softmax("Softmax"),
@@ -315,6 +319,10 @@ def _table():
         aten._unsafe_view.default: _reshape,                                 # -> Reshape
         aten.reshape.default: _reshape,                                      # -> Reshape
         aten.view_copy.default: _reshape,                                    # -> Reshape
+        aten.unsqueeze.default: _reshape,                                    # -> Reshape
+        aten.unsqueeze_copy.default: _reshape,                               # -> Reshape
+        aten.squeeze.dims: _reshape,                                         # -> Reshape
+        aten.squeeze_copy.dims: _reshape,                                    # -> Reshape
         aten.expand.default: _expand,                                        # -> Expand
         aten.expand_copy.default: _expand,                                   # -> Expand
         aten.permute_copy.default: _permute,                                 # -> Transpose
