@@ -314,3 +314,17 @@ def test_each_mapped_op_matches_eager():
     want = f(x, y, w1)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=RTOL, atol=RTOL * float(want.abs().max()))
     assert reports[0].fallbacks == []
+
+
+def test_a_partition_opsnn_cannot_compile_runs_in_torch(monkeypatch):
+    import opsnn.frontend
+    from opsnn.errors import ParamInvalidError
+
+    def refuse(graph, *args, **kwargs):
+        raise ParamInvalidError(f"compile: refused {graph.name} for this test")
+
+    monkeypatch.setattr(opsnn.frontend, "compile", refuse)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+    reports = []
+    _check(m, torch.randn(2, 4), backend=_recording(reports))
+    assert not reports[0].partitions and "refused" in reports[0].fallbacks[0][2]

@@ -127,7 +127,12 @@ def _guarded(torch, gm, example_inputs, report: Report):
 
     def build(args):
         state["key"] = [(args[i].data_ptr(), args[i]._version) for i in static_idx]
-        state["fn"] = _compile(torch, gm, args, report)
+        try:
+            state["fn"] = _compile(torch, gm, args, report)
+        except Exception as exc:  # tracing or partitioning failed: the graph runs in torch as Dynamo gave it
+            report.whole_graph_reason = f"opsnn could not take the graph ({type(exc).__name__}: {exc})"
+            _fallback(report, "<graph>", "", report.whole_graph_reason)
+            state["fn"] = gm.forward
 
     build(example_inputs)
 
@@ -220,6 +225,8 @@ def _compile(torch, gm, example_inputs, report: Report):
                     why = f"its output {used[0]} is used and not computed on opsnn" if used else ""
             except _aten.Unsupported as exc:
                 why = str(exc)
+            except Exception as exc:  # arguments the adapter did not foresee: torch runs the node
+                why = f"the adapter rejected its arguments ({type(exc).__name__}: {exc})"
         verdicts[node] = why
         return why
 
@@ -270,12 +277,10 @@ def _get_attr(gm, target: str):
 def _partition(torch, name: str, sub, outer_args, outer_gm, report: Report):
     """An ``nn.Module`` that runs the fused FX submodule ``sub`` as one compiled opsnn graph (or
     ``sub`` itself, in torch, when opsnn cannot compile it)."""
-    from . import aten as _aten
-
     try:
         return _lowered(torch, name, sub, outer_args, outer_gm, report)
-    except (_aten.Unsupported, OpsnnError) as exc:  # the submodule is plain FX: torch runs it as it is
-        _fallback(report, name, "partition", f"opsnn could not compile it: {exc}")
+    except Exception as exc:  # the submodule is plain FX: torch runs it as it is
+        _fallback(report, name, "partition", f"opsnn could not compile it ({type(exc).__name__}: {exc})")
         return sub
 
 
@@ -333,13 +338,18 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
                 return sub(*args)
             feeds = [args[i].detach().numpy() for i in runtime_idx]  # CPU tensors: views, no copies
             outs = []
-            results = self.cg.run(feeds)
+            try:
+                results = self.cg.run(feeds)
+                arrays = [t.numpy() for t in results]  # a kernel's failure surfaces here, on waiting
+            except OpsnnError as exc:
+                self.torch_reason = f"opsnn failed to run it ({type(exc).__name__}: {exc})"
+                _fallback(report, name, "partition", self.torch_reason)
+                return sub(*args)
             plan = self.cg.latest_plan
-            for name, t in zip(self.cg.output_names, results):
-                arr = t.numpy()
+            for out_name, arr in zip(self.cg.output_names, arrays):
                 # a constant output (a weight, or folded at plan time) is the same array every call, and
                 # an output may be an input's memory: torch gets copies of those, fresh arrays as they are
-                if name in self.cg.graph.initializers or (plan is not None and name in plan.folded) \
+                if out_name in self.cg.graph.initializers or (plan is not None and out_name in plan.folded) \
                         or any(np.may_share_memory(arr, f) for f in feeds):
                     arr = arr.copy()
                 outs.append(torch.from_numpy(arr))
