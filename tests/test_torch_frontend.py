@@ -30,8 +30,8 @@ def _fresh_dynamo():
 def _recording(reports):
     """The opsnn backend, keeping each call's Report in ``reports``."""
     def be(gm, example_inputs):
-        fn = fe.backend(gm, example_inputs)
-        reports.append(fe._REPORTS[-1])
+        fn, report = fe.compile_graph(gm, example_inputs)
+        reports.append(report)
         return fn
     return be
 
@@ -120,12 +120,13 @@ def test_unmapped_op_falls_back_logged_and_right(caplog, monkeypatch, capfd):
         return torch.flip(y, dims=[1]) * 2.0 + 1.0  # aten.flip has no mapping
 
     monkeypatch.setenv("OPSNN_DEBUG", "1")
+    reports = []
     with caplog.at_level(logging.INFO, logger="opsnn.frontends.torch"):
-        compiled = torch.compile(f, backend=fe.backend, dynamic=False)
+        compiled = torch.compile(f, backend=_recording(reports), dynamic=False)
         x, w = torch.randn(3, 5), torch.randn(5, 4)
         got = compiled(x, w)
     np.testing.assert_allclose(got.numpy(), f(x, w).numpy(), rtol=RTOL, atol=RTOL)
-    rep = fe._REPORTS[-1]
+    [rep] = reports
     assert [t for _, t, _ in rep.fallbacks] == ["aten.flip.default"]
     assert "no mapping" in rep.fallbacks[0][2]
     assert len(rep.partitions) == 2  # before and after the flip
@@ -139,9 +140,10 @@ def test_unexpressible_arguments_fall_back():
         return torch.addmm(x, a, b, beta=0.5, alpha=2.0)
 
     x, a, b = torch.randn(3, 4), torch.randn(3, 5), torch.randn(5, 4)
-    got = torch.compile(f, backend=fe.backend, dynamic=False)(x, a, b)
+    reports = []
+    got = torch.compile(f, backend=_recording(reports), dynamic=False)(x, a, b)
     np.testing.assert_allclose(got.numpy(), f(x, a, b).numpy(), rtol=RTOL, atol=RTOL)
-    assert any("beta" in why for _, _, why in fe._REPORTS[-1].fallbacks)
+    assert any("beta" in why for _, _, why in reports[0].fallbacks)
 
 
 def test_other_batch_size_recompiles_and_stays_right():
@@ -173,10 +175,11 @@ def test_outputs_stay_valid_after_the_next_call():
 def test_training_graph_runs_in_torch_with_a_reason():
     m = torch.nn.Linear(3, 2)
     x = torch.randn(4, 3)
-    out = torch.compile(m, backend=fe.backend, dynamic=False)(x)
+    reports = []
+    out = torch.compile(m, backend=_recording(reports), dynamic=False)(x)
     assert out.grad_fn is not None  # autograd still works: the graph ran in torch
     np.testing.assert_allclose(out.detach().numpy(), m(x).detach().numpy(), rtol=RTOL, atol=RTOL)
-    assert "autograd" in fe._REPORTS[-1].whole_graph_reason
+    assert "autograd" in reports[0].whole_graph_reason
 
 
 def test_explain_prints_partitions_fallbacks_kernels(capsys):

@@ -27,7 +27,7 @@ from ...errors import OpsnnError
 
 log = logging.getLogger("opsnn.frontends.torch")
 
-__all__ = ["backend", "explain", "TorchNotInstalledError", "Report"]
+__all__ = ["backend", "compile_graph", "explain", "TorchNotInstalledError", "Report"]
 
 
 class TorchNotInstalledError(OpsnnError, ImportError):
@@ -63,10 +63,6 @@ class Report:
         return "\n".join(lines)
 
 
-#: the report of every backend call, newest last (explain() reads the ones its call produced)
-_REPORTS: list = []
-
-
 def _fallback(report: Report, node: str, target, reason: str) -> None:
     report.fallbacks.append((node, str(target), reason))
     log.info("torch fallback: %s (%s): %s", node, target, reason)
@@ -76,10 +72,17 @@ def _fallback(report: Report, node: str, target, reason: str) -> None:
 
 def backend(gm, example_inputs):
     """The ``torch.compile`` backend: ``(GraphModule, example_inputs) -> callable``."""
-    torch = _torch()
+    return compile_graph(gm, example_inputs)[0]
+
+
+def compile_graph(gm, example_inputs) -> tuple:
+    """What :func:`backend` does, returning ``(callable, Report)``; the report fills in as the
+    callable meets new shapes or parameters."""
     report = Report()
-    _REPORTS.append(report)
-    del _REPORTS[:-64]
+    return _backend(_torch(), gm, example_inputs, report), report
+
+
+def _backend(torch, gm, example_inputs, report: Report):
     whole = _whole_graph_reason(torch, gm, example_inputs)
     if whole:
         report.whole_graph_reason = whole
@@ -371,8 +374,8 @@ def explain(model, *inputs) -> list:
     reports: list = []
 
     def recording(gm, example_inputs):
-        fn = backend(gm, example_inputs)
-        reports.append(_REPORTS[-1])
+        fn, report = compile_graph(gm, example_inputs)
+        reports.append(report)
         return fn
 
     compiled = torch.compile(model, backend=recording, dynamic=False)
