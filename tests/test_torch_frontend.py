@@ -308,8 +308,14 @@ def test_each_mapped_op_matches_eager():
         u = torch.nn.functional.conv1d(x.unsqueeze(0), w1, stride=2, padding=1, dilation=1, groups=1)
         v = torch.nn.functional.max_pool2d(x.reshape(1, 1, 4, 5), 2, stride=1, padding=1)
         g = torch.nn.functional.gelu(x, approximate="tanh") + torch.tanh(x) + torch.erf(x) \
-            + torch.log(x.abs() + 0.5) + torch.reciprocal(y.abs() + 1.0) + x.unsqueeze(2).squeeze(2)
-        return s.sum(dim=0) + t.sum(dim=[0, 1]) + u.sum(dim=[0, 2]).sum(dim=0) + v.sum(dim=[0, 1, 2, 3]) + g.sum(dim=0)
+            + torch.log(x.abs() + 0.5) + torch.reciprocal(y.abs() + 1.0) + x.unsqueeze(2).squeeze(2) \
+            + torch.nn.functional.hardtanh(3 * x) + x.clamp(min=-0.5) + x.clamp(-0.2, 0.3) \
+            + torch.nn.functional.leaky_relu(x, 0.2)
+        img = torch.cat([x, y], dim=0).reshape(1, 2, 4, 5)
+        p = torch.nn.functional.avg_pool2d(img, 3, stride=2, padding=1).sum() \
+            + torch.nn.functional.avg_pool2d(img, 2, count_include_pad=False, padding=1).sum() \
+            + torch.nn.functional.adaptive_avg_pool2d(img, 1).sum()
+        return s.sum(dim=0) + t.sum(dim=[0, 1]) + u.sum(dim=[0, 2]).sum(dim=0) + v.sum(dim=[0, 1, 2, 3]) + g.sum(dim=0) + p
 
     x, y, w1 = torch.randn(4, 5), torch.randn(4, 5), torch.randn(3, 4, 3)
     reports = []

@@ -255,11 +255,55 @@ def _reduce(op):
         keepdim = _kw(n, 2, "keepdim", False)
         if n.kwargs.get("dtype") is not None:
             raise Unsupported("a dtype argument")
-        if not dims:
-            raise Unsupported("a reduction over every dim")
+        if not dims:  # None or []: every dim, as torch reads it
+            dims = list(range(_rank(x)))
         axes = e.const("axes", np.array([int(d) for d in dims], np.int64))
         return [Node(op, [e.name(x), axes], [e.out(n)], {"keepdims": int(bool(keepdim))})]
     return adapt
+
+
+def _cat(n, e):
+    tensors = list(n.args[0])
+    dim = _kw(n, 1, "dim", 0)
+    rank = _rank(n)
+    if any(_rank(t) != rank for t in tensors):
+        raise Unsupported("inputs of different ranks (torch's legacy empty 1-D tensors)")
+    return [Node("Concat", [e.name(t) for t in tensors], [e.out(n)], {"axis": int(dim) % rank})]
+
+
+def _avg_pool2d(n, e):
+    x, kernel = n.args[:2]
+    stride = _kw(n, 2, "stride", [])
+    padding = _kw(n, 3, "padding", 0)
+    if _kw(n, 4, "ceil_mode", False):
+        raise Unsupported("ceil_mode=True")
+    if _kw(n, 6, "divisor_override", None) is not None:
+        raise Unsupported("divisor_override")
+    ks, pads = _pairs(kernel, 2), _pairs(padding, 2)
+    attrs = {"kernel_shape": ks, "strides": _pairs(stride, 2) if stride else ks, "pads": pads + pads,
+             "count_include_pad": int(bool(_kw(n, 5, "count_include_pad", True)))}
+    return [Node("AveragePool", [e.name(x)], [e.out(n)], attrs)]
+
+
+def _adaptive_avg_pool2d(n, e):
+    x, size = n.args[:2]
+    if _rank(x) != 4 or [int(d) for d in size] != [1, 1]:
+        raise Unsupported(f"output size {list(size)} on a {_rank(x)}-D input (mapped: 1x1 on 4-D)")
+    return [Node("GlobalAveragePool", [e.name(x)], [e.out(n)])]
+
+
+def _clip(lo_key: str, hi_key: str, lo_default, hi_default):
+    def adapt(n, e):
+        lo, hi = _kw(n, 1, lo_key, lo_default), _kw(n, 2, hi_key, hi_default)
+        if lo is not None and hi is not None and lo > hi:
+            raise Unsupported("min > max")  # torch then gives max everywhere; Clip's rule may differ
+        ins = [e.name(n.args[0]), "" if lo is None else e.scalar("min", lo), "" if hi is None else e.scalar("max", hi)]
+        return [Node("Clip", ins, [e.out(n)])]
+    return adapt
+
+
+def _leaky_relu(n, e):
+    return [Node("LeakyRelu", [e.name(n.args[0])], [e.out(n)], {"alpha": float(_kw(n, 1, "negative_slope", 0.01))})]
 
 
 def _getitem(n, e):  # a tuple member: the name its producer's lowering gave it
@@ -298,7 +342,13 @@ def _table():
         aten.addmm.default: _addmm,                                          # -> MatMul + Add
         aten.mm.default: _matmul,                                            # -> MatMul
         aten.bmm.default: _matmul,                                           # -> MatMul
+        aten.avg_pool2d.default: _avg_pool2d,                                # -> AveragePool
+        aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,             # -> GlobalAveragePool (1x1)
+        aten.cat.default: _cat,                                              # -> Concat
         aten.relu.default: _unary("Relu"),
+        aten.hardtanh.default: _clip("min_val", "max_val", -1.0, 1.0),       # -> Clip
+        aten.clamp.default: _clip("min", "max", None, None),                 # -> Clip
+        aten.leaky_relu.default: _leaky_relu,                                # -> LeakyRelu
         aten.sigmoid.default: _unary("Sigmoid"),
         aten.tanh.default: _unary("Tanh"),
         aten.exp.default: _unary("Exp"),
@@ -333,6 +383,7 @@ def _table():
         aten.permute.default: _permute,                                      # -> Transpose
         aten.clone.default: _clone,                                          # -> Identity
         aten.sum.dim_IntList: _reduce("ReduceSum"),
+        aten.sum.default: _reduce("ReduceSum"),
         aten.mean.dim: _reduce("ReduceMean"),
         aten.amax.default: _reduce("ReduceMax"),
         operator.getitem: _getitem,
