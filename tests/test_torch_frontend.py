@@ -159,9 +159,12 @@ def test_other_batch_size_recompiles_and_stays_right():
     assert len(calls) == 2 and {(2, 6), (7, 6)} <= {s for c in calls for s in c}
 
 
-def test_outputs_stay_valid_after_the_next_call():
+@pytest.mark.parametrize("last", ["sigmoid", "view"])
+def test_outputs_stay_valid_after_the_next_call(last):
+    """Outputs outlive the next run, also one that is a view (Flatten) of an intermediate."""
     torch.manual_seed(6)
-    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sigmoid()).eval()
+    tail = torch.nn.Sigmoid() if last == "sigmoid" else torch.nn.Flatten(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), tail).eval()
     compiled = torch.compile(m, backend=fe.backend, dynamic=False)
     with torch.no_grad():
         x1, x2 = torch.randn(3, 4), torch.randn(3, 4)
@@ -337,3 +340,18 @@ def test_a_partition_opsnn_cannot_compile_runs_in_torch(monkeypatch):
     reports = []
     _check(m, torch.randn(2, 4), backend=_recording(reports))
     assert not reports[0].partitions and "refused" in reports[0].fallbacks[0][2]
+
+
+def test_several_outputs_and_non_tensors():
+    def f(x, w):
+        h = x @ w
+        return {"act": torch.relu(h), "pre": h, "same": h, "n": 3, "flat": h.reshape(-1)}
+
+    x, w = torch.randn(3, 4), torch.randn(4, 2)
+    got = torch.compile(f, backend=fe.backend, dynamic=False)(x, w)
+    want = f(x, w)
+    assert got["n"] == 3
+    for key in ("act", "pre", "same", "flat"):
+        np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=RTOL, atol=RTOL)
+    got["pre"].add_(1.0)  # torch may write into an output; the others are right still
+    np.testing.assert_allclose(got["act"].numpy(), want["act"].numpy(), rtol=RTOL, atol=RTOL)
