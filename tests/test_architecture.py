@@ -37,6 +37,7 @@ LAYER_OF = {
     "autograd": "training", "optim": "training", "amp": "training",
     # frontends: what builds or loads graphs and modules; the compile front door; user settings
     "nn": "frontends", "checkpoint": "frontends", "models": "frontends", "onnx": "frontends", "frontend": "frontends", "config": "frontends",
+    "frontends": "frontends",
     # applications: whole jobs built on the frontends
     "llm": "applications", "pipeline": "applications",
     # tools: observers (through runtime.hooks) and inspectors

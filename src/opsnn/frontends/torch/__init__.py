@@ -1,0 +1,385 @@
+"""``torch.compile(model, backend="opsnn")``: PyTorch models run on opsnn's graph engine.
+
+The backend receives Dynamo's FX graph and its example inputs, traces it to core ATen with
+torch's decompositions (functionalized), splits it into the parts opsnn maps exactly (the
+table in :mod:`.aten`) and the rest, and compiles each supported part with ``opsnn.compile``
+(passes, memory plan, a plan per input shape). Parameters and buffers become graph constants
+that share the torch tensors' memory. Every node left to torch is logged with its reason
+(``logging`` INFO on ``opsnn.frontends.torch``; ``OPSNN_DEBUG=1`` prints them);
+:func:`explain` reports the partitions, fallbacks and kernels.
+
+Forward (inference) only for now: a graph compiled while autograd records (grad enabled and
+an input that requires grad) runs in torch. A graph with symbolic sizes (``dynamic=True``) is
+compiled again for each concrete shape it meets (no opsnn symbolic dims yet).
+
+torch is an optional dependency: nothing here imports it until the backend is used.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import OpsnnError
+
+log = logging.getLogger("opsnn.frontends.torch")
+
+__all__ = ["backend", "compile_graph", "explain", "TorchNotInstalledError", "Report"]
+
+
+class TorchNotInstalledError(OpsnnError, ImportError):
+    """The torch frontend was asked for but PyTorch is not installed."""
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise TorchNotInstalledError("opsnn.frontends.torch: the 'opsnn' torch.compile backend needs PyTorch; "
+                                     "install it with `pip install opsnn[torch]`") from None
+    return torch
+
+
+@dataclass
+class Report:
+    """What one backend call did: partitions run on opsnn, nodes left to torch and why, kernels."""
+
+    partitions: list = field(default_factory=list)   # (name, [aten ops], CompiledGraph)
+    fallbacks: list = field(default_factory=list)    # (node name, aten target, reason)
+    whole_graph_reason: str = ""                      # set when the whole graph runs in torch
+
+    def __str__(self) -> str:
+        lines = []
+        if self.whole_graph_reason:
+            lines.append(f"whole graph runs in torch: {self.whole_graph_reason}")
+        for name, ops, cg in self.partitions:
+            lines.append(f"partition {name}: {len(ops)} ATen ops on opsnn")
+            lines.append("  " + cg.explain().replace("\n", "\n  "))
+        for node, target, reason in self.fallbacks:
+            lines.append(f"fallback {node} ({target}): {reason}")
+        return "\n".join(lines)
+
+
+def _fallback(report: Report, node: str, target, reason: str) -> None:
+    report.fallbacks.append((node, str(target), reason))
+    log.info("torch fallback: %s (%s): %s", node, target, reason)
+    if os.environ.get("OPSNN_DEBUG") == "1":
+        print(f"opsnn torch fallback: {node} ({target}): {reason}", file=sys.stderr)
+
+
+def backend(gm, example_inputs):
+    """The ``torch.compile`` backend: ``(GraphModule, example_inputs) -> callable``."""
+    return compile_graph(gm, example_inputs)[0]
+
+
+def compile_graph(gm, example_inputs) -> tuple:
+    """What :func:`backend` does, returning ``(callable, Report)``; the report fills in as the
+    callable meets new shapes or parameters."""
+    report = Report()
+    return _backend(_torch(), gm, example_inputs, report), report
+
+
+def _backend(torch, gm, example_inputs, report: Report):
+    whole = _whole_graph_reason(torch, gm, example_inputs)
+    if whole:
+        report.whole_graph_reason = whole
+        _fallback(report, "<graph>", "", whole)
+        return gm.forward
+    if any(_symbolic(torch, x) for x in example_inputs):
+        return _per_shape(torch, gm, report)
+    return _guarded(torch, gm, example_inputs, report)
+
+
+def _symbolic(torch, x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return any(not isinstance(d, int) for d in x.shape)
+    return isinstance(x, torch.SymInt)
+
+
+#: concrete shapes kept per graph Dynamo compiled with symbolic sizes
+MAX_SHAPES = 16
+
+
+def _per_shape(torch, gm, report: Report):
+    """A graph with symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic shapes): compiled
+    again for each concrete signature it meets (its sizes are baked into that trace)."""
+    cache: dict = {}
+
+    def run(*args):
+        key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+        fn = cache.get(key)
+        if fn is None:
+            if len(cache) >= MAX_SHAPES:
+                cache.pop(next(iter(cache)))
+            log.info("symbolic graph: compiling for %s", key)
+            fn = cache[key] = _guarded(torch, gm, args, report)
+        return fn(*args)
+
+    return run
+
+
+def _guarded(torch, gm, example_inputs, report: Report):
+    """Compile, and compile again when a parameter or buffer changed since: another tensor in its
+    place, or an in-place update (load_state_dict) that a repacked copy (a folded batch norm, a
+    transposed weight) would not see. Dynamo does not guard these inputs; their version counters do."""
+    static_idx = [i for i, x in enumerate(example_inputs) if getattr(x, "_dynamo_static_input_type", None)]
+    state: dict = {}
+
+    def build(args):
+        state["key"] = [(args[i].data_ptr(), args[i]._version) for i in static_idx]
+        try:
+            state["fn"] = _compile(torch, gm, args, report)
+        except Exception as exc:  # tracing or partitioning failed: the graph runs in torch as Dynamo gave it
+            report.whole_graph_reason = f"opsnn could not take the graph ({type(exc).__name__}: {exc})"
+            _fallback(report, "<graph>", "", report.whole_graph_reason)
+            state["fn"] = gm.forward
+
+    build(example_inputs)
+
+    def run(*args):
+        if any(args[i].data_ptr() != p or args[i]._version != v for i, (p, v) in zip(static_idx, state["key"])):
+            log.info("graph parameters changed since they were compiled: compiling again")
+            del report.partitions[:], report.fallbacks[:]
+            build(args)
+        return state["fn"](*args)
+
+    return run
+
+
+def _whole_graph_reason(torch, gm, example_inputs) -> str:
+    for x in example_inputs:
+        if isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool):
+            continue  # a size: the graph is compiled per concrete value
+        if not isinstance(x, torch.Tensor):
+            return f"an input of type {type(x).__name__}"
+        if x.device.type != "cpu":
+            return f"an input on {x.device} (opsnn runs on the CPU)"
+        if x.layout != torch.strided or x.is_quantized:
+            return "a sparse or quantized input"
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+        return "autograd is recording (training graphs are not supported yet: run under torch.no_grad())"
+    return ""
+
+
+def _compile(torch, gm, example_inputs, report: Report):
+    from torch._decomp import core_aten_decompositions
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OperatorSupportBase
+
+    from . import aten as _aten
+
+    static = [getattr(x, "_dynamo_static_input_type", None) is not None for x in example_inputs]
+    user_idx = [i for i, s in enumerate(static) if not s]
+    # traced on fake tensors of fixed shapes (a real trace would run the graph, mutating inputs and
+    # buffers once more), functionalized, decomposed to core ATen
+    fake_mode = FakeTensorMode()
+    fakes = [fake_mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
+             for x in example_inputs]
+    with fake_mode:
+        traced = make_fx(torch.func.functionalize(gm, remove="mutations_and_views"),
+                         decomposition_table=core_aten_decompositions())(*fakes)
+    # parameters and buffers become constants: get_attr nodes over the real tensors
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    for k, (node, is_static) in enumerate(zip(placeholders, static)):
+        if is_static:
+            attr = f"_opsnn_const_{k}"
+            t = example_inputs[k]
+            if isinstance(t, torch.nn.Parameter):
+                traced.register_parameter(attr, t)
+            else:
+                traced.register_buffer(attr, t, persistent=False)
+            with traced.graph.inserting_before(node):
+                const = traced.graph.get_attr(attr)
+            const.meta = dict(node.meta)
+            node.replace_all_uses_with(const)
+            traced.graph.erase_node(node)
+    traced.graph.eliminate_dead_code()  # unused tuple members (a norm's saved statistics) go
+    traced.recompile()
+    table = _aten.build_table()
+    verdicts: dict = {}
+
+    def verdict(node) -> str:
+        """'' when opsnn lowers ``node`` exactly, else the reason it stays in torch."""
+        if node in verdicts:
+            return verdicts[node]
+        if node.op != "call_function":
+            return "not a call"
+        adapter = table.get(node.target)
+        if adapter is None:
+            why = "no mapping for this ATen op"
+        else:
+            try:
+                if node.target is _getitem_op():
+                    src, i = node.args
+                    first_only = getattr(table.get(src.target), "first_only", False)
+                    why = verdict(src) or ("" if i == 0 or not first_only
+                                           else f"output {i} of {src.target} is not computed on opsnn")
+                else:
+                    _aten.check_dtypes(node)
+                    adapter(node, _aten.Emit(_ProbeGraph(), probe=True))
+                    used = sorted({u.args[1] for u in node.users if u.target is _getitem_op()} - {0})
+                    if not getattr(adapter, "first_only", False):
+                        used = []
+                    why = f"its output {used[0]} is used and not computed on opsnn" if used else ""
+            except _aten.Unsupported as exc:
+                why = str(exc)
+            except Exception as exc:  # arguments the adapter did not foresee: torch runs the node
+                why = f"the adapter rejected its arguments ({type(exc).__name__}: {exc})"
+        verdicts[node] = why
+        return why
+
+    class Support(OperatorSupportBase):
+        def is_node_supported(self, submodules, node) -> bool:
+            return node.op == "call_function" and not verdict(node)
+
+    for node in traced.graph.nodes:
+        if node.op == "call_function" and verdict(node) and not (node.target is _getitem_op()
+                                                                  and verdict(node.args[0])):
+            _fallback(report, node.name, node.target, verdict(node))
+    partitioned = CapabilityBasedPartitioner(traced, Support(), allows_single_node_partition=True).partition_and_fuse()
+    for node in list(partitioned.graph.nodes):
+        if node.op != "call_module" or not node.target.startswith("fused_"):
+            continue
+        sub = getattr(partitioned, node.target)
+        runner = _partition(torch, node.target, sub, node.args, partitioned, report)
+        setattr(partitioned, node.target, runner)
+    partitioned.recompile()
+    return lambda *args: partitioned(*[args[i] for i in user_idx])
+
+
+def _getitem_op():
+    import operator
+
+    return operator.getitem
+
+
+class _ProbeGraph:
+    """A stand-in graph for support checks: names are free, constants go nowhere."""
+
+    def __init__(self):
+        self.initializers: dict = {}
+        self._n = 0
+
+    def unique_name(self, hint: str) -> str:
+        self._n += 1
+        return f"{hint}_{self._n}"
+
+
+def _get_attr(gm, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _partition(torch, name: str, sub, outer_args, outer_gm, report: Report):
+    """An ``nn.Module`` that runs the fused FX submodule ``sub`` as one compiled opsnn graph (or
+    ``sub`` itself, in torch, when opsnn cannot compile it)."""
+    try:
+        return _lowered(torch, name, sub, outer_args, outer_gm, report)
+    except Exception as exc:  # the submodule is plain FX: torch runs it as it is
+        _fallback(report, name, "partition", f"opsnn could not compile it ({type(exc).__name__}: {exc})")
+        return sub
+
+
+def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
+    from ...frontend import compile as _opsnn_compile
+    from ...graph.ir import Graph, Node, Value
+    from . import aten as _aten
+
+    table = _aten.build_table()
+    g = Graph(f"torch_{name}")
+    emit = _aten.Emit(g)
+    runtime_idx = []
+    keep = []  # the torch tensors whose memory the constants share
+    ops = []
+    for node in sub.graph.nodes:
+        if node.op == "placeholder":
+            i = len(runtime_idx) + len(keep)
+            outer = outer_args[i]
+            if getattr(outer, "op", None) == "get_attr":
+                t = _get_attr(outer_gm, outer.target).detach()
+                keep.append(t)
+                emit.names[node] = emit.const(node.name, t.numpy())  # CPU tensors: a view, no copy
+            else:
+                runtime_idx.append(i)
+                g.inputs.append(Value(emit.out(node), np.float32, _aten._shape(node)))
+        elif node.op == "call_function":
+            g.nodes.extend(table[node.target](node, emit))
+            ops.append(str(node.target))
+        elif node.op == "output":
+            result = node.args[0]
+            as_tuple = isinstance(result, (tuple, list))
+            expected = [_aten._shape(r) for r in (result if as_tuple else [result])]
+            seen = set(g.initializers) | set(g.input_names)
+            for r in (result if as_tuple else [result]):
+                out = emit.name(r)
+                if out in seen:  # a graph output that is an input, a constant or an earlier output: a copy of it
+                    copy = g.unique_name(f"{out}_out")
+                    g.nodes.append(Node("Identity", [out], [copy]))
+                    out = copy
+                seen.add(out)
+                g.outputs.append(Value(out))
+    g.validate()
+    cg = _opsnn_compile(g)
+    report.partitions.append((name, ops, cg))
+    log.info("partition %s: %d ATen ops on opsnn", name, len(ops))
+
+    class OpsnnPartition(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cg, self._keep, self._as_tuple = cg, keep, as_tuple
+            self.torch_reason = ""  # set when opsnn's result disagrees with torch's shapes: torch runs it
+
+        def forward(self, *args):
+            if self.torch_reason:
+                return sub(*args)
+            feeds = [args[i].detach().numpy() for i in runtime_idx]  # CPU tensors: views, no copies
+            outs = []
+            try:
+                results = self.cg.run(feeds)
+                arrays = [t.numpy() for t in results]  # a kernel's failure surfaces here, on waiting
+            except OpsnnError as exc:
+                self.torch_reason = f"opsnn failed to run it ({type(exc).__name__}: {exc})"
+                _fallback(report, name, "partition", self.torch_reason)
+                return sub(*args)
+            plan = self.cg.latest_plan
+            for out_name, arr in zip(self.cg.output_names, arrays):
+                # a constant output (a weight, or folded at plan time) is the same array every call, and
+                # an output may be an input's memory: torch gets copies of those, fresh arrays as they are
+                if out_name in self.cg.graph.initializers or (plan is not None and out_name in plan.folded) \
+                        or any(np.may_share_memory(arr, f) for f in feeds):
+                    arr = arr.copy()
+                outs.append(torch.from_numpy(arr))
+            got = [tuple(o.shape) for o in outs]
+            if got != expected:
+                self.torch_reason = f"opsnn's output shapes {got} differ from torch's {expected}"
+                _fallback(report, name, "partition", self.torch_reason)
+                return sub(*args)
+            return tuple(outs) if self._as_tuple else outs[0]
+
+    return OpsnnPartition()
+
+
+def explain(model, *inputs) -> list:
+    """Compile ``model`` with the opsnn backend, run it once on ``inputs`` (under ``torch.no_grad``)
+    and print the partitions, the fallbacks with their reasons and each partition's kernels;
+    returns the :class:`Report` of every graph Dynamo handed over."""
+    torch = _torch()
+    reports: list = []
+
+    def recording(gm, example_inputs):
+        fn, report = compile_graph(gm, example_inputs)
+        reports.append(report)
+        return fn
+
+    compiled = torch.compile(model, backend=recording, dynamic=False)
+    with torch.no_grad():
+        compiled(*inputs)
+    print("\n".join(f"graph {i}:\n{r}" for i, r in enumerate(reports)))
+    return reports

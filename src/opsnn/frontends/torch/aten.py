@@ -1,0 +1,390 @@
+"""The ATen-to-opsnn table: one line per core ATen op, each with an argument adapter.
+
+An adapter takes the FX node (its ``args`` are FX nodes or Python values, ``meta["val"]`` its
+fake/real result) and a :class:`Emit` that names values and adds constants, and returns the
+op-record nodes it lowered to. It raises :class:`Unsupported` with a reason whenever the
+arguments ask for something the record does not compute exactly as ATen does: that node runs
+in torch instead.
+"""
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from ...graph.ir import Node
+
+
+class Unsupported(Exception):
+    """This ATen call has no exact opsnn lowering (the message says why)."""
+
+
+_SUPPORTED_DTYPES = ("torch.float32",)
+
+
+def _val(n):
+    return n.meta.get("val") if hasattr(n, "meta") else None
+
+
+def check_dtypes(node) -> None:
+    """Every tensor this node reads and writes is float32 (the only dtype mapped for now)."""
+    vals = [_val(a) for a in node.all_input_nodes]
+    out = _val(node)
+    if isinstance(out, (tuple, list)):  # a first-only lowering computes output 0 alone (pool indices are int64)
+        vals += [out[0]] if getattr(build_table().get(node.target), "first_only", False) else list(out)
+    else:
+        vals.append(out)
+    for v in vals:
+        if v is None:
+            continue
+        if not hasattr(v, "dtype"):
+            raise Unsupported(f"a non-tensor value {type(v).__name__}")
+        if str(v.dtype) not in _SUPPORTED_DTYPES:
+            raise Unsupported(f"dtype {v.dtype} (mapped: float32)")
+        if any(not isinstance(d, int) for d in v.shape):
+            raise Unsupported("a symbolic shape")
+
+
+def _shape(n) -> tuple:
+    return tuple(int(d) for d in _val(n).shape)
+
+
+def _rank(n) -> int:
+    return len(_val(n).shape)
+
+
+class Emit:
+    """Names FX values in the opsnn graph and adds constants; what an adapter writes through."""
+
+    def __init__(self, graph, probe: bool = False):
+        self.graph = graph
+        self.probe = probe  # a support check: any FX node stands for a tensor
+        self.names: dict = {}  # fx node -> opsnn value name (or tuple of names for tuple results)
+
+    def name(self, arg) -> str:
+        if arg is None:
+            return ""
+        if self.probe and hasattr(arg, "op"):
+            return "probe"
+        if arg not in self.names:
+            raise Unsupported(f"argument {arg!r} is not a tensor this graph has")
+        return self.names[arg]
+
+    def const(self, hint: str, array) -> str:
+        name = self.graph.unique_name(hint)
+        self.graph.initializers[name] = np.asarray(array)
+        return name
+
+    def scalar(self, hint: str, x) -> str:
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise Unsupported(f"a scalar of type {type(x).__name__}")
+        return self.const(hint, np.array(x, np.float32))
+
+    def operand(self, arg, hint: str) -> str:
+        """A tensor argument's name, or a float32 constant for a Python number."""
+        return self.scalar(hint, arg) if isinstance(arg, (int, float)) else self.name(arg)
+
+    def out(self, node) -> str:
+        name = self.graph.unique_name(node.name)
+        self.names[node] = name
+        return name
+
+    def outs(self, node, count: int) -> list:
+        names = [self.graph.unique_name(f"{node.name}_{i}") for i in range(count)]
+        self.names[node] = tuple(names)
+        return names
+
+
+def _kw(node, i: int, key: str, default):
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(key, default)
+
+
+def _unary(op):
+    def adapt(n, e):
+        if len(n.args) != 1 or n.kwargs:
+            raise Unsupported("extra arguments")
+        return [Node(op, [e.name(n.args[0])], [e.out(n)])]
+    return adapt
+
+
+def _binary(op):
+    def adapt(n, e):
+        if n.kwargs.get("alpha", 1) != 1 or len(n.args) > 2:
+            raise Unsupported("alpha != 1")
+        a, b = n.args[:2]
+        return [Node(op, [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+    return adapt
+
+
+def _sub(n, e):
+    alpha = _kw(n, 2, "alpha", 1)
+    a, b = n.args[:2]
+    if alpha != 1:
+        raise Unsupported("alpha != 1")
+    return [Node("Sub", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+
+
+def _addmm(n, e):
+    if _kw(n, 3, "beta", 1) != 1 or _kw(n, 4, "alpha", 1) != 1:
+        raise Unsupported("beta or alpha != 1")
+    bias, a, b = n.args[:3]
+    mm = e.graph.unique_name(f"{n.name}_mm")
+    return [Node("MatMul", [e.name(a), e.name(b)], [mm]), Node("Add", [mm, e.name(bias)], [e.out(n)])]
+
+
+def _matmul(n, e):
+    return [Node("MatMul", [e.name(n.args[0]), e.name(n.args[1])], [e.out(n)])]
+
+
+def _reshape(n, e):
+    return [Node("Reshape", [e.name(n.args[0]), e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)])]
+
+
+def _expand(n, e):
+    return [Node("Expand", [e.name(n.args[0]), e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)])]
+
+
+def _permute(n, e):
+    rank = _rank(n.args[0])
+    perm = [int(d) % rank for d in n.args[1]] if rank else []
+    return [Node("Transpose", [e.name(n.args[0])], [e.out(n)], {"perm": perm})]
+
+
+def _clone(n, e):
+    import torch
+
+    if n.kwargs.get("memory_format") not in (None, torch.contiguous_format, torch.preserve_format) or len(n.args) > 1:
+        raise Unsupported(f"memory_format {n.kwargs.get('memory_format')}")
+    return [Node("Identity", [e.name(n.args[0])], [e.out(n)])]
+
+
+def _pairs(v, rank: int) -> list:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return [int(x) for x in (v * rank if len(v) == 1 else v)]
+
+
+def _convolution(n, e):
+    x, w, b, stride, padding, dilation, transposed, _output_padding, groups = n.args[:9]
+    if transposed:
+        raise Unsupported("transposed convolution (not mapped yet)")
+    k = _rank(w) - 2
+    pads = _pairs(padding, k)
+    attrs = {"strides": _pairs(stride, k), "pads": pads + pads, "dilations": _pairs(dilation, k),
+             "group": int(groups), "kernel_shape": list(_shape(w)[2:])}
+    return [Node("Conv", [e.name(x), e.name(w), e.name(b)], [e.out(n)], attrs)]
+
+
+def _batch_norm_eval(n, e):
+    x, weight, bias, mean, var, _momentum, eps = n.args[:7]
+    if weight is None or bias is None:
+        raise Unsupported("batch norm without affine weights")
+    y, m, r = e.outs(n, 3)
+    e.names[n] = (y, None, None)  # the saved mean / rstd outputs are not computed here
+    return [Node("BatchNormalization", [e.name(x), e.name(weight), e.name(bias), e.name(mean), e.name(var)], [y],
+                 {"epsilon": float(eps)})]
+
+
+def _batch_norm(n, e):
+    x, weight, bias, mean, var, training, _momentum, eps = n.args[:8]
+    if training:
+        raise Unsupported("training-mode batch norm (batch statistics, running-stat updates)")
+    if weight is None or bias is None or mean is None or var is None:
+        raise Unsupported("batch norm without affine weights or running statistics")
+    y, _, _ = e.outs(n, 3)
+    e.names[n] = (y, None, None)
+    return [Node("BatchNormalization", [e.name(x), e.name(weight), e.name(bias), e.name(mean), e.name(var)], [y],
+                 {"epsilon": float(eps)})]
+
+
+def _split(n, e):
+    x, _sizes = n.args[:2]
+    dim = int(_kw(n, 2, "dim", 0)) % _rank(x)
+    sizes = [int(v.shape[dim]) for v in _val(n)]
+    names = e.outs(n, len(sizes))
+    return [Node("Split", [e.name(x), e.const("split", np.array(sizes, np.int64))], names, {"axis": dim})]
+
+
+def _max_pool2d_with_indices(n, e):
+    x, kernel = n.args[:2]
+    stride = _kw(n, 2, "stride", [])
+    padding = _kw(n, 3, "padding", 0)
+    dilation = _kw(n, 4, "dilation", 1)
+    ceil_mode = _kw(n, 5, "ceil_mode", False)
+    if ceil_mode:  # ONNX's and torch's rules for a last window that starts in the padding differ
+        raise Unsupported("ceil_mode=True")
+    ks = _pairs(kernel, 2)
+    pads = _pairs(padding, 2)
+    y, _ = e.outs(n, 2)
+    e.names[n] = (y, None)  # torch's indices (per plane) differ from ONNX's (flat): never mapped
+    attrs = {"kernel_shape": ks, "strides": _pairs(stride, 2) if stride else ks, "pads": pads + pads,
+             "dilations": _pairs(dilation, 2), "ceil_mode": int(bool(ceil_mode))}
+    return [Node("MaxPool", [e.name(x)], [y], attrs)]
+
+
+def _layer_norm(n, e):
+    x, shape, weight, bias, eps = n.args[:5]
+    if weight is None or bias is None:
+        raise Unsupported("layer norm without affine weights")
+    y, _, _ = e.outs(n, 3)
+    e.names[n] = (y, None, None)
+    axis = _rank(x) - len(shape)
+    return [Node("LayerNormalization", [e.name(x), e.name(weight), e.name(bias)], [y],
+                 {"axis": axis, "epsilon": float(eps)})]
+
+
+def _softmax(op):
+    def adapt(n, e):
+        x, dim, half_to_float = n.args[:3]
+        if half_to_float:
+            raise Unsupported("half_to_float")
+        return [Node(op, [e.name(x)], [e.out(n)], {"axis": int(dim)})]
+    return adapt
+
+
+def _gelu(n, e):
+    approximate = n.kwargs.get("approximate", n.args[1] if len(n.args) > 1 else "none")
+    return [Node("Gelu", [e.name(n.args[0])], [e.out(n)], {"approximate": approximate})]
+
+
+def _reduce(op):
+    def adapt(n, e):
+        x = n.args[0]
+        dims = _kw(n, 1, "dim", None)
+        keepdim = _kw(n, 2, "keepdim", False)
+        if n.kwargs.get("dtype") is not None:
+            raise Unsupported("a dtype argument")
+        if not dims:  # None or []: every dim, as torch reads it
+            dims = list(range(_rank(x)))
+        axes = e.const("axes", np.array([int(d) for d in dims], np.int64))
+        return [Node(op, [e.name(x), axes], [e.out(n)], {"keepdims": int(bool(keepdim))})]
+    return adapt
+
+
+def _cat(n, e):
+    tensors = list(n.args[0])
+    dim = _kw(n, 1, "dim", 0)
+    rank = _rank(n)
+    if any(_rank(t) != rank for t in tensors):
+        raise Unsupported("inputs of different ranks (torch's legacy empty 1-D tensors)")
+    return [Node("Concat", [e.name(t) for t in tensors], [e.out(n)], {"axis": int(dim) % rank})]
+
+
+def _avg_pool2d(n, e):
+    x, kernel = n.args[:2]
+    stride = _kw(n, 2, "stride", [])
+    padding = _kw(n, 3, "padding", 0)
+    if _kw(n, 4, "ceil_mode", False):
+        raise Unsupported("ceil_mode=True")
+    if _kw(n, 6, "divisor_override", None) is not None:
+        raise Unsupported("divisor_override")
+    ks, pads = _pairs(kernel, 2), _pairs(padding, 2)
+    attrs = {"kernel_shape": ks, "strides": _pairs(stride, 2) if stride else ks, "pads": pads + pads,
+             "count_include_pad": int(bool(_kw(n, 5, "count_include_pad", True)))}
+    return [Node("AveragePool", [e.name(x)], [e.out(n)], attrs)]
+
+
+def _adaptive_avg_pool2d(n, e):
+    x, size = n.args[:2]
+    if _rank(x) != 4 or [int(d) for d in size] != [1, 1]:
+        raise Unsupported(f"output size {list(size)} on a {_rank(x)}-D input (mapped: 1x1 on 4-D)")
+    return [Node("GlobalAveragePool", [e.name(x)], [e.out(n)])]
+
+
+def _clip(lo_key: str, hi_key: str, lo_default, hi_default):
+    def adapt(n, e):
+        lo, hi = _kw(n, 1, lo_key, lo_default), _kw(n, 2, hi_key, hi_default)
+        if lo is not None and hi is not None and lo > hi:
+            raise Unsupported("min > max")  # torch then gives max everywhere; Clip's rule may differ
+        ins = [e.name(n.args[0]), "" if lo is None else e.scalar("min", lo), "" if hi is None else e.scalar("max", hi)]
+        return [Node("Clip", ins, [e.out(n)])]
+    return adapt
+
+
+def _leaky_relu(n, e):
+    return [Node("LeakyRelu", [e.name(n.args[0])], [e.out(n)], {"alpha": float(_kw(n, 1, "negative_slope", 0.01))})]
+
+
+def _getitem(n, e):  # a tuple member: the name its producer's lowering gave it
+    src, i = n.args
+    names = e.names.get(src)
+    if not isinstance(names, tuple) or names[i] is None:
+        raise Unsupported(f"output {i} of {src.target} is not computed by its opsnn lowering")
+    e.names[n] = names[i]
+    return []
+
+
+#: lowerings that compute a tuple's output 0 alone (the others: saved statistics, int64 indices)
+for _f in (_batch_norm_eval, _batch_norm, _max_pool2d_with_indices, _layer_norm):
+    _f.first_only = True
+
+_TABLE: dict = {}
+
+
+def build_table():
+    """``{ATen overload: adapter}``; built on first use (it needs torch)."""
+    if not _TABLE:
+        _TABLE.update(_table())
+    return _TABLE
+
+
+def _table():
+    import torch
+
+    aten = torch.ops.aten
+    return {
+        aten.convolution.default: _convolution,                              # -> Conv
+        aten._native_batch_norm_legit_no_training.default: _batch_norm_eval,  # -> BatchNormalization
+        aten.native_batch_norm.default: _batch_norm,                         # -> BatchNormalization (eval)
+        aten.max_pool2d_with_indices.default: _max_pool2d_with_indices,      # -> MaxPool (values only)
+        aten.native_layer_norm.default: _layer_norm,                         # -> LayerNormalization
+        aten.addmm.default: _addmm,                                          # -> MatMul + Add
+        aten.mm.default: _matmul,                                            # -> MatMul
+        aten.bmm.default: _matmul,                                           # -> MatMul
+        aten.avg_pool2d.default: _avg_pool2d,                                # -> AveragePool
+        aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,             # -> GlobalAveragePool (1x1)
+        aten.cat.default: _cat,                                              # -> Concat
+        aten.relu.default: _unary("Relu"),
+        aten.hardtanh.default: _clip("min_val", "max_val", -1.0, 1.0),       # -> Clip
+        aten.clamp.default: _clip("min", "max", None, None),                 # -> Clip
+        aten.leaky_relu.default: _leaky_relu,                                # -> LeakyRelu
+        aten.sigmoid.default: _unary("Sigmoid"),
+        aten.tanh.default: _unary("Tanh"),
+        aten.exp.default: _unary("Exp"),
+        aten.neg.default: _unary("Neg"),
+        aten.abs.default: _unary("Abs"),
+        aten.log.default: _unary("Log"),
+        aten.erf.default: _unary("Erf"),
+        aten.reciprocal.default: _unary("Reciprocal"),
+        aten.sqrt.default: _unary("Sqrt"),
+        aten.gelu.default: _gelu,                                            # -> Gelu
+        aten._softmax.default: _softmax("Softmax"),
+        aten._log_softmax.default: _softmax("LogSoftmax"),
+        aten.add.Tensor: _binary("Add"),
+        aten.mul.Tensor: _binary("Mul"),
+        aten.div.Tensor: _binary("Div"),
+        aten.sub.Tensor: _sub,
+        aten.view.default: _reshape,                                         # -> Reshape
+        aten._unsafe_view.default: _reshape,                                 # -> Reshape
+        aten.reshape.default: _reshape,                                      # -> Reshape
+        aten.view_copy.default: _reshape,                                    # -> Reshape
+        aten.unsqueeze.default: _reshape,                                    # -> Reshape
+        aten.unsqueeze_copy.default: _reshape,                               # -> Reshape
+        aten.squeeze.dims: _reshape,                                         # -> Reshape
+        aten.squeeze_copy.dims: _reshape,                                    # -> Reshape
+        aten.expand.default: _expand,                                        # -> Expand
+        aten.expand_copy.default: _expand,                                   # -> Expand
+        aten.permute_copy.default: _permute,                                 # -> Transpose
+        aten.split.Tensor: _split,                                           # -> Split
+        aten.split_copy.Tensor: _split,                                      # -> Split
+        aten.split_with_sizes.default: _split,                               # -> Split
+        aten.split_with_sizes_copy.default: _split,                          # -> Split
+        aten.permute.default: _permute,                                      # -> Transpose
+        aten.clone.default: _clone,                                          # -> Identity
+        aten.sum.dim_IntList: _reduce("ReduceSum"),
+        aten.sum.default: _reduce("ReduceSum"),
+        aten.mean.dim: _reduce("ReduceMean"),
+        aten.amax.default: _reduce("ReduceMax"),
+        operator.getitem: _getitem,
+    }

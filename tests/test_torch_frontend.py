@@ -1,0 +1,357 @@
+"""The torch.compile backend (opsnn.frontends.torch): models compiled with backend="opsnn" against
+torch eager (the oracle: torch's own float32 kernels), fallbacks, recompiles, entry-point discovery."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from opsnn.frontends import torch as fe  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RTOL = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _recording(reports):
+    """The opsnn backend, keeping each call's Report in ``reports``."""
+    def be(gm, example_inputs):
+        fn, report = fe.compile_graph(gm, example_inputs)
+        reports.append(report)
+        return fn
+    return be
+
+
+def _check(model, *inputs, backend=fe.backend):
+    """Compile ``model`` with the opsnn backend; its outputs match eager within RTOL (scaled by the
+    output's magnitude, atol for values near zero)."""
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    with torch.no_grad():
+        got = compiled(*inputs)
+        want = model(*inputs)
+    assert isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype
+    scale = float(want.abs().max())
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=RTOL, atol=RTOL * scale)
+    return compiled, got
+
+
+class Block(torch.nn.Module):
+    """A pre-norm transformer block: attention from matmuls and softmax, a GELU MLP."""
+
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads, self.d = heads, d
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.fc1, self.fc2 = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.reshape(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5, dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+def test_mlp_matches_eager_and_runs_whole_on_opsnn():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4), torch.nn.Tanh()).eval()
+    reports = []
+    _check(m, torch.randn(5, 8), backend=_recording(reports))
+    assert len(reports) == 1 and not reports[0].fallbacks and len(reports[0].partitions) == 1
+
+
+def test_cnn_conv_bn_relu_maxpool_linear_eval():
+    torch.manual_seed(1)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                            torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 4, 3, stride=2), torch.nn.ReLU(),
+                            torch.nn.Flatten(), torch.nn.Linear(4 * 3 * 3, 5))
+    with torch.no_grad():  # BN statistics that are not the identity
+        m[1].running_mean.uniform_(-0.5, 0.5)
+        m[1].running_var.uniform_(0.5, 2.0)
+    m.eval()
+    reports = []
+    _check(m, torch.randn(2, 3, 16, 16), backend=_recording(reports))
+    assert len(reports) == 1 and not reports[0].fallbacks and len(reports[0].partitions) == 1
+
+
+def test_transformer_block():
+    torch.manual_seed(2)
+    reports = []
+    _check(Block().eval(), torch.randn(2, 6, 16), backend=_recording(reports))
+    assert len(reports) == 1 and not reports[0].fallbacks and len(reports[0].partitions) == 1
+
+
+def test_parameters_are_shared_not_copied():
+    """The opsnn graph's constants are views of the parameters' memory (what a pass repacks, such
+    as a transposed weight, is its own array; the rest stays shared)."""
+    torch.manual_seed(3)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()).eval()  # tanh keeps the bias a plain add
+    x = torch.randn(2, 4)
+    reports = []
+    compiled = torch.compile(m, backend=_recording(reports), dynamic=False)
+    with torch.no_grad():
+        compiled(x)
+        cg = reports[0].partitions[0][2]
+        ptrs = {a.ctypes.data for a in cg.graph.initializers.values()}
+        assert m[0].bias.data_ptr() in ptrs or m[0].weight.data_ptr() in ptrs
+
+
+def test_unmapped_op_falls_back_logged_and_right(caplog, monkeypatch, capfd):
+    torch.manual_seed(4)
+
+    def f(x, w):
+        y = torch.relu(x @ w)
+        return torch.flip(y, dims=[1]) * 2.0 + 1.0  # aten.flip has no mapping
+
+    monkeypatch.setenv("OPSNN_DEBUG", "1")
+    reports = []
+    with caplog.at_level(logging.INFO, logger="opsnn.frontends.torch"):
+        compiled = torch.compile(f, backend=_recording(reports), dynamic=False)
+        x, w = torch.randn(3, 5), torch.randn(5, 4)
+        got = compiled(x, w)
+    np.testing.assert_allclose(got.numpy(), f(x, w).numpy(), rtol=RTOL, atol=RTOL)
+    [rep] = reports
+    assert [t for _, t, _ in rep.fallbacks] == ["aten.flip.default"]
+    assert "no mapping" in rep.fallbacks[0][2]
+    assert len(rep.partitions) == 2  # before and after the flip
+    assert any("aten.flip.default" in r.getMessage() for r in caplog.records)
+    assert "opsnn torch fallback" in capfd.readouterr().err
+
+
+def test_unexpressible_arguments_fall_back():
+    """An ATen op that has a mapping but arguments its adapter cannot express stays in torch."""
+    def f(x, a, b):
+        return torch.addmm(x, a, b, beta=0.5, alpha=2.0)
+
+    x, a, b = torch.randn(3, 4), torch.randn(3, 5), torch.randn(5, 4)
+    reports = []
+    got = torch.compile(f, backend=_recording(reports), dynamic=False)(x, a, b)
+    np.testing.assert_allclose(got.numpy(), f(x, a, b).numpy(), rtol=RTOL, atol=RTOL)
+    assert any("beta" in why for _, _, why in reports[0].fallbacks)
+
+
+def test_other_batch_size_recompiles_and_stays_right():
+    torch.manual_seed(5)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU()).eval()
+    calls = []
+    compiled = torch.compile(m, backend=lambda gm, ex: (calls.append([tuple(e.shape) for e in ex]),
+                                                         fe.backend(gm, ex))[1], dynamic=False)
+    with torch.no_grad():
+        for batch in (2, 7, 2):
+            x = torch.randn(batch, 6)
+            np.testing.assert_allclose(compiled(x).numpy(), m(x).numpy(), rtol=RTOL, atol=RTOL)
+    assert len(calls) == 2 and {(2, 6), (7, 6)} <= {s for c in calls for s in c}
+
+
+@pytest.mark.parametrize("last", ["sigmoid", "view"])
+def test_outputs_stay_valid_after_the_next_call(last):
+    """Outputs outlive the next run, also one that is a view (Flatten) of an intermediate."""
+    torch.manual_seed(6)
+    tail = torch.nn.Sigmoid() if last == "sigmoid" else torch.nn.Flatten(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), tail).eval()
+    compiled = torch.compile(m, backend=fe.backend, dynamic=False)
+    with torch.no_grad():
+        x1, x2 = torch.randn(3, 4), torch.randn(3, 4)
+        y1 = compiled(x1)
+        kept = y1.clone()
+        y2 = compiled(x2)
+        assert torch.equal(y1, kept) and not torch.equal(y1, y2)
+        np.testing.assert_allclose(y2.numpy(), m(x2).numpy(), rtol=RTOL, atol=RTOL)
+
+
+def test_training_graph_runs_in_torch_with_a_reason():
+    m = torch.nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+    reports = []
+    out = torch.compile(m, backend=_recording(reports), dynamic=False)(x)
+    assert out.grad_fn is not None  # autograd still works: the graph ran in torch
+    np.testing.assert_allclose(out.detach().numpy(), m(x).detach().numpy(), rtol=RTOL, atol=RTOL)
+    assert "autograd" in reports[0].whole_graph_reason
+
+
+def test_explain_prints_partitions_fallbacks_kernels(capsys):
+    def f(x):
+        return torch.flip(torch.relu(x), dims=[0]) + 1.0
+
+    reports = fe.explain(f, torch.randn(3, 3))
+    text = capsys.readouterr().out
+    assert len(reports) == 1 and "fallback" in text and "aten.flip.default" in text
+    assert "partition fused_" in text and "kernels" in text
+
+
+def test_torch_missing_is_one_typed_line():
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["torch"] = None  # import torch raises ImportError
+        from opsnn.frontends import torch as fe
+        try:
+            fe.backend(None, [])
+        except fe.TorchNotInstalledError as exc:
+            msg = str(exc)
+            assert "\\n" not in msg and "opsnn[torch]" in msg, msg
+            print("ok")
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_import_opsnn_does_not_import_torch():
+    code = "import sys, opsnn; print('torch' in sys.modules)"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_entry_point_is_discoverable_without_importing_opsnn(tmp_path):
+    """pyproject's torch_dynamo_backends entry point, installed as package metadata (a dist-info
+    written from pyproject itself, as pip would), makes list_backends() name "opsnn" and
+    lookup_backend load opsnn's backend in a process that never imported opsnn."""
+    import tomllib
+
+    spec = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    eps = spec["project"]["entry-points"]["torch_dynamo_backends"]
+    assert eps == {"opsnn": "opsnn.frontends.torch:backend"}
+    dist = tmp_path / "opsnn_entry_check-0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: opsnn-entry-check\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text("[torch_dynamo_backends]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
+    code = textwrap.dedent("""
+        import sys, torch
+        assert "opsnn" in torch._dynamo.list_backends(), torch._dynamo.list_backends()
+        assert not any(m == "opsnn" or m.startswith("opsnn.") for m in sys.modules)
+        from torch._dynamo.backends.registry import lookup_backend
+        fn = lookup_backend("opsnn")
+        import opsnn.frontends.torch as fe
+        assert fn is fe.backend
+        print("ok")
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_parameter_updated_after_compile_is_seen():
+    """load_state_dict copies into the parameters in place; a folded batch norm or a repacked weight
+    would keep the old values: the backend sees the version counters move and compiles again."""
+    torch.manual_seed(7)
+    m = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.ReLU(),
+                            torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 2)).eval()
+    other = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 2)).eval()
+    with torch.no_grad():
+        other[1].running_var.fill_(3.0)
+    x = torch.randn(1, 2, 6, 6)
+    compiled = torch.compile(m, backend=fe.backend, dynamic=False)
+    with torch.no_grad():
+        compiled(x)
+        m.load_state_dict(other.state_dict())
+        got = compiled(x)
+        np.testing.assert_allclose(got.numpy(), other(x).numpy(), rtol=RTOL, atol=RTOL * float(other(x).abs().max()))
+
+
+def test_input_mutation_stays_in_torch():
+    def f(x):
+        x.mul_(2.0)
+        return torch.relu(x) + 1.0
+
+    x = torch.randn(3, 4)
+    want_x = x.clone()
+    want = f(want_x)
+    got = torch.compile(f, backend=fe.backend, dynamic=False)(x)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=RTOL, atol=RTOL)
+    np.testing.assert_allclose(x.numpy(), want_x.numpy(), rtol=RTOL, atol=RTOL)  # the input was mutated as in eager
+
+
+def test_strided_input():
+    torch.manual_seed(8)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+    x = torch.randn(4, 5).t()  # column-major (5, 4): strides (1, 5)
+    assert not x.is_contiguous()
+    _check(m, x)
+
+
+def test_dynamic_true_compiles_per_concrete_shape():
+    torch.manual_seed(9)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Flatten(0)).eval()
+    reports = []
+    compiled = torch.compile(m, backend=_recording(reports), dynamic=True)
+    with torch.no_grad():
+        for batch in (3, 5, 3):
+            x = torch.randn(batch, 6)
+            np.testing.assert_allclose(compiled(x).numpy(), m(x).numpy(), rtol=RTOL, atol=RTOL)
+    assert len(reports) == 1 and not reports[0].whole_graph_reason
+    assert len(reports[0].partitions) == 2 and not reports[0].fallbacks  # one compile per batch size
+
+
+def test_each_mapped_op_matches_eager():
+    """Every table line the models above do not reach, against eager."""
+    torch.manual_seed(10)
+
+    def f(x, y, w1):
+        a, b = x.split([2, 3], dim=1)
+        s = a.sum(dim=1, keepdim=True) - b.mean(dim=1, keepdim=True) / (b.amax(dim=1, keepdim=True) + 4.0)
+        t = torch.log_softmax(x, dim=-1) + torch.sigmoid(y).exp() - torch.sqrt(y.abs() + 1.0) * (-y)
+        u = torch.nn.functional.conv1d(x.unsqueeze(0), w1, stride=2, padding=1, dilation=1, groups=1)
+        v = torch.nn.functional.max_pool2d(x.reshape(1, 1, 4, 5), 2, stride=1, padding=1)
+        g = torch.nn.functional.gelu(x, approximate="tanh") + torch.tanh(x) + torch.erf(x) \
+            + torch.log(x.abs() + 0.5) + torch.reciprocal(y.abs() + 1.0) + x.unsqueeze(2).squeeze(2) \
+            + torch.nn.functional.hardtanh(3 * x) + x.clamp(min=-0.5) + x.clamp(-0.2, 0.3) \
+            + torch.nn.functional.leaky_relu(x, 0.2)
+        img = torch.cat([x, y], dim=0).reshape(1, 2, 4, 5)
+        p = torch.nn.functional.avg_pool2d(img, 3, stride=2, padding=1).sum() \
+            + torch.nn.functional.avg_pool2d(img, 2, count_include_pad=False, padding=1).sum() \
+            + torch.nn.functional.adaptive_avg_pool2d(img, 1).sum()
+        return s.sum(dim=0) + t.sum(dim=[0, 1]) + u.sum(dim=[0, 2]).sum(dim=0) + v.sum(dim=[0, 1, 2, 3]) + g.sum(dim=0) + p
+
+    x, y, w1 = torch.randn(4, 5), torch.randn(4, 5), torch.randn(3, 4, 3)
+    reports = []
+    got = torch.compile(f, backend=_recording(reports), dynamic=False)(x, y, w1)
+    want = f(x, y, w1)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=RTOL, atol=RTOL * float(want.abs().max()))
+    assert reports[0].fallbacks == []
+
+
+def test_a_partition_opsnn_cannot_compile_runs_in_torch(monkeypatch):
+    import opsnn.frontend
+    from opsnn.errors import ParamInvalidError
+
+    def refuse(graph, *args, **kwargs):
+        raise ParamInvalidError(f"compile: refused {graph.name} for this test")
+
+    monkeypatch.setattr(opsnn.frontend, "compile", refuse)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+    reports = []
+    _check(m, torch.randn(2, 4), backend=_recording(reports))
+    assert not reports[0].partitions and "refused" in reports[0].fallbacks[0][2]
+
+
+def test_several_outputs_and_non_tensors():
+    def f(x, w):
+        h = x @ w
+        return {"act": torch.relu(h), "pre": h, "same": h, "n": 3, "flat": h.reshape(-1)}
+
+    x, w = torch.randn(3, 4), torch.randn(4, 2)
+    got = torch.compile(f, backend=fe.backend, dynamic=False)(x, w)
+    want = f(x, w)
+    assert got["n"] == 3
+    for key in ("act", "pre", "same", "flat"):
+        np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=RTOL, atol=RTOL)
+    got["pre"].add_(1.0)  # torch may write into an output; the others are right still
+    np.testing.assert_allclose(got["act"].numpy(), want["act"].numpy(), rtol=RTOL, atol=RTOL)
