@@ -384,6 +384,34 @@ def test_pad_onnx_inputs_and_parallel(rng, parallel):
     same(aclnn.pad.prepare(x, (3, -4), mode="replicate").run(), np.pad(x[..., :-4], [(0, 0)] * 2 + [(3, 0)], "edge"))
 
 
+def _pad_constant_oracle(x, widths, cv):
+    """out[j] = x[j - before] inside the input, else cv, per axis (ONNX constant Pad, negative pads too)."""
+    out = np.full(tuple(d + b + e for d, (b, e) in zip(x.shape, widths)), cv, x.dtype)
+    for j in np.ndindex(out.shape):
+        src = tuple(i - b for i, (b, _) in zip(j, widths))
+        if all(0 <= s < d for s, d in zip(src, x.shape)):
+            out[j] = x[src]
+    return out
+
+
+@pytest.mark.parametrize("parallel_maps", [False, True])
+def test_pad_constant_crop_past_the_input(rng, parallel_maps, monkeypatch):
+    # a crop longer than the input on one side eats into the other side's padding (fuzz nan_inf 31641, 34391)
+    if parallel_maps:
+        monkeypatch.setattr(K, "PARALLEL_MIN_BYTES", 0)
+    cases = [((3, 3, 1, 2), [-3, 2], [3], [(0, 0), (0, 0), (0, 0), (-3, 2)]),
+             ((3, 1), [2, 1, -1, -2], None, [(2, -1), (1, -2)]),
+             ((4,), [-5, 3], None, [(-5, 3)]),
+             ((2, 4), [2, -4], [1], [(0, 0), (2, -4)])]
+    for shape, pads, axes, widths in cases:
+        x = rand(rng, shape)
+        cv = np.array(2.5, np.float32)
+        ins = [x, np.array(pads, np.int64), cv] + ([np.array(axes, np.int64)] if axes else [])
+        want = _pad_constant_oracle(x, widths, np.float32(2.5))
+        for algo in (None, "reference"):
+            same(aclnn.prepare("Pad", ins, {"mode": "constant"}, algo=algo).run(), want)
+
+
 def test_pad_errors(rng):
     x = rand(rng, (2, 3))
     with pytest.raises(ParamInvalidError, match="mode must be one of"):

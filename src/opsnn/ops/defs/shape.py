@@ -440,12 +440,16 @@ def pad_widths(op, shape, pads, axes, mode) -> list:
 
 
 def pad_map(n: int, before: int, after: int, mode: str) -> np.ndarray:
-    """Source index for each output position of one padded dim (-1 = constant)."""
-    src = np.arange(max(0, -before), n - max(0, -after), dtype=np.int64)
-    pb, pe = max(before, 0), max(after, 0)
+    """Source index for each output position of one padded dim (-1 = constant).
+
+    Constant mode maps output j to input j - before (a crop past the input's end on one side eats
+    into the other side's padding); the other modes crop first, then pad what is left (onnxruntime)."""
     if mode == "constant":
-        return np.pad(src, (pb, pe), mode="constant", constant_values=-1)
-    return np.pad(src, (pb, pe), mode={"edge": "edge", "reflect": "reflect", "wrap": "wrap"}[mode])
+        src = np.arange(n + before + after, dtype=np.int64) - before
+        src[(src < 0) | (src >= n)] = -1
+        return src
+    src = np.arange(max(0, -before), n - max(0, -after), dtype=np.int64)
+    return np.pad(src, (max(before, 0), max(after, 0)), mode={"edge": "edge", "reflect": "reflect", "wrap": "wrap"}[mode])
 
 
 def _pad_args(ctx):
@@ -465,11 +469,12 @@ def _pad_ref(ins, a):
     x = ins[0]
     mode = _str(a["mode"])
     w = pad_widths("Pad", x.shape, ins[1], ins[3] if len(ins) > 3 else None, mode)
-    crop = tuple(slice(max(0, -b), x.shape[k] - max(0, -e)) for k, (b, e) in enumerate(w))
     pw = [(max(b, 0), max(e, 0)) for b, e in w]
-    if mode == "constant":
+    if mode == "constant":  # pad, then crop: a crop longer than the input eats into the far side's padding
         cv = ins[2].reshape(()) if len(ins) > 2 and ins[2] is not None else 0
-        return np.pad(x[crop], pw, mode="constant", constant_values=cv).astype(x.dtype)
+        y = np.pad(x, pw, mode="constant", constant_values=cv).astype(x.dtype)
+        return y[tuple(slice(max(0, -b), y.shape[k] - max(0, -e)) for k, (b, e) in enumerate(w))]
+    crop = tuple(slice(max(0, -b), x.shape[k] - max(0, -e)) for k, (b, e) in enumerate(w))
     return np.pad(x[crop], pw, mode=mode)
 
 
