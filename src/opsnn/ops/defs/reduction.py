@@ -105,8 +105,8 @@ def _reduce_ref(kind: str):
         x = ins[0]
         axes = normalize_axes(kind, x.ndim, ins[1] if len(ins) > 1 else None, bool(attrs["noop_with_empty_axes"]))
         keep = bool(attrs["keepdims"])
-        if x.dtype == _dt.bool_:
-            w = x
+        if x.dtype == _dt.bool_ or (kind in ("max", "min") and x.dtype.kind in "iu"):
+            w = x  # min/max are exact in the input's own dtype (uint64 above 2**63 does not fit int64)
         elif _dt.is_float(x.dtype) or kind in ("l2", "logsum", "logsumexp", "mean", "var"):  # bf16 too
             w = x.astype(np.float64)
         else:
