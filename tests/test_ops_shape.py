@@ -817,6 +817,32 @@ def test_resize_nearest_copies_nan_and_inf(rng):
     assert np.isposinf(want).any() and np.isneginf(want).any() and np.isnan(want).any()
 
 
+@pytest.mark.parametrize("attrs,scales", [
+    ({"mode": "linear", "coordinate_transformation_mode": "asymmetric"}, [1, 1, 2, 2]),
+    ({"mode": "linear"}, [1, 1, 3, 1]),  # only axis 2: the kernel's inner > 1 loop
+    ({"mode": "cubic", "coordinate_transformation_mode": "align_corners"}, [1, 1, 2, 1.5]),
+    ({"mode": "cubic", "exclude_outside": 1}, [1, 1, 1.5, 2]),
+])
+def test_resize_zero_weight_taps_take_part_like_onnx(rng, attrs, scales):
+    """Linear/cubic sum every tap of the window, zero weights too (0 * Inf = NaN), as onnx.reference and
+    onnxruntime do; the kernel's inner > 1 loop skipped zero weights, giving Inf where the reference
+    had NaN (found by tests/fuzz). Oracle: onnx.reference, whose float32 overflow of +-Inf (to
+    +-float32 max) is read back as +-Inf."""
+    x = rand(rng, (1, 2, 4, 6))
+    x[0, 0, 1, 2] = np.inf
+    x[0, 1, 2, 0] = np.inf
+    sc = np.array(scales, np.float32)
+    with np.errstate(invalid="ignore"):
+        want = onnx_ref("Resize", [x, None, sc], attrs)[0]
+    big = np.abs(want) >= np.finfo(np.float32).max
+    want = np.where(big, np.sign(want) * np.inf, want).astype(np.float32)
+    assert np.isnan(want).any() and np.isposinf(want).any()
+    for algo in ("resize_separable", "reference"):
+        got = ops.run_op("Resize", [x, None, sc], attrs, algo=algo)[0].numpy()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=algo)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=algo)
+
+
 def test_resize_dtypes_parallel(rng, parallel):
     x = rand(rng, (1, 2, 4, 5), np.uint8)
     attrs = {"mode": "nearest"}

@@ -307,8 +307,6 @@ def resample_axis(src, dst, outer, n_in, inner, idx, coef):
             dst[ud + ui] = c * src[us + ui]
         for k in range(1, ntap):
             c = coef[j, k]
-            if c == 0:
-                continue
             us = nb.uint64(o * n_in + idx[j, k]) * uinner
             for i in range(inner):
                 ui = nb.uint64(i)

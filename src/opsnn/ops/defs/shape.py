@@ -1665,7 +1665,8 @@ def _resize_ref(ins, a):
         w = w.reshape(wshape)
         if spec.mode == "nearest":  # a copy of one tap: the others (weight 0) must not make 0 * Inf = NaN
             taken = np.where(w != 0, taken, 0.0)
-        res = (taken * w).sum(axis=ax + 1)
+        with np.errstate(invalid="ignore"):  # 0 * Inf = NaN is the answer (see the record's doc)
+            res = (taken * w).sum(axis=ax + 1)
         if extrap is not None:
             mshape = [1] * res.ndim
             mshape[ax] = extrap.size
@@ -1694,7 +1695,11 @@ Resize = register_op(
            Attr("keep_aspect_ratio_policy", "string", "stretch"), Attr("mode", "string", "nearest"),
            Attr("nearest_mode", "string", "round_prefer_floor")],
     infer=_resize_infer, reference=_resize_ref,
-    doc="Resize by scales or to sizes: nearest, (bi/tri)linear or cubic, every ONNX coordinate mode, antialias.")
+    doc="Resize by scales or to sizes: nearest, (bi/tri)linear or cubic, every ONNX coordinate mode, antialias. "
+        "Linear and cubic sum every tap of their window, zero weights included, so an Inf beside a sample "
+        "gives NaN (0 * Inf), as onnx.reference and onnxruntime do (onnxruntime's windows differ at integer "
+        "coordinates and at the edges, so there its NaNs can fall "
+        "elsewhere); nearest copies its one input.")
 
 
 def _resize_nearest_plan(ctx):
