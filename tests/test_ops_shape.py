@@ -691,6 +691,9 @@ def test_topk_ties_and_orders(rng):
     u = np.array([200, 3, 200], np.uint8)
     same(ops.topk(u, 2)[1], np.array([0, 2], np.int64))
     same(ops.topk(u, 2, algo="reference")[1], np.array([0, 2], np.int64))
+    i8 = np.array([-128, 5, 127], np.int8)  # the reference negated int8 -128 (it wrapped to -128)
+    for algo in ("topk_sort", "reference"):
+        same(ops.topk(i8, 2, algo=algo)[1], np.array([2, 1], np.int64))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.float16])
@@ -706,6 +709,33 @@ def test_topk_vs_onnx_reference(rng, dtype):
         same(ri, wi)
     with pytest.raises(ParamInvalidError, match="K = 7 must be in"):
         ops.topk(x, 7)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_topk_nan_ranks_above_inf_like_onnxruntime(rng, dtype):
+    # the kernel ranked NaN largest, the reference last (fuzz nan_inf); onnxruntime ranks it above +inf
+    ort = pytest.importorskip("onnxruntime")
+    x = rand(rng, (3, 9), dtype)
+    x[0, [1, 6]] = np.nan
+    x[0, 3], x[0, 4] = np.inf, -np.inf
+    x[1, :] = np.nan
+    x[2, 8] = np.nan
+    for largest in (1, 0):
+        for k in (1, 3, 9):
+            ins = [x, np.array([k], np.int64)]
+            node = helper.make_node("TopK", ["x", "k"], ["v", "i"], largest=largest)
+            dt = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+            graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", dt, None),
+                                                    helper.make_tensor_value_info("k", 7, [1])],
+                                      [helper.make_tensor_value_info("v", dt, None),
+                                       helper.make_tensor_value_info("i", 7, None)])
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+            sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            wv, wi = sess.run(None, {"x": x, "k": ins[1]})
+            for algo in ("topk_sort", "reference"):
+                v, i = ops.run_op("TopK", ins, {"largest": largest}, algo=algo)
+                same(v, wv)
+                same(i, wi)
 
 
 # ---------------------------------------------------------------------------------------------

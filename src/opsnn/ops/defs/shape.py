@@ -1232,11 +1232,14 @@ def _topk_ref(ins, a):
     xm = np.moveaxis(x, ax, -1)
     vals = np.empty(xm.shape[:-1] + (k,), x.dtype)
     idx = np.empty(xm.shape[:-1] + (k,), np.int64)
+    sign = -1 if a["largest"] else 1
     for pos in np.ndindex(*xm.shape[:-1]):
         row = xm[pos]
-        order = sorted(range(row.size), key=lambda i: ((-row[i] if a["largest"] else row[i]), i)) \
-            if row.dtype.kind != "u" else sorted(range(row.size), key=lambda i: (
-                (-int(row[i]) if a["largest"] else int(row[i])), i))
+        if row.dtype.kind in "iub":  # Python ints: exact, and -(-128) does not wrap
+            keys = [(0, sign * int(v)) for v in row]
+        else:  # NaN ranks above +inf, as in onnxruntime: first when largest, last when smallest
+            keys = [(sign, 0.0) if np.isnan(v) else (-sign, sign * v) for v in row.astype(np.float64)]
+        order = sorted(range(row.size), key=lambda i: (keys[i], i))
         idx[pos] = order[:k]
         vals[pos] = row[order[:k]]
     return np.moveaxis(vals, -1, ax), np.moveaxis(idx, -1, ax)
@@ -1247,7 +1250,8 @@ TopK = register_op(
     outputs=["Values", "Indices"],
     attrs=[Attr("axis", "int", -1), Attr("largest", "int", 1), Attr("sorted", "int", 1)],
     infer=_topk_infer, reference=_topk_ref,
-    doc="The k largest (or smallest) values along axis and their indices; ties go to the lower index.")
+    doc="The k largest (or smallest) values along axis and their indices; ties go to the lower index. NaN "
+        "ranks above +inf, as in onnxruntime: first when largest, last when smallest.")
 
 
 @TopK.kernel("topk_sort", priority=5, doc="stable argsort along the axis")
