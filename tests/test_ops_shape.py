@@ -412,6 +412,28 @@ def test_pad_constant_crop_past_the_input(rng, parallel_maps, monkeypatch):
             same(aclnn.prepare("Pad", ins, {"mode": "constant"}, algo=algo).run(), want)
 
 
+@pytest.mark.parametrize("parallel_maps", [False, True])
+def test_pad_empty_inputs_and_outputs(parallel_maps, monkeypatch):
+    # an empty input padded in constant mode is all fill (the numpy path indexed the empty input: an
+    # IndexError); an output emptied by the pads needs no source elements in any mode (onnxruntime agrees)
+    if parallel_maps:
+        monkeypatch.setattr(K, "PARALLEL_MIN_BYTES", 0)
+    for shape, pads in [((0,), [3, 2]), ((4, 0), [0, 1, 2, 2]), ((2, 3, 0), [0, -2, 2, 0, 0, 0])]:
+        x = np.zeros(shape, np.float32)
+        want = np.full(tuple(d + b + e for d, b, e in zip(shape, pads[:len(shape)], pads[len(shape):])), 1.5,
+                       np.float32)
+        for algo in (None, "reference"):
+            same(aclnn.prepare("Pad", [x, np.array(pads, np.int64), np.array(1.5, np.float32)], {}, algo=algo).run(),
+                 want)
+    for mode in ("edge", "reflect", "wrap"):
+        for shape, pads in [((0,), [1, -1]), ((1, 0, 1), [0, 1, 0, 0, -1, 0])]:
+            x = np.zeros(shape, np.float32)
+            out = tuple(d + b + e for d, b, e in zip(shape, pads[:len(shape)], pads[len(shape):]))
+            for algo in (None, "reference"):
+                got = aclnn.prepare("Pad", [x, np.array(pads, np.int64)], {"mode": mode}, algo=algo).run().numpy()
+                assert got.shape == out and 0 in out, (mode, shape, pads, algo)
+
+
 def test_pad_errors(rng):
     x = rand(rng, (2, 3))
     with pytest.raises(ParamInvalidError, match="mode must be one of"):

@@ -480,6 +480,9 @@ def run_maps(p: MapPlan, src: np.ndarray, dst: np.ndarray, fill) -> None:
     """Execute a :class:`MapPlan`; ``fill`` is a scalar of ``dst``'s dtype."""
     if p.mode == "none":
         return
+    if src.size == 0:  # no source element to gather: every output position is fill (a map entry >= 0 is impossible)
+        dst[...] = fill
+        return
     if p.mode == "numpy":
         if not p.maps:
             dst[...] = src

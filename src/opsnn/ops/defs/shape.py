@@ -432,7 +432,7 @@ def pad_widths(op, shape, pads, axes, mode) -> list:
             raise ParamInvalidError(f"{op}: pads ({b}, {e}) on axis {a} of size {shape[a]} give a negative size",
                                     op=op)
         kept = shape[a] - max(0, -b) - max(0, -e)
-        if mode != "constant" and (b > 0 or e > 0) and kept <= 0:
+        if mode != "constant" and (b > 0 or e > 0) and kept <= 0 and shape[a] + b + e > 0:
             raise ParamInvalidError(f"{op}: mode {mode!r} cannot pad axis {a}: no input elements left to copy from",
                                     op=op)
         w[a] = (b, e)
@@ -448,6 +448,8 @@ def pad_map(n: int, before: int, after: int, mode: str) -> np.ndarray:
         src = np.arange(n + before + after, dtype=np.int64) - before
         src[(src < 0) | (src >= n)] = -1
         return src
+    if n + before + after == 0:
+        return np.zeros(0, np.int64)
     src = np.arange(max(0, -before), n - max(0, -after), dtype=np.int64)
     return np.pad(src, (max(before, 0), max(after, 0)), mode={"edge": "edge", "reflect": "reflect", "wrap": "wrap"}[mode])
 
@@ -474,6 +476,9 @@ def _pad_ref(ins, a):
         cv = ins[2].reshape(()) if len(ins) > 2 and ins[2] is not None else 0
         y = np.pad(x, pw, mode="constant", constant_values=cv).astype(x.dtype)
         return y[tuple(slice(max(0, -b), y.shape[k] - max(0, -e)) for k, (b, e) in enumerate(w))]
+    out_shape = tuple(d + b + e for d, (b, e) in zip(x.shape, w))
+    if 0 in out_shape:  # nothing to copy (numpy cannot edge-pad an emptied axis)
+        return np.empty(out_shape, x.dtype)
     crop = tuple(slice(max(0, -b), x.shape[k] - max(0, -e)) for k, (b, e) in enumerate(w))
     return np.pad(x[crop], pw, mode=mode)
 
