@@ -634,6 +634,25 @@ def test_scatter_reductions(rng, reduction):
     np.testing.assert_allclose(ops.scatter_nd(x, ind, upd, reduction, algo="reference").numpy(), want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("data_shape,ind_shape,batch_dims", [((2, 3), (4, 0), 0), ((2, 3, 4), (2, 5, 0), 1),
+                                                             ((5, 2, 0), (5, 2, 0), 0), ((2, 3, 4), (2, 0, 1), 1)])
+def test_gather_nd_empty_index_tuples_and_empty_outputs(rng, data_shape, ind_shape, batch_dims):
+    # an index tuple of length 0 addresses the whole (batch's) data, as onnxruntime gives it; the kernel's
+    # reshape(..., -1, 0) raised a ValueError (fuzz nan_inf 58578); numpy oracle: the data repeated
+    data = rand(rng, data_shape)
+    ind = np.zeros(ind_shape, np.int64)
+    b = batch_dims
+    nb = math.prod(data_shape[:b])
+    n = math.prod(ind_shape[b:-1])
+    k = ind_shape[-1]
+    d = data.reshape((nb,) + data_shape[b:])
+    want = np.broadcast_to(d[:, None], (nb, n) + data_shape[b:]) if k == 0 else \
+        np.empty((nb, n) + data_shape[b + k:], data.dtype)
+    want = want.reshape(ind_shape[:-1] + data_shape[b + k:])
+    for algo in ("gather_nd_numpy", "reference"):
+        same(ops.run_op("GatherND", [data, ind], {"batch_dims": b}, algo=algo)[0], np.ascontiguousarray(want))
+
+
 def test_gather_nd_scatter_nd(rng):
     x = rand(rng, (2, 3, 4))
     for idx, b in [(np.array([[0, 1], [1, -1]]), 0), (np.array([[[1], [0]], [[2], [2]]]), 1),

@@ -579,7 +579,13 @@ def gather_nd(data, indices, out, batch_dims):
     bshape = data.shape[:b]
     nb_ = math.prod(bshape)
     d = data.reshape((nb_,) + data.shape[b:])
-    ind = indices.reshape((nb_, -1, k))
+    n = math.prod(indices.shape[b:-1])  # index tuples per batch (explicit: reshape cannot infer -1 from 0 elements)
+    if out.size == 0:
+        return
+    if k == 0:  # an empty index tuple addresses the whole of each batch's data
+        out[...] = np.broadcast_to(d[:, None], (nb_, n) + d.shape[1:]).reshape(out.shape)
+        return
+    ind = indices.reshape((nb_, n, k))
     lim = np.array(data.shape[b:b + k], np.int64)
     ind = check_index_range("GatherND", ind, lim, "index")
     bi = np.arange(nb_).reshape(nb_, 1)
