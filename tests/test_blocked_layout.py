@@ -29,7 +29,8 @@ def _f32(rng, *shape, scale=1.0):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("block", KB.BLOCKS)
-@pytest.mark.parametrize("shape", [(2, 32, 5, 7), (1, 16, 1, 1), (3, 48, 4, 3)])
+@pytest.mark.parametrize("shape", [(2, 32, 5, 7), (1, 16, 1, 1), (3, 48, 4, 3),
+                                   (3, 0, 4, 5), (0, 16, 2, 2), (2, 16, 0, 3)])  # empty: an empty result
 def test_to_and_from_blocked_match_numpy_transposes(rng, shape, block, dtype):
     x = _f32(rng, *shape).astype(opsnn.dtypes.get(dtype))
     b = run_op("ToBlocked", [x], {"block": block}, domain="opsnn")[0].numpy()

@@ -709,6 +709,20 @@ def test_compile_checks_shapes_where_they_are_known(rng):
         cg.run({"x": x})
 
 
+@pytest.mark.parametrize("bad", [[-2147483648, 1, 0], [0, 1], [0, 1, 2, 3], [0, 0, 1]])
+def test_transpose_cancellation_refuses_a_perm_that_is_not_a_permutation(rng, bad):
+    # an edited perm behind a symbolic batch (fuzz onnx_mutate 30235): the pass indexed p with q (an
+    # IndexError); it must leave the pair alone, so the node's own check names it at plan time
+    g = Graph("g", inputs=[Value("x", np.float32, ("N", 4, 2))], outputs=["y"],
+              nodes=[Node("Transpose", ["x"], ["t"], {"perm": [2, 1, 0]}, name="tr_a"),
+                     Node("Transpose", ["t"], ["u"], {"perm": bad}, name="tr_b"),
+                     Node("Relu", ["u"], ["y"], name="relu")])
+    cg = opsnn.compile(g)
+    assert any("tr_b: perms" in r for p in cg.pass_report.results for r in p.refused), cg.pass_report
+    with pytest.raises(ParamInvalidError, match=r"node tr_b \(Transpose\).*not a permutation"):
+        cg.run({"x": rng.standard_normal((2, 4, 2)).astype(np.float32)})
+
+
 def test_deep_symbolic_dims_stay_small(tmp_path):
     """Symbolic inference through 40 strided pools, and an expression nesting 40 opaque terms:
     nested floors fold into one term, and a dim's symbols are found visiting each term once (it

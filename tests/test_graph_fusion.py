@@ -246,6 +246,30 @@ def test_elementwise_chain_keeps_ieee_semantics():
     assert np.isnan(want[:, 2]).all() and np.isposinf(want[:, 0]).all()
 
 
+def test_elementwise_chain_softplus_does_not_overflow():
+    """Softplus(v) for v past float32's exp range is v, not Inf (found by opsnn fuzz, onnx_mutate 52317: the
+    generated kernel computed log1p(exp(v)), Inf from v = 89); NaN and +-Inf as the Softplus op gives them."""
+    g = Graph("sp", inputs=[Value("x", np.float32, (2, 6))], outputs=["out"],
+              nodes=[Node("Abs", ["x"], ["a"]), Node("Exp", ["a"], ["e"]), Node("Softplus", ["e"], ["s"]),
+                     Node("Neg", ["s"], ["n"]), Node("Softplus", ["n"], ["out"])])
+    x = np.array([[0.5, 4.6, 6.05, 80, np.nan, -np.inf], [-3, 5.9, -6.2, 1, np.inf, 0]], np.float32)
+    cg = _check(g, {"x": x}, ["opsnn::FusedElementwise"])
+    with np.errstate(all="ignore"):
+        s = np.logaddexp(0, np.exp(np.abs(x.astype(np.float64))))
+        want = np.logaddexp(0, -s).astype(np.float32)
+    got = cg.run({"x": x})["out"].numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-30)
+    g2 = Graph("sp2", inputs=[Value("x", np.float32, (2, 6))], outputs=["out"],
+               nodes=[Node("Abs", ["x"], ["a"]), Node("Exp", ["a"], ["e"]), Node("Softplus", ["e"], ["out"])])
+    with np.errstate(all="ignore"):
+        want2 = np.logaddexp(0, np.exp(np.abs(x.astype(np.float64)))).astype(np.float32)
+    got2 = _check(g2, {"x": x}, ["opsnn::FusedElementwise"]).run({"x": x})["out"].numpy()
+    assert np.isfinite(want2[0, 1:4]).all() and np.isposinf(want2[0, 5])
+    np.testing.assert_array_equal(np.isnan(got2), np.isnan(want2))
+    np.testing.assert_allclose(got2, want2, rtol=1e-5)
+
+
 @pytest.mark.parametrize("c", [np.nan, np.inf, -np.inf])
 def test_elementwise_chain_with_a_non_finite_constant(c):
     """A NaN or Inf scalar constant in a fused chain (found by tests/fuzz: the generated source read

@@ -68,6 +68,35 @@ def test_matmul_onednn_matches_a_float64_oracle(rng, act, alpha, beta, bias, res
     np.testing.assert_array_equal(out2, out)
 
 
+@needs_onednn
+@pytest.mark.parametrize("act,alpha,beta", [("Relu", 0, 0), ("Clip", -0.3, 0.4), ("Gelu", 0, 0),
+                                            ("LeakyRelu", 0.2, 0), ("Sigmoid", 0, 0)])
+def test_matmul_onednn_keeps_nan_and_inf_through_the_activation(rng, act, alpha, beta):
+    # oneDNN's relu / clip post-ops map NaN to 0 / a bound and gelu_erf +inf to NaN (fuzz onnx_mutate
+    # 52698, 54330, 54586: MatMul + Relu gave 0 where onnx.reference has NaN; onnxruntime keeps NaN too)
+    a = rng.standard_normal((6, 16)).astype(np.float32)
+    a[0, 1], a[1, 2], a[2, 3] = np.nan, np.inf, -np.inf
+    w = np.abs(rng.standard_normal((16, 8))).astype(np.float32)
+    w[:, 4:] *= -1  # +inf and -inf in every row that holds one
+    attrs = {"activation": act, "activation_alpha": alpha, "activation_beta": beta}
+    rec, planned = _plan(a, w, attrs=attrs)
+    k = planned.selection.kernel
+    assert k.name == "matmul_onednn"
+    plan = k.plan(planned.ctx)
+    with np.errstate(all="ignore"):
+        want = ORACLE[act](a.astype(np.float64) @ w, alpha, beta)
+    assert np.isnan(want).any() and (np.isposinf(want).any() or act in ("Clip", "Sigmoid"))
+    out = np.zeros((6, 8), np.float32)
+    k.fn([a, w, None, None], [out], planned.ctx.attrs, plan, None)
+    out2 = np.zeros_like(out)
+    k.bind([a, w, None, None], [out2], planned.ctx.attrs, plan, None)()
+    for got in (out, out2):
+        for name, fn in (("NaN", np.isnan), ("+Inf", np.isposinf), ("-Inf", np.isneginf)):
+            np.testing.assert_array_equal(fn(got), fn(want), err_msg=f"{act}: {name}")
+        fin = np.isfinite(want)
+        np.testing.assert_allclose(got[fin], want[fin], rtol=1e-5, atol=2e-5)
+
+
 @pytest.mark.skipif(KD.matmul_unavailable() is not None or KD.bf16_unavailable() is not None,
                     reason=f"oneDNN bf16 matmul: {KD.matmul_unavailable() or KD.bf16_unavailable()}")
 @pytest.mark.parametrize("act,bias,residual", [("", True, False), ("Gelu", True, False), ("", False, True),

@@ -428,6 +428,25 @@ def test_nan_score_poisons_its_row_only(rng, algo):
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("algo", ["reference", "attention_blas", "attention_flash", "attention_gemm",
+                                  "attention_gemm_tiled"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_mask_values_outside_the_window_never_contribute(rng, algo, bad):
+    # attention_blas added the mask to the window's -inf, so a NaN (or +inf) there poisoned the row (fuzz nan_inf)
+    q, k, v = rand(rng, 1, 2, 5, 8), rand(rng, 1, 2, 7, 8), rand(rng, 1, 2, 7, 8)
+    i, j = np.arange(5)[:, None], np.arange(7)[None, :]
+    for attrs, allowed, key in [({"left_window_size": 1, "right_window_size": 1}, abs(j - i) <= 1, (0, 6)),
+                                ({"left_window_size": 1, "right_window_size": 0}, (j <= i) & (j >= i - 1), (4, 0)),
+                                ({"is_causal": 1}, j <= i, (1, 3))]:
+        mask = rand(rng, 5, 7)
+        mask[key] = bad
+        assert not allowed[key]
+        want = sdpa_oracle(q, k, v, np.where(allowed, mask, -np.inf))
+        (y,) = run([q, k, v, mask], attrs, algo=algo)
+        assert not np.isnan(y).any(), (attrs, algo)
+        np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5, err_msg=str(attrs))
+
+
 @pytest.mark.parametrize("algo", [None, "attention_flash"])
 def test_long_sequence_runs_with_linear_memory(rng, algo):
     """N = 4096: the N x N scores (64 MiB per head) are never materialised; the pool's peak

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 import opsnn
-from opsnn.errors import DTypeError, InferShapeError, KernelError, ParamInvalidError
+from opsnn.errors import DTypeError, InferShapeError, ParamInvalidError
 
 ops = opsnn.ops
 aclnn = opsnn.aclnn
@@ -339,7 +339,7 @@ def test_max_unpool_matches_onnx_reference_default_shape(rng):
 def test_max_unpool_bad_index_raises():
     x = np.ones((1, 1, 2, 2), np.float32)
     bad = np.array([0, 1, 2, 99], np.int64).reshape(1, 1, 2, 2)
-    with pytest.raises(KernelError, match="outside the output"):
+    with pytest.raises(ParamInvalidError, match="outside the output"):
         ops.max_unpool2d(opsnn.tensor(x), opsnn.tensor(bad), 2).numpy()
 
 
@@ -369,7 +369,7 @@ def test_roi_align_16bit_and_bad_batch_index(rng):
     got = ops.roi_align(x.astype(np.float16), rois.astype(np.float16), b, 2, aligned=True)
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.numpy().astype(np.float32), want, rtol=1e-2, atol=1e-2)
-    with pytest.raises(KernelError, match="batch index"):
+    with pytest.raises(ParamInvalidError, match="batch index"):
         ops.roi_align(x, rois, np.array([0, 3], np.int64), 2).numpy()
     with pytest.raises(InferShapeError):
         ops.roi_align(x, rois[:, :3], b, 2)
@@ -388,6 +388,23 @@ def test_max_roi_pool(rng):
 
 
 # -- typed errors ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("algo", [None, "reference"])
+def test_bad_indices_in_the_data_are_typed_errors(algo):
+    """An index held in the data (MaxUnpool's indices, RoiAlign's and MaxRoiPool's batch indices) out of
+    range is a ParamInvalidError naming the op (it was a KernelError wrapping an IndexError: found by
+    tests/fuzz, nan_inf and out_view)."""
+    x = np.ones((2, 3, 4, 4), np.float32)
+    cases = [("MaxUnpool", [np.ones((1, 1, 2, 2), np.float32), np.array([0, 1, 2, 99]).reshape(1, 1, 2, 2)],
+              {"kernel_shape": [2, 2]}, "outside the output"),
+             ("RoiAlign", [x, np.array([[0, 0, 2, 2]], np.float32), np.array([3])], {}, "batch index 3"),
+             ("MaxRoiPool", [x, np.array([[2, 0, 0, 2, 2]], np.float32)], {"pooled_shape": [2, 2]}, "batch index 2")]
+    for op, ins, attrs, msg in cases:
+        with pytest.raises(ParamInvalidError, match=msg) as exc:
+            ops.run_op(op, ins, attrs, algo=algo)[0].numpy()
+            opsnn.current_stream().synchronize()
+        assert exc.value.op == op
+
 
 def test_errors():
     x = opsnn.tensor(np.zeros((1, 2, 4, 4), np.float32))

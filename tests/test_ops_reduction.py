@@ -233,6 +233,33 @@ def test_integer_reductions(dtype, rng):
         np.testing.assert_array_equal(y.numpy(), want.astype(dtype), err_msg=op)
 
 
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceLogSum", "ReduceLogSumExp"])
+@pytest.mark.parametrize("algo", [None, "reference"])
+def test_empty_integer_reduction_without_an_integer_value_is_refused(op, algo):
+    # NaN / -inf has no integer value: the kernel raised an OverflowError / ValueError (untyped) while the
+    # reference cast it to int64 min (fuzz op_schema 53852); an empty output needs no value and runs
+    with pytest.raises(ParamInvalidError, match=f"{op}: a reduction over no elements is"):
+        run_op(op, [np.zeros((3, 0), np.int64), np.array([1])], {"keepdims": 0}, algo=algo)
+    (y,) = run_op(op, [np.zeros((0, 3), np.int32), np.array([1])], {"keepdims": 0}, algo=algo)
+    assert y.shape == (0,) and y.dtype == np.int32
+
+
+@pytest.mark.parametrize("dtype", [np.uint64, np.uint32, np.int64])
+def test_wide_integer_max_min_are_exact(dtype):
+    # uint64 above 2**63 does not fit int64 (fuzz op_schema 31568: an OverflowError from the empty-value
+    # initial; and the int64 cast turned 2**64 - 1 into -1)
+    info = np.iinfo(dtype)
+    x = np.array([[info.max, 5, info.max - 1], [info.max, info.max, info.min + 1], [0, 7, 3]], dtype)
+    for algo in (None, "reference"):
+        for op, want in [("ReduceMin", [int(v) for v in (0, 5, info.min + 1)]),
+                         ("ReduceMax", [int(v) for v in (info.max, info.max, info.max - 1)])]:
+            (y,) = run_op(op, [x, np.array([0])], {"keepdims": 0}, algo=algo)
+            assert y.dtype == np.dtype(dtype)
+            assert [int(v) for v in y.numpy()] == want, (op, algo)
+        (e,) = run_op("ReduceMin", [np.zeros((0, 2), dtype), np.array([0])], {"keepdims": 0}, algo=algo)
+        assert [int(v) for v in e.numpy()] == [int(info.max)] * 2
+
+
 def test_bool_max_min():
     x = np.array([[True, False], [False, False], [True, True]])
     (a,) = run_op("ReduceMax", [x, np.array([1])], {"keepdims": 0})

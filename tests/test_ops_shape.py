@@ -384,6 +384,56 @@ def test_pad_onnx_inputs_and_parallel(rng, parallel):
     same(aclnn.pad.prepare(x, (3, -4), mode="replicate").run(), np.pad(x[..., :-4], [(0, 0)] * 2 + [(3, 0)], "edge"))
 
 
+def _pad_constant_oracle(x, widths, cv):
+    """out[j] = x[j - before] inside the input, else cv, per axis (ONNX constant Pad, negative pads too)."""
+    out = np.full(tuple(d + b + e for d, (b, e) in zip(x.shape, widths)), cv, x.dtype)
+    for j in np.ndindex(out.shape):
+        src = tuple(i - b for i, (b, _) in zip(j, widths))
+        if all(0 <= s < d for s, d in zip(src, x.shape)):
+            out[j] = x[src]
+    return out
+
+
+@pytest.mark.parametrize("parallel_maps", [False, True])
+def test_pad_constant_crop_past_the_input(rng, parallel_maps, monkeypatch):
+    # a crop longer than the input on one side eats into the other side's padding (fuzz nan_inf 31641, 34391)
+    if parallel_maps:
+        monkeypatch.setattr(K, "PARALLEL_MIN_BYTES", 0)
+    cases = [((3, 3, 1, 2), [-3, 2], [3], [(0, 0), (0, 0), (0, 0), (-3, 2)]),
+             ((3, 1), [2, 1, -1, -2], None, [(2, -1), (1, -2)]),
+             ((4,), [-5, 3], None, [(-5, 3)]),
+             ((2, 4), [2, -4], [1], [(0, 0), (2, -4)])]
+    for shape, pads, axes, widths in cases:
+        x = rand(rng, shape)
+        cv = np.array(2.5, np.float32)
+        ins = [x, np.array(pads, np.int64), cv] + ([np.array(axes, np.int64)] if axes else [])
+        want = _pad_constant_oracle(x, widths, np.float32(2.5))
+        for algo in (None, "reference"):
+            same(aclnn.prepare("Pad", ins, {"mode": "constant"}, algo=algo).run(), want)
+
+
+@pytest.mark.parametrize("parallel_maps", [False, True])
+def test_pad_empty_inputs_and_outputs(parallel_maps, monkeypatch):
+    # an empty input padded in constant mode is all fill (the numpy path indexed the empty input: an
+    # IndexError); an output emptied by the pads needs no source elements in any mode (onnxruntime agrees)
+    if parallel_maps:
+        monkeypatch.setattr(K, "PARALLEL_MIN_BYTES", 0)
+    for shape, pads in [((0,), [3, 2]), ((4, 0), [0, 1, 2, 2]), ((2, 3, 0), [0, -2, 2, 0, 0, 0])]:
+        x = np.zeros(shape, np.float32)
+        want = np.full(tuple(d + b + e for d, b, e in zip(shape, pads[:len(shape)], pads[len(shape):])), 1.5,
+                       np.float32)
+        for algo in (None, "reference"):
+            same(aclnn.prepare("Pad", [x, np.array(pads, np.int64), np.array(1.5, np.float32)], {}, algo=algo).run(),
+                 want)
+    for mode in ("edge", "reflect", "wrap"):
+        for shape, pads in [((0,), [1, -1]), ((1, 0, 1), [0, 1, 0, 0, -1, 0])]:
+            x = np.zeros(shape, np.float32)
+            out = tuple(d + b + e for d, b, e in zip(shape, pads[:len(shape)], pads[len(shape):]))
+            for algo in (None, "reference"):
+                got = aclnn.prepare("Pad", [x, np.array(pads, np.int64)], {"mode": mode}, algo=algo).run().numpy()
+                assert got.shape == out and 0 in out, (mode, shape, pads, algo)
+
+
 def test_pad_errors(rng):
     x = rand(rng, (2, 3))
     with pytest.raises(ParamInvalidError, match="mode must be one of"):
@@ -584,6 +634,25 @@ def test_scatter_reductions(rng, reduction):
     np.testing.assert_allclose(ops.scatter_nd(x, ind, upd, reduction, algo="reference").numpy(), want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("data_shape,ind_shape,batch_dims", [((2, 3), (4, 0), 0), ((2, 3, 4), (2, 5, 0), 1),
+                                                             ((5, 2, 0), (5, 2, 0), 0), ((2, 3, 4), (2, 0, 1), 1)])
+def test_gather_nd_empty_index_tuples_and_empty_outputs(rng, data_shape, ind_shape, batch_dims):
+    # an index tuple of length 0 addresses the whole (batch's) data, as onnxruntime gives it; the kernel's
+    # reshape(..., -1, 0) raised a ValueError (fuzz nan_inf 58578); numpy oracle: the data repeated
+    data = rand(rng, data_shape)
+    ind = np.zeros(ind_shape, np.int64)
+    b = batch_dims
+    nb = math.prod(data_shape[:b])
+    n = math.prod(ind_shape[b:-1])
+    k = ind_shape[-1]
+    d = data.reshape((nb,) + data_shape[b:])
+    want = np.broadcast_to(d[:, None], (nb, n) + data_shape[b:]) if k == 0 else \
+        np.empty((nb, n) + data_shape[b + k:], data.dtype)
+    want = want.reshape(ind_shape[:-1] + data_shape[b + k:])
+    for algo in ("gather_nd_numpy", "reference"):
+        same(ops.run_op("GatherND", [data, ind], {"batch_dims": b}, algo=algo)[0], np.ascontiguousarray(want))
+
+
 def test_gather_nd_scatter_nd(rng):
     x = rand(rng, (2, 3, 4))
     for idx, b in [(np.array([[0, 1], [1, -1]]), 0), (np.array([[[1], [0]], [[2], [2]]]), 1),
@@ -663,6 +732,9 @@ def test_topk_ties_and_orders(rng):
     u = np.array([200, 3, 200], np.uint8)
     same(ops.topk(u, 2)[1], np.array([0, 2], np.int64))
     same(ops.topk(u, 2, algo="reference")[1], np.array([0, 2], np.int64))
+    i8 = np.array([-128, 5, 127], np.int8)  # the reference negated int8 -128 (it wrapped to -128)
+    for algo in ("topk_sort", "reference"):
+        same(ops.topk(i8, 2, algo=algo)[1], np.array([2, 1], np.int64))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.float16])
@@ -678,6 +750,33 @@ def test_topk_vs_onnx_reference(rng, dtype):
         same(ri, wi)
     with pytest.raises(ParamInvalidError, match="K = 7 must be in"):
         ops.topk(x, 7)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_topk_nan_ranks_above_inf_like_onnxruntime(rng, dtype):
+    # the kernel ranked NaN largest, the reference last (fuzz nan_inf); onnxruntime ranks it above +inf
+    ort = pytest.importorskip("onnxruntime")
+    x = rand(rng, (3, 9), dtype)
+    x[0, [1, 6]] = np.nan
+    x[0, 3], x[0, 4] = np.inf, -np.inf
+    x[1, :] = np.nan
+    x[2, 8] = np.nan
+    for largest in (1, 0):
+        for k in (1, 3, 9):
+            ins = [x, np.array([k], np.int64)]
+            node = helper.make_node("TopK", ["x", "k"], ["v", "i"], largest=largest)
+            dt = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+            graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", dt, None),
+                                                    helper.make_tensor_value_info("k", 7, [1])],
+                                      [helper.make_tensor_value_info("v", dt, None),
+                                       helper.make_tensor_value_info("i", 7, None)])
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+            sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            wv, wi = sess.run(None, {"x": x, "k": ins[1]})
+            for algo in ("topk_sort", "reference"):
+                v, i = ops.run_op("TopK", ins, {"largest": largest}, algo=algo)
+                same(v, wv)
+                same(i, wi)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -787,6 +886,32 @@ def test_resize_nearest_copies_nan_and_inf(rng):
         got = ops.run_op("Resize", [x, None, sc], {"mode": "nearest"}, algo=algo)[0].numpy()
         np.testing.assert_array_equal(got, want)
     assert np.isposinf(want).any() and np.isneginf(want).any() and np.isnan(want).any()
+
+
+@pytest.mark.parametrize("attrs,scales", [
+    ({"mode": "linear", "coordinate_transformation_mode": "asymmetric"}, [1, 1, 2, 2]),
+    ({"mode": "linear"}, [1, 1, 3, 1]),  # only axis 2: the kernel's inner > 1 loop
+    ({"mode": "cubic", "coordinate_transformation_mode": "align_corners"}, [1, 1, 2, 1.5]),
+    ({"mode": "cubic", "exclude_outside": 1}, [1, 1, 1.5, 2]),
+])
+def test_resize_zero_weight_taps_take_part_like_onnx(rng, attrs, scales):
+    """Linear/cubic sum every tap of the window, zero weights too (0 * Inf = NaN), as onnx.reference and
+    onnxruntime do; the kernel's inner > 1 loop skipped zero weights, giving Inf where the reference
+    had NaN (found by tests/fuzz). Oracle: onnx.reference, whose float32 overflow of +-Inf (to
+    +-float32 max) is read back as +-Inf."""
+    x = rand(rng, (1, 2, 4, 6))
+    x[0, 0, 1, 2] = np.inf
+    x[0, 1, 2, 0] = np.inf
+    sc = np.array(scales, np.float32)
+    with np.errstate(invalid="ignore"):
+        want = onnx_ref("Resize", [x, None, sc], attrs)[0]
+    big = np.abs(want) >= np.finfo(np.float32).max
+    want = np.where(big, np.sign(want) * np.inf, want).astype(np.float32)
+    assert np.isnan(want).any() and np.isposinf(want).any()
+    for algo in ("resize_separable", "reference"):
+        got = ops.run_op("Resize", [x, None, sc], attrs, algo=algo)[0].numpy()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=algo)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=algo)
 
 
 def test_resize_dtypes_parallel(rng, parallel):

@@ -139,6 +139,22 @@ def test_training_noncontiguous_empty_nan_and_run_op(rng, no_leak):
     assert len(res) == 2
 
 
+@pytest.mark.parametrize("algo", [None, "reference"])
+def test_zero_learning_rate_denominators_follow_ieee_like_onnx_reference(no_leak, algo):
+    # Adagrad with 1 + T * decay_factor = 0 and Adam with alpha = 1 divided by zero in Python floats: a
+    # ZeroDivisionError (fuzz nan_inf 51977); onnx.reference's numpy gives +-inf / NaN, and so must opsnn
+    x, g, h = np.array([1.0, -2.0], np.float32), np.array([0.5, 0.5], np.float32), np.array([1.0, 0.0], np.float32)
+    r = np.array(0.1, np.float32)
+    cases = [("Adagrad", [r, np.array(-2, np.int64), x, g, h], {"decay_factor": 0.5}, 2),
+             ("Adam", [r, np.array(2, np.int64), x, g, h, h], {"alpha": 1.0, "beta": 0.5}, 3)]
+    for op, ins, attrs, n_out in cases:
+        want = onnx_ref(op, ins, n_out, **attrs)
+        assert not np.isfinite(want[0]).all()
+        got = opsnn.ops.run_op(op, ins, attrs, domain=DOMAIN, num_outputs=n_out, algo=algo)
+        for w, o in zip(want, got):
+            np.testing.assert_array_equal(o.numpy(), w.astype(o.numpy().dtype), err_msg=op)
+
+
 def test_training_errors(no_leak):
     x = np.zeros(3, np.float32)
     r, t = np.array(0.1, np.float32), np.array(1, np.int64)

@@ -359,6 +359,9 @@ def transpose_cancellation(graph: Graph, res: PassResult) -> None:
         if p is None or q is None:
             res.refuse(f"{n.name}: a Transpose without perm (rank unknown)")
             continue
+        if sorted(p) != list(range(len(p))) or sorted(q) != sorted(p):  # the node's own check names it later
+            res.refuse(f"{n.name}: perms {list(p)} and {list(q)} are not permutations of one rank")
+            continue
         composed = [list(p)[i] for i in q]
         src = inner.inputs[0]
         if composed == list(range(len(composed))) and _removable_output(graph, n.outputs[0]):

@@ -56,6 +56,8 @@ def _bits(a: np.ndarray) -> np.ndarray:
 def to_blocked(x: np.ndarray, out: np.ndarray, block: int) -> None:
     """``out`` (C-contiguous, x's shape and dtype) = ``x`` (N, C, ...) in nChw<block>c order."""
     _check(x, out, block)
+    if out.size == 0:  # nothing to move (and reshape(n, c, -1) cannot infer -1 from zero elements)
+        return
     n, c = x.shape[:2]
     _reorder(_bits(np.ascontiguousarray(x)).reshape(n, c, -1), _bits(out).reshape(-1), True, block)
 
@@ -63,6 +65,8 @@ def to_blocked(x: np.ndarray, out: np.ndarray, block: int) -> None:
 def from_blocked(x: np.ndarray, out: np.ndarray, block: int) -> None:
     """``out`` (N, C, ...) in plain order = ``x`` (C-contiguous, nChw<block>c order)."""
     _check(x, out, block)
+    if out.size == 0:  # nothing to move (and reshape(n, c, -1) cannot infer -1 from zero elements)
+        return
     n, c = x.shape[:2]
     _reorder(_bits(out).reshape(n, c, -1), _bits(np.ascontiguousarray(x)).reshape(-1), False, block)
 

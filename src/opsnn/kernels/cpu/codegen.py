@@ -31,7 +31,9 @@ TEMPLATES = {
     "Ceil": ("np.ceil({a})", "np.ceil({a})"),
     "Sin": ("math.sin({a})", "np.sin({a})"),
     "Cos": ("math.cos({a})", "np.cos({a})"),
-    "Softplus": ("math.log1p(math.exp({a}))", "np.log1p(np.exp({a}))"),
+    # log(1 + e^a) as max(a, 0) + log1p(e^-|a|): e^a overflows float32 from a = 89 (Softplus(100) is 100)
+    "Softplus": ("max({a}, 0.0) + math.log1p(math.exp(-abs({a})))",
+                 "np.maximum({a}, 0) + np.log1p(np.exp(-np.abs({a})))"),
     "Swish": ("({a}) / (1.0 + math.exp(-{alpha} * ({a})))", "({a}) / (1.0 + np.exp(-{alpha} * ({a})))"),
     "LeakyRelu": ("({a}) if ({a}) >= 0 else {alpha} * ({a})", "np.where(({a}) >= 0, {a}, {alpha} * ({a}))"),
     "Gelu": ("0.5 * ({a}) * (1.0 + math.erf(({a}) * 0.7071067811865476))",

@@ -43,6 +43,7 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...runtime import cpu
+from . import fused as KF
 from .mkl import _threads, prefix_libraries
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,16 @@ _SCRATCHPAD_USER = 1
 _ENGINE_CPU, _STREAM_IN_ORDER = 1, 1
 #: opsnn's epilogue activation codes (kernels.cpu.fused.ACTIVATIONS) -> oneDNN eltwise algorithms
 _ELTWISE = {1: 32, 2: 41, 3: 33, 4: 49, 5: 43, 6: 44, 7: 32, 8: 46}
+#: activations whose oneDNN eltwise post-op is not IEEE (relu and clip map NaN to 0 or a bound, gelu_erf
+#: turns +inf into NaN): on float32 they run after the primitive, in opsnn's own epilogue
+_NOT_IEEE = (1, 4, 8)
+
+
+def _split_act(act: int, alpha: float, beta: float, dtype) -> tuple[int, tuple | None]:
+    """(the activation oneDNN runs as a post-op, (code, alpha, beta) run after it or None)."""
+    if act in _NOT_IEEE and np.dtype(dtype) == np.float32:
+        return 0, (act, alpha, beta)
+    return act, None
 
 _Dims = C.c_int64 * 12
 _vp = C.c_void_p
@@ -557,6 +568,7 @@ class ConvPrimitive:
     def __init__(self, x_shape, w: np.ndarray, y_shape, strides, pads, dilations, *, block: int, src_blocked: bool,
                  has_bias: bool, residual: bool, act: int, alpha: float = 0.0, beta: float = 0.0):
         w = _weight_array(w)
+        act, self.after = _split_act(act, alpha, beta, w.dtype)
         pd, (src, dst, w_any, bias) = _conv_desc(x_shape, w.shape, y_shape, strides, pads, dilations, src_blocked,
                                                  has_bias, residual, act, alpha, beta, block, w.dtype)
         self._w = _reordered_weight(pd, _Md(w.shape, TAG_OIHW, w.dtype), w)
@@ -579,10 +591,20 @@ class ConvPrimitive:
 
     def __call__(self, x: np.ndarray, b, z, y: np.ndarray) -> None:
         self.prim.run(*self._ptrs(x, b, z, y))
+        if self.after:
+            KF.epilogue(y, None, None, *self.after)
 
     def bind(self, x: np.ndarray, b, z, y: np.ndarray):
         """``lambda: self(x, b, z, y)``, the addresses taken once (:meth:`Primitive.bind`)."""
-        return self.prim.bind(self._ptrs(x, b, z, y), keep=(x, b, z, y))
+        call = self.prim.bind(self._ptrs(x, b, z, y), keep=(x, b, z, y))
+        if not self.after:
+            return call
+        after = self.after
+
+        def call_then_activate():
+            call()
+            KF.epilogue(y, None, None, *after)
+        return call_then_activate
 
 
 class MaxPoolPrimitive:
@@ -638,13 +660,14 @@ class MatMulPrimitive:
                  beta: float = 0.0, transposed: bool = False):
         w = _weight_array(w)
         n, k = w.shape if transposed else w.shape[::-1]
+        act, self.after = _split_act(act, alpha, beta, w.dtype)
         pd, (src, dst, w_any, bias), post = self._desc(m, k, n, has_bias, residual, act, alpha, beta, w.dtype)
         self._w = _reordered_weight(pd, _Md([k, n], TAG_BA if transposed else TAG_AB, w.dtype), w)
         self.weight = self._w.weight
         self.prim = Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=(src, dst, w_any, bias))
         self.has_bias, self.residual = has_bias, residual
         self.shape = (m, k, n)
-        self.post = [p[0] for p in post]
+        self.post = [p[0] for p in post] + (["activation (opsnn epilogue)"] if self.after else [])
 
     @staticmethod
     def _desc(m, k, n, has_bias, residual, act, alpha, beta, dtype=np.float32):

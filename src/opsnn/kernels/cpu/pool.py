@@ -16,6 +16,8 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
+from ...errors import ParamInvalidError
+
 #: below this many output elements the serial variant runs (thread fan-out costs more than the work)
 PARALLEL_MIN = 1 << 14
 #: a work item's scratch (its input rows reduced over the window's width, float64 at most) is
@@ -662,7 +664,8 @@ def max_unpool(x: np.ndarray, indices: np.ndarray, y: np.ndarray) -> None:
     flat = indices.reshape(-1)
     if flat.size and (flat.min() < 0 or flat.max() >= y.size):
         bad = flat[(flat < 0) | (flat >= y.size)][0]
-        raise IndexError(f"MaxUnpool: index {int(bad)} is outside the output of {y.size} elements {y.shape}")
+        raise ParamInvalidError(f"MaxUnpool: index {int(bad)} is outside the output of {y.size} elements {y.shape}",
+                                op="MaxUnpool")
     y.fill(0)
     y.reshape(-1)[flat] = x.reshape(-1)
 
@@ -679,7 +682,8 @@ def max_roi_pool(x: np.ndarray, rois: np.ndarray, y: np.ndarray, spatial_scale: 
     for r in range(rois.shape[0]):
         b = int(rois[r, 0])
         if not 0 <= b < N:
-            raise IndexError(f"MaxRoiPool: roi {r} has batch index {b}, expected 0..{N - 1}")
+            raise ParamInvalidError(f"MaxRoiPool: roi {r} has batch index {b}, expected 0..{N - 1}",
+                                    op="MaxRoiPool")
         x1, y1, x2, y2 = (int(v) for v in _c_round(rois[r, 1:5].astype(np.float64) * spatial_scale))
         rh = max(y2 - y1 + 1, 1)
         rw = max(x2 - x1 + 1, 1)
@@ -785,7 +789,7 @@ def roi_align(x: np.ndarray, rois: np.ndarray, batch_indices: np.ndarray, y: np.
     b = batch_indices.reshape(-1).astype(np.int64)
     if b.min() < 0 or b.max() >= N:
         bad = b[(b < 0) | (b >= N)][0]
-        raise IndexError(f"RoiAlign: batch index {int(bad)} outside 0..{N - 1}")
+        raise ParamInvalidError(f"RoiAlign: batch index {int(bad)} outside 0..{N - 1}", op="RoiAlign")
     ft = x.dtype.type
     off = ft(0.5) if half_pixel else ft(0.0)
     r = rois.astype(x.dtype, copy=False)

@@ -307,8 +307,6 @@ def resample_axis(src, dst, outer, n_in, inner, idx, coef):
             dst[ud + ui] = c * src[us + ui]
         for k in range(1, ntap):
             c = coef[j, k]
-            if c == 0:
-                continue
             us = nb.uint64(o * n_in + idx[j, k]) * uinner
             for i in range(inner):
                 ui = nb.uint64(i)
@@ -482,6 +480,9 @@ def run_maps(p: MapPlan, src: np.ndarray, dst: np.ndarray, fill) -> None:
     """Execute a :class:`MapPlan`; ``fill`` is a scalar of ``dst``'s dtype."""
     if p.mode == "none":
         return
+    if src.size == 0:  # no source element to gather: every output position is fill (a map entry >= 0 is impossible)
+        dst[...] = fill
+        return
     if p.mode == "numpy":
         if not p.maps:
             dst[...] = src
@@ -578,7 +579,13 @@ def gather_nd(data, indices, out, batch_dims):
     bshape = data.shape[:b]
     nb_ = math.prod(bshape)
     d = data.reshape((nb_,) + data.shape[b:])
-    ind = indices.reshape((nb_, -1, k))
+    n = math.prod(indices.shape[b:-1])  # index tuples per batch (explicit: reshape cannot infer -1 from 0 elements)
+    if out.size == 0:
+        return
+    if k == 0:  # an empty index tuple addresses the whole of each batch's data
+        out[...] = np.broadcast_to(d[:, None], (nb_, n) + d.shape[1:]).reshape(out.shape)
+        return
+    ind = indices.reshape((nb_, n, k))
     lim = np.array(data.shape[b:b + k], np.int64)
     ind = check_index_range("GatherND", ind, lim, "index")
     bi = np.arange(nb_).reshape(nb_, 1)

@@ -519,7 +519,9 @@ def _blas(ins, outs, attrs, plan, ws):
             mb = m4.astype(cdt)
         if pad:
             mb = np.concatenate([mb, np.full(mb.shape[:3] + (pad,), -np.inf, cdt)], axis=3)
-        bias = bias + mb
+        # a key outside the causal/window/length limits never contributes, whatever its mask value (NaN, +inf)
+        with np.errstate(invalid="ignore"):  # -inf + inf where masked: computed, then discarded
+            bias = np.where(np.isneginf(bias), bias, bias + mb)
     scores = capped + bias
     sp = attrs.get("softmax_precision")
     sdt = _PRECISION[int(sp)] if sp is not None else cdt

@@ -439,7 +439,7 @@ def _unpool_reference(ins, attrs):
     y = np.zeros(math.prod(shape), x.dtype)
     for v, i in zip(x.reshape(-1), ind.reshape(-1)):
         if not 0 <= i < y.size:
-            raise IndexError(f"MaxUnpool: index {i} outside the output of {y.size} elements")
+            raise ParamInvalidError(f"MaxUnpool: index {i} outside the output of {y.size} elements", op="MaxUnpool")
         y[i] = v
     return y.reshape(shape)
 
@@ -513,7 +513,7 @@ def _roi_align_reference(ins, attrs):
     for r in range(rois.shape[0]):
         b = int(bidx[r])
         if not 0 <= b < x.shape[0]:
-            raise IndexError(f"RoiAlign: batch index {b} outside 0..{x.shape[0] - 1}")
+            raise ParamInvalidError(f"RoiAlign: batch index {b} outside 0..{x.shape[0] - 1}", op="RoiAlign")
         # box geometry in the input's float type, as ONNX specifies (the adaptive grid size
         # is a ceil, so float32 vs float64 rounding can change it)
         x1, y1, x2, y2 = (ft(v) * ft(scale) - ft(0.5 if half else 0.0) for v in rois[r])
@@ -582,7 +582,7 @@ def _max_roi_pool_reference(ins, attrs):
     for r in range(rois.shape[0]):
         b = int(rois[r, 0])
         if not 0 <= b < N:
-            raise IndexError(f"MaxRoiPool: batch index {b} outside 0..{N - 1}")
+            raise ParamInvalidError(f"MaxRoiPool: batch index {b} outside 0..{N - 1}", op="MaxRoiPool")
         x1, y1, x2, y2 = (c_round(float(v) * scale) for v in rois[r, 1:])
         bh, bw = max(y2 - y1 + 1, 1) / PH, max(x2 - x1 + 1, 1) / PW
         for ph in range(PH):

@@ -105,13 +105,14 @@ def _reduce_ref(kind: str):
         x = ins[0]
         axes = normalize_axes(kind, x.ndim, ins[1] if len(ins) > 1 else None, bool(attrs["noop_with_empty_axes"]))
         keep = bool(attrs["keepdims"])
-        if x.dtype == _dt.bool_:
-            w = x
+        if x.dtype == _dt.bool_ or (kind in ("max", "min") and x.dtype.kind in "iu"):
+            w = x  # min/max are exact in the input's own dtype (uint64 above 2**63 does not fit int64)
         elif _dt.is_float(x.dtype) or kind in ("l2", "logsum", "logsumexp", "mean", "var"):  # bf16 too
             w = x.astype(np.float64)
         else:
             w = x.astype(np.int64)
         n = math.prod(x.shape[a] for a in axes)
+        _check_empty_int(kind, x.dtype, n, math.prod(reduced_shape(x.shape, axes, keep)))
         with np.errstate(all="ignore"):
             if kind == "sum":
                 r = np.sum(w, axis=axes, keepdims=keep)
@@ -161,10 +162,23 @@ def _float_plan(kind: str):
     return plan
 
 
+#: the ops whose value over no elements is not finite (the integer kernels refuse it)
+_OP_OF_KIND = {"mean": "ReduceMean", "var": "Var", "logsum": "ReduceLogSum", "logsumexp": "ReduceLogSumExp"}
+
+
+def _check_empty_int(kind: str, dtype, n: int, out_size: int) -> None:
+    """An integer reduction over no elements whose ONNX value (NaN, -inf) no integer holds: refused."""
+    e = _empty_value(kind, dtype)
+    if n == 0 and out_size and dtype != _dt.bool_ and dtype.kind in "iu" and not np.isfinite(e):
+        op = _OP_OF_KIND[kind]
+        raise ParamInvalidError(f"{op}: a reduction over no elements is {e}, which {dtype} cannot hold", op=op)
+
+
 def _int_plan(kind: str):
     def plan(ctx):
-        return K.plan_reduce(tuple(ctx.shape(0)), _ctx_axes(ctx), kind, ctx.dtype(0).itemsize), \
-            _empty_value(kind, ctx.dtype(0))
+        p = K.plan_reduce(tuple(ctx.shape(0)), _ctx_axes(ctx), kind, ctx.dtype(0).itemsize)
+        _check_empty_int(kind, ctx.dtype(0), p.R, 0 if p.empty_output else 1)
+        return p, _empty_value(kind, ctx.dtype(0))
 
     return plan
 

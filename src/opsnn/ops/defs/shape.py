@@ -432,7 +432,7 @@ def pad_widths(op, shape, pads, axes, mode) -> list:
             raise ParamInvalidError(f"{op}: pads ({b}, {e}) on axis {a} of size {shape[a]} give a negative size",
                                     op=op)
         kept = shape[a] - max(0, -b) - max(0, -e)
-        if mode != "constant" and (b > 0 or e > 0) and kept <= 0:
+        if mode != "constant" and (b > 0 or e > 0) and kept <= 0 and shape[a] + b + e > 0:
             raise ParamInvalidError(f"{op}: mode {mode!r} cannot pad axis {a}: no input elements left to copy from",
                                     op=op)
         w[a] = (b, e)
@@ -440,12 +440,18 @@ def pad_widths(op, shape, pads, axes, mode) -> list:
 
 
 def pad_map(n: int, before: int, after: int, mode: str) -> np.ndarray:
-    """Source index for each output position of one padded dim (-1 = constant)."""
-    src = np.arange(max(0, -before), n - max(0, -after), dtype=np.int64)
-    pb, pe = max(before, 0), max(after, 0)
+    """Source index for each output position of one padded dim (-1 = constant).
+
+    Constant mode maps output j to input j - before (a crop past the input's end on one side eats
+    into the other side's padding); the other modes crop first, then pad what is left (onnxruntime)."""
     if mode == "constant":
-        return np.pad(src, (pb, pe), mode="constant", constant_values=-1)
-    return np.pad(src, (pb, pe), mode={"edge": "edge", "reflect": "reflect", "wrap": "wrap"}[mode])
+        src = np.arange(n + before + after, dtype=np.int64) - before
+        src[(src < 0) | (src >= n)] = -1
+        return src
+    if n + before + after == 0:
+        return np.zeros(0, np.int64)
+    src = np.arange(max(0, -before), n - max(0, -after), dtype=np.int64)
+    return np.pad(src, (max(before, 0), max(after, 0)), mode={"edge": "edge", "reflect": "reflect", "wrap": "wrap"}[mode])
 
 
 def _pad_args(ctx):
@@ -465,11 +471,15 @@ def _pad_ref(ins, a):
     x = ins[0]
     mode = _str(a["mode"])
     w = pad_widths("Pad", x.shape, ins[1], ins[3] if len(ins) > 3 else None, mode)
-    crop = tuple(slice(max(0, -b), x.shape[k] - max(0, -e)) for k, (b, e) in enumerate(w))
     pw = [(max(b, 0), max(e, 0)) for b, e in w]
-    if mode == "constant":
+    if mode == "constant":  # pad, then crop: a crop longer than the input eats into the far side's padding
         cv = ins[2].reshape(()) if len(ins) > 2 and ins[2] is not None else 0
-        return np.pad(x[crop], pw, mode="constant", constant_values=cv).astype(x.dtype)
+        y = np.pad(x, pw, mode="constant", constant_values=cv).astype(x.dtype)
+        return y[tuple(slice(max(0, -b), y.shape[k] - max(0, -e)) for k, (b, e) in enumerate(w))]
+    out_shape = tuple(d + b + e for d, (b, e) in zip(x.shape, w))
+    if 0 in out_shape:  # nothing to copy (numpy cannot edge-pad an emptied axis)
+        return np.empty(out_shape, x.dtype)
+    crop = tuple(slice(max(0, -b), x.shape[k] - max(0, -e)) for k, (b, e) in enumerate(w))
     return np.pad(x[crop], pw, mode=mode)
 
 
@@ -1227,11 +1237,14 @@ def _topk_ref(ins, a):
     xm = np.moveaxis(x, ax, -1)
     vals = np.empty(xm.shape[:-1] + (k,), x.dtype)
     idx = np.empty(xm.shape[:-1] + (k,), np.int64)
+    sign = -1 if a["largest"] else 1
     for pos in np.ndindex(*xm.shape[:-1]):
         row = xm[pos]
-        order = sorted(range(row.size), key=lambda i: ((-row[i] if a["largest"] else row[i]), i)) \
-            if row.dtype.kind != "u" else sorted(range(row.size), key=lambda i: (
-                (-int(row[i]) if a["largest"] else int(row[i])), i))
+        if row.dtype.kind in "iub":  # Python ints: exact, and -(-128) does not wrap
+            keys = [(0, sign * int(v)) for v in row]
+        else:  # NaN ranks above +inf, as in onnxruntime: first when largest, last when smallest
+            keys = [(sign, 0.0) if np.isnan(v) else (-sign, sign * v) for v in row.astype(np.float64)]
+        order = sorted(range(row.size), key=lambda i: (keys[i], i))
         idx[pos] = order[:k]
         vals[pos] = row[order[:k]]
     return np.moveaxis(vals, -1, ax), np.moveaxis(idx, -1, ax)
@@ -1242,7 +1255,8 @@ TopK = register_op(
     outputs=["Values", "Indices"],
     attrs=[Attr("axis", "int", -1), Attr("largest", "int", 1), Attr("sorted", "int", 1)],
     infer=_topk_infer, reference=_topk_ref,
-    doc="The k largest (or smallest) values along axis and their indices; ties go to the lower index.")
+    doc="The k largest (or smallest) values along axis and their indices; ties go to the lower index. NaN "
+        "ranks above +inf, as in onnxruntime: first when largest, last when smallest.")
 
 
 @TopK.kernel("topk_sort", priority=5, doc="stable argsort along the axis")
@@ -1660,7 +1674,8 @@ def _resize_ref(ins, a):
         w = w.reshape(wshape)
         if spec.mode == "nearest":  # a copy of one tap: the others (weight 0) must not make 0 * Inf = NaN
             taken = np.where(w != 0, taken, 0.0)
-        res = (taken * w).sum(axis=ax + 1)
+        with np.errstate(invalid="ignore"):  # 0 * Inf = NaN is the answer (see the record's doc)
+            res = (taken * w).sum(axis=ax + 1)
         if extrap is not None:
             mshape = [1] * res.ndim
             mshape[ax] = extrap.size
@@ -1689,7 +1704,11 @@ Resize = register_op(
            Attr("keep_aspect_ratio_policy", "string", "stretch"), Attr("mode", "string", "nearest"),
            Attr("nearest_mode", "string", "round_prefer_floor")],
     infer=_resize_infer, reference=_resize_ref,
-    doc="Resize by scales or to sizes: nearest, (bi/tri)linear or cubic, every ONNX coordinate mode, antialias.")
+    doc="Resize by scales or to sizes: nearest, (bi/tri)linear or cubic, every ONNX coordinate mode, antialias. "
+        "Linear and cubic sum every tap of their window, zero weights included, so an Inf beside a sample "
+        "gives NaN (0 * Inf), as onnx.reference and onnxruntime do (onnxruntime's windows differ at integer "
+        "coordinates and at the edges, so there its NaNs can fall "
+        "elsewhere); nearest copies its one input.")
 
 
 def _resize_nearest_plan(ctx):

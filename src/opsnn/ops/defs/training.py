@@ -116,8 +116,15 @@ def _sqrt(v, scalar: bool):
 
 
 # -- the update rules (arrays or Python floats) -------------------------------------------------------
+def _rate(expr):
+    """A learning rate in IEEE float64 (1 + T * decay = 0, a zero base to a negative T: +-inf or NaN, as numpy
+    and onnx.reference give, not Python's ZeroDivisionError or a complex power)."""
+    with np.errstate(all="ignore"):
+        return float(expr(np.float64))
+
+
 def _adagrad(r, t, x, g, h, a, scalar=False):
-    lr = r / (1 + t * a["decay_factor"])
+    lr = _rate(lambda f: f(r) / (1 + t * f(a["decay_factor"])))
     g_reg = a["norm_coefficient"] * x + g
     h_new = h + g_reg * g_reg
     x_new = x - lr * g_reg / (_sqrt(h_new, scalar) + a["epsilon"])
@@ -129,7 +136,7 @@ def _adam(r, t, x, g, v, h, a, scalar=False):
     g_reg = a["norm_coefficient"] * x + g
     v_new = alpha * v + (1 - alpha) * g_reg
     h_new = beta * h + (1 - beta) * g_reg * g_reg
-    lr = r * (1 - beta ** t) ** 0.5 / (1 - alpha ** t) if t > 0 else r
+    lr = _rate(lambda f: f(r) * np.sqrt(1 - f(beta) ** t) / (1 - f(alpha) ** t)) if t > 0 else r
     x_new = x - lr * v_new / (_sqrt(h_new, scalar) + a["epsilon"])
     return (1 - a["norm_coefficient_post"]) * x_new, v_new, h_new
 
