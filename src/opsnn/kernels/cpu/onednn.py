@@ -568,7 +568,9 @@ class ConvPrimitive:
     def __init__(self, x_shape, w: np.ndarray, y_shape, strides, pads, dilations, *, block: int, src_blocked: bool,
                  has_bias: bool, residual: bool, act: int, alpha: float = 0.0, beta: float = 0.0):
         w = _weight_array(w)
-        act, self.after = _split_act(act, alpha, beta, w.dtype)
+        # the convolution keeps its activation as a post-op (NaN -> 0 under Relu): run after the
+        # primitive it costs a pass over every conv output, 14% of ResNet-50 (docs/performance.md)
+        self.after = None
         pd, (src, dst, w_any, bias) = _conv_desc(x_shape, w.shape, y_shape, strides, pads, dilations, src_blocked,
                                                  has_bias, residual, act, alpha, beta, block, w.dtype)
         self._w = _reordered_weight(pd, _Md(w.shape, TAG_OIHW, w.dtype), w)
