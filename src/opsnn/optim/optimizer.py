@@ -104,6 +104,13 @@ class Optimizer:
                 out.append((g, p, p.numpy().reshape(-1), np.ascontiguousarray(ga).reshape(-1)))
         return out
 
+
+    def _with_grads_by_dtype(self) -> list:
+        """:meth:`_with_grads` grouped by parameter dtype: one fused kernel launch per group."""
+        by_dtype: dict = {}
+        for item in self._with_grads():
+            by_dtype.setdefault(item[2].dtype, []).append(item)
+        return list(by_dtype.values())
     def _state_buffer(self, p: Tensor, key: str) -> np.ndarray:
         st = self.state.setdefault(p, {})
         t = st.get(key)

@@ -43,10 +43,7 @@ class SGD(Optimizer):
     def step(self, closure=None):
         """One update of every parameter that has a gradient (one kernel launch per dtype)."""
         loss = self._closure(closure)
-        by_dtype: dict = {}
-        for g, p, pa, ga in self._with_grads():
-            by_dtype.setdefault(pa.dtype, []).append((g, p, pa, ga))
-        for items in by_dtype.values():
+        for items in self._with_grads_by_dtype():
             hyper = np.zeros((len(items), 4), np.float64)
             flags = np.zeros((len(items), 3), np.int64)
             bufs = []
