@@ -34,9 +34,10 @@ sysdeps:
 test: venv-test sysdeps
 	$(BIN)/python -m pytest
 
-# house style: ruff's rules as configured in pyproject.toml (each ignore there says why)
+# house style: ruff's rules as configured in pyproject.toml (each ignore there says why) and its formatter
 lint: venv-test
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 
 bench: venv-test
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BIN)/python bench/dispatch.py

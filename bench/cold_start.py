@@ -13,6 +13,7 @@ specializations it loaded from the cache.
 ``--keep DIR`` keeps each model's cache under DIR. onnxruntime's import-to-first-result time is measured the same way when it is
 installed (``--no-ort`` skips it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,15 @@ def compile_log():
             took = time.perf_counter() - start
             if self._stack:
                 self._stack[-1][1] += took
-            self.rows.append((_name(ev.data["dispatcher"]), ", ".join(str(a) for a in ev.data["args"]), took,
-                              took - nested, self._top))
+            self.rows.append(
+                (
+                    _name(ev.data["dispatcher"]),
+                    ", ".join(str(a) for a in ev.data["args"]),
+                    took,
+                    took - nested,
+                    self._top,
+                )
+            )
 
     log = CompileLog()
     event.register("numba:compile", log)
@@ -112,9 +120,16 @@ def child(model: str) -> dict:
 
     event.unregister("numba:compile", log)
     rows = sorted(log.rows, key=lambda r: -r[3])
-    return {"model": model, "import_s": t_import, "first_s": first, "second_s": second,
-            "compiles": len(rows), "compile_s": sum(r[3] for r in rows), **_cache_stats(),
-            "kernels": [{"kernel": k, "args": a, "s": s, "exclusive_s": e, "top": t} for k, a, s, e, t in rows]}
+    return {
+        "model": model,
+        "import_s": t_import,
+        "first_s": first,
+        "second_s": second,
+        "compiles": len(rows),
+        "compile_s": sum(r[3] for r in rows),
+        **_cache_stats(),
+        "kernels": [{"kernel": k, "args": a, "s": s, "exclusive_s": e, "top": t} for k, a, s, e, t in rows],
+    }
 
 
 def ort_child() -> dict:
@@ -180,13 +195,17 @@ def main(argv=None) -> int:
         cold = spawn(["--child", model], env)
         warm = spawn(["--child", model], env)
         results["models"][model] = {"cold": cold, "warm": warm}
-        print(f"{model:<16}{cold['first_s']:>8.2f}{warm['first_s']:>8.2f}{cold['compiles']:>10}"
-              f"{cold['compile_s']:>11.2f}{warm['cache_hits']:>12}")
+        print(
+            f"{model:<16}{cold['first_s']:>8.2f}{warm['first_s']:>8.2f}{cold['compiles']:>10}"
+            f"{cold['compile_s']:>11.2f}{warm['cache_hits']:>12}"
+        )
         ort = results.get("onnxruntime")
         if ort and model == "light_resnet50":
-            print(f"    cold / onnxruntime {cold['first_s'] / ort['first_s']:.1f}x, "
-                  f"warm / onnxruntime {warm['first_s'] / ort['first_s']:.1f}x")
-        for top, n, secs in by_top(cold["kernels"])[:args.kernels]:
+            print(
+                f"    cold / onnxruntime {cold['first_s'] / ort['first_s']:.1f}x, "
+                f"warm / onnxruntime {warm['first_s'] / ort['first_s']:.1f}x"
+            )
+        for top, n, secs in by_top(cold["kernels"])[: args.kernels]:
             print(f"    {secs:7.2f} s  {n:3d} compiles  {top}")
         if not args.keep:
             import shutil

@@ -6,6 +6,7 @@ eager cached path, each against the bare kernel call (median of repeated samples
 Targets (issue: Foundation): a reused executor cuts host overhead per small op by >= 40%
 against one-shot prepare+run; the eager cached path adds < 20 µs over the bare kernel.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,19 +71,30 @@ def main() -> int:
         reused = _per_call_us(lambda: ex.run(), args.inner, args.samples)
         oneshot = _per_call_us(lambda: fn.prepare(*fargs, **fkw).run(), max(args.inner // 4, 10), args.samples)
         eager = _per_call_us(lambda: fn(*fargs, **fkw), args.inner, args.samples)
-        row = {"op": name, "kernel": k.name, "bare_us": bare, "reused_executor_us": reused,
-               "oneshot_prepare_run_us": oneshot, "eager_us": eager,
-               "reused_overhead_us": reused - bare, "oneshot_overhead_us": oneshot - bare,
-               "eager_overhead_us": eager - bare}
+        row = {
+            "op": name,
+            "kernel": k.name,
+            "bare_us": bare,
+            "reused_executor_us": reused,
+            "oneshot_prepare_run_us": oneshot,
+            "eager_us": eager,
+            "reused_overhead_us": reused - bare,
+            "oneshot_overhead_us": oneshot - bare,
+            "eager_overhead_us": eager - bare,
+        }
         row["overhead_cut_pct"] = 100.0 * (1 - row["reused_overhead_us"] / row["oneshot_overhead_us"])
         rows.append(row)
-    hdr = f"{'op':12s} {'kernel':22s} {'bare':>8s} {'reused':>8s} {'oneshot':>8s} {'eager':>8s} " \
-          f"{'eager+':>8s} {'cut':>6s}"
+    hdr = (
+        f"{'op':12s} {'kernel':22s} {'bare':>8s} {'reused':>8s} {'oneshot':>8s} {'eager':>8s} "
+        f"{'eager+':>8s} {'cut':>6s}"
+    )
     print(hdr + "   (µs per call, medians)")
     for r in rows:
-        print(f"{r['op']:12s} {r['kernel']:22s} {r['bare_us']:8.2f} {r['reused_executor_us']:8.2f} "
-              f"{r['oneshot_prepare_run_us']:8.2f} {r['eager_us']:8.2f} {r['eager_overhead_us']:8.2f} "
-              f"{r['overhead_cut_pct']:5.1f}%")
+        print(
+            f"{r['op']:12s} {r['kernel']:22s} {r['bare_us']:8.2f} {r['reused_executor_us']:8.2f} "
+            f"{r['oneshot_prepare_run_us']:8.2f} {r['eager_us']:8.2f} {r['eager_overhead_us']:8.2f} "
+            f"{r['overhead_cut_pct']:5.1f}%"
+        )
     if rows:
         cut = statistics.median(r["overhead_cut_pct"] for r in rows)
         eager_add = statistics.median(r["eager_overhead_us"] for r in rows)

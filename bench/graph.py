@@ -7,6 +7,7 @@ agreement with onnxruntime (fp32, 1e-4 relative).
 Targets (issue: Graph engine): replay overhead < 5 µs per node; compiled ResNet-50 >= 1.2x
 faster than eager op by op; 60-80% fewer nodes on rewrite-heavy blocks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,20 +38,48 @@ def mlp_block(hidden=768, ffn=3072, seed=0) -> Graph:
     erf-Gelu, MatMul+Add, residual add."""
     rng = np.random.default_rng(seed)
     f = lambda *s: (rng.standard_normal(s) * 0.02).astype(np.float32)  # noqa: E731
-    init = {"axes": np.array([-1], np.int64), "two": np.array(2.0, np.float32), "eps": np.array(1e-5, np.float32),
-            "gamma": np.ones(hidden, np.float32), "beta": np.zeros(hidden, np.float32), "w1": f(hidden, ffn),
-            "b1": f(ffn), "w2": f(ffn, hidden), "b2": f(hidden), "c": np.array(math.sqrt(2), np.float32),
-            "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)}
-    nodes = [Node("ReduceMean", ["x", "axes"], ["mu"]), Node("Sub", ["x", "mu"], ["d"]),
-             Node("Pow", ["d", "two"], ["sq"]), Node("ReduceMean", ["sq", "axes"], ["var"]),
-             Node("Add", ["var", "eps"], ["ve"]), Node("Sqrt", ["ve"], ["std"]), Node("Div", ["d", "std"], ["n"]),
-             Node("Mul", ["n", "gamma"], ["s"]), Node("Add", ["s", "beta"], ["ln"]),
-             Node("MatMul", ["ln", "w1"], ["h1"]), Node("Add", ["h1", "b1"], ["h2"]), Node("Div", ["h2", "c"], ["gd"]),
-             Node("Erf", ["gd"], ["ge"]), Node("Add", ["ge", "one"], ["ga"]), Node("Mul", ["h2", "ga"], ["gm"]),
-             Node("Mul", ["gm", "half"], ["g"]), Node("MatMul", ["g", "w2"], ["o1"]), Node("Add", ["o1", "b2"], ["o2"]),
-             Node("Add", ["o2", "x"], ["y"])]
-    return Graph("mlp_block", inputs=[Value("x", np.float32, ("batch", "seq", hidden))], outputs=["y"], nodes=nodes,
-                 initializers=init)
+    init = {
+        "axes": np.array([-1], np.int64),
+        "two": np.array(2.0, np.float32),
+        "eps": np.array(1e-5, np.float32),
+        "gamma": np.ones(hidden, np.float32),
+        "beta": np.zeros(hidden, np.float32),
+        "w1": f(hidden, ffn),
+        "b1": f(ffn),
+        "w2": f(ffn, hidden),
+        "b2": f(hidden),
+        "c": np.array(math.sqrt(2), np.float32),
+        "one": np.array(1.0, np.float32),
+        "half": np.array(0.5, np.float32),
+    }
+    nodes = [
+        Node("ReduceMean", ["x", "axes"], ["mu"]),
+        Node("Sub", ["x", "mu"], ["d"]),
+        Node("Pow", ["d", "two"], ["sq"]),
+        Node("ReduceMean", ["sq", "axes"], ["var"]),
+        Node("Add", ["var", "eps"], ["ve"]),
+        Node("Sqrt", ["ve"], ["std"]),
+        Node("Div", ["d", "std"], ["n"]),
+        Node("Mul", ["n", "gamma"], ["s"]),
+        Node("Add", ["s", "beta"], ["ln"]),
+        Node("MatMul", ["ln", "w1"], ["h1"]),
+        Node("Add", ["h1", "b1"], ["h2"]),
+        Node("Div", ["h2", "c"], ["gd"]),
+        Node("Erf", ["gd"], ["ge"]),
+        Node("Add", ["ge", "one"], ["ga"]),
+        Node("Mul", ["h2", "ga"], ["gm"]),
+        Node("Mul", ["gm", "half"], ["g"]),
+        Node("MatMul", ["g", "w2"], ["o1"]),
+        Node("Add", ["o1", "b2"], ["o2"]),
+        Node("Add", ["o2", "x"], ["y"]),
+    ]
+    return Graph(
+        "mlp_block",
+        inputs=[Value("x", np.float32, ("batch", "seq", hidden))],
+        outputs=["y"],
+        nodes=nodes,
+        initializers=init,
+    )
 
 
 def replay_overhead(n_nodes: int = 512, repeat: int = 30) -> dict:
@@ -76,9 +105,14 @@ def replay_overhead(n_nodes: int = 512, repeat: int = 30) -> dict:
     t_bare = median_ms(bare, repeat)
     eager = lambda: opsnn.graph.run(g, {"v0": x})  # noqa: E731
     t_eager = median_ms(eager, max(repeat // 3, 5))
-    return {"nodes": n_nodes, "compiled_run_ms": t_run, "bare_kernels_ms": t_bare, "eager_op_by_op_ms": t_eager,
-            "replay_overhead_us_per_node": (t_run - t_bare) * 1e3 / n_nodes,
-            "eager_overhead_us_per_node": (t_eager - t_bare) * 1e3 / n_nodes}
+    return {
+        "nodes": n_nodes,
+        "compiled_run_ms": t_run,
+        "bare_kernels_ms": t_bare,
+        "eager_op_by_op_ms": t_eager,
+        "replay_overhead_us_per_node": (t_run - t_bare) * 1e3 / n_nodes,
+        "eager_overhead_us_per_node": (t_eager - t_bare) * 1e3 / n_nodes,
+    }
 
 
 def compare_with_ort(proto_bytes: bytes, feeds: dict, ours: dict) -> float | None:
@@ -103,11 +137,17 @@ def graph_case(name: str, graph: Graph, feeds: dict, repeat: int) -> dict:
     compile_ms = (time.perf_counter() - t0) * 1e3
     out = {k: v.numpy() for k, v in cg.run(feeds).items()}
     mem = cg.memory_report()
-    row = {"model": name, "nodes_before": cg.pass_report.nodes_before, "nodes_after": cg.pass_report.nodes_after,
-           "node_reduction_pct": 100 * (1 - cg.pass_report.nodes_after / cg.pass_report.nodes_before),
-           "compile_ms": compile_ms, "arena_bytes": mem.get("arena_bytes"), "naive_bytes": mem.get("naive_bytes"),
-           "compiled_ms": median_ms(lambda: [v.numpy() for v in cg.run(feeds).values()], repeat),
-           "eager_op_by_op_ms": median_ms(lambda: opsnn.graph.run(graph, feeds), max(repeat // 2, 3), warmup=1)}
+    row = {
+        "model": name,
+        "nodes_before": cg.pass_report.nodes_before,
+        "nodes_after": cg.pass_report.nodes_after,
+        "node_reduction_pct": 100 * (1 - cg.pass_report.nodes_after / cg.pass_report.nodes_before),
+        "compile_ms": compile_ms,
+        "arena_bytes": mem.get("arena_bytes"),
+        "naive_bytes": mem.get("naive_bytes"),
+        "compiled_ms": median_ms(lambda: [v.numpy() for v in cg.run(feeds).values()], repeat),
+        "eager_op_by_op_ms": median_ms(lambda: opsnn.graph.run(graph, feeds), max(repeat // 2, 3), warmup=1),
+    }
     row["speedup_vs_eager"] = row["eager_op_by_op_ms"] / row["compiled_ms"]
     proto = to_onnx(graph).SerializeToString()
     row["max_rel_err_vs_onnxruntime"] = compare_with_ort(proto, feeds, out)
@@ -132,8 +172,11 @@ def dynamic_batch(rng, sizes=range(1, 9), seq: int = 128) -> dict:
     runs = 0
     for sweep in range(2):
         for b in sizes:
-            feeds = {"input_ids": rng.integers(0, 30522, (b, seq)).astype(np.int64),
-                     "attention_mask": np.ones((b, seq), np.int64), "token_type_ids": np.zeros((b, seq), np.int64)}
+            feeds = {
+                "input_ids": rng.integers(0, 30522, (b, seq)).astype(np.int64),
+                "attention_mask": np.ones((b, seq), np.int64),
+                "token_type_ids": np.zeros((b, seq), np.int64),
+            }
             t0 = time.perf_counter()
             [v.numpy() for v in cg.run(feeds).values()]
             runs += 1
@@ -152,9 +195,11 @@ def main() -> int:
     rng = np.random.default_rng(0)
     results = {"replay": replay_overhead()}
     r = results["replay"]
-    print(f"replay: {r['nodes']} tiny nodes, compiled {r['compiled_run_ms']:.3f} ms, bare kernels "
-          f"{r['bare_kernels_ms']:.3f} ms -> {r['replay_overhead_us_per_node']:.2f} µs/node host overhead "
-          f"(target < 5); eager op by op {r['eager_overhead_us_per_node']:.2f} µs/node")
+    print(
+        f"replay: {r['nodes']} tiny nodes, compiled {r['compiled_run_ms']:.3f} ms, bare kernels "
+        f"{r['bare_kernels_ms']:.3f} ms -> {r['replay_overhead_us_per_node']:.2f} µs/node host overhead "
+        f"(target < 5); eager op by op {r['eager_overhead_us_per_node']:.2f} µs/node"
+    )
     rows = []
     for name in args.models.split(","):
         if name == "mlp":
@@ -166,18 +211,22 @@ def main() -> int:
             g, feeds, _ = build(name, rng)
         rows.append(graph_case(name, g, feeds, args.repeat))
         row = rows[-1]
-        print(f"{name}: nodes {row['nodes_before']} -> {row['nodes_after']} ({row['node_reduction_pct']:.0f}% fewer), "
-              f"arena {row['arena_bytes']} B vs naive {row['naive_bytes']} B, compiled {row['compiled_ms']:.2f} ms vs "
-              f"eager {row['eager_op_by_op_ms']:.2f} ms ({row['speedup_vs_eager']:.2f}x), onnxruntime "
-              f"{row.get('onnxruntime_ms', float('nan')):.2f} ms (ratio {row.get('ratio_vs_onnxruntime', float('nan')):.2f}), "
-              f"max rel err vs ort {row['max_rel_err_vs_onnxruntime']}")
+        print(
+            f"{name}: nodes {row['nodes_before']} -> {row['nodes_after']} ({row['node_reduction_pct']:.0f}% fewer), "
+            f"arena {row['arena_bytes']} B vs naive {row['naive_bytes']} B, compiled {row['compiled_ms']:.2f} ms vs "
+            f"eager {row['eager_op_by_op_ms']:.2f} ms ({row['speedup_vs_eager']:.2f}x), onnxruntime "
+            f"{row.get('onnxruntime_ms', float('nan')):.2f} ms (ratio {row.get('ratio_vs_onnxruntime', float('nan')):.2f}), "
+            f"max rel err vs ort {row['max_rel_err_vs_onnxruntime']}"
+        )
     results["models"] = rows
     if "bert" in args.models.split(","):
         results["dynamic_batch"] = dynamic_batch(rng)
         d = results["dynamic_batch"]
-        print(f"dynamic batch (BERT-base, seq 128, batch 1..8 twice): {d['plans_built']} plans built for "
-              f"{d['runs']} runs from one compiled graph; ms per batch: "
-              + ", ".join(f"{b}: {t:.0f}" for b, t in d["ms_by_batch"].items()))
+        print(
+            f"dynamic batch (BERT-base, seq 128, batch 1..8 twice): {d['plans_built']} plans built for "
+            f"{d['runs']} runs from one compiled graph; ms per batch: "
+            + ", ".join(f"{b}: {t:.0f}" for b, t in d["ms_by_batch"].items())
+        )
     write_json(results, args.json)
     return 0
 

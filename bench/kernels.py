@@ -24,6 +24,7 @@ reports each kernel's time, workspace and the memory pool's peak against input +
 ``--only threads`` reruns the OpenMP wait-policy experiment behind the default set in
 ``opsnn/kernels/cpu/__init__.py`` (fresh processes, interleaved rounds).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,9 +95,13 @@ def measure(fns: dict, repeat: int, budget_s: float = 20.0, block: int = 2) -> d
     out = {}
     for n, ts in times.items():
         ts = np.array(ts) * 1e3
-        out[n] = {"median_ms": float(np.median(ts)), "p10_ms": float(np.percentile(ts, 10)),
-                  "p90_ms": float(np.percentile(ts, 90)), "cpu_ms": float(np.median(cpu[n]) * 1e3),
-                  "runs": int(ts.size)}
+        out[n] = {
+            "median_ms": float(np.median(ts)),
+            "p10_ms": float(np.percentile(ts, 10)),
+            "p90_ms": float(np.percentile(ts, 90)),
+            "cpu_ms": float(np.median(cpu[n]) * 1e3),
+            "runs": int(ts.size),
+        }
     return out
 
 
@@ -107,10 +112,13 @@ def _fmt(r: dict) -> str:
 # -- single-node models -------------------------------------------------------------------------------------
 def _model(op: str, inputs: dict, weights: dict, attrs: dict, out_dtype, opset: int = 21, name="y"):
     node = helper.make_node(op, list(inputs) + list(weights), [name], **attrs)
-    g = helper.make_graph([node], f"bench_{op}",
-                          [helper.make_tensor_value_info(k, _TYPES[v.dtype], list(v.shape)) for k, v in inputs.items()],
-                          [helper.make_tensor_value_info(name, _TYPES[np.dtype(out_dtype)], None)],
-                          [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    g = helper.make_graph(
+        [node],
+        f"bench_{op}",
+        [helper.make_tensor_value_info(k, _TYPES[v.dtype], list(v.shape)) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(name, _TYPES[np.dtype(out_dtype)], None)],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
@@ -164,8 +172,9 @@ def _kernel_runners(op: str, arrays: list, attrs: dict, constant: set, domain: s
         nbytes = int(k.workspace(ctx, plan)) if k.workspace else 0
         ws = np.empty(nbytes, np.uint8) if nbytes else None
         adapter = k.needs_adapter(ctx)
-        outs = [np.empty(m.shape, np.float32 if adapter and _dt.is_low_precision(m.dtype) else m.dtype)
-                for m in ctx.outputs]
+        outs = [
+            np.empty(m.shape, np.float32 if adapter and _dt.is_low_precision(m.dtype) else m.dtype) for m in ctx.outputs
+        ]
         final = [np.empty(m.shape, m.dtype) for m in ctx.outputs]
         ins = list(arrays)
 
@@ -214,8 +223,15 @@ RESNET50 = [
     ("dilated 3x3 d2 512", (1, 512, 28, 28), (512, 512, 3, 3), 1, 2, 2),
     ("vgg 3x3 3->64", (1, 3, 224, 224), (64, 3, 3, 3), 1, 1, 1),
 ]
-QUICK_CONV = {"stem 7x7/2", "s1 3x3 64", "s2 3x3 128", "s3 3x3 256", "s4 3x3 512", "s1 1x1 64->256",
-              "dilated 3x3 d2 256"}
+QUICK_CONV = {
+    "stem 7x7/2",
+    "s1 3x3 64",
+    "s2 3x3 128",
+    "s3 3x3 256",
+    "s4 3x3 512",
+    "s1 1x1 64->256",
+    "dilated 3x3 d2 256",
+}
 #: the issue's target: Winograd >= 1.5x faster than im2col on 3x3 stride-1 layers with >= 64 channels
 #: (F(4x4,3x3) "conv2d_winograd" and F(2x2,3x3) "conv2d_winograd_f2" are both timed; the side-by-side
 #: table at the end of the section shows each against im2col and which one selection picks)
@@ -252,32 +268,51 @@ def bench_conv(args, rng) -> list:
         if blk and xs[1] % blk == 0 and ws[0] % blk == 0:
             # the kernels a ResNet graph runs (blocked_layout pass: nChw<blk>c chains), called directly
             battrs = dict(attrs, src_blocked=1, block=blk)
-            for k, f in _kernel_runners("BlockedConv", [KB.blocked_reference(x, blk), w, b, None], battrs, {1, 2},
-                                        domain="opsnn").items():
+            for k, f in _kernel_runners(
+                "BlockedConv", [KB.blocked_reference(x, blk), w, b, None], battrs, {1, 2}, domain="opsnn"
+            ).items():
                 fns[f"{BLOCKED}{k}"] = f
         sess = _ort_session(model)
         fns["onnxruntime"] = lambda sess=sess, x=x: sess.run(None, {"x": x})[0]
         fns["numpy"] = lambda: numpy_conv(x, w, s, p, d) + b.reshape(1, -1, 1, 1)
         want = fns["onnxruntime"]()
-        errs = {k: float(np.abs((KB.plain_reference(f(), blk) if k.startswith(BLOCKED) else f()) - want).max()
-                         / (np.abs(want).max() or 1)) for k, f in fns.items()}
+        errs = {
+            k: float(
+                np.abs((KB.plain_reference(f(), blk) if k.startswith(BLOCKED) else f()) - want).max()
+                / (np.abs(want).max() or 1)
+            )
+            for k, f in fns.items()
+        }
         res = measure(fns, args.repeat)
         oh = (xs[2] + 2 * p - (ws[2] - 1) * d - 1) // s + 1
         ow = (xs[3] + 2 * p - (ws[3] - 1) * d - 1) // s + 1
         gflop = 2 * xs[0] * ws[0] * ws[1] * ws[2] * ws[3] * oh * ow / 1e9
         t = {k: v["median_ms"] for k, v in res.items()}
-        row = {"name": name, "x": xs, "w": ws, "stride": s, "pad": p, "dilation": d, "chosen": chosen,
-               "gflop": gflop, "results": res, "max_rel_err": errs,
-               "gflops": {k: gflop / (v / 1e3) for k, v in t.items()},
-               "speedup_vs_numpy": t["numpy"] / t["opsnn"], "speedup_vs_ort": t["onnxruntime"] / t["opsnn"]}
+        row = {
+            "name": name,
+            "x": xs,
+            "w": ws,
+            "stride": s,
+            "pad": p,
+            "dilation": d,
+            "chosen": chosen,
+            "gflop": gflop,
+            "results": res,
+            "max_rel_err": errs,
+            "gflops": {k: gflop / (v / 1e3) for k, v in t.items()},
+            "speedup_vs_numpy": t["numpy"] / t["opsnn"],
+            "speedup_vs_ort": t["onnxruntime"] / t["opsnn"],
+        }
         if "opsnn:conv2d_winograd" in t and "opsnn:conv2d_im2col" in t:
             row["winograd_vs_im2col"] = t["opsnn:conv2d_im2col"] / t["opsnn:conv2d_winograd"]
-            row["winograd_vs_im2col_cpu"] = (res["opsnn:conv2d_im2col"]["cpu_ms"]
-                                             / res["opsnn:conv2d_winograd"]["cpu_ms"])
+            row["winograd_vs_im2col_cpu"] = (
+                res["opsnn:conv2d_im2col"]["cpu_ms"] / res["opsnn:conv2d_winograd"]["cpu_ms"]
+            )
         if "opsnn:conv2d_winograd_f2" in t and "opsnn:conv2d_im2col" in t:
             row["winograd_f2_vs_im2col"] = t["opsnn:conv2d_im2col"] / t["opsnn:conv2d_winograd_f2"]
-            row["winograd_f2_vs_im2col_cpu"] = (res["opsnn:conv2d_im2col"]["cpu_ms"]
-                                                / res["opsnn:conv2d_winograd_f2"]["cpu_ms"])
+            row["winograd_f2_vs_im2col_cpu"] = (
+                res["opsnn:conv2d_im2col"]["cpu_ms"] / res["opsnn:conv2d_winograd_f2"]["cpu_ms"]
+            )
         if "opsnn:conv2d_winograd_dilated" in t and "opsnn:conv2d_im2col" in t:
             row["dilated_winograd_vs_im2col"] = t["opsnn:conv2d_im2col"] / t["opsnn:conv2d_winograd_dilated"]
         if "opsnn:conv2d_direct" in t and "opsnn:conv2d_im2col" in t:
@@ -286,16 +321,23 @@ def bench_conv(args, rng) -> list:
             row["blocked_winograd_vs_onednn"] = t[f"{BLOCKED}conv_onednn"] / t[f"{BLOCKED}conv_winograd_blocked"]
         rows.append(row)
         best = min((k for k in t if k.startswith("opsnn")), key=t.get, default="opsnn")
-        print(f"{name:22s} chosen {chosen:16s} opsnn {_fmt(res['opsnn'])} {row['gflops']['opsnn']:6.1f} GF/s | "
-              f"numpy x{row['speedup_vs_numpy']:.2f} ort x{row['speedup_vs_ort']:.2f} | fastest {best[6:]}"
-              + (f" | winograd/im2col x{row['winograd_vs_im2col']:.2f}" if "winograd_vs_im2col" in row else "")
-              + (f" | winograd_f2/im2col x{row['winograd_f2_vs_im2col']:.2f}" if "winograd_f2_vs_im2col" in row
-                 else "")
-              + (f" | dilated-winograd/im2col x{row['dilated_winograd_vs_im2col']:.2f}"
-                 if "dilated_winograd_vs_im2col" in row else "")
-              + (f" | direct/im2col x{row['direct_vs_im2col']:.2f}" if "direct_vs_im2col" in row else "")
-              + (f" | blocked winograd/oneDNN x{row['blocked_winograd_vs_onednn']:.2f}"
-                 if "blocked_winograd_vs_onednn" in row else ""))
+        print(
+            f"{name:22s} chosen {chosen:16s} opsnn {_fmt(res['opsnn'])} {row['gflops']['opsnn']:6.1f} GF/s | "
+            f"numpy x{row['speedup_vs_numpy']:.2f} ort x{row['speedup_vs_ort']:.2f} | fastest {best[6:]}"
+            + (f" | winograd/im2col x{row['winograd_vs_im2col']:.2f}" if "winograd_vs_im2col" in row else "")
+            + (f" | winograd_f2/im2col x{row['winograd_f2_vs_im2col']:.2f}" if "winograd_f2_vs_im2col" in row else "")
+            + (
+                f" | dilated-winograd/im2col x{row['dilated_winograd_vs_im2col']:.2f}"
+                if "dilated_winograd_vs_im2col" in row
+                else ""
+            )
+            + (f" | direct/im2col x{row['direct_vs_im2col']:.2f}" if "direct_vs_im2col" in row else "")
+            + (
+                f" | blocked winograd/oneDNN x{row['blocked_winograd_vs_onednn']:.2f}"
+                if "blocked_winograd_vs_onednn" in row
+                else ""
+            )
+        )
         for k in sorted(t, key=t.get):
             print(f"    {k:28s} {_fmt(res[k])} {row['gflops'][k]:7.1f} GF/s  err {errs[k]:.1e}")
     _winograd_table(rows)
@@ -315,12 +357,15 @@ def _blocked_block() -> int | None:
 
 def _blocked_table(rows: list) -> None:
     """Inside a graph's blocked chains: oneDNN's direct conv vs Winograd on nChw<b>c (median ms)."""
-    sel = [r for r in rows if f"{BLOCKED}conv_winograd_blocked" in r["results"]
-           and f"{BLOCKED}conv_onednn" in r["results"]]
+    sel = [
+        r for r in rows if f"{BLOCKED}conv_winograd_blocked" in r["results"] and f"{BLOCKED}conv_onednn" in r["results"]
+    ]
     if not sel:
         return
-    print("\n   blocked chains (nChw<b>c, the ResNet graph's path): median ms, oneDNN direct vs Winograd F(4x4) "
-          "(x speed-up)")
+    print(
+        "\n   blocked chains (nChw<b>c, the ResNet graph's path): median ms, oneDNN direct vs Winograd F(4x4) "
+        "(x speed-up)"
+    )
     for r in sel:
         a, b = (r["results"][f"{BLOCKED}{k}"]["median_ms"] for k in ("conv_onednn", "conv_winograd_blocked"))
         print(f"   {r['name']:22s} {a:9.3f} {b:9.3f} (x{a / b:.2f})")
@@ -329,13 +374,15 @@ def _blocked_table(rows: list) -> None:
 def _winograd_table(rows: list) -> None:
     """im2col vs F(4x4) vs F(2x2) side by side for the 3x3 stride-1 dilation-1 rows (median ms,
     speed-up over im2col), and the kernel the default selection runs."""
-    sel = [r for r in rows if r["w"][2:] == (3, 3) and r["stride"] == 1 and r["dilation"] == 1
-           and "opsnn:conv2d_im2col" in r["results"]]
+    sel = [
+        r
+        for r in rows
+        if r["w"][2:] == (3, 3) and r["stride"] == 1 and r["dilation"] == 1 and "opsnn:conv2d_im2col" in r["results"]
+    ]
     if not sel:
         return
     print("\n   3x3 stride 1: median ms (x speed-up over im2col); >= 64 channels target: >= 1.5x")
-    print(f"   {'shape':22s} {'im2col':>9s} " + " ".join(f"{v:>16s}" for v in WINOGRAD_KERNELS.values())
-          + "   chosen")
+    print(f"   {'shape':22s} {'im2col':>9s} " + " ".join(f"{v:>16s}" for v in WINOGRAD_KERNELS.values()) + "   chosen")
     for r in sel:
         base = r["results"]["opsnn:conv2d_im2col"]["median_ms"]
         cells = []
@@ -348,15 +395,22 @@ def _winograd_table(rows: list) -> None:
 # -- GEMM -------------------------------------------------------------------------------------------------------
 # BERT-base at sequence length 128 (and 512): QKV / output projections, the FFN pair, and
 # the per-head attention products.
-BERT = [("proj 128x768x768", 128, 768, 768), ("ffn1 128x768x3072", 128, 768, 3072),
-        ("ffn2 128x3072x768", 128, 3072, 768), ("proj 512x768x768", 512, 768, 768),
-        ("ffn1 512x768x3072", 512, 768, 3072), ("decode 1x768x3072", 1, 768, 3072)]
+BERT = [
+    ("proj 128x768x768", 128, 768, 768),
+    ("ffn1 128x768x3072", 128, 768, 3072),
+    ("ffn2 128x3072x768", 128, 3072, 768),
+    ("proj 512x768x768", 512, 768, 768),
+    ("ffn1 512x768x3072", 512, 768, 3072),
+    ("decode 1x768x3072", 1, 768, 3072),
+]
 
 
 def bench_gemm(args, rng) -> list:
     rows = []
-    print("\n== GEMM (BERT-base sizes, float32): opsnn two-phase executor (the kernel path), opsnn graph "
-          "(B an initializer), numpy.matmul, onnxruntime MatMul")
+    print(
+        "\n== GEMM (BERT-base sizes, float32): opsnn two-phase executor (the kernel path), opsnn graph "
+        "(B an initializer), numpy.matmul, onnxruntime MatMul"
+    )
     cases = BERT[:3] if args.quick else BERT
     for name, m, k, n in cases:
         a = rng.standard_normal((m, k)).astype(np.float32)
@@ -367,21 +421,35 @@ def bench_gemm(args, rng) -> list:
         model = _model("MatMul", {"a": a}, {"B": bm}, {}, np.float32)
         run_graph, chosen = _opsnn_runner(model, {"a": a})
         sess = _ort_session(model)
-        fns = {"opsnn": lambda ex=ex: ex.run().numpy(), "opsnn graph": run_graph,
-               "numpy": lambda a=a, bm=bm, out=out: np.matmul(a, bm, out=out),
-               "onnxruntime": lambda sess=sess, a=a: sess.run(None, {"a": a})[0]}
+        fns = {
+            "opsnn": lambda ex=ex: ex.run().numpy(),
+            "opsnn graph": run_graph,
+            "numpy": lambda a=a, bm=bm, out=out: np.matmul(a, bm, out=out),
+            "onnxruntime": lambda sess=sess, a=a: sess.run(None, {"a": a})[0],
+        }
         res = measure(fns, args.repeat)
         gflop = 2 * m * k * n / 1e9
         t = {kk: v["median_ms"] for kk, v in res.items()}
-        row = {"name": name, "m": m, "k": k, "n": n, "kernel": ex.kernel_name, "graph_kernel": chosen,
-               "results": res, "gflops": {kk: gflop / (v / 1e3) for kk, v in t.items()},
-               "fraction_of_numpy": t["numpy"] / t["opsnn"], "graph_fraction_of_numpy": t["numpy"] / t["opsnn graph"],
-               "speedup_vs_ort": t["onnxruntime"] / t["opsnn"]}
+        row = {
+            "name": name,
+            "m": m,
+            "k": k,
+            "n": n,
+            "kernel": ex.kernel_name,
+            "graph_kernel": chosen,
+            "results": res,
+            "gflops": {kk: gflop / (v / 1e3) for kk, v in t.items()},
+            "fraction_of_numpy": t["numpy"] / t["opsnn"],
+            "graph_fraction_of_numpy": t["numpy"] / t["opsnn graph"],
+            "speedup_vs_ort": t["onnxruntime"] / t["opsnn"],
+        }
         rows.append(row)
-        print(f"{name:20s} {ex.kernel_name:12s} " + " | ".join(
-            f"{kk} {_fmt(res[kk])} {row['gflops'][kk]:6.1f} GF/s" for kk in fns)
+        print(
+            f"{name:20s} {ex.kernel_name:12s} "
+            + " | ".join(f"{kk} {_fmt(res[kk])} {row['gflops'][kk]:6.1f} GF/s" for kk in fns)
             + f" | opsnn = {100 * row['fraction_of_numpy']:.0f}% of numpy's GF/s (graph "
-              f"{100 * row['graph_fraction_of_numpy']:.0f}%)")
+            f"{100 * row['graph_fraction_of_numpy']:.0f}%)"
+        )
     return rows
 
 
@@ -406,12 +474,14 @@ def bench_lowp(args, rng) -> list:
             for tile in (32, 64, 128, 256):
                 plan = G.lowp_plan(a.shape, bm.shape, dt, tile)
                 fns[f"tiled tile_size={tile}"] = lambda plan=plan, a=a, bm=bm, out=out: G.matmul_lowp(
-                    [a, bm], [out], {}, plan, None)
+                    [a, bm], [out], {}, plan, None
+                )
             for kern, f in _kernel_runners("MatMul", [a, bm], {}, {1}).items():
                 if kern == "matmul_prepacked":
                     fns["opsnn:matmul_prepacked (B constant)"] = f
             fns["numpy (astype fp32, matmul, astype)"] = lambda a=a, bm=bm: np.matmul(
-                a.astype(np.float32), bm.astype(np.float32)).astype(dt)
+                a.astype(np.float32), bm.astype(np.float32)
+            ).astype(dt)
             default = opsnn.aclnn.matmul.prepare(a, bm)
             if dt == np.float16:
                 model = _model("MatMul", {"a": a}, {"B": bm}, {}, dt)
@@ -419,13 +489,23 @@ def bench_lowp(args, rng) -> list:
                 fns["onnxruntime fp16"] = lambda sess=sess, a=a: sess.run(None, {"a": a})[0]
             res = measure(fns, max(5, args.repeat // 2))
             gflop = 2 * m * k * n / 1e9
-            row = {"name": name, "dtype": str(dt), "m": m, "k": k, "n": n, "default_kernel": default.kernel_name,
-                   "tiled_vs_adapter": res["opsnn:matmul_blas (fp32 adapter)"]["median_ms"]
-                   / res["opsnn:matmul_tiled_lowp"]["median_ms"],
-                   "results": res, "gflops": {kk: gflop / (v["median_ms"] / 1e3) for kk, v in res.items()}}
+            row = {
+                "name": name,
+                "dtype": str(dt),
+                "m": m,
+                "k": k,
+                "n": n,
+                "default_kernel": default.kernel_name,
+                "tiled_vs_adapter": res["opsnn:matmul_blas (fp32 adapter)"]["median_ms"]
+                / res["opsnn:matmul_tiled_lowp"]["median_ms"],
+                "results": res,
+                "gflops": {kk: gflop / (v["median_ms"] / 1e3) for kk, v in res.items()},
+            }
             rows.append(row)
-            print(f"{dt.name:9s} {name:20s} (default {default.kernel_name}; tiled vs adapter "
-                  f"x{row['tiled_vs_adapter']:.2f})")
+            print(
+                f"{dt.name:9s} {name:20s} (default {default.kernel_name}; tiled vs adapter "
+                f"x{row['tiled_vs_adapter']:.2f})"
+            )
             for kk in sorted(res, key=lambda q: res[q]["median_ms"]):
                 print(f"    {kk:40s} {_fmt(res[kk])} {row['gflops'][kk]:6.1f} GF/s")
     return rows
@@ -448,9 +528,12 @@ def bench_attention(args, rng) -> list:
         q, kk, v = (rng.standard_normal((1, 12, s, 64)).astype(np.float32) for _ in range(3))
         ex = opsnn.aclnn.attention.prepare(q, kk, v)
         node = helper.make_node("Attention", ["q", "k", "v"], ["y"])
-        g = helper.make_graph([node], "attn", [helper.make_tensor_value_info(nm, TensorProto.FLOAT, [1, 12, s, 64])
-                                               for nm in "qkv"],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        g = helper.make_graph(
+            [node],
+            "attn",
+            [helper.make_tensor_value_info(nm, TensorProto.FLOAT, [1, 12, s, 64]) for nm in "qkv"],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        )
         sess = _ort_session(helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)]))
         fns = {"opsnn": lambda ex=ex: ex.run().numpy()}
         for kern in ("attention_flash", "attention_blas"):
@@ -464,22 +547,35 @@ def bench_attention(args, rng) -> list:
         res = measure(fns, max(5, args.repeat // 2))
         gflop = 4 * 12 * s * s * 64 / 1e9
         t = {n: r["median_ms"] for n, r in res.items()}
-        row = {"seq": s, "kernel": ex.kernel_name, "results": res, "max_abs_err": err,
-               "gflops": {n: gflop / (x / 1e3) for n, x in t.items()},
-               "speedup_vs_numpy": t["numpy"] / t["opsnn"], "speedup_vs_ort": t["onnxruntime"] / t["opsnn"]}
+        row = {
+            "seq": s,
+            "kernel": ex.kernel_name,
+            "results": res,
+            "max_abs_err": err,
+            "gflops": {n: gflop / (x / 1e3) for n, x in t.items()},
+            "speedup_vs_numpy": t["numpy"] / t["opsnn"],
+            "speedup_vs_ort": t["onnxruntime"] / t["opsnn"],
+        }
         rows.append(row)
-        print(f"seq {s:5d} {ex.kernel_name:16s} " + " | ".join(f"{n} {_fmt(res[n])} {row['gflops'][n]:6.1f} GF/s"
-                                                                for n in fns)
-              + f" | numpy x{row['speedup_vs_numpy']:.2f} ort x{row['speedup_vs_ort']:.2f} err {err:.1e}")
+        print(
+            f"seq {s:5d} {ex.kernel_name:16s} "
+            + " | ".join(f"{n} {_fmt(res[n])} {row['gflops'][n]:6.1f} GF/s" for n in fns)
+            + f" | numpy x{row['speedup_vs_numpy']:.2f} ort x{row['speedup_vs_ort']:.2f} err {err:.1e}"
+        )
     return rows
 
 
 # -- large inputs -------------------------------------------------------------------------------------------------
 LARGE = [  # (name, C, M, stride, padding, dilation, kernel or None for the default)
-    ("conv 3x3 1->4", 1, 4, 1, 1, 1, None), ("conv 3x3 1->4", 1, 4, 1, 1, 1, "conv2d_im2col"),
-    ("conv 3x3/2 1->4", 1, 4, 2, 1, 1, "conv2d_direct"), ("conv 3x3/2 1->4", 1, 4, 2, 1, 1, "conv2d_im2col"),
-    ("conv 3x3 3->8", 3, 8, 1, 1, 1, None), ("conv 3x3 8->8", 8, 8, 1, 1, 1, "conv2d_winograd"),
-    ("conv 3x3 d2 8->8", 8, 8, 1, 2, 2, None), ("conv 3x3 16->32", 16, 32, 1, 1, 1, None)]
+    ("conv 3x3 1->4", 1, 4, 1, 1, 1, None),
+    ("conv 3x3 1->4", 1, 4, 1, 1, 1, "conv2d_im2col"),
+    ("conv 3x3/2 1->4", 1, 4, 2, 1, 1, "conv2d_direct"),
+    ("conv 3x3/2 1->4", 1, 4, 2, 1, 1, "conv2d_im2col"),
+    ("conv 3x3 3->8", 3, 8, 1, 1, 1, None),
+    ("conv 3x3 8->8", 8, 8, 1, 1, 1, "conv2d_winograd"),
+    ("conv 3x3 d2 8->8", 8, 8, 1, 2, 2, None),
+    ("conv 3x3 16->32", 16, 32, 1, 1, 1, None),
+]
 
 
 def _peak_run(fn, repeat: int):
@@ -502,8 +598,10 @@ def _peak_run(fn, repeat: int):
 
 def bench_large(args, rng) -> list:
     size = 2048 if args.quick else 4096
-    print(f"\n== Large inputs: 1xCx{size}x{size} float32 through the eager API (prepare + run, so the "
-          "output is inside the measured peak); peak = pool bytes at the peak incl. the input")
+    print(
+        f"\n== Large inputs: 1xCx{size}x{size} float32 through the eager API (prepare + run, so the "
+        "output is inside the measured peak); peak = pool bytes at the peak incl. the input"
+    )
     rows = []
     reps = max(3, args.repeat // 10)
     for name, c, m, s, p, d, algo in LARGE:
@@ -519,25 +617,45 @@ def bench_large(args, rng) -> list:
         t, peak = _peak_run(run, reps)
         ex = made[0]
         io = x.nbytes + math.prod(ex.outputs[0].shape) * 4
-        row = {"name": name, "size": size, "kernel": ex.kernel_name, "median_ms": t,
-               "workspace_bytes": ex.workspace_size, "peak_bytes": peak + x.nbytes, "in_out_bytes": io, "peak_over_in_out": (peak + x.nbytes) / io}
+        row = {
+            "name": name,
+            "size": size,
+            "kernel": ex.kernel_name,
+            "median_ms": t,
+            "workspace_bytes": ex.workspace_size,
+            "peak_bytes": peak + x.nbytes,
+            "in_out_bytes": io,
+            "peak_over_in_out": (peak + x.nbytes) / io,
+        }
         rows.append(row)
-        print(f"{name:18s} {ex.kernel_name:22s} {t:9.1f} ms  workspace {ex.workspace_size / 2**20:6.1f} MiB  peak "
-              f"{row['peak_bytes'] / 2**20:6.0f} MiB / in+out {io / 2**20:6.0f} MiB = {row['peak_over_in_out']:.3f}")
+        print(
+            f"{name:18s} {ex.kernel_name:22s} {t:9.1f} ms  workspace {ex.workspace_size / 2**20:6.1f} MiB  peak "
+            f"{row['peak_bytes'] / 2**20:6.0f} MiB / in+out {io / 2**20:6.0f} MiB = {row['peak_over_in_out']:.3f}"
+        )
         del made, x
     x = opsnn.tensor(rng.standard_normal((1, 1, size, size), dtype=np.float32))
-    for name, fn, k, s, p in [("max_pool 3x3/1", opsnn.ops.max_pool2d, 3, 1, 1),
-                              ("max_pool 2x2/2", opsnn.ops.max_pool2d, 2, 2, 0),
-                              ("avg_pool 3x3/1", opsnn.ops.avg_pool2d, 3, 1, 1),
-                              ("avg_pool 3x3/2", opsnn.ops.avg_pool2d, 3, 2, 1)]:
+    for name, fn, k, s, p in [
+        ("max_pool 3x3/1", opsnn.ops.max_pool2d, 3, 1, 1),
+        ("max_pool 2x2/2", opsnn.ops.max_pool2d, 2, 2, 0),
+        ("avg_pool 3x3/1", opsnn.ops.avg_pool2d, 3, 1, 1),
+        ("avg_pool 3x3/2", opsnn.ops.avg_pool2d, 3, 2, 1),
+    ]:
         t, peak = _peak_run(lambda fn=fn, k=k, s=s, p=p: fn(x, k, s, p).numpy(), reps)
         o = -(-(size + 2 * p - k + 1) // s)
         io = x.nbytes + o * o * 4
-        row = {"name": name, "size": size, "median_ms": t, "peak_bytes": peak + x.nbytes, "in_out_bytes": io,
-               "peak_over_in_out": (peak + x.nbytes) / io}
+        row = {
+            "name": name,
+            "size": size,
+            "median_ms": t,
+            "peak_bytes": peak + x.nbytes,
+            "in_out_bytes": io,
+            "peak_over_in_out": (peak + x.nbytes) / io,
+        }
         rows.append(row)
-        print(f"{name:18s} {'':22s} {t:9.1f} ms  {'':23s} peak {row['peak_bytes'] / 2**20:6.0f} MiB / in+out "
-              f"{io / 2**20:6.0f} MiB = {row['peak_over_in_out']:.3f}")
+        print(
+            f"{name:18s} {'':22s} {t:9.1f} ms  {'':23s} peak {row['peak_bytes'] / 2**20:6.0f} MiB / in+out "
+            f"{io / 2**20:6.0f} MiB = {row['peak_over_in_out']:.3f}"
+        )
     return rows
 
 
@@ -588,8 +706,9 @@ def bench_threads(args, rng) -> dict:
             env.pop("OMP_WAIT_POLICY", None)
             env.pop("GOMP_SPINCOUNT", None)
             env.update(extra)
-            out = subprocess.run([sys.executable, "-c", _THREAD_PROBE], env=env, capture_output=True, text=True,
-                                 timeout=600)
+            out = subprocess.run(
+                [sys.executable, "-c", _THREAD_PROBE], env=env, capture_output=True, text=True, timeout=600
+            )
             if out.returncode != 0:
                 print(f"  {cfg}: failed: {out.stderr[-300:]}")
                 continue
@@ -605,27 +724,51 @@ def bench_threads(args, rng) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="conv,gemm,lowp,attention",
-                    help="sections: conv,gemm,lowp,attention,threads,large")
+    ap.add_argument(
+        "--only", default="conv,gemm,lowp,attention", help="sections: conv,gemm,lowp,attention,threads,large"
+    )
     ap.add_argument("--repeat", type=int, default=30, help="round-robin rounds per workload")
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
-    ap.add_argument("--conv-filter", default="",
-                    help="conv: only the shapes whose name contains one of these comma-separated strings "
-                         "(e.g. '3x3 64,3x3 128')")
+    ap.add_argument(
+        "--conv-filter",
+        default="",
+        help="conv: only the shapes whose name contains one of these comma-separated strings (e.g. '3x3 64,3x3 128')",
+    )
     ap.add_argument("--json", default="bench/results/kernels.json")
     args = ap.parse_args()
     opsnn.init()
     rng = np.random.default_rng(0)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    report = {"cpu": autotune.cpu_model(), "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "load_average_start": os.getloadavg(), "repeat": args.repeat,
-              "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_WAIT_POLICY",
-                                                     "GOMP_SPINCOUNT", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")},
-              "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
-    print(f"cpu {report['cpu']}, load average {report['load_average_start']}, OMP_WAIT_POLICY="
-          f"{os.environ.get('OMP_WAIT_POLICY')}")
-    runners = {"conv": bench_conv, "gemm": bench_gemm, "lowp": bench_lowp, "attention": bench_attention,
-               "threads": bench_threads, "large": bench_large}
+    report = {
+        "cpu": autotune.cpu_model(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "load_average_start": os.getloadavg(),
+        "repeat": args.repeat,
+        "env": {
+            k: os.environ.get(k)
+            for k in (
+                "OPENBLAS_CORETYPE",
+                "OPENBLAS_L2_SIZE",
+                "OMP_WAIT_POLICY",
+                "GOMP_SPINCOUNT",
+                "OPENBLAS_NUM_THREADS",
+                "NUMBA_NUM_THREADS",
+            )
+        },
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+    }
+    print(
+        f"cpu {report['cpu']}, load average {report['load_average_start']}, OMP_WAIT_POLICY="
+        f"{os.environ.get('OMP_WAIT_POLICY')}"
+    )
+    runners = {
+        "conv": bench_conv,
+        "gemm": bench_gemm,
+        "lowp": bench_lowp,
+        "attention": bench_attention,
+        "threads": bench_threads,
+        "large": bench_large,
+    }
     for s in sections:
         if s not in runners:
             ap.error(f"unknown section {s!r}; choose from {sorted(runners)}")
@@ -633,19 +776,23 @@ def main() -> int:
     report["load_average_end"] = os.getloadavg()
     if "conv" in report:
         w = [r for r in report["conv"] if "winograd_vs_im2col" in r and r["w"][1] >= 64 and r["dilation"] == 1]
-        report["targets"] = {"winograd_vs_im2col_3x3_s1_ge64ch": {r["name"]: r["winograd_vs_im2col"] for r in w},
-                             "winograd_vs_im2col_cpu_time": {r["name"]: r["winograd_vs_im2col_cpu"] for r in w},
-                             "winograd_f2_vs_im2col_3x3_s1_ge64ch": {r["name"]: r["winograd_f2_vs_im2col"] for r in w
-                                                                     if "winograd_f2_vs_im2col" in r},
-                             "best_winograd_vs_im2col_3x3_s1_ge64ch": {
-                                 r["name"]: max(r["winograd_vs_im2col"], r.get("winograd_f2_vs_im2col", 0))
-                                 for r in w},
-                             "dilated_winograd_vs_im2col": {r["name"]: r["dilated_winograd_vs_im2col"]
-                                                            for r in report["conv"]
-                                                            if "dilated_winograd_vs_im2col" in r}}
+        report["targets"] = {
+            "winograd_vs_im2col_3x3_s1_ge64ch": {r["name"]: r["winograd_vs_im2col"] for r in w},
+            "winograd_vs_im2col_cpu_time": {r["name"]: r["winograd_vs_im2col_cpu"] for r in w},
+            "winograd_f2_vs_im2col_3x3_s1_ge64ch": {
+                r["name"]: r["winograd_f2_vs_im2col"] for r in w if "winograd_f2_vs_im2col" in r
+            },
+            "best_winograd_vs_im2col_3x3_s1_ge64ch": {
+                r["name"]: max(r["winograd_vs_im2col"], r.get("winograd_f2_vs_im2col", 0)) for r in w
+            },
+            "dilated_winograd_vs_im2col": {
+                r["name"]: r["dilated_winograd_vs_im2col"] for r in report["conv"] if "dilated_winograd_vs_im2col" in r
+            },
+        }
     if "gemm" in report:
         report.setdefault("targets", {})["gemm_fraction_of_numpy_gflops"] = {
-            r["name"]: r["fraction_of_numpy"] for r in report["gemm"]}
+            r["name"]: r["fraction_of_numpy"] for r in report["gemm"]
+        }
     if report.get("targets"):
         print("\ntargets:", json.dumps(report["targets"], indent=1))
     if args.json:

@@ -19,6 +19,7 @@ waits for both, so when other jobs hold the cores a GEMM can take many times its
 Running the same command with ``OPENBLAS_NUM_THREADS=1`` shows the figures without that
 effect; the JSON records the environment and the load average at both ends.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,13 @@ def spread(xs) -> str:
 
 # -- (a) ---------------------------------------------------------------------------------------------------
 def part_a(args) -> dict:
-    cfg = dict(layers=args.serve_layers, hidden=args.serve_hidden, heads=args.serve_heads,
-               kv_heads=args.serve_kv_heads, vocab=32000)
+    cfg = dict(
+        layers=args.serve_layers,
+        hidden=args.serve_hidden,
+        heads=args.serve_heads,
+        kv_heads=args.serve_kv_heads,
+        vocab=32000,
+    )
     lm = opsnn.models.llama(**cfg, max_position=1024)
     items = mixed_workload(args.requests, (16, 512), (16, 128), 32000, seed=0)
     replay(lm, mixed_workload(2, (4, 8), (2, 3), 32000, 1), max_batch_slots=2, progress=False)  # compile
@@ -55,16 +61,27 @@ def part_a(args) -> dict:
         batched.append(b)
         single.append(s)
         ratios.append(b.tokens_per_s / s.tokens_per_s)
-        print(f"  round {r}: batched {b.tokens_per_s:.1f} tok/s ({b.wall_s:.1f} s), one-at-a-time "
-              f"{s.tokens_per_s:.1f} tok/s ({s.wall_s:.1f} s) -> {ratios[-1]:.2f}x", flush=True)
+        print(
+            f"  round {r}: batched {b.tokens_per_s:.1f} tok/s ({b.wall_s:.1f} s), one-at-a-time "
+            f"{s.tokens_per_s:.1f} tok/s ({s.wall_s:.1f} s) -> {ratios[-1]:.2f}x",
+            flush=True,
+        )
     best = batched[int(np.argsort([x.tokens_per_s for x in batched])[len(batched) // 2])]
     print("\n".join(best.lines()))
     print("\n".join(single[int(np.argsort([x.tokens_per_s for x in single])[len(single) // 2])].lines()))
     print(f"(a) dynamic batching / one-at-a-time throughput: {spread(ratios)}x; outputs identical: {same}")
-    return {"model": cfg, "requests": args.requests, "prompt_tokens": sum(len(i.prompt) for i in items),
-            "generated_tokens": sum(i.max_new_tokens for i in items), "max_batch_slots": args.max_batch,
-            "ratio": statistics.median(ratios), "ratios": ratios, "outputs_identical": same,
-            "batched": [x.as_dict() for x in batched], "one_at_a_time": [x.as_dict() for x in single]}
+    return {
+        "model": cfg,
+        "requests": args.requests,
+        "prompt_tokens": sum(len(i.prompt) for i in items),
+        "generated_tokens": sum(i.max_new_tokens for i in items),
+        "max_batch_slots": args.max_batch,
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "outputs_identical": same,
+        "batched": [x.as_dict() for x in batched],
+        "one_at_a_time": [x.as_dict() for x in single],
+    }
 
 
 # -- (b) ---------------------------------------------------------------------------------------------------
@@ -89,10 +106,16 @@ def part_b(args, lm) -> dict:
                     ts.append(time.perf_counter() - t0)
                 times[P].append(statistics.median(ts) * 1e3)
         g = [b / a for a, b in zip(times[128], times[1024])]
-        print(f"(b) batch {batch}: decode step at position 128: {spread(times[128])} ms; at 1024: "
-              f"{spread(times[1024])} ms; growth {spread(g)}x")
-        res[f"batch{batch}"] = {"ms_at_128": times[128], "ms_at_1024": times[1024], "growth": statistics.median(g),
-                                "growth_per_round": g}
+        print(
+            f"(b) batch {batch}: decode step at position 128: {spread(times[128])} ms; at 1024: "
+            f"{spread(times[1024])} ms; growth {spread(g)}x"
+        )
+        res[f"batch{batch}"] = {
+            "ms_at_128": times[128],
+            "ms_at_1024": times[1024],
+            "growth": statistics.median(g),
+            "growth_per_round": g,
+        }
         del dec, cache
     return res
 
@@ -113,8 +136,10 @@ def main() -> int:
     ap.add_argument("--json", default="bench/results/llm.json")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
-    env = {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
-                                          "OMP_WAIT_POLICY")}
+    env = {
+        k: os.environ.get(k)
+        for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_WAIT_POLICY")
+    }
     print(f"opsnn {opsnn.__version__}, {os.cpu_count()} cores, load average {os.getloadavg()}, env {env}")
     results = {"env": env, "load_average_start": os.getloadavg(), "command": " ".join(sys.argv)}
     if "a" in parts:

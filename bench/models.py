@@ -25,6 +25,7 @@ installed there). Results: bench/results/models.json. Targets (issue 5): opsnn d
 <= 0.8x torch eager; fp16/bf16 storage halves weight memory with < 1e-2 relative error vs fp32 on
 ResNet-50 logits.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,11 +52,11 @@ class Spec:
     """One benchmark case: which model, its size and its input."""
 
     name: str
-    kind: str                       # resnet | bert | llama
+    kind: str  # resnet | bert | llama
     batch: int = 1
     image: int = 224
-    seq: int = 128                  # bert sequence / llama prompt length
-    new_tokens: int = 65            # llama: the first from the prefill, then new_tokens - 1 decode steps
+    seq: int = 128  # bert sequence / llama prompt length
+    new_tokens: int = 65  # llama: the first from the prefill, then new_tokens - 1 decode steps
     options: dict = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -64,9 +65,11 @@ class Spec:
             return f"{o.get('label', 'ResNet-50')}, batch {self.batch}, 3x{self.image}x{self.image}"
         if self.kind == "bert":
             return f"BERT-{o.get('config', 'base')}, batch {self.batch}, sequence {self.seq}"
-        return (f"LLaMA-style decoder ({o['layers']} layers, hidden {o['hidden']}, {o['heads']} heads, "
-                f"{o['kv_heads']} KV heads, vocab {o['vocab']}): prefill {self.seq} tokens, "
-                f"{self.new_tokens - 1} greedy decode steps")
+        return (
+            f"LLaMA-style decoder ({o['layers']} layers, hidden {o['hidden']}, {o['heads']} heads, "
+            f"{o['kv_heads']} KV heads, vocab {o['vocab']}): prefill {self.seq} tokens, "
+            f"{self.new_tokens - 1} greedy decode steps"
+        )
 
 
 def specs(small: bool = False) -> dict:
@@ -74,16 +77,30 @@ def specs(small: bool = False) -> dict:
     if small:
         res = dict(label="ResNet (basic blocks [1,1,1,1], 10 classes)", tiny=True)
         # keyed like the full cases (so --models picks them), named for what they are
-        return {"resnet50": Spec("resnet_tiny", "resnet", 1, 32, options=res),
-                "resnet50_b8": Spec("resnet_tiny_b2", "resnet", 2, 32, options=res),
-                "bert": Spec("bert_tiny", "bert", 1, seq=16, options=dict(config="tiny", vocab_size=100)),
-                "llama": Spec("llama_tiny", "llama", seq=8, new_tokens=5,
-                              options=dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=100))}
-    return {"resnet50": Spec("resnet50", "resnet", 1, 224),
-            "resnet50_b8": Spec("resnet50_b8", "resnet", 8, 224),
-            "bert": Spec("bert", "bert", 1, seq=128, options=dict(config="base")),
-            "llama": Spec("llama", "llama", seq=128, new_tokens=65,
-                          options=dict(layers=12, hidden=768, heads=12, kv_heads=4, vocab=32000))}
+        return {
+            "resnet50": Spec("resnet_tiny", "resnet", 1, 32, options=res),
+            "resnet50_b8": Spec("resnet_tiny_b2", "resnet", 2, 32, options=res),
+            "bert": Spec("bert_tiny", "bert", 1, seq=16, options=dict(config="tiny", vocab_size=100)),
+            "llama": Spec(
+                "llama_tiny",
+                "llama",
+                seq=8,
+                new_tokens=5,
+                options=dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=100),
+            ),
+        }
+    return {
+        "resnet50": Spec("resnet50", "resnet", 1, 224),
+        "resnet50_b8": Spec("resnet50_b8", "resnet", 8, 224),
+        "bert": Spec("bert", "bert", 1, seq=128, options=dict(config="base")),
+        "llama": Spec(
+            "llama",
+            "llama",
+            seq=128,
+            new_tokens=65,
+            options=dict(layers=12, hidden=768, heads=12, kv_heads=4, vocab=32000),
+        ),
+    }
 
 
 def build_model(spec: Spec):
@@ -109,8 +126,11 @@ def make_inputs(spec: Spec, model) -> dict:
         return {"input": rng.standard_normal((spec.batch, 3, spec.image, spec.image)).astype(np.float32)}
     if spec.kind == "bert":
         shape = (spec.batch, spec.seq)
-        return {"input_ids": rng.integers(1, model.config.vocab_size, shape).astype(np.int64),
-                "attention_mask": np.ones(shape, np.int64), "token_type_ids": np.zeros(shape, np.int64)}
+        return {
+            "input_ids": rng.integers(1, model.config.vocab_size, shape).astype(np.int64),
+            "attention_mask": np.ones(shape, np.int64),
+            "token_type_ids": np.zeros(shape, np.int64),
+        }
     return {"prompt": rng.integers(0, model.config.vocab_size, spec.seq).astype(np.int64)}
 
 
@@ -181,8 +201,15 @@ TARGETS = {"resnet50": 0.9, "bert": 1.0}
 GRAPH_BLOCK = 3
 
 
-def blocks(runners: dict, repeat: int, warmup: int = 1, desc: str = "", block: int = 3, block_warmup: int = 1,
-           settle_s: float = SETTLE_S) -> dict:
+def blocks(
+    runners: dict,
+    repeat: int,
+    warmup: int = 1,
+    desc: str = "",
+    block: int = 3,
+    block_warmup: int = 1,
+    settle_s: float = SETTLE_S,
+) -> dict:
     """Time every runner ``repeat`` times, in blocks: each block pauses ``settle_s`` (the other
     runtimes' pools go idle), makes ``block_warmup`` untimed calls, then ``block`` timed ones;
     runners take turns by block, in a rotating order, so slow drifts of the machine hit all of
@@ -202,6 +229,7 @@ def blocks(runners: dict, repeat: int, warmup: int = 1, desc: str = "", block: i
         if keep:
             out[n].append(res if isinstance(res, dict) and "ms" in res else ms)
         bar.update(1)
+
     try:
         for n in names:
             for _ in range(warmup):
@@ -230,8 +258,10 @@ def paired_ratios(ours: list, peer: list, block: int = GRAPH_BLOCK) -> dict:
     rounds = min(len(ours), len(peer)) // block
     if rounds < 2:
         return {"median": None, "p25": None, "p75": None, "rounds": rounds}
-    r = [statistics.median(ours[i * block:(i + 1) * block]) / statistics.median(peer[i * block:(i + 1) * block])
-         for i in range(rounds)]
+    r = [
+        statistics.median(ours[i * block : (i + 1) * block]) / statistics.median(peer[i * block : (i + 1) * block])
+        for i in range(rounds)
+    ]
     q = statistics.quantiles(r, n=4, method="inclusive")
     return {"median": statistics.median(r), "p25": q[0], "p75": q[2], "rounds": rounds}
 
@@ -242,9 +272,12 @@ def _opsnn_generate(lm, prompt: np.ndarray, new: int) -> dict:
 
     r = generate(lm, prompt, new)
     m = r.metrics
-    return {"ms": (m.finished - m.admitted) * 1e3, "prefill_ms": (m.first_token - m.admitted) * 1e3,
-            "decode_ms_per_token": m.ms_per_token if m.ms_per_token is not None else float("nan"),
-            "tokens": list(r.tokens)}
+    return {
+        "ms": (m.finished - m.admitted) * 1e3,
+        "prefill_ms": (m.first_token - m.admitted) * 1e3,
+        "decode_ms_per_token": m.ms_per_token if m.ms_per_token is not None else float("nan"),
+        "tokens": list(r.tokens),
+    }
 
 
 def _opsnn_prefill_logits(lm, prompt: np.ndarray) -> np.ndarray:
@@ -263,8 +296,11 @@ def run_graph_case(spec: Spec, args, torch) -> dict:
     model = build_model(spec)
     feeds = make_inputs(spec, model)
     proto = to_onnx(model).SerializeToString()
-    flops = resnet_flops(model, spec.batch, spec.image) if spec.kind == "resnet" else \
-        bert_flops(model.config, spec.batch, spec.seq)
+    flops = (
+        resnet_flops(model, spec.batch, spec.image)
+        if spec.kind == "resnet"
+        else bert_flops(model.config, spec.batch, spec.seq)
+    )
     t0 = time.perf_counter()
     cg = opsnn.compile(opsnn.onnx.load(proto))
     compile_ms = (time.perf_counter() - t0) * 1e3
@@ -285,12 +321,20 @@ def run_graph_case(spec: Spec, args, torch) -> dict:
     errs = {n: max(rel_err(outs[OPSNN][k], o[k]) for k in o) for n, o in outs.items() if n != OPSNN}
     samples = blocks(runners, args.repeat, args.warmup, desc=spec.name, block=GRAPH_BLOCK)
     med = {n: statistics.median(v) for n, v in samples.items()}
-    row = {"model": spec.name, "description": spec.describe(), "flops": flops, "compile_ms": compile_ms,
-           "latency_ms": med, "samples_ms": samples,
-           "ratio_vs": {n: med[OPSNN] / med[n] for n in med if n != OPSNN},
-           "paired_ratio_vs": {n: paired_ratios(samples[OPSNN], samples[n], GRAPH_BLOCK) for n in med if n != OPSNN},
-           "gflops_per_s": {n: flops / (m * 1e6) for n, m in med.items()},
-           "max_rel_err": errs, "agree": all(e <= args.rtol for e in errs.values()), "skipped": skipped}
+    row = {
+        "model": spec.name,
+        "description": spec.describe(),
+        "flops": flops,
+        "compile_ms": compile_ms,
+        "latency_ms": med,
+        "samples_ms": samples,
+        "ratio_vs": {n: med[OPSNN] / med[n] for n in med if n != OPSNN},
+        "paired_ratio_vs": {n: paired_ratios(samples[OPSNN], samples[n], GRAPH_BLOCK) for n in med if n != OPSNN},
+        "gflops_per_s": {n: flops / (m * 1e6) for n, m in med.items()},
+        "max_rel_err": errs,
+        "agree": all(e <= args.rtol for e in errs.values()),
+        "skipped": skipped,
+    }
     del runners, cg
     return row
 
@@ -329,14 +373,27 @@ def run_llama_case(spec: Spec, args, torch, dtype: str | None = None) -> dict:
     ours = dict(runs[OPSNN][0], prefill_logits=_opsnn_prefill_logits(lm, prompt))
     pre_flops = llama_flops(cfg, len(prompt), 0)
     dec_flops = sum(llama_flops(cfg, 1, len(prompt) + i) for i in range(new - 1)) / max(new - 1, 1)
-    row = {"model": spec.name + (f" {dtype}" if dtype else ""),
-           "description": spec.describe() + (f"; weights in {dtype}" if dtype else ""), "config": dict(spec.options),
-           "dtype": dtype or "float32",
-           "intermediate": cfg.intermediate_size, "prompt_tokens": len(prompt), "decode_steps": new - 1,
-           "prefill_flops": pre_flops, "decode_flops_per_token": dec_flops,
-           "prefill_ms": {}, "decode_ms_per_token": {}, "tokens_per_s": {}, "samples": {},
-           "gflops_per_s": {}, "ratio_vs": {}, "prefill_ratio_vs": {}, "max_rel_err": {}, "tokens_match": {},
-           "skipped": skipped}
+    row = {
+        "model": spec.name + (f" {dtype}" if dtype else ""),
+        "description": spec.describe() + (f"; weights in {dtype}" if dtype else ""),
+        "config": dict(spec.options),
+        "dtype": dtype or "float32",
+        "intermediate": cfg.intermediate_size,
+        "prompt_tokens": len(prompt),
+        "decode_steps": new - 1,
+        "prefill_flops": pre_flops,
+        "decode_flops_per_token": dec_flops,
+        "prefill_ms": {},
+        "decode_ms_per_token": {},
+        "tokens_per_s": {},
+        "samples": {},
+        "gflops_per_s": {},
+        "ratio_vs": {},
+        "prefill_ratio_vs": {},
+        "max_rel_err": {},
+        "tokens_match": {},
+        "skipped": skipped,
+    }
     for n, rs in runs.items():
         pre = statistics.median(r["prefill_ms"] for r in rs)
         dec = statistics.median(r["decode_ms_per_token"] for r in rs)
@@ -361,8 +418,7 @@ def run_llama_case(spec: Spec, args, torch, dtype: str | None = None) -> dict:
     return row
 
 
-def run_storage_check(spec: Spec, dtype: str, args, rtol: float = 1e-2, halves: bool = True,
-                      torch=None) -> dict:
+def run_storage_check(spec: Spec, dtype: str, args, rtol: float = 1e-2, halves: bool = True, torch=None) -> dict:
     """A graph model with its Conv/Gemm/MatMul in 16-bit (the mixed-precision pass converts their
     weights once; kernels take 16-bit inputs) vs float32: weight bytes, the first output's error
     and both latencies, in the same interleaved blocks as onnxruntime's float32 run and (ResNet,
@@ -378,8 +434,13 @@ def run_storage_check(spec: Spec, dtype: str, args, rtol: float = 1e-2, halves: 
     proto = to_onnx(model).SerializeToString()
 
     def weight_bytes(cg) -> int:
-        return int(sum(a.nbytes for a in cg.graph.initializers.values() if np.dtype(a.dtype).kind == "f"
-                       or np.dtype(a.dtype).itemsize == 2 and np.dtype(a.dtype).kind == "V"))
+        return int(
+            sum(
+                a.nbytes
+                for a in cg.graph.initializers.values()
+                if np.dtype(a.dtype).kind == "f" or np.dtype(a.dtype).itemsize == 2 and np.dtype(a.dtype).kind == "V"
+            )
+        )
 
     cg32 = opsnn.compile(opsnn.onnx.load(proto))
     saved = mixed_precision.policy()
@@ -403,13 +464,26 @@ def run_storage_check(spec: Spec, dtype: str, args, rtol: float = 1e-2, halves: 
     p32, p16 = cg32.resident_bytes(), cg16.resident_bytes()
     r32, r16 = b32 + sum(p32.values()), b16 + sum(p16.values())
     dtypes16 = sorted({str(a.dtype) for a in cg16.graph.initializers.values() if np.dtype(a.dtype).itemsize == 2})
-    return {"model": spec.name, "description": spec.describe(), "dtype": dtype, "weight_bytes_fp32": b32,
-            "weight_bytes_16bit": b16, "weight_bytes_ratio": b16 / b32, "stored_dtypes": dtypes16,
-            "plan_bytes_fp32": p32, "plan_bytes_16bit": p16, "resident_bytes_fp32": r32,
-            "resident_bytes_16bit": r16, "resident_ratio": r16 / r32, "output": out,
-            "logits_max_rel_err": err, "peer_rel_err": peer_err, "target_rel_err": rtol,
-            "passed": err < rtol and (b16 <= 0.51 * b32 if halves else b16 < b32),
-            "latency_ms": {n: statistics.median(v) for n, v in samples.items()}}
+    return {
+        "model": spec.name,
+        "description": spec.describe(),
+        "dtype": dtype,
+        "weight_bytes_fp32": b32,
+        "weight_bytes_16bit": b16,
+        "weight_bytes_ratio": b16 / b32,
+        "stored_dtypes": dtypes16,
+        "plan_bytes_fp32": p32,
+        "plan_bytes_16bit": p16,
+        "resident_bytes_fp32": r32,
+        "resident_bytes_16bit": r16,
+        "resident_ratio": r16 / r32,
+        "output": out,
+        "logits_max_rel_err": err,
+        "peer_rel_err": peer_err,
+        "target_rel_err": rtol,
+        "passed": err < rtol and (b16 <= 0.51 * b32 if halves else b16 < b32),
+        "latency_ms": {n: statistics.median(v) for n, v in samples.items()},
+    }
 
 
 # -- report ------------------------------------------------------------------------------------------------
@@ -418,25 +492,41 @@ def _fmt(x, spec=".2f") -> str:
 
 
 def format_graph_row(row: dict) -> str:
-    lines = [f"{row['model']}: {row['description']}; {row['flops'] / 1e9:.2f} GFLOP per run; opsnn compile "
-             f"{row['compile_ms']:.0f} ms"]
+    lines = [
+        f"{row['model']}: {row['description']}; {row['flops'] / 1e9:.2f} GFLOP per run; opsnn compile "
+        f"{row['compile_ms']:.0f} ms"
+    ]
     rows = []
     for n, ms in row["latency_ms"].items():
         s = row["samples_ms"][n]
-        rows.append([n, f"{ms:.2f}", f"{min(s):.2f}-{max(s):.2f}",
-                     "1.00" if n == OPSNN else _fmt(row["ratio_vs"].get(n)),
-                     f"{row['gflops_per_s'][n]:.1f}", "-" if n == OPSNN else f"{row['max_rel_err'][n]:.2e}"])
-    lines.append(_table(rows, ["runtime", "median ms", "min-max", "opsnn/peer time", "GFLOP/s",
-                               "max rel err vs opsnn"], width=160))
+        rows.append(
+            [
+                n,
+                f"{ms:.2f}",
+                f"{min(s):.2f}-{max(s):.2f}",
+                "1.00" if n == OPSNN else _fmt(row["ratio_vs"].get(n)),
+                f"{row['gflops_per_s'][n]:.1f}",
+                "-" if n == OPSNN else f"{row['max_rel_err'][n]:.2e}",
+            ]
+        )
+    lines.append(
+        _table(
+            rows, ["runtime", "median ms", "min-max", "opsnn/peer time", "GFLOP/s", "max rel err vs opsnn"], width=160
+        )
+    )
     for n, pr in row.get("paired_ratio_vs", {}).items():
         if pr["median"] is not None:
-            lines.append(f"  opsnn/{n} round by round (blocks run back to back): median {pr['median']:.2f}, "
-                         f"quartiles {pr['p25']:.2f}-{pr['p75']:.2f} over {pr['rounds']} rounds")
+            lines.append(
+                f"  opsnn/{n} round by round (blocks run back to back): median {pr['median']:.2f}, "
+                f"quartiles {pr['p25']:.2f}-{pr['p75']:.2f} over {pr['rounds']} rounds"
+            )
     goal = TARGETS.get(row["model"])
     if goal is not None and ORT in row["ratio_vs"]:
         r = row["ratio_vs"][ORT]
-        lines.append(f"  target: opsnn time <= {goal}x onnxruntime's (ratio of medians): {r:.2f}x -> "
-                     f"{'met' if r <= goal else 'not met'}")
+        lines.append(
+            f"  target: opsnn time <= {goal}x onnxruntime's (ratio of medians): {r:.2f}x -> "
+            f"{'met' if r <= goal else 'not met'}"
+        )
     for n, why in row["skipped"].items():
         lines.append(f"  {n}: skipped ({why})")
     lines.append(f"  outputs agree: {row['agree']}")
@@ -444,28 +534,52 @@ def format_graph_row(row: dict) -> str:
 
 
 def format_llama_row(row: dict) -> str:
-    lines = [f"{row['model']}: {row['description']}; intermediate {row['intermediate']}; "
-             f"prefill {row['prefill_flops'] / 1e9:.2f} GFLOP, decode {row['decode_flops_per_token'] / 1e9:.3f} "
-             "GFLOP/token"]
+    lines = [
+        f"{row['model']}: {row['description']}; intermediate {row['intermediate']}; "
+        f"prefill {row['prefill_flops'] / 1e9:.2f} GFLOP, decode {row['decode_flops_per_token'] / 1e9:.3f} "
+        "GFLOP/token"
+    ]
     rows = []
     for n in row["prefill_ms"]:
         g = row["gflops_per_s"][n]
         dec = [r["decode_ms_per_token"] for r in row["samples"][n]]
-        rows.append([n, f"{row['prefill_ms'][n]:.1f}", f"{row['decode_ms_per_token'][n]:.2f}",
-                     f"{min(dec):.2f}-{max(dec):.2f}",
-                     f"{row['tokens_per_s'][n]:.1f}", f"{g['prefill']:.1f} / {g['decode']:.1f}",
-                     "1.00 / 1.00" if n == OPSNN else
-                     f"{row['prefill_ratio_vs'][n]:.2f} / {row['ratio_vs'][n]:.2f}",
-                     "-" if n == OPSNN else f"{row['max_rel_err'][n]:.2e}",
-                     "-" if n == OPSNN else row["tokens_match"][n]])
-    lines.append(_table(rows, ["runtime", "prefill ms", "decode ms/token", "min-max", "tokens/s", "GFLOP/s pre/dec",
-                               "opsnn/peer pre/dec", "prefill logits rel err", "greedy tokens same"], width=160))
+        rows.append(
+            [
+                n,
+                f"{row['prefill_ms'][n]:.1f}",
+                f"{row['decode_ms_per_token'][n]:.2f}",
+                f"{min(dec):.2f}-{max(dec):.2f}",
+                f"{row['tokens_per_s'][n]:.1f}",
+                f"{g['prefill']:.1f} / {g['decode']:.1f}",
+                "1.00 / 1.00" if n == OPSNN else f"{row['prefill_ratio_vs'][n]:.2f} / {row['ratio_vs'][n]:.2f}",
+                "-" if n == OPSNN else f"{row['max_rel_err'][n]:.2e}",
+                "-" if n == OPSNN else row["tokens_match"][n],
+            ]
+        )
+    lines.append(
+        _table(
+            rows,
+            [
+                "runtime",
+                "prefill ms",
+                "decode ms/token",
+                "min-max",
+                "tokens/s",
+                "GFLOP/s pre/dec",
+                "opsnn/peer pre/dec",
+                "prefill logits rel err",
+                "greedy tokens same",
+            ],
+            width=160,
+        )
+    )
     for n, why in row["skipped"].items():
         lines.append(f"  {n}: skipped ({why})")
     if TORCH in row["ratio_vs"]:
         r = row["ratio_vs"][TORCH]
-        lines.append(f"  target: opsnn decode ms/token <= 0.8x torch eager: {r:.2f}x -> "
-                     f"{'met' if r <= 0.8 else 'not met'}")
+        lines.append(
+            f"  target: opsnn decode ms/token <= 0.8x torch eager: {r:.2f}x -> {'met' if r <= 0.8 else 'not met'}"
+        )
     lines.append(f"  outputs agree: {row['agree']}")
     return "\n".join(lines)
 
@@ -473,18 +587,23 @@ def format_llama_row(row: dict) -> str:
 def format_storage(s: dict) -> str:
     lat = ", ".join(f"{k} {v:.2f} ms" for k, v in s["latency_ms"].items())
     ours = s["latency_ms"][s["dtype"]]
-    peers = "".join(f"\n  opsnn {s['dtype']} / {n}: {ours / v:.2f}x (its max rel err vs opsnn float32 "
-                    f"{s.get('peer_rel_err', {}).get(n, float('nan')):.2e})"
-                    for n, v in s["latency_ms"].items() if " " in n)
-    return (f"{s['dtype']} weight storage ({s['description']}): weights {s['weight_bytes_fp32'] / 2**20:.1f} MiB fp32 "
-            f"-> {s['weight_bytes_16bit'] / 2**20:.1f} MiB ({s['weight_bytes_ratio']:.3f}x, stored as "
-            f"{', '.join(s['stored_dtypes']) or 'nothing 16-bit'}); {s['output']} max rel err vs fp32 "
-            f"{s['logits_max_rel_err']:.2e} (target < {s['target_rel_err']:g}): "
-            f"{'passed' if s['passed'] else 'FAILED'}; "
-            f"median latency {lat}\n  kernel plans also hold pre-packed weights: fp32 graph "
-            f"{_mib(s['plan_bytes_fp32'])}, {s['dtype']} graph {_mib(s['plan_bytes_16bit'])}; resident weights "
-            f"{s['resident_bytes_fp32'] / 2**20:.1f} -> {s['resident_bytes_16bit'] / 2**20:.1f} MiB "
-            f"({s['resident_ratio']:.3f}x)" + peers)
+    peers = "".join(
+        f"\n  opsnn {s['dtype']} / {n}: {ours / v:.2f}x (its max rel err vs opsnn float32 "
+        f"{s.get('peer_rel_err', {}).get(n, float('nan')):.2e})"
+        for n, v in s["latency_ms"].items()
+        if " " in n
+    )
+    return (
+        f"{s['dtype']} weight storage ({s['description']}): weights {s['weight_bytes_fp32'] / 2**20:.1f} MiB fp32 "
+        f"-> {s['weight_bytes_16bit'] / 2**20:.1f} MiB ({s['weight_bytes_ratio']:.3f}x, stored as "
+        f"{', '.join(s['stored_dtypes']) or 'nothing 16-bit'}); {s['output']} max rel err vs fp32 "
+        f"{s['logits_max_rel_err']:.2e} (target < {s['target_rel_err']:g}): "
+        f"{'passed' if s['passed'] else 'FAILED'}; "
+        f"median latency {lat}\n  kernel plans also hold pre-packed weights: fp32 graph "
+        f"{_mib(s['plan_bytes_fp32'])}, {s['dtype']} graph {_mib(s['plan_bytes_16bit'])}; resident weights "
+        f"{s['resident_bytes_fp32'] / 2**20:.1f} -> {s['resident_bytes_16bit'] / 2**20:.1f} MiB "
+        f"({s['resident_ratio']:.3f}x)" + peers
+    )
 
 
 def _mib(by_dtype: dict) -> str:
@@ -501,9 +620,13 @@ def parse_args(argv):
     ap.add_argument("--no-torch", dest="torch", action="store_false", help="skip torch eager")
     ap.add_argument("--no-ort", dest="ort", action="store_false", help="skip onnxruntime")
     ap.add_argument("--small", action="store_true", help="tiny configs (a fast smoke test)")
-    ap.add_argument("--dtype", choices=["float16", "bfloat16"], default=None,
-                    help="also check 16-bit weight storage on ResNet-50 (weight bytes, logits error vs fp32); "
-                    "bfloat16 with llama also runs the decoder with bf16 weights (opsnn and torch)")
+    ap.add_argument(
+        "--dtype",
+        choices=["float16", "bfloat16"],
+        default=None,
+        help="also check 16-bit weight storage on ResNet-50 (weight bytes, logits error vs fp32); "
+        "bfloat16 with llama also runs the decoder with bf16 weights (opsnn and torch)",
+    )
     ap.add_argument("--rtol", type=float, default=1e-3, help="outputs agree when max rel err <= this")
     args = ap.parse_args(argv)
     bad = [m for m in args.models.split(",") if m and m not in MODELS]
@@ -525,14 +648,26 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as e:
             args.ort = False
             print(f"onnxruntime not importable ({e}): skipping it")
-    env = {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
-                                          "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
-                                          "OPENBLAS_THREAD_TIMEOUT")}
+    env = {
+        k: os.environ.get(k)
+        for k in (
+            "OPENBLAS_CORETYPE",
+            "OPENBLAS_L2_SIZE",
+            "OPENBLAS_NUM_THREADS",
+            "OMP_NUM_THREADS",
+            "OMP_WAIT_POLICY",
+            "GOMP_SPINCOUNT",
+            "OPENBLAS_THREAD_TIMEOUT",
+        )
+    }
     from opsnn import _blas_env
 
     env["openblas_thread_timeout_in_effect"] = _blas_env.effective
-    versions = {"opsnn": opsnn.__version__, "numpy": np.__version__,
-                "torch": None if torch is None else torch.__version__}
+    versions = {
+        "opsnn": opsnn.__version__,
+        "numpy": np.__version__,
+        "torch": None if torch is None else torch.__version__,
+    }
     if args.ort:
         import onnxruntime
 
@@ -546,10 +681,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  versions {versions}, env {env}")
     if torch is None:
         print(f"torch eager: skipped ({args.torch_why})")
-    results = {"command": " ".join(sys.argv if argv is None else ["opsnn", "bench", *argv]),
-               "small": args.small, "repeat": args.repeat, "warmup": args.warmup, "rtol": args.rtol, "env": env,
-               "versions": versions, "cpu": cpu_model(), "platform": platform, "cpu_count": os.cpu_count(), "load_average_start": os.getloadavg(),
-               "torch_skipped": args.torch_why, "models": {}}
+    results = {
+        "command": " ".join(sys.argv if argv is None else ["opsnn", "bench", *argv]),
+        "small": args.small,
+        "repeat": args.repeat,
+        "warmup": args.warmup,
+        "rtol": args.rtol,
+        "env": env,
+        "versions": versions,
+        "cpu": cpu_model(),
+        "platform": platform,
+        "cpu_count": os.cpu_count(),
+        "load_average_start": os.getloadavg(),
+        "torch_skipped": args.torch_why,
+        "models": {},
+    }
     cases = specs(args.small)
     for name in [m for m in args.models.split(",") if m]:
         spec = cases[name]
@@ -558,8 +704,11 @@ def main(argv: list[str] | None = None) -> int:
         row["load_average"] = {"start": load0, "end": os.getloadavg()}  # other jobs on the machine skew timings
         results["models"][name] = row
         print(format_llama_row(row) if spec.kind == "llama" else format_graph_row(row))
-        print(f"  load average (1 min) {load0[0]:.2f} at the start, {row['load_average']['end'][0]:.2f} at the end "
-              f"of this model", flush=True)
+        print(
+            f"  load average (1 min) {load0[0]:.2f} at the start, {row['load_average']['end'][0]:.2f} at the end "
+            f"of this model",
+            flush=True,
+        )
         print()
     if args.dtype:
         results["storage_16bit"] = run_storage_check(cases["resnet50"], args.dtype, args, torch=torch)
@@ -572,8 +721,9 @@ def main(argv: list[str] | None = None) -> int:
             results["models"]["llama_" + args.dtype] = row
             print(format_llama_row(row))
     results["load_average_end"] = os.getloadavg()
-    results["agree"] = all(r["agree"] for r in results["models"].values()) and \
-        all(results.get(k, {}).get("passed", True) for k in ("storage_16bit", "bert_16bit"))
+    results["agree"] = all(r["agree"] for r in results["models"].values()) and all(
+        results.get(k, {}).get("passed", True) for k in ("storage_16bit", "bert_16bit")
+    )
     print(f"load average at the end {results['load_average_end']}; all output checks passed: {results['agree']}")
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
@@ -589,8 +739,6 @@ def _json_default(o):
     if isinstance(o, np.ndarray):
         return o.tolist()
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
-
-
 
 
 if __name__ == "__main__":

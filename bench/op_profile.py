@@ -9,6 +9,7 @@ compare totals and the large rows). ``--by-shape``: opsnn vs onnxruntime per con
 only convs pair up). Both profilers add overhead (ORT's more);
 use bench/models.py for latency figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,8 +92,10 @@ def main() -> int:
         print(f"onnxruntime not importable ({e}): opsnn only")
         theirs, theirs_shape, ort_runs = {}, {}, 1
     n = args.runs
-    print(f"{args.model}: per run, opsnn {sum(v[1] for v in ours.values()) / n:.2f} ms of kernels, onnxruntime "
-          f"{sum(v[1] for v in theirs.values()) / ort_runs:.2f} ms of node kernels")
+    print(
+        f"{args.model}: per run, opsnn {sum(v[1] for v in ours.values()) / n:.2f} ms of kernels, onnxruntime "
+        f"{sum(v[1] for v in theirs.values()) / ort_runs:.2f} ms of node kernels"
+    )
     print(f"{'opsnn op':24s} {'calls':>6s} {'ms':>9s}    {'onnxruntime op':24s} {'calls':>6s} {'ms':>9s}")
     a = sorted(ours.items(), key=lambda kv: -kv[1][1])
     b = sorted(theirs.items(), key=lambda kv: -kv[1][1])
@@ -105,8 +108,14 @@ def main() -> int:
         rows = []
         for key, t in ours_shape.items():
             o = theirs_shape.get(key)
-            rows.append((t / n - (o / ort_runs if o is not None else 0.0), key, t / n,
-                         o / ort_runs if o is not None else float("nan")))
+            rows.append(
+                (
+                    t / n - (o / ort_runs if o is not None else 0.0),
+                    key,
+                    t / n,
+                    o / ort_runs if o is not None else float("nan"),
+                )
+            )
         for d, key, t, o in sorted(rows, key=lambda r: -r[0]):
             print(f"{str(key)[:60]:60s} {t:9.2f} {o:9.2f} {d:+7.2f}")
     return 0

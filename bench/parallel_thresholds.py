@@ -10,6 +10,7 @@ size (the serial variant) and one with it at 0 (the parallel variant, every thre
 calls alternate, and each figure is the median in microseconds. Where serial is faster at a
 size, the threshold belongs above it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,7 +55,10 @@ def _variant(module, attr: str, value: int, prepare, x):
 
 def compare(name: str, module, attr: str, prepare, n: int, repeat: int) -> dict:
     x = opsnn.tensor(np.random.default_rng(0).standard_normal((max(n // ROW, 1), ROW)).astype(np.float32))
-    variants = {"serial": _variant(module, attr, 1 << 62, prepare, x), "parallel": _variant(module, attr, 0, prepare, x)}
+    variants = {
+        "serial": _variant(module, attr, 1 << 62, prepare, x),
+        "parallel": _variant(module, attr, 0, prepare, x),
+    }
     ws = {k: opsnn.empty((ex.workspace_size,), "uint8") for k, ex in variants.items()}
     times: dict = {k: [] for k in variants}
     for _ in range(repeat):
@@ -64,9 +68,14 @@ def compare(name: str, module, attr: str, prepare, n: int, repeat: int) -> dict:
             opsnn.current_stream().synchronize()
             times[k].append(time.perf_counter() - t0)
     out = {k: statistics.median(v[1:] or v) * 1e6 for k, v in times.items()}
-    return {"op": name, "threshold": f"{module.__name__.rsplit('.', 1)[-1]}.{attr}", "current": getattr(module, attr),
-            "elements": int(x.shape[0] * x.shape[1]), "serial_us": round(out["serial"], 2),
-            "parallel_us": round(out["parallel"], 2)}
+    return {
+        "op": name,
+        "threshold": f"{module.__name__.rsplit('.', 1)[-1]}.{attr}",
+        "current": getattr(module, attr),
+        "elements": int(x.shape[0] * x.shape[1]),
+        "serial_us": round(out["serial"], 2),
+        "parallel_us": round(out["parallel"], 2),
+    }
 
 
 def main(argv=None) -> int:
@@ -74,8 +83,12 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="32K,96K,256K,512K,1M,4M", help="elements per tensor (K = 1024, M = 1024^2)")
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--only", default="", help="comma-separated op names (default: all)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                    help="threads per kernel, fixed (default: every core; 'auto' would go serial under load)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="threads per kernel, fixed (default: every core; 'auto' would go serial under load)",
+    )
     ap.add_argument("--json", default="bench/results/parallel_thresholds.json")
     args = ap.parse_args(argv)
     opsnn.set_num_threads(args.threads)
@@ -88,8 +101,10 @@ def main(argv=None) -> int:
         for n in (_size(s) for s in args.sizes.split(",")):
             r = compare(name, module, attr, prepare, n, args.repeat)
             rows.append(r)
-            print(f"  {name:14s} {r['elements']:>9d}  serial {r['serial_us']:9.1f}  parallel {r['parallel_us']:9.1f}"
-                  f"   ({r['threshold']} = {r['current']})")
+            print(
+                f"  {name:14s} {r['elements']:>9d}  serial {r['serial_us']:9.1f}  parallel {r['parallel_us']:9.1f}"
+                f"   ({r['threshold']} = {r['current']})"
+            )
     write_json({"rows": rows, "threads": opsnn.get_num_threads()}, args.json)
     return 0
 

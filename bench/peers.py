@@ -3,6 +3,7 @@ LLaMA-style decoder (fed from the opsnn module's ``state_dict``), and onnxruntim
 
 They live here, not in the package: they exist only to be measured against, in the same run.
 """
+
 from __future__ import annotations
 
 import time
@@ -62,8 +63,16 @@ class TorchResNet:
     def _cbn(self, x, cname, conv, bname, bn):
         F, sd = self.torch.nn.functional, self.sd
         x = F.conv2d(x, sd[cname + ".weight"], None, conv.stride, conv.padding, conv.dilation, conv.groups)
-        return F.batch_norm(x, sd[bname + ".running_mean"], sd[bname + ".running_var"], sd[bname + ".weight"],
-                            sd[bname + ".bias"], False, 0.0, bn.eps)
+        return F.batch_norm(
+            x,
+            sd[bname + ".running_mean"],
+            sd[bname + ".running_var"],
+            sd[bname + ".weight"],
+            sd[bname + ".bias"],
+            False,
+            0.0,
+            bn.eps,
+        )
 
     def __call__(self, feeds: dict) -> dict:
         torch, m = self.torch, self.m
@@ -79,12 +88,18 @@ class TorchResNet:
                     n = 3 if hasattr(blk, "conv3") else 2
                     out = x
                     for c in range(1, n + 1):
-                        out = self._cbn(out, f"{p}.conv{c}", getattr(blk, f"conv{c}"), f"{p}.bn{c}",
-                                        getattr(blk, f"bn{c}"))
+                        out = self._cbn(
+                            out, f"{p}.conv{c}", getattr(blk, f"conv{c}"), f"{p}.bn{c}", getattr(blk, f"bn{c}")
+                        )
                         if c < n:
                             out = F.relu(out)
-                    idn = x if blk.downsample is None else self._cbn(x, f"{p}.downsample.0", blk.downsample[0],
-                                                                     f"{p}.downsample.1", blk.downsample[1])
+                    idn = (
+                        x
+                        if blk.downsample is None
+                        else self._cbn(
+                            x, f"{p}.downsample.0", blk.downsample[0], f"{p}.downsample.1", blk.downsample[1]
+                        )
+                    )
                     x = F.relu(out + idn)
             x = F.adaptive_avg_pool2d(x, 1).flatten(1)
             return {"logits": F.linear(x, self.sd["fc.weight"], self.sd["fc.bias"]).float().numpy()}
@@ -102,8 +117,9 @@ class TorchBert:
 
     def _ln(self, x, name):
         sd = self.sd
-        return self.torch.nn.functional.layer_norm(x, (x.shape[-1],), sd[name + ".weight"], sd[name + ".bias"],
-                                                   self.cfg.layer_norm_eps)
+        return self.torch.nn.functional.layer_norm(
+            x, (x.shape[-1],), sd[name + ".weight"], sd[name + ".bias"], self.cfg.layer_norm_eps
+        )
 
     def __call__(self, feeds: dict) -> dict:
         torch, cfg, sd = self.torch, self.cfg, self.sd
@@ -113,16 +129,20 @@ class TorchBert:
             B, S = ids.shape
             nh = cfg.num_attention_heads
             D = cfg.hidden_size // nh
-            h = (F.embedding(ids, sd["embeddings.word_embeddings.weight"])
-                 + F.embedding(torch.from_numpy(feeds["token_type_ids"]), sd["embeddings.token_type_embeddings.weight"])
-                 + sd["embeddings.position_embeddings.weight"][:S])
+            h = (
+                F.embedding(ids, sd["embeddings.word_embeddings.weight"])
+                + F.embedding(torch.from_numpy(feeds["token_type_ids"]), sd["embeddings.token_type_embeddings.weight"])
+                + sd["embeddings.position_embeddings.weight"][:S]
+            )
             h = self._ln(h, "embeddings.LayerNorm")
             am = torch.from_numpy(feeds["attention_mask"]).to(torch.float32)[:, None, None, :]
             mask = (1.0 - am) * torch.finfo(torch.float32).min
             for i in range(cfg.num_hidden_layers):
                 p = f"encoder.layer.{i}."
-                q, k, v = (self._lin(h, p + "attention.self." + n).view(B, S, nh, D).transpose(1, 2)
-                           for n in ("query", "key", "value"))
+                q, k, v = (
+                    self._lin(h, p + "attention.self." + n).view(B, S, nh, D).transpose(1, 2)
+                    for n in ("query", "key", "value")
+                )
                 a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, S, -1)
                 h = self._ln(self._lin(a, p + "attention.output.dense") + h, p + "attention.output.LayerNorm")
                 f = F.gelu(self._lin(h, p + "intermediate.dense"))
@@ -147,9 +167,17 @@ class TorchLlama:
         cos, sin = (_np(t).astype(np.float32) for t in (model.model.rope_cos, model.model.rope_sin))
         self.cos = torch.from_numpy(np.concatenate([cos, cos], -1)).to(dt)
         self.sin = torch.from_numpy(np.concatenate([sin, sin], -1)).to(dt)
-        names = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                 "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
-                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+        names = (
+            "input_layernorm.weight",
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+            "post_attention_layernorm.weight",
+            "mlp.gate_proj.weight",
+            "mlp.up_proj.weight",
+            "mlp.down_proj.weight",
+        )
         self.layers = [[sd[f"model.layers.{i}.{n}"] for n in names] for i in range(cfg.num_hidden_layers)]
         shape = (1, cfg.num_key_value_heads, max_seq, cfg.head_dim)
         self.k = [torch.zeros(shape, dtype=dt) for _ in self.layers]
@@ -177,8 +205,9 @@ class TorchLlama:
                 k = rope(F.linear(y, wk).view(B, S, Hkv, D).transpose(1, 2), cos, sin)
                 self.k[i].index_copy_(2, pos, k)
                 self.v[i].index_copy_(2, pos, F.linear(y, wv).view(B, S, Hkv, D).transpose(1, 2))
-                o = F.scaled_dot_product_attention(q, self.k[i][:, :, :L], self.v[i][:, :, :L], is_causal=S > 1,
-                                                   enable_gqa=True)
+                o = F.scaled_dot_product_attention(
+                    q, self.k[i][:, :, :L], self.v[i][:, :, :L], is_causal=S > 1, enable_gqa=True
+                )
                 h = h + F.linear(o.transpose(1, 2).reshape(B, S, Hq * D), wo)
                 y = F.rms_norm(h, (h.shape[-1],), ln2, eps)
                 h = h + F.linear(F.silu(F.linear(y, wg)) * F.linear(y, wu), wd)
@@ -198,8 +227,13 @@ def greedy(step, prompt: np.ndarray, new: int) -> dict:
         tok = int(np.argmax(step(np.array([[tok]], np.int64), len(prompt) + i)[0]))
         toks.append(tok)
     t2 = time.perf_counter()
-    return {"ms": (t2 - t0) * 1e3, "prefill_ms": (t1 - t0) * 1e3,
-            "decode_ms_per_token": (t2 - t1) / max(new - 1, 1) * 1e3, "tokens": toks, "prefill_logits": logits[0]}
+    return {
+        "ms": (t2 - t0) * 1e3,
+        "prefill_ms": (t1 - t0) * 1e3,
+        "decode_ms_per_token": (t2 - t1) / max(new - 1, 1) * 1e3,
+        "tokens": toks,
+        "prefill_logits": logits[0],
+    }
 
 
 class OrtLlama:
@@ -215,11 +249,15 @@ class OrtLlama:
         cfg = self.cfg
         if start == 0:
             empty = np.zeros((1, cfg.num_key_value_heads, 0, cfg.head_dim), np.float32)
-            self.past = {f"past_key_values.{i}.{n}": empty for i in range(cfg.num_hidden_layers)
-                         for n in ("key", "value")}
+            self.past = {
+                f"past_key_values.{i}.{n}": empty for i in range(cfg.num_hidden_layers) for n in ("key", "value")
+            }
         S = ids.shape[1]
         feeds = {"input_ids": ids, "position_ids": np.arange(start, start + S, dtype=np.int64)[None], **self.past}
         outs = self.sess.run(None, feeds)
-        self.past = {n.replace("present.", "past_key_values."): o for n, o in zip(self.out_names, outs)
-                     if n.startswith("present.")}
+        self.past = {
+            n.replace("present.", "past_key_values."): o
+            for n, o in zip(self.out_names, outs)
+            if n.startswith("present.")
+        }
         return outs[0][:, -1]

@@ -4,6 +4,7 @@
 
 Target (issue: Tools): zero when off, < 5% when on.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -37,8 +38,10 @@ def main(repeat: int = 15) -> int:
             run()
             on.append(time.perf_counter() - t0)
     m_off, m_on = statistics.median(off) * 1e3, statistics.median(on) * 1e3
-    print(f"ResNet-50: profiler off {m_off:.2f} ms, on {m_on:.2f} ms -> overhead {100 * (m_on / m_off - 1):+.1f}% "
-          f"(target < 5%); {len(p.kernels)} kernel events per run")
+    print(
+        f"ResNet-50: profiler off {m_off:.2f} ms, on {m_on:.2f} ms -> overhead {100 * (m_on / m_off - 1):+.1f}% "
+        f"(target < 5%); {len(p.kernels)} kernel events per run"
+    )
     return 0
 
 

@@ -9,6 +9,7 @@ H*W*C*k*k floats, several GiB at this size) so the comparison is tiled vs untile
 The model is the light x2 stack of tests/test_tiling.py by default (``--channels``/``--layers``
 change it). Results go to bench/results/superres_tiled.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-working-mib", type=int, default=64)
     ap.add_argument("--json", default="bench/results/superres_tiled.json")
     args = ap.parse_args(argv)
-    MiB = 2 ** 20
+    MiB = 2**20
     print(f"opsnn {opsnn.__version__}, {os.cpu_count()} cores, load average {os.getloadavg()}")
     net = superres(scale=2, in_channels=1, channels=args.channels, num_layers=args.layers, first_kernel=3, seed=0)
     gc.collect()
@@ -46,9 +47,11 @@ def main(argv=None) -> int:
         tiled_out = ex.run(img)
         st = ex.stats
         tiled_peak = st["peak_bytes"] - before_input - img.nbytes  # over what was live besides the input
-        print(f"tiled:   {st['tiles']} tiles, crop {st['crop']} (halo {st['halo']}), working set "
-              f"{st['working_bytes'] / MiB:.1f} MiB, {st['wall_s']:.2f} s, pool peak over input "
-              f"{tiled_peak / MiB:.1f} MiB (output {tiled_out.nbytes / MiB:.0f} MiB)")
+        print(
+            f"tiled:   {st['tiles']} tiles, crop {st['crop']} (halo {st['halo']}), working set "
+            f"{st['working_bytes'] / MiB:.1f} MiB, {st['wall_s']:.2f} s, pool peak over input "
+            f"{tiled_peak / MiB:.1f} MiB (output {tiled_out.nbytes / MiB:.0f} MiB)"
+        )
         y_tiled = tiled_out.numpy().copy()
         del tiled_out
         gc.collect()
@@ -63,11 +66,22 @@ def main(argv=None) -> int:
     diff = np.abs(y_tiled.astype(np.float64) - y)
     rel = float(diff.max() / max(np.abs(y).max(), 1e-30))
     identical = bool(np.array_equal(y_tiled, y))
-    print(f"tiled vs untiled: max |diff| {diff.max():.3g}, relative {rel:.3g}, bit-identical {identical}; "
-          f"peak memory tiled/untiled {tiled_peak / whole_peak:.3f}")
-    res.update({"tiled": st, "tiled_peak_over_input_bytes": tiled_peak, "untiled_wall_s": wall,
-                "untiled_peak_over_input_bytes": whole_peak, "max_abs_diff": float(diff.max()), "max_rel_diff": rel,
-                "bit_identical": identical, "load_average_end": os.getloadavg()})
+    print(
+        f"tiled vs untiled: max |diff| {diff.max():.3g}, relative {rel:.3g}, bit-identical {identical}; "
+        f"peak memory tiled/untiled {tiled_peak / whole_peak:.3f}"
+    )
+    res.update(
+        {
+            "tiled": st,
+            "tiled_peak_over_input_bytes": tiled_peak,
+            "untiled_wall_s": wall,
+            "untiled_peak_over_input_bytes": whole_peak,
+            "max_abs_diff": float(diff.max()),
+            "max_rel_diff": rel,
+            "bit_identical": identical,
+            "load_average_end": os.getloadavg(),
+        }
+    )
     write_json(res, args.json, indent=1, default=str)
     return 0
 

@@ -8,6 +8,7 @@ a descheduled thread once per region.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/under_load.py [--hogs 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,13 @@ def child(runs: int, peer: bool) -> None:
 
 def timed(variant_env: dict, runs: int, peer: bool = False) -> list:
     env = dict(os.environ, **variant_env)
-    out = subprocess.run([sys.executable, __file__, "--child", "--runs", str(runs)] + (["--peer"] if peer else []),
-                         env=env, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", "--runs", str(runs)] + (["--peer"] if peer else []),
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

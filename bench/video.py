@@ -11,6 +11,7 @@ and numpy releasing the GIL while other stages run Python; the report also gives
 process CPU time / wall time (how many cores it kept busy) and the machine's load average, since
 other processes on the machine take cores from both modes.
 """
+
 from __future__ import annotations
 
 import sys
@@ -24,9 +25,17 @@ def main(argv=None) -> int:
     ap = _parser("bench/video.py")
     ap.set_defaults(json="bench/results/video.json")
     args = ap.parse_args(argv)
-    rep = video_bench(frames=args.frames, model=args.model, image_size=args.image_size, height=args.height,
-                      width=args.width, source=args.source, queue_size=args.queue_size, repeat=args.repeat,
-                      log=lambda m: print(m, file=sys.stderr))
+    rep = video_bench(
+        frames=args.frames,
+        model=args.model,
+        image_size=args.image_size,
+        height=args.height,
+        width=args.width,
+        source=args.source,
+        queue_size=args.queue_size,
+        repeat=args.repeat,
+        log=lambda m: print(m, file=sys.stderr),
+    )
     rep["benchmark"] = "video"
     print(format_report(rep))
     print()

@@ -1,5 +1,6 @@
 """Shared benchmark workloads: the model builders exported to ONNX (the same file goes to
 onnxruntime and to opsnn), with deterministic inputs."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,9 +18,11 @@ def build(name: str, rng, batch: int = 1, seq: int = 128, image: int = 224):
     elif name in ("bert", "bert-base", "bert-tiny"):
         proto = to_onnx(bert("tiny" if name == "bert-tiny" else "base"))
         vocab = 100 if name == "bert-tiny" else 30522
-        feeds = {"input_ids": rng.integers(0, vocab, (batch, seq)).astype(np.int64),
-                 "attention_mask": np.ones((batch, seq), np.int64),
-                 "token_type_ids": np.zeros((batch, seq), np.int64)}
+        feeds = {
+            "input_ids": rng.integers(0, vocab, (batch, seq)).astype(np.int64),
+            "attention_mask": np.ones((batch, seq), np.int64),
+            "token_type_ids": np.zeros((batch, seq), np.int64),
+        }
         names = {i.name for i in proto.graph.input}
         feeds = {k: v for k, v in feeds.items() if k in names}
     else:

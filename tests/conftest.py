@@ -1,4 +1,5 @@
 """Shared fixtures: a seeded RNG and a check that the pool's live bytes return to baseline."""
+
 import gc
 import os
 
@@ -18,8 +19,10 @@ os.environ.setdefault("OPSNN_NUM_THREADS", str(_threads.cores()))
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "isa_portable: a kernel-choice or model-level test that tests/test_cpu_isa.py also runs "
-        "under OPSNN_CPU_ISA=avx2 (select them with -m isa_portable)")
+        "markers",
+        "isa_portable: a kernel-choice or model-level test that tests/test_cpu_isa.py also runs "
+        "under OPSNN_CPU_ISA=avx2 (select them with -m isa_portable)",
+    )
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ inside functions count too (a lazy import is still a dependency), and so do ``__
 kernel module's private names (``_x``): what another layer needs from a kernel module is a
 public kernel function.
 """
+
 from __future__ import annotations
 
 import ast
@@ -24,26 +25,42 @@ LAYERS = ("base", "runtime", "kernels", "ops", "graph", "training", "frontends",
 #: every top-level module / package of opsnn and its layer ("__init__" is the package facade)
 LAYER_OF = {
     # base: leaf modules every layer may use
-    "errors": "base", "dtypes": "base", "version": "base", "_blas_env": "base",
+    "errors": "base",
+    "dtypes": "base",
+    "version": "base",
+    "_blas_env": "base",
     # runtime: init/finalize, devices, streams, memory pool, threads, hooks
     "runtime": "runtime",
     # kernels: plain functions over arrays, per backend and family
     "kernels": "kernels",
     # ops: the op records, executors and the Tensor whose methods are ops; aclnn's two-phase API
-    "ops": "ops", "tensor": "ops", "aclnn": "ops",
+    "ops": "ops",
+    "tensor": "ops",
+    "aclnn": "ops",
     # graph: IR, passes, memory plan, compiler, interpreter; graph-level facades
-    "graph": "graph", "optimize": "graph", "debug": "graph",
+    "graph": "graph",
+    "optimize": "graph",
+    "debug": "graph",
     # training: autograd (the tape, backward), optim (optimizers, LR schedules), amp (loss scaling)
-    "autograd": "training", "optim": "training", "amp": "training",
+    "autograd": "training",
+    "optim": "training",
+    "amp": "training",
     # frontends: what builds or loads graphs and modules; the compile front door; user settings
-    "nn": "frontends", "checkpoint": "frontends", "models": "frontends", "onnx": "frontends", "frontend": "frontends", "config": "frontends",
+    "nn": "frontends",
+    "checkpoint": "frontends",
+    "models": "frontends",
+    "onnx": "frontends",
+    "frontend": "frontends",
+    "config": "frontends",
     "frontends": "frontends",
     # applications: whole jobs built on the frontends
-    "llm": "applications", "pipeline": "applications",
+    "llm": "applications",
+    "pipeline": "applications",
     # tools: observers (through runtime.hooks) and inspectors
     "tools": "tools",
     # entry: the package facade and the command line
-    "__init__": "entry", "cli": "entry",
+    "__init__": "entry",
+    "cli": "entry",
 }
 RANK = {layer: i for i, layer in enumerate(LAYERS)}
 
@@ -85,7 +102,7 @@ def _imports(path: Path, text: str | None = None):
                     yield node.lineno, alias.name, ()
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 source = ".".join(base + ([node.module] if node.module else []))
             else:
                 source = node.module or ""
@@ -101,8 +118,11 @@ def _imports(path: Path, text: str | None = None):
             fn = node.func
             name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
             target = node.args[0].value
-            if name in ("__import__", "import_module") and isinstance(target, str) \
-                    and (target == "opsnn" or target.startswith("opsnn.")):
+            if (
+                name in ("__import__", "import_module")
+                and isinstance(target, str)
+                and (target == "opsnn" or target.startswith("opsnn."))
+            ):
                 yield node.lineno, target, ()
 
 
@@ -112,7 +132,7 @@ def _kernel_module_aliases(tree: ast.AST, package: str) -> dict:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 source = ".".join(base + ([node.module] if node.module else []))
             else:
                 source = node.module or ""
@@ -141,8 +161,10 @@ def test_the_source_tree_is_found():
 def test_every_module_has_a_layer():
     units = {_unit(_module_name(p)) for p in FILES}
     missing = sorted(units - set(LAYER_OF))
-    assert not missing, (f"top-level module(s) {missing} of opsnn have no layer: assign each one a layer in "
-                         f"LAYER_OF in tests/test_architecture.py (see docs/architecture.md)")
+    assert not missing, (
+        f"top-level module(s) {missing} of opsnn have no layer: assign each one a layer in "
+        f"LAYER_OF in tests/test_architecture.py (see docs/architecture.md)"
+    )
     assert set(LAYER_OF.values()) <= set(LAYERS), sorted(set(LAYER_OF.values()) - set(LAYERS))
 
 
@@ -157,13 +179,19 @@ def test_imports_follow_the_layers():
             t_unit = _unit(target)
             t_layer = LAYER_OF.get(t_unit)
             if t_layer is None:
-                problems.append(f"{path.relative_to(SRC.parent)}:{line} imports {target}, whose top-level module "
-                                f"{t_unit!r} has no layer (assign it in LAYER_OF)")
+                problems.append(
+                    f"{path.relative_to(SRC.parent)}:{line} imports {target}, whose top-level module "
+                    f"{t_unit!r} has no layer (assign it in LAYER_OF)"
+                )
             elif RANK[t_layer] > RANK[layer]:
-                problems.append(f"{path.relative_to(SRC.parent)}:{line} imports {target}: layer {layer!r} "
-                                f"({unit}) must not import layer {t_layer!r} ({t_unit}), which is above it")
-    assert not problems, "imports against the layers (upper layers call lower ones; tools observe through " \
-                         "runtime.hooks):\n" + "\n".join(problems)
+                problems.append(
+                    f"{path.relative_to(SRC.parent)}:{line} imports {target}: layer {layer!r} "
+                    f"({unit}) must not import layer {t_layer!r} ({t_unit}), which is above it"
+                )
+    assert not problems, (
+        "imports against the layers (upper layers call lower ones; tools observe through "
+        "runtime.hooks):\n" + "\n".join(problems)
+    )
 
 
 def test_only_kernels_use_private_kernel_names():
@@ -180,20 +208,29 @@ def test_only_kernels_use_private_kernel_names():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         aliases = _kernel_module_aliases(tree, package)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                    and node.value.id in aliases and _private(node.attr):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and _private(node.attr)
+            ):
                 problems.append(f"{where}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
-    assert not problems, "private kernel names used outside kernels (make what is needed a public kernel " \
-                         "function):\n" + "\n".join(problems)
+    assert not problems, (
+        "private kernel names used outside kernels (make what is needed a public kernel "
+        "function):\n" + "\n".join(problems)
+    )
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("from ..ops import executor\n", [(1, "opsnn.ops.executor", ())]),
-    ("def f():\n    from ..tools.profiler import record\n", [(2, "opsnn.tools.profiler", ("record",))]),
-    ("import opsnn\n", [(1, "opsnn", ())]),
-    ("x = __import__('opsnn.tools.profiler', fromlist=['record'])\n", [(1, "opsnn.tools.profiler", ())]),
-    ("from . import hooks\n", [(1, "opsnn.runtime.hooks", ())]),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("from ..ops import executor\n", [(1, "opsnn.ops.executor", ())]),
+        ("def f():\n    from ..tools.profiler import record\n", [(2, "opsnn.tools.profiler", ("record",))]),
+        ("import opsnn\n", [(1, "opsnn", ())]),
+        ("x = __import__('opsnn.tools.profiler', fromlist=['record'])\n", [(1, "opsnn.tools.profiler", ())]),
+        ("from . import hooks\n", [(1, "opsnn.runtime.hooks", ())]),
+    ],
+)
 def test_the_import_scanner_sees_lazy_relative_and_dynamic_imports(source, expected):
     """The scanner itself, on text read as if it were ``opsnn/runtime/context.py`` (relative
     imports and names that are modules resolve against the real source tree)."""
@@ -203,6 +240,9 @@ def test_the_import_scanner_sees_lazy_relative_and_dynamic_imports(source, expec
 def test_an_upward_import_is_reported_with_file_line_and_layers():
     """The contract test's own check fails on a runtime module importing a tool, lazily."""
     path = PACKAGE / "runtime" / "context.py"
-    found = [(line, target) for line, target, _ in _imports(path, "def f():\n    from ..tools import profiler\n")
-             if RANK[LAYER_OF[_unit(target)]] > RANK[LAYER_OF["runtime"]]]
+    found = [
+        (line, target)
+        for line, target, _ in _imports(path, "def f():\n    from ..tools import profiler\n")
+        if RANK[LAYER_OF[_unit(target)]] > RANK[LAYER_OF["runtime"]]
+    ]
     assert found == [(2, "opsnn.tools.profiler")]

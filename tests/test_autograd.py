@@ -1,5 +1,6 @@
 """Gradient rules and the autograd API: every rule against central finite differences in float64
 (odd shapes, broadcasting) and, where torch is importable, against torch.autograd."""
+
 import numpy as np
 import pytest
 
@@ -30,8 +31,8 @@ CASES = [
     ("mul_bcast", lambda a, b: a * b, lambda a, b: a * b, [_rand((2, 1, 3)), _rand((1, 4, 1))], [0, 1]),
     ("div_bcast", lambda a, b: a / b, lambda a, b: a / b, [_rand((3, 4)), _positive((4,))], [0, 1]),
     ("neg", lambda a: -a, lambda a: -a, [_rand((5, 3))], [0]),
-    ("pow_scalar", lambda a: a ** 2.5, lambda a: a ** 2.5, [_positive((3, 4))], [0]),
-    ("pow_tensor", lambda a, b: F.pow(a, b), lambda a, b: a ** b, [_positive((3, 4)), _rand((4,))], [0, 1]),
+    ("pow_scalar", lambda a: a**2.5, lambda a: a**2.5, [_positive((3, 4))], [0]),
+    ("pow_tensor", lambda a, b: F.pow(a, b), lambda a, b: a**b, [_positive((3, 4)), _rand((4,))], [0, 1]),
     ("exp", F.exp, lambda a: a.exp(), [_rand((3, 5))], [0]),
     ("log", F.log, lambda a: a.log(), [_positive((3, 5))], [0]),
     ("sqrt", F.sqrt, lambda a: a.sqrt(), [_positive((7,))], [0]),
@@ -39,28 +40,51 @@ CASES = [
     ("sigmoid", F.sigmoid, lambda a: a.sigmoid(), [_rand((4, 5))], [0]),
     ("tanh", F.tanh, lambda a: a.tanh(), [_rand((4, 5))], [0]),
     ("gelu", F.gelu, lambda a: __import__("torch").nn.functional.gelu(a), [_rand((3, 7), -3, 3)], [0]),
-    ("gelu_tanh", lambda a: F.gelu(a, approximate="tanh"),
-     lambda a: __import__("torch").nn.functional.gelu(a, approximate="tanh"), [_rand((3, 7), -3, 3)], [0]),
+    (
+        "gelu_tanh",
+        lambda a: F.gelu(a, approximate="tanh"),
+        lambda a: __import__("torch").nn.functional.gelu(a, approximate="tanh"),
+        [_rand((3, 7), -3, 3)],
+        [0],
+    ),
     ("silu", F.silu, lambda a: __import__("torch").nn.functional.silu(a), [_rand((3, 5), -3, 3)], [0]),
     ("swish_alpha", lambda a: F.swish(a, alpha=1.7), lambda a: a * (1.7 * a).sigmoid(), [_rand((4,), -3, 3)], [0]),
-    ("leaky_relu", lambda a: F.leaky_relu(a, 0.2), lambda a: __import__("torch").nn.functional.leaky_relu(a, 0.2),
-     [_away_from_zero((3, 4))], [0]),
+    (
+        "leaky_relu",
+        lambda a: F.leaky_relu(a, 0.2),
+        lambda a: __import__("torch").nn.functional.leaky_relu(a, 0.2),
+        [_away_from_zero((3, 4))],
+        [0],
+    ),
     ("abs", F.abs, lambda a: a.abs(), [_away_from_zero((5,))], [0]),
     ("softplus", F.softplus, lambda a: __import__("torch").nn.functional.softplus(a), [_rand((5,), -3, 3)], [0]),
     ("erf", F.erf, lambda a: a.erf(), [_rand((5,), -2, 2)], [0]),
     ("reciprocal", F.reciprocal, lambda a: a.reciprocal(), [_positive((5,))], [0]),
     ("rsqrt", F.rsqrt, lambda a: a.rsqrt(), [_positive((5,))], [0]),
-    ("where_bcast", lambda a, b: F.where(np.array([[True, False, True]]), a, b),
-     lambda a, b: __import__("torch").where(__import__("torch").tensor([[True, False, True]]), a, b),
-     [_rand((2, 3)), _rand((3,))], [0, 1]),
+    (
+        "where_bcast",
+        lambda a, b: F.where(np.array([[True, False, True]]), a, b),
+        lambda a, b: __import__("torch").where(__import__("torch").tensor([[True, False, True]]), a, b),
+        [_rand((2, 3)), _rand((3,))],
+        [0, 1],
+    ),
     ("clamp", lambda a: F.clamp(a, -0.5, 0.3), lambda a: a.clamp(-0.5, 0.3), [_rand((4, 5))], [0]),
     ("add_n", lambda a, b: F.add_n(a, b), lambda a, b: a + b, [_rand((2, 3)), _rand((3,))], [0, 1]),
-    ("split_one_used", lambda a: F.split(a, [1, 3], dim=1)[1], lambda a: a.split([1, 3], 1)[1], [_rand((2, 4))],
-     [0]),
-    ("split_reordered", lambda a: F.concat(list(F.split(a, 2, dim=0))[::-1], dim=1),
-     lambda a: __import__("torch").cat(a.split(2, 0)[::-1], 1), [_rand((4, 3))], [0]),
-    ("pad_constant", lambda a: F.pad(a, (1, 2, 0, 1), value=0.5),
-     lambda a: __import__("torch").nn.functional.pad(a, (1, 2, 0, 1), value=0.5), [_rand((2, 3, 4))], [0]),
+    ("split_one_used", lambda a: F.split(a, [1, 3], dim=1)[1], lambda a: a.split([1, 3], 1)[1], [_rand((2, 4))], [0]),
+    (
+        "split_reordered",
+        lambda a: F.concat(list(F.split(a, 2, dim=0))[::-1], dim=1),
+        lambda a: __import__("torch").cat(a.split(2, 0)[::-1], 1),
+        [_rand((4, 3))],
+        [0],
+    ),
+    (
+        "pad_constant",
+        lambda a: F.pad(a, (1, 2, 0, 1), value=0.5),
+        lambda a: __import__("torch").nn.functional.pad(a, (1, 2, 0, 1), value=0.5),
+        [_rand((2, 3, 4))],
+        [0],
+    ),
     ("softmax", lambda a: F.softmax(a, dim=1), lambda a: a.softmax(1), [_rand((2, 5, 3))], [0]),
     ("softmax_dim0", lambda a: F.softmax(a, dim=0), lambda a: a.softmax(0), [_rand((4, 3))], [0]),
     ("log_softmax", lambda a: F.log_softmax(a, dim=-1), lambda a: a.log_softmax(-1), [_rand((3, 6))], [0]),
@@ -68,114 +92,278 @@ CASES = [
     ("matmul_bcast", F.matmul, lambda a, b: a @ b, [_rand((2, 1, 3, 4)), _rand((3, 4, 2))], [0, 1]),
     ("matmul_vec", F.matmul, lambda a, b: a @ b, [_rand((5,)), _rand((5, 3))], [0, 1]),
     ("matmul_matvec", F.matmul, lambda a, b: a @ b, [_rand((2, 3, 5)), _rand((5,))], [0, 1]),
-    ("gemm", lambda a, b, c: F.gemm(a, b, c, alpha=0.7, beta=1.3, trans_a=True, trans_b=True),
-     lambda a, b, c: 0.7 * a.T @ b.T + 1.3 * c, [_rand((4, 3)), _rand((5, 4)), _rand((5,))], [0, 1, 2]),
+    (
+        "gemm",
+        lambda a, b, c: F.gemm(a, b, c, alpha=0.7, beta=1.3, trans_a=True, trans_b=True),
+        lambda a, b, c: 0.7 * a.T @ b.T + 1.3 * c,
+        [_rand((4, 3)), _rand((5, 4)), _rand((5,))],
+        [0, 1, 2],
+    ),
     ("linear", F.linear, lambda x, w, b: x @ w.T + b, [_rand((2, 3, 4)), _rand((5, 4)), _rand((5,))], [0, 1, 2]),
     ("sum_dims", lambda a: F.sum(a, dim=(0, 2)), lambda a: a.sum((0, 2)), [_rand((3, 4, 5))], [0]),
     ("sum_all", lambda a: F.sum(a), lambda a: a.sum(), [_rand((3, 4))], [0]),
-    ("mean_keep", lambda a: F.mean(a, dim=1, keepdim=True), lambda a: a.mean(1, keepdim=True),
-     [_rand((3, 4, 2))], [0]),
+    ("mean_keep", lambda a: F.mean(a, dim=1, keepdim=True), lambda a: a.mean(1, keepdim=True), [_rand((3, 4, 2))], [0]),
     ("reshape", lambda a: F.reshape(a, (4, -1)), lambda a: a.reshape(4, -1), [_rand((2, 3, 4))], [0]),
     ("flatten", lambda a: F.flatten(a, 1), lambda a: a.flatten(1), [_rand((2, 3, 4))], [0]),
     ("transpose", lambda a: F.transpose(a, [2, 0, 1]), lambda a: a.permute(2, 0, 1), [_rand((2, 3, 4))], [0]),
     ("squeeze", lambda a: F.squeeze(a, 1), lambda a: a.squeeze(1), [_rand((3, 1, 4))], [0]),
     ("unsqueeze", lambda a: F.unsqueeze(a, 0), lambda a: a.unsqueeze(0), [_rand((3, 4))], [0]),
     ("expand", lambda a: F.expand(a, 3, 2, 4), lambda a: a.expand(3, 2, 4), [_rand((2, 1))], [0]),
-    ("concat", lambda a, b: F.concat([a, b], dim=1), lambda a, b: __import__("torch").cat([a, b], 1),
-     [_rand((2, 3)), _rand((2, 4))], [0, 1]),
-    ("slice_steps", lambda a: F.slice(a, [1, 0], [5, 7], axes=[0, 1], steps=[2, 3]),
-     lambda a: a[1:5:2, 0:7:3], [_rand((6, 7))], [0]),
-    ("gather_dup", lambda a: F.gather(a, np.array([[0, 2], [2, -1]]), axis=1),
-     lambda a: a[:, [[0, 2], [2, -1]]], [_rand((3, 4))], [0]),
-    ("gather_axis0_negative", lambda a: F.gather(a, np.array([[3, -1], [0, 3]]), axis=0),
-     lambda a: a[__import__("torch").tensor([[3, -1], [0, 3]])], [_rand((4, 2, 3))], [0]),
-    ("embedding", lambda w: F.embedding(np.array([[1, 3, 1], [0, 3, 3]]), w),
-     lambda w: w[__import__("torch").tensor([[1, 3, 1], [0, 3, 3]])], [_rand((5, 4))], [0]),
-    ("conv2d", lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, dilation=2, groups=2),
-     lambda x, w, b: __import__("torch").nn.functional.conv2d(x, w, b, stride=2, padding=1, dilation=2, groups=2),
-     [_rand((2, 4, 7, 6)), _rand((6, 2, 3, 3)), _rand((6,))], [0, 1, 2]),
-    ("conv2d_plain", lambda x, w: F.conv2d(x, w, None, stride=(1, 2), padding=(2, 0)),
-     lambda x, w: __import__("torch").nn.functional.conv2d(x, w, None, stride=(1, 2), padding=(2, 0)),
-     [_rand((1, 3, 5, 8)), _rand((4, 3, 2, 3))], [0, 1]),
-    ("conv2d_same", lambda x, w: F.conv2d(x, w, None, padding="same"),
-     lambda x, w: __import__("torch").nn.functional.conv2d(x, w, None, padding="same"),
-     [_rand((2, 2, 5, 6)), _rand((3, 2, 4, 3))], [0, 1]),
-    ("max_pool2d_ceil_dilated", lambda x: F.max_pool2d(x, 2, 2, 1, dilation=2, ceil_mode=True),
-     lambda x: __import__("torch").nn.functional.max_pool2d(x, 2, 2, 1, dilation=2, ceil_mode=True),
-     [_rand((1, 2, 8, 7))], [0]),
-    ("max_pool2d", lambda x: F.max_pool2d(x, 3, 2, 1),
-     lambda x: __import__("torch").nn.functional.max_pool2d(x, 3, 2, 1), [_rand((2, 3, 7, 6))], [0]),
-    ("avg_pool2d", lambda x: F.avg_pool2d(x, 3, 2, 1),
-     lambda x: __import__("torch").nn.functional.avg_pool2d(x, 3, 2, 1), [_rand((2, 3, 7, 6))], [0]),
-    ("avg_pool2d_excl_ceil", lambda x: F.avg_pool2d(x, 2, 2, 1, ceil_mode=True, count_include_pad=False),
-     lambda x: __import__("torch").nn.functional.avg_pool2d(x, 2, 2, 1, ceil_mode=True, count_include_pad=False),
-     [_rand((1, 2, 7, 5))], [0]),
+    (
+        "concat",
+        lambda a, b: F.concat([a, b], dim=1),
+        lambda a, b: __import__("torch").cat([a, b], 1),
+        [_rand((2, 3)), _rand((2, 4))],
+        [0, 1],
+    ),
+    (
+        "slice_steps",
+        lambda a: F.slice(a, [1, 0], [5, 7], axes=[0, 1], steps=[2, 3]),
+        lambda a: a[1:5:2, 0:7:3],
+        [_rand((6, 7))],
+        [0],
+    ),
+    (
+        "gather_dup",
+        lambda a: F.gather(a, np.array([[0, 2], [2, -1]]), axis=1),
+        lambda a: a[:, [[0, 2], [2, -1]]],
+        [_rand((3, 4))],
+        [0],
+    ),
+    (
+        "gather_axis0_negative",
+        lambda a: F.gather(a, np.array([[3, -1], [0, 3]]), axis=0),
+        lambda a: a[__import__("torch").tensor([[3, -1], [0, 3]])],
+        [_rand((4, 2, 3))],
+        [0],
+    ),
+    (
+        "embedding",
+        lambda w: F.embedding(np.array([[1, 3, 1], [0, 3, 3]]), w),
+        lambda w: w[__import__("torch").tensor([[1, 3, 1], [0, 3, 3]])],
+        [_rand((5, 4))],
+        [0],
+    ),
+    (
+        "conv2d",
+        lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, dilation=2, groups=2),
+        lambda x, w, b: __import__("torch").nn.functional.conv2d(x, w, b, stride=2, padding=1, dilation=2, groups=2),
+        [_rand((2, 4, 7, 6)), _rand((6, 2, 3, 3)), _rand((6,))],
+        [0, 1, 2],
+    ),
+    (
+        "conv2d_plain",
+        lambda x, w: F.conv2d(x, w, None, stride=(1, 2), padding=(2, 0)),
+        lambda x, w: __import__("torch").nn.functional.conv2d(x, w, None, stride=(1, 2), padding=(2, 0)),
+        [_rand((1, 3, 5, 8)), _rand((4, 3, 2, 3))],
+        [0, 1],
+    ),
+    (
+        "conv2d_same",
+        lambda x, w: F.conv2d(x, w, None, padding="same"),
+        lambda x, w: __import__("torch").nn.functional.conv2d(x, w, None, padding="same"),
+        [_rand((2, 2, 5, 6)), _rand((3, 2, 4, 3))],
+        [0, 1],
+    ),
+    (
+        "max_pool2d_ceil_dilated",
+        lambda x: F.max_pool2d(x, 2, 2, 1, dilation=2, ceil_mode=True),
+        lambda x: __import__("torch").nn.functional.max_pool2d(x, 2, 2, 1, dilation=2, ceil_mode=True),
+        [_rand((1, 2, 8, 7))],
+        [0],
+    ),
+    (
+        "max_pool2d",
+        lambda x: F.max_pool2d(x, 3, 2, 1),
+        lambda x: __import__("torch").nn.functional.max_pool2d(x, 3, 2, 1),
+        [_rand((2, 3, 7, 6))],
+        [0],
+    ),
+    (
+        "avg_pool2d",
+        lambda x: F.avg_pool2d(x, 3, 2, 1),
+        lambda x: __import__("torch").nn.functional.avg_pool2d(x, 3, 2, 1),
+        [_rand((2, 3, 7, 6))],
+        [0],
+    ),
+    (
+        "avg_pool2d_excl_ceil",
+        lambda x: F.avg_pool2d(x, 2, 2, 1, ceil_mode=True, count_include_pad=False),
+        lambda x: __import__("torch").nn.functional.avg_pool2d(x, 2, 2, 1, ceil_mode=True, count_include_pad=False),
+        [_rand((1, 2, 7, 5))],
+        [0],
+    ),
     ("global_avg_pool", F.global_avg_pool, lambda x: x.mean((2, 3), keepdim=True), [_rand((2, 3, 4, 5))], [0]),
-    ("batch_norm_train", lambda x, w, b: F.batch_norm(x, np.zeros(3), np.ones(3), w, b, training=True)[0],
-     lambda x, w, b: __import__("torch").nn.functional.batch_norm(x, None, None, w, b, training=True),
-     [_rand((4, 3, 3, 2)), _rand((3,)), _rand((3,))], [0, 1, 2]),
-    ("batch_norm_eval", lambda x, w, b, m, v: F.batch_norm(x, m, v, w, b),
-     lambda x, w, b, m, v: __import__("torch").nn.functional.batch_norm(x, m, v, w, b),
-     [_rand((2, 3, 4)), _rand((3,)), _rand((3,)), _rand((3,)), _positive((3,))], [0, 1, 2]),
-    ("layer_norm", lambda x, w, b: F.layer_norm(x, (4, 5), w, b),
-     lambda x, w, b: __import__("torch").nn.functional.layer_norm(x, (4, 5), w, b),
-     [_rand((3, 4, 5)), _rand((4, 5)), _rand((4, 5))], [0, 1, 2]),
-    ("rms_norm", lambda x, w: F.rms_norm(x, (5,), w, eps=1e-5),
-     lambda x, w: __import__("torch").nn.functional.rms_norm(x, (5,), w, eps=1e-5),
-     [_rand((3, 2, 5)), _rand((5,))], [0, 1]),
-    ("group_norm", lambda x, w, b: F.group_norm(x, 2, w, b),
-     lambda x, w, b: __import__("torch").nn.functional.group_norm(x, 2, w, b),
-     [_rand((2, 4, 3, 2)), _rand((4,)), _rand((4,))], [0, 1, 2]),
-    ("sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
-     lambda q, k, v: __import__("torch").nn.functional.scaled_dot_product_attention(q, k, v),
-     [_rand((2, 2, 3, 4)), _rand((2, 2, 5, 4)), _rand((2, 2, 5, 3))], [0, 1, 2]),
-    ("sdpa_causal_gqa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.7,
-                                                                       enable_gqa=True),
-     lambda q, k, v: __import__("torch").nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                                    scale=0.7, enable_gqa=True),
-     [_rand((1, 4, 4, 3)), _rand((1, 2, 4, 3)), _rand((1, 2, 4, 2))], [0, 1, 2]),
-    ("sdpa_masks", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=np.array(
-        [[True, False, True], [True, True, False]])),
-     lambda q, k, v: __import__("torch").nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=__import__(
-         "torch").tensor([[True, False, True], [True, True, False]])),
-     [_rand((2, 1, 2, 3)), _rand((2, 1, 3, 3)), _rand((2, 1, 3, 3))], [0, 1, 2]),
-    ("sdpa_additive_3d", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
-     lambda q, k, v, m: __import__("torch").nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m),
-     [_rand((2, 3, 4)), _rand((2, 5, 4)), _rand((2, 5, 4)), _rand((3, 5))], [0, 1, 2]),
-    ("attention_3d_heads", lambda q, k, v: F.attention(q, k, v, q_num_heads=2, kv_num_heads=1, is_causal=True),
-     lambda q, k, v: __import__("torch").nn.functional.scaled_dot_product_attention(
-         q.reshape(2, 3, 2, 2).transpose(1, 2), k.reshape(2, 3, 1, 2).transpose(1, 2),
-         v.reshape(2, 3, 1, 4).transpose(1, 2), is_causal=True, enable_gqa=True).transpose(1, 2).reshape(2, 3, 8),
-     [_rand((2, 3, 4)), _rand((2, 3, 2)), _rand((2, 3, 4))], [0, 1, 2]),
-    ("lstm_bidirectional", lambda x, w, r, b, h0, c0: F.concat(
-        [F.reshape(o, (-1,)) for o in F.lstm(x, w, r, b, None, h0, c0, hidden_size=3, direction="bidirectional")],
-        dim=0), None, [_rand((4, 2, 3)), _rand((2, 12, 3)), _rand((2, 12, 3)), _rand((2, 24)), _rand((2, 2, 3)),
-                       _rand((2, 2, 3))], [0, 1, 2, 3, 4, 5]),
-    ("lstm_reverse_no_state", lambda x, w, r: F.lstm(x, w, r, hidden_size=2, direction="reverse")[0], None,
-     [_rand((3, 2, 2)), _rand((1, 8, 2)), _rand((1, 8, 2))], [0, 1, 2]),
-    ("gru_bidirectional_lbr", lambda x, w, r, b, h0: F.concat(
-        [F.reshape(o, (-1,)) for o in F.gru(x, w, r, b, None, h0, hidden_size=3, direction="bidirectional",
-                                              linear_before_reset=1)], dim=0), None,
-     [_rand((4, 2, 3)), _rand((2, 9, 3)), _rand((2, 9, 3)), _rand((2, 18)), _rand((2, 2, 3))], [0, 1, 2, 3, 4]),
-    ("gru_forward", lambda x, w, r, b: F.gru(x, w, r, b, hidden_size=2)[0], None,
-     [_rand((3, 2, 2)), _rand((1, 6, 2)), _rand((1, 6, 2)), _rand((1, 12))], [0, 1, 2, 3]),
-    ("swiglu", lambda a, b: F.swiglu(a, b), lambda a, b: __import__("torch").nn.functional.silu(a) * b,
-     [_rand((3, 4), -3, 3), _rand((3, 4))], [0, 1]),
-    ("swiglu_alpha", lambda a, b: F.swiglu(a, b, alpha=1.7), lambda a, b: a * (1.7 * a).sigmoid() * b,
-     [_rand((5,), -3, 3), _rand((5,))], [0, 1]),
-    ("cross_entropy", lambda x: F.cross_entropy(x, np.array([1, 0, 3, 2, 1])),
-     lambda x: __import__("torch").nn.functional.cross_entropy(x, __import__("torch").tensor([1, 0, 3, 2, 1])),
-     [_rand((5, 4))], [0]),
-    ("cross_entropy_w_ignore_sum", lambda x, w: F.cross_entropy(x, np.array([[1, 0], [3, 2], [1, 1]]), w,
-                                                                 ignore_index=2, reduction="sum"),
-     lambda x, w: __import__("torch").nn.functional.cross_entropy(
-         x, __import__("torch").tensor([[1, 0], [3, 2], [1, 1]]), w, ignore_index=2, reduction="sum"),
-     [_rand((3, 4, 2)), _positive((4,))], [0]),
-    ("nll_none", lambda x: F.nll_loss(x, np.array([2, 0, 1]), reduction="none"),
-     lambda x: __import__("torch").nn.functional.nll_loss(x, __import__("torch").tensor([2, 0, 1]),
-                                                          reduction="none"), [_rand((3, 3))], [0]),
-    ("tensor_views", lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4),
-     lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4), [_rand((2, 3, 4))], [0]),
+    (
+        "batch_norm_train",
+        lambda x, w, b: F.batch_norm(x, np.zeros(3), np.ones(3), w, b, training=True)[0],
+        lambda x, w, b: __import__("torch").nn.functional.batch_norm(x, None, None, w, b, training=True),
+        [_rand((4, 3, 3, 2)), _rand((3,)), _rand((3,))],
+        [0, 1, 2],
+    ),
+    (
+        "batch_norm_eval",
+        lambda x, w, b, m, v: F.batch_norm(x, m, v, w, b),
+        lambda x, w, b, m, v: __import__("torch").nn.functional.batch_norm(x, m, v, w, b),
+        [_rand((2, 3, 4)), _rand((3,)), _rand((3,)), _rand((3,)), _positive((3,))],
+        [0, 1, 2],
+    ),
+    (
+        "layer_norm",
+        lambda x, w, b: F.layer_norm(x, (4, 5), w, b),
+        lambda x, w, b: __import__("torch").nn.functional.layer_norm(x, (4, 5), w, b),
+        [_rand((3, 4, 5)), _rand((4, 5)), _rand((4, 5))],
+        [0, 1, 2],
+    ),
+    (
+        "rms_norm",
+        lambda x, w: F.rms_norm(x, (5,), w, eps=1e-5),
+        lambda x, w: __import__("torch").nn.functional.rms_norm(x, (5,), w, eps=1e-5),
+        [_rand((3, 2, 5)), _rand((5,))],
+        [0, 1],
+    ),
+    (
+        "group_norm",
+        lambda x, w, b: F.group_norm(x, 2, w, b),
+        lambda x, w, b: __import__("torch").nn.functional.group_norm(x, 2, w, b),
+        [_rand((2, 4, 3, 2)), _rand((4,)), _rand((4,))],
+        [0, 1, 2],
+    ),
+    (
+        "sdpa",
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+        lambda q, k, v: __import__("torch").nn.functional.scaled_dot_product_attention(q, k, v),
+        [_rand((2, 2, 3, 4)), _rand((2, 2, 5, 4)), _rand((2, 2, 5, 3))],
+        [0, 1, 2],
+    ),
+    (
+        "sdpa_causal_gqa",
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.7, enable_gqa=True),
+        lambda q, k, v: __import__("torch").nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=0.7, enable_gqa=True
+        ),
+        [_rand((1, 4, 4, 3)), _rand((1, 2, 4, 3)), _rand((1, 2, 4, 2))],
+        [0, 1, 2],
+    ),
+    (
+        "sdpa_masks",
+        lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=np.array([[True, False, True], [True, True, False]])
+        ),
+        lambda q, k, v: __import__("torch").nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=__import__("torch").tensor([[True, False, True], [True, True, False]])
+        ),
+        [_rand((2, 1, 2, 3)), _rand((2, 1, 3, 3)), _rand((2, 1, 3, 3))],
+        [0, 1, 2],
+    ),
+    (
+        "sdpa_additive_3d",
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        lambda q, k, v, m: __import__("torch").nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        [_rand((2, 3, 4)), _rand((2, 5, 4)), _rand((2, 5, 4)), _rand((3, 5))],
+        [0, 1, 2],
+    ),
+    (
+        "attention_3d_heads",
+        lambda q, k, v: F.attention(q, k, v, q_num_heads=2, kv_num_heads=1, is_causal=True),
+        lambda q, k, v: (
+            __import__("torch")
+            .nn.functional.scaled_dot_product_attention(
+                q.reshape(2, 3, 2, 2).transpose(1, 2),
+                k.reshape(2, 3, 1, 2).transpose(1, 2),
+                v.reshape(2, 3, 1, 4).transpose(1, 2),
+                is_causal=True,
+                enable_gqa=True,
+            )
+            .transpose(1, 2)
+            .reshape(2, 3, 8)
+        ),
+        [_rand((2, 3, 4)), _rand((2, 3, 2)), _rand((2, 3, 4))],
+        [0, 1, 2],
+    ),
+    (
+        "lstm_bidirectional",
+        lambda x, w, r, b, h0, c0: F.concat(
+            [F.reshape(o, (-1,)) for o in F.lstm(x, w, r, b, None, h0, c0, hidden_size=3, direction="bidirectional")],
+            dim=0,
+        ),
+        None,
+        [_rand((4, 2, 3)), _rand((2, 12, 3)), _rand((2, 12, 3)), _rand((2, 24)), _rand((2, 2, 3)), _rand((2, 2, 3))],
+        [0, 1, 2, 3, 4, 5],
+    ),
+    (
+        "lstm_reverse_no_state",
+        lambda x, w, r: F.lstm(x, w, r, hidden_size=2, direction="reverse")[0],
+        None,
+        [_rand((3, 2, 2)), _rand((1, 8, 2)), _rand((1, 8, 2))],
+        [0, 1, 2],
+    ),
+    (
+        "gru_bidirectional_lbr",
+        lambda x, w, r, b, h0: F.concat(
+            [
+                F.reshape(o, (-1,))
+                for o in F.gru(x, w, r, b, None, h0, hidden_size=3, direction="bidirectional", linear_before_reset=1)
+            ],
+            dim=0,
+        ),
+        None,
+        [_rand((4, 2, 3)), _rand((2, 9, 3)), _rand((2, 9, 3)), _rand((2, 18)), _rand((2, 2, 3))],
+        [0, 1, 2, 3, 4],
+    ),
+    (
+        "gru_forward",
+        lambda x, w, r, b: F.gru(x, w, r, b, hidden_size=2)[0],
+        None,
+        [_rand((3, 2, 2)), _rand((1, 6, 2)), _rand((1, 6, 2)), _rand((1, 12))],
+        [0, 1, 2, 3],
+    ),
+    (
+        "swiglu",
+        lambda a, b: F.swiglu(a, b),
+        lambda a, b: __import__("torch").nn.functional.silu(a) * b,
+        [_rand((3, 4), -3, 3), _rand((3, 4))],
+        [0, 1],
+    ),
+    (
+        "swiglu_alpha",
+        lambda a, b: F.swiglu(a, b, alpha=1.7),
+        lambda a, b: a * (1.7 * a).sigmoid() * b,
+        [_rand((5,), -3, 3), _rand((5,))],
+        [0, 1],
+    ),
+    (
+        "cross_entropy",
+        lambda x: F.cross_entropy(x, np.array([1, 0, 3, 2, 1])),
+        lambda x: __import__("torch").nn.functional.cross_entropy(x, __import__("torch").tensor([1, 0, 3, 2, 1])),
+        [_rand((5, 4))],
+        [0],
+    ),
+    (
+        "cross_entropy_w_ignore_sum",
+        lambda x, w: F.cross_entropy(x, np.array([[1, 0], [3, 2], [1, 1]]), w, ignore_index=2, reduction="sum"),
+        lambda x, w: __import__("torch").nn.functional.cross_entropy(
+            x, __import__("torch").tensor([[1, 0], [3, 2], [1, 1]]), w, ignore_index=2, reduction="sum"
+        ),
+        [_rand((3, 4, 2)), _positive((4,))],
+        [0],
+    ),
+    (
+        "nll_none",
+        lambda x: F.nll_loss(x, np.array([2, 0, 1]), reduction="none"),
+        lambda x: __import__("torch").nn.functional.nll_loss(
+            x, __import__("torch").tensor([2, 0, 1]), reduction="none"
+        ),
+        [_rand((3, 3))],
+        [0],
+    ),
+    (
+        "tensor_views",
+        lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4),
+        lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4),
+        [_rand((2, 3, 4))],
+        [0],
+    ),
 ]
 
 
@@ -216,8 +404,7 @@ def test_rule_matches_finite_differences(case):
     _, grads = _opsnn_grads(fn, arrays, wrt, weight)
     for i, g in zip(wrt, grads):
         assert g.shape == arrays[i].shape
-        np.testing.assert_allclose(g, _numeric_grad(fn, arrays, i, weight), rtol=1e-5, atol=1e-7,
-                                   err_msg=f"input {i}")
+        np.testing.assert_allclose(g, _numeric_grad(fn, arrays, i, weight), rtol=1e-5, atol=1e-7, err_msg=f"input {i}")
 
 
 @pytest.mark.filterwarnings("ignore:Using padding='same'")  # torch on the even kernel (asymmetric pads)
@@ -323,10 +510,18 @@ def test_recording_is_off_without_inputs_that_require_grad():
 
 
 # -- losses and nn training semantics against torch ----------------------------------------------------------
-@pytest.mark.parametrize("kw", [{}, {"label_smoothing": 0.2}, {"label_smoothing": 0.1, "ignore_index": 1},
-                                {"label_smoothing": 0.3, "weight": True, "reduction": "sum"},
-                                {"label_smoothing": 0.3, "weight": True}, {"reduction": "none", "ignore_index": 0},
-                                {"probs": True, "label_smoothing": 0.1}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"label_smoothing": 0.2},
+        {"label_smoothing": 0.1, "ignore_index": 1},
+        {"label_smoothing": 0.3, "weight": True, "reduction": "sum"},
+        {"label_smoothing": 0.3, "weight": True},
+        {"reduction": "none", "ignore_index": 0},
+        {"probs": True, "label_smoothing": 0.1},
+    ],
+)
 def test_cross_entropy_matches_torch(kw):
     torch = pytest.importorskip("torch")
     kw = dict(kw)
@@ -376,7 +571,8 @@ def test_bce_with_logits_matches_torch(kw):
     g = autograd.grad(ops.sum(loss), [xt])[0].numpy()
     tx = torch.tensor(x, requires_grad=True)
     tl = torch.nn.BCEWithLogitsLoss(**{k: torch.tensor(v) if k != "reduction" else v for k, v in kw.items()})(
-        tx, torch.tensor(t))
+        tx, torch.tensor(t)
+    )
     np.testing.assert_allclose(loss.numpy(), tl.detach().numpy(), rtol=1e-10)
     np.testing.assert_allclose(g, torch.autograd.grad(tl.sum(), [tx])[0].numpy(), rtol=1e-9, atol=1e-12)
 
@@ -396,8 +592,9 @@ def test_batchnorm_training_updates_running_stats_like_torch():
         assert int(bn.num_batches_tracked.item()) == 3
         bn.eval()
         tbn.eval()
-        np.testing.assert_allclose(bn(opsnn.tensor(x)).numpy(), tbn(torch.tensor(x)).detach().numpy(), rtol=1e-4,
-                                   atol=1e-5)
+        np.testing.assert_allclose(
+            bn(opsnn.tensor(x)).numpy(), tbn(torch.tensor(x)).detach().numpy(), rtol=1e-4, atol=1e-5
+        )
 
 
 def test_clip_grad_norm_matches_torch():

@@ -1,6 +1,7 @@
 """Autotuning (opsnn.ops.autotune) and selection explanations (opsnn.tools.explain), tested by
 calling their functions directly: candidates, keys, timing, the JSON file, reuse in another
 process, the use-only mode, failures, progress bars, and ``explain_graph`` / ``opsnn explain``."""
+
 import json
 import os
 import subprocess
@@ -51,8 +52,15 @@ def _probe_infer(ctx):
     return [ctx.inputs[0]]
 
 
-PROBE = register_op("AutotuneProbe", domain="opsnn_test", inputs=["X"], outputs=["Y"], infer=_probe_infer,
-                    reference=lambda ins, attrs: ins[0] * 2, replace=True)
+PROBE = register_op(
+    "AutotuneProbe",
+    domain="opsnn_test",
+    inputs=["X"],
+    outputs=["Y"],
+    infer=_probe_infer,
+    reference=lambda ins, attrs: ins[0] * 2,
+    replace=True,
+)
 
 
 @PROBE.kernel("probe_slow", priority=20)
@@ -97,10 +105,12 @@ def test_candidates_include_not_preferred_but_not_fallback():
 
 def test_workload_key_distinguishes_workloads():
     rec, a = conv_ctx()
-    keys = {autotune.workload_key(rec, a),
-            autotune.workload_key(*conv_ctx(xs=(2, 16, 20, 20))),
-            autotune.workload_key(*conv_ctx(dtype=np.float64)),
-            autotune.workload_key(*conv_ctx(attrs={"pads": [0, 0, 0, 0]}))}
+    keys = {
+        autotune.workload_key(rec, a),
+        autotune.workload_key(*conv_ctx(xs=(2, 16, 20, 20))),
+        autotune.workload_key(*conv_ctx(dtype=np.float64)),
+        autotune.workload_key(*conv_ctx(attrs={"pads": [0, 0, 0, 0]})),
+    }
     assert len(keys) == 4
     assert autotune.workload_key(rec, a) == autotune.workload_key(*conv_ctx())  # stable
     parsed = json.loads(autotune.workload_key(rec, a))
@@ -121,7 +131,7 @@ def test_choose_times_persists_and_reuses(tuned, monkeypatch):
     assert k.name == "probe_fast"
     data = json.load(open(tuned))
     assert data["format"] == 1
-    (key, entry), = data["entries"].items()
+    ((key, entry),) = data["entries"].items()
     assert key == autotune.workload_key(PROBE, ctx)
     assert entry["winner"] == "probe_fast" and entry["cpu"] == autotune.cpu_model()
     times = entry["times_ms"]
@@ -179,7 +189,8 @@ def test_other_process_uses_the_file(tuned):
         "rec = get_op('Conv')\n"
         "ctx = plan_op(rec, [TensorMeta((1, 16, 20, 20), np.dtype('float32')),"
         " TensorMeta((16, 16, 3, 3), np.dtype('float32'))], [None, None], {'pads': [1, 1, 1, 1]}).ctx\n"
-        "print(autotune.settings()['mode'], autotune.choose(rec, ctx).name)\n")
+        "print(autotune.settings()['mode'], autotune.choose(rec, ctx).name)\n"
+    )
     env = dict(os.environ, OPSNN_AUTOTUNE="1", OPSNN_AUTOTUNE_FILE=tuned)
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -196,8 +207,10 @@ def test_tuned_conv_winner_is_correct(tuned, rng):
     entry = autotune.lookup(rec, ctx)
     assert set(entry["times_ms"]) == {c.name for c in autotune.candidates(rec, ctx)}
     assert entry["winner"] == k.name
-    x, w = rng.standard_normal((1, 16, 20, 20)).astype(np.float32), rng.standard_normal((16, 16, 3, 3)).astype(
-        np.float32)
+    x, w = (
+        rng.standard_normal((1, 16, 20, 20)).astype(np.float32),
+        rng.standard_normal((16, 16, 3, 3)).astype(np.float32),
+    )
     ref = opsnn.ops.conv2d(x, w, padding=1, algo="reference").numpy()
     y = opsnn.ops.conv2d(x, w, padding=1, algo=k.name).numpy() if k.check(ctx) is None else None
     if y is not None:
@@ -241,13 +254,19 @@ def small_model(path):
     rng = np.random.default_rng(0)
     w1 = (rng.standard_normal((16, 3, 7, 7)) * 0.1).astype(np.float32)
     w2 = (rng.standard_normal((16, 16, 3, 3)) * 0.1).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "W1"], ["c1"], pads=[3, 3, 3, 3], strides=[2, 2], name="stem"),
-             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-             helper.make_node("Conv", ["r1", "W2"], ["c2"], pads=[1, 1, 1, 1], name="conv3x3"),
-             helper.make_node("Softmax", ["c2"], ["y"], name="softmax")]
-    g = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 64, 64])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")])
+    nodes = [
+        helper.make_node("Conv", ["x", "W1"], ["c1"], pads=[3, 3, 3, 3], strides=[2, 2], name="stem"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "W2"], ["c2"], pads=[1, 1, 1, 1], name="conv3x3"),
+        helper.make_node("Softmax", ["c2"], ["y"], name="softmax"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")],
+    )
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), path)
     return path
 
@@ -269,7 +288,7 @@ def test_explain_graph_lists_kernels_and_reasons(tmp_path, plain_layout):
     path = small_model(str(tmp_path / "small.onnx"))
     text = explain_graph(path)  # the model's declared shapes
     assert text.startswith("graph small at x=(1, 3, 64, 64)")
-    assert "-> Conv: conv2d_im2col" in text                  # the stem, inside FusedConv
+    assert "-> Conv: conv2d_im2col" in text  # the stem, inside FusedConv
     assert "conv3x3 (Conv): conv2d_winograd" in text
     assert "weights pre-packed at prepare" in text
     assert "not chosen: conv2d_winograd: Winograd F(4x4,3x3) needs a 3x3 kernel" in text
@@ -283,8 +302,12 @@ def test_explain_needs_static_shapes(tmp_path):
     from opsnn.tools.explain import explain_graph
 
     node = helper.make_node("Relu", ["x"], ["y"])
-    g = helper.make_graph([node], "dyn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    g = helper.make_graph(
+        [node],
+        "dyn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
     with pytest.raises(ParamInvalidError, match="input_shapes"):
         explain_graph(model)

@@ -1,5 +1,6 @@
 """opsnn bench (bench/models.py, peers in bench/peers.py): tiny configs end to end against
 onnxruntime; the outputs-agree check and the JSON layout (no timing assertions)."""
+
 import json
 import subprocess
 import sys
@@ -18,8 +19,9 @@ assert benchmark is not None, "bench/models.py not found next to the source tree
 
 def test_small_run_agrees_and_writes_json(tmp_path, capsys):
     path = tmp_path / "models.json"
-    rc = benchmark.main(["--small", "--no-torch", "--repeat", "1", "--warmup", "0", "--dtype", "bfloat16",
-                         "--json", str(path)])
+    rc = benchmark.main(
+        ["--small", "--no-torch", "--repeat", "1", "--warmup", "0", "--dtype", "bfloat16", "--json", str(path)]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     data = json.loads(path.read_text())
@@ -62,20 +64,26 @@ def test_flop_counts():
     import opsnn
 
     net = opsnn.models.resnet50()
-    assert 4.0e9 < benchmark.resnet_flops(net, 1, 224) / 2 < 4.2e9   # ~4.1 GMAC
+    assert 4.0e9 < benchmark.resnet_flops(net, 1, 224) / 2 < 4.2e9  # ~4.1 GMAC
     assert benchmark.resnet_flops(net, 8, 224) == 8 * benchmark.resnet_flops(net, 1, 224)
     cfg = opsnn.models.bert_config("base")
-    assert benchmark.bert_flops(cfg, 1, 128) == pytest.approx(2 * (12 * (4 * 128 * 768 ** 2 + 2 * 128 * 768 * 3072
-                                                                            + 2 * 128 ** 2 * 768) + 768 ** 2))
+    assert benchmark.bert_flops(cfg, 1, 128) == pytest.approx(
+        2 * (12 * (4 * 128 * 768**2 + 2 * 128 * 768 * 3072 + 2 * 128**2 * 768) + 768**2)
+    )
 
 
 def test_rel_err_and_block_order():
     assert benchmark.rel_err(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 0
     assert benchmark.rel_err(np.array([1.0, 2.5]), np.array([1.0, 2.0])) == pytest.approx(0.25)
     calls = []
-    res = benchmark.blocks({"a": lambda: calls.append(("a", time.perf_counter())),
-                            "b": lambda: calls.append(("b", time.perf_counter()))},
-                           repeat=3, warmup=1, block=2, block_warmup=1, settle_s=0.05)
+    res = benchmark.blocks(
+        {"a": lambda: calls.append(("a", time.perf_counter())), "b": lambda: calls.append(("b", time.perf_counter()))},
+        repeat=3,
+        warmup=1,
+        block=2,
+        block_warmup=1,
+        settle_s=0.05,
+    )
     # warm-up each, then blocks (1 untimed + up to 2 timed) taking turns in a rotating order
     assert "".join(n for n, _ in calls) == "ab" + "aaa" + "bbb" + "bb" + "aa"
     assert [len(v) for v in res.values()] == [3, 3]
@@ -100,9 +108,13 @@ def test_bench_from_an_installed_package_says_where_the_benchmarks_are(tmp_path)
 
     site = tmp_path / "lib" / "site-packages"
     shutil.copytree(Path(opsnn.__file__).parent, site / "opsnn", ignore=shutil.ignore_patterns("__pycache__"))
-    r = subprocess.run([sys.executable, "-c", "import sys; from opsnn import cli; sys.exit(cli.main(['bench']))"],
-                       env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", "import sys; from opsnn import cli; sys.exit(cli.main(['bench']))"],
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "bench/models.py" in r.stderr
 
@@ -124,8 +136,10 @@ def test_info_says_which_library_runs_threaded_gemms(capsys, monkeypatch):
     from opsnn import cli
     from opsnn.kernels.cpu import libraries, mkl
 
-    for env, text in [("openblas", "threaded float32 GEMM: OpenBLAS (numpy), "),
-                      ("mkl", "threaded float32 GEMM: Intel MKL, OPSNN_GEMM")]:
+    for env, text in [
+        ("openblas", "threaded float32 GEMM: OpenBLAS (numpy), "),
+        ("mkl", "threaded float32 GEMM: Intel MKL, OPSNN_GEMM"),
+    ]:
         if env == "mkl" and mkl.unavailable() is not None:
             continue
         monkeypatch.setattr(libraries, "_library", None)  # chosen again, from the environment

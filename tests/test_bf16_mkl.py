@@ -1,6 +1,7 @@
 """bfloat16 kernels on MKL's bf16 GEMM (conv_mkl_bf16, conv_epilogue_mkl_bf16, matmul/gemm/linear
 _mkl_bf16, matmul_epilogue_mkl_bf16) and the fp32 <-> bf16 Cast, against float64 oracles on the
 same bf16-rounded inputs."""
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -48,19 +49,22 @@ def _close_bf16(y, want):
     # accumulation order against the float64 oracle
     assert y.shape == want.shape
     scale = max(np.abs(want).max(initial=0.0), 1e-6)
-    np.testing.assert_allclose(y.astype(np.float64), want, rtol=2 ** -8, atol=2e-3 * scale)
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=2**-8, atol=2e-3 * scale)
 
 
 @needs_bf16
-@pytest.mark.parametrize("xshape,wshape,attrs", [
-    ((1, 16, 9, 9), (8, 16, 1, 1), {}),                                   # 1x1: the image is the column matrix
-    ((2, 16, 9, 7), (12, 16, 3, 3), {"pads": [1, 1, 1, 1]}),              # im2col, batch 2
-    ((1, 3, 23, 23), (8, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # stem-like
-    ((1, 8, 5, 5), (4, 8, 3, 3), {"strides": [3, 3], "pads": [2, 2, 2, 2]}),    # stride > kernel, pad > k/2
-    ((1, 8, 1, 1), (4, 8, 3, 3), {"pads": [1, 1, 1, 1]}),                 # 1x1 image
-    ((2, 6, 17), (5, 6, 3), {"pads": [1, 1], "dilations": [2]}),          # 1-D, dilated
-    ((1, 16, 14, 14), (16, 16, 1, 1), {"strides": [2, 2]}),               # strided 1x1 goes through im2col
-])
+@pytest.mark.parametrize(
+    "xshape,wshape,attrs",
+    [
+        ((1, 16, 9, 9), (8, 16, 1, 1), {}),  # 1x1: the image is the column matrix
+        ((2, 16, 9, 7), (12, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # im2col, batch 2
+        ((1, 3, 23, 23), (8, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # stem-like
+        ((1, 8, 5, 5), (4, 8, 3, 3), {"strides": [3, 3], "pads": [2, 2, 2, 2]}),  # stride > kernel, pad > k/2
+        ((1, 8, 1, 1), (4, 8, 3, 3), {"pads": [1, 1, 1, 1]}),  # 1x1 image
+        ((2, 6, 17), (5, 6, 3), {"pads": [1, 1], "dilations": [2]}),  # 1-D, dilated
+        ((1, 16, 14, 14), (16, 16, 1, 1), {"strides": [2, 2]}),  # strided 1x1 goes through im2col
+    ],
+)
 @pytest.mark.parametrize("bias", [False, True])
 def test_bf16_conv_matches_oracle(rng, xshape, wshape, attrs, bias):
     x, w = _bf(rng, xshape), _bf(rng, wshape, 0.2)
@@ -97,8 +101,9 @@ def test_bf16_im2col_bands_bound_the_accumulator_too(rng, monkeypatch):
     y, want, _ = _run("Conv", [x, w], {1}, {"pads": [1, 1, 1, 1]}, "conv_mkl_bf16")
     _close_bf16(y, want)
     rec = get_op("Conv")
-    planned = plan_op(rec, [TensorMeta(x.shape, x.dtype), TensorMeta(w.shape, w.dtype)], [None, w],
-                      {"pads": [1, 1, 1, 1]})
+    planned = plan_op(
+        rec, [TensorMeta(x.shape, x.dtype), TensorMeta(w.shape, w.dtype)], [None, w], {"pads": [1, 1, 1, 1]}
+    )
     assert planned.plan.conv.band == 3 and planned.workspace_size <= KC.BAND_BYTES + 4096
 
 
@@ -126,8 +131,12 @@ def test_bf16_conv_needs_a_constant_weight_and_group_1(rng):
     assert dict(planned.selection.rejected)["conv_mkl_bf16"] == "group 1 only"
     # float32 keeps its kernels
     x32 = x.astype(np.float32)
-    planned = plan_op(rec, [TensorMeta(x32.shape, x32.dtype), TensorMeta(w.shape, np.dtype(np.float32))],
-                      [None, w.astype(np.float32)], {"pads": [1, 1, 1, 1]})
+    planned = plan_op(
+        rec,
+        [TensorMeta(x32.shape, x32.dtype), TensorMeta(w.shape, np.dtype(np.float32))],
+        [None, w.astype(np.float32)],
+        {"pads": [1, 1, 1, 1]},
+    )
     assert "bf16" not in planned.selection.kernel.name
 
 
@@ -158,18 +167,22 @@ def test_bf16_fused_matmul_epilogue(rng, activation):
     a, w, b, z = _bf(rng, (6, 48)), _bf(rng, (48, 20), 0.2), _bf(rng, (20,)), _bf(rng, (6, 20))
     attrs = {"activation": activation, "activation_alpha": 0.0, "activation_beta": 0.0}
     # oneDNN's bf16 matmul where it has native bf16 kernels, else MKL's bf16 GEMM; both checked
-    chosen = "matmul_onednn" if KD.matmul_unavailable() is None and KD.bf16_unavailable() is None else \
-        "matmul_epilogue_mkl_bf16"
+    chosen = (
+        "matmul_onednn"
+        if KD.matmul_unavailable() is None and KD.bf16_unavailable() is None
+        else "matmul_epilogue_mkl_bf16"
+    )
     y, want, _ = _run("FusedMatMul", [a, w, b, z], {1, 2}, attrs, chosen, domain="opsnn")
     _close_bf16(y, want)
-    y, want, _ = _run("FusedMatMul", [a, w, b, z], {1, 2}, attrs, "matmul_epilogue_mkl_bf16", domain="opsnn",
-                      force=True)
+    y, want, _ = _run(
+        "FusedMatMul", [a, w, b, z], {1, 2}, attrs, "matmul_epilogue_mkl_bf16", domain="opsnn", force=True
+    )
     _close_bf16(y, want)
 
 
 def test_cast_float32_bfloat16_is_bitwise_ml_dtypes(rng):
     x = (rng.standard_normal(70001) * 1e3).astype(np.float32)
-    x[:9] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.4e38, 1e-40, -1e-45, 1.0 + 2 ** -8]  # overflow, subnormals, a tie
+    x[:9] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.4e38, 1e-40, -1e-45, 1.0 + 2**-8]  # overflow, subnormals, a tie
     y = opsnn.ops.cast(opsnn.tensor(x), "bfloat16").numpy()
     want = x.astype(BF16)
     assert y.dtype == BF16
@@ -183,8 +196,11 @@ def test_cast_float32_bfloat16_is_bitwise_ml_dtypes(rng):
 def _chosen_kernels(explain: str) -> set:
     """The kernels an explain text says run (``  node (Op): kernel — why; skipped ...``), not the
     ones it lists as skipped."""
-    return {line.split("): ", 1)[1].split(" ", 1)[0] for line in explain.splitlines()
-            if line.startswith("  ") and "): " in line}
+    return {
+        line.split("): ", 1)[1].split(" ", 1)[0]
+        for line in explain.splitlines()
+        if line.startswith("  ") and "): " in line
+    }
 
 
 @needs_bf16
@@ -206,7 +222,7 @@ def test_mixed_precision_resnet_block_runs_on_bf16_kernels(rng, monkeypatch):
         with monkeypatch.context() as mp:
             mp.setattr(KD, "bf16_unavailable", lambda: "no AVX512-BF16 (test)")
             cg = opsnn.compile(opsnn.onnx.load(proto))
-            y16 = cg.run({"input": x})["logits"].numpy()    # plans (kernel choices) are made here
+            y16 = cg.run({"input": x})["logits"].numpy()  # plans (kernel choices) are made here
     finally:
         mixed_precision.set_policy(saved)
     text = cg.explain()
@@ -232,7 +248,9 @@ def test_bf16_epilogue_kernels_decline_a_float32_residual(rng):
     rec = get_op("FusedConv", "opsnn")
     metas = [TensorMeta(a.shape, a.dtype) for a in (x, w)] + [None, TensorMeta(z.shape, z.dtype)]
     planned = plan_op(rec, metas, [None, w, None, None], {"activation": "Relu"})
-    assert dict(planned.selection.rejected)["conv_epilogue_mkl_bf16"] == "the residual Z must be bfloat16 too, got float32"
+    assert (
+        dict(planned.selection.rejected)["conv_epilogue_mkl_bf16"] == "the residual Z must be bfloat16 too, got float32"
+    )
 
 
 def _decoders(bf16_fast: bool):
@@ -250,8 +268,10 @@ def _decoders(bf16_fast: bool):
     return out
 
 
-@pytest.mark.parametrize("bf16_fast,library", [pytest.param(True, "mkl", marks=needs_bf16),
-                                               pytest.param(True, "openblas", marks=needs_bf16), (False, "mkl")])
+@pytest.mark.parametrize(
+    "bf16_fast,library",
+    [pytest.param(True, "mkl", marks=needs_bf16), pytest.param(True, "openblas", marks=needs_bf16), (False, "mkl")],
+)
 def test_llama_cast_to_bfloat16_decodes_close_to_float32(rng, monkeypatch, bf16_fast, library):
     # Module.to("bfloat16") keeps the weights in bf16; the decoder keeps float32 activations and
     # KV cache, widens the norms / RoPE tables once and runs the projections on MKL's bf16 GEMM
@@ -264,8 +284,8 @@ def test_llama_cast_to_bfloat16_decodes_close_to_float32(rng, monkeypatch, bf16_
     want, got = [], []
     for cache, dec, res in ((c32, d32, want), (c16, d16, got)):
         slots = [cache.allocate(), cache.allocate()]
-        res.append(dec.forward(prompt, slots, [0, 0]))                       # prefill (eager)
-        res.append(dec.forward(np.array([[3], [5]]), slots, [9, 9]))         # decode (prepared step)
+        res.append(dec.forward(prompt, slots, [0, 0]))  # prefill (eager)
+        res.append(dec.forward(np.array([[3], [5]]), slots, [9, 9]))  # decode (prepared step)
         res.append(dec.prefill([(np.array([7, 8]), slots[0], 10), (np.array([1]), slots[1], 10)]))
         assert cache.keys[0].dtype == np.float32
     for w, g in zip(want, got):
@@ -290,8 +310,11 @@ def test_bfloat16_decoder_projections_run_on_the_bf16_gemm(rng, monkeypatch, lib
         dec.forward(np.array([[4], [6]]), slots, [6, 5])
     # two rows and more: oneDNN's bf16 matmul where OpenBLAS is the library and oneDNN has native
     # bf16 code (MKL's bf16 GEMM is 2.5-4.5x slower there), else MKL's
-    few = "llm_linear_onednn_bf16" if library == "openblas" and KD.matmul_unavailable() is None \
-        and KD.bf16_unavailable() is None else "llm_linear_mkl_bf16"
+    few = (
+        "llm_linear_onednn_bf16"
+        if library == "openblas" and KD.matmul_unavailable() is None and KD.bf16_unavailable() is None
+        else "llm_linear_mkl_bf16"
+    )
     assert {k.kernel for k in p.kernels if k.op == "Linear"} == {few}
 
 
@@ -321,12 +344,14 @@ def test_mkl_products_called_first_thing_in_a_process_load_mkl():
     import subprocess
     import sys
 
-    code = ("import numpy as np, ml_dtypes\n"
-            "from opsnn.kernels.cpu import mkl\n"
-            "a = np.ones((3, 4), ml_dtypes.bfloat16).view(np.uint16); b = np.ones((4, 5), ml_dtypes.bfloat16)\n"
-            "out = np.empty((3, 5), np.float32); mkl.gemm2d_bf16(a, b.view(np.uint16), out); assert (out == 4).all()\n"
-            "w = np.ones((6, 4), np.float32); y = np.empty(6, np.float32)\n"
-            "mkl.gemv(w, np.ones(4, np.float32), y); assert (y == 4).all(); print('ok')\n")
+    code = (
+        "import numpy as np, ml_dtypes\n"
+        "from opsnn.kernels.cpu import mkl\n"
+        "a = np.ones((3, 4), ml_dtypes.bfloat16).view(np.uint16); b = np.ones((4, 5), ml_dtypes.bfloat16)\n"
+        "out = np.empty((3, 5), np.float32); mkl.gemm2d_bf16(a, b.view(np.uint16), out); assert (out == 4).all()\n"
+        "w = np.ones((6, 4), np.float32); y = np.empty(6, np.float32)\n"
+        "mkl.gemv(w, np.ones(4, np.float32), y); assert (y == 4).all(); print('ok')\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 

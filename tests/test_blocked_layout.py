@@ -4,6 +4,7 @@ and MaxPool's numpy oracles, unblocked), for both blocks (oneDNN runs nChw8c wit
 an AVX-512 CPU too), and the blocked_layout pass: which chains it rewrites, what it leaves alone
 and why, that compiled graphs agree with the uncompiled interpreter, and that it picks nChw8c
 when oneDNN is limited to AVX2."""
+
 import numpy as np
 import pytest
 
@@ -29,8 +30,9 @@ def _f32(rng, *shape, scale=1.0):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("block", KB.BLOCKS)
-@pytest.mark.parametrize("shape", [(2, 32, 5, 7), (1, 16, 1, 1), (3, 48, 4, 3),
-                                   (3, 0, 4, 5), (0, 16, 2, 2), (2, 16, 0, 3)])  # empty: an empty result
+@pytest.mark.parametrize(
+    "shape", [(2, 32, 5, 7), (1, 16, 1, 1), (3, 48, 4, 3), (3, 0, 4, 5), (0, 16, 2, 2), (2, 16, 0, 3)]
+)  # empty: an empty result
 def test_to_and_from_blocked_match_numpy_transposes(rng, shape, block, dtype):
     x = _f32(rng, *shape).astype(opsnn.dtypes.get(dtype))
     b = run_op("ToBlocked", [x], {"block": block}, domain="opsnn")[0].numpy()
@@ -73,13 +75,22 @@ CONV_CASES = [
     ((2, 32, 8, 7), (16, 3, 3), {"pads": [1, 1, 1, 1]}, True),
     ((1, 32, 9, 11), (32, 3, 3), {"pads": [0, 1, 2, 1], "strides": [2, 2]}, True),
     ((1, 16, 10, 10), (16, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}, True),
-    ((1, 16, 5, 5), (16, 1, 1), {"strides": [3, 3]}, True),          # stride > kernel
-    ((1, 16, 1, 1), (16, 3, 3), {"pads": [1, 1, 1, 1]}, True),       # a 1x1 image, padding > kernel/2
-    ((1, 3, 23, 23), (16, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}, False),   # RGB stem, plain X
+    ((1, 16, 5, 5), (16, 1, 1), {"strides": [3, 3]}, True),  # stride > kernel
+    ((1, 16, 1, 1), (16, 3, 3), {"pads": [1, 1, 1, 1]}, True),  # a 1x1 image, padding > kernel/2
+    ((1, 3, 23, 23), (16, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}, False),  # RGB stem, plain X
     ((1, 16, 7, 7), (32, 3, 3), {"auto_pad": "SAME_UPPER"}, True),
 ]
-ACTS = [("", 0.0, 0.0), ("Relu", 0.0, 0.0), ("LeakyRelu", 0.1, 0.0), ("Clip", -0.5, 0.7), ("Sigmoid", 0.0, 0.0),
-        ("Tanh", 0.0, 0.0), ("Gelu", 0.0, 0.0), ("GeluTanh", 0.0, 0.0), ("Swish", 1.5, 0.0)]
+ACTS = [
+    ("", 0.0, 0.0),
+    ("Relu", 0.0, 0.0),
+    ("LeakyRelu", 0.1, 0.0),
+    ("Clip", -0.5, 0.7),
+    ("Sigmoid", 0.0, 0.0),
+    ("Tanh", 0.0, 0.0),
+    ("Gelu", 0.0, 0.0),
+    ("GeluTanh", 0.0, 0.0),
+    ("Swish", 1.5, 0.0),
+]
 
 
 @needs_onednn
@@ -92,10 +103,12 @@ def test_blocked_conv_on_onednn_matches_the_conv_reference(rng, case, bias, resi
     w = _f32(rng, m, xs[1], kh, kw, scale=0.2)
     b = _f32(rng, m) if bias else None
     act, alpha, beta = ACTS[(case * 4 + 2 * bias + residual) % len(ACTS)]
-    attrs = dict(attrs, activation=act, activation_alpha=alpha, activation_beta=beta, src_blocked=int(src_blocked),
-                 block=block)
-    out_shape = run_op("Conv", [x, w], {k: v for k, v in attrs.items() if k in ("pads", "strides", "dilations",
-                                                                                   "auto_pad")})[0].shape
+    attrs = dict(
+        attrs, activation=act, activation_alpha=alpha, activation_beta=beta, src_blocked=int(src_blocked), block=block
+    )
+    out_shape = run_op(
+        "Conv", [x, w], {k: v for k, v in attrs.items() if k in ("pads", "strides", "dilations", "auto_pad")}
+    )[0].shape
     z = KB.blocked_reference(_f32(rng, *out_shape), block) if residual else None
     xin = KB.blocked_reference(x, block) if src_blocked else x
     out, want, plan, chosen = _run_kernel("BlockedConv", "conv_onednn", [xin, w, b, z], [None, w, None, None], attrs)
@@ -107,9 +120,14 @@ def test_blocked_conv_on_onednn_matches_the_conv_reference(rng, case, bias, resi
 
 @needs_onednn
 @pytest.mark.parametrize("block", KB.BLOCKS)
-@pytest.mark.parametrize("attrs", [{"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
-                                   {"kernel_shape": [2, 2], "strides": [2, 2]},
-                                   {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}])
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+        {"kernel_shape": [2, 2], "strides": [2, 2]},
+        {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+    ],
+)
 def test_blocked_max_pool_matches_the_max_pool_reference(rng, attrs, block):
     x = KB.blocked_reference(_f32(rng, 2, 24 if block == 8 else 32, 9, 10), block)
     out, want, plan, chosen = _run_kernel("BlockedMaxPool", "max_pool_onednn", [x], [None], dict(attrs, block=block))
@@ -124,8 +142,9 @@ def test_blocked_global_average_pool_matches_the_plain_reference(rng, shape, blo
     if shape[0] > 1:
         x[1, 5, 0, 0] = np.nan  # NaN stays in its own channel
     xb = KB.blocked_reference(x, block)
-    out, want, _, chosen = _run_kernel("BlockedGlobalAveragePool", "global_avg_pool_blocked_numba", [xb], [None],
-                                       {"block": block})
+    out, want, _, chosen = _run_kernel(
+        "BlockedGlobalAveragePool", "global_avg_pool_blocked_numba", [xb], [None], {"block": block}
+    )
     assert chosen == "global_avg_pool_blocked_numba" and out.shape == (shape[0], shape[1], 1, 1)
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=0)
     np.testing.assert_allclose(out, x.astype(np.float64).mean(axis=(2, 3), keepdims=True), rtol=1e-6)
@@ -151,16 +170,21 @@ def test_bfloat16_blocked_conv_matches_the_float32_reference_on_the_same_values(
     w = _bf16(_f32(rng, m, xs[1], kh, kw, scale=0.2))
     b = _bf16(_f32(rng, m)) if bias else None
     act, alpha, beta = ACTS[(case * 4 + 2 * bias + residual) % len(ACTS)]
-    attrs = dict(attrs, activation=act, activation_alpha=alpha, activation_beta=beta, src_blocked=int(src_blocked),
-                 block=BLOCK)
-    out_shape = run_op("Conv", [x.astype(np.float32), w.astype(np.float32)],
-                       {k: v for k, v in attrs.items() if k in ("pads", "strides", "dilations", "auto_pad")})[0].shape
+    attrs = dict(
+        attrs, activation=act, activation_alpha=alpha, activation_beta=beta, src_blocked=int(src_blocked), block=BLOCK
+    )
+    out_shape = run_op(
+        "Conv",
+        [x.astype(np.float32), w.astype(np.float32)],
+        {k: v for k, v in attrs.items() if k in ("pads", "strides", "dilations", "auto_pad")},
+    )[0].shape
     z = _bf16(KB.blocked_reference(_f32(rng, *out_shape), BLOCK)) if residual else None
     xin = KB.blocked_reference(x, BLOCK) if src_blocked else x
     ins = [xin, w, b, z]
     rec = get_op("BlockedConv", "opsnn")
-    planned = plan_op(rec, [None if a is None else TensorMeta(a.shape, a.dtype) for a in ins], [None, w, None, None],
-                      attrs)
+    planned = plan_op(
+        rec, [None if a is None else TensorMeta(a.shape, a.dtype) for a in ins], [None, w, None, None], attrs
+    )
     k = planned.selection.kernel
     assert k.name == "conv_onednn" and not k.needs_adapter(planned.ctx)
     plan = k.plan(planned.ctx)
@@ -170,7 +194,7 @@ def test_bfloat16_blocked_conv_matches_the_float32_reference_on_the_same_values(
     k.fn(ins, [out], planned.ctx.attrs, plan, None)
     want = rec.reference([None if a is None else a.astype(np.float32) for a in ins], planned.ctx.attrs)
     scale = max(1.0, float(np.abs(want).max()))
-    np.testing.assert_allclose(out.astype(np.float32), want, rtol=2 ** -7, atol=1e-4 * (xs[1] * kh * kw) ** 0.5 * scale)
+    np.testing.assert_allclose(out.astype(np.float32), want, rtol=2**-7, atol=1e-4 * (xs[1] * kh * kw) ** 0.5 * scale)
 
 
 @needs_bf16
@@ -178,10 +202,11 @@ def test_bfloat16_blocked_max_pool_is_exact_and_dtypes_must_agree(rng):
     x = KB.blocked_reference(_bf16(_f32(rng, 1, 32, 9, 10)), BLOCK)
     attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "block": BLOCK}
     got = run_op("BlockedMaxPool", [x], attrs, domain="opsnn")[0].numpy()
-    want = get_op("BlockedMaxPool", "opsnn").reference([x.astype(np.float32)],
-                                                       get_op("BlockedMaxPool", "opsnn").bind_attrs(attrs))
+    want = get_op("BlockedMaxPool", "opsnn").reference(
+        [x.astype(np.float32)], get_op("BlockedMaxPool", "opsnn").bind_attrs(attrs)
+    )
     assert got.dtype == BF16
-    np.testing.assert_array_equal(got.astype(np.float32), want)   # max commutes with rounding
+    np.testing.assert_array_equal(got.astype(np.float32), want)  # max commutes with rounding
     with pytest.raises(OpsnnError, match="W is float32 but X is bfloat16; W must be bfloat16 too"):
         run_op("BlockedConv", [x, _f32(rng, 16, 32, 1, 1)], {"block": BLOCK}, domain="opsnn")
 
@@ -205,19 +230,35 @@ def _block_graph(rng, c=16, mid=16, out_c=32, stem=False, extra_output=False):
     cin = 3 if stem else c
     if stem:
         init["ws"] = _f32(rng, c, 3, 3, 3, scale=0.3)
-        nodes += [Node("Conv", ["x", "ws"], ["s"], {"pads": [1, 1, 1, 1], "strides": [2, 2]}), Node("Relu", ["s"], ["sr"]),
-                  Node("MaxPool", ["sr"], ["p"], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]})]
+        nodes += [
+            Node("Conv", ["x", "ws"], ["s"], {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+            Node("Relu", ["s"], ["sr"]),
+            Node("MaxPool", ["sr"], ["p"], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+        ]
         x = "p"
-    init.update({"w1": _f32(rng, mid, c, 1, 1, scale=0.3), "b1": _f32(rng, mid),
-                 "w2": _f32(rng, mid, mid, 3, 3, scale=0.1), "w3": _f32(rng, out_c, mid, 1, 1, scale=0.3),
-                 "wd": _f32(rng, out_c, c, 1, 1, scale=0.3)})
-    nodes += [Node("Conv", [x, "w1", "b1"], ["a"]), Node("Relu", ["a"], ["ar"]),
-              Node("Conv", ["ar", "w2"], ["b"], {"pads": [1, 1, 1, 1]}), Node("Relu", ["b"], ["br"]),
-              Node("Conv", ["br", "w3"], ["c"]), Node("Conv", [x, "wd"], ["d"]),
-              Node("Add", ["c", "d"], ["e"]), Node("Relu", ["e"], ["y"])]
+    init.update(
+        {
+            "w1": _f32(rng, mid, c, 1, 1, scale=0.3),
+            "b1": _f32(rng, mid),
+            "w2": _f32(rng, mid, mid, 3, 3, scale=0.1),
+            "w3": _f32(rng, out_c, mid, 1, 1, scale=0.3),
+            "wd": _f32(rng, out_c, c, 1, 1, scale=0.3),
+        }
+    )
+    nodes += [
+        Node("Conv", [x, "w1", "b1"], ["a"]),
+        Node("Relu", ["a"], ["ar"]),
+        Node("Conv", ["ar", "w2"], ["b"], {"pads": [1, 1, 1, 1]}),
+        Node("Relu", ["b"], ["br"]),
+        Node("Conv", ["br", "w3"], ["c"]),
+        Node("Conv", [x, "wd"], ["d"]),
+        Node("Add", ["c", "d"], ["e"]),
+        Node("Relu", ["e"], ["y"]),
+    ]
     outs = ["y", "br"] if extra_output else ["y"]
-    g = Graph("block", inputs=[Value("x", np.float32, ("N", cin, "H", "W"))], outputs=outs, nodes=nodes,
-              initializers=init)
+    g = Graph(
+        "block", inputs=[Value("x", np.float32, ("N", cin, "H", "W"))], outputs=outs, nodes=nodes, initializers=init
+    )
     return g
 
 
@@ -254,11 +295,15 @@ def test_pass_rewrites_a_bottleneck_chain_and_agrees_with_the_interpreter(rng):
 def test_pass_pools_a_classifier_head_on_the_blocked_features(rng):
     """GlobalAveragePool fed by a chain reads the blocked feature map: no FromBlocked of it; a
     second plain reader of the same value keeps its FromBlocked."""
+
     def head(outputs):
         g = _block_graph(rng)
         init = dict(g.initializers, wf=_f32(np.random.default_rng(1), 10, 32, scale=0.2))
-        nodes = list(g.nodes) + [Node("GlobalAveragePool", ["y"], ["gp"]), Node("Flatten", ["gp"], ["f"]),
-                                 Node("Gemm", ["f", "wf"], ["logits"], {"transB": 1})]
+        nodes = list(g.nodes) + [
+            Node("GlobalAveragePool", ["y"], ["gp"]),
+            Node("Flatten", ["gp"], ["f"]),
+            Node("Gemm", ["f", "wf"], ["logits"], {"transB": 1}),
+        ]
         return Graph("head", inputs=list(g.inputs), outputs=outputs, nodes=nodes, initializers=init)
 
     cg = _compile_and_check(head(["logits"]), {"x": _f32(rng, 2, 16, 9, 7)})
@@ -285,12 +330,16 @@ def test_pass_blocks_outside_inputs_once_and_unblocks_values_read_outside(rng):
 @pytest.mark.isa_portable
 def test_pass_leaves_single_convs_and_odd_channel_counts_alone(rng):
     init = {"w": _f32(rng, 16, 16, 3, 3, scale=0.2)}
-    g = Graph("one", inputs=[Value("x", np.float32, ("N", 16, 8, 8))], outputs=["y"],
-              nodes=[Node("Conv", ["x", "w"], ["c"], {"pads": [1, 1, 1, 1]}), Node("Relu", ["c"], ["y"])],
-              initializers=init)
+    g = Graph(
+        "one",
+        inputs=[Value("x", np.float32, ("N", 16, 8, 8))],
+        outputs=["y"],
+        nodes=[Node("Conv", ["x", "w"], ["c"], {"pads": [1, 1, 1, 1]}), Node("Relu", ["c"], ["y"])],
+        initializers=init,
+    )
     assert "opsnn::BlockedConv" not in _types(_compile_and_check(g, {"x": _f32(rng, 1, 16, 8, 8)}))
-    g2 = _block_graph(rng, mid=20)        # 20 channels, a multiple of neither block: the middle convs are
-    cg2 = _compile_and_check(g2, {"x": _f32(rng, 1, 16, 6, 6)})   # refused, the chain broken
+    g2 = _block_graph(rng, mid=20)  # 20 channels, a multiple of neither block: the middle convs are
+    cg2 = _compile_and_check(g2, {"x": _f32(rng, 1, 16, 6, 6)})  # refused, the chain broken
     res = next(r for r in cg2.pass_report.results if r.name == "blocked_layout")
     assert any("20 output channels" in r for r in res.refused), res.refused
 
@@ -338,7 +387,7 @@ def test_pass_runs_a_bfloat16_chain_on_onednn_with_the_pool_between_casts_in_bf1
         o = out[k].numpy()
         assert o.dtype == np.float32
         # the same bf16 arithmetic up to float32 summation order and one bf16 rounding
-        np.testing.assert_allclose(o, ref[k].numpy(), rtol=2 ** -7, atol=2 ** -7 * np.abs(v).max())
+        np.testing.assert_allclose(o, ref[k].numpy(), rtol=2**-7, atol=2**-7 * np.abs(v).max())
         np.testing.assert_allclose(o, v, rtol=3e-2, atol=3e-2 * np.abs(v).max())
 
 
@@ -348,8 +397,19 @@ def test_one_primitive_called_from_two_threads_at_once(rng):
     import threading
 
     w = _f32(rng, 32, 16, 3, 3, scale=0.2)
-    prim = KD.ConvPrimitive((1, 16, 12, 12), w, (1, 32, 12, 12), (1, 1), (1, 1, 1, 1), (1, 1), block=BLOCK,
-                            src_blocked=True, has_bias=False, residual=False, act=0)
+    prim = KD.ConvPrimitive(
+        (1, 16, 12, 12),
+        w,
+        (1, 32, 12, 12),
+        (1, 1),
+        (1, 1, 1, 1),
+        (1, 1),
+        block=BLOCK,
+        src_blocked=True,
+        has_bias=False,
+        residual=False,
+        act=0,
+    )
     xs = [KB.blocked_reference(_f32(rng, 1, 16, 12, 12), BLOCK) for _ in range(2)]
     rec = get_op("BlockedConv", "opsnn")
     attrs = rec.bind_attrs({"pads": [1, 1, 1, 1], "block": BLOCK})
@@ -379,14 +439,16 @@ def test_pass_refuses_convs_onednn_would_run_with_its_reference_code(rng, monkey
 
     def impl(*args, **kw):
         calls.append(args[1])
-        return "ref:any" if args[1][2] == 3 else real(*args, **kw)   # pretend the 3x3 has no JIT kernel
+        return "ref:any" if args[1][2] == 3 else real(*args, **kw)  # pretend the 3x3 has no JIT kernel
+
     monkeypatch.setattr(KD, "conv_impl", impl)
     cg = _compile_and_check(_block_graph(rng), {"x": _f32(rng, 1, 16, 6, 6)})
     assert calls and "opsnn::BlockedConv" in _types(cg)
     res = next(r for r in cg.pass_report.results if r.name == "blocked_layout")
     assert any("reference implementation (ref:any)" in r for r in res.refused)
-    assert not any(n.op_type == "BlockedConv" and cg.graph.initializers[n.inputs[1]].shape[2] == 3
-                   for n in cg.graph.nodes)
+    assert not any(
+        n.op_type == "BlockedConv" and cg.graph.initializers[n.inputs[1]].shape[2] == 3 for n in cg.graph.nodes
+    )
 
 
 @needs_onednn
@@ -395,10 +457,30 @@ def test_resnet_shapes_all_have_jit_kernels():
     """The probe the pass uses: ResNet-50's stem (plain X) and a blocked 3x3 with residual + ReLU."""
     # nChw8c runs on oneDNN's AVX2 code, also on an AVX-512 CPU; nChw16c needs AVX-512
     for block in [b for b in KB.BLOCKS if b <= KD.block()]:
-        assert KD.conv_impl((1, 3, 224, 224), (64, 3, 7, 7), (1, 64, 112, 112), (2, 2), (3, 3, 3, 3), (1, 1),
-                            block=block, src_blocked=False, has_bias=True, act=1).startswith("jit")
-        assert not KD.conv_impl((1, 64, 56, 56), (64, 64, 3, 3), (1, 64, 56, 56), (1, 1), (1, 1, 1, 1), (1, 1),
-                                block=block, src_blocked=True, residual=True, act=1).startswith("ref")
+        assert KD.conv_impl(
+            (1, 3, 224, 224),
+            (64, 3, 7, 7),
+            (1, 64, 112, 112),
+            (2, 2),
+            (3, 3, 3, 3),
+            (1, 1),
+            block=block,
+            src_blocked=False,
+            has_bias=True,
+            act=1,
+        ).startswith("jit")
+        assert not KD.conv_impl(
+            (1, 64, 56, 56),
+            (64, 64, 3, 3),
+            (1, 64, 56, 56),
+            (1, 1),
+            (1, 1, 1, 1),
+            (1, 1),
+            block=block,
+            src_blocked=True,
+            residual=True,
+            act=1,
+        ).startswith("ref")
 
 
 _AVX2_SCRIPT = """
@@ -425,8 +507,11 @@ def test_pass_uses_nchw8c_when_onednn_runs_avx2_code():
     import subprocess
     import sys
 
-    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        ONEDNN_MAX_CPU_ISA="AVX2",
+        PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
+    )
     r = subprocess.run([sys.executable, "-c", _AVX2_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     line = r.stdout.strip().splitlines()[-1]
@@ -443,15 +528,23 @@ def test_primitives_share_one_reordered_copy_of_a_weight(rng):
     import gc
 
     w = _f32(rng, 32, 16, 3, 3, scale=0.2)
-    geo = dict(strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), block=BLOCK, src_blocked=True, has_bias=False,
-               residual=False, act=0)
+    geo = dict(
+        strides=(1, 1),
+        pads=(1, 1, 1, 1),
+        dilations=(1, 1),
+        block=BLOCK,
+        src_blocked=True,
+        has_bias=False,
+        residual=False,
+        act=0,
+    )
     p1 = KD.ConvPrimitive((1, 16, 12, 12), w, (1, 32, 12, 12), **geo)
     p2 = KD.ConvPrimitive((3, 16, 12, 12), w, (3, 32, 12, 12), **geo)
     assert p1._w is p2._w and p1.weight.ctypes.data == p2.weight.ctypes.data
     p3 = KD.ConvPrimitive((1, 16, 12, 12), w.copy(), (1, 32, 12, 12), **geo)
     assert p3._w is not p1._w
     np.testing.assert_array_equal(p3.weight, p1.weight)
-    w2 = w.copy()                 # the same array changed in place between two builds: not stale
+    w2 = w.copy()  # the same array changed in place between two builds: not stale
     p4 = KD.ConvPrimitive((1, 16, 12, 12), w2, (1, 32, 12, 12), **geo)
     w2 *= 2
     p5 = KD.ConvPrimitive((1, 16, 12, 12), w2, (1, 32, 12, 12), **geo)
@@ -463,7 +556,7 @@ def test_primitives_share_one_reordered_copy_of_a_weight(rng):
     assert all(r() is None for r in KD._reordered.get(key, []))
     rec = get_op("BlockedConv", "opsnn")
     attrs = rec.bind_attrs({"pads": [1, 1, 1, 1], "block": BLOCK})
-    for _ in range(3):       # fresh weights, often at the address the last one had
+    for _ in range(3):  # fresh weights, often at the address the last one had
         w = _f32(rng, 32, 16, 3, 3, scale=0.2)
         p = KD.ConvPrimitive((1, 16, 12, 12), w, (1, 32, 12, 12), **geo)
         x = KB.blocked_reference(_f32(rng, 1, 16, 12, 12), BLOCK)

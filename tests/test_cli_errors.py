@@ -1,5 +1,6 @@
 """The command line reports every error opsnn or the OS raises as one line on stderr with exit
 code 2 (no traceback), unless --traceback or OPSNN_DEBUG=1 asks for one."""
+
 import os
 import subprocess
 import sys
@@ -15,12 +16,13 @@ from opsnn.graph.serialize import save
 
 @pytest.fixture
 def files(tmp_path):
-    model = save(Graph("g", inputs=[Value("x", np.float32, (2, 3))], outputs=[Value("y")],
-                       nodes=[Node("Relu", ["x"], ["y"])]), str(tmp_path / "m.onnx"))
+    model = save(
+        Graph("g", inputs=[Value("x", np.float32, (2, 3))], outputs=[Value("y")], nodes=[Node("Relu", ["x"], ["y"])]),
+        str(tmp_path / "m.onnx"),
+    )
     (tmp_path / "text.onnx").write_text("not a model\n")
     (tmp_path / "empty.onnx").write_bytes(b"")
-    return {"model": model, "text": str(tmp_path / "text.onnx"), "empty": str(tmp_path / "empty.onnx"),
-            "dir": tmp_path}
+    return {"model": model, "text": str(tmp_path / "text.onnx"), "empty": str(tmp_path / "empty.onnx"), "dir": tmp_path}
 
 
 def _one_line_error(capsys, argv, *must_contain):
@@ -63,8 +65,14 @@ def test_traceback_on_request(files, capsys, monkeypatch):
 
 def test_cli_process_exit_code_and_stderr(files):
     env = dict(os.environ, OPSNN_DEBUG="0")
-    proc = subprocess.run([sys.executable, "-m", "opsnn.cli", "plot", files["empty"]], capture_output=True, text=True,
-                          env=env, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "opsnn.cli", "plot", files["empty"]],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("opsnn plot: ")

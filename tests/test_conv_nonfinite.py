@@ -7,6 +7,7 @@ tap multiplied, one einsum per kernel offset) has them, and agree on the finite 
 Winograd kernels would spread a NaN over a whole tile and turn an Inf into Inf - Inf = NaN;
 they find such tiles in their input transform and compute them directly (their record's
 ``nonfinite``), and do not take constant weights holding Inf or NaN."""
+
 import itertools
 
 import ml_dtypes
@@ -46,9 +47,11 @@ def conv64(x, w, b=None, strides=None, pads=None, dilations=None, group=1):
     for g in range(group):
         for t in itertools.product(*(range(v) for v in k)):
             sl = tuple(slice(t[i] * d[i], t[i] * d[i] + (out[i] - 1) * s[i] + 1, s[i]) for i in range(nd))
-            y[:, g * mg:(g + 1) * mg] += np.einsum("nc...,mc->nm...", xp[(slice(None), slice(g * cg, (g + 1) * cg))
-                                                                         + sl], w[(slice(g * mg, (g + 1) * mg),
-                                                                                   slice(None)) + t])
+            y[:, g * mg : (g + 1) * mg] += np.einsum(
+                "nc...,mc->nm...",
+                xp[(slice(None), slice(g * cg, (g + 1) * cg)) + sl],
+                w[(slice(g * mg, (g + 1) * mg), slice(None)) + t],
+            )
     if b is not None:
         y += b.astype(np.float64).reshape((1, -1) + (1,) * nd)
     return y
@@ -69,7 +72,8 @@ def conv_transpose64(x, w, b=None, strides=None, pads=None, group=1):
         for t in itertools.product(*(range(v) for v in k)):
             sl = tuple(slice(t[i], t[i] + (x.shape[2 + i] - 1) * s[i] + 1, s[i]) for i in range(nd))
             y[(slice(None), slice(g * mg, (g + 1) * mg)) + sl] += np.einsum(
-                "nc...,cm->nm...", x[:, g * cg:(g + 1) * cg], w[(slice(g * cg, (g + 1) * cg), slice(None)) + t])
+                "nc...,cm->nm...", x[:, g * cg : (g + 1) * cg], w[(slice(g * cg, (g + 1) * cg), slice(None)) + t]
+            )
     y = y[(slice(None), slice(None)) + tuple(slice(p[i], full[i] - p[nd + i]) for i in range(nd))]
     if b is not None:
         y = y + b.astype(np.float64).reshape((1, -1) + (1,) * nd)
@@ -83,7 +87,7 @@ def conv_transpose64(x, w, b=None, strides=None, pads=None, group=1):
 CONV = [
     ((2, 16, 14, 14), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
     ((1, 16, 34, 33), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # F(4x4) on one wide image: the row-task transform
-    ((1, 8, 6, 6), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}),       # little work: serial transforms
+    ((1, 8, 6, 6), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}),  # little work: serial transforms
     ((1, 16, 9, 11), (24, 16, 1, 1), {}),
     ((1, 16, 12, 12), (16, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 16}),
     ((1, 16, 13, 13), (16, 16, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
@@ -124,8 +128,7 @@ def _inputs(rec_name, case, kind, dt, rng, relu_nan_is_zero=False):
     xs, ws, attrs = case
     x = rng.standard_normal(xs).astype(np.float32)
     w = (rng.standard_normal(ws) * 0.3).astype(np.float32)
-    b = rng.standard_normal(ws[1] * attrs.get("group", 1) if rec_name == "ConvTranspose" else ws[0]).astype(
-        np.float32)
+    b = rng.standard_normal(ws[1] * attrs.get("group", 1) if rec_name == "ConvTranspose" else ws[0]).astype(np.float32)
     if kind == "x":
         x = _poison_x(x)
     else:
@@ -153,8 +156,11 @@ def _cases(rec_name):
     if rec_name == "ConvTranspose":
         return TRANSPOSE
     if rec_name == "BlockedConv":
-        return [c for c in CONV if len(c[0]) == 4 and c[2].get("group", 1) == 1 and c[0][1] % BLOCK == 0
-                and c[1][0] % BLOCK == 0]
+        return [
+            c
+            for c in CONV
+            if len(c[0]) == 4 and c[2].get("group", 1) == 1 and c[0][1] % BLOCK == 0 and c[1][0] % BLOCK == 0
+        ]
     return CONV
 
 
@@ -180,18 +186,20 @@ def _dtype(k):
     return np.dtype(np.float32) if np.dtype(np.float32) in dts else dts[0]
 
 
-_UNAVAILABLE = [why for why in (KM.unavailable(), KM.bf16_unavailable(), KD.unavailable(), KD.matmul_unavailable())
-                if why]
+_UNAVAILABLE = [
+    why for why in (KM.unavailable(), KM.bf16_unavailable(), KD.unavailable(), KD.matmul_unavailable()) if why
+]
 
 
 def _assert_ieee_equal(got, want, tol, what):
     for name, fn in (("NaN", np.isnan), ("+Inf", np.isposinf), ("-Inf", np.isneginf)):
         bad = fn(got) != fn(want)
-        assert not bad.any(), (f"{what}: {name} at {np.argwhere(bad)[:5].tolist()} ({int(bad.sum())} places) differs "
-                               f"from the direct convolution (got {got[bad][:5]}, want {want[bad][:5]})")
+        assert not bad.any(), (
+            f"{what}: {name} at {np.argwhere(bad)[:5].tolist()} ({int(bad.sum())} places) differs "
+            f"from the direct convolution (got {got[bad][:5]}, want {want[bad][:5]})"
+        )
     fin = np.isfinite(want)
-    np.testing.assert_allclose(got[fin], want[fin], rtol=0, atol=tol * np.abs(want[fin]).max(initial=1.0),
-                               err_msg=what)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=0, atol=tol * np.abs(want[fin]).max(initial=1.0), err_msg=what)
 
 
 @pytest.mark.parametrize("op,domain,name", _kernels())
@@ -223,8 +231,9 @@ def test_nan_and_inf_as_a_direct_convolution(op, domain, name, rng):
         k.fn([np.ascontiguousarray(a) for a in ins], [out], ctx.attrs, plan, ws)
         got = (to_plain(out) if to_plain else out).astype(np.float64)
         assert not np.isfinite(want).all(), "the case must exercise NaN or Inf"
-        _assert_ieee_equal(got, want, tol, f"{name} on {case} ({'constant' if const else 'per-call'} weight, "
-                                           f"non-finite {kind})")
+        _assert_ieee_equal(
+            got, want, tol, f"{name} on {case} ({'constant' if const else 'per-call'} weight, non-finite {kind})"
+        )
         ran.append((case, const, kind))
     if not ran:
         if any(u in r for u in _UNAVAILABLE for r in rejected):
@@ -232,17 +241,25 @@ def test_nan_and_inf_as_a_direct_convolution(op, domain, name, rng):
         pytest.fail(f"{name}: no case here applies (add one): {sorted(set(rejected))}")
 
 
-@pytest.mark.parametrize("op,domain,name", [("Conv", "", "conv2d_winograd"), ("Conv", "", "conv2d_winograd_f2"),
-                                            ("Conv", "", "conv2d_winograd_dilated"),
-                                            ("BlockedConv", "opsnn", "conv_winograd_blocked")])
+@pytest.mark.parametrize(
+    "op,domain,name",
+    [
+        ("Conv", "", "conv2d_winograd"),
+        ("Conv", "", "conv2d_winograd_f2"),
+        ("Conv", "", "conv2d_winograd_dilated"),
+        ("BlockedConv", "opsnn", "conv_winograd_blocked"),
+    ],
+)
 def test_winograd_records_say_how_and_refuse_nonfinite_constant_weights(op, domain, name):
     rec = get_op(op, domain)
     k = next(k for k in rec.kernels if k.name == name)
     assert "computed again by the direct sum" in k.nonfinite
     w = np.zeros((16, 16, 3, 3), np.float32)
     w[3, 4, 1, 1] = np.inf
-    xs, attrs = (1, 16, 24, 24), {"pads": [1, 1, 1, 1], **({"dilations": [2, 2], "pads": [2] * 4}
-                                                           if "dilated" in name else {})}
+    xs, attrs = (
+        (1, 16, 24, 24),
+        {"pads": [1, 1, 1, 1], **({"dilations": [2, 2], "pads": [2] * 4} if "dilated" in name else {})},
+    )
     if op == "BlockedConv":
         attrs.update(src_blocked=1, block=BLOCK)
     metas = [TensorMeta(xs, np.dtype(np.float32)), TensorMeta(w.shape, np.dtype(np.float32))]
@@ -259,14 +276,26 @@ def test_explain_shows_how_the_chosen_kernel_keeps_nan_and_inf(rng):
     from opsnn.tools.explain import explain_graph
 
     w = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
-    g = Graph("g", inputs=[Value("x", np.float32, (1, 64, 28, 28))], outputs=["y"],
-              nodes=[Node("Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1]})], initializers={"w": w})
+    g = Graph(
+        "g",
+        inputs=[Value("x", np.float32, (1, 64, 28, 28))],
+        outputs=["y"],
+        nodes=[Node("Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1]})],
+        initializers={"w": w},
+    )
     text = explain_graph(g)
-    chosen = [ln for ln in text.splitlines() if ln.startswith("  ") and not ln.startswith("   ") and "Conv" in ln
-              and "): " in ln]  # the node's line: "  name (op): kernel [-> Conv: inner kernel]"
+    chosen = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("  ") and not ln.startswith("   ") and "Conv" in ln and "): " in ln
+    ]  # the node's line: "  name (op): kernel [-> Conv: inner kernel]"
     assert chosen, text
-    nonfinite = [k for op in ("Conv", "BlockedConv") for k in get_op(op, "opsnn" if op[0] == "B" else "").kernels
-                 if k.nonfinite and k.name in chosen[0]]
+    nonfinite = [
+        k
+        for op in ("Conv", "BlockedConv")
+        for k in get_op(op, "opsnn" if op[0] == "B" else "").kernels
+        if k.nonfinite and k.name in chosen[0]
+    ]
     flat = " ".join(text.split())  # explain wraps long lines
     for k in nonfinite:
         assert f"inf/nan: {' '.join(k.nonfinite.split())}" in flat

@@ -1,5 +1,6 @@
 """The instruction-set cap (OPSNN_CPU_ISA / opsnn.config.set_cpu_isa): detection from CPU flags,
 the error for an unknown level, and what a capped process tells oneDNN, MKL and numba."""
+
 import json
 import os
 import subprocess
@@ -15,13 +16,20 @@ AVX2 = {"sse4_1", "avx", "avx2", "fma"}
 AVX512 = AVX2 | {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}
 
 
-@pytest.mark.parametrize("flags, level", [
-    (set(), None), ({"sse4_1"}, "sse41"), (AVX2, "avx2"), (AVX2 - {"fma"}, "sse41"), (AVX512, "avx512"),
-    (AVX512 | {"avx512_bf16"}, "avx512"),  # BF16 without VNNI is not a level
-    (AVX512 | {"avx512_bf16", "avx512_vnni"}, "avx512_bf16"),
-    (AVX512 | {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8"}, "amx"),
-    (AVX2 | {"amx_tile", "amx_bf16", "amx_int8"}, "avx2"),  # each level needs the ones below
-])
+@pytest.mark.parametrize(
+    "flags, level",
+    [
+        (set(), None),
+        ({"sse4_1"}, "sse41"),
+        (AVX2, "avx2"),
+        (AVX2 - {"fma"}, "sse41"),
+        (AVX512, "avx512"),
+        (AVX512 | {"avx512_bf16"}, "avx512"),  # BF16 without VNNI is not a level
+        (AVX512 | {"avx512_bf16", "avx512_vnni"}, "avx512_bf16"),
+        (AVX512 | {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8"}, "amx"),
+        (AVX2 | {"amx_tile", "amx_bf16", "amx_int8"}, "avx2"),  # each level needs the ones below
+    ],
+)
 def test_detected_level_from_flags(monkeypatch, flags, level):
     monkeypatch.setattr(cpu, "_flags", frozenset(flags))
     assert cpu.detected() == level
@@ -47,7 +55,7 @@ def test_cap_lowers_but_never_raises_the_level(monkeypatch):
     with pytest.warns(RuntimeWarning, match="numba's kernels keep avx512"):
         assert opsnn.config.set_cpu_isa("avx2") == "avx2"
     assert not cpu.at_least("avx512") and cpu.at_least("avx2") and "set_cpu_isa('avx2')" in cpu.why()
-    assert opsnn.config.set_cpu_isa("amx") == "avx512"   # the CPU's own is the most a cap gives
+    assert opsnn.config.set_cpu_isa("amx") == "avx512"  # the CPU's own is the most a cap gives
     assert "more than the CPU has" in cpu.why()
     assert opsnn.config.set_cpu_isa(None) == "avx512" and cpu.why() == "detected"
 
@@ -61,7 +69,7 @@ def test_set_cpu_isa_after_a_library_loaded_is_an_error(monkeypatch):
     with pytest.raises(OpsnnRuntimeError, match="oneDNN is already loaded"):
         opsnn.config.set_cpu_isa(lower)
     assert cpu.state().source != "set_cpu_isa"
-    assert opsnn.config.set_cpu_isa(cpu.isa()) == cpu.isa()   # the level in force: nothing to change
+    assert opsnn.config.set_cpu_isa(cpu.isa()) == cpu.isa()  # the level in force: nothing to change
 
 
 _PROBE = """
@@ -91,7 +99,7 @@ def test_avx2_cap_reaches_onednn_mkl_and_numba():
     assert got["isa"] == "avx2"
     assert got["onednn_env"] == "AVX2" and got["mkl_env"] == "AVX2"
     assert "summary" in got and got["summary"].startswith("ISA avx2")
-    if cpu.detected() != "avx2":   # an AVX-512 CPU: the cap changes what runs
+    if cpu.detected() != "avx2":  # an AVX-512 CPU: the cap changes what runs
         assert got["why"] == f"capped by OPSNN_CPU_ISA=avx2; the CPU has {cpu.detected()}"
         feats = set(got["numba_features"].split(","))
         assert "+avx2" in feats and "-avx512f" in feats and not any(f.startswith("+avx512") for f in feats)
@@ -99,8 +107,10 @@ def test_avx2_cap_reaches_onednn_mkl_and_numba():
         assert got["block"] == 8 and got["bf16"] is not None
 
 
-@pytest.mark.skipif(cpu.detected() not in ("avx512", "avx512_bf16", "amx"),
-                    reason="the CPU's own level is AVX2 or below: the native run covers the AVX2 paths")
+@pytest.mark.skipif(
+    cpu.detected() not in ("avx512", "avx512_bf16", "amx"),
+    reason="the CPU's own level is AVX2 or below: the native run covers the AVX2 paths",
+)
 def test_kernel_choice_tests_pass_under_the_avx2_cap():
     """The tests marked ``isa_portable`` (kernel choices per ISA, model-level results) again, in a
     process capped at AVX2, so an AVX-512 machine also checks what an AVX2-only CPU runs. The
@@ -110,10 +120,18 @@ def test_kernel_choice_tests_pass_under_the_avx2_cap():
     for var in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"):
         env.pop(var, None)
     here = os.path.dirname(os.path.abspath(__file__))
-    files = sorted(os.path.join(here, f) for f in os.listdir(here) if f.startswith("test_") and f.endswith(".py")
-                   and "mark.isa_portable" in open(os.path.join(here, f)).read())
-    r = subprocess.run([sys.executable, "-m", "pytest", "-m", "isa_portable", "-p", "no:cacheprovider",
-                        "-o", "addopts=-q", *files], env=env, capture_output=True, text=True, timeout=1500)
+    files = sorted(
+        os.path.join(here, f)
+        for f in os.listdir(here)
+        if f.startswith("test_") and f.endswith(".py") and "mark.isa_portable" in open(os.path.join(here, f)).read()
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "isa_portable", "-p", "no:cacheprovider", "-o", "addopts=-q", *files],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and " failed" not in r.stdout, r.stdout[-2000:]
 

@@ -5,6 +5,7 @@ A page's blocks run in order in one namespace (a page reads as one session), in 
 temporary directory. A block that must not run says why in its fence line:
 ```python skip-test: <reason>.
 """
+
 import os
 import pathlib
 import re
@@ -42,8 +43,9 @@ def test_page_python_blocks_run(page, tmp_path, monkeypatch, capsys):
     namespace = {"__name__": "__main__"}
     for line, info, code in blocks:
         if info:
-            assert SKIP.match(info), (f"{page.name}:{line}: fence 'python {info}': only 'python' or "
-                                      f"'python skip-test: <reason>' are allowed")
+            assert SKIP.match(info), (
+                f"{page.name}:{line}: fence 'python {info}': only 'python' or 'python skip-test: <reason>' are allowed"
+            )
             continue
         exec(compile(code, f"{page.relative_to(ROOT)}:{line}", "exec"), namespace)
     for stream in list(namespace.values()):  # let async work started by a block finish inside the test
@@ -54,8 +56,9 @@ def test_page_python_blocks_run(page, tmp_path, monkeypatch, capsys):
 def test_ops_reference_is_current():
     """docs/ops.md is the output of ``python -m opsnn.tools.opsdoc`` for today's registry."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-    fresh = subprocess.run([sys.executable, "-m", "opsnn.tools.opsdoc"], capture_output=True, text=True, env=env,
-                           check=True, cwd=ROOT).stdout
+    fresh = subprocess.run(
+        [sys.executable, "-m", "opsnn.tools.opsdoc"], capture_output=True, text=True, env=env, check=True, cwd=ROOT
+    ).stdout
     committed = (ROOT / "docs" / "ops.md").read_text()
     assert fresh == committed, "docs/ops.md is stale: run `python -m opsnn.tools.opsdoc > docs/ops.md`"
 

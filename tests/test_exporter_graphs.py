@@ -6,6 +6,7 @@ Relu, Add, GlobalAveragePool, Flatten, Gemm) and, one pattern at a time, the way
 Reshape instead of Flatten, ...) write it. Each variant must optimize to the builder's node
 types and count, and agree with onnxruntime (onnx.reference's opset-9 BatchNormalization is
 off by ~0.15 on unit data, so it is no oracle for the zoo's opset)."""
+
 import numpy as np
 import pytest
 
@@ -54,8 +55,12 @@ class _Net:
         if self.style == "conv_bias":  # zoo models: a Conv bias before the BatchNormalization
             ins.append(self.init("cb", _f32(self.rng, cout, scale=0.1)))
         y = self.op("Conv", ins, **attrs)
-        bn = [self.init("s", 1 + _f32(self.rng, cout, scale=0.1)), self.init("b", _f32(self.rng, cout, scale=0.1)),
-              self.init("m", _f32(self.rng, cout, scale=0.1)), self.init("v", 1 + np.abs(_f32(self.rng, cout)))]
+        bn = [
+            self.init("s", 1 + _f32(self.rng, cout, scale=0.1)),
+            self.init("b", _f32(self.rng, cout, scale=0.1)),
+            self.init("m", _f32(self.rng, cout, scale=0.1)),
+            self.init("v", 1 + np.abs(_f32(self.rng, cout))),
+        ]
         bn_attrs = dict(epsilon=1e-5, momentum=0.9)
         if self.style == "torch_attrs":
             bn_attrs["training_mode"] = 0
@@ -114,10 +119,13 @@ class _Net:
         self.nodes[-1].output[0] = "logits"
         opset = {"sum": 9, "conv_bias": 9, "reduce_mean18": 18}.get(self.style, 17)
         dims = ["batch", 3, "height", "width"] if self.style == "symbolic" else [1, 3, 64, 64]
-        g = helper.make_graph(self.nodes, "resnet_" + self.style,
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [dims[0], CLASSES])],
-                              self.inits)
+        g = helper.make_graph(
+            self.nodes,
+            "resnet_" + self.style,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+            [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [dims[0], CLASSES])],
+            self.inits,
+        )
         return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
@@ -137,9 +145,20 @@ def builder():
     return _optimized("builder")
 
 
-@pytest.mark.parametrize("style", ["sum", "torch_attrs", "conv_bias", "reduce_mean", "reduce_mean18", "average_pool",
-                                   "reshape",
-                                   "matmul_add", "symbolic"])
+@pytest.mark.parametrize(
+    "style",
+    [
+        "sum",
+        "torch_attrs",
+        "conv_bias",
+        "reduce_mean",
+        "reduce_mean18",
+        "average_pool",
+        "reshape",
+        "matmul_add",
+        "symbolic",
+    ],
+)
 def test_exporter_style_optimizes_like_the_builder(builder, style):
     got = _optimized(style)
     if style == "reshape":  # Reshape(x, [0, -1]) and Flatten: both a view of the same bytes
@@ -160,8 +179,10 @@ def test_sum_of_three_and_mean_of_three_match_onnx_reference():
     for op in ("Sum", "Mean"):
         nodes = [helper.make_node(op, ["a", "b", "c"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
         vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, 4]) for n in "abc"]
-        proto = helper.make_model(helper.make_graph(nodes, "g", vi, [helper.make_tensor_value_info(
-            "y", TensorProto.FLOAT, [2, 3, 4])]), opset_imports=[helper.make_opsetid("", 13)])
+        proto = helper.make_model(
+            helper.make_graph(nodes, "g", vi, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])]),
+            opset_imports=[helper.make_opsetid("", 13)],
+        )
         cg = opsnn.compile(opsnn.onnx.load(proto))
         assert op not in [n.op_type for n in cg.graph.nodes]
         got = cg.run({"a": a, "b": b, "c": c})["y"].numpy()
@@ -175,11 +196,17 @@ def test_opset9_softmax_on_a_graph_output_leaves_no_reshape():
     # Reshape's output being the graph's: the Softmax then writes it
     rng = np.random.default_rng(3)
     w, b = _f32(rng, 10, 8), _f32(rng, 10)
-    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["logits"], transB=1),
-             helper.make_node("Softmax", ["logits"], ["prob"], axis=1)]
-    g = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
-                          [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [2, 10])],
-                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "b"], ["logits"], transB=1),
+        helper.make_node("Softmax", ["logits"], ["prob"], axis=1),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [2, 10])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
     proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 9)], ir_version=8)
     cg = opsnn.compile(opsnn.onnx.load(proto))
     assert [n.op_type for n in cg.graph.nodes] == ["Gemm", "Softmax"], [n.op_type for n in cg.graph.nodes]

@@ -2,6 +2,7 @@
 its reference (numpy transpose + astype + Resize's float64 oracle), and the resize_prologue_fusion
 pass: what it fuses, what it leaves alone and why, and that compiled graphs agree with the
 interpreter."""
+
 import numpy as np
 import pytest
 
@@ -28,15 +29,15 @@ def _source(rng, shape, dtype):
 
 
 VIEWS = [  # (source shape, view): the resized tensor's axis i is the source's axis view[i] (-1: a new unit axis)
-    ((37, 53, 3), [-1, 2, 0, 1]),   # an HWC image -> NCHW
+    ((37, 53, 3), [-1, 2, 0, 1]),  # an HWC image -> NCHW
     ((2, 3, 29, 41), [0, 1, 2, 3]),  # already NCHW
-    ((3, 33, 20), [-1, 0, 1, 2]),   # CHW -> NCHW
+    ((3, 33, 20), [-1, 0, 1, 2]),  # CHW -> NCHW
     ((2, 17, 19, 4), [0, 3, 1, 2]),  # NHWC -> NCHW
 ]
 RESIZES = [  # (mode, coordinate_transformation_mode, antialias, output H, W)
     ("linear", "pytorch_half_pixel", 0, 12, 9),
-    ("linear", "half_pixel", 1, 7, 11),          # antialiased downscale: wide taps
-    ("linear", "align_corners", 0, 45, 70),     # upscale
+    ("linear", "half_pixel", 1, 7, 11),  # antialiased downscale: wide taps
+    ("linear", "align_corners", 0, 45, 70),  # upscale
     ("cubic", "half_pixel", 0, 16, 13),
     ("cubic", "asymmetric", 1, 5, 30),
     ("linear", "half_pixel_symmetric", 0, None, 25),  # only W resized
@@ -87,13 +88,23 @@ def test_fused_resize_bad_attributes_and_inputs(rng):
 
 def _image_graph(h=30, w=44, size=(12, 10), mode="linear", extra_output=False, axes=(2, 3)):
     """uint8 HWC frame -> NCHW -> float32 -> resize -> normalize (the video pipeline's preprocess)."""
-    init = {"ax0": np.array([0], np.int64), "sizes": np.array(size, np.int64),
-            "mean": np.array([120.0, 110.0, 100.0], np.float32).reshape(1, 3, 1, 1)}
-    nodes = [Node("Transpose", ["frame"], ["chw"], {"perm": [2, 0, 1]}), Node("Unsqueeze", ["chw", "ax0"], ["nchw"]),
-             Node("Cast", ["nchw"], ["xf"], {"to": F32}),
-             Node("Resize", ["xf", "", "", "sizes"], ["r"], {"mode": mode, "axes": list(axes),
-                                                              "coordinate_transformation_mode": "half_pixel"}),
-             Node("Sub", ["r", "mean"], ["y"])]
+    init = {
+        "ax0": np.array([0], np.int64),
+        "sizes": np.array(size, np.int64),
+        "mean": np.array([120.0, 110.0, 100.0], np.float32).reshape(1, 3, 1, 1),
+    }
+    nodes = [
+        Node("Transpose", ["frame"], ["chw"], {"perm": [2, 0, 1]}),
+        Node("Unsqueeze", ["chw", "ax0"], ["nchw"]),
+        Node("Cast", ["nchw"], ["xf"], {"to": F32}),
+        Node(
+            "Resize",
+            ["xf", "", "", "sizes"],
+            ["r"],
+            {"mode": mode, "axes": list(axes), "coordinate_transformation_mode": "half_pixel"},
+        ),
+        Node("Sub", ["r", "mean"], ["y"]),
+    ]
     outs = ["y", "xf"] if extra_output else ["y"]
     return Graph("pre", inputs=[Value("frame", np.uint8, (h, w, 3))], outputs=outs, nodes=nodes, initializers=init)
 
@@ -148,10 +159,20 @@ def test_crop_and_resize_outside_the_input_is_declined_not_failed(rng):
     s = _source(rng, (9, 11, 3), np.uint8)
     roi = np.array([-0.2, 0.1, 0.9, 1.3], np.float32)  # starts and ends of axes 2, 3
     sizes = np.array([5, 6], np.int64)
-    attrs = dict(mode="linear", coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=-7.0,
-                 axes=[2, 3], to=F32, view=[-1, 2, 0, 1])
-    planned = plan_op(FUSED, [TensorMeta(s.shape, s.dtype), TensorMeta(roi.shape, roi.dtype), None,
-                              TensorMeta(sizes.shape, sizes.dtype)], [None, roi, None, sizes], attrs)
+    attrs = dict(
+        mode="linear",
+        coordinate_transformation_mode="tf_crop_and_resize",
+        extrapolation_value=-7.0,
+        axes=[2, 3],
+        to=F32,
+        view=[-1, 2, 0, 1],
+    )
+    planned = plan_op(
+        FUSED,
+        [TensorMeta(s.shape, s.dtype), TensorMeta(roi.shape, roi.dtype), None, TensorMeta(sizes.shape, sizes.dtype)],
+        [None, roi, None, sizes],
+        attrs,
+    )
     assert any(name == "fused_resize_2d" and "extrapolated" in why for name, why in planned.selection.rejected)
     y = run_op("FusedResize", [s, roi, None, sizes], attrs, domain="opsnn")[0].numpy()
     want = _reference([s, roi, None, sizes], attrs)

@@ -1,5 +1,6 @@
 """Graph engine: passes, rewrite rules, compiled plans (dynamic shapes, LRU, memory plan),
 tracing, symbolic shape inference, bad input."""
+
 import contextlib
 import sys
 import threading
@@ -15,20 +16,28 @@ from opsnn.ops import Input, TensorMeta
 
 
 def _conv_graph(rng):
-    init = {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
-            "s": rng.uniform(.5, 1.5, 4).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32),
-            "m": rng.standard_normal(4).astype(np.float32), "v": rng.uniform(.5, 1.5, 4).astype(np.float32),
-            "shape": np.array([0, -1], np.int64)}
-    nodes = [Node("Conv", ["x", "w"], ["c"], {"pads": [1, 1, 1, 1]}, name="conv"),
-             Node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"], name="bn"),
-             Node("Identity", ["bn"], ["i"], name="ident"),
-             Node("Relu", ["i"], ["r"], name="relu_a"), Node("Relu", ["i"], ["r2"], name="relu_b"),
-             Node("Add", ["r", "r2"], ["a"], name="add"),
-             Node("Transpose", ["a"], ["t1"], {"perm": [0, 2, 3, 1]}, name="t1"),
-             Node("Transpose", ["t1"], ["t2"], {"perm": [0, 3, 1, 2]}, name="t2"),
-             Node("Reshape", ["t2", "shape"], ["out"], name="reshape")]
-    return Graph("convnet", inputs=[Value("x", np.float32, ("N", 3, 8, 8))], outputs=["out"], nodes=nodes,
-                 initializers=init)
+    init = {
+        "w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+        "s": rng.uniform(0.5, 1.5, 4).astype(np.float32),
+        "b": rng.standard_normal(4).astype(np.float32),
+        "m": rng.standard_normal(4).astype(np.float32),
+        "v": rng.uniform(0.5, 1.5, 4).astype(np.float32),
+        "shape": np.array([0, -1], np.int64),
+    }
+    nodes = [
+        Node("Conv", ["x", "w"], ["c"], {"pads": [1, 1, 1, 1]}, name="conv"),
+        Node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"], name="bn"),
+        Node("Identity", ["bn"], ["i"], name="ident"),
+        Node("Relu", ["i"], ["r"], name="relu_a"),
+        Node("Relu", ["i"], ["r2"], name="relu_b"),
+        Node("Add", ["r", "r2"], ["a"], name="add"),
+        Node("Transpose", ["a"], ["t1"], {"perm": [0, 2, 3, 1]}, name="t1"),
+        Node("Transpose", ["t1"], ["t2"], {"perm": [0, 3, 1, 2]}, name="t2"),
+        Node("Reshape", ["t2", "shape"], ["out"], name="reshape"),
+    ]
+    return Graph(
+        "convnet", inputs=[Value("x", np.float32, ("N", 3, 8, 8))], outputs=["out"], nodes=nodes, initializers=init
+    )
 
 
 def _np(v):
@@ -42,8 +51,7 @@ def test_passes_shrink_the_graph_and_keep_results(rng):
     cg = opsnn.compile(g)
     rep = cg.pass_report
     assert rep.nodes_before == 9 and rep.nodes_after == 3
-    for name in ("eliminate_noops", "common_subexpression_elimination", "transpose_cancellation",
-                 "conv_bn_folding"):
+    for name in ("eliminate_noops", "common_subexpression_elimination", "transpose_cancellation", "conv_bn_folding"):
         assert rep.by_name(name).changes >= 1, name
     assert [n.qualified_type for n in cg.graph.nodes] == ["opsnn::FusedConv", "Add", "Reshape"]
     assert rep.by_name("epilogue_fusion").changes == 1
@@ -66,11 +74,17 @@ def test_disable_passes_by_name(rng):
 
 
 def test_constant_folding_and_dce():
-    g = Graph("fold", inputs=[Value("x", np.float32, (3,))], outputs=["y"],
-              initializers={"a": np.array([1.0, 2.0, 3.0], np.float32), "b": np.array([1.0, 1.0, 1.0], np.float32),
-                            "unused": np.zeros(3, np.float32)},
-              nodes=[Node("Add", ["a", "b"], ["ab"]), Node("Mul", ["x", "ab"], ["y"]),
-                     Node("Neg", ["x"], ["dead"])])
+    g = Graph(
+        "fold",
+        inputs=[Value("x", np.float32, (3,))],
+        outputs=["y"],
+        initializers={
+            "a": np.array([1.0, 2.0, 3.0], np.float32),
+            "b": np.array([1.0, 1.0, 1.0], np.float32),
+            "unused": np.zeros(3, np.float32),
+        },
+        nodes=[Node("Add", ["a", "b"], ["ab"]), Node("Mul", ["x", "ab"], ["y"]), Node("Neg", ["x"], ["dead"])],
+    )
     cg = opsnn.compile(g)
     assert [n.op_type for n in cg.graph.nodes] == ["Mul"]
     assert "unused" not in cg.graph.initializers
@@ -79,22 +93,33 @@ def test_constant_folding_and_dce():
 
 # -- user rewrite rules -------------------------------------------------------------------------------
 if not opsnn.ops.has_op("ReluNeg", "opsnn_test"):
-    _rn = opsnn.register_op("ReluNeg", domain="opsnn_test", inputs=[Input("X")], outputs=["Y"],
-                            attrs=[("Relu.dummy", "any", None)],
-                            infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
-                            reference=lambda ins, attrs: -np.maximum(ins[0], 0))
+    _rn = opsnn.register_op(
+        "ReluNeg",
+        domain="opsnn_test",
+        inputs=[Input("X")],
+        outputs=["Y"],
+        attrs=[("Relu.dummy", "any", None)],
+        infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
+        reference=lambda ins, attrs: -np.maximum(ins[0], 0),
+    )
     _rn.kernel("relu_neg", priority=1)(lambda ins, outs, a, p, ws: np.negative(np.maximum(ins[0], 0), out=outs[0]))
 
 
 def _relu_neg_graph():
-    return Graph("rn", inputs=[Value("x", np.float32, (4,))], outputs=["z"],
-                 nodes=[Node("Relu", ["x"], ["y"]), Node("Neg", ["y"], ["z"])])
+    return Graph(
+        "rn",
+        inputs=[Value("x", np.float32, (4,))],
+        outputs=["z"],
+        nodes=[Node("Relu", ["x"], ["y"]), Node("Neg", ["y"], ["z"])],
+    )
 
 
 def test_user_rule_with_graph_pattern_and_template():
     rule = opsnn.optimize.register_rewrite_rule(
-        opsnn.GraphPattern("Relu -> Neg"), opsnn.GraphTemplate("ReluNeg", domain="opsnn_test", attrs={}),
-        name="relu_neg_fusion")
+        opsnn.GraphPattern("Relu -> Neg"),
+        opsnn.GraphTemplate("ReluNeg", domain="opsnn_test", attrs={}),
+        name="relu_neg_fusion",
+    )
     try:
         cg = opsnn.compile(_relu_neg_graph())
         assert [n.qualified_type for n in cg.graph.nodes] == ["opsnn_test::ReluNeg"]
@@ -109,17 +134,22 @@ def test_user_rule_with_graph_pattern_and_template():
 def test_combinator_pattern_with_check_callback():
     from opsnn.optimize import is_const, is_op, wildcard
 
-    g = Graph("mm", inputs=[Value("x", np.float32, (2, 3))], outputs=["y"],
-              initializers={"w": np.ones((3, 4), np.float32), "b": np.arange(4, dtype=np.float32)},
-              nodes=[Node("MatMul", ["x", "w"], ["xw"]), Node("Add", ["b", "xw"], ["y"])])  # b + xw: commuted
+    g = Graph(
+        "mm",
+        inputs=[Value("x", np.float32, (2, 3))],
+        outputs=["y"],
+        initializers={"w": np.ones((3, 4), np.float32), "b": np.arange(4, dtype=np.float32)},
+        nodes=[Node("MatMul", ["x", "w"], ["xw"]), Node("Add", ["b", "xw"], ["y"])],
+    )  # b + xw: commuted
     seen = []
 
     def to_gemm(match):
         return [Node("Gemm", [match.bindings["x"], match.bindings["w"], match.bindings["b"]], list(match.root.outputs))]
 
     pattern = is_op("Add")(is_op("MatMul")(wildcard("x"), is_const("w")), is_const("b"))
-    rule = opsnn.optimize.register_rewrite_rule(pattern, to_gemm, name="matmul_add_to_gemm",
-                                                check=lambda m: seen.append(m) or True)
+    rule = opsnn.optimize.register_rewrite_rule(
+        pattern, to_gemm, name="matmul_add_to_gemm", check=lambda m: seen.append(m) or True
+    )
     try:
         cg = opsnn.compile(g)
         assert [n.op_type for n in cg.graph.nodes] == ["Gemm"] and seen
@@ -127,8 +157,9 @@ def test_combinator_pattern_with_check_callback():
         np.testing.assert_allclose(cg.run({"x": x})["y"].numpy(), 3 + np.arange(4)[None].repeat(2, 0))
     finally:
         opsnn.optimize.unregister_rewrite_rule(rule.name)
-    refused = opsnn.optimize.register_rewrite_rule(pattern, to_gemm, name="refusing",
-                                                   check=lambda m: "weights too small")
+    refused = opsnn.optimize.register_rewrite_rule(
+        pattern, to_gemm, name="refusing", check=lambda m: "weights too small"
+    )
     try:
         cg = opsnn.compile(g, disabled_passes=["epilogue_fusion"])
         assert [n.op_type for n in cg.graph.nodes] == ["MatMul", "Add"]
@@ -152,8 +183,12 @@ def test_invalid_rewrite_is_rejected_with_rule_name_and_graph_unchanged():
 
 
 def test_multiple_consumers_block_fusion_and_say_why():
-    g = Graph("mc", inputs=[Value("x", np.float32, (4,))], outputs=["z", "y"],
-              nodes=[Node("Relu", ["x"], ["y"]), Node("Neg", ["y"], ["z"])])
+    g = Graph(
+        "mc",
+        inputs=[Value("x", np.float32, (4,))],
+        outputs=["z", "y"],
+        nodes=[Node("Relu", ["x"], ["y"]), Node("Neg", ["y"], ["z"])],
+    )
     rule = opsnn.optimize.RewriteRule(opsnn.GraphPattern("Relu -> Neg"), opsnn.GraphTemplate("ReluNeg"))
     rep = opsnn.optimize.rewrite(g, [rule])
     assert rep.applied == [] and "graph output" in rep.refused[0][2]
@@ -190,8 +225,12 @@ def test_wrong_inputs_get_clear_errors(rng):
 
 
 def test_runtime_shape_contradiction_names_node_and_shapes():
-    g = Graph("bad", inputs=[Value("a", np.float32, ("N", 4)), Value("b", np.float32, ("M", 4))], outputs=["c"],
-              nodes=[Node("Add", ["a", "b"], ["c"], name="the_add")])
+    g = Graph(
+        "bad",
+        inputs=[Value("a", np.float32, ("N", 4)), Value("b", np.float32, ("M", 4))],
+        outputs=["c"],
+        nodes=[Node("Add", ["a", "b"], ["c"], name="the_add")],
+    )
     cg = opsnn.compile(g)
     cg.run({"a": np.ones((2, 4), np.float32), "b": np.ones((1, 4), np.float32)})  # broadcasts: fine
     with pytest.raises(InferShapeError, match=r"the_add.*\(2, 4\).*\(3, 4\)"):
@@ -221,16 +260,21 @@ def test_reshapes_are_views_in_the_plan(rng):
     # reshape costs nothing when its input is not read after it (no step; the output is the
     # input's bytes); Flatten's input is read again later, so Flatten copies
     w = rng.standard_normal((4, 12)).astype(np.float32)
-    g = Graph("views", inputs=[Value("x", np.float32, (2, 4))], outputs=["y", "z"],
-              nodes=[Node("MatMul", ["x", "w"], ["m"]),
-                     Node("Reshape", ["m", "shape"], ["r"]),
-                     Node("Relu", ["r"], ["a"]),
-                     Node("Flatten", ["a"], ["f"], {"axis": 1}),
-                     Node("Neg", ["f"], ["y"]),
-                     Node("Reshape", ["a", "shape2"], ["kept"]),   # the last read of "a"
-                     Node("Add", ["kept", "kept"], ["z"])],
-              initializers={"w": w, "shape": np.array([2, 3, 2, 2], np.int64),
-                            "shape2": np.array([2, 12], np.int64)})
+    g = Graph(
+        "views",
+        inputs=[Value("x", np.float32, (2, 4))],
+        outputs=["y", "z"],
+        nodes=[
+            Node("MatMul", ["x", "w"], ["m"]),
+            Node("Reshape", ["m", "shape"], ["r"]),
+            Node("Relu", ["r"], ["a"]),
+            Node("Flatten", ["a"], ["f"], {"axis": 1}),
+            Node("Neg", ["f"], ["y"]),
+            Node("Reshape", ["a", "shape2"], ["kept"]),  # the last read of "a"
+            Node("Add", ["kept", "kept"], ["z"]),
+        ],
+        initializers={"w": w, "shape": np.array([2, 3, 2, 2], np.int64), "shape2": np.array([2, 12], np.int64)},
+    )
     cg = opsnn.compile(g, disabled_passes=["elementwise_fusion", "epilogue_fusion"])
     x = rng.standard_normal((2, 4)).astype(np.float32)
     out = cg.run({"x": x})
@@ -312,8 +356,13 @@ def test_threads_running_more_shapes_than_plans_kept(rng):
     the other just looked up. The lookup and its LRU bump were two steps, and the bump raised
     KeyError for a plan evicted in between; an evicted plan still runs."""
     w = rng.standard_normal((16, 16)).astype(np.float32)
-    g = Graph("m", inputs=[Value("x", np.float32, ("N", 16))], outputs=["y"], initializers={"w": w},
-              nodes=[Node("MatMul", ["x", "w"], ["h"]), Node("Relu", ["h"], ["y"])])
+    g = Graph(
+        "m",
+        inputs=[Value("x", np.float32, ("N", 16))],
+        outputs=["y"],
+        initializers={"w": w},
+        nodes=[Node("MatMul", ["x", "w"], ["h"]), Node("Relu", ["h"], ["y"])],
+    )
     cg = opsnn.compile(g)
     cg.max_plans = 2
     xs = [rng.standard_normal((n, 16)).astype(np.float32) for n in range(1, 6)]
@@ -334,16 +383,25 @@ def test_threads_running_more_shapes_than_plans_kept(rng):
 
 def test_kernel_errors_name_the_graph_node():
     if not opsnn.ops.has_op("Boom", "opsnn_test"):
-        rec = opsnn.register_op("Boom", domain="opsnn_test", inputs=["X"], outputs=["Y"],
-                                infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
-                                reference=lambda ins, attrs: ins[0])
+        rec = opsnn.register_op(
+            "Boom",
+            domain="opsnn_test",
+            inputs=["X"],
+            outputs=["Y"],
+            infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
+            reference=lambda ins, attrs: ins[0],
+        )
 
         def boom(ins, outs, a, p, ws):
             raise RuntimeError("kaboom")
 
         rec.kernel("boom", priority=1)(boom)
-    g = Graph("b", inputs=[Value("x", np.float32, (2,))], outputs=["y"],
-              nodes=[Node("Boom", ["x"], ["y"], domain="opsnn_test", name="exploding_node")])
+    g = Graph(
+        "b",
+        inputs=[Value("x", np.float32, (2,))],
+        outputs=["y"],
+        nodes=[Node("Boom", ["x"], ["y"], domain="opsnn_test", name="exploding_node")],
+    )
     with pytest.raises(KernelError, match="kaboom"):
         opsnn.compile(g).run({"x": np.ones(2, np.float32)})
 
@@ -364,20 +422,33 @@ def _twice_bind(ins, outs, a, p, ws):
     def call():
         _TWICE["call"] += 1
         np.multiply(x, 2, out=y)
+
     return call
 
 
 if not opsnn.ops.has_op("Twice", "opsnn_test"):
-    opsnn.register_op("Twice", domain="opsnn_test", inputs=["X"], outputs=["Y"],
-                      infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
-                      reference=lambda ins, attrs: 2 * ins[0]).kernel("twice", priority=1, bind=_twice_bind)(_twice_fn)
+    opsnn.register_op(
+        "Twice",
+        domain="opsnn_test",
+        inputs=["X"],
+        outputs=["Y"],
+        infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
+        reference=lambda ins, attrs: 2 * ins[0],
+    ).kernel("twice", priority=1, bind=_twice_bind)(_twice_fn)
 
 
 def test_a_kernel_with_bind_is_bound_once_per_plan_and_its_call_runs_every_time():
     # between two Relus it reads and writes arena buffers (a graph input or output is another array each run)
-    g = Graph("tw", inputs=[Value("x", np.float32, (3,))], outputs=["z"],
-              nodes=[Node("Relu", ["x"], ["a"]), Node("Twice", ["a"], ["b"], domain="opsnn_test"),
-                     Node("Relu", ["b"], ["z"])])
+    g = Graph(
+        "tw",
+        inputs=[Value("x", np.float32, (3,))],
+        outputs=["z"],
+        nodes=[
+            Node("Relu", ["x"], ["a"]),
+            Node("Twice", ["a"], ["b"], domain="opsnn_test"),
+            Node("Relu", ["b"], ["z"]),
+        ],
+    )
     before = dict(_TWICE)
     cg = opsnn.compile(g)
     for i in range(3):
@@ -385,13 +456,18 @@ def test_a_kernel_with_bind_is_bound_once_per_plan_and_its_call_runs_every_time(
         np.testing.assert_array_equal(cg.run({"x": x})["z"].numpy(), 2 * np.maximum(x, 0))
     assert [_TWICE[k] - before[k] for k in ("bind", "call", "fn")] == [1, 3, 0]
     # eagerly, the kernel runs as itself
-    np.testing.assert_array_equal(opsnn.ops.run_op("Twice", [np.ones(2, np.float32)], {}, domain="opsnn_test")[0],
-                                  [2, 2])
+    np.testing.assert_array_equal(
+        opsnn.ops.run_op("Twice", [np.ones(2, np.float32)], {}, domain="opsnn_test")[0], [2, 2]
+    )
 
 
 def test_cycles_are_rejected():
-    g = Graph("cyc", inputs=[Value("x", np.float32, (2,))], outputs=["b"],
-              nodes=[Node("Add", ["x", "b"], ["a"]), Node("Relu", ["a"], ["b"])])
+    g = Graph(
+        "cyc",
+        inputs=[Value("x", np.float32, (2,))],
+        outputs=["b"],
+        nodes=[Node("Add", ["x", "b"], ["a"]), Node("Relu", ["a"], ["b"])],
+    )
     with pytest.raises((GraphCycleError, opsnn.graph.GraphError)):
         opsnn.compile(g)
 
@@ -432,10 +508,17 @@ def test_compile_a_module_traces_it_as_to_graph_does(rng):
 
 
 def test_symbolic_shape_inference_view():
-    g = Graph("s", inputs=[Value("x", np.float32, ("N", 3, "H", "W"))], outputs=["y"],
-              initializers={"w": np.ones((8, 3, 3, 3), np.float32)},
-              nodes=[Node("Conv", ["x", "w"], ["c"], {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
-                     Node("Relu", ["c"], ["r"]), Node("Cast", ["r"], ["y"], {"to": 10})])
+    g = Graph(
+        "s",
+        inputs=[Value("x", np.float32, ("N", 3, "H", "W"))],
+        outputs=["y"],
+        initializers={"w": np.ones((8, 3, 3, 3), np.float32)},
+        nodes=[
+            Node("Conv", ["x", "w"], ["c"], {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+            Node("Relu", ["c"], ["r"]),
+            Node("Cast", ["r"], ["y"], {"to": 10}),
+        ],
+    )
     text = opsnn.debug.shape_inference(g)
     assert "c: float32[N, 8, floor((H + 1)/2), floor((W + 1)/2)]" in text
     flow = opsnn.debug.dtype_flow(g)
@@ -443,8 +526,7 @@ def test_symbolic_shape_inference_view():
 
 
 def test_data_dependent_graphs_fall_back_to_the_interpreter():
-    g = Graph("nz", inputs=[Value("x", np.float32, (4,))], outputs=["y"],
-              nodes=[Node("NonZero", ["x"], ["y"])])
+    g = Graph("nz", inputs=[Value("x", np.float32, (4,))], outputs=["y"], nodes=[Node("NonZero", ["x"], ["y"])])
     cg = opsnn.compile(g)
     out = cg.run({"x": np.array([0, 1, 0, 2], np.float32)})["y"]
     np.testing.assert_array_equal(_np(out), [[1, 3]])
@@ -453,7 +535,7 @@ def test_data_dependent_graphs_fall_back_to_the_interpreter():
 
 def test_tensor_view_methods_are_recorded_while_tracing(rng):
     def f(x):
-        y = x.reshape(2, -1).T.unsqueeze(0)          # views become Reshape / Transpose / Unsqueeze nodes
+        y = x.reshape(2, -1).T.unsqueeze(0)  # views become Reshape / Transpose / Unsqueeze nodes
         return opsnn.ops.relu(y.squeeze(0).contiguous())
 
     x = rng.standard_normal((4, 6)).astype(np.float32)
@@ -472,8 +554,12 @@ def test_tensor_view_methods_are_recorded_while_tracing(rng):
 
 
 def test_symbolic_dims_must_agree_across_inputs():
-    g = Graph("sym", inputs=[Value("a", np.float32, ("batch", 4)), Value("b", np.float32, ("batch", 4))],
-              outputs=["c"], nodes=[Node("Add", ["a", "b"], ["c"])])
+    g = Graph(
+        "sym",
+        inputs=[Value("a", np.float32, ("batch", 4)), Value("b", np.float32, ("batch", 4))],
+        outputs=["c"],
+        nodes=[Node("Add", ["a", "b"], ["c"])],
+    )
     cg = opsnn.compile(g)
     cg.run({"a": np.ones((3, 4), np.float32), "b": np.ones((3, 4), np.float32)})
     with pytest.raises(ParamInvalidError, match="symbolic dim 'batch' is 3 in input 'a' but 1 in input 'b'"):
@@ -489,9 +575,13 @@ def test_an_output_the_model_leaves_out_still_gets_bytes(rng):
     w = (rng.standard_normal((1, 4 * H, I)) * 0.5).astype(np.float32)
     r = (rng.standard_normal((1, 4 * H, H)) * 0.5).astype(np.float32)
     for tail in ([], [Node("Relu", ["yh"], ["out"])]):
-        g = Graph("lstm", inputs=[Value("x", np.float32, (T, B, I))], outputs=["out" if tail else "yh"],
-                  nodes=[Node("LSTM", ["x", "w", "r"], ["", "yh"], {"hidden_size": H}), *tail],
-                  initializers={"w": w, "r": r})
+        g = Graph(
+            "lstm",
+            inputs=[Value("x", np.float32, (T, B, I))],
+            outputs=["out" if tail else "yh"],
+            nodes=[Node("LSTM", ["x", "w", "r"], ["", "yh"], {"hidden_size": H}), *tail],
+            initializers={"w": w, "r": r},
+        )
         want = opsnn.graph.interpreter.run(g, {"x": x})
         cg = opsnn.compile(g)
         got = cg.run({"x": x})
@@ -501,11 +591,19 @@ def test_an_output_the_model_leaves_out_still_gets_bytes(rng):
 
 
 def test_sequence_and_optional_inputs_run_interpreted_and_stay_sequences():
-    g = Graph("seq", inputs=[Value("s", kind="sequence", elem=Value("", np.float32)),
-                             Value("o", kind="optional", elem=Value("", np.float32))],
-              outputs=["n", "s2", "has"],
-              nodes=[Node("SequenceLength", ["s"], ["n"]), Node("Identity", ["s"], ["s2"]),
-                     Node("OptionalHasElement", ["o"], ["has"])])
+    g = Graph(
+        "seq",
+        inputs=[
+            Value("s", kind="sequence", elem=Value("", np.float32)),
+            Value("o", kind="optional", elem=Value("", np.float32)),
+        ],
+        outputs=["n", "s2", "has"],
+        nodes=[
+            Node("SequenceLength", ["s"], ["n"]),
+            Node("Identity", ["s"], ["s2"]),
+            Node("OptionalHasElement", ["o"], ["has"]),
+        ],
+    )
     cg = opsnn.compile(g)
     a, b = np.ones((2, 3), np.float32), np.zeros((2, 3), np.float32)
     got = cg.run({"s": [a, b], "o": None})
@@ -532,8 +630,9 @@ def test_bn_folding_scales_each_output_channel_in_float64(rng, dtype):
         np.testing.assert_array_equal(got, want)
     strided = np.asarray(rng.standard_normal((8, 4, 3, 3)), dtype)[:, ::2]  # a non-contiguous weight view
     f = rng.standard_normal(8)
-    np.testing.assert_array_equal(scale_rows(strided, f),
-                                  (strided.astype(np.float64) * f.reshape(-1, 1, 1, 1)).astype(dtype))
+    np.testing.assert_array_equal(
+        scale_rows(strided, f), (strided.astype(np.float64) * f.reshape(-1, 1, 1, 1)).astype(dtype)
+    )
 
 
 def test_resident_bytes_counts_each_buffer_once_and_not_the_initializers():
@@ -546,8 +645,11 @@ def test_resident_bytes_counts_each_buffer_once_and_not_the_initializers():
     w = np.ones((8, 4), np.float32)
     raw = np.empty(40, np.float32)
     packed = NS(weight=raw[4:36], _raw=raw)
-    steps = [NS(executor=NS(plan=packed)), NS(executor=NS(plan={"w": w.reshape(4, 8)[:2]})),
-             NS(executor=NS(plan=[np.zeros(3, np.uint16), raw[:8]]))]
+    steps = [
+        NS(executor=NS(plan=packed)),
+        NS(executor=NS(plan={"w": w.reshape(4, 8)[:2]})),
+        NS(executor=NS(plan=[np.zeros(3, np.uint16), raw[:8]])),
+    ]
     assert resident_bytes({"w": w}, [NS(steps=steps)]) == {"float32": raw.nbytes, "uint16": 6}
 
 
@@ -586,15 +688,22 @@ def _long_chains_graph(k, rng):
         nodes.append(Node("Transpose", [t], [f"tr{i}"], {"perm": [1, 0]}))
         t = f"tr{i}"
     for i in range(k):
-        nodes += [Node("Neg", [t], [f"na{i}"]), Node("Neg", [t], [f"nb{i}"]), Node("Add", [f"na{i}", f"nb{i}"], [f"s{i}"])]
+        nodes += [
+            Node("Neg", [t], [f"na{i}"]),
+            Node("Neg", [t], [f"nb{i}"]),
+            Node("Add", [f"na{i}", f"nb{i}"], [f"s{i}"]),
+        ]
         t = f"s{i}"
     d = "x"
     for i in range(k):
         nodes.append(Node("Exp", [d], [f"dead{i}"]))
         d = f"dead{i}"
     w = (rng.standard_normal((8, 8)) * 0.3).astype(np.float32)
-    return Graph(f"chains{k}", inputs=[Value("x", np.float32, (8, 8))], outputs=[t], nodes=nodes,
-                 initializers={"w": w}), w, t
+    return (
+        Graph(f"chains{k}", inputs=[Value("x", np.float32, (8, 8))], outputs=[t], nodes=nodes, initializers={"w": w}),
+        w,
+        t,
+    )
 
 
 def test_pass_cost_does_not_grow_with_the_number_of_rewrites(rng, monkeypatch):
@@ -606,14 +715,22 @@ def test_pass_cost_does_not_grow_with_the_number_of_rewrites(rng, monkeypatch):
 
     def count_calls(k):
         calls: dict = {}
+
         def counting(fn, key):
             def counted(*a, **kw):
                 calls[key] = calls.get(key, 0) + 1
                 return fn(*a, **kw)
+
             return counted
 
-        for cls, name in ((ir.Graph, "walk"), (ir.Graph, "producers"), (ir.Graph, "consumers"),
-                          (ir.Graph, "_names"), (ir.Graph, "validate"), (pattern.Matcher, "__init__")):
+        for cls, name in (
+            (ir.Graph, "walk"),
+            (ir.Graph, "producers"),
+            (ir.Graph, "consumers"),
+            (ir.Graph, "_names"),
+            (ir.Graph, "validate"),
+            (pattern.Matcher, "__init__"),
+        ):
             monkeypatch.setattr(cls, name, counting(getattr(cls, name), f"{cls.__name__}.{name}"))
         g, w, out = _long_chains_graph(k, rng)
         cg = opsnn.compile(g)
@@ -647,9 +764,11 @@ def test_long_relu_chain_compiles_and_runs_in_a_subprocess():
         "cg = opsnn.compile(g)\n"
         "x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)\n"
         "np.testing.assert_array_equal(cg.run({'v0': x})[f'v{n}'].numpy(), np.maximum(x, 0))\n"
-        "print(len(cg.graph.nodes))\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
-                          env=dict(os.environ), check=False)
+        "print(len(cg.graph.nodes))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=dict(os.environ), check=False
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     from opsnn.graph.elementwise_fusion import MAX_FUSED_OPS
 
@@ -680,13 +799,22 @@ def test_compile_checks_attributes_against_the_users_node(rng):
     # a node inside a control-flow body is checked too (its attributes; its shapes vary per iteration)
     then = Graph("then", outputs=["a"], nodes=[Node("LeakyRelu", ["x"], ["a"], {"alpha": "big"}, name="inner")])
     other = Graph("else", outputs=["b"], nodes=[Node("Neg", ["x"], ["b"])])
-    g = Graph("g", inputs=[Value("x", np.float32, (2,)), Value("c", np.bool_, ())], outputs=["y"],
-              nodes=[Node("If", ["c"], ["y"], {"then_branch": then, "else_branch": other})])
+    g = Graph(
+        "g",
+        inputs=[Value("x", np.float32, (2,)), Value("c", np.bool_, ())],
+        outputs=["y"],
+        nodes=[Node("If", ["c"], ["y"], {"then_branch": then, "else_branch": other})],
+    )
     with pytest.raises(ParamInvalidError, match=r"node 'inner' \(LeakyRelu\): attribute 'alpha'"):
         opsnn.compile(g)
     # numpy scalars, tuples, arrays and integral floats are what builders pass: accepted
-    g = _one_node("Conv", ["w"], {"group": np.int64(1), "strides": (1, 1), "pads": np.array([1, 1, 1, 1]),
-                                  "dilations": [1.0, 1.0]}, {"w": cw}, (1, 3, 8, 8))
+    g = _one_node(
+        "Conv",
+        ["w"],
+        {"group": np.int64(1), "strides": (1, 1), "pads": np.array([1, 1, 1, 1]), "dilations": [1.0, 1.0]},
+        {"w": cw},
+        (1, 3, 8, 8),
+    )
     x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
     want = opsnn.ops.conv2d(x, cw, padding=1, algo="reference").numpy()
     np.testing.assert_allclose(opsnn.compile(g).run({"x": x})["y"].numpy(), want, rtol=1e-4, atol=1e-4)
@@ -699,11 +827,17 @@ def test_compile_checks_shapes_where_they_are_known(rng):
         opsnn.compile(g)
     g = _one_node("Gemm", ["w"], {"alpha": 2}, {"w": w})
     x = rng.standard_normal((2, 3)).astype(np.float32)
-    np.testing.assert_allclose(opsnn.compile(g).run({"x": x})["y"].numpy(), 2 * x.astype(np.float64) @ w,
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        opsnn.compile(g).run({"x": x})["y"].numpy(), 2 * x.astype(np.float64) @ w, rtol=1e-5, atol=1e-5
+    )
     # a symbolic batch leaves the shape check to plan time, which still names the node
-    g = Graph("g", inputs=[Value("x", np.float32, ("N", 3))], outputs=["y"],
-              initializers={"w": w, "c": np.zeros((0,), np.float32)}, nodes=[Node("Gemm", ["x", "w", "c"], ["y"], name="gm")])
+    g = Graph(
+        "g",
+        inputs=[Value("x", np.float32, ("N", 3))],
+        outputs=["y"],
+        initializers={"w": w, "c": np.zeros((0,), np.float32)},
+        nodes=[Node("Gemm", ["x", "w", "c"], ["y"], name="gm")],
+    )
     cg = opsnn.compile(g)
     with pytest.raises(InferShapeError, match=r"node gm \(Gemm\)"):
         cg.run({"x": x})
@@ -713,10 +847,16 @@ def test_compile_checks_shapes_where_they_are_known(rng):
 def test_transpose_cancellation_refuses_a_perm_that_is_not_a_permutation(rng, bad):
     # an edited perm behind a symbolic batch (fuzz onnx_mutate 30235): the pass indexed p with q (an
     # IndexError); it must leave the pair alone, so the node's own check names it at plan time
-    g = Graph("g", inputs=[Value("x", np.float32, ("N", 4, 2))], outputs=["y"],
-              nodes=[Node("Transpose", ["x"], ["t"], {"perm": [2, 1, 0]}, name="tr_a"),
-                     Node("Transpose", ["t"], ["u"], {"perm": bad}, name="tr_b"),
-                     Node("Relu", ["u"], ["y"], name="relu")])
+    g = Graph(
+        "g",
+        inputs=[Value("x", np.float32, ("N", 4, 2))],
+        outputs=["y"],
+        nodes=[
+            Node("Transpose", ["x"], ["t"], {"perm": [2, 1, 0]}, name="tr_a"),
+            Node("Transpose", ["t"], ["u"], {"perm": bad}, name="tr_b"),
+            Node("Relu", ["u"], ["y"], name="relu"),
+        ],
+    )
     cg = opsnn.compile(g)
     assert any("tr_b: perms" in r for p in cg.pass_report.results for r in p.refused), cg.pass_report
     with pytest.raises(ParamInvalidError, match=r"node tr_b \(Transpose\).*not a permutation"):
@@ -752,7 +892,8 @@ def test_deep_symbolic_dims_stay_small(tmp_path):
         "    e = sym_max(e, Sym(f'B{i}')) + 1\n"
         "assert e.atoms() == {'A'} | {f'B{i}' for i in range(40)}\n"
         "assert e.evaluate({'A': 5, **{f'B{i}': i for i in range(40)}}) == 45\n"
-        "print('ok')\n")
+        "print('ok')\n"
+    )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
@@ -762,12 +903,17 @@ def test_absent_variadic_input_is_refused_not_run():
     error naming the node, not a KernelError wrapping the kernel's IndexError (found by tests/fuzz)."""
     from opsnn.errors import ParamNullptrError
 
-    g = Graph("g", inputs=[Value("x", np.float32, (2, 3))], outputs=["y"],
-              nodes=[Node("Max", ["x", ""], ["m"]), Node("Relu", ["m"], ["y"])])
+    g = Graph(
+        "g",
+        inputs=[Value("x", np.float32, (2, 3))],
+        outputs=["y"],
+        nodes=[Node("Max", ["x", ""], ["m"]), Node("Relu", ["m"], ["y"])],
+    )
     with pytest.raises(ParamNullptrError, match=r"node Max_\d+ \(Max\)"):
         opsnn.compile(g).run({"x": np.ones((2, 3), np.float32)})
     with pytest.raises(ParamNullptrError, match="Max"):
         opsnn.ops.run_op("Max", [np.ones(3, np.float32), None])
     # absent optional inputs are still dropped
-    np.testing.assert_array_equal(opsnn.ops.run_op("Clip", [np.full(3, 2, np.float32), None, None])[0].numpy(),
-                                  np.full(3, 2, np.float32))
+    np.testing.assert_array_equal(
+        opsnn.ops.run_op("Clip", [np.full(3, 2, np.float32), None, None])[0].numpy(), np.full(3, 2, np.float32)
+    )

@@ -1,6 +1,7 @@
 """The library's fusions: decomposed Gelu/LayerNorm/RMSNorm/SiLU recognized, attention fused,
 bias/activation/residual folded into Conv and MatMul epilogues — each checked against the
 unfused graph run op by op, and refusals explained."""
+
 import math
 
 import numpy as np
@@ -26,39 +27,77 @@ def _f32(rng, *shape):
 
 
 def test_gelu_erf_form_is_recognized(rng):
-    init = {"c": np.array(math.sqrt(2), np.float32), "one": np.array(1.0, np.float32),
-            "half": np.array(0.5, np.float32)}
-    g = Graph("gelu", inputs=[Value("x", np.float32, (4, 16))], outputs=["y"], initializers=init,
-              nodes=[Node("Div", ["x", "c"], ["d"]), Node("Erf", ["d"], ["e"]), Node("Add", ["e", "one"], ["a"]),
-                     Node("Mul", ["x", "a"], ["m"]), Node("Mul", ["m", "half"], ["y"])])
+    init = {
+        "c": np.array(math.sqrt(2), np.float32),
+        "one": np.array(1.0, np.float32),
+        "half": np.array(0.5, np.float32),
+    }
+    g = Graph(
+        "gelu",
+        inputs=[Value("x", np.float32, (4, 16))],
+        outputs=["y"],
+        initializers=init,
+        nodes=[
+            Node("Div", ["x", "c"], ["d"]),
+            Node("Erf", ["d"], ["e"]),
+            Node("Add", ["e", "one"], ["a"]),
+            Node("Mul", ["x", "a"], ["m"]),
+            Node("Mul", ["m", "half"], ["y"]),
+        ],
+    )
     _check(g, {"x": _f32(rng, 4, 16)}, ["Gelu"])
 
 
 def test_gelu_with_wrong_constant_is_refused_with_reason(rng):
     init = {"c": np.array(1.5, np.float32), "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)}
-    g = Graph("notgelu", inputs=[Value("x", np.float32, (4, 16))], outputs=["y"], initializers=init,
-              nodes=[Node("Div", ["x", "c"], ["d"]), Node("Erf", ["d"], ["e"]), Node("Add", ["e", "one"], ["a"]),
-                     Node("Mul", ["x", "a"], ["m"]), Node("Mul", ["m", "half"], ["y"])])
+    g = Graph(
+        "notgelu",
+        inputs=[Value("x", np.float32, (4, 16))],
+        outputs=["y"],
+        initializers=init,
+        nodes=[
+            Node("Div", ["x", "c"], ["d"]),
+            Node("Erf", ["d"], ["e"]),
+            Node("Add", ["e", "one"], ["a"]),
+            Node("Mul", ["x", "a"], ["m"]),
+            Node("Mul", ["m", "half"], ["y"]),
+        ],
+    )
     cg = opsnn.compile(g)
     assert "Gelu" not in [n.op_type for n in cg.graph.nodes]
     assert any("1/sqrt(2)" in r for r in [r for x in cg.pass_report.results for r in x.refused])
 
 
 def test_silu_is_recognized(rng):
-    g = Graph("silu", inputs=[Value("x", np.float32, (3, 5))], outputs=["y"],
-              nodes=[Node("Sigmoid", ["x"], ["s"]), Node("Mul", ["x", "s"], ["y"])])
+    g = Graph(
+        "silu",
+        inputs=[Value("x", np.float32, (3, 5))],
+        outputs=["y"],
+        nodes=[Node("Sigmoid", ["x"], ["s"]), Node("Mul", ["x", "s"], ["y"])],
+    )
     _check(g, {"x": _f32(rng, 3, 5)}, ["Swish"])
 
 
 def _layer_norm_graph(rng, hidden=32):
-    init = {"axes": np.array([-1], np.int64), "two": np.array(2.0, np.float32), "eps": np.array(1e-5, np.float32),
-            "gamma": _f32(rng, hidden), "beta": _f32(rng, hidden)}
-    nodes = [Node("ReduceMean", ["x", "axes"], ["mu"]), Node("Sub", ["x", "mu"], ["d"]),
-             Node("Pow", ["d", "two"], ["sq"]), Node("ReduceMean", ["sq", "axes"], ["var"]),
-             Node("Add", ["var", "eps"], ["ve"]), Node("Sqrt", ["ve"], ["std"]), Node("Div", ["d", "std"], ["n"]),
-             Node("Mul", ["n", "gamma"], ["s"]), Node("Add", ["s", "beta"], ["y"])]
-    return Graph("ln", inputs=[Value("x", np.float32, ("B", 7, hidden))], outputs=["y"], nodes=nodes,
-                 initializers=init)
+    init = {
+        "axes": np.array([-1], np.int64),
+        "two": np.array(2.0, np.float32),
+        "eps": np.array(1e-5, np.float32),
+        "gamma": _f32(rng, hidden),
+        "beta": _f32(rng, hidden),
+    }
+    nodes = [
+        Node("ReduceMean", ["x", "axes"], ["mu"]),
+        Node("Sub", ["x", "mu"], ["d"]),
+        Node("Pow", ["d", "two"], ["sq"]),
+        Node("ReduceMean", ["sq", "axes"], ["var"]),
+        Node("Add", ["var", "eps"], ["ve"]),
+        Node("Sqrt", ["ve"], ["std"]),
+        Node("Div", ["d", "std"], ["n"]),
+        Node("Mul", ["n", "gamma"], ["s"]),
+        Node("Add", ["s", "beta"], ["y"]),
+    ]
+    return Graph("ln", inputs=[Value("x", np.float32, ("B", 7, hidden))], outputs=["y"], nodes=nodes, initializers=init)
 
 
 def test_layer_norm_is_recognized(rng):
@@ -67,18 +106,35 @@ def test_layer_norm_is_recognized(rng):
 
 
 def test_rms_norm_is_recognized(rng):
-    init = {"axes": np.array([-1], np.int64), "two": np.array(2.0, np.float32), "eps": np.array(1e-6, np.float32),
-            "gamma": _f32(rng, 16)}
-    g = Graph("rms", inputs=[Value("x", np.float32, (3, 16))], outputs=["y"], initializers=init,
-              nodes=[Node("Pow", ["x", "two"], ["sq"]), Node("ReduceMean", ["sq", "axes"], ["ms"]),
-                     Node("Add", ["ms", "eps"], ["me"]), Node("Sqrt", ["me"], ["r"]), Node("Div", ["x", "r"], ["n"]),
-                     Node("Mul", ["n", "gamma"], ["y"])])
+    init = {
+        "axes": np.array([-1], np.int64),
+        "two": np.array(2.0, np.float32),
+        "eps": np.array(1e-6, np.float32),
+        "gamma": _f32(rng, 16),
+    }
+    g = Graph(
+        "rms",
+        inputs=[Value("x", np.float32, (3, 16))],
+        outputs=["y"],
+        initializers=init,
+        nodes=[
+            Node("Pow", ["x", "two"], ["sq"]),
+            Node("ReduceMean", ["sq", "axes"], ["ms"]),
+            Node("Add", ["ms", "eps"], ["me"]),
+            Node("Sqrt", ["me"], ["r"]),
+            Node("Div", ["x", "r"], ["n"]),
+            Node("Mul", ["n", "gamma"], ["y"]),
+        ],
+    )
     _check(g, {"x": _f32(rng, 3, 16)}, ["RMSNormalization"])
 
 
 def _attention_graph(masked: bool):
-    nodes = [Node("Transpose", ["k"], ["kt"], {"perm": [0, 1, 3, 2]}), Node("MatMul", ["q", "kt"], ["s"]),
-             Node("Div", ["s", "scale"], ["ss"])]
+    nodes = [
+        Node("Transpose", ["k"], ["kt"], {"perm": [0, 1, 3, 2]}),
+        Node("MatMul", ["q", "kt"], ["s"]),
+        Node("Div", ["s", "scale"], ["ss"]),
+    ]
     last = "ss"
     if masked:
         nodes.append(Node("Add", ["ss", "mask"], ["sm"]))
@@ -87,7 +143,9 @@ def _attention_graph(masked: bool):
     ins = [Value(n, np.float32, ("B", 4, 10, 8)) for n in ("q", "k", "v")]
     if masked:
         ins.append(Value("mask", np.float32, ("B", 1, 1, 10)))
-    return Graph("attn", inputs=ins, outputs=["y"], nodes=nodes, initializers={"scale": np.array(np.sqrt(8), np.float32)})
+    return Graph(
+        "attn", inputs=ins, outputs=["y"], nodes=nodes, initializers={"scale": np.array(np.sqrt(8), np.float32)}
+    )
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -105,21 +163,32 @@ def _bert_attention_graph(k_perm: str, merge: str):
     Transposes (K directly to (B, H, D, S) with perm 0,2,3,1 or split then 0,1,3,2), scores,
     mask, softmax, probs @ V, then ``merge``: the head merge Transpose + Reshape, a Relu on
     the 4-D output, or the 4-D output as the graph output."""
-    shp = {"s4": np.array([0, 0, 4, 8], np.int64), "s3": np.array([0, 0, 32], np.int64),
-           "scale": np.array(np.sqrt(8), np.float32)}
+    shp = {
+        "s4": np.array([0, 0, 4, 8], np.int64),
+        "s3": np.array([0, 0, 32], np.int64),
+        "scale": np.array(np.sqrt(8), np.float32),
+    }
     nodes = []
     for n in ("q", "k", "v"):
         nodes.append(Node("Reshape", [f"x{n}", "s4"], [f"{n}4"]))
-    nodes += [Node("Transpose", ["q4"], ["q"], {"perm": [0, 2, 1, 3]}),
-              Node("Transpose", ["v4"], ["v"], {"perm": [0, 2, 1, 3]})]
+    nodes += [
+        Node("Transpose", ["q4"], ["q"], {"perm": [0, 2, 1, 3]}),
+        Node("Transpose", ["v4"], ["v"], {"perm": [0, 2, 1, 3]}),
+    ]
     if k_perm == "0231":
         nodes.append(Node("Transpose", ["k4"], ["kt"], {"perm": [0, 2, 3, 1]}))
     else:
-        nodes += [Node("Transpose", ["k4"], ["k"], {"perm": [0, 2, 1, 3]}),
-                  Node("Transpose", ["k"], ["kt"], {"perm": [0, 1, 3, 2]})]
-    nodes += [Node("MatMul", ["q", "kt"], ["s"]), Node("Div", ["s", "scale"], ["ss"]),
-              Node("Add", ["ss", "mask"], ["sm"]), Node("Softmax", ["sm"], ["p"], {"axis": -1}),
-              Node("MatMul", ["p", "v"], ["y4"])]
+        nodes += [
+            Node("Transpose", ["k4"], ["k"], {"perm": [0, 2, 1, 3]}),
+            Node("Transpose", ["k"], ["kt"], {"perm": [0, 1, 3, 2]}),
+        ]
+    nodes += [
+        Node("MatMul", ["q", "kt"], ["s"]),
+        Node("Div", ["s", "scale"], ["ss"]),
+        Node("Add", ["ss", "mask"], ["sm"]),
+        Node("Softmax", ["sm"], ["p"], {"axis": -1}),
+        Node("MatMul", ["p", "v"], ["y4"]),
+    ]
     out = "y"
     if merge == "transpose":
         nodes += [Node("Transpose", ["y4"], ["yt"], {"perm": [0, 2, 1, 3]}), Node("Reshape", ["yt", "s3"], ["y"])]
@@ -171,9 +240,17 @@ def test_attention_head_layout_refuses_plain_4d_inputs(rng):
 
 def test_conv_residual_relu_epilogue(rng):
     init = {"w": _f32(rng, 6, 6, 3, 3), "b": _f32(rng, 6)}
-    g = Graph("res", inputs=[Value("x", np.float32, ("N", 6, 9, 9))], outputs=["y"], initializers=init,
-              nodes=[Node("Conv", ["x", "w", "b"], ["c"], {"pads": [1, 1, 1, 1]}), Node("Add", ["c", "x"], ["a"]),
-                     Node("Relu", ["a"], ["y"])])
+    g = Graph(
+        "res",
+        inputs=[Value("x", np.float32, ("N", 6, 9, 9))],
+        outputs=["y"],
+        initializers=init,
+        nodes=[
+            Node("Conv", ["x", "w", "b"], ["c"], {"pads": [1, 1, 1, 1]}),
+            Node("Add", ["c", "x"], ["a"]),
+            Node("Relu", ["a"], ["y"]),
+        ],
+    )
     cg = _check(g, {"x": _f32(rng, 2, 6, 9, 9)}, ["opsnn::FusedConv"])
     node = cg.graph.nodes[0]
     assert node.attrs["activation"] == "Relu" and node.inputs[3] == "x"
@@ -181,13 +258,23 @@ def test_conv_residual_relu_epilogue(rng):
 
 def test_matmul_bias_gelu_epilogue_and_refusal(rng):
     init = {"w": _f32(rng, 16, 24), "b": _f32(rng, 24)}
-    g = Graph("mlp", inputs=[Value("x", np.float32, ("B", 5, 16))], outputs=["y"], initializers=init,
-              nodes=[Node("MatMul", ["x", "w"], ["m"]), Node("Add", ["m", "b"], ["a"]), Node("Gelu", ["a"], ["y"])])
+    g = Graph(
+        "mlp",
+        inputs=[Value("x", np.float32, ("B", 5, 16))],
+        outputs=["y"],
+        initializers=init,
+        nodes=[Node("MatMul", ["x", "w"], ["m"]), Node("Add", ["m", "b"], ["a"]), Node("Gelu", ["a"], ["y"])],
+    )
     cg = _check(g, {"x": _f32(rng, 2, 5, 16)}, ["opsnn::FusedMatMul"])
     assert cg.graph.nodes[0].attrs["activation"] == "Gelu"
     # a MatMul whose result is also a graph output cannot be fused away; the refusal says so
-    g2 = Graph("mlp2", inputs=[Value("x", np.float32, ("B", 16))], outputs=["y", "m"], initializers=init,
-               nodes=[Node("MatMul", ["x", "w"], ["m"]), Node("Add", ["m", "b"], ["a"]), Node("Relu", ["a"], ["y"])])
+    g2 = Graph(
+        "mlp2",
+        inputs=[Value("x", np.float32, ("B", 16))],
+        outputs=["y", "m"],
+        initializers=init,
+        nodes=[Node("MatMul", ["x", "w"], ["m"]), Node("Add", ["m", "b"], ["a"]), Node("Relu", ["a"], ["y"])],
+    )
     cg2 = opsnn.compile(g2)
     assert "MatMul" in [n.op_type for n in cg2.graph.nodes]
     assert any("graph output" in r for r in [r for x in cg2.pass_report.results for r in x.refused])
@@ -198,26 +285,57 @@ def test_transformer_mlp_block_shrinks(rng):
     h, f = 32, 64
     g = _layer_norm_graph(rng, h)
     init = g.initializers
-    init.update({"w1": _f32(rng, h, f) * 0.1, "b1": _f32(rng, f), "w2": _f32(rng, f, h) * 0.1, "b2": _f32(rng, h),
-                  "c": np.array(math.sqrt(2), np.float32), "one": np.array(1.0, np.float32),
-                  "half": np.array(0.5, np.float32)})
-    g.nodes += [Node("MatMul", ["y", "w1"], ["h1"]), Node("Add", ["h1", "b1"], ["h2"]),
-                Node("Div", ["h2", "c"], ["gd"]), Node("Erf", ["gd"], ["ge"]), Node("Add", ["ge", "one"], ["ga"]),
-                Node("Mul", ["h2", "ga"], ["gm"]), Node("Mul", ["gm", "half"], ["g"]),
-                Node("MatMul", ["g", "w2"], ["o1"]), Node("Add", ["o1", "b2"], ["o2"]), Node("Add", ["o2", "x"], ["out"])]
+    init.update(
+        {
+            "w1": _f32(rng, h, f) * 0.1,
+            "b1": _f32(rng, f),
+            "w2": _f32(rng, f, h) * 0.1,
+            "b2": _f32(rng, h),
+            "c": np.array(math.sqrt(2), np.float32),
+            "one": np.array(1.0, np.float32),
+            "half": np.array(0.5, np.float32),
+        }
+    )
+    g.nodes += [
+        Node("MatMul", ["y", "w1"], ["h1"]),
+        Node("Add", ["h1", "b1"], ["h2"]),
+        Node("Div", ["h2", "c"], ["gd"]),
+        Node("Erf", ["gd"], ["ge"]),
+        Node("Add", ["ge", "one"], ["ga"]),
+        Node("Mul", ["h2", "ga"], ["gm"]),
+        Node("Mul", ["gm", "half"], ["g"]),
+        Node("MatMul", ["g", "w2"], ["o1"]),
+        Node("Add", ["o1", "b2"], ["o2"]),
+        Node("Add", ["o2", "x"], ["out"]),
+    ]
     g.outputs = [Value("out")]
-    cg = _check(g, {"x": _f32(rng, 2, 7, h)},
-                ["LayerNormalization", "opsnn::FusedMatMul", "opsnn::FusedMatMul"], rtol=1e-4, atol=1e-4)
+    cg = _check(
+        g,
+        {"x": _f32(rng, 2, 7, h)},
+        ["LayerNormalization", "opsnn::FusedMatMul", "opsnn::FusedMatMul"],
+        rtol=1e-4,
+        atol=1e-4,
+    )
     before, after = cg.pass_report.nodes_before, cg.pass_report.nodes_after
     assert (before, after) == (19, 3) and 1 - after / before > 0.8
 
 
 def test_elementwise_chain_becomes_one_generated_kernel(rng):
     init = {"k": np.array(0.5, np.float32), "b": np.array(-0.25, np.float32)}
-    g = Graph("chain", inputs=[Value("x", np.float32, ("B", 64)), Value("y", np.float32, ("B", 64))], outputs=["out"],
-              initializers=init,
-              nodes=[Node("Mul", ["x", "y"], ["m"]), Node("Mul", ["m", "k"], ["mk"]), Node("Add", ["mk", "b"], ["a"]),
-                     Node("Tanh", ["a"], ["t"]), Node("Sub", ["t", "x"], ["s"]), Node("Relu", ["s"], ["out"])])
+    g = Graph(
+        "chain",
+        inputs=[Value("x", np.float32, ("B", 64)), Value("y", np.float32, ("B", 64))],
+        outputs=["out"],
+        initializers=init,
+        nodes=[
+            Node("Mul", ["x", "y"], ["m"]),
+            Node("Mul", ["m", "k"], ["mk"]),
+            Node("Add", ["mk", "b"], ["a"]),
+            Node("Tanh", ["a"], ["t"]),
+            Node("Sub", ["t", "x"], ["s"]),
+            Node("Relu", ["s"], ["out"]),
+        ],
+    )
     cg = _check(g, {"x": _f32(rng, 3, 64), "y": _f32(rng, 3, 64)}, ["opsnn::FusedElementwise"])
     node = cg.graph.nodes[0]
     assert node.inputs == ["x", "y"] and len(node.attrs_origin) == 6
@@ -233,9 +351,18 @@ def test_elementwise_chain_becomes_one_generated_kernel(rng):
 def test_elementwise_chain_keeps_ieee_semantics():
     """1 / 0 is Inf (not a ZeroDivisionError), Floor of NaN / Inf stays NaN / Inf, Max keeps a NaN in its
     second operand: the generated kernel agrees with the ops run one by one (found by tests/fuzz)."""
-    g = Graph("ieee", inputs=[Value("x", np.float32, (2, 6)), Value("y", np.float32, (2, 6))], outputs=["out"],
-              nodes=[Node("Div", ["x", "y"], ["d"]), Node("Floor", ["d"], ["f"]), Node("Max", ["x", "f"], ["m"]),
-                     Node("Reciprocal", ["y"], ["r"]), Node("Min", ["r", "m"], ["out"])])
+    g = Graph(
+        "ieee",
+        inputs=[Value("x", np.float32, (2, 6)), Value("y", np.float32, (2, 6))],
+        outputs=["out"],
+        nodes=[
+            Node("Div", ["x", "y"], ["d"]),
+            Node("Floor", ["d"], ["f"]),
+            Node("Max", ["x", "f"], ["m"]),
+            Node("Reciprocal", ["y"], ["r"]),
+            Node("Min", ["r", "m"], ["out"]),
+        ],
+    )
     x = np.array([[1, -1, 0, 2, 3.5, -2]] * 2, np.float32)
     y = np.array([[0, 0, 0, 1, 2, 4]] * 2, np.float32)
     cg = _check(g, {"x": x, "y": y}, ["opsnn::FusedElementwise"])
@@ -249,9 +376,18 @@ def test_elementwise_chain_keeps_ieee_semantics():
 def test_elementwise_chain_softplus_does_not_overflow():
     """Softplus(v) for v past float32's exp range is v, not Inf (found by opsnn fuzz, onnx_mutate 52317: the
     generated kernel computed log1p(exp(v)), Inf from v = 89); NaN and +-Inf as the Softplus op gives them."""
-    g = Graph("sp", inputs=[Value("x", np.float32, (2, 6))], outputs=["out"],
-              nodes=[Node("Abs", ["x"], ["a"]), Node("Exp", ["a"], ["e"]), Node("Softplus", ["e"], ["s"]),
-                     Node("Neg", ["s"], ["n"]), Node("Softplus", ["n"], ["out"])])
+    g = Graph(
+        "sp",
+        inputs=[Value("x", np.float32, (2, 6))],
+        outputs=["out"],
+        nodes=[
+            Node("Abs", ["x"], ["a"]),
+            Node("Exp", ["a"], ["e"]),
+            Node("Softplus", ["e"], ["s"]),
+            Node("Neg", ["s"], ["n"]),
+            Node("Softplus", ["n"], ["out"]),
+        ],
+    )
     x = np.array([[0.5, 4.6, 6.05, 80, np.nan, -np.inf], [-3, 5.9, -6.2, 1, np.inf, 0]], np.float32)
     cg = _check(g, {"x": x}, ["opsnn::FusedElementwise"])
     with np.errstate(all="ignore"):
@@ -260,8 +396,12 @@ def test_elementwise_chain_softplus_does_not_overflow():
     got = cg.run({"x": x})["out"].numpy()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-30)
-    g2 = Graph("sp2", inputs=[Value("x", np.float32, (2, 6))], outputs=["out"],
-               nodes=[Node("Abs", ["x"], ["a"]), Node("Exp", ["a"], ["e"]), Node("Softplus", ["e"], ["out"])])
+    g2 = Graph(
+        "sp2",
+        inputs=[Value("x", np.float32, (2, 6))],
+        outputs=["out"],
+        nodes=[Node("Abs", ["x"], ["a"]), Node("Exp", ["a"], ["e"]), Node("Softplus", ["e"], ["out"])],
+    )
     with np.errstate(all="ignore"):
         want2 = np.logaddexp(0, np.exp(np.abs(x.astype(np.float64)))).astype(np.float32)
     got2 = _check(g2, {"x": x}, ["opsnn::FusedElementwise"]).run({"x": x})["out"].numpy()
@@ -274,17 +414,30 @@ def test_elementwise_chain_softplus_does_not_overflow():
 def test_elementwise_chain_with_a_non_finite_constant(c):
     """A NaN or Inf scalar constant in a fused chain (found by tests/fuzz: the generated source read
     'nan', an undefined name, and numba's typing failed at run)."""
-    g = Graph("k", inputs=[Value("x", np.float32, (2, 5))], outputs=["out"], initializers={"c": np.array(c, np.float32)},
-              nodes=[Node("Relu", ["x"], ["r"]), Node("Max", ["r", "c"], ["out"])])
+    g = Graph(
+        "k",
+        inputs=[Value("x", np.float32, (2, 5))],
+        outputs=["out"],
+        initializers={"c": np.array(c, np.float32)},
+        nodes=[Node("Relu", ["x"], ["r"]), Node("Max", ["r", "c"], ["out"])],
+    )
     x = np.linspace(-2, 2, 10, dtype=np.float32).reshape(2, 5)
     cg = _check(g, {"x": x}, ["opsnn::FusedElementwise"])
     np.testing.assert_array_equal(cg.run({"x": x})["out"].numpy(), np.maximum(np.maximum(x, 0), c))
 
 
 def test_elementwise_fusion_stops_at_broadcasts_and_shared_values(rng):
-    g = Graph("mixed", inputs=[Value("x", np.float32, (4, 8)), Value("v", np.float32, (8,))], outputs=["o", "e"],
-              nodes=[Node("Exp", ["x"], ["e"]), Node("Neg", ["e"], ["n"]), Node("Add", ["n", "v"], ["a"]),
-                     Node("Relu", ["a"], ["o"])])
+    g = Graph(
+        "mixed",
+        inputs=[Value("x", np.float32, (4, 8)), Value("v", np.float32, (8,))],
+        outputs=["o", "e"],
+        nodes=[
+            Node("Exp", ["x"], ["e"]),
+            Node("Neg", ["e"], ["n"]),
+            Node("Add", ["n", "v"], ["a"]),
+            Node("Relu", ["a"], ["o"]),
+        ],
+    )
     cg = _check(g, {"x": _f32(rng, 4, 8), "v": _f32(rng, 8)}, ["Exp", "Neg", "Add", "Relu"])
     assert cg.pass_report.by_name("elementwise_fusion").changes == 0
 
@@ -295,8 +448,11 @@ def test_exported_bert_fuses_attention_layernorm_and_epilogues(rng):
     from opsnn.models import bert, to_onnx
 
     g = opsnn.onnx.load(to_onnx(bert("tiny")))
-    feeds = {"input_ids": rng.integers(0, 100, (2, 16)).astype(np.int64),
-             "attention_mask": np.ones((2, 16), np.int64), "token_type_ids": np.zeros((2, 16), np.int64)}
+    feeds = {
+        "input_ids": rng.integers(0, 100, (2, 16)).astype(np.int64),
+        "attention_mask": np.ones((2, 16), np.int64),
+        "token_type_ids": np.zeros((2, 16), np.int64),
+    }
     feeds["attention_mask"][1, 11:] = 0
     cg = opsnn.compile(g)
     kinds = [n.op_type for n in cg.graph.nodes]
@@ -320,8 +476,12 @@ def test_long_elementwise_chain_is_split_into_bounded_kernels(rng):
 
     n = 3 * MAX_FUSED_OPS + 6
     ops = ["Neg", "Tanh"] * (n // 2)
-    g = Graph("long", inputs=[Value("v0", np.float32, (4, 8))], outputs=[f"v{n}"],
-              nodes=[Node(op, [f"v{i}"], [f"v{i + 1}"], name=f"n{i}") for i, op in enumerate(ops)])
+    g = Graph(
+        "long",
+        inputs=[Value("v0", np.float32, (4, 8))],
+        outputs=[f"v{n}"],
+        nodes=[Node(op, [f"v{i}"], [f"v{i + 1}"], name=f"n{i}") for i, op in enumerate(ops)],
+    )
     cg = opsnn.compile(g)
     fused = [nd for nd in cg.graph.nodes if nd.op_type == "FusedElementwise"]
     sizes = [len(nd.attrs_origin) for nd in fused]
@@ -342,8 +502,12 @@ def test_distinct_fused_kernels_per_graph_are_bounded(rng, monkeypatch):
     monkeypatch.setattr(ef, "MAX_FUSED_OPS", 3)
     monkeypatch.setattr(ef, "MAX_FUSED_KERNELS", 2)
     ops = ["Neg", "Abs", "Neg"] + ["Tanh", "Neg", "Neg"] + ["Neg", "Abs", "Neg"] + ["Abs", "Abs", "Tanh"]
-    g = Graph("mix", inputs=[Value("v0", np.float32, (4, 8))], outputs=[f"v{len(ops)}"],
-              nodes=[Node(op, [f"v{i}"], [f"v{i + 1}"], name=f"n{i}") for i, op in enumerate(ops)])
+    g = Graph(
+        "mix",
+        inputs=[Value("v0", np.float32, (4, 8))],
+        outputs=[f"v{len(ops)}"],
+        nodes=[Node(op, [f"v{i}"], [f"v{i + 1}"], name=f"n{i}") for i, op in enumerate(ops)],
+    )
     cg = opsnn.compile(g)
     programs = {nd.attrs["program"] for nd in cg.graph.nodes if nd.op_type == "FusedElementwise"}
     assert len(programs) == 2

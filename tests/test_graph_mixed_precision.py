@@ -1,4 +1,5 @@
 """Mixed precision pass: per-op compute dtypes, shared/minimal casts, 16-bit weights, error vs fp32."""
+
 import numpy as np
 import pytest
 
@@ -14,11 +15,21 @@ def policy():
 
 
 def _mlp(rng):
-    return Graph("mp", inputs=[Value("x", np.float32, ("B", 16))], outputs=["y"],
-                 initializers={"w1": rng.standard_normal((16, 32)).astype(np.float32) * 0.2,
-                               "w2": rng.standard_normal((32, 8)).astype(np.float32) * 0.2},
-                 nodes=[Node("MatMul", ["x", "w1"], ["h"]), Node("Relu", ["h"], ["r"]),
-                        Node("MatMul", ["r", "w2"], ["m"]), Node("Softmax", ["m"], ["y"], {"axis": -1})])
+    return Graph(
+        "mp",
+        inputs=[Value("x", np.float32, ("B", 16))],
+        outputs=["y"],
+        initializers={
+            "w1": rng.standard_normal((16, 32)).astype(np.float32) * 0.2,
+            "w2": rng.standard_normal((32, 8)).astype(np.float32) * 0.2,
+        },
+        nodes=[
+            Node("MatMul", ["x", "w1"], ["h"]),
+            Node("Relu", ["h"], ["r"]),
+            Node("MatMul", ["r", "w2"], ["m"]),
+            Node("Softmax", ["m"], ["y"], {"axis": -1}),
+        ],
+    )
 
 
 def test_policy_sets_compute_dtypes_and_keeps_error_small(rng, policy):
@@ -60,8 +71,11 @@ def test_policy_reaches_nodes_after_shape_computations(rng, policy):
     from opsnn.models import bert, to_onnx
 
     proto = to_onnx(bert("tiny")).SerializeToString()
-    feeds = {"input_ids": rng.integers(0, 100, (1, 12)).astype(np.int64),
-             "attention_mask": np.ones((1, 12), np.int64), "token_type_ids": np.zeros((1, 12), np.int64)}
+    feeds = {
+        "input_ids": rng.integers(0, 100, (1, 12)).astype(np.int64),
+        "attention_mask": np.ones((1, 12), np.int64),
+        "token_type_ids": np.zeros((1, 12), np.int64),
+    }
     names = {v.name for v in opsnn.onnx.load(proto).inputs}
     feeds = {k: v for k, v in feeds.items() if k in names}
     ref = opsnn.compile(opsnn.onnx.load(proto)).run(feeds)

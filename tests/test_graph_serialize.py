@@ -1,5 +1,6 @@
 """Compiled graphs as ONNX (round trip, opened by onnxruntime) and the persistent compile cache
 reloaded by another process."""
+
 import json
 import os
 import subprocess
@@ -17,12 +18,21 @@ from opsnn.graph.serialize import to_onnx
 
 def _graph():
     rng = np.random.default_rng(1)
-    return Graph("ser", inputs=[Value("x", np.float32, ("N", 3, 8, 8))], outputs=["out"],
-                 initializers={"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
-                               "b": rng.standard_normal(4).astype(np.float32),
-                               "shape": np.array([0, -1], np.int64)},
-                 nodes=[Node("Conv", ["x", "w", "b"], ["c"], {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
-                        Node("Relu", ["c"], ["r"]), Node("Reshape", ["r", "shape"], ["out"])])
+    return Graph(
+        "ser",
+        inputs=[Value("x", np.float32, ("N", 3, 8, 8))],
+        outputs=["out"],
+        initializers={
+            "w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+            "b": rng.standard_normal(4).astype(np.float32),
+            "shape": np.array([0, -1], np.int64),
+        },
+        nodes=[
+            Node("Conv", ["x", "w", "b"], ["c"], {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+            Node("Relu", ["c"], ["r"]),
+            Node("Reshape", ["r", "shape"], ["out"]),
+        ],
+    )
 
 
 def test_round_trip_and_onnxruntime_agree(rng):
@@ -48,8 +58,12 @@ def test_fused_graph_round_trips(rng):
 
 
 def test_fused_ops_serialize_in_the_opsnn_domain(tmp_path):
-    g = Graph("f", inputs=[Value("x", np.float32, (4,))], outputs=["y"],
-              nodes=[Node("FusedThing", ["x"], ["y"], {"alpha": 0.5, "ints": [1, 2]}, domain="opsnn")])
+    g = Graph(
+        "f",
+        inputs=[Value("x", np.float32, (4,))],
+        outputs=["y"],
+        nodes=[Node("FusedThing", ["x"], ["y"], {"alpha": 0.5, "ints": [1, 2]}, domain="opsnn")],
+    )
     path = tmp_path / "f.onnx"
     opsnn.graph.serialize.save(g, str(path))
     proto = onnx.load(str(path))
@@ -73,8 +87,8 @@ def test_persisted_cache_is_reused_by_another_process(tmp_path, rng):
         from test_graph_serialize import _graph
         cg = opsnn.compile(_graph(), cache_dir={cache!r})
         assert cg.loaded_from_cache and cg.num_plans == 1, (cg.loaded_from_cache, cg.num_plans)
-        out = cg.run({{"x": np.load({str(tmp_path / 'x.npy')!r})}})["out"].numpy()
-        np.save({str(tmp_path / 'y.npy')!r}, out)
+        out = cg.run({{"x": np.load({str(tmp_path / "x.npy")!r})}})["out"].numpy()
+        np.save({str(tmp_path / "y.npy")!r}, out)
         print("plans built in child:", cg.plans_built)
     """)
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

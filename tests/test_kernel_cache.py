@@ -1,5 +1,6 @@
 """The kernel cache is keyed by content: a copied tree reuses it, a changed dependency or another
 CPU target never loads a stale kernel, and compiling says so on stderr (runtime/kernel_cache.py)."""
+
 import json
 import os
 import shutil
@@ -70,8 +71,14 @@ def _run(tmp_path, tree, cache, **env):
         if k not in env:
             e.pop(k, None)
     module = os.path.join(SRC, "opsnn", "runtime", "kernel_cache.py")
-    out = subprocess.run([sys.executable, str(runner), str(tree), module], check=False, env=e, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(runner), str(tree), module],
+        check=False,
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     res["stderr"] = out.stderr

@@ -1,6 +1,7 @@
 """The kernel-library strategy (opsnn.kernels.cpu.libraries): its decisions pinned for a table of
 representative workloads per ISA level and CPU vendor, and this machine's facts checked against the
 model the table assumes (oneDNN's brgemm matmul from AVX-512 on, native bf16 from AVX512-BF16 on)."""
+
 import numpy as np
 import pytest
 
@@ -21,12 +22,18 @@ def _kernels(p, dtype, k=768, n=3072):
 
 #: (level, vendor) -> decoder projection kernels for ROWS rows of a 768 -> 3072 weight, float32 and bf16
 TABLE = {
-    ("avx2", AMD): (("rows", "rows", "rows", "mkl_packed", "openblas", "openblas"),
-                    ("bf16_gemv", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16")),
-    ("avx512", AMD): (("rows", "rows", "onednn", "onednn", "onednn", "onednn"),
-                      ("bf16_gemv", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16")),
-    ("avx512_bf16", AMD): (("rows", "rows", "onednn", "onednn", "onednn", "onednn"),
-                           ("bf16_gemv", "onednn_bf16", "onednn_bf16", "onednn_bf16", "onednn_bf16", "onednn_bf16")),
+    ("avx2", AMD): (
+        ("rows", "rows", "rows", "mkl_packed", "openblas", "openblas"),
+        ("bf16_gemv", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16"),
+    ),
+    ("avx512", AMD): (
+        ("rows", "rows", "onednn", "onednn", "onednn", "onednn"),
+        ("bf16_gemv", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16"),
+    ),
+    ("avx512_bf16", AMD): (
+        ("rows", "rows", "onednn", "onednn", "onednn", "onednn"),
+        ("bf16_gemv", "onednn_bf16", "onednn_bf16", "onednn_bf16", "onednn_bf16", "onednn_bf16"),
+    ),
     ("avx2", INTEL): (("mkl_gemv",) + ("mkl_packed",) * 5, ("mkl_bf16",) * 6),
     ("avx512_bf16", INTEL): (("mkl_gemv",) + ("mkl_packed",) * 5, ("mkl_bf16",) * 6),
     ("amx", INTEL): (("mkl_gemv",) + ("mkl_packed",) * 5, ("mkl_bf16",) * 6),
@@ -63,7 +70,7 @@ def test_packed_panel_rejection_thresholds():
     amd, intel = KL.Platform.for_isa("avx2", AMD), KL.Platform.for_isa("avx2", INTEL)
     assert KL.packed_panel_rejection(512, 768, 4096, intel) is None
     assert KL.packed_panel_rejection(KL.PACKED_MAX_ROWS_ELSEWHERE - 1, 4096, 4096, amd) is None
-    assert KL.packed_panel_rejection(128, 768, 768, amd) is None            # under PACKED_MAX_MACS_ELSEWHERE
+    assert KL.packed_panel_rejection(128, 768, 768, amd) is None  # under PACKED_MAX_MACS_ELSEWHERE
     why = KL.packed_panel_rejection(512, 768, 4096, amd)
     assert "512 x 768 x 4096" in why and "OPSNN_GEMM=mkl" in why
 

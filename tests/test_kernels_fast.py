@@ -9,6 +9,7 @@ measured error is ~1e-5 up to C = 512); F(2x2,3x3) 2e-5 (its transforms are exac
 binary: +-1, 1/2; measured ~1e-6); 16-bit outputs one rounding of the fp32 result
 (fp16: 2**-10, bf16: 2**-7 relative, plus accumulation slack).
 """
+
 import itertools
 import math
 
@@ -31,7 +32,7 @@ from opsnn.ops.registry import TensorMeta, get_op
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-WINO_TOL = 2e-4   # relative to max |y|
+WINO_TOL = 2e-4  # relative to max |y|
 WINO_F2_TOL = 2e-5
 FP32_TOL = 1e-4
 
@@ -49,11 +50,15 @@ def conv_oracle(x, w, b=None, stride=(1, 1), pads=(0, 0, 0, 0), dil=(1, 1), grou
     y = np.zeros((n, m, oh, ow))
     mg = m // groups
     for g in range(groups):
-        xg = xp[:, g * cg:(g + 1) * cg]
+        xg = xp[:, g * cg : (g + 1) * cg]
         for i, j in itertools.product(range(kh), range(kw)):
-            win = xg[:, :, i * dil[0]:i * dil[0] + (oh - 1) * stride[0] + 1:stride[0],
-                     j * dil[1]:j * dil[1] + (ow - 1) * stride[1] + 1:stride[1]]
-            y[:, g * mg:(g + 1) * mg] += np.einsum("nchw,mc->nmhw", win, w[g * mg:(g + 1) * mg, :, i, j])
+            win = xg[
+                :,
+                :,
+                i * dil[0] : i * dil[0] + (oh - 1) * stride[0] + 1 : stride[0],
+                j * dil[1] : j * dil[1] + (ow - 1) * stride[1] + 1 : stride[1],
+            ]
+            y[:, g * mg : (g + 1) * mg] += np.einsum("nchw,mc->nmhw", win, w[g * mg : (g + 1) * mg, :, i, j])
     if b is not None:
         y += b.astype(np.float64).reshape(1, -1, 1, 1)
     return y
@@ -78,8 +83,10 @@ def run_kernel(op, name, arrays, attrs, constant=(), domain=""):
     ws = np.zeros(int(k.workspace(ctx, plan)) if k.workspace else 0, np.uint8)
     adapter = k.needs_adapter(ctx)
     outs = [np.full(m.shape, np.nan, np.float32 if adapter else m.dtype) for m in ctx.outputs]
-    ins = [a.astype(np.float32) if adapter and a is not None and a.dtype in (np.float16, ml_dtypes.bfloat16)
-           else a for a in arrays]
+    ins = [
+        a.astype(np.float32) if adapter and a is not None and a.dtype in (np.float16, ml_dtypes.bfloat16) else a
+        for a in arrays
+    ]
     k.fn(ins, outs, ctx.attrs, plan, ws)
     return outs[0], plan
 
@@ -95,24 +102,28 @@ def rel_err(y, want):
 # -- Winograd ---------------------------------------------------------------------------------------------
 WINO_CASES = [
     # (x shape, M, pads (top, left, bottom, right))
-    ((1, 16, 56, 56), 16, (1, 1, 1, 1)),     # tiles divide the output exactly
-    ((2, 17, 13, 11), 19, (1, 1, 1, 1)),     # odd sizes: the last tile row/column is cut
-    ((1, 33, 7, 9), 18, (0, 0, 0, 0)),       # no padding: output 5x7
-    ((1, 20, 1, 1), 24, (1, 1, 1, 1)),       # 1x1 image: one tile, all padding around it
-    ((1, 16, 2, 3), 16, (2, 2, 2, 2)),       # padding > kernel/2: output larger than input
-    ((1, 16, 9, 6), 17, (3, 0, 1, 2)),       # asymmetric, > kernel/2 on one side
-    ((3, 24, 5, 4), 16, (1, 2, 1, 0)),       # batch > 1, tiles cross image rows
-    ((1, 64, 28, 28), 64, (1, 1, 1, 1)),     # a ResNet-sized layer (parallel transforms)
+    ((1, 16, 56, 56), 16, (1, 1, 1, 1)),  # tiles divide the output exactly
+    ((2, 17, 13, 11), 19, (1, 1, 1, 1)),  # odd sizes: the last tile row/column is cut
+    ((1, 33, 7, 9), 18, (0, 0, 0, 0)),  # no padding: output 5x7
+    ((1, 20, 1, 1), 24, (1, 1, 1, 1)),  # 1x1 image: one tile, all padding around it
+    ((1, 16, 2, 3), 16, (2, 2, 2, 2)),  # padding > kernel/2: output larger than input
+    ((1, 16, 9, 6), 17, (3, 0, 1, 2)),  # asymmetric, > kernel/2 on one side
+    ((3, 24, 5, 4), 16, (1, 2, 1, 0)),  # batch > 1, tiles cross image rows
+    ((1, 64, 28, 28), 64, (1, 1, 1, 1)),  # a ResNet-sized layer (parallel transforms)
 ]
 
 
 WINO_KERNELS = [("conv2d_winograd", 4, WINO_TOL), ("conv2d_winograd_f2", 2, WINO_F2_TOL)]
 
 
-@pytest.mark.parametrize("xs,m,pads", WINO_CASES + [
-    ((1, 256, 14, 14), 256, (1, 1, 1, 1)),   # ResNet-50 stage 3 (F(2x2)'s shape)
-    ((2, 40, 7, 7), 24, (1, 1, 1, 1)),       # stage-4-like 7x7, batch > 1
-])
+@pytest.mark.parametrize(
+    "xs,m,pads",
+    WINO_CASES
+    + [
+        ((1, 256, 14, 14), 256, (1, 1, 1, 1)),  # ResNet-50 stage 3 (F(2x2)'s shape)
+        ((2, 40, 7, 7), 24, (1, 1, 1, 1)),  # stage-4-like 7x7, batch > 1
+    ],
+)
 @pytest.mark.parametrize("prepacked", [False, True])
 @pytest.mark.parametrize("kernel,tile,tol", WINO_KERNELS)
 def test_winograd_matches_oracle(rng, xs, m, pads, prepacked, kernel, tile, tol):
@@ -147,11 +158,11 @@ def test_winograd_no_bias_float64_strided(rng, kernel, tile, tol):
 
 DILATED_CASES = [
     # (x shape, M, pads, dilation)
-    ((1, 5, 9, 11), 4, (2, 2, 2, 2), (2, 2)),      # "same" padding
-    ((2, 3, 10, 9), 6, (1, 3, 0, 2), (2, 3)),      # asymmetric pads, unequal dilations
-    ((1, 4, 13, 12), 3, (0, 0, 0, 0), (3, 2)),     # no padding: phases start inside the image
-    ((1, 6, 1, 1), 5, (2, 2, 2, 2), (2, 2)),       # 1x1 image: only one phase has outputs
-    ((1, 4, 7, 6), 4, (5, 1, 5, 4), (2, 1)),       # padding > dilated kernel / 2; dilation on rows only
+    ((1, 5, 9, 11), 4, (2, 2, 2, 2), (2, 2)),  # "same" padding
+    ((2, 3, 10, 9), 6, (1, 3, 0, 2), (2, 3)),  # asymmetric pads, unequal dilations
+    ((1, 4, 13, 12), 3, (0, 0, 0, 0), (3, 2)),  # no padding: phases start inside the image
+    ((1, 6, 1, 1), 5, (2, 2, 2, 2), (2, 2)),  # 1x1 image: only one phase has outputs
+    ((1, 4, 7, 6), 4, (5, 1, 5, 4), (2, 1)),  # padding > dilated kernel / 2; dilation on rows only
     ((1, 128, 26, 26), 128, (2, 2, 2, 2), (2, 2)),  # a size where it is selected
 ]
 
@@ -160,8 +171,13 @@ DILATED_CASES = [
 @pytest.mark.parametrize("prepacked", [False, True])
 def test_dilated_winograd_matches_oracle(rng, xs, m, pads, dil, prepacked):
     x, w, b = rand(rng, xs), rand(rng, (m, xs[1], 3, 3)), rand(rng, (m,))
-    y, plan = run_kernel("Conv", "conv2d_winograd_dilated", [x, w, b], conv_attrs(pads=pads, dil=dil),
-                         constant={1, 2} if prepacked else ())
+    y, plan = run_kernel(
+        "Conv",
+        "conv2d_winograd_dilated",
+        [x, w, b],
+        conv_attrs(pads=pads, dil=dil),
+        constant={1, 2} if prepacked else (),
+    )
     assert (plan.u is not None) == prepacked
     assert len(plan.phases) <= dil[0] * dil[1]
     want = conv_oracle(x, w, b, pads=pads, dil=dil)
@@ -232,10 +248,10 @@ def test_winograd_point_gemms_on_onednn_match_mkl_and_the_oracle(rng, monkeypatc
 def test_winograd_chunks_grow_with_the_weights(monkeypatch):
     """Each chunk streams all of U: with large U the chunk may grow to CHUNK_U_FACTOR x U,
     capped at CHUNK_MAX_BYTES; small U keeps CHUNK_BYTES."""
-    big = WG.winograd_plan((8, 512, 7, 7), 512, (1, 1), (7, 7), 4)            # U 36 MiB
-    assert big.rows == 8 * 2                                                  # the whole batch
+    big = WG.winograd_plan((8, 512, 7, 7), 512, (1, 1), (7, 7), 4)  # U 36 MiB
+    assert big.rows == 8 * 2  # the whole batch
     assert big.workspace_bytes <= WG.CHUNK_MAX_BYTES + 36 * 512 * 512 * 4 + 3 * WG.ALIGN
-    small = WG.winograd_plan((8, 64, 56, 56), 64, (1, 1), (56, 56), 4)        # U 0.6 MiB
+    small = WG.winograd_plan((8, 64, 56, 56), 64, (1, 1), (56, 56), 4)  # U 0.6 MiB
     assert 36 * 128 * 14 * 4 * small.rows <= WG.CHUNK_BYTES < 36 * 128 * 14 * 4 * (small.rows + 1)
     monkeypatch.setattr(WG, "CHUNK_MAX_BYTES", 0)
     assert WG.winograd_plan((8, 512, 7, 7), 512, (1, 1), (7, 7), 4).rows == WG.CHUNK_BYTES // (36 * 1024 * 2 * 4)
@@ -266,15 +282,21 @@ def test_winograd_selected_and_explains_itself(rng):
     x, w = rand(rng, (1, 64, 56, 56)), rand(rng, (64, 64, 3, 3))
     ex = opsnn.aclnn.conv2d.prepare(x, w, padding=1)
     assert ex.kernel_name == "conv2d_winograd"
-    np.testing.assert_allclose(ex.run().numpy(), conv_oracle(x, w, pads=(1,) * 4), rtol=0,
-                               atol=WINO_TOL * np.abs(conv_oracle(x, w, pads=(1,) * 4)).max())
+    np.testing.assert_allclose(
+        ex.run().numpy(),
+        conv_oracle(x, w, pads=(1,) * 4),
+        rtol=0,
+        atol=WINO_TOL * np.abs(conv_oracle(x, w, pads=(1,) * 4)).max(),
+    )
     # outside its predicate: the reasons name what was wrong
-    for xs, ws, kw, words in [((1, 64, 28, 28), (64, 64, 3, 3), dict(stride=2, padding=1), "stride"),
-                              ((1, 64, 28, 28), (64, 64, 5, 5), dict(padding=2), "3x3"),
-                              ((1, 64, 28, 28), (64, 32, 3, 3), dict(padding=1, groups=2), "group"),
-                              ((1, 64, 28, 28), (64, 64, 3, 3), dict(padding=2, dilation=2), "dilation"),
-                              ((1, 4, 28, 28), (4, 4, 3, 3), dict(padding=1), "channels"),
-                              ((1, 64, 7, 7), (64, 64, 3, 3), dict(padding=1), "tiles")]:
+    for xs, ws, kw, words in [
+        ((1, 64, 28, 28), (64, 64, 3, 3), dict(stride=2, padding=1), "stride"),
+        ((1, 64, 28, 28), (64, 64, 5, 5), dict(padding=2), "3x3"),
+        ((1, 64, 28, 28), (64, 32, 3, 3), dict(padding=1, groups=2), "group"),
+        ((1, 64, 28, 28), (64, 64, 3, 3), dict(padding=2, dilation=2), "dilation"),
+        ((1, 4, 28, 28), (4, 4, 3, 3), dict(padding=1), "channels"),
+        ((1, 64, 7, 7), (64, 64, 3, 3), dict(padding=1), "tiles"),
+    ]:
         ex = opsnn.aclnn.conv2d.prepare(rand(rng, xs), rand(rng, ws), **kw)
         assert ex.kernel_name != "conv2d_winograd"
         why = dict(ex.rejected)["conv2d_winograd"]
@@ -340,7 +362,7 @@ def test_winograd_nan_inf_propagate(rng, kernel, tile, tol):
     for r0 in range(0, 12, tile):
         for c0 in range(0, 12, tile):
             if r0 <= 6 < r0 + tile + 2 and c0 <= 7 < c0 + tile + 2:  # its input tile holds x[5, 6] (padded: 6, 7)
-                clean[r0:r0 + tile, c0:c0 + tile] = False
+                clean[r0 : r0 + tile, c0 : c0 + tile] = False
     assert np.isfinite(y[0][:, clean]).all()
     assert rel_err(y[0][:, clean], want[0][:, clean]) < tol
 
@@ -353,30 +375,30 @@ def test_weight_transform_matches_matrix_form(rng):
     # the F(4,3) identity itself: A^T [(G g) * (B^T d)] == the 1-D correlation of d by g
     g, d = rng.standard_normal(3), rng.standard_normal(6)
     y = WG.AT @ ((WG.G @ g) * (WG.BT @ d))
-    np.testing.assert_allclose(y, [d[i:i + 3] @ g for i in range(4)], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(y, [d[i : i + 3] @ g for i in range(4)], rtol=1e-12, atol=1e-12)
     # F(2x2): U = G2 g G2^T, (16, M, C); and the F(2,3) identity
     u = WG.transform_weights(w, np.float64, tile=2)
     want = np.einsum("xi,mcij,yj->xymc", WG.G2, w.astype(np.float64), WG.G2).reshape(16, 5, 7)
     np.testing.assert_allclose(u, want, rtol=1e-12, atol=1e-12)
     y = WG.AT2 @ ((WG.G2 @ g) * (WG.BT2 @ d[:4]))
-    np.testing.assert_allclose(y, [d[i:i + 3] @ g for i in range(2)], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(y, [d[i : i + 3] @ g for i in range(2)], rtol=1e-12, atol=1e-12)
 
 
 # (x shape, expected kernel, a word of the reason the other Winograd kernel gives)
 WINO_SELECTION = [
-    ((1, 64, 56, 56), "conv2d_winograd", None),          # ResNet-50 stage 1
-    ((1, 128, 28, 28), "conv2d_winograd", None),         # stage 2
-    ((1, 256, 14, 14), "conv2d_winograd_f2", "tiles"),   # stage 3: 16 tiles of 4x4
-    ((1, 512, 7, 7), "conv2d_winograd_f2", "tiles"),     # stage 4: F(4x4) has only 4 tiles
+    ((1, 64, 56, 56), "conv2d_winograd", None),  # ResNet-50 stage 1
+    ((1, 128, 28, 28), "conv2d_winograd", None),  # stage 2
+    ((1, 256, 14, 14), "conv2d_winograd_f2", "tiles"),  # stage 3: 16 tiles of 4x4
+    ((1, 512, 7, 7), "conv2d_winograd_f2", "tiles"),  # stage 4: F(4x4) has only 4 tiles
     ((2, 256, 14, 14), "conv2d_winograd_f2", "wide"),
     ((4, 512, 7, 7), "conv2d_winograd_f2", "tiles"),
-    ((8, 256, 14, 14), "conv2d_winograd", None),         # batch 8: F(4x4)'s GEMMs are fat enough
+    ((8, 256, 14, 14), "conv2d_winograd", None),  # batch 8: F(4x4)'s GEMMs are fat enough
     ((8, 512, 7, 7), "conv2d_winograd", None),
     ((1, 32, 56, 56), "conv2d_winograd_f2", "channels"),  # few channels, 196 tiles of 4x4
     ((1, 64, 28, 28), "conv2d_winograd_f2", "min(C, M)"),
     ((8, 64, 56, 56), "conv2d_winograd", None),
     ((8, 128, 28, 28), "conv2d_winograd", None),
-    ((1, 8, 28, 28), "conv2d_im2col", None),             # too little work for either
+    ((1, 8, 28, 28), "conv2d_im2col", None),  # too little work for either
 ]
 # with Intel MKL a small weight's im2col runs as tasks on single-threaded MKL (conv2d_im2col_tasks)
 _IM2COL = "conv2d_im2col" if KM.unavailable() else "conv2d_im2col_tasks"
@@ -405,15 +427,18 @@ def test_winograd_f4_or_f2_selection(rng, xs, kernel, why):
 def test_winograd_f2_rejects_what_it_cannot_run(rng):
     from opsnn.ops.defs import conv as defs
 
-    for ws, attrs, word in [((8, 8, 3, 3), conv_attrs(stride=(2, 2), pads=(1,) * 4), "stride"),
-                            ((8, 8, 5, 5), conv_attrs(pads=(2,) * 4), "3x3"),
-                            ((8, 4, 3, 3), conv_attrs(pads=(1,) * 4, groups=2), "group"),
-                            ((8, 8, 3, 3), conv_attrs(pads=(2,) * 4, dil=(2, 2)), "dilation")]:
+    for ws, attrs, word in [
+        ((8, 8, 3, 3), conv_attrs(stride=(2, 2), pads=(1,) * 4), "stride"),
+        ((8, 8, 5, 5), conv_attrs(pads=(2,) * 4), "3x3"),
+        ((8, 4, 3, 3), conv_attrs(pads=(1,) * 4, groups=2), "group"),
+        ((8, 8, 3, 3), conv_attrs(pads=(2,) * 4, dil=(2, 2)), "dilation"),
+    ]:
         why = defs.winograd_f2_rejection((1, 8, 20, 20), ws, attrs)
         assert word in why and not isinstance(why, autotune.NotPreferred), why
     assert "2-D" in defs.winograd_f2_rejection((1, 8, 20), (8, 8, 3), {})
-    assert isinstance(defs.winograd_f2_rejection((1, 4, 64, 64), (4, 4, 3, 3), conv_attrs(pads=(1,) * 4)),
-                      autotune.NotPreferred)  # 4 channels: correct but slower
+    assert isinstance(
+        defs.winograd_f2_rejection((1, 4, 64, 64), (4, 4, 3, 3), conv_attrs(pads=(1,) * 4)), autotune.NotPreferred
+    )  # 4 channels: correct but slower
 
 
 def test_winograd_f2_leaves_few_tiles_of_a_wide_layer_to_im2col(rng):
@@ -424,9 +449,9 @@ def test_winograd_f2_leaves_few_tiles_of_a_wide_layer_to_im2col(rng):
     attrs = conv_attrs(pads=(1,) * 4)
     why = defs.winograd_f2_rejection((1, 512, 4, 4), (512, 512, 3, 3), attrs)
     assert isinstance(why, autotune.NotPreferred) and "transformed weight" in why, why
-    assert defs.winograd_f2_rejection((1, 512, 7, 7), (512, 512, 3, 3), attrs) is None   # 16 tiles
-    assert defs.winograd_f2_rejection((4, 512, 4, 4), (512, 512, 3, 3), attrs) is None   # batch 4: 16 tiles
-    assert defs.winograd_f2_rejection((1, 128, 4, 4), (128, 128, 3, 3), attrs) is None   # 1 MiB: stays in L2
+    assert defs.winograd_f2_rejection((1, 512, 7, 7), (512, 512, 3, 3), attrs) is None  # 16 tiles
+    assert defs.winograd_f2_rejection((4, 512, 4, 4), (512, 512, 3, 3), attrs) is None  # batch 4: 16 tiles
+    assert defs.winograd_f2_rejection((1, 128, 4, 4), (128, 128, 3, 3), attrs) is None  # 1 MiB: stays in L2
     x, w = rand(rng, (1, 512, 4, 4)), rand(rng, (512, 512, 3, 3))
     sel = plan_op(get_op("Conv"), [TensorMeta(a.shape, a.dtype) for a in (x, w)], [None, w], attrs).selection
     assert sel.kernel.name.startswith("conv2d_im2col"), sel.kernel.name
@@ -438,14 +463,14 @@ def test_winograd_f2_leaves_few_tiles_of_a_wide_layer_to_im2col(rng):
 # -- direct and im2col kernels ------------------------------------------------------------------------------
 DIRECT_CASES = [
     # (x shape, w shape, stride, pads, dilation, groups)
-    ((1, 3, 23, 21), (8, 3, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1),     # ResNet-stem-like, odd sizes
-    ((2, 4, 9, 10), (6, 4, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),      # dilated
-    ((1, 5, 12, 13), (5, 5, 3, 3), (1, 1), (4, 4, 4, 4), (4, 3), 1),     # dilation > pad structure
-    ((2, 7, 9, 11), (5, 7, 2, 3), (4, 5), (0, 0, 0, 0), (1, 1), 1),      # stride > kernel
-    ((1, 6, 1, 1), (9, 6, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),       # 1x1 image
-    ((1, 3, 6, 5), (2, 3, 3, 3), (1, 1), (3, 2, 3, 2), (1, 1), 1),       # padding > kernel/2
-    ((2, 8, 13, 11), (6, 4, 5, 3), (3, 2), (2, 1, 0, 2), (2, 2), 2),     # groups, asymmetric
-    ((1, 4, 9, 10), (7, 4, 3, 3), (2, 3), (1, 1, 1, 1), (1, 1), 1),      # M not a multiple of 4
+    ((1, 3, 23, 21), (8, 3, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1),  # ResNet-stem-like, odd sizes
+    ((2, 4, 9, 10), (6, 4, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),  # dilated
+    ((1, 5, 12, 13), (5, 5, 3, 3), (1, 1), (4, 4, 4, 4), (4, 3), 1),  # dilation > pad structure
+    ((2, 7, 9, 11), (5, 7, 2, 3), (4, 5), (0, 0, 0, 0), (1, 1), 1),  # stride > kernel
+    ((1, 6, 1, 1), (9, 6, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 1x1 image
+    ((1, 3, 6, 5), (2, 3, 3, 3), (1, 1), (3, 2, 3, 2), (1, 1), 1),  # padding > kernel/2
+    ((2, 8, 13, 11), (6, 4, 5, 3), (3, 2), (2, 1, 0, 2), (2, 2), 2),  # groups, asymmetric
+    ((1, 4, 9, 10), (7, 4, 3, 3), (2, 3), (1, 1, 1, 1), (1, 1), 1),  # M not a multiple of 4
 ]
 
 
@@ -474,15 +499,25 @@ def test_direct_chosen_when_im2col_buffer_too_large(rng, monkeypatch):
     ex = opsnn.aclnn.conv2d.prepare(x, w, padding=2, dilation=2, stride=2)
     assert ex.kernel_name == "conv2d_direct"
     assert "column buffer" in dict(ex.rejected)["conv2d_im2col"]
-    np.testing.assert_allclose(ex.run().numpy(), conv_oracle(x, w, None, (2, 2), (2,) * 4, (2, 2)),
-                               rtol=FP32_TOL, atol=FP32_TOL)
+    np.testing.assert_allclose(
+        ex.run().numpy(), conv_oracle(x, w, None, (2, 2), (2,) * 4, (2, 2)), rtol=FP32_TOL, atol=FP32_TOL
+    )
 
 
 # -- property: every kernel a selection could pick is right for the shape ------------------------------------
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 2), c=st.integers(1, 20), m=st.integers(1, 20), h=st.integers(1, 13),
-       w_=st.integers(1, 13), k=st.sampled_from([1, 2, 3, 5]), s=st.integers(1, 3), d=st.integers(1, 3),
-       p=st.integers(0, 4), g=st.sampled_from([1, 2]))
+@given(
+    n=st.integers(1, 2),
+    c=st.integers(1, 20),
+    m=st.integers(1, 20),
+    h=st.integers(1, 13),
+    w_=st.integers(1, 13),
+    k=st.sampled_from([1, 2, 3, 5]),
+    s=st.integers(1, 3),
+    d=st.integers(1, 3),
+    p=st.integers(0, 4),
+    g=st.sampled_from([1, 2]),
+)
 def test_every_applicable_conv_kernel_is_correct(n, c, m, h, w_, k, s, d, p, g):
     rng = np.random.default_rng(n * 1000 + c * 37 + h)
     c, m = c * g, m * g
@@ -496,34 +531,47 @@ def test_every_applicable_conv_kernel_is_correct(n, c, m, h, w_, k, s, d, p, g):
     for kern in autotune.candidates(rec, ctx):
         y, _ = run_kernel("Conv", kern.name, [x, w, b], attrs, constant={1, 2})
         tol = WINO_TOL if kern.name.startswith("conv2d_winograd") else FP32_TOL
-        np.testing.assert_allclose(y, want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()),
-                                   err_msg=f"kernel {kern.name}")
+        np.testing.assert_allclose(
+            y, want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()), err_msg=f"kernel {kern.name}"
+        )
 
 
 # -- every Conv kernel runs inside FusedConv (the graph engine's epilogue fusion) ------------------------------
 def _conv_relu_residual_model(x, w, b, attrs):
-    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], **attrs),
-             helper.make_node("Add", ["c", "z"], ["s"]),
-             helper.make_node("Relu", ["s"], ["y"])]
-    ys = conv_oracle(x, w, b, tuple(attrs["strides"]), tuple(attrs["pads"]), tuple(attrs["dilations"]),
-                     attrs["group"]).shape
-    g = helper.make_graph(nodes, "conv_res", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape),
-                                               helper.make_tensor_value_info("z", TensorProto.FLOAT, ys)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "B"], ["c"], **attrs),
+        helper.make_node("Add", ["c", "z"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    ys = conv_oracle(
+        x, w, b, tuple(attrs["strides"]), tuple(attrs["pads"]), tuple(attrs["dilations"]), attrs["group"]
+    ).shape
+    g = helper.make_graph(
+        nodes,
+        "conv_res",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ys),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), ys
 
 
-@pytest.mark.parametrize("kernel,xs,ws,attrs", [
-    ("conv2d_winograd", (1, 16, 18, 17), (16, 16, 3, 3), conv_attrs(pads=(1,) * 4)),
-    ("conv2d_winograd_f2", (2, 16, 13, 10), (24, 16, 3, 3), conv_attrs(pads=(1,) * 4)),
-    ("conv2d_winograd_dilated", (1, 128, 26, 26), (128, 128, 3, 3), conv_attrs(pads=(2,) * 4, dil=(2, 2))),
-    ("conv2d_im2col", (1, 16, 10, 9), (16, 16, 3, 3), conv_attrs(pads=(1,) * 4)),
-    ("conv2d_direct", (1, 3, 15, 14), (8, 3, 7, 7), conv_attrs((2, 2), (3,) * 4)),
-    ("conv_1x1_gemm", (1, 8, 6, 5), (4, 8, 1, 1), conv_attrs()),
-    ("conv2d_depthwise", (1, 6, 8, 7), (6, 1, 3, 3), conv_attrs(pads=(1,) * 4, groups=6)),
-    ("conv_nd_im2col", (1, 4, 8, 7), (5, 4, 3, 3), conv_attrs(dil=(2, 2), pads=(2,) * 4)),
-])
+@pytest.mark.parametrize(
+    "kernel,xs,ws,attrs",
+    [
+        ("conv2d_winograd", (1, 16, 18, 17), (16, 16, 3, 3), conv_attrs(pads=(1,) * 4)),
+        ("conv2d_winograd_f2", (2, 16, 13, 10), (24, 16, 3, 3), conv_attrs(pads=(1,) * 4)),
+        ("conv2d_winograd_dilated", (1, 128, 26, 26), (128, 128, 3, 3), conv_attrs(pads=(2,) * 4, dil=(2, 2))),
+        ("conv2d_im2col", (1, 16, 10, 9), (16, 16, 3, 3), conv_attrs(pads=(1,) * 4)),
+        ("conv2d_direct", (1, 3, 15, 14), (8, 3, 7, 7), conv_attrs((2, 2), (3,) * 4)),
+        ("conv_1x1_gemm", (1, 8, 6, 5), (4, 8, 1, 1), conv_attrs()),
+        ("conv2d_depthwise", (1, 6, 8, 7), (6, 1, 3, 3), conv_attrs(pads=(1,) * 4, groups=6)),
+        ("conv_nd_im2col", (1, 4, 8, 7), (5, 4, 3, 3), conv_attrs(dil=(2, 2), pads=(2,) * 4)),
+    ],
+)
 def test_fused_conv_runs_every_kernel(rng, kernel, xs, ws, attrs):
     x, w, b = rand(rng, xs), rand(rng, ws), rand(rng, (ws[0],))
     model, ys = _conv_relu_residual_model(x, w, b, attrs)
@@ -533,8 +581,11 @@ def test_fused_conv_runs_every_kernel(rng, kernel, xs, ws, attrs):
         y = cg.run({"x": x, "z": z})["y"].numpy()
     text = cg.explain()
     assert "FusedConv" in text and kernel in text, text
-    want = np.maximum(conv_oracle(x, w, b, tuple(attrs["strides"]), tuple(attrs["pads"]),
-                                  tuple(attrs["dilations"]), attrs["group"]) + z, 0)
+    want = np.maximum(
+        conv_oracle(x, w, b, tuple(attrs["strides"]), tuple(attrs["pads"]), tuple(attrs["dilations"]), attrs["group"])
+        + z,
+        0,
+    )
     tol = WINO_TOL if kernel.startswith("conv2d_winograd") else FP32_TOL
     np.testing.assert_allclose(y, want, rtol=tol, atol=tol * np.abs(want).max())
 
@@ -567,8 +618,16 @@ def test_explain_reports_the_fused_conv_kernel_chosen_with_the_constant_weight(r
 
 
 # -- 16-bit GEMM ---------------------------------------------------------------------------------------------------
-LOWP_SHAPES = [((1, 1), (1, 1)), ((3, 5), (5, 7)), ((37, 64), (64, 129)), ((4, 33), (33, 16)),
-               ((2, 3, 9), (9, 20)), ((2, 5, 8), (2, 8, 3)), ((0, 4), (4, 3)), ((3, 0), (0, 5))]
+LOWP_SHAPES = [
+    ((1, 1), (1, 1)),
+    ((3, 5), (5, 7)),
+    ((37, 64), (64, 129)),
+    ((4, 33), (33, 16)),
+    ((2, 3, 9), (9, 20)),
+    ((2, 5, 8), (2, 8, 3)),
+    ((0, 4), (4, 3)),
+    ((3, 0), (0, 5)),
+]
 
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
@@ -583,7 +642,7 @@ def test_tiled_lowp_matmul(rng, dtype, sa, sb, tile):
     want = np.matmul(a.astype(np.float64), b.astype(np.float64))
     # bit-exact against rounding the float32 result once (fp32 accumulation, RNE store)
     exact = np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(dtype)
-    ulp = 2.0 ** -10 if dtype == np.float16 else 2.0 ** -7
+    ulp = 2.0**-10 if dtype == np.float16 else 2.0**-7
     scale = max(np.abs(want).max(), 1.0) if want.size else 1.0
     np.testing.assert_allclose(out.astype(np.float64), want, rtol=ulp, atol=ulp * scale)
     diff = np.abs(out.astype(np.float64) - exact.astype(np.float64))
@@ -609,9 +668,29 @@ def test_lowp_conversions_exact():
 
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     rng = np.random.default_rng(1)
-    vals = np.concatenate([rng.standard_normal(20000).astype(np.float32) * s for s in (1e-8, 1e-5, 1, 6e4, 1e5)]
-                          + [np.array([0, -0.0, np.inf, -np.inf, 65504, 65519.99, 65520, 6.1035156e-05,
-                                       5.9604645e-08, 2.9802322e-08, 2.9802326e-08, -3e-38, 3.4e38], np.float32)])
+    vals = np.concatenate(
+        [rng.standard_normal(20000).astype(np.float32) * s for s in (1e-8, 1e-5, 1, 6e4, 1e5)]
+        + [
+            np.array(
+                [
+                    0,
+                    -0.0,
+                    np.inf,
+                    -np.inf,
+                    65504,
+                    65519.99,
+                    65520,
+                    6.1035156e-05,
+                    5.9604645e-08,
+                    2.9802322e-08,
+                    2.9802326e-08,
+                    -3e-38,
+                    3.4e38,
+                ],
+                np.float32,
+            )
+        ]
+    )
     for dt, kind in ((np.float16, KG.KIND_F16), (ml_dtypes.bfloat16, KG.KIND_BF16)):
         got = widen(bits, kind)
         want = bits.view(dt).astype(np.float32)
@@ -643,8 +722,9 @@ def test_lowp_nan_inf_and_selection(rng):
     at = rand(rng, (8, 3)).astype(np.float16).T
     b = rand(rng, (8, 5)).astype(np.float16)
     got = opsnn.ops.matmul(opsnn.from_numpy(at), b).numpy()
-    np.testing.assert_allclose(got.astype(np.float32), at.astype(np.float32) @ b.astype(np.float32), rtol=2e-3,
-                               atol=2e-3 * 8)
+    np.testing.assert_allclose(
+        got.astype(np.float32), at.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=2e-3 * 8
+    )
     # bf16 and many fp16 rows prefer BLAS on fp32 copies; the reason says so
     ex = opsnn.aclnn.matmul.prepare(rand(rng, (64, 8)).astype(np.float16), b)
     assert ex.kernel_name == "matmul_blas" and "rows" in dict(ex.rejected)["matmul_tiled_lowp"]
@@ -656,11 +736,20 @@ def test_lowp_kernel_inside_fused_matmul(rng):
     x = rand(rng, (4, 16)).astype(np.float16)
     w = rand(rng, (16, 8)).astype(np.float16)
     bias = rand(rng, (8,)).astype(np.float16)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["s"]),
-             helper.make_node("Relu", ["s"], ["y"])]
-    g = helper.make_graph(nodes, "mm_fused", [helper.make_tensor_value_info(n_, TensorProto.FLOAT16, v.shape)
-                                              for n_, v in (("x", x), ("w", w), ("b", bias))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "mm_fused",
+        [
+            helper.make_tensor_value_info(n_, TensorProto.FLOAT16, v.shape)
+            for n_, v in (("x", x), ("w", w), ("b", bias))
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)],
+    )
     cg = opsnn.compile(opsnn.onnx.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])))
     y = cg.run({"x": x, "w": w, "b": bias})["y"].numpy()
     want = np.maximum(x.astype(np.float64) @ w.astype(np.float64) + bias.astype(np.float64), 0)
@@ -675,13 +764,13 @@ def test_lowp_kernel_inside_fused_matmul(rng):
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
 def test_prepacked_matmul_and_linear(rng, dtype):
     x = rand(rng, (2, 3, 24)).astype(dtype)
-    wm = rand(rng, (24, 10)).astype(dtype)           # MatMul B (K, N)
-    wl = rand(rng, (10, 24)).astype(dtype)           # Linear W (N, K)
+    wm = rand(rng, (24, 10)).astype(dtype)  # MatMul B (K, N)
+    wl = rand(rng, (10, 24)).astype(dtype)  # Linear W (N, K)
     bl = rand(rng, (10,)).astype(dtype)
     y, plan = run_kernel("MatMul", "matmul_prepacked", [x, wm], {}, constant={1})
     assert plan.w.dtype == np.float32 and plan.w.shape == (24, 10) and not plan.w.flags.writeable
     want = x.astype(np.float64) @ wm.astype(np.float64)
-    ulp = 2.0 ** -10 if dtype == np.float16 else 2.0 ** -7
+    ulp = 2.0**-10 if dtype == np.float16 else 2.0**-7
     np.testing.assert_allclose(y.astype(np.float64), want, rtol=2 * ulp, atol=2 * ulp * np.abs(want).max())
     y, plan = run_kernel("Linear", "linear_prepacked", [x, wl, bl], {}, constant={1, 2}, domain="opsnn")
     want = x.astype(np.float64) @ wl.astype(np.float64).T + bl.astype(np.float64)
@@ -700,9 +789,13 @@ def test_prepacked_in_graph(rng):
     x = rand(rng, (4, 16)).astype(np.float16)
     w = rand(rng, (16, 8)).astype(np.float16)
     node = helper.make_node("MatMul", ["x", "W"], ["y"])
-    g = helper.make_graph([node], "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, x.shape)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)],
-                          [numpy_helper.from_array(w, "W")])
+    g = helper.make_graph(
+        [node],
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)],
+        [numpy_helper.from_array(w, "W")],
+    )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
     cg = opsnn.compile(opsnn.onnx.load(model))
     y = cg.run({"x": x})["y"].numpy()
@@ -736,11 +829,17 @@ def test_threading_default_is_set():
 def _act_oracle(v, name, alpha, beta):
     from math import erf
 
-    return {"": v, "Relu": np.maximum(v, 0), "Sigmoid": 1 / (1 + np.exp(-v)), "Tanh": np.tanh(v),
-            "Gelu": 0.5 * v * (1 + np.vectorize(erf)(v / np.sqrt(2))),
-            "GeluTanh": 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3))),
-            "Swish": v / (1 + np.exp(-alpha * v)), "LeakyRelu": np.where(v >= 0, v, alpha * v),
-            "Clip": np.clip(v, alpha, beta)}[name]
+    return {
+        "": v,
+        "Relu": np.maximum(v, 0),
+        "Sigmoid": 1 / (1 + np.exp(-v)),
+        "Tanh": np.tanh(v),
+        "Gelu": 0.5 * v * (1 + np.vectorize(erf)(v / np.sqrt(2))),
+        "GeluTanh": 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v**3))),
+        "Swish": v / (1 + np.exp(-alpha * v)),
+        "LeakyRelu": np.where(v >= 0, v, alpha * v),
+        "Clip": np.clip(v, alpha, beta),
+    }[name]
 
 
 @pytest.mark.parametrize("act", ["Relu", "", "Gelu", "Sigmoid"])
@@ -757,8 +856,9 @@ def test_epilogue_parallel_and_serial_paths_agree(rng, act):
         KF.epilogue(got, b, z, code, 0.0, 0.0)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         other = y.copy()  # the other driver on the same data: identical results
-        (KF.epilogue_rows_serial if rows * cols >= big else KF.epilogue_rows)(other, b, np.empty(0, np.float32), z,
-                                                                               code, 0.0, 0.0)
+        (KF.epilogue_rows_serial if rows * cols >= big else KF.epilogue_rows)(
+            other, b, np.empty(0, np.float32), z, code, 0.0, 0.0
+        )
         np.testing.assert_array_equal(other, got)
 
 
@@ -772,8 +872,12 @@ def test_epilogue_row_bias(rng, act, resid, rows):
     cb = rand(rng, (64,)).astype(np.float32)
     z = rand(rng, (rows, 64)).astype(np.float32) if resid else None
     for col_bias in (None, cb):
-        v = y.astype(np.float64) + np.resize(rb, rows)[:, None] + (0 if z is None else z) + \
-            (0 if col_bias is None else col_bias)
+        v = (
+            y.astype(np.float64)
+            + np.resize(rb, rows)[:, None]
+            + (0 if z is None else z)
+            + (0 if col_bias is None else col_bias)
+        )
         got = y.copy()
         KF.epilogue(got, col_bias, z, KF.ACTIVATIONS[act], 0.0, 0.0, row_bias=rb)
         np.testing.assert_allclose(got, _act_oracle(v, act, 0.0, 0.0), rtol=1e-5, atol=1e-6)

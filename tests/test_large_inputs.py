@@ -14,6 +14,7 @@ independent of the kernels. Tolerances: fp32 kernels 1e-4 relative to the output
 magnitude (Winograd 2e-4: its transform constants amplify rounding); pooling max exact,
 average 1e-6.
 """
+
 import gc
 import itertools
 
@@ -45,9 +46,13 @@ def conv_oracle(x, w, b=None, stride=(1, 1), pads=(0, 0, 0, 0), dil=(1, 1), grou
     mg = m // groups
     for g in range(groups):
         for i, j in itertools.product(range(kh), range(kw)):
-            win = xp[:, g * cg:(g + 1) * cg, i * dil[0]:i * dil[0] + (oh - 1) * stride[0] + 1:stride[0],
-                     j * dil[1]:j * dil[1] + (ow - 1) * stride[1] + 1:stride[1]]
-            y[:, g * mg:(g + 1) * mg] += np.einsum("nchw,mc->nmhw", win, w[g * mg:(g + 1) * mg, :, i, j])
+            win = xp[
+                :,
+                g * cg : (g + 1) * cg,
+                i * dil[0] : i * dil[0] + (oh - 1) * stride[0] + 1 : stride[0],
+                j * dil[1] : j * dil[1] + (ow - 1) * stride[1] + 1 : stride[1],
+            ]
+            y[:, g * mg : (g + 1) * mg] += np.einsum("nchw,mc->nmhw", win, w[g * mg : (g + 1) * mg, :, i, j])
     if b is not None:
         y += b.astype(np.float64).reshape(1, -1, 1, 1)
     return y
@@ -81,14 +86,14 @@ def pool_oracle(x, k, s, p, dil=1, mode="max", ceil_mode=False, count_include_pa
     fill = -np.inf if mode == "max" else 0.0
     xp = np.pad(xf, ((0, 0), (0, 0), (p, p + extra[0]), (p, p + extra[1])), constant_values=fill)
     win = np.lib.stride_tricks.sliding_window_view(xp, (eff, eff), axis=(2, 3))
-    win = win[:, :, :(out[0] - 1) * s + 1:s, :(out[1] - 1) * s + 1:s, ::dil, ::dil]
+    win = win[:, :, : (out[0] - 1) * s + 1 : s, : (out[1] - 1) * s + 1 : s, ::dil, ::dil]
     if mode == "max":
         return win.max(axis=(-2, -1))
     inside = np.pad(np.ones((h, w)), ((p, p + extra[0]), (p, p + extra[1])))
     padded = np.pad(np.ones((h + 2 * p, w + 2 * p)), ((0, extra[0]), (0, extra[1])))
     cnt_src = padded if count_include_pad else inside
     cnt = np.lib.stride_tricks.sliding_window_view(cnt_src, (eff, eff))
-    cnt = cnt[:(out[0] - 1) * s + 1:s, :(out[1] - 1) * s + 1:s, ::dil, ::dil].sum(axis=(-2, -1))
+    cnt = cnt[: (out[0] - 1) * s + 1 : s, : (out[1] - 1) * s + 1 : s, ::dil, ::dil].sum(axis=(-2, -1))
     return win.sum(axis=(-2, -1)) / cnt
 
 
@@ -121,7 +126,7 @@ def _check_conv_crops(x, w, b, y, stride, pad):
         # the input rows/columns these outputs read, with the image's own padding where it lies outside
         i0, i1 = r0 * stride - pad, (r1 - 1) * stride - pad + kh
         j0, j1 = c0 * stride - pad, (c1 - 1) * stride - pad + kh
-        sub = x[:, :, max(i0, 0):min(i1, x.shape[2]), max(j0, 0):min(j1, x.shape[3])]
+        sub = x[:, :, max(i0, 0) : min(i1, x.shape[2]), max(j0, 0) : min(j1, x.shape[3])]
         pads = (max(-i0, 0), max(-j0, 0), max(i1 - x.shape[2], 0), max(j1 - x.shape[3], 0))
         want = conv_oracle(sub, w, b, (stride, stride), pads)
         assert want.shape[2:] == (r1 - r0, c1 - c0)
@@ -134,8 +139,7 @@ def big_image():
     return rng.standard_normal((1, 1, BIG, BIG), dtype=np.float32)
 
 
-@pytest.mark.parametrize("algo,stride", [(None, 1), ("conv2d_im2col", 1), ("conv2d_im2col", 2),
-                                         ("conv2d_direct", 2)])
+@pytest.mark.parametrize("algo,stride", [(None, 1), ("conv2d_im2col", 1), ("conv2d_im2col", 2), ("conv2d_direct", 2)])
 def test_conv_4096_bounded_peak(big_image, algo, stride):
     """3x3 pad 1, 1 -> 4 channels on a 1x1x4096x4096 image: right on every crop, and the pool's
     peak (input + output + workspace) within 2x (input + output)."""
@@ -154,9 +158,11 @@ def test_conv_4096_bounded_peak(big_image, algo, stride):
     ex = made[0]
     in_bytes = big_image.nbytes
     io = in_bytes + y.nbytes
-    print(f"\nconv {ex.kernel_name} stride {stride}: workspace {ex.workspace_size / 2**20:.1f} MiB, peak "
-          f"{(peak + in_bytes) / 2**20:.0f} MiB (input + output {io / 2**20:.0f} MiB, ratio "
-          f"{(peak + in_bytes) / io:.3f})")
+    print(
+        f"\nconv {ex.kernel_name} stride {stride}: workspace {ex.workspace_size / 2**20:.1f} MiB, peak "
+        f"{(peak + in_bytes) / 2**20:.0f} MiB (input + output {io / 2**20:.0f} MiB, ratio "
+        f"{(peak + in_bytes) / io:.3f})"
+    )
     assert ex.workspace_size <= 2 * KC.BAND_BYTES
     assert peak + in_bytes <= 2 * io
     _check_conv_crops(big_image, w, b, y, stride, 1)
@@ -168,13 +174,15 @@ def test_pool_4096_bounded_peak(big_image, mode, k, s, p):
     fn = opsnn.ops.max_pool2d if mode == "max" else opsnn.ops.avg_pool2d
     y, peak = _peak_of(lambda: fn(x, k, s, p).numpy())
     io = big_image.nbytes + y.nbytes
-    print(f"\n{mode} pool k{k} s{s} p{p}: peak {(peak + big_image.nbytes) / 2**20:.0f} MiB (input + output "
-          f"{io / 2**20:.0f} MiB)")
+    print(
+        f"\n{mode} pool k{k} s{s} p{p}: peak {(peak + big_image.nbytes) / 2**20:.0f} MiB (input + output "
+        f"{io / 2**20:.0f} MiB)"
+    )
     assert peak + big_image.nbytes <= 2 * io
     for (r0, r1), (c0, c1) in _crops(y.shape[2], y.shape[3]):
         i0, i1 = r0 * s - p, (r1 - 1) * s - p + k
         j0, j1 = c0 * s - p, (c1 - 1) * s - p + k
-        sub = big_image[:, :, max(i0, 0):min(i1, BIG), max(j0, 0):min(j1, BIG)]
+        sub = big_image[:, :, max(i0, 0) : min(i1, BIG), max(j0, 0) : min(j1, BIG)]
         # an interior crop needs no padding; a border crop gets the image's own padding on that side
         pt, pl = max(-i0, 0), max(-j0, 0)
         pb_, pr = max(i1 - BIG, 0), max(j1 - BIG, 0)
@@ -206,8 +214,9 @@ def _workspace(op, name, arrays, attrs, constant=()):
     return int(k.workspace(ctx, plan)) if k.workspace else 0
 
 
-@pytest.mark.parametrize("c,m,stride,dil", [(8, 8, 1, 1), (3, 8, 2, 1), (16, 16, 1, 2), (64, 64, 2, 1),
-                                            (128, 128, 1, 2)])
+@pytest.mark.parametrize(
+    "c,m,stride,dil", [(8, 8, 1, 1), (3, 8, 2, 1), (16, 16, 1, 2), (64, 64, 2, 1), (128, 128, 1, 2)]
+)
 def test_every_conv_kernel_workspace_is_bounded_on_4096(c, m, stride, dil):
     """Planned (not run): every Conv kernel that accepts a 4096x4096 problem asks for a workspace
     that does not grow with the image's height (bands of rows), stays under the band / chunk cap
@@ -244,16 +253,16 @@ def _run(op, name, arrays, attrs, constant=()):
 
 BANDED_CASES = [
     # (x shape, w shape, stride, pads (t, l, b, r), dilation, groups)
-    ((1, 3, 13, 11), (4, 3, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),      # 13 rows: bands of 2/3/5 leave a rest
-    ((2, 4, 17, 9), (5, 4, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),       # stride 2, batch 2
-    ((1, 3, 15, 16), (4, 3, 3, 3), (2, 3), (0, 2, 1, 0), (1, 1), 1),      # unequal strides, asymmetric pads
-    ((1, 4, 14, 12), (6, 4, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),      # dilation
-    ((1, 2, 12, 13), (3, 2, 3, 3), (2, 2), (3, 1, 2, 4), (3, 2), 1),      # dilation + stride + big pads
-    ((1, 3, 6, 7), (2, 3, 3, 3), (1, 1), (3, 3, 3, 3), (1, 1), 1),        # padding > kernel/2: bands of padding
-    ((1, 5, 1, 1), (3, 5, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),        # 1x1 image
-    ((1, 5, 1, 1), (3, 5, 3, 3), (2, 2), (2, 2, 2, 2), (1, 1), 1),        # 1x1 image, stride 2, all padding
-    ((2, 6, 11, 10), (4, 3, 5, 3), (2, 1), (2, 1, 2, 1), (1, 1), 2),      # groups, 5x3 kernel
-    ((1, 2, 9, 8), (3, 2, 2, 2), (3, 2), (0, 0, 0, 0), (1, 1), 1),        # stride > kernel: rows never read
+    ((1, 3, 13, 11), (4, 3, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 13 rows: bands of 2/3/5 leave a rest
+    ((2, 4, 17, 9), (5, 4, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),  # stride 2, batch 2
+    ((1, 3, 15, 16), (4, 3, 3, 3), (2, 3), (0, 2, 1, 0), (1, 1), 1),  # unequal strides, asymmetric pads
+    ((1, 4, 14, 12), (6, 4, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),  # dilation
+    ((1, 2, 12, 13), (3, 2, 3, 3), (2, 2), (3, 1, 2, 4), (3, 2), 1),  # dilation + stride + big pads
+    ((1, 3, 6, 7), (2, 3, 3, 3), (1, 1), (3, 3, 3, 3), (1, 1), 1),  # padding > kernel/2: bands of padding
+    ((1, 5, 1, 1), (3, 5, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 1x1 image
+    ((1, 5, 1, 1), (3, 5, 3, 3), (2, 2), (2, 2, 2, 2), (1, 1), 1),  # 1x1 image, stride 2, all padding
+    ((2, 6, 11, 10), (4, 3, 5, 3), (2, 1), (2, 1, 2, 1), (1, 1), 2),  # groups, 5x3 kernel
+    ((1, 2, 9, 8), (3, 2, 2, 2), (3, 2), (0, 0, 0, 0), (1, 1), 1),  # stride > kernel: rows never read
 ]
 
 
@@ -274,8 +283,9 @@ def test_banded_conv_equals_unbanded(monkeypatch, xs, ws, stride, pads, dil, gro
         y, plan, nbytes = _run("Conv", kernel, [x, w, b], attrs)
         if cap == 1 and (kernel != "conv2d_direct" or stride[1] > 1):
             assert plan.band == 1
-        np.testing.assert_allclose(y, whole, rtol=1e-5, atol=1e-5 * np.abs(want).max(),
-                                   err_msg=f"{kernel} band {plan.band}")
+        np.testing.assert_allclose(
+            y, whole, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=f"{kernel} band {plan.band}"
+        )
 
 
 def test_banded_conv_1d_and_3d(monkeypatch):
@@ -283,8 +293,10 @@ def test_banded_conv_1d_and_3d(monkeypatch):
     x1, w1 = rng.standard_normal((2, 3, 29)).astype(np.float32), rng.standard_normal((4, 3, 5)).astype(np.float32)
     a1 = {"strides": [2], "pads": [3, 1], "dilations": [2], "group": 1}
     want1 = conv_oracle(x1[:, :, None], w1[:, :, None], None, (1, 2), (0, 3, 0, 1), (1, 2))[:, :, 0]
-    x3, w3 = rng.standard_normal((1, 2, 7, 6, 5)).astype(np.float32), rng.standard_normal((3, 2, 3, 3, 2)).astype(
-        np.float32)
+    x3, w3 = (
+        rng.standard_normal((1, 2, 7, 6, 5)).astype(np.float32),
+        rng.standard_normal((3, 2, 3, 3, 2)).astype(np.float32),
+    )
     a3 = {"strides": [2, 1, 1], "pads": [2, 1, 0, 2, 1, 1], "dilations": [1, 2, 1], "group": 1}
     # pads: begin (2, 1, 0), end (2, 1, 1), applied here so the oracle runs unpadded
     want3 = conv3d_oracle(np.pad(x3, ((0, 0), (0, 0), (2, 2), (1, 1), (0, 1))), w3, (2, 1, 1), (0, 0, 0), (1, 2, 1))
@@ -298,11 +310,16 @@ def test_banded_conv_1d_and_3d(monkeypatch):
         assert plan.band == band
 
 
-@pytest.mark.parametrize("xs,m,pads,dil", [((1, 9, 14, 11), 8, (1, 1, 1, 1), (1, 1)),
-                                           ((2, 8, 13, 10), 9, (3, 0, 1, 2), (1, 1)),
-                                           ((1, 8, 1, 1), 8, (1, 1, 1, 1), (1, 1)),
-                                           ((1, 8, 17, 15), 8, (2, 2, 2, 2), (2, 2)),
-                                           ((2, 8, 11, 14), 8, (3, 1, 0, 4), (3, 2))])
+@pytest.mark.parametrize(
+    "xs,m,pads,dil",
+    [
+        ((1, 9, 14, 11), 8, (1, 1, 1, 1), (1, 1)),
+        ((2, 8, 13, 10), 9, (3, 0, 1, 2), (1, 1)),
+        ((1, 8, 1, 1), 8, (1, 1, 1, 1), (1, 1)),
+        ((1, 8, 17, 15), 8, (2, 2, 2, 2), (2, 2)),
+        ((2, 8, 11, 14), 8, (3, 1, 0, 4), (3, 2)),
+    ],
+)
 def test_winograd_chunked_equals_whole(monkeypatch, xs, m, pads, dil):
     """Winograd (dense and dilated, whose phases are read and written as strided views) with one
     tile row per chunk vs all at once."""
@@ -326,14 +343,16 @@ POOL_CASES = [
     ((1, 2, 13, 11), 3, 1, 1, 1, False),
     ((2, 1, 17, 9), 3, 2, 1, 1, True),
     ((1, 1, 12, 12), 2, 2, 0, 1, False),
-    ((1, 3, 15, 10), 3, 1, 2, 2, False),      # dilation
-    ((1, 1, 1, 1), 3, 1, 1, 1, False),        # 1x1 image
-    ((1, 1, 19, 7), 3, 3, 1, 2, True),        # stride = kernel, dilation, ceil mode
+    ((1, 3, 15, 10), 3, 1, 2, 2, False),  # dilation
+    ((1, 1, 1, 1), 3, 1, 1, 1, False),  # 1x1 image
+    ((1, 1, 19, 7), 3, 3, 1, 2, True),  # stride = kernel, dilation, ceil mode
 ]
 
 
-@pytest.mark.parametrize("mode,shape,k,s,p,d,ceil", [(mode,) + c for mode in ("max", "avg") for c in POOL_CASES
-                                                       if mode == "max" or c[4] == 1])  # AveragePool: no dilation
+@pytest.mark.parametrize(
+    "mode,shape,k,s,p,d,ceil",
+    [(mode,) + c for mode in ("max", "avg") for c in POOL_CASES if mode == "max" or c[4] == 1],
+)  # AveragePool: no dilation
 def test_pool_scratch_cap_equals_uncapped(monkeypatch, mode, shape, k, s, p, d, ceil):
     rng = np.random.default_rng(shape[2])
     x = rng.standard_normal(shape).astype(np.float32)
@@ -367,23 +386,32 @@ def conv_transpose_oracle(x, w, stride, pads, dil, groups, out_pad=(0, 0)):
     n, c, h, wd = x.shape
     mg, kh, kw = w.shape[1:]
     cg = c // groups
-    full = ((h - 1) * stride[0] + (kh - 1) * dil[0] + 1 + out_pad[0],
-            (wd - 1) * stride[1] + (kw - 1) * dil[1] + 1 + out_pad[1])
+    full = (
+        (h - 1) * stride[0] + (kh - 1) * dil[0] + 1 + out_pad[0],
+        (wd - 1) * stride[1] + (kw - 1) * dil[1] + 1 + out_pad[1],
+    )
     buf = np.zeros((n, mg * groups) + full)
     for g in range(groups):
         for i, j in itertools.product(range(kh), range(kw)):
-            contrib = np.einsum("nchw,cm->nmhw", x[:, g * cg:(g + 1) * cg], w[g * cg:(g + 1) * cg, :, i, j])
-            buf[:, g * mg:(g + 1) * mg, i * dil[0]:i * dil[0] + (h - 1) * stride[0] + 1:stride[0],
-                j * dil[1]:j * dil[1] + (wd - 1) * stride[1] + 1:stride[1]] += contrib
-    return buf[:, :, pads[0]:full[0] - pads[2], pads[1]:full[1] - pads[3]]
+            contrib = np.einsum("nchw,cm->nmhw", x[:, g * cg : (g + 1) * cg], w[g * cg : (g + 1) * cg, :, i, j])
+            buf[
+                :,
+                g * mg : (g + 1) * mg,
+                i * dil[0] : i * dil[0] + (h - 1) * stride[0] + 1 : stride[0],
+                j * dil[1] : j * dil[1] + (wd - 1) * stride[1] + 1 : stride[1],
+            ] += contrib
+    return buf[:, :, pads[0] : full[0] - pads[2], pads[1] : full[1] - pads[3]]
 
 
-@pytest.mark.parametrize("xs,ws,stride,pads,dil,groups", [
-    ((1, 3, 9, 7), (3, 4, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),
-    ((2, 4, 7, 8), (4, 3, 3, 2), (1, 2), (0, 1, 2, 0), (2, 1), 2),
-    ((1, 2, 1, 1), (2, 5, 3, 3), (3, 3), (0, 0, 0, 0), (1, 1), 1),        # 1x1 image
-    ((1, 3, 11, 5), (3, 2, 4, 4), (3, 2), (2, 2, 1, 1), (1, 2), 1),       # stride < kernel, bands overlap outputs
-])
+@pytest.mark.parametrize(
+    "xs,ws,stride,pads,dil,groups",
+    [
+        ((1, 3, 9, 7), (3, 4, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),
+        ((2, 4, 7, 8), (4, 3, 3, 2), (1, 2), (0, 1, 2, 0), (2, 1), 2),
+        ((1, 2, 1, 1), (2, 5, 3, 3), (3, 3), (0, 0, 0, 0), (1, 1), 1),  # 1x1 image
+        ((1, 3, 11, 5), (3, 2, 4, 4), (3, 2), (2, 2, 1, 1), (1, 2), 1),  # stride < kernel, bands overlap outputs
+    ],
+)
 def test_banded_conv_transpose_equals_unbanded(monkeypatch, xs, ws, stride, pads, dil, groups):
     rng = np.random.default_rng(xs[2] * 7 + ws[1])
     x = rng.standard_normal(xs).astype(np.float32)
@@ -421,14 +449,17 @@ def test_banded_conv_transpose_3d(monkeypatch):
 def test_conv_transpose_workspace_is_bounded_on_4096():
     w = np.zeros((8, 4, 3, 3), np.float32)
     attrs = {"strides": [2, 2], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1}
-    sizes = [_workspace("ConvTranspose", "conv_transpose_col2im",
-                        [np.broadcast_to(np.float32(0), (1, 8, h, BIG)), w], attrs) for h in (BIG, 2 * BIG)]
+    sizes = [
+        _workspace("ConvTranspose", "conv_transpose_col2im", [np.broadcast_to(np.float32(0), (1, 8, h, BIG)), w], attrs)
+        for h in (BIG, 2 * BIG)
+    ]
     assert sizes[0] == sizes[1] <= 2 * KC.BAND_BYTES
 
 
 def test_thin_banded_im2col_hands_over_to_direct():
     """A 4096x4096 conv with few output channels runs the direct kernel (banded thin GEMMs are
     not preferred); with more output channels, or columns that fit one band, im2col stays."""
+
     def chosen(c, m, size):
         x = np.broadcast_to(np.float32(0), (1, c, size, size))
         return opsnn.aclnn.conv2d.prepare(x, np.zeros((m, c, 3, 3), np.float32), padding=1)

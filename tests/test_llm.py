@@ -1,4 +1,5 @@
 """opsnn.llm: KV-cache generation, sampling, dynamic batching scheduler, cancellation, errors, CLI."""
+
 import gc
 import json
 import threading
@@ -30,8 +31,9 @@ VOCAB = 97
 
 @pytest.fixture(scope="module")
 def lm():
-    return opsnn.models.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=VOCAB, intermediate=96, seed=3,
-                              max_position=256)
+    return opsnn.models.llama(
+        layers=2, hidden=64, heads=4, kv_heads=2, vocab=VOCAB, intermediate=96, seed=3, max_position=256
+    )
 
 
 def prompts(rng, lengths):
@@ -101,8 +103,11 @@ def test_attention_reads_cache_views_with_the_fused_kernel(lm):
     # the tiled GEMM kernel reads the transposed keys in place; the flash kernel gives the same
     assert ex.kernel_name == ("attention_flash" if mkl.unavailable() else "attention_gemm_tiled")
     got = ex.run().numpy()
-    flash = opsnn.aclnn.attention.prepare(q, k, v, None, None, None, kvlen, is_causal=True,
-                                          algo="attention_flash").run().numpy()
+    flash = (
+        opsnn.aclnn.attention.prepare(q, k, v, None, None, None, kvlen, is_causal=True, algo="attention_flash")
+        .run()
+        .numpy()
+    )
     np.testing.assert_allclose(got, flash, rtol=1e-5, atol=1e-6)
     qn, kn, vn = q.numpy()[0].astype(np.float64), k.numpy()[0, :, :9].astype(np.float64), v.numpy()[0, :, :9]
     for h in range(4):  # request 0 by hand: queries at positions 6, 7, 8 over its 9 keys, causal
@@ -174,9 +179,9 @@ def test_scheduler_admission_and_retirement_order(lm, rng):
     assert reqs[2].status == "waiting" and reqs[3].status == "waiting"
     s.run()
     admits = [(e[2], e[3]) for e in s.events if e[1] == "admit"]
-    assert [a[0] for a in admits] == [0, 1, 2, 3]          # FIFO admission
-    assert admits[0][1] == 0 and admits[1][1] == 1          # lowest free slot first
-    assert admits[2][1] == 1                                # request 2 reuses request 1's slot
+    assert [a[0] for a in admits] == [0, 1, 2, 3]  # FIFO admission
+    assert admits[0][1] == 0 and admits[1][1] == 1  # lowest free slot first
+    assert admits[2][1] == 1  # request 2 reuses request 1's slot
     # step 0: 1 finishes at its first token; step 1: 2 admitted, prefilled, decoded once -> done;
     # step 2: 3 admitted, 0 gets its 4th token; step 3: 3 gets its 3rd
     assert [(e[0], e[2]) for e in s.events if e[1] == "finish"] == [(0, 1), (1, 2), (2, 0), (3, 3)]
@@ -452,8 +457,9 @@ def test_cli_generate_streams_and_checks(capsys, tmp_path):
     from opsnn.llm import cli_generate
 
     out = tmp_path / "g.json"
-    assert cli_generate(["--prompt-tokens", "1,2,3", "--max-new-tokens", "6", "--check", "--json", str(out)]
-                        + TINY) == 0
+    assert (
+        cli_generate(["--prompt-tokens", "1,2,3", "--max-new-tokens", "6", "--check", "--json", str(out)] + TINY) == 0
+    )
     text = capsys.readouterr().out
     toks = json.loads(out.read_text())["tokens"]
     assert f"tokens: {' '.join(map(str, toks))}" in text and "match" in text and "ms/token" in text
@@ -468,8 +474,25 @@ def test_cli_serve_bench(capsys, tmp_path):
     from opsnn.llm import cli_serve_bench
 
     out = tmp_path / "s.json"
-    assert cli_serve_bench(["--requests", "5", "--prompt-len", "3,12", "--new-tokens", "2,6", "--max-batch", "4",
-                            "--no-progress", "--json", str(out)] + TINY) == 0
+    assert (
+        cli_serve_bench(
+            [
+                "--requests",
+                "5",
+                "--prompt-len",
+                "3,12",
+                "--new-tokens",
+                "2,6",
+                "--max-batch",
+                "4",
+                "--no-progress",
+                "--json",
+                str(out),
+            ]
+            + TINY
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "dynamic batching" in text and "one-at-a-time" in text and "throughput" in text
     assert "warm-up (compiles kernels, not timed)" in text and "target" not in text
@@ -562,15 +585,20 @@ def test_decode_attention_kernel_matches_the_attention_op(rng, D):
     slots = np.array([4, 0, 5, 2], np.int64)
     lengths = np.array([1, 17, 0, T], np.int64)
     q = rng.standard_normal((len(slots), Hq, 1, D)).astype(np.float32)
-    want = opsnn.aclnn.prepare("Attention", [q, K[slots], V[slots], None, None, None, lengths],
-                               {"is_causal": True}, algo="attention_flash").run().numpy()
+    want = (
+        opsnn.aclnn.prepare(
+            "Attention", [q, K[slots], V[slots], None, None, None, lengths], {"is_causal": True}, algo="attention_flash"
+        )
+        .run()
+        .numpy()
+    )
     kt = np.ascontiguousarray(K.transpose(0, 1, 3, 2))
     y = np.full_like(q, np.nan)
-    decode_attention(q, kt, V, slots, lengths, y, D ** -0.5)
+    decode_attention(q, kt, V, slots, lengths, y, D**-0.5)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
     assert not y[2].any()  # length 0: zeros
     yp = np.full_like(q, np.nan)  # the tasks spread over threads: the same per-task arithmetic
-    decode_attention(q, kt, V, slots, lengths, yp, D ** -0.5, parallel=True)
+    decode_attention(q, kt, V, slots, lengths, yp, D**-0.5, parallel=True)
     np.testing.assert_array_equal(yp, y)
 
 
@@ -592,8 +620,9 @@ def test_one_row_decode_step_runs_four_regions_a_layer(lm, rng, no_leak, monkeyp
     eager._decode_step = lambda *a: None
     sa, sb = cache_a.allocate(), cache_b.allocate()
     prompt = rng.integers(0, VOCAB, 11)
-    np.testing.assert_allclose(fast.forward(prompt[None], [sa], [0]), eager.forward(prompt[None], [sb], [0]),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        fast.forward(prompt[None], [sa], [0]), eager.forward(prompt[None], [sb], [0]), rtol=1e-5, atol=1e-6
+    )
     for t in range(6):
         tok = rng.integers(0, VOCAB, (1, 1))
         if t == 3:
@@ -606,10 +635,10 @@ def test_one_row_decode_step_runs_four_regions_a_layer(lm, rng, no_leak, monkeyp
     fused = mkl.unavailable() is None
     assert ("llm_decode_attention_block" in names and "llm_decode_mlp_block" in names) == fused
     for layer in range(lm.config.num_hidden_layers):
-        np.testing.assert_allclose(cache_a._k[layer][sa, :, :, :17], cache_b._k[layer][sb, :, :, :17], rtol=1e-5,
-                                   atol=1e-6)
-        np.testing.assert_allclose(cache_a._v[layer][sa, :, :17], cache_b._v[layer][sb, :, :17], rtol=1e-5,
-                                   atol=1e-6)
+        np.testing.assert_allclose(
+            cache_a._k[layer][sa, :, :, :17], cache_b._k[layer][sb, :, :, :17], rtol=1e-5, atol=1e-6
+        )
+        np.testing.assert_allclose(cache_a._v[layer][sa, :, :17], cache_b._v[layer][sb, :, :17], rtol=1e-5, atol=1e-6)
     del fast, eager
     cache_a.close()
     cache_b.close()
@@ -623,16 +652,34 @@ def test_rope_store_matches_the_rotary_op_and_the_cache_write(rng):
     from opsnn.models.llama import LlamaConfig, rope_cache
 
     Hq, Hkv, D, T, n_slots = 4, 2, 16, 24, 5
-    cos, sin = rope_cache(LlamaConfig(vocab_size=8, hidden_size=Hq * D, intermediate_size=8, num_hidden_layers=1,
-                                      num_attention_heads=Hq, num_key_value_heads=Hkv, max_position_embeddings=T))
+    cos, sin = rope_cache(
+        LlamaConfig(
+            vocab_size=8,
+            hidden_size=Hq * D,
+            intermediate_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=Hq,
+            num_key_value_heads=Hkv,
+            max_position_embeddings=T,
+        )
+    )
     R, rows = 4, 3
     q = rng.standard_normal((R, Hq, D)).astype(np.float32)
     k = rng.standard_normal((R, Hkv, D)).astype(np.float32)
     v = rng.standard_normal((R, Hkv, D)).astype(np.float32)
     pos = np.array([0, 7, T - 1, 3], np.int64)
     slots = np.array([3, 0, 4, 1], np.int64)
-    rot = lambda x, n: opsnn.ops.rotary_embedding(x.reshape(R, 1, n * D), cos, sin, pos[:, None],  # noqa: E731
-                                                  num_heads=n).numpy().reshape(R, n, D)
+    rot = lambda x, n: (
+        opsnn.ops.rotary_embedding(
+            x.reshape(R, 1, n * D),
+            cos,
+            sin,
+            pos[:, None],  # noqa: E731
+            num_heads=n,
+        )
+        .numpy()
+        .reshape(R, n, D)
+    )
     want_q, want_k = rot(q, Hq), rot(k, Hkv)
     cache = KVCache(layers=1, max_batch_slots=n_slots, max_seq=T, kv_heads=Hkv, head_dim=D)
     cache.write(0, slots[:rows], pos[:rows], want_k[:rows, None], v[:rows, None])
@@ -671,8 +718,9 @@ def test_decoder_packed_projections_match_the_linear_op(lm, rng):
             c.allocate()
     ps = [rng.integers(0, VOCAB, n) for n in (6, 3, 9, 1, 4)]
     for i, p in enumerate(ps):
-        np.testing.assert_allclose(packed.forward(p[None], [i], [0]), plain.forward(p[None], [i], [0]),
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            packed.forward(p[None], [i], [0]), plain.forward(p[None], [i], [0]), rtol=1e-5, atol=1e-5
+        )
     starts = np.array([len(p) for p in ps])
     for rows in ([0], [3, 1], [4, 0, 2], [0, 1, 2, 3, 4]):  # buckets 1, 2 and 4, 8 (pad rows)
         tok = rng.integers(0, VOCAB, (len(rows), 1))
@@ -685,8 +733,9 @@ def test_decoder_packed_projections_match_the_linear_op(lm, rng):
         assert len(packed._packs) == 4 * lm.config.num_hidden_layers + 1
         p0 = packed.layers[0]
         qkv = packed._packed_cat((p0.wq, p0.wk, p0.wv), 4)
-        assert qkv is packed._packed_cat((p0.wq, p0.wk, p0.wv), 16) and \
-            qkv.n == sum(w.shape[0] for w in (p0.wq, p0.wk, p0.wv))
+        assert qkv is packed._packed_cat((p0.wq, p0.wk, p0.wv), 16) and qkv.n == sum(
+            w.shape[0] for w in (p0.wq, p0.wk, p0.wv)
+        )
         assert packed._packed_cat((p0.wg, p0.wu), 1) is None  # one row: matrix-vector products
         assert CachedDecoder(lm, cache_a)._packed(lm.output_weight, 4) is packed._packed(lm.output_weight, 4)
     packed.release_steps()
@@ -732,8 +781,7 @@ def test_decode_steps_pad_to_row_buckets(lm, rng, no_leak):
     cache.close()
 
 
-@pytest.mark.skipif(__import__("opsnn.kernels.cpu.mkl", fromlist=["x"]).unavailable() is not None,
-                    reason="needs MKL")
+@pytest.mark.skipif(__import__("opsnn.kernels.cpu.mkl", fromlist=["x"]).unavailable() is not None, reason="needs MKL")
 def test_decoder_products_by_row_count_where_openblas_is_the_gemm_library(lm, rng, monkeypatch):
     """Where OpenBLAS is the faster library (AMD CPUs): products of a few rows (decode steps) run
     on opsnn's gemm_rows over the (stacked) weights, mid-sized ones keep MKL's packed panels,
@@ -744,13 +792,13 @@ def test_decoder_products_by_row_count_where_openblas_is_the_gemm_library(lm, rn
     from opsnn.tools.profiler import profile
 
     monkeypatch.setattr(KL, "_library", "openblas")
-    monkeypatch.setattr(KL, "ONEDNN_MIN_ROWS", 1 << 30)   # oneDNN's matmul: the next test
+    monkeypatch.setattr(KL, "ONEDNN_MIN_ROWS", 1 << 30)  # oneDNN's matmul: the next test
     monkeypatch.setattr(KL, "SMALL_ROWS", 2)
     monkeypatch.setattr(KL, "PACKED_MAX_ROWS_ELSEWHERE", 6)
     monkeypatch.setattr(KL, "PACKED_MAX_MACS_ELSEWHERE", 0)
     cache_a, cache_b = KVCache.for_model(lm, 4, 32), KVCache.for_model(lm, 4, 32)
     mixed, plain = CachedDecoder(lm, cache_a), CachedDecoder(lm, cache_b)
-    mixed.fused_steps = False   # op by op: every product goes through the row-count choice
+    mixed.fused_steps = False  # op by op: every product goes through the row-count choice
     plain._packs = None
     p0 = mixed.layers[0]
     qkv = mixed._packed_cat((p0.wq, p0.wk, p0.wv), 9)
@@ -785,9 +833,11 @@ def test_decoder_products_by_row_count_where_openblas_is_the_gemm_library(lm, rn
     cache_b.close()
 
 
-@pytest.mark.skipif(__import__("opsnn.kernels.cpu.onednn", fromlist=["x"]).matmul_unavailable() is not None
-                    or __import__("opsnn.kernels.cpu.mkl", fromlist=["x"]).unavailable() is not None,
-                    reason="needs oneDNN's brgemm matmul and MKL")
+@pytest.mark.skipif(
+    __import__("opsnn.kernels.cpu.onednn", fromlist=["x"]).matmul_unavailable() is not None
+    or __import__("opsnn.kernels.cpu.mkl", fromlist=["x"]).unavailable() is not None,
+    reason="needs oneDNN's brgemm matmul and MKL",
+)
 def test_decoder_products_on_onednn_where_openblas_is_the_gemm_library(lm, rng, monkeypatch):
     """With oneDNN's matmul (AVX-512): products of ONEDNN_MIN_ROWS rows or more (prompts, batched
     decode steps, their residual adds as the matmul's sum post-op) run on it, reading the
@@ -819,7 +869,7 @@ def test_decoder_products_on_onednn_where_openblas_is_the_gemm_library(lm, rng, 
         assert "llm_linear_onednn" in seen[0] and "llm_linear_onednn" in seen[1]
         assert "llm_linear_onednn" not in seen[2]
         starts = np.array([len(p) for p in ps])
-        for step in range(3):   # 4-row decode steps (bound and replayed when fused), then 2 rows
+        for step in range(3):  # 4-row decode steps (bound and replayed when fused), then 2 rows
             rows = [0, 1, 2, 3] if step < 2 else [1, 2]
             tok = rng.integers(0, VOCAB, (len(rows), 1))
             with profile() as prof:
@@ -840,10 +890,12 @@ def test_packed_projections_follow_load_state_dict(rng):
     from opsnn.kernels.cpu import mkl
     from opsnn.llm.decoder import PACKS
 
-    m = opsnn.models.llama(layers=1, hidden=32, heads=2, kv_heads=1, vocab=VOCAB, intermediate=48, seed=5,
-                           max_position=64)
-    other = opsnn.models.llama(layers=1, hidden=32, heads=2, kv_heads=1, vocab=VOCAB, intermediate=48, seed=6,
-                               max_position=64)
+    m = opsnn.models.llama(
+        layers=1, hidden=32, heads=2, kv_heads=1, vocab=VOCAB, intermediate=48, seed=5, max_position=64
+    )
+    other = opsnn.models.llama(
+        layers=1, hidden=32, heads=2, kv_heads=1, vocab=VOCAB, intermediate=48, seed=6, max_position=64
+    )
     p = rng.integers(0, VOCAB, (1, 6))
     cache = KVCache.for_model(m, 1, 16)
     s = cache.allocate()
@@ -876,8 +928,8 @@ def test_batched_prefill_equals_per_request_prefill(lm, rng):
     assert c1.lengths.tolist() == c2.lengths.tolist() == [3, 0, 17, 7]
     for layer in range(lm.config.num_hidden_layers):
         for s, n in ((3, 7), (2, 17), (0, 3)):
-            k1, v1 = (t[s:s + 1, :, :n] for t in c1.view(layer, 0, 4))
-            k2, v2 = (t[s:s + 1, :, :n] for t in c2.view(layer, 0, 4))
+            k1, v1 = (t[s : s + 1, :, :n] for t in c1.view(layer, 0, 4))
+            k2, v2 = (t[s : s + 1, :, :n] for t in c2.view(layer, 0, 4))
             np.testing.assert_allclose(k1.numpy(), k2.numpy(), rtol=1e-5, atol=1e-5)
             np.testing.assert_allclose(v1.numpy(), v2.numpy(), rtol=1e-5, atol=1e-5)
     with pytest.raises(ParamInvalidError):
@@ -900,7 +952,9 @@ def test_scheduler_prefills_a_step_s_chunks_in_one_forward(lm, rng, monkeypatch)
     assert [r.tokens for r in reqs] == [generate(lm, p, 4).tokens for p in ps]
 
 
-@pytest.mark.parametrize("n,k,lo,hi", [(11, 37, 0, 11), (11, 37, 3, 10), (8, 1, 0, 8), (5, 64, 2, 2), (300, 256, 1, 299)])
+@pytest.mark.parametrize(
+    "n,k,lo,hi", [(11, 37, 0, 11), (11, 37, 3, 10), (8, 1, 0, 8), (5, 64, 2, 2), (300, 256, 1, 299)]
+)
 def test_gemm_rows_matches_a_float64_oracle(rng, n, k, lo, hi):
     """opsnn.kernels.cpu.gemm.gemm_rows for 1 and 3 rows of x (a weight row at a time) and 5 (four
     weight rows a pass, a remainder loop), and its parallel form: out = x @ w[lo:hi].T (beta 0: NaN
@@ -915,14 +969,18 @@ def test_gemm_rows_matches_a_float64_oracle(rng, n, k, lo, hi):
         want = x.astype(np.float64) @ w[lo:hi].T
         tol = 1e-6 * np.sqrt(k) * max(np.abs(want).max(initial=0.0), 1.0)
         out = np.full((R, hi - lo + 2), np.nan, np.float32)
-        gemm_rows(x, w, lo, hi, np.float32(0), out[:, :hi - lo])
-        np.testing.assert_allclose(out[:, :hi - lo], want, rtol=0, atol=tol)
-        assert np.isnan(out[:, hi - lo:]).all()  # nothing written past the rows
+        gemm_rows(x, w, lo, hi, np.float32(0), out[:, : hi - lo])
+        np.testing.assert_allclose(out[:, : hi - lo], want, rtol=0, atol=tol)
+        assert np.isnan(out[:, hi - lo :]).all()  # nothing written past the rows
         prev = rng.standard_normal((R, hi - lo)).astype(np.float32)
         out = prev.copy()
         gemm_rows(x, w, lo, hi, np.float32(0.5), out)
         np.testing.assert_allclose(out, want + 0.5 * prev, rtol=0, atol=tol)
         full = np.full((R, n), np.nan, np.float32)
         gemm_rows_parallel(x, w, full, np.float32(0))
-        np.testing.assert_allclose(full, x.astype(np.float64) @ w.T, rtol=0,
-                                   atol=1e-6 * np.sqrt(k) * max(np.abs(x.astype(np.float64) @ w.T).max(initial=0), 1))
+        np.testing.assert_allclose(
+            full,
+            x.astype(np.float64) @ w.T,
+            rtol=0,
+            atol=1e-6 * np.sqrt(k) * max(np.abs(x.astype(np.float64) @ w.T).max(initial=0), 1),
+        )

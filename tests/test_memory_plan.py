@@ -1,4 +1,5 @@
 """The static memory planner: invariant (no overlap among live buffers) and packing quality."""
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -1,4 +1,5 @@
 """Memory summary per op, the leak checker, and guard bytes catching out-of-bounds writes."""
+
 import gc
 
 import numba as nb
@@ -19,11 +20,18 @@ def _overrun(x, out, extra):
 
 
 if not opsnn.ops.has_op("Overrun", "test"):
-    _rec = opsnn.register_op("Overrun", domain="test", inputs=[Input("X")], outputs=["Y"], attrs=[("extra", "int", 0)],
-                             infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
-                             reference=lambda ins, attrs: ins[0].copy())
-    _rec.kernel("overrun", priority=1)(lambda ins, outs, a, plan, ws: _overrun(ins[0].reshape(-1),
-                                                                              outs[0].reshape(-1), a["extra"]))
+    _rec = opsnn.register_op(
+        "Overrun",
+        domain="test",
+        inputs=[Input("X")],
+        outputs=["Y"],
+        attrs=[("extra", "int", 0)],
+        infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
+        reference=lambda ins, attrs: ins[0].copy(),
+    )
+    _rec.kernel("overrun", priority=1)(
+        lambda ins, outs, a, plan, ws: _overrun(ins[0].reshape(-1), outs[0].reshape(-1), a["extra"])
+    )
 
 
 def test_summary_reports_per_op_peaks_and_largest_tensors():

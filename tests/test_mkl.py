@@ -1,6 +1,7 @@
 """Intel MKL packed GEMM kernels (matmul_mkl_packed, linear_mkl_packed) against a float64 numpy
 oracle; selection with and without a constant weight, with MKL disabled; batched GEMMs for
 attention. Tolerance: fp32 GEMM vs float64, 1e-5 of the output's largest magnitude per sqrt(K)."""
+
 import os
 import subprocess
 import sys
@@ -24,8 +25,10 @@ needs_mkl = pytest.mark.skipif(KM.unavailable() is not None, reason=f"MKL: {KM.u
 @pytest.fixture
 def gemm_on(monkeypatch):
     """``gemm_on("mkl" | "openblas")``: the library :func:`KL.gemm_library` answers for the test."""
+
     def use(name):
         monkeypatch.setattr(KL, "_library", name)
+
     return use
 
 
@@ -50,8 +53,9 @@ def _close(y, want, k):
 
 
 @needs_mkl
-@pytest.mark.parametrize("xshape,n", [((13,), 7), ((1, 13), 1), ((7, 13), 10), ((2, 3, 64), 33), ((130, 257), 96),
-                                      ((0, 13), 5), ((4, 1), 3)])
+@pytest.mark.parametrize(
+    "xshape,n", [((13,), 7), ((1, 13), 1), ((7, 13), 10), ((2, 3, 64), 33), ((130, 257), 96), ((0, 13), 5), ((4, 1), 3)]
+)
 def test_mkl_packed_matmul_matches_oracle(rng, xshape, n):
     k = xshape[-1]
     x = rng.standard_normal(xshape).astype(np.float32)
@@ -64,8 +68,9 @@ def test_mkl_packed_matmul_matches_oracle(rng, xshape, n):
 
 
 @needs_mkl
-@pytest.mark.parametrize("xshape,n,bias", [((7, 13), 10, True), ((2, 3, 64), 33, False), ((1, 768), 96, True),
-                                           ((5, 9), 4, None)])
+@pytest.mark.parametrize(
+    "xshape,n,bias", [((7, 13), 10, True), ((2, 3, 64), 33, False), ((1, 768), 96, True), ((5, 9), 4, None)]
+)
 def test_mkl_packed_linear_matches_oracle(rng, xshape, n, bias):
     k = xshape[-1]
     x = rng.standard_normal(xshape).astype(np.float32)
@@ -110,11 +115,18 @@ def test_fused_matmul_in_graph_uses_packed_weights(rng, gemm_on, onednn_off):
     x = rng.standard_normal((2, 5, 16)).astype(np.float32)
     w = rng.standard_normal((16, 8)).astype(np.float32)
     b = rng.standard_normal(8).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
-             helper.make_node("Relu", ["a"], ["y"])]
-    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["a"]),
+        helper.make_node("Relu", ["a"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")],
+    )
     cg = opsnn.compile(opsnn.onnx.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])))
     y = cg.run({"x": x})["y"].numpy()
     assert "matmul_mkl_packed" in cg.explain()
@@ -138,16 +150,18 @@ def test_float16_and_float64_keep_their_kernels(rng):
 
 
 def test_disabled_by_environment_falls_back_with_a_reason():
-    code = ("import numpy as np, ml_dtypes, opsnn\n"
-            "from opsnn.ops.executor import plan_op\n"
-            "from opsnn.ops.registry import TensorMeta, get_op\n"
-            "x, w = np.ones((4, 16), np.float32), np.ones((16, 8), np.float32)\n"
-            "op = plan_op(get_op('MatMul'), [TensorMeta(x.shape, x.dtype), TensorMeta(w.shape, w.dtype)], [None, w], {})\n"
-            "print(op.selection.kernel.name, '|', dict(op.selection.rejected)['matmul_mkl_packed'])\n"
-            "bf = np.dtype(ml_dtypes.bfloat16)\n"  # the bfloat16 kernels too
-            "w = np.ones((8, 8, 1, 1), bf)\n"
-            "op = plan_op(get_op('Conv'), [TensorMeta((1, 8, 4, 4), bf), TensorMeta(w.shape, bf)], [None, w], {})\n"
-            "print(op.selection.kernel.name, '|', dict(op.selection.rejected)['conv_mkl_bf16'])\n")
+    code = (
+        "import numpy as np, ml_dtypes, opsnn\n"
+        "from opsnn.ops.executor import plan_op\n"
+        "from opsnn.ops.registry import TensorMeta, get_op\n"
+        "x, w = np.ones((4, 16), np.float32), np.ones((16, 8), np.float32)\n"
+        "op = plan_op(get_op('MatMul'), [TensorMeta(x.shape, x.dtype), TensorMeta(w.shape, w.dtype)], [None, w], {})\n"
+        "print(op.selection.kernel.name, '|', dict(op.selection.rejected)['matmul_mkl_packed'])\n"
+        "bf = np.dtype(ml_dtypes.bfloat16)\n"  # the bfloat16 kernels too
+        "w = np.ones((8, 8, 1, 1), bf)\n"
+        "op = plan_op(get_op('Conv'), [TensorMeta((1, 8, 4, 4), bf), TensorMeta(w.shape, bf)], [None, w], {})\n"
+        "print(op.selection.kernel.name, '|', dict(op.selection.rejected)['conv_mkl_bf16'])\n"
+    )
     env = dict(os.environ, OPSNN_MKL="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -175,8 +189,10 @@ def test_batched_products_on_head_strided_views(rng, B, H, S, T, D):
 
 
 @needs_mkl
-@pytest.mark.parametrize("xshape,m,bias", [((1, 16, 7, 9), 24, True), ((2, 5, 3, 3), 7, False), ((3, 8, 11), 4, True),
-                                          ((1, 1, 1, 1), 1, True)])
+@pytest.mark.parametrize(
+    "xshape,m,bias",
+    [((1, 16, 7, 9), 24, True), ((2, 5, 3, 3), 7, False), ((3, 8, 11), 4, True), ((1, 1, 1, 1), 1, True)],
+)
 def test_mkl_packed_1x1_conv_matches_oracle(rng, xshape, m, bias):
     x = rng.standard_normal(xshape).astype(np.float32)
     w = rng.standard_normal((m, xshape[1]) + (1,) * (len(xshape) - 2)).astype(np.float32)
@@ -205,12 +221,21 @@ def test_fused_1x1_conv_in_graph_uses_packed_weights(rng, gemm_on):
     w = rng.standard_normal((6, 8, 1, 1)).astype(np.float32)
     b = rng.standard_normal(6).astype(np.float32)
     z = rng.standard_normal((1, 6, 5, 5)).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "W", "b"], ["c"]), helper.make_node("Add", ["c", "z"], ["a"]),
-             helper.make_node("Relu", ["a"], ["y"])]
-    g = helper.make_graph(nodes, "c1", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape),
-                                        helper.make_tensor_value_info("z", TensorProto.FLOAT, z.shape)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "b"], ["c"]),
+        helper.make_node("Add", ["c", "z"], ["a"]),
+        helper.make_node("Relu", ["a"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "c1",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, z.shape),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")],
+    )
     cg = opsnn.compile(opsnn.onnx.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])))
     y = cg.run({"x": x, "z": z})["y"].numpy()
     assert "conv_1x1_mkl_packed" in cg.explain()
@@ -218,8 +243,9 @@ def test_fused_1x1_conv_in_graph_uses_packed_weights(rng, gemm_on):
     _close(y, np.maximum(want + b.reshape(1, 6, 1, 1) + z, 0), 8)
 
 
-@pytest.mark.parametrize("ashape,bshape", [((36, 8, 5), (36, 5, 7)), ((2, 1, 4, 3), (1, 3, 3, 6)), ((4, 3), (3, 2)),
-                                           ((3, 4, 0), (3, 0, 2))])
+@pytest.mark.parametrize(
+    "ashape,bshape", [((36, 8, 5), (36, 5, 7)), ((2, 1, 4, 3), (1, 3, 3, 6)), ((4, 3), (3, 2)), ((3, 4, 0), (3, 0, 2))]
+)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_matmul_matches_numpy_with_or_without_mkl(rng, ashape, bshape, dtype):
     # Winograd's 36 GEMMs go through KM.matmul: one MKL batch call for float32 BLAS views,
@@ -254,7 +280,7 @@ def test_gemm2d_reads_transposed_views_and_single_rows(rng, m, k, n, ta, tb):
 
 @needs_mkl
 def test_gemm2d_declines_what_blas_cannot_read(rng):
-    a = rng.standard_normal((6, 9)).astype(np.float32)[::2, ::3]   # neither stride is unit
+    a = rng.standard_normal((6, 9)).astype(np.float32)[::2, ::3]  # neither stride is unit
     b = rng.standard_normal((3, 4)).astype(np.float32)
     out = np.full((3, 4), np.nan, np.float32)
     assert not KM.try_gemm2d(a, b, out) and np.isnan(out).all()
@@ -284,9 +310,13 @@ def test_float32_graph_products_never_wake_openblas(rng, monkeypatch):
     w = rng.standard_normal((10, 64)).astype(np.float32)
     c = rng.standard_normal(10).astype(np.float32)
     node = helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
-                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")])
+    g = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")],
+    )
     cg = opsnn.compile(opsnn.onnx.load(helper.make_model(g).SerializeToString()))
     monkeypatch.setattr(np, "matmul", no_numpy_matmul)
     y = cg.run({"x": x})["y"]
@@ -305,14 +335,15 @@ def _conv_oracle(x, w, b, s, p):
     y = np.zeros((n, m, oh, ow))
     for i in range(kh):
         for j in range(kw):
-            win = xp[:, :, i:i + (oh - 1) * s + 1:s, j:j + (ow - 1) * s + 1:s]
+            win = xp[:, :, i : i + (oh - 1) * s + 1 : s, j : j + (ow - 1) * s + 1 : s]
             y += np.einsum("nchw,mc->nmhw", win, w[:, :, i, j].astype(np.float64))
     return y + (0 if b is None else b.reshape(1, m, 1, 1))
 
 
 @needs_mkl
-@pytest.mark.parametrize("xshape,m,k,s,p", [((1, 3, 30, 30), 16, 7, 2, 3), ((2, 5, 9, 11), 7, 3, 1, 1),
-                                            ((1, 64, 12, 12), 8, 3, 2, 0)])
+@pytest.mark.parametrize(
+    "xshape,m,k,s,p", [((1, 3, 30, 30), 16, 7, 2, 3), ((2, 5, 9, 11), 7, 3, 1, 1), ((1, 64, 12, 12), 8, 3, 2, 0)]
+)
 def test_mkl_packed_im2col_conv_matches_oracle(rng, monkeypatch, xshape, m, k, s, p):
     from opsnn.kernels.cpu import conv as KC
 
@@ -378,10 +409,13 @@ def test_openblas_choice_runs_products_on_numpy_and_skips_packing(rng, monkeypat
         return real(*args, **kwargs)
 
     monkeypatch.setattr(np, "matmul", counting)
-    for ashape, bshape, numpy_path in [((7, 13), (13, 5), True), ((1, 300), (300, 257), True),
-                                       ((4, 64, 48), (4, 48, 40), True),         # tiny products
-                                       ((3, 128, 64), (3, 64, 128), False),      # one MKL batch
-                                       ((2, 512, 256), (2, 256, 384), True)]:    # large products
+    for ashape, bshape, numpy_path in [
+        ((7, 13), (13, 5), True),
+        ((1, 300), (300, 257), True),
+        ((4, 64, 48), (4, 48, 40), True),  # tiny products
+        ((3, 128, 64), (3, 64, 128), False),  # one MKL batch
+        ((2, 512, 256), (2, 256, 384), True),
+    ]:  # large products
         a = rng.standard_normal(ashape).astype(np.float32)
         b = rng.standard_normal(bshape).astype(np.float32)
         out = np.full(np.broadcast_shapes(ashape[:-2], bshape[:-2]) + (ashape[-2], bshape[-1]), np.nan, np.float32)
@@ -398,9 +432,13 @@ def test_openblas_choice_runs_products_on_numpy_and_skips_packing(rng, monkeypat
     x = rng.standard_normal((2, 5, 16)).astype(np.float32)
     w = rng.standard_normal((16, 8)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "W"], ["y"])]
-    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(w, "W")])
+    g = helper.make_graph(
+        nodes,
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "W")],
+    )
     cg = opsnn.compile(opsnn.onnx.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])))
     _close(cg.run({"x": x})["y"].numpy(), x.astype(np.float64) @ w, 16)
     text = cg.explain()

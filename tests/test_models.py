@@ -1,6 +1,7 @@
 """Model builders (ResNet-50, BERT, LLaMA, SD UNet block): layouts and names, deterministic init,
 ONNX export checked against onnxruntime and against opsnn.compile of the imported export, real
 weights from local files, typed errors. Small configs keep this file fast."""
+
 import numpy as np
 import pytest
 
@@ -66,9 +67,15 @@ def rn50():
     for _name, m in net.named_modules():
         if isinstance(m, nn.BatchNorm2d):
             c = m.num_features
-            m.load_state_dict({"weight": r.uniform(0.5, 1.0, c), "bias": r.normal(0, 0.1, c),
-                               "running_mean": r.normal(0, 0.1, c), "running_var": r.uniform(0.8, 1.5, c)},
-                              strict=False)
+            m.load_state_dict(
+                {
+                    "weight": r.uniform(0.5, 1.0, c),
+                    "bias": r.normal(0, 0.1, c),
+                    "running_mean": r.normal(0, 0.1, c),
+                    "running_var": r.uniform(0.8, 1.5, c),
+                },
+                strict=False,
+            )
     return net
 
 
@@ -77,9 +84,14 @@ def test_resnet50_layout_matches_torchvision(rn50):
     assert full.num_parameters() == 25_557_032
     sd = full.state_dict()
     assert len(sd) == 320  # torchvision's resnet50 state_dict: params + BN buffers (incl. num_batches_tracked)
-    for k, shape in {"conv1.weight": (64, 3, 7, 7), "layer1.0.downsample.0.weight": (256, 64, 1, 1),
-                     "layer2.0.conv2.weight": (128, 128, 3, 3), "layer4.2.bn3.running_var": (2048,),
-                     "fc.weight": (1000, 2048), "fc.bias": (1000,)}.items():
+    for k, shape in {
+        "conv1.weight": (64, 3, 7, 7),
+        "layer1.0.downsample.0.weight": (256, 64, 1, 1),
+        "layer2.0.conv2.weight": (128, 128, 3, 3),
+        "layer4.2.bn3.running_var": (2048,),
+        "fc.weight": (1000, 2048),
+        "fc.bias": (1000,),
+    }.items():
         assert sd[k].shape == shape, k
     assert sd["layer3.5.bn2.num_batches_tracked"].shape == ()
     assert resnet50(seed=0).conv1.weight.numpy().tolist() == full.conv1.weight.numpy().tolist()
@@ -118,8 +130,14 @@ def test_resnet_weights_from_a_torchvision_style_checkpoint(tmp_path, rng):
 # -- BERT -----------------------------------------------------------------------------------------------------------
 def test_bert_configs():
     base = bert_config("base")
-    assert (base.num_hidden_layers, base.hidden_size, base.num_attention_heads, base.intermediate_size,
-            base.vocab_size, base.max_position_embeddings) == (12, 768, 12, 3072, 30522, 512)
+    assert (
+        base.num_hidden_layers,
+        base.hidden_size,
+        base.num_attention_heads,
+        base.intermediate_size,
+        base.vocab_size,
+        base.max_position_embeddings,
+    ) == (12, 768, 12, 3072, 30522, 512)
     assert bert_config("tiny", vocab_size=99).vocab_size == 99 and set(BERT_CONFIGS) >= {"tiny", "base", "large"}
     with pytest.raises(opsnn.errors.ParamInvalidError, match="unknown config"):
         bert("huge")
@@ -146,8 +164,11 @@ def test_bert_tiny_export_and_padding(rng):
     proto = export.to_onnx(m)
     ops = op_counts(proto)
     assert ops["Erf"] == 2 and ops["Softmax"] == 2 and ops["ReduceMean"] == 2 * 5  # decomposed LN x5, Gelu x2
-    check_export(proto, {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt},
-                 {"last_hidden_state": seq.numpy(), "pooler_output": pooled.numpy()})
+    check_export(
+        proto,
+        {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt},
+        {"last_hidden_state": seq.numpy(), "pooler_output": pooled.numpy()},
+    )
 
 
 def test_bert_weights_from_files_and_errors(tmp_path, rng):
@@ -155,8 +176,12 @@ def test_bert_weights_from_files_and_errors(tmp_path, rng):
     ids, mask, tt = _bert_inputs(rng, 500)
     ref = m(ids, mask, tt)[0].numpy()
     # Hugging Face style checkpoint: "bert." prefix, legacy gamma/beta, extra pre-training head and buffer
-    sd = {("bert." + k).replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"):
-          v.numpy() for k, v in m.state_dict().items()}
+    sd = {
+        ("bert." + k)
+        .replace("LayerNorm.weight", "LayerNorm.gamma")
+        .replace("LayerNorm.bias", "LayerNorm.beta"): v.numpy()
+        for k, v in m.state_dict().items()
+    }
     sd["cls.predictions.bias"] = np.zeros(500, np.float32)
     sd["bert.embeddings.position_ids"] = np.arange(512)[None]
     pytest.importorskip("safetensors")
@@ -209,7 +234,7 @@ def test_bert_to_graph_compiles(rng):
     for b, s in ((1, 5), (3, 11)):
         ids2, tt2 = rng.integers(0, 200, (b, s)).astype(np.int64), rng.integers(0, 2, (b, s)).astype(np.int64)
         mask2 = np.ones((b, s), np.int64)
-        mask2[0, s - 2:] = 0
+        mask2[0, s - 2 :] = 0
         out = cg.run([ids2, mask2, tt2])
         out = list(out.values()) if isinstance(out, dict) else list(out)
         seq, pooled = m(ids2, mask2, tt2)
@@ -236,7 +261,7 @@ def test_llama_layout_and_cache_consistency(rng):
     logits, past = lm(ids[:, :4])
     steps = [logits.numpy()]
     for t in range(4, 7):
-        logits, past = lm(ids[:, t:t + 1], past)
+        logits, past = lm(ids[:, t : t + 1], past)
         steps.append(logits.numpy())
     assert past[0][0].shape == (2, 2, 7, 16)
     assert rel(np.concatenate(steps, axis=1), full.numpy()) < 1e-5
@@ -280,8 +305,7 @@ def test_llama_tied_embeddings_and_weights(tmp_path, rng):
     h = np.asarray(lm.model(ids, None, np.arange(6)[None])[0].numpy())
     assert rel(logits.numpy(), h @ lm.model.embed_tokens.weight.numpy().T) < 1e-5
     expected = {"logits": logits.numpy(), "present.0.key": past[0][0].numpy(), "present.0.value": past[0][1].numpy()}
-    check_export(export.to_onnx(lm, with_past=False), {"input_ids": ids, "position_ids": np.arange(6)[None]},
-                 expected)
+    check_export(export.to_onnx(lm, with_past=False), {"input_ids": ids, "position_ids": np.arange(6)[None]}, expected)
     # an HF checkpoint of a tied model may still carry lm_head.weight and rotary inv_freq
     sd = {k: v.numpy() for k, v in lm.state_dict().items()}
     sd["lm_head.weight"] = sd["model.embed_tokens.weight"]

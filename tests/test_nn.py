@@ -1,5 +1,6 @@
 """opsnn.nn: module system, state dicts, weight files, layers against numpy formulas of torch's
 semantics, MultiheadAttention, LSTM/GRU (torch gate layouts), tracing to graphs."""
+
 import math
 
 import numpy as np
@@ -33,8 +34,12 @@ class Block(nn.Module):
 def test_registration_and_names():
     b = Block()
     assert [n for n, _ in b.named_parameters()] == ["scale", "fc.weight", "fc.bias", "bn.weight", "bn.bias"]
-    assert [n for n, _ in b.named_buffers()] == ["scratch", "bn.running_mean", "bn.running_var",
-                                                 "bn.num_batches_tracked"]
+    assert [n for n, _ in b.named_buffers()] == [
+        "scratch",
+        "bn.running_mean",
+        "bn.running_var",
+        "bn.num_batches_tracked",
+    ]
     sd = b.state_dict()
     assert "scratch" not in sd and "bn.running_var" in sd and "bn.num_batches_tracked" in sd
     assert all(isinstance(p, opsnn.Tensor) for p in b.parameters())
@@ -144,15 +149,20 @@ def test_linear_conv_norms_match_numpy(rng):
     ref = ref * gn.weight.numpy()[:, None, None] + gn.bias.numpy()[:, None, None]
     assert rel(gn(img).numpy(), ref) < 1e-5
     bn = nn.BatchNorm2d(6, eps=1e-3)
-    sd = {"weight": rng.standard_normal(6), "bias": rng.standard_normal(6), "running_mean": rng.standard_normal(6),
-          "running_var": rng.uniform(0.5, 2, 6)}
+    sd = {
+        "weight": rng.standard_normal(6),
+        "bias": rng.standard_normal(6),
+        "running_mean": rng.standard_normal(6),
+        "running_var": rng.uniform(0.5, 2, 6),
+    }
     bn.load_state_dict(sd)
-    c = (lambda v: np.asarray(v, np.float32)[:, None, None])
+    c = lambda v: np.asarray(v, np.float32)[:, None, None]
     ref = (img - c(sd["running_mean"])) / np.sqrt(c(sd["running_var"]) + 1e-3) * c(sd["weight"]) + c(sd["bias"])
     assert rel(bn(img).numpy(), ref) < 1e-5
     bn.train()  # batch statistics (tests/test_autograd.py checks them and the running update against torch)
-    ref = (img - img.mean((0, 2, 3), keepdims=True)) / np.sqrt(img.var((0, 2, 3), keepdims=True) + 1e-3) \
-        * c(sd["weight"]) + c(sd["bias"])
+    ref = (img - img.mean((0, 2, 3), keepdims=True)) / np.sqrt(img.var((0, 2, 3), keepdims=True) + 1e-3) * c(
+        sd["weight"]
+    ) + c(sd["bias"])
     assert rel(bn(img).numpy(), ref) < 1e-5
 
     conv = nn.Conv2d(6, 4, 3, stride=2, padding=1, dilation=1, groups=2)
@@ -164,7 +174,7 @@ def test_linear_conv_norms_match_numpy(rng):
         gidx = o // 2
         for i in range(y.shape[2]):
             for j in range(y.shape[3]):
-                patch = xp[:, gidx * 3:(gidx + 1) * 3, 2 * i:2 * i + 3, 2 * j:2 * j + 3]
+                patch = xp[:, gidx * 3 : (gidx + 1) * 3, 2 * i : 2 * i + 3, 2 * j : 2 * j + 3]
                 ref[:, o, i, j] = (patch * w[o]).sum(axis=(1, 2, 3)) + cb[o]
     assert rel(y, ref) < 1e-5
 
@@ -223,6 +233,7 @@ def test_dropout_activations_sequential(rng):
     r = np.maximum(x, 0)
     s = r / (1 + np.exp(-r))
     from math import erf
+
     g = 0.5 * s * (1 + np.vectorize(erf)(s / math.sqrt(2)))
     assert rel(seq(x).numpy(), g) < 1e-5
     assert len(seq) == 4 and isinstance(seq[1], nn.SiLU) and len(seq[1:]) == 3
@@ -335,7 +346,7 @@ def _rnn_ref(mod, x, h0=None, c0=None):
             h = np.zeros((N, Hs)) if h0 is None else h0[idx].astype(np.float64)
             c = np.zeros((N, Hs)) if c0 is None else c0[idx].astype(np.float64)
             ys = [None] * L
-            for t in (range(L - 1, -1, -1) if d else range(L)):
+            for t in range(L - 1, -1, -1) if d else range(L):
                 gi, gh = inp[t] @ Wi.T + bi, h @ Wh.T + bh
                 if lstm:
                     i, f, g, o = np.split(gi + gh, 4, axis=1)
@@ -421,22 +432,34 @@ def test_weight_files_roundtrip(tmp_path, ext):
     assert ei.value.missing == ["fc.weight"] and ei.value.unexpected == ["head.weight"]
     assert ei.value.mismatched == [("fc.bias", (3,), (7,))]
 
+
 def _hand_built_mlp_onnx(path, w0, b0, w2, b2):
     """An ONNX file written here with onnx.helper (not by opsnn's exporter): Gemm with torch's
     (out, in) weight layout, then MatMul over a ``<name>.T`` transposed initializer, plus an
     initializer that is no weight of the module (a constant)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    inits = [numpy_helper.from_array(w0, "0.weight"), numpy_helper.from_array(b0, "0.bias"),
-             numpy_helper.from_array(np.ascontiguousarray(w2.T), "2.weight.T"), numpy_helper.from_array(b2, "2.bias"),
-             numpy_helper.from_array(np.array(1.0, np.float32), "one")]
-    nodes = [helper.make_node("Gemm", ["x", "0.weight", "0.bias"], ["h"], transB=1),
-             helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("MatMul", ["r", "2.weight.T"], ["m"]),
-             helper.make_node("Add", ["m", "2.bias"], ["a"]),
-             helper.make_node("Mul", ["a", "one"], ["y"])]
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 5])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])], inits)
+    inits = [
+        numpy_helper.from_array(w0, "0.weight"),
+        numpy_helper.from_array(b0, "0.bias"),
+        numpy_helper.from_array(np.ascontiguousarray(w2.T), "2.weight.T"),
+        numpy_helper.from_array(b2, "2.bias"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["x", "0.weight", "0.bias"], ["h"], transB=1),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "2.weight.T"], ["m"]),
+        helper.make_node("Add", ["m", "2.bias"], ["a"]),
+        helper.make_node("Mul", ["a", "one"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     with open(path, "wb") as f:
@@ -482,7 +505,6 @@ def test_weights_from_hand_built_onnx_initializers(tmp_path, rng):
     junk.write_bytes(b"\x08\x07garbage")
     with pytest.raises(nn.WeightFileError, match="could not be read as .onnx"):
         other.load_weights(junk)
-
 
 
 def test_weight_file_errors(tmp_path):
@@ -537,12 +559,14 @@ def test_constructor_arguments_of_the_wrong_kind_are_named():
     names it (not the bare TypeError / ZeroDivisionError its arithmetic raised)."""
     from opsnn import nn as N
 
-    cases = [(lambda: N.Conv2d(3, "eight", 3), r"Conv2d: out_channels must be an int, got 'eight'"),
-             (lambda: N.Conv2d(3, 8, 3, groups=0), r"Conv2d: groups=0 is not valid"),
-             (lambda: N.LSTM(4, "abc"), r"LSTM: hidden_size must be an int"),
-             (lambda: N.Dropout("x"), r"Dropout: p must be a number, got 'x'"),
-             (lambda: N.BatchNorm2d(8, affine=np.ones((2, 2))), r"BatchNorm2d: affine must be a bool"),
-             (lambda: N.Linear(-1, 3), r"Linear\(in_features=-1, out_features=3\)")]
+    cases = [
+        (lambda: N.Conv2d(3, "eight", 3), r"Conv2d: out_channels must be an int, got 'eight'"),
+        (lambda: N.Conv2d(3, 8, 3, groups=0), r"Conv2d: groups=0 is not valid"),
+        (lambda: N.LSTM(4, "abc"), r"LSTM: hidden_size must be an int"),
+        (lambda: N.Dropout("x"), r"Dropout: p must be a number, got 'x'"),
+        (lambda: N.BatchNorm2d(8, affine=np.ones((2, 2))), r"BatchNorm2d: affine must be a bool"),
+        (lambda: N.Linear(-1, 3), r"Linear\(in_features=-1, out_features=3\)"),
+    ]
     for make, msg in cases:
         with pytest.raises(ParamInvalidError, match=msg):
             make()
@@ -564,8 +588,11 @@ def test_every_layer_types_its_constructor_errors():
     layers = [c for c in vars(N).values() if isinstance(c, type) and issubclass(c, N.Module) and c is not N.Module]
     tried = 0
     for cls in layers:
-        params = [p for p in list(inspect.signature(cls.__init__).parameters.values())[1:]
-                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        params = [
+            p
+            for p in list(inspect.signature(cls.__init__).parameters.values())[1:]
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
         base = {p.name: 4 for p in params if p.default is p.empty}
         for p in params:
             for bad in ("abc", -1, 0, 2.5, None, np.ones((2, 2)), (1, 2, 3, 4, 5)):

@@ -1,5 +1,6 @@
 """FusedMatMul on oneDNN's matmul (matmul_onednn): act(A @ B + bias + Z) against a float64 numpy
 oracle for every epilogue form; when it is chosen, when it steps aside and why."""
+
 import gc
 import math
 
@@ -16,12 +17,17 @@ from opsnn.ops.registry import TensorMeta, get_op
 needs_onednn = pytest.mark.skipif(KD.matmul_unavailable() is not None, reason=f"oneDNN: {KD.matmul_unavailable()}")
 
 _ERF = np.vectorize(math.erf)
-ORACLE = {"": lambda y, a, b: y, "Relu": lambda y, a, b: np.maximum(y, 0),
-          "Sigmoid": lambda y, a, b: 1 / (1 + np.exp(-y)), "Tanh": lambda y, a, b: np.tanh(y),
-          "Gelu": lambda y, a, b: 0.5 * y * (1 + _ERF(y / np.sqrt(2))),
-          "GeluTanh": lambda y, a, b: 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3))),
-          "Swish": lambda y, a, b: y / (1 + np.exp(-a * y)), "LeakyRelu": lambda y, a, b: np.where(y >= 0, y, a * y),
-          "Clip": lambda y, a, b: np.clip(y, a, b)}
+ORACLE = {
+    "": lambda y, a, b: y,
+    "Relu": lambda y, a, b: np.maximum(y, 0),
+    "Sigmoid": lambda y, a, b: 1 / (1 + np.exp(-y)),
+    "Tanh": lambda y, a, b: np.tanh(y),
+    "Gelu": lambda y, a, b: 0.5 * y * (1 + _ERF(y / np.sqrt(2))),
+    "GeluTanh": lambda y, a, b: 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3))),
+    "Swish": lambda y, a, b: y / (1 + np.exp(-a * y)),
+    "LeakyRelu": lambda y, a, b: np.where(y >= 0, y, a * y),
+    "Clip": lambda y, a, b: np.clip(y, a, b),
+}
 
 
 def _plan(a, w, b=None, z=None, attrs=None):
@@ -32,12 +38,23 @@ def _plan(a, w, b=None, z=None, attrs=None):
 
 
 @needs_onednn
-@pytest.mark.parametrize("act,alpha,beta", [("", 0, 0), ("Relu", 0, 0), ("Gelu", 0, 0), ("GeluTanh", 0, 0),
-                                            ("Sigmoid", 0, 0), ("Tanh", 0, 0), ("Swish", 1.7, 0),
-                                            ("LeakyRelu", 0.2, 0), ("Clip", -0.3, 0.4)])
+@pytest.mark.parametrize(
+    "act,alpha,beta",
+    [
+        ("", 0, 0),
+        ("Relu", 0, 0),
+        ("Gelu", 0, 0),
+        ("GeluTanh", 0, 0),
+        ("Sigmoid", 0, 0),
+        ("Tanh", 0, 0),
+        ("Swish", 1.7, 0),
+        ("LeakyRelu", 0.2, 0),
+        ("Clip", -0.3, 0.4),
+    ],
+)
 @pytest.mark.parametrize("bias,residual", [(True, False), (False, True), (True, True), (False, False)])
 def test_matmul_onednn_matches_a_float64_oracle(rng, act, alpha, beta, bias, residual):
-    a = rng.standard_normal((3, 11, 40)).astype(np.float32)      # 33 rows, K = 40 (not a tile multiple)
+    a = rng.standard_normal((3, 11, 40)).astype(np.float32)  # 33 rows, K = 40 (not a tile multiple)
     w = (rng.standard_normal((40, 24)) * 0.2).astype(np.float32)
     b = rng.standard_normal(24).astype(np.float32) if bias else None
     z = rng.standard_normal((3, 11, 24)).astype(np.float32) if residual else None
@@ -60,8 +77,9 @@ def test_matmul_onednn_matches_a_float64_oracle(rng, act, alpha, beta, bias, res
     # holds the arrays it was given and reads their values when it runs
     out2 = np.full_like(out, np.nan)
     a2 = np.zeros_like(a)
-    call = k.bind([a2, w, None if b is None else b.copy(), None if z is None else z.copy()], [out2],
-                  planned.ctx.attrs, plan, None)
+    call = k.bind(
+        [a2, w, None if b is None else b.copy(), None if z is None else z.copy()], [out2], planned.ctx.attrs, plan, None
+    )
     gc.collect()
     a2[...] = a
     call()
@@ -69,8 +87,9 @@ def test_matmul_onednn_matches_a_float64_oracle(rng, act, alpha, beta, bias, res
 
 
 @needs_onednn
-@pytest.mark.parametrize("act,alpha,beta", [("Relu", 0, 0), ("Clip", -0.3, 0.4), ("Gelu", 0, 0),
-                                            ("LeakyRelu", 0.2, 0), ("Sigmoid", 0, 0)])
+@pytest.mark.parametrize(
+    "act,alpha,beta", [("Relu", 0, 0), ("Clip", -0.3, 0.4), ("Gelu", 0, 0), ("LeakyRelu", 0.2, 0), ("Sigmoid", 0, 0)]
+)
 def test_matmul_onednn_keeps_nan_and_inf_through_the_activation(rng, act, alpha, beta):
     # oneDNN's relu / clip post-ops map NaN to 0 / a bound and gelu_erf +inf to NaN (fuzz onnx_mutate
     # 52698, 54330, 54586: MatMul + Relu gave 0 where onnx.reference has NaN; onnxruntime keeps NaN too)
@@ -97,10 +116,13 @@ def test_matmul_onednn_keeps_nan_and_inf_through_the_activation(rng, act, alpha,
         np.testing.assert_allclose(got[fin], want[fin], rtol=1e-5, atol=2e-5)
 
 
-@pytest.mark.skipif(KD.matmul_unavailable() is not None or KD.bf16_unavailable() is not None,
-                    reason=f"oneDNN bf16 matmul: {KD.matmul_unavailable() or KD.bf16_unavailable()}")
-@pytest.mark.parametrize("act,bias,residual", [("", True, False), ("Gelu", True, False), ("", False, True),
-                                               ("Relu", True, True)])
+@pytest.mark.skipif(
+    KD.matmul_unavailable() is not None or KD.bf16_unavailable() is not None,
+    reason=f"oneDNN bf16 matmul: {KD.matmul_unavailable() or KD.bf16_unavailable()}",
+)
+@pytest.mark.parametrize(
+    "act,bias,residual", [("", True, False), ("Gelu", True, False), ("", False, True), ("Relu", True, True)]
+)
 def test_bfloat16_matmul_onednn_matches_the_oracle_on_the_same_values(rng, act, bias, residual):
     """bf16 A, B, bias, Z: float32 accumulation and one rounding of Y, so Y is within bf16's
     rounding of the float64 oracle computed from the same (bf16-representable) values."""
@@ -122,7 +144,7 @@ def test_bfloat16_matmul_onednn_matches_the_oracle_on_the_same_values(rng, act, 
     if residual:
         y = y + z.astype(np.float64)
     want = ORACLE[act](y, 0, 0)
-    np.testing.assert_allclose(out.astype(np.float64), want, rtol=2 ** -7, atol=1e-3 * np.abs(want).max())
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=2**-7, atol=1e-3 * np.abs(want).max())
 
 
 @needs_onednn
@@ -161,11 +183,13 @@ def test_wt_matmul_matches_a_float64_oracle(rng, m, k, n, accumulate):
     KD.wt_matmul(m, k, n, accumulate).run(x.ctypes.data, w.ctypes.data, y.ctypes.data)
     want = x.astype(np.float64) @ w.T.astype(np.float64) + (y0 if accumulate else 0)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * math.sqrt(k) * 4)
-    assert KD.wt_matmul(m, k, n, accumulate) is KD.wt_matmul(m, k, n, accumulate)   # kept, one per shape
+    assert KD.wt_matmul(m, k, n, accumulate) is KD.wt_matmul(m, k, n, accumulate)  # kept, one per shape
 
 
-@pytest.mark.skipif(KD.matmul_unavailable() is not None or KD.bf16_unavailable() is not None,
-                    reason=f"oneDNN bf16 matmul: {KD.matmul_unavailable() or KD.bf16_unavailable()}")
+@pytest.mark.skipif(
+    KD.matmul_unavailable() is not None or KD.bf16_unavailable() is not None,
+    reason=f"oneDNN bf16 matmul: {KD.matmul_unavailable() or KD.bf16_unavailable()}",
+)
 @pytest.mark.parametrize("m,k,n", [(2, 40, 24), (128, 96, 200)])
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_bfloat16_wt_matmul_accumulates_in_float32(rng, m, k, n, accumulate):
@@ -194,8 +218,9 @@ def test_wt_matmul_keeps_at_most_wt_cache_size_primitives(monkeypatch):
 
 @needs_onednn
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("trans_b,c_shape,beta", [(1, (24,), 1.0), (0, (1, 24), 1.0), (1, (5, 24), 1.0),
-                                                  (0, None, 1.0), (1, (5, 24), 0.0)])
+@pytest.mark.parametrize(
+    "trans_b,c_shape,beta", [(1, (24,), 1.0), (0, (1, 24), 1.0), (1, (5, 24), 1.0), (0, None, 1.0), (1, (5, 24), 0.0)]
+)
 def test_gemm_on_onednn_matches_the_gemm_reference(rng, dtype, trans_b, c_shape, beta):
     """Gemm with a constant B (ResNet's classifier, exported Linear layers): B reordered once,
     C as the matmul's bias or a residual post-op."""
@@ -214,7 +239,7 @@ def test_gemm_on_onednn_matches_the_gemm_reference(rng, dtype, trans_b, c_shape,
     out = np.zeros((5, 24), dt)
     k.fn(ins, [out], planned.ctx.attrs, planned.plan, None)
     want = rec.reference([t.astype(np.float64) for t in ins], planned.ctx.attrs)
-    tol = 2 ** -7 if dtype == "bfloat16" else 1e-5
+    tol = 2**-7 if dtype == "bfloat16" else 1e-5
     np.testing.assert_allclose(out.astype(np.float64), want, rtol=tol, atol=tol * np.abs(want).max())
     # a plan for another row count reads B (transposed or not) into the same reordered copy
     a7 = rng.standard_normal((7, 40)).astype(dt)
@@ -244,8 +269,19 @@ def test_one_primitive_run_from_two_threads_at_once_gives_each_its_own_result(rn
     u = rng.standard_normal((36, 64, 64)).astype(np.float32)
     batched = KD.BatchMatMulPrimitive(98, u, transposed=True)
     wc = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
-    conv = KD.ConvPrimitive((1, 16, 20, 20), wc, (1, 32, 20, 20), (1, 1), (1, 1, 1, 1), (1, 1), block=KD.block(),
-                            src_blocked=True, has_bias=False, residual=False, act=0)
+    conv = KD.ConvPrimitive(
+        (1, 16, 20, 20),
+        wc,
+        (1, 32, 20, 20),
+        (1, 1),
+        (1, 1, 1, 1),
+        (1, 1),
+        block=KD.block(),
+        src_blocked=True,
+        has_bias=False,
+        residual=False,
+        act=0,
+    )
     from opsnn.kernels.cpu import blocked as KB
 
     def case(i):
@@ -256,9 +292,15 @@ def test_one_primitive_run_from_two_threads_at_once_gives_each_its_own_result(rn
         xp = np.pad(xc.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
         for dy in range(3):
             for dx in range(3):
-                ref_c += np.einsum("nchw,oc->nohw", xp[:, :, dy:dy + 20, dx:dx + 20], wc[:, :, dy, dx])
-        return (x, x.astype(np.float64) @ w.T.astype(np.float64), a, a @ u.transpose(0, 2, 1), xc,
-                KB.blocked_reference(ref_c.astype(np.float32), KD.block()))
+                ref_c += np.einsum("nchw,oc->nohw", xp[:, :, dy : dy + 20, dx : dx + 20], wc[:, :, dy, dx])
+        return (
+            x,
+            x.astype(np.float64) @ w.T.astype(np.float64),
+            a,
+            a @ u.transpose(0, 2, 1),
+            xc,
+            KB.blocked_reference(ref_c.astype(np.float32), KD.block()),
+        )
 
     cases = [case(i) for i in range(2)]
     wrong = [0, 0]
@@ -266,14 +308,20 @@ def test_one_primitive_run_from_two_threads_at_once_gives_each_its_own_result(rn
     def work(i):
         x, ref, a, ref_b, xc, ref_c = cases[i]
         xb = KB.blocked_reference(xc, KD.block())
-        y, yb, yc = np.empty((64, 512), np.float32), np.empty((36, 98, 64), np.float32), np.empty(ref_c.shape,
-                                                                                              np.float32)
+        y, yb, yc = (
+            np.empty((64, 512), np.float32),
+            np.empty((36, 98, 64), np.float32),
+            np.empty(ref_c.shape, np.float32),
+        )
         for _ in range(60):
             wt.run(x.ctypes.data, w.ctypes.data, y.ctypes.data)
             batched(a, yb)
             conv(xb, None, None, yc)
-            wrong[i] += (not np.allclose(y, ref, rtol=1e-4, atol=1e-3)) + (not np.allclose(yb, ref_b, atol=1e-3)) \
+            wrong[i] += (
+                (not np.allclose(y, ref, rtol=1e-4, atol=1e-3))
+                + (not np.allclose(yb, ref_b, atol=1e-3))
                 + (not np.allclose(yc, ref_c, atol=1e-3))
+            )
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
     for t in threads:

@@ -1,6 +1,7 @@
 """The onnx.backend interface: prepare / run_model / run_node / supports_device, and ONNX's
 own backend test runner driving opsnn on a few node tests (oracle: the stored expected
 outputs of those tests, compared by ONNX's runner with each test's rtol/atol)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,11 +17,17 @@ F = TensorProto.FLOAT
 
 def _model():
     b = numpy_helper.from_array(np.array([1.0, -1.0, 0.5], np.float32), "b")
-    g = helper.make_graph([helper.make_node("Add", ["x", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"]),
-                           helper.make_node("Neg", ["s"], ["z"])], "m",
-                          [helper.make_tensor_value_info("x", F, [2, 3])],
-                          [helper.make_tensor_value_info("y", F, [2, 3]), helper.make_tensor_value_info("z", F, [2, 3])],
-                          initializer=[b])
+    g = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "b"], ["s"]),
+            helper.make_node("Relu", ["s"], ["y"]),
+            helper.make_node("Neg", ["s"], ["z"]),
+        ],
+        "m",
+        [helper.make_tensor_value_info("x", F, [2, 3])],
+        [helper.make_tensor_value_info("y", F, [2, 3]), helper.make_tensor_value_info("z", F, [2, 3])],
+        initializer=[b],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
 
 
@@ -82,8 +89,15 @@ def test_onnx_backend_test_runner_drives_opsnn():
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")  # ONNX's case generators warn on purpose (overflow, log(0))
         bt = onnx.backend.test.BackendTest(OpsnnBackend, __name__)
-    for name in ("test_relu", "test_add_bcast", "test_matmul_2d", "test_transpose_default", "test_if",
-                 "test_loop11", "test_sequence_insert_at_back"):
+    for name in (
+        "test_relu",
+        "test_add_bcast",
+        "test_matmul_2d",
+        "test_transpose_default",
+        "test_if",
+        "test_loop11",
+        "test_sequence_insert_at_back",
+    ):
         bt.include(f"^{name}_cpu$")
     suite = unittest.TestSuite()
     for case in bt.test_cases.values():

@@ -4,6 +4,7 @@ Oracle: each ONNX case's stored expected outputs, compared with the case's rtol/
 (float64, NaN == NaN, exact shapes and dtypes). The pass count may only go up: raise
 NODE_PASS_FLOOR when more cases pass, never lower it.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,26 +56,60 @@ def _case(name, nodes, inputs, outputs, feeds, expected, op="X"):
 def test_run_isolates_timeouts_errors_and_unsupported():
     vi = helper.make_tensor_value_info
     x = np.array([-1.0, 2.0], np.float32)
-    ok = _case("ok", [helper.make_node("Relu", ["x"], ["y"])], [vi("x", TensorProto.FLOAT, [2])],
-               [vi("y", TensorProto.FLOAT, [2])], [x], [np.maximum(x, 0)], "Relu")
-    wrong = _case("wrong", [helper.make_node("Relu", ["x"], ["y"])], [vi("x", TensorProto.FLOAT, [2])],
-                  [vi("y", TensorProto.FLOAT, [2])], [x], [x], "Relu")
-    unsup = _case("unsup", [helper.make_node("NoSuchOp", ["x"], ["y"])], [vi("x", TensorProto.FLOAT, [2])],
-                  [vi("y", TensorProto.FLOAT, [2])], [x], [x], "NoSuchOp")
-    raises = _case("raises", [helper.make_node("MatMul", ["x", "x2"], ["y"])],
-                   [vi("x", TensorProto.FLOAT, [2]), vi("x2", TensorProto.FLOAT, [3])],
-                   [vi("y", TensorProto.FLOAT, None)], [x, np.ones(3, np.float32)], [x], "MatMul")
+    ok = _case(
+        "ok",
+        [helper.make_node("Relu", ["x"], ["y"])],
+        [vi("x", TensorProto.FLOAT, [2])],
+        [vi("y", TensorProto.FLOAT, [2])],
+        [x],
+        [np.maximum(x, 0)],
+        "Relu",
+    )
+    wrong = _case(
+        "wrong",
+        [helper.make_node("Relu", ["x"], ["y"])],
+        [vi("x", TensorProto.FLOAT, [2])],
+        [vi("y", TensorProto.FLOAT, [2])],
+        [x],
+        [x],
+        "Relu",
+    )
+    unsup = _case(
+        "unsup",
+        [helper.make_node("NoSuchOp", ["x"], ["y"])],
+        [vi("x", TensorProto.FLOAT, [2])],
+        [vi("y", TensorProto.FLOAT, [2])],
+        [x],
+        [x],
+        "NoSuchOp",
+    )
+    raises = _case(
+        "raises",
+        [helper.make_node("MatMul", ["x", "x2"], ["y"])],
+        [vi("x", TensorProto.FLOAT, [2]), vi("x2", TensorProto.FLOAT, [3])],
+        [vi("y", TensorProto.FLOAT, None)],
+        [x, np.ones(3, np.float32)],
+        [x],
+        "MatMul",
+    )
     # a Loop with neither trip count nor a false condition: runs until the time limit
-    body = helper.make_graph([helper.make_node("Identity", ["c"], ["c_out"]),
-                              helper.make_node("Identity", ["i"], ["i_out"])], "body",
-                             [vi("i", TensorProto.INT64, []), vi("c", TensorProto.BOOL, [])],
-                             [vi("c_out", TensorProto.BOOL, []), vi("i_out", TensorProto.INT64, [])])
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c_out"]), helper.make_node("Identity", ["i"], ["i_out"])],
+        "body",
+        [vi("i", TensorProto.INT64, []), vi("c", TensorProto.BOOL, [])],
+        [vi("c_out", TensorProto.BOOL, []), vi("i_out", TensorProto.INT64, [])],
+    )
+
     def loop(name, trips):
-        return _case(name, [helper.make_node("Loop", [trips, "cond"], ["iters"], body=body),
-                            helper.make_node("Relu", ["x"], ["y"])],
-                     [vi("M", TensorProto.INT64, []), vi("cond", TensorProto.BOOL, []),
-                      vi("x", TensorProto.FLOAT, [2])],
-                     [vi("y", TensorProto.FLOAT, [2])], [np.array(3), np.array(True), x], [np.maximum(x, 0)], "Loop")
+        return _case(
+            name,
+            [helper.make_node("Loop", [trips, "cond"], ["iters"], body=body), helper.make_node("Relu", ["x"], ["y"])],
+            [vi("M", TensorProto.INT64, []), vi("cond", TensorProto.BOOL, []), vi("x", TensorProto.FLOAT, [2])],
+            [vi("y", TensorProto.FLOAT, [2])],
+            [np.array(3), np.array(True), x],
+            [np.maximum(x, 0)],
+            "Loop",
+        )
 
     warm = C.run([ok, loop("warm", "M")], timeout=120.0, progress=False)  # kernels compiled before timing
     assert [r.status for r in warm.results] == ["pass", "pass"], warm.results
@@ -95,8 +130,21 @@ def test_run_isolates_timeouts_errors_and_unsupported():
 
 def test_main_cli_filter_report_peer_and_min_pass(tmp_path, capsys):
     out = tmp_path / "r.json"
-    rc = C.main(["--suite", "node", "--filter", "^test_(relu|abs)$", "--report", str(out), "--no-progress",
-                 "--peer", "onnxruntime", "--baseline", str(tmp_path)])
+    rc = C.main(
+        [
+            "--suite",
+            "node",
+            "--filter",
+            "^test_(relu|abs)$",
+            "--report",
+            str(out),
+            "--no-progress",
+            "--peer",
+            "onnxruntime",
+            "--baseline",
+            str(tmp_path),
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0
     assert "TOTAL" in text and "peer pass" in text and "node cases:  2 pass" in text
@@ -125,8 +173,10 @@ def test_node_suite_pass_floor(node_report):
     t = node_report.totals()
     assert t["total"] == 1884
     failing = [f"{r.name}: {r.reason[:120]}" for r in node_report.results if r.status != "pass"]
-    assert t["pass"] >= NODE_PASS_FLOOR, (f"{t['pass']} of {t['total']} node cases pass, floor is "
-                                          f"{NODE_PASS_FLOOR}; failures:\n" + "\n".join(failing[:50]))
+    assert t["pass"] >= NODE_PASS_FLOOR, (
+        f"{t['pass']} of {t['total']} node cases pass, floor is "
+        f"{NODE_PASS_FLOOR}; failures:\n" + "\n".join(failing[:50])
+    )
 
 
 def blas_rows_uniform() -> bool:

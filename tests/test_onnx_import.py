@@ -3,6 +3,7 @@
 Oracles: onnxruntime (round trips, opset adapters) and onnx.reference.ReferenceEvaluator
 (control flow, sequences); tolerances stated per test (float32: rtol 1e-5, atol 1e-6).
 """
+
 from __future__ import annotations
 
 import os
@@ -70,8 +71,12 @@ def assert_matches_ort(model, feeds, rtol=RTOL, atol=ATOL):
 
 # -- graph IR ----------------------------------------------------------------------------------------
 def test_graph_validate_and_repr():
-    g = Graph("g", inputs=[Value("x", np.float32, (2, "n"))], outputs=[Value("y")],
-              nodes=[Node("Relu", ["x"], ["t"]), Node("Neg", ["t"], ["y"])])
+    g = Graph(
+        "g",
+        inputs=[Value("x", np.float32, (2, "n"))],
+        outputs=[Value("y")],
+        nodes=[Node("Relu", ["x"], ["t"]), Node("Neg", ["t"], ["y"])],
+    )
     g.validate()
     assert g.value("x").shape == (2, "n") and not g.value("x").is_static()
     assert "Relu" in g.summary() and "2xn" in repr(g.value("x"))
@@ -79,8 +84,12 @@ def test_graph_validate_and_repr():
 
 
 def test_graph_cycle_names_nodes():
-    g = Graph("c", inputs=["x"], outputs=["z"],
-              nodes=[Node("Relu", ["y"], ["z"], name="a"), Node("Relu", ["z"], ["y"], name="b")])
+    g = Graph(
+        "c",
+        inputs=["x"],
+        outputs=["z"],
+        nodes=[Node("Relu", ["y"], ["z"], name="a"), Node("Relu", ["z"], ["y"], name="b")],
+    )
     with pytest.raises(GraphCycleError, match=r"a \(Relu\).*b \(Relu\)"):
         g.validate()
     with pytest.raises(GraphCycleError):
@@ -94,15 +103,23 @@ def test_graph_dangling_and_duplicate():
     g = Graph("d", inputs=["x"], outputs=["nope"], nodes=[Node("Relu", ["x"], ["z"])])
     with pytest.raises(DanglingValueError, match="output 'nope'"):
         g.validate()
-    g = Graph("d", inputs=["x"], outputs=["z"],
-              nodes=[Node("Relu", ["x"], ["z"], name="a"), Node("Neg", ["x"], ["z"], name="b")])
+    g = Graph(
+        "d",
+        inputs=["x"],
+        outputs=["z"],
+        nodes=[Node("Relu", ["x"], ["z"], name="a"), Node("Neg", ["x"], ["z"], name="b")],
+    )
     with pytest.raises(DuplicateValueError, match="'a'.*'b'"):
         g.validate()
 
 
 def test_graph_unsorted_is_reported_then_sortable():
-    g = Graph("u", inputs=["x"], outputs=["z"],
-              nodes=[Node("Neg", ["t"], ["z"], name="second"), Node("Relu", ["x"], ["t"], name="first")])
+    g = Graph(
+        "u",
+        inputs=["x"],
+        outputs=["z"],
+        nodes=[Node("Neg", ["t"], ["z"], name="second"), Node("Relu", ["x"], ["t"], name="first")],
+    )
     with pytest.raises(GraphError, match="topological"):
         g.validate()
     g.sort().validate()
@@ -111,16 +128,19 @@ def test_graph_unsorted_is_reported_then_sortable():
 
 def test_subgraph_outer_scope_validation():
     body = Graph("then", outputs=["o"], nodes=[Node("Relu", ["outer_missing"], ["o"], name="inner")])
-    g = Graph("p", inputs=[Value("c", np.bool_)], outputs=["y"],
-              nodes=[Node("If", ["c"], ["y"], {"then_branch": body, "else_branch": body}, name="if")])
+    g = Graph(
+        "p",
+        inputs=[Value("c", np.bool_)],
+        outputs=["y"],
+        nodes=[Node("If", ["c"], ["y"], {"then_branch": body, "else_branch": body}, name="if")],
+    )
     with pytest.raises(DanglingValueError, match="inner"):
         g.validate()
 
 
 # -- interpreter -----------------------------------------------------------------------------------
 def test_interpreter_runs_graph_and_checks_feeds():
-    g = Graph("g", inputs=[Value("x", np.float32, (2, 3))], outputs=["y"],
-              nodes=[Node("Relu", ["x"], ["y"])])
+    g = Graph("g", inputs=[Value("x", np.float32, (2, 3))], outputs=["y"], nodes=[Node("Relu", ["x"], ["y"])])
     x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
     np.testing.assert_array_equal(run(g, {"x": x})["y"], np.maximum(x, 0))
     interp = Interpreter(g)
@@ -136,8 +156,12 @@ def test_interpreter_runs_graph_and_checks_feeds():
 
 
 def test_interpreter_error_names_node():
-    g = Graph("g", inputs=[Value("a", np.float32), Value("b", np.float32)], outputs=["y"],
-              nodes=[Node("MatMul", ["a", "b"], ["y"], name="mm")])
+    g = Graph(
+        "g",
+        inputs=[Value("a", np.float32), Value("b", np.float32)],
+        outputs=["y"],
+        nodes=[Node("MatMul", ["a", "b"], ["y"], name="mm")],
+    )
     with pytest.raises(opsnn.errors.OpsnnError) as info:
         run(g, {"a": np.zeros((2, 3), np.float32), "b": np.zeros((4, 5), np.float32)})
     assert any("mm" in n for n in getattr(info.value, "__notes__", [])) or "mm" in str(info.value)
@@ -146,26 +170,39 @@ def test_interpreter_error_names_node():
 def _loop_model():
     # sum_{i<M} (x * i) with an outer-scope scale, plus the per-iteration values as scan output
     body = helper.make_graph(
-        [helper.make_node("Cast", ["i"], ["i_f"], to=F),
-         helper.make_node("Mul", ["i_f", "scale"], ["t"]),
-         helper.make_node("Add", ["acc", "t"], ["acc_out"]),
-         helper.make_node("Identity", ["cond"], ["cond_out"]),
-         helper.make_node("Identity", ["t"], ["scan_out"])],
+        [
+            helper.make_node("Cast", ["i"], ["i_f"], to=F),
+            helper.make_node("Mul", ["i_f", "scale"], ["t"]),
+            helper.make_node("Add", ["acc", "t"], ["acc_out"]),
+            helper.make_node("Identity", ["cond"], ["cond_out"]),
+            helper.make_node("Identity", ["t"], ["scan_out"]),
+        ],
         "body",
         [vi("i", [], TensorProto.INT64), vi("cond", [], TensorProto.BOOL), vi("acc", [2])],
-        [vi("cond_out", [], TensorProto.BOOL), vi("acc_out", [2]), vi("scan_out", [2])])
-    nodes = [helper.make_node("Mul", ["x", "two"], ["scale"]),
-             helper.make_node("Loop", ["M", "", "acc0"], ["acc", "scans"], body=body)]
+        [vi("cond_out", [], TensorProto.BOOL), vi("acc_out", [2]), vi("scan_out", [2])],
+    )
+    nodes = [
+        helper.make_node("Mul", ["x", "two"], ["scale"]),
+        helper.make_node("Loop", ["M", "", "acc0"], ["acc", "scans"], body=body),
+    ]
     two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
-    return make_model(nodes, [vi("x", [2]), vi("M", [], TensorProto.INT64), vi("acc0", [2])],
-                      [vi("acc", [2]), vi("scans", [None, 2])], [two], opset=18)
+    return make_model(
+        nodes,
+        [vi("x", [2]), vi("M", [], TensorProto.INT64), vi("acc0", [2])],
+        [vi("acc", [2]), vi("scans", [None, 2])],
+        [two],
+        opset=18,
+    )
 
 
 @pytest.mark.parametrize("trips", [0, 1, 4])
 def test_loop_with_outer_scope_matches_onnxruntime(trips):
     m = _loop_model()
-    feeds = {"x": np.array([1.0, -2.0], np.float32), "M": np.array(trips, np.int64),
-             "acc0": np.array([0.5, 0.25], np.float32)}
+    feeds = {
+        "x": np.array([1.0, -2.0], np.float32),
+        "M": np.array(trips, np.int64),
+        "acc0": np.array([0.5, 0.25], np.float32),
+    }
     got = opsnn_run(m, feeds)
     assert got[1].shape == (trips, 2) and got[1].dtype == np.float32
     if trips == 0:  # onnxruntime cannot build zero scan outputs either; the answer is acc0
@@ -177,17 +214,31 @@ def test_loop_with_outer_scope_matches_onnxruntime(trips):
 
 
 def test_if_branches_and_sequences_match_reference():
-    then_g = helper.make_graph([helper.make_node("SequenceConstruct", ["x", "x"], ["s"])], "then", [],
-                               [helper.make_tensor_sequence_value_info("s", F, None)])
-    else_g = helper.make_graph([helper.make_node("SplitToSequence", ["x"], ["s"], axis=0)], "else", [],
-                               [helper.make_tensor_sequence_value_info("s", F, None)])
-    nodes = [helper.make_node("If", ["c"], ["seq"], then_branch=then_g, else_branch=else_g),
-             helper.make_node("SequenceLength", ["seq"], ["n"]),
-             helper.make_node("ConcatFromSequence", ["seq"], ["cat"], axis=0, new_axis=1),
-             helper.make_node("SequenceAt", ["seq", "pos"], ["last"])]
+    then_g = helper.make_graph(
+        [helper.make_node("SequenceConstruct", ["x", "x"], ["s"])],
+        "then",
+        [],
+        [helper.make_tensor_sequence_value_info("s", F, None)],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("SplitToSequence", ["x"], ["s"], axis=0)],
+        "else",
+        [],
+        [helper.make_tensor_sequence_value_info("s", F, None)],
+    )
+    nodes = [
+        helper.make_node("If", ["c"], ["seq"], then_branch=then_g, else_branch=else_g),
+        helper.make_node("SequenceLength", ["seq"], ["n"]),
+        helper.make_node("ConcatFromSequence", ["seq"], ["cat"], axis=0, new_axis=1),
+        helper.make_node("SequenceAt", ["seq", "pos"], ["last"]),
+    ]
     pos = numpy_helper.from_array(np.array(-1, np.int64), "pos")
-    m = make_model(nodes, [vi("c", [], TensorProto.BOOL), vi("x", [3, 2])],
-                   [vi("n", [], TensorProto.INT64), vi("cat", None), vi("last", None)], [pos])
+    m = make_model(
+        nodes,
+        [vi("c", [], TensorProto.BOOL), vi("x", [3, 2])],
+        [vi("n", [], TensorProto.INT64), vi("cat", None), vi("last", None)],
+        [pos],
+    )
     x = np.arange(6, dtype=np.float32).reshape(3, 2)
     for c in (True, False):
         feeds = {"c": np.array(c), "x": x}
@@ -198,9 +249,11 @@ def test_if_branches_and_sequences_match_reference():
 
 
 def test_optional_ops():
-    nodes = [helper.make_node("Optional", ["x"], ["o"]),
-             helper.make_node("OptionalHasElement", ["o"], ["has"]),
-             helper.make_node("OptionalGetElement", ["o"], ["y"])]
+    nodes = [
+        helper.make_node("Optional", ["x"], ["o"]),
+        helper.make_node("OptionalHasElement", ["o"], ["has"]),
+        helper.make_node("OptionalGetElement", ["o"], ["y"]),
+    ]
     m = make_model(nodes, [vi("x", [2])], [vi("has", [], TensorProto.BOOL), vi("y", [2])])
     got = opsnn_run(m, {"x": np.ones(2, np.float32)})
     assert bool(got[0]) is True
@@ -212,14 +265,16 @@ def test_round_trip_mlp_vs_onnxruntime(rng, no_leak):
     w1 = numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "w1")
     b1 = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b1")
     shape = numpy_helper.from_array(np.array([-1, 4, 4], np.int64), "shape")
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
-             helper.make_node("Add", ["h", "b1"], ["hb"]),
-             helper.make_node("Relu", ["hb"], ["r"]),
-             helper.make_node("Reshape", ["r", "shape"], ["r3"]),
-             helper.make_node("Transpose", ["r3"], ["t"], perm=[0, 2, 1]),
-             helper.make_node("Constant", [], ["half"], value=numpy_helper.from_array(np.float32(0.5))),
-             helper.make_node("Mul", ["t", "half"], ["tm"]),
-             helper.make_node("Softmax", ["tm"], ["y"], axis=-1)]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Add", ["h", "b1"], ["hb"]),
+        helper.make_node("Relu", ["hb"], ["r"]),
+        helper.make_node("Reshape", ["r", "shape"], ["r3"]),
+        helper.make_node("Transpose", ["r3"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("Constant", [], ["half"], value=numpy_helper.from_array(np.float32(0.5))),
+        helper.make_node("Mul", ["t", "half"], ["tm"]),
+        helper.make_node("Softmax", ["tm"], ["y"], axis=-1),
+    ]
     m = make_model(nodes, [vi("x", ["batch", 8])], [vi("y", ["batch", 4, 4])], [w1, b1, shape])
     g = opsnn.onnx.load(m)
     assert "half" in g.initializers and not any(n.op_type == "Constant" for n in g.nodes)
@@ -240,8 +295,10 @@ def test_load_from_path_and_bytes(tmp_path):
 
 def test_optional_inputs_and_outputs():
     mx = numpy_helper.from_array(np.array(1.0, np.float32), "mx")
-    nodes = [helper.make_node("Clip", ["x", "", "mx"], ["c"]),  # absent min in the middle
-             helper.make_node("Dropout", ["c"], ["y", ""])]     # unused optional output
+    nodes = [
+        helper.make_node("Clip", ["x", "", "mx"], ["c"]),  # absent min in the middle
+        helper.make_node("Dropout", ["c"], ["y", ""]),
+    ]  # unused optional output
     m = make_model(nodes, [vi("x", [4])], [vi("y", [4])], [mx], opset=18)
     x = np.array([-3, 0.5, 2, 7], np.float32)
     assert_matches_ort(m, {"x": x})
@@ -250,48 +307,72 @@ def test_optional_inputs_and_outputs():
 def test_unsorted_onnx_nodes_are_sorted():
     nodes = [helper.make_node("Neg", ["t"], ["y"]), helper.make_node("Relu", ["x"], ["t"])]
     m = make_model(nodes, [vi("x", [2])], [vi("y", [2])])
-    np.testing.assert_array_equal(opsnn_run(m, {"x": np.array([-1, 2], np.float32)})[0],
-                                  np.array([0, -2], np.float32))
+    np.testing.assert_array_equal(opsnn_run(m, {"x": np.array([-1, 2], np.float32)})[0], np.array([0, -2], np.float32))
 
 
 def test_model_local_function_is_inlined():
-    fn = helper.make_function("custom", "ScaledRelu", ["X"], ["Y"],
-                              [helper.make_node("Relu", ["X"], ["r"]),
-                               helper.make_node("Constant", [], ["k"], value_float=3.0),
-                               helper.make_node("Mul", ["r", "k"], ["Y"])],
-                              [helper.make_opsetid("", 18)])
-    g = helper.make_graph([helper.make_node("ScaledRelu", ["x"], ["y"], domain="custom")], "m",
-                          [vi("x", [3])], [vi("y", [3])])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("custom", 1)],
-                          functions=[fn])
+    fn = helper.make_function(
+        "custom",
+        "ScaledRelu",
+        ["X"],
+        ["Y"],
+        [
+            helper.make_node("Relu", ["X"], ["r"]),
+            helper.make_node("Constant", [], ["k"], value_float=3.0),
+            helper.make_node("Mul", ["r", "k"], ["Y"]),
+        ],
+        [helper.make_opsetid("", 18)],
+    )
+    g = helper.make_graph(
+        [helper.make_node("ScaledRelu", ["x"], ["y"], domain="custom")], "m", [vi("x", [3])], [vi("y", [3])]
+    )
+    m = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("custom", 1)], functions=[fn]
+    )
     x = np.array([-1, 1, 2], np.float32)
     np.testing.assert_allclose(opsnn_run(m, {"x": x})[0], np.maximum(x, 0) * 3)
 
 
 def _calls_model(n_calls):
     """``n_calls`` calls in a row of one two-node local function, F(a) = -|a| (so F(F(a)) = F(a))."""
-    fn = helper.make_function("local", "F", ["a"], ["b"], [helper.make_node("Abs", ["a"], ["t"]),
-                                                          helper.make_node("Neg", ["t"], ["b"])],
-                              [helper.make_opsetid("", 18)])
+    fn = helper.make_function(
+        "local",
+        "F",
+        ["a"],
+        ["b"],
+        [helper.make_node("Abs", ["a"], ["t"]), helper.make_node("Neg", ["t"], ["b"])],
+        [helper.make_opsetid("", 18)],
+    )
     nodes = [helper.make_node("F", [f"v{i}"], [f"v{i + 1}"], domain="local") for i in range(n_calls)]
     g = helper.make_graph(nodes, "calls", [vi("v0", [3])], [vi(f"v{n_calls}", [3])])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("local", 1)],
-                             functions=[fn])
+    return helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("local", 1)], functions=[fn]
+    )
 
 
 def _nested_model(depth):
     """``depth`` local functions, each calling the next twice: 2**depth Relus from a 2 KB model."""
     fns = []
     for d in range(depth):
-        body = [helper.make_node("Relu", ["a"], ["b"])] if d == depth - 1 else \
-            [helper.make_node(f"F{d + 1}", ["a"], ["t"], domain="local"),
-             helper.make_node(f"F{d + 1}", ["t"], ["b"], domain="local")]
-        fns.append(helper.make_function("local", f"F{d}", ["a"], ["b"], body,
-                                        [helper.make_opsetid("", 18), helper.make_opsetid("local", 1)]))
-    g = helper.make_graph([helper.make_node("F0", ["x"], ["y"], domain="local")], "nested", [vi("x", [3])],
-                          [vi("y", [3])])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("local", 1)],
-                             functions=fns)
+        body = (
+            [helper.make_node("Relu", ["a"], ["b"])]
+            if d == depth - 1
+            else [
+                helper.make_node(f"F{d + 1}", ["a"], ["t"], domain="local"),
+                helper.make_node(f"F{d + 1}", ["t"], ["b"], domain="local"),
+            ]
+        )
+        fns.append(
+            helper.make_function(
+                "local", f"F{d}", ["a"], ["b"], body, [helper.make_opsetid("", 18), helper.make_opsetid("local", 1)]
+            )
+        )
+    g = helper.make_graph(
+        [helper.make_node("F0", ["x"], ["y"], domain="local")], "nested", [vi("x", [3])], [vi("y", [3])]
+    )
+    return helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("local", 1)], functions=fns
+    )
 
 
 def test_function_inlining_names_in_linear_time(monkeypatch):
@@ -325,7 +406,7 @@ def test_function_expansion_budget(monkeypatch):
     with pytest.raises(opsnn.onnx.ExpansionLimitError, match="more than 4000 nodes"):
         opsnn.onnx.load(_nested_model(30))
     g = opsnn.onnx.load(_nested_model(8))
-    assert [n.op_type for n in g.nodes] == ["Relu"] * 2 ** 7
+    assert [n.op_type for n in g.nodes] == ["Relu"] * 2**7
 
 
 def test_onnx_function_body_fallback(monkeypatch):
@@ -338,40 +419,95 @@ def test_onnx_function_body_fallback(monkeypatch):
     g = opsnn.onnx.load(m)
     assert "Celu" not in {n.op_type for n in g.nodes}
     x = np.array([-3, -1, 0, 1, 3], np.float32)
-    np.testing.assert_allclose(run(g, {"x": x})["y"], ReferenceEvaluator(m).run(None, {"x": x})[0],
-                               rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(
+        run(g, {"x": x})["y"], ReferenceEvaluator(m).run(None, {"x": x})[0], rtol=RTOL, atol=ATOL
+    )
 
 
 # -- opset adapters (old attribute forms -> latest input forms), each vs onnxruntime ------------------
 def _adapter_cases():
     x3 = vi("x", [2, 3, 4])
-    yield "squeeze_axes_attr", make_model([helper.make_node("Unsqueeze", ["x"], ["u"], axes=[0, 3]),
-                                           helper.make_node("Squeeze", ["u"], ["y"], axes=[0])],
-                                          [x3], [vi("y", None)], opset=11)
-    yield "reducesum_axes_attr", make_model([helper.make_node("ReduceSum", ["x"], ["y"], axes=[1], keepdims=0)],
-                                            [x3], [vi("y", None)], opset=11)
-    yield "reducemean_axes_attr", make_model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[0, 2])],
-                                             [x3], [vi("y", None)], opset=13)
-    yield "clip_attrs", make_model([helper.make_node("Clip", ["x"], ["y"], min=-0.5, max=0.25)],
-                                   [x3], [vi("y", None)], opset=6)
-    yield "pad_attrs", make_model([helper.make_node("Pad", ["x"], ["y"], pads=[0, 1, 0, 0, 2, 1], value=1.5)],
-                                  [x3], [vi("y", None)], opset=10)
-    yield "slice_attrs", make_model([helper.make_node("Slice", ["x"], ["y"], starts=[1, 0], ends=[3, 2],
-                                                      axes=[1, 2])], [x3], [vi("y", None)], opset=9)
-    yield "split_attr", make_model([helper.make_node("Split", ["x"], ["a", "b"], axis=2, split=[1, 3])],
-                                   [x3], [vi("a", None), vi("b", None)], opset=11)
-    yield "split_equal", make_model([helper.make_node("Split", ["x"], ["a", "b"], axis=2)],
-                                    [x3], [vi("a", None), vi("b", None)], opset=11)
-    yield "topk_k_attr", make_model([helper.make_node("TopK", ["x"], ["v", "i"], k=2)],
-                                    [x3], [vi("v", None), vi("i", None, TensorProto.INT64)], opset=9)
-    yield "softmax_2d_coercion", make_model([helper.make_node("Softmax", ["x"], ["y"], axis=1)],
-                                            [x3], [vi("y", None)], opset=11)
-    yield "logsoftmax_default_axis", make_model([helper.make_node("LogSoftmax", ["x"], ["y"])],
-                                                [vi("x", None)], [vi("y", None)], opset=11)
-    yield "dropout_ratio_attr", make_model([helper.make_node("Dropout", ["x"], ["y"], ratio=0.3)],
-                                           [x3], [vi("y", None)], opset=10)
-    yield "reshape_v1_unsqueeze", make_model([helper.make_node("Unsqueeze", ["x"], ["y"], axes=[1])],
-                                             [x3], [vi("y", None)], opset=9)
+    yield (
+        "squeeze_axes_attr",
+        make_model(
+            [
+                helper.make_node("Unsqueeze", ["x"], ["u"], axes=[0, 3]),
+                helper.make_node("Squeeze", ["u"], ["y"], axes=[0]),
+            ],
+            [x3],
+            [vi("y", None)],
+            opset=11,
+        ),
+    )
+    yield (
+        "reducesum_axes_attr",
+        make_model(
+            [helper.make_node("ReduceSum", ["x"], ["y"], axes=[1], keepdims=0)], [x3], [vi("y", None)], opset=11
+        ),
+    )
+    yield (
+        "reducemean_axes_attr",
+        make_model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[0, 2])], [x3], [vi("y", None)], opset=13),
+    )
+    yield (
+        "clip_attrs",
+        make_model([helper.make_node("Clip", ["x"], ["y"], min=-0.5, max=0.25)], [x3], [vi("y", None)], opset=6),
+    )
+    yield (
+        "pad_attrs",
+        make_model(
+            [helper.make_node("Pad", ["x"], ["y"], pads=[0, 1, 0, 0, 2, 1], value=1.5)], [x3], [vi("y", None)], opset=10
+        ),
+    )
+    yield (
+        "slice_attrs",
+        make_model(
+            [helper.make_node("Slice", ["x"], ["y"], starts=[1, 0], ends=[3, 2], axes=[1, 2])],
+            [x3],
+            [vi("y", None)],
+            opset=9,
+        ),
+    )
+    yield (
+        "split_attr",
+        make_model(
+            [helper.make_node("Split", ["x"], ["a", "b"], axis=2, split=[1, 3])],
+            [x3],
+            [vi("a", None), vi("b", None)],
+            opset=11,
+        ),
+    )
+    yield (
+        "split_equal",
+        make_model(
+            [helper.make_node("Split", ["x"], ["a", "b"], axis=2)], [x3], [vi("a", None), vi("b", None)], opset=11
+        ),
+    )
+    yield (
+        "topk_k_attr",
+        make_model(
+            [helper.make_node("TopK", ["x"], ["v", "i"], k=2)],
+            [x3],
+            [vi("v", None), vi("i", None, TensorProto.INT64)],
+            opset=9,
+        ),
+    )
+    yield (
+        "softmax_2d_coercion",
+        make_model([helper.make_node("Softmax", ["x"], ["y"], axis=1)], [x3], [vi("y", None)], opset=11),
+    )
+    yield (
+        "logsoftmax_default_axis",
+        make_model([helper.make_node("LogSoftmax", ["x"], ["y"])], [vi("x", None)], [vi("y", None)], opset=11),
+    )
+    yield (
+        "dropout_ratio_attr",
+        make_model([helper.make_node("Dropout", ["x"], ["y"], ratio=0.3)], [x3], [vi("y", None)], opset=10),
+    )
+    yield (
+        "reshape_v1_unsqueeze",
+        make_model([helper.make_node("Unsqueeze", ["x"], ["y"], axes=[1])], [x3], [vi("y", None)], opset=9),
+    )
 
 
 @pytest.mark.parametrize("name,model", list(_adapter_cases()), ids=[c[0] for c in _adapter_cases()])
@@ -386,44 +522,77 @@ def test_opset_adapter_matches_onnxruntime(name, model, rng):
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_resize10_matches_onnxruntime(mode, rng):
     sc = numpy_helper.from_array(np.array([1, 1, 2, 1.5], np.float32), "sc")
-    m = make_model([helper.make_node("Resize", ["x", "sc"], ["y"], mode=mode)], [vi("x", [1, 2, 3, 4])],
-                   [vi("y", None)], [sc], opset=10)
+    m = make_model(
+        [helper.make_node("Resize", ["x", "sc"], ["y"], mode=mode)],
+        [vi("x", [1, 2, 3, 4])],
+        [vi("y", None)],
+        [sc],
+        opset=10,
+    )
     assert_matches_ort(m, {"x": rng.standard_normal((1, 2, 3, 4)).astype(np.float32)})
 
 
 def test_scatter_becomes_scatter_elements(rng):
-    m = make_model([helper.make_node("Scatter", ["d", "i", "u"], ["y"], axis=1)],
-                   [vi("d", [3, 3]), vi("i", [2, 3], TensorProto.INT64), vi("u", [2, 3])], [vi("y", None)], opset=9)
+    m = make_model(
+        [helper.make_node("Scatter", ["d", "i", "u"], ["y"], axis=1)],
+        [vi("d", [3, 3]), vi("i", [2, 3], TensorProto.INT64), vi("u", [2, 3])],
+        [vi("y", None)],
+        opset=9,
+    )
     assert [n.op_type for n in opsnn.onnx.load(m).nodes] == ["ScatterElements"]
-    assert_matches_ort(m, {"d": np.zeros((3, 3), np.float32), "i": np.array([[1, 0, 2], [0, 2, 1]], np.int64),
-                           "u": rng.standard_normal((2, 3)).astype(np.float32)})
+    assert_matches_ort(
+        m,
+        {
+            "d": np.zeros((3, 3), np.float32),
+            "i": np.array([[1, 0, 2], [0, 2, 1]], np.int64),
+            "u": rng.standard_normal((2, 3)).astype(np.float32),
+        },
+    )
 
 
 def test_group_norm18_per_group_scale_matches_onnxruntime(rng):
     s = numpy_helper.from_array(rng.standard_normal(2).astype(np.float32), "s")
     b = numpy_helper.from_array(rng.standard_normal(2).astype(np.float32), "b")
-    m = make_model([helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2)],
-                   [vi("x", [2, 4, 3, 3])], [vi("y", None)], [s, b], opset=18)
+    m = make_model(
+        [helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2)],
+        [vi("x", [2, 4, 3, 3])],
+        [vi("y", None)],
+        [s, b],
+        opset=18,
+    )
     assert_matches_ort(m, {"x": rng.standard_normal((2, 4, 3, 3)).astype(np.float32)}, rtol=1e-4, atol=1e-4)
 
 
 def test_legacy_broadcast_with_axis(rng):
     """Opset-6 Add(broadcast=1, axis=1) aligns B at axis 1 (oracle: numpy)."""
-    m = make_model([helper.make_node("Add", ["a", "b"], ["y"], broadcast=1, axis=1)],
-                   [vi("a", [2, 3, 4, 5]), vi("b", [3])], [vi("y", None)], opset=6)
+    m = make_model(
+        [helper.make_node("Add", ["a", "b"], ["y"], broadcast=1, axis=1)],
+        [vi("a", [2, 3, 4, 5]), vi("b", [3])],
+        [vi("y", None)],
+        opset=6,
+    )
     a = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
     b = rng.standard_normal(3).astype(np.float32)
     np.testing.assert_allclose(opsnn_run(m, {"a": a, "b": b})[0], a + b[None, :, None, None], rtol=RTOL, atol=ATOL)
-    unknown = make_model([helper.make_node("Add", ["a", "b"], ["y"], broadcast=1, axis=1)],
-                         [vi("a", None), vi("b", None)], [vi("y", None)], opset=6)
+    unknown = make_model(
+        [helper.make_node("Add", ["a", "b"], ["y"], broadcast=1, axis=1)],
+        [vi("a", None), vi("b", None)],
+        [vi("y", None)],
+        opset=6,
+    )
     with pytest.raises(UnsupportedOpError, match="ranks"):
         opsnn.onnx.load(unknown)
 
 
 def test_upsample_becomes_resize_and_matches_onnxruntime():
     scales = numpy_helper.from_array(np.array([1, 1, 2, 3], np.float32), "scales")
-    m = make_model([helper.make_node("Upsample", ["x", "scales"], ["y"], mode="nearest")],
-                   [vi("x", [1, 1, 2, 2])], [vi("y", None)], [scales], opset=9)
+    m = make_model(
+        [helper.make_node("Upsample", ["x", "scales"], ["y"], mode="nearest")],
+        [vi("x", [1, 1, 2, 2])],
+        [vi("y", None)],
+        [scales],
+        opset=9,
+    )
     g = opsnn.onnx.load(m)
     assert [n.op_type for n in g.nodes] == ["Resize"]
     assert_matches_ort(m, {"x": np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)})
@@ -431,15 +600,13 @@ def test_upsample_becomes_resize_and_matches_onnxruntime():
 
 def test_adapter_table_is_data():
     table = opsnn.onnx.opset.describe()
-    assert {"op": "Squeeze", "domain": "", "since": 13} in [{k: r[k] for k in ("op", "domain", "since")}
-                                                           for r in table]
+    assert {"op": "Squeeze", "domain": "", "since": 13} in [{k: r[k] for k in ("op", "domain", "since")} for r in table]
     assert all(r["doc"] for r in table)
 
 
 # -- bad input: each raises a typed error ------------------------------------------------------------------
 def test_unknown_op_names_op_domain_opset_node_and_nearest():
-    m = make_model([helper.make_node("Rellu", ["x"], ["y"], name="my_node")], [vi("x", [2])], [vi("y", [2])],
-                   opset=17)
+    m = make_model([helper.make_node("Rellu", ["x"], ["y"], name="my_node")], [vi("x", [2])], [vi("y", [2])], opset=17)
     with pytest.raises(UnsupportedOpError) as info:
         opsnn.onnx.load(m)
     msg = str(info.value)
@@ -449,16 +616,18 @@ def test_unknown_op_names_op_domain_opset_node_and_nearest():
 
 
 def test_unknown_domain_op():
-    g = helper.make_graph([helper.make_node("Foo", ["x"], ["y"], domain="com.example")], "m",
-                          [vi("x", [2])], [vi("y", [2])])
+    g = helper.make_graph(
+        [helper.make_node("Foo", ["x"], ["y"], domain="com.example")], "m", [vi("x", [2])], [vi("y", [2])]
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.example", 3)])
     with pytest.raises(UnsupportedOpError, match="com.example.*opset 3"):
         opsnn.onnx.load(m)
 
 
 def test_opset_newer_than_supported():
-    m = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2])],
-                   opset=opsnn.onnx.opset.MAX_OPSET + 1)
+    m = make_model(
+        [helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2])], opset=opsnn.onnx.opset.MAX_OPSET + 1
+    )
     with pytest.raises(UnsupportedOpsetError, match=str(opsnn.onnx.opset.MAX_OPSET + 1)):
         opsnn.onnx.load(m)
 
@@ -516,11 +685,16 @@ def test_tensor_larger_than_pool_cap_refused_before_allocation():
 
 def _external_model(tmp_path, rng):
     w = rng.standard_normal((16, 16)).astype(np.float32)
-    m = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [vi("x", [2, 16])], [vi("y", [2, 16])],
-                   [numpy_helper.from_array(w, "w")])
+    m = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [vi("x", [2, 16])],
+        [vi("y", [2, 16])],
+        [numpy_helper.from_array(w, "w")],
+    )
     path = tmp_path / "model.onnx"
-    onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="weights.bin", size_threshold=0)
+    onnx.save_model(
+        m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="weights.bin", size_threshold=0
+    )
     return path, w
 
 
@@ -546,9 +720,16 @@ def test_external_data_loads(tmp_path, rng):
     np.testing.assert_array_equal(g2.initializers["w"], w)
 
 
-@pytest.mark.parametrize("location,match", [("../weights.bin", "escapes"), ("sub/../../x.bin", "escapes"),
-                                            ("/etc/passwd", "absolute"), ("missing.bin", "cannot read"),
-                                            ("weights.bin\x00.txt", "NUL byte")])
+@pytest.mark.parametrize(
+    "location,match",
+    [
+        ("../weights.bin", "escapes"),
+        ("sub/../../x.bin", "escapes"),
+        ("/etc/passwd", "absolute"),
+        ("missing.bin", "cannot read"),
+        ("weights.bin\x00.txt", "NUL byte"),
+    ],
+)
 def test_external_data_bad_locations(tmp_path, rng, location, match):
     inner = tmp_path / "inner"
     inner.mkdir()
@@ -579,13 +760,14 @@ def test_external_data_too_short(tmp_path, rng):
 
 
 def test_cycle_and_dangling_in_onnx_model():
-    cyc = make_model([helper.make_node("Relu", ["b"], ["a"], name="n1"), helper.make_node("Relu", ["a"], ["b"],
-                                                                                        name="n2")],
-                     [vi("x", [2])], [vi("b", [2])])
+    cyc = make_model(
+        [helper.make_node("Relu", ["b"], ["a"], name="n1"), helper.make_node("Relu", ["a"], ["b"], name="n2")],
+        [vi("x", [2])],
+        [vi("b", [2])],
+    )
     with pytest.raises(GraphCycleError, match="n1"):
         opsnn.onnx.load(cyc)
-    dang = make_model([helper.make_node("Relu", ["nowhere"], ["y"], name="lonely")], [vi("x", [2])],
-                      [vi("y", [2])])
+    dang = make_model([helper.make_node("Relu", ["nowhere"], ["y"], name="lonely")], [vi("x", [2])], [vi("y", [2])])
     with pytest.raises(DanglingValueError, match="lonely.*nowhere"):
         opsnn.onnx.load(dang)
 
@@ -596,12 +778,17 @@ def test_mutated_models_raise_only_typed_errors():
     rng = np.random.default_rng(3)
     body = helper.make_graph(
         [helper.make_node("Add", ["acc", "x"], ["acc_out"]), helper.make_node("Identity", ["cond"], ["cond_out"])],
-        "body", [vi("i", [], TensorProto.INT64), vi("cond", [], TensorProto.BOOL), vi("acc", [2])],
-        [vi("cond_out", [], TensorProto.BOOL), vi("acc_out", [2])])
+        "body",
+        [vi("i", [], TensorProto.INT64), vi("cond", [], TensorProto.BOOL), vi("acc", [2])],
+        [vi("cond_out", [], TensorProto.BOOL), vi("acc_out", [2])],
+    )
     w = numpy_helper.from_array(rng.standard_normal((4, 2)).astype(np.float32), "w")
-    nodes = [helper.make_node("MatMul", ["a", "w"], ["x"]), helper.make_node("Squeeze", ["x"], ["xs"], axes=[0]),
-             helper.make_node("Loop", ["M", "", "xs"], ["y"], body=body),
-             helper.make_node("Clip", ["y"], ["z"], min=0.0)]
+    nodes = [
+        helper.make_node("MatMul", ["a", "w"], ["x"]),
+        helper.make_node("Squeeze", ["x"], ["xs"], axes=[0]),
+        helper.make_node("Loop", ["M", "", "xs"], ["y"], body=body),
+        helper.make_node("Clip", ["y"], ["z"], min=0.0),
+    ]
     m = make_model(nodes, [vi("a", [1, 4]), vi("M", [], TensorProto.INT64)], [vi("z", [2])], [w], opset=10)
     data = m.SerializeToString()
     feeds = {"a": np.ones((1, 4), np.float32), "M": np.array(3, np.int64)}

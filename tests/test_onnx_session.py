@@ -3,6 +3,7 @@ Python API runs with ``import onnxruntime as ort`` and with ``opsnn.onnx.ort_com
 in for it, on models built here and on ONNX's light model zoo; outputs (rtol 1e-5) and the
 reported metadata must agree. Then opsnn's own promises: typed one-line errors, the options
 mapped onto opsnn's passes, threads and profiler."""
+
 import json
 import os
 
@@ -27,8 +28,12 @@ def _init(name, arr):
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17, check=True, **props):
-    m = h.make_model(h.make_graph(nodes, props.pop("graph_name", "g"), inputs, outputs, list(inits)),
-                     opset_imports=[h.make_opsetid("", opset)], producer_name="opsnn-test", **props)
+    m = h.make_model(
+        h.make_graph(nodes, props.pop("graph_name", "g"), inputs, outputs, list(inits)),
+        opset_imports=[h.make_opsetid("", opset)],
+        producer_name="opsnn-test",
+        **props,
+    )
     m.ir_version = 8
     if check:
         onnx.checker.check_model(m)
@@ -38,12 +43,20 @@ def _model(nodes, inputs, outputs, inits=(), opset=17, check=True, **props):
 def mlp(rng):
     w1, b1 = rng.standard_normal((16, 32)).astype(np.float32), rng.standard_normal(32).astype(np.float32)
     w2, b2 = rng.standard_normal((32, 5)).astype(np.float32), rng.standard_normal(5).astype(np.float32)
-    m = _model([h.make_node("MatMul", ["x", "w1"], ["h0"]), h.make_node("Add", ["h0", "b1"], ["h1"]),
-                h.make_node("Relu", ["h1"], ["h2"]), h.make_node("MatMul", ["h2", "w2"], ["h3"]),
-                h.make_node("Add", ["h3", "b2"], ["y"])],
-               [h.make_tensor_value_info("x", T.FLOAT, [3, 16])], [h.make_tensor_value_info("y", T.FLOAT, [3, 5])],
-               [_init("w1", w1), _init("b1", b1), _init("w2", w2), _init("b2", b2)], graph_name="mlp",
-               doc_string="a two-layer perceptron")
+    m = _model(
+        [
+            h.make_node("MatMul", ["x", "w1"], ["h0"]),
+            h.make_node("Add", ["h0", "b1"], ["h1"]),
+            h.make_node("Relu", ["h1"], ["h2"]),
+            h.make_node("MatMul", ["h2", "w2"], ["h3"]),
+            h.make_node("Add", ["h3", "b2"], ["y"]),
+        ],
+        [h.make_tensor_value_info("x", T.FLOAT, [3, 16])],
+        [h.make_tensor_value_info("y", T.FLOAT, [3, 5])],
+        [_init("w1", w1), _init("b1", b1), _init("w2", w2), _init("b2", b2)],
+        graph_name="mlp",
+        doc_string="a two-layer perceptron",
+    )
     m.model_version = 7
     m.domain = "test.opsnn"
     h.set_model_props(m, {"author": "opsnn", "task": "session parity"})
@@ -54,44 +67,73 @@ def conv_net(rng):
     w = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
     b = rng.standard_normal(8).astype(np.float32)
     fc = (rng.standard_normal((10, 8 * 5 * 5)) * 0.1).astype(np.float32)
-    m = _model([h.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c"], ["r"]),
-                h.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
-                h.make_node("Flatten", ["p"], ["f"]), h.make_node("Gemm", ["f", "fc"], ["y"], transB=1)],
-               [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 11, 11])],
-               [h.make_tensor_value_info("y", T.FLOAT, [2, 10])], [_init("w", w), _init("b", b), _init("fc", fc)])
+    m = _model(
+        [
+            h.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+            h.make_node("Relu", ["c"], ["r"]),
+            h.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+            h.make_node("Flatten", ["p"], ["f"]),
+            h.make_node("Gemm", ["f", "fc"], ["y"], transB=1),
+        ],
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 11, 11])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2, 10])],
+        [_init("w", w), _init("b", b), _init("fc", fc)],
+    )
     return m, {"x": rng.standard_normal((2, 3, 11, 11)).astype(np.float32)}
 
 
 def symbolic_batch(rng):
     w = rng.standard_normal((6, 4)).astype(np.float32)
-    m = _model([h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Softmax", ["m"], ["y"], axis=-1)],
-               [h.make_tensor_value_info("x", T.FLOAT, ["batch", 6])],
-               [h.make_tensor_value_info("y", T.FLOAT, ["batch", 4])], [_init("w", w)])
+    m = _model(
+        [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Softmax", ["m"], ["y"], axis=-1)],
+        [h.make_tensor_value_info("x", T.FLOAT, ["batch", 6])],
+        [h.make_tensor_value_info("y", T.FLOAT, ["batch", 4])],
+        [_init("w", w)],
+    )
     return m, {"x": rng.standard_normal((5, 6)).astype(np.float32)}
 
 
 def multi_output(rng):
-    m = _model([h.make_node("Tanh", ["x"], ["t"]), h.make_node("ReduceMax", ["t"], ["mx"], axes=[1], keepdims=0),
-                h.make_node("ArgMax", ["x"], ["idx"], axis=1, keepdims=0), h.make_node("Sigmoid", ["x"], ["s"])],
-               [h.make_tensor_value_info("x", T.FLOAT, [None, 7])],
-               [h.make_tensor_value_info("mx", T.FLOAT, [None]), h.make_tensor_value_info("idx", T.INT64, [None]),
-                h.make_tensor_value_info("s", T.FLOAT, [None, 7])], opset=13)
+    m = _model(
+        [
+            h.make_node("Tanh", ["x"], ["t"]),
+            h.make_node("ReduceMax", ["t"], ["mx"], axes=[1], keepdims=0),
+            h.make_node("ArgMax", ["x"], ["idx"], axis=1, keepdims=0),
+            h.make_node("Sigmoid", ["x"], ["s"]),
+        ],
+        [h.make_tensor_value_info("x", T.FLOAT, [None, 7])],
+        [
+            h.make_tensor_value_info("mx", T.FLOAT, [None]),
+            h.make_tensor_value_info("idx", T.INT64, [None]),
+            h.make_tensor_value_info("s", T.FLOAT, [None, 7]),
+        ],
+        opset=13,
+    )
     return m, {"x": rng.standard_normal((4, 7)).astype(np.float32)}
 
 
 def int64_input(rng):
     table = rng.standard_normal((20, 3)).astype(np.float32)
-    m = _model([h.make_node("Gather", ["table", "ids"], ["e"], axis=0),
-                h.make_node("ReduceSum", ["e", "axes"], ["y"], keepdims=0),
-                h.make_node("Cast", ["ids"], ["idsf"], to=T.FLOAT)],
-               [h.make_tensor_value_info("ids", T.INT64, ["n", "k"])],
-               [h.make_tensor_value_info("y", T.FLOAT, ["n", 3]), h.make_tensor_value_info("idsf", T.FLOAT, ["n", "k"])],
-               [_init("table", table), _init("axes", np.array([1], np.int64))])
+    m = _model(
+        [
+            h.make_node("Gather", ["table", "ids"], ["e"], axis=0),
+            h.make_node("ReduceSum", ["e", "axes"], ["y"], keepdims=0),
+            h.make_node("Cast", ["ids"], ["idsf"], to=T.FLOAT),
+        ],
+        [h.make_tensor_value_info("ids", T.INT64, ["n", "k"])],
+        [h.make_tensor_value_info("y", T.FLOAT, ["n", 3]), h.make_tensor_value_info("idsf", T.FLOAT, ["n", "k"])],
+        [_init("table", table), _init("axes", np.array([1], np.int64))],
+    )
     return m, {"ids": rng.integers(0, 20, (4, 6)).astype(np.int64)}
 
 
-MODELS = {"mlp": mlp, "conv_net": conv_net, "symbolic_batch": symbolic_batch, "multi_output": multi_output,
-          "int64_input": int64_input}
+MODELS = {
+    "mlp": mlp,
+    "conv_net": conv_net,
+    "symbolic_batch": symbolic_batch,
+    "multi_output": multi_output,
+    "int64_input": int64_input,
+}
 
 
 def ort_script(ort, model_path, feeds, bindings=True):
@@ -101,13 +143,15 @@ def ort_script(ort, model_path, feeds, bindings=True):
     so.intra_op_num_threads = 1
     sess = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
     mm = sess.get_modelmeta()
-    report = {"inputs": [(a.name, a.shape, a.type) for a in sess.get_inputs()],
-              "outputs": [(a.name, a.shape, a.type) for a in sess.get_outputs()],
-              "overridable": [(a.name, a.shape, a.type) for a in sess.get_overridable_initializers()],
-              "providers": sess.get_providers(), "available": "CPUExecutionProvider" in ort.get_available_providers(),
-              "meta": (mm.producer_name, mm.graph_name, mm.domain, mm.description, mm.version,
-                       mm.custom_metadata_map),
-              "level": int(sess.get_session_options().graph_optimization_level)}
+    report = {
+        "inputs": [(a.name, a.shape, a.type) for a in sess.get_inputs()],
+        "outputs": [(a.name, a.shape, a.type) for a in sess.get_outputs()],
+        "overridable": [(a.name, a.shape, a.type) for a in sess.get_overridable_initializers()],
+        "providers": sess.get_providers(),
+        "available": "CPUExecutionProvider" in ort.get_available_providers(),
+        "meta": (mm.producer_name, mm.graph_name, mm.domain, mm.description, mm.version, mm.custom_metadata_map),
+        "level": int(sess.get_session_options().graph_optimization_level),
+    }
     outs = sess.run(None, feeds)
     if not bindings:
         return {"report": report, "outs": outs}
@@ -132,16 +176,26 @@ def ort_script(ort, model_path, feeds, bindings=True):
     b2.bind_output(last)
     sess.run_with_iobinding(b2)
     via_ortvalue = b2.get_outputs()[0].numpy()
-    return {"report": report, "outs": outs, "named": named, "pre": pre, "bound": bound, "bound_meta": bound_meta,
-            "via_ortvalue": via_ortvalue}
+    return {
+        "report": report,
+        "outs": outs,
+        "named": named,
+        "pre": pre,
+        "bound": bound,
+        "bound_meta": bound_meta,
+        "via_ortvalue": via_ortvalue,
+    }
 
 
 def _same(a, b, where, rtol=RTOL, atol=ATOL):
     assert len(a) == len(b), where
     for i, (x, y) in enumerate(zip(a, b)):
-        assert np.asarray(x).dtype == np.asarray(y).dtype, f"{where}[{i}]: {np.asarray(x).dtype} vs {np.asarray(y).dtype}"
-        np.testing.assert_allclose(np.asarray(y, np.float64), np.asarray(x, np.float64), rtol=rtol, atol=atol,
-                                   err_msg=f"{where}[{i}]")
+        assert np.asarray(x).dtype == np.asarray(y).dtype, (
+            f"{where}[{i}]: {np.asarray(x).dtype} vs {np.asarray(y).dtype}"
+        )
+        np.testing.assert_allclose(
+            np.asarray(y, np.float64), np.asarray(x, np.float64), rtol=rtol, atol=atol, err_msg=f"{where}[{i}]"
+        )
 
 
 def _compare(ref, got, rtol=RTOL, atol=ATOL):
@@ -171,9 +225,12 @@ def test_same_script_same_results(name, tmp_path, rng):
 def test_bytes_and_overridable_initializers(rng):
     """A model given as bytes; an initializer listed among the graph inputs can be fed (both engines)."""
     w = rng.standard_normal((4,)).astype(np.float32)
-    m = _model([h.make_node("Mul", ["x", "w"], ["y"])],
-               [h.make_tensor_value_info("x", T.FLOAT, [2, 4]), h.make_tensor_value_info("w", T.FLOAT, [4])],
-               [h.make_tensor_value_info("y", T.FLOAT, [2, 4])], [_init("w", w)])
+    m = _model(
+        [h.make_node("Mul", ["x", "w"], ["y"])],
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 4]), h.make_tensor_value_info("w", T.FLOAT, [4])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2, 4])],
+        [_init("w", w)],
+    )
     x = rng.standard_normal((2, 4)).astype(np.float32)
     w2 = np.full(4, 3.0, np.float32)
     for mod in (ort, ort_compat):
@@ -188,10 +245,12 @@ def test_unknown_dims_and_scalars_metadata(tmp_path):
     """Unknown dims are None, a missing shape is [], scalars are [] (as onnxruntime reports)."""
     z = onnx.ValueInfoProto()
     z.name, z.type.tensor_type.elem_type = "z", T.INT64
-    m = _model([h.make_node("Identity", ["z"], ["zo"]), h.make_node("Neg", ["s"], ["so"])],
-               [z, h.make_tensor_value_info("s", T.DOUBLE, [])],
-               [h.make_tensor_value_info("zo", T.INT64, None), h.make_tensor_value_info("so", T.DOUBLE, [])],
-               check=False)  # the checker wants a shape on graph inputs; onnxruntime does not
+    m = _model(
+        [h.make_node("Identity", ["z"], ["zo"]), h.make_node("Neg", ["s"], ["so"])],
+        [z, h.make_tensor_value_info("s", T.DOUBLE, [])],
+        [h.make_tensor_value_info("zo", T.INT64, None), h.make_tensor_value_info("so", T.DOUBLE, [])],
+        check=False,
+    )  # the checker wants a shape on graph inputs; onnxruntime does not
     path = str(tmp_path / "m.onnx")
     onnx.save(m, path)
     meta = []
@@ -200,17 +259,27 @@ def test_unknown_dims_and_scalars_metadata(tmp_path):
         meta.append([(a.name, a.shape, a.type) for a in s.get_inputs() + s.get_outputs()])
         zo, so = s.run(None, {"z": np.arange(3), "s": np.array(2.5)})
         assert zo.tolist() == [0, 1, 2] and so == -2.5
-    assert meta[0] == meta[1] == [("z", [], "tensor(int64)"), ("s", [], "tensor(double)"),
-                                  ("zo", [], "tensor(int64)"), ("so", [], "tensor(double)")]
+    assert (
+        meta[0]
+        == meta[1]
+        == [
+            ("z", [], "tensor(int64)"),
+            ("s", [], "tensor(double)"),
+            ("zo", [], "tensor(int64)"),
+            ("so", [], "tensor(double)"),
+        ]
+    )
 
 
 def test_outputs_are_the_callers_memory(rng):
     """An output that is an input passed through, or a constant, is a copy: writing to it changes
     neither the next run nor the caller's input (onnxruntime returns new memory)."""
-    m = _model([h.make_node("Identity", ["x"], ["same"]), h.make_node("Identity", ["c"], ["const"])],
-               [h.make_tensor_value_info("x", T.FLOAT, [3])],
-               [h.make_tensor_value_info("same", T.FLOAT, [3]), h.make_tensor_value_info("const", T.FLOAT, [2])],
-               [_init("c", np.array([1.0, 2.0], np.float32))])
+    m = _model(
+        [h.make_node("Identity", ["x"], ["same"]), h.make_node("Identity", ["c"], ["const"])],
+        [h.make_tensor_value_info("x", T.FLOAT, [3])],
+        [h.make_tensor_value_info("same", T.FLOAT, [3]), h.make_tensor_value_info("const", T.FLOAT, [2])],
+        [_init("c", np.array([1.0, 2.0], np.float32))],
+    )
     s = opsnn.InferenceSession(m.SerializeToString())
     x = np.ones(3, np.float32)
     same, const = s.run(None, {"x": x})
@@ -243,11 +312,15 @@ def test_input_errors_are_typed_one_liners(rng, tmp_path):
         assert "\n" not in str(info.value)
     with pytest.raises(ParamInvalidError, match=r"unknown output name 'nope'; the model's outputs are \['y'\]"):
         sess.run(["nope"], feeds)
-    with pytest.raises(ParamInvalidError, match=r"unknown execution provider 'CUDAExecutionProvider'; available: "
-                                                r"\['CPUExecutionProvider'\]"):
+    with pytest.raises(
+        ParamInvalidError,
+        match=r"unknown execution provider 'CUDAExecutionProvider'; available: "
+        r"\['CPUExecutionProvider'\]",
+    ):
         opsnn.InferenceSession(path, providers=["CUDAExecutionProvider"])
-    assert opsnn.InferenceSession(path, providers=[("CPUExecutionProvider", {"arena": 1})]).get_provider_options() \
-        == {"CPUExecutionProvider": {"arena": "1"}}
+    assert opsnn.InferenceSession(path, providers=[("CPUExecutionProvider", {"arena": 1})]).get_provider_options() == {
+        "CPUExecutionProvider": {"arena": "1"}
+    }
     with pytest.raises(ParamInvalidError, match="graph_optimization_level"):
         opsnn.SessionOptions().graph_optimization_level = 5
 
@@ -330,8 +403,11 @@ def _light_dir():
     return os.path.join(os.path.dirname(onnx.backend.test.__file__), "data", "light")
 
 
-LIGHT = sorted(f[len("light_"):-len(".onnx")] for f in os.listdir(_light_dir())
-               if f.endswith(".onnx")) if os.path.isdir(_light_dir()) else []
+LIGHT = (
+    sorted(f[len("light_") : -len(".onnx")] for f in os.listdir(_light_dir()) if f.endswith(".onnx"))
+    if os.path.isdir(_light_dir())
+    else []
+)
 #: the zoo's quicker models run by default; OPSNN_TEST_LIGHT_ALL=1 runs all nine (each passes)
 LIGHT_DEFAULT = {"shufflenet", "resnet50", "inception_v1"}
 

@@ -5,6 +5,7 @@ Tolerances: float32 rtol 1e-5 / atol 1e-6 against float64 formulas (the fast flo
 exp/tanh/erf are within a few ulp); float64 rtol 1e-12 / atol 1e-13; 16-bit results
 against the float32 oracle on the same 16-bit inputs, rtol/atol 1e-2 (bfloat16 2e-2).
 """
+
 import math
 
 import ml_dtypes
@@ -22,8 +23,12 @@ from opsnn.errors import DTypeError, InferShapeError, OpsnnError, ParamInvalidEr
 from opsnn.kernels.cpu import activation as K
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-TOL = {np.dtype(np.float32): dict(rtol=1e-5, atol=1e-6), np.dtype(np.float64): dict(rtol=1e-12, atol=1e-13),
-       np.dtype(np.float16): dict(rtol=1e-2, atol=1e-2), BF16: dict(rtol=2e-2, atol=2e-2)}
+TOL = {
+    np.dtype(np.float32): dict(rtol=1e-5, atol=1e-6),
+    np.dtype(np.float64): dict(rtol=1e-12, atol=1e-13),
+    np.dtype(np.float16): dict(rtol=1e-2, atol=1e-2),
+    BF16: dict(rtol=2e-2, atol=2e-2),
+}
 
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
@@ -42,7 +47,7 @@ POINTWISE = {
     "leaky_relu": ({"negative_slope": 0.2}, lambda x: np.where(x < 0, 0.2 * x, x)),
     "gelu": ({}, lambda x: 0.5 * x * _erfc(-x / np.sqrt(2))),
     # 0.5 (1 + tanh z) = sigmoid(2 z), without the cancellation of 1 + tanh z for x << 0
-    "gelu_tanh": ({"approximate": "tanh"}, lambda x: x * _sig(2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))),
+    "gelu_tanh": ({"approximate": "tanh"}, lambda x: x * _sig(2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
     "silu": ({}, lambda x: x * _sig(x)),
     "swish": ({"alpha": 1.7}, lambda x: x * _sig(1.7 * x)),
     "sigmoid": ({}, _sig),
@@ -56,17 +61,32 @@ POINTWISE = {
     "hard_sigmoid": ({"alpha": 0.3, "beta": 0.4}, lambda x: np.clip(0.3 * x + 0.4, 0, 1)),
     "thresholded_relu": ({"alpha": 0.5}, lambda x: np.where(x > 0.5, x, 0.0)),
     "softsign": ({}, lambda x: x / (1 + np.abs(x))),
-    "shrink": ({"lambd": 0.6, "bias": 0.25},
-               lambda x: np.where(x < -0.6, x + 0.25, np.where(x > 0.6, x - 0.25, 0.0))),
+    "shrink": ({"lambd": 0.6, "bias": 0.25}, lambda x: np.where(x < -0.6, x + 0.25, np.where(x > 0.6, x - 0.25, 0.0))),
     "hardshrink": ({"lambd": 0.6}, lambda x: np.where(np.abs(x) > 0.6, x, 0.0)),
     "softshrink": ({"lambd": 0.6}, lambda x: np.where(x < -0.6, x + 0.6, np.where(x > 0.6, x - 0.6, 0.0))),
 }
-KERNEL = {"relu": "relu_numba", "leaky_relu": "leaky_relu_numba", "gelu": "gelu_numba", "gelu_tanh": "gelu_numba",
-          "silu": "swish_numba", "swish": "swish_numba", "sigmoid": "sigmoid_numba", "tanh": "tanh_numba",
-          "softplus": "softplus_numba", "hard_swish": "hard_swish_numba", "elu": "elu_numba", "selu": "selu_numba",
-          "celu": "celu_numba", "mish": "mish_numba", "hard_sigmoid": "hard_sigmoid_numba",
-          "thresholded_relu": "thresholded_relu_numba", "softsign": "softsign_numba", "shrink": "shrink_numba",
-          "hardshrink": "shrink_numba", "softshrink": "shrink_numba"}
+KERNEL = {
+    "relu": "relu_numba",
+    "leaky_relu": "leaky_relu_numba",
+    "gelu": "gelu_numba",
+    "gelu_tanh": "gelu_numba",
+    "silu": "swish_numba",
+    "swish": "swish_numba",
+    "sigmoid": "sigmoid_numba",
+    "tanh": "tanh_numba",
+    "softplus": "softplus_numba",
+    "hard_swish": "hard_swish_numba",
+    "elu": "elu_numba",
+    "selu": "selu_numba",
+    "celu": "celu_numba",
+    "mish": "mish_numba",
+    "hard_sigmoid": "hard_sigmoid_numba",
+    "thresholded_relu": "thresholded_relu_numba",
+    "softsign": "softsign_numba",
+    "shrink": "shrink_numba",
+    "hardshrink": "shrink_numba",
+    "softshrink": "shrink_numba",
+}
 
 
 def _fn(name):
@@ -138,8 +158,31 @@ def test_pointwise_in_place_matches_formula(name, dtype, rng):
 def test_pointwise_special_values(name):
     kw, oracle = POINTWISE[name]
     big = float(np.finfo(np.float32).max)
-    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30, 1e-40, big, -big, 88.8, -88.8, 89.5, -104.5,
-                  9.5, -9.5, 0.49, -0.49, 0.51, -0.51], np.float32)
+    x = np.array(
+        [
+            np.nan,
+            np.inf,
+            -np.inf,
+            0.0,
+            -0.0,
+            1e-30,
+            -1e-30,
+            1e-40,
+            big,
+            -big,
+            88.8,
+            -88.8,
+            89.5,
+            -104.5,
+            9.5,
+            -9.5,
+            0.49,
+            -0.49,
+            0.51,
+            -0.51,
+        ],
+        np.float32,
+    )
     for dtype in (np.float32, np.float64):
         with np.errstate(all="ignore"):
             want = oracle(x.astype(np.float64))
@@ -147,8 +190,9 @@ def test_pointwise_special_values(name):
         _check(got, want, dtype, rtol=1e-5, atol=1e-30)
 
 
-@pytest.mark.parametrize("name", ["sigmoid", "tanh", "elu", "selu", "softplus", "gelu", "gelu_tanh", "silu", "mish",
-                                  "celu"])
+@pytest.mark.parametrize(
+    "name", ["sigmoid", "tanh", "elu", "selu", "softplus", "gelu", "gelu_tanh", "silu", "mish", "celu"]
+)
 def test_float32_fast_math_is_accurate(name):
     """The float32 kernels evaluate exp/expm1/tanh/log1p/erfc in their own vectorized code:
     a dense grid keeps them within a few ulp of float64 (relative where the value is not tiny)."""
@@ -171,6 +215,7 @@ def _map_helper(fn):
     def run(x, out):
         for i in range(x.size):
             out[i] = fn(x[i])
+
     return run
 
 
@@ -180,9 +225,13 @@ def test_float32_math_helpers_full_range():
     the normal CDF Phi (< 12 ulp for |x| < 4, 5e-6 relative in the lower tail)."""
     x = np.concatenate([np.linspace(-110, 95, 400001), [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30]])
     x = x.astype(np.float32)
-    cases = [(K.fexp, np.exp, x, 1.5), (K.fexpm1, np.expm1, x, 2.5), (K.ftanh, np.tanh, x, 2.5),
-             (K.flog1p_unit, np.log1p, np.linspace(0, 1, 100001).astype(np.float32), 3.0),
-             (K.fphi, lambda v: 0.5 * _erfc(-v / np.sqrt(2)), x[np.abs(x) < 4], 12.0)]
+    cases = [
+        (K.fexp, np.exp, x, 1.5),
+        (K.fexpm1, np.expm1, x, 2.5),
+        (K.ftanh, np.tanh, x, 2.5),
+        (K.flog1p_unit, np.log1p, np.linspace(0, 1, 100001).astype(np.float32), 3.0),
+        (K.fphi, lambda v: 0.5 * _erfc(-v / np.sqrt(2)), x[np.abs(x) < 4], 12.0),
+    ]
     for helper_fn, oracle, xs, max_ulps in cases:
         got = np.empty_like(xs)
         _map_helper(helper_fn)(xs, got)
@@ -194,7 +243,7 @@ def test_float32_math_helpers_full_range():
         fin = np.isfinite(want) & (np.abs(want64) >= np.finfo(np.float32).tiny)
         ulps = np.abs(got[fin].astype(np.float64) - want64[fin]) / np.spacing(np.abs(want[fin]))
         assert ulps.max() <= max_ulps, (helper_fn, ulps.max())
-        tiny = np.isfinite(want) & ~fin   # denormal results: absolute error of a denormal ulp
+        tiny = np.isfinite(want) & ~fin  # denormal results: absolute error of a denormal ulp
         assert np.abs(got[tiny].astype(np.float64) - want64[tiny]).max(initial=0) <= 2e-45
     # Phi's lower tail keeps relative accuracy (the rounding of x^2 / 2 dominates) down to 1e-23
     xs = np.linspace(-10, -4, 20001).astype(np.float32)
@@ -205,13 +254,30 @@ def test_float32_math_helpers_full_range():
 
 
 ONNX_CASES = [
-    ("Relu", {}), ("LeakyRelu", {"alpha": 0.3}), ("Gelu", {}), ("Gelu", {"approximate": "tanh"}),
-    ("Swish", {"alpha": 0.5}), ("Sigmoid", {}), ("Tanh", {}), ("Softplus", {}), ("HardSwish", {}),
-    ("Elu", {"alpha": 1.5}), ("Selu", {}), ("Selu", {"alpha": 2.0, "gamma": 3.0}), ("Celu", {"alpha": 0.5}),
-    ("Mish", {}), ("HardSigmoid", {}), ("HardSigmoid", {"alpha": 0.5, "beta": 0.6}),
+    ("Relu", {}),
+    ("LeakyRelu", {"alpha": 0.3}),
+    ("Gelu", {}),
+    ("Gelu", {"approximate": "tanh"}),
+    ("Swish", {"alpha": 0.5}),
+    ("Sigmoid", {}),
+    ("Tanh", {}),
+    ("Softplus", {}),
+    ("HardSwish", {}),
+    ("Elu", {"alpha": 1.5}),
+    ("Selu", {}),
+    ("Selu", {"alpha": 2.0, "gamma": 3.0}),
+    ("Celu", {"alpha": 0.5}),
+    ("Mish", {}),
+    ("HardSigmoid", {}),
+    ("HardSigmoid", {"alpha": 0.5, "beta": 0.6}),
     ("ThresholdedRelu", {"alpha": 2.0}),
-    ("Softsign", {}), ("Shrink", {"lambd": 1.5, "bias": 0.5}), ("Softmax", {"axis": 1}), ("LogSoftmax", {"axis": 0}),
-    ("Hardmax", {"axis": 1}), ("Softmax", {}), ("LogSoftmax", {}),
+    ("Softsign", {}),
+    ("Shrink", {"lambd": 1.5, "bias": 0.5}),
+    ("Softmax", {"axis": 1}),
+    ("LogSoftmax", {"axis": 0}),
+    ("Hardmax", {"axis": 1}),
+    ("Softmax", {}),
+    ("LogSoftmax", {}),
 ]
 
 
@@ -219,8 +285,12 @@ def _onnx_eval(op, inputs, attrs):
     schema = onnx.defs.get_schema(op)
     names = [f"x{i}" for i in range(len(inputs))]
     node = helper.make_node(op, names, ["y"], **attrs)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", schema.since_version)])
     return ReferenceEvaluator(model).run(None, dict(zip(names, inputs)))[0]
 
@@ -248,8 +318,9 @@ def test_pointwise_forced_reference_matches(name, rng):
     kw, _ = POINTWISE[name]
     x = opsnn.tensor(_inputs(rng, 500, np.float32).reshape(20, 25))
     assert _exec(name).prepare(x, algo="reference", **kw).kernel_name == "reference"
-    np.testing.assert_allclose(_fn(name)(x, **kw).numpy(), _fn(name)(x, algo="reference", **kw).numpy(),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        _fn(name)(x, **kw).numpy(), _fn(name)(x, algo="reference", **kw).numpy(), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_pointwise_non_contiguous_and_empty(rng, no_leak):
@@ -258,16 +329,21 @@ def test_pointwise_non_contiguous_and_empty(rng, no_leak):
         kw, oracle = POINTWISE[name]
         _check(_fn(name)(opsnn.from_numpy(a.T), **kw).numpy(), oracle(a.T.astype(np.float64)), np.float32)
         _check(_fn(name)(opsnn.tensor(a).transpose(0, 1), **kw).numpy(), oracle(a.T.astype(np.float64)), np.float32)
-        _check(_fn(name)(opsnn.from_numpy(a[::2, 1::3]), **kw).numpy(), oracle(a[::2, 1::3].astype(np.float64)),
-               np.float32)
+        _check(
+            _fn(name)(opsnn.from_numpy(a[::2, 1::3]), **kw).numpy(), oracle(a[::2, 1::3].astype(np.float64)), np.float32
+        )
         for shape in ((0,), (3, 0, 5)):
             y = _fn(name)(opsnn.tensor(np.zeros(shape, np.float32)), **kw)
             assert y.shape == shape and y.dtype == np.float32
 
 
 def test_relu_integers_and_nan():
-    for dtype, kernel in ((np.int8, "relu_numpy"), (np.int16, "relu_numpy"), (np.int32, "relu_numba"),
-                          (np.int64, "relu_numba")):
+    for dtype, kernel in (
+        (np.int8, "relu_numpy"),
+        (np.int16, "relu_numpy"),
+        (np.int32, "relu_numba"),
+        (np.int64, "relu_numba"),
+    ):
         x = np.array([-5, 0, 7, np.iinfo(dtype).min, np.iinfo(dtype).max], dtype)
         ex = aclnn.relu.prepare(opsnn.tensor(x))
         assert ex.kernel_name == kernel
@@ -323,9 +399,15 @@ def test_softmax_modes_serial_parallel_split(log, rng):
     """Serial below the threshold, rows in parallel above it, and a few very long rows split
     across threads with their (max, sum) merged."""
     fn = aclnn.log_softmax if log else aclnn.softmax
-    cases = [((4, 33), -1, "serial"), ((3, 2000), -1, "serial"), ((300, 257), -1, "parallel"),
-             ((40, 1500), -1, "parallel"), ((64, 300, 70), 1, "parallel"),
-             ((1, 1 << 17), -1, "split"), ((2, 1 << 16), 1, "parallel" if K.nb.get_num_threads() <= 2 else "split")]
+    cases = [
+        ((4, 33), -1, "serial"),
+        ((3, 2000), -1, "serial"),
+        ((300, 257), -1, "parallel"),
+        ((40, 1500), -1, "parallel"),
+        ((64, 300, 70), 1, "parallel"),
+        ((1, 1 << 17), -1, "split"),
+        ((2, 1 << 16), 1, "parallel" if K.nb.get_num_threads() <= 2 else "split"),
+    ]
     for shape, dim, mode in cases:
         x = (rng.standard_normal(shape) * 4).astype(np.float32)
         ex = fn.prepare(opsnn.tensor(x), dim=dim)
@@ -333,13 +415,15 @@ def test_softmax_modes_serial_parallel_split(log, rng):
         assert ex.plan.mode == mode, (shape, ex.plan)
         # float64 statistics: split slices' (max, sum), and chunk maxima of rows > 1 chunk
         assert ex.workspace_size == ex.plan.workspace
-        assert (ex.workspace_size > 0) == (mode == "split" or (not log and dim % len(shape) == len(shape) - 1
-                                                 and shape[-1] > K.SOFTMAX_CHUNK))
+        assert (ex.workspace_size > 0) == (
+            mode == "split" or (not log and dim % len(shape) == len(shape) - 1 and shape[-1] > K.SOFTMAX_CHUNK)
+        )
         ws = opsnn.empty((ex.workspace_size,), "uint8") if ex.workspace_size else None
         _check(ex.run(ws).numpy(), _softmax64(x, dim, log), np.float32, rtol=1e-5, atol=1e-6)
         x2 = (rng.standard_normal(shape) * 4).astype(np.float32)  # the executor is reusable
-        _check(ex.run(ws, inputs=[opsnn.tensor(x2)]).numpy(), _softmax64(x2, dim, log), np.float32,
-               rtol=1e-5, atol=1e-6)
+        _check(
+            ex.run(ws, inputs=[opsnn.tensor(x2)]).numpy(), _softmax64(x2, dim, log), np.float32, rtol=1e-5, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("log", [False, True])
@@ -352,24 +436,24 @@ def test_softmax_inf_nan_and_overflow(layout, log):
     n = 1 << 16 if layout == "split" else 40
     big = float(np.finfo(np.float32).max)
     rows = np.zeros((9, n), np.float32)
-    rows[0, :] = np.arange(n) * 0.01 + 1e4                   # offset that overflows exp in fp32
+    rows[0, :] = np.arange(n) * 0.01 + 1e4  # offset that overflows exp in fp32
     rows[1, :] = -big
-    rows[1, n // 3] = big                                   # a finite spread of 2 * max float
+    rows[1, n // 3] = big  # a finite spread of 2 * max float
     rows[2, :] = -np.inf
-    rows[2, -5:] = np.linspace(-1, 1, 5)                     # masked row, the finite part at the end
-    rows[3, :] = -np.inf                                    # fully masked
+    rows[2, -5:] = np.linspace(-1, 1, 5)  # masked row, the finite part at the end
+    rows[3, :] = -np.inf  # fully masked
     rows[4, :] = np.linspace(-3, 3, n)
-    rows[4, n // 2] = np.inf                                 # +inf -> NaN row
+    rows[4, n // 2] = np.inf  # +inf -> NaN row
     rows[5, :] = np.linspace(-3, 3, n)
-    rows[5, n - 1] = np.nan                                  # NaN -> NaN row
+    rows[5, n - 1] = np.nan  # NaN -> NaN row
     rows[6, :] = np.linspace(-3, 3, n)
-    rows[6, : n // 2] = -np.inf                              # first half masked
-    rows[7, :] = np.linspace(50, -50, n)                     # decreasing: max at the start
-    rows[8, :] = np.linspace(-50, 50, n)                     # increasing: max grows every step
+    rows[6, : n // 2] = -np.inf  # first half masked
+    rows[7, :] = np.linspace(50, -50, n)  # decreasing: max at the start
+    rows[8, :] = np.linspace(-50, 50, n)  # increasing: max grows every step
     if layout == "split":
-        xs = [(rows[i:i + 1], -1) for i in range(len(rows))]
+        xs = [(rows[i : i + 1], -1) for i in range(len(rows))]
     elif layout == "strided":
-        xs = [(np.ascontiguousarray(rows.T[:, None, :]).repeat(2, axis=1), 0)]   # axis 0, inner = 2 * 9
+        xs = [(np.ascontiguousarray(rows.T[:, None, :]).repeat(2, axis=1), 0)]  # axis 0, inner = 2 * 9
     else:
         xs = [(rows, -1)]
     fn = ops.log_softmax if log else ops.softmax
@@ -394,12 +478,16 @@ def test_softmax_16bit_non_contiguous_empty(rng, no_leak):
         ex = aclnn.softmax.prepare(opsnn.tensor(xd), dim=1)
         assert ex.adapter
         _check(ex.run().numpy(), _softmax64(xd, 1), dtype)
-        _check(ops.log_softmax(opsnn.tensor(xd), dim=-1).numpy(), _softmax64(xd, -1, True), dtype,
-               rtol=2e-2, atol=5e-2)
+        _check(ops.log_softmax(opsnn.tensor(xd), dim=-1).numpy(), _softmax64(xd, -1, True), dtype, rtol=2e-2, atol=5e-2)
     t = opsnn.tensor(x).transpose(0, 2)
     _check(ops.softmax(t, dim=1).numpy(), _softmax64(x.transpose(2, 1, 0), 1), np.float32)
-    _check(ops.log_softmax(opsnn.from_numpy(x[:, ::3, :].T), dim=0).numpy(),
-           _softmax64(x[:, ::3, :].T, 0, True), np.float32, rtol=1e-5, atol=1e-5)
+    _check(
+        ops.log_softmax(opsnn.from_numpy(x[:, ::3, :].T), dim=0).numpy(),
+        _softmax64(x[:, ::3, :].T, 0, True),
+        np.float32,
+        rtol=1e-5,
+        atol=1e-5,
+    )
     for shape in ((0,), (4, 0), (0, 5), (2, 0, 3)):
         for dim in range(len(shape)):
             for fn in (ops.softmax, ops.log_softmax, ops.hardmax):
@@ -416,12 +504,17 @@ def test_softmax_forced_reference_and_onnxruntime(rng):
             ref = fn(opsnn.tensor(x), dim=axis, algo="reference").numpy()
             np.testing.assert_allclose(fn(opsnn.tensor(x), dim=axis).numpy(), ref, rtol=1e-5, atol=2e-6)
             node = helper.make_node(op, ["x"], ["y"], axis=axis)
-            g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)])
+            g = helper.make_graph(
+                [node],
+                "g",
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)],
+            )
             m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
             sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-            np.testing.assert_allclose(fn(opsnn.tensor(x), dim=axis).numpy(), sess.run(None, {"x": x})[0],
-                                       rtol=1e-5, atol=2e-6)
+            np.testing.assert_allclose(
+                fn(opsnn.tensor(x), dim=axis).numpy(), sess.run(None, {"x": x})[0], rtol=1e-5, atol=2e-6
+            )
 
 
 @settings(max_examples=25, deadline=None)
@@ -458,7 +551,7 @@ def test_softmax_errors():
 
 # -- hardmax ---------------------------------------------------------------------------------------------
 def test_hardmax_first_max_ties_nan(rng):
-    x = rng.integers(0, 3, (4, 5, 6)).astype(np.float32)     # many ties: the first maximum wins
+    x = rng.integers(0, 3, (4, 5, 6)).astype(np.float32)  # many ties: the first maximum wins
     for axis in range(-3, 3):
         want = _onnx_eval("Hardmax", [x], {"axis": axis})
         ex = aclnn.hardmax.prepare(opsnn.tensor(x), dim=axis)
@@ -469,22 +562,24 @@ def test_hardmax_first_max_ties_nan(rng):
     np.testing.assert_array_equal(y, [[0, 1, 0], [1, 0, 0]])
     y = ops.hardmax(opsnn.tensor(x.astype(np.float16)).transpose(0, 2), dim=1).numpy()
     assert y.dtype == np.float16
-    np.testing.assert_array_equal(y, _onnx_eval("Hardmax", [np.ascontiguousarray(x.transpose(2, 1, 0))],
-                                                {"axis": 1}))
+    np.testing.assert_array_equal(y, _onnx_eval("Hardmax", [np.ascontiguousarray(x.transpose(2, 1, 0))], {"axis": 1}))
 
 
 # -- prelu ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("xs,ss,kernel", [
-    ((3, 4, 5), (3, 4, 5), "prelu_numba"),
-    ((3, 4, 5), (5,), "prelu_numba"),
-    ((3, 4, 5), (1,), "prelu_numba"),
-    ((2, 3, 4, 5), (3, 1, 1), "prelu_numba"),
-    ((2, 3, 4, 5), (3, 4, 1), "prelu_numba"),
-    ((2, 1, 4, 5), (2, 1, 1, 1), "prelu_numba"),
-    ((2, 3, 4, 5), (3, 1, 5), "prelu_numpy"),      # interleaved broadcast: numpy kernel
-    ((64, 32, 80), (32, 1), "prelu_numba"),        # large: parallel
-    ((5,), (), "prelu_numba"),
-])
+@pytest.mark.parametrize(
+    "xs,ss,kernel",
+    [
+        ((3, 4, 5), (3, 4, 5), "prelu_numba"),
+        ((3, 4, 5), (5,), "prelu_numba"),
+        ((3, 4, 5), (1,), "prelu_numba"),
+        ((2, 3, 4, 5), (3, 1, 1), "prelu_numba"),
+        ((2, 3, 4, 5), (3, 4, 1), "prelu_numba"),
+        ((2, 1, 4, 5), (2, 1, 1, 1), "prelu_numba"),
+        ((2, 3, 4, 5), (3, 1, 5), "prelu_numpy"),  # interleaved broadcast: numpy kernel
+        ((64, 32, 80), (32, 1), "prelu_numba"),  # large: parallel
+        ((5,), (), "prelu_numba"),
+    ],
+)
 def test_prelu_broadcasting(xs, ss, kernel, rng):
     x = (rng.standard_normal(xs) * 3).astype(np.float32)
     s = rng.uniform(-1, 1, ss).astype(np.float32)
@@ -515,11 +610,17 @@ def test_prelu_torch_style_weight_dtypes_and_errors(rng, no_leak):
     w = np.array([0.1, 0.2, 0.3], np.float32)
     want = np.where(x < 0, x * w[:, None], x)
     _check(ops.prelu(opsnn.tensor(x), opsnn.tensor(w)).numpy(), want, np.float32)
-    _check(ops.prelu(opsnn.from_numpy(x.transpose(0, 2, 1)), 0.25).numpy(),
-           np.where(x.transpose(0, 2, 1) < 0, 0.25 * x.transpose(0, 2, 1), x.transpose(0, 2, 1)), np.float32)
+    _check(
+        ops.prelu(opsnn.from_numpy(x.transpose(0, 2, 1)), 0.25).numpy(),
+        np.where(x.transpose(0, 2, 1) < 0, 0.25 * x.transpose(0, 2, 1), x.transpose(0, 2, 1)),
+        np.float32,
+    )
     for dtype in (np.float16, BF16):
-        _check(ops.prelu(opsnn.tensor(x.astype(dtype)), opsnn.tensor(w.astype(dtype))).numpy(),
-               np.where(x < 0, x.astype(dtype).astype(np.float64) * w.astype(dtype)[:, None], x.astype(dtype)), dtype)
+        _check(
+            ops.prelu(opsnn.tensor(x.astype(dtype)), opsnn.tensor(w.astype(dtype))).numpy(),
+            np.where(x < 0, x.astype(dtype).astype(np.float64) * w.astype(dtype)[:, None], x.astype(dtype)),
+            dtype,
+        )
     xi = np.array([[-4, 5], [6, -8]], np.int32)
     ex = aclnn.prepare("PRelu", [xi, np.array([2, 3], np.int32)])
     assert ex.kernel_name == "prelu_numpy"
@@ -545,15 +646,26 @@ def test_swiglu(rng, no_leak):
         assert ex.kernel_name == "swiglu_numba" and bool(ex.plan[1]) == (a.size >= K.PARALLEL_MIN_COSTLY)
         _check(ex.run().numpy(), want, np.float32)
         _check(ops.swiglu(opsnn.tensor(a), opsnn.tensor(b), alpha=alpha, algo="reference").numpy(), want, np.float32)
-        _check(ops.swiglu(opsnn.tensor(a.astype(np.float64)), opsnn.tensor(b.astype(np.float64)),
-                          alpha=alpha).numpy(), want, np.float64)
+        _check(
+            ops.swiglu(opsnn.tensor(a.astype(np.float64)), opsnn.tensor(b.astype(np.float64)), alpha=alpha).numpy(),
+            want,
+            np.float64,
+        )
     a = (rng.standard_normal((5, 6)) * 4).astype(np.float32)
-    _check(ops.swiglu(opsnn.from_numpy(a.T), opsnn.tensor(np.ones((6, 5), np.float16)).to("float32")).numpy(),
-           a.T * _sig(a.T.astype(np.float64)), np.float32)
-    _check(ops.swiglu(opsnn.tensor(a.astype(np.float16)), opsnn.tensor(a.astype(np.float16))).numpy(),
-           a.astype(np.float16).astype(np.float64) ** 2 * _sig(a.astype(np.float16).astype(np.float64)), np.float16)
-    assert ops.swiglu(opsnn.tensor(np.zeros((0, 2), np.float32)), opsnn.tensor(np.zeros((0, 2), np.float32))).shape \
-        == (0, 2)
+    _check(
+        ops.swiglu(opsnn.from_numpy(a.T), opsnn.tensor(np.ones((6, 5), np.float16)).to("float32")).numpy(),
+        a.T * _sig(a.T.astype(np.float64)),
+        np.float32,
+    )
+    _check(
+        ops.swiglu(opsnn.tensor(a.astype(np.float16)), opsnn.tensor(a.astype(np.float16))).numpy(),
+        a.astype(np.float16).astype(np.float64) ** 2 * _sig(a.astype(np.float16).astype(np.float64)),
+        np.float16,
+    )
+    assert ops.swiglu(opsnn.tensor(np.zeros((0, 2), np.float32)), opsnn.tensor(np.zeros((0, 2), np.float32))).shape == (
+        0,
+        2,
+    )
     with pytest.raises(InferShapeError, match="same shape"):
         ops.swiglu(opsnn.tensor(a), opsnn.tensor(a[:, :1]))
     with pytest.raises(DTypeError):
@@ -572,9 +684,12 @@ def test_swiglu_reads_column_blocks_in_place(rng, shape, dtype):
     want = g.astype(np.float64) * _sig(g.astype(np.float64)) * v
     ex = aclnn.swiglu.prepare(opsnn.from_numpy(g), opsnn.from_numpy(v))
     _check(ex.run().numpy(), want, dtype)
-    x = both[..., ::2][..., :n // 2]  # no unit stride: made contiguous first
-    _check(ops.swiglu(opsnn.from_numpy(x), opsnn.from_numpy(x)).numpy(),
-           x.astype(np.float64) ** 2 * _sig(x.astype(np.float64)), dtype)
+    x = both[..., ::2][..., : n // 2]  # no unit stride: made contiguous first
+    _check(
+        ops.swiglu(opsnn.from_numpy(x), opsnn.from_numpy(x)).numpy(),
+        x.astype(np.float64) ** 2 * _sig(x.astype(np.float64)),
+        dtype,
+    )
 
 
 # -- argument and attribute errors ---------------------------------------------------------------------------
@@ -600,9 +715,29 @@ def test_bad_arguments_raise_typed_errors():
 
 def test_records_follow_onnx_schemas():
     """Input names, attribute names and defaults follow the latest ONNX schema of each op."""
-    for op in ("Relu", "LeakyRelu", "Gelu", "Swish", "Sigmoid", "Tanh", "Softplus", "HardSwish", "Softmax",
-               "LogSoftmax", "Hardmax", "Elu", "Selu", "Celu", "Mish", "HardSigmoid", "ThresholdedRelu", "PRelu",
-               "Softsign", "Shrink", "SwiGLU"):
+    for op in (
+        "Relu",
+        "LeakyRelu",
+        "Gelu",
+        "Swish",
+        "Sigmoid",
+        "Tanh",
+        "Softplus",
+        "HardSwish",
+        "Softmax",
+        "LogSoftmax",
+        "Hardmax",
+        "Elu",
+        "Selu",
+        "Celu",
+        "Mish",
+        "HardSigmoid",
+        "ThresholdedRelu",
+        "PRelu",
+        "Softsign",
+        "Shrink",
+        "SwiGLU",
+    ):
         schema = onnx.defs.get_schema(op)
         rec = ops.get_op(op)
         assert [i.name for i in rec.inputs] == [i.name for i in schema.inputs], op

@@ -1,6 +1,7 @@
 """Attention and RotaryEmbedding: the flash and BLAS kernels against an independent numpy
 oracle, onnx.reference (opset 25) and onnxruntime (opset 23) — masks, GQA, KV cache,
 softcap, windows, 3-D/4-D forms, 16-bit, non-contiguous inputs, typed errors."""
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -38,21 +39,27 @@ def rand(rng, *shape, dtype=np.float32):
 
 def onnx_model(op, inputs, attrs, nout, opset):
     from onnx import helper
+
     names = [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)]
     while names and not names[-1]:
         names.pop()
-    vi = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-          for n, v in zip(names, inputs) if n]
+    vi = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+        for n, v in zip(names, inputs)
+        if n
+    ]
     outs = [f"o{k}" for k in range(nout)]
     node = helper.make_node(op, names, outs, **attrs)
     et = helper.np_dtype_to_tensor_dtype(inputs[0].dtype)
     graph = helper.make_graph([node], "g", vi, [helper.make_tensor_value_info(o, et, None) for o in outs])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), \
-        {n: v for n, v in zip(names, inputs) if n}
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), {
+        n: v for n, v in zip(names, inputs) if n
+    }
 
 
 def onnx_ref(op, inputs, attrs, nout=1, opset=25):
     from onnx.reference import ReferenceEvaluator
+
     model, feed = onnx_model(op, inputs, attrs, nout, opset)
     return ReferenceEvaluator(model).run(None, feed)
 
@@ -100,8 +107,9 @@ def test_sdpa_gqa_and_errors(rng):
     with pytest.raises(ParamInvalidError, match="enable_gqa"):
         opsnn.ops.scaled_dot_product_attention(q, k, v)
     with pytest.raises(ParamInvalidError, match="either"):
-        opsnn.ops.scaled_dot_product_attention(q, k, v, attn_mask=np.ones((12, 12), bool), is_causal=True,
-                                               enable_gqa=True)
+        opsnn.ops.scaled_dot_product_attention(
+            q, k, v, attn_mask=np.ones((12, 12), bool), is_causal=True, enable_gqa=True
+        )
     with pytest.raises(ParamInvalidError, match="dropout"):
         opsnn.ops.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
     with pytest.raises(ParamInvalidError, match="3-D"):
@@ -245,8 +253,9 @@ def test_tiled_gemm_kernel_matches_the_reference(rng, monkeypatch, name, rows):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", [n for n, s in sorted(CASES.items())
-                                  if s.get("opset", 23) == 23 and "short" not in n])  # ORT: no short masks
+@pytest.mark.parametrize(
+    "name", [n for n, s in sorted(CASES.items()) if s.get("opset", 23) == 23 and "short" not in n]
+)  # ORT: no short masks
 def test_attention_matches_onnxruntime(rng, name):
     spec = CASES[name]
     ins, attrs = build(rng, spec)
@@ -428,16 +437,19 @@ def test_nan_score_poisons_its_row_only(rng, algo):
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("algo", ["reference", "attention_blas", "attention_flash", "attention_gemm",
-                                  "attention_gemm_tiled"])
+@pytest.mark.parametrize(
+    "algo", ["reference", "attention_blas", "attention_flash", "attention_gemm", "attention_gemm_tiled"]
+)
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_mask_values_outside_the_window_never_contribute(rng, algo, bad):
     # attention_blas added the mask to the window's -inf, so a NaN (or +inf) there poisoned the row (fuzz nan_inf)
     q, k, v = rand(rng, 1, 2, 5, 8), rand(rng, 1, 2, 7, 8), rand(rng, 1, 2, 7, 8)
     i, j = np.arange(5)[:, None], np.arange(7)[None, :]
-    for attrs, allowed, key in [({"left_window_size": 1, "right_window_size": 1}, abs(j - i) <= 1, (0, 6)),
-                                ({"left_window_size": 1, "right_window_size": 0}, (j <= i) & (j >= i - 1), (4, 0)),
-                                ({"is_causal": 1}, j <= i, (1, 3))]:
+    for attrs, allowed, key in [
+        ({"left_window_size": 1, "right_window_size": 1}, abs(j - i) <= 1, (0, 6)),
+        ({"left_window_size": 1, "right_window_size": 0}, (j <= i) & (j >= i - 1), (4, 0)),
+        ({"is_causal": 1}, j <= i, (1, 3)),
+    ]:
         mask = rand(rng, 5, 7)
         mask[key] = bad
         assert not allowed[key]
@@ -464,8 +476,9 @@ def test_long_sequence_runs_with_linear_memory(rng, algo):
     base = opsnn.memory.current_bytes()
     opsnn.memory.reset_peak()
     ex = opsnn.aclnn.scaled_dot_product_attention.prepare(q, k, v, is_causal=True, algo=algo)
-    assert ex.kernel_name == algo or ex.kernel_name == ("attention_flash" if mkl.unavailable() else
-                                                        "attention_gemm_tiled")
+    assert ex.kernel_name == algo or ex.kernel_name == (
+        "attention_flash" if mkl.unavailable() else "attention_gemm_tiled"
+    )
     if algo is None:
         assert "MiB" in dict(ex.rejected)["attention_gemm"]  # too large to materialise
     y = ex.run().numpy()
@@ -481,8 +494,16 @@ def test_long_sequence_runs_with_linear_memory(rng, algo):
     np.testing.assert_allclose(y[0, 0, rows], want, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("B,H,Hkv,L,S,E,Ev", [(1, 12, 12, 128, 128, 64, 64), (2, 3, 3, 5, 7, 4, 6),
-                                              (1, 1, 1, 1, 1, 1, 1), (2, 4, 2, 9, 11, 8, 8), (1, 2, 1, 3, 0, 4, 4)])
+@pytest.mark.parametrize(
+    "B,H,Hkv,L,S,E,Ev",
+    [
+        (1, 12, 12, 128, 128, 64, 64),
+        (2, 3, 3, 5, 7, 4, 6),
+        (1, 1, 1, 1, 1, 1, 1),
+        (2, 4, 2, 9, 11, 8, 8),
+        (1, 2, 1, 3, 0, 4, 4),
+    ],
+)
 @pytest.mark.parametrize("masked", [False, True])
 def test_gemm_kernel_head_strided_3d_layout(rng, B, H, Hkv, L, S, E, Ev, masked):
     """attention_gemm on 3-D (B, S, H*D) inputs reads heads through strides (BLAS leading
@@ -490,13 +511,18 @@ def test_gemm_kernel_head_strided_3d_layout(rng, B, H, Hkv, L, S, E, Ev, masked)
     are column slices of one packed QKV tensor (row stride > H*D) and for GQA (stacked rows,
     a contiguous copy of Q)."""
     q4, k4, v4 = rand(rng, B, H, L, E), rand(rng, B, Hkv, S, E), rand(rng, B, Hkv, S, Ev)
-    bias = np.where(rng.random((B, 1, L, S)) < 0.2, -np.inf, rng.standard_normal((B, 1, L, S))).astype(np.float32) \
-        if masked else None
+    bias = (
+        np.where(rng.random((B, 1, L, S)) < 0.2, -np.inf, rng.standard_normal((B, 1, L, S))).astype(np.float32)
+        if masked
+        else None
+    )
     if masked and S:
         bias[..., 0] = 0.0
     want = sdpa_oracle(q4, k4, v4, bias) if S else np.zeros((B, H, L, Ev))
+
     def to3(a):
         return np.ascontiguousarray(a.transpose(0, 2, 1, 3)).reshape(a.shape[0], a.shape[2], a.shape[1] * a.shape[3])
+
     attrs = {"q_num_heads": H, "kv_num_heads": Hkv}
     ins = [to3(q4), to3(k4), to3(v4)] + ([bias] if masked else [])
     (y,) = run(ins, attrs, algo="attention_gemm")
@@ -505,7 +531,7 @@ def test_gemm_kernel_head_strided_3d_layout(rng, B, H, Hkv, L, S, E, Ev, masked)
         packed = np.concatenate([to3(q4), to3(k4), to3(v4)], axis=2) if H == Hkv and E == Ev else None
         if packed is not None:
             n = H * E
-            views = [packed[:, :, :n], packed[:, :, n:2 * n], packed[:, :, 2 * n:]]
+            views = [packed[:, :, :n], packed[:, :, n : 2 * n], packed[:, :, 2 * n :]]
             (y2,) = run(views + ([bias] if masked else []), attrs, algo="attention_gemm")
             np.testing.assert_allclose(y2, y, rtol=1e-6, atol=1e-6)
     (y4,) = run([q4, k4, v4] + ([bias] if masked else []), {}, algo="attention_gemm")

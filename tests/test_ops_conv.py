@@ -1,5 +1,6 @@
 """Conv, ConvTranspose, ConvInteger, QLinearConv: fast kernels against a direct-loop oracle
 written here, the ops' numpy references, onnx.reference and onnxruntime."""
+
 import itertools
 
 import ml_dtypes
@@ -38,8 +39,10 @@ def conv_direct(x, w, b=None, stride=1, pads=0, dilation=1, groups=1):
     for ni, mi in itertools.product(range(n), range(m)):
         g = mi // mg
         for o in itertools.product(*(range(v) for v in out)):
-            win = xp[(ni, slice(g * cg, (g + 1) * cg)) + tuple(
-                slice(o[i] * s[i], o[i] * s[i] + (k[i] - 1) * d[i] + 1, d[i]) for i in range(nd))]
+            win = xp[
+                (ni, slice(g * cg, (g + 1) * cg))
+                + tuple(slice(o[i] * s[i], o[i] * s[i] + (k[i] - 1) * d[i] + 1, d[i]) for i in range(nd))
+            ]
             y[(ni, mi) + o] = np.sum(win * w[mi])
     if b is not None:
         y += b.astype(np.float64).reshape((1, -1) + (1,) * nd)
@@ -72,21 +75,34 @@ def conv_transpose_direct(x, w, b=None, stride=1, pads=0, dilation=1, groups=1, 
     return y
 
 
-_ONNX_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
-               np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int8): TensorProto.INT8,
-               np.dtype(np.int32): TensorProto.INT32}
+_ONNX_TYPES = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float64): TensorProto.DOUBLE,
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.int8): TensorProto.INT8,
+    np.dtype(np.int32): TensorProto.INT32,
+}
 
 
 def onnx_model(op, inputs, attrs, opset=22):
-    out_dtype = {"ConvInteger": np.dtype(np.int32), "QLinearConv": inputs[7].dtype if len(inputs) > 7 else None
-                 }.get(op, inputs[0].dtype)
+    out_dtype = {"ConvInteger": np.dtype(np.int32), "QLinearConv": inputs[7].dtype if len(inputs) > 7 else None}.get(
+        op, inputs[0].dtype
+    )
     names = [f"i{j}" if v is not None else "" for j, v in enumerate(inputs)]
     node = helper.make_node(op, names, ["y"], **attrs)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info(nm, _ONNX_TYPES[v.dtype], v.shape)
-                                        for nm, v in zip(names, inputs) if v is not None],
-                          [helper.make_tensor_value_info("y", _ONNX_TYPES[out_dtype], None)])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), \
-        {nm: v for nm, v in zip(names, inputs) if v is not None}
+    g = helper.make_graph(
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info(nm, _ONNX_TYPES[v.dtype], v.shape)
+            for nm, v in zip(names, inputs)
+            if v is not None
+        ],
+        [helper.make_tensor_value_info("y", _ONNX_TYPES[out_dtype], None)],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), {
+        nm: v for nm, v in zip(names, inputs) if v is not None
+    }
 
 
 def run_ort(op, inputs, attrs, opset=22):
@@ -110,20 +126,20 @@ TASKS = "conv2d_im2col" if opsnn.kernels.cpu.mkl.unavailable() else "conv2d_im2c
 CONV_CASES = [
     # (x shape, w shape, conv2d kwargs, expected kernel)
     ((2, 3, 8, 7), (4, 3, 3, 3), dict(stride=1, padding=1), "conv2d_im2col"),
-    ((1, 5, 1, 1), (3, 5, 1, 1), dict(), "conv_1x1_gemm"),                     # 1x1 image
-    ((1, 5, 1, 1), (3, 5, 3, 3), dict(padding=1), "conv2d_im2col"),           # 1x1 image, 3x3 kernel
-    ((2, 7, 9, 11), (5, 7, 2, 3), dict(stride=(4, 5)), "conv2d_im2col"),     # stride > kernel
-    ((1, 3, 6, 5), (2, 3, 3, 3), dict(padding=(3, 2)), "conv2d_im2col"),     # padding > kernel/2
+    ((1, 5, 1, 1), (3, 5, 1, 1), dict(), "conv_1x1_gemm"),  # 1x1 image
+    ((1, 5, 1, 1), (3, 5, 3, 3), dict(padding=1), "conv2d_im2col"),  # 1x1 image, 3x3 kernel
+    ((2, 7, 9, 11), (5, 7, 2, 3), dict(stride=(4, 5)), "conv2d_im2col"),  # stride > kernel
+    ((1, 3, 6, 5), (2, 3, 3, 3), dict(padding=(3, 2)), "conv2d_im2col"),  # padding > kernel/2
     ((2, 4, 10, 9), (6, 4, 3, 2), dict(dilation=(2, 3), padding=2), "conv2d_im2col"),
     ((2, 6, 7, 7), (9, 2, 3, 3), dict(groups=3, padding=1, stride=2), "conv2d_im2col"),
     ((2, 6, 7, 8), (6, 1, 3, 3), dict(groups=6, padding=1), "conv2d_depthwise"),
     ((1, 4, 9, 6), (8, 1, 5, 3), dict(groups=4, stride=(2, 1), dilation=(1, 2), padding=(2, 2)), "conv2d_depthwise"),
     ((2, 6, 5, 5), (4, 3, 1, 1), dict(groups=2), "conv_1x1_gemm"),
-    ((1, 3, 6, 6), (4, 3, 1, 1), dict(stride=2), "conv2d_im2col"),            # 1x1 but strided
+    ((1, 3, 6, 6), (4, 3, 1, 1), dict(stride=2), "conv2d_im2col"),  # 1x1 but strided
     ((2, 3, 5, 6), (4, 3, 3, 3), dict(padding="same"), "conv2d_im2col"),
     ((2, 3, 5, 6), (4, 3, 2, 4), dict(padding="same", dilation=2), "conv2d_im2col"),
     ((2, 3, 5, 6), (4, 3, 3, 3), dict(padding="valid", stride=2), "conv2d_im2col"),
-    ((1, 3, 40, 40), (16, 3, 3, 3), dict(padding=1), TASKS),                  # parallel im2col / tasks
+    ((1, 3, 40, 40), (16, 3, 3, 3), dict(padding=1), TASKS),  # parallel im2col / tasks
     ((1, 32, 40, 40), (32, 1, 3, 3), dict(groups=32, padding=1), "conv2d_depthwise"),  # parallel depthwise
 ]
 
@@ -152,14 +168,17 @@ def test_conv2d_matches_direct_loop(rng, xs, ws, kw, kernel):
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
-@pytest.mark.parametrize("xs,ws,kw", [
-    ((1, 3, 37, 35), (8, 3, 7, 7), dict(stride=2, padding=3)),                 # ResNet stem-like, odd sizes
-    ((1, 3, 64, 64), (16, 3, 7, 7), dict(stride=2, padding=3)),                # parallel im2col
-    ((2, 5, 9, 12), (7, 5, 3, 3), dict(stride=2, padding=(0, 2), dilation=2)),  # dilated, asymmetric pads
-    ((1, 4, 1, 1), (3, 4, 3, 3), dict(stride=2, padding=1)),                   # 1x1 image
-    ((1, 6, 8, 9), (6, 2, 4, 5), dict(stride=(1, 2), padding=(1, 4), groups=3)),  # pad > kernel/2, groups
-    ((1, 3, 5, 20), (2, 3, 1, 3), dict(stride=(3, 2))),                         # no padding, wide
-])
+@pytest.mark.parametrize(
+    "xs,ws,kw",
+    [
+        ((1, 3, 37, 35), (8, 3, 7, 7), dict(stride=2, padding=3)),  # ResNet stem-like, odd sizes
+        ((1, 3, 64, 64), (16, 3, 7, 7), dict(stride=2, padding=3)),  # parallel im2col
+        ((2, 5, 9, 12), (7, 5, 3, 3), dict(stride=2, padding=(0, 2), dilation=2)),  # dilated, asymmetric pads
+        ((1, 4, 1, 1), (3, 4, 3, 3), dict(stride=2, padding=1)),  # 1x1 image
+        ((1, 6, 8, 9), (6, 2, 4, 5), dict(stride=(1, 2), padding=(1, 4), groups=3)),  # pad > kernel/2, groups
+        ((1, 3, 5, 20), (2, 3, 1, 3), dict(stride=(3, 2))),  # no padding, wide
+    ],
+)
 def test_conv2d_im2col_stride2_columns(rng, xs, ws, kw, dt):
     """im2col's stride-2 column copy (a literal stride, vectorized with shuffles)."""
     x, w, b = rand(rng, xs, dt), rand(rng, ws, dt), rand(rng, (ws[0],), dt)
@@ -172,42 +191,53 @@ def test_conv2d_im2col_stride2_columns(rng, xs, ws, kw, dt):
     np.testing.assert_allclose(y, opsnn.ops.conv2d(x, w, b, algo="reference", **kw).numpy(), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("xs,ws,kw", [
-    ((2, 3, 11), (4, 3, 3), dict(stride=2, padding=1, dilation=2)),
-    ((1, 4, 5), (4, 1, 3), dict(groups=4, padding=2)),
-    ((3, 2, 7), (5, 2, 1), dict()),
-])
+@pytest.mark.parametrize(
+    "xs,ws,kw",
+    [
+        ((2, 3, 11), (4, 3, 3), dict(stride=2, padding=1, dilation=2)),
+        ((1, 4, 5), (4, 1, 3), dict(groups=4, padding=2)),
+        ((3, 2, 7), (5, 2, 1), dict()),
+    ],
+)
 def test_conv1d(rng, xs, ws, kw):
     x, w = rand(rng, xs), rand(rng, ws)
     y = opsnn.ops.conv1d(x, w, None, **kw).numpy()
-    want = conv_direct(x, w, None, kw.get("stride", 1), kw.get("padding", 0), kw.get("dilation", 1),
-                       kw.get("groups", 1))
+    want = conv_direct(
+        x, w, None, kw.get("stride", 1), kw.get("padding", 0), kw.get("dilation", 1), kw.get("groups", 1)
+    )
     np.testing.assert_allclose(y, want, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("xs,ws,kw,kernel", [
-    ((2, 4, 5, 6, 7), (4, 2, 2, 3, 2), dict(groups=2, padding=1, stride=(1, 2, 1)), "conv_nd_im2col"),
-    ((1, 3, 4, 4, 4), (2, 3, 3, 3, 3), dict(dilation=(1, 1, 2), padding=(1, 0, 2)), "conv_nd_im2col"),
-    ((1, 3, 4, 3, 5), (2, 3, 2, 2, 2), dict(), "conv_nd_im2col"),          # no padding: no zero fill
-    ((2, 3, 3, 4, 5), (5, 3, 1, 1, 1), dict(), "conv_1x1_gemm"),
-])
+@pytest.mark.parametrize(
+    "xs,ws,kw,kernel",
+    [
+        ((2, 4, 5, 6, 7), (4, 2, 2, 3, 2), dict(groups=2, padding=1, stride=(1, 2, 1)), "conv_nd_im2col"),
+        ((1, 3, 4, 4, 4), (2, 3, 3, 3, 3), dict(dilation=(1, 1, 2), padding=(1, 0, 2)), "conv_nd_im2col"),
+        ((1, 3, 4, 3, 5), (2, 3, 2, 2, 2), dict(), "conv_nd_im2col"),  # no padding: no zero fill
+        ((2, 3, 3, 4, 5), (5, 3, 1, 1, 1), dict(), "conv_1x1_gemm"),
+    ],
+)
 def test_conv3d(rng, xs, ws, kw, kernel):
     x, w, b = rand(rng, xs), rand(rng, ws), rand(rng, (ws[0],))
     ex = opsnn.aclnn.conv3d.prepare(x, w, b, **kw)
     assert ex.kernel_name == kernel
     p = kw.get("padding", 0)
-    want = conv_direct(x, w, b, kw.get("stride", 1), p if np.isscalar(p) else tuple(p) * 2, kw.get("dilation", 1),
-                       kw.get("groups", 1))
+    want = conv_direct(
+        x, w, b, kw.get("stride", 1), p if np.isscalar(p) else tuple(p) * 2, kw.get("dilation", 1), kw.get("groups", 1)
+    )
     np.testing.assert_allclose(ex.run().numpy(), want, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("attrs", [
-    {"pads": [1, 0, 2, 3], "strides": [2, 1]},                       # asymmetric pads
-    {"auto_pad": "SAME_UPPER", "strides": [2, 2]},
-    {"auto_pad": b"SAME_LOWER", "strides": [2, 3], "dilations": [1, 2]},
-    {"auto_pad": "VALID", "strides": [3, 1], "kernel_shape": [3, 2]},
-    {"group": 2, "pads": [2, 2, 2, 2], "dilations": [2, 2]},
-])
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"pads": [1, 0, 2, 3], "strides": [2, 1]},  # asymmetric pads
+        {"auto_pad": "SAME_UPPER", "strides": [2, 2]},
+        {"auto_pad": b"SAME_LOWER", "strides": [2, 3], "dilations": [1, 2]},
+        {"auto_pad": "VALID", "strides": [3, 1], "kernel_shape": [3, 2]},
+        {"group": 2, "pads": [2, 2, 2, 2], "dilations": [2, 2]},
+    ],
+)
 def test_conv_record_matches_onnxruntime(rng, attrs):
     x = rand(rng, (2, 4, 9, 8))
     w = rand(rng, (6, 4 // attrs.get("group", 1), 3, 2))
@@ -218,10 +248,15 @@ def test_conv_record_matches_onnxruntime(rng, attrs):
     np.testing.assert_allclose(got, run_onnx_ref("Conv", [x, w, b], attrs), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("xs,ws,kw", [(xs, ws, kw) for xs, ws, kw, _ in CONV_CASES if kw.get("groups", 1) == 1]
-                         + [((2, 3, 23, 19), (5, 3, 7, 7), dict(stride=2, padding=3)),    # a stem, odd sizes
-                            ((1, 2, 1, 50), (4, 2, 1, 5), dict(padding=(0, 2))),          # one output row
-                            ((3, 4, 17, 13), (6, 4, 3, 3), dict(dilation=2, padding=(3, 1), stride=(1, 2)))])
+@pytest.mark.parametrize(
+    "xs,ws,kw",
+    [(xs, ws, kw) for xs, ws, kw, _ in CONV_CASES if kw.get("groups", 1) == 1]
+    + [
+        ((2, 3, 23, 19), (5, 3, 7, 7), dict(stride=2, padding=3)),  # a stem, odd sizes
+        ((1, 2, 1, 50), (4, 2, 1, 5), dict(padding=(0, 2))),  # one output row
+        ((3, 4, 17, 13), (6, 4, 3, 3), dict(dilation=2, padding=(3, 1), stride=(1, 2))),
+    ],
+)
 @pytest.mark.parametrize("band_bytes", [64, 1 << 19])  # a task per output row (many bands) / a few bands
 def test_im2col_tasks_matches_direct_loop(rng, monkeypatch, xs, ws, kw, band_bytes):
     """conv2d_im2col_tasks (a task per band of output rows: its columns in its thread's buffer,
@@ -248,8 +283,9 @@ def test_im2col_tasks_matches_direct_loop(rng, monkeypatch, xs, ws, kw, band_byt
     y = np.full(ref.shape, np.nan, np.float32)
     kern.fn([x, w, b], [y], planned.ctx.attrs, plan, ws_)
     np.testing.assert_allclose(y, ref, rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(y, conv_direct(x, w, b, kw.get("stride", 1), _pads(kw, ws), kw.get("dilation", 1)),
-                               rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(
+        y, conv_direct(x, w, b, kw.get("stride", 1), _pads(kw, ws), kw.get("dilation", 1)), rtol=RTOL, atol=ATOL
+    )
 
 
 def _pads(kw, ws):
@@ -290,9 +326,9 @@ def test_float64(rng):
 
 # -- layouts, empties, special values, 16-bit ---------------------------------------------------------
 def test_non_contiguous_inputs(rng, no_leak):
-    xt = rand(rng, (2, 8, 9, 3)).transpose(0, 3, 1, 2)        # NHWC storage viewed as NCHW
+    xt = rand(rng, (2, 8, 9, 3)).transpose(0, 3, 1, 2)  # NHWC storage viewed as NCHW
     assert not xt.flags.c_contiguous
-    w = rand(rng, (3, 3, 3, 5))[..., ::2]                      # strided weight view (3, 3, 3, 3)
+    w = rand(rng, (3, 3, 3, 5))[..., ::2]  # strided weight view (3, 3, 3, 3)
     assert not w.flags.c_contiguous
     want = conv_direct(xt, w, None, 1, 1)
     got = opsnn.ops.conv2d(opsnn.from_numpy(xt), opsnn.from_numpy(w), padding=1).numpy()
@@ -302,8 +338,16 @@ def test_non_contiguous_inputs(rng, no_leak):
     np.testing.assert_allclose(got, conv_direct(t.numpy(), w, None, 2, 0), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("fn,ws", [("conv2d", (4, 3, 3, 3)), ("conv2d", (4, 3, 1, 1)), ("conv2d", (3, 1, 3, 3)),
-                                   ("conv3d", (4, 3, 2, 2, 2)), ("conv_transpose2d", (3, 4, 3, 3))])
+@pytest.mark.parametrize(
+    "fn,ws",
+    [
+        ("conv2d", (4, 3, 3, 3)),
+        ("conv2d", (4, 3, 1, 1)),
+        ("conv2d", (3, 1, 3, 3)),
+        ("conv3d", (4, 3, 2, 2, 2)),
+        ("conv_transpose2d", (3, 4, 3, 3)),
+    ],
+)
 def test_empty_batch(rng, fn, ws):
     x = np.zeros((0, 3) + (5,) * (len(ws) - 2), np.float32)
     w = rand(rng, ws)
@@ -313,9 +357,16 @@ def test_empty_batch(rng, fn, ws):
     assert y.shape == ref.shape and y.shape[0] == 0 and y.shape[1] == (4 if fn != "conv2d" or groups == 1 else 3)
 
 
-@pytest.mark.parametrize("fn,xs,ws,pads", [("conv2d", (2, 0, 5, 5), (4, 0, 3, 3), 1), ("conv2d", (2, 0, 5, 5), (4, 0, 1, 1), 0),
-                                          ("conv2d", (1, 0, 6, 5), (3, 0, 3, 2), 0), ("conv1d", (2, 0, 7), (4, 0, 3), 0),
-                                          ("conv3d", (1, 0, 3, 4, 4), (2, 0, 2, 2, 2), 1)])
+@pytest.mark.parametrize(
+    "fn,xs,ws,pads",
+    [
+        ("conv2d", (2, 0, 5, 5), (4, 0, 3, 3), 1),
+        ("conv2d", (2, 0, 5, 5), (4, 0, 1, 1), 0),
+        ("conv2d", (1, 0, 6, 5), (3, 0, 3, 2), 0),
+        ("conv1d", (2, 0, 7), (4, 0, 3), 0),
+        ("conv3d", (1, 0, 3, 4, 4), (2, 0, 2, 2, 2), 1),
+    ],
+)
 def test_zero_input_channels_give_the_bias(rng, fn, xs, ws, pads):
     """No input channels: every output is an empty sum plus the bias (the direct loop's answer)."""
     x, w = np.zeros(xs, np.float32), np.zeros(ws, np.float32)
@@ -348,8 +399,11 @@ def test_16bit(rng, dtype, op):
     elif op == "conv2d":
         w, kw, fn = rand(rng, (5, 4, 3, 3)).astype(dtype), dict(stride=2, padding=1), "conv2d"
     else:
-        w, kw, fn = rand(rng, (4, 3, 3, 3)).astype(dtype), dict(stride=2, padding=1, output_padding=1), \
-            "conv_transpose2d"
+        w, kw, fn = (
+            rand(rng, (4, 3, 3, 3)).astype(dtype),
+            dict(stride=2, padding=1, output_padding=1),
+            "conv_transpose2d",
+        )
     ex = getattr(opsnn.aclnn, fn).prepare(x, w, None, **kw)
     assert ex.adapter and ex.kernel_name != "reference"
     y = ex.run().numpy()
@@ -459,11 +513,11 @@ CT_CASES = [
     ((1, 2, 3, 3), (2, 3, 3, 3), dict()),
     ((2, 4, 4, 5), (4, 3, 3, 2), dict(stride=2, padding=1, output_padding=1)),
     ((1, 4, 3, 4), (4, 1, 3, 3), dict(stride=(3, 2), groups=2, dilation=(2, 1))),
-    ((2, 6, 5, 4), (6, 1, 3, 3), dict(groups=6, padding=1)),                        # depthwise transpose
-    ((1, 3, 1, 1), (3, 2, 4, 4), dict(stride=2)),                                   # 1x1 input
-    ((1, 2, 4, 4), (2, 2, 2, 2), dict(stride=4)),                                   # stride > kernel: gaps
-    ((1, 2, 5, 5), (2, 2, 3, 3), dict(padding=2, stride=1)),                        # padding crops
-    ((1, 3, 30, 30), (3, 8, 3, 3), dict(stride=2, padding=1, output_padding=1)),    # parallel col2im
+    ((2, 6, 5, 4), (6, 1, 3, 3), dict(groups=6, padding=1)),  # depthwise transpose
+    ((1, 3, 1, 1), (3, 2, 4, 4), dict(stride=2)),  # 1x1 input
+    ((1, 2, 4, 4), (2, 2, 2, 2), dict(stride=4)),  # stride > kernel: gaps
+    ((1, 2, 5, 5), (2, 2, 3, 3), dict(padding=2, stride=1)),  # padding crops
+    ((1, 3, 30, 30), (3, 8, 3, 3), dict(stride=2, padding=1, output_padding=1)),  # parallel col2im
 ]
 
 
@@ -483,8 +537,9 @@ def test_conv_transpose2d_matches_direct_loop(rng, xs, ws, kw):
     out = tuple(s[i] * (xs[2 + i] - 1) + (ws[2 + i] - 1) * d[i] + 1 - 2 * p + op for i in range(nd))
     want = conv_transpose_direct(x, w, b, s, p, d, kw.get("groups", 1), out)
     np.testing.assert_allclose(y, want, rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(opsnn.ops.conv_transpose2d(x, w, b, algo="reference", **kw).numpy(), want,
-                               rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(
+        opsnn.ops.conv_transpose2d(x, w, b, algo="reference", **kw).numpy(), want, rtol=RTOL, atol=ATOL
+    )
 
 
 def spec_transpose_pads(xs, ws, attrs):
@@ -514,19 +569,26 @@ def spec_transpose_pads(xs, ws, attrs):
 # onnxruntime rejects output_shape past -stride total padding and output_padding >= stride,
 # and clamps SAME's total padding at 0 (the spec makes the output input*stride). Each case
 # says which peers it is also compared with; the direct-loop oracle checks them all.
-@pytest.mark.parametrize("xs,ws,attrs,peers", [
-    ((1, 2, 3, 3), (2, 2, 3, 3), {"output_shape": [10, 8], "strides": [3, 2]}, "ort,ref"),
-    ((1, 2, 3, 3), (2, 2, 3, 3), {"output_shape": [11, 8], "strides": [3, 2]}, "ort"),    # negative pads
-    ((1, 2, 3, 3), (2, 2, 3, 3), {"output_shape": [12, 9], "strides": [3, 2]}, ""),
-    ((1, 2, 4, 3), (2, 3, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, "ort,ref"),
-    ((1, 2, 4, 3), (2, 3, 3, 2), {"auto_pad": "SAME_LOWER", "strides": [2, 1]}, "ort,ref"),
-    ((1, 2, 4, 3), (2, 3, 3, 2), {"auto_pad": "SAME_LOWER", "strides": [2, 3]}, "ref"),
-    ((2, 4, 3, 3), (4, 1, 2, 2), {"group": 2, "pads": [1, 0, 0, 1], "strides": [2, 2], "dilations": [2, 1]}, "ort"),
-    ((1, 2, 5), (2, 3, 3), {"strides": [2], "output_padding": [1], "pads": [1, 0]}, "ort,ref"),     # 1-D
-    ((1, 2, 3, 4, 2), (2, 2, 2, 3, 2), {"strides": [2, 1, 2], "pads": [1, 0, 0, 0, 1, 1]}, "ort,ref"),  # 3-D
-    ((2, 4, 2, 3, 2), (4, 1, 3, 2, 2), {"group": 4, "strides": [1, 2, 3], "dilations": [2, 1, 1],
-                                        "output_padding": [0, 1, 2]}, "ort"),
-])
+@pytest.mark.parametrize(
+    "xs,ws,attrs,peers",
+    [
+        ((1, 2, 3, 3), (2, 2, 3, 3), {"output_shape": [10, 8], "strides": [3, 2]}, "ort,ref"),
+        ((1, 2, 3, 3), (2, 2, 3, 3), {"output_shape": [11, 8], "strides": [3, 2]}, "ort"),  # negative pads
+        ((1, 2, 3, 3), (2, 2, 3, 3), {"output_shape": [12, 9], "strides": [3, 2]}, ""),
+        ((1, 2, 4, 3), (2, 3, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, "ort,ref"),
+        ((1, 2, 4, 3), (2, 3, 3, 2), {"auto_pad": "SAME_LOWER", "strides": [2, 1]}, "ort,ref"),
+        ((1, 2, 4, 3), (2, 3, 3, 2), {"auto_pad": "SAME_LOWER", "strides": [2, 3]}, "ref"),
+        ((2, 4, 3, 3), (4, 1, 2, 2), {"group": 2, "pads": [1, 0, 0, 1], "strides": [2, 2], "dilations": [2, 1]}, "ort"),
+        ((1, 2, 5), (2, 3, 3), {"strides": [2], "output_padding": [1], "pads": [1, 0]}, "ort,ref"),  # 1-D
+        ((1, 2, 3, 4, 2), (2, 2, 2, 3, 2), {"strides": [2, 1, 2], "pads": [1, 0, 0, 0, 1, 1]}, "ort,ref"),  # 3-D
+        (
+            (2, 4, 2, 3, 2),
+            (4, 1, 3, 2, 2),
+            {"group": 4, "strides": [1, 2, 3], "dilations": [2, 1, 1], "output_padding": [0, 1, 2]},
+            "ort",
+        ),
+    ],
+)
 def test_conv_transpose_record(rng, xs, ws, attrs, peers):
     x, w = rand(rng, xs), rand(rng, ws)
     g = attrs.get("group", 1)
@@ -558,8 +620,9 @@ def test_conv_integer(rng, dtype):
     got = ex.run().numpy()
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, run_onnx_ref("ConvInteger", [x, w, x_zp, w_zp], attrs, opset=10))
-    np.testing.assert_array_equal(got, opsnn.ops.run_op("ConvInteger", [x, w, x_zp, w_zp], attrs,
-                                                        algo="reference")[0].numpy())
+    np.testing.assert_array_equal(
+        got, opsnn.ops.run_op("ConvInteger", [x, w, x_zp, w_zp], attrs, algo="reference")[0].numpy()
+    )
     # padding is zero *after* the zero-point shift; without zero points it is plain zero
     got0 = opsnn.ops.conv_integer(x, w, groups=2).numpy()
     want0 = conv_direct(x.astype(np.int64), w.astype(np.int64), None, 1, 0, 1, 2)
@@ -593,8 +656,15 @@ def test_qlinear_conv(rng, per_channel):
 
 # -- property test: inferred shape == direct formula == the kernel's output --------------------------------
 @settings(max_examples=30, deadline=None)
-@given(h=st.integers(1, 9), w_=st.integers(1, 9), k=st.integers(1, 4), s=st.integers(1, 4), p=st.integers(0, 3),
-       d=st.integers(1, 3), g=st.sampled_from([1, 2]))
+@given(
+    h=st.integers(1, 9),
+    w_=st.integers(1, 9),
+    k=st.integers(1, 4),
+    s=st.integers(1, 4),
+    p=st.integers(0, 3),
+    d=st.integers(1, 3),
+    g=st.sampled_from([1, 2]),
+)
 def test_conv_shape_property(h, w_, k, s, p, d, g):
     rng = np.random.default_rng(h * 100 + w_)
     eff = (k - 1) * d + 1
@@ -610,14 +680,18 @@ def test_conv_shape_property(h, w_, k, s, p, d, g):
     np.testing.assert_allclose(y, ref, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("xs,ws,stride,pad,groups", [
-    ((1, 3, 45, 50), (8, 3, 7, 7), 2, 3, 1),      # stem-like: 147 column rows > 8 channels
-    ((2, 4, 23, 17), (6, 2, 5, 5), 1, 2, 2),      # groups: 50 column rows per group > 3 channels
-    ((1, 2, 9, 9), (3, 2, 3, 3), 1, 1, 1),        # fewer output columns than one band's minimum
-])
+@pytest.mark.parametrize(
+    "xs,ws,stride,pad,groups",
+    [
+        ((1, 3, 45, 50), (8, 3, 7, 7), 2, 3, 1),  # stem-like: 147 column rows > 8 channels
+        ((2, 4, 23, 17), (6, 2, 5, 5), 1, 2, 2),  # groups: 50 column rows per group > 3 channels
+        ((1, 2, 9, 9), (3, 2, 3, 3), 1, 1, 1),  # fewer output columns than one band's minimum
+    ],
+)
 def test_im2col_cache_bands(monkeypatch, rng, xs, ws, stride, pad, groups):
     """Few-column-row im2col convs run in cache-sized bands: same result as one band."""
     from opsnn.kernels.cpu import conv as KC
+
     x, w, b = rand(rng, xs), rand(rng, ws), rand(rng, (ws[0],))
     k = ws[2]
     out = tuple((n + 2 * pad - k) // stride + 1 for n in xs[2:])

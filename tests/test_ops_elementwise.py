@@ -1,4 +1,5 @@
 """Elementwise ops: numba/numpy kernels against numpy formulas, the op references and onnx.reference."""
+
 import math
 import warnings
 
@@ -18,8 +19,12 @@ from opsnn.ops.defs.elementwise import broadcast_shape
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 # tolerances against a float64 oracle: (rtol, atol)
-TOL = {np.dtype(np.float32): (1e-5, 1e-6), np.dtype(np.float64): (1e-12, 1e-14), F16: (2e-3, 1e-3),
-       BF16: (1.6e-2, 1e-2)}
+TOL = {
+    np.dtype(np.float32): (1e-5, 1e-6),
+    np.dtype(np.float64): (1e-12, 1e-14),
+    F16: (2e-3, 1e-3),
+    BF16: (1.6e-2, 1e-2),
+}
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -54,8 +59,10 @@ def onnx_ref(op_type, inputs, **attrs):
     from onnx.reference import ReferenceEvaluator
 
     names = [f"x{i}" for i in range(len(inputs))]
-    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-           for n, a in zip(names, inputs)]
+    vis = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        for n, a in zip(names, inputs)
+    ]
     node = helper.make_node(op_type, names, ["y"], **attrs)
     graph = helper.make_graph([node], "g", vis, [helper.make_tensor_value_info("y", 0, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
@@ -85,8 +92,10 @@ def test_broadcast_shape_agrees_with_numpy_on_errors(a, b):
 
 
 @SETTINGS
-@given(hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=4, min_side=1, max_side=5),
-       st.sampled_from(["add", "sub", "maximum", "gt"]))
+@given(
+    hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=4, min_side=1, max_side=5),
+    st.sampled_from(["add", "sub", "maximum", "gt"]),
+)
 def test_broadcast_walk_matches_numpy(shapes, fn):
     """Any broadcast, walked through the coalesced plan, equals numpy's result."""
     rng = np.random.default_rng(1)
@@ -116,8 +125,11 @@ def test_plan_layout_coalesces_and_picks_fast_paths():
 
 
 @SETTINGS
-@given(hnp.mutually_broadcastable_shapes(num_shapes=3, min_dims=1, max_dims=4, min_side=1, max_side=6),
-       st.integers(1, 9), st.integers(1, 9))
+@given(
+    hnp.mutually_broadcastable_shapes(num_shapes=3, min_dims=1, max_dims=4, min_side=1, max_side=6),
+    st.integers(1, 9),
+    st.integers(1, 9),
+)
 def test_parallel_task_split_covers_the_walk(shapes, rows_per_task, chunk):
     """Any split into row blocks x column chunks writes every output element exactly as numpy."""
     rng = np.random.default_rng(2)
@@ -136,8 +148,7 @@ def test_parallel_task_split_covers_the_walk(shapes, rows_per_task, chunk):
     out_shape = shapes.result_shape
     lay3 = K.plan_layout(out_shape, [c_s, a_s, b_s])
     sel = np.full(math.prod(out_shape), np.nan, np.float32)
-    K.where_parallel(c.reshape(-1), a.reshape(-1), b.reshape(-1), sel, lay3.shape, lay3.strides, rows_per_task,
-                     chunk)
+    K.where_parallel(c.reshape(-1), a.reshape(-1), b.reshape(-1), sel, lay3.shape, lay3.strides, rows_per_task, chunk)
     np.testing.assert_array_equal(sel.reshape(out_shape), np.where(c, a, b))
 
 
@@ -150,8 +161,15 @@ def test_parallel_broadcast_4d(rng):
     close(ops.where(T(a > 0), T(a), T(b)), np.where(a > 0, a, b))
 
 
-@pytest.mark.parametrize("shapes,kind", [(((3, 4), (3, 4)), "flat"), (((3, 4), ()), "scalar"),
-                                         (((3, 4), (4,)), "broadcast"), (((1, 4), (3, 1)), "broadcast")])
+@pytest.mark.parametrize(
+    "shapes,kind",
+    [
+        (((3, 4), (3, 4)), "flat"),
+        (((3, 4), ()), "scalar"),
+        (((3, 4), (4,)), "broadcast"),
+        (((1, 4), (3, 1)), "broadcast"),
+    ],
+)
 def test_plan_kind_and_kernel_choice(shapes, kind):
     a, b = (np.ones(s, np.float32) for s in shapes)
     ex = aclnn.add.prepare(T(a), T(b))
@@ -161,8 +179,12 @@ def test_plan_kind_and_kernel_choice(shapes, kind):
 
 # -- binary arithmetic ----------------------------------------------------------------------------------------
 FORMULAS = {
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "div": lambda a, b: a / b, "maximum": np.maximum, "minimum": np.minimum,
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
 }
 SHAPES = [((3, 5, 7), (3, 5, 7)), ((3, 5, 7), ()), ((), (4, 3)), ((2, 3, 1, 5), (4, 1)), ((1, 6), (5, 1)), ((7,), (1,))]
 
@@ -184,9 +206,16 @@ INT_FORMULAS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "maximum"
 
 
 @pytest.mark.parametrize("fn", list(INT_FORMULAS))
-@pytest.mark.parametrize("dtype,kernel", [(np.int32, "binary_numba"), (np.int64, "binary_numba"),
-                                          (np.int8, "binary_numpy"), (np.uint8, "binary_numpy"),
-                                          (np.uint64, "binary_numpy")])
+@pytest.mark.parametrize(
+    "dtype,kernel",
+    [
+        (np.int32, "binary_numba"),
+        (np.int64, "binary_numba"),
+        (np.int8, "binary_numpy"),
+        (np.uint8, "binary_numpy"),
+        (np.uint64, "binary_numpy"),
+    ],
+)
 def test_binary_int_wraps_like_numpy(rng, fn, dtype, kernel):
     info = np.iinfo(dtype)
     a = rng.integers(info.min, info.max, size=(4, 33), dtype=dtype, endpoint=True)
@@ -207,8 +236,9 @@ def test_int_div_truncates_like_onnx(rng, dtype):
     got = ops.div(T(a), T(b)).numpy()
     close(got, onnx_ref("Div", [a, b]))
     if info.min < 0:  # hand check: truncation toward zero
-        np.testing.assert_array_equal(ops.div(T(np.array([7, -7, 7, -7], dtype)),
-                                              T(np.array([2, 2, -2, -2], dtype))).numpy(), [3, -3, -3, 3])
+        np.testing.assert_array_equal(
+            ops.div(T(np.array([7, -7, 7, -7], dtype)), T(np.array([2, 2, -2, -2], dtype))).numpy(), [3, -3, -3, 3]
+        )
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.int8])
@@ -263,15 +293,18 @@ def test_pow_int_wraps_and_negative_exponents(dtype):
     a = np.array([2, 3, -3, 7, 1, -1, -1, 5, 0, 2], dtype)
     b = np.array([10, 5, 3, 40, -3, -3, -2, -1, 0, 70], dtype)
     got = ops.pow(T(a), T(b)).numpy()
-    want = [(int(x) ** int(e) if e >= 0 else (1 if x == 1 else ((-1) ** -int(e) if x == -1 else 0)))
-            for x, e in zip(a, b)]
+    want = [
+        (int(x) ** int(e) if e >= 0 else (1 if x == 1 else ((-1) ** -int(e) if x == -1 else 0))) for x, e in zip(a, b)
+    ]
     bits = np.iinfo(dtype).bits
     want = [((w + (1 << (bits - 1))) % (1 << bits)) - (1 << (bits - 1)) for w in want]
     np.testing.assert_array_equal(got, np.array(want, dtype))
 
 
-@pytest.mark.parametrize("xa,xb", [(np.float32, np.int64), (np.int64, np.float32), (np.int32, np.int64),
-                                   (np.float32, np.uint32), (F16, np.float32)])
+@pytest.mark.parametrize(
+    "xa,xb",
+    [(np.float32, np.int64), (np.int64, np.float32), (np.int32, np.int64), (np.float32, np.uint32), (F16, np.float32)],
+)
 def test_pow_mixed_dtypes_match_onnx(xa, xb):
     a = np.array([1, 2, 3, 4], xa)
     b = np.array([2, 3, 1, 0], xb)
@@ -343,9 +376,19 @@ def test_nan_and_inf_propagate():
 # -- python scalars and operators -----------------------------------------------------------------------------
 def test_tensor_operators_and_python_scalars(no_leak):
     x = T(np.array([1.0, 2.0, 4.0], np.float32))
-    for got, want in [(x + 1, [2, 3, 5]), (1 + x, [2, 3, 5]), (x - 1, [0, 1, 3]), (10 - x, [9, 8, 6]),
-                      (x * 2, [2, 4, 8]), (2 * x, [2, 4, 8]), (x / 2, [0.5, 1, 2]), (4 / x, [4, 2, 1]),
-                      (x ** 2, [1, 4, 16]), (ops.pow(2, x), [2, 4, 16]), (-x, [-1, -2, -4])]:
+    for got, want in [
+        (x + 1, [2, 3, 5]),
+        (1 + x, [2, 3, 5]),
+        (x - 1, [0, 1, 3]),
+        (10 - x, [9, 8, 6]),
+        (x * 2, [2, 4, 8]),
+        (2 * x, [2, 4, 8]),
+        (x / 2, [0.5, 1, 2]),
+        (4 / x, [4, 2, 1]),
+        (x**2, [1, 4, 16]),
+        (ops.pow(2, x), [2, 4, 16]),
+        (-x, [-1, -2, -4]),
+    ]:
         assert got.dtype == np.float32
         close(got, np.array(want, np.float64))
     i = T(np.array([7, -7], np.int32))
@@ -391,9 +434,17 @@ CMP = {"eq": np.equal, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge
 
 
 @pytest.mark.parametrize("fn", list(CMP))
-@pytest.mark.parametrize("dtype,kernel", [(np.float32, "compare_numba"), (np.int64, "compare_numba"),
-                                          (F16, "compare_numba"), (BF16, "compare_numba"),
-                                          (np.uint16, "compare_numpy"), (np.int8, "compare_numpy")])
+@pytest.mark.parametrize(
+    "dtype,kernel",
+    [
+        (np.float32, "compare_numba"),
+        (np.int64, "compare_numba"),
+        (F16, "compare_numba"),
+        (BF16, "compare_numba"),
+        (np.uint16, "compare_numpy"),
+        (np.int8, "compare_numpy"),
+    ],
+)
 def test_compare(rng, fn, dtype, kernel):
     a = rand(rng, (3, 4, 5), dtype, -2, 2)
     b = rand(rng, (4, 1), dtype, -2, 2)
@@ -403,25 +454,27 @@ def test_compare(rng, fn, dtype, kernel):
     got = ex.run()
     assert got.dtype == np.bool_
     np.testing.assert_array_equal(got.numpy(), CMP[fn](a.astype(np.float64), b.astype(np.float64)))
-    np.testing.assert_array_equal(getattr(ops, fn)(T(a), T(b[1, 0])).numpy(),
-                                  CMP[fn](a.astype(np.float64), float(b[1, 0])))
+    np.testing.assert_array_equal(
+        getattr(ops, fn)(T(a), T(b[1, 0])).numpy(), CMP[fn](a.astype(np.float64), float(b[1, 0]))
+    )
 
 
 def test_compare_parallel_and_strings(rng):
     a = rand(rng, (300, 300), np.float32)
     np.testing.assert_array_equal(ops.gt(T(a), T(a[0])).numpy(), a > a[0])
     s = np.array(["ab", "cd", "ef"])
-    np.testing.assert_array_equal(ops.eq(opsnn.from_numpy(s), opsnn.from_numpy(np.array(["cd"]))).numpy(),
-                                  [False, True, False])
+    np.testing.assert_array_equal(
+        ops.eq(opsnn.from_numpy(s), opsnn.from_numpy(np.array(["cd"]))).numpy(), [False, True, False]
+    )
     o = np.array(["x", "y"], dtype=object)
-    np.testing.assert_array_equal(ops.eq(opsnn.from_numpy(o), opsnn.from_numpy(o[::-1].copy())).numpy(),
-                                  [False, False])
+    np.testing.assert_array_equal(ops.eq(opsnn.from_numpy(o), opsnn.from_numpy(o[::-1].copy())).numpy(), [False, False])
     with pytest.raises(DTypeError):
         ops.eq(opsnn.from_numpy(s), T(np.ones(3, np.float32)))
 
 
-@pytest.mark.parametrize("fn,f", [("logical_and", np.logical_and), ("logical_or", np.logical_or),
-                                  ("logical_xor", np.logical_xor)])
+@pytest.mark.parametrize(
+    "fn,f", [("logical_and", np.logical_and), ("logical_or", np.logical_or), ("logical_xor", np.logical_xor)]
+)
 def test_logic(rng, fn, f):
     a, b = rng.random((3, 4)) < 0.5, rng.random((4,)) < 0.5
     np.testing.assert_array_equal(getattr(ops, fn)(T(a), T(b)).numpy(), f(a, b))
@@ -439,12 +492,16 @@ def test_bitwise_and_shift_match_onnx(rng, dtype):
         np.testing.assert_array_equal(getattr(ops, fn)(T(a), T(b)).numpy(), onnx_ref(op, [a, b]))
     np.testing.assert_array_equal(ops.bitwise_not(T(a)).numpy(), onnx_ref("BitwiseNot", [a]))
     bits = info.bits
-    s = np.array([0, 1, 3, bits - 1, bits, bits + 5, 2, 1], dtype) if info.min == 0 else \
-        np.array([0, 1, 3, bits - 1, bits, -1, -bits, 2], dtype)
+    s = (
+        np.array([0, 1, 3, bits - 1, bits, bits + 5, 2, 1], dtype)
+        if info.min == 0
+        else np.array([0, 1, 3, bits - 1, bits, -1, -bits, 2], dtype)
+    )
     for fn, direction in [("bitwise_left_shift", "LEFT"), ("bitwise_right_shift", "RIGHT")]:
         got = getattr(ops, fn)(T(a), T(s)).numpy()
-        np.testing.assert_array_equal(got, onnx_ref("BitShift", [a, np.broadcast_to(s, a.shape).copy()],
-                                                     direction=direction))
+        np.testing.assert_array_equal(
+            got, onnx_ref("BitShift", [a, np.broadcast_to(s, a.shape).copy()], direction=direction)
+        )
         ref = ops.run_op("BitShift", [T(a), T(s)], {"direction": direction}, algo="reference")[0]
         np.testing.assert_array_equal(got, ref.numpy())
     with pytest.raises(ParamInvalidError, match="direction"):
@@ -453,14 +510,29 @@ def test_bitwise_and_shift_match_onnx(rng, dtype):
 
 # -- unary ---------------------------------------------------------------------------------------------------------
 UNARY = {
-    "exp": (np.exp, -5, 5), "log": (np.log, 0.01, 10), "sqrt": (np.sqrt, 0, 10),
-    "rsqrt": (lambda x: 1 / np.sqrt(x), 0.1, 10), "floor": (np.floor, -5, 5), "ceil": (np.ceil, -5, 5),
-    "round": (np.round, -5, 5), "reciprocal": (lambda x: 1 / x, 0.2, 5), "neg": (np.negative, -5, 5),
-    "abs": (np.abs, -5, 5), "sign": (np.sign, -5, 5),
-    "erf": (np.vectorize(math.erf, otypes=[np.float64]), -3, 3), "sin": (np.sin, -6, 6),
-    "cos": (np.cos, -6, 6), "tan": (np.tan, -1.4, 1.4), "asin": (np.arcsin, -1, 1), "acos": (np.arccos, -1, 1),
-    "atan": (np.arctan, -9, 9), "sinh": (np.sinh, -4, 4), "cosh": (np.cosh, -4, 4),
-    "asinh": (np.arcsinh, -9, 9), "acosh": (np.arccosh, 1, 9), "atanh": (np.arctanh, -0.99, 0.99),
+    "exp": (np.exp, -5, 5),
+    "log": (np.log, 0.01, 10),
+    "sqrt": (np.sqrt, 0, 10),
+    "rsqrt": (lambda x: 1 / np.sqrt(x), 0.1, 10),
+    "floor": (np.floor, -5, 5),
+    "ceil": (np.ceil, -5, 5),
+    "round": (np.round, -5, 5),
+    "reciprocal": (lambda x: 1 / x, 0.2, 5),
+    "neg": (np.negative, -5, 5),
+    "abs": (np.abs, -5, 5),
+    "sign": (np.sign, -5, 5),
+    "erf": (np.vectorize(math.erf, otypes=[np.float64]), -3, 3),
+    "sin": (np.sin, -6, 6),
+    "cos": (np.cos, -6, 6),
+    "tan": (np.tan, -1.4, 1.4),
+    "asin": (np.arcsin, -1, 1),
+    "acos": (np.arccos, -1, 1),
+    "atan": (np.arctan, -9, 9),
+    "sinh": (np.sinh, -4, 4),
+    "cosh": (np.cosh, -4, 4),
+    "asinh": (np.arcsinh, -9, 9),
+    "acosh": (np.arccosh, 1, 9),
+    "atanh": (np.arctanh, -0.99, 0.99),
 }
 
 
@@ -488,8 +560,16 @@ def test_unary_float(rng, fn, dtype):
 def test_unary_special_values_and_parallel(rng):
     x = np.array([0.0, -0.0, -1.0, np.inf, -np.inf, np.nan], np.float32)
     with np.errstate(all="ignore"):
-        for fn, f in [("log", np.log), ("sqrt", np.sqrt), ("exp", np.exp), ("reciprocal", np.reciprocal),
-                      ("sign", np.sign), ("floor", np.floor), ("atanh", np.arctanh), ("abs", np.abs)]:
+        for fn, f in [
+            ("log", np.log),
+            ("sqrt", np.sqrt),
+            ("exp", np.exp),
+            ("reciprocal", np.reciprocal),
+            ("sign", np.sign),
+            ("floor", np.floor),
+            ("atanh", np.arctanh),
+            ("abs", np.abs),
+        ]:
             np.testing.assert_allclose(getattr(ops, fn)(T(x)).numpy(), f(x), rtol=1e-6, err_msg=fn)
     big = rand(rng, (256, 300), np.float32)
     for fn, algo in [("sin", None), ("sin", "unary_numba"), ("sqrt", None)]:
@@ -499,8 +579,10 @@ def test_unary_special_values_and_parallel(rng):
     close(ops.abs(T(big.astype(np.int64))), np.abs(big.astype(np.int64)))
 
 
-@pytest.mark.parametrize("dtype,kernel", [(np.int32, "unary_numba"), (np.int64, "unary_numba"),
-                                          (np.int8, "unary_numpy"), (np.int16, "unary_numpy")])
+@pytest.mark.parametrize(
+    "dtype,kernel",
+    [(np.int32, "unary_numba"), (np.int64, "unary_numba"), (np.int8, "unary_numpy"), (np.int16, "unary_numpy")],
+)
 def test_unary_int(dtype, kernel):
     info = np.iinfo(dtype)
     x = np.array([info.min, -5, -1, 0, 1, 7, info.max], dtype)
@@ -512,8 +594,9 @@ def test_unary_int(dtype, kernel):
     np.testing.assert_array_equal(ops.abs(T(np.array([0, 200], np.uint8))).numpy(), [0, 200])
 
 
-@pytest.mark.parametrize("dtype", [np.float32, F16, BF16, np.dtype(ml_dtypes.float8_e4m3fn),
-                                   np.dtype(ml_dtypes.float8_e5m2)])
+@pytest.mark.parametrize(
+    "dtype", [np.float32, F16, BF16, np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)]
+)
 def test_isnan_isinf(dtype):
     x = np.array([1.0, np.nan, 448.0, -2.0, 0.0], np.float32)
     if np.dtype(dtype) != np.dtype(ml_dtypes.float8_e4m3fn):
@@ -528,9 +611,17 @@ def test_isnan_isinf(dtype):
 
 
 # -- Clip, Where -----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype,kernel", [(np.float32, "clip_numba"), (np.float64, "clip_numba"),
-                                          (F16, "clip_numba"), (np.int64, "clip_numba"), (np.int8, "clip_numpy"),
-                                          (np.uint16, "clip_numpy")])
+@pytest.mark.parametrize(
+    "dtype,kernel",
+    [
+        (np.float32, "clip_numba"),
+        (np.float64, "clip_numba"),
+        (F16, "clip_numba"),
+        (np.int64, "clip_numba"),
+        (np.int8, "clip_numpy"),
+        (np.uint16, "clip_numpy"),
+    ],
+)
 def test_clip(rng, dtype, kernel):
     x = rand(rng, (7, 9), dtype, -10, 10)
     ex = aclnn.clip.prepare(T(x), 1, 3)
@@ -547,8 +638,10 @@ def test_clip_nan_parallel_and_errors(rng):
     np.testing.assert_array_equal(ops.clip(T(x), -1.0, 1.0).numpy(), np.clip(x, -1, 1))
     big = rand(rng, (200, 300), np.float32)
     close(ops.clip(T(big), -1.0, 1.0), np.clip(big, -1, 1))
-    close(ops.clip(T(big), -1.0, 1.0), ops.run_op("Clip", [T(big), T(np.float32(-1)), T(np.float32(1))],
-                                                  algo="reference")[0].numpy())
+    close(
+        ops.clip(T(big), -1.0, 1.0),
+        ops.run_op("Clip", [T(big), T(np.float32(-1)), T(np.float32(1))], algo="reference")[0].numpy(),
+    )
     with pytest.raises(ParamInvalidError, match="scalar"):
         ops.clip(T(big), T(np.zeros(2, np.float32)))
     with pytest.raises(DTypeError):
@@ -565,8 +658,9 @@ def test_where(rng, dtype):
     got = ex.run()
     assert got.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(got.numpy(), np.where(c, x, y))
-    np.testing.assert_array_equal(ops.where(T(c), T(x), T(np.asarray(0).astype(dtype))).numpy(),
-                                  np.where(c, x, np.asarray(0).astype(dtype)))
+    np.testing.assert_array_equal(
+        ops.where(T(c), T(x), T(np.asarray(0).astype(dtype))).numpy(), np.where(c, x, np.asarray(0).astype(dtype))
+    )
 
 
 def test_where_parallel_and_errors(rng):
@@ -595,8 +689,9 @@ def test_cast_names_dtypes_and_enums(rng):
     assert ex.kernel_name == "cast_numpy"
     np.testing.assert_array_equal(ex.run().numpy(), x.astype(np.int32))  # truncation
     np.testing.assert_array_equal(ops.cast_like(T(x), T(np.zeros(0, np.float64))).numpy(), x.astype(np.float64))
-    np.testing.assert_array_equal(ops.cast(T(np.array([0.0, -0.0, np.nan, 2.0])), "bool").numpy(),
-                                  [False, False, True, True])
+    np.testing.assert_array_equal(
+        ops.cast(T(np.array([0.0, -0.0, np.nan, 2.0])), "bool").numpy(), [False, False, True, True]
+    )
     np.testing.assert_array_equal(ops.cast(T(np.array([200, -56], np.int16)), "int8").numpy(), [-56, -56])
     np.testing.assert_array_equal(ops.cast(T(np.array([True, False])), "float32").numpy(), [1.0, 0.0])
 
@@ -629,13 +724,16 @@ def test_cast_to_and_from_narrow_types():
 def test_cast_e8m0(round_mode, saturate):
     from onnx.numpy_helper import to_float8e8m0
 
-    x = np.array([1.0, 1.5, 3.0, 0.24, 5e-39, 0.0, 3e38, np.nan, 2.0 ** 127 * 1.75, 6.0, 0.75], np.float32)
+    x = np.array([1.0, 1.5, 3.0, 0.24, 5e-39, 0.0, 3e38, np.nan, 2.0**127 * 1.75, 6.0, 0.75], np.float32)
     got = ops.cast(T(x), "float8_e8m0fnu", saturate=bool(saturate), round_mode=round_mode).numpy()
     want = to_float8e8m0(x, bool(saturate), round_mode)
     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
     # the spec (not onnx's helper) saturates infinities to the largest exponent
-    inf = ops.cast(T(np.array([np.inf], np.float32)), "float8_e8m0fnu", saturate=bool(saturate),
-                   round_mode=round_mode).numpy().view(np.uint8)
+    inf = (
+        ops.cast(T(np.array([np.inf], np.float32)), "float8_e8m0fnu", saturate=bool(saturate), round_mode=round_mode)
+        .numpy()
+        .view(np.uint8)
+    )
     assert inf[0] == (0xFE if saturate else 0xFF)
 
 
@@ -644,8 +742,9 @@ def test_cast_from_strings_and_errors():
     got = ops.cast(s, "float32").numpy()
     np.testing.assert_array_equal(got[:3], [3.5, np.inf, -np.inf])
     assert np.isnan(got[3]) and got[4] == np.float32(1e-5) and got[5] == 100
-    np.testing.assert_array_equal(ops.cast(opsnn.from_numpy(np.array(["100", "-7", "100.5"], object)),
-                                           "int64").numpy(), [100, -7, 100])
+    np.testing.assert_array_equal(
+        ops.cast(opsnn.from_numpy(np.array(["100", "-7", "100.5"], object)), "int64").numpy(), [100, -7, 100]
+    )
     x = T(np.ones(3, np.float32))
     with pytest.raises(DTypeError, match="STRING"):
         ops.run_op("Cast", [x], {"to": 8})
@@ -701,8 +800,10 @@ def test_outputs_may_overwrite_inputs(rng, dtype):
     """The graph engine may give an elementwise op's output the memory of a dying input."""
     a, b, c = (rand(rng, (6, 7), dtype) for _ in range(3))
     wide = [x.astype(np.float64) for x in (a, b, c)]
-    for fn, want in [("maximum", np.maximum(np.maximum(wide[0], wide[1]), wide[2])),
-                     ("minimum", np.minimum(np.minimum(wide[0], wide[1]), wide[2]))]:
+    for fn, want in [
+        ("maximum", np.maximum(np.maximum(wide[0], wide[1]), wide[2])),
+        ("minimum", np.minimum(np.minimum(wide[0], wide[1]), wide[2])),
+    ]:
         for alias in range(3):
             ts = [T(a), T(b), T(c)]
             getattr(aclnn, fn).prepare(*ts, out=ts[alias]).run()

@@ -1,5 +1,6 @@
 """SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss against a hand-written numpy
 oracle, onnx.reference and onnxruntime; reductions, weights, ignore_index, log_prob."""
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -13,8 +14,11 @@ def oracle(x, t, w=None, reduction="mean", ignore=None, softmax=True):
     x = x.astype(np.float64)
     N, C = x.shape[:2]
     xs = x.reshape(N, C, -1)
-    logp = xs - np.log(np.exp(xs - xs.max(1, keepdims=True)).sum(1, keepdims=True)) - xs.max(1, keepdims=True) \
-        if softmax else xs
+    logp = (
+        xs - np.log(np.exp(xs - xs.max(1, keepdims=True)).sum(1, keepdims=True)) - xs.max(1, keepdims=True)
+        if softmax
+        else xs
+    )
     ts = t.reshape(N, -1)
     loss = np.zeros(ts.shape)
     den = 0.0
@@ -37,25 +41,32 @@ def oracle(x, t, w=None, reduction="mean", ignore=None, softmax=True):
 
 def onnx_model(op, inputs, attrs, nout, opset):
     from onnx import helper
+
     names = [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)]
     while names and not names[-1]:
         names.pop()
-    vi = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-          for n, v in zip(names, inputs) if n]
+    vi = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+        for n, v in zip(names, inputs)
+        if n
+    ]
     et = helper.np_dtype_to_tensor_dtype(inputs[0].dtype)
     outs = [f"o{k}" for k in range(nout)]
     node = helper.make_node(op, names, outs, **attrs)
     graph = helper.make_graph([node], "g", vi, [helper.make_tensor_value_info(o, et, None) for o in outs])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), \
-        {n: v for n, v in zip(names, inputs) if n}
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), {
+        n: v for n, v in zip(names, inputs) if n
+    }
 
 
 def peers(op, inputs, attrs, nout):
     from onnx.reference import ReferenceEvaluator
+
     model, feed = onnx_model(op, inputs, attrs, nout, 22)
     res = [ReferenceEvaluator(model).run(None, feed)]
     try:
         import onnxruntime as ort
+
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         res.append(sess.run(None, feed))
     except ImportError:
@@ -73,8 +84,9 @@ def test_softmax_cross_entropy(rng, xs, ts, reduction, weighted, ignore):
     x = rng.standard_normal(xs).astype(np.float32)
     t = rng.integers(0, xs[1], ts).astype(np.int64)
     w = rng.random(xs[1]).astype(np.float32) if weighted else None
-    ex = opsnn.aclnn.softmax_cross_entropy_loss.prepare(x, t, w, reduction=reduction, ignore_index=ignore,
-                                                        return_log_prob=True)
+    ex = opsnn.aclnn.softmax_cross_entropy_loss.prepare(
+        x, t, w, reduction=reduction, ignore_index=ignore, return_log_prob=True
+    )
     assert ex.kernel_name == "softmax_xent_numpy"
     loss, logp = (r.numpy() for r in ex.run())
     want, want_logp = oracle(x, t, w, reduction, ignore)

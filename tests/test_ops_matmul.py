@@ -1,5 +1,6 @@
 """MatMul, Gemm, Linear, Einsum, MatMulInteger, QLinearMatMul against numpy float64
 formulas, the ops' references, onnx.reference and onnxruntime."""
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -17,17 +18,29 @@ ort = pytest.importorskip("onnxruntime")
 
 RTOL, ATOL = 1e-5, 1e-5  # fp32 BLAS vs float64 oracle on O(1) data with K <= 64
 
-_ONNX_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
-               np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.uint8): TensorProto.UINT8,
-               np.dtype(np.int8): TensorProto.INT8, np.dtype(np.int32): TensorProto.INT32}
+_ONNX_TYPES = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float64): TensorProto.DOUBLE,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.int8): TensorProto.INT8,
+    np.dtype(np.int32): TensorProto.INT32,
+}
 
 
 def onnx_model(op, inputs, attrs, out_dtype, opset):
     names = [f"i{j}" if v is not None else "" for j, v in enumerate(inputs)]
     node = helper.make_node(op, names, ["y"], **attrs)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info(nm, _ONNX_TYPES[v.dtype], v.shape)
-                                        for nm, v in zip(names, inputs) if v is not None],
-                          [helper.make_tensor_value_info("y", _ONNX_TYPES[np.dtype(out_dtype)], None)])
+    g = helper.make_graph(
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info(nm, _ONNX_TYPES[v.dtype], v.shape)
+            for nm, v in zip(names, inputs)
+            if v is not None
+        ],
+        [helper.make_tensor_value_info("y", _ONNX_TYPES[np.dtype(out_dtype)], None)],
+    )
     feed = {nm: v for nm, v in zip(names, inputs) if v is not None}
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), feed
 
@@ -49,11 +62,22 @@ def rand(rng, shape, dtype=np.float32):
 
 # -- MatMul -------------------------------------------------------------------------------------------
 MM_SHAPES = [
-    ((3, 4), (4, 5)), ((1, 1), (1, 1)), ((7,), (7,)), ((7,), (7, 3)), ((2, 7), (7,)),
-    ((2, 3, 4), (4, 5)),            # folded into one GEMM
-    ((4,), (2, 4, 3)), ((2, 1, 3, 5), (4, 5, 2)), ((3, 1, 3, 4), (1, 2, 4, 2)),
-    ((2, 3, 5, 4), (2, 3, 4, 6)), ((1, 2, 4, 3), (3,)), ((5, 33, 17), (5, 17, 9)),
-    ((0, 3), (3, 4)), ((3, 0), (0, 4)), ((0, 2, 3), (3, 4)), ((2, 3), (3, 0)),   # empty
+    ((3, 4), (4, 5)),
+    ((1, 1), (1, 1)),
+    ((7,), (7,)),
+    ((7,), (7, 3)),
+    ((2, 7), (7,)),
+    ((2, 3, 4), (4, 5)),  # folded into one GEMM
+    ((4,), (2, 4, 3)),
+    ((2, 1, 3, 5), (4, 5, 2)),
+    ((3, 1, 3, 4), (1, 2, 4, 2)),
+    ((2, 3, 5, 4), (2, 3, 4, 6)),
+    ((1, 2, 4, 3), (3,)),
+    ((5, 33, 17), (5, 17, 9)),
+    ((0, 3), (3, 4)),
+    ((3, 0), (0, 4)),
+    ((0, 2, 3), (3, 4)),
+    ((2, 3), (3, 0)),  # empty
 ]
 
 
@@ -79,13 +103,14 @@ def test_matmul_fold_plan_and_onnxruntime(rng):
 
 
 def test_matmul_non_contiguous(rng, no_leak):
-    a = rand(rng, (6, 5)).T                       # (5, 6), Fortran order
+    a = rand(rng, (6, 5)).T  # (5, 6), Fortran order
     b = rand(rng, (2, 4, 6))[:, ::2, :].transpose(0, 2, 1)  # (2, 6, 2), strided
     want = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    np.testing.assert_allclose(opsnn.ops.matmul(opsnn.from_numpy(a), opsnn.from_numpy(b)).numpy(), want,
-                               rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(
+        opsnn.ops.matmul(opsnn.from_numpy(a), opsnn.from_numpy(b)).numpy(), want, rtol=RTOL, atol=ATOL
+    )
     t = opsnn.tensor(rand(rng, (3, 4, 5)))
-    tt = t.transpose(1, 2)                         # (3, 5, 4) view
+    tt = t.transpose(1, 2)  # (3, 5, 4) view
     w = rand(rng, (4, 2))
     np.testing.assert_allclose((tt @ opsnn.tensor(w)).numpy(), np.matmul(tt.numpy(), w), rtol=RTOL, atol=ATOL)
 
@@ -100,11 +125,14 @@ def test_matmul_nan_inf(rng):
     assert np.isnan(y[1]).all()
 
 
-@pytest.mark.parametrize("dtype,rows,kernel,adapter", [
-    (np.float16, 5, "matmul_tiled_lowp", False),   # few fp16 rows: the tiled kernel reads fp16 directly
-    (np.float16, 40, "matmul_blas", True),         # more rows: BLAS on fp32 copies
-    (ml_dtypes.bfloat16, 5, "matmul_blas", True),
-])
+@pytest.mark.parametrize(
+    "dtype,rows,kernel,adapter",
+    [
+        (np.float16, 5, "matmul_tiled_lowp", False),  # few fp16 rows: the tiled kernel reads fp16 directly
+        (np.float16, 40, "matmul_blas", True),  # more rows: BLAS on fp32 copies
+        (ml_dtypes.bfloat16, 5, "matmul_blas", True),
+    ],
+)
 def test_matmul_16bit(rng, dtype, rows, kernel, adapter):
     a, b = rand(rng, (2, rows, 16)).astype(dtype), rand(rng, (16, 3)).astype(dtype)
     ex = opsnn.aclnn.matmul.prepare(a, b)
@@ -140,8 +168,15 @@ def test_matmul_errors(rng):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(1, 3), min_size=0, max_size=3), st.lists(st.integers(1, 3), min_size=0, max_size=3),
-       st.integers(1, 4), st.integers(1, 4), st.integers(1, 4), st.booleans(), st.booleans())
+@given(
+    st.lists(st.integers(1, 3), min_size=0, max_size=3),
+    st.lists(st.integers(1, 3), min_size=0, max_size=3),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.booleans(),
+    st.booleans(),
+)
 def test_matmul_broadcast_property(ba, bb, m, k, n, vec_a, vec_b):
     # make the batch dims broadcast-compatible: where they differ, one of them becomes 1
     width = min(len(ba), len(bb))
@@ -202,15 +237,16 @@ def test_gemm_vector_runs_one_row_products_with_a_constant_b(rng, tb, k, n, c_ki
         want = want + beta * c.astype(np.float64)
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-6 * np.sqrt(k) * max(1.0, np.abs(want).max()))
     for metas2, values, bad, why in (
-            ([TensorMeta((2, k), a.dtype)] + metas[1:], [None, b] + [None] * (len(ins) - 2), attrs, "2 rows"),
-            (metas, [None] * len(ins), attrs, "not a constant"),
-            (metas, [None, b] + [None] * (len(ins) - 2), dict(attrs, alpha=2.0), "alpha=1 only")):
+        ([TensorMeta((2, k), a.dtype)] + metas[1:], [None, b] + [None] * (len(ins) - 2), attrs, "2 rows"),
+        (metas, [None] * len(ins), attrs, "not a constant"),
+        (metas, [None, b] + [None] * (len(ins) - 2), dict(attrs, alpha=2.0), "alpha=1 only"),
+    ):
         p2 = plan_op(rec, metas2, values, bad)
         assert p2.selection.kernel.name != "gemm_vector" and why in str(kern.check(p2.ctx))
 
 
 def test_gemm_scalar_c_non_contiguous_and_16bit(rng):
-    a = rand(rng, (4, 3)).T              # (3, 4) view
+    a = rand(rng, (4, 3)).T  # (3, 4) view
     b = rand(rng, (4, 5))
     y = opsnn.ops.gemm(opsnn.from_numpy(a), b, 2.0, beta=0.5).numpy()
     np.testing.assert_allclose(y, a.astype(np.float64) @ b + 1.0, rtol=RTOL, atol=ATOL)
@@ -252,8 +288,8 @@ def test_linear(rng, xs, bias):
 
 
 def test_linear_non_contiguous_16bit_and_errors(rng):
-    x = rand(rng, (5, 3, 2)).transpose(2, 1, 0)   # (2, 3, 5) view
-    w = rand(rng, (5, 4)).T                        # (4, 5) view
+    x = rand(rng, (5, 3, 2)).transpose(2, 1, 0)  # (2, 3, 5) view
+    w = rand(rng, (5, 4)).T  # (4, 5) view
     y = opsnn.ops.linear(opsnn.from_numpy(x), opsnn.from_numpy(w)).numpy()
     np.testing.assert_allclose(y, x.astype(np.float64) @ w.T, rtol=RTOL, atol=ATOL)
     xb, wb = x.astype(ml_dtypes.bfloat16), w.astype(ml_dtypes.bfloat16)
@@ -276,15 +312,15 @@ EINSUM_CASES = [
     ("bij, bjk -> bik", [(2, 3, 4), (2, 4, 5)]),
     ("ij->ji", [(3, 4)]),
     ("ii->i", [(4, 4)]),
-    ("ii", [(4, 4)]),                      # implicit: trace
-    ("ij", [(3, 4)]),                      # implicit: identity
-    ("ji", [(3, 4)]),                      # implicit: transpose (output is alphabetical)
+    ("ii", [(4, 4)]),  # implicit: trace
+    ("ij", [(3, 4)]),  # implicit: identity
+    ("ji", [(3, 4)]),  # implicit: transpose (output is alphabetical)
     ("i,i", [(5,), (5,)]),
     ("i,j->ij", [(3,), (4,)]),
-    ("...ij,...jk->...ik", [(2, 1, 3, 4), (5, 4, 2)]),   # broadcast ellipsis
+    ("...ij,...jk->...ik", [(2, 1, 3, 4), (5, 4, 2)]),  # broadcast ellipsis
     ("...ii->...i", [(3, 5, 5)]),
     ("b...,b->...", [(2, 3, 4), (2,)]),
-    ("abc,cd,de->abe", [(2, 3, 4), (4, 5), (5, 2)]),      # three operands: optimizer picks the order
+    ("abc,cd,de->abe", [(2, 3, 4), (4, 5), (5, 2)]),  # three operands: optimizer picks the order
     ("->", [()]),
 ]
 
@@ -339,8 +375,8 @@ def test_matmul_integer(rng, dta, dtb):
     ia, ib = np.iinfo(dta), np.iinfo(dtb)
     a = rng.integers(ia.min, ia.max + 1, (2, 4, 6)).astype(dta)
     b = rng.integers(ib.min, ib.max + 1, (6, 3)).astype(dtb)
-    a_zp = rng.integers(ia.min, ia.max + 1, (4,)).astype(dta)     # per row
-    b_zp = rng.integers(ib.min, ib.max + 1, (3,)).astype(dtb)     # per column
+    a_zp = rng.integers(ia.min, ia.max + 1, (4,)).astype(dta)  # per row
+    b_zp = rng.integers(ib.min, ib.max + 1, (3,)).astype(dtb)  # per column
     ex = opsnn.aclnn.matmul_integer.prepare(a, b, a_zp, b_zp)
     assert ex.kernel_name == "matmul_integer_blas" and ex.plan.exact_f64
     y = ex.run().numpy()
@@ -350,10 +386,11 @@ def test_matmul_integer(rng, dta, dtb):
     np.testing.assert_array_equal(opsnn.ops.matmul_integer(a, b, a_zp, b_zp, algo="reference").numpy(), want)
     # scalar zero points, compared with onnx.reference
     za, zb = np.array(3, dta), np.array(1, dtb)
-    np.testing.assert_array_equal(opsnn.ops.matmul_integer(a[0], b, za, zb).numpy(),
-                                  run_onnx_ref("MatMulInteger", [a[0], b, za, zb], out_dtype=np.int32, opset=10))
-    np.testing.assert_array_equal(opsnn.ops.matmul_integer(a[0], b).numpy(),
-                                  a[0].astype(np.int64) @ b.astype(np.int64))
+    np.testing.assert_array_equal(
+        opsnn.ops.matmul_integer(a[0], b, za, zb).numpy(),
+        run_onnx_ref("MatMulInteger", [a[0], b, za, zb], out_dtype=np.int32, opset=10),
+    )
+    np.testing.assert_array_equal(opsnn.ops.matmul_integer(a[0], b).numpy(), a[0].astype(np.int64) @ b.astype(np.int64))
 
 
 def test_matmul_integer_errors(rng):
@@ -383,7 +420,7 @@ def test_qlinear_matmul(rng, qt, st_):
     np.testing.assert_array_equal(y, opsnn.ops.qlinear_matmul(*ins, algo="reference").numpy())
     if st_ == np.float32:
         want_ort = run_ort("QLinearMatMul", ins, out_dtype=qt, opset=21)
-        assert np.abs(y.astype(int) - want_ort.astype(int)).max() <= 1   # ort requantizes in float32
+        assert np.abs(y.astype(int) - want_ort.astype(int)).max() <= 1  # ort requantizes in float32
 
 
 @pytest.mark.parametrize("qt", [np.uint8, np.int8])

@@ -6,6 +6,7 @@ Tolerances: lookups, indices and binarized values compare exactly; tree-ensemble
 1e-6 (float32 outputs of float64 accumulation), post-transforms rtol 1e-6 against
 float64 formulas written here.
 """
+
 import importlib
 import math
 import warnings
@@ -25,8 +26,10 @@ DOMAIN = "ai.onnx.ml"
 
 def onnx_ref(op_type, inputs, ml_opset, **attrs):
     names = [f"x{i}" for i in range(len(inputs))]
-    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-           for n, a in zip(names, inputs)]
+    vis = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        for n, a in zip(names, inputs)
+    ]
     attrs = {k: numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v for k, v in attrs.items()}
     node = helper.make_node(op_type, names, ["y"], domain=DOMAIN, **attrs)
     graph = helper.make_graph([node], "g", vis, [helper.make_tensor_value_info("y", 0, None)])
@@ -74,8 +77,14 @@ def test_label_encoder_numeric_tensor_nan_and_last_key_wins(no_leak):
     x16 = np.array([5, 6, 7], np.int16)
     got = M.label_encode(opsnn.tensor(x16), np.array([6, 7], np.int16), np.array([1.0, 2.0]), default=9.0).numpy()
     assert got.dtype == np.float64 and got.tolist() == [9.0, 1.0, 2.0]
-    want = onnx_ref("LabelEncoder", [x16], 4, keys_tensor=np.array([6, 7], np.int16),
-                    values_tensor=np.array([1.0, 2.0]), default_tensor=np.array([9.0]))
+    want = onnx_ref(
+        "LabelEncoder",
+        [x16],
+        4,
+        keys_tensor=np.array([6, 7], np.int16),
+        values_tensor=np.array([1.0, 2.0]),
+        default_tensor=np.array([9.0]),
+    )
     np.testing.assert_array_equal(got, want)
 
 
@@ -101,7 +110,7 @@ def _random_forest(rng, n_trees, depth, n_features, n_targets, modes=(0, 1, 2, 3
     for _ in range(n_trees):
         base = len(feat)
         roots.append(base)
-        n_int = 2 ** depth - 1
+        n_int = 2**depth - 1
         for i in range(n_int):
             feat.append(int(rng.integers(n_features)))
             split.append(float(np.round(rng.uniform(-1, 1), 1)))
@@ -116,25 +125,45 @@ def _random_forest(rng, n_trees, depth, n_features, n_targets, modes=(0, 1, 2, 3
                     leafs.append(1)
                     lw.append(float(rng.uniform(-5, 5)))
                     lt.append(int(rng.integers(n_targets)))
-    return dict(nodes_featureids=feat, nodes_splits=np.array(split), nodes_modes=np.array(mode, np.uint8),
-                nodes_truenodeids=tid, nodes_trueleafs=tleaf, nodes_falsenodeids=fid, nodes_falseleafs=fleaf,
-                nodes_missing_value_tracks_true=miss, leaf_weights=np.array(lw), leaf_targetids=lt, tree_roots=roots,
-                n_targets=n_targets)
+    return dict(
+        nodes_featureids=feat,
+        nodes_splits=np.array(split),
+        nodes_modes=np.array(mode, np.uint8),
+        nodes_truenodeids=tid,
+        nodes_trueleafs=tleaf,
+        nodes_falsenodeids=fid,
+        nodes_falseleafs=fleaf,
+        nodes_missing_value_tracks_true=miss,
+        leaf_weights=np.array(lw),
+        leaf_targetids=lt,
+        tree_roots=roots,
+        n_targets=n_targets,
+    )
 
 
 def _walk(a, row):
     """Per-tree (target, weight) reached by ``row``: the comparisons written out."""
-    cmp = [lambda v, s: v <= s, lambda v, s: v < s, lambda v, s: v >= s, lambda v, s: v > s, lambda v, s: v == s,
-           lambda v, s: v != s]
+    cmp = [
+        lambda v, s: v <= s,
+        lambda v, s: v < s,
+        lambda v, s: v >= s,
+        lambda v, s: v > s,
+        lambda v, s: v == s,
+        lambda v, s: v != s,
+    ]
     res = []
     for root in a["tree_roots"]:
         node = root
         while True:
             v = row[a["nodes_featureids"][node]]
-            go = (math.isnan(v) and a["nodes_missing_value_tracks_true"][node]) or \
-                cmp[a["nodes_modes"][node]](v, a["nodes_splits"][node])
-            ids, leafs = (a["nodes_truenodeids"], a["nodes_trueleafs"]) if go else \
-                (a["nodes_falsenodeids"], a["nodes_falseleafs"])
+            go = (math.isnan(v) and a["nodes_missing_value_tracks_true"][node]) or cmp[a["nodes_modes"][node]](
+                v, a["nodes_splits"][node]
+            )
+            ids, leafs = (
+                (a["nodes_truenodeids"], a["nodes_trueleafs"])
+                if go
+                else (a["nodes_falsenodeids"], a["nodes_falseleafs"])
+            )
             if leafs[node]:
                 res.append((a["leaf_targetids"][ids[node]], a["leaf_weights"][ids[node]]))
                 break
@@ -164,8 +193,11 @@ def test_tree_ensemble_aggregates(rng, no_leak, agg):
     if agg in (0, 1):  # the ONNX reference initialises MIN/MAX targets that no leaf reaches to +-max float
         np.testing.assert_allclose(got, onnx_ref("TreeEnsemble", [x], 5, **a), rtol=1e-12, atol=1e-12)
     x32 = x.astype(np.float32)
-    got32 = run("TreeEnsemble", [x32], dict(a, nodes_splits=a["nodes_splits"].astype(np.float32),
-                                            leaf_weights=a["leaf_weights"].astype(np.float32)))
+    got32 = run(
+        "TreeEnsemble",
+        [x32],
+        dict(a, nodes_splits=a["nodes_splits"].astype(np.float32), leaf_weights=a["leaf_weights"].astype(np.float32)),
+    )
     assert got32.dtype == np.float32
     # the splits are float32-rounded too, so the same rows take the same branches
     np.testing.assert_allclose(got32, want, rtol=1e-6, atol=1e-5)
@@ -174,18 +206,27 @@ def test_tree_ensemble_aggregates(rng, no_leak, agg):
         big = np.round(rng.uniform(-1.2, 1.2, size=(1000, 4)), 1)
         ex = aclnn.prepare("TreeEnsemble", [big], a, domain=DOMAIN)
         assert ex.plan[2]
-        np.testing.assert_allclose(ex.run().numpy(), run("TreeEnsemble", [big], a, algo="reference"), rtol=1e-12,
-                                   atol=1e-12)
+        np.testing.assert_allclose(
+            ex.run().numpy(), run("TreeEnsemble", [big], a, algo="reference"), rtol=1e-12, atol=1e-12
+        )
 
 
 def test_tree_ensemble_membership_single_leaf_and_post_transforms(rng, no_leak):
     # root: x0 <= 11 ? (member {1.2, 3.7, 8, 9} ? leaf0 : (member {12, 7} ? leaf1 : leaf3)) : leaf2
-    a = dict(nodes_featureids=[0, 0, 0], nodes_splits=np.array([11.0, 0, 0], np.float32),
-             nodes_modes=np.array([0, 6, 6], np.uint8), nodes_truenodeids=[1, 0, 1], nodes_trueleafs=[0, 1, 1],
-             nodes_falsenodeids=[2, 2, 3], nodes_falseleafs=[1, 0, 1],
-             membership_values=np.array([1.2, 3.7, 8, 9, np.nan, 12, 7, np.nan], np.float32),
-             leaf_weights=np.array([1, 10, 1000, 100], np.float32), leaf_targetids=[0, 1, 2, 3], tree_roots=[0],
-             n_targets=4)
+    a = dict(
+        nodes_featureids=[0, 0, 0],
+        nodes_splits=np.array([11.0, 0, 0], np.float32),
+        nodes_modes=np.array([0, 6, 6], np.uint8),
+        nodes_truenodeids=[1, 0, 1],
+        nodes_trueleafs=[0, 1, 1],
+        nodes_falsenodeids=[2, 2, 3],
+        nodes_falseleafs=[1, 0, 1],
+        membership_values=np.array([1.2, 3.7, 8, 9, np.nan, 12, 7, np.nan], np.float32),
+        leaf_weights=np.array([1, 10, 1000, 100], np.float32),
+        leaf_targetids=[0, 1, 2, 3],
+        tree_roots=[0],
+        n_targets=4,
+    )
     x = np.array([[1.2], [3.4], [-0.12], [np.nan], [12.0], [7.0]], np.float32)
     want = np.zeros((6, 4), np.float32)
     for r, (t, w) in enumerate([(0, 1), (3, 100), (3, 100), (2, 1000), (2, 1000), (1, 10)]):
@@ -193,28 +234,48 @@ def test_tree_ensemble_membership_single_leaf_and_post_transforms(rng, no_leak):
     np.testing.assert_array_equal(run("TreeEnsemble", [x], a), want)
     np.testing.assert_array_equal(run("TreeEnsemble", [x], a, algo="reference"), want)
     # a tree that is a single leaf: both root branches name the same leaf
-    b = dict(nodes_featureids=[0], nodes_splits=np.array([0.0]), nodes_modes=np.array([0], np.uint8),
-             nodes_truenodeids=[0], nodes_trueleafs=[1], nodes_falsenodeids=[0], nodes_falseleafs=[1],
-             leaf_weights=np.array([2.5]), leaf_targetids=[1], tree_roots=[0], n_targets=2)
+    b = dict(
+        nodes_featureids=[0],
+        nodes_splits=np.array([0.0]),
+        nodes_modes=np.array([0], np.uint8),
+        nodes_truenodeids=[0],
+        nodes_trueleafs=[1],
+        nodes_falsenodeids=[0],
+        nodes_falseleafs=[1],
+        leaf_weights=np.array([2.5]),
+        leaf_targetids=[1],
+        tree_roots=[0],
+        n_targets=2,
+    )
     np.testing.assert_array_equal(run("TreeEnsemble", [np.zeros((3, 1))], b), [[0, 2.5]] * 3)
     # post transforms on random sums, against float64 formulas
     f = _random_forest(rng, 4, 2, 3, 3)
     xx = rng.uniform(-1, 1, size=(10, 3))
     raw = run("TreeEnsemble", [xx], f)
     e = np.exp(raw - raw.max(1, keepdims=True))
-    np.testing.assert_allclose(run("TreeEnsemble", [xx], dict(f, post_transform=1)), e / e.sum(1, keepdims=True),
-                               rtol=1e-12)
-    np.testing.assert_allclose(run("TreeEnsemble", [xx], dict(f, post_transform=2)), 1 / (1 + np.exp(-raw)),
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        run("TreeEnsemble", [xx], dict(f, post_transform=1)), e / e.sum(1, keepdims=True), rtol=1e-12
+    )
+    np.testing.assert_allclose(run("TreeEnsemble", [xx], dict(f, post_transform=2)), 1 / (1 + np.exp(-raw)), rtol=1e-12)
     sz = run("TreeEnsemble", [xx], dict(f, post_transform=3))
     for r in range(10):
         nz = raw[r] != 0
         ez = np.where(nz, np.exp(raw[r] - raw[r][nz].max()), 0) if nz.any() else np.zeros(3)
         np.testing.assert_allclose(sz[r], ez / ez.sum() if nz.any() else ez, rtol=1e-12)
     p = np.array([[0.1], [0.5], [0.975]])
-    g = dict(nodes_featureids=[0], nodes_splits=np.array([0.0]), nodes_modes=np.array([0], np.uint8),
-             nodes_truenodeids=[0], nodes_trueleafs=[1], nodes_falsenodeids=[0], nodes_falseleafs=[1],
-             leaf_weights=np.array([0.0]), leaf_targetids=[0], tree_roots=[0], n_targets=1)
+    g = dict(
+        nodes_featureids=[0],
+        nodes_splits=np.array([0.0]),
+        nodes_modes=np.array([0], np.uint8),
+        nodes_truenodeids=[0],
+        nodes_trueleafs=[1],
+        nodes_falsenodeids=[0],
+        nodes_falseleafs=[1],
+        leaf_weights=np.array([0.0]),
+        leaf_targetids=[0],
+        tree_roots=[0],
+        n_targets=1,
+    )
     for prob in p[:, 0]:
         got = run("TreeEnsemble", [np.zeros((1, 1))], dict(g, leaf_weights=np.array([prob]), post_transform=4))
         # probit(p) solves Phi(z) = p
@@ -238,9 +299,19 @@ def test_tree_ensemble_errors(rng, no_leak):
         run("TreeEnsemble", [x], dict(a, aggregate_function=7))
     with pytest.raises(InferShapeError, match=r"\(N, F\)"):
         run("TreeEnsemble", [np.zeros(3)], a)
-    cyc = dict(nodes_featureids=[0, 0], nodes_splits=np.array([0.0, 0.0]), nodes_modes=np.array([0, 0], np.uint8),
-               nodes_truenodeids=[1, 0], nodes_trueleafs=[0, 0], nodes_falsenodeids=[1, 0], nodes_falseleafs=[0, 0],
-               leaf_weights=np.array([1.0]), leaf_targetids=[0], tree_roots=[0], n_targets=1)
+    cyc = dict(
+        nodes_featureids=[0, 0],
+        nodes_splits=np.array([0.0, 0.0]),
+        nodes_modes=np.array([0, 0], np.uint8),
+        nodes_truenodeids=[1, 0],
+        nodes_trueleafs=[0, 0],
+        nodes_falsenodeids=[1, 0],
+        nodes_falseleafs=[0, 0],
+        leaf_weights=np.array([1.0]),
+        leaf_targetids=[0],
+        tree_roots=[0],
+        n_targets=1,
+    )
     with pytest.raises(ParamInvalidError, match="cycle"):  # a malformed forest fails instead of hanging
         run("TreeEnsemble", [np.zeros((1, 1))], cyc)
     with pytest.raises(ParamInvalidError, match="cycle"):
@@ -254,15 +325,17 @@ def test_array_feature_extractor(rng, no_leak):
     ex = aclnn.array_feature_extractor.prepare(opsnn.tensor(x), idx)
     assert ex.kernel_name == "array_feature_extractor_take"
     np.testing.assert_array_equal(ex.run().numpy(), x[..., idx])
-    np.testing.assert_array_equal(M.array_feature_extractor(opsnn.tensor(x), idx, algo="reference").numpy(),
-                                  x[..., idx])
+    np.testing.assert_array_equal(
+        M.array_feature_extractor(opsnn.tensor(x), idx, algo="reference").numpy(), x[..., idx]
+    )
     np.testing.assert_array_equal(ex.run().numpy(), onnx_ref("ArrayFeatureExtractor", [x, idx], 1))
     v = np.array([10, 20, 30], np.int64)
     assert M.array_feature_extractor(opsnn.tensor(v), [2, 1]).numpy().tolist() == [[30, 20]]  # 1-D -> (1, k)
     s = np.array([["a", "b"], ["c", "d"]], dtype=object)
     assert M.array_feature_extractor(opsnn.tensor(s), [1]).numpy().tolist() == [["b"], ["d"]]
-    np.testing.assert_array_equal(M.array_feature_extractor(opsnn.from_numpy(x.transpose(2, 1, 0)), [1]).numpy(),
-                                  x.transpose(2, 1, 0)[..., [1]])
+    np.testing.assert_array_equal(
+        M.array_feature_extractor(opsnn.from_numpy(x.transpose(2, 1, 0)), [1]).numpy(), x.transpose(2, 1, 0)[..., [1]]
+    )
     assert M.array_feature_extractor(opsnn.tensor(x), np.zeros(0, np.int64)).numpy().shape == (2, 3, 0)
     with pytest.raises(ParamInvalidError, match="out of range"):
         M.array_feature_extractor(opsnn.tensor(x), [5])
@@ -284,7 +357,10 @@ def test_binarizer(rng, no_leak):
         np.testing.assert_array_equal(got, onnx_ref("Binarizer", [x], 1, threshold=0.5))
     f = np.array([np.nan, np.inf, -np.inf, 0.0], np.float32)
     assert M.binarize(opsnn.tensor(f)).numpy().tolist() == [0, 1, 0, 0]
-    assert M.binarize(opsnn.from_numpy(np.eye(3, dtype=np.float32)[:, ::2])).numpy().tolist() == \
-        [[1, 0], [0, 0], [0, 1]]
+    assert M.binarize(opsnn.from_numpy(np.eye(3, dtype=np.float32)[:, ::2])).numpy().tolist() == [
+        [1, 0],
+        [0, 0],
+        [0, 1],
+    ]
     with pytest.raises(DTypeError):
         M.binarize(opsnn.tensor(np.zeros(2, np.int8)))

@@ -6,6 +6,7 @@ sums per block joined in float64), so outputs match the float64 oracle to a few 
 (rtol/atol 1e-5); 16-bit inputs are compared with the
 float64 oracle of the rounded input at 2e-2 (bfloat16: 8 mantissa bits, |y| up to ~4).
 """
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -42,8 +43,10 @@ def group_oracle(x, w, b, G, eps):
 
 
 # -- LayerNormalization ----------------------------------------------------------------------------
-@pytest.mark.parametrize("shape,axis", [((7,), 0), ((3, 5), -1), ((3, 5), 0), ((2, 3, 5), 1), ((2, 3, 4, 5), -2),
-                                        ((64, 1031), -1), ((5, 3, 4000), 2)])
+@pytest.mark.parametrize(
+    "shape,axis",
+    [((7,), 0), ((3, 5), -1), ((3, 5), 0), ((2, 3, 5), 1), ((2, 3, 4, 5), -2), ((64, 1031), -1), ((5, 3, 4000), 2)],
+)
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_layer_norm_matches_oracle(shape, axis, with_bias, rng):
     x = rng.standard_normal(shape).astype(np.float32)
@@ -97,9 +100,10 @@ def test_layer_norm_float32_rows_edge_cases(N, rng):
     (corrected two-pass) pass when they are outliers, blocks of 512 float32 partial sums, the
     mean split in the normalize pass; constant rows; the parallel variant (rows * N large)."""
     from opsnn.kernels.cpu import norm as K
+
     x = rng.standard_normal((6, N)).astype(np.float32) * 3 + 5
-    x[1, :8] += 1e3                                      # outliers first: the second-pass route
-    x[2] = 7.25                                          # constant row: var 0
+    x[1, :8] += 1e3  # outliers first: the second-pass route
+    x[2] = 7.25  # constant row: var 0
     x[3] = (1e4 + rng.standard_normal(N) * 1e-2).astype(np.float32)  # |mean| >> std
     x[4, :4] = -50
     w = rng.standard_normal(N).astype(np.float32)
@@ -118,9 +122,10 @@ def test_layer_norm_float32_rows_edge_cases(N, rng):
         np.testing.assert_allclose(y, rms_oracle(x, w, 1, 1e-5), rtol=1e-5, atol=1e-5)
     if N != 768:
         return
-    big = rng.standard_normal(((1 << 19) // 768 + 3, 768)).astype(np.float32)   # the graph's parallel plan
-    np.testing.assert_allclose(opsnn.ops.layer_norm(big, (768,)).numpy(), ln_oracle(big, 1.0, None, 1, 1e-5)[0],
-                               rtol=1e-5, atol=1e-5)
+    big = rng.standard_normal(((1 << 19) // 768 + 3, 768)).astype(np.float32)  # the graph's parallel plan
+    np.testing.assert_allclose(
+        opsnn.ops.layer_norm(big, (768,)).numpy(), ln_oracle(big, 1.0, None, 1, 1e-5)[0], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_layer_norm_broadcast_params_and_fallback(rng):
@@ -181,7 +186,7 @@ def test_layer_norm_bad_inputs(rng):
 @pytest.mark.parametrize("shape,axis", [((5,), 0), ((3, 5), -1), ((2, 3, 5), 1), ((64, 1031), 1)])
 def test_rms_norm_matches_oracle(shape, axis, rng):
     x = rng.standard_normal(shape).astype(np.float32)
-    w = rng.standard_normal(shape[axis % len(shape):]).astype(np.float32)
+    w = rng.standard_normal(shape[axis % len(shape) :]).astype(np.float32)
     ex = opsnn.ops.prepare(get_op("RMSNormalization"), [x, w], {"axis": axis, "epsilon": 1e-6})
     assert ex.kernel_name == "rms_norm_numba"
     np.testing.assert_allclose(ex.run().numpy(), rms_oracle(x, w, axis % len(shape), 1e-6), rtol=1e-5, atol=1e-5)
@@ -200,8 +205,9 @@ def test_rms_norm_functional_and_dtypes(rng):
     h = x.astype(ml_dtypes.bfloat16)
     yh = opsnn.ops.rms_norm(h, 16, eps=1e-5)
     assert yh.dtype == ml_dtypes.bfloat16
-    np.testing.assert_allclose(yh.numpy().astype(np.float64), rms_oracle(h.astype(np.float64), 1.0, 1, 1e-5),
-                               rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(
+        yh.numpy().astype(np.float64), rms_oracle(h.astype(np.float64), 1.0, 1, 1e-5), rtol=2e-2, atol=2e-2
+    )
     with pytest.raises(ParamInvalidError):
         opsnn.ops.rms_norm(x, (4,))
 
@@ -213,8 +219,12 @@ def bn_oracle(x, s, b, m, v, eps):
 
 
 def _bn_params(C, rng):
-    return (rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32),
-            rng.standard_normal(C).astype(np.float32), rng.uniform(0.5, 2, C).astype(np.float32))
+    return (
+        rng.standard_normal(C).astype(np.float32),
+        rng.standard_normal(C).astype(np.float32),
+        rng.standard_normal(C).astype(np.float32),
+        rng.uniform(0.5, 2, C).astype(np.float32),
+    )
 
 
 @pytest.mark.parametrize("shape", [(2, 3), (2, 3, 5), (3, 4, 5, 7), (8, 16, 33, 9)])
@@ -227,16 +237,16 @@ def test_batch_norm_inference(shape, rng):
     y = opsnn.ops.batch_norm(x, m, v, s, b, eps=1e-3)
     np.testing.assert_allclose(y.numpy(), bn_oracle(x, s, b, m, v, 1e-3), rtol=1e-5, atol=1e-5)
     y0 = opsnn.ops.batch_norm(opsnn.tensor(x), m, v)
-    np.testing.assert_allclose(y0.numpy(), bn_oracle(x, np.ones(1), np.zeros(1), m, v, 1e-5), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(y0.numpy(), bn_oracle(x, np.ones(1), np.zeros(1), m, v, 1e-5), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape", [(6, 3), (2, 3, 4, 5), (4, 8, 40, 30)])
 def test_batch_norm_training(shape, rng):
     x = (rng.standard_normal(shape) * 2 + 3).astype(np.float32)
     s, b, m, v = _bn_params(shape[1], rng)
-    ex = opsnn.ops.prepare(get_op("BatchNormalization"), [x, s, b, m, v], {"training_mode": 1, "momentum": 0.8},
-                           num_outputs=3)
+    ex = opsnn.ops.prepare(
+        get_op("BatchNormalization"), [x, s, b, m, v], {"training_mode": 1, "momentum": 0.8}, num_outputs=3
+    )
     assert ex.kernel_name == "batch_norm_numba"
     y, rm, rv = ex.run()
     axes = (0,) + tuple(range(2, x.ndim))
@@ -246,8 +256,9 @@ def test_batch_norm_training(shape, rng):
     np.testing.assert_allclose(rv.numpy(), v * 0.8 + bv * 0.2, rtol=1e-5, atol=1e-6)
     ty, tm, tv = opsnn.ops.batch_norm(x, m, v, s, b, training=True, momentum=0.2)  # torch momentum
     np.testing.assert_allclose(tm.numpy(), rm.numpy(), rtol=1e-6)
-    r = run_op("BatchNormalization", [x, s, b, m, v], {"training_mode": 1, "momentum": 0.8}, num_outputs=3,
-               algo="reference")
+    r = run_op(
+        "BatchNormalization", [x, s, b, m, v], {"training_mode": 1, "momentum": 0.8}, num_outputs=3, algo="reference"
+    )
     for got, want in zip((y, rm, rv), r):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
@@ -270,8 +281,9 @@ def test_batch_norm_16bit_empty_and_errors(rng):
 
 
 # -- GroupNormalization / InstanceNormalization ----------------------------------------------------
-@pytest.mark.parametrize("shape,G", [((2, 4, 5), 2), ((3, 6, 4, 5), 3), ((2, 8, 7, 7), 8), ((2, 6), 1),
-                                     ((4, 32, 33, 17), 8)])
+@pytest.mark.parametrize(
+    "shape,G", [((2, 4, 5), 2), ((3, 6, 4, 5), 3), ((2, 8, 7, 7), 8), ((2, 6), 1), ((4, 32, 33, 17), 8)]
+)
 def test_group_norm_matches_oracle(shape, G, rng):
     x = (rng.standard_normal(shape) + 1.5).astype(np.float32)
     C = shape[1]
@@ -285,8 +297,9 @@ def test_group_norm_matches_oracle(shape, G, rng):
 
 def test_group_norm_errors_and_defaults(rng):
     x = rng.standard_normal((2, 6, 5)).astype(np.float32)
-    np.testing.assert_allclose(opsnn.ops.group_norm(x, 2).numpy(),
-                               group_oracle(x, np.ones(6), np.zeros(6), 2, 1e-5), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        opsnn.ops.group_norm(x, 2).numpy(), group_oracle(x, np.ones(6), np.zeros(6), 2, 1e-5), rtol=1e-5, atol=1e-5
+    )
     with pytest.raises(ParamInvalidError, match="divide"):
         opsnn.ops.group_norm(x, 4)
     with pytest.raises(ParamInvalidError, match="per channel"):
@@ -312,23 +325,32 @@ def test_group_and_instance_norm_16bit_and_non_contiguous(rng):
     w, b = np.ones(4, ml_dtypes.bfloat16), np.zeros(4, ml_dtypes.bfloat16)
     y = opsnn.ops.group_norm(x, 2, w, b)
     assert y.dtype == ml_dtypes.bfloat16
-    np.testing.assert_allclose(y.numpy().astype(np.float64), group_oracle(x, np.ones(4), np.zeros(4), 2, 1e-5),
-                               rtol=3e-2, atol=3e-2)
+    np.testing.assert_allclose(
+        y.numpy().astype(np.float64), group_oracle(x, np.ones(4), np.zeros(4), 2, 1e-5), rtol=3e-2, atol=3e-2
+    )
     a = rng.standard_normal((6, 4, 2)).astype(np.float32)
     t = opsnn.tensor(a).transpose(0, 2)  # (2, 4, 6) view
-    np.testing.assert_allclose(opsnn.ops.instance_norm(t).numpy(),
-                               group_oracle(t.numpy(), np.ones(4), np.zeros(4), 4, 1e-5), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        opsnn.ops.instance_norm(t).numpy(),
+        group_oracle(t.numpy(), np.ones(4), np.zeros(4), 4, 1e-5),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 # -- LpNormalization / MeanVarianceNormalization / LRN (onnx.reference as the oracle) ----------------
 def _onnx_ref(op, x, **attrs):
     from onnx import TensorProto, helper
     from onnx.reference import ReferenceEvaluator
+
     node = helper.make_node(op, ["x"], ["y"], **attrs)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    return ReferenceEvaluator(helper.make_model(g, opset_imports=[helper.make_opsetid("", 22)])).run(
-        None, {"x": x})[0]
+    g = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    return ReferenceEvaluator(helper.make_model(g, opset_imports=[helper.make_opsetid("", 22)])).run(None, {"x": x})[0]
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")
@@ -339,8 +361,7 @@ def test_lp_normalization(p, axis, rng):
     x[1, 2] = 0.0
     ex = opsnn.ops.prepare(get_op("LpNormalization"), [x], {"axis": axis, "p": p})
     assert ex.kernel_name == "lp_norm_numpy"
-    np.testing.assert_allclose(ex.run().numpy(), _onnx_ref("LpNormalization", x, axis=axis, p=p), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(ex.run().numpy(), _onnx_ref("LpNormalization", x, axis=axis, p=p), rtol=1e-5, atol=1e-6)
     xn = -x  # the norm uses |x|: the sign carries through
     (yn,) = run_op("LpNormalization", [xn], {"axis": axis, "p": p})
     np.testing.assert_allclose(yn.numpy(), -ex.run().numpy(), rtol=1e-6)
@@ -355,8 +376,9 @@ def test_mean_variance_normalization(axes, rng):
     x = (rng.standard_normal((3, 4, 5, 6)) * 2 + 1).astype(np.float32)
     ex = opsnn.ops.prepare(get_op("MeanVarianceNormalization"), [x], {"axes": list(axes)})
     assert ex.kernel_name == "mvn_numpy"
-    np.testing.assert_allclose(ex.run().numpy(), _onnx_ref("MeanVarianceNormalization", x, axes=list(axes)),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        ex.run().numpy(), _onnx_ref("MeanVarianceNormalization", x, axes=list(axes)), rtol=1e-4, atol=1e-5
+    )
     with pytest.raises(ParamInvalidError):
         run_op("MeanVarianceNormalization", [x], {"axes": [0, 4]})
     with pytest.raises(ParamInvalidError, match="duplicates"):
@@ -369,7 +391,7 @@ def lrn_oracle(x, size, alpha, beta, bias):
     y = np.empty_like(w)
     for c in range(C):  # the ONNX spec's window, written out
         lo, hi = max(0, c - (size - 1) // 2), min(C - 1, c + size // 2)
-        y[:, c] = w[:, c] / (bias + alpha / size * (w[:, lo: hi + 1] ** 2).sum(1)) ** beta
+        y[:, c] = w[:, c] / (bias + alpha / size * (w[:, lo : hi + 1] ** 2).sum(1)) ** beta
     return y
 
 

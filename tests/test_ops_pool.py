@@ -4,6 +4,7 @@ onnx.reference, and each record's numpy reference (forced with ``algo="reference
 Tolerances: float32/float64 rtol 1e-5 (max pooling is exact); 16-bit vs a float32 oracle
 1e-2. MaxPool propagates NaN (torch's choice): the window's first NaN wins, with its index.
 """
+
 import math
 
 import ml_dtypes
@@ -18,9 +19,14 @@ from opsnn.errors import DTypeError, InferShapeError, ParamInvalidError
 ops = opsnn.ops
 aclnn = opsnn.aclnn
 
-_ONNX_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
-               np.dtype(np.int64): TensorProto.INT64, np.dtype(np.uint8): TensorProto.UINT8,
-               np.dtype(np.int8): TensorProto.INT8, np.dtype(np.float16): TensorProto.FLOAT16}
+_ONNX_TYPES = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float64): TensorProto.DOUBLE,
+    np.dtype(np.int64): TensorProto.INT64,
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.int8): TensorProto.INT8,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+}
 
 
 def ort_run(op, inputs, attrs, n_out=1, out_types=None, opset=None):
@@ -31,8 +37,11 @@ def ort_run(op, inputs, attrs, n_out=1, out_types=None, opset=None):
     node = helper.make_node(op, names, outs, **attrs)
     out_types = out_types or [_ONNX_TYPES[inputs[0].dtype]] * n_out
     graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info(n, _ONNX_TYPES[a.dtype], a.shape) for n, a in zip(names, inputs)],
-        [helper.make_tensor_value_info(n, t, None) for n, t in zip(outs, out_types)])
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, _ONNX_TYPES[a.dtype], a.shape) for n, a in zip(names, inputs)],
+        [helper.make_tensor_value_info(n, t, None) for n, t in zip(outs, out_types)],
+    )
     # onnxruntime lacks GlobalLpPool-22; the op is unchanged since opset 2 apart from types
     opset = opset or (21 if op == "GlobalLpPool" else 22)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -90,10 +99,10 @@ CASES = [  # shape, kernel, stride, padding, dilation, ceil_mode
     ((2, 3, 7, 9), (3, 2), (2, 3), (1, 1), (1, 1), False),
     ((2, 3, 7, 9), (3, 2), (2, 3), (1, 1), (1, 1), True),
     ((1, 2, 10, 11), (3, 3), (2, 2), (1, 0), (2, 1), True),
-    ((1, 2, 8, 8), (2, 2), (3, 3), (0, 0), (1, 1), False),       # stride > kernel
+    ((1, 2, 8, 8), (2, 2), (3, 3), (0, 0), (1, 1), False),  # stride > kernel
     ((1, 2, 8, 8), (2, 2), (3, 3), (1, 1), (1, 1), True),
-    ((3, 1, 1, 1), (1, 1), (1, 1), (0, 0), (1, 1), False),       # 1x1 spatial
-    ((2, 2, 1, 1), (3, 3), (1, 1), (1, 1), (1, 1), False),       # 1x1 spatial, padded
+    ((3, 1, 1, 1), (1, 1), (1, 1), (0, 0), (1, 1), False),  # 1x1 spatial
+    ((2, 2, 1, 1), (3, 3), (1, 1), (1, 1), (1, 1), False),  # 1x1 spatial, padded
     ((1, 1, 5, 13), (5, 4), (1, 2), (2, 2), (1, 3), True),
 ]
 
@@ -148,15 +157,24 @@ ONNX_CASES = [
     ("MaxPool", (2, 3, 9, 7), dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER")),
     ("MaxPool", (2, 3, 9, 7), dict(kernel_shape=[2, 3], strides=[2, 1], auto_pad="SAME_LOWER")),
     ("MaxPool", (2, 3, 9, 7), dict(kernel_shape=[3, 2], strides=[2, 2], auto_pad="VALID")),
-    ("MaxPool", (1, 2, 6, 7, 5), dict(kernel_shape=[2, 3, 2], strides=[2, 1, 2], pads=[1, 0, 1, 0, 1, 1],
-                                      dilations=[1, 2, 1], ceil_mode=1)),
+    (
+        "MaxPool",
+        (1, 2, 6, 7, 5),
+        dict(kernel_shape=[2, 3, 2], strides=[2, 1, 2], pads=[1, 0, 1, 0, 1, 1], dilations=[1, 2, 1], ceil_mode=1),
+    ),
     ("AveragePool", (1, 2, 11), dict(kernel_shape=[4], strides=[3], pads=[2, 1], count_include_pad=1, ceil_mode=1)),
     ("AveragePool", (2, 3, 9, 7), dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER")),
-    ("AveragePool", (2, 3, 9, 7), dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_LOWER",
-                                       count_include_pad=1)),
+    (
+        "AveragePool",
+        (2, 3, 9, 7),
+        dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_LOWER", count_include_pad=1),
+    ),
     ("AveragePool", (2, 3, 9, 7), dict(kernel_shape=[3, 2], pads=[1, 1, 1, 0], dilations=[2, 2])),
-    ("AveragePool", (1, 2, 6, 7, 5), dict(kernel_shape=[2, 3, 2], strides=[2, 2, 2], pads=[1, 1, 0, 1, 1, 1],
-                                          count_include_pad=1)),
+    (
+        "AveragePool",
+        (1, 2, 6, 7, 5),
+        dict(kernel_shape=[2, 3, 2], strides=[2, 2, 2], pads=[1, 1, 0, 1, 1, 1], count_include_pad=1),
+    ),
     ("LpPool", (2, 3, 9, 7), dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], p=3)),
     ("LpPool", (1, 2, 10), dict(kernel_shape=[3], p=1)),
 ]
@@ -172,9 +190,14 @@ def test_onnx_pools_match_onnxruntime(rng, op, shape, attrs):
 
 
 @pytest.mark.parametrize("storage_order", [0, 1])
-@pytest.mark.parametrize("shape,attrs", [((2, 3, 9, 8), dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 1, 0, 1])),
-                                         ((1, 2, 5, 6, 4), dict(kernel_shape=[2, 2, 2], strides=[2, 1, 2])),
-                                         ((2, 2, 9), dict(kernel_shape=[3], strides=[2]))])
+@pytest.mark.parametrize(
+    "shape,attrs",
+    [
+        ((2, 3, 9, 8), dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 1, 0, 1])),
+        ((1, 2, 5, 6, 4), dict(kernel_shape=[2, 2, 2], strides=[2, 1, 2])),
+        ((2, 2, 9), dict(kernel_shape=[3], strides=[2])),
+    ],
+)
 def test_maxpool_indices_match_onnxruntime(rng, shape, attrs, storage_order):
     x = rng.permutation(np.prod(shape)).astype(np.float32).reshape(shape)  # distinct values: unique argmax
     attrs = dict(attrs, storage_order=storage_order)
@@ -197,15 +220,18 @@ def test_maxpool_int_dtypes(rng):
 
 # -- edge cases ------------------------------------------------------------------------------------------
 
+
 def test_non_contiguous_input(rng, no_leak):
     a = rng.standard_normal((2, 9, 7, 3)).astype(np.float32)  # NHWC storage
     view = opsnn.from_numpy(a).permute(0, 3, 1, 2)  # NCHW view, not contiguous
     assert not view.is_contiguous()
     x = np.ascontiguousarray(a.transpose(0, 3, 1, 2))
-    np.testing.assert_array_equal(ops.max_pool2d(view, 3, 2, 1).numpy(), torch_pool2d(x, (3, 3), (2, 2), (1, 1))[0]
-                                  .astype(np.float32))
-    np.testing.assert_allclose(ops.avg_pool2d(view, 2).numpy(),
-                               torch_pool2d(x, (2, 2), (2, 2), (0, 0), mode="avg")[0], rtol=1e-5)
+    np.testing.assert_array_equal(
+        ops.max_pool2d(view, 3, 2, 1).numpy(), torch_pool2d(x, (3, 3), (2, 2), (1, 1))[0].astype(np.float32)
+    )
+    np.testing.assert_allclose(
+        ops.avg_pool2d(view, 2).numpy(), torch_pool2d(x, (2, 2), (2, 2), (0, 0), mode="avg")[0], rtol=1e-5
+    )
     np.testing.assert_allclose(ops.global_avg_pool(view).numpy(), x.mean(axis=(2, 3), keepdims=True), rtol=1e-5)
 
 
@@ -244,11 +270,13 @@ def test_16bit_against_fp32(rng, dt):
     xr = x.numpy().astype(np.float32)  # the 16-bit values, widened
     ex = aclnn.max_pool2d.prepare(x, 3, 2, 1)
     assert ex.kernel_name == "max_pool_numba" and ex.adapter
-    pairs = [(ops.max_pool2d(x, 3, 2, 1), ops.max_pool2d(opsnn.tensor(xr), 3, 2, 1)),
-             (ops.avg_pool2d(x, 3, 2, 1), ops.avg_pool2d(opsnn.tensor(xr), 3, 2, 1)),
-             (ops.global_avg_pool(x), ops.global_avg_pool(opsnn.tensor(xr))),
-             (ops.adaptive_avg_pool2d(x, 4), ops.adaptive_avg_pool2d(opsnn.tensor(xr), 4)),
-             (ops.lp_pool2d(x, 2, 2), ops.lp_pool2d(opsnn.tensor(xr), 2, 2))]
+    pairs = [
+        (ops.max_pool2d(x, 3, 2, 1), ops.max_pool2d(opsnn.tensor(xr), 3, 2, 1)),
+        (ops.avg_pool2d(x, 3, 2, 1), ops.avg_pool2d(opsnn.tensor(xr), 3, 2, 1)),
+        (ops.global_avg_pool(x), ops.global_avg_pool(opsnn.tensor(xr))),
+        (ops.adaptive_avg_pool2d(x, 4), ops.adaptive_avg_pool2d(opsnn.tensor(xr), 4)),
+        (ops.lp_pool2d(x, 2, 2), ops.lp_pool2d(opsnn.tensor(xr), 2, 2)),
+    ]
     for got, want in pairs:
         assert got.dtype == np.dtype(dt)
         np.testing.assert_allclose(got.numpy().astype(np.float32), want.numpy(), rtol=1e-2, atol=1e-2)
@@ -256,8 +284,11 @@ def test_16bit_against_fp32(rng, dt):
 
 def test_float64(rng):
     x = rng.standard_normal((1, 2, 7, 7))
-    for fn in (lambda t, **k: ops.max_pool2d(t, 3, 2, 1, **k), lambda t, **k: ops.avg_pool2d(t, 3, 2, 1, **k),
-               lambda t, **k: ops.global_avg_pool(t, **k)):
+    for fn in (
+        lambda t, **k: ops.max_pool2d(t, 3, 2, 1, **k),
+        lambda t, **k: ops.avg_pool2d(t, 3, 2, 1, **k),
+        lambda t, **k: ops.global_avg_pool(t, **k),
+    ):
         got = fn(opsnn.tensor(x))
         assert got.dtype == np.float64
         np.testing.assert_allclose(got.numpy(), fn(opsnn.tensor(x), algo="reference").numpy(), rtol=1e-12)
@@ -265,8 +296,10 @@ def test_float64(rng):
 
 # -- adaptive / global / Lp ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("shape,size", [((2, 3, 7, 9), (3, 4)), ((2, 3, 5, 5), (7, 8)), ((3, 10, 6), (4, None)),
-                                        ((1, 1, 4, 4), 1)])
+
+@pytest.mark.parametrize(
+    "shape,size", [((2, 3, 7, 9), (3, 4)), ((2, 3, 5, 5), (7, 8)), ((3, 10, 6), (4, None)), ((1, 1, 4, 4), 1)]
+)
 def test_adaptive_avg_pool2d_torch_windows(rng, shape, size):
     x = rng.standard_normal(shape).astype(np.float32)
     got = ops.adaptive_avg_pool2d(opsnn.tensor(x), size).numpy()
@@ -280,16 +313,18 @@ def test_adaptive_avg_pool2d_torch_windows(rng, shape, size):
             w0, w1 = (j * W) // OW, -(-((j + 1) * W) // OW)
             want[..., i, j] = x[..., h0:h1, w0:w1].astype(np.float64).mean(axis=(-2, -1))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(ops.adaptive_avg_pool2d(opsnn.tensor(x), size, algo="reference").numpy(), want,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        ops.adaptive_avg_pool2d(opsnn.tensor(x), size, algo="reference").numpy(), want, rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 5), (2, 3, 4, 7), (1, 2, 3, 4, 5), (3, 2, 1, 1)])
 def test_global_pools(rng, shape):
     x = rng.standard_normal(shape).astype(np.float32)
     axes = tuple(range(2, len(shape)))
-    np.testing.assert_allclose(ops.global_avg_pool(opsnn.tensor(x)).numpy(), x.mean(axis=axes, keepdims=True),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        ops.global_avg_pool(opsnn.tensor(x)).numpy(), x.mean(axis=axes, keepdims=True), rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_array_equal(ops.global_max_pool(opsnn.tensor(x)).numpy(), x.max(axis=axes, keepdims=True))
     for p in (1, 2, 3):
         want = (np.abs(x.astype(np.float64)) ** p).sum(axis=axes, keepdims=True) ** (1 / p)
@@ -304,12 +339,13 @@ def test_lp_pool_formula(rng):
     want = np.zeros((2, 2, 3, 3))
     for i in range(3):
         for j in range(3):
-            win = x[:, :, 2 * i:2 * i + 2, 2 * j:2 * j + 3].astype(np.float64)
+            win = x[:, :, 2 * i : 2 * i + 2, 2 * j : 2 * j + 3].astype(np.float64)
             want[:, :, i, j] = (np.abs(win) ** 3).sum(axis=(2, 3)) ** (1 / 3)
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
 # -- MaxUnpool ----------------------------------------------------------------------------------------------
+
 
 def test_max_unpool_inverts_max_pool(rng, no_leak):
     x = rng.permutation(2 * 3 * 9 * 8).astype(np.float32).reshape(2, 3, 9, 8)
@@ -323,8 +359,12 @@ def test_max_unpool_inverts_max_pool(rng, no_leak):
     # without output_size the default shape is (in-1)*stride + kernel - pads
     y8, i8 = ops.max_pool2d(opsnn.tensor(x[:, :, :8]), 2, return_indices=True)
     assert ops.max_unpool2d(y8, i8, 2).shape == (2, 3, 8, 8)
-    ref = ops.run_op("MaxUnpool", [y.numpy(), i.numpy(), np.array(x.shape, np.int64)],
-                     {"kernel_shape": [2, 2], "strides": [2, 2]}, algo="reference")[0]
+    ref = ops.run_op(
+        "MaxUnpool",
+        [y.numpy(), i.numpy(), np.array(x.shape, np.int64)],
+        {"kernel_shape": [2, 2], "strides": [2, 2]},
+        algo="reference",
+    )[0]
     np.testing.assert_array_equal(ref.numpy(), want)
 
 
@@ -345,6 +385,7 @@ def test_max_unpool_bad_index_raises():
 
 # -- RoiAlign / MaxRoiPool ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", ["avg", "max"])
 @pytest.mark.parametrize("ctm", ["half_pixel", "output_half_pixel"])
 @pytest.mark.parametrize("ratio", [0, 2])
@@ -352,8 +393,14 @@ def test_roi_align_matches_onnx_reference(rng, mode, ctm, ratio):
     x = rng.standard_normal((2, 3, 10, 12)).astype(np.float32)
     rois = np.array([[0, 0, 9, 9], [0, 5, 4, 9], [5, 5, 9, 9], [-3, -2, 14, 13], [2.5, 1.2, 3.1, 1.9]], np.float32)
     b = np.array([0, 1, 1, 0, 1], np.int64)
-    attrs = dict(mode=mode, coordinate_transformation_mode=ctm, output_height=3, output_width=4,
-                 sampling_ratio=ratio, spatial_scale=0.8)
+    attrs = dict(
+        mode=mode,
+        coordinate_transformation_mode=ctm,
+        output_height=3,
+        output_width=4,
+        sampling_ratio=ratio,
+        spatial_scale=0.8,
+    )
     want = onnx_ref("RoiAlign", [x, rois, b], attrs)[0]
     for algo in (None, "reference"):
         got = ops.run_op("RoiAlign", [x, rois, b], attrs, algo=algo)[0].numpy()
@@ -389,16 +436,23 @@ def test_max_roi_pool(rng):
 
 # -- typed errors ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("algo", [None, "reference"])
 def test_bad_indices_in_the_data_are_typed_errors(algo):
     """An index held in the data (MaxUnpool's indices, RoiAlign's and MaxRoiPool's batch indices) out of
     range is a ParamInvalidError naming the op (it was a KernelError wrapping an IndexError: found by
     tests/fuzz, nan_inf and out_view)."""
     x = np.ones((2, 3, 4, 4), np.float32)
-    cases = [("MaxUnpool", [np.ones((1, 1, 2, 2), np.float32), np.array([0, 1, 2, 99]).reshape(1, 1, 2, 2)],
-              {"kernel_shape": [2, 2]}, "outside the output"),
-             ("RoiAlign", [x, np.array([[0, 0, 2, 2]], np.float32), np.array([3])], {}, "batch index 3"),
-             ("MaxRoiPool", [x, np.array([[2, 0, 0, 2, 2]], np.float32)], {"pooled_shape": [2, 2]}, "batch index 2")]
+    cases = [
+        (
+            "MaxUnpool",
+            [np.ones((1, 1, 2, 2), np.float32), np.array([0, 1, 2, 99]).reshape(1, 1, 2, 2)],
+            {"kernel_shape": [2, 2]},
+            "outside the output",
+        ),
+        ("RoiAlign", [x, np.array([[0, 0, 2, 2]], np.float32), np.array([3])], {}, "batch index 3"),
+        ("MaxRoiPool", [x, np.array([[2, 0, 0, 2, 2]], np.float32)], {"pooled_shape": [2, 2]}, "batch index 2"),
+    ]
     for op, ins, attrs, msg in cases:
         with pytest.raises(ParamInvalidError, match=msg) as exc:
             ops.run_op(op, ins, attrs, algo=algo)[0].numpy()
@@ -437,14 +491,17 @@ def test_errors():
     with pytest.raises(ParamInvalidError, match="norm_type"):
         ops.lp_pool2d(x, 1.5, 2)
     with pytest.raises(InferShapeError, match="output_shape"):
-        ops.max_unpool2d(ops.max_pool2d(x, 2), opsnn.tensor(np.zeros((1, 2, 2, 2), np.int64)), 2,
-                         output_size=(1, 3, 4, 4))
+        ops.max_unpool2d(
+            ops.max_pool2d(x, 2), opsnn.tensor(np.zeros((1, 2, 2, 2), np.int64)), 2, output_size=(1, 3, 4, 4)
+        )
 
 
 # -- randomized geometry sweep: fast kernels vs the references, including row-blocked work items ------------
 
+
 def test_random_geometry_sweep():
     from opsnn.kernels.cpu import pool as K
+
     rng = np.random.default_rng(7)
     for _trial in range(40):
         n = int(rng.integers(1, 3))  # spatial rank 1 or 2
@@ -452,8 +509,9 @@ def test_random_geometry_sweep():
         k = [int(v) for v in rng.integers(1, 5, n)]
         d = [int(v) for v in rng.integers(1, 3, n)]
         s = [int(v) for v in rng.integers(1, 4, n)]
-        p = [int(rng.integers(0, k[i] // 2 + 1)) for i in range(n)] + [int(rng.integers(0, k[i] // 2 + 1))
-                                                                       for i in range(n)]
+        p = [int(rng.integers(0, k[i] // 2 + 1)) for i in range(n)] + [
+            int(rng.integers(0, k[i] // 2 + 1)) for i in range(n)
+        ]
         attrs = dict(kernel_shape=k, strides=s, pads=p, dilations=d, ceil_mode=int(rng.integers(0, 2)))
         shape = (int(rng.integers(1, 3)), int(rng.integers(1, 4))) + spatial
         x = rng.standard_normal(shape).astype(np.float32)
@@ -467,9 +525,13 @@ def test_random_geometry_sweep():
         np.testing.assert_array_equal(ops.run_op("MaxPool", [x], attrs)[0].numpy(), want_y.numpy(), err_msg=str(attrs))
         for cip in (0, 1):
             a = dict(attrs, count_include_pad=cip)
-            np.testing.assert_allclose(ops.run_op("AveragePool", [x], a)[0].numpy(),
-                                       ops.run_op("AveragePool", [x], a, algo="reference")[0].numpy(),
-                                       rtol=1e-5, atol=1e-6, err_msg=str(a))
+            np.testing.assert_allclose(
+                ops.run_op("AveragePool", [x], a)[0].numpy(),
+                ops.run_op("AveragePool", [x], a, algo="reference")[0].numpy(),
+                rtol=1e-5,
+                atol=1e-6,
+                err_msg=str(a),
+            )
         # the same geometry cut into row blocks of every size, on the parallel path
         mex = opsnn.ops.prepare(opsnn.ops.get_op("MaxPool"), [x], attrs)
         aex = opsnn.ops.prepare(opsnn.ops.get_op("AveragePool"), [x], dict(attrs, count_include_pad=1))
@@ -479,8 +541,12 @@ def test_random_geometry_sweep():
             K.max_pool(x, out, None, mex.plan._replace(parallel=True, row_block=rb), False)
             np.testing.assert_array_equal(out, want_y.numpy(), err_msg=f"{attrs} row_block={rb}")
             K.avg_pool(x, out, aex.plan._replace(parallel=bool(rb % 2), row_block=rb), True)
-            np.testing.assert_allclose(out, ops.run_op("AveragePool", [x], dict(attrs, count_include_pad=1),
-                                                       algo="reference")[0].numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                out,
+                ops.run_op("AveragePool", [x], dict(attrs, count_include_pad=1), algo="reference")[0].numpy(),
+                rtol=1e-5,
+                atol=1e-6,
+            )
 
 
 def test_few_planes_large_output_uses_row_blocks(rng):
@@ -488,23 +554,24 @@ def test_few_planes_large_output_uses_row_blocks(rng):
     ex = aclnn.max_pool2d.prepare(x, (3, 3), 1, 1)
     assert ex.plan.parallel and ex.plan.row_block < ex.plan.out_spatial[0]
     np.testing.assert_array_equal(ex.run().numpy(), ops.max_pool2d(x, 3, 1, 1, algo="reference").numpy())
-    np.testing.assert_allclose(ops.avg_pool2d(x, 3, 1, 1).numpy(), ops.avg_pool2d(x, 3, 1, 1, algo="reference").numpy(),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        ops.avg_pool2d(x, 3, 1, 1).numpy(), ops.avg_pool2d(x, 3, 1, 1, algo="reference").numpy(), rtol=1e-5, atol=1e-6
+    )
 
 
 # -- 2-D max pooling without indices: the column-first streaming kernel ---------------------------------------
 
 STREAM_CASES = [  # shape, kernel, stride, pads (t, l, b, r), dilation, ceil_mode
-    ((1, 64, 112, 112), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 0),   # ResNet-50's stem pool
-    ((2, 3, 13, 17), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),      # odd sizes, ceil_mode
-    ((1, 2, 1, 1), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 0),        # 1x1 image
-    ((2, 2, 1, 1), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 0),        # 1x1 image, padded: no interior
-    ((1, 3, 9, 40), (2, 2), (3, 3), (0, 0, 0, 0), (1, 1), 1),       # stride > kernel
-    ((1, 2, 37, 45), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 0),      # stride 1, rows longer than a vector loop
-    ((1, 2, 23, 50), (5, 7), (2, 3), (2, 3, 1, 0), (1, 1), 1),      # more than 3 taps, asymmetric pads
-    ((1, 2, 30, 41), (4, 6), (1, 2), (1, 2, 2, 1), (2, 3), 0),      # dilation, even tap counts
-    ((1, 1, 8, 70), (8, 9), (3, 1), (0, 4, 0, 4), (1, 1), 0),       # 8 / 9 taps
-    ((1, 1, 3, 200), (1, 5), (1, 4), (0, 2, 0, 2), (1, 1), 1),      # 1-row kernel, long rows
+    ((1, 64, 112, 112), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 0),  # ResNet-50's stem pool
+    ((2, 3, 13, 17), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),  # odd sizes, ceil_mode
+    ((1, 2, 1, 1), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 0),  # 1x1 image
+    ((2, 2, 1, 1), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 0),  # 1x1 image, padded: no interior
+    ((1, 3, 9, 40), (2, 2), (3, 3), (0, 0, 0, 0), (1, 1), 1),  # stride > kernel
+    ((1, 2, 37, 45), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 0),  # stride 1, rows longer than a vector loop
+    ((1, 2, 23, 50), (5, 7), (2, 3), (2, 3, 1, 0), (1, 1), 1),  # more than 3 taps, asymmetric pads
+    ((1, 2, 30, 41), (4, 6), (1, 2), (1, 2, 2, 1), (2, 3), 0),  # dilation, even tap counts
+    ((1, 1, 8, 70), (8, 9), (3, 1), (0, 4, 0, 4), (1, 1), 0),  # 8 / 9 taps
+    ((1, 1, 3, 200), (1, 5), (1, 4), (0, 2, 0, 2), (1, 1), 1),  # 1-row kernel, long rows
 ]
 
 
@@ -512,6 +579,7 @@ STREAM_CASES = [  # shape, kernel, stride, pads (t, l, b, r), dilation, ceil_mod
 @pytest.mark.parametrize("shape,k,s,p,d,ceil", STREAM_CASES)
 def test_max_pool2d_stream_kernel_matches_reference(rng, shape, k, s, p, d, ceil, dt):
     from opsnn.kernels.cpu import pool as K
+
     if np.dtype(dt).kind == "f":
         x = rng.standard_normal(shape).astype(dt)
     else:

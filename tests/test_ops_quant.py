@@ -4,6 +4,7 @@ formulas, and each record's numpy reference (forced with ``algo="reference"``).
 Integer codes must match exactly (rounding half to even, saturation); dequantized floats to
 rtol 1e-6 (float32) or 1e-2 (16-bit outputs). Float8 codes must match bit for bit.
 """
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ def bits(a):
 
 # -- QuantizeLinear -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("zdt", [np.int8, np.uint8])
 def test_quantize_per_tensor_rounding_and_saturation(zdt):
     x = np.array([-1000, -2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.49, 1000, np.inf, -np.inf, np.nan], np.float32)
@@ -39,13 +41,16 @@ def test_quantize_per_tensor_rounding_and_saturation(zdt):
     got = run("QuantizeLinear", [x, np.float32(1.0), zp])
     info = np.iinfo(zdt)
     # half to even, + zero point, saturate; NaN -> lowest code (as onnxruntime)
-    want = np.clip(np.array([-1000, -2, -2, 0, 0, 2, 2, 3, 1000, 10**9, -10**9, info.min - 3]) + 3,
-                   info.min, info.max).astype(zdt)
+    want = np.clip(
+        np.array([-1000, -2, -2, 0, 0, 2, 2, 3, 1000, 10**9, -(10**9), info.min - 3]) + 3, info.min, info.max
+    ).astype(zdt)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(run("QuantizeLinear", [x, np.float32(1.0), zp], algo="reference"), want)
     finite = x[np.isfinite(x)]
-    np.testing.assert_array_equal(run("QuantizeLinear", [finite, np.float32(1.0), zp]),
-                                  onnx_ref("QuantizeLinear", [finite, np.float32(1.0), zp], {}))
+    np.testing.assert_array_equal(
+        run("QuantizeLinear", [finite, np.float32(1.0), zp]),
+        onnx_ref("QuantizeLinear", [finite, np.float32(1.0), zp], {}),
+    )
 
 
 def test_quantize_fast_kernel_and_onnx_reference(rng, no_leak):
@@ -60,8 +65,9 @@ def test_quantize_fast_kernel_and_onnx_reference(rng, no_leak):
     assert y.dtype == np.int8
     np.testing.assert_array_equal(y.numpy(), onnx_ref("QuantizeLinear", [x, np.float32(0.37), np.int8(5)], {}))
     # no zero point -> uint8 with zero point 0
-    np.testing.assert_array_equal(ops.quantize_linear(opsnn.tensor(x), 0.37).numpy(),
-                                  onnx_ref("QuantizeLinear", [x, np.float32(0.37)], {}))
+    np.testing.assert_array_equal(
+        ops.quantize_linear(opsnn.tensor(x), 0.37).numpy(), onnx_ref("QuantizeLinear", [x, np.float32(0.37)], {})
+    )
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
@@ -88,10 +94,14 @@ def test_blocked(rng, shape, axis, block):
     want = onnx_ref("QuantizeLinear", [x, s, zp], attrs)
     for algo in (None, "reference"):
         np.testing.assert_array_equal(run("QuantizeLinear", [x, s, zp], attrs, algo), want)
-        np.testing.assert_allclose(run("DequantizeLinear", [want, s, zp], attrs, algo),
-                                   onnx_ref("DequantizeLinear", [want, s, zp], attrs), rtol=1e-6)
-    assert aclnn.dequantize_linear.prepare(want, s, zp, axis=axis, block_size=block).kernel_name == \
-        "dequantize_int8_numba"
+        np.testing.assert_allclose(
+            run("DequantizeLinear", [want, s, zp], attrs, algo),
+            onnx_ref("DequantizeLinear", [want, s, zp], attrs),
+            rtol=1e-6,
+        )
+    assert (
+        aclnn.dequantize_linear.prepare(want, s, zp, axis=axis, block_size=block).kernel_name == "dequantize_int8_numba"
+    )
 
 
 def test_parallel_paths(rng):
@@ -107,8 +117,9 @@ def test_parallel_paths(rng):
     np.testing.assert_allclose(ex.run().numpy(), onnx_ref("DequantizeLinear", [q, s, zp], {"axis": 1}), rtol=1e-6)
 
 
-INT_TYPES = [np.int16, np.uint16] + [getattr(ml_dtypes, n) for n in ("int4", "uint4", "int2", "uint2")
-                                     if hasattr(ml_dtypes, n)]
+INT_TYPES = [np.int16, np.uint16] + [
+    getattr(ml_dtypes, n) for n in ("int4", "uint4", "int2", "uint2") if hasattr(ml_dtypes, n)
+]
 
 
 @pytest.mark.parametrize("zdt", INT_TYPES)
@@ -124,8 +135,9 @@ def test_other_integer_types(rng, zdt):
     np.testing.assert_array_equal(got.astype(np.int32), want.astype(np.int32))
     lo, hi = int(ml_dtypes.iinfo(zdt).min), int(ml_dtypes.iinfo(zdt).max)
     assert got.astype(np.int32).min() >= lo and got.astype(np.int32).max() <= hi
-    np.testing.assert_array_equal(run("QuantizeLinear", [x, s, zp], {"axis": 0}, "reference").astype(np.int32),
-                                  want.astype(np.int32))
+    np.testing.assert_array_equal(
+        run("QuantizeLinear", [x, s, zp], {"axis": 0}, "reference").astype(np.int32), want.astype(np.int32)
+    )
     dq = run("DequantizeLinear", [got, s, zp], {"axis": 0})
     np.testing.assert_allclose(dq, onnx_ref("DequantizeLinear", [got, s, zp], {"axis": 0}), rtol=1e-6)
 
@@ -145,14 +157,18 @@ def test_float8(fdt, saturate):
         got = run("QuantizeLinear", [x, s, zp], attrs, algo)
         assert got.dtype == np.dtype(fdt)
         np.testing.assert_array_equal(np.isnan(got.astype(np.float32)), np.isnan(want.astype(np.float32)))
-        np.testing.assert_array_equal(bits(got)[~np.isnan(want.astype(np.float32))],
-                                      bits(want)[~np.isnan(want.astype(np.float32))])
+        np.testing.assert_array_equal(
+            bits(got)[~np.isnan(want.astype(np.float32))], bits(want)[~np.isnan(want.astype(np.float32))]
+        )
     if saturate:
         assert np.isfinite(got.astype(np.float32)[:-1]).all()  # everything but NaN clips to the largest code
     # output_dtype alone (no zero point) picks the type too
-    code = {ml_dtypes.float8_e4m3fn: TensorProto.FLOAT8E4M3FN, ml_dtypes.float8_e5m2: TensorProto.FLOAT8E5M2,
-            ml_dtypes.float8_e4m3fnuz: TensorProto.FLOAT8E4M3FNUZ,
-            ml_dtypes.float8_e5m2fnuz: TensorProto.FLOAT8E5M2FNUZ}[fdt]
+    code = {
+        ml_dtypes.float8_e4m3fn: TensorProto.FLOAT8E4M3FN,
+        ml_dtypes.float8_e5m2: TensorProto.FLOAT8E5M2,
+        ml_dtypes.float8_e4m3fnuz: TensorProto.FLOAT8E4M3FNUZ,
+        ml_dtypes.float8_e5m2fnuz: TensorProto.FLOAT8E5M2FNUZ,
+    }[fdt]
     assert run("QuantizeLinear", [x, s], {"output_dtype": code, "saturate": saturate}).dtype == np.dtype(fdt)
     q = want[np.isfinite(want.astype(np.float32))]
     np.testing.assert_array_equal(run("DequantizeLinear", [q, s]), onnx_ref("DequantizeLinear", [q, s], {}))
@@ -168,8 +184,9 @@ def test_float4_and_float6(rng):
         got = run("QuantizeLinear", [x, np.float32(0.5), zp])
         want = (x / np.float32(0.5)).astype(fdt)  # these types saturate by construction
         np.testing.assert_array_equal(bits(got), bits(want))
-        np.testing.assert_array_equal(run("DequantizeLinear", [got, np.float32(0.5), zp]),
-                                      got.astype(np.float32) * np.float32(0.5))
+        np.testing.assert_array_equal(
+            run("DequantizeLinear", [got, np.float32(0.5), zp]), got.astype(np.float32) * np.float32(0.5)
+        )
 
 
 @pytest.mark.parametrize("dt", [np.float16, ml_dtypes.bfloat16])
@@ -193,7 +210,7 @@ def test_16bit_inputs_and_outputs(rng, dt):
 
 
 def test_int32_dequantize(rng):
-    x = rng.integers(-2**31, 2**31 - 1, 50, dtype=np.int64).astype(np.int32)
+    x = rng.integers(-(2**31), 2**31 - 1, 50, dtype=np.int64).astype(np.int32)
     s = np.float32(1e-4)
     got = run("DequantizeLinear", [x, s])
     np.testing.assert_allclose(got, x.astype(np.float64) * np.float64(s), rtol=1e-7)
@@ -205,11 +222,15 @@ def test_non_contiguous_and_empty(no_leak, rng):
     assert not view.is_contiguous()
     s = rng.uniform(0.1, 0.5, 6).astype(np.float32)
     q = ops.quantize_linear(view, opsnn.tensor(s), opsnn.tensor(np.zeros(6, np.int8)), axis=1)
-    np.testing.assert_array_equal(q.numpy(), onnx_ref("QuantizeLinear", [np.ascontiguousarray(a.T), s,
-                                                                         np.zeros(6, np.int8)], {"axis": 1}))
+    np.testing.assert_array_equal(
+        q.numpy(), onnx_ref("QuantizeLinear", [np.ascontiguousarray(a.T), s, np.zeros(6, np.int8)], {"axis": 1})
+    )
     qv = opsnn.from_numpy(np.ascontiguousarray(q.numpy().T)).transpose(0, 1)
-    np.testing.assert_allclose(ops.dequantize_linear(qv, opsnn.tensor(s), opsnn.tensor(np.zeros(6, np.int8)),
-                                                     axis=1).numpy(), q.numpy().astype(np.float32) * s, rtol=1e-6)
+    np.testing.assert_allclose(
+        ops.dequantize_linear(qv, opsnn.tensor(s), opsnn.tensor(np.zeros(6, np.int8)), axis=1).numpy(),
+        q.numpy().astype(np.float32) * s,
+        rtol=1e-6,
+    )
     e = np.zeros((0, 3), np.float32)
     assert ops.quantize_linear(opsnn.tensor(e), 0.5).shape == (0, 3)
     assert ops.dequantize_linear(opsnn.tensor(np.zeros((0, 3), np.uint8)), 0.5).shape == (0, 3)
@@ -219,9 +240,15 @@ def test_non_contiguous_and_empty(no_leak, rng):
 
 # -- DynamicQuantizeLinear -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("x", [np.array([0, 2, -3, -2.5, 1.34, 0.5], np.float32),
-                               np.array([-1.0, -2.1, -1.3, -2.5, -3.34, -4.0], np.float32),
-                               np.array([1, 2.1, 1.3, 2.5, 3.34, 4.0, 1.5, 2.6, 3.9, 4.0, 3.0, 2.345], np.float32)])
+
+@pytest.mark.parametrize(
+    "x",
+    [
+        np.array([0, 2, -3, -2.5, 1.34, 0.5], np.float32),
+        np.array([-1.0, -2.1, -1.3, -2.5, -3.34, -4.0], np.float32),
+        np.array([1, 2.1, 1.3, 2.5, 3.34, 4.0, 1.5, 2.6, 3.9, 4.0, 3.0, 2.345], np.float32),
+    ],
+)
 def test_dynamic_quantize_matches_onnx_reference(x):
     node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
     want = ReferenceEvaluator(node).run(None, {"x": x})
@@ -235,11 +262,19 @@ def test_dynamic_quantize_matches_onnx_reference(x):
 def test_dynamic_quantize_edge_cases_match_onnxruntime(rng):
     ort = pytest.importorskip("onnxruntime")
     node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-                              [helper.make_tensor_value_info(n, t, None) for n, t in
-                               (("y", TensorProto.UINT8), ("s", TensorProto.FLOAT), ("z", TensorProto.UINT8))])
-    sess = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
-                                .SerializeToString(), providers=["CPUExecutionProvider"])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [
+            helper.make_tensor_value_info(n, t, None)
+            for n, t in (("y", TensorProto.UINT8), ("s", TensorProto.FLOAT), ("z", TensorProto.UINT8))
+        ],
+    )
+    sess = ort.InferenceSession(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)]).SerializeToString(),
+        providers=["CPUExecutionProvider"],
+    )
     big = (rng.standard_normal(1_100_000) * 3).astype(np.float32)  # the parallel path
     for x in (np.zeros(4, np.float32), np.array([np.nan, 1, 2, -1], np.float32), big):
         got = ops.dynamic_quantize_linear(opsnn.tensor(x))
@@ -248,6 +283,7 @@ def test_dynamic_quantize_edge_cases_match_onnxruntime(rng):
 
 
 # -- typed errors ---------------------------------------------------------------------------------------------
+
 
 def test_errors():
     x = np.zeros((2, 3), np.float32)

@@ -1,5 +1,6 @@
 """Random ops: shapes, dtypes, determinism for a seed, and distribution moments (loose
 bounds, not exact values: the streams are numpy's PCG64, not any peer's)."""
+
 import ml_dtypes
 import numpy as np
 import pytest

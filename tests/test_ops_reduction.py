@@ -5,6 +5,7 @@ Tolerances: float32 kernels accumulate in float64, so results match the float64 
 float32 rounding (rtol 1e-5); 16-bit results are compared with the float32-input oracle at
 rtol/atol 1e-2 (bfloat16 has 8 mantissa bits).
 """
+
 import math
 
 import ml_dtypes
@@ -56,9 +57,18 @@ def _np_axes(axes):
 
 
 CASES = [
-    ((7,), [0]), ((3, 5), [1]), ((3, 5), [0]), ((3, 5), [-1]), ((3, 5), None), ((2, 3, 5), [1]),
-    ((2, 3, 5), [0, 2]), ((2, 3, 5), [-1, -2]), ((4, 1, 6, 5), [1, 3]), ((2, 3, 4, 5), [0, 2]),
-    ((2, 3, 4, 5), [1, 3]), ((2, 3, 4, 5), [3, 0, 1]),
+    ((7,), [0]),
+    ((3, 5), [1]),
+    ((3, 5), [0]),
+    ((3, 5), [-1]),
+    ((3, 5), None),
+    ((2, 3, 5), [1]),
+    ((2, 3, 5), [0, 2]),
+    ((2, 3, 5), [-1, -2]),
+    ((4, 1, 6, 5), [1, 3]),
+    ((2, 3, 4, 5), [0, 2]),
+    ((2, 3, 4, 5), [1, 3]),
+    ((2, 3, 4, 5), [3, 0, 1]),
 ]
 
 
@@ -75,8 +85,9 @@ def test_reduce_matches_oracle(op, shape, axes, keepdims, rng):
 
 
 @pytest.mark.parametrize("op", REDUCE_OPS)
-@pytest.mark.parametrize("shape,axes", [((3, 40000), [1]), ((70001,), None), ((50, 701), [0]),
-                                        ((40, 30, 37), [0, 2]), ((9, 4100, 3), [1])])
+@pytest.mark.parametrize(
+    "shape,axes", [((3, 40000), [1]), ((70001,), None), ((50, 701), [0]), ((40, 30, 37), [0, 2]), ((9, 4100, 3), [1])]
+)
 @pytest.mark.usefixtures("low_parallel_min")
 def test_reduce_parallel_chunked_paths(op, shape, axes, rng):
     """Shapes past the parallel threshold: row chunks, split inner blocks, permuted copy."""
@@ -98,8 +109,9 @@ def test_chunked_plan_is_used_and_deterministic(rng):
     np.testing.assert_allclose(a, x.astype(np.float64).sum(1), rtol=1e-6)
 
 
-@pytest.mark.parametrize("fn,ref", [("sum", np.sum), ("mean", np.mean), ("max", np.max), ("min", np.min),
-                                    ("prod", np.prod)])
+@pytest.mark.parametrize(
+    "fn,ref", [("sum", np.sum), ("mean", np.mean), ("max", np.max), ("min", np.min), ("prod", np.prod)]
+)
 @pytest.mark.parametrize("dim", [None, 0, -1, (0, 2), (1,)])
 def test_functional_torch_style(fn, ref, dim, rng):
     x = rng.uniform(0.5, 1.5, (3, 4, 5)).astype(np.float32)
@@ -145,9 +157,18 @@ def test_non_contiguous_inputs(op, rng, no_leak):
     np.testing.assert_allclose(y3.numpy(), ORACLE[op](s.numpy().astype(np.float64), None, False), rtol=1e-5)
 
 
-EMPTY = {"ReduceSum": 0.0, "ReduceMean": np.nan, "ReduceMax": -np.inf, "ReduceMin": np.inf, "ReduceProd": 1.0,
-         "ReduceL1": 0.0, "ReduceL2": 0.0, "ReduceLogSum": -np.inf, "ReduceLogSumExp": -np.inf,
-         "ReduceSumSquare": 0.0}
+EMPTY = {
+    "ReduceSum": 0.0,
+    "ReduceMean": np.nan,
+    "ReduceMax": -np.inf,
+    "ReduceMin": np.inf,
+    "ReduceProd": 1.0,
+    "ReduceL1": 0.0,
+    "ReduceL2": 0.0,
+    "ReduceLogSum": -np.inf,
+    "ReduceLogSumExp": -np.inf,
+    "ReduceSumSquare": 0.0,
+}
 
 
 @pytest.mark.parametrize("op", REDUCE_OPS)
@@ -205,8 +226,9 @@ def test_logsumexp_is_overflow_safe(rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
-@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "ReduceLogSumExp",
-                                "ReduceSumSquare"])
+@pytest.mark.parametrize(
+    "op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare"]
+)
 def test_16bit_through_fp32_adapter(op, dtype, rng):
     x32 = _data(op, (5, 33, 3), rng)
     x = x32.astype(dtype)
@@ -223,9 +245,14 @@ def test_integer_reductions(dtype, rng):
     x = rng.integers(0, 9, (4, 5, 6)).astype(dtype)
     ax = np.array([0, 2])
     w = x.astype(np.int64)
-    for op, want in [("ReduceSum", w.sum((0, 2))), ("ReduceMax", w.max((0, 2))), ("ReduceMin", w.min((0, 2))),
-                     ("ReduceSumSquare", (w * w).sum((0, 2))), ("ReduceL1", np.abs(w).sum((0, 2))),
-                     ("ReduceMean", np.trunc(w.mean((0, 2))))]:
+    for op, want in [
+        ("ReduceSum", w.sum((0, 2))),
+        ("ReduceMax", w.max((0, 2))),
+        ("ReduceMin", w.min((0, 2))),
+        ("ReduceSumSquare", (w * w).sum((0, 2))),
+        ("ReduceL1", np.abs(w).sum((0, 2))),
+        ("ReduceMean", np.trunc(w.mean((0, 2)))),
+    ]:
         ex = opsnn.ops.prepare(get_op(op), [x, ax], {"keepdims": 0})
         assert ex.kernel_name == "reduce_numpy_int", op
         y = ex.run()
@@ -251,8 +278,10 @@ def test_wide_integer_max_min_are_exact(dtype):
     info = np.iinfo(dtype)
     x = np.array([[info.max, 5, info.max - 1], [info.max, info.max, info.min + 1], [0, 7, 3]], dtype)
     for algo in (None, "reference"):
-        for op, want in [("ReduceMin", [int(v) for v in (0, 5, info.min + 1)]),
-                         ("ReduceMax", [int(v) for v in (info.max, info.max, info.max - 1)])]:
+        for op, want in [
+            ("ReduceMin", [int(v) for v in (0, 5, info.min + 1)]),
+            ("ReduceMax", [int(v) for v in (info.max, info.max, info.max - 1)]),
+        ]:
             (y,) = run_op(op, [x, np.array([0])], {"keepdims": 0}, algo=algo)
             assert y.dtype == np.dtype(dtype)
             assert [int(v) for v in y.numpy()] == want, (op, algo)
@@ -270,8 +299,13 @@ def test_bool_max_min():
 
 def test_noop_with_empty_axes_runs_the_elementwise_part(rng):
     x = rng.standard_normal((3, 4)).astype(np.float32)
-    for op, want in [("ReduceSum", x), ("ReduceSumSquare", x * x), ("ReduceL2", np.abs(x)),
-                     ("ReduceLogSumExp", x), ("ReduceMean", x)]:
+    for op, want in [
+        ("ReduceSum", x),
+        ("ReduceSumSquare", x * x),
+        ("ReduceL2", np.abs(x)),
+        ("ReduceLogSumExp", x),
+        ("ReduceMean", x),
+    ]:
         for args in ([x], [x, np.zeros(0, np.int64)]):
             (y,) = run_op(op, args, {"noop_with_empty_axes": 1})
             np.testing.assert_allclose(y.numpy(), want, rtol=1e-6, atol=1e-6, err_msg=op)
@@ -286,8 +320,9 @@ def test_rank0_input(rng):
     assert y.shape == () and y.numpy() == np.float32(6.25)
 
 
-@pytest.mark.parametrize("shape,dim", [((4, 7), 1), ((4, 7), 0), ((3, 5, 6), (0, 2)), ((9,), None),
-                                       ((2, 40000), 1), ((1, 1), 1)])
+@pytest.mark.parametrize(
+    "shape,dim", [((4, 7), 1), ((4, 7), 0), ((3, 5, 6), (0, 2)), ((9,), None), ((2, 40000), 1), ((1, 1), 1)]
+)
 @pytest.mark.parametrize("correction", [0, 1, 2])
 def test_var_matches_numpy(shape, dim, correction, rng):
     x = (rng.standard_normal(shape) * 3 + 100).astype(np.float32)
@@ -303,8 +338,9 @@ def test_var_matches_numpy(shape, dim, correction, rng):
 def test_var_unbiased_flag_and_errors(rng):
     x = rng.standard_normal((6, 5)).astype(np.float32)
     np.testing.assert_allclose(opsnn.ops.var(x, 1, False).numpy(), x.astype(np.float64).var(1), rtol=1e-5)
-    np.testing.assert_allclose(opsnn.ops.var(x, 1, keepdim=True).numpy(),
-                               x.astype(np.float64).var(1, ddof=1, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(
+        opsnn.ops.var(x, 1, keepdim=True).numpy(), x.astype(np.float64).var(1, ddof=1, keepdims=True), rtol=1e-5
+    )
     with pytest.raises(ParamInvalidError):
         opsnn.ops.var(x, 1, True, correction=0)
     with pytest.raises(DTypeError):
@@ -320,8 +356,10 @@ def _arg_oracle(x, axis, is_max, last, keep):
 
 
 @pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
-@pytest.mark.parametrize("shape,axis", [((7,), 0), ((3, 5), 1), ((3, 5), 0), ((2, 3, 5), -2), ((4, 6000), 1),
-                                        ((6000, 7), 0), ((3, 300, 50), 1)])
+@pytest.mark.parametrize(
+    "shape,axis",
+    [((7,), 0), ((3, 5), 1), ((3, 5), 0), ((2, 3, 5), -2), ((4, 6000), 1), ((6000, 7), 0), ((3, 300, 50), 1)],
+)
 @pytest.mark.parametrize("last", [0, 1])
 @pytest.mark.parametrize("keepdims", [0, 1])
 def test_argreduce_matches_numpy(op, shape, axis, last, keepdims, rng):
@@ -351,8 +389,9 @@ def test_argreduce_dtypes(dtype, rng):
     np.testing.assert_array_equal(opsnn.ops.argmax(x, dim=1).numpy(), np.argmax(x.astype(np.float64), 1))
     (last,) = run_op("ArgMin", [x], {"axis": 1, "keepdims": 0, "select_last_index": 1})
     np.testing.assert_array_equal(last.numpy(), _arg_oracle(x.astype(np.float64), 1, False, 1, False))
-    np.testing.assert_array_equal(opsnn.ops.argmin(x, dim=0, keepdim=True).numpy(),
-                                  np.argmin(x.astype(np.float64), 0)[None])
+    np.testing.assert_array_equal(
+        opsnn.ops.argmin(x, dim=0, keepdim=True).numpy(), np.argmin(x.astype(np.float64), 0)[None]
+    )
 
 
 def test_argmax_flattened_and_errors(rng):
@@ -393,8 +432,9 @@ def test_cumsum_matches_oracle(shape, axis, exclusive, reverse, dtype, rng):
     ex = opsnn.aclnn.cumsum.prepare(x, axis, exclusive=bool(exclusive), reverse=bool(reverse))
     assert ex.kernel_name == "cumsum_numpy"
     np.testing.assert_allclose(ex.run().numpy(), _cumsum_oracle(x, axis, exclusive, reverse), rtol=1e-6)
-    (r,) = run_op("CumSum", [x, np.array([axis], np.int32)], {"exclusive": exclusive, "reverse": reverse},
-                  algo="reference")
+    (r,) = run_op(
+        "CumSum", [x, np.array([axis], np.int32)], {"exclusive": exclusive, "reverse": reverse}, algo="reference"
+    )
     np.testing.assert_allclose(r.numpy(), _cumsum_oracle(x, axis, exclusive, reverse), rtol=1e-6)
 
 
@@ -405,8 +445,12 @@ def test_bfloat16_references_accumulate_in_float64(op, rng):
     x = (rng.standard_normal((4, 3)) * 2).astype(ml_dtypes.bfloat16)
     axis = np.array([0], np.int64)
     w = x.astype(np.float64)
-    want = {"CumSum": np.cumsum(w, 0), "ReduceSum": w.sum(0, keepdims=True), "ReduceMax": w.max(0, keepdims=True),
-            "ReduceProd": w.prod(0, keepdims=True)}[op]
+    want = {
+        "CumSum": np.cumsum(w, 0),
+        "ReduceSum": w.sum(0, keepdims=True),
+        "ReduceMax": w.max(0, keepdims=True),
+        "ReduceProd": w.prod(0, keepdims=True),
+    }[op]
     for algo in (None, "reference"):
         got = run_op(op, [x, axis], algo=algo)[0].numpy().astype(np.float64)
         np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
@@ -417,8 +461,9 @@ def test_cumsum_edge_cases(rng):
     np.testing.assert_array_equal(opsnn.ops.cumsum(x, 0, exclusive=True).numpy(), [0.0, 1.0, np.inf])
     assert opsnn.ops.cumsum(np.zeros((0, 3), np.float32), 1).shape == (0, 3)
     h = rng.standard_normal((4, 6)).astype(np.float16)
-    np.testing.assert_allclose(opsnn.ops.cumsum(h, 1).numpy().astype(np.float64),
-                               np.cumsum(h.astype(np.float64), 1), rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(
+        opsnn.ops.cumsum(h, 1).numpy().astype(np.float64), np.cumsum(h.astype(np.float64), 1), rtol=1e-2, atol=1e-2
+    )
     with pytest.raises(ParamInvalidError, match="out of range"):
         opsnn.ops.cumsum(x, 1)
     with pytest.raises(ParamInvalidError):
@@ -451,9 +496,15 @@ def test_bad_axes_raise_typed_errors(rng):
 
 def test_axes_needs_a_value_at_prepare_time():
     from opsnn.ops.registry import InferContext, TensorMeta
+
     rec = get_op("ReduceSum")
-    ctx = InferContext(rec, [TensorMeta((2, 3), np.dtype(np.float32)), TensorMeta((1,), np.dtype(np.int64))],
-                       rec.bind_attrs({}), [None, None], 1)
+    ctx = InferContext(
+        rec,
+        [TensorMeta((2, 3), np.dtype(np.float32)), TensorMeta((1,), np.dtype(np.int64))],
+        rec.bind_attrs({}),
+        [None, None],
+        1,
+    )
     with pytest.raises(InferShapeError, match="prepare time"):
         rec.run_infer(ctx)
 
@@ -475,12 +526,19 @@ def test_two_phase_workspace_and_rerun(rng, no_leak):
 def test_matches_onnx_reference_evaluator(rng):
     from onnx import TensorProto, helper
     from onnx.reference import ReferenceEvaluator
+
     x = rng.standard_normal((3, 4, 5)).astype(np.float32)
     for op in ("ReduceSum", "ReduceMax", "ReduceL1", "ReduceLogSumExp"):
         node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)
-        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None),
-                                            helper.make_tensor_value_info("axes", TensorProto.INT64, None)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        g = helper.make_graph(
+            [node],
+            "g",
+            [
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, None),
+                helper.make_tensor_value_info("axes", TensorProto.INT64, None),
+            ],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        )
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
         axes = np.array([2, 0], np.int64)
         want = ReferenceEvaluator(m).run(None, {"x": x, "axes": axes})[0]
@@ -493,14 +551,21 @@ def test_matches_onnx_reference_evaluator(rng):
 def _shape_and_axes(draw):
     shape = tuple(draw(st.lists(st.integers(0, 4), min_size=0, max_size=5)))
     r = len(shape)
-    axes = draw(st.none() | st.lists(st.integers(-r, r - 1), unique_by=lambda a: a % r if r else a,
-                                     max_size=r) if r else st.none())
+    axes = draw(
+        st.none() | st.lists(st.integers(-r, r - 1), unique_by=lambda a: a % r if r else a, max_size=r)
+        if r
+        else st.none()
+    )
     return shape, axes
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_shape_and_axes(), st.booleans(), st.booleans(),
-       st.sampled_from(["ReduceSum", "ReduceMax", "ReduceLogSumExp", "ReduceMean"]))
+@given(
+    _shape_and_axes(),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from(["ReduceSum", "ReduceMax", "ReduceLogSumExp", "ReduceMean"]),
+)
 def test_reduce_shape_inference_property(sa, keepdims, noop, op):
     shape, axes = sa
     x = np.zeros(shape, np.float32)
@@ -532,8 +597,7 @@ def test_reduce_numeric_property(sa, keepdims):
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=4), st.data(), st.booleans())
 def test_argmax_shape_property(shape, data, keepdims):
     axis = data.draw(st.integers(-len(shape), len(shape) - 1))
-    ex = opsnn.ops.prepare(get_op("ArgMax"), [np.zeros(shape, np.float32)],
-                           {"axis": axis, "keepdims": int(keepdims)})
+    ex = opsnn.ops.prepare(get_op("ArgMax"), [np.zeros(shape, np.float32)], {"axis": axis, "keepdims": int(keepdims)})
     want = np.argmax(np.zeros(shape), axis=axis)
     want_shape = np.expand_dims(want, axis).shape if keepdims else np.shape(want)
     assert tuple(ex.output_metas[0].shape) == tuple(want_shape)

@@ -1,5 +1,6 @@
 """RNN / GRU / LSTM: the BLAS+numba kernels against an independent per-step numpy oracle,
 onnxruntime (layout 0) and onnx.reference; layouts, sequence lengths, activations, errors."""
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -17,16 +18,37 @@ def _sig(x):
     return 1 / (1 + np.exp(-x))
 
 
-ACT = {"tanh": lambda x, a, b: np.tanh(x), "sigmoid": lambda x, a, b: _sig(x),
-       "relu": lambda x, a, b: np.maximum(x, 0), "leakyrelu": lambda x, a, b: np.where(x >= 0, x, a * x),
-       "hardsigmoid": lambda x, a, b: np.clip(a * x + b, 0, 1), "affine": lambda x, a, b: a * x + b,
-       "scaledtanh": lambda x, a, b: a * np.tanh(b * x), "elu": lambda x, a, b: np.where(x >= 0, x, a * np.expm1(x)),
-       "softsign": lambda x, a, b: x / (1 + np.abs(x)), "softplus": lambda x, a, b: np.log1p(np.exp(x)),
-       "thresholdedrelu": lambda x, a, b: np.where(x >= a, x, 0)}
+ACT = {
+    "tanh": lambda x, a, b: np.tanh(x),
+    "sigmoid": lambda x, a, b: _sig(x),
+    "relu": lambda x, a, b: np.maximum(x, 0),
+    "leakyrelu": lambda x, a, b: np.where(x >= 0, x, a * x),
+    "hardsigmoid": lambda x, a, b: np.clip(a * x + b, 0, 1),
+    "affine": lambda x, a, b: a * x + b,
+    "scaledtanh": lambda x, a, b: a * np.tanh(b * x),
+    "elu": lambda x, a, b: np.where(x >= 0, x, a * np.expm1(x)),
+    "softsign": lambda x, a, b: x / (1 + np.abs(x)),
+    "softplus": lambda x, a, b: np.log1p(np.exp(x)),
+    "thresholdedrelu": lambda x, a, b: np.where(x >= a, x, 0),
+}
 
 
-def oracle(op, X, W, R, B=None, lens=None, h0=None, c0=None, P=None, direction="forward", clip=None,
-           acts=None, lbr=0, input_forget=0):
+def oracle(
+    op,
+    X,
+    W,
+    R,
+    B=None,
+    lens=None,
+    h0=None,
+    c0=None,
+    P=None,
+    direction="forward",
+    clip=None,
+    acts=None,
+    lbr=0,
+    input_forget=0,
+):
     """acts: per direction list of (name, alpha, beta) for f(, g(, h))."""
     T, Bn, _ = X.shape
     D, H = W.shape[0], R.shape[2]
@@ -34,8 +56,11 @@ def oracle(op, X, W, R, B=None, lens=None, h0=None, c0=None, P=None, direction="
     X, W, R = X.astype(np.float64), W.astype(np.float64), R.astype(np.float64)
     B = np.zeros((D, 2 * g * H)) if B is None else B.astype(np.float64)
     lens = np.full(Bn, T) if lens is None else lens
-    default = {"RNN": [("tanh", 0, 0)], "GRU": [("sigmoid", 0, 0), ("tanh", 0, 0)],
-               "LSTM": [("sigmoid", 0, 0), ("tanh", 0, 0), ("tanh", 0, 0)]}[op]
+    default = {
+        "RNN": [("tanh", 0, 0)],
+        "GRU": [("sigmoid", 0, 0), ("tanh", 0, 0)],
+        "LSTM": [("sigmoid", 0, 0), ("tanh", 0, 0), ("tanh", 0, 0)],
+    }[op]
     acts = acts or [default] * D
     cl = (lambda v: v) if clip is None else (lambda v: np.clip(v, -clip, clip))
     Y = np.zeros((T, D, Bn, H))
@@ -49,7 +74,7 @@ def oracle(op, X, W, R, B=None, lens=None, h0=None, c0=None, P=None, direction="
             c = np.zeros(H) if c0 is None else c0[d, b].astype(np.float64)
             n = int(lens[b])
             order = range(n - 1, -1, -1) if rev[d] else range(n)
-            Wb, Rb = B[d, :g * H], B[d, g * H:]
+            Wb, Rb = B[d, : g * H], B[d, g * H :]
             for t in order:
                 x = X[t, b]
                 if op == "RNN":
@@ -105,11 +130,15 @@ def call(op, X, W, R, Bb=None, lens=None, h0=None, c0=None, P=None, **kw):
 def ort_run(op, inputs, attrs, nout):
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper
+
     names = [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)]
     while names and not names[-1]:
         names.pop()
-    vi = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-          for n, v in zip(names, inputs) if n]
+    vi = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+        for n, v in zip(names, inputs)
+        if n
+    ]
     outs = [helper.make_tensor_value_info(f"o{k}", TensorProto.FLOAT, None) for k in range(nout)]
     node = helper.make_node(op, names, [f"o{k}" for k in range(nout)], **attrs)
     model = helper.make_model(helper.make_graph([node], "g", vi, outs), opset_imports=[helper.make_opsetid("", 22)])
@@ -153,8 +182,13 @@ def test_custom_activations_consume_alpha_beta_in_order(rng, op):
     X, W, R, Bb, h0, c0, P = make(rng, op, D=2)
     names = ACTS[op] * 2
     alpha, beta = [0.3, 0.4, 0.5, 0.6, 0.7, 0.8], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
-    attrs = {"direction": "bidirectional", "hidden_size": 6, "activations": names, "activation_alpha": alpha,
-             "activation_beta": beta}
+    attrs = {
+        "direction": "bidirectional",
+        "hidden_size": 6,
+        "activations": names,
+        "activation_alpha": alpha,
+        "activation_beta": beta,
+    }
     inputs = [X, W, R, Bb, None, h0] + ([c0, P] if op == "LSTM" else [])
     got = opsnn.ops.run_op(op, inputs, attrs, num_outputs=NOUT[op])
     # alphas go to the activations that take one, betas likewise, in list order
@@ -214,12 +248,14 @@ def test_layout_1_is_batch_first(rng, op):
 def test_onnx_reference_evaluator_layout1(rng, op):
     from onnx import TensorProto, helper
     from onnx.reference import ReferenceEvaluator
+
     X, W, R, Bb, _, _, _ = make(rng, op, T=4, B=2, I=3, H=5)
     Xb = np.ascontiguousarray(X.swapaxes(0, 1))
     node = helper.make_node(op, ["X", "W", "R", "B"], ["Y", "Y_h"], hidden_size=5, layout=1)
     vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in zip("XWRB", (Xb, W, R, Bb))]
-    graph = helper.make_graph([node], "g", vi, [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
-                                                for n in ("Y", "Y_h")])
+    graph = helper.make_graph(
+        [node], "g", vi, [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("Y", "Y_h")]
+    )
     ref = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)]))
     want = ref.run(None, {"X": Xb, "W": W, "R": R, "B": Bb})
     got = opsnn.ops.run_op(op, [Xb, W, R, Bb], {"layout": 1}, num_outputs=2)
@@ -232,8 +268,13 @@ def test_dtypes(rng, dtype, tol):
     X, W, R, Bb, h0, c0, P = make(rng, "LSTM", D=2)
     cast = lambda a: a.astype(dtype)  # noqa: E731
     got = call("LSTM", *map(cast, (X, W, R, Bb)), None, *map(cast, (h0, c0, P)), direction="bidirectional")
-    want = oracle("LSTM", *(cast(a).astype(np.float64) for a in (X, W, R, Bb)), None,
-                  *(cast(a).astype(np.float64) for a in (h0, c0, P)), direction="bidirectional")
+    want = oracle(
+        "LSTM",
+        *(cast(a).astype(np.float64) for a in (X, W, R, Bb)),
+        None,
+        *(cast(a).astype(np.float64) for a in (h0, c0, P)),
+        direction="bidirectional",
+    )
     for g, w in zip(got, want):
         assert g.dtype == np.dtype(dtype)
         np.testing.assert_allclose(g.astype(np.float64), w, rtol=tol, atol=tol)
@@ -258,8 +299,23 @@ def test_reference_kernel_agrees(rng, op):
     X, W, R, Bb, h0, c0, P = make(rng, op, D=2)
     lens = np.array([5, 0, 3], np.int32)
     fast = call(op, X, W, R, Bb, lens, h0, c0, P, direction="bidirectional", clip=3.0)
-    slow = [r.numpy() for r in (FN[op](X, W, R, Bb, lens, h0, *(([c0, P]) if op == "LSTM" else []),
-                                        direction="bidirectional", clip=3.0, algo="reference"))]
+    slow = [
+        r.numpy()
+        for r in (
+            FN[op](
+                X,
+                W,
+                R,
+                Bb,
+                lens,
+                h0,
+                *(([c0, P]) if op == "LSTM" else []),
+                direction="bidirectional",
+                clip=3.0,
+                algo="reference",
+            )
+        )
+    ]
     for f, s in zip(fast, slow):
         np.testing.assert_allclose(f, s, rtol=1e-5, atol=1e-5)
 

@@ -5,6 +5,7 @@ Data movement is exact (compared with ``array_equal`` on every dtype, NaN bit pa
 included). Resize: float32 rtol 1e-5 / atol 1e-5 against onnx.reference (float64 inside);
 16-bit against the float32 result with 1e-2.
 """
+
 import math
 
 import ml_dtypes
@@ -22,8 +23,7 @@ from opsnn.kernels.cpu import shape as K
 ops = opsnn.ops
 aclnn = opsnn.aclnn
 
-MOVE_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.float64, np.int8, np.int32, np.int64, np.uint8,
-               np.bool_]
+MOVE_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.float64, np.int8, np.int32, np.int64, np.uint8, np.bool_]
 
 
 def rand(rng, shape, dtype=np.float32):
@@ -40,8 +40,11 @@ def same(a, b):
     a = a.numpy() if isinstance(a, opsnn.Tensor) else a
     assert a.shape == b.shape, (a.shape, b.shape)
     assert a.dtype == b.dtype, (a.dtype, b.dtype)
-    assert np.array_equal(a.view(np.uint8) if a.dtype.itemsize == 1 else a, b.view(np.uint8) if
-                          b.dtype.itemsize == 1 else b, equal_nan=a.dtype.kind == "f"), (a, b)
+    assert np.array_equal(
+        a.view(np.uint8) if a.dtype.itemsize == 1 else a,
+        b.view(np.uint8) if b.dtype.itemsize == 1 else b,
+        equal_nan=a.dtype.kind == "f",
+    ), (a, b)
 
 
 def onnx_ref(op, inputs, attrs=None, n_out=1):
@@ -73,8 +76,10 @@ def test_reshape_dtypes(rng, no_leak, dtype):
 def test_reshape_onnx_rules(rng):
     x = rand(rng, (2, 3, 4))
     same(ops.run_op("Reshape", [x, np.array([0, -1], np.int64)])[0], x.reshape(2, 12))
-    same(ops.run_op("Reshape", [np.zeros((0, 3), np.float32), np.array([3, 0], np.int64)], {"allowzero": 1})[0],
-         np.zeros((3, 0), np.float32))
+    same(
+        ops.run_op("Reshape", [np.zeros((0, 3), np.float32), np.array([3, 0], np.int64)], {"allowzero": 1})[0],
+        np.zeros((3, 0), np.float32),
+    )
     same(ops.reshape(np.zeros((0, 4), np.int64), (2, 0, 2)), np.zeros((2, 0, 2), np.int64))
     with pytest.raises(ParamInvalidError, match="both -1 and 0"):
         ops.reshape(np.zeros((0, 4), np.int64), (2, 0, -1))
@@ -108,8 +113,12 @@ def test_flatten_squeeze_unsqueeze_identity(rng, no_leak):
 
     def head_rows(v, w):  # the first len(v) rows of table, shaped like w
         return ops.reshape(ops.slice(table, [0], ops.shape(v, 0, 1), axes=[0]), ops.shape(w))
-    cg = opsnn.compile(head_rows, [np.zeros(3, np.float32), np.zeros((3, 2), np.float32)],
-                       dynamic_dims={0: {0: "n"}, 1: {0: "p", 1: "q"}})
+
+    cg = opsnn.compile(
+        head_rows,
+        [np.zeros(3, np.float32), np.zeros((3, 2), np.float32)],
+        dynamic_dims={0: {0: "n"}, 1: {0: "p", 1: "q"}},
+    )
     assert [n.op_type for n in cg.graph.nodes if n.op_type == "Shape"] == ["Shape", "Shape"]
     got = cg.run([np.zeros(6, np.float32), np.zeros((4, 3), np.float32)])[0]
     same(got, np.arange(12, dtype=np.float32).reshape(4, 3))
@@ -159,10 +168,18 @@ def test_transpose_parallel_paths(rng, parallel, dtype):
     assert {"rows", "tiles"} <= modes
 
 
-@pytest.mark.parametrize("shape,perm", [((1, 128, 12, 64), (0, 2, 1, 3)), ((1, 12, 128, 64), (0, 2, 1, 3)),
-                                        ((1, 128, 12, 64), (0, 2, 3, 1)), ((2, 12, 128, 64), (0, 1, 3, 2)),
-                                        ((3, 130, 5, 33), (0, 2, 1, 3)), ((1, 512, 16, 64), (0, 2, 1, 3)),
-                                        ((1, 1, 128, 768), (0, 2, 1, 3))])
+@pytest.mark.parametrize(
+    "shape,perm",
+    [
+        ((1, 128, 12, 64), (0, 2, 1, 3)),
+        ((1, 12, 128, 64), (0, 2, 1, 3)),
+        ((1, 128, 12, 64), (0, 2, 3, 1)),
+        ((2, 12, 128, 64), (0, 1, 3, 2)),
+        ((3, 130, 5, 33), (0, 2, 1, 3)),
+        ((1, 512, 16, 64), (0, 2, 1, 3)),
+        ((1, 1, 128, 768), (0, 2, 1, 3)),
+    ],
+)
 def test_transpose_default_plans(rng, shape, perm):
     """At the default thresholds: BERT's head split/merge (serial row copies), tiles, and a
     copy large enough for the threads (2 MiB)."""
@@ -208,8 +225,7 @@ def test_concat_split_dtypes(rng, dtype):
 
 def test_concat_split_parallel(rng, parallel):
     a, b = rand(rng, (5, 6, 7)), rand(rng, (5, 2, 7))
-    same(aclnn.concat.prepare([a, opsnn.from_numpy(b[:, ::-1]), a], dim=1).run(),
-         np.concatenate([a, b[:, ::-1], a], 1))
+    same(aclnn.concat.prepare([a, opsnn.from_numpy(b[:, ::-1]), a], dim=1).run(), np.concatenate([a, b[:, ::-1], a], 1))
     same(aclnn.concat.prepare([a, a], dim=0).run(), np.concatenate([a, a], 0))
     for got, want in zip(aclnn.split.prepare(a, 4, dim=2).run(), np.split(a, [4], axis=2)):
         same(got, want)
@@ -253,7 +269,7 @@ def test_slice_matches_python_slicing(shape, data):
     x = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
     r = len(shape)
     axes = data.draw(st.lists(st.integers(-r, r - 1), min_size=1, max_size=r, unique_by=lambda a: a % r))
-    big = st.integers(-8, 8) | st.sampled_from([-(2 ** 62), 2 ** 62])
+    big = st.integers(-8, 8) | st.sampled_from([-(2**62), 2**62])
     starts = [data.draw(big) for _ in axes]
     ends = [data.draw(big) for _ in axes]
     steps = [data.draw(st.integers(-3, 3).filter(bool)) for _ in axes]
@@ -270,8 +286,11 @@ def test_slice_matches_python_slicing(shape, data):
 def test_slice_dtypes_parallel_and_reference(rng, parallel):
     for dt in (np.float32, np.uint8, np.float16, np.int64):
         x = rand(rng, (4, 9, 11), dt)
-        for starts, ends, axes, steps in [([1, 10], [4, -12], [1, 2], [2, -3]), ([-1], [-100], [0], [-1]),
-                                          ([0, 2], [9, 7], [-1, -2], [1, 1])]:
+        for starts, ends, axes, steps in [
+            ([1, 10], [4, -12], [1, 2], [2, -3]),
+            ([-1], [-100], [0], [-1]),
+            ([0, 2], [9, 7], [-1, -2], [1, 1]),
+        ]:
             idx = [slice(None)] * 3
             for a, s, e, p in zip(axes, starts, ends, steps):
                 idx[a] = slice(s, e, p)
@@ -309,8 +328,10 @@ def test_gather_parallel_empty_noncontiguous(rng, parallel):
     for axis in (0, 1, 2):
         i = idx % x.shape[axis] - (x.shape[axis] if axis == 1 else 0)
         same(aclnn.gather.prepare(x, i, axis=axis).run(), np.take(x, i % x.shape[axis], axis=axis))
-    same(aclnn.gather.prepare(opsnn.from_numpy(x.transpose(2, 0, 1)), np.array([1]), axis=0).run(),
-         x.transpose(2, 0, 1)[[1]])
+    same(
+        aclnn.gather.prepare(opsnn.from_numpy(x.transpose(2, 0, 1)), np.array([1]), axis=0).run(),
+        x.transpose(2, 0, 1)[[1]],
+    )
     same(ops.gather(x, np.zeros((0, 2), np.int64), axis=1), np.zeros((6, 0, 2, 5), np.float32))
     same(ops.gather(np.zeros((0, 3), np.float32), np.array([1, 2]), axis=1), np.zeros((0, 2), np.float32))
     assert aclnn.gather.prepare(x, idx, axis=0).kernel_name == "gather_rows"
@@ -351,12 +372,22 @@ NP_MODE = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "c
 def test_pad_torch_order_modes(rng, no_leak, mode):
     x = rand(rng, (2, 3, 4, 5))
     pads = (1, 2, 3, 0)  # last dim (1, 2), 2nd-last dim (3, 0)
-    want = np.pad(x, [(0, 0), (0, 0), (3, 0), (1, 2)], mode=NP_MODE[mode],
-                  **({"constant_values": 1.5} if mode == "constant" else {}))
+    want = np.pad(
+        x,
+        [(0, 0), (0, 0), (3, 0), (1, 2)],
+        mode=NP_MODE[mode],
+        **({"constant_values": 1.5} if mode == "constant" else {}),
+    )
     same(ops.pad(x, pads, mode=mode, value=1.5), want.astype(np.float32))
-    same(ops.pad(opsnn.from_numpy(x.transpose(0, 1, 3, 2)), (1, 1), mode=mode, value=1.5),
-         np.pad(x.transpose(0, 1, 3, 2), [(0, 0)] * 3 + [(1, 1)], mode=NP_MODE[mode],
-                **({"constant_values": 1.5} if mode == "constant" else {})).astype(np.float32))
+    same(
+        ops.pad(opsnn.from_numpy(x.transpose(0, 1, 3, 2)), (1, 1), mode=mode, value=1.5),
+        np.pad(
+            x.transpose(0, 1, 3, 2),
+            [(0, 0)] * 3 + [(1, 1)],
+            mode=NP_MODE[mode],
+            **({"constant_values": 1.5} if mode == "constant" else {}),
+        ).astype(np.float32),
+    )
 
 
 @pytest.mark.parametrize("dtype", MOVE_DTYPES)
@@ -399,10 +430,12 @@ def test_pad_constant_crop_past_the_input(rng, parallel_maps, monkeypatch):
     # a crop longer than the input on one side eats into the other side's padding (fuzz nan_inf 31641, 34391)
     if parallel_maps:
         monkeypatch.setattr(K, "PARALLEL_MIN_BYTES", 0)
-    cases = [((3, 3, 1, 2), [-3, 2], [3], [(0, 0), (0, 0), (0, 0), (-3, 2)]),
-             ((3, 1), [2, 1, -1, -2], None, [(2, -1), (1, -2)]),
-             ((4,), [-5, 3], None, [(-5, 3)]),
-             ((2, 4), [2, -4], [1], [(0, 0), (2, -4)])]
+    cases = [
+        ((3, 3, 1, 2), [-3, 2], [3], [(0, 0), (0, 0), (0, 0), (-3, 2)]),
+        ((3, 1), [2, 1, -1, -2], None, [(2, -1), (1, -2)]),
+        ((4,), [-5, 3], None, [(-5, 3)]),
+        ((2, 4), [2, -4], [1], [(0, 0), (2, -4)]),
+    ]
     for shape, pads, axes, widths in cases:
         x = rand(rng, shape)
         cv = np.array(2.5, np.float32)
@@ -420,15 +453,18 @@ def test_pad_empty_inputs_and_outputs(parallel_maps, monkeypatch):
         monkeypatch.setattr(K, "PARALLEL_MIN_BYTES", 0)
     for shape, pads in [((0,), [3, 2]), ((4, 0), [0, 1, 2, 2]), ((2, 3, 0), [0, -2, 2, 0, 0, 0])]:
         x = np.zeros(shape, np.float32)
-        want = np.full(tuple(d + b + e for d, b, e in zip(shape, pads[:len(shape)], pads[len(shape):])), 1.5,
-                       np.float32)
+        want = np.full(
+            tuple(d + b + e for d, b, e in zip(shape, pads[: len(shape)], pads[len(shape) :])), 1.5, np.float32
+        )
         for algo in (None, "reference"):
-            same(aclnn.prepare("Pad", [x, np.array(pads, np.int64), np.array(1.5, np.float32)], {}, algo=algo).run(),
-                 want)
+            same(
+                aclnn.prepare("Pad", [x, np.array(pads, np.int64), np.array(1.5, np.float32)], {}, algo=algo).run(),
+                want,
+            )
     for mode in ("edge", "reflect", "wrap"):
         for shape, pads in [((0,), [1, -1]), ((1, 0, 1), [0, 1, 0, 0, -1, 0])]:
             x = np.zeros(shape, np.float32)
-            out = tuple(d + b + e for d, b, e in zip(shape, pads[:len(shape)], pads[len(shape):]))
+            out = tuple(d + b + e for d, b, e in zip(shape, pads[: len(shape)], pads[len(shape) :]))
             for algo in (None, "reference"):
                 got = aclnn.prepare("Pad", [x, np.array(pads, np.int64)], {"mode": mode}, algo=algo).run().numpy()
                 assert got.shape == out and 0 in out, (mode, shape, pads, algo)
@@ -536,8 +572,10 @@ def test_constant_of_shape_eye_like():
     same(ops.constant_of_shape((2, 3)), np.zeros((2, 3), np.float32))
     same(ops.constant_of_shape((2,), 7, dtype="int32"), np.full(2, 7, np.int32))
     same(ops.constant_of_shape((), True), np.array(True))
-    same(ops.run_op("ConstantOfShape", [np.array([2, 0], np.int64)], {"value": np.array([3.5])})[0],
-         np.zeros((2, 0), np.float64))
+    same(
+        ops.run_op("ConstantOfShape", [np.array([2, 0], np.int64)], {"value": np.array([3.5])})[0],
+        np.zeros((2, 0), np.float64),
+    )
     x = np.zeros((3, 5), np.int32)
     for k in (-4, -1, 0, 2, 9):
         same(ops.eye_like(x, k=k), np.eye(3, 5, k, dtype=np.int32))
@@ -594,10 +632,11 @@ def test_gather_scatter_elements(rng, dtype):
     same(ops.gather_elements(x, idx, 1), onnx_ref("GatherElements", [x, idx], {"axis": 1})[0])
     upd = rand(rng, (3, 4, 1), dtype)
     idx = np.array([[[0], [4], [-1], [2]]] * 3, np.int64)
-    same(ops.scatter_elements(x, idx, upd, axis=2),
-         onnx_ref("ScatterElements", [x, idx, upd], {"axis": 2})[0])
-    same(ops.run_op("Scatter", [x, idx, upd], {"axis": -1})[0],
-         onnx_ref("ScatterElements", [x, idx, upd], {"axis": 2})[0])
+    same(ops.scatter_elements(x, idx, upd, axis=2), onnx_ref("ScatterElements", [x, idx, upd], {"axis": 2})[0])
+    same(
+        ops.run_op("Scatter", [x, idx, upd], {"axis": -1})[0],
+        onnx_ref("ScatterElements", [x, idx, upd], {"axis": 2})[0],
+    )
 
 
 def test_split_with_a_0d_split_input_is_refused_typed():
@@ -625,8 +664,9 @@ def test_scatter_reductions(rng, reduction):
     upd = rand(rng, (2, 3))
     want = onnx_ref("ScatterElements", [x, idx, upd], {"axis": 0, "reduction": reduction})[0]
     np.testing.assert_allclose(ops.scatter_elements(x, idx, upd, 0, reduction).numpy(), want, rtol=1e-6)
-    np.testing.assert_allclose(ops.scatter_elements(x, idx, upd, 0, reduction, algo="reference").numpy(), want,
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        ops.scatter_elements(x, idx, upd, 0, reduction, algo="reference").numpy(), want, rtol=1e-6
+    )
     ind = np.array([[1], [3], [1]], np.int64)
     upd = rand(rng, (3, 3))
     want = onnx_ref("ScatterND", [x, ind, upd], {"reduction": reduction})[0]
@@ -634,8 +674,10 @@ def test_scatter_reductions(rng, reduction):
     np.testing.assert_allclose(ops.scatter_nd(x, ind, upd, reduction, algo="reference").numpy(), want, rtol=1e-6)
 
 
-@pytest.mark.parametrize("data_shape,ind_shape,batch_dims", [((2, 3), (4, 0), 0), ((2, 3, 4), (2, 5, 0), 1),
-                                                             ((5, 2, 0), (5, 2, 0), 0), ((2, 3, 4), (2, 0, 1), 1)])
+@pytest.mark.parametrize(
+    "data_shape,ind_shape,batch_dims",
+    [((2, 3), (4, 0), 0), ((2, 3, 4), (2, 5, 0), 1), ((5, 2, 0), (5, 2, 0), 0), ((2, 3, 4), (2, 0, 1), 1)],
+)
 def test_gather_nd_empty_index_tuples_and_empty_outputs(rng, data_shape, ind_shape, batch_dims):
     # an index tuple of length 0 addresses the whole (batch's) data, as onnxruntime gives it; the kernel's
     # reshape(..., -1, 0) raised a ValueError (fuzz nan_inf 58578); numpy oracle: the data repeated
@@ -646,20 +688,29 @@ def test_gather_nd_empty_index_tuples_and_empty_outputs(rng, data_shape, ind_sha
     n = math.prod(ind_shape[b:-1])
     k = ind_shape[-1]
     d = data.reshape((nb,) + data_shape[b:])
-    want = np.broadcast_to(d[:, None], (nb, n) + data_shape[b:]) if k == 0 else \
-        np.empty((nb, n) + data_shape[b + k:], data.dtype)
-    want = want.reshape(ind_shape[:-1] + data_shape[b + k:])
+    want = (
+        np.broadcast_to(d[:, None], (nb, n) + data_shape[b:])
+        if k == 0
+        else np.empty((nb, n) + data_shape[b + k :], data.dtype)
+    )
+    want = want.reshape(ind_shape[:-1] + data_shape[b + k :])
     for algo in ("gather_nd_numpy", "reference"):
         same(ops.run_op("GatherND", [data, ind], {"batch_dims": b}, algo=algo)[0], np.ascontiguousarray(want))
 
 
 def test_gather_nd_scatter_nd(rng):
     x = rand(rng, (2, 3, 4))
-    for idx, b in [(np.array([[0, 1], [1, -1]]), 0), (np.array([[[1], [0]], [[2], [2]]]), 1),
-                   (np.array([[1, 2, 3]]), 0), (np.array([[2], [0]]), 1)]:
+    for idx, b in [
+        (np.array([[0, 1], [1, -1]]), 0),
+        (np.array([[[1], [0]], [[2], [2]]]), 1),
+        (np.array([[1, 2, 3]]), 0),
+        (np.array([[2], [0]]), 1),
+    ]:
         same(ops.gather_nd(x, idx, b), onnx_ref("GatherND", [x, idx.astype(np.int64)], {"batch_dims": b})[0])
-        same(ops.gather_nd(x, idx, b, algo="reference"),
-             onnx_ref("GatherND", [x, idx.astype(np.int64)], {"batch_dims": b})[0])
+        same(
+            ops.gather_nd(x, idx, b, algo="reference"),
+            onnx_ref("GatherND", [x, idx.astype(np.int64)], {"batch_dims": b})[0],
+        )
     ind = np.array([[0, 2], [1, 0]], np.int64)
     upd = rand(rng, (2, 4))
     same(ops.scatter_nd(x, ind, upd), onnx_ref("ScatterND", [x, ind, upd])[0])
@@ -696,10 +747,12 @@ def test_unique_spec_examples():
     same(idx, np.array([0, 1, 3, 4], np.int64))
     same(inv, np.array([0, 1, 1, 2, 3, 2], np.int64))
     same(cnt, np.array([1, 2, 2, 1], np.int64))
-    x = np.array([[[1., 1.], [0., 1.], [2., 1.], [0., 1.]], [[1., 1.], [0., 1.], [2., 1.], [0., 1.]]], np.float32)
+    x = np.array(
+        [[[1.0, 1.0], [0.0, 1.0], [2.0, 1.0], [0.0, 1.0]], [[1.0, 1.0], [0.0, 1.0], [2.0, 1.0], [0.0, 1.0]]], np.float32
+    )
     for algo in (None, "reference"):
         y, idx, inv, cnt = ops.unique(x, dim=1, algo=algo)
-        same(y, np.array([[[0., 1.], [1., 1.], [2., 1.]], [[0., 1.], [1., 1.], [2., 1.]]], np.float32))
+        same(y, np.array([[[0.0, 1.0], [1.0, 1.0], [2.0, 1.0]], [[0.0, 1.0], [1.0, 1.0], [2.0, 1.0]]], np.float32))
         same(idx, np.array([1, 0, 2], np.int64))
         same(inv, np.array([1, 0, 2, 0], np.int64))
         same(cnt, np.array([2, 1, 1], np.int64))
@@ -766,10 +819,12 @@ def test_topk_nan_ranks_above_inf_like_onnxruntime(rng, dtype):
             ins = [x, np.array([k], np.int64)]
             node = helper.make_node("TopK", ["x", "k"], ["v", "i"], largest=largest)
             dt = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-            graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", dt, None),
-                                                    helper.make_tensor_value_info("k", 7, [1])],
-                                      [helper.make_tensor_value_info("v", dt, None),
-                                       helper.make_tensor_value_info("i", 7, None)])
+            graph = helper.make_graph(
+                [node],
+                "g",
+                [helper.make_tensor_value_info("x", dt, None), helper.make_tensor_value_info("k", 7, [1])],
+                [helper.make_tensor_value_info("v", dt, None), helper.make_tensor_value_info("i", 7, None)],
+            )
             model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
             sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             wv, wi = sess.run(None, {"x": x, "k": ins[1]})
@@ -812,15 +867,18 @@ def test_dropout(rng, no_leak):
 
 def test_col2im(rng):
     x = rand(rng, (2, 2 * 2 * 3, 12))  # image 5x6, block 2x3, stride 1, no pad -> 4 x 4... use geometry below
-    cases = [((4, 5), (2, 2), {}, (2, 8, 12)),
-             ((5, 5), (2, 2), {"strides": [2, 2], "pads": [1, 1, 0, 0]}, (1, 4, 9)),
-             ((6, 5), (2, 2), {"dilations": [2, 1]}, (1, 8, 16))]
+    cases = [
+        ((4, 5), (2, 2), {}, (2, 8, 12)),
+        ((5, 5), (2, 2), {"strides": [2, 2], "pads": [1, 1, 0, 0]}, (1, 4, 9)),
+        ((6, 5), (2, 2), {"dilations": [2, 1]}, (1, 8, 16)),
+    ]
     for img, blk, attrs, shape in cases:
         x = rand(rng, shape)
         want = onnx_ref("Col2Im", [x, np.array(img, np.int64), np.array(blk, np.int64)], attrs)[0]
         np.testing.assert_allclose(ops.col2im(x, img, blk, **attrs).numpy(), want, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(ops.col2im(x, img, blk, **attrs, algo="reference").numpy(), want, rtol=1e-5,
-                                   atol=1e-6)
+        np.testing.assert_allclose(
+            ops.col2im(x, img, blk, **attrs, algo="reference").numpy(), want, rtol=1e-5, atol=1e-6
+        )
     with pytest.raises(ParamInvalidError, match="L = 12 blocks"):
         ops.col2im(rand(rng, (1, 4, 12)), (5, 5), (2, 2))
 
@@ -830,22 +888,37 @@ def test_col2im(rng):
 # ---------------------------------------------------------------------------------------------
 RESIZE_CASES = [
     ({"mode": "nearest"}, [1, 1, 2, 1.5], None),
-    ({"mode": "nearest", "nearest_mode": "ceil", "coordinate_transformation_mode": "asymmetric"}, [1, 1, 0.6, 1.7],
-     None),
-    ({"mode": "nearest", "nearest_mode": "round_prefer_ceil", "coordinate_transformation_mode": "align_corners"},
-     None, [2, 3, 7, 4]),
+    (
+        {"mode": "nearest", "nearest_mode": "ceil", "coordinate_transformation_mode": "asymmetric"},
+        [1, 1, 0.6, 1.7],
+        None,
+    ),
+    (
+        {"mode": "nearest", "nearest_mode": "round_prefer_ceil", "coordinate_transformation_mode": "align_corners"},
+        None,
+        [2, 3, 7, 4],
+    ),
     ({"mode": "linear"}, [1, 1, 2, 3], None),
     ({"mode": "linear", "coordinate_transformation_mode": "align_corners"}, None, [2, 3, 7, 9]),
     ({"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"}, None, [2, 3, 1, 3]),
     ({"mode": "linear", "antialias": 1}, [1, 1, 0.4, 0.6], None),
     ({"mode": "cubic"}, [1, 1, 1.7, 0.8], None),
     ({"mode": "cubic", "exclude_outside": 1, "cubic_coeff_a": -0.5}, None, [2, 3, 3, 11]),
-    ({"mode": "cubic", "antialias": 1, "coordinate_transformation_mode": "half_pixel_symmetric"}, [1, 1, 0.35, 0.5],
-     None),
-    ({"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 9.0},
-     None, [2, 3, 4, 5]),
-    ({"mode": "nearest", "coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 9.0},
-     None, [2, 3, 4, 5]),
+    (
+        {"mode": "cubic", "antialias": 1, "coordinate_transformation_mode": "half_pixel_symmetric"},
+        [1, 1, 0.35, 0.5],
+        None,
+    ),
+    (
+        {"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 9.0},
+        None,
+        [2, 3, 4, 5],
+    ),
+    (
+        {"mode": "nearest", "coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 9.0},
+        None,
+        [2, 3, 4, 5],
+    ),
     ({"mode": "linear", "axes": [3, 2], "keep_aspect_ratio_policy": "not_larger"}, None, [8, 4]),
     ({"mode": "nearest", "axes": [3], "keep_aspect_ratio_policy": "not_smaller"}, None, [3]),
 ]
@@ -888,12 +961,15 @@ def test_resize_nearest_copies_nan_and_inf(rng):
     assert np.isposinf(want).any() and np.isneginf(want).any() and np.isnan(want).any()
 
 
-@pytest.mark.parametrize("attrs,scales", [
-    ({"mode": "linear", "coordinate_transformation_mode": "asymmetric"}, [1, 1, 2, 2]),
-    ({"mode": "linear"}, [1, 1, 3, 1]),  # only axis 2: the kernel's inner > 1 loop
-    ({"mode": "cubic", "coordinate_transformation_mode": "align_corners"}, [1, 1, 2, 1.5]),
-    ({"mode": "cubic", "exclude_outside": 1}, [1, 1, 1.5, 2]),
-])
+@pytest.mark.parametrize(
+    "attrs,scales",
+    [
+        ({"mode": "linear", "coordinate_transformation_mode": "asymmetric"}, [1, 1, 2, 2]),
+        ({"mode": "linear"}, [1, 1, 3, 1]),  # only axis 2: the kernel's inner > 1 loop
+        ({"mode": "cubic", "coordinate_transformation_mode": "align_corners"}, [1, 1, 2, 1.5]),
+        ({"mode": "cubic", "exclude_outside": 1}, [1, 1, 1.5, 2]),
+    ],
+)
 def test_resize_zero_weight_taps_take_part_like_onnx(rng, attrs, scales):
     """Linear/cubic sum every tap of the window, zero weights too (0 * Inf = NaN), as onnx.reference and
     onnxruntime do; the kernel's inner > 1 loop skipped zero weights, giving Inf where the reference
@@ -963,11 +1039,19 @@ def test_resize_errors(rng):
 # ---------------------------------------------------------------------------------------------
 def _calls(x):
     return [
-        ("reshape", (x, (-1,)), {}), ("transpose", (x, [1, 0, 2]), {}), ("concat", ([x, x],), {"dim": -1}),
-        ("split", (x, 1), {"dim": 1}), ("slice", (x, [-1], [0], [2], [-1]), {}), ("gather", (x, [1, 0]), {"axis": 2}),
-        ("pad", (x, (1, 1, 0, 1)), {"mode": "replicate"}), ("expand", (x, 2, *x.shape), {}),
+        ("reshape", (x, (-1,)), {}),
+        ("transpose", (x, [1, 0, 2]), {}),
+        ("concat", ([x, x],), {"dim": -1}),
+        ("split", (x, 1), {"dim": 1}),
+        ("slice", (x, [-1], [0], [2], [-1]), {}),
+        ("gather", (x, [1, 0]), {"axis": 2}),
+        ("pad", (x, (1, 1, 0, 1)), {"mode": "replicate"}),
+        ("expand", (x, 2, *x.shape), {}),
         ("tile", (x, (1, 2, 1)), {}),
-        ("squeeze", (x,), {}), ("unsqueeze", (x, 1), {}), ("flatten", (x, 1), {}), ("identity", (x,), {}),
+        ("squeeze", (x,), {}),
+        ("unsqueeze", (x, 1), {}),
+        ("flatten", (x, 1), {}),
+        ("identity", (x,), {}),
         ("center_crop_pad", (x, (1, 3)), {"axes": [0, 2]}),
     ]
 
@@ -1004,8 +1088,9 @@ def test_two_phase_reuse(rng, no_leak):
     x2 = rand(rng, (4, 6))
     same(ex.run(inputs=[x2]), x2.T.copy())
     with pytest.raises(ParamInvalidError, match="host input 'pads' changed value"):
-        aclnn.pad.prepare(x, (1, 1)).run(inputs=[x, np.array([0, 2], np.int64), np.zeros((), np.float32),
-                                                np.array([1], np.int64)])
+        aclnn.pad.prepare(x, (1, 1)).run(
+            inputs=[x, np.array([0, 2], np.int64), np.zeros((), np.float32), np.array([1], np.int64)]
+        )
 
 
 def test_wide_dtypes_use_reference(rng):

@@ -6,6 +6,7 @@ compared with atol = 1e-5 * (sum of |x| along the axis) + rtol 1e-5; float64 1e-
 direct-sum references (O(n^2) in float64) 1e-9 relative to the signal's magnitude; 16-bit
 inputs against float32 on the same values with rtol/atol 2e-2 (scaled by the signal size).
 """
+
 import importlib
 import warnings
 
@@ -25,8 +26,11 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 def onnx_ref(op_type, inputs, opset, **attrs):
     names = [f"x{i}" if a is not None else "" for i, a in enumerate(inputs)]
-    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-           for n, a in zip(names, inputs) if a is not None]
+    vis = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        for n, a in zip(names, inputs)
+        if a is not None
+    ]
     node = helper.make_node(op_type, names, ["y"], **attrs)
     graph = helper.make_graph([node], "g", vis, [helper.make_tensor_value_info("y", 0, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -76,8 +80,9 @@ def test_dft_onesided_rfft_irfft(rng, no_leak, n):
     want = _pack(np.fft.rfft(x[..., 0], n, axis=1))
     got = S.dft(opsnn.tensor(x), n=n, dim=1, onesided=True).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(S.dft(opsnn.tensor(x), n=n, dim=1, onesided=True, algo="reference").numpy(), want,
-                               rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(
+        S.dft(opsnn.tensor(x), n=n, dim=1, onesided=True, algo="reference").numpy(), want, rtol=1e-9, atol=1e-9
+    )
     spec = rng.standard_normal((3, 6, 2))
     z = spec[..., 0] + 1j * spec[..., 1]
     want = np.fft.irfft(z, n, axis=1)[..., None]
@@ -98,8 +103,12 @@ def test_dft_matches_onnx_reference_and_opset17_form(rng, no_leak):
     import onnx
 
     node = helper.make_node("DFT", ["x"], ["y"], axis=1, onesided=1)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
-                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    g = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+    )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     from opsnn.onnx import backend
 
@@ -152,7 +161,7 @@ def test_stft_against_numpy_frames(rng, no_leak, onesided):
     window = np.hanning(16)
     step = 5
     frames = (64 - 16) // step + 1
-    segs = np.stack([x[:, f * step:f * step + 16, 0] * window for f in range(frames)], axis=1)
+    segs = np.stack([x[:, f * step : f * step + 16, 0] * window for f in range(frames)], axis=1)
     want = _pack((np.fft.rfft if onesided else np.fft.fft)(segs, axis=-1))
     ex = aclnn.stft.prepare(opsnn.tensor(x), step, opsnn.tensor(window), onesided=onesided)
     assert ex.kernel_name == "stft_pocketfft"
@@ -170,7 +179,7 @@ def test_stft_frame_length_complex_16bit_and_errors(rng, no_leak):
     x = rng.standard_normal((1, 40, 2)).astype(np.float32)
     z = x[..., 0] + 1j * x[..., 1]
     got = S.stft(opsnn.tensor(x), 8, frame_length=10, onesided=False).numpy()  # rectangular window
-    want = _pack(np.fft.fft(np.stack([z[:, f * 8:f * 8 + 10] for f in range(4)], axis=1), axis=-1))
+    want = _pack(np.fft.fft(np.stack([z[:, f * 8 : f * 8 + 10] for f in range(4)], axis=1), axis=-1))
     _close(got, want, x[0, :10])
     h = x[..., :1].astype(np.float16)
     got = S.stft(opsnn.tensor(h), 4, frame_length=8).numpy()
@@ -210,8 +219,9 @@ def _mel_oracle(bins, n, sr, lo, hi):
     return w
 
 
-@pytest.mark.parametrize("args", [(8, 16, 8192, 0.0, 4096.0), (20, 512, 16000, 20.0, 7600.0), (5, 33, 1000, 10.0,
-                                                                                               450.0)])
+@pytest.mark.parametrize(
+    "args", [(8, 16, 8192, 0.0, 4096.0), (20, 512, 16000, 20.0, 7600.0), (5, 33, 1000, 10.0, 450.0)]
+)
 def test_mel_weight_matrix(no_leak, args):
     bins, n, sr, lo, hi = args
     want = _mel_oracle(*args)
@@ -221,8 +231,13 @@ def test_mel_weight_matrix(no_leak, args):
     assert got.dtype == np.float32 and got.shape == (n // 2 + 1, bins)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(S.mel_weight_matrix(*args, algo="reference").numpy(), want, rtol=1e-6, atol=1e-7)
-    ins = [np.array(bins, np.int64), np.array(n, np.int64), np.array(sr, np.int64), np.array(lo, np.float32),
-           np.array(hi, np.float32)]
+    ins = [
+        np.array(bins, np.int64),
+        np.array(n, np.int64),
+        np.array(sr, np.int64),
+        np.array(lo, np.float32),
+        np.array(hi, np.float32),
+    ]
     np.testing.assert_allclose(got, onnx_ref("MelWeightMatrix", ins, 17), rtol=1e-6, atol=1e-7)
     assert S.mel_weight_matrix(*args, dtype="float64").numpy().dtype == np.float64
 

@@ -3,6 +3,7 @@ TfIdfVectorizer) against independent oracles: Python's str methods and re module
 element by element here, onnx.reference.ReferenceEvaluator, and hand-counted n-grams.
 String results compare exactly; TfIdf counts are exact small integers (float32).
 """
+
 import importlib
 import re
 import warnings
@@ -25,8 +26,10 @@ def strings(*rows):
 
 def onnx_ref(op_type, inputs, opset, n_out=1, **attrs):
     names = [f"x{i}" for i in range(len(inputs))]
-    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-           for n, a in zip(names, inputs)]
+    vis = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        for n, a in zip(names, inputs)
+    ]
     outs = [f"y{i}" for i in range(n_out)]
     node = helper.make_node(op_type, names, outs, **attrs)
     graph = helper.make_graph([node], "g", vis, [helper.make_tensor_value_info(o, 0, None) for o in outs])
@@ -54,8 +57,9 @@ def test_string_concat_broadcast_utf8_bytes(no_leak):
     assert z.shape == () and z.numpy().item() == "pq"
     assert X.string_concat(opsnn.tensor(np.zeros((0, 2), object)), opsnn.tensor(y[:1])).numpy().shape == (0, 2)
     xt = x.T  # non-contiguous
-    assert X.string_concat(opsnn.from_numpy(xt), opsnn.tensor(strings("!", "?"))).numpy().tolist() == \
-        [[a + s for a, s in zip(r, "!?")] for r in xt.tolist()]
+    assert X.string_concat(opsnn.from_numpy(xt), opsnn.tensor(strings("!", "?"))).numpy().tolist() == [
+        [a + s for a, s in zip(r, "!?")] for r in xt.tolist()
+    ]
     with pytest.raises(InferShapeError, match="broadcast"):
         X.string_concat(opsnn.tensor(x), opsnn.tensor(strings("a", "b")))
     with pytest.raises(DTypeError):
@@ -142,8 +146,14 @@ def test_string_normalizer(no_leak, action, sensitive):
         ref = X.string_normalizer(opsnn.tensor(x), stops, action, sensitive, algo="reference").numpy()
         assert ref.tolist() == got.tolist()
     if sensitive:  # where the ONNX reference's word-level stop-word removal agrees (single words)
-        want_onnx = onnx_ref("StringNormalizer", [np.array(words, dtype=object)], 10, stopwords=stops,
-                             case_change_action=action, is_case_sensitive=1)
+        want_onnx = onnx_ref(
+            "StringNormalizer",
+            [np.array(words, dtype=object)],
+            10,
+            stopwords=stops,
+            case_change_action=action,
+            is_case_sensitive=1,
+        )
         assert got.reshape(-1).tolist() == want_onnx.tolist()
 
 
@@ -187,8 +197,16 @@ GRAMS = [(2,), (3,), (5,), (4,), (5, 6), (7, 8), (6, 7)]
 def test_tfidf_vectorizer(rng, no_leak, min_n, max_n, skip, mode):
     x = rng.integers(2, 9, size=(3, 12)).astype(np.int32)
     weights = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
-    attrs = dict(mode=mode, min_gram_length=min_n, max_gram_length=max_n, max_skip_count=skip, ngram_counts=COUNTS,
-                 ngram_indexes=INDEXES, pool_int64s=POOL, weights=weights)
+    attrs = dict(
+        mode=mode,
+        min_gram_length=min_n,
+        max_gram_length=max_n,
+        max_skip_count=skip,
+        ngram_counts=COUNTS,
+        ngram_indexes=INDEXES,
+        pool_int64s=POOL,
+        weights=weights,
+    )
     ex = aclnn.tfidf_vectorizer.prepare(opsnn.tensor(x), **attrs)
     assert ex.kernel_name == "tfidf_hash"
     got = ex.run().numpy()
@@ -206,8 +224,15 @@ def test_tfidf_vectorizer(rng, no_leak, min_n, max_n, skip, mode):
 
 def test_tfidf_strings_unused_coordinates_and_errors(no_leak):
     x = strings(["a", "b", "a", "c", "a", "b"])
-    attrs = dict(mode="TF", min_gram_length=1, max_gram_length=2, max_skip_count=0, ngram_counts=[0, 2],
-                 ngram_indexes=[4, 0, 2], pool_strings=["a", "b", "a", "b"])
+    attrs = dict(
+        mode="TF",
+        min_gram_length=1,
+        max_gram_length=2,
+        max_skip_count=0,
+        ngram_counts=[0, 2],
+        ngram_indexes=[4, 0, 2],
+        pool_strings=["a", "b", "a", "b"],
+    )
     got = X.tfidf_vectorizer(opsnn.tensor(x), **attrs).numpy()
     assert got.tolist() == [[2, 0, 2, 0, 3]]  # a: 3 -> coord 4, b: 2 -> coord 0, (a, b): 2 -> coord 2
     assert X.tfidf_vectorizer(opsnn.tensor(x), algo="reference", **attrs).numpy().tolist() == got.tolist()

@@ -6,6 +6,7 @@ Tolerances: float64 rtol/atol 1e-12; float32 results (computed in float64, round
 rtol 1e-6 / atol 1e-7 against the float64 formulas and 1e-5 against ReferenceEvaluator
 (which computes in float32).
 """
+
 import importlib
 import warnings
 
@@ -24,8 +25,10 @@ DOMAIN = "ai.onnx.preview.training"
 
 def onnx_ref(op_type, inputs, n_out, **attrs):
     names = [f"x{i}" for i in range(len(inputs))]
-    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-           for n, a in zip(names, inputs)]
+    vis = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        for n, a in zip(names, inputs)
+    ]
     outs = [f"y{i}" for i in range(n_out)]
     node = helper.make_node(op_type, names, outs, domain=DOMAIN, **attrs)
     graph = helper.make_graph([node], "g", vis, [helper.make_tensor_value_info(o, 0, None) for o in outs])
@@ -38,15 +41,15 @@ def onnx_ref(op_type, inputs, n_out, **attrs):
 def _adagrad(r, t, x, g, h, decay, eps, norm):
     lr = r / (1 + t * decay)
     gr = norm * x + g
-    h2 = h + gr ** 2
+    h2 = h + gr**2
     return x - lr * gr / (np.sqrt(h2) + eps), h2
 
 
 def _adam(r, t, x, g, v, h, alpha, beta, eps, norm, post):
     gr = norm * x + g
     v2 = alpha * v + (1 - alpha) * gr
-    h2 = beta * h + (1 - beta) * gr ** 2
-    lr = r * np.sqrt(1 - beta ** t) / (1 - alpha ** t) if t > 0 else r
+    h2 = beta * h + (1 - beta) * gr**2
+    lr = r * np.sqrt(1 - beta**t) / (1 - alpha**t) if t > 0 else r
     return (1 - post) * (x - lr * v2 / (np.sqrt(h2) + eps)), v2, h2
 
 
@@ -74,8 +77,9 @@ def test_adagrad(rng, no_leak, dtype, step):
     ref = T.adagrad_step(0.5, step, xs, gs, hs, algo="reference", **attrs)
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-6, atol=1e-7)
     for k in range(3):
-        x2, h2 = _adagrad(np.float64(np.asarray(0.5, dtype)), step, *(a[k].astype(np.float64) for a in (xs, gs, hs)),
-                          0.1, 1e-5, 0.01)
+        x2, h2 = _adagrad(
+            np.float64(np.asarray(0.5, dtype)), step, *(a[k].astype(np.float64) for a in (xs, gs, hs)), 0.1, 1e-5, 0.01
+        )
         for i, w in ((k, x2), (3 + k, h2)):
             assert got[i].dtype == dtype and got[i].shape == shapes[k]
             np.testing.assert_allclose(got[i].numpy(), w, **tol)
@@ -91,11 +95,18 @@ def test_adam_against_formula_and_onnx_reference(rng, no_leak, step):
     got = T.adam_step(np.float32(0.01), step, xs, gs, vs, hs, **attrs)
     assert len(got) == 6
     r = np.array(0.01, np.float32)
-    want_ref = onnx_ref("Adam", [r, np.array(step, np.int64)] + xs + gs + vs + hs, 6, alpha=0.85, beta=0.95,
-                        epsilon=1e-3, norm_coefficient=0.02, norm_coefficient_post=0.1)
+    want_ref = onnx_ref(
+        "Adam",
+        [r, np.array(step, np.int64)] + xs + gs + vs + hs,
+        6,
+        alpha=0.85,
+        beta=0.95,
+        epsilon=1e-3,
+        norm_coefficient=0.02,
+        norm_coefficient_post=0.1,
+    )
     for k in range(2):
-        want = _adam(float(r), step, *(a[k].astype(np.float64) for a in (xs, gs, vs, hs)), 0.85, 0.95, 1e-3, 0.02,
-                     0.1)
+        want = _adam(float(r), step, *(a[k].astype(np.float64) for a in (xs, gs, vs, hs)), 0.85, 0.95, 1e-3, 0.02, 0.1)
         for gi in range(3):
             np.testing.assert_allclose(got[gi * 2 + k].numpy(), want[gi], rtol=1e-6, atol=1e-7)
             np.testing.assert_allclose(got[gi * 2 + k].numpy(), want_ref[gi * 2 + k], rtol=1e-5, atol=1e-6)
@@ -107,10 +118,18 @@ def test_momentum(rng, no_leak, nesterov):
     xs, gs, vs = (_tensors(rng, shapes, np.float64) for _ in range(3))
     for step in (0, 2):
         got = T.momentum_step(0.1, step, xs, gs, vs, alpha=0.9, beta=0.5, nesterov=nesterov, weight_decay=0.01)
-        ref = T.momentum_step(0.1, step, xs, gs, vs, alpha=0.9, beta=0.5, nesterov=nesterov, weight_decay=0.01,
-                              algo="reference")
-        want_onnx = onnx_ref("Momentum", [np.array(0.1), np.array(step, np.int64)] + xs + gs + vs, 4, alpha=0.9,
-                             beta=0.5, mode="nesterov" if nesterov else "standard", norm_coefficient=0.01)
+        ref = T.momentum_step(
+            0.1, step, xs, gs, vs, alpha=0.9, beta=0.5, nesterov=nesterov, weight_decay=0.01, algo="reference"
+        )
+        want_onnx = onnx_ref(
+            "Momentum",
+            [np.array(0.1), np.array(step, np.int64)] + xs + gs + vs,
+            4,
+            alpha=0.9,
+            beta=0.5,
+            mode="nesterov" if nesterov else "standard",
+            norm_coefficient=0.01,
+        )
         for k in range(2):
             want = _momentum(0.1, step, xs[k], gs[k], vs[k], 0.9, 0.5, 0.01, nesterov)
             for gi in range(2):
@@ -134,8 +153,9 @@ def test_training_noncontiguous_empty_nan_and_run_op(rng, no_leak):
     got = T.adam_step(0.1, 1, [x], [gn], [v], [v])
     assert np.isnan(got[0].numpy()[0, 0]) and np.isfinite(np.delete(got[0].numpy().reshape(-1), 0)).all()
     # run_op by graph op type, in its domain, with the node's output count
-    res = opsnn.ops.run_op("Adagrad", [np.array(0.1, np.float32), np.array(0, np.int64), x, g.copy(), v],
-                           domain=DOMAIN, num_outputs=2)
+    res = opsnn.ops.run_op(
+        "Adagrad", [np.array(0.1, np.float32), np.array(0, np.int64), x, g.copy(), v], domain=DOMAIN, num_outputs=2
+    )
     assert len(res) == 2
 
 
@@ -145,8 +165,10 @@ def test_zero_learning_rate_denominators_follow_ieee_like_onnx_reference(no_leak
     # ZeroDivisionError (fuzz nan_inf 51977); onnx.reference's numpy gives +-inf / NaN, and so must opsnn
     x, g, h = np.array([1.0, -2.0], np.float32), np.array([0.5, 0.5], np.float32), np.array([1.0, 0.0], np.float32)
     r = np.array(0.1, np.float32)
-    cases = [("Adagrad", [r, np.array(-2, np.int64), x, g, h], {"decay_factor": 0.5}, 2),
-             ("Adam", [r, np.array(2, np.int64), x, g, h, h], {"alpha": 1.0, "beta": 0.5}, 3)]
+    cases = [
+        ("Adagrad", [r, np.array(-2, np.int64), x, g, h], {"decay_factor": 0.5}, 2),
+        ("Adam", [r, np.array(2, np.int64), x, g, h, h], {"alpha": 1.0, "beta": 0.5}, 3),
+    ]
     for op, ins, attrs, n_out in cases:
         want = onnx_ref(op, ins, n_out, **attrs)
         assert not np.isfinite(want[0]).all()
@@ -169,11 +191,21 @@ def test_training_errors(no_leak):
     with pytest.raises(InferShapeError, match="outputs"):
         opsnn.ops.run_op("Adagrad", [r, t, x, x, x], domain=DOMAIN, num_outputs=3)
     with pytest.raises(ParamInvalidError, match="mode"):
-        opsnn.ops.run_op("Momentum", [r, t, x, x, x], {"alpha": 0.9, "beta": 1.0, "mode": "heavy",
-                                                       "norm_coefficient": 0.0}, domain=DOMAIN, num_outputs=2)
+        opsnn.ops.run_op(
+            "Momentum",
+            [r, t, x, x, x],
+            {"alpha": 0.9, "beta": 1.0, "mode": "heavy", "norm_coefficient": 0.0},
+            domain=DOMAIN,
+            num_outputs=2,
+        )
     with pytest.raises(ParamNullptrError, match="alpha"):
-        opsnn.ops.run_op("Momentum", [r, t, x, x, x], {"beta": 1.0, "mode": "standard", "norm_coefficient": 0.0},
-                         domain=DOMAIN, num_outputs=2)
+        opsnn.ops.run_op(
+            "Momentum",
+            [r, t, x, x, x],
+            {"beta": 1.0, "mode": "standard", "norm_coefficient": 0.0},
+            domain=DOMAIN,
+            num_outputs=2,
+        )
     with pytest.raises(DTypeError):
         opsnn.ops.run_op("Adagrad", [r, t.astype(np.int32), x, x, x], domain=DOMAIN, num_outputs=2)
     with pytest.raises(ParamInvalidError, match="equal length"):

@@ -7,6 +7,7 @@ coordinates in float32) and 1e-5 against float64 formulas; float64 1e-10; 16-bit
 against the float32 computation on the same 16-bit inputs, rtol/atol 2e-2. Integer and
 index outputs compare exactly.
 """
+
 import importlib
 import warnings
 
@@ -27,8 +28,11 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 def onnx_ref(op_type, inputs, opset=22, n_out=1, **attrs):
     """One node through onnx.reference.ReferenceEvaluator; ``inputs`` may hold None (omitted)."""
     names = [f"x{i}" if a is not None else "" for i, a in enumerate(inputs)]
-    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-           for n, a in zip(names, inputs) if a is not None]
+    vis = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        for n, a in zip(names, inputs)
+        if a is not None
+    ]
     outs = [f"y{i}" for i in range(n_out)]
     node = helper.make_node(op_type, names, outs, **attrs)
     graph = helper.make_graph([node], "g", vis, [helper.make_tensor_value_info(o, 0, None) for o in outs])
@@ -55,15 +59,23 @@ def test_grid_sample_2d_matches_onnx_reference(rng, no_leak, mode, padding, alig
     x = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
     g = _grid(rng, (2, 3, 4, 2))
     want = onnx_ref("GridSample", [x, g], mode=mode, padding_mode=padding, align_corners=align)
-    ex = aclnn.grid_sample.prepare(opsnn.tensor(x), opsnn.tensor(g), mode=mode, padding_mode=padding,
-                                   align_corners=bool(align))
+    ex = aclnn.grid_sample.prepare(
+        opsnn.tensor(x), opsnn.tensor(g), mode=mode, padding_mode=padding, align_corners=bool(align)
+    )
     assert ex.kernel_name == "grid_sample_numba"
     np.testing.assert_allclose(ex.run().numpy(), want, rtol=1e-4, atol=1e-4)
-    ref = V.grid_sample(opsnn.tensor(x), opsnn.tensor(g), mode=mode, padding_mode=padding, align_corners=bool(align),
-                        algo="reference").numpy()
+    ref = V.grid_sample(
+        opsnn.tensor(x), opsnn.tensor(g), mode=mode, padding_mode=padding, align_corners=bool(align), algo="reference"
+    ).numpy()
     np.testing.assert_allclose(ref, want, rtol=1e-4, atol=1e-4)
-    numpy_k = V.grid_sample(opsnn.tensor(x), opsnn.tensor(g), mode=mode, padding_mode=padding,
-                            align_corners=bool(align), algo="grid_sample_numpy").numpy()
+    numpy_k = V.grid_sample(
+        opsnn.tensor(x),
+        opsnn.tensor(g),
+        mode=mode,
+        padding_mode=padding,
+        align_corners=bool(align),
+        algo="grid_sample_numpy",
+    ).numpy()
     np.testing.assert_allclose(numpy_k, want, rtol=1e-4, atol=1e-4)
 
 
@@ -74,8 +86,9 @@ def test_grid_sample_3d_and_1d_match_onnx_reference(rng, no_leak, mode, padding)
     g = _grid(rng, (1, 2, 2, 3, 3))
     for align in (0, 1):
         want = onnx_ref("GridSample", [x, g], mode=mode, padding_mode=padding, align_corners=align)
-        got = V.grid_sample(opsnn.tensor(x), opsnn.tensor(g), mode=mode, padding_mode=padding,
-                            align_corners=bool(align)).numpy()
+        got = V.grid_sample(
+            opsnn.tensor(x), opsnn.tensor(g), mode=mode, padding_mode=padding, align_corners=bool(align)
+        ).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     x1 = rng.standard_normal((2, 2, 6)).astype(np.float32)
     g1 = _grid(rng, (2, 5, 1))
@@ -115,8 +128,7 @@ def test_grid_sample_nan_inf_and_empty(no_leak):
     for mode in GS_MODES:
         for pad in GS_PADS:
             got = V.grid_sample(opsnn.tensor(x), opsnn.tensor(g), mode=mode, padding_mode=pad).numpy()
-            ref = V.grid_sample(opsnn.tensor(x), opsnn.tensor(g), mode=mode, padding_mode=pad,
-                                algo="reference").numpy()
+            ref = V.grid_sample(opsnn.tensor(x), opsnn.tensor(g), mode=mode, padding_mode=pad, algo="reference").numpy()
             assert np.isnan(got[0, 0, 0, 0])  # a NaN coordinate gives NaN
             np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6, equal_nan=True)
             if pad == "zeros":
@@ -125,8 +137,9 @@ def test_grid_sample_nan_inf_and_empty(no_leak):
                 assert np.isfinite(got[0, 0, 0, 1:]).all()
     empty = V.grid_sample(opsnn.tensor(x), opsnn.tensor(np.zeros((1, 0, 3, 2), np.float32))).numpy()
     assert empty.shape == (1, 1, 0, 3)
-    none = V.grid_sample(opsnn.tensor(np.zeros((0, 2, 3, 3), np.float32)),
-                         opsnn.tensor(np.zeros((0, 2, 2, 2), np.float32))).numpy()
+    none = V.grid_sample(
+        opsnn.tensor(np.zeros((0, 2, 3, 3), np.float32)), opsnn.tensor(np.zeros((0, 2, 2, 2), np.float32))
+    ).numpy()
     assert none.shape == (0, 2, 2, 2)
 
 
@@ -138,8 +151,9 @@ def test_grid_sample_16bit(rng, no_leak, dtype):
     assert ex.kernel_name == "grid_sample_numba" and ex.adapter
     got = ex.run().numpy()
     assert got.dtype == dtype
-    want = V.grid_sample_numpy(x.astype(np.float32), g.astype(np.float32),
-                               {"mode": "cubic", "padding_mode": "zeros", "align_corners": 0})
+    want = V.grid_sample_numpy(
+        x.astype(np.float32), g.astype(np.float32), {"mode": "cubic", "padding_mode": "zeros", "align_corners": 0}
+    )
     np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-2, atol=2e-2)
 
 
@@ -188,8 +202,12 @@ def _conv2d_numpy(x, w, b, stride, pad, dil, group):
         gi = o // mg
         for i in range(kh):
             for j in range(kw):
-                patch = xp[:, gi * cg:(gi + 1) * cg, i * dil[0]:i * dil[0] + stride[0] * (oh - 1) + 1:stride[0],
-                           j * dil[1]:j * dil[1] + stride[1] * (ow - 1) + 1:stride[1]]
+                patch = xp[
+                    :,
+                    gi * cg : (gi + 1) * cg,
+                    i * dil[0] : i * dil[0] + stride[0] * (oh - 1) + 1 : stride[0],
+                    j * dil[1] : j * dil[1] + stride[1] * (ow - 1) + 1 : stride[1],
+                ]
                 y[:, o] += np.einsum("nchw,c->nhw", patch, w[o, :, i, j])
     if b is not None:
         y += b.reshape(1, -1, 1, 1)
@@ -216,12 +234,12 @@ def test_deform_conv_matches_onnx_reference(rng, no_leak):
     b = rng.standard_normal(2).astype(np.float32)
     off = (rng.standard_normal((1, 2 * 4 * 2, 4, 4)) * 1.5).astype(np.float32)
     mask = rng.uniform(0, 1, size=(1, 2 * 4, 4, 4)).astype(np.float32)
-    want = onnx_ref("DeformConv", [x, w, off, b, mask], kernel_shape=[2, 2], pads=[0, 0, 0, 0], group=2,
-                    offset_group=2)
+    want = onnx_ref("DeformConv", [x, w, off, b, mask], kernel_shape=[2, 2], pads=[0, 0, 0, 0], group=2, offset_group=2)
     got = opsnn.ops.run_op("DeformConv", [x, w, off, b, mask], {"group": 2, "offset_group": 2})[0].numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    ref = opsnn.ops.run_op("DeformConv", [x, w, off, b, mask], {"group": 2, "offset_group": 2},
-                           algo="reference")[0].numpy()
+    ref = opsnn.ops.run_op("DeformConv", [x, w, off, b, mask], {"group": 2, "offset_group": 2}, algo="reference")[
+        0
+    ].numpy()
     np.testing.assert_allclose(ref, want, rtol=1e-4, atol=1e-4)
 
 
@@ -314,8 +332,9 @@ def test_nms_hand_case_functional_and_errors(no_leak):
     got = opsnn.ops.run_op("NonMaxSuppression", [boxes, scores])[0].numpy()
     assert got.shape == (0, 3)
     # no boxes at all
-    got = opsnn.ops.run_op("NonMaxSuppression", [np.zeros((1, 0, 4), np.float32), np.zeros((1, 2, 0), np.float32),
-                                                 np.array([5], np.int64)])[0].numpy()
+    got = opsnn.ops.run_op(
+        "NonMaxSuppression", [np.zeros((1, 0, 4), np.float32), np.zeros((1, 2, 0), np.float32), np.array([5], np.int64)]
+    )[0].numpy()
     assert got.shape == (0, 3)
     with pytest.raises(InferShapeError, match="boxes"):
         opsnn.ops.run_op("NonMaxSuppression", [boxes[..., :3], scores])
@@ -335,8 +354,9 @@ def test_cumprod_matches_onnx_reference(rng, no_leak, exclusive, reverse):
         ex = aclnn.cumprod.prepare(opsnn.tensor(x), axis, exclusive=bool(exclusive), reverse=bool(reverse))
         assert ex.kernel_name == "cumprod_numpy"
         np.testing.assert_allclose(ex.run().numpy(), want, rtol=1e-5, atol=1e-6)
-        ref = V.cumprod(opsnn.tensor(x), axis, exclusive=bool(exclusive), reverse=bool(reverse),
-                        algo="reference").numpy()
+        ref = V.cumprod(
+            opsnn.tensor(x), axis, exclusive=bool(exclusive), reverse=bool(reverse), algo="reference"
+        ).numpy()
         np.testing.assert_allclose(ref, want, rtol=1e-5, atol=1e-6)
 
 
@@ -344,22 +364,24 @@ def test_cumprod_integers_wrap_nan_empty_noncontiguous_16bit(rng, no_leak):
     x = rng.integers(-1000, 1000, size=(2, 9)).astype(np.int32)
     got = V.cumprod(opsnn.tensor(x), 1).numpy()
     # exact products wrapped to int32 (two's complement), computed with Python integers
-    exact = np.array([[int(np.prod([int(v) for v in row[:j + 1]], dtype=object)) for j in range(9)] for row in x],
-                     dtype=object)
-    want = np.array([[(v + 2 ** 31) % 2 ** 32 - 2 ** 31 for v in row] for row in exact], np.int64).astype(np.int32)
+    exact = np.array(
+        [[int(np.prod([int(v) for v in row[: j + 1]], dtype=object)) for j in range(9)] for row in x], dtype=object
+    )
+    want = np.array([[(v + 2**31) % 2**32 - 2**31 for v in row] for row in exact], np.int64).astype(np.int32)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(V.cumprod(opsnn.tensor(x), 1, algo="reference").numpy(), want)
-    u = np.array([2 ** 31, 3, 5], np.uint32)
-    np.testing.assert_array_equal(V.cumprod(opsnn.tensor(u), 0).numpy(), np.array([2 ** 31, 2 ** 31, 2 ** 31],
-                                                                                  np.uint32))
+    u = np.array([2**31, 3, 5], np.uint32)
+    np.testing.assert_array_equal(V.cumprod(opsnn.tensor(u), 0).numpy(), np.array([2**31, 2**31, 2**31], np.uint32))
     f = np.array([2.0, np.nan, 3.0, 0.0, np.inf], np.float64)
-    np.testing.assert_array_equal(V.cumprod(opsnn.tensor(f), 0, exclusive=True).numpy(),
-                                  [1.0, 2.0, np.nan, np.nan, np.nan])
+    np.testing.assert_array_equal(
+        V.cumprod(opsnn.tensor(f), 0, exclusive=True).numpy(), [1.0, 2.0, np.nan, np.nan, np.nan]
+    )
     np.testing.assert_array_equal(V.cumprod(opsnn.tensor(f[3:]), 0).numpy(), [0.0, np.nan])
     assert V.cumprod(opsnn.tensor(np.zeros((0, 3), np.float32)), 0).numpy().shape == (0, 3)
     a = rng.uniform(0.5, 1.5, size=(5, 4)).astype(np.float32)
-    np.testing.assert_allclose(V.cumprod(opsnn.from_numpy(a.T), 1).numpy(), np.cumprod(a.T.astype(np.float64), 1),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        V.cumprod(opsnn.from_numpy(a.T), 1).numpy(), np.cumprod(a.T.astype(np.float64), 1), rtol=1e-5
+    )
     h = a.astype(np.float16)
     got = V.cumprod(opsnn.tensor(h), 0).numpy()
     assert got.dtype == np.float16
@@ -380,10 +402,15 @@ def test_det_matches_numpy_linalg(rng, no_leak):
         np.testing.assert_allclose(ex.run().numpy(), want, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(V.det(opsnn.tensor(x), algo="reference").numpy(), want, rtol=1e-9, atol=1e-12)
     x32 = rng.standard_normal((6, 3, 3)).astype(np.float32)
-    np.testing.assert_allclose(V.det(opsnn.tensor(x32)).numpy(), np.linalg.det(x32.astype(np.float64)), rtol=1e-5,
-                               atol=1e-6)
-    np.testing.assert_allclose(V.det(opsnn.from_numpy(x32.transpose(0, 2, 1))).numpy(),
-                               np.linalg.det(x32.astype(np.float64)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        V.det(opsnn.tensor(x32)).numpy(), np.linalg.det(x32.astype(np.float64)), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        V.det(opsnn.from_numpy(x32.transpose(0, 2, 1))).numpy(),
+        np.linalg.det(x32.astype(np.float64)),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     sing = np.array([[1.0, 2.0], [2.0, 4.0]], np.float32)
     assert V.det(opsnn.tensor(sing)).numpy() == 0
     assert V.det(opsnn.tensor(sing), algo="reference").numpy() == 0
@@ -398,9 +425,12 @@ def test_det_matches_numpy_linalg(rng, no_leak):
 
 # == BitCast ========================================================================================
 def test_bitcast_same_width_pairs(rng, no_leak):
-    groups = [[np.int8, np.uint8, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2],
-              [np.int16, np.uint16, np.float16, ml_dtypes.bfloat16],
-              [np.int32, np.uint32, np.float32], [np.int64, np.uint64, np.float64, np.complex64]]
+    groups = [
+        [np.int8, np.uint8, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2],
+        [np.int16, np.uint16, np.float16, ml_dtypes.bfloat16],
+        [np.int32, np.uint32, np.float32],
+        [np.int64, np.uint64, np.float64, np.complex64],
+    ]
     for group in groups:
         raw = rng.integers(0, 255, size=(3, 8 * np.dtype(group[0]).itemsize), dtype=np.uint8)
         for src in group:
@@ -410,8 +440,9 @@ def test_bitcast_same_width_pairs(rng, no_leak):
                 assert got.dtype == np.dtype(dst) and got.shape == x.shape
                 np.testing.assert_array_equal(got.view(np.uint8), x.view(np.uint8))
     x = np.array([1.5, -0.0, np.inf], np.float32)
-    np.testing.assert_array_equal(V.bitcast(opsnn.from_numpy(np.stack([x, x])[:, ::2]), "int32").numpy(),
-                                  np.stack([x, x])[:, ::2].view(np.int32))
+    np.testing.assert_array_equal(
+        V.bitcast(opsnn.from_numpy(np.stack([x, x])[:, ::2]), "int32").numpy(), np.stack([x, x])[:, ::2].view(np.int32)
+    )
     want = onnx_ref("BitCast", [x], opset=26, to=6)
     np.testing.assert_array_equal(V.bitcast(opsnn.tensor(x), "int32").numpy(), want)
     assert V.bitcast(opsnn.tensor(np.zeros((0, 2), np.float32)), "uint32").numpy().shape == (0, 2)
@@ -425,13 +456,13 @@ def test_bitcast_same_width_pairs(rng, no_leak):
 def test_bitcast_bool_subbyte_and_errors(no_leak):
     b = np.array([True, False, True])
     np.testing.assert_array_equal(V.bitcast(opsnn.tensor(b), "uint8").numpy(), [1, 0, 1])
-    np.testing.assert_array_equal(V.bitcast(opsnn.tensor(np.array([0, 1, 7], np.uint8)), "bool").numpy(),
-                                  [False, True, True])
+    np.testing.assert_array_equal(
+        V.bitcast(opsnn.tensor(np.array([0, 1, 7], np.uint8)), "bool").numpy(), [False, True, True]
+    )
     i4 = np.array([-1, 7, -8, 0], ml_dtypes.int4)
     u4 = V.bitcast(opsnn.tensor(i4), ml_dtypes.uint4).numpy()
     np.testing.assert_array_equal(u4.astype(np.int64), [15, 7, 8, 0])
-    np.testing.assert_array_equal(V.bitcast(opsnn.tensor(u4), ml_dtypes.int4).numpy().astype(np.int64),
-                                  [-1, 7, -8, 0])
+    np.testing.assert_array_equal(V.bitcast(opsnn.tensor(u4), ml_dtypes.int4).numpy().astype(np.int64), [-1, 7, -8, 0])
     with pytest.raises(DTypeError, match="bit width"):
         V.bitcast(opsnn.tensor(np.zeros(3, np.float32)), "int64")
     with pytest.raises(DTypeError, match="bit width"):
@@ -452,8 +483,10 @@ def test_tensor_scatter_matches_onnx_reference(rng, no_leak, mode):
     ex = aclnn.tensor_scatter.prepare(opsnn.tensor(past), opsnn.tensor(upd), opsnn.tensor(wi), mode=mode)
     assert ex.kernel_name == "tensor_scatter_numpy"
     np.testing.assert_array_equal(ex.run().numpy(), want)
-    np.testing.assert_array_equal(V.tensor_scatter(opsnn.tensor(past), opsnn.tensor(upd), opsnn.tensor(wi), mode=mode,
-                                                   algo="reference").numpy(), want)
+    np.testing.assert_array_equal(
+        V.tensor_scatter(opsnn.tensor(past), opsnn.tensor(upd), opsnn.tensor(wi), mode=mode, algo="reference").numpy(),
+        want,
+    )
     # another axis, no write_indices, non-contiguous update
     past2 = rng.standard_normal((2, 5, 3)).astype(np.float32)
     upd2 = rng.standard_normal((2, 3, 2)).astype(np.float32).transpose(0, 2, 1)
@@ -468,8 +501,11 @@ def test_tensor_scatter_strings_empty_and_errors(no_leak):
     got = V.tensor_scatter(opsnn.tensor(past), opsnn.tensor(upd), np.array([2, 1], np.int64), axis=1).numpy()
     assert got.tolist() == [["a", "b", "x"], ["d", "y", "f"]]
     empty = np.zeros((2, 4, 0), np.float32)
-    assert V.tensor_scatter(opsnn.tensor(empty), opsnn.tensor(np.zeros((2, 1, 0), np.float32))).numpy().shape == \
-        (2, 4, 0)
+    assert V.tensor_scatter(opsnn.tensor(empty), opsnn.tensor(np.zeros((2, 1, 0), np.float32))).numpy().shape == (
+        2,
+        4,
+        0,
+    )
     p = opsnn.tensor(np.zeros((2, 4, 3), np.float32))
     u = opsnn.tensor(np.ones((2, 2, 3), np.float32))
     with pytest.raises(ParamInvalidError, match="exceeds"):

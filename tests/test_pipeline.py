@@ -6,6 +6,7 @@ Oracles: frame indices and hand-computed values for the engine; numpy preprocess
 bilinear resize written here) + the model run directly for the video pipeline; the frames
 that were written for the sources.
 """
+
 import gc
 import json
 import os
@@ -54,10 +55,19 @@ def test_frames_in_order_with_uneven_stages(no_leak):
         def fn(v):
             time.sleep(delays[k][v[0]])  # sleeps release the GIL, so frames overtake unless ordered
             return v + (k,)
+
         return fn
+
     base = _threads()
-    pipe = Pipeline([Stage("a", lambda i: (i,), uses_ops=False), Stage("b", slow(0)),
-                     Stage("c", slow(1), uses_ops=False), Stage("d", slow(2))], queue_size=1)
+    pipe = Pipeline(
+        [
+            Stage("a", lambda i: (i,), uses_ops=False),
+            Stage("b", slow(0)),
+            Stage("c", slow(1), uses_ops=False),
+            Stage("d", slow(2)),
+        ],
+        queue_size=1,
+    )
     res = pipe.run(range(40))
     assert res.outputs == [(i, 0, 1, 2) for i in range(40)]
     assert res.completed == list(range(40)) and not res.failed and not res.not_processed
@@ -80,9 +90,16 @@ def test_back_pressure_bounds_frames_in_flight():
         time.sleep(0.003)
         consumed.append(v)
         return v
+
     q = 2
-    pipe = Pipeline([Stage("decode", lambda i: i, uses_ops=False), Stage("mid", lambda v: v, uses_ops=False),
-                     Stage("sink", slow_sink, uses_ops=False)], queue_size=q)
+    pipe = Pipeline(
+        [
+            Stage("decode", lambda i: i, uses_ops=False),
+            Stage("mid", lambda v: v, uses_ops=False),
+            Stage("sink", slow_sink, uses_ops=False),
+        ],
+        queue_size=q,
+    )
     ahead = []
     res = pipe.run(source(), on_output=lambda i, v: ahead.append(len(read) - len(consumed)))
     assert res.outputs == list(range(30))
@@ -100,10 +117,17 @@ def test_ops_stages_run_on_their_own_streams(no_leak):
             s = opsnn.current_stream()
             seen[name] = (s.name, s.inline, threading.current_thread().name)
             return ops.add(opsnn.tensor(x), 1.0).numpy().copy()
+
         return fn
+
     base = _threads()
-    pipe = Pipeline([Stage("decode", lambda i: np.full(4, i, np.float32), uses_ops=False),
-                     Stage("pre", record("pre")), Stage("post", record("post"))])
+    pipe = Pipeline(
+        [
+            Stage("decode", lambda i: np.full(4, i, np.float32), uses_ops=False),
+            Stage("pre", record("pre")),
+            Stage("post", record("post")),
+        ]
+    )
     res = pipe.run(range(5))
     np.testing.assert_array_equal(np.stack(res.outputs), np.repeat(np.arange(5, dtype=np.float32)[:, None] + 2, 4, 1))
     assert seen["pre"][0] == "pipeline:pre" and seen["post"][0] == "pipeline:post"
@@ -113,8 +137,9 @@ def test_ops_stages_run_on_their_own_streams(no_leak):
 
 
 def test_sequential_mode_same_outputs_and_timings(no_leak):
-    pipe = Pipeline([Stage("decode", lambda i: np.full(3, i, np.float32), uses_ops=False),
-                     Stage("double", _scale_stage)])
+    pipe = Pipeline(
+        [Stage("decode", lambda i: np.full(3, i, np.float32), uses_ops=False), Stage("double", _scale_stage)]
+    )
     seq = pipe.run_sequential(range(6))
     par = pipe.run(range(6))
     np.testing.assert_array_equal(np.stack(seq.outputs), np.stack(par.outputs))
@@ -126,8 +151,10 @@ def test_sequential_mode_same_outputs_and_timings(no_leak):
 
 def test_iter_yields_in_order_and_early_close_stops_threads(no_leak):
     base = _threads()
-    pipe = Pipeline([Stage("decode", lambda i: np.full(2, i, np.float32), uses_ops=False),
-                     Stage("double", _scale_stage)], queue_size=1)
+    pipe = Pipeline(
+        [Stage("decode", lambda i: np.full(2, i, np.float32), uses_ops=False), Stage("double", _scale_stage)],
+        queue_size=1,
+    )
     got = []
     gen = pipe.iter(range(1000))
     for idx, out in gen:
@@ -152,9 +179,15 @@ def test_stage_workers_run_side_by_side_and_keep_frame_order(no_leak):
             both.wait()
         time.sleep(0.002 * (12 - i) / 12)
         return np.full(3, i, np.float32)
+
     base = _threads()
-    pipe = Pipeline([Stage("decode", decode, uses_ops=False, workers=2),
-                     Stage("double", _scale_stage, workers=3), Stage("sink", lambda a: a, uses_ops=False)])
+    pipe = Pipeline(
+        [
+            Stage("decode", decode, uses_ops=False, workers=2),
+            Stage("double", _scale_stage, workers=3),
+            Stage("sink", lambda a: a, uses_ops=False),
+        ]
+    )
     res = pipe.run(range(12))
     assert [float(o[0]) for o in res.outputs] == [2.0 * i for i in range(12)]
     assert res.completed == list(range(12))
@@ -177,8 +210,11 @@ def test_stage_workers_after_frames_dropped_upstream_do_not_wait_for_them(no_lea
         if i == 4:
             raise ValueError("bad frame 4")
         return i
-    pipe = Pipeline([Stage("decode", flaky, uses_ops=False, workers=2),
-                     Stage("work", lambda v: v * 10, uses_ops=False, workers=2)], queue_size=1)
+
+    pipe = Pipeline(
+        [Stage("decode", flaky, uses_ops=False, workers=2), Stage("work", lambda v: v * 10, uses_ops=False, workers=2)],
+        queue_size=1,
+    )
     with pytest.raises(StageError) as ei:
         pipe.run(range(30))
     res = ei.value.result
@@ -189,8 +225,9 @@ def test_stage_workers_after_frames_dropped_upstream_do_not_wait_for_them(no_lea
 
 def test_stage_workers_early_close_stops_every_worker(no_leak):
     base = _threads()
-    pipe = Pipeline([Stage("decode", lambda i: i, uses_ops=False, workers=2), Stage("w", lambda v: v, workers=2)],
-                    queue_size=1)
+    pipe = Pipeline(
+        [Stage("decode", lambda i: i, uses_ops=False, workers=2), Stage("w", lambda v: v, workers=2)], queue_size=1
+    )
     gen = pipe.iter(range(1000))
     assert [next(gen)[1] for _ in range(3)] == [0, 1, 2]
     gen.close()
@@ -199,10 +236,12 @@ def test_stage_workers_early_close_stops_every_worker(no_leak):
 
 def _doubler(sizes, delay=0.0):
     """A batched stage fn (list in, list out) that records each call's batch size."""
+
     def fn(items):
         sizes.append(len(items))
         time.sleep(delay)
         return [ops.mul(opsnn.tensor(a), 2.0).numpy().copy() for a in items]
+
     return fn
 
 
@@ -212,9 +251,14 @@ def test_batched_stage_takes_the_frames_already_waiting(no_leak, workers):
     # most max_batch; frames keep their order and values, with one worker or two
     sizes = []
     base = _threads()
-    pipe = Pipeline([Stage("decode", lambda i: np.full(3, i, np.float32), uses_ops=False),
-                     Stage("work", _doubler(sizes, 0.01), max_batch=3, workers=workers),
-                     Stage("sink", lambda a: a, uses_ops=False)], queue_size=6)
+    pipe = Pipeline(
+        [
+            Stage("decode", lambda i: np.full(3, i, np.float32), uses_ops=False),
+            Stage("work", _doubler(sizes, 0.01), max_batch=3, workers=workers),
+            Stage("sink", lambda a: a, uses_ops=False),
+        ],
+        queue_size=6,
+    )
     res = pipe.run(range(40))
     assert [float(o[0]) for o in res.outputs] == [2.0 * i for i in range(40)]
     assert res.completed == list(range(40)) and not res.failed and not res.not_processed
@@ -237,10 +281,15 @@ def test_batched_stage_never_waits_for_a_batch_to_fill(no_leak):
         for i in range(n):
             yield i
             assert left[i].wait(5), f"frame {i} was held back"
+
     sizes = []
-    pipe = Pipeline([Stage("decode", lambda i: np.full(2, i, np.float32), uses_ops=False),
-                     Stage("work", _doubler(sizes), max_batch=4),
-                     Stage("sink", lambda a: left[int(a[0]) // 2].set() or a, uses_ops=False)])
+    pipe = Pipeline(
+        [
+            Stage("decode", lambda i: np.full(2, i, np.float32), uses_ops=False),
+            Stage("work", _doubler(sizes), max_batch=4),
+            Stage("sink", lambda a: left[int(a[0]) // 2].set() or a, uses_ops=False),
+        ]
+    )
     res = pipe.run(source())
     assert [float(o[0]) for o in res.outputs] == [2.0 * i for i in range(n)] and sizes == [1] * n
 
@@ -259,9 +308,15 @@ def test_batched_stage_failure_names_the_frame_that_raised(no_leak, workers):
             raise ValueError("boom")
         time.sleep(0.002)
         return [ops.add(opsnn.tensor(a), 1.0).numpy().copy() for a in items]
+
     base = _threads()
-    pipe = Pipeline([Stage("decode", lambda i: np.full(4, i, np.float32), uses_ops=False),
-                     Stage("work", work, max_batch=3, workers=workers)], queue_size=6)
+    pipe = Pipeline(
+        [
+            Stage("decode", lambda i: np.full(4, i, np.float32), uses_ops=False),
+            Stage("work", work, max_batch=3, workers=workers),
+        ],
+        queue_size=6,
+    )
     with pytest.raises(StageError) as ei:
         pipe.run(range(n))
     err, res = ei.value, ei.value.result
@@ -274,19 +329,25 @@ def test_batched_stage_failure_names_the_frame_that_raised(no_leak, workers):
     assert _threads() == base
     gc.collect()
     assert opsnn.memory.current_bytes() == pool_base
+
     # a batch that fails while each of its frames passes alone: the frames' own outputs
     def only_alone(items):
         if len(items) > 1:
             raise MemoryError("batch too large")
         return [items[0] * 2]
-    res = Pipeline([Stage("decode", lambda i: i, uses_ops=False), Stage("work", only_alone, uses_ops=False,
-                                                                         max_batch=4)], queue_size=4).run(range(20))
+
+    res = Pipeline(
+        [Stage("decode", lambda i: i, uses_ops=False), Stage("work", only_alone, uses_ops=False, max_batch=4)],
+        queue_size=4,
+    ).run(range(20))
     assert res.outputs == [2 * i for i in range(20)] and not res.failed
 
 
 def test_batched_stage_must_return_one_output_per_frame(no_leak):
-    for fn, said in ((lambda items: items + items, "it got 1 and returned 2"),
-                     (lambda items: np.zeros(len(items)), "it got 1 and returned a ndarray")):
+    for fn, said in (
+        (lambda items: items + items, "it got 1 and returned 2"),
+        (lambda items: np.zeros(len(items)), "it got 1 and returned a ndarray"),
+    ):
         pipe = Pipeline([Stage("decode", lambda i: i, uses_ops=False), Stage("work", fn, uses_ops=False, max_batch=2)])
         with pytest.raises(StageError) as ei:
             pipe.run(range(4))
@@ -314,9 +375,11 @@ def test_crashed_stage_surfaces_typed_error_and_cleans_up(no_leak, where, worker
             if isinstance(x, int):
                 return np.full(1024, x, np.float32)
             return ops.add(opsnn.tensor(x), 0.0).numpy().copy() if uses_ops else x
+
         if batch is None or name == "decode":
             return Stage(name, fn, uses_ops=uses_ops, workers=workers)
         return Stage(name, lambda xs: [fn(x) for x in xs], uses_ops=uses_ops, workers=workers, max_batch=batch)
+
     base = _threads()
     pipe = Pipeline([stage("decode", False), stage("pre"), stage("infer"), stage("post")], queue_size=2)
     with pytest.raises(StageError) as ei:
@@ -327,10 +390,10 @@ def test_crashed_stage_surfaces_typed_error_and_cleans_up(no_leak, where, worker
     assert f"stage {where!r} failed on frame {bad}" in str(err)
     assert isinstance(err, opsnn.errors.OpsnnRuntimeError)
     res = err.result
-    assert res.completed == list(range(bad))                         # frames before the failure finished
+    assert res.completed == list(range(bad))  # frames before the failure finished
     assert [int(o[0]) for o in res.outputs] == list(range(bad))
     assert res.failed == {bad: where}
-    assert res.not_processed == list(range(bad + 1, n))              # the rest are reported, not lost
+    assert res.not_processed == list(range(bad + 1, n))  # the rest are reported, not lost
     assert sorted(res.completed + list(res.failed) + res.not_processed) == list(range(n))
     del err, res, ei
     assert _threads() == base
@@ -343,6 +406,7 @@ def test_iter_raises_after_the_completed_frames(no_leak):
         if i == 3:
             raise RuntimeError("bad frame")
         return i
+
     pipe = Pipeline([Stage("decode", lambda i: i, uses_ops=False), Stage("work", fn)])
     got = []
     with pytest.raises(StageError) as ei:
@@ -357,6 +421,7 @@ def test_source_error_and_unsized_source(no_leak):
         yield 0
         yield 1
         raise OSError("disk gone")
+
     pipe = Pipeline([Stage("decode", lambda i: i, uses_ops=False), Stage("post", lambda v: v * 10, uses_ops=False)])
     with pytest.raises(StageError) as ei:
         pipe.run(source())
@@ -373,6 +438,7 @@ def test_kernel_error_on_a_stage_stream_is_that_stages_error(no_leak):
     def gather(i):
         idx = opsnn.tensor(np.array([i], np.int64))  # index 4+ is out of range: the kernel raises
         return ops.gather(data, idx, 0).numpy().copy()
+
     base = _threads()
     pipe = Pipeline([Stage("decode", lambda i: i, uses_ops=False), Stage("lookup", gather)])
     with pytest.raises(StageError) as ei:
@@ -385,12 +451,15 @@ def test_kernel_error_on_a_stage_stream_is_that_stages_error(no_leak):
 
 def test_consumer_error_stops_threads(no_leak):
     base = _threads()
-    pipe = Pipeline([Stage("decode", lambda i: np.zeros(8, np.float32) + i, uses_ops=False),
-                     Stage("double", _scale_stage)], queue_size=1)
+    pipe = Pipeline(
+        [Stage("decode", lambda i: np.zeros(8, np.float32) + i, uses_ops=False), Stage("double", _scale_stage)],
+        queue_size=1,
+    )
 
     def callback(i, out):
         if i == 2:
             raise KeyError("consumer")
+
     with pytest.raises(KeyError):
         pipe.run(range(100), on_output=callback)
     assert _threads() == base
@@ -398,6 +467,7 @@ def test_consumer_error_stops_threads(no_leak):
 
 def test_blas_threads_set_during_a_pipelined_run_and_restored(no_leak):
     from opsnn.runtime.blas import blas_threads, get_blas_threads
+
     before = get_blas_threads()
     if before is None:
         pytest.skip("numpy's BLAS is not OpenBLAS")
@@ -527,14 +597,15 @@ def test_video_file_damage(tmp_path):
     with pytest.raises(ParamInvalidError, match="not a readable video"):
         VideoFile(str(tmp_path / "cut.mp4"))
     bad = bytearray(data)
-    bad[len(data) // 2: len(data) // 2 + 400] = np.random.default_rng(0).integers(0, 256, 400, np.uint8).tobytes()
+    bad[len(data) // 2 : len(data) // 2 + 400] = np.random.default_rng(0).integers(0, 256, 400, np.uint8).tobytes()
     (tmp_path / "bad.mp4").write_bytes(bytes(bad))
     src = VideoFile(str(tmp_path / "bad.mp4"))
     with pytest.raises(ParamInvalidError, match="decoding failed after"):
         for _ in src:
             pass
-    pipe = Pipeline([Stage("decode", src.decode, uses_ops=False),
-                     Stage("mean", lambda f: float(f.mean()), uses_ops=False)])
+    pipe = Pipeline(
+        [Stage("decode", src.decode, uses_ops=False), Stage("mean", lambda f: float(f.mean()), uses_ops=False)]
+    )
     for run in (pipe.run, pipe.run_sequential):
         with pytest.raises(StageError) as ei:
             run(src)
@@ -554,6 +625,7 @@ def _np_bilinear(img, size):
         i0 = np.minimum(np.floor(x).astype(int), n_in - 1)
         i1 = np.minimum(i0 + 1, n_in - 1)
         return i0, i1, x - i0
+
     y0, y1, fy = axis(h, size)
     x0, x1, fx = axis(w, size)
     top = img[:, y0][:, :, x0] * (1 - fx) + img[:, y0][:, :, x1] * fx
@@ -645,7 +717,9 @@ def test_video_pipeline_bad_frames_and_arguments(tmp_path, no_leak):
         video_pipeline(src, model=cg, image_size=16, top_k=2, infer_workers=0)
     with pytest.raises(ParamInvalidError, match="infer_batch must be an int >= 1"):
         video_pipeline(src, model=cg, image_size=16, top_k=2, infer_batch=0)
-    static = opsnn.compile(opsnn.models.SmallConvNet(num_classes=4, image_size=16), [np.zeros((1, 3, 16, 16), np.float32)])
+    static = opsnn.compile(
+        opsnn.models.SmallConvNet(num_classes=4, image_size=16), [np.zeros((1, 3, 16, 16), np.float32)]
+    )
     with pytest.raises(ParamInvalidError, match="infer_batch=2 needs a model whose batch dimension may change"):
         video_pipeline(src, model=static, image_size=16, top_k=2, infer_batch=2)
     assert video_pipeline(src, model=static, image_size=16, top_k=2).stages[2].max_batch == 1
@@ -653,6 +727,7 @@ def test_video_pipeline_bad_frames_and_arguments(tmp_path, no_leak):
 
     class Sequential(SyntheticVideo):  # a source that decodes in sequence (like a video file)
         independent_frames = False
+
     with pytest.raises(ParamInvalidError, match="decodes frames in sequence"):
         video_pipeline(Sequential(2, 24, 32), model=cg, image_size=16, top_k=2, decode_workers=2)
     # a folder whose third frame has another size: decode fails on frame 2, naming the stage
@@ -690,9 +765,32 @@ def test_video_bench_and_cli(tmp_path, capsys):
     # two frames a call by default; the same pipeline one frame a call is timed too
     assert rep["workload"]["infer_batch"] == 2 and {"pipelined", "pipelined_batch1"} <= set(rep["fps_by_mode"])
     out = tmp_path / "v.json"
-    rc = cli_video_bench(["--frames", "4", "--model", "smallnet", "--image-size", "16", "--height", "24",
-                          "--width", "32", "--source", "npy", "--repeat", "1", "--decode-workers", "2",
-                          "--infer-workers", "2", "--infer-batch", "1", "--json", str(out)])
+    rc = cli_video_bench(
+        [
+            "--frames",
+            "4",
+            "--model",
+            "smallnet",
+            "--image-size",
+            "16",
+            "--height",
+            "24",
+            "--width",
+            "32",
+            "--source",
+            "npy",
+            "--repeat",
+            "1",
+            "--decode-workers",
+            "2",
+            "--infer-workers",
+            "2",
+            "--infer-batch",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0 and "frames/s" in text and "the frames/s of sequential" in text and "preprocess" in text
     assert "2 decode workers" in text and "target" not in text

@@ -1,5 +1,6 @@
 """Graph plots: fused nodes highlighted with their origins, shapes on edges, formats, and a
 clear error when Graphviz is missing."""
+
 import shutil
 
 import numpy as np
@@ -12,9 +13,17 @@ from opsnn.tools import plot
 
 def _graph(rng):
     init = {"w": rng.standard_normal((6, 6, 3, 3)).astype(np.float32), "b": rng.standard_normal(6).astype(np.float32)}
-    return Graph("res", inputs=[Value("x", np.float32, ("N", 6, 9, 9))], outputs=["y"], initializers=init,
-                 nodes=[Node("Conv", ["x", "w", "b"], ["c"], {"pads": [1, 1, 1, 1]}), Node("Add", ["c", "x"], ["a"]),
-                        Node("Relu", ["a"], ["y"])])
+    return Graph(
+        "res",
+        inputs=[Value("x", np.float32, ("N", 6, 9, 9))],
+        outputs=["y"],
+        initializers=init,
+        nodes=[
+            Node("Conv", ["x", "w", "b"], ["c"], {"pads": [1, 1, 1, 1]}),
+            Node("Add", ["c", "x"], ["a"]),
+            Node("Relu", ["a"], ["y"]),
+        ],
+    )
 
 
 def test_dot_source_marks_fusions_and_shapes(rng):

@@ -1,5 +1,6 @@
 """Precision compare: per-node error vs fp32, the first node over tolerance, the first NaN/Inf
 and why, op types to keep in fp32; the CLI."""
+
 import numpy as np
 import pytest
 
@@ -9,11 +10,18 @@ from opsnn.graph.serialize import save
 
 
 def _graph(rng):
-    return Graph("p", inputs=[Value("x", np.float32, (4, 16))], outputs=["y"],
-                 initializers={"w": (rng.standard_normal((16, 16)) * 30).astype(np.float32),
-                               "k": np.array(1e-12, np.float32)},
-                 nodes=[Node("MatMul", ["x", "w"], ["h"], name="mm"), Node("Mul", ["h", "k"], ["small"], name="scale"),
-                        Node("Div", ["h", "small"], ["d"], name="div"), Node("Relu", ["d"], ["y"], name="relu")])
+    return Graph(
+        "p",
+        inputs=[Value("x", np.float32, (4, 16))],
+        outputs=["y"],
+        initializers={"w": (rng.standard_normal((16, 16)) * 30).astype(np.float32), "k": np.array(1e-12, np.float32)},
+        nodes=[
+            Node("MatMul", ["x", "w"], ["h"], name="mm"),
+            Node("Mul", ["h", "k"], ["small"], name="scale"),
+            Node("Div", ["h", "small"], ["d"], name="div"),
+            Node("Relu", ["d"], ["y"], name="relu"),
+        ],
+    )
 
 
 def test_reports_errors_and_diagnoses_the_first_nan(rng):
@@ -31,9 +39,13 @@ def test_reports_errors_and_diagnoses_the_first_nan(rng):
 
 def test_bfloat16_and_policy(rng):
     x = rng.standard_normal((4, 16)).astype(np.float32)
-    g = Graph("ok", inputs=[Value("x", np.float32, (4, 16))], outputs=["y"],
-              initializers={"w": rng.standard_normal((16, 16)).astype(np.float32)},
-              nodes=[Node("MatMul", ["x", "w"], ["h"]), Node("Softmax", ["h"], ["y"], {"axis": -1})])
+    g = Graph(
+        "ok",
+        inputs=[Value("x", np.float32, (4, 16))],
+        outputs=["y"],
+        initializers={"w": rng.standard_normal((16, 16)).astype(np.float32)},
+        nodes=[Node("MatMul", ["x", "w"], ["h"]), Node("Softmax", ["h"], ["y"], {"axis": -1})],
+    )
     rep = opsnn.tools.precision_compare(g, {"x": x}, dtype="bfloat16", tolerance=0.05)
     assert rep.first_nonfinite is None and rep.rows[0].max_rel < 0.05
     pol = opsnn.tools.precision_compare(g, {"x": x}, dtype={"MatMul": "float16", "Softmax": "float32"})
@@ -53,9 +65,16 @@ def test_compare_cli(rng, tmp_path, capsys):
 
 def test_a_nan_row_says_nan_has_no_cosine_and_only_causes_are_kept_in_fp32(rng):
     # exp overflows float16 (x ~ 20 -> e^20 > 65504): +Inf starts at Exp; Relu and Add only inherit it
-    g = Graph("ovf", inputs=[Value("x", np.float32, (2, 8))], outputs=["y"],
-              nodes=[Node("Exp", ["x"], ["e"], name="exp"), Node("Relu", ["e"], ["r"], name="relu"),
-                     Node("Sub", ["r", "r"], ["y"], name="sub")])
+    g = Graph(
+        "ovf",
+        inputs=[Value("x", np.float32, (2, 8))],
+        outputs=["y"],
+        nodes=[
+            Node("Exp", ["x"], ["e"], name="exp"),
+            Node("Relu", ["e"], ["r"], name="relu"),
+            Node("Sub", ["r", "r"], ["y"], name="sub"),
+        ],
+    )
     x = np.full((2, 8), 1.0, np.float32)
     x[0, 3] = 20.0
     rep = opsnn.tools.precision_compare(g, {"x": x}, dtype="float16")
@@ -75,8 +94,12 @@ def test_a_nan_row_says_nan_has_no_cosine_and_only_causes_are_kept_in_fp32(rng):
 def test_compare_cli_takes_shapes_for_symbolic_dims(tmp_path, capsys):
     from opsnn.cli import main
 
-    g = Graph("sym", inputs=[Value("x", np.float32, ("N", 3, "H", "W"))], outputs=["y"],
-              nodes=[Node("Relu", ["x"], ["y"], name="relu")])
+    g = Graph(
+        "sym",
+        inputs=[Value("x", np.float32, ("N", 3, "H", "W"))],
+        outputs=["y"],
+        nodes=[Node("Relu", ["x"], ["y"], name="relu")],
+    )
     path = save(g, str(tmp_path / "sym.onnx"))
     assert main(["compare", path, "--shape", "x=2,3,8,8"]) == 0
     assert "relu" in capsys.readouterr().out

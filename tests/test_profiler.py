@@ -1,4 +1,5 @@
 """Profiler and trace analyzer: recording through hooks, exports, analysis, bad traces."""
+
 import json
 import xml.etree.ElementTree as ET
 
@@ -137,15 +138,33 @@ def test_opsnn_debug_levels_print_choices_and_kernel_lines(capsys):
 
 def _trace(events):
     """A trace of kernel events on stream 0: (name, ts_us, dur_us)."""
-    return {"traceEvents": [{"ph": "X", "pid": 0, "tid": 0, "name": n, "cat": "kernel", "ts": t, "dur": d,
-                             "args": {"kernel": n.lower()}} for n, t, d in events]}
+    return {
+        "traceEvents": [
+            {
+                "ph": "X",
+                "pid": 0,
+                "tid": 0,
+                "name": n,
+                "cat": "kernel",
+                "ts": t,
+                "dur": d,
+                "args": {"kernel": n.lower()},
+            }
+            for n, t, d in events
+        ]
+    }
 
 
 def test_analyzer_names_unfused_residuals_and_layout_cost():
     seq, t = [], 0.0
     for _ in range(3):  # conv, then a residual that leaves the blocked layout, then the next conv
-        for name, dur in (("opsnn::BlockedConv", 100), ("opsnn::FromBlocked", 8), ("Sum", 5), ("Relu", 3),
-                          ("opsnn::ToBlocked", 8)):
+        for name, dur in (
+            ("opsnn::BlockedConv", 100),
+            ("opsnn::FromBlocked", 8),
+            ("Sum", 5),
+            ("Relu", 3),
+            ("opsnn::ToBlocked", 8),
+        ):
             seq.append((name, t, dur))
             t += dur
     rep = trace.analyze(trace.load_trace_events(_trace(seq)))

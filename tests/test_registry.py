@@ -1,5 +1,6 @@
 """The op registry and the two-phase API, driven by a custom op registered from outside
 the package with the same public API the library uses for its own ops."""
+
 import re
 
 import numba as nb
@@ -24,10 +25,15 @@ def _infer(ctx):
 
 
 REC = opsnn.register_op(
-    "ScaledAdd", domain="user", category="elementwise",
+    "ScaledAdd",
+    domain="user",
+    category="elementwise",
     inputs=[Input("X", (np.dtype("float32"), np.dtype("float64"), opsnn.dtypes.float16)), Input("Y")],
-    outputs=["Z"], attrs=[Attr("alpha", "float", 1.0)], infer=_infer,
-    reference=lambda ins, attrs: (ins[0] + attrs["alpha"] * ins[1]).astype(ins[0].dtype))
+    outputs=["Z"],
+    attrs=[Attr("alpha", "float", 1.0)],
+    infer=_infer,
+    reference=lambda ins, attrs: (ins[0] + attrs["alpha"] * ins[1]).astype(ins[0].dtype),
+)
 
 CALLS = {"plan": 0}
 
@@ -37,8 +43,13 @@ def _plan(ctx):
     return {"n": int(np.prod(ctx.shape(0)))}
 
 
-@REC.kernel("scaled_add_numba", priority=10, dtypes=(np.dtype("float32"), np.dtype("float64")), plan=_plan,
-            workspace=lambda ctx, plan: 128)
+@REC.kernel(
+    "scaled_add_numba",
+    priority=10,
+    dtypes=(np.dtype("float32"), np.dtype("float64")),
+    plan=_plan,
+    workspace=lambda ctx, plan: 128,
+)
 def _scaled_add_kernel(ins, outs, attrs, plan, ws):
     assert ws is not None and ws.nbytes >= 128
     _scaled_add(ins[0].reshape(-1), ins[1].reshape(-1), attrs["alpha"], outs[0].reshape(-1))
@@ -153,8 +164,9 @@ def test_bad_input_errors_are_typed_and_pointed():
 
 def test_register_op_validation():
     with pytest.raises(ParamInvalidError, match="already registered"):
-        opsnn.register_op("ScaledAdd", domain="user", inputs=["X"], outputs=["Y"], infer=_infer,
-                          reference=lambda i, a: i[0])
+        opsnn.register_op(
+            "ScaledAdd", domain="user", inputs=["X"], outputs=["Y"], infer=_infer, reference=lambda i, a: i[0]
+        )
     with pytest.raises(ParamInvalidError, match="required"):
         opsnn.register_op("NoInfer", inputs=["X"], outputs=["Y"])
     with pytest.raises(ParamInvalidError, match="already registered"):
@@ -210,8 +222,11 @@ def test_every_entry_point_types_its_scalar_argument_errors(bad):
     checked = 0
     for name, fn, pname in _entry_points():
         sig = inspect.signature(fn.translate)
-        required = {p.name: x for p in sig.parameters.values()
-                    if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        required = {
+            p.name: x
+            for p in sig.parameters.values()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        }
         try:
             fn.translate(**required)
         except Exception:  # noqa: BLE001 - these inputs do not suit this op: nothing to pin on pname

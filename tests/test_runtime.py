@@ -1,4 +1,5 @@
 """Runtime: init/finalize, devices, streams (async, overlap, ordering, errors), events, pool."""
+
 import gc
 import os
 import sys
@@ -26,15 +27,26 @@ def _spin(x, out, iters):
 def _register_test_ops():
     if opsnn.ops.has_op("Spin", "test"):
         return
-    spin = opsnn.register_op("Spin", domain="test", inputs=[Input("X")], outputs=["Y"],
-                             attrs=[("iters", "int", 1)],
-                             infer=lambda ctx: [TensorMeta((1,), ctx.dtype(0))],
-                             reference=lambda ins, attrs: np.zeros(1, ins[0].dtype))
+    spin = opsnn.register_op(
+        "Spin",
+        domain="test",
+        inputs=[Input("X")],
+        outputs=["Y"],
+        attrs=[("iters", "int", 1)],
+        infer=lambda ctx: [TensorMeta((1,), ctx.dtype(0))],
+        reference=lambda ins, attrs: np.zeros(1, ins[0].dtype),
+    )
     spin.kernel("spin_nogil", priority=1)(lambda ins, outs, attrs, plan, ws: _spin(ins[0], outs[0], attrs["iters"]))
 
-    log = opsnn.register_op("Log", domain="test", inputs=[Input("X")], outputs=["Y"], attrs=[("tag", "int", 0)],
-                            infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
-                            reference=lambda ins, attrs: ins[0])
+    log = opsnn.register_op(
+        "Log",
+        domain="test",
+        inputs=[Input("X")],
+        outputs=["Y"],
+        attrs=[("tag", "int", 0)],
+        infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
+        reference=lambda ins, attrs: ins[0],
+    )
 
     def log_kernel(ins, outs, attrs, plan, ws):
         ORDER.append(attrs["tag"])
@@ -42,9 +54,14 @@ def _register_test_ops():
 
     log.kernel("log", priority=1)(log_kernel)
 
-    fail = opsnn.register_op("Fail", domain="test", inputs=[Input("X")], outputs=["Y"],
-                             infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
-                             reference=lambda ins, attrs: ins[0])
+    fail = opsnn.register_op(
+        "Fail",
+        domain="test",
+        inputs=[Input("X")],
+        outputs=["Y"],
+        infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
+        reference=lambda ins, attrs: ins[0],
+    )
 
     def fail_kernel(ins, outs, attrs, plan, ws):
         raise ValueError("deliberate failure")
@@ -156,7 +173,7 @@ def test_cross_stream_dependency_is_respected():
     ORDER.clear()
     x = opsnn.tensor(np.ones(10_000, np.float64))
     y = run("Spin", x, stream=s1, iters=500)  # slow producer
-    z = run("Log", y, stream=s2, tag=7)       # consumer on another stream
+    z = run("Log", y, stream=s2, tag=7)  # consumer on another stream
     s2.synchronize()
     assert s1.query(), "consumer finished before its producer"
     np.testing.assert_array_equal(z.numpy(), y.numpy())
@@ -538,18 +555,24 @@ print(_blas_env.effective, os.environ["OPENBLAS_THREAD_TIMEOUT"], spinning)
 """
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/task") or (os.cpu_count() or 1) < 2,
-                    reason="needs Linux /proc and 2+ cores (a multi-threaded OpenBLAS)")
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/task") or (os.cpu_count() or 1) < 2,
+    reason="needs Linux /proc and 2+ cores (a multi-threaded OpenBLAS)",
+)
 def test_openblas_workers_sleep_right_after_a_gemm():
     import subprocess
     import sys
 
     def probe(first, **env):
-        e = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_THREAD_TIMEOUT", "OPENBLAS_NUM_THREADS",
-                                                              "OMP_NUM_THREADS")}
+        e = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("OPENBLAS_THREAD_TIMEOUT", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+        }
         e.update(env)
-        out = subprocess.run([sys.executable, "-c", _SPIN_PROBE, first], env=e, capture_output=True, text=True,
-                             timeout=120, check=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", _SPIN_PROBE, first], env=e, capture_output=True, text=True, timeout=120, check=True
+        ).stdout.split()
         return out[0], out[1], int(out[2])
 
     # opsnn imported first: the timeout is in effect and no BLAS worker is still spinning 30 ms on

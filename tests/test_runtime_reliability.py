@@ -1,5 +1,6 @@
 """Reliability of the runtime: failed outputs stay failed, strided ``out=`` views, typed
 out-of-memory errors before allocating, no allocation outside the pool's cap, dropped streams."""
+
 import gc
 import os
 import subprocess
@@ -21,9 +22,14 @@ import _oom_cases
 def _register_fail_op():
     if opsnn.ops.has_op("FailAfterWrite", "test_rel"):
         return
-    rec = opsnn.register_op("FailAfterWrite", domain="test_rel", inputs=[Input("X")], outputs=["Y"],
-                            infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
-                            reference=lambda ins, attrs: ins[0])
+    rec = opsnn.register_op(
+        "FailAfterWrite",
+        domain="test_rel",
+        inputs=[Input("X")],
+        outputs=["Y"],
+        infer=lambda ctx: [TensorMeta(ctx.shape(0), ctx.dtype(0))],
+        reference=lambda ins, attrs: ins[0],
+    )
 
     def fail_kernel(ins, outs, attrs, plan, ws):
         raise ValueError("deliberate failure")
@@ -83,8 +89,12 @@ def test_failed_out_tensor_stays_failed_until_an_op_writes_it_again():
 def test_failed_compiled_graph_output_stays_failed():
     from opsnn.graph import Graph, Node, Value
 
-    g = Graph("failing", inputs=[Value("x", np.float32, (4,))], outputs=["y"],
-              nodes=[Node("FailAfterWrite", ["x"], ["y"], domain="test_rel")])
+    g = Graph(
+        "failing",
+        inputs=[Value("x", np.float32, (4,))],
+        outputs=["y"],
+        nodes=[Node("FailAfterWrite", ["x"], ["y"], domain="test_rel")],
+    )
     cg = opsnn.compile(g)
     s = opsnn.Stream()
     out = cg.run({"x": opsnn.tensor(np.ones(4, np.float32))}, stream=s)["y"]
@@ -140,15 +150,15 @@ def test_compile_a_graph_with_a_string_initializer():
     words = np.array([b"Monday", b"tuesday", b"WEDNESDAY"], dtype=object)
     init = helper.make_tensor("w", TensorProto.STRING, [3], list(words))
     node = helper.make_node("StringNormalizer", ["w"], ["y"], case_change_action="LOWER")
-    g = helper.make_graph([node], "strings", [], [helper.make_tensor_value_info("y", TensorProto.STRING, [3])],
-                          [init])
+    g = helper.make_graph([node], "strings", [], [helper.make_tensor_value_info("y", TensorProto.STRING, [3])], [init])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     cg = opsnn.compile(model)
     out = cg.run({})
     got = out["y"] if isinstance(out, dict) else out[0]
     want = ReferenceEvaluator(model).run(None, {})[0]
-    assert [str(v) for v in np.asarray(got.numpy() if hasattr(got, "numpy") else got).reshape(-1)] == \
-        [str(v) for v in want.reshape(-1)]
+    assert [str(v) for v in np.asarray(got.numpy() if hasattr(got, "numpy") else got).reshape(-1)] == [
+        str(v) for v in want.reshape(-1)
+    ]
     # the plan-cache key follows the strings' values, not their addresses
     from opsnn.graph.compiler import graph_hash
 
@@ -189,9 +199,11 @@ def test_strided_out_views_are_written_or_refused_for_every_simple_op():
     cases = _simple_ops()
     assert len(cases) >= 40, [r.name for r, _, _ in cases]
     for rec, ins, want in cases:
-        for make in (lambda: opsnn.empty((10, 6)).T,                       # transposed
-                     lambda: opsnn.empty((6, 20))[:, ::2],                 # every other column
-                     lambda: opsnn.empty((12, 10))[::-2]):                 # reversed rows, step 2
+        for make in (
+            lambda: opsnn.empty((10, 6)).T,  # transposed
+            lambda: opsnn.empty((6, 20))[:, ::2],  # every other column
+            lambda: opsnn.empty((12, 10))[::-2],
+        ):  # reversed rows, step 2
             view = make()
             view.copy_(np.full((6, 10), -7.0, np.float32))
             assert not view.is_contiguous()
@@ -243,17 +255,20 @@ def test_requests_beyond_physical_memory_are_typed_errors_with_no_cap_set(cap):
     x = opsnn.tensor(np.ones((1, 1, 4, 4), np.float32))
     w = opsnn.tensor(np.ones((1, 1, 3, 3), np.float32))
     t = opsnn.tensor(np.ones(4, np.float32))
-    calls = {"empty": lambda: opsnn.empty((2 ** 31, 2 ** 31)),
-             "full": lambda: opsnn.full((10 ** 7, 10 ** 7), 1.0),
-             "strings": lambda: opsnn.ops.run_op("Tile", [opsnn.tensor(np.array(["a"], object)),
-                                                          np.array([2 ** 40], np.int64)]),
-             "conv2d": lambda: opsnn.ops.conv2d(x, w, padding=2 ** 40),
-             "arange": lambda: opsnn.ops.arange(0, 10 ** 13),
-             "pad": lambda: opsnn.ops.pad(t, (0, 2 ** 40))}
+    calls = {
+        "empty": lambda: opsnn.empty((2**31, 2**31)),
+        "full": lambda: opsnn.full((10**7, 10**7), 1.0),
+        "strings": lambda: opsnn.ops.run_op(
+            "Tile", [opsnn.tensor(np.array(["a"], object)), np.array([2**40], np.int64)]
+        ),
+        "conv2d": lambda: opsnn.ops.conv2d(x, w, padding=2**40),
+        "arange": lambda: opsnn.ops.arange(0, 10**13),
+        "pad": lambda: opsnn.ops.pad(t, (0, 2**40)),
+    }
     for call in calls.values():
         with pytest.raises(OutOfMemoryError, match=r"cannot allocate \d+ bytes.*physical memory"):
             call()
-    for _name, model in list(_oom_cases.cases(10 ** 6).items()) + [("sparse", _oom_cases.sparse_model(10 ** 6))]:
+    for _name, model in list(_oom_cases.cases(10**6).items()) + [("sparse", _oom_cases.sparse_model(10**6))]:
         with pytest.raises(OutOfMemoryError, match=r"\d+ bytes.*physical memory"):
             _oom_cases.run(model)
 
@@ -267,10 +282,11 @@ def test_plans_and_index_maps_are_checked_against_the_cap(cap):
     with pytest.raises(OutOfMemoryError, match=r"Pad: index maps: cannot allocate \d+ bytes"):
         opsnn.ops.pad(opsnn.tensor(np.ones(4, np.float32)), (0, 5_000_000))
     # under the cap both still run
-    np.testing.assert_array_equal(opsnn.ops.arange(0, 1000, dtype="float32").numpy(),
-                                  np.arange(1000, dtype=np.float32))
-    np.testing.assert_array_equal(opsnn.ops.pad(opsnn.tensor(np.ones(4, np.float32)), (0, 1000)).numpy(),
-                                  np.pad(np.ones(4, np.float32), (0, 1000)))
+    np.testing.assert_array_equal(opsnn.ops.arange(0, 1000, dtype="float32").numpy(), np.arange(1000, dtype=np.float32))
+    np.testing.assert_array_equal(
+        opsnn.ops.pad(opsnn.tensor(np.ones(4, np.float32)), (0, 1000)).numpy(),
+        np.pad(np.ones(4, np.float32), (0, 1000)),
+    )
 
 
 def test_models_that_grow_from_small_constants_stay_under_the_cap(cap):
@@ -289,8 +305,14 @@ def test_models_past_the_cap_fail_before_allocating_outside_the_pool():
     case raises OutOfMemoryError and the process's peak RSS grows by less than the cap (Range's
     planner used to reach 1.6 GB before the error)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    res = subprocess.run([sys.executable, _oom_cases.__file__, "10000", str(64 << 20)], capture_output=True,
-                         text=True, timeout=600, env=env, check=False)
+    res = subprocess.run(
+        [sys.executable, _oom_cases.__file__, "10000", str(64 << 20)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [ln.split("\t") for ln in res.stdout.strip().splitlines()]
     growth = int(lines[-1][0].split()[1])
@@ -352,8 +374,9 @@ def test_ops_queued_on_a_failed_output_fail_too():
         y.clone()
     from opsnn.graph import Graph, Node, Value
 
-    cg = opsnn.compile(Graph("relu", inputs=[Value("x", np.float32, (8,))], outputs=["r"],
-                             nodes=[Node("Relu", ["x"], ["r"])]))
+    cg = opsnn.compile(
+        Graph("relu", inputs=[Value("x", np.float32, (8,))], outputs=["r"], nodes=[Node("Relu", ["x"], ["r"])])
+    )
     with pytest.raises(KernelError, match="input 'x' was produced by FailAfterWrite"):
         cg.run({"x": y})
     s.close()

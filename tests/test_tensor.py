@@ -1,4 +1,5 @@
 """opsnn.Tensor: zero-copy views, strides/offset, dtypes, formats, interop (numpy, DLPack)."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -73,8 +74,9 @@ def test_bad_dims_raise():
         opsnn.empty((2.5, 1))
 
 
-@pytest.mark.parametrize("name", ["float32", "float16", "bfloat16", "float64", "int8", "int16", "int32", "int64",
-                                  "uint8", "bool"])
+@pytest.mark.parametrize(
+    "name", ["float32", "float16", "bfloat16", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"]
+)
 def test_every_dtype_round_trips(name):
     dt = dtypes.get(name)
     src = (np.arange(10) % 3).astype(dt)

@@ -2,6 +2,7 @@
 compared with numpy in float64 (and with torch where it is importable) on odd shapes,
 negative dims, keepdim and NaN; the keyword aliases and the error for an unknown keyword;
 the table's coverage of the functional ops torch has as Tensor methods; repr alignment."""
+
 import math
 
 import numpy as np
@@ -30,13 +31,34 @@ def x(rng):
 
 
 UNARY = {
-    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "abs": np.abs, "neg": np.negative, "sign": np.sign,
-    "floor": np.floor, "ceil": np.ceil, "round": np.round, "reciprocal": np.reciprocal, "sin": np.sin, "cos": np.cos,
-    "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
-    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "tanh": np.tanh,
-    "sigmoid": lambda a: 1 / (1 + np.exp(-a)), "relu": lambda a: np.where(np.isnan(a), a, np.maximum(a, 0)),
-    "rsqrt": lambda a: 1 / np.sqrt(a), "erf": np.vectorize(lambda v: v if math.isnan(v) else math.erf(v)),
-    "isnan": np.isnan, "isinf": np.isinf,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "abs": np.abs,
+    "neg": np.negative,
+    "sign": np.sign,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round": np.round,
+    "reciprocal": np.reciprocal,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "asin": np.arcsin,
+    "acos": np.arccos,
+    "atan": np.arctan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "asinh": np.arcsinh,
+    "acosh": np.arccosh,
+    "atanh": np.arctanh,
+    "tanh": np.tanh,
+    "sigmoid": lambda a: 1 / (1 + np.exp(-a)),
+    "relu": lambda a: np.where(np.isnan(a), a, np.maximum(a, 0)),
+    "rsqrt": lambda a: 1 / np.sqrt(a),
+    "erf": np.vectorize(lambda v: v if math.isnan(v) else math.erf(v)),
+    "isnan": np.isnan,
+    "isinf": np.isinf,
 }
 
 
@@ -52,8 +74,14 @@ def test_unary_methods(name, x):
         close(got, want, rtol=2e-5, atol=2e-6)
 
 
-REDUCE = {"sum": np.sum, "mean": np.mean, "prod": np.prod, "amax": np.max, "amin": np.min,
-          "logsumexp": lambda a, axis=None, keepdims=False: np.log(np.sum(np.exp(a), axis=axis, keepdims=keepdims))}
+REDUCE = {
+    "sum": np.sum,
+    "mean": np.mean,
+    "prod": np.prod,
+    "amax": np.max,
+    "amin": np.min,
+    "logsumexp": lambda a, axis=None, keepdims=False: np.log(np.sum(np.exp(a), axis=axis, keepdims=keepdims)),
+}
 
 
 @pytest.mark.parametrize("name", sorted(REDUCE))
@@ -113,8 +141,11 @@ def test_var_cumsum_cumprod(rng):
     a = rng.standard_normal((4, 6)).astype(np.float32)
     t = opsnn.tensor(a)
     close(t.var(1), np.var(a.astype(np.float64), axis=1, ddof=1), rtol=1e-4)
-    close(t.var(dim=0, unbiased=False, keepdim=True), np.var(a.astype(np.float64), axis=0, ddof=0, keepdims=True),
-          rtol=1e-4)
+    close(
+        t.var(dim=0, unbiased=False, keepdim=True),
+        np.var(a.astype(np.float64), axis=0, ddof=0, keepdims=True),
+        rtol=1e-4,
+    )
     close(t.cumsum(-1), np.cumsum(a.astype(np.float64), axis=-1), rtol=1e-5)
     close(t.cumprod(dim=0), np.cumprod(a.astype(np.float64), axis=0), rtol=1e-5)
 
@@ -145,16 +176,21 @@ def test_binary_methods_and_operators_broadcast(rng):
     close(3 * ta, 3 * A)
     close(ta.div(tb), A / B)
     close(1.0 / tb, 1 / B)
-    close(tb.pow(2), B ** 2)
-    close(tb ** 0.5, B ** 0.5)
-    close(2.0 ** ta, 2.0 ** A)
+    close(tb.pow(2), B**2)
+    close(tb**0.5, B**0.5)
+    close(2.0**ta, 2.0**A)
     close(ta.remainder(tb), np.mod(A, B), atol=1e-5)  # torch.remainder: the sign of the divisor
     close(ta % 1.5, np.mod(A, 1.5), atol=1e-5)
     close(ta.fmod(tb), np.fmod(A, B), atol=1e-5)
     close(ta.maximum(tb), np.maximum(A, B))
     close(ta.minimum(tb), np.minimum(A, B))
-    for name, ref in (("eq", np.equal), ("lt", np.less), ("le", np.less_equal), ("gt", np.greater),
-                      ("ge", np.greater_equal)):
+    for name, ref in (
+        ("eq", np.equal),
+        ("lt", np.less),
+        ("le", np.less_equal),
+        ("gt", np.greater),
+        ("ge", np.greater_equal),
+    ):
         assert np.array_equal(getattr(ta, name)(tb).numpy(), ref(a, b)), name
     assert np.array_equal((ta < tb).numpy(), a < b) and np.array_equal((ta >= 0.0).numpy(), a >= 0)
     p, q = ta > 0.0, tb > 3.0
@@ -192,9 +228,17 @@ def test_dtype_conversions(rng):
 
     a = (rng.standard_normal((3, 5)) * 10).astype(np.float32)
     t = opsnn.tensor(a)
-    for name, dt in (("float", np.float32), ("double", np.float64), ("half", np.float16),
-                     ("bfloat16", ml_dtypes.bfloat16), ("int", np.int32), ("long", np.int64), ("short", np.int16),
-                     ("char", np.int8), ("bool", np.bool_)):
+    for name, dt in (
+        ("float", np.float32),
+        ("double", np.float64),
+        ("half", np.float16),
+        ("bfloat16", ml_dtypes.bfloat16),
+        ("int", np.int32),
+        ("long", np.int64),
+        ("short", np.int16),
+        ("char", np.int8),
+        ("bool", np.bool_),
+    ):
         got = getattr(t, name)()
         assert got.dtype == np.dtype(dt), name
         if name in ("half", "bfloat16"):
@@ -274,14 +318,23 @@ def test_methods_are_recorded_when_traced(rng):
 # -- keywords and errors --------------------------------------------------------------------------------------
 def test_unknown_keyword_names_the_nearest_parameter():
     t = opsnn.tensor(np.ones((2, 3), np.float32))
-    with pytest.raises(ParamInvalidError, match=r"softmax\(\) got an unexpected keyword 'axs'; did you mean "
-                                                r"'axis' / 'dim'\?$"):
+    with pytest.raises(
+        ParamInvalidError,
+        match=r"softmax\(\) got an unexpected keyword 'axs'; did you mean "
+        r"'axis' / 'dim'\?$",
+    ):
         t.softmax(axs=0)
-    with pytest.raises(ParamInvalidError, match=r"sum\(\) got an unexpected keyword 'keep'; did you mean "
-                                                r"'keepdim' / 'keepdims'\?"):
+    with pytest.raises(
+        ParamInvalidError,
+        match=r"sum\(\) got an unexpected keyword 'keep'; did you mean "
+        r"'keepdim' / 'keepdims'\?",
+    ):
         t.sum(keep=True)
-    with pytest.raises(ParamInvalidError, match=r"clamp\(\) got an unexpected keyword 'low'; its parameters are "
-                                                r"'min', 'max'"):
+    with pytest.raises(
+        ParamInvalidError,
+        match=r"clamp\(\) got an unexpected keyword 'low'; its parameters are "
+        r"'min', 'max'",
+    ):
         t.clamp(low=0)
     with pytest.raises(ParamInvalidError, match=r"sum\(\) got two values for 'dim' / 'axis'"):
         t.sum(0, axis=1)
@@ -294,21 +347,106 @@ def test_unknown_keyword_names_the_nearest_parameter():
 # -- the table ---------------------------------------------------------------------------------------------------
 #: torch.Tensor methods that share a name with an opsnn functional op (torch 2.x; torch is not a test dependency)
 TORCH_TENSOR_METHODS_WITH_FUNCTIONAL = {
-    "relu", "sigmoid", "tanh", "softmax", "log_softmax", "hardshrink", "prelu", "add", "sub", "mul", "div", "pow",
-    "remainder", "fmod", "maximum", "minimum", "eq", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-    "logical_xor", "logical_not", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "bitwise_left_shift",
-    "bitwise_right_shift", "neg", "abs", "sign", "exp", "log", "sqrt", "rsqrt", "floor", "ceil", "round",
-    "reciprocal", "erf", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
-    "isnan", "isinf", "clip", "clamp", "where", "matmul", "sum", "mean", "max", "min", "prod", "logsumexp", "var",
-    "argmax", "argmin", "cumsum", "cumprod", "reshape", "transpose", "permute", "split", "index_select", "flatten",
-    "squeeze", "unsqueeze", "expand", "tile", "triu", "tril", "nonzero", "topk", "unique", "det", "bernoulli",
-    "multinomial", "stft", "gather",
+    "relu",
+    "sigmoid",
+    "tanh",
+    "softmax",
+    "log_softmax",
+    "hardshrink",
+    "prelu",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "pow",
+    "remainder",
+    "fmod",
+    "maximum",
+    "minimum",
+    "eq",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "logical_not",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "bitwise_not",
+    "bitwise_left_shift",
+    "bitwise_right_shift",
+    "neg",
+    "abs",
+    "sign",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "floor",
+    "ceil",
+    "round",
+    "reciprocal",
+    "erf",
+    "sin",
+    "cos",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "isnan",
+    "isinf",
+    "clip",
+    "clamp",
+    "where",
+    "matmul",
+    "sum",
+    "mean",
+    "max",
+    "min",
+    "prod",
+    "logsumexp",
+    "var",
+    "argmax",
+    "argmin",
+    "cumsum",
+    "cumprod",
+    "reshape",
+    "transpose",
+    "permute",
+    "split",
+    "index_select",
+    "flatten",
+    "squeeze",
+    "unsqueeze",
+    "expand",
+    "tile",
+    "triu",
+    "tril",
+    "nonzero",
+    "topk",
+    "unique",
+    "det",
+    "bernoulli",
+    "multinomial",
+    "stft",
+    "gather",
 }
 
 
 def test_every_functional_op_with_a_torch_method_has_it():
-    missing = [n for n in sorted(TORCH_TENSOR_METHODS_WITH_FUNCTIONAL)
-               if n in FUNCTIONS and n not in NOT_METHODS and not callable(getattr(opsnn.Tensor, n, None))]
+    missing = [
+        n
+        for n in sorted(TORCH_TENSOR_METHODS_WITH_FUNCTIONAL)
+        if n in FUNCTIONS and n not in NOT_METHODS and not callable(getattr(opsnn.Tensor, n, None))
+    ]
     assert not missing, missing
     for name, spec in METHODS.items():
         assert spec.fn in FUNCTIONS, name
@@ -319,8 +457,10 @@ def test_repr_aligns_rows_like_numpy():
     t = opsnn.tensor(np.array([[1.0, -2.5], [3.0, 40.0]], np.float32))
     assert repr(t) == "tensor([[ 1.0000, -2.5000],\n        [ 3.0000, 40.0000]], dtype=float32)"
     assert repr(opsnn.tensor(np.array([1.0, 2.0], np.float32))) == "tensor([1., 2.], dtype=float32)"
-    assert repr(opsnn.tensor(np.array([[1, -20], [300, 4]], np.int64))) == \
-        "tensor([[  1, -20],\n        [300,   4]], dtype=int64)"
+    assert (
+        repr(opsnn.tensor(np.array([[1, -20], [300, 4]], np.int64)))
+        == "tensor([[  1, -20],\n        [300,   4]], dtype=int64)"
+    )
     a = np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 3 - 2
     lines = [line for line in repr(opsnn.tensor(a)).split("\n") if line]
     assert all(line.startswith(" " * len("tensor([")) for line in lines[1:])
@@ -348,16 +488,21 @@ def test_against_torch_where_importable(rng):
     close(t.mean(axis=(0, 2)), tt.mean(dim=(0, 2)).numpy())
     # torch leaves float32's dtype out of its repr; the rows are written the same way
     assert repr(opsnn.tensor(np.array([[1.0, -2.5]], np.float32))).split(", dtype")[0] + ")" == repr(
-        torch.tensor([[1.0, -2.5]]))
+        torch.tensor([[1.0, -2.5]])
+    )
 
 
 def test_integer_bitwise_and_the_remaining_methods(rng):
     i = rng.integers(-50, 50, (3, 5)).astype(np.int32)
     j = rng.integers(0, 4, (3, 5)).astype(np.int32)
     ti, tj = opsnn.tensor(i), opsnn.tensor(j)
-    for name, ref in (("bitwise_and", np.bitwise_and), ("bitwise_or", np.bitwise_or),
-                      ("bitwise_xor", np.bitwise_xor), ("bitwise_left_shift", np.left_shift),
-                      ("bitwise_right_shift", np.right_shift)):
+    for name, ref in (
+        ("bitwise_and", np.bitwise_and),
+        ("bitwise_or", np.bitwise_or),
+        ("bitwise_xor", np.bitwise_xor),
+        ("bitwise_left_shift", np.left_shift),
+        ("bitwise_right_shift", np.right_shift),
+    ):
         assert np.array_equal(getattr(ti, name)(tj).numpy(), ref(i, j)), name
     assert np.array_equal(ti.bitwise_not().numpy(), ~i)
     p, q = i > 0, j > 1
@@ -382,9 +527,24 @@ def test_alias_rows_match_their_originals(rng):
     a = rng.uniform(0.1, 0.9, (2, 3)).astype(np.float32)
     b = rng.uniform(0.1, 0.9, (2, 3)).astype(np.float32)
     ta, tb = opsnn.tensor(a), opsnn.tensor(b)
-    pairs = {"absolute": "abs", "negative": "neg", "subtract": "sub", "multiply": "mul", "divide": "div",
-             "true_divide": "div", "less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge",
-             "arcsin": "asin", "arccos": "acos", "arctan": "atan", "clip": "clamp", "amax": "max", "amin": "min"}
+    pairs = {
+        "absolute": "abs",
+        "negative": "neg",
+        "subtract": "sub",
+        "multiply": "mul",
+        "divide": "div",
+        "true_divide": "div",
+        "less": "lt",
+        "less_equal": "le",
+        "greater": "gt",
+        "greater_equal": "ge",
+        "arcsin": "asin",
+        "arccos": "acos",
+        "arctan": "atan",
+        "clip": "clamp",
+        "amax": "max",
+        "amin": "min",
+    }
     for alias, base in pairs.items():
         assert METHODS[alias].fn == METHODS[base].fn or {alias, base} == {"clip", "clamp"}, alias
         args = (tb,) if METHODS[alias].fn in ("sub", "mul", "div", "lt", "le", "gt", "ge") else ()
@@ -400,8 +560,11 @@ def test_functional_api_takes_the_same_spellings():
     t = opsnn.tensor(a)
     close(opsnn.ops.sum(t, axis=1, keepdims=True), a.sum(1, keepdims=True))
     close(opsnn.ops.softmax(t, axis=0), opsnn.ops.softmax(t, dim=0).numpy())
-    with pytest.raises(ParamInvalidError, match=r"softmax\(\) got an unexpected keyword 'axs'; did you mean "
-                                                r"'axis' / 'dim'\?"):
+    with pytest.raises(
+        ParamInvalidError,
+        match=r"softmax\(\) got an unexpected keyword 'axs'; did you mean "
+        r"'axis' / 'dim'\?",
+    ):
         opsnn.ops.softmax(t, axs=1)
     with pytest.raises(ParamInvalidError, match=r"sum\(\) got two values for 'dim' / 'axis'"):
         opsnn.ops.sum(t, dim=0, axis=1)

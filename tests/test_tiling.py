@@ -3,6 +3,7 @@
 Oracles: the untiled run of the same model (tiling must not change the result), a numpy
 convolution + pixel shuffle written here for the model itself, and hand-derived receptive fields.
 """
+
 import gc
 
 import numpy as np
@@ -82,25 +83,31 @@ def test_receptive_field_dilation_stride_pool_resize_residual(rng):
     w1, w2, w3 = _w(rng, 4, 2, 3), _w(rng, 8, 4, 3), _w(rng, 2, 2, 3)
 
     def f(x):
-        a = ops.relu(ops.conv2d(x, w1, None, padding=2, dilation=2))        # reach 2
-        b = ops.max_pool2d(a, 3, stride=1, padding=1)                        # reach +1 = 3
-        c = ops.conv2d(b, w2, None, stride=2, padding=1)                     # reach +1 = 4, half res, align 2
-        d = ops.pixel_shuffle(c, 2)                                          # back to full res (2 ch)
-        e = ops.add(d, ops.conv2d(x, w3, None, padding=1))                   # residual branch: reach 1
-        return ops.interpolate(e, scale_factor=2, mode="nearest")            # reach +1, x2
+        a = ops.relu(ops.conv2d(x, w1, None, padding=2, dilation=2))  # reach 2
+        b = ops.max_pool2d(a, 3, stride=1, padding=1)  # reach +1 = 3
+        c = ops.conv2d(b, w2, None, stride=2, padding=1)  # reach +1 = 4, half res, align 2
+        d = ops.pixel_shuffle(c, 2)  # back to full res (2 ch)
+        e = ops.add(d, ops.conv2d(x, w3, None, padding=1))  # residual branch: reach 1
+        return ops.interpolate(e, scale_factor=2, mode="nearest")  # reach +1, x2
+
     x = np.zeros((1, 2, 16, 16), np.float32)
     rf = receptive_field(f, x)
     assert rf.scale == 2 and rf.align == 2
     assert rf.reach == 5 and rf.halo == 6  # 5 rounded up to the alignment
 
 
-@pytest.mark.parametrize("bad,msg", [
-    (lambda x, w: ops.conv2d(x, w, None, padding=0), "change the output size"),
-    (lambda x, w: ops.adaptive_avg_pool2d(ops.conv2d(x, w, None, padding=1), 1), "not a convolution"),
-    (lambda x, w: ops.add(ops.conv2d(x, w, None, padding=1), opsnn.tensor(np.ones((1, 1, 8, 8), np.float32))),
-     "varies over the image"),
-    (lambda x, w: ops.interpolate(ops.conv2d(x, w, None, padding=1), size=(20, 20)), "fixed sizes"),
-])
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        (lambda x, w: ops.conv2d(x, w, None, padding=0), "change the output size"),
+        (lambda x, w: ops.adaptive_avg_pool2d(ops.conv2d(x, w, None, padding=1), 1), "not a convolution"),
+        (
+            lambda x, w: ops.add(ops.conv2d(x, w, None, padding=1), opsnn.tensor(np.ones((1, 1, 8, 8), np.float32))),
+            "varies over the image",
+        ),
+        (lambda x, w: ops.interpolate(ops.conv2d(x, w, None, padding=1), size=(20, 20)), "fixed sizes"),
+    ],
+)
 def test_receptive_field_refuses_non_local_graphs(rng, bad, msg):
     w = _w(rng, 1, 1, 3)
     with pytest.raises(ParamInvalidError, match=msg):
@@ -108,12 +115,15 @@ def test_receptive_field_refuses_non_local_graphs(rng, bad, msg):
 
 
 # -- tiled == untiled ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("shape,tile,scale,cin", [
-    ((1, 1, 70, 53), 16, 2, 1),     # odd sizes, partial last tiles
-    ((2, 3, 40, 37), 8, 3, 3),      # batch 2, RGB, tile smaller than 2 x halo
-    ((1, 2, 25, 31), 64, 1, 2),     # one tile bigger than the image
-    ((1, 1, 33, 96), 32, 2, 1),     # image exactly 3 tiles wide
-])
+@pytest.mark.parametrize(
+    "shape,tile,scale,cin",
+    [
+        ((1, 1, 70, 53), 16, 2, 1),  # odd sizes, partial last tiles
+        ((2, 3, 40, 37), 8, 3, 3),  # batch 2, RGB, tile smaller than 2 x halo
+        ((1, 2, 25, 31), 64, 1, 2),  # one tile bigger than the image
+        ((1, 1, 33, 96), 32, 2, 1),  # image exactly 3 tiles wide
+    ],
+)
 def test_tiled_equals_untiled(rng, no_leak, shape, tile, scale, cin):
     net = superres(scale=scale, in_channels=cin, channels=6, num_layers=3, first_kernel=5, seed=2)
     x = rng.standard_normal(shape).astype(np.float32)
@@ -138,7 +148,8 @@ def test_tiled_strided_model_and_compiled_graph(rng, no_leak):
 
     def f(x):
         y = ops.relu(ops.conv2d(x, w1, None, stride=2, padding=1))
-        return ops.pixel_shuffle(ops.conv2d(y, w2, None, padding=1), 2)   # 3 channels, input size
+        return ops.pixel_shuffle(ops.conv2d(y, w2, None, padding=1), 2)  # 3 channels, input size
+
     x = rng.standard_normal((1, 3, 46, 38)).astype(np.float32)
     want = f(opsnn.tensor(x)).numpy()
     got = tiled(f, x, tile=16)
@@ -154,6 +165,7 @@ def test_tiled_explicit_halo_for_unanalyzable_model(rng, no_leak):
 
     def f(x):  # Pad + 'valid' conv: local, but the analysis does not model Pad
         return ops.conv2d(ops.pad(x, [1, 1, 1, 1]), w, None)
+
     x = rng.standard_normal((1, 1, 30, 27)).astype(np.float32)
     want = f(opsnn.tensor(x)).numpy()
     with pytest.raises(ParamInvalidError, match="pass halo"):
@@ -229,16 +241,18 @@ def test_tiled_4096_peak_memory(no_leak):
     in_b, out_b = img.nbytes, out.nbytes
     assert (in_b, out_b) == (64 << 20, 256 << 20)
     peak = st["peak_bytes"] - base  # the pool's peak during the run, less what was live before the input
-    print(f"\n4096x4096 x2: {st['tiles']} tiles of {st['crop']} (halo {st['halo']}, working set "
-          f"{st['working_bytes'] / 2**20:.1f} MiB), {st['wall_s']:.2f} s, "
-          f"peak {peak / 2**20:.1f} MiB vs input {in_b / 2**20:.0f} MiB + output {out_b / 2**20:.0f} MiB "
-          f"(bound 2x input + output = {(2 * in_b + out_b) / 2**20:.0f} MiB)")
+    print(
+        f"\n4096x4096 x2: {st['tiles']} tiles of {st['crop']} (halo {st['halo']}, working set "
+        f"{st['working_bytes'] / 2**20:.1f} MiB), {st['wall_s']:.2f} s, "
+        f"peak {peak / 2**20:.1f} MiB vs input {in_b / 2**20:.0f} MiB + output {out_b / 2**20:.0f} MiB "
+        f"(bound 2x input + output = {(2 * in_b + out_b) / 2**20:.0f} MiB)"
+    )
     assert peak <= 2 * in_b + out_b
     # spot checks against the untiled computation of windows around tile seams and corners
     y = out.numpy()
     x = img.numpy()
     h = net.receptive_field()
-    for (r, c) in [(512, 512), (0, 4096 - 16), (2040, 1530), (4096 - 16, 0)]:
+    for r, c in [(512, 512), (0, 4096 - 16), (2040, 1530), (4096 - 16, 0)]:
         r0, c0 = max(r - 8 - h, 0), max(c - 8 - h, 0)
         r1, c1 = min(r + 16 + 8 + h, 4096), min(c + 16 + 8 + h, 4096)
         win = net(opsnn.tensor(np.ascontiguousarray(x[:, :, r0:r1, c0:c1]))).numpy()
@@ -247,7 +261,10 @@ def test_tiled_4096_peak_memory(no_leak):
         ic0 = c0 if c0 == 0 else c0 + h
         ir1 = r1 if r1 == 4096 else r1 - h
         ic1 = c1 if c1 == 4096 else c1 - h
-        np.testing.assert_allclose(y[:, :, 2 * ir0:2 * ir1, 2 * ic0:2 * ic1],
-                                   win[:, :, 2 * (ir0 - r0):2 * (ir1 - r0), 2 * (ic0 - c0):2 * (ic1 - c0)],
-                                   rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(
+            y[:, :, 2 * ir0 : 2 * ir1, 2 * ic0 : 2 * ic1],
+            win[:, :, 2 * (ir0 - r0) : 2 * (ir1 - r0), 2 * (ic0 - c0) : 2 * (ic1 - c0)],
+            rtol=RTOL,
+            atol=ATOL,
+        )
     del y, x, out, img

@@ -3,6 +3,7 @@ without console errors and shows what a person reads it for — a summary, a leg
 time axis with units, a lane per stream and per host thread, region bands, labels where they fit —
 and reacts to hover and zoom. A screenshot is written to $OPSNN_ARTIFACTS (default: the test's tmp dir)
 and checked not to be blank."""
+
 import os
 import re
 import shutil
@@ -15,8 +16,14 @@ import opsnn
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright (test extra) is not installed")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make test installs it)")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def _profiled_page(tmp_path):
@@ -85,7 +92,8 @@ def test_timeline_shows_axis_legend_lanes_regions_and_reacts(tmp_path):
             # labels only where the block is wide enough: zoomed out, narrow blocks carry no text
             widths = page.locator(".ev").evaluate_all(
                 "els => els.filter(e => e.style.display !== 'none')"
-                ".map(e => [e.getBoundingClientRect().width, e.textContent])")
+                ".map(e => [e.getBoundingClientRect().width, e.textContent])"
+            )
             assert all((w >= 40) == bool(t) for w, t in widths), widths
             # hover shows the details
             ev = page.locator(".lane").nth(lanes.index("stream s1")).locator(".ev").first

@@ -1,5 +1,6 @@
 """The torch.compile backend (opsnn.frontends.torch): models compiled with backend="opsnn" against
 torch eager (the oracle: torch's own float32 kernels), fallbacks, recompiles, entry-point discovery."""
+
 from __future__ import annotations
 
 import logging
@@ -29,10 +30,12 @@ def _fresh_dynamo():
 
 def _recording(reports):
     """The opsnn backend, keeping each call's Report in ``reports``."""
+
     def be(gm, example_inputs):
         fn, report = fe.compile_graph(gm, example_inputs)
         reports.append(report)
         return fn
+
     return be
 
 
@@ -78,9 +81,16 @@ def test_mlp_matches_eager_and_runs_whole_on_opsnn():
 
 def test_cnn_conv_bn_relu_maxpool_linear_eval():
     torch.manual_seed(1)
-    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-                            torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 4, 3, stride=2), torch.nn.ReLU(),
-                            torch.nn.Flatten(), torch.nn.Linear(4 * 3 * 3, 5))
+    m = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 4, 3, stride=2),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 3 * 3, 5),
+    )
     with torch.no_grad():  # BN statistics that are not the identity
         m[1].running_mean.uniform_(-0.5, 0.5)
         m[1].running_var.uniform_(0.5, 2.0)
@@ -136,6 +146,7 @@ def test_unmapped_op_falls_back_logged_and_right(caplog, monkeypatch, capfd):
 
 def test_unexpressible_arguments_fall_back():
     """An ATen op that has a mapping but arguments its adapter cannot express stays in torch."""
+
     def f(x, a, b):
         return torch.addmm(x, a, b, beta=0.5, alpha=2.0)
 
@@ -150,8 +161,9 @@ def test_other_batch_size_recompiles_and_stays_right():
     torch.manual_seed(5)
     m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU()).eval()
     calls = []
-    compiled = torch.compile(m, backend=lambda gm, ex: (calls.append([tuple(e.shape) for e in ex]),
-                                                         fe.backend(gm, ex))[1], dynamic=False)
+    compiled = torch.compile(
+        m, backend=lambda gm, ex: (calls.append([tuple(e.shape) for e in ex]), fe.backend(gm, ex))[1], dynamic=False
+    )
     with torch.no_grad():
         for batch in (2, 7, 2):
             x = torch.randn(batch, 6)
@@ -231,7 +243,9 @@ def test_entry_point_is_discoverable_without_importing_opsnn(tmp_path):
     dist = tmp_path / "opsnn_entry_check-0.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: opsnn-entry-check\nVersion: 0.0\n")
-    (dist / "entry_points.txt").write_text("[torch_dynamo_backends]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
+    (dist / "entry_points.txt").write_text(
+        "[torch_dynamo_backends]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items())
+    )
     code = textwrap.dedent("""
         import sys, torch
         assert "opsnn" in torch._dynamo.list_backends(), torch._dynamo.list_backends()
@@ -251,10 +265,20 @@ def test_parameter_updated_after_compile_is_seen():
     """load_state_dict copies into the parameters in place; a folded batch norm or a repacked weight
     would keep the old values: the backend sees the version counters move and compiles again."""
     torch.manual_seed(7)
-    m = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.ReLU(),
-                            torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 2)).eval()
-    other = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.ReLU(),
-                                torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 2)).eval()
+    m = torch.nn.Sequential(
+        torch.nn.Conv2d(2, 3, 3),
+        torch.nn.BatchNorm2d(3),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(3 * 4 * 4, 2),
+    ).eval()
+    other = torch.nn.Sequential(
+        torch.nn.Conv2d(2, 3, 3),
+        torch.nn.BatchNorm2d(3),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(3 * 4 * 4, 2),
+    ).eval()
     with torch.no_grad():
         other[1].running_var.fill_(3.0)
     x = torch.randn(1, 2, 6, 6)
@@ -310,15 +334,27 @@ def test_each_mapped_op_matches_eager():
         t = torch.log_softmax(x, dim=-1) + torch.sigmoid(y).exp() - torch.sqrt(y.abs() + 1.0) * (-y)
         u = torch.nn.functional.conv1d(x.unsqueeze(0), w1, stride=2, padding=1, dilation=1, groups=1)
         v = torch.nn.functional.max_pool2d(x.reshape(1, 1, 4, 5), 2, stride=1, padding=1)
-        g = torch.nn.functional.gelu(x, approximate="tanh") + torch.tanh(x) + torch.erf(x) \
-            + torch.log(x.abs() + 0.5) + torch.reciprocal(y.abs() + 1.0) + x.unsqueeze(2).squeeze(2) \
-            + torch.nn.functional.hardtanh(3 * x) + x.clamp(min=-0.5) + x.clamp(-0.2, 0.3) \
+        g = (
+            torch.nn.functional.gelu(x, approximate="tanh")
+            + torch.tanh(x)
+            + torch.erf(x)
+            + torch.log(x.abs() + 0.5)
+            + torch.reciprocal(y.abs() + 1.0)
+            + x.unsqueeze(2).squeeze(2)
+            + torch.nn.functional.hardtanh(3 * x)
+            + x.clamp(min=-0.5)
+            + x.clamp(-0.2, 0.3)
             + torch.nn.functional.leaky_relu(x, 0.2)
+        )
         img = torch.cat([x, y], dim=0).reshape(1, 2, 4, 5)
-        p = torch.nn.functional.avg_pool2d(img, 3, stride=2, padding=1).sum() \
-            + torch.nn.functional.avg_pool2d(img, 2, count_include_pad=False, padding=1).sum() \
+        p = (
+            torch.nn.functional.avg_pool2d(img, 3, stride=2, padding=1).sum()
+            + torch.nn.functional.avg_pool2d(img, 2, count_include_pad=False, padding=1).sum()
             + torch.nn.functional.adaptive_avg_pool2d(img, 1).sum()
-        return s.sum(dim=0) + t.sum(dim=[0, 1]) + u.sum(dim=[0, 2]).sum(dim=0) + v.sum(dim=[0, 1, 2, 3]) + g.sum(dim=0) + p
+        )
+        return (
+            s.sum(dim=0) + t.sum(dim=[0, 1]) + u.sum(dim=[0, 2]).sum(dim=0) + v.sum(dim=[0, 1, 2, 3]) + g.sum(dim=0) + p
+        )
 
     x, y, w1 = torch.randn(4, 5), torch.randn(4, 5), torch.randn(3, 4, 3)
     reports = []

@@ -1,5 +1,6 @@
 """Training end to end: optimizers against torch.optim, and a small CNN and an MLP built in opsnn
 and in torch with the same weights, trained 20 steps on the same data, step by step."""
+
 import numpy as np
 import pytest
 
@@ -96,8 +97,16 @@ def test_optimizer_rejects_tensors_that_do_not_require_grad():
 def _cnn(lib):
     n = lib.nn
     # no bias before BatchNorm: its true gradient is 0, so Adam would amplify rounding noise into steps
-    return n.Sequential(n.Conv2d(3, 8, 3, padding=1, bias=False), n.BatchNorm2d(8), n.ReLU(), n.MaxPool2d(2),
-                        n.Conv2d(8, 8, 3, stride=2, padding=1, groups=2), n.ReLU(), n.Flatten(), n.Linear(8 * 2 * 2, 5))
+    return n.Sequential(
+        n.Conv2d(3, 8, 3, padding=1, bias=False),
+        n.BatchNorm2d(8),
+        n.ReLU(),
+        n.MaxPool2d(2),
+        n.Conv2d(8, 8, 3, stride=2, padding=1, groups=2),
+        n.ReLU(),
+        n.Flatten(),
+        n.Linear(8 * 2 * 2, 5),
+    )
 
 
 def _mlp(lib):
@@ -198,10 +207,17 @@ def test_lr_schedulers_match_torch(name, kw):
             return sch.SequentialLR(opt, [sch.LinearLR(opt, 0.2, total_iters=3), sch.CosineAnnealingLR(opt, 6)], [3])
         return getattr(sch, name)(opt, **kw)
 
-    opt = optim.SGD([{"params": [nn.Parameter(np.zeros(2, np.float32))]},
-                     {"params": [nn.Parameter(np.zeros(2, np.float32))], "lr": 0.3}], lr=0.1)
-    topt = torch.optim.SGD([{"params": [torch.zeros(2, requires_grad=True)]},
-                            {"params": [torch.zeros(2, requires_grad=True)], "lr": 0.3}], lr=0.1)
+    opt = optim.SGD(
+        [
+            {"params": [nn.Parameter(np.zeros(2, np.float32))]},
+            {"params": [nn.Parameter(np.zeros(2, np.float32))], "lr": 0.3},
+        ],
+        lr=0.1,
+    )
+    topt = torch.optim.SGD(
+        [{"params": [torch.zeros(2, requires_grad=True)]}, {"params": [torch.zeros(2, requires_grad=True)], "lr": 0.3}],
+        lr=0.1,
+    )
     sched, tsched = build(opsnn, opt), build(torch, topt)
     for _ in range(15):
         np.testing.assert_allclose(sched.get_last_lr(), tsched.get_last_lr(), rtol=1e-9, atol=1e-15)
@@ -269,15 +285,23 @@ def test_checkpoint_resume_is_bit_identical(tmp_path):
     def fresh(seed):
         with nn.init.seeded(seed):
             model = _cnn(opsnn).train()
-        opt = optim.AdamW([{"params": list(model.parameters())[:3]}, {"params": list(model.parameters())[3:],
-                                                                      "lr": 2e-3}], lr=1e-3, amsgrad=True)
-        return model, opt, opsnn.amp.GradScaler(init_scale=64.0, growth_interval=2), \
-            optim.lr_scheduler.CosineAnnealingLR(opt, 10)
+        opt = optim.AdamW(
+            [{"params": list(model.parameters())[:3]}, {"params": list(model.parameters())[3:], "lr": 2e-3}],
+            lr=1e-3,
+            amsgrad=True,
+        )
+        return (
+            model,
+            opt,
+            opsnn.amp.GradScaler(init_scale=64.0, growth_interval=2),
+            optim.lr_scheduler.CosineAnnealingLR(opt, 10),
+        )
 
     model, opt, scaler, sched = fresh(0)
     run(model, opt, scaler, sched, 3)
-    path = opsnn.save_checkpoint(tmp_path / "ck.safetensors", model, opt, step=3, scaler=scaler, scheduler=sched,
-                                 extra={"note": "three steps"})
+    path = opsnn.save_checkpoint(
+        tmp_path / "ck.safetensors", model, opt, step=3, scaler=scaler, scheduler=sched, extra={"note": "three steps"}
+    )
     run(model, opt, scaler, sched, 3)
     model2, opt2, scaler2, sched2 = fresh(1)
     info = opsnn.load_checkpoint(path, model2, opt2, scaler=scaler2, scheduler=sched2)
@@ -348,8 +372,9 @@ def test_transformer_encoder_trains_like_torch(make_opt):
         opt.step()
         losses.append(float(loss.item()))
         topt.zero_grad()
-        tl = torch.nn.functional.cross_entropy(tmodel(torch.tensor(ids), torch.tensor(pad)).transpose(1, 2),
-                                               torch.tensor(y))
+        tl = torch.nn.functional.cross_entropy(
+            tmodel(torch.tensor(ids), torch.tensor(pad)).transpose(1, 2), torch.tensor(y)
+        )
         tl.backward()
         topt.step()
         tlosses.append(tl.item())
@@ -382,9 +407,14 @@ def _tagger(lib, vocab=13, d=8, hidden=6, tags=4, rnn="LSTM"):
     return Tagger()
 
 
-@pytest.mark.parametrize("make_opt", [lambda lib, p: lib.SGD(p, lr=0.5, momentum=0.9, weight_decay=1e-4),
-                                      lambda lib, p: lib.AdamW(p, lr=2e-2, weight_decay=0.05)],
-                         ids=["sgd_momentum", "adamw"])
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda lib, p: lib.SGD(p, lr=0.5, momentum=0.9, weight_decay=1e-4),
+        lambda lib, p: lib.AdamW(p, lr=2e-2, weight_decay=0.05),
+    ],
+    ids=["sgd_momentum", "adamw"],
+)
 @pytest.mark.parametrize("rnn", ["LSTM", "GRU"])
 def test_rnn_tagger_trains_like_torch(rnn, make_opt):
     torch = pytest.importorskip("torch")
@@ -418,8 +448,10 @@ def test_builtin_models_backpropagate_to_their_parameters(name):
 
     rng = np.random.default_rng(0)
     if name == "resnet18":
-        model, args = models.resnet18(num_classes=10), [opsnn.tensor(rng.standard_normal((2, 3, 16, 16)).astype(
-            np.float32))]
+        model, args = (
+            models.resnet18(num_classes=10),
+            [opsnn.tensor(rng.standard_normal((2, 3, 16, 16)).astype(np.float32))],
+        )
     elif name == "bert-tiny":
         model, args = models.bert("tiny"), [rng.integers(0, 100, (2, 8))]
     else:

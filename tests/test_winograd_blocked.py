@@ -3,6 +3,7 @@ kernel): against the plain Conv's numpy oracle (through BlockedConv's reference)
 tiles, padding, batches split into chunks, bias / residual / Relu epilogues and both blocks;
 its oneDNN batched matmul against numpy; which shapes select it and why the others do not;
 and a compiled ResNet-style chain using it agrees with the interpreter."""
+
 import gc
 
 import numpy as np
@@ -17,8 +18,7 @@ from opsnn.ops.autotune import NotPreferred
 from opsnn.ops.executor import plan_op
 from opsnn.ops.registry import TensorMeta, get_op
 
-pytestmark = pytest.mark.skipif(KD.matmul_unavailable() is not None,
-                                reason=f"oneDNN matmul: {KD.matmul_unavailable()}")
+pytestmark = pytest.mark.skipif(KD.matmul_unavailable() is not None, reason=f"oneDNN matmul: {KD.matmul_unavailable()}")
 NAME = "conv_winograd_blocked"
 
 
@@ -47,20 +47,21 @@ def _run(ins, attrs):
 
 CASES = [
     # (N, C, H, W), M, conv attrs
-    ((1, 16, 9, 9), 32, {"pads": [1, 1, 1, 1]}),               # 9 = 2 tiles + 1: tiles overhang the edge
+    ((1, 16, 9, 9), 32, {"pads": [1, 1, 1, 1]}),  # 9 = 2 tiles + 1: tiles overhang the edge
     ((2, 32, 16, 13), 16, {"pads": [1, 1, 1, 1]}),
-    ((1, 16, 12, 10), 16, {"pads": [0, 1, 2, 1]}),             # asymmetric padding
-    ((1, 16, 10, 10), 16, {"pads": [2, 2, 2, 2]}),             # padding > kernel / 2
-    ((1, 16, 1, 1), 16, {"pads": [1, 1, 1, 1]}),               # a 1x1 image
-    ((1, 16, 8, 8), 16, {}),                                   # no padding: 6x6 output
+    ((1, 16, 12, 10), 16, {"pads": [0, 1, 2, 1]}),  # asymmetric padding
+    ((1, 16, 10, 10), 16, {"pads": [2, 2, 2, 2]}),  # padding > kernel / 2
+    ((1, 16, 1, 1), 16, {"pads": [1, 1, 1, 1]}),  # a 1x1 image
+    ((1, 16, 8, 8), 16, {}),  # no padding: 6x6 output
     ((3, 16, 7, 9), 32, {"auto_pad": "SAME_UPPER"}),
 ]
 
 
 @pytest.mark.parametrize("block", KB.BLOCKS)
 @pytest.mark.parametrize("case", range(len(CASES)))
-@pytest.mark.parametrize("bias,residual,act", [(True, False, "Relu"), (False, True, ""), (True, True, "Relu"),
-                                               (False, False, "")])
+@pytest.mark.parametrize(
+    "bias,residual,act", [(True, False, "Relu"), (False, True, ""), (True, True, "Relu"), (False, False, "")]
+)
 def test_matches_the_conv_reference(rng, case, bias, residual, act, block):
     xs, m, attrs = CASES[case]
     x = _f32(rng, *xs)
@@ -98,8 +99,9 @@ def test_a_bound_call_holds_its_arrays_and_reads_their_current_values(rng):
     k = next(k for k in rec.kernels if k.name == NAME)
     plan = k.plan(planned.ctx)
     out = np.full(planned.ctx.outputs[0].shape, np.nan, np.float32)
-    call = k.bind([x, w, b.copy(), None], [out], planned.ctx.attrs, plan,
-                  np.empty(k.workspace(planned.ctx, plan), np.uint8))
+    call = k.bind(
+        [x, w, b.copy(), None], [out], planned.ctx.attrs, plan, np.empty(k.workspace(planned.ctx, plan), np.uint8)
+    )
     gc.collect()  # the bias copy and the workspace live on in the call (it holds the views it took)
     for _ in range(2):
         call()
@@ -111,8 +113,9 @@ def test_a_bound_call_holds_its_arrays_and_reads_their_current_values(rng):
 @pytest.mark.parametrize("transposed", [False, True])
 def test_batched_matmul_matches_numpy(rng, transposed):
     a, w = _f32(rng, 5, 7, 24), _f32(rng, 5, 24, 40)
-    prim = KD.BatchMatMulPrimitive(7, np.ascontiguousarray(w.transpose(0, 2, 1)) if transposed else w,
-                                   transposed=transposed)
+    prim = KD.BatchMatMulPrimitive(
+        7, np.ascontiguousarray(w.transpose(0, 2, 1)) if transposed else w, transposed=transposed
+    )
     y = np.full((5, 7, 40), np.nan, np.float32)
     prim(a, y)
     want = np.einsum("bmk,bkn->bmn", a.astype(np.float64), w.astype(np.float64))
@@ -150,13 +153,24 @@ def test_resnet_stage_shapes_select_it_and_the_others_say_why():
 def test_a_compiled_chain_runs_it_and_agrees_with_the_interpreter(rng):
     # 1x1 -> 3x3 (Winograd) -> 1x1 + residual, relu: a ResNet bottleneck, at 28x28
     c = 32
-    init = {"w1": _f32(rng, c, c, 1, 1, scale=0.2), "b1": _f32(rng, c), "w2": _f32(rng, c, c, 3, 3, scale=0.1),
-            "w3": _f32(rng, c, c, 1, 1, scale=0.2)}
-    nodes = [Node("Conv", ["x", "w1", "b1"], ["a"]), Node("Relu", ["a"], ["ar"]),
-             Node("Conv", ["ar", "w2"], ["b"], {"pads": [1, 1, 1, 1]}), Node("Relu", ["b"], ["br"]),
-             Node("Conv", ["br", "w3"], ["c"]), Node("Add", ["c", "x"], ["d"]), Node("Relu", ["d"], ["y"])]
-    g = Graph("bottleneck", inputs=[Value("x", np.float32, ("N", c, "H", "W"))], outputs=["y"], nodes=nodes,
-              initializers=init)
+    init = {
+        "w1": _f32(rng, c, c, 1, 1, scale=0.2),
+        "b1": _f32(rng, c),
+        "w2": _f32(rng, c, c, 3, 3, scale=0.1),
+        "w3": _f32(rng, c, c, 1, 1, scale=0.2),
+    }
+    nodes = [
+        Node("Conv", ["x", "w1", "b1"], ["a"]),
+        Node("Relu", ["a"], ["ar"]),
+        Node("Conv", ["ar", "w2"], ["b"], {"pads": [1, 1, 1, 1]}),
+        Node("Relu", ["b"], ["br"]),
+        Node("Conv", ["br", "w3"], ["c"]),
+        Node("Add", ["c", "x"], ["d"]),
+        Node("Relu", ["d"], ["y"]),
+    ]
+    g = Graph(
+        "bottleneck", inputs=[Value("x", np.float32, ("N", c, "H", "W"))], outputs=["y"], nodes=nodes, initializers=init
+    )
     for n in (1, 3):
         feeds = {"x": _f32(rng, n, c, 28, 28)}
         want = opsnn.graph.run(g, feeds)["y"]

@@ -20,6 +20,7 @@ API), ``opsnn.onnx`` (load ONNX files), ``opsnn.compile`` / ``CompiledGraph`` (t
 docs/ (one page per task, docs/ops.md for the operators) have more; ``opsnn --help`` lists the
 command-line tools.
 """
+
 from ._blas_env import configure as _configure_blas
 
 _configure_blas()  # before anything imports numpy (which loads OpenBLAS); see _blas_env
@@ -51,7 +52,61 @@ from .tools import debug_log as _debug_log
 
 _debug_log.configure_from_env()
 
-__all__ = ["manual_seed", "load_checkpoint", "save_checkpoint", "amp", "optim", "autograd", "enable_grad", "no_grad", "set_grad_enabled", "GraphOptimizationLevel", "InferenceSession", "RunOptions", "SessionOptions", "llm", "models", "nn", "onnx", "pipeline", "plot_graph", "CompiledGraph", "GraphPattern", "GraphTemplate", "compile", "debug", "graph", "optimize", "Device", "Event", "Stream", "Tensor", "aclnn", "config", "context", "current_stream", "dtypes",
-           "empty", "errors", "finalize", "from_dlpack", "from_numpy", "full", "get_num_threads", "hooks", "init",
-           "is_initialized", "kernel_selector", "memory", "ones", "ops", "profiler", "tools", "register_kernel", "register_op",
-           "set_num_threads", "tensor", "zeros"]
+__all__ = [
+    "manual_seed",
+    "load_checkpoint",
+    "save_checkpoint",
+    "amp",
+    "optim",
+    "autograd",
+    "enable_grad",
+    "no_grad",
+    "set_grad_enabled",
+    "GraphOptimizationLevel",
+    "InferenceSession",
+    "RunOptions",
+    "SessionOptions",
+    "llm",
+    "models",
+    "nn",
+    "onnx",
+    "pipeline",
+    "plot_graph",
+    "CompiledGraph",
+    "GraphPattern",
+    "GraphTemplate",
+    "compile",
+    "debug",
+    "graph",
+    "optimize",
+    "Device",
+    "Event",
+    "Stream",
+    "Tensor",
+    "aclnn",
+    "config",
+    "context",
+    "current_stream",
+    "dtypes",
+    "empty",
+    "errors",
+    "finalize",
+    "from_dlpack",
+    "from_numpy",
+    "full",
+    "get_num_threads",
+    "hooks",
+    "init",
+    "is_initialized",
+    "kernel_selector",
+    "memory",
+    "ones",
+    "ops",
+    "profiler",
+    "tools",
+    "register_kernel",
+    "register_op",
+    "set_num_threads",
+    "tensor",
+    "zeros",
+]

@@ -21,6 +21,7 @@ regions with GEMMs (no effect if another library, e.g. torch, loaded libgomp fir
 sleeping, so a GEMM -> epilogue -> GEMM chain on the libgomp pool MKL shares does not pay a
 wake-up per region.
 """
+
 from __future__ import annotations
 
 import os

@@ -10,6 +10,7 @@ continues bit-identically.
 >>> opsnn.load_checkpoint(path, opsnn.nn.Linear(3, 2), opsnn.optim.AdamW(opsnn.nn.Linear(3, 2).parameters()))["step"]
 7
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,9 @@ def _rng_state():
     return init.generator().bit_generator.state
 
 
-def save_checkpoint(path, model, optimizer=None, *, step: int = 0, scaler=None, scheduler=None,
-                    extra: dict | None = None) -> str:
+def save_checkpoint(
+    path, model, optimizer=None, *, step: int = 0, scaler=None, scheduler=None, extra: dict | None = None
+) -> str:
     """Write ``model.state_dict()``, the optimizer's state, ``step``, the scaler's and scheduler's
     state, opsnn's init RNG state and ``extra`` (JSON-able) to ``path``; returns the path."""
     import safetensors.numpy as st
@@ -54,8 +56,7 @@ def save_checkpoint(path, model, optimizer=None, *, step: int = 0, scaler=None, 
                     tensors[f"optimizer/{idx}/{name}"] = _np(v)
                 else:
                     scalars.setdefault(str(idx), {})[name] = v
-        meta["optimizer"] = {"kind": type(optimizer).__name__, "param_groups": sd["param_groups"],
-                             "scalars": scalars}
+        meta["optimizer"] = {"kind": type(optimizer).__name__, "param_groups": sd["param_groups"], "scalars": scalars}
     if scaler is not None:
         meta["scaler"] = scaler.state_dict()
     if scheduler is not None:
@@ -82,15 +83,16 @@ def load_checkpoint(path, model, optimizer=None, *, scaler=None, scheduler=None,
     meta = json.loads(raw)
     for k, shape in meta.get("shapes", {}).items():
         tensors[k] = tensors[k].reshape(shape)
-    model_sd = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+    model_sd = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
     opt_sd = None
     if optimizer is not None:
         info = meta.get("optimizer")
         if info is None:
             raise CheckpointError(f"load_checkpoint: {path} holds no optimizer state")
         if info["kind"] != type(optimizer).__name__:
-            raise CheckpointError(f"load_checkpoint: {path} holds {info['kind']} state, the optimizer is "
-                                  f"{type(optimizer).__name__}")
+            raise CheckpointError(
+                f"load_checkpoint: {path} holds {info['kind']} state, the optimizer is {type(optimizer).__name__}"
+            )
         state: dict = {}
         for k, v in tensors.items():
             if k.startswith("optimizer/"):
@@ -100,9 +102,13 @@ def load_checkpoint(path, model, optimizer=None, *, scaler=None, scheduler=None,
             state.setdefault(int(idx), {}).update(entry)
         groups = []
         for mine, theirs in zip(optimizer.param_groups, info["param_groups"]):
-            groups.append({k: tuple(v) if isinstance(mine.get(k), tuple) and isinstance(v, list) else v
-                           for k, v in theirs.items()})
-        groups += info["param_groups"][len(groups):]
+            groups.append(
+                {
+                    k: tuple(v) if isinstance(mine.get(k), tuple) and isinstance(v, list) else v
+                    for k, v in theirs.items()
+                }
+            )
+        groups += info["param_groups"][len(groups) :]
         opt_sd = {"state": state, "param_groups": groups}
     # validate everything before writing anything: the model load checks shapes itself and writes
     # only when it passes; load the optimizer into a dry copy first

@@ -1,8 +1,9 @@
 """The ``opsnn`` command line: info, run (the main job), conformance.
 
-    $ opsnn info
-    $ opsnn run --batch 4 --repeat 50
+$ opsnn info
+$ opsnn run --batch 4 --repeat 50
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,47 +33,61 @@ def cmd_info(args) -> int:
     from . import _blas_env
     from .runtime import threads
 
-    print(f"threads: {threads.policy.mode} ({threads.cores()} cores); OpenBLAS idle-thread timeout "
-          f"{os.environ.get('OPENBLAS_THREAD_TIMEOUT')}: "
-          + ("in effect" if _blas_env.effective else "NOT in effect (numpy was imported before opsnn; set "
-             "OPENBLAS_THREAD_TIMEOUT=4 in the environment)"))
+    print(
+        f"threads: {threads.policy.mode} ({threads.cores()} cores); OpenBLAS idle-thread timeout "
+        f"{os.environ.get('OPENBLAS_THREAD_TIMEOUT')}: "
+        + (
+            "in effect"
+            if _blas_env.effective
+            else "NOT in effect (numpy was imported before opsnn; set OPENBLAS_THREAD_TIMEOUT=4 in the environment)"
+        )
+    )
     from .kernels.cpu import mkl
 
     why = mkl.unavailable()
-    print("packed GEMM for constant weights: " + (f"Intel MKL ({mkl.threading_layer()} threads)" if why is None
-                                                   else f"not used ({why})"))
+    print(
+        "packed GEMM for constant weights: "
+        + (f"Intel MKL ({mkl.threading_layer()} threads)" if why is None else f"not used ({why})")
+    )
     from .kernels.cpu import onednn
 
     why = onednn.unavailable()
-    print("blocked convolutions: " + (f"oneDNN {onednn.version()} on nChw{onednn.block()}c" if why is None
-                                      else f"not used ({why})"))
+    print(
+        "blocked convolutions: "
+        + (f"oneDNN {onednn.version()} on nChw{onednn.block()}c" if why is None else f"not used ({why})")
+    )
     why = onednn.matmul_unavailable()
     print("constant-weight matmuls: " + ("oneDNN's brgemm matmul" if why is None else f"not on oneDNN ({why})"))
     why = onednn.bf16_unavailable()
-    print("bfloat16 (mixed precision) convolutions and products: "
-          + ("oneDNN's native bf16 kernels (AVX512-BF16)" if why is None else f"not on oneDNN ({why})"))
+    print(
+        "bfloat16 (mixed precision) convolutions and products: "
+        + ("oneDNN's native bf16 kernels (AVX512-BF16)" if why is None else f"not on oneDNN ({why})")
+    )
     from .kernels.cpu import libraries
 
     lib = libraries.gemm_library()
-    print(f"threaded float32 GEMM: {'Intel MKL' if lib == 'mkl' else 'OpenBLAS (numpy)'}, "
-          f"{libraries.gemm_library_why()}")
+    print(
+        f"threaded float32 GEMM: {'Intel MKL' if lib == 'mkl' else 'OpenBLAS (numpy)'}, {libraries.gemm_library_why()}"
+    )
 
     print(f"in one line: {libraries.summary()}")
     n_kernels = Counter(k.backend for r in records for k in r.kernels if not k.fallback)
-    print(f"operators: {len(records)} registered; kernels: "
-          + ", ".join(f"{b}: {n}" for b, n in sorted(n_kernels.items())))
+    print(
+        f"operators: {len(records)} registered; kernels: "
+        + ", ".join(f"{b}: {n}" for b, n in sorted(n_kernels.items()))
+    )
     by_cat = Counter(r.category for r in records)
     print()
-    print(_table([[c, n] for c, n in sorted(by_cat.items(), key=lambda kv: (-kv[1], kv[0]))],
-                 ["category", "ops"]))
+    print(_table([[c, n] for c, n in sorted(by_cat.items(), key=lambda kv: (-kv[1], kv[0]))], ["category", "ops"]))
     if args.ops:
         print()
         rows = []
         for r in records:
             fast = [k.name for k in r.kernels if not k.fallback]
             name = f"{r.domain}::{r.name}" if r.domain else r.name
-            rows.append([name, r.category, "yes" if r.gradient is not None else "-",
-                         ", ".join(fast) or "(reference only)"])
+            rows.append(
+                [name, r.category, "yes" if r.gradient is not None else "-", ", ".join(fast) or "(reference only)"]
+            )
         print(_table(rows, ["op", "category", "gradient", "kernels"]))
     no_fast = [r.name for r in records if all(k.fallback for k in r.kernels)]
     print(f"\nops with a fast kernel: {len(records) - len(no_fast)}; reference only: {len(no_fast)}")
@@ -128,13 +143,17 @@ def _run_resnet50(args) -> int:
     rep = cg.pass_report
     mem = cg.memory_report()
     print(f"model: ResNet-50 (random weights, seed {args.seed}), input {x.shape} float32")
-    print(f"graph: {rep.nodes_before} nodes -> {rep.nodes_after} after passes; arena {mem['arena_bytes'] / 2**20:.1f} MiB "
-          f"(naive {mem['naive_bytes'] / 2**20:.1f} MiB)")
+    print(
+        f"graph: {rep.nodes_before} nodes -> {rep.nodes_after} after passes; arena {mem['arena_bytes'] / 2**20:.1f} MiB "
+        f"(naive {mem['naive_bytes'] / 2**20:.1f} MiB)"
+    )
     _report_top3(y)
     ok = err <= args.rtol
     print(f"max relative |opsnn - numpy references| = {err:.3e} ({'OK' if ok else 'MISMATCH'}, rtol {args.rtol:g})")
-    print(f"latency: build + compile + first run {first:.2f} s, median {med:.1f} ms, min {min(times) * 1e3:.1f} ms "
-          f"over {args.repeat} runs")
+    print(
+        f"latency: build + compile + first run {first:.2f} s, median {med:.1f} ms, min {min(times) * 1e3:.1f} ms "
+        f"over {args.repeat} runs"
+    )
     opsnn.finalize()
     return 0 if ok else 1
 
@@ -153,12 +172,16 @@ def _run_smallnet(args) -> int:
     err = float(np.max(np.abs(y - ref)))
     times = _time_runs(lambda: net(x).numpy(), args.repeat)
     med = statistics.median(times) * 1e3
-    print(f"model: SmallConvNet (conv-bn-relu-pool x2, avgpool, linear, softmax), input {tuple(x.shape)} float32, eager")
+    print(
+        f"model: SmallConvNet (conv-bn-relu-pool x2, avgpool, linear, softmax), input {tuple(x.shape)} float32, eager"
+    )
     _report_top3(y)
     ok = err <= args.atol
     print(f"max |opsnn - numpy reference| = {err:.3e} ({'OK' if ok else 'MISMATCH'}, atol {args.atol:g})")
-    print(f"latency: first call {first * 1e3:.1f} ms (includes kernel compile/prepare), "
-          f"median {med:.3f} ms, min {min(times) * 1e3:.3f} ms over {args.repeat} runs")
+    print(
+        f"latency: first call {first * 1e3:.1f} ms (includes kernel compile/prepare), "
+        f"median {med:.3f} ms, min {min(times) * 1e3:.3f} ms over {args.repeat} runs"
+    )
     opsnn.finalize()
     return 0 if ok else 1
 
@@ -207,8 +230,9 @@ def cmd_compare(args) -> int:
         names = [v.name for v in graph.inputs if v.name not in graph.initializers]
         unknown = sorted(set(given) - set(names))
         if unknown:
-            raise opsnn.errors.ParamInvalidError(f"opsnn compare: --shape names {unknown}, not inputs of the model "
-                                                 f"(its inputs: {names})")
+            raise opsnn.errors.ParamInvalidError(
+                f"opsnn compare: --shape names {unknown}, not inputs of the model (its inputs: {names})"
+            )
         for v in graph.inputs:
             if v.name in graph.initializers:
                 continue
@@ -216,22 +240,27 @@ def cmd_compare(args) -> int:
             if shape is None:
                 dims = tuple(v.shape or ())
                 if not all(isinstance(d, int) and d >= 0 for d in dims):
-                    syms = [str(d) if isinstance(d, str) and d else "?" for d in dims
-                            if not (isinstance(d, int) and d >= 0)]
-                    example = ",".join(str(d) if isinstance(d, int) and d >= 0 else (str(d) if d else "?")
-                                       for d in dims)
+                    syms = [
+                        str(d) if isinstance(d, str) and d else "?" for d in dims if not (isinstance(d, int) and d >= 0)
+                    ]
+                    example = ",".join(
+                        str(d) if isinstance(d, int) and d >= 0 else (str(d) if d else "?") for d in dims
+                    )
                     raise opsnn.errors.ParamInvalidError(
                         f"opsnn compare: input {v.name!r} has symbolic dims; give its shape with "
                         f"--shape {v.name}={example} (sizes in place of {', '.join(dict.fromkeys(syms))}), "
-                        "or its data with --inputs")
+                        "or its data with --inputs"
+                    )
                 shape = dims
             elif v.shape is not None and len(shape) != len(v.shape):
                 raise opsnn.errors.ParamInvalidError(
                     f"opsnn compare: --shape {v.name} has {len(shape)} dims, the model's input has "
-                    f"{len(v.shape)} {tuple(v.shape)}")
+                    f"{len(v.shape)} {tuple(v.shape)}"
+                )
             dt = v.dtype or np.dtype(np.float32)
-            feeds[v.name] = (rng.standard_normal(shape).astype(dt) if dt.kind == "f"
-                             else rng.integers(0, 2, shape).astype(dt))
+            feeds[v.name] = (
+                rng.standard_normal(shape).astype(dt) if dt.kind == "f" else rng.integers(0, 2, shape).astype(dt)
+            )
     dtype = args.dtype
     if "=" in dtype:  # a policy: MatMul=float16,Softmax=float32
         from .errors import ParamInvalidError
@@ -283,8 +312,11 @@ def bench_module(name: str):
 def _bench(argv) -> int:
     models = bench_module("models")
     if models is None:
-        print("opsnn bench: the model benchmarks are not installed with opsnn; they live in bench/models.py of "
-              "the source repository (run `opsnn bench` or `python bench/models.py` from a clone)", file=sys.stderr)
+        print(
+            "opsnn bench: the model benchmarks are not installed with opsnn; they live in bench/models.py of "
+            "the source repository (run `opsnn bench` or `python bench/models.py` from a clone)",
+            file=sys.stderr,
+        )
         return 2
     return models.main(argv)
 
@@ -311,8 +343,10 @@ def _video_bench(argv) -> int:
 PASS_THROUGH = {
     "conformance": (cmd_conformance, "run ONNX's node test cases (see 'opsnn conformance --help')"),
     "bench": (_bench, "models side by side with onnxruntime and torch eager (see 'opsnn bench --help')"),
-    "fuzz": (lambda argv: __import__("opsnn.tools.fuzz", fromlist=["main"]).main(argv),
-             "fuzz models, ops, out= views, NaN/Inf and resources for N minutes (see 'opsnn fuzz --help')"),
+    "fuzz": (
+        lambda argv: __import__("opsnn.tools.fuzz", fromlist=["main"]).main(argv),
+        "fuzz models, ops, out= views, NaN/Inf and resources for N minutes (see 'opsnn fuzz --help')",
+    ),
     "explain": (_explain, "which kernel each node of a model runs, and why (see 'opsnn explain --help')"),
     "generate": (_generate, "generate tokens with the LLaMA-style decoder and a KV cache"),
     "serve-bench": (_serve_bench, "replay a mixed LLM workload: dynamic batching vs one request at a time"),
@@ -357,14 +391,18 @@ def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] in PASS_THROUGH:
         return PASS_THROUGH[argv[0]][0](argv[1:])
     parser = argparse.ArgumentParser(prog="opsnn", description="opsnn: operator library and graph engine")
-    parser.add_argument("--traceback", action="store_true",
-                        help="show the Python traceback of an error (also OPSNN_DEBUG=1)")
+    parser.add_argument(
+        "--traceback", action="store_true", help="show the Python traceback of an error (also OPSNN_DEBUG=1)"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("info", help="device, operators by category, kernels")
     p.add_argument("--ops", action="store_true", help="list every op with its kernels")
     p.set_defaults(fn=cmd_info)
-    p = sub.add_parser("run", help="run ResNet-50 through the graph engine (or the small conv net eagerly), "
-                                   "check it against the numpy references, time it")
+    p = sub.add_parser(
+        "run",
+        help="run ResNet-50 through the graph engine (or the small conv net eagerly), "
+        "check it against the numpy references, time it",
+    )
     p.add_argument("--model", choices=["resnet50", "smallnet"], default="resnet50")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--rtol", type=float, default=1e-4, help="resnet50: max error relative to the largest logit")
@@ -386,10 +424,17 @@ def _dispatch(argv: list[str]) -> int:
     p.set_defaults(fn=cmd_plot)
     p = sub.add_parser("compare", help="precision compare: fp32 vs float16/bfloat16/a policy, node by node")
     p.add_argument("model", help="an .onnx file")
-    p.add_argument("--dtype", default="float16", help="float16, bfloat16, or a policy like MatMul=float16,Softmax=float32")
+    p.add_argument(
+        "--dtype", default="float16", help="float16, bfloat16, or a policy like MatMul=float16,Softmax=float32"
+    )
     p.add_argument("--inputs", help=".npz with the inputs (default: seeded random inputs of the model's shapes)")
-    p.add_argument("--shape", action="append", type=shape_arg, default=[],
-                   help="input shape for the random inputs, e.g. --shape x=1,3,224,224 (needed for symbolic dims)")
+    p.add_argument(
+        "--shape",
+        action="append",
+        type=shape_arg,
+        default=[],
+        help="input shape for the random inputs, e.g. --shape x=1,3,224,224 (needed for symbolic dims)",
+    )
     p.add_argument("--tol", type=float, default=1e-2)
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--seed", type=int, default=0)

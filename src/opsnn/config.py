@@ -5,6 +5,7 @@
 >>> caps["cpu"]["Relu"]["kernels"][0]["name"]  # doctest: +SKIP
 'relu_numba'
 """
+
 from __future__ import annotations
 
 from . import dtypes as _dt
@@ -18,11 +19,20 @@ def get_backend_capability() -> dict:
         for k in rec.kernels:
             entry = caps.setdefault(k.backend, {}).setdefault(
                 rec.name if not rec.domain else f"{rec.domain}::{rec.name}",
-                {"category": rec.category,
-                 "dtypes": sorted({_dt.name(d) for d in (rec.inputs[0].dtypes or ())}) if rec.inputs else [],
-                 "kernels": []})
-            entry["kernels"].append({"name": k.name, "priority": k.priority, "fallback": k.fallback,
-                                     "dtypes": None if k.dtypes is None else [_dt.name(d) for d in k.dtypes]})
+                {
+                    "category": rec.category,
+                    "dtypes": sorted({_dt.name(d) for d in (rec.inputs[0].dtypes or ())}) if rec.inputs else [],
+                    "kernels": [],
+                },
+            )
+            entry["kernels"].append(
+                {
+                    "name": k.name,
+                    "priority": k.priority,
+                    "fallback": k.fallback,
+                    "dtypes": None if k.dtypes is None else [_dt.name(d) for d in k.dtypes],
+                }
+            )
     return caps
 
 

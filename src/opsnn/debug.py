@@ -3,6 +3,7 @@
 >>> import opsnn  # doctest: +SKIP
 >>> print(opsnn.debug.shape_inference(graph))  # doctest: +SKIP
 """
+
 from .graph.shape_inference import format_dtype_flow, format_shapes
 
 

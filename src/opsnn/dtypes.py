@@ -4,6 +4,7 @@
 >>> dtypes.get("bf16")
 dtype(bfloat16)
 """
+
 from __future__ import annotations
 
 import ml_dtypes
@@ -28,18 +29,46 @@ float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
 float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
 
 _ALIASES = {
-    "float32": float32, "fp32": float32, "float": float32, "f32": float32,
-    "float16": float16, "fp16": float16, "half": float16, "f16": float16,
-    "bfloat16": bfloat16, "bf16": bfloat16,
-    "float64": float64, "fp64": float64, "double": float64, "f64": float64,
-    "int8": int8, "int16": int16, "int32": int32, "int64": int64,
-    "uint8": uint8, "uint16": uint16, "uint32": uint32, "uint64": uint64,
+    "float32": float32,
+    "fp32": float32,
+    "float": float32,
+    "f32": float32,
+    "float16": float16,
+    "fp16": float16,
+    "half": float16,
+    "f16": float16,
+    "bfloat16": bfloat16,
+    "bf16": bfloat16,
+    "float64": float64,
+    "fp64": float64,
+    "double": float64,
+    "f64": float64,
+    "int8": int8,
+    "int16": int16,
+    "int32": int32,
+    "int64": int64,
+    "uint8": uint8,
+    "uint16": uint16,
+    "uint32": uint32,
+    "uint64": uint64,
     "bool": bool_,
-    "float8_e4m3fn": float8_e4m3fn, "float8_e5m2": float8_e5m2,
+    "float8_e4m3fn": float8_e4m3fn,
+    "float8_e5m2": float8_e5m2,
 }
 # narrow types ml_dtypes provides (quantization, ONNX conformance); present ones only
-for _name in ("int4", "uint4", "int2", "uint2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
-              "float8_e8m0fnu", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"):
+for _name in (
+    "int4",
+    "uint4",
+    "int2",
+    "uint2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e4m3b11fnuz",
+    "float8_e8m0fnu",
+    "float4_e2m1fn",
+    "float6_e2m3fn",
+    "float6_e3m2fn",
+):
     if hasattr(ml_dtypes, _name):
         _ALIASES[_name] = np.dtype(getattr(ml_dtypes, _name))
 
@@ -60,9 +89,7 @@ def get(dtype) -> np.dtype:
         try:
             return _ALIASES[dtype.lower()]
         except KeyError:
-            raise DTypeError(
-                f"unknown dtype name {dtype!r}; expected one of {sorted(_ALIASES)}"
-            ) from None
+            raise DTypeError(f"unknown dtype name {dtype!r}; expected one of {sorted(_ALIASES)}") from None
     try:
         return np.dtype(dtype)
     except TypeError:

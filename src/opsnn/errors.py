@@ -5,6 +5,7 @@ user reads one line and knows the fix::
 
     >>> raise ParamInvalidError("Conv: attribute 'strides' must be positive, got (0, 1)")
 """
+
 from __future__ import annotations
 
 # ops-nn status codes (aclnnStatus values).
@@ -92,7 +93,6 @@ class KernelNotFoundError(OpsnnError, LookupError):
     code = KERNEL_NOT_FOUND
 
 
-
 #: what a function's argument parsing raises when handed a value of the wrong kind
 ARGUMENT_ERRORS = (TypeError, ValueError, AttributeError, LookupError, ZeroDivisionError, OverflowError)
 
@@ -159,7 +159,7 @@ def bad_arguments_message(name: str, fn, args: tuple, kwargs: dict, exc: BaseExc
 
 
 def _annotated_kind(annotation) -> str | None:
-    """"an int" / "a number" / "a bool" for a parameter annotated ``int`` / ``float`` / ``bool``."""
+    """ "an int" / "a number" / "a bool" for a parameter annotated ``int`` / ``float`` / ``bool``."""
     ann = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
     return {"int": "an int", "float": "a number", "bool": "a bool"}.get(ann)
 

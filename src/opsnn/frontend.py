@@ -4,6 +4,7 @@ function of tensors into a CompiledGraph, reusing an earlier process's work from
 It sits above the graph layer: the graph compiler (:mod:`opsnn.graph.compiler`) takes graphs
 and functions only, and this module brings the frontends (the ONNX importer, ``nn.Module``) to it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,9 +24,18 @@ from .runtime.context import context
 log = logging.getLogger("opsnn.graph.compile")
 
 
-def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None, level: int = 3,
-            disabled_passes=None, max_plans: int = 16, memory_optimization: bool | None = None,
-            cache_dir: str | None = None) -> CompiledGraph:
+def compile(
+    model,
+    example_inputs=None,
+    *,
+    dynamic_dims=None,
+    static_shapes=None,
+    level: int = 3,
+    disabled_passes=None,
+    max_plans: int = 16,
+    memory_optimization: bool | None = None,
+    cache_dir: str | None = None,
+) -> CompiledGraph:
     """Compile a Graph, an ONNX model (path or ModelProto) or a Python function of tensors.
 
     ``example_inputs`` and ``dynamic_dims`` (``{arg: {dim: "name"}}``) are for functions and
@@ -48,8 +58,11 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
             raise ParamInvalidError("compile: a function needs example_inputs to be traced")
         # a Module traces as Module.to_graph does: inputs named after forward's arguments, weights
         # after their state_dict keys, nested outputs (a decoder's logits and cache) flattened
-        graph = (model.to_graph(example_inputs, dynamic_dims) if isinstance(model, Module)
-                 else trace(model, example_inputs, dynamic_dims))
+        graph = (
+            model.to_graph(example_inputs, dynamic_dims)
+            if isinstance(model, Module)
+            else trace(model, example_inputs, dynamic_dims)
+        )
     else:
         from . import onnx as _onnx
 
@@ -63,8 +76,13 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
             if static_shapes:
                 cached.prepare_shapes(static_shapes)
             return cached
-    cg = _compiler.compile(graph, level=level, disabled_passes=disabled_passes, max_plans=max_plans,
-                           memory_optimization=memory_optimization)
+    cg = _compiler.compile(
+        graph,
+        level=level,
+        disabled_passes=disabled_passes,
+        max_plans=max_plans,
+        memory_optimization=memory_optimization,
+    )
     cg.cache_dir = entry
     if static_shapes:
         cg.prepare_shapes(static_shapes)
@@ -80,8 +98,10 @@ def _cache_entry(graph: Graph, cache_dir: str, level: int, disabled_passes) -> s
     # the mixed-precision policy changes the compiled graph (casts, 16-bit weights): part of the key
     mp = ",".join(f"{op}:{np.dtype(dt).name}" for op, dt in sorted(_mp_policy().items()))
     # so does the CPU (and oneDNN setting): the blocked-layout pass rewrites for this one's block
-    key = (f"{_compiler.graph_hash(graph)}-L{level}-{'-'.join(sorted(_off() | set(disabled_passes or ())))}"
-           f"-MP{mp}-{machine_key()}")
+    key = (
+        f"{_compiler.graph_hash(graph)}-L{level}-{'-'.join(sorted(_off() | set(disabled_passes or ())))}"
+        f"-MP{mp}-{machine_key()}"
+    )
     return os.path.join(cache_dir, hashlib.sha256(key.encode()).hexdigest()[:20])
 
 

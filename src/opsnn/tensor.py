@@ -9,6 +9,7 @@ reading them from the host (``numpy()``) waits for that kernel::
     >>> t.transpose(0, 1).shape
     (3, 2)
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -58,8 +59,9 @@ MAX_DIMS = 64
 
 def _alloc_array(shape: tuple, dtype: np.dtype, tag: str | None = None) -> np.ndarray:
     if len(shape) > MAX_DIMS:
-        raise ParamInvalidError(f"{tag or 'tensor'}: an output of {len(shape)} dimensions; at most {MAX_DIMS} "
-                                f"are supported")
+        raise ParamInvalidError(
+            f"{tag or 'tensor'}: an output of {len(shape)} dimensions; at most {MAX_DIMS} are supported"
+        )
     nbytes = math.prod(shape) * dtype.itemsize
     if dtype.hasobject or (nbytes >= 1 << 30 and nbytes > physical_memory()):
         # refused with the shape named (the pool would refuse it too, naming bytes only); string
@@ -70,8 +72,9 @@ def _alloc_array(shape: tuple, dtype: np.dtype, tag: str | None = None) -> np.nd
         return np.empty(shape, dtype)
     if dtype.isbuiltin == 1 and dtype.kind in "biufc":
         # one step: the interface gives numpy the final array (cheaper than a byte view, then a view)
-        return np.asarray(Storage(context().pool, nbytes, tag,
-                                  {"shape": tuple(shape), "typestr": dtype.str, "version": 3}))
+        return np.asarray(
+            Storage(context().pool, nbytes, tag, {"shape": tuple(shape), "typestr": dtype.str, "version": 3})
+        )
     buf = np.asarray(Storage(context().pool, nbytes, tag))  # base is the Storage: keeps the block alive
     return buf[:nbytes].view(dtype).reshape(shape)
 
@@ -175,9 +178,11 @@ class Tensor:
                 return
             stream.wait_seq(seq)
             if len(p) > 2 and p[2]:
-                raise KernelError(f"{p[2][0]}: the kernel that produced this tensor failed on stream "
-                                  f"{stream.name}; its output holds no valid data until it is written again",
-                                  op=p[2][0])
+                raise KernelError(
+                    f"{p[2][0]}: the kernel that produced this tensor failed on stream "
+                    f"{stream.name}; its output holds no valid data until it is written again",
+                    op=p[2][0],
+                )
             self._producer = None
 
     def numpy(self) -> np.ndarray:
@@ -252,10 +257,11 @@ class Tensor:
             return self.reshape(1)
         a, b = _norm_dim(start_dim, self.ndim, "flatten"), _norm_dim(end_dim, self.ndim, "flatten")
         if a > b:
-            raise ParamInvalidError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for a "
-                                    f"{self.ndim}-D tensor")
+            raise ParamInvalidError(
+                f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for a {self.ndim}-D tensor"
+            )
         s = self.shape
-        return self.reshape(*s[:a], math.prod(s[a:b + 1]), *s[b + 1:])
+        return self.reshape(*s[:a], math.prod(s[a : b + 1]), *s[b + 1 :])
 
     def transpose(self, dim0: int, dim1: int) -> Tensor:
         axes = list(range(self.ndim))
@@ -322,13 +328,17 @@ class Tensor:
 
     def __getitem__(self, index) -> Tensor:
         if _tracing():
-            raise ParamInvalidError("indexing a tensor inside a traced function is not recorded in the graph; "
-                                    "use opsnn.ops.slice, opsnn.ops.gather or opsnn.ops.squeeze instead")
+            raise ParamInvalidError(
+                "indexing a tensor inside a traced function is not recorded in the graph; "
+                "use opsnn.ops.slice, opsnn.ops.gather or opsnn.ops.squeeze instead"
+            )
         if isinstance(index, Tensor):
             index = index.numpy()
         arr = self._array[index]
-        if isinstance(index, np.ndarray) or (isinstance(index, (list, tuple)) and any(
-                isinstance(i, (list, np.ndarray)) for i in (index if isinstance(index, tuple) else [index]))):
+        if isinstance(index, np.ndarray) or (
+            isinstance(index, (list, tuple))
+            and any(isinstance(i, (list, np.ndarray)) for i in (index if isinstance(index, tuple) else [index]))
+        ):
             # advanced indexing copies in numpy: move the copy into pool memory
             self._wait()
             return tensor(self._array[index])
@@ -339,8 +349,10 @@ class Tensor:
     def __setitem__(self, index, value) -> None:
         self._wait(check=False)
         self._array[index] = value.numpy() if isinstance(value, Tensor) else value
-        if all(i is Ellipsis or (isinstance(i, slice) and i == slice(None))
-               for i in (index if isinstance(index, tuple) else (index,))):
+        if all(
+            i is Ellipsis or (isinstance(i, slice) and i == slice(None))
+            for i in (index if isinstance(index, tuple) else (index,))
+        ):
             self._producer = None  # overwritten whole: a failed producer's mark no longer applies
 
     # -- copies --------------------------------------------------------------------
@@ -408,8 +420,10 @@ class Tensor:
         if self.dtype.kind not in "biufc":
             from .errors import DTypeError
 
-            raise DTypeError(f"__dlpack__: numpy's DLPack cannot carry {_dt.name(self.dtype)}; export the raw "
-                             f"bits instead: opsnn.from_numpy(t.numpy().view(np.uint{8 * self.dtype.itemsize}))")
+            raise DTypeError(
+                f"__dlpack__: numpy's DLPack cannot carry {_dt.name(self.dtype)}; export the raw "
+                f"bits instead: opsnn.from_numpy(t.numpy().view(np.uint{8 * self.dtype.itemsize}))"
+            )
         return self._array.__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self):
@@ -514,8 +528,9 @@ def tensor(data, dtype=None, format: str = "ND") -> Tensor:
     if arr.dtype == np.float64 and dtype is None and not isinstance(data, (np.ndarray, np.generic)):
         arr = arr.astype(np.float32)  # Python floats default to float32, as in torch
     if arr.dtype.kind == "O" and not all(isinstance(v, (str, bytes)) for v in arr.reshape(-1)):
-        raise ParamInvalidError(f"tensor: cannot build a tensor from {type(data).__name__} (object dtype that is "
-                                "not strings)")
+        raise ParamInvalidError(
+            f"tensor: cannot build a tensor from {type(data).__name__} (object dtype that is not strings)"
+        )
     t = Tensor(_alloc_array(arr.shape, arr.dtype), _check_format(format, arr.ndim))
     np.copyto(t._array, arr)
     return t
@@ -548,5 +563,3 @@ def as_tensor(x, like: Tensor | None = None) -> Tensor:
             dt = _dt.float32
         return Tensor(np.asarray(x, dtype=dt))
     return tensor(x)
-
-

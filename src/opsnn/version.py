@@ -1,2 +1,3 @@
 """The opsnn version (also in pyproject.toml)."""
+
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
 """The fuzz suite's worker process: one per session, restarted after a crash or a hang."""
+
 import pytest
 
 from opsnn.tools.fuzz import WorkerPool
@@ -11,4 +12,3 @@ CASE_TIMEOUT = 240
 def fuzz_pool():
     with WorkerPool(timeout=CASE_TIMEOUT) as pool:
         yield pool
-

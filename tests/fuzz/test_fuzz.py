@@ -4,6 +4,7 @@ Every case runs in the session's worker process with a time limit (tests/fuzz/co
 a hang fails that case only. A case known to fail is listed below with the issue that fixes it, as a
 strict xfail: it turns into a failure to remove once the fix is merged.
 """
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -47,8 +48,7 @@ def test_random_graph(fuzz_pool, seed):
 _OPS = F._ops()
 
 
-@settings(max_examples=60, derandomize=True, deadline=None, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_registry_op_from_schema(fuzz_pool, data):
     """One op with inputs and attributes drawn from its schema: its numpy reference, or an opsnn error."""
@@ -58,17 +58,22 @@ def test_registry_op_from_schema(fuzz_pool, data):
 
 
 # -- NaN and Inf through every kernel of every float op ------------------------------------------------------------------
-@pytest.mark.parametrize("op,kernel,domain", [_param("nan_inf", f"{r.name}/{k}", r.name, k, r.domain)
-                                               for r, k in F.float_kernels()])
+@pytest.mark.parametrize(
+    "op,kernel,domain", [_param("nan_inf", f"{r.name}/{k}", r.name, k, r.domain) for r, k in F.float_kernels()]
+)
 def test_nan_inf_every_kernel(fuzz_pool, op, kernel, domain):
     """NaN where the reference has NaN, +-Inf where it has +-Inf, the rest within tolerance."""
     check(fuzz_pool, {"kind": "nan_inf", "seed": 0, "op": op, "kernel": kernel, "domain": domain})
 
 
 # -- out= views ------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("op,view,domain", [_param("out_view", f"{r.name}/{F.VIEWS[i % len(F.VIEWS)]}", r.name,
-                                                   F.VIEWS[i % len(F.VIEWS)], r.domain)
-                                            for i, r in enumerate(F.out_ops())])
+@pytest.mark.parametrize(
+    "op,view,domain",
+    [
+        _param("out_view", f"{r.name}/{F.VIEWS[i % len(F.VIEWS)]}", r.name, F.VIEWS[i % len(F.VIEWS)], r.domain)
+        for i, r in enumerate(F.out_ops())
+    ],
+)
 def test_out_view(fuzz_pool, op, view, domain):
     """Each op's out= as a transposed, strided, reversed, offset or expanded view (one per op here; `opsnn
     fuzz` runs them all): written correctly, or refused at prepare with an opsnn error."""
@@ -131,8 +136,9 @@ def test_failing_case_files_reproduce(tmp_path):
     data, feeds, _ = F.mutated_model(9)
     assert (d / "model.onnx").read_bytes() == data
     assert set(np.load(d / "inputs.npz").files) == set(feeds)
-    res = subprocess.run([sys.executable, str(d / "repro.py")], capture_output=True, text=True, timeout=300,
-                         check=False)
+    res = subprocess.run(
+        [sys.executable, str(d / "repro.py")], capture_output=True, text=True, timeout=300, check=False
+    )
     assert res.returncode == 0 and "'status'" in res.stdout, res.stderr[-2000:]
     model, _ = F.random_model(3)
     onnx.checker.check_model(model)

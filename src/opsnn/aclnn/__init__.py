@@ -8,14 +8,16 @@ Executor; ``executor.run(workspace, stream)`` launches it (asynchronously, repea
 >>> ws = opsnn.empty((ex.workspace_size,), "uint8")
 >>> y = ex.run(ws)
 """
+
 from ..ops.api import FUNCTIONS
 from ..ops.executor import Executor
 from ..ops.executor import prepare as _prepare
 from ..ops.registry import get_op
 
 
-def prepare(op: str, inputs: list, attrs: dict | None = None, *, out=None, algo=None, num_outputs=None,
-            domain: str = "") -> Executor:
+def prepare(
+    op: str, inputs: list, attrs: dict | None = None, *, out=None, algo=None, num_outputs=None, domain: str = ""
+) -> Executor:
     """Prepare any op by its graph op type: ``aclnn.prepare("Conv", [x, w], {"pads": [1, 1, 1, 1]})``."""
     return _prepare(get_op(op, domain), inputs, attrs, out=out, algo=algo, num_outputs=num_outputs)
 
@@ -27,8 +29,7 @@ def __getattr__(name: str):
         import difflib
 
         near = difflib.get_close_matches(name, list(FUNCTIONS), n=3)
-        raise AttributeError(f"opsnn.aclnn has no op {name!r}" + (f"; did you mean {near}?" if near else "")) \
-            from None
+        raise AttributeError(f"opsnn.aclnn has no op {name!r}" + (f"; did you mean {near}?" if near else "")) from None
 
 
 def __dir__():

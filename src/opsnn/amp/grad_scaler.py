@@ -13,6 +13,7 @@ array([2048., 2048.], dtype=float32)
 >>> p.numpy(), scaler.get_scale()
 (array([0.8, 0.8], dtype=float32), 1024.0)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,8 +31,15 @@ class GradScalerStateError(OpsnnRuntimeError):
 
 
 class GradScaler:
-    def __init__(self, device: str = "cpu", init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True):
+    def __init__(
+        self,
+        device: str = "cpu",
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+    ):
         if not growth_factor > 1.0:
             raise ParamInvalidError(f"GradScaler: growth_factor must be > 1, got {growth_factor}")
         if not 0.0 < backoff_factor < 1.0:
@@ -70,8 +78,7 @@ class GradScaler:
             return
         st = self._state(optimizer)
         if st["stage"] == _UNSCALED:
-            raise GradScalerStateError("GradScaler.unscale_: already called on this optimizer since the last "
-                                       "update()")
+            raise GradScalerStateError("GradScaler.unscale_: already called on this optimizer since the last update()")
         if st["stage"] == _STEPPED:
             raise GradScalerStateError("GradScaler.unscale_: called after step(); call update() first")
         current_stream().synchronize()
@@ -120,9 +127,17 @@ class GradScaler:
         self._per_optimizer = {}
 
     def state_dict(self) -> dict:
-        return {"scale": self._scale, "growth_factor": self._growth_factor, "backoff_factor": self._backoff_factor,
-                "growth_interval": self._growth_interval, "_growth_tracker": self._growth_tracker} \
-            if self._enabled else {}
+        return (
+            {
+                "scale": self._scale,
+                "growth_factor": self._growth_factor,
+                "backoff_factor": self._backoff_factor,
+                "growth_interval": self._growth_interval,
+                "_growth_tracker": self._growth_tracker,
+            }
+            if self._enabled
+            else {}
+        )
 
     def load_state_dict(self, state_dict: dict) -> None:
         if not self._enabled:
@@ -131,10 +146,14 @@ class GradScaler:
         if missing:
             raise ParamInvalidError(f"GradScaler.load_state_dict: missing {sorted(missing)}")
         self._scale = float(state_dict["scale"])
-        self._growth_factor, self._backoff_factor = float(state_dict["growth_factor"]), \
-            float(state_dict["backoff_factor"])
-        self._growth_interval, self._growth_tracker = int(state_dict["growth_interval"]), \
-            int(state_dict["_growth_tracker"])
+        self._growth_factor, self._backoff_factor = (
+            float(state_dict["growth_factor"]),
+            float(state_dict["backoff_factor"]),
+        )
+        self._growth_interval, self._growth_tracker = (
+            int(state_dict["growth_interval"]),
+            int(state_dict["_growth_tracker"]),
+        )
 
 
 __all__ = ["GradScaler", "GradScalerStateError"]

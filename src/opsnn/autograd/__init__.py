@@ -13,18 +13,30 @@ gradient rule (``opsnn.ops.gradients``) in reverse through the same executor::
     >>> opsnn.autograd.grad(opsnn.ops.sum(opsnn.ops.matmul(w, x)), [w])[0].numpy()
     array([[3., 4.]], dtype=float32)
 """
+
 from .engine import backward, grad
 from .errors import (
-           GradientShapeError,
-           GraphFreedError,
-           NoGradFnError,
-           NoGradientError,
-           NonScalarBackwardError,
+    GradientShapeError,
+    GraphFreedError,
+    NoGradFnError,
+    NoGradientError,
+    NonScalarBackwardError,
 )
 from .graph import install as _install
 from .mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 
 _install()
 
-__all__ = ["GradientShapeError", "GraphFreedError", "NoGradFnError", "NoGradientError", "NonScalarBackwardError",
-           "backward", "enable_grad", "grad", "is_grad_enabled", "no_grad", "set_grad_enabled"]
+__all__ = [
+    "GradientShapeError",
+    "GraphFreedError",
+    "NoGradFnError",
+    "NoGradientError",
+    "NonScalarBackwardError",
+    "backward",
+    "enable_grad",
+    "grad",
+    "is_grad_enabled",
+    "no_grad",
+    "set_grad_enabled",
+]

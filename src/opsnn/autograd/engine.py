@@ -7,6 +7,7 @@ gradient rule (through the same ops and executor as the forward), accumulate int
 >>> x.grad.numpy()
 array([2., 4.], dtype=float32)
 """
+
 from __future__ import annotations
 
 from .. import dtypes as _dt
@@ -26,11 +27,11 @@ from .mode import no_grad
 def _check_grad(t: Tensor, g, what: str) -> Tensor:
     g = as_tensor(g)
     if tuple(g.shape) != tuple(t.shape):
-        raise GradientShapeError(f"{what}: gradient has shape {tuple(g.shape)}, the tensor it belongs to has shape "
-                                 f"{tuple(t.shape)}")
+        raise GradientShapeError(
+            f"{what}: gradient has shape {tuple(g.shape)}, the tensor it belongs to has shape {tuple(t.shape)}"
+        )
     if g.dtype != t.dtype:
-        raise GradientShapeError(f"{what}: gradient has dtype {_dt.name(g.dtype)}, the tensor has "
-                                 f"{_dt.name(t.dtype)}")
+        raise GradientShapeError(f"{what}: gradient has dtype {_dt.name(g.dtype)}, the tensor has {_dt.name(t.dtype)}")
     return g
 
 
@@ -46,13 +47,17 @@ def _roots(tensors, grads, what: str) -> list:
     for i, (t, g) in enumerate(zip(tensors, grads)):
         m = get_meta(t)
         if m is None or not m.requires_grad:
-            raise NoGradFnError(f"{what}: output {i} (shape {tuple(t.shape)}) does not require grad and has no "
-                                "grad_fn (was it computed under no_grad, or from tensors that do not require grad?)")
+            raise NoGradFnError(
+                f"{what}: output {i} (shape {tuple(t.shape)}) does not require grad and has no "
+                "grad_fn (was it computed under no_grad, or from tensors that do not require grad?)"
+            )
         if g is None:
             if t.numel != 1:
-                raise NonScalarBackwardError(f"{what}: output {i} has shape {tuple(t.shape)}; a gradient can be "
-                                             "implied only for a one-element output: pass grad_outputs / gradient "
-                                             "of that shape")
+                raise NonScalarBackwardError(
+                    f"{what}: output {i} has shape {tuple(t.shape)}; a gradient can be "
+                    "implied only for a one-element output: pass grad_outputs / gradient "
+                    "of that shape"
+                )
             g = ones(t.shape, t.dtype)
         else:
             g = _check_grad(t, g, f"{what}: gradient {i}")
@@ -82,8 +87,10 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
     while stack:
         n = stack.pop()
         if n.freed:
-            raise GraphFreedError(f"backward through {n.name} a second time: its saved tensors were freed by the "
-                                  "first backward; pass retain_graph=True to the first one")
+            raise GraphFreedError(
+                f"backward through {n.name} a second time: its saved tensors were freed by the "
+                "first backward; pass retain_graph=True to the first one"
+            )
         order.append(n)
         kids = []
         for e in n.edges:
@@ -124,23 +131,29 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
             if grads[0] is None:
                 grads[0] = _zeros(n.out_shapes[0], n.out_dtypes[0])
             if n.fn is None:
-                raise GraphFreedError(f"backward through {n.name} a second time: its saved tensors were freed; pass "
-                                      "retain_graph=True to the first backward")
+                raise GraphFreedError(
+                    f"backward through {n.name} a second time: its saved tensors were freed; pass "
+                    "retain_graph=True to the first backward"
+                )
             in_grads = n.fn(grads)
             for i, e in enumerate(n.edges):
                 if e is None:
                     continue
                 child = e[0]
-                if needed is not None and (child is LEAF and (LEAF, id(e[1])) not in targets
-                                           or child is not LEAF and id(child) not in needed):
+                if needed is not None and (
+                    child is LEAF and (LEAF, id(e[1])) not in targets or child is not LEAF and id(child) not in needed
+                ):
                     continue
                 gi = in_grads[i] if i < len(in_grads) else None
                 if gi is None:
-                    raise NoGradientError(f"{n.name}: its gradient rule gives no gradient for input {i}, which "
-                                          "requires grad", op=n.name)
+                    raise NoGradientError(
+                        f"{n.name}: its gradient rule gives no gradient for input {i}, which requires grad", op=n.name
+                    )
                 if tuple(gi.shape) != n.in_shapes[i]:
-                    raise InnerError(f"{n.name}: gradient rule made shape {tuple(gi.shape)} for input {i} of shape "
-                                     f"{n.in_shapes[i]}", op=n.name)
+                    raise InnerError(
+                        f"{n.name}: gradient rule made shape {tuple(gi.shape)} for input {i} of shape {n.in_shapes[i]}",
+                        op=n.name,
+                    )
                 if gi.dtype != n.in_dtypes[i]:
                     from .. import ops
 
@@ -201,8 +214,9 @@ def _to_leaf(m, g: Tensor, targets, found) -> None:
         m.grad = _add(m.grad, g)
 
 
-def backward(tensors, grad_tensors=None, retain_graph: bool | None = None, create_graph: bool = False,
-             inputs=None) -> None:
+def backward(
+    tensors, grad_tensors=None, retain_graph: bool | None = None, create_graph: bool = False, inputs=None
+) -> None:
     """Accumulate d(tensors)/d(leaf) into every reached leaf's ``.grad`` (``inputs``: only those)."""
     if create_graph:
         raise ParamInvalidError("backward: create_graph=True (higher-order gradients) is not supported yet")
@@ -218,8 +232,14 @@ def backward(tensors, grad_tensors=None, retain_graph: bool | None = None, creat
             m.grad = g.clone() if m.grad is None else _add(m.grad, g)
 
 
-def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, create_graph: bool = False,
-         allow_unused: bool = False) -> tuple:
+def grad(
+    outputs,
+    inputs,
+    grad_outputs=None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    allow_unused: bool = False,
+) -> tuple:
     """The gradients of ``outputs`` with respect to ``inputs`` (a tuple, one per input), like
     ``torch.autograd.grad``; no ``.grad`` is modified.
 
@@ -253,8 +273,10 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, c
     for i, t in enumerate(inputs):
         g = found.get(i)
         if g is None and not allow_unused:
-            raise NoGradFnError(f"grad: input {i} (shape {tuple(t.shape)}) was not used to compute the outputs; "
-                                "pass allow_unused=True to get None for it")
+            raise NoGradFnError(
+                f"grad: input {i} (shape {tuple(t.shape)}) was not used to compute the outputs; "
+                "pass allow_unused=True to get None for it"
+            )
         out.append(g)
     return tuple(out)
 

@@ -1,4 +1,5 @@
 """Typed errors of the autograd engine (each names the op, tensor or argument at fault)."""
+
 from __future__ import annotations
 
 from ..errors import KernelNotFoundError, OpsnnRuntimeError, ParamInvalidError

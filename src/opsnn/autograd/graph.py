@@ -7,6 +7,7 @@ and records one :class:`Node` per eager op call whose inputs require grad. The n
 op's record, inputs, outputs and attributes; its gradient is the record's gradient rule.
 With no input requiring grad (or under ``no_grad``) nothing is recorded.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -148,12 +149,18 @@ def record_op(rec, tensors: list, attrs: dict, res) -> None:
         names = [rec.input_spec(i).name for i, e in enumerate(edges) if e is not None]
 
         def fn(grads, op=rec.name, names=names):
-            raise NoGradientError(f"{op}: no gradient rule is registered for this op, but its input(s) {names} "
-                                  f"require grad (opsnn info --ops lists the ops that have one)", op=op)
+            raise NoGradientError(
+                f"{op}: no gradient rule is registered for this op, but its input(s) {names} "
+                f"require grad (opsnn info --ops lists the ops that have one)",
+                op=op,
+            )
+
         differentiable = len(outputs)
     else:
+
         def fn(grads, op=rec.name):
             return rule(GradContext(op, saved_in, saved_out, bound, needs), grads)
+
         differentiable = getattr(rule, "outputs", 1)
     node = Node(rec.name, fn, edges, tensors, outputs)
     _attach(node, outputs, differentiable)
@@ -171,8 +178,10 @@ def _attach_non_differentiable(rec, edges, tensors, outputs, first: int) -> None
         name = rec.outputs[min(k, len(rec.outputs) - 1)].name
 
         def fn(grads, op=rec.name, k=k, name=name):
-            raise NoGradientError(f"{op}: output {k} ({name!r}) is not differentiable (the gradient rule covers "
-                                  "the first output only)", op=op)
+            raise NoGradientError(
+                f"{op}: output {k} ({name!r}) is not differentiable (the gradient rule covers the first output only)",
+                op=op,
+            )
 
         node = Node(rec.name, fn, edges, tensors, [o])
         m = _new_meta(o)
@@ -199,8 +208,10 @@ def _set_requires_grad(self, flag) -> None:
     m = _META.get(id(self))
     if m is not None and m.grad_fn is not None:
         if not flag:
-            raise ParamInvalidError("requires_grad: a tensor computed from tensors that require grad (a non-leaf) "
-                                    "cannot be set to requires_grad=False; use t.detach()")
+            raise ParamInvalidError(
+                "requires_grad: a tensor computed from tensors that require grad (a non-leaf) "
+                "cannot be set to requires_grad=False; use t.detach()"
+            )
         return
     if flag and not differentiable_dtype(self.dtype):
         raise DTypeError(f"requires_grad: only floating tensors can require grad, got {_dt.name(self.dtype)}")
@@ -253,8 +264,13 @@ def _detach(self) -> Tensor:
 def _backward(self, gradient=None, retain_graph=None, create_graph: bool = False, inputs=None) -> None:
     from .engine import backward
 
-    backward([self], None if gradient is None else [gradient], retain_graph=retain_graph,
-             create_graph=create_graph, inputs=inputs)
+    backward(
+        [self],
+        None if gradient is None else [gradient],
+        retain_graph=retain_graph,
+        create_graph=create_graph,
+        inputs=inputs,
+    )
 
 
 def _view_backward_reshape(src_shape):
@@ -270,8 +286,9 @@ def _index_backward(src: Tensor, index):
     if isinstance(index, Tensor):
         index = index.numpy()
     pos = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)[index]
-    advanced = isinstance(index, (np.ndarray, list)) or (isinstance(index, tuple) and any(
-        isinstance(i, (list, np.ndarray)) for i in index))
+    advanced = isinstance(index, (np.ndarray, list)) or (
+        isinstance(index, tuple) and any(isinstance(i, (list, np.ndarray)) for i in index)
+    )
     return lambda g: _scatter_into(np.asarray(pos), g, shape, add=advanced)
 
 
@@ -283,8 +300,7 @@ def _inverse_perm(src: Tensor, out: Tensor):
         return None
     used, perm = set(), []
     for size, stride in zip(sa.shape, sa.strides):
-        k = next((j for j in range(oa.ndim) if j not in used and oa.shape[j] == size and oa.strides[j] == stride),
-                 None)
+        k = next((j for j in range(oa.ndim) if j not in used and oa.shape[j] == size and oa.strides[j] == stride), None)
         if k is None:
             return None
         used.add(k)
@@ -294,8 +310,22 @@ def _inverse_perm(src: Tensor, out: Tensor):
 
 def _wrap_views() -> None:
     """Tensor's zero-copy view methods bypass the ops; give them gradients here."""
-    orig = {n: getattr(Tensor, n) for n in ("view", "reshape", "flatten", "transpose", "permute", "expand",
-                                             "squeeze", "unsqueeze", "__getitem__", "contiguous", "clone")}
+    orig = {
+        n: getattr(Tensor, n)
+        for n in (
+            "view",
+            "reshape",
+            "flatten",
+            "transpose",
+            "permute",
+            "expand",
+            "squeeze",
+            "unsqueeze",
+            "__getitem__",
+            "contiguous",
+            "clone",
+        )
+    }
     orig_T = Tensor.T
 
     def shape_kept(name):
@@ -319,8 +349,12 @@ def _wrap_views() -> None:
             src_shape = tuple(self.shape)
             # the inverse of a swap of two dims is the same swap; read it off the two shapes' strides
             inv = _inverse_perm(self, out)
-            _record_view("transpose", self, out,
-                         (lambda g: g.permute(*inv)) if inv is not None else _view_backward_reshape(src_shape))
+            _record_view(
+                "transpose",
+                self,
+                out,
+                (lambda g: g.permute(*inv)) if inv is not None else _view_backward_reshape(src_shape),
+            )
         return out
 
     def permute(self, *dims):
@@ -378,8 +412,9 @@ def install() -> None:
     if _installed[0]:
         return
     _installed[0] = True
-    Tensor.requires_grad = property(_get_requires_grad, _set_requires_grad,
-                                    doc="Whether gradients are computed for this tensor (torch semantics).")
+    Tensor.requires_grad = property(
+        _get_requires_grad, _set_requires_grad, doc="Whether gradients are computed for this tensor (torch semantics)."
+    )
     Tensor.requires_grad_ = _requires_grad_
     Tensor.grad = property(_get_grad, _set_grad, doc="The accumulated gradient (a Tensor) or None.")
     Tensor.grad_fn = property(_grad_fn, doc="The backward node that made this tensor, or None for a leaf.")

@@ -5,6 +5,7 @@
 ...     opsnn.autograd.is_grad_enabled()
 False
 """
+
 from __future__ import annotations
 
 import functools

@@ -27,6 +27,7 @@ name (precision compare, dumps) never see blocked data under a plain tensor's na
 A single conv between plain neighbours is left alone: its two reorders would cost more than the
 faster convolution gains.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -101,19 +102,34 @@ def _jit_rejection(n: Node, x: Value, w: np.ndarray, residual: bool, block: int)
     from ..kernels.cpu import onednn
     from ..ops.defs.conv import conv_geometry
 
-    conv_attrs = {k: n.attrs[k] for k in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
-                  if n.attrs.get(k) is not None}
-    sp = [int(d) if isinstance(d, (int, np.integer)) else max(PROBE_SIZE, int(w.shape[2 + i]) * 4)
-          for i, d in enumerate(x.shape[2:])]
+    conv_attrs = {
+        k: n.attrs[k]
+        for k in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+        if n.attrs.get(k) is not None
+    }
+    sp = [
+        int(d) if isinstance(d, (int, np.integer)) else max(PROBE_SIZE, int(w.shape[2 + i]) * 4)
+        for i, d in enumerate(x.shape[2:])
+    ]
     xs = (1, int(x.shape[1]), *sp)
     act = n.attrs.get("activation") or ""
     act = act.decode() if isinstance(act, bytes) else act
     try:
         g = conv_geometry(n.op_type, xs, w.shape, conv_attrs)
-        impl = onednn.conv_impl(xs, w.shape, (1, w.shape[0]) + tuple(g.out), g.s, (g.pb[0], g.pb[1], g.pe[0], g.pe[1]),
-                                g.d, block=block, src_blocked=xs[1] % block == 0,
-                                has_bias=len(n.inputs) > 2 and bool(n.inputs[2]), residual=residual,
-                                act=KF.ACTIVATIONS.get(act, 0), dtype=w.dtype)
+        impl = onednn.conv_impl(
+            xs,
+            w.shape,
+            (1, w.shape[0]) + tuple(g.out),
+            g.s,
+            (g.pb[0], g.pb[1], g.pe[0], g.pe[1]),
+            g.d,
+            block=block,
+            src_blocked=xs[1] % block == 0,
+            has_bias=len(n.inputs) > 2 and bool(n.inputs[2]),
+            residual=residual,
+            act=KF.ACTIVATIONS.get(act, 0),
+            dtype=w.dtype,
+        )
     except (OpsnnError, onednn.OneDnnError) as e:
         return f"oneDNN cannot run it: {e}"
     if impl.startswith("ref"):
@@ -129,13 +145,25 @@ def _through_casts(graph: Graph, n: Node, prod: dict, users: dict) -> tuple[str,
     when the pool is its sole reader)."""
     plain = (n.inputs[0], n.outputs[0], ())
     c1, outs = prod.get(n.inputs[0]), users.get(n.outputs[0], [])
-    if (c1 is None or c1.op_type != "Cast" or c1.domain or len(outs) != 1 or outs[0].op_type != "Cast"
-            or outs[0].domain or n.outputs[0] in graph.output_names):
+    if (
+        c1 is None
+        or c1.op_type != "Cast"
+        or c1.domain
+        or len(outs) != 1
+        or outs[0].op_type != "Cast"
+        or outs[0].domain
+        or n.outputs[0] in graph.output_names
+    ):
         return plain
     c2 = outs[0]
     v, w = _value(graph, c1.inputs[0]), _value(graph, c2.outputs[0])
-    if not (v.dtype is not None and np.dtype(v.dtype) == _dt.bfloat16 and _value(graph, n.inputs[0]).dtype == np.float32
-            and w.dtype is not None and np.dtype(w.dtype) == _dt.bfloat16):
+    if not (
+        v.dtype is not None
+        and np.dtype(v.dtype) == _dt.bfloat16
+        and _value(graph, n.inputs[0]).dtype == np.float32
+        and w.dtype is not None
+        and np.dtype(w.dtype) == _dt.bfloat16
+    ):
         return plain
     sole = [u.name for u in users.get(c1.outputs[0], [])] == [n.name] and c1.outputs[0] not in graph.output_names
     return c1.inputs[0], c2.outputs[0], ((c1.name,) if sole else ()) + (c2.name,)
@@ -165,7 +193,7 @@ def blocked_layout(graph: Graph, res) -> None:
     infer_types(graph)
     prod = graph.producers()
     users = graph.consumers()
-    cand: dict[str, str] = {}          # node name -> "conv" | "pool"
+    cand: dict[str, str] = {}  # node name -> "conv" | "pool"
     nodes = {n.name: n for n in graph.nodes}
     for n in graph.nodes:
         if (n.op_type == "Conv" and not n.domain) or (n.op_type == "FusedConv" and n.domain == "opsnn"):
@@ -174,22 +202,30 @@ def blocked_layout(graph: Graph, res) -> None:
                 cand[n.name] = "conv"
             else:
                 res.refuse(f"{n.name}: {bad}")
-    hop: dict[str, tuple] = {}         # pool name -> (input, output, casts it replaces)
+    hop: dict[str, tuple] = {}  # pool name -> (input, output, casts it replaces)
     for n in graph.nodes:
         if n.op_type == "MaxPool" and not n.domain:
             x, y, casts = _through_casts(graph, n, prod, users)
             p = prod.get(x)
-            bad = (_pool_ok(graph, n, block, x, y) if p is not None and p.name in cand
-                   else "not fed by a blocked convolution")
+            bad = (
+                _pool_ok(graph, n, block, x, y)
+                if p is not None and p.name in cand
+                else "not fed by a blocked convolution"
+            )
             if bad is None:
                 cand[n.name] = "pool"
                 hop[n.name] = (x, y, casts)
-                prod[y] = n            # the pool now produces the value its second Cast did
+                prod[y] = n  # the pool now produces the value its second Cast did
     for n in graph.nodes:
         if n.op_type == "GlobalAveragePool" and not n.domain:
             p, x = prod.get(n.inputs[0]), _value(graph, n.inputs[0])
-            if p is not None and p.name in cand and x.dtype is not None and np.dtype(x.dtype) == np.float32 \
-                    and _static4(x):
+            if (
+                p is not None
+                and p.name in cand
+                and x.dtype is not None
+                and np.dtype(x.dtype) == np.float32
+                and _static4(x)
+            ):
                 cand[n.name] = "gap"
     # chains: union-find over candidate -> candidate edges through X (and a conv's residual Z)
     parent = {k: k for k in cand}
@@ -218,7 +254,7 @@ def blocked_layout(graph: Graph, res) -> None:
     chosen = {name for name in cand if convs.get(find(name), 0) >= MIN_CONVS}
     if not chosen:
         return
-    blocked: dict[str, str] = {}       # plain value name -> its blocked value's name
+    blocked: dict[str, str] = {}  # plain value name -> its blocked value's name
     to_blocked: dict[str, Node] = {}
     out_names = set(graph.output_names)
     new_nodes: list[Node] = []
@@ -228,8 +264,9 @@ def blocked_layout(graph: Graph, res) -> None:
             return blocked[v]
         if v not in to_blocked:
             b = graph.unique_name(f"{v}_{layout}")
-            node = Node("ToBlocked", [v], [b], {"block": block}, domain="opsnn",
-                        name=graph.unique_name(f"ToBlocked_{v}"))
+            node = Node(
+                "ToBlocked", [v], [b], {"block": block}, domain="opsnn", name=graph.unique_name(f"ToBlocked_{v}")
+            )
             to_blocked[v] = node
             new_nodes.append(node)
             graph.value_info[b] = Value(b, _value(graph, v).dtype, _value(graph, v).shape)
@@ -244,8 +281,14 @@ def blocked_layout(graph: Graph, res) -> None:
             continue
         x, y = hop.get(n.name, (n.inputs[0], n.outputs[0]))[:2]
         if cand[n.name] == "gap":  # blocked in, plain (N, C, 1, 1) out: y keeps its name and readers
-            new = Node("BlockedGlobalAveragePool", [blocked_input(x)], [y], {"block": block}, domain="opsnn",
-                       name=graph.unique_name(f"BlockedGlobalAveragePool_{n.name}"))
+            new = Node(
+                "BlockedGlobalAveragePool",
+                [blocked_input(x)],
+                [y],
+                {"block": block},
+                domain="opsnn",
+                name=graph.unique_name(f"BlockedGlobalAveragePool_{n.name}"),
+            )
             new.attrs_origin = [n.name]
             new_nodes.append(new)
             res.note(f"{n.name} -> BlockedGlobalAveragePool (reads the blocked {x}, no FromBlocked)")
@@ -276,7 +319,15 @@ def blocked_layout(graph: Graph, res) -> None:
         res.note(f"{n.name} -> {op}{'' if op != 'BlockedConv' or attrs['src_blocked'] else ' (plain NCHW input)'}")
         # chain members read it as X or Z only (weights are constants, a bias is 1-D): blocked
         if y in out_names or any(u.name not in chosen and u.name not in dropped for u in users.get(y, [])):
-            new_nodes.append(Node("FromBlocked", [yb], [y], {"block": block}, domain="opsnn",
-                                  name=graph.unique_name(f"FromBlocked_{y}")))
+            new_nodes.append(
+                Node(
+                    "FromBlocked",
+                    [yb],
+                    [y],
+                    {"block": block},
+                    domain="opsnn",
+                    name=graph.unique_name(f"FromBlocked_{y}"),
+                )
+            )
     graph.nodes = new_nodes
     graph.sort()

@@ -14,6 +14,7 @@ than at the first run and against whatever fused op the node became::
     ...
     opsnn.errors.ParamInvalidError: [161002] compile: node 'act' (LeakyRelu): attribute 'alpha' must be a float, got 'big' (str)
 """
+
 from __future__ import annotations
 
 import numbers
@@ -87,7 +88,7 @@ def _named(node: Node, exc: Exception) -> OpsnnError:
     if isinstance(exc, OpsnnError):
         cls = type(exc)
         if isinstance(msg, str) and exc.op and msg.startswith(exc.op + ": "):
-            msg = msg[len(exc.op) + 2:]
+            msg = msg[len(exc.op) + 2 :]
     else:
         cls, msg = ParamInvalidError, f"{type(exc).__name__}: {msg}"
     err = cls(f"compile: node {node.name!r} ({node.op_type}): {msg}")
@@ -144,8 +145,11 @@ def check_nodes(graph: Graph) -> None:
             continue
         if node.op_type in ("Shape", "Size") and not node.domain:
             shp = np.array(ins[0].shape, np.int64)
-            val = np.array(shp.prod(), np.int64) if node.op_type == "Size" else \
-                shp[node.attrs.get("start", 0):node.attrs.get("end", None)]
+            val = (
+                np.array(shp.prod(), np.int64)
+                if node.op_type == "Size"
+                else shp[node.attrs.get("start", 0) : node.attrs.get("end", None)]
+            )
             values[node.outputs[0]] = val
             metas[node.outputs[0]] = TensorMeta(val.shape, val.dtype)
             continue

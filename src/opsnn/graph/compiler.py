@@ -10,6 +10,7 @@ interpreter instead (``cg.mode`` says which, and why)::
     cg = opsnn.compile(graph)
     outputs = cg.run({"x": x})          # dict in, dict out
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,8 +37,15 @@ from .memory_plan import Buffer, MemoryPlan, plan_memory
 log = logging.getLogger("opsnn.graph.compile")
 
 #: ops that never run at plan time even when their inputs are constant
-NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
-                    "Multinomial", "Dropout"}
+NONDETERMINISTIC = {
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Bernoulli",
+    "Multinomial",
+    "Dropout",
+}
 #: elementwise ops whose kernels may write their output over a dying input of the same size
 _NOT_IN_PLACE = {"Softmax", "LogSoftmax", "Hardmax", "CumSum", "Cast", "CastLike"}
 _FOLD_LIMIT = 1 << 24  # plan-time folding only for small values (shape arithmetic, not weights)
@@ -51,10 +59,10 @@ class NotPlannable(Exception):
 class Step:
     node: Node
     executor: object
-    inputs: list          # value names ('' = absent)
+    inputs: list  # value names ('' = absent)
     outputs: list
     workspace: object = None
-    task: object = None   # prebuilt closure (None when it reads graph inputs or writes graph outputs)
+    task: object = None  # prebuilt closure (None when it reads graph inputs or writes graph outputs)
 
 
 @dataclass
@@ -63,10 +71,10 @@ class Plan:
     steps: list
     memory: MemoryPlan
     arena: np.ndarray | None
-    tensors: dict                 # value name -> Tensor bound for the plan's lifetime
-    output_metas: dict            # graph output name -> TensorMeta
-    folded: dict                  # values computed at plan time
-    input_steps: dict = field(default_factory=dict)   # graph input -> steps reading it
+    tensors: dict  # value name -> Tensor bound for the plan's lifetime
+    output_metas: dict  # graph output name -> TensorMeta
+    folded: dict  # values computed at plan time
+    input_steps: dict = field(default_factory=dict)  # graph input -> steps reading it
     last_run: tuple | None = None  # (stream, seq) of the latest launch (the arena is busy until then)
     build_ms: float = 0.0
     # held from reading last_run to setting it: two threads launching the plan on their own streams
@@ -87,15 +95,26 @@ def _is_view(node: Node) -> bool:
 def _in_place_ok(rec, node: Node) -> bool:
     if _is_view(node):
         return len(node.outputs) == 1
-    return rec.category in ("elementwise", "activation") and node.op_type not in _NOT_IN_PLACE \
-        and len(node.outputs) == 1 and not rec.dynamic_shape
+    return (
+        rec.category in ("elementwise", "activation")
+        and node.op_type not in _NOT_IN_PLACE
+        and len(node.outputs) == 1
+        and not rec.dynamic_shape
+    )
 
 
 class CompiledGraph:
     """A graph prepared for repeated execution; see the module docstring."""
 
-    def __init__(self, graph: Graph, *, original: Graph | None = None, pass_report=None, max_plans: int = 16,
-                 memory_optimization: bool = True):
+    def __init__(
+        self,
+        graph: Graph,
+        *,
+        original: Graph | None = None,
+        pass_report=None,
+        max_plans: int = 16,
+        memory_optimization: bool = True,
+    ):
         self.graph = graph
         self.original_node_count = len(original.nodes) if original is not None else len(graph.nodes)
         self.pass_report = pass_report
@@ -112,8 +131,9 @@ class CompiledGraph:
         other = [v for v in self._input_specs.values() if v.kind != "tensor"]
         if other:  # plans hold tensors: a sequence or an optional input runs on the interpreter
             self.mode = "interpreted"
-            self.mode_reason = f"input {other[0].name!r} is {'an' if other[0].kind == 'optional' else 'a'} " \
-                               f"{other[0].kind}"
+            self.mode_reason = (
+                f"input {other[0].name!r} is {'an' if other[0].kind == 'optional' else 'a'} {other[0].kind}"
+            )
         self.kernel_choices: dict = {}  # node name -> kernel name (from a persisted cache)
         self.cache_dir: str | None = None
         self.loaded_from_cache = False
@@ -172,17 +192,23 @@ class CompiledGraph:
             fused = getattr(st.node, "attrs_origin", None)
             inner = ex.plan.get("kernel") if isinstance(ex.plan, dict) else None
             inner = f" (inner kernel {inner.name})" if hasattr(inner, "fn") else ""
-            lines.append(f"  {st.node.name} ({st.node.qualified_type}): {ex.kernel.name}{inner} — {ex.reason}"
-                         + (f" [fused from {', '.join(fused)}]" if fused else "")
-                         + (" [REFERENCE FALLBACK]" if ex.kernel.fallback else ""))
+            lines.append(
+                f"  {st.node.name} ({st.node.qualified_type}): {ex.kernel.name}{inner} — {ex.reason}"
+                + (f" [fused from {', '.join(fused)}]" if fused else "")
+                + (" [REFERENCE FALLBACK]" if ex.kernel.fallback else "")
+            )
         return "\n".join(lines)
 
     def replica(self) -> CompiledGraph:
         """Another compiled graph over the same optimized graph and weight arrays (no passes run
         again), with plans and activation buffers of its own: for running the model on several
         threads at once (one replica per thread; a plan's buffers serve one run at a time)."""
-        cg = CompiledGraph(self.graph, pass_report=self.pass_report, max_plans=self.max_plans,
-                           memory_optimization=self.memory_optimization)
+        cg = CompiledGraph(
+            self.graph,
+            pass_report=self.pass_report,
+            max_plans=self.max_plans,
+            memory_optimization=self.memory_optimization,
+        )
         cg.original_node_count = self.original_node_count
         cg.kernel_choices = dict(self.kernel_choices)
         cg._weights = self._weights
@@ -194,8 +220,12 @@ class CompiledGraph:
         plan = self.latest_plan
         if plan is None:
             return {}
-        return {"arena_bytes": plan.memory.arena_bytes, "naive_bytes": plan.memory.naive_bytes,
-                "saving": plan.memory.saving, "in_place": len(plan.memory.aliases)}
+        return {
+            "arena_bytes": plan.memory.arena_bytes,
+            "naive_bytes": plan.memory.naive_bytes,
+            "saving": plan.memory.saving,
+            "in_place": len(plan.memory.aliases),
+        }
 
     def prepare_shapes(self, shapes: list[dict]) -> None:
         """Static mode: build plans now for each declared ``{input: shape}`` (dtypes from the graph)."""
@@ -234,8 +264,9 @@ class CompiledGraph:
         their arenas; returns how many were dropped. A later run with those shapes plans again."""
         want = {name: tuple(shape) for name, shape in shapes.items()}
         with self._lock:
-            keys = [key for key in self._plans
-                    if all(tuple(shape) == want[name] for name, shape, _ in key if name in want)]
+            keys = [
+                key for key in self._plans if all(tuple(shape) == want[name] for name, shape, _ in key if name in want)
+            ]
             for key in keys:
                 del self._plans[key]
         return len(keys)
@@ -271,8 +302,17 @@ class CompiledGraph:
                 kernels[st.node.name] = st.executor.kernel.name
         tmp = os.path.join(directory, "plans.json.tmp")
         with open(tmp, "w") as f:
-            json.dump({"format": 1, "graph": self.graph.name, "original_nodes": self.original_node_count,
-                       "shapes": shapes, "kernels": kernels}, f, indent=1)
+            json.dump(
+                {
+                    "format": 1,
+                    "graph": self.graph.name,
+                    "original_nodes": self.original_node_count,
+                    "shapes": shapes,
+                    "kernels": kernels,
+                },
+                f,
+                indent=1,
+            )
         os.replace(tmp, os.path.join(directory, "plans.json"))
         return directory
 
@@ -282,8 +322,9 @@ class CompiledGraph:
         if isinstance(inputs, dict):
             unknown = set(inputs) - set(names)
             if unknown:
-                raise ParamInvalidError(f"graph {self.graph.name}: unknown input(s) {sorted(unknown)}; "
-                                        f"inputs are {names}")
+                raise ParamInvalidError(
+                    f"graph {self.graph.name}: unknown input(s) {sorted(unknown)}; inputs are {names}"
+                )
             missing = [n for n in names if n not in inputs and self._input_specs[n].kind != "optional"]
             if missing:
                 raise ParamInvalidError(f"graph {self.graph.name}: missing input(s) {missing}")
@@ -291,8 +332,9 @@ class CompiledGraph:
         else:
             inputs = list(inputs)
             if len(inputs) != len(names):
-                raise ParamInvalidError(f"graph {self.graph.name}: expected {len(names)} inputs {names}, "
-                                        f"got {len(inputs)}")
+                raise ParamInvalidError(
+                    f"graph {self.graph.name}: expected {len(names)} inputs {names}, got {len(inputs)}"
+                )
             items = list(zip(names, inputs))
         feeds = {}
         bound: dict = {}  # symbolic dim -> (value, input that fixed it): one value per symbol per run
@@ -305,22 +347,29 @@ class CompiledGraph:
                 continue
             t = as_tensor(x)
             if spec.dtype is not None and t.dtype != spec.dtype:
-                raise ParamInvalidError(f"graph {self.graph.name}: input {name!r} has dtype {_dt.name(t.dtype)}, "
-                                        f"the graph declares {_dt.name(spec.dtype)}")
+                raise ParamInvalidError(
+                    f"graph {self.graph.name}: input {name!r} has dtype {_dt.name(t.dtype)}, "
+                    f"the graph declares {_dt.name(spec.dtype)}"
+                )
             if spec.shape is not None:
                 if len(spec.shape) != t.ndim:
-                    raise ParamInvalidError(f"graph {self.graph.name}: input {name!r} has shape {t.shape}, the "
-                                            f"graph declares rank {len(spec.shape)} {tuple(spec.shape)}")
+                    raise ParamInvalidError(
+                        f"graph {self.graph.name}: input {name!r} has shape {t.shape}, the "
+                        f"graph declares rank {len(spec.shape)} {tuple(spec.shape)}"
+                    )
                 for d, (want, got) in enumerate(zip(spec.shape, t.shape)):
                     if isinstance(want, (int, np.integer)) and want >= 0 and want != got:
-                        raise ParamInvalidError(f"graph {self.graph.name}: input {name!r} has shape {t.shape}; "
-                                                f"dim {d} must be {want} (declared {tuple(spec.shape)})")
+                        raise ParamInvalidError(
+                            f"graph {self.graph.name}: input {name!r} has shape {t.shape}; "
+                            f"dim {d} must be {want} (declared {tuple(spec.shape)})"
+                        )
                     if isinstance(want, str) and want:
                         prev = bound.setdefault(want, (got, name))
                         if prev[0] != got:
                             raise ParamInvalidError(
                                 f"graph {self.graph.name}: symbolic dim {want!r} is {prev[0]} in input {prev[1]!r} "
-                                f"but {got} in input {name!r} (shape {t.shape})")
+                                f"but {got} in input {name!r} (shape {t.shape})"
+                            )
             feeds[name] = t
         return feeds
 
@@ -360,8 +409,10 @@ class CompiledGraph:
             values = [known.get(n) if n else None for n in node.inputs]
             for i in rec.host_inputs:
                 if i < len(node.inputs) and node.inputs[i] and values[i] is None:
-                    raise NotPlannable(f"node {node.name} ({node.op_type}) needs the value of {node.inputs[i]!r} "
-                                       "at plan time, and it is computed from data")
+                    raise NotPlannable(
+                        f"node {node.name} ({node.op_type}) needs the value of {node.inputs[i]!r} "
+                        "at plan time, and it is computed from data"
+                    )
             # plan-time folding: shape arithmetic on known values (Shape of a typed value is known)
             if node.op_type in ("Shape", "Size") and not node.domain and in_metas[0] is not None:
                 shp = np.array(in_metas[0].shape, np.int64)
@@ -373,11 +424,19 @@ class CompiledGraph:
                 known[node.outputs[0]] = folded[node.outputs[0]] = val
                 metas[node.outputs[0]] = TensorMeta(val.shape, val.dtype)
                 continue
-            if all(v is not None for n, v in zip(node.inputs, values) if n) and node.op_type not in NONDETERMINISTIC \
-                    and all(m is None or int(np.prod(m.shape)) <= _FOLD_LIMIT for m in in_metas) \
-                    and any(n for n in node.inputs) and not all(n in self._weights for n in node.inputs if n):
-                outs = _ex.call(rec, [None if n == "" else known[n] for n in node.inputs], dict(node.attrs),
-                                num_outputs=len(node.outputs))
+            if (
+                all(v is not None for n, v in zip(node.inputs, values) if n)
+                and node.op_type not in NONDETERMINISTIC
+                and all(m is None or int(np.prod(m.shape)) <= _FOLD_LIMIT for m in in_metas)
+                and any(n for n in node.inputs)
+                and not all(n in self._weights for n in node.inputs if n)
+            ):
+                outs = _ex.call(
+                    rec,
+                    [None if n == "" else known[n] for n in node.inputs],
+                    dict(node.attrs),
+                    num_outputs=len(node.outputs),
+                )
                 outs = outs if isinstance(outs, tuple) else (outs,)
                 for name, t in zip(node.outputs, outs):
                     if name:
@@ -389,13 +448,15 @@ class CompiledGraph:
                 if algo is not None and not any(k.name == algo for k in rec.kernels):
                     algo = None
                 try:
-                    op = _ex.plan_op(rec, in_metas, values, dict(node.attrs), num_outputs=len(node.outputs),
-                                     device=device, algo=algo)
+                    op = _ex.plan_op(
+                        rec, in_metas, values, dict(node.attrs), num_outputs=len(node.outputs), device=device, algo=algo
+                    )
                 except KernelNotFoundError:
                     if algo is None:
                         raise
-                    op = _ex.plan_op(rec, in_metas, values, dict(node.attrs), num_outputs=len(node.outputs),
-                                     device=device)
+                    op = _ex.plan_op(
+                        rec, in_metas, values, dict(node.attrs), num_outputs=len(node.outputs), device=device
+                    )
             except OpsnnError as exc:
                 shapes = [None if m is None else tuple(m.shape) for m in in_metas]
                 raise type(exc)(f"node {node.name} ({node.op_type}) with input shapes {shapes}: {exc}") from None
@@ -439,11 +500,17 @@ class CompiledGraph:
                 out = node.outputs[0] if node.outputs else ""
                 if not out or out in graph_outputs or not _in_place_ok(rec, node):
                     continue
-                for n in (node.inputs[:1] if _is_view(node) else node.inputs):
+                for n in node.inputs[:1] if _is_view(node) else node.inputs:
                     src = root.get(n, n)
-                    if n and n not in external and n not in graph_outputs and last.get(n) == i \
-                            and nbytes.get(n) == nbytes.get(out) and metas[n].dtype == metas[out].dtype \
-                            and n not in aliased:
+                    if (
+                        n
+                        and n not in external
+                        and n not in graph_outputs
+                        and last.get(n) == i
+                        and nbytes.get(n) == nbytes.get(out)
+                        and metas[n].dtype == metas[out].dtype
+                        and n not in aliased
+                    ):
                         aliases[out] = src
                         aliased.add(src)
                         root[out] = src
@@ -491,7 +558,7 @@ class CompiledGraph:
         def view(name, meta):
             off = mem.offsets[name]
             size = int(np.prod(meta.shape)) * meta.dtype.itemsize
-            return Tensor(arena[off:off + size].view(meta.dtype).reshape(meta.shape))
+            return Tensor(arena[off : off + size].view(meta.dtype).reshape(meta.shape))
 
         for b in buffers:
             if not b.name.startswith("__ws"):
@@ -506,20 +573,29 @@ class CompiledGraph:
             ws = None
             if op.workspace_size:
                 off = mem.offsets[f"__ws{i}"]
-                ws = arena[off:off + op.workspace_size]
+                ws = arena[off : off + op.workspace_size]
             # bound per run: steps that read inputs or write/read the outputs handed to the caller
-            late = any(n in feeds or n in graph_outputs for n in node.inputs) or \
-                any(n in graph_outputs for n in node.outputs)
+            late = any(n in feeds or n in graph_outputs for n in node.inputs) or any(
+                n in graph_outputs for n in node.outputs
+            )
             in_t = [tensors.get(n) if n else None for n in node.inputs]
             out_names = [omitted.get((i, k), n) for k, n in enumerate(node.outputs)]
             out_t = [tensors.get(n) for n in out_names if n]
-            ex = _ex.Executor(rec, op.ctx, op.selection, op.plan, op.workspace_size,
-                              [t if t is not None else (feeds.get(n) if n else None) for t, n in zip(in_t, node.inputs)],
-                              None, None)
+            ex = _ex.Executor(
+                rec,
+                op.ctx,
+                op.selection,
+                op.plan,
+                op.workspace_size,
+                [t if t is not None else (feeds.get(n) if n else None) for t, n in zip(in_t, node.inputs)],
+                None,
+                None,
+            )
             step = Step(node, ex, list(node.inputs), out_names, ws)
             if not late:
-                step.task = _named(ex._task([t._array if t is not None else None for t in in_t],
-                                            [t._array for t in out_t], ws), node)
+                step.task = _named(
+                    ex._task([t._array if t is not None else None for t in in_t], [t._array for t in out_t], ws), node
+                )
             for n in node.inputs:
                 if n in feeds:
                     input_steps.setdefault(n, []).append(step)
@@ -543,8 +619,10 @@ class CompiledGraph:
         for name, t in feeds.items():
             p = t._producer
             if p is not None and len(p) > 2 and p[2]:  # written by a kernel that failed: not valid data
-                raise KernelError(f"graph {self.graph.name}: input {name!r} was produced by {p[2][0]}, whose "
-                                  "kernel failed; write it again before running the graph")
+                raise KernelError(
+                    f"graph {self.graph.name}: input {name!r} was produced by {p[2][0]}, whose "
+                    "kernel failed; write it again before running the graph"
+                )
             if p is not None and p[0] is not stream:
                 stream.wait_stream_seq(*p)
         with plan.launch_lock:
@@ -557,17 +635,22 @@ class CompiledGraph:
                 if task is None:
                     ins = [env[n]._array if n else None for n in st.inputs]
                     outs = [env[n]._array for n in st.outputs if n]
-                    st.executor._contig = [a is not None and not st.executor.kernel.strided
-                                           and not a.flags.c_contiguous for a in ins]
+                    st.executor._contig = [
+                        a is not None and not st.executor.kernel.strided and not a.flags.c_contiguous for a in ins
+                    ]
                     task = _named(st.executor._task(ins, outs, st.workspace), st.node)
                 tasks.append((st, task))
             if hooks.active:  # one launch per kernel so tools see each one
                 seq = 0
                 for st, task in tasks:
-                    info = dict(st.executor._info, node=st.node.name,
-                                shapes=[None if not n else env[n].shape for n in st.inputs])
+                    info = dict(
+                        st.executor._info,
+                        node=st.node.name,
+                        shapes=[None if not n else env[n].shape for n in st.inputs],
+                    )
                     seq = stream.launch(task, st.node.op_type, info, mark=mark)
             else:
+
                 def run_graph(tasks=tasks):
                     for _, task in tasks:
                         task()
@@ -583,19 +666,23 @@ class CompiledGraph:
         from .interpreter import run as interpret
 
         res = interpret(self.graph, feeds)
-        outs = {n: (v if isinstance(v, Tensor) or v is None or isinstance(v, list) else Tensor(np.asarray(v)))
-                for n, v in res.items()}
+        outs = {
+            n: (v if isinstance(v, Tensor) or v is None or isinstance(v, list) else Tensor(np.asarray(v)))
+            for n, v in res.items()
+        }
         return outs if as_dict else [outs[n] for n in self.output_names]
 
 
 def _named(task, node: Node):
     """Wrap a kernel closure so that an error names the graph node that raised it."""
+
     def run_node():
         try:
             task()
         except Exception as exc:
-            raise KernelError(f"node {node.name} ({node.op_type}): {type(exc).__name__}: {exc}",
-                              op=node.op_type) from exc
+            raise KernelError(
+                f"node {node.name} ({node.op_type}): {type(exc).__name__}: {exc}", op=node.op_type
+            ) from exc
 
     return run_node
 
@@ -692,8 +779,17 @@ def memory_optimization_enabled() -> bool:
     return _memory_optimization[0]
 
 
-def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None, level: int = 3,
-            disabled_passes=None, max_plans: int = 16, memory_optimization: bool | None = None) -> CompiledGraph:
+def compile(
+    model,
+    example_inputs=None,
+    *,
+    dynamic_dims=None,
+    static_shapes=None,
+    level: int = 3,
+    disabled_passes=None,
+    max_plans: int = 16,
+    memory_optimization: bool | None = None,
+) -> CompiledGraph:
     """Compile a Graph or a Python function of tensors (traced on ``example_inputs``, with
     ``dynamic_dims`` = ``{arg: {dim: "name"}}``). ``static_shapes``: a list of ``{input: shape}``
     to plan ahead of time. :func:`opsnn.compile` (``opsnn.frontend``) is the front door that also
@@ -719,8 +815,10 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
             raise ParamInvalidError("compile: a function needs example_inputs to be traced")
         graph = trace(model, example_inputs, dynamic_dims)
     else:
-        raise ParamInvalidError(f"compile: expected a Graph or a function of tensors, got {type(model).__name__} "
-                                f"(opsnn.compile also takes ONNX models and opsnn.nn modules)")
+        raise ParamInvalidError(
+            f"compile: expected a Graph or a function of tensors, got {type(model).__name__} "
+            f"(opsnn.compile also takes ONNX models and opsnn.nn modules)"
+        )
     from .checks import check_nodes
 
     check_nodes(graph)  # before any pass: a mistake is reported against the user's node, not a fused op
@@ -732,8 +830,9 @@ def compile(model, example_inputs=None, *, dynamic_dims=None, static_shapes=None
     hooks.host_phase(f"compile {graph.name}", "compile", t0, time.perf_counter())
     if memory_optimization is None:
         memory_optimization = memory_optimization_enabled()
-    cg = CompiledGraph(work, original=original, pass_report=report, max_plans=max_plans,
-                       memory_optimization=memory_optimization)
+    cg = CompiledGraph(
+        work, original=original, pass_report=report, max_plans=max_plans, memory_optimization=memory_optimization
+    )
     if static_shapes:
         cg.prepare_shapes(static_shapes)
     return cg

@@ -5,6 +5,7 @@ kernel reads each input once and writes once (see kernels/cpu/codegen.py). A gro
 chain becomes several bounded kernels (a chain of one op type reuses one of them), and one graph
 generates at most :data:`MAX_FUSED_KERNELS` distinct kernels (each costs a numba compile; past the
 budget, groups that would need a new one stay unfused and run on the ops' own kernels)."""
+
 from __future__ import annotations
 
 import json
@@ -106,20 +107,31 @@ def elementwise_fusion(graph: Graph, res) -> None:
                     if v not in inputs:
                         inputs.append(v)
                     args.append(["in", inputs.index(v)])
-            attrs = {"alpha": float(node.attrs["alpha"])} if node.op_type in ("Swish", "LeakyRelu") and \
-                "alpha" in node.attrs else {}
+            attrs = (
+                {"alpha": float(node.attrs["alpha"])}
+                if node.op_type in ("Swish", "LeakyRelu") and "alpha" in node.attrs
+                else {}
+            )
             program.append([node.op_type, args, attrs])
             step_of[node.outputs[0]] = k
         if not inputs:  # all-constant chains are constant folding's job
             continue
         sig = signature(program, len(inputs))
         if sig not in programs and len(programs) >= MAX_FUSED_KERNELS:
-            res.refuse(f"{root.name}: the graph already needs {MAX_FUSED_KERNELS} distinct fused kernels; "
-                       f"{len(group)} ops left unfused")
+            res.refuse(
+                f"{root.name}: the graph already needs {MAX_FUSED_KERNELS} distinct fused kernels; "
+                f"{len(group)} ops left unfused"
+            )
             continue
         programs.add(sig)
-        fused = Node("FusedElementwise", inputs, list(root.outputs), {"program": json.dumps(program)},
-                     domain="opsnn", name=graph.unique_name(f"FusedElementwise_{root.name}"))
+        fused = Node(
+            "FusedElementwise",
+            inputs,
+            list(root.outputs),
+            {"program": json.dumps(program)},
+            domain="opsnn",
+            name=graph.unique_name(f"FusedElementwise_{root.name}"),
+        )
         fused.attrs_origin = [x.name for x in group]
         replace[id(root)] = fused
         for x in group[:-1]:

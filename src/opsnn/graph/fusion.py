@@ -5,6 +5,7 @@ and residual add into Conv / MatMul epilogues (FusedConv, FusedMatMul).
 Each rule's check reads the graph's inferred types (``graph.value_info``) and returns a
 reason string when it refuses, so every refused fusion says why.
 """
+
 from __future__ import annotations
 
 import math
@@ -82,8 +83,11 @@ def _reduce_axes_last(match: Match, node: Node) -> bool:
 
 # -- recognition: SiLU, Gelu, LayerNorm, RMSNorm --------------------------------------------------------------
 X = wildcard("x")
-SILU = RewriteRule(is_op("Mul")(X, is_op("Sigmoid")(X)),
-                   lambda m: [_new(m, "Swish", [m.bindings["x"]], {"alpha": 1.0})], name="silu_recognition")
+SILU = RewriteRule(
+    is_op("Mul")(X, is_op("Sigmoid")(X)),
+    lambda m: [_new(m, "Swish", [m.bindings["x"]], {"alpha": 1.0})],
+    name="silu_recognition",
+)
 
 
 def _gelu(m: Match):
@@ -102,10 +106,24 @@ def _gelu_check(m: Match):
 
 
 _ERF_ARG = [is_op("Div")(X, is_const("c")), is_op("Mul")(X, is_const("c"))]
-GELU = [RewriteRule(is_op("Mul")(is_op("Mul")(X, is_op("Add")(is_op("Erf")(arg), is_const("one"))), is_const("half")),
-                    _gelu, name=f"gelu_recognition_{i}", check=_gelu_check) for i, arg in enumerate(_ERF_ARG)]
-GELU += [RewriteRule(is_op("Mul")(is_op("Mul")(X, is_const("half")), is_op("Add")(is_op("Erf")(arg), is_const("one"))),
-                     _gelu, name=f"gelu_recognition_{i + 2}", check=_gelu_check) for i, arg in enumerate(_ERF_ARG)]
+GELU = [
+    RewriteRule(
+        is_op("Mul")(is_op("Mul")(X, is_op("Add")(is_op("Erf")(arg), is_const("one"))), is_const("half")),
+        _gelu,
+        name=f"gelu_recognition_{i}",
+        check=_gelu_check,
+    )
+    for i, arg in enumerate(_ERF_ARG)
+]
+GELU += [
+    RewriteRule(
+        is_op("Mul")(is_op("Mul")(X, is_const("half")), is_op("Add")(is_op("Erf")(arg), is_const("one"))),
+        _gelu,
+        name=f"gelu_recognition_{i + 2}",
+        check=_gelu_check,
+    )
+    for i, arg in enumerate(_ERF_ARG)
+]
 
 _MEAN = is_op("ReduceMean")(X)
 _D = is_op("Sub")(X, _MEAN)
@@ -129,8 +147,14 @@ def _ln_check(m: Match):
 
 
 def _ln(m: Match):
-    return [_new(m, "LayerNormalization", [m.bindings["x"], m.bindings["gamma"], m.bindings["beta"]],
-                 {"axis": -1, "epsilon": _scalar(m, "eps")})]
+    return [
+        _new(
+            m,
+            "LayerNormalization",
+            [m.bindings["x"], m.bindings["gamma"], m.bindings["beta"]],
+            {"axis": -1, "epsilon": _scalar(m, "eps")},
+        )
+    ]
 
 
 LAYER_NORM = RewriteRule(LAYER_NORM_PATTERN, _ln, name="layer_norm_recognition", check=_ln_check)
@@ -147,24 +171,38 @@ def _rms_check(m: Match):
         return f"{rm.name} does not reduce over the last axis with keepdims"
     if _scalar(m, "eps") is None:
         return "epsilon is not a scalar constant"
-    if m.node("Div") is not None and m.node("Div").inputs[0] != m.bindings["x"] and _scalar(m, "one") is not None \
-            and not _near(_scalar(m, "one"), 1.0):
+    if (
+        m.node("Div") is not None
+        and m.node("Div").inputs[0] != m.bindings["x"]
+        and _scalar(m, "one") is not None
+        and not _near(_scalar(m, "one"), 1.0)
+    ):
         return "numerator is not 1"
     return True
 
 
 def _rms(m: Match):
-    return [_new(m, "RMSNormalization", [m.bindings["x"], m.bindings["gamma"]],
-                 {"axis": -1, "epsilon": _scalar(m, "eps")})]
+    return [
+        _new(m, "RMSNormalization", [m.bindings["x"], m.bindings["gamma"]], {"axis": -1, "epsilon": _scalar(m, "eps")})
+    ]
 
 
 RMS_NORM = [
-    RewriteRule(is_op("Mul")(is_op("Div")(X, _RMS), is_const("gamma")), _rms, name="rms_norm_recognition_div",
-                check=_rms_check),
-    RewriteRule(is_op("Mul")(is_op("Mul")(X, is_op("Reciprocal")(_RMS)), is_const("gamma")), _rms,
-                name="rms_norm_recognition_reciprocal", check=_rms_check),
-    RewriteRule(is_op("Mul")(is_op("Mul")(X, is_op("Div")(is_const("one"), _RMS)), is_const("gamma")), _rms,
-                name="rms_norm_recognition_one_over", check=_rms_check),
+    RewriteRule(
+        is_op("Mul")(is_op("Div")(X, _RMS), is_const("gamma")), _rms, name="rms_norm_recognition_div", check=_rms_check
+    ),
+    RewriteRule(
+        is_op("Mul")(is_op("Mul")(X, is_op("Reciprocal")(_RMS)), is_const("gamma")),
+        _rms,
+        name="rms_norm_recognition_reciprocal",
+        check=_rms_check,
+    ),
+    RewriteRule(
+        is_op("Mul")(is_op("Mul")(X, is_op("Div")(is_const("one"), _RMS)), is_const("gamma")),
+        _rms,
+        name="rms_norm_recognition_one_over",
+        check=_rms_check,
+    ),
 ]
 
 # -- attention ---------------------------------------------------------------------------------------------------
@@ -201,8 +239,15 @@ def _attention(masked: bool):
         extra = []
         if list(tr.attrs["perm"]) == [0, 2, 3, 1]:  # K given as (B, S, H, D): put heads first
             k_bhsd = m.graph.unique_name(k + "_bhsd")
-            extra.append(Node("Transpose", [k], [k_bhsd], {"perm": [0, 2, 1, 3]},
-                              name=m.graph.unique_name(f"Transpose_{m.root.name}")))
+            extra.append(
+                Node(
+                    "Transpose",
+                    [k],
+                    [k_bhsd],
+                    {"perm": [0, 2, 1, 3]},
+                    name=m.graph.unique_name(f"Transpose_{m.root.name}"),
+                )
+            )
             k = k_bhsd
         inputs = [m.bindings["q"], k, m.bindings["v"]] + ([m.bindings["mask"]] if masked else [])
         return extra + [_new(m, "Attention", inputs, {"scale": float(scale)})]
@@ -214,8 +259,14 @@ for _i, _s in enumerate(_SCALED):
     for _masked in (True, False):
         _scores = is_op("Add")(_s, wildcard("mask")) if _masked else _s
         _chk, _build = _attention(_masked)
-        ATTENTION.append(RewriteRule(is_op("MatMul")(is_op("Softmax")(_scores), wildcard("v")), _build,
-                                     name=f"attention_fusion_{'masked' if _masked else 'plain'}_{_i}", check=_chk))
+        ATTENTION.append(
+            RewriteRule(
+                is_op("MatMul")(is_op("Softmax")(_scores), wildcard("v")),
+                _build,
+                name=f"attention_fusion_{'masked' if _masked else 'plain'}_{_i}",
+                check=_chk,
+            )
+        )
 
 
 def _head_split_source(graph, prod, shape_of, name: str):
@@ -260,6 +311,7 @@ def attention_head_layout(graph, res) -> None:
         if probe is None:
             probe = probe_types(graph)
         return tuple(probe[v].shape) if v in probe else sh
+
     prod = graph.producers()
     users = graph.consumers()
     for node in list(graph.nodes):
@@ -294,8 +346,12 @@ def attention_head_layout(graph, res) -> None:
         readers = users.get(y, [])
         merge = readers[0] if len(readers) == 1 else None
         y3 = graph.unique_name(f"{y}_bsh")
-        if merge is not None and merge.op_type == "Transpose" and not merge.domain and \
-                list(merge.attrs.get("perm") or []) == [0, 2, 1, 3]:
+        if (
+            merge is not None
+            and merge.op_type == "Transpose"
+            and not merge.domain
+            and list(merge.attrs.get("perm") or []) == [0, 2, 1, 3]
+        ):
             # Y3 (B, S, H*Dv) -> the merge's (B, S, H, Dv) output by a Reshape (a view)
             shp = graph.unique_name(f"{y}_merge_shape")
             graph.initializers[shp] = np.array([0, 0, hq, dv], np.int64)
@@ -306,14 +362,16 @@ def attention_head_layout(graph, res) -> None:
             shp = graph.unique_name(f"{y}_split_shape")
             graph.initializers[shp] = np.array([0, 0, hq, dv], np.int64)
             y4 = graph.unique_name(f"{y}_bshd")
-            after = [Node("Reshape", [y3, shp], [y4], {}, name=graph.unique_name(f"Reshape_{y4}")),
-                     Node("Transpose", [y4], [y], {"perm": [0, 2, 1, 3]}, name=graph.unique_name(f"Transpose_{y}"))]
+            after = [
+                Node("Reshape", [y3, shp], [y4], {}, name=graph.unique_name(f"Reshape_{y4}")),
+                Node("Transpose", [y4], [y], {"perm": [0, 2, 1, 3]}, name=graph.unique_name(f"Transpose_{y}")),
+            ]
             note = ""
         node.inputs = ins + list(node.inputs[3:])
         node.outputs = [y3]
         node.attrs = dict(node.attrs, q_num_heads=hq, kv_num_heads=hk)
         pos = graph.nodes.index(node)
-        graph.nodes[pos:pos + 1] = new_nodes + [node] + ([] if note else after)
+        graph.nodes[pos : pos + 1] = new_nodes + [node] + ([] if note else after)
         res.note(f"{node.name}: Q/K/V read as (B, S, H*D) with head strides{note}")
 
 
@@ -398,20 +456,39 @@ def _matmul_rule(with_bias: bool, with_residual: bool, with_act: bool) -> Rewrit
         if with_residual:
             ins.append(m.bindings["z"])
         act, alpha, beta = _activation(m.root) if with_act else ("", 0.0, 0.0)
-        return [_new(m, "FusedMatMul", ins, {"activation": act, "activation_alpha": alpha,
-                                             "activation_beta": beta}, domain="opsnn")]
+        return [
+            _new(
+                m,
+                "FusedMatMul",
+                ins,
+                {"activation": act, "activation_alpha": alpha, "activation_beta": beta},
+                domain="opsnn",
+            )
+        ]
 
-    name = "matmul" + ("_bias" if with_bias else "") + ("_residual" if with_residual else "") + \
-        ("_activation" if with_act else "") + "_epilogue"
+    name = (
+        "matmul"
+        + ("_bias" if with_bias else "")
+        + ("_residual" if with_residual else "")
+        + ("_activation" if with_act else "")
+        + "_epilogue"
+    )
     return RewriteRule(pat, build, name=name, check=check)
 
 
 EPILOGUE = [_conv_rule(True, True), _conv_rule(True, False), _conv_rule(False, True)]
-EPILOGUE += [_matmul_rule(b, r, a) for b, r, a in ((True, True, False), (True, False, True), (True, False, False),
-                                                   (False, False, True))]
+EPILOGUE += [
+    _matmul_rule(b, r, a)
+    for b, r, a in ((True, True, False), (True, False, True), (True, False, False), (False, False, True))
+]
 
-BUILTIN_GROUPS.update({"pattern_recognition": [SILU, *GELU, LAYER_NORM, *RMS_NORM], "attention_fusion": ATTENTION,
-                       "epilogue_fusion": EPILOGUE})
+BUILTIN_GROUPS.update(
+    {
+        "pattern_recognition": [SILU, *GELU, LAYER_NORM, *RMS_NORM],
+        "attention_fusion": ATTENTION,
+        "epilogue_fusion": EPILOGUE,
+    }
+)
 
 
 def _sole_reader(graph, users, value: str, node: Node) -> bool:
@@ -456,8 +533,12 @@ def resize_prologue_fusion(graph, res) -> None:
         view = list(range(len(graph.value(src).shape)))
         while True:
             p = prod.get(src)
-            if p is None or p.domain or p.op_type not in ("Transpose", "Unsqueeze") or not _sole_reader(
-                    graph, users, src, chain[-1]):
+            if (
+                p is None
+                or p.domain
+                or p.op_type not in ("Transpose", "Unsqueeze")
+                or not _sole_reader(graph, users, src, chain[-1])
+            ):
                 break
             if p.op_type == "Transpose":
                 perm = [int(v) for v in (p.attrs.get("perm") or [])]
@@ -481,8 +562,14 @@ def resize_prologue_fusion(graph, res) -> None:
             continue
         attrs = {k: v for k, v in n.attrs.items() if v is not None}
         attrs.update(to=int(cast.attrs["to"]), view=view)
-        node = Node("FusedResize", [src] + list(n.inputs[1:]), list(n.outputs), attrs, domain="opsnn",
-                    name=graph.unique_name(f"FusedResize_{n.name}"))
+        node = Node(
+            "FusedResize",
+            [src] + list(n.inputs[1:]),
+            list(n.outputs),
+            attrs,
+            domain="opsnn",
+            name=graph.unique_name(f"FusedResize_{n.name}"),
+        )
         try:  # the kernel's conditions, on the graph's shapes (static here, or refused)
             why = _fused_resize_refusal(graph, fused, node, sv)
         except Exception as exc:  # noqa: BLE001 - an unexpected shape: leave the graph as it was
@@ -520,5 +607,7 @@ def _fused_resize_refusal(graph, fused, node: Node, sv) -> str | None:
     planned = plan_op(fused, metas, values, node.attrs)
     if planned.selection.kernel.name == "fused_resize_2d":
         return None
-    return "; ".join(why for name, why in planned.selection.rejected if name == "fused_resize_2d") or \
-        "no fused kernel for these shapes"
+    return (
+        "; ".join(why for name, why in planned.selection.rejected if name == "fused_resize_2d")
+        or "no fused kernel for these shapes"
+    )

@@ -13,6 +13,7 @@ graphs enclosing them::
     >>> run(g, {"x": np.array([-1.0, 2.0], np.float32)})["y"]
     array([0., 2.], dtype=float32)
 """
+
 from __future__ import annotations
 
 from collections import ChainMap
@@ -83,8 +84,9 @@ def to_numpy(v) -> Any:
 def _arr(v, node: Node, what: str) -> np.ndarray:
     if isinstance(v, Tensor):
         return v.numpy()
-    raise ParamInvalidError(f"{node.op_type} (node {node.name!r}): {what} must be a tensor, "
-                            f"got {type(v).__name__}", op=node.op_type)
+    raise ParamInvalidError(
+        f"{node.op_type} (node {node.name!r}): {what} must be a tensor, got {type(v).__name__}", op=node.op_type
+    )
 
 
 def _wrap(a) -> Tensor:
@@ -185,8 +187,9 @@ class Interpreter:
     def run_subgraph(self, g: Graph, args: list, scope) -> list:
         """Run a subgraph binding ``args`` positionally to its inputs; returns its outputs."""
         if len(args) != len(g.inputs):
-            raise ParamInvalidError(f"subgraph {g.name!r} takes {len(g.inputs)} inputs "
-                                    f"{g.input_names}, got {len(args)}")
+            raise ParamInvalidError(
+                f"subgraph {g.name!r} takes {len(g.inputs)} inputs {g.input_names}, got {len(args)}"
+            )
         res = self.run_graph(g, dict(zip(g.input_names, args)), scope)
         return [res[n] for n in g.output_names]
 
@@ -196,8 +199,10 @@ class Interpreter:
             return scope[name]
         except KeyError:
             where = f"node {node.name!r} ({node.op_type})" if node is not None else "the graph outputs"
-            raise ParamInvalidError(f"graph {g.name!r}: {where} reads {name!r}, which has no value "
-                                    "(not an input, initializer or earlier output)") from None
+            raise ParamInvalidError(
+                f"graph {g.name!r}: {where} reads {name!r}, which has no value "
+                "(not an input, initializer or earlier output)"
+            ) from None
 
 
 def run(graph: Graph, feeds: dict, outputs: list[str] | None = None, *, check_inputs: bool = True) -> dict:
@@ -218,24 +223,29 @@ def _check_feed(g: Graph, v, x) -> None:
             raise ParamInvalidError(f"graph {g.name!r}: input {v.name!r} expects a tensor, got a sequence")
         return
     if v.dtype is not None and x.dtype != v.dtype and not (x.dtype.kind in "OUS" and v.dtype.kind in "OUS"):
-        raise DTypeError(f"graph {g.name!r}: input {v.name!r} must have dtype {_dt.name(v.dtype)}, "
-                         f"got {_dt.name(x.dtype)}")
+        raise DTypeError(
+            f"graph {g.name!r}: input {v.name!r} must have dtype {_dt.name(v.dtype)}, got {_dt.name(x.dtype)}"
+        )
     if v.shape is not None:
         if len(v.shape) != x.ndim:
-            raise ParamInvalidError(f"graph {g.name!r}: input {v.name!r} must have rank {len(v.shape)} "
-                                    f"(shape {v.shape}), got shape {x.shape}")
+            raise ParamInvalidError(
+                f"graph {g.name!r}: input {v.name!r} must have rank {len(v.shape)} "
+                f"(shape {v.shape}), got shape {x.shape}"
+            )
         for want, got in zip(v.shape, x.shape):
             if isinstance(want, (int, np.integer)) and want != got:
-                raise ParamInvalidError(f"graph {g.name!r}: input {v.name!r} must have shape {v.shape}, "
-                                        f"got {x.shape}")
+                raise ParamInvalidError(f"graph {g.name!r}: input {v.name!r} must have shape {v.shape}, got {x.shape}")
 
 
 def _run_registered(node: Node, ins: list) -> list:
     for i, x in enumerate(ins):
         if x is not None and not isinstance(x, Tensor):
-            raise ParamInvalidError(f"{node.op_type} (node {node.name!r}): input {i} is a "
-                                    f"{'sequence' if isinstance(x, list) else type(x).__name__}; "
-                                    "this op takes tensors", op=node.op_type)
+            raise ParamInvalidError(
+                f"{node.op_type} (node {node.name!r}): input {i} is a "
+                f"{'sequence' if isinstance(x, list) else type(x).__name__}; "
+                "this op takes tensors",
+                op=node.op_type,
+            )
     rec = get_op(node.op_type, node.domain)
     n_out = len(node.outputs)
     while n_out > 1 and not node.outputs[n_out - 1]:
@@ -245,8 +255,10 @@ def _run_registered(node: Node, ins: list) -> list:
     res = _executor.call(rec, ins, node.attrs, num_outputs=n_out)
     res = list(res) if isinstance(res, tuple) else [res]
     if len(res) < n_out:
-        raise ParamInvalidError(f"{node.op_type} (node {node.name!r}): the op produced {len(res)} outputs, the "
-                                f"node names {n_out}", op=node.op_type)
+        raise ParamInvalidError(
+            f"{node.op_type} (node {node.name!r}): the op produced {len(res)} outputs, the node names {n_out}",
+            op=node.op_type,
+        )
     return res
 
 
@@ -254,24 +266,28 @@ def _run_registered(node: Node, ins: list) -> list:
 def _int(v, node, what) -> int:
     a = _arr(v, node, what)
     if a.size != 1:
-        raise ParamInvalidError(f"{node.op_type} (node {node.name!r}): {what} must hold one value, got shape "
-                                f"{a.shape}", op=node.op_type)
+        raise ParamInvalidError(
+            f"{node.op_type} (node {node.name!r}): {what} must hold one value, got shape {a.shape}", op=node.op_type
+        )
     return int(a.reshape(-1)[0])
 
 
 def _graph_attr(node: Node, key: str, attrs: dict | None = None) -> Graph:
     g = (node.attrs if attrs is None else attrs).get(key)
     if not isinstance(g, Graph):
-        raise ParamInvalidError(f"{node.op_type} (node {node.name!r}): attribute {key!r} must be a graph, got "
-                                f"{type(g).__name__}", op=node.op_type)
+        raise ParamInvalidError(
+            f"{node.op_type} (node {node.name!r}): attribute {key!r} must be a graph, got {type(g).__name__}",
+            op=node.op_type,
+        )
     return g
 
 
 def _int_attr(node: Node, key: str) -> int:
     v = node.attrs.get(key)
     if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-        raise ParamInvalidError(f"{node.op_type} (node {node.name!r}): attribute {key!r} must be an int, got "
-                                f"{v!r}", op=node.op_type)
+        raise ParamInvalidError(
+            f"{node.op_type} (node {node.name!r}): attribute {key!r} must be an int, got {v!r}", op=node.op_type
+        )
     return int(v)
 
 
@@ -279,11 +295,20 @@ def _int_attr(node: Node, key: str) -> int:
 def _constant(interp, node, ins, scope):
     attrs = node.attrs
     if len(attrs) != 1:
-        raise ParamInvalidError(f"Constant (node {node.name!r}): needs exactly one value attribute, got "
-                                f"{sorted(attrs)}", op="Constant")
-    (key, val), = attrs.items()
-    kinds = {"value": None, "value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
-             "value_ints": np.int64, "value_string": object, "value_strings": object, "sparse_value": None}
+        raise ParamInvalidError(
+            f"Constant (node {node.name!r}): needs exactly one value attribute, got {sorted(attrs)}", op="Constant"
+        )
+    ((key, val),) = attrs.items()
+    kinds = {
+        "value": None,
+        "value_float": np.float32,
+        "value_floats": np.float32,
+        "value_int": np.int64,
+        "value_ints": np.int64,
+        "value_string": object,
+        "value_strings": object,
+        "sparse_value": None,
+    }
     if key not in kinds:
         raise ParamInvalidError(f"Constant (node {node.name!r}): unknown attribute {key!r}", op="Constant")
     arr = np.asarray(val) if kinds[key] is None else np.asarray(val, dtype=kinds[key])
@@ -302,13 +327,15 @@ def _identity(interp, node, ins, scope):
 def _if(interp, node, ins, scope):
     cond = _arr(ins[0], node, "cond")
     if cond.size != 1:
-        raise ParamInvalidError(f"If (node {node.name!r}): cond must hold one value, got shape {cond.shape}",
-                                op="If")
+        raise ParamInvalidError(f"If (node {node.name!r}): cond must hold one value, got shape {cond.shape}", op="If")
     branch = _graph_attr(node, "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch")
     outs = interp.run_subgraph(branch, [], scope)
     if len(outs) != len(node.outputs):
-        raise ParamInvalidError(f"If (node {node.name!r}): branch {branch.name!r} returns {len(outs)} values, "
-                                f"the node has {len(node.outputs)} outputs", op="If")
+        raise ParamInvalidError(
+            f"If (node {node.name!r}): branch {branch.name!r} returns {len(outs)} values, "
+            f"the node has {len(node.outputs)} outputs",
+            op="If",
+        )
     return outs
 
 
@@ -331,16 +358,19 @@ def _loop(interp, node, ins, scope):
     n_carried = len(carried)
     n_scan = len(body.outputs) - 1 - n_carried
     if n_scan < 0:
-        raise ParamInvalidError(f"Loop (node {node.name!r}): body returns {len(body.outputs)} values, needs at "
-                                f"least 1 + {n_carried} (cond + loop-carried)", op="Loop")
+        raise ParamInvalidError(
+            f"Loop (node {node.name!r}): body returns {len(body.outputs)} values, needs at "
+            f"least 1 + {n_carried} (cond + loop-carried)",
+            op="Loop",
+        )
     scans: list[list] = [[] for _ in range(n_scan)]
     i = 0
     while (trip is None or i < trip) and cond:
         args = [_wrap(np.array(i, np.int64)), _wrap(np.array(cond, np.bool_))] + carried
         outs = interp.run_subgraph(body, args, scope)
         cond = bool(_arr(outs[0], node, "body cond output").reshape(-1)[0])
-        carried = outs[1:1 + n_carried]
-        for k, x in enumerate(outs[1 + n_carried:]):
+        carried = outs[1 : 1 + n_carried]
+        for k, x in enumerate(outs[1 + n_carried :]):
             scans[k].append(x)
         i += 1
     stacked = [_stack(s, body.outputs[1 + n_carried + k], node) for k, s in enumerate(scans)]
@@ -360,8 +390,9 @@ def _scan_core(interp, node, scope, states: list, scan_ins: list, attrs: dict, s
     if seq_len is None:
         lens = {a.shape[0] for a in arrays}
         if len(lens) != 1:
-            raise ParamInvalidError(f"Scan (node {node.name!r}): scan inputs have different lengths {sorted(lens)}",
-                                    op="Scan")
+            raise ParamInvalidError(
+                f"Scan (node {node.name!r}): scan inputs have different lengths {sorted(lens)}", op="Scan"
+            )
         seq_len = lens.pop() if lens else 0
     n_states = len(states)
     n_out = len(body.outputs) - n_states
@@ -403,7 +434,7 @@ def _batch_scan(interp, node, ins, scope):
     bounds each batch entry's scan. Runs the Scan-9 loop once per batch entry."""
     m = _int_attr(node, "num_scan_inputs")
     lens = ins[0]
-    states, scan_ins = list(ins[1:len(ins) - m]), list(ins[len(ins) - m:])
+    states, scan_ins = list(ins[1 : len(ins) - m]), list(ins[len(ins) - m :])
     attrs = dict(node.attrs)
     attrs["scan_input_directions"] = attrs.pop("directions", None)
     batch = _arr(scan_ins[0], node, "scan input").shape[0]
@@ -431,8 +462,9 @@ def _batch_scan(interp, node, ins, scope):
 # -- sequences and optionals (Python lists; None is the empty optional) ---------------------------
 def _seq(v, node, what="input_sequence") -> list:
     if not isinstance(v, list):
-        raise ParamInvalidError(f"{node.op_type} (node {node.name!r}): {what} must be a sequence, got "
-                                f"{type(v).__name__}", op=node.op_type)
+        raise ParamInvalidError(
+            f"{node.op_type} (node {node.name!r}): {what} must be a sequence, got {type(v).__name__}", op=node.op_type
+        )
     return v
 
 
@@ -440,8 +472,10 @@ def _position(v, n: int, node, insert: bool = False) -> int:
     p = _int(v, node, "position")
     hi = n if insert else n - 1
     if not -n <= p <= hi:
-        raise ParamInvalidError(f"{node.op_type} (node {node.name!r}): position {p} out of range for a "
-                                f"sequence of length {n}", op=node.op_type)
+        raise ParamInvalidError(
+            f"{node.op_type} (node {node.name!r}): position {p} out of range for a sequence of length {n}",
+            op=node.op_type,
+        )
     return p + n if p < 0 else p
 
 
@@ -490,12 +524,13 @@ def _concat_from_seq(interp, node, ins, scope):
     axis = _int_attr(node, "axis")
     new_axis = int(node.attrs.get("new_axis", 0))
     if not seq:
-        raise ParamInvalidError(f"ConcatFromSequence (node {node.name!r}): empty sequence",
-                                op="ConcatFromSequence")
+        raise ParamInvalidError(f"ConcatFromSequence (node {node.name!r}): empty sequence", op="ConcatFromSequence")
     rank = seq[0].ndim + (1 if new_axis else 0)
     if not -rank <= axis < rank:
-        raise ParamInvalidError(f"ConcatFromSequence (node {node.name!r}): axis {axis} out of range for rank "
-                                f"{rank}", op="ConcatFromSequence")
+        raise ParamInvalidError(
+            f"ConcatFromSequence (node {node.name!r}): axis {axis} out of range for rank {rank}",
+            op="ConcatFromSequence",
+        )
     return [_wrap(np.stack(seq, axis) if new_axis else np.concatenate(seq, axis))]
 
 
@@ -505,8 +540,9 @@ def _split_to_seq(interp, node, ins, scope):
     axis = int(node.attrs.get("axis", 0))
     keepdims = int(node.attrs.get("keepdims", 1))
     if not -x.ndim <= axis < x.ndim:
-        raise ParamInvalidError(f"SplitToSequence (node {node.name!r}): axis {axis} out of range for rank "
-                                f"{x.ndim}", op="SplitToSequence")
+        raise ParamInvalidError(
+            f"SplitToSequence (node {node.name!r}): axis {axis} out of range for rank {x.ndim}", op="SplitToSequence"
+        )
     axis %= x.ndim
     n = x.shape[axis]
     split = ins[1] if len(ins) > 1 else None
@@ -519,14 +555,17 @@ def _split_to_seq(interp, node, ins, scope):
     if s.ndim == 0:
         size = int(s)
         if size <= 0:
-            raise ParamInvalidError(f"SplitToSequence (node {node.name!r}): split must be positive, got {size}",
-                                    op="SplitToSequence")
+            raise ParamInvalidError(
+                f"SplitToSequence (node {node.name!r}): split must be positive, got {size}", op="SplitToSequence"
+            )
         sizes = [size] * (n // size) + ([n % size] if n % size else [])
     else:
         sizes = [int(v) for v in s]
         if sum(sizes) != n or any(v < 0 for v in sizes):
-            raise ParamInvalidError(f"SplitToSequence (node {node.name!r}): split {sizes} does not sum to the "
-                                    f"axis length {n}", op="SplitToSequence")
+            raise ParamInvalidError(
+                f"SplitToSequence (node {node.name!r}): split {sizes} does not sum to the axis length {n}",
+                op="SplitToSequence",
+            )
     bounds = np.cumsum([0] + sizes)
     parts = [np.take(x, np.arange(bounds[i], bounds[i + 1]), axis=axis) for i in range(len(sizes))]
     return [[_wrap(p) for p in parts]]
@@ -539,8 +578,9 @@ def _seq_map(interp, node, ins, scope):
     n = len(seq)
     for k, x in enumerate(ins[1:], 1):
         if isinstance(x, list) and len(x) != n:
-            raise ParamInvalidError(f"SequenceMap (node {node.name!r}): input {k} has {len(x)} elements, "
-                                    f"input 0 has {n}", op="SequenceMap")
+            raise ParamInvalidError(
+                f"SequenceMap (node {node.name!r}): input {k} has {len(x)} elements, input 0 has {n}", op="SequenceMap"
+            )
     outs: list[list] = [[] for _ in body.outputs]
     for i in range(n):
         args = [x[i] if isinstance(x, list) else x for x in ins]
@@ -562,8 +602,9 @@ def _optional_has(interp, node, ins, scope):
 @builtin("OptionalGetElement")
 def _optional_get(interp, node, ins, scope):
     if not ins or ins[0] is None:
-        raise ParamInvalidError(f"OptionalGetElement (node {node.name!r}): the optional is empty",
-                                op="OptionalGetElement")
+        raise ParamInvalidError(
+            f"OptionalGetElement (node {node.name!r}): the optional is empty", op="OptionalGetElement"
+        )
     return [ins[0]]
 
 

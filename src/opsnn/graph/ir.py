@@ -13,6 +13,7 @@ arrays for tensors, :class:`Graph` for subgraphs)::
     >>> [n.op_type for n in g.nodes]
     ['Relu']
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -124,8 +125,10 @@ class Node:
 
     def __repr__(self) -> str:
         attrs = ", ".join(f"{k}={_short(v)}" for k, v in self.attrs.items())
-        return (f"Node({self.name!r}: {self.qualified_type}({', '.join(self.inputs)}) -> "
-                f"({', '.join(self.outputs)}){' {' + attrs + '}' if attrs else ''})")
+        return (
+            f"Node({self.name!r}: {self.qualified_type}({', '.join(self.inputs)}) -> "
+            f"({', '.join(self.outputs)}){' {' + attrs + '}' if attrs else ''})"
+        )
 
 
 def _short(v) -> str:
@@ -143,8 +146,19 @@ class Graph:
     (``{domain: version}``). A subgraph (If/Loop/Scan body) may read values of the graphs
     enclosing it."""
 
-    def __init__(self, name: str = "graph", *, inputs=(), outputs=(), nodes=(), initializers=None,
-                 opset_imports=None, value_info=None, doc: str = "", metadata=None):
+    def __init__(
+        self,
+        name: str = "graph",
+        *,
+        inputs=(),
+        outputs=(),
+        nodes=(),
+        initializers=None,
+        opset_imports=None,
+        value_info=None,
+        doc: str = "",
+        metadata=None,
+    ):
         self.name = name
         self.inputs: list[Value] = [v if isinstance(v, Value) else Value(v) for v in inputs]
         self.outputs: list[Value] = [v if isinstance(v, Value) else Value(v) for v in outputs]
@@ -275,12 +289,16 @@ class Graph:
                 if not o:
                     continue
                 if o in producers:
-                    raise DuplicateValueError(f"graph {self.name!r}: value {o!r} is written by node "
-                                              f"{producers[o].name!r} ({producers[o].op_type}) and node "
-                                              f"{n.name!r} ({n.op_type})")
+                    raise DuplicateValueError(
+                        f"graph {self.name!r}: value {o!r} is written by node "
+                        f"{producers[o].name!r} ({producers[o].op_type}) and node "
+                        f"{n.name!r} ({n.op_type})"
+                    )
                 if o in defined:
-                    raise DuplicateValueError(f"graph {self.name!r}: node {n.name!r} ({n.op_type}) writes "
-                                              f"{o!r}, which is already a graph input or initializer")
+                    raise DuplicateValueError(
+                        f"graph {self.name!r}: node {n.name!r} ({n.op_type}) writes "
+                        f"{o!r}, which is already a graph input or initializer"
+                    )
                 producers[o] = n
         visible = set(defined) | set(outer)
         for _i, n in enumerate(self.nodes):
@@ -289,9 +307,11 @@ class Graph:
                     continue
                 if name in producers:
                     self._raise_order(n, name, producers)
-                raise DanglingValueError(f"graph {self.name!r}: node {n.name!r} ({n.op_type}) reads {name!r}, "
-                                         "which is not a graph input, an initializer, an outer-scope value "
-                                         "or the output of any node")
+                raise DanglingValueError(
+                    f"graph {self.name!r}: node {n.name!r} ({n.op_type}) reads {name!r}, "
+                    "which is not a graph input, an initializer, an outer-scope value "
+                    "or the output of any node"
+                )
             for key, sub in n.subgraphs():
                 try:
                     sub.validate(frozenset(visible))
@@ -299,13 +319,16 @@ class Graph:
                     missing = _missing_name(sub, visible)
                     if missing is not None and missing in producers:
                         self._raise_order(n, missing, producers)
-                    raise DanglingValueError(f"graph {self.name!r}: in attribute {key!r} of node {n.name!r} "
-                                             f"({n.op_type}): {exc.args[0]}") from None
+                    raise DanglingValueError(
+                        f"graph {self.name!r}: in attribute {key!r} of node {n.name!r} ({n.op_type}): {exc.args[0]}"
+                    ) from None
             visible.update(o for o in n.outputs if o)
         for v in self.outputs:
             if v.name not in visible:
-                raise DanglingValueError(f"graph {self.name!r}: output {v.name!r} is not produced by any node "
-                                         "and is not an input or initializer")
+                raise DanglingValueError(
+                    f"graph {self.name!r}: output {v.name!r} is not produced by any node "
+                    "and is not an input or initializer"
+                )
 
     def _raise_order(self, node: Node, name: str, producers: dict) -> None:
         # Either a cycle (report it) or merely an unsorted node list (say so).
@@ -313,9 +336,11 @@ class Graph:
             toposort(self.nodes, set(self.initializers) | set(self.input_names), graph_name=self.name)
         except GraphCycleError:
             raise
-        raise GraphError(f"graph {self.name!r}: node {node.name!r} ({node.op_type}) reads {name!r} before node "
-                         f"{producers[name].name!r} writes it; the nodes are not in topological order "
-                         "(call graph.sort())")
+        raise GraphError(
+            f"graph {self.name!r}: node {node.name!r} ({node.op_type}) reads {name!r} before node "
+            f"{producers[name].name!r} writes it; the nodes are not in topological order "
+            "(call graph.sort())"
+        )
 
     def sort(self) -> Graph:
         """Reorder ``nodes`` topologically (stable); raises :class:`GraphCycleError`."""
@@ -324,8 +349,10 @@ class Graph:
 
     # -- display -------------------------------------------------------------------------------
     def __repr__(self) -> str:
-        return (f"<Graph {self.name!r}: {len(self.inputs)} inputs, {len(self.outputs)} outputs, "
-                f"{len(self.nodes)} nodes, {len(self.initializers)} initializers>")
+        return (
+            f"<Graph {self.name!r}: {len(self.inputs)} inputs, {len(self.outputs)} outputs, "
+            f"{len(self.nodes)} nodes, {len(self.initializers)} initializers>"
+        )
 
     def summary(self) -> str:
         """A readable listing: inputs, outputs, then one line per node."""
@@ -394,8 +421,9 @@ def toposort(nodes: list[Node], available: set[str], graph_name: str = "graph") 
     if len(order) != len(nodes):
         stuck = [nodes[i] for i in range(len(nodes)) if indeg[i] > 0]
         cycle = _find_cycle(stuck, deps, nodes)
-        raise GraphCycleError(f"graph {graph_name!r}: the nodes form a cycle: "
-                              + " -> ".join(f"{n.name} ({n.op_type})" for n in cycle))
+        raise GraphCycleError(
+            f"graph {graph_name!r}: the nodes form a cycle: " + " -> ".join(f"{n.name} ({n.op_type})" for n in cycle)
+        )
     return [nodes[i] for i in order]
 
 
@@ -413,9 +441,19 @@ def _find_cycle(stuck: list[Node], deps: list[set], nodes: list[Node]) -> list[N
         if not nxt:
             break
         cur = min(nxt)
-    cyc = path[seen.get(cur, 0):] + [cur]
+    cyc = path[seen.get(cur, 0) :] + [cur]
     return [nodes[i] for i in reversed(cyc)]
 
 
-__all__ = ["DanglingValueError", "DuplicateValueError", "Graph", "GraphCycleError", "GraphError", "KINDS",
-           "Node", "Value", "free_names", "toposort"]
+__all__ = [
+    "DanglingValueError",
+    "DuplicateValueError",
+    "Graph",
+    "GraphCycleError",
+    "GraphError",
+    "KINDS",
+    "Node",
+    "Value",
+    "free_names",
+    "toposort",
+]

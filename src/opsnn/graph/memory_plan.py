@@ -8,6 +8,7 @@ greedy-by-size planner and tinygrad's memory planner)::
     >>> plan.offsets["a"] == plan.offsets["c"], plan.arena_bytes
     (True, 256)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -42,9 +43,11 @@ class MemoryPlan:
         return 1.0 - self.arena_bytes / self.naive_bytes if self.naive_bytes else 0.0
 
     def summary(self) -> str:
-        return (f"arena {self.arena_bytes} bytes for {len(self.buffers)} buffers "
-                f"(naive sum {self.naive_bytes} bytes, {100 * self.saving:.1f}% saved, "
-                f"{len(self.aliases)} in-place)")
+        return (
+            f"arena {self.arena_bytes} bytes for {len(self.buffers)} buffers "
+            f"(naive sum {self.naive_bytes} bytes, {100 * self.saving:.1f}% saved, "
+            f"{len(self.aliases)} in-place)"
+        )
 
 
 #: steps per time bucket: a buffer is compared only with buffers placed in the buckets its
@@ -91,8 +94,9 @@ def check_plan(plan: MemoryPlan) -> None:
     """Assert the plan's invariant (used by tests): overlapping lifetimes never share bytes."""
     bufs = plan.buffers
     for i, a in enumerate(bufs):
-        for b in bufs[i + 1:]:
+        for b in bufs[i + 1 :]:
             if a.start <= b.end and b.start <= a.end:
                 oa, ob = plan.offsets[a.name], plan.offsets[b.name]
-                assert oa + _align(max(a.size, 1)) <= ob or ob + _align(max(b.size, 1)) <= oa, \
+                assert oa + _align(max(a.size, 1)) <= ob or ob + _align(max(b.size, 1)) <= oa, (
                     f"{a.name} and {b.name} are live together but overlap in the arena"
+                )

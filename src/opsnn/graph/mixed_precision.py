@@ -7,6 +7,7 @@ outputs keep their declared dtypes::
 
     opsnn.config.allow_mix_precision({"MatMul": "float16", "LayerNorm": "float32", "Softmax": "bfloat16"})
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,8 +54,8 @@ def apply_mixed_precision(graph: Graph, res, pol: dict | None = None) -> None:
         return
     metas = _dtypes(graph)
     vdtype = {k: np.dtype(m.dtype) for k, m in metas.items()}
-    cast_memo: dict = {}   # (source, dtype) -> value name
-    cast_src: dict = {}    # cast value -> (source, source dtype)
+    cast_memo: dict = {}  # (source, dtype) -> value name
+    cast_src: dict = {}  # cast value -> (source, source dtype)
     new_nodes: list[Node] = []
     converted_weights = 0
 
@@ -75,8 +76,11 @@ def apply_mixed_precision(graph: Graph, res, pol: dict | None = None) -> None:
             converted_weights += 1
         else:
             name = graph.unique_name(f"{v}_{_dt.name(dt)}")
-            new_nodes.append(Node("Cast", [v], [name], {"to": int(_onnx_type(dt))},
-                                  name=graph.unique_name(f"Cast_{v}_{_dt.name(dt)}")))
+            new_nodes.append(
+                Node(
+                    "Cast", [v], [name], {"to": int(_onnx_type(dt))}, name=graph.unique_name(f"Cast_{v}_{_dt.name(dt)}")
+                )
+            )
             res.note(f"cast {v!r} {_dt.name(cur)} -> {_dt.name(dt)}")
         cast_memo[key] = name
         cast_src[name] = (v, cur)
@@ -88,9 +92,16 @@ def apply_mixed_precision(graph: Graph, res, pol: dict | None = None) -> None:
         ins_float = [i for i in node.inputs if i and vdtype.get(i) is not None and _dt.is_float(vdtype[i])]
         if node.op_type == "Cast" or not outs_float or not ins_float:
             # dtype-changing or non-float nodes keep their inputs as they were produced in fp32 graphs
-            node.inputs = [as_dtype(i, _dt.float32) if i and node.op_type != "Cast" and
-                           vdtype.get(i) is not None and _dt.is_float(vdtype[i]) and
-                           vdtype[i] != metas.get(i, vdtype[i]).dtype else i for i in node.inputs]
+            node.inputs = [
+                as_dtype(i, _dt.float32)
+                if i
+                and node.op_type != "Cast"
+                and vdtype.get(i) is not None
+                and _dt.is_float(vdtype[i])
+                and vdtype[i] != metas.get(i, vdtype[i]).dtype
+                else i
+                for i in node.inputs
+            ]
             new_nodes.append(node)
             continue
         target = np.dtype(_target(node, pol))
@@ -111,8 +122,15 @@ def apply_mixed_precision(graph: Graph, res, pol: dict | None = None) -> None:
         inner = graph.unique_name(f"{out.name}_{_dt.name(vdtype[out.name])}")
         producer.outputs = [inner if o == out.name else o for o in producer.outputs]
         renamed[out.name] = inner
-        casts.append(Node("Cast", [inner], [out.name], {"to": int(_onnx_type(np.dtype(want.dtype)))},
-                          name=graph.unique_name(f"Cast_{out.name}")))
+        casts.append(
+            Node(
+                "Cast",
+                [inner],
+                [out.name],
+                {"to": int(_onnx_type(np.dtype(want.dtype)))},
+                name=graph.unique_name(f"Cast_{out.name}"),
+            )
+        )
         res.note(f"output {out.name!r} cast back to {_dt.name(want.dtype)}")
     if renamed:
         for n in new_nodes:

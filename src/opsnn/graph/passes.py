@@ -4,6 +4,7 @@
 >>> [p.name for p in PASSES][:3]
 ['variadic_to_binary', 'eliminate_noops', 'constant_folding']
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,8 +21,14 @@ from .ir import Graph, Node
 
 log = logging.getLogger("opsnn.graph.passes")
 
-_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
-                     "Multinomial"}
+_NONDETERMINISTIC = {
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Bernoulli",
+    "Multinomial",
+}
 _FOLD_MAX_BYTES = 256 << 20
 
 
@@ -29,7 +36,7 @@ _FOLD_MAX_BYTES = 256 << 20
 class PassResult:
     name: str
     changes: int = 0
-    log: list = field(default_factory=list)   # what was done, one line each
+    log: list = field(default_factory=list)  # what was done, one line each
     refused: list = field(default_factory=list)  # what was not done, and why
     ms: float = 0.0
 
@@ -113,8 +120,11 @@ def eliminate_noops(graph: Graph, res: PassResult) -> None:
     metas = users = prods = None
     keep = []
     renamed: dict = {}
-    shape_of = {n.outputs[0]: n.inputs[0] for n in graph.nodes  # Shape(c) outputs -> c
-                if n.op_type == "Shape" and not n.domain and n.inputs and n.outputs and not n.attrs}
+    shape_of = {
+        n.outputs[0]: n.inputs[0]
+        for n in graph.nodes  # Shape(c) outputs -> c
+        if n.op_type == "Shape" and not n.domain and n.inputs and n.outputs and not n.attrs
+    }
     for n in graph.nodes:
         n.inputs = [renamed.get(i, i) for i in n.inputs]
         src = n.inputs[0] if n.inputs else ""
@@ -134,16 +144,25 @@ def eliminate_noops(graph: Graph, res: PassResult) -> None:
             a, b = metas.get(src), metas.get(out)
             if n.op_type == "Reshape" and len(n.inputs) > 1 and n.inputs[1] in shape_of:
                 b = metas.get(shape_of[n.inputs[1]])  # Reshape(a, Shape(c)): a gets c's shape (opset < 13 Softmax)
-            drop = a is not None and b is not None and a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) \
-                and all(isinstance(d, (int, np.integer)) or d is not None for d in a.shape) \
+            drop = (
+                a is not None
+                and b is not None
+                and a.dtype == b.dtype
+                and tuple(a.shape) == tuple(b.shape)
+                and all(isinstance(d, (int, np.integer)) or d is not None for d in a.shape)
                 and None not in a.shape
+            )
         if drop and not _removable_output(graph, out):
             if users is None:
                 users, prods = graph.consumers(), graph.producers()
             prod = prods.get(src)
             # src read through a pending rename has readers the consumer map does not count yet
-            if prod is not None and src not in renamed.values() and len(users.get(src, [])) == 1 \
-                    and _removable_output(graph, src):
+            if (
+                prod is not None
+                and src not in renamed.values()
+                and len(users.get(src, [])) == 1
+                and _removable_output(graph, src)
+            ):
                 # a graph output: the producer of the input writes it instead (its one reader is this node)
                 prod.outputs[prod.outputs.index(src)] = out
                 res.note(f"removed {n.name} ({n.op_type}); {prod.name} writes the graph output {out!r}")
@@ -236,8 +255,12 @@ def _head_forms(graph: Graph, res: PassResult) -> None:
             a = n.attrs
             auto = a.get("auto_pad", "NOTSET")
             auto = auto.decode() if isinstance(auto, bytes) else str(auto)
-            if list(a.get("kernel_shape") or []) != list(shape[2:]) or any(a.get("pads") or []) \
-                    or any(v != 1 for v in a.get("dilations") or []) or auto not in ("NOTSET", "VALID"):
+            if (
+                list(a.get("kernel_shape") or []) != list(shape[2:])
+                or any(a.get("pads") or [])
+                or any(v != 1 for v in a.get("dilations") or [])
+                or auto not in ("NOTSET", "VALID")
+            ):
                 continue
         graph.nodes[i] = Node("GlobalAveragePool", [n.inputs[0]], list(n.outputs), name=n.name)
         res.note(f"{n.name} ({n.op_type} over all of H, W) -> GlobalAveragePool")
@@ -259,15 +282,24 @@ def constant_folding(graph: Graph, res: PassResult) -> None:
             keep.append(n)
             continue
         ins = [i for i in n.inputs if i]
-        foldable = ins and all(i in graph.initializers for i in ins) and has_op(n.op_type, n.domain) \
-            and n.op_type not in _NONDETERMINISTIC and not any(True for _ in n.subgraphs()) \
+        foldable = (
+            ins
+            and all(i in graph.initializers for i in ins)
+            and has_op(n.op_type, n.domain)
+            and n.op_type not in _NONDETERMINISTIC
+            and not any(True for _ in n.subgraphs())
             and all(_removable_output(graph, o) for o in n.outputs if o)
+        )
         if not foldable:
             keep.append(n)
             continue
         try:
-            outs = _ex.call(get_op(n.op_type, n.domain), [graph.initializers[i] if i else None for i in n.inputs],
-                            dict(n.attrs), num_outputs=len(n.outputs))
+            outs = _ex.call(
+                get_op(n.op_type, n.domain),
+                [graph.initializers[i] if i else None for i in n.inputs],
+                dict(n.attrs),
+                num_outputs=len(n.outputs),
+            )
         except Exception as exc:  # noqa: BLE001 - a node that cannot fold stays in the graph
             res.refuse(f"{n.name} ({n.op_type}): evaluation failed: {exc}")
             keep.append(n)
@@ -321,8 +353,13 @@ def common_subexpression_elimination(graph: Graph, res: PassResult) -> None:
         if n.op_type in _NONDETERMINISTIC or any(True for _ in n.subgraphs()):
             keep.append(n)
             continue
-        key = (n.domain, n.op_type, tuple(n.inputs), len(n.outputs),
-               tuple(sorted((k, _freeze(v)) for k, v in n.attrs.items())))
+        key = (
+            n.domain,
+            n.op_type,
+            tuple(n.inputs),
+            len(n.outputs),
+            tuple(sorted((k, _freeze(v)) for k, v in n.attrs.items())),
+        )
         first = seen.get(key)
         if first is None:
             seen[key] = n
@@ -400,8 +437,11 @@ def conv_bn_folding(graph: Graph, res: PassResult) -> None:
             res.refuse(f"{conv.name} -> {bn.name}: the conv output has other users")
             continue
         params = bn.inputs[1:5]
-        if not all(p in inits for p in params) or conv.inputs[1] not in inits or \
-                (len(conv.inputs) > 2 and conv.inputs[2] and conv.inputs[2] not in inits):
+        if (
+            not all(p in inits for p in params)
+            or conv.inputs[1] not in inits
+            or (len(conv.inputs) > 2 and conv.inputs[2] and conv.inputs[2] not in inits)
+        ):
             res.refuse(f"{conv.name} -> {bn.name}: weights or BN parameters are not constant")
             continue
         if bn.attrs.get("training_mode", 0):
@@ -490,30 +530,62 @@ def _mixed_precision(graph: Graph, res: PassResult) -> None:
 
 
 PASSES: list[Pass] = [
-    Pass("variadic_to_binary", variadic_to_binary, 1, "Sum/Mean of inputs -> Add (+ Mul by 1/n); torch's "
-         "ReduceMean(H, W) head -> GlobalAveragePool"),
+    Pass(
+        "variadic_to_binary",
+        variadic_to_binary,
+        1,
+        "Sum/Mean of inputs -> Add (+ Mul by 1/n); torch's ReduceMean(H, W) head -> GlobalAveragePool",
+    ),
     Pass("eliminate_noops", eliminate_noops, 1, "Identity/Dropout/no-op Cast/Reshape elimination"),
     Pass("constant_folding", constant_folding, 1, "evaluate constant subgraphs at compile time"),
     Pass("dead_code_elimination", dead_code_elimination, 1, "drop unused nodes and initializers"),
     Pass("common_subexpression_elimination", common_subexpression_elimination, 1, "merge identical nodes"),
     Pass("transpose_cancellation", transpose_cancellation, 1, "cancel/merge consecutive Transposes"),
     Pass("conv_bn_folding", conv_bn_folding, 2, "fold inference BatchNorm into the preceding Conv"),
-    Pass("pattern_recognition", _rule_pass("pattern_recognition"), 2,
-         "Gelu/LayerNorm/RMSNorm/SiLU from their decomposed ONNX forms"),
+    Pass(
+        "pattern_recognition",
+        _rule_pass("pattern_recognition"),
+        2,
+        "Gelu/LayerNorm/RMSNorm/SiLU from their decomposed ONNX forms",
+    ),
     Pass("attention_fusion", _rule_pass("attention_fusion"), 2, "MatMul-Scale-Mask-Softmax-MatMul -> Attention"),
-    Pass("attention_head_layout", lambda g, r: _attention_head_layout(g, r), 2,
-         "Attention reads/writes (B, S, H*D) directly instead of head split/merge Transposes"),
+    Pass(
+        "attention_head_layout",
+        lambda g, r: _attention_head_layout(g, r),
+        2,
+        "Attention reads/writes (B, S, H*D) directly instead of head split/merge Transposes",
+    ),
     Pass("user_rewrites", user_rewrites, 2, "user-registered rewrite rules"),
-    Pass("epilogue_fusion", _rule_pass("epilogue_fusion"), 2,
-         "bias, activation and residual add into Conv/MatMul epilogues"),
-    Pass("resize_prologue_fusion", lambda g, r: _resize_prologue_fusion(g, r), 2,
-         "Transpose/Unsqueeze -> Cast -> Resize (an image's uint8 HWC -> float NCHW) as one FusedResize"),
-    Pass("elementwise_fusion", lambda g, r: _elementwise_fusion(g, r), 2,
-         "same-shape elementwise chains -> one generated numba kernel"),
-    Pass("mixed_precision", lambda g, r: _mixed_precision(g, r), 3,
-         "per-op-type compute dtypes from opsnn.config.allow_mix_precision"),
-    Pass("blocked_layout", lambda g, r: _blocked_layout(g, r), 3,
-         "float32 conv chains on channel-blocked (nChw16c / nChw8c) activations with oneDNN's convolutions"),
+    Pass(
+        "epilogue_fusion",
+        _rule_pass("epilogue_fusion"),
+        2,
+        "bias, activation and residual add into Conv/MatMul epilogues",
+    ),
+    Pass(
+        "resize_prologue_fusion",
+        lambda g, r: _resize_prologue_fusion(g, r),
+        2,
+        "Transpose/Unsqueeze -> Cast -> Resize (an image's uint8 HWC -> float NCHW) as one FusedResize",
+    ),
+    Pass(
+        "elementwise_fusion",
+        lambda g, r: _elementwise_fusion(g, r),
+        2,
+        "same-shape elementwise chains -> one generated numba kernel",
+    ),
+    Pass(
+        "mixed_precision",
+        lambda g, r: _mixed_precision(g, r),
+        3,
+        "per-op-type compute dtypes from opsnn.config.allow_mix_precision",
+    ),
+    Pass(
+        "blocked_layout",
+        lambda g, r: _blocked_layout(g, r),
+        3,
+        "float32 conv chains on channel-blocked (nChw16c / nChw8c) activations with oneDNN's convolutions",
+    ),
     Pass("final_dead_code_elimination", dead_code_elimination, 1, "clean up after fusions"),
 ]
 
@@ -547,8 +619,13 @@ def optimize(graph: Graph, level: int = 3, disabled=None) -> OptimizeReport:
     from tqdm import tqdm
 
     # a progress bar for big graphs on a terminal only
-    bar = tqdm(PASSES, desc=f"compile {graph.name}", unit="pass", leave=False,
-               disable=len(graph.nodes) < 300 or not sys.stderr.isatty())
+    bar = tqdm(
+        PASSES,
+        desc=f"compile {graph.name}",
+        unit="pass",
+        leave=False,
+        disable=len(graph.nodes) < 300 or not sys.stderr.isatty(),
+    )
     for p in bar:
         if p.level > level or p.name in off:
             continue

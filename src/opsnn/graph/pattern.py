@@ -15,6 +15,7 @@ rejected with its name and the graph is left as it was::
     >>> rewrite(g, [rule]).applied
     [('negrelu', ['Relu_0', 'Neg_1'])]
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,13 @@ from .ir import Graph, GraphError, Node, free_names
 log = logging.getLogger("opsnn.graph.rewrite")
 
 #: short names accepted in chain patterns
-ALIASES = {"LayerNorm": "LayerNormalization", "BatchNorm": "BatchNormalization", "GroupNorm": "GroupNormalization",
-           "RMSNorm": "RMSNormalization", "InstanceNorm": "InstanceNormalization"}
+ALIASES = {
+    "LayerNorm": "LayerNormalization",
+    "BatchNorm": "BatchNormalization",
+    "GroupNorm": "GroupNormalization",
+    "RMSNorm": "RMSNormalization",
+    "InstanceNorm": "InstanceNormalization",
+}
 COMMUTATIVE = {"Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Xor", "Equal"}
 
 
@@ -206,7 +212,9 @@ class GraphPattern(OpPattern):
     def __init__(self, chain: str):
         steps = [s.strip() for s in chain.split("->")]
         if not steps or any(not s for s in steps):
-            raise ParamInvalidError(f"GraphPattern: cannot parse {chain!r}; expected e.g. 'MatMul -> LayerNorm -> Gelu'")
+            raise ParamInvalidError(
+                f"GraphPattern: cannot parse {chain!r}; expected e.g. 'MatMul -> LayerNorm -> Gelu'"
+            )
         self.chain = chain
         self.steps = [tuple(ALIASES.get(o.strip(), o.strip()) for o in s.split("|")) for s in steps]
         super().__init__(self.steps[-1])
@@ -274,8 +282,14 @@ class GraphTemplate:
             attrs = dict(self.attrs)
         else:
             attrs = {f"{n.op_type}.{k}": v for n in match.nodes for k, v in n.attrs.items()}
-        node = Node(self.op_type, match.inputs, list(match.root.outputs), attrs, domain=self.domain,
-                    name=match.graph.unique_name(f"{self.op_type}_{match.root.name}"))
+        node = Node(
+            self.op_type,
+            match.inputs,
+            list(match.root.outputs),
+            attrs,
+            domain=self.domain,
+            name=match.graph.unique_name(f"{self.op_type}_{match.root.name}"),
+        )
         node.attrs_origin = [n.name for n in match.nodes]  # for plots/explain: what was fused
         return [node]
 
@@ -294,8 +308,8 @@ class RewriteRule:
 
 @dataclass
 class RewriteReport:
-    applied: list = field(default_factory=list)   # (rule, [node names])
-    refused: list = field(default_factory=list)   # (rule, root node, reason)
+    applied: list = field(default_factory=list)  # (rule, [node names])
+    refused: list = field(default_factory=list)  # (rule, root node, reason)
     iterations: int = 0
 
 
@@ -384,8 +398,9 @@ def rewrite(graph: Graph, rules: list[RewriteRule], max_iterations: int = 1000) 
         except GraphError as exc:  # a splice check missed it: still say which rules ran
             graph.nodes = original
             rules_run = sorted({r for r, _ in report.applied})
-            raise RewriteError(f"rewrite rules {rules_run} produced an invalid graph ({exc}); "
-                               "the graph was left unchanged") from None
+            raise RewriteError(
+                f"rewrite rules {rules_run} produced an invalid graph ({exc}); the graph was left unchanged"
+            ) from None
     return report
 
 
@@ -408,8 +423,10 @@ def _splice(graph: Graph, match: Match, new_nodes: list[Node], rule_name: str, m
     why = _splice_problem(graph, m, removed, new_nodes, at)
     if why is not None:
         graph.nodes = before
-        raise RewriteError(f"rewrite rule {rule_name!r} produced an invalid graph (graph {graph.name!r}: {why}); "
-                           "the graph was left unchanged")
+        raise RewriteError(
+            f"rewrite rule {rule_name!r} produced an invalid graph (graph {graph.name!r}: {why}); "
+            "the graph was left unchanged"
+        )
     m.replaced(list(removed.values()), new_nodes, m.order.get(id(match.root), (len(before),)))
     graph.reserve_names(new_nodes)
 
@@ -434,8 +451,7 @@ def _splice_problem(graph: Graph, m: Matcher, removed: dict, new_nodes: list[Nod
             if not o:
                 continue
             p = m.producers.get(o)
-            if o in defined_here or (p is not None and id(p) not in removed) or o in graph.initializers \
-                    or o in inputs:
+            if o in defined_here or (p is not None and id(p) not in removed) or o in graph.initializers or o in inputs:
                 return f"node {n.name!r} ({n.op_type}) writes {o!r}, which is already defined"
             defined_here[o] = n
     end = at + len(new_nodes)

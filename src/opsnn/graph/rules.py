@@ -5,6 +5,7 @@
 ...                                             opsnn.GraphTemplate("MatMulRelu"), name="matmul_relu")
 >>> opsnn.optimize.unregister_rewrite_rule("matmul_relu")
 """
+
 from __future__ import annotations
 
 from ..errors import ParamInvalidError
@@ -20,8 +21,9 @@ def register_rewrite_rule(pattern: Pattern, replacement, *, name: str | None = N
     """Add a rule: ``replacement`` is a :class:`GraphTemplate` or ``fn(match) -> [Node] | None``;
     ``check(match)`` may refuse a match (return False or a reason string)."""
     if not isinstance(pattern, Pattern):
-        raise ParamInvalidError(f"register_rewrite_rule: pattern must be a GraphPattern or is_op(...) pattern, "
-                                f"got {type(pattern).__name__}")
+        raise ParamInvalidError(
+            f"register_rewrite_rule: pattern must be a GraphPattern or is_op(...) pattern, got {type(pattern).__name__}"
+        )
     if not callable(replacement):
         raise ParamInvalidError("register_rewrite_rule: replacement must be a GraphTemplate or a function")
     rule = RewriteRule(pattern, replacement, name or "", check)

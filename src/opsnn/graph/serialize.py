@@ -5,6 +5,7 @@ A compiled graph can be saved, sent to another process, reloaded with
 
     proto = to_onnx(cg.graph); onnx.save(proto, "optimized.onnx")
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,16 +27,20 @@ def _elem_type(dtype) -> int:
 def _value_info(v) -> onnx.ValueInfoProto:
     if v.kind != "tensor":
         return helper.make_value_info(v.name, onnx.TypeProto())
-    shape = None if v.shape is None else [d if isinstance(d, (int, np.integer)) else (str(d) if d is not None else None)
-                                          for d in v.shape]
+    shape = (
+        None
+        if v.shape is None
+        else [d if isinstance(d, (int, np.integer)) else (str(d) if d is not None else None) for d in v.shape]
+    )
     return helper.make_tensor_value_info(v.name, _elem_type(v.dtype), shape)
 
 
 def _tensor(name: str, arr: np.ndarray) -> onnx.TensorProto:
     arr = np.asarray(arr)
     if arr.dtype == object:
-        return helper.make_tensor(name, onnx.TensorProto.STRING, arr.shape,
-                                  [s.encode() if isinstance(s, str) else s for s in arr.reshape(-1)])
+        return helper.make_tensor(
+            name, onnx.TensorProto.STRING, arr.shape, [s.encode() if isinstance(s, str) else s for s in arr.reshape(-1)]
+        )
     return numpy_helper.from_array(arr, name)
 
 
@@ -81,8 +86,11 @@ def _graph_proto(graph: Graph, opsets: dict) -> onnx.GraphProto:
     inits = [_tensor(k, a) for k, a in graph.initializers.items()]
     inputs = [_value_info(v) for v in graph.inputs]
     outputs = [_value_info(v) for v in graph.outputs]
-    value_info = [_value_info(v) for k, v in graph.value_info.items()
-                  if v.dtype is not None and k not in graph.output_names and k not in graph.input_names]
+    value_info = [
+        _value_info(v)
+        for k, v in graph.value_info.items()
+        if v.dtype is not None and k not in graph.output_names and k not in graph.input_names
+    ]
     return helper.make_graph(nodes, graph.name, inputs, outputs, inits, value_info=value_info)
 
 
@@ -95,13 +103,15 @@ def to_onnx(graph: Graph, opset: int | None = None) -> onnx.ModelProto:
     for i, v in enumerate(graph.outputs):  # give outputs the inferred types viewers expect
         m = metas.get(v.name)
         if v.dtype is None and m is not None:
-            graph.outputs[i] = Value(v.name, m.dtype, tuple(None if d is None else (d if isinstance(d, int) else str(d))
-                                                            for d in m.shape))
+            graph.outputs[i] = Value(
+                v.name, m.dtype, tuple(None if d is None else (d if isinstance(d, int) else str(d)) for d in m.shape)
+            )
     opsets = {k: v for k, v in graph.opset_imports.items()}
     opsets[""] = max(opsets.get("", 0), opset or onnx.defs.onnx_opset_version())
     gp = _graph_proto(graph, opsets)
-    model = helper.make_model(gp, producer_name="opsnn",
-                              opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(opsets.items())])
+    model = helper.make_model(
+        gp, producer_name="opsnn", opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(opsets.items())]
+    )
     model.ir_version = min(model.ir_version, onnx.IR_VERSION)
     return model
 

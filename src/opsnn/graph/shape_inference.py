@@ -5,6 +5,7 @@ dims; when an op's inference needs a concrete value it is probed with two concre
 bindings and an affine fit (``d = a*sym + b``) is kept when both agree, else the dim is
 unknown (``None``) until concrete shapes arrive at plan time.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -81,15 +82,17 @@ def infer_types(graph: Graph, input_shapes: dict | None = None) -> dict:
             continue
         for name, m in zip(node.outputs, outs):
             if name and m is not None:
-                dims = tuple(None if isinstance(d, Sym) and any(a.startswith("?") for a in d.atoms()) else d
-                             for d in m.shape)
+                dims = tuple(
+                    None if isinstance(d, Sym) and any(a.startswith("?") for a in d.atoms()) else d for d in m.shape
+                )
                 metas[name] = TensorMeta(dims, m.dtype)
     result = {}
     for name, m in metas.items():
         shape = tuple(str(d) if isinstance(d, Sym) else d for d in m.shape)
         result[name] = Value(name, m.dtype, shape)
-    graph.value_info.update({k: v for k, v in result.items()
-                             if k not in graph.initializers and k not in graph.input_names})
+    graph.value_info.update(
+        {k: v for k, v in result.items() if k not in graph.initializers and k not in graph.input_names}
+    )
     return {k: (metas[k]) for k in metas}
 
 
@@ -151,8 +154,10 @@ def format_shapes(graph: Graph, input_shapes: dict | None = None) -> str:
 
     lines = [f"graph {graph.name}"]
     for n in graph.nodes:
-        lines.append(f"  {n.name} ({n.qualified_type}): {', '.join(fmt(i) for i in n.inputs)} -> "
-                     f"{', '.join(fmt(o) for o in n.outputs)}")
+        lines.append(
+            f"  {n.name} ({n.qualified_type}): {', '.join(fmt(i) for i in n.inputs)} -> "
+            f"{', '.join(fmt(o) for o in n.outputs)}"
+        )
     return "\n".join(lines)
 
 
@@ -167,11 +172,16 @@ def format_dtype_flow(graph: Graph) -> str:
         outs = {metas[o].dtype for o in n.outputs if o and o in metas}
         if not ins or not outs or ins == outs:
             continue
-        lost = [f"{_dt.name(a)}->{_dt.name(b)}" for a in ins for b in outs
-                if _dt.is_float(a) and (not _dt.is_float(b) or np.dtype(b).itemsize < np.dtype(a).itemsize)]
+        lost = [
+            f"{_dt.name(a)}->{_dt.name(b)}"
+            for a in ins
+            for b in outs
+            if _dt.is_float(a) and (not _dt.is_float(b) or np.dtype(b).itemsize < np.dtype(a).itemsize)
+        ]
         flag = f"  PRECISION LOSS ({', '.join(lost)})" if lost else ""
-        lines.append(f"  {n.name} ({n.op_type}): {sorted(_dt.name(d) for d in ins)} -> "
-                     f"{sorted(_dt.name(d) for d in outs)}{flag}")
+        lines.append(
+            f"  {n.name} ({n.op_type}): {sorted(_dt.name(d) for d in ins)} -> {sorted(_dt.name(d) for d in outs)}{flag}"
+        )
     if len(lines) == 1:
         lines.append("  none")
     return "\n".join(lines)
@@ -194,8 +204,9 @@ def probe_types(graph: Graph) -> dict:
     metas: dict = {}
     for v in graph.inputs:
         if v.dtype is not None and v.shape is not None:
-            metas[v.name] = TensorMeta(tuple(d if isinstance(d, (int, np.integer)) else binding[str(d)]
-                                             for d in v.shape), v.dtype)
+            metas[v.name] = TensorMeta(
+                tuple(d if isinstance(d, (int, np.integer)) else binding[str(d)] for d in v.shape), v.dtype
+            )
     values = _constant_values(graph)
     for k, a in values.items():
         metas[k] = TensorMeta(a.shape, a.dtype)
@@ -209,8 +220,11 @@ def probe_types(graph: Graph) -> dict:
         vals = [values.get(n) if n else None for n in node.inputs]
         if node.op_type in ("Shape", "Size") and not node.domain:
             shp = np.array(ins[0].shape, np.int64)
-            val = np.array(shp.prod(), np.int64) if node.op_type == "Size" else \
-                shp[node.attrs.get("start", 0):node.attrs.get("end", None)]
+            val = (
+                np.array(shp.prod(), np.int64)
+                if node.op_type == "Size"
+                else shp[node.attrs.get("start", 0) : node.attrs.get("end", None)]
+            )
             values[node.outputs[0]] = val
             metas[node.outputs[0]] = TensorMeta(val.shape, val.dtype)
             continue
@@ -218,8 +232,12 @@ def probe_types(graph: Graph) -> dict:
         small = all(m is None or int(np.prod(m.shape)) <= _PROBE_EVAL_LIMIT for m in ins)
         if known and small and not rec.dynamic_shape and "Random" not in node.op_type:
             try:
-                outs = _ex.call(rec, [None if not n else vals[i] for i, n in enumerate(node.inputs)],
-                                dict(node.attrs), num_outputs=len(node.outputs))
+                outs = _ex.call(
+                    rec,
+                    [None if not n else vals[i] for i, n in enumerate(node.inputs)],
+                    dict(node.attrs),
+                    num_outputs=len(node.outputs),
+                )
                 outs = outs if isinstance(outs, tuple) else (outs,)
                 for name, t in zip(node.outputs, outs):
                     if name:

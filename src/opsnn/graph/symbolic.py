@@ -11,6 +11,7 @@ engine then falls back to probing with concrete values or leaves the dim unknown
     >>> ((H + 2 - 3) // 2 + 1).evaluate({"H": 224})
     112
 """
+
 from __future__ import annotations
 
 from typing import Union
@@ -103,8 +104,11 @@ class Sym:
     __rmul__ = __mul__
 
     def _opaque(self, kind: str, other) -> Sym:
-        name = f"{kind}({self}, {other})" if kind in ("max", "min") else \
-            (f"floor(({self})/{other})" if kind == "floor" else f"(({self}) mod {other})")
+        name = (
+            f"{kind}({self}, {other})"
+            if kind in ("max", "min")
+            else (f"floor(({self})/{other})" if kind == "floor" else f"(({self}) mod {other})")
+        )
         return Sym({((name, 1),): 1}, {**self._atoms, name: (kind, self, other)})
 
     def __floordiv__(self, other):
@@ -167,10 +171,17 @@ class Sym:
             raise SymbolicError(f"comparison of {self} with {other} depends on the value of a symbolic dim")
         return c
 
-    def __lt__(self, o): return self._cmp(o) < 0
-    def __le__(self, o): return self._cmp(o) <= 0
-    def __gt__(self, o): return self._cmp(o) > 0
-    def __ge__(self, o): return self._cmp(o) >= 0
+    def __lt__(self, o):
+        return self._cmp(o) < 0
+
+    def __le__(self, o):
+        return self._cmp(o) <= 0
+
+    def __gt__(self, o):
+        return self._cmp(o) > 0
+
+    def __ge__(self, o):
+        return self._cmp(o) >= 0
 
     def __int__(self):
         c = self.constant()
@@ -210,8 +221,12 @@ class Sym:
             kind, a, b = spec
             av = a.evaluate(bindings) if isinstance(a, Sym) else int(a)
             bv = b.evaluate(bindings) if isinstance(b, Sym) else int(b)
-            return {"floor": lambda: av // bv, "mod": lambda: av % bv, "max": lambda: max(av, bv),
-                    "min": lambda: min(av, bv)}[kind]()
+            return {
+                "floor": lambda: av // bv,
+                "mod": lambda: av % bv,
+                "max": lambda: max(av, bv),
+                "min": lambda: min(av, bv),
+            }[kind]()
 
         total = 0
         for mono, c in self.terms.items():

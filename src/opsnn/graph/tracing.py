@@ -5,6 +5,7 @@ arguments become graph inputs, with ``dynamic_dims`` naming the dims that may ch
 
     g = trace(lambda x: opsnn.ops.relu(x), [x], dynamic_dims={0: {0: "batch"}})
 """
+
 from __future__ import annotations
 
 import inspect
@@ -88,5 +89,10 @@ def trace(fn, example_inputs, dynamic_dims=None, name: str | None = None) -> Gra
             tracer.nodes.append(Node("Identity", [src], [key]))
             src = key
         outputs.append(Value(src, t.dtype))
-    return Graph(name or getattr(fn, "__name__", "traced"), inputs=graph_inputs, outputs=outputs,
-                 nodes=tracer.nodes, initializers=tracer.initializers)
+    return Graph(
+        name or getattr(fn, "__name__", "traced"),
+        inputs=graph_inputs,
+        outputs=outputs,
+        nodes=tracer.nodes,
+        initializers=tracer.initializers,
+    )

@@ -15,6 +15,7 @@
 Modules: ``cache`` (KVCache), ``decoder`` (CachedDecoder), ``sampling``, ``scheduler``,
 ``generate``, ``workload`` (mixed workloads and replay), ``cli``.
 """
+
 from .cache import KVCache
 from .cli import cli_generate, cli_serve_bench
 from .decoder import CachedDecoder
@@ -24,7 +25,25 @@ from .sampling import Sampler, SamplingParams
 from .scheduler import Request, RequestMetrics, Scheduler
 from .workload import ReplayReport, WorkItem, mixed_workload, replay
 
-__all__ = ["CacheFullError", "CachedDecoder", "GenerationError", "KVCache", "OutOfVocabularyError",
-           "PromptTooLongError", "ReplayReport", "Request", "RequestMetrics", "Sampler", "SamplingParams",
-           "Scheduler", "SchedulerClosedError", "WorkItem", "cli_generate", "cli_serve_bench", "generate",
-           "generate_no_cache", "mixed_workload", "replay"]
+__all__ = [
+    "CacheFullError",
+    "CachedDecoder",
+    "GenerationError",
+    "KVCache",
+    "OutOfVocabularyError",
+    "PromptTooLongError",
+    "ReplayReport",
+    "Request",
+    "RequestMetrics",
+    "Sampler",
+    "SamplingParams",
+    "Scheduler",
+    "SchedulerClosedError",
+    "WorkItem",
+    "cli_generate",
+    "cli_serve_bench",
+    "generate",
+    "generate_no_cache",
+    "mixed_workload",
+    "replay",
+]

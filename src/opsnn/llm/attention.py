@@ -19,6 +19,7 @@ batched and one-at-a-time decoding agree.
     >>> decode_attention(q, kt, v, np.array([0]), np.array([3]), y, scale=8 ** -0.5); float(y[0, 0, 0, 0])
     1.0
 """
+
 from __future__ import annotations
 
 import numba as nb
@@ -48,7 +49,7 @@ def _decode_task(t, q, kt, v, slots, lengths, y, scale):
                 y[b, h0 + gi, 0, dd] = zero
         return
     kb = kt[sl, hk]  # (D, T): position-contiguous rows
-    vb = v[sl, hk]   # (T, Dv)
+    vb = v[sl, hk]  # (T, Dv)
     # scores: unit-stride multiply-add passes over the row's positions (no reduction per key),
     # eight key dims a pass: eight streams of K at once keep the memory system busy (one dim a
     # pass restarted the prefetch for each short row; docs/performance.md, "LLM decoding")
@@ -63,8 +64,9 @@ def _decode_task(t, q, kt, v, slots, lengths, y, scale):
             q4, q5, q6, q7 = qq[dd + 4] * scale, qq[dd + 5] * scale, qq[dd + 6] * scale, qq[dd + 7] * scale
             row = s[gi]
             for j in range(L):
-                row[j] += (q0 * k0[j] + q1 * k1[j] + q2 * k2[j] + q3 * k3[j]) + \
-                    (q4 * k4[j] + q5 * k5[j] + q6 * k6[j] + q7 * k7[j])
+                row[j] += (q0 * k0[j] + q1 * k1[j] + q2 * k2[j] + q3 * k3[j]) + (
+                    q4 * k4[j] + q5 * k5[j] + q6 * k6[j] + q7 * k7[j]
+                )
         dd += 8
     while dd < D:
         kr = kb[dd]
@@ -161,8 +163,16 @@ def rope_store(q, k, v, cos, sin, pos, kt, vc, slots, rows):
                 store_key_value(k[b, n], v[b, n], kt, vc, slots[b], n, pos[b], c, s)
 
 
-def decode_attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
-                     y: np.ndarray, scale: float, parallel: bool = False) -> None:
+def decode_attention(
+    q: np.ndarray,
+    kt: np.ndarray,
+    v: np.ndarray,
+    slots: np.ndarray,
+    lengths: np.ndarray,
+    y: np.ndarray,
+    scale: float,
+    parallel: bool = False,
+) -> None:
     """``y[b, h, 0] = softmax(scale * q[b, h, 0] . K[s, h // g, :L]) @ v[s, h // g, :L]`` with
     ``s = slots[b]``, ``L = lengths[b]`` (0: zeros), ``g = Hq // Hkv`` and ``K[s, hk] = kt[s, hk].T``.
     q (B, Hq, 1, D) (any strides); kt (slots, Hkv, D, T) and v (slots, Hkv, T, Dv), both with

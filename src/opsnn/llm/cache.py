@@ -19,6 +19,7 @@ memory, and attention reads views of the buffers (no copy)::
     >>> c.release(s); c.free_slots
     4
 """
+
 from __future__ import annotations
 
 import heapq
@@ -36,16 +37,21 @@ class KVCache:
     """Preallocated K/V buffers plus a slot allocator (lowest free slot first, so the
     slots of a running batch stay packed at the front and attention views stay short)."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, max_batch_slots: int, max_seq: int,
-                 dtype="float32"):
-        for name, v in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim),
-                        ("max_batch_slots", max_batch_slots), ("max_seq", max_seq)):
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, max_batch_slots: int, max_seq: int, dtype="float32"):
+        for name, v in (
+            ("layers", layers),
+            ("kv_heads", kv_heads),
+            ("head_dim", head_dim),
+            ("max_batch_slots", max_batch_slots),
+            ("max_seq", max_seq),
+        ):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise ParamInvalidError(f"KVCache: {name} must be a positive int, got {v!r}")
         self.dtype = _dt.get(dtype)
         if self.dtype != np.float32:
-            raise ParamInvalidError(f"KVCache: dtype must be float32 (the fused attention kernel's dtype), "
-                                    f"got {_dt.name(self.dtype)}")
+            raise ParamInvalidError(
+                f"KVCache: dtype must be float32 (the fused attention kernel's dtype), got {_dt.name(self.dtype)}"
+            )
         self.layers, self.kv_heads, self.head_dim = int(layers), int(kv_heads), int(head_dim)
         self.max_batch_slots, self.max_seq = int(max_batch_slots), int(max_seq)
         shape = (self.max_batch_slots, self.kv_heads, self.max_seq, self.head_dim)
@@ -121,8 +127,8 @@ class KVCache:
         else:
             for b in range(k.shape[0]):
                 s0 = int(starts[b])
-                kc[slots[b], :, :, s0:s0 + S] = k[b].transpose(1, 2, 0)
-                vc[slots[b], :, s0:s0 + S, :] = v[b].transpose(1, 0, 2)
+                kc[slots[b], :, :, s0 : s0 + S] = k[b].transpose(1, 2, 0)
+                vc[slots[b], :, s0 : s0 + S, :] = v[b].transpose(1, 0, 2)
 
     def view(self, layer: int, lo: int, hi: int) -> tuple[Tensor, Tensor]:
         """Zero-copy (hi-lo, kv_heads, max_seq, head_dim) views of slots ``lo .. hi-1`` (the keys'
@@ -130,9 +136,11 @@ class KVCache:
         return self.keys[layer][lo:hi].transpose(2, 3), self.values[layer][lo:hi]
 
     def __repr__(self) -> str:
-        return (f"KVCache(layers={self.layers}, slots={self.max_batch_slots}, max_seq={self.max_seq}, "
-                f"kv_heads={self.kv_heads}, head_dim={self.head_dim}, {self.nbytes / 2**20:.1f} MiB, "
-                f"{len(self._used)} in use)")
+        return (
+            f"KVCache(layers={self.layers}, slots={self.max_batch_slots}, max_seq={self.max_seq}, "
+            f"kv_heads={self.kv_heads}, head_dim={self.head_dim}, {self.nbytes / 2**20:.1f} MiB, "
+            f"{len(self._used)} in use)"
+        )
 
 
 __all__ = ["KVCache"]

@@ -22,6 +22,7 @@ row's length::
     >>> dec.forward(np.array([[9]]), [s], [3]).shape            # decode the token at position 3
     (1, 100)
 """
+
 from __future__ import annotations
 
 import weakref
@@ -62,15 +63,22 @@ class CachedDecoder:
 
     def __init__(self, model, cache: KVCache):
         cfg = model.config
-        if (cache.layers, cache.kv_heads, cache.head_dim) != (cfg.num_hidden_layers, cfg.num_key_value_heads,
-                                                               cfg.head_dim):
-            raise ParamInvalidError(f"CachedDecoder: cache (layers={cache.layers}, kv_heads={cache.kv_heads}, "
-                                    f"head_dim={cache.head_dim}) does not fit the model (layers="
-                                    f"{cfg.num_hidden_layers}, kv_heads={cfg.num_key_value_heads}, head_dim="
-                                    f"{cfg.head_dim})")
+        if (cache.layers, cache.kv_heads, cache.head_dim) != (
+            cfg.num_hidden_layers,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        ):
+            raise ParamInvalidError(
+                f"CachedDecoder: cache (layers={cache.layers}, kv_heads={cache.kv_heads}, "
+                f"head_dim={cache.head_dim}) does not fit the model (layers="
+                f"{cfg.num_hidden_layers}, kv_heads={cfg.num_key_value_heads}, head_dim="
+                f"{cfg.head_dim})"
+            )
         if cache.max_seq > cfg.max_position_embeddings:
-            raise ParamInvalidError(f"CachedDecoder: cache max_seq ({cache.max_seq}) exceeds the model's "
-                                    f"max_position_embeddings ({cfg.max_position_embeddings})")
+            raise ParamInvalidError(
+                f"CachedDecoder: cache max_seq ({cache.max_seq}) exceeds the model's "
+                f"max_position_embeddings ({cfg.max_position_embeddings})"
+            )
         self.model, self.cache, self.config = model, cache, cfg
         m = model.model
         self.embed = m.embed_tokens.weight
@@ -105,14 +113,18 @@ class CachedDecoder:
         B, S = tokens.shape
         c = self.cache
         if slots.shape != (B,) or starts.shape != (B,):
-            raise ParamInvalidError(f"CachedDecoder: slots and starts must have shape (B={B},), got "
-                                    f"{slots.shape} and {starts.shape}")
+            raise ParamInvalidError(
+                f"CachedDecoder: slots and starts must have shape (B={B},), got {slots.shape} and {starts.shape}"
+            )
         if B and (slots.min() < 0 or slots.max() >= c.max_batch_slots or len(set(slots.tolist())) != B):
-            raise ParamInvalidError(f"CachedDecoder: slots must be distinct in [0, {c.max_batch_slots}), "
-                                    f"got {slots.tolist()}")
+            raise ParamInvalidError(
+                f"CachedDecoder: slots must be distinct in [0, {c.max_batch_slots}), got {slots.tolist()}"
+            )
         if B and (starts.min() < 0 or starts.max() + S > c.max_seq):
-            raise ParamInvalidError(f"CachedDecoder: positions starts+S must fit the cache (max_seq={c.max_seq}), "
-                                    f"got starts {starts.tolist()} with S={S}")
+            raise ParamInvalidError(
+                f"CachedDecoder: positions starts+S must fit the cache (max_seq={c.max_seq}), "
+                f"got starts {starts.tolist()} with S={S}"
+            )
 
     def forward(self, tokens, slots, starts, *, all_positions: bool = False) -> np.ndarray:
         tokens = np.asarray(tokens, np.int64)
@@ -157,8 +169,12 @@ class CachedDecoder:
                 self._attend_decode(i, q.numpy(), slots, starts + 1, y.numpy())
             elif fresh:  # whole prompts from position 0: causal attention over their own K/V, which
                 # the fused op serves by GEMM (the cache path's flash kernel streams key blocks: 2x slower)
-                y = ops.attention(q.reshape(B, S, Hq, D).transpose(1, 2), k.reshape(B, S, Hkv, D).transpose(1, 2),
-                                  v.reshape(B, S, Hkv, D).transpose(1, 2), is_causal=True)
+                y = ops.attention(
+                    q.reshape(B, S, Hq, D).transpose(1, 2),
+                    k.reshape(B, S, Hkv, D).transpose(1, 2),
+                    v.reshape(B, S, Hkv, D).transpose(1, 2),
+                    is_causal=True,
+                )
                 y = y.transpose(1, 2).reshape(B, S, Hq * D)
             else:
                 q4 = q.reshape(B, S, Hq, D).transpose(1, 2)  # (B, Hq, S, D) view
@@ -176,7 +192,7 @@ class CachedDecoder:
             x = ops.rms_norm(h, H, p.ln2, eps=self.eps)
             h = ops.add(h, self._linear(self._swiglu(x, p.wg, p.wu), p.wd))
         if not all_positions and S > 1:
-            h = h[:, S - 1:, :]
+            h = h[:, S - 1 :, :]
         logits = self._linear(ops.rms_norm(h, H, self.norm_w, eps=self.eps), self.out_w).numpy()
         return logits if all_positions else logits.reshape(B, -1)
 
@@ -217,16 +233,17 @@ class CachedDecoder:
             for c in range(len(chunks)):
                 a, b, n, st = int(ends[c] - lens[c]), int(ends[c]), int(lens[c]), int(starts[c])
                 kc4, vc4 = k[0, a:b].reshape(1, n, Hkv, D), v[0, a:b].reshape(1, n, Hkv, D)
-                cache.write(i, slots[c:c + 1], starts[c:c + 1], kc4, vc4)
+                cache.write(i, slots[c : c + 1], starts[c : c + 1], kc4, vc4)
                 q4 = Tensor(q[0, a:b].reshape(1, n, Hq, D)).transpose(1, 2)
                 if st == 0:  # a whole prompt: over its own K/V (attention_gemm)
                     yc = ops.attention(q4, Tensor(kc4).transpose(1, 2), Tensor(vc4).transpose(1, 2), is_causal=True)
                 else:  # a continued chunk: over its cache row up to its end
                     sl = int(slots[c])
-                    kc, vc = (t[:, :, :st + n] for t in cache.view(i, sl, sl + 1))
+                    kc, vc = (t[:, :, : st + n] for t in cache.view(i, sl, sl + 1))
                     algo = "attention_gemm" if 4 * Hq * n * (st + n) <= GEMM_MAX_SCORE_BYTES else None
-                    yc = ops.attention(q4, kc, vc, None, None, None, as_tensor(np.array([st + n], np.int64)),
-                                       is_causal=True, algo=algo)
+                    yc = ops.attention(
+                        q4, kc, vc, None, None, None, as_tensor(np.array([st + n], np.int64)), is_causal=True, algo=algo
+                    )
                 yn[0, a:b] = yc.numpy().transpose(0, 2, 1, 3).reshape(n, Hq * D)
             h = ops.add(h, self._linear(y, p.wo))
             x = ops.rms_norm(h, H, p.ln2, eps=self.eps)
@@ -262,12 +279,18 @@ class CachedDecoder:
         plain = _libs.weight_stays_unpacked(rows, k, n)
         packs, key = self._packs, tuple(id(w) for w in ws) + (plain,)
         got = packs.get(key)
-        if got is not None and all(r() is w for r, w in zip(got[0], ws)) and \
-                all(r() is w._array for r, w in zip(got[1], ws)):
+        if (
+            got is not None
+            and all(r() is w for r, w in zip(got[0], ws))
+            and all(r() is w._array for r, w in zip(got[1], ws))
+        ):
             return got[2]
         arr = ws[0].numpy() if len(ws) == 1 else np.concatenate([w.numpy() for w in ws])
-        p = _PlainWeight(np.ascontiguousarray(arr)) if plain else \
-            _mkl.pack(arr, self.cache.max_batch_slots, transpose=True)
+        p = (
+            _PlainWeight(np.ascontiguousarray(arr))
+            if plain
+            else _mkl.pack(arr, self.cache.max_batch_slots, transpose=True)
+        )
         packs[key] = (tuple(weakref.ref(w) for w in ws), tuple(weakref.ref(w._array) for w in ws), p)
         weakref.finalize(ws[0], packs.pop, key, None)  # the entry goes with the (first) weight tensor
         return p
@@ -277,8 +300,12 @@ class CachedDecoder:
         and up): one GEMM instead of two or three, each wider (docs/kernel-libraries.md).
         None when the weights would not each be a packed panel (one row: matrix-vector products
         read each weight once either way; bf16 weights; no MKL)."""
-        if rows < 2 or self._packs is None or any(w.dtype != _F32 or w.ndim != 2 for w in ws) or \
-                len({w.shape[1] for w in ws}) != 1:
+        if (
+            rows < 2
+            or self._packs is None
+            or any(w.dtype != _F32 or w.ndim != 2 for w in ws)
+            or len({w.shape[1] for w in ws}) != 1
+        ):
             return None
         return self._pack_stacked(ws, rows)
 
@@ -313,8 +340,7 @@ class CachedDecoder:
         current_stream().launch(*_mkl_product(xa.reshape(-1, xa.shape[-1]), p, out.reshape(-1, n)))
         return Tensor(out)
 
-    def _attend_decode(self, layer: int, q: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
-                       y: np.ndarray) -> None:
+    def _attend_decode(self, layer: int, q: np.ndarray, slots: np.ndarray, lengths: np.ndarray, y: np.ndarray) -> None:
         """Attention of one query token per row (q: (B, 1, Hq*D)) over the first ``lengths[b]``
         cache positions of slot ``slots[b]``, into y (B, 1, Hq*D): every decode step, eager or
         replayed, runs this one kernel (launched on the current stream, so the profiler sees it)."""
@@ -325,8 +351,7 @@ class CachedDecoder:
         flops = 4 * int(lengths.sum()) * self.config.num_attention_heads * self.config.head_dim
         current_stream().launch(kernel, "Attention", {"kernel": name, "flops": flops})
 
-    def _attention_kernel(self, layer: int, q: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
-                          y: np.ndarray):
+    def _attention_kernel(self, layer: int, q: np.ndarray, slots: np.ndarray, lengths: np.ndarray, y: np.ndarray):
         """The decode attention of :meth:`_attend_decode` as a closure over these arrays (read
         when it runs: a prepared step rewrites ``slots`` and ``lengths`` in place)."""
         cfg, cache = self.config, self.cache
@@ -447,10 +472,19 @@ class _DecodeStep:
             attend = dec._attention_kernel(i, q, self.slots, self.kvlen, y)
             kc, vc = dec.cache._k[i], dec.cache._v[i]
 
-            def rope_attend(q=q.reshape(R, Hq, D), k=k.reshape(R, Hkv, D), v=v.reshape(R, Hkv, D),  # noqa: B008
-                            kc=kc, vc=vc, attend=attend):  # the defaults bind this layer's views once
+            q3, k3, v3 = q.reshape(R, Hq, D), k.reshape(R, Hkv, D), v.reshape(R, Hkv, D)
+
+            def rope_attend(
+                q=q3,
+                k=k3,
+                v=v3,
+                kc=kc,
+                vc=vc,
+                attend=attend,
+            ):  # the defaults bind this layer's views once
                 rope_store(q, k, v, cos, sin, pos, kc, vc, self.slots, self.B)
                 attend()
+
             self.plan.append(lambda fn=rope_attend: dec._launch_attention(fn, self.kvlen, "llm_decode_rope_attention"))
             self.kernels.append(rope_attend)
             h = residual(h, Tensor(y), p.wo)
@@ -475,9 +509,15 @@ class _DecodeStep:
         cfg, cache = dec.config, dec.cache
         fns = _mkl_nb.addresses()
         weights = [w for p in dec.layers for w in (p.wq, p.wk, p.wv, p.wo, p.wg, p.wu, p.wd)] + [dec.out_w]
-        if not dec.fused_steps or self.R > FUSED_MAX_ROWS or fns is None or dec._packs is None or \
-                any(w.dtype != _F32 or w.ndim != 2 for w in weights) \
-                or cfg.head_dim % 2 or cfg.num_attention_heads % cfg.num_key_value_heads:
+        if (
+            not dec.fused_steps
+            or self.R > FUSED_MAX_ROWS
+            or fns is None
+            or dec._packs is None
+            or any(w.dtype != _F32 or w.ndim != 2 for w in weights)
+            or cfg.head_dim % 2
+            or cfg.num_attention_heads % cfg.num_key_value_heads
+        ):
             return False
         Hq, D, H, R = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size, self.R
         nt = nb.get_num_threads()
@@ -494,22 +534,54 @@ class _DecodeStep:
             lists[1].append(fn)
 
         for i, p in enumerate(dec.layers):
-            wq, wk, wv, wo, wg, wu, wd = arr[7 * i: 7 * i + 7]
+            wq, wk, wv, wo, wg, wu, wd = arr[7 * i : 7 * i + 7]
             kc, vc = cache._k[i], cache._v[i]
             ln1, ln2 = p.ln1.numpy(), p.ln2.numpy()
-            step(lambda ln1=ln1, wq=wq, wk=wk, wv=wv, kc=kc, vc=vc: _fused.attention_block(
-                hv, ln1, eps, wq, wk, wv, cos, sin, pos, kc, vc, self.slots, self.kvlen, self.B, q, y, scale, fns, nt),
-                "Attention", "llm_decode_attention_block")
-            step(lambda wo=wo: _fused.residual_gemm(wo, y.reshape(R, -1), hv, fns, nt), "Linear",
-                 "llm_decode_residual_gemm")
-            step(lambda ln2=ln2, wg=wg, wu=wu: _fused.mlp_block(hv, ln2, eps, wg, wu, gu, one, fns, nt), "SwiGLU",
-                 "llm_decode_mlp_block")
+            step(
+                lambda ln1=ln1, wq=wq, wk=wk, wv=wv, kc=kc, vc=vc: _fused.attention_block(
+                    hv,
+                    ln1,
+                    eps,
+                    wq,
+                    wk,
+                    wv,
+                    cos,
+                    sin,
+                    pos,
+                    kc,
+                    vc,
+                    self.slots,
+                    self.kvlen,
+                    self.B,
+                    q,
+                    y,
+                    scale,
+                    fns,
+                    nt,
+                ),
+                "Attention",
+                "llm_decode_attention_block",
+            )
+            step(
+                lambda wo=wo: _fused.residual_gemm(wo, y.reshape(R, -1), hv, fns, nt),
+                "Linear",
+                "llm_decode_residual_gemm",
+            )
+            step(
+                lambda ln2=ln2, wg=wg, wu=wu: _fused.mlp_block(hv, ln2, eps, wg, wu, gu, one, fns, nt),
+                "SwiGLU",
+                "llm_decode_mlp_block",
+            )
             step(lambda wd=wd: _fused.residual_gemm(wd, gu, hv, fns, nt), "Linear", "llm_decode_residual_gemm")
         logits = np.empty((R, arr[-1].shape[0]), np.float32)
         norm_w, wout = dec.norm_w.numpy(), arr[-1]
         self.head_plan, self.head_kernels = [], []
-        step(lambda: _fused.head_block(hv, norm_w, eps, wout, logits, fns, nt), "Linear",
-             "llm_decode_head", (self.head_plan, self.head_kernels))
+        step(
+            lambda: _fused.head_block(hv, norm_w, eps, wout, logits, fns, nt),
+            "Linear",
+            "llm_decode_head",
+            (self.head_plan, self.head_kernels),
+        )
         self.logits, self.h, self.H = Tensor(logits), h, H
         return True
 
@@ -606,7 +678,7 @@ def _split_columns(out: np.ndarray, ws) -> list:
     ``ws`` (views)."""
     views, lo = [], 0
     for w in ws:
-        views.append(out[..., lo:lo + w.shape[0]])
+        views.append(out[..., lo : lo + w.shape[0]])
         lo += w.shape[0]
     return views
 
@@ -625,11 +697,13 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
     beta = 1.0 if accumulate else 0.0
     kernel = None
     if isinstance(p, _Bf16Weight):
-        kernel = _libs.projection(x.shape[0], p.w.shape[1], p.w.shape[0], _BF16,
-                                  contiguous=out.flags.c_contiguous).kernel
+        kernel = _libs.projection(
+            x.shape[0], p.w.shape[1], p.w.shape[0], _BF16, contiguous=out.flags.c_contiguous
+        ).kernel
     elif isinstance(p, _PlainWeight):
-        kernel = _libs.projection(x.shape[0], p.w.shape[1], p.w.shape[0], _F32,
-                                  contiguous=x.flags.c_contiguous and out.flags.c_contiguous).kernel
+        kernel = _libs.projection(
+            x.shape[0], p.w.shape[1], p.w.shape[0], _F32, contiguous=x.flags.c_contiguous and out.flags.c_contiguous
+        ).kernel
     if kernel == "llm_linear_bf16_gemv":
         (n, k), xv, ov = p.w.shape, x.reshape(-1), out.reshape(-1)
         info = {"kernel": "llm_linear_bf16_gemv", "flops": 2 * k * n}
@@ -645,11 +719,13 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
             def fn_onednn(_arrays=(xb, p.w, out)):
                 f32_to_bf16(xf, xu, xbf)
                 prim.run(*ptrs)
+
             return fn_onednn, "Linear", {"kernel": "llm_linear_onednn_bf16", "flops": 2 * x.shape[0] * k * n}
 
         def fn():
             f32_to_bf16(xf, xu, xbf)
             _mkl.gemm2d_bf16(xb, wt, out, beta=beta)
+
         return fn, "Linear", {"kernel": "llm_linear_mkl_bf16", "flops": 2 * x.shape[0] * k * n}
     if isinstance(p, _PlainWeight) and kernel == "llm_linear_onednn":
         (n, k), w = p.w.shape, p.w
@@ -669,6 +745,7 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
                 out[...] += np.matmul(x, wt)
             else:
                 np.matmul(x, wt, out=out)
+
         return fn, "Linear", {"kernel": "llm_linear_openblas", "flops": 2 * x.shape[0] * k * n}
     if isinstance(p, np.ndarray):
         (n, k), xv, ov = p.shape, x.reshape(-1), out.reshape(-1)

@@ -4,6 +4,7 @@
 >>> issubclass(PromptTooLongError, ValueError)
 True
 """
+
 from __future__ import annotations
 
 from ..errors import OpsnnRuntimeError, ParamInvalidError

@@ -17,6 +17,7 @@ only those:
 The same arithmetic as the op-by-op step (float32, MKL's products, the decoder's own RoPE,
 attention and norm kernels), so the two agree to rounding.
 """
+
 from __future__ import annotations
 
 import numba as nb
@@ -54,8 +55,21 @@ def _gemm_t(fns, x, w, lo, hi, beta, out):
     elif R == 1:  # one row: a matrix-vector product over the weight's rows
         MN.sgemv(fns[2], hi - lo, k, w[lo:].ctypes.data, k, x.ctypes.data, beta, out.ctypes.data)
     else:
-        MN.sgemm(fns[0], MN.NO_TRANS, MN.TRANS, R, hi - lo, k, x.ctypes.data, k, w[lo:].ctypes.data, k, beta,
-                 out.ctypes.data, out.strides[0] // 4)
+        MN.sgemm(
+            fns[0],
+            MN.NO_TRANS,
+            MN.TRANS,
+            R,
+            hi - lo,
+            k,
+            x.ctypes.data,
+            k,
+            w[lo:].ctypes.data,
+            k,
+            beta,
+            out.ctypes.data,
+            out.strides[0] // 4,
+        )
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -74,7 +88,7 @@ def attention_block(h, ln_w, eps, wq, wk, wv, cos, sin, pos, kt, vc, slots, leng
         x = _normed(h, ln_w, eps)
         kv = np.empty((2, R, D), np.float32)
         for hk in range(th, Hkv, nt):
-            _gemm_t(fns, x, wq, hk * g * D, (hk + 1) * g * D, 0.0, q2[:, hk * g * D:(hk + 1) * g * D])
+            _gemm_t(fns, x, wq, hk * g * D, (hk + 1) * g * D, 0.0, q2[:, hk * g * D : (hk + 1) * g * D])
             _gemm_t(fns, x, wk, hk * D, (hk + 1) * D, 0.0, kv[0])
             _gemm_t(fns, x, wv, hk * D, (hk + 1) * D, 0.0, kv[1])
             for b in range(R):

@@ -7,6 +7,7 @@ slow oracle that re-runs the whole sequence through the model for every token).
     >>> out.tokens == generate_no_cache(lm, [1, 2, 3], max_new_tokens=4)
     True
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,9 +15,20 @@ import numpy as np
 from .scheduler import Request, Scheduler
 
 
-def generate(model, prompt, max_new_tokens: int = 16, *, temperature: float = 0.0, top_k: int = 0,
-             top_p: float = 1.0, seed: int | None = None, stop_tokens=(), on_token=None,
-             max_seq: int | None = None, max_prefill_tokens: int | None = 512) -> Request:
+def generate(
+    model,
+    prompt,
+    max_new_tokens: int = 16,
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop_tokens=(),
+    on_token=None,
+    max_seq: int | None = None,
+    max_prefill_tokens: int | None = 512,
+) -> Request:
     """Generate for one prompt with a cache sized to it (``max_seq`` default: prompt +
     max_new_tokens); tokens stream to ``on_token``. Returns the finished :class:`Request`
     (``.tokens``, ``.finish_reason``, ``.metrics``); raises ``GenerationError`` if it failed."""
@@ -25,8 +37,16 @@ def generate(model, prompt, max_new_tokens: int = 16, *, temperature: float = 0.
         max_seq = max(1, min(n + max(int(max_new_tokens), 1) - 1, model.config.max_position_embeddings))
     sched = Scheduler(model, max_batch_slots=1, max_seq=max_seq, max_prefill_tokens=max_prefill_tokens)
     try:
-        req = sched.submit(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                           stop_tokens=stop_tokens, on_token=on_token)
+        req = sched.submit(
+            prompt,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop_tokens=stop_tokens,
+            on_token=on_token,
+        )
         req.result()
         return req
     finally:

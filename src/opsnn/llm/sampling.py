@@ -13,6 +13,7 @@ not on which other requests share its batch::
     >>> [a.sample(logits) for _ in range(5)] == [b.sample(logits) for _ in range(5)]
     True
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,7 @@ class SamplingParams:
     def __post_init__(self):
         t, k, p = self.temperature, self.top_k, self.top_p
         if not isinstance(t, (int, float, np.number)) or not math.isfinite(t) or t < 0:
-            raise ParamInvalidError(f"SamplingParams: temperature must be a finite number >= 0 (0 = greedy), "
-                                    f"got {t!r}")
+            raise ParamInvalidError(f"SamplingParams: temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
             raise ParamInvalidError(f"SamplingParams: top_k must be an int >= 0 (0 = off), got {k!r}")
         if not isinstance(p, (int, float, np.number)) or not 0 < p <= 1:
@@ -73,7 +73,7 @@ class Sampler:
         V = x.shape[0]
         idx = None
         if 0 < p.top_k < V:
-            idx = np.argpartition(-x, p.top_k - 1)[:p.top_k]
+            idx = np.argpartition(-x, p.top_k - 1)[: p.top_k]
             idx.sort()  # candidates in id order: the draw below does not depend on argpartition's order
             x = x[idx]
         if p.top_p < 1.0:

@@ -27,6 +27,7 @@ retire finished ones (their slots are free for the next step's admissions)::
 safe from any thread; ``close()`` stops it); ``Request.result()`` waits, or in the
 synchronous mode drives the scheduler until the request is done.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -82,9 +83,14 @@ class RequestMetrics:
         return None if not lat else self.generated_tokens / lat
 
     def as_dict(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
-                "ttft_s": self.ttft_s, "latency_s": self.latency_s, "ms_per_token": self.ms_per_token,
-                "tokens_per_s": self.tokens_per_s}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "ttft_s": self.ttft_s,
+            "latency_s": self.latency_s,
+            "ms_per_token": self.ms_per_token,
+            "tokens_per_s": self.tokens_per_s,
+        }
 
 
 class Request:
@@ -95,8 +101,16 @@ class Request:
     ``"length"``, ``"stop"``, ``"cancelled"`` or ``"error"`` (then ``error`` holds the
     exception)."""
 
-    def __init__(self, scheduler: Scheduler, rid: int, prompt: np.ndarray, max_new_tokens: int,
-                 sampling: SamplingParams, stop_tokens: frozenset, on_token):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        rid: int,
+        prompt: np.ndarray,
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        stop_tokens: frozenset,
+        on_token,
+    ):
         self.id = rid
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
@@ -117,8 +131,10 @@ class Request:
         self._sched = scheduler
 
     def __repr__(self) -> str:
-        return (f"<Request {self.id} {self.status} prompt={len(self.prompt)} generated={len(self.tokens)}"
-                f"{'' if self.finish_reason is None else ' ' + self.finish_reason}>")
+        return (
+            f"<Request {self.id} {self.status} prompt={len(self.prompt)} generated={len(self.tokens)}"
+            f"{'' if self.finish_reason is None else ' ' + self.finish_reason}>"
+        )
 
     @property
     def position(self) -> int:
@@ -159,15 +175,18 @@ class Scheduler:
     ``max_position_embeddings``, at most 2048). ``max_prefill_tokens`` bounds the prompt
     tokens prefilled per step (None: whole prompts)."""
 
-    def __init__(self, model, *, max_batch_slots: int = 8, max_seq: int | None = None,
-                 max_prefill_tokens: int | None = 512):
+    def __init__(
+        self, model, *, max_batch_slots: int = 8, max_seq: int | None = None, max_prefill_tokens: int | None = 512
+    ):
         cfg = model.config
         if max_seq is None:
             max_seq = min(cfg.max_position_embeddings, 2048)
-        if max_prefill_tokens is not None and (not isinstance(max_prefill_tokens, (int, np.integer))
-                                               or max_prefill_tokens < 1):
-            raise ParamInvalidError(f"Scheduler: max_prefill_tokens must be a positive int or None, "
-                                    f"got {max_prefill_tokens!r}")
+        if max_prefill_tokens is not None and (
+            not isinstance(max_prefill_tokens, (int, np.integer)) or max_prefill_tokens < 1
+        ):
+            raise ParamInvalidError(
+                f"Scheduler: max_prefill_tokens must be a positive int or None, got {max_prefill_tokens!r}"
+            )
         self.model = model
         self.vocab_size = cfg.vocab_size
         self.max_prefill_tokens = max_prefill_tokens
@@ -191,9 +210,19 @@ class Scheduler:
         self.decode_s = 0.0  # time in decode forwards
 
     # -- submission ------------------------------------------------------------------------------------
-    def submit(self, prompt, max_new_tokens: int = 16, *, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int | None = None, sampling: SamplingParams | None = None,
-               stop_tokens=(), on_token=None) -> Request:
+    def submit(
+        self,
+        prompt,
+        max_new_tokens: int = 16,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        sampling: SamplingParams | None = None,
+        stop_tokens=(),
+        on_token=None,
+    ) -> Request:
         """Queue a request; validation errors (:class:`PromptTooLongError`,
         ``OutOfVocabularyError``, ``ParamInvalidError``) are raised here, before any work.
         ``on_token(token)`` is called (on the serving thread) for each generated token."""
@@ -201,8 +230,7 @@ class Scheduler:
             sampling = SamplingParams(temperature, top_k, top_p, seed)
         elif not isinstance(sampling, SamplingParams):
             raise ParamInvalidError(f"submit: sampling must be a SamplingParams, got {type(sampling).__name__}")
-        if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) \
-                or max_new_tokens < 1:
+        if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise ParamInvalidError(f"submit: max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         ids = self._check_prompt(prompt, int(max_new_tokens))
         try:
@@ -222,16 +250,19 @@ class Scheduler:
     def _check_prompt(self, prompt, max_new_tokens: int) -> np.ndarray:
         arr = np.asarray(prompt.numpy() if hasattr(prompt, "numpy") else prompt)
         if arr.ndim != 1 or arr.size == 0:
-            raise ParamInvalidError(f"submit: prompt must be a non-empty 1-D sequence of token ids, got shape "
-                                    f"{arr.shape}")
+            raise ParamInvalidError(
+                f"submit: prompt must be a non-empty 1-D sequence of token ids, got shape {arr.shape}"
+            )
         if arr.dtype.kind not in "iu":
             raise DTypeError(f"submit: prompt token ids must be integers, got {arr.dtype}")
         max_seq = self.cache.max_seq
         need = arr.size + max_new_tokens - 1  # the last sampled token is never written to the cache
         if need > max_seq:
-            raise PromptTooLongError(f"submit: prompt of {arr.size} tokens + max_new_tokens={max_new_tokens} needs "
-                                     f"{need} cache positions; the cache holds max_seq={max_seq} (prompt at most "
-                                     f"{max(0, max_seq - max_new_tokens + 1)} tokens for this max_new_tokens)")
+            raise PromptTooLongError(
+                f"submit: prompt of {arr.size} tokens + max_new_tokens={max_new_tokens} needs "
+                f"{need} cache positions; the cache holds max_seq={max_seq} (prompt at most "
+                f"{max(0, max_seq - max_new_tokens + 1)} tokens for this max_new_tokens)"
+            )
         ids = check_token_ids(arr, self.vocab_size, "submit: prompt").numpy()
         ids = np.array(ids, np.int64)
         ids.flags.writeable = False
@@ -263,11 +294,19 @@ class Scheduler:
             self._cv.notify_all()
 
     def stats(self) -> dict:
-        return {"steps": self.steps, "decode_steps": self.decode_steps, "prefill_tokens": self.prefill_tokens,
-                "decoded_tokens": self.decoded_rows, "prefill_s": self.prefill_s, "decode_s": self.decode_s,
-                "mean_decode_batch": self.decoded_rows / self.decode_steps if self.decode_steps else 0.0,
-                "waiting": len(self._waiting), "running": len(self._running),
-                "free_slots": self.cache.free_slots, "cache_bytes": self.cache.nbytes}
+        return {
+            "steps": self.steps,
+            "decode_steps": self.decode_steps,
+            "prefill_tokens": self.prefill_tokens,
+            "decoded_tokens": self.decoded_rows,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "mean_decode_batch": self.decoded_rows / self.decode_steps if self.decode_steps else 0.0,
+            "waiting": len(self._waiting),
+            "running": len(self._running),
+            "free_slots": self.cache.free_slots,
+            "cache_bytes": self.cache.nbytes,
+        }
 
     # -- the loop ------------------------------------------------------------------------------------------
     def step(self) -> bool:
@@ -330,7 +369,7 @@ class Scheduler:
         t0 = time.perf_counter()
         try:
             with region(f"llm prefill ({len(batch)} requests, {sum(n for _, _, n in batch)} tokens)"):
-                logits = self.decoder.prefill([(r.prompt[p0:p0 + n], r.slot, p0) for r, p0, n in batch])
+                logits = self.decoder.prefill([(r.prompt[p0 : p0 + n], r.slot, p0) for r, p0, n in batch])
         except Exception as exc:  # noqa: BLE001 - becomes the error of every request of the batch
             for r, _, _ in batch:
                 self._finish(r, "error", exc)
@@ -405,7 +444,7 @@ class Scheduler:
             if r in self._running:
                 self._running.remove(r)
                 if not self._running and not self._waiting:  # idle: the prepared decode steps give
-                    self.decoder.release_steps()                 # their buffers back
+                    self.decoder.release_steps()  # their buffers back
             r.status, r.finish_reason, r.error = FINISHED, reason, error
             r.metrics.finished = time.perf_counter()
             r.metrics.generated_tokens = len(r.tokens)
@@ -474,8 +513,10 @@ class Scheduler:
         self.close(drain=exc_type is None)
 
     def __repr__(self) -> str:
-        return (f"<Scheduler slots={self.cache.max_batch_slots} max_seq={self.cache.max_seq} "
-                f"waiting={len(self._waiting)} running={len(self._running)}>")
+        return (
+            f"<Scheduler slots={self.cache.max_batch_slots} max_seq={self.cache.max_seq} "
+            f"waiting={len(self._waiting)} running={len(self._running)}>"
+        )
 
 
 __all__ = ["Request", "RequestMetrics", "Scheduler"]

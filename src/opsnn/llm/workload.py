@@ -9,6 +9,7 @@ throughput and latency percentiles.
     >>> rep.requests, rep.generated_tokens == sum(i.max_new_tokens for i in items)
     (4, True)
 """
+
 from __future__ import annotations
 
 import sys
@@ -28,8 +29,13 @@ class WorkItem:
     max_new_tokens: int
 
 
-def mixed_workload(n: int = 32, prompt_len: tuple[int, int] = (16, 512), new_tokens: tuple[int, int] = (16, 128),
-                   vocab: int = 32000, seed: int = 0) -> list[WorkItem]:
+def mixed_workload(
+    n: int = 32,
+    prompt_len: tuple[int, int] = (16, 512),
+    new_tokens: tuple[int, int] = (16, 128),
+    vocab: int = 32000,
+    seed: int = 0,
+) -> list[WorkItem]:
     """``n`` requests with prompt lengths and output lengths drawn uniformly from the
     inclusive ranges, prompt tokens uniform over the vocabulary; same seed, same workload."""
     for name, (lo, hi) in (("prompt_len", prompt_len), ("new_tokens", new_tokens)):
@@ -81,17 +87,27 @@ class ReplayReport:
         def f(d, scale=1.0, unit=""):
             return "  ".join(f"{k} {v * scale:.1f}{unit}" for k, v in d.items() if v is not None)
 
-        return [f"{self.mode}: {self.requests} requests, {self.generated_tokens} tokens in {self.wall_s:.2f} s "
-                f"-> {self.tokens_per_s:.1f} tokens/s (mean decode batch {self.mean_decode_batch:.1f}, "
-                f"{self.decode_steps} decode steps; {self.prefill_s:.2f} s in prefill, {self.decode_s:.2f} s in decode)",
-                f"  latency  {f(self.latency_s, 1e3, ' ms')}",
-                f"  TTFT     {f(self.ttft_s, 1e3, ' ms')}",
-                f"  ms/token {f(self.ms_per_token)}"]
+        return [
+            f"{self.mode}: {self.requests} requests, {self.generated_tokens} tokens in {self.wall_s:.2f} s "
+            f"-> {self.tokens_per_s:.1f} tokens/s (mean decode batch {self.mean_decode_batch:.1f}, "
+            f"{self.decode_steps} decode steps; {self.prefill_s:.2f} s in prefill, {self.decode_s:.2f} s in decode)",
+            f"  latency  {f(self.latency_s, 1e3, ' ms')}",
+            f"  TTFT     {f(self.ttft_s, 1e3, ' ms')}",
+            f"  ms/token {f(self.ms_per_token)}",
+        ]
 
 
-def replay(model, items: list[WorkItem], *, max_batch_slots: int = 16, sequential: bool = False,
-           max_seq: int | None = None, max_prefill_tokens: int | None = 512, progress: bool | None = None,
-           desc: str | None = None) -> ReplayReport:
+def replay(
+    model,
+    items: list[WorkItem],
+    *,
+    max_batch_slots: int = 16,
+    sequential: bool = False,
+    max_seq: int | None = None,
+    max_prefill_tokens: int | None = 512,
+    progress: bool | None = None,
+    desc: str | None = None,
+) -> ReplayReport:
     """Submit every item at t=0 and serve them with dynamic batching (``max_batch_slots``
     slots) or, with ``sequential=True``, one at a time (one slot: the same code path
     without batching). ``progress``: a tqdm bar on stderr (default: when it is a tty)."""
@@ -104,8 +120,7 @@ def replay(model, items: list[WorkItem], *, max_batch_slots: int = 16, sequentia
     try:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(items), desc=desc or mode, disable=not show, file=sys.stderr, leave=False,
-                   unit="req")
+        bar = tqdm(total=len(items), desc=desc or mode, disable=not show, file=sys.stderr, leave=False, unit="req")
         t0 = time.perf_counter()
         reqs = [sched.submit(it.prompt, it.max_new_tokens) for it in items]
         done = 0
@@ -122,18 +137,27 @@ def replay(model, items: list[WorkItem], *, max_batch_slots: int = 16, sequentia
         sched.close()
     failed = [r for r in reqs if r.error is not None]
     if failed:
-        raise GenerationError(f"replay: {len(failed)} request(s) failed; first: {failed[0].error}") \
-            from failed[0].error
+        raise GenerationError(f"replay: {len(failed)} request(s) failed; first: {failed[0].error}") from failed[0].error
     gen = sum(len(r.tokens) for r in reqs)
     ms = [r.metrics for r in reqs]
-    return ReplayReport(mode=mode, requests=len(reqs), max_batch_slots=slots, wall_s=wall,
-                        prompt_tokens=sum(len(r.prompt) for r in reqs), generated_tokens=gen,
-                        tokens_per_s=gen / wall if wall > 0 else 0.0,
-                        latency_s=percentiles(m.latency_s for m in ms), ttft_s=percentiles(m.ttft_s for m in ms),
-                        ms_per_token=percentiles(m.ms_per_token for m in ms),
-                        mean_decode_batch=stats["mean_decode_batch"], decode_steps=stats["decode_steps"],
-                        prefill_s=stats["prefill_s"], decode_s=stats["decode_s"],
-                        per_request=[m.as_dict() for m in ms], outputs=[list(r.tokens) for r in reqs])
+    return ReplayReport(
+        mode=mode,
+        requests=len(reqs),
+        max_batch_slots=slots,
+        wall_s=wall,
+        prompt_tokens=sum(len(r.prompt) for r in reqs),
+        generated_tokens=gen,
+        tokens_per_s=gen / wall if wall > 0 else 0.0,
+        latency_s=percentiles(m.latency_s for m in ms),
+        ttft_s=percentiles(m.ttft_s for m in ms),
+        ms_per_token=percentiles(m.ms_per_token for m in ms),
+        mean_decode_batch=stats["mean_decode_batch"],
+        decode_steps=stats["decode_steps"],
+        prefill_s=stats["prefill_s"],
+        decode_s=stats["decode_s"],
+        per_request=[m.as_dict() for m in ms],
+        outputs=[list(r.tokens) for r in reqs],
+    )
 
 
 __all__ = ["ReplayReport", "WorkItem", "mixed_workload", "percentiles", "replay"]

@@ -9,6 +9,7 @@ token-type embeddings, post-LayerNorm encoder layers, erf GELU, optional pooler.
 >>> seq.shape, pooled.shape
 ((1, 4, 128), (1, 128))
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,10 +39,19 @@ class BertConfig:
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
-            raise ParamInvalidError(f"BertConfig: hidden_size ({self.hidden_size}) must be divisible by "
-                                    f"num_attention_heads ({self.num_attention_heads})")
-        for f in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                  "max_position_embeddings", "type_vocab_size"):
+            raise ParamInvalidError(
+                f"BertConfig: hidden_size ({self.hidden_size}) must be divisible by "
+                f"num_attention_heads ({self.num_attention_heads})"
+            )
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
             if getattr(self, f) < 1:
                 raise ParamInvalidError(f"BertConfig: {f} must be >= 1, got {getattr(self, f)}")
 
@@ -65,8 +75,9 @@ def bert_config(config="base", **overrides) -> BertConfig:
         base = dict(config)
     elif isinstance(config, str):
         if config not in BERT_CONFIGS:
-            raise ParamInvalidError(f"bert: unknown config {config!r}; choose one of {sorted(BERT_CONFIGS)} or "
-                                    "pass a BertConfig")
+            raise ParamInvalidError(
+                f"bert: unknown config {config!r}; choose one of {sorted(BERT_CONFIGS)} or pass a BertConfig"
+            )
         base = dict(BERT_CONFIGS[config])
     else:
         raise ParamInvalidError(f"bert: config must be a name, a BertConfig or a dict, got {type(config).__name__}")
@@ -87,8 +98,9 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(0.1)
-        self.register_buffer("position_ids", np.arange(cfg.max_position_embeddings, dtype=np.int64)[None],
-                             persistent=False)
+        self.register_buffer(
+            "position_ids", np.arange(cfg.max_position_embeddings, dtype=np.int64)[None], persistent=False
+        )
 
     def forward(self, input_ids, token_type_ids=None):
         cfg = self.cfg
@@ -97,16 +109,16 @@ class BertEmbeddings(nn.Module):
             raise ParamInvalidError(f"bert: input_ids must be (batch, seq), got shape {ids.shape}")
         S = ids.shape[1]
         if S > cfg.max_position_embeddings:
-            raise ParamInvalidError(f"bert: sequence length {S} exceeds max_position_embeddings "
-                                    f"{cfg.max_position_embeddings}")
+            raise ParamInvalidError(
+                f"bert: sequence length {S} exceeds max_position_embeddings {cfg.max_position_embeddings}"
+            )
         h = ops.embedding(ids, self.word_embeddings.weight)
         if token_type_ids is None:  # type 0 everywhere: broadcast row 0
             tt = ops.slice(self.token_type_embeddings.weight, [0], [1], axes=[0])
         else:
             tti = as_tensor(token_type_ids)
             if tuple(tti.shape) != tuple(ids.shape):
-                raise ParamInvalidError(f"bert: token_type_ids must have input_ids' shape {ids.shape}, got "
-                                        f"{tti.shape}")
+                raise ParamInvalidError(f"bert: token_type_ids must have input_ids' shape {ids.shape}, got {tti.shape}")
             tt = self.token_type_embeddings(tti)
         h = ops.add(h, tt)
         pos = ops.slice(self.position_ids, [0], ops.shape(ids, 1, 2), axes=[1])  # traced: follows ids' length
@@ -230,8 +242,9 @@ class BertModel(nn.Module):
         if attention_mask is not None:
             m = as_tensor(attention_mask)
             if tuple(m.shape) != tuple(h.shape[:2]):
-                raise ParamInvalidError(f"bert: attention_mask must be (batch, seq) = {tuple(h.shape[:2])}, got "
-                                        f"{m.shape}")
+                raise ParamInvalidError(
+                    f"bert: attention_mask must be (batch, seq) = {tuple(h.shape[:2])}, got {m.shape}"
+                )
             m = m if m.dtype == np.bool_ else ops.cast(m, np.bool_)
             mask = reshape(m, (0, 1, 1, -1))  # True = attend, broadcast over heads and queries
         h = self.encoder(h, mask)

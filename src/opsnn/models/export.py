@@ -17,6 +17,7 @@ reads an exported file back. Batch and sequence dims are symbolic.
 >>> proto = to_onnx(m)
 >>> sess = ort.InferenceSession(proto.SerializeToString())   # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import math
@@ -54,8 +55,9 @@ class OnnxBuilder:
 
     def input(self, name: str, dtype, shape) -> str:
         self._taken.add(name)
-        self.inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
-                                                         list(shape)))
+        self.inputs.append(
+            helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), list(shape))
+        )
         return name
 
     def output(self, value: str, name: str, dtype, shape) -> str:
@@ -72,8 +74,9 @@ class OnnxBuilder:
                         for i, v in enumerate(seq):
                             if v == value:
                                 seq[i] = name
-        self.outputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
-                                                          list(shape)))
+        self.outputs.append(
+            helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), list(shape))
+        )
         return name
 
     def weight(self, name: str, array) -> str:
@@ -102,10 +105,12 @@ class OnnxBuilder:
         return outs[0] if outputs == 1 else outs
 
     def model(self, doc: str = "") -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs,
-                                  initializer=list(self.initializers.values()))
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="opsnn",
-                                  doc_string=doc)
+        graph = helper.make_graph(
+            self.nodes, self.name, self.inputs, self.outputs, initializer=list(self.initializers.values())
+        )
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="opsnn", doc_string=doc
+        )
         model.ir_version = 8
         onnx.checker.check_model(model)
         return model
@@ -117,8 +122,9 @@ class OnnxBuilder:
             if lin.bias is not None:
                 ins.append(self.weight(f"{name}.bias", lin.bias))
             return self.op("Gemm", ins, hint=name, transB=1)
-        y = self.op("MatMul", [x, self.weight(f"{name}.weight{nn.weights.TRANSPOSED_SUFFIX}", lin.weight.numpy().T)],
-                    hint=name)
+        y = self.op(
+            "MatMul", [x, self.weight(f"{name}.weight{nn.weights.TRANSPOSED_SUFFIX}", lin.weight.numpy().T)], hint=name
+        )
         if lin.bias is not None:
             y = self.op("Add", [y, self.weight(f"{name}.bias", lin.bias)], hint=name)
         return y
@@ -126,8 +132,7 @@ class OnnxBuilder:
     def layer_norm(self, x: str, ln: nn.LayerNorm, name: str) -> str:
         mean = self.op("ReduceMean", [x], hint=name, axes=[-1], keepdims=1)
         d = self.op("Sub", [x, mean], hint=name)
-        var = self.op("ReduceMean", [self.op("Pow", [d, self.const(2.0)], hint=name)], hint=name, axes=[-1],
-                      keepdims=1)
+        var = self.op("ReduceMean", [self.op("Pow", [d, self.const(2.0)], hint=name)], hint=name, axes=[-1], keepdims=1)
         std = self.op("Sqrt", [self.op("Add", [var, self.const(ln.eps, hint="eps")], hint=name)], hint=name)
         y = self.op("Div", [d, std], hint=name)
         y = self.op("Mul", [y, self.weight(f"{name}.weight", ln.weight)], hint=name)
@@ -135,18 +140,24 @@ class OnnxBuilder:
 
     def rms_norm(self, x: str, norm: nn.RMSNorm, name: str) -> str:
         eps = norm.eps if norm.eps is not None else float(np.finfo(np.float32).eps)
-        ms = self.op("ReduceMean", [self.op("Pow", [x, self.const(2.0)], hint=name)], hint=name, axes=[-1],
-                     keepdims=1)
-        r = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [ms, self.const(eps, hint="eps")], hint=name)],
-                                           hint=name)], hint=name)
+        ms = self.op("ReduceMean", [self.op("Pow", [x, self.const(2.0)], hint=name)], hint=name, axes=[-1], keepdims=1)
+        r = self.op(
+            "Reciprocal",
+            [self.op("Sqrt", [self.op("Add", [ms, self.const(eps, hint="eps")], hint=name)], hint=name)],
+            hint=name,
+        )
         y = self.op("Mul", [x, r], hint=name)
         return self.op("Mul", [y, self.weight(f"{name}.weight", norm.weight)], hint=name)
 
     def group_norm(self, x: str, gn: nn.GroupNorm, name: str) -> str:
         G = gn.num_groups
         y = self.op("Reshape", [x, self.const([0, G, -1], np.int64, "shape")], hint=name)
-        y = self.op("InstanceNormalization", [y, self.const(np.ones(G), hint="ones"),
-                                              self.const(np.zeros(G), hint="zeros")], hint=name, epsilon=gn.eps)
+        y = self.op(
+            "InstanceNormalization",
+            [y, self.const(np.ones(G), hint="ones"), self.const(np.zeros(G), hint="zeros")],
+            hint=name,
+            epsilon=gn.eps,
+        )
         y = self.op("Reshape", [y, self.op("Shape", [x], hint=name)], hint=name)
         axes = self.const([1, 2], np.int64, "axes")
         w = self.op("Unsqueeze", [self.weight(f"{name}.weight", gn.weight), axes], hint=name)
@@ -168,17 +179,34 @@ class OnnxBuilder:
         if conv.bias is not None:
             ins.append(self.weight(f"{name}.bias", conv.bias))
         ph, pw = conv.padding
-        return self.op("Conv", ins, hint=name, dilations=list(conv.dilation), group=conv.groups,
-                       kernel_shape=list(conv.kernel_size), pads=[ph, pw, ph, pw], strides=list(conv.stride))
+        return self.op(
+            "Conv",
+            ins,
+            hint=name,
+            dilations=list(conv.dilation),
+            group=conv.groups,
+            kernel_shape=list(conv.kernel_size),
+            pads=[ph, pw, ph, pw],
+            strides=list(conv.stride),
+        )
 
     def batch_norm(self, x: str, bn: nn.BatchNorm2d, name: str) -> str:
         C = bn.num_features
         w = bn.weight if bn.weight is not None else np.ones(C, np.float32)
         b = bn.bias if bn.bias is not None else np.zeros(C, np.float32)
-        return self.op("BatchNormalization", [x, self.weight(f"{name}.weight", w), self.weight(f"{name}.bias", b),
-                                              self.weight(f"{name}.running_mean", bn.running_mean),
-                                              self.weight(f"{name}.running_var", bn.running_var)],
-                       hint=name, epsilon=bn.eps, momentum=1.0 - bn.momentum)
+        return self.op(
+            "BatchNormalization",
+            [
+                x,
+                self.weight(f"{name}.weight", w),
+                self.weight(f"{name}.bias", b),
+                self.weight(f"{name}.running_mean", bn.running_mean),
+                self.weight(f"{name}.running_var", bn.running_var),
+            ],
+            hint=name,
+            epsilon=bn.eps,
+            momentum=1.0 - bn.momentum,
+        )
 
     def split_heads(self, x: str, heads: int, head_dim: int, hint: str) -> str:
         y = self.op("Reshape", [x, self.const([0, 0, heads, head_dim], np.int64, "shape")], hint=hint)
@@ -214,14 +242,16 @@ def export_resnet(model) -> onnx.ModelProto:
                 raise ParamInvalidError(f"export_resnet: unknown block type {type(blk).__name__}")
             out = y
             for c in range(1, convs + 1):
-                out = b.batch_norm(b.conv(out, getattr(blk, f"conv{c}"), f"{p}.conv{c}"), getattr(blk, f"bn{c}"),
-                                   f"{p}.bn{c}")
+                out = b.batch_norm(
+                    b.conv(out, getattr(blk, f"conv{c}"), f"{p}.conv{c}"), getattr(blk, f"bn{c}"), f"{p}.bn{c}"
+                )
                 if c < convs:
                     out = b.op("Relu", [out], hint=p)
             idn = y
             if blk.downsample is not None:
-                idn = b.batch_norm(b.conv(y, blk.downsample[0], f"{p}.downsample.0"), blk.downsample[1],
-                                   f"{p}.downsample.1")
+                idn = b.batch_norm(
+                    b.conv(y, blk.downsample[0], f"{p}.downsample.0"), blk.downsample[1], f"{p}.downsample.1"
+                )
             y = b.op("Relu", [b.op("Add", [out, idn], hint=p)], hint=p)
     y = b.op("Flatten", [b.op("GlobalAveragePool", [y], hint="avgpool")], hint="flatten", axis=1)
     y = b.linear(y, model.fc, "fc", gemm=True)
@@ -238,33 +268,60 @@ def export_bert(model) -> onnx.ModelProto:
     am = b.input("attention_mask", np.int64, dims)
     tt = b.input("token_type_ids", np.int64, dims)
     e = model.embeddings
-    h = b.op("Gather", [b.weight("embeddings.word_embeddings.weight", e.word_embeddings.weight), ids],
-             hint="embeddings.word_embeddings")
-    t = b.op("Gather", [b.weight("embeddings.token_type_embeddings.weight", e.token_type_embeddings.weight), tt],
-             hint="embeddings.token_type_embeddings")
+    h = b.op(
+        "Gather",
+        [b.weight("embeddings.word_embeddings.weight", e.word_embeddings.weight), ids],
+        hint="embeddings.word_embeddings",
+    )
+    t = b.op(
+        "Gather",
+        [b.weight("embeddings.token_type_embeddings.weight", e.token_type_embeddings.weight), tt],
+        hint="embeddings.token_type_embeddings",
+    )
     h = b.op("Add", [h, t], hint="embeddings")
     seq = b.op("Shape", [ids], hint="embeddings", start=1, end=2)
-    pos_ids = b.op("Slice", [b.const(np.arange(cfg.max_position_embeddings)[None], np.int64, "position_ids"),
-                             b.const([0], np.int64, "zero"), seq, b.const([1], np.int64, "axes")], hint="embeddings")
-    pos = b.op("Gather", [b.weight("embeddings.position_embeddings.weight", e.position_embeddings.weight), pos_ids],
-               hint="embeddings.position_embeddings")
+    pos_ids = b.op(
+        "Slice",
+        [
+            b.const(np.arange(cfg.max_position_embeddings)[None], np.int64, "position_ids"),
+            b.const([0], np.int64, "zero"),
+            seq,
+            b.const([1], np.int64, "axes"),
+        ],
+        hint="embeddings",
+    )
+    pos = b.op(
+        "Gather",
+        [b.weight("embeddings.position_embeddings.weight", e.position_embeddings.weight), pos_ids],
+        hint="embeddings.position_embeddings",
+    )
     h = b.op("Add", [h, pos], hint="embeddings")
     h = b.layer_norm(h, e.LayerNorm, "embeddings.LayerNorm")
     # extended mask: (1 - mask) * finfo.min, shape (batch, 1, 1, sequence)
-    m = b.op("Cast", [b.op("Unsqueeze", [am, b.const([1, 2], np.int64, "axes")], hint="mask")], hint="mask",
-             to=TensorProto.FLOAT)
-    m = b.op("Mul", [b.op("Sub", [b.const(1.0, hint="one"), m], hint="mask"), b.const(_F32_MIN, hint="neg")],
-             hint="mask")
+    m = b.op(
+        "Cast",
+        [b.op("Unsqueeze", [am, b.const([1, 2], np.int64, "axes")], hint="mask")],
+        hint="mask",
+        to=TensorProto.FLOAT,
+    )
+    m = b.op(
+        "Mul", [b.op("Sub", [b.const(1.0, hint="one"), m], hint="mask"), b.const(_F32_MIN, hint="neg")], hint="mask"
+    )
     H, D = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
     for i, layer in enumerate(model.encoder.layer):
         p = f"encoder.layer.{i}"
         sa = layer.attention.self
-        q, k, v = (b.split_heads(b.linear(h, lin, f"{p}.attention.self.{n}"), H, D, f"{p}.attention.self.{n}")
-                   for n, lin in (("query", sa.query), ("key", sa.key), ("value", sa.value)))
+        q, k, v = (
+            b.split_heads(b.linear(h, lin, f"{p}.attention.self.{n}"), H, D, f"{p}.attention.self.{n}")
+            for n, lin in (("query", sa.query), ("key", sa.key), ("value", sa.value))
+        )
         a = b.merge_heads(b.attention(q, k, v, m, D, f"{p}.attention.self"), cfg.hidden_size, f"{p}.attention.self")
         a = b.linear(a, layer.attention.output.dense, f"{p}.attention.output.dense")
-        h = b.layer_norm(b.op("Add", [a, h], hint=f"{p}.attention.output"), layer.attention.output.LayerNorm,
-                         f"{p}.attention.output.LayerNorm")
+        h = b.layer_norm(
+            b.op("Add", [a, h], hint=f"{p}.attention.output"),
+            layer.attention.output.LayerNorm,
+            f"{p}.attention.output.LayerNorm",
+        )
         f = b.gelu(b.linear(h, layer.intermediate.dense, f"{p}.intermediate.dense"), f"{p}.intermediate")
         f = b.linear(f, layer.output.dense, f"{p}.output.dense")
         h = b.layer_norm(b.op("Add", [f, h], hint=f"{p}.output"), layer.output.LayerNorm, f"{p}.output.LayerNorm")
@@ -293,29 +350,46 @@ def export_llama(model, with_past: bool = True) -> onnx.ModelProto:
     pasts = []
     if with_past:
         for i in range(cfg.num_hidden_layers):
-            pasts.append(tuple(b.input(f"past_key_values.{i}.{n}", np.float32, ["batch", Hkv, "past_sequence", D])
-                               for n in ("key", "value")))
-    h = b.op("Gather", [b.weight("model.embed_tokens.weight", model.model.embed_tokens.weight), ids],
-             hint="model.embed_tokens")
+            pasts.append(
+                tuple(
+                    b.input(f"past_key_values.{i}.{n}", np.float32, ["batch", Hkv, "past_sequence", D])
+                    for n in ("key", "value")
+                )
+            )
+    h = b.op(
+        "Gather",
+        [b.weight("model.embed_tokens.weight", model.model.embed_tokens.weight), ids],
+        hint="model.embed_tokens",
+    )
     # rotary tables gathered by position: (batch, 1, sequence, head_dim), halves repeated as HF
     cos, sin = rope_cache(cfg)
     axes1 = b.const([1], np.int64, "axes")
-    rc = b.op("Unsqueeze", [b.op("Gather", [b.const(np.concatenate([cos, cos], 1), hint="rope_cos"), pos],
-                                 hint="rotary"), axes1], hint="rotary")
-    rs = b.op("Unsqueeze", [b.op("Gather", [b.const(np.concatenate([sin, sin], 1), hint="rope_sin"), pos],
-                                 hint="rotary"), axes1], hint="rotary")
+    rc = b.op(
+        "Unsqueeze",
+        [b.op("Gather", [b.const(np.concatenate([cos, cos], 1), hint="rope_cos"), pos], hint="rotary"), axes1],
+        hint="rotary",
+    )
+    rs = b.op(
+        "Unsqueeze",
+        [b.op("Gather", [b.const(np.concatenate([sin, sin], 1), hint="rope_sin"), pos], hint="rotary"), axes1],
+        hint="rotary",
+    )
     # causal mask over the cache: query i (at cache position past + i) sees keys j <= past + i;
     # positions are slices of an arange table (1-D starts/ends, no 0-d scalars)
     seq = b.op("Shape", [ids], hint="mask", start=1, end=2)
-    past_len = b.op("Shape", [pasts[0][0]], hint="mask", start=2, end=3) if with_past else \
-        b.const([0], np.int64, "zero")
+    past_len = (
+        b.op("Shape", [pasts[0][0]], hint="mask", start=2, end=3) if with_past else b.const([0], np.int64, "zero")
+    )
     total = b.op("Add", [seq, past_len], hint="mask")
     table = b.const(np.arange(cfg.max_position_embeddings), np.int64, "cache_positions")
     axes0 = b.const([0], np.int64, "axes0")
     kpos = b.op("Slice", [table, b.const([0], np.int64, "zero"), total, axes0], hint="mask")
     qpos = b.op("Slice", [table, past_len, total, axes0], hint="mask")
-    later = b.op("Greater", [b.op("Unsqueeze", [kpos, axes0], hint="mask"),
-                             b.op("Unsqueeze", [qpos, axes1], hint="mask")], hint="mask")
+    later = b.op(
+        "Greater",
+        [b.op("Unsqueeze", [kpos, axes0], hint="mask"), b.op("Unsqueeze", [qpos, axes1], hint="mask")],
+        hint="mask",
+    )
     mask = b.op("Where", [later, b.const(_F32_MIN, hint="neg"), b.const(0.0, hint="zero_f")], hint="mask")
     half_lo, half_hi = b.const([0], np.int64, "starts"), b.const([D // 2], np.int64, "half")
     end, axes3 = b.const([D], np.int64, "ends"), b.const([3], np.int64, "axes3")
@@ -337,29 +411,46 @@ def export_llama(model, with_past: bool = True) -> onnx.ModelProto:
         p = f"model.layers.{i}"
         at = layer.self_attn
         x = b.rms_norm(h, layer.input_layernorm, f"{p}.input_layernorm")
-        q = rope(b.split_heads(b.linear(x, at.q_proj, f"{p}.self_attn.q_proj"), Hq, D, f"{p}.self_attn"),
-                 f"{p}.self_attn.rotary_q")
-        k = rope(b.split_heads(b.linear(x, at.k_proj, f"{p}.self_attn.k_proj"), Hkv, D, f"{p}.self_attn"),
-                 f"{p}.self_attn.rotary_k")
+        q = rope(
+            b.split_heads(b.linear(x, at.q_proj, f"{p}.self_attn.q_proj"), Hq, D, f"{p}.self_attn"),
+            f"{p}.self_attn.rotary_q",
+        )
+        k = rope(
+            b.split_heads(b.linear(x, at.k_proj, f"{p}.self_attn.k_proj"), Hkv, D, f"{p}.self_attn"),
+            f"{p}.self_attn.rotary_k",
+        )
         v = b.split_heads(b.linear(x, at.v_proj, f"{p}.self_attn.v_proj"), Hkv, D, f"{p}.self_attn")
         if with_past:
             k = b.op("Concat", [pasts[i][0], k], hint=f"{p}.self_attn.cache", axis=2)
             v = b.op("Concat", [pasts[i][1], v], hint=f"{p}.self_attn.cache", axis=2)
         k = b.output(k, f"present.{i}.key", np.float32, ["batch", Hkv, "total_sequence", D])
         v = b.output(v, f"present.{i}.value", np.float32, ["batch", Hkv, "total_sequence", D])
-        y = b.attention(q, repeat_kv(k, f"{p}.self_attn.repeat_k"), repeat_kv(v, f"{p}.self_attn.repeat_v"), mask, D,
-                        f"{p}.self_attn")
+        y = b.attention(
+            q,
+            repeat_kv(k, f"{p}.self_attn.repeat_k"),
+            repeat_kv(v, f"{p}.self_attn.repeat_v"),
+            mask,
+            D,
+            f"{p}.self_attn",
+        )
         y = b.linear(b.merge_heads(y, Hq * D, f"{p}.self_attn"), at.o_proj, f"{p}.self_attn.o_proj")
         h = b.op("Add", [h, y], hint=p)
         x = b.rms_norm(h, layer.post_attention_layernorm, f"{p}.post_attention_layernorm")
         g = b.silu(b.linear(x, layer.mlp.gate_proj, f"{p}.mlp.gate_proj"), f"{p}.mlp.act")
         u = b.linear(x, layer.mlp.up_proj, f"{p}.mlp.up_proj")
-        h = b.op("Add", [h, b.linear(b.op("Mul", [g, u], hint=f"{p}.mlp"), layer.mlp.down_proj,
-                                     f"{p}.mlp.down_proj")], hint=p)
+        h = b.op(
+            "Add",
+            [h, b.linear(b.op("Mul", [g, u], hint=f"{p}.mlp"), layer.mlp.down_proj, f"{p}.mlp.down_proj")],
+            hint=p,
+        )
     h = b.rms_norm(h, model.model.norm, "model.norm")
     if model.lm_head is None:  # tied: MatMul against the transposed embedding table
-        wt = b.op("Transpose", [b.weight("model.embed_tokens.weight", model.model.embed_tokens.weight)],
-                  hint="lm_head", perm=[1, 0])
+        wt = b.op(
+            "Transpose",
+            [b.weight("model.embed_tokens.weight", model.model.embed_tokens.weight)],
+            hint="lm_head",
+            perm=[1, 0],
+        )
         logits = b.op("MatMul", [h, wt], hint="lm_head")
     else:
         logits = b.linear(h, model.lm_head, "lm_head")
@@ -399,19 +490,20 @@ def export_unet_block(model) -> onnx.ModelProto:
     def transformer(x, t, p):
         C = t.channels
         h = b.op("Transpose", [b.group_norm(x, t.norm, f"{p}.norm")], hint=p, perm=[0, 2, 3, 1])
-        h = b.linear(b.op("Reshape", [h, b.const([0, -1, C], np.int64, "shape")], hint=p), t.proj_in,
-                     f"{p}.proj_in")
+        h = b.linear(b.op("Reshape", [h, b.const([0, -1, C], np.int64, "shape")], hint=p), t.proj_in, f"{p}.proj_in")
         for j, blk in enumerate(t.transformer_blocks):
             q = f"{p}.transformer_blocks.{j}"
-            h = b.op("Add", [attn(b.layer_norm(h, blk.norm1, f"{q}.norm1"), None, blk.attn1, f"{q}.attn1"), h],
-                     hint=q)
-            h = b.op("Add", [attn(b.layer_norm(h, blk.norm2, f"{q}.norm2"), ctx, blk.attn2, f"{q}.attn2"), h],
-                     hint=q)
+            h = b.op("Add", [attn(b.layer_norm(h, blk.norm1, f"{q}.norm1"), None, blk.attn1, f"{q}.attn1"), h], hint=q)
+            h = b.op("Add", [attn(b.layer_norm(h, blk.norm2, f"{q}.norm2"), ctx, blk.attn2, f"{q}.attn2"), h], hint=q)
             n = b.layer_norm(h, blk.norm3, f"{q}.norm3")
             geglu = blk.ff.net[0]
-            hid, gate = b.op("Split", [b.linear(n, geglu.proj, f"{q}.ff.net.0.proj"),
-                                       b.const([geglu.inner, geglu.inner], np.int64, "split")],
-                             outputs=2, hint=f"{q}.ff", axis=-1)
+            hid, gate = b.op(
+                "Split",
+                [b.linear(n, geglu.proj, f"{q}.ff.net.0.proj"), b.const([geglu.inner, geglu.inner], np.int64, "split")],
+                outputs=2,
+                hint=f"{q}.ff",
+                axis=-1,
+            )
             f = b.op("Mul", [hid, b.gelu(gate, f"{q}.ff")], hint=f"{q}.ff")
             h = b.op("Add", [b.linear(f, blk.ff.net[2], f"{q}.ff.net.2"), h], hint=q)
         h = b.linear(h, t.proj_out, f"{p}.proj_out")
@@ -433,8 +525,12 @@ def to_onnx(model, path=None, **options) -> onnx.ModelProto:
     UNetBlock) to an ONNX ModelProto (opset 17); with ``path``, also save it there.
     ``options``: ``with_past`` for LLaMA."""
     kind = type(model).__name__
-    exporters = {"ResNet": export_resnet, "BertModel": export_bert, "LlamaForCausalLM": export_llama,
-                 "UNetBlock": export_unet_block}
+    exporters = {
+        "ResNet": export_resnet,
+        "BertModel": export_bert,
+        "LlamaForCausalLM": export_llama,
+        "UNetBlock": export_unet_block,
+    }
     if kind not in exporters:
         raise ParamInvalidError(f"to_onnx: no exporter for {kind}; supported: {sorted(exporters)}")
     proto = exporters[kind](model, **options)

@@ -16,6 +16,7 @@ returns the present ones, so prefill and single-token decode are the same call::
     >>> logits.shape, past[0][0].shape
     ((1, 1, 100), (1, 2, 4, 16))
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,15 +46,25 @@ class LlamaConfig:
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
-            raise ParamInvalidError(f"LlamaConfig: hidden_size ({self.hidden_size}) must be divisible by heads "
-                                    f"({self.num_attention_heads})")
+            raise ParamInvalidError(
+                f"LlamaConfig: hidden_size ({self.hidden_size}) must be divisible by heads ({self.num_attention_heads})"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ParamInvalidError(f"LlamaConfig: heads ({self.num_attention_heads}) must be a multiple of kv_heads "
-                                    f"({self.num_key_value_heads})")
+            raise ParamInvalidError(
+                f"LlamaConfig: heads ({self.num_attention_heads}) must be a multiple of kv_heads "
+                f"({self.num_key_value_heads})"
+            )
         if self.head_dim % 2:
             raise ParamInvalidError(f"LlamaConfig: head_dim ({self.head_dim}) must be even for rotary embeddings")
-        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                  "num_key_value_heads", "max_position_embeddings"):
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+        ):
             if getattr(self, f) < 1:
                 raise ParamInvalidError(f"LlamaConfig: {f} must be >= 1, got {getattr(self, f)}")
 
@@ -134,8 +145,9 @@ class LlamaModel(nn.Module):
         h = ops.embedding(input_ids, self.embed_tokens.weight)
         presents = []
         for i, layer in enumerate(self.layers):
-            h, present = layer(h, self.rope_cos, self.rope_sin, position_ids,
-                               None if past_key_values is None else past_key_values[i])
+            h, present = layer(
+                h, self.rope_cos, self.rope_sin, position_ids, None if past_key_values is None else past_key_values[i]
+            )
             presents.append(present)
         return self.norm(h), presents
 
@@ -168,8 +180,9 @@ class LlamaForCausalLM(nn.Module):
     def _check_past(self, past, B: int) -> int:
         cfg = self.config
         if len(past) != cfg.num_hidden_layers:
-            raise ParamInvalidError(f"llama: past_key_values must hold {cfg.num_hidden_layers} (key, value) pairs, "
-                                    f"got {len(past)}")
+            raise ParamInvalidError(
+                f"llama: past_key_values must hold {cfg.num_hidden_layers} (key, value) pairs, got {len(past)}"
+            )
         P = None
         for i, kv in enumerate(past):
             if len(kv) != 2:
@@ -177,14 +190,18 @@ class LlamaForCausalLM(nn.Module):
             for t, what in zip(kv, ("key", "value")):
                 s = as_tensor(t).shape
                 if len(s) != 4 or s[0] != B or s[1] != cfg.num_key_value_heads or s[3] != cfg.head_dim:
-                    raise ParamInvalidError(f"llama: past_key_values[{i}] {what} must be (batch={B}, "
-                                            f"kv_heads={cfg.num_key_value_heads}, past, head_dim={cfg.head_dim}), "
-                                            f"got {s}")
+                    raise ParamInvalidError(
+                        f"llama: past_key_values[{i}] {what} must be (batch={B}, "
+                        f"kv_heads={cfg.num_key_value_heads}, past, head_dim={cfg.head_dim}), "
+                        f"got {s}"
+                    )
                 if P is None:
                     P = s[2]
                 elif s[2] != P:
-                    raise ParamInvalidError(f"llama: all past tensors must share one past length; "
-                                            f"past_key_values[{i}] {what} has {s[2]}, expected {P}")
+                    raise ParamInvalidError(
+                        f"llama: all past tensors must share one past length; "
+                        f"past_key_values[{i}] {what} has {s[2]}, expected {P}"
+                    )
         return P or 0
 
     def forward(self, input_ids, past_key_values=None, position_ids=None, position_offset=None):
@@ -208,29 +225,54 @@ class LlamaForCausalLM(nn.Module):
         else:
             position_ids = as_tensor(position_ids)
             if tuple(position_ids.shape) != (B, S) or position_ids.dtype.kind not in "iu":
-                raise ParamInvalidError(f"llama: position_ids must be integers of shape (batch, seq) = {(B, S)}, "
-                                        f"got {position_ids.dtype} {position_ids.shape}")
+                raise ParamInvalidError(
+                    f"llama: position_ids must be integers of shape (batch, seq) = {(B, S)}, "
+                    f"got {position_ids.dtype} {position_ids.shape}"
+                )
             if position_ids.dtype != np.int64:
                 position_ids = ops.cast(position_ids, np.int64)
         pa = position_ids.numpy()
         if pa.size and (pa.min() < 0 or pa.max() >= cfg.max_position_embeddings):
-            raise ParamInvalidError(f"llama: positions must lie in [0, max_position_embeddings="
-                                    f"{cfg.max_position_embeddings}), got [{pa.min()}, {pa.max()}]")
+            raise ParamInvalidError(
+                f"llama: positions must lie in [0, max_position_embeddings="
+                f"{cfg.max_position_embeddings}), got [{pa.min()}, {pa.max()}]"
+            )
         h, presents = self.model(ids, past, position_ids)
         logits = ops.linear(h, self.output_weight)
         return logits, presents
 
 
-_ARG_FIELDS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
-               "kv_heads": "num_key_value_heads", "vocab": "vocab_size", "intermediate": "intermediate_size",
-               "max_position": "max_position_embeddings", "rms_eps": "rms_norm_eps", "rope_theta": "rope_theta",
-               "tie_word_embeddings": "tie_word_embeddings"}
+_ARG_FIELDS = {
+    "layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "vocab": "vocab_size",
+    "intermediate": "intermediate_size",
+    "max_position": "max_position_embeddings",
+    "rms_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+    "tie_word_embeddings": "tie_word_embeddings",
+}
 
 
-def llama(layers: int = 2, hidden: int = 128, heads: int = 4, kv_heads: int | None = None, vocab: int = 1024,
-          intermediate: int | None = None, *, tie_word_embeddings: bool = False, max_position: int = 2048,
-          rms_eps: float = 1e-6, rope_theta: float = 10000.0, config: LlamaConfig | None = None,
-          seed: int | None = 0, weights=None, strict: bool = True) -> LlamaForCausalLM:
+def llama(
+    layers: int = 2,
+    hidden: int = 128,
+    heads: int = 4,
+    kv_heads: int | None = None,
+    vocab: int = 1024,
+    intermediate: int | None = None,
+    *,
+    tie_word_embeddings: bool = False,
+    max_position: int = 2048,
+    rms_eps: float = 1e-6,
+    rope_theta: float = 10000.0,
+    config: LlamaConfig | None = None,
+    seed: int | None = 0,
+    weights=None,
+    strict: bool = True,
+) -> LlamaForCausalLM:
     """Build a LLaMA causal LM (defaults: a tiny 2-layer model). ``kv_heads`` < ``heads`` gives
     grouped-query attention (default: ``heads``); ``intermediate`` defaults to LLaMA's
     ``256 * ceil(8/3 * hidden / 256)``; ``config`` (a :class:`LlamaConfig`) overrides all size
@@ -239,11 +281,18 @@ def llama(layers: int = 2, hidden: int = 128, heads: int = 4, kv_heads: int | No
     if config is None:
         if intermediate is None:
             intermediate = 256 * -(-int(8 * hidden / 3) // 256)
-        config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
-                             num_hidden_layers=layers, num_attention_heads=heads,
-                             num_key_value_heads=heads if kv_heads is None else kv_heads,
-                             max_position_embeddings=max_position, rms_norm_eps=rms_eps, rope_theta=rope_theta,
-                             tie_word_embeddings=tie_word_embeddings)
+        config = LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads if kv_heads is None else kv_heads,
+            max_position_embeddings=max_position,
+            rms_norm_eps=rms_eps,
+            rope_theta=rope_theta,
+            tie_word_embeddings=tie_word_embeddings,
+        )
     elif not isinstance(config, LlamaConfig):
         if isinstance(config, dict):
             config = LlamaConfig(**{_ARG_FIELDS.get(k, k): v for k, v in config.items()})

@@ -7,6 +7,7 @@ directly. Deterministic random init from ``seed`` (kaiming-normal convs, as torc
 >>> net(opsnn.tensor(np.zeros((1, 3, 64, 64), np.float32))).shape
 (1, 10)
 """
+
 from __future__ import annotations
 
 from .. import nn, ops
@@ -93,8 +94,9 @@ class ResNet(nn.Module):
     def _make_layer(self, block, planes, blocks, stride=1):
         downsample = None
         if stride != 1 or self.inplanes != planes * block.expansion:
-            downsample = nn.Sequential(_conv(self.inplanes, planes * block.expansion, 1, stride),
-                                       nn.BatchNorm2d(planes * block.expansion))
+            downsample = nn.Sequential(
+                _conv(self.inplanes, planes * block.expansion, 1, stride), nn.BatchNorm2d(planes * block.expansion)
+            )
         layers = [block(self.inplanes, planes, stride, downsample, self.groups, self.base_width)]
         self.inplanes = planes * block.expansion
         for _ in range(1, blocks):

@@ -6,6 +6,7 @@
 >>> probs.shape
 (1, 10)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,10 +27,12 @@ class SmallConvNet:
             return tensor((rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32))
 
         def bn(c):
-            return dict(mean=tensor(rng.standard_normal(c).astype(np.float32) * 0.1),
-                        var=tensor(rng.uniform(0.5, 1.5, c).astype(np.float32)),
-                        weight=tensor(rng.uniform(0.8, 1.2, c).astype(np.float32)),
-                        bias=tensor(rng.standard_normal(c).astype(np.float32) * 0.1))
+            return dict(
+                mean=tensor(rng.standard_normal(c).astype(np.float32) * 0.1),
+                var=tensor(rng.uniform(0.5, 1.5, c).astype(np.float32)),
+                weight=tensor(rng.uniform(0.8, 1.2, c).astype(np.float32)),
+                bias=tensor(rng.standard_normal(c).astype(np.float32) * 0.1),
+            )
 
         self.conv1 = w(16, in_channels, 3, 3, fan_in=in_channels * 9)
         self.bn1 = bn(16)
@@ -40,8 +43,7 @@ class SmallConvNet:
         self._rng = rng
 
     def example_input(self, batch: int = 1) -> np.ndarray:
-        return self._rng.standard_normal((batch, self.in_channels, self.image_size, self.image_size)) \
-            .astype(np.float32)
+        return self._rng.standard_normal((batch, self.in_channels, self.image_size, self.image_size)).astype(np.float32)
 
     def __call__(self, x: Tensor) -> Tensor:
         b1, b2 = self.bn1, self.bn2

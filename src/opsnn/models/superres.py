@@ -14,6 +14,7 @@ side) a tile needs for tiled inference to equal the whole-image result
     >>> net.receptive_field()
     4
 """
+
 from __future__ import annotations
 
 from .. import nn, ops
@@ -27,11 +28,17 @@ class SuperResNet(nn.Module):
     same-size enhancement/denoising stack). Submodules are ``body.0``, ``body.2``, ... (convs)
     in an ``nn.Sequential``."""
 
-    def __init__(self, scale: int = 2, in_channels: int = 1, channels: int = 32, num_layers: int = 3,
-                 first_kernel: int = 5):
+    def __init__(
+        self, scale: int = 2, in_channels: int = 1, channels: int = 32, num_layers: int = 3, first_kernel: int = 5
+    ):
         super().__init__()
-        for n, v, lo in (("scale", scale, 1), ("in_channels", in_channels, 1), ("channels", channels, 1),
-                         ("num_layers", num_layers, 2), ("first_kernel", first_kernel, 1)):
+        for n, v, lo in (
+            ("scale", scale, 1),
+            ("in_channels", in_channels, 1),
+            ("channels", channels, 1),
+            ("num_layers", num_layers, 2),
+            ("first_kernel", first_kernel, 1),
+        ):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ParamInvalidError(f"SuperResNet: {n} must be an int >= {lo}, got {v!r}")
         if first_kernel % 2 == 0:
@@ -61,8 +68,15 @@ class SuperResNet(nn.Module):
         return f"scale={self.scale}"
 
 
-def superres(scale: int = 2, in_channels: int = 1, channels: int = 32, num_layers: int = 3, first_kernel: int = 5,
-             *, seed: int | None = 0) -> SuperResNet:
+def superres(
+    scale: int = 2,
+    in_channels: int = 1,
+    channels: int = 32,
+    num_layers: int = 3,
+    first_kernel: int = 5,
+    *,
+    seed: int | None = 0,
+) -> SuperResNet:
     """A :class:`SuperResNet` with deterministic random weights drawn from ``seed``."""
     with init.seeded(seed):
         return SuperResNet(scale, in_channels, channels, num_layers, first_kernel)

@@ -10,6 +10,7 @@ context tensor, GEGLU feed-forward, proj_out) and a second ResNet block with dil
 >>> blk(x, ctx).shape
 (1, 64, 8, 8)
 """
+
 from __future__ import annotations
 
 from .. import nn, ops
@@ -23,8 +24,15 @@ class ResnetBlock2D(nn.Module):
     """``h = conv1(silu(norm1(x))) [+ time_emb_proj(silu(temb))]; h = conv2(silu(norm2(h)));
     out = shortcut(x) + h``; both 3x3 convs use ``dilation`` (padding = dilation)."""
 
-    def __init__(self, in_channels: int, out_channels: int, temb_channels: int | None = None, groups: int = 32,
-                 eps: float = 1e-6, dilation: int = 1):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        temb_channels: int | None = None,
+        groups: int = 32,
+        eps: float = 1e-6,
+        dilation: int = 1,
+    ):
         super().__init__()
         self.in_channels, self.out_channels, self.dilation = in_channels, out_channels, dilation
         self.norm1 = nn.GroupNorm(groups, in_channels, eps=eps)
@@ -39,8 +47,9 @@ class ResnetBlock2D(nn.Module):
         h = self.conv1(ops.silu(self.norm1(x)))
         if self.time_emb_proj is not None:
             if temb is None:
-                raise ParamInvalidError("unet_block: this block has a time embedding; pass temb (batch, "
-                                        f"{self.time_emb_proj.in_features})")
+                raise ParamInvalidError(
+                    f"unet_block: this block has a time embedding; pass temb (batch, {self.time_emb_proj.in_features})"
+                )
             t = self.time_emb_proj(ops.silu(temb))
             h = ops.add(h, reshape(t, (0, 0, 1, 1)))
         h = self.conv2(self.dropout(ops.silu(self.norm2(h))))
@@ -65,8 +74,11 @@ class Attention(nn.Module):
 
     def forward(self, x, context=None):
         c = x if context is None else context
-        q, k, v = split_heads(self.to_q(x), self.heads), split_heads(self.to_k(c), self.heads), \
-            split_heads(self.to_v(c), self.heads)
+        q, k, v = (
+            split_heads(self.to_q(x), self.heads),
+            split_heads(self.to_k(c), self.heads),
+            split_heads(self.to_v(c), self.heads),
+        )
         return self.to_out[0](merge_heads(ops.scaled_dot_product_attention(q, k, v)))
 
 
@@ -135,33 +147,55 @@ class UNetBlock(nn.Module):
     """``forward(x (B, in, H, W), context (B, L, context_dim), temb=None (B, temb_channels))
     -> (B, out, H, W)``: resnets[0] -> attentions[0] -> resnets[1] (dilated)."""
 
-    def __init__(self, in_channels: int, out_channels: int, context_dim: int, heads: int, groups: int = 32,
-                 temb_channels: int | None = None, dilation: int = 2):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        context_dim: int,
+        heads: int,
+        groups: int = 32,
+        temb_channels: int | None = None,
+        dilation: int = 2,
+    ):
         super().__init__()
         for c in (in_channels, out_channels):
             if c % groups:
                 raise ParamInvalidError(f"unet_block: channels ({c}) must be divisible by groups ({groups})")
         self.in_channels, self.out_channels, self.context_dim = in_channels, out_channels, context_dim
         self.heads, self.groups, self.temb_channels, self.dilation = heads, groups, temb_channels, dilation
-        self.resnets = nn.ModuleList([ResnetBlock2D(in_channels, out_channels, temb_channels, groups),
-                                      ResnetBlock2D(out_channels, out_channels, temb_channels, groups,
-                                                    dilation=dilation)])
+        self.resnets = nn.ModuleList(
+            [
+                ResnetBlock2D(in_channels, out_channels, temb_channels, groups),
+                ResnetBlock2D(out_channels, out_channels, temb_channels, groups, dilation=dilation),
+            ]
+        )
         self.attentions = nn.ModuleList([Transformer2DModel(out_channels, heads, context_dim, groups)])
 
     def forward(self, x, context, temb=None):
         x = as_image(x, self.in_channels, "unet_block")
         context = as_tensor(context)
         if context.ndim != 3 or context.shape[2] != self.context_dim or context.shape[0] != x.shape[0]:
-            raise ParamInvalidError(f"unet_block: context must be (batch={x.shape[0]}, length, "
-                                    f"{self.context_dim}), got {context.shape}")
+            raise ParamInvalidError(
+                f"unet_block: context must be (batch={x.shape[0]}, length, {self.context_dim}), got {context.shape}"
+            )
         h = self.resnets[0](x, temb)
         h = self.attentions[0](h, context)
         return self.resnets[1](h, temb)
 
 
-def unet_block(in_channels: int = 320, out_channels: int = 320, context_dim: int = 768, heads: int = 8,
-               groups: int = 32, temb_channels: int | None = None, dilation: int = 2, *, seed: int | None = 0,
-               weights=None, strict: bool = True) -> UNetBlock:
+def unet_block(
+    in_channels: int = 320,
+    out_channels: int = 320,
+    context_dim: int = 768,
+    heads: int = 8,
+    groups: int = 32,
+    temb_channels: int | None = None,
+    dilation: int = 2,
+    *,
+    seed: int | None = 0,
+    weights=None,
+    strict: bool = True,
+) -> UNetBlock:
     """Build a Stable-Diffusion-style UNet block (defaults: SD 1.x's first level, 320 channels,
     CLIP context 768, 8 heads). Conv/linear weights use torch's default init from ``seed``,
     with GroupNorm/LayerNorm affine terms perturbed so the test of every path is meaningful."""

@@ -14,6 +14,7 @@ tensors by name.
 >>> path = save_weights(m, os.path.join(tempfile.mkdtemp(), "bert.safetensors"))
 >>> m2 = opsnn.models.bert("tiny", seed=2, weights=path)     # same weights as m
 """
+
 from __future__ import annotations
 
 import re
@@ -37,10 +38,10 @@ def adapt_names(model: Module, state: dict) -> dict:
     out = {}
     for k, v in state.items():
         if k.startswith("module.") and k not in own:
-            k = k[len("module."):]
+            k = k[len("module.") :]
         for p in prefixes:
             if k.startswith(p) and k not in own:
-                k = k[len(p):]
+                k = k[len(p) :]
         if k not in own and k.endswith((".gamma", ".beta")):
             alt = k.rsplit(".", 1)[0] + (".weight" if k.endswith(".gamma") else ".bias")
             if alt in own:

@@ -12,6 +12,7 @@ the scores. One difference: a query row whose keys are all masked gives zeros, n
 >>> out.shape, w.shape
 ((2, 5, 16), (2, 5, 5))
 """
+
 from __future__ import annotations
 
 import math
@@ -44,15 +45,26 @@ class MultiheadAttention(Module):
     ``average_attn_weights=False``). Inference only (``dropout`` must be 0 when training).
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
-                 vdim: int | None = None, batch_first: bool = False, dtype="float32"):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        add_bias_kv: bool = False,
+        add_zero_attn: bool = False,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        batch_first: bool = False,
+        dtype="float32",
+    ):
         super().__init__()
         if add_bias_kv or add_zero_attn:
             raise ParamInvalidError("MultiheadAttention: add_bias_kv and add_zero_attn are not supported")
         if embed_dim % num_heads:
-            raise ParamInvalidError(f"MultiheadAttention: embed_dim ({embed_dim}) must be divisible by num_heads "
-                                    f"({num_heads})")
+            raise ParamInvalidError(
+                f"MultiheadAttention: embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
+            )
         E = self.embed_dim = int(embed_dim)
         self.num_heads, self.head_dim = int(num_heads), E // int(num_heads)
         self.kdim, self.vdim = int(kdim or E), int(vdim or E)
@@ -107,24 +119,39 @@ class MultiheadAttention(Module):
             elif tuple(am.shape) == (N * H, L, S):
                 am = reshape(additive_mask(am, dtype), (N, H, L, S))
             else:
-                raise ParamInvalidError(f"MultiheadAttention: attn_mask must be (L={L}, S={S}) or "
-                                        f"(N*num_heads={N * H}, L, S), got {am.shape}")
+                raise ParamInvalidError(
+                    f"MultiheadAttention: attn_mask must be (L={L}, S={S}) or "
+                    f"(N*num_heads={N * H}, L, S), got {am.shape}"
+                )
             mask = am if mask is None else ops.add(mask, am)
         return mask
 
-    def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True, attn_mask=None,
-                average_attn_weights: bool = True, is_causal: bool = False):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        key_padding_mask=None,
+        need_weights: bool = True,
+        attn_mask=None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ):
         if self.training and self.dropout > 0:
             raise ParamInvalidError("MultiheadAttention: attention dropout in training mode is not supported")
         same_kv = key is value
         self_attn = query is key and same_kv
         query, key, value = as_tensor(query), as_tensor(key), as_tensor(value)
         if query.ndim not in (2, 3) or key.ndim != query.ndim or value.ndim != query.ndim:
-            raise ParamInvalidError(f"MultiheadAttention: query/key/value must all be 2-D (unbatched) or 3-D, got "
-                                    f"{query.shape}, {key.shape}, {value.shape}")
+            raise ParamInvalidError(
+                f"MultiheadAttention: query/key/value must all be 2-D (unbatched) or 3-D, got "
+                f"{query.shape}, {key.shape}, {value.shape}"
+            )
         if query.shape[-1] != self.embed_dim or key.shape[-1] != self.kdim or value.shape[-1] != self.vdim:
-            raise ParamInvalidError(f"MultiheadAttention: last dims must be (E={self.embed_dim}, kdim={self.kdim}, "
-                                    f"vdim={self.vdim}), got {query.shape[-1]}, {key.shape[-1]}, {value.shape[-1]}")
+            raise ParamInvalidError(
+                f"MultiheadAttention: last dims must be (E={self.embed_dim}, kdim={self.kdim}, "
+                f"vdim={self.vdim}), got {query.shape[-1]}, {key.shape[-1]}, {value.shape[-1]}"
+            )
         unbatched = query.ndim == 2
         if unbatched:
             query, key, value = (ops.unsqueeze(t, 0) for t in (query, key, value))
@@ -140,8 +167,10 @@ class MultiheadAttention(Module):
             value = key
         N, L, S = query.shape[0], query.shape[1], key.shape[1]
         if value.shape[1] != S or key.shape[0] != N or value.shape[0] != N:
-            raise ParamInvalidError(f"MultiheadAttention: key and value must share batch and length, got "
-                                    f"{key.shape} and {value.shape} for query {query.shape}")
+            raise ParamInvalidError(
+                f"MultiheadAttention: key and value must share batch and length, got "
+                f"{key.shape} and {value.shape} for query {query.shape}"
+            )
         q, k, v = self._project(query, key, value)
         H = self.num_heads
         q, k, v = split_heads(q, H), split_heads(k, H), split_heads(v, H)
@@ -149,8 +178,7 @@ class MultiheadAttention(Module):
         causal = bool(is_causal) and mask is None  # torch: is_causal is a hint that attn_mask is causal
         weights = None
         if need_weights:
-            y, _, _, weights = ops.attention(q, k, v, mask, is_causal=causal, num_outputs=4,
-                                             qk_matmul_output_mode=3)
+            y, _, _, weights = ops.attention(q, k, v, mask, is_causal=causal, num_outputs=4, qk_matmul_output_mode=3)
             if average_attn_weights:
                 weights = ops.mean(weights, dim=1)
             if unbatched:

@@ -6,6 +6,7 @@
 >>> opsnn.nn.functional.reshape(x, (0, 0, 2, 4)).shape
 (2, 5, 2, 4)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -61,8 +62,10 @@ def check_token_ids(ids, vocab: int, what: str) -> Tensor:
         if lo < 0 or hi >= vocab:
             bad = int(lo) if lo < 0 else int(hi)
             pos = tuple(int(i) for i in np.argwhere(a == bad)[0])
-            raise OutOfVocabularyError(f"{what}: id {bad} at position {pos} is outside the vocabulary "
-                                       f"of {vocab} entries (valid ids: 0..{vocab - 1})")
+            raise OutOfVocabularyError(
+                f"{what}: id {bad} at position {pos} is outside the vocabulary "
+                f"of {vocab} entries (valid ids: 0..{vocab - 1})"
+            )
     return t if t.dtype == np.int64 else ops.cast(t, np.int64)
 
 
@@ -90,8 +93,9 @@ def _check_reduction(what: str, reduction: str) -> str:
     return reduction
 
 
-def cross_entropy(input, target, weight=None, ignore_index: int = -100, reduction: str = "mean",
-                  label_smoothing: float = 0.0) -> Tensor:
+def cross_entropy(
+    input, target, weight=None, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0
+) -> Tensor:
     """torch.nn.functional.cross_entropy: ``input`` (N, C, ...) logits; ``target`` class indices
     (N, ...) or class probabilities (input's shape). ``label_smoothing`` mixes the target with
     the uniform distribution as torch does (ignored positions stay out of both terms).
@@ -111,8 +115,9 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100, reductio
     eps = float(label_smoothing)
     if t.dtype.kind == "f":  # class probabilities
         if tuple(t.shape) != tuple(x.shape):
-            raise ParamInvalidError(f"cross_entropy: probability targets must have the input's shape {x.shape}, "
-                                    f"got {t.shape}")
+            raise ParamInvalidError(
+                f"cross_entropy: probability targets must have the input's shape {x.shape}, got {t.shape}"
+            )
         logp = ops.log_softmax(x, dim=1)
         if eps:
             t = ops.add(ops.mul(t, as_tensor(np.asarray(1.0 - eps, x.dtype))), as_tensor(np.asarray(eps / C, x.dtype)))
@@ -142,8 +147,10 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100, reductio
         else:
             denom = float(valid.sum())
         smooth = ops.div(ops.sum(smooth), as_tensor(np.asarray(denom, x.dtype)))
-    return ops.add(ops.mul(nll, as_tensor(np.asarray(1.0 - eps, x.dtype))),
-                   ops.mul(smooth, as_tensor(np.asarray(eps / C, x.dtype))))
+    return ops.add(
+        ops.mul(nll, as_tensor(np.asarray(1.0 - eps, x.dtype))),
+        ops.mul(smooth, as_tensor(np.asarray(eps / C, x.dtype))),
+    )
 
 
 def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
@@ -168,8 +175,7 @@ def mse_loss(input, target, reduction: str = "mean") -> Tensor:
     return ops.sum(sq) if reduction == "sum" else ops.mean(sq)
 
 
-def binary_cross_entropy_with_logits(input, target, weight=None, reduction: str = "mean",
-                                     pos_weight=None) -> Tensor:
+def binary_cross_entropy_with_logits(input, target, weight=None, reduction: str = "mean", pos_weight=None) -> Tensor:
     """torch.nn.functional.binary_cross_entropy_with_logits, in the stable form
     ``(1 - t) x + (1 + (pos_weight - 1) t) softplus(-x)``.
 

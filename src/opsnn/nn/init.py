@@ -11,6 +11,7 @@ a model under ``seeded(s)`` gives the same weights every time::
     >>> bool((a == b).all())
     True
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -67,8 +68,7 @@ def uniform(shape, low: float, high: float, dtype="float32") -> np.ndarray:
 
 
 def normal(shape, std: float = 1.0, mean: float = 0.0, dtype="float32") -> np.ndarray:
-    return _cast(_rng.standard_normal(size=tuple(shape), dtype=np.float32) * np.float32(std) + np.float32(mean),
-                 dtype)
+    return _cast(_rng.standard_normal(size=tuple(shape), dtype=np.float32) * np.float32(std) + np.float32(mean), dtype)
 
 
 def kaiming_uniform(shape, a: float = math.sqrt(5), dtype="float32") -> np.ndarray:

@@ -7,6 +7,7 @@ activation modules.
 >>> conv(opsnn.tensor(np.ones((1, 3, 8, 8), np.float32))).shape
 (1, 8, 8, 8)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -88,15 +89,28 @@ class Conv2d(Module):
     ``conv2d_winograd``); an unknown name fails here, listing the registered kernels.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
-                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", dtype="float32",
-                 config: dict | None = None):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        dtype="float32",
+        config: dict | None = None,
+    ):
         super().__init__()
         if padding_mode != "zeros":
             raise ParamInvalidError(f"Conv2d: only padding_mode='zeros' is supported, got {padding_mode!r}")
         if in_channels % groups or out_channels % groups:
-            raise ParamInvalidError(f"Conv2d: in_channels ({in_channels}) and out_channels ({out_channels}) must "
-                                    f"be divisible by groups ({groups})")
+            raise ParamInvalidError(
+                f"Conv2d: in_channels ({in_channels}) and out_channels ({out_channels}) must "
+                f"be divisible by groups ({groups})"
+            )
         self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), int(groups)
         self.kernel_size = _pair(kernel_size, "kernel_size")
         self.stride, self.dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
@@ -117,12 +131,22 @@ class Conv2d(Module):
             self.register_parameter("bias", None)
 
     def forward(self, x):
-        return ops.conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
-                          dilation=self.dilation, groups=self.groups, algo=self.algo)
+        return ops.conv2d(
+            x,
+            self.weight,
+            self.bias,
+            stride=self.stride,
+            padding=self.padding,
+            dilation=self.dilation,
+            groups=self.groups,
+            algo=self.algo,
+        )
 
     def extra_repr(self) -> str:
-        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-             f"padding={self.padding}")
+        s = (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"padding={self.padding}"
+        )
         if self.dilation != (1, 1):
             s += f", dilation={self.dilation}"
         if self.groups != 1:
@@ -145,8 +169,15 @@ class BatchNorm2d(Module):
     (array([0.55, 0.95], dtype=float32), 1)
     """
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, dtype="float32"):
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        dtype="float32",
+    ):
         super().__init__()
         self.num_features, self.eps = int(num_features), float(eps)
         self.momentum = None if momentum is None else float(momentum)
@@ -195,11 +226,15 @@ class BatchNorm2d(Module):
 
 
 class LayerNorm(Module):
-    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
-                 dtype="float32"):
+    def __init__(
+        self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True, dtype="float32"
+    ):
         super().__init__()
-        shape = (int(normalized_shape),) if isinstance(normalized_shape, (int, np.integer)) else \
-            tuple(int(s) for s in normalized_shape)
+        shape = (
+            (int(normalized_shape),)
+            if isinstance(normalized_shape, (int, np.integer))
+            else tuple(int(s) for s in normalized_shape)
+        )
         self.normalized_shape, self.eps = shape, float(eps)
         dt = _dt.get(dtype)
         if elementwise_affine:
@@ -222,11 +257,13 @@ class LayerNorm(Module):
 class RMSNorm(Module):
     """``x / sqrt(mean(x^2) + eps) * weight`` (``eps=None``: the dtype's machine epsilon, as torch)."""
 
-    def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True,
-                 dtype="float32"):
+    def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True, dtype="float32"):
         super().__init__()
-        shape = (int(normalized_shape),) if isinstance(normalized_shape, (int, np.integer)) else \
-            tuple(int(s) for s in normalized_shape)
+        shape = (
+            (int(normalized_shape),)
+            if isinstance(normalized_shape, (int, np.integer))
+            else tuple(int(s) for s in normalized_shape)
+        )
         self.normalized_shape, self.eps = shape, eps
         if elementwise_affine:
             self.weight = Parameter(np.ones(shape, _dt.get(dtype)))
@@ -244,8 +281,9 @@ class GroupNorm(Module):
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, dtype="float32"):
         super().__init__()
         if num_channels % num_groups:
-            raise ParamInvalidError(f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups "
-                                    f"({num_groups})")
+            raise ParamInvalidError(
+                f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups ({num_groups})"
+            )
         self.num_groups, self.num_channels, self.eps = int(num_groups), int(num_channels), float(eps)
         dt = _dt.get(dtype)
         if affine:
@@ -391,6 +429,26 @@ class AdaptiveAvgPool2d(Module):
         return f"output_size={self.output_size}"
 
 
-__all__ = ["AdaptiveAvgPool2d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding", "Flatten", "GELU", "GroupNorm",
-           "Identity", "LayerNorm", "Linear", "MaxPool2d", "OutOfVocabularyError", "RMSNorm", "ReLU", "SiLU", "Sigmoid",
-           "Softmax", "Tanh", "conv_kernels", "resolve_conv_algo"]
+__all__ = [
+    "AdaptiveAvgPool2d",
+    "BatchNorm2d",
+    "Conv2d",
+    "Dropout",
+    "Embedding",
+    "Flatten",
+    "GELU",
+    "GroupNorm",
+    "Identity",
+    "LayerNorm",
+    "Linear",
+    "MaxPool2d",
+    "OutOfVocabularyError",
+    "RMSNorm",
+    "ReLU",
+    "SiLU",
+    "Sigmoid",
+    "Softmax",
+    "Tanh",
+    "conv_kernels",
+    "resolve_conv_algo",
+]

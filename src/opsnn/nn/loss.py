@@ -6,6 +6,7 @@
 >>> float(loss.item())
 2.5
 """
+
 from __future__ import annotations
 
 from . import functional as F

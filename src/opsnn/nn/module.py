@@ -11,6 +11,7 @@ torch, so ``state_dict()`` keys are dotted paths (``layer1.0.conv1.weight``)::
     >>> net(opsnn.tensor(np.ones((3, 4), np.float32))).shape
     (3, 2)
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,8 +40,10 @@ class StateDictError(ParamInvalidError):
         if self.unexpected:
             parts.append(f"{len(self.unexpected)} unexpected: {', '.join(self.unexpected)}")
         if self.mismatched:
-            parts.append(f"{len(self.mismatched)} mis-shaped: " + ", ".join(
-                f"{n} (expected {e}, got {g})" for n, e, g in self.mismatched))
+            parts.append(
+                f"{len(self.mismatched)} mis-shaped: "
+                + ", ".join(f"{n} (expected {e}, got {g})" for n, e, g in self.mismatched)
+            )
         super().__init__(f"load_state_dict into {where}: " + "; ".join(parts))
 
 
@@ -88,8 +91,9 @@ def _as_array(v, name: str) -> np.ndarray:
     try:
         return np.asarray(v)
     except Exception as exc:  # noqa: BLE001 - report any conversion failure as a typed error
-        raise ParamInvalidError(f"load_state_dict: value of {name!r} is not array-like ({type(v).__name__}): {exc}") \
-            from None
+        raise ParamInvalidError(
+            f"load_state_dict: value of {name!r} is not array-like ({type(v).__name__}): {exc}"
+        ) from None
 
 
 class Module:
@@ -118,8 +122,9 @@ class Module:
             except OpsnnError:
                 raise
             except ARGUMENT_ERRORS as exc:
-                raise ParamInvalidError(bad_arguments_message(type(self).__name__, init, (self,) + args, kw, exc)) \
-                    from None
+                raise ParamInvalidError(
+                    bad_arguments_message(type(self).__name__, init, (self,) + args, kw, exc)
+                ) from None
 
         cls.__init__ = checked_init
 
@@ -150,8 +155,9 @@ class Module:
             modules[name] = value
         elif name in params:
             if value is not None and not isinstance(value, Tensor):
-                raise ParamInvalidError(f"{type(self).__name__}.{name} is a parameter: assign a Tensor or None, "
-                                        f"got {type(value).__name__}")
+                raise ParamInvalidError(
+                    f"{type(self).__name__}.{name} is a parameter: assign a Tensor or None, got {type(value).__name__}"
+                )
             params[name] = value if value is None or isinstance(value, Parameter) else Parameter(value)
         elif name in buffers:
             if value is not None and not isinstance(value, Tensor):
@@ -159,8 +165,9 @@ class Module:
             buffers[name] = value
         elif name in modules:
             if value is not None:
-                raise ParamInvalidError(f"{type(self).__name__}.{name} is a submodule: assign a Module or None, "
-                                        f"got {type(value).__name__}")
+                raise ParamInvalidError(
+                    f"{type(self).__name__}.{name} is a submodule: assign a Module or None, got {type(value).__name__}"
+                )
             modules[name] = None
         else:
             object.__setattr__(self, name, value)
@@ -190,8 +197,9 @@ class Module:
         """Register ``value`` (a Tensor, array or None) as parameter ``name``."""
         self._check_name(name)
         self._forget(name)
-        self._parameters[name] = None if value is None else (value if isinstance(value, Parameter)
-                                                             else Parameter(value))
+        self._parameters[name] = (
+            None if value is None else (value if isinstance(value, Parameter) else Parameter(value))
+        )
 
     def register_buffer(self, name: str, value, persistent: bool = True, optional: bool = False) -> None:
         """Register a non-learnable tensor (running statistics, caches). ``persistent=False``
@@ -216,8 +224,9 @@ class Module:
 
     def _check_name(self, name: str) -> None:
         if not isinstance(name, str) or not name or "." in name:
-            raise ParamInvalidError(f"{type(self).__name__}: attribute names must be non-empty strings without "
-                                    f"'.', got {name!r}")
+            raise ParamInvalidError(
+                f"{type(self).__name__}: attribute names must be non-empty strings without '.', got {name!r}"
+            )
         self._registry("_parameters")
 
     # -- traversal ----------------------------------------------------------------------------
@@ -248,8 +257,9 @@ class Module:
         for _, m in self.named_modules():
             yield m
 
-    def _named_members(self, reg: str, prefix: str, recurse: bool, persistent_only: bool = False,
-                       remove_duplicate: bool = True):
+    def _named_members(
+        self, reg: str, prefix: str, recurse: bool, persistent_only: bool = False, remove_duplicate: bool = True
+    ):
         seen = set()
         mods = self.named_modules(prefix) if recurse else [(prefix, self)]
         for mname, mod in mods:
@@ -314,8 +324,9 @@ class Module:
         IncompatibleKeys(missing_keys=[], unexpected_keys=[])
         """
         if not hasattr(state_dict, "items"):
-            raise ParamInvalidError(f"load_state_dict: expected a mapping of name -> tensor, got "
-                                    f"{type(state_dict).__name__}")
+            raise ParamInvalidError(
+                f"load_state_dict: expected a mapping of name -> tensor, got {type(state_dict).__name__}"
+            )
         own = self.state_dict()
         optional = self._optional_names()
         missing = [k for k in own if k not in state_dict and k not in optional]
@@ -330,13 +341,15 @@ class Module:
                 mismatched.append((k, tuple(dst.shape), tuple(arr.shape)))
                 continue
             if not _castable(arr.dtype, dst.dtype):
-                mismatched.append((k, f"{tuple(dst.shape)} {_dt.name(dst.dtype)}",
-                                   f"{tuple(arr.shape)} {_dt.name(arr.dtype)}"))
+                mismatched.append(
+                    (k, f"{tuple(dst.shape)} {_dt.name(dst.dtype)}", f"{tuple(arr.shape)} {_dt.name(arr.dtype)}")
+                )
                 continue
             arrays[k] = arr
         if mismatched or (strict and (missing or unexpected)):
-            raise StateDictError(type(self).__name__, missing if strict else (), unexpected if strict else (),
-                                 mismatched)
+            raise StateDictError(
+                type(self).__name__, missing if strict else (), unexpected if strict else (), mismatched
+            )
         for k, arr in arrays.items():
             own[k].copy_(arr)
         self._weights_loaded()
@@ -412,8 +425,9 @@ class Module:
                 for n, t in list(d.items()):
                     if t is not None and _dt.is_float(t.dtype) and t.dtype != dt:
                         arr = t.numpy().astype(dt)
-                        d[n] = Parameter(arr, requires_grad=t.requires_grad) if isinstance(t, Parameter) \
-                            else tensor(arr)
+                        d[n] = (
+                            Parameter(arr, requires_grad=t.requires_grad) if isinstance(t, Parameter) else tensor(arr)
+                        )
         self._weights_loaded()
         return self
 
@@ -464,13 +478,17 @@ class Module:
             return _flatten_outputs(self.forward(*args))
 
         try:
-            params = [p for p in inspect.signature(self.forward).parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            params = [
+                p
+                for p in inspect.signature(self.forward).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            ]
         except (TypeError, ValueError):
             params = []
         if len(params) >= len(example_inputs):
             traced.__signature__ = inspect.Signature(
-                [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_ONLY) for p in params[:len(example_inputs)]])
+                [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_ONLY) for p in params[: len(example_inputs)]]
+            )
         traced.__name__ = name or type(self).__name__
         return trace(traced, example_inputs, dynamic_dims, name=name or type(self).__name__)
 

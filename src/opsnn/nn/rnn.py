@@ -20,6 +20,7 @@ as they are. Each forward maps them onto the ONNX layout, one op call per layer:
 >>> out.shape, h.shape
 ((3, 5, 16), (2, 3, 16))
 """
+
 from __future__ import annotations
 
 import math
@@ -39,16 +40,27 @@ class _RNNBase(Module):
     GATES = 1
     ORDER = (0,)
 
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
-                 dtype="float32"):
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        proj_size: int = 0,
+        dtype="float32",
+    ):
         super().__init__()
         name = type(self).__name__
         if proj_size:
             raise ParamInvalidError(f"{name}: proj_size is not supported")
         if num_layers < 1 or hidden_size < 1 or input_size < 1:
-            raise ParamInvalidError(f"{name}: input_size, hidden_size and num_layers must be >= 1, got "
-                                    f"{input_size}, {hidden_size}, {num_layers}")
+            raise ParamInvalidError(
+                f"{name}: input_size, hidden_size and num_layers must be >= 1, got "
+                f"{input_size}, {hidden_size}, {num_layers}"
+            )
         self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
         self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
         self.bidirectional = bool(bidirectional)
@@ -77,7 +89,7 @@ class _RNNBase(Module):
 
     def _reorder(self, a: np.ndarray) -> np.ndarray:
         H = self.hidden_size
-        return np.concatenate([a[g * H:(g + 1) * H] for g in self.ORDER], axis=0)
+        return np.concatenate([a[g * H : (g + 1) * H] for g in self.ORDER], axis=0)
 
     def onnx_weights(self, layer: int) -> tuple:
         """``(W, R, B)`` of ``layer`` in the ONNX layout (numpy; ``B`` None without bias)."""
@@ -86,8 +98,14 @@ class _RNNBase(Module):
             W.append(self._reorder(getattr(self, f"weight_ih{sfx}").numpy()))
             R.append(self._reorder(getattr(self, f"weight_hh{sfx}").numpy()))
             if self.bias:
-                B.append(np.concatenate([self._reorder(getattr(self, f"bias_ih{sfx}").numpy()),
-                                         self._reorder(getattr(self, f"bias_hh{sfx}").numpy())]))
+                B.append(
+                    np.concatenate(
+                        [
+                            self._reorder(getattr(self, f"bias_ih{sfx}").numpy()),
+                            self._reorder(getattr(self, f"bias_hh{sfx}").numpy()),
+                        ]
+                    )
+                )
         return np.stack(W), np.stack(R), (np.stack(B) if self.bias else None)
 
     def _onnx_weight_tensors(self, layer: int) -> tuple:
@@ -103,8 +121,14 @@ class _RNNBase(Module):
             W.append(ops.unsqueeze(reorder(getattr(self, f"weight_ih{sfx}")), 0))
             R.append(ops.unsqueeze(reorder(getattr(self, f"weight_hh{sfx}")), 0))
             if self.bias:
-                B.append(ops.unsqueeze(ops.concat([reorder(getattr(self, f"bias_ih{sfx}")),
-                                                   reorder(getattr(self, f"bias_hh{sfx}"))], dim=0), 0))
+                B.append(
+                    ops.unsqueeze(
+                        ops.concat(
+                            [reorder(getattr(self, f"bias_ih{sfx}")), reorder(getattr(self, f"bias_hh{sfx}"))], dim=0
+                        ),
+                        0,
+                    )
+                )
 
         def cat(ts):
             return ts[0] if len(ts) == 1 else ops.concat(ts, dim=0)
@@ -120,8 +144,10 @@ class _RNNBase(Module):
         x = as_tensor(x)
         name = type(self).__name__
         if x.ndim not in (2, 3) or x.shape[-1] != self.input_size:
-            raise ParamInvalidError(f"{name}: input must be (L, N, {self.input_size}) (or (N, L, ...) with "
-                                    f"batch_first, or 2-D unbatched), got {x.shape}")
+            raise ParamInvalidError(
+                f"{name}: input must be (L, N, {self.input_size}) (or (N, L, ...) with "
+                f"batch_first, or 2-D unbatched), got {x.shape}"
+            )
         return x
 
     def _state(self, s, N: int, what: str):
@@ -199,8 +225,9 @@ class GRU(_RNNBase):
     ORDER = (1, 0, 2)  # torch (r, z, n) -> ONNX (z, r, h)
 
     def _op(self, x, W, R, B, init_states, direction):
-        return ops.gru(x, W, R, B, None, init_states[0], hidden_size=self.hidden_size, direction=direction,
-                       linear_before_reset=1)
+        return ops.gru(
+            x, W, R, B, None, init_states[0], hidden_size=self.hidden_size, direction=direction, linear_before_reset=1
+        )
 
     def forward(self, x, hx=None):
         y, (h,) = self._run(x, [hx])

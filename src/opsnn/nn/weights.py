@@ -10,6 +10,7 @@ ONNX initializers named ``<param>.T`` hold a parameter transposed (a Linear weig
 >>> sorted(opsnn.nn.read_weights(path))
 ['bias', 'weight']
 """
+
 from __future__ import annotations
 
 import os
@@ -31,16 +32,18 @@ def _safetensors():
     try:
         import safetensors.numpy as st
     except ImportError:  # pragma: no cover - a declared dependency
-        raise WeightFileError("reading .safetensors files needs the 'safetensors' package "
-                              "(pip install safetensors)") from None
+        raise WeightFileError(
+            "reading .safetensors files needs the 'safetensors' package (pip install safetensors)"
+        ) from None
     return st
 
 
 def _format(path: str) -> str:
     ext = os.path.splitext(path)[1].lower()
     if ext not in FORMATS:
-        raise WeightFileError(f"weights file {path!r}: unknown format {ext or '(no extension)'!r}; "
-                              f"expected one of {FORMATS}")
+        raise WeightFileError(
+            f"weights file {path!r}: unknown format {ext or '(no extension)'!r}; expected one of {FORMATS}"
+        )
     return ext
 
 
@@ -62,8 +65,9 @@ def read_weights(path, names=None) -> dict:
     except WeightFileError:
         raise
     except Exception as exc:  # noqa: BLE001 - any parser failure is a bad file
-        raise WeightFileError(f"weights file {path!r} could not be read as {ext}: {type(exc).__name__}: {exc}") \
-            from None
+        raise WeightFileError(
+            f"weights file {path!r} could not be read as {ext}: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _read_onnx(path: str, names) -> dict:
@@ -83,7 +87,7 @@ def onnx_initializers(model, names=None) -> dict:
         name = init.name
         transposed = name.endswith(TRANSPOSED_SUFFIX) and (keep is None or name not in keep)
         if transposed:
-            name = name[:-len(TRANSPOSED_SUFFIX)]
+            name = name[: -len(TRANSPOSED_SUFFIX)]
         if keep is not None and name not in keep:
             continue
         arr = numpy_helper.to_array(init)
@@ -95,13 +99,17 @@ def write_weights(state_dict, path) -> str:
     """Write ``{name: Tensor | array}`` to ``.safetensors`` or ``.npz``; returns the path."""
     path = os.fspath(path)
     ext = _format(path)
-    arrays = {k: np.require(v.numpy() if isinstance(v, Tensor) else np.asarray(v), requirements="C")
-              for k, v in state_dict.items()}
+    arrays = {
+        k: np.require(v.numpy() if isinstance(v, Tensor) else np.asarray(v), requirements="C")
+        for k, v in state_dict.items()
+    }
     if ext == ".safetensors":
         _safetensors().save_file(arrays, path)
     elif ext == ".npz":
         np.savez(path, **arrays)
     else:
-        raise WeightFileError(f"write_weights: cannot write {ext} files; use .safetensors or .npz "
-                              "(ONNX files come from opsnn.models.export)")
+        raise WeightFileError(
+            f"write_weights: cannot write {ext} files; use .safetensors or .npz "
+            "(ONNX files come from opsnn.models.export)"
+        )
     return path

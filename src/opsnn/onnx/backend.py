@@ -10,6 +10,7 @@
 >>> backend.prepare(m).run([np.array([-1.0, 2.0], np.float32)])[0]
 array([0., 2.], dtype=float32)
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -46,8 +47,9 @@ class OpsnnRep(BackendRep):
             if isinstance(inputs, np.ndarray) or not isinstance(inputs, (list, tuple)):
                 inputs = [inputs]
             if len(inputs) > len(g.inputs):
-                raise ParamInvalidError(f"graph {g.name!r}: got {len(inputs)} inputs, the model takes "
-                                        f"{len(g.inputs)} ({g.input_names})")
+                raise ParamInvalidError(
+                    f"graph {g.name!r}: got {len(inputs)} inputs, the model takes {len(g.inputs)} ({g.input_names})"
+                )
             feeds = {v.name: x for v, x in zip(g.inputs, inputs)}
         res = self.interpreter.run(feeds)
         return self._outputs_type(*[res[n] for n in g.output_names])
@@ -76,8 +78,9 @@ class OpsnnBackend(Backend):
         return cls.prepare(model, device, **kwargs).run(inputs)
 
     @classmethod
-    def run_node(cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU", outputs_info=None,
-                 **kwargs: Any) -> tuple:
+    def run_node(
+        cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU", outputs_info=None, **kwargs: Any
+    ) -> tuple:
         """Run one node on ``inputs`` (list in the order of ``node.input``, or a dict)."""
         names = [n for n in node.input if n]
         if isinstance(inputs, dict):

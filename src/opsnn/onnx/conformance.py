@@ -13,6 +13,7 @@ onnxruntime on the same cases for a side-by-side table; the stored onnxruntime r
     >>> report.totals()                                                  # doctest: +SKIP
     {'pass': 1, 'fail': 0, 'unsupported': 0, 'total': 1}
 """
+
 from __future__ import annotations
 
 import argparse
@@ -92,8 +93,9 @@ class Report:
     def ahead(self) -> list[str]:
         """Cases opsnn passes that the peer (this run's, else the stored baseline) does not."""
         ref = {k: v.status for k, v in self.peer_results.items()} or self.baseline
-        return sorted(r.name for r in self.results if r.status == PASS and ref.get(r.name, PASS) != PASS
-                      and r.name in ref)
+        return sorted(
+            r.name for r in self.results if r.status == PASS and ref.get(r.name, PASS) != PASS and r.name in ref
+        )
 
     def behind(self) -> list[str]:
         ref = {k: v.status for k, v in self.peer_results.items()} or self.baseline
@@ -105,11 +107,18 @@ class Report:
         from ..version import __version__
 
         out = {
-            "opsnn": __version__, "onnx": onnx.__version__, "seconds": round(self.seconds, 1),
-            "totals": self.totals(), "totals_node": self.totals("node"), "totals_light": self.totals("light"),
+            "opsnn": __version__,
+            "onnx": onnx.__version__,
+            "seconds": round(self.seconds, 1),
+            "totals": self.totals(),
+            "totals_node": self.totals("node"),
+            "totals_light": self.totals("light"),
             "by_op": self.by_op(),
-            "failures": [{"case": r.name, "op": r.op, "status": r.status, "reason": r.reason}
-                         for r in self.results if r.status != PASS],
+            "failures": [
+                {"case": r.name, "op": r.op, "status": r.status, "reason": r.reason}
+                for r in self.results
+                if r.status != PASS
+            ],
             "cases": {r.name: r.status for r in self.results},
             "seconds_per_case": {r.name: round(r.seconds, 3) for r in self.results},
         }
@@ -120,8 +129,11 @@ class Report:
             out["behind_peer"] = self.behind()
         if self.peer_results:
             out["peer_cases"] = {k: v.status for k, v in self.peer_results.items()}
-            out["peer_failures"] = [{"case": v.name, "status": v.status, "reason": v.reason}
-                                    for v in self.peer_results.values() if v.status != PASS]
+            out["peer_failures"] = [
+                {"case": v.name, "status": v.status, "reason": v.reason}
+                for v in self.peer_results.values()
+                if v.status != PASS
+            ]
         return out
 
 
@@ -169,8 +181,18 @@ def node_cases(filter: str | None = None) -> list[Case]:
         if rx is not None and not rx.search(c.name):
             continue
         ins, outs = c.data_sets[0]
-        cases.append(Case(c.name, c.model, [_normalize(x) for x in ins], [_normalize(x) for x in outs],
-                          float(c.rtol), float(c.atol), "node", case_op(c.model, c.name, by_name)))
+        cases.append(
+            Case(
+                c.name,
+                c.model,
+                [_normalize(x) for x in ins],
+                [_normalize(x) for x in outs],
+                float(c.rtol),
+                float(c.atol),
+                "node",
+                case_op(c.model, c.name, by_name),
+            )
+        )
     return cases
 
 
@@ -192,7 +214,7 @@ def light_cases(filter: str | None = None) -> list[Case]:
     rx = re.compile(filter) if filter else None
     cases = []
     for path in sorted(light_dir().glob("light_*.onnx")):
-        model_name = path.stem[len("light_"):]
+        model_name = path.stem[len("light_") :]
         name = f"test_{model_name}"
         if rx is not None and not rx.search(name):
             continue
@@ -250,10 +272,12 @@ def compare(expected, got, rtol: float, atol: float, where: str = "output") -> s
         if eq.all():
             return None
         i = int(np.argmin(eq))
-        return f"{where}: {int((~eq).sum())} of {eq.size} values differ; first at flat index {i}: got " \
-               f"{g.reshape(-1)[i]!r}, expected {e.reshape(-1)[i]!r}"
+        return (
+            f"{where}: {int((~eq).sum())} of {eq.size} values differ; first at flat index {i}: got "
+            f"{g.reshape(-1)[i]!r}, expected {e.reshape(-1)[i]!r}"
+        )
     if e.dtype.name == "bfloat16":
-        rtol = max(rtol, 2 ** -6)
+        rtol = max(rtol, 2**-6)
     if e.dtype.kind == "c":
         e64, g64 = e.astype(np.complex128), g.astype(np.complex128)
         bad = ~np.isclose(g64, e64, rtol=rtol, atol=atol, equal_nan=True)
@@ -267,8 +291,10 @@ def compare(expected, got, rtol: float, atol: float, where: str = "output") -> s
     with np.errstate(all="ignore"):
         err = np.abs(g64 - e64)
         worst = float(np.nanmax(np.where(bad, err, 0))) if bad.ndim else float(err)
-    return (f"{where}: {int(bad.sum())} of {bad.size} values outside rtol={rtol:g} atol={atol:g}; max abs err "
-            f"{worst:.3g}; first at {tuple(int(i) for i in idx)}: got {g64[idx]!r}, expected {e64[idx]!r}")
+    return (
+        f"{where}: {int(bad.sum())} of {bad.size} values outside rtol={rtol:g} atol={atol:g}; max abs err "
+        f"{worst:.3g}; first at {tuple(int(i) for i in idx)}: got {g64[idx]!r}, expected {e64[idx]!r}"
+    )
 
 
 def compare_outputs(expected: list, got, rtol: float, atol: float) -> str | None:
@@ -297,8 +323,12 @@ def _time_limit(seconds: float | None):
     limit). The alarm re-arms every 0.5 s until the case ends, so an exception swallowed by C
     code (a numba/llvmlite callback) is raised again; ``deadline.fired`` records that it fired."""
     deadline = _Deadline()
-    usable = (seconds and seconds > 0 and hasattr(signal, "setitimer")
-              and threading.current_thread() is threading.main_thread())
+    usable = (
+        seconds
+        and seconds > 0
+        and hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+    )
     if not usable:
         yield deadline
         return
@@ -417,8 +447,15 @@ def run_onnxruntime(case: Case, timeout: float | None = 60.0) -> Result:
 PEERS: dict[str, Callable[[Case, float | None], Result]] = {"onnxruntime": run_onnxruntime}
 
 
-def run(cases: list[Case], *, timeout: float | None = 60.0, peer: str | None = None, progress: bool | None = None,
-        baseline: dict | None = None, engine: str = "interpreter") -> Report:
+def run(
+    cases: list[Case],
+    *,
+    timeout: float | None = 60.0,
+    peer: str | None = None,
+    progress: bool | None = None,
+    baseline: dict | None = None,
+    engine: str = "interpreter",
+) -> Report:
     """Run ``cases`` with opsnn's ``engine`` (and ``peer`` when given); never stops on a failing case."""
     from tqdm import tqdm
 
@@ -491,19 +528,35 @@ def format_table(report: Report, top_failures: int = 0) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``opsnn conformance``: run ONNX's node cases and light models, print tables, write JSON."""
-    p = argparse.ArgumentParser(prog="opsnn conformance", description=(
-        "Run ONNX's node test cases and the light model zoo through opsnn and compare each output with the "
-        "case's rtol/atol."))
+    p = argparse.ArgumentParser(
+        prog="opsnn conformance",
+        description=(
+            "Run ONNX's node test cases and the light model zoo through opsnn and compare each output with the "
+            "case's rtol/atol."
+        ),
+    )
     p.add_argument("--filter", metavar="REGEX", help="only cases whose name matches REGEX (re.search)")
     p.add_argument("--suite", choices=("all", "node", "light"), default="all", help="which cases (default: all)")
     p.add_argument("--peer", choices=sorted(PEERS), help="also run this runtime on the same cases")
-    p.add_argument("--engine", choices=ENGINES, default="interpreter",
-                   help="interpreter: node by node (default); compiled: opsnn.compile's graph engine")
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="interpreter",
+        help="interpreter: node by node (default); compiled: opsnn.compile's graph engine",
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per case (default 60; 0 = none)")
-    p.add_argument("--report", metavar="PATH", default="conformance-report.json",
-                   help="JSON report path (default: conformance-report.json; '-' = none)")
-    p.add_argument("--baseline", metavar="DIR", default=None,
-                   help="folder with onnxruntime-node-cases.json (default: ../shared/conformance next to the repo)")
+    p.add_argument(
+        "--report",
+        metavar="PATH",
+        default="conformance-report.json",
+        help="JSON report path (default: conformance-report.json; '-' = none)",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="DIR",
+        default=None,
+        help="folder with onnxruntime-node-cases.json (default: ../shared/conformance next to the repo)",
+    )
     p.add_argument("--failures", type=int, default=20, metavar="N", help="print the first N failures (default 20)")
     p.add_argument("--min-pass", type=int, default=None, metavar="N", help="exit 1 when fewer than N cases pass")
     p.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")
@@ -520,8 +573,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     base_dir = args.baseline if args.baseline is not None else default_baseline_dir()
     baseline = load_baseline(base_dir)
-    report = run(cases, timeout=args.timeout or None, peer=args.peer, progress=args.progress, baseline=baseline,
-                 engine=args.engine)
+    report = run(
+        cases,
+        timeout=args.timeout or None,
+        peer=args.peer,
+        progress=args.progress,
+        baseline=baseline,
+        engine=args.engine,
+    )
 
     print(format_table(report))
     t, tn, tl = report.totals(), report.totals("node"), report.totals("light")
@@ -558,5 +617,18 @@ if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
 
 
-__all__ = ["ENGINES", "Case", "Report", "Result", "compare", "compare_outputs", "light_cases", "load_baseline", "main",
-           "node_cases", "run", "run_onnxruntime", "run_opsnn"]
+__all__ = [
+    "ENGINES",
+    "Case",
+    "Report",
+    "Result",
+    "compare",
+    "compare_outputs",
+    "light_cases",
+    "load_baseline",
+    "main",
+    "node_cases",
+    "run",
+    "run_onnxruntime",
+    "run_opsnn",
+]

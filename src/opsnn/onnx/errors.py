@@ -1,4 +1,5 @@
 """Typed errors of the ONNX frontend; each names the model part at fault and the fix."""
+
 from __future__ import annotations
 
 from ..errors import (
@@ -47,5 +48,12 @@ class TensorTooLargeError(OnnxImportError, OutOfMemoryError):
     code = OutOfMemoryError.code
 
 
-__all__ = ["ExpansionLimitError", "ExternalDataError", "ModelFormatError", "OnnxImportError", "TensorTooLargeError", "UnsupportedOpError",
-           "UnsupportedOpsetError"]
+__all__ = [
+    "ExpansionLimitError",
+    "ExternalDataError",
+    "ModelFormatError",
+    "OnnxImportError",
+    "TensorTooLargeError",
+    "UnsupportedOpError",
+    "UnsupportedOpsetError",
+]

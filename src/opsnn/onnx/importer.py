@@ -12,6 +12,7 @@ otherwise rejected with the nearest supported ops::
     >>> g = opsnn.onnx.load("model.onnx")          # doctest: +SKIP
     >>> opsnn.graph.run(g, {"x": x})               # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import difflib
@@ -65,18 +66,22 @@ def read_model(model, base_dir: str | None = None) -> tuple[onnx.ModelProto, str
     elif hasattr(model, "read"):
         data, where = model.read(), "the given file object"
     else:
-        raise ModelFormatError(f"onnx.load: expected a path, bytes, a file object or an onnx.ModelProto, got "
-                               f"{type(model).__name__}")
+        raise ModelFormatError(
+            f"onnx.load: expected a path, bytes, a file object or an onnx.ModelProto, got {type(model).__name__}"
+        )
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(data)
     except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError and friends
-        raise ModelFormatError(f"onnx.load: {where} is not a valid ONNX model (malformed or truncated protobuf, "
-                               f"{len(data)} bytes): {exc}") from None
+        raise ModelFormatError(
+            f"onnx.load: {where} is not a valid ONNX model (malformed or truncated protobuf, {len(data)} bytes): {exc}"
+        ) from None
     if not proto.HasField("graph") or proto.ir_version <= 0:
-        raise ModelFormatError(f"onnx.load: {where} parsed as protobuf but is not an ONNX model "
-                               f"(ir_version={proto.ir_version}, has graph: {proto.HasField('graph')}); "
-                               "the file may be truncated or not an .onnx file")
+        raise ModelFormatError(
+            f"onnx.load: {where} parsed as protobuf but is not an ONNX model "
+            f"(ir_version={proto.ir_version}, has graph: {proto.HasField('graph')}); "
+            "the file may be truncated or not an .onnx file"
+        )
     return proto, base_dir
 
 
@@ -90,9 +95,11 @@ def model_opsets(proto) -> dict[str, int]:
         top = _opset.DOMAIN_MAX.get(dom)
         if top is not None and ver > top:
             name = dom or "ai.onnx"
-            raise UnsupportedOpsetError(f"onnx.load: the model imports opset {ver} of domain {name!r}; opsnn "
-                                        f"supports up to {top}. Convert the model to opset {top} "
-                                        "(onnx.version_converter) or upgrade opsnn")
+            raise UnsupportedOpsetError(
+                f"onnx.load: the model imports opset {ver} of domain {name!r}; opsnn "
+                f"supports up to {top}. Convert the model to opset {top} "
+                "(onnx.version_converter) or upgrade opsnn"
+            )
         if ver < 1:
             raise ModelFormatError(f"onnx.load: invalid opset version {ver} for domain {dom or 'ai.onnx'!r}")
     return opsets
@@ -110,12 +117,16 @@ def _check_size(n: int, itemsize: int, what: str) -> None:
     cap = context().pool.cap
     nbytes = n * itemsize
     if cap is not None and nbytes > cap:
-        raise TensorTooLargeError(f"onnx.load: {what} declares {nbytes} bytes, more than the memory pool's cap "
-                                  f"of {cap} bytes; raise the cap with opsnn.memory.set_cap() or load a smaller "
-                                  "model")
+        raise TensorTooLargeError(
+            f"onnx.load: {what} declares {nbytes} bytes, more than the memory pool's cap "
+            f"of {cap} bytes; raise the cap with opsnn.memory.set_cap() or load a smaller "
+            "model"
+        )
     if nbytes > physical_memory():
-        raise TensorTooLargeError(f"onnx.load: {what} declares {nbytes} bytes, more than the machine's "
-                                  f"{physical_memory()} bytes of physical memory")
+        raise TensorTooLargeError(
+            f"onnx.load: {what} declares {nbytes} bytes, more than the machine's "
+            f"{physical_memory()} bytes of physical memory"
+        )
 
 
 def _storage_len(n: int, data_type: int, itemsize: int) -> int:
@@ -164,8 +175,10 @@ class _Importer:
         elif t.HasField("raw_data"):
             want = _storage_len(n, t.data_type, dt.itemsize)
             if len(t.raw_data) != want:
-                raise ModelFormatError(f"onnx.load: {what} declares shape {list(t.dims)} ({want} bytes of "
-                                       f"{dt}) but holds {len(t.raw_data)} bytes of raw data")
+                raise ModelFormatError(
+                    f"onnx.load: {what} declares shape {list(t.dims)} ({want} bytes of "
+                    f"{dt}) but holds {len(t.raw_data)} bytes of raw data"
+                )
         else:
             field = helper.tensor_dtype_to_field(t.data_type)
             have = len(getattr(t, field))
@@ -175,8 +188,10 @@ class _Importer:
             elif t.data_type in _PACKED:
                 want = (n + _PACKED[t.data_type] - 1) // _PACKED[t.data_type]
             if have != want:
-                raise ModelFormatError(f"onnx.load: {what} declares shape {list(t.dims)} ({want} values) but "
-                                       f"holds {have} values in {field}")
+                raise ModelFormatError(
+                    f"onnx.load: {what} declares shape {list(t.dims)} ({want} values) but "
+                    f"holds {have} values in {field}"
+                )
         try:
             arr = numpy_helper.to_array(t)
         except Exception as exc:  # noqa: BLE001
@@ -191,37 +206,48 @@ class _Importer:
         if not loc:
             raise ExternalDataError(f"onnx.load: {what} uses external data but names no location")
         if self.base_dir is None:
-            raise ExternalDataError(f"onnx.load: {what} stores its data in {loc!r} next to the model; load the "
-                                    "model from its path (or pass base_dir=) so the file can be found")
+            raise ExternalDataError(
+                f"onnx.load: {what} stores its data in {loc!r} next to the model; load the "
+                "model from its path (or pass base_dir=) so the file can be found"
+            )
         if "\x00" in loc:  # the OS cannot name such a file; os.path would raise an untyped ValueError
             raise ExternalDataError(f"onnx.load: {what}: external data location {loc!r} contains a NUL byte")
         base = os.path.realpath(self.base_dir)
         if os.path.isabs(loc) or loc.startswith(("/", "\\")) or (len(loc) > 1 and loc[1] == ":"):
-            raise ExternalDataError(f"onnx.load: {what}: external data location {loc!r} is absolute; it must be "
-                                    "a path relative to the model's folder")
+            raise ExternalDataError(
+                f"onnx.load: {what}: external data location {loc!r} is absolute; it must be "
+                "a path relative to the model's folder"
+            )
         path = os.path.realpath(os.path.join(base, loc))
         if os.path.commonpath([base, path]) != base:
-            raise ExternalDataError(f"onnx.load: {what}: external data location {loc!r} escapes the model's "
-                                    f"folder {base!r}; refusing to read it")
+            raise ExternalDataError(
+                f"onnx.load: {what}: external data location {loc!r} escapes the model's "
+                f"folder {base!r}; refusing to read it"
+            )
         try:
             offset = int(info.get("offset", 0))
             length = int(info["length"]) if "length" in info else nbytes
         except ValueError:
             raise ExternalDataError(f"onnx.load: {what}: bad external data offset/length {info}") from None
         if offset < 0 or length != nbytes:
-            raise ExternalDataError(f"onnx.load: {what}: external data length {length} (offset {offset}) does not "
-                                    f"match the declared shape {list(t.dims)} ({nbytes} bytes)")
+            raise ExternalDataError(
+                f"onnx.load: {what}: external data length {length} (offset {offset}) does not "
+                f"match the declared shape {list(t.dims)} ({nbytes} bytes)"
+            )
         try:
             size = os.path.getsize(path)
             if offset + length > size:
-                raise ExternalDataError(f"onnx.load: {what}: external file {loc!r} has {size} bytes, the tensor "
-                                        f"needs bytes {offset}..{offset + length}")
+                raise ExternalDataError(
+                    f"onnx.load: {what}: external file {loc!r} has {size} bytes, the tensor "
+                    f"needs bytes {offset}..{offset + length}"
+                )
             with open(path, "rb") as f:
                 f.seek(offset)
                 return f.read(length)
         except OSError as exc:
-            raise ExternalDataError(f"onnx.load: {what}: cannot read external data file {loc!r}: "
-                                    f"{exc.strerror or exc}") from None
+            raise ExternalDataError(
+                f"onnx.load: {what}: cannot read external data file {loc!r}: {exc.strerror or exc}"
+            ) from None
 
     def sparse(self, st, what: str) -> np.ndarray:
         values = self.tensor(st.values, f"{what} (values)")
@@ -250,8 +276,13 @@ class _Importer:
                     kind = k
                     break
             else:
-                for k, field in ((T.FLOATS, "floats"), (T.INTS, "ints"), (T.STRINGS, "strings"),
-                                 (T.TENSORS, "tensors"), (T.GRAPHS, "graphs")):
+                for k, field in (
+                    (T.FLOATS, "floats"),
+                    (T.INTS, "ints"),
+                    (T.STRINGS, "strings"),
+                    (T.TENSORS, "tensors"),
+                    (T.GRAPHS, "graphs"),
+                ):
                     if len(getattr(a, field)):
                         kind = k
                         break
@@ -298,17 +329,24 @@ class _Importer:
         names = [vi.name for vi in list(gp.input) + list(gp.output) + list(gp.value_info)]
         names += [t.name for t in gp.initializer] + [gp.name]
         if any(not isinstance(x, str) for x in names):
-            raise ModelFormatError(f"onnx.load: graph {gp.name!r} has value names that are not valid UTF-8; "
-                                   "the model is corrupt")
+            raise ModelFormatError(
+                f"onnx.load: graph {gp.name!r} has value names that are not valid UTF-8; the model is corrupt"
+            )
         inputs = [self.value(vi) for vi in gp.input if vi.name not in inits]
         outputs = [self.value(vi) for vi in gp.output]
         value_info = {vi.name: self.value(vi) for vi in gp.value_info}
         for vi in gp.input:
             if vi.name in inits:
                 value_info[vi.name] = self.value(vi)
-        g = Graph(gp.name or "graph", inputs=inputs, outputs=outputs, initializers=inits,
-                  opset_imports={d: (_opset.MAX_OPSET if d == "" else v) for d, v in opsets.items()},
-                  value_info=value_info, doc=gp.doc_string)
+        g = Graph(
+            gp.name or "graph",
+            inputs=inputs,
+            outputs=outputs,
+            initializers=inits,
+            opset_imports={d: (_opset.MAX_OPSET if d == "" else v) for d, v in opsets.items()},
+            value_info=value_info,
+            doc=gp.doc_string,
+        )
         scope = _Scope(g, outer)
         self._nodes(list(gp.node), g, scope, opsets, depth=0)
         self._fold_constants(g)
@@ -324,17 +362,23 @@ class _Importer:
             ver = opsets.get(dom)
             if ver is None:
                 if dom == "":
-                    raise ModelFormatError(f"onnx.load: {where} uses domain ai.onnx but the model imports no "
-                                           "ai.onnx opset")
+                    raise ModelFormatError(
+                        f"onnx.load: {where} uses domain ai.onnx but the model imports no ai.onnx opset"
+                    )
                 ver = 1
             _check_node(np_, dom, ver, where)
             fn = self.functions.get((dom, np_.op_type))
             if fn is not None and not is_supported(np_.op_type, dom):
                 self._inline(np_, fn, g, scope, opsets, depth, where)
                 continue
-            node = Node(np_.op_type, list(np_.input), list(np_.output),
-                        {a.name: self.attr(a, scope, opsets, where) for a in np_.attribute},
-                        domain=dom, name=self._node_name(np_, g))
+            node = Node(
+                np_.op_type,
+                list(np_.input),
+                list(np_.output),
+                {a.name: self.attr(a, scope, opsets, where) for a in np_.attribute},
+                domain=dom,
+                name=self._node_name(np_, g),
+            )
             ctx = _opset.AdapterContext(g, ver, scope.lookup, self.names)
             for n in _opset.upgrade(node, ver, ctx):
                 if is_supported(n.op_type, n.domain):
@@ -387,7 +431,8 @@ class _Importer:
                 if any(t is None for t in types if t is not ...):
                     return None
                 data = schema.get_context_dependent_function_with_opset_version(
-                    best, np_.SerializeToString(), [b"" if t is ... else t.SerializeToString() for t in types])
+                    best, np_.SerializeToString(), [b"" if t is ... else t.SerializeToString() for t in types]
+                )
                 fp = onnx.FunctionProto()
                 fp.ParseFromString(data)
         except Exception:  # noqa: BLE001 - onnx could not build the body
@@ -395,11 +440,13 @@ class _Importer:
         if fp is None or not fp.node:
             return None
         # a schema's attribute defaults live in the schema, not in the function body
-        defaults = {k: a.default_value for k, a in schema.attributes.items()
-                    if a.default_value is not None and a.default_value.name}
+        defaults = {
+            k: a.default_value
+            for k, a in schema.attributes.items()
+            if a.default_value is not None and a.default_value.name
+        }
         if defaults:
-            fp.attribute_proto.extend(d for k, d in defaults.items()
-                                      if k not in {x.name for x in fp.attribute_proto})
+            fp.attribute_proto.extend(d for k, d in defaults.items() if k not in {x.name for x in fp.attribute_proto})
         return fp  # _inline applies the body's own opset imports over the calling graph's
 
     def _type_of(self, name: str, scope: _Scope):
@@ -427,14 +474,19 @@ class _Importer:
 
     def _inline(self, np_, fp, g: Graph, scope: _Scope, opsets: dict, depth: int, where: str) -> None:
         if depth >= _MAX_INLINE_DEPTH:
-            raise UnsupportedOpError(f"onnx.load: {where}: function expansion nested deeper than "
-                                     f"{_MAX_INLINE_DEPTH} levels (recursive function?)", op=np_.op_type)
+            raise UnsupportedOpError(
+                f"onnx.load: {where}: function expansion nested deeper than "
+                f"{_MAX_INLINE_DEPTH} levels (recursive function?)",
+                op=np_.op_type,
+            )
         self.function_nodes += len(fp.node)
         if self.function_nodes > self.max_function_nodes:
-            raise ExpansionLimitError(f"onnx.load: {where}: expanding the model's functions would add more than "
-                                      f"{self.max_function_nodes} nodes (function {fp.name or np_.op_type!r} of "
-                                      f"{len(fp.node)} nodes, at nesting depth {depth}); raise the budget with "
-                                      "onnx.load(..., max_function_nodes=N) if the model is trusted")
+            raise ExpansionLimitError(
+                f"onnx.load: {where}: expanding the model's functions would add more than "
+                f"{self.max_function_nodes} nodes (function {fp.name or np_.op_type!r} of "
+                f"{len(fp.node)} nodes, at nesting depth {depth}); raise the budget with "
+                "onnx.load(..., max_function_nodes=N) if the model is trusted"
+            )
         prefix = _opset.fresh_name(self.names, f"{np_.name or np_.op_type}__")
         mapping = {}
         for i, formal in enumerate(fp.input):
@@ -517,8 +569,9 @@ def _check_text(np_) -> None:
     """Protobuf hands back invalid UTF-8 in string fields as bytes; such a model is corrupt."""
     fields = [np_.op_type, np_.domain, np_.name, *np_.input, *np_.output, *(a.name for a in np_.attribute)]
     if any(not isinstance(f, str) for f in fields):
-        raise ModelFormatError(f"onnx.load: a node has names that are not valid UTF-8 ({fields[:3]!r}...); "
-                               "the model is corrupt")
+        raise ModelFormatError(
+            f"onnx.load: a node has names that are not valid UTF-8 ({fields[:3]!r}...); the model is corrupt"
+        )
 
 
 def _check_node(np_, dom: str, ver: int, where: str) -> None:
@@ -529,16 +582,21 @@ def _check_node(np_, dom: str, ver: int, where: str) -> None:
         return
     n_in, n_out = len(np_.input), len(np_.output)
     if not schema.min_input <= n_in <= schema.max_input:
-        raise ModelFormatError(f"onnx.load: {where} has {n_in} inputs; {np_.op_type}-{schema.since_version} takes "
-                               f"{schema.min_input}..{schema.max_input}")
+        raise ModelFormatError(
+            f"onnx.load: {where} has {n_in} inputs; {np_.op_type}-{schema.since_version} takes "
+            f"{schema.min_input}..{schema.max_input}"
+        )
     if not schema.min_output <= n_out <= schema.max_output:
-        raise ModelFormatError(f"onnx.load: {where} has {n_out} outputs; {np_.op_type}-{schema.since_version} "
-                               f"produces {schema.min_output}..{schema.max_output}")
+        raise ModelFormatError(
+            f"onnx.load: {where} has {n_out} outputs; {np_.op_type}-{schema.since_version} "
+            f"produces {schema.min_output}..{schema.max_output}"
+        )
     given = {a.name for a in np_.attribute}
     for name, attr in schema.attributes.items():
         if attr.required and name not in given:
-            raise ModelFormatError(f"onnx.load: {where} lacks required attribute {name!r} of "
-                                   f"{np_.op_type}-{schema.since_version}")
+            raise ModelFormatError(
+                f"onnx.load: {where} lacks required attribute {name!r} of {np_.op_type}-{schema.since_version}"
+            )
 
 
 class _Scope:
@@ -599,8 +657,11 @@ def _unsupported(node: Node, ver: int, where: str) -> UnsupportedOpError:
     pool = supported_ops(node.domain) or supported_ops("")
     near = difflib.get_close_matches(node.op_type, pool, n=3, cutoff=0.5)
     hint = f"; nearest supported ops: {', '.join(near)}" if near else ""
-    return UnsupportedOpError(f"{node.op_type}: unsupported op {node.op_type!r} (domain {dom!r}, opset {ver}) in "
-                              f"{where}; opsnn has no implementation{hint}", op=node.op_type)
+    return UnsupportedOpError(
+        f"{node.op_type}: unsupported op {node.op_type!r} (domain {dom!r}, opset {ver}) in "
+        f"{where}; opsnn has no implementation{hint}",
+        op=node.op_type,
+    )
 
 
 def load(model, *, base_dir: str | None = None, max_function_nodes: int | None = None) -> Graph:
@@ -630,9 +691,15 @@ def load(model, *, base_dir: str | None = None, max_function_nodes: int | None =
             raise ModelFormatError("onnx.load: the model imports no ai.onnx opset (opset_import is empty)")
     imp = _Importer(proto, base_dir, max_function_nodes)
     g = imp.graph(proto.graph, None, opsets)
-    g.metadata.update({"producer": proto.producer_name, "producer_version": proto.producer_version,
-                       "ir_version": int(proto.ir_version), "source_opsets": dict(opsets),
-                       "model_version": int(proto.model_version)})
+    g.metadata.update(
+        {
+            "producer": proto.producer_name,
+            "producer_version": proto.producer_version,
+            "ir_version": int(proto.ir_version),
+            "source_opsets": dict(opsets),
+            "model_version": int(proto.model_version),
+        }
+    )
     if proto.doc_string:
         g.metadata["doc"] = proto.doc_string
     g.validate()

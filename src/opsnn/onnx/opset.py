@@ -14,6 +14,7 @@ An adapter edits ``node`` in place and returns None, or returns the list of node
 replace it. ``ctx`` (:class:`AdapterContext`) adds constants and fresh value names and
 tells what is known about a value's type.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -179,8 +180,11 @@ def _legacy_broadcast(node, ctx):
     if ra is None or rb is None:
         from .errors import UnsupportedOpError
 
-        raise UnsupportedOpError(f"{node.op_type} (node {node.name!r}): legacy broadcast with axis={axis} needs "
-                                 "the ranks of both inputs, which the model does not declare", op=node.op_type)
+        raise UnsupportedOpError(
+            f"{node.op_type} (node {node.name!r}): legacy broadcast with axis={axis} needs "
+            "the ranks of both inputs, which the model does not declare",
+            op=node.op_type,
+        )
     extra = ra - (axis % ra) - rb
     if extra <= 0:
         return None
@@ -219,8 +223,11 @@ def _tile_v1(node, ctx):
     """Tile-1 took (input, tiles, axis) scalars; Tile-6 takes a repeats vector."""
     from .errors import UnsupportedOpError
 
-    raise UnsupportedOpError(f"Tile (node {node.name!r}): the opset-1 form (tiles, axis) is not supported; "
-                             "re-export the model with opset >= 6", op="Tile")
+    raise UnsupportedOpError(
+        f"Tile (node {node.name!r}): the opset-1 form (tiles, axis) is not supported; "
+        "re-export the model with opset >= 6",
+        op="Tile",
+    )
 
 
 # -- attributes that became inputs ----------------------------------------------------------------
@@ -244,8 +251,20 @@ def _squeeze_axes(node, ctx):
 
 
 @adapter("ReduceSum", 13)
-@adapter(("ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
-          "ReduceLogSumExp", "ReduceSumSquare"), 18)
+@adapter(
+    (
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceMean",
+        "ReduceProd",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "ReduceSumSquare",
+    ),
+    18,
+)
 def _reduce_axes(node, ctx):
     """Reductions took ``axes`` as an attribute (ReduceSum before 13, the others before 18)."""
     attr_to_input(node, ctx, "axes", 1, np.int64)
@@ -346,24 +365,33 @@ def _softmax_2d(node, ctx):
     shape, flat, res = ctx.fresh(f"{x}_shape"), ctx.fresh(f"{x}_2d"), ctx.fresh(f"{y}_2d")
     node.inputs[0], node.outputs[0] = flat, res
     node.attrs["axis"] = -1
-    return [Node("Shape", [x], [shape], name=ctx.fresh(f"{node.name}_shape")),
-            Node("Flatten", [x], [flat], {"axis": axis}, name=ctx.fresh(f"{node.name}_flatten")),
-            node,
-            Node("Reshape", [res, shape], [y], name=ctx.fresh(f"{node.name}_reshape"))]
+    return [
+        Node("Shape", [x], [shape], name=ctx.fresh(f"{node.name}_shape")),
+        Node("Flatten", [x], [flat], {"axis": axis}, name=ctx.fresh(f"{node.name}_flatten")),
+        node,
+        Node("Reshape", [res, shape], [y], name=ctx.fresh(f"{node.name}_reshape")),
+    ]
 
 
 @adapter("Upsample", 10)
 def _upsample(node, ctx):
     """Upsample (deprecated at 10) is Resize with asymmetric coordinates and floor rounding."""
     scales = node.attrs.pop("scales", None)
-    scales_name = ctx.const(np.asarray(scales, np.float32), f"{node.name}_scales") if scales is not None \
-        else node.inputs[1]
+    scales_name = (
+        ctx.const(np.asarray(scales, np.float32), f"{node.name}_scales") if scales is not None else node.inputs[1]
+    )
     mode = node.attrs.pop("mode", "nearest")
     mode = mode.decode() if isinstance(mode, bytes) else mode
     mode = "linear" if mode in ("linear", "bilinear") else mode
-    return [Node("Resize", [node.inputs[0], "", scales_name], node.outputs,
-                 {"mode": mode, "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
-                 name=node.name)]
+    return [
+        Node(
+            "Resize",
+            [node.inputs[0], "", scales_name],
+            node.outputs,
+            {"mode": mode, "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+            name=node.name,
+        )
+    ]
 
 
 @adapter("Upsample", 29)
@@ -416,25 +444,38 @@ def _group_norm_v18(node, ctx):
     per, tgt = ctx.fresh(f"{node.name}_per_group"), ctx.fresh(f"{node.name}_target")
     col = ctx.const(np.array([g, 1], np.int64), f"{node.name}_col")
     flat = ctx.const(np.array([-1], np.int64), f"{node.name}_flat")
-    pre = [Node("Shape", [x], [shape], name=ctx.fresh(f"{node.name}_shape")),
-           Node("Gather", [shape, idx], [c], name=ctx.fresh(f"{node.name}_c")),
-           Node("Div", [c, grp], [per], name=ctx.fresh(f"{node.name}_div")),
-           Node("Concat", [grp, per], [tgt], {"axis": 0}, name=ctx.fresh(f"{node.name}_tgt"))]
+    pre = [
+        Node("Shape", [x], [shape], name=ctx.fresh(f"{node.name}_shape")),
+        Node("Gather", [shape, idx], [c], name=ctx.fresh(f"{node.name}_c")),
+        Node("Div", [c, grp], [per], name=ctx.fresh(f"{node.name}_div")),
+        Node("Concat", [grp, per], [tgt], {"axis": 0}, name=ctx.fresh(f"{node.name}_tgt")),
+    ]
     for i in (1, 2):
         src = node.inputs[i]
         col_v, wide, out = ctx.fresh(f"{src}_col"), ctx.fresh(f"{src}_wide"), ctx.fresh(f"{src}_per_channel")
-        pre += [Node("Reshape", [src, col], [col_v], name=ctx.fresh(f"{node.name}_r{i}")),
-                Node("Expand", [col_v, tgt], [wide], name=ctx.fresh(f"{node.name}_e{i}")),
-                Node("Reshape", [wide, flat], [out], name=ctx.fresh(f"{node.name}_f{i}"))]
+        pre += [
+            Node("Reshape", [src, col], [col_v], name=ctx.fresh(f"{node.name}_r{i}")),
+            Node("Expand", [col_v, tgt], [wide], name=ctx.fresh(f"{node.name}_e{i}")),
+            Node("Reshape", [wide, flat], [out], name=ctx.fresh(f"{node.name}_f{i}")),
+        ]
         node.inputs[i] = out
     return pre + [node]
 
 
 def describe() -> list[dict]:
     """The adapter table as data: op, domain, since, what it does."""
-    return [{"op": a.op, "domain": a.domain, "since": a.since, "doc": a.doc}
-            for lst in ADAPTERS.values() for a in lst]
+    return [{"op": a.op, "domain": a.domain, "since": a.since, "doc": a.doc} for lst in ADAPTERS.values() for a in lst]
 
 
-__all__ = ["ADAPTERS", "Adapter", "AdapterContext", "DOMAIN_MAX", "MAX_OPSET", "adapter", "attr_to_input",
-           "describe", "set_input", "upgrade"]
+__all__ = [
+    "ADAPTERS",
+    "Adapter",
+    "AdapterContext",
+    "DOMAIN_MAX",
+    "MAX_OPSET",
+    "adapter",
+    "attr_to_input",
+    "describe",
+    "set_input",
+    "upgrade",
+]

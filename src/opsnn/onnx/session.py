@@ -20,6 +20,7 @@ written as a Chrome trace by ``end_profiling()``; ``log_severity_level`` -> the 
 ``opsnn`` logger while the session builds and runs. The one provider is
 ``CPUExecutionProvider`` (opsnn's CPU kernels); any other name is an error.
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -74,9 +75,13 @@ class GraphOptimizationLevel(enum.IntEnum):
 
 
 #: onnxruntime level -> ``opsnn.compile(level=)``: 1 cleanups, 2 fusions, 3 layout and precision passes
-OPT_LEVELS = {GraphOptimizationLevel.ORT_DISABLE_ALL: 0, GraphOptimizationLevel.ORT_ENABLE_BASIC: 1,
-              GraphOptimizationLevel.ORT_ENABLE_EXTENDED: 2, GraphOptimizationLevel.ORT_ENABLE_LAYOUT: 3,
-              GraphOptimizationLevel.ORT_ENABLE_ALL: 3}
+OPT_LEVELS = {
+    GraphOptimizationLevel.ORT_DISABLE_ALL: 0,
+    GraphOptimizationLevel.ORT_ENABLE_BASIC: 1,
+    GraphOptimizationLevel.ORT_ENABLE_EXTENDED: 2,
+    GraphOptimizationLevel.ORT_ENABLE_LAYOUT: 3,
+    GraphOptimizationLevel.ORT_ENABLE_ALL: 3,
+}
 
 
 class ExecutionMode(enum.IntEnum):
@@ -127,16 +132,19 @@ class SessionOptions:
         try:
             self._level = GraphOptimizationLevel(int(level))
         except (ValueError, TypeError):
-            raise ParamInvalidError(f"SessionOptions.graph_optimization_level: expected a GraphOptimizationLevel "
-                                    f"({', '.join(m.name for m in GraphOptimizationLevel)}), got {level!r}") from None
+            raise ParamInvalidError(
+                f"SessionOptions.graph_optimization_level: expected a GraphOptimizationLevel "
+                f"({', '.join(m.name for m in GraphOptimizationLevel)}), got {level!r}"
+            ) from None
 
     def add_session_config_entry(self, key: str, value: str) -> None:
         self._config[str(key)] = str(value)
 
     def get_session_config_entry(self, key: str) -> str:
         if key not in self._config:
-            raise ParamInvalidError(f"SessionOptions.get_session_config_entry: no entry {key!r}; entries are "
-                                    f"{sorted(self._config)}")
+            raise ParamInvalidError(
+                f"SessionOptions.get_session_config_entry: no entry {key!r}; entries are {sorted(self._config)}"
+            )
         return self._config[key]
 
     def add_free_dimension_override_by_name(self, dim_name: str, dim_value: int) -> None:
@@ -163,8 +171,9 @@ class RunOptions:
 
     def get_run_config_entry(self, key: str) -> str:
         if key not in self._config:
-            raise ParamInvalidError(f"RunOptions.get_run_config_entry: no entry {key!r}; entries are "
-                                    f"{sorted(self._config)}")
+            raise ParamInvalidError(
+                f"RunOptions.get_run_config_entry: no entry {key!r}; entries are {sorted(self._config)}"
+            )
         return self._config[key]
 
 
@@ -192,8 +201,11 @@ def _type_string(tp: onnx.TypeProto) -> str:
 def _shape_list(tp: onnx.TypeProto, free_dims: dict) -> list:
     """Declared dims as onnxruntime reports them: int, symbolic name (str), None for unknown;
     ``[]`` when the type carries no shape."""
-    tt = tp.tensor_type if tp.HasField("tensor_type") else (
-        tp.sparse_tensor_type if tp.HasField("sparse_tensor_type") else None)
+    tt = (
+        tp.tensor_type
+        if tp.HasField("tensor_type")
+        else (tp.sparse_tensor_type if tp.HasField("sparse_tensor_type") else None)
+    )
     if tt is None or not tt.HasField("shape"):
         return []
     out = []
@@ -242,12 +254,14 @@ class ModelMetadata:
         self.description = proto.doc_string
         self.graph_description = proto.graph.doc_string
         # onnxruntime reports an unset model_version as INT64_MAX
-        self.version = int(proto.model_version) if proto.HasField("model_version") else 2 ** 63 - 1
+        self.version = int(proto.model_version) if proto.HasField("model_version") else 2**63 - 1
         self.custom_metadata_map = {p.key: p.value for p in proto.metadata_props}
 
     def __repr__(self) -> str:
-        return f"ModelMetadata(producer_name={self.producer_name!r}, graph_name={self.graph_name!r}, " \
-               f"version={self.version})"
+        return (
+            f"ModelMetadata(producer_name={self.producer_name!r}, graph_name={self.graph_name!r}, "
+            f"version={self.version})"
+        )
 
 
 # -- values --------------------------------------------------------------------------------------------
@@ -258,14 +272,17 @@ def _np_element_type(element_type, where: str) -> np.dtype:
             return np.dtype(helper.tensor_dtype_to_np_dtype(int(element_type)))
         return _dt.get(element_type)
     except Exception:  # noqa: BLE001 - onnx and numpy raise several kinds
-        raise DTypeError(f"{where}: element_type must be a numpy type or an onnx.TensorProto element type, "
-                         f"got {element_type!r}") from None
+        raise DTypeError(
+            f"{where}: element_type must be a numpy type or an onnx.TensorProto element type, got {element_type!r}"
+        ) from None
 
 
 def _check_cpu(device_type: str, where: str) -> None:
     if str(device_type).lower() != "cpu":
-        raise ParamInvalidError(f"{where}: device_type must be 'cpu' (opsnn's providers are "
-                                f"{list(AVAILABLE_PROVIDERS)}), got {device_type!r}")
+        raise ParamInvalidError(
+            f"{where}: device_type must be 'cpu' (opsnn's providers are "
+            f"{list(AVAILABLE_PROVIDERS)}), got {device_type!r}"
+        )
 
 
 def _array_at(ptr: int, shape, dtype: np.dtype) -> np.ndarray:
@@ -291,16 +308,21 @@ class OrtValue:
         if isinstance(numpy_obj, Tensor):
             numpy_obj = numpy_obj.numpy()
         if not isinstance(numpy_obj, np.ndarray):
-            raise ParamInvalidError(f"OrtValue.ortvalue_from_numpy: expected a numpy.ndarray, got "
-                                    f"{type(numpy_obj).__name__}")
+            raise ParamInvalidError(
+                f"OrtValue.ortvalue_from_numpy: expected a numpy.ndarray, got {type(numpy_obj).__name__}"
+            )
         return cls(numpy_obj if numpy_obj.flags.c_contiguous else np.ascontiguousarray(numpy_obj))
 
     @classmethod
-    def ortvalue_from_shape_and_type(cls, shape, element_type, device_type: str = "cpu", device_id: int = 0,
-                                     vendor_id=-1, memory_info=None) -> OrtValue:
+    def ortvalue_from_shape_and_type(
+        cls, shape, element_type, device_type: str = "cpu", device_id: int = 0, vendor_id=-1, memory_info=None
+    ) -> OrtValue:
         _check_cpu(device_type, "OrtValue.ortvalue_from_shape_and_type")
-        return cls(np.empty(tuple(int(s) for s in shape), _np_element_type(element_type,
-                                                                            "OrtValue.ortvalue_from_shape_and_type")))
+        return cls(
+            np.empty(
+                tuple(int(s) for s in shape), _np_element_type(element_type, "OrtValue.ortvalue_from_shape_and_type")
+            )
+        )
 
     def numpy(self) -> np.ndarray:
         return self._array
@@ -346,8 +368,9 @@ class OrtValue:
     def update_inplace(self, data) -> None:
         src = data.numpy() if isinstance(data, OrtValue) else np.asarray(data)
         if src.shape != self._array.shape:
-            raise ParamInvalidError(f"OrtValue.update_inplace: shape {src.shape} does not match the value's "
-                                    f"{self._array.shape}")
+            raise ParamInvalidError(
+                f"OrtValue.update_inplace: shape {src.shape} does not match the value's {self._array.shape}"
+            )
         np.copyto(self._array, src, casting="same_kind")
 
     def __repr__(self) -> str:
@@ -361,13 +384,16 @@ def _providers(providers, provider_options) -> tuple[list, list]:
     if providers is None:
         return list(AVAILABLE_PROVIDERS), [{} for _ in AVAILABLE_PROVIDERS]
     if isinstance(providers, str) or not isinstance(providers, collections.abc.Sequence):
-        raise ParamInvalidError(f"InferenceSession: providers must be a sequence of names or (name, options) "
-                                f"tuples, got {providers!r}")
+        raise ParamInvalidError(
+            f"InferenceSession: providers must be a sequence of names or (name, options) tuples, got {providers!r}"
+        )
     pairs = []
     if provider_options is not None:
         if not isinstance(provider_options, collections.abc.Sequence) or len(provider_options) != len(providers):
-            raise ParamInvalidError(f"InferenceSession: provider_options must be a sequence of dicts, one per "
-                                    f"provider ({len(providers)}), got {provider_options!r}")
+            raise ParamInvalidError(
+                f"InferenceSession: provider_options must be a sequence of dicts, one per "
+                f"provider ({len(providers)}), got {provider_options!r}"
+            )
         pairs = list(zip(providers, provider_options))
     else:
         for p in providers:
@@ -376,13 +402,15 @@ def _providers(providers, provider_options) -> tuple[list, list]:
             elif isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], dict):
                 pairs.append(p)
             else:
-                raise ParamInvalidError(f"InferenceSession: each provider must be a name or a (name, options) "
-                                        f"tuple, got {p!r}")
+                raise ParamInvalidError(
+                    f"InferenceSession: each provider must be a name or a (name, options) tuple, got {p!r}"
+                )
     names, options = [], []
     for name, opts in pairs:
         if name not in AVAILABLE_PROVIDERS:
-            raise ParamInvalidError(f"InferenceSession: unknown execution provider {name!r}; available: "
-                                    f"{list(AVAILABLE_PROVIDERS)}")
+            raise ParamInvalidError(
+                f"InferenceSession: unknown execution provider {name!r}; available: {list(AVAILABLE_PROVIDERS)}"
+            )
         if not isinstance(opts, dict):
             raise ParamInvalidError(f"InferenceSession: options of provider {name!r} must be a dict, got {opts!r}")
         if name not in names:
@@ -438,14 +466,18 @@ class InferenceSession:
     ``path_or_bytes``: a model path, its serialized bytes (or an ``onnx.ModelProto``).
     """
 
-    def __init__(self, path_or_bytes, sess_options: SessionOptions | None = None, providers=None,
-                 provider_options=None, **kwargs):
+    def __init__(
+        self, path_or_bytes, sess_options: SessionOptions | None = None, providers=None, provider_options=None, **kwargs
+    ):
         if sess_options is not None and not isinstance(sess_options, SessionOptions):
-            raise ParamInvalidError(f"InferenceSession: sess_options must be an opsnn SessionOptions, got "
-                                    f"{type(sess_options).__name__}")
+            raise ParamInvalidError(
+                f"InferenceSession: sess_options must be an opsnn SessionOptions, got {type(sess_options).__name__}"
+            )
         if not isinstance(path_or_bytes, (str, os.PathLike, bytes, bytearray, onnx.ModelProto)):
-            raise ParamInvalidError(f"InferenceSession: expected a model path, bytes or an onnx.ModelProto, got "
-                                    f"{type(path_or_bytes).__name__}")
+            raise ParamInvalidError(
+                f"InferenceSession: expected a model path, bytes or an onnx.ModelProto, got "
+                f"{type(path_or_bytes).__name__}"
+            )
         self._sess_options = sess_options if sess_options is not None else SessionOptions()
         self._providers, self._provider_options = _providers(providers, provider_options)
         so = self._sess_options
@@ -522,39 +554,50 @@ class InferenceSession:
             try:
                 arr = np.asarray(value, dtype=meta._dtype) if meta.type.startswith("tensor(") else value
             except (TypeError, ValueError):
-                raise ParamInvalidError(f"{where} expects {meta.type}, got {type(value).__name__} {value!r:.60}") \
-                    from None
+                raise ParamInvalidError(
+                    f"{where} expects {meta.type}, got {type(value).__name__} {value!r:.60}"
+                ) from None
         if not meta.type.startswith("tensor(") or meta._dtype is None:
             return arr
         if arr.dtype != meta._dtype and not (arr.dtype.kind in "OUS" and meta._dtype.kind in "OUS"):
-            raise DTypeError(f"{where} expects {meta.type}, got tensor({_dt.name(arr.dtype)}) of shape "
-                             f"{tuple(arr.shape)}")
+            raise DTypeError(
+                f"{where} expects {meta.type}, got tensor({_dt.name(arr.dtype)}) of shape {tuple(arr.shape)}"
+            )
         if meta._ranked:
             if len(meta.shape) != arr.ndim:
-                raise ParamInvalidError(f"{where} expects rank {len(meta.shape)} {meta.shape}, got rank {arr.ndim} "
-                                        f"shape {tuple(arr.shape)}")
-            bad = [f"dim {i} must be {d}, got {g}" for i, (d, g) in enumerate(zip(meta.shape, arr.shape))
-                   if isinstance(d, int) and d != g]
+                raise ParamInvalidError(
+                    f"{where} expects rank {len(meta.shape)} {meta.shape}, got rank {arr.ndim} shape {tuple(arr.shape)}"
+                )
+            bad = [
+                f"dim {i} must be {d}, got {g}"
+                for i, (d, g) in enumerate(zip(meta.shape, arr.shape))
+                if isinstance(d, int) and d != g
+            ]
             if bad:
-                raise ParamInvalidError(f"{where} expects shape {meta.shape}, got {tuple(arr.shape)} "
-                                        f"({'; '.join(bad)})")
+                raise ParamInvalidError(
+                    f"{where} expects shape {meta.shape}, got {tuple(arr.shape)} ({'; '.join(bad)})"
+                )
         return arr
 
     def _prepare_feeds(self, input_feed) -> tuple[dict, frozenset]:
         if not isinstance(input_feed, collections.abc.Mapping):
-            raise ParamInvalidError(f"InferenceSession.run: input_feed must be a dict {{name: array}}, got "
-                                    f"{type(input_feed).__name__}")
+            raise ParamInvalidError(
+                f"InferenceSession.run: input_feed must be a dict {{name: array}}, got {type(input_feed).__name__}"
+            )
         metas = {m.name: m for m in self._inputs_meta}
         overridable = {m.name: m for m in self._overridable}
         extra = [n for n in input_feed if n not in metas and n not in overridable]
         if extra:
-            raise ParamInvalidError(f"InferenceSession.run: unknown input {extra[0]!r}; the model's inputs are "
-                                    f"{list(metas)}" + (f" (overridable initializers: {list(overridable)})"
-                                                        if overridable else ""))
+            raise ParamInvalidError(
+                f"InferenceSession.run: unknown input {extra[0]!r}; the model's inputs are "
+                f"{list(metas)}" + (f" (overridable initializers: {list(overridable)})" if overridable else "")
+            )
         missing = [n for n, m in metas.items() if n not in input_feed and not m.type.startswith("optional")]
         if missing:
-            raise ParamNullptrError(f"InferenceSession.run: missing input {missing[0]!r} ({metas[missing[0]].type}, "
-                                    f"shape {metas[missing[0]].shape}); got inputs {list(input_feed)}")
+            raise ParamNullptrError(
+                f"InferenceSession.run: missing input {missing[0]!r} ({metas[missing[0]].type}, "
+                f"shape {metas[missing[0]].shape}); got inputs {list(input_feed)}"
+            )
         feeds = {n: self._feed(n, v, metas.get(n) or overridable[n]) for n, v in input_feed.items()}
         return feeds, frozenset(n for n in feeds if n in overridable)
 
@@ -563,12 +606,15 @@ class InferenceSession:
         if not output_names:
             return names
         if isinstance(output_names, str):
-            raise ParamInvalidError(f"InferenceSession.run: output_names must be a list of names or None, got the "
-                                    f"string {output_names!r} (write [{output_names!r}])")
+            raise ParamInvalidError(
+                f"InferenceSession.run: output_names must be a list of names or None, got the "
+                f"string {output_names!r} (write [{output_names!r}])"
+            )
         for n in output_names:
             if n not in names:
-                raise ParamInvalidError(f"InferenceSession.run: unknown output name {n!r}; the model's outputs are "
-                                        f"{names}")
+                raise ParamInvalidError(
+                    f"InferenceSession.run: unknown output name {n!r}; the model's outputs are {names}"
+                )
         return list(output_names)
 
     def _run(self, output_names, input_feed, run_options) -> tuple[list[str], list]:
@@ -601,11 +647,13 @@ class InferenceSession:
     def run_with_iobinding(self, iobinding: IOBinding, run_options: RunOptions | None = None) -> None:
         """Run on the inputs bound to ``iobinding``, writing its bound outputs (preallocated ones in place)."""
         if not isinstance(iobinding, IOBinding) or iobinding._session is not self:
-            raise ParamInvalidError("InferenceSession.run_with_iobinding: the IOBinding must come from this "
-                                    "session's io_binding()")
+            raise ParamInvalidError(
+                "InferenceSession.run_with_iobinding: the IOBinding must come from this session's io_binding()"
+            )
         if not iobinding._outputs:
-            raise ParamInvalidError("InferenceSession.run_with_iobinding: no output is bound; call bind_output() "
-                                    "for the outputs to compute")
+            raise ParamInvalidError(
+                "InferenceSession.run_with_iobinding: no output is bound; call bind_output() for the outputs to compute"
+            )
         names, results = self._run(list(iobinding._outputs), dict(iobinding._inputs), run_options)
         values = []
         for name, res in zip(names, results):
@@ -615,9 +663,11 @@ class InferenceSession:
                 continue
             arr = dest.numpy()
             if arr.shape != res.shape or arr.dtype != res.dtype:
-                raise ParamInvalidError(f"InferenceSession.run_with_iobinding: output {name!r} is bound to "
-                                        f"tensor({_dt.name(arr.dtype)}) of shape {arr.shape}, the run produced "
-                                        f"tensor({_dt.name(res.dtype)}) of shape {res.shape}")
+                raise ParamInvalidError(
+                    f"InferenceSession.run_with_iobinding: output {name!r} is bound to "
+                    f"tensor({_dt.name(arr.dtype)}) of shape {arr.shape}, the run produced "
+                    f"tensor({_dt.name(res.dtype)}) of shape {res.shape}"
+                )
             np.copyto(arr, res)
             values.append(dest)
         iobinding._results = values
@@ -652,9 +702,14 @@ def _constant_outputs(cg) -> set:
         g = cg.graph
         live = {v.name for v in g.inputs if v.name not in g.initializers}
         for node in g.nodes:
-            if node.op_type in NONDETERMINISTIC or any(n in live for n in node.inputs if n) or any(
+            if (
+                node.op_type in NONDETERMINISTIC
+                or any(n in live for n in node.inputs if n)
+                or any(
                     isinstance(a, type(g)) or isinstance(a, list) and a and isinstance(a[0], type(g))
-                    for a in node.attrs.values()):
+                    for a in node.attrs.values()
+                )
+            ):
                 live.update(n for n in node.outputs if n)
         const = cg._ort_constant_outputs = {n for n in g.output_names if n not in live}
     return const
@@ -668,8 +723,11 @@ def _to_numpy(value, feeds: dict, constant: bool):
         return [_to_numpy(v, feeds, True) for v in value]
     arr = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
     # a constant, or a pass-through of an input (or a view of one), is copied: onnxruntime returns new memory
-    if constant or any(np.may_share_memory(arr, f.numpy() if isinstance(f, Tensor) else f)
-                       for f in feeds.values() if isinstance(f, (np.ndarray, Tensor))):
+    if constant or any(
+        np.may_share_memory(arr, f.numpy() if isinstance(f, Tensor) else f)
+        for f in feeds.values()
+        if isinstance(f, (np.ndarray, Tensor))
+    ):
         arr = arr.copy()
     return arr
 
@@ -695,8 +753,9 @@ class IOBinding:
     def bind_ortvalue_input(self, name: str, ortvalue: OrtValue) -> None:
         self._inputs[name] = ortvalue.numpy()
 
-    def bind_output(self, name: str, device_type="cpu", device_id=0, element_type=None, shape=None,
-                    buffer_ptr=None) -> None:
+    def bind_output(
+        self, name: str, device_type="cpu", device_id=0, element_type=None, shape=None, buffer_ptr=None
+    ) -> None:
         """Bind output ``name``: to preallocated memory (``element_type``, ``shape``, ``buffer_ptr``)
         written in place by each run, or (no buffer) to memory the run allocates."""
         _check_cpu(device_type, "IOBinding.bind_output")
@@ -707,8 +766,9 @@ class IOBinding:
             self._outputs[name] = None
             return
         if element_type is None or shape is None:
-            raise ParamInvalidError(f"IOBinding.bind_output: output {name!r} with a buffer_ptr needs element_type "
-                                    f"and shape")
+            raise ParamInvalidError(
+                f"IOBinding.bind_output: output {name!r} with a buffer_ptr needs element_type and shape"
+            )
         arr = _array_at(buffer_ptr, shape, _np_element_type(element_type, "IOBinding.bind_output"))
         self._outputs[name] = OrtValue(arr)
 
@@ -736,6 +796,19 @@ class IOBinding:
         self._results = []
 
 
-__all__ = ["AVAILABLE_PROVIDERS", "ExecutionMode", "ExecutionOrder", "GraphOptimizationLevel", "IOBinding",
-           "InferenceSession", "ModelMetadata", "NodeArg", "OrtValue", "RunOptions", "SessionOptions",
-           "get_all_providers", "get_available_providers", "get_device"]
+__all__ = [
+    "AVAILABLE_PROVIDERS",
+    "ExecutionMode",
+    "ExecutionOrder",
+    "GraphOptimizationLevel",
+    "IOBinding",
+    "InferenceSession",
+    "ModelMetadata",
+    "NodeArg",
+    "OrtValue",
+    "RunOptions",
+    "SessionOptions",
+    "get_all_providers",
+    "get_available_providers",
+    "get_device",
+]

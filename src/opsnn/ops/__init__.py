@@ -5,10 +5,25 @@
 >>> y.numpy()
 array([0., 2.], dtype=float32)
 """
+
 from .api import FUNCTIONS, OpFunction, api, run_op
 from .executor import Executor, cache_info, clear_cache, prepare
-from .registry import (REGISTRY, Attr, InferContext, Input, Kernel, OpRecord, Output, TensorMeta, all_ops,
-                       get_op, has_op, kernel_selector, register_kernel, register_op)
+from .registry import (
+    REGISTRY,
+    Attr,
+    InferContext,
+    Input,
+    Kernel,
+    OpRecord,
+    Output,
+    TensorMeta,
+    all_ops,
+    get_op,
+    has_op,
+    kernel_selector,
+    register_kernel,
+    register_op,
+)
 from . import defs
 from .defs import *  # noqa: F403 - the functional entry points
 from . import gradients, tensor_methods
@@ -16,7 +31,28 @@ from . import gradients, tensor_methods
 gradients.attach()  # each record's gradient rule from ops/gradients.py, once every record exists
 tensor_methods.install()  # Tensor.sum(), t.softmax(dim), t + u, ... from the functional entry points
 
-# ruff cannot evaluate defs.__all__ (strings) inside this list, hence its noqa
-__all__ = ["FUNCTIONS", "OpFunction", "api", "run_op", "Executor", "cache_info", "clear_cache", "prepare",  # noqa: PLE0604
-           "REGISTRY", "Attr", "InferContext", "Input", "Kernel", "OpRecord", "Output", "TensorMeta", "all_ops",
-           "get_op", "has_op", "kernel_selector", "register_kernel", "register_op", *defs.__all__]
+__all__ = [
+    "FUNCTIONS",
+    "OpFunction",
+    "api",
+    "run_op",
+    "Executor",
+    "cache_info",
+    "clear_cache",
+    "prepare",
+    "REGISTRY",
+    "Attr",
+    "InferContext",
+    "Input",
+    "Kernel",
+    "OpRecord",
+    "Output",
+    "TensorMeta",
+    "all_ops",
+    "get_op",
+    "has_op",
+    "kernel_selector",
+    "register_kernel",
+    "register_op",
+    *defs.__all__,
+]

@@ -8,6 +8,7 @@ ONNX-style inputs and attributes; both modes then go through the same record::
     def leaky_relu(x, negative_slope=0.01):
         return [x], {"alpha": float(negative_slope)}
 """
+
 from __future__ import annotations
 
 import difflib
@@ -59,8 +60,9 @@ class OpFunction:
             if k not in names:
                 alias = next((a for a in KEYWORD_ALIASES.get(k, ()) if a in names), None)
                 if alias is None:
-                    raise unknown_keyword(self.name, k, [n for n in inspect.signature(self.translate).parameters
-                                                         if n in names][1:])
+                    raise unknown_keyword(
+                        self.name, k, [n for n in inspect.signature(self.translate).parameters if n in names][1:]
+                    )
                 if alias in kwargs:
                     raise ParamInvalidError(f"{self.name}() got two values for {alias!r} / {k!r}", op=self.op_name)
                 k = alias
@@ -75,8 +77,9 @@ class OpFunction:
         except OpsnnError:
             raise
         except ARGUMENT_ERRORS as exc:
-            raise ParamInvalidError(bad_arguments_message(self.name, self.translate, args, kwargs, exc),
-                                    op=self.op_name) from None
+            raise ParamInvalidError(
+                bad_arguments_message(self.name, self.translate, args, kwargs, exc), op=self.op_name
+            ) from None
         if len(res) == 2:
             return res[0], res[1], None
         return res
@@ -108,8 +111,9 @@ def unknown_keyword(fn_name: str, key: str, params: list) -> ParamInvalidError:
     close = difflib.get_close_matches(key, list(spelled), n=1, cutoff=0.5)
     if close:
         names = [close[0]] + [s for s in spellings(spelled[close[0]]) if s != close[0]]
-        return ParamInvalidError(f"{fn_name}() got an unexpected keyword {key!r}; did you mean "
-                                 f"{' / '.join(repr(s) for s in names)}?")
+        return ParamInvalidError(
+            f"{fn_name}() got an unexpected keyword {key!r}; did you mean {' / '.join(repr(s) for s in names)}?"
+        )
     listed = ", ".join(" / ".join(repr(s) for s in spellings(m)) for m in params) or "none"
     return ParamInvalidError(f"{fn_name}() got an unexpected keyword {key!r}; its parameters are {listed}")
 
@@ -128,8 +132,16 @@ def api(name: str, op: str, domain: str = "") -> Callable[[Callable], OpFunction
     return deco
 
 
-def run_op(op: str, inputs: list, attrs: dict | None = None, *, num_outputs: int | None = None,
-           domain: str = "", algo: str | None = None, stream=None):
+def run_op(
+    op: str,
+    inputs: list,
+    attrs: dict | None = None,
+    *,
+    num_outputs: int | None = None,
+    domain: str = "",
+    algo: str | None = None,
+    stream=None,
+):
     """Run any registered op by its graph op type, e.g. ``run_op("Conv", [x, w], {"strides": [2, 2]})``.
     Always returns a tuple of output tensors."""
     res = executor.call(get_op(op, domain), inputs, attrs, algo=algo, num_outputs=num_outputs, stream=stream)

@@ -23,6 +23,7 @@ rejection; autotuning still times it.
 The hook lives in :func:`opsnn.ops.registry.select_kernel`, before the priority loop, and
 applies only when no kernel is forced (``algo=`` or ``opsnn.kernel_selector``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,13 +57,13 @@ class NotPreferred(str):
 
 class _State:
     def __init__(self):
-        self.mode: str | None = None   # None (off), "tune", "use"
+        self.mode: str | None = None  # None (off), "tune", "use"
         self.path: str | None = None
-        self.db: dict | None = None    # key -> entry, loaded lazily
+        self.db: dict | None = None  # key -> entry, loaded lazily
         self.env_read = False
         self.lock = threading.RLock()
         self.local = threading.local()  # keys being tuned on this thread (re-entrancy guard)
-        self.progress = None           # None: a bar when stderr is a tty; True/False forces
+        self.progress = None  # None: a bar when stderr is a tty; True/False forces
 
 
 _S = _State()
@@ -277,17 +278,26 @@ def _runner(rec, ctx, kernel):
         outs.append(np.empty(tuple(int(d) for d in m.shape), dt))
     attrs, fn = ctx.attrs, kernel.fn
     if adapter:  # the executor's adapter converts 16-bit inputs every call: time that too
+
         def once():
-            fn([a.astype(np.float32) if a is not None and _dt.is_low_precision(a.dtype) else a for a in ins],
-               outs, attrs, plan, ws)
+            fn(
+                [a.astype(np.float32) if a is not None and _dt.is_low_precision(a.dtype) else a for a in ins],
+                outs,
+                attrs,
+                plan,
+                ws,
+            )
     else:
+
         def once():
             fn(ins, outs, attrs, plan, ws)
+
     return once
 
 
-def time_kernel(rec, ctx, kernel, *, min_repeats: int = MIN_REPEATS, max_repeats: int = MAX_REPEATS,
-                budget_s: float = BUDGET_S) -> float:
+def time_kernel(
+    rec, ctx, kernel, *, min_repeats: int = MIN_REPEATS, max_repeats: int = MAX_REPEATS, budget_s: float = BUDGET_S
+) -> float:
     """Median seconds of ``kernel`` on random inputs of ``ctx``'s shapes (plan time excluded;
     one untimed warm-up run absorbs numba compilation)."""
     return _time_runners({kernel.name: _runner(rec, ctx, kernel)}, min_repeats, max_repeats, budget_s)[kernel.name]
@@ -332,8 +342,9 @@ def tune(rec, ctx, kernels) -> dict:
             runners[k.name] = f
         except Exception as exc:  # noqa: BLE001 - a failing candidate loses, tuning goes on
             errors[k.name] = f"{type(exc).__name__}: {exc}"
-    times = {n: t * 1e3 for n, t in _time_runners(runners, MIN_REPEATS, MAX_REPEATS, BUDGET_S).items()} \
-        if runners else {}
+    times = (
+        {n: t * 1e3 for n, t in _time_runners(runners, MIN_REPEATS, MAX_REPEATS, BUDGET_S).items()} if runners else {}
+    )
     for n in errors:
         times[n] = math.inf
     if errors:
@@ -372,9 +383,13 @@ def choose(rec, ctx, candidates_: list | None = None):
     if not finite:
         return None
     winner = min(finite, key=finite.get)
-    entry = {"op": rec.name, "winner": winner, "times_ms": {n: (round(t, 4) if math.isfinite(t) else None)
-                                                           for n, t in times.items() if n != "_errors"},
-             "cpu": cpu_model(), "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    entry = {
+        "op": rec.name,
+        "winner": winner,
+        "times_ms": {n: (round(t, 4) if math.isfinite(t) else None) for n, t in times.items() if n != "_errors"},
+        "cpu": cpu_model(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     if "_errors" in times:
         entry["errors"] = times["_errors"]
     with _S.lock:
@@ -386,8 +401,10 @@ def describe(rec, ctx, kernel) -> str:
     """The selection reason for an autotuned choice: the timings behind it."""
     entry = lookup(rec, ctx) or {}
     times = entry.get("times_ms", {})
-    parts = [f"{n} {t:.3g} ms" if t is not None else f"{n} failed"
-             for n, t in sorted(times.items(), key=lambda kv: (kv[1] is None, kv[1] or 0))]
+    parts = [
+        f"{n} {t:.3g} ms" if t is not None else f"{n} failed"
+        for n, t in sorted(times.items(), key=lambda kv: (kv[1] is None, kv[1] or 0))
+    ]
     return f"autotuned ({_S.path}): " + (", ".join(parts) if parts else f"{kernel.name} stored as winner")
 
 

@@ -4,6 +4,7 @@
 computes its plan (tiling, packed weights) and workspace size, and binds output
 tensors. Eager calls reuse executors through a signature-keyed cache.
 """
+
 from __future__ import annotations
 
 import math
@@ -90,8 +91,17 @@ class Executor:
     >>> y = ex.run()
     """
 
-    def __init__(self, rec: OpRecord, ctx: InferContext, selection, plan, workspace_size: int,
-                 inputs: list, outputs: list | None, signature: tuple):
+    def __init__(
+        self,
+        rec: OpRecord,
+        ctx: InferContext,
+        selection,
+        plan,
+        workspace_size: int,
+        inputs: list,
+        outputs: list | None,
+        signature: tuple,
+    ):
         self.op = rec
         self.attrs = ctx.attrs
         self.input_metas = ctx.inputs
@@ -117,8 +127,10 @@ class Executor:
         return self.kernel.name
 
     def __repr__(self) -> str:
-        return (f"<Executor {self.op.name} kernel={self.kernel.name} workspace={self.workspace_size}B "
-                f"outputs={[m.shape for m in self.output_metas or []]}>")
+        return (
+            f"<Executor {self.op.name} kernel={self.kernel.name} workspace={self.workspace_size}B "
+            f"outputs={[m.shape for m in self.output_metas or []]}>"
+        )
 
     def explain(self) -> str:
         lines = [f"{self.op.name}: kernel {self.kernel.name} — {self.reason}"]
@@ -144,10 +156,14 @@ class Executor:
         allocated once and held by the closure. For callers that replay a chain of executors on
         fixed buffers as one stream task (opsnn.llm's decode steps); ``run`` is the general path."""
         if self.op.dynamic_shape or self.outputs is None:
-            raise ParamInvalidError(f"{self.op.name}: bound_kernel needs an executor with fixed outputs",
-                                    op=self.op.name)
-        return self._task([None if t is None else t._array for t in self.inputs], [o._array for o in self.outputs],
-                          self._workspace(None))
+            raise ParamInvalidError(
+                f"{self.op.name}: bound_kernel needs an executor with fixed outputs", op=self.op.name
+            )
+        return self._task(
+            [None if t is None else t._array for t in self.inputs],
+            [o._array for o in self.outputs],
+            self._workspace(None),
+        )
 
     def result(self, outs):
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -155,21 +171,32 @@ class Executor:
     def _rebind(self, inputs) -> list:
         tensors = [None if x is None else as_tensor(x) for x in inputs]
         if len(tensors) != len(self.inputs):
-            raise ParamInvalidError(f"{self.op.name}: executor prepared for {len(self.inputs)} inputs, "
-                                    f"run() got {len(tensors)}", op=self.op.name)
+            raise ParamInvalidError(
+                f"{self.op.name}: executor prepared for {len(self.inputs)} inputs, run() got {len(tensors)}",
+                op=self.op.name,
+            )
         for i, (new, old) in enumerate(zip(tensors, self.inputs)):
-            if (new is None) != (old is None) or (new is not None and (new.shape != old.shape or new.dtype != old.dtype)):
+            if (new is None) != (old is None) or (
+                new is not None and (new.shape != old.shape or new.dtype != old.dtype)
+            ):
                 got = None if new is None else (new.shape, _dt.name(new.dtype))
                 want = None if old is None else (old.shape, _dt.name(old.dtype))
-                raise ParamInvalidError(f"{self.op.name}: run(inputs=...) input {i} is {got}; this executor was "
-                                        f"prepared for {want} — prepare a new executor", op=self.op.name)
+                raise ParamInvalidError(
+                    f"{self.op.name}: run(inputs=...) input {i} is {got}; this executor was "
+                    f"prepared for {want} — prepare a new executor",
+                    op=self.op.name,
+                )
         for i in self.op.host_inputs:
-            if i < len(tensors) and tensors[i] is not None and not np.array_equal(tensors[i].numpy(),
-                                                                                 self.inputs[i].numpy()):
-                raise ParamInvalidError(f"{self.op.name}: host input {self.op.inputs[i].name!r} changed value; "
-                                        "prepare a new executor", op=self.op.name)
-        self._contig = [not self.kernel.strided and t is not None and not t._array.flags.c_contiguous
-                        for t in tensors]
+            if (
+                i < len(tensors)
+                and tensors[i] is not None
+                and not np.array_equal(tensors[i].numpy(), self.inputs[i].numpy())
+            ):
+                raise ParamInvalidError(
+                    f"{self.op.name}: host input {self.op.inputs[i].name!r} changed value; prepare a new executor",
+                    op=self.op.name,
+                )
+        self._contig = [not self.kernel.strided and t is not None and not t._array.flags.c_contiguous for t in tensors]
         return tensors
 
     def new_outputs(self) -> list:
@@ -180,8 +207,7 @@ class Executor:
             # kernels write contiguous outputs: a strided out= view gets a contiguous temporary,
             # copied into the view after the kernel (its overlap was refused at prepare)
             views = outs
-            outs = [o if o.flags.c_contiguous else _alloc_array(o.shape, o.dtype, f"{self.op.name}:out")
-                    for o in views]
+            outs = [o if o.flags.c_contiguous else _alloc_array(o.shape, o.dtype, f"{self.op.name}:out") for o in views]
             inner = self._task(ins, outs, ws)
 
             def task():
@@ -189,6 +215,7 @@ class Executor:
                 for v, t in zip(views, outs):
                     if v is not t:
                         np.copyto(v, t)
+
             return task
         fn, attrs, plan = self.kernel.fn, self.attrs, self.plan
         if any(self._contig):
@@ -200,10 +227,13 @@ class Executor:
         else:
             prepare_inputs = None
         if self.adapter:
+
             def task(tag=f"{self.op.name}:fp32 adapter"):
                 xs = prepare_inputs() if prepare_inputs else ins
-                xs = [_pool_copy(a, _dt.float32, tag) if a is not None and _dt.is_low_precision(a.dtype) else a
-                      for a in xs]
+                xs = [
+                    _pool_copy(a, _dt.float32, tag) if a is not None and _dt.is_low_precision(a.dtype) else a
+                    for a in xs
+                ]
                 tmp = [_alloc_array(o.shape, _dt.float32, tag) if _dt.is_low_precision(o.dtype) else o for o in outs]
                 fn(xs, tmp, attrs, plan, ws)
                 with np.errstate(over="ignore"):  # values beyond the 16-bit range become inf, as cast does
@@ -211,13 +241,16 @@ class Executor:
                         if t is not o:
                             np.copyto(o, t, casting="unsafe")
         elif prepare_inputs is not None:
+
             def task():
                 fn(prepare_inputs(), outs, attrs, plan, ws)
         elif self.kernel.bind is not None:
             task = self.kernel.bind(ins, outs, attrs, plan, ws)
         else:
+
             def task():
                 fn(ins, outs, attrs, plan, ws)
+
         return task
 
     def _workspace(self, workspace):
@@ -233,8 +266,10 @@ class Executor:
             return _alloc_array((size,), _dt.uint8, f"{self.op.name}:workspace")
         arr = workspace._array if isinstance(workspace, Tensor) else workspace
         if arr.nbytes < self.workspace_size:
-            raise ParamInvalidError(f"{self.op.name}: workspace has {arr.nbytes} bytes, the executor needs "
-                                    f"{self.workspace_size}", op=self.op.name)
+            raise ParamInvalidError(
+                f"{self.op.name}: workspace has {arr.nbytes} bytes, the executor needs {self.workspace_size}",
+                op=self.op.name,
+            )
         return arr.reshape(-1).view(np.uint8)
 
     def launch(self, ins: list, outs: list, workspace=None, stream=None) -> None:
@@ -250,8 +285,11 @@ class Executor:
             if p is not None:
                 if len(p) > 2:
                     if p[2]:  # its producer is known to have failed: its data is not valid
-                        raise KernelError(f"{self.op.name}: input {len(arrays)} was produced by {p[2][0]}, whose "
-                                          "kernel failed; write it again before using it", op=self.op.name)
+                        raise KernelError(
+                            f"{self.op.name}: input {len(arrays)} was produced by {p[2][0]}, whose "
+                            "kernel failed; write it again before using it",
+                            op=self.op.name,
+                        )
                     deps = [p[2]] if deps is None else deps + [p[2]]
                 if p[0] is not stream:
                     stream.wait_stream_seq(p[0], p[1])
@@ -264,8 +302,9 @@ class Executor:
             if hooks.active or self.adapter or True in self._contig or pool.guard_bytes or self._strided_out:
                 seq = self._launch_observed(stream, pool, arrays, oarrays, ins, outs, ws, mark, deps)
             else:  # the common eager case: the kernel itself with its arguments, no closure around it
-                seq = stream.launch(self.kernel.fn, self.op.name, self._info,
-                                    (arrays, oarrays, self.attrs, self.plan, ws), mark, deps)
+                seq = stream.launch(
+                    self.kernel.fn, self.op.name, self._info, (arrays, oarrays, self.attrs, self.plan, ws), mark, deps
+                )
         except BaseException:
             if mark:  # an inline stream raised at once: bound outputs (out=) must not read as valid
                 for o in outs:
@@ -283,9 +322,13 @@ class Executor:
             task = _guarded(task, pool, f"{self.op.name} (kernel {self.kernel.name})")
         info = self._info
         if hooks.active:
-            info = dict(info, shapes=[None if t is None else t.shape for t in ins],
-                        dtypes=[None if t is None else _dt.name(t.dtype) for t in ins],
-                        out_shapes=[o.shape for o in outs], attrs=self.attrs)
+            info = dict(
+                info,
+                shapes=[None if t is None else t.shape for t in ins],
+                dtypes=[None if t is None else _dt.name(t.dtype) for t in ins],
+                out_shapes=[o.shape for o in outs],
+                attrs=self.attrs,
+            )
             if self.kernel.fallback:
                 hooks.emit("fallback", {"op": self.op.name, "reason": self.reason})
         return stream.launch(task, self.op.name, info, mark=mark, deps=deps)
@@ -321,15 +364,18 @@ def _check_writable_out(op: str, i: int, a: np.ndarray) -> None:
     """Refuse an ``out=`` view the kernel cannot write: read-only memory, or one whose elements
     share memory (an expanded, zero-stride view), where the result would depend on write order."""
     if not a.flags.writeable:
-        raise ParamInvalidError(f"{op}: out[{i}] is read-only (e.g. an expanded or broadcast view); pass a "
-                                f"writable tensor", op=op)
+        raise ParamInvalidError(
+            f"{op}: out[{i}] is read-only (e.g. an expanded or broadcast view); pass a writable tensor", op=op
+        )
     extent = a.itemsize
     for stride, n in sorted((abs(st), n) for st, n in zip(a.strides, a.shape) if n > 1):
         if stride < extent:
             raise ParamInvalidError(
                 f"{op}: out[{i}] of shape {a.shape} and strides {tuple(st // a.itemsize for st in a.strides)} "
                 f"has elements that share memory (an expanded or overlapping view); more than one element "
-                f"of an output may not refer to a single memory location", op=op)
+                f"of an output may not refer to a single memory location",
+                op=op,
+            )
         extent += stride * (n - 1)
 
 
@@ -406,16 +452,23 @@ def _absent_optional_last(rec: OpRecord, items: list) -> bool:
     return (n > len(rec.inputs) and not rec.inputs[-1].variadic) or rec.input_spec(n - 1).optional
 
 
-def plan_op(rec: OpRecord, metas: list, values: list, attrs: dict | None, *, algo: str | None = None,
-            num_outputs: int | None = None, device: str = "cpu") -> OpPlan:
+def plan_op(
+    rec: OpRecord,
+    metas: list,
+    values: list,
+    attrs: dict | None,
+    *,
+    algo: str | None = None,
+    num_outputs: int | None = None,
+    device: str = "cpu",
+) -> OpPlan:
     """Validate inputs (metas and host values) and attributes, infer outputs, select and plan
     the kernel. No memory is touched."""
     while _absent_optional_last(rec, metas):
         metas, values = metas[:-1], values[:-1]
     rec.check_inputs(metas)
     bound = rec.bind_attrs(attrs or {})
-    n_out = num_outputs or (rec.output_count(values, bound) if rec.output_count else None) \
-        or _default_num_outputs(rec)
+    n_out = num_outputs or (rec.output_count(values, bound) if rec.output_count else None) or _default_num_outputs(rec)
     if rec.outputs and rec.outputs[-1].variadic and bound.get("num_outputs", 0) is None:
         bound["num_outputs"] = n_out
     ctx = InferContext(rec, list(metas), bound, list(values), n_out, device)
@@ -434,8 +487,9 @@ def plan_op(rec: OpRecord, metas: list, values: list, attrs: dict | None, *, alg
     except MemoryError as exc:
         if isinstance(exc, OutOfMemoryError):
             raise
-        raise OutOfMemoryError(f"{rec.name}: planning kernel {k.name} ran out of host memory: {exc}",
-                               op=rec.name) from None
+        raise OutOfMemoryError(
+            f"{rec.name}: planning kernel {k.name} ran out of host memory: {exc}", op=rec.name
+        ) from None
     if ws:
         check_request(int(ws), f"{rec.name}: workspace of kernel {k.name}")
     return OpPlan(ctx, selection, plan, int(ws))
@@ -452,8 +506,16 @@ def _check_output_bytes(rec: OpRecord, ctx: InferContext) -> None:
         check_request(total, f"{rec.name}: outputs of shapes {[tuple(m.shape) for m in ctx.outputs]}")
 
 
-def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None, algo: str | None = None,
-            num_outputs: int | None = None, signature: tuple | None = None) -> Executor:
+def prepare(
+    rec: OpRecord,
+    inputs: list,
+    attrs: dict | None = None,
+    *,
+    out=None,
+    algo: str | None = None,
+    num_outputs: int | None = None,
+    signature: tuple | None = None,
+) -> Executor:
     """Validate, infer, select a kernel and plan it; returns an :class:`Executor`."""
     t0 = time.perf_counter()
     ctx_rt = context()
@@ -465,20 +527,27 @@ def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None,
     out_metas = op.ctx.outputs
     outputs = None
     if rec.dynamic_shape and out is not None:
-        raise ParamInvalidError(f"{rec.name}: out= is not supported: the output's shape depends on the input "
-                                "data (it is allocated when the op runs)", op=rec.name)
+        raise ParamInvalidError(
+            f"{rec.name}: out= is not supported: the output's shape depends on the input "
+            "data (it is allocated when the op runs)",
+            op=rec.name,
+        )
     if not rec.dynamic_shape:
         if out is not None:
             outs = list(out) if isinstance(out, (list, tuple)) else [out]
             if len(outs) != len(out_metas):
-                raise ParamInvalidError(f"{rec.name}: out= needs {len(out_metas)} tensors, got {len(outs)}",
-                                        op=rec.name)
+                raise ParamInvalidError(
+                    f"{rec.name}: out= needs {len(out_metas)} tensors, got {len(outs)}", op=rec.name
+                )
             outputs = []
             for i, (o, m) in enumerate(zip(outs, out_metas)):
                 o = as_tensor(o)
                 if o.shape != tuple(m.shape) or o.dtype != m.dtype:
-                    raise ParamInvalidError(f"{rec.name}: out[{i}] is {o.shape} {_dt.name(o.dtype)}, expected "
-                                            f"{tuple(m.shape)} {_dt.name(m.dtype)}", op=rec.name)
+                    raise ParamInvalidError(
+                        f"{rec.name}: out[{i}] is {o.shape} {_dt.name(o.dtype)}, expected "
+                        f"{tuple(m.shape)} {_dt.name(m.dtype)}",
+                        op=rec.name,
+                    )
                 _check_writable_out(rec.name, i, o._array)
                 outputs.append(o)
         else:
@@ -488,14 +557,31 @@ def prepare(rec: OpRecord, inputs: list, attrs: dict | None = None, *, out=None,
     ex = Executor(rec, op.ctx, op.selection, op.plan, op.workspace_size, tensors, outputs, signature)
     if hooks.active:
         k = op.selection.kernel
-        hooks.emit("prepare", {"op": rec.name, "kernel": k.name, "reason": op.selection.reason, "start": t0,
-                               "end": time.perf_counter(), "thread": threading.get_ident(),
-                               "fallback": k.fallback, "rejected": op.selection.rejected})
+        hooks.emit(
+            "prepare",
+            {
+                "op": rec.name,
+                "kernel": k.name,
+                "reason": op.selection.reason,
+                "start": t0,
+                "end": time.perf_counter(),
+                "thread": threading.get_ident(),
+                "fallback": k.fallback,
+                "rejected": op.selection.rejected,
+            },
+        )
     return ex
 
 
-def call(rec: OpRecord, inputs: list, attrs: dict | None = None, *, algo: str | None = None,
-         num_outputs: int | None = None, stream=None):
+def call(
+    rec: OpRecord,
+    inputs: list,
+    attrs: dict | None = None,
+    *,
+    algo: str | None = None,
+    num_outputs: int | None = None,
+    stream=None,
+):
     """Eager execution through the signature-keyed executor cache; returns new tensors."""
     tensors = [None if x is None else as_tensor(x) for x in inputs]
     attrs = attrs or {}

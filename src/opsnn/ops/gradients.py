@@ -17,6 +17,7 @@ not differentiable; integer and host inputs (indices, labels, shapes, axes) get 
 >>> opsnn.ops.get_op("Mul").gradient is not None
 True
 """
+
 from __future__ import annotations
 
 import math
@@ -83,23 +84,29 @@ def _add(ctx, grads):
 def _sub(ctx, grads):
     g = grads[0]
     a, b = ctx.inputs
-    return [unbroadcast(g, a.shape) if ctx.needs[0] else None,
-            unbroadcast(_ops().neg(g), b.shape) if ctx.needs[1] else None]
+    return [
+        unbroadcast(g, a.shape) if ctx.needs[0] else None,
+        unbroadcast(_ops().neg(g), b.shape) if ctx.needs[1] else None,
+    ]
 
 
 def _mul(ctx, grads):
     ops, g = _ops(), grads[0]
     a, b = ctx.inputs
-    return [unbroadcast(ops.mul(g, b), a.shape) if ctx.needs[0] else None,
-            unbroadcast(ops.mul(g, a), b.shape) if ctx.needs[1] else None]
+    return [
+        unbroadcast(ops.mul(g, b), a.shape) if ctx.needs[0] else None,
+        unbroadcast(ops.mul(g, a), b.shape) if ctx.needs[1] else None,
+    ]
 
 
 def _div(ctx, grads):
     ops, g = _ops(), grads[0]
     a, b = ctx.inputs
     y = ctx.outputs[0]
-    return [unbroadcast(ops.div(g, b), a.shape) if ctx.needs[0] else None,
-            unbroadcast(ops.neg(ops.div(ops.mul(g, y), b)), b.shape) if ctx.needs[1] else None]
+    return [
+        unbroadcast(ops.div(g, b), a.shape) if ctx.needs[0] else None,
+        unbroadcast(ops.neg(ops.div(ops.mul(g, y), b)), b.shape) if ctx.needs[1] else None,
+    ]
 
 
 def _neg(ctx, grads):
@@ -162,8 +169,10 @@ def _gelu(ctx, grads):
         u = ops.mul(_const(k, x), ops.add(x, ops.mul(_const(0.044715, x), ops.mul(x2, x))))
         t = ops.tanh(u)
         du = ops.mul(_const(k, x), ops.add(_const(1, x), ops.mul(_const(3 * 0.044715, x), x2)))
-        d = ops.add(ops.mul(_const(0.5, x), ops.add(_const(1, x), t)),
-                    ops.mul(ops.mul(_const(0.5, x), x), ops.mul(ops.sub(_const(1, x), ops.mul(t, t)), du)))
+        d = ops.add(
+            ops.mul(_const(0.5, x), ops.add(_const(1, x), t)),
+            ops.mul(ops.mul(_const(0.5, x), x), ops.mul(ops.sub(_const(1, x), ops.mul(t, t)), du)),
+        )
     else:
         cdf = ops.mul(_const(0.5, x), ops.add(_const(1, x), ops.erf(ops.mul(x, _const(1 / math.sqrt(2), x)))))
         pdf = ops.mul(_const(1 / math.sqrt(2 * math.pi), x), ops.exp(ops.mul(ops.mul(x, x), _const(-0.5, x))))
@@ -245,8 +254,11 @@ def _where(ctx, grads):
     ops, g = _ops(), grads[0]
     c, a, b = ctx.inputs
     zero = _const(0, g)
-    return [None, unbroadcast(ops.where(c, g, zero), a.shape) if ctx.needs[1] else None,
-            unbroadcast(ops.where(c, zero, g), b.shape) if ctx.needs[2] else None]
+    return [
+        None,
+        unbroadcast(ops.where(c, g, zero), a.shape) if ctx.needs[1] else None,
+        unbroadcast(ops.where(c, zero, g), b.shape) if ctx.needs[2] else None,
+    ]
 
 
 def _clip(ctx, grads):
@@ -295,7 +307,7 @@ def _dropout(ctx, grads):
     ops, g = _ops(), grads[0]
     training = ctx.value(2) if len(ctx.inputs) > 2 else None
     if training is None or not bool(np.asarray(training).reshape(-1)[0]):
-        return [g, None, None][:len(ctx.inputs)]
+        return [g, None, None][: len(ctx.inputs)]
     ratio = float(np.asarray(ctx.value(1)).reshape(-1)[0]) if len(ctx.inputs) > 1 else 0.5
     if len(ctx.outputs) > 1:
         mask = ctx.outputs[1]
@@ -314,8 +326,10 @@ def _swiglu(ctx, grads):
     s = ops.sigmoid(ops.mul(a, _const(alpha, a)) if alpha != 1.0 else a)
     silu = ops.mul(a, s)
     ds = ops.add(s, ops.mul(ops.mul(a, _const(alpha, a)), ops.mul(s, ops.sub(_const(1, a), s))))
-    return [unbroadcast(ops.mul(ops.mul(g, b), ds), a.shape) if ctx.needs[0] else None,
-            unbroadcast(ops.mul(g, silu), b.shape) if ctx.needs[1] else None]
+    return [
+        unbroadcast(ops.mul(ops.mul(g, b), ds), a.shape) if ctx.needs[0] else None,
+        unbroadcast(ops.mul(g, silu), b.shape) if ctx.needs[1] else None,
+    ]
 
 
 def _rotary(ctx, grads):
@@ -365,7 +379,7 @@ def _gemm(ctx, grads):
         out[1] = ops.transpose(d) if tb else d
     if c is not None and len(ctx.needs) > 2 and ctx.needs[2]:
         out[2] = unbroadcast(ops.mul(g, _const(beta, g)) if beta != 1.0 else g, c.shape)
-    return out[:len(ctx.inputs)]
+    return out[: len(ctx.inputs)]
 
 
 def _linear(ctx, grads):
@@ -381,7 +395,7 @@ def _linear(ctx, grads):
         out[1] = ops.matmul(ops.transpose(g2), ops.reshape(x, (-1, in_f)))
     if b is not None and len(ctx.needs) > 2 and ctx.needs[2]:
         out[2] = ops.reshape(ops.sum(g2, dim=0), b.shape)
-    return out[:len(ctx.inputs)]
+    return out[: len(ctx.inputs)]
 
 
 # -- reductions --------------------------------------------------------------------------------------
@@ -517,8 +531,14 @@ def _conv(ctx, grads):
     res = [None, None, None]
     if ctx.needs[0]:
         opad = [x.shape[2 + i] - ((out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - pb[i] - pe[i]) for i in range(nd)]
-        attrs = {"strides": s, "dilations": d, "group": groups, "pads": pb + pe, "output_padding": opad,
-                 "kernel_shape": k}
+        attrs = {
+            "strides": s,
+            "dilations": d,
+            "group": groups,
+            "pads": pb + pe,
+            "output_padding": opad,
+            "kernel_shape": k,
+        }
         res[0] = ops.run_op("ConvTranspose", [g, w], attrs)[0]
     if ctx.needs[1]:
         C, O = x.shape[1], w.shape[0]
@@ -529,15 +549,18 @@ def _conv(ctx, grads):
             xg = x if groups == 1 else ops.slice(x, [gi * cg], [(gi + 1) * cg], axes=[1])
             gg = g if groups == 1 else ops.slice(g, [gi * og], [(gi + 1) * og], axes=[1])
             # correlate the input with the output gradient: batch becomes the channel being summed
-            r = ops.run_op("Conv", [ops.transpose(xg, swap), ops.transpose(gg, swap)],
-                           {"strides": d, "dilations": s, "pads": pb + pe})[0]
+            r = ops.run_op(
+                "Conv",
+                [ops.transpose(xg, swap), ops.transpose(gg, swap)],
+                {"strides": d, "dilations": s, "pads": pb + pe},
+            )[0]
             if list(r.shape[2:]) != k:
                 r = ops.slice(r, [0] * nd, k, axes=list(range(2, nd + 2)))
             parts.append(ops.transpose(r, swap))
         res[1] = parts[0] if groups == 1 else ops.concat(parts, dim=0)
     if b is not None and len(ctx.needs) > 2 and ctx.needs[2]:
         res[2] = ops.sum(g, dim=[0] + list(range(2, nd + 2)))
-    return res[:len(ctx.inputs)]
+    return res[: len(ctx.inputs)]
 
 
 def _max_pool(ctx, grads):
@@ -571,10 +594,18 @@ def _average_pool(ctx, grads):
     counts = ops.slice(counts, [0] * nd, out_sp, axes=list(range(2, nd + 2)))
     n, c = x.shape[:2]
     gs = ops.reshape(ops.div(g, counts), (n * c, 1, *out_sp))
-    opad = [in_sp[i] - ((out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - pb[i] - pe[i] - extra[i])
-            for i in range(nd)]
-    gx = ops.run_op("ConvTranspose", [gs, kernel], {"strides": s, "dilations": d, "pads": pb + [
-        pe[i] + extra[i] for i in range(nd)], "output_padding": opad, "kernel_shape": k})[0]
+    opad = [in_sp[i] - ((out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - pb[i] - pe[i] - extra[i]) for i in range(nd)]
+    gx = ops.run_op(
+        "ConvTranspose",
+        [gs, kernel],
+        {
+            "strides": s,
+            "dilations": d,
+            "pads": pb + [pe[i] + extra[i] for i in range(nd)],
+            "output_padding": opad,
+            "kernel_shape": k,
+        },
+    )[0]
     return [ops.reshape(gx, x.shape)]
 
 
@@ -586,8 +617,15 @@ def _global_average_pool(ctx, grads):
 
 
 # -- normalization --------------------------------------------------------------------------------------
-def _normalize_backward(x: Tensor, g: Tensor, scale_b: Tensor | None, axes: list, eps: float,
-                        mean: Tensor | None = None, var: Tensor | None = None):
+def _normalize_backward(
+    x: Tensor,
+    g: Tensor,
+    scale_b: Tensor | None,
+    axes: list,
+    eps: float,
+    mean: Tensor | None = None,
+    var: Tensor | None = None,
+):
     """dx, xhat of ``y = (x - mean) / sqrt(var + eps) * scale`` over ``axes``; batch statistics
     (whose gradient flows back into x) when ``mean`` is None, fixed ones otherwise."""
     ops = _ops()
@@ -622,7 +660,7 @@ def _layer_norm(ctx, grads):
         res[1] = unbroadcast(ops.mul(g, xhat), scale.shape)
     if b is not None and ctx.needs[2]:
         res[2] = unbroadcast(g, b.shape)
-    return res[:len(ctx.inputs)]
+    return res[: len(ctx.inputs)]
 
 
 def _rms_norm(ctx, grads):
@@ -655,9 +693,11 @@ def _group_norm(ctx, grads):
     dx, xhat = _normalize_backward(xg, dxhat, None, [2], float(ctx.attrs.get("epsilon", 1e-5)))
     xhat = ops.reshape(xhat, x.shape)
     axes = [0] + list(range(2, x.ndim))
-    return [ops.reshape(dx, x.shape) if ctx.needs[0] else None,
-            ops.sum(ops.mul(g, xhat), dim=axes) if ctx.needs[1] else None,
-            ops.sum(g, dim=axes) if ctx.needs[2] else None]
+    return [
+        ops.reshape(dx, x.shape) if ctx.needs[0] else None,
+        ops.sum(ops.mul(g, xhat), dim=axes) if ctx.needs[1] else None,
+        ops.sum(g, dim=axes) if ctx.needs[2] else None,
+    ]
 
 
 def _batch_norm(ctx, grads):
@@ -676,7 +716,7 @@ def _batch_norm(ctx, grads):
         res[1] = ops.sum(ops.mul(g, xhat), dim=axes)
     if ctx.needs[2]:
         res[2] = ops.sum(g, dim=axes)
-    return res[:len(ctx.inputs)]
+    return res[: len(ctx.inputs)]
 
 
 # -- losses -------------------------------------------------------------------------------------------
@@ -730,8 +770,11 @@ def _attention_bias(mask, B, Hq, Sq, T, causal, left, right):
     if mask is not None:
         m = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
         if m.shape[3] < T:  # a short mask: the missing keys are masked out
-            pad = np.zeros(m.shape[:3] + (T - m.shape[3],), m.dtype) if m.dtype == np.bool_ else \
-                np.full(m.shape[:3] + (T - m.shape[3],), -np.inf)
+            pad = (
+                np.zeros(m.shape[:3] + (T - m.shape[3],), m.dtype)
+                if m.dtype == np.bool_
+                else np.full(m.shape[:3] + (T - m.shape[3],), -np.inf)
+            )
             m = np.concatenate([m, pad], axis=3)
         bias = bias + (np.where(m, 0.0, -np.inf) if m.dtype == np.bool_ else m.astype(np.float64))
     rows = ~np.all(np.isneginf(bias), axis=-1, keepdims=True)
@@ -743,8 +786,11 @@ def _attention(ctx, grads):
     ins = list(ctx.inputs) + [None] * (7 - len(ctx.inputs))
     q, k, v, mask = ins[:4]
     n_in = len(ctx.inputs)
-    if any(t is not None for t in ins[4:7]) or float(ctx.attrs.get("softcap") or 0.0) != 0.0 or \
-            (mask is not None and len(ctx.needs) > 3 and ctx.needs[3]):
+    if (
+        any(t is not None for t in ins[4:7])
+        or float(ctx.attrs.get("softcap") or 0.0) != 0.0
+        or (mask is not None and len(ctx.needs) > 3 and ctx.needs[3])
+    ):
         return [None] * n_in  # with a KV cache, softcap or a trainable mask: no rule yet (a typed error)
     rank = q.ndim
     if rank == 3:
@@ -752,6 +798,7 @@ def _attention(ctx, grads):
 
         def to4(t, h):
             return ops.transpose(ops.reshape(t, (t.shape[0], t.shape[1], h, t.shape[2] // h)), [0, 2, 1, 3])
+
         q4, k4, v4 = to4(q, hq), to4(k, hkv), to4(v, hkv)
         g4 = to4(g, hq)
     else:
@@ -774,9 +821,16 @@ def _attention(ctx, grads):
         return ops.sum(ops.reshape(t, (B, Hkv, rep, t.shape[2], t.shape[3])), dim=2)
 
     kr, vr = repeat(k4), repeat(v4)
-    bias, rows = _attention_bias(None if mask is None else mask.numpy(), B, Hq, Sq, T,
-                                 bool(ctx.attrs.get("is_causal", 0)), int(ctx.attrs.get("left_window_size", -1)),
-                                 int(ctx.attrs.get("right_window_size", -1)))
+    bias, rows = _attention_bias(
+        None if mask is None else mask.numpy(),
+        B,
+        Hq,
+        Sq,
+        T,
+        bool(ctx.attrs.get("is_causal", 0)),
+        int(ctx.attrs.get("left_window_size", -1)),
+        int(ctx.attrs.get("right_window_size", -1)),
+    )
     sc = ops.add(ops.mul(ops.matmul(q4, ops.transpose(kr, [0, 1, 3, 2])), _const(scale, q4)), _const(bias, q4))
     p = ops.softmax(sc, dim=-1)
     if not rows.all():  # fully masked rows give 0 (not NaN), as the forward does
@@ -809,9 +863,14 @@ def _lstm(ctx, grads):
     x, w, r, b, seq, h0, c0, peep = ins
     n_in = len(ctx.inputs)
     acts = ctx.attrs.get("activations")
-    if (seq is not None or peep is not None or ctx.attrs.get("clip") is not None or int(ctx.attrs.get("layout", 0))
-            or int(ctx.attrs.get("input_forget", 0)) or
-            (acts and [_s(a).lower() for a in acts] not in (["sigmoid", "tanh", "tanh"] * k for k in (1, 2)))):
+    if (
+        seq is not None
+        or peep is not None
+        or ctx.attrs.get("clip") is not None
+        or int(ctx.attrs.get("layout", 0))
+        or int(ctx.attrs.get("input_forget", 0))
+        or (acts and [_s(a).lower() for a in acts] not in (["sigmoid", "tanh", "tanh"] * k for k in (1, 2)))
+    ):
         return [None] * n_in
     direction = _s(ctx.attrs.get("direction", "forward")).lower()
     dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
@@ -821,8 +880,10 @@ def _lstm(ctx, grads):
     one = _const(1, x)
     res = {k: [] for k in ("x", "w", "r", "b", "h0", "c0")}
     for d, name in enumerate(dirs):
-        wd, rd = ops.squeeze(ops.slice(w, [d], [d + 1], axes=[0]), 0), ops.squeeze(ops.slice(r, [d], [d + 1],
-                                                                                               axes=[0]), 0)
+        wd, rd = (
+            ops.squeeze(ops.slice(w, [d], [d + 1], axes=[0]), 0),
+            ops.squeeze(ops.slice(r, [d], [d + 1], axes=[0]), 0),
+        )
         bias = None
         if b is not None:
             bd = ops.squeeze(ops.slice(b, [d], [d + 1], axes=[0]), 0)
@@ -855,10 +916,15 @@ def _lstm(ctx, grads):
             if gy is not None:
                 dh = ops.add(dh, ops.reshape(ops.slice(gy, [t, d], [t + 1, d + 1], axes=[0, 1]), (N, H)))
             dc = ops.add(dc, ops.mul(ops.mul(dh, o), ops.sub(one, ops.mul(tc, tc))))
-            da = ops.concat([ops.mul(ops.mul(dc, cc), ops.mul(i, ops.sub(one, i))),
-                             ops.mul(ops.mul(dh, tc), ops.mul(o, ops.sub(one, o))),
-                             ops.mul(ops.mul(dc, c_prev), ops.mul(f, ops.sub(one, f))),
-                             ops.mul(ops.mul(dc, i), ops.sub(one, ops.mul(cc, cc)))], dim=1)
+            da = ops.concat(
+                [
+                    ops.mul(ops.mul(dc, cc), ops.mul(i, ops.sub(one, i))),
+                    ops.mul(ops.mul(dh, tc), ops.mul(o, ops.sub(one, o))),
+                    ops.mul(ops.mul(dc, c_prev), ops.mul(f, ops.sub(one, f))),
+                    ops.mul(ops.mul(dc, i), ops.sub(one, ops.mul(cc, cc))),
+                ],
+                dim=1,
+            )
             dx[t] = ops.matmul(da, wd)
             daT = ops.transpose(da)
             dw = _acc(dw, ops.matmul(daT, xt))
@@ -877,8 +943,16 @@ def _lstm(ctx, grads):
         v = res[k]
         return v[0] if len(v) == 1 else (ops.add(v[0], v[1]) if k == "x" else ops.concat(v, dim=0))
 
-    out = [total("x"), total("w"), total("r"), total("b") if b is not None else None, None,
-           total("h0") if h0 is not None else None, total("c0") if c0 is not None else None, None]
+    out = [
+        total("x"),
+        total("w"),
+        total("r"),
+        total("b") if b is not None else None,
+        None,
+        total("h0") if h0 is not None else None,
+        total("c0") if c0 is not None else None,
+        None,
+    ]
     return [g if need else None for g, need in zip(out[:n_in], ctx.needs)]
 
 
@@ -893,8 +967,12 @@ def _gru(ctx, grads):
     x, w, r, b, seq, h0 = ins
     n_in = len(ctx.inputs)
     acts = ctx.attrs.get("activations")
-    if (seq is not None or ctx.attrs.get("clip") is not None or int(ctx.attrs.get("layout", 0)) or
-            (acts and [_s(a).lower() for a in acts] not in (["sigmoid", "tanh"] * k for k in (1, 2)))):
+    if (
+        seq is not None
+        or ctx.attrs.get("clip") is not None
+        or int(ctx.attrs.get("layout", 0))
+        or (acts and [_s(a).lower() for a in acts] not in (["sigmoid", "tanh"] * k for k in (1, 2)))
+    ):
         return [None] * n_in
     lbr = int(ctx.attrs.get("linear_before_reset", 0))
     direction = _s(ctx.attrs.get("direction", "forward")).lower()
@@ -905,6 +983,7 @@ def _gru(ctx, grads):
     one = _const(1, x)
     res = {k: [] for k in ("x", "w", "r", "b", "h0")}
     for d, name in enumerate(dirs):
+
         def sel(t, d=d):
             return ops.squeeze(ops.slice(t, [d], [d + 1], axes=[0]), 0)
 
@@ -954,8 +1033,9 @@ def _gru(ctx, grads):
                 dh_prev = ops.add(dh_prev, ops.mul(drh, rr))
                 dr_h = _acc(dr_h, ops.matmul(ops.transpose(dah), hr))
                 drb_h = _acc(drb_h, ops.sum(dah, dim=0))
-            dazr = ops.concat([ops.mul(dz, ops.mul(z, ops.sub(one, z))), ops.mul(drr, ops.mul(rr, ops.sub(one, rr)))],
-                              dim=1)
+            dazr = ops.concat(
+                [ops.mul(dz, ops.mul(z, ops.sub(one, z))), ops.mul(drr, ops.mul(rr, ops.sub(one, rr)))], dim=1
+            )
             da = ops.concat([dazr, dah], dim=1)
             dx[t] = ops.matmul(da, wd)
             dw = _acc(dw, ops.matmul(ops.transpose(da), xt))
@@ -973,8 +1053,14 @@ def _gru(ctx, grads):
         v = res[k]
         return v[0] if len(v) == 1 else (ops.add(v[0], v[1]) if k == "x" else ops.concat(v, dim=0))
 
-    out = [total("x"), total("w"), total("r"), total("b") if b is not None else None, None,
-           total("h0") if h0 is not None else None]
+    out = [
+        total("x"),
+        total("w"),
+        total("r"),
+        total("b") if b is not None else None,
+        None,
+        total("h0") if h0 is not None else None,
+    ]
     return [g if need else None for g, need in zip(out[:n_in], ctx.needs)]
 
 
@@ -992,20 +1078,65 @@ def _s(v) -> str:
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
-    "Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div, "Neg": _neg, "Pow": _pow, "Exp": _exp, "Log": _log,
-    "Sqrt": _sqrt, "Relu": _relu, "Sigmoid": _sigmoid, "Tanh": _tanh, "Gelu": _gelu, "Softmax": _softmax,
-    "LogSoftmax": _log_softmax, "Identity": _identity, "Cast": _cast, "Swish": _swish, "LeakyRelu": _leaky_relu,
-    "Abs": _abs, "Softplus": _softplus, "Erf": _erf, "Reciprocal": _reciprocal, "Rsqrt": _rsqrt, "Where": _where,
-    "Clip": _clip, "Sum": _sum_n, "Split": _split, "Pad": _pad, "Dropout": _dropout,
-    "MatMul": _matmul, "Gemm": _gemm, "Linear": _linear,
-    "ReduceSum": _reduce(False), "ReduceMean": _reduce(True),
-    "Reshape": _reshape_back, "Flatten": _reshape_back, "Squeeze": _reshape_back, "Unsqueeze": _reshape_back,
-    "Transpose": _transpose, "Expand": _expand, "Concat": _concat, "Slice": _slice, "Gather": _gather,
-    "Conv": _conv, "MaxPool": _max_pool, "AveragePool": _average_pool, "GlobalAveragePool": _global_average_pool,
-    "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "RMSNormalization": _rms_norm,
+    "Add": _add,
+    "Sub": _sub,
+    "Mul": _mul,
+    "Div": _div,
+    "Neg": _neg,
+    "Pow": _pow,
+    "Exp": _exp,
+    "Log": _log,
+    "Sqrt": _sqrt,
+    "Relu": _relu,
+    "Sigmoid": _sigmoid,
+    "Tanh": _tanh,
+    "Gelu": _gelu,
+    "Softmax": _softmax,
+    "LogSoftmax": _log_softmax,
+    "Identity": _identity,
+    "Cast": _cast,
+    "Swish": _swish,
+    "LeakyRelu": _leaky_relu,
+    "Abs": _abs,
+    "Softplus": _softplus,
+    "Erf": _erf,
+    "Reciprocal": _reciprocal,
+    "Rsqrt": _rsqrt,
+    "Where": _where,
+    "Clip": _clip,
+    "Sum": _sum_n,
+    "Split": _split,
+    "Pad": _pad,
+    "Dropout": _dropout,
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "Linear": _linear,
+    "ReduceSum": _reduce(False),
+    "ReduceMean": _reduce(True),
+    "Reshape": _reshape_back,
+    "Flatten": _reshape_back,
+    "Squeeze": _reshape_back,
+    "Unsqueeze": _reshape_back,
+    "Transpose": _transpose,
+    "Expand": _expand,
+    "Concat": _concat,
+    "Slice": _slice,
+    "Gather": _gather,
+    "Conv": _conv,
+    "MaxPool": _max_pool,
+    "AveragePool": _average_pool,
+    "GlobalAveragePool": _global_average_pool,
+    "BatchNormalization": _batch_norm,
+    "LayerNormalization": _layer_norm,
+    "RMSNormalization": _rms_norm,
     "GroupNormalization": _group_norm,
-    "Attention": _attention, "LSTM": _lstm, "GRU": _gru, "SwiGLU": _swiglu, "RotaryEmbedding": _rotary,
-    "SoftmaxCrossEntropyLoss": _softmax_cross_entropy, "NegativeLogLikelihoodLoss": _nll,
+    "Attention": _attention,
+    "LSTM": _lstm,
+    "GRU": _gru,
+    "SwiGLU": _swiglu,
+    "RotaryEmbedding": _rotary,
+    "SoftmaxCrossEntropyLoss": _softmax_cross_entropy,
+    "NegativeLogLikelihoodLoss": _nll,
 }
 
 

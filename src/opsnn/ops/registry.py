@@ -14,6 +14,7 @@ library registers its own ops with exactly these public functions::
     ... def _twice(ins, outs, attrs, plan, ws):
     ...     np.multiply(ins[0], 2, out=outs[0])
 """
+
 from __future__ import annotations
 
 import difflib
@@ -89,8 +90,7 @@ class InferContext:
 
     __slots__ = ("op", "inputs", "attrs", "values", "num_outputs", "outputs", "device")
 
-    def __init__(self, op: OpRecord, inputs: list, attrs: dict, values: list, num_outputs: int,
-                 device: str = "cpu"):
+    def __init__(self, op: OpRecord, inputs: list, attrs: dict, values: list, num_outputs: int, device: str = "cpu"):
         self.op = op
         self.inputs: list[TensorMeta | None] = inputs
         self.attrs = attrs
@@ -235,8 +235,11 @@ class OpRecord:
         for key in attrs:
             if key not in self._attr_index:
                 near = difflib.get_close_matches(key, list(self._attr_index), n=1)
-                hint = f"; did you mean {near[0]!r}?" if near else \
-                    f"; it takes {sorted(self._attr_index) or 'no attributes'}"
+                hint = (
+                    f"; did you mean {near[0]!r}?"
+                    if near
+                    else f"; it takes {sorted(self._attr_index) or 'no attributes'}"
+                )
                 raise ParamInvalidError(f"{self.name}: unknown attribute {key!r}{hint}", op=self.name)
         if len(attrs) == len(self._attr_index):
             return dict(attrs)
@@ -251,19 +254,23 @@ class OpRecord:
         n_fixed = sum(1 for s in self.inputs if not s.optional and not s.variadic)
         if len(metas) < n_fixed or (len(metas) > len(self.inputs) and not (self.inputs and self.inputs[-1].variadic)):
             names = [s.name for s in self.inputs]
-            raise ParamInvalidError(f"{self.name}: expected {n_fixed}..{len(names)} inputs {names}, got {len(metas)}",
-                                    op=self.name)
+            raise ParamInvalidError(
+                f"{self.name}: expected {n_fixed}..{len(names)} inputs {names}, got {len(metas)}", op=self.name
+            )
         for i, meta in enumerate(metas):
             spec = self.input_spec(i)
             if meta is None:
                 if not spec.optional:
-                    raise ParamNullptrError(f"{self.name}: input {i} ({spec.name!r}) is required but got None",
-                                            op=self.name)
+                    raise ParamNullptrError(
+                        f"{self.name}: input {i} ({spec.name!r}) is required but got None", op=self.name
+                    )
                 continue
             if spec.dtypes is not None and meta.dtype not in spec.dtypes:
                 allowed = ", ".join(_dt.name(d) for d in spec.dtypes)
-                raise DTypeError(f"{self.name}: input {spec.name!r} has dtype {_dt.name(meta.dtype)}; "
-                                 f"expected one of {allowed}", op=self.name)
+                raise DTypeError(
+                    f"{self.name}: input {spec.name!r} has dtype {_dt.name(meta.dtype)}; expected one of {allowed}",
+                    op=self.name,
+                )
 
     def run_infer(self, ctx: InferContext) -> list[TensorMeta]:
         if self.infer is None:
@@ -292,9 +299,21 @@ def version() -> int:
     return _version[0]
 
 
-def register_op(name: str, *, inputs, outputs, attrs=(), infer=None, reference=None, category="misc",
-                domain: str = "", doc: str = "", dynamic_shape: bool = False, flops=None,
-                replace: bool = False) -> OpRecord:
+def register_op(
+    name: str,
+    *,
+    inputs,
+    outputs,
+    attrs=(),
+    infer=None,
+    reference=None,
+    category="misc",
+    domain: str = "",
+    doc: str = "",
+    dynamic_shape: bool = False,
+    flops=None,
+    replace: bool = False,
+) -> OpRecord:
     """Register an operator record (the same call the library uses for its own ops).
 
     ``infer(ctx) -> [TensorMeta]`` and ``reference(ins, attrs) -> array | tuple`` are
@@ -303,15 +322,36 @@ def register_op(name: str, *, inputs, outputs, attrs=(), infer=None, reference=N
     """
     if infer is None or reference is None:
         raise ParamInvalidError(f"register_op({name!r}): both infer= and reference= are required")
-    rec = OpRecord(name=name, inputs=inputs, outputs=outputs, attrs=attrs, infer=infer, reference=reference,
-                   category=category, domain=domain, doc=doc, dynamic_shape=dynamic_shape, flops=flops)
+    rec = OpRecord(
+        name=name,
+        inputs=inputs,
+        outputs=outputs,
+        attrs=attrs,
+        infer=infer,
+        reference=reference,
+        category=category,
+        domain=domain,
+        doc=doc,
+        dynamic_shape=dynamic_shape,
+        flops=flops,
+    )
     with _lock:
         if (domain, name) in REGISTRY and not replace:
-            raise ParamInvalidError(f"register_op: op {name!r} (domain {domain!r}) is already registered; "
-                                    "pass replace=True to override it")
+            raise ParamInvalidError(
+                f"register_op: op {name!r} (domain {domain!r}) is already registered; pass replace=True to override it"
+            )
         REGISTRY[(domain, name)] = rec
-    rec.add_kernel(Kernel(name="reference", op=name, fn=_reference_kernel(rec), priority=-1000, strided=True,
-                          fallback=True, doc="numpy reference implementation (slow; last resort)"))
+    rec.add_kernel(
+        Kernel(
+            name="reference",
+            op=name,
+            fn=_reference_kernel(rec),
+            priority=-1000,
+            strided=True,
+            fallback=True,
+            doc="numpy reference implementation (slow; last resort)",
+        )
+    )
     return rec
 
 
@@ -352,8 +392,9 @@ def _reference_kernel(rec: OpRecord) -> Callable:
         for o, r in zip(outs, res):
             r = np.asarray(r)
             if r.shape != o.shape:
-                raise InferShapeError(f"{rec.name}: reference produced shape {r.shape}, inference said {o.shape}",
-                                      op=rec.name)
+                raise InferShapeError(
+                    f"{rec.name}: reference produced shape {r.shape}, inference said {o.shape}", op=rec.name
+                )
             np.copyto(o, r, casting="unsafe")
         return None
 
@@ -430,8 +471,11 @@ def select_kernel(rec: OpRecord, ctx: InferContext, algo: str | None = None) -> 
         if forced is not None and isinstance(why, _autotune.NotPreferred):
             why = None  # correct for these shapes, only expected to be slower: the user asked for it
         if why is None:
-            reason = (f"forced ({'algo=' if algo else 'kernel_selector'}{forced})" if forced else
-                      f"highest-priority applicable kernel (priority {k.priority})")
+            reason = (
+                f"forced ({'algo=' if algo else 'kernel_selector'}{forced})"
+                if forced
+                else f"highest-priority applicable kernel (priority {k.priority})"
+            )
             if rejected:
                 reason += "; skipped " + ", ".join(f"{n} ({w})" for n, w in rejected)
             return Selection(k, reason, rejected, k.needs_adapter(ctx))
@@ -440,7 +484,9 @@ def select_kernel(rec: OpRecord, ctx: InferContext, algo: str | None = None) -> 
         names = [k.name for k in rec.kernels]
         if not any(k.name == forced for k in rec.kernels):
             raise KernelNotFoundError(f"{rec.name}: no kernel named {forced!r}; kernels: {names}", op=rec.name)
-        raise KernelNotFoundError(f"{rec.name}: forced kernel {forced!r} does not apply: {rejected[-1][1]}",
-                                  op=rec.name)
-    raise KernelNotFoundError(f"{rec.name}: no kernel applies: " + "; ".join(f"{n}: {w}" for n, w in rejected),
-                              op=rec.name)
+        raise KernelNotFoundError(
+            f"{rec.name}: forced kernel {forced!r} does not apply: {rejected[-1][1]}", op=rec.name
+        )
+    raise KernelNotFoundError(
+        f"{rec.name}: no kernel applies: " + "; ".join(f"{n}: {w}" for n, w in rejected), op=rec.name
+    )

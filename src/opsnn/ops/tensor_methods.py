@@ -22,6 +22,7 @@ accepts both); an unknown keyword names the nearest parameter::
     ...
     opsnn.errors.ParamInvalidError: [161002] softmax() got an unexpected keyword 'axs'; did you mean 'axis' / 'dim'?
 """
+
 from __future__ import annotations
 
 import inspect
@@ -74,65 +75,151 @@ def _nonzero_rows(r):
 
 METHODS: dict[str, Method] = {
     # reductions (torch: no dim -> a 0-d tensor; max/min with a dim -> (values, indices))
-    "sum": Method("sum"), "mean": Method("mean"), "prod": Method("prod"), "logsumexp": Method("logsumexp"),
-    "var": Method("var"), "argmax": Method("argmax"), "argmin": Method("argmin"),
-    "max": Method("max", tensor_arg_fn="maximum"), "min": Method("min", tensor_arg_fn="minimum"),
-    "amax": Method("max"), "amin": Method("min"),
-    "cumsum": Method("cumsum"), "cumprod": Method("cumprod"),
+    "sum": Method("sum"),
+    "mean": Method("mean"),
+    "prod": Method("prod"),
+    "logsumexp": Method("logsumexp"),
+    "var": Method("var"),
+    "argmax": Method("argmax"),
+    "argmin": Method("argmin"),
+    "max": Method("max", tensor_arg_fn="maximum"),
+    "min": Method("min", tensor_arg_fn="minimum"),
+    "amax": Method("max"),
+    "amin": Method("min"),
+    "cumsum": Method("cumsum"),
+    "cumprod": Method("cumprod"),
     # activations
-    "relu": Method("relu"), "sigmoid": Method("sigmoid"), "tanh": Method("tanh"), "softmax": Method("softmax"),
-    "log_softmax": Method("log_softmax"), "hardshrink": Method("hardshrink"), "prelu": Method("prelu"),
+    "relu": Method("relu"),
+    "sigmoid": Method("sigmoid"),
+    "tanh": Method("tanh"),
+    "softmax": Method("softmax"),
+    "log_softmax": Method("log_softmax"),
+    "hardshrink": Method("hardshrink"),
+    "prelu": Method("prelu"),
     # elementwise math
-    "abs": Method("abs"), "absolute": Method("abs"), "neg": Method("neg"), "negative": Method("neg"),
-    "sign": Method("sign"), "exp": Method("exp"), "log": Method("log"), "sqrt": Method("sqrt"),
-    "rsqrt": Method("rsqrt"), "floor": Method("floor"), "ceil": Method("ceil"), "round": Method("round"),
-    "reciprocal": Method("reciprocal"), "erf": Method("erf"), "sin": Method("sin"), "cos": Method("cos"),
-    "tan": Method("tan"), "asin": Method("asin"), "acos": Method("acos"), "atan": Method("atan"),
-    "arcsin": Method("asin"), "arccos": Method("acos"), "arctan": Method("atan"),
-    "sinh": Method("sinh"), "cosh": Method("cosh"), "asinh": Method("asinh"), "acosh": Method("acosh"),
-    "atanh": Method("atanh"), "isnan": Method("isnan"), "isinf": Method("isinf"),
-    "clamp": Method("clamp"), "clip": Method("clip"),
-    "add": Method("add"), "sub": Method("sub"), "subtract": Method("sub"), "mul": Method("mul"),
-    "multiply": Method("mul"), "div": Method("div"), "divide": Method("div"), "true_divide": Method("div"),
-    "pow": Method("pow"), "remainder": Method("remainder"), "fmod": Method("fmod"),
-    "maximum": Method("maximum"), "minimum": Method("minimum"),
-    "eq": Method("eq"), "lt": Method("lt"), "le": Method("le"), "gt": Method("gt"), "ge": Method("ge"),
-    "less": Method("lt"), "less_equal": Method("le"), "greater": Method("gt"), "greater_equal": Method("ge"),
-    "logical_and": Method("logical_and"), "logical_or": Method("logical_or"), "logical_xor": Method("logical_xor"),
-    "logical_not": Method("logical_not"), "bitwise_and": Method("bitwise_and"), "bitwise_or": Method("bitwise_or"),
-    "bitwise_xor": Method("bitwise_xor"), "bitwise_not": Method("bitwise_not"),
-    "bitwise_left_shift": Method("bitwise_left_shift"), "bitwise_right_shift": Method("bitwise_right_shift"),
+    "abs": Method("abs"),
+    "absolute": Method("abs"),
+    "neg": Method("neg"),
+    "negative": Method("neg"),
+    "sign": Method("sign"),
+    "exp": Method("exp"),
+    "log": Method("log"),
+    "sqrt": Method("sqrt"),
+    "rsqrt": Method("rsqrt"),
+    "floor": Method("floor"),
+    "ceil": Method("ceil"),
+    "round": Method("round"),
+    "reciprocal": Method("reciprocal"),
+    "erf": Method("erf"),
+    "sin": Method("sin"),
+    "cos": Method("cos"),
+    "tan": Method("tan"),
+    "asin": Method("asin"),
+    "acos": Method("acos"),
+    "atan": Method("atan"),
+    "arcsin": Method("asin"),
+    "arccos": Method("acos"),
+    "arctan": Method("atan"),
+    "sinh": Method("sinh"),
+    "cosh": Method("cosh"),
+    "asinh": Method("asinh"),
+    "acosh": Method("acosh"),
+    "atanh": Method("atanh"),
+    "isnan": Method("isnan"),
+    "isinf": Method("isinf"),
+    "clamp": Method("clamp"),
+    "clip": Method("clip"),
+    "add": Method("add"),
+    "sub": Method("sub"),
+    "subtract": Method("sub"),
+    "mul": Method("mul"),
+    "multiply": Method("mul"),
+    "div": Method("div"),
+    "divide": Method("div"),
+    "true_divide": Method("div"),
+    "pow": Method("pow"),
+    "remainder": Method("remainder"),
+    "fmod": Method("fmod"),
+    "maximum": Method("maximum"),
+    "minimum": Method("minimum"),
+    "eq": Method("eq"),
+    "lt": Method("lt"),
+    "le": Method("le"),
+    "gt": Method("gt"),
+    "ge": Method("ge"),
+    "less": Method("lt"),
+    "less_equal": Method("le"),
+    "greater": Method("gt"),
+    "greater_equal": Method("ge"),
+    "logical_and": Method("logical_and"),
+    "logical_or": Method("logical_or"),
+    "logical_xor": Method("logical_xor"),
+    "logical_not": Method("logical_not"),
+    "bitwise_and": Method("bitwise_and"),
+    "bitwise_or": Method("bitwise_or"),
+    "bitwise_xor": Method("bitwise_xor"),
+    "bitwise_not": Method("bitwise_not"),
+    "bitwise_left_shift": Method("bitwise_left_shift"),
+    "bitwise_right_shift": Method("bitwise_right_shift"),
     "where": Method("where", params=("condition", "other"), self_as="input"),
-    "matmul": Method("matmul", params=("other->b",)), "mm": Method("matmul", params=("mat2->b",)),
-    "bmm": Method("matmul", params=("mat2->b",)), "det": Method("det"),
+    "matmul": Method("matmul", params=("other->b",)),
+    "mm": Method("matmul", params=("mat2->b",)),
+    "bmm": Method("matmul", params=("mat2->b",)),
+    "det": Method("det"),
     # dtype conversions
-    "float": _cast("float32"), "double": _cast("float64"), "half": _cast("float16"), "bfloat16": _cast("bfloat16"),
-    "int": _cast("int32"), "long": _cast("int64"), "short": _cast("int16"), "char": _cast("int8"),
-    "byte": _cast("uint8"), "bool": _cast("bool"), "type_as": Method("cast_like", params=("other->target",)),
+    "float": _cast("float32"),
+    "double": _cast("float64"),
+    "half": _cast("float16"),
+    "bfloat16": _cast("bfloat16"),
+    "int": _cast("int32"),
+    "long": _cast("int64"),
+    "short": _cast("int16"),
+    "char": _cast("int8"),
+    "byte": _cast("uint8"),
+    "bool": _cast("bool"),
+    "type_as": Method("cast_like", params=("other->target",)),
     # indexing and layout (the zero-copy views are the runtime's own methods)
     "gather": Method("gather_elements", params=("dim->axis", "index->indices")),
     "scatter": Method("scatter_elements", params=("dim->axis", "index->indices", "src->updates")),
-    "scatter_add": Method("scatter_elements", params=("dim->axis", "index->indices", "src->updates"),
-                          fixed={"reduction": "add"}),
-    "index_select": Method("index_select"), "split": Method("split", params=("split_size->split_size_or_sections",
-                                                                              "dim")),
-    "tile": Method("tile", params=("dims->repeats",)), "topk": Method("topk"),
-    "triu": Method("triu"), "tril": Method("tril"), "nonzero": Method("nonzero", post=_nonzero_rows),
+    "scatter_add": Method(
+        "scatter_elements", params=("dim->axis", "index->indices", "src->updates"), fixed={"reduction": "add"}
+    ),
+    "index_select": Method("index_select"),
+    "split": Method("split", params=("split_size->split_size_or_sections", "dim")),
+    "tile": Method("tile", params=("dims->repeats",)),
+    "topk": Method("topk"),
+    "triu": Method("triu"),
+    "tril": Method("tril"),
+    "nonzero": Method("nonzero", post=_nonzero_rows),
     "unique": Method("unique", params=("sorted", "dim"), post=lambda r: r[0]),
     "bernoulli": Method("bernoulli", params=("seed",)),
     # operators
-    "__add__": Method("add"), "__radd__": _reflected("add"), "__sub__": Method("sub"), "__rsub__": _reflected("sub"),
-    "__mul__": Method("mul"), "__rmul__": _reflected("mul"), "__truediv__": Method("div"),
-    "__rtruediv__": _reflected("div"), "__pow__": Method("pow", params=("other->exponent",)),
+    "__add__": Method("add"),
+    "__radd__": _reflected("add"),
+    "__sub__": Method("sub"),
+    "__rsub__": _reflected("sub"),
+    "__mul__": Method("mul"),
+    "__rmul__": _reflected("mul"),
+    "__truediv__": Method("div"),
+    "__rtruediv__": _reflected("div"),
+    "__pow__": Method("pow", params=("other->exponent",)),
     "__rpow__": Method("pow", params=("other->input",), self_as="exponent"),
-    "__mod__": Method("remainder"), "__rmod__": _reflected("remainder"),
-    "__lt__": Method("lt"), "__le__": Method("le"), "__gt__": Method("gt"), "__ge__": Method("ge"),
-    "__and__": Method("logical_and"), "__rand__": _reflected("logical_and"),
-    "__or__": Method("logical_or"), "__ror__": _reflected("logical_or"),
-    "__xor__": Method("logical_xor"), "__rxor__": _reflected("logical_xor"),
+    "__mod__": Method("remainder"),
+    "__rmod__": _reflected("remainder"),
+    "__lt__": Method("lt"),
+    "__le__": Method("le"),
+    "__gt__": Method("gt"),
+    "__ge__": Method("ge"),
+    "__and__": Method("logical_and"),
+    "__rand__": _reflected("logical_and"),
+    "__or__": Method("logical_or"),
+    "__ror__": _reflected("logical_or"),
+    "__xor__": Method("logical_xor"),
+    "__rxor__": _reflected("logical_xor"),
     "__matmul__": Method("matmul", params=("other->b",)),
     "__rmatmul__": Method("matmul", params=("other->a",), self_as="b"),
-    "__neg__": Method("neg"), "__abs__": Method("abs"),
+    "__neg__": Method("neg"),
+    "__abs__": Method("abs"),
 }
 
 #: functional ops whose torch Tensor method means something else, so they get no method here
@@ -158,8 +245,9 @@ def _method_params(name: str, spec: Method) -> tuple[list, str, bool]:
         pairs = [tuple(p.split("->")) if "->" in p else (p, p) for p in spec.params]
     for m, f in pairs:
         if f not in fnames:
-            raise ParamInvalidError(f"Tensor.{name}: the table maps {m!r} to {f!r}, which is not a parameter of "
-                                    f"opsnn.ops.{spec.fn}{sig}")
+            raise ParamInvalidError(
+                f"Tensor.{name}: the table maps {m!r} to {f!r}, which is not a parameter of opsnn.ops.{spec.fn}{sig}"
+            )
     return pairs, self_as, varargs and spec.params is None
 
 
@@ -184,8 +272,9 @@ def make_method(name: str, spec: Method) -> Callable:
             res = fn(self, *args, **dict(spec.fixed), **{to_fn[k]: v for k, v in extra.items()})
             return spec.post(res) if spec.post else res
         if len(args) > len(order):
-            raise ParamInvalidError(f"{shown}() takes at most {len(order)} argument(s) "
-                                    f"({', '.join(order) or 'none'}), got {len(args)}")
+            raise ParamInvalidError(
+                f"{shown}() takes at most {len(order)} argument(s) ({', '.join(order) or 'none'}), got {len(args)}"
+            )
         call = dict(spec.fixed)
         for m, v in zip(order, args):
             call[to_fn[m]] = v
@@ -202,10 +291,17 @@ def make_method(name: str, spec: Method) -> Callable:
 
     method.__name__ = method.__qualname__ = name
     sig = ", ".join(order)
-    method.__doc__ = (f"``Tensor.{name}({sig})``: ``opsnn.ops.{spec.fn}`` with ``self`` as "
-                      f"``{self_as}``" + (f" and {spec.fixed}" if spec.fixed else "")
-                      + ("; ``dim`` / ``axis``, ``keepdim`` / ``keepdims`` are one parameter each"
-                         if any(m in ALIASES for m in order) else "") + ".")
+    method.__doc__ = (
+        f"``Tensor.{name}({sig})``: ``opsnn.ops.{spec.fn}`` with ``self`` as "
+        f"``{self_as}``"
+        + (f" and {spec.fixed}" if spec.fixed else "")
+        + (
+            "; ``dim`` / ``axis``, ``keepdim`` / ``keepdims`` are one parameter each"
+            if any(m in ALIASES for m in order)
+            else ""
+        )
+        + "."
+    )
     method._generated = spec
     return method
 

@@ -8,6 +8,7 @@ Learning-rate schedulers are in ``opsnn.optim.lr_scheduler``.
 >>> loss = opsnn.nn.functional.mse_loss(lin(opsnn.tensor(np.ones((2, 3), np.float32))), np.zeros((2, 1), np.float32))
 >>> opt.zero_grad(); loss.backward(); opt.step()
 """
+
 from . import lr_scheduler
 from .adam import Adam, AdamW
 from .optimizer import Optimizer, OptimizerStateError

@@ -9,6 +9,7 @@ decay), both with amsgrad and maximize, as one fused multi-tensor kernel per ste
 >>> np.round(p.numpy(), 4)
 array([ 0.9, -0.9], dtype=float32)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,14 +22,36 @@ from .optimizer import Optimizer
 class Adam(Optimizer):
     _decoupled = False
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 amsgrad: bool = False, *, foreach=None, maximize: bool = False, capturable: bool = False,
-                 differentiable: bool = False, fused=None, decoupled_weight_decay: bool = False):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        *,
+        foreach=None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused=None,
+        decoupled_weight_decay: bool = False,
+    ):
         if differentiable or capturable:
             raise ParamInvalidError(f"{type(self).__name__}: differentiable/capturable are not supported")
         self._decoupled = self._decoupled or bool(decoupled_weight_decay)
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
-                                      "amsgrad": amsgrad, "maximize": maximize})
+        super().__init__(
+            params,
+            {
+                "lr": lr,
+                "betas": tuple(betas),
+                "eps": eps,
+                "weight_decay": weight_decay,
+                "amsgrad": amsgrad,
+                "maximize": maximize,
+            },
+        )
 
     _state_keys = frozenset({"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"})
 
@@ -53,13 +76,21 @@ class Adam(Optimizer):
                 st = self.state.setdefault(p, {})
                 st["step"] = step = float(st.get("step", 0.0)) + 1.0
                 b1, b2 = g["betas"]
-                hyper[t] = (g["lr"], b1, b2, g["eps"], g["weight_decay"], 1.0 - b1 ** step, 1.0 - b2 ** step)
+                hyper[t] = (g["lr"], b1, b2, g["eps"], g["weight_decay"], 1.0 - b1**step, 1.0 - b2**step)
                 flags[t] = (bool(g["amsgrad"]), self._decoupled, bool(g["maximize"]))
                 ms.append(self._state_buffer(p, "exp_avg"))
                 vs.append(self._state_buffer(p, "exp_avg_sq"))
                 vmaxs.append(self._state_buffer(p, "max_exp_avg_sq") if g["amsgrad"] else vs[-1])
-            K.adam_step(K.typed_list([i[2] for i in items]), K.typed_list([i[3] for i in items]), K.typed_list(ms),
-                        K.typed_list(vs), K.typed_list(vmaxs), K.chunk_table([i[2].size for i in items]), hyper, flags)
+            K.adam_step(
+                K.typed_list([i[2] for i in items]),
+                K.typed_list([i[3] for i in items]),
+                K.typed_list(ms),
+                K.typed_list(vs),
+                K.typed_list(vmaxs),
+                K.chunk_table([i[2].size for i in items]),
+                hyper,
+                flags,
+            )
         return loss
 
 
@@ -68,11 +99,34 @@ class AdamW(Adam):
 
     _decoupled = True
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
-                 amsgrad: bool = False, *, maximize: bool = False, foreach=None, capturable: bool = False,
-                 differentiable: bool = False, fused=None):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
-                         capturable=capturable, differentiable=differentiable, fused=fused)
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+        foreach=None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused=None,
+    ):
+        super().__init__(
+            params,
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            amsgrad,
+            foreach=foreach,
+            maximize=maximize,
+            capturable=capturable,
+            differentiable=differentiable,
+            fused=fused,
+        )
 
 
 __all__ = ["Adam", "AdamW"]

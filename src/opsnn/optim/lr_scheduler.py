@@ -11,6 +11,7 @@ optimizer's parameter groups, in closed form, on every ``step()``.
 >>> lrs
 [0.1, 0.1, 0.05, 0.05, 0.025]
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,10 @@ class LRScheduler:
         else:
             for i, g in enumerate(optimizer.param_groups):
                 if "initial_lr" not in g:
-                    raise ParamInvalidError(f"{type(self).__name__}: resuming at last_epoch={last_epoch} needs "
-                                            f"'initial_lr' in parameter group {i}")
+                    raise ParamInvalidError(
+                        f"{type(self).__name__}: resuming at last_epoch={last_epoch} needs "
+                        f"'initial_lr' in parameter group {i}"
+                    )
         self.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
         self.last_epoch = last_epoch
         self.step()
@@ -84,11 +87,18 @@ class LinearLR(LRScheduler):
     """Linear warmup (or decay): the factor goes from ``start_factor`` to ``end_factor`` over
     ``total_iters`` steps, then stays."""
 
-    def __init__(self, optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0, total_iters: int = 5,
-                 last_epoch: int = -1):
+    def __init__(
+        self,
+        optimizer,
+        start_factor: float = 1.0 / 3,
+        end_factor: float = 1.0,
+        total_iters: int = 5,
+        last_epoch: int = -1,
+    ):
         if not 0.0 < float(start_factor) <= 1.0 or not 0.0 <= float(end_factor) <= 1.0:
-            raise ParamInvalidError(f"LinearLR: start_factor must be in (0, 1] and end_factor in [0, 1], got "
-                                    f"{start_factor}, {end_factor}")
+            raise ParamInvalidError(
+                f"LinearLR: start_factor must be in (0, 1] and end_factor in [0, 1], got {start_factor}, {end_factor}"
+            )
         self.start_factor, self.end_factor, self.total_iters = float(start_factor), float(end_factor), int(total_iters)
         super().__init__(optimizer, last_epoch)
 
@@ -125,8 +135,10 @@ class SequentialLR(LRScheduler):
 
     def __init__(self, optimizer, schedulers, milestones, last_epoch: int = -1):
         if len(milestones) != len(schedulers) - 1:
-            raise ParamInvalidError(f"SequentialLR: {len(schedulers)} schedulers need {len(schedulers) - 1} "
-                                    f"milestones, got {len(milestones)}")
+            raise ParamInvalidError(
+                f"SequentialLR: {len(schedulers)} schedulers need {len(schedulers) - 1} "
+                f"milestones, got {len(milestones)}"
+            )
         self.optimizer = optimizer
         self._schedulers, self._milestones = list(schedulers), [int(m) for m in milestones]
         self.last_epoch = last_epoch + 1
@@ -148,8 +160,12 @@ class SequentialLR(LRScheduler):
         self._apply(self._schedulers[idx], self.last_epoch - start)
 
     def state_dict(self) -> dict:
-        return {"last_epoch": self.last_epoch, "_milestones": self._milestones, "_last_lr": self._last_lr,
-                "_schedulers": [s.state_dict() for s in self._schedulers]}
+        return {
+            "last_epoch": self.last_epoch,
+            "_milestones": self._milestones,
+            "_last_lr": self._last_lr,
+            "_schedulers": [s.state_dict() for s in self._schedulers],
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         for s, sd in zip(self._schedulers, state_dict["_schedulers"]):

@@ -3,6 +3,7 @@
 Subclasses implement ``step`` as one fused multi-tensor kernel (``opsnn.kernels.cpu.optimizer``)
 over all parameters that have a gradient, one launch per parameter dtype.
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,8 +31,9 @@ class Optimizer:
         self.state: dict = {}
         self.param_groups: list[dict] = []
         if isinstance(params, Tensor):
-            raise ParamInvalidError(f"{type(self).__name__}: params must be an iterable of tensors or dicts, got a "
-                                    "single Tensor")
+            raise ParamInvalidError(
+                f"{type(self).__name__}: params must be an iterable of tensors or dicts, got a single Tensor"
+            )
         groups = list(params)
         if not groups:
             raise ParamInvalidError(f"{type(self).__name__}: got an empty parameter list")
@@ -49,8 +51,9 @@ class Optimizer:
         group["params"] = [ps] if isinstance(ps, Tensor) else list(ps)
         unknown = set(group) - set(self.defaults) - {"params"}
         if unknown:
-            raise ParamInvalidError(f"{name}: unknown option(s) {sorted(unknown)} in a parameter group; options: "
-                                    f"{sorted(self.defaults)}")
+            raise ParamInvalidError(
+                f"{name}: unknown option(s) {sorted(unknown)} in a parameter group; options: {sorted(self.defaults)}"
+            )
         for k, v in self.defaults.items():
             group.setdefault(k, v)
         self._check_options(group)
@@ -59,19 +62,25 @@ class Optimizer:
             if not isinstance(p, Tensor):
                 raise ParamInvalidError(f"{name}: parameter {i} of a group is a {type(p).__name__}, not a Tensor")
             if not _dt.is_float(p.dtype):
-                raise DTypeError(f"{name}: parameter {i} has dtype {_dt.name(p.dtype)}; only floating tensors can be "
-                                 "optimized")
+                raise DTypeError(
+                    f"{name}: parameter {i} has dtype {_dt.name(p.dtype)}; only floating tensors can be optimized"
+                )
             if not p.requires_grad:
-                raise ParamInvalidError(f"{name}: parameter {i} (shape {tuple(p.shape)}) does not require grad; "
-                                        "optimize only tensors with requires_grad=True")
+                raise ParamInvalidError(
+                    f"{name}: parameter {i} (shape {tuple(p.shape)}) does not require grad; "
+                    "optimize only tensors with requires_grad=True"
+                )
             if not p.is_leaf:
-                raise ParamInvalidError(f"{name}: parameter {i} (shape {tuple(p.shape)}) is not a leaf tensor (it "
-                                        "was computed from others); optimize leaves such as Parameters")
+                raise ParamInvalidError(
+                    f"{name}: parameter {i} (shape {tuple(p.shape)}) is not a leaf tensor (it "
+                    "was computed from others); optimize leaves such as Parameters"
+                )
             if not p.is_contiguous():
                 raise ParamInvalidError(f"{name}: parameter {i} (shape {tuple(p.shape)}) is not contiguous")
             if id(p) in seen:
-                raise ParamInvalidError(f"{name}: parameter {i} (shape {tuple(p.shape)}) appears in more than one "
-                                        "group")
+                raise ParamInvalidError(
+                    f"{name}: parameter {i} (shape {tuple(p.shape)}) appears in more than one group"
+                )
             seen.add(id(p))
         self.param_groups.append(group)
 
@@ -99,11 +108,12 @@ class Optimizer:
                     continue
                 ga = gr.numpy()
                 if ga.dtype != p.dtype:
-                    raise DTypeError(f"{type(self).__name__}: gradient of a parameter of shape {tuple(p.shape)} has "
-                                     f"dtype {_dt.name(ga.dtype)}, the parameter {_dt.name(p.dtype)}")
+                    raise DTypeError(
+                        f"{type(self).__name__}: gradient of a parameter of shape {tuple(p.shape)} has "
+                        f"dtype {_dt.name(ga.dtype)}, the parameter {_dt.name(p.dtype)}"
+                    )
                 out.append((g, p, p.numpy().reshape(-1), np.ascontiguousarray(ga).reshape(-1)))
         return out
-
 
     def _with_grads_by_dtype(self) -> list:
         """:meth:`_with_grads` grouped by parameter dtype: one fused kernel launch per group."""
@@ -111,6 +121,7 @@ class Optimizer:
         for item in self._with_grads():
             by_dtype.setdefault(item[2].dtype, []).append(item)
         return list(by_dtype.values())
+
     def _state_buffer(self, p: Tensor, key: str) -> np.ndarray:
         st = self.state.setdefault(p, {})
         t = st.get(key)
@@ -151,21 +162,29 @@ class Optimizer:
         shapes and grouping; anything else raises :class:`OptimizerStateError` and changes nothing."""
         name = type(self).__name__
         if not isinstance(state_dict, dict) or set(state_dict) != {"state", "param_groups"}:
-            raise OptimizerStateError(f"{name}.load_state_dict: expected a dict with 'state' and 'param_groups', got "
-                                      f"{sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict)}")
+            raise OptimizerStateError(
+                f"{name}.load_state_dict: expected a dict with 'state' and 'param_groups', got "
+                f"{sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict)}"
+            )
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
-            raise OptimizerStateError(f"{name}.load_state_dict: the state dict has {len(groups)} parameter groups, "
-                                      f"this optimizer {len(self.param_groups)}")
+            raise OptimizerStateError(
+                f"{name}.load_state_dict: the state dict has {len(groups)} parameter groups, "
+                f"this optimizer {len(self.param_groups)}"
+            )
         params = []
         for i, (mine, theirs) in enumerate(zip(self.param_groups, groups)):
             if len(mine["params"]) != len(theirs.get("params", ())):
-                raise OptimizerStateError(f"{name}.load_state_dict: group {i} has {len(theirs.get('params', ()))} "
-                                          f"parameters in the state dict, {len(mine['params'])} here")
+                raise OptimizerStateError(
+                    f"{name}.load_state_dict: group {i} has {len(theirs.get('params', ()))} "
+                    f"parameters in the state dict, {len(mine['params'])} here"
+                )
             missing = set(self.defaults) - set(theirs)
             if missing:
-                raise OptimizerStateError(f"{name}.load_state_dict: group {i} lacks option(s) {sorted(missing)} "
-                                          f"(a state dict of another optimizer?)")
+                raise OptimizerStateError(
+                    f"{name}.load_state_dict: group {i} lacks option(s) {sorted(missing)} "
+                    f"(a state dict of another optimizer?)"
+                )
             params += list(zip(theirs["params"], mine["params"]))
         by_index = dict(params)
         new_state = {}
@@ -176,15 +195,19 @@ class Optimizer:
             entry = {}
             for n, v in st.items():
                 if n not in self._state_keys:
-                    raise OptimizerStateError(f"{name}.load_state_dict: parameter {k} has state {n!r}; {name} keeps "
-                                              f"{sorted(self._state_keys)}")
+                    raise OptimizerStateError(
+                        f"{name}.load_state_dict: parameter {k} has state {n!r}; {name} keeps "
+                        f"{sorted(self._state_keys)}"
+                    )
                 if n == "step":
                     entry[n] = float(np.asarray(v.numpy() if isinstance(v, Tensor) else v))
                     continue
                 arr = v.numpy() if isinstance(v, Tensor) else np.asarray(v)
                 if tuple(arr.shape) != tuple(p.shape):
-                    raise OptimizerStateError(f"{name}.load_state_dict: state {n!r} of parameter {k} has shape "
-                                              f"{tuple(arr.shape)}, the parameter {tuple(p.shape)}")
+                    raise OptimizerStateError(
+                        f"{name}.load_state_dict: state {n!r} of parameter {k} has shape "
+                        f"{tuple(arr.shape)}, the parameter {tuple(p.shape)}"
+                    )
                 entry[n] = tensor(arr.astype(p.dtype))
             new_state[p] = entry
         for mine, theirs in zip(self.param_groups, groups):

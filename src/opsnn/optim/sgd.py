@@ -9,6 +9,7 @@ fused multi-tensor kernel per step.
 >>> p.numpy()
 array([0.9, 1.9], dtype=float32)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,13 +20,33 @@ from .optimizer import Optimizer
 
 
 class SGD(Optimizer):
-    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False, foreach=None,
-                 differentiable: bool = False, fused=None):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        *,
+        maximize: bool = False,
+        foreach=None,
+        differentiable: bool = False,
+        fused=None,
+    ):
         if differentiable:
             raise ParamInvalidError("SGD: differentiable=True is not supported")
-        super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
-                                      "nesterov": nesterov, "maximize": maximize})
+        super().__init__(
+            params,
+            {
+                "lr": lr,
+                "momentum": momentum,
+                "dampening": dampening,
+                "weight_decay": weight_decay,
+                "nesterov": nesterov,
+                "maximize": maximize,
+            },
+        )
 
     _state_keys = frozenset({"momentum_buffer"})
 
@@ -37,8 +58,10 @@ class SGD(Optimizer):
         if not float(g["weight_decay"]) >= 0.0:
             raise ParamInvalidError(f"SGD: weight_decay must be >= 0, got {g['weight_decay']}")
         if g["nesterov"] and (float(g["momentum"]) <= 0 or float(g["dampening"]) != 0):
-            raise ParamInvalidError("SGD: nesterov=True needs momentum > 0 and dampening = 0, got momentum="
-                                    f"{g['momentum']}, dampening={g['dampening']}")
+            raise ParamInvalidError(
+                "SGD: nesterov=True needs momentum > 0 and dampening = 0, got momentum="
+                f"{g['momentum']}, dampening={g['dampening']}"
+            )
 
     def step(self, closure=None):
         """One update of every parameter that has a gradient (one kernel launch per dtype)."""
@@ -53,8 +76,14 @@ class SGD(Optimizer):
                 first = mom and "momentum_buffer" not in self.state.get(p, {})
                 flags[t] = (bool(g["nesterov"]), bool(g["maximize"]), first)
                 bufs.append(self._state_buffer(p, "momentum_buffer") if mom else pa)
-            K.sgd_step(K.typed_list([i[2] for i in items]), K.typed_list([i[3] for i in items]), K.typed_list(bufs),
-                       K.chunk_table([i[2].size for i in items]), hyper, flags)
+            K.sgd_step(
+                K.typed_list([i[2] for i in items]),
+                K.typed_list([i[3] for i in items]),
+                K.typed_list(bufs),
+                K.chunk_table([i[2].size for i in items]),
+                hyper,
+                flags,
+            )
         return loss
 
 

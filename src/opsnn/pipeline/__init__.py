@@ -13,11 +13,30 @@
 >>> Pipeline([Stage("inc", lambda v: v + 1, uses_ops=False)]).run([1, 2]).outputs
 [2, 3]
 """
+
 from .engine import Pipeline, PipelineResult, Stage, StageError, StageStats
 from .sources import ImageFolder, SyntheticVideo, VideoFile, synth_frame, write_image_folder, write_video
 from .tiling import ReceptiveField, TiledExecutor, receptive_field, tiled
 from .video import cli_video_bench, format_report, video_bench, video_pipeline
 
-__all__ = ["ImageFolder", "Pipeline", "PipelineResult", "ReceptiveField", "Stage", "StageError", "StageStats",
-           "SyntheticVideo", "TiledExecutor", "VideoFile", "cli_video_bench", "format_report", "receptive_field",
-           "synth_frame", "tiled", "video_bench", "video_pipeline", "write_image_folder", "write_video"]
+__all__ = [
+    "ImageFolder",
+    "Pipeline",
+    "PipelineResult",
+    "ReceptiveField",
+    "Stage",
+    "StageError",
+    "StageStats",
+    "SyntheticVideo",
+    "TiledExecutor",
+    "VideoFile",
+    "cli_video_bench",
+    "format_report",
+    "receptive_field",
+    "synth_frame",
+    "tiled",
+    "video_bench",
+    "video_pipeline",
+    "write_image_folder",
+    "write_video",
+]

@@ -18,6 +18,7 @@ failed and every later frame as not processed; the queues drain, every thread an
 and :meth:`Pipeline.run` raises :class:`StageError` (stage name, frame index, the partial
 result in ``.result``).
 """
+
 from __future__ import annotations
 
 import os
@@ -97,8 +98,10 @@ def _apply(stage: Stage, payloads: list) -> list:
     outs = list(ret) if isinstance(ret, (list, tuple)) else None
     if outs is None or len(outs) != len(payloads):
         got = f"{len(outs)}" if outs is not None else f"a {type(ret).__name__}"
-        raise ParamInvalidError(f"Stage {stage.name!r} (max_batch={stage.max_batch}): fn must return a list of "
-                                f"one output per payload; it got {len(payloads)} and returned {got}")
+        raise ParamInvalidError(
+            f"Stage {stage.name!r} (max_batch={stage.max_batch}): fn must return a list of "
+            f"one output per payload; it got {len(payloads)} and returned {got}"
+        )
     return outs
 
 
@@ -132,9 +135,15 @@ class StageStats:
         return self.busy_s / self.frames * 1e3 if self.frames else 0.0
 
     def as_dict(self) -> dict:
-        return {"stage": self.name, "workers": self.workers, "frames": self.frames, "busy_s": round(self.busy_s, 6),
-                "wait_in_s": round(self.wait_in_s, 6), "wait_out_s": round(self.wait_out_s, 6),
-                "busy_ms_per_frame": round(self.busy_ms_per_frame, 3)}
+        return {
+            "stage": self.name,
+            "workers": self.workers,
+            "frames": self.frames,
+            "busy_s": round(self.busy_s, 6),
+            "wait_in_s": round(self.wait_in_s, 6),
+            "wait_out_s": round(self.wait_out_s, 6),
+            "busy_ms_per_frame": round(self.busy_ms_per_frame, 3),
+        }
 
 
 @dataclass
@@ -160,12 +169,16 @@ class PipelineResult:
 
     def as_dict(self) -> dict:
         lat = sorted(self.latency_s)
-        return {"mode": self.mode, "frames": len(self.completed), "wall_s": round(self.wall_s, 6),
-                "fps": round(self.fps, 3), "failed": {int(k): v for k, v in self.failed.items()},
-                "not_processed": len(self.not_processed),
-                "latency_ms": {"p50": round(lat[len(lat) // 2] * 1e3, 3), "max": round(lat[-1] * 1e3, 3)}
-                if lat else {},
-                "stages": [s.as_dict() for s in self.stages]}
+        return {
+            "mode": self.mode,
+            "frames": len(self.completed),
+            "wall_s": round(self.wall_s, 6),
+            "fps": round(self.fps, 3),
+            "failed": {int(k): v for k, v in self.failed.items()},
+            "not_processed": len(self.not_processed),
+            "latency_ms": {"p50": round(lat[len(lat) // 2] * 1e3, 3), "max": round(lat[-1] * 1e3, 3)} if lat else {},
+            "stages": [s.as_dict() for s in self.stages],
+        }
 
 
 class Pipeline:
@@ -190,8 +203,10 @@ class Pipeline:
                 raise ParamInvalidError(f"Pipeline: stages must be Stage objects, got {type(s).__name__}")
         names = [s.name for s in stages]
         if stages[0].max_batch is not None:
-            raise ParamInvalidError(f"Pipeline: the first stage ({stages[0].name!r}) reads the source one item at "
-                                    f"a time; max_batch applies to the stages after it")
+            raise ParamInvalidError(
+                f"Pipeline: the first stage ({stages[0].name!r}) reads the source one item at "
+                f"a time; max_batch applies to the stages after it"
+            )
         if len(set(names)) != len(names):
             raise ParamInvalidError(f"Pipeline: stage names must be unique, got {names}")
         if not isinstance(queue_size, int) or queue_size < 1:
@@ -233,8 +248,15 @@ class Pipeline:
             run.finish()
         run.raise_failure()
 
-    def run_sequential(self, source: Iterable, *, collect: bool = True, on_output: Callable | None = None,
-                       stream=None, blas_threads: int | None = None) -> PipelineResult:
+    def run_sequential(
+        self,
+        source: Iterable,
+        *,
+        collect: bool = True,
+        on_output: Callable | None = None,
+        stream=None,
+        blas_threads: int | None = None,
+    ) -> PipelineResult:
         """The same stages one after another on the calling thread, frame by frame, on
         ``stream`` (default: the current stream, which runs kernels inline with every core):
         the baseline the pipelined run is compared with. ``blas_threads``: the BLAS pool size
@@ -250,8 +272,9 @@ class Pipeline:
         try:
             it = iter(source)
         except TypeError:
-            raise ParamInvalidError(f"Pipeline.run_sequential: source must be iterable, got "
-                                    f"{type(source).__name__}") from None
+            raise ParamInvalidError(
+                f"Pipeline.run_sequential: source must be iterable, got {type(source).__name__}"
+            ) from None
         total = _length(source)
         t_start = time.perf_counter()
         failure = None
@@ -368,26 +391,39 @@ class _Run:
         self.queues = [queue.Queue(pipe.queue_size) for _ in range(n)]  # queues[i]: out of stage i
         self.result = PipelineResult(stages=[StageStats(s.name, workers=s.workers) for s in pipe.stages])
         self.failures: list = []  # (frame, stage position, exception)
-        self.stop_at = -1         # the furthest failed stage: it and every stage before it discard
-        self.fail_min = None      # the earliest failed frame: later frames are discarded there
+        self.stop_at = -1  # the furthest failed stage: it and every stage before it discard
+        self.fail_min = None  # the earliest failed frame: later frames are discarded there
         self.cancelled = False
         self.lock = threading.Lock()
         self.source_lock = threading.Lock()
         self.source_done = False
         self.discarded: list = []
-        self.started: dict = {}   # frame -> time it entered the first stage
+        self.started: dict = {}  # frame -> time it entered the first stage
         self.frames_in = 0
         self.done = False
         self.turns = [_Turn() if s.workers > 1 else None for s in pipe.stages]
         self.alive = [s.workers for s in pipe.stages]  # workers still running, per stage
-        self.streams = [[Stream(name=f"pipeline:{s.name}" + (f"#{w}" if s.workers > 1 else ""),
-                                num_threads=s.num_threads) if s.uses_ops else None for w in range(s.workers)]
-                        for s in pipe.stages]
+        self.streams = [
+            [
+                Stream(name=f"pipeline:{s.name}" + (f"#{w}" if s.workers > 1 else ""), num_threads=s.num_threads)
+                if s.uses_ops
+                else None
+                for w in range(s.workers)
+            ]
+            for s in pipe.stages
+        ]
         self.blas = _blas.blas_threads(pipe.blas_threads)
         self.blas.__enter__()  # left in finish(), which run() and iter() always reach
-        self.threads = [threading.Thread(target=self._stage_loop, args=(i, w), daemon=True,
-                                         name=f"opsnn-pipeline-{s.name}" + (f"-{w}" if s.workers > 1 else ""))
-                        for i, s in enumerate(pipe.stages) for w in range(s.workers)]
+        self.threads = [
+            threading.Thread(
+                target=self._stage_loop,
+                args=(i, w),
+                daemon=True,
+                name=f"opsnn-pipeline-{s.name}" + (f"-{w}" if s.workers > 1 else ""),
+            )
+            for i, s in enumerate(pipe.stages)
+            for w in range(s.workers)
+        ]
         self.t_start = time.perf_counter()
         for t in self.threads:
             t.start()

@@ -13,6 +13,7 @@ Video files use PyAV (``av``: a wheel that ships FFmpeg's libraries, libx264 inc
 folders use Pillow; both are optional (``pip install opsnn[video]``): without them use
 :class:`SyntheticVideo` or a folder of ``.npy`` frames.
 """
+
 from __future__ import annotations
 
 import os
@@ -80,8 +81,10 @@ def _av():
     try:
         import av
     except ImportError:
-        raise ParamInvalidError("video files need the 'av' package (PyAV: pip install av, or opsnn[video]); "
-                                "use SyntheticVideo or an image folder instead") from None
+        raise ParamInvalidError(
+            "video files need the 'av' package (PyAV: pip install av, or opsnn[video]); "
+            "use SyntheticVideo or an image folder instead"
+        ) from None
     return av
 
 
@@ -121,8 +124,10 @@ def write_video(path: str, frames, fps: float = 30.0, quality: int = 7) -> str:
                 raise ParamInvalidError(f"write_video: frames must be (H, W, 3) uint8, got {f.shape} {f.dtype}")
             if shape is None:
                 if f.shape[0] % 2 or f.shape[1] % 2:
-                    raise ParamInvalidError(f"write_video: H.264 4:2:0 needs an even height and width, frame 0 is "
-                                            f"{f.shape[0]}x{f.shape[1]} (crop or pad it by one pixel)")
+                    raise ParamInvalidError(
+                        f"write_video: H.264 4:2:0 needs an even height and width, frame 0 is "
+                        f"{f.shape[0]}x{f.shape[1]} (crop or pad it by one pixel)"
+                    )
                 shape = f.shape
                 container = av.open(path, "w")
                 stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
@@ -201,11 +206,14 @@ class VideoFile:
 
     def decode(self, packet) -> np.ndarray:
         if not isinstance(packet, self._av.VideoFrame):
-            raise ParamInvalidError(f"VideoFile.decode: packet must be a frame from iterating the VideoFile, "
-                                    f"got {type(packet).__name__}")
+            raise ParamInvalidError(
+                f"VideoFile.decode: packet must be a frame from iterating the VideoFile, got {type(packet).__name__}"
+            )
         if (packet.height, packet.width) != (self.height, self.width):
-            raise ParamInvalidError(f"VideoFile {self.path!r}: a frame is {packet.height}x{packet.width}, expected "
-                                    f"{self.height}x{self.width}")
+            raise ParamInvalidError(
+                f"VideoFile {self.path!r}: a frame is {packet.height}x{packet.width}, expected "
+                f"{self.height}x{self.width}"
+            )
         return packet.to_ndarray(format="rgb24")
 
     def __repr__(self) -> str:
@@ -248,8 +256,9 @@ class ImageFolder:
         if not os.path.isdir(directory):
             raise ParamInvalidError(f"ImageFolder: no such directory {directory!r}")
         self.directory = directory
-        self.paths = sorted(os.path.join(directory, f) for f in os.listdir(directory)
-                            if f.lower().endswith(self.EXTENSIONS))
+        self.paths = sorted(
+            os.path.join(directory, f) for f in os.listdir(directory) if f.lower().endswith(self.EXTENSIONS)
+        )
         if any(p.lower().endswith(".png") for p in self.paths) and not have_png_support():
             raise ParamInvalidError(f"ImageFolder {directory!r}: PNG files need Pillow (pip install pillow)")
 
@@ -287,8 +296,9 @@ class ImageFolder:
             except OSError as exc:
                 raise ParamInvalidError(f"ImageFolder: cannot read {path!r}: {exc}") from None
         if arr.ndim != 3 or arr.shape[2] != 3 or arr.dtype != np.uint8:
-            raise ParamInvalidError(f"ImageFolder: {path!r} holds a {arr.shape} {arr.dtype} array, expected "
-                                    "(H, W, 3) uint8")
+            raise ParamInvalidError(
+                f"ImageFolder: {path!r} holds a {arr.shape} {arr.dtype} array, expected (H, W, 3) uint8"
+            )
         return arr
 
     def __repr__(self) -> str:

@@ -19,6 +19,7 @@ borders on the image border are the image border, each kept pixel sees exactly t
     >>> out.shape
     (1, 1, 200, 180)
 """
+
 from __future__ import annotations
 
 import gc
@@ -34,8 +35,23 @@ from ..graph.ir import Graph
 
 #: ops that act on each pixel independently (given per-channel or scalar constants)
 _POINTWISE_CATEGORIES = ("elementwise", "activation")
-_POINTWISE = {"BatchNormalization", "Cast", "CastLike", "Identity", "Dropout", "Clip", "Where", "Relu", "PRelu",
-              "LeakyRelu", "Sigmoid", "Tanh", "FusedElementwise", "QuantizeLinear", "DequantizeLinear"}
+_POINTWISE = {
+    "BatchNormalization",
+    "Cast",
+    "CastLike",
+    "Identity",
+    "Dropout",
+    "Clip",
+    "Where",
+    "Relu",
+    "PRelu",
+    "LeakyRelu",
+    "Sigmoid",
+    "Tanh",
+    "FusedElementwise",
+    "QuantizeLinear",
+    "DequantizeLinear",
+}
 _WINDOWED = {"Conv", "FusedConv", "MaxPool", "AveragePool", "LpPool", "ConvInteger", "QLinearConv"}
 
 
@@ -53,8 +69,9 @@ class ReceptiveField:
     steps: list = field(default_factory=list)
 
     def explain(self) -> str:
-        lines = [f"halo {self.halo} input px (reach {float(self.reach):g}, aligned to {self.align}), "
-                 f"scale x{self.scale}"]
+        lines = [
+            f"halo {self.halo} input px (reach {float(self.reach):g}, aligned to {self.align}), scale x{self.scale}"
+        ]
         lines += [f"  {s}" for s in self.steps]
         return "\n".join(lines)
 
@@ -69,8 +86,10 @@ class _Spatial:
 
 
 def _fail(node, why: str):
-    raise ParamInvalidError(f"tiling: cannot derive the receptive field at node {node.name} ({node.op_type}): "
-                            f"{why}; pass halo= explicitly if you know it")
+    raise ParamInvalidError(
+        f"tiling: cannot derive the receptive field at node {node.name} ({node.op_type}): "
+        f"{why}; pass halo= explicitly if you know it"
+    )
 
 
 def _pair(v, default, node, what):
@@ -112,8 +131,9 @@ def _analyze(graph: Graph) -> ReceptiveField:
         raise ParamInvalidError(f"tiling: graph {graph.name} has no input")
     spatial: dict = {inputs[0]: _Spatial()}
     for _extra in inputs[1:]:
-        raise ParamInvalidError(f"tiling: graph {graph.name} has more than one input ({inputs}); tiling feeds one "
-                                "image")
+        raise ParamInvalidError(
+            f"tiling: graph {graph.name} has more than one input ({inputs}); tiling feeds one image"
+        )
     consts = dict(graph.initializers)
     steps = []
     for node in graph.nodes:
@@ -127,8 +147,12 @@ def _analyze(graph: Graph) -> ReceptiveField:
         first = ins[0]
         if op in _WINDOWED:
             residual = ins[3] if op == "FusedConv" and len(ins) > 3 else None  # act(conv(x) + z): z is per pixel
-            if first is None or any(s is not None for s in ins[1:3]) or \
-                    any(s is not None for s in ins[3:]) and op != "FusedConv":
+            if (
+                first is None
+                or any(s is not None for s in ins[1:3])
+                or any(s is not None for s in ins[3:])
+                and op != "FusedConv"
+            ):
                 _fail(node, "only the data input may depend on the image (weights must be constants)")
             k = node.attrs.get("kernel_shape")
             if k is None:
@@ -155,8 +179,11 @@ def _analyze(graph: Graph) -> ReceptiveField:
                     pb, pe = int(pads[ax]), int(pads[ax + 2])
                     # out = floor((L + pb + pe - e) / s) + 1 equals L / s (L a multiple of s) iff this holds
                     if not e - s[ax] <= pb + pe <= e - 1:
-                        _fail(node, f"pads {list(pads)} with kernel {k}, dilation {d} and stride {s} change the "
-                              "output size beyond the stride (only 'same'-padded layers tile)")
+                        _fail(
+                            node,
+                            f"pads {list(pads)} with kernel {k}, dilation {d} and stride {s} change the "
+                            "output size beyond the stride (only 'same'-padded layers tile)",
+                        )
                 reach_v = max(reach_v, pb, pe, e - 1 - pb)
             if s[0] != s[1]:
                 _fail(node, f"strides {s} differ per axis")
@@ -167,8 +194,10 @@ def _analyze(graph: Graph) -> ReceptiveField:
             out = _Spatial(first.f / stride, reach, align)
             if residual is not None:
                 out = _merge(node, [out, residual])
-            steps.append(f"{node.name} ({op}): kernel {k}, stride {stride}, dilation {d} -> reach "
-                         f"+{float(Fraction(reach_v) / first.f):g}")
+            steps.append(
+                f"{node.name} ({op}): kernel {k}, stride {stride}, dilation {d} -> reach "
+                f"+{float(Fraction(reach_v) / first.f):g}"
+            )
         elif op in ("DepthToSpace", "SpaceToDepth"):
             b = int(node.attrs.get("blocksize", 1))
             if op == "DepthToSpace":
@@ -204,8 +233,13 @@ def _analyze(graph: Graph) -> ReceptiveField:
                     if c is None:
                         _fail(node, f"input {name!r} is computed at run time but not from the image")
                     shp = np.shape(c)
-                    if len(shp) >= 2 and tuple(shp[-2:]) != (1, 1) or len(shp) < 2 and int(np.prod(shp)) > 1 \
-                            and op not in ("BatchNormalization", "PRelu"):
+                    if (
+                        len(shp) >= 2
+                        and tuple(shp[-2:]) != (1, 1)
+                        or len(shp) < 2
+                        and int(np.prod(shp)) > 1
+                        and op not in ("BatchNormalization", "PRelu")
+                    ):
                         _fail(node, f"constant {name!r} of shape {shp} varies over the image's H/W axes")
             out = _merge(node, sp_ins)
         else:
@@ -215,11 +249,13 @@ def _analyze(graph: Graph) -> ReceptiveField:
                 spatial[o] = out
     outs = [spatial.get(o) for o in graph.output_names]
     if not outs or any(o is None for o in outs):
-        raise ParamInvalidError(f"tiling: graph {graph.name}'s outputs {graph.output_names} must all depend on the "
-                                "image")
+        raise ParamInvalidError(
+            f"tiling: graph {graph.name}'s outputs {graph.output_names} must all depend on the image"
+        )
     if len({o.f for o in outs}) != 1:
-        raise ParamInvalidError(f"tiling: graph {graph.name}'s outputs have different scales "
-                                f"{[str(o.f) for o in outs]}")
+        raise ParamInvalidError(
+            f"tiling: graph {graph.name}'s outputs have different scales {[str(o.f) for o in outs]}"
+        )
     align = math.lcm(*[o.align for o in outs])
     reach = max(o.reach for o in outs)
     halo = math.ceil(reach)
@@ -241,8 +277,10 @@ def _fold(node, consts: dict) -> None:
             args = [consts[n] if n else None for n in node.inputs]
             if not has_op(node.op_type, node.domain) or any(a is not None and np.size(a) > (1 << 20) for a in args):
                 return
-            vals = [t.numpy() for t in run_op(node.op_type, args, dict(node.attrs), domain=node.domain,
-                                              num_outputs=len(node.outputs))]
+            vals = [
+                t.numpy()
+                for t in run_op(node.op_type, args, dict(node.attrs), domain=node.domain, num_outputs=len(node.outputs))
+            ]
     except (KeyError, OpsnnError):
         return  # left unknown: a pointwise op reading it is then refused
     for o, v in zip(node.outputs, vals):
@@ -288,14 +326,16 @@ class TiledExecutor:
         if halo is not None and (not isinstance(halo, int) or isinstance(halo, bool) or halo < 0):
             raise ParamInvalidError(f"tiled: halo must be an int >= 0 or None, got {halo!r}")
         if max_working_bytes is not None and (not isinstance(max_working_bytes, int) or max_working_bytes < 1):
-            raise ParamInvalidError(f"tiled: max_working_bytes must be a positive int or None, got "
-                                    f"{max_working_bytes!r}")
+            raise ParamInvalidError(
+                f"tiled: max_working_bytes must be a positive int or None, got {max_working_bytes!r}"
+            )
         self.max_working_bytes = max_working_bytes
         from ..graph.compiler import CompiledGraph
 
         if not isinstance(model, (CompiledGraph, Graph)) and not callable(model):
-            raise ParamInvalidError(f"tiled: model must be a CompiledGraph, Graph or callable, got "
-                                    f"{type(model).__name__}")
+            raise ParamInvalidError(
+                f"tiled: model must be a CompiledGraph, Graph or callable, got {type(model).__name__}"
+            )
         self.model = model
         self.tile = tile
         self.user_halo = halo
@@ -325,9 +365,11 @@ class TiledExecutor:
             rf = None
         if rf is not None and self.user_halo is not None:
             if self.user_halo < rf.halo:
-                raise ParamInvalidError(f"tiled: halo={self.user_halo} is smaller than the model's receptive field "
-                                        f"needs ({rf.halo} input px each side); tiles would differ from the "
-                                        "whole-image result")
+                raise ParamInvalidError(
+                    f"tiled: halo={self.user_halo} is smaller than the model's receptive field "
+                    f"needs ({rf.halo} input px each side); tiles would differ from the "
+                    "whole-image result"
+                )
             rf = ReceptiveField(-(-self.user_halo // rf.align) * rf.align, rf.scale, rf.align, rf.reach, rf.steps)
         self.field = rf
         if self.compiled is None:
@@ -359,8 +401,12 @@ class TiledExecutor:
             shape = (n, c, min(h, tile + 2 * halo), min(w, tile + 2 * halo))
             scale, working = self._probe(shape, dtype)
             smaller = (tile // 2) // align * align
-            if self.max_working_bytes is None or working <= self.max_working_bytes or smaller < max(align, 1) \
-                    or smaller == tile:
+            if (
+                self.max_working_bytes is None
+                or working <= self.max_working_bytes
+                or smaller < max(align, 1)
+                or smaller == tile
+            ):
                 return tile, scale, working
             self._drop_plan(shape)
             tile = smaller
@@ -386,11 +432,11 @@ class TiledExecutor:
         halo = rf.halo if rf is not None else self.user_halo
         align = rf.align if rf is not None else 1
         if self.tile % align:
-            raise ParamInvalidError(f"tiled: tile={self.tile} must be a multiple of {align} (the model's total "
-                                    "stride)")
+            raise ParamInvalidError(f"tiled: tile={self.tile} must be a multiple of {align} (the model's total stride)")
         if h % align or w % align:
-            raise ParamInvalidError(f"tiled: image size {h}x{w} must be a multiple of {align} (the model's total "
-                                    "stride) to tile exactly")
+            raise ParamInvalidError(
+                f"tiled: image size {h}x{w} must be a multiple of {align} (the model's total stride) to tile exactly"
+            )
         tile, probed_scale, working = self._choose_tile(n, c, h, w, arr.dtype, halo, align)
         gc.collect()
         memory.reset_peak()  # the plan for the chosen crop (if probed) is part of the baseline
@@ -408,7 +454,7 @@ class TiledExecutor:
         n_tiles = 0
         for y0, y1, cy in rows:
             for x0, x1, cx in cols:
-                np.copyto(cb, arr[:, :, cy:cy + crop_h, cx:cx + crop_w])
+                np.copyto(cb, arr[:, :, cy : cy + crop_h, cx : cx + crop_w])
                 try:
                     y = self.compiled.run([crop_buf])[0]
                     ya = y.numpy()
@@ -421,21 +467,26 @@ class TiledExecutor:
                     raise err from exc
                 want = (crop_h * scale, crop_w * scale)
                 if ya.ndim != 4 or ya.shape[0] != n or (ya.shape[2], ya.shape[3]) != want:
-                    raise ParamInvalidError(f"tiled: the model maps a {crop_h}x{crop_w} crop to {ya.shape}, expected "
-                                            f"(N, C', {want[0]}, {want[1]}) for scale {scale}: only size-preserving "
-                                            "('same'-padded) stacks tile")
+                    raise ParamInvalidError(
+                        f"tiled: the model maps a {crop_h}x{crop_w} crop to {ya.shape}, expected "
+                        f"(N, C', {want[0]}, {want[1]}) for scale {scale}: only size-preserving "
+                        "('same'-padded) stacks tile"
+                    )
                 if result is None:
                     if out is None:
                         result = empty((n, ya.shape[1], oh, ow), ya.dtype)
                     else:
                         result = out if isinstance(out, Tensor) else from_numpy(out)
                         if result.shape != (n, ya.shape[1], oh, ow) or result.dtype != ya.dtype:
-                            raise ParamInvalidError(f"tiled: out has shape {result.shape} {result.dtype}, expected "
-                                                    f"{(n, ya.shape[1], oh, ow)} {ya.dtype}")
+                            raise ParamInvalidError(
+                                f"tiled: out has shape {result.shape} {result.dtype}, expected "
+                                f"{(n, ya.shape[1], oh, ow)} {ya.dtype}"
+                            )
                     ra = result.numpy()
                 s = scale
-                ra[:, :, int(y0 * s):int(y1 * s), int(x0 * s):int(x1 * s)] = \
-                    ya[:, :, int((y0 - cy) * s):int((y1 - cy) * s), int((x0 - cx) * s):int((x1 - cx) * s)]
+                ra[:, :, int(y0 * s) : int(y1 * s), int(x0 * s) : int(x1 * s)] = ya[
+                    :, :, int((y0 - cy) * s) : int((y1 - cy) * s), int((x0 - cx) * s) : int((x1 - cx) * s)
+                ]
                 tile_out_bytes = ya.nbytes
                 y = ya = None
                 n_tiles += 1
@@ -445,14 +496,25 @@ class TiledExecutor:
         in_bytes, out_bytes = arr.nbytes, result.nbytes
         if working is None:
             working = cb_bytes + self.compiled.memory_report().get("arena_bytes", 0) + tile_out_bytes
-        self.stats = {"tiles": n_tiles, "tile": tile, "halo": halo, "crop": [crop_h, crop_w],
-                      "working_bytes": working,
-                      "scale": str(scale), "align": align, "input_shape": list(arr.shape),
-                      "output_shape": list(result.shape), "input_bytes": in_bytes, "output_bytes": out_bytes,
-                      "baseline_bytes": base, "peak_bytes": summary["peak_bytes"],
-                      "peak_over_baseline_bytes": summary["peak_bytes"] - base,
-                      "input_in_pool": _in_pool(arr), "wall_s": round(time.perf_counter() - t0, 4),
-                      "overlap_fraction": round((crop_h * crop_w * len(rows) * len(cols)) / (h * w) - 1, 4)}
+        self.stats = {
+            "tiles": n_tiles,
+            "tile": tile,
+            "halo": halo,
+            "crop": [crop_h, crop_w],
+            "working_bytes": working,
+            "scale": str(scale),
+            "align": align,
+            "input_shape": list(arr.shape),
+            "output_shape": list(result.shape),
+            "input_bytes": in_bytes,
+            "output_bytes": out_bytes,
+            "baseline_bytes": base,
+            "peak_bytes": summary["peak_bytes"],
+            "peak_over_baseline_bytes": summary["peak_bytes"] - base,
+            "input_in_pool": _in_pool(arr),
+            "wall_s": round(time.perf_counter() - t0, 4),
+            "overlap_fraction": round((crop_h * crop_w * len(rows) * len(cols)) / (h * w) - 1, 4),
+        }
         return result
 
 

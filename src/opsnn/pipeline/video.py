@@ -12,6 +12,7 @@ the same frames and compares frames/s::
     >>> pipe = video_pipeline(src, model="smallnet", image_size=32)    # doctest: +SKIP
     >>> [r["top"][0] for r in pipe.run(src).outputs]                   # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import argparse
@@ -106,14 +107,24 @@ def decode_workers_for(source, decode_workers: int = 1) -> int:
     if isinstance(decode_workers, bool) or not isinstance(decode_workers, int) or decode_workers < 1:
         raise ParamInvalidError(f"video_pipeline: decode_workers must be an int >= 1, got {decode_workers!r}")
     if decode_workers > 1 and not getattr(source, "independent_frames", False):
-        raise ParamInvalidError(f"video_pipeline: {type(source).__name__} decodes frames in sequence, so "
-                                f"decode_workers must be 1, got {decode_workers}")
+        raise ParamInvalidError(
+            f"video_pipeline: {type(source).__name__} decodes frames in sequence, so "
+            f"decode_workers must be 1, got {decode_workers}"
+        )
     return decode_workers
 
 
-def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int = 5, queue_size: int | None = None,
-                   frame_shape: tuple | None = None, decode_workers: int = 1, infer_workers: int | None = None,
-                   infer_batch: int | None = None) -> Pipeline:
+def video_pipeline(
+    source,
+    model="resnet18",
+    image_size: int = 224,
+    top_k: int = 5,
+    queue_size: int | None = None,
+    frame_shape: tuple | None = None,
+    decode_workers: int = 1,
+    infer_workers: int | None = None,
+    infer_batch: int | None = None,
+) -> Pipeline:
     """The four-stage classification pipeline over ``source`` (a :mod:`~opsnn.pipeline.sources`
     source). ``model``: a name from :data:`MODELS` or a CompiledGraph taking one
     ``(batch, 3, image_size, image_size)`` float32 input (batch 1, or up to ``infer_batch``)
@@ -133,8 +144,10 @@ def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int =
     ``queue_size`` (frames waiting between two stages; default ``infer_workers + 1``, so that
     every inference worker finds a frame ready and one more is on its way)."""
     if not hasattr(source, "decode"):
-        raise ParamInvalidError(f"video_pipeline: source must have a decode(packet) method (SyntheticVideo, "
-                                f"VideoFile, ImageFolder), got {type(source).__name__}")
+        raise ParamInvalidError(
+            f"video_pipeline: source must have a decode(packet) method (SyntheticVideo, "
+            f"VideoFile, ImageFolder), got {type(source).__name__}"
+        )
     if not isinstance(top_k, int) or top_k < 1:
         raise ParamInvalidError(f"video_pipeline: top_k must be an int >= 1, got {top_k!r}")
     n_decode = decode_workers_for(source, decode_workers)
@@ -163,9 +176,11 @@ def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int =
             try:
                 copy.run([xb])
             except ParamInvalidError as exc:
-                raise ParamInvalidError(f"video_pipeline: infer_batch={infer_batch} needs a model whose batch "
-                                        f"dimension may change (compile it with dynamic_dims={{0: {{0: 'batch'}}}}): "
-                                        f"{exc}") from None
+                raise ParamInvalidError(
+                    f"video_pipeline: infer_batch={infer_batch} needs a model whose batch "
+                    f"dimension may change (compile it with dynamic_dims={{0: {{0: 'batch'}}}}): "
+                    f"{exc}"
+                ) from None
         models.put(copy)
     n_classes = logits0.shape[-1]
     if top_k > n_classes:
@@ -174,8 +189,9 @@ def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int =
     def decode(packet):
         frame = source.decode(packet)
         if frame.shape != tuple(frame_shape):
-            raise ParamInvalidError(f"decode: frame has shape {frame.shape}, the pipeline was built for "
-                                    f"{tuple(frame_shape)}")
+            raise ParamInvalidError(
+                f"decode: frame has shape {frame.shape}, the pipeline was built for {tuple(frame_shape)}"
+            )
         return frame
 
     def preprocess(frame):
@@ -188,16 +204,22 @@ def video_pipeline(source, model="resnet18", image_size: int = 224, top_k: int =
             current_stream().synchronize()  # m's buffers are free once its kernels are done
         finally:
             models.put(m)
-        return [y[i:i + 1] for i in range(len(xs))]
+        return [y[i : i + 1] for i in range(len(xs))]
 
     def postprocess(logits):
         probs = ops.softmax(logits, dim=-1)
         vals, idx = ops.topk(probs, top_k, dim=-1)
         return {"top": idx.numpy()[0].tolist(), "prob": vals.numpy()[0].tolist()}
 
-    return Pipeline([Stage("decode", decode, uses_ops=False, workers=n_decode), Stage("preprocess", preprocess),
-                     Stage("infer", infer, workers=infer_workers, max_batch=infer_batch),
-                     Stage("postprocess", postprocess)], queue_size=queue_size)
+    return Pipeline(
+        [
+            Stage("decode", decode, uses_ops=False, workers=n_decode),
+            Stage("preprocess", preprocess),
+            Stage("infer", infer, workers=infer_workers, max_batch=infer_batch),
+            Stage("postprocess", postprocess),
+        ],
+        queue_size=queue_size,
+    )
 
 
 # -- the benchmark ------------------------------------------------------------------------------------------
@@ -218,10 +240,20 @@ def make_source(kind: str, frames: int, height: int, width: int, workdir: str):
     raise ParamInvalidError(f"video source must be synthetic, video, png or npy, got {kind!r}")
 
 
-def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112, height: int = 720,
-                width: int = 1280, source: str = "auto", queue_size: int | None = None, repeat: int = 3,
-                decode_workers: int = 1, infer_workers: int | None = None, infer_batch: int | None = None,
-                log=None) -> dict:
+def video_bench(
+    frames: int = 48,
+    model: str = "resnet18",
+    image_size: int = 112,
+    height: int = 720,
+    width: int = 1280,
+    source: str = "auto",
+    queue_size: int | None = None,
+    repeat: int = 3,
+    decode_workers: int = 1,
+    infer_workers: int | None = None,
+    infer_batch: int | None = None,
+    log=None,
+) -> dict:
     """Frames/s of the four stages pipelined vs one after another (same model, same frames);
     medians over ``repeat`` runs of each setting, alternated; each mode is represented by its
     fastest setting (see the variants below; with ``infer_batch`` > 1 the pipelined settings
@@ -239,8 +271,15 @@ def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112
     try:
         src = make_source(source, frames, height, width, workdir)
         t0 = time.perf_counter()
-        pipe = video_pipeline(src, model=model, image_size=image_size, queue_size=queue_size,
-                              decode_workers=decode_workers, infer_workers=infer_workers, infer_batch=infer_batch)
+        pipe = video_pipeline(
+            src,
+            model=model,
+            image_size=image_size,
+            queue_size=queue_size,
+            decode_workers=decode_workers,
+            infer_workers=infer_workers,
+            infer_batch=infer_batch,
+        )
         build_s = time.perf_counter() - t0
         warm = _Subset(src, list(src)[: min(3, frames)])
         pipe.run_sequential(warm, collect=False)  # JIT caches and plans are warm for both modes
@@ -263,8 +302,11 @@ def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112
         pipes = {"": pipe}
         infer = pipe.stages[2]
         if infer.max_batch > 1:  # the same stages (and compiled models), one frame per model call
-            pipes["_batch1"] = Pipeline([*pipe.stages[:2], dataclasses.replace(infer, max_batch=1), pipe.stages[3]],
-                                        queue_size=pipe.queue_size, blas_threads=pipe.blas_threads)
+            pipes["_batch1"] = Pipeline(
+                [*pipe.stages[:2], dataclasses.replace(infer, max_batch=1), pipe.stages[3]],
+                queue_size=pipe.queue_size,
+                blas_threads=pipe.blas_threads,
+            )
         variants.update({f"pipelined{b}{d}": (pv, sv) for b, pv in pipes.items() for d, sv in sources.items()})
         runs: dict = {k: [] for k in variants}
         cpu: dict = {k: [] for k in runs}
@@ -278,26 +320,39 @@ def video_bench(frames: int = 48, model: str = "resnet18", image_size: int = 112
                 cpu[name].append((time.process_time() - c0) / res.wall_s)
                 runs[name].append(res)
             if log:
-                log(f"run {r + 1}/{repeat}: " + ", ".join(f"{k} {v[-1].fps:.2f}" for k, v in runs.items())
-                    + " frames/s")
+                log(
+                    f"run {r + 1}/{repeat}: " + ", ".join(f"{k} {v[-1].fps:.2f}" for k, v in runs.items()) + " frames/s"
+                )
         fps = {k: statistics.median(x.fps for x in v) for k, v in runs.items()}
         seq_name = max((k for k in variants if k.startswith("sequential")), key=lambda k: fps[k])
         pipe_name = max((k for k in variants if k.startswith("pipelined")), key=lambda k: fps[k])
         seq_fps, pipe_fps = fps[seq_name], fps[pipe_name]
         ref = runs[seq_name][0].outputs
-        same = all([o["top"] for o in v[0].outputs] == [o["top"] for o in ref] and
-                   np.allclose([o["prob"] for o in v[0].outputs], [o["prob"] for o in ref], rtol=1e-4, atol=1e-6)
-                   for v in runs.values())
+        same = all(
+            [o["top"] for o in v[0].outputs] == [o["top"] for o in ref]
+            and np.allclose([o["prob"] for o in v[0].outputs], [o["prob"] for o in ref], rtol=1e-4, atol=1e-6)
+            for v in runs.values()
+        )
 
         def typical(name):  # the run whose fps is the median, for its stage timings
             return min(runs[name], key=lambda x: abs(x.fps - fps[name])).as_dict()
+
         return {
-            "workload": {"frames": frames, "frame": [height, width, 3], "source": source, "model": model,
-                         "image_size": image_size, "queue_size": pipe.queue_size, "repeat": repeat,
-                         "decode_workers": pipe.stages[0].workers, "infer_workers": pipe.stages[2].workers,
-                         "infer_batch": pipe.stages[2].max_batch,
-                         "cpu_count": os.cpu_count(), "blas_threads_default": default_blas,
-                         "blas_threads_pipelined": pipe.blas_threads},
+            "workload": {
+                "frames": frames,
+                "frame": [height, width, 3],
+                "source": source,
+                "model": model,
+                "image_size": image_size,
+                "queue_size": pipe.queue_size,
+                "repeat": repeat,
+                "decode_workers": pipe.stages[0].workers,
+                "infer_workers": pipe.stages[2].workers,
+                "infer_batch": pipe.stages[2].max_batch,
+                "cpu_count": os.cpu_count(),
+                "blas_threads_default": default_blas,
+                "blas_threads_pipelined": pipe.blas_threads,
+            },
             "build_s": round(build_s, 3),
             "sequential_fps": round(seq_fps, 3),
             "sequential_baseline": seq_name,
@@ -333,28 +388,36 @@ class _Subset:
 def format_report(rep: dict) -> str:
     """The human-readable bench report: frames/s both ways, the ratio, per-stage timings."""
     w = rep["workload"]
-    lines = [f"video pipeline: {w['frames']} frames {w['frame'][1]}x{w['frame'][0]} from {w['source']}, "
-             f"{w['model']} at {w['image_size']}x{w['image_size']}, queue {w['queue_size']}, "
-             f"{w['decode_workers']} decode worker{'s' if w['decode_workers'] > 1 else ''}, "
-             f"{w.get('infer_workers', 1)} infer worker{'s' if w.get('infer_workers', 1) > 1 else ''} "
-             f"of up to {w.get('infer_batch', 1)} frame{'s' if w.get('infer_batch', 1) > 1 else ''} a call, "
-             f"{w['cpu_count']} cores, median of {w['repeat']}",
-             *[f"  {k:<25}: {v:8.2f} frames/s" + ("  <- baseline" if k == rep["sequential_baseline"] else "")
-               + ("  <- best pipelined" if k == rep["pipelined_best"] else "")
-               for k, v in rep["fps_by_mode"].items()],
-             f"  pipelined runs {rep['ratio']:.2f}x the frames/s of sequential "
-             f"({rep['pipelined_best']} / {rep['sequential_baseline']})",
-             f"  outputs agree in every mode (same top classes, probabilities to 1e-4): {rep['outputs_match']}",
-             "  cores kept busy (process CPU s / wall s): "
-             + ", ".join(f"{k} {v:.2f}" for k, v in rep["cores_busy"].items())
-             + f"; machine load average {rep['load_average_1m']}",
-             "", "  per stage (sequential: the baseline run; pipelined: busy = running the stage incl. its kernels,",
-             "  wait in = starved by the stage before, wait out = held back by a full queue to the next):",
-             f"  {'stage':<12} {'seq ms/frame':>12} {'pipe ms/frame':>13} {'pipe busy s':>11} "
-             f"{'wait in s':>9} {'wait out s':>10}"]
+    lines = [
+        f"video pipeline: {w['frames']} frames {w['frame'][1]}x{w['frame'][0]} from {w['source']}, "
+        f"{w['model']} at {w['image_size']}x{w['image_size']}, queue {w['queue_size']}, "
+        f"{w['decode_workers']} decode worker{'s' if w['decode_workers'] > 1 else ''}, "
+        f"{w.get('infer_workers', 1)} infer worker{'s' if w.get('infer_workers', 1) > 1 else ''} "
+        f"of up to {w.get('infer_batch', 1)} frame{'s' if w.get('infer_batch', 1) > 1 else ''} a call, "
+        f"{w['cpu_count']} cores, median of {w['repeat']}",
+        *[
+            f"  {k:<25}: {v:8.2f} frames/s"
+            + ("  <- baseline" if k == rep["sequential_baseline"] else "")
+            + ("  <- best pipelined" if k == rep["pipelined_best"] else "")
+            for k, v in rep["fps_by_mode"].items()
+        ],
+        f"  pipelined runs {rep['ratio']:.2f}x the frames/s of sequential "
+        f"({rep['pipelined_best']} / {rep['sequential_baseline']})",
+        f"  outputs agree in every mode (same top classes, probabilities to 1e-4): {rep['outputs_match']}",
+        "  cores kept busy (process CPU s / wall s): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in rep["cores_busy"].items())
+        + f"; machine load average {rep['load_average_1m']}",
+        "",
+        "  per stage (sequential: the baseline run; pipelined: busy = running the stage incl. its kernels,",
+        "  wait in = starved by the stage before, wait out = held back by a full queue to the next):",
+        f"  {'stage':<12} {'seq ms/frame':>12} {'pipe ms/frame':>13} {'pipe busy s':>11} "
+        f"{'wait in s':>9} {'wait out s':>10}",
+    ]
     for s, p in zip(rep["sequential"]["stages"], rep["pipelined"]["stages"]):
-        lines.append(f"  {s['stage']:<12} {s['busy_ms_per_frame']:>12.2f} {p['busy_ms_per_frame']:>13.2f} "
-                     f"{p['busy_s']:>11.3f} {p['wait_in_s']:>9.3f} {p['wait_out_s']:>10.3f}")
+        lines.append(
+            f"  {s['stage']:<12} {s['busy_ms_per_frame']:>12.2f} {p['busy_ms_per_frame']:>13.2f} "
+            f"{p['busy_s']:>11.3f} {p['wait_in_s']:>9.3f} {p['wait_out_s']:>10.3f}"
+        )
     lat = rep["pipelined"].get("latency_ms") or {}
     if lat:
         lines.append(f"\n  pipelined latency per frame: p50 {lat['p50']:.1f} ms, max {lat['max']:.1f} ms")
@@ -362,25 +425,44 @@ def format_report(rep: dict) -> str:
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Video pipeline benchmark: decode -> preprocess -> infer "
-                                "-> postprocess, pipelined (a thread + stream per stage) vs sequential.")
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Video pipeline benchmark: decode -> preprocess -> infer "
+        "-> postprocess, pipelined (a thread + stream per stage) vs sequential.",
+    )
     p.add_argument("--frames", type=int, default=48)
     p.add_argument("--model", choices=MODELS, default="resnet18")
     p.add_argument("--image-size", type=int, default=112, help="the model's input size (frames are resized)")
     p.add_argument("--height", type=int, default=720, help="frame height (frames are decoded at this size)")
     p.add_argument("--width", type=int, default=1280)
-    p.add_argument("--source", choices=["auto", "synthetic", "video", "png", "npy"], default="auto",
-                   help="auto: an H.264 file when PyAV (av) is installed, else synthesized frames")
-    p.add_argument("--queue-size", type=int, default=None,
-                   help="frames queued between stages (default: infer workers + 1)")
-    p.add_argument("--decode-workers", type=int, default=1,
-                   help="decode stage workers for image folders and synthetic frames (frames stay in order)")
-    p.add_argument("--infer-workers", type=int, default=None,
-                   help="inference stage workers, each on its own compiled copy of the model (frames stay in "
-                   f"order); default {DEFAULT_INFER_WORKERS} on 2 or more cores")
-    p.add_argument("--infer-batch", type=int, default=None,
-                   help="frames per inference call at most (those already waiting); default "
-                   f"{DEFAULT_INFER_BATCH}")
+    p.add_argument(
+        "--source",
+        choices=["auto", "synthetic", "video", "png", "npy"],
+        default="auto",
+        help="auto: an H.264 file when PyAV (av) is installed, else synthesized frames",
+    )
+    p.add_argument(
+        "--queue-size", type=int, default=None, help="frames queued between stages (default: infer workers + 1)"
+    )
+    p.add_argument(
+        "--decode-workers",
+        type=int,
+        default=1,
+        help="decode stage workers for image folders and synthetic frames (frames stay in order)",
+    )
+    p.add_argument(
+        "--infer-workers",
+        type=int,
+        default=None,
+        help="inference stage workers, each on its own compiled copy of the model (frames stay in "
+        f"order); default {DEFAULT_INFER_WORKERS} on 2 or more cores",
+    )
+    p.add_argument(
+        "--infer-batch",
+        type=int,
+        default=None,
+        help=f"frames per inference call at most (those already waiting); default {DEFAULT_INFER_BATCH}",
+    )
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", help="also write the report as JSON here")
     return p
@@ -390,10 +472,20 @@ def cli_video_bench(argv=None, prog: str = "opsnn video-bench") -> int:
     """``opsnn video-bench``: run :func:`video_bench` and print frames/s, the ratio and stage timings."""
     args = _parser(prog).parse_args(argv)
     try:
-        rep = video_bench(frames=args.frames, model=args.model, image_size=args.image_size, height=args.height,
-                          width=args.width, source=args.source, queue_size=args.queue_size, repeat=args.repeat,
-                          decode_workers=args.decode_workers, infer_workers=args.infer_workers,
-                          infer_batch=args.infer_batch, log=lambda m: print(m, file=sys.stderr))
+        rep = video_bench(
+            frames=args.frames,
+            model=args.model,
+            image_size=args.image_size,
+            height=args.height,
+            width=args.width,
+            source=args.source,
+            queue_size=args.queue_size,
+            repeat=args.repeat,
+            decode_workers=args.decode_workers,
+            infer_workers=args.infer_workers,
+            infer_batch=args.infer_batch,
+            log=lambda m: print(m, file=sys.stderr),
+        )
     except ParamInvalidError as exc:
         print(f"opsnn video-bench: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
 """Runtime layer: device, streams, events, memory pool and the hooks tools observe."""
+
 from . import cpu
 
 cpu.apply_environment()  # the ISA cap, before anything below imports numba or loads a library
@@ -10,5 +11,17 @@ from .context import Context, context, finalize, init, is_initialized  # noqa: E
 from .device import Device  # noqa: E402
 from .stream import Event, Stream, current_stream  # noqa: E402
 
-__all__ = ["Context", "Device", "cpu", "Event", "Stream", "context", "current_stream", "finalize", "hooks",
-           "init", "is_initialized", "memory"]
+__all__ = [
+    "Context",
+    "Device",
+    "cpu",
+    "Event",
+    "Stream",
+    "context",
+    "current_stream",
+    "finalize",
+    "hooks",
+    "init",
+    "is_initialized",
+    "memory",
+]

@@ -8,16 +8,25 @@ OpenBLAS' thread count is process-wide (its "local" setter is global in pthreads
 :func:`blas_threads` sets it for the duration of a pipelined run and restores it after.
 Libraries without a known setter (MKL, Accelerate) are left alone.
 """
+
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import threading
 
-_SETTERS = ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads_64_",
-            "openblas_set_num_threads64_")
-_GETTERS = ("openblas_get_num_threads", "scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads_64_",
-            "openblas_get_num_threads64_")
+_SETTERS = (
+    "openblas_set_num_threads",
+    "scipy_openblas_set_num_threads64_",
+    "scipy_openblas_set_num_threads_64_",
+    "openblas_set_num_threads64_",
+)
+_GETTERS = (
+    "openblas_get_num_threads",
+    "scipy_openblas_get_num_threads64_",
+    "scipy_openblas_get_num_threads_64_",
+    "openblas_get_num_threads64_",
+)
 _lock = threading.Lock()
 _depth = 0
 _saved: int | None = None
@@ -85,7 +94,7 @@ def blas_threads(n: int | None):
                 api[0](_saved)
 
 
-_policy_cap: int | None = None   # OpenBLAS's own thread count when first seen (its env setting)
+_policy_cap: int | None = None  # OpenBLAS's own thread count when first seen (its env setting)
 _policy_last: int | None = None
 
 

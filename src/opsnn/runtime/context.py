@@ -4,6 +4,7 @@
 >>> with opsnn.init():            # init() twice is harmless; finalize() tears down
 ...     pass
 """
+
 from __future__ import annotations
 
 import threading

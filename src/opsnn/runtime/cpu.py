@@ -19,6 +19,7 @@ at ``import opsnn`` (:func:`apply_environment`, called by :mod:`opsnn.runtime` b
 numba); :func:`set_cpu_isa` can change it later only while oneDNN and MKL are not loaded yet,
 and never for numba, whose code generator is set up when opsnn is imported (see its docstring).
 """
+
 from __future__ import annotations
 
 import os
@@ -40,13 +41,24 @@ _NEEDS = {
     "amx": ("amx_tile", "amx_bf16", "amx_int8"),
 }
 #: level -> oneDNN's ONEDNN_MAX_CPU_ISA value
-ONEDNN_ISA = {"sse41": "SSE41", "avx2": "AVX2", "avx512": "AVX512_CORE", "avx512_bf16": "AVX512_CORE_BF16",
-              "amx": "AVX512_CORE_AMX"}
+ONEDNN_ISA = {
+    "sse41": "SSE41",
+    "avx2": "AVX2",
+    "avx512": "AVX512_CORE",
+    "avx512_bf16": "AVX512_CORE_BF16",
+    "amx": "AVX512_CORE_AMX",
+}
 #: level -> MKL's MKL_ENABLE_INSTRUCTIONS value
 MKL_ISA = {"sse41": "SSE4_2", "avx2": "AVX2", "avx512": "AVX512", "avx512_bf16": "AVX512_E3", "amx": "AVX512_E4"}
 #: LLVM feature names (numba's target) -> the /proc/cpuinfo flag of the same extension
-_LLVM_FLAGS = {"sse4.1": "sse4_1", "avx512bf16": "avx512_bf16", "avx512vnni": "avx512_vnni",
-               "amx-tile": "amx_tile", "amx-bf16": "amx_bf16", "amx-int8": "amx_int8"}
+_LLVM_FLAGS = {
+    "sse4.1": "sse4_1",
+    "avx512bf16": "avx512_bf16",
+    "avx512vnni": "avx512_vnni",
+    "amx-tile": "amx_tile",
+    "amx-bf16": "amx_bf16",
+    "amx-int8": "amx_int8",
+}
 
 
 class IsaState(NamedTuple):
@@ -61,9 +73,9 @@ class IsaState(NamedTuple):
 
 _flags: frozenset | None = None
 _state: IsaState | None = None
-_numba_level: str | None = None     # the level numba's code generator was set up for
+_numba_level: str | None = None  # the level numba's code generator was set up for
 _numba_note = ""
-_loaded: dict = {}                  # library -> the level in force when opsnn loaded it
+_loaded: dict = {}  # library -> the level in force when opsnn loaded it
 
 
 def flags() -> frozenset:
@@ -110,8 +122,13 @@ def detected() -> str | None:
 def parse(value: str, where: str = "OPSNN_CPU_ISA") -> str:
     """``value`` as a level name (case and ``-`` / ``_`` forgiven), else a one-line error."""
     name = str(value).strip().lower().replace("-", "")
-    name = {"avx512_core": "avx512", "avx512f": "avx512", "avx512bf16": "avx512_bf16", "sse4_1": "sse41",
-            "sse4.1": "sse41"}.get(name, name)
+    name = {
+        "avx512_core": "avx512",
+        "avx512f": "avx512",
+        "avx512bf16": "avx512_bf16",
+        "sse4_1": "sse41",
+        "sse4.1": "sse41",
+    }.get(name, name)
     if name not in LEVELS:
         raise ParamInvalidError(f"{where}: expected one of {', '.join(LEVELS)}, got {value!r}")
     return name
@@ -231,7 +248,7 @@ def _set_numba(level: str | None) -> None:
     _numba_level, _numba_note = level, "capped with the rest"
 
 
-_numba_owned: set = set()   # environment variables this module set (and may change again)
+_numba_owned: set = set()  # environment variables this module set (and may change again)
 _env_owned: set = set()
 
 
@@ -292,16 +309,38 @@ def set_cpu_isa(level: str | None) -> str | None:
         raise OpsnnRuntimeError(
             f"set_cpu_isa: {lib} is already loaded with {lv} and cannot change to {new.level}; set "
             f"OPSNN_CPU_ISA={new.requested or new.level} before starting Python, or call set_cpu_isa before the "
-            "first kernel runs")
+            "first kernel runs"
+        )
     _state = new
     apply_environment()
-    if _numba_level is not None and new.level is not None and _numba_level in LEVELS and \
-            LEVELS.index(new.level) < LEVELS.index(_numba_level):
-        warnings.warn(f"set_cpu_isa({level!r}): numba's kernels keep {_numba_level} ({_numba_note}); set "
-                      f"OPSNN_CPU_ISA={new.level} before starting Python to cap them too", RuntimeWarning,
-                      stacklevel=2)
+    if (
+        _numba_level is not None
+        and new.level is not None
+        and _numba_level in LEVELS
+        and LEVELS.index(new.level) < LEVELS.index(_numba_level)
+    ):
+        warnings.warn(
+            f"set_cpu_isa({level!r}): numba's kernels keep {_numba_level} ({_numba_note}); set "
+            f"OPSNN_CPU_ISA={new.level} before starting Python to cap them too",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return new.level
 
 
-__all__ = ["LEVELS", "IsaState", "apply_environment", "at_least", "describe", "detected", "flags", "isa",
-           "library_loaded", "loaded_libraries", "parse", "set_cpu_isa", "state", "why"]
+__all__ = [
+    "LEVELS",
+    "IsaState",
+    "apply_environment",
+    "at_least",
+    "describe",
+    "detected",
+    "flags",
+    "isa",
+    "library_loaded",
+    "loaded_libraries",
+    "parse",
+    "set_cpu_isa",
+    "state",
+    "why",
+]

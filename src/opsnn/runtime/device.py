@@ -6,6 +6,7 @@ registry for kernels of ``device.type``::
     >>> Device("cpu")
     Device('cpu')
 """
+
 from __future__ import annotations
 
 import os

@@ -15,6 +15,7 @@ Tools also *provide* observers by name (``provide("profile", factory)``), so a l
 must start one for its user (an ONNX Runtime-style session's ``enable_profiling``) asks
 :func:`observer` instead of importing the tool.
 """
+
 from __future__ import annotations
 
 import threading
@@ -71,8 +72,14 @@ def host_phase(name: str, category: str, start: float, end: float, **args) -> No
     from ``start`` to ``end`` (``time.perf_counter()`` seconds), with ``args`` for the tools."""
     fns = _subscribers.get("host", ())
     if fns:
-        ev = {"name": name, "category": category, "start": start, "end": end, "thread": threading.get_ident(),
-              "args": args}
+        ev = {
+            "name": name,
+            "category": category,
+            "start": start,
+            "end": end,
+            "thread": threading.get_ident(),
+            "args": args,
+        }
         for fn in fns:
             fn(ev)
 
@@ -110,6 +117,7 @@ def observer(name: str, *args, **kwargs):
     if factory is None:
         from ..errors import OpsnnRuntimeError
 
-        raise OpsnnRuntimeError(f"hooks.observer: no tool provides {name!r} (import opsnn.tools); "
-                            f"provided: {sorted(_providers)}")
+        raise OpsnnRuntimeError(
+            f"hooks.observer: no tool provides {name!r} (import opsnn.tools); provided: {sorted(_providers)}"
+        )
     return factory(*args, **kwargs)

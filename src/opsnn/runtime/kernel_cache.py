@@ -20,6 +20,7 @@ setting) still wins when set. ``install()`` runs on ``import opsnn`` before any 
 Compiling a kernel on first use takes seconds; ``CompileProgress`` says so: a progress bar on a
 terminal, one line on stderr otherwise (``OPSNN_COMPILE_PROGRESS=0`` silences it).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -49,7 +50,8 @@ def cache_root() -> str:
     if explicit:
         return explicit
     base = os.environ.get("OPSNN_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "opsnn")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "opsnn"
+    )
     return os.path.join(base, "kernels")
 
 
@@ -181,8 +183,7 @@ class ContentCacheLocator(caching._CacheLocator):
         self._stamp = dependency_stamp(py_func)
         name, features = cpu_target()
         cpu = hashlib.sha256(f"{name}|{features}".encode()).hexdigest()[:12]
-        self._cache_path = os.path.join(cache_root(), f"numba-{numba.__version__}", f"{name}-{cpu}",
-                                        py_func.__module__)
+        self._cache_path = os.path.join(cache_root(), f"numba-{numba.__version__}", f"{name}-{cpu}", py_func.__module__)
         self.paths.add(self._cache_path)
 
     def get_cache_path(self):
@@ -241,13 +242,21 @@ class CompileProgress(event.Listener):
             if self._bar is None:
                 from tqdm import tqdm
 
-                self._bar = tqdm(desc="opsnn: compiling kernels (first use; cached after)", unit=" kernel",
-                                 file=out, leave=False, dynamic_ncols=True)
+                self._bar = tqdm(
+                    desc="opsnn: compiling kernels (first use; cached after)",
+                    unit=" kernel",
+                    file=out,
+                    leave=False,
+                    dynamic_ncols=True,
+                )
             self._bar.set_postfix_str(name, refresh=True)
         elif not self._said:
             self._said = True
-            print(f"opsnn: compiling kernels on first use, starting with {name} (seconds each; "
-                  f"cached in {cache_root()})", file=out, flush=True)
+            print(
+                f"opsnn: compiling kernels on first use, starting with {name} (seconds each; cached in {cache_root()})",
+                file=out,
+                flush=True,
+            )
 
     def on_end(self, ev):
         depth = getattr(self._depth, "n", 0)
@@ -267,9 +276,12 @@ class CompileProgress(event.Listener):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-            print(f"opsnn: compiled {self.count} kernel{'' if self.count == 1 else 's'} in {self.seconds:.1f} s "
-                  f"(cached in {cache_root()})",
-                  file=self._out, flush=True)
+            print(
+                f"opsnn: compiled {self.count} kernel{'' if self.count == 1 else 's'} in {self.seconds:.1f} s "
+                f"(cached in {cache_root()})",
+                file=self._out,
+                flush=True,
+            )
 
 
 @contextlib.contextmanager

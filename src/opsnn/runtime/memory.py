@@ -6,6 +6,7 @@ Also the ``opsnn.memory`` module users see::
     >>> opsnn.memory.summary()["current_bytes"]  # doctest: +SKIP
     0
 """
+
 from __future__ import annotations
 
 import os
@@ -40,17 +41,29 @@ class Block:
     filled with a pattern that :meth:`MemoryPool.check_guards` verifies after kernels.
     """
 
-    __slots__ = ("size", "requested", "array", "raw", "live", "tag", "ptr", "interface", "guard", "front", "back",
-                 "stack")
+    __slots__ = (
+        "size",
+        "requested",
+        "array",
+        "raw",
+        "live",
+        "tag",
+        "ptr",
+        "interface",
+        "guard",
+        "front",
+        "back",
+        "stack",
+    )
 
     def __init__(self, size: int, guard: int = 0):
         raw = np.empty(size + 2 * guard + ALIGNMENT, dtype=np.uint8)
         shift = (-raw.ctypes.data) % ALIGNMENT
         self.raw = raw
         self.guard = guard
-        self.front = raw[shift:shift + guard]
-        self.array = raw[shift + guard:shift + guard + size]
-        self.back = raw[shift + guard + size:shift + 2 * guard + size]
+        self.front = raw[shift : shift + guard]
+        self.array = raw[shift + guard : shift + guard + size]
+        self.back = raw[shift + guard + size : shift + 2 * guard + size]
         self.stack = None
         self.size = size
         self.ptr = self.array.ctypes.data
@@ -125,8 +138,9 @@ class MemoryPool:
         """Frame every new block with ``nbytes`` guard bytes (0 turns it off); cached blocks
         are dropped so that every later allocation is guarded."""
         if nbytes < 0 or nbytes % ALIGNMENT:
-            raise ParamInvalidError(f"memory.set_debug_guards: nbytes must be a multiple of {ALIGNMENT} >= 0, "
-                                    f"got {nbytes}")
+            raise ParamInvalidError(
+                f"memory.set_debug_guards: nbytes must be a multiple of {ALIGNMENT} >= 0, got {nbytes}"
+            )
         self.guard_bytes = nbytes
         self.empty_cache()
 
@@ -136,12 +150,13 @@ class MemoryPool:
         with self._section():
             blocks = [b for b in self._live.values() if b.guard]
         for b in blocks:
-            tail = b.array[b.requested:]
+            tail = b.array[b.requested :]
             if (b.front != GUARD_PATTERN).any() or (b.back != GUARD_PATTERN).any() or (tail != GUARD_PATTERN).any():
                 where = "before the start" if (b.front != GUARD_PATTERN).any() else "past the end"
                 raise MemoryCorruptionError(
                     f"{who}: wrote out of bounds ({where}) of a {b.requested}-byte buffer allocated by "
-                    f"{b.tag or 'the user'}")
+                    f"{b.tag or 'the user'}"
+                )
 
     def reset_stats(self) -> None:
         self._peak = getattr(self, "_current", 0)
@@ -209,8 +224,10 @@ class MemoryPool:
     def _new_block(self, size: int, nbytes: int, tag: str | None = None) -> Block:
         who = f" for {tag}" if tag else ""
         if size > physical_memory():
-            raise OutOfMemoryError(f"memory pool: cannot allocate {nbytes} bytes{who}: more than the machine's "
-                                   f"{physical_memory()} bytes of physical memory")
+            raise OutOfMemoryError(
+                f"memory pool: cannot allocate {nbytes} bytes{who}: more than the machine's "
+                f"{physical_memory()} bytes of physical memory"
+            )
         if self.cap is not None and self._reserved + size > self.cap:
             self._release_cached_locked()
             if self._reserved + size > self.cap:
@@ -279,8 +296,13 @@ class MemoryPool:
                 "frees": self._n_free,
                 "reuses": self._n_reuse,
                 "largest_blocks": [{"bytes": b.size, "requested": b.requested, "tag": b.tag} for b in largest],
-                "per_op": sorted(({"op": tag or "(user)", "current_bytes": c, "peak_bytes": p, "allocations": n}
-                                  for tag, (c, p, n) in self._by_tag.items()), key=lambda r: -r["peak_bytes"]),
+                "per_op": sorted(
+                    (
+                        {"op": tag or "(user)", "current_bytes": c, "peak_bytes": p, "allocations": n}
+                        for tag, (c, p, n) in self._by_tag.items()
+                    ),
+                    key=lambda r: -r["peak_bytes"],
+                ),
             }
 
     def live_blocks(self) -> list:
@@ -317,13 +339,17 @@ def check_request(nbytes: int, what: str) -> None:
         opsnn.errors.OutOfMemoryError: [361001] Range: values: cannot allocate 1180591620717411303424 bytes ...
     """
     if nbytes > physical_memory():
-        raise OutOfMemoryError(f"{what}: cannot allocate {nbytes} bytes: more than the machine's "
-                               f"{physical_memory()} bytes of physical memory")
+        raise OutOfMemoryError(
+            f"{what}: cannot allocate {nbytes} bytes: more than the machine's "
+            f"{physical_memory()} bytes of physical memory"
+        )
     pool = _pool()
     cap = pool.cap
     if cap is not None and pool.current_bytes + nbytes > cap:
-        raise OutOfMemoryError(f"{what}: cannot allocate {nbytes} bytes: {pool.current_bytes} bytes in use, "
-                               f"cap {cap} bytes; free tensors or raise the cap with opsnn.memory.set_cap()")
+        raise OutOfMemoryError(
+            f"{what}: cannot allocate {nbytes} bytes: {pool.current_bytes} bytes in use, "
+            f"cap {cap} bytes; free tensors or raise the cap with opsnn.memory.set_cap()"
+        )
 
 
 def _pool() -> MemoryPool:

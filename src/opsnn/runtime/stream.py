@@ -12,6 +12,7 @@ plays the same role)::
     ...     y = opsnn.ops.relu(opsnn.tensor([-1.0, 2.0]))
     >>> s.synchronize()
 """
+
 from __future__ import annotations
 
 import itertools
@@ -46,8 +47,7 @@ class Stream:
     the work already queued, then its thread ends; :meth:`close` ends it now.
     """
 
-    def __init__(self, device=None, *, inline: bool = False, name: str | None = None,
-                 num_threads: int | None = None):
+    def __init__(self, device=None, *, inline: bool = False, name: str | None = None, num_threads: int | None = None):
         from .context import context
 
         ctx = context()
@@ -73,9 +73,12 @@ class Stream:
             # the worker holds the stream weakly (a bound method would keep it alive forever): once
             # nobody references the stream, the callback closes it and the worker ends after its queue
             ref = weakref.ref(self, lambda _, cv=self._cv, closed=self._closed_flag: _stop(cv, closed))
-            self._thread = threading.Thread(target=_work, args=(ref, self._cv, self._queue, self._closed_flag,
-                                                                self.num_threads),
-                                            name=f"opsnn-{self.name}", daemon=True)
+            self._thread = threading.Thread(
+                target=_work,
+                args=(ref, self._cv, self._queue, self._closed_flag, self.num_threads),
+                name=f"opsnn-{self.name}",
+                daemon=True,
+            )
             self._thread.start()
             _workers.add(self._thread)
         ctx._register_stream(self)
@@ -85,8 +88,15 @@ class Stream:
         return bool(self._closed_flag)
 
     # -- submission ----------------------------------------------------------
-    def launch(self, fn, name: str = "task", info: dict | None = None, args: tuple = (),
-               mark: list | None = None, deps: list | None = None) -> int:
+    def launch(
+        self,
+        fn,
+        name: str = "task",
+        info: dict | None = None,
+        args: tuple = (),
+        mark: list | None = None,
+        deps: list | None = None,
+    ) -> int:
         """Queue ``fn(*args)``; returns its sequence number (see :meth:`done`). If it fails, its name
         is appended to ``mark`` (the failure mark its output tensors keep, see ``Tensor.numpy``).
         ``deps``: the failure marks of its inputs; one set by the time it runs fails it too."""
@@ -105,8 +115,7 @@ class Stream:
         with self._cv:
             self._submitted += 1
             seq = self._submitted
-            self._queue.append((seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args, mark,
-                                deps))
+            self._queue.append((seq, fn, name, info, time.perf_counter() if hooks.active else 0.0, args, mark, deps))
             self._cv.notify_all()
         return seq
 
@@ -131,8 +140,9 @@ class Stream:
             _threads.leave(prev)
         if profiling:
             t1 = time.perf_counter()
-            hooks.emit("kernel", {"op": name, "stream": self.name, "queued": t_queue, "start": t0,
-                                  "end": t1, **(info or {})})
+            hooks.emit(
+                "kernel", {"op": name, "stream": self.name, "queued": t_queue, "start": t0, "end": t1, **(info or {})}
+            )
         if self.inline:
             with self._cv:  # threads finish in any order: the count never goes back
                 self._completed = max(self._completed, seq)
@@ -184,12 +194,18 @@ class Stream:
         if isinstance(exc, (ParamInvalidError, InferShapeError, OutOfMemoryError)):
             return exc  # a data check inside a kernel (index out of range...): keep its typed error
         if isinstance(exc, MemoryError):  # numpy's, for a temporary the kernel allocated itself
-            err = OutOfMemoryError(f"{name}: kernel ran out of host memory on stream {self.name}: {exc}"
-                                   + (f" (and {more} more errors)" if more else ""), op=name)
+            err = OutOfMemoryError(
+                f"{name}: kernel ran out of host memory on stream {self.name}: {exc}"
+                + (f" (and {more} more errors)" if more else ""),
+                op=name,
+            )
             err.__cause__, err.__suppress_context__ = exc, True
             return err
-        err = KernelError(f"{name}: kernel failed on stream {self.name}: {type(exc).__name__}: {exc}"
-                          + (f" (and {more} more errors)" if more else ""), op=name)
+        err = KernelError(
+            f"{name}: kernel failed on stream {self.name}: {type(exc).__name__}: {exc}"
+            + (f" (and {more} more errors)" if more else ""),
+            op=name,
+        )
         err.__cause__, err.__suppress_context__ = exc, True  # as `raise err from exc`
         return err
 

@@ -26,6 +26,7 @@ pipeline holds it at its own setting, see :mod:`opsnn.runtime.blas`).
     1
     >>> opsnn.set_num_threads("auto")   # back to the default
 """
+
 from __future__ import annotations
 
 import os
@@ -66,7 +67,7 @@ def others_running() -> int | None:
             except OSError:  # the thread ended meanwhile
                 continue
             end = st.rfind(b")")  # the name may hold spaces and parentheses; the state follows it
-            if st[end + 2:end + 3] == b"R":
+            if st[end + 2 : end + 3] == b"R":
                 ours += 1
         return max(0, running - ours)
     except (OSError, ValueError, IndexError):
@@ -98,8 +99,10 @@ class ThreadPolicy:
         if isinstance(n, str) and n.strip().isdigit():
             n = int(n)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ParamInvalidError(f"number of threads must be an int >= 1 or 'auto', got {n!r} "
-                                    "(OPSNN_NUM_THREADS / opsnn.set_num_threads)")
+            raise ParamInvalidError(
+                f"number of threads must be an int >= 1 or 'auto', got {n!r} "
+                "(OPSNN_NUM_THREADS / opsnn.set_num_threads)"
+            )
         self.fixed = n
         self.current = n
 

@@ -1,5 +1,6 @@
 """``OPSNN_DEBUG`` logging (tinygrad style): 1 prints each kernel choice at prepare time,
 2 also prints one line per kernel run with its time, GFLOP/s and GB/s (to stderr)."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,11 @@ def _on_kernel(ev: dict) -> None:
     gflops = ev.get("flops", 0) / dt / 1e9
     gbps = ev.get("bytes", 0) / dt / 1e9
     node = f" node {ev['node']}" if "node" in ev else ""
-    print(f"[opsnn] {ev['op']:<18s} {ev.get('kernel', '?'):<24s} {dt * 1e3:9.3f} ms {gflops:8.2f} GFLOP/s "
-          f"{gbps:7.2f} GB/s  stream {ev['stream']}{node}", file=sys.stderr)
+    print(
+        f"[opsnn] {ev['op']:<18s} {ev.get('kernel', '?'):<24s} {dt * 1e3:9.3f} ms {gflops:8.2f} GFLOP/s "
+        f"{gbps:7.2f} GB/s  stream {ev['stream']}{node}",
+        file=sys.stderr,
+    )
 
 
 def set_level(level: int) -> None:

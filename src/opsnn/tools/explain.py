@@ -14,6 +14,7 @@ For every kernel launch of a compiled graph at the given input shapes: the chose
 
 Command line (wired by ``opsnn.cli``): ``opsnn explain model.onnx --shape x=1,3,224,224``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,10 @@ def _declared_shapes(cg) -> dict:
     shapes = {}
     for name, spec in cg.input_specs.items():
         if spec.shape is None or not all(isinstance(d, int) and d >= 0 for d in spec.shape):
-            raise ParamInvalidError(f"explain_graph: input {name!r} has no static shape in the graph "
-                                    f"({spec.shape}); pass input_shapes={{{name!r}: (...)}}")
+            raise ParamInvalidError(
+                f"explain_graph: input {name!r} has no static shape in the graph "
+                f"({spec.shape}); pass input_shapes={{{name!r}: (...)}}"
+            )
         shapes[name] = tuple(int(d) for d in spec.shape)
     return shapes
 
@@ -68,8 +71,10 @@ def _inner_selection(ex):
     try:
         rec = get_op(k.op)
         n = len(rec.inputs)
-        metas = [m if isinstance(m, TensorMeta) or m is None else TensorMeta(m.shape, m.dtype)
-                 for m in list(ex.input_metas)[:n]]
+        metas = [
+            m if isinstance(m, TensorMeta) or m is None else TensorMeta(m.shape, m.dtype)
+            for m in list(ex.input_metas)[:n]
+        ]
         ctx = InferContext(rec, metas, rec.bind_attrs(dict(plan.get("attrs") or {})), [None] * len(metas), 1)
         rec.run_infer(ctx)
         sel = registry.select_kernel(rec, ctx)
@@ -80,12 +85,12 @@ def _inner_selection(ex):
 
 def _wrap(label: str, text: str, width: int = 110) -> list:
     """``label: text`` wrapped under its label, so a long reason reads as a paragraph, not one line."""
-    return textwrap.wrap(text, width, initial_indent=f"      {label}: ", subsequent_indent=" " * (8 + len(label)),
-                         break_on_hyphens=False) or [f"      {label}:"]
+    return textwrap.wrap(
+        text, width, initial_indent=f"      {label}: ", subsequent_indent=" " * (8 + len(label)), break_on_hyphens=False
+    ) or [f"      {label}:"]
 
 
-def explain_graph(graph, input_shapes: dict | None = None, *, show_rejected: bool = True,
-                  summary: bool = False) -> str:
+def explain_graph(graph, input_shapes: dict | None = None, *, show_rejected: bool = True, summary: bool = False) -> str:
     """Plan ``graph`` (a Graph, CompiledGraph, ONNX path or ModelProto) for ``input_shapes``
     (``{input name: shape}``; default: the graph's declared static shapes) and say which kernel
     each launch runs and why. ``summary=True``: kernels by op type with counts, reference
@@ -153,30 +158,40 @@ def explain_graph(graph, input_shapes: dict | None = None, *, show_rejected: boo
     if summary:
         return _summary(cg, title, plan, by_type, fallback_nodes, autotune_line)
     kernels = ", ".join(f"{k} x{n}" for k, n in counts.most_common())
-    head = [f"{title}: {len(plan.steps)} kernels (compiled)", f"  memory: {plan.memory.summary()}",
-            f"  kernels: {kernels}", autotune_line]
+    head = [
+        f"{title}: {len(plan.steps)} kernels (compiled)",
+        f"  memory: {plan.memory.summary()}",
+        f"  kernels: {kernels}",
+        autotune_line,
+    ]
     if fallback_nodes:
         head.append(f"  WARNING: {len(fallback_nodes)} node(s) run the numpy reference implementation")
     return "\n".join(head + lines)
 
 
-def _summary(cg, title: str, plan, by_type: dict, fallback_nodes: list, autotune_line: str,
-             max_refused: int = 8) -> str:
+def _summary(
+    cg, title: str, plan, by_type: dict, fallback_nodes: list, autotune_line: str, max_refused: int = 8
+) -> str:
     out = [f"{title}: {len(plan.steps)} kernels (compiled)", f"  memory: {plan.memory.summary()}"]
     rep = cg.pass_report
     if rep is not None:
         done = [f"{r.name} {r.changes}" for r in rep.results if r.changes]
         out.append(f"  passes: {rep.nodes_before} nodes -> {rep.nodes_after}; changes: {', '.join(done) or 'none'}")
-    rows = [[op, sum(c.values()), ", ".join(f"{k} x{n}" if n > 1 else k for k, n in c.most_common())]
-            for op, c in sorted(by_type.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))]
+    rows = [
+        [op, sum(c.values()), ", ".join(f"{k} x{n}" if n > 1 else k for k, n in c.most_common())]
+        for op, c in sorted(by_type.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
+    ]
     rendered = "\n".join(line.rstrip() for line in table(rows, ["op type", "nodes", "kernels"]).splitlines())
     out += ["", "kernels by op type:", textwrap.indent(rendered, "  "), ""]
-    out.append("reference fallbacks: " + (f"{len(fallback_nodes)} node(s): " + ", ".join(fallback_nodes)
-                                          if fallback_nodes else "none"))
+    out.append(
+        "reference fallbacks: "
+        + (f"{len(fallback_nodes)} node(s): " + ", ".join(fallback_nodes) if fallback_nodes else "none")
+    )
     refused = [(r.name, why) for r in (rep.results if rep is not None else []) for why in r.refused]
     if refused:
-        out.append(f"fusions refused: {len(refused)}" + (f" (first {max_refused})" if len(refused) > max_refused
-                                                           else ""))
+        out.append(
+            f"fusions refused: {len(refused)}" + (f" (first {max_refused})" if len(refused) > max_refused else "")
+        )
         for name, why in refused[:max_refused]:
             out += textwrap.wrap(f"{name}: {why}", 110, initial_indent="  - ", subsequent_indent="    ")
     else:
@@ -190,13 +205,28 @@ def main(argv: list[str] | None = None) -> int:
     """``opsnn explain MODEL [--shape NAME=DIMS ...] [--autotune [FILE]] [--verbose [--brief]]``."""
     p = argparse.ArgumentParser(prog="opsnn explain", description="which kernel each node of a model runs, and why")
     p.add_argument("model", help="an ONNX model file")
-    p.add_argument("--shape", action="append", type=shape_arg, default=[],
-                   help="input shape, e.g. --shape x=1,3,224,224 (default: the model's static shapes)")
-    p.add_argument("--autotune", nargs="?", const="", default=None, metavar="FILE",
-                   help="time the candidate kernels of each node (winners saved to FILE, default "
-                        "~/.cache/opsnn/autotune.json) and explain with the tuned choices")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="per node: the kernel, why, its plan and the kernels not chosen (default: a summary)")
+    p.add_argument(
+        "--shape",
+        action="append",
+        type=shape_arg,
+        default=[],
+        help="input shape, e.g. --shape x=1,3,224,224 (default: the model's static shapes)",
+    )
+    p.add_argument(
+        "--autotune",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="FILE",
+        help="time the candidate kernels of each node (winners saved to FILE, default "
+        "~/.cache/opsnn/autotune.json) and explain with the tuned choices",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="per node: the kernel, why, its plan and the kernels not chosen (default: a summary)",
+    )
     p.add_argument("--brief", action="store_true", help="with --verbose: leave out the kernels that were not chosen")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     from ..runtime import init
@@ -205,8 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.autotune is not None:
         autotune.enable(args.autotune or None)
     try:
-        print(explain_graph(args.model, dict(args.shape) or None, show_rejected=not args.brief,
-                            summary=not (args.verbose or args.brief)))
+        print(
+            explain_graph(
+                args.model,
+                dict(args.shape) or None,
+                show_rejected=not args.brief,
+                summary=not (args.verbose or args.brief),
+            )
+        )
     except (OpsnnError, OSError) as exc:
         print(f"opsnn explain: {exc}", file=sys.stderr)
         return 2

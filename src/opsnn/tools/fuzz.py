@@ -19,6 +19,7 @@ that case, and the worker is restarted::
     ...     pool.run({"kind": "op_schema", "seed": 3})["status"]
     'ok'
 """
+
 from __future__ import annotations
 
 import json
@@ -88,7 +89,7 @@ class HypothesisDraw:
         return self.data.draw(self.st.integers(0, 999)) < int(p * 1000)
 
     def array(self, shape, dtype) -> np.ndarray:
-        return _fill(np.random.default_rng(self.data.draw(self.st.integers(0, 2 ** 32 - 1))), shape, dtype)
+        return _fill(np.random.default_rng(self.data.draw(self.st.integers(0, 2**32 - 1))), shape, dtype)
 
 
 def _fill(rng, shape, dtype) -> np.ndarray:
@@ -114,12 +115,33 @@ def _values(rng, shape, dtype):
 
 # -- op cases from the registry's schemas -------------------------------------------------------------------------
 #: ops whose result is random by design (compared for shape and dtype only)
-RANDOM_OPS = {"Bernoulli", "Dropout", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform",
-              "RandomUniformLike"}
+RANDOM_OPS = {
+    "Bernoulli",
+    "Dropout",
+    "Multinomial",
+    "RandomNormal",
+    "RandomNormalLike",
+    "RandomUniform",
+    "RandomUniformLike",
+}
 #: ops left out of op cases: they read files or need whole subgraphs (If/Loop/Scan bodies)
 SKIP_OPS = {"ImageDecoder", "If", "Loop", "Scan", "SequenceMap"}
-_INDEX_NAMES = ("indices", "index", "ids", "labels", "lens", "k", "K", "repeats", "batch_indices", "sequence_lens",
-                "write_indices", "position_ids", "I", "condition")
+_INDEX_NAMES = (
+    "indices",
+    "index",
+    "ids",
+    "labels",
+    "lens",
+    "k",
+    "K",
+    "repeats",
+    "batch_indices",
+    "sequence_lens",
+    "write_indices",
+    "position_ids",
+    "I",
+    "condition",
+)
 
 
 def _ops():
@@ -151,7 +173,7 @@ def _pick_dtype(draw, spec, first_dtype):
 def _sub_shape(draw, base):
     """A shape that broadcasts to ``base`` (or, rarely, one that does not)."""
     r = draw.int(0, len(base))
-    shape = [d if not draw.chance(0.3) else 1 for d in base[len(base) - r:]]
+    shape = [d if not draw.chance(0.3) else 1 for d in base[len(base) - r :]]
     if shape and draw.chance(0.05):
         shape[draw.int(0, len(shape) - 1)] += 1  # slightly invalid
     return tuple(shape)
@@ -196,8 +218,9 @@ def _attr_value(draw, a, base):
     if a.kind == "string":
         if isinstance(d, str) and draw.chance(0.5):
             return d
-        return draw.choice(["none", "NOTSET", "SAME_UPPER", "VALID", "tanh", "linear", "nearest", "mean", "sum",
-                            "bogus", ""])
+        return draw.choice(
+            ["none", "NOTSET", "SAME_UPPER", "VALID", "tanh", "linear", "nearest", "mean", "sum", "bogus", ""]
+        )
     if a.kind == "dtype":
         return draw.choice([np.dtype(np.float32), np.dtype(np.int64)])
     return None
@@ -223,8 +246,13 @@ def sample_op_case(rec, draw) -> dict:
                 vals = _host_values(draw, spec, base)
                 inputs.append(vals.astype(dt) if np.dtype(dt).kind in "iuf" else vals)
                 continue
-            shape = base if draw.chance(0.7) else (_sub_shape(draw, base) if draw.chance(0.6) else
-                                                    tuple(draw.int(1, 4) for _ in range(draw.int(0, 4))))
+            shape = (
+                base
+                if draw.chance(0.7)
+                else (
+                    _sub_shape(draw, base) if draw.chance(0.6) else tuple(draw.int(1, 4) for _ in range(draw.int(0, 4)))
+                )
+            )
             arr = draw.array(shape, dt)
             if spec.name in _INDEX_NAMES and arr.dtype.kind in "iu":
                 arr = np.abs(arr) % max(min(base) if base else 1, 1)
@@ -263,8 +291,15 @@ def _hint_conv(draw, rec):
         attrs["group"] = group
     ins = [x, w, b if draw.chance(0.6) else None]
     if rec.name == "FusedConv":
-        attrs = {"strides": [stride, stride], "pads": [pad] * 4, "dilations": [dil, dil], "group": 1,
-                 "kernel_shape": [k, k], "auto_pad": "NOTSET", "activation": draw.choice(["", "Relu", "LeakyRelu"])}
+        attrs = {
+            "strides": [stride, stride],
+            "pads": [pad] * 4,
+            "dilations": [dil, dil],
+            "group": 1,
+            "kernel_shape": [k, k],
+            "auto_pad": "NOTSET",
+            "activation": draw.choice(["", "Relu", "LeakyRelu"]),
+        }
     while ins and ins[-1] is None:
         ins.pop()
     return ins, attrs
@@ -274,13 +309,17 @@ def _hint_matmul(draw, rec):
     m, k, n = draw.int(1, 40), draw.choice([1, 3, 16, 33, 64]), draw.choice([1, 5, 16, 48])
     batch = draw.choice([(), (), (2,), (2, 3)])
     if rec.name == "Gemm":
-    # Gemm: 2-D, optional transposes and C
+        # Gemm: 2-D, optional transposes and C
         ta, tb = draw.int(0, 1), draw.int(0, 1)
         a = draw.array((k, m) if ta else (m, k), np.float32)
         b = draw.array((n, k) if tb else (k, n), np.float32)
         c = draw.array(draw.choice([(n,), (m, n), (1, n), ()]), np.float32)
-        return [a, b, c], {"transA": ta, "transB": tb, "alpha": draw.choice([1.0, 0.5]),
-                           "beta": draw.choice([1.0, 2.0])}
+        return [a, b, c], {
+            "transA": ta,
+            "transB": tb,
+            "alpha": draw.choice([1.0, 0.5]),
+            "beta": draw.choice([1.0, 2.0]),
+        }
     a = draw.array(batch + (m, k), np.float32)
     if rec.name == "Linear":
         return [a, draw.array((n, k), np.float32), draw.array((n,), np.float32)], {}
@@ -308,8 +347,7 @@ def _hint_norm(draw, rec):
         return [x, draw.array((d,), np.float32), draw.array((d,), np.float32)], {}
     if rec.name == "BatchNormalization":
         var = np.abs(draw.array((c,), np.float32)) + 0.1
-        return [x, draw.array((c,), np.float32), draw.array((c,), np.float32), draw.array((c,), np.float32),
-                var], {}
+        return [x, draw.array((c,), np.float32), draw.array((c,), np.float32), draw.array((c,), np.float32), var], {}
     if rec.name == "GroupNormalization":
         return [x, draw.array((c,), np.float32), draw.array((c,), np.float32)], {"num_groups": draw.choice([1, 2])}
     return [x, draw.array((c,), np.float32), draw.array((c,), np.float32)], {}
@@ -332,11 +370,23 @@ def _hint_fused_elementwise(draw, rec):
     return [draw.array(shape, np.float32) for _ in range(n_in)], {"program": json.dumps(prog)}
 
 
-HINTS = {"FusedElementwise": _hint_fused_elementwise, "Conv": _hint_conv, "ConvTranspose": _hint_conv,
-         "FusedConv": _hint_conv, "MatMul": _hint_matmul, "Gemm": _hint_matmul, "Linear": _hint_matmul,
-         "FusedMatMul": _hint_matmul, "MaxPool": _hint_pool, "AveragePool": _hint_pool, "LpPool": _hint_pool,
-         "LayerNormalization": _hint_norm, "BatchNormalization": _hint_norm, "InstanceNormalization": _hint_norm,
-         "GroupNormalization": _hint_norm}
+HINTS = {
+    "FusedElementwise": _hint_fused_elementwise,
+    "Conv": _hint_conv,
+    "ConvTranspose": _hint_conv,
+    "FusedConv": _hint_conv,
+    "MatMul": _hint_matmul,
+    "Gemm": _hint_matmul,
+    "Linear": _hint_matmul,
+    "FusedMatMul": _hint_matmul,
+    "MaxPool": _hint_pool,
+    "AveragePool": _hint_pool,
+    "LpPool": _hint_pool,
+    "LayerNormalization": _hint_norm,
+    "BatchNormalization": _hint_norm,
+    "InstanceNormalization": _hint_norm,
+    "GroupNormalization": _hint_norm,
+}
 
 
 def draw_op_case(rec, draw) -> dict:
@@ -402,18 +452,25 @@ def compare(got, want, what: str = "", *, nonfinite: bool = True) -> str | None:
             bad = np.argwhere(got != want)[:3].tolist()
             return f"{what}values differ at {bad}: got {got[tuple(np.array(bad).T)] if bad else ''}"
         return None
-    g, w = got.astype(np.complex128 if got.dtype.kind == "c" else np.float64), \
-        want.astype(np.complex128 if want.dtype.kind == "c" else np.float64)
-    for name, fn in (("NaN", np.isnan), ("+Inf", lambda a: np.isposinf(a.real)),
-                     ("-Inf", lambda a: np.isneginf(a.real))):
+    g, w = (
+        got.astype(np.complex128 if got.dtype.kind == "c" else np.float64),
+        want.astype(np.complex128 if want.dtype.kind == "c" else np.float64),
+    )
+    for name, fn in (
+        ("NaN", np.isnan),
+        ("+Inf", lambda a: np.isposinf(a.real)),
+        ("-Inf", lambda a: np.isneginf(a.real)),
+    ):
         mg, mw = fn(g), fn(w)
         if not nonfinite:
             mg = mg & np.isfinite(w)
             mw = mw & np.isfinite(w)
         if not np.array_equal(mg, mw):
             idx = np.argwhere(mg != mw)[0].tolist()
-            return (f"{what}{name} mismatch at {idx}: got {g[tuple(idx)]}, reference {w[tuple(idx)]} "
-                    f"({int(mg.sum())} vs {int(mw.sum())} {name})")
+            return (
+                f"{what}{name} mismatch at {idx}: got {g[tuple(idx)]}, reference {w[tuple(idx)]} "
+                f"({int(mg.sum())} vs {int(mw.sum())} {name})"
+            )
     fin = np.isfinite(w)
     if fin.any():
         rtol, atol = _tolerance(want.dtype)
@@ -422,8 +479,10 @@ def compare(got, want, what: str = "", *, nonfinite: bool = True) -> str | None:
         lim = atol * scale + rtol * np.abs(w[fin])
         if np.any(diff > lim):
             i = int(np.argmax(diff - lim))
-            return (f"{what}values differ: max excess at flat {i}: got {g[fin][i]}, reference {w[fin][i]} "
-                    f"(rtol {rtol}, atol {atol} x {scale:.3g})")
+            return (
+                f"{what}values differ: max excess at flat {i}: got {g[fin][i]}, reference {w[fin][i]} "
+                f"(rtol {rtol}, atol {atol} x {scale:.3g})"
+            )
     return None
 
 
@@ -474,8 +533,13 @@ def run_op_case(case: dict, *, algo: str | None = None, check: bool = True) -> t
     rec = get_op(case["op"], case["domain"])
     try:
         with np.errstate(all="ignore"):
-            outs = run_op(rec.name, [None if x is None else tensor(x) for x in case["inputs"]],
-                                    dict(case["attrs"]), domain=rec.domain, algo=algo)
+            outs = run_op(
+                rec.name,
+                [None if x is None else tensor(x) for x in case["inputs"]],
+                dict(case["attrs"]),
+                domain=rec.domain,
+                algo=algo,
+            )
             _sync_all()
             got = [None if o is None else np.array(o.numpy()) for o in outs]
     except Exception as exc:  # noqa: BLE001 - judged below: typed is fine, anything else a finding
@@ -644,12 +708,13 @@ def case_out_view(seed: int, op: str | None = None, view: str | None = None, dom
             want = [np.array(w.numpy()) for w in (want if isinstance(want, tuple) else (want,))]
     except Exception as exc:  # noqa: BLE001
         _drain_errors()
-        return (TYPED, f"{rec.name}: {_describe(exc)}") if _typed(exc) else \
-            (FAIL, f"{rec.name}: untyped {_describe(exc)}")
+        return (
+            (TYPED, f"{rec.name}: {_describe(exc)}") if _typed(exc) else (FAIL, f"{rec.name}: untyped {_describe(exc)}")
+        )
     shapes = [w.shape for w in want]
-    if view in ("transposed", "strided", "negative", "offset") and not any(len(s) >= (2 if view == "transposed"
-                                                                                         else 1) and
-                                                                         any(d > 1 for d in s) for s in shapes):
+    if view in ("transposed", "strided", "negative", "offset") and not any(
+        len(s) >= (2 if view == "transposed" else 1) and any(d > 1 for d in s) for s in shapes
+    ):
         return SKIP, f"{rec.name}: outputs {shapes} too small for a {view} view"
     if any(w.dtype.kind in "OUS" for w in want):
         return SKIP, f"{rec.name}: string output"
@@ -659,8 +724,11 @@ def case_out_view(seed: int, op: str | None = None, view: str | None = None, dom
     try:
         ex = executor.prepare(rec, ins, case["attrs"], out=list(outs))
     except Exception as exc:  # noqa: BLE001
-        return (TYPED, f"{rec.name} {view}: refused at prepare: {str(exc)[:200]}") if _typed(exc) else \
-            (FAIL, f"{rec.name} {view}: untyped {_describe(exc)} at prepare")
+        return (
+            (TYPED, f"{rec.name} {view}: refused at prepare: {str(exc)[:200]}")
+            if _typed(exc)
+            else (FAIL, f"{rec.name} {view}: untyped {_describe(exc)} at prepare")
+        )
     try:
         with np.errstate(all="ignore"):
             ex.run()
@@ -677,8 +745,12 @@ def case_out_view(seed: int, op: str | None = None, view: str | None = None, dom
             touched = np.zeros(b0.size, bool)  # the view's elements in the base, found by address
             addr0 = b.numpy().ctypes.data
             isz = b0.dtype.itemsize
-            offs = (np.indices(o.shape).reshape(len(o.shape), -1).T * np.array(o.numpy().strides)).sum(1) \
-                + (o.numpy().ctypes.data - addr0) if o.ndim else np.array([o.numpy().ctypes.data - addr0])
+            offs = (
+                (np.indices(o.shape).reshape(len(o.shape), -1).T * np.array(o.numpy().strides)).sum(1)
+                + (o.numpy().ctypes.data - addr0)
+                if o.ndim
+                else np.array([o.numpy().ctypes.data - addr0])
+            )
             touched[(offs // isz).astype(np.int64)] = True
             rest = b.numpy().reshape(-1)[~touched]
             if rest.size and not np.array_equal(rest, b0.reshape(-1)[~touched]):
@@ -689,8 +761,24 @@ def case_out_view(seed: int, op: str | None = None, view: str | None = None, dom
 # -- ONNX graphs: random chains, then mutated files ---------------------------------------------------------------
 #: no Floor / Ceil: a fused chain keeps its intermediates in float64, so floor(erf(4.0)) is 0 there and 1
 #: op by op (erf rounded to float32 first); a step function turns that rounding into a difference of 1
-_UNARY = ["Relu", "Sigmoid", "Tanh", "Abs", "Neg", "Exp", "LeakyRelu", "Softplus", "Gelu", "Softmax", "Erf",
-          "HardSwish", "Elu", "Identity", "Sqrt", "Reciprocal"]
+_UNARY = [
+    "Relu",
+    "Sigmoid",
+    "Tanh",
+    "Abs",
+    "Neg",
+    "Exp",
+    "LeakyRelu",
+    "Softplus",
+    "Gelu",
+    "Softmax",
+    "Erf",
+    "HardSwish",
+    "Elu",
+    "Identity",
+    "Sqrt",
+    "Reciprocal",
+]
 _BINARY = ["Add", "Mul", "Sub", "Div", "Max", "Min", "Pow"]
 
 
@@ -730,7 +818,7 @@ def random_model(seed: int, *, opset: int = 20):
             else:
                 other = None
             if other is None:
-                cshape = [d if draw.chance(0.6) else 1 for d in cur_shape[draw.int(0, len(cur_shape)):]]
+                cshape = [d if draw.chance(0.6) else 1 for d in cur_shape[draw.int(0, len(cur_shape)) :]]
                 c = draw.array(cshape, np.float32)
                 if op in ("Div", "Pow"):
                     c = np.abs(c) + 0.5 if op == "Div" else np.full(cshape, 2.0, np.float32)
@@ -761,8 +849,11 @@ def random_model(seed: int, *, opset: int = 20):
             elif choice == 2:
                 ax = len(cur_shape) - 1
                 inits.append(numpy_helper.from_array(np.array([ax], np.int64), f"a{i}"))
-                nodes.append(helper.make_node(draw.choice(["ReduceSum", "ReduceMean", "ReduceMax"]), [cur, f"a{i}"],
-                                              [out], keepdims=1))
+                nodes.append(
+                    helper.make_node(
+                        draw.choice(["ReduceSum", "ReduceMean", "ReduceMax"]), [cur, f"a{i}"], [out], keepdims=1
+                    )
+                )
                 cur_shape = cur_shape[:-1] + [1]
             else:
                 nodes.append(helper.make_node("Concat", [cur, cur], [out], axis=-1))
@@ -783,9 +874,13 @@ def random_model(seed: int, *, opset: int = 20):
         cur = out
         values.append((cur, list(cur_shape)))
     dyn = ["batch"] + shape[1:]
-    graph = helper.make_graph(nodes, f"fuzz{seed}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dyn)],
-                              [helper.make_tensor_value_info(cur, TensorProto.FLOAT, [f"d{j}" for j in range(len(cur_shape))])],
-                              inits)
+    graph = helper.make_graph(
+        nodes,
+        f"fuzz{seed}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dyn)],
+        [helper.make_tensor_value_info(cur, TensorProto.FLOAT, [f"d{j}" for j in range(len(cur_shape))])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 9
     onnx.checker.check_model(model)
@@ -870,8 +965,9 @@ def op_model(case: dict, n_outputs: int):
             feeds[name] = x
     outs = [f"out{j}" for j in range(n_outputs)]
     node = helper.make_node(rec.name, names, outs, domain=rec.domain, **case["attrs"])
-    graph = helper.make_graph([node], f"op_{rec.name}", graph_inputs,
-                              [helper.make_tensor_value_info(o, 0, None) for o in outs], inits)
+    graph = helper.make_graph(
+        [node], f"op_{rec.name}", graph_inputs, [helper.make_tensor_value_info(o, 0, None) for o in outs], inits
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("ai.onnx.ml", 5)])
     model.ir_version = 10
     return model, feeds
@@ -881,8 +977,7 @@ def case_op_graph(seed: int) -> tuple[str, str]:
     """One registry op drawn from its schema, run as a one-node compiled model: its numpy reference."""
     from ..ops.registry import get_op
 
-    ops = [r for r in _ops() if r.domain in ("", "ai.onnx.ml") and r.category != "random"
-           and r.name not in RANDOM_OPS]
+    ops = [r for r in _ops() if r.domain in ("", "ai.onnx.ml") and r.category != "random" and r.name not in RANDOM_OPS]
     rec = ops[seed % len(ops)]
     case = valid_case(rec, seed // len(ops))
     if case is None:
@@ -901,8 +996,11 @@ def case_op_graph(seed: int) -> tuple[str, str]:
             got = [np.array(v.numpy()) for v in cg.run(feeds).values()]
     except Exception as exc:  # noqa: BLE001
         _drain_errors()
-        return (TYPED, f"{rec.name}: {_describe(exc)}") if _typed(exc) else \
-            (FAIL, f"{rec.name} as a graph: untyped {_describe(exc)}")
+        return (
+            (TYPED, f"{rec.name}: {_describe(exc)}")
+            if _typed(exc)
+            else (FAIL, f"{rec.name} as a graph: untyped {_describe(exc)}")
+        )
     for i, (g, w) in enumerate(zip(got, want)):
         why = compare(g, np.asarray(w), f"{rec.name} (graph) output {i}: ", nonfinite=rec.name not in NONFINITE_LENIENT)
         if why:
@@ -947,10 +1045,10 @@ def mutated_model(seed: int) -> tuple[bytes, dict, str]:
         at = draw.int(0, len(data) - 1)
         val = draw.choice([0x00, 0xFF, 0x7F, 0x80])
         n = draw.int(1, 6)
-        data[at:at + n] = bytes([val] * n)
+        data[at : at + n] = bytes([val] * n)
         return bytes(data), feeds, f"{n} bytes at {at} set to {val:#x}"
     g = model.graph
-    extreme = [0, -1, 2, 7, -(2 ** 31), 2 ** 31 - 1, 2 ** 40, 10 ** 6]
+    extreme = [0, -1, 2, 7, -(2**31), 2**31 - 1, 2**40, 10**6]
     if how == "attr":
         nodes = [n for n in g.node if n.attribute]
         if nodes:
@@ -964,24 +1062,38 @@ def mutated_model(seed: int) -> tuple[bytes, dict, str]:
                 a.f = draw.choice([float("nan"), float("inf"), -1.0, 0.0])
         else:
             n = draw.choice(list(g.node))
-            n.attribute.append(helper.make_attribute(draw.choice(["axis", "perm", "kernel_shape", "alpha"]),
-                                                     draw.choice(extreme)))
+            n.attribute.append(
+                helper.make_attribute(draw.choice(["axis", "perm", "kernel_shape", "alpha"]), draw.choice(extreme))
+            )
     elif how == "dims":
         if g.initializer:
             t = g.initializer[draw.int(0, len(g.initializer) - 1)]
             if t.dims:
-                t.dims[draw.int(0, len(t.dims) - 1)] = draw.choice(extreme[:4] + [10 ** 6])
+                t.dims[draw.int(0, len(t.dims) - 1)] = draw.choice(extreme[:4] + [10**6])
             else:
-                t.dims.append(draw.choice([0, 2, 10 ** 6]))
+                t.dims.append(draw.choice([0, 2, 10**6]))
         else:
             dim = g.input[0].type.tensor_type.shape.dim
-            dim[draw.int(0, len(dim) - 1)].dim_value = draw.choice([0, 1, 10 ** 6])
+            dim[draw.int(0, len(dim) - 1)].dim_value = draw.choice([0, 1, 10**6])
     elif how == "optype":
         n = g.node[draw.int(0, len(g.node) - 1)]
         # not Reciprocal / Sqrt / Div / Pow: placed anywhere they amplify rounding near 0 past any tolerance
-        n.op_type = draw.choice([op for op in _UNARY + _BINARY if op not in ("Reciprocal", "Sqrt", "Div", "Pow")]
-                                + ["Conv", "MatMul", "Reshape", "Concat", "Gemm", "NoSuchOp", "Transpose", "Split",
-                                   "Range", "Expand", "Tile"])
+        n.op_type = draw.choice(
+            [op for op in _UNARY + _BINARY if op not in ("Reciprocal", "Sqrt", "Div", "Pow")]
+            + [
+                "Conv",
+                "MatMul",
+                "Reshape",
+                "Concat",
+                "Gemm",
+                "NoSuchOp",
+                "Transpose",
+                "Split",
+                "Range",
+                "Expand",
+                "Tile",
+            ]
+        )
     elif how == "rewire":
         n = g.node[draw.int(0, len(g.node) - 1)]
         names = [v for nd in g.node for v in nd.output] + ["x", "missing", ""]
@@ -1011,8 +1123,9 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def case_soak(seed: int, *, eager: int = 10_000, compiled: int = 1_000, streams: bool = True,
-              rss_slack: int = 64 << 20) -> tuple[str, str]:
+def case_soak(
+    seed: int, *, eager: int = 10_000, compiled: int = 1_000, streams: bool = True, rss_slack: int = 64 << 20
+) -> tuple[str, str]:
     """``eager`` mixed eager calls (``streams``: every 50th on a new Stream, dropped after it) and
     ``compiled`` compiled runs at varying shapes: afterwards the pool's live bytes are back to the
     baseline, the thread count is what it was and RSS grew by < rss_slack."""
@@ -1026,10 +1139,16 @@ def case_soak(seed: int, *, eager: int = 10_000, compiled: int = 1_000, streams:
     base_shape = [1] + [d.dim_value for d in mk[1:]]
     ops = ops_pkg
     calls = [
-        lambda x: ops.relu(x), lambda x: ops.add(x, x), lambda x: ops.mul(x, 2.0), lambda x: ops.sigmoid(x),
-        lambda x: ops.softmax(x, dim=-1), lambda x: ops.sum(x, dim=-1) if hasattr(ops, "sum") else ops.relu(x),
+        lambda x: ops.relu(x),
+        lambda x: ops.add(x, x),
+        lambda x: ops.mul(x, 2.0),
+        lambda x: ops.sigmoid(x),
+        lambda x: ops.softmax(x, dim=-1),
+        lambda x: ops.sum(x, dim=-1) if hasattr(ops, "sum") else ops.relu(x),
         lambda x: ops.matmul(x, ops.transpose(x, -1, -2)) if x.ndim >= 2 else ops.relu(x),
-        lambda x: ops.gelu(x), lambda x: ops.tanh(x), lambda x: ops.exp(ops.tanh(x)),
+        lambda x: ops.gelu(x),
+        lambda x: ops.tanh(x),
+        lambda x: ops.exp(ops.tanh(x)),
     ]
 
     # a fixed set of shapes, all seen in the warm-up: the executor cache and the compiled plans are full
@@ -1114,8 +1233,13 @@ def run_spec(spec: dict) -> dict:
     return {"status": status, "detail": detail}
 
 
-_CASES = {"onnx_mutate": case_onnx_mutate, "op_schema": case_op_schema, "graph": case_graph,
-          "out_view": case_out_view, "nan_inf": case_nan_inf}
+_CASES = {
+    "onnx_mutate": case_onnx_mutate,
+    "op_schema": case_op_schema,
+    "graph": case_graph,
+    "out_view": case_out_view,
+    "nan_inf": case_nan_inf,
+}
 
 
 def write_artifacts(spec: dict, result: dict, folder: Path) -> Path:
@@ -1133,12 +1257,14 @@ def write_artifacts(spec: dict, result: dict, folder: Path) -> Path:
         elif kind in ("graph", "soak"):
             model, feeds = random_model(spec["seed"] // 2 if kind == "graph" else spec["seed"])
             if kind == "graph" and spec["seed"] % 2:  # one registry op as a model
-                ops = [r for r in _ops() if r.domain in ("", "ai.onnx.ml") and r.category != "random"
-                       and r.name not in RANDOM_OPS]
+                ops = [
+                    r
+                    for r in _ops()
+                    if r.domain in ("", "ai.onnx.ml") and r.category != "random" and r.name not in RANDOM_OPS
+                ]
                 sub = spec["seed"] // 2
                 case = valid_case(ops[sub % len(ops)], sub // len(ops))
-                built = None if case is None else op_model(case, len(_reference(
-                    ops[sub % len(ops)], case)))
+                built = None if case is None else op_model(case, len(_reference(ops[sub % len(ops)], case)))
                 if built is not None:
                     model, feeds = built
             (d / "model.onnx").write_bytes(model.SerializeToString())
@@ -1150,13 +1276,22 @@ def write_artifacts(spec: dict, result: dict, folder: Path) -> Path:
                 pickle.dump(spec, f)
     except Exception as exc:  # noqa: BLE001 - the artifacts are a courtesy; the report still stands
         result = dict(result, artifact_error=repr(exc))
-    (d / "case.json").write_text(json.dumps({"spec": {k: v for k, v in spec.items() if k != "case"},
-                                             "op": spec.get("case", {}).get("op"), **result}, indent=1, default=str))
-    load = ("import pickle; spec = pickle.load(open(__file__.replace('repro.py', 'case.pkl'), 'rb'))"
-            if kind == "op" else f"spec = {json.dumps({k: v for k, v in spec.items() if k != 'case'})}")
+    (d / "case.json").write_text(
+        json.dumps(
+            {"spec": {k: v for k, v in spec.items() if k != "case"}, "op": spec.get("case", {}).get("op"), **result},
+            indent=1,
+            default=str,
+        )
+    )
+    load = (
+        "import pickle; spec = pickle.load(open(__file__.replace('repro.py', 'case.pkl'), 'rb'))"
+        if kind == "op"
+        else f"spec = {json.dumps({k: v for k, v in spec.items() if k != 'case'})}"
+    )
     (d / "repro.py").write_text(
         "# reruns this case in-process (a crash or hang shows here directly)\n"
-        f"from opsnn.tools.fuzz import run_spec\n{load}\nprint(run_spec(spec))\n")
+        f"from opsnn.tools.fuzz import run_spec\n{load}\nprint(run_spec(spec))\n"
+    )
     return d
 
 
@@ -1212,8 +1347,13 @@ class WorkerPool:
     def _start(self) -> bool:
         """A fresh worker, ready (opsnn imported: the case's time limit does not pay for the import)."""
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the worker
-        self.proc = subprocess.Popen([sys.executable, "-m", "opsnn.tools.fuzz", "--worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, env=self.env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "opsnn.tools.fuzz", "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=self.env,
+        )
         try:
             return _recv(self.proc.stdout.fileno(), time.monotonic() + self.startup_timeout) == "ready"
         except TimeoutError:
@@ -1256,8 +1396,11 @@ class WorkerPool:
         except TimeoutError:
             self._stop(kill=True)
             self.restarts += 1
-            return {"status": HANG, "detail": f"no answer within {timeout or self.timeout:.0f} s",
-                    "seconds": time.monotonic() - t0}
+            return {
+                "status": HANG,
+                "detail": f"no answer within {timeout or self.timeout:.0f} s",
+                "seconds": time.monotonic() - t0,
+            }
         except (BrokenPipeError, OSError):
             res = None
         if res is None:
@@ -1265,8 +1408,11 @@ class WorkerPool:
             tail = self._log_tail()
             self._stop(kill=True)
             self.restarts += 1
-            return {"status": CRASH, "detail": f"worker died (exit code {code}): {tail}",
-                    "seconds": time.monotonic() - t0}
+            return {
+                "status": CRASH,
+                "detail": f"worker died (exit code {code}): {tail}",
+                "seconds": time.monotonic() - t0,
+            }
         res["seconds"] = time.monotonic() - t0
         return res
 
@@ -1291,8 +1437,17 @@ def _worker_main() -> None:
 
 
 # -- the long run (opsnn fuzz) ---------------------------------------------------------------------------------------
-def fuzz(minutes: float, *, out: str | None = None, seed: int = 0, kinds=KINDS, timeout: float = 120.0,
-         soak_eager: int = 10_000, soak_compiled: int = 1_000, echo=print) -> dict:
+def fuzz(
+    minutes: float,
+    *,
+    out: str | None = None,
+    seed: int = 0,
+    kinds=KINDS,
+    timeout: float = 120.0,
+    soak_eager: int = 10_000,
+    soak_compiled: int = 1_000,
+    echo=print,
+) -> dict:
     """Run the kinds round-robin for ``minutes``: case seeds ``seed, seed + 1, ...`` per kind; every
     failing case's files go to ``out``. Returns ``{kind: {status: count}}``."""
     kinds = [k for k in kinds if k in KINDS]
@@ -1332,28 +1487,40 @@ def main(argv: list[str] | None = None) -> int:
     """``opsnn fuzz``: exit code 0 when no case failed, 1 when some did, 2 on bad arguments."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="opsnn fuzz", description="run opsnn's fuzzers for a while; every failing "
-                                "case's model, inputs and a repro script go to --out")
+    p = argparse.ArgumentParser(
+        prog="opsnn fuzz",
+        description="run opsnn's fuzzers for a while; every failing "
+        "case's model, inputs and a repro script go to --out",
+    )
     p.add_argument("--minutes", type=float, required=True, help="how long to run (the soak runs first, once)")
     p.add_argument("--out", default="fuzz-failures", help="folder for failing cases (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="first case seed of every kind (default: %(default)s)")
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {','.join(KINDS)}")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds one case may run (default: %(default)s)")
     p.add_argument("--soak-eager", type=int, default=10_000, help="eager calls in the soak (default: %(default)s)")
-    p.add_argument("--soak-compiled", type=int, default=1_000,
-                   help="compiled runs in the soak (default: %(default)s)")
+    p.add_argument("--soak-compiled", type=int, default=1_000, help="compiled runs in the soak (default: %(default)s)")
     args = p.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     bad = [k for k in kinds if k not in KINDS]
     if bad or args.minutes <= 0 or args.timeout <= 0:
-        p.error(f"--kinds takes {', '.join(KINDS)} (got {', '.join(bad)})" if bad else
-                "--minutes and --timeout must be > 0")
-    counts = fuzz(args.minutes, out=args.out, seed=args.seed, kinds=kinds, timeout=args.timeout,
-                  soak_eager=args.soak_eager, soak_compiled=args.soak_compiled,
-                  echo=lambda line: print(line, flush=True))
+        p.error(
+            f"--kinds takes {', '.join(KINDS)} (got {', '.join(bad)})" if bad else "--minutes and --timeout must be > 0"
+        )
+    counts = fuzz(
+        args.minutes,
+        out=args.out,
+        seed=args.seed,
+        kinds=kinds,
+        timeout=args.timeout,
+        soak_eager=args.soak_eager,
+        soak_compiled=args.soak_compiled,
+        echo=lambda line: print(line, flush=True),
+    )
     failed = sum(n for c in counts.values() for s, n in c.items() if s in FAILED)
-    print(f"{sum(sum(c.values()) for c in counts.values())} cases, {failed} failed"
-          + (f"; failing cases in {args.out}/" if failed else ""))
+    print(
+        f"{sum(sum(c.values()) for c in counts.values())} cases, {failed} failed"
+        + (f"; failing cases in {args.out}/" if failed else "")
+    )
     return 1 if failed else 0
 
 

@@ -6,6 +6,7 @@
 >>> mc.leaks[0].bytes >= 4096
 True
 """
+
 from __future__ import annotations
 
 import gc
@@ -62,8 +63,7 @@ class memory_checker:
         gc.collect()
         for u in self._unsubs:
             u()
-        self.leaks = [Leak(b.size, b.requested, b.tag or "(user)", stack)
-                      for b, stack in self._live.values() if b.live]
+        self.leaks = [Leak(b.size, b.requested, b.tag or "(user)", stack) for b, stack in self._live.values() if b.live]
         if self.leaks and self.raise_on_leak and exc_type is None:
             raise MemoryLeakError("memory_checker: " + self.report())
 

@@ -8,6 +8,7 @@ committed page is what today's registry generates.
 >>> print(render_op(opsnn.ops.get_op("Relu")).splitlines()[0])
 ### Relu
 """
+
 from __future__ import annotations
 
 import sys
@@ -49,8 +50,9 @@ def _inputs(rec: OpRecord) -> str:
     """Inputs grouped by runs that accept the same dtypes: ``X, W, B? (float32, float64)``."""
     groups: list[tuple[list[str], object]] = []
     for spec in rec.inputs:
-        name = f"`{spec.name}{'?' if spec.optional else ''}{'...' if spec.variadic else ''}`" \
-               + (" host" if spec.host else "")
+        name = f"`{spec.name}{'?' if spec.optional else ''}{'...' if spec.variadic else ''}`" + (
+            " host" if spec.host else ""
+        )
         key = tuple(spec.dtypes) if spec.dtypes is not None else None
         if groups and groups[-1][1] == key:
             groups[-1][0].append(name)
@@ -60,8 +62,9 @@ def _inputs(rec: OpRecord) -> str:
 
 
 def _outputs(rec: OpRecord) -> str:
-    return ", ".join(f"`{o.name}{'?' if o.optional else ''}{'...' if o.variadic else ''}`"
-                     for o in rec.outputs) or "none"
+    return (
+        ", ".join(f"`{o.name}{'?' if o.optional else ''}{'...' if o.variadic else ''}`" for o in rec.outputs) or "none"
+    )
 
 
 def _default(value) -> str:
@@ -98,12 +101,15 @@ def render_op(rec: OpRecord, by_op: dict | None = None) -> str:
     lines = [f"### {_qualified(rec)}", ""]
     if doc:
         lines += [doc, ""]
-    lines += [f"- eager: {_functions(rec, by_op)}",
-              f"- inputs: {_inputs(rec)}",
-              f"- outputs: {_outputs(rec)}",
-              f"- attributes: {_attrs(rec)}",
-              f"- kernels: {_kernels(rec)}",
-              f"- gradient: {'yes' if rec.gradient is not None else 'no'}", ""]
+    lines += [
+        f"- eager: {_functions(rec, by_op)}",
+        f"- inputs: {_inputs(rec)}",
+        f"- outputs: {_outputs(rec)}",
+        f"- attributes: {_attrs(rec)}",
+        f"- kernels: {_kernels(rec)}",
+        f"- gradient: {'yes' if rec.gradient is not None else 'no'}",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -123,8 +129,12 @@ def render(records=None) -> str:
         by_cat[rec.category].append(rec)
     fast = sum(1 for r in records if any(not k.fallback for k in r.kernels))
     grads = sum(1 for r in records if r.gradient is not None)
-    out = [HEADER, f"{len(records)} operators, {fast} with a kernel of their own besides the reference, "
-                   f"{grads} with a gradient rule.", ""]
+    out = [
+        HEADER,
+        f"{len(records)} operators, {fast} with a kernel of their own besides the reference, "
+        f"{grads} with a gradient rule.",
+        "",
+    ]
     out.append(" · ".join(f"[{c}](#{c}) ({len(by_cat[c])})" for c in sorted(by_cat)))
     out.append("")
     for cat in sorted(by_cat):

@@ -4,6 +4,7 @@ the nodes they replaced, shapes and dtypes on the edges.
 >>> import opsnn
 >>> opsnn.plot_graph(graph, "g.pdf")  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,16 @@ import shutil
 from ..errors import OpsnnRuntimeError, ParamInvalidError
 
 FORMATS = ("pdf", "svg", "png", "dot")
-_FILL = {"conv": "#cfe2ff", "matmul": "#d1e7dd", "norm": "#fff3cd", "activation": "#f8d7da", "attention": "#e2d9f3",
-         "pool": "#d3f4ff", "shape": "#eeeeee", "elementwise": "#ffe5d0"}
+_FILL = {
+    "conv": "#cfe2ff",
+    "matmul": "#d1e7dd",
+    "norm": "#fff3cd",
+    "activation": "#f8d7da",
+    "attention": "#e2d9f3",
+    "pool": "#d3f4ff",
+    "shape": "#eeeeee",
+    "elementwise": "#ffe5d0",
+}
 
 
 class GraphvizMissingError(OpsnnRuntimeError):
@@ -29,16 +38,20 @@ def to_dot(graph, input_shapes: dict | None = None):
     try:
         import graphviz
     except ImportError:
-        raise GraphvizMissingError("plot_graph: the Python package 'graphviz' is missing; pip install graphviz "
-                                   "(and the Debian package graphviz for the 'dot' program)") from None
+        raise GraphvizMissingError(
+            "plot_graph: the Python package 'graphviz' is missing; pip install graphviz "
+            "(and the Debian package graphviz for the 'dot' program)"
+        ) from None
     from ..graph.shape_inference import infer_types
     from ..ops.registry import get_op, has_op
 
     metas = infer_types(graph, input_shapes)
-    dot = graphviz.Digraph(graph.name, graph_attr={"rankdir": "TB", "fontname": "Helvetica"},
-                           node_attr={"shape": "box", "style": "rounded,filled", "fontname": "Helvetica",
-                                      "fontsize": "10"},
-                           edge_attr={"fontname": "Helvetica", "fontsize": "8"})
+    dot = graphviz.Digraph(
+        graph.name,
+        graph_attr={"rankdir": "TB", "fontname": "Helvetica"},
+        node_attr={"shape": "box", "style": "rounded,filled", "fontname": "Helvetica", "fontsize": "10"},
+        edge_attr={"fontname": "Helvetica", "fontsize": "8"},
+    )
     producers = {}
     for k, v in enumerate(graph.inputs):  # ids avoid ':' (Graphviz reads it as a port)
         if v.name in graph.initializers:
@@ -101,9 +114,10 @@ def plot_graph(graph, path: str, input_shapes: dict | None = None) -> str:
             f.write(dot.source)
         return path
     if shutil.which("dot") is None:
-        raise GraphvizMissingError("plot_graph: Graphviz's 'dot' program is not installed; install the Debian "
-                                   "package graphviz (apt-get install graphviz), or write a .dot file instead")
+        raise GraphvizMissingError(
+            "plot_graph: Graphviz's 'dot' program is not installed; install the Debian "
+            "package graphviz (apt-get install graphviz), or write a .dot file instead"
+        )
     base, _ = os.path.splitext(path)
-    out = dot.render(filename=os.path.basename(base), directory=folder,
-                     format=fmt, cleanup=True)
+    out = dot.render(filename=os.path.basename(base), directory=folder, format=fmt, cleanup=True)
     return out

@@ -4,6 +4,7 @@ where error grows, where the first NaN/Inf appears and why, and which op types t
 >>> rep = opsnn.tools.precision_compare(graph, {"x": x}, dtype="float16")   # doctest: +SKIP
 >>> print(rep.format())                                                       # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -42,8 +43,10 @@ class PrecisionReport:
     outputs: dict = field(default_factory=dict)  # output name -> (max_abs, max_rel)
 
     def format(self, top: int = 15) -> str:
-        lines = [f"precision compare: fp32 vs {self.dtype} (tolerance {self.tolerance:g} relative)",
-                 f"{'node':32s} {'op':18s} {'max abs':>10s} {'max rel':>10s} {'cosine':>9s}"]
+        lines = [
+            f"precision compare: fp32 vs {self.dtype} (tolerance {self.tolerance:g} relative)",
+            f"{'node':32s} {'op':18s} {'max abs':>10s} {'max rel':>10s} {'cosine':>9s}",
+        ]
         worst = sorted(self.rows, key=lambda r: -r.max_rel)[:top]
         for r in sorted(worst, key=lambda r: self.rows.index(r)):
             if r.nonfinite:
@@ -61,8 +64,14 @@ class PrecisionReport:
         lines.append("first node over tolerance: " + (f"{fe.node} ({fe.op}), rel {fe.max_rel:.3e}" if fe else "none"))
         fn = self.first_nonfinite
         lines.append("first NaN/Inf: " + (f"{fn[1]} at node {fn[0]}: {fn[2]}" if fn else "none"))
-        lines.append("keep in fp32: " + (", ".join(self.suggest_fp32) + " (the ops where the error starts)"
-                                         if self.suggest_fp32 else "nothing needed"))
+        lines.append(
+            "keep in fp32: "
+            + (
+                ", ".join(self.suggest_fp32) + " (the ops where the error starts)"
+                if self.suggest_fp32
+                else "nothing needed"
+            )
+        )
         return "\n".join(lines)
 
 
@@ -98,8 +107,11 @@ def _diagnose(node, ins_low: list, target) -> str:
     import ml_dtypes
 
     for i, a in enumerate(ins_low):
-        if a is not None and (a.dtype.kind == "f" or a.dtype == _dt.bfloat16) and \
-                not np.all(np.isfinite(a.astype(np.float64))):
+        if (
+            a is not None
+            and (a.dtype.kind == "f" or a.dtype == _dt.bfloat16)
+            and not np.all(np.isfinite(a.astype(np.float64)))
+        ):
             return f"input {i} already had NaN/Inf"
     op = node.op_type
     if op in ("Div", "Reciprocal") and ins_low and np.any(ins_low[-1].astype(np.float64) == 0):
@@ -153,8 +165,11 @@ def precision_compare(model, inputs: dict, dtype="float16", tolerance: float = 1
                 continue
             a64, b64 = a.astype(np.float64), b.astype(np.float64)
             new_bad = ~np.isfinite(b64) & np.isfinite(a64)
-            kinds = tuple(k for k, m in (("NaN", np.isnan(b64)), ("+Inf", np.isposinf(b64)),
-                                         ("-Inf", np.isneginf(b64))) if np.any(m & new_bad))
+            kinds = tuple(
+                k
+                for k, m in (("NaN", np.isnan(b64)), ("+Inf", np.isposinf(b64)), ("-Inf", np.isneginf(b64)))
+                if np.any(m & new_bad)
+            )
             nonfinite = bool(kinds)
             both = np.isfinite(a64) & np.isfinite(b64)
             diff = np.abs(a64 - b64)[both]
@@ -167,8 +182,9 @@ def precision_compare(model, inputs: dict, dtype="float16", tolerance: float = 1
             else:
                 cos = float(np.dot(a64[both], b64[both]) / (na * nb)) if na > 0 and nb > 0 else 1.0
             bad = nonfinite or max_rel > tolerance
-            row = NodeError(node.name, node.qualified_type, max_abs, max_rel, cos, nonfinite, kinds,
-                            cause=bad and not inherited)
+            row = NodeError(
+                node.name, node.qualified_type, max_abs, max_rel, cos, nonfinite, kinds, cause=bad and not inherited
+            )
             rep.rows.append(row)
             if nonfinite and rep.first_nonfinite is None:
                 rep.first_nonfinite = (node.name, node.op_type, _diagnose(node, ins_lo, target))

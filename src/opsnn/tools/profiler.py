@@ -10,6 +10,7 @@ chrome://tracing), a flame graph SVG and a self-contained timeline HTML::
     print(p.table())
     p.export_chrome_trace("perf.json"); p.export_timeline("timeline.html")
 """
+
 from __future__ import annotations
 
 import json
@@ -67,13 +68,33 @@ class Profile:
 
     # -- recording ------------------------------------------------------------------------
     def _on_kernel(self, ev: dict) -> None:
-        self.kernels.append(KernelEvent(ev["op"], ev.get("kernel", "?"), ev["stream"], ev["queued"] or ev["start"],
-                                        ev["start"], ev["end"], ev.get("flops", 0), ev.get("bytes", 0),
-                                        ev.get("fallback", False), ev.get("shapes", []), ev.get("dtypes", [])))
+        self.kernels.append(
+            KernelEvent(
+                ev["op"],
+                ev.get("kernel", "?"),
+                ev["stream"],
+                ev["queued"] or ev["start"],
+                ev["start"],
+                ev["end"],
+                ev.get("flops", 0),
+                ev.get("bytes", 0),
+                ev.get("fallback", False),
+                ev.get("shapes", []),
+                ev.get("dtypes", []),
+            )
+        )
 
     def _on_prepare(self, ev: dict) -> None:
-        self.host.append(HostEvent(f"prepare {ev['op']}", "prepare", ev["start"], ev["end"], ev["thread"],
-                                   {"kernel": ev["kernel"], "reason": ev["reason"]}))
+        self.host.append(
+            HostEvent(
+                f"prepare {ev['op']}",
+                "prepare",
+                ev["start"],
+                ev["end"],
+                ev["thread"],
+                {"kernel": ev["kernel"], "reason": ev["reason"]},
+            )
+        )
 
     def _on_host(self, ev: dict) -> None:
         self.host.append(HostEvent(ev["name"], ev["category"], ev["start"], ev["end"], ev["thread"], ev["args"]))
@@ -82,8 +103,12 @@ class Profile:
         self._stop()
 
     def _start(self) -> None:
-        self._unsubs = [hooks.subscribe("kernel", self._on_kernel), hooks.subscribe("prepare", self._on_prepare),
-                        hooks.subscribe("host", self._on_host), hooks.subscribe("finalize", self._on_finalize)]
+        self._unsubs = [
+            hooks.subscribe("kernel", self._on_kernel),
+            hooks.subscribe("prepare", self._on_prepare),
+            hooks.subscribe("host", self._on_host),
+            hooks.subscribe("finalize", self._on_finalize),
+        ]
         with _lock:
             _active.append(self)
 
@@ -115,8 +140,9 @@ class Profile:
 
     # -- summaries ------------------------------------------------------------------------------
     def op_stats(self) -> list[dict]:
-        agg: dict = defaultdict(lambda: {"calls": 0, "time": 0.0, "flops": 0, "bytes": 0, "kernels": set(),
-                                         "fallback": 0})
+        agg: dict = defaultdict(
+            lambda: {"calls": 0, "time": 0.0, "flops": 0, "bytes": 0, "kernels": set(), "fallback": 0}
+        )
         for k in self.kernels:
             a = agg[k.op]
             a["calls"] += 1
@@ -129,9 +155,18 @@ class Profile:
         rows = []
         for op, a in agg.items():
             t = a["time"] or 1e-12
-            rows.append({"op": op, "calls": a["calls"], "time_ms": a["time"] * 1e3, "pct": 100 * a["time"] / total,
-                         "gflops": a["flops"] / t / 1e9, "gbps": a["bytes"] / t / 1e9,
-                         "kernels": sorted(a["kernels"]), "fallback_calls": a["fallback"]})
+            rows.append(
+                {
+                    "op": op,
+                    "calls": a["calls"],
+                    "time_ms": a["time"] * 1e3,
+                    "pct": 100 * a["time"] / total,
+                    "gflops": a["flops"] / t / 1e9,
+                    "gbps": a["bytes"] / t / 1e9,
+                    "kernels": sorted(a["kernels"]),
+                    "fallback_calls": a["fallback"],
+                }
+            )
         return sorted(rows, key=lambda r: -r["time_ms"])
 
     def table(self, top: int = 20) -> str:
@@ -140,34 +175,67 @@ class Profile:
         lines = [f"{'op':24s} {'%':>6s} {'calls':>6s} {'total ms':>10s} {'GFLOP/s':>9s} {'GB/s':>7s}  kernels"]
         for r in rows:
             flag = " (reference fallback)" if r["fallback_calls"] else ""
-            lines.append(f"{r['op'][:24]:24s} {r['pct']:6.1f} {r['calls']:6d} {r['time_ms']:10.3f} "
-                         f"{r['gflops']:9.2f} {r['gbps']:7.2f}  {', '.join(r['kernels'])}{flag}")
+            lines.append(
+                f"{r['op'][:24]:24s} {r['pct']:6.1f} {r['calls']:6d} {r['time_ms']:10.3f} "
+                f"{r['gflops']:9.2f} {r['gbps']:7.2f}  {', '.join(r['kernels'])}{flag}"
+            )
         return "\n".join(lines)
 
     # -- exports ----------------------------------------------------------------------------------
     def chrome_trace(self) -> dict:
         """The Chrome trace-event JSON object (streams as threads of the 'device' process)."""
         base = self.t0
-        events: list[dict] = [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "opsnn device"}},
-                              {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "host"}}]
+        events: list[dict] = [
+            {"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "opsnn device"}},
+            {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "host"}},
+        ]
         streams = sorted({k.stream for k in self.kernels}, key=lambda s: (s != "default", s))
         tid = {s: i for i, s in enumerate(streams)}
         for s, i in tid.items():
             events.append({"ph": "M", "pid": 0, "tid": i, "name": "thread_name", "args": {"name": f"stream {s}"}})
         for k in self.kernels:
-            events.append({"ph": "X", "pid": 0, "tid": tid[k.stream], "name": k.op, "cat": "kernel",
-                           "ts": (k.start - base) * 1e6, "dur": max(k.duration, 0) * 1e6,
-                           "args": {"kernel": k.kernel, "stream": k.stream, "flops": k.flops, "bytes": k.bytes,
-                                    "queued_us": (k.queued - base) * 1e6, "shapes": [list(s) if s else s
-                                                                                     for s in k.shapes],
-                                    "dtypes": k.dtypes, "fallback": k.fallback, "family": op_family(k.op)}})
+            events.append(
+                {
+                    "ph": "X",
+                    "pid": 0,
+                    "tid": tid[k.stream],
+                    "name": k.op,
+                    "cat": "kernel",
+                    "ts": (k.start - base) * 1e6,
+                    "dur": max(k.duration, 0) * 1e6,
+                    "args": {
+                        "kernel": k.kernel,
+                        "stream": k.stream,
+                        "flops": k.flops,
+                        "bytes": k.bytes,
+                        "queued_us": (k.queued - base) * 1e6,
+                        "shapes": [list(s) if s else s for s in k.shapes],
+                        "dtypes": k.dtypes,
+                        "fallback": k.fallback,
+                        "family": op_family(k.op),
+                    },
+                }
+            )
         threads = sorted({h.thread for h in self.host})
         htid = {t: i for i, t in enumerate(threads)}
         for h in self.host:
-            events.append({"ph": "X", "pid": 1, "tid": htid[h.thread], "name": h.name, "cat": h.category,
-                           "ts": (h.start - base) * 1e6, "dur": max(h.end - h.start, 0) * 1e6, "args": h.args})
-        return {"traceEvents": events, "displayTimeUnit": "ms",
-                "otherData": {"tool": "opsnn", "format_version": TRACE_FORMAT_VERSION}}
+            events.append(
+                {
+                    "ph": "X",
+                    "pid": 1,
+                    "tid": htid[h.thread],
+                    "name": h.name,
+                    "cat": h.category,
+                    "ts": (h.start - base) * 1e6,
+                    "dur": max(h.end - h.start, 0) * 1e6,
+                    "args": h.args,
+                }
+            )
+        return {
+            "traceEvents": events,
+            "displayTimeUnit": "ms",
+            "otherData": {"tool": "opsnn", "format_version": TRACE_FORMAT_VERSION},
+        }
 
     def export_chrome_trace(self, path: str) -> str:
         with open(path, "w") as f:

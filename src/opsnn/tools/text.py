@@ -1,4 +1,5 @@
 """Plain-text tables for command-line reports (rich, no colour, no borders)."""
+
 from __future__ import annotations
 
 import argparse

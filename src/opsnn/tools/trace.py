@@ -3,6 +3,7 @@
 ``opsnn analyze perf.json -t timeline.html`` (cf. ops-nn's ``acl_analyzer``) prints hot ops,
 stream utilization, host-bound gaps, reference fallbacks and suggestions.
 """
+
 from __future__ import annotations
 
 import html
@@ -32,8 +33,10 @@ class Trace:
 def _check_version(version) -> int:
     version = int(version or SUPPORTED_FORMAT)
     if version > SUPPORTED_FORMAT:
-        raise TraceError(f"trace: format version {version} is newer than this opsnn reads ({SUPPORTED_FORMAT}); "
-                         "upgrade opsnn to analyze it")
+        raise TraceError(
+            f"trace: format version {version} is newer than this opsnn reads ({SUPPORTED_FORMAT}); "
+            "upgrade opsnn to analyze it"
+        )
     return version
 
 
@@ -47,10 +50,10 @@ def _iter_events_streamed(path: str):
             if not chunk:
                 raise TraceError(f"trace {path}: no 'traceEvents' array found")
             buf += chunk
-        buf = buf[buf.index('"traceEvents"') + len('"traceEvents"'):]
+        buf = buf[buf.index('"traceEvents"') + len('"traceEvents"') :]
         while "[" not in buf:
             buf += f.read(1 << 16)
-        buf = buf[buf.index("[") + 1:]
+        buf = buf[buf.index("[") + 1 :]
         while True:
             buf = buf.lstrip().lstrip(",").lstrip()
             if buf.startswith("]"):
@@ -76,7 +79,7 @@ def _stream_version(path: str) -> int:
     for blob in (head, tail):
         i = blob.find(b'"format_version"')
         if i >= 0:
-            rest = blob[i + len(b'"format_version"'):].lstrip(b": ")
+            rest = blob[i + len(b'"format_version"') :].lstrip(b": ")
             digits = bytes(c for c in rest[:12] if chr(c).isdigit())
             return _check_version(int(digits or b"1"))
     return SUPPORTED_FORMAT
@@ -112,9 +115,14 @@ def load_trace_events(source) -> Trace:
         if ev.get("ph") == "M" and ev.get("name") == "thread_name":
             names[(ev.get("pid"), ev.get("tid"))] = ev.get("args", {}).get("name", "")
         elif ev.get("ph") == "X":
-            rec = {"name": ev.get("name", "?"), "lane": (ev.get("pid", 0), ev.get("tid", 0)),
-                   "ts": float(ev.get("ts", 0)), "dur": float(ev.get("dur", 0)), "cat": ev.get("cat", ""),
-                   "args": ev.get("args", {})}
+            rec = {
+                "name": ev.get("name", "?"),
+                "lane": (ev.get("pid", 0), ev.get("tid", 0)),
+                "ts": float(ev.get("ts", 0)),
+                "dur": float(ev.get("dur", 0)),
+                "cat": ev.get("cat", ""),
+                "args": ev.get("args", {}),
+            }
             (kernels if ev.get("pid", 0) == 0 else host).append(rec)
     lanes = sorted({k["lane"] for k in kernels} | {h["lane"] for h in host})
     lane_names = [names.get(lane, ("stream " if lane[0] == 0 else "host thread ") + str(lane[1])) for lane in lanes]
@@ -152,20 +160,24 @@ def _layout_suggestions(per_lane: dict, total_us: float) -> list:
                 while j < len(evs) and j - i <= 4 and _base(evs[j]["name"]) not in (_TO_PLAIN, _TO_BLOCKED):
                     j += 1
                 if i + 1 < j < len(evs) and _base(evs[j]["name"]) == _TO_BLOCKED:
-                    key = " -> ".join(_base(e["name"]) for e in evs[i + 1:j])
+                    key = " -> ".join(_base(e["name"]) for e in evs[i + 1 : j])
                     trips[key][0] += 1
-                    trips[key][1] += sum(e["dur"] for e in evs[i:j + 1])
+                    trips[key][1] += sum(e["dur"] for e in evs[i : j + 1])
                     convert_us += evs[j]["dur"]
                     i = j + 1
                     continue
             i += 1
     for key, (n, us) in sorted(trips.items(), key=lambda kv: -kv[1][1]):
-        out.append(f"{n} x FromBlocked -> {key} -> ToBlocked ({100 * us / total_us:.1f}% of kernel time): these ops "
-                   "left the blocked layout between two blocked convolutions; fused into the conv (as the "
-                   "blocked_layout pass does for Add and Relu) they would cost nothing")
+        out.append(
+            f"{n} x FromBlocked -> {key} -> ToBlocked ({100 * us / total_us:.1f}% of kernel time): these ops "
+            "left the blocked layout between two blocked convolutions; fused into the conv (as the "
+            "blocked_layout pass does for Add and Relu) they would cost nothing"
+        )
     if convert_us > LAYOUT_SHARE * total_us:
-        out.append(f"layout conversions (ToBlocked / FromBlocked) take {100 * convert_us / total_us:.1f}% of kernel "
-                   "time: `opsnn explain MODEL` says where the blocked chains start and end")
+        out.append(
+            f"layout conversions (ToBlocked / FromBlocked) take {100 * convert_us / total_us:.1f}% of kernel "
+            "time: `opsnn explain MODEL` says where the blocked chains start and end"
+        )
     return out
 
 
@@ -180,9 +192,20 @@ def analyze(trace: Trace, top: int = 10) -> dict:
         a["fallback"] += bool(k["args"].get("fallback"))
         per_lane[k["lane"]].append(k)
     total = sum(a["us"] for a in by_op.values()) or 1e-9
-    hot = sorted(({"op": op, "calls": a["calls"], "total_us": a["us"], "pct": 100 * a["us"] / total,
-                   "kernels": sorted(a["kernels"]), "fallback_calls": a["fallback"]}
-                  for op, a in by_op.items()), key=lambda r: -r["total_us"])
+    hot = sorted(
+        (
+            {
+                "op": op,
+                "calls": a["calls"],
+                "total_us": a["us"],
+                "pct": 100 * a["us"] / total,
+                "kernels": sorted(a["kernels"]),
+                "fallback_calls": a["fallback"],
+            }
+            for op, a in by_op.items()
+        ),
+        key=lambda r: -r["total_us"],
+    )
     streams, host_gap_total = [], 0.0
     for lane, evs in sorted(per_lane.items()):
         evs.sort(key=lambda e: e["ts"])
@@ -195,46 +218,76 @@ def analyze(trace: Trace, top: int = 10) -> dict:
             idle_start = prev["ts"] + prev["dur"]
             host_gap += max(0.0, min(nxt["ts"], queued) - idle_start)
         host_gap_total += host_gap
-        streams.append({"stream": trace.lanes[lane], "kernels": len(evs), "busy_us": busy, "span_us": span,
-                        "utilization_pct": 100 * busy / span if span > 0 else 100.0, "host_bound_gap_us": host_gap})
+        streams.append(
+            {
+                "stream": trace.lanes[lane],
+                "kernels": len(evs),
+                "busy_us": busy,
+                "span_us": span,
+                "utilization_pct": 100 * busy / span if span > 0 else 100.0,
+                "host_bound_gap_us": host_gap,
+            }
+        )
     fallbacks = [r["op"] for r in hot if r["fallback_calls"]]
     suggestions = []
     for r in hot:
         if r["fallback_calls"]:
-            suggestions.append(f"{r['op']} ran on the numpy reference fallback {r['fallback_calls']}x: "
-                               "no fast kernel applied to its shapes/dtypes (see `explain`)")
+            suggestions.append(
+                f"{r['op']} ran on the numpy reference fallback {r['fallback_calls']}x: "
+                "no fast kernel applied to its shapes/dtypes (see `explain`)"
+            )
     for k in trace.kernels:
         if k["name"] == "Conv" and "im2col" in str(k["args"].get("kernel", "")):
             shapes = k["args"].get("shapes") or []
             w = shapes[1] if len(shapes) > 1 and shapes[1] else None
             if w and len(w) == 4 and w[2] == w[3] == 3 and w[1] >= 16:
-                suggestions.append(f"Conv with weight {tuple(w)} used im2col; a Winograd F(4x4,3x3) kernel applies "
-                                   "to 3x3 stride-1 convolutions")
+                suggestions.append(
+                    f"Conv with weight {tuple(w)} used im2col; a Winograd F(4x4,3x3) kernel applies "
+                    "to 3x3 stride-1 convolutions"
+                )
                 break
     suggestions += _layout_suggestions(per_lane, total)
     for s in streams:
         if s["span_us"] > 0 and s["host_bound_gap_us"] > HOST_GAP_SHARE * s["span_us"]:
-            suggestions.append(f"{s['stream']} idled {s['host_bound_gap_us'] / 1e3:.2f} ms waiting for the host "
-                               f"({100 * s['host_bound_gap_us'] / s['span_us']:.0f}% of its span): reuse executors "
-                               "or compile the graph to cut host overhead")
+            suggestions.append(
+                f"{s['stream']} idled {s['host_bound_gap_us'] / 1e3:.2f} ms waiting for the host "
+                f"({100 * s['host_bound_gap_us'] / s['span_us']:.0f}% of its span): reuse executors "
+                "or compile the graph to cut host overhead"
+            )
     if not suggestions and hot:
         r = hot[0]
-        suggestions.append(f"most kernel time is in {r['op']} ({r['pct']:.0f}%, kernels {', '.join(r['kernels'])}): "
-                           "`opsnn explain MODEL` shows why each node runs its kernel and what was not chosen")
-    return {"hot_ops": hot[:top], "streams": streams, "fallback_ops": fallbacks,
-            "host_bound_gap_us": host_gap_total, "suggestions": suggestions, "kernel_events": len(trace.kernels)}
+        suggestions.append(
+            f"most kernel time is in {r['op']} ({r['pct']:.0f}%, kernels {', '.join(r['kernels'])}): "
+            "`opsnn explain MODEL` shows why each node runs its kernel and what was not chosen"
+        )
+    return {
+        "hot_ops": hot[:top],
+        "streams": streams,
+        "fallback_ops": fallbacks,
+        "host_bound_gap_us": host_gap_total,
+        "suggestions": suggestions,
+        "kernel_events": len(trace.kernels),
+    }
 
 
 def format_report(rep: dict) -> str:
-    lines = [f"kernel events: {rep['kernel_events']}", "", "hot ops:",
-             f"  {'op':24s} {'%':>6s} {'calls':>6s} {'total ms':>10s}  kernels"]
+    lines = [
+        f"kernel events: {rep['kernel_events']}",
+        "",
+        "hot ops:",
+        f"  {'op':24s} {'%':>6s} {'calls':>6s} {'total ms':>10s}  kernels",
+    ]
     for r in rep["hot_ops"]:
-        lines.append(f"  {r['op'][:24]:24s} {r['pct']:6.1f} {r['calls']:6d} {r['total_us'] / 1e3:10.3f}  "
-                     + ", ".join(r["kernels"]))
+        lines.append(
+            f"  {r['op'][:24]:24s} {r['pct']:6.1f} {r['calls']:6d} {r['total_us'] / 1e3:10.3f}  "
+            + ", ".join(r["kernels"])
+        )
     lines += ["", "streams:"]
     for s in rep["streams"]:
-        lines.append(f"  {s['stream']:20s} kernels {s['kernels']:6d}  busy {s['busy_us'] / 1e3:9.3f} ms  "
-                     f"utilization {s['utilization_pct']:5.1f}%  host-bound gaps {s['host_bound_gap_us'] / 1e3:.3f} ms")
+        lines.append(
+            f"  {s['stream']:20s} kernels {s['kernels']:6d}  busy {s['busy_us'] / 1e3:9.3f} ms  "
+            f"utilization {s['utilization_pct']:5.1f}%  host-bound gaps {s['host_bound_gap_us'] / 1e3:.3f} ms"
+        )
     lines += ["", "ops on the reference fallback: " + (", ".join(rep["fallback_ops"]) or "none")]
     lines += ["", "suggestions:"] + ([f"  - {s}" for s in rep["suggestions"]] or ["  none"])
     return "\n".join(lines)
@@ -267,18 +320,22 @@ def flamegraph_svg(trace: Trace, width: int = 1200) -> str:
     measure(tree, 0)
     row_h, total = 18, tree["value"] or 1.0
     height = (depth[0] + 1) * row_h + 30
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" '
-           f'font-size="11"><rect width="100%" height="100%" fill="#fff"/>'
-           f'<text x="4" y="14">opsnn flame graph (kernel time; regions &gt; ops &gt; kernels)</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" '
+        f'font-size="11"><rect width="100%" height="100%" fill="#fff"/>'
+        f'<text x="4" y="14">opsnn flame graph (kernel time; regions &gt; ops &gt; kernels)</text>'
+    ]
 
     def draw(n, x, d):
         w = n["value"] / total * width
         y = height - (d + 1) * row_h
         hue = (hash(n["name"]) % 40) + 10
         label = html.escape(n["name"])
-        out.append(f'<g><title>{label}: {n["value"] / 1e3:.3f} ms ({100 * n["value"] / total:.1f}%)</title>'
-                   f'<rect x="{x:.2f}" y="{y}" width="{max(w - 0.5, 0.1):.2f}" height="{row_h - 1}" '
-                   f'fill="hsl({hue},85%,60%)"/>')
+        out.append(
+            f"<g><title>{label}: {n['value'] / 1e3:.3f} ms ({100 * n['value'] / total:.1f}%)</title>"
+            f'<rect x="{x:.2f}" y="{y}" width="{max(w - 0.5, 0.1):.2f}" height="{row_h - 1}" '
+            f'fill="hsl({hue},85%,60%)"/>'
+        )
         if w > 40:
             out.append(f'<text x="{x + 3:.2f}" y="{y + 12}">{label[: int(w / 7)]}</text>')
         out.append("</g>")
@@ -483,10 +540,23 @@ layout();
 
 #: colours for op families (kernel events) and host phases, in legend order; others cycle through the rest
 _FAMILY_COLOURS = {
-    "conv": "#f4a261", "matmul": "#e76f51", "attention": "#d62828", "activation": "#90be6d",
-    "elementwise": "#43aa8b", "norm": "#577590", "pool": "#9b5de5", "reduction": "#f9c74f",
-    "shape": "#bdbdbd", "layout": "#a3a3a3", "rnn": "#f15bb5", "loss": "#00bbf9", "quant": "#fee440",
-    "prepare": "#cfd8dc", "compile": "#b0bec5", "pass": "#90a4ae", "run": "#ffccbc",
+    "conv": "#f4a261",
+    "matmul": "#e76f51",
+    "attention": "#d62828",
+    "activation": "#90be6d",
+    "elementwise": "#43aa8b",
+    "norm": "#577590",
+    "pool": "#9b5de5",
+    "reduction": "#f9c74f",
+    "shape": "#bdbdbd",
+    "layout": "#a3a3a3",
+    "rnn": "#f15bb5",
+    "loss": "#00bbf9",
+    "quant": "#fee440",
+    "prepare": "#cfd8dc",
+    "compile": "#b0bec5",
+    "pass": "#90a4ae",
+    "run": "#ffccbc",
 }
 _SPARE_COLOURS = ["#8ecae6", "#ffb703", "#adc178", "#cdb4db", "#ffafcc", "#a2d2ff", "#e9c46a", "#84a98c"]
 
@@ -507,8 +577,14 @@ def timeline_html(trace: Trace, max_events: int = 50_000) -> str:
     regions, runs = [], []
     for e in trace.host:
         if e["cat"] == "region":
-            regions.append({"name": e["name"], "ts": e["ts"], "dur": e["dur"],
-                            "info": f"region {e['name']}  {e['dur'] / 1e3:.3f} ms"})
+            regions.append(
+                {
+                    "name": e["name"],
+                    "ts": e["ts"],
+                    "dur": e["dur"],
+                    "info": f"region {e['name']}  {e['dur'] / 1e3:.3f} ms",
+                }
+            )
         elif e["cat"] == "run":
             runs.append({"name": e["name"], "ts": e["ts"]})
     laned = [e for e in everything if id(e) in kernel_ids or e["cat"] not in ("region", "run")]
@@ -523,18 +599,41 @@ def timeline_html(trace: Trace, max_events: int = 50_000) -> str:
         for key in ("kernel", "shapes", "dtypes", "flops", "bytes", "reason"):
             if args.get(key) not in (None, [], 0, ""):
                 info.append(f"{key}: {args[key]}")
-        events.append({"name": e["name"], "lane": e["lane"], "ts": e["ts"], "dur": e["dur"], "family": fam,
-                       "fallback": bool(args.get("fallback")), "info": "\n".join(info)})
+        events.append(
+            {
+                "name": e["name"],
+                "lane": e["lane"],
+                "ts": e["ts"],
+                "dur": e["dur"],
+                "family": fam,
+                "fallback": bool(args.get("fallback")),
+                "info": "\n".join(info),
+            }
+        )
     order = {f: i for i, f in enumerate(_FAMILY_COLOURS)}
     families = dict(sorted(families.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
     t0 = min((e["ts"] for e in everything), default=0.0)
     t1 = max((e["ts"] + e["dur"] for e in everything), default=1.0)
     rep = analyze(trace)
     host_lanes = {h["lane"] for h in trace.host}
-    summary = {"span_us": max(t1 - t0, 0.0), "kernel_us": sum(k["dur"] for k in trace.kernels),
-               "kernels": len(trace.kernels), "streams": len(rep["streams"]), "host_threads": len(host_lanes),
-               "busy": [{"lane": s["stream"], "pct": 100 * s["busy_us"] / max(t1 - t0, 1e-9)} for s in rep["streams"]]}
-    data = {"lanes": trace.lanes, "events": events, "t0": t0, "t1": t1, "top": rep["hot_ops"],
-            "families": families, "regions": regions, "runs": runs, "summary": summary}
+    summary = {
+        "span_us": max(t1 - t0, 0.0),
+        "kernel_us": sum(k["dur"] for k in trace.kernels),
+        "kernels": len(trace.kernels),
+        "streams": len(rep["streams"]),
+        "host_threads": len(host_lanes),
+        "busy": [{"lane": s["stream"], "pct": 100 * s["busy_us"] / max(t1 - t0, 1e-9)} for s in rep["streams"]],
+    }
+    data = {
+        "lanes": trace.lanes,
+        "events": events,
+        "t0": t0,
+        "t1": t1,
+        "top": rep["hot_ops"],
+        "families": families,
+        "regions": regions,
+        "runs": runs,
+        "summary": summary,
+    }
     payload = json.dumps(data).replace("</", "<\\/")  # never close the script tag early
     return _TIMELINE_TEMPLATE.replace("__DATA__", payload)

@@ -14,6 +14,7 @@ compiled again for each concrete shape it meets (no opsnn symbolic dims yet).
 
 torch is an optional dependency: nothing here imports it until the backend is used.
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,8 +39,10 @@ def _torch():
     try:
         import torch
     except ImportError:
-        raise TorchNotInstalledError("opsnn.frontends.torch: the 'opsnn' torch.compile backend needs PyTorch; "
-                                     "install it with `pip install opsnn[torch]`") from None
+        raise TorchNotInstalledError(
+            "opsnn.frontends.torch: the 'opsnn' torch.compile backend needs PyTorch; "
+            "install it with `pip install opsnn[torch]`"
+        ) from None
     return torch
 
 
@@ -47,9 +50,9 @@ def _torch():
 class Report:
     """What one backend call did: partitions run on opsnn, nodes left to torch and why, kernels."""
 
-    partitions: list = field(default_factory=list)   # (name, [aten ops], CompiledGraph)
-    fallbacks: list = field(default_factory=list)    # (node name, aten target, reason)
-    whole_graph_reason: str = ""                      # set when the whole graph runs in torch
+    partitions: list = field(default_factory=list)  # (name, [aten ops], CompiledGraph)
+    fallbacks: list = field(default_factory=list)  # (node name, aten target, reason)
+    whole_graph_reason: str = ""  # set when the whole graph runs in torch
 
     def __str__(self) -> str:
         lines = []
@@ -178,11 +181,11 @@ def _compile(torch, gm, example_inputs, report: Report):
     # traced on fake tensors of fixed shapes (a real trace would run the graph, mutating inputs and
     # buffers once more), functionalized, decomposed to core ATen
     fake_mode = FakeTensorMode()
-    fakes = [fake_mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
-             for x in example_inputs]
+    fakes = [fake_mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in example_inputs]
     with fake_mode:
-        traced = make_fx(torch.func.functionalize(gm, remove="mutations_and_views"),
-                         decomposition_table=core_aten_decompositions())(*fakes)
+        traced = make_fx(
+            torch.func.functionalize(gm, remove="mutations_and_views"), decomposition_table=core_aten_decompositions()
+        )(*fakes)
     # parameters and buffers become constants: get_attr nodes over the real tensors
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     for k, (node, is_static) in enumerate(zip(placeholders, static)):
@@ -217,8 +220,9 @@ def _compile(torch, gm, example_inputs, report: Report):
                 if node.target is _getitem_op():
                     src, i = node.args
                     first_only = getattr(table.get(src.target), "first_only", False)
-                    why = verdict(src) or ("" if i == 0 or not first_only
-                                           else f"output {i} of {src.target} is not computed on opsnn")
+                    why = verdict(src) or (
+                        "" if i == 0 or not first_only else f"output {i} of {src.target} is not computed on opsnn"
+                    )
                 else:
                     _aten.check_dtypes(node)
                     adapter(node, _aten.Emit(_ProbeGraph(), probe=True))
@@ -238,8 +242,11 @@ def _compile(torch, gm, example_inputs, report: Report):
             return node.op == "call_function" and not verdict(node)
 
     for node in traced.graph.nodes:
-        if node.op == "call_function" and verdict(node) and not (node.target is _getitem_op()
-                                                                  and verdict(node.args[0])):
+        if (
+            node.op == "call_function"
+            and verdict(node)
+            and not (node.target is _getitem_op() and verdict(node.args[0]))
+        ):
             _fallback(report, node.name, node.target, verdict(node))
     partitioned = CapabilityBasedPartitioner(traced, Support(), allows_single_node_partition=True).partition_and_fuse()
     for node in list(partitioned.graph.nodes):
@@ -317,7 +324,7 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
             as_tuple = isinstance(result, (tuple, list))
             expected = [_aten._shape(r) for r in (result if as_tuple else [result])]
             seen = set(g.initializers) | set(g.input_names)
-            for r in (result if as_tuple else [result]):
+            for r in result if as_tuple else [result]:
                 out = emit.name(r)
                 if out in seen:  # a graph output that is an input, a constant or an earlier output: a copy of it
                     copy = g.unique_name(f"{out}_out")
@@ -352,8 +359,11 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
             for out_name, arr in zip(self.cg.output_names, arrays):
                 # a constant output (a weight, or folded at plan time) is the same array every call, and
                 # an output may be an input's memory: torch gets copies of those, fresh arrays as they are
-                if out_name in self.cg.graph.initializers or (plan is not None and out_name in plan.folded) \
-                        or any(np.may_share_memory(arr, f) for f in feeds):
+                if (
+                    out_name in self.cg.graph.initializers
+                    or (plan is not None and out_name in plan.folded)
+                    or any(np.may_share_memory(arr, f) for f in feeds)
+                ):
                     arr = arr.copy()
                 outs.append(torch.from_numpy(arr))
             got = [tuple(o.shape) for o in outs]

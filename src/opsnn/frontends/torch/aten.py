@@ -6,6 +6,7 @@ op-record nodes it lowered to. It raises :class:`Unsupported` with a reason when
 arguments ask for something the record does not compute exactly as ATen does: that node runs
 in torch instead.
 """
+
 from __future__ import annotations
 
 import operator
@@ -106,6 +107,7 @@ def _unary(op):
         if len(n.args) != 1 or n.kwargs:
             raise Unsupported("extra arguments")
         return [Node(op, [e.name(n.args[0])], [e.out(n)])]
+
     return adapt
 
 
@@ -115,6 +117,7 @@ def _binary(op):
             raise Unsupported("alpha != 1")
         a, b = n.args[:2]
         return [Node(op, [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+
     return adapt
 
 
@@ -171,8 +174,13 @@ def _convolution(n, e):
         raise Unsupported("transposed convolution (not mapped yet)")
     k = _rank(w) - 2
     pads = _pairs(padding, k)
-    attrs = {"strides": _pairs(stride, k), "pads": pads + pads, "dilations": _pairs(dilation, k),
-             "group": int(groups), "kernel_shape": list(_shape(w)[2:])}
+    attrs = {
+        "strides": _pairs(stride, k),
+        "pads": pads + pads,
+        "dilations": _pairs(dilation, k),
+        "group": int(groups),
+        "kernel_shape": list(_shape(w)[2:]),
+    }
     return [Node("Conv", [e.name(x), e.name(w), e.name(b)], [e.out(n)], attrs)]
 
 
@@ -182,8 +190,14 @@ def _batch_norm_eval(n, e):
         raise Unsupported("batch norm without affine weights")
     y, m, r = e.outs(n, 3)
     e.names[n] = (y, None, None)  # the saved mean / rstd outputs are not computed here
-    return [Node("BatchNormalization", [e.name(x), e.name(weight), e.name(bias), e.name(mean), e.name(var)], [y],
-                 {"epsilon": float(eps)})]
+    return [
+        Node(
+            "BatchNormalization",
+            [e.name(x), e.name(weight), e.name(bias), e.name(mean), e.name(var)],
+            [y],
+            {"epsilon": float(eps)},
+        )
+    ]
 
 
 def _batch_norm(n, e):
@@ -194,8 +208,14 @@ def _batch_norm(n, e):
         raise Unsupported("batch norm without affine weights or running statistics")
     y, _, _ = e.outs(n, 3)
     e.names[n] = (y, None, None)
-    return [Node("BatchNormalization", [e.name(x), e.name(weight), e.name(bias), e.name(mean), e.name(var)], [y],
-                 {"epsilon": float(eps)})]
+    return [
+        Node(
+            "BatchNormalization",
+            [e.name(x), e.name(weight), e.name(bias), e.name(mean), e.name(var)],
+            [y],
+            {"epsilon": float(eps)},
+        )
+    ]
 
 
 def _split(n, e):
@@ -218,8 +238,13 @@ def _max_pool2d_with_indices(n, e):
     pads = _pairs(padding, 2)
     y, _ = e.outs(n, 2)
     e.names[n] = (y, None)  # torch's indices (per plane) differ from ONNX's (flat): never mapped
-    attrs = {"kernel_shape": ks, "strides": _pairs(stride, 2) if stride else ks, "pads": pads + pads,
-             "dilations": _pairs(dilation, 2), "ceil_mode": int(bool(ceil_mode))}
+    attrs = {
+        "kernel_shape": ks,
+        "strides": _pairs(stride, 2) if stride else ks,
+        "pads": pads + pads,
+        "dilations": _pairs(dilation, 2),
+        "ceil_mode": int(bool(ceil_mode)),
+    }
     return [Node("MaxPool", [e.name(x)], [y], attrs)]
 
 
@@ -230,8 +255,11 @@ def _layer_norm(n, e):
     y, _, _ = e.outs(n, 3)
     e.names[n] = (y, None, None)
     axis = _rank(x) - len(shape)
-    return [Node("LayerNormalization", [e.name(x), e.name(weight), e.name(bias)], [y],
-                 {"axis": axis, "epsilon": float(eps)})]
+    return [
+        Node(
+            "LayerNormalization", [e.name(x), e.name(weight), e.name(bias)], [y], {"axis": axis, "epsilon": float(eps)}
+        )
+    ]
 
 
 def _softmax(op):
@@ -240,6 +268,7 @@ def _softmax(op):
         if half_to_float:
             raise Unsupported("half_to_float")
         return [Node(op, [e.name(x)], [e.out(n)], {"axis": int(dim)})]
+
     return adapt
 
 
@@ -259,6 +288,7 @@ def _reduce(op):
             dims = list(range(_rank(x)))
         axes = e.const("axes", np.array([int(d) for d in dims], np.int64))
         return [Node(op, [e.name(x), axes], [e.out(n)], {"keepdims": int(bool(keepdim))})]
+
     return adapt
 
 
@@ -280,8 +310,12 @@ def _avg_pool2d(n, e):
     if _kw(n, 6, "divisor_override", None) is not None:
         raise Unsupported("divisor_override")
     ks, pads = _pairs(kernel, 2), _pairs(padding, 2)
-    attrs = {"kernel_shape": ks, "strides": _pairs(stride, 2) if stride else ks, "pads": pads + pads,
-             "count_include_pad": int(bool(_kw(n, 5, "count_include_pad", True)))}
+    attrs = {
+        "kernel_shape": ks,
+        "strides": _pairs(stride, 2) if stride else ks,
+        "pads": pads + pads,
+        "count_include_pad": int(bool(_kw(n, 5, "count_include_pad", True))),
+    }
     return [Node("AveragePool", [e.name(x)], [e.out(n)], attrs)]
 
 
@@ -299,6 +333,7 @@ def _clip(lo_key: str, hi_key: str, lo_default, hi_default):
             raise Unsupported("min > max")  # torch then gives max everywhere; Clip's rule may differ
         ins = [e.name(n.args[0]), "" if lo is None else e.scalar("min", lo), "" if hi is None else e.scalar("max", hi)]
         return [Node("Clip", ins, [e.out(n)])]
+
     return adapt
 
 
@@ -334,21 +369,21 @@ def _table():
 
     aten = torch.ops.aten
     return {
-        aten.convolution.default: _convolution,                              # -> Conv
+        aten.convolution.default: _convolution,  # -> Conv
         aten._native_batch_norm_legit_no_training.default: _batch_norm_eval,  # -> BatchNormalization
-        aten.native_batch_norm.default: _batch_norm,                         # -> BatchNormalization (eval)
-        aten.max_pool2d_with_indices.default: _max_pool2d_with_indices,      # -> MaxPool (values only)
-        aten.native_layer_norm.default: _layer_norm,                         # -> LayerNormalization
-        aten.addmm.default: _addmm,                                          # -> MatMul + Add
-        aten.mm.default: _matmul,                                            # -> MatMul
-        aten.bmm.default: _matmul,                                           # -> MatMul
-        aten.avg_pool2d.default: _avg_pool2d,                                # -> AveragePool
-        aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,             # -> GlobalAveragePool (1x1)
-        aten.cat.default: _cat,                                              # -> Concat
+        aten.native_batch_norm.default: _batch_norm,  # -> BatchNormalization (eval)
+        aten.max_pool2d_with_indices.default: _max_pool2d_with_indices,  # -> MaxPool (values only)
+        aten.native_layer_norm.default: _layer_norm,  # -> LayerNormalization
+        aten.addmm.default: _addmm,  # -> MatMul + Add
+        aten.mm.default: _matmul,  # -> MatMul
+        aten.bmm.default: _matmul,  # -> MatMul
+        aten.avg_pool2d.default: _avg_pool2d,  # -> AveragePool
+        aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,  # -> GlobalAveragePool (1x1)
+        aten.cat.default: _cat,  # -> Concat
         aten.relu.default: _unary("Relu"),
-        aten.hardtanh.default: _clip("min_val", "max_val", -1.0, 1.0),       # -> Clip
-        aten.clamp.default: _clip("min", "max", None, None),                 # -> Clip
-        aten.leaky_relu.default: _leaky_relu,                                # -> LeakyRelu
+        aten.hardtanh.default: _clip("min_val", "max_val", -1.0, 1.0),  # -> Clip
+        aten.clamp.default: _clip("min", "max", None, None),  # -> Clip
+        aten.leaky_relu.default: _leaky_relu,  # -> LeakyRelu
         aten.sigmoid.default: _unary("Sigmoid"),
         aten.tanh.default: _unary("Tanh"),
         aten.exp.default: _unary("Exp"),
@@ -358,30 +393,30 @@ def _table():
         aten.erf.default: _unary("Erf"),
         aten.reciprocal.default: _unary("Reciprocal"),
         aten.sqrt.default: _unary("Sqrt"),
-        aten.gelu.default: _gelu,                                            # -> Gelu
+        aten.gelu.default: _gelu,  # -> Gelu
         aten._softmax.default: _softmax("Softmax"),
         aten._log_softmax.default: _softmax("LogSoftmax"),
         aten.add.Tensor: _binary("Add"),
         aten.mul.Tensor: _binary("Mul"),
         aten.div.Tensor: _binary("Div"),
         aten.sub.Tensor: _sub,
-        aten.view.default: _reshape,                                         # -> Reshape
-        aten._unsafe_view.default: _reshape,                                 # -> Reshape
-        aten.reshape.default: _reshape,                                      # -> Reshape
-        aten.view_copy.default: _reshape,                                    # -> Reshape
-        aten.unsqueeze.default: _reshape,                                    # -> Reshape
-        aten.unsqueeze_copy.default: _reshape,                               # -> Reshape
-        aten.squeeze.dims: _reshape,                                         # -> Reshape
-        aten.squeeze_copy.dims: _reshape,                                    # -> Reshape
-        aten.expand.default: _expand,                                        # -> Expand
-        aten.expand_copy.default: _expand,                                   # -> Expand
-        aten.permute_copy.default: _permute,                                 # -> Transpose
-        aten.split.Tensor: _split,                                           # -> Split
-        aten.split_copy.Tensor: _split,                                      # -> Split
-        aten.split_with_sizes.default: _split,                               # -> Split
-        aten.split_with_sizes_copy.default: _split,                          # -> Split
-        aten.permute.default: _permute,                                      # -> Transpose
-        aten.clone.default: _clone,                                          # -> Identity
+        aten.view.default: _reshape,  # -> Reshape
+        aten._unsafe_view.default: _reshape,  # -> Reshape
+        aten.reshape.default: _reshape,  # -> Reshape
+        aten.view_copy.default: _reshape,  # -> Reshape
+        aten.unsqueeze.default: _reshape,  # -> Reshape
+        aten.unsqueeze_copy.default: _reshape,  # -> Reshape
+        aten.squeeze.dims: _reshape,  # -> Reshape
+        aten.squeeze_copy.dims: _reshape,  # -> Reshape
+        aten.expand.default: _expand,  # -> Expand
+        aten.expand_copy.default: _expand,  # -> Expand
+        aten.permute_copy.default: _permute,  # -> Transpose
+        aten.split.Tensor: _split,  # -> Split
+        aten.split_copy.Tensor: _split,  # -> Split
+        aten.split_with_sizes.default: _split,  # -> Split
+        aten.split_with_sizes_copy.default: _split,  # -> Split
+        aten.permute.default: _permute,  # -> Transpose
+        aten.clone.default: _clone,  # -> Identity
         aten.sum.dim_IntList: _reduce("ReduceSum"),
         aten.sum.default: _reduce("ReduceSum"),
         aten.mean.dim: _reduce("ReduceMean"),

@@ -23,6 +23,7 @@ neighbouring rows read along the axis with stride ``inner``: every load is a con
 run, and the loops vectorize across the rows. A few very long rows are split into parts
 whose ``(m, s)`` pairs merge exactly.
 """
+
 from __future__ import annotations
 
 import math
@@ -125,6 +126,7 @@ def _float64_impl(fn):
 @overload(fexp, jit_options=_NJIT_INNER)
 def _ov_fexp(x):
     if x == types.float32:
+
         def impl(x):
             # exp(x) = 2^k exp(r), k = round(x / ln 2), |r| <= ln2 / 2 (ln 2 split in two so r is exact);
             # exp(r) by its Taylor series to r^7 (remainder < 6e-9 relative); 2^k as two factors so
@@ -143,6 +145,7 @@ def _ov_fexp(x):
             p = p * r + F32(1.0)
             k1 = np.floor(k * F32(0.5))
             return p * _exp2_int(k1) * _exp2_int(k - k1)
+
         return impl
     if isinstance(x, types.Float):
         return _float64_impl(math.exp)
@@ -151,6 +154,7 @@ def _ov_fexp(x):
 @overload(fexpm1, jit_options=_NJIT_INNER, inline="always")
 def _ov_fexpm1(x):
     if x == types.float32:
+
         def impl(x):
             # |x| < 1/2: x + x^2 (1/2 + x/6 + ... + x^7/9!) has no cancellation; else exp(x) - 1
             p = F32(1.0 / 362880.0)
@@ -164,6 +168,7 @@ def _ov_fexpm1(x):
             small = x + x * x * p
             big = fexp(x) - F32(1.0)
             return small if abs(x) < F32(0.5) else big
+
         return impl
     if isinstance(x, types.Float):
         return _float64_impl(math.expm1)
@@ -172,6 +177,7 @@ def _ov_fexpm1(x):
 @overload(ftanh, jit_options=_NJIT_INNER, inline="always")
 def _ov_ftanh(x):
     if x == types.float32:
+
         def impl(x):
             # tanh|x| = t / (t + 2), t = expm1(2|x|); tanh rounds to 1 beyond |x| = 9
             ax = abs(x)
@@ -180,6 +186,7 @@ def _ov_ftanh(x):
             y = F32(1.0) if ax > F32(9.0) else y
             neg = -y if x < F32(0.0) else x  # x itself for +-0 and NaN
             return y if x > F32(0.0) else neg
+
         return impl
     if isinstance(x, types.Float):
         return _float64_impl(math.tanh)
@@ -188,6 +195,7 @@ def _ov_ftanh(x):
 @overload(flog1p_unit, jit_options=_NJIT_INNER, inline="always")
 def _ov_flog1p_unit(x):
     if x == types.float32:
+
         def impl(x):
             # log(1 + x) = 2 atanh(s), s = x / (2 + x) <= 1/3: the odd series to s^15 (< 2e-9 relative)
             s = x / (F32(2.0) + x)
@@ -201,6 +209,7 @@ def _ov_flog1p_unit(x):
             p = p * z + F32(1.0 / 3.0)
             p = p * z + F32(1.0)
             return F32(2.0) * s * p
+
         return impl
     if isinstance(x, types.Float):
         return _float64_impl(math.log1p)
@@ -209,6 +218,7 @@ def _ov_flog1p_unit(x):
 @overload(fphi, jit_options=_NJIT_INNER, inline="always")
 def _ov_fphi(x):
     if x == types.float32:
+
         def impl(x):
             # erfc(z) = t exp(P(t) - z^2), t = 2 / (2 + z), z = |x| / sqrt 2 >= 0. P is a degree-10
             # least-squares fit (in float64, Chebyshev basis, on z in [0, 10.5]) of log(erfc(z) e^{z^2} / t);
@@ -229,28 +239,29 @@ def _ov_fphi(x):
             p = (q0 + q1 * t2) + (q2 + q3 * t2) * t4 + r2 * (t4 * t4)
             half_erfc = F32(0.5) * t * fexp(p - x * x * F32(0.5))
             return half_erfc if x < F32(0.0) else F32(1.0) - half_erfc
+
         return impl
     if isinstance(x, types.Float):
         return lambda x: 0.5 * math.erfc(-x * 0.7071067811865476)
 
 
 # -- op codes of the shared pointwise kernel -------------------------------------------------------
-LEAKY_RELU = 1          # a = alpha
+LEAKY_RELU = 1  # a = alpha
 GELU_ERF = 2
 GELU_TANH = 3
-SWISH = 4               # a = alpha
+SWISH = 4  # a = alpha
 SIGMOID = 5
 TANH = 6
 SOFTPLUS = 7
 HARD_SWISH = 8
-ELU = 9                 # a = alpha
-SELU = 10               # a = alpha, b = gamma
-CELU = 11               # a = alpha
+ELU = 9  # a = alpha
+SELU = 10  # a = alpha, b = gamma
+CELU = 11  # a = alpha
 MISH = 12
-HARD_SIGMOID = 13       # a = alpha, b = beta
-THRESHOLDED_RELU = 14   # a = alpha
+HARD_SIGMOID = 13  # a = alpha, b = beta
+THRESHOLDED_RELU = 14  # a = alpha
 SOFTSIGN = 15
-SHRINK = 16             # a = lambd, b = bias
+SHRINK = 16  # a = lambd, b = bias
 
 #: ops that evaluate a transcendental per element
 COSTLY = frozenset({GELU_ERF, GELU_TANH, SWISH, SIGMOID, TANH, SOFTPLUS, ELU, SELU, CELU, MISH})
@@ -415,7 +426,7 @@ def map_chunk(x, out, lo, hi, op, a, b):
     tmp = np.empty(min(SCRATCH, max(hi - lo, 0)), x.dtype)
     for s in range(lo, hi, SCRATCH):
         e = min(s + SCRATCH, hi)
-        t = tmp[:e - s]
+        t = tmp[: e - s]
         map_span(x[s:e], t, op, a, b)
         out[s:e] = t
 
@@ -552,7 +563,7 @@ def prelu_chunk(x, slope, out, lo, hi, inner):
                 v = xs[k]
                 ys[k] = v * s if v < zero else v
         else:
-            ss = slope[i - r * seg:end - r * seg]
+            ss = slope[i - r * seg : end - r * seg]
             for k in range(xs.size):
                 v = xs[k]
                 ys[k] = v * ss[k] if v < zero else v
@@ -581,10 +592,10 @@ def prelu_layout(x_shape: tuple, s_shape: tuple):
     if first < 0:
         return 1, max(1, math.prod(x_shape))
     last = pattern.rfind("F")
-    if "B" in pattern[first:last + 1]:
+    if "B" in pattern[first : last + 1]:
         return None
-    c = math.prod(d for _, d in kinds[first:last + 1])
-    inner = math.prod(d for _, d in kinds[last + 1:])
+    c = math.prod(d for _, d in kinds[first : last + 1])
+    inner = math.prod(d for _, d in kinds[last + 1 :])
     return c, max(1, inner)
 
 
@@ -638,13 +649,13 @@ def swiglu_plan(ctx):
 @nb.njit(parallel=True, **_NJIT)
 def swiglu_rows_parallel(g, gs, v, vs, out, n, alpha):
     for r in nb.prange(out.size // n):
-        swiglu_chunk(g[r * gs:r * gs + n], v[r * vs:r * vs + n], out[r * n:(r + 1) * n], 0, n, alpha)
+        swiglu_chunk(g[r * gs : r * gs + n], v[r * vs : r * vs + n], out[r * n : (r + 1) * n], 0, n, alpha)
 
 
 @nb.njit(**_NJIT)
 def swiglu_rows(g, gs, v, vs, out, n, alpha):
     for r in range(out.size // n):
-        swiglu_chunk(g[r * gs:r * gs + n], v[r * vs:r * vs + n], out[r * n:(r + 1) * n], 0, n, alpha)
+        swiglu_chunk(g[r * gs : r * gs + n], v[r * vs : r * vs + n], out[r * n : (r + 1) * n], 0, n, alpha)
 
 
 def _span(x: np.ndarray):
@@ -675,8 +686,9 @@ def swiglu(ins, outs, attrs, plan, ws):
     if not (g.flags.c_contiguous and v.flags.c_contiguous):
         gs, vs = _span(g), _span(v)
         if gs is not None and vs is not None and out.flags.c_contiguous and g.shape == v.shape == out.shape:
-            (swiglu_rows_parallel if chunk else swiglu_rows)(gs[0], gs[1], vs[0], vs[1], out.reshape(-1),
-                                                             out.shape[-1], alpha)
+            (swiglu_rows_parallel if chunk else swiglu_rows)(
+                gs[0], gs[1], vs[0], vs[1], out.reshape(-1), out.shape[-1], alpha
+            )
             return
         g, v = np.ascontiguousarray(g), np.ascontiguousarray(v)
     g, v = g.reshape(-1), v.reshape(-1)
@@ -761,7 +773,7 @@ def _row_rescale(yr, cms, m, s):
         return
     n = yr.size
     for c in range(cms.size):
-        ys = yr[c * SOFTMAX_CHUNK:min((c + 1) * SOFTMAX_CHUNK, n)]
+        ys = yr[c * SOFTMAX_CHUNK : min((c + 1) * SOFTMAX_CHUNK, n)]
         f = ys.dtype.type(math.exp(cms[c] - m) / s)
         for k in range(ys.size):
             ys[k] *= f
@@ -813,7 +825,7 @@ def _block_rows(x, out, base, n, inner, w, log):
         k1 = min(k0 + SOFTMAX_STEPS, n)
         cm[:] = m
         for k in range(k0, k1):
-            xs = x[base + k * inner:base + k * inner + w]
+            xs = x[base + k * inner : base + k * inner + w]
             for j in range(w):
                 cm[j] = _fmax(cm[j], xs[j])
         for j in range(w):
@@ -821,7 +833,7 @@ def _block_rows(x, out, base, n, inner, w, log):
                 s[j] *= fexp(m[j] - cm[j])
                 m[j] = cm[j]
         for k in range(k0, k1):
-            _exp_shifted_lanes(x[base + k * inner:base + k * inner + w], m, e)
+            _exp_shifted_lanes(x[base + k * inner : base + k * inner + w], m, e)
             for j in range(w):
                 s[j] += e[j]
     for j in range(w):
@@ -831,16 +843,17 @@ def _block_rows(x, out, base, n, inner, w, log):
         for j in range(w):
             e[j] = math.log(s[j])
         for k in range(n):
-            xs = x[base + k * inner:base + k * inner + w]
-            ys = out[base + k * inner:base + k * inner + w]
+            xs = x[base + k * inner : base + k * inner + w]
+            ys = out[base + k * inner : base + k * inner + w]
             for j in range(w):
                 ys[j] = (xs[j] - m[j]) - e[j]
     else:
         for j in range(w):
             e[j] = x.dtype.type(1.0) / s[j]
         for k in range(n):
-            _softmax_lanes(x[base + k * inner:base + k * inner + w], m, e,
-                           out[base + k * inner:base + k * inner + w])
+            _softmax_lanes(
+                x[base + k * inner : base + k * inner + w], m, e, out[base + k * inner : base + k * inner + w]
+            )
 
 
 @nb.njit(**_NJIT)
@@ -870,7 +883,7 @@ def softmax_item(x, out, item, n, inner, nblocks, log, parts, phase, stats, nch)
         off = 0
     xr = x[lo:hi]
     yr = out[lo:hi]
-    cms = stats[off + item * nch:off + (item + 1) * nch]
+    cms = stats[off + item * nch : off + (item + 1) * nch]
     if phase == 0:
         m, s = _row_stats(xr, yr, cms)
         if parts > 1:
@@ -945,7 +958,7 @@ def softmax_plan(ctx, axis: int, log: bool) -> SoftmaxPlan:
     shape = ctx.shape(0)
     outer = math.prod(shape[:axis])
     n = shape[axis]
-    inner = math.prod(shape[axis + 1:])
+    inner = math.prod(shape[axis + 1 :])
     total = outer * n * inner
     if total == 0:
         return SoftmaxPlan("empty", 0, n, inner, 1, log, 1, 0, 0)
@@ -958,8 +971,7 @@ def softmax_plan(ctx, axis: int, log: bool) -> SoftmaxPlan:
         per_part = -(-n // parts)  # ceil(n / parts)
         nch = 0 if log else -(-per_part // SOFTMAX_CHUNK)
         items = outer * parts
-        return SoftmaxPlan("split", items, n, inner, outer, log, parts, nch,
-                           8 * (2 * (items + outer) + items * nch))
+        return SoftmaxPlan("split", items, n, inner, outer, log, parts, nch, 8 * (2 * (items + outer) + items * nch))
     nch = -(-n // SOFTMAX_CHUNK) if inner == 1 and not log and n > SOFTMAX_CHUNK else 0
     return SoftmaxPlan("parallel" if parallel else "serial", items, n, inner, nblocks, log, 1, nch, 8 * items * nch)
 
@@ -986,7 +998,7 @@ def softmax(ins, outs, attrs, plan, ws):
 # -- Hardmax ------------------------------------------------------------------------------------------------
 def hardmax_plan(ctx, axis: int) -> tuple:
     shape = ctx.shape(0)
-    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
 
 
 def hardmax_numpy(ins, outs, attrs, plan, ws):

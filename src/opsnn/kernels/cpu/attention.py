@@ -13,6 +13,7 @@ Masks reach the kernel as one fp32 additive bias of rank 4 in its *own* (unbroad
 shape: dims of size 1 broadcast through zero index multipliers, and keys at or past the
 mask's last dim count as masked (ONNX pads a short mask with ``-inf``).
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,9 @@ _FM = {"reassoc", "contract", "arcp", "nsz"}
 
 
 @nb.njit(nogil=True, cache=True, fastmath=_FM)
-def _attend_task(task, q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
-                 group, nqb, BQ, BK):
+def _attend_task(
+    task, q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, group, nqb, BQ, BK
+):
     B, Hq, Sq, D = q.shape
     T = k.shape[2]
     Dv = v.shape[3]
@@ -130,21 +132,61 @@ def _attend_task(task, q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def flash_parallel(q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
-                   group, nqb, BQ, BK):
+def flash_parallel(
+    q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, group, nqb, BQ, BK
+):
     n = q.shape[0] * q.shape[1] * nqb
     for t in nb.prange(n):
-        _attend_task(np.int64(t), q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale,
-                     softcap, group, nqb, BQ, BK)
+        _attend_task(
+            np.int64(t),
+            q,
+            k,
+            v,
+            y,
+            y_bshd,
+            mask,
+            has_mask,
+            kvlen,
+            offset,
+            causal,
+            left,
+            right,
+            scale,
+            softcap,
+            group,
+            nqb,
+            BQ,
+            BK,
+        )
 
 
 @nb.njit(nogil=True, cache=True)
-def flash_serial(q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
-                 group, nqb, BQ, BK):
+def flash_serial(
+    q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, group, nqb, BQ, BK
+):
     n = q.shape[0] * q.shape[1] * nqb
     for task in range(n):
-        _attend_task(task, q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale,
-                     softcap, group, nqb, BQ, BK)
+        _attend_task(
+            task,
+            q,
+            k,
+            v,
+            y,
+            y_bshd,
+            mask,
+            has_mask,
+            kvlen,
+            offset,
+            causal,
+            left,
+            right,
+            scale,
+            softcap,
+            group,
+            nqb,
+            BQ,
+            BK,
+        )
 
 
 @nb.njit(nogil=True, cache=True)
@@ -261,8 +303,9 @@ def masked_softmax(s, mask, has_mask, kvlen, offset, causal, left, right, scale,
     """Softmax over the last dim of the (B, Hq, Sq, T) fp32 scores, in place, with the masking
     rules of the flash kernel; one numba pass per row (12x128x128: 240 -> ~60 us, measured
     against the earlier shift / numpy exp / normalize passes)."""
-    (_softmax_parallel if parallel else _softmax_serial)(s, mask, has_mask, kvlen, offset, causal, left, right,
-                                                         scale, softcap)
+    (_softmax_parallel if parallel else _softmax_serial)(
+        s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap
+    )
 
 
 # -- the "gemm" kernel as one task per (batch, KV head) on MKL --------------------------------------
@@ -270,8 +313,21 @@ def masked_softmax(s, mask, has_mask, kvlen, offset, causal, left, right, scale,
 def _gemm_rows(q4, k4, s, b, hk, r, n, hb, fns):
     # score rows [r, r + n) of task (b, hk) (s: its (rows, T) scores) over keys [0, hb)
     T, D = k4.shape[2], q4.shape[3]
-    MN.sgemm(fns[0], MN.NO_TRANS, MN.TRANS, n, hb, D, q4[b, hk, r:].ctypes.data, max(q4.strides[2] // 4, D),
-             k4[b, hk].ctypes.data, max(k4.strides[2] // 4, D), 0.0, s.ctypes.data + 4 * r * T, T)
+    MN.sgemm(
+        fns[0],
+        MN.NO_TRANS,
+        MN.TRANS,
+        n,
+        hb,
+        D,
+        q4[b, hk, r:].ctypes.data,
+        max(q4.strides[2] // 4, D),
+        k4[b, hk].ctypes.data,
+        max(k4.strides[2] // 4, D),
+        0.0,
+        s.ctypes.data + 4 * r * T,
+        T,
+    )
 
 
 @nb.njit(nogil=True, cache=True)
@@ -282,8 +338,21 @@ def _gemm_out(v4, y4, s, b, hk, r, n, hb, fns):
         for rr in range(r, r + n):
             y4[b, hk, rr, :] = np.float32(0.0)
         return
-    MN.sgemm(fns[0], MN.NO_TRANS, MN.NO_TRANS, n, Dv, hb, s.ctypes.data + 4 * r * T, T, v4[b, hk].ctypes.data,
-             max(v4.strides[2] // 4, Dv), 0.0, y4[b, hk, r:].ctypes.data, max(y4.strides[2] // 4, Dv))
+    MN.sgemm(
+        fns[0],
+        MN.NO_TRANS,
+        MN.NO_TRANS,
+        n,
+        Dv,
+        hb,
+        s.ctypes.data + 4 * r * T,
+        T,
+        v4[b, hk].ctypes.data,
+        max(v4.strides[2] // 4, Dv),
+        0.0,
+        y4[b, hk, r:].ctypes.data,
+        max(y4.strides[2] // 4, Dv),
+    )
 
 
 @nb.njit(nogil=True, cache=True)
@@ -300,7 +369,7 @@ def _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left
     g = Hq // Hkv
     b = t // Hkv
     hk = t % Hkv
-    sv = s[b, hk * g:(hk + 1) * g].reshape(rows, T)  # the group's score rows, stacked as q4's
+    sv = s[b, hk * g : (hk + 1) * g].reshape(rows, T)  # the group's score rows, stacked as q4's
     L = max(0, min(kvlen[b], T))
     r0 = (b * Hq + hk * g) * Sq
     if not causal or bq >= Sq:
@@ -326,29 +395,30 @@ def _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _gemm_tasks_parallel(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
-                         bq, fns, nt):
+def _gemm_tasks_parallel(
+    q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns, nt
+):
     n = q4.shape[0] * q4.shape[1]
     for th in nb.prange(nt):  # thread th takes tasks th, th + nt, ...
         prev = MN.set_threads_local(fns[1], 1)
         for t in range(th, n, nt):
-            _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq,
-                       fns)
+            _gemm_task(
+                t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns
+            )
         MN.set_threads_local(fns[1], prev)
 
 
 @nb.njit(nogil=True, cache=True)
-def _gemm_tasks_serial(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq,
-                       fns):
+def _gemm_tasks_serial(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns):
     prev = MN.set_threads_local(fns[1], 1)
     for t in range(q4.shape[0] * q4.shape[1]):
-        _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq,
-                   fns)
+        _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns)
     MN.set_threads_local(fns[1], prev)
 
 
-def gemm_tasks(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, parallel,
-               fns, bq: int = 0) -> None:
+def gemm_tasks(
+    q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, parallel, fns, bq: int = 0
+) -> None:
     """The "gemm" attention kernel as one parallel region: a task per (batch, KV head) runs
     ``S = Q K^T`` into its rows of the (B, Hq, Sq, T) scores ``s``, the masked softmax of those
     rows (:func:`masked_softmax`'s rules) and ``Y = S V``, on single-threaded MKL
@@ -365,17 +435,34 @@ def gemm_tasks(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, r
     (``kvlen``) are never multiplied."""
     bq = np.int64(bq if bq > 0 else 1 << 62)
     if parallel:
-        _gemm_tasks_parallel(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
-                             bq, fns, nb.get_num_threads())
+        _gemm_tasks_parallel(
+            q4,
+            k4,
+            v4,
+            y4,
+            s,
+            mask,
+            has_mask,
+            kvlen,
+            offset,
+            causal,
+            left,
+            right,
+            scale,
+            softcap,
+            bq,
+            fns,
+            nb.get_num_threads(),
+        )
     else:
-        _gemm_tasks_serial(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
-                           bq, fns)
+        _gemm_tasks_serial(
+            q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns
+        )
 
 
 # -- the "gemm_tiled" kernel: blocks of query rows on per-thread score tiles --------------------------
 @nb.njit(nogil=True, cache=True)
-def _tile_task(t, q4, k4, k_t, v4, y4, sc, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
-               bq, fns):
+def _tile_task(t, q4, k4, k_t, v4, y4, sc, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns):
     # task t = (b, query head h, block of bq query rows): their scores over the keys some row of
     # the block may attend ([0, kvlen), and with a causal mask up to the block's last position)
     # into this thread's tile sc (bq, T), the masked softmax of each row, then tile @ V into
@@ -398,31 +485,90 @@ def _tile_task(t, q4, k4, k_t, v4, y4, sc, mask, has_mask, kvlen, offset, causal
             y4[b, h, rr, :] = np.float32(0.0)
         return
     if k_t:  # keys stored transposed (k4 is (B, Hkv, D, T): a KV cache's layout)
-        MN.sgemm(fns[0], MN.NO_TRANS, MN.NO_TRANS, n, hb, D, q4[b, h, i0:].ctypes.data, max(q4.strides[2] // 4, D),
-                 k4[b, hk].ctypes.data, max(k4.strides[2] // 4, hb), 0.0, sc.ctypes.data, T)
+        MN.sgemm(
+            fns[0],
+            MN.NO_TRANS,
+            MN.NO_TRANS,
+            n,
+            hb,
+            D,
+            q4[b, h, i0:].ctypes.data,
+            max(q4.strides[2] // 4, D),
+            k4[b, hk].ctypes.data,
+            max(k4.strides[2] // 4, hb),
+            0.0,
+            sc.ctypes.data,
+            T,
+        )
     else:
-        MN.sgemm(fns[0], MN.NO_TRANS, MN.TRANS, n, hb, D, q4[b, h, i0:].ctypes.data, max(q4.strides[2] // 4, D),
-                 k4[b, hk].ctypes.data, max(k4.strides[2] // 4, D), 0.0, sc.ctypes.data, T)
+        MN.sgemm(
+            fns[0],
+            MN.NO_TRANS,
+            MN.TRANS,
+            n,
+            hb,
+            D,
+            q4[b, h, i0:].ctypes.data,
+            max(q4.strides[2] // 4, D),
+            k4[b, hk].ctypes.data,
+            max(k4.strides[2] // 4, D),
+            0.0,
+            sc.ctypes.data,
+            T,
+        )
     for rr in range(n):
         _softmax_vec(sc[rr, :hb], b, h, i0 + rr, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
-    MN.sgemm(fns[0], MN.NO_TRANS, MN.NO_TRANS, n, Dv, hb, sc.ctypes.data, T, v4[b, hk].ctypes.data,
-             max(v4.strides[2] // 4, Dv), 0.0, y4[b, h, i0:].ctypes.data, max(y4.strides[2] // 4, Dv))
+    MN.sgemm(
+        fns[0],
+        MN.NO_TRANS,
+        MN.NO_TRANS,
+        n,
+        Dv,
+        hb,
+        sc.ctypes.data,
+        T,
+        v4[b, hk].ctypes.data,
+        max(v4.strides[2] // 4, Dv),
+        0.0,
+        y4[b, h, i0:].ctypes.data,
+        max(y4.strides[2] // 4, Dv),
+    )
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _tiled_parallel(q4, k4, k_t, v4, y4, tiles, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap,
-                    bq, fns, nt):
+def _tiled_parallel(
+    q4, k4, k_t, v4, y4, tiles, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns, nt
+):
     n = q4.shape[0] * q4.shape[1] * ((q4.shape[2] + bq - 1) // bq)
     for th in nb.prange(nt):  # thread th takes tasks th, th + nt, ... on its own tile
         prev = MN.set_threads_local(fns[1], 1)
         for t in range(th, n, nt):
-            _tile_task(t, q4, k4, k_t, v4, y4, tiles[th], mask, has_mask, kvlen, offset, causal, left, right, scale,
-                       softcap, bq, fns)
+            _tile_task(
+                t,
+                q4,
+                k4,
+                k_t,
+                v4,
+                y4,
+                tiles[th],
+                mask,
+                has_mask,
+                kvlen,
+                offset,
+                causal,
+                left,
+                right,
+                scale,
+                softcap,
+                bq,
+                fns,
+            )
         MN.set_threads_local(fns[1], prev)
 
 
-def gemm_tiled(q4, k4, k_t, v4, y4, tiles, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq,
-               fns) -> None:
+def gemm_tiled(
+    q4, k4, k_t, v4, y4, tiles, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns
+) -> None:
     """Attention by GEMM without the whole score matrix: a task per (batch, query head, block of
     ``bq`` query rows) multiplies the block by the keys some of its rows may attend into the
     running thread's ``(bq, T)`` tile of ``tiles`` (``(threads, bq, T)`` float32), takes each row's
@@ -434,8 +580,26 @@ def gemm_tiled(q4, k4, k_t, v4, y4, tiles, mask, has_mask, kvlen, offset, causal
     memory is the tiles, ``threads * bq * T`` floats: O(N d) with ``bq <= d``. Uses at most
     ``tiles.shape[0]`` threads."""
     nt = max(1, min(tiles.shape[0], nb.get_num_threads()))
-    _tiled_parallel(q4, k4, bool(k_t), v4, y4, tiles, mask, has_mask, kvlen, offset, causal, left, right, scale,
-                    softcap, np.int64(bq), fns, nt)
+    _tiled_parallel(
+        q4,
+        k4,
+        bool(k_t),
+        v4,
+        y4,
+        tiles,
+        mask,
+        has_mask,
+        kvlen,
+        offset,
+        causal,
+        left,
+        right,
+        scale,
+        softcap,
+        np.int64(bq),
+        fns,
+        nt,
+    )
 
 
 #: below this many multiply-adds (Sq*T*D summed over batch and heads) run the serial variant

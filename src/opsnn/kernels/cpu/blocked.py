@@ -4,6 +4,7 @@ or 8 (one AVX2 register): the layouts oneDNN's JIT convolutions read and write, 
 :mod:`opsnn.kernels.cpu.onednn`. A blocked tensor keeps its logical shape; these kernels change
 the order of its elements. Parallel over (image, channel block) pairs.
 """
+
 from __future__ import annotations
 
 import numba
@@ -43,8 +44,10 @@ def _check(x: np.ndarray, out: np.ndarray, block: int) -> None:
     if x.dtype != out.dtype:
         raise ValueError(f"blocked layout: {x.dtype} -> {out.dtype} (a reorder keeps the dtype)")
     if x.shape != out.shape or x.ndim < 2 or x.shape[1] % block or not out.flags.c_contiguous:
-        raise ValueError(f"blocked layout: shapes {x.shape} -> {out.shape} (same shape, channels a multiple of "
-                         f"{block}, a C-contiguous output) expected")
+        raise ValueError(
+            f"blocked layout: shapes {x.shape} -> {out.shape} (same shape, channels a multiple of "
+            f"{block}, a C-contiguous output) expected"
+        )
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

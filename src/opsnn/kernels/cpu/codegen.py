@@ -4,6 +4,7 @@ A chain is a small program (steps over inputs, earlier results and literal const
 Its source is written once to a cache folder as a real module, so numba's ``cache=True``
 keeps the machine code across processes; in-process, kernels are memoized by signature.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,12 +33,16 @@ TEMPLATES = {
     "Sin": ("math.sin({a})", "np.sin({a})"),
     "Cos": ("math.cos({a})", "np.cos({a})"),
     # log(1 + e^a) as max(a, 0) + log1p(e^-|a|): e^a overflows float32 from a = 89 (Softplus(100) is 100)
-    "Softplus": ("max({a}, 0.0) + math.log1p(math.exp(-abs({a})))",
-                 "np.maximum({a}, 0) + np.log1p(np.exp(-np.abs({a})))"),
+    "Softplus": (
+        "max({a}, 0.0) + math.log1p(math.exp(-abs({a})))",
+        "np.maximum({a}, 0) + np.log1p(np.exp(-np.abs({a})))",
+    ),
     "Swish": ("({a}) / (1.0 + math.exp(-{alpha} * ({a})))", "({a}) / (1.0 + np.exp(-{alpha} * ({a})))"),
     "LeakyRelu": ("({a}) if ({a}) >= 0 else {alpha} * ({a})", "np.where(({a}) >= 0, {a}, {alpha} * ({a}))"),
-    "Gelu": ("0.5 * ({a}) * (1.0 + math.erf(({a}) * 0.7071067811865476))",
-             "0.5 * ({a}) * (1.0 + _erf(({a}) * 0.7071067811865476))"),
+    "Gelu": (
+        "0.5 * ({a}) * (1.0 + math.erf(({a}) * 0.7071067811865476))",
+        "0.5 * ({a}) * (1.0 + _erf(({a}) * 0.7071067811865476))",
+    ),
     "Add": ("({a}) + ({b})", "({a}) + ({b})"),
     "Sub": ("({a}) - ({b})", "({a}) - ({b})"),
     "Mul": ("({a}) * ({b})", "({a}) * ({b})"),
@@ -80,8 +85,11 @@ def signature(program: list, n_inputs: int) -> str:
 
 
 def cache_dir() -> str:
-    root = os.environ.get("OPSNN_KERNEL_CACHE_DIR") or os.environ.get("OPSNN_CACHE_DIR") or \
-        os.path.join(os.path.expanduser("~"), ".cache", "opsnn")
+    root = (
+        os.environ.get("OPSNN_KERNEL_CACHE_DIR")
+        or os.environ.get("OPSNN_CACHE_DIR")
+        or os.path.join(os.path.expanduser("~"), ".cache", "opsnn")
+    )
     path = os.path.join(root, "fused_kernels")
     os.makedirs(path, exist_ok=True)
     return path

@@ -40,6 +40,7 @@ gather over output rows for 2-D, so threads never write the same row; per-offset
 adds for N-d). Kernels compute in float32 or
 float64; 16-bit inputs reach them through the executor's fp32 adapter.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -165,8 +166,21 @@ def _im2col_gemm_task(x, w, y, col, kh, kw, sh, sw, ph, pw, dh, dw, oh0, oh_n, o
     for r in range(col.shape[0]):
         _im2col_row(x, col, r, kh, kw, sh, sw, ph, pw, dh, dw, oh0, oh_n, ow_n)
     m, kdim = w.shape
-    MN.sgemm(fns[0], MN.NO_TRANS, MN.NO_TRANS, m, oh_n * ow_n, kdim, w.ctypes.data, kdim, col.ctypes.data,
-             col.shape[1], 0.0, y[:, oh0 * ow_n:].ctypes.data, y.shape[1])
+    MN.sgemm(
+        fns[0],
+        MN.NO_TRANS,
+        MN.NO_TRANS,
+        m,
+        oh_n * ow_n,
+        kdim,
+        w.ctypes.data,
+        kdim,
+        col.ctypes.data,
+        col.shape[1],
+        0.0,
+        y[:, oh0 * ow_n :].ctypes.data,
+        y.shape[1],
+    )
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -180,8 +194,7 @@ def im2col_gemm_tasks(x, w, y, cols, kh, kw, sh, sw, ph, pw, dh, dw, oh_n, ow_n,
         prev = MN.set_threads_local(fns[1], 1)
         for t in range(th, n_bands, nt):
             oh0 = t * band
-            _im2col_gemm_task(x, w, y, cols[th], kh, kw, sh, sw, ph, pw, dh, dw, oh0, min(band, oh_n - oh0),
-                              ow_n, fns)
+            _im2col_gemm_task(x, w, y, cols[th], kh, kw, sh, sw, ph, pw, dh, dw, oh0, min(band, oh_n - oh0), ow_n, fns)
         MN.set_threads_local(fns[1], prev)
 
 
@@ -388,15 +401,17 @@ class ConvPlan:
 
     def describe(self) -> str:
         bands = f" in bands of {self.band} of {self.out_sp[0]} output rows" if 0 < self.band < self.out_sp[0] else ""
-        what = {"gemm1x1": "one GEMM per image and group, no workspace",
-                "depthwise2d": "direct depthwise loop, no workspace",
-                "direct2d": "direct loop, no column buffer" + (
-                    f" (input split into {self.s[-1]} column phases{bands})" if math.prod(self.col_shape) else ""),
-                "im2col2d": f"column buffer {self.col_shape[1]}x{self.col_shape[2]} per group{bands}, then BLAS",
-                "im2col_tasks": f"a task per {self.band} of {self.out_sp[0]} output rows: its columns "
-                                f"({self.col_shape[1]}x{self.col_shape[2]}) in its thread's buffer ({self.col_shape[0]} "
-                                "buffers), then single-threaded MKL, one parallel region",
-                "im2col_nd": f"column buffer {self.col_shape[1]}x{self.col_shape[2]} per group{bands}, then BLAS"}
+        what = {
+            "gemm1x1": "one GEMM per image and group, no workspace",
+            "depthwise2d": "direct depthwise loop, no workspace",
+            "direct2d": "direct loop, no column buffer"
+            + (f" (input split into {self.s[-1]} column phases{bands})" if math.prod(self.col_shape) else ""),
+            "im2col2d": f"column buffer {self.col_shape[1]}x{self.col_shape[2]} per group{bands}, then BLAS",
+            "im2col_tasks": f"a task per {self.band} of {self.out_sp[0]} output rows: its columns "
+            f"({self.col_shape[1]}x{self.col_shape[2]}) in its thread's buffer ({self.col_shape[0]} "
+            "buffers), then single-threaded MKL, one parallel region",
+            "im2col_nd": f"column buffer {self.col_shape[1]}x{self.col_shape[2]} per group{bands}, then BLAS",
+        }
         return f"{self.kind}: {what.get(self.kind, '')}"
 
 
@@ -423,8 +438,9 @@ def _nd_slices(iter_sp, target_sp, k, s, d, pb):
 
 def _needs_zero_fill(slices, kk: int, out_sp) -> bool:
     """True when some kernel offset's region misses part of the output (reads padding)."""
-    return len(slices) != kk or any(sl.start != 0 or sl.stop != o for _, o_sl, _ in slices
-                                    for sl, o in zip(o_sl, out_sp))
+    return len(slices) != kk or any(
+        sl.start != 0 or sl.stop != o for _, o_sl, _ in slices for sl, o in zip(o_sl, out_sp)
+    )
 
 
 def band_rows(row_bytes: int, n_rows: int, cap: int | None = None) -> int:
@@ -463,8 +479,14 @@ def conv_plan(x_shape, w_shape, g, k, s, d, pb, pe, out_sp, itemsize, kind: str 
         else:
             kind = "im2col_nd"
     if kind in ("im2col2d", "im2col_tasks", "depthwise2d", "direct2d") and nd == 1:
-        in_sp, out_sp, k, s, d, pb = (1,) + in_sp, (1,) + tuple(out_sp), (1,) + tuple(k), (1,) + tuple(s), \
-            (1,) + tuple(d), (0,) + tuple(pb)
+        in_sp, out_sp, k, s, d, pb = (
+            (1,) + in_sp,
+            (1,) + tuple(out_sp),
+            (1,) + tuple(k),
+            (1,) + tuple(s),
+            (1,) + tuple(d),
+            (0,) + tuple(pb),
+        )
     kk = math.prod(k)
     p = math.prod(out_sp)
     inner = math.prod(out_sp[1:])  # outputs per row (per position along the first spatial dim)
@@ -499,8 +521,25 @@ def conv_plan(x_shape, w_shape, g, k, s, d, pb, pe, out_sp, itemsize, kind: str 
     if kind == "im2col_nd":
         slices = _nd_slices((band,) + tuple(out_sp[1:]), in_sp, k, s, d, pb)
         zero_fill = _needs_zero_fill(slices, kk, (band,) + tuple(out_sp[1:]))
-    return ConvPlan(kind, n, c, m, g, tuple(in_sp), tuple(out_sp), tuple(k), tuple(s), tuple(d), tuple(pb),
-                    parallel, col_shape, itemsize, slices, zero_fill, band)
+    return ConvPlan(
+        kind,
+        n,
+        c,
+        m,
+        g,
+        tuple(in_sp),
+        tuple(out_sp),
+        tuple(k),
+        tuple(s),
+        tuple(d),
+        tuple(pb),
+        parallel,
+        col_shape,
+        itemsize,
+        slices,
+        zero_fill,
+        band,
+    )
 
 
 def conv_transpose_plan(x_shape, w_shape, g, k, s, d, pb, out_sp, itemsize) -> ConvPlan:
@@ -510,8 +549,14 @@ def conv_transpose_plan(x_shape, w_shape, g, k, s, d, pb, out_sp, itemsize) -> C
     nd = len(in_sp)
     kind = "col2im2d" if nd <= 2 else "col2im_nd"
     if nd == 1:
-        in_sp, out_sp, k, s, d, pb = (1,) + in_sp, (1,) + tuple(out_sp), (1,) + tuple(k), (1,) + tuple(s), \
-            (1,) + tuple(d), (0,) + tuple(pb)
+        in_sp, out_sp, k, s, d, pb = (
+            (1,) + in_sp,
+            (1,) + tuple(out_sp),
+            (1,) + tuple(k),
+            (1,) + tuple(s),
+            (1,) + tuple(d),
+            (0,) + tuple(pb),
+        )
     kk = math.prod(k)
     inner = math.prod(in_sp[1:])
     # columns of a band of input rows (positions along the first spatial dim) at a time
@@ -519,8 +564,24 @@ def conv_transpose_plan(x_shape, w_shape, g, k, s, d, pb, out_sp, itemsize) -> C
     col_shape = (g, (m // g) * kk, band * inner)
     parallel = m * kk * band * inner >= PARALLEL_MIN
     slices = _nd_slices((band,) + tuple(in_sp[1:]), out_sp, k, s, d, pb) if kind == "col2im_nd" else ()
-    return ConvPlan(kind, n, c, m, g, tuple(in_sp), tuple(out_sp), tuple(k), tuple(s), tuple(d), tuple(pb),
-                    parallel, col_shape, itemsize, slices, band=band)
+    return ConvPlan(
+        kind,
+        n,
+        c,
+        m,
+        g,
+        tuple(in_sp),
+        tuple(out_sp),
+        tuple(k),
+        tuple(s),
+        tuple(d),
+        tuple(pb),
+        parallel,
+        col_shape,
+        itemsize,
+        slices,
+        band=band,
+    )
 
 
 def workspace_view(ws: np.ndarray, dtype, shape: tuple) -> np.ndarray:
@@ -528,7 +589,7 @@ def workspace_view(ws: np.ndarray, dtype, shape: tuple) -> np.ndarray:
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     shift = (-ws.ctypes.data) % ALIGN
-    return ws[shift:shift + nbytes].view(dtype).reshape(shape)
+    return ws[shift : shift + nbytes].view(dtype).reshape(shape)
 
 
 # -- forward convolution ------------------------------------------------------------------------
@@ -571,8 +632,19 @@ def conv_forward(x, w, b, y, plan: ConvPlan, ws, packed=None) -> None:
         (kh, kw), (sh, sw), (dh, dw), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
         dw_fn = depthwise2d_parallel if plan.parallel else depthwise2d_serial
         bias = b if b is not None else np.zeros(0, y.dtype)
-        dw_fn(x.reshape((n, plan.c) + plan.in_sp), w.reshape(plan.m, kh, kw), bias,
-              y.reshape((n, plan.m) + plan.out_sp), mg, sh, sw, ph, pw, dh, dw)
+        dw_fn(
+            x.reshape((n, plan.c) + plan.in_sp),
+            w.reshape(plan.m, kh, kw),
+            bias,
+            y.reshape((n, plan.m) + plan.out_sp),
+            mg,
+            sh,
+            sw,
+            ph,
+            pw,
+            dh,
+            dw,
+        )
         return
     if plan.kind == "direct2d":
         (sh, sw), (dh, dw), (ph, pw) = plan.s, plan.d, plan.pb
@@ -598,7 +670,7 @@ def conv_forward(x, w, b, y, plan: ConvPlan, ws, packed=None) -> None:
                 oh1 = min(oh_n, oh0 + plan.band)
                 r0 = max(0, oh0 * sh - ph)
                 r1 = max(r0, min(h_n, (oh1 - 1) * sh - ph + eff))
-                xs = flat[:c * (r1 - r0) * sp * wq].reshape(c, r1 - r0, sp, wq)
+                xs = flat[: c * (r1 - r0) * sp * wq].reshape(c, r1 - r0, sp, wq)
                 phase_split(xv[i][:, r0:r1], xs, sw)
                 fn(xs, w4, bias, y4[i][:, oh0:oh1], g, sh, sw, ph - oh0 * sh + r0, pw, dh, dw, r1 - r0, w_n)
         return
@@ -609,8 +681,24 @@ def conv_forward(x, w, b, y, plan: ConvPlan, ws, packed=None) -> None:
         w2 = w.reshape(plan.m, -1)
         fns = MN.addresses()
         for i in range(n):
-            im2col_gemm_tasks(xv[i], w2, yv[i, 0], cols, kh, kw, sh, sw, ph, pw, dh, dw, plan.out_sp[0],
-                              math.prod(plan.out_sp[1:]), plan.band, fns)
+            im2col_gemm_tasks(
+                xv[i],
+                w2,
+                yv[i, 0],
+                cols,
+                kh,
+                kw,
+                sh,
+                sw,
+                ph,
+                pw,
+                dh,
+                dw,
+                plan.out_sp[0],
+                math.prod(plan.out_sp[1:]),
+                plan.band,
+                fns,
+            )
         _add_bias(y, b, plan)
         return
     if plan.kind == "gemm1x1":
@@ -635,12 +723,12 @@ def conv_forward(x, w, b, y, plan: ConvPlan, ws, packed=None) -> None:
             for o0 in range(0, o_n, band):
                 rows = min(band, o_n - o0)
                 q = rows * inner
-                col = flat[:g * gk * q].reshape(g, gk, q)
+                col = flat[: g * gk * q].reshape(g, gk, q)
                 if plan.kind == "im2col2d":
                     im2col(xv[i], col.reshape(g * gk, q), kh, kw, sh, sw, ph, pw, dh, dw, o0, rows, inner)
                 else:
                     _im2col_nd_band(xv[i], col, plan, o0, rows)
-                _gemm(wv, col, yv[i][:, :, o0 * inner:o0 * inner + q], packed)
+                _gemm(wv, col, yv[i][:, :, o0 * inner : o0 * inner + q], packed)
     _add_bias(y, b, plan)  # the BIAS_PASS_KINDS: FusedConv moves their bias into its epilogue
 
 
@@ -661,8 +749,9 @@ def bf16_workspace_bytes(plan: ConvPlan) -> int:
     return cols + plan.m * _bf16_cols(plan) * 4 + ALIGN
 
 
-def conv_forward_bf16(x, y, plan: ConvPlan, ws, w2, bias=None, z=None, code: int = 0, alpha: float = 0.0,
-                      beta: float = 0.0) -> None:
+def conv_forward_bf16(
+    x, y, plan: ConvPlan, ws, w2, bias=None, z=None, code: int = 0, alpha: float = 0.0, beta: float = 0.0
+) -> None:
     """y = act(conv(x, W) + bias + z) for bfloat16 ``x``, ``z``, ``y`` (group 1, 1x1 or 2-D im2col
     plans; ``w2``: the weight's bits as a (M, C*kh*kw) uint16 matrix); each image (im2col: each
     band of output rows) is one MKL bf16 GEMM (:func:`opsnn.kernels.cpu.mkl.gemm2d_bf16`) into a
@@ -685,16 +774,17 @@ def conv_forward_bf16(x, y, plan: ConvPlan, ws, w2, bias=None, z=None, code: int
     acc_all = workspace_view(ws[off:], np.float32, (m * q_max,))
 
     def finish(acc, i, c0, q):
-        bf16_epilogue(acc, yv[i][:, c0:c0 + q], None if zv is None else zv[i][:, c0:c0 + q], code, alpha, beta,
-                      row_bias=bias)
+        bf16_epilogue(
+            acc, yv[i][:, c0 : c0 + q], None if zv is None else zv[i][:, c0 : c0 + q], code, alpha, beta, row_bias=bias
+        )
 
     if plan.kind == "gemm1x1":  # the image is the column matrix, q_max of its columns at a time
         for i in range(n):
             xi = xv[i].reshape(plan.c, p)
             for c0 in range(0, p, q_max):
                 q = min(q_max, p - c0)
-                acc = acc_all[:m * q].reshape(m, q)
-                _mkl.gemm2d_bf16(w2, xi[:, c0:c0 + q], acc)
+                acc = acc_all[: m * q].reshape(m, q)
+                _mkl.gemm2d_bf16(w2, xi[:, c0 : c0 + q], acc)
                 finish(acc, i, c0, q)
         return
     (kh, kw), (sh, sw), (dh, dw), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
@@ -705,9 +795,9 @@ def conv_forward_bf16(x, y, plan: ConvPlan, ws, w2, bias=None, z=None, code: int
         for o0 in range(0, plan.out_sp[0], plan.band):
             rows = min(plan.band, plan.out_sp[0] - o0)
             q = rows * inner
-            col = flat[:gk * q].reshape(gk, q)
+            col = flat[: gk * q].reshape(gk, q)
             im2col(xv[i], col, kh, kw, sh, sw, ph, pw, dh, dw, o0, rows, inner)
-            acc = acc_all[:m * q].reshape(m, q)
+            acc = acc_all[: m * q].reshape(m, q)
             _mkl.gemm2d_bf16(w2, col, acc)
             finish(acc, i, o0 * inner, q)
 
@@ -767,18 +857,36 @@ def conv_transpose(ins, outs, attrs, plan, ws):
         for r0 in range(0, i_n, band):
             rows = min(band, i_n - r0)
             q = rows * inner
-            col = flat[:plan.m * kk * q].reshape(g, mg * kk, q)
-            _mkl.matmul(wt, xv[i][:, :, r0 * inner:r0 * inner + q], col)
+            col = flat[: plan.m * kk * q].reshape(g, mg * kk, q)
+            _mkl.matmul(wt, xv[i][:, :, r0 * inner : r0 * inner + q], col)
             if plan.kind == "col2im2d":
                 oh0 = max(0, r0 * sh - ph)
                 oh1 = min(plan.out_sp[0], (r0 + rows - 1) * sh - ph + (kh - 1) * dh + 1)
                 if oh1 > oh0:
-                    col2im(col.reshape(plan.m * kk, q), yv[i], kh, kw, sh, sw, ph, pw, dh, dw, r0, rows, inner, oh0,
-                           oh1 - oh0)
+                    col2im(
+                        col.reshape(plan.m * kk, q),
+                        yv[i],
+                        kh,
+                        kw,
+                        sh,
+                        sw,
+                        ph,
+                        pw,
+                        dh,
+                        dw,
+                        r0,
+                        rows,
+                        inner,
+                        oh0,
+                        oh1 - oh0,
+                    )
                 continue
             sub_in = (rows,) + tuple(plan.in_sp[1:])
-            slices = plan.slices if r0 == 0 and rows == band else _nd_slices(
-                sub_in, plan.out_sp, plan.k, plan.s, plan.d, (ph - r0 * sh,) + tuple(plan.pb[1:]))
+            slices = (
+                plan.slices
+                if r0 == 0 and rows == band
+                else _nd_slices(sub_in, plan.out_sp, plan.k, plan.s, plan.d, (ph - r0 * sh,) + tuple(plan.pb[1:]))
+            )
             cv = col.reshape((plan.m, kk) + sub_in)
             for j, i_sl, o_sl in slices:
                 yv[i][(slice(None),) + o_sl] += cv[(slice(None), j) + i_sl]
@@ -792,8 +900,9 @@ def shifted_conv(x, w, x_zp, w_zp, plan: ConvPlan, ws) -> np.ndarray:
         xs -= float(x_zp.reshape(()))
     wsh = w.astype(np.float64)
     if w_zp is not None:
-        wsh -= w_zp.astype(np.float64).reshape((-1,) + (1,) * (w.ndim - 1)) if w_zp.size > 1 else \
-            float(w_zp.reshape(()))
+        wsh -= (
+            w_zp.astype(np.float64).reshape((-1,) + (1,) * (w.ndim - 1)) if w_zp.size > 1 else float(w_zp.reshape(()))
+        )
     acc = np.empty((plan.n, plan.m) + tuple(plan.out_sp), np.float64)
     conv_forward(xs, wsh, None, acc, plan, ws)
     return acc

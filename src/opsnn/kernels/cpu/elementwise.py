@@ -16,6 +16,7 @@ loops, so the suite compiles a handful of specializations rather than one per op
 Transcendental maps (exp, log, trig) run numpy's SIMD loops instead (see ``NUMPY_SIMD``): numba
 calls scalar libm per element, far slower (docs/performance.md).
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,31 @@ SHORT_ROW = 16
 # -- op codes -----------------------------------------------------------------------------------
 ADD, SUB, MUL, DIV, POW, MAX, MIN, MOD, FMOD = range(9)
 EQ, LT, LE, GT, GE = range(5)
-(U_NEG, U_ABS, U_SIGN, U_EXP, U_LOG, U_SQRT, U_RSQRT, U_FLOOR, U_CEIL, U_ROUND, U_RECIP, U_ERF, U_SIN, U_COS,
- U_TAN, U_ASIN, U_ACOS, U_ATAN, U_SINH, U_COSH, U_ASINH, U_ACOSH, U_ATANH) = range(23)
+(
+    U_NEG,
+    U_ABS,
+    U_SIGN,
+    U_EXP,
+    U_LOG,
+    U_SQRT,
+    U_RSQRT,
+    U_FLOOR,
+    U_CEIL,
+    U_ROUND,
+    U_RECIP,
+    U_ERF,
+    U_SIN,
+    U_COS,
+    U_TAN,
+    U_ASIN,
+    U_ACOS,
+    U_ATAN,
+    U_SINH,
+    U_COSH,
+    U_ASINH,
+    U_ACOSH,
+    U_ATANH,
+) = range(23)
 
 
 # -- scalar semantics shared by every layout (type-dispatched at compile time) -------------------
@@ -71,6 +95,7 @@ _NP_ERRORS = {"error_model": "numpy"}
 @overload(_div, jit_options=_NP_ERRORS)
 def _div_impl(x, y):
     if isinstance(x, types.Integer):
+
         def int_div(x, y):
             # ONNX: integer division truncates toward zero. x/0 is undefined there; we give 0 like
             # numpy. y == -1 is special-cased because INT_MIN // -1 traps on x86.
@@ -82,6 +107,7 @@ def _div_impl(x, y):
             if q * y != x and ((x < 0) != (y < 0)):
                 q += 1
             return q
+
         return int_div
     return lambda x, y: x / y
 
@@ -89,10 +115,12 @@ def _div_impl(x, y):
 @overload(_mod, jit_options=_NP_ERRORS)
 def _mod_impl(x, y):
     if isinstance(x, types.Integer):
+
         def int_mod(x, y):  # sign of the divisor (Python / numpy remainder)
             if y == 0 or y == -1:
                 return 0
             return x % y
+
         return int_mod
 
     def float_mod(x, y):
@@ -103,12 +131,14 @@ def _mod_impl(x, y):
         else:
             m = math.copysign(0.0, y)
         return m
+
     return float_mod
 
 
 @overload(_fmod, jit_options=_NP_ERRORS)
 def _fmod_impl(x, y):
     if isinstance(x, types.Integer):
+
         def int_fmod(x, y):  # sign of the dividend (C remainder)
             if y == 0 or y == -1:
                 return 0
@@ -116,6 +146,7 @@ def _fmod_impl(x, y):
             if r != 0 and ((r < 0) != (x < 0)):
                 r -= y
             return r
+
         return int_fmod
     return lambda x, y: np.fmod(x, y)
 
@@ -123,6 +154,7 @@ def _fmod_impl(x, y):
 @overload(_pow, jit_options=_NP_ERRORS)
 def _pow_impl(x, y):
     if isinstance(x, types.Integer):
+
         def int_pow(x, y):
             # exponentiation by squaring, wrapping like the integer type; a negative exponent
             # gives the truncated 1/x**-y (0 unless |x| == 1)
@@ -141,8 +173,9 @@ def _pow_impl(x, y):
                 base = base * base
                 e >>= 1
             return r
+
         return int_pow
-    return lambda x, y: x ** y
+    return lambda x, y: x**y
 
 
 @nb.njit(inline="always", error_model="numpy")
@@ -226,10 +259,10 @@ def _plane_geometry(shape, st, r0, idx, off):
 @nb.njit(inline="always", error_model="numpy")
 def _binary_seg(op, a, oa, ia, b, ob, ib, out, oo, n):
     """out[oo:oo+n] = a[oa::ia] (op) b[ob::ib] for strides ia, ib in {0, 1}."""
-    O = out[oo:oo + n]
+    O = out[oo : oo + n]
     if ia == 1 and ib == 1:
-        A = a[oa:oa + n]
-        B = b[ob:ob + n]
+        A = a[oa : oa + n]
+        B = b[ob : ob + n]
         if op == ADD:
             for j in range(n):
                 O[j] = A[j] + B[j]
@@ -246,7 +279,7 @@ def _binary_seg(op, a, oa, ia, b, ob, ib, out, oo, n):
             for j in range(n):
                 O[j] = _bop(op, A[j], B[j])
     elif ia == 1 and ib == 0:
-        A = a[oa:oa + n]
+        A = a[oa : oa + n]
         y = b[ob]
         if op == ADD:
             for j in range(n):
@@ -268,7 +301,7 @@ def _binary_seg(op, a, oa, ia, b, ob, ib, out, oo, n):
                 O[j] = _bop(op, A[j], y)
     elif ia == 0 and ib == 1:
         x = a[oa]
-        B = b[ob:ob + n]
+        B = b[ob : ob + n]
         if op == ADD:
             for j in range(n):
                 O[j] = x + B[j]
@@ -332,10 +365,10 @@ def binary_parallel(op, a, b, out, shape, st, rows_per_task, chunk):
 # -- comparisons (bool output) ----------------------------------------------------------------------
 @nb.njit(inline="always")
 def _compare_seg(op, a, oa, ia, b, ob, ib, out, oo, n):
-    O = out[oo:oo + n]
+    O = out[oo : oo + n]
     if ia == 1 and ib == 1:
-        A = a[oa:oa + n]
-        B = b[ob:ob + n]
+        A = a[oa : oa + n]
+        B = b[ob : ob + n]
         if op == EQ:
             for j in range(n):
                 O[j] = A[j] == B[j]
@@ -352,7 +385,7 @@ def _compare_seg(op, a, oa, ia, b, ob, ib, out, oo, n):
             for j in range(n):
                 O[j] = A[j] >= B[j]
     elif ia == 1 and ib == 0:
-        A = a[oa:oa + n]
+        A = a[oa : oa + n]
         y = b[ob]
         for j in range(n):
             O[j] = _cop(op, A[j], y)
@@ -407,26 +440,26 @@ def compare_parallel(op, a, b, out, shape, st, rows_per_task, chunk):
 @nb.njit(inline="always")
 def _where_seg(c, oc, ic, x, ox, ix, y, oy, iy, out, oo, n):
     # both values are loaded before the select, so LLVM emits a (vectorizable) select, not a branch
-    O = out[oo:oo + n]
+    O = out[oo : oo + n]
     if ic == 1 and ix == 1 and iy == 1:
-        C = c[oc:oc + n]
-        X = x[ox:ox + n]
-        Y = y[oy:oy + n]
+        C = c[oc : oc + n]
+        X = x[ox : ox + n]
+        Y = y[oy : oy + n]
         for j in range(n):
             u = X[j]
             v = Y[j]
             O[j] = u if C[j] else v
     elif ic == 1 and ix == 1 and iy == 0:
-        C = c[oc:oc + n]
-        X = x[ox:ox + n]
+        C = c[oc : oc + n]
+        X = x[ox : ox + n]
         v = y[oy]
         for j in range(n):
             u = X[j]
             O[j] = u if C[j] else v
     elif ic == 1 and ix == 0 and iy == 1:
-        C = c[oc:oc + n]
+        C = c[oc : oc + n]
         u = x[ox]
-        Y = y[oy:oy + n]
+        Y = y[oy : oy + n]
         for j in range(n):
             v = Y[j]
             O[j] = u if C[j] else v
@@ -616,9 +649,9 @@ def _threads() -> int:
 class Layout:
     """A coalesced strided walk over an output (see the module docstring)."""
 
-    kind: str             # "flat" | "scalar" | "broadcast" | "empty"
-    shape: np.ndarray     # int64 merged output dims (at least one)
-    strides: np.ndarray   # int64 [num_inputs, ndim] element strides, 0 on broadcast dims
+    kind: str  # "flat" | "scalar" | "broadcast" | "empty"
+    shape: np.ndarray  # int64 merged output dims (at least one)
+    strides: np.ndarray  # int64 [num_inputs, ndim] element strides, 0 on broadcast dims
     size: int
     parallel: bool
     rows_per_task: int
@@ -683,8 +716,15 @@ def plan_layout(out_shape, in_shapes) -> Layout:
             rows_per_task, chunk = max(1, target // inner), inner
     else:
         rows_per_task, chunk = max(rows, 1), max(inner, 1)
-    return Layout(kind, np.asarray(shape, np.int64), np.asarray(strides, np.int64).reshape(k, len(shape)),
-                  size, parallel, rows_per_task, chunk)
+    return Layout(
+        kind,
+        np.asarray(shape, np.int64),
+        np.asarray(strides, np.int64).reshape(k, len(shape)),
+        size,
+        parallel,
+        rows_per_task,
+        chunk,
+    )
 
 
 @dataclass(frozen=True)
@@ -702,9 +742,9 @@ class VariadicPlan:
     """Max/Min/Sum/Mean: fold the inputs into the output one binary step at a time."""
 
     op: int
-    steps: tuple          # Layout per step: (in0, in1) -> out, then (out, in_k) -> out
+    steps: tuple  # Layout per step: (in0, in1) -> out, then (out, in_k) -> out
     mean: bool
-    layout: Layout        # of the whole output (for the Mean scaling and the kind)
+    layout: Layout  # of the whole output (for the Mean scaling and the kind)
 
     @property
     def kind(self) -> str:
@@ -878,8 +918,16 @@ def pow_mixed(ins, outs, attrs, plan: BinaryPlan, ws) -> None:
             np.copyto(out, np.power(a.astype(np.float64), b.astype(np.float64)), casting="unsafe")
 
 
-NUMPY_BINARY = {ADD: np.add, SUB: np.subtract, MUL: np.multiply, DIV: _np_trunc_div, MAX: np.maximum,
-                MIN: np.minimum, MOD: np.mod, FMOD: np.fmod}
+NUMPY_BINARY = {
+    ADD: np.add,
+    SUB: np.subtract,
+    MUL: np.multiply,
+    DIV: _np_trunc_div,
+    MAX: np.maximum,
+    MIN: np.minimum,
+    MOD: np.mod,
+    FMOD: np.fmod,
+}
 NUMPY_COMPARE = {EQ: np.equal, LT: np.less, LE: np.less_equal, GT: np.greater, GE: np.greater_equal}
 
 
@@ -918,9 +966,21 @@ NUMPY_UNARY_INT = {U_NEG: np.negative, U_ABS: np.abs, U_SIGN: np.sign}
 
 #: transcendental maps whose numpy loops are SIMD (AVX2/AVX-512), far faster than numba's
 #: per-element libm calls, so they are these ops' first kernel
-NUMPY_SIMD = {U_EXP: np.exp, U_LOG: np.log, U_SIN: np.sin, U_COS: np.cos, U_TAN: np.tan, U_ASIN: np.arcsin,
-              U_ACOS: np.arccos, U_ATAN: np.arctan, U_SINH: np.sinh, U_COSH: np.cosh, U_ASINH: np.arcsinh,
-              U_ACOSH: np.arccosh, U_ATANH: np.arctanh}
+NUMPY_SIMD = {
+    U_EXP: np.exp,
+    U_LOG: np.log,
+    U_SIN: np.sin,
+    U_COS: np.cos,
+    U_TAN: np.tan,
+    U_ASIN: np.arcsin,
+    U_ACOS: np.arccos,
+    U_ATAN: np.arctan,
+    U_SINH: np.sinh,
+    U_COSH: np.cosh,
+    U_ASINH: np.arcsinh,
+    U_ACOSH: np.arccosh,
+    U_ATANH: np.arctanh,
+}
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
@@ -947,7 +1007,7 @@ def unary_simd(ins, outs, attrs, plan: MapPlan, ws) -> None:
         _apply(f, x, out)
         return
     pool, c = _threads_pool(), plan.chunk
-    jobs = [pool.submit(_apply, f, x[lo:lo + c], out[lo:lo + c]) for lo in range(c, plan.size, c)]
+    jobs = [pool.submit(_apply, f, x[lo : lo + c], out[lo : lo + c]) for lo in range(c, plan.size, c)]
     _apply(f, x[:c], out[:c])  # the calling (stream) thread takes the first piece
     for job in jobs:
         job.result()
@@ -1005,14 +1065,15 @@ def isinf(ins, outs, attrs, plan, ws) -> None:
 
 
 # -- Cast ----------------------------------------------------------------------------------------------
-FLOAT8 = tuple(np.dtype(getattr(ml_dtypes, n)) for n in
-               ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"))
+FLOAT8 = tuple(
+    np.dtype(getattr(ml_dtypes, n)) for n in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+)
 E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 
 
 @dataclass(frozen=True)
 class CastPlan:
-    mode: str    # "copy" | "astype" | "saturate" | "e8m0" | "from_string"
+    mode: str  # "copy" | "astype" | "saturate" | "e8m0" | "from_string"
     dst: np.dtype
     round_mode: str = "up"
     saturate: bool = True

@@ -4,6 +4,7 @@ The producer (conv / GEMM) writes ``y``; the epilogue then adds a per-column bia
 residual and applies the activation in place, instead of three more ops each reading and
 writing the whole tensor.
 """
+
 from __future__ import annotations
 
 import numba as nb
@@ -12,8 +13,17 @@ import numpy as np
 from . import activation as A
 
 #: activation codes understood by the epilogue kernels
-ACTIVATIONS = {"": 0, "Relu": 1, "Sigmoid": 2, "Tanh": 3, "Gelu": 4, "GeluTanh": 5, "Swish": 6, "LeakyRelu": 7,
-               "Clip": 8}
+ACTIVATIONS = {
+    "": 0,
+    "Relu": 1,
+    "Sigmoid": 2,
+    "Tanh": 3,
+    "Gelu": 4,
+    "GeluTanh": 5,
+    "Swish": 6,
+    "LeakyRelu": 7,
+    "Clip": 8,
+}
 
 
 #: epilogue code -> the activation kernels' op code (their vectorized loops, shared with the
@@ -27,8 +37,13 @@ CLIP = ACTIVATIONS["Clip"]
 #: history of this threshold: docs/performance.md, "Parallel thresholds")
 PARALLEL_MIN = 1 << 15
 PARALLEL_MIN_COSTLY = 1 << 15
-_COSTLY = (ACTIVATIONS["Sigmoid"], ACTIVATIONS["Tanh"], ACTIVATIONS["Gelu"], ACTIVATIONS["GeluTanh"],
-           ACTIVATIONS["Swish"])
+_COSTLY = (
+    ACTIVATIONS["Sigmoid"],
+    ACTIVATIONS["Tanh"],
+    ACTIVATIONS["Gelu"],
+    ACTIVATIONS["GeluTanh"],
+    ACTIVATIONS["Swish"],
+)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -90,8 +105,15 @@ def _columns(bias: np.ndarray, cols: int, dtype) -> np.ndarray:
     return b if b.size == cols else np.ascontiguousarray(np.broadcast_to(b, (cols,)))
 
 
-def epilogue(y: np.ndarray, bias: np.ndarray | None, z: np.ndarray | None, code: int, alpha: float,
-             beta: float, row_bias: np.ndarray | None = None) -> None:
+def epilogue(
+    y: np.ndarray,
+    bias: np.ndarray | None,
+    z: np.ndarray | None,
+    code: int,
+    alpha: float,
+    beta: float,
+    row_bias: np.ndarray | None = None,
+) -> None:
     """Apply the epilogue in place on ``y`` viewed as (rows, last dim): ``bias`` per column,
     ``row_bias`` per row (cycling: a conv's per-channel bias over (image, channel) rows)."""
     if y.size == 0 or (code == 0 and bias is None and z is None and row_bias is None):
@@ -104,4 +126,3 @@ def epilogue(y: np.ndarray, bias: np.ndarray | None, z: np.ndarray | None, code:
     zz = np.empty((0, 0), y.dtype) if z is None else z.reshape(-1, cols).astype(y.dtype, copy=False)
     parallel = y.size >= (PARALLEL_MIN_COSTLY if code in _COSTLY else PARALLEL_MIN)
     (epilogue_rows if parallel else epilogue_rows_serial)(y2, b, rb, zz, code, alpha, beta)
-

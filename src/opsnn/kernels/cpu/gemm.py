@@ -19,6 +19,7 @@ prepare time; the kernels only launch.
   (a graph initializer), the plan converts it to fp32 once, so each call converts only the
   activations (pays off for fp16; bf16's widening is a shift, as cheap as reading the copy).
 """
+
 from __future__ import annotations
 
 import math
@@ -320,7 +321,7 @@ def gemm_rows(x, w, lo, hi, beta, out):
                 o[j + 3] = s3 + beta * o[j + 3]
         i += 4
     if i < hi:  # the last rows, one at a time
-        _rows_in_order(x, w, i, hi, beta, out[:, i - lo:])
+        _rows_in_order(x, w, i, hi, beta, out[:, i - lo :])
 
 
 #: weight rows per task of :func:`gemm_rows_parallel`
@@ -397,7 +398,7 @@ def _finish_bf16_rows(acc, acc_u, cbias, rbias, z, code, alpha, beta, out):
         zf = tmp.view(np.float32)
         if z.size > 0:
             _widen(z[r], tmp[0], zf[0], KIND_BF16)
-        epilogue_row(acc[r:r + 1], cbias, rbias[r:r + 1], zf, 0, code, alpha, beta)
+        epilogue_row(acc[r : r + 1], cbias, rbias[r : r + 1], zf, 0, code, alpha, beta)
         _narrow(acc[r], acc_u[r], out[r], KIND_BF16)
 
 
@@ -405,14 +406,30 @@ _EMPTY32 = np.empty(0, np.float32)
 _EMPTY16 = np.empty((0, 0), np.uint16)
 
 
-def bf16_epilogue(acc: np.ndarray, out: np.ndarray, z: np.ndarray | None, code: int, alpha: float, beta: float,
-                  bias: np.ndarray | None = None, row_bias: np.ndarray | None = None) -> None:
+def bf16_epilogue(
+    acc: np.ndarray,
+    out: np.ndarray,
+    z: np.ndarray | None,
+    code: int,
+    alpha: float,
+    beta: float,
+    bias: np.ndarray | None = None,
+    row_bias: np.ndarray | None = None,
+) -> None:
     """out (bfloat16, any strides) = round(act(acc + bias + row_bias + z)) for a float32 (rows,
     cols) accumulator (modified): ``bias`` float32 per column, ``row_bias`` per row (a conv's
     channels), ``z`` bfloat16 like ``out``; one pass per row."""
-    _finish_bf16_rows(acc, acc.view(np.uint32), _EMPTY32 if bias is None else bias,
-                      _EMPTY32 if row_bias is None else row_bias,
-                      _EMPTY16 if z is None else z.view(np.uint16), code, alpha, beta, out.view(np.uint16))
+    _finish_bf16_rows(
+        acc,
+        acc.view(np.uint32),
+        _EMPTY32 if bias is None else bias,
+        _EMPTY32 if row_bias is None else row_bias,
+        _EMPTY16 if z is None else z.view(np.uint16),
+        code,
+        alpha,
+        beta,
+        out.view(np.uint16),
+    )
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -421,7 +438,7 @@ def _lowp_panel(a, b, out, j0, nc, kind, bp_u, bp, ar_u, ar, acc_u, acc):
     m_n, k_n = a.shape
     w = min(nc, b.shape[1] - j0)
     for k in range(k_n):
-        _widen(b[k, j0:j0 + w], bp_u[k, :w], bp[k, :w], kind)
+        _widen(b[k, j0 : j0 + w], bp_u[k, :w], bp[k, :w], kind)
     for i0 in range(0, m_n, MR):
         rows = min(MR, m_n - i0)
         for r in range(rows):
@@ -455,7 +472,7 @@ def _lowp_panel(a, b, out, j0, nc, kind, bp_u, bp, ar_u, ar, acc_u, acc):
                     for j in range(brow.shape[0]):
                         cr[j] += x * brow[j]
         for r in range(rows):
-            _narrow(acc[r, :w], acc_u[r, :w], out[i0 + r, j0:j0 + w], kind)
+            _narrow(acc[r, :w], acc_u[r, :w], out[i0 + r, j0 : j0 + w], kind)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -468,8 +485,20 @@ def gemm_lowp_parallel(a, b, out, nc, kind):
         bp_u = np.empty((k_n, nc), np.uint32)
         ar_u = np.empty((MR, k_n), np.uint32)
         acc_u = np.empty((MR, nc), np.uint32)
-        _lowp_panel(a, b, out, jp * nc, nc, kind, bp_u, bp_u.view(np.float32), ar_u, ar_u.view(np.float32),
-                    acc_u, acc_u.view(np.float32))
+        _lowp_panel(
+            a,
+            b,
+            out,
+            jp * nc,
+            nc,
+            kind,
+            bp_u,
+            bp_u.view(np.float32),
+            ar_u,
+            ar_u.view(np.float32),
+            acc_u,
+            acc_u.view(np.float32),
+        )
 
 
 @nb.njit(nogil=True, cache=True)
@@ -479,8 +508,20 @@ def gemm_lowp_serial(a, b, out, nc, kind):
     ar_u = np.empty((MR, k_n), np.uint32)
     acc_u = np.empty((MR, nc), np.uint32)
     for jp in range(-(-b.shape[1] // nc)):
-        _lowp_panel(a, b, out, jp * nc, nc, kind, bp_u, bp_u.view(np.float32), ar_u, ar_u.view(np.float32),
-                    acc_u, acc_u.view(np.float32))
+        _lowp_panel(
+            a,
+            b,
+            out,
+            jp * nc,
+            nc,
+            kind,
+            bp_u,
+            bp_u.view(np.float32),
+            ar_u,
+            ar_u.view(np.float32),
+            acc_u,
+            acc_u.view(np.float32),
+        )
 
 
 class LowpPlan(NamedTuple):
@@ -500,8 +541,10 @@ class LowpPlan(NamedTuple):
 
     def describe(self) -> str:
         kind = "bf16" if self.kind == KIND_BF16 else "fp16"
-        return (f"tiled {kind} GEMM: panels of {self.tile_size} columns widened to fp32 in cache, fp32 "
-                f"accumulation, {'parallel' if self.parallel else 'serial'}")
+        return (
+            f"tiled {kind} GEMM: panels of {self.tile_size} columns widened to fp32 in cache, fp32 "
+            f"accumulation, {'parallel' if self.parallel else 'serial'}"
+        )
 
 
 #: default panel width, and the cap on one thread's K x tile_size fp32 panel (L2 is 1 MiB
@@ -593,7 +636,7 @@ def _result_buffer(out: np.ndarray, plan: PackedPlan, ws) -> np.ndarray:
     if ws is None:
         return np.empty((out.size // max(plan.n, 1), plan.n), plan.w.dtype)
     shift = (-ws.ctypes.data) % 64
-    return ws[shift:shift + out.size * plan.w.dtype.itemsize].view(plan.w.dtype).reshape(-1, plan.n)
+    return ws[shift : shift + out.size * plan.w.dtype.itemsize].view(plan.w.dtype).reshape(-1, plan.n)
 
 
 def matmul_packed(ins, outs, attrs, plan: PackedPlan, ws):
@@ -633,8 +676,10 @@ class Bf16Plan(NamedTuple):
 
     def describe(self) -> str:
         extra = "; bias widened to float32 at prepare" if self.bias is not None else ""
-        return (f"bfloat16 weight ({self.w.shape[0]}x{self.w.shape[1]}) read as stored by MKL's bf16 GEMM; fp32 "
-                f"accumulation, one rounding to bfloat16{extra}")
+        return (
+            f"bfloat16 weight ({self.w.shape[0]}x{self.w.shape[1]}) read as stored by MKL's bf16 GEMM; fp32 "
+            f"accumulation, one rounding to bfloat16{extra}"
+        )
 
 
 def bf16_workspace(out_shape: tuple) -> int:
@@ -642,8 +687,18 @@ def bf16_workspace(out_shape: tuple) -> int:
     return math.prod(out_shape) * 4 + 64
 
 
-def matmul_bf16(a: np.ndarray, plan: Bf16Plan, out: np.ndarray, ws, alpha: float = 1.0, bias=None, z=None,
-                code: int = 0, act_alpha: float = 0.0, act_beta: float = 0.0) -> None:
+def matmul_bf16(
+    a: np.ndarray,
+    plan: Bf16Plan,
+    out: np.ndarray,
+    ws,
+    alpha: float = 1.0,
+    bias=None,
+    z=None,
+    code: int = 0,
+    act_alpha: float = 0.0,
+    act_beta: float = 0.0,
+) -> None:
     """out (bfloat16) = round(act(alpha * a @ B + bias + z)): ``a`` (..., K) bfloat16, B (K, N) in
     ``plan``; the product accumulates in float32 in the workspace, where the epilogue runs (``bias``
     float32 per column, ``z`` bfloat16 like ``out``), before one rounding."""
@@ -651,7 +706,14 @@ def matmul_bf16(a: np.ndarray, plan: Bf16Plan, out: np.ndarray, ws, alpha: float
     a2 = np.ascontiguousarray(a).view(np.uint16).reshape(-1, k)
     rows = a2.shape[0]
     shift = (-ws.ctypes.data) % 64
-    acc = ws[shift:shift + rows * n * 4].view(np.float32).reshape(rows, n)
+    acc = ws[shift : shift + rows * n * 4].view(np.float32).reshape(rows, n)
     _mkl.gemm2d_bf16(a2, plan.w, acc, alpha)
-    bf16_epilogue(acc, out.reshape(rows, n), None if z is None else np.ascontiguousarray(z).reshape(rows, n), code,
-                  act_alpha, act_beta, bias=bias)
+    bf16_epilogue(
+        acc,
+        out.reshape(rows, n),
+        None if z is None else np.ascontiguousarray(z).reshape(rows, n),
+        code,
+        act_alpha,
+        act_beta,
+        bias=bias,
+    )

@@ -11,6 +11,7 @@ rules in priority order over those facts (:func:`projection`, :func:`packed_pane
 these at prepare time; ``docs/kernel-libraries.md`` has the table for users and the measurements
 behind the thresholds.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,11 +27,11 @@ class Platform(NamedTuple):
     """What this machine offers, each library's "why not" (None: usable)."""
 
     isa: str | None
-    gemm_library: str              # 'mkl' or 'openblas': the threaded float32 GEMM library
-    mkl: str | None                # MKL's packed SGEMM
-    mkl_bf16: str | None           # MKL's cblas_gemm_bf16bf16f32
-    onednn_matmul: str | None      # oneDNN's float32 matmul is its brgemm code
-    onednn_bf16: str | None        # oneDNN's bf16 matmul is native (brgemm with AVX512-BF16)
+    gemm_library: str  # 'mkl' or 'openblas': the threaded float32 GEMM library
+    mkl: str | None  # MKL's packed SGEMM
+    mkl_bf16: str | None  # MKL's cblas_gemm_bf16bf16f32
+    onednn_matmul: str | None  # oneDNN's float32 matmul is its brgemm code
+    onednn_bf16: str | None  # oneDNN's bf16 matmul is native (brgemm with AVX512-BF16)
 
     @classmethod
     def for_isa(cls, level: str, vendor: str, mkl: bool = True, onednn: bool = True) -> Platform:
@@ -39,18 +40,28 @@ class Platform(NamedTuple):
         decision tables are pinned against."""
         rank = cpu.LEVELS.index(level)
         no_dnn = None if onednn else "oneDNN is not installed"
-        return cls(level, "mkl" if vendor == "GenuineIntel" and mkl else "openblas",
-                   None if mkl else "MKL is not installed", None if mkl else "MKL is not installed",
-                   no_dnn or (None if rank >= cpu.LEVELS.index("avx512") else "gemm:jit:f32 only"),
-                   no_dnn or (None if rank >= cpu.LEVELS.index("avx512_bf16") else "no AVX512-BF16"))
+        return cls(
+            level,
+            "mkl" if vendor == "GenuineIntel" and mkl else "openblas",
+            None if mkl else "MKL is not installed",
+            None if mkl else "MKL is not installed",
+            no_dnn or (None if rank >= cpu.LEVELS.index("avx512") else "gemm:jit:f32 only"),
+            no_dnn or (None if rank >= cpu.LEVELS.index("avx512_bf16") else "no AVX512-BF16"),
+        )
 
 
 def platform() -> Platform:
     """This machine's :class:`Platform` (each fact cached by its library module)."""
     from . import mkl, onednn
 
-    return Platform(cpu.isa(), gemm_library(), mkl.unavailable(), mkl.bf16_unavailable(),
-                    onednn.product_unavailable(np.float32), onednn.product_unavailable(_dt.bfloat16))
+    return Platform(
+        cpu.isa(),
+        gemm_library(),
+        mkl.unavailable(),
+        mkl.bf16_unavailable(),
+        onednn.product_unavailable(np.float32),
+        onednn.product_unavailable(_dt.bfloat16),
+    )
 
 
 class Choice(NamedTuple):
@@ -142,8 +153,10 @@ def packed_panel_rejection(m: int, k: int, n: int, p: Platform | None = None) ->
     lib = p.gemm_library if p is not None else gemm_library()
     if lib != "openblas" or m < PACKED_MAX_ROWS_ELSEWHERE or m * k * n < PACKED_MAX_MACS_ELSEWHERE:
         return None
-    return (f"MKL's SGEMM is slower than OpenBLAS on this CPU at {m} x {k} x {n} (see "
-            "opsnn.kernels.cpu.libraries.gemm_library; OPSNN_GEMM=mkl overrides)")
+    return (
+        f"MKL's SGEMM is slower than OpenBLAS on this CPU at {m} x {k} x {n} (see "
+        "opsnn.kernels.cpu.libraries.gemm_library; OPSNN_GEMM=mkl overrides)"
+    )
 
 
 def own_rows_kernel(rows: int, p: Platform | None = None) -> bool:
@@ -192,8 +205,11 @@ def projection(rows: int, k: int, n: int, dtype, p: Platform | None = None, cont
     if rows < 2 and not own_rows_kernel(rows, p):
         return Choice("mkl", "llm_linear_mkl_gemv", "one row: MKL's sgemv streams the weight once")
     if onednn_rows(rows, p) and contiguous:
-        return Choice("onednn", "llm_linear_onednn", f">= {ONEDNN_MIN_ROWS} rows, MKL not the GEMM library: "
-                      "oneDNN's brgemm matmul")
+        return Choice(
+            "onednn",
+            "llm_linear_onednn",
+            f">= {ONEDNN_MIN_ROWS} rows, MKL not the GEMM library: oneDNN's brgemm matmul",
+        )
     if own_rows_kernel(rows, p):
         return Choice("opsnn", "llm_linear_rows", f"<= {SMALL_ROWS} rows, MKL not the GEMM library: opsnn's gemm_rows")
     why = packed_panel_rejection(rows, k, n, p)
@@ -232,8 +248,9 @@ def winograd_gemms(tiles: int = 1, p: Platform | None = None) -> Choice:
     if p.onednn_matmul is None and tiles <= WINOGRAD_ONEDNN_MAX_TILES:
         return Choice("onednn", "batch_matmul_onednn", "oneDNN's batched brgemm matmul")
     if p.onednn_matmul is None and p.mkl is None:
-        return Choice("mkl", "point_gemms", f"{tiles} tiles a chunk (> {WINOGRAD_ONEDNN_MAX_TILES}): MKL a point "
-                      "per task")
+        return Choice(
+            "mkl", "point_gemms", f"{tiles} tiles a chunk (> {WINOGRAD_ONEDNN_MAX_TILES}): MKL a point per task"
+        )
     if p.mkl is None:
         return Choice("mkl", "point_gemms", f"MKL a point per task (oneDNN: {p.onednn_matmul})")
     return Choice("openblas", "point_gemms", f"numpy (no MKL: {p.mkl})")
@@ -258,14 +275,33 @@ def summary() -> str:
     parts = [f"ISA {cpu.describe()}", f"GEMM {'MKL' if gemm_library() == 'mkl' else 'OpenBLAS'}"]
     parts.append("MKL " + (mkl.threading_layer() if mkl.unavailable() is None else "off"))
     if onednn.unavailable() is None:
-        extra = [f"nChw{onednn.block()}c", "matmul" if onednn.matmul_unavailable() is None else "no matmul",
-                 "bf16" if onednn.bf16_unavailable() is None else "no bf16"]
+        extra = [
+            f"nChw{onednn.block()}c",
+            "matmul" if onednn.matmul_unavailable() is None else "no matmul",
+            "bf16" if onednn.bf16_unavailable() is None else "no bf16",
+        ]
         parts.append(f"oneDNN {onednn.version()} ({', '.join(extra)})")
     else:
         parts.append("oneDNN off")
     return "; ".join(parts)
 
 
-__all__ = ["Choice", "Platform", "attention_gemms", "conv_gemms", "gemm_library", "gemm_library_why",
-           "mkl_gemv_in_tasks", "onednn_bf16_rows", "onednn_rows", "openblas_gemv", "own_rows_kernel",
-           "packed_panel_rejection", "platform", "projection", "summary", "weight_stays_unpacked", "winograd_gemms"]
+__all__ = [
+    "Choice",
+    "Platform",
+    "attention_gemms",
+    "conv_gemms",
+    "gemm_library",
+    "gemm_library_why",
+    "mkl_gemv_in_tasks",
+    "onednn_bf16_rows",
+    "onednn_rows",
+    "openblas_gemv",
+    "own_rows_kernel",
+    "packed_panel_rejection",
+    "platform",
+    "projection",
+    "summary",
+    "weight_stays_unpacked",
+    "winograd_gemms",
+]

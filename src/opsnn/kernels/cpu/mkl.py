@@ -18,6 +18,7 @@ the two never spin against each other; without libgomp it runs sequentially. The
 count per call follows the one OpenBLAS is set to (opsnn's thread policy and pipelined
 stages' BLAS limits, :mod:`opsnn.runtime.blas`).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -38,8 +39,8 @@ _A_MATRIX, _B_MATRIX, _PACKED = 161, 162, 151
 _LAYER_SEQUENTIAL, _LAYER_GNU = 1, 3
 
 _lock = threading.Lock()
-_lib = None          # the loaded functions (a namespace), once loaded
-_why: str | None = None   # why MKL is not used, once looked for
+_lib = None  # the loaded functions (a namespace), once loaded
+_why: str | None = None  # why MKL is not used, once looked for
 _looked = False
 
 
@@ -51,7 +52,7 @@ class _Api(NamedTuple):
     batch: object
     gemv: object
     sgemm: object
-    bf16: object   # cblas_gemm_bf16bf16f32 (bf16 A and B, fp32 C), or None
+    bf16: object  # cblas_gemm_bf16bf16f32 (bf16 A and B, fp32 C), or None
     threading: str
 
 
@@ -104,12 +105,35 @@ def _load() -> None:
         size = lib.cblas_sgemm_pack_get_size
         size.argtypes, size.restype = [c.c_int, c.c_int, c.c_int, c.c_int], c.c_size_t
         pack = lib.cblas_sgemm_pack
-        pack.argtypes = [c.c_int, c.c_int, c.c_int, c.c_int, c.c_int, c.c_int, c.c_float, c.c_void_p, c.c_int,
-                         c.c_void_p]
+        pack.argtypes = [
+            c.c_int,
+            c.c_int,
+            c.c_int,
+            c.c_int,
+            c.c_int,
+            c.c_int,
+            c.c_float,
+            c.c_void_p,
+            c.c_int,
+            c.c_void_p,
+        ]
         pack.restype = None
         compute = lib.cblas_sgemm_compute
-        compute.argtypes = [c.c_int, c.c_int, c.c_int, c.c_int, c.c_int, c.c_int, c.c_void_p, c.c_int, c.c_void_p,
-                            c.c_int, c.c_float, c.c_void_p, c.c_int]
+        compute.argtypes = [
+            c.c_int,
+            c.c_int,
+            c.c_int,
+            c.c_int,
+            c.c_int,
+            c.c_int,
+            c.c_void_p,
+            c.c_int,
+            c.c_void_p,
+            c.c_int,
+            c.c_float,
+            c.c_void_p,
+            c.c_int,
+        ]
         compute.restype = None
         local = lib.MKL_Set_Num_Threads_Local
         local.argtypes, local.restype = [c.c_int], c.c_int
@@ -117,12 +141,38 @@ def _load() -> None:
         batch.argtypes = [c.c_int] + [c.c_void_p] * 13 + [c.c_int, c.c_void_p]
         batch.restype = None
         gemv = lib.cblas_sgemv
-        gemv.argtypes = [c.c_int, c.c_int, c.c_int, c.c_int, c.c_float, c.c_void_p, c.c_int, c.c_void_p, c.c_int,
-                         c.c_float, c.c_void_p, c.c_int]
+        gemv.argtypes = [
+            c.c_int,
+            c.c_int,
+            c.c_int,
+            c.c_int,
+            c.c_float,
+            c.c_void_p,
+            c.c_int,
+            c.c_void_p,
+            c.c_int,
+            c.c_float,
+            c.c_void_p,
+            c.c_int,
+        ]
         gemv.restype = None
         sgemm = lib.cblas_sgemm
-        sgemm.argtypes = [c.c_int, c.c_int, c.c_int, c.c_int, c.c_int, c.c_int, c.c_float, c.c_void_p, c.c_int,
-                          c.c_void_p, c.c_int, c.c_float, c.c_void_p, c.c_int]
+        sgemm.argtypes = [
+            c.c_int,
+            c.c_int,
+            c.c_int,
+            c.c_int,
+            c.c_int,
+            c.c_int,
+            c.c_float,
+            c.c_void_p,
+            c.c_int,
+            c.c_void_p,
+            c.c_int,
+            c.c_float,
+            c.c_void_p,
+            c.c_int,
+        ]
         sgemm.restype = None
         bf16 = None
         if hasattr(lib, "cblas_gemm_bf16bf16f32"):
@@ -157,7 +207,9 @@ class PackedWeight(NamedTuple):
     n: int
 
     def describe(self) -> str:
-        return f"weight ({self.k}x{self.n}) packed by MKL at prepare for {self.m}-row products ({self.buf.nbytes} bytes)"
+        return (
+            f"weight ({self.k}x{self.n}) packed by MKL at prepare for {self.m}-row products ({self.buf.nbytes} bytes)"
+        )
 
 
 def _api() -> _Api:
@@ -176,9 +228,19 @@ def pack(w: np.ndarray, m: int, transpose: bool) -> PackedWeight:
     nbytes = int(_lib.pack_size(_B_MATRIX, m, n, k))
     raw = np.empty(nbytes + 64, np.uint8)
     shift = (-raw.ctypes.data) % 64
-    buf = raw[shift:shift + nbytes]
-    _lib.pack(_ROW_MAJOR, _B_MATRIX, _TRANS if transpose else _NO_TRANS, m, n, k, 1.0, w.ctypes.data,
-              w.shape[1], buf.ctypes.data)
+    buf = raw[shift : shift + nbytes]
+    _lib.pack(
+        _ROW_MAJOR,
+        _B_MATRIX,
+        _TRANS if transpose else _NO_TRANS,
+        m,
+        n,
+        k,
+        1.0,
+        w.ctypes.data,
+        w.shape[1],
+        buf.ctypes.data,
+    )
     buf.setflags(write=False)
     return PackedWeight(buf, buf.ctypes.data, m, k, n)
 
@@ -193,7 +255,7 @@ def pack_left(w: np.ndarray, n: int) -> PackedWeight:
     nbytes = int(lib.pack_size(_A_MATRIX, m, n, k))
     raw = np.empty(nbytes + 64, np.uint8)
     shift = (-raw.ctypes.data) % 64
-    buf = raw[shift:shift + nbytes]
+    buf = raw[shift : shift + nbytes]
     lib.pack(_ROW_MAJOR, _A_MATRIX, _NO_TRANS, m, n, k, 1.0, w.ctypes.data, k, buf.ctypes.data)
     buf.setflags(write=False)
     return PackedWeight(buf, buf.ctypes.data, m, k, n)
@@ -209,8 +271,21 @@ def gemm_left(p: PackedWeight, b: np.ndarray, out: np.ndarray) -> None:
     ldb = b.strides[0] // 4 if p.k > 1 else n
     ldc = out.strides[0] // 4 if p.m > 1 else n
     _lib.set_threads_local(_threads())
-    _lib.compute(_ROW_MAJOR, _PACKED, _NO_TRANS, p.m, n, p.k, p.addr, p.k, b.ctypes.data, max(ldb, n), 0.0,
-                 out.ctypes.data, max(ldc, n))
+    _lib.compute(
+        _ROW_MAJOR,
+        _PACKED,
+        _NO_TRANS,
+        p.m,
+        n,
+        p.k,
+        p.addr,
+        p.k,
+        b.ctypes.data,
+        max(ldb, n),
+        0.0,
+        out.ctypes.data,
+        max(ldc, n),
+    )
 
 
 def bf16_unavailable() -> str | None:
@@ -247,8 +322,22 @@ def gemm2d_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha: float = 1.
     if la is None or lb is None or lc is None or lc[0] != _NO_TRANS:
         raise ValueError("gemm2d_bf16: operands must be row-major or transposed views (unit stride along a side)")
     _lib.set_threads_local(_threads())
-    _lib.bf16(_ROW_MAJOR, la[0], lb[0], m, n, k, alpha, a.ctypes.data, la[1], b.ctypes.data, lb[1], beta,
-              out.ctypes.data, lc[1])
+    _lib.bf16(
+        _ROW_MAJOR,
+        la[0],
+        lb[0],
+        m,
+        n,
+        k,
+        alpha,
+        a.ctypes.data,
+        la[1],
+        b.ctypes.data,
+        lb[1],
+        beta,
+        out.ctypes.data,
+        lc[1],
+    )
 
 
 _blas_threads = None  # opsnn.runtime.blas.get_blas_threads, imported on the first call (runtime imports us)
@@ -274,8 +363,21 @@ def gemm(a: np.ndarray, p: PackedWeight, out: np.ndarray, accumulate: bool = Fal
     if m == 0:
         return
     _lib.set_threads_local(_threads())
-    _lib.compute(_ROW_MAJOR, _NO_TRANS, _PACKED, m, p.n, p.k, a.ctypes.data, p.k, p.addr, p.n,
-                 1.0 if accumulate else 0.0, out.ctypes.data, p.n)
+    _lib.compute(
+        _ROW_MAJOR,
+        _NO_TRANS,
+        _PACKED,
+        m,
+        p.n,
+        p.k,
+        a.ctypes.data,
+        p.k,
+        p.addr,
+        p.n,
+        1.0 if accumulate else 0.0,
+        out.ctypes.data,
+        p.n,
+    )
 
 
 def gemv(w: np.ndarray, x: np.ndarray, out: np.ndarray, accumulate: bool = False) -> None:
@@ -287,8 +389,20 @@ def gemv(w: np.ndarray, x: np.ndarray, out: np.ndarray, accumulate: bool = False
         return
     lib = _api()  # also loads MKL when nothing has yet
     lib.set_threads_local(_threads())
-    lib.gemv(_ROW_MAJOR, _NO_TRANS, n, k, 1.0, w.ctypes.data, k, x.ctypes.data, 1, 1.0 if accumulate else 0.0,
-             out.ctypes.data, 1)
+    lib.gemv(
+        _ROW_MAJOR,
+        _NO_TRANS,
+        n,
+        k,
+        1.0,
+        w.ctypes.data,
+        k,
+        x.ctypes.data,
+        1,
+        1.0 if accumulate else 0.0,
+        out.ctypes.data,
+        1,
+    )
 
 
 def _matrices(x: np.ndarray) -> tuple[np.ndarray, int]:
@@ -322,10 +436,21 @@ def matmul_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_b: bool = 
     pb, ldb = _matrices(b)
     pc, ldc = _matrices(c)
     i32 = np.int32
-    args = [np.array([_NO_TRANS], i32), np.array([_TRANS if trans_b else _NO_TRANS], i32),
-            np.array([m], i32), np.array([n], i32), np.array([k], i32), np.array([1.0], np.float32),
-            pa, np.array([lda], i32), pb, np.array([ldb], i32), np.array([0.0], np.float32), pc,
-            np.array([ldc], i32)]
+    args = [
+        np.array([_NO_TRANS], i32),
+        np.array([_TRANS if trans_b else _NO_TRANS], i32),
+        np.array([m], i32),
+        np.array([n], i32),
+        np.array([k], i32),
+        np.array([1.0], np.float32),
+        pa,
+        np.array([lda], i32),
+        pb,
+        np.array([ldb], i32),
+        np.array([0.0], np.float32),
+        pc,
+        np.array([ldc], i32),
+    ]
     size = np.array([count], i32)
     lib = _api()
     lib.set_threads_local(_threads())
@@ -340,8 +465,11 @@ def _blas_view(x: np.ndarray) -> bool:
     isz = x.itemsize
     rows, cols = x.shape[-2:]
     rs, cs = x.strides[-2:]
-    return (cols <= 1 or cs == isz) and (rows <= 1 or (rs % isz == 0 and rs >= cols * isz)) and \
-        all(st >= 0 and st % isz == 0 for st in x.strides[:-2])
+    return (
+        (cols <= 1 or cs == isz)
+        and (rows <= 1 or (rs % isz == 0 and rs >= cols * isz))
+        and all(st >= 0 and st % isz == 0 for st in x.strides[:-2])
+    )
 
 
 def _operand(x: np.ndarray, isz: int = 4):
@@ -369,8 +497,13 @@ def try_gemm2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
     single row or column, else ``cblas_sgemm``), transposed views read in place; True when done.
     False (nothing done: the caller runs the product itself) when MKL is not available or a view
     is not a BLAS operand as it stands."""
-    if (_lib is None and unavailable() is not None) or _why is not None or \
-            a.dtype != np.float32 or b.dtype != np.float32 or out.dtype != np.float32:
+    if (
+        (_lib is None and unavailable() is not None)
+        or _why is not None
+        or a.dtype != np.float32
+        or b.dtype != np.float32
+        or out.dtype != np.float32
+    ):
         return False
     m, k = a.shape
     n = b.shape[1]
@@ -391,15 +524,17 @@ def try_gemm2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
             t_row = _NO_TRANS if t_row == _TRANS else _TRANS
         rows, cols = mat.shape if trans == _NO_TRANS else mat.shape[::-1]  # as stored
         _lib.set_threads_local(_threads())
-        _lib.gemv(_ROW_MAJOR, t_row, rows, cols, 1.0, mat.ctypes.data, ld, vec.ctypes.data, inc_x, 0.0,
-                  res.ctypes.data, inc_y)
+        _lib.gemv(
+            _ROW_MAJOR, t_row, rows, cols, 1.0, mat.ctypes.data, ld, vec.ctypes.data, inc_x, 0.0, res.ctypes.data, inc_y
+        )
         return True
     la, lb, lc = _operand(a), _operand(b), _operand(out)
     if la is None or lb is None or lc is None or lc[0] != _NO_TRANS:
         return False
     _lib.set_threads_local(_threads())
-    _lib.sgemm(_ROW_MAJOR, la[0], lb[0], m, n, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1], 0.0,
-               out.ctypes.data, lc[1])
+    _lib.sgemm(
+        _ROW_MAJOR, la[0], lb[0], m, n, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1], 0.0, out.ctypes.data, lc[1]
+    )
     return True
 
 
@@ -434,8 +569,14 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
             return
         if try_gemm2d(a, b, out):
             return
-    if (_lib is None and unavailable() is not None) or _why is not None or a.ndim < 2 or b.ndim < 2 \
-            or not (_blas_view(a) and _blas_view(b) and _blas_view(out)) or 0 in out.strides[:-2]:
+    if (
+        (_lib is None and unavailable() is not None)
+        or _why is not None
+        or a.ndim < 2
+        or b.ndim < 2
+        or not (_blas_view(a) and _blas_view(b) and _blas_view(out))
+        or 0 in out.strides[:-2]
+    ):
         np.matmul(a, b, out=out)
         return
     lead = out.shape[:-2]

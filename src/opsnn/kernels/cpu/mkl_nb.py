@@ -12,6 +12,7 @@ The functions are called through their addresses, passed to the kernel as argume
 (:func:`addresses`), so that kernels stay cacheable (``cache=True``: a ctypes function
 object would bake a process-specific address into the cached code).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,8 +29,11 @@ ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 
 def _as_i32(builder, val, ty):
     if isinstance(ty, types.Integer):
-        return builder.trunc(val, ir.IntType(32)) if ty.bitwidth > 32 else \
-            (builder.sext(val, ir.IntType(32)) if ty.bitwidth < 32 else val)
+        return (
+            builder.trunc(val, ir.IntType(32))
+            if ty.bitwidth > 32
+            else (builder.sext(val, ir.IntType(32)) if ty.bitwidth < 32 else val)
+        )
     if isinstance(ty, types.Boolean):
         return builder.zext(val, ir.IntType(32))
     raise TypeError(f"an int argument, got {ty}")
@@ -61,10 +65,16 @@ def sgemm(typingctx, fn, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
         tys = signature.args
         call = [ir.Constant(i32, ROW_MAJOR)]
         call += [_as_i32(builder, args[i], tys[i]) for i in range(1, 6)]
-        call += [ir.Constant(f32, 1.0), _as_ptr(builder, args[6], tys[6]), _as_i32(builder, args[7], tys[7]),
-                 _as_ptr(builder, args[8], tys[8]), _as_i32(builder, args[9], tys[9]),
-                 _as_f32(builder, args[10], tys[10]), _as_ptr(builder, args[11], tys[11]),
-                 _as_i32(builder, args[12], tys[12])]
+        call += [
+            ir.Constant(f32, 1.0),
+            _as_ptr(builder, args[6], tys[6]),
+            _as_i32(builder, args[7], tys[7]),
+            _as_ptr(builder, args[8], tys[8]),
+            _as_i32(builder, args[9], tys[9]),
+            _as_f32(builder, args[10], tys[10]),
+            _as_ptr(builder, args[11], tys[11]),
+            _as_i32(builder, args[12], tys[12]),
+        ]
         builder.call(builder.inttoptr(args[0], fnty.as_pointer()), call)
         return context.get_dummy_value()
 
@@ -83,10 +93,20 @@ def sgemv(typingctx, fn, m, n, a, lda, x, beta, y):
         fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, i32, f32, ptr, i32, ptr, i32, f32, ptr, i32])
         tys = signature.args
         one = ir.Constant(i32, 1)
-        call = [ir.Constant(i32, ROW_MAJOR), ir.Constant(i32, NO_TRANS), _as_i32(builder, args[1], tys[1]),
-                _as_i32(builder, args[2], tys[2]), ir.Constant(f32, 1.0), _as_ptr(builder, args[3], tys[3]),
-                _as_i32(builder, args[4], tys[4]), _as_ptr(builder, args[5], tys[5]), one,
-                _as_f32(builder, args[6], tys[6]), _as_ptr(builder, args[7], tys[7]), one]
+        call = [
+            ir.Constant(i32, ROW_MAJOR),
+            ir.Constant(i32, NO_TRANS),
+            _as_i32(builder, args[1], tys[1]),
+            _as_i32(builder, args[2], tys[2]),
+            ir.Constant(f32, 1.0),
+            _as_ptr(builder, args[3], tys[3]),
+            _as_i32(builder, args[4], tys[4]),
+            _as_ptr(builder, args[5], tys[5]),
+            one,
+            _as_f32(builder, args[6], tys[6]),
+            _as_ptr(builder, args[7], tys[7]),
+            one,
+        ]
         builder.call(builder.inttoptr(args[0], fnty.as_pointer()), call)
         return context.get_dummy_value()
 
@@ -102,8 +122,9 @@ def set_threads_local(typingctx, fn, nthreads):
     def codegen(context, builder, signature, args):
         i32 = ir.IntType(32)
         fnty = ir.FunctionType(i32, [i32])
-        return builder.call(builder.inttoptr(args[0], fnty.as_pointer()),
-                            [_as_i32(builder, args[1], signature.args[1])])
+        return builder.call(
+            builder.inttoptr(args[0], fnty.as_pointer()), [_as_i32(builder, args[1], signature.args[1])]
+        )
 
     return sig, codegen
 
@@ -124,10 +145,16 @@ def addresses() -> np.ndarray | None:
     import ctypes
 
     lib = _mkl._lib
-    _ADDRESSES.append(np.array([ctypes.cast(lib.sgemm, ctypes.c_void_p).value,
-                                ctypes.cast(lib.set_threads_local, ctypes.c_void_p).value,
-                                ctypes.cast(lib.gemv, ctypes.c_void_p).value
-                                if libraries.mkl_gemv_in_tasks() else 0], np.int64))
+    _ADDRESSES.append(
+        np.array(
+            [
+                ctypes.cast(lib.sgemm, ctypes.c_void_p).value,
+                ctypes.cast(lib.set_threads_local, ctypes.c_void_p).value,
+                ctypes.cast(lib.gemv, ctypes.c_void_p).value if libraries.mkl_gemv_in_tasks() else 0,
+            ],
+            np.int64,
+        )
+    )
     return _ADDRESSES[0]
 
 

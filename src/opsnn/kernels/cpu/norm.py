@@ -18,6 +18,7 @@ LayerNorm/RMSNorm float32 rows (a few KiB, cache-resident) instead run every loo
 two-pass variance — and normalise in float32 (``_stats_row32``): faster than float64 sums,
 within float32 rounding of the float64 reference.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,7 +79,7 @@ def _shifted_sums32(xs, c):
     s = 0.0
     q = 0.0
     for b0 in range(0, n, _BLK):
-        blk = xs[b0: min(b0 + _BLK, n)]
+        blk = xs[b0 : min(b0 + _BLK, n)]
         ts = np.float32(0.0)
         tq = np.float32(0.0)
         for i in range(blk.size):
@@ -129,7 +130,7 @@ def _sumsq_row32(xs):
     n = xs.size
     q = 0.0
     for b0 in range(0, n, _BLK):
-        blk = xs[b0: min(b0 + _BLK, n)]
+        blk = xs[b0 : min(b0 + _BLK, n)]
         t = np.float32(0.0)
         for i in range(blk.size):
             t += blk[i] * blk[i]
@@ -140,8 +141,8 @@ def _sumsq_row32(xs):
 @nb.njit(**_OPTS)
 def _ln_task(x, scale, bias, has_bias, y, mean_o, inv_o, row, N, eps, rms):
     """Row ``row`` of a float64 LayerNorm/RMSNorm: float64 statistics (exact two-pass)."""
-    xs = x[row * N: row * N + N]
-    ys = y[row * N: row * N + N]
+    xs = x[row * N : row * N + N]
+    ys = y[row * N : row * N + N]
     if rms:
         q = 0.0
         for i in range(N):
@@ -172,8 +173,8 @@ def norm_rows32(x, scale, bias, has_bias, y, mean_o, inv_o, r0, r1, N, eps, rms)
     A loop over rows in one function (not a call per row): per-row calls cost a sizeable share
     of a short row's time."""
     for row in range(r0, r1):
-        xs = x[row * N: row * N + N]
-        ys = y[row * N: row * N + N]
+        xs = x[row * N : row * N + N]
+        ys = y[row * N : row * N + N]
         if rms:
             mean = 0.0
             inv = 1.0 / np.sqrt(_sumsq_row32(xs) / N + eps)
@@ -213,12 +214,23 @@ def _ln_serial(x, scale, bias, has_bias, y, mean_o, inv_o, rows, N, eps, rms):
 @nb.njit(parallel=True, **_OPTS)
 def _ln_parallel32(x, scale, bias, has_bias, y, mean_o, inv_o, rows, N, eps, rms, chunks):
     for c in nb.prange(chunks):
-        norm_rows32(x, scale, bias, has_bias, y, mean_o, inv_o, rows * c // chunks, rows * (c + 1) // chunks, N,
-                   eps, rms)
+        norm_rows32(
+            x, scale, bias, has_bias, y, mean_o, inv_o, rows * c // chunks, rows * (c + 1) // chunks, N, eps, rms
+        )
 
 
-def layer_norm(x: np.ndarray, scale: np.ndarray, bias, y: np.ndarray, stats: np.ndarray, rows: int, N: int,
-               eps: float, rms: bool, parallel: bool) -> None:
+def layer_norm(
+    x: np.ndarray,
+    scale: np.ndarray,
+    bias,
+    y: np.ndarray,
+    stats: np.ndarray,
+    rows: int,
+    N: int,
+    eps: float,
+    rms: bool,
+    parallel: bool,
+) -> None:
     """Normalize each of ``rows`` contiguous rows of ``N`` elements; ``scale``/``bias`` are
     N-vectors (bias may be None). ``stats`` (float64, 2*rows) receives mean and 1/std."""
     if rows * N == 0:
@@ -227,11 +239,12 @@ def layer_norm(x: np.ndarray, scale: np.ndarray, bias, y: np.ndarray, stats: np.
     cd = x.dtype
     s = scale.astype(cd, copy=False)
     b = bias.astype(cd, copy=False) if bias is not None else s
-    xf, yf, mo, io = x.reshape(-1), y.reshape(-1), stats[:rows], stats[rows: 2 * rows]
+    xf, yf, mo, io = x.reshape(-1), y.reshape(-1), stats[:rows], stats[rows : 2 * rows]
     if cd == np.float32:
         if parallel:
-            _ln_parallel32(xf, s, b, bias is not None, yf, mo, io, rows, N, float(eps), rms,
-                           min(rows, 4 * nb.get_num_threads()))
+            _ln_parallel32(
+                xf, s, b, bias is not None, yf, mo, io, rows, N, float(eps), rms, min(rows, 4 * nb.get_num_threads())
+            )
         else:
             norm_rows32(xf, s, b, bias is not None, yf, mo, io, 0, rows, N, float(eps), rms)
         return
@@ -243,15 +256,15 @@ def layer_norm(x: np.ndarray, scale: np.ndarray, bias, y: np.ndarray, stats: np.
 @nb.njit(**_OPTS)
 def _gn_task(x, scale, bias, y, row, G, Cg, S, eps, exact):
     lo = row * Cg * S
-    mean, var = _stats(x[lo: lo + Cg * S], exact)
+    mean, var = _stats(x[lo : lo + Cg * S], exact)
     inv = 1.0 / np.sqrt(var + eps)
     g = row % G
     for k in range(Cg):
         c = g * Cg + k
         a = inv * scale[c]
         bb = bias[c]
-        xs = x[lo + k * S: lo + k * S + S]
-        ys = y[lo + k * S: lo + k * S + S]
+        xs = x[lo + k * S : lo + k * S + S]
+        ys = y[lo + k * S : lo + k * S + S]
         for s in range(S):
             ys[s] = (xs[s] - mean) * a + bb
 
@@ -268,15 +281,35 @@ def _gn_serial(x, scale, bias, y, rows, G, Cg, S, eps, exact):
         _gn_task(x, scale, bias, y, r, G, Cg, S, eps, exact)
 
 
-def group_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, y: np.ndarray, N: int, G: int, Cg: int,
-               S: int, eps: float, parallel: bool) -> None:
+def group_norm(
+    x: np.ndarray,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    y: np.ndarray,
+    N: int,
+    G: int,
+    Cg: int,
+    S: int,
+    eps: float,
+    parallel: bool,
+) -> None:
     """x viewed as (N, G, Cg, S): statistics per (n, g), affine per channel g*Cg + k."""
     if x.size == 0:
         return
     cd = x.dtype
     run = _gn_parallel if parallel else _gn_serial
-    run(x.reshape(-1), scale.astype(cd, copy=False), bias.astype(cd, copy=False), y.reshape(-1), N * G, G, Cg,
-        S, float(eps), cd == np.float64)
+    run(
+        x.reshape(-1),
+        scale.astype(cd, copy=False),
+        bias.astype(cd, copy=False),
+        y.reshape(-1),
+        N * G,
+        G,
+        Cg,
+        S,
+        float(eps),
+        cd == np.float64,
+    )
 
 
 # -- BatchNorm ----------------------------------------------------------------------------------
@@ -286,8 +319,8 @@ def _bn_task(x, mean, a, b, y, row, C, S):
     m = mean[c]
     ac = a[c]
     bc = b[c]
-    xs = x[row * S: row * S + S]
-    ys = y[row * S: row * S + S]
+    xs = x[row * S : row * S + S]
+    ys = y[row * S : row * S + S]
     for s in range(S):
         ys[s] = (xs[s] - m) * ac + bc
 
@@ -315,13 +348,13 @@ def _bn_stats_task(x, c, N, C, S, exact, mean_o, var_o):
     if exact:
         s = 0.0
         for n in range(N):
-            xs = x[(n * C + c) * S: (n * C + c) * S + S]
+            xs = x[(n * C + c) * S : (n * C + c) * S + S]
             for i in range(S):
                 s += xs[i]
         m = s / cnt
         q = 0.0
         for n in range(N):
-            xs = x[(n * C + c) * S: (n * C + c) * S + S]
+            xs = x[(n * C + c) * S : (n * C + c) * S + S]
             for i in range(S):
                 d = xs[i] - m
                 q += d * d
@@ -332,7 +365,7 @@ def _bn_stats_task(x, c, N, C, S, exact, mean_o, var_o):
     s = 0.0
     q = 0.0
     for n in range(N):
-        xs = x[(n * C + c) * S: (n * C + c) * S + S]
+        xs = x[(n * C + c) * S : (n * C + c) * S + S]
         for i in range(S):
             d = xs[i] - shift
             s += d
@@ -355,8 +388,21 @@ def _bn_stats_serial(x, N, C, S, exact, mean_o, var_o):
         _bn_stats_task(x, c, N, C, S, exact, mean_o, var_o)
 
 
-def batch_norm(x: np.ndarray, scale, bias, mean, var, y: np.ndarray, N: int, C: int, S: int, eps: float,
-               parallel: bool, training: bool, momentum: float):
+def batch_norm(
+    x: np.ndarray,
+    scale,
+    bias,
+    mean,
+    var,
+    y: np.ndarray,
+    N: int,
+    C: int,
+    S: int,
+    eps: float,
+    parallel: bool,
+    training: bool,
+    momentum: float,
+):
     """Inference: normalise with the given statistics. Training: per-channel batch statistics
     (population variance), and return the updated running (mean, var) in float64."""
     flat = x.reshape(-1)
@@ -374,11 +420,12 @@ def batch_norm(x: np.ndarray, scale, bias, mean, var, y: np.ndarray, N: int, C: 
     with np.errstate(all="ignore"):
         a = scale.astype(np.float64) / np.sqrt(use_v + eps)
     if x.size:
-        (_bn_parallel if parallel else _bn_serial)(flat, use_m, a, bias.astype(np.float64), y.reshape(-1), N * C, C,
-                                                   S)
+        (_bn_parallel if parallel else _bn_serial)(flat, use_m, a, bias.astype(np.float64), y.reshape(-1), N * C, C, S)
     if training:
-        return (mean.astype(np.float64) * momentum + bm * (1.0 - momentum),
-                var.astype(np.float64) * momentum + bv * (1.0 - momentum))
+        return (
+            mean.astype(np.float64) * momentum + bm * (1.0 - momentum),
+            var.astype(np.float64) * momentum + bv * (1.0 - momentum),
+        )
     return None
 
 
@@ -420,7 +467,7 @@ def lrn(x: np.ndarray, out: np.ndarray, size: int, alpha: float, beta: float, bi
     for d in range(-before, after + 1):
         lo, hi = max(0, -d), min(C, C - d)  # channels c whose neighbour c + d exists
         if lo < hi:
-            win[:, lo:hi] += sq[:, lo + d:hi + d]
+            win[:, lo:hi] += sq[:, lo + d : hi + d]
     with np.errstate(all="ignore"):
         r = w / (bias + (alpha / size) * win) ** beta
     np.copyto(out, r, casting="unsafe")

@@ -29,6 +29,7 @@ loaded, the CPU has neither AVX2 nor AVX-512, or ``OPSNN_ONEDNN=0``, :func:`unav
 and the layout pass leaves the graph alone. Constant weights are reordered into the primitive's
 own layout once, when the primitive is built (at prepare).
 """
+
 from __future__ import annotations
 
 import ctypes as C
@@ -54,11 +55,11 @@ TAG_ANY, TAG_A, TAG_AB, TAG_ABC, TAG_NCHW, TAG_OIHW, TAG_BA, TAG_ACB = 1, 2, 3, 
 #: channel block -> oneDNN's format tag (nChw8c, nChw16c)
 TAG_BLOCKED = {8: 102, 16: 78}
 #: oneDNN's dnnl_cpu_isa_t bits: AVX2 (0x7) and AVX-512 core (0x27, includes AVX2's)
-_ISA_AVX2, _ISA_AVX512, _ISA_AVX512_BF16 = 0x7, 0x27, 0xe7
+_ISA_AVX2, _ISA_AVX512, _ISA_AVX512_BF16 = 0x7, 0x27, 0xE7
 _FORWARD_INFERENCE = 96
 _CONV_DIRECT = 1
 _POOL_MAX = 511
-_BINARY_ADD = 0x1fff0
+_BINARY_ADD = 0x1FFF0
 _ARG_SRC, _ARG_SRC_1, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS = 1, 2, 17, 33, 41
 _ARG_POST_OP_BASE = 1 << 15
 _ARG_SCRATCHPAD = 80
@@ -78,6 +79,7 @@ def _split_act(act: int, alpha: float, beta: float, dtype) -> tuple[int, tuple |
     if act in _NOT_IEEE and np.dtype(dtype) == np.float32:
         return 0, (act, alpha, beta)
     return act, None
+
 
 _Dims = C.c_int64 * 12
 _vp = C.c_void_p
@@ -141,8 +143,10 @@ def _load() -> None:
         elif isa & _ISA_AVX2 == _ISA_AVX2:
             _block = 8
         else:
-            _why = (f"oneDNN runs with neither AVX2 nor AVX-512 here (its ISA {isa:#x}): its blocked "
-                    "convolutions would not be faster than opsnn's own")
+            _why = (
+                f"oneDNN runs with neither AVX2 nor AVX-512 here (its ISA {isa:#x}): its blocked "
+                "convolutions would not be faster than opsnn's own"
+            )
             return
         eng = _vp()
         status = lib.dnnl_engine_create(C.byref(eng), _ENGINE_CPU, C.c_size_t(0))
@@ -200,8 +204,11 @@ def matmul_unavailable() -> str | None:
         except OneDnnError as e:
             _matmul_why.append(f"oneDNN's matmul cannot be created: {e}")
         else:
-            _matmul_why.append(None if impl.startswith("brg") else
-                               f"oneDNN's matmul would be its {impl} code here, slower than OpenBLAS")
+            _matmul_why.append(
+                None
+                if impl.startswith("brg")
+                else f"oneDNN's matmul would be its {impl} code here, slower than OpenBLAS"
+            )
     return _matmul_why[0]
 
 
@@ -225,8 +232,15 @@ def version() -> str | None:
         return None
 
     class _Version(C.Structure):
-        _fields_ = [("major", C.c_int), ("minor", C.c_int), ("patch", C.c_int), ("hash", C.c_char_p),
-                    ("cpu_runtime", C.c_uint), ("gpu_runtime", C.c_uint)]
+        _fields_ = [
+            ("major", C.c_int),
+            ("minor", C.c_int),
+            ("patch", C.c_int),
+            ("hash", C.c_char_p),
+            ("cpu_runtime", C.c_uint),
+            ("gpu_runtime", C.c_uint),
+        ]
+
     _lib.dnnl_version.restype = C.POINTER(_Version)
     v = _lib.dnnl_version().contents
     return f"{v.major}.{v.minor}.{v.patch}"
@@ -281,9 +295,12 @@ class _Md:
 
     def __init__(self, dims, tag: int, dtype=np.float32):
         self.h = _vp()
-        _check(_lib.dnnl_memory_desc_create_with_tag(C.byref(self.h), len(dims), _Dims(*(int(d) for d in dims)),
-                                                     _dt_code(dtype), tag),
-               f"memory descriptor {tuple(dims)} {np.dtype(dtype)}")
+        _check(
+            _lib.dnnl_memory_desc_create_with_tag(
+                C.byref(self.h), len(dims), _Dims(*(int(d) for d in dims)), _dt_code(dtype), tag
+            ),
+            f"memory descriptor {tuple(dims)} {np.dtype(dtype)}",
+        )
 
     def __del__(self):
         if _lib is not None and self.h:
@@ -304,8 +321,8 @@ class Primitive:
         self._scratch = int(_lib.dnnl_memory_desc_get_size(sp)) if sp else 0
         if self._scratch:
             args = list(args) + [(_ARG_SCRATCHPAD, sp)]
-        self._args = args          # (argument id, memory descriptor handle) in run()'s order
-        self._keep = list(keep)    # descriptors and buffers the handles point into
+        self._args = args  # (argument id, memory descriptor handle) in run()'s order
+        self._keep = list(keep)  # descriptors and buffers the handles point into
         self._mems = threading.local()
         self.impl = _impl_name(pd)
         if self.impl.startswith("ref"):
@@ -333,6 +350,7 @@ class Primitive:
 
         def call(keep=keep):
             execute(ptrs)
+
         return call
 
     def _execute(self, ptrs: tuple) -> None:
@@ -397,14 +415,13 @@ def _attr_with(post_ops: list[tuple]):
     po = _vp()
     _check(_lib.dnnl_post_ops_create(C.byref(po)), "post-op creation")
     for op in post_ops:
-        if op[0] == "sum":        # dst += result (dst's old contents, same type)
+        if op[0] == "sum":  # dst += result (dst's old contents, same type)
             _check(_lib.dnnl_post_ops_append_sum(po, C.c_float(1.0), C.c_int32(0), C.c_int(0)), "sum post-op")
         elif op[0] == "binary_add":
             _check(_lib.dnnl_post_ops_append_binary(po, _BINARY_ADD, op[1].h), "binary post-op")
         else:
             _, alg, alpha, beta = op
-            _check(_lib.dnnl_post_ops_append_eltwise(po, alg, C.c_float(alpha), C.c_float(beta)),
-                   "eltwise post-op")
+            _check(_lib.dnnl_post_ops_append_eltwise(po, alg, C.c_float(alpha), C.c_float(beta)), "eltwise post-op")
     _check(_lib.dnnl_primitive_attr_set_post_ops(attr, po), "setting post-ops")
     _lib.dnnl_post_ops_destroy(po)
     return attr
@@ -414,7 +431,7 @@ def _eltwise(code: int, alpha: float, beta: float) -> tuple[int, float, float]:
     alg = _ELTWISE[code]
     if code == 1:
         return alg, 0.0, 0.0
-    if code in (6, 7):        # swish(alpha); leaky relu: relu with a negative slope
+    if code in (6, 7):  # swish(alpha); leaky relu: relu with a negative slope
         return alg, alpha, 0.0
     if code == 8:
         return alg, alpha, beta
@@ -497,7 +514,7 @@ def _reordered_weight(pd, plain: _Md, w, source: tuple | None = None) -> _Reorde
         e = _Reordered()
         e.raw = np.empty(nbytes // w.itemsize + 64 // w.itemsize, w.dtype)
         off = (-e.raw.ctypes.data % 64) // w.itemsize
-        e.weight = e.raw[off:off + nbytes // w.itemsize]
+        e.weight = e.raw[off : off + nbytes // w.itemsize]
         _reorder(plain.h, w, w_md, e.weight)
         e.md = _vp()
         _check(_lib.dnnl_memory_desc_clone(C.byref(e.md), w_md), "memory descriptor clone")
@@ -518,8 +535,22 @@ def _blocked_tag(block: int) -> int:
     return TAG_BLOCKED[block]
 
 
-def _conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, src_blocked, has_bias, residual, act,
-               alpha=0.0, beta=0.0, block=16, dtype=np.float32):
+def _conv_desc(
+    x_shape,
+    w_shape,
+    y_shape,
+    strides,
+    pads,
+    dilations,
+    src_blocked,
+    has_bias,
+    residual,
+    act,
+    alpha=0.0,
+    beta=0.0,
+    block=16,
+    dtype=np.float32,
+):
     """A convolution's primitive descriptor and the memory descriptors it refers to: X, W, B, Z
     and Y in ``dtype`` (float32, or bfloat16: oneDNN accumulates in float32 and rounds Y once)."""
     tag = _blocked_tag(block)
@@ -532,8 +563,20 @@ def _conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, src_blocked,
     dil = [int(d) - 1 for d in dilations]
     pt, pl, pb, pr = pads
     status = _lib.dnnl_convolution_forward_primitive_desc_create(
-        C.byref(pd), _engine, _FORWARD_INFERENCE, _CONV_DIRECT, src.h, w_any.h, bias.h if bias else None, dst.h,
-        _Dims(*strides), _Dims(*dil), _Dims(pt, pl), _Dims(pb, pr), attr)
+        C.byref(pd),
+        _engine,
+        _FORWARD_INFERENCE,
+        _CONV_DIRECT,
+        src.h,
+        w_any.h,
+        bias.h if bias else None,
+        dst.h,
+        _Dims(*strides),
+        _Dims(*dil),
+        _Dims(pt, pl),
+        _Dims(pb, pr),
+        attr,
+    )
     _lib.dnnl_primitive_attr_destroy(attr)
     _check(status, f"convolution descriptor (x {tuple(x_shape)}, w {tuple(w_shape)}, y {tuple(y_shape)})")
     return pd, (src, dst, w_any, bias)
@@ -545,13 +588,38 @@ def _impl_name(pd) -> str:
     return s.value.decode() if s.value else "?"
 
 
-def conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, *, block: int, src_blocked: bool,
-              has_bias: bool = False, residual: bool = False, act: int = 0, dtype=np.float32) -> str:
+def conv_impl(
+    x_shape,
+    w_shape,
+    y_shape,
+    strides,
+    pads,
+    dilations,
+    *,
+    block: int,
+    src_blocked: bool,
+    has_bias: bool = False,
+    residual: bool = False,
+    act: int = 0,
+    dtype=np.float32,
+) -> str:
     """The implementation oneDNN picks for this convolution (descriptor only: no weight, no JIT
     code). One starting with ``ref`` is oneDNN's scalar reference code, orders of magnitude
     slower than its JIT kernels: the layout pass does not move such a convolution to oneDNN."""
-    pd, _ = _conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, src_blocked, has_bias, residual, act,
-                       block=block, dtype=dtype)
+    pd, _ = _conv_desc(
+        x_shape,
+        w_shape,
+        y_shape,
+        strides,
+        pads,
+        dilations,
+        src_blocked,
+        has_bias,
+        residual,
+        act,
+        block=block,
+        dtype=dtype,
+    )
     try:
         return _impl_name(pd)
     finally:
@@ -565,14 +633,43 @@ class ConvPrimitive:
     and Y are all float32 or all bfloat16 (W's dtype says which; oneDNN's bf16 kernels multiply
     in bf16, accumulate in float32: ~2x the float32 ones' speed with AVX512-BF16)."""
 
-    def __init__(self, x_shape, w: np.ndarray, y_shape, strides, pads, dilations, *, block: int, src_blocked: bool,
-                 has_bias: bool, residual: bool, act: int, alpha: float = 0.0, beta: float = 0.0):
+    def __init__(
+        self,
+        x_shape,
+        w: np.ndarray,
+        y_shape,
+        strides,
+        pads,
+        dilations,
+        *,
+        block: int,
+        src_blocked: bool,
+        has_bias: bool,
+        residual: bool,
+        act: int,
+        alpha: float = 0.0,
+        beta: float = 0.0,
+    ):
         w = _weight_array(w)
         # the convolution keeps its activation as a post-op (NaN -> 0 under Relu): run after the
         # primitive it costs a pass over every conv output, 14% of ResNet-50 (docs/performance.md)
         self.after = None
-        pd, (src, dst, w_any, bias) = _conv_desc(x_shape, w.shape, y_shape, strides, pads, dilations, src_blocked,
-                                                 has_bias, residual, act, alpha, beta, block, w.dtype)
+        pd, (src, dst, w_any, bias) = _conv_desc(
+            x_shape,
+            w.shape,
+            y_shape,
+            strides,
+            pads,
+            dilations,
+            src_blocked,
+            has_bias,
+            residual,
+            act,
+            alpha,
+            beta,
+            block,
+            w.dtype,
+        )
         self._w = _reordered_weight(pd, _Md(w.shape, TAG_OIHW, w.dtype), w)
         self.weight = self._w.weight
         self.prim = Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=(src, dst, w_any, bias))
@@ -606,6 +703,7 @@ class ConvPrimitive:
         def call_then_activate():
             call()
             KF.epilogue(y, None, None, *after)
+
         return call_then_activate
 
 
@@ -619,8 +717,19 @@ class MaxPoolPrimitive:
         pt, pl, pb, pr = pads
         pd, attr = _vp(), _new_attr()
         status = _lib.dnnl_pooling_forward_primitive_desc_create(
-            C.byref(pd), _engine, _FORWARD_INFERENCE, _POOL_MAX, src.h, dst.h, _Dims(*strides), _Dims(*kernel),
-            _Dims(0, 0), _Dims(pt, pl), _Dims(pb, pr), attr)
+            C.byref(pd),
+            _engine,
+            _FORWARD_INFERENCE,
+            _POOL_MAX,
+            src.h,
+            dst.h,
+            _Dims(*strides),
+            _Dims(*kernel),
+            _Dims(0, 0),
+            _Dims(pt, pl),
+            _Dims(pb, pr),
+            attr,
+        )
         _lib.dnnl_primitive_attr_destroy(attr)
         _check(status, f"max pooling descriptor (x {tuple(x_shape)}, y {tuple(y_shape)})")
         self.prim = Primitive(pd, [(_ARG_SRC, src.h), (_ARG_DST, dst.h)], keep=(src, dst))
@@ -643,8 +752,9 @@ def _matmul_pd(src: _Md, w: _Md, bias, dst: _Md, post: list, what: str):
         raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
     attr = _attr_with(post)
     pd = _vp()
-    status = _lib.dnnl_matmul_primitive_desc_create(C.byref(pd), _engine, src.h, w.h, bias.h if bias else None,
-                                                    dst.h, attr)
+    status = _lib.dnnl_matmul_primitive_desc_create(
+        C.byref(pd), _engine, src.h, w.h, bias.h if bias else None, dst.h, attr
+    )
     _lib.dnnl_primitive_attr_destroy(attr)
     _check(status, f"{what} descriptor")
     return pd
@@ -658,8 +768,18 @@ class MatMulPrimitive:
     (W's dtype says which; float32 accumulation, Y rounded once).
     ``transposed``: ``w`` is W.T, row-major (N, K) (a Gemm's B with transB=1), read as such."""
 
-    def __init__(self, m: int, w: np.ndarray, *, has_bias: bool, residual: bool, act: int, alpha: float = 0.0,
-                 beta: float = 0.0, transposed: bool = False):
+    def __init__(
+        self,
+        m: int,
+        w: np.ndarray,
+        *,
+        has_bias: bool,
+        residual: bool,
+        act: int,
+        alpha: float = 0.0,
+        beta: float = 0.0,
+        transposed: bool = False,
+    ):
         w = _weight_array(w)
         n, k = w.shape if transposed else w.shape[::-1]
         act, self.after = _split_act(act, alpha, beta, w.dtype)
@@ -696,8 +816,11 @@ class MatMulPrimitive:
     def describe(self) -> str:
         m, k, n = self.shape
         dt = "bfloat16 " if self.weight.dtype == _dt.bfloat16 else ""
-        return (f"oneDNN {self.impl} {dt}matmul {m}x{k} @ {k}x{n}, B reordered at prepare"
-                + (", bias" if self.has_bias else "") + "".join(f", {p} post-op" for p in self.post))
+        return (
+            f"oneDNN {self.impl} {dt}matmul {m}x{k} @ {k}x{n}, B reordered at prepare"
+            + (", bias" if self.has_bias else "")
+            + "".join(f", {p} post-op" for p in self.post)
+        )
 
     _ptrs, __call__, bind = ConvPrimitive._ptrs, ConvPrimitive.__call__, ConvPrimitive.bind
 
@@ -720,14 +843,15 @@ class BatchMatMulPrimitive:
             shape, dtype = source[2][0], np.dtype(source[2][1])
         if len(shape) != 3:
             raise OneDnnError(f"batched matmul: W must be 3-D (batch, K, N), got shape {tuple(shape)}")
-        batch, n, k = (shape if transposed else (shape[0], shape[2], shape[1]))
+        batch, n, k = shape if transposed else (shape[0], shape[2], shape[1])
         if unavailable() is not None:
             raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
         src, dst = _Md([batch, m, k], TAG_ABC, dtype), _Md([batch, m, n], TAG_ABC, dtype)
         w_any = _Md([batch, k, n], TAG_ANY, dtype)
         pd = _matmul_pd(src, w_any, None, dst, [], f"batched matmul ({batch} x {m}x{k} @ {k}x{n})")
-        self._w = _reordered_weight(pd, _Md([batch, k, n], TAG_ACB if transposed else TAG_ABC, dtype), w,
-                                    source and source[:2])
+        self._w = _reordered_weight(
+            pd, _Md([batch, k, n], TAG_ACB if transposed else TAG_ABC, dtype), w, source and source[:2]
+        )
         self.weight = self._w.weight
         self.prim = Primitive(pd, _weighted_args(pd, src, None, False, dst), keep=(src, dst, w_any))
         self.shape = (batch, m, k, n)

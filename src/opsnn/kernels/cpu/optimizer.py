@@ -7,6 +7,7 @@ the chunks run in parallel, so one large and many small parameters balance acros
 Per-tensor hyper-parameters (parameter groups may differ) come as float64 rows. Arithmetic is
 in float64, rounded once when stored.
 """
+
 from __future__ import annotations
 
 import math

@@ -9,6 +9,7 @@ average pooling reduces each input row over the window's width, then those rows 
 height; max pooling reduces columns first, in long streams (see ``_max2d_block``). Work
 items are (plane, block of output rows). 1-D pooling runs the 2-D kernels with H = 1.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -44,16 +45,15 @@ class DimPlan(NamedTuple):
 
 
 class PoolPlan(NamedTuple):
-    planes: int            # N*C
-    in_spatial: tuple      # input spatial dims (1-D is stored as (1, W))
+    planes: int  # N*C
+    in_spatial: tuple  # input spatial dims (1-D is stored as (1, W))
     out_spatial: tuple
-    dims: tuple            # DimPlan per spatial dim (same rank as in_spatial)
+    dims: tuple  # DimPlan per spatial dim (same rank as in_spatial)
     parallel: bool
-    row_block: int         # output rows per work item (2-D)
+    row_block: int  # output rows per work item (2-D)
 
 
-def dim_plan(n_in: int, n_out: int, kernel: int, stride: int, dilation: int, pad_begin: int,
-             pad_end: int) -> DimPlan:
+def dim_plan(n_in: int, n_out: int, kernel: int, stride: int, dilation: int, pad_begin: int, pad_end: int) -> DimPlan:
     """Tap ranges for one spatial dim (ONNX/torch geometry, ceil-mode windows included)."""
     o = np.arange(n_out, dtype=np.int64)
     start = o * stride - pad_begin
@@ -65,14 +65,25 @@ def dim_plan(n_in: int, n_out: int, kernel: int, stride: int, dilation: int, pad
     cnt = np.minimum(kernel, np.maximum((n_in + pad_end - start + dilation - 1) // dilation, 0))
     full = np.flatnonzero((lo == 0) & (hi == kernel))  # a contiguous run: windows move monotonically
     f_lo, f_hi = (int(full[0]), int(full[-1]) + 1) if full.size else (0, 0)
-    return DimPlan(start, lo.astype(np.int64), hi.astype(np.int64), cnt.astype(np.int64), int(kernel), int(stride),
-                   int(dilation), f_lo, f_hi)
+    return DimPlan(
+        start,
+        lo.astype(np.int64),
+        hi.astype(np.int64),
+        cnt.astype(np.int64),
+        int(kernel),
+        int(stride),
+        int(dilation),
+        f_lo,
+        f_hi,
+    )
 
 
 def make_plan(x_shape: tuple, out_spatial: tuple, kernel, strides, dilations, pads_begin, pads_end) -> PoolPlan:
     in_sp = tuple(x_shape[2:])
-    dims = tuple(dim_plan(in_sp[i], out_spatial[i], kernel[i], strides[i], dilations[i], pads_begin[i], pads_end[i])
-                 for i in range(len(in_sp)))
+    dims = tuple(
+        dim_plan(in_sp[i], out_spatial[i], kernel[i], strides[i], dilations[i], pads_begin[i], pads_end[i])
+        for i in range(len(in_sp))
+    )
     out_sp = tuple(out_spatial)
     if len(in_sp) == 1:  # 1-D runs the 2-D kernel over a height-1 plane
         dims = (dim_plan(1, 1, 1, 1, 1, 0, 0),) + dims
@@ -93,6 +104,7 @@ def make_plan(x_shape: tuple, out_spatial: tuple, kernel, strides, dilations, pa
 
 
 # -- separable 2-D max / average pooling -------------------------------------------------------------
+
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
 def _nanmax(a, b):
@@ -125,12 +137,12 @@ def _row_reduce(xrow, out, tmp, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, init, is_m
         first = ws[f_lo]
         n = (m - 1) * sw + 1
         acc = out[f_lo:f_hi] if sw == 1 else tmp[:n]
-        src = xrow[first:first + n]
+        src = xrow[first : first + n]
         for t in range(n):
             acc[t] = src[t]
         for j in range(1, kw):
             a = first + j * dw
-            src = xrow[a:a + n]
+            src = xrow[a : a + n]
             if is_max:
                 for t in range(n):
                     acc[t] = _nanmax(acc[t], src[t])
@@ -145,8 +157,9 @@ def _row_reduce(xrow, out, tmp, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, init, is_m
 
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
-def _pool2d_block(x, y, t, nblk, rb, hs, hlo, hhi, kh, dh, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, hdiv, wdiv, init,
-                  is_max, acc_t):
+def _pool2d_block(
+    x, y, t, nblk, rb, hs, hlo, hhi, kh, dh, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, hdiv, wdiv, init, is_max, acc_t
+):
     P, OH, OW = y.shape
     H = x.shape[1]
     p = t // nblk
@@ -184,28 +197,97 @@ def _pool2d_block(x, y, t, nblk, rb, hs, hlo, hhi, kh, dh, ws, wlo, whi, dw, sw,
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def pool2d_parallel(x, y, rb, hs, hlo, hhi, kh, dh, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, hdiv, wdiv, init, is_max,
-                    acc_t):
+def pool2d_parallel(
+    x, y, rb, hs, hlo, hhi, kh, dh, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, hdiv, wdiv, init, is_max, acc_t
+):
     nblk = (y.shape[1] + rb - 1) // rb
     for t in nb.prange(y.shape[0] * nblk):
-        _pool2d_block(x, y, t, nblk, rb, hs, hlo, hhi, kh, dh, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, hdiv, wdiv, init,
-                      is_max, acc_t)
+        _pool2d_block(
+            x,
+            y,
+            t,
+            nblk,
+            rb,
+            hs,
+            hlo,
+            hhi,
+            kh,
+            dh,
+            ws,
+            wlo,
+            whi,
+            dw,
+            sw,
+            f_lo,
+            f_hi,
+            kw,
+            hdiv,
+            wdiv,
+            init,
+            is_max,
+            acc_t,
+        )
 
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
-def pool2d_serial(x, y, rb, hs, hlo, hhi, kh, dh, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, hdiv, wdiv, init, is_max,
-                  acc_t):
+def pool2d_serial(
+    x, y, rb, hs, hlo, hhi, kh, dh, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, hdiv, wdiv, init, is_max, acc_t
+):
     nblk = (y.shape[1] + rb - 1) // rb
     for t in range(y.shape[0] * nblk):
-        _pool2d_block(x, y, t, nblk, rb, hs, hlo, hhi, kh, dh, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, hdiv, wdiv, init,
-                      is_max, acc_t)
+        _pool2d_block(
+            x,
+            y,
+            t,
+            nblk,
+            rb,
+            hs,
+            hlo,
+            hhi,
+            kh,
+            dh,
+            ws,
+            wlo,
+            whi,
+            dw,
+            sw,
+            f_lo,
+            f_hi,
+            kw,
+            hdiv,
+            wdiv,
+            init,
+            is_max,
+            acc_t,
+        )
 
 
 def _pool2d(x3, y3, plan: PoolPlan, hdiv, wdiv, init, is_max: bool, acc_t) -> None:
     dh, dw = plan.dims
     fn = pool2d_parallel if plan.parallel else pool2d_serial
-    fn(x3, y3, plan.row_block, dh.start, dh.lo, dh.hi, dh.kernel, dh.dilation, dw.start, dw.lo, dw.hi, dw.dilation,
-       dw.stride, dw.full_lo, dw.full_hi, dw.kernel, hdiv, wdiv, init, is_max, acc_t)
+    fn(
+        x3,
+        y3,
+        plan.row_block,
+        dh.start,
+        dh.lo,
+        dh.hi,
+        dh.kernel,
+        dh.dilation,
+        dw.start,
+        dw.lo,
+        dw.hi,
+        dw.dilation,
+        dw.stride,
+        dw.full_lo,
+        dw.full_hi,
+        dw.kernel,
+        hdiv,
+        wdiv,
+        init,
+        is_max,
+        acc_t,
+    )
 
 
 # -- 2-D max pooling (no indices): columns first, in long branch-free streams --------------------
@@ -295,8 +377,9 @@ def _taps_max(src, base, step, k, n, dst, dbase, ta, tb, init):
 
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
-def _max2d_block(xf, yf, p, oh0, oh1, H, W, OH, OW, hs, hlo, hhi, dh, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, init,
-                 V, Hm, ta, tb):
+def _max2d_block(
+    xf, yf, p, oh0, oh1, H, W, OH, OW, hs, hlo, hhi, dh, ws, wlo, whi, dw, sw, f_lo, f_hi, kw, init, V, Hm, ta, tb
+):
     nr = oh1 - oh0
     xb = p * H * W
     yb = p * OH * OW
@@ -358,8 +441,34 @@ def max_pool2d_parallel(x, y, rb, hs, hlo, hhi, kh, dh, ws, wlo, whi, dw, sw, f_
         p = t // nblk
         oh0 = (t - p * nblk) * rb
         V, Hm, ta, tb = _max2d_scratch(rb, W, kh, kw, x.dtype)
-        _max2d_block(xf, yf, p, oh0, min(OH, oh0 + rb), H, W, OH, OW, hs, hlo, hhi, dh, ws, wlo, whi, dw, sw, f_lo,
-                     f_hi, kw, init, V, Hm, ta, tb)
+        _max2d_block(
+            xf,
+            yf,
+            p,
+            oh0,
+            min(OH, oh0 + rb),
+            H,
+            W,
+            OH,
+            OW,
+            hs,
+            hlo,
+            hhi,
+            dh,
+            ws,
+            wlo,
+            whi,
+            dw,
+            sw,
+            f_lo,
+            f_hi,
+            kw,
+            init,
+            V,
+            Hm,
+            ta,
+            tb,
+        )
 
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
@@ -373,8 +482,34 @@ def max_pool2d_serial(x, y, rb, hs, hlo, hhi, kh, dh, ws, wlo, whi, dw, sw, f_lo
     for t in range(P * nblk):
         p = t // nblk
         oh0 = (t - p * nblk) * rb
-        _max2d_block(xf, yf, p, oh0, min(OH, oh0 + rb), H, W, OH, OW, hs, hlo, hhi, dh, ws, wlo, whi, dw, sw, f_lo,
-                     f_hi, kw, init, V, Hm, ta, tb)
+        _max2d_block(
+            xf,
+            yf,
+            p,
+            oh0,
+            min(OH, oh0 + rb),
+            H,
+            W,
+            OH,
+            OW,
+            hs,
+            hlo,
+            hhi,
+            dh,
+            ws,
+            wlo,
+            whi,
+            dw,
+            sw,
+            f_lo,
+            f_hi,
+            kw,
+            init,
+            V,
+            Hm,
+            ta,
+            tb,
+        )
 
 
 def _max_pool2d(x3, y3, plan: PoolPlan, init) -> None:
@@ -385,14 +520,32 @@ def _max_pool2d(x3, y3, plan: PoolPlan, init) -> None:
     per_row = (4 if max(dh.kernel, dw.kernel) > 3 else 2) * max(W, 1) * x3.dtype.itemsize
     rb = max(1, min(plan.row_block, SCRATCH_BYTES // per_row))
     fn = max_pool2d_parallel if plan.parallel else max_pool2d_serial
-    fn(x3, y3, rb, dh.start, dh.lo, dh.hi, dh.kernel, dh.dilation, dw.start, dw.lo, dw.hi, dw.dilation, dw.stride,
-       dw.full_lo, dw.full_hi, dw.kernel, init)
+    fn(
+        x3,
+        y3,
+        rb,
+        dh.start,
+        dh.lo,
+        dh.hi,
+        dh.kernel,
+        dh.dilation,
+        dw.start,
+        dw.lo,
+        dw.hi,
+        dw.dilation,
+        dw.stride,
+        dw.full_lo,
+        dw.full_hi,
+        dw.kernel,
+        init,
+    )
 
 
 # -- max pooling with indices, and 3-D ------------------------------------------------------------------
 # NaN propagates (as in torch): a window holding a NaN gives that NaN, and the index of its
 # first NaN. The running max uses selects: data-dependent branches cost more than the
 # compares on random data.
+
 
 @nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def max_pool2d_indices(x, y, idx, col_major, hs, hlo, hhi, dh, ws, wlo, whi, dw, init):
@@ -499,19 +652,51 @@ def max_pool(x: np.ndarray, y: np.ndarray, idx: np.ndarray | None, plan: PoolPla
             _max_pool2d(xs, ys, plan, init)
         else:
             dh, dw = plan.dims
-            max_pool2d_indices(xs, ys, idx.reshape(ys.shape), col_major, dh.start, dh.lo, dh.hi, dh.dilation,
-                               dw.start, dw.lo, dw.hi, dw.dilation, init)
+            max_pool2d_indices(
+                xs,
+                ys,
+                idx.reshape(ys.shape),
+                col_major,
+                dh.start,
+                dh.lo,
+                dh.hi,
+                dh.dilation,
+                dw.start,
+                dw.lo,
+                dw.hi,
+                dw.dilation,
+                init,
+            )
     else:
         dd, dh, dw = plan.dims
         ids = idx.reshape(ys.shape) if idx is not None else np.empty((1,) * ys.ndim, np.int64)
-        max_pool3d(xs, ys, ids, idx is not None, col_major, dd.start, dd.lo, dd.hi, dd.dilation, dh.start, dh.lo,
-                   dh.hi, dh.dilation, dw.start, dw.lo, dw.hi, dw.dilation, init)
+        max_pool3d(
+            xs,
+            ys,
+            ids,
+            idx is not None,
+            col_major,
+            dd.start,
+            dd.lo,
+            dd.hi,
+            dd.dilation,
+            dh.start,
+            dh.lo,
+            dh.hi,
+            dh.dilation,
+            dw.start,
+            dw.lo,
+            dw.hi,
+            dw.dilation,
+            init,
+        )
 
 
 _NO_DIV = np.ones(1, np.float64)
 
 
 # -- average pooling --------------------------------------------------------------------------------
+
 
 @nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def avg_pool3d(x, y, ds, dlo, dhi, ddiv, dd, hs, hlo, hhi, hdiv, dh, ws, wlo, whi, wdiv, dw):
@@ -544,11 +729,29 @@ def avg_pool(x: np.ndarray, y: np.ndarray, plan: PoolPlan, count_include_pad: bo
         _pool2d(xs, ys, plan, divs[0], divs[1], 0.0, False, np.float64)
     else:
         (dd, dh, dw), (vd, vh, vw) = plan.dims, divs
-        avg_pool3d(xs, ys, dd.start, dd.lo, dd.hi, vd, dd.dilation, dh.start, dh.lo, dh.hi, vh, dh.dilation,
-                   dw.start, dw.lo, dw.hi, vw, dw.dilation)
+        avg_pool3d(
+            xs,
+            ys,
+            dd.start,
+            dd.lo,
+            dd.hi,
+            vd,
+            dd.dilation,
+            dh.start,
+            dh.lo,
+            dh.hi,
+            vh,
+            dh.dilation,
+            dw.start,
+            dw.lo,
+            dw.hi,
+            vw,
+            dw.dilation,
+        )
 
 
 # -- global and adaptive pooling -------------------------------------------------------------------
+
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
 def _plane_sum(row):
@@ -641,12 +844,13 @@ def adaptive_avg_pool(x: np.ndarray, y: np.ndarray, bounds: tuple) -> None:
 
 # -- numpy kernels for the rarely-hot ONNX pools -------------------------------------------------
 
+
 def lp_pool(x: np.ndarray, y: np.ndarray, geom, p: float) -> None:
     """Lp pooling by shifted strided slices: one vectorized accumulate per kernel tap
     (zero padding contributes nothing to sum |x|^p)."""
     kernel, strides, dilations, pb, out = geom.kernel, geom.strides, geom.dilations, geom.pads_begin, geom.out
     a = np.abs(x.astype(np.float64) if x.dtype != np.float64 else x)
-    a = a ** p if p != 1 else a
+    a = a**p if p != 1 else a
     pad = [(0, 0), (0, 0)]
     for i, n in enumerate(x.shape[2:]):
         need = (out[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1
@@ -664,8 +868,9 @@ def max_unpool(x: np.ndarray, indices: np.ndarray, y: np.ndarray) -> None:
     flat = indices.reshape(-1)
     if flat.size and (flat.min() < 0 or flat.max() >= y.size):
         bad = flat[(flat < 0) | (flat >= y.size)][0]
-        raise ParamInvalidError(f"MaxUnpool: index {int(bad)} is outside the output of {y.size} elements {y.shape}",
-                                op="MaxUnpool")
+        raise ParamInvalidError(
+            f"MaxUnpool: index {int(bad)} is outside the output of {y.size} elements {y.shape}", op="MaxUnpool"
+        )
     y.fill(0)
     y.reshape(-1)[flat] = x.reshape(-1)
 
@@ -682,8 +887,7 @@ def max_roi_pool(x: np.ndarray, rois: np.ndarray, y: np.ndarray, spatial_scale: 
     for r in range(rois.shape[0]):
         b = int(rois[r, 0])
         if not 0 <= b < N:
-            raise ParamInvalidError(f"MaxRoiPool: roi {r} has batch index {b}, expected 0..{N - 1}",
-                                    op="MaxRoiPool")
+            raise ParamInvalidError(f"MaxRoiPool: roi {r} has batch index {b}, expected 0..{N - 1}", op="MaxRoiPool")
         x1, y1, x2, y2 = (int(v) for v in _c_round(rois[r, 1:5].astype(np.float64) * spatial_scale))
         rh = max(y2 - y1 + 1, 1)
         rw = max(x2 - x1 + 1, 1)
@@ -702,9 +906,9 @@ def max_roi_pool(x: np.ndarray, rois: np.ndarray, y: np.ndarray, spatial_scale: 
 
 # -- RoiAlign ------------------------------------------------------------------------------------
 
+
 @nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def _roi_align(x, H, W, y, bidx, start_h, start_w, bin_h, bin_w, grid_h, grid_w, offs, is_max,
-               pos, wts):
+def _roi_align(x, H, W, y, bidx, start_h, start_w, bin_h, bin_w, grid_h, grid_w, offs, is_max, pos, wts):
     R, C, PH, PW = y.shape
     # phase 1: bilinear taps of every sample point, shared by all channels of a roi
     for r in nb.prange(R):
@@ -778,8 +982,16 @@ def _roi_align(x, H, W, y, bidx, start_h, start_w, bin_h, bin_w, grid_h, grid_w,
                 y[r, c, ph, pw] = acc
 
 
-def roi_align(x: np.ndarray, rois: np.ndarray, batch_indices: np.ndarray, y: np.ndarray, spatial_scale: float,
-              sampling_ratio: int, half_pixel: bool, is_max: bool) -> None:
+def roi_align(
+    x: np.ndarray,
+    rois: np.ndarray,
+    batch_indices: np.ndarray,
+    y: np.ndarray,
+    spatial_scale: float,
+    sampling_ratio: int,
+    half_pixel: bool,
+    is_max: bool,
+) -> None:
     """RoiAlign (ONNX semantics, incl. its ``max`` mode: max over samples of the largest
     weighted corner). Roi geometry is computed in the input's float type, as ONNX does."""
     R, C, PH, PW = y.shape

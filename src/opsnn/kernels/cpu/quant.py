@@ -6,6 +6,7 @@ Both views treat ``x`` as (outer, dim, inner) around the quantization axis and t
 (1, dim, 1) and blocked quantization. Rounding is half-to-even; NaN quantizes to the
 lowest code and +-inf saturates (as onnxruntime does).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -24,7 +25,7 @@ class QuantLayout(NamedTuple):
     """x as (outer, dim, inner); scale as (s_outer, s_dim, s_inner) with s_outer in {1, outer},
     s_inner in {1, inner}; element d of the axis uses scale row d // block."""
 
-    mode: str          # "tensor", "axis" or "block"
+    mode: str  # "tensor", "axis" or "block"
     axis: int
     block: int
     outer: int
@@ -41,7 +42,7 @@ def layout(mode: str, x_shape: tuple, axis: int, block: int) -> QuantLayout:
         return QuantLayout(mode, 0, 1, 1, 1, n, 1, 1, 1)
     outer = int(np.prod(x_shape[:axis]))
     dim = int(x_shape[axis])
-    inner = int(np.prod(x_shape[axis + 1:]))
+    inner = int(np.prod(x_shape[axis + 1 :]))
     if mode == "axis":
         return QuantLayout(mode, axis, 1, outer, dim, inner, 1, dim, 1)
     return QuantLayout(mode, axis, block, outer, dim, inner, outer, -(-dim // block), inner)
@@ -65,6 +66,7 @@ def broadcast_param(v: np.ndarray, x_shape: tuple, lay: QuantLayout) -> np.ndarr
 # 0-based slices (numba can then drop negative-index wraparound and vectorize); NaN and
 # clamping use selects, not branches.
 
+
 @nb.njit(nogil=True, cache=True, error_model="numpy")
 def quantize_range(x, s, zp, y, D, I, s_outer_full, s_dim, s_inner_full, B, qmin, qmax, start, end):
     Si = I if s_inner_full else 1
@@ -78,11 +80,11 @@ def quantize_range(x, s, zp, y, D, I, s_outer_full, s_dim, s_inner_full, B, qmin
         i = rem - d * I
         n = min(end - k, I - i)
         base = (o * s_dim * Si if s_outer_full else 0) + (d // B) * Si
-        xs = x[k:k + n]
-        ys = y[k:k + n]
+        xs = x[k : k + n]
+        ys = y[k : k + n]
         if s_inner_full:
-            ss = s[base + i:base + i + n]
-            zs = zp[base + i:base + i + n]
+            ss = s[base + i : base + i + n]
+            zs = zp[base + i : base + i + n]
             for t in range(n):
                 v = np.rint(xs[t] / ss[t]) + np.float32(zs[t])
                 v = v if v > lo else lo  # NaN -> lowest code
@@ -101,8 +103,9 @@ def quantize_range(x, s, zp, y, D, I, s_outer_full, s_dim, s_inner_full, B, qmin
 def quantize_parallel(x, s, zp, y, D, I, s_outer_full, s_dim, s_inner_full, B, qmin, qmax, chunk):
     n = x.size
     for c in nb.prange((n + chunk - 1) // chunk):
-        quantize_range(x, s, zp, y, D, I, s_outer_full, s_dim, s_inner_full, B, qmin, qmax, c * chunk,
-                       min(n, (c + 1) * chunk))
+        quantize_range(
+            x, s, zp, y, D, I, s_outer_full, s_dim, s_inner_full, B, qmin, qmax, c * chunk, min(n, (c + 1) * chunk)
+        )
 
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
@@ -116,11 +119,11 @@ def dequantize_range(x, s, zp, y, D, I, s_outer_full, s_dim, s_inner_full, B, st
         i = rem - d * I
         n = min(end - k, I - i)
         base = (o * s_dim * Si if s_outer_full else 0) + (d // B) * Si
-        xs = x[k:k + n]
-        ys = y[k:k + n]
+        xs = x[k : k + n]
+        ys = y[k : k + n]
         if s_inner_full:
-            ss = s[base + i:base + i + n]
-            zs = zp[base + i:base + i + n]
+            ss = s[base + i : base + i + n]
+            zs = zp[base + i : base + i + n]
             for t in range(n):
                 ys[t] = np.float32(np.int32(xs[t]) - zs[t]) * ss[t]
         else:
@@ -135,8 +138,7 @@ def dequantize_range(x, s, zp, y, D, I, s_outer_full, s_dim, s_inner_full, B, st
 def dequantize_parallel(x, s, zp, y, D, I, s_outer_full, s_dim, s_inner_full, B, chunk):
     n = x.size
     for c in nb.prange((n + chunk - 1) // chunk):
-        dequantize_range(x, s, zp, y, D, I, s_outer_full, s_dim, s_inner_full, B, c * chunk,
-                         min(n, (c + 1) * chunk))
+        dequantize_range(x, s, zp, y, D, I, s_outer_full, s_dim, s_inner_full, B, c * chunk, min(n, (c + 1) * chunk))
 
 
 def _flat_params(scale, zp, lay: QuantLayout):
@@ -152,8 +154,20 @@ def quantize_int8(x: np.ndarray, scale: np.ndarray, zp, y: np.ndarray, lay: Quan
         return
     s, z = _flat_params(scale, zp, lay)
     info = np.iinfo(y.dtype)
-    args = (x.reshape(-1), s, z, y.reshape(-1), lay.dim, lay.inner, lay.s_outer > 1, lay.s_dim, lay.s_inner > 1,
-            lay.block, float(info.min), float(info.max))
+    args = (
+        x.reshape(-1),
+        s,
+        z,
+        y.reshape(-1),
+        lay.dim,
+        lay.inner,
+        lay.s_outer > 1,
+        lay.s_dim,
+        lay.s_inner > 1,
+        lay.block,
+        float(info.min),
+        float(info.max),
+    )
     if parallel:
         quantize_parallel(*args, CHUNK)
     else:
@@ -166,8 +180,18 @@ def dequantize_int8(x: np.ndarray, scale: np.ndarray, zp, y: np.ndarray, lay: Qu
     if n == 0:
         return
     s, z = _flat_params(scale, zp, lay)
-    args = (x.reshape(-1), s, z, y.reshape(-1), lay.dim, lay.inner, lay.s_outer > 1, lay.s_dim, lay.s_inner > 1,
-            lay.block)
+    args = (
+        x.reshape(-1),
+        s,
+        z,
+        y.reshape(-1),
+        lay.dim,
+        lay.inner,
+        lay.s_outer > 1,
+        lay.s_dim,
+        lay.s_inner > 1,
+        lay.block,
+    )
     if parallel:
         dequantize_parallel(*args, CHUNK)
     else:
@@ -177,19 +201,33 @@ def dequantize_int8(x: np.ndarray, scale: np.ndarray, zp, y: np.ndarray, lay: Qu
 # -- numpy: every other type --------------------------------------------------------------------------
 
 #: integer code ranges of the quantized integer types
-INT_RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127), np.dtype(np.uint16): (0, 65535),
-              np.dtype(np.int16): (-32768, 32767)}
+INT_RANGES = {
+    np.dtype(np.uint8): (0, 255),
+    np.dtype(np.int8): (-128, 127),
+    np.dtype(np.uint16): (0, 65535),
+    np.dtype(np.int16): (-32768, 32767),
+}
 for _name, _rng in (("uint4", (0, 15)), ("int4", (-8, 7)), ("uint2", (0, 3)), ("int2", (-2, 1))):
     if hasattr(ml_dtypes, _name):
         INT_RANGES[np.dtype(getattr(ml_dtypes, _name))] = _rng
 
 #: float types with an inf or NaN encoding, where ``saturate`` chooses clipping over overflow
-SATURABLE = tuple(np.dtype(getattr(ml_dtypes, n)) for n in
-                  ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz") if hasattr(ml_dtypes, n))
+SATURABLE = tuple(
+    np.dtype(getattr(ml_dtypes, n))
+    for n in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+    if hasattr(ml_dtypes, n)
+)
 
 
-def quantize_values(x: np.ndarray, scale: np.ndarray, zp, out_dtype: np.dtype, lay: QuantLayout,
-                    precision: np.dtype | None, saturate: bool) -> np.ndarray:
+def quantize_values(
+    x: np.ndarray,
+    scale: np.ndarray,
+    zp,
+    out_dtype: np.dtype,
+    lay: QuantLayout,
+    precision: np.dtype | None,
+    saturate: bool,
+) -> np.ndarray:
     """QuantizeLinear for any type (numpy): ``saturate(x / scale + zero_point)``."""
     s = broadcast_param(np.asarray(scale), x.shape, lay)
     if precision is not None:

@@ -23,6 +23,7 @@ kernels in int64 (exact; rarely hot, and they spare numba specialisations).
 An empty reduction (``R == 0``) follows ONNX: sum 0, prod 1, max -inf, min +inf, mean
 NaN, log-sum -inf, log-sum-exp -inf, variance NaN.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,10 +53,17 @@ P_NONE, P_MEAN, P_SQRT, P_LOG, P_VAR = range(5)
 
 #: op name -> (accumulation, post-processing)
 KINDS = {
-    "sum": (A_SUM, P_NONE), "mean": (A_SUM, P_MEAN), "max": (A_MAX, P_NONE), "min": (A_MIN, P_NONE),
-    "prod": (A_PROD, P_NONE), "l1": (A_ABS, P_NONE), "l2": (A_SQ, P_SQRT), "logsum": (A_SUM, P_LOG),
+    "sum": (A_SUM, P_NONE),
+    "mean": (A_SUM, P_MEAN),
+    "max": (A_MAX, P_NONE),
+    "min": (A_MIN, P_NONE),
+    "prod": (A_PROD, P_NONE),
+    "l1": (A_ABS, P_NONE),
+    "l2": (A_SQ, P_SQRT),
+    "logsum": (A_SUM, P_LOG),
     "logsumexp": (A_MAX, P_NONE),  # the max pass; see _logsumexp
-    "sumsquare": (A_SQ, P_NONE), "var": (A_VAR, P_VAR),
+    "sumsquare": (A_SQ, P_NONE),
+    "var": (A_VAR, P_VAR),
 }
 
 
@@ -78,7 +86,7 @@ def _max_nonan(xs):
     n = xs.size
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = xs[0]
     for i in range(0, n - 7, 8):
-        b = xs[i: i + 8]
+        b = xs[i : i + 8]
         v = b[0]
         a0 = v if v > a0 else a0
         v = b[1]
@@ -101,6 +109,7 @@ def _max_nonan(xs):
         r = v if v > r else r
     return r
 
+
 @nb.njit(**_OPTS)
 def _min_nonan(xs):
     """min of a non-empty, NaN-free xs: 8 independent accumulators, which LLVM packs into
@@ -108,7 +117,7 @@ def _min_nonan(xs):
     n = xs.size
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = xs[0]
     for i in range(0, n - 7, 8):
-        b = xs[i: i + 8]
+        b = xs[i : i + 8]
         v = b[0]
         a0 = v if v < a0 else a0
         v = b[1]
@@ -130,6 +139,7 @@ def _min_nonan(xs):
         v = xs[i]
         r = v if v < r else r
     return r
+
 
 @nb.njit(**_OPTS)
 def _extreme(xs, is_max):
@@ -283,7 +293,7 @@ def _inner_task(x, out, t, R, inner, nblk, bsz, ogroup, outer, acc, post, param)
         else:
             a[:] = -np.inf
         for r in range(R):
-            xr = x[base + r * inner: base + r * inner + nj]
+            xr = x[base + r * inner : base + r * inner + nj]
             if acc == A_SUM or acc == A_VAR:
                 for j in range(nj):
                     a[j] += xr[j]
@@ -310,7 +320,7 @@ def _inner_task(x, out, t, R, inner, nblk, bsz, ogroup, outer, acc, post, param)
                 a[j] = a[j] / R
             b[:] = 0.0
             for r in range(R):
-                xr = x[base + r * inner: base + r * inner + nj]
+                xr = x[base + r * inner : base + r * inner + nj]
                 for j in range(nj):
                     d = xr[j] - a[j]
                     b[j] += d * d
@@ -340,18 +350,18 @@ class ReducePlan:
     outer: int
     R: int
     inner: int
-    perm: tuple | None        # axes order that makes reduced axes one trailing block
+    perm: tuple | None  # axes order that makes reduced axes one trailing block
     perm_shape: tuple | None  # input shape after dropping 1-dims (what perm applies to)
     parallel: bool
-    nchunk: int = 1           # rows layout: chunks per row
+    nchunk: int = 1  # rows layout: chunks per row
     csize: int = 0
-    nblk: int = 1             # inner layout: inner blocks
-    bsz: int = 0              # inner layout: inner block size
-    ogroup: int = 1           # inner layout: outer indices per task
-    param: float = 0.0        # VAR: max(R - correction, 0)
-    ws_perm: int = 0          # workspace bytes for the permuted copy
-    ws_part: int = 0          # workspace bytes for chunk partials
-    ws_exp: int = 0           # logsumexp: workspace bytes for exp(x - max) and the maxima
+    nblk: int = 1  # inner layout: inner blocks
+    bsz: int = 0  # inner layout: inner block size
+    ogroup: int = 1  # inner layout: outer indices per task
+    param: float = 0.0  # VAR: max(R - correction, 0)
+    ws_perm: int = 0  # workspace bytes for the permuted copy
+    ws_part: int = 0  # workspace bytes for chunk partials
+    ws_exp: int = 0  # logsumexp: workspace bytes for exp(x - max) and the maxima
     itemsize: int = 8
 
     @property
@@ -385,8 +395,9 @@ def coalesce(shape: tuple, axes: tuple) -> tuple[list, list]:
     return sizes, flags
 
 
-def plan_reduce(shape: tuple, axes: tuple, kind: str, itemsize: int = 8, correction: float = 0.0,
-                nthreads: int | None = None) -> ReducePlan:
+def plan_reduce(
+    shape: tuple, axes: tuple, kind: str, itemsize: int = 8, correction: float = 0.0, nthreads: int | None = None
+) -> ReducePlan:
     """Plan reducing ``shape`` over normalized ``axes`` (an empty tuple reduces nothing)."""
     nthreads = nthreads or nb.config.NUMBA_NUM_THREADS
     sizes, flags = coalesce(shape, axes)
@@ -432,8 +443,22 @@ def plan_reduce(shape: tuple, axes: tuple, kind: str, itemsize: int = 8, correct
         if nchunk > 1:  # recompute so that no chunk is empty
             nchunk = -(-R // csize)
         ws_part = _round64(2 * outer * nchunk * 8) if nchunk > 1 else 0
-        return ReducePlan(kind, outer, R, inner, perm, perm_shape, parallel, nchunk=nchunk, csize=csize,
-                          param=param, ws_perm=ws_perm, ws_part=ws_part, ws_exp=ws_exp, itemsize=itemsize)
+        return ReducePlan(
+            kind,
+            outer,
+            R,
+            inner,
+            perm,
+            perm_shape,
+            parallel,
+            nchunk=nchunk,
+            csize=csize,
+            param=param,
+            ws_perm=ws_perm,
+            ws_part=ws_part,
+            ws_exp=ws_exp,
+            itemsize=itemsize,
+        )
     bsz = min(inner, INNER_BLOCK)
     if parallel and outer * -(-inner // bsz) < nthreads:  # cut rows only to feed the threads
         per = -(-inner // nthreads)
@@ -442,8 +467,22 @@ def plan_reduce(shape: tuple, axes: tuple, kind: str, itemsize: int = 8, correct
     ogroup = max(1, TASK_GRAIN // max(1, R * bsz))
     if parallel:  # keep enough tasks for the threads
         ogroup = max(1, min(ogroup, -(-outer * nblk // (4 * nthreads))))
-    return ReducePlan(kind, outer, R, inner, perm, perm_shape, parallel, nblk=nblk, bsz=bsz, ogroup=ogroup,
-                      param=param, ws_perm=ws_perm, ws_exp=ws_exp, itemsize=itemsize)
+    return ReducePlan(
+        kind,
+        outer,
+        R,
+        inner,
+        perm,
+        perm_shape,
+        parallel,
+        nblk=nblk,
+        bsz=bsz,
+        ogroup=ogroup,
+        param=param,
+        ws_perm=ws_perm,
+        ws_exp=ws_exp,
+        itemsize=itemsize,
+    )
 
 
 # -- kernels ---------------------------------------------------------------------------------------
@@ -465,9 +504,9 @@ def reduce_float(x: np.ndarray, out: np.ndarray, plan: ReducePlan, ws) -> None:
 def _reduce_flat(flat, o, plan: ReducePlan, ws, acc: int, post: int) -> None:
     if plan.inner == 1:
         if plan.nchunk > 1:
-            part = ws[plan.ws_perm: plan.ws_perm + plan.ws_part].view(np.float64)
+            part = ws[plan.ws_perm : plan.ws_perm + plan.ws_part].view(np.float64)
             n = plan.outer * plan.nchunk
-            pa, pb = part[:n], part[n: 2 * n]
+            pa, pb = part[:n], part[n : 2 * n]
         else:
             pa = pb = _DUMMY
         run = _rows_parallel if plan.parallel else _rows_serial
@@ -487,15 +526,18 @@ def _logsumexp(flat, o, plan: ReducePlan, ws) -> None:
     base = plan.ws_perm + plan.ws_part
     nout = plan.outer * plan.inner
     n_e = _round64(flat.size * dt.itemsize)
-    e = ws[base: base + n_e].view(dt)[: flat.size]
-    ms = ws[base + n_e: base + plan.ws_exp].view(dt)
-    m, s = ms[:nout], ms[nout: 2 * nout]
+    e = ws[base : base + n_e].view(dt)[: flat.size]
+    ms = ws[base + n_e : base + plan.ws_exp].view(dt)
+    m, s = ms[:nout], ms[nout : 2 * nout]
     _reduce_flat(flat, m, plan, ws, A_MAX, P_NONE)
     finite = np.isfinite(m)
     shift = np.where(finite, m, 0).astype(dt)
     with np.errstate(all="ignore"):
-        np.subtract(flat.reshape(plan.outer, plan.R, plan.inner), shift.reshape(plan.outer, 1, plan.inner),
-                    out=e.reshape(plan.outer, plan.R, plan.inner))
+        np.subtract(
+            flat.reshape(plan.outer, plan.R, plan.inner),
+            shift.reshape(plan.outer, 1, plan.inner),
+            out=e.reshape(plan.outer, plan.R, plan.inner),
+        )
         np.exp(e, out=e)
         _reduce_flat(e, s, plan, ws, A_SUM, P_NONE)
         np.log(s, out=s)
@@ -563,7 +605,7 @@ def _find(xs, m, last):
     nblk = -(-R // 64)
     for k in range(nblk):
         bi = nblk - 1 - k if last else k
-        blk = xs[bi * 64: min(bi * 64 + 64, R)]
+        blk = xs[bi * 64 : min(bi * 64 + 64, R)]
         hit = False
         for j in range(blk.size):
             v = blk[j]
@@ -572,7 +614,7 @@ def _find(xs, m, last):
             for jj in range(blk.size):
                 j = blk.size - 1 - jj if last else jj
                 v = blk[j]
-                if ((v != v) if isnan else (v == m)):
+                if (v != v) if isnan else (v == m):
                     return bi * 64 + j
     return 0
 
@@ -588,16 +630,16 @@ def _arg_task(x, out, t, R, inner, nblk, bsz, is_max, last):
     """inner == 1: task t is row t. Else task t = (outer o, inner block): running best
     value/index per column, elementwise over contiguous slices (vectorised selects)."""
     if inner == 1:
-        out[t] = _arg_row(x[t * R: t * R + R], is_max, last)
+        out[t] = _arg_row(x[t * R : t * R + R], is_max, last)
         return
     o = t // nblk
     j0 = (t - o * nblk) * bsz
     nj = min(j0 + bsz, inner) - j0
     base = o * R * inner + j0
-    bv = x[base: base + nj].copy()
+    bv = x[base : base + nj].copy()
     bi = np.zeros(nj, np.int64)
     for r in range(1, R):
-        xr = x[base + r * inner: base + r * inner + nj]
+        xr = x[base + r * inner : base + r * inner + nj]
         if is_max and not last:
             for j in range(nj):
                 v = xr[j]
@@ -626,7 +668,7 @@ def _arg_task(x, out, t, R, inner, nblk, bsz, is_max, last):
                 take = v <= b or v != v
                 bv[j] = v if take else b
                 bi[j] = r if take else bi[j]
-    ob = out[o * inner + j0: o * inner + j0 + nj]
+    ob = out[o * inner + j0 : o * inner + j0 + nj]
     for j in range(nj):
         ob[j] = bi[j]
 
@@ -660,7 +702,7 @@ class ArgPlan:
 def plan_arg(shape: tuple, axis: int, nthreads: int | None = None) -> ArgPlan:
     """(outer, R, inner) around ``axis`` and the inner block size (as :func:`plan_reduce`)."""
     nthreads = nthreads or nb.config.NUMBA_NUM_THREADS
-    outer, R, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    outer, R, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
     parallel = math.prod(shape) >= PARALLEL_MIN
     bsz = min(inner, INNER_BLOCK)
     if parallel and inner > 1 and outer * -(-inner // bsz) < nthreads:

@@ -43,6 +43,7 @@ Semantics shared by all cells: time steps ``t >= sequence_lens[b]`` leave ``Y`` 
 state after the last valid step, and are zero for ``sequence_lens[b] == 0`` (as
 onnxruntime does). ``clip`` bounds every gate pre-activation (peephole terms included).
 """
+
 from __future__ import annotations
 
 import math
@@ -54,14 +55,31 @@ from ...errors import ParamInvalidError
 from .mkl import matmul as _blas_matmul
 
 # activation codes shared with the op record (index = code)
-ACTIVATIONS = ("relu", "tanh", "sigmoid", "affine", "leakyrelu", "thresholdedrelu", "scaledtanh", "hardsigmoid",
-               "elu", "softsign", "softplus")
+ACTIVATIONS = (
+    "relu",
+    "tanh",
+    "sigmoid",
+    "affine",
+    "leakyrelu",
+    "thresholdedrelu",
+    "scaledtanh",
+    "hardsigmoid",
+    "elu",
+    "softsign",
+    "softplus",
+)
 #: (needs alpha, needs beta, default alpha, default beta) per activation
 ACT_PARAMS = {
-    "relu": (False, False, 0.0, 0.0), "tanh": (False, False, 0.0, 0.0), "sigmoid": (False, False, 0.0, 0.0),
-    "affine": (True, True, 1.0, 0.0), "leakyrelu": (True, False, 0.01, 0.0),
-    "thresholdedrelu": (True, False, 1.0, 0.0), "scaledtanh": (True, True, 1.0, 1.0),
-    "hardsigmoid": (True, True, 0.2, 0.5), "elu": (True, False, 1.0, 0.0), "softsign": (False, False, 0.0, 0.0),
+    "relu": (False, False, 0.0, 0.0),
+    "tanh": (False, False, 0.0, 0.0),
+    "sigmoid": (False, False, 0.0, 0.0),
+    "affine": (True, True, 1.0, 0.0),
+    "leakyrelu": (True, False, 0.01, 0.0),
+    "thresholdedrelu": (True, False, 1.0, 0.0),
+    "scaledtanh": (True, True, 1.0, 1.0),
+    "hardsigmoid": (True, True, 0.2, 0.5),
+    "elu": (True, False, 1.0, 0.0),
+    "softsign": (False, False, 0.0, 0.0),
     "softplus": (False, False, 0.0, 0.0),
 }
 
@@ -224,38 +242,95 @@ def gru_cell_lbr(xw, hr, rbh, s, reverse, lens, h, y, d, bt, act, alpha, beta, c
 class RNNPlan:
     """Everything decided at prepare time for one RNN/GRU/LSTM call."""
 
-    __slots__ = ("cell", "T", "B", "I", "H", "D", "G", "layout", "dtype", "act", "alpha", "beta", "clip",
-                 "linear_before_reset", "input_forget", "reverse", "ws_layout", "ws_bytes", "op")
+    __slots__ = (
+        "cell",
+        "T",
+        "B",
+        "I",
+        "H",
+        "D",
+        "G",
+        "layout",
+        "dtype",
+        "act",
+        "alpha",
+        "beta",
+        "clip",
+        "linear_before_reset",
+        "input_forget",
+        "reverse",
+        "ws_layout",
+        "ws_bytes",
+        "op",
+    )
 
     def __init__(self, **kw):
         for k, v in kw.items():
             setattr(self, k, v)
 
 
-def make_plan(op: str, cell: str, T: int, B: int, I: int, H: int, D: int, layout: int, dtype, act, alpha,
-              beta, clip: float, linear_before_reset: int = 0, input_forget: int = 0) -> RNNPlan:
+def make_plan(
+    op: str,
+    cell: str,
+    T: int,
+    B: int,
+    I: int,
+    H: int,
+    D: int,
+    layout: int,
+    dtype,
+    act,
+    alpha,
+    beta,
+    clip: float,
+    linear_before_reset: int = 0,
+    input_forget: int = 0,
+) -> RNNPlan:
     G = {"rnn": 1, "gru": 3, "lstm": 4}[cell]
     dtype = np.dtype(dtype)
     # workspace: XW (T,B,G*H), hr (B,G*H), h (B,H), c (B,H), z (B,H), rh (B,H), hh (B,H), lens (B) int64
-    parts = [("xw", (T, B, G * H), dtype), ("hr", (B, G * H), dtype), ("h", (B, H), dtype),
-             ("c", (B, H), dtype), ("z", (B, H), dtype), ("rh", (B, H), dtype), ("hh", (B, H), dtype),
-             ("lens", (B,), np.dtype(np.int64))]
+    parts = [
+        ("xw", (T, B, G * H), dtype),
+        ("hr", (B, G * H), dtype),
+        ("h", (B, H), dtype),
+        ("c", (B, H), dtype),
+        ("z", (B, H), dtype),
+        ("rh", (B, H), dtype),
+        ("hh", (B, H), dtype),
+        ("lens", (B,), np.dtype(np.int64)),
+    ]
     ws_layout, off = [], 0
     for name, shape, dt in parts:
         ws_layout.append((name, off, shape, dt))
         off += -(-max(1, math.prod(shape)) * dt.itemsize // _ALIGN) * _ALIGN
-    return RNNPlan(op=op, cell=cell, T=T, B=B, I=I, H=H, D=D, G=G, layout=layout, dtype=dtype,
-                   act=np.asarray(act, np.int64).reshape(D, -1), alpha=np.asarray(alpha, dtype).reshape(D, -1),
-                   beta=np.asarray(beta, dtype).reshape(D, -1), clip=float(clip),
-                   linear_before_reset=int(linear_before_reset), input_forget=int(input_forget),
-                   reverse=None, ws_layout=ws_layout, ws_bytes=off)
+    return RNNPlan(
+        op=op,
+        cell=cell,
+        T=T,
+        B=B,
+        I=I,
+        H=H,
+        D=D,
+        G=G,
+        layout=layout,
+        dtype=dtype,
+        act=np.asarray(act, np.int64).reshape(D, -1),
+        alpha=np.asarray(alpha, dtype).reshape(D, -1),
+        beta=np.asarray(beta, dtype).reshape(D, -1),
+        clip=float(clip),
+        linear_before_reset=int(linear_before_reset),
+        input_forget=int(input_forget),
+        reverse=None,
+        ws_layout=ws_layout,
+        ws_bytes=off,
+    )
 
 
 def _carve(ws, plan):
     bufs = {}
     for name, off, shape, dt in plan.ws_layout:
         n = math.prod(shape)
-        bufs[name] = ws[off:off + n * dt.itemsize].view(dt).reshape(shape)
+        bufs[name] = ws[off : off + n * dt.itemsize].view(dt).reshape(shape)
     return bufs
 
 
@@ -276,8 +351,10 @@ def run(ins, outs, attrs, plan: RNNPlan, ws, directions) -> None:
     if seq_lens is not None:
         lens[:] = seq_lens.reshape(-1)
         if B and (lens.min() < 0 or lens.max() > T):
-            raise ParamInvalidError(f"{plan.op}: sequence_lens values must lie in [0, {T}] (the seq_length of X), "
-                                    f"got {seq_lens.tolist()}", op=plan.op)
+            raise ParamInvalidError(
+                f"{plan.op}: sequence_lens values must lie in [0, {T}] (the seq_length of X), got {seq_lens.tolist()}",
+                op=plan.op,
+            )
         ybuf.fill(0)
     else:
         lens[:] = T
@@ -291,10 +368,10 @@ def run(ins, outs, attrs, plan: RNNPlan, ws, directions) -> None:
         else:
             _blas_matmul(xt, Wd.T, xw)
         if Bias is not None:
-            wb, rb = Bias[d, :G * H], Bias[d, G * H:]
+            wb, rb = Bias[d, : G * H], Bias[d, G * H :]
             xw += wb
             if plan.cell == "gru" and plan.linear_before_reset:
-                xw[:, :, :2 * H] += rb[:2 * H]  # Rb_h stays inside r * (...)
+                xw[:, :, : 2 * H] += rb[: 2 * H]  # Rb_h stays inside r * (...)
             else:
                 xw += rb
         if init_h is not None:
@@ -314,19 +391,20 @@ def run(ins, outs, attrs, plan: RNNPlan, ws, directions) -> None:
             p = P[d] if P is not None else np.zeros(3 * H, dt)
             for s in range(T):
                 _blas_matmul(h, Rd.T, hr)
-                lstm_cell(xw, hr, s, reverse, lens, h, c, p, ybuf, d, bt, act, alpha, beta, plan.clip,
-                          plan.input_forget)
+                lstm_cell(
+                    xw, hr, s, reverse, lens, h, c, p, ybuf, d, bt, act, alpha, beta, plan.clip, plan.input_forget
+                )
         elif plan.linear_before_reset:
-            rbh = Bias[d, 5 * H:] if Bias is not None else np.zeros(H, dt)
+            rbh = Bias[d, 5 * H :] if Bias is not None else np.zeros(H, dt)
             for s in range(T):
                 _blas_matmul(h, Rd.T, hr)
                 gru_cell_lbr(xw, hr, rbh, s, reverse, lens, h, ybuf, d, bt, act, alpha, beta, plan.clip)
         else:
-            hr2 = hr.reshape(-1)[:B * 2 * H].reshape(B, 2 * H)  # contiguous (B, 2H)
+            hr2 = hr.reshape(-1)[: B * 2 * H].reshape(B, 2 * H)  # contiguous (B, 2H)
             for s in range(T):
-                _blas_matmul(h, Rd[:2 * H].T, hr2)
+                _blas_matmul(h, Rd[: 2 * H].T, hr2)
                 gru_gates_zr(xw, hr2, s, reverse, lens, h, z, rh, act, alpha, beta, plan.clip)
-                _blas_matmul(rh, Rd[2 * H:].T, hh)
+                _blas_matmul(rh, Rd[2 * H :].T, hh)
                 gru_cell_h(xw, hh, s, reverse, lens, h, z, ybuf, d, bt, act, alpha, beta, plan.clip)
         empty = lens == 0
         if len(outs) > 1 and outs[1] is not None:

@@ -14,6 +14,7 @@ dims that are contiguous in both views; the plan then picks
 * ``tiles``: a transpose-like copy (the source's unit-stride dim is not the destination's),
   done in cache-sized square tiles so both reads and writes stay in cache.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,8 +79,8 @@ def _rows_task(t, src, soff, sstr, dst, doff, dstr, oshape, rowlen, s_in, d_in, 
     j1 = min(rowlen, j0 + chunk)
     if s_in == 1 and d_in == 1:
         # a contiguous run in both: a loop over slices from 0 (vectorised, no wraparound checks)
-        ss = src[s + j0:s + j1]
-        dd = dst[d + j0:d + j1]
+        ss = src[s + j0 : s + j1]
+        dd = dst[d + j0 : d + j1]
         for j in range(j1 - j0):
             dd[j] = ss[j]
     else:
@@ -113,8 +114,8 @@ def copy_rows_serial(src, soff, sstr, dst, doff, dstr, oshape, rowlen, s_in, d_i
     d = doff
     for _ in range(nrows):
         if s_in == 1 and d_in == 1:
-            ss = src[s:s + rowlen]
-            dd = dst[d:d + rowlen]
+            ss = src[s : s + rowlen]
+            dd = dst[d : d + rowlen]
             for j in range(rowlen):
                 dd[j] = ss[j]
         else:
@@ -267,7 +268,7 @@ def gather_rows(src, idx, dst, outer, n, inner):
         if k < 0:
             k += n
         s = (o * n + k) * inner
-        dst[t * inner:(t + 1) * inner] = src[s:s + inner]
+        dst[t * inner : (t + 1) * inner] = src[s : s + inner]
 
 
 @nb.njit(nogil=True, cache=True)
@@ -319,15 +320,15 @@ def resample_axis(src, dst, outer, n_in, inner, idx, coef):
 class CopyPlan(NamedTuple):
     """Copy input ``src`` (a strided view) into output ``dst`` (a strided view); see module doc."""
 
-    mode: str           # "none" | "numpy" | "rows" | "tiles"
+    mode: str  # "none" | "numpy" | "rows" | "tiles"
     src: int
     dst: int
-    shape: tuple        # coalesced shape
+    shape: tuple  # coalesced shape
     soff: int
     sstr: tuple
     doff: int
     dstr: tuple
-    args: tuple         # numba arguments prepared at plan time
+    args: tuple  # numba arguments prepared at plan time
     threads: bool = True  # rows/tiles: the parallel numba kernel (else its serial twin)
 
 
@@ -344,8 +345,9 @@ def _coalesce(shape, sstr, dstr):
     return out
 
 
-def plan_copy(shape, soff, sstr, doff, dstr, itemsize: int, src: int = 0, dst: int = 0,
-              parallel: bool | None = None) -> CopyPlan:
+def plan_copy(
+    shape, soff, sstr, doff, dstr, itemsize: int, src: int = 0, dst: int = 0, parallel: bool | None = None
+) -> CopyPlan:
     """Plan copying the view (shape, soff, sstr) of input ``src`` into the view (shape, doff, dstr)
     of output ``dst`` (offsets/strides in elements). ``parallel=None``: decide by size."""
     n = math.prod(int(s) for s in shape)
@@ -365,23 +367,44 @@ def plan_copy(shape, soff, sstr, doff, dstr, itemsize: int, src: int = 0, dst: i
     if cs[last] == 1 and cd[last] == 1:
         outer = list(range(last))
         rowlen = cshape[last]
-        args = (np.array([cshape[k] for k in outer], i64), np.array([cs[k] for k in outer], i64),
-                np.array([cd[k] for k in outer], i64), rowlen, 1, 1, max(ROW_CHUNK, 1))
+        args = (
+            np.array([cshape[k] for k in outer], i64),
+            np.array([cs[k] for k in outer], i64),
+            np.array([cd[k] for k in outer], i64),
+            rowlen,
+            1,
+            1,
+            max(ROW_CHUNK, 1),
+        )
         return CopyPlan("rows", src, dst, cshape, int(soff), cs, int(doff), cd, args, threads)
     a = next((k for k in range(last, -1, -1) if cd[k] == 1), None)
     b = next((k for k in range(last, -1, -1) if cs[k] == 1), None)
-    if a is not None and b is not None and a != b and cshape[a] >= 4 and cshape[b] >= 4 and cs[a] > 0 \
-            and cd[b] > 0:
+    if a is not None and b is not None and a != b and cshape[a] >= 4 and cshape[b] >= 4 and cs[a] > 0 and cd[b] > 0:
         tile = max(16, 64 // itemsize)  # one 64-byte line per tile row
         outer = [k for k in range(len(dims)) if k not in (a, b)]
-        args = (np.array([cshape[k] for k in outer], i64), np.array([cs[k] for k in outer], i64),
-                np.array([cd[k] for k in outer], i64), cshape[a], cs[a], cshape[b], cd[b], tile)
+        args = (
+            np.array([cshape[k] for k in outer], i64),
+            np.array([cs[k] for k in outer], i64),
+            np.array([cd[k] for k in outer], i64),
+            cshape[a],
+            cs[a],
+            cshape[b],
+            cd[b],
+            tile,
+        )
         return CopyPlan("tiles", src, dst, cshape, int(soff), cs, int(doff), cd, args, threads)
     outer = list(range(last))
     rowlen = cshape[last]
     chunk = ROW_CHUNK if (cs[last] != 0 or cd[last] != 0) else rowlen
-    args = (np.array([cshape[k] for k in outer], i64), np.array([cs[k] for k in outer], i64),
-            np.array([cd[k] for k in outer], i64), rowlen, cs[last], cd[last], max(chunk, 1))
+    args = (
+        np.array([cshape[k] for k in outer], i64),
+        np.array([cs[k] for k in outer], i64),
+        np.array([cd[k] for k in outer], i64),
+        rowlen,
+        cs[last],
+        cd[last],
+        max(chunk, 1),
+    )
     return CopyPlan("rows", src, dst, cshape, int(soff), cs, int(doff), cd, args, threads)
 
 
@@ -399,11 +422,13 @@ def run_copy(p: CopyPlan, src: np.ndarray, dst: np.ndarray) -> None:
     if p.mode == "numpy":
         np.copyto(_view(d, p.shape, p.doff, p.dstr), _view(s, p.shape, p.soff, p.sstr))
     elif p.mode == "rows":
-        (copy_rows if p.threads else copy_rows_serial)(s, p.soff, p.args[1], d, p.doff, p.args[2], p.args[0],
-                                                       *p.args[3:])
+        (copy_rows if p.threads else copy_rows_serial)(
+            s, p.soff, p.args[1], d, p.doff, p.args[2], p.args[0], *p.args[3:]
+        )
     else:
-        (copy_tiles if p.threads else copy_tiles_serial)(s, p.soff, p.args[1], d, p.doff, p.args[2], p.args[0],
-                                                         *p.args[3:])
+        (copy_tiles if p.threads else copy_tiles_serial)(
+            s, p.soff, p.args[1], d, p.doff, p.args[2], p.args[0], *p.args[3:]
+        )
 
 
 def run_copies(ins, outs, attrs, plan, ws) -> None:
@@ -416,8 +441,7 @@ def plan_permute(in_shape, perm, itemsize: int, parallel=None) -> CopyPlan:
     """Copy of a contiguous ``in_shape`` array transposed by ``perm`` into a contiguous output."""
     cs = contiguous_strides(in_shape)
     oshape = tuple(in_shape[p] for p in perm)
-    return plan_copy(oshape, 0, tuple(cs[p] for p in perm), 0, contiguous_strides(oshape), itemsize,
-                     parallel=parallel)
+    return plan_copy(oshape, 0, tuple(cs[p] for p in perm), 0, contiguous_strides(oshape), itemsize, parallel=parallel)
 
 
 def plan_flat_copy(n: int, itemsize: int, src: int = 0, dst: int = 0) -> CopyPlan:
@@ -429,9 +453,9 @@ def plan_flat_copy(n: int, itemsize: int, src: int = 0, dst: int = 0) -> CopyPla
 # index-map gathers (Pad in every mode, CenterCropPad, nearest Resize)
 # ---------------------------------------------------------------------------------------------
 class MapPlan(NamedTuple):
-    mode: str           # "none" | "numpy" | "numba"
+    mode: str  # "none" | "numpy" | "numba"
     oshape: tuple
-    maps: tuple         # per output dim: int64 array of source indices (-1 = fill)
+    maps: tuple  # per output dim: int64 array of source indices (-1 = fill)
     args: tuple
 
 
@@ -513,13 +537,16 @@ def gather(data: np.ndarray, indices: np.ndarray, out: np.ndarray, axis: int, pa
 
     n = data.shape[axis]
     outer = math.prod(data.shape[:axis])
-    inner = math.prod(data.shape[axis + 1:])
+    inner = math.prod(data.shape[axis + 1 :])
     idx = indices.reshape(-1).astype(np.int64, copy=False)
     bad = first_bad_index(idx, n)
     if bad >= 0:
         pos = np.unravel_index(bad, indices.shape) if indices.ndim else ()
-        raise ParamInvalidError(f"{op}: index {int(idx[bad])} at position {tuple(int(p) for p in pos)} is out of "
-                                f"range for axis {axis} of size {n} (valid: [{-n}, {n - 1}])", op=op)
+        raise ParamInvalidError(
+            f"{op}: index {int(idx[bad])} at position {tuple(int(p) for p in pos)} is out of "
+            f"range for axis {axis} of size {n} (valid: [{-n}, {n - 1}])",
+            op=op,
+        )
     if out.size == 0:
         return
     if not parallel:
@@ -541,8 +568,11 @@ def check_index_range(op: str, idx: np.ndarray, n, what: str) -> np.ndarray:
     if bad.any():
         pos = tuple(int(p) for p in np.argwhere(bad)[0])
         lim = int(np.broadcast_to(n, idx.shape)[pos])
-        raise ParamInvalidError(f"{op}: {what} {int(idx[pos])} at position {pos} is out of range for a dim of "
-                                f"size {lim} (valid: [{-lim}, {lim - 1}])", op=op)
+        raise ParamInvalidError(
+            f"{op}: {what} {int(idx[pos])} at position {pos} is out of range for a dim of "
+            f"size {lim} (valid: [{-lim}, {lim - 1}])",
+            op=op,
+        )
     return np.where(idx < 0, idx + n, idx)
 
 
@@ -586,7 +616,7 @@ def gather_nd(data, indices, out, batch_dims):
         out[...] = np.broadcast_to(d[:, None], (nb_, n) + d.shape[1:]).reshape(out.shape)
         return
     ind = indices.reshape((nb_, n, k))
-    lim = np.array(data.shape[b:b + k], np.int64)
+    lim = np.array(data.shape[b : b + k], np.int64)
     ind = check_index_range("GatherND", ind, lim, "index")
     bi = np.arange(nb_).reshape(nb_, 1)
     res = d[(bi,) + tuple(ind[..., j] for j in range(k))]
@@ -655,8 +685,10 @@ def col2im(x, image_shape, block_shape, dilations, pads, strides, out):
     acc = np.zeros((n, c) + tuple(padded), dtype=np.float64 if x.dtype.kind == "f" else x.dtype)
     cols = x.reshape((n, c) + tuple(block_shape) + tuple(counts))
     for kidx in np.ndindex(*block_shape):
-        sl = tuple(slice(kidx[i] * dilations[i], kidx[i] * dilations[i] + strides[i] * (counts[i] - 1) + 1, strides[i])
-                   for i in range(nd))
+        sl = tuple(
+            slice(kidx[i] * dilations[i], kidx[i] * dilations[i] + strides[i] * (counts[i] - 1) + 1, strides[i])
+            for i in range(nd)
+        )
         acc[(slice(None), slice(None)) + sl] += cols[(slice(None), slice(None)) + kidx]
     crop = tuple(slice(pads[i], pads[i] + image_shape[i]) for i in range(nd))
     out[...] = acc[(slice(None), slice(None)) + crop]
@@ -701,7 +733,8 @@ def resize2d_view(src, strides, n_c: int, hi, hw_, wi, ww, dst, parallel: bool) 
         return
     flat = dst.reshape(-1)
     if parallel:
-        _resize2d_parallel(src, strides, n_c, dst.shape[2], rows, hi, hw_, wi, ww, flat,
-                           min(rows, 4 * nb.get_num_threads()))
+        _resize2d_parallel(
+            src, strides, n_c, dst.shape[2], rows, hi, hw_, wi, ww, flat, min(rows, 4 * nb.get_num_threads())
+        )
     else:
         _resize2d_rows(src, strides, n_c, dst.shape[2], 0, rows, hi, hw_, wi, ww, flat)

@@ -8,6 +8,7 @@ Each output point computes its taps (index, weight) once and reuses them for all
 DeformConv gathers bilinear samples into a column buffer (numba, one row per input channel
 and kernel tap) and multiplies it with the weights per group through BLAS (numpy matmul).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,7 +34,7 @@ CUBIC_ALPHA = -0.75  # Keys' cubic convolution coefficient (PyTorch / ONNX)
 
 # -- GridSample ---------------------------------------------------------------------------------
 class GridSamplePlan(NamedTuple):
-    rank: int          # spatial rank r (1..3 for the numba kernel)
+    rank: int  # spatial rank r (1..3 for the numba kernel)
     mode: int
     padding: int
     align: bool
@@ -217,7 +218,7 @@ def grid_sample(x: np.ndarray, grid: np.ndarray, out: np.ndarray, plan: GridSamp
 class DeformPlan(NamedTuple):
     n: int
     c: int
-    m: int             # output channels
+    m: int  # output channels
     group: int
     offset_group: int
     in_hw: tuple
@@ -225,9 +226,9 @@ class DeformPlan(NamedTuple):
     kernel: tuple
     strides: tuple
     dilations: tuple
-    pads: tuple        # (top, left)
+    pads: tuple  # (top, left)
     parallel: bool
-    col_shape: tuple   # (C * kh * kw, oh * ow)
+    col_shape: tuple  # (C * kh * kw, oh * ow)
     workspace: int
 
 
@@ -293,15 +294,29 @@ def _deform_im2col_serial(x, off, mask, has_mask, cols, kh, kw, sh, sw, ph, pw, 
     _deform_rows(x, off, mask, has_mask, cols, kh, kw, sh, sw, ph, pw, dh, dw, cpg, 0, cols.shape[0])
 
 
-def deform_plan(x_shape, w_shape, out_hw, kernel, strides, dilations, pads, group, offset_group,
-                itemsize: int) -> DeformPlan:
+def deform_plan(
+    x_shape, w_shape, out_hw, kernel, strides, dilations, pads, group, offset_group, itemsize: int
+) -> DeformPlan:
     n, c, h, w = x_shape
     kk = kernel[0] * kernel[1]
     col_shape = (c * kk, out_hw[0] * out_hw[1])
     nbytes = math.prod(col_shape) * itemsize
-    return DeformPlan(n, c, w_shape[0], group, offset_group, (h, w), tuple(out_hw), tuple(kernel), tuple(strides),
-                      tuple(dilations), (pads[0], pads[1]), math.prod(col_shape) >= PARALLEL_MIN, col_shape,
-                      nbytes + ALIGN if nbytes else 0)
+    return DeformPlan(
+        n,
+        c,
+        w_shape[0],
+        group,
+        offset_group,
+        (h, w),
+        tuple(out_hw),
+        tuple(kernel),
+        tuple(strides),
+        tuple(dilations),
+        (pads[0], pads[1]),
+        math.prod(col_shape) >= PARALLEL_MIN,
+        col_shape,
+        nbytes + ALIGN if nbytes else 0,
+    )
 
 
 def deform_conv2d(x, w, offset, b, mask, y, plan: DeformPlan, ws) -> None:
@@ -327,10 +342,9 @@ def deform_conv2d(x, w, offset, b, mask, y, plan: DeformPlan, ws) -> None:
     else:
         cols = workspace_view(ws, x.dtype, plan.col_shape)
         for i in range(n):
-            im2col(x[i], off[i], msk[i if has_mask else 0], has_mask, cols, kh, kw, sh, sw, ph, pw, dh, dw,
-                   c // og)
+            im2col(x[i], off[i], msk[i if has_mask else 0], has_mask, cols, kh, kw, sh, sw, ph, pw, dh, dw, c // og)
             for gi in range(g):
-                _blas_matmul(wg[gi], cols[gi * rows_g:(gi + 1) * rows_g], yv[i, gi * (m // g):(gi + 1) * (m // g)])
+                _blas_matmul(wg[gi], cols[gi * rows_g : (gi + 1) * rows_g], yv[i, gi * (m // g) : (gi + 1) * (m // g)])
     if b is not None:
         yv += b.reshape(1, m, 1)
 
@@ -380,8 +394,9 @@ def _nms_parallel(ymin, xmin, ymax, xmax, area, scores, max_out, iou_thr, score_
     for q in nb.prange(B * C):
         b = q // C
         c = q - b * C
-        counts[q] = _nms_class(ymin[b], xmin[b], ymax[b], xmax[b], area[b], scores[b, c], max_out, iou_thr,
-                               score_thr, use_thr, sel[q])
+        counts[q] = _nms_class(
+            ymin[b], xmin[b], ymax[b], xmax[b], area[b], scores[b, c], max_out, iou_thr, score_thr, use_thr, sel[q]
+        )
 
 
 @nb.njit(nogil=True, cache=True)
@@ -390,8 +405,9 @@ def _nms_serial(ymin, xmin, ymax, xmax, area, scores, max_out, iou_thr, score_th
     for q in range(B * C):
         b = q // C
         c = q - b * C
-        counts[q] = _nms_class(ymin[b], xmin[b], ymax[b], xmax[b], area[b], scores[b, c], max_out, iou_thr,
-                               score_thr, use_thr, sel[q])
+        counts[q] = _nms_class(
+            ymin[b], xmin[b], ymax[b], xmax[b], area[b], scores[b, c], max_out, iou_thr, score_thr, use_thr, sel[q]
+        )
 
 
 def nms_parallel(batches: int, classes: int) -> bool:
@@ -412,8 +428,9 @@ def box_corners(boxes: np.ndarray, center_point_box: int):
     return [np.ascontiguousarray(a) for a in (ymin, xmin, ymax, xmax, area)]
 
 
-def non_max_suppression(boxes, scores, max_out: int, iou_thr: float, score_thr: float | None,
-                        center_point_box: int, parallel: bool = True) -> np.ndarray:
+def non_max_suppression(
+    boxes, scores, max_out: int, iou_thr: float, score_thr: float | None, center_point_box: int, parallel: bool = True
+) -> np.ndarray:
     """Selected (batch, class, box) triples, int64 of shape (k, 3)."""
     B, C, nb_ = scores.shape
     max_out = int(min(max(max_out, 0), nb_))
@@ -425,8 +442,20 @@ def non_max_suppression(boxes, scores, max_out: int, iou_thr: float, score_thr: 
     counts = np.zeros(B * C, np.int64)
     sc = np.ascontiguousarray(scores, dtype=dt)
     fn = _nms_parallel if parallel else _nms_serial
-    fn(ymin, xmin, ymax, xmax, area, sc, max_out, float(iou_thr), float(score_thr) if score_thr is not None else 0.0,
-       score_thr is not None, sel, counts)
+    fn(
+        ymin,
+        xmin,
+        ymax,
+        xmax,
+        area,
+        sc,
+        max_out,
+        float(iou_thr),
+        float(score_thr) if score_thr is not None else 0.0,
+        score_thr is not None,
+        sel,
+        counts,
+    )
     q = np.repeat(np.arange(B * C), counts)
     k = np.arange(q.size) - np.repeat(np.cumsum(counts) - counts, counts)
     return np.stack([q // C, q % C, sel[q, k]], axis=1).astype(np.int64)
@@ -439,8 +468,7 @@ def cumprod(x: np.ndarray, out: np.ndarray, axis: int, exclusive: bool, reverse:
     narrow type would)."""
     if x.size == 0:
         return
-    acc = np.float64 if x.dtype.kind == "f" or x.dtype.kind == "V" else (np.uint64 if x.dtype.kind == "u"
-                                                                            else np.int64)
+    acc = np.float64 if x.dtype.kind == "f" or x.dtype.kind == "V" else (np.uint64 if x.dtype.kind == "u" else np.int64)
     v = np.flip(x, axis) if reverse else x
     with np.errstate(all="ignore"):
         c = np.cumprod(v, axis=axis, dtype=acc)
@@ -458,8 +486,15 @@ def cumprod(x: np.ndarray, out: np.ndarray, axis: int, exclusive: bool, reverse:
         np.copyto(out, c, casting="unsafe")
 
 
-def tensor_scatter(past: np.ndarray, update: np.ndarray, write_indices: np.ndarray | None, out: np.ndarray,
-                   axis: int, circular: bool, op: str = "TensorScatter") -> None:
+def tensor_scatter(
+    past: np.ndarray,
+    update: np.ndarray,
+    write_indices: np.ndarray | None,
+    out: np.ndarray,
+    axis: int,
+    circular: bool,
+    op: str = "TensorScatter",
+) -> None:
     """``out = past`` with ``update`` written along ``axis`` at each batch's write index."""
     np.copyto(out, past)
     b = past.shape[0]
@@ -469,16 +504,17 @@ def tensor_scatter(past: np.ndarray, update: np.ndarray, write_indices: np.ndarr
         return
     wi = np.zeros(b, np.int64) if write_indices is None else write_indices.astype(np.int64).reshape(-1)
     if wi.shape[0] != b:
-        raise ParamInvalidError(f"{op}: 'write_indices' must have one entry per batch ({b}), got {wi.shape[0]}",
-                                op=op)
+        raise ParamInvalidError(f"{op}: 'write_indices' must have one entry per batch ({b}), got {wi.shape[0]}", op=op)
     if (wi < 0).any():
         i = int(np.argmax(wi < 0))
         raise ParamInvalidError(f"{op}: write_indices[{i}] = {int(wi[i])} is negative", op=op)
     if not circular and (wi + s > m).any():
         i = int(np.argmax(wi + s > m))
-        raise ParamInvalidError(f"{op}: write_indices[{i}] = {int(wi[i])} + sequence length {s} exceeds the "
-                                f"cache length {m} along axis {axis} (mode 'linear'; use mode 'circular' to wrap)",
-                                op=op)
+        raise ParamInvalidError(
+            f"{op}: write_indices[{i}] = {int(wi[i])} + sequence length {s} exceeds the "
+            f"cache length {m} along axis {axis} (mode 'linear'; use mode 'circular' to wrap)",
+            op=op,
+        )
     seq = np.arange(s)
     for i in range(b):
         pos = wi[i] + seq

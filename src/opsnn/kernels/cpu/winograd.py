@@ -62,6 +62,7 @@ found (one pass over the input) and computed again by the direct 3x3 sum (:func:
 so the result has NaN and Inf where a direct convolution has them. A weight holding Inf or NaN
 makes every tile direct (the selector does not take Winograd for such a constant weight).
 """
+
 from __future__ import annotations
 
 import math
@@ -108,33 +109,33 @@ BLOCK_TILES = 256
 BLOCKS = 64
 
 # Transform matrices (Lavin & Gray's F(4,3) with interpolation points 0, +-1, +-2).
-G = np.array([[1 / 4, 0, 0],
-              [-1 / 6, -1 / 6, -1 / 6],
-              [-1 / 6, 1 / 6, -1 / 6],
-              [1 / 24, 1 / 12, 1 / 6],
-              [1 / 24, -1 / 12, 1 / 6],
-              [0, 0, 1]], dtype=np.float64)
-BT = np.array([[4, 0, -5, 0, 1, 0],
-               [0, -4, -4, 1, 1, 0],
-               [0, 4, -4, -1, 1, 0],
-               [0, -2, -1, 2, 1, 0],
-               [0, 2, -1, -2, 1, 0],
-               [0, 4, 0, -5, 0, 1]], dtype=np.float64)
-AT = np.array([[1, 1, 1, 1, 1, 0],
-               [0, 1, -1, 2, -2, 0],
-               [0, 1, 1, 4, 4, 0],
-               [0, 1, -1, 8, -8, 1]], dtype=np.float64)
+G = np.array(
+    [
+        [1 / 4, 0, 0],
+        [-1 / 6, -1 / 6, -1 / 6],
+        [-1 / 6, 1 / 6, -1 / 6],
+        [1 / 24, 1 / 12, 1 / 6],
+        [1 / 24, -1 / 12, 1 / 6],
+        [0, 0, 1],
+    ],
+    dtype=np.float64,
+)
+BT = np.array(
+    [
+        [4, 0, -5, 0, 1, 0],
+        [0, -4, -4, 1, 1, 0],
+        [0, 4, -4, -1, 1, 0],
+        [0, -2, -1, 2, 1, 0],
+        [0, 2, -1, -2, 1, 0],
+        [0, 4, 0, -5, 0, 1],
+    ],
+    dtype=np.float64,
+)
+AT = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]], dtype=np.float64)
 # F(2,3) with interpolation points 0, +-1.
-G2 = np.array([[1, 0, 0],
-               [1 / 2, 1 / 2, 1 / 2],
-               [1 / 2, -1 / 2, 1 / 2],
-               [0, 0, 1]], dtype=np.float64)
-BT2 = np.array([[1, 0, -1, 0],
-                [0, 1, 1, 0],
-                [0, -1, 1, 0],
-                [0, 1, 0, -1]], dtype=np.float64)
-AT2 = np.array([[1, 1, 1, 0],
-                [0, 1, -1, -1]], dtype=np.float64)
+G2 = np.array([[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]], dtype=np.float64)
+BT2 = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float64)
+AT2 = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float64)
 
 _F2, _F4, _F5, _F8 = np.float32(2), np.float32(4), np.float32(5), np.float32(8)
 _U = np.uintp  # unsigned indices: numba then skips negative-index wraparound (see the module doc)
@@ -185,7 +186,7 @@ def _fill_rows(x, c, g, th_n, tile, alpha, ph, pw, rowbuf):
     # the alpha (zero-padded) input rows of global tile row g of channel c -> rowbuf (alpha, wp)
     h_n, w_n = x.shape[2], x.shape[3]
     wp = rowbuf.shape[1]
-    lo = min(max(pw, 0), wp)         # padded columns [lo, hi) hold input columns [lo - pw, hi - pw)
+    lo = min(max(pw, 0), wp)  # padded columns [lo, hi) hold input columns [lo - pw, hi - pw)
     hi = max(min(pw + w_n, wp), lo)
     i = g // th_n
     th = g - i * th_n
@@ -221,8 +222,14 @@ def _input_channel(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d, chk
                 for tw in range(tw_n):
                     j = _U(tw * TILE)
                     t = _U(t0 + tw)
-                    s0, s1, s2, s3, s4, s5 = _bt(rowbuf[ur, j], rowbuf[ur, j + _U(1)], rowbuf[ur, j + _U(2)],
-                                                 rowbuf[ur, j + _U(3)], rowbuf[ur, j + _U(4)], rowbuf[ur, j + _U(5)])
+                    s0, s1, s2, s3, s4, s5 = _bt(
+                        rowbuf[ur, j],
+                        rowbuf[ur, j + _U(1)],
+                        rowbuf[ur, j + _U(2)],
+                        rowbuf[ur, j + _U(3)],
+                        rowbuf[ur, j + _U(4)],
+                        rowbuf[ur, j + _U(5)],
+                    )
                     d[ur, _U(0), t] = s0
                     d[ur, _U(1), t] = s1
                     d[ur, _U(2), t] = s2
@@ -235,8 +242,14 @@ def _input_channel(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d, chk
             for t in range(nr * tw_n):
                 ut = _U(t)
                 p = _U(col0 + t)
-                u0, u1, u2, u3, u4, u5 = _bt(d[_U(0), uq, ut], d[_U(1), uq, ut], d[_U(2), uq, ut],
-                                             d[_U(3), uq, ut], d[_U(4), uq, ut], d[_U(5), uq, ut])
+                u0, u1, u2, u3, u4, u5 = _bt(
+                    d[_U(0), uq, ut],
+                    d[_U(1), uq, ut],
+                    d[_U(2), uq, ut],
+                    d[_U(3), uq, ut],
+                    d[_U(4), uq, ut],
+                    d[_U(5), uq, ut],
+                )
                 v[uq, uc, p] = u0
                 v[uq + _U(ALPHA), uc, p] = u1
                 v[uq + _U(2 * ALPHA), uc, p] = u2
@@ -259,8 +272,9 @@ def _input_channel2(x, v, c, row0, n_rows, th_n, tw_n, ph, pw, bl, rowbuf, d, ch
                 for tw in range(tw_n):
                     j = _U(tw * TILE2)
                     t = _U(t0 + tw)
-                    s0, s1, s2, s3 = _bt4(rowbuf[ur, j], rowbuf[ur, j + _U(1)], rowbuf[ur, j + _U(2)],
-                                          rowbuf[ur, j + _U(3)])
+                    s0, s1, s2, s3 = _bt4(
+                        rowbuf[ur, j], rowbuf[ur, j + _U(1)], rowbuf[ur, j + _U(2)], rowbuf[ur, j + _U(3)]
+                    )
                     d[ur, _U(0), t] = s0
                     d[ur, _U(1), t] = s1
                     d[ur, _U(2), t] = s2
@@ -317,8 +331,9 @@ def input_transform_parallel(x, v, row0, n_rows, th_n, tw_n, ph, pw, tile=TILE):
     n_blk = min(c_n, BLOCKS)
     total = 0.0
     for blk in nb.prange(n_blk):
-        total += _input_range(x, v, blk * c_n // n_blk, (blk + 1) * c_n // n_blk, row0, n_rows, th_n, tw_n, ph, pw,
-                              tile)
+        total += _input_range(
+            x, v, blk * c_n // n_blk, (blk + 1) * c_n // n_blk, row0, n_rows, th_n, tw_n, ph, pw, tile
+        )
     return total
 
 
@@ -351,7 +366,7 @@ def _input_task(x, v, t, row0, n_rows, th_n, tw_n, ph, pw, rowbuf, s, chk):
     h_n, w_n = x.shape[2], x.shape[3]
     wp = tw_n * TILE + 2
     h0 = th * TILE - ph
-    lo = min(max(pw, 0), wp)         # padded columns [lo, hi) hold input columns [lo - pw, hi - pw)
+    lo = min(max(pw, 0), wp)  # padded columns [lo, hi) hold input columns [lo - pw, hi - pw)
     hi = max(min(pw + w_n, wp), lo)
     ui = np.uintp(i)
     uc = np.uintp(c)
@@ -393,8 +408,14 @@ def _input_task(x, v, t, row0, n_rows, th_n, tw_n, ph, pw, rowbuf, s, chk):
         k0 = np.uintp(q * ALPHA)
         for tw in range(tw_n):
             j = np.uintp(tw * TILE)
-            u0, u1, u2, u3, u4, u5 = _bt(s[uq, j], s[uq, j + np.uintp(1)], s[uq, j + np.uintp(2)],
-                                         s[uq, j + np.uintp(3)], s[uq, j + np.uintp(4)], s[uq, j + np.uintp(5)])
+            u0, u1, u2, u3, u4, u5 = _bt(
+                s[uq, j],
+                s[uq, j + np.uintp(1)],
+                s[uq, j + np.uintp(2)],
+                s[uq, j + np.uintp(3)],
+                s[uq, j + np.uintp(4)],
+                s[uq, j + np.uintp(5)],
+            )
             p = np.uintp(col0 + tw)
             v[k0, uc, p] = u0
             v[k0 + np.uintp(1), uc, p] = u1
@@ -450,9 +471,14 @@ def _output_channel(mm, b, y, mc, row0, n_rows, th_n, tw_n, bl, e):
             for t in range(nr * tw_n):
                 p = _U(col0 + t)
                 ut = _U(t)
-                a0, a1, a2, a3 = _at(mm[uq, um, p], mm[uq + _U(ALPHA), um, p], mm[uq + _U(2 * ALPHA), um, p],
-                                     mm[uq + _U(3 * ALPHA), um, p], mm[uq + _U(4 * ALPHA), um, p],
-                                     mm[uq + _U(5 * ALPHA), um, p])
+                a0, a1, a2, a3 = _at(
+                    mm[uq, um, p],
+                    mm[uq + _U(ALPHA), um, p],
+                    mm[uq + _U(2 * ALPHA), um, p],
+                    mm[uq + _U(3 * ALPHA), um, p],
+                    mm[uq + _U(4 * ALPHA), um, p],
+                    mm[uq + _U(5 * ALPHA), um, p],
+                )
                 e[_U(0), uq, ut] = a0
                 e[_U(1), uq, ut] = a1
                 e[_U(2), uq, ut] = a2
@@ -469,8 +495,14 @@ def _output_channel(mm, b, y, mc, row0, n_rows, th_n, tw_n, bl, e):
                 uh = _U(h0 + r)
                 for tw in range(full):
                     t = _U(t0 + tw)
-                    y0, y1, y2, y3 = _at(e[ur, _U(0), t], e[ur, _U(1), t], e[ur, _U(2), t], e[ur, _U(3), t],
-                                         e[ur, _U(4), t], e[ur, _U(5), t])
+                    y0, y1, y2, y3 = _at(
+                        e[ur, _U(0), t],
+                        e[ur, _U(1), t],
+                        e[ur, _U(2), t],
+                        e[ur, _U(3), t],
+                        e[ur, _U(4), t],
+                        e[ur, _U(5), t],
+                    )
                     j = _U(tw * TILE)
                     y[ui, um, uh, j] = y0 + bias
                     y[ui, um, uh, j + _U(1)] = y1 + bias
@@ -478,8 +510,14 @@ def _output_channel(mm, b, y, mc, row0, n_rows, th_n, tw_n, bl, e):
                     y[ui, um, uh, j + _U(3)] = y3 + bias
                 if full < tw_n:  # the last tile is cut by the image edge
                     t = _U(t0 + full)
-                    y0, y1, y2, y3 = _at(e[ur, _U(0), t], e[ur, _U(1), t], e[ur, _U(2), t], e[ur, _U(3), t],
-                                         e[ur, _U(4), t], e[ur, _U(5), t])
+                    y0, y1, y2, y3 = _at(
+                        e[ur, _U(0), t],
+                        e[ur, _U(1), t],
+                        e[ur, _U(2), t],
+                        e[ur, _U(3), t],
+                        e[ur, _U(4), t],
+                        e[ur, _U(5), t],
+                    )
                     j = full * TILE
                     cols = ow_n - j
                     y[ui, um, uh, _U(j)] = y0 + bias
@@ -503,8 +541,12 @@ def _output_channel2(mm, b, y, mc, row0, n_rows, th_n, tw_n, bl, e):
             for t in range(nr * tw_n):
                 p = _U(col0 + t)
                 ut = _U(t)
-                a0, a1 = _at4(mm[uq, um, p], mm[uq + _U(ALPHA2), um, p], mm[uq + _U(2 * ALPHA2), um, p],
-                              mm[uq + _U(3 * ALPHA2), um, p])
+                a0, a1 = _at4(
+                    mm[uq, um, p],
+                    mm[uq + _U(ALPHA2), um, p],
+                    mm[uq + _U(2 * ALPHA2), um, p],
+                    mm[uq + _U(3 * ALPHA2), um, p],
+                )
                 e[_U(0), uq, ut] = a0
                 e[_U(1), uq, ut] = a1
         for rr in range(nr):
@@ -582,8 +624,8 @@ def transform_weights(w: np.ndarray, dtype=None, out: np.ndarray | None = None, 
     w9 = w.reshape(pairs, 9)
     u2 = out.reshape(points, pairs)
     for p0 in range(0, pairs, _WT_BLOCK):
-        blk = w9[p0:p0 + _WT_BLOCK].astype(np.float64)
-        u2[:, p0:p0 + blk.shape[0]] = gg @ blk.T
+        blk = w9[p0 : p0 + _WT_BLOCK].astype(np.float64)
+        u2[:, p0 : p0 + blk.shape[0]] = gg @ blk.T
     return out
 
 
@@ -637,11 +679,18 @@ class WinogradPlan:
         return sum(s * self.itemsize + ALIGN for s in self._sizes())
 
     def describe(self) -> str:
-        packed = ("weights pre-packed at prepare for oneDNN's batched brgemm" if self.gemms else
-                  "weights pre-packed at prepare" if self.u is not None else "weights transformed per call")
+        packed = (
+            "weights pre-packed at prepare for oneDNN's batched brgemm"
+            if self.gemms
+            else "weights pre-packed at prepare"
+            if self.u is not None
+            else "weights transformed per call"
+        )
         t = self.tile
-        return (f"Winograd F({t}x{t},3x3): {self.tiles} tiles of {t}x{t}, chunks of {self.rows * self.tw_n} tiles, "
-                f"{self.points} GEMMs ({self.m}x{self.c}) @ ({self.c}x{self.rows * self.tw_n}) per chunk; {packed}")
+        return (
+            f"Winograd F({t}x{t},3x3): {self.tiles} tiles of {t}x{t}, chunks of {self.rows * self.tw_n} tiles, "
+            f"{self.points} GEMMs ({self.m}x{self.c}) @ ({self.c}x{self.rows * self.tw_n}) per chunk; {packed}"
+        )
 
     def __eq__(self, other):  # the packed array makes the generated __eq__ ambiguous
         return self is other
@@ -649,8 +698,9 @@ class WinogradPlan:
     __hash__ = object.__hash__
 
 
-def winograd_plan(x_shape, m: int, pb: tuple, out_sp: tuple, itemsize: int, weight=None,
-                  tile: int = TILE) -> WinogradPlan:
+def winograd_plan(
+    x_shape, m: int, pb: tuple, out_sp: tuple, itemsize: int, weight=None, tile: int = TILE
+) -> WinogradPlan:
     """Plan F(4x4, 3x3) (``tile`` 2: F(2x2, 3x3)) for x (N, C, H, W) and M output channels;
     ``weight`` (M, C, 3, 3), when known now, is transformed here once (pre-packed)."""
     if tile not in (TILE, TILE2):
@@ -669,8 +719,24 @@ def winograd_plan(x_shape, m: int, pb: tuple, out_sp: tuple, itemsize: int, weig
             gemms = _onednn_gemms(np.asarray(weight), tile, (n * th_n, rows), tw_n)
         if gemms is None:
             u = transform_weights(np.asarray(weight), np.float64 if itemsize == 8 else np.float32, tile=tile)
-    return WinogradPlan(n, c, int(m), tuple(int(v) for v in x_shape[2:]), tuple(int(v) for v in out_sp),
-                        int(pb[0]), int(pb[1]), th_n, tw_n, rows, itemsize, parallel, u, tile, gemms, finite_w)
+    return WinogradPlan(
+        n,
+        c,
+        int(m),
+        tuple(int(v) for v in x_shape[2:]),
+        tuple(int(v) for v in out_sp),
+        int(pb[0]),
+        int(pb[1]),
+        th_n,
+        tw_n,
+        rows,
+        itemsize,
+        parallel,
+        u,
+        tile,
+        gemms,
+        finite_w,
+    )
 
 
 def _onednn_gemms(weight: np.ndarray, tile: int, tile_rows: tuple, tw_n: int) -> dict | None:
@@ -689,9 +755,13 @@ def _onednn_gemms(weight: np.ndarray, tile: int, tile_rows: tuple, tw_n: int) ->
     points = (tile + 2) ** 2
     m, c = int(w.shape[0]), int(w.shape[1])
     source = (w, f"winograd F({tile}x{tile},3x3)", ((points, m, c), np.float32))
-    return {k * tw_n: D.BatchMatMulPrimitive(k * tw_n, lambda: transform_weights(w, np.float32, tile=tile),
-                                             transposed=True, source=source)
-            for k in {min(rows, total), total % rows} if k}
+    return {
+        k * tw_n: D.BatchMatMulPrimitive(
+            k * tw_n, lambda: transform_weights(w, np.float32, tile=tile), transposed=True, source=source
+        )
+        for k in {min(rows, total), total % rows}
+        if k
+    }
 
 
 # -- kernel -----------------------------------------------------------------------------------------
@@ -705,7 +775,7 @@ def _split_workspace(ws: np.ndarray, dtype, plan: WinogradPlan):
             out.append(None)
             continue
         nbytes = size * itemsize + ALIGN
-        out.append(workspace_view(ws[off:off + nbytes], dtype, (size,)))
+        out.append(workspace_view(ws[off : off + nbytes], dtype, (size,)))
         off += nbytes
     return out
 
@@ -726,8 +796,17 @@ def conv_winograd(x, w, b, y, plan: WinogradPlan, ws) -> None:
         u = transform_weights(w, dt, u.reshape(plan.points, plan.m, plan.c), tile=plan.tile)
         finite_w = all_finite(w)
     bias = b if b is not None else np.zeros(0, dt)
-    _run_chunks(x.reshape((plan.n, plan.c) + plan.in_sp), y.reshape((plan.n, plan.m) + plan.out_sp), u, bias, plan,
-                vflat, mflat, w.reshape(plan.m, plan.c, 3, 3), finite_w)
+    _run_chunks(
+        x.reshape((plan.n, plan.c) + plan.in_sp),
+        y.reshape((plan.n, plan.m) + plan.out_sp),
+        u,
+        bias,
+        plan,
+        vflat,
+        mflat,
+        w.reshape(plan.m, plan.c, 3, 3),
+        finite_w,
+    )
 
 
 def _run_chunks(xin, yout, u, bias, plan: WinogradPlan, vflat, mflat, w, finite_w: bool) -> None:
@@ -748,13 +827,13 @@ def _run_chunks(xin, yout, u, bias, plan: WinogradPlan, vflat, mflat, w, finite_
     for row0 in range(0, total, plan.rows):
         k = min(plan.rows, total - row0)
         p = k * plan.tw_n
-        v = vflat[:pts * plan.c * p].reshape(pts, plan.c, p)
-        mm = mflat[:pts * plan.m * p].reshape(pts, plan.m, p)
+        v = vflat[: pts * plan.c * p].reshape(pts, plan.c, p)
+        mm = mflat[: pts * plan.m * p].reshape(pts, plan.m, p)
         check += fin(xin, v, row0, k, plan.th_n, plan.tw_n, plan.ph, plan.pw, plan.tile)
         if plan.gemms:
             # (tiles x C) @ (C x M) per point, one oneDNN batched brgemm; tile-major copies in and out
-            vt = vflat[half_v:half_v + pts * p * plan.c].reshape(pts, p, plan.c)
-            yt = mflat[half_m:half_m + pts * p * plan.m].reshape(pts, p, plan.m)
+            vt = vflat[half_v : half_v + pts * p * plan.c].reshape(pts, p, plan.c)
+            yt = mflat[half_m : half_m + pts * p * plan.m].reshape(pts, p, plan.m)
             swap_last(v, vt, plan.parallel)
             plan.gemms[p](vt, yt)
             swap_last(yt, mm, plan.parallel)
@@ -871,8 +950,21 @@ def _point_gemms(u, v, mm, fns, nt):
     for th in nb.prange(nt):  # thread th multiplies points th, th + nt, ...
         prev = MN.set_threads_local(fns[1], 1)
         for p in range(th, pts, nt):
-            MN.sgemm(fns[0], MN.NO_TRANS, MN.NO_TRANS, m, n, c, u[p].ctypes.data, c, v[p].ctypes.data, n, 0.0,
-                     mm[p].ctypes.data, n)
+            MN.sgemm(
+                fns[0],
+                MN.NO_TRANS,
+                MN.NO_TRANS,
+                m,
+                n,
+                c,
+                u[p].ctypes.data,
+                c,
+                v[p].ctypes.data,
+                n,
+                0.0,
+                mm[p].ctypes.data,
+                n,
+            )
         MN.set_threads_local(fns[1], prev)
 
 
@@ -882,8 +974,13 @@ def point_gemms(u, v, mm, parallel: bool) -> bool:
     other than C-contiguous float32. Faster than MKL's batch call, which splits each small
     product over the threads (docs/kernel-libraries.md)."""
     fns = MN.addresses()
-    if fns is None or u.dtype != np.float32 or not (u.flags.c_contiguous and v.flags.c_contiguous
-                                                    and mm.flags.c_contiguous) or 0 in mm.shape or 0 in u.shape:
+    if (
+        fns is None
+        or u.dtype != np.float32
+        or not (u.flags.c_contiguous and v.flags.c_contiguous and mm.flags.c_contiguous)
+        or 0 in mm.shape
+        or 0 in u.shape
+    ):
         return False
     _point_gemms(u, v, mm, fns, nb.get_num_threads() if parallel else 1)
     return True
@@ -935,8 +1032,10 @@ class DilatedWinogradPlan:
 
     def describe(self) -> str:
         packed = "weights pre-packed at prepare" if self.u is not None else "weights transformed per call"
-        return (f"dilated Winograd F(4x4,3x3): dilation {self.d} split into {len(self.phases)} dense phase "
-                f"convs, {self.tiles} tiles of 4x4 in all; {packed}")
+        return (
+            f"dilated Winograd F(4x4,3x3): dilation {self.d} split into {len(self.phases)} dense phase "
+            f"convs, {self.tiles} tiles of 4x4 in all; {packed}"
+        )
 
 
 def dilated_plan(x_shape, m: int, pb: tuple, out_sp: tuple, d: tuple, itemsize: int, weight=None):

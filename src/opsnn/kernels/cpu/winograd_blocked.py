@@ -25,6 +25,7 @@ about 1e-5 of the output's scale (tests allow 2e-4, as for :mod:`.winograd`). In
 :mod:`.winograd`: the input transform's check finds tiles whose input is not finite, and those
 are computed again by the direct sum with the same epilogue (:func:`direct_tiles`).
 """
+
 from __future__ import annotations
 
 import math
@@ -88,15 +89,17 @@ def input_transform(x, v, ph, pw, th_n, tw_n):
                             d[ui, uj, lane] = 0.0
             for i in range(_U(ALPHA)):  # B^T along each row
                 for lane in range(ub):
-                    r0, r1, r2, r3, r4, r5 = _bt(d[i, 0, lane], d[i, 1, lane], d[i, 2, lane], d[i, 3, lane],
-                                                 d[i, 4, lane], d[i, 5, lane])
+                    r0, r1, r2, r3, r4, r5 = _bt(
+                        d[i, 0, lane], d[i, 1, lane], d[i, 2, lane], d[i, 3, lane], d[i, 4, lane], d[i, 5, lane]
+                    )
                     t[i, 0, lane], t[i, 1, lane], t[i, 2, lane] = r0, r1, r2
                     t[i, 3, lane], t[i, 4, lane], t[i, 5, lane] = r3, r4, r5
             tile = _U(row * tw_n + tx)
             for k in range(_U(ALPHA)):  # ... then down each column, into V
                 for lane in range(ub):
-                    r0, r1, r2, r3, r4, r5 = _bt(t[0, k, lane], t[1, k, lane], t[2, k, lane], t[3, k, lane],
-                                                 t[4, k, lane], t[5, k, lane])
+                    r0, r1, r2, r3, r4, r5 = _bt(
+                        t[0, k, lane], t[1, k, lane], t[2, k, lane], t[3, k, lane], t[4, k, lane], t[5, k, lane]
+                    )
                     c = c0 + lane
                     v[k, tile, c], v[6 + k, tile, c], v[12 + k, tile, c] = r0, r1, r2
                     v[18 + k, tile, c], v[24 + k, tile, c], v[30 + k, tile, c] = r3, r4, r5
@@ -185,13 +188,20 @@ def output_transform(mm, bias, z, y, th_n, tw_n, has_z, relu):
                 p = a * _U(ALPHA)
                 for lane in range(ub):
                     c = m0 + lane
-                    r0, r1, r2, r3 = _at(mm[p, tile, c], mm[p + 1, tile, c], mm[p + 2, tile, c],
-                                         mm[p + 3, tile, c], mm[p + 4, tile, c], mm[p + 5, tile, c])
+                    r0, r1, r2, r3 = _at(
+                        mm[p, tile, c],
+                        mm[p + 1, tile, c],
+                        mm[p + 2, tile, c],
+                        mm[p + 3, tile, c],
+                        mm[p + 4, tile, c],
+                        mm[p + 5, tile, c],
+                    )
                     u[a, 0, lane], u[a, 1, lane], u[a, 2, lane], u[a, 3, lane] = r0, r1, r2, r3
             for s in range(_U(TILE)):  # ... then down each column
                 for lane in range(ub):
-                    r0, r1, r2, r3 = _at(u[0, s, lane], u[1, s, lane], u[2, s, lane], u[3, s, lane],
-                                         u[4, s, lane], u[5, s, lane])
+                    r0, r1, r2, r3 = _at(
+                        u[0, s, lane], u[1, s, lane], u[2, s, lane], u[3, s, lane], u[4, s, lane], u[5, s, lane]
+                    )
                     bb = bias[m0 + lane]
                     o[0, s, lane], o[1, s, lane], o[2, s, lane], o[3, s, lane] = r0 + bb, r1 + bb, r2 + bb, r3 + bb
             for i in range(min(TILE, ho - ty * TILE)):
@@ -227,10 +237,10 @@ class BlockedWinogradPlan:
     x_shape: tuple
     y_shape: tuple
     block: int
-    pads: tuple          # (top, left) padding
-    tiles: tuple         # (tile rows, tile columns) per image
-    per_chunk: int       # images per chunk
-    gemms: dict          # images in a chunk -> D.BatchMatMulPrimitive
+    pads: tuple  # (top, left) padding
+    tiles: tuple  # (tile rows, tile columns) per image
+    per_chunk: int  # images per chunk
+    gemms: dict  # images in a chunk -> D.BatchMatMulPrimitive
     relu: bool
     zero_bias: np.ndarray  # (C_out,) zeros: the output transform's bias when the conv has none
     #: the weight (M, C, 3, 3) as float32, for the tiles computed directly (Inf or NaN inputs)
@@ -250,9 +260,11 @@ class BlockedWinogradPlan:
         th, tw = self.tiles
         g = self.gemms[self.per_chunk]
         _, m, k, n = g.shape
-        return (f"Winograd F(4x4,3x3) on nChw{self.block}c: {th}x{tw} tiles per image, {self.per_chunk} image(s) "
-                f"per chunk, the 36 GEMMs ({m}x{k} @ {k}x{n}) in one oneDNN {g.impl} batched matmul, weights "
-                f"transformed at prepare")
+        return (
+            f"Winograd F(4x4,3x3) on nChw{self.block}c: {th}x{tw} tiles per image, {self.per_chunk} image(s) "
+            f"per chunk, the 36 GEMMs ({m}x{k} @ {k}x{n}) in one oneDNN {g.impl} batched matmul, weights "
+            f"transformed at prepare"
+        )
 
 
 def plan(x_shape, w: np.ndarray, y_shape, pads: tuple, block: int, relu: bool) -> BlockedWinogradPlan:
@@ -267,12 +279,25 @@ def plan(x_shape, w: np.ndarray, y_shape, pads: tuple, block: int, relu: bool) -
     # V (36, T, C) @ U^T (36, C, M), U = G w G^T (36, M, C), computed and reordered once per weight
     # array: plans for other batch sizes and a last, smaller chunk's primitive share the copy
     source = (w, "winograd F(4x4,3x3)", ((POINTS, m, c), np.float32))
-    gemms = {k: D.BatchMatMulPrimitive(k * th * tw, lambda: transform_weights(w, np.float32), transposed=True,
-                                       source=source) for k in {per_chunk, n % per_chunk} if k}
+    gemms = {
+        k: D.BatchMatMulPrimitive(k * th * tw, lambda: transform_weights(w, np.float32), transposed=True, source=source)
+        for k in {per_chunk, n % per_chunk}
+        if k
+    }
     w32 = np.ascontiguousarray(w, dtype=np.float32)
-    return BlockedWinogradPlan(tuple(int(s) for s in x_shape), tuple(int(s) for s in y_shape), int(block),
-                               (int(pads[0]), int(pads[1])), (th, tw), per_chunk, gemms, bool(relu),
-                               np.zeros(m, np.float32), w32, all_finite(w32))
+    return BlockedWinogradPlan(
+        tuple(int(s) for s in x_shape),
+        tuple(int(s) for s in y_shape),
+        int(block),
+        (int(pads[0]), int(pads[1])),
+        (th, tw),
+        per_chunk,
+        gemms,
+        bool(relu),
+        np.zeros(m, np.float32),
+        w32,
+        all_finite(w32),
+    )
 
 
 def bind(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndarray):
@@ -291,9 +316,9 @@ def bind(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndar
     for i0 in range(0, n, p.per_chunk):
         k = min(p.per_chunk, n - i0)
         t = k * th * tw
-        v = flat[:POINTS * t * c].reshape(POINTS, t, c)
-        mm = flat[POINTS * t * c:POINTS * t * (c + m)].reshape(POINTS, t, m)
-        chunks.append((x5[i0:i0 + k], v, p.gemms[k].bind(v, mm), mm, z5[i0:i0 + k], y5[i0:i0 + k]))
+        v = flat[: POINTS * t * c].reshape(POINTS, t, c)
+        mm = flat[POINTS * t * c : POINTS * t * (c + m)].reshape(POINTS, t, m)
+        chunks.append((x5[i0 : i0 + k], v, p.gemms[k].bind(v, mm), mm, z5[i0 : i0 + k], y5[i0 : i0 + k]))
 
     w4, finite_w = p.w, p.finite_w
 
@@ -307,6 +332,7 @@ def bind(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndar
                 if not len(tiles):  # the weight, or a finite overflow: every tile
                     tiles = np.ascontiguousarray(np.indices((xc.shape[0], th, tw)).reshape(3, -1).T, np.int64)
                 direct_tiles(xc, w4, bias, zc, yc, tiles, ph, pw, has_z, relu)
+
     return call
 
 

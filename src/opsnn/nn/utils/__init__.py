@@ -1,4 +1,5 @@
 """``opsnn.nn.utils``: gradient clipping (torch's ``clip_grad_norm_`` / ``clip_grad_value_``)."""
+
 from .clip_grad import clip_grad_norm_, clip_grad_value_
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_"]

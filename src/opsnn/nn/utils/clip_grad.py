@@ -8,6 +8,7 @@
 >>> np.round(p.grad.numpy(), 4)
 array([0.6, 0.8], dtype=float32)
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,9 @@ def _grads(parameters) -> list:
     return [p.grad for p in parameters if p.grad is not None]
 
 
-def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
-                    foreach=None) -> Tensor:
+def clip_grad_norm_(
+    parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False, foreach=None
+) -> Tensor:
     """Scale all gradients together so their joint ``norm_type`` norm is at most ``max_norm``;
     returns the norm before clipping (a 0-d tensor)."""
     grads = _grads(parameters)
@@ -38,8 +40,10 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
     else:
         total = float(np.sum([np.sum(np.abs(a.astype(np.float64)) ** norm_type) for a in arrays])) ** (1.0 / norm_type)
     if error_if_nonfinite and not math.isfinite(total):
-        raise ParamInvalidError(f"clip_grad_norm_: the total {norm_type}-norm of the gradients is {total}; "
-                                "pass error_if_nonfinite=False to clip anyway")
+        raise ParamInvalidError(
+            f"clip_grad_norm_: the total {norm_type}-norm of the gradients is {total}; "
+            "pass error_if_nonfinite=False to clip anyway"
+        )
     coef = float(max_norm) / (total + 1e-6)
     if coef < 1.0:
         for a in arrays:

@@ -1,9 +1,30 @@
 """Op records by family. Each module registers its records and kernels and lists its
 functional entry points in ``__all__``."""
+
 import importlib
 
-FAMILIES = ("elementwise", "activation", "reduction", "norm", "matmul", "conv", "pool", "quant", "shape",
-            "rnn", "attention", "loss", "random", "vision", "signal", "training", "text", "ml", "fused", "blocked")
+FAMILIES = (
+    "elementwise",
+    "activation",
+    "reduction",
+    "norm",
+    "matmul",
+    "conv",
+    "pool",
+    "quant",
+    "shape",
+    "rnn",
+    "attention",
+    "loss",
+    "random",
+    "vision",
+    "signal",
+    "training",
+    "text",
+    "ml",
+    "fused",
+    "blocked",
+)
 
 __all__: list[str] = []
 for _family in FAMILIES:

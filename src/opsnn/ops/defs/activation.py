@@ -10,6 +10,7 @@ PRelu and SwiGLU, and the row ops Softmax, LogSoftmax and Hardmax (ONNX opset-13
     >>> opsnn.ops.softmax(x, dim=-1).numpy().round(3)
     array([[0.09 , 0.245, 0.665]], dtype=float32)
 """
+
 from __future__ import annotations
 
 import math
@@ -63,11 +64,23 @@ def _softplus(x):
 # -- pointwise activations -----------------------------------------------------------------------------
 def _pointwise(name, code, formula, *, attrs=(), params=lambda a: (), doc="", infer=same_as_input, io=("X", "Y")):
     """Register a float pointwise activation whose fast kernel is the shared numba map."""
-    rec = register_op(name, category="activation", inputs=[Input(io[0], FLOAT)], outputs=[io[1]], attrs=attrs,
-                      infer=infer, reference=_float64_ref(formula), doc=doc)
-    rec.kernel(f"{_snake(name)}_numba", dtypes=_F32_64, priority=10,
-               plan=lambda ctx: K.pointwise_plan(ctx, code, *params(ctx.attrs)),
-               doc="numba map, parallel in chunks above a size threshold")(K.pointwise)
+    rec = register_op(
+        name,
+        category="activation",
+        inputs=[Input(io[0], FLOAT)],
+        outputs=[io[1]],
+        attrs=attrs,
+        infer=infer,
+        reference=_float64_ref(formula),
+        doc=doc,
+    )
+    rec.kernel(
+        f"{_snake(name)}_numba",
+        dtypes=_F32_64,
+        priority=10,
+        plan=lambda ctx: K.pointwise_plan(ctx, code, *params(ctx.attrs)),
+        doc="numba map, parallel in chunks above a size threshold",
+    )(K.pointwise)
     return rec
 
 
@@ -81,16 +94,25 @@ def _snake(name: str) -> str:
 
 
 Relu = register_op(
-    "Relu", category="activation", inputs=[Input("X", _dt.FLOATS + (_dt.int8, _dt.int16, _dt.int32, _dt.int64))],
-    outputs=["Y"], infer=same_as_input,
+    "Relu",
+    category="activation",
+    inputs=[Input("X", _dt.FLOATS + (_dt.int8, _dt.int16, _dt.int32, _dt.int64))],
+    outputs=["Y"],
+    infer=same_as_input,
     reference=lambda ins, attrs: np.where(ins[0] < 0, np.zeros((), ins[0].dtype), ins[0]),
-    doc="max(x, 0); NaN stays NaN")
+    doc="max(x, 0); NaN stays NaN",
+)
 Relu.kernel("relu_numba", dtypes=_F32_64 + (_dt.int32, _dt.int64), priority=10, plan=K.relu_plan)(K.relu)
 Relu.kernel("relu_numpy", dtypes=(_dt.int8, _dt.int16), priority=5)(K.relu_numpy)
 
 LeakyRelu = _pointwise(
-    "LeakyRelu", K.LEAKY_RELU, lambda x, a: np.where(x < 0, a["alpha"] * x, x),
-    attrs=[Attr("alpha", "float", 0.01)], params=lambda a: (a["alpha"],), doc="x if x >= 0 else alpha * x")
+    "LeakyRelu",
+    K.LEAKY_RELU,
+    lambda x, a: np.where(x < 0, a["alpha"] * x, x),
+    attrs=[Attr("alpha", "float", 0.01)],
+    params=lambda a: (a["alpha"],),
+    doc="x if x >= 0 else alpha * x",
+)
 
 
 def _approximate(attrs) -> str:
@@ -111,33 +133,58 @@ def _gelu_ref(x, attrs):
     # the forms without the cancellation of 1 + erf / 1 + tanh for x << 0:
     # (1 + erf(x / sqrt 2)) / 2 = erfc(-x / sqrt 2) / 2 and (1 + tanh z) / 2 = sigmoid(2z)
     if _approximate(attrs) == "tanh":
-        return x * _sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3))
+        return x * _sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))
     return 0.5 * x * _erfc(-x / math.sqrt(2.0))
 
 
-Gelu = register_op("Gelu", category="activation", inputs=[Input("X", FLOAT)], outputs=["Y"],
-                   attrs=[Attr("approximate", "string", "none")], infer=_gelu_infer,
-                   reference=_float64_ref(_gelu_ref),
-                   doc="x * Phi(x) (erf form) or its tanh approximation")
-Gelu.kernel("gelu_numba", dtypes=_F32_64, priority=10,
-            plan=lambda ctx: K.pointwise_plan(ctx, K.GELU_TANH if _approximate(ctx.attrs) == "tanh" else K.GELU_ERF),
-            doc="numba map (erfc-based normal CDF, or the tanh form)")(K.pointwise)
+Gelu = register_op(
+    "Gelu",
+    category="activation",
+    inputs=[Input("X", FLOAT)],
+    outputs=["Y"],
+    attrs=[Attr("approximate", "string", "none")],
+    infer=_gelu_infer,
+    reference=_float64_ref(_gelu_ref),
+    doc="x * Phi(x) (erf form) or its tanh approximation",
+)
+Gelu.kernel(
+    "gelu_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=lambda ctx: K.pointwise_plan(ctx, K.GELU_TANH if _approximate(ctx.attrs) == "tanh" else K.GELU_ERF),
+    doc="numba map (erfc-based normal CDF, or the tanh form)",
+)(K.pointwise)
 
-Swish = _pointwise("Swish", K.SWISH, lambda x, a: x * _sigmoid(a["alpha"] * x),
-                   attrs=[Attr("alpha", "float", 1.0)], params=lambda a: (a["alpha"],),
-                   doc="x * sigmoid(alpha * x) (SiLU at alpha = 1)")
+Swish = _pointwise(
+    "Swish",
+    K.SWISH,
+    lambda x, a: x * _sigmoid(a["alpha"] * x),
+    attrs=[Attr("alpha", "float", 1.0)],
+    params=lambda a: (a["alpha"],),
+    doc="x * sigmoid(alpha * x) (SiLU at alpha = 1)",
+)
 Sigmoid = _pointwise("Sigmoid", K.SIGMOID, lambda x, a: _sigmoid(x), doc="1 / (1 + exp(-x))")
 Tanh = _pointwise("Tanh", K.TANH, lambda x, a: np.tanh(x), doc="tanh(x)", io=("input", "output"))
 Softplus = _pointwise("Softplus", K.SOFTPLUS, lambda x, a: _softplus(x), doc="log(1 + exp(x)), overflow-free")
-HardSwish = _pointwise("HardSwish", K.HARD_SWISH, lambda x, a: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0),
-                       doc="x * clip(x / 6 + 1/2, 0, 1)")
-Elu = _pointwise("Elu", K.ELU, lambda x, a: np.where(x < 0, a["alpha"] * np.expm1(x), x),
-                 attrs=[Attr("alpha", "float", 1.0)], params=lambda a: (a["alpha"],),
-                 doc="x if x >= 0 else alpha * (exp(x) - 1)")
-Selu = _pointwise("Selu", K.SELU, lambda x, a: a["gamma"] * np.where(x <= 0, a["alpha"] * np.expm1(x), x),
-                  attrs=[Attr("alpha", "float", SELU_ALPHA), Attr("gamma", "float", SELU_GAMMA)],
-                  params=lambda a: (a["alpha"], a["gamma"]),
-                  doc="gamma * (x if x > 0 else alpha * (exp(x) - 1))")
+HardSwish = _pointwise(
+    "HardSwish", K.HARD_SWISH, lambda x, a: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0), doc="x * clip(x / 6 + 1/2, 0, 1)"
+)
+Elu = _pointwise(
+    "Elu",
+    K.ELU,
+    lambda x, a: np.where(x < 0, a["alpha"] * np.expm1(x), x),
+    attrs=[Attr("alpha", "float", 1.0)],
+    params=lambda a: (a["alpha"],),
+    doc="x if x >= 0 else alpha * (exp(x) - 1)",
+)
+Selu = _pointwise(
+    "Selu",
+    K.SELU,
+    lambda x, a: a["gamma"] * np.where(x <= 0, a["alpha"] * np.expm1(x), x),
+    attrs=[Attr("alpha", "float", SELU_ALPHA), Attr("gamma", "float", SELU_GAMMA)],
+    params=lambda a: (a["alpha"], a["gamma"]),
+    doc="gamma * (x if x > 0 else alpha * (exp(x) - 1))",
+)
 
 
 def _celu_infer(ctx):
@@ -146,19 +193,35 @@ def _celu_infer(ctx):
     return same_as_input(ctx)
 
 
-Celu = _pointwise("Celu", K.CELU,
-                  lambda x, a: np.maximum(0.0, x) + np.minimum(0.0, a["alpha"] * np.expm1(x / a["alpha"])),
-                  attrs=[Attr("alpha", "float", 1.0)], params=lambda a: (a["alpha"],),
-                  doc="max(0, x) + min(0, alpha * (exp(x / alpha) - 1))", infer=_celu_infer)
+Celu = _pointwise(
+    "Celu",
+    K.CELU,
+    lambda x, a: np.maximum(0.0, x) + np.minimum(0.0, a["alpha"] * np.expm1(x / a["alpha"])),
+    attrs=[Attr("alpha", "float", 1.0)],
+    params=lambda a: (a["alpha"],),
+    doc="max(0, x) + min(0, alpha * (exp(x / alpha) - 1))",
+    infer=_celu_infer,
+)
 Mish = _pointwise("Mish", K.MISH, lambda x, a: x * np.tanh(_softplus(x)), doc="x * tanh(softplus(x))")
-HardSigmoid = _pointwise("HardSigmoid", K.HARD_SIGMOID, lambda x, a: np.clip(a["alpha"] * x + a["beta"], 0.0, 1.0),
-                         attrs=[Attr("alpha", "float", 0.2), Attr("beta", "float", 0.5)],
-                         params=lambda a: (a["alpha"], a["beta"]), doc="clip(alpha * x + beta, 0, 1)")
-ThresholdedRelu = _pointwise("ThresholdedRelu", K.THRESHOLDED_RELU, lambda x, a: np.where(x > a["alpha"], x, 0.0),
-                             attrs=[Attr("alpha", "float", 1.0)], params=lambda a: (a["alpha"],),
-                             doc="x if x > alpha else 0")
-Softsign = _pointwise("Softsign", K.SOFTSIGN, lambda x, a: x / (1.0 + np.abs(x)), doc="x / (1 + |x|)",
-                      io=("input", "output"))
+HardSigmoid = _pointwise(
+    "HardSigmoid",
+    K.HARD_SIGMOID,
+    lambda x, a: np.clip(a["alpha"] * x + a["beta"], 0.0, 1.0),
+    attrs=[Attr("alpha", "float", 0.2), Attr("beta", "float", 0.5)],
+    params=lambda a: (a["alpha"], a["beta"]),
+    doc="clip(alpha * x + beta, 0, 1)",
+)
+ThresholdedRelu = _pointwise(
+    "ThresholdedRelu",
+    K.THRESHOLDED_RELU,
+    lambda x, a: np.where(x > a["alpha"], x, 0.0),
+    attrs=[Attr("alpha", "float", 1.0)],
+    params=lambda a: (a["alpha"],),
+    doc="x if x > alpha else 0",
+)
+Softsign = _pointwise(
+    "Softsign", K.SOFTSIGN, lambda x, a: x / (1.0 + np.abs(x)), doc="x / (1 + |x|)", io=("input", "output")
+)
 
 
 def _shrink_ref(ins, attrs):
@@ -168,12 +231,22 @@ def _shrink_ref(ins, attrs):
     return np.select([xf < -lambd, xf > lambd], [xf + bias, xf - bias], 0.0).astype(x.dtype)
 
 
-Shrink = register_op("Shrink", category="activation", inputs=[Input("input", FLOAT + _dt.INTEGERS)],
-                     outputs=["output"], attrs=[Attr("bias", "float", 0.0), Attr("lambd", "float", 0.5)],
-                     infer=same_as_input, reference=_shrink_ref,
-                     doc="x + bias if x < -lambd, x - bias if x > lambd, else 0")
-Shrink.kernel("shrink_numba", dtypes=_F32_64, priority=10,
-              plan=lambda ctx: K.pointwise_plan(ctx, K.SHRINK, ctx.attrs["lambd"], ctx.attrs["bias"]))(K.pointwise)
+Shrink = register_op(
+    "Shrink",
+    category="activation",
+    inputs=[Input("input", FLOAT + _dt.INTEGERS)],
+    outputs=["output"],
+    attrs=[Attr("bias", "float", 0.0), Attr("lambd", "float", 0.5)],
+    infer=same_as_input,
+    reference=_shrink_ref,
+    doc="x + bias if x < -lambd, x - bias if x > lambd, else 0",
+)
+Shrink.kernel(
+    "shrink_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=lambda ctx: K.pointwise_plan(ctx, K.SHRINK, ctx.attrs["lambd"], ctx.attrs["bias"]),
+)(K.pointwise)
 Shrink.kernel("shrink_numpy", dtypes=_dt.INTEGERS, priority=5, doc="integers, via float64")(K.shrink_numpy)
 
 
@@ -184,8 +257,11 @@ _PRELU_TYPES = FLOAT + (_dt.int32, _dt.int64, _dt.uint32, _dt.uint64)
 def _prelu_infer(ctx):
     xs, ss = ctx.shape(0), ctx.shape(1)
     if ctx.dtype(1) != ctx.dtype(0):
-        raise DTypeError(f"PRelu: input 'slope' has dtype {_dt.name(ctx.dtype(1))}; expected the dtype of 'X' "
-                         f"({_dt.name(ctx.dtype(0))})", op="PRelu")
+        raise DTypeError(
+            f"PRelu: input 'slope' has dtype {_dt.name(ctx.dtype(1))}; expected the dtype of 'X' "
+            f"({_dt.name(ctx.dtype(0))})",
+            op="PRelu",
+        )
     if len(ss) > len(xs) or any(s not in (1, x) for s, x in zip(reversed(ss), reversed(xs))):
         ctx.fail(f"input 'slope' of shape {ss} must broadcast to 'X' of shape {xs} (unidirectional broadcasting)")
     return same_as_input(ctx)
@@ -205,19 +281,34 @@ def _prelu_applies(ctx):
     return None
 
 
-PRelu = register_op("PRelu", category="activation", inputs=[Input("X", _PRELU_TYPES), Input("slope", _PRELU_TYPES)],
-                    outputs=["Y"], infer=_prelu_infer, reference=_prelu_ref,
-                    doc="x if x >= 0 else slope * x (slope broadcasts to x)")
-PRelu.kernel("prelu_numba", dtypes=_F32_64, priority=10, plan=K.prelu_plan, applies=_prelu_applies,
-             doc="numba map over x viewed as (outer, C, inner)")(K.prelu)
+PRelu = register_op(
+    "PRelu",
+    category="activation",
+    inputs=[Input("X", _PRELU_TYPES), Input("slope", _PRELU_TYPES)],
+    outputs=["Y"],
+    infer=_prelu_infer,
+    reference=_prelu_ref,
+    doc="x if x >= 0 else slope * x (slope broadcasts to x)",
+)
+PRelu.kernel(
+    "prelu_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=K.prelu_plan,
+    applies=_prelu_applies,
+    doc="numba map over x viewed as (outer, C, inner)",
+)(K.prelu)
 PRelu.kernel("prelu_numpy", priority=5, doc="any broadcast pattern or dtype")(K.prelu_numpy)
 
 
 # -- SwiGLU -----------------------------------------------------------------------------------------------
 def _swiglu_infer(ctx):
     if ctx.dtype(1) != ctx.dtype(0):
-        raise DTypeError(f"SwiGLU: input 'B' has dtype {_dt.name(ctx.dtype(1))}; expected the dtype of 'A' "
-                         f"({_dt.name(ctx.dtype(0))})", op="SwiGLU")
+        raise DTypeError(
+            f"SwiGLU: input 'B' has dtype {_dt.name(ctx.dtype(1))}; expected the dtype of 'A' "
+            f"({_dt.name(ctx.dtype(0))})",
+            op="SwiGLU",
+        )
     if tuple(ctx.shape(1)) != tuple(ctx.shape(0)):
         ctx.fail(f"inputs 'A' {ctx.shape(0)} and 'B' {ctx.shape(1)} must have the same shape (no broadcasting)")
     return same_as_input(ctx)
@@ -230,9 +321,16 @@ def _swiglu_ref(ins, attrs):
         return (af * _sigmoid(attrs["alpha"] * af) * bf).astype(a.dtype)
 
 
-SwiGLU = register_op("SwiGLU", category="activation", inputs=[Input("A", FLOAT), Input("B", FLOAT)], outputs=["Y"],
-                     attrs=[Attr("alpha", "float", 1.0)], infer=_swiglu_infer, reference=_swiglu_ref,
-                     doc="Swish_alpha(A) * B (gate A, value B)")
+SwiGLU = register_op(
+    "SwiGLU",
+    category="activation",
+    inputs=[Input("A", FLOAT), Input("B", FLOAT)],
+    outputs=["Y"],
+    attrs=[Attr("alpha", "float", 1.0)],
+    infer=_swiglu_infer,
+    reference=_swiglu_ref,
+    doc="Swish_alpha(A) * B (gate A, value B)",
+)
 SwiGLU.kernel("swiglu_numba", dtypes=_F32_64, priority=10, plan=K.swiglu_plan, strided=True)(K.swiglu)
 
 
@@ -245,8 +343,9 @@ def _axis(ctx) -> int:
     if rank == 0:
         raise ParamInvalidError(f"{op}: input must have rank >= 1, got a 0-d tensor", op=op)
     if not -rank <= axis < rank:
-        raise ParamInvalidError(f"{op}: attribute 'axis' must be in [{-rank}, {rank - 1}] for a {rank}-D input, "
-                                f"got {axis}", op=op)
+        raise ParamInvalidError(
+            f"{op}: attribute 'axis' must be in [{-rank}, {rank - 1}] for a {rank}-D input, got {axis}", op=op
+        )
     return int(axis) % rank
 
 
@@ -281,23 +380,55 @@ def _hardmax_ref(ins, attrs):
 
 _AXIS = [Attr("axis", "int", -1)]
 
-Softmax = register_op("Softmax", category="activation", inputs=[Input("input", FLOAT)], outputs=["output"],
-                      attrs=_AXIS, infer=_axis_infer, reference=_softmax_ref,
-                      doc="exp(x - max) / sum(exp(x - max)) along axis")
-Softmax.kernel("softmax_online", dtypes=_F32_64, priority=10,
-               plan=lambda ctx: K.softmax_plan(ctx, _axis(ctx), False), workspace=K.softmax_workspace,
-               doc="single-pass online max/sum per row, then one write pass")(K.softmax)
-LogSoftmax = register_op("LogSoftmax", category="activation", inputs=[Input("input", FLOAT)], outputs=["output"],
-                         attrs=_AXIS, infer=_axis_infer, reference=lambda ins, attrs: _softmax_ref(ins, attrs, True),
-                         doc="x - max - log(sum(exp(x - max))) along axis")
-LogSoftmax.kernel("log_softmax_online", dtypes=_F32_64, priority=10,
-                  plan=lambda ctx: K.softmax_plan(ctx, _axis(ctx), True), workspace=K.softmax_workspace,
-                  doc="single-pass online max/sum per row, then one write pass")(K.softmax)
-Hardmax = register_op("Hardmax", category="activation", inputs=[Input("input", FLOAT)], outputs=["output"],
-                      attrs=_AXIS, infer=_axis_infer, reference=_hardmax_ref,
-                      doc="1 at the first maximum along axis, 0 elsewhere")
-Hardmax.kernel("hardmax_numpy", priority=5, plan=lambda ctx: K.hardmax_plan(ctx, _axis(ctx)),
-               doc="argmax + one-hot scatter")(K.hardmax_numpy)
+Softmax = register_op(
+    "Softmax",
+    category="activation",
+    inputs=[Input("input", FLOAT)],
+    outputs=["output"],
+    attrs=_AXIS,
+    infer=_axis_infer,
+    reference=_softmax_ref,
+    doc="exp(x - max) / sum(exp(x - max)) along axis",
+)
+Softmax.kernel(
+    "softmax_online",
+    dtypes=_F32_64,
+    priority=10,
+    plan=lambda ctx: K.softmax_plan(ctx, _axis(ctx), False),
+    workspace=K.softmax_workspace,
+    doc="single-pass online max/sum per row, then one write pass",
+)(K.softmax)
+LogSoftmax = register_op(
+    "LogSoftmax",
+    category="activation",
+    inputs=[Input("input", FLOAT)],
+    outputs=["output"],
+    attrs=_AXIS,
+    infer=_axis_infer,
+    reference=lambda ins, attrs: _softmax_ref(ins, attrs, True),
+    doc="x - max - log(sum(exp(x - max))) along axis",
+)
+LogSoftmax.kernel(
+    "log_softmax_online",
+    dtypes=_F32_64,
+    priority=10,
+    plan=lambda ctx: K.softmax_plan(ctx, _axis(ctx), True),
+    workspace=K.softmax_workspace,
+    doc="single-pass online max/sum per row, then one write pass",
+)(K.softmax)
+Hardmax = register_op(
+    "Hardmax",
+    category="activation",
+    inputs=[Input("input", FLOAT)],
+    outputs=["output"],
+    attrs=_AXIS,
+    infer=_axis_infer,
+    reference=_hardmax_ref,
+    doc="1 at the first maximum along axis, 0 elsewhere",
+)
+Hardmax.kernel(
+    "hardmax_numpy", priority=5, plan=lambda ctx: K.hardmax_plan(ctx, _axis(ctx)), doc="argmax + one-hot scatter"
+)(K.hardmax_numpy)
 
 
 # -- functional entry points -----------------------------------------------------------------------------
@@ -468,6 +599,29 @@ def swiglu(gate, value, alpha=1.0):
     return [gate, value], {"alpha": _float("swiglu", "alpha", alpha)}
 
 
-__all__ = ["relu", "leaky_relu", "gelu", "silu", "swish", "sigmoid", "tanh", "softplus", "hard_swish", "softmax",
-           "log_softmax", "hardmax", "elu", "selu", "celu", "mish", "hard_sigmoid", "thresholded_relu", "softsign",
-           "shrink", "hardshrink", "softshrink", "prelu", "swiglu"]
+__all__ = [
+    "relu",
+    "leaky_relu",
+    "gelu",
+    "silu",
+    "swish",
+    "sigmoid",
+    "tanh",
+    "softplus",
+    "hard_swish",
+    "softmax",
+    "log_softmax",
+    "hardmax",
+    "elu",
+    "selu",
+    "celu",
+    "mish",
+    "hard_sigmoid",
+    "thresholded_relu",
+    "softsign",
+    "shrink",
+    "hardshrink",
+    "softshrink",
+    "prelu",
+    "swiglu",
+]

@@ -14,6 +14,7 @@ padded with ``-inf``; ``is_causal`` is bottom-right aligned (offset = past lengt
 >>> y.shape
 (1, 4, 16, 8)
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,11 @@ def _dims(ctx) -> _Dims:
     if rank not in (3, 4) or len(k.shape) != rank or len(v.shape) != rank:
         ctx.fail(f"Q, K, V must all be 3-D or all 4-D, got shapes {q.shape}, {k.shape}, {v.shape}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise DTypeError(f"Attention: Q, K, V must share one dtype, got {_dt.name(q.dtype)}, {_dt.name(k.dtype)}, "
-                         f"{_dt.name(v.dtype)}", op="Attention")
+        raise DTypeError(
+            f"Attention: Q, K, V must share one dtype, got {_dt.name(q.dtype)}, {_dt.name(k.dtype)}, "
+            f"{_dt.name(v.dtype)}",
+            op="Attention",
+        )
     d = _Dims()
     d.rank = rank
     qh, kvh = a.get("q_num_heads"), a.get("kv_num_heads")
@@ -59,19 +63,23 @@ def _dims(ctx) -> _Dims:
         _, d.Hkv, d.Skv, dk = k.shape
         d.Dv = v.shape[3]
         if (qh is not None and int(qh) != d.Hq) or (kvh is not None and int(kvh) != d.Hkv):
-            raise ParamInvalidError(f"Attention: q_num_heads/kv_num_heads ({qh}, {kvh}) contradict the 4-D inputs' "
-                                    f"head counts ({d.Hq}, {d.Hkv}); leave them unset for 4-D inputs",
-                                    op="Attention")
+            raise ParamInvalidError(
+                f"Attention: q_num_heads/kv_num_heads ({qh}, {kvh}) contradict the 4-D inputs' "
+                f"head counts ({d.Hq}, {d.Hkv}); leave them unset for 4-D inputs",
+                op="Attention",
+            )
         if k.shape[0] != d.B or dk != d.D or tuple(v.shape[:3]) != (d.B, d.Hkv, d.Skv):
             ctx.fail(f"K must be (B={d.B}, Hkv, Skv, D={d.D}) and V (B, Hkv, Skv, Dv); got K {k.shape}, V {v.shape}")
     else:
         if qh is None or kvh is None:
-            raise ParamInvalidError("Attention: 3-D inputs need both q_num_heads and kv_num_heads attributes",
-                                    op="Attention")
+            raise ParamInvalidError(
+                "Attention: 3-D inputs need both q_num_heads and kv_num_heads attributes", op="Attention"
+            )
         d.Hq, d.Hkv = int(qh), int(kvh)
         if d.Hq <= 0 or d.Hkv <= 0:
-            raise ParamInvalidError(f"Attention: head counts must be positive, got q_num_heads={d.Hq}, "
-                                    f"kv_num_heads={d.Hkv}", op="Attention")
+            raise ParamInvalidError(
+                f"Attention: head counts must be positive, got q_num_heads={d.Hq}, kv_num_heads={d.Hkv}", op="Attention"
+            )
         d.B, d.Sq, hq = q.shape
         _, d.Skv, hk = k.shape
         hv = v.shape[2]
@@ -79,8 +87,10 @@ def _dims(ctx) -> _Dims:
             ctx.fail(f"hidden sizes ({hq}, {hk}, {hv}) must divide by the head counts (q {d.Hq}, kv {d.Hkv})")
         d.D, d.Dv = hq // d.Hq, hv // d.Hkv
         if hk // d.Hkv != d.D or k.shape[0] != d.B or tuple(v.shape[:2]) != (d.B, d.Skv):
-            ctx.fail(f"K must be (B={d.B}, Skv, kv_num_heads*{d.D}) and V (B, Skv, kv_num_heads*Dv); "
-                     f"got K {k.shape}, V {v.shape}")
+            ctx.fail(
+                f"K must be (B={d.B}, Skv, kv_num_heads*{d.D}) and V (B, Skv, kv_num_heads*Dv); "
+                f"got K {k.shape}, V {v.shape}"
+            )
     if d.Hq % d.Hkv:
         ctx.fail(f"q heads ({d.Hq}) must be a multiple of kv heads ({d.Hkv})")
     has_pk, has_pv = ctx.has(4), ctx.has(5)
@@ -98,18 +108,24 @@ def _dims(ctx) -> _Dims:
             raise DTypeError("Attention: past_key/past_value must have Q's dtype", op="Attention")
     if ctx.has(6):
         if has_pk:
-            raise ParamInvalidError("Attention: nonpad_kv_seqlen cannot be combined with past_key/past_value",
-                                    op="Attention")
+            raise ParamInvalidError(
+                "Attention: nonpad_kv_seqlen cannot be combined with past_key/past_value", op="Attention"
+            )
         if tuple(ctx.inputs[6].shape) != (d.B,):
             ctx.fail(f"nonpad_kv_seqlen must have shape (B={d.B},), got {ctx.inputs[6].shape}")
     d.T = d.P + d.Skv
     if ctx.has(3):
         ms = tuple(ctx.inputs[3].shape)
         full = (d.B, d.Hq, d.Sq, d.T)
-        if not 1 <= len(ms) <= 4 or ms[-1] > d.T or any(
-                m != 1 and m != f for m, f in zip(ms[::-1][1:], full[::-1][1:])):
-            ctx.fail(f"attn_mask of shape {ms} does not broadcast to (B, q_heads, Sq, total_kv) = {full} "
-                     "(its last dim may be shorter than total_kv)")
+        if (
+            not 1 <= len(ms) <= 4
+            or ms[-1] > d.T
+            or any(m != 1 and m != f for m, f in zip(ms[::-1][1:], full[::-1][1:]))
+        ):
+            ctx.fail(
+                f"attn_mask of shape {ms} does not broadcast to (B, q_heads, Sq, total_kv) = {full} "
+                "(its last dim may be shorter than total_kv)"
+            )
     for name in ("left_window_size", "right_window_size"):
         if int(a[name]) < -1:
             raise ParamInvalidError(f"Attention: {name} must be -1 or >= 0, got {a[name]}", op="Attention")
@@ -118,8 +134,11 @@ def _dims(ctx) -> _Dims:
         raise ParamInvalidError(f"Attention: qk_matmul_output_mode must be 0..3, got {mode}", op="Attention")
     sp = a.get("softmax_precision")
     if sp is not None and int(sp) not in _PRECISION:
-        raise ParamInvalidError(f"Attention: softmax_precision must be one of {sorted(_PRECISION)} "
-                                f"(FLOAT, FLOAT16, DOUBLE, BFLOAT16), got {sp}", op="Attention")
+        raise ParamInvalidError(
+            f"Attention: softmax_precision must be one of {sorted(_PRECISION)} "
+            f"(FLOAT, FLOAT16, DOUBLE, BFLOAT16), got {sp}",
+            op="Attention",
+        )
     if float(a["softcap"]) < 0:
         raise ParamInvalidError(f"Attention: softcap must be >= 0, got {a['softcap']}", op="Attention")
     return d
@@ -129,8 +148,12 @@ def _infer_attention(ctx):
     d = _dims(ctx)
     dt = ctx.dtype(0)
     y = (d.B, d.Hq, d.Sq, d.Dv) if d.rank == 4 else (d.B, d.Sq, d.Hq * d.Dv)
-    return [TensorMeta(y, dt), TensorMeta((d.B, d.Hkv, d.T, d.D), dt), TensorMeta((d.B, d.Hkv, d.T, d.Dv), dt),
-            TensorMeta((d.B, d.Hq, d.Sq, d.T), dt)]
+    return [
+        TensorMeta(y, dt),
+        TensorMeta((d.B, d.Hkv, d.T, d.D), dt),
+        TensorMeta((d.B, d.Hkv, d.T, d.Dv), dt),
+        TensorMeta((d.B, d.Hq, d.Sq, d.T), dt),
+    ]
 
 
 def _to4(x, heads):
@@ -228,9 +251,15 @@ def _reference_attention(ins, attrs):
 def _common_plan(ctx):
     d = _dims(ctx)
     a = ctx.attrs
-    return {"d": d, "scale": _scale(a, d.D), "softcap": float(a["softcap"]), "causal": bool(a["is_causal"]),
-            "left": int(a["left_window_size"]), "right": int(a["right_window_size"]),
-            "cdt": _dt.compute_dtype(ctx.dtype(0))}
+    return {
+        "d": d,
+        "scale": _scale(a, d.D),
+        "softcap": float(a["softcap"]),
+        "causal": bool(a["is_causal"]),
+        "left": int(a["left_window_size"]),
+        "right": int(a["right_window_size"]),
+        "cdt": _dt.compute_dtype(ctx.dtype(0)),
+    }
 
 
 def _kv(ins, outs, plan, cdt):
@@ -247,8 +276,8 @@ def _kv(ins, outs, plan, cdt):
             continue
         buf = out if out is not None else np.empty(new.shape[:2] + (d.T,) + new.shape[3:], cdt)
         if past is not None:
-            buf[:, :, :d.P] = past
-        buf[:, :, d.P:] = new
+            buf[:, :, : d.P] = past
+        buf[:, :, d.P :] = new
         res.append(buf)
     return res
 
@@ -298,8 +327,26 @@ def _flash(ins, outs, attrs, plan, ws):
     v4 = np.ascontiguousarray(v4, dtype=np.float32)
     kvlen, off = _offsets(ins, d)
     fn = K.flash_parallel if plan["parallel"] else K.flash_serial
-    fn(q4, k4, v4, y4, d.rank == 3, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"], plan["left"],
-       plan["right"], plan["scale"], plan["softcap"], d.Hq // d.Hkv, plan["nqb"], plan["BQ"], plan["BK"])
+    fn(
+        q4,
+        k4,
+        v4,
+        y4,
+        d.rank == 3,
+        _mask4(ins[3]),
+        ins[3] is not None,
+        kvlen,
+        off,
+        plan["causal"],
+        plan["left"],
+        plan["right"],
+        plan["scale"],
+        plan["softcap"],
+        d.Hq // d.Hkv,
+        plan["nqb"],
+        plan["BQ"],
+        plan["BK"],
+    )
 
 
 def _mask4(mask):
@@ -322,13 +369,17 @@ def _gemm_applies(ctx):
     if why is not True:
         return why
     if len(ctx.inputs) > 6 and ctx.inputs[6] is not None:
-        return NotPreferred("nonpad_kv_seqlen (a KV cache's per-request lengths): the flash kernel skips the "
-                            "unused cache rows, scores by GEMM would cover the whole capacity")
+        return NotPreferred(
+            "nonpad_kv_seqlen (a KV cache's per-request lengths): the flash kernel skips the "
+            "unused cache rows, scores by GEMM would cover the whole capacity"
+        )
     d = _dims(ctx)
     nbytes = 4 * d.B * d.Hq * d.Sq * d.T
     if nbytes > GEMM_MAX_SCORE_BYTES:
-        return (f"the score matrix would take {nbytes >> 20} MiB (> {GEMM_MAX_SCORE_BYTES >> 20} MiB): "
-                "the flash kernel streams it instead")
+        return (
+            f"the score matrix would take {nbytes >> 20} MiB (> {GEMM_MAX_SCORE_BYTES >> 20} MiB): "
+            "the flash kernel streams it instead"
+        )
     return True
 
 
@@ -389,9 +440,25 @@ def _tiled(ins, outs, attrs, plan, ws):
         out = np.empty(y4.shape, np.float32)
     tiles = ws[: _tiled_workspace(None, plan)].view(np.float32).reshape(plan["threads"], plan["bq"], d.T)
     kvlen, off = _offsets(ins, d)
-    K.gemm_tiled(q4, k4, k_t, v4, out, tiles, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"],
-                 plan["left"], plan["right"], np.float32(plan["scale"]), np.float32(plan["softcap"]), plan["bq"],
-                 MN.addresses())
+    K.gemm_tiled(
+        q4,
+        k4,
+        k_t,
+        v4,
+        out,
+        tiles,
+        _mask4(ins[3]),
+        ins[3] is not None,
+        kvlen,
+        off,
+        plan["causal"],
+        plan["left"],
+        plan["right"],
+        np.float32(plan["scale"]),
+        np.float32(plan["softcap"]),
+        plan["bq"],
+        MN.addresses(),
+    )
     if out is not y4:
         np.copyto(y4, out)
 
@@ -411,8 +478,11 @@ def _blasable(a: np.ndarray) -> bool:
     isz = a.itemsize
     r, c = a.shape[-2:]
     rs, cs = a.strides[-2:]
-    return (c <= 1 or cs == isz) and (r <= 1 or (rs % isz == 0 and rs >= c * isz)) and \
-        all(st >= 0 and st % isz == 0 for st in a.strides[:-2])
+    return (
+        (c <= 1 or cs == isz)
+        and (r <= 1 or (rs % isz == 0 and rs >= c * isz))
+        and all(st >= 0 and st % isz == 0 for st in a.strides[:-2])
+    )
 
 
 def _matmul_out(a, b, c):
@@ -456,14 +526,35 @@ def _gemm(ins, outs, attrs, plan, ws):
     y = outs[0]
     y4 = _to4(y, d.Hq) if d.rank == 3 else y
     # Y as (B, Hkv, rows, Dv) BLAS operands: the (head-strided) view itself, or a GQA group's rows
-    yt = y4 if g == 1 and _blasable(y4) else y.reshape(d.B, d.Hkv, rows, d.Dv) if \
-        y.flags.c_contiguous and d.rank == 4 else None
+    yt = (
+        y4
+        if g == 1 and _blasable(y4)
+        else y.reshape(d.B, d.Hkv, rows, d.Dv)
+        if y.flags.c_contiguous and d.rank == 4
+        else None
+    )
     if mkl and yt is not None and d.T and d.D and _tasks_balance(d.B * d.Hkv):
         # one region: a (batch, KV head) task runs both products and its softmax (K.gemm_tasks)
         kvlen, off = _offsets(ins, d)
-        K.gemm_tasks(q4, k4, v4, yt, s, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"],
-                     plan["left"], plan["right"], np.float32(plan["scale"]), np.float32(plan["softcap"]),
-                     plan["parallel"], MN.addresses(), K.CAUSAL_BLOCK_ROWS)
+        K.gemm_tasks(
+            q4,
+            k4,
+            v4,
+            yt,
+            s,
+            _mask4(ins[3]),
+            ins[3] is not None,
+            kvlen,
+            off,
+            plan["causal"],
+            plan["left"],
+            plan["right"],
+            np.float32(plan["scale"]),
+            np.float32(plan["softcap"]),
+            plan["parallel"],
+            MN.addresses(),
+            K.CAUSAL_BLOCK_ROWS,
+        )
         return
     if d.T:
         if mkl:  # one batched call instead of a BLAS call per head
@@ -471,14 +562,26 @@ def _gemm(ins, outs, attrs, plan, ws):
         else:
             np.matmul(q4, k4.swapaxes(-1, -2), out=s.reshape(d.B, d.Hkv, rows, d.T))
     kvlen, off = _offsets(ins, d)
-    K.masked_softmax(s, _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"], plan["left"], plan["right"],
-                     np.float32(plan["scale"]), np.float32(plan["softcap"]), plan["parallel"])
+    K.masked_softmax(
+        s,
+        _mask4(ins[3]),
+        ins[3] is not None,
+        kvlen,
+        off,
+        plan["causal"],
+        plan["left"],
+        plan["right"],
+        np.float32(plan["scale"]),
+        np.float32(plan["softcap"]),
+        plan["parallel"],
+    )
     if g == 1 and _blasable(y4):
         # (B, H, S, Dv) itself or the head-strided view of a 3-D (B, S, H*Dv) Y: BLAS writes it in place
         (KM.matmul_batched if mkl else _matmul_out)(s, v4, y4)
     elif y.flags.c_contiguous and d.rank == 4:
-        (KM.matmul_batched if mkl else _matmul_out)(s.reshape(d.B, d.Hkv, rows, d.T), v4,
-                                                    y.reshape(d.B, d.Hkv, rows, d.Dv))
+        (KM.matmul_batched if mkl else _matmul_out)(
+            s.reshape(d.B, d.Hkv, rows, d.T), v4, y.reshape(d.B, d.Hkv, rows, d.Dv)
+        )
     else:
         yv = np.matmul(s.reshape(d.B, d.Hkv, rows, d.T), v4).reshape(d.B, d.Hq, d.Sq, d.Dv)
         np.copyto(y4, yv)
@@ -547,30 +650,69 @@ def _blas(ins, outs, attrs, plan, ws):
 
 
 Attention = register_op(
-    "Attention", category="attention",
-    inputs=[Input("Q", FLOAT), Input("K", FLOAT), Input("V", FLOAT), Input("attn_mask", _MASK, optional=True),
-            Input("past_key", FLOAT, optional=True), Input("past_value", FLOAT, optional=True),
-            Input("nonpad_kv_seqlen", (_dt.int64, _dt.int32), optional=True)],
+    "Attention",
+    category="attention",
+    inputs=[
+        Input("Q", FLOAT),
+        Input("K", FLOAT),
+        Input("V", FLOAT),
+        Input("attn_mask", _MASK, optional=True),
+        Input("past_key", FLOAT, optional=True),
+        Input("past_value", FLOAT, optional=True),
+        Input("nonpad_kv_seqlen", (_dt.int64, _dt.int32), optional=True),
+    ],
     outputs=["Y", Output("present_key", True), Output("present_value", True), Output("qk_matmul_output", True)],
-    attrs=[Attr("is_causal", "int", 0), Attr("kv_num_heads", "int", None), Attr("q_num_heads", "int", None),
-           Attr("qk_matmul_output_mode", "int", 0), Attr("scale", "float", None), Attr("softcap", "float", 0.0),
-           Attr("softmax_precision", "int", None), Attr("left_window_size", "int", -1),
-           Attr("right_window_size", "int", -1)],
-    infer=_infer_attention, reference=_reference_attention,
-    doc="scaled dot-product attention with masks, GQA, KV cache, softcap and sliding windows")
-Attention.kernel("attention_flash", dtypes=(_dt.float32,), priority=20, applies=_flash_applies, plan=_flash_plan,
-                 doc="tiled online-softmax numba kernel (never materialises the score matrix)")(_flash)
-Attention.kernel("attention_gemm", dtypes=(_dt.float32,), priority=25, applies=_gemm_applies, plan=_gemm_plan,
-                 workspace=_gemm_workspace,
-                 doc="scores by batched BLAS into the workspace, numba masked softmax in place, probs @ V by "
-                 "BLAS; for score matrices up to GEMM_MAX_SCORE_BYTES")(_gemm)
-Attention.kernel("attention_gemm_tiled", dtypes=(_dt.float32,), priority=22, applies=_tiled_applies,
-                 plan=_tiled_plan, workspace=_tiled_workspace,
-                 doc="a task per (batch, head, block of query rows): scores by MKL into a per-thread tile, "
-                 "numba masked softmax, tile @ V by MKL; memory O(N d) (sequences whose score matrix "
-                 "attention_gemm will not materialise)")(_tiled)
-Attention.kernel("attention_blas", dtypes=(_dt.float32, _dt.float64), priority=10, plan=_common_plan,
-                 doc="batched BLAS matmuls over the full score matrix")(_blas)
+    attrs=[
+        Attr("is_causal", "int", 0),
+        Attr("kv_num_heads", "int", None),
+        Attr("q_num_heads", "int", None),
+        Attr("qk_matmul_output_mode", "int", 0),
+        Attr("scale", "float", None),
+        Attr("softcap", "float", 0.0),
+        Attr("softmax_precision", "int", None),
+        Attr("left_window_size", "int", -1),
+        Attr("right_window_size", "int", -1),
+    ],
+    infer=_infer_attention,
+    reference=_reference_attention,
+    doc="scaled dot-product attention with masks, GQA, KV cache, softcap and sliding windows",
+)
+Attention.kernel(
+    "attention_flash",
+    dtypes=(_dt.float32,),
+    priority=20,
+    applies=_flash_applies,
+    plan=_flash_plan,
+    doc="tiled online-softmax numba kernel (never materialises the score matrix)",
+)(_flash)
+Attention.kernel(
+    "attention_gemm",
+    dtypes=(_dt.float32,),
+    priority=25,
+    applies=_gemm_applies,
+    plan=_gemm_plan,
+    workspace=_gemm_workspace,
+    doc="scores by batched BLAS into the workspace, numba masked softmax in place, probs @ V by "
+    "BLAS; for score matrices up to GEMM_MAX_SCORE_BYTES",
+)(_gemm)
+Attention.kernel(
+    "attention_gemm_tiled",
+    dtypes=(_dt.float32,),
+    priority=22,
+    applies=_tiled_applies,
+    plan=_tiled_plan,
+    workspace=_tiled_workspace,
+    doc="a task per (batch, head, block of query rows): scores by MKL into a per-thread tile, "
+    "numba masked softmax, tile @ V by MKL; memory O(N d) (sequences whose score matrix "
+    "attention_gemm will not materialise)",
+)(_tiled)
+Attention.kernel(
+    "attention_blas",
+    dtypes=(_dt.float32, _dt.float64),
+    priority=10,
+    plan=_common_plan,
+    doc="batched BLAS matmuls over the full score matrix",
+)(_blas)
 
 
 # -- RotaryEmbedding ----------------------------------------------------------------------------------------
@@ -589,13 +731,16 @@ def _infer_rotary(ctx):
         B, S, HD = x.shape
         n = a.get("num_heads")
         if not n or HD % int(n):
-            raise ParamInvalidError(f"RotaryEmbedding: 3-D input needs num_heads dividing the hidden size {HD}, "
-                                    f"got {n}", op="RotaryEmbedding")
+            raise ParamInvalidError(
+                f"RotaryEmbedding: 3-D input needs num_heads dividing the hidden size {HD}, got {n}",
+                op="RotaryEmbedding",
+            )
         Dh = HD // int(n)
     rot = int(a["rotary_embedding_dim"]) or Dh
     if rot > Dh or rot % 2:
-        raise ParamInvalidError(f"RotaryEmbedding: rotary_embedding_dim must be even and <= head size {Dh}, "
-                                f"got {rot}", op="RotaryEmbedding")
+        raise ParamInvalidError(
+            f"RotaryEmbedding: rotary_embedding_dim must be even and <= head size {Dh}, got {rot}", op="RotaryEmbedding"
+        )
     if tuple(cos.shape) != tuple(sin.shape):
         ctx.fail(f"cos_cache {cos.shape} and sin_cache {sin.shape} must have one shape")
     if ctx.has(3):
@@ -613,8 +758,10 @@ def _rotary_caches(ins):
     pos = ins[3] if len(ins) > 3 else None
     if pos is not None:
         if pos.size and (pos.min() < 0 or pos.max() >= cos.shape[0]):
-            raise ParamInvalidError(f"RotaryEmbedding: position_ids must lie in [0, {cos.shape[0]}), got "
-                                    f"[{pos.min()}, {pos.max()}]", op="RotaryEmbedding")
+            raise ParamInvalidError(
+                f"RotaryEmbedding: position_ids must lie in [0, {cos.shape[0]}), got [{pos.min()}, {pos.max()}]",
+                op="RotaryEmbedding",
+            )
         cos, sin = cos[pos], sin[pos]
     return cos, sin
 
@@ -647,8 +794,11 @@ def _rotary_plan(ctx):
     x = ctx.inputs[0]
     a = ctx.attrs
     Dh = x.shape[3] if len(x.shape) == 4 else x.shape[2] // int(a["num_heads"])
-    return {"rot": int(a["rotary_embedding_dim"]) or Dh, "heads": None if len(x.shape) == 4 else int(a["num_heads"]),
-            "parallel": int(np.prod(x.shape)) >= (1 << 15)}
+    return {
+        "rot": int(a["rotary_embedding_dim"]) or Dh,
+        "heads": None if len(x.shape) == 4 else int(a["num_heads"]),
+        "parallel": int(np.prod(x.shape)) >= (1 << 15),
+    }
 
 
 def _rotary(ins, outs, attrs, plan, ws):
@@ -667,36 +817,71 @@ def _rotary(ins, outs, attrs, plan, ws):
 
 
 RotaryEmbedding = register_op(
-    "RotaryEmbedding", category="attention",
-    inputs=[Input("X", (_dt.float32, _dt.float16, _dt.bfloat16)), Input("cos_cache", FLOAT),
-            Input("sin_cache", FLOAT), Input("position_ids", (_dt.int64,), optional=True)],
+    "RotaryEmbedding",
+    category="attention",
+    inputs=[
+        Input("X", (_dt.float32, _dt.float16, _dt.bfloat16)),
+        Input("cos_cache", FLOAT),
+        Input("sin_cache", FLOAT),
+        Input("position_ids", (_dt.int64,), optional=True),
+    ],
     outputs=["Y"],
     attrs=[Attr("interleaved", "int", 0), Attr("num_heads", "int", None), Attr("rotary_embedding_dim", "int", 0)],
-    infer=_infer_rotary, reference=_reference_rotary, doc="rotary position embedding (RoPE)")
-RotaryEmbedding.kernel("rotary_numba", dtypes=(_dt.float32,), priority=10, plan=_rotary_plan,
-                       doc="numba, parallel over (batch, position)")(_rotary)
+    infer=_infer_rotary,
+    reference=_reference_rotary,
+    doc="rotary position embedding (RoPE)",
+)
+RotaryEmbedding.kernel(
+    "rotary_numba", dtypes=(_dt.float32,), priority=10, plan=_rotary_plan, doc="numba, parallel over (batch, position)"
+)(_rotary)
 
 
 # -- entry points ---------------------------------------------------------------------------------------------
 @api("attention", "Attention")
-def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *, is_causal=False,
-              scale=None, q_num_heads=None, kv_num_heads=None, softcap=0.0, softmax_precision=None,
-              qk_matmul_output_mode=0, left_window_size=-1, right_window_size=-1, num_outputs=1):
+def attention(
+    q,
+    k,
+    v,
+    attn_mask=None,
+    past_key=None,
+    past_value=None,
+    nonpad_kv_seqlen=None,
+    *,
+    is_causal=False,
+    scale=None,
+    q_num_heads=None,
+    kv_num_heads=None,
+    softcap=0.0,
+    softmax_precision=None,
+    qk_matmul_output_mode=0,
+    left_window_size=-1,
+    right_window_size=-1,
+    num_outputs=1,
+):
     """ONNX ``Attention``. Returns ``Y``, or the first ``num_outputs`` of
     ``(Y, present_key, present_value, qk_matmul_output)``."""
-    a = {"is_causal": int(bool(is_causal)), "softcap": float(softcap),
-         "qk_matmul_output_mode": int(qk_matmul_output_mode), "left_window_size": int(left_window_size),
-         "right_window_size": int(right_window_size)}
-    for name, val in (("scale", scale), ("q_num_heads", q_num_heads), ("kv_num_heads", kv_num_heads),
-                      ("softmax_precision", softmax_precision)):
+    a = {
+        "is_causal": int(bool(is_causal)),
+        "softcap": float(softcap),
+        "qk_matmul_output_mode": int(qk_matmul_output_mode),
+        "left_window_size": int(left_window_size),
+        "right_window_size": int(right_window_size),
+    }
+    for name, val in (
+        ("scale", scale),
+        ("q_num_heads", q_num_heads),
+        ("kv_num_heads", kv_num_heads),
+        ("softmax_precision", softmax_precision),
+    ):
         if val is not None:
             a[name] = float(val) if name == "scale" else int(val)
     return [q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen], a, int(num_outputs)
 
 
 @api("scaled_dot_product_attention", "Attention")
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False):
+def scaled_dot_product_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """torch-style SDPA: ``softmax(q k^T * scale + mask) v`` over ``(B, H, L, E)`` or ``(N, L, E)``
     inputs. A boolean mask marks positions that *take part*; a float mask is added.
     ``is_causal`` is the top-left causal mask. Unlike torch, a fully masked row gives 0, not NaN.
@@ -704,12 +889,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     >>> # y = opsnn.ops.scaled_dot_product_attention(q, k, v, is_causal=True)
     """
     if dropout_p:
-        raise ParamInvalidError(f"scaled_dot_product_attention: dropout_p must be 0 (inference only), got {dropout_p}",
-                                op="Attention")
+        raise ParamInvalidError(
+            f"scaled_dot_product_attention: dropout_p must be 0 (inference only), got {dropout_p}", op="Attention"
+        )
     if attn_mask is not None and is_causal:
-        raise ParamInvalidError("scaled_dot_product_attention: give either attn_mask or is_causal, not both",
-                                op="Attention")
+        raise ParamInvalidError(
+            "scaled_dot_product_attention: give either attn_mask or is_causal, not both", op="Attention"
+        )
     from ...tensor import as_tensor
+
     q, k, v = as_tensor(query), as_tensor(key), as_tensor(value)
     a = {"is_causal": int(bool(is_causal))}
     if scale is not None:
@@ -721,17 +909,23 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             m = as_tensor(attn_mask)
             attn_mask = m.unsqueeze(-3) if m.ndim == 3 else m
     elif q.ndim != 4:
-        raise ParamInvalidError(f"scaled_dot_product_attention: query must be 3-D (N, L, E) or 4-D (B, H, L, E), "
-                                f"got shape {q.shape}", op="Attention")
+        raise ParamInvalidError(
+            f"scaled_dot_product_attention: query must be 3-D (N, L, E) or 4-D (B, H, L, E), got shape {q.shape}",
+            op="Attention",
+        )
     elif k.ndim == 4 and k.shape[1] != q.shape[1] and not enable_gqa:
-        raise ParamInvalidError(f"scaled_dot_product_attention: query has {q.shape[1]} heads, key {k.shape[1]}; "
-                                "pass enable_gqa=True for grouped-query attention", op="Attention")
+        raise ParamInvalidError(
+            f"scaled_dot_product_attention: query has {q.shape[1]} heads, key {k.shape[1]}; "
+            "pass enable_gqa=True for grouped-query attention",
+            op="Attention",
+        )
     return [q, k, v, attn_mask], a
 
 
 @api("rotary_embedding", "RotaryEmbedding")
-def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved=False, num_heads=None,
-                     rotary_embedding_dim=0):
+def rotary_embedding(
+    x, cos_cache, sin_cache, position_ids=None, *, interleaved=False, num_heads=None, rotary_embedding_dim=0
+):
     """Rotary position embedding (ONNX ``RotaryEmbedding``) on ``(B, H, S, D)`` or ``(B, S, H*D)``."""
     a = {"interleaved": int(bool(interleaved)), "rotary_embedding_dim": int(rotary_embedding_dim)}
     if num_heads is not None:

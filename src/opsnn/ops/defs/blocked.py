@@ -9,6 +9,7 @@ W, B) + Z)``) on a blocked or plain X, a blocked Z and a blocked Y; ``BlockedMax
 (N, C, 1, 1) Y (at 1x1 both orders are the same). Their references unblock, run the plain op's reference and block
 the result again, so every kernel is checked against the plain ops' oracles.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,8 +43,11 @@ def _block(ctx) -> int:
 def _check_blockable(ctx, idx: int, what: str) -> None:
     shape, b = ctx.shape(idx), _block(ctx)
     if len(shape) != 4 or not isinstance(shape[1], (int, np.integer)) or shape[1] % b:
-        raise InferShapeError(f"{ctx.op.name}: {what} must be 4-D (N, C, H, W) with C a multiple of {b} "
-                              f"to be channel-blocked, got shape {tuple(shape)}", op=ctx.op.name)
+        raise InferShapeError(
+            f"{ctx.op.name}: {what} must be 4-D (N, C, H, W) with C a multiple of {b} "
+            f"to be channel-blocked, got shape {tuple(shape)}",
+            op=ctx.op.name,
+        )
 
 
 # -- ToBlocked / FromBlocked ---------------------------------------------------------------------------
@@ -53,13 +57,27 @@ def _reorder_infer(ctx):
 
 
 ToBlocked = register_op(
-    "ToBlocked", domain="opsnn", category="layout", inputs=[Input("X", _DTS)], outputs=["Y"], attrs=[_BLOCK_ATTR],
-    infer=_reorder_infer, reference=lambda ins, attrs: KB.blocked_reference(ins[0], int(attrs["block"])),
-    doc="X (N, C, H, W) -> the same tensor in nChw<block>c element order (C a multiple of block)")
+    "ToBlocked",
+    domain="opsnn",
+    category="layout",
+    inputs=[Input("X", _DTS)],
+    outputs=["Y"],
+    attrs=[_BLOCK_ATTR],
+    infer=_reorder_infer,
+    reference=lambda ins, attrs: KB.blocked_reference(ins[0], int(attrs["block"])),
+    doc="X (N, C, H, W) -> the same tensor in nChw<block>c element order (C a multiple of block)",
+)
 FromBlocked = register_op(
-    "FromBlocked", domain="opsnn", category="layout", inputs=[Input("X", _DTS)], outputs=["Y"], attrs=[_BLOCK_ATTR],
-    infer=_reorder_infer, reference=lambda ins, attrs: KB.plain_reference(ins[0], int(attrs["block"])),
-    doc="X in nChw<block>c element order -> plain NCHW (C a multiple of block)")
+    "FromBlocked",
+    domain="opsnn",
+    category="layout",
+    inputs=[Input("X", _DTS)],
+    outputs=["Y"],
+    attrs=[_BLOCK_ATTR],
+    infer=_reorder_infer,
+    reference=lambda ins, attrs: KB.plain_reference(ins[0], int(attrs["block"])),
+    doc="X in nChw<block>c element order -> plain NCHW (C a multiple of block)",
+)
 
 
 @ToBlocked.kernel("to_blocked_numba", dtypes=_DTS, priority=10)
@@ -79,13 +97,18 @@ def _blocked_conv_infer(ctx):
     dt = ctx.dtype(0)
     for i, what in ((1, "W"), (2, "B"), (3, "Z")):
         if ctx.has(i) and ctx.dtype(i) != dt:
-            raise DTypeError(f"BlockedConv: {what} is {_dt.name(ctx.dtype(i))} but X is {_dt.name(dt)}; "
-                             f"{what} must be {_dt.name(dt)} too", op="BlockedConv")
+            raise DTypeError(
+                f"BlockedConv: {what} is {_dt.name(ctx.dtype(i))} but X is {_dt.name(dt)}; "
+                f"{what} must be {_dt.name(dt)} too",
+                op="BlockedConv",
+            )
     outs = _fused_conv_infer(ctx)
     b = _block(ctx)
     if len(outs[0].shape) != 4 or outs[0].shape[1] % b:
-        raise InferShapeError(f"BlockedConv: the output must be 4-D with a multiple of {b} channels, got "
-                              f"{tuple(outs[0].shape)}", op="BlockedConv")
+        raise InferShapeError(
+            f"BlockedConv: the output must be 4-D with a multiple of {b} channels, got {tuple(outs[0].shape)}",
+            op="BlockedConv",
+        )
     return outs
 
 
@@ -133,40 +156,65 @@ def _planned_geometry(ctx):
 def _blocked_conv_plan(ctx):
     xs, w, g, ys = _planned_geometry(ctx)
     src_blocked, b = bool(int(ctx.attrs["src_blocked"])), _block(ctx)
-    prim = KD.ConvPrimitive(xs, w, ys, g.s, (g.pb[0], g.pb[1], g.pe[0], g.pe[1]), g.d, block=b,
-                            src_blocked=src_blocked,
-                            has_bias=ctx.has(2), residual=ctx.has(3), act=_act_code("BlockedConv", ctx.attrs),
-                            alpha=float(ctx.attrs["activation_alpha"]), beta=float(ctx.attrs["activation_beta"]))
+    prim = KD.ConvPrimitive(
+        xs,
+        w,
+        ys,
+        g.s,
+        (g.pb[0], g.pb[1], g.pe[0], g.pe[1]),
+        g.d,
+        block=b,
+        src_blocked=src_blocked,
+        has_bias=ctx.has(2),
+        residual=ctx.has(3),
+        act=_act_code("BlockedConv", ctx.attrs),
+        alpha=float(ctx.attrs["activation_alpha"]),
+        beta=float(ctx.attrs["activation_beta"]),
+    )
     parts = ["bias"] * ctx.has(2) + ["residual add"] * ctx.has(3) + [ctx.attrs["activation"] or ""]
     epi = " + ".join(p for p in parts if p)
     lay = KB.layout_name(b)
     dt = "" if ctx.dtype(0) == _dt.float32 else f"{_dt.name(ctx.dtype(0))} "
-    return _OneDnnPlan(prim, f"{dt}conv {lay if src_blocked else 'NCHW'} -> {lay}, weight reordered at prepare"
-                             + (f", {epi} as post-ops" if epi else ""))
+    return _OneDnnPlan(
+        prim,
+        f"{dt}conv {lay if src_blocked else 'NCHW'} -> {lay}, weight reordered at prepare"
+        + (f", {epi} as post-ops" if epi else ""),
+    )
 
 
 BlockedConv = register_op(
-    "BlockedConv", domain="opsnn", category="conv",
+    "BlockedConv",
+    domain="opsnn",
+    category="conv",
     inputs=[Input("X", _DTS), Input("W", _DTS), Input("B", _DTS, optional=True), Input("Z", _DTS, optional=True)],
-    outputs=["Y"], attrs=[Attr(n, "any", None) for n in _CONV_ATTR_NAMES] + _EPILOGUE_ATTRS
+    outputs=["Y"],
+    attrs=[Attr(n, "any", None) for n in _CONV_ATTR_NAMES]
+    + _EPILOGUE_ATTRS
     + [Attr("src_blocked", "int", 1), _BLOCK_ATTR],
-    infer=_blocked_conv_infer, reference=_blocked_conv_ref,
+    infer=_blocked_conv_infer,
+    reference=_blocked_conv_ref,
     flops=lambda ctx: get_op("FusedConv", "opsnn").flops(ctx),
-    doc="FusedConv on channel-blocked (nChw<block>c) tensors: X blocked (src_blocked=1) or plain NCHW, Z and Y "
-    "blocked")
+    doc="FusedConv on channel-blocked (nChw<block>c) tensors: X blocked (src_blocked=1) or plain NCHW, Z and Y blocked",
+)
 
 
 def _bind_conv(ins, outs, attrs, plan, ws):
     return plan.prim.bind(*epilogue_args(ins, outs))
 
 
-@BlockedConv.kernel("conv_onednn", dtypes=_DTS, priority=10, applies=_blocked_conv_applies, plan=_blocked_conv_plan,
-                    bind=_bind_conv,
-                    doc="oneDNN's JIT direct convolution (brgconv / jit:avx512_core / jit:avx2) with bias, "
-                    "residual add and activation as post-ops",
-                    nonfinite="the convolution keeps NaN and Inf as a direct one, but oneDNN's Relu post-op gives 0 "
-                    "for NaN (a max instruction; onnxruntime 1.32 keeps the NaN): a known deviation, kept because "
-                    "running the activation after the primitive costs ResNet-50 14%")
+@BlockedConv.kernel(
+    "conv_onednn",
+    dtypes=_DTS,
+    priority=10,
+    applies=_blocked_conv_applies,
+    plan=_blocked_conv_plan,
+    bind=_bind_conv,
+    doc="oneDNN's JIT direct convolution (brgconv / jit:avx512_core / jit:avx2) with bias, "
+    "residual add and activation as post-ops",
+    nonfinite="the convolution keeps NaN and Inf as a direct one, but oneDNN's Relu post-op gives 0 "
+    "for NaN (a max instruction; onnxruntime 1.32 keeps the NaN): a known deviation, kept because "
+    "running the activation after the primitive costs ResNet-50 14%",
+)
 def _blocked_conv(ins, outs, attrs, plan, ws):
     plan.prim(*epilogue_args(ins, outs))
 
@@ -177,8 +225,11 @@ WINOGRAD_MIN_TILES = 16
 
 
 def _blocked_winograd_applies(ctx):
-    why = _blocked_conv_applies(ctx) if ctx.dtype(0) == _dt.float32 else (
-        f"float32 only ({_dt.name(ctx.dtype(0))} runs on oneDNN's native kernels)")
+    why = (
+        _blocked_conv_applies(ctx)
+        if ctx.dtype(0) == _dt.float32
+        else (f"float32 only ({_dt.name(ctx.dtype(0))} runs on oneDNN's native kernels)")
+    )
     if why is not True:
         return why
     why = KD.matmul_unavailable()
@@ -199,11 +250,14 @@ def _blocked_winograd_applies(ctx):
         return why
     tiles = -(-g.out[0] // KW.TILE) * -(-g.out[1] // KW.TILE)
     if tiles < WINOGRAD_MIN_TILES:
-        return NotPreferred(f"{tiles} 4x4 output tiles per image (< {WINOGRAD_MIN_TILES}): oneDNN's direct "
-                            f"convolution is as fast")
+        return NotPreferred(
+            f"{tiles} 4x4 output tiles per image (< {WINOGRAD_MIN_TILES}): oneDNN's direct convolution is as fast"
+        )
     if KW.weight_bytes(ws[1], ws[0]) > KW.MAX_WEIGHT_BYTES:
-        return NotPreferred(f"the transformed weight would take {KW.weight_bytes(ws[1], ws[0]) >> 20} MiB "
-                            f"(> {KW.MAX_WEIGHT_BYTES >> 20}), streamed from memory on every call")
+        return NotPreferred(
+            f"the transformed weight would take {KW.weight_bytes(ws[1], ws[0]) >> 20} MiB "
+            f"(> {KW.MAX_WEIGHT_BYTES >> 20}), streamed from memory on every call"
+        )
     return True
 
 
@@ -216,12 +270,18 @@ def _bind_winograd(ins, outs, attrs, plan, ws):
     return KW.bind(*epilogue_args(ins, outs), plan, ws)
 
 
-@BlockedConv.kernel("conv_winograd_blocked", dtypes=(_dt.float32,), priority=20, applies=_blocked_winograd_applies,
-                    plan=_blocked_winograd_plan, workspace=lambda ctx, plan: plan.workspace_bytes(),
-                    bind=_bind_winograd,
-                    doc="Winograd F(4x4,3x3) on nChw<block>c: numba transforms with the bias, residual add and "
-                    "Relu in the output transform, the 36 GEMMs in one oneDNN batched matmul",
-                    nonfinite=WINOGRAD_NONFINITE)
+@BlockedConv.kernel(
+    "conv_winograd_blocked",
+    dtypes=(_dt.float32,),
+    priority=20,
+    applies=_blocked_winograd_applies,
+    plan=_blocked_winograd_plan,
+    workspace=lambda ctx, plan: plan.workspace_bytes(),
+    bind=_bind_winograd,
+    doc="Winograd F(4x4,3x3) on nChw<block>c: numba transforms with the bias, residual add and "
+    "Relu in the output transform, the 36 GEMMs in one oneDNN batched matmul",
+    nonfinite=WINOGRAD_NONFINITE,
+)
 def _blocked_winograd(ins, outs, attrs, plan, ws):
     KW.conv(*epilogue_args(ins, outs), plan, ws)
 
@@ -252,24 +312,41 @@ def _blocked_pool_plan(ctx):
     g = pool_geometry("BlockedMaxPool", xs, ctx.attrs)
     # the end pads that give exactly the output size (ceil mode adds a partial window's worth)
     pe = tuple((g.out[i] - 1) * g.strides[i] + g.kernel[i] - xs[2 + i] - g.pads_begin[i] for i in range(2))
-    prim = KD.MaxPoolPrimitive(xs, xs[:2] + tuple(g.out), g.kernel, g.strides,
-                               (g.pads_begin[0], g.pads_begin[1], pe[0], pe[1]), block=_block(ctx),
-                               dtype=ctx.dtype(0))
+    prim = KD.MaxPoolPrimitive(
+        xs,
+        xs[:2] + tuple(g.out),
+        g.kernel,
+        g.strides,
+        (g.pads_begin[0], g.pads_begin[1], pe[0], pe[1]),
+        block=_block(ctx),
+        dtype=ctx.dtype(0),
+    )
     lay = KB.layout_name(_block(ctx))
     return _OneDnnPlan(prim, f"max pooling {lay} -> {lay}")
 
 
 BlockedMaxPool = register_op(
-    "BlockedMaxPool", domain="opsnn", category="pool", inputs=[Input("X", _DTS)], outputs=["Y"],
+    "BlockedMaxPool",
+    domain="opsnn",
+    category="pool",
+    inputs=[Input("X", _DTS)],
+    outputs=["Y"],
     attrs=_pool_attrs() + [_BLOCK_ATTR],
-    infer=_blocked_pool_infer, reference=_blocked_pool_ref,
-    doc="MaxPool (2-D, no dilation, no indices) on channel-blocked tensors")
+    infer=_blocked_pool_infer,
+    reference=_blocked_pool_ref,
+    doc="MaxPool (2-D, no dilation, no indices) on channel-blocked tensors",
+)
 
 
-@BlockedMaxPool.kernel("max_pool_onednn", dtypes=_DTS, priority=10,
-                       applies=lambda ctx: KD.unavailable() or True, plan=_blocked_pool_plan,
-                       bind=lambda ins, outs, attrs, plan, ws: plan.prim.bind(ins[0], outs[0]),
-                       doc="oneDNN's JIT max pooling on nChw<block>c")
+@BlockedMaxPool.kernel(
+    "max_pool_onednn",
+    dtypes=_DTS,
+    priority=10,
+    applies=lambda ctx: KD.unavailable() or True,
+    plan=_blocked_pool_plan,
+    bind=lambda ins, outs, attrs, plan, ws: plan.prim.bind(ins[0], outs[0]),
+    doc="oneDNN's JIT max pooling on nChw<block>c",
+)
 def _blocked_pool(ins, outs, attrs, plan, ws):
     plan.prim(ins[0], outs[0])
 
@@ -286,15 +363,25 @@ def _blocked_gap_ref(ins, attrs):
 
 
 BlockedGlobalAveragePool = register_op(
-    "BlockedGlobalAveragePool", domain="opsnn", category="pool", inputs=[Input("X", (_dt.float32,))],
-    outputs=["Y"], attrs=[_BLOCK_ATTR], infer=_blocked_gap_infer, reference=_blocked_gap_ref,
+    "BlockedGlobalAveragePool",
+    domain="opsnn",
+    category="pool",
+    inputs=[Input("X", (_dt.float32,))],
+    outputs=["Y"],
+    attrs=[_BLOCK_ATTR],
+    infer=_blocked_gap_infer,
+    reference=_blocked_gap_ref,
     doc="GlobalAveragePool of a channel-blocked (N, C, H, W) float32 tensor; Y (N, C, 1, 1) is plain "
-        "(its nChw<block>c order is the plain order), so no FromBlocked follows it")
+    "(its nChw<block>c order is the plain order), so no FromBlocked follows it",
+)
 
 
-@BlockedGlobalAveragePool.kernel("global_avg_pool_blocked_numba", dtypes=(_dt.float32,), priority=10,
-                                 plan=lambda ctx: int(np.prod(ctx.shape(0))) >= KB.GAP_PARALLEL_MIN,
-                                 doc="one pass over X's nChw<block>c order, a block of channels per task, "
-                                     "float64 sums")
+@BlockedGlobalAveragePool.kernel(
+    "global_avg_pool_blocked_numba",
+    dtypes=(_dt.float32,),
+    priority=10,
+    plan=lambda ctx: int(np.prod(ctx.shape(0))) >= KB.GAP_PARALLEL_MIN,
+    doc="one pass over X's nChw<block>c order, a block of channels per task, float64 sums",
+)
 def _blocked_gap(ins, outs, attrs, plan, ws):
     KB.global_avg_pool(ins[0], outs[0], int(attrs["block"]), plan)

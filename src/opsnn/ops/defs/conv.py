@@ -7,6 +7,7 @@ kernel registration and torch-style entry points (conv1d/2d/3d, conv_transpose1d
 >>> opsnn.ops.conv2d(x, w, stride=2, padding=1).shape
 (1, 4, 4, 4)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,14 @@ _F32_64 = (_dt.float32, _dt.float64)
 _Q8 = (_dt.uint8, _dt.int8)
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
-_CONV_ATTRS = [Attr("auto_pad", "string", "NOTSET"), Attr("dilations", "ints", ()), Attr("group", "int", 1),
-               Attr("kernel_shape", "ints", ()), Attr("pads", "ints", ()), Attr("strides", "ints", ())]
+_CONV_ATTRS = [
+    Attr("auto_pad", "string", "NOTSET"),
+    Attr("dilations", "ints", ()),
+    Attr("group", "int", 1),
+    Attr("kernel_shape", "ints", ()),
+    Attr("pads", "ints", ()),
+    Attr("strides", "ints", ()),
+]
 
 
 # -- geometry -----------------------------------------------------------------------------------
@@ -120,8 +127,11 @@ def conv_geometry(op: str, xs: tuple, ws: tuple, attrs: dict) -> Geometry:
     for i in range(nd):
         padded = in_sp[i] + pb[i] + pe[i]
         if padded < eff[i]:
-            _fail(op, f"kernel (dilated size {eff[i]} along spatial dim {i}) is larger than the padded input "
-                      f"({in_sp[i]} + pads {pb[i]}+{pe[i]} = {padded}); X {tuple(xs)}, W {tuple(ws)}")
+            _fail(
+                op,
+                f"kernel (dilated size {eff[i]} along spatial dim {i}) is larger than the padded input "
+                f"({in_sp[i]} + pads {pb[i]}+{pe[i]} = {padded}); X {tuple(xs)}, W {tuple(ws)}",
+            )
         out.append((padded - eff[i]) // s[i] + 1)
     return Geometry(k, s, d, pb, pe, tuple(out))
 
@@ -158,8 +168,11 @@ def conv_transpose_geometry(op: str, xs: tuple, ws: tuple, attrs: dict) -> Geome
         pb, pe = _explicit_pads(op, attrs, nd)
     out = tuple(full[i] - pb[i] - pe[i] for i in range(nd))
     if any(o <= 0 for o in out):
-        _fail(op, f"output spatial size {out} is not positive (X {tuple(xs)}, W {tuple(ws)}, strides {s}, "
-                  f"pads {pb + pe}, output_padding {opad})")
+        _fail(
+            op,
+            f"output spatial size {out} is not positive (X {tuple(xs)}, W {tuple(ws)}, strides {s}, "
+            f"pads {pb + pe}, output_padding {opad})",
+        )
     return Geometry(k, s, d, pb, pe, out)
 
 
@@ -168,8 +181,11 @@ def _same_dtype(ctx, *idx) -> np.dtype:
     for i in idx[1:]:
         if ctx.has(i) and ctx.dtype(i) != dt:
             a, b = ctx.op.inputs[idx[0]].name, ctx.op.inputs[i].name
-            raise DTypeError(f"{ctx.op.name}: inputs {a!r} ({_dt.name(dt)}) and {b!r} ({_dt.name(ctx.dtype(i))}) "
-                             "must have the same dtype", op=ctx.op.name)
+            raise DTypeError(
+                f"{ctx.op.name}: inputs {a!r} ({_dt.name(dt)}) and {b!r} ({_dt.name(ctx.dtype(i))}) "
+                "must have the same dtype",
+                op=ctx.op.name,
+            )
     return dt
 
 
@@ -177,8 +193,10 @@ def _check_channels(ctx, xs, ws, g: int) -> int:
     """Conv channel rules; returns M (output channels)."""
     c, m = xs[1], ws[0]
     if c != ws[1] * g:
-        ctx.fail(f"input channels mismatch: X {tuple(xs)} has C={c} but W {tuple(ws)} expects "
-                 f"W.shape[1] * group = {ws[1]} * {g} = {ws[1] * g}")
+        ctx.fail(
+            f"input channels mismatch: X {tuple(xs)} has C={c} but W {tuple(ws)} expects "
+            f"W.shape[1] * group = {ws[1]} * {g} = {ws[1] * g}"
+        )
     if m % g:
         ctx.fail(f"output channels M={m} (W.shape[0]) are not divisible by group={g}")
     return m
@@ -204,12 +222,14 @@ def _conv_core(x: np.ndarray, w: np.ndarray, geo: Geometry, g: int) -> np.ndarra
     if y.size == 0:
         return y
     for gi in range(g):
-        xg = xp[:, gi * cg:(gi + 1) * cg]
+        xg = xp[:, gi * cg : (gi + 1) * cg]
         for kidx in itertools.product(*(range(v) for v in geo.k)):
-            sl = tuple(slice(kidx[i] * geo.d[i], kidx[i] * geo.d[i] + (geo.out[i] - 1) * geo.s[i] + 1, geo.s[i])
-                       for i in range(len(geo.k)))
+            sl = tuple(
+                slice(kidx[i] * geo.d[i], kidx[i] * geo.d[i] + (geo.out[i] - 1) * geo.s[i] + 1, geo.s[i])
+                for i in range(len(geo.k))
+            )
             wk = w[(slice(gi * mg, (gi + 1) * mg), slice(None)) + kidx]
-            y[:, gi * mg:(gi + 1) * mg] += np.einsum("nc...,mc->nm...", xg[(Ellipsis,) + sl], wk)
+            y[:, gi * mg : (gi + 1) * mg] += np.einsum("nc...,mc->nm...", xg[(Ellipsis,) + sl], wk)
     return y
 
 
@@ -246,11 +266,16 @@ def _conv_transpose_ref(ins, attrs):
     buf = np.zeros((n, mg * g) + tuple(shift[i] + span[i] for i in range(nd)), dtype=ct)
     if x.size:
         for gi in range(g):
-            xg = x[:, gi * cg:(gi + 1) * cg]
+            xg = x[:, gi * cg : (gi + 1) * cg]
             for kidx in itertools.product(*(range(v) for v in geo.k)):
-                sl = tuple(slice(shift[i] + kidx[i] * geo.d[i],
-                                 shift[i] + kidx[i] * geo.d[i] + (in_sp[i] - 1) * geo.s[i] + 1, geo.s[i])
-                           for i in range(nd))
+                sl = tuple(
+                    slice(
+                        shift[i] + kidx[i] * geo.d[i],
+                        shift[i] + kidx[i] * geo.d[i] + (in_sp[i] - 1) * geo.s[i] + 1,
+                        geo.s[i],
+                    )
+                    for i in range(nd)
+                )
                 wk = w[(slice(gi * cg, (gi + 1) * cg), slice(None)) + kidx]
                 buf[(slice(None), slice(gi * mg, (gi + 1) * mg)) + sl] += np.einsum("nc...,cm->nm...", xg, wk)
     crop = tuple(slice(shift[i] + geo.pb[i], shift[i] + geo.pb[i] + geo.out[i]) for i in range(nd))
@@ -278,8 +303,20 @@ def _conv_planner(kind: str | None, itemsize_of=_compute_itemsize, w_index: int 
     def plan(ctx):
         xs, ws = ctx.shape(0), ctx.shape(w_index)
         geo = conv_geometry(ctx.op.name, xs, ws, ctx.attrs)
-        return K.conv_plan(xs, ws, int(ctx.attrs["group"]), geo.k, geo.s, geo.d, geo.pb, geo.pe, geo.out,
-                           itemsize_of(ctx.dtype(0)), kind)
+        return K.conv_plan(
+            xs,
+            ws,
+            int(ctx.attrs["group"]),
+            geo.k,
+            geo.s,
+            geo.d,
+            geo.pb,
+            geo.pe,
+            geo.out,
+            itemsize_of(ctx.dtype(0)),
+            kind,
+        )
+
     return plan
 
 
@@ -357,14 +394,18 @@ def _im2col2d_applies(ctx):
         return "handles 1-D and 2-D convolution only"
     nbytes = _row_col_bytes(ctx)
     if nbytes > IM2COL_MAX_BYTES:
-        return (f"the column buffer of even one output row would take {nbytes / 2**20:.0f} MiB "
-                f"(> IM2COL_MAX_BYTES = {IM2COL_MAX_BYTES >> 20} MiB)")
+        return (
+            f"the column buffer of even one output row would take {nbytes / 2**20:.0f} MiB "
+            f"(> IM2COL_MAX_BYTES = {IM2COL_MAX_BYTES >> 20} MiB)"
+        )
     geo = conv_geometry(ctx.op.name, ctx.shape(0), ctx.shape(1), ctx.attrs)
     mg = int(ctx.shape(1)[0]) // int(ctx.attrs["group"])
     whole = nbytes * geo.out[0] if len(geo.out) == 2 else nbytes
     if mg <= IM2COL_THIN_M and whole > K.BAND_BYTES:
-        return NotPreferred(f"{mg} output channels per group: the {whole / 2**20:.0f} MiB of columns would go "
-                            f"through thin GEMMs band by band (> K.BAND_BYTES); the direct kernel is faster")
+        return NotPreferred(
+            f"{mg} output channels per group: the {whole / 2**20:.0f} MiB of columns would go "
+            f"through thin GEMMs band by band (> K.BAND_BYTES); the direct kernel is faster"
+        )
     return True
 
 
@@ -378,20 +419,23 @@ def winograd_rejection(xs, ws, attrs, op: str = "Conv", dilated: bool = False) -
     g = int(attrs.get("group", 1))
     d_ok = (geo.d != (1, 1)) if dilated else (geo.d == (1, 1))
     if geo.k != (3, 3) or geo.s != (1, 1) or g != 1 or not d_ok:
-        return (f"{what} needs a 3x3 kernel, stride 1, {'dilation > 1' if dilated else 'dilation 1'}, group 1; "
-                f"got kernel {'x'.join(map(str, geo.k))}, stride {geo.s}, dilation {geo.d}, group {g}")
+        return (
+            f"{what} needs a 3x3 kernel, stride 1, {'dilation > 1' if dilated else 'dilation 1'}, group 1; "
+            f"got kernel {'x'.join(map(str, geo.k))}, stride {geo.s}, dilation {geo.d}, group {g}"
+        )
     c, m = int(xs[1]), int(ws[0])
     need = WINOGRAD_DILATED_MIN_CHANNELS if dilated else WINOGRAD_MIN_CHANNELS
     if min(c, m) < need:
-        return NotPreferred(f"C={c}, M={m}: below {need} channels the tile transforms cost more than the "
-                            "GEMM saves")
+        return NotPreferred(f"C={c}, M={m}: below {need} channels the tile transforms cost more than the GEMM saves")
     # tiles of 4x4 outputs per image; a dilated conv's phases are each ceil(out / d) large
     oh, ow = (-(-geo.out[0] // geo.d[0]), -(-geo.out[1] // geo.d[1])) if dilated else geo.out
     tiles = int(xs[0]) * -(-oh // WG.TILE) * -(-ow // WG.TILE)
     if tiles < WINOGRAD_MIN_TILES:
         per = " per phase" if dilated else ""
-        return NotPreferred(f"only {tiles} output tiles of 4x4{per} (< {WINOGRAD_MIN_TILES}): 36 thin GEMMs lose "
-                            "to im2col's single GEMM")
+        return NotPreferred(
+            f"only {tiles} output tiles of 4x4{per} (< {WINOGRAD_MIN_TILES}): 36 thin GEMMs lose "
+            "to im2col's single GEMM"
+        )
     return None
 
 
@@ -405,8 +449,10 @@ def _unpacked_rejection(ctx, dilated: bool):
     ph, pw = -(-geo.out[0] // d[0]), -(-geo.out[1] // d[1])  # a phase's output size (the whole one at d = 1)
     tiles = int(xs[0]) * d[0] * d[1] * -(-ph // WG.TILE) * -(-pw // WG.TILE)
     if tiles < WINOGRAD_MIN_TILES_UNPACKED:
-        return NotPreferred(f"the weight is not known at prepare, so it is transformed on every call; {tiles} output "
-                            f"tiles of 4x4 (< {WINOGRAD_MIN_TILES_UNPACKED}) do not amortize that")
+        return NotPreferred(
+            f"the weight is not known at prepare, so it is transformed on every call; {tiles} output "
+            f"tiles of 4x4 (< {WINOGRAD_MIN_TILES_UNPACKED}) do not amortize that"
+        )
     return True
 
 
@@ -418,15 +464,18 @@ def f2_reason(xs, ws, attrs, op: str = "Conv") -> str | None:
     tw = -(-geo.out[1] // WG.TILE)
     tiles = int(xs[0]) * -(-geo.out[0] // WG.TILE) * tw
     if tw < WINOGRAD_F4_MIN_TILE_COLS and ch * tiles < WINOGRAD_F4_MIN_WORK_NARROW:
-        return (f"F(2x2,3x3) is faster here: output {geo.out[1]} wide is {tw} tiles of 4 (< "
-                f"{WINOGRAD_F4_MIN_TILE_COLS}) and min(C, M) x tiles = {ch} x {tiles} < "
-                f"{WINOGRAD_F4_MIN_WORK_NARROW}: thin GEMMs, tiles overhanging the image")
+        return (
+            f"F(2x2,3x3) is faster here: output {geo.out[1]} wide is {tw} tiles of 4 (< "
+            f"{WINOGRAD_F4_MIN_TILE_COLS}) and min(C, M) x tiles = {ch} x {tiles} < "
+            f"{WINOGRAD_F4_MIN_WORK_NARROW}: thin GEMMs, tiles overhanging the image"
+        )
     if ch * tiles < WINOGRAD_F4_MIN_WORK:
-        return (f"F(2x2,3x3) is faster here: min(C, M) x tiles = {ch} x {tiles} < {WINOGRAD_F4_MIN_WORK}: "
-                "36 small GEMMs")
+        return f"F(2x2,3x3) is faster here: min(C, M) x tiles = {ch} x {tiles} < {WINOGRAD_F4_MIN_WORK}: 36 small GEMMs"
     if ch < 64 and tiles < WINOGRAD_F4_MIN_TILES_FEW_CH:
-        return (f"F(2x2,3x3) is faster here: {ch} channels and {tiles} tiles of 4x4 (< "
-                f"{WINOGRAD_F4_MIN_TILES_FEW_CH}): 36 small GEMMs")
+        return (
+            f"F(2x2,3x3) is faster here: {ch} channels and {tiles} tiles of 4x4 (< "
+            f"{WINOGRAD_F4_MIN_TILES_FEW_CH}): 36 small GEMMs"
+        )
     return None
 
 
@@ -439,17 +488,21 @@ def _f2_rejection(ctx) -> str | None:
     geo = conv_geometry(ctx.op.name, xs, ws, ctx.attrs)
     tiles = int(xs[0]) * -(-geo.out[0] // WG.TILE2) * -(-geo.out[1] // WG.TILE2)
     if ctx.value(1) is None and tiles < WINOGRAD_F2_MIN_TILES_UNPACKED:
-        return NotPreferred(f"the weight is not known at prepare, so it is transformed on every call; {tiles} output "
-                            f"tiles of 2x2 (< {WINOGRAD_F2_MIN_TILES_UNPACKED}) do not amortize that")
+        return NotPreferred(
+            f"the weight is not known at prepare, so it is transformed on every call; {tiles} output "
+            f"tiles of 2x2 (< {WINOGRAD_F2_MIN_TILES_UNPACKED}) do not amortize that"
+        )
     return None
 
 
 #: the record's ``nonfinite`` of the Winograd kernels (kernels/cpu/winograd.py, winograd_blocked.py)
-WINOGRAD_NONFINITE = ("as a direct convolution: a tile's transform mixes its inputs (one NaN would spread over the "
-                      "tile, an Inf become Inf - Inf = NaN), so a check folded into the input transform finds the "
-                      "tiles whose input holds Inf or NaN and those are computed again by the direct sum; a constant "
-                      "weight holding Inf or NaN is not taken (the selector moves on), one given per call makes every "
-                      "tile direct")
+WINOGRAD_NONFINITE = (
+    "as a direct convolution: a tile's transform mixes its inputs (one NaN would spread over the "
+    "tile, an Inf become Inf - Inf = NaN), so a check folded into the input transform finds the "
+    "tiles whose input holds Inf or NaN and those are computed again by the direct sum; a constant "
+    "weight holding Inf or NaN is not taken (the selector moves on), one given per call makes every "
+    "tile direct"
+)
 
 
 def nonfinite_weight_rejection(ctx) -> str | None:
@@ -457,8 +510,10 @@ def nonfinite_weight_rejection(ctx) -> str | None:
     w = ctx.value(1)
     if w is None or WG.all_finite(w):
         return None
-    return ("the constant weight holds Inf or NaN: its Winograd transform would spread them over every tile "
-            "(every tile would be computed directly)")
+    return (
+        "the constant weight holds Inf or NaN: its Winograd transform would spread them over every tile "
+        "(every tile would be computed directly)"
+    )
 
 
 def with_nonfinite_weight(ctx, why):
@@ -500,20 +555,27 @@ def winograd_f2_rejection(xs, ws, attrs, op: str = "Conv") -> str | None:
     geo = conv_geometry(op, xs, ws, attrs)
     g = int(attrs.get("group", 1))
     if geo.k != (3, 3) or geo.s != (1, 1) or g != 1 or geo.d != (1, 1):
-        return (f"{what} needs a 3x3 kernel, stride 1, dilation 1, group 1; got kernel "
-                f"{'x'.join(map(str, geo.k))}, stride {geo.s}, dilation {geo.d}, group {g}")
+        return (
+            f"{what} needs a 3x3 kernel, stride 1, dilation 1, group 1; got kernel "
+            f"{'x'.join(map(str, geo.k))}, stride {geo.s}, dilation {geo.d}, group {g}"
+        )
     c, m = int(xs[1]), int(ws[0])
     if min(c, m) < WINOGRAD_MIN_CHANNELS:
-        return NotPreferred(f"C={c}, M={m}: below {WINOGRAD_MIN_CHANNELS} channels the tile transforms cost more "
-                            "than the GEMM saves")
+        return NotPreferred(
+            f"C={c}, M={m}: below {WINOGRAD_MIN_CHANNELS} channels the tile transforms cost more than the GEMM saves"
+        )
     tiles = int(xs[0]) * -(-geo.out[0] // WG.TILE2) * -(-geo.out[1] // WG.TILE2)
     if tiles * c * m < WINOGRAD_F2_MIN_WORK:
-        return NotPreferred(f"{tiles} tiles of 2x2 x C={c} x M={m} < {WINOGRAD_F2_MIN_WORK}: too little work for "
-                            "the transforms' fixed costs")
+        return NotPreferred(
+            f"{tiles} tiles of 2x2 x C={c} x M={m} < {WINOGRAD_F2_MIN_WORK}: too little work for "
+            "the transforms' fixed costs"
+        )
     wbytes = 16 * c * m * 4
     if wbytes > WINOGRAD_F2_WIDE_BYTES and tiles < WINOGRAD_F2_MIN_TILES_WIDE:
-        return NotPreferred(f"{tiles} tiles of 2x2 (< {WINOGRAD_F2_MIN_TILES_WIDE}) for a transformed weight of "
-                            f"{wbytes / 2**20:.1f} MiB: streaming it for so few columns loses to im2col")
+        return NotPreferred(
+            f"{tiles} tiles of 2x2 (< {WINOGRAD_F2_MIN_TILES_WIDE}) for a transformed weight of "
+            f"{wbytes / 2**20:.1f} MiB: streaming it for so few columns loses to im2col"
+        )
     return None
 
 
@@ -525,13 +587,15 @@ def _winograd_f2_applies(ctx):
 def _winograd_f2_plan(ctx):
     xs, ws = ctx.shape(0), ctx.shape(1)
     geo = conv_geometry(ctx.op.name, xs, ws, ctx.attrs)
-    return WG.winograd_plan(xs, int(ws[0]), geo.pb, geo.out, _compute_itemsize(ctx.dtype(0)), ctx.value(1),
-                            tile=WG.TILE2)
+    return WG.winograd_plan(
+        xs, int(ws[0]), geo.pb, geo.out, _compute_itemsize(ctx.dtype(0)), ctx.value(1), tile=WG.TILE2
+    )
 
 
 def _winograd_dilated_applies(ctx):
-    why = with_nonfinite_weight(ctx, winograd_rejection(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name,
-                                                        dilated=True))
+    why = with_nonfinite_weight(
+        ctx, winograd_rejection(ctx.shape(0), ctx.shape(1), ctx.attrs, ctx.op.name, dilated=True)
+    )
     return _unpacked_rejection(ctx, True) if why is None else why
 
 
@@ -546,10 +610,18 @@ def _winograd_dilated_kernel(ins, outs, attrs, plan, ws):
 
 
 Conv = register_op(
-    "Conv", category="conv",
-    inputs=[Input("X", FLOAT), Input("W", FLOAT), Input("B", FLOAT, optional=True)], outputs=["Y"],
-    attrs=_CONV_ATTRS, infer=_conv_infer, reference=_conv_ref, flops=_conv_flops,
-    doc="N-d convolution (ONNX Conv): X (N, C, D...) * W (M, C/group, k...) + B.")
+    "Conv",
+    category="conv",
+    inputs=[Input("X", FLOAT), Input("W", FLOAT), Input("B", FLOAT, optional=True)],
+    outputs=["Y"],
+    attrs=_CONV_ATTRS,
+    infer=_conv_infer,
+    reference=_conv_ref,
+    flops=_conv_flops,
+    doc="N-d convolution (ONNX Conv): X (N, C, D...) * W (M, C/group, k...) + B.",
+)
+
+
 class PackedConv(NamedTuple):
     """A GEMM-kind conv plan (1x1, im2col) plus its constant weight packed by MKL (``packed``)."""
 
@@ -604,8 +676,10 @@ def _tasks_applies(ctx):
         return "empty weight"
     nbytes = 4 * math.prod(ws)
     if nbytes > TASKS_MAX_WEIGHT_BYTES:
-        return NotPreferred(f"a {nbytes >> 10} KB weight (> TASKS_MAX_WEIGHT_BYTES = {TASKS_MAX_WEIGHT_BYTES >> 10} "
-                            "KB): every task would stream it; the banded GEMM splits it instead")
+        return NotPreferred(
+            f"a {nbytes >> 10} KB weight (> TASKS_MAX_WEIGHT_BYTES = {TASKS_MAX_WEIGHT_BYTES >> 10} "
+            "KB): every task would stream it; the banded GEMM splits it instead"
+        )
     geo = conv_geometry(ctx.op.name, ctx.shape(0), ws, ctx.attrs)
     if math.prod(geo.out) < 2 * K.TASK_MIN_COLS:
         return NotPreferred(f"{math.prod(geo.out)} output positions: too few for a task per thread")
@@ -616,6 +690,7 @@ def _packed_applies(base):
     # MKL's packed weight wherever MKL is available (libraries.conv_gemms; docs/kernel-libraries.md)
     def applies(ctx):  # a hard rejection first: the base may answer NotPreferred (runnable)
         return _mkl_packed_rejection(ctx) or base(ctx)
+
     return applies
 
 
@@ -626,6 +701,7 @@ def _packed_planner(kind: str):
         # the GEMM's columns: a band of output rows (im2col) or the whole image (1x1)
         cols = p.band * math.prod(p.out_sp[1:]) if p.kind == "im2col2d" else math.prod(p.out_sp)
         return PackedConv(p, KM.pack_left(w.reshape(w.shape[0], -1), cols))
+
     return plan
 
 
@@ -670,8 +746,10 @@ class Bf16Conv(NamedTuple):
         return K.bf16_workspace_bytes(self.conv)
 
     def describe(self) -> str:
-        return (f"{self.conv.describe().replace('then BLAS', 'then MKL bf16 GEMM')} on the bfloat16 weight as "
-                "stored; fp32 accumulation and epilogue, one rounding to bfloat16")
+        return (
+            f"{self.conv.describe().replace('then BLAS', 'then MKL bf16 GEMM')} on the bfloat16 weight as "
+            "stored; fp32 accumulation and epilogue, one rounding to bfloat16"
+        )
 
 
 def bf16_conv_plan(ctx) -> Bf16Conv:
@@ -699,50 +777,127 @@ def _bf16_conv(ins, outs, attrs, plan, ws):
     K.conv_forward_bf16(ins[0], outs[0], plan.conv, ws, plan.w2, bf16_bias(ins, plan))
 
 
-Conv.kernel("conv_mkl_bf16", dtypes=(_dt.bfloat16,), priority=36, applies=lambda ctx: bf16_rejection(ctx) or True,
-            plan=bf16_conv_plan, workspace=_workspace,
-            doc="bfloat16 1x1 / im2col conv with a constant weight: MKL's bf16 GEMM (cblas_gemm_bf16bf16f32: "
-            "AMX / AVX512-BF16) on the weight as stored, fp32 accumulation, one rounding")(_bf16_conv)
-Conv.kernel("conv_1x1_mkl_packed", dtypes=(_dt.float32,), priority=35, applies=_packed_applies(_is_1x1),
-            plan=_packed_planner("gemm1x1"), doc="1x1 stride-1 unpadded, constant weight: the weight packed once at "
-            "prepare by Intel MKL (cblas_sgemm_pack), one cblas_sgemm_compute per image")(_packed_conv)
-Conv.kernel("conv_1x1_gemm", dtypes=_F32_64, priority=30, applies=_is_1x1, plan=_conv_planner("gemm1x1"),
-            workspace=_workspace, doc="1x1 stride-1 unpadded: the input is the column matrix; one GEMM "
-            "per image and group, no workspace")(K.conv)
-Conv.kernel("conv2d_depthwise", dtypes=_F32_64, priority=40, applies=_is_depthwise,
-            plan=_conv_planner("depthwise2d"), workspace=_workspace,
-            doc="direct numba loop for group == C (depthwise, any channel multiplier); no workspace")(K.conv)
-Conv.kernel("conv2d_winograd", dtypes=_F32_64, priority=25, applies=_winograd_applies, plan=_winograd_plan,
-            workspace=_workspace, doc="Winograd F(4x4,3x3): numba tile transforms + 36 GEMMs (MKL; oneDNN's "
-            "batched brgemm for chunks of <= 128 tiles); constant weights pre-transformed at prepare",
-            nonfinite=WINOGRAD_NONFINITE)(_winograd_kernel)
-Conv.kernel("conv2d_winograd_dilated", dtypes=_F32_64, priority=25, applies=_winograd_dilated_applies,
-            plan=_winograd_dilated_plan, workspace=_workspace, doc="dilated 3x3 stride 1: dilation**2 dense "
-            "Winograd F(4x4,3x3) convs on phase sub-images (no zero-inserted input, no column buffer)",
-            nonfinite=WINOGRAD_NONFINITE)(_winograd_dilated_kernel)
-Conv.kernel("conv2d_winograd_f2", dtypes=_F32_64, priority=24, applies=_winograd_f2_applies,
-            plan=_winograd_f2_plan, workspace=_workspace, doc="Winograd F(2x2,3x3): numba tile transforms + 16 "
-            "GEMMs (as F(4x4)); constant weights pre-transformed at prepare",
-            nonfinite=WINOGRAD_NONFINITE)(_winograd_kernel)
-Conv.kernel("conv2d_im2col", dtypes=_F32_64, priority=20, applies=_im2col2d_applies,
-            plan=_conv_planner("im2col2d"), workspace=_workspace, doc="numba parallel im2col into the "
-            "workspace + BLAS GEMM per group, in bands of output rows (workspace <= BAND_BYTES unless one row "
-            "needs more; 1-D runs as H=1)")(K.conv)
-Conv.kernel("conv2d_im2col_mkl_packed", dtypes=(_dt.float32,), priority=21,
-            applies=_packed_applies(_im2col2d_applies), plan=_packed_planner("im2col2d"), workspace=_workspace,
-            doc="conv2d_im2col with the constant weight packed once at prepare by Intel MKL; each band's GEMM "
-            "reads the packed panel")(_packed_conv)
-Conv.kernel("conv2d_im2col_tasks", dtypes=(_dt.float32,), priority=22, applies=_tasks_applies,
-            plan=_conv_planner("im2col_tasks"), workspace=_workspace,
-            doc="2-D, small weight (few input channels): one parallel region, a task per band of output rows "
-            "builds its columns in its thread's buffer and multiplies them on single-threaded MKL while they "
-            "are in cache")(K.conv)
-Conv.kernel("conv2d_direct", dtypes=_F32_64, priority=15, applies=_is_2d, plan=_conv_planner("direct2d"),
-            workspace=_workspace, doc="direct numba loop, no column buffer (strided input split into column "
-            "phases a band of rows at a time; dilation read in place)")(K.conv)
-Conv.kernel("conv_nd_im2col", dtypes=_F32_64, priority=10, plan=_conv_planner("im2col_nd"),
-            workspace=_workspace, doc="numpy-vectorized im2col (one strided copy per kernel offset) + "
-            "BLAS GEMM, in bands along the first spatial dim; any rank")(K.conv)
+Conv.kernel(
+    "conv_mkl_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=36,
+    applies=lambda ctx: bf16_rejection(ctx) or True,
+    plan=bf16_conv_plan,
+    workspace=_workspace,
+    doc="bfloat16 1x1 / im2col conv with a constant weight: MKL's bf16 GEMM (cblas_gemm_bf16bf16f32: "
+    "AMX / AVX512-BF16) on the weight as stored, fp32 accumulation, one rounding",
+)(_bf16_conv)
+Conv.kernel(
+    "conv_1x1_mkl_packed",
+    dtypes=(_dt.float32,),
+    priority=35,
+    applies=_packed_applies(_is_1x1),
+    plan=_packed_planner("gemm1x1"),
+    doc="1x1 stride-1 unpadded, constant weight: the weight packed once at "
+    "prepare by Intel MKL (cblas_sgemm_pack), one cblas_sgemm_compute per image",
+)(_packed_conv)
+Conv.kernel(
+    "conv_1x1_gemm",
+    dtypes=_F32_64,
+    priority=30,
+    applies=_is_1x1,
+    plan=_conv_planner("gemm1x1"),
+    workspace=_workspace,
+    doc="1x1 stride-1 unpadded: the input is the column matrix; one GEMM per image and group, no workspace",
+)(K.conv)
+Conv.kernel(
+    "conv2d_depthwise",
+    dtypes=_F32_64,
+    priority=40,
+    applies=_is_depthwise,
+    plan=_conv_planner("depthwise2d"),
+    workspace=_workspace,
+    doc="direct numba loop for group == C (depthwise, any channel multiplier); no workspace",
+)(K.conv)
+Conv.kernel(
+    "conv2d_winograd",
+    dtypes=_F32_64,
+    priority=25,
+    applies=_winograd_applies,
+    plan=_winograd_plan,
+    workspace=_workspace,
+    doc="Winograd F(4x4,3x3): numba tile transforms + 36 GEMMs (MKL; oneDNN's "
+    "batched brgemm for chunks of <= 128 tiles); constant weights pre-transformed at prepare",
+    nonfinite=WINOGRAD_NONFINITE,
+)(_winograd_kernel)
+Conv.kernel(
+    "conv2d_winograd_dilated",
+    dtypes=_F32_64,
+    priority=25,
+    applies=_winograd_dilated_applies,
+    plan=_winograd_dilated_plan,
+    workspace=_workspace,
+    doc="dilated 3x3 stride 1: dilation**2 dense "
+    "Winograd F(4x4,3x3) convs on phase sub-images (no zero-inserted input, no column buffer)",
+    nonfinite=WINOGRAD_NONFINITE,
+)(_winograd_dilated_kernel)
+Conv.kernel(
+    "conv2d_winograd_f2",
+    dtypes=_F32_64,
+    priority=24,
+    applies=_winograd_f2_applies,
+    plan=_winograd_f2_plan,
+    workspace=_workspace,
+    doc="Winograd F(2x2,3x3): numba tile transforms + 16 "
+    "GEMMs (as F(4x4)); constant weights pre-transformed at prepare",
+    nonfinite=WINOGRAD_NONFINITE,
+)(_winograd_kernel)
+Conv.kernel(
+    "conv2d_im2col",
+    dtypes=_F32_64,
+    priority=20,
+    applies=_im2col2d_applies,
+    plan=_conv_planner("im2col2d"),
+    workspace=_workspace,
+    doc="numba parallel im2col into the "
+    "workspace + BLAS GEMM per group, in bands of output rows (workspace <= BAND_BYTES unless one row "
+    "needs more; 1-D runs as H=1)",
+)(K.conv)
+Conv.kernel(
+    "conv2d_im2col_mkl_packed",
+    dtypes=(_dt.float32,),
+    priority=21,
+    applies=_packed_applies(_im2col2d_applies),
+    plan=_packed_planner("im2col2d"),
+    workspace=_workspace,
+    doc="conv2d_im2col with the constant weight packed once at prepare by Intel MKL; each band's GEMM "
+    "reads the packed panel",
+)(_packed_conv)
+Conv.kernel(
+    "conv2d_im2col_tasks",
+    dtypes=(_dt.float32,),
+    priority=22,
+    applies=_tasks_applies,
+    plan=_conv_planner("im2col_tasks"),
+    workspace=_workspace,
+    doc="2-D, small weight (few input channels): one parallel region, a task per band of output rows "
+    "builds its columns in its thread's buffer and multiplies them on single-threaded MKL while they "
+    "are in cache",
+)(K.conv)
+Conv.kernel(
+    "conv2d_direct",
+    dtypes=_F32_64,
+    priority=15,
+    applies=_is_2d,
+    plan=_conv_planner("direct2d"),
+    workspace=_workspace,
+    doc="direct numba loop, no column buffer (strided input split into column "
+    "phases a band of rows at a time; dilation read in place)",
+)(K.conv)
+Conv.kernel(
+    "conv_nd_im2col",
+    dtypes=_F32_64,
+    priority=10,
+    plan=_conv_planner("im2col_nd"),
+    workspace=_workspace,
+    doc="numpy-vectorized im2col (one strided copy per kernel offset) + "
+    "BLAS GEMM, in bands along the first spatial dim; any rank",
+)(K.conv)
 
 
 def _spatial(v, nd: int, name: str, fn: str) -> tuple:
@@ -765,13 +920,18 @@ def _check_rank(fn: str, nd: int, **tensors) -> None:
         if r is None:
             r = np.ndim(t)
         if r != nd + 2:
-            raise ParamInvalidError(f"{fn}: {name} must be {nd + 2}-D (N, C, {'D, ' * (nd - 1)}...)"
-                                    f", got a {r}-D tensor of shape {tuple(getattr(t, 'shape', np.shape(t)))}")
+            raise ParamInvalidError(
+                f"{fn}: {name} must be {nd + 2}-D (N, C, {'D, ' * (nd - 1)}...)"
+                f", got a {r}-D tensor of shape {tuple(getattr(t, 'shape', np.shape(t)))}"
+            )
 
 
 def _conv_attrs(fn: str, nd: int, stride, padding, dilation, groups) -> dict:
-    attrs = {"strides": list(_spatial(stride, nd, "stride", fn)),
-             "dilations": list(_spatial(dilation, nd, "dilation", fn)), "group": int(groups)}
+    attrs = {
+        "strides": list(_spatial(stride, nd, "stride", fn)),
+        "dilations": list(_spatial(dilation, nd, "dilation", fn)),
+        "group": int(groups),
+    }
     if isinstance(padding, (str, bytes)):
         p = padding.decode() if isinstance(padding, bytes) else padding
         if p.lower() == "same":
@@ -794,10 +954,12 @@ def _make_conv(nd: int):
         return [x, w, b], _conv_attrs(fn, nd, stride, padding, dilation, groups)
 
     translate.__name__ = fn
-    translate.__doc__ = (f"{nd}-D convolution (torch.nn.functional.{fn} argument names; ONNX Conv record).\n\n"
-                         "``stride``/``padding``/``dilation``: an int or one per spatial dim; ``padding`` may also "
-                         "be ``'same'`` (ONNX SAME_UPPER: extra padding at the end, output = ceil(in / stride)) "
-                         "or ``'valid'``.")
+    translate.__doc__ = (
+        f"{nd}-D convolution (torch.nn.functional.{fn} argument names; ONNX Conv record).\n\n"
+        "``stride``/``padding``/``dilation``: an int or one per spatial dim; ``padding`` may also "
+        "be ``'same'`` (ONNX SAME_UPPER: extra padding at the end, output = ceil(in / stride)) "
+        "or ``'valid'``."
+    )
     return api(fn, "Conv")(translate)
 
 
@@ -813,8 +975,10 @@ def _conv_transpose_infer(ctx):
     geo = conv_transpose_geometry(ctx.op.name, xs, ws, ctx.attrs)
     g = int(ctx.attrs["group"])
     if xs[1] != ws[0]:
-        ctx.fail(f"input channels mismatch: X {tuple(xs)} has C={xs[1]} but W {tuple(ws)} has W.shape[0]={ws[0]} "
-                 "(ConvTranspose weights are (C, M/group, k...))")
+        ctx.fail(
+            f"input channels mismatch: X {tuple(xs)} has C={xs[1]} but W {tuple(ws)} has W.shape[0]={ws[0]} "
+            "(ConvTranspose weights are (C, M/group, k...))"
+        )
     if xs[1] % g:
         ctx.fail(f"input channels C={xs[1]} are not divisible by group={g}")
     m = ws[1] * g
@@ -825,20 +989,31 @@ def _conv_transpose_infer(ctx):
 def _conv_transpose_plan(ctx):
     xs, ws = ctx.shape(0), ctx.shape(1)
     geo = conv_transpose_geometry(ctx.op.name, xs, ws, ctx.attrs)
-    return K.conv_transpose_plan(xs, ws, int(ctx.attrs["group"]), geo.k, geo.s, geo.d, geo.pb, geo.out,
-                                 _compute_itemsize(ctx.dtype(0)))
+    return K.conv_transpose_plan(
+        xs, ws, int(ctx.attrs["group"]), geo.k, geo.s, geo.d, geo.pb, geo.out, _compute_itemsize(ctx.dtype(0))
+    )
 
 
 ConvTranspose = register_op(
-    "ConvTranspose", category="conv",
-    inputs=[Input("X", FLOAT), Input("W", FLOAT), Input("B", FLOAT, optional=True)], outputs=["Y"],
+    "ConvTranspose",
+    category="conv",
+    inputs=[Input("X", FLOAT), Input("W", FLOAT), Input("B", FLOAT, optional=True)],
+    outputs=["Y"],
     attrs=_CONV_ATTRS + [Attr("output_padding", "ints", ()), Attr("output_shape", "ints", ())],
-    infer=_conv_transpose_infer, reference=_conv_transpose_ref,
+    infer=_conv_transpose_infer,
+    reference=_conv_transpose_ref,
     flops=lambda ctx: 2 * math.prod(ctx.shape(0)) * math.prod(ctx.shape(1)[1:]),
-    doc="Transposed (fractionally strided) convolution, ONNX ConvTranspose; W is (C, M/group, k...).")
-ConvTranspose.kernel("conv_transpose_col2im", dtypes=_F32_64, priority=20, plan=_conv_transpose_plan,
-                     workspace=_workspace, doc="BLAS GEMM W^T @ x into the workspace, then col2im (numba "
-                     "gather over output rows for 1-D/2-D; strided numpy adds for 3-D)")(K.conv_transpose)
+    doc="Transposed (fractionally strided) convolution, ONNX ConvTranspose; W is (C, M/group, k...).",
+)
+ConvTranspose.kernel(
+    "conv_transpose_col2im",
+    dtypes=_F32_64,
+    priority=20,
+    plan=_conv_transpose_plan,
+    workspace=_workspace,
+    doc="BLAS GEMM W^T @ x into the workspace, then col2im (numba "
+    "gather over output rows for 1-D/2-D; strided numpy adds for 3-D)",
+)(K.conv_transpose)
 
 
 def _make_conv_transpose(nd: int):
@@ -853,8 +1028,10 @@ def _make_conv_transpose(nd: int):
         return [x, w, b], attrs
 
     translate.__name__ = fn
-    translate.__doc__ = (f"{nd}-D transposed convolution (torch.nn.functional.{fn} argument names and order; "
-                         "ONNX ConvTranspose record). ``weight`` is (C_in, C_out / groups, k...).")
+    translate.__doc__ = (
+        f"{nd}-D transposed convolution (torch.nn.functional.{fn} argument names and order; "
+        "ONNX ConvTranspose record). ``weight`` is (C_in, C_out / groups, k...)."
+    )
     return api(fn, "ConvTranspose")(translate)
 
 
@@ -875,8 +1052,11 @@ def _check_zp(ctx, i: int, m: int | None, data_i: int | None) -> None:
         want = "a scalar" + (f" or 1-D of output channels ({m},)" if m is not None else "")
         ctx.fail(f"{name!r} must be {want}, got shape {shape}")
     if data_i is not None and ctx.dtype(i) != ctx.dtype(data_i):
-        raise DTypeError(f"{ctx.op.name}: {name!r} has dtype {_dt.name(ctx.dtype(i))}, expected "
-                         f"{_dt.name(ctx.dtype(data_i))} like {ctx.op.inputs[data_i].name!r}", op=ctx.op.name)
+        raise DTypeError(
+            f"{ctx.op.name}: {name!r} has dtype {_dt.name(ctx.dtype(i))}, expected "
+            f"{_dt.name(ctx.dtype(data_i))} like {ctx.op.inputs[data_i].name!r}",
+            op=ctx.op.name,
+        )
 
 
 def _conv_integer_infer(ctx):
@@ -907,14 +1087,29 @@ def _conv_integer_ref(ins, attrs):
 
 
 ConvInteger = register_op(
-    "ConvInteger", category="conv",
-    inputs=[Input("x", _Q8), Input("w", _Q8), Input("x_zero_point", _Q8, optional=True),
-            Input("w_zero_point", _Q8, optional=True)],
-    outputs=["y"], attrs=_CONV_ATTRS, infer=_conv_integer_infer, reference=_conv_integer_ref, flops=_conv_flops,
-    doc="int32 convolution of zero-point-shifted 8-bit data (ONNX ConvInteger).")
-ConvInteger.kernel("conv_integer_im2col", dtypes=_Q8, priority=20, plan=_conv_planner(None, lambda dt: 8),
-                   workspace=_workspace, doc="shifted operands in float64 (exact) through the float "
-                   "conv algorithms (1x1 GEMM / im2col)")(K.conv_integer)
+    "ConvInteger",
+    category="conv",
+    inputs=[
+        Input("x", _Q8),
+        Input("w", _Q8),
+        Input("x_zero_point", _Q8, optional=True),
+        Input("w_zero_point", _Q8, optional=True),
+    ],
+    outputs=["y"],
+    attrs=_CONV_ATTRS,
+    infer=_conv_integer_infer,
+    reference=_conv_integer_ref,
+    flops=_conv_flops,
+    doc="int32 convolution of zero-point-shifted 8-bit data (ONNX ConvInteger).",
+)
+ConvInteger.kernel(
+    "conv_integer_im2col",
+    dtypes=_Q8,
+    priority=20,
+    plan=_conv_planner(None, lambda dt: 8),
+    workspace=_workspace,
+    doc="shifted operands in float64 (exact) through the float conv algorithms (1x1 GEMM / im2col)",
+)(K.conv_integer)
 
 
 def _qlinear_conv_infer(ctx):
@@ -947,16 +1142,34 @@ def _qlinear_conv_ref(ins, attrs):
 
 
 QLinearConv = register_op(
-    "QLinearConv", category="conv",
-    inputs=[Input("x", _Q8), Input("x_scale", (_dt.float32,)), Input("x_zero_point", _Q8), Input("w", _Q8),
-            Input("w_scale", (_dt.float32,)), Input("w_zero_point", _Q8), Input("y_scale", (_dt.float32,)),
-            Input("y_zero_point", _Q8), Input("B", (_dt.int32,), optional=True)],
-    outputs=["y"], attrs=_CONV_ATTRS, infer=_qlinear_conv_infer, reference=_qlinear_conv_ref,
+    "QLinearConv",
+    category="conv",
+    inputs=[
+        Input("x", _Q8),
+        Input("x_scale", (_dt.float32,)),
+        Input("x_zero_point", _Q8),
+        Input("w", _Q8),
+        Input("w_scale", (_dt.float32,)),
+        Input("w_zero_point", _Q8),
+        Input("y_scale", (_dt.float32,)),
+        Input("y_zero_point", _Q8),
+        Input("B", (_dt.int32,), optional=True),
+    ],
+    outputs=["y"],
+    attrs=_CONV_ATTRS,
+    infer=_qlinear_conv_infer,
+    reference=_qlinear_conv_ref,
     flops=lambda ctx: 2 * math.prod(ctx.outputs[0].shape) * math.prod(ctx.shape(3)[1:]),
-    doc="Quantized convolution (ONNX QLinearConv); w_scale/w_zero_point may be per output channel.")
-QLinearConv.kernel("qlinear_conv_im2col", dtypes=_Q8, priority=20, plan=_conv_planner(None, lambda dt: 8, 3),
-                   workspace=_workspace, doc="exact float64 conv of shifted operands (1x1 GEMM / im2col), "
-                   "then round-half-even requantization")(K.qlinear_conv)
+    doc="Quantized convolution (ONNX QLinearConv); w_scale/w_zero_point may be per output channel.",
+)
+QLinearConv.kernel(
+    "qlinear_conv_im2col",
+    dtypes=_Q8,
+    priority=20,
+    plan=_conv_planner(None, lambda dt: 8, 3),
+    workspace=_workspace,
+    doc="exact float64 conv of shifted operands (1x1 GEMM / im2col), then round-half-even requantization",
+)(K.qlinear_conv)
 
 
 @api("conv_integer", "ConvInteger")
@@ -967,13 +1180,36 @@ def conv_integer(x, w, x_zero_point=None, w_zero_point=None, stride=1, padding=0
 
 
 @api("qlinear_conv", "QLinearConv")
-def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, stride=1,
-                 padding=0, dilation=1, groups=1):
+def qlinear_conv(
+    x,
+    x_scale,
+    x_zero_point,
+    w,
+    w_scale,
+    w_zero_point,
+    y_scale,
+    y_zero_point,
+    b=None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups=1,
+):
     """Quantized convolution (ONNX QLinearConv); output dtype is ``y_zero_point``'s."""
     nd = max(getattr(x, "ndim", np.ndim(x)) - 2, 1)
-    return ([x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b],
-            _conv_attrs("qlinear_conv", nd, stride, padding, dilation, groups))
+    return (
+        [x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b],
+        _conv_attrs("qlinear_conv", nd, stride, padding, dilation, groups),
+    )
 
 
-__all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-           "conv_integer", "qlinear_conv"]
+__all__ = [
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+    "conv_integer",
+    "qlinear_conv",
+]

@@ -12,6 +12,7 @@ takes the other operand's dtype::
     >>> opsnn.ops.cast(x, "float16").dtype
     dtype('float16')
 """
+
 from __future__ import annotations
 
 import builtins
@@ -39,14 +40,32 @@ NUMBA_FLOAT = (_dt.float32, _dt.float64)
 
 # ONNX TensorProto.DataType -> numpy dtype (None where opsnn cannot hold the type)
 ONNX_DTYPES: dict[int, np.dtype | None] = {
-    1: _dt.float32, 2: _dt.uint8, 3: _dt.int8, 4: _dt.uint16, 5: _dt.int16, 6: _dt.int32, 7: _dt.int64,
+    1: _dt.float32,
+    2: _dt.uint8,
+    3: _dt.int8,
+    4: _dt.uint16,
+    5: _dt.int16,
+    6: _dt.int32,
+    7: _dt.int64,
     8: None,  # STRING: opsnn tensors hold fixed-size dtypes only
-    9: _dt.bool_, 10: _dt.float16, 11: _dt.float64, 12: _dt.uint32, 13: _dt.uint64,
-    14: np.dtype(np.complex64), 15: np.dtype(np.complex128), 16: _dt.bfloat16,
-    17: np.dtype(ml_dtypes.float8_e4m3fn), 18: np.dtype(ml_dtypes.float8_e4m3fnuz),
-    19: np.dtype(ml_dtypes.float8_e5m2), 20: np.dtype(ml_dtypes.float8_e5m2fnuz),
-    21: np.dtype(ml_dtypes.uint4), 22: np.dtype(ml_dtypes.int4), 23: np.dtype(ml_dtypes.float4_e2m1fn),
-    24: np.dtype(ml_dtypes.float8_e8m0fnu), 25: np.dtype(ml_dtypes.uint2), 26: np.dtype(ml_dtypes.int2),
+    9: _dt.bool_,
+    10: _dt.float16,
+    11: _dt.float64,
+    12: _dt.uint32,
+    13: _dt.uint64,
+    14: np.dtype(np.complex64),
+    15: np.dtype(np.complex128),
+    16: _dt.bfloat16,
+    17: np.dtype(ml_dtypes.float8_e4m3fn),
+    18: np.dtype(ml_dtypes.float8_e4m3fnuz),
+    19: np.dtype(ml_dtypes.float8_e5m2),
+    20: np.dtype(ml_dtypes.float8_e5m2fnuz),
+    21: np.dtype(ml_dtypes.uint4),
+    22: np.dtype(ml_dtypes.int4),
+    23: np.dtype(ml_dtypes.float4_e2m1fn),
+    24: np.dtype(ml_dtypes.float8_e8m0fnu),
+    25: np.dtype(ml_dtypes.uint2),
+    26: np.dtype(ml_dtypes.int2),
 }
 _ONNX_ENUM = {dt: code for code, dt in ONNX_DTYPES.items() if dt is not None}
 _ONNX_NAMES = {1: "FLOAT", 8: "STRING"}
@@ -74,8 +93,11 @@ def broadcast_shape(*shapes, op: str = "broadcast", names=None) -> tuple:
             elif s[j] != dim:
                 names = names or [f"input {k}" for k in range(len(shapes))]
                 desc = " and ".join(f"{n} {tuple(s)}" for n, s in zip(names, shapes))
-                raise InferShapeError(f"{op}: cannot broadcast {desc}: dim {i - nd} is {dim} in one and "
-                                      f"{s[j]} in another (they must match or be 1)", op=op)
+                raise InferShapeError(
+                    f"{op}: cannot broadcast {desc}: dim {i - nd} is {dim} in one and "
+                    f"{s[j]} in another (they must match or be 1)",
+                    op=op,
+                )
         out.append(dim)
     return tuple(out)
 
@@ -91,8 +113,11 @@ def _common_dtype(ctx, idx) -> np.dtype:
     for i in present[1:]:
         if ctx.dtype(i) != dt:
             a, b = _names(ctx, (present[0], i))
-            raise DTypeError(f"{ctx.op.name}: inputs {a!r} and {b!r} must have the same dtype; got "
-                             f"{_dt.name(dt)} and {_dt.name(ctx.dtype(i))}", op=ctx.op.name)
+            raise DTypeError(
+                f"{ctx.op.name}: inputs {a!r} and {b!r} must have the same dtype; got "
+                f"{_dt.name(dt)} and {_dt.name(ctx.dtype(i))}",
+                op=ctx.op.name,
+            )
     return dt
 
 
@@ -138,8 +163,10 @@ def _infer_clip(ctx):
     _common_dtype(ctx, (0, 1, 2))
     for i in (1, 2):
         if ctx.has(i) and math.prod(ctx.shape(i)) != 1:
-            raise ParamInvalidError(f"Clip: input {_names(ctx, (i,))[0]!r} must be a scalar (one element); "
-                                    f"got shape {tuple(ctx.shape(i))}", op="Clip")
+            raise ParamInvalidError(
+                f"Clip: input {_names(ctx, (i,))[0]!r} must be a scalar (one element); got shape {tuple(ctx.shape(i))}",
+                op="Clip",
+            )
     return [TensorMeta(ctx.shape(0), ctx.dtype(0))]
 
 
@@ -153,8 +180,7 @@ def _direction(attrs) -> str:
     d = attrs["direction"]
     d = d.decode() if isinstance(d, bytes) else str(d)
     if d.upper() not in ("LEFT", "RIGHT"):
-        raise ParamInvalidError(f"BitShift: attribute 'direction' must be 'LEFT' or 'RIGHT', got {d!r}",
-                                op="BitShift")
+        raise ParamInvalidError(f"BitShift: attribute 'direction' must be 'LEFT' or 'RIGHT', got {d!r}", op="BitShift")
     return d.upper()
 
 
@@ -170,8 +196,10 @@ def onnx_dtype(to) -> np.dtype:
             raise DTypeError(f"{int(to)} is not an ONNX TensorProto data type")
         dt = ONNX_DTYPES[int(to)]
         if dt is None:
-            raise DTypeError(f"casting to {_ONNX_NAMES.get(int(to), to)} is not supported (opsnn tensors "
-                             "hold fixed-size dtypes, not strings)")
+            raise DTypeError(
+                f"casting to {_ONNX_NAMES.get(int(to), to)} is not supported (opsnn tensors "
+                "hold fixed-size dtypes, not strings)"
+            )
         return dt
     if isinstance(to, bytes):
         to = to.decode()
@@ -186,8 +214,10 @@ def onnx_enum(dtype) -> int:
         return int(dtype)
     dt = onnx_dtype(dtype)
     if dt not in _ONNX_ENUM:
-        raise DTypeError(f"cast: dtype {_dt.name(dt)} has no ONNX equivalent; expected one of "
-                         f"{sorted(_dt.name(d) for d in _ONNX_ENUM)}")
+        raise DTypeError(
+            f"cast: dtype {_dt.name(dt)} has no ONNX equivalent; expected one of "
+            f"{sorted(_dt.name(d) for d in _ONNX_ENUM)}"
+        )
     return _ONNX_ENUM[dt]
 
 
@@ -199,13 +229,15 @@ def _check_castable(ctx, i: int, what: str) -> None:
 
 def _check_cast_attrs(ctx) -> None:
     if ctx.attrs["saturate"] not in (0, 1, True, False):
-        raise ParamInvalidError(f"{ctx.op.name}: attribute 'saturate' must be 0 or 1, got "
-                                f"{ctx.attrs['saturate']!r}", op=ctx.op.name)
+        raise ParamInvalidError(
+            f"{ctx.op.name}: attribute 'saturate' must be 0 or 1, got {ctx.attrs['saturate']!r}", op=ctx.op.name
+        )
     rm = ctx.attrs["round_mode"]
     rm = rm.decode() if isinstance(rm, bytes) else rm
     if rm not in ("up", "down", "nearest"):
-        raise ParamInvalidError(f"{ctx.op.name}: attribute 'round_mode' must be 'up', 'down' or 'nearest', "
-                                f"got {rm!r}", op=ctx.op.name)
+        raise ParamInvalidError(
+            f"{ctx.op.name}: attribute 'round_mode' must be 'up', 'down' or 'nearest', got {rm!r}", op=ctx.op.name
+        )
 
 
 def _infer_cast(ctx):
@@ -224,8 +256,9 @@ def _infer_cast_like(ctx):
     _check_castable(ctx, 1, "target_type")
     _check_cast_attrs(ctx)
     if ctx.dtype(1).kind in "OUS":
-        raise DTypeError("CastLike: casting to strings is not supported (opsnn tensors hold fixed-size dtypes)",
-                         op="CastLike")
+        raise DTypeError(
+            "CastLike: casting to strings is not supported (opsnn tensors hold fixed-size dtypes)", op="CastLike"
+        )
     return [TensorMeta(ctx.shape(0), ctx.dtype(1))]
 
 
@@ -233,11 +266,12 @@ def _infer_equal(ctx):
     for i in (0, 1):
         dt = ctx.dtype(i)
         if dt not in NUMERIC + BOOL and dt.kind not in "OUS":
-            raise DTypeError(f"Equal: input {_names(ctx, (i,))[0]!r} has dtype {dt}; expected a numeric, bool "
-                             "or string dtype", op="Equal")
+            raise DTypeError(
+                f"Equal: input {_names(ctx, (i,))[0]!r} has dtype {dt}; expected a numeric, bool or string dtype",
+                op="Equal",
+            )
     if (ctx.dtype(0).kind in "OUS") != (ctx.dtype(1).kind in "OUS"):
-        raise DTypeError(f"Equal: inputs must have the same dtype; got {ctx.dtype(0)} and {ctx.dtype(1)}",
-                         op="Equal")
+        raise DTypeError(f"Equal: inputs must have the same dtype; got {ctx.dtype(0)} and {ctx.dtype(1)}", op="Equal")
     if ctx.dtype(0).kind not in "OUS":
         _common_dtype(ctx, (0, 1))
     return [TensorMeta(_bshape(ctx, (0, 1)), _dt.bool_)]
@@ -249,6 +283,7 @@ def _quiet(fn):
     def run(ins, attrs):
         with np.errstate(all="ignore"):
             return fn(ins, attrs)
+
     return run
 
 
@@ -358,88 +393,178 @@ def _ref_cast_like(ins, attrs):
 
 # -- records --------------------------------------------------------------------------------------------
 def _binary_record(name, code, dtypes, reference, doc, infer=_infer_binary, attrs=(), plan=None):
-    rec = register_op(name, category="elementwise", inputs=[Input("A", dtypes), Input("B", dtypes)],
-                      outputs=["C"], attrs=attrs, infer=infer, reference=_quiet(reference), doc=doc)
+    rec = register_op(
+        name,
+        category="elementwise",
+        inputs=[Input("A", dtypes), Input("B", dtypes)],
+        outputs=["C"],
+        attrs=attrs,
+        infer=infer,
+        reference=_quiet(reference),
+        doc=doc,
+    )
     plan = plan or functools.partial(K.binary_plan, op=code)
-    rec.kernel("binary_numba", dtypes=NUMBA, priority=10, plan=plan,
-               doc="numba broadcasting walk (flat / scalar / broadcast, parallel when large)")(K.binary)
-    rec.kernel("binary_numpy", priority=5, plan=plan, doc="numpy ufunc (integer widths numba skips)")(
-        K.binary_numpy)
+    rec.kernel(
+        "binary_numba",
+        dtypes=NUMBA,
+        priority=10,
+        plan=plan,
+        doc="numba broadcasting walk (flat / scalar / broadcast, parallel when large)",
+    )(K.binary)
+    rec.kernel("binary_numpy", priority=5, plan=plan, doc="numpy ufunc (integer widths numba skips)")(K.binary_numpy)
     return rec
 
 
 Add = _binary_record("Add", K.ADD, NUMERIC, lambda ins, a: ins[0] + ins[1], "A + B (broadcasting)")
 Sub = _binary_record("Sub", K.SUB, NUMERIC, lambda ins, a: ins[0] - ins[1], "A - B (broadcasting)")
 Mul = _binary_record("Mul", K.MUL, NUMERIC, lambda ins, a: ins[0] * ins[1], "A * B (broadcasting)")
-Div = _binary_record("Div", K.DIV, NUMERIC, _ref_div,
-                     "A / B (broadcasting); integers truncate toward zero, x / 0 gives 0 for integers")
-Mod = _binary_record("Mod", None, NUMERIC, _ref_mod,
-                     "remainder: fmod=0 takes the divisor's sign (numpy mod), fmod=1 the dividend's (C fmod)",
-                     infer=_infer_mod, attrs=[Attr("fmod", "int", 0)],
-                     plan=lambda ctx: K.binary_plan(ctx, K.FMOD if ctx.attrs["fmod"] else K.MOD))
+Div = _binary_record(
+    "Div", K.DIV, NUMERIC, _ref_div, "A / B (broadcasting); integers truncate toward zero, x / 0 gives 0 for integers"
+)
+Mod = _binary_record(
+    "Mod",
+    None,
+    NUMERIC,
+    _ref_mod,
+    "remainder: fmod=0 takes the divisor's sign (numpy mod), fmod=1 the dividend's (C fmod)",
+    infer=_infer_mod,
+    attrs=[Attr("fmod", "int", 0)],
+    plan=lambda ctx: K.binary_plan(ctx, K.FMOD if ctx.attrs["fmod"] else K.MOD),
+)
 
 Pow = register_op(
-    "Pow", category="elementwise",
-    inputs=[Input("X", (_dt.float32, _dt.float16, _dt.bfloat16, _dt.float64, _dt.int32, _dt.int64)),
-            Input("Y", NUMERIC)],
-    outputs=["Z"], infer=_infer_pow, reference=_quiet(_ref_pow),
-    doc="X ** Y (broadcasting); the result has X's dtype")
+    "Pow",
+    category="elementwise",
+    inputs=[
+        Input("X", (_dt.float32, _dt.float16, _dt.bfloat16, _dt.float64, _dt.int32, _dt.int64)),
+        Input("Y", NUMERIC),
+    ],
+    outputs=["Z"],
+    infer=_infer_pow,
+    reference=_quiet(_ref_pow),
+    doc="X ** Y (broadcasting); the result has X's dtype",
+)
 _pow_plan = functools.partial(K.binary_plan, op=K.POW)
-Pow.kernel("binary_numba", dtypes=NUMBA, priority=10, plan=_pow_plan,
-           applies=lambda ctx: ctx.dtype(0) == ctx.dtype(1) or "X and Y differ in dtype")(K.binary)
+Pow.kernel(
+    "binary_numba",
+    dtypes=NUMBA,
+    priority=10,
+    plan=_pow_plan,
+    applies=lambda ctx: ctx.dtype(0) == ctx.dtype(1) or "X and Y differ in dtype",
+)(K.binary)
 Pow.kernel("pow_mixed", priority=5, plan=_pow_plan, doc="X and Y of different dtypes: int64 or float64 math")(
-    K.pow_mixed)
+    K.pow_mixed
+)
 
 
 def _variadic_record(name, code, dtypes, reference, doc, mean=False):
-    rec = register_op(name, category="elementwise", inputs=[Input("data_0", dtypes, variadic=True)],
-                      outputs=["result"], infer=_infer_variadic, reference=_quiet(reference), doc=doc)
+    rec = register_op(
+        name,
+        category="elementwise",
+        inputs=[Input("data_0", dtypes, variadic=True)],
+        outputs=["result"],
+        infer=_infer_variadic,
+        reference=_quiet(reference),
+        doc=doc,
+    )
     plan = functools.partial(K.variadic_plan, op=code, mean=mean)
-    rec.kernel("variadic_numba", dtypes=NUMBA, priority=10, plan=plan,
-               doc="folds the inputs into the output with the broadcasting walk")(K.variadic)
+    rec.kernel(
+        "variadic_numba",
+        dtypes=NUMBA,
+        priority=10,
+        plan=plan,
+        doc="folds the inputs into the output with the broadcasting walk",
+    )(K.variadic)
     rec.kernel("variadic_numpy", priority=5, plan=plan)(K.variadic_numpy)
     return rec
 
 
-Sum = _variadic_record("Sum", K.ADD, FLOATS, lambda ins, a: functools.reduce(np.add, ins),
-                       "elementwise sum of all inputs (broadcasting)")
-Mean = _variadic_record("Mean", K.ADD, FLOATS,
-                        lambda ins, a: (functools.reduce(np.add, ins) / len(ins)).astype(ins[0].dtype),
-                        "elementwise mean of all inputs (broadcasting)", mean=True)
-Max = _variadic_record("Max", K.MAX, NUMERIC, lambda ins, a: functools.reduce(np.maximum, ins),
-                       "elementwise maximum of all inputs (broadcasting; NaN propagates)")
-Min = _variadic_record("Min", K.MIN, NUMERIC, lambda ins, a: functools.reduce(np.minimum, ins),
-                       "elementwise minimum of all inputs (broadcasting; NaN propagates)")
+Sum = _variadic_record(
+    "Sum", K.ADD, FLOATS, lambda ins, a: functools.reduce(np.add, ins), "elementwise sum of all inputs (broadcasting)"
+)
+Mean = _variadic_record(
+    "Mean",
+    K.ADD,
+    FLOATS,
+    lambda ins, a: (functools.reduce(np.add, ins) / len(ins)).astype(ins[0].dtype),
+    "elementwise mean of all inputs (broadcasting)",
+    mean=True,
+)
+Max = _variadic_record(
+    "Max",
+    K.MAX,
+    NUMERIC,
+    lambda ins, a: functools.reduce(np.maximum, ins),
+    "elementwise maximum of all inputs (broadcasting; NaN propagates)",
+)
+Min = _variadic_record(
+    "Min",
+    K.MIN,
+    NUMERIC,
+    lambda ins, a: functools.reduce(np.minimum, ins),
+    "elementwise minimum of all inputs (broadcasting; NaN propagates)",
+)
 
 
 def _compare_record(name, code, reference, doc, dtypes=NUMERIC, infer=_infer_compare):
-    rec = register_op(name, category="elementwise", inputs=[Input("A", dtypes), Input("B", dtypes)],
-                      outputs=["C"], infer=infer, reference=_quiet(reference), doc=doc)
+    rec = register_op(
+        name,
+        category="elementwise",
+        inputs=[Input("A", dtypes), Input("B", dtypes)],
+        outputs=["C"],
+        infer=infer,
+        reference=_quiet(reference),
+        doc=doc,
+    )
     plan = functools.partial(K.binary_plan, op=code)
     rec.kernel("compare_numba", dtypes=NUMBA, priority=10, plan=plan)(K.compare)
     rec.kernel("compare_numpy", priority=5, plan=plan)(K.compare_numpy)
     return rec
 
 
-Equal = _compare_record("Equal", K.EQ, lambda ins, a: np.equal(*ins), "A == B (bool; strings too)",
-                        dtypes=None, infer=_infer_equal)
+Equal = _compare_record(
+    "Equal", K.EQ, lambda ins, a: np.equal(*ins), "A == B (bool; strings too)", dtypes=None, infer=_infer_equal
+)
 Less = _compare_record("Less", K.LT, lambda ins, a: np.less(*ins), "A < B (bool)")
 LessOrEqual = _compare_record("LessOrEqual", K.LE, lambda ins, a: np.less_equal(*ins), "A <= B (bool)")
 Greater = _compare_record("Greater", K.GT, lambda ins, a: np.greater(*ins), "A > B (bool)")
 GreaterOrEqual = _compare_record("GreaterOrEqual", K.GE, lambda ins, a: np.greater_equal(*ins), "A >= B (bool)")
 
 
-def _ufunc_record(name, ufunc, dtypes, kernel_name, doc, out_bool=False, arity=2, attrs=(), infer=None,
-                  plan=None, kernel=None, reference=None):
+def _ufunc_record(
+    name,
+    ufunc,
+    dtypes,
+    kernel_name,
+    doc,
+    out_bool=False,
+    arity=2,
+    attrs=(),
+    infer=None,
+    plan=None,
+    kernel=None,
+    reference=None,
+):
     inputs = [Input("A", dtypes), Input("B", dtypes)] if arity == 2 else [Input("X", dtypes)]
     if infer is None:
-        infer = (_infer_compare if out_bool else _infer_binary) if arity == 2 else \
-            (_infer_unary_bool if out_bool else _infer_unary)
-    rec = register_op(name, category="elementwise", inputs=inputs, outputs=["C" if arity == 2 else "Y"],
-                      attrs=attrs, infer=infer, doc=doc,
-                      reference=_quiet(reference or (lambda ins, a: ufunc(*ins))))
+        infer = (
+            (_infer_compare if out_bool else _infer_binary)
+            if arity == 2
+            else (_infer_unary_bool if out_bool else _infer_unary)
+        )
+    rec = register_op(
+        name,
+        category="elementwise",
+        inputs=inputs,
+        outputs=["C" if arity == 2 else "Y"],
+        attrs=attrs,
+        infer=infer,
+        doc=doc,
+        reference=_quiet(reference or (lambda ins, a: ufunc(*ins))),
+    )
     rec.kernel(kernel_name, priority=10, plan=plan, doc="numpy vectorized (rarely hot)")(
-        kernel or K.ufunc_kernel(ufunc))
+        kernel or K.ufunc_kernel(ufunc)
+    )
     return rec
 
 
@@ -452,30 +577,70 @@ BitwiseOr = _ufunc_record("BitwiseOr", np.bitwise_or, INTS, "bitwise_numpy", "A 
 BitwiseXor = _ufunc_record("BitwiseXor", np.bitwise_xor, INTS, "bitwise_numpy", "A ^ B (integers)")
 BitwiseNot = _ufunc_record("BitwiseNot", np.invert, INTS, "bitwise_numpy", "~X (integers)", arity=1)
 BitShift = register_op(
-    "BitShift", category="elementwise", inputs=[Input("X", INTS), Input("Y", INTS)], outputs=["Z"],
-    attrs=[Attr("direction", "string")], infer=_infer_bitshift, reference=_quiet(_ref_bitshift),
-    doc="X << Y or X >> Y (arithmetic for signed); shifts outside [0, bits) give 0 (or -1 right of a negative)")
+    "BitShift",
+    category="elementwise",
+    inputs=[Input("X", INTS), Input("Y", INTS)],
+    outputs=["Z"],
+    attrs=[Attr("direction", "string")],
+    infer=_infer_bitshift,
+    reference=_quiet(_ref_bitshift),
+    doc="X << Y or X >> Y (arithmetic for signed); shifts outside [0, bits) give 0 (or -1 right of a negative)",
+)
 BitShift.kernel("bitshift_numpy", priority=10, plan=lambda ctx: _direction(ctx.attrs))(K.bitshift)
 
-IsNaN = _ufunc_record("IsNaN", np.isnan, FLOATS + K.FLOAT8, "isnan_numpy", "X is NaN (bool)", arity=1,
-                      out_bool=True, reference=lambda ins, a: np.isnan(ins[0].astype(np.float64)))
-IsInf = _ufunc_record("IsInf", np.isinf, FLOATS + K.FLOAT8, "isinf_numpy",
-                      "X is +inf (detect_positive) or -inf (detect_negative) (bool)", arity=1, out_bool=True,
-                      attrs=[Attr("detect_negative", "int", 1), Attr("detect_positive", "int", 1)],
-                      plan=lambda ctx: (bool(ctx.attrs["detect_negative"]), bool(ctx.attrs["detect_positive"])),
-                      kernel=K.isinf, reference=_ref_isinf)
+IsNaN = _ufunc_record(
+    "IsNaN",
+    np.isnan,
+    FLOATS + K.FLOAT8,
+    "isnan_numpy",
+    "X is NaN (bool)",
+    arity=1,
+    out_bool=True,
+    reference=lambda ins, a: np.isnan(ins[0].astype(np.float64)),
+)
+IsInf = _ufunc_record(
+    "IsInf",
+    np.isinf,
+    FLOATS + K.FLOAT8,
+    "isinf_numpy",
+    "X is +inf (detect_positive) or -inf (detect_negative) (bool)",
+    arity=1,
+    out_bool=True,
+    attrs=[Attr("detect_negative", "int", 1), Attr("detect_positive", "int", 1)],
+    plan=lambda ctx: (bool(ctx.attrs["detect_negative"]), bool(ctx.attrs["detect_positive"])),
+    kernel=K.isinf,
+    reference=_ref_isinf,
+)
 
 
 def _unary_record(name, code, reference, doc, dtypes=FLOATS, domain=""):
     ints = builtins.any(dt.kind in "iu" for dt in dtypes)
-    rec = register_op(name, category="elementwise", inputs=[Input("X", dtypes)], outputs=["Y"],
-                      infer=_infer_unary, reference=_quiet(reference), doc=doc, domain=domain)
+    rec = register_op(
+        name,
+        category="elementwise",
+        inputs=[Input("X", dtypes)],
+        outputs=["Y"],
+        infer=_infer_unary,
+        reference=_quiet(reference),
+        doc=doc,
+        domain=domain,
+    )
     plan = functools.partial(K.map_plan, op=code)
-    rec.kernel("unary_numba", dtypes=NUMBA if ints else NUMBA_FLOAT, priority=10, plan=plan,
-               doc="numba flat map, parallel when large")(K.unary)
+    rec.kernel(
+        "unary_numba",
+        dtypes=NUMBA if ints else NUMBA_FLOAT,
+        priority=10,
+        plan=plan,
+        doc="numba flat map, parallel when large",
+    )(K.unary)
     if code in K.NUMPY_SIMD:
-        rec.kernel("unary_simd", dtypes=NUMBA_FLOAT, priority=20, plan=plan,
-                   doc="numpy SIMD transcendental loop, chunked over threads when large")(K.unary_simd)
+        rec.kernel(
+            "unary_simd",
+            dtypes=NUMBA_FLOAT,
+            priority=20,
+            plan=plan,
+            doc="numpy SIMD transcendental loop, chunked over threads when large",
+        )(K.unary_simd)
     if ints:
         rec.kernel("unary_numpy", priority=5, plan=plan, doc="numpy (integer widths numba skips)")(K.unary_numpy)
     return rec
@@ -511,32 +676,57 @@ Acosh = _unary_record("Acosh", K.U_ACOSH, _float_map(np.arccosh), "inverse hyper
 Atanh = _unary_record("Atanh", K.U_ATANH, _float_map(np.arctanh), "inverse hyperbolic tangent")
 
 Clip = register_op(
-    "Clip", category="elementwise",
+    "Clip",
+    category="elementwise",
     inputs=[Input("input", NUMERIC), Input("min", NUMERIC, optional=True), Input("max", NUMERIC, optional=True)],
-    outputs=["output"], infer=_infer_clip, reference=_quiet(_ref_clip),
-    doc="min(max(input, min), max); min/max are optional one-element inputs")
+    outputs=["output"],
+    infer=_infer_clip,
+    reference=_quiet(_ref_clip),
+    doc="min(max(input, min), max); min/max are optional one-element inputs",
+)
 Clip.kernel("clip_numba", dtypes=NUMBA, priority=10, plan=K.map_plan)(K.clip)
 Clip.kernel("clip_numpy", priority=5)(K.clip_numpy)
 
 Where = register_op(
-    "Where", category="elementwise",
+    "Where",
+    category="elementwise",
     inputs=[Input("condition", BOOL), Input("X", NUMERIC + BOOL), Input("Y", NUMERIC + BOOL)],
-    outputs=["output"], infer=_infer_where, reference=_quiet(lambda ins, a: np.where(*ins)),
-    doc="X where condition else Y (broadcasting all three)")
-Where.kernel("where_numba", priority=10, plan=K.where_plan, applies=K.where_applies,
-             doc="numba broadcasting walk over the bits of any 1/2/4/8-byte dtype")(K.where)
+    outputs=["output"],
+    infer=_infer_where,
+    reference=_quiet(lambda ins, a: np.where(*ins)),
+    doc="X where condition else Y (broadcasting all three)",
+)
+Where.kernel(
+    "where_numba",
+    priority=10,
+    plan=K.where_plan,
+    applies=K.where_applies,
+    doc="numba broadcasting walk over the bits of any 1/2/4/8-byte dtype",
+)(K.where)
 Where.kernel("where_numpy", priority=5)(K.where_numpy)
 
 _CAST_ATTRS = [Attr("saturate", "int", 1), Attr("round_mode", "string", "up")]
 Cast = register_op(
-    "Cast", category="elementwise", inputs=[Input("input")], outputs=["output"],
-    attrs=[Attr("to", "int")] + _CAST_ATTRS, infer=_infer_cast, reference=_quiet(_ref_cast),
-    doc="convert to dtype 'to' (ONNX enum); float8 saturates unless saturate=0")
+    "Cast",
+    category="elementwise",
+    inputs=[Input("input")],
+    outputs=["output"],
+    attrs=[Attr("to", "int")] + _CAST_ATTRS,
+    infer=_infer_cast,
+    reference=_quiet(_ref_cast),
+    doc="convert to dtype 'to' (ONNX enum); float8 saturates unless saturate=0",
+)
 Cast.kernel("cast_numpy", priority=10, plan=K.cast_plan)(K.cast)
 CastLike = register_op(
-    "CastLike", category="elementwise", inputs=[Input("input"), Input("target_type")], outputs=["output"],
-    attrs=_CAST_ATTRS, infer=_infer_cast_like, reference=_quiet(_ref_cast_like),
-    doc="convert to the dtype of target_type")
+    "CastLike",
+    category="elementwise",
+    inputs=[Input("input"), Input("target_type")],
+    outputs=["output"],
+    attrs=_CAST_ATTRS,
+    infer=_infer_cast_like,
+    reference=_quiet(_ref_cast_like),
+    doc="convert to the dtype of target_type",
+)
 CastLike.kernel("cast_numpy", priority=10, plan=K.cast_plan)(K.cast)
 
 
@@ -915,9 +1105,61 @@ def cast_like(input, target, saturate=True):
     return [input, target], {"saturate": int(saturate)}
 
 
-__all__ = ["add", "sub", "mul", "div", "pow", "remainder", "fmod", "add_n", "mean_n", "maximum", "minimum",
-           "eq", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not",
-           "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift",
-           "neg", "abs", "sign", "exp", "log", "sqrt", "rsqrt", "floor", "ceil", "round", "reciprocal", "erf",
-           "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "isnan",
-           "isinf", "clip", "clamp", "where", "cast", "cast_like"]
+__all__ = [
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "pow",
+    "remainder",
+    "fmod",
+    "add_n",
+    "mean_n",
+    "maximum",
+    "minimum",
+    "eq",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "logical_not",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "bitwise_not",
+    "bitwise_left_shift",
+    "bitwise_right_shift",
+    "neg",
+    "abs",
+    "sign",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "floor",
+    "ceil",
+    "round",
+    "reciprocal",
+    "erf",
+    "sin",
+    "cos",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "isnan",
+    "isinf",
+    "clip",
+    "clamp",
+    "where",
+    "cast",
+    "cast_like",
+]

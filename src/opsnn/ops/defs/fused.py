@@ -2,6 +2,7 @@
 ``FusedConv`` and ``FusedMatMul`` compute ``act(op(...) + bias + residual)`` with the
 producer's own kernel followed by one in-place epilogue pass.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,16 +21,20 @@ from .matmul import bf16_bias_columns, bf16_matmul_plan
 from .matmul import bf16_rejection as mm_bf16_rejection
 
 _F32_64 = (_dt.float32, _dt.float64)
-_EPILOGUE_ATTRS = [Attr("activation", "string", ""), Attr("activation_alpha", "float", 0.01),
-                   Attr("activation_beta", "float", 0.0)]
+_EPILOGUE_ATTRS = [
+    Attr("activation", "string", ""),
+    Attr("activation_alpha", "float", 0.01),
+    Attr("activation_beta", "float", 0.0),
+]
 
 
 def _act_code(op: str, attrs: dict) -> int:
     act = attrs.get("activation") or ""
     act = act.decode() if isinstance(act, bytes) else act
     if act not in K.ACTIVATIONS:
-        raise ParamInvalidError(f"{op}: attribute 'activation' must be one of {sorted(K.ACTIVATIONS)}, got {act!r}",
-                                op=op)
+        raise ParamInvalidError(
+            f"{op}: attribute 'activation' must be one of {sorted(K.ACTIVATIONS)}, got {act!r}", op=op
+        )
     return K.ACTIVATIONS[act]
 
 
@@ -48,7 +53,7 @@ def _act_reference(y: np.ndarray, code: int, alpha: float, beta: float) -> np.nd
         erf = np.vectorize(math.erf)
         return 0.5 * y * (1 + erf(y / np.sqrt(2)))
     if code == 5:
-        return 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
+        return 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3)))
     if code == 6:
         return y / (1 + np.exp(-alpha * y))
     if code == 7:
@@ -58,16 +63,19 @@ def _act_reference(y: np.ndarray, code: int, alpha: float, beta: float) -> np.nd
 
 def _inner_ctx(ctx: InferContext, op: str, n_inputs: int, inner_attrs: dict) -> InferContext:
     rec = get_op(op)
-    inner = InferContext(rec, list(ctx.inputs[:n_inputs]), rec.bind_attrs(inner_attrs),
-                         list(ctx.values[:n_inputs]), 1, ctx.device)
+    inner = InferContext(
+        rec, list(ctx.inputs[:n_inputs]), rec.bind_attrs(inner_attrs), list(ctx.values[:n_inputs]), 1, ctx.device
+    )
     rec.run_infer(inner)
     return inner
 
 
 def _check_residual(ctx: InferContext, idx: int, out: TensorMeta) -> None:
     if ctx.has(idx) and tuple(ctx.shape(idx)) != tuple(out.shape):
-        raise InferShapeError(f"{ctx.op.name}: residual input Z has shape {ctx.shape(idx)}, the output has "
-                              f"{tuple(out.shape)}", op=ctx.op.name)
+        raise InferShapeError(
+            f"{ctx.op.name}: residual input Z has shape {ctx.shape(idx)}, the output has {tuple(out.shape)}",
+            op=ctx.op.name,
+        )
 
 
 # -- FusedConv ------------------------------------------------------------------------------------
@@ -103,8 +111,15 @@ def _fused_conv_plan(ctx):
     # "selection": what explain reports (it depends on the constant weight, which explain cannot see)
     # GEMM-based convs add their bias in a pass of its own: it joins the epilogue's pass instead
     # (Winograd, direct and depthwise kernels fold it into their own output loops)
-    return {"kernel": k, "plan": plan, "ws": ws, "attrs": inner.attrs, "code": _act_code("FusedConv", ctx.attrs),
-            "selection": sel, "bias_in_epilogue": getattr(plan, "kind", None) in KC.BIAS_PASS_KINDS}
+    return {
+        "kernel": k,
+        "plan": plan,
+        "ws": ws,
+        "attrs": inner.attrs,
+        "code": _act_code("FusedConv", ctx.attrs),
+        "selection": sel,
+        "bias_in_epilogue": getattr(plan, "kind", None) in KC.BIAS_PASS_KINDS,
+    }
 
 
 def _fused_conv_kernel(ins, outs, attrs, plan, ws):
@@ -115,8 +130,15 @@ def _fused_conv_kernel(ins, outs, attrs, plan, ws):
     z = ins[3] if len(ins) > 3 else None
     # NCHW: one row per (image, channel) plane
     rows = y.shape[0] * y.shape[1] if y.ndim >= 2 else 1
-    K.epilogue(y.reshape(rows, -1), None, None if z is None else z.reshape(rows, -1), plan["code"],
-               attrs["activation_alpha"], attrs["activation_beta"], row_bias=b if bias_here else None)
+    K.epilogue(
+        y.reshape(rows, -1),
+        None,
+        None if z is None else z.reshape(rows, -1),
+        plan["code"],
+        attrs["activation_alpha"],
+        attrs["activation_beta"],
+        row_bias=b if bias_here else None,
+    )
 
 
 def _conv_flops(ctx) -> int:
@@ -125,14 +147,25 @@ def _conv_flops(ctx) -> int:
 
 
 FusedConv = register_op(
-    "FusedConv", domain="opsnn", category="conv",
-    inputs=[Input("X", _dt.FLOATS), Input("W", _dt.FLOATS), Input("B", _dt.FLOATS, optional=True),
-            Input("Z", _dt.FLOATS, optional=True)],
-    outputs=["Y"], attrs=[Attr(n, "any", None) for n in _CONV_ATTR_NAMES] + _EPILOGUE_ATTRS,
-    infer=_fused_conv_infer, reference=_fused_conv_ref, flops=_conv_flops,
-    doc="act(Conv(X, W, B) + Z): the conv kernel, then one in-place epilogue pass")
-FusedConv.kernel("conv_epilogue", dtypes=_F32_64, priority=10, plan=_fused_conv_plan,
-                 workspace=lambda ctx, plan: plan["ws"])(_fused_conv_kernel)
+    "FusedConv",
+    domain="opsnn",
+    category="conv",
+    inputs=[
+        Input("X", _dt.FLOATS),
+        Input("W", _dt.FLOATS),
+        Input("B", _dt.FLOATS, optional=True),
+        Input("Z", _dt.FLOATS, optional=True),
+    ],
+    outputs=["Y"],
+    attrs=[Attr(n, "any", None) for n in _CONV_ATTR_NAMES] + _EPILOGUE_ATTRS,
+    infer=_fused_conv_infer,
+    reference=_fused_conv_ref,
+    flops=_conv_flops,
+    doc="act(Conv(X, W, B) + Z): the conv kernel, then one in-place epilogue pass",
+)
+FusedConv.kernel(
+    "conv_epilogue", dtypes=_F32_64, priority=10, plan=_fused_conv_plan, workspace=lambda ctx, plan: plan["ws"]
+)(_fused_conv_kernel)
 
 
 def _bf16_residual(ctx, idx: int = 3) -> str | None:
@@ -153,14 +186,30 @@ def _fused_conv_bf16_plan(ctx):
 def _fused_conv_bf16(ins, outs, attrs, plan, ws):
     p = plan["conv"]
     z = ins[3] if len(ins) > 3 else None
-    KC.conv_forward_bf16(ins[0], outs[0], p.conv, ws, p.w2, bf16_bias(ins, p), z, plan["code"],
-                         attrs["activation_alpha"], attrs["activation_beta"])
+    KC.conv_forward_bf16(
+        ins[0],
+        outs[0],
+        p.conv,
+        ws,
+        p.w2,
+        bf16_bias(ins, p),
+        z,
+        plan["code"],
+        attrs["activation_alpha"],
+        attrs["activation_beta"],
+    )
 
 
-FusedConv.kernel("conv_epilogue_mkl_bf16", dtypes=(_dt.bfloat16,), priority=11, applies=_fused_conv_bf16_applies,
-                 plan=_fused_conv_bf16_plan, workspace=lambda ctx, plan: plan["conv"].workspace_bytes,
-                 doc="bfloat16: the conv_mkl_bf16 GEMM into a float32 accumulator, bias + residual + activation "
-                 "on it, one rounding to bfloat16")(_fused_conv_bf16)
+FusedConv.kernel(
+    "conv_epilogue_mkl_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=11,
+    applies=_fused_conv_bf16_applies,
+    plan=_fused_conv_bf16_plan,
+    workspace=lambda ctx, plan: plan["conv"].workspace_bytes,
+    doc="bfloat16: the conv_mkl_bf16 GEMM into a float32 accumulator, bias + residual + activation "
+    "on it, one rounding to bfloat16",
+)(_fused_conv_bf16)
 
 
 # -- FusedMatMul ---------------------------------------------------------------------------------------
@@ -169,8 +218,9 @@ def _fused_mm_infer(ctx):
     out = inner.outputs[0]
     _act_code(ctx.op.name, ctx.attrs)
     if ctx.has(2) and tuple(ctx.shape(2)) not in ((out.shape[-1],), ()):
-        raise InferShapeError(f"FusedMatMul: bias has shape {ctx.shape(2)}, expected ({out.shape[-1]},)",
-                              op="FusedMatMul")
+        raise InferShapeError(
+            f"FusedMatMul: bias has shape {ctx.shape(2)}, expected ({out.shape[-1]},)", op="FusedMatMul"
+        )
     _check_residual(ctx, 3, out)
     return inner.outputs
 
@@ -189,23 +239,43 @@ def _fused_mm_plan(ctx):
     inner = _inner_ctx(ctx, "MatMul", 2, {})
     sel = select_kernel(inner.op, inner)
     k = sel.kernel
-    return {"kernel": k, "plan": k.plan(inner) if k.plan else None, "code": _act_code("FusedMatMul", ctx.attrs),
-            "selection": sel}
+    return {
+        "kernel": k,
+        "plan": k.plan(inner) if k.plan else None,
+        "code": _act_code("FusedMatMul", ctx.attrs),
+        "selection": sel,
+    }
 
 
 def _fused_mm_kernel(ins, outs, attrs, plan, ws):
     plan["kernel"].fn(ins[:2], outs, {}, plan["plan"], None)
-    K.epilogue(outs[0], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, plan["code"],
-               attrs["activation_alpha"], attrs["activation_beta"])
+    K.epilogue(
+        outs[0],
+        ins[2] if len(ins) > 2 else None,
+        ins[3] if len(ins) > 3 else None,
+        plan["code"],
+        attrs["activation_alpha"],
+        attrs["activation_beta"],
+    )
 
 
 FusedMatMul = register_op(
-    "FusedMatMul", domain="opsnn", category="matmul",
-    inputs=[Input("A", _dt.FLOATS), Input("B", _dt.FLOATS), Input("bias", _dt.FLOATS, optional=True),
-            Input("Z", _dt.FLOATS, optional=True)],
-    outputs=["Y"], attrs=_EPILOGUE_ATTRS, infer=_fused_mm_infer, reference=_fused_mm_ref,
+    "FusedMatMul",
+    domain="opsnn",
+    category="matmul",
+    inputs=[
+        Input("A", _dt.FLOATS),
+        Input("B", _dt.FLOATS),
+        Input("bias", _dt.FLOATS, optional=True),
+        Input("Z", _dt.FLOATS, optional=True),
+    ],
+    outputs=["Y"],
+    attrs=_EPILOGUE_ATTRS,
+    infer=_fused_mm_infer,
+    reference=_fused_mm_ref,
     flops=lambda ctx: 2 * int(np.prod(ctx.outputs[0].shape)) * int(ctx.shape(0)[-1]) if ctx.outputs else 0,
-    doc="act(A @ B + bias + Z): BLAS GEMM, then one in-place epilogue pass")
+    doc="act(A @ B + bias + Z): BLAS GEMM, then one in-place epilogue pass",
+)
 FusedMatMul.kernel("matmul_epilogue", dtypes=_F32_64, priority=10, plan=_fused_mm_plan)(_fused_mm_kernel)
 
 
@@ -226,8 +296,9 @@ def _fused_mm_onednn_applies(ctx):
         return "empty product"
     rows = int(np.prod(ctx.outputs[0].shape[:-1]))
     if rows < ONEDNN_MIN_ROWS:
-        return NotPreferred(f"{rows} row (< ONEDNN_MIN_ROWS = {ONEDNN_MIN_ROWS}): the matrix-vector kernels "
-                            "are as fast")
+        return NotPreferred(
+            f"{rows} row (< ONEDNN_MIN_ROWS = {ONEDNN_MIN_ROWS}): the matrix-vector kernels are as fast"
+        )
     return True
 
 
@@ -238,9 +309,15 @@ ONEDNN_MIN_ROWS = 2
 
 def _fused_mm_onednn_plan(ctx):
     rows = int(np.prod(ctx.outputs[0].shape[:-1]))
-    return KD.MatMulPrimitive(rows, np.asarray(ctx.value(1)), has_bias=ctx.has(2), residual=ctx.has(3),
-                              act=_act_code("FusedMatMul", ctx.attrs), alpha=float(ctx.attrs["activation_alpha"]),
-                              beta=float(ctx.attrs["activation_beta"]))
+    return KD.MatMulPrimitive(
+        rows,
+        np.asarray(ctx.value(1)),
+        has_bias=ctx.has(2),
+        residual=ctx.has(3),
+        act=_act_code("FusedMatMul", ctx.attrs),
+        alpha=float(ctx.attrs["activation_alpha"]),
+        beta=float(ctx.attrs["activation_beta"]),
+    )
 
 
 def epilogue_args(ins, outs) -> tuple:
@@ -257,12 +334,17 @@ def _fused_mm_onednn_bind(ins, outs, attrs, plan, ws):
     return plan.bind(*epilogue_args(ins, outs))
 
 
-FusedMatMul.kernel("matmul_onednn", dtypes=(_dt.float32, _dt.bfloat16), priority=12,
-                   applies=_fused_mm_onednn_applies, plan=_fused_mm_onednn_plan,
-                   bind=_fused_mm_onednn_bind,
-                   doc="float32 (or bfloat16 with AVX512-BF16) with a constant 2-D B: oneDNN's matmul (brgemm) on "
-                   "B reordered once at prepare, the bias, residual add and activation as post-ops (no separate "
-                   "epilogue pass)")(_fused_mm_onednn)
+FusedMatMul.kernel(
+    "matmul_onednn",
+    dtypes=(_dt.float32, _dt.bfloat16),
+    priority=12,
+    applies=_fused_mm_onednn_applies,
+    plan=_fused_mm_onednn_plan,
+    bind=_fused_mm_onednn_bind,
+    doc="float32 (or bfloat16 with AVX512-BF16) with a constant 2-D B: oneDNN's matmul (brgemm) on "
+    "B reordered once at prepare, the bias, residual add and activation as post-ops (no separate "
+    "epilogue pass)",
+)(_fused_mm_onednn)
 
 
 def _fused_mm_bf16_applies(ctx):
@@ -272,22 +354,40 @@ def _fused_mm_bf16_applies(ctx):
 def _fused_mm_bf16_plan(ctx):
     inner = _inner_ctx(ctx, "MatMul", 2, {})
     n = ctx.outputs[0].shape[-1]
-    return {"mm": bf16_matmul_plan(inner), "code": _act_code("FusedMatMul", ctx.attrs),
-            "bias": bf16_bias_columns(ctx.value(2), n) if ctx.has(2) else None}
+    return {
+        "mm": bf16_matmul_plan(inner),
+        "code": _act_code("FusedMatMul", ctx.attrs),
+        "bias": bf16_bias_columns(ctx.value(2), n) if ctx.has(2) else None,
+    }
 
 
 def _fused_mm_bf16(ins, outs, attrs, plan, ws):
     b = plan["bias"]
     if b is None and len(ins) > 2 and ins[2] is not None:
         b = np.broadcast_to(ins[2].astype(np.float32), (outs[0].shape[-1],))
-    KG.matmul_bf16(ins[0], plan["mm"], outs[0], ws, bias=b, z=ins[3] if len(ins) > 3 else None, code=plan["code"],
-                   act_alpha=attrs["activation_alpha"], act_beta=attrs["activation_beta"])
+    KG.matmul_bf16(
+        ins[0],
+        plan["mm"],
+        outs[0],
+        ws,
+        bias=b,
+        z=ins[3] if len(ins) > 3 else None,
+        code=plan["code"],
+        act_alpha=attrs["activation_alpha"],
+        act_beta=attrs["activation_beta"],
+    )
 
 
-FusedMatMul.kernel("matmul_epilogue_mkl_bf16", dtypes=(_dt.bfloat16,), priority=11, applies=_fused_mm_bf16_applies,
-                   plan=_fused_mm_bf16_plan, workspace=lambda ctx, plan: KG.bf16_workspace(ctx.outputs[0].shape),
-                   doc="bfloat16 with a constant B: MKL's bf16 GEMM into a float32 accumulator, bias + residual + "
-                   "activation on it, one rounding")(_fused_mm_bf16)
+FusedMatMul.kernel(
+    "matmul_epilogue_mkl_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=11,
+    applies=_fused_mm_bf16_applies,
+    plan=_fused_mm_bf16_plan,
+    workspace=lambda ctx, plan: KG.bf16_workspace(ctx.outputs[0].shape),
+    doc="bfloat16 with a constant B: MKL's bf16 GEMM into a float32 accumulator, bias + residual + "
+    "activation on it, one rounding",
+)(_fused_mm_bf16)
 
 
 __all__: list[str] = []
@@ -305,8 +405,9 @@ def _program(op: str, attrs: dict) -> list:
         raise ParamInvalidError(f"{op}: attribute 'program' must be a non-empty JSON list of steps", op=op)
     for step in prog:
         if step[0] not in TEMPLATES:
-            raise ParamInvalidError(f"{op}: program step op {step[0]!r} is not fusible; fusible: {sorted(TEMPLATES)}",
-                                    op=op)
+            raise ParamInvalidError(
+                f"{op}: program step op {step[0]!r} is not fusible; fusible: {sorted(TEMPLATES)}", op=op
+            )
     return prog
 
 
@@ -314,8 +415,11 @@ def _fused_ew_infer(ctx):
     shape = tuple(ctx.shape(0))
     for i in range(1, len(ctx.inputs)):
         if tuple(ctx.shape(i)) != shape or ctx.dtype(i) != ctx.dtype(0):
-            raise InferShapeError(f"FusedElementwise: input {i} is {ctx.shape(i)} {ctx.dtype(i)}, expected {shape} "
-                                  f"{ctx.dtype(0)} (fused chains take same-shape inputs)", op="FusedElementwise")
+            raise InferShapeError(
+                f"FusedElementwise: input {i} is {ctx.shape(i)} {ctx.dtype(i)}, expected {shape} "
+                f"{ctx.dtype(0)} (fused chains take same-shape inputs)",
+                op="FusedElementwise",
+            )
     _program("FusedElementwise", ctx.attrs)
     return [TensorMeta(shape, ctx.dtype(0))]
 
@@ -345,8 +449,14 @@ def _fused_ew_kernel(ins, outs, attrs, plan, ws):
 
 
 FusedElementwise = register_op(
-    "FusedElementwise", domain="opsnn", category="elementwise",
-    inputs=[Input("X", _dt.FLOATS, variadic=True)], outputs=["Y"], attrs=[Attr("program", "string")],
-    infer=_fused_ew_infer, reference=_fused_ew_ref,
-    doc="a chain of elementwise ops as one generated numba kernel (one pass over memory)")
+    "FusedElementwise",
+    domain="opsnn",
+    category="elementwise",
+    inputs=[Input("X", _dt.FLOATS, variadic=True)],
+    outputs=["Y"],
+    attrs=[Attr("program", "string")],
+    infer=_fused_ew_infer,
+    reference=_fused_ew_ref,
+    doc="a chain of elementwise ops as one generated numba kernel (one pass over memory)",
+)
 FusedElementwise.kernel("elementwise_codegen", dtypes=_F32_64, priority=10, plan=_fused_ew_plan)(_fused_ew_kernel)

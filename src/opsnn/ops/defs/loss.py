@@ -11,6 +11,7 @@ non-ignored targets (the element count without weights).
 >>> round(float(opsnn.ops.cross_entropy(x, t).numpy()), 4)
 0.2413
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -103,8 +104,12 @@ def _reference(op):
 
 # -- kernel: vectorized numpy -----------------------------------------------------------------------------
 def _plan(ctx):
-    return {"reduction": _reduction(ctx.op.name, ctx.attrs), "ignore": ctx.attrs.get("ignore_index"),
-            "softmax": ctx.op.name == "SoftmaxCrossEntropyLoss", "op": ctx.op.name}
+    return {
+        "reduction": _reduction(ctx.op.name, ctx.attrs),
+        "ignore": ctx.attrs.get("ignore_index"),
+        "softmax": ctx.op.name == "SoftmaxCrossEntropyLoss",
+        "op": ctx.op.name,
+    }
 
 
 def _loss_kernel(ins, outs, attrs, plan, ws):
@@ -126,8 +131,11 @@ def _loss_kernel(ins, outs, attrs, plan, ws):
     ts = t.reshape(N, Dn).astype(np.int64, copy=False)
     valid = np.ones(ts.shape, bool) if plan["ignore"] is None else ts != int(plan["ignore"])
     if valid.any() and (ts[valid].min() < 0 or ts[valid].max() >= C):
-        raise ParamInvalidError(f"{op}: targets must lie in [0, {C}) (or equal ignore_index), got values in "
-                                f"[{ts[valid].min()}, {ts[valid].max()}]", op=op)
+        raise ParamInvalidError(
+            f"{op}: targets must lie in [0, {C}) (or equal ignore_index), got values in "
+            f"[{ts[valid].min()}, {ts[valid].max()}]",
+            op=op,
+        )
     safe = np.where(valid, ts, 0)
     picked = np.take_along_axis(logp, safe[:, None, :], axis=1)[:, 0, :]
     wt = valid.astype(x.dtype) if w is None else np.where(valid, w[safe], 0).astype(x.dtype)
@@ -145,18 +153,33 @@ def _loss_kernel(ins, outs, attrs, plan, ws):
 _ATTRS = [Attr("ignore_index", "int", None), Attr("reduction", "string", "mean")]
 
 SoftmaxCrossEntropyLoss = register_op(
-    "SoftmaxCrossEntropyLoss", category="loss",
+    "SoftmaxCrossEntropyLoss",
+    category="loss",
     inputs=[Input("scores", FLOAT), Input("labels", _IND), Input("weights", FLOAT, optional=True)],
-    outputs=["output", Output("log_prob", True)], attrs=_ATTRS, infer=_infer,
-    reference=_reference("SoftmaxCrossEntropyLoss"), doc="cross entropy of log_softmax(scores) and labels")
+    outputs=["output", Output("log_prob", True)],
+    attrs=_ATTRS,
+    infer=_infer,
+    reference=_reference("SoftmaxCrossEntropyLoss"),
+    doc="cross entropy of log_softmax(scores) and labels",
+)
 NegativeLogLikelihoodLoss = register_op(
-    "NegativeLogLikelihoodLoss", category="loss",
+    "NegativeLogLikelihoodLoss",
+    category="loss",
     inputs=[Input("input", FLOAT), Input("target", _IND), Input("weight", FLOAT, optional=True)],
-    outputs=["loss"], attrs=_ATTRS, infer=_infer, reference=_reference("NegativeLogLikelihoodLoss"),
-    doc="negative log likelihood of log-probabilities")
+    outputs=["loss"],
+    attrs=_ATTRS,
+    infer=_infer,
+    reference=_reference("NegativeLogLikelihoodLoss"),
+    doc="negative log likelihood of log-probabilities",
+)
 for _rec, _name in ((SoftmaxCrossEntropyLoss, "softmax_xent_numpy"), (NegativeLogLikelihoodLoss, "nll_numpy")):
-    _rec.kernel(_name, dtypes=(_dt.float32, _dt.float64), priority=10, plan=_plan,
-                doc="vectorized numpy (gather by take_along_axis)")(_loss_kernel)
+    _rec.kernel(
+        _name,
+        dtypes=(_dt.float32, _dt.float64),
+        priority=10,
+        plan=_plan,
+        doc="vectorized numpy (gather by take_along_axis)",
+    )(_loss_kernel)
 
 
 def _attrs(reduction, ignore_index):
@@ -167,8 +190,9 @@ def _attrs(reduction, ignore_index):
 
 
 @api("softmax_cross_entropy_loss", "SoftmaxCrossEntropyLoss")
-def softmax_cross_entropy_loss(scores, labels, weights=None, *, reduction="mean", ignore_index=None,
-                               return_log_prob=False):
+def softmax_cross_entropy_loss(
+    scores, labels, weights=None, *, reduction="mean", ignore_index=None, return_log_prob=False
+):
     """ONNX ``SoftmaxCrossEntropyLoss``; returns ``loss`` or ``(loss, log_prob)``."""
     return [scores, labels, weights], _attrs(reduction, ignore_index), 2 if return_log_prob else 1
 

@@ -6,6 +6,7 @@ quantized matmuls (MatMulInteger, QLinearMatMul) — records, kernels, entry poi
 >>> opsnn.ops.matmul(a, opsnn.tensor(np.ones((4, 5), np.float32))).shape
 (2, 3, 5)
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,11 @@ def _same_dtype(ctx, *idx) -> np.dtype:
             a, b = ctx.op.input_spec(idx[0]).name, ctx.op.input_spec(i).name
             if a == b:  # variadic: name them by position
                 a, b = f"{a}[{idx[0]}]", f"{b}[{i}]"
-            raise DTypeError(f"{ctx.op.name}: inputs {a!r} ({_dt.name(dt)}) and {b!r} ({_dt.name(ctx.dtype(i))}) "
-                             "must have the same dtype", op=ctx.op.name)
+            raise DTypeError(
+                f"{ctx.op.name}: inputs {a!r} ({_dt.name(dt)}) and {b!r} ({_dt.name(ctx.dtype(i))}) "
+                "must have the same dtype",
+                op=ctx.op.name,
+            )
     return dt
 
 
@@ -91,12 +95,23 @@ def _matmul_plan(ctx):
 
 
 MatMul = register_op(
-    "MatMul", category="matmul",
-    inputs=[Input("A", FLOAT + _INTS_MM), Input("B", FLOAT + _INTS_MM)], outputs=["Y"],
-    infer=_matmul_infer, reference=_matmul_ref, flops=lambda ctx: _mm_flops(ctx, 0, 1),
-    doc="Matrix product with numpy.matmul semantics (batched, broadcast batch dims, 1-D operands).")
-MatMul.kernel("matmul_blas", dtypes=_F32_64, priority=10, plan=_matmul_plan, strided=True,
-              doc="OpenBLAS sgemm/dgemm; a (..., M, K) @ (K, N) batch is folded into one GEMM")(K.matmul)
+    "MatMul",
+    category="matmul",
+    inputs=[Input("A", FLOAT + _INTS_MM), Input("B", FLOAT + _INTS_MM)],
+    outputs=["Y"],
+    infer=_matmul_infer,
+    reference=_matmul_ref,
+    flops=lambda ctx: _mm_flops(ctx, 0, 1),
+    doc="Matrix product with numpy.matmul semantics (batched, broadcast batch dims, 1-D operands).",
+)
+MatMul.kernel(
+    "matmul_blas",
+    dtypes=_F32_64,
+    priority=10,
+    plan=_matmul_plan,
+    strided=True,
+    doc="OpenBLAS sgemm/dgemm; a (..., M, K) @ (K, N) batch is folded into one GEMM",
+)(K.matmul)
 
 #: fp16 MatMul with at most this many rows of A runs the tiled kernel by default: numpy's
 #: fp16 -> fp32 cast of B then dominates the adapter path (docs/performance.md, "Low precision")
@@ -111,8 +126,10 @@ def _prepacked_applies(ctx):
     if ctx.dtype(0) != _dt.float16:
         # packing pays for fp16 only: bf16's widening is a shift, no dearer than reading a cold
         # fp32 copy (docs/performance.md, "Low precision")
-        return NotPreferred(f"{_dt.name(ctx.dtype(0))} weights: converting per call costs no more than reading "
-                            "a pre-packed fp32 copy (packing pays off for float16)")
+        return NotPreferred(
+            f"{_dt.name(ctx.dtype(0))} weights: converting per call costs no more than reading "
+            "a pre-packed fp32 copy (packing pays off for float16)"
+        )
     return True
 
 
@@ -138,8 +155,10 @@ def _mkl_packed_applies(ctx):
     if min(ctx.shape(1)) == 0:
         return "empty weight"
     if _rows(ctx.shape(0)) == 1:
-        return NotPreferred("one row: a matrix-vector product reads the weight once either way, and MKL's packed "
-                            "compute was 4x slower than BLAS there (1x768 @ 768x3072: 1.21 vs 0.29 ms)")
+        return NotPreferred(
+            "one row: a matrix-vector product reads the weight once either way, and MKL's packed "
+            "compute was 4x slower than BLAS there (1x768 @ 768x3072: 1.21 vs 0.29 ms)"
+        )
     k, n = ctx.shape(1)[::-1] if ctx.op.name == "Linear" else ctx.shape(1)
     why = KL.packed_panel_rejection(_rows(ctx.shape(0)), k, n)
     return True if why is None else NotPreferred(why)
@@ -189,21 +208,37 @@ def _bf16_ws(ctx, plan):
     return K.bf16_workspace(ctx.outputs[0].shape)
 
 
-MatMul.kernel("matmul_mkl_bf16", dtypes=(_dt.bfloat16,), priority=35,
-              applies=lambda ctx: bf16_rejection(ctx) or True, plan=bf16_matmul_plan, workspace=_bf16_ws,
-              doc="bfloat16 with a constant B: MKL's bf16 GEMM (cblas_gemm_bf16bf16f32: AMX / AVX512-BF16) on "
-              "the weight as stored, fp32 accumulation, one rounding")(lambda ins, outs, attrs, plan, ws: K.matmul_bf16(
-                  ins[0], plan, outs[0], ws))
+MatMul.kernel(
+    "matmul_mkl_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=35,
+    applies=lambda ctx: bf16_rejection(ctx) or True,
+    plan=bf16_matmul_plan,
+    workspace=_bf16_ws,
+    doc="bfloat16 with a constant B: MKL's bf16 GEMM (cblas_gemm_bf16bf16f32: AMX / AVX512-BF16) on "
+    "the weight as stored, fp32 accumulation, one rounding",
+)(lambda ins, outs, attrs, plan, ws: K.matmul_bf16(ins[0], plan, outs[0], ws))
 
 
-MatMul.kernel("matmul_mkl_packed", dtypes=(_dt.float32,), priority=30, applies=_mkl_packed_applies,
-              plan=_matmul_mkl_plan,
-              doc="constant B packed once at prepare by Intel MKL (cblas_sgemm_pack); per call one "
-              "cblas_sgemm_compute on the packed panel (what onnxruntime's MLAS does)")(_matmul_mkl)
-MatMul.kernel("matmul_prepacked", dtypes=FLOAT, priority=20, applies=_prepacked_applies,
-              plan=_matmul_prepacked_plan, workspace=_packed_workspace,
-              doc="constant fp16 B converted to fp32 once at prepare; per call only A is converted, "
-              "then BLAS into the workspace and one rounding into the output")(K.matmul_packed)
+MatMul.kernel(
+    "matmul_mkl_packed",
+    dtypes=(_dt.float32,),
+    priority=30,
+    applies=_mkl_packed_applies,
+    plan=_matmul_mkl_plan,
+    doc="constant B packed once at prepare by Intel MKL (cblas_sgemm_pack); per call one "
+    "cblas_sgemm_compute on the packed panel (what onnxruntime's MLAS does)",
+)(_matmul_mkl)
+MatMul.kernel(
+    "matmul_prepacked",
+    dtypes=FLOAT,
+    priority=20,
+    applies=_prepacked_applies,
+    plan=_matmul_prepacked_plan,
+    workspace=_packed_workspace,
+    doc="constant fp16 B converted to fp32 once at prepare; per call only A is converted, "
+    "then BLAS into the workspace and one rounding into the output",
+)(K.matmul_packed)
 
 
 def _lowp_applies(ctx):
@@ -214,19 +249,33 @@ def _lowp_applies(ctx):
     rows = math.prod(sa[:-1]) if len(sb) == 2 else sa[-2]
     if ctx.dtype(0) == _dt.float16 and rows <= LOWP_MAX_ROWS_F16:
         return True
-    return NotPreferred(f"{rows} rows of {_dt.name(ctx.dtype(0))}: BLAS on fp32 copies is faster "
-                        f"(the tiled kernel wins only for float16 with <= {LOWP_MAX_ROWS_F16} rows)")
+    return NotPreferred(
+        f"{rows} rows of {_dt.name(ctx.dtype(0))}: BLAS on fp32 copies is faster "
+        f"(the tiled kernel wins only for float16 with <= {LOWP_MAX_ROWS_F16} rows)"
+    )
 
 
 def _lowp_plan(ctx):
     return K.lowp_plan(ctx.shape(0), ctx.shape(1), ctx.dtype(0))
 
 
-MatMul.kernel("matmul_tiled_lowp", dtypes=_dt.LOW_PRECISION, priority=12, applies=_lowp_applies, plan=_lowp_plan,
-              doc="numba tiled GEMM on fp16/bf16 storage (panels widened in cache, fp32 accumulation, "
-              "round-to-nearest-even stores); plan.tile_size columns per panel")(K.matmul_lowp)
-MatMul.kernel("matmul_numpy_int", dtypes=_INTS_MM, priority=5, plan=_matmul_plan, strided=True,
-              doc="numpy integer matmul (no BLAS for integers); wraps around on overflow")(K.matmul_int)
+MatMul.kernel(
+    "matmul_tiled_lowp",
+    dtypes=_dt.LOW_PRECISION,
+    priority=12,
+    applies=_lowp_applies,
+    plan=_lowp_plan,
+    doc="numba tiled GEMM on fp16/bf16 storage (panels widened in cache, fp32 accumulation, "
+    "round-to-nearest-even stores); plan.tile_size columns per panel",
+)(K.matmul_lowp)
+MatMul.kernel(
+    "matmul_numpy_int",
+    dtypes=_INTS_MM,
+    priority=5,
+    plan=_matmul_plan,
+    strided=True,
+    doc="numpy integer matmul (no BLAS for integers); wraps around on overflow",
+)(K.matmul_int)
 
 
 @api("matmul", "MatMul")
@@ -274,16 +323,23 @@ def _gemm_ref(ins, attrs):
 
 
 Gemm = register_op(
-    "Gemm", category="matmul",
+    "Gemm",
+    category="matmul",
     inputs=[Input("A", FLOAT + _INTS_MM), Input("B", FLOAT + _INTS_MM), Input("C", FLOAT + _INTS_MM, optional=True)],
     outputs=["Y"],
-    attrs=[Attr("alpha", "float", 1.0), Attr("beta", "float", 1.0), Attr("transA", "int", 0),
-           Attr("transB", "int", 0)],
-    infer=_gemm_infer, reference=_gemm_ref,
+    attrs=[Attr("alpha", "float", 1.0), Attr("beta", "float", 1.0), Attr("transA", "int", 0), Attr("transB", "int", 0)],
+    infer=_gemm_infer,
+    reference=_gemm_ref,
     flops=lambda ctx: 2 * math.prod(ctx.outputs[0].shape) * ctx.shape(0)[0 if ctx.attrs["transA"] else 1],
-    doc="Y = alpha * op(A) @ op(B) + beta * C (ONNX Gemm).")
-Gemm.kernel("gemm_blas", dtypes=_F32_64, priority=10, strided=True,
-            doc="OpenBLAS GEMM reading transposed operands in place; alpha/beta/C applied in place")(K.gemm)
+    doc="Y = alpha * op(A) @ op(B) + beta * C (ONNX Gemm).",
+)
+Gemm.kernel(
+    "gemm_blas",
+    dtypes=_F32_64,
+    priority=10,
+    strided=True,
+    doc="OpenBLAS GEMM reading transposed operands in place; alpha/beta/C applied in place",
+)(K.gemm)
 
 
 def _gemm_bf16_applies(ctx):
@@ -319,10 +375,16 @@ def _gemm_bf16(ins, outs, attrs, plan, ws):
     K.matmul_bf16(ins[0], plan, outs[0], ws, alpha=attrs["alpha"], bias=plan.bias, z=z)
 
 
-Gemm.kernel("gemm_mkl_bf16", dtypes=(_dt.bfloat16,), priority=35, applies=_gemm_bf16_applies,
-            plan=_gemm_bf16_plan, workspace=_bf16_ws,
-            doc="bfloat16 with a constant B: MKL's bf16 GEMM on the weight as stored, alpha in the GEMM, "
-            "beta * C in the fp32 epilogue, one rounding")(_gemm_bf16)
+Gemm.kernel(
+    "gemm_mkl_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=35,
+    applies=_gemm_bf16_applies,
+    plan=_gemm_bf16_plan,
+    workspace=_bf16_ws,
+    doc="bfloat16 with a constant B: MKL's bf16 GEMM on the weight as stored, alpha in the GEMM, "
+    "beta * C in the fp32 epilogue, one rounding",
+)(_gemm_bf16)
 
 
 def _constant_b_rejection(ctx) -> str | None:
@@ -352,8 +414,14 @@ def _gemm_onednn_applies(ctx):
 def _gemm_onednn_plan(ctx):
     m, n = ctx.outputs[0].shape
     c = tuple(ctx.shape(2)) if ctx.has(2) and ctx.attrs["beta"] != 0.0 else None
-    return KD.MatMulPrimitive(m, np.asarray(ctx.value(1)), has_bias=c is not None and c != (m, n),
-                              residual=c == (m, n), act=0, transposed=bool(ctx.attrs["transB"]))
+    return KD.MatMulPrimitive(
+        m,
+        np.asarray(ctx.value(1)),
+        has_bias=c is not None and c != (m, n),
+        residual=c == (m, n),
+        act=0,
+        transposed=bool(ctx.attrs["transB"]),
+    )
 
 
 def _gemm_onednn_args(ins, outs, attrs, plan) -> tuple:
@@ -370,10 +438,16 @@ def _gemm_onednn_bind(ins, outs, attrs, plan, ws):
     return plan.bind(*_gemm_onednn_args(ins, outs, attrs, plan))
 
 
-Gemm.kernel("gemm_onednn", dtypes=(_dt.float32, _dt.bfloat16), priority=36, applies=_gemm_onednn_applies,
-            plan=_gemm_onednn_plan, bind=_gemm_onednn_bind,
-            doc="a constant B (transB either way, reordered once at prepare), transA=0, alpha=1: oneDNN's matmul "
-            "(brgemm, bf16 too with AVX512-BF16), C as its bias or a residual post-op")(_gemm_onednn)
+Gemm.kernel(
+    "gemm_onednn",
+    dtypes=(_dt.float32, _dt.bfloat16),
+    priority=36,
+    applies=_gemm_onednn_applies,
+    plan=_gemm_onednn_plan,
+    bind=_gemm_onednn_bind,
+    doc="a constant B (transB either way, reordered once at prepare), transA=0, alpha=1: oneDNN's matmul "
+    "(brgemm, bf16 too with AVX512-BF16), C as its bias or a residual post-op",
+)(_gemm_onednn)
 
 
 def _gemm_vector_applies(ctx):
@@ -406,10 +480,15 @@ def _gemm_vector(ins, outs, attrs, plan, ws):
 #: a one-row Gemm with a constant B (a classifier head: ResNet-50's 2048 -> 1000) reads B once
 #: either way, so the kernel that streams it fastest wins: B as (N, K) rows read in memory order
 #: by ``gemm_rows`` (docs/performance.md, "Products with a constant weight")
-Gemm.kernel("gemm_vector", dtypes=(_dt.float32,), priority=37, applies=_gemm_vector_applies,
-            plan=_gemm_vector_plan,
-            doc="one row, a constant B (transposed once at prepare when transB=0), transA=0, alpha=1: the "
-            "weight's rows streamed once by gemm_rows (2 threads), beta * C as a bias row")(_gemm_vector)
+Gemm.kernel(
+    "gemm_vector",
+    dtypes=(_dt.float32,),
+    priority=37,
+    applies=_gemm_vector_applies,
+    plan=_gemm_vector_plan,
+    doc="one row, a constant B (transposed once at prepare when transB=0), transA=0, alpha=1: the "
+    "weight's rows streamed once by gemm_rows (2 threads), beta * C as a bias row",
+)(_gemm_vector)
 
 
 @api("gemm", "Gemm")
@@ -422,8 +501,12 @@ def gemm(a, b, c=None, alpha=1.0, beta=1.0, trans_a=False, trans_b=False):
     """
     if c is not None and not hasattr(c, "shape"):
         c = as_tensor(c, like=as_tensor(a))
-    return [a, b, c], {"alpha": float(alpha), "beta": float(beta), "transA": int(bool(trans_a)),
-                       "transB": int(bool(trans_b))}
+    return [a, b, c], {
+        "alpha": float(alpha),
+        "beta": float(beta),
+        "transA": int(bool(trans_a)),
+        "transB": int(bool(trans_b)),
+    }
 
 
 # -- Linear (opsnn domain) ------------------------------------------------------------------------
@@ -460,13 +543,25 @@ def _linear_ref(ins, attrs):
 
 
 Linear = register_op(
-    "Linear", domain="opsnn", category="matmul",
-    inputs=[Input("X", FLOAT), Input("W", FLOAT), Input("B", FLOAT, optional=True)], outputs=["Y"],
-    infer=_linear_infer, reference=_linear_ref,
+    "Linear",
+    domain="opsnn",
+    category="matmul",
+    inputs=[Input("X", FLOAT), Input("W", FLOAT), Input("B", FLOAT, optional=True)],
+    outputs=["Y"],
+    infer=_linear_infer,
+    reference=_linear_ref,
     flops=lambda ctx: 2 * math.prod(ctx.outputs[0].shape) * ctx.shape(1)[1],
-    doc="Y = X @ W^T + B over any leading dims of X (torch.nn.functional.linear).")
-Linear.kernel("linear_blas", dtypes=_F32_64, priority=10, strided=True,
-              doc="one (rows, K) x (K, N) BLAS GEMM reading W^T in place; bias added in place")(K.linear)
+    doc="Y = X @ W^T + B over any leading dims of X (torch.nn.functional.linear).",
+)
+Linear.kernel(
+    "linear_blas",
+    dtypes=_F32_64,
+    priority=10,
+    strided=True,
+    doc="one (rows, K) x (K, N) BLAS GEMM reading W^T in place; bias added in place",
+)(K.linear)
+
+
 def _linear_mkl(ins, outs, attrs, plan, ws):
     out = outs[0].reshape(-1, plan.n)
     KM.gemm(ins[0].reshape(-1, plan.k), plan, out)
@@ -474,10 +569,15 @@ def _linear_mkl(ins, outs, attrs, plan, ws):
         out += ins[2]
 
 
-Linear.kernel("linear_mkl_packed", dtypes=(_dt.float32,), priority=30, applies=_mkl_packed_applies,
-              plan=lambda ctx: KM.pack(ctx.value(1), _rows(ctx.shape(0)), transpose=True),
-              doc="constant W packed once at prepare by Intel MKL as W^T (cblas_sgemm_pack); per call one "
-              "cblas_sgemm_compute, bias added in place")(_linear_mkl)
+Linear.kernel(
+    "linear_mkl_packed",
+    dtypes=(_dt.float32,),
+    priority=30,
+    applies=_mkl_packed_applies,
+    plan=lambda ctx: KM.pack(ctx.value(1), _rows(ctx.shape(0)), transpose=True),
+    doc="constant W packed once at prepare by Intel MKL as W^T (cblas_sgemm_pack); per call one "
+    "cblas_sgemm_compute, bias added in place",
+)(_linear_mkl)
 
 
 def _linear_bf16_plan(ctx):
@@ -492,16 +592,26 @@ def _linear_bf16(ins, outs, attrs, plan, ws):
     K.matmul_bf16(ins[0], plan, outs[0], ws, bias=b)
 
 
-Linear.kernel("linear_mkl_bf16", dtypes=(_dt.bfloat16,), priority=35,
-              applies=lambda ctx: bf16_rejection(ctx) or True, plan=_linear_bf16_plan, workspace=_bf16_ws,
-              doc="bfloat16 with a constant W: MKL's bf16 GEMM reading W^T in place, bias in the fp32 "
-              "epilogue, one rounding")(_linear_bf16)
+Linear.kernel(
+    "linear_mkl_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=35,
+    applies=lambda ctx: bf16_rejection(ctx) or True,
+    plan=_linear_bf16_plan,
+    workspace=_bf16_ws,
+    doc="bfloat16 with a constant W: MKL's bf16 GEMM reading W^T in place, bias in the fp32 epilogue, one rounding",
+)(_linear_bf16)
 
 
-Linear.kernel("linear_prepacked", dtypes=FLOAT, priority=20, applies=_prepacked_applies,
-              plan=lambda ctx: K.pack_weight(ctx.value(1), transpose=True), workspace=_packed_workspace,
-              doc="constant fp16 W packed once at prepare as fp32 W^T; per call only x is converted"
-              )(K.linear_packed)
+Linear.kernel(
+    "linear_prepacked",
+    dtypes=FLOAT,
+    priority=20,
+    applies=_prepacked_applies,
+    plan=lambda ctx: K.pack_weight(ctx.value(1), transpose=True),
+    workspace=_packed_workspace,
+    doc="constant fp16 W packed once at prepare as fp32 W^T; per call only x is converted",
+)(K.linear_packed)
 
 
 @api("linear", "Linear", domain="opsnn")
@@ -543,13 +653,12 @@ def parse_einsum(ctx, equation: str, shapes: list) -> tuple:
             ctx.fail(f"term {term!r} of {equation!r}: labels must be letters")
         n_ell = len(shape) - len(labels)
         if ("..." not in term and n_ell != 0) or n_ell < 0:
-            ctx.fail(f"term {term!r} of {equation!r} names {len(labels)} dims but input {t} has shape "
-                     f"{tuple(shape)}")
+            ctx.fail(f"term {term!r} of {equation!r} names {len(labels)} dims but input {t} has shape {tuple(shape)}")
         if "..." in term:
             pos = term.index("...")
-            ell_shape = tuple(shape[pos:pos + n_ell])
+            ell_shape = tuple(shape[pos : pos + n_ell])
             ell = _broadcast(ctx, f"'...' dims of {equation!r}", ell, ell_shape)
-            shape = tuple(shape[:pos]) + tuple(shape[pos + n_ell:])
+            shape = tuple(shape[:pos]) + tuple(shape[pos + n_ell :])
         for c, d in zip(labels, shape):
             if c in dims and dims[c] != d:
                 ctx.fail(f"label {c!r} of {equation!r} is size {dims[c]} in one input and {d} in input {t}")
@@ -605,13 +714,22 @@ def _einsum_kernel(ins, outs, attrs, plan, ws):
 
 
 Einsum = register_op(
-    "Einsum", category="matmul",
-    inputs=[Input("Inputs", _dt.FLOATS + _dt.INTEGERS, variadic=True)], outputs=["Output"],
-    attrs=[Attr("equation", "string")], infer=_einsum_infer, reference=_einsum_ref,
-    doc="Einstein summation (ONNX Einsum).")
-Einsum.kernel("einsum_numpy_opt", dtypes=_F32_64 + _dt.INTEGERS, priority=10, plan=_einsum_plan,
-              doc="np.einsum with optimize=True: contraction order planned, pairwise steps on BLAS"
-              )(_einsum_kernel)
+    "Einsum",
+    category="matmul",
+    inputs=[Input("Inputs", _dt.FLOATS + _dt.INTEGERS, variadic=True)],
+    outputs=["Output"],
+    attrs=[Attr("equation", "string")],
+    infer=_einsum_infer,
+    reference=_einsum_ref,
+    doc="Einstein summation (ONNX Einsum).",
+)
+Einsum.kernel(
+    "einsum_numpy_opt",
+    dtypes=_F32_64 + _dt.INTEGERS,
+    priority=10,
+    plan=_einsum_plan,
+    doc="np.einsum with optimize=True: contraction order planned, pairwise steps on BLAS",
+)(_einsum_kernel)
 
 
 @api("einsum", "Einsum")
@@ -631,8 +749,11 @@ def _check_zp(ctx, i: int, what: str, sizes: tuple, data_dtype=None) -> None:
     if n != 1 and not (len(ctx.shape(i)) == 1 and n in sizes):
         ctx.fail(f"{name!r} must be a scalar (per tensor) or 1-D of {what} size {sizes[0]}, got {ctx.shape(i)}")
     if data_dtype is not None and ctx.dtype(i) != data_dtype:
-        raise DTypeError(f"{ctx.op.name}: {name!r} has dtype {_dt.name(ctx.dtype(i))}, expected "
-                         f"{_dt.name(data_dtype)} like its data input", op=ctx.op.name)
+        raise DTypeError(
+            f"{ctx.op.name}: {name!r} has dtype {_dt.name(ctx.dtype(i))}, expected "
+            f"{_dt.name(data_dtype)} like its data input",
+            op=ctx.op.name,
+        )
 
 
 def _matmul_integer_infer(ctx):
@@ -658,14 +779,28 @@ def _int_mm_plan(ctx):
 
 
 MatMulInteger = register_op(
-    "MatMulInteger", category="matmul",
-    inputs=[Input("A", _Q8), Input("B", _Q8), Input("a_zero_point", _Q8, optional=True),
-            Input("b_zero_point", _Q8, optional=True)],
-    outputs=["Y"], infer=_matmul_integer_infer, reference=_matmul_integer_ref, flops=lambda ctx: _mm_flops(ctx, 0, 1),
-    doc="int32 matmul of zero-point-shifted 8-bit operands (ONNX MatMulInteger).")
-MatMulInteger.kernel("matmul_integer_blas", dtypes=_Q8, priority=10, plan=_int_mm_plan, strided=True,
-                     doc="shifted operands in float64 on BLAS dgemm (exact below 2**53), else int64"
-                     )(K.matmul_integer)
+    "MatMulInteger",
+    category="matmul",
+    inputs=[
+        Input("A", _Q8),
+        Input("B", _Q8),
+        Input("a_zero_point", _Q8, optional=True),
+        Input("b_zero_point", _Q8, optional=True),
+    ],
+    outputs=["Y"],
+    infer=_matmul_integer_infer,
+    reference=_matmul_integer_ref,
+    flops=lambda ctx: _mm_flops(ctx, 0, 1),
+    doc="int32 matmul of zero-point-shifted 8-bit operands (ONNX MatMulInteger).",
+)
+MatMulInteger.kernel(
+    "matmul_integer_blas",
+    dtypes=_Q8,
+    priority=10,
+    plan=_int_mm_plan,
+    strided=True,
+    doc="shifted operands in float64 on BLAS dgemm (exact below 2**53), else int64",
+)(K.matmul_integer)
 
 
 @api("matmul_integer", "MatMulInteger")
@@ -686,16 +821,19 @@ def _qlinear_matmul_infer(ctx):
     _check_zp(ctx, 6, "per-tensor", (1,))
     _check_zp(ctx, 7, "per-tensor", (1,))
     if not (ctx.dtype(1) == ctx.dtype(4) == ctx.dtype(6)):
-        raise DTypeError(f"QLinearMatMul: a_scale, b_scale, y_scale must share one dtype, got "
-                         f"{_dt.name(ctx.dtype(1))}, {_dt.name(ctx.dtype(4))}, {_dt.name(ctx.dtype(6))}",
-                         op="QLinearMatMul")
+        raise DTypeError(
+            f"QLinearMatMul: a_scale, b_scale, y_scale must share one dtype, got "
+            f"{_dt.name(ctx.dtype(1))}, {_dt.name(ctx.dtype(4))}, {_dt.name(ctx.dtype(6))}",
+            op="QLinearMatMul",
+        )
     return [TensorMeta(shape, ctx.dtype(7))]
 
 
 def _qlinear_matmul_ref(ins, attrs):
     a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = ins
-    acc = np.matmul(a.astype(np.int64) - K.per_row(a_zp.astype(np.int64)),
-                    b.astype(np.int64) - K.per_col(b_zp.astype(np.int64)))
+    acc = np.matmul(
+        a.astype(np.int64) - K.per_row(a_zp.astype(np.int64)), b.astype(np.int64) - K.per_col(b_zp.astype(np.int64))
+    )
     scale = (K.per_row(a_s) * K.per_col(b_s) / y_s.reshape(())).astype(np.float64)
     y = np.rint(acc * scale) + float(y_zp.reshape(()))
     info = np.iinfo(y_zp.dtype)
@@ -703,16 +841,32 @@ def _qlinear_matmul_ref(ins, attrs):
 
 
 QLinearMatMul = register_op(
-    "QLinearMatMul", category="matmul",
-    inputs=[Input("a", _Q8), Input("a_scale", _SCALES), Input("a_zero_point", _Q8), Input("b", _Q8),
-            Input("b_scale", _SCALES), Input("b_zero_point", _Q8), Input("y_scale", _SCALES),
-            Input("y_zero_point", _Q8)],
-    outputs=["y"], infer=_qlinear_matmul_infer, reference=_qlinear_matmul_ref,
+    "QLinearMatMul",
+    category="matmul",
+    inputs=[
+        Input("a", _Q8),
+        Input("a_scale", _SCALES),
+        Input("a_zero_point", _Q8),
+        Input("b", _Q8),
+        Input("b_scale", _SCALES),
+        Input("b_zero_point", _Q8),
+        Input("y_scale", _SCALES),
+        Input("y_zero_point", _Q8),
+    ],
+    outputs=["y"],
+    infer=_qlinear_matmul_infer,
+    reference=_qlinear_matmul_ref,
     flops=lambda ctx: _mm_flops(ctx, 0, 3),
-    doc="Quantized matmul: requantize((a - a_zp) @ (b - b_zp) * a_scale * b_scale / y_scale) + y_zp.")
-QLinearMatMul.kernel("qlinear_matmul_blas", dtypes=_Q8, priority=10, plan=_int_mm_plan, strided=True,
-                     doc="exact integer GEMM on BLAS dgemm, then fp64 round-half-even requantization"
-                     )(K.qlinear_matmul)
+    doc="Quantized matmul: requantize((a - a_zp) @ (b - b_zp) * a_scale * b_scale / y_scale) + y_zp.",
+)
+QLinearMatMul.kernel(
+    "qlinear_matmul_blas",
+    dtypes=_Q8,
+    priority=10,
+    plan=_int_mm_plan,
+    strided=True,
+    doc="exact integer GEMM on BLAS dgemm, then fp64 round-half-even requantization",
+)(K.qlinear_matmul)
 
 
 @api("qlinear_matmul", "QLinearMatMul")

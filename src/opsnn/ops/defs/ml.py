@@ -10,6 +10,7 @@ prepare time::
     >>> opsnn.ops.label_encode(x, keys=["a", "b"], values=[1, 2], default=-1).numpy()
     array([ 2, -1,  1])
 """
+
 from __future__ import annotations
 
 import math
@@ -47,19 +48,29 @@ class _Encoding:
 
     def __init__(self, attrs):
         op = "LabelEncoder"
-        keys = [(k, attrs[f"keys_{k}"]) for k in ("floats", "int64s", "strings", "tensor") if attrs[f"keys_{k}"]
-                is not None]
-        vals = [(k, attrs[f"values_{k}"]) for k in ("floats", "int64s", "strings", "tensor")
-                if attrs[f"values_{k}"] is not None]
+        keys = [
+            (k, attrs[f"keys_{k}"]) for k in ("floats", "int64s", "strings", "tensor") if attrs[f"keys_{k}"] is not None
+        ]
+        vals = [
+            (k, attrs[f"values_{k}"])
+            for k in ("floats", "int64s", "strings", "tensor")
+            if attrs[f"values_{k}"] is not None
+        ]
         if len(keys) != 1 or len(vals) != 1:
-            raise ParamInvalidError(f"{op}: exactly one keys_* and one values_* attribute must be set, got "
-                                    f"{[f'keys_{k}' for k, _ in keys] + [f'values_{k}' for k, _ in vals]}", op=op)
+            raise ParamInvalidError(
+                f"{op}: exactly one keys_* and one values_* attribute must be set, got "
+                f"{[f'keys_{k}' for k, _ in keys] + [f'values_{k}' for k, _ in vals]}",
+                op=op,
+            )
         (kk, kv), (vk, vv) = keys[0], vals[0]
         self.key_dtype, self.keys = self._column(kk, kv, "keys")
         self.out_dtype, self.values = self._column(vk, vv, "values")
         if len(self.keys) != len(self.values):
-            raise ParamInvalidError(f"{op}: keys_{kk} has {len(self.keys)} entries, values_{vk} has "
-                                    f"{len(self.values)}; they must be parallel", op=op)
+            raise ParamInvalidError(
+                f"{op}: keys_{kk} has {len(self.keys)} entries, values_{vk} has "
+                f"{len(self.values)}; they must be parallel",
+                op=op,
+            )
         if vk == "tensor":
             d = attrs["default_tensor"]
             if d is None:
@@ -70,8 +81,11 @@ class _Encoding:
                     raise ParamInvalidError(f"{op}: 'default_tensor' must hold one value, got shape {d.shape}", op=op)
                 default = d.reshape(-1)[0]
         else:
-            default = {"floats": attrs["default_float"], "int64s": attrs["default_int64"],
-                       "strings": attrs["default_string"]}[vk]
+            default = {
+                "floats": attrs["default_float"],
+                "int64s": attrs["default_int64"],
+                "strings": attrs["default_string"],
+            }[vk]
         self.default = as_str(default, op) if _is_string(self.out_dtype) else self.out_dtype.type(default)
 
     @staticmethod
@@ -93,9 +107,11 @@ class _Encoding:
     def check_input(self, dt: np.dtype) -> None:
         ok = _is_string(dt) if _is_string(self.key_dtype) else dt == self.key_dtype
         if not ok:
-            raise DTypeError(f"LabelEncoder: input 'X' has dtype {_dt.name(dt)}; the keys need "
-                             f"{'string' if _is_string(self.key_dtype) else _dt.name(self.key_dtype)}",
-                             op="LabelEncoder")
+            raise DTypeError(
+                f"LabelEncoder: input 'X' has dtype {_dt.name(dt)}; the keys need "
+                f"{'string' if _is_string(self.key_dtype) else _dt.name(self.key_dtype)}",
+                op="LabelEncoder",
+            )
 
 
 def _le_infer(ctx):
@@ -140,8 +156,7 @@ def _le_plan(ctx):
     # numeric keys: sorted arrays for a vectorised searchsorted lookup (NaN handled apart)
     nan_value = table.pop("nan", None)
     keys = np.array(sorted(table), dtype=enc.key_dtype)
-    vals = np.array([table[k.item()] for k in keys], dtype=enc.out_dtype) if keys.size else \
-        np.zeros(0, enc.out_dtype)
+    vals = np.array([table[k.item()] for k in keys], dtype=enc.out_dtype) if keys.size else np.zeros(0, enc.out_dtype)
     return enc, (keys, vals, nan_value)
 
 
@@ -164,17 +179,34 @@ def _le_kernel(ins, outs, attrs, plan, ws):
         out[np.isnan(x)] = nan_value
 
 
-_LE_ATTRS = [Attr("default_float", "float", -0.0), Attr("default_int64", "int", -1),
-             Attr("default_string", "string", "_Unused"), Attr("default_tensor", "tensor", None)] + \
-    [Attr(f"{side}_{k}", kind, None) for side in ("keys", "values")
-     for k, kind in (("floats", "floats"), ("int64s", "ints"), ("strings", "strings"), ("tensor", "tensor"))]
+_LE_ATTRS = [
+    Attr("default_float", "float", -0.0),
+    Attr("default_int64", "int", -1),
+    Attr("default_string", "string", "_Unused"),
+    Attr("default_tensor", "tensor", None),
+] + [
+    Attr(f"{side}_{k}", kind, None)
+    for side in ("keys", "values")
+    for k, kind in (("floats", "floats"), ("int64s", "ints"), ("strings", "strings"), ("tensor", "tensor"))
+]
 
 LabelEncoder = register_op(
-    "LabelEncoder", domain=DOMAIN, category="ml", inputs=["X"], outputs=["Y"], attrs=_LE_ATTRS, infer=_le_infer,
-    reference=_le_reference, doc="map each element through a key -> value table (default for unknown keys)")
-LabelEncoder.kernel("label_encoder_table", priority=5, plan=_le_plan,
-                    doc="hash table (strings) or sorted keys + searchsorted (numbers), built at prepare time")(
-    _le_kernel)
+    "LabelEncoder",
+    domain=DOMAIN,
+    category="ml",
+    inputs=["X"],
+    outputs=["Y"],
+    attrs=_LE_ATTRS,
+    infer=_le_infer,
+    reference=_le_reference,
+    doc="map each element through a key -> value table (default for unknown keys)",
+)
+LabelEncoder.kernel(
+    "label_encoder_table",
+    priority=5,
+    plan=_le_plan,
+    doc="hash table (strings) or sorted keys + searchsorted (numbers), built at prepare time",
+)(_le_kernel)
 
 
 # == TreeEnsemble ======================================================================================
@@ -209,14 +241,19 @@ class _Forest:
         self.missing = np.zeros(n, np.int64) if miss is None else miss
         for name in ("split", "mode", "true_id", "true_leaf", "false_id", "false_leaf", "missing"):
             if getattr(self, name).shape[0] != n:
-                raise ParamInvalidError(f"{op}: every nodes_* attribute must have {n} entries (nodes_featureids); "
-                                        f"the one for {name} has {getattr(self, name).shape[0]}", op=op)
+                raise ParamInvalidError(
+                    f"{op}: every nodes_* attribute must have {n} entries (nodes_featureids); "
+                    f"the one for {name} has {getattr(self, name).shape[0]}",
+                    op=op,
+                )
         self.leaf_weight = arr("leaf_weights", np.float64)
         self.leaf_target = arr("leaf_targetids", np.int64)
         nl = self.leaf_weight.shape[0]
         if self.leaf_target.shape[0] != nl:
-            raise ParamInvalidError(f"{op}: leaf_weights ({nl}) and leaf_targetids ({self.leaf_target.shape[0]}) "
-                                    "must have the same length", op=op)
+            raise ParamInvalidError(
+                f"{op}: leaf_weights ({nl}) and leaf_targetids ({self.leaf_target.shape[0]}) must have the same length",
+                op=op,
+            )
         self.roots = arr("tree_roots", np.int64)
         nt = attrs["n_targets"]
         self.n_targets = int(nt) if nt is not None else (int(self.leaf_target.max()) + 1 if nl else 0)
@@ -228,15 +265,21 @@ class _Forest:
             bound = np.where(leaf != 0, nl, n)
             if ((ids < 0) | (ids >= bound)).any():
                 i = int(np.argmax((ids < 0) | (ids >= bound)))
-                raise ParamInvalidError(f"{op}: node {i}: {what} branch id {int(ids[i])} is out of range "
-                                        f"({'leaves' if leaf[i] else 'nodes'}: {int(bound[i])})", op=op)
+                raise ParamInvalidError(
+                    f"{op}: node {i}: {what} branch id {int(ids[i])} is out of range "
+                    f"({'leaves' if leaf[i] else 'nodes'}: {int(bound[i])})",
+                    op=op,
+                )
         if ((self.roots < 0) | (self.roots >= n)).any():
             raise ParamInvalidError(f"{op}: tree_roots {self.roots.tolist()} must index nodes_* (size {n})", op=op)
         if ((self.leaf_target < 0) | (self.leaf_target >= self.n_targets)).any():
             raise ParamInvalidError(f"{op}: leaf_targetids must be in [0, n_targets={self.n_targets})", op=op)
         if n_features is not None and n and ((self.feature < 0) | (self.feature >= n_features)).any():
-            raise ParamInvalidError(f"{op}: nodes_featureids must be in [0, {n_features}) (the input's features), got "
-                                    f"{sorted(set(self.feature.tolist()))}", op=op)
+            raise ParamInvalidError(
+                f"{op}: nodes_featureids must be in [0, {n_features}) (the input's features), got "
+                f"{sorted(set(self.feature.tolist()))}",
+                op=op,
+            )
         # set membership: the sets, NaN-separated, in the order the MEMBER nodes appear
         members = arr("membership_values", np.float64, required=False)
         self.mstart = np.zeros(n, np.int64)
@@ -247,18 +290,24 @@ class _Forest:
             if members is None:
                 raise ParamInvalidError(f"{op}: BRANCH_MEMBER nodes need 'membership_values'", op=op)
             seps = np.flatnonzero(np.isnan(members))
-            bounds = np.concatenate([[-1], seps, [members.size]]) if (not seps.size or seps[-1] != members.size - 1) \
+            bounds = (
+                np.concatenate([[-1], seps, [members.size]])
+                if (not seps.size or seps[-1] != members.size - 1)
                 else np.concatenate([[-1], seps])
+            )
             if bounds.size - 1 < member_nodes.size:
-                raise ParamInvalidError(f"{op}: membership_values holds {bounds.size - 1} sets for "
-                                        f"{member_nodes.size} BRANCH_MEMBER nodes", op=op)
+                raise ParamInvalidError(
+                    f"{op}: membership_values holds {bounds.size - 1} sets for {member_nodes.size} BRANCH_MEMBER nodes",
+                    op=op,
+                )
             for j, node in enumerate(member_nodes):
                 self.mstart[node], self.mend[node] = bounds[j] + 1, bounds[j + 1]
         agg = int(attrs["aggregate_function"])
         post = int(attrs["post_transform"])
         if agg not in _AGG or post not in _POST:
-            raise ParamInvalidError(f"{op}: aggregate_function must be in 0..3 and post_transform in 0..4, got {agg}, "
-                                    f"{post}", op=op)
+            raise ParamInvalidError(
+                f"{op}: aggregate_function must be in 0..3 and post_transform in 0..4, got {agg}, {post}", op=op
+            )
         self.agg, self.post = agg, post
         self.n_nodes, self.n_leaves = n, nl
 
@@ -292,8 +341,30 @@ def _goes_true(v, mode, split, missing, members, m0, m1):
 
 
 @nb.njit(nogil=True, cache=True)
-def _forest_rows(x, feature, split, mode, tid, tleaf, fid, fleaf, missing, members, mstart, mend, lw, lt, roots,
-                 root_leaf, agg, out, has, bad, r0, r1):
+def _forest_rows(
+    x,
+    feature,
+    split,
+    mode,
+    tid,
+    tleaf,
+    fid,
+    fleaf,
+    missing,
+    members,
+    mstart,
+    mend,
+    lw,
+    lt,
+    roots,
+    root_leaf,
+    agg,
+    out,
+    has,
+    bad,
+    r0,
+    r1,
+):
     """Rows [r0, r1): walk every tree, aggregate the leaf weights per target."""
     n_nodes = feature.shape[0]
     for r in range(r0, r1):
@@ -306,8 +377,9 @@ def _forest_rows(x, feature, split, mode, tid, tleaf, fid, fleaf, missing, membe
                 if steps > n_nodes:  # a cycle in the node graph
                     bad[r] = 1
                     break
-                if _goes_true(x[r, feature[node]], mode[node], split[node], missing[node], members, mstart[node],
-                              mend[node]):
+                if _goes_true(
+                    x[r, feature[node]], mode[node], split[node], missing[node], members, mstart[node], mend[node]
+                ):
                     if tleaf[node] != 0:
                         leaf = tid[node]
                     else:
@@ -337,19 +409,103 @@ _PARALLEL_MIN = 4096
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _forest_parallel(x, feature, split, mode, tid, tleaf, fid, fleaf, missing, members, mstart, mend, lw, lt, roots,
-                     root_leaf, agg, out, has, bad):
+def _forest_parallel(
+    x,
+    feature,
+    split,
+    mode,
+    tid,
+    tleaf,
+    fid,
+    fleaf,
+    missing,
+    members,
+    mstart,
+    mend,
+    lw,
+    lt,
+    roots,
+    root_leaf,
+    agg,
+    out,
+    has,
+    bad,
+):
     n = x.shape[0]
     for blk in nb.prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
-        _forest_rows(x, feature, split, mode, tid, tleaf, fid, fleaf, missing, members, mstart, mend, lw, lt, roots,
-                     root_leaf, agg, out, has, bad, blk * _ROW_BLOCK, min(n, (blk + 1) * _ROW_BLOCK))
+        _forest_rows(
+            x,
+            feature,
+            split,
+            mode,
+            tid,
+            tleaf,
+            fid,
+            fleaf,
+            missing,
+            members,
+            mstart,
+            mend,
+            lw,
+            lt,
+            roots,
+            root_leaf,
+            agg,
+            out,
+            has,
+            bad,
+            blk * _ROW_BLOCK,
+            min(n, (blk + 1) * _ROW_BLOCK),
+        )
 
 
 @nb.njit(nogil=True, cache=True)
-def _forest_serial(x, feature, split, mode, tid, tleaf, fid, fleaf, missing, members, mstart, mend, lw, lt, roots,
-                   root_leaf, agg, out, has, bad):
-    _forest_rows(x, feature, split, mode, tid, tleaf, fid, fleaf, missing, members, mstart, mend, lw, lt, roots,
-                 root_leaf, agg, out, has, bad, 0, x.shape[0])
+def _forest_serial(
+    x,
+    feature,
+    split,
+    mode,
+    tid,
+    tleaf,
+    fid,
+    fleaf,
+    missing,
+    members,
+    mstart,
+    mend,
+    lw,
+    lt,
+    roots,
+    root_leaf,
+    agg,
+    out,
+    has,
+    bad,
+):
+    _forest_rows(
+        x,
+        feature,
+        split,
+        mode,
+        tid,
+        tleaf,
+        fid,
+        fleaf,
+        missing,
+        members,
+        mstart,
+        mend,
+        lw,
+        lt,
+        roots,
+        root_leaf,
+        agg,
+        out,
+        has,
+        bad,
+        0,
+        x.shape[0],
+    )
 
 
 def _erfinv(y: float) -> float:
@@ -363,14 +519,30 @@ def _erfinv(y: float) -> float:
     if w < 5:
         w -= 2.5
         p = 2.81022636e-08
-        for c in (3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503, -0.00417768164,
-                  0.246640727, 1.50140941):
+        for c in (
+            3.43273939e-07,
+            -3.5233877e-06,
+            -4.39150654e-06,
+            0.00021858087,
+            -0.00125372503,
+            -0.00417768164,
+            0.246640727,
+            1.50140941,
+        ):
             p = c + p * w
     else:
         w = math.sqrt(w) - 3
         p = -0.000200214257
-        for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613, 0.00943887047,
-                  1.00167406, 2.83297682):
+        for c in (
+            0.000100950558,
+            0.00134934322,
+            -0.00367342844,
+            0.00573950773,
+            -0.0076224613,
+            0.00943887047,
+            1.00167406,
+            2.83297682,
+        ):
             p = c + p * w
     x = p * y
     for _ in range(2):
@@ -423,7 +595,7 @@ def _te_reference(ins, attrs):
                 if math.isnan(v) and f.missing[node]:
                     go = True
                 elif m == _MEMBER:
-                    go = v in set(f.members[f.mstart[node]:f.mend[node]].tolist())
+                    go = v in set(f.members[f.mstart[node] : f.mend[node]].tolist())
                 else:
                     s = f.split[node]
                     go = [v <= s, v < s, v >= s, v > s, v == s, v != s][m]
@@ -454,26 +626,65 @@ def _te_kernel(ins, outs, attrs, plan, ws):
     bad = np.zeros(n, np.uint8)
     if n and f.roots.size:
         walk = _forest_parallel if parallel else _forest_serial
-        walk(x, f.feature, f.split, f.mode, f.true_id, f.true_leaf, f.false_id, f.false_leaf, f.missing, f.members,
-             f.mstart, f.mend, f.leaf_weight, f.leaf_target, f.roots, root_leaf, f.agg, out, has, bad)
+        walk(
+            x,
+            f.feature,
+            f.split,
+            f.mode,
+            f.true_id,
+            f.true_leaf,
+            f.false_id,
+            f.false_leaf,
+            f.missing,
+            f.members,
+            f.mstart,
+            f.mend,
+            f.leaf_weight,
+            f.leaf_target,
+            f.roots,
+            root_leaf,
+            f.agg,
+            out,
+            has,
+            bad,
+        )
     if bad.any():
-        raise ParamInvalidError("TreeEnsemble: the node graph has a cycle (a walk visited more nodes than exist)",
-                                op="TreeEnsemble")
+        raise ParamInvalidError(
+            "TreeEnsemble: the node graph has a cycle (a walk visited more nodes than exist)", op="TreeEnsemble"
+        )
     if f.agg == 0 and f.roots.size:
         out /= f.roots.size
     np.copyto(outs[0], _post_transform(out, f.post), casting="unsafe")
 
 
 TreeEnsemble = register_op(
-    "TreeEnsemble", domain=DOMAIN, category="ml", inputs=[Input("X", _dt.FLOATS)], outputs=["Y"],
-    attrs=[Attr("aggregate_function", "int", 1), Attr("leaf_targetids", "ints"), Attr("leaf_weights", "tensor"),
-           Attr("membership_values", "tensor", None), Attr("n_targets", "int", None),
-           Attr("nodes_falseleafs", "ints"), Attr("nodes_falsenodeids", "ints"), Attr("nodes_featureids", "ints"),
-           Attr("nodes_hitrates", "tensor", None), Attr("nodes_missing_value_tracks_true", "ints", None),
-           Attr("nodes_modes", "tensor"), Attr("nodes_splits", "tensor"), Attr("nodes_trueleafs", "ints"),
-           Attr("nodes_truenodeids", "ints"), Attr("post_transform", "int", 0), Attr("tree_roots", "ints")],
-    infer=_te_infer, reference=_te_reference,
-    doc="sum / average / min / max of the leaf weights the trees reach, per target, then an optional transform")
+    "TreeEnsemble",
+    domain=DOMAIN,
+    category="ml",
+    inputs=[Input("X", _dt.FLOATS)],
+    outputs=["Y"],
+    attrs=[
+        Attr("aggregate_function", "int", 1),
+        Attr("leaf_targetids", "ints"),
+        Attr("leaf_weights", "tensor"),
+        Attr("membership_values", "tensor", None),
+        Attr("n_targets", "int", None),
+        Attr("nodes_falseleafs", "ints"),
+        Attr("nodes_falsenodeids", "ints"),
+        Attr("nodes_featureids", "ints"),
+        Attr("nodes_hitrates", "tensor", None),
+        Attr("nodes_missing_value_tracks_true", "ints", None),
+        Attr("nodes_modes", "tensor"),
+        Attr("nodes_splits", "tensor"),
+        Attr("nodes_trueleafs", "ints"),
+        Attr("nodes_truenodeids", "ints"),
+        Attr("post_transform", "int", 0),
+        Attr("tree_roots", "ints"),
+    ],
+    infer=_te_infer,
+    reference=_te_reference,
+    doc="sum / average / min / max of the leaf weights the trees reach, per target, then an optional transform",
+)
 
 
 def _te_plan(ctx):
@@ -481,9 +692,12 @@ def _te_plan(ctx):
     return f, f.root_leaf(), ctx.shape(0)[0] * max(f.roots.size, 1) >= _PARALLEL_MIN
 
 
-TreeEnsemble.kernel("tree_ensemble_numba", priority=10, plan=_te_plan,
-                    doc="flattened trees walked by numba, parallel over rows (float64 compare and accumulate)")(
-    _te_kernel)
+TreeEnsemble.kernel(
+    "tree_ensemble_numba",
+    priority=10,
+    plan=_te_plan,
+    doc="flattened trees walked by numba, parallel over rows (float64 compare and accumulate)",
+)(_te_kernel)
 
 
 # == ArrayFeatureExtractor =============================================================================
@@ -493,8 +707,10 @@ _AFE_TYPES = (_dt.float32, _dt.float64, _dt.int64, _dt.int32)
 def _afe_infer(ctx):
     dt = ctx.dtype(0)
     if not (dt in _AFE_TYPES or _is_string(dt)):
-        raise DTypeError(f"ArrayFeatureExtractor: input 'X' must be float, double, int32, int64 or string, got "
-                         f"{_dt.name(dt)}", op="ArrayFeatureExtractor")
+        raise DTypeError(
+            f"ArrayFeatureExtractor: input 'X' must be float, double, int32, int64 or string, got {_dt.name(dt)}",
+            op="ArrayFeatureExtractor",
+        )
     s = tuple(ctx.shape(0))
     if len(s) == 0:
         ctx.fail("input 'X' must have rank >= 1")
@@ -507,8 +723,11 @@ def _afe_indices(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     bad = (idx < 0) | (idx >= x.shape[-1])
     if bad.any():
         i = int(np.argmax(bad))
-        raise ParamInvalidError(f"ArrayFeatureExtractor: index {int(idx[i])} at position {i} is out of range for the "
-                                f"last dim of size {x.shape[-1]}", op="ArrayFeatureExtractor")
+        raise ParamInvalidError(
+            f"ArrayFeatureExtractor: index {int(idx[i])} at position {i} is out of range for the "
+            f"last dim of size {x.shape[-1]}",
+            op="ArrayFeatureExtractor",
+        )
     return idx
 
 
@@ -524,25 +743,43 @@ def _afe_reference(ins, attrs):
 
 
 ArrayFeatureExtractor = register_op(
-    "ArrayFeatureExtractor", domain=DOMAIN, category="ml", inputs=["X", Input("Y", (I64,))], outputs=["Z"],
-    infer=_afe_infer, reference=_afe_reference, doc="gather the given indices along the last axis (1-D X -> (1, k))")
+    "ArrayFeatureExtractor",
+    domain=DOMAIN,
+    category="ml",
+    inputs=["X", Input("Y", (I64,))],
+    outputs=["Z"],
+    infer=_afe_infer,
+    reference=_afe_reference,
+    doc="gather the given indices along the last axis (1-D X -> (1, k))",
+)
 ArrayFeatureExtractor.kernel("array_feature_extractor_take", priority=5, doc="numpy take along the last axis")(
-    lambda ins, outs, attrs, plan, ws: np.copyto(outs[0], np.take(ins[0], _afe_indices(*ins), axis=-1).reshape(
-        outs[0].shape)))
+    lambda ins, outs, attrs, plan, ws: np.copyto(
+        outs[0], np.take(ins[0], _afe_indices(*ins), axis=-1).reshape(outs[0].shape)
+    )
+)
 
 
 # == Binarizer ==========================================================================================
 _BIN_TYPES = (_dt.float32, _dt.float64, _dt.int64, _dt.int32)
 
 Binarizer = register_op(
-    "Binarizer", domain=DOMAIN, category="ml", inputs=[Input("X", _BIN_TYPES)], outputs=["Y"],
-    attrs=[Attr("threshold", "float", 0.0)], infer=lambda ctx: [TensorMeta(tuple(ctx.shape(0)), ctx.dtype(0))],
-    reference=lambda ins, attrs: np.array([1 if float(v) > attrs["threshold"] else 0 for v in ins[0].reshape(-1)],
-                                          ins[0].dtype).reshape(ins[0].shape),
-    doc="1 where X > threshold, else 0 (NaN -> 0)")
+    "Binarizer",
+    domain=DOMAIN,
+    category="ml",
+    inputs=[Input("X", _BIN_TYPES)],
+    outputs=["Y"],
+    attrs=[Attr("threshold", "float", 0.0)],
+    infer=lambda ctx: [TensorMeta(tuple(ctx.shape(0)), ctx.dtype(0))],
+    reference=lambda ins, attrs: np.array(
+        [1 if float(v) > attrs["threshold"] else 0 for v in ins[0].reshape(-1)], ins[0].dtype
+    ).reshape(ins[0].shape),
+    doc="1 where X > threshold, else 0 (NaN -> 0)",
+)
 Binarizer.kernel("binarizer_numpy", priority=5, doc="numpy compare")(
-    lambda ins, outs, attrs, plan, ws: np.copyto(outs[0], ins[0].astype(np.float64) > attrs["threshold"],
-                                                 casting="unsafe"))
+    lambda ins, outs, attrs, plan, ws: np.copyto(
+        outs[0], ins[0].astype(np.float64) > attrs["threshold"], casting="unsafe"
+    )
+)
 
 
 # == functional entry points ============================================================================
@@ -551,8 +788,10 @@ def label_encode(x, keys, values, default=None):
     """Map each element of ``x`` through ``keys -> values`` (``default`` for unknown keys). Keys
     and values may be lists of str / int / float or 1-D numpy arrays (any LabelEncoder dtype)."""
     ka, va = np.asarray(keys), np.asarray(values)
-    attrs = {"keys_tensor": ka.astype(object) if ka.dtype.kind in "US" else ka,
-             "values_tensor": va.astype(object) if va.dtype.kind in "US" else va}
+    attrs = {
+        "keys_tensor": ka.astype(object) if ka.dtype.kind in "US" else ka,
+        "values_tensor": va.astype(object) if va.dtype.kind in "US" else va,
+    }
     if default is not None:
         attrs["default_tensor"] = np.asarray([default], dtype=attrs["values_tensor"].dtype)
     return [x], attrs

@@ -11,6 +11,7 @@ LayerNormalization's Mean/InvStdDev outputs (1: float32, as ONNX infers).
 >>> opsnn.ops.layer_norm(x, (8,)).shape
 (2, 8)
 """
+
 from __future__ import annotations
 
 import math
@@ -129,21 +130,30 @@ def _ln_kernel(rms: bool):
         if tmp is not y:
             np.copyto(y, tmp, casting="unsafe")
         for k, o in enumerate(outs[1:3]):
-            np.copyto(o.reshape(-1), stats[k * rows: (k + 1) * rows], casting="unsafe")
+            np.copyto(o.reshape(-1), stats[k * rows : (k + 1) * rows], casting="unsafe")
 
     return run
 
 
 LayerNormalization = register_op(
-    "LayerNormalization", category="norm",
+    "LayerNormalization",
+    category="norm",
     inputs=[Input("X", FLOAT), Input("Scale", FLOAT), Input("B", FLOAT, optional=True)],
     outputs=["Y", Output("Mean", optional=True), Output("InvStdDev", optional=True)],
     attrs=[Attr("axis", "int", -1), Attr("epsilon", "float", 1e-5), Attr("stash_type", "int", 1)],
-    infer=_ln_infer, reference=_ln_ref,
-    doc="(x - mean) / sqrt(var + eps) * Scale + B over dims axis..rank-1")
-LayerNormalization.kernel("layer_norm_numba", dtypes=_F32_64, priority=10, plan=_rows_plan,
-                          workspace=_ln_workspace, applies=_params_in_block,
-                          doc="one stats pass per row (float64 sums), one write pass")(_ln_kernel(False))
+    infer=_ln_infer,
+    reference=_ln_ref,
+    doc="(x - mean) / sqrt(var + eps) * Scale + B over dims axis..rank-1",
+)
+LayerNormalization.kernel(
+    "layer_norm_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=_rows_plan,
+    workspace=_ln_workspace,
+    applies=_params_in_block,
+    doc="one stats pass per row (float64 sums), one write pass",
+)(_ln_kernel(False))
 
 
 # -- RMSNormalization --------------------------------------------------------------------------------
@@ -164,12 +174,24 @@ def _rms_ref(ins, attrs):
 
 
 RMSNormalization = register_op(
-    "RMSNormalization", category="norm", inputs=[Input("X", FLOAT), Input("scale", FLOAT)], outputs=["Y"],
+    "RMSNormalization",
+    category="norm",
+    inputs=[Input("X", FLOAT), Input("scale", FLOAT)],
+    outputs=["Y"],
     attrs=[Attr("axis", "int", -1), Attr("epsilon", "float", 1e-5), Attr("stash_type", "int", 1)],
-    infer=_rms_infer, reference=_rms_ref, doc="x / sqrt(mean(x^2) + eps) * scale over dims axis..rank-1")
-RMSNormalization.kernel("rms_norm_numba", dtypes=_F32_64, priority=10, plan=_rows_plan, workspace=_ln_workspace,
-                        applies=_params_in_block,
-                        doc="one sum-of-squares pass per row (float64), one write pass")(_ln_kernel(True))
+    infer=_rms_infer,
+    reference=_rms_ref,
+    doc="x / sqrt(mean(x^2) + eps) * scale over dims axis..rank-1",
+)
+RMSNormalization.kernel(
+    "rms_norm_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=_rows_plan,
+    workspace=_ln_workspace,
+    applies=_params_in_block,
+    doc="one sum-of-squares pass per row (float64), one write pass",
+)(_ln_kernel(True))
 
 
 # -- BatchNormalization ------------------------------------------------------------------------------
@@ -189,10 +211,16 @@ def _bn_infer(ctx):
     op = ctx.op.name
     C = _channel_params(ctx, ("scale", "B", "input_mean", "input_var"), 1)
     if not int(ctx.attrs["training_mode"]) and ctx.num_outputs > 1:
-        raise _bad(op, f"running_mean/running_var outputs exist only with training_mode=1; "
-                       f"got {ctx.num_outputs} outputs with training_mode=0")
-    return [TensorMeta(tuple(ctx.shape(0)), ctx.dtype(0)), TensorMeta((C,), ctx.dtype(3)),
-            TensorMeta((C,), ctx.dtype(4))]
+        raise _bad(
+            op,
+            f"running_mean/running_var outputs exist only with training_mode=1; "
+            f"got {ctx.num_outputs} outputs with training_mode=0",
+        )
+    return [
+        TensorMeta(tuple(ctx.shape(0)), ctx.dtype(0)),
+        TensorMeta((C,), ctx.dtype(3)),
+        TensorMeta((C,), ctx.dtype(4)),
+    ]
 
 
 def _bn_ref(ins, attrs):
@@ -207,13 +235,17 @@ def _bn_ref(ins, attrs):
         v = ((w - m.reshape(bshape)) ** 2).mean(axis=axes)
     else:
         m, v = mean.astype(np.float64), var.astype(np.float64)
-    y = (w - m.reshape(bshape)) / np.sqrt(v.reshape(bshape) + eps) * scale.astype(np.float64).reshape(bshape) \
-        + b.astype(np.float64).reshape(bshape)
+    y = (w - m.reshape(bshape)) / np.sqrt(v.reshape(bshape) + eps) * scale.astype(np.float64).reshape(
+        bshape
+    ) + b.astype(np.float64).reshape(bshape)
     if not training:
         return y.astype(x.dtype)
     mom = float(attrs["momentum"])
-    return (y.astype(x.dtype), (mean * mom + m * (1 - mom)).astype(mean.dtype),
-            (var * mom + v * (1 - mom)).astype(var.dtype))
+    return (
+        y.astype(x.dtype),
+        (mean * mom + m * (1 - mom)).astype(mean.dtype),
+        (var * mom + v * (1 - mom)).astype(var.dtype),
+    )
 
 
 def _nc_plan(ctx):
@@ -226,24 +258,50 @@ def _bn_kernel(ins, outs, attrs, plan, ws):
     N, C, S, par = plan
     x, scale, b, mean, var = ins
     with np.errstate(all="ignore"):
-        res = K.batch_norm(x, scale, b, mean, var, outs[0], N, C, S, float(attrs["epsilon"]), par,
-                           bool(attrs["training_mode"]), float(attrs["momentum"]))
+        res = K.batch_norm(
+            x,
+            scale,
+            b,
+            mean,
+            var,
+            outs[0],
+            N,
+            C,
+            S,
+            float(attrs["epsilon"]),
+            par,
+            bool(attrs["training_mode"]),
+            float(attrs["momentum"]),
+        )
     if res is not None:
         for o, r in zip(outs[1:], res):
             np.copyto(o, r, casting="unsafe")
 
 
 BatchNormalization = register_op(
-    "BatchNormalization", category="norm",
-    inputs=[Input("X", FLOAT), Input("scale", FLOAT), Input("B", FLOAT), Input("input_mean", FLOAT),
-            Input("input_var", FLOAT)],
+    "BatchNormalization",
+    category="norm",
+    inputs=[
+        Input("X", FLOAT),
+        Input("scale", FLOAT),
+        Input("B", FLOAT),
+        Input("input_mean", FLOAT),
+        Input("input_var", FLOAT),
+    ],
     outputs=["Y", Output("running_mean", optional=True), Output("running_var", optional=True)],
     attrs=[Attr("epsilon", "float", 1e-5), Attr("momentum", "float", 0.9), Attr("training_mode", "int", 0)],
-    infer=_bn_infer, reference=_bn_ref,
+    infer=_bn_infer,
+    reference=_bn_ref,
     doc="per-channel (axis 1) normalisation; training_mode=1 uses batch statistics and also returns "
-        "running = input * momentum + batch * (1 - momentum) (population variance)")
-BatchNormalization.kernel("batch_norm_numba", dtypes=_F32_64, priority=10, plan=_nc_plan,
-                          doc="per (n, c) plane: (x - mean) * a[c] + B[c]; training stats per channel")(_bn_kernel)
+    "running = input * momentum + batch * (1 - momentum) (population variance)",
+)
+BatchNormalization.kernel(
+    "batch_norm_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=_nc_plan,
+    doc="per (n, c) plane: (x - mean) * a[c] + B[c]; training stats per channel",
+)(_bn_kernel)
 
 
 # -- GroupNormalization / InstanceNormalization ----------------------------------------------------
@@ -286,15 +344,22 @@ def _gn_kernel(ins, outs, attrs, plan, ws):
 
 
 GroupNormalization = register_op(
-    "GroupNormalization", category="norm",
-    inputs=[Input("X", FLOAT), Input("scale", FLOAT), Input("bias", FLOAT)], outputs=["Y"],
+    "GroupNormalization",
+    category="norm",
+    inputs=[Input("X", FLOAT), Input("scale", FLOAT), Input("bias", FLOAT)],
+    outputs=["Y"],
     attrs=[Attr("epsilon", "float", 1e-5), Attr("num_groups", "int"), Attr("stash_type", "int", 1)],
     infer=_gn_infer,
-    reference=lambda ins, attrs: _group_ref(ins[0], ins[1], ins[2], int(attrs["num_groups"]),
-                                            float(attrs["epsilon"])),
-    doc="statistics per (sample, group of C/num_groups channels); scale/bias per channel (opset 21)")
-GroupNormalization.kernel("group_norm_numba", dtypes=_F32_64, priority=10, plan=_gn_plan,
-                          doc="one stats pass per (n, g) row, per-channel affine write pass")(_gn_kernel)
+    reference=lambda ins, attrs: _group_ref(ins[0], ins[1], ins[2], int(attrs["num_groups"]), float(attrs["epsilon"])),
+    doc="statistics per (sample, group of C/num_groups channels); scale/bias per channel (opset 21)",
+)
+GroupNormalization.kernel(
+    "group_norm_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=_gn_plan,
+    doc="one stats pass per (n, g) row, per-channel affine write pass",
+)(_gn_kernel)
 
 
 def _in_infer(ctx):
@@ -303,13 +368,18 @@ def _in_infer(ctx):
 
 
 InstanceNormalization = register_op(
-    "InstanceNormalization", category="norm",
-    inputs=[Input("input", FLOAT), Input("scale", FLOAT), Input("B", FLOAT)], outputs=["output"],
-    attrs=[Attr("epsilon", "float", 1e-5)], infer=_in_infer,
+    "InstanceNormalization",
+    category="norm",
+    inputs=[Input("input", FLOAT), Input("scale", FLOAT), Input("B", FLOAT)],
+    outputs=["output"],
+    attrs=[Attr("epsilon", "float", 1e-5)],
+    infer=_in_infer,
     reference=lambda ins, attrs: _group_ref(ins[0], ins[1], ins[2], ins[0].shape[1], float(attrs["epsilon"])),
-    doc="statistics per (sample, channel) over the spatial dims; scale/B per channel")
-InstanceNormalization.kernel("instance_norm_numba", dtypes=_F32_64, priority=10, plan=_gn_plan,
-                             doc="group norm with one channel per group")(_gn_kernel)
+    doc="statistics per (sample, channel) over the spatial dims; scale/B per channel",
+)
+InstanceNormalization.kernel(
+    "instance_norm_numba", dtypes=_F32_64, priority=10, plan=_gn_plan, doc="group norm with one channel per group"
+)(_gn_kernel)
 
 
 # -- LpNormalization / MeanVarianceNormalization / LRN (rarely hot: numpy kernels) -----------------
@@ -333,12 +403,21 @@ def _lp_ref(ins, attrs):
 
 
 LpNormalization = register_op(
-    "LpNormalization", category="norm", inputs=[Input("input", FLOAT)], outputs=["output"],
-    attrs=[Attr("axis", "int", -1), Attr("p", "int", 2)], infer=_lp_infer, reference=_lp_ref,
-    doc="x / ||x||_p along axis (p in {1, 2}); 0 where the norm is 0")
-LpNormalization.kernel("lp_norm_numpy", dtypes=_F32_64, priority=5,
-                       plan=lambda ctx: (int(ctx.attrs["axis"]) % len(ctx.shape(0)), int(ctx.attrs["p"])))(
-    lambda ins, outs, attrs, plan, ws: K.lp_normalize(ins[0], outs[0], plan[0], plan[1]))
+    "LpNormalization",
+    category="norm",
+    inputs=[Input("input", FLOAT)],
+    outputs=["output"],
+    attrs=[Attr("axis", "int", -1), Attr("p", "int", 2)],
+    infer=_lp_infer,
+    reference=_lp_ref,
+    doc="x / ||x||_p along axis (p in {1, 2}); 0 where the norm is 0",
+)
+LpNormalization.kernel(
+    "lp_norm_numpy",
+    dtypes=_F32_64,
+    priority=5,
+    plan=lambda ctx: (int(ctx.attrs["axis"]) % len(ctx.shape(0)), int(ctx.attrs["p"])),
+)(lambda ins, outs, attrs, plan, ws: K.lp_normalize(ins[0], outs[0], plan[0], plan[1]))
 
 
 def _mvn_axes(ctx) -> tuple:
@@ -360,12 +439,18 @@ def _mvn_ref(ins, attrs):
 
 
 MeanVarianceNormalization = register_op(
-    "MeanVarianceNormalization", category="norm", inputs=[Input("X", FLOAT)], outputs=["Y"],
+    "MeanVarianceNormalization",
+    category="norm",
+    inputs=[Input("X", FLOAT)],
+    outputs=["Y"],
     attrs=[Attr("axes", "ints", (0, 2, 3))],
     infer=lambda ctx: (_mvn_axes(ctx), [TensorMeta(tuple(ctx.shape(0)), ctx.dtype(0))])[1],
-    reference=_mvn_ref, doc="(x - mean) / (sqrt(var) + 1e-9) over axes")
+    reference=_mvn_ref,
+    doc="(x - mean) / (sqrt(var) + 1e-9) over axes",
+)
 MeanVarianceNormalization.kernel("mvn_numpy", dtypes=_F32_64, priority=5, plan=_mvn_axes)(
-    lambda ins, outs, attrs, plan, ws: K.mean_variance_normalize(ins[0], outs[0], plan))
+    lambda ins, outs, attrs, plan, ws: K.mean_variance_normalize(ins[0], outs[0], plan)
+)
 
 
 def _lrn_infer(ctx):
@@ -387,20 +472,26 @@ def _lrn_ref(ins, attrs):
     for c in range(C):
         lo = max(0, c - (size - 1) // 2)
         hi = min(C - 1, c + math.ceil((size - 1) / 2))
-        sq[:, c] = (w[:, lo: hi + 1] ** 2).sum(axis=1)
+        sq[:, c] = (w[:, lo : hi + 1] ** 2).sum(axis=1)
     y = w / (float(attrs["bias"]) + float(attrs["alpha"]) / size * sq) ** float(attrs["beta"])
     return y.astype(x.dtype)
 
 
 LRN = register_op(
-    "LRN", category="norm", inputs=[Input("X", FLOAT)], outputs=["Y"],
-    attrs=[Attr("alpha", "float", 1e-4), Attr("beta", "float", 0.75), Attr("bias", "float", 1.0),
-           Attr("size", "int")],
-    infer=_lrn_infer, reference=_lrn_ref,
-    doc="x / (bias + alpha/size * sum of x^2 over a window of `size` channels)^beta")
+    "LRN",
+    category="norm",
+    inputs=[Input("X", FLOAT)],
+    outputs=["Y"],
+    attrs=[Attr("alpha", "float", 1e-4), Attr("beta", "float", 0.75), Attr("bias", "float", 1.0), Attr("size", "int")],
+    infer=_lrn_infer,
+    reference=_lrn_ref,
+    doc="x / (bias + alpha/size * sum of x^2 over a window of `size` channels)^beta",
+)
 LRN.kernel("lrn_numpy", dtypes=_F32_64, priority=5)(
-    lambda ins, outs, attrs, plan, ws: K.lrn(ins[0], outs[0], int(attrs["size"]), float(attrs["alpha"]),
-                                             float(attrs["beta"]), float(attrs["bias"])))
+    lambda ins, outs, attrs, plan, ws: K.lrn(
+        ins[0], outs[0], int(attrs["size"]), float(attrs["alpha"]), float(attrs["beta"]), float(attrs["bias"])
+    )
+)
 
 
 # -- functional entry points (torch-style) ----------------------------------------------------------
@@ -413,16 +504,22 @@ def _zeros(shape, dtype):
 
 
 def _normalized_axis(name: str, t, normalized_shape) -> int:
-    if type(normalized_shape) not in (tuple, list, int) and hasattr(normalized_shape, "shape") and \
-            hasattr(normalized_shape, "dtype"):  # a tensor where dims belong
-        raise ParamInvalidError(f"{name}: normalized_shape must be an int or a tuple of ints (the trailing dims, "
-                                f"e.g. {tuple(t.shape[-1:])}), got a {type(normalized_shape).__name__} of shape "
-                                f"{tuple(normalized_shape.shape)}; pass weight= and bias= by keyword")
+    if (
+        type(normalized_shape) not in (tuple, list, int)
+        and hasattr(normalized_shape, "shape")
+        and hasattr(normalized_shape, "dtype")
+    ):  # a tensor where dims belong
+        raise ParamInvalidError(
+            f"{name}: normalized_shape must be an int or a tuple of ints (the trailing dims, "
+            f"e.g. {tuple(t.shape[-1:])}), got a {type(normalized_shape).__name__} of shape "
+            f"{tuple(normalized_shape.shape)}; pass weight= and bias= by keyword"
+        )
     ns = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
     k = len(ns)
-    if k == 0 or k > t.ndim or tuple(t.shape[t.ndim - k:]) != tuple(int(n) for n in ns):
-        raise ParamInvalidError(f"{name}: normalized_shape {ns} must equal the trailing dims of the input "
-                                f"shape {t.shape}")
+    if k == 0 or k > t.ndim or tuple(t.shape[t.ndim - k :]) != tuple(int(n) for n in ns):
+        raise ParamInvalidError(
+            f"{name}: normalized_shape {ns} must equal the trailing dims of the input shape {t.shape}"
+        )
     return t.ndim - k
 
 

@@ -16,6 +16,7 @@ is that of the window's first NaN. Indices follow ONNX: flattened over the whole
 tensor (``n*C*H*W + c*H*W + h*W + w``; ``storage_order=1`` flattens the spatial dims
 column-major); ``idx % (H*W)`` gives torch's per-plane index.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -42,6 +43,7 @@ def _str(v) -> str:
 
 # -- geometry ------------------------------------------------------------------------------------
 
+
 class PoolGeometry(NamedTuple):
     """Resolved window geometry of a pooling op over the spatial dims."""
 
@@ -59,8 +61,9 @@ def _attr_ints(op: str, attrs: dict, name: str, n: int, default: int, minimum: i
         return (default,) * n
     v = tuple(int(a) for a in v)
     if len(v) != n:
-        raise ParamInvalidError(f"{op}: attribute {name!r} needs {n} values (one per spatial dim), got {list(v)}",
-                                op=op)
+        raise ParamInvalidError(
+            f"{op}: attribute {name!r} needs {n} values (one per spatial dim), got {list(v)}", op=op
+        )
     if any(a < minimum for a in v):
         raise ParamInvalidError(f"{op}: attribute {name!r} must be >= {minimum}, got {list(v)}", op=op)
     return v
@@ -72,12 +75,16 @@ def pool_geometry(op: str, x_shape: tuple, attrs: dict, *, dilations: bool = Tru
     ceil mode a window that would start in the end padding is dropped, as in torch)."""
     n = len(x_shape) - 2
     if n < 1:
-        raise InferShapeError(f"{op}: input X must be (N, C, spatial...) with at least 3 dims, got shape "
-                              f"{tuple(x_shape)}", op=op)
+        raise InferShapeError(
+            f"{op}: input X must be (N, C, spatial...) with at least 3 dims, got shape {tuple(x_shape)}", op=op
+        )
     kernel = attrs.get("kernel_shape")
     if kernel is None or len(kernel) != n:
-        raise ParamInvalidError(f"{op}: attribute 'kernel_shape' needs {n} values for a {len(x_shape)}-D input, "
-                                f"got {None if kernel is None else list(kernel)}", op=op)
+        raise ParamInvalidError(
+            f"{op}: attribute 'kernel_shape' needs {n} values for a {len(x_shape)}-D input, "
+            f"got {None if kernel is None else list(kernel)}",
+            op=op,
+        )
     kernel = tuple(int(k) for k in kernel)
     if any(k < 1 for k in kernel):
         raise ParamInvalidError(f"{op}: attribute 'kernel_shape' must be positive, got {list(kernel)}", op=op)
@@ -122,7 +129,9 @@ def pool_geometry(op: str, x_shape: tuple, attrs: dict, *, dilations: bool = Tru
             raise InferShapeError(
                 f"{op}: the window (kernel {kernel[i]}, dilation {dil[i]}: effective size {ek[i]}) is larger than the "
                 f"padded input along spatial dim {i} (size {spatial[i]} + pads {pb[i]}+{pe[i]}); output size would "
-                f"be {o}", op=op)
+                f"be {o}",
+                op=op,
+            )
     return PoolGeometry(kernel, strides, dil, tuple(pb), tuple(pe), tuple(out))
 
 
@@ -134,6 +143,7 @@ def _check_rank(ctx, minimum: int = 3):
 
 
 # -- the numpy references: windows enumerated explicitly, one output position at a time -------------
+
 
 def _windows(spatial: tuple, g: PoolGeometry):
     """Yield (output position, per-dim valid input coords, taps inside the padded extent)."""
@@ -163,7 +173,7 @@ def _max_pool_reference(ins, attrs):
     if int(attrs.get("storage_order", 0)) == 1:
         mult = [math.prod(spatial[:i]) for i in range(n)]
     else:
-        mult = [math.prod(spatial[i + 1:]) for i in range(n)]
+        mult = [math.prod(spatial[i + 1 :]) for i in range(n)]
     plane = np.arange(N * C, dtype=np.int64).reshape(N, C) * math.prod(spatial)
     lowest = -np.inf if x.dtype.kind == "f" or _dt.is_float(x.dtype) else np.iinfo(x.dtype).min
     for pos, valid, _ in _windows(spatial, g):
@@ -199,23 +209,34 @@ def _lp_pool_reference(ins, attrs):
     y = np.empty(x.shape[:2] + g.out, np.float64)
     for pos, valid, _ in _windows(x.shape[2:], g):
         vals = np.abs(_window_values(x, valid).astype(np.float64))
-        y[(slice(None), slice(None)) + pos] = np.sum(vals ** p, axis=2) ** (1.0 / p)
+        y[(slice(None), slice(None)) + pos] = np.sum(vals**p, axis=2) ** (1.0 / p)
     return y.astype(x.dtype)
 
 
 # -- MaxPool / AveragePool / LpPool records -------------------------------------------------------------
 
+
 def _pool_attrs(extra=()):
-    return [Attr("auto_pad", "string", "NOTSET"), Attr("ceil_mode", "int", 0), Attr("dilations", "ints", None),
-            Attr("kernel_shape", "ints"), Attr("pads", "ints", None), Attr("strides", "ints", None), *extra]
+    return [
+        Attr("auto_pad", "string", "NOTSET"),
+        Attr("ceil_mode", "int", 0),
+        Attr("dilations", "ints", None),
+        Attr("kernel_shape", "ints"),
+        Attr("pads", "ints", None),
+        Attr("strides", "ints", None),
+        *extra,
+    ]
 
 
 def _infer_max_pool(ctx):
     shape = _check_rank(ctx)
     g = pool_geometry("MaxPool", shape, ctx.attrs)
     if int(ctx.attrs["storage_order"]) not in (0, 1):
-        raise ParamInvalidError(f"MaxPool: attribute 'storage_order' must be 0 (row major) or 1 (column major), "
-                                f"got {ctx.attrs['storage_order']}", op="MaxPool")
+        raise ParamInvalidError(
+            f"MaxPool: attribute 'storage_order' must be 0 (row major) or 1 (column major), "
+            f"got {ctx.attrs['storage_order']}",
+            op="MaxPool",
+        )
     out = tuple(shape[:2]) + g.out
     return [TensorMeta(out, ctx.dtype(0)), TensorMeta(out, _dt.int64)]
 
@@ -224,29 +245,47 @@ def _infer_avg_pool(ctx):
     shape = _check_rank(ctx)
     g = pool_geometry(ctx.op.name, shape, ctx.attrs)
     if ctx.op.name == "AveragePool" and int(ctx.attrs["count_include_pad"]) not in (0, 1):
-        raise ParamInvalidError(f"AveragePool: attribute 'count_include_pad' must be 0 or 1, got "
-                                f"{ctx.attrs['count_include_pad']}", op="AveragePool")
+        raise ParamInvalidError(
+            f"AveragePool: attribute 'count_include_pad' must be 0 or 1, got {ctx.attrs['count_include_pad']}",
+            op="AveragePool",
+        )
     if ctx.op.name == "LpPool" and not float(ctx.attrs["p"]) > 0:
         raise ParamInvalidError(f"LpPool: attribute 'p' must be positive, got {ctx.attrs['p']}", op="LpPool")
     return [TensorMeta(tuple(shape[:2]) + g.out, ctx.dtype(0))]
 
 
 MaxPool = register_op(
-    "MaxPool", category="pool", inputs=[Input("X", FLOAT + (_dt.int8, _dt.uint8))],
+    "MaxPool",
+    category="pool",
+    inputs=[Input("X", FLOAT + (_dt.int8, _dt.uint8))],
     outputs=["Y", Output("Indices", optional=True)],
-    attrs=_pool_attrs([Attr("storage_order", "int", 0)]), infer=_infer_max_pool, reference=_max_pool_reference,
-    doc="Max over each window; optional ONNX flattened indices of the maxima (NaN propagates).")
+    attrs=_pool_attrs([Attr("storage_order", "int", 0)]),
+    infer=_infer_max_pool,
+    reference=_max_pool_reference,
+    doc="Max over each window; optional ONNX flattened indices of the maxima (NaN propagates).",
+)
 
 AveragePool = register_op(
-    "AveragePool", category="pool", inputs=[Input("X", FLOAT)], outputs=["Y"],
-    attrs=_pool_attrs([Attr("count_include_pad", "int", 0)]), infer=_infer_avg_pool,
+    "AveragePool",
+    category="pool",
+    inputs=[Input("X", FLOAT)],
+    outputs=["Y"],
+    attrs=_pool_attrs([Attr("count_include_pad", "int", 0)]),
+    infer=_infer_avg_pool,
     reference=_avg_pool_reference,
-    doc="Mean over each window (divisor: taps in the input, or in the padded extent with count_include_pad).")
+    doc="Mean over each window (divisor: taps in the input, or in the padded extent with count_include_pad).",
+)
 
 LpPool = register_op(
-    "LpPool", category="pool", inputs=[Input("X", FLOAT)], outputs=["Y"],
-    attrs=_pool_attrs([Attr("p", "int", 2)]), infer=_infer_avg_pool, reference=_lp_pool_reference,
-    doc="(sum |x|^p)^(1/p) over each window (padding contributes nothing).")
+    "LpPool",
+    category="pool",
+    inputs=[Input("X", FLOAT)],
+    outputs=["Y"],
+    attrs=_pool_attrs([Attr("p", "int", 2)]),
+    infer=_infer_avg_pool,
+    reference=_lp_pool_reference,
+    doc="(sum |x|^p)^(1/p) over each window (padding contributes nothing).",
+)
 
 
 def _numba_ranks(ctx):
@@ -259,8 +298,9 @@ def _pool_plan(ctx) -> K.PoolPlan:
     return K.make_plan(ctx.shape(0), g.out, g.kernel, g.strides, g.dilations, g.pads_begin, g.pads_end)
 
 
-@MaxPool.kernel("max_pool_numba", dtypes=_F32_64 + (_dt.int8, _dt.uint8), priority=10, plan=_pool_plan,
-                applies=_numba_ranks)
+@MaxPool.kernel(
+    "max_pool_numba", dtypes=_F32_64 + (_dt.int8, _dt.uint8), priority=10, plan=_pool_plan, applies=_numba_ranks
+)
 def _max_pool_numba(ins, outs, attrs, plan, ws):
     K.max_pool(ins[0], outs[0], outs[1] if len(outs) > 1 else None, plan, int(attrs["storage_order"]) == 1)
 
@@ -270,21 +310,24 @@ def _avg_pool_numba(ins, outs, attrs, plan, ws):
     K.avg_pool(ins[0], outs[0], plan, int(attrs["count_include_pad"]) == 1)
 
 
-@LpPool.kernel("lp_pool_numpy", dtypes=_F32_64, priority=5,
-               plan=lambda ctx: pool_geometry("LpPool", ctx.shape(0), ctx.attrs))
+@LpPool.kernel(
+    "lp_pool_numpy", dtypes=_F32_64, priority=5, plan=lambda ctx: pool_geometry("LpPool", ctx.shape(0), ctx.attrs)
+)
 def _lp_pool_numpy(ins, outs, attrs, plan, ws):
     K.lp_pool(ins[0], outs[0], plan, float(attrs["p"]))
 
 
 # -- global pools --------------------------------------------------------------------------------------
 
+
 def _infer_global(ctx):
     shape = _check_rank(ctx)
     if any(isinstance(d, int) and d == 0 for d in shape[2:]):
         ctx.fail(f"spatial dims must be non-empty to pool over them, got shape {tuple(shape)}")
     if ctx.op.name == "GlobalLpPool" and not float(ctx.attrs["p"]) > 0:
-        raise ParamInvalidError(f"GlobalLpPool: attribute 'p' must be positive, got {ctx.attrs['p']}",
-                                op="GlobalLpPool")
+        raise ParamInvalidError(
+            f"GlobalLpPool: attribute 'p' must be positive, got {ctx.attrs['p']}", op="GlobalLpPool"
+        )
     return [TensorMeta(tuple(shape[:2]) + (1,) * (len(shape) - 2), ctx.dtype(0))]
 
 
@@ -299,22 +342,40 @@ def _global_max_reference(ins, attrs):
 
 
 GlobalAveragePool = register_op(
-    "GlobalAveragePool", category="pool", inputs=[Input("X", FLOAT)], outputs=["Y"], infer=_infer_global,
-    reference=lambda ins, attrs: ins[0].astype(np.float64).mean(axis=_spatial_axes(ins[0]), keepdims=True)
-    .astype(ins[0].dtype),
-    doc="Mean over all spatial positions.")
+    "GlobalAveragePool",
+    category="pool",
+    inputs=[Input("X", FLOAT)],
+    outputs=["Y"],
+    infer=_infer_global,
+    reference=lambda ins, attrs: (
+        ins[0].astype(np.float64).mean(axis=_spatial_axes(ins[0]), keepdims=True).astype(ins[0].dtype)
+    ),
+    doc="Mean over all spatial positions.",
+)
 
 GlobalMaxPool = register_op(
-    "GlobalMaxPool", category="pool", inputs=[Input("X", FLOAT)], outputs=["Y"], infer=_infer_global,
-    reference=_global_max_reference, doc="Max over all spatial positions (NaN propagates).")
+    "GlobalMaxPool",
+    category="pool",
+    inputs=[Input("X", FLOAT)],
+    outputs=["Y"],
+    infer=_infer_global,
+    reference=_global_max_reference,
+    doc="Max over all spatial positions (NaN propagates).",
+)
 
 GlobalLpPool = register_op(
-    "GlobalLpPool", category="pool", inputs=[Input("X", FLOAT)], outputs=["Y"], attrs=[Attr("p", "int", 2)],
+    "GlobalLpPool",
+    category="pool",
+    inputs=[Input("X", FLOAT)],
+    outputs=["Y"],
+    attrs=[Attr("p", "int", 2)],
     infer=_infer_global,
-    reference=lambda ins, attrs: (np.sum(np.abs(ins[0].astype(np.float64)) ** float(attrs["p"]),
-                                         axis=_spatial_axes(ins[0]), keepdims=True) ** (1.0 / float(attrs["p"])))
-    .astype(ins[0].dtype),
-    doc="(sum |x|^p)^(1/p) over all spatial positions.")
+    reference=lambda ins, attrs: (
+        np.sum(np.abs(ins[0].astype(np.float64)) ** float(attrs["p"]), axis=_spatial_axes(ins[0]), keepdims=True)
+        ** (1.0 / float(attrs["p"]))
+    ).astype(ins[0].dtype),
+    doc="(sum |x|^p)^(1/p) over all spatial positions.",
+)
 
 
 def _global_plan(ctx) -> bool:
@@ -346,19 +407,24 @@ def _global_lp_numpy(ins, outs, attrs, plan, ws):
 
 # -- AdaptiveAvgPool (opsnn domain: ONNX has no adaptive pooling) ---------------------------------------
 
+
 def _adaptive_sizes(ctx):
     shape = ctx.shape(0)
     size = ctx.attrs["output_size"]
     k = len(size)
     if k < 1:
-        raise ParamInvalidError("AdaptiveAvgPool: attribute 'output_size' needs at least one value",
-                                op="AdaptiveAvgPool")
+        raise ParamInvalidError(
+            "AdaptiveAvgPool: attribute 'output_size' needs at least one value", op="AdaptiveAvgPool"
+        )
     if len(shape) < k + 1:
-        ctx.fail(f"a {k}-D output_size pools the last {k} dims of a tensor with a leading channel dim; input X has "
-                 f"shape {tuple(shape)}")
+        ctx.fail(
+            f"a {k}-D output_size pools the last {k} dims of a tensor with a leading channel dim; input X has "
+            f"shape {tuple(shape)}"
+        )
     if any(int(s) < 0 for s in size):
-        raise ParamInvalidError(f"AdaptiveAvgPool: attribute 'output_size' must be >= 0, got {list(size)}",
-                                op="AdaptiveAvgPool")
+        raise ParamInvalidError(
+            f"AdaptiveAvgPool: attribute 'output_size' must be >= 0, got {list(size)}", op="AdaptiveAvgPool"
+        )
     if any(isinstance(d, int) and d == 0 for d in shape[-k:]):
         ctx.fail(f"pooled dims must be non-empty, got shape {tuple(shape)}")
     return shape, tuple(int(s) for s in size)
@@ -366,14 +432,14 @@ def _adaptive_sizes(ctx):
 
 def _infer_adaptive(ctx):
     shape, size = _adaptive_sizes(ctx)
-    return [TensorMeta(tuple(shape[:len(shape) - len(size)]) + size, ctx.dtype(0))]
+    return [TensorMeta(tuple(shape[: len(shape) - len(size)]) + size, ctx.dtype(0))]
 
 
 def _adaptive_reference(ins, attrs):
     x = ins[0]
     size = tuple(int(s) for s in attrs["output_size"])
     k = len(size)
-    lead = x.shape[:x.ndim - k]
+    lead = x.shape[: x.ndim - k]
     y = np.empty(lead + size, np.float64)
     for pos in itertools.product(*[range(s) for s in size]):
         win = []
@@ -384,33 +450,50 @@ def _adaptive_reference(ins, attrs):
 
 
 AdaptiveAvgPool = register_op(
-    "AdaptiveAvgPool", domain="opsnn", category="pool", inputs=[Input("X", FLOAT)], outputs=["Y"],
-    attrs=[Attr("output_size", "ints")], infer=_infer_adaptive, reference=_adaptive_reference,
+    "AdaptiveAvgPool",
+    domain="opsnn",
+    category="pool",
+    inputs=[Input("X", FLOAT)],
+    outputs=["Y"],
+    attrs=[Attr("output_size", "ints")],
+    infer=_infer_adaptive,
+    reference=_adaptive_reference,
     doc="torch's adaptive average pooling over the last len(output_size) dims: window i spans "
-        "[floor(i*In/Out), ceil((i+1)*In/Out)).")
+    "[floor(i*In/Out), ceil((i+1)*In/Out)).",
+)
 
 
-@AdaptiveAvgPool.kernel("adaptive_avg_pool2d_numba", dtypes=_F32_64, priority=10,
-                        applies=lambda ctx: True if len(ctx.attrs["output_size"]) == 2 else
-                        "the numba kernel pools exactly two trailing dims",
-                        plan=lambda ctx: tuple(K.adaptive_bounds(int(ctx.shape(0)[-2 + i]),
-                                                                 int(ctx.attrs["output_size"][i])) for i in range(2)))
+@AdaptiveAvgPool.kernel(
+    "adaptive_avg_pool2d_numba",
+    dtypes=_F32_64,
+    priority=10,
+    applies=lambda ctx: (
+        True if len(ctx.attrs["output_size"]) == 2 else "the numba kernel pools exactly two trailing dims"
+    ),
+    plan=lambda ctx: tuple(
+        K.adaptive_bounds(int(ctx.shape(0)[-2 + i]), int(ctx.attrs["output_size"][i])) for i in range(2)
+    ),
+)
 def _adaptive_numba(ins, outs, attrs, plan, ws):
     K.adaptive_avg_pool(ins[0], outs[0], plan)
 
 
 # -- MaxUnpool ------------------------------------------------------------------------------------------
 
+
 def _unpool_default_shape(op, x_shape, attrs):
     n = len(x_shape) - 2
     kernel = attrs.get("kernel_shape")
     if kernel is None or len(kernel) != n or any(int(k) < 1 for k in kernel):
-        raise ParamInvalidError(f"{op}: attribute 'kernel_shape' needs {n} positive values, got "
-                                f"{None if kernel is None else list(kernel)}", op=op)
+        raise ParamInvalidError(
+            f"{op}: attribute 'kernel_shape' needs {n} positive values, got {None if kernel is None else list(kernel)}",
+            op=op,
+        )
     strides = _attr_ints(op, attrs, "strides", n, 1, 1)
     pads = _attr_ints(op, attrs, "pads", 2 * n, 0, 0)
-    return tuple(x_shape[:2]) + tuple((x_shape[2 + i] - 1) * strides[i] - pads[i] - pads[n + i] + int(kernel[i])
-                                      for i in range(n))
+    return tuple(x_shape[:2]) + tuple(
+        (x_shape[2 + i] - 1) * strides[i] - pads[i] - pads[n + i] + int(kernel[i]) for i in range(n)
+    )
 
 
 def _unpool_shape(ctx):
@@ -427,15 +510,20 @@ def _unpool_shape(ctx):
         ctx.fail("output_shape must be known at prepare time (a host input)")
     given = tuple(int(d) for d in np.asarray(given).reshape(-1))
     if len(given) != len(shape) or given[:2] != tuple(shape[:2]) or any(d < 0 for d in given):
-        ctx.fail(f"output_shape must be (N, C, spatial...) = {tuple(shape[:2])} + {len(shape) - 2} dims >= 0, "
-                 f"got {list(given)}")
+        ctx.fail(
+            f"output_shape must be (N, C, spatial...) = {tuple(shape[:2])} + {len(shape) - 2} dims >= 0, "
+            f"got {list(given)}"
+        )
     return given
 
 
 def _unpool_reference(ins, attrs):
     x, ind = ins[0], ins[1]
-    shape = (tuple(int(d) for d in ins[2]) if len(ins) > 2 and ins[2] is not None
-             else _unpool_default_shape("MaxUnpool", x.shape, attrs))
+    shape = (
+        tuple(int(d) for d in ins[2])
+        if len(ins) > 2 and ins[2] is not None
+        else _unpool_default_shape("MaxUnpool", x.shape, attrs)
+    )
     y = np.zeros(math.prod(shape), x.dtype)
     for v, i in zip(x.reshape(-1), ind.reshape(-1)):
         if not 0 <= i < y.size:
@@ -445,12 +533,16 @@ def _unpool_reference(ins, attrs):
 
 
 MaxUnpool = register_op(
-    "MaxUnpool", category="pool",
+    "MaxUnpool",
+    category="pool",
     inputs=[Input("X", FLOAT), Input("I", (_dt.int64,)), Input("output_shape", (_dt.int64,), optional=True, host=True)],
-    outputs=["output"], attrs=[Attr("kernel_shape", "ints"), Attr("pads", "ints", None), Attr("strides", "ints", None)],
-    infer=lambda ctx: [TensorMeta(_unpool_shape(ctx), ctx.dtype(0))], reference=_unpool_reference,
+    outputs=["output"],
+    attrs=[Attr("kernel_shape", "ints"), Attr("pads", "ints", None), Attr("strides", "ints", None)],
+    infer=lambda ctx: [TensorMeta(_unpool_shape(ctx), ctx.dtype(0))],
+    reference=_unpool_reference,
     doc="Scatter X to the flat positions I (MaxPool's indices) of a zero tensor of output_shape "
-        "(indices index the output tensor, as MaxPool's index its input).")
+    "(indices index the output tensor, as MaxPool's index its input).",
+)
 
 
 @MaxUnpool.kernel("max_unpool_numpy", priority=5)
@@ -459,6 +551,7 @@ def _max_unpool_numpy(ins, outs, attrs, plan, ws):
 
 
 # -- RoiAlign / MaxRoiPool ------------------------------------------------------------------------------
+
 
 def _infer_roi_align(ctx):
     x, rois, b = ctx.shape(0), ctx.shape(1), ctx.shape(2)
@@ -475,11 +568,17 @@ def _infer_roi_align(ctx):
     if mode not in ("avg", "max"):
         raise ParamInvalidError(f"RoiAlign: attribute 'mode' must be 'avg' or 'max', got {mode!r}", op="RoiAlign")
     if ctm not in ("half_pixel", "output_half_pixel"):
-        raise ParamInvalidError(f"RoiAlign: attribute 'coordinate_transformation_mode' must be 'half_pixel' or "
-                                f"'output_half_pixel', got {ctm!r}", op="RoiAlign")
+        raise ParamInvalidError(
+            f"RoiAlign: attribute 'coordinate_transformation_mode' must be 'half_pixel' or "
+            f"'output_half_pixel', got {ctm!r}",
+            op="RoiAlign",
+        )
     if int(a["output_height"]) < 1 or int(a["output_width"]) < 1 or int(a["sampling_ratio"]) < 0:
-        raise ParamInvalidError(f"RoiAlign: output_height/output_width must be >= 1 and sampling_ratio >= 0, got "
-                                f"{a['output_height']}, {a['output_width']}, {a['sampling_ratio']}", op="RoiAlign")
+        raise ParamInvalidError(
+            f"RoiAlign: output_height/output_width must be >= 1 and sampling_ratio >= 0, got "
+            f"{a['output_height']}, {a['output_width']}, {a['sampling_ratio']}",
+            op="RoiAlign",
+        )
     return [TensorMeta((rois[0], x[1], int(a["output_height"]), int(a["output_width"])), ctx.dtype(0))]
 
 
@@ -497,8 +596,12 @@ def _bilinear(plane: np.ndarray, yy: float, xx: float) -> tuple:
     if x0 == W - 1:
         xx = float(x0)
     ly, lx = yy - y0, xx - x0
-    return ((1 - ly) * (1 - lx) * plane[..., y0, x0], (1 - ly) * lx * plane[..., y0, x1],
-            ly * (1 - lx) * plane[..., y1, x0], ly * lx * plane[..., y1, x1])
+    return (
+        (1 - ly) * (1 - lx) * plane[..., y0, x0],
+        (1 - ly) * lx * plane[..., y0, x1],
+        ly * (1 - lx) * plane[..., y1, x0],
+        ly * lx * plane[..., y1, x1],
+    )
 
 
 def _roi_align_reference(ins, attrs):
@@ -539,21 +642,36 @@ def _roi_align_reference(ins, attrs):
 
 
 RoiAlign = register_op(
-    "RoiAlign", category="pool",
+    "RoiAlign",
+    category="pool",
     inputs=[Input("X", FLOAT), Input("rois", FLOAT), Input("batch_indices", (_dt.int64, _dt.int32))],
     outputs=["Y"],
-    attrs=[Attr("coordinate_transformation_mode", "string", "half_pixel"), Attr("mode", "string", "avg"),
-           Attr("output_height", "int", 1), Attr("output_width", "int", 1), Attr("sampling_ratio", "int", 0),
-           Attr("spatial_scale", "float", 1.0)],
-    infer=_infer_roi_align, reference=_roi_align_reference,
-    doc="Mask R-CNN RoI align: bilinear samples averaged (or, ONNX's 'max' mode, max of weighted corners) per bin.")
+    attrs=[
+        Attr("coordinate_transformation_mode", "string", "half_pixel"),
+        Attr("mode", "string", "avg"),
+        Attr("output_height", "int", 1),
+        Attr("output_width", "int", 1),
+        Attr("sampling_ratio", "int", 0),
+        Attr("spatial_scale", "float", 1.0),
+    ],
+    infer=_infer_roi_align,
+    reference=_roi_align_reference,
+    doc="Mask R-CNN RoI align: bilinear samples averaged (or, ONNX's 'max' mode, max of weighted corners) per bin.",
+)
 
 
 @RoiAlign.kernel("roi_align_numba", dtypes=_F32_64, priority=10)
 def _roi_align_numba(ins, outs, attrs, plan, ws):
-    K.roi_align(ins[0], ins[1], ins[2], outs[0], float(attrs["spatial_scale"]), int(attrs["sampling_ratio"]),
-                _str(attrs["coordinate_transformation_mode"]).lower() == "half_pixel",
-                _str(attrs["mode"]).lower() == "max")
+    K.roi_align(
+        ins[0],
+        ins[1],
+        ins[2],
+        outs[0],
+        float(attrs["spatial_scale"]),
+        int(attrs["sampling_ratio"]),
+        _str(attrs["coordinate_transformation_mode"]).lower() == "half_pixel",
+        _str(attrs["mode"]).lower() == "max",
+    )
 
 
 def _infer_max_roi_pool(ctx):
@@ -564,8 +682,9 @@ def _infer_max_roi_pool(ctx):
         ctx.fail(f"rois must be (num_rois, 5) rows [batch_index, x1, y1, x2, y2], got shape {tuple(rois)}")
     shape = ctx.attrs["pooled_shape"]
     if len(shape) != 2 or any(int(s) < 1 for s in shape):
-        raise ParamInvalidError(f"MaxRoiPool: attribute 'pooled_shape' must be two positive ints, got {list(shape)}",
-                                op="MaxRoiPool")
+        raise ParamInvalidError(
+            f"MaxRoiPool: attribute 'pooled_shape' must be two positive ints, got {list(shape)}", op="MaxRoiPool"
+        )
     return [TensorMeta((rois[0], x[1], int(shape[0]), int(shape[1])), ctx.dtype(0))]
 
 
@@ -598,9 +717,15 @@ def _max_roi_pool_reference(ins, attrs):
 
 
 MaxRoiPool = register_op(
-    "MaxRoiPool", category="pool", inputs=[Input("X", FLOAT), Input("rois", FLOAT)], outputs=["Y"],
-    attrs=[Attr("pooled_shape", "ints"), Attr("spatial_scale", "float", 1.0)], infer=_infer_max_roi_pool,
-    reference=_max_roi_pool_reference, doc="Fast R-CNN RoI max pooling (box corners rounded; empty bins give 0).")
+    "MaxRoiPool",
+    category="pool",
+    inputs=[Input("X", FLOAT), Input("rois", FLOAT)],
+    outputs=["Y"],
+    attrs=[Attr("pooled_shape", "ints"), Attr("spatial_scale", "float", 1.0)],
+    infer=_infer_max_roi_pool,
+    reference=_max_roi_pool_reference,
+    doc="Fast R-CNN RoI max pooling (box corners rounded; empty bins give 0).",
+)
 
 
 @MaxRoiPool.kernel("max_roi_pool_numpy", dtypes=_F32_64, priority=5)
@@ -609,6 +734,7 @@ def _max_roi_pool_numpy(ins, outs, attrs, plan, ws):
 
 
 # -- functional entry points (torch-style arguments) ----------------------------------------------------------
+
 
 def _ints_arg(fn: str, name: str, v, n: int, minimum: int) -> tuple:
     if type(v) is int and v >= minimum:  # the common call (max_pool2d(x, 2)): no generic checks
@@ -628,17 +754,23 @@ def _ints_arg(fn: str, name: str, v, n: int, minimum: int) -> tuple:
 def _torch_window(fn: str, x, n: int, kernel_size, stride, padding, dilation=1):
     x = as_tensor(x)
     if x.ndim != n + 2:
-        raise ParamInvalidError(f"{fn}: expected a {n + 2}-D (N, C, {'D, ' if n == 3 else ''}"
-                                f"{'H, ' if n >= 2 else ''}W) input, got shape {x.shape}")
+        raise ParamInvalidError(
+            f"{fn}: expected a {n + 2}-D (N, C, {'D, ' if n == 3 else ''}"
+            f"{'H, ' if n >= 2 else ''}W) input, got shape {x.shape}"
+        )
     k = _ints_arg(fn, "kernel_size", kernel_size, n, 1)
-    s = k if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else \
-        _ints_arg(fn, "stride", stride, n, 1)
+    s = (
+        k
+        if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0)
+        else _ints_arg(fn, "stride", stride, n, 1)
+    )
     p = _ints_arg(fn, "padding", padding, n, 0)
     d = _ints_arg(fn, "dilation", dilation, n, 1)
     for ki, pi in zip(k, p):
         if pi > ki // 2:  # torch's rule
-            raise ParamInvalidError(f"{fn}: padding should be at most half of kernel_size, got padding {p} for "
-                                    f"kernel_size {k}")
+            raise ParamInvalidError(
+                f"{fn}: padding should be at most half of kernel_size, got padding {p} for kernel_size {k}"
+            )
     return x, {"kernel_shape": list(k), "strides": list(s), "pads": list(p) * 2, "dilations": list(d)}
 
 
@@ -758,16 +890,19 @@ def max_unpool2d(x, indices, kernel_size, stride=None, padding=0, output_size=No
 
 
 @api("roi_align", "RoiAlign")
-def roi_align(x, rois, batch_indices, output_size, spatial_scale=1.0, sampling_ratio=0, aligned=False,
-              mode="avg"):
+def roi_align(x, rois, batch_indices, output_size, spatial_scale=1.0, sampling_ratio=0, aligned=False, mode="avg"):
     """RoI align of (N, C, H, W) features over ``rois`` (K, 4) boxes [x1, y1, x2, y2] of
     images ``batch_indices`` (K,). ``aligned`` shifts by half a pixel (ONNX half_pixel);
     ``sampling_ratio`` <= 0 samples adaptively."""
     oh, ow = _ints_arg("roi_align", "output_size", output_size, 2, 1)
     return [x, rois, batch_indices], {
-        "output_height": oh, "output_width": ow, "spatial_scale": float(spatial_scale),
-        "sampling_ratio": max(int(sampling_ratio), 0), "mode": str(mode),
-        "coordinate_transformation_mode": "half_pixel" if aligned else "output_half_pixel"}
+        "output_height": oh,
+        "output_width": ow,
+        "spatial_scale": float(spatial_scale),
+        "sampling_ratio": max(int(sampling_ratio), 0),
+        "mode": str(mode),
+        "coordinate_transformation_mode": "half_pixel" if aligned else "output_half_pixel",
+    }
 
 
 @api("roi_pool", "MaxRoiPool")
@@ -777,6 +912,19 @@ def roi_pool(x, rois, output_size, spatial_scale=1.0):
     return [x, rois], {"pooled_shape": [oh, ow], "spatial_scale": float(spatial_scale)}
 
 
-__all__ = ["max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d", "lp_pool2d",
-           "adaptive_avg_pool2d", "global_avg_pool", "global_max_pool", "global_lp_pool", "max_unpool2d",
-           "roi_align", "roi_pool"]
+__all__ = [
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "avg_pool1d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "lp_pool2d",
+    "adaptive_avg_pool2d",
+    "global_avg_pool",
+    "global_max_pool",
+    "global_lp_pool",
+    "max_unpool2d",
+    "roi_align",
+    "roi_pool",
+]

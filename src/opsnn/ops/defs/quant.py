@@ -14,6 +14,7 @@ Types: int8/uint8/int16/uint16, int4/uint4/int2/uint2, float8 (e4m3fn, e4m3fnuz,
 e5m2fnuz; ``saturate`` clips instead of overflowing), float4e2m1 and float6 — where the
 installed ml_dtypes has them.
 """
+
 from __future__ import annotations
 
 import ml_dtypes
@@ -28,10 +29,30 @@ from ..registry import Attr, Input, TensorMeta, register_op
 
 # -- ONNX TensorProto element types (the output_dtype / precision attributes) ---------------------------
 
-_ONNX_CODES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-               10: "float16", 11: "float64", 16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz",
-               19: "float8_e5m2", 20: "float8_e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4_e2m1fn",
-               24: "float8_e8m0fnu", 25: "uint2", 26: "int2", 27: "float6_e2m3fn", 28: "float6_e3m2fn"}
+_ONNX_CODES = {
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    4: "uint16",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    10: "float16",
+    11: "float64",
+    16: "bfloat16",
+    17: "float8_e4m3fn",
+    18: "float8_e4m3fnuz",
+    19: "float8_e5m2",
+    20: "float8_e5m2fnuz",
+    21: "uint4",
+    22: "int4",
+    23: "float4_e2m1fn",
+    24: "float8_e8m0fnu",
+    25: "uint2",
+    26: "int2",
+    27: "float6_e2m3fn",
+    28: "float6_e3m2fn",
+}
 
 
 def _np_dtype(name: str):
@@ -45,8 +66,23 @@ def _np_dtype(name: str):
 ONNX_TO_DTYPE = {c: d for c, d in ((c, _np_dtype(n)) for c, n in _ONNX_CODES.items()) if d is not None}
 DTYPE_TO_ONNX = {d: c for c, d in ONNX_TO_DTYPE.items()}
 
-_Q_NAMES = ("uint8", "int8", "uint16", "int16", "uint4", "int4", "uint2", "int2", "float8_e4m3fn",
-            "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn")
+_Q_NAMES = (
+    "uint8",
+    "int8",
+    "uint16",
+    "int16",
+    "uint4",
+    "int4",
+    "uint2",
+    "int2",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float4_e2m1fn",
+    "float6_e2m3fn",
+    "float6_e3m2fn",
+)
 #: the types QuantizeLinear produces and DequantizeLinear consumes
 QUANT_TYPES = tuple(d for d in (_np_dtype(n) for n in _Q_NAMES) if d is not None)
 _E8M0 = _np_dtype("float8_e8m0fnu")
@@ -60,6 +96,7 @@ def _dname(dt) -> str:
 
 # -- granularity -------------------------------------------------------------------------------------------
 
+
 def quant_layout(op: str, ctx, x_shape: tuple, s_shape: tuple, z_shape, axis: int, block: int) -> K.QuantLayout:
     """Per-tensor / per-axis / blocked, from the scale's shape (ONNX rules), validated."""
     r = len(x_shape)
@@ -72,18 +109,23 @@ def quant_layout(op: str, ctx, x_shape: tuple, s_shape: tuple, z_shape, axis: in
     if r == 0:
         ctx.fail(f"a scalar input takes a single-element scale, got shape {tuple(s_shape)}")
     if not -r <= axis < r:
-        raise ParamInvalidError(f"{op}: attribute 'axis' must be in [{-r}, {r - 1}] for a {r}-D input, got {axis}",
-                                op=op)
+        raise ParamInvalidError(
+            f"{op}: attribute 'axis' must be in [{-r}, {r - 1}] for a {r}-D input, got {axis}", op=op
+        )
     axis %= r
     if block == 0:
         if len(s_shape) != 1 or s_shape[0] != x_shape[axis]:
-            ctx.fail(f"without block_size the scale must be a scalar (per tensor) or 1-D of length "
-                     f"{x_shape[axis]} (per axis {axis}), got shape {tuple(s_shape)}")
+            ctx.fail(
+                f"without block_size the scale must be a scalar (per tensor) or 1-D of length "
+                f"{x_shape[axis]} (per axis {axis}), got shape {tuple(s_shape)}"
+            )
         return K.layout("axis", x_shape, axis, 1)
     want = tuple(-(-x_shape[i] // block) if i == axis else x_shape[i] for i in range(r))
     if tuple(s_shape) != want:
-        ctx.fail(f"blocked quantization (axis {axis}, block_size {block}) needs a scale of shape {want} for input "
-                 f"{tuple(x_shape)}, got {tuple(s_shape)}")
+        ctx.fail(
+            f"blocked quantization (axis {axis}, block_size {block}) needs a scale of shape {want} for input "
+            f"{tuple(x_shape)}, got {tuple(s_shape)}"
+        )
     return K.layout("block", x_shape, axis, block)
 
 
@@ -101,8 +143,15 @@ def _param_each(v: np.ndarray, x_shape: tuple, lay: K.QuantLayout) -> np.ndarray
 
 def _layout_of(ctx) -> K.QuantLayout:
     a = ctx.attrs
-    return quant_layout(ctx.op.name, ctx, ctx.shape(0), ctx.shape(1), ctx.shape(2) if ctx.has(2) else None,
-                        int(a["axis"]), int(a["block_size"]))
+    return quant_layout(
+        ctx.op.name,
+        ctx,
+        ctx.shape(0),
+        ctx.shape(1),
+        ctx.shape(2) if ctx.has(2) else None,
+        int(a["axis"]),
+        int(a["block_size"]),
+    )
 
 
 def _attr_layout(op: str, ins, attrs) -> K.QuantLayout:
@@ -111,27 +160,38 @@ def _attr_layout(op: str, ins, attrs) -> K.QuantLayout:
             raise ParamInvalidError(f"{op}: {msg}", op=op)
 
     z = ins[2] if len(ins) > 2 else None
-    return quant_layout(op, _Ctx(), ins[0].shape, np.shape(ins[1]), None if z is None else np.shape(z),
-                        int(attrs["axis"]), int(attrs["block_size"]))
+    return quant_layout(
+        op,
+        _Ctx(),
+        ins[0].shape,
+        np.shape(ins[1]),
+        None if z is None else np.shape(z),
+        int(attrs["axis"]),
+        int(attrs["block_size"]),
+    )
 
 
 # -- QuantizeLinear --------------------------------------------------------------------------------------
 
+
 def _q_out_dtype(op: str, zp_dtype, output_dtype: int) -> np.dtype:
     code = int(output_dtype or 0)
     if code and code not in ONNX_TO_DTYPE:
-        raise DTypeError(f"{op}: attribute 'output_dtype' {code} is not an ONNX element type this build supports",
-                         op=op)
+        raise DTypeError(
+            f"{op}: attribute 'output_dtype' {code} is not an ONNX element type this build supports", op=op
+        )
     out = ONNX_TO_DTYPE[code] if code else None
     if zp_dtype is not None:
         if out is not None and out != zp_dtype:
-            raise DTypeError(f"{op}: output_dtype {_dname(out)} disagrees with the zero point's dtype "
-                             f"{_dname(zp_dtype)}", op=op)
+            raise DTypeError(
+                f"{op}: output_dtype {_dname(out)} disagrees with the zero point's dtype {_dname(zp_dtype)}", op=op
+            )
         out = zp_dtype
     out = out if out is not None else _dt.uint8
     if out not in QUANT_TYPES:
-        raise DTypeError(f"{op}: the quantized type must be one of {[_dname(d) for d in QUANT_TYPES]}, got "
-                         f"{_dname(out)}", op=op)
+        raise DTypeError(
+            f"{op}: the quantized type must be one of {[_dname(d) for d in QUANT_TYPES]}, got {_dname(out)}", op=op
+        )
     return out
 
 
@@ -148,11 +208,16 @@ def _precision(op: str, code) -> np.dtype | None:
 def _infer_quantize(ctx):
     op = "QuantizeLinear"
     if ctx.dtype(0) not in _OUT_FLOATS + (_dt.int32,):
-        raise DTypeError(f"{op}: input x has dtype {_dname(ctx.dtype(0))}; expected float32, float16, bfloat16, "
-                         "float64 or int32", op=op)
+        raise DTypeError(
+            f"{op}: input x has dtype {_dname(ctx.dtype(0))}; expected float32, float16, bfloat16, float64 or int32",
+            op=op,
+        )
     if ctx.dtype(1) not in _SCALE_TYPES + (_dt.int32,):
-        raise DTypeError(f"{op}: y_scale has dtype {_dname(ctx.dtype(1))}; expected one of "
-                         f"{[_dname(d) for d in _SCALE_TYPES + (_dt.int32,)]}", op=op)
+        raise DTypeError(
+            f"{op}: y_scale has dtype {_dname(ctx.dtype(1))}; expected one of "
+            f"{[_dname(d) for d in _SCALE_TYPES + (_dt.int32,)]}",
+            op=op,
+        )
     if int(ctx.attrs["saturate"]) not in (0, 1):
         raise ParamInvalidError(f"{op}: attribute 'saturate' must be 0 or 1, got {ctx.attrs['saturate']}", op=op)
     _precision(op, ctx.attrs["precision"])
@@ -186,12 +251,21 @@ def _quantize_reference(ins, attrs):
 
 
 QuantizeLinear = register_op(
-    "QuantizeLinear", category="quant",
-    inputs=[Input("x"), Input("y_scale"), Input("y_zero_point", optional=True)], outputs=["y"],
-    attrs=[Attr("axis", "int", 1), Attr("block_size", "int", 0), Attr("output_dtype", "int", 0),
-           Attr("precision", "int", 0), Attr("saturate", "int", 1)],
-    infer=_infer_quantize, reference=_quantize_reference,
-    doc="y = saturate(round_half_even(x / y_scale) + y_zero_point), per tensor, per axis or per block.")
+    "QuantizeLinear",
+    category="quant",
+    inputs=[Input("x"), Input("y_scale"), Input("y_zero_point", optional=True)],
+    outputs=["y"],
+    attrs=[
+        Attr("axis", "int", 1),
+        Attr("block_size", "int", 0),
+        Attr("output_dtype", "int", 0),
+        Attr("precision", "int", 0),
+        Attr("saturate", "int", 1),
+    ],
+    infer=_infer_quantize,
+    reference=_quantize_reference,
+    doc="y = saturate(round_half_even(x / y_scale) + y_zero_point), per tensor, per axis or per block.",
+)
 
 
 class _QPlan:
@@ -217,26 +291,35 @@ def _quantize_int8_applies(ctx):
     return True
 
 
-@QuantizeLinear.kernel("quantize_int8_numba", dtypes=(_dt.float32,), priority=10, plan=_QPlan,
-                       applies=_quantize_int8_applies)
+@QuantizeLinear.kernel(
+    "quantize_int8_numba", dtypes=(_dt.float32,), priority=10, plan=_QPlan, applies=_quantize_int8_applies
+)
 def _quantize_int8(ins, outs, attrs, plan, ws):
     K.quantize_int8(ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], plan.lay, plan.parallel)
 
 
 @QuantizeLinear.kernel("quantize_numpy", priority=5, plan=_QPlan)
 def _quantize_numpy(ins, outs, attrs, plan, ws):
-    np.copyto(outs[0], K.quantize_values(ins[0], ins[1], ins[2] if len(ins) > 2 else None, plan.out, plan.lay,
-                                         plan.prec, plan.saturate))
+    np.copyto(
+        outs[0],
+        K.quantize_values(
+            ins[0], ins[1], ins[2] if len(ins) > 2 else None, plan.out, plan.lay, plan.prec, plan.saturate
+        ),
+    )
 
 
 # -- DequantizeLinear -------------------------------------------------------------------------------------
+
 
 def _dq_out_dtype(op: str, scale_dtype, output_dtype) -> np.dtype:
     code = int(output_dtype or 0)
     out = ONNX_TO_DTYPE.get(code) if code else scale_dtype
     if out not in _OUT_FLOATS:
-        raise DTypeError(f"{op}: the output type (output_dtype, else x_scale's type) must be float32, float16, "
-                         f"bfloat16 or float64, got {_dname(out) if out is not None else code}", op=op)
+        raise DTypeError(
+            f"{op}: the output type (output_dtype, else x_scale's type) must be float32, float16, "
+            f"bfloat16 or float64, got {_dname(out) if out is not None else code}",
+            op=op,
+        )
     return out
 
 
@@ -244,11 +327,15 @@ def _infer_dequantize(ctx):
     op = "DequantizeLinear"
     x = ctx.dtype(0)
     if x not in QUANT_TYPES + (_dt.int32,):
-        raise DTypeError(f"{op}: input x has dtype {_dname(x)}; expected one of "
-                         f"{[_dname(d) for d in QUANT_TYPES + (_dt.int32,)]}", op=op)
+        raise DTypeError(
+            f"{op}: input x has dtype {_dname(x)}; expected one of {[_dname(d) for d in QUANT_TYPES + (_dt.int32,)]}",
+            op=op,
+        )
     if ctx.dtype(1) not in _SCALE_TYPES:
-        raise DTypeError(f"{op}: x_scale has dtype {_dname(ctx.dtype(1))}; expected one of "
-                         f"{[_dname(d) for d in _SCALE_TYPES]}", op=op)
+        raise DTypeError(
+            f"{op}: x_scale has dtype {_dname(ctx.dtype(1))}; expected one of {[_dname(d) for d in _SCALE_TYPES]}",
+            op=op,
+        )
     if ctx.has(2) and ctx.dtype(2) != x:
         raise DTypeError(f"{op}: x_zero_point has dtype {_dname(ctx.dtype(2))}; it must match x ({_dname(x)})", op=op)
     out = _dq_out_dtype(op, ctx.dtype(1), ctx.attrs["output_dtype"])
@@ -268,11 +355,15 @@ def _dequantize_reference(ins, attrs):
 
 
 DequantizeLinear = register_op(
-    "DequantizeLinear", category="quant",
-    inputs=[Input("x"), Input("x_scale"), Input("x_zero_point", optional=True)], outputs=["y"],
+    "DequantizeLinear",
+    category="quant",
+    inputs=[Input("x"), Input("x_scale"), Input("x_zero_point", optional=True)],
+    outputs=["y"],
     attrs=[Attr("axis", "int", 1), Attr("block_size", "int", 0), Attr("output_dtype", "int", 0)],
-    infer=_infer_dequantize, reference=_dequantize_reference,
-    doc="y = (x - x_zero_point) * x_scale, per tensor, per axis or per block.")
+    infer=_infer_dequantize,
+    reference=_dequantize_reference,
+    doc="y = (x - x_zero_point) * x_scale, per tensor, per axis or per block.",
+)
 
 
 def _dequantize_int8_applies(ctx):
@@ -281,8 +372,9 @@ def _dequantize_int8_applies(ctx):
     return True
 
 
-@DequantizeLinear.kernel("dequantize_int8_numba", dtypes=(_dt.int8, _dt.uint8), priority=10, plan=_QPlan,
-                         applies=_dequantize_int8_applies)
+@DequantizeLinear.kernel(
+    "dequantize_int8_numba", dtypes=(_dt.int8, _dt.uint8), priority=10, plan=_QPlan, applies=_dequantize_int8_applies
+)
 def _dequantize_int8(ins, outs, attrs, plan, ws):
     K.dequantize_int8(ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], plan.lay, plan.parallel)
 
@@ -294,10 +386,13 @@ def _dequantize_numpy(ins, outs, attrs, plan, ws):
 
 # -- DynamicQuantizeLinear --------------------------------------------------------------------------------
 
+
 def _infer_dynamic(ctx):
     if ctx.dtype(0) not in _OUT_FLOATS:
-        raise DTypeError(f"DynamicQuantizeLinear: input x has dtype {_dname(ctx.dtype(0))}; expected a float type",
-                         op="DynamicQuantizeLinear")
+        raise DTypeError(
+            f"DynamicQuantizeLinear: input x has dtype {_dname(ctx.dtype(0))}; expected a float type",
+            op="DynamicQuantizeLinear",
+        )
     return [TensorMeta(tuple(ctx.shape(0)), _dt.uint8), TensorMeta((), _dt.float32), TensorMeta((), _dt.uint8)]
 
 
@@ -314,14 +409,21 @@ def _dynamic_reference(ins, attrs):
 
 
 DynamicQuantizeLinear = register_op(
-    "DynamicQuantizeLinear", category="quant", inputs=[Input("x")], outputs=["y", "y_scale", "y_zero_point"],
-    infer=_infer_dynamic, reference=_dynamic_reference,
-    doc="uint8 quantization with scale/zero point from the data range (which always includes 0; NaN ignored).")
+    "DynamicQuantizeLinear",
+    category="quant",
+    inputs=[Input("x")],
+    outputs=["y", "y_scale", "y_zero_point"],
+    infer=_infer_dynamic,
+    reference=_dynamic_reference,
+    doc="uint8 quantization with scale/zero point from the data range (which always includes 0; NaN ignored).",
+)
 
 
 @DynamicQuantizeLinear.kernel(
-    "dynamic_quantize_numba", priority=10,
-    plan=lambda ctx: (K.layout("tensor", tuple(ctx.shape(0)), 0, 1), int(np.prod(ctx.shape(0))) >= K.PARALLEL_MIN))
+    "dynamic_quantize_numba",
+    priority=10,
+    plan=lambda ctx: (K.layout("tensor", tuple(ctx.shape(0)), 0, 1), int(np.prod(ctx.shape(0))) >= K.PARALLEL_MIN),
+)
 def _dynamic_quantize(ins, outs, attrs, plan, ws):
     x = ins[0] if ins[0].dtype == np.float32 else ins[0].astype(np.float32)
     scale, zp = K.dynamic_range(x)
@@ -331,6 +433,7 @@ def _dynamic_quantize(ins, outs, attrs, plan, ws):
 
 
 # -- functional entry points ----------------------------------------------------------------------------
+
 
 def _scale_arg(scale):
     if isinstance(scale, (float, int, np.floating, np.integer)) and not isinstance(scale, bool):

@@ -11,6 +11,7 @@ fresh entropy. ``dtype`` attributes take ONNX ``TensorProto`` codes (1 float, 10
 >>> x.shape, str(x.dtype)
 ((2, 3), 'float32')
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,8 +23,21 @@ from ..registry import REQUIRED, Attr, Input, TensorMeta, register_op
 
 FLOAT = _dt.FLOATS
 #: ONNX TensorProto data type codes
-ONNX_DTYPES = {1: _dt.float32, 2: _dt.uint8, 3: _dt.int8, 4: _dt.uint16, 5: _dt.int16, 6: _dt.int32, 7: _dt.int64,
-               9: _dt.bool_, 10: _dt.float16, 11: _dt.float64, 12: _dt.uint32, 13: _dt.uint64, 16: _dt.bfloat16}
+ONNX_DTYPES = {
+    1: _dt.float32,
+    2: _dt.uint8,
+    3: _dt.int8,
+    4: _dt.uint16,
+    5: _dt.int16,
+    6: _dt.int32,
+    7: _dt.int64,
+    9: _dt.bool_,
+    10: _dt.float16,
+    11: _dt.float64,
+    12: _dt.uint32,
+    13: _dt.uint64,
+    16: _dt.bfloat16,
+}
 _CODES = {v: k for k, v in ONNX_DTYPES.items()}
 
 
@@ -31,11 +45,16 @@ def _dtype(op: str, code, allowed, what="dtype") -> np.dtype:
     try:
         dt = ONNX_DTYPES[int(code)]
     except (KeyError, TypeError, ValueError):
-        raise DTypeError(f"{op}: attribute {what!r} must be an ONNX TensorProto code among "
-                         f"{sorted(c for c, d in ONNX_DTYPES.items() if d in allowed)}, got {code!r}", op=op) from None
+        raise DTypeError(
+            f"{op}: attribute {what!r} must be an ONNX TensorProto code among "
+            f"{sorted(c for c, d in ONNX_DTYPES.items() if d in allowed)}, got {code!r}",
+            op=op,
+        ) from None
     if dt not in allowed:
-        raise DTypeError(f"{op}: output dtype {_dt.name(dt)} is not supported; expected one of "
-                         f"{[_dt.name(d) for d in allowed]}", op=op)
+        raise DTypeError(
+            f"{op}: output dtype {_dt.name(dt)} is not supported; expected one of {[_dt.name(d) for d in allowed]}",
+            op=op,
+        )
     return dt
 
 
@@ -63,9 +82,11 @@ def _out_dtype(ctx, allowed, default_from_input=False) -> np.dtype:
     if code is None and default_from_input:
         dt = ctx.dtype(0)
         if dt not in allowed:
-            raise DTypeError(f"{ctx.op.name}: input dtype {_dt.name(dt)} is not a valid output dtype and no "
-                             f"'dtype' attribute was given; expected one of {[_dt.name(d) for d in allowed]}",
-                             op=ctx.op.name)
+            raise DTypeError(
+                f"{ctx.op.name}: input dtype {_dt.name(dt)} is not a valid output dtype and no "
+                f"'dtype' attribute was given; expected one of {[_dt.name(d) for d in allowed]}",
+                op=ctx.op.name,
+            )
         return dt
     return _dtype(ctx.op.name, code, allowed)
 
@@ -80,8 +101,9 @@ def _shape_attr(op, shape) -> tuple:
 def _check_range(ctx):
     a = ctx.attrs
     if "high" in a and not float(a["high"]) >= float(a["low"]):
-        raise ParamInvalidError(f"{ctx.op.name}: attribute 'high' ({a['high']}) must be >= 'low' ({a['low']})",
-                                op=ctx.op.name)
+        raise ParamInvalidError(
+            f"{ctx.op.name}: attribute 'high' ({a['high']}) must be >= 'low' ({a['low']})", op=ctx.op.name
+        )
 
 
 def _infer_fixed(ctx):
@@ -109,6 +131,7 @@ def _reference_dist(op):
         code = attrs.get("dtype")
         dt = ins[0].dtype if code is None else ONNX_DTYPES[int(code)]
         return _draw(op, attrs, shape, dt, generator(attrs.get("seed"))).astype(dt)
+
     return ref
 
 
@@ -121,30 +144,66 @@ def _op_name_plan(ctx):
     return ctx.op.name
 
 
-_NORMAL = [Attr("dtype", "int", 1), Attr("mean", "float", 0.0), Attr("scale", "float", 1.0),
-           Attr("seed", "float", None), Attr("shape", "ints", REQUIRED)]
-_UNIFORM = [Attr("dtype", "int", 1), Attr("high", "float", 1.0), Attr("low", "float", 0.0),
-            Attr("seed", "float", None), Attr("shape", "ints", REQUIRED)]
+_NORMAL = [
+    Attr("dtype", "int", 1),
+    Attr("mean", "float", 0.0),
+    Attr("scale", "float", 1.0),
+    Attr("seed", "float", None),
+    Attr("shape", "ints", REQUIRED),
+]
+_UNIFORM = [
+    Attr("dtype", "int", 1),
+    Attr("high", "float", 1.0),
+    Attr("low", "float", 0.0),
+    Attr("seed", "float", None),
+    Attr("shape", "ints", REQUIRED),
+]
 
 
 def _like(attrs):
     return [a if a.name != "dtype" else Attr("dtype", "int", None) for a in attrs if a.name != "shape"]
 
 
-RandomNormal = register_op("RandomNormal", category="random", inputs=[], outputs=["output"], attrs=_NORMAL,
-                           infer=_infer_fixed, reference=_reference_dist("RandomNormal"),
-                           doc="samples of N(mean, scale^2)")
-RandomUniform = register_op("RandomUniform", category="random", inputs=[], outputs=["output"], attrs=_UNIFORM,
-                            infer=_infer_fixed, reference=_reference_dist("RandomUniform"),
-                            doc="samples of U[low, high)")
-RandomNormalLike = register_op("RandomNormalLike", category="random", inputs=[Input("input")], outputs=["output"],
-                               attrs=_like(_NORMAL), infer=_infer_like,
-                               reference=_reference_dist("RandomNormalLike"),
-                               doc="RandomNormal with the input's shape (and dtype unless given)")
-RandomUniformLike = register_op("RandomUniformLike", category="random", inputs=[Input("input")],
-                                outputs=["output"], attrs=_like(_UNIFORM), infer=_infer_like,
-                                reference=_reference_dist("RandomUniformLike"),
-                                doc="RandomUniform with the input's shape (and dtype unless given)")
+RandomNormal = register_op(
+    "RandomNormal",
+    category="random",
+    inputs=[],
+    outputs=["output"],
+    attrs=_NORMAL,
+    infer=_infer_fixed,
+    reference=_reference_dist("RandomNormal"),
+    doc="samples of N(mean, scale^2)",
+)
+RandomUniform = register_op(
+    "RandomUniform",
+    category="random",
+    inputs=[],
+    outputs=["output"],
+    attrs=_UNIFORM,
+    infer=_infer_fixed,
+    reference=_reference_dist("RandomUniform"),
+    doc="samples of U[low, high)",
+)
+RandomNormalLike = register_op(
+    "RandomNormalLike",
+    category="random",
+    inputs=[Input("input")],
+    outputs=["output"],
+    attrs=_like(_NORMAL),
+    infer=_infer_like,
+    reference=_reference_dist("RandomNormalLike"),
+    doc="RandomNormal with the input's shape (and dtype unless given)",
+)
+RandomUniformLike = register_op(
+    "RandomUniformLike",
+    category="random",
+    inputs=[Input("input")],
+    outputs=["output"],
+    attrs=_like(_UNIFORM),
+    infer=_infer_like,
+    reference=_reference_dist("RandomUniformLike"),
+    doc="RandomUniform with the input's shape (and dtype unless given)",
+)
 for _rec in (RandomNormal, RandomUniform, RandomNormalLike, RandomUniformLike):
     # dtypes=None: the generator writes every float dtype itself (no fp32 adapter needed)
     _rec.kernel("random_numpy", priority=10, plan=_op_name_plan, doc="numpy Generator (PCG64)")(_dist_kernel)
@@ -173,9 +232,16 @@ def _bernoulli(ins, outs, attrs, plan, ws):
     np.copyto(outs[0], np.less(u, p.astype(gdt, copy=False)), casting="unsafe")
 
 
-Bernoulli = register_op("Bernoulli", category="random", inputs=[Input("input", FLOAT)], outputs=["output"],
-                        attrs=[Attr("dtype", "int", None), Attr("seed", "float", None)], infer=_infer_bernoulli,
-                        reference=_bernoulli_ref, doc="draws 1 with probability input, else 0")
+Bernoulli = register_op(
+    "Bernoulli",
+    category="random",
+    inputs=[Input("input", FLOAT)],
+    outputs=["output"],
+    attrs=[Attr("dtype", "int", None), Attr("seed", "float", None)],
+    infer=_infer_bernoulli,
+    reference=_bernoulli_ref,
+    doc="draws 1 with probability input, else 0",
+)
 Bernoulli.kernel("bernoulli_numpy", priority=10, doc="uniform draw compared with p")(_bernoulli)
 
 
@@ -222,8 +288,9 @@ def _multinomial(ins, outs, attrs, plan, ws):
         return
     B, C = x.shape
     if not np.isfinite(x.max(axis=1)).all():
-        raise ParamInvalidError("Multinomial: every row needs a finite maximum logit (no NaN, no +inf, not all "
-                                "-inf)", op="Multinomial")
+        raise ParamInvalidError(
+            "Multinomial: every row needs a finite maximum logit (no NaN, no +inf, not all -inf)", op="Multinomial"
+        )
     cdf = _class_cdf(x)
     u = generator(attrs.get("seed")).random((B, out.shape[1]))
     # rows offset by their index make one increasing array: one searchsorted for the batch
@@ -233,12 +300,22 @@ def _multinomial(ins, outs, attrs, plan, ws):
     np.copyto(out, np.clip(idx, 0, C - 1), casting="unsafe")
 
 
-Multinomial = register_op("Multinomial", category="random", inputs=[Input("input", FLOAT)], outputs=["output"],
-                          attrs=[Attr("dtype", "int", 6), Attr("sample_size", "int", 1), Attr("seed", "float", None)],
-                          infer=_infer_multinomial, reference=_multinomial_ref,
-                          doc="class indices sampled from softmax(input) per row")
-Multinomial.kernel("multinomial_numpy", dtypes=(_dt.float32, _dt.float64), priority=10,
-                   doc="inverse-CDF sampling, one searchsorted for the whole batch")(_multinomial)
+Multinomial = register_op(
+    "Multinomial",
+    category="random",
+    inputs=[Input("input", FLOAT)],
+    outputs=["output"],
+    attrs=[Attr("dtype", "int", 6), Attr("sample_size", "int", 1), Attr("seed", "float", None)],
+    infer=_infer_multinomial,
+    reference=_multinomial_ref,
+    doc="class indices sampled from softmax(input) per row",
+)
+Multinomial.kernel(
+    "multinomial_numpy",
+    dtypes=(_dt.float32, _dt.float64),
+    priority=10,
+    doc="inverse-CDF sampling, one searchsorted for the whole batch",
+)(_multinomial)
 
 
 # -- entry points -----------------------------------------------------------------------------------------
@@ -295,5 +372,4 @@ def multinomial(logits, sample_size=1, dtype="int32", seed=None):
     return [logits], a
 
 
-__all__ = ["random_normal", "random_uniform", "random_normal_like", "random_uniform_like", "bernoulli",
-           "multinomial"]
+__all__ = ["random_normal", "random_uniform", "random_normal_like", "random_uniform_like", "bernoulli", "multinomial"]

@@ -14,6 +14,7 @@ array([ 3., 12.], dtype=float32)
 The entry points ``sum``, ``max`` and ``min`` shadow Python builtins in this module, so
 its helpers use ``builtins.max``/``builtins.min``/``math.fsum`` explicitly.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -48,8 +49,9 @@ def normalize_axes(op: str, rank: int, axes, noop: bool) -> tuple:
     out = []
     for a in arr.reshape(-1).tolist():
         if not -rank <= a < rank:
-            raise ParamInvalidError(f"{op}: axes value {a} is out of range for a rank-{rank} input; "
-                                    f"expected {-rank}..{rank - 1}", op=op)
+            raise ParamInvalidError(
+                f"{op}: axes value {a} is out of range for a rank-{rank} input; expected {-rank}..{rank - 1}", op=op
+            )
         a = a + rank if a < 0 else a
         if a in out:
             raise ParamInvalidError(f"{op}: axis {a} appears more than once in axes {arr.tolist()}", op=op)
@@ -117,8 +119,11 @@ def _reduce_ref(kind: str):
             if kind == "sum":
                 r = np.sum(w, axis=axes, keepdims=keep)
             elif kind == "mean":
-                r = np.sum(w, axis=axes, keepdims=keep) / n if n else np.full(
-                    reduced_shape(x.shape, axes, keep), np.nan)
+                r = (
+                    np.sum(w, axis=axes, keepdims=keep) / n
+                    if n
+                    else np.full(reduced_shape(x.shape, axes, keep), np.nan)
+                )
             elif kind == "max":
                 r = np.max(w, axis=axes, keepdims=keep, initial=_empty_value("max", x.dtype))
             elif kind == "min":
@@ -193,18 +198,33 @@ def _run_int(ins, outs, attrs, plan, ws):
 
 def _register_reduce(name: str, kind: str, dtypes: tuple, doc: str, domain: str = "", extra_attrs=()):
     rec = register_op(
-        name, category="reduction", domain=domain,
+        name,
+        category="reduction",
+        domain=domain,
         inputs=[Input("data", dtypes), Input("axes", AXES_DTYPES, optional=True, host=True)],
         outputs=["reduced"],
         attrs=[Attr("keepdims", "int", 1), Attr("noop_with_empty_axes", "int", 0), *extra_attrs],
-        infer=_reduce_infer, reference=_reduce_ref(kind), doc=doc)
-    rec.kernel("reduce_numba", dtypes=_F32_64, priority=10, plan=_float_plan(kind),
-               workspace=lambda ctx, plan: plan.workspace,
-               doc="one pass over an (outer, R, inner) view; float64 accumulation")(_run_float)
+        infer=_reduce_infer,
+        reference=_reduce_ref(kind),
+        doc=doc,
+    )
+    rec.kernel(
+        "reduce_numba",
+        dtypes=_F32_64,
+        priority=10,
+        plan=_float_plan(kind),
+        workspace=lambda ctx, plan: plan.workspace,
+        doc="one pass over an (outer, R, inner) view; float64 accumulation",
+    )(_run_float)
     ints = tuple(d for d in dtypes if d in _INT_NATIVE or d == _dt.bool_)
     if ints:
-        rec.kernel("reduce_numpy_int", dtypes=ints, priority=5, plan=_int_plan(kind),
-                   doc="numpy reductions over the planned view, int64 accumulation")(_run_int)
+        rec.kernel(
+            "reduce_numpy_int",
+            dtypes=ints,
+            priority=5,
+            plan=_int_plan(kind),
+            doc="numpy reductions over the planned view, int64 accumulation",
+        )(_run_int)
     return rec
 
 
@@ -216,11 +236,18 @@ ReduceProd = _register_reduce("ReduceProd", "prod", _NUMERIC, "product over axes
 ReduceL1 = _register_reduce("ReduceL1", "l1", _NUMERIC, "sum of |x| over axes")
 ReduceL2 = _register_reduce("ReduceL2", "l2", _NUMERIC, "sqrt(sum(x^2)) over axes")
 ReduceLogSum = _register_reduce("ReduceLogSum", "logsum", _NUMERIC, "log(sum(x)) over axes")
-ReduceLogSumExp = _register_reduce("ReduceLogSumExp", "logsumexp", _NUMERIC,
-                                   "log(sum(exp(x))) over axes, computed as max + log(sum(exp(x - max)))")
+ReduceLogSumExp = _register_reduce(
+    "ReduceLogSumExp", "logsumexp", _NUMERIC, "log(sum(exp(x))) over axes, computed as max + log(sum(exp(x - max)))"
+)
 ReduceSumSquare = _register_reduce("ReduceSumSquare", "sumsquare", _NUMERIC, "sum(x^2) over axes")
-Var = _register_reduce("Var", "var", FLOAT, "variance over axes: sum((x - mean)^2) / max(N - correction, 0)",
-                       domain="opsnn", extra_attrs=[Attr("correction", "float", 1.0)])
+Var = _register_reduce(
+    "Var",
+    "var",
+    FLOAT,
+    "variance over axes: sum((x - mean)^2) / max(N - correction, 0)",
+    domain="opsnn",
+    extra_attrs=[Attr("correction", "float", 1.0)],
+)
 
 
 # -- ArgMax / ArgMin ------------------------------------------------------------------------------
@@ -229,8 +256,9 @@ def _arg_axis(ctx) -> int:
     r = len(shape)
     axis = int(ctx.attrs["axis"])
     if not -r <= axis < r:
-        raise ParamInvalidError(f"{ctx.op.name}: attribute 'axis' is {axis}; expected {-r}..{r - 1} for a "
-                                f"rank-{r} input", op=ctx.op.name)
+        raise ParamInvalidError(
+            f"{ctx.op.name}: attribute 'axis' is {axis}; expected {-r}..{r - 1} for a rank-{r} input", op=ctx.op.name
+        )
     return axis + r if axis < 0 else axis
 
 
@@ -239,8 +267,10 @@ def _arg_infer(ctx):
     axis = _arg_axis(ctx)
     out = reduced_shape(shape, (axis,), bool(ctx.attrs["keepdims"]))
     if shape[axis] == 0 and math.prod(out) != 0:
-        raise ParamInvalidError(f"{ctx.op.name}: cannot take the index of an extreme over axis {axis} of "
-                                f"size 0 (input shape {shape})", op=ctx.op.name)
+        raise ParamInvalidError(
+            f"{ctx.op.name}: cannot take the index of an extreme over axis {axis} of size 0 (input shape {shape})",
+            op=ctx.op.name,
+        )
     return [TensorMeta(out, _dt.int64)]
 
 
@@ -273,15 +303,29 @@ def _arg_kernel(is_max: bool, fn):
 
 def _register_arg(name: str, is_max: bool):
     rec = register_op(
-        name, category="reduction", inputs=[Input("data", _NUMERIC)], outputs=["reduced"],
+        name,
+        category="reduction",
+        inputs=[Input("data", _NUMERIC)],
+        outputs=["reduced"],
         attrs=[Attr("axis", "int", 0), Attr("keepdims", "int", 1), Attr("select_last_index", "int", 0)],
-        infer=_arg_infer, reference=_arg_ref(is_max),
-        doc=f"index of the {'max' if is_max else 'min'} along axis (NaN counts as the extreme; int64)")
-    rec.kernel("argreduce_numba", dtypes=_F32_64, priority=10, plan=_arg_plan,
-               doc="vectorised extreme + blocked search (rows); running best per column (inner)")(
-        _arg_kernel(is_max, K.argreduce))
-    rec.kernel("argreduce_numpy_int", dtypes=_INT_NATIVE + (_dt.uint64,), priority=5, plan=_arg_plan,
-               doc="numpy argmax/argmin over the planned view (integers)")(_arg_kernel(is_max, K.argreduce_numpy))
+        infer=_arg_infer,
+        reference=_arg_ref(is_max),
+        doc=f"index of the {'max' if is_max else 'min'} along axis (NaN counts as the extreme; int64)",
+    )
+    rec.kernel(
+        "argreduce_numba",
+        dtypes=_F32_64,
+        priority=10,
+        plan=_arg_plan,
+        doc="vectorised extreme + blocked search (rows); running best per column (inner)",
+    )(_arg_kernel(is_max, K.argreduce))
+    rec.kernel(
+        "argreduce_numpy_int",
+        dtypes=_INT_NATIVE + (_dt.uint64,),
+        priority=5,
+        plan=_arg_plan,
+        doc="numpy argmax/argmin over the planned view (integers)",
+    )(_arg_kernel(is_max, K.argreduce_numpy))
     return rec
 
 
@@ -296,13 +340,13 @@ def _cumsum_axis(ctx) -> int:
     if value is None:
         ctx.fail("input 'axis' must be known at prepare time (a constant or host tensor)")
     if np.size(value) != 1 or np.ndim(value) > 1:
-        raise ParamInvalidError(f"{op}: 'axis' must be a scalar or a 1-element 1-D tensor, got shape "
-                                f"{np.shape(value)}", op=op)
+        raise ParamInvalidError(
+            f"{op}: 'axis' must be a scalar or a 1-element 1-D tensor, got shape {np.shape(value)}", op=op
+        )
     r = len(ctx.shape(0))
     a = int(np.asarray(value).reshape(-1)[0])
     if not -r <= a < r:
-        raise ParamInvalidError(f"{op}: axis {a} is out of range for a rank-{r} input; expected {-r}..{r - 1}",
-                                op=op)
+        raise ParamInvalidError(f"{op}: axis {a} is out of range for a rank-{r} input; expected {-r}..{r - 1}", op=op)
     return a + r if a < 0 else a
 
 
@@ -314,7 +358,7 @@ def _cumsum_ref(ins, attrs):
     out = np.zeros(x.shape, acc)
     idx = [slice(None)] * x.ndim
     order = range(n - 1, -1, -1) if attrs["reverse"] else range(n)
-    run = np.zeros(x.shape[:axis] + x.shape[axis + 1:], acc)
+    run = np.zeros(x.shape[:axis] + x.shape[axis + 1 :], acc)
     for i in order:
         idx[axis] = i
         if attrs["exclusive"]:
@@ -327,15 +371,22 @@ def _cumsum_ref(ins, attrs):
 
 
 CumSum = register_op(
-    "CumSum", category="reduction",
-    inputs=[Input("x", _NUMERIC), Input("axis", AXES_DTYPES, host=True)], outputs=["y"],
+    "CumSum",
+    category="reduction",
+    inputs=[Input("x", _NUMERIC), Input("axis", AXES_DTYPES, host=True)],
+    outputs=["y"],
     attrs=[Attr("exclusive", "int", 0), Attr("reverse", "int", 0)],
     infer=lambda ctx: (_cumsum_axis(ctx), [TensorMeta(tuple(ctx.shape(0)), ctx.dtype(0))])[1],
-    reference=_cumsum_ref, doc="cumulative sum along axis (exclusive / reverse variants)")
-CumSum.kernel("cumsum_numpy", dtypes=_F32_64 + _INT_NATIVE, priority=5, plan=_cumsum_axis,
-              doc="numpy cumsum with float64/int64 accumulation")(
-    lambda ins, outs, attrs, plan, ws: K.cumsum(ins[0], outs[0], plan, bool(attrs["exclusive"]),
-                                                bool(attrs["reverse"])))
+    reference=_cumsum_ref,
+    doc="cumulative sum along axis (exclusive / reverse variants)",
+)
+CumSum.kernel(
+    "cumsum_numpy",
+    dtypes=_F32_64 + _INT_NATIVE,
+    priority=5,
+    plan=_cumsum_axis,
+    doc="numpy cumsum with float64/int64 accumulation",
+)(lambda ins, outs, attrs, plan, ws: K.cumsum(ins[0], outs[0], plan, bool(attrs["exclusive"]), bool(attrs["reverse"])))
 
 
 # -- functional entry points (torch-style names and arguments) -------------------------------------

@@ -15,6 +15,7 @@ documented in :mod:`opsnn.kernels.cpu.rnn`.
 >>> y.shape, y_h.shape
 ((5, 1, 2, 8), (1, 2, 8))
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,8 +40,9 @@ def _s(v) -> str:
 def _direction(op: str, attrs) -> str:
     d = _s(attrs["direction"]).lower()
     if d not in ("forward", "reverse", "bidirectional"):
-        raise ParamInvalidError(f"{op}: attribute 'direction' must be forward, reverse or bidirectional, got {d!r}",
-                                op=op)
+        raise ParamInvalidError(
+            f"{op}: attribute 'direction' must be forward, reverse or bidirectional, got {d!r}", op=op
+        )
     return d
 
 
@@ -64,15 +66,19 @@ def resolve_activations(op: str, attrs, D: int) -> list[list[tuple[str, float, f
         if len(names) == n and D == 2:
             names = names * 2
         if len(names) != n * D:
-            raise ParamInvalidError(f"{op}: attribute 'activations' needs {n} name(s) per direction "
-                                    f"({n * D} for {D} direction(s)), got {len(names)}: {names}", op=op)
+            raise ParamInvalidError(
+                f"{op}: attribute 'activations' needs {n} name(s) per direction "
+                f"({n * D} for {D} direction(s)), got {len(names)}: {names}",
+                op=op,
+            )
     alphas = list(attrs.get("activation_alpha") or [])
     betas = list(attrs.get("activation_beta") or [])
     out, k_a, k_b = [], 0, 0
     for name in names:
         if name not in K.ACT_PARAMS:
-            raise ParamInvalidError(f"{op}: unknown activation {name!r}; expected one of "
-                                    f"{[a for a in K.ACTIVATIONS]}", op=op)
+            raise ParamInvalidError(
+                f"{op}: unknown activation {name!r}; expected one of {[a for a in K.ACTIVATIONS]}", op=op
+            )
         need_a, need_b, da, db = K.ACT_PARAMS[name]
         a = b = 0.0
         if need_a:
@@ -82,7 +88,7 @@ def resolve_activations(op: str, attrs, D: int) -> list[list[tuple[str, float, f
             b = float(betas[k_b]) if k_b < len(betas) else db
             k_b += 1
         out.append((name, a, b))
-    return [out[d * n:(d + 1) * n] for d in range(D)]
+    return [out[d * n : (d + 1) * n] for d in range(D)]
 
 
 def _infer(ctx):
@@ -105,8 +111,9 @@ def _infer(ctx):
     if hs is not None and int(hs) != H:
         ctx.fail(f"attribute hidden_size={hs} does not match R's last dim {H}")
     if tuple(w.shape) != (D, G * H, I):
-        ctx.fail(f"input 'W' must have shape (num_directions={D}, {G}*hidden_size={G * H}, input_size={I}), "
-                 f"got {w.shape}")
+        ctx.fail(
+            f"input 'W' must have shape (num_directions={D}, {G}*hidden_size={G * H}, input_size={I}), got {w.shape}"
+        )
     if tuple(r.shape) != (D, G * H, H):
         ctx.fail(f"input 'R' must have shape ({D}, {G * H}, {H}), got {r.shape}")
     state = (B, D, H) if layout else (D, B, H)
@@ -186,7 +193,7 @@ def _reference(op):
         for d, direction in enumerate(dirs):
             Wd, Rd = W[d].astype(cd), R[d].astype(cd)
             bias = np.zeros(2 * G * H) if Bias is None else Bias[d].astype(cd)
-            wb, rb = bias[:G * H], bias[G * H:]
+            wb, rb = bias[: G * H], bias[G * H :]
             (f, fa, fb), *rest = acts[d]
             for b in range(B):
                 h = np.zeros(H) if h0 is None else h0[d, b].astype(cd)
@@ -206,19 +213,19 @@ def _reference(op):
                         if int(attrs["input_forget"]):
                             fg = 1 - i
                         else:
-                            fg = _np_act(f, cl(s[2 * H:3 * H] + p[2 * H:] * c), fa, fb)
-                        cc = _np_act(g, cl(s[3 * H:]), ga, gb)
+                            fg = _np_act(f, cl(s[2 * H : 3 * H] + p[2 * H :] * c), fa, fb)
+                        cc = _np_act(g, cl(s[3 * H :]), ga, gb)
                         c = fg * c + i * cc
-                        o = _np_act(f, cl(s[H:2 * H] + p[H:2 * H] * c), fa, fb)
+                        o = _np_act(f, cl(s[H : 2 * H] + p[H : 2 * H] * c), fa, fb)
                         h = o * _np_act(hn, c, ha, hb)
                     else:
-                        (g, ga, gb), = rest
+                        ((g, ga, gb),) = rest
                         z = _np_act(f, cl(gx[:H] + gh[:H]), fa, fb)
-                        r = _np_act(f, cl(gx[H:2 * H] + gh[H:2 * H]), fa, fb)
+                        r = _np_act(f, cl(gx[H : 2 * H] + gh[H : 2 * H]), fa, fb)
                         if int(attrs["linear_before_reset"]):
-                            hh = _np_act(g, cl(gx[2 * H:] + r * gh[2 * H:]), ga, gb)
+                            hh = _np_act(g, cl(gx[2 * H :] + r * gh[2 * H :]), ga, gb)
                         else:
-                            hh = _np_act(g, cl(gx[2 * H:] + Rd[2 * H:] @ (r * h) + rb[2 * H:]), ga, gb)
+                            hh = _np_act(g, cl(gx[2 * H :] + Rd[2 * H :] @ (r * h) + rb[2 * H :]), ga, gb)
                         h = (1 - z) * hh + z * h
                     Y[t, d, b] = h
                 if n > 0:
@@ -246,9 +253,23 @@ def _plan(ctx):
     alpha = [[al for _, al, _ in row] for row in acts]
     beta = [[be for _, _, be in row] for row in acts]
     clip = a.get("clip")
-    plan = K.make_plan(op, op.lower(), T, B, I, H, D, layout, _dt.compute_dtype(x.dtype), codes, alpha, beta,
-                       0.0 if clip is None else float(clip), int(a.get("linear_before_reset", 0)),
-                       int(a.get("input_forget", 0)))
+    plan = K.make_plan(
+        op,
+        op.lower(),
+        T,
+        B,
+        I,
+        H,
+        D,
+        layout,
+        _dt.compute_dtype(x.dtype),
+        codes,
+        alpha,
+        beta,
+        0.0 if clip is None else float(clip),
+        int(a.get("linear_before_reset", 0)),
+        int(a.get("input_forget", 0)),
+    )
     direction = _direction(op, a)
     plan.reverse = [True] if direction == "reverse" else [False, True][:D]
     return plan
@@ -258,32 +279,64 @@ def _run_kernel(ins, outs, attrs, plan, ws):
     K.run(list(ins) + [None] * (8 - len(ins)), list(outs), attrs, plan, ws, plan.reverse)
 
 
-_COMMON_ATTRS = [Attr("activation_alpha", "floats", None), Attr("activation_beta", "floats", None),
-                 Attr("activations", "strings", None), Attr("clip", "float", None),
-                 Attr("direction", "string", "forward"), Attr("hidden_size", "int", None),
-                 Attr("layout", "int", 0)]
-_COMMON_INPUTS = [Input("X", FLOAT), Input("W", FLOAT), Input("R", FLOAT), Input("B", FLOAT, optional=True),
-                  Input("sequence_lens", _SEQ, optional=True), Input("initial_h", FLOAT, optional=True)]
+_COMMON_ATTRS = [
+    Attr("activation_alpha", "floats", None),
+    Attr("activation_beta", "floats", None),
+    Attr("activations", "strings", None),
+    Attr("clip", "float", None),
+    Attr("direction", "string", "forward"),
+    Attr("hidden_size", "int", None),
+    Attr("layout", "int", 0),
+]
+_COMMON_INPUTS = [
+    Input("X", FLOAT),
+    Input("W", FLOAT),
+    Input("R", FLOAT),
+    Input("B", FLOAT, optional=True),
+    Input("sequence_lens", _SEQ, optional=True),
+    Input("initial_h", FLOAT, optional=True),
+]
 
 RNN = register_op(
-    "RNN", category="rnn", inputs=_COMMON_INPUTS, outputs=[Output("Y", True), Output("Y_h", True)],
-    attrs=_COMMON_ATTRS, infer=_infer, reference=_reference("RNN"),
-    doc="one-layer simple RNN: H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)")
+    "RNN",
+    category="rnn",
+    inputs=_COMMON_INPUTS,
+    outputs=[Output("Y", True), Output("Y_h", True)],
+    attrs=_COMMON_ATTRS,
+    infer=_infer,
+    reference=_reference("RNN"),
+    doc="one-layer simple RNN: H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)",
+)
 GRU = register_op(
-    "GRU", category="rnn", inputs=_COMMON_INPUTS, outputs=[Output("Y", True), Output("Y_h", True)],
-    attrs=_COMMON_ATTRS + [Attr("linear_before_reset", "int", 0)], infer=_infer, reference=_reference("GRU"),
-    doc="one-layer GRU (gates z, r, h)")
+    "GRU",
+    category="rnn",
+    inputs=_COMMON_INPUTS,
+    outputs=[Output("Y", True), Output("Y_h", True)],
+    attrs=_COMMON_ATTRS + [Attr("linear_before_reset", "int", 0)],
+    infer=_infer,
+    reference=_reference("GRU"),
+    doc="one-layer GRU (gates z, r, h)",
+)
 LSTM = register_op(
-    "LSTM", category="rnn",
+    "LSTM",
+    category="rnn",
     inputs=_COMMON_INPUTS + [Input("initial_c", FLOAT, optional=True), Input("P", FLOAT, optional=True)],
     outputs=[Output("Y", True), Output("Y_h", True), Output("Y_c", True)],
-    attrs=_COMMON_ATTRS + [Attr("input_forget", "int", 0)], infer=_infer, reference=_reference("LSTM"),
-    doc="one-layer LSTM (gates i, o, f, c; optional peepholes)")
+    attrs=_COMMON_ATTRS + [Attr("input_forget", "int", 0)],
+    infer=_infer,
+    reference=_reference("LSTM"),
+    doc="one-layer LSTM (gates i, o, f, c; optional peepholes)",
+)
 
 for _rec, _name in ((RNN, "rnn_blas"), (GRU, "gru_blas"), (LSTM, "lstm_blas")):
-    _rec.kernel(_name, dtypes=(_dt.float32, _dt.float64), priority=10, plan=_plan,
-                workspace=lambda ctx, plan: plan.ws_bytes,
-                doc="hoisted input GEMM, one BLAS GEMM per step, fused numba gate cell")(_run_kernel)
+    _rec.kernel(
+        _name,
+        dtypes=(_dt.float32, _dt.float64),
+        priority=10,
+        plan=_plan,
+        workspace=lambda ctx, plan: plan.ws_bytes,
+        doc="hoisted input GEMM, one BLAS GEMM per step, fused numba gate cell",
+    )(_run_kernel)
 
 
 def _attrs(hidden_size, direction, layout, activations, activation_alpha, activation_beta, clip):
@@ -302,20 +355,51 @@ def _attrs(hidden_size, direction, layout, activations, activation_alpha, activa
 
 
 @api("rnn", "RNN")
-def rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden_size=None, direction="forward",
-        layout=0, activations=None, activation_alpha=None, activation_beta=None, clip=None):
+def rnn(
+    x,
+    w,
+    r,
+    b=None,
+    sequence_lens=None,
+    initial_h=None,
+    *,
+    hidden_size=None,
+    direction="forward",
+    layout=0,
+    activations=None,
+    activation_alpha=None,
+    activation_beta=None,
+    clip=None,
+):
     """Simple RNN over a sequence (ONNX ``RNN``); returns ``(Y, Y_h)``.
 
     >>> # y, y_h = opsnn.ops.rnn(x, w, r, b, direction="bidirectional")
     """
-    return ([x, w, r, b, sequence_lens, initial_h],
-            _attrs(hidden_size, direction, layout, activations, activation_alpha, activation_beta, clip), 2)
+    return (
+        [x, w, r, b, sequence_lens, initial_h],
+        _attrs(hidden_size, direction, layout, activations, activation_alpha, activation_beta, clip),
+        2,
+    )
 
 
 @api("gru", "GRU")
-def gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden_size=None, direction="forward",
-        layout=0, linear_before_reset=0, activations=None, activation_alpha=None, activation_beta=None,
-        clip=None):
+def gru(
+    x,
+    w,
+    r,
+    b=None,
+    sequence_lens=None,
+    initial_h=None,
+    *,
+    hidden_size=None,
+    direction="forward",
+    layout=0,
+    linear_before_reset=0,
+    activations=None,
+    activation_alpha=None,
+    activation_beta=None,
+    clip=None,
+):
     """GRU over a sequence (ONNX ``GRU``, gate order z, r, h); returns ``(Y, Y_h)``.
     ``linear_before_reset=1`` is the cuDNN / PyTorch formulation."""
     a = _attrs(hidden_size, direction, layout, activations, activation_alpha, activation_beta, clip)
@@ -324,9 +408,25 @@ def gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden_size=None
 
 
 @api("lstm", "LSTM")
-def lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, *, hidden_size=None,
-         direction="forward", layout=0, input_forget=0, activations=None, activation_alpha=None,
-         activation_beta=None, clip=None):
+def lstm(
+    x,
+    w,
+    r,
+    b=None,
+    sequence_lens=None,
+    initial_h=None,
+    initial_c=None,
+    p=None,
+    *,
+    hidden_size=None,
+    direction="forward",
+    layout=0,
+    input_forget=0,
+    activations=None,
+    activation_alpha=None,
+    activation_beta=None,
+    clip=None,
+):
     """LSTM over a sequence (ONNX ``LSTM``, gate order i, o, f, c; ``p`` = peepholes [i, o, f]);
     returns ``(Y, Y_h, Y_c)``."""
     a = _attrs(hidden_size, direction, layout, activations, activation_alpha, activation_beta, clip)

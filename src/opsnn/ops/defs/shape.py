@@ -12,6 +12,7 @@ raw bits (see :mod:`opsnn.kernels.cpu.shape`), so one kernel serves every dtype:
     >>> [t.shape for t in opsnn.ops.split(x, 2, dim=1)]
     [(2, 2), (2, 1)]
 """
+
 from __future__ import annotations
 
 import math
@@ -48,8 +49,9 @@ def _axis(op: str, axis, rank: int, name: str = "axis", extra: int = 0) -> int:
     n = rank + extra
     a = int(axis)
     if not -n <= a < n or n == 0:
-        raise ParamInvalidError(f"{op}: {name} {a} is out of range for a {rank}-D input "
-                                f"(expected [{-n}, {n - 1}])", op=op)
+        raise ParamInvalidError(
+            f"{op}: {name} {a} is out of range for a {rank}-D input (expected [{-n}, {n - 1}])", op=op
+        )
     return a % n
 
 
@@ -114,8 +116,9 @@ def reshape_target(op: str, in_shape, target, allowzero: int) -> tuple:
     for i, s in enumerate(target):
         if s == 0 and not allowzero:
             if i >= len(in_shape):
-                raise ParamInvalidError(f"{op}: shape[{i}] = 0 copies input dim {i}, but the input has rank "
-                                        f"{len(in_shape)}", op=op)
+                raise ParamInvalidError(
+                    f"{op}: shape[{i}] = 0 copies input dim {i}, but the input has rank {len(in_shape)}", op=op
+                )
             out.append(in_shape[i])
         else:
             out.append(s)
@@ -129,12 +132,18 @@ def reshape_target(op: str, in_shape, target, allowzero: int) -> tuple:
             raise ParamInvalidError(f"{op}: shape {tuple(target)} has both -1 and 0 with allowzero=1", op=op)
         known = math.prod(s for s in out if s != -1)
         if known == 0 or numel % known:
-            raise ParamInvalidError(f"{op}: cannot infer the -1 in shape {tuple(target)}: the input {tuple(in_shape)} "
-                                    f"has {numel} elements, not a multiple of {known}", op=op)
+            raise ParamInvalidError(
+                f"{op}: cannot infer the -1 in shape {tuple(target)}: the input {tuple(in_shape)} "
+                f"has {numel} elements, not a multiple of {known}",
+                op=op,
+            )
         out = [numel // known if s == -1 else s for s in out]
     if math.prod(out) != numel:
-        raise ParamInvalidError(f"{op}: target shape {tuple(out)} has {math.prod(out)} elements but the input "
-                                f"{tuple(in_shape)} has {numel}", op=op)
+        raise ParamInvalidError(
+            f"{op}: target shape {tuple(out)} has {math.prod(out)} elements but the input "
+            f"{tuple(in_shape)} has {numel}",
+            op=op,
+        )
     return tuple(out)
 
 
@@ -144,11 +153,15 @@ def _reshape_infer(ctx):
 
 
 Reshape = register_op(
-    "Reshape", category="shape",
-    inputs=[Input("data"), Input("shape", INDEX, host=True)], outputs=["reshaped"],
-    attrs=[Attr("allowzero", "int", 0)], infer=_reshape_infer,
+    "Reshape",
+    category="shape",
+    inputs=[Input("data"), Input("shape", INDEX, host=True)],
+    outputs=["reshaped"],
+    attrs=[Attr("allowzero", "int", 0)],
+    infer=_reshape_infer,
     reference=lambda ins, a: ins[0].reshape(reshape_target("Reshape", ins[0].shape, ins[1], a["allowzero"])).copy(),
-    doc="Same data, new shape (0 copies a dim, -1 is inferred).")
+    doc="Same data, new shape (0 copies a dim, -1 is inferred).",
+)
 _copy_kernel(Reshape, "reshape_copy", _flat_plan)
 
 
@@ -171,14 +184,23 @@ def _transpose_infer(ctx):
 
 
 Transpose = register_op(
-    "Transpose", category="shape", inputs=[Input("data")], outputs=["transposed"],
-    attrs=[Attr("perm", "ints", None)], infer=_transpose_infer,
+    "Transpose",
+    category="shape",
+    inputs=[Input("data")],
+    outputs=["transposed"],
+    attrs=[Attr("perm", "ints", None)],
+    infer=_transpose_infer,
     reference=lambda ins, a: np.transpose(ins[0], _perm("Transpose", a["perm"], ins[0].ndim)).copy(),
-    doc="Permute the dims (default: reverse them).")
-_copy_kernel(Transpose, "transpose_blocked",
-             lambda ctx: [K.plan_permute(ctx.shape(0), _perm("Transpose", ctx.attrs["perm"], len(ctx.shape(0))),
-                                         ctx.dtype(0).itemsize)],
-             doc="strided copy; cache-tiled when the unit-stride dim moves")
+    doc="Permute the dims (default: reverse them).",
+)
+_copy_kernel(
+    Transpose,
+    "transpose_blocked",
+    lambda ctx: [
+        K.plan_permute(ctx.shape(0), _perm("Transpose", ctx.attrs["perm"], len(ctx.shape(0))), ctx.dtype(0).itemsize)
+    ],
+    doc="strided copy; cache-tiled when the unit-stride dim moves",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,11 +218,14 @@ def _concat_infer(ctx):
     out[ax] = 0
     for i, m in enumerate(metas):
         if m.dtype != metas[0].dtype:
-            raise DTypeError(f"Concat: input {i} has dtype {_dt.name(m.dtype)}, input 0 has "
-                             f"{_dt.name(metas[0].dtype)}", op="Concat")
+            raise DTypeError(
+                f"Concat: input {i} has dtype {_dt.name(m.dtype)}, input 0 has {_dt.name(metas[0].dtype)}", op="Concat"
+            )
         if len(m.shape) != r or any(m.shape[k] != metas[0].shape[k] for k in range(r) if k != ax):
-            ctx.fail(f"input {i} has shape {tuple(m.shape)}, incompatible with input 0 {tuple(metas[0].shape)} "
-                     f"outside axis {ax}")
+            ctx.fail(
+                f"input {i} has shape {tuple(m.shape)}, incompatible with input 0 {tuple(metas[0].shape)} "
+                f"outside axis {ax}"
+            )
         out[ax] += m.shape[ax]
     return [TensorMeta(tuple(out), metas[0].dtype)]
 
@@ -218,10 +243,15 @@ def _concat_plan(ctx):
 
 
 Concat = register_op(
-    "Concat", category="shape", inputs=[Input("inputs", variadic=True)], outputs=["concat_result"],
-    attrs=[Attr("axis", "int")], infer=_concat_infer,
+    "Concat",
+    category="shape",
+    inputs=[Input("inputs", variadic=True)],
+    outputs=["concat_result"],
+    attrs=[Attr("axis", "int")],
+    infer=_concat_infer,
     reference=lambda ins, a: np.concatenate(ins, axis=a["axis"]),
-    doc="Join tensors along an existing axis.")
+    doc="Join tensors along an existing axis.",
+)
 _copy_kernel(Concat, "concat_copy", _concat_plan)
 
 
@@ -233,11 +263,13 @@ def split_sizes(op, dim: int, split, num_outputs, n_out: int) -> list:
     if split is not None and np.asarray(split).size:
         sizes = _ints(split)
         if len(sizes) != n_out:
-            raise ParamInvalidError(f"{op}: input 'split' has {len(sizes)} sizes but {n_out} outputs were "
-                                    f"requested (pass num_outputs={len(sizes)})", op=op)
+            raise ParamInvalidError(
+                f"{op}: input 'split' has {len(sizes)} sizes but {n_out} outputs were "
+                f"requested (pass num_outputs={len(sizes)})",
+                op=op,
+            )
         if any(s < 0 for s in sizes) or sum(sizes) != dim:
-            raise ParamInvalidError(f"{op}: split sizes {sizes} must be >= 0 and sum to the axis length {dim}",
-                                    op=op)
+            raise ParamInvalidError(f"{op}: split sizes {sizes} must be >= 0 and sum to the axis length {dim}", op=op)
         return sizes
     n = int(num_outputs) if num_outputs is not None else n_out
     if n < 1:
@@ -247,8 +279,9 @@ def split_sizes(op, dim: int, split, num_outputs, n_out: int) -> list:
     chunk = dim // n + 1
     last = dim - chunk * (n - 1)
     if last < 0:
-        raise ParamInvalidError(f"{op}: cannot split a dim of {dim} into {n} outputs of ceil({dim}/{n}) = {chunk}",
-                                op=op)
+        raise ParamInvalidError(
+            f"{op}: cannot split a dim of {dim} into {n} outputs of ceil({dim}/{n}) = {chunk}", op=op
+        )
     return [chunk] * (n - 1) + [last]
 
 
@@ -285,12 +318,18 @@ def _split_ref(ins, a):
 
 
 Split = register_op(
-    "Split", category="shape", inputs=[Input("input"), Input("split", INDEX, optional=True, host=True)],
+    "Split",
+    category="shape",
+    inputs=[Input("input"), Input("split", INDEX, optional=True, host=True)],
     outputs=[Output("outputs", variadic=True)],
-    attrs=[Attr("axis", "int", 0), Attr("num_outputs", "int", None)], infer=_split_infer, reference=_split_ref,
-    doc="Split along an axis into given sizes or num_outputs equal chunks (the last may be smaller).")
-Split.output_count = lambda values, attrs: (np.size(values[1]) if len(values) > 1 and values[1] is not None
-                                            else attrs.get("num_outputs"))  # size: a 0-d split is refused by infer
+    attrs=[Attr("axis", "int", 0), Attr("num_outputs", "int", None)],
+    infer=_split_infer,
+    reference=_split_ref,
+    doc="Split along an axis into given sizes or num_outputs equal chunks (the last may be smaller).",
+)
+Split.output_count = lambda values, attrs: (
+    np.size(values[1]) if len(values) > 1 and values[1] is not None else attrs.get("num_outputs")
+)  # size: a 0-d split is refused by infer
 _copy_kernel(Split, "split_copy", _split_plan)
 
 
@@ -306,8 +345,9 @@ def slice_params(op, shape, starts, ends, axes, steps) -> list:
     axes = list(range(len(starts))) if axes is None else _ints(axes)
     steps = [1] * len(starts) if steps is None else _ints(steps)
     if len(axes) != len(starts) or len(steps) != len(starts):
-        raise ParamInvalidError(f"{op}: starts/ends/axes/steps lengths differ: {len(starts)}, {len(ends)}, "
-                                f"{len(axes)}, {len(steps)}", op=op)
+        raise ParamInvalidError(
+            f"{op}: starts/ends/axes/steps lengths differ: {len(starts)}, {len(ends)}, {len(axes)}, {len(steps)}", op=op
+        )
     res = [(0, 1, d) for d in shape]
     seen = set()
     for st, en, ax, sp in zip(starts, ends, axes, steps):
@@ -333,8 +373,7 @@ def slice_params(op, shape, starts, ends, axes, steps) -> list:
 
 
 def _slice_args(ctx):
-    return (ctx.shape(0), _host(ctx, 1, "starts"), _host(ctx, 2, "ends"), _host(ctx, 3, "axes"),
-            _host(ctx, 4, "steps"))
+    return (ctx.shape(0), _host(ctx, 1, "starts"), _host(ctx, 2, "ends"), _host(ctx, 3, "axes"), _host(ctx, 4, "steps"))
 
 
 def _slice_infer(ctx):
@@ -348,24 +387,42 @@ def _slice_plan(ctx):
     cs = K.contiguous_strides(s)
     shape = tuple(n for _, _, n in p)
     off = sum(st * c for (st, _, n), c in zip(p, cs)) if all(n for _, _, n in p) else 0
-    return [K.plan_copy(shape, off, tuple(sp * c for (_, sp, _), c in zip(p, cs)), 0, K.contiguous_strides(shape),
-                        ctx.dtype(0).itemsize)]
+    return [
+        K.plan_copy(
+            shape,
+            off,
+            tuple(sp * c for (_, sp, _), c in zip(p, cs)),
+            0,
+            K.contiguous_strides(shape),
+            ctx.dtype(0).itemsize,
+        )
+    ]
 
 
 def _slice_ref(ins, a):
     x = ins[0]
-    p = slice_params("Slice", x.shape, ins[1], ins[2], ins[3] if len(ins) > 3 else None,
-                     ins[4] if len(ins) > 4 else None)
+    p = slice_params(
+        "Slice", x.shape, ins[1], ins[2], ins[3] if len(ins) > 3 else None, ins[4] if len(ins) > 4 else None
+    )
     idx = tuple(np.arange(st, st + n * sp, sp) if n else np.arange(0) for st, sp, n in p)
     return x[np.ix_(*idx)] if idx else x.copy()
 
 
 Slice = register_op(
-    "Slice", category="shape",
-    inputs=[Input("data"), Input("starts", INDEX, host=True), Input("ends", INDEX, host=True),
-            Input("axes", INDEX, optional=True, host=True), Input("steps", INDEX, optional=True, host=True)],
-    outputs=["output"], infer=_slice_infer, reference=_slice_ref,
-    doc="numpy-style basic slicing with ONNX clamping; negative steps walk backwards.")
+    "Slice",
+    category="shape",
+    inputs=[
+        Input("data"),
+        Input("starts", INDEX, host=True),
+        Input("ends", INDEX, host=True),
+        Input("axes", INDEX, optional=True, host=True),
+        Input("steps", INDEX, optional=True, host=True),
+    ],
+    outputs=["output"],
+    infer=_slice_infer,
+    reference=_slice_ref,
+    doc="numpy-style basic slicing with ONNX clamping; negative steps walk backwards.",
+)
 _copy_kernel(Slice, "slice_copy", _slice_plan)
 
 
@@ -377,7 +434,7 @@ def _gather_infer(ctx):
     if not s:
         ctx.fail("data must have rank >= 1, got a 0-d tensor")
     ax = _axis("Gather", ctx.attrs["axis"], len(s))
-    return [TensorMeta(tuple(s[:ax]) + tuple(ctx.shape(1)) + tuple(s[ax + 1:]), ctx.dtype(0))]
+    return [TensorMeta(tuple(s[:ax]) + tuple(ctx.shape(1)) + tuple(s[ax + 1 :]), ctx.dtype(0))]
 
 
 def _gather_ref(ins, a):
@@ -386,24 +443,34 @@ def _gather_ref(ins, a):
     n = x.shape[ax]
     bad = (idx < -n) | (idx >= n)
     if np.any(bad):
-        raise ParamInvalidError(f"Gather: index {int(idx[bad].flat[0])} is out of range for axis {ax} of size {n}",
-                                op="Gather")
+        raise ParamInvalidError(
+            f"Gather: index {int(idx[bad].flat[0])} is out of range for axis {ax} of size {n}", op="Gather"
+        )
     return np.take(x, np.where(idx < 0, idx + n, idx).astype(np.int64), axis=ax)
 
 
 def _gather_plan(ctx):
-    return (_axis("Gather", ctx.attrs["axis"], len(ctx.shape(0))),
-            math.prod(ctx.outputs[0].shape) * ctx.dtype(0).itemsize >= K.PARALLEL_MIN_BYTES)
+    return (
+        _axis("Gather", ctx.attrs["axis"], len(ctx.shape(0))),
+        math.prod(ctx.outputs[0].shape) * ctx.dtype(0).itemsize >= K.PARALLEL_MIN_BYTES,
+    )
 
 
 Gather = register_op(
-    "Gather", category="shape", inputs=[Input("data"), Input("indices", INDEX)], outputs=["output"],
-    attrs=[Attr("axis", "int", 0)], infer=_gather_infer, reference=_gather_ref,
-    doc="Take slices of data along axis at the given indices (negative indices count from the end).")
+    "Gather",
+    category="shape",
+    inputs=[Input("data"), Input("indices", INDEX)],
+    outputs=["output"],
+    attrs=[Attr("axis", "int", 0)],
+    infer=_gather_infer,
+    reference=_gather_ref,
+    doc="Take slices of data along axis at the given indices (negative indices count from the end).",
+)
 
 
-@Gather.kernel("gather_rows", priority=10, plan=_gather_plan, applies=_pod,
-               doc="row copies, parallel over (outer, index) pairs")
+@Gather.kernel(
+    "gather_rows", priority=10, plan=_gather_plan, applies=_pod, doc="row copies, parallel over (outer, index) pairs"
+)
 def _gather_kernel(ins, outs, attrs, plan, ws):
     K.gather(ins[0], ins[1], outs[0], plan[0], plan[1])
 
@@ -429,12 +496,12 @@ def pad_widths(op, shape, pads, axes, mode) -> list:
     for i, a in enumerate(axes):
         b, e = pads[i], pads[len(axes) + i]
         if shape[a] + b + e < 0:
-            raise ParamInvalidError(f"{op}: pads ({b}, {e}) on axis {a} of size {shape[a]} give a negative size",
-                                    op=op)
+            raise ParamInvalidError(f"{op}: pads ({b}, {e}) on axis {a} of size {shape[a]} give a negative size", op=op)
         kept = shape[a] - max(0, -b) - max(0, -e)
         if mode != "constant" and (b > 0 or e > 0) and kept <= 0 and shape[a] + b + e > 0:
-            raise ParamInvalidError(f"{op}: mode {mode!r} cannot pad axis {a}: no input elements left to copy from",
-                                    op=op)
+            raise ParamInvalidError(
+                f"{op}: mode {mode!r} cannot pad axis {a}: no input elements left to copy from", op=op
+            )
         w[a] = (b, e)
     return w
 
@@ -451,7 +518,9 @@ def pad_map(n: int, before: int, after: int, mode: str) -> np.ndarray:
     if n + before + after == 0:
         return np.zeros(0, np.int64)
     src = np.arange(max(0, -before), n - max(0, -after), dtype=np.int64)
-    return np.pad(src, (max(before, 0), max(after, 0)), mode={"edge": "edge", "reflect": "reflect", "wrap": "wrap"}[mode])
+    return np.pad(
+        src, (max(before, 0), max(after, 0)), mode={"edge": "edge", "reflect": "reflect", "wrap": "wrap"}[mode]
+    )
 
 
 def _pad_args(ctx):
@@ -492,11 +561,20 @@ def _pad_plan(ctx):
 
 
 Pad = register_op(
-    "Pad", category="shape",
-    inputs=[Input("data"), Input("pads", INDEX, host=True), Input("constant_value", optional=True),
-            Input("axes", INDEX, optional=True, host=True)],
-    outputs=["output"], attrs=[Attr("mode", "string", "constant")], infer=_pad_infer, reference=_pad_ref,
-    doc="Pad (or crop, with negative pads) in constant, reflect, edge or wrap mode.")
+    "Pad",
+    category="shape",
+    inputs=[
+        Input("data"),
+        Input("pads", INDEX, host=True),
+        Input("constant_value", optional=True),
+        Input("axes", INDEX, optional=True, host=True),
+    ],
+    outputs=["output"],
+    attrs=[Attr("mode", "string", "constant")],
+    infer=_pad_infer,
+    reference=_pad_ref,
+    doc="Pad (or crop, with negative pads) in constant, reflect, edge or wrap mode.",
+)
 
 
 @Pad.kernel("pad_maps", priority=10, plan=_pad_plan, applies=_pod, doc="index-map gather, parallel over rows")
@@ -512,8 +590,9 @@ def _pad_kernel(ins, outs, attrs, plan, ws):
 def _flatten_axis(axis, rank) -> int:
     a = int(axis)
     if not -rank <= a <= rank:
-        raise ParamInvalidError(f"Flatten: axis {a} is out of range for a {rank}-D input (expected [{-rank}, {rank}])",
-                                op="Flatten")
+        raise ParamInvalidError(
+            f"Flatten: axis {a} is out of range for a {rank}-D input (expected [{-rank}, {rank}])", op="Flatten"
+        )
     return a + rank if a < 0 else a
 
 
@@ -529,9 +608,16 @@ def _flatten_ref(ins, a):
     return x.reshape(int(np.prod(x.shape[:ax])), int(np.prod(x.shape[ax:]))).copy()
 
 
-Flatten = register_op("Flatten", category="shape", inputs=[Input("input")], outputs=["output"],
-                      attrs=[Attr("axis", "int", 1)], infer=_flatten_infer, reference=_flatten_ref,
-                      doc="Flatten into 2-D: dims before axis, dims from axis on.")
+Flatten = register_op(
+    "Flatten",
+    category="shape",
+    inputs=[Input("input")],
+    outputs=["output"],
+    attrs=[Attr("axis", "int", 1)],
+    infer=_flatten_infer,
+    reference=_flatten_ref,
+    doc="Flatten into 2-D: dims before axis, dims from axis on.",
+)
 _copy_kernel(Flatten, "flatten_copy", _flat_plan)
 
 
@@ -547,12 +633,16 @@ def squeeze_shape(op, shape, axes) -> tuple:
 
 
 Squeeze = register_op(
-    "Squeeze", category="shape", inputs=[Input("data"), Input("axes", INDEX, optional=True, host=True)],
+    "Squeeze",
+    category="shape",
+    inputs=[Input("data"), Input("axes", INDEX, optional=True, host=True)],
     outputs=["squeezed"],
     infer=lambda ctx: [TensorMeta(squeeze_shape("Squeeze", ctx.shape(0), _host(ctx, 1, "axes")), ctx.dtype(0))],
-    reference=lambda ins, a: ins[0].reshape(
-        squeeze_shape("Squeeze", ins[0].shape, ins[1] if len(ins) > 1 else None)).copy(),
-    doc="Remove size-1 dims (all of them, or the given axes).")
+    reference=lambda ins, a: (
+        ins[0].reshape(squeeze_shape("Squeeze", ins[0].shape, ins[1] if len(ins) > 1 else None)).copy()
+    ),
+    doc="Remove size-1 dims (all of them, or the given axes).",
+)
 _copy_kernel(Squeeze, "squeeze_copy", _flat_plan)
 
 
@@ -567,15 +657,27 @@ def unsqueeze_shape(op, shape, axes) -> tuple:
 
 
 Unsqueeze = register_op(
-    "Unsqueeze", category="shape", inputs=[Input("data"), Input("axes", INDEX, host=True)], outputs=["expanded"],
+    "Unsqueeze",
+    category="shape",
+    inputs=[Input("data"), Input("axes", INDEX, host=True)],
+    outputs=["expanded"],
     infer=lambda ctx: [TensorMeta(unsqueeze_shape("Unsqueeze", ctx.shape(0), _host(ctx, 1, "axes")), ctx.dtype(0))],
-    reference=lambda ins, a: np.expand_dims(ins[0], tuple(sorted(
-        _axis("Unsqueeze", v, ins[0].ndim + ins[1].size) for v in _ints(ins[1])))).copy(),
-    doc="Insert size-1 dims at the given output axes.")
+    reference=lambda ins, a: np.expand_dims(
+        ins[0], tuple(sorted(_axis("Unsqueeze", v, ins[0].ndim + ins[1].size) for v in _ints(ins[1])))
+    ).copy(),
+    doc="Insert size-1 dims at the given output axes.",
+)
 _copy_kernel(Unsqueeze, "unsqueeze_copy", _flat_plan)
 
-Identity = register_op("Identity", category="shape", inputs=[Input("input")], outputs=["output"], infer=_same,
-                       reference=lambda ins, a: ins[0].copy(), doc="A copy of the input.")
+Identity = register_op(
+    "Identity",
+    category="shape",
+    inputs=[Input("input")],
+    outputs=["output"],
+    infer=_same,
+    reference=lambda ins, a: ins[0].copy(),
+    doc="A copy of the input.",
+)
 _copy_kernel(Identity, "identity_copy", _flat_plan)
 
 
@@ -590,8 +692,10 @@ def expand_shape(op, shape, target) -> tuple:
     out = []
     for k, (x, y) in enumerate(zip(a, b)):
         if x != y and x != 1 and y != 1:
-            raise ParamInvalidError(f"{op}: cannot broadcast input shape {tuple(shape)} with shape {tuple(target)} "
-                                    f"(dim {k}: {x} vs {y})", op=op)
+            raise ParamInvalidError(
+                f"{op}: cannot broadcast input shape {tuple(shape)} with shape {tuple(target)} (dim {k}: {x} vs {y})",
+                op=op,
+            )
         out.append(y if x == 1 else x)
     return tuple(out)
 
@@ -606,10 +710,14 @@ def _expand_plan(ctx):
 
 
 Expand = register_op(
-    "Expand", category="shape", inputs=[Input("input"), Input("shape", INDEX, host=True)], outputs=["output"],
+    "Expand",
+    category="shape",
+    inputs=[Input("input"), Input("shape", INDEX, host=True)],
+    outputs=["output"],
     infer=lambda ctx: [TensorMeta(expand_shape("Expand", ctx.shape(0), _host(ctx, 1, "shape")), ctx.dtype(0))],
     reference=lambda ins, a: np.broadcast_to(ins[0], np.broadcast_shapes(ins[0].shape, tuple(_ints(ins[1])))).copy(),
-    doc="Broadcast to a shape (numpy bidirectional broadcasting).")
+    doc="Broadcast to a shape (numpy bidirectional broadcasting).",
+)
 _copy_kernel(Expand, "expand_copy", _expand_plan)
 
 
@@ -634,11 +742,19 @@ def _tile_plan(ctx):
 
 
 Tile = register_op(
-    "Tile", category="shape", inputs=[Input("input"), Input("repeats", INDEX, host=True)], outputs=["output"],
-    infer=lambda ctx: [TensorMeta(tuple(d * r_ for d, r_ in zip(
-        ctx.shape(0), _tile_repeats("Tile", ctx.shape(0), _host(ctx, 1, "repeats")))), ctx.dtype(0))],
+    "Tile",
+    category="shape",
+    inputs=[Input("input"), Input("repeats", INDEX, host=True)],
+    outputs=["output"],
+    infer=lambda ctx: [
+        TensorMeta(
+            tuple(d * r_ for d, r_ in zip(ctx.shape(0), _tile_repeats("Tile", ctx.shape(0), _host(ctx, 1, "repeats")))),
+            ctx.dtype(0),
+        )
+    ],
     reference=lambda ins, a: np.tile(ins[0], _tile_repeats("Tile", ins[0].shape, ins[1])),
-    doc="Repeat the input along each dim.")
+    doc="Repeat the input along each dim.",
+)
 _copy_kernel(Tile, "tile_copy", _tile_plan)
 
 
@@ -682,9 +798,16 @@ def _d2s_record(name, doc):
         tmp, perm, _ = _d2s_layout(name, ctx.shape(0), ctx.attrs["blocksize"], ctx.attrs["mode"])
         return [K.plan_permute(tmp, perm, ctx.dtype(0).itemsize)]
 
-    rec = register_op(name, category="shape", inputs=[Input("input")], outputs=["output"],
-                      attrs=[Attr("blocksize", "int"), Attr("mode", "string", "DCR")], infer=infer, reference=ref,
-                      doc=doc)
+    rec = register_op(
+        name,
+        category="shape",
+        inputs=[Input("input")],
+        outputs=["output"],
+        attrs=[Attr("blocksize", "int"), Attr("mode", "string", "DCR")],
+        infer=infer,
+        reference=ref,
+        doc=doc,
+    )
     _copy_kernel(rec, name.lower() + "_copy", plan)
     return rec
 
@@ -706,23 +829,36 @@ def _shape_range(shape, start, end):
 
 
 Shape = register_op(
-    "Shape", category="shape", inputs=[Input("data")], outputs=["shape"],
+    "Shape",
+    category="shape",
+    inputs=[Input("data")],
+    outputs=["shape"],
     attrs=[Attr("start", "int", 0), Attr("end", "int", None)],
     infer=lambda ctx: [TensorMeta((len(_shape_range(ctx.shape(0), ctx.attrs["start"], ctx.attrs["end"])),), I64)],
     reference=lambda ins, a: np.array(_shape_range(ins[0].shape, a["start"], a["end"]), dtype=np.int64),
-    doc="The input's shape (dims start..end) as an int64 vector.")
+    doc="The input's shape (dims start..end) as an int64 vector.",
+)
 
 
-@Shape.kernel("shape_host", priority=10, plan=lambda ctx: np.array(
-    _shape_range(ctx.shape(0), ctx.attrs["start"], ctx.attrs["end"]), np.int64), doc="writes the prepared dims")
+@Shape.kernel(
+    "shape_host",
+    priority=10,
+    plan=lambda ctx: np.array(_shape_range(ctx.shape(0), ctx.attrs["start"], ctx.attrs["end"]), np.int64),
+    doc="writes the prepared dims",
+)
 def _shape_kernel(ins, outs, attrs, plan, ws):
     outs[0][...] = plan
 
 
 Size = register_op(
-    "Size", category="shape", inputs=[Input("data")], outputs=["size"],
-    infer=lambda ctx: [TensorMeta((), I64)], reference=lambda ins, a: np.array(ins[0].size, dtype=np.int64),
-    doc="Number of elements (int64 scalar).")
+    "Size",
+    category="shape",
+    inputs=[Input("data")],
+    outputs=["size"],
+    infer=lambda ctx: [TensorMeta((), I64)],
+    reference=lambda ins, a: np.array(ins[0].size, dtype=np.int64),
+    doc="Number of elements (int64 scalar).",
+)
 
 
 @Size.kernel("size_host", priority=10, plan=lambda ctx: math.prod(ctx.shape(0)), doc="writes the prepared count")
@@ -740,8 +876,10 @@ def _ge_infer(ctx):
     ax = _axis("GatherElements", ctx.attrs["axis"], len(s))
     over = [d for d in range(len(s)) if d != ax and i[d] > s[d]]
     if over:  # the other axes index data by position: they cannot be longer than data's
-        ctx.fail(f"indices {tuple(i)} is longer than data {tuple(s)} on axis {over[0]} (axis={ax} is the "
-                 "gathered one; the others must be <= data's)")
+        ctx.fail(
+            f"indices {tuple(i)} is longer than data {tuple(s)} on axis {over[0]} (axis={ax} is the "
+            "gathered one; the others must be <= data's)"
+        )
     return [TensorMeta(tuple(i), ctx.dtype(0))]
 
 
@@ -760,11 +898,18 @@ def _ge_ref(ins, a):
 
 
 GatherElements = register_op(
-    "GatherElements", category="shape", inputs=[Input("data"), Input("indices", INDEX)], outputs=["output"],
-    attrs=[Attr("axis", "int", 0)], infer=_ge_infer, reference=_ge_ref,
-    doc="out[i][j][k] = data[index[i][j][k]][j][k] (for axis 0), like torch.gather.")
+    "GatherElements",
+    category="shape",
+    inputs=[Input("data"), Input("indices", INDEX)],
+    outputs=["output"],
+    attrs=[Attr("axis", "int", 0)],
+    infer=_ge_infer,
+    reference=_ge_ref,
+    doc="out[i][j][k] = data[index[i][j][k]][j][k] (for axis 0), like torch.gather.",
+)
 GatherElements.kernel("gather_elements_numpy", priority=5, applies=_pod)(
-    lambda ins, outs, attrs, plan, ws: K.gather_elements(ins[0], ins[1], outs[0], attrs["axis"] % ins[0].ndim))
+    lambda ins, outs, attrs, plan, ws: K.gather_elements(ins[0], ins[1], outs[0], attrs["axis"] % ins[0].ndim)
+)
 
 
 def _gnd_infer(ctx):
@@ -779,17 +924,17 @@ def _gnd_infer(ctx):
         ctx.fail(f"the first {b} (batch) dims of data {s} and indices {i} differ")
     if k > len(s) - b:
         ctx.fail(f"indices.shape[-1] = {k} exceeds rank(data) - batch_dims = {len(s) - b}")
-    return [TensorMeta(i[:-1] + s[b + k:], ctx.dtype(0))]
+    return [TensorMeta(i[:-1] + s[b + k :], ctx.dtype(0))]
 
 
 def _gnd_ref(ins, a):
     x, idx = ins
     b = a["batch_dims"]
-    out_shape = idx.shape[:-1] + x.shape[b + idx.shape[-1]:]
+    out_shape = idx.shape[:-1] + x.shape[b + idx.shape[-1] :]
     out = np.empty(out_shape, x.dtype)
     for pos in np.ndindex(*idx.shape[:-1]):
         tgt = tuple(int(v) for v in idx[pos])
-        lims = x.shape[b:b + len(tgt)]
+        lims = x.shape[b : b + len(tgt)]
         if any(not -n <= v < n for v, n in zip(tgt, lims)):
             raise ParamInvalidError(f"GatherND: index {tgt} at {pos} out of range for dims {lims}", op="GatherND")
         out[pos] = x[pos[:b] + tgt]
@@ -797,11 +942,18 @@ def _gnd_ref(ins, a):
 
 
 GatherND = register_op(
-    "GatherND", category="shape", inputs=[Input("data"), Input("indices", (_dt.int64,))], outputs=["output"],
-    attrs=[Attr("batch_dims", "int", 0)], infer=_gnd_infer, reference=_gnd_ref,
-    doc="Gather slices of data addressed by the last dim of indices (after batch_dims batch dims).")
+    "GatherND",
+    category="shape",
+    inputs=[Input("data"), Input("indices", (_dt.int64,))],
+    outputs=["output"],
+    attrs=[Attr("batch_dims", "int", 0)],
+    infer=_gnd_infer,
+    reference=_gnd_ref,
+    doc="Gather slices of data addressed by the last dim of indices (after batch_dims batch dims).",
+)
 GatherND.kernel("gather_nd_numpy", priority=5, applies=_pod)(
-    lambda ins, outs, attrs, plan, ws: K.gather_nd(ins[0], ins[1], outs[0], attrs["batch_dims"]))
+    lambda ins, outs, attrs, plan, ws: K.gather_nd(ins[0], ins[1], outs[0], attrs["batch_dims"])
+)
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
 
@@ -811,13 +963,17 @@ def _scatter_infer(op):
         s, i, u = ctx.shape(0), ctx.shape(1), ctx.shape(2)
         if op != "ScatterND":
             if len(s) != len(i) or tuple(i) != tuple(u) or not s:
-                ctx.fail(f"data {tuple(s)}, indices {tuple(i)}, updates {tuple(u)}: indices and updates must have "
-                         "the same shape and the rank of data")
+                ctx.fail(
+                    f"data {tuple(s)}, indices {tuple(i)}, updates {tuple(u)}: indices and updates must have "
+                    "the same shape and the rank of data"
+                )
             ax = _axis(op, ctx.attrs["axis"], len(s))
             over = [d for d in range(len(s)) if d != ax and i[d] > s[d]]
             if over:  # the other axes index data by position: they cannot be longer than data's
-                ctx.fail(f"indices {tuple(i)} is longer than data {tuple(s)} on axis {over[0]} (axis={ax} is the "
-                         "scattered one; the others must be <= data's)")
+                ctx.fail(
+                    f"indices {tuple(i)} is longer than data {tuple(s)} on axis {over[0]} (axis={ax} is the "
+                    "scattered one; the others must be <= data's)"
+                )
         else:
             if not i:
                 ctx.fail("indices must have rank >= 1")
@@ -828,12 +984,14 @@ def _scatter_infer(op):
             if tuple(u) != want:
                 ctx.fail(f"updates has shape {tuple(u)}, expected {want}")
         if ctx.dtype(2) != ctx.dtype(0):
-            raise DTypeError(f"{op}: updates dtype {_dt.name(ctx.dtype(2))} != data dtype {_dt.name(ctx.dtype(0))}",
-                             op=op)
+            raise DTypeError(
+                f"{op}: updates dtype {_dt.name(ctx.dtype(2))} != data dtype {_dt.name(ctx.dtype(0))}", op=op
+            )
         red = _str(ctx.attrs.get("reduction", "none"))
         if red not in REDUCTIONS:
             raise ParamInvalidError(f"{op}: reduction must be one of {REDUCTIONS}, got {red!r}", op=op)
         return [TensorMeta(tuple(s), ctx.dtype(0))]
+
     return infer
 
 
@@ -869,28 +1027,50 @@ def _scatter_nd_ref(ins, a):
 
 
 ScatterElements = register_op(
-    "ScatterElements", category="shape", inputs=[Input("data"), Input("indices", INDEX), Input("updates")],
-    outputs=["output"], attrs=[Attr("axis", "int", 0), Attr("reduction", "string", "none")],
-    infer=_scatter_infer("ScatterElements"), reference=_scatter_elements_ref,
-    doc="Copy of data with updates written (or reduced) at per-element indices along axis.")
+    "ScatterElements",
+    category="shape",
+    inputs=[Input("data"), Input("indices", INDEX), Input("updates")],
+    outputs=["output"],
+    attrs=[Attr("axis", "int", 0), Attr("reduction", "string", "none")],
+    infer=_scatter_infer("ScatterElements"),
+    reference=_scatter_elements_ref,
+    doc="Copy of data with updates written (or reduced) at per-element indices along axis.",
+)
 ScatterElements.kernel("scatter_elements_numpy", priority=5, applies=_pod)(
-    lambda ins, outs, attrs, plan, ws: K.scatter_elements(ins[0], ins[1], ins[2], outs[0], attrs["axis"] % ins[0].ndim,
-                                                          _str(attrs["reduction"])))
+    lambda ins, outs, attrs, plan, ws: K.scatter_elements(
+        ins[0], ins[1], ins[2], outs[0], attrs["axis"] % ins[0].ndim, _str(attrs["reduction"])
+    )
+)
 
 Scatter = register_op(
-    "Scatter", category="shape", inputs=[Input("data"), Input("indices", INDEX), Input("updates")],
-    outputs=["output"], attrs=[Attr("axis", "int", 0)], infer=_scatter_infer("Scatter"),
-    reference=_scatter_elements_ref, doc="Deprecated alias of ScatterElements without reduction.")
+    "Scatter",
+    category="shape",
+    inputs=[Input("data"), Input("indices", INDEX), Input("updates")],
+    outputs=["output"],
+    attrs=[Attr("axis", "int", 0)],
+    infer=_scatter_infer("Scatter"),
+    reference=_scatter_elements_ref,
+    doc="Deprecated alias of ScatterElements without reduction.",
+)
 Scatter.kernel("scatter_numpy", priority=5, applies=_pod)(
-    lambda ins, outs, attrs, plan, ws: K.scatter_elements(ins[0], ins[1], ins[2], outs[0], attrs["axis"] % ins[0].ndim,
-                                                          "none", op="Scatter"))
+    lambda ins, outs, attrs, plan, ws: K.scatter_elements(
+        ins[0], ins[1], ins[2], outs[0], attrs["axis"] % ins[0].ndim, "none", op="Scatter"
+    )
+)
 
 ScatterND = register_op(
-    "ScatterND", category="shape", inputs=[Input("data"), Input("indices", (_dt.int64,)), Input("updates")],
-    outputs=["output"], attrs=[Attr("reduction", "string", "none")], infer=_scatter_infer("ScatterND"),
-    reference=_scatter_nd_ref, doc="Copy of data with slices replaced (or reduced) at N-d indices.")
+    "ScatterND",
+    category="shape",
+    inputs=[Input("data"), Input("indices", (_dt.int64,)), Input("updates")],
+    outputs=["output"],
+    attrs=[Attr("reduction", "string", "none")],
+    infer=_scatter_infer("ScatterND"),
+    reference=_scatter_nd_ref,
+    doc="Copy of data with slices replaced (or reduced) at N-d indices.",
+)
 ScatterND.kernel("scatter_nd_numpy", priority=5, applies=_pod)(
-    lambda ins, outs, attrs, plan, ws: K.scatter_nd(ins[0], ins[1], ins[2], outs[0], _str(attrs["reduction"])))
+    lambda ins, outs, attrs, plan, ws: K.scatter_nd(ins[0], ins[1], ins[2], outs[0], _str(attrs["reduction"]))
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -907,8 +1087,9 @@ def range_count(start, limit, delta) -> int:
         return max(0, -(-(l_ - s) // d))
     s, l_, d = float(start), float(limit), float(delta)
     if d == 0 or not math.isfinite(s) or not math.isfinite(l_) or not math.isfinite(d):
-        raise ParamInvalidError(f"Range: start/limit/delta must be finite with delta != 0, got {s}, {l_}, {d}",
-                                op="Range")
+        raise ParamInvalidError(
+            f"Range: start/limit/delta must be finite with delta != 0, got {s}, {l_}, {d}", op="Range"
+        )
     return max(0, math.ceil((l_ - s) / d))
 
 
@@ -925,26 +1106,43 @@ def _range_infer(ctx):
         if math.prod(m.shape) != 1:
             ctx.fail(f"{n} must be a scalar, got shape {tuple(m.shape)}")
         if m.dtype != ctx.dtype(0):
-            raise DTypeError(f"Range: {n} has dtype {_dt.name(m.dtype)}, start has {_dt.name(ctx.dtype(0))}",
-                             op="Range")
+            raise DTypeError(
+                f"Range: {n} has dtype {_dt.name(m.dtype)}, start has {_dt.name(ctx.dtype(0))}", op="Range"
+            )
     return [TensorMeta((range_count(*[v.reshape(()) for v in vals]),), ctx.dtype(0))]
 
 
 Range = register_op(
-    "Range", category="shape",
-    inputs=[Input("start", _RANGE_DT, host=True), Input("limit", _RANGE_DT, host=True),
-            Input("delta", _RANGE_DT, host=True)],
-    outputs=["output"], attrs=[Attr("stash_type", "int", 1)], infer=_range_infer,
-    reference=lambda ins, a: np.array([ins[0].reshape(()).astype(np.float64 if ins[0].dtype.kind == "f" else
-                                                                  np.int64) + i * ins[2].reshape(()).astype(
-        np.float64 if ins[0].dtype.kind == "f" else np.int64) for i in range(range_count(
-            ins[0].reshape(()), ins[1].reshape(()), ins[2].reshape(())))], dtype=ins[0].dtype).reshape(-1),
-    doc="start, start + delta, ... up to limit (exclusive); 16-bit floats computed in higher precision.")
+    "Range",
+    category="shape",
+    inputs=[
+        Input("start", _RANGE_DT, host=True),
+        Input("limit", _RANGE_DT, host=True),
+        Input("delta", _RANGE_DT, host=True),
+    ],
+    outputs=["output"],
+    attrs=[Attr("stash_type", "int", 1)],
+    infer=_range_infer,
+    reference=lambda ins, a: np.array(
+        [
+            ins[0].reshape(()).astype(np.float64 if ins[0].dtype.kind == "f" else np.int64)
+            + i * ins[2].reshape(()).astype(np.float64 if ins[0].dtype.kind == "f" else np.int64)
+            for i in range(range_count(ins[0].reshape(()), ins[1].reshape(()), ins[2].reshape(())))
+        ],
+        dtype=ins[0].dtype,
+    ).reshape(-1),
+    doc="start, start + delta, ... up to limit (exclusive); 16-bit floats computed in higher precision.",
+)
 
 
-@Range.kernel("range_host", priority=10, doc="computed once at prepare time",
-              plan=lambda ctx: _range_values(*[np.asarray(ctx.value(i)).reshape(()) for i in range(3)], ctx.dtype(0),
-                                             ctx.outputs[0].shape[0]))
+@Range.kernel(
+    "range_host",
+    priority=10,
+    doc="computed once at prepare time",
+    plan=lambda ctx: _range_values(
+        *[np.asarray(ctx.value(i)).reshape(()) for i in range(3)], ctx.dtype(0), ctx.outputs[0].shape[0]
+    ),
+)
 def _range_kernel(ins, outs, attrs, plan, ws):
     outs[0][...] = plan
 
@@ -968,8 +1166,9 @@ def constant_value(v) -> np.ndarray:
     else:
         a = np.asarray(v)
     if a.size != 1:
-        raise ParamInvalidError(f"ConstantOfShape: value must hold exactly one element, got shape {a.shape}",
-                                op="ConstantOfShape")
+        raise ParamInvalidError(
+            f"ConstantOfShape: value must hold exactly one element, got shape {a.shape}", op="ConstantOfShape"
+        )
     return a.reshape(())
 
 
@@ -981,11 +1180,15 @@ def _constant_of_shape_dims(ctx):
 
 
 ConstantOfShape = register_op(
-    "ConstantOfShape", category="shape", inputs=[Input("input", (_dt.int64,), host=True)], outputs=["output"],
+    "ConstantOfShape",
+    category="shape",
+    inputs=[Input("input", (_dt.int64,), host=True)],
+    outputs=["output"],
     attrs=[Attr("value", "tensor", None)],
     infer=lambda ctx: [TensorMeta(_constant_of_shape_dims(ctx), constant_value(ctx.attrs["value"]).dtype)],
     reference=lambda ins, a: np.full(_ints(ins[0]), constant_value(a["value"])),
-    doc="A tensor of the given shape filled with one value (default float32 0).")
+    doc="A tensor of the given shape filled with one value (default float32 0).",
+)
 
 
 @ConstantOfShape.kernel("fill", priority=10, plan=lambda ctx: constant_value(ctx.attrs["value"]))
@@ -1008,9 +1211,15 @@ def _eye_ref(ins, a):
 
 
 EyeLike = register_op(
-    "EyeLike", category="shape", inputs=[Input("input")], outputs=["output"],
-    attrs=[Attr("dtype", "dtype", None), Attr("k", "int", 0)], infer=_eye_infer, reference=_eye_ref,
-    doc="A 2-D tensor shaped like the input with ones on diagonal k.")
+    "EyeLike",
+    category="shape",
+    inputs=[Input("input")],
+    outputs=["output"],
+    attrs=[Attr("dtype", "dtype", None), Attr("k", "int", 0)],
+    infer=_eye_infer,
+    reference=_eye_ref,
+    doc="A 2-D tensor shaped like the input with ones on diagonal k.",
+)
 
 
 @EyeLike.kernel("eye_numpy", priority=5)
@@ -1041,9 +1250,15 @@ def _trilu_ref(ins, a):
 
 
 Trilu = register_op(
-    "Trilu", category="shape", inputs=[Input("input"), Input("k", (_dt.int64,), optional=True)], outputs=["output"],
-    attrs=[Attr("upper", "int", 1)], infer=_trilu_infer, reference=_trilu_ref,
-    doc="Upper (triu) or lower (tril) triangle of the last two dims, from diagonal k.")
+    "Trilu",
+    category="shape",
+    inputs=[Input("input"), Input("k", (_dt.int64,), optional=True)],
+    outputs=["output"],
+    attrs=[Attr("upper", "int", 1)],
+    infer=_trilu_infer,
+    reference=_trilu_ref,
+    doc="Upper (triu) or lower (tril) triangle of the last two dims, from diagonal k.",
+)
 
 
 @Trilu.kernel("trilu_numpy", priority=5, applies=_pod)
@@ -1088,10 +1303,15 @@ def _onehot_ref(ins, a):
 
 
 OneHot = register_op(
-    "OneHot", category="shape",
+    "OneHot",
+    category="shape",
     inputs=[Input("indices", _dt.NUMERIC), Input("depth", _dt.NUMERIC, host=True), Input("values")],
-    outputs=["output"], attrs=[Attr("axis", "int", -1)], infer=_onehot_infer, reference=_onehot_ref,
-    doc="One-hot encode indices along a new axis (out-of-range indices give all off_value).")
+    outputs=["output"],
+    attrs=[Attr("axis", "int", -1)],
+    infer=_onehot_infer,
+    reference=_onehot_ref,
+    doc="One-hot encode indices along a new axis (out-of-range indices give all off_value).",
+)
 
 
 @OneHot.kernel("one_hot_numpy", priority=5, applies=_pod)
@@ -1116,13 +1336,22 @@ def _onehot_kernel(ins, outs, attrs, plan, ws):
 # data-dependent shapes: NonZero / Unique / Compress
 # ---------------------------------------------------------------------------------------------
 NonZero = register_op(
-    "NonZero", category="shape", inputs=[Input("X")], outputs=["Y"], dynamic_shape=True,
+    "NonZero",
+    category="shape",
+    inputs=[Input("X")],
+    outputs=["Y"],
+    dynamic_shape=True,
     infer=lambda ctx: [TensorMeta((max(len(ctx.shape(0)), 1), None), I64)],
     reference=lambda ins, a: np.array(np.nonzero(np.atleast_1d(ins[0])), dtype=np.int64),
-    doc="Indices of the non-zero elements, shape (rank, count) (output shape depends on the data).")
+    doc="Indices of the non-zero elements, shape (rank, count) (output shape depends on the data).",
+)
 NonZero.kernel("nonzero_numpy", priority=5)(
-    lambda ins, outs, attrs, plan, ws: [np.stack(np.nonzero(np.atleast_1d(ins[0]))).astype(np.int64)
-                                        if ins[0].size else np.zeros((max(ins[0].ndim, 1), 0), np.int64)])
+    lambda ins, outs, attrs, plan, ws: [
+        np.stack(np.nonzero(np.atleast_1d(ins[0]))).astype(np.int64)
+        if ins[0].size
+        else np.zeros((max(ins[0].ndim, 1), 0), np.int64)
+    ]
+)
 
 
 def _unique_infer(ctx):
@@ -1134,8 +1363,7 @@ def _unique_infer(ctx):
         a = _axis("Unique", ax, len(s))
         y = tuple(None if k == a else d for k, d in enumerate(s))
     n_inv = math.prod(s) if ax is None else s[_axis("Unique", ax, len(s))]
-    return [TensorMeta(y, ctx.dtype(0)), TensorMeta((None,), I64), TensorMeta((n_inv,), I64),
-            TensorMeta((None,), I64)]
+    return [TensorMeta(y, ctx.dtype(0)), TensorMeta((None,), I64), TensorMeta((n_inv,), I64), TensorMeta((None,), I64)]
 
 
 def _unique_ref(ins, a):
@@ -1158,26 +1386,44 @@ def _unique_ref(ins, a):
     counts = [inv.count(j) for j in range(len(firsts))]
     order = list(range(len(firsts)))
     if a["sorted"]:
-        key = (lambda j: tuple(np.asarray(items[firsts[j]]).reshape(-1).tolist())) if ax is not None else \
-            (lambda j: items[firsts[j]])
+        key = (
+            (lambda j: tuple(np.asarray(items[firsts[j]]).reshape(-1).tolist()))
+            if ax is not None
+            else (lambda j: items[firsts[j]])
+        )
         order = sorted(order, key=key)
     rank = {j: r for r, j in enumerate(order)}
     sel = [firsts[j] for j in order]
-    y = np.stack([items[i] for i in sel], axis=ax) if ax is not None and sel else (
-        np.array([items[i] for i in sel], dtype=x.dtype) if ax is None else np.take(x, [], axis=ax))
+    y = (
+        np.stack([items[i] for i in sel], axis=ax)
+        if ax is not None and sel
+        else (np.array([items[i] for i in sel], dtype=x.dtype) if ax is None else np.take(x, [], axis=ax))
+    )
     i64 = np.int64
     return (y, np.array(sel, i64), np.array([rank[j] for j in inv], i64), np.array([counts[j] for j in order], i64))
 
 
 Unique = register_op(
-    "Unique", category="shape", inputs=[Input("X")], dynamic_shape=True,
-    outputs=["Y", Output("indices", optional=True), Output("inverse_indices", optional=True),
-             Output("counts", optional=True)],
-    attrs=[Attr("axis", "int", None), Attr("sorted", "int", 1)], infer=_unique_infer, reference=_unique_ref,
-    doc="Unique elements (or slices along axis), first indices, inverse indices and counts.")
+    "Unique",
+    category="shape",
+    inputs=[Input("X")],
+    dynamic_shape=True,
+    outputs=[
+        "Y",
+        Output("indices", optional=True),
+        Output("inverse_indices", optional=True),
+        Output("counts", optional=True),
+    ],
+    attrs=[Attr("axis", "int", None), Attr("sorted", "int", 1)],
+    infer=_unique_infer,
+    reference=_unique_ref,
+    doc="Unique elements (or slices along axis), first indices, inverse indices and counts.",
+)
 Unique.kernel("unique_numpy", priority=5, applies=_pod)(
     lambda ins, outs, attrs, plan, ws: K.unique(
-        ins[0], None if attrs["axis"] is None else attrs["axis"] % ins[0].ndim, attrs["sorted"]))
+        ins[0], None if attrs["axis"] is None else attrs["axis"] % ins[0].ndim, attrs["sorted"]
+    )
+)
 
 
 def _compress_infer(ctx):
@@ -1197,16 +1443,24 @@ def _compress(ins, attrs):
     n = x.size if ax is None else x.shape[_axis("Compress", ax, x.ndim)]
     if c.size > n:
         if c[n:].any():
-            raise ParamInvalidError(f"Compress: condition has {c.size} entries (some true beyond the {n} slices of "
-                                    "the axis)", op="Compress")
+            raise ParamInvalidError(
+                f"Compress: condition has {c.size} entries (some true beyond the {n} slices of the axis)", op="Compress"
+            )
         c = c[:n]
     return np.compress(c.astype(bool), x, axis=None if ax is None else ax % x.ndim)
 
 
 Compress = register_op(
-    "Compress", category="shape", inputs=[Input("input"), Input("condition", (_dt.bool_,))], outputs=["output"],
-    attrs=[Attr("axis", "int", None)], infer=_compress_infer, dynamic_shape=True, reference=_compress,
-    doc="Keep the slices along axis (or elements of the flattened input) where condition is true.")
+    "Compress",
+    category="shape",
+    inputs=[Input("input"), Input("condition", (_dt.bool_,))],
+    outputs=["output"],
+    attrs=[Attr("axis", "int", None)],
+    infer=_compress_infer,
+    dynamic_shape=True,
+    reference=_compress,
+    doc="Keep the slices along axis (or elements of the flattened input) where condition is true.",
+)
 Compress.kernel("compress_numpy", priority=5)(lambda ins, outs, attrs, plan, ws: [_compress(ins, attrs)])
 
 
@@ -1251,18 +1505,28 @@ def _topk_ref(ins, a):
 
 
 TopK = register_op(
-    "TopK", category="shape", inputs=[Input("X", _dt.NUMERIC), Input("K", (_dt.int64,), host=True)],
+    "TopK",
+    category="shape",
+    inputs=[Input("X", _dt.NUMERIC), Input("K", (_dt.int64,), host=True)],
     outputs=["Values", "Indices"],
     attrs=[Attr("axis", "int", -1), Attr("largest", "int", 1), Attr("sorted", "int", 1)],
-    infer=_topk_infer, reference=_topk_ref,
+    infer=_topk_infer,
+    reference=_topk_ref,
     doc="The k largest (or smallest) values along axis and their indices; ties go to the lower index. NaN "
-        "ranks above +inf, as in onnxruntime: first when largest, last when smallest.")
+    "ranks above +inf, as in onnxruntime: first when largest, last when smallest.",
+)
 
 
 @TopK.kernel("topk_sort", priority=5, doc="stable argsort along the axis")
 def _topk_kernel(ins, outs, attrs, plan, ws):
-    K.topk(ins[0], outs[0].shape[attrs["axis"] % ins[0].ndim], attrs["axis"] % ins[0].ndim, attrs["largest"],
-           outs[0], outs[1])
+    K.topk(
+        ins[0],
+        outs[0].shape[attrs["axis"] % ins[0].ndim],
+        attrs["axis"] % ins[0].ndim,
+        attrs["largest"],
+        outs[0],
+        outs[1],
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1294,8 +1558,9 @@ def _revseq(ins, attrs, out=None):
     for i, n in enumerate(lens.reshape(-1)):
         n = int(n)
         if not 0 <= n <= x.shape[t]:
-            raise ParamInvalidError(f"ReverseSequence: sequence_lens[{i}] = {n} is outside [0, {x.shape[t]}]",
-                                    op="ReverseSequence")
+            raise ParamInvalidError(
+                f"ReverseSequence: sequence_lens[{i}] = {n} is outside [0, {x.shape[t]}]", op="ReverseSequence"
+            )
         src = [slice(None)] * x.ndim
         src[b] = i
         src[t] = slice(0, n)
@@ -1319,12 +1584,18 @@ def _revseq_ref(ins, a):
 
 
 ReverseSequence = register_op(
-    "ReverseSequence", category="shape", inputs=[Input("input"), Input("sequence_lens", (_dt.int64,))],
-    outputs=["Y"], attrs=[Attr("batch_axis", "int", 1), Attr("time_axis", "int", 0)], infer=_revseq_infer,
+    "ReverseSequence",
+    category="shape",
+    inputs=[Input("input"), Input("sequence_lens", (_dt.int64,))],
+    outputs=["Y"],
+    attrs=[Attr("batch_axis", "int", 1), Attr("time_axis", "int", 0)],
+    infer=_revseq_infer,
     reference=lambda ins, a: _revseq_ref(ins, a),
-    doc="Reverse the first sequence_lens[b] steps of each batch entry along the time axis.")
+    doc="Reverse the first sequence_lens[b] steps of each batch entry along the time axis.",
+)
 ReverseSequence.kernel("reverse_sequence_numpy", priority=5, applies=_pod)(
-    lambda ins, outs, attrs, plan, ws: _revseq(ins, attrs, outs[0]))
+    lambda ins, outs, attrs, plan, ws: _revseq(ins, attrs, outs[0])
+)
 
 
 def _dropout_infer(ctx):
@@ -1351,13 +1622,20 @@ def _dropout(ins, attrs):
 
 
 Dropout = register_op(
-    "Dropout", category="shape",
-    inputs=[Input("data", _dt.FLOATS), Input("ratio", _dt.FLOATS, optional=True),
-            Input("training_mode", (_dt.bool_,), optional=True)],
-    outputs=["output", Output("mask", optional=True)], attrs=[Attr("seed", "int", None)],
-    infer=_dropout_infer, reference=_dropout,
+    "Dropout",
+    category="shape",
+    inputs=[
+        Input("data", _dt.FLOATS),
+        Input("ratio", _dt.FLOATS, optional=True),
+        Input("training_mode", (_dt.bool_,), optional=True),
+    ],
+    outputs=["output", Output("mask", optional=True)],
+    attrs=[Attr("seed", "int", None)],
+    infer=_dropout_infer,
+    reference=_dropout,
     doc="Inference: identity (mask all true). training_mode=True: zero elements with probability ratio and scale "
-        "by 1/(1-ratio); mask drawn from numpy.random.RandomState(seed).uniform (matches onnx.reference).")
+    "by 1/(1-ratio); mask drawn from numpy.random.RandomState(seed).uniform (matches onnx.reference).",
+)
 
 
 @Dropout.kernel("dropout_numpy", priority=5)
@@ -1386,7 +1664,7 @@ def _ccp_layout(op, shape, target, axes):
         else:
             m = np.full(n, -1, np.int64)
             st = (n - d) // 2
-            m[st:st + d] = np.arange(d)
+            m[st : st + d] = np.arange(d)
             maps[a] = m
     return tuple(out), maps
 
@@ -1402,16 +1680,31 @@ def _ccp_ref(ins, a):
 
 
 CenterCropPad = register_op(
-    "CenterCropPad", category="shape", inputs=[Input("input_data"), Input("shape", INDEX, host=True)],
-    outputs=["output_data"], attrs=[Attr("axes", "ints", None)],
-    infer=lambda ctx: [TensorMeta(_ccp_layout("CenterCropPad", ctx.shape(0), _host(ctx, 1, "shape"),
-                                              ctx.attrs["axes"])[0], ctx.dtype(0))],
-    reference=_ccp_ref, doc="Center-crop or zero-pad the given axes to a target shape.")
+    "CenterCropPad",
+    category="shape",
+    inputs=[Input("input_data"), Input("shape", INDEX, host=True)],
+    outputs=["output_data"],
+    attrs=[Attr("axes", "ints", None)],
+    infer=lambda ctx: [
+        TensorMeta(
+            _ccp_layout("CenterCropPad", ctx.shape(0), _host(ctx, 1, "shape"), ctx.attrs["axes"])[0], ctx.dtype(0)
+        )
+    ],
+    reference=_ccp_ref,
+    doc="Center-crop or zero-pad the given axes to a target shape.",
+)
 
 
-@CenterCropPad.kernel("center_crop_pad_maps", priority=10, applies=_pod, plan=lambda ctx: K.plan_maps(
-    ctx.shape(0), _ccp_layout("CenterCropPad", ctx.shape(0), _host(ctx, 1, "shape"), ctx.attrs["axes"])[1],
-    ctx.dtype(0).itemsize))
+@CenterCropPad.kernel(
+    "center_crop_pad_maps",
+    priority=10,
+    applies=_pod,
+    plan=lambda ctx: K.plan_maps(
+        ctx.shape(0),
+        _ccp_layout("CenterCropPad", ctx.shape(0), _host(ctx, 1, "shape"), ctx.attrs["axes"])[1],
+        ctx.dtype(0).itemsize,
+    ),
+)
 def _ccp_kernel(ins, outs, attrs, plan, ws):
     K.run_maps(plan, ins[0], outs[0], np.zeros((), outs[0].dtype))
 
@@ -1430,18 +1723,21 @@ def _col2im_params(op, x_shape, image_shape, block_shape, attrs):
         raise ParamInvalidError(f"{op}: input must be (N, C*prod(block), L), got {tuple(x_shape)}", op=op)
     kk = math.prod(blk)
     if kk == 0 or x_shape[1] % kk:
-        raise ParamInvalidError(f"{op}: input dim 1 ({x_shape[1]}) is not a multiple of prod(block_shape) = {kk}",
-                                op=op)
+        raise ParamInvalidError(
+            f"{op}: input dim 1 ({x_shape[1]}) is not a multiple of prod(block_shape) = {kk}", op=op
+        )
     counts = [(img[i] + pads[i] + pads[i + nd] - (dil[i] * (blk[i] - 1) + 1)) // strides[i] + 1 for i in range(nd)]
     if any(c <= 0 for c in counts) or math.prod(counts) != x_shape[2]:
-        raise ParamInvalidError(f"{op}: input has L = {x_shape[2]} blocks, the geometry gives {counts} "
-                                f"(= {math.prod(counts)})", op=op)
+        raise ParamInvalidError(
+            f"{op}: input has L = {x_shape[2]} blocks, the geometry gives {counts} (= {math.prod(counts)})", op=op
+        )
     return img, blk, dil, pads, strides, counts
 
 
 def _col2im_infer(ctx):
-    img, blk, *_ = _col2im_params("Col2Im", ctx.shape(0), _host(ctx, 1, "image_shape"), _host(ctx, 2, "block_shape"),
-                                  ctx.attrs)
+    img, blk, *_ = _col2im_params(
+        "Col2Im", ctx.shape(0), _host(ctx, 1, "image_shape"), _host(ctx, 2, "block_shape"), ctx.attrs
+    )
     s = ctx.shape(0)
     return [TensorMeta((s[0], s[1] // math.prod(blk)) + tuple(img), ctx.dtype(0))]
 
@@ -1463,12 +1759,19 @@ def _col2im_ref(ins, a):
 
 
 Col2Im = register_op(
-    "Col2Im", category="shape",
-    inputs=[Input("input", _dt.NUMERIC), Input("image_shape", (_dt.int64,), host=True),
-            Input("block_shape", (_dt.int64,), host=True)],
-    outputs=["output"], attrs=[Attr("dilations", "ints", None), Attr("pads", "ints", None),
-                               Attr("strides", "ints", None)],
-    infer=_col2im_infer, reference=_col2im_ref, doc="Rearrange column blocks back into an image (fold).")
+    "Col2Im",
+    category="shape",
+    inputs=[
+        Input("input", _dt.NUMERIC),
+        Input("image_shape", (_dt.int64,), host=True),
+        Input("block_shape", (_dt.int64,), host=True),
+    ],
+    outputs=["output"],
+    attrs=[Attr("dilations", "ints", None), Attr("pads", "ints", None), Attr("strides", "ints", None)],
+    infer=_col2im_infer,
+    reference=_col2im_ref,
+    doc="Rearrange column blocks back into an image (fold).",
+)
 
 
 @Col2Im.kernel("col2im_numpy", priority=5, dtypes=_F32_64)
@@ -1481,8 +1784,14 @@ def _col2im_kernel(ins, outs, attrs, plan, ws):
 # Resize
 # ---------------------------------------------------------------------------------------------
 RESIZE_MODES = ("nearest", "linear", "cubic")
-COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
-               "tf_crop_and_resize")
+COORD_MODES = (
+    "half_pixel",
+    "half_pixel_symmetric",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_crop_and_resize",
+)
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
@@ -1495,10 +1804,12 @@ class ResizeSpec:
         self.ctm = _str(attrs["coordinate_transformation_mode"])
         self.nearest_mode = _str(attrs["nearest_mode"])
         self.policy = _str(attrs["keep_aspect_ratio_policy"])
-        for v, allowed, name in ((self.mode, RESIZE_MODES, "mode"), (self.ctm, COORD_MODES,
-                                                                     "coordinate_transformation_mode"),
-                                 (self.nearest_mode, NEAREST_MODES, "nearest_mode"),
-                                 (self.policy, ("stretch", "not_larger", "not_smaller"), "keep_aspect_ratio_policy")):
+        for v, allowed, name in (
+            (self.mode, RESIZE_MODES, "mode"),
+            (self.ctm, COORD_MODES, "coordinate_transformation_mode"),
+            (self.nearest_mode, NEAREST_MODES, "nearest_mode"),
+            (self.policy, ("stretch", "not_larger", "not_smaller"), "keep_aspect_ratio_policy"),
+        ):
             if v not in allowed:
                 raise ParamInvalidError(f"{op}: {name} must be one of {allowed}, got {v!r}", op=op)
         self.a = float(attrs["cubic_coeff_a"])
@@ -1509,15 +1820,21 @@ class ResizeSpec:
         axes = list(range(r)) if attrs["axes"] is None else [_axis(op, a, r, "axes entry") for a in attrs["axes"]]
         if len(set(axes)) != len(axes):
             raise ParamInvalidError(f"{op}: repeated axes {axes}", op=op)
-        scales = None if scales is None or np.asarray(scales).size == 0 else [float(v) for v in
-                                                                               np.asarray(scales).reshape(-1)]
+        scales = (
+            None
+            if scales is None or np.asarray(scales).size == 0
+            else [float(v) for v in np.asarray(scales).reshape(-1)]
+        )
         sizes = None if sizes is None or np.asarray(sizes).size == 0 else _ints(sizes)
         if (scales is None) == (sizes is None):
             raise ParamInvalidError(f"{op}: exactly one of 'scales' and 'sizes' must be given", op=op)
         given = scales if scales is not None else sizes
         if len(given) != len(axes):
-            raise ParamInvalidError(f"{op}: {'scales' if scales is not None else 'sizes'} has {len(given)} entries "
-                                    f"for {len(axes)} axes (input rank {r})", op=op)
+            raise ParamInvalidError(
+                f"{op}: {'scales' if scales is not None else 'sizes'} has {len(given)} entries "
+                f"for {len(axes)} axes (input rank {r})",
+                op=op,
+            )
         full_scale = [1.0] * r
         out = list(in_shape)
         if scales is not None:
@@ -1553,9 +1870,16 @@ class ResizeSpec:
             for i, a in enumerate(axes):
                 full_roi[a], full_roi[r + a] = rv[i], rv[len(axes) + i]
         self.roi = full_roi
-        self.axes = [a for a in sorted(axes) if not (
-            math.isclose(full_scale[a], 1.0) and out[a] == in_shape[a] and
-            math.isclose(full_roi[a], 0.0) and math.isclose(full_roi[r + a], 1.0))]
+        self.axes = [
+            a
+            for a in sorted(axes)
+            if not (
+                math.isclose(full_scale[a], 1.0)
+                and out[a] == in_shape[a]
+                and math.isclose(full_roi[a], 0.0)
+                and math.isclose(full_roi[r + a], 1.0)
+            )
+        ]
 
     # -- per-axis tables ------------------------------------------------------------------------
     def source_coords(self, a: int):
@@ -1589,8 +1913,12 @@ class ResizeSpec:
         if self.mode == "nearest":
             whole = ratio == 1.0
             nm = self.nearest_mode
-            right = {"round_prefer_floor": ratio > 0.5, "round_prefer_ceil": ratio >= 0.5,
-                     "floor": np.zeros_like(whole), "ceil": np.ones_like(whole)}[nm] | whole
+            right = {
+                "round_prefer_floor": ratio > 0.5,
+                "round_prefer_ceil": ratio >= 0.5,
+                "floor": np.zeros_like(whole),
+                "ceil": np.ones_like(whole),
+            }[nm] | whole
             return np.stack([~right, right], axis=1).astype(np.float64)
         if not self.antialias or s >= 1:
             if self.mode == "linear":
@@ -1650,8 +1978,7 @@ def _resize_spec(shape, attrs, roi, scales, sizes):
 
 
 def _resize_ctx_spec(ctx):
-    return _resize_spec(ctx.shape(0), ctx.attrs, _host(ctx, 1, "roi"), _host(ctx, 2, "scales"),
-                        _host(ctx, 3, "sizes"))
+    return _resize_spec(ctx.shape(0), ctx.attrs, _host(ctx, 1, "roi"), _host(ctx, 2, "scales"), _host(ctx, 3, "sizes"))
 
 
 def _resize_infer(ctx):
@@ -1663,7 +1990,7 @@ def _resize_infer(ctx):
 
 def _resize_ref(ins, a):
     x = ins[0]
-    get = (lambda i: ins[i] if len(ins) > i else None)
+    get = lambda i: ins[i] if len(ins) > i else None
     spec = _resize_spec(x.shape, a, get(1), get(2), get(3))
     res = x.astype(np.float64)
     for ax in spec.axes:
@@ -1693,22 +2020,34 @@ def _cast_like(res, dt):
 
 
 Resize = register_op(
-    "Resize", category="shape",
-    inputs=[Input("X"), Input("roi", _dt.FLOATS, optional=True, host=True),
-            Input("scales", (_dt.float32,), optional=True, host=True),
-            Input("sizes", (_dt.int64,), optional=True, host=True)],
+    "Resize",
+    category="shape",
+    inputs=[
+        Input("X"),
+        Input("roi", _dt.FLOATS, optional=True, host=True),
+        Input("scales", (_dt.float32,), optional=True, host=True),
+        Input("sizes", (_dt.int64,), optional=True, host=True),
+    ],
     outputs=["Y"],
-    attrs=[Attr("antialias", "int", 0), Attr("axes", "ints", None),
-           Attr("coordinate_transformation_mode", "string", "half_pixel"), Attr("cubic_coeff_a", "float", -0.75),
-           Attr("exclude_outside", "int", 0), Attr("extrapolation_value", "float", 0.0),
-           Attr("keep_aspect_ratio_policy", "string", "stretch"), Attr("mode", "string", "nearest"),
-           Attr("nearest_mode", "string", "round_prefer_floor")],
-    infer=_resize_infer, reference=_resize_ref,
+    attrs=[
+        Attr("antialias", "int", 0),
+        Attr("axes", "ints", None),
+        Attr("coordinate_transformation_mode", "string", "half_pixel"),
+        Attr("cubic_coeff_a", "float", -0.75),
+        Attr("exclude_outside", "int", 0),
+        Attr("extrapolation_value", "float", 0.0),
+        Attr("keep_aspect_ratio_policy", "string", "stretch"),
+        Attr("mode", "string", "nearest"),
+        Attr("nearest_mode", "string", "round_prefer_floor"),
+    ],
+    infer=_resize_infer,
+    reference=_resize_ref,
     doc="Resize by scales or to sizes: nearest, (bi/tri)linear or cubic, every ONNX coordinate mode, antialias. "
-        "Linear and cubic sum every tap of their window, zero weights included, so an Inf beside a sample "
-        "gives NaN (0 * Inf), as onnx.reference and onnxruntime do (onnxruntime's windows differ at integer "
-        "coordinates and at the edges, so there its NaNs can fall "
-        "elsewhere); nearest copies its one input.")
+    "Linear and cubic sum every tap of their window, zero weights included, so an Inf beside a sample "
+    "gives NaN (0 * Inf), as onnx.reference and onnxruntime do (onnxruntime's windows differ at integer "
+    "coordinates and at the edges, so there its NaNs can fall "
+    "elsewhere); nearest copies its one input.",
+)
 
 
 def _resize_nearest_plan(ctx):
@@ -1716,9 +2055,13 @@ def _resize_nearest_plan(ctx):
     return K.plan_maps(ctx.shape(0), spec.nearest_maps(), ctx.dtype(0).itemsize), spec.extrap
 
 
-@Resize.kernel("resize_nearest", priority=10, plan=_resize_nearest_plan,
-               applies=lambda ctx: _pod(ctx) if _str(ctx.attrs["mode"]) == "nearest" else "mode is not nearest",
-               doc="one index-map gather over all resized axes")
+@Resize.kernel(
+    "resize_nearest",
+    priority=10,
+    plan=_resize_nearest_plan,
+    applies=lambda ctx: _pod(ctx) if _str(ctx.attrs["mode"]) == "nearest" else "mode is not nearest",
+    doc="one index-map gather over all resized axes",
+)
 def _resize_nearest(ins, outs, attrs, plan, ws):
     maps, extrap = plan
     K.run_maps(maps, ins[0], outs[0], np.asarray(extrap).astype(outs[0].dtype))
@@ -1730,17 +2073,31 @@ def _resize_sep_plan(ctx):
     steps, shape = [], list(spec.in_shape)
     for a in spec.axes:
         idx, w, extrap = spec.table(a)
-        outer, inner = math.prod(shape[:a]), math.prod(shape[a + 1:])
+        outer, inner = math.prod(shape[:a]), math.prod(shape[a + 1 :])
         n_in = shape[a]
         shape[a] = spec.out_shape[a]
-        steps.append((outer, n_in, inner, np.ascontiguousarray(idx), np.ascontiguousarray(w, dtype=dt),
-                      None if extrap is None or not extrap.any() else extrap, tuple(shape)))
+        steps.append(
+            (
+                outer,
+                n_in,
+                inner,
+                np.ascontiguousarray(idx),
+                np.ascontiguousarray(w, dtype=dt),
+                None if extrap is None or not extrap.any() else extrap,
+                tuple(shape),
+            )
+        )
     return steps, spec.extrap
 
 
-@Resize.kernel("resize_separable", priority=10, dtypes=_F32_64, plan=_resize_sep_plan,
-               applies=lambda ctx: None if _str(ctx.attrs["mode"]) != "nearest" else "mode is nearest",
-               doc="one resampling pass per resized axis (numba, parallel over output rows)")
+@Resize.kernel(
+    "resize_separable",
+    priority=10,
+    dtypes=_F32_64,
+    plan=_resize_sep_plan,
+    applies=lambda ctx: None if _str(ctx.attrs["mode"]) != "nearest" else "mode is nearest",
+    doc="one resampling pass per resized axis (numba, parallel over output rows)",
+)
 def _resize_separable(ins, outs, attrs, plan, ws):
     steps, extrap = plan
     cur = ins[0]
@@ -1760,8 +2117,16 @@ def _resize_separable(ins, outs, attrs, plan, ws):
 # FusedResize: Resize(Cast(view(S))) in one pass, from the graph engine's resize_prologue_fusion
 # ---------------------------------------------------------------------------------------------
 #: the source dtypes FusedResize reads (numba converts each element as it sums)
-_FUSED_RESIZE_SRC = (np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.uint16), np.dtype(np.int16),
-                     np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.float32), np.dtype(np.float64))
+_FUSED_RESIZE_SRC = (
+    np.dtype(np.uint8),
+    np.dtype(np.int8),
+    np.dtype(np.uint16),
+    np.dtype(np.int16),
+    np.dtype(np.int32),
+    np.dtype(np.int64),
+    np.dtype(np.float32),
+    np.dtype(np.float64),
+)
 #: output rows x taps from which the fused resize runs parallel (decided at prepare)
 FUSED_RESIZE_PARALLEL_MIN = 1 << 15
 
@@ -1771,8 +2136,10 @@ def _fused_view(ctx) -> list:
     inserted unit axis (a permutation of S's axes plus -1s)."""
     view = _ints(ctx.attrs["view"])
     if sorted(v for v in view if v >= 0) != list(range(len(ctx.shape(0)))) or any(v < -1 for v in view):
-        ctx.fail(f"attribute 'view' must list each of the source's {len(ctx.shape(0))} axes once (and -1 for "
-                 f"inserted unit axes), got {view}")
+        ctx.fail(
+            f"attribute 'view' must list each of the source's {len(ctx.shape(0))} axes once (and -1 for "
+            f"inserted unit axes), got {view}"
+        )
     return view
 
 
@@ -1801,15 +2168,23 @@ def _fused_resize_ref(ins, a):
 
 
 FusedResize = register_op(
-    "FusedResize", domain="opsnn", category="shape",
-    inputs=[Input("X", tuple(_FUSED_RESIZE_SRC)), Input("roi", _dt.FLOATS, optional=True, host=True),
-            Input("scales", (_dt.float32,), optional=True, host=True),
-            Input("sizes", (_dt.int64,), optional=True, host=True)],
-    outputs=["Y"], attrs=list(Resize.attrs) + [Attr("to", "int"), Attr("view", "ints")],
-    infer=_fused_resize_infer, reference=_fused_resize_ref,
+    "FusedResize",
+    domain="opsnn",
+    category="shape",
+    inputs=[
+        Input("X", tuple(_FUSED_RESIZE_SRC)),
+        Input("roi", _dt.FLOATS, optional=True, host=True),
+        Input("scales", (_dt.float32,), optional=True, host=True),
+        Input("sizes", (_dt.int64,), optional=True, host=True),
+    ],
+    outputs=["Y"],
+    attrs=list(Resize.attrs) + [Attr("to", "int"), Attr("view", "ints")],
+    infer=_fused_resize_infer,
+    reference=_fused_resize_ref,
     doc="Resize(Cast(X', to)) where X' is X transposed and unsqueezed by 'view' (the resized tensor's axis "
-        "i is X's axis view[i], -1 a new unit axis): an image's uint8 HWC pixels resized straight to a "
-        "float NCHW tensor, without the transposed and widened copies")
+    "i is X's axis view[i], -1 a new unit axis): an image's uint8 HWC pixels resized straight to a "
+    "float NCHW tensor, without the transposed and widened copies",
+)
 
 
 def _fused_resize_tables(spec, a: int):
@@ -1831,7 +2206,7 @@ def _fused_resize_applies(ctx):
 
 def _fused_resize_plan(ctx):
     spec, view = _fused_resize_spec(ctx)
-    src_strides = [int(math.prod(ctx.shape(0)[k + 1:])) for k in range(len(ctx.shape(0)))]
+    src_strides = [int(math.prod(ctx.shape(0)[k + 1 :])) for k in range(len(ctx.shape(0)))]
     strides = tuple(0 if v < 0 else src_strides[v] for v in view)
     tables = []
     for a in (2, 3):
@@ -1842,10 +2217,15 @@ def _fused_resize_plan(ctx):
     return strides, int(spec.in_shape[1]), tables, work >= FUSED_RESIZE_PARALLEL_MIN
 
 
-@FusedResize.kernel("fused_resize_2d", priority=10, dtypes=_FUSED_RESIZE_SRC, plan=_fused_resize_plan,
-                    applies=_fused_resize_applies,
-                    doc="one numba pass over the output: each value sums its taps (2x2 linear, 4x4 cubic, wider "
-                        "with antialias) read through the view's strides and converted as read; float64 sums")
+@FusedResize.kernel(
+    "fused_resize_2d",
+    priority=10,
+    dtypes=_FUSED_RESIZE_SRC,
+    plan=_fused_resize_plan,
+    applies=_fused_resize_applies,
+    doc="one numba pass over the output: each value sums its taps (2x2 linear, 4x4 cubic, wider "
+    "with antialias) read through the view's strides and converted as read; float64 sums",
+)
 def _fused_resize(ins, outs, attrs, plan, ws):
     strides, n_c, (hi, hw_, wi, ww), parallel = plan
     K.resize2d_view(np.ascontiguousarray(ins[0]).reshape(-1), strides, n_c, hi, hw_, wi, ww, outs[0], parallel)
@@ -1911,8 +2291,13 @@ def split(x, split_size_or_sections, dim=0):
 
 def slice_(x, starts, ends, axes=None, steps=None):
     """ONNX Slice: ``slice(x, [1], [-1], axes=[0], steps=[2])`` (clamped; negative steps allowed)."""
-    return [x, _i64_or_tensor(starts), _i64_or_tensor(ends), None if axes is None else _i64(axes),
-            None if steps is None else _i64_or_tensor(steps)], {}
+    return [
+        x,
+        _i64_or_tensor(starts),
+        _i64_or_tensor(ends),
+        None if axes is None else _i64(axes),
+        None if steps is None else _i64_or_tensor(steps),
+    ], {}
 
 
 slice_ = api("slice", "Slice")(slice_)
@@ -1963,13 +2348,22 @@ def embedding(ids, weight):
     bad = (v < 0) | (v >= vocab)
     if bad.any():
         pos = tuple(int(p) for p in np.argwhere(bad)[0])
-        raise ParamInvalidError(f"embedding: id {int(v[pos])} at position {pos} is out of range for a vocabulary of "
-                                f"{vocab} rows (valid: [0, {vocab - 1}])", op="Gather")
+        raise ParamInvalidError(
+            f"embedding: id {int(v[pos])} at position {pos} is out of range for a vocabulary of "
+            f"{vocab} rows (valid: [0, {vocab - 1}])",
+            op="Gather",
+        )
     return [w, ids_t], {"axis": 0}
 
 
-_TORCH_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "edge": "edge",
-                    "circular": "wrap", "wrap": "wrap"}
+_TORCH_PAD_MODES = {
+    "constant": "constant",
+    "reflect": "reflect",
+    "replicate": "edge",
+    "edge": "edge",
+    "circular": "wrap",
+    "wrap": "wrap",
+}
 
 
 @api("pad", "Pad")
@@ -2005,10 +2399,10 @@ def flatten(x, start_dim=0, end_dim=-1):
     if a > b:
         raise ParamInvalidError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}", op="Reshape")
     if 0 in s:  # a zero-size tensor: every dim spelled out (-1 cannot be inferred from 0 elements)
-        return [x, _i64(list(s[:a]) + [math.prod(s[a:b + 1])] + list(s[b + 1:]))], {"allowzero": 1}
+        return [x, _i64(list(s[:a]) + [math.prod(s[a : b + 1])] + list(s[b + 1 :]))], {"allowzero": 1}
     # the dims before start_dim copied (0) and the merged one inferred (-1): a traced graph then
     # flattens whatever batch size it is run with
-    return [x, _i64([0] * a + [-1] + list(s[b + 1:]))], {}
+    return [x, _i64([0] * a + [-1] + list(s[b + 1 :]))], {}
 
 
 @api("squeeze", "Squeeze")
@@ -2063,22 +2457,22 @@ def gather_elements(x, indices, axis=0):
 @api("gather_nd", "GatherND")
 def gather_nd(x, indices, batch_dims=0):
     """ONNX GatherND: slices addressed by the last dim of ``indices``."""
-    return [x, indices if isinstance(indices, Tensor) else _index_tensor(indices)], \
-        {"batch_dims": int(batch_dims)}
+    return [x, indices if isinstance(indices, Tensor) else _index_tensor(indices)], {"batch_dims": int(batch_dims)}
 
 
 @api("scatter_elements", "ScatterElements")
 def scatter_elements(x, indices, updates, axis=0, reduction="none"):
     """ONNX ScatterElements (torch.scatter / scatter_reduce with reduction add, mul, max, min)."""
-    return [x, indices if isinstance(indices, Tensor) else _index_tensor(indices), updates], \
-        {"axis": int(axis), "reduction": reduction}
+    return [x, indices if isinstance(indices, Tensor) else _index_tensor(indices), updates], {
+        "axis": int(axis),
+        "reduction": reduction,
+    }
 
 
 @api("scatter_nd", "ScatterND")
 def scatter_nd(x, indices, updates, reduction="none"):
     """ONNX ScatterND."""
-    return [x, indices if isinstance(indices, Tensor) else _index_tensor(indices), updates], \
-        {"reduction": reduction}
+    return [x, indices if isinstance(indices, Tensor) else _index_tensor(indices), updates], {"reduction": reduction}
 
 
 @api("depth_to_space", "DepthToSpace")
@@ -2159,8 +2553,11 @@ def nonzero(x):
 @api("topk", "TopK")
 def topk(x, k, dim=-1, largest=True, sorted=True):
     """torch.topk: (values, indices); ties go to the lower index."""
-    return [x, Tensor(np.asarray([k], np.int64))], {"axis": int(dim), "largest": int(bool(largest)),
-                                                    "sorted": int(bool(sorted))}
+    return [x, Tensor(np.asarray([k], np.int64))], {
+        "axis": int(dim),
+        "largest": int(bool(largest)),
+        "sorted": int(bool(sorted)),
+    }
 
 
 @api("unique", "Unique")
@@ -2204,21 +2601,48 @@ def col2im(x, image_shape, block_shape, dilations=None, pads=None, strides=None)
 
 
 @api("resize", "Resize")
-def resize(x, scales=None, sizes=None, mode="nearest", coordinate_transformation_mode="half_pixel",
-           nearest_mode="round_prefer_floor", cubic_coeff_a=-0.75, antialias=False, axes=None, roi=None,
-           exclude_outside=False, extrapolation_value=0.0, keep_aspect_ratio_policy="stretch"):
+def resize(
+    x,
+    scales=None,
+    sizes=None,
+    mode="nearest",
+    coordinate_transformation_mode="half_pixel",
+    nearest_mode="round_prefer_floor",
+    cubic_coeff_a=-0.75,
+    antialias=False,
+    axes=None,
+    roi=None,
+    exclude_outside=False,
+    extrapolation_value=0.0,
+    keep_aspect_ratio_policy="stretch",
+):
     """ONNX Resize with keyword arguments (``scales`` or ``sizes``, per axis in ``axes`` or all dims)."""
-    return [x, None if roi is None else Tensor(np.asarray(roi, np.float32)),
-            None if scales is None else Tensor(np.asarray(scales, np.float32)),
-            None if sizes is None else _i64(sizes)], {
-        "mode": mode, "coordinate_transformation_mode": coordinate_transformation_mode,
-        "nearest_mode": nearest_mode, "cubic_coeff_a": float(cubic_coeff_a), "antialias": int(bool(antialias)),
-        "axes": None if axes is None else [int(a) for a in axes], "exclude_outside": int(bool(exclude_outside)),
-        "extrapolation_value": float(extrapolation_value), "keep_aspect_ratio_policy": keep_aspect_ratio_policy}
+    return [
+        x,
+        None if roi is None else Tensor(np.asarray(roi, np.float32)),
+        None if scales is None else Tensor(np.asarray(scales, np.float32)),
+        None if sizes is None else _i64(sizes),
+    ], {
+        "mode": mode,
+        "coordinate_transformation_mode": coordinate_transformation_mode,
+        "nearest_mode": nearest_mode,
+        "cubic_coeff_a": float(cubic_coeff_a),
+        "antialias": int(bool(antialias)),
+        "axes": None if axes is None else [int(a) for a in axes],
+        "exclude_outside": int(bool(exclude_outside)),
+        "extrapolation_value": float(extrapolation_value),
+        "keep_aspect_ratio_policy": keep_aspect_ratio_policy,
+    }
 
 
-_TORCH_INTERP = {"nearest": "nearest", "nearest-exact": "nearest", "linear": "linear", "bilinear": "linear",
-                 "trilinear": "linear", "bicubic": "cubic"}
+_TORCH_INTERP = {
+    "nearest": "nearest",
+    "nearest-exact": "nearest",
+    "linear": "linear",
+    "bilinear": "linear",
+    "trilinear": "linear",
+    "bicubic": "cubic",
+}
 
 
 @api("interpolate", "Resize")
@@ -2230,8 +2654,7 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
         raise ParamInvalidError(f"interpolate: input must be (N, C, ...spatial), got shape {s}", op="Resize")
     m = _TORCH_INTERP.get(mode)
     if m is None:
-        raise ParamInvalidError(f"interpolate: mode must be one of {sorted(_TORCH_INTERP)}, got {mode!r}",
-                                op="Resize")
+        raise ParamInvalidError(f"interpolate: mode must be one of {sorted(_TORCH_INTERP)}, got {mode!r}", op="Resize")
     if (size is None) == (scale_factor is None):
         raise ParamInvalidError("interpolate: give exactly one of size and scale_factor", op="Resize")
     axes = list(range(2, len(s)))
@@ -2239,16 +2662,25 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
     if size is not None:
         sizes = [int(size)] * nsp if isinstance(size, (int, np.integer)) else [int(v) for v in size]
     else:
-        scales = [float(scale_factor)] * nsp if isinstance(scale_factor, (int, float)) else \
-            [float(v) for v in scale_factor]
+        scales = (
+            [float(scale_factor)] * nsp if isinstance(scale_factor, (int, float)) else [float(v) for v in scale_factor]
+        )
     if m == "nearest":
         ctm, nm = ("asymmetric", "floor") if mode == "nearest" else ("half_pixel", "round_prefer_ceil")
     else:
         nm = "round_prefer_floor"
         ctm = "align_corners" if align_corners else "pytorch_half_pixel"
-    return resize.translate(x, scales=scales, sizes=sizes, mode=m, coordinate_transformation_mode=ctm,
-                            nearest_mode=nm, antialias=antialias, axes=axes,
-                            cubic_coeff_a=-0.75)
+    return resize.translate(
+        x,
+        scales=scales,
+        sizes=sizes,
+        mode=m,
+        coordinate_transformation_mode=ctm,
+        nearest_mode=nm,
+        antialias=antialias,
+        axes=axes,
+        cubic_coeff_a=-0.75,
+    )
 
 
 def __getattr__(name):
@@ -2258,8 +2690,46 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["reshape", "transpose", "permute", "concat", "split", "slice", "shape", "gather", "index_select",
-           "embedding", "pad", "flatten", "squeeze", "unsqueeze", "expand", "tile", "identity", "gather_elements",
-           "gather_nd", "scatter_elements", "scatter_nd", "depth_to_space", "pixel_shuffle", "space_to_depth",
-           "pixel_unshuffle", "arange", "constant_of_shape", "eye_like", "triu", "tril", "one_hot", "nonzero", "topk",
-           "unique", "compress", "reverse_sequence", "dropout", "center_crop_pad", "col2im", "resize", "interpolate"]
+__all__ = [
+    "reshape",
+    "transpose",
+    "permute",
+    "concat",
+    "split",
+    "slice",
+    "shape",
+    "gather",
+    "index_select",
+    "embedding",
+    "pad",
+    "flatten",
+    "squeeze",
+    "unsqueeze",
+    "expand",
+    "tile",
+    "identity",
+    "gather_elements",
+    "gather_nd",
+    "scatter_elements",
+    "scatter_nd",
+    "depth_to_space",
+    "pixel_shuffle",
+    "space_to_depth",
+    "pixel_unshuffle",
+    "arange",
+    "constant_of_shape",
+    "eye_like",
+    "triu",
+    "tril",
+    "one_hot",
+    "nonzero",
+    "topk",
+    "unique",
+    "compress",
+    "reverse_sequence",
+    "dropout",
+    "center_crop_pad",
+    "col2im",
+    "resize",
+    "interpolate",
+]

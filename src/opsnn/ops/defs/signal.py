@@ -12,6 +12,7 @@ a trailing dim of 2 (real, imaginary), real ones as a trailing dim of 1, as in O
     >>> opsnn.ops.dft(x, dim=0).numpy()[:, 0]                                     # real parts
     array([1., 1., 1., 1.], dtype=float32)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -81,21 +82,27 @@ def _dft_geometry(ctx):
     axis = _host_int(ctx, 2, op, "axis")
     axis = -2 if axis is None else axis
     if not (-r <= axis <= -2 or 0 <= axis <= r - 2):
-        raise ParamInvalidError(f"{op}: 'axis' must be in [{-r}, -2] or [0, {r - 2}] for a rank-{r} input (the last "
-                                f"dim holds real/imaginary parts), got {axis}", op=op)
+        raise ParamInvalidError(
+            f"{op}: 'axis' must be in [{-r}, -2] or [0, {r - 2}] for a rank-{r} input (the last "
+            f"dim holds real/imaginary parts), got {axis}",
+            op=op,
+        )
     axis %= r
     n = _host_int(ctx, 1, op, "dft_length")
     if n is None:
         n = 2 * (s[axis] - 1) if inverse and onesided else s[axis]
     if n < 1:
-        raise ParamInvalidError(f"{op}: the DFT length must be >= 1, got {n} (dft_length input or the size of axis "
-                                f"{axis})", op=op)
+        raise ParamInvalidError(
+            f"{op}: the DFT length must be >= 1, got {n} (dft_length input or the size of axis {axis})", op=op
+        )
     if onesided and not inverse and s[-1] != 1:
-        raise ParamInvalidError(f"{op}: onesided=1 with inverse=0 (RFFT) needs a real input (last dim 1), got shape "
-                                f"{s}", op=op)
+        raise ParamInvalidError(
+            f"{op}: onesided=1 with inverse=0 (RFFT) needs a real input (last dim 1), got shape {s}", op=op
+        )
     if onesided and inverse and s[-1] != 2:
-        raise ParamInvalidError(f"{op}: onesided=1 with inverse=1 (IRFFT) needs a complex input (last dim 2), got "
-                                f"shape {s}", op=op)
+        raise ParamInvalidError(
+            f"{op}: onesided=1 with inverse=1 (IRFFT) needs a complex input (last dim 2), got shape {s}", op=op
+        )
     return axis, n, inverse, onesided
 
 
@@ -171,14 +178,26 @@ def _dft_kernel(ins, outs, attrs, plan, ws):
 
 
 DFT = register_op(
-    "DFT", category="signal",
-    inputs=[Input("input", FLOAT), Input("dft_length", _INDEX, optional=True, host=True),
-            Input("axis", (_dt.int64,), optional=True, host=True)],
-    outputs=["output"], attrs=[Attr("inverse", "int", 0), Attr("onesided", "int", 0)],
-    infer=_dft_infer, reference=_dft_reference,
-    doc="discrete Fourier transform along one axis (forward/inverse, full or one-sided)")
-DFT.kernel("dft_pocketfft", dtypes=_F32_64, priority=5, plan=_dft_geometry,
-           doc="numpy.fft (pocketfft) in the input's precision")(_dft_kernel)
+    "DFT",
+    category="signal",
+    inputs=[
+        Input("input", FLOAT),
+        Input("dft_length", _INDEX, optional=True, host=True),
+        Input("axis", (_dt.int64,), optional=True, host=True),
+    ],
+    outputs=["output"],
+    attrs=[Attr("inverse", "int", 0), Attr("onesided", "int", 0)],
+    infer=_dft_infer,
+    reference=_dft_reference,
+    doc="discrete Fourier transform along one axis (forward/inverse, full or one-sided)",
+)
+DFT.kernel(
+    "dft_pocketfft",
+    dtypes=_F32_64,
+    priority=5,
+    plan=_dft_geometry,
+    doc="numpy.fft (pocketfft) in the input's precision",
+)(_dft_kernel)
 
 
 # == STFT ========================================================================================
@@ -198,8 +217,11 @@ def _stft_geometry(ctx):
         if len(ws) != 1:
             ctx.fail(f"input 'window' must be 1-D, got shape {ws}")
         if ctx.dtype(2) != ctx.dtype(0):
-            raise DTypeError(f"{op}: 'window' has dtype {_dt.name(ctx.dtype(2))}; expected the dtype of 'signal' "
-                             f"({_dt.name(ctx.dtype(0))})", op=op)
+            raise DTypeError(
+                f"{op}: 'window' has dtype {_dt.name(ctx.dtype(2))}; expected the dtype of 'signal' "
+                f"({_dt.name(ctx.dtype(0))})",
+                op=op,
+            )
         if fl is not None and fl != ws[0]:
             raise ParamInvalidError(f"{op}: 'frame_length' ({fl}) must equal the window length ({ws[0]})", op=op)
         fl = ws[0]
@@ -208,8 +230,9 @@ def _stft_geometry(ctx):
     if fl < 1 or fl > s[1]:
         raise ParamInvalidError(f"{op}: frame length {fl} must be in [1, signal length {s[1]}]", op=op)
     if onesided and s[-1] == 2:
-        raise ParamInvalidError(f"{op}: onesided=1 needs a real signal (last dim 1); set onesided=0 for complex "
-                                "input", op=op)
+        raise ParamInvalidError(
+            f"{op}: onesided=1 needs a real signal (last dim 1); set onesided=0 for complex input", op=op
+        )
     return step, fl, (s[1] - fl) // step + 1, onesided
 
 
@@ -221,8 +244,11 @@ def _stft_infer(ctx):
 def _stft_args(ins):
     step = int(np.asarray(ins[1]).reshape(-1)[0])
     window = ins[2] if len(ins) > 2 else None
-    fl = int(np.asarray(ins[3]).reshape(-1)[0]) if len(ins) > 3 and ins[3] is not None else \
-        (window.shape[0] if window is not None else ins[0].shape[1])
+    fl = (
+        int(np.asarray(ins[3]).reshape(-1)[0])
+        if len(ins) > 3 and ins[3] is not None
+        else (window.shape[0] if window is not None else ins[0].shape[1])
+    )
     w = np.ones(fl) if window is None else window.astype(np.float64)
     return step, fl, w
 
@@ -236,7 +262,7 @@ def _stft_reference(ins, attrs):
     bins = fl // 2 + 1 if onesided else fl
     out = np.zeros((x.shape[0], frames, bins, 2))
     for f in range(frames):
-        seg = z[:, f * step:f * step + fl] * w
+        seg = z[:, f * step : f * step + fl] * w
         res = _dft_sum(seg, 1, bins, fl, False)
         out[:, f, :, 0], out[:, f, :, 1] = res.real, res.imag
     return out.astype(x.dtype)
@@ -255,13 +281,27 @@ def _stft_kernel(ins, outs, attrs, plan, ws):
 
 
 STFT = register_op(
-    "STFT", category="signal",
-    inputs=[Input("signal", FLOAT), Input("frame_step", _INDEX, host=True), Input("window", FLOAT, optional=True),
-            Input("frame_length", _INDEX, optional=True, host=True)],
-    outputs=["output"], attrs=[Attr("onesided", "int", 1)], infer=_stft_infer, reference=_stft_reference,
-    doc="short-time Fourier transform: windowed DFTs of frames taken every frame_step samples")
-STFT.kernel("stft_pocketfft", dtypes=_F32_64, priority=5, plan=_stft_geometry,
-            doc="strided frame view x window, numpy.fft (pocketfft) per frame")(_stft_kernel)
+    "STFT",
+    category="signal",
+    inputs=[
+        Input("signal", FLOAT),
+        Input("frame_step", _INDEX, host=True),
+        Input("window", FLOAT, optional=True),
+        Input("frame_length", _INDEX, optional=True, host=True),
+    ],
+    outputs=["output"],
+    attrs=[Attr("onesided", "int", 1)],
+    infer=_stft_infer,
+    reference=_stft_reference,
+    doc="short-time Fourier transform: windowed DFTs of frames taken every frame_step samples",
+)
+STFT.kernel(
+    "stft_pocketfft",
+    dtypes=_F32_64,
+    priority=5,
+    plan=_stft_geometry,
+    doc="strided frame view x window, numpy.fft (pocketfft) per frame",
+)(_stft_kernel)
 
 
 # == MelWeightMatrix ==============================================================================
@@ -280,8 +320,9 @@ def _mel_values(ins_or_ctx, from_ctx: bool):
     bins, n, sr = (int(v) for v in vals[:3])
     lo, hi = float(vals[3]), float(vals[4])
     if bins < 1 or n < 1 or sr < 1:
-        raise ParamInvalidError(f"{op}: num_mel_bins, dft_length and sample_rate must be >= 1, got {bins}, {n}, {sr}",
-                                op=op)
+        raise ParamInvalidError(
+            f"{op}: num_mel_bins, dft_length and sample_rate must be >= 1, got {bins}, {n}, {sr}", op=op
+        )
     if not (0 <= lo < hi):
         raise ParamInvalidError(f"{op}: need 0 <= lower_edge_hertz < upper_edge_hertz, got {lo}, {hi}", op=op)
     return bins, n, sr, lo, hi
@@ -296,17 +337,21 @@ def _mel_edges(bins, n, sr, lo, hi) -> np.ndarray:
     hz = 700 * np.expm1((np.arange(bins + 2) * step + lo_mel) / 2595 * np.log(10))
     edges = np.floor((n + 1) * hz / sr).astype(np.int64)
     if edges[-1] > n // 2:
-        raise ParamInvalidError(f"MelWeightMatrix: upper_edge_hertz {hi} maps to spectrogram bin {int(edges[-1])}, "
-                                f"beyond the {n // 2 + 1} bins of a {n}-point DFT (keep it <= sample_rate / 2)",
-                                op="MelWeightMatrix")
+        raise ParamInvalidError(
+            f"MelWeightMatrix: upper_edge_hertz {hi} maps to spectrogram bin {int(edges[-1])}, "
+            f"beyond the {n // 2 + 1} bins of a {n}-point DFT (keep it <= sample_rate / 2)",
+            op="MelWeightMatrix",
+        )
     return edges
 
 
 def _mel_dtype(attrs) -> np.dtype:
     dt = onnx_dtype(attrs["output_datatype"])
     if dt not in FLOAT + _dt.INTEGERS:
-        raise DTypeError(f"MelWeightMatrix: 'output_datatype' must be a float or integer type, got {_dt.name(dt)}",
-                         op="MelWeightMatrix")
+        raise DTypeError(
+            f"MelWeightMatrix: 'output_datatype' must be a float or integer type, got {_dt.name(dt)}",
+            op="MelWeightMatrix",
+        )
     return dt
 
 
@@ -343,14 +388,27 @@ def _mel_kernel(ins, outs, attrs, plan, ws):
 
 
 MelWeightMatrix = register_op(
-    "MelWeightMatrix", category="signal",
-    inputs=[Input("num_mel_bins", _INDEX, host=True), Input("dft_length", _INDEX, host=True),
-            Input("sample_rate", _INDEX, host=True), Input("lower_edge_hertz", FLOAT, host=True),
-            Input("upper_edge_hertz", FLOAT, host=True)],
-    outputs=["output"], attrs=[Attr("output_datatype", "int", 1)], infer=_mel_infer, reference=_mel_reference,
-    doc="triangular mel filterbank, shape (dft_length // 2 + 1, num_mel_bins)")
-MelWeightMatrix.kernel("mel_weight_numpy", priority=5, plan=lambda ctx: _mel_edges(*_mel_values(ctx, True)),
-                       doc="the triangles as one broadcast expression")(_mel_kernel)
+    "MelWeightMatrix",
+    category="signal",
+    inputs=[
+        Input("num_mel_bins", _INDEX, host=True),
+        Input("dft_length", _INDEX, host=True),
+        Input("sample_rate", _INDEX, host=True),
+        Input("lower_edge_hertz", FLOAT, host=True),
+        Input("upper_edge_hertz", FLOAT, host=True),
+    ],
+    outputs=["output"],
+    attrs=[Attr("output_datatype", "int", 1)],
+    infer=_mel_infer,
+    reference=_mel_reference,
+    doc="triangular mel filterbank, shape (dft_length // 2 + 1, num_mel_bins)",
+)
+MelWeightMatrix.kernel(
+    "mel_weight_numpy",
+    priority=5,
+    plan=lambda ctx: _mel_edges(*_mel_values(ctx, True)),
+    doc="the triangles as one broadcast expression",
+)(_mel_kernel)
 
 
 # == functional entry points =========================================================================

@@ -12,6 +12,7 @@ every per-call-invariant structure (compiled regex, n-gram table) built at prepa
     >>> parts.numpy().tolist(), counts.numpy().tolist()
     ([['a', 'b'], ['c', '']], [2, 1])
 """
+
 from __future__ import annotations
 
 import re
@@ -44,8 +45,9 @@ def _is_string(dt: np.dtype) -> bool:
 
 def _check_string(ctx, i: int, name: str) -> None:
     if not _is_string(ctx.dtype(i)):
-        raise DTypeError(f"{ctx.op.name}: input {name!r} must be a string tensor, got dtype {_dt.name(ctx.dtype(i))}",
-                         op=ctx.op.name)
+        raise DTypeError(
+            f"{ctx.op.name}: input {name!r} must be a string tensor, got dtype {_dt.name(ctx.dtype(i))}", op=ctx.op.name
+        )
 
 
 def as_str(v, op: str = "string op") -> str:
@@ -90,11 +92,20 @@ def _concat_reference(ins, attrs):
     return out
 
 
-StringConcat = register_op("StringConcat", category="text", inputs=["X", "Y"], outputs=["Z"], infer=_concat_infer,
-                           reference=_concat_reference, doc="elementwise string concatenation (broadcasting)")
+StringConcat = register_op(
+    "StringConcat",
+    category="text",
+    inputs=["X", "Y"],
+    outputs=["Z"],
+    infer=_concat_infer,
+    reference=_concat_reference,
+    doc="elementwise string concatenation (broadcasting)",
+)
 StringConcat.kernel("string_concat_numpy", priority=5, doc="numpy object-array add of str")(
-    lambda ins, outs, attrs, plan, ws: np.add(_str_array(ins[0], "StringConcat"), _str_array(ins[1], "StringConcat"),
-                                              out=outs[0]))
+    lambda ins, outs, attrs, plan, ws: np.add(
+        _str_array(ins[0], "StringConcat"), _str_array(ins[1], "StringConcat"), out=outs[0]
+    )
+)
 
 
 # == RegexFullMatch ================================================================================
@@ -106,8 +117,9 @@ def _regex(attrs) -> re.Pattern:
     try:
         return re.compile(pattern)
     except re.error as exc:
-        raise ParamInvalidError(f"RegexFullMatch: attribute 'pattern' {pattern!r} is not a valid regex: {exc}",
-                                op="RegexFullMatch") from None
+        raise ParamInvalidError(
+            f"RegexFullMatch: attribute 'pattern' {pattern!r} is not a valid regex: {exc}", op="RegexFullMatch"
+        ) from None
 
 
 def _regex_infer(ctx):
@@ -133,11 +145,18 @@ def _regex_kernel(ins, outs, attrs, plan, ws):
 
 
 RegexFullMatch = register_op(
-    "RegexFullMatch", category="text", inputs=["X"], outputs=["Y"], attrs=[Attr("pattern", "string", None)],
-    infer=_regex_infer, reference=_regex_reference,
-    doc="true where the whole string matches the pattern (Python `re` syntax, which covers RE2's common subset)")
-RegexFullMatch.kernel("regex_full_match_re", priority=5, plan=lambda ctx: _regex(ctx.attrs),
-                      doc="pattern compiled once at prepare time")(_regex_kernel)
+    "RegexFullMatch",
+    category="text",
+    inputs=["X"],
+    outputs=["Y"],
+    attrs=[Attr("pattern", "string", None)],
+    infer=_regex_infer,
+    reference=_regex_reference,
+    doc="true where the whole string matches the pattern (Python `re` syntax, which covers RE2's common subset)",
+)
+RegexFullMatch.kernel(
+    "regex_full_match_re", priority=5, plan=lambda ctx: _regex(ctx.attrs), doc="pattern compiled once at prepare time"
+)(_regex_kernel)
 
 
 # == StringSplit ===================================================================================
@@ -148,8 +167,9 @@ def _split_attrs(attrs) -> tuple[str | None, int]:
     if maxsplit is None:
         maxsplit = -1
     elif isinstance(maxsplit, bool) or not isinstance(maxsplit, (int, np.integer)) or maxsplit < 0:
-        raise ParamInvalidError(f"StringSplit: attribute 'maxsplit' must be an int >= 0, got {maxsplit!r}",
-                                op="StringSplit")
+        raise ParamInvalidError(
+            f"StringSplit: attribute 'maxsplit' must be an int >= 0, got {maxsplit!r}", op="StringSplit"
+        )
     return (delim or None), int(maxsplit)
 
 
@@ -172,8 +192,8 @@ def _split_reference(ins, attrs):
                 m = re.search(r"\s+", rest)
                 if m is None:
                     break
-                words.append(rest[:m.start()])
-                rest = rest[m.end():]
+                words.append(rest[: m.start()])
+                rest = rest[m.end() :]
                 k += 1
             if rest:
                 words.append(rest if maxsplit >= 0 and k == maxsplit else rest.rstrip())
@@ -183,7 +203,7 @@ def _split_reference(ins, attrs):
             while (maxsplit < 0 or k < maxsplit) and delim in rest:
                 i = rest.index(delim)
                 words.append(rest[:i])
-                rest = rest[i + len(delim):]
+                rest = rest[i + len(delim) :]
                 k += 1
             parts[idx] = words + [rest]
     width = max((len(p) for p in parts.values()), default=0)
@@ -203,17 +223,24 @@ def _split_kernel(ins, outs, attrs, plan, ws):
     width = int(counts.max(initial=0))
     y = np.full((len(lists), width), "", OBJ)
     for i, p in enumerate(lists):
-        y[i, :len(p)] = p
+        y[i, : len(p)] = p
     return [y.reshape(x.shape + (width,)), counts.reshape(x.shape)]
 
 
 StringSplit = register_op(
-    "StringSplit", category="text", inputs=["X"], outputs=["Y", "Z"], dynamic_shape=True,
-    attrs=[Attr("delimiter", "string", None), Attr("maxsplit", "int", None)], infer=_split_infer,
+    "StringSplit",
+    category="text",
+    inputs=["X"],
+    outputs=["Y", "Z"],
+    dynamic_shape=True,
+    attrs=[Attr("delimiter", "string", None), Attr("maxsplit", "int", None)],
+    infer=_split_infer,
     reference=_split_reference,
-    doc="split each string on a delimiter (or runs of whitespace); substrings padded with '' and their counts")
-StringSplit.kernel("string_split_str", priority=5, plan=lambda ctx: _split_attrs(ctx.attrs),
-                   doc="str.split per element")(_split_kernel)
+    doc="split each string on a delimiter (or runs of whitespace); substrings padded with '' and their counts",
+)
+StringSplit.kernel(
+    "string_split_str", priority=5, plan=lambda ctx: _split_attrs(ctx.attrs), doc="str.split per element"
+)(_split_kernel)
 
 
 # == StringNormalizer ==============================================================================
@@ -223,12 +250,15 @@ _CASE = ("LOWER", "UPPER", "NONE")
 def _norm_attrs(attrs) -> tuple[str, bool, list]:
     action = _text("StringNormalizer", "case_change_action", attrs["case_change_action"])
     if action not in _CASE:
-        raise ParamInvalidError(f"StringNormalizer: attribute 'case_change_action' must be one of {list(_CASE)}, got "
-                                f"{action!r}", op="StringNormalizer")
+        raise ParamInvalidError(
+            f"StringNormalizer: attribute 'case_change_action' must be one of {list(_CASE)}, got {action!r}",
+            op="StringNormalizer",
+        )
     sensitive = attrs["is_case_sensitive"]
     if isinstance(sensitive, bool) or not isinstance(sensitive, (int, np.integer)) or sensitive not in (0, 1):
-        raise ParamInvalidError(f"StringNormalizer: attribute 'is_case_sensitive' must be 0 or 1, got {sensitive!r}",
-                                op="StringNormalizer")
+        raise ParamInvalidError(
+            f"StringNormalizer: attribute 'is_case_sensitive' must be 0 or 1, got {sensitive!r}", op="StringNormalizer"
+        )
     stops = [_text("StringNormalizer", "stopwords", w) for w in (attrs["stopwords"] or [])]
     if attrs["locale"] is not None:
         _text("StringNormalizer", "locale", attrs["locale"])
@@ -285,14 +315,25 @@ def _norm_kernel(ins, outs, attrs, plan, ws):
 
 
 StringNormalizer = register_op(
-    "StringNormalizer", category="text", inputs=["X"], outputs=["Y"], dynamic_shape=True,
-    attrs=[Attr("case_change_action", "string", "NONE"), Attr("is_case_sensitive", "int", 0),
-           Attr("locale", "string", None), Attr("stopwords", "strings", None)],
-    infer=_norm_infer, reference=_norm_reference,
+    "StringNormalizer",
+    category="text",
+    inputs=["X"],
+    outputs=["Y"],
+    dynamic_shape=True,
+    attrs=[
+        Attr("case_change_action", "string", "NONE"),
+        Attr("is_case_sensitive", "int", 0),
+        Attr("locale", "string", None),
+        Attr("stopwords", "strings", None),
+    ],
+    infer=_norm_infer,
+    reference=_norm_reference,
     doc="drop stop-word elements, then lower/upper-case (Python's Unicode case mapping; 'locale' is accepted "
-        "but not used)")
-StringNormalizer.kernel("string_normalizer_set", priority=5, plan=_norm_plan,
-                        doc="stop words in a set built at prepare time")(_norm_kernel)
+    "but not used)",
+)
+StringNormalizer.kernel(
+    "string_normalizer_set", priority=5, plan=_norm_plan, doc="stop words in a set built at prepare time"
+)(_norm_kernel)
 
 
 # == TfIdfVectorizer ===============================================================================
@@ -304,25 +345,34 @@ class _TfIdf:
         self.mode = _text(op, "mode", attrs["mode"])
         if self.mode not in ("TF", "IDF", "TFIDF"):
             raise ParamInvalidError(f"{op}: attribute 'mode' must be 'TF', 'IDF' or 'TFIDF', got {self.mode!r}", op=op)
-        self.min_n, self.max_n, self.skip = (int(attrs[k]) for k in ("min_gram_length", "max_gram_length",
-                                                                      "max_skip_count"))
+        self.min_n, self.max_n, self.skip = (
+            int(attrs[k]) for k in ("min_gram_length", "max_gram_length", "max_skip_count")
+        )
         if not 1 <= self.min_n <= self.max_n or self.skip < 0:
-            raise ParamInvalidError(f"{op}: need 1 <= min_gram_length <= max_gram_length and max_skip_count >= 0, got "
-                                    f"{self.min_n}, {self.max_n}, {self.skip}", op=op)
+            raise ParamInvalidError(
+                f"{op}: need 1 <= min_gram_length <= max_gram_length and max_skip_count >= 0, got "
+                f"{self.min_n}, {self.max_n}, {self.skip}",
+                op=op,
+            )
         ints, strs = attrs["pool_int64s"], attrs["pool_strings"]
         if (ints is None) == (strs is None):
             raise ParamInvalidError(f"{op}: exactly one of 'pool_int64s' and 'pool_strings' must be set", op=op)
         if (strs is not None) != input_is_string:
-            raise DTypeError(f"{op}: a {'string' if strs is not None else 'int64'} pool needs "
-                             f"{'string' if strs is not None else 'integer'} input", op=op)
+            raise DTypeError(
+                f"{op}: a {'string' if strs is not None else 'int64'} pool needs "
+                f"{'string' if strs is not None else 'integer'} input",
+                op=op,
+            )
         pool = [as_str(s, op) for s in strs] if strs is not None else [int(i) for i in ints]
         counts = [int(c) for c in attrs["ngram_counts"]]
         indexes = [int(i) for i in attrs["ngram_indexes"]]
         if not indexes or min(indexes) < 0:
             raise ParamInvalidError(f"{op}: 'ngram_indexes' must be non-empty and >= 0, got {indexes}", op=op)
         if any(b < a for a, b in zip(counts, counts[1:])) or any(not 0 <= c <= len(pool) for c in counts):
-            raise ParamInvalidError(f"{op}: 'ngram_counts' {counts} must be non-decreasing offsets into the pool of "
-                                    f"{len(pool)} items", op=op)
+            raise ParamInvalidError(
+                f"{op}: 'ngram_counts' {counts} must be non-decreasing offsets into the pool of {len(pool)} items",
+                op=op,
+            )
         self.size = max(indexes) + 1
         # (length, gram) -> output coordinate; pool n-grams are numbered in pool order across all lengths
         self.table: dict[int, dict[tuple, int]] = {}
@@ -334,19 +384,22 @@ class _TfIdf:
             m = (end - start) // n
             for j in range(m):
                 if gid >= len(indexes):
-                    raise ParamInvalidError(f"{op}: the pool holds more n-grams than 'ngram_indexes' has entries "
-                                            f"({len(indexes)})", op=op)
+                    raise ParamInvalidError(
+                        f"{op}: the pool holds more n-grams than 'ngram_indexes' has entries ({len(indexes)})", op=op
+                    )
                 if self.min_n <= n <= self.max_n:
-                    gram = tuple(pool[start + j * n:start + (j + 1) * n])
+                    gram = tuple(pool[start + j * n : start + (j + 1) * n])
                     self.table.setdefault(n, {})[gram] = indexes[gid]
                     self.grams.append((gram, indexes[gid]))
                 gid += 1
         w = attrs["weights"]
         self.weights = None if w is None or len(w) == 0 else np.asarray(w, np.float64)
         if self.weights is not None and self.mode != "TF" and self.weights.shape[0] < self.size:
-            raise ParamInvalidError(f"{op}: 'weights' has {self.weights.shape[0]} entries; the output has {self.size} "
-                                    "coordinates (weights are read per output coordinate, as onnxruntime does)",
-                                    op=op)
+            raise ParamInvalidError(
+                f"{op}: 'weights' has {self.weights.shape[0]} entries; the output has {self.size} "
+                "coordinates (weights are read per output coordinate, as onnxruntime does)",
+                op=op,
+            )
 
     def windows(self, row_len: int):
         """(skip distance, n) pairs to scan: unigrams once, longer n-grams at every skip."""
@@ -358,7 +411,7 @@ class _TfIdf:
     def finish(self, counts: np.ndarray) -> np.ndarray:
         if self.mode == "TF":
             return counts
-        w = np.ones(self.size) if self.weights is None else self.weights[:self.size]
+        w = np.ones(self.size) if self.weights is None else self.weights[: self.size]
         if self.mode == "IDF":
             return (counts > 0) * w
         return counts * w
@@ -367,8 +420,9 @@ class _TfIdf:
 def _tfidf_infer(ctx):
     dt = ctx.dtype(0)
     if not (_is_string(dt) or dt in (_dt.int32, _dt.int64)):
-        raise DTypeError(f"TfIdfVectorizer: input 'X' must be int32, int64 or string, got {_dt.name(dt)}",
-                         op="TfIdfVectorizer")
+        raise DTypeError(
+            f"TfIdfVectorizer: input 'X' must be int32, int64 or string, got {_dt.name(dt)}", op="TfIdfVectorizer"
+        )
     t = _TfIdf(ctx.attrs, _is_string(dt))
     s = tuple(ctx.shape(0))
     if len(s) > 2 or (len(s) == 2 and s[0] < 1):
@@ -415,21 +469,38 @@ def _tfidf_kernel(ins, outs, attrs, plan, ws):
                 continue
             span = (n - 1) * d
             for start in range(len(row) - span):
-                c = table.get(tuple(row[start:start + span + 1:d]))
+                c = table.get(tuple(row[start : start + span + 1 : d]))
                 if c is not None:
                     acc[c] += 1
     np.copyto(outs[0], t.finish(counts).reshape(outs[0].shape), casting="unsafe")
 
 
 TfIdfVectorizer = register_op(
-    "TfIdfVectorizer", category="text", inputs=["X"], outputs=["Y"],
-    attrs=[Attr("max_gram_length", "int"), Attr("max_skip_count", "int"), Attr("min_gram_length", "int"),
-           Attr("mode", "string"), Attr("ngram_counts", "ints"), Attr("ngram_indexes", "ints"),
-           Attr("pool_int64s", "ints", None), Attr("pool_strings", "strings", None), Attr("weights", "floats", None)],
-    infer=_tfidf_infer, reference=_tfidf_reference,
-    doc="n-gram (with skips) counts per row over a fixed pool, as TF, IDF or TF-IDF")
-TfIdfVectorizer.kernel("tfidf_hash", priority=5, plan=lambda ctx: _TfIdf(ctx.attrs, _is_string(ctx.dtype(0))),
-                       doc="n-gram -> coordinate hash table built at prepare time")(_tfidf_kernel)
+    "TfIdfVectorizer",
+    category="text",
+    inputs=["X"],
+    outputs=["Y"],
+    attrs=[
+        Attr("max_gram_length", "int"),
+        Attr("max_skip_count", "int"),
+        Attr("min_gram_length", "int"),
+        Attr("mode", "string"),
+        Attr("ngram_counts", "ints"),
+        Attr("ngram_indexes", "ints"),
+        Attr("pool_int64s", "ints", None),
+        Attr("pool_strings", "strings", None),
+        Attr("weights", "floats", None),
+    ],
+    infer=_tfidf_infer,
+    reference=_tfidf_reference,
+    doc="n-gram (with skips) counts per row over a fixed pool, as TF, IDF or TF-IDF",
+)
+TfIdfVectorizer.kernel(
+    "tfidf_hash",
+    priority=5,
+    plan=lambda ctx: _TfIdf(ctx.attrs, _is_string(ctx.dtype(0))),
+    doc="n-gram -> coordinate hash table built at prepare time",
+)(_tfidf_kernel)
 
 
 # == functional entry points ============================================================================
@@ -466,12 +537,28 @@ def string_normalizer(x, stopwords=None, case_change_action="NONE", is_case_sens
 
 
 @api("tfidf_vectorizer", "TfIdfVectorizer")
-def tfidf_vectorizer(x, *, mode, min_gram_length, max_gram_length, max_skip_count, ngram_counts, ngram_indexes,
-                     pool_int64s=None, pool_strings=None, weights=None):
+def tfidf_vectorizer(
+    x,
+    *,
+    mode,
+    min_gram_length,
+    max_gram_length,
+    max_skip_count,
+    ngram_counts,
+    ngram_indexes,
+    pool_int64s=None,
+    pool_strings=None,
+    weights=None,
+):
     """ONNX TfIdfVectorizer with its attributes as keyword arguments."""
-    attrs = {"mode": mode, "min_gram_length": int(min_gram_length), "max_gram_length": int(max_gram_length),
-             "max_skip_count": int(max_skip_count), "ngram_counts": list(ngram_counts),
-             "ngram_indexes": list(ngram_indexes)}
+    attrs = {
+        "mode": mode,
+        "min_gram_length": int(min_gram_length),
+        "max_gram_length": int(max_gram_length),
+        "max_skip_count": int(max_skip_count),
+        "ngram_counts": list(ngram_counts),
+        "ngram_indexes": list(ngram_indexes),
+    }
     for k, v in (("pool_int64s", pool_int64s), ("pool_strings", pool_strings), ("weights", weights)):
         if v is not None:
             attrs[k] = list(v)

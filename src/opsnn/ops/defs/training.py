@@ -13,6 +13,7 @@ and rarely hot in inference)::
     >>> x_new.numpy()
     array([0.81, 1.62], dtype=float32)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,8 +35,11 @@ def _count(op: str, n_inputs: int) -> int:
     per = 2 + _GROUPS[op][0]  # X, G and the states
     n = n_inputs - 2
     if n <= 0 or n % per:
-        raise ParamInvalidError(f"{op}: expects R, T and then {per} tensors per optimized tensor (X..., G..., "
-                                f"states...), got {n_inputs} inputs", op=op)
+        raise ParamInvalidError(
+            f"{op}: expects R, T and then {per} tensors per optimized tensor (X..., G..., "
+            f"states...), got {n_inputs} inputs",
+            op=op,
+        )
     return n // per
 
 
@@ -50,8 +54,11 @@ def _infer(ctx):
     dt = ctx.dtype(2)
     for j in range(2, len(ctx.inputs)):
         if ctx.dtype(j) != dt:
-            raise DTypeError(f"{op}: input {j} has dtype {_dt.name(ctx.dtype(j))}; every optimized, gradient and "
-                             f"state tensor must have the dtype of the first ({_dt.name(dt)})", op=op)
+            raise DTypeError(
+                f"{op}: input {j} has dtype {_dt.name(ctx.dtype(j))}; every optimized, gradient and "
+                f"state tensor must have the dtype of the first ({_dt.name(dt)})",
+                op=op,
+            )
     groups = 2 + _GROUPS[op][0]
     for k in range(n):
         shape = tuple(ctx.shape(2 + k))
@@ -70,10 +77,17 @@ def _infer(ctx):
 
 
 def _register(op: str, attrs, step, doc: str):
-    rec = register_op(op, domain=DOMAIN, category="training",
-                      inputs=[Input("R", _F32_64), Input("T", (_dt.int64,)), Input("inputs", _F32_64, variadic=True)],
-                      outputs=[Output("outputs", variadic=True)], attrs=attrs, infer=_infer,
-                      reference=lambda ins, a: _reference(op, step, ins, a), doc=doc)
+    rec = register_op(
+        op,
+        domain=DOMAIN,
+        category="training",
+        inputs=[Input("R", _F32_64), Input("T", (_dt.int64,)), Input("inputs", _F32_64, variadic=True)],
+        outputs=[Output("outputs", variadic=True)],
+        attrs=attrs,
+        infer=_infer,
+        reference=lambda ins, a: _reference(op, step, ins, a),
+        doc=doc,
+    )
     rec.output_count = lambda values, a: _GROUPS[op][1] * _count(op, len(values))
 
     def kernel(ins, outs, a, plan, ws):
@@ -111,7 +125,7 @@ def _reference(op, step, ins, a):
 
 def _sqrt(v, scalar: bool):
     if scalar:
-        return float("nan") if v < 0 else v ** 0.5
+        return float("nan") if v < 0 else v**0.5
     return np.sqrt(v)
 
 
@@ -146,8 +160,9 @@ def _momentum_mode(a) -> str:
     if isinstance(mode, bytes):
         mode = mode.decode()
     if mode not in ("standard", "nesterov"):
-        raise ParamInvalidError(f"Momentum: attribute 'mode' must be 'standard' or 'nesterov', got {mode!r}",
-                                op="Momentum")
+        raise ParamInvalidError(
+            f"Momentum: attribute 'mode' must be 'standard' or 'nesterov', got {mode!r}", op="Momentum"
+        )
     return mode
 
 
@@ -160,15 +175,30 @@ def _momentum(r, t, x, g, v, a, scalar=False):
     return x - r * v_new, v_new
 
 
-Adagrad = _register("Adagrad", [Attr("decay_factor", "float", 0.0), Attr("epsilon", "float", 1e-6),
-                                Attr("norm_coefficient", "float", 0.0)], _adagrad,
-                    "one ADAGRAD step: X_new, H_new from R, T, X, G, H")
-Adam = _register("Adam", [Attr("alpha", "float", 0.9), Attr("beta", "float", 0.999), Attr("epsilon", "float", 1e-6),
-                          Attr("norm_coefficient", "float", 0.0), Attr("norm_coefficient_post", "float", 0.0)], _adam,
-                 "one Adam step: X_new, V_new, H_new from R, T, X, G, V, H")
-Momentum = _register("Momentum", [Attr("alpha", "float"), Attr("beta", "float"), Attr("mode", "string"),
-                                  Attr("norm_coefficient", "float")], _momentum,
-                     "one SGD-with-momentum step (standard or Nesterov): X_new, V_new from R, T, X, G, V")
+Adagrad = _register(
+    "Adagrad",
+    [Attr("decay_factor", "float", 0.0), Attr("epsilon", "float", 1e-6), Attr("norm_coefficient", "float", 0.0)],
+    _adagrad,
+    "one ADAGRAD step: X_new, H_new from R, T, X, G, H",
+)
+Adam = _register(
+    "Adam",
+    [
+        Attr("alpha", "float", 0.9),
+        Attr("beta", "float", 0.999),
+        Attr("epsilon", "float", 1e-6),
+        Attr("norm_coefficient", "float", 0.0),
+        Attr("norm_coefficient_post", "float", 0.0),
+    ],
+    _adam,
+    "one Adam step: X_new, V_new, H_new from R, T, X, G, V, H",
+)
+Momentum = _register(
+    "Momentum",
+    [Attr("alpha", "float"), Attr("beta", "float"), Attr("mode", "string"), Attr("norm_coefficient", "float")],
+    _momentum,
+    "one SGD-with-momentum step (standard or Nesterov): X_new, V_new from R, T, X, G, V",
+)
 
 
 def _check_mode_infer(ctx):
@@ -183,8 +213,9 @@ Momentum.infer = _check_mode_infer
 def _lists(fn, *groups):
     groups = [list(g) if isinstance(g, (list, tuple)) else [g] for g in groups]
     if len({len(g) for g in groups}) != 1 or not groups[0]:
-        raise ParamInvalidError(f"{fn}: the tensor lists must be non-empty and of equal length, got lengths "
-                                f"{[len(g) for g in groups]}")
+        raise ParamInvalidError(
+            f"{fn}: the tensor lists must be non-empty and of equal length, got lengths {[len(g) for g in groups]}"
+        )
     return [x for g in groups for x in g], len(groups[0])
 
 
@@ -200,27 +231,56 @@ def _dtype_of(x):
 def adagrad_step(lr, step, params, grads, sq_sums, decay_factor=0.0, eps=1e-6, weight_decay=0.0):
     """One ADAGRAD update of each tensor in ``params``; returns (*new params, *new squared sums)."""
     flat, n = _lists("adagrad_step", params, grads, sq_sums)
-    return _rt(lr, step, _dtype_of(flat[0])) + flat, {"decay_factor": float(decay_factor), "epsilon": float(eps),
-                                                      "norm_coefficient": float(weight_decay)}, 2 * n
+    return (
+        _rt(lr, step, _dtype_of(flat[0])) + flat,
+        {"decay_factor": float(decay_factor), "epsilon": float(eps), "norm_coefficient": float(weight_decay)},
+        2 * n,
+    )
 
 
 @api("adam_step", "Adam", domain=DOMAIN)
-def adam_step(lr, step, params, grads, exp_avgs, exp_avg_sqs, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0,
-              weight_decay_post=0.0):
+def adam_step(
+    lr,
+    step,
+    params,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    beta1=0.9,
+    beta2=0.999,
+    eps=1e-6,
+    weight_decay=0.0,
+    weight_decay_post=0.0,
+):
     """One Adam update; returns (*new params, *new first moments, *new second moments)."""
     flat, n = _lists("adam_step", params, grads, exp_avgs, exp_avg_sqs)
-    return _rt(lr, step, _dtype_of(flat[0])) + flat, {"alpha": float(beta1), "beta": float(beta2),
-                                                      "epsilon": float(eps), "norm_coefficient": float(weight_decay),
-                                                      "norm_coefficient_post": float(weight_decay_post)}, 3 * n
+    return (
+        _rt(lr, step, _dtype_of(flat[0])) + flat,
+        {
+            "alpha": float(beta1),
+            "beta": float(beta2),
+            "epsilon": float(eps),
+            "norm_coefficient": float(weight_decay),
+            "norm_coefficient_post": float(weight_decay_post),
+        },
+        3 * n,
+    )
 
 
 @api("momentum_step", "Momentum", domain=DOMAIN)
 def momentum_step(lr, step, params, grads, momenta, alpha=0.9, beta=1.0, nesterov=False, weight_decay=0.0):
     """One SGD-with-momentum update; returns (*new params, *new momenta)."""
     flat, n = _lists("momentum_step", params, grads, momenta)
-    return _rt(lr, step, _dtype_of(flat[0])) + flat, {"alpha": float(alpha), "beta": float(beta),
-                                                      "mode": "nesterov" if nesterov else "standard",
-                                                      "norm_coefficient": float(weight_decay)}, 2 * n
+    return (
+        _rt(lr, step, _dtype_of(flat[0])) + flat,
+        {
+            "alpha": float(alpha),
+            "beta": float(beta),
+            "mode": "nesterov" if nesterov else "standard",
+            "norm_coefficient": float(weight_decay),
+        },
+        2 * n,
+    )
 
 
 __all__ = ["adagrad_step", "adam_step", "momentum_step"]

@@ -10,6 +10,7 @@ rarely hot). Records follow the latest ONNX schema of each op::
     >>> opsnn.ops.grid_sample(x, grid, align_corners=True).numpy()
     array([[[[1.5]]]], dtype=float32)
 """
+
 from __future__ import annotations
 
 import itertools
@@ -55,11 +56,14 @@ def _gs_attrs(attrs) -> tuple[int, int, bool]:
     mode = _text("GridSample", "mode", attrs["mode"])
     pad = _text("GridSample", "padding_mode", attrs["padding_mode"])
     if mode not in _GS_MODES:
-        raise ParamInvalidError(f"GridSample: attribute 'mode' must be one of 'linear', 'nearest', 'cubic', got "
-                                f"{mode!r}", op="GridSample")
+        raise ParamInvalidError(
+            f"GridSample: attribute 'mode' must be one of 'linear', 'nearest', 'cubic', got {mode!r}", op="GridSample"
+        )
     if pad not in _GS_PADDING:
-        raise ParamInvalidError(f"GridSample: attribute 'padding_mode' must be one of 'zeros', 'border', "
-                                f"'reflection', got {pad!r}", op="GridSample")
+        raise ParamInvalidError(
+            f"GridSample: attribute 'padding_mode' must be one of 'zeros', 'border', 'reflection', got {pad!r}",
+            op="GridSample",
+        )
     align = _int_attr("GridSample", "align_corners", attrs["align_corners"])
     if align not in (0, 1):
         raise ParamInvalidError(f"GridSample: attribute 'align_corners' must be 0 or 1, got {align}", op="GridSample")
@@ -188,8 +192,9 @@ def _np_reflect(v, lo, hi):
         below, above = v < lo, v > hi
         m = np.fmod(np.where(below, lo - v, v - hi), 2 * rng)
         fold = m > rng
-        out = np.where(below, np.where(fold, hi - (m - rng), lo + m),
-                       np.where(above, np.where(fold, lo + (m - rng), hi - m), v))
+        out = np.where(
+            below, np.where(fold, hi - (m - rng), lo + m), np.where(above, np.where(fold, lo + (m - rng), hi - m), v)
+        )
         out = np.clip(out, lo, hi)
     out[~np.isfinite(v)] = np.nan
     return out
@@ -233,10 +238,12 @@ def _np_taps(coord, size, mode, pad, align):
         first = i0
     else:
         a = K.CUBIC_ALPHA
-        ws = [((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
-              ((a + 2) * t - (a + 3)) * t * t + 1,
-              ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
-              ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a]
+        ws = [
+            ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
+            ((a + 2) * t - (a + 3)) * t * t + 1,
+            ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
+            ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a,
+        ]
         first = i0 - 1
     return [(*_np_index(first + k, size, pad, lo, hi), w) for k, w in enumerate(ws)], nan
 
@@ -255,7 +262,7 @@ def grid_sample_numpy(x, grid, attrs) -> np.ndarray:
         taps, bad = _np_taps(g[..., r - 1 - k], sp[k], mode, pad, align)
         dims.append(taps)
         nan |= bad
-    strides = [math.prod(sp[k + 1:]) for k in range(r)]
+    strides = [math.prod(sp[k + 1 :]) for k in range(r)]
     out = np.zeros((n, p, c))
     rows = np.arange(n)[:, None]
     for combo in itertools.product(*dims):
@@ -271,11 +278,15 @@ def grid_sample_numpy(x, grid, attrs) -> np.ndarray:
 
 
 GridSample = register_op(
-    "GridSample", category="vision", inputs=[Input("X", _GS_X_TYPES), Input("grid", FLOAT)], outputs=["Y"],
+    "GridSample",
+    category="vision",
+    inputs=[Input("X", _GS_X_TYPES), Input("grid", FLOAT)],
+    outputs=["Y"],
     attrs=[Attr("align_corners", "int", 0), Attr("mode", "string", "linear"), Attr("padding_mode", "string", "zeros")],
-    infer=_gs_infer, reference=_gs_reference,
-    doc="sample X at the normalised grid positions (nearest / N-linear / N-cubic; zeros, border or "
-        "reflection padding)")
+    infer=_gs_infer,
+    reference=_gs_reference,
+    doc="sample X at the normalised grid positions (nearest / N-linear / N-cubic; zeros, border or reflection padding)",
+)
 
 
 def _gs_applies(ctx):
@@ -289,13 +300,17 @@ def _gs_plan(ctx):
     return K.grid_sample_plan(tuple(ctx.shape(0)), tuple(ctx.outputs[0].shape), mode, pad, align)
 
 
-GridSample.kernel("grid_sample_numba", dtypes=_F32_64, priority=10, plan=_gs_plan, applies=_gs_applies,
-                  doc="numba: taps per output point computed once, reused across channels; parallel over "
-                      "blocks of points")(lambda ins, outs, attrs, plan, ws: K.grid_sample(ins[0], ins[1], outs[0],
-                                                                                            plan))
-GridSample.kernel("grid_sample_numpy", priority=5, doc="numpy, vectorised over output points (any rank, any "
-                                                       "numeric dtype)")(
-    lambda ins, outs, attrs, plan, ws: np.copyto(outs[0], grid_sample_numpy(ins[0], ins[1], attrs)))
+GridSample.kernel(
+    "grid_sample_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=_gs_plan,
+    applies=_gs_applies,
+    doc="numba: taps per output point computed once, reused across channels; parallel over blocks of points",
+)(lambda ins, outs, attrs, plan, ws: K.grid_sample(ins[0], ins[1], outs[0], plan))
+GridSample.kernel(
+    "grid_sample_numpy", priority=5, doc="numpy, vectorised over output points (any rank, any numeric dtype)"
+)(lambda ins, outs, attrs, plan, ws: np.copyto(outs[0], grid_sample_numpy(ins[0], ins[1], attrs)))
 
 
 # == DeformConv ========================================================================================
@@ -313,14 +328,18 @@ def _deform_geometry(ctx_shapes, attrs):
     op = "DeformConv"
     xs, ws = ctx_shapes
     r = len(xs) - 2
-    kernel = _ints(op, "kernel_shape", attrs["kernel_shape"], r, 1) if attrs["kernel_shape"] is not None \
-        else list(ws[2:])
+    kernel = (
+        _ints(op, "kernel_shape", attrs["kernel_shape"], r, 1) if attrs["kernel_shape"] is not None else list(ws[2:])
+    )
     strides = _ints(op, "strides", attrs["strides"], r, 1)
     dil = _ints(op, "dilations", attrs["dilations"], r, 1)
     pads = _ints(op, "pads", attrs["pads"], 2 * r, 0)
     if any(s < 1 for s in strides) or any(d < 1 for d in dil) or any(p < 0 for p in pads) or any(k < 1 for k in kernel):
-        raise ParamInvalidError(f"{op}: strides/dilations must be >= 1, pads >= 0 and kernel_shape >= 1; got "
-                                f"strides={strides}, dilations={dil}, pads={pads}, kernel_shape={kernel}", op=op)
+        raise ParamInvalidError(
+            f"{op}: strides/dilations must be >= 1, pads >= 0 and kernel_shape >= 1; got "
+            f"strides={strides}, dilations={dil}, pads={pads}, kernel_shape={kernel}",
+            op=op,
+        )
     out = [(xs[2 + i] + pads[i] + pads[r + i] - ((kernel[i] - 1) * dil[i] + 1)) // strides[i] + 1 for i in range(r)]
     return kernel, strides, dil, pads, out
 
@@ -334,18 +353,24 @@ def _deform_infer(ctx):
         ctx.fail(f"input 'W' must have rank {r + 2}, got shape {ws}")
     for i in range(1, len(ctx.inputs)):
         if ctx.has(i) and ctx.dtype(i) != ctx.dtype(0):
-            raise DTypeError(f"DeformConv: input {i} has dtype {_dt.name(ctx.dtype(i))}; expected the dtype of "
-                             f"'X' ({_dt.name(ctx.dtype(0))})", op="DeformConv")
+            raise DTypeError(
+                f"DeformConv: input {i} has dtype {_dt.name(ctx.dtype(i))}; expected the dtype of "
+                f"'X' ({_dt.name(ctx.dtype(0))})",
+                op="DeformConv",
+            )
     group = _int_attr("DeformConv", "group", ctx.attrs["group"])
     og = _int_attr("DeformConv", "offset_group", ctx.attrs["offset_group"])
     if group < 1 or og < 1:
-        raise ParamInvalidError(f"DeformConv: 'group' and 'offset_group' must be >= 1, got {group}, {og}",
-                                op="DeformConv")
+        raise ParamInvalidError(
+            f"DeformConv: 'group' and 'offset_group' must be >= 1, got {group}, {og}", op="DeformConv"
+        )
     n, c = xs[:2]
     m = ws[0]
     if c != ws[1] * group or m % group:
-        ctx.fail(f"'X' has {c} channels and 'W' has shape {ws} with group={group}: need C == W.shape[1] * group "
-                 "and W.shape[0] divisible by group")
+        ctx.fail(
+            f"'X' has {c} channels and 'W' has shape {ws} with group={group}: need C == W.shape[1] * group "
+            "and W.shape[0] divisible by group"
+        )
     if c % og:
         ctx.fail(f"'X' channels ({c}) must be divisible by offset_group ({og})")
     kernel, strides, dil, pads, out = _deform_geometry((xs, ws), ctx.attrs)
@@ -415,7 +440,7 @@ def _deform_reference(ins, attrs):
             val[np.broadcast_to(nan[:, None], val.shape)] = np.nan
             if msk is not None:
                 val *= msk[:, g, t][:, None]
-            cols[:, g * cpg:(g + 1) * cpg, t] = val
+            cols[:, g * cpg : (g + 1) * cpg, t] = val
     cols = cols.reshape((n, group, (c // group) * kk, -1))
     wg = w.astype(np.float64).reshape(group, m // group, -1)
     y = np.einsum("gmk,ngkp->ngmp", wg, cols).reshape((n, m) + tuple(out))
@@ -425,23 +450,46 @@ def _deform_reference(ins, attrs):
 
 
 DeformConv = register_op(
-    "DeformConv", category="conv",
-    inputs=[Input("X", FLOAT), Input("W", FLOAT), Input("offset", FLOAT), Input("B", FLOAT, optional=True),
-            Input("mask", FLOAT, optional=True)],
+    "DeformConv",
+    category="conv",
+    inputs=[
+        Input("X", FLOAT),
+        Input("W", FLOAT),
+        Input("offset", FLOAT),
+        Input("B", FLOAT, optional=True),
+        Input("mask", FLOAT, optional=True),
+    ],
     outputs=["Y"],
-    attrs=[Attr("dilations", "ints", None), Attr("group", "int", 1), Attr("kernel_shape", "ints", None),
-           Attr("offset_group", "int", 1), Attr("pads", "ints", None), Attr("strides", "ints", None)],
-    infer=_deform_infer, reference=_deform_reference,
+    attrs=[
+        Attr("dilations", "ints", None),
+        Attr("group", "int", 1),
+        Attr("kernel_shape", "ints", None),
+        Attr("offset_group", "int", 1),
+        Attr("pads", "ints", None),
+        Attr("strides", "ints", None),
+    ],
+    infer=_deform_infer,
+    reference=_deform_reference,
     flops=lambda ctx: 2 * math.prod(ctx.outputs[0].shape) * math.prod(ctx.shape(1)[1:]),
     doc="deformable convolution: each kernel tap samples X (bilinearly) at a learned offset, optionally "
-        "scaled by a mask")
+    "scaled by a mask",
+)
 
 
 def _deform_plan(ctx):
     kernel, strides, dil, pads, out = _deform_geometry((ctx.shape(0), ctx.shape(1)), ctx.attrs)
-    return K.deform_plan(tuple(ctx.shape(0)), tuple(ctx.shape(1)), out, kernel, strides, dil, pads,
-                         int(ctx.attrs["group"]), int(ctx.attrs["offset_group"]),
-                         4 if _dt.is_low_precision(ctx.dtype(0)) else ctx.dtype(0).itemsize)  # 16-bit runs in fp32
+    return K.deform_plan(
+        tuple(ctx.shape(0)),
+        tuple(ctx.shape(1)),
+        out,
+        kernel,
+        strides,
+        dil,
+        pads,
+        int(ctx.attrs["group"]),
+        int(ctx.attrs["offset_group"]),
+        4 if _dt.is_low_precision(ctx.dtype(0)) else ctx.dtype(0).itemsize,
+    )  # 16-bit runs in fp32
 
 
 def _deform_kernel(ins, outs, attrs, plan, ws):
@@ -450,11 +498,17 @@ def _deform_kernel(ins, outs, attrs, plan, ws):
     K.deform_conv2d(ins[0], ins[1], ins[2], b, mask, outs[0], plan, ws)
 
 
-DeformConv.kernel("deform_conv2d_im2col", dtypes=_F32_64, priority=10, plan=_deform_plan,
-                  workspace=lambda ctx, plan: plan.workspace,
-                  applies=lambda ctx: None if len(ctx.shape(0)) == 4 else f"{len(ctx.shape(0)) - 2}-D input "
-                                                                          "(the numba kernel is 2-D)",
-                  doc="bilinear im2col (numba) + one BLAS GEMM per group")(_deform_kernel)
+DeformConv.kernel(
+    "deform_conv2d_im2col",
+    dtypes=_F32_64,
+    priority=10,
+    plan=_deform_plan,
+    workspace=lambda ctx, plan: plan.workspace,
+    applies=lambda ctx: (
+        None if len(ctx.shape(0)) == 4 else f"{len(ctx.shape(0)) - 2}-D input (the numba kernel is 2-D)"
+    ),
+    doc="bilinear im2col (numba) + one BLAS GEMM per group",
+)(_deform_kernel)
 
 
 # == NonMaxSuppression =================================================================================
@@ -469,8 +523,9 @@ def _nms_infer(ctx):
             ctx.fail(f"input {name!r} must be a scalar (or 1-element tensor), got shape {tuple(ctx.shape(i))}")
     cpb = _int_attr("NonMaxSuppression", "center_point_box", ctx.attrs["center_point_box"])
     if cpb not in (0, 1):
-        raise ParamInvalidError(f"NonMaxSuppression: attribute 'center_point_box' must be 0 or 1, got {cpb}",
-                                op="NonMaxSuppression")
+        raise ParamInvalidError(
+            f"NonMaxSuppression: attribute 'center_point_box' must be 0 or 1, got {cpb}", op="NonMaxSuppression"
+        )
     return [TensorMeta((None, 3), I64)]
 
 
@@ -526,23 +581,40 @@ def _iou_exceeds(p, q, cpb, thr) -> bool:
 
 
 NonMaxSuppression = register_op(
-    "NonMaxSuppression", category="vision",
-    inputs=[Input("boxes", FLOAT), Input("scores", FLOAT), Input("max_output_boxes_per_class", (I64,), optional=True),
-            Input("iou_threshold", FLOAT, optional=True), Input("score_threshold", FLOAT, optional=True)],
-    outputs=["selected_indices"], attrs=[Attr("center_point_box", "int", 0)], dynamic_shape=True,
-    infer=_nms_infer, reference=_nms_reference,
-    doc="greedy per-class non-max suppression; (batch, class, box) rows of the kept boxes")
+    "NonMaxSuppression",
+    category="vision",
+    inputs=[
+        Input("boxes", FLOAT),
+        Input("scores", FLOAT),
+        Input("max_output_boxes_per_class", (I64,), optional=True),
+        Input("iou_threshold", FLOAT, optional=True),
+        Input("score_threshold", FLOAT, optional=True),
+    ],
+    outputs=["selected_indices"],
+    attrs=[Attr("center_point_box", "int", 0)],
+    dynamic_shape=True,
+    infer=_nms_infer,
+    reference=_nms_reference,
+    doc="greedy per-class non-max suppression; (batch, class, box) rows of the kept boxes",
+)
 
 
 def _nms_kernel(ins, outs, attrs, plan, ws):
     max_out, iou_thr, score_thr = _nms_args(ins)
-    return [K.non_max_suppression(ins[0], ins[1], max_out, iou_thr, score_thr, int(attrs["center_point_box"]),
-                                  parallel=plan)]
+    return [
+        K.non_max_suppression(
+            ins[0], ins[1], max_out, iou_thr, score_thr, int(attrs["center_point_box"]), parallel=plan
+        )
+    ]
 
 
-NonMaxSuppression.kernel("nms_numba", dtypes=_F32_64, priority=10,
-                         plan=lambda ctx: K.nms_parallel(ctx.shape(1)[0], ctx.shape(1)[1]),
-                         doc="numba greedy loop per (batch, class), parallel across them")(_nms_kernel)
+NonMaxSuppression.kernel(
+    "nms_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=lambda ctx: K.nms_parallel(ctx.shape(1)[0], ctx.shape(1)[1]),
+    doc="numba greedy loop per (batch, class), parallel across them",
+)(_nms_kernel)
 
 
 # == CumProd ===========================================================================================
@@ -588,16 +660,22 @@ def _cumprod_ref(ins, attrs):
 
 
 CumProd = register_op(
-    "CumProd", category="reduction",
-    inputs=[Input("x", _CUMPROD_TYPES), Input("axis", (_dt.int32, I64), host=True)], outputs=["y"],
+    "CumProd",
+    category="reduction",
+    inputs=[Input("x", _CUMPROD_TYPES), Input("axis", (_dt.int32, I64), host=True)],
+    outputs=["y"],
     attrs=[Attr("exclusive", "int", 0), Attr("reverse", "int", 0)],
     infer=lambda ctx: (_axis_value(ctx, "CumProd"), [TensorMeta(tuple(ctx.shape(0)), ctx.dtype(0))])[1],
-    reference=_cumprod_ref, doc="cumulative product along axis (exclusive / reverse variants)")
-CumProd.kernel("cumprod_numpy", dtypes=_F32_64 + (_dt.int32, I64, _dt.uint32, _dt.uint64), priority=5,
-               plan=lambda ctx: _axis_value(ctx, "CumProd"),
-               doc="numpy cumprod, float64/int64 accumulation")(
-    lambda ins, outs, attrs, plan, ws: K.cumprod(ins[0], outs[0], plan, bool(attrs["exclusive"]),
-                                                 bool(attrs["reverse"])))
+    reference=_cumprod_ref,
+    doc="cumulative product along axis (exclusive / reverse variants)",
+)
+CumProd.kernel(
+    "cumprod_numpy",
+    dtypes=_F32_64 + (_dt.int32, I64, _dt.uint32, _dt.uint64),
+    priority=5,
+    plan=lambda ctx: _axis_value(ctx, "CumProd"),
+    doc="numpy cumprod, float64/int64 accumulation",
+)(lambda ins, outs, attrs, plan, ws: K.cumprod(ins[0], outs[0], plan, bool(attrs["exclusive"]), bool(attrs["reverse"])))
 
 
 # == Det ===============================================================================================
@@ -626,13 +704,20 @@ def _det_ref(ins, attrs):
                 a[[col, piv]] = a[[piv, col]]
                 det = -det
             det *= a[col, col]
-            a[col + 1:] -= np.outer(a[col + 1:, col] / a[col, col], a[col])
+            a[col + 1 :] -= np.outer(a[col + 1 :, col] / a[col, col], a[col])
         out[k] = det
     return out.reshape(x.shape[:-2]).astype(x.dtype)
 
 
-Det = register_op("Det", category="matmul", inputs=[Input("X", FLOAT)], outputs=["Y"], infer=_det_infer,
-                  reference=_det_ref, doc="determinant of each square matrix in the last two dims")
+Det = register_op(
+    "Det",
+    category="matmul",
+    inputs=[Input("X", FLOAT)],
+    outputs=["Y"],
+    infer=_det_infer,
+    reference=_det_ref,
+    doc="determinant of each square matrix in the last two dims",
+)
 
 
 def _det_kernel(ins, outs, attrs, plan, ws):
@@ -650,8 +735,11 @@ Det.kernel("det_lapack", dtypes=_F32_64, priority=5, doc="LAPACK LU (numpy.linal
 
 # == BitCast ===========================================================================================
 #: element widths in bits where numpy's itemsize is not the ONNX width (sub-byte types)
-_SUB_BYTE = {name: bits for name, bits in (("int4", 4), ("uint4", 4), ("float4_e2m1fn", 4), ("int2", 2),
-                                           ("uint2", 2)) if hasattr(ml_dtypes, name)}
+_SUB_BYTE = {
+    name: bits
+    for name, bits in (("int4", 4), ("uint4", 4), ("float4_e2m1fn", 4), ("int2", 2), ("uint2", 2))
+    if hasattr(ml_dtypes, name)
+}
 
 
 def _bits(dt: np.dtype) -> int:
@@ -674,8 +762,11 @@ def _bitcast_infer(ctx):
     if src.hasobject or src.kind in "OUS":
         raise DTypeError("BitCast: cannot bitcast a string tensor", op="BitCast")
     if _bits(src) != _bits(dst):
-        raise DTypeError(f"BitCast: input dtype {_dt.name(src)} ({_bits(src)} bits) and 'to' dtype {_dt.name(dst)} "
-                         f"({_bits(dst)} bits) must have the same bit width", op="BitCast")
+        raise DTypeError(
+            f"BitCast: input dtype {_dt.name(src)} ({_bits(src)} bits) and 'to' dtype {_dt.name(dst)} "
+            f"({_bits(dst)} bits) must have the same bit width",
+            op="BitCast",
+        )
     return [TensorMeta(tuple(ctx.shape(0)), dst)]
 
 
@@ -689,24 +780,35 @@ def _bitcast(x: np.ndarray, dst: np.dtype) -> np.ndarray:
     return x.view(dst)
 
 
-BitCast = register_op("BitCast", category="elementwise", inputs=["input"], outputs=["output"],
-                      attrs=[Attr("to", "int")], infer=_bitcast_infer,
-                      reference=lambda ins, attrs: _bitcast(ins[0], _bitcast_target(attrs)),
-                      doc="reinterpret the bits of each element as another dtype of the same width")
+BitCast = register_op(
+    "BitCast",
+    category="elementwise",
+    inputs=["input"],
+    outputs=["output"],
+    attrs=[Attr("to", "int")],
+    infer=_bitcast_infer,
+    reference=lambda ins, attrs: _bitcast(ins[0], _bitcast_target(attrs)),
+    doc="reinterpret the bits of each element as another dtype of the same width",
+)
 BitCast.kernel("bitcast_view", priority=5, doc="numpy view + copy")(
-    lambda ins, outs, attrs, plan, ws: np.copyto(outs[0], _bitcast(ins[0], outs[0].dtype)))
+    lambda ins, outs, attrs, plan, ws: np.copyto(outs[0], _bitcast(ins[0], outs[0].dtype))
+)
 
 
 # == TensorScatter =====================================================================================
 def _ts_attrs(attrs, rank: int) -> tuple[int, bool]:
     mode = _text("TensorScatter", "mode", attrs["mode"])
     if mode not in ("linear", "circular"):
-        raise ParamInvalidError(f"TensorScatter: attribute 'mode' must be 'linear' or 'circular', got {mode!r}",
-                                op="TensorScatter")
+        raise ParamInvalidError(
+            f"TensorScatter: attribute 'mode' must be 'linear' or 'circular', got {mode!r}", op="TensorScatter"
+        )
     axis = _int_attr("TensorScatter", "axis", attrs["axis"])
     if not -rank <= axis < rank or axis % rank == 0:
-        raise ParamInvalidError(f"TensorScatter: attribute 'axis' must be in [{-rank}, {rank - 1}] and not the batch "
-                                f"dim 0, got {axis} for a rank-{rank} cache", op="TensorScatter")
+        raise ParamInvalidError(
+            f"TensorScatter: attribute 'axis' must be in [{-rank}, {rank - 1}] and not the batch "
+            f"dim 0, got {axis} for a rank-{rank} cache",
+            op="TensorScatter",
+        )
     return axis % rank, mode == "circular"
 
 
@@ -716,11 +818,16 @@ def _ts_infer(ctx):
         ctx.fail(f"input 'past_cache' must have rank >= 2, got shape {ps}")
     axis, _ = _ts_attrs(ctx.attrs, len(ps))
     if ctx.dtype(1) != ctx.dtype(0):
-        raise DTypeError(f"TensorScatter: 'update' has dtype {_dt.name(ctx.dtype(1))}; expected the dtype of "
-                         f"'past_cache' ({_dt.name(ctx.dtype(0))})", op="TensorScatter")
+        raise DTypeError(
+            f"TensorScatter: 'update' has dtype {_dt.name(ctx.dtype(1))}; expected the dtype of "
+            f"'past_cache' ({_dt.name(ctx.dtype(0))})",
+            op="TensorScatter",
+        )
     if len(us) != len(ps) or any(u != p for i, (u, p) in enumerate(zip(us, ps)) if i != axis) or us[axis] > ps[axis]:
-        ctx.fail(f"input 'update' {us} must match 'past_cache' {ps} except along axis {axis}, where it may be "
-                 "at most as long")
+        ctx.fail(
+            f"input 'update' {us} must match 'past_cache' {ps} except along axis {axis}, where it may be "
+            "at most as long"
+        )
     if ctx.has(2) and tuple(ctx.shape(2)) != (ps[0],):
         ctx.fail(f"input 'write_indices' must have shape ({ps[0]},), got {tuple(ctx.shape(2))}")
     return [TensorMeta(ps, ctx.dtype(0))]
@@ -738,18 +845,23 @@ def _ts_reference(ins, attrs):
             if circular:
                 pos %= m
             elif not 0 <= pos < m:
-                raise ParamInvalidError(f"TensorScatter: write position {pos} is outside the cache (length {m})",
-                                        op="TensorScatter")
+                raise ParamInvalidError(
+                    f"TensorScatter: write position {pos} is outside the cache (length {m})", op="TensorScatter"
+                )
             out[prefix + (pos,)] = update[prefix + (j,)]
     return out
 
 
 TensorScatter = register_op(
-    "TensorScatter", category="shape",
+    "TensorScatter",
+    category="shape",
     inputs=[Input("past_cache"), Input("update"), Input("write_indices", (I64,), optional=True)],
-    outputs=["present_cache"], attrs=[Attr("axis", "int", -2), Attr("mode", "string", "linear")],
-    infer=_ts_infer, reference=_ts_reference,
-    doc="write 'update' into a copy of the cache along axis at per-batch write indices (KV-cache update)")
+    outputs=["present_cache"],
+    attrs=[Attr("axis", "int", -2), Attr("mode", "string", "linear")],
+    infer=_ts_infer,
+    reference=_ts_reference,
+    doc="write 'update' into a copy of the cache along axis at per-batch write indices (KV-cache update)",
+)
 
 
 def _ts_kernel(ins, outs, attrs, plan, ws):
@@ -757,8 +869,12 @@ def _ts_kernel(ins, outs, attrs, plan, ws):
     K.tensor_scatter(ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], axis, circular)
 
 
-TensorScatter.kernel("tensor_scatter_numpy", priority=5, plan=lambda ctx: _ts_attrs(ctx.attrs, len(ctx.shape(0))),
-                     doc="copy + one fancy-index write per batch")(_ts_kernel)
+TensorScatter.kernel(
+    "tensor_scatter_numpy",
+    priority=5,
+    plan=lambda ctx: _ts_attrs(ctx.attrs, len(ctx.shape(0))),
+    doc="copy + one fancy-index write per batch",
+)(_ts_kernel)
 
 
 # == ImageDecoder ======================================================================================
@@ -770,16 +886,20 @@ def _pillow():
     try:
         import PIL.Image
     except ImportError:
-        raise KernelNotFoundError("ImageDecoder: decoding images needs the Pillow package (pip install pillow), "
-                                  "which is not installed", op="ImageDecoder") from None
+        raise KernelNotFoundError(
+            "ImageDecoder: decoding images needs the Pillow package (pip install pillow), which is not installed",
+            op="ImageDecoder",
+        ) from None
     return PIL.Image
 
 
 def _pixel_format(attrs) -> str:
     fmt = _text("ImageDecoder", "pixel_format", attrs["pixel_format"])
     if fmt not in _PIXEL_FORMATS:
-        raise ParamInvalidError(f"ImageDecoder: attribute 'pixel_format' must be one of {list(_PIXEL_FORMATS)}, got "
-                                f"{fmt!r}", op="ImageDecoder")
+        raise ParamInvalidError(
+            f"ImageDecoder: attribute 'pixel_format' must be one of {list(_PIXEL_FORMATS)}, got {fmt!r}",
+            op="ImageDecoder",
+        )
     return fmt
 
 
@@ -801,21 +921,28 @@ def _decode_pixels(data: np.ndarray, fmt: str) -> np.ndarray:
             img = img.convert("L" if fmt == "Grayscale" else "RGB")
             out = np.asarray(img, dtype=np.uint8)
     except (OSError, ValueError, image.DecompressionBombError) as exc:
-        raise ParamInvalidError(f"ImageDecoder: cannot decode the {data.size}-byte stream: {exc}",
-                                op="ImageDecoder") from None
+        raise ParamInvalidError(
+            f"ImageDecoder: cannot decode the {data.size}-byte stream: {exc}", op="ImageDecoder"
+        ) from None
     if fmt == "Grayscale":
         return out[:, :, None].copy()
     return np.ascontiguousarray(out[:, :, ::-1]) if fmt == "BGR" else out.copy()
 
 
 ImageDecoder = register_op(
-    "ImageDecoder", category="vision", inputs=[Input("encoded_stream", (_dt.uint8,))], outputs=["image"],
-    attrs=[Attr("pixel_format", "string", "RGB")], infer=_decode_infer, dynamic_shape=True,
+    "ImageDecoder",
+    category="vision",
+    inputs=[Input("encoded_stream", (_dt.uint8,))],
+    outputs=["image"],
+    attrs=[Attr("pixel_format", "string", "RGB")],
+    infer=_decode_infer,
+    dynamic_shape=True,
     reference=lambda ins, attrs: _decode_pixels(ins[0], _pixel_format(attrs)),
-    doc="decode an encoded image (JPEG, PNG, BMP, TIFF, WebP, PNM, JPEG 2000 ... through Pillow) to (H, W, C) "
-        "uint8")
+    doc="decode an encoded image (JPEG, PNG, BMP, TIFF, WebP, PNM, JPEG 2000 ... through Pillow) to (H, W, C) uint8",
+)
 ImageDecoder.kernel("image_decoder_pillow", priority=5, doc="Pillow decode + colour conversion")(
-    lambda ins, outs, attrs, plan, ws: [_decode_pixels(ins[0], _pixel_format(attrs))])
+    lambda ins, outs, attrs, plan, ws: [_decode_pixels(ins[0], _pixel_format(attrs))]
+)
 
 
 # == functional entry points =============================================================================
@@ -825,8 +952,9 @@ def _pair(fn, name, v, n=2):
     try:
         v = [int(i) for i in v]
     except TypeError:
-        raise ParamInvalidError(f"{fn}: argument {name!r} must be an int or a sequence of {n} ints, got {v!r}") \
-            from None
+        raise ParamInvalidError(
+            f"{fn}: argument {name!r} must be an int or a sequence of {n} ints, got {v!r}"
+        ) from None
     if len(v) != n:
         raise ParamInvalidError(f"{fn}: argument {name!r} must have {n} values, got {v}")
     return v
@@ -845,26 +973,38 @@ def deform_conv2d(input, offset, weight, bias=None, stride=1, padding=0, dilatio
     shapes (group = C / weight.shape[1], offset groups = offset.shape[1] / (2 kh kw))."""
     shape_w, shape_x, shape_o = tuple(weight.shape), tuple(input.shape), tuple(offset.shape)
     if len(shape_w) != 4 or len(shape_x) != 4 or len(shape_o) != 4:
-        raise ParamInvalidError(f"deform_conv2d: input, offset and weight must be 4-D, got {shape_x}, {shape_o}, "
-                                f"{shape_w}")
+        raise ParamInvalidError(
+            f"deform_conv2d: input, offset and weight must be 4-D, got {shape_x}, {shape_o}, {shape_w}"
+        )
     kk = shape_w[2] * shape_w[3]
     if shape_w[1] == 0 or shape_x[1] % shape_w[1] or kk == 0 or shape_o[1] % (2 * kk):
-        raise ParamInvalidError(f"deform_conv2d: cannot derive the groups from input {shape_x}, offset {shape_o} "
-                                f"and weight {shape_w}")
+        raise ParamInvalidError(
+            f"deform_conv2d: cannot derive the groups from input {shape_x}, offset {shape_o} and weight {shape_w}"
+        )
     ph, pw = _pair("deform_conv2d", "padding", padding)
-    attrs = {"strides": _pair("deform_conv2d", "stride", stride), "pads": [ph, pw, ph, pw],
-             "dilations": _pair("deform_conv2d", "dilation", dilation), "group": shape_x[1] // shape_w[1],
-             "offset_group": shape_o[1] // (2 * kk), "kernel_shape": [shape_w[2], shape_w[3]]}
+    attrs = {
+        "strides": _pair("deform_conv2d", "stride", stride),
+        "pads": [ph, pw, ph, pw],
+        "dilations": _pair("deform_conv2d", "dilation", dilation),
+        "group": shape_x[1] // shape_w[1],
+        "offset_group": shape_o[1] // (2 * kk),
+        "kernel_shape": [shape_w[2], shape_w[3]],
+    }
     return [input, weight, offset, bias, mask], attrs
 
 
 @api("non_max_suppression", "NonMaxSuppression")
-def non_max_suppression(boxes, scores, max_output_boxes_per_class=0, iou_threshold=0.0, score_threshold=None,
-                        center_point_box=0):
+def non_max_suppression(
+    boxes, scores, max_output_boxes_per_class=0, iou_threshold=0.0, score_threshold=None, center_point_box=0
+):
     """ONNX NonMaxSuppression: boxes (B, N, 4), scores (B, C, N) -> (k, 3) int64 rows of
     (batch, class, box)."""
-    ins = [boxes, scores, np.array([int(max_output_boxes_per_class)], np.int64),
-           np.array([float(iou_threshold)], np.float32)]
+    ins = [
+        boxes,
+        scores,
+        np.array([int(max_output_boxes_per_class)], np.int64),
+        np.array([float(iou_threshold)], np.float32),
+    ]
     if score_threshold is not None:
         ins.append(np.array([float(score_threshold)], np.float32))
     return ins, {"center_point_box": int(center_point_box)}
@@ -902,5 +1042,13 @@ def tensor_scatter(past_cache, update, write_indices=None, mode="linear", axis=-
     return [past_cache, update, write_indices], {"mode": mode, "axis": int(axis)}
 
 
-__all__ = ["grid_sample", "deform_conv2d", "non_max_suppression", "cumprod", "det", "bitcast", "tensor_scatter",
-           "decode_image"]
+__all__ = [
+    "grid_sample",
+    "deform_conv2d",
+    "non_max_suppression",
+    "cumprod",
+    "det",
+    "bitcast",
+    "tensor_scatter",
+    "decode_image",
+]
