@@ -23,6 +23,7 @@ if mode == "timeout":
     dist.all_reduce(t)  # both ranks: collective #1
     if rank == 1:
         time.sleep(60)  # never reaches #2; ended by rank 0's abort
+    print(f"collective #2 starts at {time.time()}", flush=True)
     try:
         dist.all_reduce(t)
     except CollectiveTimeoutError as exc:
@@ -37,6 +38,7 @@ if mode == "timeout":
         raise
 for step in range(1, 6):
     if rank == 1 and step == 3:
+        print(f"failing at {time.time()}", flush=True)
         if mode == "exit":
             os._exit(3)
         raise RuntimeError(f"failure injected at step {step}")
