@@ -11,10 +11,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ import pytest
 import opsnn
 import opsnn.distributed as dist
 from opsnn.distributed.launch import THREAD_VARIABLES, cores, launch_command
+from opsnn.distributed.work import _seconds
 from opsnn.errors import DistributedError, ParamInvalidError
 
 WORKERS = Path(__file__).resolve().parent / "distributed_workers"
@@ -49,9 +52,14 @@ def _command(*program: str) -> list[str]:
 class Job:
     """A launched job, its output collected by a thread that notes the wall time it ended."""
 
-    def __init__(self, *program: str):
+    def __init__(self, *program: str, env: dict | None = None):
         self.proc = subprocess.Popen(
-            _command(*program), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+            _command(*program),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**_env(), **(env or {})},
+            start_new_session=True,  # its own process group: a hung job is killed with its ranks
         )
         self.stdout = self.stderr = ""
         self.ended = 0.0
@@ -62,10 +70,14 @@ class Job:
         self.stdout, self.stderr = self.proc.communicate()
         self.ended = time.time()
 
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the launcher, mpirun and the ranks it started
+
     def result(self, timeout: float = 300) -> tuple[int, str]:
         self._reader.join(timeout)
         if self._reader.is_alive():
-            self.proc.kill()
+            self.kill()
             self._reader.join()
             raise AssertionError(f"the job hung for {timeout} s:\n{self.stdout}{self.stderr}")
         return self.proc.returncode, self.stdout + self.stderr
@@ -74,11 +86,11 @@ class Job:
 @pytest.fixture(scope="module")
 def failure_jobs():
     """The failure scenarios, started together (each job mostly waits: its cost is starting up)."""
-    jobs = {mode: Job(str(WORKERS / "failures.py"), mode) for mode in ("raise", "exit", "timeout", "noinit")}
+    jobs = {mode: Job(str(WORKERS / "failures.py"), mode) for mode in ("raise", "exit", "timeout")}
+    jobs["noinit"] = Job(str(WORKERS / "failures.py"), "noinit", env={"OPSNN_DDP_TIMEOUT": "2"})
     yield jobs
     for job in jobs.values():
-        if job.proc.poll() is None:
-            job.proc.kill()
+        job.kill()
 
 
 def _clock(output: str, label: str) -> float:
@@ -159,6 +171,10 @@ def test_an_unknown_backend_is_a_typed_error_listing_the_available(monkeypatch):
     monkeypatch.setenv("OPSNN_DDP_BACKEND", "mpi")
     with pytest.raises(ParamInvalidError, match=r"timeout must be a positive number"):
         dist.init_process_group(timeout=-1)
+    monkeypatch.setenv("OPSNN_DDP_TIMEOUT", "soon")
+    with pytest.raises(ParamInvalidError, match=r"OPSNN_DDP_TIMEOUT: timeout must be a positive number"):
+        dist.init_process_group()
+    assert _seconds(timedelta(minutes=1, seconds=30), "x") == 90.0 and _seconds("2.5", "x") == 2.5
     assert not dist.is_initialized()
     with pytest.raises(DistributedError, match="init_process_group"):
         dist.get_rank()

@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import ml_dtypes
 import numpy as np
@@ -18,7 +19,7 @@ import numpy as np
 import opsnn
 import opsnn.distributed as dist
 from opsnn.distributed import ReduceOp
-from opsnn.errors import DistributedError, DTypeError, ParamInvalidError
+from opsnn.errors import CollectiveTimeoutError, DistributedError, DTypeError, ParamInvalidError
 
 dist.init_process_group("mpi", timeout=120)
 rank, size = dist.get_rank(), dist.get_world_size()
@@ -182,6 +183,21 @@ if rank == 0:
 w.wait()
 assert np.all(x.numpy() == 3.0)
 print(f"overlap ok ({chunks} compute chunks while in flight)")
+
+# -- Work.wait(timeout) bounds that wait only: the collective goes on and completes -----------------------
+if rank == 1:
+    time.sleep(0.5)
+w = dist.all_reduce(x, async_op=True)
+if rank == 0:
+    try:
+        w.wait(timeout=0.01)
+    except CollectiveTimeoutError as exc:
+        assert "all_reduce" in str(exc) and "wait(timeout=0.01 s)" in str(exc), str(exc)
+    else:
+        raise AssertionError("wait(timeout=0.01) returned while rank 1 slept")
+w.wait(timeout=timedelta(seconds=60))
+assert w.is_success() and np.all(x.numpy() == 6.0)
+print("wait(timeout) ok")
 
 # -- order: collectives complete in launch order, and a later sync call waits for the earlier ones ------
 case += 1

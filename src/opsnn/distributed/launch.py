@@ -18,6 +18,7 @@ import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -138,6 +139,8 @@ def _relay(src, dst) -> None:
 def run(cmd: list[str], env: dict) -> int:
     """Run ``cmd`` with its output relayed (rank tags rewritten); mpirun's exit code."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if threading.current_thread() is threading.main_thread():  # a TERM for the launcher ends the ranks too
+        signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signal.SIGTERM))
     relays = [
         threading.Thread(target=_relay, args=(proc.stdout, sys.stdout.buffer), daemon=True),
         threading.Thread(target=_relay, args=(proc.stderr, sys.stderr.buffer), daemon=True),
