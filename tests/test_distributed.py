@@ -24,6 +24,7 @@ import pytest
 import opsnn
 import opsnn.distributed as dist
 from opsnn.distributed.launch import THREAD_VARIABLES, cores, launch_command
+from opsnn.distributed.launch import main as launch_main
 from opsnn.distributed.work import _seconds
 from opsnn.errors import DistributedError, ParamInvalidError
 
@@ -179,6 +180,15 @@ def test_an_unknown_backend_is_a_typed_error_listing_the_available(monkeypatch):
     with pytest.raises(DistributedError, match="init_process_group"):
         dist.get_rank()
     assert dist.is_main_process()  # no group: this process is the main one (logs, progress bars)
+
+
+@needs_mpi
+def test_launch_options_end_where_the_program_starts(capsys):
+    assert launch_main(["-n", "3", "--mpi-arg=--map-by", "--mpi-arg=slot", "--dry-run", "-m", "pkg.x", "-n", "1"]) == 0
+    cmd = capsys.readouterr().out.split()
+    assert cmd[1:3] == ["-n", "3"] and cmd[-4:] == ["-m", "pkg.x", "-n", "1"] and "slot" in cmd
+    assert launch_main(["--dry-run", "train.py", "--dry-run"]) == 0
+    assert capsys.readouterr().out.split()[-2:] == ["train.py", "--dry-run"]
 
 
 @needs_mpi
