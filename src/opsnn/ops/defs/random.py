@@ -23,37 +23,24 @@ from ...errors import DTypeError, ParamInvalidError
 from ...tensor import Tensor
 from ..api import api
 from ..registry import REQUIRED, Attr, Input, Output, TensorMeta, register_op
+from .elementwise import ONNX_DTYPES
 from .shape import _to_tensor
 
 FLOAT = _dt.FLOATS
-#: ONNX TensorProto data type codes
-ONNX_DTYPES = {
-    1: _dt.float32,
-    2: _dt.uint8,
-    3: _dt.int8,
-    4: _dt.uint16,
-    5: _dt.int16,
-    6: _dt.int32,
-    7: _dt.int64,
-    9: _dt.bool_,
-    10: _dt.float16,
-    11: _dt.float64,
-    12: _dt.uint32,
-    13: _dt.uint64,
-    16: _dt.bfloat16,
-}
-_CODES = {v: k for k, v in ONNX_DTYPES.items()}
+_CODES = {v: k for k, v in ONNX_DTYPES.items() if v is not None}
 
 
 def _dtype(op: str, code, allowed, what="dtype") -> np.dtype:
     try:
         dt = ONNX_DTYPES[int(code)]
     except (KeyError, TypeError, ValueError):
+        dt = None
+    if dt is None:
         raise DTypeError(
             f"{op}: attribute {what!r} must be an ONNX TensorProto code among "
-            f"{sorted(c for c, d in ONNX_DTYPES.items() if d in allowed)}, got {code!r}",
+            f"{sorted(c for c, d in ONNX_DTYPES.items() if d is not None and d in allowed)}, got {code!r}",
             op=op,
-        ) from None
+        )
     if dt not in allowed:
         raise DTypeError(
             f"{op}: output dtype {_dt.name(dt)} is not supported; expected one of {[_dt.name(d) for d in allowed]}",
@@ -347,7 +334,7 @@ def _dropout(ins, attrs):
 
 Dropout = register_op(
     "Dropout",
-    category="shape",
+    category="random",
     inputs=[
         Input("data", _dt.FLOATS),
         Input("ratio", _dt.FLOATS, optional=True),

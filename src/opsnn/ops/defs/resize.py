@@ -270,7 +270,7 @@ def _cast_like(res, dt):
 
 Resize = register_op(
     "Resize",
-    category="shape",
+    category="vision",
     inputs=[
         Input("X"),
         Input("roi", _dt.FLOATS, optional=True, host=True),
@@ -419,7 +419,7 @@ def _fused_resize_ref(ins, a):
 FusedResize = register_op(
     "FusedResize",
     domain="opsnn",
-    category="shape",
+    category="vision",
     inputs=[
         Input("X", tuple(_FUSED_RESIZE_SRC)),
         Input("roi", _dt.FLOATS, optional=True, host=True),

@@ -63,7 +63,7 @@ def _topk_ref(ins, a):
 
 TopK = register_op(
     "TopK",
-    category="shape",
+    category="sort",
     inputs=[Input("X", _dt.NUMERIC), Input("K", (_dt.int64,), host=True)],
     outputs=["Values", "Indices"],
     attrs=[Attr("axis", "int", -1), Attr("largest", "int", 1), Attr("sorted", "int", 1)],

@@ -1014,7 +1014,7 @@ def _col2im_ref(ins, a):
 
 Col2Im = register_op(
     "Col2Im",
-    category="shape",
+    category="vision",
     inputs=[
         Input("input", _dt.NUMERIC),
         Input("image_shape", (_dt.int64,), host=True),
