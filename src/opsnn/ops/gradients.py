@@ -1494,6 +1494,161 @@ def _rnn(ctx, grads):
 _rnn.outputs = 2  # Y and Y_h
 
 
+# -- statistics and normalizations --------------------------------------------------------------------------
+def _var(ctx, grads):
+    """d var / dx = 2 (x - mean) / (N - correction)."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    axes = _reduce_axes(ctx, x.ndim)
+    if axes is None:  # nothing reduced: the variance of one value is constant
+        return [zeros(tuple(x.shape), g.dtype)] + [None] * (len(ctx.inputs) - 1)
+    n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
+    denom = max(n - float(ctx.attrs.get("correction", 1.0)), 0.0)
+    kshape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+    xc = ops.sub(x, ops.mean(x, dim=axes, keepdim=True))
+    return [ops.mul(ops.mul(xc, _const(2.0 / denom, x)), ops.reshape(g, kshape))] + [None] * (len(ctx.inputs) - 1)
+
+
+def _mvn(ctx, grads):
+    """y = (x - mean) / (std + 1e-9) over ``axes`` (the op's epsilon is added to the std)."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    axes = sorted({int(a) % x.ndim for a in ctx.attrs["axes"]})
+    n = float(np.prod([x.shape[a] for a in axes]))
+    xc = ops.sub(x, ops.mean(x, dim=axes, keepdim=True))
+    std = ops.sqrt(ops.mean(ops.mul(xc, xc), dim=axes, keepdim=True))
+    sigma = ops.add(std, _const(1e-9, x))
+    gc = ops.sub(g, ops.mean(g, dim=axes, keepdim=True))
+    dstd = ops.div(ops.sum(ops.mul(g, xc), dim=axes, keepdim=True), ops.mul(sigma, sigma))
+    return [ops.sub(ops.div(gc, sigma), ops.div(ops.mul(xc, dstd), ops.mul(std, _const(n, x))))]
+
+
+def _lp_normalization(ctx, grads):
+    """y = x / ||x||_p along axis (p 1 or 2): dx = g / n - sum(g x) / n^2 * dn/dx, dn/dx = sign(x)
+    for p = 1 and x / n for p = 2; 0 where the norm is 0, as the forward gives."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    axis = int(ctx.attrs.get("axis", -1)) % x.ndim
+    p = int(ctx.attrs.get("p", 2))
+    if p == 1:
+        n = ops.sum(ops.abs(x), dim=axis, keepdim=True)
+        dn = ops.sign(x)
+    else:
+        n = ops.sqrt(ops.sum(ops.mul(x, x), dim=axis, keepdim=True))
+        dn = ops.div(x, n)
+    dot = ops.sum(ops.mul(g, x), dim=axis, keepdim=True)
+    dx = ops.sub(ops.div(g, n), ops.mul(ops.div(dot, ops.mul(n, n)), dn))
+    return [ops.where(ops.gt(n, _const(0, n)), dx, _const(0, dx))]
+
+
+def _lrn(ctx, grads):
+    """y_c = x_c D_c^-beta, D_c = bias + alpha / size * (sum of x^2 over the channel window of c):
+    dx_k = g_k D_k^-beta - 2 beta alpha / size x_k * sum over the windows holding k of g_c x_c D_c^(-beta-1).
+    The window sums are a (C, C) band matrix on the channel axis."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    size, alpha = int(ctx.attrs["size"]), _attr(ctx, "alpha", 1e-4)
+    beta, bias = _attr(ctx, "beta", 0.75), _attr(ctx, "bias", 1.0)
+    C = x.shape[1]
+    band = np.zeros((C, C))
+    for c in range(C):
+        band[c, max(0, c - (size - 1) // 2) : min(C - 1, c + math.ceil((size - 1) / 2)) + 1] = 1.0
+    perm = [0] + list(range(2, x.ndim)) + [1]
+    inv = [perm.index(i) for i in range(x.ndim)]
+
+    def channels(t, m):  # t's channel axis multiplied by m: sum_k m[c, k] t_k
+        return ops.transpose(ops.matmul(ops.transpose(t, perm), _const(m.T, t)), inv)
+
+    d = ops.add(_const(bias, x), ops.mul(_const(alpha / size, x), channels(ops.mul(x, x), band)))
+    d_beta = ops.pow(d, _const(-beta, x))
+    inner = ops.div(ops.mul(ops.mul(g, x), d_beta), d)
+    back = channels(inner, band.T)
+    return [ops.sub(ops.mul(g, d_beta), ops.mul(ops.mul(x, back), _const(2 * beta * alpha / size, x)))]
+
+
+def _global_lp_pool(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    p = float(ctx.attrs.get("p", 2))
+    y = ctx.outputs[0]
+    ax = ops.abs(x)
+    d = ops.mul(ops.sign(x), ops.pow(ops.div(ax, y), _const(p - 1, x)))
+    return [ops.mul(g, d)]
+
+
+# -- einsum, scatter, resize ------------------------------------------------------------------------------
+def _einsum(ctx, grads):
+    """The gradient of operand i is an einsum of the output gradient with the other operands onto
+    i's subscripts; letters only operand i sums over come back by broadcasting. No ellipsis or
+    repeated letters within one operand (diagonals): no rule yet, a typed error."""
+    ops, g = _ops(), grads[0]
+    eq = _s(ctx.attrs["equation"]).replace(" ", "")
+    n_in = len(ctx.inputs)
+    lhs, arrow, out = eq.partition("->")
+    subs = lhs.split(",")
+    if not arrow:
+        letters = "".join(subs)
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    if "." in eq or any(len(set(s)) != len(s) for s in subs) or len(subs) != n_in:
+        return [None] * n_in
+    res = []
+    for i, (s, t) in enumerate(zip(subs, ctx.inputs)):
+        if not ctx.needs[i]:
+            res.append(None)
+            continue
+        others = [j for j in range(n_in) if j != i]
+        elsewhere = set(out).union(*(subs[j] for j in others))
+        target = "".join(c for c in s if c in elsewhere)
+        spec = ",".join([out] + [subs[j] for j in others]) + "->" + target
+        r = ops.einsum(spec, g, *[ctx.inputs[j] for j in others])
+        if target != s:
+            r = ops.reshape(r, tuple(t.shape[k] if c in elsewhere else 1 for k, c in enumerate(s)))
+            r = ops.expand(r, *t.shape)
+        res.append(r)
+    return res
+
+
+def _scatter(gather_name: str):
+    """ScatterElements / ScatterND without a reduction: dData is g with the written places zeroed,
+    dUpdates gathers g there."""
+
+    def rule(ctx, grads):
+        ops, g = _ops(), grads[0]
+        x, idx, upd = ctx.inputs
+        if _s(ctx.attrs.get("reduction", "none")) != "none":
+            return [None, None, None]
+        attrs = {k: v for k, v in ctx.attrs.items() if k == "axis"}
+        res = [None, None, None]
+        if ctx.needs[0]:
+            res[0] = ops.run_op(ctx.op, [g, idx, zeros(tuple(upd.shape), g.dtype)], ctx.attrs)[0]
+        if ctx.needs[2]:
+            res[2] = ops.run_op(gather_name, [g, idx], attrs)[0]
+        return res
+
+    return rule
+
+
+def _resize(ctx, grads):
+    """Resize is linear in X, separably per axis (each output position a weighted sum of input
+    taps, or the extrapolation constant): g times each resized axis' (out, in) weight matrix."""
+    from .defs.resize import ResizeSpec
+
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    spec = ResizeSpec(x.shape, ctx.attrs, *(ctx.value(i) for i in (1, 2, 3)))
+    for a in spec.axes:
+        idx, w, extrap = spec.table(a)
+        m = np.zeros((spec.out_shape[a], spec.in_shape[a]))
+        np.add.at(m, (np.repeat(np.arange(idx.shape[0]), idx.shape[1]), idx.reshape(-1)), w.reshape(-1))
+        if extrap is not None:
+            m[extrap] = 0.0
+        perm = list(range(g.ndim))
+        perm[a], perm[-1] = perm[-1], perm[a]
+        gt = ops.matmul(ops.transpose(g, perm) if a != g.ndim - 1 else g, _const(m, g))
+        g = ops.transpose(gt, perm) if a != g.ndim - 1 else gt
+    return [g] + [None] * (len(ctx.inputs) - 1)
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -1608,6 +1763,17 @@ RULES = {
     "AdaptiveAvgPool": _adaptive_avg_pool,
     "InstanceNormalization": _instance_norm,
     "RNN": _rnn,
+    "Var": _var,
+    "MeanVarianceNormalization": _mvn,
+    "LpNormalization": _lp_normalization,
+    "LRN": _lrn,
+    "GlobalLpPool": _global_lp_pool,
+    "Einsum": _einsum,
+    "Compress": _moved,
+    "CenterCropPad": _moved,
+    "ScatterElements": _scatter("GatherElements"),
+    "ScatterND": _scatter("GatherND"),
+    "Resize": _resize,
 }
 
 
