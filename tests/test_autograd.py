@@ -713,6 +713,22 @@ CASES = [
         [0],
     ),
     (
+        "topk_smallest",
+        lambda a: F.topk(a, 2, dim=0, largest=False)[0],
+        lambda a: a.topk(2, dim=0, largest=False)[0],
+        [_rand((4, 3))],
+        [0],
+    ),
+    (
+        "max_unpool2d",
+        lambda x: F.max_unpool2d(x, np.array([[[[1, 3], [8, 10]]]]), 2, output_size=(4, 3)),
+        lambda x: __import__("torch").nn.functional.max_unpool2d(
+            x, __import__("torch").tensor([[[[1, 3], [8, 10]]]]), 2, output_size=(4, 3)
+        ),
+        [_rand((1, 1, 2, 2))],
+        [0],
+    ),
+    (
         "tensor_views",
         lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4),
         lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4),
@@ -824,6 +840,25 @@ def test_gradient_through_an_op_without_a_rule_is_a_typed_error_naming_it():
     y = ops.sum(ops.det(x))
     with pytest.raises(autograd.NoGradientError, match="Det"):
         y.backward()
+
+
+@pytest.mark.parametrize(
+    "fn, op",
+    [
+        (lambda a: F.einsum("...ij->...j", a), "Einsum"),  # ellipsis: outside the einsum rule
+        (lambda a: F.einsum("ii->i", a), "Einsum"),  # a diagonal
+        (
+            lambda a: F.rnn(a, np.ones((1, 2, 3), np.float32), np.ones((1, 2, 2), np.float32), hidden_size=2, clip=1.0)[
+                0
+            ],
+            "RNN",
+        ),
+    ],
+)
+def test_a_rule_that_does_not_cover_its_arguments_is_a_typed_error_naming_the_op(fn, op):
+    x = _leaf(RNG.standard_normal((3, 1, 3)) if op == "RNN" else RNG.standard_normal((3, 3)))
+    with pytest.raises(autograd.NoGradientError, match=op):
+        ops.sum(fn(x)).backward()
 
 
 def test_no_grad_detach_and_requires_grad_flags():

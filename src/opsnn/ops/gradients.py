@@ -1649,6 +1649,25 @@ def _resize(ctx, grads):
     return [g] + [None] * (len(ctx.inputs) - 1)
 
 
+def _topk(ctx, grads):
+    """The values' gradient goes back to the places the indices output names."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    axis = int(ctx.attrs.get("axis", -1)) % x.ndim
+    base = zeros(tuple(x.shape), g.dtype)
+    return [ops.scatter_elements(base, ctx.outputs[1], g, axis=axis, reduction="add"), None]
+
+
+def _max_unpool(ctx, grads):
+    """MaxUnpool writes X at flat positions I of the output: dX reads g there."""
+    ops = _ops()
+    idx = ctx.inputs[1]
+    flat = ops.reshape(grads[0], (-1,))
+    return [ops.reshape(ops.gather(flat, ops.reshape(idx, (-1,)), axis=0), tuple(idx.shape))] + [None] * (
+        len(ctx.inputs) - 1
+    )
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -1774,6 +1793,8 @@ RULES = {
     "ScatterElements": _scatter("GatherElements"),
     "ScatterND": _scatter("GatherND"),
     "Resize": _resize,
+    "TopK": _topk,
+    "MaxUnpool": _max_unpool,
 }
 
 
