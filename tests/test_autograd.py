@@ -729,6 +729,27 @@ CASES = [
         [0],
     ),
     (
+        "lp_pool2d_ceil",
+        lambda x: F.lp_pool2d(x, 2, 2, stride=2, ceil_mode=True),
+        None,  # torch's ceil-mode lp_pool2d scales its partial windows as averages
+        [_away_from_zero((1, 2, 5, 4))],
+        [0],
+    ),
+    (
+        "lp_pool2d",
+        lambda x: F.lp_pool2d(x, 2, (2, 3), stride=(2, 1)),
+        lambda x: __import__("torch").nn.functional.lp_pool2d(x, 2, (2, 3), stride=(2, 1)),
+        [_away_from_zero((1, 2, 5, 4))],
+        [0],
+    ),
+    (
+        "lp_pool_p3_padded",
+        lambda x: ops.run_op("LpPool", [x], {"kernel_shape": [3], "strides": [2], "pads": [1, 1], "p": 3})[0],
+        None,
+        [_away_from_zero((2, 1, 6))],
+        [0],
+    ),
+    (
         "tensor_views",
         lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4),
         lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4),

@@ -573,15 +573,9 @@ def _average_pool(ctx, grads):
     ops, g = _ops(), grads[0]
     x = ctx.inputs[0]
     nd = x.ndim - 2
-    k = [int(v) for v in ctx.attrs["kernel_shape"]]
-    s = _ints_attr(ctx.attrs, "strides", nd, 1)
-    d = _ints_attr(ctx.attrs, "dilations", nd, 1)
-    pb, pe = _pads(ctx.attrs, list(x.shape[2:]), k, s, d)
+    k, s, d, pb, pe, extra = _pool_geometry(ctx, x, g)
     out_sp = list(g.shape[2:])
     in_sp = list(x.shape[2:])
-    # end padding that ceil_mode's last, partial window reaches into
-    need = [(out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in_sp[i] - pb[i] for i in range(nd)]
-    extra = [max(need[i] - pe[i], 0) for i in range(nd)]
     if int(ctx.attrs.get("count_include_pad", 0)):
         ones_shape = [in_sp[i] + pb[i] + pe[i] for i in range(nd)]
         cpads = [0] * nd + extra
@@ -592,12 +586,32 @@ def _average_pool(ctx, grads):
     kernel = ones((1, 1, *k), x.dtype)
     counts = ops.run_op("Conv", [ones_in, kernel], {"strides": s, "dilations": d, "pads": cpads})[0]
     counts = ops.slice(counts, [0] * nd, out_sp, axes=list(range(2, nd + 2)))
+    return [_window_adjoint(x, ops.div(g, counts), k, s, d, pb, pe, extra)]
+
+
+def _pool_geometry(ctx, x, g):
+    """(kernel, strides, dilations, begin pads, end pads, extra end pads ceil_mode's last window
+    reaches into) of a pooling op."""
+    nd = x.ndim - 2
+    k = [int(v) for v in ctx.attrs["kernel_shape"]]
+    s = _ints_attr(ctx.attrs, "strides", nd, 1)
+    d = _ints_attr(ctx.attrs, "dilations", nd, 1)
+    pb, pe = _pads(ctx.attrs, list(x.shape[2:]), k, s, d)
+    need = [(g.shape[2 + i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - x.shape[2 + i] - pb[i] for i in range(nd)]
+    return k, s, d, pb, pe, [max(need[i] - pe[i], 0) for i in range(nd)]
+
+
+def _window_adjoint(x, gw, k, s, d, pb, pe, extra):
+    """Each window's value ``gw`` (N, C, out...) added back onto the input positions it covers:
+    the adjoint of a window sum, a ConvTranspose by a ones kernel per channel."""
+    ops = _ops()
+    nd = x.ndim - 2
+    in_sp, out_sp = list(x.shape[2:]), list(gw.shape[2:])
     n, c = x.shape[:2]
-    gs = ops.reshape(ops.div(g, counts), (n * c, 1, *out_sp))
     opad = [in_sp[i] - ((out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - pb[i] - pe[i] - extra[i]) for i in range(nd)]
     gx = ops.run_op(
         "ConvTranspose",
-        [gs, kernel],
+        [ops.reshape(gw, (n * c, 1, *out_sp)), ones((1, 1, *k), x.dtype)],
         {
             "strides": s,
             "dilations": d,
@@ -606,7 +620,17 @@ def _average_pool(ctx, grads):
             "kernel_shape": k,
         },
     )[0]
-    return [ops.reshape(gx, x.shape)]
+    return ops.reshape(gx, x.shape)
+
+
+def _lp_pool(ctx, grads):
+    """y = (sum over the window of |x|^p)^(1/p): dx = sign(x) |x|^(p-1) * (window adjoint of g y^(1-p))."""
+    ops, g = _ops(), grads[0]
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    p = float(ctx.attrs.get("p", 2))
+    geo = _pool_geometry(ctx, x, g)
+    back = _window_adjoint(x, ops.mul(g, ops.pow(y, _const(1 - p, y))), *geo)
+    return [ops.mul(back, ops.mul(ops.sign(x), ops.pow(ops.abs(x), _const(p - 1, x))))]
 
 
 def _global_average_pool(ctx, grads):
@@ -1795,6 +1819,7 @@ RULES = {
     "Resize": _resize,
     "TopK": _topk,
     "MaxUnpool": _max_unpool,
+    "LpPool": _lp_pool,
 }
 
 
