@@ -663,6 +663,13 @@ CASES = [
         [0, 1],
     ),
     (
+        "scatter_deprecated",
+        lambda a, u: ops.run_op("Scatter", [a, opsnn.tensor(np.array([[1], [0]])), u], {"axis": 0})[0],
+        lambda a, u: a.scatter(0, __import__("torch").tensor([[1], [0]]), u),
+        [_rand((3, 2)), _rand((2, 1))],
+        [0, 1],
+    ),
+    (
         "scatter_nd",
         lambda a, u: F.scatter_nd(a, np.array([[1], [3]]), u),
         lambda a, u: a.index_put((__import__("torch").tensor([1, 3]),), u),

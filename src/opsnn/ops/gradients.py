@@ -1816,6 +1816,7 @@ RULES = {
     "CenterCropPad": _moved,
     "ScatterElements": _scatter("GatherElements"),
     "ScatterND": _scatter("GatherND"),
+    "Scatter": _scatter("GatherElements"),
     "Resize": _resize,
     "TopK": _topk,
     "MaxUnpool": _max_unpool,
