@@ -12,6 +12,11 @@ For every kernel launch of a compiled graph at the given input shapes: the chose
           plan: im2col2d: column buffer 147x12544 per group, then BLAS
           not chosen: conv2d_winograd: Winograd F(4x4,3x3) needs a 3x3 kernel, stride 1, ...
 
+Both views report the kernel-library decision (the summary at its end, the per-node view in its
+header and as a ``library:`` line per node): for each MatMul, Gemm, Linear and convolution shape,
+the library its GEMMs run on (MKL, OpenBLAS, oneDNN or opsnn's own kernels) and the strategy's
+reason (:func:`opsnn.kernels.cpu.libraries.kernel_choice`), equal decisions grouped.
+
 Command line (wired by ``opsnn.cli``): ``opsnn explain model.onnx --shape x=1,3,224,224``.
 """
 
