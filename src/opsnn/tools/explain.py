@@ -142,7 +142,7 @@ def _product(op: str, ex, plan_obj, kernel: str):
                 tiles = int(plan_obj.rows) * int(plan_obj.tw_n)
                 if getattr(plan_obj, "gemms", None):
                     return label, libraries.Choice("onednn", kernel, "oneDNN's batched brgemm matmul")
-    except (TypeError, ValueError, IndexError, ZeroDivisionError):
+    except (AttributeError, TypeError, ValueError, IndexError, ZeroDivisionError):  # explaining never fails
         return None
     choice = libraries.kernel_choice(kernel, int(rows), int(k), int(n), dtype, batch=int(batch), tiles=tiles)
     return None if choice is None else (label, choice)
