@@ -757,6 +757,20 @@ CASES = [
         [0],
     ),
     (
+        "col2im_fold",
+        lambda a: F.col2im(a, [4, 5], [2, 3], dilations=[1, 2], pads=[1, 0, 0, 1], strides=[2, 1]),
+        None,
+        [_rand((2, 12, 4))],
+        [0],
+    ),
+    (
+        "col2im_torch_fold",
+        lambda a: F.col2im(a, [4, 5], [2, 2], pads=[1, 1, 1, 1], strides=[2, 2]),
+        lambda a: __import__("torch").nn.functional.fold(a, (4, 5), (2, 2), padding=1, stride=2),
+        [_rand((1, 8, 9))],
+        [0],
+    ),
+    (
         "tensor_views",
         lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4),
         lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4),

@@ -1692,6 +1692,29 @@ def _max_unpool(ctx, grads):
     )
 
 
+def _col2im(ctx, grads):
+    """Col2Im adds each column entry into one image pixel (or none, in the padding): its gradient
+    reads g at that pixel (Im2Col of g)."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    img = [int(v) for v in np.asarray(ctx.value(1)).reshape(-1)]
+    blk = [int(v) for v in np.asarray(ctx.value(2)).reshape(-1)]
+    nd = len(img)
+    dil = _ints_attr(ctx.attrs, "dilations", nd, 1)
+    pads = _ints_attr(ctx.attrs, "pads", 2 * nd, 0)
+    st = _ints_attr(ctx.attrs, "strides", nd, 1)
+    counts = [(img[i] + pads[i] + pads[i + nd] - (dil[i] * (blk[i] - 1) + 1)) // st[i] + 1 for i in range(nd)]
+    k_idx = np.stack(np.unravel_index(np.arange(int(np.prod(blk))), blk))[:, :, None]  # (nd, kk, 1)
+    l_idx = np.stack(np.unravel_index(np.arange(int(np.prod(counts))), counts))[:, None, :]  # (nd, 1, L)
+    pos = [l_idx[i] * st[i] + k_idx[i] * dil[i] - pads[i] for i in range(nd)]
+    inside = np.all([(p >= 0) & (p < img[i]) for i, p in enumerate(pos)], axis=0)  # (kk, L)
+    flat = np.ravel_multi_index([np.clip(p, 0, img[i] - 1) for i, p in enumerate(pos)], img)
+    n, c = g.shape[:2]
+    taken = ops.gather(ops.reshape(g, (n, c, -1)), tensor(flat.astype(np.int64)), axis=2)  # (N, C, kk, L)
+    taken = ops.where(tensor(inside), taken, _const(0, taken))
+    return [ops.reshape(taken, tuple(x.shape)), None, None]
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -1821,6 +1844,7 @@ RULES = {
     "TopK": _topk,
     "MaxUnpool": _max_unpool,
     "LpPool": _lp_pool,
+    "Col2Im": _col2im,
 }
 
 
