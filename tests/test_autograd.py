@@ -771,6 +771,33 @@ CASES = [
         [0],
     ),
     (
+        "dft_complex",
+        lambda a: F.dft(a, dim=1),
+        lambda a: __import__("torch").view_as_real(__import__("torch").fft.fft(__import__("torch").view_as_complex(a))),
+        [_rand((2, 5, 2))],
+        [0],
+    ),
+    (
+        "dft_real_onesided_padded",
+        lambda a: F.dft(a, n=8, dim=1, onesided=True),
+        lambda a: __import__("torch").view_as_real(__import__("torch").fft.rfft(a[..., 0], n=8)),
+        [_rand((2, 5, 1))],
+        [0],
+    ),
+    (
+        "dft_inverse_trimmed",
+        lambda a: F.dft(a, n=4, dim=0, inverse=True),
+        lambda a: (
+            __import__("torch")
+            .view_as_real(
+                __import__("torch").fft.ifft(__import__("torch").view_as_complex(a.transpose(0, 1).contiguous()), n=4)
+            )
+            .transpose(0, 1)
+        ),
+        [_rand((6, 3, 2))],
+        [0],
+    ),
+    (
         "tensor_views",
         lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4),
         lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4),

@@ -1715,6 +1715,39 @@ def _col2im(ctx, grads):
     return [ops.reshape(taken, tuple(x.shape)), None, None]
 
 
+def _dft(ctx, grads):
+    """A DFT is linear, y = W x with W[k, t] = exp(-+2 pi i k t / n) (/ n when inverse): dx is
+    W^H g, the opposite-direction DFT of g (zero-filled to n bins) kept to the input's first
+    min(len, n) samples, scaled by n (forward) or 1/n (inverse); its real part for a real input.
+    The onesided inverse (IRFFT, a Hermitian extension): no rule yet, a typed error."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    n_in = len(ctx.inputs)
+    inverse, onesided = bool(int(ctx.attrs.get("inverse", 0))), bool(int(ctx.attrs.get("onesided", 0)))
+    if inverse and onesided:
+        return [None] * n_in
+    axis = ctx.value(2) if n_in > 2 else None
+    axis = (-2 if axis is None else int(np.asarray(axis).reshape(-1)[0])) % x.ndim
+    length = ctx.value(1) if n_in > 1 else None
+    n = x.shape[axis] if length is None else int(np.asarray(length).reshape(-1)[0])
+    if g.shape[axis] < n:  # onesided bins: the others carry no gradient
+        fill = list(g.shape)
+        fill[axis] = n - g.shape[axis]
+        g = ops.concat([g, zeros(tuple(fill), g.dtype)], dim=axis)
+    back = ops.dft(g, dim=axis, inverse=not inverse)
+    back = ops.mul(back, _const(1.0 / n if inverse else float(n), back))
+    m = min(x.shape[axis], n)
+    if m < n:
+        back = ops.slice(back, [0], [m], axes=[axis])
+    if m < x.shape[axis]:  # samples past dft_length were not read
+        fill = list(back.shape)
+        fill[axis] = x.shape[axis] - m
+        back = ops.concat([back, zeros(tuple(fill), back.dtype)], dim=axis)
+    if x.shape[-1] == 1:
+        back = ops.slice(back, [0], [1], axes=[x.ndim - 1])
+    return [back] + [None] * (n_in - 1)
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -1845,6 +1878,7 @@ RULES = {
     "MaxUnpool": _max_unpool,
     "LpPool": _lp_pool,
     "Col2Im": _col2im,
+    "DFT": _dft,
 }
 
 
