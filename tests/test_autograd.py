@@ -798,6 +798,21 @@ CASES = [
         [0],
     ),
     (
+        "cumprod_with_zeros",
+        lambda a: F.cumprod(a, 1),
+        lambda a: a.cumprod(1),
+        [np.array([[0.5, 0.0, 2.0, -1.5], [1.2, -0.7, 0.9, 1.1], [0.0, 0.0, 0.3, 2.0]])],
+        [0],
+    ),
+    (
+        "cumprod_exclusive_reverse",
+        lambda a: F.cumprod(a, 0, exclusive=True, reverse=True),
+        None,
+        [np.array([[0.5, 1.3], [0.0, -0.8], [2.0, 1.1], [-1.5, 0.0]])],
+        [0],
+    ),
+    ("cumprod_exclusive", lambda a: F.cumprod(a, -1, exclusive=True), None, [_rand((2, 3, 4))], [0]),
+    (
         "tensor_views",
         lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4),
         lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4),

@@ -1748,6 +1748,34 @@ def _dft(ctx, grads):
     return [back] + [None] * (n_in - 1)
 
 
+def _cumprod(ctx, grads):
+    """dx_j = prod_{k<j} x_k * sum_{i>=j} g_i prod_{j<k<=i} x_k (g shifted by one for exclusive,
+    both flipped for reverse): the inner products from a cumulative product of x with the entries
+    up to j set to 1, an (L, L) table per row, so zeros in x are exact (no y / x)."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    axis = int(np.asarray(ctx.value(1)).reshape(-1)[0]) % x.ndim
+    L = x.shape[axis]
+    perm = list(range(x.ndim))
+    perm[axis], perm[-1] = perm[-1], perm[axis]
+    xt, gt = (ops.transpose(x, perm), ops.transpose(g, perm)) if axis != x.ndim - 1 else (x, g)
+    flip = tensor(np.arange(L - 1, -1, -1, dtype=np.int64))
+    reverse = bool(int(ctx.attrs.get("reverse", 0)))
+    if reverse:
+        xt, gt = ops.gather(xt, flip, axis=-1), ops.gather(gt, flip, axis=-1)
+    if int(ctx.attrs.get("exclusive", 0)) and L:
+        lead = tuple(gt.shape[:-1])
+        gt = ops.concat([ops.slice(gt, [1], [L], axes=[-1]), zeros(lead + (1,), g.dtype)], dim=-1)
+    j, k = np.arange(L)[:, None], np.arange(L)[None, :]
+    rows = ops.expand(ops.unsqueeze(xt, -2), *(tuple(xt.shape[:-1]) + (L, L)))
+    inner = ops.cumprod(ops.where(tensor(k > j), rows, _const(1, xt)), -1)
+    s = ops.sum(ops.mul(ops.where(tensor(k >= j), inner, _const(0, xt)), ops.unsqueeze(gt, -2)), dim=-1)
+    dx = ops.mul(ops.cumprod(xt, -1, exclusive=True), s)
+    if reverse:
+        dx = ops.gather(dx, flip, axis=-1)
+    return [ops.transpose(dx, perm) if axis != x.ndim - 1 else dx, None]
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -1879,6 +1907,7 @@ RULES = {
     "LpPool": _lp_pool,
     "Col2Im": _col2im,
     "DFT": _dft,
+    "CumProd": _cumprod,
 }
 
 
