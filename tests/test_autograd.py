@@ -24,6 +24,13 @@ def _away_from_zero(shape):
 
 
 F = ops
+
+
+def _reduce_op(op, a, axes, keepdims=0):
+    """A Reduce* op without an eager function, through run_op."""
+    return ops.run_op(op, [a, opsnn.tensor(np.array(axes, np.int64))], {"keepdims": keepdims})[0]
+
+
 # (id, opsnn fn, torch fn, inputs (float64 arrays), indices of inputs to differentiate)
 CASES = [
     ("add_bcast", lambda a, b: a + b, lambda a, b: a + b, [_rand((3, 1, 5)), _rand((4, 5))], [0, 1]),
@@ -357,6 +364,454 @@ CASES = [
         [_rand((3, 3))],
         [0],
     ),
+    # -- trigonometric, hyperbolic and piecewise-constant elementwise ops
+    ("sin", F.sin, lambda a: a.sin(), [_rand((3, 4), -3, 3)], [0]),
+    ("cos", F.cos, lambda a: a.cos(), [_rand((3, 4), -3, 3)], [0]),
+    ("tan", F.tan, lambda a: a.tan(), [_rand((5,))], [0]),
+    ("asin", F.asin, lambda a: a.asin(), [_rand((5,), -0.9, 0.9)], [0]),
+    ("acos", F.acos, lambda a: a.acos(), [_rand((5,), -0.9, 0.9)], [0]),
+    ("atan", F.atan, lambda a: a.atan(), [_rand((5,), -3, 3)], [0]),
+    ("sinh", F.sinh, lambda a: a.sinh(), [_rand((5,), -2, 2)], [0]),
+    ("cosh", F.cosh, lambda a: a.cosh(), [_rand((5,), -2, 2)], [0]),
+    ("asinh", F.asinh, lambda a: a.asinh(), [_rand((5,), -3, 3)], [0]),
+    ("acosh", F.acosh, lambda a: a.acosh(), [_rand((5,), 1.2, 3)], [0]),
+    ("atanh", F.atanh, lambda a: a.atanh(), [_rand((5,), -0.9, 0.9)], [0]),
+    ("sign_zero_grad", F.sign, lambda a: a.sign(), [_away_from_zero((4,))], [0]),
+    ("floor_zero_grad", F.floor, lambda a: a.floor(), [_rand((4,), -3, 3)], [0]),
+    ("ceil_zero_grad", F.ceil, lambda a: a.ceil(), [_rand((4,), -3, 3)], [0]),
+    ("round_zero_grad", F.round, lambda a: a.round(), [_rand((4,), -3, 3)], [0]),
+    ("hardmax_zero_grad", F.hardmax, None, [_rand((2, 3))], [0]),
+    (
+        "maximum_bcast",
+        lambda a, b, c: F.maximum(a, b, c),
+        lambda a, b, c: __import__("torch").maximum(__import__("torch").maximum(a, b), c),
+        [_rand((3, 1, 4)), _rand((2, 4)), _rand((4,))],
+        [0, 1, 2],
+    ),
+    ("minimum", F.minimum, lambda a, b: __import__("torch").minimum(a, b), [_rand((2, 3)), _rand((3,))], [0, 1]),
+    ("mean_n", F.mean_n, lambda a, b: (a + b) / 2, [_rand((2, 3)), _rand((2, 1))], [0, 1]),
+    ("fmod", F.fmod, lambda a, b: a.fmod(b), [_rand((3, 4), -5, 5), _away_from_zero((4,))], [0, 1]),
+    ("remainder", F.remainder, lambda a, b: a.remainder(b), [_rand((3, 4), -5, 5), _away_from_zero((3, 1))], [0, 1]),
+    ("cast_like", lambda a: F.cast_like(a, np.zeros(1)), lambda a: a * 1, [_rand((3,))], [0]),
+    # -- activations
+    (
+        "elu",
+        lambda a: F.elu(a, alpha=1.25),
+        lambda a: __import__("torch").nn.functional.elu(a, 1.25),
+        [_away_from_zero((6,))],
+        [0],
+    ),
+    (
+        "celu",
+        lambda a: F.celu(a, alpha=0.75),
+        lambda a: __import__("torch").nn.functional.celu(a, 0.75),
+        [_away_from_zero((6,))],
+        [0],
+    ),
+    ("selu", F.selu, lambda a: __import__("torch").nn.functional.selu(a), [_away_from_zero((6,))], [0]),
+    ("hard_sigmoid", F.hard_sigmoid, lambda a: (0.2 * a + 0.5).clamp(0, 1), [_rand((8,), -4, 4)], [0]),
+    ("hard_swish", F.hard_swish, lambda a: __import__("torch").nn.functional.hardswish(a), [_rand((8,), -5, 5)], [0]),
+    ("mish", F.mish, lambda a: __import__("torch").nn.functional.mish(a), [_rand((6,), -3, 3)], [0]),
+    ("softsign", F.softsign, lambda a: __import__("torch").nn.functional.softsign(a), [_rand((6,), -3, 3)], [0]),
+    (
+        "thresholded_relu",
+        lambda a: F.thresholded_relu(a, alpha=0.3),
+        lambda a: __import__("torch").where(a > 0.3, a, 0.0),
+        [_rand((8,))],
+        [0],
+    ),
+    ("softshrink", F.softshrink, lambda a: __import__("torch").nn.functional.softshrink(a), [_rand((8,))], [0]),
+    ("hardshrink", F.hardshrink, lambda a: __import__("torch").nn.functional.hardshrink(a), [_rand((8,))], [0]),
+    (
+        "prelu_channels",
+        F.prelu,
+        lambda x, w: __import__("torch").nn.functional.prelu(x, w),
+        [_away_from_zero((2, 3, 4)), _rand((3,))],
+        [0, 1],
+    ),
+    # -- reductions and scans
+    ("logsumexp", lambda a: F.logsumexp(a, dim=1), lambda a: a.logsumexp(1), [_rand((3, 4, 2))], [0]),
+    ("reduce_max_dims", lambda a: F.max(a, dim=(0, 2)), lambda a: a.amax((0, 2)), [_rand((3, 4, 2))], [0]),
+    (
+        "reduce_min_keep",
+        lambda a: F.min(a, dim=1, keepdim=True),
+        lambda a: a.amin(1, keepdim=True),
+        [_rand((3, 4))],
+        [0],
+    ),
+    (
+        "reduce_prod_with_zero",
+        lambda a: F.prod(a, dim=1),
+        lambda a: a.prod(1),
+        [np.array([[0.5, 0.0, 2.0, -1.5], [1.2, -0.7, 0.9, 1.1], [0.0, 0.0, 0.3, 2.0]])],
+        [0],
+    ),
+    ("reduce_prod_all", lambda a: F.prod(a), lambda a: a.prod(), [_rand((2, 3))], [0]),
+    ("reduce_l1", lambda a: _reduce_op("ReduceL1", a, [1]), lambda a: a.abs().sum(1), [_away_from_zero((3, 4))], [0]),
+    ("reduce_l2", lambda a: _reduce_op("ReduceL2", a, [0, 2]), lambda a: a.norm(dim=(0, 2)), [_rand((2, 3, 4))], [0]),
+    (
+        "reduce_sum_square",
+        lambda a: _reduce_op("ReduceSumSquare", a, [1]),
+        lambda a: (a * a).sum(1),
+        [_rand((3, 4))],
+        [0],
+    ),
+    (
+        "reduce_log_sum",
+        lambda a: _reduce_op("ReduceLogSum", a, [-1]),
+        lambda a: a.sum(-1).log(),
+        [_positive((3, 4))],
+        [0],
+    ),
+    ("cumsum", lambda a: F.cumsum(a, 1), lambda a: a.cumsum(1), [_rand((3, 5))], [0]),
+    (
+        "cumsum_exclusive_reverse",
+        lambda a: F.cumsum(a, 0, exclusive=True, reverse=True),
+        lambda a: a.flip(0).cumsum(0).flip(0) - a,
+        [_rand((4, 3))],
+        [0],
+    ),
+    # -- shape and index
+    ("tile", lambda a: F.tile(a, [2, 1, 3]), lambda a: a.tile((2, 1, 3)), [_rand((2, 3, 2))], [0]),
+    (
+        "pixel_shuffle",
+        lambda a: F.pixel_shuffle(a, 2),
+        lambda a: __import__("torch").nn.functional.pixel_shuffle(a, 2),
+        [_rand((1, 8, 2, 3))],
+        [0],
+    ),
+    (
+        "pixel_unshuffle",
+        lambda a: F.pixel_unshuffle(a, 2),
+        lambda a: __import__("torch").nn.functional.pixel_unshuffle(a, 2),
+        [_rand((1, 2, 4, 6))],
+        [0],
+    ),
+    ("depth_to_space_dcr", lambda a: F.depth_to_space(a, 2), None, [_rand((1, 4, 2, 3))], [0]),
+    (
+        "gather_elements_dup",
+        lambda a: F.gather_elements(a, np.array([[0, 0, 2], [1, 2, 2]]), axis=1),
+        lambda a: a.gather(1, __import__("torch").tensor([[0, 0, 2], [1, 2, 2]])),
+        [_rand((2, 3))],
+        [0],
+    ),
+    (
+        "gather_nd",
+        lambda a: F.gather_nd(a, np.array([[0, 1], [2, 0], [0, 1]])),
+        lambda a: a[[0, 2, 0], [1, 0, 1]],
+        [_rand((3, 2, 4))],
+        [0],
+    ),
+    ("triu", lambda a: F.triu(a, 1), lambda a: a.triu(1), [_rand((3, 4))], [0]),
+    ("tril_batched", lambda a: F.tril(a, -1), lambda a: a.tril(-1), [_rand((2, 4, 3))], [0]),
+    ("reverse_sequence", lambda a: F.reverse_sequence(a, [3, 1, 2]), None, [_rand((4, 3, 2))], [0]),
+    (
+        "pad_reflect",
+        lambda a: F.pad(a, (2, 1, 1, 0), mode="reflect"),
+        lambda a: __import__("torch").nn.functional.pad(a, (2, 1, 1, 0), mode="reflect"),
+        [_rand((1, 2, 3, 4))],
+        [0],
+    ),
+    (
+        "pad_replicate_crop",
+        lambda a: F.pad(a, (3, -1), mode="replicate"),
+        lambda a: __import__("torch").nn.functional.pad(a, (3, 0), mode="replicate")[..., :-1],
+        [_rand((2, 3))],
+        [0],
+    ),
+    # -- convolution, pooling, normalization, recurrence
+    (
+        "conv_transpose2d",
+        lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1, groups=2),
+        lambda x, w, b: __import__("torch").nn.functional.conv_transpose2d(
+            x, w, b, stride=2, padding=1, output_padding=1, groups=2
+        ),
+        [_rand((2, 4, 3, 2)), _rand((4, 3, 3, 2)), _rand((6,))],
+        [0, 1, 2],
+    ),
+    (
+        "conv_transpose2d_dilated",
+        lambda x, w: F.conv_transpose2d(x, w, None, stride=(1, 2), padding=(0, 1), dilation=2),
+        lambda x, w: __import__("torch").nn.functional.conv_transpose2d(
+            x, w, None, stride=(1, 2), padding=(0, 1), dilation=2
+        ),
+        [_rand((1, 2, 3, 3)), _rand((2, 3, 2, 2))],
+        [0, 1],
+    ),
+    ("global_max_pool", F.global_max_pool, lambda x: x.amax((2, 3), keepdim=True), [_rand((2, 3, 3, 4))], [0]),
+    (
+        "adaptive_avg_pool2d",
+        lambda x: F.adaptive_avg_pool2d(x, (3, 4)),
+        lambda x: __import__("torch").nn.functional.adaptive_avg_pool2d(x, (3, 4)),
+        [_rand((1, 2, 5, 7))],
+        [0],
+    ),
+    (
+        "instance_norm",
+        F.instance_norm,
+        lambda x, w, b: __import__("torch").nn.functional.instance_norm(x, weight=w, bias=b),
+        [_rand((2, 3, 4, 2)), _rand((3,)), _rand((3,))],
+        [0, 1, 2],
+    ),
+    (
+        "rnn_bidirectional",
+        lambda x, w, r, b, h0: F.concat(
+            [F.reshape(o, (-1,)) for o in F.rnn(x, w, r, b, None, h0, hidden_size=3, direction="bidirectional")],
+            dim=0,
+        ),
+        None,
+        [_rand((4, 2, 3)), _rand((2, 3, 3)), _rand((2, 3, 3)), _rand((2, 6)), _rand((2, 2, 3))],
+        [0, 1, 2, 3, 4],
+    ),
+    (
+        "rnn_relu",
+        lambda x, w, r: F.rnn(x, w, r, hidden_size=2, activations=["Relu"])[0],
+        None,
+        [_rand((3, 2, 2)), _rand((1, 2, 2)), _rand((1, 2, 2))],
+        [0, 1, 2],
+    ),
+    (
+        "var_unbiased",
+        lambda a: F.var(a, dim=1),
+        lambda a: a.var(1),
+        [_rand((3, 5))],
+        [0],
+    ),
+    (
+        "var_keep_correction0",
+        lambda a: F.var(a, dim=(0, 2), keepdim=True, correction=0),
+        lambda a: a.var((0, 2), keepdim=True, correction=0),
+        [_rand((2, 3, 4))],
+        [0],
+    ),
+    (
+        "mean_variance_normalization",
+        lambda a: ops.run_op("MeanVarianceNormalization", [a], {"axes": [0, 2]})[0],
+        lambda a: (a - a.mean((0, 2), keepdim=True)) / (a.var((0, 2), keepdim=True, correction=0).sqrt() + 1e-9),
+        [_rand((2, 3, 4))],
+        [0],
+    ),
+    (
+        "lp_normalization_l2",
+        lambda a: ops.run_op("LpNormalization", [a], {"axis": 1, "p": 2})[0],
+        lambda a: __import__("torch").nn.functional.normalize(a, p=2.0, dim=1),
+        [_rand((3, 4, 2))],
+        [0],
+    ),
+    (
+        "lp_normalization_l1",
+        lambda a: ops.run_op("LpNormalization", [a], {"axis": -1, "p": 1})[0],
+        lambda a: __import__("torch").nn.functional.normalize(a, p=1.0, dim=-1),
+        [_away_from_zero((3, 4))],
+        [0],
+    ),
+    (
+        "lrn",
+        lambda a: ops.run_op("LRN", [a], {"size": 3, "alpha": 0.5, "beta": 0.75, "bias": 1.5})[0],
+        lambda a: __import__("torch").nn.functional.local_response_norm(a, 3, alpha=0.5, beta=0.75, k=1.5),
+        [_rand((2, 5, 3, 2))],
+        [0],
+    ),
+    (
+        "lrn_even_size",
+        lambda a: ops.run_op("LRN", [a], {"size": 4, "alpha": 0.25, "beta": 0.5, "bias": 2.0})[0],
+        None,
+        [_rand((1, 6, 2))],
+        [0],
+    ),
+    (
+        "global_lp_pool",
+        lambda x: F.global_lp_pool(x, p=3),
+        lambda x: (x.abs() ** 3).sum((2, 3), keepdim=True) ** (1 / 3),
+        [_away_from_zero((2, 3, 2, 3))],
+        [0],
+    ),
+    (
+        "einsum_bmm",
+        lambda a, b: F.einsum("bij,bjk->bik", a, b),
+        lambda a, b: __import__("torch").einsum("bij,bjk->bik", a, b),
+        [_rand((2, 3, 4)), _rand((2, 4, 5))],
+        [0, 1],
+    ),
+    (
+        "einsum_outer_sum_implicit",
+        lambda a, b, c: F.einsum("ij,jk,l", a, b, c),
+        lambda a, b, c: __import__("torch").einsum("ij,jk,l", a, b, c),
+        [_rand((2, 3)), _rand((3, 4)), _rand((2,))],
+        [0, 1, 2],
+    ),
+    (
+        "einsum_summed_alone",
+        lambda a: F.einsum("ijk->ki", a),
+        lambda a: __import__("torch").einsum("ijk->ki", a),
+        [_rand((2, 3, 4))],
+        [0],
+    ),
+    (
+        "compress",
+        lambda a: F.compress(a, [True, False, True, True], axis=1),
+        lambda a: a[:, [0, 2, 3]],
+        [_rand((2, 4))],
+        [0],
+    ),
+    ("center_crop_pad", lambda a: F.center_crop_pad(a, [2, 5]), None, [_rand((4, 3))], [0]),
+    (
+        "scatter_elements",
+        lambda a, u: F.scatter_elements(a, np.array([[2, 0], [1, 3]]), u, axis=1),
+        lambda a, u: a.scatter(1, __import__("torch").tensor([[2, 0], [1, 3]]), u),
+        [_rand((2, 4)), _rand((2, 2))],
+        [0, 1],
+    ),
+    (
+        "scatter_deprecated",
+        lambda a, u: ops.run_op("Scatter", [a, opsnn.tensor(np.array([[1], [0]])), u], {"axis": 0})[0],
+        lambda a, u: a.scatter(0, __import__("torch").tensor([[1], [0]]), u),
+        [_rand((3, 2)), _rand((2, 1))],
+        [0, 1],
+    ),
+    (
+        "scatter_nd",
+        lambda a, u: F.scatter_nd(a, np.array([[1], [3]]), u),
+        lambda a, u: a.index_put((__import__("torch").tensor([1, 3]),), u),
+        [_rand((4, 3)), _rand((2, 3))],
+        [0, 1],
+    ),
+    (
+        "resize_linear_antialias",
+        lambda x: F.interpolate(x, size=(3, 5), mode="bilinear", antialias=True),
+        None,  # torch's antialias filter is not ONNX's
+        [_rand((1, 2, 5, 4))],
+        [0],
+    ),
+    (
+        "resize_bilinear",
+        lambda x: F.interpolate(x, size=(3, 7), mode="bilinear"),
+        lambda x: __import__("torch").nn.functional.interpolate(x, size=(3, 7), mode="bilinear"),
+        [_rand((1, 2, 5, 4))],
+        [0],
+    ),
+    (
+        "resize_cubic_align_corners",
+        lambda x: F.interpolate(x, scale_factor=2, mode="bicubic", align_corners=True),
+        lambda x: __import__("torch").nn.functional.interpolate(x, scale_factor=2, mode="bicubic", align_corners=True),
+        [_rand((1, 1, 3, 4))],
+        [0],
+    ),
+    (
+        "resize_nearest",
+        lambda x: F.interpolate(x, scale_factor=(1.5, 0.5)),
+        lambda x: __import__("torch").nn.functional.interpolate(x, scale_factor=(1.5, 0.5)),
+        [_rand((1, 2, 4, 6))],
+        [0],
+    ),
+    (
+        "resize_tf_crop_extrapolated",
+        lambda x: F.resize(
+            x,
+            sizes=[4, 3],
+            mode="linear",
+            axes=[2, 3],
+            coordinate_transformation_mode="tf_crop_and_resize",
+            roi=[-0.2, 0.1, 1.1, 0.9],
+            extrapolation_value=2.0,
+        ),
+        None,
+        [_rand((1, 1, 3, 4))],
+        [0],
+    ),
+    (
+        "topk_smallest",
+        lambda a: F.topk(a, 2, dim=0, largest=False)[0],
+        lambda a: a.topk(2, dim=0, largest=False)[0],
+        [_rand((4, 3))],
+        [0],
+    ),
+    (
+        "max_unpool2d",
+        lambda x: F.max_unpool2d(x, np.array([[[[1, 3], [8, 10]]]]), 2, output_size=(4, 3)),
+        lambda x: __import__("torch").nn.functional.max_unpool2d(
+            x, __import__("torch").tensor([[[[1, 3], [8, 10]]]]), 2, output_size=(4, 3)
+        ),
+        [_rand((1, 1, 2, 2))],
+        [0],
+    ),
+    (
+        "lp_pool2d_ceil",
+        lambda x: F.lp_pool2d(x, 2, 2, stride=2, ceil_mode=True),
+        None,  # torch's ceil-mode lp_pool2d scales its partial windows as averages
+        [_away_from_zero((1, 2, 5, 4))],
+        [0],
+    ),
+    (
+        "lp_pool2d",
+        lambda x: F.lp_pool2d(x, 2, (2, 3), stride=(2, 1)),
+        lambda x: __import__("torch").nn.functional.lp_pool2d(x, 2, (2, 3), stride=(2, 1)),
+        [_away_from_zero((1, 2, 5, 4))],
+        [0],
+    ),
+    (
+        "lp_pool_p3_padded",
+        lambda x: ops.run_op("LpPool", [x], {"kernel_shape": [3], "strides": [2], "pads": [1, 1], "p": 3})[0],
+        None,
+        [_away_from_zero((2, 1, 6))],
+        [0],
+    ),
+    (
+        "col2im_fold",
+        lambda a: F.col2im(a, [4, 5], [2, 3], dilations=[1, 2], pads=[1, 0, 0, 1], strides=[2, 1]),
+        None,
+        [_rand((2, 12, 4))],
+        [0],
+    ),
+    (
+        "col2im_torch_fold",
+        lambda a: F.col2im(a, [4, 5], [2, 2], pads=[1, 1, 1, 1], strides=[2, 2]),
+        lambda a: __import__("torch").nn.functional.fold(a, (4, 5), (2, 2), padding=1, stride=2),
+        [_rand((1, 8, 9))],
+        [0],
+    ),
+    (
+        "dft_complex",
+        lambda a: F.dft(a, dim=1),
+        lambda a: __import__("torch").view_as_real(__import__("torch").fft.fft(__import__("torch").view_as_complex(a))),
+        [_rand((2, 5, 2))],
+        [0],
+    ),
+    (
+        "dft_real_onesided_padded",
+        lambda a: F.dft(a, n=8, dim=1, onesided=True),
+        lambda a: __import__("torch").view_as_real(__import__("torch").fft.rfft(a[..., 0], n=8)),
+        [_rand((2, 5, 1))],
+        [0],
+    ),
+    (
+        "dft_inverse_trimmed",
+        lambda a: F.dft(a, n=4, dim=0, inverse=True),
+        lambda a: (
+            __import__("torch")
+            .view_as_real(
+                __import__("torch").fft.ifft(__import__("torch").view_as_complex(a.transpose(0, 1).contiguous()), n=4)
+            )
+            .transpose(0, 1)
+        ),
+        [_rand((6, 3, 2))],
+        [0],
+    ),
+    (
+        "cumprod_with_zeros",
+        lambda a: F.cumprod(a, 1),
+        lambda a: a.cumprod(1),
+        [np.array([[0.5, 0.0, 2.0, -1.5], [1.2, -0.7, 0.9, 1.1], [0.0, 0.0, 0.3, 2.0]])],
+        [0],
+    ),
+    (
+        "cumprod_exclusive_reverse",
+        lambda a: F.cumprod(a, 0, exclusive=True, reverse=True),
+        None,
+        [np.array([[0.5, 1.3], [0.0, -0.8], [2.0, 1.1], [-1.5, 0.0]])],
+        [0],
+    ),
+    ("cumprod_exclusive", lambda a: F.cumprod(a, -1, exclusive=True), None, [_rand((2, 3, 4))], [0]),
     (
         "tensor_views",
         lambda a: a.reshape(4, 6).transpose(0, 1)[1:5, ::2].T.unsqueeze(0).expand(2, 2, 4),
@@ -464,11 +919,30 @@ def test_non_scalar_backward_needs_a_gradient_of_the_right_shape():
 
 
 def test_gradient_through_an_op_without_a_rule_is_a_typed_error_naming_it():
-    assert ops.get_op("Cos").gradient is None
-    x = _leaf([0.5, 1.0])
-    y = ops.sum(ops.cos(x))
-    with pytest.raises(autograd.NoGradientError, match="Cos"):
+    assert ops.get_op("Det").gradient is None
+    x = _leaf([[0.5, 1.0], [2.0, 3.0]])
+    y = ops.sum(ops.det(x))
+    with pytest.raises(autograd.NoGradientError, match="Det"):
         y.backward()
+
+
+@pytest.mark.parametrize(
+    "fn, op",
+    [
+        (lambda a: F.einsum("...ij->...j", a), "Einsum"),  # ellipsis: outside the einsum rule
+        (lambda a: F.einsum("ii->i", a), "Einsum"),  # a diagonal
+        (
+            lambda a: F.rnn(a, np.ones((1, 2, 3), np.float32), np.ones((1, 2, 2), np.float32), hidden_size=2, clip=1.0)[
+                0
+            ],
+            "RNN",
+        ),
+    ],
+)
+def test_a_rule_that_does_not_cover_its_arguments_is_a_typed_error_naming_the_op(fn, op):
+    x = _leaf(RNG.standard_normal((3, 1, 3)) if op == "RNN" else RNG.standard_normal((3, 3)))
+    with pytest.raises(autograd.NoGradientError, match=op):
+        ops.sum(fn(x)).backward()
 
 
 def test_no_grad_detach_and_requires_grad_flags():
@@ -612,6 +1086,8 @@ def test_clip_grad_norm_matches_torch():
         np.testing.assert_allclose(total.item(), ttotal.item(), rtol=1e-5)
         for p, tp in zip(ps, tps):
             np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-5, atol=1e-7)
+    for p, tp, g in zip(ps, tps, grads):  # the same values on both sides: clamping them is exact
+        p.grad, tp.grad = opsnn.tensor(g), torch.tensor(g)
     opsnn.nn.utils.clip_grad_value_(ps, 0.01)
     torch.nn.utils.clip_grad_value_(tps, 0.01)
     for p, tp in zip(ps, tps):
@@ -625,7 +1101,7 @@ def test_info_ops_lists_which_ops_have_a_gradient(capsys):
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
     assert "gradient" in out
-    assert rows["Conv"][2] == "yes" and rows["Cos"][2] == "-"
+    assert rows["Conv"][2] == "yes" and rows["Det"][2] == "-"
     n = sum(r.gradient is not None for r in opsnn.ops.all_ops())
     assert f"ops with a gradient rule: {n}" in out
 

@@ -297,6 +297,64 @@ def test_explain_graph_lists_kernels_and_reasons(tmp_path, plain_layout):
     assert "conv2d_winograd" in brief and "not chosen" not in brief
 
 
+def product_model():
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((16, 32)).astype(np.float32)
+    w2 = rng.standard_normal((32, 32)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["a"], name="mm"),
+        helper.make_node("Gemm", ["a", "W2"], ["b"], transB=1, name="g1"),
+        helper.make_node("Gemm", ["b", "W2"], ["y"], transB=1, name="g2"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "products",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _library_lines(text):
+    """{(op, library, kernel): [shape lines]} of explain's kernel-library section."""
+    import re
+
+    section = text.split("kernel libraries: ")[1].split("autotune:")[0]
+    groups, key = {}, None
+    for line in section.splitlines()[2:]:
+        m = re.match(r"\s*- (\S+) x(\d+) on (\w+) \((\w+)\): ", line)
+        if m:
+            key = (m[1], m[3], m[4])
+            groups[key] = [int(m[2])]
+        elif key is not None and line.startswith("      ") and not line.startswith("       "):
+            groups[key].append(line.strip())
+    return groups
+
+
+def test_explain_prints_the_kernel_library_of_each_product_shape(tmp_path, plain_layout):
+    """Which library each MatMul / Gemm / Conv shape runs on and the strategy's reason, equal
+    decisions grouped (the two Gemms of one shape on one line), in the summary and per node."""
+    from opsnn.kernels.cpu import libraries as KL
+    from opsnn.tools.explain import explain_graph
+
+    text = explain_graph(product_model(), summary=True)
+    assert f"kernel libraries: {KL.summary()}" in text and "threaded GEMM: " in text
+    groups = _library_lines(text)
+    assert sorted(op for op, _, _ in groups) == ["Gemm", "MatMul"], text
+    dims = {"MatMul": (8, 16, 32, "8x16 @ 16x32"), "Gemm": (8, 32, 32, "8x32 @ 32x32^T x2")}
+    for (op, lib, kernel), (count, *shapes) in groups.items():
+        rows, k, n, label = dims[op]
+        assert count == (2 if op == "Gemm" else 1) and shapes == [label], text
+        assert lib == KL.kernel_choice(kernel, rows, k, n, np.float32).library, text
+    detail = explain_graph(product_model(), show_rejected=False)
+    assert detail.count("      library: ") == 3 and "kernel libraries: " in detail
+
+    convs = _library_lines(explain_graph(small_model(str(tmp_path / "small.onnx")), summary=True))
+    shapes = sorted(s for (op, lib, _), (_, *s) in convs.items() if lib in ("mkl", "openblas", "onednn", "opsnn"))
+    assert shapes == [["1x16x32x32 * 16x16x3x3"], ["1x3x64x64 * 16x3x7x7"]], convs
+
+
 def test_explain_needs_static_shapes(tmp_path):
     from opsnn.errors import ParamInvalidError
     from opsnn.tools.explain import explain_graph

@@ -90,3 +90,33 @@ def test_this_machine_matches_the_model_of_its_isa():
     assert p.gemm_library in ("mkl", "openblas") and KL.gemm_library_why()
     line = KL.summary()
     assert line.startswith(f"ISA {cpu.isa()}") and "GEMM" in line and "\n" not in line
+
+
+def test_product_kernels_name_their_library_per_vendor():
+    """What ``opsnn explain`` prints per product shape: the library each registered product kernel
+    runs on, with the strategy's reason, on a modelled AMD (OpenBLAS the GEMM library) and Intel CPU."""
+    amd, intel = KL.Platform.for_isa("avx2", AMD), KL.Platform.for_isa("avx512", INTEL)
+    none = KL.Platform.for_isa("avx2", AMD, mkl=False, onednn=False)
+    lib = lambda kernel, p, rows=128, dtype=F32, batch=1, **kw: (
+        KL.kernel_choice(  # noqa: E731
+            kernel, rows, 768, 768, dtype, batch=batch, p=p, **kw
+        ).library
+    )
+    for kernel in ("matmul_blas", "gemm_blas", "linear_blas", "conv2d_im2col", "conv_1x1_gemm"):
+        assert (lib(kernel, amd), lib(kernel, intel), lib(kernel, none)) == ("openblas", "mkl", "openblas")
+        assert lib(kernel, amd, dtype=np.float64) == lib(kernel, intel, dtype=np.float64) == "openblas"
+    # a batch of mid-sized products goes to MKL's batched GEMM even where OpenBLAS is the GEMM library
+    assert lib("matmul_blas", amd, rows=16, batch=12) == "mkl"  # 16 x 768 x 768 in MKL_BATCH_MACS
+    assert lib("matmul_blas", amd, rows=4096, batch=12) == "openblas"  # 4096 x 768 x 768 > MKL_BATCH_MACS
+    for kernel in ("matmul_mkl_packed", "linear_mkl_packed", "conv2d_im2col_mkl_packed", "matmul_mkl_bf16"):
+        assert lib(kernel, amd) == lib(kernel, intel) == "mkl"
+    assert "fewer than" in KL.kernel_choice("matmul_mkl_packed", 8, 768, 768, F32, p=amd).reason
+    assert "MKL is the GEMM library" in KL.kernel_choice("matmul_mkl_packed", 8, 768, 768, F32, p=intel).reason
+    for kernel in ("matmul_onednn", "gemm_onednn", "conv_onednn", "conv_winograd_blocked"):
+        assert lib(kernel, amd) == "onednn"
+    assert lib("conv2d_winograd", intel, tiles=16) == "onednn" and lib("conv2d_winograd", amd, tiles=16) == "mkl"
+    assert lib("conv2d_winograd", none, tiles=16) == "openblas"
+    assert lib("gemm_vector", amd) == lib("conv2d_depthwise", amd) == "opsnn"
+    assert lib("matmul_numpy_int", amd) == "numpy"
+    assert KL.kernel_choice("relu_numba", 1, 1, 1, F32, p=amd) is None
+    assert all(KL.kernel_choice(k, 1, 8, 8, F32, p=amd).reason for k in ("matmul_blas", "conv_onednn"))

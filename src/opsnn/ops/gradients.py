@@ -296,7 +296,7 @@ def _pad(ctx, grads):
     axes = ctx.value(3) if len(ctx.inputs) > 3 else None
     axes = list(range(x.ndim)) if axes is None else [int(a) % x.ndim for a in np.asarray(axes).reshape(-1)]
     if mode != "constant" or any(p < 0 for p in pads):
-        return [None] + [None] * (len(ctx.inputs) - 1)  # reflect/edge/crop: no rule yet (a typed error)
+        return _moved(ctx, grads)  # reflect, edge, wrap, crops: each output element is a copy of one input
     n = len(axes)
     starts = [pads[i] for i in range(n)]
     ends = [pads[i] + x.shape[a] for i, a in enumerate(axes)]
@@ -573,15 +573,9 @@ def _average_pool(ctx, grads):
     ops, g = _ops(), grads[0]
     x = ctx.inputs[0]
     nd = x.ndim - 2
-    k = [int(v) for v in ctx.attrs["kernel_shape"]]
-    s = _ints_attr(ctx.attrs, "strides", nd, 1)
-    d = _ints_attr(ctx.attrs, "dilations", nd, 1)
-    pb, pe = _pads(ctx.attrs, list(x.shape[2:]), k, s, d)
+    k, s, d, pb, pe, extra = _pool_geometry(ctx, x, g)
     out_sp = list(g.shape[2:])
     in_sp = list(x.shape[2:])
-    # end padding that ceil_mode's last, partial window reaches into
-    need = [(out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in_sp[i] - pb[i] for i in range(nd)]
-    extra = [max(need[i] - pe[i], 0) for i in range(nd)]
     if int(ctx.attrs.get("count_include_pad", 0)):
         ones_shape = [in_sp[i] + pb[i] + pe[i] for i in range(nd)]
         cpads = [0] * nd + extra
@@ -592,12 +586,32 @@ def _average_pool(ctx, grads):
     kernel = ones((1, 1, *k), x.dtype)
     counts = ops.run_op("Conv", [ones_in, kernel], {"strides": s, "dilations": d, "pads": cpads})[0]
     counts = ops.slice(counts, [0] * nd, out_sp, axes=list(range(2, nd + 2)))
+    return [_window_adjoint(x, ops.div(g, counts), k, s, d, pb, pe, extra)]
+
+
+def _pool_geometry(ctx, x, g):
+    """(kernel, strides, dilations, begin pads, end pads, extra end pads ceil_mode's last window
+    reaches into) of a pooling op."""
+    nd = x.ndim - 2
+    k = [int(v) for v in ctx.attrs["kernel_shape"]]
+    s = _ints_attr(ctx.attrs, "strides", nd, 1)
+    d = _ints_attr(ctx.attrs, "dilations", nd, 1)
+    pb, pe = _pads(ctx.attrs, list(x.shape[2:]), k, s, d)
+    need = [(g.shape[2 + i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - x.shape[2 + i] - pb[i] for i in range(nd)]
+    return k, s, d, pb, pe, [max(need[i] - pe[i], 0) for i in range(nd)]
+
+
+def _window_adjoint(x, gw, k, s, d, pb, pe, extra):
+    """Each window's value ``gw`` (N, C, out...) added back onto the input positions it covers:
+    the adjoint of a window sum, a ConvTranspose by a ones kernel per channel."""
+    ops = _ops()
+    nd = x.ndim - 2
+    in_sp, out_sp = list(x.shape[2:]), list(gw.shape[2:])
     n, c = x.shape[:2]
-    gs = ops.reshape(ops.div(g, counts), (n * c, 1, *out_sp))
     opad = [in_sp[i] - ((out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - pb[i] - pe[i] - extra[i]) for i in range(nd)]
     gx = ops.run_op(
         "ConvTranspose",
-        [gs, kernel],
+        [ops.reshape(gw, (n * c, 1, *out_sp)), ones((1, 1, *k), x.dtype)],
         {
             "strides": s,
             "dilations": d,
@@ -606,7 +620,17 @@ def _average_pool(ctx, grads):
             "kernel_shape": k,
         },
     )[0]
-    return [ops.reshape(gx, x.shape)]
+    return ops.reshape(gx, x.shape)
+
+
+def _lp_pool(ctx, grads):
+    """y = (sum over the window of |x|^p)^(1/p): dx = sign(x) |x|^(p-1) * (window adjoint of g y^(1-p))."""
+    ops, g = _ops(), grads[0]
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    p = float(ctx.attrs.get("p", 2))
+    geo = _pool_geometry(ctx, x, g)
+    back = _window_adjoint(x, ops.mul(g, ops.pow(y, _const(1 - p, y))), *geo)
+    return [ops.mul(back, ops.mul(ops.sign(x), ops.pow(ops.abs(x), _const(p - 1, x))))]
 
 
 def _global_average_pool(ctx, grads):
@@ -1075,6 +1099,683 @@ def _s(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+# -- more elementwise -----------------------------------------------------------------------------------
+def _unary(derivative):
+    """A rule ``g * derivative(ops, x, y)`` for a one-input elementwise op."""
+
+    def rule(ctx, grads):
+        ops = _ops()
+        return [ops.mul(grads[0], derivative(ops, ctx.inputs[0], ctx.outputs[0]))]
+
+    return rule
+
+
+def _inv_sqrt(ops, v):
+    return ops.reciprocal(ops.sqrt(v))
+
+
+_sin = _unary(lambda ops, x, y: ops.cos(x))
+_cos = _unary(lambda ops, x, y: ops.neg(ops.sin(x)))
+_tan = _unary(lambda ops, x, y: ops.add(_const(1, y), ops.mul(y, y)))
+_asin = _unary(lambda ops, x, y: _inv_sqrt(ops, ops.sub(_const(1, x), ops.mul(x, x))))
+_acos = _unary(lambda ops, x, y: ops.neg(_inv_sqrt(ops, ops.sub(_const(1, x), ops.mul(x, x)))))
+_atan = _unary(lambda ops, x, y: ops.reciprocal(ops.add(_const(1, x), ops.mul(x, x))))
+_sinh = _unary(lambda ops, x, y: ops.cosh(x))
+_cosh = _unary(lambda ops, x, y: ops.sinh(x))
+_asinh = _unary(lambda ops, x, y: _inv_sqrt(ops, ops.add(ops.mul(x, x), _const(1, x))))
+_acosh = _unary(lambda ops, x, y: _inv_sqrt(ops, ops.sub(ops.mul(x, x), _const(1, x))))
+_atanh = _unary(lambda ops, x, y: ops.reciprocal(ops.sub(_const(1, x), ops.mul(x, x))))
+_softsign = _unary(
+    lambda ops, x, y: ops.reciprocal(ops.mul(ops.add(_const(1, x), ops.abs(x)), ops.add(_const(1, x), ops.abs(x))))
+)
+
+
+def _zero(ctx, grads):
+    """Piecewise-constant ops (Sign, Floor, Ceil, Round, Hardmax): a zero gradient, as torch gives."""
+    x = ctx.inputs[0]
+    return [zeros(tuple(x.shape), grads[0].dtype)] + [None] * (len(ctx.inputs) - 1)
+
+
+def _extremum(ctx, grads):
+    """Max / Min of n inputs: the gradient goes to the inputs equal to the result, split evenly
+    between ties (torch's maximum / minimum)."""
+    ops, g = _ops(), grads[0]
+    y = ctx.outputs[0]
+    hits = [ops.cast(ops.eq(x, y), g.dtype) for x in ctx.inputs]
+    count = hits[0]
+    for h in hits[1:]:
+        count = ops.add(count, h)
+    share = ops.div(g, count)
+    return [
+        unbroadcast(ops.mul(share, h), x.shape) if need else None for h, x, need in zip(hits, ctx.inputs, ctx.needs)
+    ]
+
+
+def _mean_n(ctx, grads):
+    ops = _ops()
+    g = ops.div(grads[0], _const(len(ctx.inputs), grads[0]))
+    return [unbroadcast(g, t.shape) if need else None for t, need in zip(ctx.inputs, ctx.needs)]
+
+
+def _mod(ctx, grads):
+    """A - q * B with q the integer quotient (floored, or truncated for fmod=1), read back from the
+    output: dA = g, dB = -q * g."""
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs
+    if a.dtype.kind != "f" and str(a.dtype) != "bfloat16":
+        return [None, None]
+    q = ops.round(ops.div(ops.sub(a, ctx.outputs[0]), b))
+    return [
+        unbroadcast(g, a.shape) if ctx.needs[0] else None,
+        unbroadcast(ops.neg(ops.mul(g, q)), b.shape) if ctx.needs[1] else None,
+    ]
+
+
+def _cast_like(ctx, grads):
+    return _cast(ctx, grads)[:1] + [None]
+
+
+# -- more activations ------------------------------------------------------------------------------------
+def _attr(ctx, name: str, default: float) -> float:
+    v = ctx.attrs.get(name)
+    return default if v is None else float(v)
+
+
+def _positive_part(ctx, g, negative):
+    """``g`` where x > 0, ``negative`` (a tensor) elsewhere."""
+    ops = _ops()
+    x = ctx.inputs[0]
+    return ops.where(ops.gt(x, _const(0, x)), g, negative)
+
+
+def _elu(ctx, grads):
+    ops, g = _ops(), grads[0]
+    alpha = _attr(ctx, "alpha", 1.0)
+    y = ctx.outputs[0]
+    return [_positive_part(ctx, g, ops.mul(g, ops.add(y, _const(alpha, y))))]
+
+
+def _celu(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    alpha = _attr(ctx, "alpha", 1.0)
+    return [_positive_part(ctx, g, ops.mul(g, ops.exp(ops.div(x, _const(alpha, x)))))]
+
+
+def _selu(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    alpha, gamma = _attr(ctx, "alpha", 1.6732631921768188), _attr(ctx, "gamma", 1.0507010221481323)
+    gg = ops.mul(g, _const(gamma, g))
+    return [_positive_part(ctx, gg, ops.mul(gg, ops.mul(_const(alpha, x), ops.exp(x))))]
+
+
+def _band(x, lo: float, hi: float):
+    """lo < x < hi as a mask."""
+    ops = _ops()
+    return ops.logical_and(ops.gt(x, _const(lo, x)), ops.lt(x, _const(hi, x)))
+
+
+def _hard_sigmoid(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    alpha, beta = _attr(ctx, "alpha", 0.2), _attr(ctx, "beta", 0.5)
+    z = ops.add(ops.mul(x, _const(alpha, x)), _const(beta, x))
+    return [ops.where(_band(z, 0.0, 1.0), ops.mul(g, _const(alpha, g)), _const(0, g))]
+
+
+def _hard_swish(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    d = ops.add(ops.mul(x, _const(1 / 3, x)), _const(0.5, x))  # (2x + 3) / 6 inside (-3, 3)
+    d = ops.where(_band(x, -3.0, 3.0), d, ops.cast(ops.ge(x, _const(3, x)), x.dtype))
+    return [ops.mul(g, d)]
+
+
+def _mish(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    t = ops.tanh(ops.softplus(x))
+    d = ops.add(t, ops.mul(ops.mul(x, ops.sigmoid(x)), ops.sub(_const(1, x), ops.mul(t, t))))
+    return [ops.mul(g, d)]
+
+
+def _thresholded_relu(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    return [ops.where(ops.gt(x, _const(_attr(ctx, "alpha", 1.0), x)), g, _const(0, g))]
+
+
+def _shrink(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    if x.dtype.kind != "f" and str(x.dtype) != "bfloat16":
+        return [None]
+    lambd = _attr(ctx, "lambd", 0.5)
+    return [ops.where(_band(x, -lambd, lambd), _const(0, g), g)]
+
+
+def _prelu(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, slope = ctx.inputs
+    neg = ops.le(x, _const(0, x))
+    return [
+        ops.where(neg, ops.mul(g, slope), g) if ctx.needs[0] else None,
+        unbroadcast(ops.where(neg, ops.mul(g, x), _const(0, g)), slope.shape) if ctx.needs[1] else None,
+    ]
+
+
+# -- more reductions -------------------------------------------------------------------------------------
+def _reduce_rule(derivative):
+    """A Reduce* rule ``expand(g) * derivative(ops, x, y)`` (g and y with the reduced dims kept as
+    1); with no axes and noop_with_empty_axes the op is elementwise and ``y`` is its output."""
+
+    def rule(ctx, grads):
+        ops, g = _ops(), grads[0]
+        x = ctx.inputs[0]
+        y = ctx.outputs[0]
+        axes = _reduce_axes(ctx, x.ndim)
+        if axes is not None:
+            kshape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+            g, y = ops.reshape(g, kshape), ops.reshape(y, kshape)
+        d = ops.mul(g, derivative(ops, x, y))
+        return [d if tuple(d.shape) == tuple(x.shape) else ops.expand(d, *x.shape)] + [None] * (len(ctx.inputs) - 1)
+
+    return rule
+
+
+def _reduce_extremum(ctx, grads):
+    """ReduceMax / ReduceMin: split evenly between the elements equal to the result (torch's amax)."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    axes = _reduce_axes(ctx, x.ndim)
+    if axes is None:
+        return [g] + [None] * (len(ctx.inputs) - 1)
+    kshape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+    hit = ops.cast(ops.eq(x, ops.reshape(ctx.outputs[0], kshape)), g.dtype)
+    share = ops.div(ops.reshape(g, kshape), ops.sum(hit, dim=axes, keepdim=True))
+    return [ops.mul(hit, share)] + [None] * (len(ctx.inputs) - 1)
+
+
+def _reduce_prod(ctx, grads):
+    """The product of the other elements of each reduced group, from exclusive cumulative products
+    from both ends (exact with zeros, unlike y / x)."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    axes = _reduce_axes(ctx, x.ndim)
+    if axes is None:
+        return [g] + [None] * (len(ctx.inputs) - 1)
+    kept = [i for i in range(x.ndim) if i not in axes]
+    perm = kept + list(axes)
+    inv = [perm.index(i) for i in range(x.ndim)]
+    xt = ops.transpose(x, perm) if perm != list(range(x.ndim)) else x
+    rows = int(np.prod([x.shape[i] for i in kept])) if kept else 1
+    n = int(np.prod([x.shape[i] for i in axes])) if axes else 1
+    x2 = ops.reshape(xt, (rows, n))
+    others = ops.mul(ops.cumprod(x2, 1, exclusive=True), ops.cumprod(x2, 1, exclusive=True, reverse=True))
+    d = ops.reshape(ops.mul(others, ops.reshape(g, (rows, 1))), tuple(xt.shape))
+    return [ops.transpose(d, inv) if perm != list(range(x.ndim)) else d] + [None] * (len(ctx.inputs) - 1)
+
+
+def _cumsum(ctx, grads):
+    """The adjoint of a cumulative sum: the same sum run the other way (exclusive stays exclusive)."""
+    ops = _ops()
+    axis = int(np.asarray(ctx.value(1)).reshape(-1)[0])
+    rev = not int(ctx.attrs.get("reverse", 0))
+    return [ops.cumsum(grads[0], axis, exclusive=bool(int(ctx.attrs.get("exclusive", 0))), reverse=rev), None]
+
+
+# -- more shape and index --------------------------------------------------------------------------------
+def _moved(ctx, grads):
+    """Pure data movement (Tile, DepthToSpace, SpaceToDepth, GatherElements, GatherND, reflect and
+    edge Pad, ...): the op run on the input's flat positions (+1, so a filled 0 reads as "no
+    source") says where each output element came from; the gradient is added back there."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    pos = tensor(np.arange(1, x.numel + 1, dtype=np.int64).reshape(x.shape))
+    rest = list(ctx.inputs[1:])
+    if ctx.op == "Pad" and len(rest) > 1:
+        rest[1] = None  # the constant value (float) pads positions with 0 = "no source" anyway
+    src = ops.run_op(ctx.op, [pos] + rest, ctx.attrs)[0].numpy() - 1
+    g = ops.where(tensor(src >= 0), g, _const(0, g)) if (src < 0).any() else g
+    return [_scatter_into(np.maximum(src, 0), g, tuple(x.shape), add=True)] + [None] * len(rest)
+
+
+def _self_adjoint(ctx, grads):
+    """A linear op that is its own adjoint (Trilu's mask, ReverseSequence's flip): itself on g."""
+    return [_ops().run_op(ctx.op, [grads[0]] + list(ctx.inputs[1:]), ctx.attrs)[0]] + [None] * (len(ctx.inputs) - 1)
+
+
+# -- more convolution and pooling ------------------------------------------------------------------------
+def _conv_transpose(ctx, grads):
+    """ConvTranspose is the adjoint of Conv: dX is a Conv of g by W, dW correlates g with X (the
+    roles of Conv's weight gradient swapped), dB sums g. Explicit pads only (auto_pad, output_shape:
+    no rule yet, a typed error)."""
+    ops, g = _ops(), grads[0]
+    x, w = ctx.inputs[0], ctx.inputs[1]
+    b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    n_in = len(ctx.inputs)
+    if _s(ctx.attrs.get("auto_pad", "NOTSET")) != "NOTSET" or ctx.attrs.get("output_shape"):
+        return [None] * n_in
+    nd = x.ndim - 2
+    k = list(w.shape[2:])
+    s = _ints_attr(ctx.attrs, "strides", nd, 1)
+    d = _ints_attr(ctx.attrs, "dilations", nd, 1)
+    groups = int(ctx.attrs.get("group", 1))
+    pads = _ints_attr(ctx.attrs, "pads", 2 * nd, 0)
+    res = [None] * 3
+    if ctx.needs[0]:
+        res[0] = ops.run_op("Conv", [g, w], {"strides": s, "dilations": d, "pads": pads, "group": groups})[0]
+    if ctx.needs[1]:
+        cg, og = x.shape[1] // groups, w.shape[1]
+        swap = [1, 0] + list(range(2, nd + 2))
+        parts = []
+        for gi in range(groups):
+            xg = x if groups == 1 else ops.slice(x, [gi * cg], [(gi + 1) * cg], axes=[1])
+            gg = g if groups == 1 else ops.slice(g, [gi * og], [(gi + 1) * og], axes=[1])
+            r = ops.run_op(
+                "Conv", [ops.transpose(gg, swap), ops.transpose(xg, swap)], {"strides": d, "dilations": s, "pads": pads}
+            )[0]
+            if list(r.shape[2:]) != k:
+                r = ops.slice(r, [0] * nd, k, axes=list(range(2, nd + 2)))
+            parts.append(ops.transpose(r, swap))
+        res[1] = parts[0] if groups == 1 else ops.concat(parts, dim=0)
+    if b is not None and ctx.needs[2]:
+        res[2] = ops.sum(g, dim=[0] + list(range(2, nd + 2)))
+    return res[:n_in]
+
+
+def _global_max_pool(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    axes = list(range(2, x.ndim))
+    hit = ops.cast(ops.eq(x, ctx.outputs[0]), g.dtype)
+    return [ops.mul(hit, ops.div(g, ops.sum(hit, dim=axes, keepdim=True)))]
+
+
+def _adaptive_avg_pool(ctx, grads):
+    """Each output averages its window [floor(i*In/Out), ceil((i+1)*In/Out)): per pooled axis, g
+    times the (Out, In) averaging matrix, transposed."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    sizes = [int(v) for v in ctx.attrs["output_size"]]
+    for a in range(x.ndim - len(sizes), x.ndim):
+        n_in, n_out = x.shape[a], g.shape[a]
+        m = np.zeros((n_out, n_in))
+        for i in range(n_out):
+            lo, hi = math.floor(i * n_in / n_out), math.ceil((i + 1) * n_in / n_out)
+            m[i, lo:hi] = 1.0 / (hi - lo)
+        perm = list(range(g.ndim))
+        perm[a], perm[-1] = perm[-1], perm[a]
+        gt = ops.transpose(g, perm) if a != g.ndim - 1 else g
+        gt = ops.matmul(gt, _const(m, g))
+        g = ops.transpose(gt, perm) if a != g.ndim - 1 else gt
+    return [g]
+
+
+def _instance_norm(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x, scale, b = ctx.inputs[:3]
+    shape_c = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    axes = list(range(2, x.ndim))
+    dx, xhat = _normalize_backward(x, g, ops.reshape(scale, shape_c), axes, _attr(ctx, "epsilon", 1e-5))
+    sum_axes = [0] + axes
+    return [
+        dx if ctx.needs[0] else None,
+        ops.sum(ops.mul(g, xhat), dim=sum_axes) if ctx.needs[1] else None,
+        ops.sum(g, dim=sum_axes) if ctx.needs[2] else None,
+    ]
+
+
+# -- plain RNN ---------------------------------------------------------------------------------------------
+_RNN_ACTS = {
+    "tanh": lambda ops, h: ops.sub(_const(1, h), ops.mul(h, h)),
+    "sigmoid": lambda ops, h: ops.mul(h, ops.sub(_const(1, h), h)),
+    "relu": lambda ops, h: ops.cast(ops.gt(h, _const(0, h)), h.dtype),
+}
+
+
+def _rnn(ctx, grads):
+    """Backpropagation through time for ONNX RNN, H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb) with f
+    Tanh (the default), Sigmoid or Relu; the same restrictions as the LSTM rule."""
+    ops = _ops()
+    ins = list(ctx.inputs) + [None] * (6 - len(ctx.inputs))
+    x, w, r, b, seq, h0 = ins
+    n_in = len(ctx.inputs)
+    direction = _s(ctx.attrs.get("direction", "forward")).lower()
+    dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
+    acts = [_s(a).lower() for a in (ctx.attrs.get("activations") or ["tanh"] * len(dirs))]
+    if len(acts) == 1 and len(dirs) == 2:
+        acts = acts * 2
+    if (
+        seq is not None
+        or ctx.attrs.get("clip") is not None
+        or int(ctx.attrs.get("layout", 0))
+        or len(acts) != len(dirs)
+        or any(a not in _RNN_ACTS for a in acts)
+        or ctx.attrs.get("activation_alpha") is not None
+        or ctx.attrs.get("activation_beta") is not None
+    ):
+        return [None] * n_in
+    L, N, _ = x.shape
+    H = r.shape[2]
+    gy, gyh = (list(grads) + [None, None])[:2]
+    res = {k: [] for k in ("x", "w", "r", "b", "h0")}
+    for d, name in enumerate(dirs):
+
+        def sel(t, d=d):
+            return ops.squeeze(ops.slice(t, [d], [d + 1], axes=[0]), 0)
+
+        wd, rd = sel(w), sel(r)
+        bias = None
+        if b is not None:
+            bd = sel(b)
+            bias = ops.add(ops.slice(bd, [0], [H]), ops.slice(bd, [H], [2 * H]))
+        f = getattr(ops, acts[d])
+        h = zeros((N, H), x.dtype) if h0 is None else sel(h0)
+        steps = range(L) if name == "forward" else range(L - 1, -1, -1)
+        saved = []
+        for t in steps:
+            xt = ops.squeeze(ops.slice(x, [t], [t + 1], axes=[0]), 0)
+            a = ops.add(ops.matmul(xt, ops.transpose(wd)), ops.matmul(h, ops.transpose(rd)))
+            h_new = f(a if bias is None else ops.add(a, bias))
+            saved.append((t, xt, h, h_new))
+            h = h_new
+        dh = zeros((N, H), x.dtype) if gyh is None else sel(gyh)
+        dx = [None] * L
+        dw = dr = db = None
+        for t, xt, h_prev, h_t in reversed(saved):
+            if gy is not None:
+                dh = ops.add(dh, ops.reshape(ops.slice(gy, [t, d], [t + 1, d + 1], axes=[0, 1]), (N, H)))
+            da = ops.mul(dh, _RNN_ACTS[acts[d]](ops, h_t))
+            dx[t] = ops.matmul(da, wd)
+            daT = ops.transpose(da)
+            dw = _acc(dw, ops.matmul(daT, xt))
+            dr = _acc(dr, ops.matmul(daT, h_prev))
+            db = _acc(db, ops.sum(da, dim=0))
+            dh = ops.matmul(da, rd)
+        res["x"].append(ops.concat([ops.unsqueeze(v, 0) for v in dx], dim=0))
+        res["w"].append(ops.unsqueeze(dw, 0))
+        res["r"].append(ops.unsqueeze(dr, 0))
+        res["b"].append(ops.unsqueeze(ops.concat([db, db], dim=0), 0))
+        res["h0"].append(ops.unsqueeze(dh, 0))
+
+    def total(k):
+        v = res[k]
+        return v[0] if len(v) == 1 else (ops.add(v[0], v[1]) if k == "x" else ops.concat(v, dim=0))
+
+    out = [
+        total("x"),
+        total("w"),
+        total("r"),
+        total("b") if b is not None else None,
+        None,
+        total("h0") if h0 is not None else None,
+    ]
+    return [g if need else None for g, need in zip(out[:n_in], ctx.needs)]
+
+
+_rnn.outputs = 2  # Y and Y_h
+
+
+# -- statistics and normalizations --------------------------------------------------------------------------
+def _var(ctx, grads):
+    """d var / dx = 2 (x - mean) / (N - correction)."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    axes = _reduce_axes(ctx, x.ndim)
+    if axes is None:  # nothing reduced: the variance of one value is constant
+        return [zeros(tuple(x.shape), g.dtype)] + [None] * (len(ctx.inputs) - 1)
+    n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
+    denom = max(n - float(ctx.attrs.get("correction", 1.0)), 0.0)
+    kshape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+    xc = ops.sub(x, ops.mean(x, dim=axes, keepdim=True))
+    return [ops.mul(ops.mul(xc, _const(2.0 / denom, x)), ops.reshape(g, kshape))] + [None] * (len(ctx.inputs) - 1)
+
+
+def _mvn(ctx, grads):
+    """y = (x - mean) / (std + 1e-9) over ``axes`` (the op's epsilon is added to the std)."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    axes = sorted({int(a) % x.ndim for a in ctx.attrs["axes"]})
+    n = float(np.prod([x.shape[a] for a in axes]))
+    xc = ops.sub(x, ops.mean(x, dim=axes, keepdim=True))
+    std = ops.sqrt(ops.mean(ops.mul(xc, xc), dim=axes, keepdim=True))
+    sigma = ops.add(std, _const(1e-9, x))
+    gc = ops.sub(g, ops.mean(g, dim=axes, keepdim=True))
+    dstd = ops.div(ops.sum(ops.mul(g, xc), dim=axes, keepdim=True), ops.mul(sigma, sigma))
+    return [ops.sub(ops.div(gc, sigma), ops.div(ops.mul(xc, dstd), ops.mul(std, _const(n, x))))]
+
+
+def _lp_normalization(ctx, grads):
+    """y = x / ||x||_p along axis (p 1 or 2): dx = g / n - sum(g x) / n^2 * dn/dx, dn/dx = sign(x)
+    for p = 1 and x / n for p = 2; 0 where the norm is 0, as the forward gives."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    axis = int(ctx.attrs.get("axis", -1)) % x.ndim
+    p = int(ctx.attrs.get("p", 2))
+    if p == 1:
+        n = ops.sum(ops.abs(x), dim=axis, keepdim=True)
+        dn = ops.sign(x)
+    else:
+        n = ops.sqrt(ops.sum(ops.mul(x, x), dim=axis, keepdim=True))
+        dn = ops.div(x, n)
+    dot = ops.sum(ops.mul(g, x), dim=axis, keepdim=True)
+    dx = ops.sub(ops.div(g, n), ops.mul(ops.div(dot, ops.mul(n, n)), dn))
+    return [ops.where(ops.gt(n, _const(0, n)), dx, _const(0, dx))]
+
+
+def _lrn(ctx, grads):
+    """y_c = x_c D_c^-beta, D_c = bias + alpha / size * (sum of x^2 over the channel window of c):
+    dx_k = g_k D_k^-beta - 2 beta alpha / size x_k * sum over the windows holding k of g_c x_c D_c^(-beta-1).
+    The window sums are a (C, C) band matrix on the channel axis."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    size, alpha = int(ctx.attrs["size"]), _attr(ctx, "alpha", 1e-4)
+    beta, bias = _attr(ctx, "beta", 0.75), _attr(ctx, "bias", 1.0)
+    C = x.shape[1]
+    band = np.zeros((C, C))
+    for c in range(C):
+        band[c, max(0, c - (size - 1) // 2) : min(C - 1, c + math.ceil((size - 1) / 2)) + 1] = 1.0
+    perm = [0] + list(range(2, x.ndim)) + [1]
+    inv = [perm.index(i) for i in range(x.ndim)]
+
+    def channels(t, m):  # t's channel axis multiplied by m: sum_k m[c, k] t_k
+        return ops.transpose(ops.matmul(ops.transpose(t, perm), _const(m.T, t)), inv)
+
+    d = ops.add(_const(bias, x), ops.mul(_const(alpha / size, x), channels(ops.mul(x, x), band)))
+    d_beta = ops.pow(d, _const(-beta, x))
+    inner = ops.div(ops.mul(ops.mul(g, x), d_beta), d)
+    back = channels(inner, band.T)
+    return [ops.sub(ops.mul(g, d_beta), ops.mul(ops.mul(x, back), _const(2 * beta * alpha / size, x)))]
+
+
+def _global_lp_pool(ctx, grads):
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    p = float(ctx.attrs.get("p", 2))
+    y = ctx.outputs[0]
+    ax = ops.abs(x)
+    d = ops.mul(ops.sign(x), ops.pow(ops.div(ax, y), _const(p - 1, x)))
+    return [ops.mul(g, d)]
+
+
+# -- einsum, scatter, resize ------------------------------------------------------------------------------
+def _einsum(ctx, grads):
+    """The gradient of operand i is an einsum of the output gradient with the other operands onto
+    i's subscripts; letters only operand i sums over come back by broadcasting. No ellipsis or
+    repeated letters within one operand (diagonals): no rule yet, a typed error."""
+    ops, g = _ops(), grads[0]
+    eq = _s(ctx.attrs["equation"]).replace(" ", "")
+    n_in = len(ctx.inputs)
+    lhs, arrow, out = eq.partition("->")
+    subs = lhs.split(",")
+    if not arrow:
+        letters = "".join(subs)
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    if "." in eq or any(len(set(s)) != len(s) for s in subs) or len(subs) != n_in:
+        return [None] * n_in
+    res = []
+    for i, (s, t) in enumerate(zip(subs, ctx.inputs)):
+        if not ctx.needs[i]:
+            res.append(None)
+            continue
+        others = [j for j in range(n_in) if j != i]
+        elsewhere = set(out).union(*(subs[j] for j in others))
+        target = "".join(c for c in s if c in elsewhere)
+        spec = ",".join([out] + [subs[j] for j in others]) + "->" + target
+        r = ops.einsum(spec, g, *[ctx.inputs[j] for j in others])
+        if target != s:
+            r = ops.reshape(r, tuple(t.shape[k] if c in elsewhere else 1 for k, c in enumerate(s)))
+            r = ops.expand(r, *t.shape)
+        res.append(r)
+    return res
+
+
+def _scatter(gather_name: str):
+    """ScatterElements / ScatterND without a reduction: dData is g with the written places zeroed,
+    dUpdates gathers g there."""
+
+    def rule(ctx, grads):
+        ops, g = _ops(), grads[0]
+        x, idx, upd = ctx.inputs
+        if _s(ctx.attrs.get("reduction", "none")) != "none":
+            return [None, None, None]
+        attrs = {k: v for k, v in ctx.attrs.items() if k == "axis"}
+        res = [None, None, None]
+        if ctx.needs[0]:
+            res[0] = ops.run_op(ctx.op, [g, idx, zeros(tuple(upd.shape), g.dtype)], ctx.attrs)[0]
+        if ctx.needs[2]:
+            res[2] = ops.run_op(gather_name, [g, idx], attrs)[0]
+        return res
+
+    return rule
+
+
+def _resize(ctx, grads):
+    """Resize is linear in X, separably per axis (each output position a weighted sum of input
+    taps, or the extrapolation constant): g times each resized axis' (out, in) weight matrix."""
+    from .defs.resize import ResizeSpec
+
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    spec = ResizeSpec(x.shape, ctx.attrs, *(ctx.value(i) for i in (1, 2, 3)))
+    for a in spec.axes:
+        idx, w, extrap = spec.table(a)
+        m = np.zeros((spec.out_shape[a], spec.in_shape[a]))
+        np.add.at(m, (np.repeat(np.arange(idx.shape[0]), idx.shape[1]), idx.reshape(-1)), w.reshape(-1))
+        if extrap is not None:
+            m[extrap] = 0.0
+        perm = list(range(g.ndim))
+        perm[a], perm[-1] = perm[-1], perm[a]
+        gt = ops.matmul(ops.transpose(g, perm) if a != g.ndim - 1 else g, _const(m, g))
+        g = ops.transpose(gt, perm) if a != g.ndim - 1 else gt
+    return [g] + [None] * (len(ctx.inputs) - 1)
+
+
+def _topk(ctx, grads):
+    """The values' gradient goes back to the places the indices output names."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    axis = int(ctx.attrs.get("axis", -1)) % x.ndim
+    base = zeros(tuple(x.shape), g.dtype)
+    return [ops.scatter_elements(base, ctx.outputs[1], g, axis=axis, reduction="add"), None]
+
+
+def _max_unpool(ctx, grads):
+    """MaxUnpool writes X at flat positions I of the output: dX reads g there."""
+    ops = _ops()
+    idx = ctx.inputs[1]
+    flat = ops.reshape(grads[0], (-1,))
+    return [ops.reshape(ops.gather(flat, ops.reshape(idx, (-1,)), axis=0), tuple(idx.shape))] + [None] * (
+        len(ctx.inputs) - 1
+    )
+
+
+def _col2im(ctx, grads):
+    """Col2Im adds each column entry into one image pixel (or none, in the padding): its gradient
+    reads g at that pixel (Im2Col of g)."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    img = [int(v) for v in np.asarray(ctx.value(1)).reshape(-1)]
+    blk = [int(v) for v in np.asarray(ctx.value(2)).reshape(-1)]
+    nd = len(img)
+    dil = _ints_attr(ctx.attrs, "dilations", nd, 1)
+    pads = _ints_attr(ctx.attrs, "pads", 2 * nd, 0)
+    st = _ints_attr(ctx.attrs, "strides", nd, 1)
+    counts = [(img[i] + pads[i] + pads[i + nd] - (dil[i] * (blk[i] - 1) + 1)) // st[i] + 1 for i in range(nd)]
+    k_idx = np.stack(np.unravel_index(np.arange(int(np.prod(blk))), blk))[:, :, None]  # (nd, kk, 1)
+    l_idx = np.stack(np.unravel_index(np.arange(int(np.prod(counts))), counts))[:, None, :]  # (nd, 1, L)
+    pos = [l_idx[i] * st[i] + k_idx[i] * dil[i] - pads[i] for i in range(nd)]
+    inside = np.all([(p >= 0) & (p < img[i]) for i, p in enumerate(pos)], axis=0)  # (kk, L)
+    flat = np.ravel_multi_index([np.clip(p, 0, img[i] - 1) for i, p in enumerate(pos)], img)
+    n, c = g.shape[:2]
+    taken = ops.gather(ops.reshape(g, (n, c, -1)), tensor(flat.astype(np.int64)), axis=2)  # (N, C, kk, L)
+    taken = ops.where(tensor(inside), taken, _const(0, taken))
+    return [ops.reshape(taken, tuple(x.shape)), None, None]
+
+
+def _dft(ctx, grads):
+    """A DFT is linear, y = W x with W[k, t] = exp(-+2 pi i k t / n) (/ n when inverse): dx is
+    W^H g, the opposite-direction DFT of g (zero-filled to n bins) kept to the input's first
+    min(len, n) samples, scaled by n (forward) or 1/n (inverse); its real part for a real input.
+    The onesided inverse (IRFFT, a Hermitian extension): no rule yet, a typed error."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    n_in = len(ctx.inputs)
+    inverse, onesided = bool(int(ctx.attrs.get("inverse", 0))), bool(int(ctx.attrs.get("onesided", 0)))
+    if inverse and onesided:
+        return [None] * n_in
+    axis = ctx.value(2) if n_in > 2 else None
+    axis = (-2 if axis is None else int(np.asarray(axis).reshape(-1)[0])) % x.ndim
+    length = ctx.value(1) if n_in > 1 else None
+    n = x.shape[axis] if length is None else int(np.asarray(length).reshape(-1)[0])
+    if g.shape[axis] < n:  # onesided bins: the others carry no gradient
+        fill = list(g.shape)
+        fill[axis] = n - g.shape[axis]
+        g = ops.concat([g, zeros(tuple(fill), g.dtype)], dim=axis)
+    back = ops.dft(g, dim=axis, inverse=not inverse)
+    back = ops.mul(back, _const(1.0 / n if inverse else float(n), back))
+    m = min(x.shape[axis], n)
+    if m < n:
+        back = ops.slice(back, [0], [m], axes=[axis])
+    if m < x.shape[axis]:  # samples past dft_length were not read
+        fill = list(back.shape)
+        fill[axis] = x.shape[axis] - m
+        back = ops.concat([back, zeros(tuple(fill), back.dtype)], dim=axis)
+    if x.shape[-1] == 1:
+        back = ops.slice(back, [0], [1], axes=[x.ndim - 1])
+    return [back] + [None] * (n_in - 1)
+
+
+def _cumprod(ctx, grads):
+    """dx_j = prod_{k<j} x_k * sum_{i>=j} g_i prod_{j<k<=i} x_k (g shifted by one for exclusive,
+    both flipped for reverse): the inner products from a cumulative product of x with the entries
+    up to j set to 1, an (L, L) table per row, so zeros in x are exact (no y / x)."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    axis = int(np.asarray(ctx.value(1)).reshape(-1)[0]) % x.ndim
+    L = x.shape[axis]
+    perm = list(range(x.ndim))
+    perm[axis], perm[-1] = perm[-1], perm[axis]
+    xt, gt = (ops.transpose(x, perm), ops.transpose(g, perm)) if axis != x.ndim - 1 else (x, g)
+    flip = tensor(np.arange(L - 1, -1, -1, dtype=np.int64))
+    reverse = bool(int(ctx.attrs.get("reverse", 0)))
+    if reverse:
+        xt, gt = ops.gather(xt, flip, axis=-1), ops.gather(gt, flip, axis=-1)
+    if int(ctx.attrs.get("exclusive", 0)) and L:
+        lead = tuple(gt.shape[:-1])
+        gt = ops.concat([ops.slice(gt, [1], [L], axes=[-1]), zeros(lead + (1,), g.dtype)], dim=-1)
+    j, k = np.arange(L)[:, None], np.arange(L)[None, :]
+    rows = ops.expand(ops.unsqueeze(xt, -2), *(tuple(xt.shape[:-1]) + (L, L)))
+    inner = ops.cumprod(ops.where(tensor(k > j), rows, _const(1, xt)), -1)
+    s = ops.sum(ops.mul(ops.where(tensor(k >= j), inner, _const(0, xt)), ops.unsqueeze(gt, -2)), dim=-1)
+    dx = ops.mul(ops.cumprod(xt, -1, exclusive=True), s)
+    if reverse:
+        dx = ops.gather(dx, flip, axis=-1)
+    return [ops.transpose(dx, perm) if axis != x.ndim - 1 else dx, None]
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -1137,6 +1838,76 @@ RULES = {
     "RotaryEmbedding": _rotary,
     "SoftmaxCrossEntropyLoss": _softmax_cross_entropy,
     "NegativeLogLikelihoodLoss": _nll,
+    "Sin": _sin,
+    "Cos": _cos,
+    "Tan": _tan,
+    "Asin": _asin,
+    "Acos": _acos,
+    "Atan": _atan,
+    "Sinh": _sinh,
+    "Cosh": _cosh,
+    "Asinh": _asinh,
+    "Acosh": _acosh,
+    "Atanh": _atanh,
+    "Sign": _zero,
+    "Floor": _zero,
+    "Ceil": _zero,
+    "Round": _zero,
+    "Hardmax": _zero,
+    "Max": _extremum,
+    "Min": _extremum,
+    "Mean": _mean_n,
+    "Mod": _mod,
+    "CastLike": _cast_like,
+    "Elu": _elu,
+    "Celu": _celu,
+    "Selu": _selu,
+    "HardSigmoid": _hard_sigmoid,
+    "HardSwish": _hard_swish,
+    "Mish": _mish,
+    "Softsign": _softsign,
+    "ThresholdedRelu": _thresholded_relu,
+    "Shrink": _shrink,
+    "PRelu": _prelu,
+    "ReduceSumSquare": _reduce_rule(lambda ops, x, y: ops.mul(x, _const(2, x))),
+    "ReduceL1": _reduce_rule(lambda ops, x, y: ops.sign(x)),
+    "ReduceL2": _reduce_rule(lambda ops, x, y: ops.div(x, y)),
+    "ReduceLogSum": _reduce_rule(lambda ops, x, y: ops.exp(ops.neg(y))),
+    "ReduceLogSumExp": _reduce_rule(lambda ops, x, y: ops.exp(ops.sub(x, y))),
+    "ReduceMax": _reduce_extremum,
+    "ReduceMin": _reduce_extremum,
+    "ReduceProd": _reduce_prod,
+    "CumSum": _cumsum,
+    "Tile": _moved,
+    "DepthToSpace": _moved,
+    "SpaceToDepth": _moved,
+    "GatherElements": _moved,
+    "GatherND": _moved,
+    "Trilu": _self_adjoint,
+    "ReverseSequence": _self_adjoint,
+    "ConvTranspose": _conv_transpose,
+    "GlobalMaxPool": _global_max_pool,
+    "AdaptiveAvgPool": _adaptive_avg_pool,
+    "InstanceNormalization": _instance_norm,
+    "RNN": _rnn,
+    "Var": _var,
+    "MeanVarianceNormalization": _mvn,
+    "LpNormalization": _lp_normalization,
+    "LRN": _lrn,
+    "GlobalLpPool": _global_lp_pool,
+    "Einsum": _einsum,
+    "Compress": _moved,
+    "CenterCropPad": _moved,
+    "ScatterElements": _scatter("GatherElements"),
+    "ScatterND": _scatter("GatherND"),
+    "Scatter": _scatter("GatherElements"),
+    "Resize": _resize,
+    "TopK": _topk,
+    "MaxUnpool": _max_unpool,
+    "LpPool": _lp_pool,
+    "Col2Im": _col2im,
+    "DFT": _dft,
+    "CumProd": _cumprod,
 }
 
 

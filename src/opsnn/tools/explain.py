@@ -12,12 +12,18 @@ For every kernel launch of a compiled graph at the given input shapes: the chose
           plan: im2col2d: column buffer 147x12544 per group, then BLAS
           not chosen: conv2d_winograd: Winograd F(4x4,3x3) needs a 3x3 kernel, stride 1, ...
 
+Both views report the kernel-library decision (the summary at its end, the per-node view in its
+header and as a ``library:`` line per node): for each MatMul, Gemm, Linear and convolution shape,
+the library its GEMMs run on (MKL, OpenBLAS, oneDNN or opsnn's own kernels) and the strategy's
+reason (:func:`opsnn.kernels.cpu.libraries.kernel_choice`), equal decisions grouped.
+
 Command line (wired by ``opsnn.cli``): ``opsnn explain model.onnx --shape x=1,3,224,224``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import textwrap
 from collections import Counter
@@ -90,6 +96,88 @@ def _wrap(label: str, text: str, width: int = 110) -> list:
     ) or [f"      {label}:"]
 
 
+#: op types whose kernels run GEMMs (or convolutions) on a library the strategy chooses
+_PRODUCT_OPS = {"MatMul", "Gemm", "Linear", "FusedMatMul", "Conv", "FusedConv", "BlockedConv", "ConvTranspose"}
+
+
+def _dims(shape) -> str:
+    return "x".join(str(int(d)) for d in shape)
+
+
+def _product(op: str, ex, plan_obj, kernel: str):
+    """(shape label, libraries.Choice) of a product node: which library its GEMMs run on and
+    why; None for other nodes (or shapes this cannot read)."""
+    from ..kernels.cpu import libraries
+
+    if op not in _PRODUCT_OPS:
+        return None
+    metas, outs = list(ex.input_metas), list(ex.output_metas or [])
+    if len(metas) < 2 or metas[0] is None or metas[1] is None or not outs:
+        return None
+    a, b, y = tuple(metas[0].shape), tuple(metas[1].shape), tuple(outs[0].shape)
+    dtype, batch, tiles = metas[0].dtype, 1, None
+    try:
+        if op in ("MatMul", "FusedMatMul"):
+            label = f"{_dims(a)} @ {_dims(b)}"
+            k, n = int(a[-1]), int(b[-1]) if len(b) > 1 else 1
+            if len(b) <= 2:
+                rows = math.prod(a[:-1])
+            else:
+                rows, batch = (int(a[-2]) if len(a) > 1 else 1), math.prod(y[:-2])
+        elif op == "Gemm":
+            ta, tb = int(ex.attrs.get("transA", 0)), int(ex.attrs.get("transB", 0))
+            label = f"{_dims(a)}{'^T' * ta} @ {_dims(b)}{'^T' * tb}"
+            rows, k = (a[1], a[0]) if ta else (a[0], a[1])
+            n = b[0] if tb else b[1]
+        elif op == "Linear":
+            label = f"{_dims(a)} @ ({_dims(b)})^T"
+            rows, k, n = math.prod(a[:-1]), int(a[-1]), int(b[0])
+        else:  # convolutions: X * W; the GEMM multiplies W (M/g, C/g * kernel) by the columns
+            g = int(ex.attrs.get("group") or 1)
+            x = (a[0], a[1] * a[-1]) + a[2:-1] if len(a) == 5 and op == "BlockedConv" else a
+            label = f"{_dims(x)} * {_dims(b)}"
+            m = b[1] * g if op == "ConvTranspose" else b[0]
+            rows, k, n, batch = m // g, math.prod(b[1:]), math.prod(y[2:4] if len(y) == 5 else y[2:]), y[0] * g
+            if hasattr(plan_obj, "tw_n") and hasattr(plan_obj, "rows"):
+                tiles = int(plan_obj.rows) * int(plan_obj.tw_n)
+                if getattr(plan_obj, "gemms", None):
+                    return label, libraries.Choice("onednn", kernel, "oneDNN's batched brgemm matmul")
+    except (AttributeError, TypeError, ValueError, IndexError, ZeroDivisionError):  # explaining never fails
+        return None
+    choice = libraries.kernel_choice(kernel, int(rows), int(k), int(n), dtype, batch=int(batch), tiles=tiles)
+    return None if choice is None else (label, choice)
+
+
+def _libraries_section(products: list, max_shapes: int = 3) -> list:
+    """The kernel-library decisions of the product nodes, equal decisions grouped."""
+    from ..kernels.cpu import libraries
+
+    groups: dict = {}
+    for op, label, choice in products:
+        shapes = groups.setdefault((op, choice.library, choice.kernel, choice.reason), Counter())
+        shapes[label] += 1
+    lib = "MKL" if libraries.gemm_library() == "mkl" else "OpenBLAS"
+    out = [f"kernel libraries: {libraries.summary()}", f"  threaded GEMM: {lib}, {libraries.gemm_library_why()}"]
+    if not groups:
+        return out + ["  no MatMul, Gemm or Conv nodes"]
+    for (op, lib, kernel, reason), shapes in sorted(groups.items(), key=lambda kv: (-sum(kv[1].values()), kv[0])):
+        out += textwrap.wrap(
+            f"{op} x{sum(shapes.values())} on {lib} ({kernel}): {reason}",
+            110,
+            initial_indent="  - ",
+            subsequent_indent="    ",
+        )
+        listed = [f"{s} x{c}" if c > 1 else s for s, c in shapes.most_common(max_shapes)]
+        more = len(shapes) - len(listed)
+        out += textwrap.wrap(
+            ", ".join(listed) + (f" (+{more} more shapes)" if more > 0 else ""),
+            110,
+            initial_indent="      ",
+            subsequent_indent="      ",
+        )
+    return out
+
+
 def explain_graph(graph, input_shapes: dict | None = None, *, show_rejected: bool = True, summary: bool = False) -> str:
     """Plan ``graph`` (a Graph, CompiledGraph, ONNX path or ModelProto) for ``input_shapes``
     (``{input name: shape}``; default: the graph's declared static shapes) and say which kernel
@@ -115,6 +203,7 @@ def explain_graph(graph, input_shapes: dict | None = None, *, show_rejected: boo
     counts: Counter = Counter()
     by_type: dict = {}
     fallback_nodes = []
+    products: list = []
     tuned = autotune.settings()
     for st in plan.steps:
         ex = st.executor
@@ -132,6 +221,10 @@ def explain_graph(graph, input_shapes: dict | None = None, *, show_rejected: boo
                 counts[f"{op}:{sel.kernel.name}"] += 1
         else:
             counts[f"{node.op_type}:{ex.kernel.name}"] += 1
+        chosen = sel.kernel if inner is not None and sel is not None else ex.kernel
+        product = _product(inner[0] if inner is not None else node.op_type, ex, plan_obj, chosen.name)
+        if product is not None:
+            products.append((node.qualified_type, *product))
         by_type.setdefault(node.qualified_type, Counter())[kernel_name] += 1
         if ex.kernel.fallback:
             head += "  [REFERENCE FALLBACK]"
@@ -142,7 +235,8 @@ def explain_graph(graph, input_shapes: dict | None = None, *, show_rejected: boo
             continue
         lines.append(head)
         lines += _wrap("why", sel_reason.split("; skipped ")[0])
-        chosen = sel.kernel if inner is not None and sel is not None else ex.kernel
+        if product is not None:
+            lines += _wrap("library", f"{product[1].library}: {product[1].reason}")
         if chosen.nonfinite:
             lines += _wrap("inf/nan", chosen.nonfinite)
         text = _plan_text(plan_obj)
@@ -156,7 +250,7 @@ def explain_graph(graph, input_shapes: dict | None = None, *, show_rejected: boo
                 lines += _wrap("not chosen", f"{name}: {why}{tag}")
     autotune_line = f"  autotune: {tuned['mode'] or 'off'}" + (f" ({tuned['path']})" if tuned["mode"] else "")
     if summary:
-        return _summary(cg, title, plan, by_type, fallback_nodes, autotune_line)
+        return _summary(cg, title, plan, by_type, fallback_nodes, autotune_line, products)
     kernels = ", ".join(f"{k} x{n}" for k, n in counts.most_common())
     head = [
         f"{title}: {len(plan.steps)} kernels (compiled)",
@@ -166,11 +260,19 @@ def explain_graph(graph, input_shapes: dict | None = None, *, show_rejected: boo
     ]
     if fallback_nodes:
         head.append(f"  WARNING: {len(fallback_nodes)} node(s) run the numpy reference implementation")
+    head += ["  " + line for line in _libraries_section(products)]
     return "\n".join(head + lines)
 
 
 def _summary(
-    cg, title: str, plan, by_type: dict, fallback_nodes: list, autotune_line: str, max_refused: int = 8
+    cg,
+    title: str,
+    plan,
+    by_type: dict,
+    fallback_nodes: list,
+    autotune_line: str,
+    products: list = (),
+    max_refused: int = 8,
 ) -> str:
     out = [f"{title}: {len(plan.steps)} kernels (compiled)", f"  memory: {plan.memory.summary()}"]
     rep = cg.pass_report
@@ -196,6 +298,7 @@ def _summary(
             out += textwrap.wrap(f"{name}: {why}", 110, initial_indent="  - ", subsequent_indent="    ")
     else:
         out.append("fusions refused: none")
+    out += _libraries_section(list(products))
     out.append(autotune_line.strip())
     out.append("per node (kernel, why, what was not chosen): opsnn explain MODEL --verbose")
     return "\n".join(out)

@@ -266,6 +266,80 @@ def attention_gemms(p: Platform | None = None) -> Choice:
     return Choice("openblas", "numpy_matmul", f"numpy's matmul, a call per head (no MKL: {p.mkl})")
 
 
+#: a batch of float32 products each of this many multiply-adds (inclusive) runs on MKL's
+#: ``cblas_sgemm_batch`` even where OpenBLAS is the GEMM library: it spreads them over its threads
+MKL_BATCH_MACS = (1 << 19, 1 << 24)
+
+
+def mkl_batch(m: int, k: int, n: int) -> bool:
+    """True when a batch of (m, k) @ (k, n) float32 products goes to MKL's batched GEMM whatever
+    the GEMM library (:func:`opsnn.kernels.cpu.mkl.matmul` asks this)."""
+    return MKL_BATCH_MACS[0] <= m * k * n <= MKL_BATCH_MACS[1]
+
+
+def blas_product(rows: int, k: int, n: int, dtype, batch: int = 1, p: Platform | None = None) -> Choice:
+    """Which library runs a (rows, k) @ (k, n) product (``batch`` of them) handed to
+    :func:`opsnn.kernels.cpu.mkl.matmul`: the BLAS kernels of MatMul, Gemm and Linear and the
+    unpacked convolution GEMMs (for operands BLAS can read in place)."""
+    p = p if p is not None else platform()
+    if np.dtype(dtype) != _dt.float32:
+        return Choice("openblas", "numpy_matmul", f"{_dt.name(np.dtype(dtype))}: numpy's BLAS (MKL runs float32)")
+    if p.mkl is not None:
+        return Choice("openblas", "numpy_matmul", f"numpy's BLAS (no MKL: {p.mkl})")
+    if batch > 1 and mkl_batch(rows, k, n):
+        return Choice("mkl", "sgemm_batch", "a batch of mid-sized products: MKL's batched GEMM spreads them")
+    if p.gemm_library == "openblas":
+        return Choice("openblas", "sgemm", "OpenBLAS is the GEMM library on this CPU (MKL's SGEMM is slower)")
+    if batch == 1 and (rows == 1 or n == 1) and openblas_gemv():
+        return Choice("openblas", "sgemv", "one row: OpenBLAS' sgemv (its workers sleep after a call)")
+    return Choice("mkl", "sgemm_batch" if batch > 1 else "sgemm", "MKL is the GEMM library on this CPU")
+
+
+def kernel_choice(
+    kernel: str, rows: int, k: int, n: int, dtype, batch: int = 1, tiles: int | None = None, p: Platform | None = None
+) -> Choice | None:
+    """The library that the registered product kernel ``kernel`` (of MatMul, Gemm, Linear,
+    FusedMatMul, Conv, FusedConv, BlockedConv, ConvTranspose) runs its (rows, k) @ (k, n) GEMMs on
+    here, and why (``tiles``: a Winograd chunk's tile count); None for a kernel that is not one of
+    those. What ``opsnn explain`` prints per product shape."""
+    p = p if p is not None else platform()
+    if kernel == "conv_onednn":
+        return Choice(
+            "onednn", kernel, "the blocked layout's convolution: oneDNN's primitive, weight reordered at prepare"
+        )
+    if kernel == "conv_winograd_blocked":
+        return Choice("onednn", kernel, "blocked-layout Winograd: its point GEMMs in one oneDNN batched brgemm matmul")
+    if "onednn" in kernel:
+        return Choice("onednn", kernel, "oneDNN's brgemm matmul, the weight reordered once at prepare")
+    if kernel.endswith("mkl_bf16"):
+        return Choice("mkl", kernel, "bfloat16 with a constant weight: MKL's bf16 GEMM on the weight as stored")
+    if kernel.endswith("mkl_packed"):
+        if kernel.startswith("conv"):
+            return Choice("mkl", kernel, conv_gemms(p).reason)
+        if p.gemm_library == "mkl":
+            why = "MKL is the GEMM library on this CPU"
+        else:
+            why = f"fewer than {PACKED_MAX_ROWS_ELSEWHERE} rows or {PACKED_MAX_MACS_ELSEWHERE} multiply-adds"
+        return Choice("mkl", kernel, f"constant weight packed once at prepare: {why}")
+    if kernel.startswith("conv2d_winograd"):
+        c = winograd_gemms(tiles if tiles is not None else 1, p)
+        return Choice(c.library, kernel, c.reason)
+    if kernel == "conv2d_im2col_tasks":
+        return Choice("mkl", kernel, "single-threaded MKL inside a task per band of output rows")
+    if kernel == "gemm_vector":
+        return Choice("opsnn", kernel, "one row: opsnn's gemm_rows streams the weight once")
+    if kernel in ("conv2d_depthwise", "conv2d_direct", "matmul_tiled_lowp"):
+        return Choice("opsnn", kernel, "opsnn's own numba kernel, no GEMM")
+    if kernel.startswith(("matmul_numpy_int", "matmul_integer", "qlinear", "conv_integer")):
+        return Choice("numpy", kernel, "integer products: numpy (no BLAS for integers)")
+    if kernel.startswith(
+        ("matmul_", "gemm_", "linear_", "conv_1x1", "conv2d_im2col", "conv_nd_im2col", "conv_transpose")
+    ):
+        c = blas_product(rows, k, n, dtype, batch, p)
+        return Choice(c.library, kernel, c.reason)
+    return None
+
+
 def summary() -> str:
     """One line naming the instruction-set level in force (and why), the threaded float32 GEMM
     library, MKL, oneDNN (its blocked layout and whether its matmul and bf16 kernels are used),
@@ -290,9 +364,12 @@ __all__ = [
     "Choice",
     "Platform",
     "attention_gemms",
+    "blas_product",
     "conv_gemms",
     "gemm_library",
     "gemm_library_why",
+    "kernel_choice",
+    "mkl_batch",
     "mkl_gemv_in_tasks",
     "onednn_bf16_rows",
     "onednn_rows",

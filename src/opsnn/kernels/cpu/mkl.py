@@ -546,7 +546,7 @@ def _batch_of_small(a: np.ndarray, b: np.ndarray) -> bool:
         return False
     m, k = a.shape[-2:]
     n = b.shape[-1]
-    return (1 << 19) <= m * k * n <= (1 << 24) and _blas_view(a) and _blas_view(b)
+    return libraries.mkl_batch(m, k, n) and _blas_view(a) and _blas_view(b)
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:

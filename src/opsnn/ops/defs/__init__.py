@@ -13,6 +13,8 @@ FAMILIES = (
     "pool",
     "quant",
     "shape",
+    "sort",
+    "resize",
     "rnn",
     "attention",
     "loss",

@@ -14,42 +14,33 @@ fresh entropy. ``dtype`` attributes take ONNX ``TensorProto`` codes (1 float, 10
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ... import dtypes as _dt
 from ...errors import DTypeError, ParamInvalidError
+from ...tensor import Tensor
 from ..api import api
-from ..registry import REQUIRED, Attr, Input, TensorMeta, register_op
+from ..registry import REQUIRED, Attr, Input, Output, TensorMeta, register_op
+from .elementwise import ONNX_DTYPES
+from .shape import _to_tensor
 
 FLOAT = _dt.FLOATS
-#: ONNX TensorProto data type codes
-ONNX_DTYPES = {
-    1: _dt.float32,
-    2: _dt.uint8,
-    3: _dt.int8,
-    4: _dt.uint16,
-    5: _dt.int16,
-    6: _dt.int32,
-    7: _dt.int64,
-    9: _dt.bool_,
-    10: _dt.float16,
-    11: _dt.float64,
-    12: _dt.uint32,
-    13: _dt.uint64,
-    16: _dt.bfloat16,
-}
-_CODES = {v: k for k, v in ONNX_DTYPES.items()}
+_CODES = {v: k for k, v in ONNX_DTYPES.items() if v is not None}
 
 
 def _dtype(op: str, code, allowed, what="dtype") -> np.dtype:
     try:
         dt = ONNX_DTYPES[int(code)]
     except (KeyError, TypeError, ValueError):
+        dt = None
+    if dt is None:
         raise DTypeError(
             f"{op}: attribute {what!r} must be an ONNX TensorProto code among "
-            f"{sorted(c for c, d in ONNX_DTYPES.items() if d in allowed)}, got {code!r}",
+            f"{sorted(c for c, d in ONNX_DTYPES.items() if d is not None and d in allowed)}, got {code!r}",
             op=op,
-        ) from None
+        )
     if dt not in allowed:
         raise DTypeError(
             f"{op}: output dtype {_dt.name(dt)} is not supported; expected one of {[_dt.name(d) for d in allowed]}",
@@ -318,6 +309,53 @@ Multinomial.kernel(
 )(_multinomial)
 
 
+def _dropout_infer(ctx):
+    if ctx.has(1) and math.prod(ctx.shape(1)) != 1:
+        ctx.fail(f"ratio must be a scalar, got shape {tuple(ctx.shape(1))}")
+    if ctx.has(2) and math.prod(ctx.shape(2)) != 1:
+        ctx.fail(f"training_mode must be a scalar, got shape {tuple(ctx.shape(2))}")
+    return [TensorMeta(tuple(ctx.shape(0)), ctx.dtype(0)), TensorMeta(tuple(ctx.shape(0)), _dt.bool_)]
+
+
+def _dropout(ins, attrs):
+    x = ins[0]
+    ratio = float(ins[1].reshape(-1)[0]) if len(ins) > 1 and ins[1] is not None else 0.5
+    training = bool(ins[2].reshape(-1)[0]) if len(ins) > 2 and ins[2] is not None else False
+    if not training or ratio == 0:
+        return x.copy(), np.ones(x.shape, bool)
+    if not 0 <= ratio < 1:
+        raise ParamInvalidError(f"Dropout: ratio must be in [0, 1) in training mode, got {ratio}", op="Dropout")
+    # numpy's legacy RandomState(seed).uniform: the generator onnx.reference and ONNX's own test
+    # data use, so seeded runs reproduce them exactly
+    seed = attrs["seed"]
+    mask = np.random.RandomState(None if seed is None else int(seed) & 0xFFFFFFFF).uniform(0, 1.0, x.shape) >= ratio
+    return (mask * x * (1.0 / (1.0 - ratio))).astype(x.dtype), mask
+
+
+Dropout = register_op(
+    "Dropout",
+    category="random",
+    inputs=[
+        Input("data", _dt.FLOATS),
+        Input("ratio", _dt.FLOATS, optional=True),
+        Input("training_mode", (_dt.bool_,), optional=True),
+    ],
+    outputs=["output", Output("mask", optional=True)],
+    attrs=[Attr("seed", "int", None)],
+    infer=_dropout_infer,
+    reference=_dropout,
+    doc="Inference: identity (mask all true). training_mode=True: zero elements with probability ratio and scale "
+    "by 1/(1-ratio); mask drawn from numpy.random.RandomState(seed).uniform (matches onnx.reference).",
+)
+
+
+@Dropout.kernel("dropout_numpy", priority=5)
+def _dropout_kernel(ins, outs, attrs, plan, ws):
+    res = _dropout(ins, attrs)
+    for o, r in zip(outs, res):
+        np.copyto(o, r, casting="unsafe")
+
+
 # -- entry points -----------------------------------------------------------------------------------------
 def _dist_attrs(dtype, seed, **kw):
     a = {k: float(v) for k, v in kw.items()}
@@ -372,4 +410,20 @@ def multinomial(logits, sample_size=1, dtype="int32", seed=None):
     return [logits], a
 
 
-__all__ = ["random_normal", "random_uniform", "random_normal_like", "random_uniform_like", "bernoulli", "multinomial"]
+@api("dropout", "Dropout")
+def dropout(x, p=0.5, training=False, seed=None):
+    """Dropout: identity unless ``training``; then zero with probability ``p`` and scale by 1/(1-p).
+    With ``seed`` the mask is numpy.random.RandomState(seed).uniform(size) >= p (onnx.reference's)."""
+    xt = _to_tensor(x)
+    return [xt, Tensor(np.asarray(p, xt.dtype)), Tensor(np.asarray(bool(training)))], {"seed": seed}
+
+
+__all__ = [
+    "random_normal",
+    "random_uniform",
+    "random_normal_like",
+    "random_uniform_like",
+    "bernoulli",
+    "multinomial",
+    "dropout",
+]

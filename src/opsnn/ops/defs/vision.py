@@ -21,10 +21,13 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...errors import DTypeError, KernelNotFoundError, ParamInvalidError
+from ...kernels.cpu import shape as KS
 from ...kernels.cpu import vision as K
 from ..api import api
 from ..registry import Attr, Input, TensorMeta, register_op
 from .elementwise import onnx_dtype, onnx_enum
+from .shape import _host, _i64
+from .shape import _ints as _int_list
 
 FLOAT = _dt.FLOATS
 _F32_64 = (_dt.float32, _dt.float64)
@@ -960,6 +963,77 @@ def _pair(fn, name, v, n=2):
     return v
 
 
+def _col2im_params(op, x_shape, image_shape, block_shape, attrs):
+    img, blk = _int_list(image_shape), _int_list(block_shape)
+    nd = len(img)
+    if len(blk) != nd:
+        raise ParamInvalidError(f"{op}: image_shape {img} and block_shape {blk} differ in length", op=op)
+    dil = list(attrs["dilations"] or [1] * nd)
+    pads = list(attrs["pads"] or [0] * (2 * nd))
+    strides = list(attrs["strides"] or [1] * nd)
+    if len(dil) != nd or len(strides) != nd or len(pads) != 2 * nd:
+        raise ParamInvalidError(f"{op}: dilations/strides need {nd} entries and pads {2 * nd}", op=op)
+    if len(x_shape) != 3:
+        raise ParamInvalidError(f"{op}: input must be (N, C*prod(block), L), got {tuple(x_shape)}", op=op)
+    kk = math.prod(blk)
+    if kk == 0 or x_shape[1] % kk:
+        raise ParamInvalidError(
+            f"{op}: input dim 1 ({x_shape[1]}) is not a multiple of prod(block_shape) = {kk}", op=op
+        )
+    counts = [(img[i] + pads[i] + pads[i + nd] - (dil[i] * (blk[i] - 1) + 1)) // strides[i] + 1 for i in range(nd)]
+    if any(c <= 0 for c in counts) or math.prod(counts) != x_shape[2]:
+        raise ParamInvalidError(
+            f"{op}: input has L = {x_shape[2]} blocks, the geometry gives {counts} (= {math.prod(counts)})", op=op
+        )
+    return img, blk, dil, pads, strides, counts
+
+
+def _col2im_infer(ctx):
+    img, blk, *_ = _col2im_params(
+        "Col2Im", ctx.shape(0), _host(ctx, 1, "image_shape"), _host(ctx, 2, "block_shape"), ctx.attrs
+    )
+    s = ctx.shape(0)
+    return [TensorMeta((s[0], s[1] // math.prod(blk)) + tuple(img), ctx.dtype(0))]
+
+
+def _col2im_ref(ins, a):
+    x = ins[0]
+    img, blk, dil, pads, strides, counts = _col2im_params("Col2Im", x.shape, ins[1], ins[2], a)
+    nd = len(img)
+    n, ckk, _ = x.shape
+    c = ckk // math.prod(blk)
+    out = np.zeros((n, c) + tuple(img), np.float64)
+    cols = x.reshape((n, c, math.prod(blk), math.prod(counts)))
+    for bi, kidx in enumerate(np.ndindex(*blk)):
+        for li, lidx in enumerate(np.ndindex(*counts)):
+            pos = [lidx[i] * strides[i] + kidx[i] * dil[i] - pads[i] for i in range(nd)]
+            if all(0 <= pos[i] < img[i] for i in range(nd)):
+                out[(slice(None), slice(None)) + tuple(pos)] += cols[:, :, bi, li]
+    return out.astype(x.dtype)
+
+
+Col2Im = register_op(
+    "Col2Im",
+    category="vision",
+    inputs=[
+        Input("input", _dt.NUMERIC),
+        Input("image_shape", (_dt.int64,), host=True),
+        Input("block_shape", (_dt.int64,), host=True),
+    ],
+    outputs=["output"],
+    attrs=[Attr("dilations", "ints", None), Attr("pads", "ints", None), Attr("strides", "ints", None)],
+    infer=_col2im_infer,
+    reference=_col2im_ref,
+    doc="Rearrange column blocks back into an image (fold).",
+)
+
+
+@Col2Im.kernel("col2im_numpy", priority=5, dtypes=_F32_64)
+def _col2im_kernel(ins, outs, attrs, plan, ws):
+    img, blk, dil, pads, strides, _ = _col2im_params("Col2Im", ins[0].shape, ins[1], ins[2], attrs)
+    KS.col2im(ins[0], img, blk, dil, pads, strides, outs[0])
+
+
 @api("grid_sample", "GridSample")
 def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=False):
     """Sample ``input`` (N, C, *spatial) at ``grid`` (N, *out, r) normalised positions, as
@@ -1042,6 +1116,12 @@ def tensor_scatter(past_cache, update, write_indices=None, mode="linear", axis=-
     return [past_cache, update, write_indices], {"mode": mode, "axis": int(axis)}
 
 
+@api("col2im", "Col2Im")
+def col2im(x, image_shape, block_shape, dilations=None, pads=None, strides=None):
+    """ONNX Col2Im (torch.nn.functional.fold with ONNX-style pads [begins..., ends...])."""
+    return [x, _i64(image_shape), _i64(block_shape)], {"dilations": dilations, "pads": pads, "strides": strides}
+
+
 __all__ = [
     "grid_sample",
     "deform_conv2d",
@@ -1051,4 +1131,5 @@ __all__ = [
     "bitcast",
     "tensor_scatter",
     "decode_image",
+    "col2im",
 ]
