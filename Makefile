@@ -13,8 +13,9 @@ $(BIN)/python:
 venv: $(BIN)/python
 	$(PIP) install -q -e .
 
+# the distributed extra too: tests/test_distributed.py runs ranks with the venv's mpirun
 venv-test: $(BIN)/python
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[test,distributed]"
 
 run: venv
 	$(BIN)/opsnn run

@@ -45,6 +45,7 @@ LAYER_OF = {
     "autograd": "training",
     "optim": "training",
     "amp": "training",
+    "distributed": "training",
     # frontends: what builds or loads graphs and modules; the compile front door; user settings
     "nn": "frontends",
     "checkpoint": "frontends",
@@ -53,6 +54,7 @@ LAYER_OF = {
     "frontend": "frontends",
     "config": "frontends",
     "frontends": "frontends",
+    "utils": "frontends",
     # applications: whole jobs built on the frontends
     "llm": "applications",
     "pipeline": "applications",

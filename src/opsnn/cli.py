@@ -333,6 +333,12 @@ def _serve_bench(argv) -> int:
     return cli_serve_bench(argv)
 
 
+def _launch(argv) -> int:
+    from .distributed.launch import main as launch_main
+
+    return launch_main(argv)
+
+
 def _video_bench(argv) -> int:
     from .pipeline import cli_video_bench
 
@@ -350,6 +356,7 @@ PASS_THROUGH = {
     "explain": (_explain, "which kernel each node of a model runs, and why (see 'opsnn explain --help')"),
     "generate": (_generate, "generate tokens with the LLaMA-style decoder and a KV cache"),
     "serve-bench": (_serve_bench, "replay a mixed LLM workload: dynamic batching vs one request at a time"),
+    "launch": (_launch, "start N ranks of a training script through mpirun, threads shared out, output tagged by rank"),
     "video-bench": (_video_bench, "video pipeline (decode, preprocess, infer, postprocess): pipelined vs sequential"),
 }
 

@@ -69,6 +69,14 @@ class MemoryCorruptionError(OpsnnRuntimeError):
     """A kernel wrote outside its buffers (found by the pool's debug guard bytes)."""
 
 
+class DistributedError(OpsnnRuntimeError):
+    """A collective or the process group failed (another rank raised or died, MPI reported an error)."""
+
+
+class CollectiveTimeoutError(DistributedError, TimeoutError):
+    """A collective did not finish within the process group's timeout; names the op and the ranks."""
+
+
 class InnerError(OpsnnError):
     """An internal invariant failed (a bug in opsnn)."""
 
