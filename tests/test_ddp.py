@@ -1,11 +1,11 @@
-"""DistributedDataParallel over MPI: ``mpirun -np 2`` runs tests/_ddp_worker.py, whose ranks check
-themselves against one process on the whole batch (see the worker's scenarios); here, the job's
-exit status and each rank's PASS lines. The bucket assignment is checked in-process."""
+"""DistributedDataParallel over MPI: ``opsnn launch -n 2`` runs tests/distributed_workers/ddp.py,
+whose ranks check themselves against one process on the whole batch (see the worker's scenarios);
+here, how the job ends and each rank's PASS lines. The bucket assignment is checked in-process."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,32 +13,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import opsnn
 from opsnn.nn.parallel import assign_buckets
 
-pytest.importorskip("mpi4py")
-WORKER = Path(__file__).with_name("_ddp_worker.py")
-SRC = Path(__file__).resolve().parents[1] / "src"
+WORKER = Path(__file__).resolve().parent / "distributed_workers" / "ddp.py"
+needs_mpi = pytest.mark.skipif(
+    importlib.util.find_spec("mpi4py") is None,
+    reason="mpi4py is not installed (pip install 'opsnn[distributed]'; make test installs it)",
+)
 
 
-def _mpirun() -> str:
-    here = Path(sys.executable).with_name("mpirun")
-    found = str(here) if here.exists() else shutil.which("mpirun")
-    if found is None:
-        pytest.skip("no mpirun (install the [distributed] extra: pip install 'opsnn[distributed]')")
-    return found
-
-
-def run_ranks(scenario: str, n: int = 2, timeout: float = 240) -> str:
-    cmd = [_mpirun(), "-np", str(n), "--oversubscribe"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    env = dict(os.environ, OPSNN_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run(
-        [*cmd, sys.executable, str(WORKER), scenario], capture_output=True, text=True, env=env, timeout=timeout
-    )
+def run_ranks(scenario: str, timeout: float = 300) -> str:
+    env = dict(os.environ)
+    src = str(Path(opsnn.__file__).resolve().parents[1])  # the ranks import the opsnn under test
+    env["PYTHONPATH"] = src + os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else src
+    cmd = [sys.executable, "-m", "opsnn.cli", "launch", "-n", "2", "--threads-per-rank", "1", str(WORKER), scenario]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"mpirun -np {n} {WORKER.name} {scenario} failed ({proc.returncode}):\n{out[-6000:]}"
+    assert proc.returncode == 0, f"{WORKER.name} {scenario} on 2 ranks failed ({proc.returncode}):\n{out[-6000:]}"
     return out
 
 
@@ -50,16 +42,18 @@ def test_assign_buckets_reverse_order_per_dtype_with_a_small_first_bucket():
     assert assign_buckets(mixed, cap_bytes=10**6) == [[2, 0], [1]]  # one dtype per bucket
 
 
+@needs_mpi
 def test_two_ranks_train_like_one_process_on_the_whole_batch():
     out = run_ranks("train")
     for rank in range(2):
         for kind in ("cnn", "encoder"):
             for opt in ("sgd", "adamw"):
-                assert f"rank {rank}: PASS train {kind} {opt}" in out, out[-4000:]
+                assert f"[rank {rank}] PASS train {kind} {opt}" in out, out[-4000:]
 
 
+@needs_mpi
 def test_no_sync_buffers_mismatch_and_unused_parameters():
     out = run_ranks("misc")
     for rank in range(2):
         for what in ("no_sync", "buffer broadcast", "mismatch", "unused parameters", "misc"):
-            assert f"rank {rank}: PASS {what}" in out, out[-4000:]
+            assert f"[rank {rank}] PASS {what}" in out, out[-4000:]

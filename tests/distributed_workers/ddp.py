@@ -1,9 +1,9 @@
-"""Rank program for tests/test_ddp.py, run as ``mpirun -np 2 python _ddp_worker.py SCENARIO``.
+"""Rank program for tests/test_ddp.py, run as ``opsnn launch -n 2 ddp.py SCENARIO`` (mpirun).
 
 Each scenario checks DistributedDataParallel from inside the ranks (numpy asserts, with the
 single-process reference computed on rank 0) and prints ``PASS <check>`` lines; an assertion
-anywhere aborts the whole MPI job (so the test fails at once instead of a rank waiting forever in
-a collective for its failed peer).
+nobody catches aborts the whole job (opsnn.distributed's exception hook), so a failed rank never
+leaves its peer waiting in a collective.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import re
 import sys
-import traceback
 
 import numpy as np
 
@@ -34,7 +33,7 @@ RTOL, ATOL = 1e-5, 1e-7
 
 
 def report(what: str) -> None:
-    print(f"rank {RANK}: PASS {what}", flush=True)
+    print(f"PASS {what}", flush=True)  # the launcher tags the line with the rank
 
 
 # -- models ------------------------------------------------------------------------------------------------------
@@ -352,12 +351,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        from mpi4py import MPI
-
-        MPI.COMM_WORLD.Abort(1)
+    main()
