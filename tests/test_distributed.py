@@ -54,8 +54,8 @@ def _clock(output: str, label: str) -> float:
 
 
 @needs_mpi
-def test_collectives_on_two_ranks_through_the_launcher():
-    proc, _ = _launch(str(WORKERS / "collectives.py"))
+def test_collectives_on_two_ranks_through_the_launcher(tmp_path):
+    proc, _ = _launch(str(WORKERS / "collectives.py"), str(tmp_path))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     for r in range(2):
@@ -86,6 +86,7 @@ def test_a_collective_that_never_completes_times_out_naming_the_missing_rank():
     assert proc.returncode != 0, out
     assert "[rank 0] timeout raised as expected" in out, out
     assert re.search(r"CollectiveTimeoutError: .*all_reduce #2 .* within 2 s on rank 0 of 2: rank 1 never reached", out)
+    assert "rank 0 of 2: destroying a process group broken by CollectiveTimeoutError" in out, out
     assert ended - _clock(out, "collective #2 starts at") < FAILURE_BOUND_S, out
 
 

@@ -8,6 +8,7 @@ which rounds that pair correctly), and AVG halves exactly.
 """
 
 import os
+import sys
 import threading
 import time
 
@@ -17,7 +18,7 @@ import numpy as np
 import opsnn
 import opsnn.distributed as dist
 from opsnn.distributed import ReduceOp
-from opsnn.errors import DTypeError, ParamInvalidError
+from opsnn.errors import DistributedError, DTypeError, ParamInvalidError
 
 dist.init_process_group("mpi", timeout=120)
 rank, size = dist.get_rank(), dist.get_world_size()
@@ -226,6 +227,33 @@ for call, kind in (
     else:
         raise AssertionError("accepted a bad argument")
 print("errors ok")
+
+# -- a checkpoint written by rank 0 alone, read by every rank once run_on_rank0 returns ---------------
+ckpt = os.path.join(sys.argv[1], "ckpt.safetensors")
+opsnn.manual_seed(100 + rank)  # the ranks' models differ until they resume from rank 0's file
+model = opsnn.nn.Linear(3, 2)
+assert dist.run_on_rank0(opsnn.save_checkpoint, ckpt, model, step=7) == (ckpt if rank == 0 else None)
+resumed = opsnn.nn.Linear(3, 2)
+assert opsnn.load_checkpoint(ckpt, resumed)["step"] == 7
+opsnn.manual_seed(100)
+rank0_model = opsnn.nn.Linear(3, 2)
+for name, value in resumed.state_dict().items():
+    same(value.numpy(), rank0_model.state_dict()[name].numpy(), f"resumed {name}")
+
+
+def fails_on_rank0():
+    raise OSError("disk full")
+
+
+try:
+    dist.run_on_rank0(fails_on_rank0)
+except OSError as exc:
+    assert rank == 0 and "disk full" in str(exc)
+except DistributedError as exc:
+    assert rank == 1 and "fails_on_rank0 failed on rank 0: OSError: disk full" in str(exc), str(exc)
+else:
+    raise AssertionError("run_on_rank0 hid rank 0's failure")
+print("run_on_rank0 ok")
 
 
 @dist.rank_zero_only

@@ -1,7 +1,8 @@
 """A rank fails in one of three ways; the test checks the whole job ends with it named, in bounded time.
 
 ``raise``: rank 1 raises at step 3 of a loop with one all_reduce per step (rank 0 waits in step 3's).
-``timeout``: rank 1 skips a collective and sleeps; rank 0's times out after 2 s, naming rank 1.
+``timeout``: rank 1 skips a collective and sleeps; rank 0's times out after 2 s, naming rank 1;
+rank 0 catches it and destroys the group, which aborts the job (rank 1 would wait for ever).
 ``exit``: rank 1 leaves with os._exit(3) at step 3 (a crash: no exception hook runs).
 """
 
@@ -35,7 +36,8 @@ if mode == "timeout":
         else:
             raise AssertionError("a collective after a timeout ran") from exc
         print("timeout raised as expected", flush=True)
-        raise
+        dist.destroy_process_group()  # caught, and the program ends normally: destroying a broken group aborts
+        raise AssertionError("destroy_process_group returned on a broken group") from exc
 for step in range(1, 6):
     if rank == 1 and step == 3:
         print(f"failing at {time.time()}", flush=True)

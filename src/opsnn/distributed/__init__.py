@@ -29,6 +29,7 @@ from .collectives import (
     broadcast,
     reduce_scatter,
     reduce_scatter_tensor,
+    run_on_rank0,
 )
 from .group import (
     DEFAULT_TIMEOUT_S,
@@ -67,4 +68,5 @@ __all__ = [
     "rank_zero_only",
     "reduce_scatter",
     "reduce_scatter_tensor",
+    "run_on_rank0",
 ]

@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes as _dt
-from ..errors import ParamInvalidError
+from ..errors import DistributedError, ParamInvalidError
 from ..tensor import Tensor
-from .group import _check_group, default_group
+from .group import _check_group, default_group, is_initialized
 from .reduce_op import ReduceOp
 from .work import Work
 
@@ -189,6 +189,39 @@ def barrier(group=None, async_op: bool = False):
     """Return once every rank has called ``barrier`` (after every collective launched before it)."""
     _check_group(group, "barrier")
     return _finish(default_group().barrier(), async_op)
+
+
+def run_on_rank0(fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` on rank 0 only, and return on every rank once it has finished:
+    its result on rank 0, None on the others. If it raises on rank 0, rank 0 re-raises it and every
+    other rank raises :class:`~opsnn.errors.DistributedError` with its message, so no rank goes on
+    (or waits) as if it had worked. For checkpoints, which rank 0 alone writes and every rank may
+    read once this returns::
+
+        dist.run_on_rank0(opsnn.save_checkpoint, "ckpt.safetensors", model, optimizer, step=step)
+        opsnn.load_checkpoint("ckpt.safetensors", model, optimizer)   # on every rank, to resume
+
+    Without a process group (or in a world of one) it just calls ``fn``."""
+    if not is_initialized() or default_group().size == 1:
+        return fn(*args, **kwargs)
+    g = default_group()
+    result = error = None
+    if g.rank == 0:
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:  # every rank learns of it below
+            error = exc
+    message = f"{type(error).__name__}: {error}".encode() if error is not None else b""
+    header = np.array([error is not None, len(message)], np.int64)
+    broadcast(header, src=0)  # also keeps the other ranks here until rank 0 is done
+    if header[0]:
+        text = np.frombuffer(message, np.uint8).copy() if g.rank == 0 else np.empty(int(header[1]), np.uint8)
+        broadcast(text, src=0)
+        if error is not None:
+            raise error
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise DistributedError(f"{name} failed on rank 0: {text.tobytes().decode(errors='replace')}", op="run_on_rank0")
+    return result
 
 
 def _root(src, size: int, what: str, arg: str) -> int:

@@ -98,6 +98,15 @@ def destroy_process_group(group=None) -> None:
     atexit.unregister(destroy_process_group)
     _restore_excepthook()
     g.close()
+    if g.broken is not None and g.size > 1:
+        # a collective that never finished is still posted, and the ranks disagree on which comes
+        # next: ending normally would leave the others in it (or in MPI_Finalize) for ever
+        sys.stderr.write(
+            f"opsnn.distributed: rank {g.rank} of {g.size}: destroying a process group broken by "
+            f"{type(g.broken).__name__}: {g.broken}; aborting every rank (MPI_Abort)\n"
+        )
+        sys.stderr.flush()
+        g.abort(1)
 
 
 def default_group():

@@ -117,7 +117,13 @@ class ProcessGroupMPI:
         self.size = self.comm.Get_size()
         self.timeout_s = timeout_s
         self._types = _mpi_types(MPI)
-        self._half_ops: dict = {}
+        # made here, on the thread that initialised MPI: under MPI_THREAD_SERIALIZED only the
+        # communication thread may call MPI once it runs
+        self._half_ops = {
+            (dtype, op): MPI.Op.Create(_half_combine(dtype, fn), commute=True)
+            for dtype in HALF_TYPES
+            for op, fn in _HALF_COMBINE.items()
+        }
         self._track = 1 < self.size <= TRACK_RANKS_UP_TO
         self._peer_seq = [0] * self.size
         self._arrival_sends: list = []
@@ -157,10 +163,7 @@ class ProcessGroupMPI:
         if dtype in HALF_TYPES:
             if base not in _HALF_COMBINE:
                 raise DTypeError(f"{what}: {base!r} is not defined for {_dt.name(dtype)}", op=what)
-            key = (dtype, base)
-            if key not in self._half_ops:
-                self._half_ops[key] = MPI.Op.Create(_half_combine(dtype, _HALF_COMBINE[base]), commute=True)
-            return self._half_ops[key]
+            return self._half_ops[(dtype, base)]
         if kind == "b":
             table = {
                 ReduceOp.SUM: MPI.LOR,
@@ -271,6 +274,11 @@ class ProcessGroupMPI:
             f"(the limit: init_process_group(timeout=...) or OPSNN_DDP_TIMEOUT)",
             op=work.op,
         )
+
+    @property
+    def broken(self) -> BaseException | None:
+        """The failure (a timeout, an MPI error) after which this group runs no more collectives."""
+        return self.thread.broken
 
     # -- teardown --------------------------------------------------------------------------------
     def close(self) -> None:

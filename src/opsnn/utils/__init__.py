@@ -1,0 +1,1 @@
+"""torch.utils-shaped helpers: :mod:`opsnn.utils.data` (``DistributedSampler``)."""
