@@ -23,14 +23,14 @@ needs_mpi = pytest.mark.skipif(
 )
 
 
-def run_ranks(scenario: str, timeout: float = 300) -> str:
+def run_ranks(*scenario: str, timeout: float = 300) -> str:
     env = dict(os.environ)
     src = str(Path(opsnn.__file__).resolve().parents[1])  # the ranks import the opsnn under test
     env["PYTHONPATH"] = src + os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else src
-    cmd = [sys.executable, "-m", "opsnn.cli", "launch", "-n", "2", "--threads-per-rank", "1", str(WORKER), scenario]
+    cmd = [sys.executable, "-m", "opsnn.cli", "launch", "-n", "2", "--threads-per-rank", "1", str(WORKER), *scenario]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{WORKER.name} {scenario} on 2 ranks failed ({proc.returncode}):\n{out[-6000:]}"
+    assert proc.returncode == 0, f"{WORKER.name} {scenario[0]} on 2 ranks failed ({proc.returncode}):\n{out[-6000:]}"
     return out
 
 
@@ -52,8 +52,8 @@ def test_two_ranks_train_like_one_process_on_the_whole_batch():
 
 
 @needs_mpi
-def test_no_sync_buffers_mismatch_and_unused_parameters():
-    out = run_ranks("misc")
+def test_no_sync_buffers_mismatch_unused_parameters_and_resume(tmp_path):
+    out = run_ranks("misc", str(tmp_path))
     for rank in range(2):
-        for what in ("no_sync", "buffer broadcast", "mismatch", "unused parameters", "misc"):
+        for what in ("no_sync", "buffer broadcast", "mismatch", "unused parameters", "resume", "misc"):
             assert f"[rank {rank}] PASS {what}" in out, out[-4000:]

@@ -210,6 +210,7 @@ def scenario_misc() -> None:
     check_buffer_broadcast()
     check_mismatch()
     check_unused()
+    check_resume(sys.argv[2])
     report("misc")
 
 
@@ -340,6 +341,36 @@ def check_unused() -> None:
     else:
         raise AssertionError("a second backward after one forward passed")
     report("unused parameters")
+
+
+def check_resume(directory: str) -> None:
+    """A checkpoint written by rank 0 alone mid-run: every rank loads it into a fresh model and
+    continues bit-identically to the run that wrote it."""
+    data = batches("encoder", 4, seed=21)
+
+    def train(ddp, opt, steps):
+        for x, y in steps:
+            opt.zero_grad()
+            loss_of("encoder", ddp, *shard("encoder", x, y, RANK, WORLD)).backward()
+            opt.step()
+
+    model = encoder(RANK)
+    ddp = DDP(model)
+    opt = make_opt("adamw", ddp.parameters())
+    train(ddp, opt, data[:2])
+    path = f"{directory}/ddp.safetensors"
+    dist.run_on_rank0(opsnn.save_checkpoint, path, model, opt, step=2)
+    train(ddp, opt, data[2:])
+    resumed = encoder(RANK + 10)
+    ddp2 = DDP(resumed)
+    opt2 = make_opt("adamw", ddp2.parameters())
+    assert opsnn.load_checkpoint(path, resumed, opt2)["step"] == 2
+    train(ddp2, opt2, data[2:])
+    theirs = dict(model.named_parameters())
+    for n, p in resumed.named_parameters():
+        np.testing.assert_array_equal(p.numpy(), theirs[n].numpy(), err_msg=f"resumed: {n}")
+    same_on_all_ranks(resumed, "resumed parameters")
+    report("resume")
 
 
 def main() -> None:
