@@ -2,7 +2,7 @@
 
 The workers (tests/distributed_workers/) check their results against numpy oracles themselves;
 these tests check how the jobs end. A failure's bound is measured from the moment the failing
-rank says it fails (its own clock line) to the end of the job, so a slow start (importing opsnn
+rank says it fails (its own clock line) to the end of the job (the four failure jobs run at once), so a slow start (importing opsnn
 in three processes) does not count against it.
 """
 
@@ -11,9 +11,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,8 @@ import pytest
 import opsnn
 import opsnn.distributed as dist
 from opsnn.distributed.launch import THREAD_VARIABLES, cores, launch_command
+from opsnn.distributed.launch import main as launch_main
+from opsnn.distributed.work import _seconds
 from opsnn.errors import DistributedError, ParamInvalidError
 
 WORKERS = Path(__file__).resolve().parent / "distributed_workers"
@@ -40,11 +45,53 @@ def _env() -> dict:
     return env
 
 
-def _launch(*program: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
-    """``opsnn launch -n 2 --threads-per-rank 1 program...``: the process and the wall time it ended."""
-    cmd = [sys.executable, "-m", "opsnn.cli", "launch", "-n", "2", "--threads-per-rank", "1", *program]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
-    return proc, time.time()
+def _command(*program: str) -> list[str]:
+    """``opsnn launch -n 2 --threads-per-rank 1 program...``"""
+    return [sys.executable, "-m", "opsnn.cli", "launch", "-n", "2", "--threads-per-rank", "1", *program]
+
+
+class Job:
+    """A launched job, its output collected by a thread that notes the wall time it ended."""
+
+    def __init__(self, *program: str, env: dict | None = None):
+        self.proc = subprocess.Popen(
+            _command(*program),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**_env(), **(env or {})},
+            start_new_session=True,  # its own process group: a hung job is killed with its ranks
+        )
+        self.stdout = self.stderr = ""
+        self.ended = 0.0
+        self._reader = threading.Thread(target=self._collect, daemon=True)
+        self._reader.start()
+
+    def _collect(self) -> None:
+        self.stdout, self.stderr = self.proc.communicate()
+        self.ended = time.time()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the launcher, mpirun and the ranks it started
+
+    def result(self, timeout: float = 300) -> tuple[int, str]:
+        self._reader.join(timeout)
+        if self._reader.is_alive():
+            self.kill()
+            self._reader.join()
+            raise AssertionError(f"the job hung for {timeout} s:\n{self.stdout}{self.stderr}")
+        return self.proc.returncode, self.stdout + self.stderr
+
+
+@pytest.fixture(scope="module")
+def failure_jobs():
+    """The failure scenarios, started together (each job mostly waits: its cost is starting up)."""
+    jobs = {mode: Job(str(WORKERS / "failures.py"), mode) for mode in ("raise", "exit", "timeout")}
+    jobs["noinit"] = Job(str(WORKERS / "failures.py"), "noinit", env={"OPSNN_DDP_TIMEOUT": "2"})
+    yield jobs
+    for job in jobs.values():
+        job.kill()
 
 
 def _clock(output: str, label: str) -> float:
@@ -55,39 +102,49 @@ def _clock(output: str, label: str) -> float:
 
 @needs_mpi
 def test_collectives_on_two_ranks_through_the_launcher(tmp_path):
-    proc, _ = _launch(str(WORKERS / "collectives.py"), str(tmp_path))
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    job = Job(str(WORKERS / "collectives.py"), str(tmp_path))
+    rc, out = job.result()
+    assert rc == 0, out
     for r in range(2):
-        assert f"[rank {r}] ALL OK rank {r}" in proc.stdout, out
-        assert f"[rank {r}] OPSNN_NUM_THREADS=1" in proc.stdout, out  # --threads-per-rank reached the ranks
-    assert "[rank 0] rank_zero_only ran here" in proc.stdout and "[rank 1] rank_zero_only" not in proc.stdout
+        assert f"[rank {r}] ALL OK rank {r}" in job.stdout, out
+        assert f"[rank {r}] OPSNN_NUM_THREADS=1" in job.stdout, out  # --threads-per-rank reached the ranks
+    assert "[rank 0] rank_zero_only ran here" in job.stdout and "[rank 1] rank_zero_only" not in job.stdout
 
 
 @needs_mpi
 @pytest.mark.parametrize("mode", ["raise", "exit"])
-def test_a_failing_rank_ends_the_job_naming_it(mode):
-    proc, ended = _launch(str(WORKERS / "failures.py"), mode)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out
-    assert ended - _clock(out, "failing at") < FAILURE_BOUND_S, out
+def test_a_failing_rank_ends_the_job_naming_it(failure_jobs, mode):
+    job = failure_jobs[mode]
+    rc, out = job.result()
+    assert rc != 0, out
+    assert job.ended - _clock(out, "failing at") < FAILURE_BOUND_S, out
     assert "[rank 0] step 3 done" not in out, out  # rank 0 never got past the step rank 1 failed in
     if mode == "raise":
         assert "[rank 1] RuntimeError: failure injected at step 3" in out, out
-        assert "rank 1 of 2 raised RuntimeError; aborting every rank" in out, out
+        assert "rank 1 of 2: raised RuntimeError; aborting every rank" in out, out
     else:
         assert re.search(r"Process name: \[\S+,1\]\s+Exit code:\s+3", out), out  # mpirun names rank 1
 
 
 @needs_mpi
-def test_a_collective_that_never_completes_times_out_naming_the_missing_rank():
-    proc, ended = _launch(str(WORKERS / "failures.py"), "timeout")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out
+def test_a_collective_that_never_completes_times_out_naming_the_missing_rank(failure_jobs):
+    job = failure_jobs["timeout"]
+    rc, out = job.result()
+    assert rc != 0, out
     assert "[rank 0] timeout raised as expected" in out, out
     assert re.search(r"CollectiveTimeoutError: .*all_reduce #2 .* within 2 s on rank 0 of 2: rank 1 never reached", out)
     assert "rank 0 of 2: destroying a process group broken by CollectiveTimeoutError" in out, out
-    assert ended - _clock(out, "collective #2 starts at") < FAILURE_BOUND_S, out
+    assert job.ended - _clock(out, "collective #2 starts at") < FAILURE_BOUND_S, out
+
+
+@needs_mpi
+def test_a_rank_that_never_joins_times_out_init(failure_jobs):
+    job = failure_jobs["noinit"]
+    rc, out = job.result()
+    assert rc != 0, out
+    assert re.search(r"CollectiveTimeoutError: .*init_process_group did not complete within 2 s on rank 0 of 2", out)
+    assert "rank 0 of 2: raised CollectiveTimeoutError; aborting every rank" in out, out
+    assert job.ended - _clock(out, "\\[rank 0\\] init starts at") < FAILURE_BOUND_S, out
 
 
 @needs_mpi
@@ -115,10 +172,23 @@ def test_an_unknown_backend_is_a_typed_error_listing_the_available(monkeypatch):
     monkeypatch.setenv("OPSNN_DDP_BACKEND", "mpi")
     with pytest.raises(ParamInvalidError, match=r"timeout must be a positive number"):
         dist.init_process_group(timeout=-1)
+    monkeypatch.setenv("OPSNN_DDP_TIMEOUT", "soon")
+    with pytest.raises(ParamInvalidError, match=r"OPSNN_DDP_TIMEOUT: timeout must be a positive number"):
+        dist.init_process_group()
+    assert _seconds(timedelta(minutes=1, seconds=30), "x") == 90.0 and _seconds("2.5", "x") == 2.5
     assert not dist.is_initialized()
     with pytest.raises(DistributedError, match="init_process_group"):
         dist.get_rank()
     assert dist.is_main_process()  # no group: this process is the main one (logs, progress bars)
+
+
+@needs_mpi
+def test_launch_options_end_where_the_program_starts(capsys):
+    assert launch_main(["-n", "3", "--mpi-arg=--map-by", "--mpi-arg=slot", "--dry-run", "-m", "pkg.x", "-n", "1"]) == 0
+    cmd = capsys.readouterr().out.split()
+    assert cmd[1:3] == ["-n", "3"] and cmd[-4:] == ["-m", "pkg.x", "-n", "1"] and "slot" in cmd
+    assert launch_main(["--dry-run", "train.py", "--dry-run"]) == 0
+    assert capsys.readouterr().out.split()[-2:] == ["train.py", "--dry-run"]
 
 
 @needs_mpi

@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import ml_dtypes
 import numpy as np
@@ -18,7 +19,7 @@ import numpy as np
 import opsnn
 import opsnn.distributed as dist
 from opsnn.distributed import ReduceOp
-from opsnn.errors import DistributedError, DTypeError, ParamInvalidError
+from opsnn.errors import CollectiveTimeoutError, DistributedError, DTypeError, ParamInvalidError
 
 dist.init_process_group("mpi", timeout=120)
 rank, size = dist.get_rank(), dist.get_world_size()
@@ -162,26 +163,59 @@ for dtype in DTYPES:
         same(out2.numpy().T, whole[2 * rank : 2 * rank + 2], f"reduce_scatter_tensor {op} {dtype}")
 print("reduce_scatter ok")
 
+
 # -- async: the collective progresses on the communication thread while this thread computes ----------
+# rank 1 joins only once rank 0 says so through a file (not a collective: those queue behind this one)
+def tell(name: str) -> None:
+    open(os.path.join(sys.argv[1], name), "w").close()
+
+
+def heard(name: str) -> None:
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(sys.argv[1], name)):
+        assert time.monotonic() < deadline, f"rank 0 never wrote {name}"
+        time.sleep(0.01)
+
+
+def compute(a):
+    return np.tanh(a @ a.T / 128)
+
+
 n = 1 << 20
 x = opsnn.tensor(np.full(n, rank + 1, np.float32))
-if rank == 1:
-    time.sleep(0.5)  # rank 0's collective is certainly in flight while rank 0 computes
-w = dist.all_reduce(x, async_op=True)
-if rank == 0:
-    assert not w.is_completed(), "the collective finished before its peer joined"
-chunks = 0
 a = np.random.default_rng(0).standard_normal((128, 128))
-deadline = time.monotonic() + 60
+if rank == 1:
+    heard("computed")
+w = dist.all_reduce(x, async_op=True)
+chunks = 0
+if rank == 0:
+    a = compute(a)
+    assert not w.is_completed(), "the collective finished before its peer joined"  # in flight during compute
+    tell("computed")
+deadline = time.monotonic() + 120
 while not w.is_completed():  # never wait(): only the communication thread can finish it
-    a = np.tanh(a @ a.T / 128)
+    a = compute(a)
     chunks += 1
     assert time.monotonic() < deadline, "the collective made no progress without wait()"
-if rank == 0:
-    assert chunks >= 1, "the main thread did not compute while the collective ran"
 w.wait()
 assert np.all(x.numpy() == 3.0)
-print(f"overlap ok ({chunks} compute chunks while in flight)")
+print(f"overlap ok ({chunks} more compute chunks while in flight)")
+
+# -- Work.wait(timeout) bounds that wait only: the collective goes on and completes -----------------------
+if rank == 1:
+    heard("waited")
+w = dist.all_reduce(x, async_op=True)
+if rank == 0:
+    try:
+        w.wait(timeout=0.01)
+    except CollectiveTimeoutError as exc:
+        assert "all_reduce" in str(exc) and "wait(timeout=0.01 s)" in str(exc), str(exc)
+    else:
+        raise AssertionError("wait(timeout=0.01) returned before rank 1 joined")
+    tell("waited")
+w.wait(timeout=timedelta(seconds=60))
+assert w.is_success() and np.all(x.numpy() == 6.0)
+print("wait(timeout) ok")
 
 # -- order: collectives complete in launch order, and a later sync call waits for the earlier ones ------
 case += 1

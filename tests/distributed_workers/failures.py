@@ -1,9 +1,10 @@
-"""A rank fails in one of three ways; the test checks the whole job ends with it named, in bounded time.
+"""A rank fails in one of four ways; the test checks the whole job ends with it named, in bounded time.
 
 ``raise``: rank 1 raises at step 3 of a loop with one all_reduce per step (rank 0 waits in step 3's).
 ``timeout``: rank 1 skips a collective and sleeps; rank 0's times out after 2 s, naming rank 1;
 rank 0 catches it and destroys the group, which aborts the job (rank 1 would wait for ever).
 ``exit``: rank 1 leaves with os._exit(3) at step 3 (a crash: no exception hook runs).
+``noinit``: rank 1 never calls init_process_group; rank 0's times out after 2 s.
 """
 
 import os
@@ -17,7 +18,14 @@ import opsnn.distributed as dist
 from opsnn.errors import CollectiveTimeoutError, DistributedError
 
 mode = sys.argv[1]
-dist.init_process_group("mpi", timeout=2.0 if mode == "timeout" else 60.0)
+if mode == "noinit":
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_rank() == 1:
+        time.sleep(60)  # never joins; ended by rank 0's abort
+    print(f"init starts at {time.time()}", flush=True)
+# noinit: the timeout comes from OPSNN_DDP_TIMEOUT=2, which the test sets
+dist.init_process_group("mpi", timeout={"timeout": 2.0, "noinit": None}.get(mode, 60.0))
 rank = dist.get_rank()
 t = opsnn.tensor(np.ones(1000, np.float32))
 if mode == "timeout":

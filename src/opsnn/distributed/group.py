@@ -25,6 +25,7 @@ BACKENDS = {"mpi": lambda: __import__("opsnn.distributed.mpi", fromlist=["Proces
 
 _group = None
 _previous_excepthook = None
+_hooked_group = None  # the group whose ranks an uncaught exception aborts
 
 
 def is_available() -> bool:
@@ -74,16 +75,23 @@ def init_process_group(
         timeout_s = _seconds(env, "OPSNN_DDP_TIMEOUT") if env else DEFAULT_TIMEOUT_S
     else:
         timeout_s = _seconds(timeout, "init_process_group")
-    group = BACKENDS[name]()(timeout_s)
-    for what, given, actual in (("world_size", world_size, group.size), ("rank", rank, group.rank)):
-        if given not in (-1, None) and given != actual:
-            group.close()
-            raise ParamInvalidError(
-                f"init_process_group: {what}={given} disagrees with the world MPI started ({what} {actual})",
-                op="init_process_group",
-            )
+    group = BACKENDS[name]()(timeout_s)  # reads this rank's place in the world; no communication yet
+    _install_excepthook(group)  # from here a failure on this rank must end every rank
+    try:
+        for what, given, actual in (("world_size", world_size, group.size), ("rank", rank, group.rank)):
+            if given not in (-1, None) and given != actual:
+                raise ParamInvalidError(
+                    f"init_process_group: {what}={given} disagrees with the world MPI started ({what} {actual})",
+                    op="init_process_group",
+                )
+        group.connect()
+    except BaseException as exc:
+        if group.size > 1:  # the other ranks wait for this one in init_process_group
+            atexit.register(_abort, group, f"init_process_group failed: {type(exc).__name__}")
+        else:
+            _restore_excepthook()
+        raise
     _group = group
-    _install_excepthook()
     atexit.register(destroy_process_group)
 
 
@@ -101,12 +109,13 @@ def destroy_process_group(group=None) -> None:
     if g.broken is not None and g.size > 1:
         # a collective that never finished is still posted, and the ranks disagree on which comes
         # next: ending normally would leave the others in it (or in MPI_Finalize) for ever
-        sys.stderr.write(
-            f"opsnn.distributed: rank {g.rank} of {g.size}: destroying a process group broken by "
-            f"{type(g.broken).__name__}: {g.broken}; aborting every rank (MPI_Abort)\n"
-        )
-        sys.stderr.flush()
-        g.abort(1)
+        _abort(g, f"destroying a process group broken by {type(g.broken).__name__}: {g.broken}")
+
+
+def _abort(group, why: str) -> None:
+    sys.stderr.write(f"opsnn.distributed: rank {group.rank} of {group.size}: {why}; aborting every rank (MPI_Abort)\n")
+    sys.stderr.flush()
+    group.abort(1)
 
 
 def default_group():
@@ -163,27 +172,21 @@ def rank_zero_only(fn):
 def _abort_hook(exc_type, exc, tb) -> None:
     """Print the traceback, then end every rank: the others would wait in their next collective."""
     (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
-    g = _group
-    if g is None or g.size == 1:
-        return
-    try:
-        sys.stderr.write(
-            f"opsnn.distributed: rank {g.rank} of {g.size} raised {exc_type.__name__}; aborting every rank (MPI_Abort)\n"
-        )
-        sys.stderr.flush()
-    finally:
-        g.abort(1)
+    g = _hooked_group
+    if g is not None and g.size > 1:
+        _abort(g, f"raised {exc_type.__name__}")
 
 
-def _install_excepthook() -> None:
-    global _previous_excepthook
+def _install_excepthook(group) -> None:
+    global _previous_excepthook, _hooked_group
+    _hooked_group = group
     if sys.excepthook is not _abort_hook:
         _previous_excepthook = sys.excepthook
         sys.excepthook = _abort_hook
 
 
 def _restore_excepthook() -> None:
-    global _previous_excepthook
+    global _previous_excepthook, _hooked_group
     if sys.excepthook is _abort_hook:
         sys.excepthook = _previous_excepthook or sys.__excepthook__
-    _previous_excepthook = None
+    _previous_excepthook = _hooked_group = None

@@ -18,6 +18,7 @@ import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -138,6 +139,8 @@ def _relay(src, dst) -> None:
 def run(cmd: list[str], env: dict) -> int:
     """Run ``cmd`` with its output relayed (rank tags rewritten); mpirun's exit code."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if threading.current_thread() is threading.main_thread():  # a TERM for the launcher ends the ranks too
+        signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signal.SIGTERM))
     relays = [
         threading.Thread(target=_relay, args=(proc.stdout, sys.stdout.buffer), daemon=True),
         threading.Thread(target=_relay, args=(proc.stderr, sys.stderr.buffer), daemon=True),
@@ -155,10 +158,31 @@ def run(cmd: list[str], env: dict) -> int:
     return rc
 
 
+#: launch's options that take a value (the program starts at the first word that is not an option)
+_VALUED = {"-n", "--nprocs", "--threads-per-rank", "--mpi-arg"}
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(launch's options, the program and its arguments)``: the program is the first word that is
+    not an option, or ``-m module``; everything after it is the program's."""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return argv[:i], argv[i + 1 :]
+        if word == "-m" or not word.startswith("-"):
+            return argv[:i], argv[i:]
+        i += 2 if word in _VALUED else 1
+    return argv, []
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options, program = _split(argv)
     parser = argparse.ArgumentParser(
         prog="opsnn launch",
-        description="Start N ranks of a Python script through mpirun (data-parallel training on MPI).",
+        usage="opsnn launch [options] script.py [args ...]  |  opsnn launch [options] -m module [args ...]",
+        description="Start N ranks of a Python script (or module) through mpirun: data-parallel training on MPI.",
     )
     parser.add_argument("-n", "--nprocs", type=int, default=2, help="number of ranks (default 2)")
     parser.add_argument(
@@ -166,16 +190,16 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="threads each rank's kernels use (default: OPSNN_NUM_THREADS if set, else cores // ranks)",
     )
-    parser.add_argument("-m", dest="module", help="run a module (as python -m) instead of a script")
     parser.add_argument(
-        "--mpi-arg", action="append", default=[], help="an extra argument for mpirun (repeat for several)"
+        "--mpi-arg",
+        action="append",
+        default=[],
+        help="an extra argument for mpirun, one per flag: --mpi-arg=--map-by --mpi-arg=slot",
     )
     parser.add_argument("--no-tag", action="store_true", help="leave each line without its [rank R] prefix")
     parser.add_argument("--dry-run", action="store_true", help="print the mpirun command instead of running it")
-    parser.add_argument("program", nargs=argparse.REMAINDER, help="the script and its arguments")
-    args = parser.parse_args(argv)
-    program = ["-m", args.module, *args.program] if args.module else args.program
-    if not program:
+    args = parser.parse_args(options)
+    if not program or program == ["-m"]:
         parser.error("no script to run (opsnn launch -n 2 train.py ...)")
     cmd, env = launch_command(
         args.nprocs,

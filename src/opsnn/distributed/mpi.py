@@ -12,6 +12,7 @@ gives, and larger worlds round once per combining step of MPI's reduction tree.
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 
@@ -112,11 +113,23 @@ class ProcessGroupMPI:
             )
         self.thread_level = level
         world = MPI.COMM_WORLD
-        self.comm = world.Dup()
-        self.rank = self.comm.Get_rank()
-        self.size = self.comm.Get_size()
+        self.rank = world.Get_rank()
+        self.size = world.Get_size()
         self.timeout_s = timeout_s
         self._types = _mpi_types(MPI)
+        self._half_ops: dict = {}
+        self._track = 1 < self.size <= TRACK_RANKS_UP_TO
+        self._peer_seq = [0] * self.size
+        self._arrival_sends: list = []
+        self._arrivals = self.comm = self.thread = None
+
+    def connect(self) -> None:
+        """Meet every other rank (within the timeout) and start the communication thread."""
+        MPI = self.MPI
+        world = MPI.COMM_WORLD
+        self.comm = self._duplicate(world)
+        if self._track:
+            self._arrivals = self._duplicate(world)
         # made here, on the thread that initialised MPI: under MPI_THREAD_SERIALIZED only the
         # communication thread may call MPI once it runs
         self._half_ops = {
@@ -124,17 +137,27 @@ class ProcessGroupMPI:
             for dtype in HALF_TYPES
             for op, fn in _HALF_COMBINE.items()
         }
-        self._track = 1 < self.size <= TRACK_RANKS_UP_TO
-        self._peer_seq = [0] * self.size
-        self._arrival_sends: list = []
-        self._arrivals = world.Dup() if self._track else None
         self.thread = CommThread(
             f"opsnn-comm-rank{self.rank}",
-            timeout_s,
+            self.timeout_s,
             poll=lambda request: request.Test(),
             on_timeout=self._timeout_error,
             on_start=self._announce if self._track else None,
         )
+
+    def _duplicate(self, world):
+        """A duplicate of ``world``: every rank takes part, so a rank that never comes times it out."""
+        comm, request = world.Idup()
+        deadline = time.monotonic() + self.timeout_s
+        while not request.Test():
+            if time.monotonic() > deadline:
+                raise CollectiveTimeoutError(
+                    f"init_process_group did not complete within {self.timeout_s:g} s on rank {self.rank} of "
+                    f"{self.size}: some rank never called it (it raised, hung, or runs other code first)",
+                    op="init_process_group",
+                )
+            time.sleep(0.001)
+        return comm
 
     # -- buffers and reductions --------------------------------------------------------------
     def check_dtype(self, dtype: np.dtype, op: str) -> None:
@@ -278,11 +301,13 @@ class ProcessGroupMPI:
     @property
     def broken(self) -> BaseException | None:
         """The failure (a timeout, an MPI error) after which this group runs no more collectives."""
-        return self.thread.broken
+        return self.thread.broken if self.thread is not None else None
 
     # -- teardown --------------------------------------------------------------------------------
     def close(self) -> None:
         """Finish the queued collectives, join the communication thread, free the communicators."""
+        if self.thread is None:
+            return  # never connected
         self.thread.close()
         if self.thread.broken is not None:
             return  # a collective may still hold the communicators: leave them to MPI_Finalize / Abort
