@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,18 @@ def run_ranks(*scenario: str, timeout: float = 300) -> str:
     env = dict(os.environ)
     src = str(Path(opsnn.__file__).resolve().parents[1])  # the ranks import the opsnn under test
     env["PYTHONPATH"] = src + os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else src
+    env["OPSNN_DDP_TIMEOUT"] = "120"  # a collective a buggy reducer leaves unmatched ends the job
     cmd = [sys.executable, "-m", "opsnn.cli", "launch", "-n", "2", "--threads-per-rank", "1", str(WORKER), *scenario]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    out = proc.stdout + proc.stderr
+    # its own session: a hung job is killed with mpirun and the ranks
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{WORKER.name} {scenario[0]} hung for {timeout} s:\n{out[-6000:]}") from None
     assert proc.returncode == 0, f"{WORKER.name} {scenario[0]} on 2 ranks failed ({proc.returncode}):\n{out[-6000:]}"
     return out
 
