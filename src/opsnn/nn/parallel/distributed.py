@@ -341,11 +341,13 @@ class DistributedDataParallel(Module):
     @contextlib.contextmanager
     def no_sync(self):
         """Forwards run inside skip the allreduce in their backward: gradients accumulate locally in
-        ``.grad``; the first synchronised backward after it reduces the accumulated sums.
+        ``.grad``; the first synchronised backward after it reduces the accumulated sums::
 
-        >>> # for x in micro_batches[:-1]:
-        >>> #     with ddp.no_sync(): loss_fn(ddp(x)).backward()
-        >>> # loss_fn(ddp(micro_batches[-1])).backward(); opt.step()
+            for x in micro_batches[:-1]:
+                with ddp.no_sync():
+                    loss_fn(ddp(x)).backward()      # local accumulation, no communication
+            loss_fn(ddp(micro_batches[-1])).backward()  # one allreduce per bucket, of the sums
+            opt.step()
         """
         old = self.require_backward_grad_sync
         self.require_backward_grad_sync = False
