@@ -157,7 +157,9 @@ def test_a_plain_python_run_is_a_world_of_one():
         "dist.all_reduce(t, op=dist.ReduceOp.AVG); dist.broadcast(t, 0)\n"
         "out = [opsnn.zeros(6)]; dist.all_gather(out, t)\n"
         "assert t.tolist() == out[0].tolist() == list(range(6))\n"
-        "dist.destroy_process_group(); print('world of one ok')\n"
+        "dist.destroy_process_group()\n"
+        "dist.init_process_group(timeout=5); dist.barrier(); dist.destroy_process_group()  # again, fresh\n"
+        "print('world of one ok')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=_env())
     assert proc.returncode == 0 and "world of one ok" in proc.stdout, proc.stdout + proc.stderr
