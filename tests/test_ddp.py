@@ -65,5 +65,5 @@ def test_two_ranks_train_like_one_process_on_the_whole_batch():
 def test_no_sync_buffers_mismatch_unused_parameters_and_resume(tmp_path):
     out = run_ranks("misc", str(tmp_path))
     for rank in range(2):
-        for what in ("no_sync", "buffer broadcast", "mismatch", "unused parameters", "resume", "misc"):
+        for what in ("no_sync", "buffer broadcast", "mismatch", "unused parameters", "resume", "mixed dtypes", "misc"):
             assert f"[rank {rank}] PASS {what}" in out, out[-4000:]

@@ -211,6 +211,7 @@ def scenario_misc() -> None:
     check_mismatch()
     check_unused()
     check_resume(sys.argv[2])
+    check_mixed_dtypes()
     report("misc")
 
 
@@ -371,6 +372,40 @@ def check_resume(directory: str) -> None:
         np.testing.assert_array_equal(p.numpy(), theirs[n].numpy(), err_msg=f"resumed: {n}")
     same_on_all_ranks(resumed, "resumed parameters")
     report("resume")
+
+
+class MixedDtypes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.low, self.high = nn.Linear(4, 3), nn.Linear(3, 2, dtype="float64")
+
+    def forward(self, x):
+        return self.high(ops.cast(ops.tanh(self.low(x)), np.float64))
+
+
+def check_mixed_dtypes() -> None:
+    """A float32 and a float64 layer: one bucket per dtype; each .grad is the mean over ranks of the
+    local gradients (numpy's float64 mean of every rank's own autograd gradients)."""
+    x = np.random.default_rng(30 + RANK).standard_normal((5, 4)).astype(np.float32)
+    with nn.init.seeded(3):
+        model = MixedDtypes()
+    with nn.init.seeded(3):
+        alone = MixedDtypes()
+    ddp = DDP(model, bucket_cap_mb=1e-4)
+    params = dict(model.named_parameters())
+    kinds = [{np.dtype(params[n].dtype).name for n in b} for b in ddp.bucket_parameters]
+    assert all(len(k) == 1 for k in kinds) and set().union(*kinds) == {"float32", "float64"}, kinds
+    names = [n for n, _ in alone.named_parameters()]
+    local = opsnn.autograd.grad(ops.sum(alone(opsnn.tensor(x))), list(alone.parameters()))
+    ops.sum(ddp(opsnn.tensor(x))).backward()
+    for n, g in zip(names, local):
+        rows = gather_bytes(g.numpy().astype(np.float64).tobytes())
+        want = np.mean([np.frombuffer(r, np.float64) for r in rows], axis=0).reshape(g.shape)
+        have = params[n].grad
+        assert have.dtype == g.dtype, n
+        tol = 1e-6 if have.dtype == np.float32 else 1e-13
+        np.testing.assert_allclose(have.numpy(), want, rtol=tol, atol=tol, err_msg=n)
+    report("mixed dtypes")
 
 
 def main() -> None:
