@@ -17,14 +17,8 @@ import numpy as np
 import opsnn
 import opsnn.distributed as dist
 from opsnn import nn, ops, optim
-from opsnn.nn.parallel import (
-    DistributedDataParallel as DDP,
-)
-from opsnn.nn.parallel import (
-    ModelMismatchError,
-    ReducerStateError,
-    UnusedParameterError,
-)
+from opsnn.nn.parallel import DDP, ModelMismatchError, ReducerStateError, UnusedParameterError
+from opsnn.runtime import hooks
 
 RANK = WORLD = 0
 #: DDP against one process on the whole batch: float32, the gradients summed in another order
@@ -187,7 +181,14 @@ def scenario_train() -> None:
             for step, (x, y) in enumerate(batches(kind, 5)):
                 opt.zero_grad()
                 xs, ys = shard(kind, x, y, RANK, WORLD)
+                seen: list = []
+                stop = hooks.subscribe("host", lambda ev: ev["category"] == "ddp" and seen.append(ev["name"]))
                 loss_of(kind, ddp, xs, ys).backward()
+                stop()
+                # the profiler's timeline sees each bucket's launch and the wait at the end of backward
+                assert seen == [f"DDP bucket {b} launch" for b in range(len(ddp.bucket_sizes))] + [
+                    "DDP wait for buckets"
+                ], seen
                 ev = ddp.last_backward["events"]
                 kinds = [e[0] for e in ev]
                 last_grad = max(k for k, e in enumerate(kinds) if e == "grad")

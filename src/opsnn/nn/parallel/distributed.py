@@ -41,6 +41,7 @@ from ... import dtypes as _dt
 from ...autograd import is_grad_enabled, queue_callback
 from ...autograd.graph import LEAF, get_meta
 from ...errors import OpsnnRuntimeError, ParamInvalidError
+from ...runtime import hooks
 from ...tensor import Tensor, empty, zeros
 from ..module import Module
 
@@ -404,6 +405,7 @@ class DistributedDataParallel(Module):
             self._next_bucket += 1
 
     def _launch(self, b: _Bucket) -> None:
+        t0 = time.perf_counter()
         flat = empty((b.numel,), b.dtype)
         fa = flat.numpy()
         for i, off, n in b.slots:
@@ -415,7 +417,10 @@ class DistributedDataParallel(Module):
         b.flat = flat
         b.work = self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM, async_op=True, **self._group())
         b.launched = True
-        self._events.append(("launch", b.index, time.perf_counter()))
+        t1 = time.perf_counter()
+        self._events.append(("launch", b.index, t1))
+        # the profiler's timeline shows when each bucket left and how long backward waited at the end
+        hooks.host_phase(f"DDP bucket {b.index} launch", "ddp", t0, t1, bytes=b.nbytes, params=len(b.params))
 
     def _finish(self) -> None:
         """End of backward: launch what is left, wait for every bucket, hand out the averages."""
@@ -446,6 +451,7 @@ class DistributedDataParallel(Module):
             used_work.wait()
             used = used.numpy()
         t1 = time.perf_counter()
+        hooks.host_phase("DDP wait for buckets", "ddp", t0, t1, buckets=len(self._buckets))
         for b in self._buckets:
             fa = b.flat.numpy()
             for i, off, n in b.slots:
