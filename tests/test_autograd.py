@@ -1162,3 +1162,53 @@ def test_rotary_embedding_gradient_matches_finite_differences(kw):
     _, (g,) = _opsnn_grads(fn, [x], [0], np.ones(x.shape, np.float32))
     num = _numeric_grad(fn, [x], 0, np.ones(x.shape), eps=1e-2)
     np.testing.assert_allclose(g, num, rtol=1e-3, atol=1e-3)
+
+
+def test_post_accumulate_grad_hooks_fire_once_per_leaf_in_backward_order_then_queued_callbacks():
+    # y = w2 @ relu(w1 @ x) + w1-again: w1 gets two contributions (its hook fires after the second),
+    # w2 is finished first (the backward reaches it first); numpy gives the expected gradients
+    x = RNG.standard_normal((3, 2)).astype(np.float32)
+    w1 = opsnn.tensor(RNG.standard_normal((3, 3)).astype(np.float32)).requires_grad_()
+    w2 = opsnn.tensor(RNG.standard_normal((2, 3)).astype(np.float32)).requires_grad_()
+    unhooked = opsnn.tensor(RNG.standard_normal((2, 2)).astype(np.float32)).requires_grad_()
+    log = []
+
+    def hook(name):
+        def fn(t):
+            log.append((name, t.grad.numpy().copy()))
+            if name == "w2":
+                autograd.queue_callback(lambda: log.append(("callback", None)))
+
+        return fn
+
+    h1 = w1.register_post_accumulate_grad_hook(hook("w1"))
+    w2.register_post_accumulate_grad_hook(hook("w2"))
+    for step in range(2):
+        log.clear()
+        h = ops.relu(ops.matmul(w1, x))
+        out = ops.matmul(w2, h) + ops.sum(w1) + unhooked
+        ops.sum(out).backward()
+        assert [n for n, _ in log] == ["w2", "w1", "callback"]
+        # the hook sees the whole accumulated gradient (step 1: twice the one-step gradient)
+        hn = np.maximum(w1.numpy() @ x, 0)
+        g2 = np.ones((2, 2), np.float32) @ hn.T
+        g1 = ((w2.numpy().T @ np.ones((2, 2), np.float32)) * (hn > 0)) @ x.T + 4.0  # sum(w1) feeds 4 outputs
+        np.testing.assert_allclose(log[0][1], (step + 1) * g2, rtol=1e-5)
+        np.testing.assert_allclose(log[1][1], (step + 1) * g1, rtol=1e-5)
+    h1.remove()
+    log.clear()
+    ops.sum(ops.matmul(w2, ops.matmul(w1, x))).backward()
+    assert [n for n, _ in log] == ["w2", "callback"]
+    # autograd.grad leaves .grad alone: no hook
+    log.clear()
+    autograd.grad(ops.sum(ops.matmul(w2, x)), [w2])
+    assert log == []
+    # backward(inputs=...) accumulates into the inputs named: their hooks fire
+    ops.sum(ops.matmul(w2, x)).backward(inputs=[w2])
+    assert [n for n, _ in log] == ["w2", "callback"]
+    with pytest.raises(opsnn.errors.ParamInvalidError, match="no backward pass is running"):
+        autograd.queue_callback(lambda: None)
+    with pytest.raises(opsnn.errors.ParamInvalidError, match="is not a leaf"):
+        ops.relu(w1).register_post_accumulate_grad_hook(lambda t: None)
+    with pytest.raises(opsnn.errors.ParamInvalidError, match="does not require grad"):
+        opsnn.tensor(x).register_post_accumulate_grad_hook(lambda t: None)

@@ -14,7 +14,7 @@ gradient rule (``opsnn.ops.gradients``) in reverse through the same executor::
     array([[3., 4.]], dtype=float32)
 """
 
-from .engine import backward, grad
+from .engine import backward, grad, queue_callback
 from .errors import (
     GradientShapeError,
     GraphFreedError,
@@ -38,5 +38,6 @@ __all__ = [
     "grad",
     "is_grad_enabled",
     "no_grad",
+    "queue_callback",
     "set_grad_enabled",
 ]

@@ -10,6 +10,9 @@ array([2., 4.], dtype=float32)
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 from .. import dtypes as _dt
 from ..errors import InnerError, ParamInvalidError
 from ..tensor import Tensor, as_tensor, ones
@@ -101,8 +104,11 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
                     stack.append(e[0])
         children[id(n)] = kids
     needed = None
+    pending = None
     if targets is not None:
         needed = _needed(order, children, targets)
+    else:
+        pending = _leaf_contributions(roots, order)
     deps: dict = {}
     for n in order:
         if needed is not None and id(n) not in needed:
@@ -114,7 +120,7 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
     buffers: dict = {}
     for m, g in roots:
         if m.grad_fn is None:
-            _to_leaf(m, g, targets, found)
+            _to_leaf(m, g, targets, found, pending)
         else:
             buf = buffers.setdefault(id(m.grad_fn), [None] * len(m.grad_fn.out_shapes))
             buf[m.output_nr] = _add(buf[m.output_nr], g)
@@ -159,7 +165,7 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
 
                     gi = ops.cast(gi, n.in_dtypes[i])
                 if child is LEAF:
-                    _to_leaf(e[1], gi, targets, found)
+                    _to_leaf(e[1], gi, targets, found, pending)
                     continue
                 buf = buffers.setdefault(id(child), [None] * len(child.out_shapes))
                 buf[e[1]] = _add(buf[e[1]], gi)
@@ -202,7 +208,20 @@ def _needed(order: list, children: dict, targets: dict) -> set:
     return needed
 
 
-def _to_leaf(m, g: Tensor, targets, found) -> None:
+def _leaf_contributions(roots: list, order: list) -> dict:
+    """How many gradients each hooked leaf will receive in this pass (its hooks fire after the last)."""
+    pending: dict = {}
+    for m, _ in roots:
+        if m.grad_fn is None and m.post_hooks:
+            pending[id(m)] = pending.get(id(m), 0) + 1
+    for n in order:
+        for e in n.edges:
+            if e is not None and e[0] is LEAF and e[1].post_hooks:
+                pending[id(e[1])] = pending.get(id(e[1]), 0) + 1
+    return pending
+
+
+def _to_leaf(m, g: Tensor, targets, found, pending=None) -> None:
     if targets is not None:
         slot = targets.get((LEAF, id(m)))
         if slot is not None:
@@ -212,6 +231,57 @@ def _to_leaf(m, g: Tensor, targets, found) -> None:
         m.grad = g.clone()  # a fresh, contiguous tensor: rules may hand the same gradient to several inputs
     else:
         m.grad = _add(m.grad, g)
+    if m.post_hooks:
+        left = pending.get(id(m), 1) - 1 if pending is not None else 0
+        if pending is not None:
+            pending[id(m)] = left
+        if left <= 0:
+            _fire_post_hooks(m)
+
+
+def _fire_post_hooks(m) -> None:
+    t = m.ref() if m.ref is not None else None
+    if t is not None:
+        for fn in list(m.post_hooks.values()):
+            fn(t)
+
+
+# -- callbacks run once the current backward pass has finished (torch: the engine's queue_callback) ---------
+_tls = threading.local()
+
+
+@contextlib.contextmanager
+def _pass():
+    frames = _tls.__dict__.setdefault("frames", [])
+    frames.append([])
+    try:
+        yield
+        queue = frames[-1]
+        while queue:  # a callback may queue more
+            queue.pop(0)()
+    finally:
+        frames.pop()
+
+
+def queue_callback(fn) -> None:
+    """Run ``fn()`` once the backward pass now running has finished (after every leaf's gradient
+    and hooks), on the thread that called ``backward``; only valid while a pass runs (from a
+    gradient hook). DDP waits for its last gradient buckets here, as torch's final callback does.
+
+    >>> import opsnn, numpy as np
+    >>> x = opsnn.tensor(np.array([3.0], np.float32)).requires_grad_()
+    >>> h = x.register_post_accumulate_grad_hook(lambda t: opsnn.autograd.queue_callback(lambda: print("done")))
+    >>> opsnn.ops.sum(x * x).backward()
+    done
+    """
+    frames = getattr(_tls, "frames", None)
+    if not frames:
+        raise ParamInvalidError(
+            "queue_callback: no backward pass is running; call it from a gradient hook during backward()"
+        )
+    if not callable(fn):
+        raise ParamInvalidError(f"queue_callback: expected a callable, got {type(fn).__name__}")
+    frames[-1].append(fn)
 
 
 def backward(
@@ -221,15 +291,18 @@ def backward(
     if create_graph:
         raise ParamInvalidError("backward: create_graph=True (higher-order gradients) is not supported yet")
     roots = _roots(tensors, grad_tensors, "backward")
-    if inputs is None:
-        _run(roots, bool(retain_graph), None)
-        return
-    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
-    res = grad(tensors, inputs, grad_tensors, retain_graph=retain_graph, allow_unused=True)
-    for t, g in zip(inputs, res):
-        if g is not None:
-            m = get_meta(t)
-            m.grad = g.clone() if m.grad is None else _add(m.grad, g)
+    with _pass():
+        if inputs is None:
+            _run(roots, bool(retain_graph), None)
+            return
+        inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+        res = grad(tensors, inputs, grad_tensors, retain_graph=retain_graph, allow_unused=True)
+        for t, g in zip(inputs, res):
+            if g is not None:
+                m = get_meta(t)
+                m.grad = g.clone() if m.grad is None else _add(m.grad, g)
+                if m.grad_fn is None and m.post_hooks:
+                    _fire_post_hooks(m)
 
 
 def grad(
@@ -266,7 +339,8 @@ def grad(
         key = (LEAF, id(m)) if m.grad_fn is None else (id(m.grad_fn), m.output_nr)
         if key in targets and m.grad_fn is None:
             found_roots[targets[key]] = g
-    found = _run(roots, bool(retain_graph), targets)
+    with _pass():
+        found = _run(roots, bool(retain_graph), targets)
     for k, g in found_roots.items():
         found[k] = _add(found.get(k), g)
     out = []
@@ -281,4 +355,4 @@ def grad(
     return tuple(out)
 
 
-__all__ = ["backward", "grad"]
+__all__ = ["backward", "grad", "queue_callback"]

@@ -26,7 +26,7 @@ LEAF = object()  # edge kind: gradient accumulates into a leaf's .grad
 
 
 class AutogradMeta:
-    __slots__ = ("grad", "grad_fn", "output_nr", "ref", "requires_grad")
+    __slots__ = ("grad", "grad_fn", "output_nr", "post_hooks", "ref", "requires_grad")
 
     def __init__(self):
         self.ref = None
@@ -34,6 +34,7 @@ class AutogradMeta:
         self.grad = None
         self.grad_fn = None
         self.output_nr = 0
+        self.post_hooks = None  # {key: fn} called once a backward pass has accumulated all of .grad
 
 
 _META: dict[int, AutogradMeta] = {}
@@ -261,6 +262,50 @@ def _detach(self) -> Tensor:
     return Tensor(self._array, self.format, self._producer)
 
 
+class RemovableHandle:
+    """What ``register_post_accumulate_grad_hook`` returns: ``remove()`` unregisters the hook."""
+
+    __slots__ = ("_hooks", "_key")
+
+    def __init__(self, hooks: dict, key: int):
+        self._hooks, self._key = hooks, key
+
+    def remove(self) -> None:
+        self._hooks.pop(self._key, None)
+
+
+_hook_keys = iter(range(1 << 62))
+
+
+def _register_post_accumulate_grad_hook(self, hook) -> RemovableHandle:
+    """Call ``hook(tensor)`` after a backward pass has accumulated this leaf's gradient into
+    ``.grad`` (once per pass, after its last contribution; leaves fire in the order the pass
+    finishes them), like torch's ``Tensor.register_post_accumulate_grad_hook``. Returns a handle
+    whose ``remove()`` unregisters it. ``autograd.grad`` (which leaves ``.grad`` alone) does not fire it.
+
+    >>> import opsnn, numpy as np
+    >>> x = opsnn.tensor(np.array([1.0, 2.0], np.float32)).requires_grad_()
+    >>> h = x.register_post_accumulate_grad_hook(lambda t: print("ready", t.grad.numpy()))
+    >>> opsnn.ops.sum(x * x).backward()
+    ready [2. 4.]
+    >>> h.remove()
+    """
+    if not callable(hook):
+        raise ParamInvalidError(f"register_post_accumulate_grad_hook: hook must be callable, got {type(hook).__name__}")
+    m = _META.get(id(self))
+    if m is None or not m.requires_grad or m.grad_fn is not None:
+        raise ParamInvalidError(
+            "register_post_accumulate_grad_hook: only a leaf tensor that requires grad accumulates a "
+            f"gradient; this one (shape {tuple(self.shape)}) "
+            + ("is not a leaf" if m is not None and m.grad_fn is not None else "does not require grad")
+        )
+    if m.post_hooks is None:
+        m.post_hooks = {}
+    key = next(_hook_keys)
+    m.post_hooks[key] = hook
+    return RemovableHandle(m.post_hooks, key)
+
+
 def _backward(self, gradient=None, retain_graph=None, create_graph: bool = False, inputs=None) -> None:
     from .engine import backward
 
@@ -421,8 +466,19 @@ def install() -> None:
     Tensor.is_leaf = property(_is_leaf, doc="True unless the tensor was computed from tensors that require grad.")
     Tensor.detach = _detach
     Tensor.backward = _backward
+    Tensor.register_post_accumulate_grad_hook = _register_post_accumulate_grad_hook
     _wrap_views()
     _executor._autograd = record_op
 
 
-__all__ = ["LEAF", "AutogradMeta", "Node", "get_meta", "install", "no_grad", "record_op", "requires_grad"]
+__all__ = [
+    "LEAF",
+    "AutogradMeta",
+    "Node",
+    "RemovableHandle",
+    "get_meta",
+    "install",
+    "no_grad",
+    "record_op",
+    "requires_grad",
+]

@@ -12,7 +12,7 @@ weight files (safetensors / npz / ONNX initializers) and tracing to graphs.
 ['Linear', 'Gelu', 'Linear']
 """
 
-from . import functional, init, utils
+from . import functional, init, parallel, utils
 from .attention import MultiheadAttention
 from .layers import (
     GELU,
@@ -91,6 +91,7 @@ __all__ = [
     "init",
     "new_parameter",
     "onnx_initializers",
+    "parallel",
     "read_weights",
     "write_weights",
 ]
