@@ -37,8 +37,8 @@ test: venv-test sysdeps
 
 # house style: ruff's rules as configured in pyproject.toml (each ignore there says why) and its formatter
 lint: venv-test
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 
 bench: venv-test
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BIN)/python bench/dispatch.py
