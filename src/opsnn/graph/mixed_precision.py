@@ -33,7 +33,7 @@ def normalize_policy(policy: dict | None, who: str = "allow_mix_precision") -> d
         d = _dt.get(dt)
         if not _dt.is_float(d):
             raise ParamInvalidError(f"{who}: {op!r} -> {dt!r}: compute dtypes must be floats")
-        if not has_op(name) and name not in _ORIGIN.values():
+        if not has_op(name) and not has_op(name, "opsnn") and name not in _ORIGIN.values():
             raise ParamInvalidError(f"{who}: unknown op type {op!r}")
         new[name] = d
     return new
