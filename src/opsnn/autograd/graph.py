@@ -134,7 +134,8 @@ def _attach(node: Node, outputs: list, differentiable: int) -> None:
 
 def record_op(rec, tensors: list, attrs: dict, res) -> None:
     """The executor's eager hook: record a node when grad mode is on and an input requires grad."""
-    if not _META or _executor._tracer is not None or not is_grad_enabled():
+    tracer = _executor._tracer
+    if not _META or (tracer is not None and not getattr(tracer, "records_tape", False)) or not is_grad_enabled():
         return
     edges = _edges(tensors, rec.host_inputs)
     if edges is None:
