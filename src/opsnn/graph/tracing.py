@@ -34,11 +34,13 @@ class Tracer:
         self.nodes: list[Node] = []
         self.initializers: dict = {}
         self._n = 0
+        self._consts = 0
 
     def name_of(self, t: Tensor) -> str:
         name = self.names.get(id(t))
         if name is None:  # a tensor from outside the function: a constant of the graph
-            name = f"const_{len(self.initializers)}"
+            name = f"const_{self._consts}"
+            self._consts += 1
             self.initializers[name] = np.array(t.numpy())
             self.names[id(t)] = name
             self.keep.append(t)

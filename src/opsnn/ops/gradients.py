@@ -455,13 +455,17 @@ def _concat(ctx, grads):
     return out
 
 
-def _scatter_into(index_map: np.ndarray, g: Tensor, shape: tuple, add: bool) -> Tensor:
+def _scatter_into(index_map, g: Tensor, shape: tuple, add: bool) -> Tensor:
     """A zero tensor of ``shape`` with ``g`` written (or added, for repeated positions) at the
-    flat positions ``index_map`` (same shape as ``g``)."""
+    flat positions ``index_map`` (same shape as ``g``; an int64 Tensor stays on the device, so a
+    traced step computes the positions from each call's data)."""
     ops = _ops()
     n = int(np.prod(shape))
     base = zeros((n,), g.dtype)
-    idx = tensor(np.ascontiguousarray(index_map.reshape(-1), dtype=np.int64))
+    if isinstance(index_map, Tensor):
+        idx = ops.reshape(index_map if index_map.dtype == np.int64 else ops.cast(index_map, np.int64), (-1,))
+    else:
+        idx = tensor(np.ascontiguousarray(index_map.reshape(-1), dtype=np.int64))
     out = ops.scatter_elements(base, idx, ops.reshape(g, (-1,)), axis=0, reduction="add" if add else "none")
     return ops.reshape(out, shape)
 
@@ -566,7 +570,7 @@ def _conv(ctx, grads):
 def _max_pool(ctx, grads):
     x = ctx.inputs[0]
     _, idx = _ops().run_op("MaxPool", [x], dict(ctx.attrs, storage_order=0), num_outputs=2)
-    return [_scatter_into(idx.numpy(), grads[0], x.shape, add=True)]
+    return [_scatter_into(idx, grads[0], x.shape, add=True)]
 
 
 def _average_pool(ctx, grads):
