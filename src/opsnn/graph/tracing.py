@@ -46,6 +46,14 @@ class Tracer:
             self.keep.append(t)
         return name
 
+    def alias(self, new: Tensor, old: Tensor) -> None:
+        """``new`` is another handle on ``old``'s memory (a detached tensor, a tensor autograd saved):
+        the same value of the graph, not a constant."""
+        name = self.names.get(id(old))
+        if name is not None and id(new) not in self.names:
+            self.names[id(new)] = name
+            self.keep.append(new)
+
     def record(self, rec, tensors, attrs, num_outputs, result) -> None:
         ins = [self.name_of(t) if t is not None else "" for t in tensors]
         outs = result if isinstance(result, tuple) else (result,)
@@ -87,6 +95,7 @@ class StateTracer(Tracer):
         self.tainted: set = set()  # ids of tensors whose values depend on the inputs or the state
         self.made_by: dict = {}  # value name -> op that made it (for error messages)
         self.events: set = set()  # "backward", "update": what the step did
+        self._memory: dict = {}  # data address of traced tensors' memory -> value name
         self._state_of = state_of or (lambda t: False)
         self._label_of = label_of or (lambda t: None)
 
@@ -97,6 +106,14 @@ class StateTracer(Tracer):
             return name
         if self._state_of(t):
             return self.make_state(t)
+        ptr = _root_ptr(t)
+        owner = None if ptr is None else self._memory.get(ptr)
+        if owner is not None:
+            raise TraceError(
+                f"trace: a tensor of shape {tuple(t.shape)} that the trace did not see made shares memory "
+                f"with the traced value {owner!r}; it would become a constant of the graph (a view taken "
+                "outside opsnn's ops, or a handle made from ._array?)"
+            )
         label = self._label_of(t)
         if label and label not in self.initializers and label not in self.state:
             self.names[id(t)] = label
@@ -113,7 +130,7 @@ class StateTracer(Tracer):
                 del self.initializers[name]
                 self.state[name] = t
                 self.getters[name] = getter or (lambda t=t: t)
-                self.tainted.add(id(t))
+                self.taint(t, name)
             return name
         base = label or self._label_of(t) or f"state_{len(self.state)}"
         name, k = base, 1
@@ -124,7 +141,7 @@ class StateTracer(Tracer):
         self.keep.append(t)
         self.state[name] = t
         self.getters[name] = getter or (lambda t=t: t)
-        self.tainted.add(id(t))
+        self.taint(t, name)
         return name
 
     def label(self, t: Tensor) -> str:
@@ -140,8 +157,20 @@ class StateTracer(Tracer):
         self.names[id(t)] = name
         self.keep.append(t)
         self.host_inputs[name] = fn
-        self.tainted.add(id(t))
+        self.taint(t, name)
         return name
+
+    def alias(self, new: Tensor, old: Tensor) -> None:
+        super().alias(new, old)
+        if id(old) in self.tainted:
+            self.tainted.add(id(new))  # (the same memory: already registered)
+
+    def taint(self, t: Tensor, name: str) -> None:
+        """Mark ``t`` a value of the graph (computed from inputs or state)."""
+        self.tainted.add(id(t))
+        ptr = _root_ptr(t)
+        if ptr is not None:
+            self._memory.setdefault(ptr, name)
 
     def is_traced(self, t: Tensor) -> bool:
         """Whether ``t`` is a value of the graph (an input, state or computed), not a constant."""
@@ -155,7 +184,8 @@ class StateTracer(Tracer):
         for name in node.outputs:
             self.made_by[name] = rec.name
         if rec.name not in _SHAPE_ONLY and any(t is not None and id(t) in self.tainted for t in tensors):
-            self.tainted.update(id(t) for t in outs)
+            for t, name in zip(outs, node.outputs):
+                self.taint(t, name)
 
     def call_inplace(self, rec, inputs: list, attrs: dict, outs: list, labels=None, getters=None):
         """Run ``rec`` eagerly with its outputs written into ``outs`` (the new values of state
@@ -174,7 +204,7 @@ class StateTracer(Tracer):
             name = f"{self.names[id(t)]}.{rec.name.lower()}_{self._n}"
             self.names[id(t)] = name
             self.made_by[name] = rec.name
-            self.tainted.add(id(t))
+            self.taint(t, name)
             out_names.append(name)
         self.nodes.append(Node(rec.name, in_names, out_names, dict(attrs), domain=rec.domain))
         self.events.add("update")
@@ -244,6 +274,13 @@ def trace(fn, example_inputs, dynamic_dims=None, name: str | None = None) -> Gra
     )
 
 
+def _root_ptr(t: Tensor):
+    """The first byte of ``t``'s data (another handle on the same memory has the same one; a view at
+    an offset is not caught); None for empty tensors, which may share an address."""
+    a = t._array
+    return a.__array_interface__["data"][0] if a.nbytes else None
+
+
 def trace_stateful(fn, inputs: list, tracer: StateTracer, name: str | None = None):
     """Run ``fn(*inputs)`` eagerly under ``tracer`` and build its graph.
 
@@ -266,7 +303,7 @@ def trace_stateful(fn, inputs: list, tracer: StateTracer, name: str | None = Non
             raise TraceError(f"trace: input {n!r} is the same tensor as an earlier input")
         tracer.names[id(t)] = n
         tracer.keep.append(t)
-        tracer.tainted.add(id(t))
+        tracer.taint(t, n)
         graph_inputs.append(Value(n, t.dtype, tuple(t.shape)))
     _ex._tracer = tracer
     _tensor_mod._host_read_hook = tracer.host_read
