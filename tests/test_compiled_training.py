@@ -81,15 +81,20 @@ def test_compiled_step_matches_eager(kind, make_opt):
 
 
 @pytest.mark.parametrize("make_opt", [_sgd, _adamw], ids=["sgd_momentum", "adamw"])
-def test_compiled_cnn_trains_like_torch(make_opt):
+@pytest.mark.parametrize("kind", ["cnn", "gelu_mlp"])
+def test_compiled_step_trains_like_torch(kind, make_opt):
     torch = pytest.importorskip("torch")
-    x, y = _data("cnn")
+    x, y = _data(kind)
+    build = _cnn if kind == "cnn" else _mlp
     torch.manual_seed(0)
-    tmodel = _cnn(torch).train()
-    model = _cnn(opsnn).train()
+    tmodel = build(torch).train()
+    model = build(opsnn).train()
     model.load_state_dict({k: v.detach().numpy() for k, v in tmodel.state_dict().items()})
     opt, topt = make_opt(optim, list(model.parameters())), make_opt(torch.optim, list(tmodel.parameters()))
-    loss_fn, tloss_fn = nn.CrossEntropyLoss(), torch.nn.CrossEntropyLoss()
+    if kind == "cnn":
+        loss_fn, tloss_fn = nn.CrossEntropyLoss(), torch.nn.CrossEntropyLoss()
+    else:
+        loss_fn, tloss_fn = nn.MSELoss(), torch.nn.MSELoss()
 
     def train_step(x, y):
         opt.zero_grad()
