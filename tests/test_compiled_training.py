@@ -283,3 +283,34 @@ def test_apply_ops_match_their_references():
     want = get_op("ApplyAdamW", "opsnn").reference([hyper, flags, *p, *g, *b, *v, *v], {"amsgrad": 1})
     for a, w in zip(got, want):
         np.testing.assert_allclose(a.numpy(), w, rtol=1e-5, atol=1e-6)
+
+
+def test_an_in_place_output_written_before_a_reader_is_refused():
+    """The compiled graph binds a state update onto its input's memory only when the writing step is
+    the input's last reader; otherwise a later reader would see the new value."""
+    from opsnn.errors import InnerError
+    from opsnn.graph.compiler import compile as compile_graph
+    from opsnn.graph.ir import Graph, Node, Value
+
+    f32 = np.dtype(np.float32)
+    g = Graph(
+        "late_reader",
+        inputs=[Value("s", f32, (4,)), Value("v", f32, (4,))],
+        outputs=[Value("s_new", f32), Value("c", f32)],
+        nodes=[
+            Node("Assign", ["s", "v"], ["s_new"], domain="opsnn"),
+            Node("Add", ["s", "v"], ["c"]),  # reads the old state after the write
+        ],
+    )
+    cg = compile_graph(g, level=0)
+    cg.io_aliases = {"s_new": "s"}
+    s, v = np.zeros(4, np.float32), np.ones(4, np.float32)
+    with pytest.raises(InnerError, match="reads 's' after it"):
+        cg.run({"s": s, "v": v})
+    ok = compile_graph(Graph("in_order", inputs=g.inputs, outputs=g.outputs, nodes=g.nodes[::-1]), level=0)
+    ok.io_aliases = {"s_new": "s"}
+    st = opsnn.tensor(s)
+    out = ok.run({"s": st, "v": opsnn.tensor(v)})
+    np.testing.assert_array_equal(out["c"].numpy(), v)  # read before the write
+    assert out["s_new"] is st
+    np.testing.assert_array_equal(st.numpy(), v)  # written in place into the fed tensor
