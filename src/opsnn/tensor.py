@@ -87,6 +87,10 @@ def _check_format(fmt: str, ndim: int) -> str:
     return fmt
 
 
+#: set by graph.tracing while a training step is traced: reports host reads of computed values
+_host_read_hook = None
+
+
 def _tracing() -> bool:
     """True while opsnn.compile traces a function: view methods then record graph ops."""
     from .ops import executor
@@ -187,6 +191,8 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """A numpy view of the data (no copy); waits for the kernel that writes it."""
+        if _host_read_hook is not None:
+            _host_read_hook(self)
         self._wait()
         return self._array
 
