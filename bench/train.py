@@ -7,9 +7,10 @@ heads, sequence 256, batch 4, next-token loss), in
 - ``opsnn_bf16``: opsnn eager under ``opsnn.autocast("bfloat16")`` (float32 master weights);
 - ``torch_fp32``: torch eager, float32, a re-implementation of the same model loaded with the
   same weights, the same data and the same thread count;
-- ``opsnn_compiled`` (ask for it with ``--configs``): ``opsnn.compile(train_step)``, one traced
-  graph of forward, backward and the in-place update; where opsnn has no compiled training the
-  case stops with "compiled training not available".
+- ``opsnn_compiled``: ``opsnn.compile(train_step)``, one traced graph of forward, backward and
+  the in-place update; a model the tracer refuses (dropout, embedding gradients, host reads of
+  token ids) is reported n/a with the tracer's reason, and an opsnn without compiled training
+  says "compiled training not available".
 
 Each (model, configuration) runs in its own process, so each has its own peak RSS
 (``ru_maxrss``), and with AdamW (lr 1e-4, weight decay 0.01). A case runs ``--warmup`` steps
@@ -45,7 +46,7 @@ from opsnn.tools.text import table as _table
 
 MODELS = ("resnet", "bert", "llama")
 CONFIGS = ("opsnn_fp32", "opsnn_bf16", "torch_fp32", "opsnn_compiled")
-DEFAULT_CONFIGS = ("opsnn_fp32", "opsnn_bf16", "torch_fp32")
+DEFAULT_CONFIGS = CONFIGS
 
 
 @dataclass
@@ -136,7 +137,7 @@ def make_batch(spec: Spec):
 def opsnn_logits(spec: Spec, model, x):
     if spec.model == "llama":
         return ops.reshape(model(x)[0], (-1, spec.vocab))
-    return model(opsnn.tensor(x) if spec.model == "resnet" else x)
+    return model(opsnn.tensor(x) if spec.model == "resnet" and not isinstance(x, opsnn.Tensor) else x)
 
 
 def opsnn_loss(spec: Spec, model, x, y):
