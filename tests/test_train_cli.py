@@ -125,6 +125,23 @@ def test_progress_lines_off_a_terminal():
     assert "loss 0.2000" in lines[-1] and "10.0 samples/s" in lines[-1]
 
 
+def test_progress_bar_on_a_terminal():
+    s = io.StringIO()
+    p = trainer.Progress(total=3, start=1, every=1, stream=s, bar=True)  # a tqdm bar, as on a tty
+    for step in (2, 3):
+        p(step, 0.5, 8.0)
+    p.close()
+    assert "3/3" in s.getvalue() and "loss 0.5000" in s.getvalue() and "samples/s" in s.getvalue()
+
+
+def test_matplotlib_curve_where_installed(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = str(tmp_path / "m.png")
+    assert plot_curve([3.0, 2.0, 1.5], path, title="t") == "matplotlib"
+    (w, h), _, _ = _png_size_and_text(path)
+    assert (w, h) == (640, 400)
+
+
 def test_builtin_curve_png_draws_the_values(tmp_path, monkeypatch):
     import builtins
 

@@ -168,6 +168,7 @@ def plot_curve(values, path: str, *, title: str = "", xlabel: str = "step", ylab
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.plot(x, y, lw=1.5)
+    ax.xaxis.get_major_locator().set_params(integer=True)  # steps are whole numbers
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
     fig.tight_layout()
