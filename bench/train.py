@@ -10,7 +10,8 @@ heads, sequence 256, batch 4, next-token loss), in
 - ``opsnn_compiled``: ``opsnn.compile(train_step)``, one traced graph of forward, backward and
   the in-place update; a model the tracer refuses (dropout, embedding gradients, host reads of
   token ids) is reported n/a with the tracer's reason, and an opsnn without compiled training
-  says "compiled training not available".
+  says "compiled training not available";
+- ``opsnn_compiled_bf16``: the same with the forward and loss under autocast inside the step.
 
 Each (model, configuration) runs in its own process, so each has its own peak RSS
 (``ru_maxrss``), and with AdamW (lr 1e-4, weight decay 0.01). A case runs ``--warmup`` steps
@@ -45,7 +46,7 @@ from opsnn import nn, ops
 from opsnn.tools.text import table as _table
 
 MODELS = ("resnet", "bert", "llama")
-CONFIGS = ("opsnn_fp32", "opsnn_bf16", "torch_fp32", "opsnn_compiled")
+CONFIGS = ("opsnn_fp32", "opsnn_bf16", "torch_fp32", "opsnn_compiled", "opsnn_compiled_bf16")
 DEFAULT_CONFIGS = CONFIGS
 
 
@@ -374,14 +375,16 @@ def run_case(spec: Spec, config: str, args, weights_path: str) -> dict:
         with opsnn.no_grad():
             check = opsnn_logits(spec, model, x).numpy()
         model.train()
-        if config == "opsnn_compiled":
+        if config.startswith("opsnn_compiled"):
             why = _compiled_available()
             if why is not None:
                 raise SystemExit(why)
+            cast = config.endswith("bf16")
 
             def train_step(xb, yb):
                 opt.zero_grad()
-                loss = opsnn_loss(spec, model, xb, yb)
+                with opsnn.autocast("bfloat16", enabled=cast):
+                    loss = opsnn_loss(spec, model, xb, yb)
                 loss.backward()
                 opt.step()
                 return loss
@@ -548,7 +551,7 @@ def format_table(rows, args) -> str:
         if "error" in r:
             out.append([r["shape"], r["config"], "n/a", "", "", ""])
             continue
-        base = "torch_fp32" if r["config"] == "opsnn_fp32" else "opsnn_fp32"
+        base = {"opsnn_fp32": "torch_fp32", "opsnn_compiled_bf16": "opsnn_bf16"}.get(r["config"], "opsnn_fp32")
         ref = by.get((r["model"], base), {}).get("step_ms") if r["config"] != "torch_fp32" else None
         vs = f"{r['step_ms'] / ref:.2f}x {base}" if ref else ""
         out.append(

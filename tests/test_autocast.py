@@ -234,3 +234,34 @@ def test_float16_grad_scaler_skips_the_overflowing_step():
         assert s_next == (s * 0.5 if was_skipped else s)  # halved after each skipped step, kept otherwise
     assert not skipped[-1] and scales[-1][1] < 2.0**24
     assert all(np.isfinite(p.numpy()).all() for p in model.parameters())
+
+
+def test_autocast_inside_a_compiled_training_step_matches_eager():
+    # the casts are op calls, so the tracer records them: the compiled step is the eager one
+    xb, yb = RNG.standard_normal((16, 8)).astype(np.float32), RNG.integers(0, 4, size=16)
+
+    def make():
+        with nn.init.seeded(0):
+            model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        def train_step(x, y):
+            opt.zero_grad()
+            with opsnn.autocast("bfloat16"):
+                loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return model, train_step
+
+    m_eager, eager = make()
+    m_comp, step = make()
+    step = opsnn.compile(step)
+    for _ in range(4):
+        a = float(eager(opsnn.tensor(xb), yb).item())
+        b = float(step(xb, yb).item())
+        assert a == b
+    assert sum(n.op_type == "Cast" for n in step.graph().nodes) >= 4
+    for (name, p), q in zip(m_eager.named_parameters(), m_comp.parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=name)
