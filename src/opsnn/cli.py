@@ -383,7 +383,11 @@ def _train(argv) -> int:
     ap.add_argument("--vocab", type=_positive_int, help=f"bert-tiny, llama-tiny (default {d.vocab})")
     ap.add_argument("--num-classes", type=_positive_int, help=f"resnet18, bert-tiny (default {d.num_classes})")
     ap.add_argument("--samples", type=_positive_int, help="size of the synthetic data set (default 4 batches)")
-    ap.add_argument("--out", help="folder for checkpoint.safetensors and loss_curve.png (default opsnn-train-MODEL)")
+    ap.add_argument(
+        "--out",
+        help="folder for checkpoint.safetensors and loss_curve.png (default opsnn-train-MODEL; with --resume, "
+        "the checkpoint's folder)",
+    )
     ap.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint this command wrote, up to --steps")
     ap.add_argument("--log-every", type=_positive_int, default=10, help="steps per progress line off a terminal")
     args = ap.parse_args(argv)
@@ -396,7 +400,7 @@ def _train(argv) -> int:
         if "steps" not in {k for k in fields if getattr(args, k, None) is not None}:
             given["steps"] = start + d.steps
     cfg = trainer.TrainConfig(**given).check()
-    out = args.out or f"opsnn-train-{cfg.model}"
+    out = args.out or (os.path.dirname(os.path.abspath(args.resume)) if args.resume else f"opsnn-train-{cfg.model}")
     progress = trainer.Progress(cfg.steps, start, args.log_every)
     try:
         res = trainer.train(cfg, resume=args.resume, out=out, on_step=progress)
