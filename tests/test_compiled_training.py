@@ -314,3 +314,37 @@ def test_an_in_place_output_written_before_a_reader_is_refused():
     np.testing.assert_array_equal(out["c"].numpy(), v)  # read before the write
     assert out["s_new"] is st
     np.testing.assert_array_equal(st.numpy(), v)  # written in place into the fed tensor
+
+
+def test_compiled_embedding_step_follows_each_calls_ids():
+    """Token ids are data: the embedding gradient scatters by each call's ids (no host read), and an
+    id outside the vocabulary is refused by the compiled graph as the eager check refuses it."""
+    ids = [RNG.integers(0, 20, size=(4, 5)) for _ in range(4)]
+    labels = [RNG.integers(0, 3, size=4) for _ in range(4)]
+
+    def run(compiled):
+        with nn.init.seeded(2):
+            emb, head = nn.Embedding(20, 6), nn.Linear(6, 3)
+        opt = optim.AdamW(list(emb.parameters()) + list(head.parameters()), lr=1e-2)
+
+        def train_step(ids, y):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(head(opsnn.ops.mean(emb(ids), dim=1)), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = opsnn.compile(train_step) if compiled else train_step
+        losses = [float(step(opsnn.tensor(i), opsnn.tensor(y)).item()) for i, y in zip(ids, labels)]
+        return losses, emb.weight.numpy().copy(), step
+
+    el, ew, _ = run(False)
+    cl, cw, step = run(True)
+    assert step.num_compiles == 1
+    np.testing.assert_allclose(cl, el, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(cw, ew, rtol=1e-5, atol=1e-6)
+    for bad in (-1, 25):
+        wrong = ids[0].copy()
+        wrong[1, 2] = bad
+        with pytest.raises(opsnn.errors.OpsnnError, match="out of range"):
+            step(opsnn.tensor(wrong), opsnn.tensor(labels[0])).item()
