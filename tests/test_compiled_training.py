@@ -383,3 +383,19 @@ def test_label_smoothing_and_gradient_clipping_compile(clip):
     np.testing.assert_allclose(cl, el, rtol=1e-5, atol=1e-7)
     for a, b in zip(cp, ep):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_switching_train_eval_mode_traces_again():
+    model, _opt, train_step = _build("cnn", _sgd)
+    step = opsnn.compile(train_step)
+    x, y = _data("cnn")
+    step(x, y)
+    step(x, y)
+    assert step.num_compiles == 1
+    model.eval()  # BatchNorm now normalises with (and no longer updates) its running statistics
+    before = model.state_dict()["1.running_mean"].numpy().copy()
+    step(x, y)
+    step(x, y)
+    assert step.num_compiles == 2
+    np.testing.assert_array_equal(model.state_dict()["1.running_mean"].numpy(), before)
+    assert not any(n.op_type == "Assign" for n in step.graph().nodes)
