@@ -56,10 +56,10 @@ def check_token_ids(ids, vocab: int, what: str) -> Tensor:
     t = as_tensor(ids)
     if t.dtype.kind not in "iu":
         raise DTypeError(f"{what}: token ids must be integers, got {t.dtype}")
-    from ..graph.tracing import active_tracer, host_value
+    from ..tensor import checked_value, tracing_training_step
 
-    tracing = active_tracer() is not None
-    a = host_value(t)  # a check only: while tracing, the graph checks each call's ids (below)
+    tracing = tracing_training_step()
+    a = checked_value(t)  # a check only: while tracing, the graph checks each call's ids (below)
     if a.size:
         lo, hi = a.min(), a.max()
         if lo < 0 or hi >= vocab:
