@@ -399,3 +399,9 @@ def test_switching_train_eval_mode_traces_again():
     assert step.num_compiles == 2
     np.testing.assert_array_equal(model.state_dict()["1.running_mean"].numpy(), before)
     assert not any(n.op_type == "Assign" for n in step.graph().nodes)
+
+
+def test_graph_only_options_are_refused_for_a_training_step():
+    _model, _opt, train_step = _build("mlp", _sgd)
+    with pytest.raises(opsnn.errors.ParamInvalidError, match="static_shapes"):
+        opsnn.compile(train_step, static_shapes=[{"x": (6, 10)}])

@@ -60,6 +60,16 @@ def compile(
     context()
     if callable(model) and not isinstance(model, (Graph, Module)) and example_inputs is None:
         # a training step (or any function of tensors) traced on its first call per input shapes
+        given = [
+            k
+            for k, v in (("dynamic_dims", dynamic_dims), ("static_shapes", static_shapes), ("cache_dir", cache_dir))
+            if v
+        ]
+        if given:
+            raise ParamInvalidError(
+                f"compile: {given} apply to graphs and to functions given example_inputs; a training step "
+                "(a function without example_inputs) is traced per input shapes on its calls"
+            )
         names, modules = _module_names(model)
         return CompiledTrainStep(
             model,
