@@ -481,11 +481,15 @@ def _slice(ctx, grads):
 def _gather(ctx, grads):
     x, idx = ctx.inputs
     axis = int(ctx.attrs.get("axis", 0)) % x.ndim
+    if axis == 0:  # embedding lookups: add each gradient row into its table row (repeats accumulate)
+        ops = _ops()  # the indices stay on the device: a traced step reads each call's token ids
+        i64 = idx if idx.dtype == np.int64 else ops.cast(idx, np.int64)
+        n = tensor(np.asarray(x.shape[0], np.int64))
+        ind = ops.where(ops.lt(i64, tensor(np.zeros((), np.int64))), ops.add(i64, n), i64)
+        base = zeros(tuple(x.shape), grads[0].dtype)
+        return [ops.scatter_nd(base, ops.unsqueeze(ind, -1), grads[0], reduction="add"), None]
     ind = idx.numpy().astype(np.int64)
     ind = np.where(ind < 0, ind + x.shape[axis], ind)
-    if axis == 0:  # embedding lookups: add each gradient row into its table row (repeats accumulate)
-        base = zeros(tuple(x.shape), grads[0].dtype)
-        return [_ops().scatter_nd(base, tensor(ind[..., None]), grads[0], reduction="add"), None]
     pos = np.take(np.arange(x.numel, dtype=np.int64).reshape(x.shape), ind, axis=axis)
     return [_scatter_into(pos, grads[0], x.shape, add=True), None]
 
