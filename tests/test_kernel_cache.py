@@ -220,6 +220,25 @@ def test_compile_log_writes_one_json_line_per_compile(tmp_path):
     assert abs(sum(r["cpu_s"] for r in rows) - sum(r["cpu_incl_s"] for r in outermost)) < 1e-3 * len(rows)
 
 
+def test_slice_assignment_shape_errors_stay_plain():
+    # opsnn's install() swaps numba's shape-formatting error for the generic target's fixed one
+    # (the formatting compiles ~40 string helpers per cold process); the check itself remains
+    import numba as nb
+    import pytest
+
+    import opsnn  # noqa: F401
+
+    def assign(a, b):
+        a[1:3] = b
+
+    kernel = nb.njit(assign)
+    a = np.zeros(5)
+    kernel(a, np.ones(2))
+    assert a.tolist() == [0, 1, 1, 0, 0]
+    with pytest.raises(ValueError, match="^cannot assign slice from input of different size$"):
+        kernel(a, np.ones(3))
+
+
 def test_cache_path_names_the_cpu_target(monkeypatch):
     from numba.core import config
 

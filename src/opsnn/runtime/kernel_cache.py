@@ -378,14 +378,30 @@ def _locked_save(self, key, data):
     return None
 
 
+def _plain_shape_errors() -> None:
+    """Makes numba's slice-assignment shape error a fixed message, as on its generic target.
+
+    On the CPU target every ``a[i:j] = b`` in a kernel links code that formats both shapes into
+    the ValueError: ~40 of numba's string helpers compiled in each cold process (4 s of CPU
+    before any kernel of ours) and linked into every such kernel. The check itself stays."""
+    try:
+        from numba.np import arrayobj
+
+        cpu, generic = arrayobj.ol_raise_with_shape_context_cpu, arrayobj.ol_raise_with_shape_context_generic
+    except (ImportError, AttributeError):  # another numba: its own messages
+        return
+    if cpu.__code__.co_freevars == generic.__code__.co_freevars:
+        cpu.__code__ = generic.__code__
+
+
 _installed = False
 progress: CompileProgress | None = None
 compile_log: CompileLog | None = None
 
 
 def install() -> None:
-    """Puts ``ContentCacheLocator`` first in numba's locators, locks saves into its folders and
-    starts ``CompileProgress`` (and ``CompileLog`` when ``OPSNN_COMPILE_LOG`` names a file)."""
+    """Puts ``ContentCacheLocator`` first in numba's locators, locks saves into its folders,
+    keeps numba's slice shape errors plain (``_plain_shape_errors``) and starts ``CompileProgress`` (and ``CompileLog`` when ``OPSNN_COMPILE_LOG`` names a file)."""
     global _installed, progress, compile_log
     if _installed:
         return
@@ -393,6 +409,7 @@ def install() -> None:
     if ContentCacheLocator not in caching.CacheImpl._locator_classes:
         caching.CacheImpl._locator_classes.insert(0, ContentCacheLocator)
     caching.IndexDataCacheFile.save = _locked_save
+    _plain_shape_errors()
     if os.environ.get("OPSNN_COMPILE_PROGRESS", "1") != "0":
         progress = CompileProgress()
         event.register("numba:compile", progress)
