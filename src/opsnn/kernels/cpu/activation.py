@@ -6,9 +6,10 @@ negative-index wraparound and ZeroDivisionError checks otherwise stop LLVM from
 vectorizing them. Transcendentals for float32 go through the vectorizable ``fexp`` family
 below (float64 keeps libm): without SVML, ``math.exp`` is a scalar call per element.
 
-Pointwise activations share one kernel: ``map_chunk`` switches on an op code once per
-chunk to a tight loop per activation, so one serial and one parallel entry point per
-dtype serve the whole family (numba compile time is the test suite's budget). The plan,
+Pointwise activations share one body: ``chunk_op`` switches on an op code once per chunk to
+a tight loop per activation. ``op_kernels(op)`` compiles it with the op a constant, so numba
+prunes the other fifteen and a model compiles only the activations it runs (``map_chunk`` /
+``map_parallel`` keep the op a run-time argument). The plan,
 made at prepare time, picks the op code, casts its parameters to the compute dtype, and
 chooses serial vs parallel and the chunk size; the kernel never decides anything per call.
 
@@ -26,6 +27,7 @@ whose ``(m, s)`` pairs merge exactly.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -415,25 +417,38 @@ SCRATCH = 2048
 
 @nb.njit(**_NJIT)
 def map_chunk(x, out, lo, hi, op, a, b):
-    """``out[lo:hi] = act(x[lo:hi])`` for the activation ``op`` with parameters ``a``, ``b``.
-
-    In place (``out`` is ``x``, as the graph's memory plan often makes it) the loops go
-    through a small scratch block: with input and output the same array LLVM cannot prove a
-    loop safe to vectorize and runs it one element at a time."""
-    if x.ctypes.data != out.ctypes.data:
-        map_span(x[lo:hi], out[lo:hi], op, a, b)
-        return
-    tmp = np.empty(min(SCRATCH, max(hi - lo, 0)), x.dtype)
-    for s in range(lo, hi, SCRATCH):
-        e = min(s + SCRATCH, hi)
-        t = tmp[: e - s]
-        map_span(x[s:e], t, op, a, b)
-        out[s:e] = t
+    """``out[lo:hi] = act(x[lo:hi])`` for the activation ``op`` with parameters ``a``, ``b``."""
+    chunk_op(x, out, lo, hi, op, a, b)
 
 
 @nb.njit(**_NJIT)
 def map_span(xs, ys, op, a, b):
     """``ys = act(xs)`` over two equal-length slices that do not overlap."""
+    span_op(xs, ys, op, a, b)
+
+
+# The bodies of map_chunk / map_span, inlined: where ``op`` is a constant (a closure's, as in
+# op_kernels and fused.rows_kernels) numba prunes the other branches and compiles one activation.
+@nb.njit(inline="always", **_NJIT)
+def chunk_op(x, out, lo, hi, op, a, b):
+    """In place (``out`` is ``x``, as the graph's memory plan often makes it) the loops go
+    through a small scratch block: with input and output the same array LLVM cannot prove a
+    loop safe to vectorize and runs it one element at a time."""
+    if x.ctypes.data != out.ctypes.data:
+        span_op(x[lo:hi], out[lo:hi], op, a, b)
+        return
+    tmp = np.empty(min(SCRATCH, max(hi - lo, 0)), x.dtype)
+    for s in range(lo, hi, SCRATCH):
+        e = min(s + SCRATCH, hi)
+        t = tmp[: e - s]
+        span_op(x[s:e], t, op, a, b)
+        o = out[s:e]
+        for i in range(e - s):  # not o[:] = t: a slice assignment compiles numba's shape-error formatting
+            o[i] = t[i]
+
+
+@nb.njit(inline="always", **_NJIT)
+def span_op(xs, ys, op, a, b):
     if op == LEAKY_RELU:
         _leaky_relu(xs, ys, a, b)
     elif op == GELU_ERF:
@@ -476,6 +491,48 @@ def map_parallel(x, out, op, a, b, chunk):
         map_chunk(x, out, lo, min(lo + chunk, n), op, a, b)
 
 
+#: op code -> name, for the per-op kernels' names
+OP_NAMES = {
+    LEAKY_RELU: "leaky_relu",
+    GELU_ERF: "gelu_erf",
+    GELU_TANH: "gelu_tanh",
+    SWISH: "swish",
+    SIGMOID: "sigmoid",
+    TANH: "tanh",
+    SOFTPLUS: "softplus",
+    HARD_SWISH: "hard_swish",
+    ELU: "elu",
+    SELU: "selu",
+    CELU: "celu",
+    MISH: "mish",
+    HARD_SIGMOID: "hard_sigmoid",
+    THRESHOLDED_RELU: "thresholded_relu",
+    SOFTSIGN: "softsign",
+    SHRINK: "shrink",
+}
+
+
+@functools.cache
+def op_kernels(op: int) -> tuple:
+    """(parallel, serial) kernels of one activation: ``parallel(x, out, a, b, chunk)`` is
+    :func:`map_parallel`, ``serial(x, out, a, b)`` :func:`map_chunk` over all of ``x``, with
+    ``op`` a constant, so a model compiles the activations it uses, not all sixteen."""
+
+    def parallel(x, out, a, b, chunk):
+        n = x.size
+        for c in nb.prange((n + chunk - 1) // chunk):
+            lo = c * chunk
+            chunk_op(x, out, lo, min(lo + chunk, n), op, a, b)
+
+    def serial(x, out, a, b):
+        chunk_op(x, out, 0, x.size, op, a, b)
+
+    # distinct names: numba's cache files are named by them (the code and lines are shared)
+    for fn, kind in ((parallel, "parallel"), (serial, "serial")):
+        fn.__name__ = fn.__qualname__ = f"map_{kind}_{OP_NAMES[op]}"
+    return nb.njit(parallel=True, **_NJIT)(parallel), nb.njit(**_NJIT)(serial)
+
+
 def _chunk(n: int, costly: bool) -> int:
     """0 for a serial launch, else the elements per parallel task (a few tasks per thread)."""
     if n < (PARALLEL_MIN_COSTLY if costly else PARALLEL_MIN):
@@ -498,10 +555,11 @@ def pointwise(ins, outs, attrs, plan, ws):
     op, a, b, chunk = plan
     x = ins[0].reshape(-1)
     out = outs[0].reshape(-1)
+    parallel, serial = op_kernels(op)
     if chunk:
-        map_parallel(x, out, op, a, b, chunk)
+        parallel(x, out, a, b, chunk)
     else:
-        map_chunk(x, out, 0, x.size, op, a, b)
+        serial(x, out, a, b)
 
 
 # -- Relu (floats and integers) -------------------------------------------------------------------
