@@ -345,7 +345,13 @@ def cmd_warmup(args) -> int:
             event.unregister("numba:compile", log)
         made = sum(1 for r in log.rows if r["kernel"] == r["top"])
         total += made
-        state = f"compiled {made} kernel specialization{'' if made == 1 else 's'}" if made else "all kernels cached"
+        cpu = sum(r["cpu_s"] for r in log.rows)
+        state = (
+            f"compiled {made} kernel{'' if made == 1 else 's'} ({len(log.rows)} specializations with what they "
+            f"call, {cpu:.1f} s CPU)"
+            if made
+            else "all kernels cached"
+        )
         print(f"[{i}/{len(jobs)}] {what}: {state} ({time.perf_counter() - t0:.1f} s)", flush=True)
     print(f"opsnn warmup: done, {total} compiled", flush=True)
     return 0

@@ -6,10 +6,9 @@ negative-index wraparound and ZeroDivisionError checks otherwise stop LLVM from
 vectorizing them. Transcendentals for float32 go through the vectorizable ``fexp`` family
 below (float64 keeps libm): without SVML, ``math.exp`` is a scalar call per element.
 
-Pointwise activations share one body: ``chunk_op`` switches on an op code once per chunk to
-a tight loop per activation. ``op_kernels(op)`` compiles it with the op a constant, so numba
-prunes the other fifteen and a model compiles only the activations it runs (``map_chunk`` /
-``map_parallel`` keep the op a run-time argument). The plan,
+Pointwise activations share one kernel: ``map_chunk`` switches on an op code once per
+chunk to a tight loop per activation. ``op_kernel(op)`` is the serial one with the op a
+constant (``chunk_const``), so a model compiles only the activations it runs. The plan,
 made at prepare time, picks the op code, casts its parameters to the compute dtype, and
 chooses serial vs parallel and the chunk size; the kernel never decides anything per call.
 
@@ -417,38 +416,25 @@ SCRATCH = 2048
 
 @nb.njit(**_NJIT)
 def map_chunk(x, out, lo, hi, op, a, b):
-    """``out[lo:hi] = act(x[lo:hi])`` for the activation ``op`` with parameters ``a``, ``b``."""
-    chunk_op(x, out, lo, hi, op, a, b)
+    """``out[lo:hi] = act(x[lo:hi])`` for the activation ``op`` with parameters ``a``, ``b``.
 
-
-@nb.njit(**_NJIT)
-def map_span(xs, ys, op, a, b):
-    """``ys = act(xs)`` over two equal-length slices that do not overlap."""
-    span_op(xs, ys, op, a, b)
-
-
-# The bodies of map_chunk / map_span, inlined: where ``op`` is a constant (a closure's, as in
-# op_kernels and fused.rows_kernels) numba prunes the other branches and compiles one activation.
-@nb.njit(inline="always", **_NJIT)
-def chunk_op(x, out, lo, hi, op, a, b):
-    """In place (``out`` is ``x``, as the graph's memory plan often makes it) the loops go
+    In place (``out`` is ``x``, as the graph's memory plan often makes it) the loops go
     through a small scratch block: with input and output the same array LLVM cannot prove a
     loop safe to vectorize and runs it one element at a time."""
     if x.ctypes.data != out.ctypes.data:
-        span_op(x[lo:hi], out[lo:hi], op, a, b)
+        map_span(x[lo:hi], out[lo:hi], op, a, b)
         return
     tmp = np.empty(min(SCRATCH, max(hi - lo, 0)), x.dtype)
     for s in range(lo, hi, SCRATCH):
         e = min(s + SCRATCH, hi)
         t = tmp[: e - s]
-        span_op(x[s:e], t, op, a, b)
-        o = out[s:e]
-        for i in range(e - s):  # not o[:] = t: a slice assignment compiles numba's shape-error formatting
-            o[i] = t[i]
+        map_span(x[s:e], t, op, a, b)
+        out[s:e] = t
 
 
-@nb.njit(inline="always", **_NJIT)
-def span_op(xs, ys, op, a, b):
+@nb.njit(**_NJIT)
+def map_span(xs, ys, op, a, b):
+    """``ys = act(xs)`` over two equal-length slices that do not overlap."""
     if op == LEAKY_RELU:
         _leaky_relu(xs, ys, a, b)
     elif op == GELU_ERF:
@@ -483,6 +469,53 @@ def span_op(xs, ys, op, a, b):
         _shrink(xs, ys, a, b)
 
 
+#: op code -> its loop, for the kernels that hold the op as a constant (chunk_const)
+SPANS = {
+    LEAKY_RELU: _leaky_relu,
+    GELU_ERF: _gelu_erf,
+    GELU_TANH: _gelu_tanh,
+    SWISH: _swish,
+    SIGMOID: _sigmoid,
+    TANH: _tanh,
+    SOFTPLUS: _softplus,
+    HARD_SWISH: _hard_swish,
+    ELU: _elu,
+    SELU: _selu,
+    CELU: _celu,
+    MISH: _mish,
+    HARD_SIGMOID: _hard_sigmoid,
+    THRESHOLDED_RELU: _thresholded_relu,
+    SOFTSIGN: _softsign,
+    SHRINK: _shrink,
+}
+
+
+def chunk_const(op, x, out, lo, hi, a, b):
+    """:func:`map_chunk` for a constant ``op`` (a closure's or a global's): in a kernel, only that
+    activation's loop compiles in (a run-time ``op`` compiles all sixteen)."""
+    raise NotImplementedError("chunk_const runs inside numba kernels only")
+
+
+@overload(chunk_const, jit_options=_NJIT_INNER)
+def _ov_chunk_const(op, x, out, lo, hi, a, b):
+    if not isinstance(op, types.IntegerLiteral):
+        return None
+    span = SPANS[op.literal_value]
+
+    def impl(op, x, out, lo, hi, a, b):
+        if x.ctypes.data != out.ctypes.data:
+            span(x[lo:hi], out[lo:hi], a, b)
+            return
+        tmp = np.empty(min(SCRATCH, max(hi - lo, 0)), x.dtype)
+        for s in range(lo, hi, SCRATCH):
+            e = min(s + SCRATCH, hi)
+            t = tmp[: e - s]
+            span(x[s:e], t, a, b)
+            out[s:e] = t
+
+    return impl
+
+
 @nb.njit(parallel=True, **_NJIT)
 def map_parallel(x, out, op, a, b, chunk):
     n = x.size
@@ -513,24 +546,18 @@ OP_NAMES = {
 
 
 @functools.cache
-def op_kernels(op: int) -> tuple:
-    """(parallel, serial) kernels of one activation: ``parallel(x, out, a, b, chunk)`` is
-    :func:`map_parallel`, ``serial(x, out, a, b)`` :func:`map_chunk` over all of ``x``, with
-    ``op`` a constant, so a model compiles the activations it uses, not all sixteen."""
-
-    def parallel(x, out, a, b, chunk):
-        n = x.size
-        for c in nb.prange((n + chunk - 1) // chunk):
-            lo = c * chunk
-            chunk_op(x, out, lo, min(lo + chunk, n), op, a, b)
+def op_kernel(op: int):
+    """``serial(x, out, a, b)``: :func:`map_chunk` over all of ``x`` with ``op`` a constant, so a
+    model compiles the activations it runs, not all sixteen. (Parallel launches, above
+    ``PARALLEL_MIN`` elements, keep the shared :func:`map_parallel`: a parallel kernel per op
+    costs a second of compiling each, and the test suite compiles every op in every dtype.)"""
 
     def serial(x, out, a, b):
-        chunk_op(x, out, 0, x.size, op, a, b)
+        chunk_const(op, x, out, 0, x.size, a, b)
 
-    # distinct names: numba's cache files are named by them (the code and lines are shared)
-    for fn, kind in ((parallel, "parallel"), (serial, "serial")):
-        fn.__name__ = fn.__qualname__ = f"map_{kind}_{OP_NAMES[op]}"
-    return nb.njit(parallel=True, **_NJIT)(parallel), nb.njit(**_NJIT)(serial)
+    # a distinct name: numba's cache files are named by it (the code and lines are shared)
+    serial.__name__ = serial.__qualname__ = f"map_serial_{OP_NAMES[op]}"
+    return nb.njit(**_NJIT)(serial)
 
 
 def _chunk(n: int, costly: bool) -> int:
@@ -555,11 +582,10 @@ def pointwise(ins, outs, attrs, plan, ws):
     op, a, b, chunk = plan
     x = ins[0].reshape(-1)
     out = outs[0].reshape(-1)
-    parallel, serial = op_kernels(op)
     if chunk:
-        parallel(x, out, a, b, chunk)
+        map_parallel(x, out, op, a, b, chunk)
     else:
-        serial(x, out, a, b)
+        op_kernel(op)(x, out, a, b)
 
 
 # -- Relu (floats and integers) -------------------------------------------------------------------

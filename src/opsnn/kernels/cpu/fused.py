@@ -88,8 +88,8 @@ def epilogue_act(row, code, op, alpha, beta):
         hi = row.dtype.type(beta)
         for c in range(cols):
             row[c] = min(max(row[c], lo), hi)
-    elif code != 0:  # in place: chunk_op runs it through a scratch block, vectorized
-        A.chunk_op(row, row, 0, cols, op, row.dtype.type(alpha), row.dtype.type(beta))
+    elif code != 0:  # in place: chunk_const runs it through a scratch block, vectorized
+        A.chunk_const(op, row, row, 0, cols, row.dtype.type(alpha), row.dtype.type(beta))
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
