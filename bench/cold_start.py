@@ -3,13 +3,14 @@
 A cold run starts with an empty kernel cache (a new temporary ``OPSNN_KERNEL_CACHE_DIR``), so numba
 compiles every kernel specialization the model touches; the warm run that follows reuses that
 cache in another fresh process. Each child also lists what numba compiled (``numba:compile``
-events: kernel, argument types, seconds with nested compiles subtracted) and how many
-specializations it loaded from the cache.
+events through ``kernel_cache.CompileLog``: kernel, argument types, CPU seconds of the compiling
+thread with nested compiles subtracted, which stay meaningful on a loaded machine), the process's
+CPU seconds to the first result, and how many specializations it loaded from the cache.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/cold_start.py \
         --models light_resnet50,resnet50,bert,llama --json bench/results/cold_start.json
 
-``--kernels N`` prints the N slowest kernels per model (with the compiles each pulled in);
+``--kernels N`` prints the N costliest kernels per model (CPU seconds) (with the compiles each pulled in);
 ``--keep DIR`` keeps each model's cache under DIR. onnxruntime's import-to-first-result time is measured the same way when it is
 installed (``--no-ort`` skips it).
 """
@@ -33,41 +34,14 @@ def _light_resnet50() -> str:
     return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light", "light_resnet50.onnx")
 
 
-def _name(dispatcher) -> str:
-    return f"{dispatcher.py_func.__module__}.{dispatcher.py_func.__qualname__}"
-
-
 def compile_log():
-    """Records ``numba:compile`` events in ``.rows``: (kernel, signature, inclusive s, exclusive s, the
-    outermost kernel whose compile pulled this one in)."""
+    """A registered ``kernel_cache.CompileLog``: one row per compile (kernel, args, CPU seconds of
+    the compiling thread and wall seconds, nested compiles subtracted, the outermost kernel)."""
     from numba.core import event
 
-    class CompileLog(event.Listener):
-        def __init__(self):
-            self.rows: list = []
-            self._stack: list = []
+    from opsnn.runtime.kernel_cache import CompileLog
 
-        def on_start(self, ev):
-            if not self._stack:
-                self._top = _name(ev.data["dispatcher"])
-            self._stack.append([time.perf_counter(), 0.0])
-
-        def on_end(self, ev):
-            start, nested = self._stack.pop()
-            took = time.perf_counter() - start
-            if self._stack:
-                self._stack[-1][1] += took
-            self.rows.append(
-                (
-                    _name(ev.data["dispatcher"]),
-                    ", ".join(str(a) for a in ev.data["args"]),
-                    took,
-                    took - nested,
-                    self._top,
-                )
-            )
-
-    log = CompileLog()
+    log = CompileLog(os.environ.get("OPSNN_COMPILE_LOG"))
     event.register("numba:compile", log)
     return log
 
@@ -88,11 +62,12 @@ def _cache_stats() -> dict:
 def child(model: str) -> dict:
     """Runs in the fresh process: times import .. first result, and logs what numba compiled."""
     t0 = time.perf_counter()
+    import models as B  # bench/models.py, beside this script
     import numpy as np
 
-    log = compile_log()
     import opsnn
-    from opsnn.tools import benchmark as B
+
+    log = compile_log()
 
     t_import = time.perf_counter() - t0
     if model == "light_resnet50":
@@ -113,22 +88,25 @@ def child(model: str) -> dict:
         run = lambda: {k: v.numpy() for k, v in cg.run(feeds).items()}
     run()
     first = time.perf_counter() - t0
+    first_cpu = time.process_time()
     t1 = time.perf_counter()
     run()
     second = time.perf_counter() - t1
     from numba.core import event
 
     event.unregister("numba:compile", log)
-    rows = sorted(log.rows, key=lambda r: -r[3])
+    rows = sorted(log.rows, key=lambda r: -r["cpu_s"])
     return {
         "model": model,
         "import_s": t_import,
         "first_s": first,
+        "first_cpu_s": first_cpu,
         "second_s": second,
         "compiles": len(rows),
-        "compile_s": sum(r[3] for r in rows),
+        "compile_s": sum(r["wall_s"] for r in rows),
+        "compile_cpu_s": sum(r["cpu_s"] for r in rows),
         **_cache_stats(),
-        "kernels": [{"kernel": k, "args": a, "s": s, "exclusive_s": e, "top": t} for k, a, s, e, t in rows],
+        "kernels": rows,
     }
 
 
@@ -144,11 +122,11 @@ def ort_child() -> dict:
 
 
 def by_top(kernels: list) -> list:
-    """(kernel called from Python, compiles it pulled in, seconds) per top-level compile, slowest first."""
+    """(kernel called from Python, compiles it pulled in, CPU seconds) per top-level compile, costliest first."""
     acc: dict = {}
     for k in kernels:
         n, secs = acc.get(k["top"], (0, 0.0))
-        acc[k["top"]] = (n + 1, secs + k["exclusive_s"])
+        acc[k["top"]] = (n + 1, secs + k["cpu_s"])
     return sorted(((t, n, s) for t, (n, s) in acc.items()), key=lambda r: -r[2])
 
 
@@ -187,7 +165,9 @@ def main(argv=None) -> int:
             print(f"onnxruntime light_resnet50: import to first result {results['onnxruntime']['first_s']:.2f} s")
         except ImportError:
             pass
-    print(f"{'model':<16}{'cold s':>8}{'warm s':>8}{'compiles':>10}{'compile s':>11}{'cache hits':>12}")
+    print(
+        f"{'model':<16}{'cold s':>8}{'warm s':>8}{'cold cpu s':>12}{'compiles':>10}{'compile cpu s':>15}{'cache hits':>12}"
+    )
     for model in args.models.split(","):
         root = os.path.join(args.keep, model) if args.keep else tempfile.mkdtemp(prefix="opsnn-cold-")
         env = dict(os.environ, OPSNN_KERNEL_CACHE_DIR=root)
@@ -196,8 +176,8 @@ def main(argv=None) -> int:
         warm = spawn(["--child", model], env)
         results["models"][model] = {"cold": cold, "warm": warm}
         print(
-            f"{model:<16}{cold['first_s']:>8.2f}{warm['first_s']:>8.2f}{cold['compiles']:>10}"
-            f"{cold['compile_s']:>11.2f}{warm['cache_hits']:>12}"
+            f"{model:<16}{cold['first_s']:>8.2f}{warm['first_s']:>8.2f}{cold['first_cpu_s']:>12.2f}"
+            f"{cold['compiles']:>10}{cold['compile_cpu_s']:>15.2f}{warm['cache_hits']:>12}"
         )
         ort = results.get("onnxruntime")
         if ort and model == "light_resnet50":
@@ -206,7 +186,7 @@ def main(argv=None) -> int:
                 f"warm / onnxruntime {warm['first_s'] / ort['first_s']:.1f}x"
             )
         for top, n, secs in by_top(cold["kernels"])[: args.kernels]:
-            print(f"    {secs:7.2f} s  {n:3d} compiles  {top}")
+            print(f"    {secs:7.2f} cpu s  {n:3d} compiles  {top}")
         if not args.keep:
             import shutil
 

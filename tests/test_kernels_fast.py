@@ -856,9 +856,8 @@ def test_epilogue_parallel_and_serial_paths_agree(rng, act):
         KF.epilogue(got, b, z, code, 0.0, 0.0)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         other = y.copy()  # the other driver on the same data: identical results
-        (KF.epilogue_rows_serial if rows * cols >= big else KF.epilogue_rows)(
-            other, b, np.empty(0, np.float32), z, code, 0.0, 0.0
-        )
+        parallel, serial = KF.rows_kernels(code)
+        (serial if rows * cols >= big else parallel)(other, b, np.empty(0, np.float32), z, 0.0, 0.0)
         np.testing.assert_array_equal(other, got)
 
 

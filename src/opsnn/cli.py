@@ -217,6 +217,47 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def _random_feeds(graph, given: dict, seed: int, cmd: str) -> dict:
+    """Seeded random inputs of ``graph``'s input shapes (``given``: name -> shape for symbolic dims)."""
+    import opsnn
+
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    names = [v.name for v in graph.inputs if v.name not in graph.initializers]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise opsnn.errors.ParamInvalidError(
+            f"opsnn {cmd}: --shape names {unknown}, not inputs of the model (its inputs: {names})"
+        )
+    for v in graph.inputs:
+        if v.name in graph.initializers:
+            continue
+        shape = given.get(v.name)
+        if shape is None:
+            dims = tuple(v.shape or ())
+            if not all(isinstance(d, int) and d >= 0 for d in dims):
+                syms = [
+                    str(d) if isinstance(d, str) and d else "?" for d in dims if not (isinstance(d, int) and d >= 0)
+                ]
+                example = ",".join(str(d) if isinstance(d, int) and d >= 0 else (str(d) if d else "?") for d in dims)
+                raise opsnn.errors.ParamInvalidError(
+                    f"opsnn {cmd}: input {v.name!r} has symbolic dims; give its shape with "
+                    f"--shape {v.name}={example} (sizes in place of {', '.join(dict.fromkeys(syms))})"
+                    + (", or its data with --inputs" if cmd == "compare" else "")
+                )
+            shape = dims
+        elif v.shape is not None and len(shape) != len(v.shape):
+            raise opsnn.errors.ParamInvalidError(
+                f"opsnn {cmd}: --shape {v.name} has {len(shape)} dims, the model's input has "
+                f"{len(v.shape)} {tuple(v.shape)}"
+            )
+        dt = v.dtype or np.dtype(np.float32)
+        feeds[v.name] = (
+            rng.standard_normal(shape).astype(dt) if dt.kind == "f" else rng.integers(0, 2, shape).astype(dt)
+        )
+    return feeds
+
+
 def cmd_compare(args) -> int:
     import opsnn
 
@@ -225,43 +266,7 @@ def cmd_compare(args) -> int:
         data = np.load(args.inputs)
         feeds = {k: data[k] for k in data.files}
     else:
-        rng = np.random.default_rng(args.seed)
-        feeds = {}
-        given = dict(args.shape)
-        names = [v.name for v in graph.inputs if v.name not in graph.initializers]
-        unknown = sorted(set(given) - set(names))
-        if unknown:
-            raise opsnn.errors.ParamInvalidError(
-                f"opsnn compare: --shape names {unknown}, not inputs of the model (its inputs: {names})"
-            )
-        for v in graph.inputs:
-            if v.name in graph.initializers:
-                continue
-            shape = given.get(v.name)
-            if shape is None:
-                dims = tuple(v.shape or ())
-                if not all(isinstance(d, int) and d >= 0 for d in dims):
-                    syms = [
-                        str(d) if isinstance(d, str) and d else "?" for d in dims if not (isinstance(d, int) and d >= 0)
-                    ]
-                    example = ",".join(
-                        str(d) if isinstance(d, int) and d >= 0 else (str(d) if d else "?") for d in dims
-                    )
-                    raise opsnn.errors.ParamInvalidError(
-                        f"opsnn compare: input {v.name!r} has symbolic dims; give its shape with "
-                        f"--shape {v.name}={example} (sizes in place of {', '.join(dict.fromkeys(syms))}), "
-                        "or its data with --inputs"
-                    )
-                shape = dims
-            elif v.shape is not None and len(shape) != len(v.shape):
-                raise opsnn.errors.ParamInvalidError(
-                    f"opsnn compare: --shape {v.name} has {len(shape)} dims, the model's input has "
-                    f"{len(v.shape)} {tuple(v.shape)}"
-                )
-            dt = v.dtype or np.dtype(np.float32)
-            feeds[v.name] = (
-                rng.standard_normal(shape).astype(dt) if dt.kind == "f" else rng.integers(0, 2, shape).astype(dt)
-            )
+        feeds = _random_feeds(graph, dict(args.shape), args.seed, "compare")
     dtype = args.dtype
     if "=" in dtype:  # a policy: MatMul=float16,Softmax=float32
         from .errors import ParamInvalidError
@@ -273,6 +278,83 @@ def cmd_compare(args) -> int:
         dtype = dict(item.split("=") for item in items)
     rep = opsnn.tools.precision_compare(graph, feeds, dtype=dtype, tolerance=args.tol)
     print(rep.format(top=args.top))
+    return 0
+
+
+#: the models ``opsnn warmup`` knows by name, as ``opsnn bench`` runs them
+WARMUP_MODELS = ("resnet50", "bert", "llama")
+
+
+def _warm_named(name: str) -> None:
+    """Build, compile and run one of ``WARMUP_MODELS`` once (random weights and inputs)."""
+    import opsnn
+    from opsnn import models
+
+    rng = np.random.default_rng(0)
+    if name == "llama":
+        from opsnn.llm import generate
+
+        lm = models.llama(layers=12, hidden=768, heads=12, kv_heads=4, vocab=32000, seed=0, max_position=2048)
+        generate(lm, rng.integers(0, 32000, 128).astype(np.int64), 4)  # prefill + decode steps
+        return
+    if name == "resnet50":
+        m = models.resnet50(seed=0)
+        feeds = {"input": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
+    else:
+        m = models.bert("base", seed=0)
+        shape = (1, 128)
+        feeds = {
+            "input_ids": rng.integers(1, m.config.vocab_size, shape).astype(np.int64),
+            "attention_mask": np.ones(shape, np.int64),
+            "token_type_ids": np.zeros(shape, np.int64),
+        }
+    cg = opsnn.compile(opsnn.onnx.load(models.to_onnx(m)))
+    [v.numpy() for v in cg.run(feeds).values()]
+
+
+def cmd_warmup(args) -> int:
+    """Compile the kernels of the chosen models into the kernel cache, one model after another."""
+    from numba.core import event
+
+    import opsnn
+    from opsnn.runtime import kernel_cache
+
+    jobs = [("model", m) for m in (args.models.split(",") if args.models else [])]
+    jobs += [("onnx", f) for f in args.onnx]
+    if not jobs:
+        jobs = [("model", m) for m in WARMUP_MODELS]
+    bad = [m for kind, m in jobs if kind == "model" and m not in WARMUP_MODELS]
+    if bad:
+        raise opsnn.errors.ParamInvalidError(
+            f"opsnn warmup: --models {','.join(bad)}: expected names from {','.join(WARMUP_MODELS)}"
+        )
+    print(f"opsnn warmup: compiling kernels into {kernel_cache.cache_root()}", flush=True)
+    total = 0
+    for i, (kind, what) in enumerate(jobs, 1):
+        log = kernel_cache.CompileLog()
+        event.register("numba:compile", log)
+        t0 = time.perf_counter()
+        print(f"[{i}/{len(jobs)}] {what} ...", flush=True)
+        try:
+            if kind == "model":
+                _warm_named(what)
+            else:
+                graph = opsnn.onnx.load(what)
+                cg = opsnn.compile(graph)
+                [v.numpy() for v in cg.run(_random_feeds(graph, dict(args.shape), 0, "warmup")).values()]
+        finally:
+            event.unregister("numba:compile", log)
+        made = sum(1 for r in log.rows if r["kernel"] == r["top"])
+        total += made
+        cpu = sum(r["cpu_s"] for r in log.rows)
+        state = (
+            f"compiled {made} kernel{'' if made == 1 else 's'} ({len(log.rows)} specializations with what they "
+            f"call, {cpu:.1f} s CPU)"
+            if made
+            else "all kernels cached"
+        )
+        print(f"[{i}/{len(jobs)}] {what}: {state} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    print(f"opsnn warmup: done, {total} compiled", flush=True)
     return 0
 
 
@@ -530,6 +612,19 @@ def _dispatch(argv: list[str]) -> int:
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_compare)
+    p = sub.add_parser(
+        "warmup",
+        help="compile the kernels of the chosen models into the kernel cache ahead of first use",
+    )
+    p.add_argument("onnx", nargs="*", help=".onnx files to warm up too (run once on seeded random inputs)")
+    p.add_argument(
+        "--models",
+        help=f"comma-separated, from {','.join(WARMUP_MODELS)} (default: all of them unless files are given)",
+    )
+    p.add_argument(
+        "--shape", action="append", type=shape_arg, default=[], help="input shape for symbolic dims, e.g. x=1,3,224,224"
+    )
+    p.set_defaults(fn=cmd_warmup)
     for name, (_, help_) in PASS_THROUGH.items():
         sub.add_parser(name, help=help_)
     args = parser.parse_args(argv)

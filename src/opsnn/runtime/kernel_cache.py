@@ -19,6 +19,9 @@ setting) still wins when set. ``install()`` runs on ``import opsnn`` before any 
 
 Compiling a kernel on first use takes seconds; ``CompileProgress`` says so: a progress bar on a
 terminal, one line on stderr otherwise (``OPSNN_COMPILE_PROGRESS=0`` silences it).
+``OPSNN_COMPILE_LOG=path`` appends one JSON line per compile to ``path`` (``CompileLog``: kernel,
+argument types, CPU seconds of the compiling thread with nested compiles subtracted): what a cold
+start compiles and what each specialization costs, independent of the machine's load.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import contextlib
 import functools
 import hashlib
 import itertools
+import json
 import os
 import sys
 import threading
@@ -284,6 +288,58 @@ class CompileProgress(event.Listener):
             )
 
 
+class CompileLog(event.Listener):
+    """Records each numba compile: ``rows`` of dicts (kernel, args, cpu_s and wall_s with nested
+    compiles subtracted, cpu_incl_s, top: the outermost kernel whose compile pulled this one in),
+    and one JSON line each to ``path`` when given. CPU time is the compiling thread's
+    (``time.thread_time``): numba compiles on the calling thread, one compile at a time."""
+
+    def __init__(self, path: str | None = None):
+        self.path = path
+        self.rows: list[dict] = []
+        self._stack = threading.local()
+
+    def _frames(self) -> list:
+        frames = getattr(self._stack, "frames", None)
+        if frames is None:
+            frames = self._stack.frames = []
+        return frames
+
+    @staticmethod
+    def _name(dispatcher) -> str:
+        fn = dispatcher.py_func
+        return f"{fn.__module__}.{fn.__qualname__}"
+
+    def on_start(self, ev):
+        frames = self._frames()
+        top = frames[0][0] if frames else self._name(ev.data["dispatcher"])
+        frames.append([top, time.thread_time(), time.perf_counter(), 0.0, 0.0])
+
+    def on_end(self, ev):
+        frames = self._frames()
+        if not frames:  # a compile that began before this listener was registered
+            return
+        top, cpu0, wall0, nested_cpu, nested_wall = frames.pop()
+        cpu = time.thread_time() - cpu0
+        wall = time.perf_counter() - wall0
+        if frames:
+            frames[-1][3] += cpu
+            frames[-1][4] += wall
+        row = {
+            "kernel": self._name(ev.data["dispatcher"]),
+            "args": ", ".join(str(a) for a in ev.data["args"]),
+            "cpu_s": round(cpu - nested_cpu, 4),
+            "cpu_incl_s": round(cpu, 4),
+            "wall_s": round(wall - nested_wall, 4),
+            "top": top,
+            "pid": os.getpid(),
+        }
+        self.rows.append(row)
+        if self.path:
+            with open(self.path, "a") as f:  # one short write per line: lines from processes do not interleave
+                f.write(json.dumps(row) + "\n")
+
+
 @contextlib.contextmanager
 def _file_lock(path: str):
     try:
@@ -322,21 +378,43 @@ def _locked_save(self, key, data):
     return None
 
 
+def _plain_shape_errors() -> None:
+    """Makes numba's slice-assignment shape error a fixed message, as on its generic target.
+
+    On the CPU target every ``a[i:j] = b`` in a kernel links code that formats both shapes into
+    the ValueError: ~40 of numba's string helpers compiled in each cold process (4 s of CPU
+    before any kernel of ours) and linked into every such kernel. The check itself stays."""
+    try:
+        from numba.np import arrayobj
+
+        cpu, generic = arrayobj.ol_raise_with_shape_context_cpu, arrayobj.ol_raise_with_shape_context_generic
+    except (ImportError, AttributeError):  # another numba: its own messages
+        return
+    if cpu.__code__.co_freevars == generic.__code__.co_freevars:
+        cpu.__code__ = generic.__code__
+
+
 _installed = False
 progress: CompileProgress | None = None
+compile_log: CompileLog | None = None
 
 
 def install() -> None:
-    """Puts ``ContentCacheLocator`` first in numba's locators, locks saves into its folders and
-    starts ``CompileProgress``."""
-    global _installed, progress
+    """Puts ``ContentCacheLocator`` first in numba's locators, locks saves into its folders,
+    keeps numba's slice shape errors plain (``_plain_shape_errors``) and starts ``CompileProgress`` (and ``CompileLog`` when ``OPSNN_COMPILE_LOG`` names a file)."""
+    global _installed, progress, compile_log
     if _installed:
         return
     _installed = True
     if ContentCacheLocator not in caching.CacheImpl._locator_classes:
         caching.CacheImpl._locator_classes.insert(0, ContentCacheLocator)
     caching.IndexDataCacheFile.save = _locked_save
+    _plain_shape_errors()
     if os.environ.get("OPSNN_COMPILE_PROGRESS", "1") != "0":
         progress = CompileProgress()
         event.register("numba:compile", progress)
         atexit.register(progress.close)
+    log_path = os.environ.get("OPSNN_COMPILE_LOG")
+    if log_path:
+        compile_log = CompileLog(os.path.abspath(log_path))
+        event.register("numba:compile", compile_log)

@@ -7,8 +7,8 @@ vectorizing them. Transcendentals for float32 go through the vectorizable ``fexp
 below (float64 keeps libm): without SVML, ``math.exp`` is a scalar call per element.
 
 Pointwise activations share one kernel: ``map_chunk`` switches on an op code once per
-chunk to a tight loop per activation, so one serial and one parallel entry point per
-dtype serve the whole family (numba compile time is the test suite's budget). The plan,
+chunk to a tight loop per activation. ``op_kernel(op)`` is the serial one with the op a
+constant (``chunk_const``), so a model compiles only the activations it runs. The plan,
 made at prepare time, picks the op code, casts its parameters to the compute dtype, and
 chooses serial vs parallel and the chunk size; the kernel never decides anything per call.
 
@@ -26,6 +26,7 @@ whose ``(m, s)`` pairs merge exactly.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -468,12 +469,95 @@ def map_span(xs, ys, op, a, b):
         _shrink(xs, ys, a, b)
 
 
+#: op code -> its loop, for the kernels that hold the op as a constant (chunk_const)
+SPANS = {
+    LEAKY_RELU: _leaky_relu,
+    GELU_ERF: _gelu_erf,
+    GELU_TANH: _gelu_tanh,
+    SWISH: _swish,
+    SIGMOID: _sigmoid,
+    TANH: _tanh,
+    SOFTPLUS: _softplus,
+    HARD_SWISH: _hard_swish,
+    ELU: _elu,
+    SELU: _selu,
+    CELU: _celu,
+    MISH: _mish,
+    HARD_SIGMOID: _hard_sigmoid,
+    THRESHOLDED_RELU: _thresholded_relu,
+    SOFTSIGN: _softsign,
+    SHRINK: _shrink,
+}
+
+
+def chunk_const(op, x, out, lo, hi, a, b):
+    """:func:`map_chunk` for a constant ``op`` (a closure's or a global's): in a kernel, only that
+    activation's loop compiles in (a run-time ``op`` compiles all sixteen)."""
+    raise NotImplementedError("chunk_const runs inside numba kernels only")
+
+
+@overload(chunk_const, jit_options=_NJIT_INNER)
+def _ov_chunk_const(op, x, out, lo, hi, a, b):
+    if not isinstance(op, types.IntegerLiteral):
+        return None
+    span = SPANS[op.literal_value]
+
+    def impl(op, x, out, lo, hi, a, b):
+        if x.ctypes.data != out.ctypes.data:
+            span(x[lo:hi], out[lo:hi], a, b)
+            return
+        tmp = np.empty(min(SCRATCH, max(hi - lo, 0)), x.dtype)
+        for s in range(lo, hi, SCRATCH):
+            e = min(s + SCRATCH, hi)
+            t = tmp[: e - s]
+            span(x[s:e], t, a, b)
+            out[s:e] = t
+
+    return impl
+
+
 @nb.njit(parallel=True, **_NJIT)
 def map_parallel(x, out, op, a, b, chunk):
     n = x.size
     for c in nb.prange((n + chunk - 1) // chunk):
         lo = c * chunk
         map_chunk(x, out, lo, min(lo + chunk, n), op, a, b)
+
+
+#: op code -> name, for the per-op kernels' names
+OP_NAMES = {
+    LEAKY_RELU: "leaky_relu",
+    GELU_ERF: "gelu_erf",
+    GELU_TANH: "gelu_tanh",
+    SWISH: "swish",
+    SIGMOID: "sigmoid",
+    TANH: "tanh",
+    SOFTPLUS: "softplus",
+    HARD_SWISH: "hard_swish",
+    ELU: "elu",
+    SELU: "selu",
+    CELU: "celu",
+    MISH: "mish",
+    HARD_SIGMOID: "hard_sigmoid",
+    THRESHOLDED_RELU: "thresholded_relu",
+    SOFTSIGN: "softsign",
+    SHRINK: "shrink",
+}
+
+
+@functools.cache
+def op_kernel(op: int):
+    """``serial(x, out, a, b)``: :func:`map_chunk` over all of ``x`` with ``op`` a constant, so a
+    model compiles the activations it runs, not all sixteen. (Parallel launches, above
+    ``PARALLEL_MIN`` elements, keep the shared :func:`map_parallel`: a parallel kernel per op
+    costs a second of compiling each, and the test suite compiles every op in every dtype.)"""
+
+    def serial(x, out, a, b):
+        chunk_const(op, x, out, 0, x.size, a, b)
+
+    # a distinct name: numba's cache files are named by it (the code and lines are shared)
+    serial.__name__ = serial.__qualname__ = f"map_serial_{OP_NAMES[op]}"
+    return nb.njit(**_NJIT)(serial)
 
 
 def _chunk(n: int, costly: bool) -> int:
@@ -501,7 +585,7 @@ def pointwise(ins, outs, attrs, plan, ws):
     if chunk:
         map_parallel(x, out, op, a, b, chunk)
     else:
-        map_chunk(x, out, 0, x.size, op, a, b)
+        op_kernel(op)(x, out, a, b)
 
 
 # -- Relu (floats and integers) -------------------------------------------------------------------

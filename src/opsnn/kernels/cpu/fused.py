@@ -7,6 +7,8 @@ writing the whole tensor.
 
 from __future__ import annotations
 
+import functools
+
 import numba as nb
 import numpy as np
 
@@ -30,6 +32,7 @@ ACTIVATIONS = {
 #: standalone activation ops: float32 math that LLVM vectorizes, instead of libm per element)
 _MAP_OP = np.array([0, 0, A.SIGMOID, A.TANH, A.GELU_ERF, A.GELU_TANH, A.SWISH, A.LEAKY_RELU, 0], np.int64)
 CLIP = ACTIVATIONS["Clip"]
+_NAMES = {code: (name or "none").lower() for name, code in ACTIVATIONS.items()}
 
 
 #: elements from which the epilogue runs in parallel: the GEMM before it (MKL, on numba's own
@@ -47,7 +50,7 @@ _COSTLY = (
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def epilogue_row(y, bias, rbias, z, r, code, alpha, beta):
+def epilogue_adds(y, bias, rbias, z, r):
     # separate simple passes (adds, then the activation), chosen outside the inner loops so
     # that each is a branch-free loop LLVM vectorizes; a row (a conv plane, a GEMM row) stays
     # in cache between passes
@@ -70,6 +73,12 @@ def epilogue_row(y, bias, rbias, z, r, code, alpha, beta):
     elif rbias.size > 0:
         for c in range(cols):
             row[c] += rb
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def epilogue_act(row, code, op, alpha, beta):
+    """The activation ``code`` in place on one row (``op``: its activation kernels' code)."""
+    cols = row.size
     if code == 1:
         for c in range(cols):
             if row[c] < 0:
@@ -79,23 +88,53 @@ def epilogue_row(y, bias, rbias, z, r, code, alpha, beta):
         hi = row.dtype.type(beta)
         for c in range(cols):
             row[c] = min(max(row[c], lo), hi)
-    elif code != 0:  # in place: map_chunk runs it through a scratch block, vectorized
+    elif code != 0:  # in place: chunk_const runs it through a scratch block, vectorized
+        A.chunk_const(op, row, row, 0, cols, row.dtype.type(alpha), row.dtype.type(beta))
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def epilogue_row(y, bias, rbias, z, r, code, alpha, beta):
+    """Row ``r`` of the epilogue, the activation ``code`` a run-time value (every activation
+    compiles in): for kernels that take the code as an argument (gemm's bfloat16 epilogue)."""
+    epilogue_adds(y, bias, rbias, z, r)
+    row = y[r]
+    cols = row.size
+    if code == 1:
+        for c in range(cols):
+            if row[c] < 0:
+                row[c] = 0
+    elif code == CLIP:
+        lo = row.dtype.type(alpha)
+        hi = row.dtype.type(beta)
+        for c in range(cols):
+            row[c] = min(max(row[c], lo), hi)
+    elif code != 0:
         A.map_chunk(row, row, 0, cols, _MAP_OP[code], row.dtype.type(alpha), row.dtype.type(beta))
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def epilogue_rows(y, bias, rbias, z, code, alpha, beta):
-    """``y[r, c] = act(y[r, c] + bias[c] + rbias[r % len(rbias)] + z[r, c])`` (bias, rbias, z of
-    size 0 mean absent), rows in parallel."""
-    for r in nb.prange(y.shape[0]):
-        epilogue_row(y, bias, rbias, z, r, code, alpha, beta)
+@functools.cache
+def rows_kernels(code: int) -> tuple:
+    """(parallel, serial) epilogue kernels of one activation, both ``(y, bias, rbias, z, alpha,
+    beta)``: ``y[r, c] = act(y[r, c] + bias[c] + rbias[r % len(rbias)] + z[r, c])`` (bias, rbias,
+    z of size 0 mean absent), rows in parallel or on the calling thread. ``code`` is a constant
+    in them, so numba compiles that activation alone (a run-time code compiled all sixteen)."""
+    op = int(_MAP_OP[code])
 
+    def parallel(y, bias, rbias, z, alpha, beta):
+        for r in nb.prange(y.shape[0]):
+            epilogue_adds(y, bias, rbias, z, r)
+            epilogue_act(y[r], code, op, alpha, beta)
 
-@nb.njit(nogil=True, cache=True)
-def epilogue_rows_serial(y, bias, rbias, z, code, alpha, beta):
-    """:func:`epilogue_rows` on the calling thread (small tensors)."""
-    for r in range(y.shape[0]):
-        epilogue_row(y, bias, rbias, z, r, code, alpha, beta)
+    def serial(y, bias, rbias, z, alpha, beta):
+        for r in range(y.shape[0]):
+            epilogue_adds(y, bias, rbias, z, r)
+            epilogue_act(y[r], code, op, alpha, beta)
+
+    # distinct names: numba's cache files are named by them (the code and lines are shared)
+    name = _NAMES[code]
+    parallel.__name__ = parallel.__qualname__ = f"epilogue_rows_{name}"
+    serial.__name__ = serial.__qualname__ = f"epilogue_rows_serial_{name}"
+    return nb.njit(parallel=True, nogil=True, cache=True)(parallel), nb.njit(nogil=True, cache=True)(serial)
 
 
 def _columns(bias: np.ndarray, cols: int, dtype) -> np.ndarray:
@@ -124,5 +163,6 @@ def epilogue(
     b = empty if bias is None else _columns(bias, cols, y.dtype)
     rb = empty if row_bias is None else row_bias.reshape(-1).astype(y.dtype, copy=False)
     zz = np.empty((0, 0), y.dtype) if z is None else z.reshape(-1, cols).astype(y.dtype, copy=False)
-    parallel = y.size >= (PARALLEL_MIN_COSTLY if code in _COSTLY else PARALLEL_MIN)
-    (epilogue_rows if parallel else epilogue_rows_serial)(y2, b, rb, zz, code, alpha, beta)
+    parallel, serial = rows_kernels(code)
+    big = y.size >= (PARALLEL_MIN_COSTLY if code in _COSTLY else PARALLEL_MIN)
+    (parallel if big else serial)(y2, b, rb, zz, alpha, beta)
