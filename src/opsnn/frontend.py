@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from .autograd.compiled import CompiledTrainStep
 from .errors import OpsnnError, ParamInvalidError
 from .graph import compiler as _compiler
 from .graph.compiler import CompiledGraph
@@ -35,8 +36,14 @@ def compile(
     max_plans: int = 16,
     memory_optimization: bool | None = None,
     cache_dir: str | None = None,
-) -> CompiledGraph:
+    graph_hooks=(),
+) -> CompiledGraph | CompiledTrainStep:
     """Compile a Graph, an ONNX model (path or ModelProto) or a Python function of tensors.
+
+    A function given without ``example_inputs`` (a training step: forward, loss, ``backward``,
+    ``optimizer.step``) returns a :class:`~opsnn.autograd.compiled.CompiledTrainStep`, traced on its
+    first call per input shapes into one graph with the backward and the in-place update
+    (``graph_hooks``: see there; docs/training.md, "Compiled training").
 
     ``example_inputs`` and ``dynamic_dims`` (``{arg: {dim: "name"}}``) are for functions and
     ``opsnn.nn`` modules, which are traced (a module as :meth:`Module.to_graph` does).
@@ -51,11 +58,22 @@ def compile(
     (5, 3)
     """
     context()
+    if callable(model) and not isinstance(model, (Graph, Module)) and example_inputs is None:
+        # a training step (or any function of tensors) traced on its first call per input shapes
+        return CompiledTrainStep(
+            model,
+            names=_module_names(model),
+            level=level,
+            disabled_passes=disabled_passes,
+            max_plans=max_plans,
+            memory_optimization=memory_optimization,
+            graph_hooks=graph_hooks,
+        )
     if isinstance(model, Graph):
         graph = model
     elif callable(model):
         if example_inputs is None:
-            raise ParamInvalidError("compile: a function needs example_inputs to be traced")
+            raise ParamInvalidError("compile: a module needs example_inputs to be traced")
         # a Module traces as Module.to_graph does: inputs named after forward's arguments, weights
         # after their state_dict keys, nested outputs (a decoder's logits and cache) flattened
         graph = (
@@ -87,6 +105,36 @@ def compile(
     if static_shapes:
         cg.prepare_shapes(static_shapes)
     return cg
+
+
+def _module_names(fn) -> dict:
+    """``{id(tensor): name}`` for the parameters and buffers of the ``opsnn.nn`` modules a function
+    reaches through its closure, globals or bound ``self`` (names for the traced graph's state)."""
+    found: dict = {}
+    code = getattr(fn, "__code__", None)
+    cands = []
+    if getattr(fn, "__self__", None) is not None:
+        cands.append(("self", fn.__self__))
+    if code is not None:
+        cells = getattr(fn, "__closure__", None) or ()
+        cands += [(n, c.cell_contents) for n, c in zip(code.co_freevars, cells) if _cell_ok(c)]
+        g = getattr(fn, "__globals__", {})
+        cands += [(n, g[n]) for n in code.co_names if n in g]
+    for var, obj in cands:
+        if isinstance(obj, Module):
+            for n, t in obj.state_dict().items():
+                found.setdefault(id(t), f"{var}.{n}")
+            for n, t in obj.named_parameters():
+                found.setdefault(id(t), f"{var}.{n}")
+    return found
+
+
+def _cell_ok(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 def _cache_entry(graph: Graph, cache_dir: str, level: int, disabled_passes) -> str:

@@ -87,6 +87,22 @@ def _check_format(fmt: str, ndim: int) -> str:
     return fmt
 
 
+#: set by graph.tracing while a training step is traced: reports host reads of computed values
+_host_read_hook = None
+
+
+def checked_value(t: Tensor) -> np.ndarray:
+    """``t``'s value for a validity check that only raises (token ids in range): read without
+    counting as a traced host read. A traced graph skips the check at later calls, so the code
+    that checks must make the graph refuse the same inputs."""
+    global _host_read_hook
+    hook, _host_read_hook = _host_read_hook, None
+    try:
+        return t.numpy()
+    finally:
+        _host_read_hook = hook
+
+
 def _tracing() -> bool:
     """True while opsnn.compile traces a function: view methods then record graph ops."""
     from .ops import executor
@@ -187,6 +203,8 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """A numpy view of the data (no copy); waits for the kernel that writes it."""
+        if _host_read_hook is not None:
+            _host_read_hook(self)
         self._wait()
         return self._array
 

@@ -15,6 +15,7 @@ import threading
 
 from .. import dtypes as _dt
 from ..errors import InnerError, ParamInvalidError
+from ..ops import executor as _executor
 from ..tensor import Tensor, as_tensor, ones
 from .errors import (
     GradientShapeError,
@@ -78,6 +79,9 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
     """Run the backward pass from ``roots`` [(meta, grad)]. ``targets`` (autograd.grad): maps
     (node, output_nr) or (LEAF, meta) keys to a slot; their gradients are returned by slot and no
     leaf's .grad is touched. Without targets every reached leaf accumulates into .grad."""
+    tracer = _executor._tracer
+    if tracer is not None and getattr(tracer, "records_tape", False):
+        tracer.events.add("backward")  # a traced training step: its graph has gradients
     root_nodes = []
     for m, _ in roots:
         if m.grad_fn is not None and m.grad_fn not in root_nodes:
@@ -227,6 +231,16 @@ def _to_leaf(m, g: Tensor, targets, found, pending=None) -> None:
         if slot is not None:
             found[slot] = _add(found.get(slot), g)
         return
+    tracer = _executor._tracer
+    if tracer is not None and getattr(tracer, "records_tape", False):
+        if m.grad is not None and not tracer.is_traced(m.grad):
+            from ..graph.tracing import TraceError
+
+            raise TraceError(
+                f"trace: a gradient of shape {tuple(m.grad.shape)} from before the step would be accumulated "
+                "into as a constant; call optimizer.zero_grad() inside the compiled step (gradients do not "
+                "accumulate across compiled calls)"
+            )
     if m.grad is None:
         m.grad = g.clone()  # a fresh, contiguous tensor: rules may hand the same gradient to several inputs
     else:

@@ -135,7 +135,8 @@ def _attach(node: Node, outputs: list, differentiable: int) -> None:
 
 def record_op(rec, tensors: list, attrs: dict, res) -> None:
     """The executor's eager hook: record a node when grad mode is on and an input requires grad."""
-    if not _META or _executor._tracer is not None or not is_grad_enabled():
+    tracer = _executor._tracer
+    if not _META or (tracer is not None and not getattr(tracer, "records_tape", False)) or not is_grad_enabled():
         return
     edges = _edges(tensors, rec.host_inputs)
     if edges is None:
@@ -145,6 +146,9 @@ def record_op(rec, tensors: list, attrs: dict, res) -> None:
     rule = rec.gradient
     saved_in = list(tensors)
     saved_out = [_saved(o) for o in outputs]
+    if tracer is not None:  # a traced step: the rule's saved outputs are the graph's values, not constants
+        for s, o in zip(saved_out, outputs):
+            tracer.alias(s, o)
     needs = [e is not None for e in edges]
     if rule is None:
         names = [rec.input_spec(i).name for i, e in enumerate(edges) if e is not None]
@@ -259,7 +263,11 @@ def _is_leaf(self) -> bool:
 
 def _detach(self) -> Tensor:
     """The same memory as a new tensor outside the graph (requires_grad False)."""
-    return Tensor(self._array, self.format, self._producer)
+    out = Tensor(self._array, self.format, self._producer)
+    tracer = _executor._tracer
+    if tracer is not None:  # traced: the same value of the graph, not a constant
+        tracer.alias(out, self)
+    return out
 
 
 class RemovableHandle:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import dtypes as _dt
-from ..errors import KernelError, KernelNotFoundError, OpsnnError, ParamInvalidError
+from ..errors import InnerError, KernelError, KernelNotFoundError, OpsnnError, ParamInvalidError
 from ..ops import executor as _ex
 from ..ops.registry import TensorMeta, get_op, has_op
 from ..runtime import hooks
@@ -135,6 +135,8 @@ class CompiledGraph:
                 f"input {other[0].name!r} is {'an' if other[0].kind == 'optional' else 'a'} {other[0].kind}"
             )
         self.kernel_choices: dict = {}  # node name -> kernel name (from a persisted cache)
+        # graph output -> graph input whose memory it is written into (a training step's state updates)
+        self.io_aliases: dict = {}
         self.cache_dir: str | None = None
         self.loaded_from_cache = False
 
@@ -212,6 +214,7 @@ class CompiledGraph:
         cg.original_node_count = self.original_node_count
         cg.kernel_choices = dict(self.kernel_choices)
         cg._weights = self._weights
+        cg.io_aliases = dict(self.io_aliases)
         if self.mode == "interpreted":
             cg.mode, cg.mode_reason = self.mode, self.mode_reason
         return cg
@@ -491,6 +494,23 @@ class CompiledGraph:
                 if n:
                     first.setdefault(n, i)
                     last.setdefault(n, i)
+        for out, src in self.io_aliases.items():
+            # the step writing an input's memory must be its last reader: a later reader would see the new value
+            w = first.get(out)
+            if w is None or last.get(src, -1) > w:
+                reader = (
+                    next((nd.name for nd, _, _ in planned[w + 1 :] if src in nd.inputs), None)
+                    if w is not None
+                    else None
+                )
+                raise InnerError(
+                    f"graph {g.name}: output {out!r} is written into input {src!r}"
+                    + (
+                        f" by step {w}, but node {reader} reads {src!r} after it"
+                        if w is not None
+                        else ", but no step writes it"
+                    )
+                )
         nbytes = {n: int(np.prod(m.shape)) * m.dtype.itemsize for n, m in metas.items()}
         aliases: dict = {}
         aliased: set = set()  # aliases' values, for an O(1) membership test
@@ -607,7 +627,9 @@ class CompiledGraph:
     def _launch(self, plan: Plan, feeds: dict, stream) -> dict:
         outputs = {}
         for name, m in plan.output_metas.items():
-            if name in feeds:
+            if name in self.io_aliases:
+                outputs[name] = feeds[self.io_aliases[name]]  # written in place into the input's memory
+            elif name in feeds:
                 outputs[name] = feeds[name]
             elif name in plan.tensors and name not in plan.memory.offsets:
                 outputs[name] = plan.tensors[name]  # folded or a weight
@@ -670,6 +692,8 @@ class CompiledGraph:
             n: (v if isinstance(v, Tensor) or v is None or isinstance(v, list) else Tensor(np.asarray(v)))
             for n, v in res.items()
         }
+        for out, src in self.io_aliases.items():  # the interpreter computes new values: write them back
+            outs[out] = feeds[src].copy_(outs[out])
         return outs if as_dict else [outs[n] for n in self.output_names]
 
 

@@ -27,7 +27,7 @@ from .. import nn, ops
 from ..errors import ParamInvalidError
 from ..nn import init
 from ..nn.functional import check_token_ids, merge_heads, split_heads
-from ..tensor import as_tensor
+from ..tensor import as_tensor, checked_value
 
 
 @dataclass(frozen=True)
@@ -220,9 +220,11 @@ class LlamaForCausalLM(nn.Module):
                 off = int(position_offset)
             else:
                 off = 0 if past is None else ops.shape(past[0][0], 2, 3)
+            computed_positions = True
             ones = ops.add(ops.mul(ids, 0), 1)
             position_ids = ops.add(ops.sub(ops.cumsum(ones, 1), 1), off)
         else:
+            computed_positions = False
             position_ids = as_tensor(position_ids)
             if tuple(position_ids.shape) != (B, S) or position_ids.dtype.kind not in "iu":
                 raise ParamInvalidError(
@@ -231,7 +233,9 @@ class LlamaForCausalLM(nn.Module):
                 )
             if position_ids.dtype != np.int64:
                 position_ids = ops.cast(position_ids, np.int64)
-        pa = position_ids.numpy()
+        # positions made from the shapes above are checked once, also while tracing (they follow the
+        # shape a plan is made for); given ones are data, read as such
+        pa = checked_value(position_ids) if computed_positions else position_ids.numpy()
         if pa.size and (pa.min() < 0 or pa.max() >= cfg.max_position_embeddings):
             raise ParamInvalidError(
                 f"llama: positions must lie in [0, max_position_embeddings="

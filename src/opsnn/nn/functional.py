@@ -56,7 +56,10 @@ def check_token_ids(ids, vocab: int, what: str) -> Tensor:
     t = as_tensor(ids)
     if t.dtype.kind not in "iu":
         raise DTypeError(f"{what}: token ids must be integers, got {t.dtype}")
-    a = t.numpy()
+    from ..graph.tracing import active_tracer, host_value
+
+    tracing = active_tracer() is not None
+    a = host_value(t)  # a check only: while tracing, the graph checks each call's ids (below)
     if a.size:
         lo, hi = a.min(), a.max()
         if lo < 0 or hi >= vocab:
@@ -66,7 +69,10 @@ def check_token_ids(ids, vocab: int, what: str) -> Tensor:
                 f"{what}: id {bad} at position {pos} is outside the vocabulary "
                 f"of {vocab} entries (valid ids: 0..{vocab - 1})"
             )
-    return t if t.dtype == np.int64 else ops.cast(t, np.int64)
+    t = t if t.dtype == np.int64 else ops.cast(t, np.int64)
+    if tracing:  # compiled calls skip the host check: a negative id becomes one Gather refuses too
+        t = ops.where(ops.lt(t, as_tensor(np.zeros((), np.int64))), as_tensor(np.asarray(vocab, np.int64)), t)
+    return t
 
 
 def as_image(x, channels: int, what: str) -> Tensor:

@@ -210,6 +210,11 @@ class BatchNorm2d(Module):
         return y
 
     def _update_running_stats(self, x) -> None:
+        from ..graph.tracing import active_tracer
+
+        tracer = active_tracer()
+        if tracer is not None and hasattr(tracer, "call_inplace"):
+            return self._traced_running_stats(tracer, x)
         self.num_batches_tracked.copy_(self.num_batches_tracked.numpy() + 1)
         m = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked.item())
         a = x.numpy()
@@ -220,6 +225,31 @@ class BatchNorm2d(Module):
         rm, rv = self.running_mean, self.running_var
         rm.copy_((1.0 - m) * rm.numpy() + m * mean)
         rv.copy_((1.0 - m) * rv.numpy() + m * var)
+
+    def _traced_running_stats(self, tracer, x) -> None:
+        """The running-statistics update as graph ops written in place (``Assign``) when a training
+        step is traced: the eager path's host arithmetic would be replayed as constants."""
+        from ..autograd import no_grad
+
+        assign = get_op("Assign", "opsnn")
+        with no_grad():
+            axes = [0] + list(range(2, x.ndim))
+            n = x.numel // x.shape[1]
+            nbt = self.num_batches_tracked
+            nbt_new = ops.add(nbt, as_tensor(np.ones((), nbt.dtype)))
+            tracer.call_inplace(assign, [nbt, nbt_new], {}, [nbt], labels=[None])
+            dt = x.dtype
+            if self.momentum is not None:
+                m = as_tensor(np.asarray(self.momentum, dt))
+            else:  # cumulative average: the weight of this batch is 1 / batches seen
+                m = ops.div(as_tensor(np.ones((), dt)), ops.cast(nbt, dt))
+            one_minus = ops.sub(as_tensor(np.ones((), dt)), m)
+            mean = ops.mean(x, dim=axes)
+            centred = ops.sub(x, ops.mean(x, dim=axes, keepdim=True))
+            var = ops.div(ops.sum(ops.mul(centred, centred), dim=axes), as_tensor(np.asarray(max(n - 1, 1), dt)))
+            for buf, stat in ((self.running_mean, mean), (self.running_var, var)):
+                new = ops.add(ops.mul(buf, one_minus), ops.mul(stat, m))
+                tracer.call_inplace(assign, [buf, new], {}, [buf])
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
@@ -341,6 +371,13 @@ class Dropout(Module):
         x = as_tensor(x)
         if self.p == 1.0:
             return ops.mul(x, as_tensor(np.zeros((), x.dtype)))
+        from ..graph.tracing import TraceError, active_tracer
+
+        if active_tracer() is not None:
+            raise TraceError(
+                f"Dropout(p={self.p}): training-mode masks are drawn on the host; a traced graph would replay "
+                "one mask at every call (trace the model in eval mode, or run the step eagerly)"
+            )
         keep = init.generator().random(x.shape) >= self.p
         return ops.mul(x, as_tensor((keep * (1.0 / (1.0 - self.p))).astype(x.dtype)))
 

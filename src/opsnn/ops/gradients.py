@@ -455,13 +455,17 @@ def _concat(ctx, grads):
     return out
 
 
-def _scatter_into(index_map: np.ndarray, g: Tensor, shape: tuple, add: bool) -> Tensor:
+def _scatter_into(index_map, g: Tensor, shape: tuple, add: bool) -> Tensor:
     """A zero tensor of ``shape`` with ``g`` written (or added, for repeated positions) at the
-    flat positions ``index_map`` (same shape as ``g``)."""
+    flat positions ``index_map`` (same shape as ``g``; an int64 Tensor stays on the device, so a
+    traced step computes the positions from each call's data)."""
     ops = _ops()
     n = int(np.prod(shape))
     base = zeros((n,), g.dtype)
-    idx = tensor(np.ascontiguousarray(index_map.reshape(-1), dtype=np.int64))
+    if isinstance(index_map, Tensor):
+        idx = ops.reshape(index_map if index_map.dtype == np.int64 else ops.cast(index_map, np.int64), (-1,))
+    else:
+        idx = tensor(np.ascontiguousarray(index_map.reshape(-1), dtype=np.int64))
     out = ops.scatter_elements(base, idx, ops.reshape(g, (-1,)), axis=0, reduction="add" if add else "none")
     return ops.reshape(out, shape)
 
@@ -477,11 +481,15 @@ def _slice(ctx, grads):
 def _gather(ctx, grads):
     x, idx = ctx.inputs
     axis = int(ctx.attrs.get("axis", 0)) % x.ndim
+    if axis == 0:  # embedding lookups: add each gradient row into its table row (repeats accumulate)
+        ops = _ops()  # the indices stay on the device: a traced step reads each call's token ids
+        i64 = idx if idx.dtype == np.int64 else ops.cast(idx, np.int64)
+        n = tensor(np.asarray(x.shape[0], np.int64))
+        ind = ops.where(ops.lt(i64, tensor(np.zeros((), np.int64))), ops.add(i64, n), i64)
+        base = zeros(tuple(x.shape), grads[0].dtype)
+        return [ops.scatter_nd(base, ops.unsqueeze(ind, -1), grads[0], reduction="add"), None]
     ind = idx.numpy().astype(np.int64)
     ind = np.where(ind < 0, ind + x.shape[axis], ind)
-    if axis == 0:  # embedding lookups: add each gradient row into its table row (repeats accumulate)
-        base = zeros(tuple(x.shape), grads[0].dtype)
-        return [_ops().scatter_nd(base, tensor(ind[..., None]), grads[0], reduction="add"), None]
     pos = np.take(np.arange(x.numel, dtype=np.int64).reshape(x.shape), ind, axis=axis)
     return [_scatter_into(pos, grads[0], x.shape, add=True), None]
 
@@ -566,7 +574,7 @@ def _conv(ctx, grads):
 def _max_pool(ctx, grads):
     x = ctx.inputs[0]
     _, idx = _ops().run_op("MaxPool", [x], dict(ctx.attrs, storage_order=0), num_outputs=2)
-    return [_scatter_into(idx.numpy(), grads[0], x.shape, add=True)]
+    return [_scatter_into(idx, grads[0], x.shape, add=True)]
 
 
 def _average_pool(ctx, grads):
@@ -746,23 +754,35 @@ def _batch_norm(ctx, grads):
 # -- losses -------------------------------------------------------------------------------------------
 def _class_coefficients(ctx, g: Tensor):
     """(one-hot of the labels moved to dim 1, per-position coefficient (N, 1, d...)) for the
-    index losses: weight of the label (0 where ignored) over the mean's denominator, times g."""
+    index losses: weight of the label (0 where ignored) over the mean's denominator, times g.
+    Computed with registry ops from the labels (never read on the host), so a traced training step
+    computes them from each call's labels."""
     ops = _ops()
     x, t = ctx.inputs[0], ctx.inputs[1]
     w = ctx.inputs[2] if len(ctx.inputs) > 2 and ctx.inputs[2] is not None else None
     C = x.shape[1]
-    labels = t.numpy().astype(np.int64)
+    labels = t if t.dtype == np.int64 else ops.cast(t, np.int64)
     ignore = ctx.attrs.get("ignore_index")
-    valid = np.ones(labels.shape, bool) if ignore is None else labels != int(ignore)
-    safe = np.where(valid, labels, 0)
-    wt = valid.astype(np.float64) if w is None else np.where(valid, w.numpy().astype(np.float64)[safe], 0.0)
+    zero = tensor(np.zeros((), np.int64))
+    if ignore is None:
+        valid, safe = None, labels
+    else:
+        valid = ops.logical_not(ops.eq(labels, tensor(np.asarray(int(ignore), np.int64))))
+        safe = ops.where(valid, labels, zero)
+    if w is None:
+        wt = ops.cast(valid if valid is not None else ops.eq(safe, safe), x.dtype)
+    else:
+        wt = ops.gather(w, safe, axis=0)
+        if valid is not None:
+            wt = ops.where(valid, wt, _const(0, x))
     red = ctx.attrs.get("reduction", "mean")
     red = red.decode() if isinstance(red, bytes) else red
     if red == "mean":
-        wt = wt / wt.sum()
-    onehot = np.moveaxis(np.eye(C, dtype=x.dtype)[safe], -1, 1)
-    coef = ops.mul(_const(wt, x), g)  # g is 0-d for sum/mean, the labels' shape for none
-    return tensor(onehot), ops.unsqueeze(coef, 1)
+        wt = ops.div(wt, ops.sum(wt))
+    classes = tensor(np.arange(C, dtype=np.int64).reshape((1, C) + (1,) * (t.ndim - 1)))
+    onehot = ops.cast(ops.eq(ops.unsqueeze(safe, 1), classes), x.dtype)
+    coef = ops.mul(wt, g)  # g is 0-d for sum/mean, the labels' shape for none
+    return onehot, ops.unsqueeze(coef, 1)
 
 
 def _softmax_cross_entropy(ctx, grads):

@@ -67,6 +67,11 @@ class Adam(Optimizer):
 
     def step(self, closure=None):
         """One update of every parameter that has a gradient (one kernel launch per dtype)."""
+        from ..graph.tracing import active_tracer
+
+        tracer = active_tracer()
+        if tracer is not None:
+            return self._traced_step(tracer, closure)
         loss = self._closure(closure)
         for items in self._with_grads_by_dtype():
             hyper = np.zeros((len(items), 7), np.float64)
@@ -92,6 +97,27 @@ class Adam(Optimizer):
                 flags,
             )
         return loss
+
+    def _traced_step(self, tracer, closure):
+        """The step as ``ApplyAdamW`` nodes of a traced training step (one per dtype and amsgrad use);
+        the step counts and bias corrections are computed on the host before every call."""
+        groups = self._traced_items(tracer, closure, lambda g, p: bool(g["amsgrad"]))
+        for (_dt, ams), items in groups.items():
+
+            def host(items=items):
+                hyper = np.zeros((len(items), 7), np.float64)
+                flags = np.zeros((len(items), 3), np.int64)
+                for t, (g, p) in enumerate(items):
+                    st = self.state.setdefault(p, {})
+                    st["step"] = step = float(st.get("step", 0.0)) + 1.0
+                    b1, b2 = g["betas"]
+                    hyper[t] = (g["lr"], b1, b2, g["eps"], g["weight_decay"], 1.0 - b1**step, 1.0 - b2**step)
+                    flags[t] = (bool(g["amsgrad"]), self._decoupled, bool(g["maximize"]))
+                return hyper, flags
+
+            keys = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if ams else [])
+            self._traced_apply(tracer, "ApplyAdamW", host, items, keys, {"amsgrad": int(ams)})
+        return None
 
 
 class AdamW(Adam):

@@ -129,8 +129,89 @@ class Optimizer:
             t = st[key] = zeros(p.shape, p.dtype)
         return t.numpy().reshape(-1)
 
+    def _state_tensor(self, p: Tensor, key: str) -> Tensor:
+        """State ``key`` of ``p`` as a Tensor, created (zeros) when missing."""
+        st = self.state.setdefault(p, {})
+        t = st.get(key)
+        if t is None:
+            t = st[key] = zeros(p.shape, p.dtype)
+        return t
+
     def step(self, closure=None):
         raise NotImplementedError
+
+    # -- inside a traced training step --------------------------------------------------------------------
+    def _traced_items(self, tracer, closure, key) -> dict:
+        """The parameters with a gradient, grouped by ``key(group, param)``, for a step recorded into a
+        graph (one Apply node per group); refuses what a graph cannot replay."""
+        from ..graph.tracing import TraceError
+
+        name = type(self).__name__
+        if not hasattr(tracer, "call_inplace"):
+            raise TraceError(
+                f"{name}.step: opsnn.compile(fn, example_inputs) traces inference; compile a training step "
+                "as opsnn.compile(train_step), which traces it on its first call"
+            )
+        if closure is not None:
+            raise TraceError(f"{name}.step: a closure cannot be traced into a compiled step; call it before step()")
+        groups: dict = {}
+        for g in self.param_groups:
+            for p in g["params"]:
+                gr = p.grad
+                if gr is None:
+                    continue
+                if gr.dtype != p.dtype:
+                    raise DTypeError(
+                        f"{name}: gradient of a parameter of shape {tuple(p.shape)} has dtype "
+                        f"{_dt.name(gr.dtype)}, the parameter {_dt.name(p.dtype)}"
+                    )
+                groups.setdefault((p.dtype.str, key(g, p)), []).append((g, p))
+        return groups
+
+    def _traced_apply(self, tracer, op: str, host, items, state_keys, attrs) -> None:
+        """Record one in-place ``op`` node over ``items``: ``host()`` -> (hyper, flags) arrays, called
+        now and before every compiled call (learning rate, step counts are runtime inputs)."""
+        from ..ops.registry import get_op
+
+        hyper, flags = host()
+        last = {}
+
+        def hyper_fn():
+            last["flags"] = (out := host())[1]
+            return out[0]
+
+        h = tensor(hyper)
+        f = tensor(flags)
+        label = f"{type(self).__name__.lower()}.{len(tracer.host_inputs) // 2}"
+        tracer.add_input(h, f"{label}.hyper", hyper_fn)
+        tracer.add_input(f, f"{label}.flags", lambda: last.pop("flags"))
+        params = [p for _g, p in items]
+        grads = []
+        for _g, p in items:
+            gr = p.grad
+            if not tracer.is_traced(gr):
+                from ..graph.tracing import TraceError
+
+                raise TraceError(
+                    f"{type(self).__name__}.step: the gradient of parameter {tracer.label(p)!r} was not "
+                    "computed inside the traced step (call backward inside it)"
+                )
+            grads.append(gr)
+        states, labels, getters = [], [], []
+        for key in state_keys:
+            for _g, p in items:
+                states.append(self._state_tensor(p, key))
+                labels.append(f"{tracer.label(p)}.{key}")
+                getters.append(lambda p=p, key=key: self._state_tensor(p, key))
+        n = len(params)
+        tracer.call_inplace(
+            get_op(op, "opsnn"),
+            [h, f] + params + grads + states,
+            attrs,
+            params + states,
+            labels=[None] * n + labels,
+            getters=[None] * n + getters,
+        )
 
     def _closure(self, closure):
         if closure is None:

@@ -65,6 +65,11 @@ class SGD(Optimizer):
 
     def step(self, closure=None):
         """One update of every parameter that has a gradient (one kernel launch per dtype)."""
+        from ..graph.tracing import active_tracer
+
+        tracer = active_tracer()
+        if tracer is not None:
+            return self._traced_step(tracer, closure)
         loss = self._closure(closure)
         for items in self._with_grads_by_dtype():
             hyper = np.zeros((len(items), 4), np.float64)
@@ -85,6 +90,25 @@ class SGD(Optimizer):
                 flags,
             )
         return loss
+
+    def _traced_step(self, tracer, closure):
+        """The step as ``ApplySGD`` nodes of a traced training step (one per dtype and momentum use)."""
+        groups = self._traced_items(tracer, closure, lambda g, p: float(g["momentum"]) != 0.0)
+        for (_dt, mom), items in groups.items():
+
+            def host(items=items, mom=mom):
+                hyper = np.zeros((len(items), 4), np.float64)
+                flags = np.zeros((len(items), 3), np.int64)
+                for t, (g, p) in enumerate(items):
+                    hyper[t] = (g["lr"], g["momentum"], g["dampening"], g["weight_decay"])
+                    first = mom and "momentum_buffer" not in self.state.get(p, {})
+                    flags[t] = (bool(g["nesterov"]), bool(g["maximize"]), first)
+                return hyper, flags
+
+            self._traced_apply(
+                tracer, "ApplySGD", host, items, ["momentum_buffer"] if mom else [], {"momentum_buffers": int(mom)}
+            )
+        return None
 
 
 __all__ = ["SGD"]

@@ -23,7 +23,7 @@ from ... import dtypes as _dt
 from ...errors import DTypeError, ParamInvalidError
 from ...kernels.cpu import shape as K
 from ...runtime.memory import check_request
-from ...tensor import Tensor, as_tensor
+from ...tensor import Tensor, _tracing, as_tensor, checked_value
 from ..api import api
 from ..registry import Attr, Input, Output, TensorMeta, register_op
 from .elementwise import onnx_dtype
@@ -1710,7 +1710,7 @@ def embedding(ids, weight):
     if ids_t.dtype not in INDEX:
         raise DTypeError(f"embedding: ids must be int32 or int64, got {_dt.name(ids_t.dtype)}", op="Gather")
     vocab = w.shape[0]
-    v = ids_t.numpy()
+    v = checked_value(ids_t)  # while tracing: the trace call checks here, the graph at later calls
     bad = (v < 0) | (v >= vocab)
     if bad.any():
         pos = tuple(int(p) for p in np.argwhere(bad)[0])
@@ -1719,6 +1719,10 @@ def embedding(ids, weight):
             f"{vocab} rows (valid: [0, {vocab - 1}])",
             op="Gather",
         )
+    if _tracing():  # later calls of a traced graph: a negative id becomes one Gather refuses too
+        from .elementwise import lt, where
+
+        ids_t = where(lt(ids_t, Tensor(np.zeros((), ids_t.dtype))), Tensor(np.asarray(vocab, ids_t.dtype)), ids_t)
     return [w, ids_t], {"axis": 0}
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...errors import DTypeError, ParamInvalidError
+from ...kernels.cpu import optimizer as _K
 from ..api import api
 from ..registry import Attr, Input, Output, TensorMeta, register_op
 
@@ -284,3 +285,273 @@ def momentum_step(lr, step, params, grads, momenta, alpha=0.9, beta=1.0, nestero
 
 
 __all__ = ["adagrad_step", "adam_step", "momentum_step"]
+
+
+# -- in-place multi-tensor optimizer updates (opsnn domain) ------------------------------------------------
+# ``ApplySGD`` / ``ApplyAdamW`` are torch's SGD and Adam/AdamW steps over any number of tensors in one
+# record, as ops-nn's aclnnApplyAdamW / aclnnFusedSgd: the hyper-parameters (learning rate included)
+# arrive as a runtime float64 table with one row per tensor, the switches as an int64 table, so an LR
+# schedule or a new Adam step count changes no graph constant. The outputs are the new tensors and
+# states; a compiled training step binds each to the memory of its input (in place), and the kernel
+# writes elementwise, so an output may be its own input.
+OPSNN = "opsnn"
+
+#: op -> (hyper columns, flag columns, state tensors per optimized tensor by attribute)
+_APPLY = {"ApplySGD": (4, 3), "ApplyAdamW": (7, 3)}
+
+
+def _apply_states(op: str, attrs) -> int:
+    if op == "ApplySGD":
+        return 1 if attrs.get("momentum_buffers", 1) else 0
+    return 3 if attrs.get("amsgrad", 0) else 2
+
+
+def _apply_count(op: str, n_inputs: int, attrs) -> int:
+    per = 2 + _apply_states(op, attrs)
+    n = n_inputs - 2
+    if n <= 0 or n % per:
+        raise ParamInvalidError(
+            f"{op}: expects hyper, flags and then {per} tensors per optimized tensor (params..., grads..., "
+            f"states...), got {n_inputs} inputs",
+            op=op,
+        )
+    return n // per
+
+
+def _apply_infer(ctx):
+    op = ctx.op.name
+    n = _apply_count(op, len(ctx.inputs), ctx.attrs)
+    cols = _APPLY[op]
+    for i, (name, dt) in enumerate((("hyper", _dt.float64), ("flags", _dt.int64))):
+        if ctx.dtype(i) != dt or tuple(ctx.shape(i)) != (n, cols[i]):
+            ctx.fail(
+                f"input {name!r} must be {_dt.name(dt)} of shape {(n, cols[i])}, got "
+                f"{_dt.name(ctx.dtype(i))} {tuple(ctx.shape(i))}"
+            )
+    per = 2 + _apply_states(op, ctx.attrs)
+    for k in range(n):
+        shape, dt = tuple(ctx.shape(2 + k)), ctx.dtype(2 + k)
+        for gi in range(1, per):
+            j = 2 + gi * n + k
+            if tuple(ctx.shape(j)) != shape or ctx.dtype(j) != dt:
+                ctx.fail(
+                    f"tensor {k}: input {j} is {_dt.name(ctx.dtype(j))} {tuple(ctx.shape(j))}, expected the "
+                    f"parameter's {_dt.name(dt)} {shape}"
+                )
+    n_out = (per - 1) * n
+    if ctx.num_outputs != n_out:
+        ctx.fail(f"{n} optimized tensors give {n_out} outputs, the node asks for {ctx.num_outputs}")
+    outs = [TensorMeta(tuple(ctx.shape(2 + k)), ctx.dtype(2 + k)) for k in range(n)]
+    for gi in range(2, per):
+        outs += [TensorMeta(tuple(ctx.shape(2 + gi * n + k)), ctx.dtype(2 + gi * n + k)) for k in range(n)]
+    return outs
+
+
+def _apply_groups(op, ins, outs, attrs):
+    """(n, params, grads, states) with params and states the output arrays, holding the inputs' values."""
+    n = _apply_count(op, len(ins), attrs)
+    per = 2 + _apply_states(op, attrs)
+    for k, src in enumerate(
+        [ins[2 + k] for k in range(n)] + [ins[2 + gi * n + k] for gi in range(2, per) for k in range(n)]
+    ):
+        if outs[k] is not src:  # bound in place by a compiled step: nothing to copy
+            np.copyto(outs[k], src)
+    params = outs[:n]
+    grads = [ins[2 + n + k] for k in range(n)]
+    states = [outs[n * (1 + s) : n * (2 + s)] for s in range(per - 2)]
+    return n, params, grads, states
+
+
+def _apply_sgd_ref(ins, a):
+    """torch.optim.SGD's rule read literally, per tensor, in float64."""
+    n = _apply_count("ApplySGD", len(ins), a)
+    hyper, flags = ins[0], ins[1]
+    new_p, new_b = [], []
+    for k in range(n):
+        lr, mom, damp, wd = (float(v) for v in hyper[k])
+        nesterov, maximize, first = (bool(v) for v in flags[k])
+        p = ins[2 + k].astype(np.float64)
+        g = ins[2 + n + k].astype(np.float64)
+        g = -g if maximize else g
+        if wd:
+            g = g + wd * p
+        if a.get("momentum_buffers", 1):
+            b = g if first else mom * ins[2 + 2 * n + k].astype(np.float64) + (1 - damp) * g
+            b = b.astype(ins[2 + k].dtype).astype(np.float64)  # torch keeps the buffer in the parameter's dtype
+            new_b.append(b.astype(ins[2 + k].dtype))
+            if mom:
+                g = g + mom * b if nesterov else b
+        new_p.append((p - lr * g).astype(ins[2 + k].dtype))
+    return tuple(new_p + new_b)
+
+
+def _apply_adamw_ref(ins, a):
+    """torch.optim.Adam / AdamW's rule read literally, per tensor, in float64."""
+    n = _apply_count("ApplyAdamW", len(ins), a)
+    hyper, flags = ins[0], ins[1]
+    ams = bool(a.get("amsgrad", 0))
+    outs_p, outs_m, outs_v, outs_vm = [], [], [], []
+    for k in range(n):
+        lr, b1, b2, eps, wd, bc1, bc2 = (float(v) for v in hyper[k])
+        _ams_flag, decoupled, maximize = (bool(v) for v in flags[k])
+        dt = ins[2 + k].dtype
+        p = ins[2 + k].astype(np.float64)
+        g = ins[2 + n + k].astype(np.float64)
+        g = -g if maximize else g
+        if wd:
+            if decoupled:
+                p = p * (1 - lr * wd)
+            else:
+                g = g + wd * p
+        m = (b1 * ins[2 + 2 * n + k].astype(np.float64) + (1 - b1) * g).astype(dt)
+        v = (b2 * ins[2 + 3 * n + k].astype(np.float64) + (1 - b2) * g * g).astype(dt)
+        denom_v = v.astype(np.float64)
+        if ams:
+            vm = np.maximum(ins[2 + 4 * n + k], v)
+            outs_vm.append(vm)
+            denom_v = vm.astype(np.float64)
+        outs_p.append((p - (lr / bc1) * m.astype(np.float64) / (np.sqrt(denom_v) / np.sqrt(bc2) + eps)).astype(dt))
+        outs_m.append(m)
+        outs_v.append(v)
+    return tuple(outs_p + outs_m + outs_v + outs_vm)
+
+
+def _chunks_plan(op):
+    def plan(ctx):
+        n = _apply_count(op, len(ctx.inputs), ctx.attrs)
+        return {"chunks": _K.chunk_table([int(np.prod(ctx.shape(2 + k))) for k in range(n)])}
+
+    return plan
+
+
+def _flat(arrays):
+    return _K.typed_list([a.reshape(-1) for a in arrays])
+
+
+def _apply_sgd_kernel(ins, outs, a, plan, ws):
+    n, params, grads, states = _apply_groups("ApplySGD", ins, outs, a)
+    bufs = states[0] if states else params  # no buffer: the kernel never writes one (momentum is 0)
+    _K.sgd_step(
+        _flat(params),
+        _flat([np.ascontiguousarray(g) for g in grads]),
+        _flat(bufs),
+        plan["chunks"],
+        np.ascontiguousarray(ins[0], np.float64),
+        np.ascontiguousarray(ins[1], np.int64),
+    )
+
+
+def _apply_adamw_kernel(ins, outs, a, plan, ws):
+    n, params, grads, states = _apply_groups("ApplyAdamW", ins, outs, a)
+    m, v = states[0], states[1]
+    vmax = states[2] if len(states) > 2 else v
+    flags = np.array(ins[1], np.int64)
+    flags[:, 0] = 1 if len(states) > 2 else 0  # amsgrad follows the node's state count
+    _K.adam_step(
+        _flat(params),
+        _flat([np.ascontiguousarray(g) for g in grads]),
+        _flat(m),
+        _flat(v),
+        _flat(vmax),
+        plan["chunks"],
+        np.ascontiguousarray(ins[0], np.float64),
+        flags,
+    )
+
+
+def _register_apply(op, attrs, reference, kernel, doc):
+    rec = register_op(
+        op,
+        domain=OPSNN,
+        category="training",
+        inputs=[
+            Input("hyper", (_dt.float64,)),
+            Input("flags", (_dt.int64,)),
+            Input("tensors", (_dt.float32, _dt.float64), variadic=True),
+        ],
+        outputs=[Output("updated", variadic=True)],
+        attrs=attrs,
+        infer=_apply_infer,
+        reference=reference,
+        doc=doc,
+    )
+    rec.output_count = lambda values, a: (1 + _apply_states(op, a)) * _apply_count(op, len(values), a)
+    rec.kernel(
+        f"{op.lower()}_numba",
+        dtypes=None,
+        priority=10,
+        plan=_chunks_plan(op),
+        doc="one parallel numba kernel over every tensor in chunks (kernels.cpu.optimizer), float64 arithmetic",
+    )(kernel)
+    return rec
+
+
+ApplySGD = _register_apply(
+    "ApplySGD",
+    [Attr("momentum_buffers", "int", 1, "1: a momentum buffer per tensor (inputs and outputs); 0: none")],
+    _apply_sgd_ref,
+    _apply_sgd_kernel,
+    "torch's SGD step over many tensors (momentum, dampening, Nesterov, weight decay, maximize): inputs "
+    "hyper (n, 4) float64 [lr, momentum, dampening, weight_decay], flags (n, 3) int64 [nesterov, maximize, "
+    "first step], params..., grads..., momentum buffers...; outputs new params..., new buffers...",
+)
+ApplyAdamW = _register_apply(
+    "ApplyAdamW",
+    [Attr("amsgrad", "int", 0, "1: a max_exp_avg_sq state per tensor")],
+    _apply_adamw_ref,
+    _apply_adamw_kernel,
+    "torch's Adam / AdamW step over many tensors (flags choose decoupled weight decay): inputs hyper (n, 7) "
+    "float64 [lr, beta1, beta2, eps, weight_decay, 1-beta1^t, 1-beta2^t], flags (n, 3) int64 [amsgrad, "
+    "decoupled, maximize], params..., grads..., exp_avg..., exp_avg_sq... [, max_exp_avg_sq...]; outputs "
+    "new params..., new states...",
+)
+
+
+def _assign_infer(ctx):
+    ref, val = ctx.inputs[0], ctx.inputs[1]
+    if tuple(val.shape) != tuple(ref.shape):
+        ctx.fail(f"value has shape {tuple(val.shape)}, the target {tuple(ref.shape)}")
+    return [TensorMeta(tuple(ref.shape), ref.dtype)]
+
+
+Assign = register_op(
+    "Assign",
+    domain=OPSNN,
+    category="training",
+    inputs=[Input("ref"), Input("value")],
+    outputs=[Output("output")],
+    infer=_assign_infer,
+    reference=lambda ins, a: np.array(ins[1], dtype=ins[0].dtype),
+    doc="the new value of a state tensor (BatchNorm's running statistics): a compiled training step "
+    "binds the output to the target's memory, so the value is written in place",
+)
+
+
+@Assign.kernel("assign_copy", priority=10, strided=True, doc="numpy copyto (cast to the target's dtype)")
+def _assign_kernel(ins, outs, a, plan, ws):
+    np.copyto(outs[0], ins[1], casting="unsafe")
+
+
+@api("apply_sgd", "ApplySGD", domain=OPSNN)
+def apply_sgd(hyper, flags, params, grads, momentum_buffers=None):
+    """One fused SGD update of ``params`` (see the record); returns (*new params, *new buffers)."""
+    groups = [params, grads] + ([momentum_buffers] if momentum_buffers is not None else [])
+    flat, n = _lists("apply_sgd", *groups)
+    return [hyper, flags] + flat, {"momentum_buffers": int(momentum_buffers is not None)}, (len(groups) - 1) * n
+
+
+@api("apply_adamw", "ApplyAdamW", domain=OPSNN)
+def apply_adamw(hyper, flags, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None):
+    """One fused Adam/AdamW update (see the record); returns (*new params, *new states)."""
+    groups = [params, grads, exp_avgs, exp_avg_sqs] + ([max_exp_avg_sqs] if max_exp_avg_sqs is not None else [])
+    flat, n = _lists("apply_adamw", *groups)
+    return [hyper, flags] + flat, {"amsgrad": int(max_exp_avg_sqs is not None)}, (len(groups) - 1) * n
+
+
+@api("assign", "Assign", domain=OPSNN)
+def assign(ref, value):
+    """The new value of state tensor ``ref`` (a copy; in a compiled training step, written in place)."""
+    return [ref, value], {}
+
+
+__all__ += ["apply_adamw", "apply_sgd", "assign"]
