@@ -40,7 +40,9 @@ import numpy as np
 from ... import dtypes as _dt
 from ...autograd import is_grad_enabled, queue_callback
 from ...autograd.graph import LEAF, get_meta
+from ...distributed import graph_ops as _graph_ops
 from ...errors import OpsnnRuntimeError, ParamInvalidError
+from ...graph.tracing import TraceError, active_tracer
 from ...runtime import hooks
 from ...tensor import Tensor, empty, zeros
 from ..module import Module
@@ -328,6 +330,8 @@ class DistributedDataParallel(Module):
     def forward(self, *args, **kwargs):
         self._drain()
         sync = self.require_backward_grad_sync and is_grad_enabled()
+        if sync and active_tracer() is not None:
+            self._check_traceable()
         if sync and self.broadcast_buffers:
             buffers = list(self.module.buffers())
             if buffers:
@@ -338,6 +342,20 @@ class DistributedDataParallel(Module):
         else:
             self._state = "idle"
         return out
+
+    def _check_traceable(self) -> None:
+        """What a compiled step cannot replay yet is refused while it is traced, never run unsynchronised."""
+        if self.find_unused_parameters:
+            raise TraceError(
+                "DistributedDataParallel: find_unused_parameters=True reads which parameters got a gradient on "
+                "the host; a compiled training step cannot replay that: wrap the model without it or run eagerly"
+            )
+        if self.broadcast_buffers and self.module.training and any(True for _ in self.module.buffers()):
+            raise TraceError(
+                "DistributedDataParallel: broadcast_buffers=True on a module in training mode with buffers "
+                "(BatchNorm's running statistics) would broadcast them before every forward, which a compiled "
+                "step does not replay yet: use broadcast_buffers=False, model.eval(), or an eager step"
+            )
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -405,6 +423,8 @@ class DistributedDataParallel(Module):
             self._next_bucket += 1
 
     def _launch(self, b: _Bucket) -> None:
+        if active_tracer() is not None:
+            return self._launch_traced(b)
         t0 = time.perf_counter()
         flat = empty((b.numel,), b.dtype)
         fa = flat.numpy()
@@ -422,8 +442,52 @@ class DistributedDataParallel(Module):
         # the profiler's timeline shows when each bucket left and how long backward waited at the end
         hooks.host_phase(f"DDP bucket {b.index} launch", "ddp", t0, t1, bytes=b.nbytes, params=len(b.params))
 
+    def _launch_traced(self, b: _Bucket) -> None:
+        """While opsnn.compile traces the step: the bucket as graph ops (flatten, ``AllReduceStart``
+        after the previous bucket's start), run eagerly now and replayed by the compiled graph."""
+        from ... import ops
+
+        parts = []
+        for i, _off, n in b.slots:
+            g = self._params[i].grad
+            parts.append(zeros((n,), b.dtype) if g is None else ops.reshape(g, [n]))
+        flat = parts[0] if len(parts) == 1 else ops.concat(parts, 0)
+        prev = self._buckets[b.index - 1].flat if b.index else None
+        b.flat = _graph_ops.all_reduce_start(flat, prev, bucket=b.index, world_size=self.world_size)
+        b.launched = True
+        self._events.append(("launch", b.index, time.perf_counter()))
+
+    def _finish_traced(self) -> None:
+        """While tracing: ``AllReduceWait`` per bucket, in bucket order, then each parameter's
+        ``.grad`` is its slice of the reduced bucket (the optimizer's update nodes read those)."""
+        from ... import ops
+
+        missing = [i for i, r in enumerate(self._ready) if not r]
+        if missing:
+            self._state = "idle"
+            names = ", ".join(repr(self._names[i]) for i in missing[:10])
+            raise UnusedParameterError(
+                f"DistributedDataParallel: backward ended but {len(missing)} parameter(s) that require grad "
+                f"received no gradient: {names}. Their buckets cannot be reduced (a compiled step needs every "
+                "parameter used; find_unused_parameters is for eager steps)"
+            )
+        self._launch_ready()
+        for b in self._buckets:
+            y = _graph_ops.all_reduce_wait(b.flat, bucket=b.index, world_size=self.world_size)
+            sizes = [n for _i, _off, n in b.slots]
+            pieces = [y] if len(sizes) == 1 else ops.split(y, sizes, 0)
+            for (i, _off, _n), piece in zip(b.slots, pieces):
+                p = self._params[i]
+                p.grad = ops.reshape(piece, list(p.shape))
+            b.flat = b.work = None
+        self._events.append(("end", None, time.perf_counter()))
+        self.last_backward = {"events": self._events, "wait_s": 0.0, "buckets": len(self._buckets)}
+        self._state = "reduced"
+
     def _finish(self) -> None:
         """End of backward: launch what is left, wait for every bucket, hand out the averages."""
+        if active_tracer() is not None:
+            return self._finish_traced()
         missing = [i for i, r in enumerate(self._ready) if not r]
         if missing and not self.find_unused_parameters:
             self._drain()
