@@ -67,3 +67,26 @@ def test_no_sync_buffers_mismatch_unused_parameters_and_resume(tmp_path):
     for rank in range(2):
         for what in ("no_sync", "buffer broadcast", "mismatch", "unused parameters", "resume", "mixed dtypes", "misc"):
             assert f"[rank {rank}] PASS {what}" in out, out[-4000:]
+
+
+@needs_mpi
+def test_compiled_training_step_reduces_buckets_inside_the_graph():
+    out = run_ranks("compiled")
+    for rank in range(2):
+        for kind in ("mlp", "cnn"):
+            for opt in ("sgd", "adamw"):
+                assert f"[rank {rank}] PASS compiled {kind} {opt}" in out, out[-4000:]
+        assert f"[rank {rank}] PASS compiled no_sync" in out, out[-4000:]
+
+
+def test_allreduce_graph_ops_in_a_world_of_one():
+    """Without other ranks AllReduceStart only divides by the world size (1) and AllReduceWait copies;
+    a graph traced for another world size refuses to run rather than average wrongly."""
+    from opsnn.distributed import graph_ops
+
+    x = np.random.default_rng(0).standard_normal(7).astype(np.float32)
+    buf = graph_ops.all_reduce_start(opsnn.tensor(x), bucket=3)
+    y = graph_ops.all_reduce_wait(buf, bucket=3)
+    np.testing.assert_array_equal(y.numpy(), x / 1)
+    with pytest.raises(opsnn.errors.OpsnnError, match="traced for a world of 2 rank"):
+        graph_ops.all_reduce_start(opsnn.tensor(x), world_size=2).numpy()

@@ -39,6 +39,7 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...autograd import is_grad_enabled, queue_callback
+from ...autograd.compiled import trace_key_hooks
 from ...autograd.graph import LEAF, get_meta
 from ...distributed import graph_ops as _graph_ops
 from ...errors import OpsnnRuntimeError, ParamInvalidError
@@ -51,6 +52,18 @@ from ..module import Module
 FIRST_BUCKET_BYTES = 1 << 20
 #: rank 0's parameters and buffers are broadcast in flat chunks of at most this size
 BROADCAST_BUCKET_BYTES = 250 << 20
+
+
+#: every live DDP; a compiled step keys its graphs by which of them skip gradient sync (no_sync())
+_live: weakref.WeakSet = weakref.WeakSet()
+
+
+def _unsynced_key():
+    off = sorted(id(d) for d in _live if not d.require_backward_grad_sync)
+    return tuple(off) if off else None
+
+
+trace_key_hooks.append(_unsynced_key)
 
 
 class ModelMismatchError(ParamInvalidError):
@@ -258,6 +271,7 @@ class DistributedDataParallel(Module):
         ref = weakref.ref(self)
         handles = [p.register_post_accumulate_grad_hook(_hook(ref, i)) for i, p in enumerate(self._params)]
         self._finalizer = weakref.finalize(self, _remove_all, handles)
+        _live.add(self)
 
     # -- construction --------------------------------------------------------------------------------------
     def _group(self) -> dict:
