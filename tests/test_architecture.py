@@ -58,6 +58,7 @@ LAYER_OF = {
     # applications: whole jobs built on the frontends
     "llm": "applications",
     "pipeline": "applications",
+    "trainer": "applications",
     # tools: observers (through runtime.hooks) and inspectors
     "tools": "tools",
     # entry: the package facade and the command line

@@ -348,3 +348,60 @@ def test_compiled_embedding_step_follows_each_calls_ids():
         wrong[1, 2] = bad
         with pytest.raises(opsnn.errors.OpsnnError, match="out of range"):
             step(opsnn.tensor(wrong), opsnn.tensor(labels[0])).item()
+
+
+@pytest.mark.parametrize("clip", ["norm", "inf_norm", "value"])
+def test_label_smoothing_and_gradient_clipping_compile(clip):
+    """test_training's loss (label-smoothed cross-entropy) and gradient clipping inside a compiled
+    step: both become graph ops (the eager paths read on the host); the norm sums in float32 where
+    eager sums in float64, within the stated tolerances."""
+    batches = [_data("cnn") for _ in range(5)]
+
+    def run(compiled):
+        with nn.init.seeded(4):
+            model = _cnn(opsnn).train()
+        opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
+
+        def train_step(x, y):
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            if clip == "value":
+                nn.utils.clip_grad_value_(model.parameters(), 0.05)
+            else:
+                nn.utils.clip_grad_norm_(model.parameters(), 0.5, norm_type=2.0 if clip == "norm" else float("inf"))
+            opt.step()
+            return loss
+
+        step = opsnn.compile(train_step) if compiled else train_step
+        losses = [float(step(opsnn.tensor(x), opsnn.tensor(y)).item()) for x, y in batches]
+        return losses, [p.numpy().copy() for p in model.parameters()]
+
+    el, ep = run(False)
+    cl, cp = run(True)
+    np.testing.assert_allclose(cl, el, rtol=1e-5, atol=1e-7)
+    for a, b in zip(cp, ep):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_switching_train_eval_mode_traces_again():
+    model, _opt, train_step = _build("cnn", _sgd)
+    step = opsnn.compile(train_step)
+    x, y = _data("cnn")
+    step(x, y)
+    step(x, y)
+    assert step.num_compiles == 1
+    model.eval()  # BatchNorm now normalises with (and no longer updates) its running statistics
+    before = model.state_dict()["1.running_mean"].numpy().copy()
+    step(x, y)
+    step(x, y)
+    assert step.num_compiles == 2
+    np.testing.assert_array_equal(model.state_dict()["1.running_mean"].numpy(), before)
+    assert not any(n.op_type == "Assign" for n in step.graph().nodes)
+
+
+def test_graph_only_options_are_refused_for_a_training_step():
+    _model, _opt, train_step = _build("mlp", _sgd)
+    with pytest.raises(opsnn.errors.ParamInvalidError, match="static_shapes"):
+        opsnn.compile(train_step, static_shapes=[{"x": (6, 10)}])

@@ -35,6 +35,7 @@ from . import autograd  # noqa: E402 - before nn: Parameters require grad
 from .autograd import enable_grad, no_grad, set_grad_enabled
 from . import aclnn, config, nn, models, tools
 from . import amp, optim  # noqa: E402
+from .amp import autocast  # noqa: E402
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from .nn.init import manual_seed  # noqa: E402
 from .tools import profiler
@@ -57,6 +58,7 @@ __all__ = [
     "load_checkpoint",
     "save_checkpoint",
     "amp",
+    "autocast",
     "optim",
     "autograd",
     "enable_grad",

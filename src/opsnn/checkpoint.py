@@ -13,7 +13,9 @@ continues bit-identically.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 
 import numpy as np
 
@@ -64,6 +66,23 @@ def save_checkpoint(
     meta["shapes"] = {k: list(v.shape) for k, v in tensors.items() if v.ndim == 0}  # the file stores 0-d as (1,)
     st.save_file(tensors, str(path), metadata={_META_KEY: json.dumps(meta)})
     return str(path)
+
+
+def checkpoint_info(path) -> dict:
+    """``{"step": ..., "extra": ...}`` of a checkpoint file, without loading its tensors."""
+    from safetensors import safe_open
+
+    if not os.path.isfile(str(path)):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    try:
+        with safe_open(str(path), framework="np") as f:
+            raw = (f.metadata() or {}).get(_META_KEY)
+    except Exception as e:  # safetensors' own error type: the file is not a safetensors file
+        raise CheckpointError(f"checkpoint_info: {path} is not a safetensors checkpoint ({e})") from e
+    if raw is None:
+        raise CheckpointError(f"checkpoint_info: {path} has no {_META_KEY!r} metadata (not an opsnn checkpoint)")
+    meta = json.loads(raw)
+    return {"step": meta["step"], "extra": meta.get("extra", {})}
 
 
 def load_checkpoint(path, model, optimizer=None, *, scaler=None, scheduler=None, strict: bool = True) -> dict:
@@ -130,4 +149,4 @@ def load_checkpoint(path, model, optimizer=None, *, scaler=None, scheduler=None,
     return {"step": meta["step"], "extra": meta.get("extra", {})}
 
 
-__all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointError", "checkpoint_info", "load_checkpoint", "save_checkpoint"]

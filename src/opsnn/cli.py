@@ -7,6 +7,7 @@ $ opsnn run --batch 4 --repeat 50
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import statistics
@@ -345,6 +346,88 @@ def _video_bench(argv) -> int:
     return cli_video_bench(argv)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A parser whose usage errors reach the CLI's one error handler (one line, exit code 2)."""
+
+    def error(self, message):
+        from .errors import ParamInvalidError
+
+        raise ParamInvalidError(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _train(argv) -> int:
+    """``opsnn train``: a built-in model on synthetic data; progress, a loss-curve PNG and a checkpoint."""
+    from . import trainer
+    from .tools.plot import plot_curve
+
+    ap = _OneLineParser(
+        prog="opsnn train",
+        description="Train a built-in model on synthetic data the command makes (classification for resnet18 and "
+        "bert-tiny, next-token prediction for llama-tiny); writes checkpoint.safetensors and loss_curve.png "
+        "into --out.",
+    )
+    d = trainer.TrainConfig()
+    ap.add_argument("--model", choices=trainer.MODELS, help=f"default {d.model}")
+    ap.add_argument("--steps", type=_positive_int, help=f"the step to train up to (default {d.steps})")
+    ap.add_argument("--batch", type=_positive_int, help=f"default {d.batch}")
+    ap.add_argument("--dtype", choices=trainer.DTYPES, help="bfloat16: forward and loss under opsnn.autocast")
+    ap.add_argument("--optimizer", choices=trainer.OPTIMIZERS, help=f"default {d.optimizer}")
+    ap.add_argument("--lr", type=float, help=f"default: {trainer.DEFAULT_LR}")
+    ap.add_argument("--seed", type=int, help="weights and data (default 0)")
+    ap.add_argument("--image-size", type=_positive_int, help=f"resnet18 (default {d.image_size})")
+    ap.add_argument("--seq-len", type=_positive_int, help=f"bert-tiny, llama-tiny (default {d.seq_len})")
+    ap.add_argument("--vocab", type=_positive_int, help=f"bert-tiny, llama-tiny (default {d.vocab})")
+    ap.add_argument("--num-classes", type=_positive_int, help=f"resnet18, bert-tiny (default {d.num_classes})")
+    ap.add_argument("--samples", type=_positive_int, help="size of the synthetic data set (default 4 batches)")
+    ap.add_argument(
+        "--out",
+        help="folder for checkpoint.safetensors and loss_curve.png (default opsnn-train-MODEL; with --resume, "
+        "the checkpoint's folder)",
+    )
+    ap.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint this command wrote, up to --steps")
+    ap.add_argument("--log-every", type=_positive_int, default=10, help="steps per progress line off a terminal")
+    args = ap.parse_args(argv)
+    fields = [f.name for f in dataclasses.fields(trainer.TrainConfig)]
+    given = {k: getattr(args, k) for k in fields if getattr(args, k, None) is not None}
+    start = 0
+    if args.resume:
+        saved, start = trainer.read_resume_config(args.resume)
+        given = {**{k: v for k, v in saved.items() if k in fields}, **given}
+        if "steps" not in {k for k in fields if getattr(args, k, None) is not None}:
+            given["steps"] = start + d.steps
+    cfg = trainer.TrainConfig(**given).check()
+    out = args.out or (os.path.dirname(os.path.abspath(args.resume)) if args.resume else f"opsnn-train-{cfg.model}")
+    progress = trainer.Progress(cfg.steps, start, args.log_every)
+    try:
+        res = trainer.train(cfg, resume=args.resume, out=out, on_step=progress)
+    finally:
+        progress.close()
+    n_params = sum(p.numel for p in res.task.model.parameters())
+    png = plot_curve(
+        res.losses, os.path.join(out, "loss_curve.png"), title=f"opsnn train --model {cfg.model} ({cfg.dtype})"
+    )
+    print(
+        f"model: {cfg.model} ({n_params / 1e6:.2f} M parameters), {cfg.dtype}, {cfg.optimizer} lr {cfg.learning_rate:g}, "
+        f"batch {cfg.batch}, {len(res.task.batches)} batches of synthetic data"
+    )
+    print(
+        f"steps {res.start_step + 1}..{res.step}: loss {res.losses[res.start_step]:.4f} -> {res.losses[-1]:.4f}, "
+        f"{res.samples_per_s:.1f} samples/s over {res.seconds:.1f} s"
+    )
+    print(f"wrote {res.checkpoint} and {os.path.join(out, 'loss_curve.png')} ({png})")
+    return 0
+
+
 #: sub-commands that parse their own arguments: name -> (entry point, help line)
 PASS_THROUGH = {
     "conformance": (cmd_conformance, "run ONNX's node test cases (see 'opsnn conformance --help')"),
@@ -357,6 +440,7 @@ PASS_THROUGH = {
     "generate": (_generate, "generate tokens with the LLaMA-style decoder and a KV cache"),
     "serve-bench": (_serve_bench, "replay a mixed LLM workload: dynamic batching vs one request at a time"),
     "launch": (_launch, "start N ranks of a training script through mpirun, threads shared out, output tagged by rank"),
+    "train": (_train, "train resnet18, bert-tiny or llama-tiny on synthetic data (see 'opsnn train --help')"),
     "video-bench": (_video_bench, "video pipeline (decode, preprocess, infer, postprocess): pipelined vs sequential"),
 }
 

@@ -60,9 +60,21 @@ def compile(
     context()
     if callable(model) and not isinstance(model, (Graph, Module)) and example_inputs is None:
         # a training step (or any function of tensors) traced on its first call per input shapes
+        given = [
+            k
+            for k, v in (("dynamic_dims", dynamic_dims), ("static_shapes", static_shapes), ("cache_dir", cache_dir))
+            if v
+        ]
+        if given:
+            raise ParamInvalidError(
+                f"compile: {given} apply to graphs and to functions given example_inputs; a training step "
+                "(a function without example_inputs) is traced per input shapes on its calls"
+            )
+        names, modules = _module_names(model)
         return CompiledTrainStep(
             model,
-            names=_module_names(model),
+            names=names,
+            modules=modules,
             level=level,
             disabled_passes=disabled_passes,
             max_plans=max_plans,
@@ -107,10 +119,12 @@ def compile(
     return cg
 
 
-def _module_names(fn) -> dict:
-    """``{id(tensor): name}`` for the parameters and buffers of the ``opsnn.nn`` modules a function
-    reaches through its closure, globals or bound ``self`` (names for the traced graph's state)."""
+def _module_names(fn) -> tuple[dict, list]:
+    """``({id(tensor): name}, modules)`` for the parameters and buffers of the ``opsnn.nn`` modules a
+    function reaches through its closure, globals or bound ``self`` (names for the traced graph's
+    state; the modules' train/eval modes are part of the compiled step's cache key)."""
     found: dict = {}
+    modules: list = []
     code = getattr(fn, "__code__", None)
     cands = []
     if getattr(fn, "__self__", None) is not None:
@@ -122,11 +136,12 @@ def _module_names(fn) -> dict:
         cands += [(n, g[n]) for n in code.co_names if n in g]
     for var, obj in cands:
         if isinstance(obj, Module):
+            modules.append(obj)
             for n, t in obj.state_dict().items():
                 found.setdefault(id(t), f"{var}.{n}")
             for n, t in obj.named_parameters():
                 found.setdefault(id(t), f"{var}.{n}")
-    return found
+    return found, modules
 
 
 def _cell_ok(cell) -> bool:

@@ -103,6 +103,12 @@ def checked_value(t: Tensor) -> np.ndarray:
         _host_read_hook = hook
 
 
+def tracing_training_step() -> bool:
+    """True while a training step is traced (graph.tracing.StateTracer): code whose host checks a
+    compiled call skips adds graph ops that refuse the same inputs."""
+    return _host_read_hook is not None
+
+
 def _tracing() -> bool:
     """True while opsnn.compile traces a function: view methods then record graph ops."""
     from .ops import executor

@@ -1,6 +1,23 @@
-"""``opsnn.amp``: mixed-precision training helpers; for now the loss scaler ``GradScaler``
-(autocast is not there yet)."""
+"""``opsnn.amp``: mixed-precision training: ``autocast`` (per-op compute dtypes for eager
+calls, float32 master weights) and the loss scaler ``GradScaler``."""
 
+from .autocast import (
+    FLOAT32_OPS,
+    LOWER_PRECISION_OPS,
+    autocast,
+    autocast_policy,
+    get_autocast_dtype,
+    is_autocast_enabled,
+)
 from .grad_scaler import GradScaler, GradScalerStateError
 
-__all__ = ["GradScaler", "GradScalerStateError"]
+__all__ = [
+    "FLOAT32_OPS",
+    "LOWER_PRECISION_OPS",
+    "GradScaler",
+    "GradScalerStateError",
+    "autocast",
+    "autocast_policy",
+    "get_autocast_dtype",
+    "is_autocast_enabled",
+]

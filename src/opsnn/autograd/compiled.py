@@ -74,7 +74,10 @@ class CompiledTrainStep:
     ``step(*inputs)`` returns what the step returns (tensors, a tuple or a dict). Inspection:
     ``memory_report()`` (planned arena against the naive sum of intermediates, state bytes),
     ``explain()``, ``resident_bytes()``, ``graph()`` (the traced graph), ``gradient_names()``,
-    ``num_compiles``, ``mode``. ``graph_hooks``: callables ``hook(graph, gradients)`` run on each
+    ``num_compiles``, ``mode``. A new signature of input shapes and dtypes, or a change of the
+    train/eval mode of ``modules`` (opsnn.compile passes the modules the step reaches), traces
+    again; other Python state the step reads (which parameters have gradients, options other than
+    the optimizer's hyper-parameters) is fixed at tracing. ``graph_hooks``: callables ``hook(graph, gradients)`` run on each
     traced graph before compiling (``gradients``: parameter -> gradient value name), for passes
     such as inserting all-reduce nodes before the update.
     """
@@ -84,6 +87,7 @@ class CompiledTrainStep:
         fn,
         *,
         names: dict | None = None,
+        modules=(),
         level: int = 3,
         disabled_passes=None,
         max_plans: int = 16,
@@ -94,6 +98,7 @@ class CompiledTrainStep:
             raise ParamInvalidError(f"compile: expected a training step function, got {type(fn).__name__}")
         self.fn = fn
         self.names = dict(names or {})
+        self.modules = list(modules)  # their train/eval modes are part of the cache key
         self.level = level
         self.disabled_passes = disabled_passes
         self.max_plans = max_plans
@@ -108,6 +113,8 @@ class CompiledTrainStep:
     def __call__(self, *inputs):
         tensors = [as_tensor(x) for x in inputs]
         key = tuple((tuple(t.shape), t.dtype.str) for t in tensors)
+        if self.modules:  # a step traced in training mode is not the step in eval mode
+            key += (tuple(m.training for mod in self.modules for _n, m in mod.named_modules()),)
         extra = tuple(h() for h in trace_key_hooks)
         if any(e is not None for e in extra):
             key += (("trace_key", extra),)

@@ -129,7 +129,9 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
             buf = buffers.setdefault(id(m.grad_fn), [None] * len(m.grad_fn.out_shapes))
             buf[m.output_nr] = _add(buf[m.output_nr], g)
     ready = [n for n in root_nodes if deps.get(id(n), 0) == 0 and (needed is None or id(n) in needed)]
-    with no_grad():
+    from ..amp.autocast import suspended
+
+    with no_grad(), suspended():
         while ready:
             n = ready.pop()
             grads = buffers.pop(id(n))

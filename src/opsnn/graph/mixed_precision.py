@@ -24,17 +24,24 @@ _ORIGIN = {"FusedMatMul": "MatMul", "FusedConv": "Conv", "FusedElementwise": "Ad
 _policy: dict = {}
 
 
-def set_policy(policy: dict | None) -> None:
-    """Set (or with None/{} clear) the op-type -> compute dtype policy."""
+def normalize_policy(policy: dict | None, who: str = "allow_mix_precision") -> dict:
+    """``{op type: dtype}`` with aliases resolved and dtypes as numpy dtypes; unknown op types
+    and non-float dtypes raise (the check shared by compiled graphs and ``opsnn.autocast``)."""
     new = {}
     for op, dt in (policy or {}).items():
         name = ALIASES.get(op, op)
         d = _dt.get(dt)
         if not _dt.is_float(d):
-            raise ParamInvalidError(f"allow_mix_precision: {op!r} -> {dt!r}: compute dtypes must be floats")
-        if not has_op(name) and name not in _ORIGIN.values():
-            raise ParamInvalidError(f"allow_mix_precision: unknown op type {op!r}")
+            raise ParamInvalidError(f"{who}: {op!r} -> {dt!r}: compute dtypes must be floats")
+        if not has_op(name) and not has_op(name, "opsnn") and name not in _ORIGIN.values():
+            raise ParamInvalidError(f"{who}: unknown op type {op!r}")
         new[name] = d
+    return new
+
+
+def set_policy(policy: dict | None) -> None:
+    """Set (or with None/{} clear) the op-type -> compute dtype policy."""
+    new = normalize_policy(policy)
     _policy.clear()
     _policy.update(new)
 
@@ -43,8 +50,13 @@ def policy() -> dict:
     return dict(_policy)
 
 
+def origin(op_type: str) -> str:
+    """The op type whose policy a fused op follows (``FusedMatMul`` -> ``MatMul``), else itself."""
+    return _ORIGIN.get(op_type, op_type)
+
+
 def _target(node: Node, pol: dict):
-    op = _ORIGIN.get(node.op_type, node.op_type) if node.domain == "opsnn" else node.op_type
+    op = origin(node.op_type) if node.domain == "opsnn" else node.op_type
     return pol.get(op, _dt.float32)
 
 

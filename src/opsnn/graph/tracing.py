@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import ParamInvalidError
 from ..ops import executor as _ex
-from ..tensor import Tensor, as_tensor, checked_value
+from ..tensor import Tensor, as_tensor
 from .ir import Graph, Node, Value
 
 _tensor_mod = sys.modules[Tensor.__module__]  # (``opsnn.tensor`` the name is the factory function)
@@ -70,9 +70,6 @@ class Tracer:
 class TraceError(ParamInvalidError):
     """A function cannot be traced into a graph that replays it faithfully; the message names why
     (a host read of a computed value, a host-drawn random mask, gradients accumulated across calls)."""
-
-
-host_value = checked_value  # (the check reads of nn and ops, named for frontends)
 
 
 def active_tracer():

@@ -56,10 +56,10 @@ def check_token_ids(ids, vocab: int, what: str) -> Tensor:
     t = as_tensor(ids)
     if t.dtype.kind not in "iu":
         raise DTypeError(f"{what}: token ids must be integers, got {t.dtype}")
-    from ..graph.tracing import active_tracer, host_value
+    from ..tensor import checked_value, tracing_training_step
 
-    tracing = active_tracer() is not None
-    a = host_value(t)  # a check only: while tracing, the graph checks each call's ids (below)
+    tracing = tracing_training_step()
+    a = checked_value(t)  # a check only: while tracing, the graph checks each call's ids (below)
     if a.size:
         lo, hi = a.min(), a.max()
         if lo < 0 or hi >= vocab:
@@ -138,6 +138,14 @@ def cross_entropy(
         return ops.cross_entropy(x, t, weight, ignore_index=ignore_index, reduction=reduction)
     logp = ops.log_softmax(x, dim=1)
     nll = ops.nll_loss(logp, t, weight, ignore_index=ignore_index, reduction=reduction)
+    from ..graph.tracing import active_tracer
+
+    if active_tracer() is not None:  # traced: the labels are data, the smoothing term is computed by ops
+        smooth = _traced_smoothing(logp, t, weight, int(ignore_index), reduction, C, x)
+        return ops.add(
+            ops.mul(nll, as_tensor(np.asarray(1.0 - eps, x.dtype))),
+            ops.mul(smooth, as_tensor(np.asarray(eps / C, x.dtype))),
+        )
     labels = t.numpy().astype(np.int64)
     valid = labels != int(ignore_index)
     if weight is not None:
@@ -157,6 +165,27 @@ def cross_entropy(
         ops.mul(nll, as_tensor(np.asarray(1.0 - eps, x.dtype))),
         ops.mul(smooth, as_tensor(np.asarray(eps / C, x.dtype))),
     )
+
+
+def _traced_smoothing(logp, t, weight, ignore_index: int, reduction: str, C: int, x) -> Tensor:
+    """The label-smoothing term of :func:`cross_entropy` from the labels on the device (no host read)."""
+    labels = t if t.dtype == np.int64 else ops.cast(t, np.int64)
+    valid = ops.logical_not(ops.eq(labels, as_tensor(np.asarray(ignore_index, np.int64))))
+    valid_f = ops.cast(valid, x.dtype)
+    if weight is not None:
+        w = as_tensor(weight)
+        logp = ops.mul(logp, ops.reshape(w, (1, C) + (1,) * (x.ndim - 2)))
+    smooth = ops.mul(ops.neg(ops.sum(logp, dim=1)), valid_f)
+    if reduction == "sum":
+        return ops.sum(smooth)
+    if reduction == "mean":
+        if weight is not None:
+            safe = ops.where(valid, labels, as_tensor(np.zeros((), np.int64)))
+            denom = ops.sum(ops.mul(ops.gather(as_tensor(weight), safe, axis=0), valid_f))
+        else:
+            denom = ops.sum(valid_f)
+        return ops.div(ops.sum(smooth), denom)
+    return smooth
 
 
 def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: str = "mean") -> Tensor:

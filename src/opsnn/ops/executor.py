@@ -27,6 +27,7 @@ from .registry import InferContext, OpRecord, TensorMeta, select_kernel, selecto
 _MAX_CACHE = 4096
 _tracer = None  # set by graph.tracing while a function is traced
 _autograd = None  # set by opsnn.autograd: records eager calls whose inputs require grad
+_autocast = None  # set by opsnn.amp while an autocast region is open: casts an eager call's inputs
 _cache: OrderedDict[tuple, Executor] = OrderedDict()
 
 
@@ -584,6 +585,8 @@ def call(
 ):
     """Eager execution through the signature-keyed executor cache; returns new tensors."""
     tensors = [None if x is None else as_tensor(x) for x in inputs]
+    if _autocast is not None:
+        tensors = _autocast(rec, tensors)
     attrs = attrs or {}
     key = _signature(rec, tensors, attrs, algo, num_outputs)
     ex = _cache.get(key)

@@ -121,3 +121,120 @@ def plot_graph(graph, path: str, input_shapes: dict | None = None) -> str:
     base, _ = os.path.splitext(path)
     out = dot.render(filename=os.path.basename(base), directory=folder, format=fmt, cleanup=True)
     return out
+
+
+# -- line charts (a training run's loss curve) -------------------------------------------------------------
+#: 3x5 glyphs for the tick labels of the built-in renderer (rows top to bottom, 3 bits each)
+_GLYPHS = {
+    "0": ("111", "101", "101", "101", "111"),
+    "1": ("010", "110", "010", "010", "111"),
+    "2": ("111", "001", "111", "100", "111"),
+    "3": ("111", "001", "111", "001", "111"),
+    "4": ("101", "101", "111", "001", "001"),
+    "5": ("111", "100", "111", "001", "111"),
+    "6": ("111", "100", "111", "101", "111"),
+    "7": ("111", "001", "001", "001", "001"),
+    "8": ("111", "101", "111", "101", "111"),
+    "9": ("111", "101", "111", "001", "111"),
+    ".": ("000", "000", "000", "000", "010"),
+    "-": ("000", "000", "111", "000", "000"),
+    "+": ("000", "010", "111", "010", "000"),
+    "e": ("000", "111", "111", "100", "111"),
+}
+
+
+def plot_curve(values, path: str, *, title: str = "", xlabel: str = "step", ylabel: str = "loss", x0: int = 1) -> str:
+    """Draw ``values`` (one per step, the first at ``x0``) as a line chart PNG at ``path``; returns
+    the renderer used: ``"matplotlib"`` when it is installed, else ``"builtin"`` (numpy + zlib:
+    axes, grid and numeric tick labels; the title and axis names go into the PNG's text chunks)."""
+    import numpy as np
+
+    y = np.asarray(values, dtype=np.float64).ravel()
+    if y.size == 0:
+        raise ParamInvalidError(f"plot_curve: no values to draw into {path!r}")
+    if not path.lower().endswith(".png"):
+        raise ParamInvalidError(f"plot_curve: {path!r}: the curve is written as PNG; name the file *.png")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ParamInvalidError(f"plot_curve: the folder {folder!r} of {path!r} does not exist; create it first")
+    x = np.arange(x0, x0 + y.size)
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        _write_png(path, _raster_curve(x, y), {"Title": title, "Comment": f"x: {xlabel}, y: {ylabel}"})
+        return "builtin"
+    fig = Figure(figsize=(6.4, 4.0))  # no pyplot: no global backend or figure state
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot(x, y, lw=1.5)
+    ax.xaxis.get_major_locator().set_params(integer=True)  # steps are whole numbers
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return "matplotlib"
+
+
+def _raster_curve(x, y, width: int = 640, height: int = 400):
+    import numpy as np
+
+    img = np.full((height, width, 3), 255, np.uint8)
+    left, right, top, bottom = 70, width - 20, 20, height - 40
+    finite = y[np.isfinite(y)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if hi - lo < 1e-12 * max(1.0, abs(hi)):
+        lo, hi = lo - 0.5, hi + 0.5
+    xs = left + (x - x[0]) * (right - left) / max(1, x[-1] - x[0])
+    ys = bottom - (np.where(np.isfinite(y), y, hi) - lo) * (bottom - top) / (hi - lo)
+    for k in range(5):  # grid and y tick labels
+        v = lo + (hi - lo) * k / 4
+        r = int(round(bottom - (bottom - top) * k / 4))
+        img[r, left:right] = 225
+        _text(img, f"{v:.3g}", left - 6, r - 5, align="right")
+    img[top:bottom, left] = img[bottom, left:right] = 0
+    _text(img, str(int(x[0])), left, bottom + 8, align="left")
+    _text(img, str(int(x[-1])), right, bottom + 8, align="right")
+    pts = np.stack([xs, ys], 1)
+    if len(pts) == 1:
+        pts = np.concatenate([pts, pts])
+    for (ax_, ay), (bx, by) in zip(pts[:-1], pts[1:]):
+        n = int(max(abs(bx - ax_), abs(by - ay))) + 2
+        cx = np.rint(np.linspace(ax_, bx, n)).astype(int)
+        cy = np.rint(np.linspace(ay, by, n)).astype(int)
+        for dy in (0, 1):
+            img[np.clip(cy + dy, 0, height - 1), np.clip(cx, 0, width - 1)] = (31, 119, 180)
+    return img
+
+
+def _text(img, s: str, x: int, y: int, align: str = "left", scale: int = 2) -> None:
+    w = len(s) * 4 * scale
+    x0 = x - w if align == "right" else x
+    for i, ch in enumerate(s):
+        glyph = _GLYPHS.get(ch)
+        if glyph is None:
+            continue
+        for r, row in enumerate(glyph):
+            for c, bit in enumerate(row):
+                if bit == "1":
+                    yy, xx = y + r * scale, x0 + (i * 4 + c) * scale
+                    if 0 <= yy and yy + scale <= img.shape[0] and 0 <= xx and xx + scale <= img.shape[1]:
+                        img[yy : yy + scale, xx : xx + scale] = 0
+
+
+def _write_png(path: str, img, text: dict) -> None:
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    h, w, _ = img.shape
+    raw = b"".join(b"\x00" + img[r].tobytes() for r in range(h))  # filter type 0 on every row
+    parts = [b"\x89PNG\r\n\x1a\n", chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))]
+    for k, v in text.items():
+        if v:
+            parts.append(chunk(b"tEXt", k.encode("latin-1") + b"\x00" + str(v).encode("latin-1", "replace")))
+    parts += [chunk(b"IDAT", zlib.compress(raw, 6)), chunk(b"IEND", b"")]
+    with open(path, "wb") as f:
+        f.write(b"".join(parts))

@@ -30,10 +30,15 @@ def clip_grad_norm_(
 ) -> Tensor:
     """Scale all gradients together so their joint ``norm_type`` norm is at most ``max_norm``;
     returns the norm before clipping (a 0-d tensor)."""
+    parameters = [parameters] if isinstance(parameters, Tensor) else list(parameters)
     grads = _grads(parameters)
     norm_type = float(norm_type)
     if not grads:
         return tensor(np.zeros((), np.float32))
+    from ...graph.tracing import active_tracer
+
+    if active_tracer() is not None and not error_if_nonfinite:
+        return _traced_clip_norm(parameters, float(max_norm), norm_type)
     arrays = [g.numpy() for g in grads]
     if math.isinf(norm_type):
         total = max(float(np.max(np.abs(a))) if a.size else 0.0 for a in arrays)
@@ -51,9 +56,47 @@ def clip_grad_norm_(
     return tensor(np.asarray(total, grads[0].dtype))
 
 
+def _params_with_grads(parameters) -> list:
+    if isinstance(parameters, Tensor):
+        parameters = [parameters]
+    return [p for p in parameters if p.grad is not None]
+
+
+def _traced_clip_norm(parameters, max_norm: float, norm_type: float) -> Tensor:
+    """clip_grad_norm_ inside a traced training step: the norm and the scale are graph ops (float32
+    sums, where the eager path sums in float64), and each ``.grad`` becomes the scaled value."""
+    from ... import ops
+
+    params = _params_with_grads(parameters)
+    dt = params[0].grad.dtype
+    if math.isinf(norm_type):
+        parts = [ops.max(ops.abs(p.grad)) for p in params]
+        total = parts[0] if len(parts) == 1 else ops.maximum(*parts)
+    else:
+        power = tensor(np.asarray(norm_type, dt))
+        total = None
+        for p in params:
+            s = ops.sum(ops.pow(ops.abs(p.grad), power))
+            total = s if total is None else ops.add(total, s)
+        total = ops.pow(total, tensor(np.asarray(1.0 / norm_type, dt)))
+    coef = ops.div(tensor(np.asarray(max_norm, dt)), ops.add(total, tensor(np.asarray(1e-6, dt))))
+    coef = ops.minimum(coef, tensor(np.asarray(1.0, dt)))
+    for p in params:
+        p.grad = ops.mul(p.grad, coef)
+    return total
+
+
 def clip_grad_value_(parameters, clip_value: float, foreach=None) -> None:
     """Clamp every gradient element into ``[-clip_value, clip_value]`` in place."""
     v = float(clip_value)
+    from ...graph.tracing import active_tracer
+
+    if active_tracer() is not None:  # traced: each .grad becomes the clamped value
+        from ... import ops
+
+        for p in _params_with_grads(parameters):
+            p.grad = ops.clip(p.grad, -v, v)
+        return
     for g in _grads(parameters):
         a = g.numpy()
         np.clip(a, -v, v, out=a)

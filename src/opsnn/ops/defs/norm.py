@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from ... import dtypes as _dt
@@ -543,7 +544,7 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     if weight is None:
         weight = _ones(t.shape[axis:], t.dtype)
     if eps is None:
-        eps = float(np.finfo(t.dtype).eps)
+        eps = float(ml_dtypes.finfo(t.dtype).eps)  # numpy's finfo does not know bfloat16
     return [t, weight], {"axis": axis, "epsilon": float(eps)}
 
 

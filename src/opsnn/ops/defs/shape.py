@@ -23,7 +23,7 @@ from ... import dtypes as _dt
 from ...errors import DTypeError, ParamInvalidError
 from ...kernels.cpu import shape as K
 from ...runtime.memory import check_request
-from ...tensor import Tensor, _tracing, as_tensor, checked_value
+from ...tensor import Tensor, as_tensor, checked_value, tracing_training_step
 from ..api import api
 from ..registry import Attr, Input, Output, TensorMeta, register_op
 from .elementwise import onnx_dtype
@@ -1719,7 +1719,7 @@ def embedding(ids, weight):
             f"{vocab} rows (valid: [0, {vocab - 1}])",
             op="Gather",
         )
-    if _tracing():  # later calls of a traced graph: a negative id becomes one Gather refuses too
+    if tracing_training_step():  # later calls of a compiled step: a negative id becomes one Gather refuses too
         from .elementwise import lt, where
 
         ids_t = where(lt(ids_t, Tensor(np.zeros((), ids_t.dtype))), Tensor(np.asarray(vocab, ids_t.dtype)), ids_t)
