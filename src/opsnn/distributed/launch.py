@@ -110,6 +110,7 @@ def launch_command(
     for name in THREAD_VARIABLES:
         env[name] = str(threads_per_rank)
     env["PYTHONUNBUFFERED"] = "1"  # a rank's lines reach the terminal as it prints them, not at exit
+    env.pop("OPSNN_LAUNCH_TAGS", None)
     if tag_output:
         env["OPSNN_LAUNCH_TAGS"] = "1"  # the ranks' own output needs no [rank R] prefix of its own
     if program[0] == "opsnn" and not os.path.exists(program[0]):  # opsnn launch -n 2 -- opsnn train ...
