@@ -512,7 +512,37 @@ def scenario_compiled() -> None:
             check_allreduce_nodes(steps[1], ddps[1])
             report(f"compiled {kind} {opt_name}")
     check_compiled_no_sync()
+    check_compiled_buffer_broadcast()
     report("compiled")
+
+
+def check_compiled_buffer_broadcast() -> None:
+    """Train-mode BatchNorm with broadcast_buffers=True in a compiled step: rank 0's running statistics
+    are broadcast by Broadcast nodes at the start of every replay, so the compiled run equals the eager
+    DDP run (parameters and running statistics on each rank, 5 SGD-momentum steps)."""
+    models, steps = [], []
+    for compiled in (False, True):
+        model = cnn(RANK).train()
+        ddp = DDP(model, bucket_cap_mb=0.0005)
+        fn = ddp_step(ddp, make_opt("sgd", ddp.parameters()))
+        models.append(model)
+        steps.append(opsnn.compile(fn) if compiled else fn)
+    for k, (x, y) in enumerate(compiled_batches("cnn")):
+        xs, ys = shard("cnn", x, y, RANK, WORLD)
+        for fn in steps:
+            fn(opsnn.tensor(xs), opsnn.tensor(ys))
+        same_on_all_ranks(models[1], f"compiled train-mode cnn step {k} parameters", buffers=False)
+        eager = dict(list(models[0].named_parameters()) + list(models[0].named_buffers()))
+        for n, t in list(models[1].named_parameters()) + list(models[1].named_buffers()):
+            np.testing.assert_allclose(t.numpy(), eager[n].numpy(), rtol=RTOL, atol=ATOL, err_msg=f"train-mode {n}")
+    # each rank's statistics come from its own half batch, after starting from rank 0's
+    differ_across_ranks(models[1][1], "running statistics after a step")
+    nodes = steps[1].compiled_graph.graph.nodes
+    kinds = [nd.op_type for nd in nodes]
+    assert kinds.count("Broadcast") == 3 and max(k for k, t in enumerate(kinds) if t == "Broadcast") < kinds.index(
+        "Conv"
+    ), kinds[:12]
+    report("compiled buffer broadcast")
 
 
 def check_compiled_no_sync() -> None:

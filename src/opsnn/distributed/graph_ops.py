@@ -138,6 +138,39 @@ if not has_op("AllReduceStart", DOMAIN):
     AllReduceWait.kernel("allreduce_wait_mpi", priority=10, doc="wait for the Work, copy the buffer")(_wait_kernel)
 
 
+def _broadcast_kernel(ins, outs, a, plan, ws):
+    g, size = _world(a, "Broadcast")
+    np.copyto(outs[0], ins[0])
+    if size > 1 and outs[0].size:
+        g.broadcast(outs[0], int(a.get("src", 0))).wait()
+
+
+def _broadcast_infer(ctx):
+    x = ctx.inputs[0]
+    return [TensorMeta(tuple(x.shape), x.dtype)]
+
+
+if not has_op("Broadcast", DOMAIN):
+    Broadcast = register_op(
+        "Broadcast",
+        domain=DOMAIN,
+        category="collective",
+        inputs=[Input("x")],
+        outputs=[Output("y")],
+        attrs=[
+            Attr("src", "int", 0, "the rank whose x every rank receives"),
+            Attr("world_size", "int", 1, "the ranks the graph was traced for"),
+        ],
+        infer=_broadcast_infer,
+        reference=lambda ins, a: np.array(ins[0]),
+        doc="rank src's x on every rank (blocking): DistributedDataParallel's per-step broadcast of "
+        "buffers (BatchNorm's running statistics) in a compiled training step. A world of one: a copy",
+    )
+    Broadcast.kernel("broadcast_mpi", priority=10, doc="copy, then MPI broadcast on the comm thread and wait")(
+        _broadcast_kernel
+    )
+
+
 def all_reduce_start(x, after=None, bucket: int = 0, world_size: int = 1):
     """Record/run one ``AllReduceStart`` (see the module docstring); returns the buffer tensor."""
     global used

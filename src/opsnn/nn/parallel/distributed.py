@@ -344,11 +344,14 @@ class DistributedDataParallel(Module):
     def forward(self, *args, **kwargs):
         self._drain()
         sync = self.require_backward_grad_sync and is_grad_enabled()
-        if sync and active_tracer() is not None:
+        tracer = active_tracer()
+        if sync and tracer is not None:
             self._check_traceable()
         if sync and self.broadcast_buffers:
             buffers = list(self.module.buffers())
-            if buffers:
+            if buffers and hasattr(tracer, "call_inplace") and self.module.training:
+                self._broadcast_traced(tracer)
+            elif buffers:
                 self._broadcast_coalesced(buffers)
         out = self.module(*args, **kwargs)
         if sync:
@@ -364,11 +367,17 @@ class DistributedDataParallel(Module):
                 "DistributedDataParallel: find_unused_parameters=True reads which parameters got a gradient on "
                 "the host; a compiled training step cannot replay that: wrap the model without it or run eagerly"
             )
-        if self.broadcast_buffers and self.module.training and any(True for _ in self.module.buffers()):
-            raise TraceError(
-                "DistributedDataParallel: broadcast_buffers=True on a module in training mode with buffers "
-                "(BatchNorm's running statistics) would broadcast them before every forward, which a compiled "
-                "step does not replay yet: use broadcast_buffers=False, model.eval(), or an eager step"
+
+    def _broadcast_traced(self, tracer) -> None:
+        """While tracing a training-mode forward: rank 0's buffers as in-place ``Broadcast`` nodes at
+        the start of the graph (the buffers become state inputs), replayed before every forward."""
+        from ...distributed.graph_ops import Broadcast
+
+        for name, buf in self.module.named_buffers():
+            if not buf.numel:
+                continue
+            tracer.call_inplace(
+                Broadcast, [buf], {"src": 0, "world_size": self.world_size}, [buf], labels=[f"module.{name}"]
             )
 
     @contextlib.contextmanager
