@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from ..errors import ParamInvalidError
-from ..tensor import Tensor, ones, tensor, zeros
+from ..tensor import Tensor, ones, tensor, tracing_training_step, zeros
 from .registry import get_op, has_op
 
 
@@ -825,6 +825,42 @@ def _attention_bias(mask, B, Hq, Sq, T, causal, left, right):
     return bias, rows
 
 
+def _window(attrs) -> tuple:
+    return (
+        bool(attrs.get("is_causal", 0)),
+        int(attrs.get("left_window_size", -1)),
+        int(attrs.get("right_window_size", -1)),
+    )
+
+
+def _host_masked_probs(q4, kr, mask, scale, B, Hq, Sq, T, attrs):
+    """The attention probabilities with the mask's bias built on the host (float64, then cast)."""
+    ops = _ops()
+    bias, rows = _attention_bias(None if mask is None else mask.numpy(), B, Hq, Sq, T, *_window(attrs))
+    sc = ops.add(ops.mul(ops.matmul(q4, ops.transpose(kr, [0, 1, 3, 2])), _const(scale, q4)), _const(bias, q4))
+    p = ops.softmax(sc, dim=-1)
+    if not rows.all():  # fully masked rows give 0 (not NaN), as the forward does
+        p = ops.where(tensor(np.broadcast_to(rows, p.shape).copy()), p, _const(0, p))
+    return p
+
+
+def _traced_masked_probs(q4, kr, mask, scale, Sq, T, attrs):
+    """The same with the mask's bias made by ops, so a traced training step follows each call's mask
+    (a key-padding mask is data); the causal and window parts stay constants."""
+    ops = _ops()
+    static, _ = _attention_bias(None, 1, 1, Sq, T, *_window(attrs))
+    m4 = ops.reshape(mask, (1,) * (4 - mask.ndim) + tuple(mask.shape))
+    if mask.dtype == np.bool_:
+        mb = ops.where(m4, _const(0, q4), _const(-np.inf, q4))
+    else:
+        mb = m4 if mask.dtype == q4.dtype else ops.cast(m4, q4.dtype)
+    bias = ops.add(_const(static, q4), mb)
+    sc = ops.add(ops.mul(ops.matmul(q4, ops.transpose(kr, [0, 1, 3, 2])), _const(scale, q4)), bias)
+    p = ops.softmax(sc, dim=-1)
+    rows = ops.gt(ops.max(bias, dim=-1, keepdim=True), _const(-np.inf, q4))  # rows keeping a key
+    return ops.where(rows, p, _const(0, p))
+
+
 def _attention(ctx, grads):
     ops, g = _ops(), grads[0]
     ins = list(ctx.inputs) + [None] * (7 - len(ctx.inputs))
@@ -865,21 +901,12 @@ def _attention(ctx, grads):
         return ops.sum(ops.reshape(t, (B, Hkv, rep, t.shape[2], t.shape[3])), dim=2)
 
     kr, vr = repeat(k4), repeat(v4)
-    bias, rows = _attention_bias(
-        None if mask is None else mask.numpy(),
-        B,
-        Hq,
-        Sq,
-        T,
-        bool(ctx.attrs.get("is_causal", 0)),
-        int(ctx.attrs.get("left_window_size", -1)),
-        int(ctx.attrs.get("right_window_size", -1)),
-    )
-    sc = ops.add(ops.mul(ops.matmul(q4, ops.transpose(kr, [0, 1, 3, 2])), _const(scale, q4)), _const(bias, q4))
-    p = ops.softmax(sc, dim=-1)
-    if not rows.all():  # fully masked rows give 0 (not NaN), as the forward does
-        p = ops.where(tensor(np.broadcast_to(rows, p.shape).copy()), p, _const(0, p))
+    if mask is not None and tracing_training_step() and mask.shape[-1] >= T:
+        p = _traced_masked_probs(q4, kr, mask, scale, Sq, T, ctx.attrs)
+    else:
+        p = _host_masked_probs(q4, kr, mask, scale, B, Hq, Sq, T, ctx.attrs)
     dp = ops.matmul(g4, ops.transpose(vr, [0, 1, 3, 2]))
+
     ds = ops.mul(p, ops.sub(dp, ops.sum(ops.mul(dp, p), dim=-1, keepdim=True)))
     ds = ops.mul(ds, _const(scale, ds))
     res = [None] * n_in
