@@ -78,6 +78,7 @@ def test_compiled_training_step_reduces_buckets_inside_the_graph():
                 assert f"[rank {rank}] PASS compiled {kind} {opt}" in out, out[-4000:]
         assert f"[rank {rank}] PASS compiled no_sync" in out, out[-4000:]
         assert f"[rank {rank}] PASS compiled buffer broadcast" in out, out[-4000:]
+        assert f"[rank {rank}] PASS compiled unused parameters" in out, out[-4000:]
 
 
 def test_allreduce_graph_ops_in_a_world_of_one():

@@ -513,7 +513,44 @@ def scenario_compiled() -> None:
             report(f"compiled {kind} {opt_name}")
     check_compiled_no_sync()
     check_compiled_buffer_broadcast()
+    check_compiled_unused()
     report("compiled")
+
+
+def check_compiled_unused() -> None:
+    """find_unused_parameters=True in a compiled step, head b used on rank 0 only and head never used
+    nowhere: equals the eager DDP run over 3 SGD steps; b's update is the same on both ranks (rank 0's
+    gradient over the world size), never's parameters keep .grad None and are not updated."""
+    models, steps = [], []
+    x = opsnn.tensor(np.random.default_rng(40 + RANK).standard_normal((3, 4)).astype(np.float32))
+    for compiled in (False, True):
+        with nn.init.seeded(0):
+            model = TwoHeads()
+        ddp = DDP(model, find_unused_parameters=True)
+        opt = make_opt("sgd", ddp.parameters())
+
+        def train_step(x, ddp=ddp, opt=opt):
+            opt.zero_grad()
+            loss = ops.sum(ddp(x, use_b=RANK == 0))
+            loss.backward()
+            opt.step()
+            return loss
+
+        models.append(model)
+        steps.append(opsnn.compile(train_step) if compiled else train_step)
+    with nn.init.seeded(0):
+        start = TwoHeads()
+    for k in range(3):
+        for fn in steps:
+            fn(x)
+        same_on_all_ranks(models[1], f"compiled unused parameters step {k}")
+        eager = dict(models[0].named_parameters())
+        for n, p in models[1].named_parameters():
+            np.testing.assert_allclose(p.numpy(), eager[n].numpy(), rtol=RTOL, atol=ATOL, err_msg=f"unused: {n}")
+    assert steps[1].mode == "compiled" and steps[1].num_compiles == 1
+    np.testing.assert_array_equal(models[1].never.weight.numpy(), start.never.weight.numpy())
+    assert not np.array_equal(models[1].b.weight.numpy(), start.b.weight.numpy())
+    report("compiled unused parameters")
 
 
 def check_compiled_buffer_broadcast() -> None:

@@ -12,7 +12,9 @@ and an allreduce is launched on the communication thread while backward goes on.
 launched in index order only, so every rank issues the same collectives in the same order. A
 callback queued on the backward pass waits for all of them when backward ends, and each
 parameter's ``.grad`` becomes its slice of the reduced buffer (the average over ranks), so the
-optimizer that follows sees finished gradients.
+optimizer that follows sees finished gradients. Inside ``opsnn.compile(train_step)`` the same
+hooks emit graph ops while the step is traced (``AllReduceStart`` when a bucket is ready,
+``AllReduceWait`` before the update, ``Broadcast`` of train-mode buffers; docs/distributed.md).
 
 Run under ``mpirun -np 2`` (or ``opsnn launch -n 2``)::
 
@@ -43,7 +45,7 @@ from ...autograd.compiled import trace_key_hooks
 from ...autograd.graph import LEAF, get_meta
 from ...distributed import graph_ops as _graph_ops
 from ...errors import OpsnnRuntimeError, ParamInvalidError
-from ...graph.tracing import TraceError, active_tracer
+from ...graph.tracing import active_tracer
 from ...runtime import hooks
 from ...tensor import Tensor, empty, zeros
 from ..module import Module
@@ -345,8 +347,6 @@ class DistributedDataParallel(Module):
         self._drain()
         sync = self.require_backward_grad_sync and is_grad_enabled()
         tracer = active_tracer()
-        if sync and tracer is not None:
-            self._check_traceable()
         if sync and self.broadcast_buffers:
             buffers = list(self.module.buffers())
             if buffers and hasattr(tracer, "call_inplace") and self.module.training:
@@ -359,14 +359,6 @@ class DistributedDataParallel(Module):
         else:
             self._state = "idle"
         return out
-
-    def _check_traceable(self) -> None:
-        """What a compiled step cannot replay yet is refused while it is traced, never run unsynchronised."""
-        if self.find_unused_parameters:
-            raise TraceError(
-                "DistributedDataParallel: find_unused_parameters=True reads which parameters got a gradient on "
-                "the host; a compiled training step cannot replay that: wrap the model without it or run eagerly"
-            )
 
     def _broadcast_traced(self, tracer) -> None:
         """While tracing a training-mode forward: rank 0's buffers as in-place ``Broadcast`` nodes at
@@ -486,20 +478,31 @@ class DistributedDataParallel(Module):
         from ... import ops
 
         missing = [i for i, r in enumerate(self._ready) if not r]
-        if missing:
+        if missing and not self.find_unused_parameters:
             self._state = "idle"
             names = ", ".join(repr(self._names[i]) for i in missing[:10])
             raise UnusedParameterError(
                 f"DistributedDataParallel: backward ended but {len(missing)} parameter(s) that require grad "
-                f"received no gradient: {names}. Their buckets cannot be reduced (a compiled step needs every "
-                "parameter used; find_unused_parameters is for eager steps)"
+                f"received no gradient: {names}. Their buckets cannot be reduced. If the forward does not use "
+                "every parameter, wrap the model with find_unused_parameters=True"
             )
+        for i in missing:
+            self._mark_ready(i, "unused")
         self._launch_ready()
+        used = None
+        if self.find_unused_parameters:
+            # which parameters the traced graph gives a gradient is fixed at tracing: agreed on now, once
+            used = zeros((len(self._params),), "int32")
+            used.numpy()[:] = [p.grad is not None for p in self._params]
+            self._dist.all_reduce(used, op=self._dist.ReduceOp.SUM, **self._group())
+            used = used.numpy()
         for b in self._buckets:
             y = _graph_ops.all_reduce_wait(b.flat, bucket=b.index, world_size=self.world_size)
             sizes = [n for _i, _off, n in b.slots]
             pieces = [y] if len(sizes) == 1 else ops.split(y, sizes, 0)
             for (i, _off, _n), piece in zip(b.slots, pieces):
+                if used is not None and used[i] == 0:
+                    continue  # no rank's graph has a gradient for it: .grad stays None, as in one process
                 p = self._params[i]
                 p.grad = ops.reshape(piece, list(p.shape))
             b.flat = b.work = None
