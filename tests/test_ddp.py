@@ -67,3 +67,79 @@ def test_no_sync_buffers_mismatch_unused_parameters_and_resume(tmp_path):
     for rank in range(2):
         for what in ("no_sync", "buffer broadcast", "mismatch", "unused parameters", "resume", "mixed dtypes", "misc"):
             assert f"[rank {rank}] PASS {what}" in out, out[-4000:]
+
+
+@needs_mpi
+def test_compiled_training_step_reduces_buckets_inside_the_graph():
+    out = run_ranks("compiled")
+    for rank in range(2):
+        for kind in ("mlp", "cnn"):
+            for opt in ("sgd", "adamw"):
+                assert f"[rank {rank}] PASS compiled {kind} {opt}" in out, out[-4000:]
+        assert f"[rank {rank}] PASS compiled no_sync" in out, out[-4000:]
+        assert f"[rank {rank}] PASS compiled buffer broadcast" in out, out[-4000:]
+        assert f"[rank {rank}] PASS compiled unused parameters" in out, out[-4000:]
+
+
+def test_allreduce_graph_ops_in_a_world_of_one():
+    """Without other ranks AllReduceStart only divides by the world size (1) and AllReduceWait copies;
+    a graph traced for another world size refuses to run rather than average wrongly."""
+    from opsnn.distributed import graph_ops
+
+    x = np.random.default_rng(0).standard_normal(7).astype(np.float32)
+    buf = graph_ops.all_reduce_start(opsnn.tensor(x), bucket=3)
+    y = graph_ops.all_reduce_wait(buf, bucket=3)
+    np.testing.assert_array_equal(y.numpy(), x / 1)
+    with pytest.raises(opsnn.errors.OpsnnError, match="traced for a world of 2 rank"):
+        graph_ops.all_reduce_start(opsnn.tensor(x), world_size=2).numpy()
+
+
+def _launch(args: list, timeout: float = 300, **extra_env) -> str:
+    env = {**os.environ, **extra_env}
+    src = str(Path(opsnn.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = src + os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else src
+    env["OPSNN_DDP_TIMEOUT"] = "120"
+    env.pop("OPSNN_LAUNCH_TAGS", None)
+    cmd = [sys.executable, "-m", "opsnn.cli", "launch", "-n", "2", "--threads-per-rank", "1", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, start_new_session=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(args)} failed ({proc.returncode}):\n{out[-6000:]}"
+    return out
+
+
+@needs_mpi
+def test_opsnn_train_under_mpirun_equals_one_process_on_the_global_batch(tmp_path):
+    """`opsnn launch -n 2 -- opsnn train --ddp-backend mpi` (and as under a bare mpirun):
+    each rank trains on its DistributedSampler shard (--batch 2 each), which is one process's
+    --batch 4 on the same 8 samples; rank 0 alone shows progress and writes the curve and checkpoint;
+    each rank's lines carry its rank."""
+    from opsnn import trainer
+
+    # SGD: AdamW's normalised steps would turn the gradients' summation-order rounding into lr-sized noise
+    tiny = ["--model", "llama-tiny", "--seq-len", "8", "--vocab", "60", "--samples", "8", "--steps", "3"]
+    tiny += ["--optimizer", "sgd"]
+    out = _launch(["--", "opsnn", "train", "--ddp-backend", "mpi", "--batch", "2", "--out", str(tmp_path / "a"), *tiny])
+    assert "[rank 0] steps 1..3: loss" in out and "x 2 ranks (DistributedDataParallel, mpi)" in out, out[-3000:]
+    assert "[rank 1] steps 1..3 on 2 batches of this rank's shard" in out, out[-3000:]
+    assert "[rank 1] step 3/3" not in out and "[rank 1] wrote" not in out, out[-3000:]
+    assert (tmp_path / "a" / "loss_curve.png").is_file()
+    # as under a bare mpirun: no launcher tags (the command prefixes its own lines), the backend from the env
+    untagged = _launch(
+        ["--no-tag", "-m", "opsnn.cli", "train", "--batch", "2", "--out", str(tmp_path / "b"), *tiny],
+        OPSNN_DDP_BACKEND="mpi",
+    )
+    assert "[rank 1] steps 1..3 on 2 batches" in untagged and "[rank 0] wrote" in untagged, untagged[-3000:]
+
+    alone = trainer.train(
+        trainer.TrainConfig(model="llama-tiny", seq_len=8, vocab=60, samples=8, steps=3, batch=4, optimizer="sgd"),
+        out=str(tmp_path / "one"),
+    )
+    for run in ("a", "b"):
+        cfg, step = trainer.read_resume_config(tmp_path / run / "checkpoint.safetensors")
+        assert step == 3 and cfg["batch"] == 2
+        task = trainer.build_task(trainer.TrainConfig(**cfg))
+        info = opsnn.load_checkpoint(tmp_path / run / "checkpoint.safetensors", task.model)
+        np.testing.assert_allclose(info["extra"]["losses"], alone.losses, rtol=1e-5)
+        want = dict(alone.task.model.named_parameters())
+        for n, p in task.model.named_parameters():
+            np.testing.assert_allclose(p.numpy(), want[n].numpy(), rtol=1e-5, atol=1e-6, err_msg=f"{run}: {n}")

@@ -206,6 +206,12 @@ def test_launch_command_adds_the_local_flags_and_shares_the_cores():
     cmd, env = launch_command(3, ["-m", "pkg.train"], threads_per_rank=2, mpi_args=("--map-by", "slot"))
     assert cmd[-3:] == [sys.executable, "-m", "pkg.train"] and "--map-by" in cmd
     assert all(env[name] == "2" for name in THREAD_VARIABLES)
+    # the opsnn command itself (opsnn launch -n 2 -- opsnn train ...); tagged ranks know their lines are tagged
+    cmd, env = launch_command(2, ["opsnn", "train", "--steps", "3"])
+    assert cmd[-6:] == [sys.executable, "-m", "opsnn.cli", "train", "--steps", "3"]
+    assert env["OPSNN_LAUNCH_TAGS"] == "1"
+    _, env = launch_command(2, ["train.py"], tag_output=False)
+    assert "OPSNN_LAUNCH_TAGS" not in env
     with pytest.raises(ParamInvalidError, match="-n must be a positive number of ranks, got 0"):
         launch_command(0, ["train.py"])
     with pytest.raises(ParamInvalidError, match="threads-per-rank"):

@@ -478,7 +478,40 @@ def _train(argv) -> int:
     )
     ap.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint this command wrote, up to --steps")
     ap.add_argument("--log-every", type=_positive_int, default=10, help="steps per progress line off a terminal")
+    ap.add_argument(
+        "--ddp-backend",
+        choices=("mpi",),
+        default=os.environ.get("OPSNN_DDP_BACKEND", "").lower() or None,
+        help="under mpirun / opsnn launch: train data-parallel over the ranks (DistributedDataParallel; --batch "
+        "per rank); default OPSNN_DDP_BACKEND",
+    )
     args = ap.parse_args(argv)
+    if args.ddp_backend:
+        from . import distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group(args.ddp_backend)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        try:
+            code = _train_run(args, trainer, plot_curve, rank, world)
+        except Exception as exc:  # the other ranks may wait in a collective: end them all, naming this rank
+            if world == 1:
+                raise
+            print(f"opsnn train: rank {rank}: {_error_line(exc)}", file=sys.stderr, flush=True)
+            from .distributed.group import default_group
+
+            default_group().abort(2)
+            raise
+        dist.destroy_process_group()
+        return code
+    return _train_run(args, trainer, plot_curve, 0, 1)
+
+
+def _train_run(args, trainer, plot_curve, rank: int, world: int) -> int:
+    """``opsnn train``'s job on this rank: progress, curve and summary on rank 0 only."""
+    d = trainer.TrainConfig()
+    # each rank's lines carry its rank (opsnn launch tags them itself; a bare mpirun does not)
+    tag = f"[rank {rank}] " if world > 1 and not os.environ.get("OPSNN_LAUNCH_TAGS") else ""
     fields = [f.name for f in dataclasses.fields(trainer.TrainConfig)]
     given = {k: getattr(args, k) for k in fields if getattr(args, k, None) is not None}
     start = 0
@@ -489,24 +522,30 @@ def _train(argv) -> int:
             given["steps"] = start + d.steps
     cfg = trainer.TrainConfig(**given).check()
     out = args.out or (os.path.dirname(os.path.abspath(args.resume)) if args.resume else f"opsnn-train-{cfg.model}")
-    progress = trainer.Progress(cfg.steps, start, args.log_every)
+    progress = trainer.Progress(cfg.steps, start, args.log_every) if rank == 0 else None
     try:
-        res = trainer.train(cfg, resume=args.resume, out=out, on_step=progress)
+        res = trainer.train(cfg, resume=args.resume, out=out, on_step=progress, ddp=bool(args.ddp_backend))
     finally:
-        progress.close()
+        if progress is not None:
+            progress.close()
+    if rank != 0:
+        print(f"{tag}steps {res.start_step + 1}..{res.step} on {len(res.task.batches)} batches of this rank's shard")
+        return 0
     n_params = sum(p.numel for p in res.task.model.parameters())
     png = plot_curve(
         res.losses, os.path.join(out, "loss_curve.png"), title=f"opsnn train --model {cfg.model} ({cfg.dtype})"
     )
+    ranks = f" x {world} ranks (DistributedDataParallel, {args.ddp_backend})" if world > 1 else ""
     print(
-        f"model: {cfg.model} ({n_params / 1e6:.2f} M parameters), {cfg.dtype}, {cfg.optimizer} lr {cfg.learning_rate:g}, "
-        f"batch {cfg.batch}, {len(res.task.batches)} batches of synthetic data"
+        f"{tag}model: {cfg.model} ({n_params / 1e6:.2f} M parameters), {cfg.dtype}, {cfg.optimizer} lr "
+        f"{cfg.learning_rate:g}, batch {cfg.batch}{ranks}, {len(res.task.batches)} batches of synthetic data"
+        + (" per rank" if world > 1 else "")
     )
     print(
-        f"steps {res.start_step + 1}..{res.step}: loss {res.losses[res.start_step]:.4f} -> {res.losses[-1]:.4f}, "
+        f"{tag}steps {res.start_step + 1}..{res.step}: loss {res.losses[res.start_step]:.4f} -> {res.losses[-1]:.4f}, "
         f"{res.samples_per_s:.1f} samples/s over {res.seconds:.1f} s"
     )
-    print(f"wrote {res.checkpoint} and {os.path.join(out, 'loss_curve.png')} ({png})")
+    print(f"{tag}wrote {res.checkpoint} and {os.path.join(out, 'loss_curve.png')} ({png})")
     return 0
 
 

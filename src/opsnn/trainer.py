@@ -116,25 +116,39 @@ def _next_token(model, ids, _):
     return nn.functional.cross_entropy(ops.reshape(logits, (-1, v)), ids[:, 1:].reshape(-1))
 
 
-def build_task(cfg: TrainConfig) -> Task:
-    """The model (weights from ``cfg.seed``) and its synthetic data set."""
+def build_task(cfg: TrainConfig, rank: int = 0, world_size: int = 1) -> Task:
+    """The model (weights from ``cfg.seed``) and its synthetic data set; with ``world_size`` > 1,
+    this rank's shard of the samples (``DistributedSampler``, in order), cut into ``cfg.batch``-sized
+    batches: each rank trains on its own share of a global batch of ``batch * world_size``."""
+    from .utils.data import DistributedSampler
+
     cfg.check()
     rng = np.random.default_rng(cfg.seed)
     n, b = cfg.num_samples, cfg.batch
+    idx = np.asarray(list(DistributedSampler(n, num_replicas=world_size, rank=rank, shuffle=False)), np.int64)
+    if len(idx) < b:
+        raise ParamInvalidError(
+            f"--samples {n}: {world_size} rank(s) of --batch {b} need at least {b * world_size} samples"
+        )
+
+    def cut(*arrays):
+        local = [None if a is None else a[idx] for a in arrays]
+        return [tuple(None if a is None else a[i : i + b] for a in local) for i in range(0, len(idx) - b + 1, b)]
+
     if cfg.model == "resnet18":
         model = models.resnet18(num_classes=cfg.num_classes, seed=cfg.seed)
         s = cfg.image_size
         templates = rng.standard_normal((cfg.num_classes, 3, s, s)).astype(np.float32)
         y = rng.integers(0, cfg.num_classes, n)
         x = (templates[y] + 0.5 * rng.standard_normal((n, 3, s, s))).astype(np.float32)
-        data, loss = [(x[i : i + b], y[i : i + b]) for i in range(0, n - b + 1, b)], _classify
+        data, loss = cut(x, y), _classify
     elif cfg.model == "bert-tiny":
         bert = models.bert("tiny", seed=cfg.seed, vocab_size=cfg.vocab, max_position_embeddings=cfg.seq_len)
         with nn.init.seeded(cfg.seed + 1):
             model = BertClassifier(bert, cfg.num_classes)
         ids = rng.integers(0, cfg.vocab, (n, cfg.seq_len))
         y = ids[:, 1] % cfg.num_classes  # the label is written in the sequence: attention must find it
-        data, loss = [(ids[i : i + b], y[i : i + b]) for i in range(0, n - b + 1, b)], _classify
+        data, loss = cut(ids, y), _classify
     else:
         model = models.llama(
             layers=2, hidden=128, heads=4, kv_heads=2, vocab=cfg.vocab, max_position=cfg.seq_len, seed=cfg.seed
@@ -142,7 +156,7 @@ def build_task(cfg: TrainConfig) -> Task:
         start = rng.integers(0, cfg.vocab, (n, 1))
         stride = rng.integers(1, 8, (n, 1))
         ids = (start + stride * np.arange(cfg.seq_len + 1)) % cfg.vocab  # predictable from two tokens on
-        data, loss = [(ids[i : i + b], None) for i in range(0, n - b + 1, b)], _next_token
+        data, loss = cut(ids, None), _next_token
     return Task(model.train(), data, loss)
 
 
@@ -161,10 +175,12 @@ class TrainResult:
     seconds: float = 0.0  # this run's training time
     checkpoint: str | None = None
     task: Task | None = None
+    world_size: int = 1  # ranks that trained together, each on --batch samples per step
 
     @property
     def samples_per_s(self) -> float:
-        done = (self.step - self.start_step) * self.config.batch
+        """Samples per second over every rank."""
+        done = (self.step - self.start_step) * self.config.batch * self.world_size
         return done / self.seconds if self.seconds > 0 else 0.0
 
 
@@ -177,16 +193,26 @@ def read_resume_config(path) -> tuple[dict, int]:
     return cfg, info["step"]
 
 
-def train(cfg: TrainConfig, *, resume=None, out=None, on_step=None) -> TrainResult:
+def train(cfg: TrainConfig, *, resume=None, out=None, on_step=None, ddp: bool = False) -> TrainResult:
     """Train up to step ``cfg.steps`` (from a checkpoint's step with ``resume``); ``out``: a folder
     to write ``checkpoint.safetensors`` into at the end; ``on_step(step, loss, samples_per_s)``
-    after each step. Reseeds ``opsnn.manual_seed(cfg.seed)`` first (dropout masks)."""
+    after each step. Reseeds ``opsnn.manual_seed(cfg.seed)`` first (dropout masks).
+
+    ``ddp=True`` (after ``opsnn.distributed.init_process_group``): the model trains wrapped in
+    ``DistributedDataParallel`` on this rank's shard of the data; the reported loss is the mean
+    over the ranks, and rank 0 alone writes the checkpoint, which every rank can resume from."""
     cfg.check()
     nn.init.manual_seed(cfg.seed)  # dropout masks (BERT's) come from this generator; a checkpoint restores it
-    task = build_task(cfg)
+    rank, world = 0, 1
+    if ddp:
+        from . import distributed as dist
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+    task = build_task(cfg, rank, world)
     model = task.model
-    opt = make_optimizer(cfg, model.parameters())
-    result = TrainResult(cfg, task=task)
+    net = nn.parallel.DistributedDataParallel(model) if ddp else model
+    opt = make_optimizer(cfg, net.parameters())
+    result = TrainResult(cfg, task=task, world_size=world)
     if resume is not None:
         saved, step = read_resume_config(resume)
         diff = [k for k in _SAME_ON_RESUME if k in saved and saved[k] != getattr(cfg, k)]
@@ -209,27 +235,31 @@ def train(cfg: TrainConfig, *, resume=None, out=None, on_step=None) -> TrainResu
         x, y = task.batches[step % len(task.batches)]
         opt.zero_grad()
         with cast():
-            loss = task.loss(model, x, y)
+            loss = task.loss(net, x, y)
         loss.backward()
         opt.step()
         value = float(loss.item())
+        if world > 1:  # the global batch's loss: the mean of the ranks' shard means
+            mean = np.array([value], np.float64)
+            dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+            value = float(mean[0])
         dt = time.perf_counter() - t0
         result.losses.append(value)
         result.step = step + 1
         if on_step is not None:
-            on_step(step + 1, value, cfg.batch / dt if dt > 0 else 0.0)
+            on_step(step + 1, value, cfg.batch * world / dt if dt > 0 else 0.0)
     result.seconds = time.perf_counter() - t_run
     if out is not None:
         import os
 
-        os.makedirs(out, exist_ok=True)
-        result.checkpoint = save_checkpoint(
-            os.path.join(out, "checkpoint.safetensors"),
-            model,
-            opt,
-            step=result.step,
-            extra={"train_config": dataclasses.asdict(cfg), "losses": result.losses},
-        )
+        path = os.path.join(out, "checkpoint.safetensors")
+        write = dict(step=result.step, extra={"train_config": dataclasses.asdict(cfg), "losses": result.losses})
+        if world > 1:  # rank 0 writes; every rank returns once the file is complete
+            dist.run_on_rank0(lambda: (os.makedirs(out, exist_ok=True), save_checkpoint(path, model, opt, **write)))
+        else:
+            os.makedirs(out, exist_ok=True)
+            save_checkpoint(path, model, opt, **write)
+        result.checkpoint = path
     return result
 
 

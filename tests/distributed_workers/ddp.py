@@ -409,11 +409,241 @@ def check_mixed_dtypes() -> None:
     report("mixed dtypes")
 
 
+# -- compiled training step --------------------------------------------------------------------------------------
+def mlp(seed: int) -> nn.Module:
+    with nn.init.seeded(seed):
+        return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 12), nn.ReLU(), nn.Linear(12, 5))
+
+
+def compiled_batches(kind: str, steps: int = 5, n: int = 8):
+    if kind == "cnn":
+        return batches("cnn", steps, n, seed=17)
+    rng = np.random.default_rng(19)
+    return [(rng.standard_normal((n, 6)).astype(np.float32), rng.integers(0, 5, size=n)) for _ in range(steps)]
+
+
+def ddp_step(ddp, opt):
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return train_step
+
+
+def check_allreduce_nodes(step, ddp) -> None:
+    """The executed graph: one start and one wait per bucket, each in bucket order; the first start
+    runs before backward has finished (a gradient op the last bucket depends on comes after it); the
+    memory plan keeps each bucket's buffer to itself from its start to its wait."""
+    g = step.compiled_graph.graph
+    nodes = g.nodes
+    starts = [k for k, nd in enumerate(nodes) if nd.op_type == "AllReduceStart"]
+    waits = [k for k, nd in enumerate(nodes) if nd.op_type == "AllReduceWait"]
+    nb = len(ddp.bucket_sizes)
+    assert [nodes[k].attrs["bucket"] for k in starts] == list(range(nb)), [nodes[k].attrs for k in starts]
+    assert [nodes[k].attrs["bucket"] for k in waits] == list(range(nb))
+    update = min(k for k, nd in enumerate(nodes) if nd.op_type in ("ApplySGD", "ApplyAdamW"))
+    assert max(starts) < min(waits) and max(waits) < update, (starts, waits, update)
+    producer = {o: k for k, nd in enumerate(nodes) for o in nd.outputs if o}
+    todo, ancestors = [nodes[starts[-1]].inputs[0]], set()
+    while todo:
+        k = producer.get(todo.pop())
+        if k is not None and k not in ancestors:
+            ancestors.add(k)
+            todo.extend(i for i in nodes[k].inputs if i)
+    overlapped = [
+        nodes[k].op_type
+        for k in ancestors
+        if k > starts[0] and nodes[k].op_type not in ("Reshape", "Concat", "AllReduceStart", "Identity")
+    ]
+    assert overlapped, "no backward op of a later bucket runs after the first allreduce starts"
+    mem = step.compiled_graph.latest_plan.memory
+    spans = {b.name: b for b in mem.buffers}
+    for k in starts:
+        buf = nodes[k].outputs[0]
+        b = spans[buf]
+        assert b.end > b.start, (buf, b)
+        lo, hi = mem.offsets[buf], mem.offsets[buf] + b.size
+        for o in mem.buffers:
+            if o.name == buf or o.end < b.start or o.start > b.end:
+                continue
+            olo = mem.offsets[o.name]
+            assert olo + o.size <= lo or olo >= hi, f"{o.name} shares the bytes of {buf} while it is reduced"
+
+
+def scenario_compiled() -> None:
+    """DDP inside opsnn.compile(train_step): 2 ranks on half of every batch == eager DDP == one
+    process on the whole batch, 5 SGD-momentum and 5 AdamW steps of an MLP and the CNN (eval-mode
+    BatchNorm); parameters bitwise equal across ranks after every step; the graph's allreduces."""
+    for kind, build in (("mlp", mlp), ("cnn", cnn)):
+        for opt_name in ("sgd", "adamw"):
+            models, ddps, opts, steps = [], [], [], []
+            for compiled in (False, True):
+                model = build(RANK)
+                if kind == "cnn":
+                    model.eval()
+                ddp = DDP(model, bucket_cap_mb=0.0005)
+                opt = make_opt(opt_name, ddp.parameters())
+                fn = ddp_step(ddp, opt)
+                models.append(model)
+                ddps.append(ddp)
+                opts.append(opt)
+                steps.append(opsnn.compile(fn) if compiled else fn)
+            assert len(ddps[1].bucket_sizes) > 1
+            ref = build(0)
+            if kind == "cnn":
+                ref.eval()
+            ref_opt = make_opt(opt_name, ref.parameters())
+            ref_step = ddp_step(ref, ref_opt)
+            for k, (x, y) in enumerate(compiled_batches(kind)):
+                xs, ys = shard("cnn", x, y, RANK, WORLD)
+                for fn in steps:
+                    fn(opsnn.tensor(xs), opsnn.tensor(ys))
+                same_on_all_ranks(models[1], f"compiled {kind}/{opt_name} step {k} parameters")
+                ref_step(opsnn.tensor(x), opsnn.tensor(y))
+                eager, comp, alone = (dict(m.named_parameters()) for m in (models[0], models[1], ref))
+                for n in comp:
+                    c = comp[n].numpy()
+                    np.testing.assert_allclose(c, eager[n].numpy(), rtol=RTOL, atol=ATOL, err_msg=f"{kind} {n} eager")
+                    np.testing.assert_allclose(c, alone[n].numpy(), rtol=RTOL, atol=ATOL, err_msg=f"{kind} {n} alone")
+            assert steps[1].num_compiles == 1 and steps[1].mode == "compiled"
+            check_allreduce_nodes(steps[1], ddps[1])
+            report(f"compiled {kind} {opt_name}")
+    check_compiled_no_sync()
+    check_compiled_buffer_broadcast()
+    check_compiled_unused()
+    report("compiled")
+
+
+def check_compiled_unused() -> None:
+    """find_unused_parameters=True in a compiled step, head b used on rank 0 only and head never used
+    nowhere: equals the eager DDP run over 3 SGD steps; b's update is the same on both ranks (rank 0's
+    gradient over the world size), never's parameters keep .grad None and are not updated."""
+    models, steps = [], []
+    x = opsnn.tensor(np.random.default_rng(40 + RANK).standard_normal((3, 4)).astype(np.float32))
+    for compiled in (False, True):
+        with nn.init.seeded(0):
+            model = TwoHeads()
+        ddp = DDP(model, find_unused_parameters=True)
+        opt = make_opt("sgd", ddp.parameters())
+
+        def train_step(x, ddp=ddp, opt=opt):
+            opt.zero_grad()
+            loss = ops.sum(ddp(x, use_b=RANK == 0))
+            loss.backward()
+            opt.step()
+            return loss
+
+        models.append(model)
+        steps.append(opsnn.compile(train_step) if compiled else train_step)
+    with nn.init.seeded(0):
+        start = TwoHeads()
+    for k in range(3):
+        for fn in steps:
+            fn(x)
+        same_on_all_ranks(models[1], f"compiled unused parameters step {k}")
+        eager = dict(models[0].named_parameters())
+        for n, p in models[1].named_parameters():
+            np.testing.assert_allclose(p.numpy(), eager[n].numpy(), rtol=RTOL, atol=ATOL, err_msg=f"unused: {n}")
+    assert steps[1].mode == "compiled" and steps[1].num_compiles == 1
+    np.testing.assert_array_equal(models[1].never.weight.numpy(), start.never.weight.numpy())
+    assert not np.array_equal(models[1].b.weight.numpy(), start.b.weight.numpy())
+    report("compiled unused parameters")
+
+
+def check_compiled_buffer_broadcast() -> None:
+    """Train-mode BatchNorm with broadcast_buffers=True in a compiled step: rank 0's running statistics
+    are broadcast by Broadcast nodes at the start of every replay, so the compiled run equals the eager
+    DDP run (parameters and running statistics on each rank, 5 SGD-momentum steps)."""
+    models, steps = [], []
+    for compiled in (False, True):
+        model = cnn(RANK).train()
+        ddp = DDP(model, bucket_cap_mb=0.0005)
+        fn = ddp_step(ddp, make_opt("sgd", ddp.parameters()))
+        models.append(model)
+        steps.append(opsnn.compile(fn) if compiled else fn)
+    for k, (x, y) in enumerate(compiled_batches("cnn")):
+        xs, ys = shard("cnn", x, y, RANK, WORLD)
+        for fn in steps:
+            fn(opsnn.tensor(xs), opsnn.tensor(ys))
+        same_on_all_ranks(models[1], f"compiled train-mode cnn step {k} parameters", buffers=False)
+        eager = dict(list(models[0].named_parameters()) + list(models[0].named_buffers()))
+        for n, t in list(models[1].named_parameters()) + list(models[1].named_buffers()):
+            np.testing.assert_allclose(t.numpy(), eager[n].numpy(), rtol=RTOL, atol=ATOL, err_msg=f"train-mode {n}")
+    # each rank's statistics come from its own half batch, after starting from rank 0's
+    differ_across_ranks(models[1][1], "running statistics after a step")
+    nodes = steps[1].compiled_graph.graph.nodes
+    kinds = [nd.op_type for nd in nodes]
+    assert kinds.count("Broadcast") == 3 and max(k for k, t in enumerate(kinds) if t == "Broadcast") < kinds.index(
+        "Conv"
+    ), kinds[:12]
+    report("compiled buffer broadcast")
+
+
+def check_compiled_no_sync() -> None:
+    """A compiled step accumulating two micro-batches, the first under no_sync(), == the eager step
+    and one process on both whole micro-batches; a compiled step called under no_sync() gets a graph
+    of its own without allreduces (the ranks then step on their own gradients)."""
+    data = compiled_batches("mlp", 4)
+    models, steps = [], []
+    for compiled in (False, True):
+        model = mlp(RANK)
+        ddp = DDP(model, bucket_cap_mb=0.0005)
+        opt = make_opt("sgd", ddp.parameters())
+
+        def accumulate(x1, y1, x2, y2, ddp=ddp, opt=opt):
+            opt.zero_grad()
+            with ddp.no_sync():
+                nn.functional.cross_entropy(ddp(x1), y1).backward()
+            loss = nn.functional.cross_entropy(ddp(x2), y2)
+            loss.backward()
+            opt.step()
+            return loss
+
+        models.append(model)
+        steps.append(opsnn.compile(accumulate) if compiled else accumulate)
+    ref = mlp(0)
+    ref_opt = make_opt("sgd", ref.parameters())
+    for it in range(2):
+        micro = data[2 * it : 2 * it + 2]
+        args = [opsnn.tensor(a) for xy in micro for a in shard("cnn", *xy, RANK, WORLD)]
+        for fn in steps:
+            fn(*args)
+        same_on_all_ranks(models[1], f"compiled no_sync accumulation step {it}")
+        ref_opt.zero_grad()
+        for x, y in micro:
+            nn.functional.cross_entropy(ref(opsnn.tensor(x)), opsnn.tensor(y)).backward()
+        ref_opt.step()
+        eager, comp, alone = (dict(m.named_parameters()) for m in (models[0], models[1], ref))
+        for n in comp:
+            np.testing.assert_allclose(comp[n].numpy(), eager[n].numpy(), rtol=RTOL, atol=ATOL, err_msg=n)
+            np.testing.assert_allclose(comp[n].numpy(), alone[n].numpy(), rtol=RTOL, atol=ATOL, err_msg=n)
+    ops_of = [nd.op_type for nd in steps[1].graph().nodes]
+    assert steps[1].num_compiles == 1 and ops_of.count("AllReduceStart") == ops_of.count("AllReduceWait") > 1
+
+    model = mlp(RANK)
+    ddp = DDP(model, bucket_cap_mb=0.0005)
+    step = opsnn.compile(ddp_step(ddp, make_opt("sgd", ddp.parameters())))
+    x, y = (opsnn.tensor(a) for a in shard("cnn", *data[0], RANK, WORLD))
+    step(x, y)
+    with ddp.no_sync():
+        step(x, y)
+        local = [nd.op_type for nd in step.graph().nodes]
+        step(x, y)
+    assert step.num_compiles == 2 and "AllReduceStart" not in local and "AllReduceWait" not in local, local
+    differ_across_ranks(model, "parameters after compiled no_sync steps")
+    step(x, y)  # synchronised again: the first graph, not a third
+    assert step.num_compiles == 2 and "AllReduceStart" in [nd.op_type for nd in step.graph().nodes]
+    report("compiled no_sync")
+
+
 def main() -> None:
     global RANK, WORLD
     dist.init_process_group(backend="mpi")
     RANK, WORLD = dist.get_rank(), dist.get_world_size()
-    {"train": scenario_train, "misc": scenario_misc}[sys.argv[1]]()
+    {"train": scenario_train, "misc": scenario_misc, "compiled": scenario_compiled}[sys.argv[1]]()
     dist.barrier()
 
 

@@ -42,6 +42,10 @@ from .graph import get_meta
 
 log = logging.getLogger("opsnn.autograd.compiled")
 
+#: callables whose (hashable) results select the traced graph besides the input shapes: state that
+#: changes what the step records (DistributedDataParallel.no_sync() leaves its allreduces out)
+trace_key_hooks: list = []
+
 
 @dataclass
 class TracedStep:
@@ -111,6 +115,9 @@ class CompiledTrainStep:
         key = tuple((tuple(t.shape), t.dtype.str) for t in tensors)
         if self.modules:  # a step traced in training mode is not the step in eval mode
             key += (tuple(m.training for mod in self.modules for _n, m in mod.named_modules()),)
+        extra = tuple(h() for h in trace_key_hooks)
+        if any(e is not None for e in extra):
+            key += (("trace_key", extra),)
         st = self._steps.get(key)
         if st is None:
             return self._trace(key, tensors)

@@ -22,9 +22,18 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import DistributedError, ParamInvalidError
 from ..tensor import Tensor
+from . import graph_ops as _graph_ops
 from .group import _check_group, default_group, is_initialized
 from .reduce_op import ReduceOp
 from .work import Work
+
+
+def _ordered_group():
+    """The default group, once the kernels a compiled step queued (its AllReduceStart nodes) have
+    launched their collectives: a collective called from Python then comes after them on every rank."""
+    g = default_group()
+    _graph_ops.order_after_graph_collectives()
+    return g
 
 
 def _array(t, what: str, arg: str) -> np.ndarray:
@@ -75,7 +84,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Combine ``tensor`` over every rank with ``op`` (SUM, AVG, MAX, MIN, PRODUCT, BAND, BOR, BXOR),
     the result in ``tensor`` on every rank."""
     _check_group(group, "all_reduce")
-    g = default_group()
+    g = _ordered_group()
     op = _reduce_op(op, "all_reduce")
     arr = _array(tensor, "all_reduce", "tensor")
     _writable(arr, "all_reduce", "tensor")
@@ -90,7 +99,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
 def broadcast(tensor, src: int, group=None, async_op: bool = False):
     """Copy rank ``src``'s ``tensor`` into ``tensor`` on every other rank."""
     _check_group(group, "broadcast")
-    g = default_group()
+    g = _ordered_group()
     src = _root(src, g.size, "broadcast", "src")
     arr = _array(tensor, "broadcast", "tensor")
     g.check_dtype(arr.dtype, "broadcast")
@@ -105,7 +114,7 @@ def broadcast(tensor, src: int, group=None, async_op: bool = False):
 def all_gather(tensor_list: list, tensor, group=None, async_op: bool = False):
     """``tensor_list[r]`` receives rank ``r``'s ``tensor`` (a list of world-size tensors of its shape and dtype)."""
     _check_group(group, "all_gather")
-    g = default_group()
+    g = _ordered_group()
     arr = _array(tensor, "all_gather", "tensor")
     g.check_dtype(arr.dtype, "all_gather")
     outs = _tensor_list(tensor_list, g.size, arr, "all_gather", "tensor_list")
@@ -125,7 +134,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     """Every rank's ``input_tensor`` side by side in ``output_tensor``, rank 0 first: ``output_tensor``
     holds world-size times as many elements (its first dim stacked or concatenated)."""
     _check_group(group, "all_gather_into_tensor")
-    g = default_group()
+    g = _ordered_group()
     inp = _array(input_tensor, "all_gather_into_tensor", "input_tensor")
     out = _array(output_tensor, "all_gather_into_tensor", "output_tensor")
     _same_dtype(inp, out, "all_gather_into_tensor")
@@ -147,7 +156,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
 def reduce_scatter(output, input_list: list, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """``output`` on rank ``r`` receives ``input_list[r]`` combined over every rank with ``op``."""
     _check_group(group, "reduce_scatter")
-    g = default_group()
+    g = _ordered_group()
     op = _reduce_op(op, "reduce_scatter")
     out = _array(output, "reduce_scatter", "output")
     _writable(out, "reduce_scatter", "output")
@@ -165,7 +174,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
     """``input`` (world-size times ``output``'s elements) combined over every rank with ``op``; rank
     ``r`` keeps block ``r`` of the result in ``output``."""
     _check_group(group, "reduce_scatter_tensor")
-    g = default_group()
+    g = _ordered_group()
     op = _reduce_op(op, "reduce_scatter_tensor")
     inp = _array(input, "reduce_scatter_tensor", "input")
     out = _array(output, "reduce_scatter_tensor", "output")
@@ -188,7 +197,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
 def barrier(group=None, async_op: bool = False):
     """Return once every rank has called ``barrier`` (after every collective launched before it)."""
     _check_group(group, "barrier")
-    return _finish(default_group().barrier(), async_op)
+    return _finish(_ordered_group().barrier(), async_op)
 
 
 def run_on_rank0(fn, *args, **kwargs):
@@ -204,7 +213,7 @@ def run_on_rank0(fn, *args, **kwargs):
     Without a process group (or in a world of one) it just calls ``fn``."""
     if not is_initialized() or default_group().size == 1:
         return fn(*args, **kwargs)
-    g = default_group()
+    g = _ordered_group()
     result = error = None
     if g.rank == 0:
         try:

@@ -110,6 +110,11 @@ def launch_command(
     for name in THREAD_VARIABLES:
         env[name] = str(threads_per_rank)
     env["PYTHONUNBUFFERED"] = "1"  # a rank's lines reach the terminal as it prints them, not at exit
+    env.pop("OPSNN_LAUNCH_TAGS", None)
+    if tag_output:
+        env["OPSNN_LAUNCH_TAGS"] = "1"  # the ranks' own output needs no [rank R] prefix of its own
+    if program[0] == "opsnn" and not os.path.exists(program[0]):  # opsnn launch -n 2 -- opsnn train ...
+        program = ["-m", "opsnn.cli", *program[1:]]
     mpirun = mpirun or find_mpirun()
     flavour, major = mpi_flavour(mpirun)
     cmd = [mpirun, "-n", str(nprocs)]
@@ -121,7 +126,7 @@ def launch_command(
             cmd += ["--bind-to", "none"]  # Open MPI binds each rank to one core by default
         if tag_output:
             cmd += ["--output", "tag"] if major >= 5 else ["--tag-output"]
-        for name in (*THREAD_VARIABLES, "PYTHONUNBUFFERED"):
+        for name in (*THREAD_VARIABLES, "PYTHONUNBUFFERED", *(["OPSNN_LAUNCH_TAGS"] if tag_output else [])):
             cmd += ["-x", name]  # forwarded to ranks on other hosts too
     cmd += list(mpi_args)
     cmd += [python or sys.executable, *program]

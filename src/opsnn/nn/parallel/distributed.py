@@ -12,7 +12,9 @@ and an allreduce is launched on the communication thread while backward goes on.
 launched in index order only, so every rank issues the same collectives in the same order. A
 callback queued on the backward pass waits for all of them when backward ends, and each
 parameter's ``.grad`` becomes its slice of the reduced buffer (the average over ranks), so the
-optimizer that follows sees finished gradients.
+optimizer that follows sees finished gradients. Inside ``opsnn.compile(train_step)`` the same
+hooks emit graph ops while the step is traced (``AllReduceStart`` when a bucket is ready,
+``AllReduceWait`` before the update, ``Broadcast`` of train-mode buffers; docs/distributed.md).
 
 Run under ``mpirun -np 2`` (or ``opsnn launch -n 2``)::
 
@@ -39,8 +41,11 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...autograd import is_grad_enabled, queue_callback
+from ...autograd.compiled import trace_key_hooks
 from ...autograd.graph import LEAF, get_meta
+from ...distributed import graph_ops as _graph_ops
 from ...errors import OpsnnRuntimeError, ParamInvalidError
+from ...graph.tracing import active_tracer
 from ...runtime import hooks
 from ...tensor import Tensor, empty, zeros
 from ..module import Module
@@ -49,6 +54,18 @@ from ..module import Module
 FIRST_BUCKET_BYTES = 1 << 20
 #: rank 0's parameters and buffers are broadcast in flat chunks of at most this size
 BROADCAST_BUCKET_BYTES = 250 << 20
+
+
+#: every live DDP; a compiled step keys its graphs by which of them skip gradient sync (no_sync())
+_live: weakref.WeakSet = weakref.WeakSet()
+
+
+def _unsynced_key():
+    off = sorted(id(d) for d in _live if not d.require_backward_grad_sync)
+    return tuple(off) if off else None
+
+
+trace_key_hooks.append(_unsynced_key)
 
 
 class ModelMismatchError(ParamInvalidError):
@@ -256,6 +273,7 @@ class DistributedDataParallel(Module):
         ref = weakref.ref(self)
         handles = [p.register_post_accumulate_grad_hook(_hook(ref, i)) for i, p in enumerate(self._params)]
         self._finalizer = weakref.finalize(self, _remove_all, handles)
+        _live.add(self)
 
     # -- construction --------------------------------------------------------------------------------------
     def _group(self) -> dict:
@@ -328,9 +346,12 @@ class DistributedDataParallel(Module):
     def forward(self, *args, **kwargs):
         self._drain()
         sync = self.require_backward_grad_sync and is_grad_enabled()
+        tracer = active_tracer()
         if sync and self.broadcast_buffers:
             buffers = list(self.module.buffers())
-            if buffers:
+            if buffers and hasattr(tracer, "call_inplace") and self.module.training:
+                self._broadcast_traced(tracer)
+            elif buffers:
                 self._broadcast_coalesced(buffers)
         out = self.module(*args, **kwargs)
         if sync:
@@ -338,6 +359,18 @@ class DistributedDataParallel(Module):
         else:
             self._state = "idle"
         return out
+
+    def _broadcast_traced(self, tracer) -> None:
+        """While tracing a training-mode forward: rank 0's buffers as in-place ``Broadcast`` nodes at
+        the start of the graph (the buffers become state inputs), replayed before every forward."""
+        from ...distributed.graph_ops import Broadcast
+
+        for name, buf in self.module.named_buffers():
+            if not buf.numel:
+                continue
+            tracer.call_inplace(
+                Broadcast, [buf], {"src": 0, "world_size": self.world_size}, [buf], labels=[f"module.{name}"]
+            )
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -405,6 +438,8 @@ class DistributedDataParallel(Module):
             self._next_bucket += 1
 
     def _launch(self, b: _Bucket) -> None:
+        if active_tracer() is not None:
+            return self._launch_traced(b)
         t0 = time.perf_counter()
         flat = empty((b.numel,), b.dtype)
         fa = flat.numpy()
@@ -422,8 +457,63 @@ class DistributedDataParallel(Module):
         # the profiler's timeline shows when each bucket left and how long backward waited at the end
         hooks.host_phase(f"DDP bucket {b.index} launch", "ddp", t0, t1, bytes=b.nbytes, params=len(b.params))
 
+    def _launch_traced(self, b: _Bucket) -> None:
+        """While opsnn.compile traces the step: the bucket as graph ops (flatten, ``AllReduceStart``
+        after the previous bucket's start), run eagerly now and replayed by the compiled graph."""
+        from ... import ops
+
+        parts = []
+        for i, _off, n in b.slots:
+            g = self._params[i].grad
+            parts.append(zeros((n,), b.dtype) if g is None else ops.reshape(g, [n]))
+        flat = parts[0] if len(parts) == 1 else ops.concat(parts, 0)
+        prev = self._buckets[b.index - 1].flat if b.index else None
+        b.flat = _graph_ops.all_reduce_start(flat, prev, bucket=b.index, world_size=self.world_size)
+        b.launched = True
+        self._events.append(("launch", b.index, time.perf_counter()))
+
+    def _finish_traced(self) -> None:
+        """While tracing: ``AllReduceWait`` per bucket, in bucket order, then each parameter's
+        ``.grad`` is its slice of the reduced bucket (the optimizer's update nodes read those)."""
+        from ... import ops
+
+        missing = [i for i, r in enumerate(self._ready) if not r]
+        if missing and not self.find_unused_parameters:
+            self._state = "idle"
+            names = ", ".join(repr(self._names[i]) for i in missing[:10])
+            raise UnusedParameterError(
+                f"DistributedDataParallel: backward ended but {len(missing)} parameter(s) that require grad "
+                f"received no gradient: {names}. Their buckets cannot be reduced. If the forward does not use "
+                "every parameter, wrap the model with find_unused_parameters=True"
+            )
+        for i in missing:
+            self._mark_ready(i, "unused")
+        self._launch_ready()
+        used = None
+        if self.find_unused_parameters:
+            # which parameters the traced graph gives a gradient is fixed at tracing: agreed on now, once
+            used = zeros((len(self._params),), "int32")
+            used.numpy()[:] = [p.grad is not None for p in self._params]
+            self._dist.all_reduce(used, op=self._dist.ReduceOp.SUM, **self._group())
+            used = used.numpy()
+        for b in self._buckets:
+            y = _graph_ops.all_reduce_wait(b.flat, bucket=b.index, world_size=self.world_size)
+            sizes = [n for _i, _off, n in b.slots]
+            pieces = [y] if len(sizes) == 1 else ops.split(y, sizes, 0)
+            for (i, _off, _n), piece in zip(b.slots, pieces):
+                if used is not None and used[i] == 0:
+                    continue  # no rank's graph has a gradient for it: .grad stays None, as in one process
+                p = self._params[i]
+                p.grad = ops.reshape(piece, list(p.shape))
+            b.flat = b.work = None
+        self._events.append(("end", None, time.perf_counter()))
+        self.last_backward = {"events": self._events, "wait_s": 0.0, "buckets": len(self._buckets)}
+        self._state = "reduced"
+
     def _finish(self) -> None:
         """End of backward: launch what is left, wait for every bucket, hand out the averages."""
+        if active_tracer() is not None:
+            return self._finish_traced()
         missing = [i for i, r in enumerate(self._ready) if not r]
         if missing and not self.find_unused_parameters:
             self._drain()
