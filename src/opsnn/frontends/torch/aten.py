@@ -20,28 +20,37 @@ class Unsupported(Exception):
     """This ATen call has no exact opsnn lowering (the message says why)."""
 
 
-_SUPPORTED_DTYPES = ("torch.float32",)
+F32, BOOL = "torch.float32", "torch.bool"
+_NP_DTYPES = {F32: np.float32, BOOL: np.bool_}
 
 
 def _val(n):
     return n.meta.get("val") if hasattr(n, "meta") else None
 
 
+def np_dtype(n):
+    """The numpy dtype of FX value ``n`` (one :func:`check_dtypes` admits)."""
+    return _NP_DTYPES[str(_val(n).dtype)]
+
+
 def check_dtypes(node) -> None:
-    """Every tensor this node reads and writes is float32 (the only dtype mapped for now)."""
-    vals = [_val(a) for a in node.all_input_nodes]
+    """Every tensor this node reads is of a dtype its adapter's ``in_dtypes`` names, every tensor it
+    writes of one its ``out_dtypes`` names (float32 alone unless the adapter says more)."""
+    adapter = build_table().get(node.target)
+    ins, outs = getattr(adapter, "in_dtypes", (F32,)), getattr(adapter, "out_dtypes", (F32,))
+    vals = [(_val(a), ins) for a in node.all_input_nodes]
     out = _val(node)
     if isinstance(out, (tuple, list)):  # a first-only lowering computes output 0 alone (pool indices are int64)
-        vals += [out[0]] if getattr(build_table().get(node.target), "first_only", False) else list(out)
+        vals += [(o, outs) for o in ([out[0]] if getattr(adapter, "first_only", False) else list(out))]
     else:
-        vals.append(out)
-    for v in vals:
+        vals.append((out, outs))
+    for v, allowed in vals:
         if v is None:
             continue
         if not hasattr(v, "dtype"):
             raise Unsupported(f"a non-tensor value {type(v).__name__}")
-        if str(v.dtype) not in _SUPPORTED_DTYPES:
-            raise Unsupported(f"dtype {v.dtype} (mapped: float32)")
+        if str(v.dtype) not in allowed:
+            raise Unsupported(f"dtype {v.dtype} (mapped here: {', '.join(a[6:] for a in allowed)})")
         if any(not isinstance(d, int) for d in v.shape):
             raise Unsupported("a symbolic shape")
 
@@ -350,6 +359,162 @@ def _getitem(n, e):  # a tuple member: the name its producer's lowering gave it
     return []
 
 
+def _compare(op, negate: bool = False):
+    def adapt(n, e):
+        a, b = n.args[:2]
+        if not negate:
+            return [Node(op, [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+        eq = e.graph.unique_name(f"{n.name}_eq")
+        return [Node(op, [e.operand(a, "c"), e.operand(b, "c")], [eq]), Node("Not", [eq], [e.out(n)])]
+
+    adapt.out_dtypes = (BOOL,)
+    return adapt
+
+
+def _logical(op):
+    def adapt(n, e):
+        return [Node(op, [e.name(a) for a in n.args], [e.out(n)])]
+
+    adapt.in_dtypes = adapt.out_dtypes = (BOOL,)
+    return adapt
+
+
+def _where(n, e):
+    cond, a, b = n.args[:3]
+    if str(_val(cond).dtype) != BOOL:
+        raise Unsupported("a condition that is not bool")
+    return [Node("Where", [e.name(cond), e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+
+
+_where.in_dtypes = (F32, BOOL)
+
+
+def _constant(n, e):
+    """A tensor made of its arguments alone (scalar_tensor, full): an initializer."""
+    v = _val(n)
+    value = n.args[0] if n.target.__name__.startswith("scalar_tensor") else n.args[1]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Unsupported(f"a fill value of type {type(value).__name__}")
+    name = e.const(n.name, np.full(tuple(int(d) for d in v.shape), value, np.float32))
+    e.names[n] = name
+    return []
+
+
+def _identity(n, e):
+    return [Node("Identity", [e.name(n.args[0])], [e.out(n)])]
+
+
+_identity.in_dtypes = _identity.out_dtypes = (F32, BOOL)
+
+
+def _threshold_backward(n, e):
+    grad, x, threshold = n.args[:3]
+    mask = e.graph.unique_name(f"{n.name}_le")
+    return [
+        Node("LessOrEqual", [e.name(x), e.scalar("threshold", threshold)], [mask]),
+        Node("Where", [mask, e.scalar("zero", 0.0), e.name(grad)], [e.out(n)]),
+    ]
+
+
+def _convolution_backward(n, e):
+    """Gradients of a convolution: the input's by the transposed convolution, the weight's by a
+    convolution of the input with the output gradient (batch and channels swapped), the bias's a sum."""
+    grad, x, w, _bias_sizes, stride, padding, dilation, transposed, output_padding, groups, mask = n.args[:11]
+    if transposed:
+        raise Unsupported("the gradient of a transposed convolution")
+    k = _rank(w) - 2
+    stride, dilation, pads = _pairs(stride, k), _pairs(dilation, k), _pairs(padding, k)
+    ks = list(_shape(w)[2:])
+    names = list(e.outs(n, 3))
+    nodes = []
+    if mask[0]:
+        want, out = _shape(x)[2:], _shape(grad)[2:]
+        extra = [want[i] - ((out[i] - 1) * stride[i] - 2 * pads[i] + dilation[i] * (ks[i] - 1) + 1) for i in range(k)]
+        if any(p < 0 or p >= max(stride[i], dilation[i]) for i, p in enumerate(extra)):
+            raise Unsupported(f"output padding {extra} of the input gradient")
+        attrs = {"strides": stride, "pads": pads + pads, "dilations": dilation, "group": int(groups)}
+        attrs.update(kernel_shape=ks, output_padding=extra)
+        nodes.append(Node("ConvTranspose", [e.name(grad), e.name(w)], [names[0]], attrs))
+    else:
+        names[0] = None
+    if mask[1]:
+        if groups != 1:
+            raise Unsupported("the weight gradient of a grouped convolution")
+        perm = [1, 0] + list(range(2, k + 2))
+        xt, gt, full = (e.graph.unique_name(f"{n.name}_{h}") for h in ("xt", "gt", "wfull"))
+        wt = e.graph.unique_name(f"{n.name}_wt")
+        attrs = {"strides": dilation, "pads": pads + pads, "dilations": stride, "group": 1}
+        nodes += [
+            Node("Transpose", [e.name(x)], [xt], {"perm": perm}),
+            Node("Transpose", [e.name(grad)], [gt], {"perm": perm}),
+            Node("Conv", [xt, gt], [full], attrs),
+            Node(
+                "Slice",
+                [
+                    full,
+                    e.const("starts", np.zeros(k, np.int64)),
+                    e.const("ends", np.array(ks, np.int64)),
+                    e.const("axes", np.arange(2, k + 2, dtype=np.int64)),
+                ],
+                [wt],
+            ),
+            Node("Transpose", [wt], [names[1]], {"perm": perm}),
+        ]
+    else:
+        names[1] = None
+    if mask[2]:
+        axes = e.const("axes", np.array([0] + list(range(2, k + 2)), np.int64))
+        nodes.append(Node("ReduceSum", [e.name(grad), axes], [names[2]], {"keepdims": 0}))
+    else:
+        names[2] = None
+    e.names[n] = tuple(names)
+    return nodes
+
+
+def _batch_norm_training(n, e):
+    """Training-mode batch norm from reductions: the output, the batch mean and 1/std it saves for
+    the backward, the running statistics updated with ``momentum`` (the variance unbiased)."""
+    x, weight, bias, mean, var, training, momentum, eps = n.args[:8]
+    if not training:
+        raise Unsupported("batch norm in eval mode through the functional training op")
+    if weight is None or bias is None:
+        raise Unsupported("batch norm without affine weights")
+    shape = _shape(x)
+    c, rank = shape[1], len(shape)
+    count = int(np.prod(shape)) // c
+    if count < 2:
+        raise Unsupported("one value per channel (the unbiased variance divides by zero)")
+    axes = e.const("axes", np.array([0] + list(range(2, rank)), np.int64))
+    bshape = e.const("bshape", np.array([1, c] + [1] * (rank - 2), np.int64))
+    flat = e.const("cshape", np.array([c], np.int64))
+    y, save_mean, save_rstd, new_mean, new_var = e.outs(n, 5)
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in "mu d d2 v ve sd r xn wb bb xw m1 m2 vu v1 v2".split()}
+    m = float(momentum)
+    return [
+        Node("ReduceMean", [e.name(x), axes], [t["mu"]], {"keepdims": 1}),
+        Node("Sub", [e.name(x), t["mu"]], [t["d"]]),
+        Node("Mul", [t["d"], t["d"]], [t["d2"]]),
+        Node("ReduceMean", [t["d2"], axes], [t["v"]], {"keepdims": 1}),
+        Node("Add", [t["v"], e.scalar("eps", eps)], [t["ve"]]),
+        Node("Sqrt", [t["ve"]], [t["sd"]]),
+        Node("Reciprocal", [t["sd"]], [t["r"]]),
+        Node("Mul", [t["d"], t["r"]], [t["xn"]]),
+        Node("Reshape", [e.name(weight), bshape], [t["wb"]]),
+        Node("Reshape", [e.name(bias), bshape], [t["bb"]]),
+        Node("Mul", [t["xn"], t["wb"]], [t["xw"]]),
+        Node("Add", [t["xw"], t["bb"]], [y]),
+        Node("Reshape", [t["mu"], flat], [save_mean]),
+        Node("Reshape", [t["r"], flat], [save_rstd]),
+        Node("Mul", [e.name(mean), e.scalar("keep", 1.0 - m)], [t["m1"]]),
+        Node("Mul", [save_mean, e.scalar("momentum", m)], [t["m2"]]),
+        Node("Add", [t["m1"], t["m2"]], [new_mean]),
+        Node("Reshape", [t["v"], flat], [t["vu"]]),
+        Node("Mul", [e.name(var), e.scalar("keep", 1.0 - m)], [t["v1"]]),
+        Node("Mul", [t["vu"], e.scalar("momentum", m * count / (count - 1))], [t["v2"]]),
+        Node("Add", [t["v1"], t["v2"]], [new_var]),
+    ]
+
+
 #: lowerings that compute a tuple's output 0 alone (the others: saved statistics, int64 indices)
 for _f in (_batch_norm_eval, _batch_norm, _max_pool2d_with_indices, _layer_norm):
     _f.first_only = True
@@ -381,6 +546,30 @@ def _table():
         aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,  # -> GlobalAveragePool (1x1)
         aten.cat.default: _cat,  # -> Concat
         aten.relu.default: _unary("Relu"),
+        aten.alias.default: _identity,  # -> Identity
+        aten.lift_fresh_copy.default: _identity,  # -> Identity
+        aten.le.Scalar: _compare("LessOrEqual"),
+        aten.le.Tensor: _compare("LessOrEqual"),
+        aten.lt.Scalar: _compare("Less"),
+        aten.lt.Tensor: _compare("Less"),
+        aten.ge.Scalar: _compare("GreaterOrEqual"),
+        aten.ge.Tensor: _compare("GreaterOrEqual"),
+        aten.gt.Scalar: _compare("Greater"),
+        aten.gt.Tensor: _compare("Greater"),
+        aten.eq.Scalar: _compare("Equal"),
+        aten.eq.Tensor: _compare("Equal"),
+        aten.ne.Scalar: _compare("Equal", negate=True),  # -> Not(Equal)
+        aten.ne.Tensor: _compare("Equal", negate=True),  # -> Not(Equal)
+        aten.logical_not.default: _logical("Not"),
+        aten.logical_and.default: _logical("And"),
+        aten.logical_or.default: _logical("Or"),
+        aten.logical_xor.default: _logical("Xor"),
+        aten.where.self: _where,  # -> Where
+        aten.scalar_tensor.default: _constant,  # -> an initializer
+        aten.full.default: _constant,  # -> an initializer
+        aten.threshold_backward.default: _threshold_backward,  # -> LessOrEqual + Where
+        aten.convolution_backward.default: _convolution_backward,  # -> ConvTranspose, Conv, ReduceSum
+        aten._native_batch_norm_legit_functional.default: _batch_norm_training,  # -> reductions, Mul, Add
         aten.hardtanh.default: _clip("min_val", "max_val", -1.0, 1.0),  # -> Clip
         aten.clamp.default: _clip("min", "max", None, None),  # -> Clip
         aten.leaky_relu.default: _leaky_relu,  # -> LeakyRelu
