@@ -450,3 +450,63 @@ def test_several_outputs_and_non_tensors():
         np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=RTOL, atol=RTOL)
     got["pre"].add_(1.0)  # torch may write into an output; the others are right still
     np.testing.assert_allclose(got["act"].numpy(), want["act"].numpy(), rtol=RTOL, atol=RTOL)
+
+
+_RUN_WITHOUT_TORCH = """
+import sys
+sys.modules["torch"] = None  # `import torch` fails from here on: the model runs on opsnn alone
+import numpy as np, opsnn
+cg = opsnn.compile(sys.argv[1])
+x = np.load(sys.argv[2])
+np.save(sys.argv[3], cg.run([x])[0].numpy())
+assert "torch" not in [m.split(".")[0] for m in sys.modules if sys.modules[m] is not None]
+"""
+
+
+@pytest.mark.parametrize("net", ["mlp", "cnn"])
+def test_export_road_to_onnx_runs_without_torch(net, tmp_path):
+    """to_graph (torch.export, core ATen) -> opsnn graph -> ONNX file; a process where torch cannot
+    be imported loads and runs it; its outputs match torch eager."""
+    from opsnn.graph.serialize import save
+
+    torch.manual_seed(12)
+    if net == "mlp":
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3), torch.nn.Tanh())
+        x = torch.randn(4, 8)
+    else:
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Flatten(),
+            torch.nn.Linear(8 * 4 * 4, 5),
+        )
+        with torch.no_grad():
+            model[1].running_mean.uniform_(-0.5, 0.5)
+            model[1].running_var.uniform_(0.5, 2.0)
+        x = torch.randn(2, 3, 8, 8)
+    model.eval()
+    graph = fe.to_graph(model, (x,))
+    assert [v.name for v in graph.inputs] == ["input_0"] and [v.name for v in graph.outputs] == ["output_0"]
+    path = save(graph, str(tmp_path / f"{net}.onnx"))
+    np.save(tmp_path / "x.npy", x.numpy())
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    subprocess.run(
+        [sys.executable, "-c", _RUN_WITHOUT_TORCH, path, str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+        check=True,
+        env=env,
+        timeout=300,
+    )
+    with torch.no_grad():
+        want = model(x).numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
+
+
+def test_export_of_an_unmapped_op_names_it():
+    class Flip(torch.nn.Module):
+        def forward(self, x):
+            return torch.flip(x, dims=[0]) + 1.0
+
+    with pytest.raises(fe.UnsupportedExportError, match="aten.flip"):
+        fe.to_graph(Flip(), (torch.randn(3),))

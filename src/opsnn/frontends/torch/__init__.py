@@ -26,15 +26,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import OpsnnError
+from ...errors import KernelNotFoundError, OpsnnError
 
 log = logging.getLogger("opsnn.frontends.torch")
 
-__all__ = ["backend", "compile_graph", "explain", "TorchNotInstalledError", "Report"]
+__all__ = [
+    "backend",
+    "compile_graph",
+    "explain",
+    "to_graph",
+    "TorchNotInstalledError",
+    "UnsupportedExportError",
+    "Report",
+]
 
 
 class TorchNotInstalledError(OpsnnError, ImportError):
     """The torch frontend was asked for but PyTorch is not installed."""
+
+
+class UnsupportedExportError(KernelNotFoundError):
+    """:func:`to_graph` met an ATen op (or arguments) with no exact opsnn lowering."""
 
 
 def _torch():
@@ -434,3 +446,64 @@ def explain(model, *inputs) -> list:
         compiled(*inputs)
     print("\n".join(f"graph {i}:\n{r}" for i, r in enumerate(reports)))
     return reports
+
+
+def to_graph(model, example_inputs, name: str = "torch_export"):
+    """``model`` (a ``torch.nn.Module``) as an opsnn :class:`~opsnn.graph.ir.Graph`, through
+    ``torch.export`` and core ATen: inputs ``input_0``... (the tensors of ``example_inputs``, their
+    shapes fixed), parameters and buffers as initializers (copies), outputs ``output_0``... Save it
+    with :func:`opsnn.graph.serialize.save` and run it later without torch. Every ATen op must have
+    an exact lowering (:class:`UnsupportedExportError` names the first that does not): put the model
+    in eval mode first when it has batch norm or dropout."""
+    torch = _torch()
+    from torch._decomp import core_aten_decompositions
+
+    from ...graph.ir import Graph, Node, Value
+    from . import aten as _aten
+
+    ep = torch.export.export(model, tuple(example_inputs)).run_decompositions(core_aten_decompositions())
+    sig = ep.graph_signature
+    state = {**dict(ep.named_parameters()), **dict(ep.named_buffers()), **dict(ep.constants)}
+    lifted = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    user_outputs = set(sig.user_outputs)
+    table = _aten.build_table()
+    g = Graph(name)
+    emit = _aten.Emit(g)
+    n_in = 0
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "placeholder":
+            if node.name in lifted:
+                if not node.users:  # a buffer the graph never reads (num_batches_tracked)
+                    continue
+                t = state[lifted[node.name]].detach()
+                if t.dtype != torch.float32:
+                    raise UnsupportedExportError(
+                        f"to_graph: {lifted[node.name]} is {t.dtype}; float32 parameters and buffers are mapped"
+                    )
+                emit.names[node] = emit.const(lifted[node.name].replace(".", "_"), t.numpy().copy())
+                continue
+            if str(_aten._val(node).dtype) not in ("torch.float32", "torch.bool"):
+                raise UnsupportedExportError(
+                    f"to_graph: input {node.name} is {_aten._val(node).dtype} (mapped: float32)"
+                )
+            emit.names[node] = f"input_{n_in}"
+            g.inputs.append(Value(f"input_{n_in}", _aten.np_dtype(node), _aten._shape(node)))
+            n_in += 1
+        elif node.op == "call_function":
+            adapter = table.get(node.target)
+            try:
+                if adapter is None:
+                    raise _aten.Unsupported("no mapping for this ATen op")
+                if node.target is not _getitem_op():
+                    _aten.check_dtypes(node)
+                g.nodes.extend(adapter(node, emit))
+            except _aten.Unsupported as exc:
+                raise UnsupportedExportError(f"to_graph: {node.name} ({node.target}): {exc}") from None
+        elif node.op == "output":
+            outs = [a for a in node.args[0] if getattr(a, "name", None) in user_outputs]
+            for i, r in enumerate(outs):
+                src = emit.name(r)
+                g.nodes.append(Node("Identity", [src], [f"output_{i}"]))
+                g.outputs.append(Value(f"output_{i}", _aten.np_dtype(r), _aten._shape(r)))
+    g.validate()
+    return g
