@@ -121,7 +121,6 @@ def _training(torch, gm, example_inputs, report: Report):
     """A graph autograd records: ``aot_autograd`` splits it into forward and backward ATen graphs
     (core ATen decompositions), each compiled as its own set of partitions; every input is a runtime
     input (parameters change at each optimizer step)."""
-    from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
@@ -137,7 +136,7 @@ def _training(torch, gm, example_inputs, report: Report):
         return compile_one
 
     return aot_autograd(
-        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), decompositions=core_aten_decompositions()
+        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), decompositions=_decompositions()
     )(gm, example_inputs)
 
 
@@ -212,8 +211,19 @@ def _whole_graph_reason(torch, gm, example_inputs) -> str:
     return ""
 
 
+_DECOMPOSITIONS: dict = {}
+
+
+def _decompositions() -> dict:
+    """torch's core ATen decompositions, materialized once (building the table costs ~0.2 s a call)."""
+    if not _DECOMPOSITIONS:
+        from torch._decomp import core_aten_decompositions
+
+        _DECOMPOSITIONS.update(core_aten_decompositions())
+    return _DECOMPOSITIONS
+
+
 def _compile(torch, gm, example_inputs, report: Report, constants: bool = True, label: str = ""):
-    from torch._decomp import core_aten_decompositions
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -235,7 +245,7 @@ def _compile(torch, gm, example_inputs, report: Report, constants: bool = True, 
         fakes = list(example_inputs)
     with fake_mode:
         traced = make_fx(
-            torch.func.functionalize(gm, remove="mutations_and_views"), decomposition_table=core_aten_decompositions()
+            torch.func.functionalize(gm, remove="mutations_and_views"), decomposition_table=_decompositions()
         )(*fakes)
     # parameters and buffers become constants: get_attr nodes over the real tensors
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]

@@ -20,8 +20,8 @@ class Unsupported(Exception):
     """This ATen call has no exact opsnn lowering (the message says why)."""
 
 
-F32, BOOL = "torch.float32", "torch.bool"
-_NP_DTYPES = {F32: np.float32, BOOL: np.bool_}
+F32, BOOL, I64 = "torch.float32", "torch.bool", "torch.int64"
+_NP_DTYPES = {F32: np.float32, BOOL: np.bool_, I64: np.int64}
 
 
 def _val(n):
@@ -122,28 +122,41 @@ def _unary(op):
 
 def _binary(op):
     def adapt(n, e):
-        if n.kwargs.get("alpha", 1) != 1 or len(n.args) > 2:
-            raise Unsupported("alpha != 1")
         a, b = n.args[:2]
-        return [Node(op, [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+        alpha = _kw(n, 2, "alpha", 1)
+        if alpha == 1:
+            return [Node(op, [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+        if op not in ("Add", "Sub") or isinstance(b, (int, float)):
+            raise Unsupported(f"alpha {alpha} on {op} with a scalar")
+        scaled = e.graph.unique_name(f"{n.name}_alpha")
+        return [
+            Node("Mul", [e.name(b), e.scalar("alpha", alpha)], [scaled]),
+            Node(op, [e.operand(a, "c"), scaled], [e.out(n)]),
+        ]
 
     return adapt
 
 
-def _sub(n, e):
-    alpha = _kw(n, 2, "alpha", 1)
-    a, b = n.args[:2]
-    if alpha != 1:
-        raise Unsupported("alpha != 1")
-    return [Node("Sub", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+_sub = _binary("Sub")
 
 
 def _addmm(n, e):
-    if _kw(n, 3, "beta", 1) != 1 or _kw(n, 4, "alpha", 1) != 1:
-        raise Unsupported("beta or alpha != 1")
+    beta, alpha = _kw(n, 3, "beta", 1), _kw(n, 4, "alpha", 1)
     bias, a, b = n.args[:3]
     mm = e.graph.unique_name(f"{n.name}_mm")
-    return [Node("MatMul", [e.name(a), e.name(b)], [mm]), Node("Add", [mm, e.name(bias)], [e.out(n)])]
+    nodes = [Node("MatMul", [e.name(a), e.name(b)], [mm])]
+    if beta == 0:  # torch ignores the bias then, NaN and Inf included
+        return nodes + [Node("Mul", [mm, e.scalar("alpha", alpha)], [e.out(n)])]
+    if alpha != 1:
+        scaled = e.graph.unique_name(f"{n.name}_alpha")
+        nodes.append(Node("Mul", [mm, e.scalar("alpha", alpha)], [scaled]))
+        mm = scaled
+    bias_name = e.name(bias)
+    if beta != 1:
+        scaled = e.graph.unique_name(f"{n.name}_beta")
+        nodes.append(Node("Mul", [bias_name, e.scalar("beta", beta)], [scaled]))
+        bias_name = scaled
+    return nodes + [Node("Add", [mm, bias_name], [e.out(n)])]
 
 
 def _matmul(n, e):
@@ -276,6 +289,8 @@ def _softmax(op):
         x, dim, half_to_float = n.args[:3]
         if half_to_float:
             raise Unsupported("half_to_float")
+        if _rank(x) == 0:
+            raise Unsupported("a 0-d input")
         return [Node(op, [e.name(x)], [e.out(n)], {"axis": int(dim)})]
 
     return adapt
@@ -291,10 +306,16 @@ def _reduce(op):
         x = n.args[0]
         dims = _kw(n, 1, "dim", None)
         keepdim = _kw(n, 2, "keepdim", False)
-        if n.kwargs.get("dtype") is not None:
+        if n.kwargs.get("dtype") is not None or (len(n.args) > 3 and n.args[3] is not None):
             raise Unsupported("a dtype argument")
+        if isinstance(dims, int):
+            dims = [dims]
         if not dims:  # None or []: every dim, as torch reads it
             dims = list(range(_rank(x)))
+        if _rank(x) == 0:  # a 0-d tensor reduces to itself
+            return [Node("Identity", [e.name(x)], [e.out(n)])]
+        if any(_shape(x)[int(d) % _rank(x)] == 0 for d in dims) and op != "ReduceSum":
+            raise Unsupported("a reduction over an empty dim")
         axes = e.const("axes", np.array([int(d) for d in dims], np.int64))
         return [Node(op, [e.name(x), axes], [e.out(n)], {"keepdims": int(bool(keepdim))})]
 
@@ -515,6 +536,246 @@ def _batch_norm_training(n, e):
     ]
 
 
+def _clamp_tensor(n, e):
+    x, lo, hi = n.args[0], _kw(n, 1, "min", None), _kw(n, 2, "max", None)
+    nodes, cur = [], e.name(x)
+    for op, bound in (("Max", lo), ("Min", hi)):
+        if bound is None:
+            continue
+        nxt = e.graph.unique_name(f"{n.name}_{op.lower()}")
+        nodes.append(Node(op, [cur, e.operand(bound, "c")], [nxt]))
+        cur = nxt
+    nodes.append(Node("Identity", [cur], [e.out(n)]))
+    return nodes
+
+
+def _pow(n, e):
+    a, b = n.args[:2]
+    return [Node("Pow", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+
+
+def _fmod(n, e):
+    a, b = n.args[:2]
+    return [Node("Mod", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)], {"fmod": 1})]
+
+
+def _log_base(base: float):
+    def adapt(n, e):
+        ln = e.graph.unique_name(f"{n.name}_ln")
+        return [
+            Node("Log", [e.name(n.args[0])], [ln]),
+            Node("Div", [ln, e.scalar("ln_base", float(np.log(np.float64(base))))], [e.out(n)]),
+        ]
+
+    return adapt
+
+
+def _rsqrt(n, e):
+    root = e.graph.unique_name(f"{n.name}_sqrt")
+    return [Node("Sqrt", [e.name(n.args[0])], [root]), Node("Reciprocal", [root], [e.out(n)])]
+
+
+def _exp2(n, e):
+    return [Node("Pow", [e.scalar("two", 2.0), e.name(n.args[0])], [e.out(n)])]
+
+
+def _attr_unary(op, **attrs):
+    def adapt(n, e):
+        return [Node(op, [e.name(n.args[0])], [e.out(n)], dict(attrs))]
+
+    return adapt
+
+
+def _elu(n, e):
+    alpha, scale, input_scale = _kw(n, 1, "alpha", 1.0), _kw(n, 2, "scale", 1.0), _kw(n, 3, "input_scale", 1.0)
+    if scale != 1 or input_scale != 1:
+        raise Unsupported("elu with scale or input_scale != 1")
+    return [Node("Elu", [e.name(n.args[0])], [e.out(n)], {"alpha": float(alpha)})]
+
+
+def _softplus(n, e):
+    beta, threshold = _kw(n, 1, "beta", 1.0), _kw(n, 2, "threshold", 20.0)
+    if beta != 1 or threshold != 20:  # torch returns x above threshold / beta; log1p(exp(x)) agrees at 20
+        raise Unsupported(f"softplus beta {beta}, threshold {threshold} (mapped: 1, 20)")
+    return [Node("Softplus", [e.name(n.args[0])], [e.out(n)])]
+
+
+def _to_copy(n, e):
+    if set(n.kwargs) - {"dtype", "layout", "device", "memory_format"}:
+        raise Unsupported(f"arguments {sorted(n.kwargs)}")
+    return [Node("Identity", [e.name(n.args[0])], [e.out(n)])]  # float32 to float32 (check_dtypes)
+
+
+def _constant_pad(n, e):
+    x, pad = n.args[:2]
+    value = _kw(n, 2, "value", 0.0)
+    rank = _rank(x)
+    begins, ends = [0] * rank, [0] * rank
+    for i in range(len(pad) // 2):  # torch lists the last dim first
+        begins[rank - 1 - i], ends[rank - 1 - i] = int(pad[2 * i]), int(pad[2 * i + 1])
+    if any(d == 0 for d in _shape(x)) or any(d == 0 for d in _shape(n)):
+        raise Unsupported("an empty input or output")
+    return [
+        Node(
+            "Pad",
+            [e.name(x), e.const("pads", np.array(begins + ends, np.int64)), e.scalar("value", value)],
+            [e.out(n)],
+            {"mode": "constant"},
+        )
+    ]
+
+
+def _slice(n, e):
+    x = n.args[0]
+    dim, start, end, step = _kw(n, 1, "dim", 0), _kw(n, 2, "start", None), _kw(n, 3, "end", None), _kw(n, 4, "step", 1)
+    size = _shape(x)[int(dim) % _rank(x)]
+    start = 0 if start is None else int(start)
+    end = size if end is None else int(end)
+    start, end = (
+        max(min(start + size if start < 0 else start, size), 0),
+        max(min(end + size if end < 0 else end, size), 0),
+    )
+    if any(d == 0 for d in _shape(n)):
+        raise Unsupported("an empty result")
+    ins = [e.name(x)] + [e.const(h, np.array([v], np.int64)) for h, v in (("starts", start), ("ends", end))]
+    ins += [
+        e.const("axes", np.array([int(dim) % _rank(x)], np.int64)),
+        e.const("steps", np.array([int(step)], np.int64)),
+    ]
+    return [Node("Slice", ins, [e.out(n)])]
+
+
+def _select(n, e):
+    x, dim, index = n.args[:3]
+    rank = _rank(x)
+    dim = int(dim) % rank
+    index = int(index) % _shape(x)[dim]
+    part = e.graph.unique_name(f"{n.name}_slice")
+    ins = [e.name(x)] + [e.const(h, np.array([v], np.int64)) for h, v in (("starts", index), ("ends", index + 1))]
+    ins.append(e.const("axes", np.array([dim], np.int64)))
+    return [
+        Node("Slice", ins, [part]),
+        Node("Reshape", [part, e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)]),
+    ]
+
+
+def _flip(n, e):
+    x, dims = n.args[:2]
+    rank = _rank(x)
+    if not dims or rank == 0:
+        return [Node("Identity", [e.name(x)], [e.out(n)])]
+    axes = [int(d) % rank for d in dims]
+    if any(_shape(x)[a] == 0 for a in axes):
+        raise Unsupported("an empty dim")
+    k = len(axes)
+    ins = [
+        e.name(x),
+        e.const("starts", np.full(k, -1, np.int64)),
+        e.const("ends", np.full(k, np.iinfo(np.int64).min, np.int64)),
+        e.const("axes", np.array(axes, np.int64)),
+        e.const("steps", np.full(k, -1, np.int64)),
+    ]
+    return [Node("Slice", ins, [e.out(n)])]
+
+
+def _repeat(n, e):
+    x, repeats = n.args[:2]
+    repeats = [int(r) for r in repeats]
+    lead = len(repeats) - _rank(x)
+    if any(d == 0 for d in _shape(n)):
+        raise Unsupported("an empty result")
+    src = e.name(x)
+    nodes = []
+    if lead:
+        src = e.graph.unique_name(f"{n.name}_lead")
+        shape = [1] * lead + list(_shape(x))
+        nodes.append(Node("Reshape", [e.name(x), e.const("shape", np.array(shape, np.int64))], [src]))
+    return nodes + [Node("Tile", [src, e.const("repeats", np.array(repeats, np.int64))], [e.out(n)])]
+
+
+def _trilu(upper: int):
+    def adapt(n, e):
+        x = n.args[0]
+        k = int(_kw(n, 1, "diagonal", 0))
+        if _rank(x) < 2:
+            raise Unsupported("a tensor of rank < 2")
+        return [Node("Trilu", [e.name(x), e.const("k", np.array(k, np.int64))], [e.out(n)], {"upper": upper})]
+
+    return adapt
+
+
+def _cumsum(n, e):
+    x, dim = n.args[:2]
+    if n.kwargs.get("dtype") not in (None,) or _rank(x) == 0:
+        raise Unsupported("a dtype argument or a 0-d input")
+    return [Node("CumSum", [e.name(x), e.const("axis", np.array(int(dim) % _rank(x), np.int64))], [e.out(n)])]
+
+
+def _index_select(n, e):
+    x, dim, index = n.args[:3]
+    if _rank(x) == 0:
+        raise Unsupported("a 0-d input")
+    return [Node("Gather", [e.name(x), e.name(index)], [e.out(n)], {"axis": int(dim) % _rank(x)})]
+
+
+_index_select.in_dtypes = (F32, I64)
+
+
+def _embedding(n, e):
+    weight, ids = n.args[:2]
+    return [Node("Gather", [e.name(weight), e.name(ids)], [e.out(n)], {"axis": 0})]
+
+
+_embedding.in_dtypes = (F32, I64)
+
+
+def _gather(n, e):
+    x, dim, index = n.args[:3]
+    if _kw(n, 3, "sparse_grad", False) or _rank(x) == 0 or _rank(x) != _rank(index):
+        raise Unsupported("sparse_grad, a 0-d input or an index of another rank")
+    return [Node("GatherElements", [e.name(x), e.name(index)], [e.out(n)], {"axis": int(dim) % _rank(x)})]
+
+
+_gather.in_dtypes = (F32, I64)
+
+
+def _reduce_first(op):
+    """max.dim / min.dim: the values (output 0) by ReduceMax / ReduceMin; the int64 indices stay in torch."""
+
+    def adapt(n, e):
+        x, dim = n.args[:2]
+        keepdim = _kw(n, 2, "keepdim", False)
+        if _rank(x) == 0:
+            raise Unsupported("a 0-d input")
+        y, _ = e.outs(n, 2)
+        e.names[n] = (y, None)
+        axes = e.const("axes", np.array([int(dim) % _rank(x)], np.int64))
+        return [Node(op, [e.name(x), axes], [y], {"keepdims": int(bool(keepdim))})]
+
+    adapt.first_only = True
+    return adapt
+
+
+def _arange(n, e):
+    v = _val(n)
+    start, end, step = n.args[0], n.args[1], _kw(n, 2, "step", 1)
+    if any(isinstance(a, bool) or not isinstance(a, (int, float)) for a in (start, end, step)):
+        raise Unsupported("non-number bounds")
+    values = np.arange(start, end, step, dtype=np.float64).astype(np.float32)
+    if values.shape != tuple(v.shape):
+        raise Unsupported(f"{values.shape[0]} values where torch makes {tuple(v.shape)}")
+    e.names[n] = e.const(n.name, values)
+    return []
+
+
+def _is(op):
+    def adapt(n, e):
+        return [Node(op, [e.name(n.args[0])], [e.out(n)])]
+
+    adapt.out_dtypes = (BOOL,)
+    return adapt
+
+
 #: lowerings that compute a tuple's output 0 alone (the others: saved statistics, int64 indices)
 for _f in (_batch_norm_eval, _batch_norm, _max_pool2d_with_indices, _layer_norm):
     _f.first_only = True
@@ -546,6 +807,72 @@ def _table():
         aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,  # -> GlobalAveragePool (1x1)
         aten.cat.default: _cat,  # -> Concat
         aten.relu.default: _unary("Relu"),
+        aten.acos.default: _unary("Acos"),
+        aten.asin.default: _unary("Asin"),
+        aten.atan.default: _unary("Atan"),
+        aten.acosh.default: _unary("Acosh"),
+        aten.asinh.default: _unary("Asinh"),
+        aten.atanh.default: _unary("Atanh"),
+        aten.cos.default: _unary("Cos"),
+        aten.sin.default: _unary("Sin"),
+        aten.tan.default: _unary("Tan"),
+        aten.cosh.default: _unary("Cosh"),
+        aten.sinh.default: _unary("Sinh"),
+        aten.floor.default: _unary("Floor"),
+        aten.ceil.default: _unary("Ceil"),
+        aten.round.default: _unary("Round"),  # both round half to even
+        aten.sign.default: _unary("Sign"),
+        aten.sgn.default: _unary("Sign"),
+        aten.rsqrt.default: _rsqrt,  # -> Reciprocal(Sqrt)
+        aten.prod.default: _reduce("ReduceProd"),
+        aten.log2.default: _log_base(2.0),  # -> Log / ln 2
+        aten.log10.default: _log_base(10.0),  # -> Log / ln 10
+        aten.exp2.default: _exp2,  # -> Pow(2, x)
+        aten.silu.default: _attr_unary("Swish", alpha=1.0),
+        aten.mish.default: _unary("Mish"),
+        aten.hardswish.default: _unary("HardSwish"),
+        aten.hardsigmoid.default: _attr_unary("HardSigmoid", alpha=1.0 / 6.0, beta=0.5),
+        aten.elu.default: _elu,  # -> Elu
+        aten.softplus.default: _softplus,  # -> Softplus
+        aten.maximum.default: _binary("Max"),
+        aten.minimum.default: _binary("Min"),
+        aten.clamp.Tensor: _clamp_tensor,  # -> Max, Min
+        aten.pow.Tensor_Tensor: _pow,  # -> Pow
+        aten.pow.Tensor_Scalar: _pow,  # -> Pow
+        aten.pow.Scalar: _pow,  # -> Pow
+        aten.fmod.Tensor: _fmod,  # -> Mod(fmod=1)
+        aten.fmod.Scalar: _fmod,  # -> Mod(fmod=1)
+        aten.isnan.default: _is("IsNaN"),
+        aten.isinf.default: _is("IsInf"),
+        aten.bitwise_not.default: _logical("Not"),
+        aten._to_copy.default: _to_copy,  # -> Identity (float32 to float32)
+        aten.detach.default: _identity,  # -> Identity
+        aten.detach_copy.default: _identity,  # -> Identity
+        aten.alias_copy.default: _identity,  # -> Identity
+        aten.full_like.default: _constant,  # -> an initializer
+        aten.arange.start_step: _arange,  # -> an initializer
+        aten.constant_pad_nd.default: _constant_pad,  # -> Pad
+        aten.slice.Tensor: _slice,  # -> Slice
+        aten.slice_copy.Tensor: _slice,  # -> Slice
+        aten.select.int: _select,  # -> Slice + Reshape
+        aten.select_copy.int: _select,  # -> Slice + Reshape
+        aten.flip.default: _flip,  # -> Slice (step -1)
+        aten.repeat.default: _repeat,  # -> Tile
+        aten.tril.default: _trilu(0),  # -> Trilu
+        aten.triu.default: _trilu(1),  # -> Trilu
+        aten.cumsum.default: _cumsum,  # -> CumSum
+        aten.index_select.default: _index_select,  # -> Gather
+        aten.embedding.default: _embedding,  # -> Gather
+        aten.gather.default: _gather,  # -> GatherElements
+        aten.max.dim: _reduce_first("ReduceMax"),  # values only
+        aten.min.dim: _reduce_first("ReduceMin"),  # values only
+        aten.amin.default: _reduce("ReduceMin"),
+        aten.mean.default: _reduce("ReduceMean"),
+        aten.prod.dim_int: _reduce("ReduceProd"),
+        aten.squeeze.dim: _reshape,  # -> Reshape
+        aten.squeeze.default: _reshape,  # -> Reshape
+        aten.squeeze_copy.dim: _reshape,  # -> Reshape
+        aten.squeeze_copy.default: _reshape,  # -> Reshape
         aten.alias.default: _identity,  # -> Identity
         aten.lift_fresh_copy.default: _identity,  # -> Identity
         aten.le.Scalar: _compare("LessOrEqual"),
