@@ -160,6 +160,8 @@ def _flat(torch, out) -> list:
 def _as_array(torch, x):
     if isinstance(x, torch.Tensor):
         x = x.detach()
+        if x.layout != torch.strided:  # sparse results compare by value
+            x = x.to_dense()
         if x.dtype == torch.bfloat16:
             return x.float().numpy()
         if x.is_conj():
