@@ -85,14 +85,18 @@ class Emit:
         self.graph.initializers[name] = np.asarray(array)
         return name
 
-    def scalar(self, hint: str, x) -> str:
+    def scalar(self, hint: str, x, dtype: str = "torch.float32") -> str:
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             raise Unsupported(f"a scalar of type {type(x).__name__}")
+        if dtype == "torch.int64":
+            if not isinstance(x, int):
+                raise Unsupported("a float scalar with an int64 tensor (torch promotes to float)")
+            return self.const(hint, np.array(x, np.int64))
         return self.const(hint, np.array(x, np.float32))
 
-    def operand(self, arg, hint: str) -> str:
-        """A tensor argument's name, or a float32 constant for a Python number."""
-        return self.scalar(hint, arg) if isinstance(arg, (int, float)) else self.name(arg)
+    def operand(self, arg, hint: str, dtype: str = "torch.float32") -> str:
+        """A tensor argument's name, or a constant of ``dtype`` for a Python number."""
+        return self.scalar(hint, arg, dtype) if isinstance(arg, (int, float)) else self.name(arg)
 
     def out(self, node) -> str:
         name = self.graph.unique_name(node.name)
@@ -120,20 +124,35 @@ def _unary(op):
     return adapt
 
 
+def _common_dtype(n, *args) -> str:
+    """The one dtype of ``args``' tensors and of ``n``'s result (float32 or int64: no promotion)."""
+    dtypes = {str(_val(a).dtype) for a in args if hasattr(a, "op")}
+    if len(dtypes) > 1:
+        raise Unsupported(f"operands of dtypes {sorted(dtypes)} (torch promotes them)")
+    dt = dtypes.pop() if dtypes else F32
+    if dt == I64 and str(_val(n).dtype) != I64:
+        raise Unsupported("an int64 operation with a float result")
+    return dt
+
+
 def _binary(op):
     def adapt(n, e):
         a, b = n.args[:2]
+        dt = _common_dtype(n, a, b)
+        if dt == I64 and op not in ("Add", "Sub", "Mul"):
+            raise Unsupported(f"{op} on int64")
         alpha = _kw(n, 2, "alpha", 1)
         if alpha == 1:
-            return [Node(op, [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
-        if op not in ("Add", "Sub") or isinstance(b, (int, float)):
-            raise Unsupported(f"alpha {alpha} on {op} with a scalar")
+            return [Node(op, [e.operand(a, "c", dt), e.operand(b, "c", dt)], [e.out(n)])]
+        if op not in ("Add", "Sub") or isinstance(b, (int, float)) or dt != F32:
+            raise Unsupported(f"alpha {alpha} on {op} with a scalar or int64")
         scaled = e.graph.unique_name(f"{n.name}_alpha")
         return [
             Node("Mul", [e.name(b), e.scalar("alpha", alpha)], [scaled]),
             Node(op, [e.operand(a, "c"), scaled], [e.out(n)]),
         ]
 
+    adapt.in_dtypes = adapt.out_dtypes = (F32, I64)
     return adapt
 
 
@@ -272,14 +291,19 @@ def _max_pool2d_with_indices(n, e):
 
 def _layer_norm(n, e):
     x, shape, weight, bias, eps = n.args[:5]
-    if weight is None or bias is None:
-        raise Unsupported("layer norm without affine weights")
     y, _, _ = e.outs(n, 3)
     e.names[n] = (y, None, None)
     axis = _rank(x) - len(shape)
     return [
         Node(
-            "LayerNormalization", [e.name(x), e.name(weight), e.name(bias)], [y], {"axis": axis, "epsilon": float(eps)}
+            "LayerNormalization",
+            [
+                e.name(x),
+                e.const("ones", np.ones(tuple(shape), np.float32)) if weight is None else e.name(weight),
+                e.const("zeros", np.zeros(tuple(shape), np.float32)) if bias is None else e.name(bias),
+            ],
+            [y],
+            {"axis": axis, "epsilon": float(eps)},
         )
     ]
 
@@ -289,8 +313,13 @@ def _softmax(op):
         x, dim, half_to_float = n.args[:3]
         if half_to_float:
             raise Unsupported("half_to_float")
-        if _rank(x) == 0:
-            raise Unsupported("a 0-d input")
+        if _rank(x) == 0:  # softmax of one value: through a 1-element vector
+            flat, y = e.graph.unique_name(f"{n.name}_1"), e.graph.unique_name(f"{n.name}_y")
+            return [
+                Node("Reshape", [e.name(x), e.const("shape", np.array([1], np.int64))], [flat]),
+                Node(op, [flat], [y], {"axis": 0}),
+                Node("Reshape", [y, e.const("shape", np.zeros(0, np.int64))], [e.out(n)]),
+            ]
         return [Node(op, [e.name(x)], [e.out(n)], {"axis": int(dim)})]
 
     return adapt
@@ -383,11 +412,17 @@ def _getitem(n, e):  # a tuple member: the name its producer's lowering gave it
 def _compare(op, negate: bool = False):
     def adapt(n, e):
         a, b = n.args[:2]
+        dtypes = {str(_val(x).dtype) for x in (a, b) if hasattr(x, "op")}
+        if len(dtypes) != 1:
+            raise Unsupported(f"operands of dtypes {sorted(dtypes)}")
+        dt = dtypes.pop()
+        ins = [e.operand(a, "c", dt), e.operand(b, "c", dt)]
         if not negate:
-            return [Node(op, [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+            return [Node(op, ins, [e.out(n)])]
         eq = e.graph.unique_name(f"{n.name}_eq")
-        return [Node(op, [e.operand(a, "c"), e.operand(b, "c")], [eq]), Node("Not", [eq], [e.out(n)])]
+        return [Node(op, ins, [eq]), Node("Not", [eq], [e.out(n)])]
 
+    adapt.in_dtypes = (F32, I64)
     adapt.out_dtypes = (BOOL,)
     return adapt
 
@@ -761,7 +796,12 @@ def _arange(n, e):
     start, end, step = n.args[0], n.args[1], _kw(n, 2, "step", 1)
     if any(isinstance(a, bool) or not isinstance(a, (int, float)) for a in (start, end, step)):
         raise Unsupported("non-number bounds")
-    values = np.arange(start, end, step, dtype=np.float64).astype(np.float32)
+    if str(v.dtype) == I64:
+        if not all(isinstance(a, int) for a in (start, end, step)):
+            raise Unsupported("int64 arange with float bounds")
+        values = np.arange(start, end, step, dtype=np.int64)
+    else:
+        values = np.arange(start, end, step, dtype=np.float64).astype(np.float32)
     if values.shape != tuple(v.shape):
         raise Unsupported(f"{values.shape[0]} values where torch makes {tuple(v.shape)}")
     e.names[n] = e.const(n.name, values)
@@ -774,6 +814,60 @@ def _is(op):
 
     adapt.out_dtypes = (BOOL,)
     return adapt
+
+
+_arange.out_dtypes = (F32, I64)
+for _f in (_reshape, _expand, _permute, _clone, _identity, _cat, _slice, _select, _split):
+    _f.in_dtypes = _f.out_dtypes = (F32, BOOL, I64)
+
+
+def _var_mean(n, e):
+    """var_mean.correction / var.correction: the variance with ``correction`` (and the mean) over
+    ``dim``; no degrees of freedom left divides by zero, inf or nan as torch gives."""
+    x = n.args[0]
+    dims = _kw(n, 1, "dim", None)
+    correction = n.kwargs.get("correction", 1)
+    keepdim = n.kwargs.get("keepdim", False)
+    rank = _rank(x)
+    if rank == 0:
+        raise Unsupported("a 0-d input")
+    dims = list(range(rank)) if not dims else [int(d) % rank for d in dims]
+    count = int(np.prod([_shape(x)[d] for d in dims]))
+    correction = 1 if correction is None else correction
+    with_mean = isinstance(_val(n), (tuple, list))
+    var, mean = e.outs(n, 2) if with_mean else (e.out(n), None)
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("m", "d", "d2", "s")}
+    axes = e.const("axes", np.array(dims, np.int64))
+    return [
+        Node("ReduceMean", [e.name(x), axes], [t["m"]], {"keepdims": 1}),
+        Node("Sub", [e.name(x), t["m"]], [t["d"]]),
+        Node("Mul", [t["d"], t["d"]], [t["d2"]]),
+        Node("ReduceSum", [t["d2"], axes], [t["s"]], {"keepdims": int(bool(keepdim))}),
+        Node("Div", [t["s"], e.scalar("dof", float(max(0, count - correction)))], [var]),
+    ] + ([Node("ReduceMean", [e.name(x), axes], [mean], {"keepdims": int(bool(keepdim))})] if with_mean else [])
+
+
+def _remainder(n, e):
+    a, b = n.args[:2]
+    return [Node("Mod", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)], {"fmod": 0})]
+
+
+def _trunc(n, e):
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("sign", "abs", "floor")}
+    x = e.name(n.args[0])
+    return [
+        Node("Sign", [x], [t["sign"]]),
+        Node("Abs", [x], [t["abs"]]),
+        Node("Floor", [t["abs"]], [t["floor"]]),
+        Node("Mul", [t["sign"], t["floor"]], [e.out(n)]),
+    ]
+
+
+def _cumprod(n, e):
+    x, dim = n.args[:2]
+    if n.kwargs.get("dtype") is not None or _rank(x) == 0:
+        raise Unsupported("a dtype argument or a 0-d input")
+    return [Node("CumProd", [e.name(x), e.const("axis", np.array(int(dim) % _rank(x), np.int64))], [e.out(n)])]
 
 
 #: lowerings that compute a tuple's output 0 alone (the others: saved statistics, int64 indices)
@@ -807,6 +901,16 @@ def _table():
         aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,  # -> GlobalAveragePool (1x1)
         aten.cat.default: _cat,  # -> Concat
         aten.relu.default: _unary("Relu"),
+        aten.add.Scalar: _binary("Add"),
+        aten.sub.Scalar: _binary("Sub"),
+        aten.mul.Scalar: _binary("Mul"),
+        aten.div.Scalar: _binary("Div"),
+        aten.var_mean.correction: _var_mean,  # -> reductions
+        aten.var.correction: _var_mean,  # -> reductions
+        aten.remainder.Tensor: _remainder,  # -> Mod(fmod=0)
+        aten.remainder.Scalar: _remainder,  # -> Mod(fmod=0)
+        aten.trunc.default: _trunc,  # -> Sign * Floor(Abs)
+        aten.cumprod.default: _cumprod,  # -> CumProd
         aten.acos.default: _unary("Acos"),
         aten.asin.default: _unary("Asin"),
         aten.atan.default: _unary("Atan"),
