@@ -241,10 +241,70 @@ def _batch_norm_eval(n, e):
     ]
 
 
+def _normalize(e, n, x: str, axes: list, eps, y: str) -> tuple:
+    """Nodes for ``y = (x - mean) / sqrt(var + eps)`` over ``axes`` (biased variance, kept dims);
+    returns ``(nodes, mean, rstd)``, the statistics with their kept dims."""
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("mu", "d", "d2", "v", "ve", "sd", "r")}
+    ax = e.const("axes", np.array(axes, np.int64))
+    return (
+        [
+            Node("ReduceMean", [x, ax], [t["mu"]], {"keepdims": 1}),
+            Node("Sub", [x, t["mu"]], [t["d"]]),
+            Node("Mul", [t["d"], t["d"]], [t["d2"]]),
+            Node("ReduceMean", [t["d2"], ax], [t["v"]], {"keepdims": 1}),
+            Node("Add", [t["v"], e.scalar("eps", eps)], [t["ve"]]),
+            Node("Sqrt", [t["ve"]], [t["sd"]]),
+            Node("Reciprocal", [t["sd"]], [t["r"]]),
+            Node("Mul", [t["d"], t["r"]], [y]),
+        ],
+        t["mu"],
+        t["r"],
+    )
+
+
+def _affine(e, n, y: str, weight, bias, c: int, rank: int, out: str) -> list:
+    """``out = y * weight + bias`` with per-channel (dim 1) weight and bias, either may be None."""
+    bshape = e.const("bshape", np.array([1, c] + [1] * (rank - 2), np.int64))
+    nodes, cur = [], y
+    for op, p in (("Mul", weight), ("Add", bias)):
+        if p is None:
+            continue
+        pb, nxt = e.graph.unique_name(f"{n.name}_{op.lower()}_p"), e.graph.unique_name(f"{n.name}_{op.lower()}")
+        nodes += [Node("Reshape", [e.name(p), bshape], [pb]), Node(op, [cur, pb], [nxt])]
+        cur = nxt
+    return nodes + [Node("Identity", [cur], [out])]
+
+
+def _group_norm(n, e):
+    x, weight, bias, N, C, HxW, group, eps = n.args[:8]
+    shape = _shape(x)
+    if len(shape) < 2 or int(N) * int(C) * int(HxW) == 0 or int(C) % int(group):
+        raise Unsupported("an empty input or channels not divisible by groups")
+    g = int(group)
+    y, mean, rstd = e.outs(n, 3)
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("xg", "yg", "yn")}
+    nodes = [Node("Reshape", [e.name(x), e.const("shape", np.array([int(N), g, -1], np.int64))], [t["xg"]])]
+    norm, mu, r = _normalize(e, n, t["xg"], [2], eps, t["yg"])
+    nodes += norm
+    nodes.append(Node("Reshape", [t["yg"], e.const("shape", np.array(shape, np.int64))], [t["yn"]]))
+    nodes += _affine(e, n, t["yn"], weight, bias, int(C), len(shape), y)
+    stat = e.const("shape", np.array([int(N), g], np.int64))
+    return nodes + [Node("Reshape", [mu, stat], [mean]), Node("Reshape", [r, stat], [rstd])]
+
+
 def _batch_norm(n, e):
     x, weight, bias, mean, var, training, _momentum, eps = n.args[:8]
     if training:
-        raise Unsupported("training-mode batch norm (batch statistics, running-stat updates)")
+        if mean is not None or var is not None:  # this overload updates them in place
+            raise Unsupported("training-mode batch norm that updates running statistics")
+        shape = _shape(x)
+        if len(shape) < 2 or int(np.prod(shape)) == 0:
+            raise Unsupported("an input of rank < 2 or an empty one")
+        y, _, _ = e.outs(n, 3)
+        e.names[n] = (y, None, None)
+        yn = e.graph.unique_name(f"{n.name}_yn")
+        norm, _mu, _r = _normalize(e, n, e.name(x), [0] + list(range(2, len(shape))), eps, yn)
+        return norm + _affine(e, n, yn, weight, bias, shape[1], len(shape), y)
     if weight is None or bias is None or mean is None or var is None:
         raise Unsupported("batch norm without affine weights or running statistics")
     y, _, _ = e.outs(n, 3)
@@ -870,6 +930,36 @@ def _cumprod(n, e):
     return [Node("CumProd", [e.name(x), e.const("axis", np.array(int(dim) % _rank(x), np.int64))], [e.out(n)])]
 
 
+def _vector_norm(n, e):
+    x = n.args[0]
+    order, dims, keepdim = _kw(n, 1, "ord", 2), _kw(n, 2, "dim", None), _kw(n, 3, "keepdim", False)
+    if n.kwargs.get("dtype") is not None or (len(n.args) > 4 and n.args[4] is not None):
+        raise Unsupported("a dtype argument")
+    rank = _rank(x)
+    dims = list(range(rank)) if not dims else [int(d) % rank for d in ([dims] if isinstance(dims, int) else dims)]
+    if rank == 0 or any(_shape(x)[d] == 0 for d in dims):
+        raise Unsupported("a 0-d input or an empty dim")
+    axes = e.const("axes", np.array(dims, np.int64))
+    attrs = {"keepdims": int(bool(keepdim))}
+    if order in (1, 2):
+        return [Node("ReduceL1" if order == 1 else "ReduceL2", [e.name(x), axes], [e.out(n)], attrs)]
+    if order in (float("inf"), float("-inf")):
+        a = e.graph.unique_name(f"{n.name}_abs")
+        op = "ReduceMax" if order > 0 else "ReduceMin"
+        return [Node("Abs", [e.name(x)], [a]), Node(op, [a, axes], [e.out(n)], attrs)]
+    raise Unsupported(f"ord {order} (mapped: 1, 2, inf, -inf)")
+
+
+def _copy(n, e):
+    dst, src = n.args[:2]
+    if str(_val(dst).dtype) != str(_val(src).dtype) or _kw(n, 2, "non_blocking", False):
+        raise Unsupported("a copy between dtypes")
+    return [Node("Expand", [e.name(src), e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)])]
+
+
+_copy.in_dtypes = _copy.out_dtypes = (F32, BOOL, I64)
+
+
 #: lowerings that compute a tuple's output 0 alone (the others: saved statistics, int64 indices)
 for _f in (_batch_norm_eval, _batch_norm, _max_pool2d_with_indices, _layer_norm):
     _f.first_only = True
@@ -907,6 +997,9 @@ def _table():
         aten.div.Scalar: _binary("Div"),
         aten.var_mean.correction: _var_mean,  # -> reductions
         aten.var.correction: _var_mean,  # -> reductions
+        aten.native_group_norm.default: _group_norm,  # -> reductions, Mul, Add
+        aten.linalg_vector_norm.default: _vector_norm,  # -> ReduceL1 / ReduceL2 / Reduce{Max,Min}(Abs)
+        aten.copy.default: _copy,  # -> Expand (src to dst's shape)
         aten.remainder.Tensor: _remainder,  # -> Mod(fmod=0)
         aten.remainder.Scalar: _remainder,  # -> Mod(fmod=0)
         aten.trunc.default: _trunc,  # -> Sign * Floor(Abs)
