@@ -510,3 +510,15 @@ def test_export_of_an_unmapped_op_names_it():
 
     with pytest.raises(fe.UnsupportedExportError, match="aten.erfinv"):
         fe.to_graph(Flip(), (torch.randn(3),))
+
+
+def test_a_decomposition_writing_into_views_stays_right():
+    """Circular padding decomposes into an empty buffer, slices of it and in-place copies: traced again
+    through functionalization, no write can miss a view opsnn copied (found by the OpInfo sweep)."""
+
+    def f(x):
+        return torch.nn.functional.pad(torch.relu(x), (1, 2), mode="circular") * 2.0
+
+    x = torch.randn(2, 3, 5)
+    got = torch.compile(f, backend=fe.backend, dynamic=False)(x)
+    np.testing.assert_allclose(got.numpy(), f(x).numpy(), rtol=RTOL, atol=RTOL)

@@ -214,6 +214,11 @@ def _whole_graph_reason(torch, gm, example_inputs) -> str:
 _DECOMPOSITIONS: dict = {}
 
 
+def _writes_in_place(torch, node) -> bool:
+    target = getattr(node, "target", None)
+    return node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+
+
 def _decompositions() -> dict:
     """torch's core ATen decompositions, materialized once (building the table costs ~0.2 s a call)."""
     if not _DECOMPOSITIONS:
@@ -247,6 +252,13 @@ def _compile(torch, gm, example_inputs, report: Report, constants: bool = True, 
         traced = make_fx(
             torch.func.functionalize(gm, remove="mutations_and_views"), decomposition_table=_decompositions()
         )(*fakes)
+        if any(_writes_in_place(torch, n) for n in traced.graph.nodes):
+            # a decomposition wrote into a view (circular pad: empty, slices, copy_): functionalized again,
+            # for opsnn's view ops are copies that such writes would miss
+            traced = make_fx(torch.func.functionalize(traced, remove="mutations_and_views"))(*fakes)
+    for n in traced.graph.nodes:
+        if _writes_in_place(torch, n) and getattr(n.args[0], "op", None) != "placeholder":
+            raise RuntimeError(f"{n.target} writes in place into an intermediate tensor")
     # parameters and buffers become constants: get_attr nodes over the real tensors
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     for k, (node, is_static) in enumerate(zip(placeholders, static)):
