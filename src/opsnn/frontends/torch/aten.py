@@ -210,10 +210,10 @@ def _pairs(v, rank: int) -> list:
 
 
 def _convolution(n, e):
-    x, w, b, stride, padding, dilation, transposed, _output_padding, groups = n.args[:9]
-    if transposed:
-        raise Unsupported("transposed convolution (not mapped yet)")
+    x, w, b, stride, padding, dilation, transposed, output_padding, groups = n.args[:9]
     k = _rank(w) - 2
+    if k < 1 or any(d == 0 for d in _shape(x)) or any(d == 0 for d in _shape(n)):
+        raise Unsupported("an unbatched or empty convolution")
     pads = _pairs(padding, k)
     attrs = {
         "strides": _pairs(stride, k),
@@ -222,6 +222,9 @@ def _convolution(n, e):
         "group": int(groups),
         "kernel_shape": list(_shape(w)[2:]),
     }
+    if transposed:  # torch's (C_in, C_out / groups, k...) weight is ConvTranspose's layout
+        attrs["output_padding"] = _pairs(output_padding, k)
+        return [Node("ConvTranspose", [e.name(x), e.name(w), e.name(b)], [e.out(n)], attrs)]
     return [Node("Conv", [e.name(x), e.name(w), e.name(b)], [e.out(n)], attrs)]
 
 
@@ -698,7 +701,13 @@ def _softplus(n, e):
 def _to_copy(n, e):
     if set(n.kwargs) - {"dtype", "layout", "device", "memory_format"}:
         raise Unsupported(f"arguments {sorted(n.kwargs)}")
-    return [Node("Identity", [e.name(n.args[0])], [e.out(n)])]  # float32 to float32 (check_dtypes)
+    if str(_val(n.args[0]).dtype) == F32:
+        return [Node("Identity", [e.name(n.args[0])], [e.out(n)])]  # float32 to float32 (check_dtypes)
+    # bool or int64 to float32: round to nearest, as torch converts
+    return [Node("Cast", [e.name(n.args[0])], [e.out(n)], {"to": 1})]
+
+
+_to_copy.in_dtypes = (F32, BOOL, I64)
 
 
 def _constant_pad(n, e):
@@ -960,6 +969,21 @@ def _copy(n, e):
 _copy.in_dtypes = _copy.out_dtypes = (F32, BOOL, I64)
 
 
+def _index(n, e):
+    """``x[..., idx]`` with one int64 index tensor and the dims before it whole: Gather on that dim."""
+    x, indices = n.args[:2]
+    used = [i for i, t in enumerate(indices) if t is not None]
+    if len(used) != 1 or str(_val(indices[used[0]]).dtype) != I64 or _rank(x) == 0:
+        raise Unsupported("indexing by more than one tensor, or by a bool mask")
+    axis = used[0]
+    if _shape(x)[axis] == 0 or any(d == 0 for d in _shape(n)):
+        raise Unsupported("an empty dim")
+    return [Node("Gather", [e.name(x), e.name(indices[axis])], [e.out(n)], {"axis": axis})]
+
+
+_index.in_dtypes = (F32, I64)
+
+
 #: lowerings that compute a tuple's output 0 alone (the others: saved statistics, int64 indices)
 for _f in (_batch_norm_eval, _batch_norm, _max_pool2d_with_indices, _layer_norm):
     _f.first_only = True
@@ -997,6 +1021,7 @@ def _table():
         aten.div.Scalar: _binary("Div"),
         aten.var_mean.correction: _var_mean,  # -> reductions
         aten.var.correction: _var_mean,  # -> reductions
+        aten.index.Tensor: _index,  # -> Gather (one int64 index tensor)
         aten.native_group_norm.default: _group_norm,  # -> reductions, Mul, Add
         aten.linalg_vector_norm.default: _vector_norm,  # -> ReduceL1 / ReduceL2 / Reduce{Max,Min}(Abs)
         aten.copy.default: _copy,  # -> Expand (src to dst's shape)
