@@ -164,6 +164,8 @@ def _as_array(torch, x):
             x = x.to_dense()
         if x.dtype == torch.bfloat16:
             return x.float().numpy()
+        if x.dtype == torch.complex32:  # no numpy dtype: compared as complex64
+            x = x.to(torch.complex64)
         if x.is_conj():
             x = x.resolve_conj()
         if x.is_neg():
