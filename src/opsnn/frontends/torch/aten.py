@@ -183,7 +183,9 @@ def _matmul(n, e):
 
 
 def _reshape(n, e):
-    return [Node("Reshape", [e.name(n.args[0]), e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)])]
+    # allowzero: a 0 in torch's shape is an empty dim, never ONNX's "copy the input's dim"
+    shape = e.const("shape", np.array(_shape(n), np.int64))
+    return [Node("Reshape", [e.name(n.args[0]), shape], [e.out(n)], {"allowzero": 1})]
 
 
 def _expand(n, e):
@@ -759,7 +761,7 @@ def _select(n, e):
     ins.append(e.const("axes", np.array([dim], np.int64)))
     return [
         Node("Slice", ins, [part]),
-        Node("Reshape", [part, e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)]),
+        Node("Reshape", [part, e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)], {"allowzero": 1}),
     ]
 
 
