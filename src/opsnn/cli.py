@@ -359,6 +359,10 @@ def cmd_warmup(args) -> int:
 
 
 def cmd_conformance(argv) -> int:
+    if "torch-opinfo" in argv or "--suite=torch-opinfo" in argv:  # PyTorch's OpInfo through the torch backend
+        from .frontends.torch import opinfo
+
+        return opinfo.main(argv)
     from .onnx import conformance
 
     return conformance.main(argv)
@@ -551,7 +555,10 @@ def _train_run(args, trainer, plot_curve, rank: int, world: int) -> int:
 
 #: sub-commands that parse their own arguments: name -> (entry point, help line)
 PASS_THROUGH = {
-    "conformance": (cmd_conformance, "run ONNX's node test cases (see 'opsnn conformance --help')"),
+    "conformance": (
+        cmd_conformance,
+        "run ONNX's node test cases, or PyTorch's OpInfo (--suite torch-opinfo; see --help)",
+    ),
     "bench": (_bench, "models side by side with onnxruntime and torch eager (see 'opsnn bench --help')"),
     "fuzz": (
         lambda argv: __import__("opsnn.tools.fuzz", fromlist=["main"]).main(argv),

@@ -536,7 +536,12 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     p.add_argument("--filter", metavar="REGEX", help="only cases whose name matches REGEX (re.search)")
-    p.add_argument("--suite", choices=("all", "node", "light"), default="all", help="which cases (default: all)")
+    p.add_argument(
+        "--suite",
+        choices=("all", "node", "light"),
+        default="all",
+        help="which cases (default: all; torch-opinfo: PyTorch's OpInfo, see --suite torch-opinfo --help)",
+    )
     p.add_argument("--peer", choices=sorted(PEERS), help="also run this runtime on the same cases")
     p.add_argument(
         "--engine",

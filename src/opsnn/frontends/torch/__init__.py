@@ -8,8 +8,10 @@ that share the torch tensors' memory. Every node left to torch is logged with it
 (``logging`` INFO on ``opsnn.frontends.torch``; ``OPSNN_DEBUG=1`` prints them);
 :func:`explain` reports the partitions, fallbacks and kernels.
 
-Forward (inference) only for now: a graph compiled while autograd records (grad enabled and
-an input that requires grad) runs in torch. A graph with symbolic sizes (``dynamic=True``) is
+Training: a graph compiled while autograd records (grad enabled and an input that requires
+grad) goes through ``aot_autograd``; its forward and backward ATen graphs are each partitioned
+and run like an inference graph (parameters are inputs there, never constants: the optimizer
+steps them in place), and torch's autograd and optimizer see ordinary tensors. A graph with symbolic sizes (``dynamic=True``) is
 compiled again for each concrete shape it meets (no opsnn symbolic dims yet).
 
 torch is an optional dependency: nothing here imports it until the backend is used.
@@ -24,15 +26,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import OpsnnError
+from ...errors import KernelNotFoundError, OpsnnError
 
 log = logging.getLogger("opsnn.frontends.torch")
 
-__all__ = ["backend", "compile_graph", "explain", "TorchNotInstalledError", "Report"]
+__all__ = [
+    "backend",
+    "compile_graph",
+    "explain",
+    "to_graph",
+    "TorchNotInstalledError",
+    "UnsupportedExportError",
+    "Report",
+]
 
 
 class TorchNotInstalledError(OpsnnError, ImportError):
     """The torch frontend was asked for but PyTorch is not installed."""
+
+
+class UnsupportedExportError(KernelNotFoundError):
+    """:func:`to_graph` met an ATen op (or arguments) with no exact opsnn lowering."""
 
 
 def _torch():
@@ -53,6 +67,7 @@ class Report:
     partitions: list = field(default_factory=list)  # (name, [aten ops], CompiledGraph)
     fallbacks: list = field(default_factory=list)  # (node name, aten target, reason)
     whole_graph_reason: str = ""  # set when the whole graph runs in torch
+    runs: dict = field(default_factory=dict)  # partition name -> calls that ran on opsnn
 
     def __str__(self) -> str:
         lines = []
@@ -91,9 +106,38 @@ def _backend(torch, gm, example_inputs, report: Report):
         report.whole_graph_reason = whole
         _fallback(report, "<graph>", "", whole)
         return gm.forward
+    if _recording_autograd(torch, example_inputs):
+        return _training(torch, gm, example_inputs, report)
     if any(_symbolic(torch, x) for x in example_inputs):
         return _per_shape(torch, gm, report)
     return _guarded(torch, gm, example_inputs, report)
+
+
+def _recording_autograd(torch, example_inputs) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+
+
+def _training(torch, gm, example_inputs, report: Report):
+    """A graph autograd records: ``aot_autograd`` splits it into forward and backward ATen graphs
+    (core ATen decompositions), each compiled as its own set of partitions; every input is a runtime
+    input (parameters change at each optimizer step)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    def compiler(kind):
+        def compile_one(g, inputs):
+            try:
+                fn = _compile(torch, g, inputs, report, constants=False, label=kind)
+            except Exception as exc:  # tracing or partitioning failed: this graph runs in torch
+                _fallback(report, f"<{kind} graph>", "", f"opsnn could not take it ({type(exc).__name__}: {exc})")
+                fn = g.forward
+            return make_boxed_func(fn)
+
+        return compile_one
+
+    return aot_autograd(
+        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), decompositions=_decompositions()
+    )(gm, example_inputs)
 
 
 def _symbolic(torch, x) -> bool:
@@ -162,30 +206,59 @@ def _whole_graph_reason(torch, gm, example_inputs) -> str:
             return f"an input on {x.device} (opsnn runs on the CPU)"
         if x.layout != torch.strided or x.is_quantized:
             return "a sparse or quantized input"
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
-        return "autograd is recording (training graphs are not supported yet: run under torch.no_grad())"
+    if _recording_autograd(torch, example_inputs) and any(_symbolic(torch, x) for x in example_inputs):
+        return "autograd is recording on symbolic sizes (training graphs are compiled for fixed shapes only)"
     return ""
 
 
-def _compile(torch, gm, example_inputs, report: Report):
-    from torch._decomp import core_aten_decompositions
-    from torch._subclasses.fake_tensor import FakeTensorMode
+_DECOMPOSITIONS: dict = {}
+
+
+def _writes_in_place(torch, node) -> bool:
+    target = getattr(node, "target", None)
+    return node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+
+
+def _decompositions() -> dict:
+    """torch's core ATen decompositions, materialized once (building the table costs ~0.2 s a call)."""
+    if not _DECOMPOSITIONS:
+        from torch._decomp import core_aten_decompositions
+
+        _DECOMPOSITIONS.update(core_aten_decompositions())
+    return _DECOMPOSITIONS
+
+
+def _compile(torch, gm, example_inputs, report: Report, constants: bool = True, label: str = ""):
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
 
     from . import aten as _aten
 
-    static = [getattr(x, "_dynamo_static_input_type", None) is not None for x in example_inputs]
+    static = [constants and getattr(x, "_dynamo_static_input_type", None) is not None for x in example_inputs]
     user_idx = [i for i, s in enumerate(static) if not s]
     # traced on fake tensors of fixed shapes (a real trace would run the graph, mutating inputs and
     # buffers once more), functionalized, decomposed to core ATen
-    fake_mode = FakeTensorMode()
-    fakes = [fake_mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    fake_mode = next((x.fake_mode for x in example_inputs if isinstance(x, FakeTensor)), None)
+    if fake_mode is None:  # aot_autograd hands fake tensors already; Dynamo's backend gets real ones
+        fake_mode = FakeTensorMode()
+        fakes = [
+            fake_mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in example_inputs
+        ]
+    else:
+        fakes = list(example_inputs)
     with fake_mode:
         traced = make_fx(
-            torch.func.functionalize(gm, remove="mutations_and_views"), decomposition_table=core_aten_decompositions()
+            torch.func.functionalize(gm, remove="mutations_and_views"), decomposition_table=_decompositions()
         )(*fakes)
+        if any(_writes_in_place(torch, n) for n in traced.graph.nodes):
+            # a decomposition wrote into a view (circular pad: empty, slices, copy_): functionalized again,
+            # for opsnn's view ops are copies that such writes would miss
+            traced = make_fx(torch.func.functionalize(traced, remove="mutations_and_views"))(*fakes)
+    for n in traced.graph.nodes:
+        if _writes_in_place(torch, n) and getattr(n.args[0], "op", None) != "placeholder":
+            raise RuntimeError(f"{n.target} writes in place into an intermediate tensor")
     # parameters and buffers become constants: get_attr nodes over the real tensors
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     for k, (node, is_static) in enumerate(zip(placeholders, static)):
@@ -247,13 +320,14 @@ def _compile(torch, gm, example_inputs, report: Report):
             and verdict(node)
             and not (node.target is _getitem_op() and verdict(node.args[0]))
         ):
-            _fallback(report, node.name, node.target, verdict(node))
+            _fallback(report, f"{label}.{node.name}" if label else node.name, node.target, verdict(node))
     partitioned = CapabilityBasedPartitioner(traced, Support(), allows_single_node_partition=True).partition_and_fuse()
     for node in list(partitioned.graph.nodes):
         if node.op != "call_module" or not node.target.startswith("fused_"):
             continue
         sub = getattr(partitioned, node.target)
-        runner = _partition(torch, node.target, sub, node.args, partitioned, report)
+        name = f"{label}.{node.target}" if label else node.target
+        runner = _partition(torch, name, sub, node.args, partitioned, report)
         setattr(partitioned, node.target, runner)
     partitioned.recompile()
     return lambda *args: partitioned(*[args[i] for i in user_idx])
@@ -315,7 +389,7 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
                 emit.names[node] = emit.const(node.name, t.numpy())  # CPU tensors: a view, no copy
             else:
                 runtime_idx.append(i)
-                g.inputs.append(Value(emit.out(node), np.float32, _aten._shape(node)))
+                g.inputs.append(Value(emit.out(node), _aten.np_dtype(node), _aten._shape(node)))
         elif node.op == "call_function":
             g.nodes.extend(table[node.target](node, emit))
             ops.append(str(node.target))
@@ -355,6 +429,7 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
                 self.torch_reason = f"opsnn failed to run it ({type(exc).__name__}: {exc})"
                 _fallback(report, name, "partition", self.torch_reason)
                 return sub(*args)
+            report.runs[name] = report.runs.get(name, 0) + 1
             plan = self.cg.latest_plan
             for out_name, arr in zip(self.cg.output_names, arrays):
                 # a constant output (a weight, or folded at plan time) is the same array every call, and
@@ -393,3 +468,64 @@ def explain(model, *inputs) -> list:
         compiled(*inputs)
     print("\n".join(f"graph {i}:\n{r}" for i, r in enumerate(reports)))
     return reports
+
+
+def to_graph(model, example_inputs, name: str = "torch_export"):
+    """``model`` (a ``torch.nn.Module``) as an opsnn :class:`~opsnn.graph.ir.Graph`, through
+    ``torch.export`` and core ATen: inputs ``input_0``... (the tensors of ``example_inputs``, their
+    shapes fixed), parameters and buffers as initializers (copies), outputs ``output_0``... Save it
+    with :func:`opsnn.graph.serialize.save` and run it later without torch. Every ATen op must have
+    an exact lowering (:class:`UnsupportedExportError` names the first that does not): put the model
+    in eval mode first when it has batch norm or dropout."""
+    torch = _torch()
+    from torch._decomp import core_aten_decompositions
+
+    from ...graph.ir import Graph, Node, Value
+    from . import aten as _aten
+
+    ep = torch.export.export(model, tuple(example_inputs)).run_decompositions(core_aten_decompositions())
+    sig = ep.graph_signature
+    state = {**dict(ep.named_parameters()), **dict(ep.named_buffers()), **dict(ep.constants)}
+    lifted = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    user_outputs = set(sig.user_outputs)
+    table = _aten.build_table()
+    g = Graph(name)
+    emit = _aten.Emit(g)
+    n_in = 0
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "placeholder":
+            if node.name in lifted:
+                if not node.users:  # a buffer the graph never reads (num_batches_tracked)
+                    continue
+                t = state[lifted[node.name]].detach()
+                if t.dtype != torch.float32:
+                    raise UnsupportedExportError(
+                        f"to_graph: {lifted[node.name]} is {t.dtype}; float32 parameters and buffers are mapped"
+                    )
+                emit.names[node] = emit.const(lifted[node.name].replace(".", "_"), t.numpy().copy())
+                continue
+            if str(_aten._val(node).dtype) not in ("torch.float32", "torch.bool"):
+                raise UnsupportedExportError(
+                    f"to_graph: input {node.name} is {_aten._val(node).dtype} (mapped: float32)"
+                )
+            emit.names[node] = f"input_{n_in}"
+            g.inputs.append(Value(f"input_{n_in}", _aten.np_dtype(node), _aten._shape(node)))
+            n_in += 1
+        elif node.op == "call_function":
+            adapter = table.get(node.target)
+            try:
+                if adapter is None:
+                    raise _aten.Unsupported("no mapping for this ATen op")
+                if node.target is not _getitem_op():
+                    _aten.check_dtypes(node)
+                g.nodes.extend(adapter(node, emit))
+            except _aten.Unsupported as exc:
+                raise UnsupportedExportError(f"to_graph: {node.name} ({node.target}): {exc}") from None
+        elif node.op == "output":
+            outs = [a for a in node.args[0] if getattr(a, "name", None) in user_outputs]
+            for i, r in enumerate(outs):
+                src = emit.name(r)
+                g.nodes.append(Node("Identity", [src], [f"output_{i}"]))
+                g.outputs.append(Value(f"output_{i}", _aten.np_dtype(r), _aten._shape(r)))
+    g.validate()
+    return g

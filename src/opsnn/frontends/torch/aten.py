@@ -20,28 +20,37 @@ class Unsupported(Exception):
     """This ATen call has no exact opsnn lowering (the message says why)."""
 
 
-_SUPPORTED_DTYPES = ("torch.float32",)
+F32, BOOL, I64 = "torch.float32", "torch.bool", "torch.int64"
+_NP_DTYPES = {F32: np.float32, BOOL: np.bool_, I64: np.int64}
 
 
 def _val(n):
     return n.meta.get("val") if hasattr(n, "meta") else None
 
 
+def np_dtype(n):
+    """The numpy dtype of FX value ``n`` (one :func:`check_dtypes` admits)."""
+    return _NP_DTYPES[str(_val(n).dtype)]
+
+
 def check_dtypes(node) -> None:
-    """Every tensor this node reads and writes is float32 (the only dtype mapped for now)."""
-    vals = [_val(a) for a in node.all_input_nodes]
+    """Every tensor this node reads is of a dtype its adapter's ``in_dtypes`` names, every tensor it
+    writes of one its ``out_dtypes`` names (float32 alone unless the adapter says more)."""
+    adapter = build_table().get(node.target)
+    ins, outs = getattr(adapter, "in_dtypes", (F32,)), getattr(adapter, "out_dtypes", (F32,))
+    vals = [(_val(a), ins) for a in node.all_input_nodes]
     out = _val(node)
     if isinstance(out, (tuple, list)):  # a first-only lowering computes output 0 alone (pool indices are int64)
-        vals += [out[0]] if getattr(build_table().get(node.target), "first_only", False) else list(out)
+        vals += [(o, outs) for o in ([out[0]] if getattr(adapter, "first_only", False) else list(out))]
     else:
-        vals.append(out)
-    for v in vals:
+        vals.append((out, outs))
+    for v, allowed in vals:
         if v is None:
             continue
         if not hasattr(v, "dtype"):
             raise Unsupported(f"a non-tensor value {type(v).__name__}")
-        if str(v.dtype) not in _SUPPORTED_DTYPES:
-            raise Unsupported(f"dtype {v.dtype} (mapped: float32)")
+        if str(v.dtype) not in allowed:
+            raise Unsupported(f"dtype {v.dtype} (mapped here: {', '.join(a[6:] for a in allowed)})")
         if any(not isinstance(d, int) for d in v.shape):
             raise Unsupported("a symbolic shape")
 
@@ -76,14 +85,18 @@ class Emit:
         self.graph.initializers[name] = np.asarray(array)
         return name
 
-    def scalar(self, hint: str, x) -> str:
+    def scalar(self, hint: str, x, dtype: str = "torch.float32") -> str:
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             raise Unsupported(f"a scalar of type {type(x).__name__}")
+        if dtype == "torch.int64":
+            if not isinstance(x, int):
+                raise Unsupported("a float scalar with an int64 tensor (torch promotes to float)")
+            return self.const(hint, np.array(x, np.int64))
         return self.const(hint, np.array(x, np.float32))
 
-    def operand(self, arg, hint: str) -> str:
-        """A tensor argument's name, or a float32 constant for a Python number."""
-        return self.scalar(hint, arg) if isinstance(arg, (int, float)) else self.name(arg)
+    def operand(self, arg, hint: str, dtype: str = "torch.float32") -> str:
+        """A tensor argument's name, or a constant of ``dtype`` for a Python number."""
+        return self.scalar(hint, arg, dtype) if isinstance(arg, (int, float)) else self.name(arg)
 
     def out(self, node) -> str:
         name = self.graph.unique_name(node.name)
@@ -111,30 +124,58 @@ def _unary(op):
     return adapt
 
 
+def _common_dtype(n, *args) -> str:
+    """The one dtype of ``args``' tensors and of ``n``'s result (float32 or int64: no promotion)."""
+    dtypes = {str(_val(a).dtype) for a in args if hasattr(a, "op")}
+    if len(dtypes) > 1:
+        raise Unsupported(f"operands of dtypes {sorted(dtypes)} (torch promotes them)")
+    dt = dtypes.pop() if dtypes else F32
+    if dt == I64 and str(_val(n).dtype) != I64:
+        raise Unsupported("an int64 operation with a float result")
+    return dt
+
+
 def _binary(op):
     def adapt(n, e):
-        if n.kwargs.get("alpha", 1) != 1 or len(n.args) > 2:
-            raise Unsupported("alpha != 1")
         a, b = n.args[:2]
-        return [Node(op, [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+        dt = _common_dtype(n, a, b)
+        if dt == I64 and op not in ("Add", "Sub", "Mul"):
+            raise Unsupported(f"{op} on int64")
+        alpha = _kw(n, 2, "alpha", 1)
+        if alpha == 1:
+            return [Node(op, [e.operand(a, "c", dt), e.operand(b, "c", dt)], [e.out(n)])]
+        if op not in ("Add", "Sub") or isinstance(b, (int, float)) or dt != F32:
+            raise Unsupported(f"alpha {alpha} on {op} with a scalar or int64")
+        scaled = e.graph.unique_name(f"{n.name}_alpha")
+        return [
+            Node("Mul", [e.name(b), e.scalar("alpha", alpha)], [scaled]),
+            Node(op, [e.operand(a, "c"), scaled], [e.out(n)]),
+        ]
 
+    adapt.in_dtypes = adapt.out_dtypes = (F32, I64)
     return adapt
 
 
-def _sub(n, e):
-    alpha = _kw(n, 2, "alpha", 1)
-    a, b = n.args[:2]
-    if alpha != 1:
-        raise Unsupported("alpha != 1")
-    return [Node("Sub", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+_sub = _binary("Sub")
 
 
 def _addmm(n, e):
-    if _kw(n, 3, "beta", 1) != 1 or _kw(n, 4, "alpha", 1) != 1:
-        raise Unsupported("beta or alpha != 1")
+    beta, alpha = _kw(n, 3, "beta", 1), _kw(n, 4, "alpha", 1)
     bias, a, b = n.args[:3]
     mm = e.graph.unique_name(f"{n.name}_mm")
-    return [Node("MatMul", [e.name(a), e.name(b)], [mm]), Node("Add", [mm, e.name(bias)], [e.out(n)])]
+    nodes = [Node("MatMul", [e.name(a), e.name(b)], [mm])]
+    if beta == 0:  # torch ignores the bias then, NaN and Inf included
+        return nodes + [Node("Mul", [mm, e.scalar("alpha", alpha)], [e.out(n)])]
+    if alpha != 1:
+        scaled = e.graph.unique_name(f"{n.name}_alpha")
+        nodes.append(Node("Mul", [mm, e.scalar("alpha", alpha)], [scaled]))
+        mm = scaled
+    bias_name = e.name(bias)
+    if beta != 1:
+        scaled = e.graph.unique_name(f"{n.name}_beta")
+        nodes.append(Node("Mul", [bias_name, e.scalar("beta", beta)], [scaled]))
+        bias_name = scaled
+    return nodes + [Node("Add", [mm, bias_name], [e.out(n)])]
 
 
 def _matmul(n, e):
@@ -142,7 +183,9 @@ def _matmul(n, e):
 
 
 def _reshape(n, e):
-    return [Node("Reshape", [e.name(n.args[0]), e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)])]
+    # allowzero: a 0 in torch's shape is an empty dim, never ONNX's "copy the input's dim"
+    shape = e.const("shape", np.array(_shape(n), np.int64))
+    return [Node("Reshape", [e.name(n.args[0]), shape], [e.out(n)], {"allowzero": 1})]
 
 
 def _expand(n, e):
@@ -169,10 +212,10 @@ def _pairs(v, rank: int) -> list:
 
 
 def _convolution(n, e):
-    x, w, b, stride, padding, dilation, transposed, _output_padding, groups = n.args[:9]
-    if transposed:
-        raise Unsupported("transposed convolution (not mapped yet)")
+    x, w, b, stride, padding, dilation, transposed, output_padding, groups = n.args[:9]
     k = _rank(w) - 2
+    if k < 1 or any(d == 0 for d in _shape(x)) or any(d == 0 for d in _shape(n)):
+        raise Unsupported("an unbatched or empty convolution")
     pads = _pairs(padding, k)
     attrs = {
         "strides": _pairs(stride, k),
@@ -181,6 +224,9 @@ def _convolution(n, e):
         "group": int(groups),
         "kernel_shape": list(_shape(w)[2:]),
     }
+    if transposed:  # torch's (C_in, C_out / groups, k...) weight is ConvTranspose's layout
+        attrs["output_padding"] = _pairs(output_padding, k)
+        return [Node("ConvTranspose", [e.name(x), e.name(w), e.name(b)], [e.out(n)], attrs)]
     return [Node("Conv", [e.name(x), e.name(w), e.name(b)], [e.out(n)], attrs)]
 
 
@@ -200,10 +246,70 @@ def _batch_norm_eval(n, e):
     ]
 
 
+def _normalize(e, n, x: str, axes: list, eps, y: str) -> tuple:
+    """Nodes for ``y = (x - mean) / sqrt(var + eps)`` over ``axes`` (biased variance, kept dims);
+    returns ``(nodes, mean, rstd)``, the statistics with their kept dims."""
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("mu", "d", "d2", "v", "ve", "sd", "r")}
+    ax = e.const("axes", np.array(axes, np.int64))
+    return (
+        [
+            Node("ReduceMean", [x, ax], [t["mu"]], {"keepdims": 1}),
+            Node("Sub", [x, t["mu"]], [t["d"]]),
+            Node("Mul", [t["d"], t["d"]], [t["d2"]]),
+            Node("ReduceMean", [t["d2"], ax], [t["v"]], {"keepdims": 1}),
+            Node("Add", [t["v"], e.scalar("eps", eps)], [t["ve"]]),
+            Node("Sqrt", [t["ve"]], [t["sd"]]),
+            Node("Reciprocal", [t["sd"]], [t["r"]]),
+            Node("Mul", [t["d"], t["r"]], [y]),
+        ],
+        t["mu"],
+        t["r"],
+    )
+
+
+def _affine(e, n, y: str, weight, bias, c: int, rank: int, out: str) -> list:
+    """``out = y * weight + bias`` with per-channel (dim 1) weight and bias, either may be None."""
+    bshape = e.const("bshape", np.array([1, c] + [1] * (rank - 2), np.int64))
+    nodes, cur = [], y
+    for op, p in (("Mul", weight), ("Add", bias)):
+        if p is None:
+            continue
+        pb, nxt = e.graph.unique_name(f"{n.name}_{op.lower()}_p"), e.graph.unique_name(f"{n.name}_{op.lower()}")
+        nodes += [Node("Reshape", [e.name(p), bshape], [pb]), Node(op, [cur, pb], [nxt])]
+        cur = nxt
+    return nodes + [Node("Identity", [cur], [out])]
+
+
+def _group_norm(n, e):
+    x, weight, bias, N, C, HxW, group, eps = n.args[:8]
+    shape = _shape(x)
+    if len(shape) < 2 or int(N) * int(C) * int(HxW) == 0 or int(C) % int(group):
+        raise Unsupported("an empty input or channels not divisible by groups")
+    g = int(group)
+    y, mean, rstd = e.outs(n, 3)
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("xg", "yg", "yn")}
+    nodes = [Node("Reshape", [e.name(x), e.const("shape", np.array([int(N), g, -1], np.int64))], [t["xg"]])]
+    norm, mu, r = _normalize(e, n, t["xg"], [2], eps, t["yg"])
+    nodes += norm
+    nodes.append(Node("Reshape", [t["yg"], e.const("shape", np.array(shape, np.int64))], [t["yn"]]))
+    nodes += _affine(e, n, t["yn"], weight, bias, int(C), len(shape), y)
+    stat = e.const("shape", np.array([int(N), g], np.int64))
+    return nodes + [Node("Reshape", [mu, stat], [mean]), Node("Reshape", [r, stat], [rstd])]
+
+
 def _batch_norm(n, e):
     x, weight, bias, mean, var, training, _momentum, eps = n.args[:8]
     if training:
-        raise Unsupported("training-mode batch norm (batch statistics, running-stat updates)")
+        if mean is not None or var is not None:  # this overload updates them in place
+            raise Unsupported("training-mode batch norm that updates running statistics")
+        shape = _shape(x)
+        if len(shape) < 2 or int(np.prod(shape)) == 0:
+            raise Unsupported("an input of rank < 2 or an empty one")
+        y, _, _ = e.outs(n, 3)
+        e.names[n] = (y, None, None)
+        yn = e.graph.unique_name(f"{n.name}_yn")
+        norm, _mu, _r = _normalize(e, n, e.name(x), [0] + list(range(2, len(shape))), eps, yn)
+        return norm + _affine(e, n, yn, weight, bias, shape[1], len(shape), y)
     if weight is None or bias is None or mean is None or var is None:
         raise Unsupported("batch norm without affine weights or running statistics")
     y, _, _ = e.outs(n, 3)
@@ -250,14 +356,19 @@ def _max_pool2d_with_indices(n, e):
 
 def _layer_norm(n, e):
     x, shape, weight, bias, eps = n.args[:5]
-    if weight is None or bias is None:
-        raise Unsupported("layer norm without affine weights")
     y, _, _ = e.outs(n, 3)
     e.names[n] = (y, None, None)
     axis = _rank(x) - len(shape)
     return [
         Node(
-            "LayerNormalization", [e.name(x), e.name(weight), e.name(bias)], [y], {"axis": axis, "epsilon": float(eps)}
+            "LayerNormalization",
+            [
+                e.name(x),
+                e.const("ones", np.ones(tuple(shape), np.float32)) if weight is None else e.name(weight),
+                e.const("zeros", np.zeros(tuple(shape), np.float32)) if bias is None else e.name(bias),
+            ],
+            [y],
+            {"axis": axis, "epsilon": float(eps)},
         )
     ]
 
@@ -267,6 +378,13 @@ def _softmax(op):
         x, dim, half_to_float = n.args[:3]
         if half_to_float:
             raise Unsupported("half_to_float")
+        if _rank(x) == 0:  # softmax of one value: through a 1-element vector
+            flat, y = e.graph.unique_name(f"{n.name}_1"), e.graph.unique_name(f"{n.name}_y")
+            return [
+                Node("Reshape", [e.name(x), e.const("shape", np.array([1], np.int64))], [flat]),
+                Node(op, [flat], [y], {"axis": 0}),
+                Node("Reshape", [y, e.const("shape", np.zeros(0, np.int64))], [e.out(n)]),
+            ]
         return [Node(op, [e.name(x)], [e.out(n)], {"axis": int(dim)})]
 
     return adapt
@@ -282,10 +400,16 @@ def _reduce(op):
         x = n.args[0]
         dims = _kw(n, 1, "dim", None)
         keepdim = _kw(n, 2, "keepdim", False)
-        if n.kwargs.get("dtype") is not None:
+        if n.kwargs.get("dtype") is not None or (len(n.args) > 3 and n.args[3] is not None):
             raise Unsupported("a dtype argument")
+        if isinstance(dims, int):
+            dims = [dims]
         if not dims:  # None or []: every dim, as torch reads it
             dims = list(range(_rank(x)))
+        if _rank(x) == 0:  # a 0-d tensor reduces to itself
+            return [Node("Identity", [e.name(x)], [e.out(n)])]
+        if any(_shape(x)[int(d) % _rank(x)] == 0 for d in dims) and op != "ReduceSum":
+            raise Unsupported("a reduction over an empty dim")
         axes = e.const("axes", np.array([int(d) for d in dims], np.int64))
         return [Node(op, [e.name(x), axes], [e.out(n)], {"keepdims": int(bool(keepdim))})]
 
@@ -350,6 +474,518 @@ def _getitem(n, e):  # a tuple member: the name its producer's lowering gave it
     return []
 
 
+def _compare(op, negate: bool = False):
+    def adapt(n, e):
+        a, b = n.args[:2]
+        dtypes = {str(_val(x).dtype) for x in (a, b) if hasattr(x, "op")}
+        if len(dtypes) != 1:
+            raise Unsupported(f"operands of dtypes {sorted(dtypes)}")
+        dt = dtypes.pop()
+        ins = [e.operand(a, "c", dt), e.operand(b, "c", dt)]
+        if not negate:
+            return [Node(op, ins, [e.out(n)])]
+        eq = e.graph.unique_name(f"{n.name}_eq")
+        return [Node(op, ins, [eq]), Node("Not", [eq], [e.out(n)])]
+
+    adapt.in_dtypes = (F32, I64)
+    adapt.out_dtypes = (BOOL,)
+    return adapt
+
+
+def _logical(op):
+    def adapt(n, e):
+        return [Node(op, [e.name(a) for a in n.args], [e.out(n)])]
+
+    adapt.in_dtypes = adapt.out_dtypes = (BOOL,)
+    return adapt
+
+
+def _where(n, e):
+    cond, a, b = n.args[:3]
+    if str(_val(cond).dtype) != BOOL:
+        raise Unsupported("a condition that is not bool")
+    return [Node("Where", [e.name(cond), e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+
+
+_where.in_dtypes = (F32, BOOL)
+
+
+def _constant(n, e):
+    """A tensor made of its arguments alone (scalar_tensor, full): an initializer."""
+    v = _val(n)
+    value = n.args[0] if n.target.__name__.startswith("scalar_tensor") else n.args[1]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Unsupported(f"a fill value of type {type(value).__name__}")
+    name = e.const(n.name, np.full(tuple(int(d) for d in v.shape), value, np.float32))
+    e.names[n] = name
+    return []
+
+
+def _identity(n, e):
+    return [Node("Identity", [e.name(n.args[0])], [e.out(n)])]
+
+
+_identity.in_dtypes = _identity.out_dtypes = (F32, BOOL)
+
+
+def _threshold_backward(n, e):
+    grad, x, threshold = n.args[:3]
+    mask = e.graph.unique_name(f"{n.name}_le")
+    return [
+        Node("LessOrEqual", [e.name(x), e.scalar("threshold", threshold)], [mask]),
+        Node("Where", [mask, e.scalar("zero", 0.0), e.name(grad)], [e.out(n)]),
+    ]
+
+
+def _convolution_backward(n, e):
+    """Gradients of a convolution: the input's by the transposed convolution, the weight's by a
+    convolution of the input with the output gradient (batch and channels swapped), the bias's a sum."""
+    grad, x, w, _bias_sizes, stride, padding, dilation, transposed, output_padding, groups, mask = n.args[:11]
+    if transposed:
+        raise Unsupported("the gradient of a transposed convolution")
+    k = _rank(w) - 2
+    stride, dilation, pads = _pairs(stride, k), _pairs(dilation, k), _pairs(padding, k)
+    ks = list(_shape(w)[2:])
+    names = list(e.outs(n, 3))
+    nodes = []
+    if mask[0]:
+        want, out = _shape(x)[2:], _shape(grad)[2:]
+        extra = [want[i] - ((out[i] - 1) * stride[i] - 2 * pads[i] + dilation[i] * (ks[i] - 1) + 1) for i in range(k)]
+        if any(p < 0 or p >= max(stride[i], dilation[i]) for i, p in enumerate(extra)):
+            raise Unsupported(f"output padding {extra} of the input gradient")
+        attrs = {"strides": stride, "pads": pads + pads, "dilations": dilation, "group": int(groups)}
+        attrs.update(kernel_shape=ks, output_padding=extra)
+        nodes.append(Node("ConvTranspose", [e.name(grad), e.name(w)], [names[0]], attrs))
+    else:
+        names[0] = None
+    if mask[1]:
+        if groups != 1:
+            raise Unsupported("the weight gradient of a grouped convolution")
+        perm = [1, 0] + list(range(2, k + 2))
+        xt, gt, full = (e.graph.unique_name(f"{n.name}_{h}") for h in ("xt", "gt", "wfull"))
+        wt = e.graph.unique_name(f"{n.name}_wt")
+        attrs = {"strides": dilation, "pads": pads + pads, "dilations": stride, "group": 1}
+        nodes += [
+            Node("Transpose", [e.name(x)], [xt], {"perm": perm}),
+            Node("Transpose", [e.name(grad)], [gt], {"perm": perm}),
+            Node("Conv", [xt, gt], [full], attrs),
+            Node(
+                "Slice",
+                [
+                    full,
+                    e.const("starts", np.zeros(k, np.int64)),
+                    e.const("ends", np.array(ks, np.int64)),
+                    e.const("axes", np.arange(2, k + 2, dtype=np.int64)),
+                ],
+                [wt],
+            ),
+            Node("Transpose", [wt], [names[1]], {"perm": perm}),
+        ]
+    else:
+        names[1] = None
+    if mask[2]:
+        axes = e.const("axes", np.array([0] + list(range(2, k + 2)), np.int64))
+        nodes.append(Node("ReduceSum", [e.name(grad), axes], [names[2]], {"keepdims": 0}))
+    else:
+        names[2] = None
+    e.names[n] = tuple(names)
+    return nodes
+
+
+def _batch_norm_training(n, e):
+    """Training-mode batch norm from reductions: the output, the batch mean and 1/std it saves for
+    the backward, the running statistics updated with ``momentum`` (the variance unbiased)."""
+    x, weight, bias, mean, var, training, momentum, eps = n.args[:8]
+    if not training:
+        raise Unsupported("batch norm in eval mode through the functional training op")
+    if weight is None or bias is None:
+        raise Unsupported("batch norm without affine weights")
+    shape = _shape(x)
+    c, rank = shape[1], len(shape)
+    count = int(np.prod(shape)) // c
+    if count < 2:
+        raise Unsupported("one value per channel (the unbiased variance divides by zero)")
+    axes = e.const("axes", np.array([0] + list(range(2, rank)), np.int64))
+    bshape = e.const("bshape", np.array([1, c] + [1] * (rank - 2), np.int64))
+    flat = e.const("cshape", np.array([c], np.int64))
+    y, save_mean, save_rstd, new_mean, new_var = e.outs(n, 5)
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in "mu d d2 v ve sd r xn wb bb xw m1 m2 vu v1 v2".split()}
+    m = float(momentum)
+    return [
+        Node("ReduceMean", [e.name(x), axes], [t["mu"]], {"keepdims": 1}),
+        Node("Sub", [e.name(x), t["mu"]], [t["d"]]),
+        Node("Mul", [t["d"], t["d"]], [t["d2"]]),
+        Node("ReduceMean", [t["d2"], axes], [t["v"]], {"keepdims": 1}),
+        Node("Add", [t["v"], e.scalar("eps", eps)], [t["ve"]]),
+        Node("Sqrt", [t["ve"]], [t["sd"]]),
+        Node("Reciprocal", [t["sd"]], [t["r"]]),
+        Node("Mul", [t["d"], t["r"]], [t["xn"]]),
+        Node("Reshape", [e.name(weight), bshape], [t["wb"]]),
+        Node("Reshape", [e.name(bias), bshape], [t["bb"]]),
+        Node("Mul", [t["xn"], t["wb"]], [t["xw"]]),
+        Node("Add", [t["xw"], t["bb"]], [y]),
+        Node("Reshape", [t["mu"], flat], [save_mean]),
+        Node("Reshape", [t["r"], flat], [save_rstd]),
+        Node("Mul", [e.name(mean), e.scalar("keep", 1.0 - m)], [t["m1"]]),
+        Node("Mul", [save_mean, e.scalar("momentum", m)], [t["m2"]]),
+        Node("Add", [t["m1"], t["m2"]], [new_mean]),
+        Node("Reshape", [t["v"], flat], [t["vu"]]),
+        Node("Mul", [e.name(var), e.scalar("keep", 1.0 - m)], [t["v1"]]),
+        Node("Mul", [t["vu"], e.scalar("momentum", m * count / (count - 1))], [t["v2"]]),
+        Node("Add", [t["v1"], t["v2"]], [new_var]),
+    ]
+
+
+def _clamp_tensor(n, e):
+    x, lo, hi = n.args[0], _kw(n, 1, "min", None), _kw(n, 2, "max", None)
+    nodes, cur = [], e.name(x)
+    for op, bound in (("Max", lo), ("Min", hi)):
+        if bound is None:
+            continue
+        nxt = e.graph.unique_name(f"{n.name}_{op.lower()}")
+        nodes.append(Node(op, [cur, e.operand(bound, "c")], [nxt]))
+        cur = nxt
+    nodes.append(Node("Identity", [cur], [e.out(n)]))
+    return nodes
+
+
+def _pow(n, e):
+    a, b = n.args[:2]
+    return [Node("Pow", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+
+
+def _fmod(n, e):
+    a, b = n.args[:2]
+    return [Node("Mod", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)], {"fmod": 1})]
+
+
+def _log_base(base: float):
+    def adapt(n, e):
+        ln = e.graph.unique_name(f"{n.name}_ln")
+        return [
+            Node("Log", [e.name(n.args[0])], [ln]),
+            Node("Div", [ln, e.scalar("ln_base", float(np.log(np.float64(base))))], [e.out(n)]),
+        ]
+
+    return adapt
+
+
+def _rsqrt(n, e):
+    root = e.graph.unique_name(f"{n.name}_sqrt")
+    return [Node("Sqrt", [e.name(n.args[0])], [root]), Node("Reciprocal", [root], [e.out(n)])]
+
+
+def _exp2(n, e):
+    return [Node("Pow", [e.scalar("two", 2.0), e.name(n.args[0])], [e.out(n)])]
+
+
+def _attr_unary(op, **attrs):
+    def adapt(n, e):
+        return [Node(op, [e.name(n.args[0])], [e.out(n)], dict(attrs))]
+
+    return adapt
+
+
+def _elu(n, e):
+    alpha, scale, input_scale = _kw(n, 1, "alpha", 1.0), _kw(n, 2, "scale", 1.0), _kw(n, 3, "input_scale", 1.0)
+    if scale != 1 or input_scale != 1:
+        raise Unsupported("elu with scale or input_scale != 1")
+    return [Node("Elu", [e.name(n.args[0])], [e.out(n)], {"alpha": float(alpha)})]
+
+
+def _softplus(n, e):
+    beta, threshold = _kw(n, 1, "beta", 1.0), _kw(n, 2, "threshold", 20.0)
+    if beta != 1 or threshold != 20:  # torch returns x above threshold / beta; log1p(exp(x)) agrees at 20
+        raise Unsupported(f"softplus beta {beta}, threshold {threshold} (mapped: 1, 20)")
+    return [Node("Softplus", [e.name(n.args[0])], [e.out(n)])]
+
+
+def _to_copy(n, e):
+    if set(n.kwargs) - {"dtype", "layout", "device", "memory_format"}:
+        raise Unsupported(f"arguments {sorted(n.kwargs)}")
+    if str(_val(n.args[0]).dtype) == F32:
+        return [Node("Identity", [e.name(n.args[0])], [e.out(n)])]  # float32 to float32 (check_dtypes)
+    # bool or int64 to float32: round to nearest, as torch converts
+    return [Node("Cast", [e.name(n.args[0])], [e.out(n)], {"to": 1})]
+
+
+_to_copy.in_dtypes = (F32, BOOL, I64)
+
+
+def _constant_pad(n, e):
+    x, pad = n.args[:2]
+    value = _kw(n, 2, "value", 0.0)
+    rank = _rank(x)
+    begins, ends = [0] * rank, [0] * rank
+    for i in range(len(pad) // 2):  # torch lists the last dim first
+        begins[rank - 1 - i], ends[rank - 1 - i] = int(pad[2 * i]), int(pad[2 * i + 1])
+    if any(d == 0 for d in _shape(x)) or any(d == 0 for d in _shape(n)):
+        raise Unsupported("an empty input or output")
+    return [
+        Node(
+            "Pad",
+            [e.name(x), e.const("pads", np.array(begins + ends, np.int64)), e.scalar("value", value)],
+            [e.out(n)],
+            {"mode": "constant"},
+        )
+    ]
+
+
+def _slice(n, e):
+    x = n.args[0]
+    dim, start, end, step = _kw(n, 1, "dim", 0), _kw(n, 2, "start", None), _kw(n, 3, "end", None), _kw(n, 4, "step", 1)
+    size = _shape(x)[int(dim) % _rank(x)]
+    start = 0 if start is None else int(start)
+    end = size if end is None else int(end)
+    start, end = (
+        max(min(start + size if start < 0 else start, size), 0),
+        max(min(end + size if end < 0 else end, size), 0),
+    )
+    if any(d == 0 for d in _shape(n)):
+        raise Unsupported("an empty result")
+    ins = [e.name(x)] + [e.const(h, np.array([v], np.int64)) for h, v in (("starts", start), ("ends", end))]
+    ins += [
+        e.const("axes", np.array([int(dim) % _rank(x)], np.int64)),
+        e.const("steps", np.array([int(step)], np.int64)),
+    ]
+    return [Node("Slice", ins, [e.out(n)])]
+
+
+def _select(n, e):
+    x, dim, index = n.args[:3]
+    rank = _rank(x)
+    dim = int(dim) % rank
+    index = int(index) % _shape(x)[dim]
+    part = e.graph.unique_name(f"{n.name}_slice")
+    ins = [e.name(x)] + [e.const(h, np.array([v], np.int64)) for h, v in (("starts", index), ("ends", index + 1))]
+    ins.append(e.const("axes", np.array([dim], np.int64)))
+    return [
+        Node("Slice", ins, [part]),
+        Node("Reshape", [part, e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)], {"allowzero": 1}),
+    ]
+
+
+def _flip(n, e):
+    x, dims = n.args[:2]
+    rank = _rank(x)
+    if not dims or rank == 0:
+        return [Node("Identity", [e.name(x)], [e.out(n)])]
+    axes = [int(d) % rank for d in dims]
+    if any(_shape(x)[a] == 0 for a in axes):
+        raise Unsupported("an empty dim")
+    k = len(axes)
+    ins = [
+        e.name(x),
+        e.const("starts", np.full(k, -1, np.int64)),
+        e.const("ends", np.full(k, np.iinfo(np.int64).min, np.int64)),
+        e.const("axes", np.array(axes, np.int64)),
+        e.const("steps", np.full(k, -1, np.int64)),
+    ]
+    return [Node("Slice", ins, [e.out(n)])]
+
+
+def _repeat(n, e):
+    x, repeats = n.args[:2]
+    repeats = [int(r) for r in repeats]
+    lead = len(repeats) - _rank(x)
+    if any(d == 0 for d in _shape(n)):
+        raise Unsupported("an empty result")
+    src = e.name(x)
+    nodes = []
+    if lead:
+        src = e.graph.unique_name(f"{n.name}_lead")
+        shape = [1] * lead + list(_shape(x))
+        nodes.append(Node("Reshape", [e.name(x), e.const("shape", np.array(shape, np.int64))], [src]))
+    return nodes + [Node("Tile", [src, e.const("repeats", np.array(repeats, np.int64))], [e.out(n)])]
+
+
+def _trilu(upper: int):
+    def adapt(n, e):
+        x = n.args[0]
+        k = int(_kw(n, 1, "diagonal", 0))
+        if _rank(x) < 2:
+            raise Unsupported("a tensor of rank < 2")
+        return [Node("Trilu", [e.name(x), e.const("k", np.array(k, np.int64))], [e.out(n)], {"upper": upper})]
+
+    return adapt
+
+
+def _cumsum(n, e):
+    x, dim = n.args[:2]
+    if n.kwargs.get("dtype") not in (None,) or _rank(x) == 0:
+        raise Unsupported("a dtype argument or a 0-d input")
+    return [Node("CumSum", [e.name(x), e.const("axis", np.array(int(dim) % _rank(x), np.int64))], [e.out(n)])]
+
+
+def _index_select(n, e):
+    x, dim, index = n.args[:3]
+    if _rank(x) == 0:
+        raise Unsupported("a 0-d input")
+    return [Node("Gather", [e.name(x), e.name(index)], [e.out(n)], {"axis": int(dim) % _rank(x)})]
+
+
+_index_select.in_dtypes = (F32, I64)
+
+
+def _embedding(n, e):
+    weight, ids = n.args[:2]
+    return [Node("Gather", [e.name(weight), e.name(ids)], [e.out(n)], {"axis": 0})]
+
+
+_embedding.in_dtypes = (F32, I64)
+
+
+def _gather(n, e):
+    x, dim, index = n.args[:3]
+    if _kw(n, 3, "sparse_grad", False) or _rank(x) == 0 or _rank(x) != _rank(index):
+        raise Unsupported("sparse_grad, a 0-d input or an index of another rank")
+    return [Node("GatherElements", [e.name(x), e.name(index)], [e.out(n)], {"axis": int(dim) % _rank(x)})]
+
+
+_gather.in_dtypes = (F32, I64)
+
+
+def _reduce_first(op):
+    """max.dim / min.dim: the values (output 0) by ReduceMax / ReduceMin; the int64 indices stay in torch."""
+
+    def adapt(n, e):
+        x, dim = n.args[:2]
+        keepdim = _kw(n, 2, "keepdim", False)
+        if _rank(x) == 0:
+            raise Unsupported("a 0-d input")
+        y, _ = e.outs(n, 2)
+        e.names[n] = (y, None)
+        axes = e.const("axes", np.array([int(dim) % _rank(x)], np.int64))
+        return [Node(op, [e.name(x), axes], [y], {"keepdims": int(bool(keepdim))})]
+
+    adapt.first_only = True
+    return adapt
+
+
+def _arange(n, e):
+    v = _val(n)
+    start, end, step = n.args[0], n.args[1], _kw(n, 2, "step", 1)
+    if any(isinstance(a, bool) or not isinstance(a, (int, float)) for a in (start, end, step)):
+        raise Unsupported("non-number bounds")
+    if str(v.dtype) == I64:
+        if not all(isinstance(a, int) for a in (start, end, step)):
+            raise Unsupported("int64 arange with float bounds")
+        values = np.arange(start, end, step, dtype=np.int64)
+    else:
+        values = np.arange(start, end, step, dtype=np.float64).astype(np.float32)
+    if values.shape != tuple(v.shape):
+        raise Unsupported(f"{values.shape[0]} values where torch makes {tuple(v.shape)}")
+    e.names[n] = e.const(n.name, values)
+    return []
+
+
+def _is(op):
+    def adapt(n, e):
+        return [Node(op, [e.name(n.args[0])], [e.out(n)])]
+
+    adapt.out_dtypes = (BOOL,)
+    return adapt
+
+
+_arange.out_dtypes = (F32, I64)
+for _f in (_reshape, _expand, _permute, _clone, _identity, _cat, _slice, _select, _split):
+    _f.in_dtypes = _f.out_dtypes = (F32, BOOL, I64)
+
+
+def _var_mean(n, e):
+    """var_mean.correction / var.correction: the variance with ``correction`` (and the mean) over
+    ``dim``; no degrees of freedom left divides by zero, inf or nan as torch gives."""
+    x = n.args[0]
+    dims = _kw(n, 1, "dim", None)
+    correction = n.kwargs.get("correction", 1)
+    keepdim = n.kwargs.get("keepdim", False)
+    rank = _rank(x)
+    if rank == 0:
+        raise Unsupported("a 0-d input")
+    dims = list(range(rank)) if not dims else [int(d) % rank for d in dims]
+    count = int(np.prod([_shape(x)[d] for d in dims]))
+    correction = 1 if correction is None else correction
+    with_mean = isinstance(_val(n), (tuple, list))
+    var, mean = e.outs(n, 2) if with_mean else (e.out(n), None)
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("m", "d", "d2", "s")}
+    axes = e.const("axes", np.array(dims, np.int64))
+    return [
+        Node("ReduceMean", [e.name(x), axes], [t["m"]], {"keepdims": 1}),
+        Node("Sub", [e.name(x), t["m"]], [t["d"]]),
+        Node("Mul", [t["d"], t["d"]], [t["d2"]]),
+        Node("ReduceSum", [t["d2"], axes], [t["s"]], {"keepdims": int(bool(keepdim))}),
+        Node("Div", [t["s"], e.scalar("dof", float(max(0, count - correction)))], [var]),
+    ] + ([Node("ReduceMean", [e.name(x), axes], [mean], {"keepdims": int(bool(keepdim))})] if with_mean else [])
+
+
+def _remainder(n, e):
+    a, b = n.args[:2]
+    return [Node("Mod", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)], {"fmod": 0})]
+
+
+def _trunc(n, e):
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("sign", "abs", "floor")}
+    x = e.name(n.args[0])
+    return [
+        Node("Sign", [x], [t["sign"]]),
+        Node("Abs", [x], [t["abs"]]),
+        Node("Floor", [t["abs"]], [t["floor"]]),
+        Node("Mul", [t["sign"], t["floor"]], [e.out(n)]),
+    ]
+
+
+def _cumprod(n, e):
+    x, dim = n.args[:2]
+    if n.kwargs.get("dtype") is not None or _rank(x) == 0:
+        raise Unsupported("a dtype argument or a 0-d input")
+    return [Node("CumProd", [e.name(x), e.const("axis", np.array(int(dim) % _rank(x), np.int64))], [e.out(n)])]
+
+
+def _vector_norm(n, e):
+    x = n.args[0]
+    order, dims, keepdim = _kw(n, 1, "ord", 2), _kw(n, 2, "dim", None), _kw(n, 3, "keepdim", False)
+    if n.kwargs.get("dtype") is not None or (len(n.args) > 4 and n.args[4] is not None):
+        raise Unsupported("a dtype argument")
+    rank = _rank(x)
+    dims = list(range(rank)) if not dims else [int(d) % rank for d in ([dims] if isinstance(dims, int) else dims)]
+    if rank == 0 or any(_shape(x)[d] == 0 for d in dims):
+        raise Unsupported("a 0-d input or an empty dim")
+    axes = e.const("axes", np.array(dims, np.int64))
+    attrs = {"keepdims": int(bool(keepdim))}
+    if order in (1, 2):
+        return [Node("ReduceL1" if order == 1 else "ReduceL2", [e.name(x), axes], [e.out(n)], attrs)]
+    if order in (float("inf"), float("-inf")):
+        a = e.graph.unique_name(f"{n.name}_abs")
+        op = "ReduceMax" if order > 0 else "ReduceMin"
+        return [Node("Abs", [e.name(x)], [a]), Node(op, [a, axes], [e.out(n)], attrs)]
+    raise Unsupported(f"ord {order} (mapped: 1, 2, inf, -inf)")
+
+
+def _copy(n, e):
+    dst, src = n.args[:2]
+    if str(_val(dst).dtype) != str(_val(src).dtype) or _kw(n, 2, "non_blocking", False):
+        raise Unsupported("a copy between dtypes")
+    return [Node("Expand", [e.name(src), e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)])]
+
+
+_copy.in_dtypes = _copy.out_dtypes = (F32, BOOL, I64)
+
+
+def _index(n, e):
+    """``x[..., idx]`` with one int64 index tensor and the dims before it whole: Gather on that dim."""
+    x, indices = n.args[:2]
+    used = [i for i, t in enumerate(indices) if t is not None]
+    if len(used) != 1 or str(_val(indices[used[0]]).dtype) != I64 or _rank(x) == 0:
+        raise Unsupported("indexing by more than one tensor, or by a bool mask")
+    axis = used[0]
+    if _shape(x)[axis] == 0 or any(d == 0 for d in _shape(n)):
+        raise Unsupported("an empty dim")
+    return [Node("Gather", [e.name(x), e.name(indices[axis])], [e.out(n)], {"axis": axis})]
+
+
+_index.in_dtypes = (F32, I64)
+
+
 #: lowerings that compute a tuple's output 0 alone (the others: saved statistics, int64 indices)
 for _f in (_batch_norm_eval, _batch_norm, _max_pool2d_with_indices, _layer_norm):
     _f.first_only = True
@@ -381,6 +1017,110 @@ def _table():
         aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,  # -> GlobalAveragePool (1x1)
         aten.cat.default: _cat,  # -> Concat
         aten.relu.default: _unary("Relu"),
+        aten.add.Scalar: _binary("Add"),
+        aten.sub.Scalar: _binary("Sub"),
+        aten.mul.Scalar: _binary("Mul"),
+        aten.div.Scalar: _binary("Div"),
+        aten.var_mean.correction: _var_mean,  # -> reductions
+        aten.var.correction: _var_mean,  # -> reductions
+        aten.index.Tensor: _index,  # -> Gather (one int64 index tensor)
+        aten.native_group_norm.default: _group_norm,  # -> reductions, Mul, Add
+        aten.linalg_vector_norm.default: _vector_norm,  # -> ReduceL1 / ReduceL2 / Reduce{Max,Min}(Abs)
+        aten.copy.default: _copy,  # -> Expand (src to dst's shape)
+        aten.remainder.Tensor: _remainder,  # -> Mod(fmod=0)
+        aten.remainder.Scalar: _remainder,  # -> Mod(fmod=0)
+        aten.trunc.default: _trunc,  # -> Sign * Floor(Abs)
+        aten.cumprod.default: _cumprod,  # -> CumProd
+        aten.acos.default: _unary("Acos"),
+        aten.asin.default: _unary("Asin"),
+        aten.atan.default: _unary("Atan"),
+        aten.acosh.default: _unary("Acosh"),
+        aten.asinh.default: _unary("Asinh"),
+        aten.atanh.default: _unary("Atanh"),
+        aten.cos.default: _unary("Cos"),
+        aten.sin.default: _unary("Sin"),
+        aten.tan.default: _unary("Tan"),
+        aten.cosh.default: _unary("Cosh"),
+        aten.sinh.default: _unary("Sinh"),
+        aten.floor.default: _unary("Floor"),
+        aten.ceil.default: _unary("Ceil"),
+        aten.round.default: _unary("Round"),  # both round half to even
+        aten.sign.default: _unary("Sign"),
+        aten.sgn.default: _unary("Sign"),
+        aten.rsqrt.default: _rsqrt,  # -> Reciprocal(Sqrt)
+        aten.prod.default: _reduce("ReduceProd"),
+        aten.log2.default: _log_base(2.0),  # -> Log / ln 2
+        aten.log10.default: _log_base(10.0),  # -> Log / ln 10
+        aten.exp2.default: _exp2,  # -> Pow(2, x)
+        aten.silu.default: _attr_unary("Swish", alpha=1.0),
+        aten.mish.default: _unary("Mish"),
+        aten.hardswish.default: _unary("HardSwish"),
+        aten.hardsigmoid.default: _attr_unary("HardSigmoid", alpha=1.0 / 6.0, beta=0.5),
+        aten.elu.default: _elu,  # -> Elu
+        aten.softplus.default: _softplus,  # -> Softplus
+        aten.maximum.default: _binary("Max"),
+        aten.minimum.default: _binary("Min"),
+        aten.clamp.Tensor: _clamp_tensor,  # -> Max, Min
+        aten.pow.Tensor_Tensor: _pow,  # -> Pow
+        aten.pow.Tensor_Scalar: _pow,  # -> Pow
+        aten.pow.Scalar: _pow,  # -> Pow
+        aten.fmod.Tensor: _fmod,  # -> Mod(fmod=1)
+        aten.fmod.Scalar: _fmod,  # -> Mod(fmod=1)
+        aten.isnan.default: _is("IsNaN"),
+        aten.isinf.default: _is("IsInf"),
+        aten.bitwise_not.default: _logical("Not"),
+        aten._to_copy.default: _to_copy,  # -> Identity (float32 to float32)
+        aten.detach.default: _identity,  # -> Identity
+        aten.detach_copy.default: _identity,  # -> Identity
+        aten.alias_copy.default: _identity,  # -> Identity
+        aten.full_like.default: _constant,  # -> an initializer
+        aten.arange.start_step: _arange,  # -> an initializer
+        aten.constant_pad_nd.default: _constant_pad,  # -> Pad
+        aten.slice.Tensor: _slice,  # -> Slice
+        aten.slice_copy.Tensor: _slice,  # -> Slice
+        aten.select.int: _select,  # -> Slice + Reshape
+        aten.select_copy.int: _select,  # -> Slice + Reshape
+        aten.flip.default: _flip,  # -> Slice (step -1)
+        aten.repeat.default: _repeat,  # -> Tile
+        aten.tril.default: _trilu(0),  # -> Trilu
+        aten.triu.default: _trilu(1),  # -> Trilu
+        aten.cumsum.default: _cumsum,  # -> CumSum
+        aten.index_select.default: _index_select,  # -> Gather
+        aten.embedding.default: _embedding,  # -> Gather
+        aten.gather.default: _gather,  # -> GatherElements
+        aten.max.dim: _reduce_first("ReduceMax"),  # values only
+        aten.min.dim: _reduce_first("ReduceMin"),  # values only
+        aten.amin.default: _reduce("ReduceMin"),
+        aten.mean.default: _reduce("ReduceMean"),
+        aten.prod.dim_int: _reduce("ReduceProd"),
+        aten.squeeze.dim: _reshape,  # -> Reshape
+        aten.squeeze.default: _reshape,  # -> Reshape
+        aten.squeeze_copy.dim: _reshape,  # -> Reshape
+        aten.squeeze_copy.default: _reshape,  # -> Reshape
+        aten.alias.default: _identity,  # -> Identity
+        aten.lift_fresh_copy.default: _identity,  # -> Identity
+        aten.le.Scalar: _compare("LessOrEqual"),
+        aten.le.Tensor: _compare("LessOrEqual"),
+        aten.lt.Scalar: _compare("Less"),
+        aten.lt.Tensor: _compare("Less"),
+        aten.ge.Scalar: _compare("GreaterOrEqual"),
+        aten.ge.Tensor: _compare("GreaterOrEqual"),
+        aten.gt.Scalar: _compare("Greater"),
+        aten.gt.Tensor: _compare("Greater"),
+        aten.eq.Scalar: _compare("Equal"),
+        aten.eq.Tensor: _compare("Equal"),
+        aten.ne.Scalar: _compare("Equal", negate=True),  # -> Not(Equal)
+        aten.ne.Tensor: _compare("Equal", negate=True),  # -> Not(Equal)
+        aten.logical_not.default: _logical("Not"),
+        aten.logical_and.default: _logical("And"),
+        aten.logical_or.default: _logical("Or"),
+        aten.logical_xor.default: _logical("Xor"),
+        aten.where.self: _where,  # -> Where
+        aten.scalar_tensor.default: _constant,  # -> an initializer
+        aten.full.default: _constant,  # -> an initializer
+        aten.threshold_backward.default: _threshold_backward,  # -> LessOrEqual + Where
+        aten.convolution_backward.default: _convolution_backward,  # -> ConvTranspose, Conv, ReduceSum
+        aten._native_batch_norm_legit_functional.default: _batch_norm_training,  # -> reductions, Mul, Add
         aten.hardtanh.default: _clip("min_val", "max_val", -1.0, 1.0),  # -> Clip
         aten.clamp.default: _clip("min", "max", None, None),  # -> Clip
         aten.leaky_relu.default: _leaky_relu,  # -> LeakyRelu

@@ -1,0 +1,114 @@
+"""PyTorch's OpInfo database through the opsnn torch backend (``opsnn conformance --suite
+torch-opinfo``): a fixed sample of entries, every sample against torch eager (the oracle) with the
+entry's tolerances. No entry may give a wrong result, and the count of entries that run fully on
+opsnn may only go up (FLOOR)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("expecttest")  # torch.testing._internal imports it
+
+from opsnn.frontends.torch import opinfo  # noqa: E402
+
+#: a fixed sample of op_db entries: elementwise math, reductions, matmuls, convolution, norms,
+#: shape ops, and a few with no exact mapping (data-dependent shapes, unmapped ops, integer results)
+SAMPLE = [
+    "abs",
+    "acos",
+    "add",
+    "addmm",
+    "amax",
+    "bmm",
+    "cat",
+    "ceil",
+    "clamp",
+    "cos",
+    "cumsum",
+    "div.no_rounding_mode",
+    "erfinv",
+    "exp",
+    "flip",
+    "floor",
+    "fmod",
+    "gather",
+    "index_select",
+    "log_softmax",
+    "maximum",
+    "mean",
+    "mm",
+    "mul",
+    "neg",
+    "nn.functional.conv2d",
+    "nn.functional.elu",
+    "nn.functional.gelu",
+    "nn.functional.hardswish",
+    "nn.functional.layer_norm",
+    "nn.functional.linear",
+    "nn.functional.relu",
+    "nonzero",
+    "pow",
+    "sigmoid",
+    "sin",
+    "softmax",
+    "sub",
+    "sum",
+    "tril",
+    "where",
+]
+
+#: entries of SAMPLE that pass with every sample on opsnn; raise it as mappings land, never lower it
+FLOOR = 34
+
+
+@pytest.fixture(scope="module")
+def report():
+    return opsnn_run()
+
+
+def opsnn_run():
+    return opinfo.run(opinfo.entries(SAMPLE), timeout=120, progress=False)
+
+
+def test_no_wrong_results_and_the_floor_holds(report):
+    by = {r.name: r for r in report.results}
+    wrong = {r.name: r.reason for r in report.results if r.status == opinfo.FAIL}
+    assert not wrong, wrong
+    assert report.totals()["wrong_samples"] == 0
+    passed = sorted(r.name for r in report.results if r.status == opinfo.PASS)
+    assert len(passed) >= FLOOR, (len(passed), passed)
+    # a pass means every sample ran on opsnn: none of its samples left a node to torch
+    for r in report.results:
+        if r.status == opinfo.PASS:
+            assert r.on_opsnn > 0 and r.on_torch == 0 and r.wrong == 0, r
+    # what opsnn cannot run exactly falls back, with its reason
+    assert by["nonzero"].status == opinfo.FALLBACK and "nonzero" in by["nonzero"].reason
+    assert by["erfinv"].status == opinfo.FALLBACK and "aten.erfinv.default" in by["erfinv"].fallback_ops
+
+
+def test_wrong_result_is_caught(monkeypatch):
+    """The harness itself: an adapter that lowers to the wrong op is reported as a failure."""
+    from opsnn.frontends.torch import aten
+
+    table = aten.build_table()
+    monkeypatch.setitem(table, torch.ops.aten.sin.default, aten._unary("Cos"))
+    [r] = opinfo.run(opinfo.entries(["sin"]), progress=False).results
+    assert r.status == opinfo.FAIL and r.wrong >= 1 and "values outside" in r.reason
+
+
+def test_cli_writes_the_json_report(tmp_path, capsys):
+    from opsnn import cli
+
+    out = tmp_path / "r.json"
+    code = cli.main(
+        ["conformance", "--suite", "torch-opinfo", "--ops", "nn.functional.relu,nonzero", "--out", str(out)]
+    )
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["suite"] == "torch-opinfo" and data["totals"]["total"] == 2
+    assert data["entries"]["nn.functional.relu"]["status"] == "pass"
+    assert data["entries"]["nonzero"]["status"] == "fallback"
+    assert "nn.functional.relu" in capsys.readouterr().out
