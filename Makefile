@@ -32,8 +32,11 @@ sysdeps:
 	  fi; \
 	fi
 
+# the suite in two worker processes, a test file per worker at a time: a cold kernel cache compiles
+# on both cores (numba's compiler lock serializes one process); TEST_WORKERS=0 runs it in this process
+TEST_WORKERS ?= 2
 test: venv-test sysdeps
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 # house style: ruff's rules as configured in pyproject.toml (each ignore there says why) and its formatter
 lint: venv-test
