@@ -358,7 +358,7 @@ def _hint_fused_elementwise(draw, rec):
 
     n_in = draw.int(1, 2)
     shape = (draw.int(1, 3), draw.choice([4, 7, 16]))
-    binary = [op for op in TEMPLATES if "{b}" in TEMPLATES[op][0]]
+    binary = [op for op in TEMPLATES if "{b}" in TEMPLATES[op]]
     prog = []
     for k in range(draw.int(1, 5)):
         op = draw.choice(sorted(TEMPLATES))
