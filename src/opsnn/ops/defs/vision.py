@@ -254,6 +254,8 @@ def grid_sample_numpy(x, grid, attrs) -> np.ndarray:
     sp = x.shape[2:]
     r = len(sp)
     out_sp = grid.shape[1:-1]
+    if n * c * math.prod(out_sp) == 0:  # an empty output: nothing to sample (reshape(n, c, -1) cannot size 0)
+        return _cast_result(np.zeros((n, c) + tuple(out_sp)), x.dtype, mode)
     g = grid.astype(np.float64).reshape(n, -1, r)
     p = g.shape[1]
     xr = x.astype(np.float64).reshape(n, c, -1)
