@@ -80,6 +80,20 @@ def test_out_view(fuzz_pool, op, view, domain):
     check(fuzz_pool, {"kind": "out_view", "seed": 0, "op": op, "view": view, "domain": domain})
 
 
+# -- cases `opsnn fuzz --minutes 30 --seed 70000` (and earlier runs) found, fixed since -----------------------------------
+@pytest.mark.parametrize(
+    "kind,seed",
+    [
+        ("op_schema", 56708),  # FusedElementwise [Erf, Floor]: the reference skipped the unfused rounding
+        ("nan_inf", 71592),  # GridSample's numpy kernel on C = 0: a reshape ValueError
+        ("out_view", 71669),  # GlobalLpPool on C = 0: a reshape ValueError
+        ("nan_inf", 72146),  # RMSNormalization, float32 X and float64 scale: judged at float32 (an oracle fix)
+    ],
+)
+def test_found_by_long_runs(fuzz_pool, kind, seed):
+    check(fuzz_pool, {"kind": kind, "seed": seed})
+
+
 # -- resources -----------------------------------------------------------------------------------------------------------
 def test_soak(fuzz_pool):
     """Mixed eager calls and compiled runs at varying shapes (scaled down; `opsnn fuzz` runs 10,000 +

@@ -438,10 +438,24 @@ def _tolerance(dtype) -> tuple[float, float]:
     return 3e-2, 3e-2  # bfloat16, float8
 
 
-def compare(got, want, what: str = "", *, nonfinite: bool = True) -> str | None:
+def _loosest(dtypes) -> np.dtype | None:
+    """The float dtype of least precision among ``dtypes`` (None when none is a float)."""
+    floats = [np.dtype(d) for d in dtypes if np.dtype(d).kind == "f" or np.dtype(d).name == "bfloat16"]
+    return max(floats, key=lambda d: _tolerance(d)[0], default=None)
+
+
+def input_tolerance_dtype(case: dict):
+    """The float input of least precision: an op may compute in it (ONNX's RMSNormalization normalizes a
+    float32 X in float32 and only then multiplies by a float64 scale), so its result is judged at that
+    precision even where the output's dtype is wider."""
+    return _loosest(x.dtype for x in case["inputs"] if x is not None and getattr(x, "size", 0))
+
+
+def compare(got, want, what: str = "", *, nonfinite: bool = True, tol_dtype=None) -> str | None:
     """None when ``got`` matches ``want`` (shape, dtype, values, NaN/Inf positions), else why not.
     ``nonfinite=False``: where ``want`` is NaN or Inf anything goes (``got`` must still be finite and
-    close wherever ``want`` is finite)."""
+    close wherever ``want`` is finite). ``tol_dtype``: judge values at the looser of its precision and
+    ``want``'s (see :func:`input_tolerance_dtype`)."""
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
         return f"{what}shape {got.shape}, expected {want.shape}"
@@ -473,7 +487,7 @@ def compare(got, want, what: str = "", *, nonfinite: bool = True) -> str | None:
             )
     fin = np.isfinite(w)
     if fin.any():
-        rtol, atol = _tolerance(want.dtype)
+        rtol, atol = _tolerance(_loosest([want.dtype] + ([tol_dtype] if tol_dtype is not None else [])))
         scale = max(1.0, float(np.max(np.abs(w[fin]))))
         diff = np.abs(g[fin] - w[fin])
         lim = atol * scale + rtol * np.abs(w[fin])
@@ -554,7 +568,13 @@ def run_op_case(case: dict, *, algo: str | None = None, check: bool = True) -> t
     for i, (g, w) in enumerate(zip(got, want)):
         if g is None or w is None:
             continue
-        why = compare(g, np.asarray(w), f"{rec.name} output {i}: ", nonfinite=rec.name not in NONFINITE_LENIENT)
+        why = compare(
+            g,
+            np.asarray(w),
+            f"{rec.name} output {i}: ",
+            nonfinite=rec.name not in NONFINITE_LENIENT,
+            tol_dtype=input_tolerance_dtype(case),
+        )
         if why:
             return FAIL, why
     return OK, ""
@@ -737,7 +757,12 @@ def case_out_view(seed: int, op: str | None = None, view: str | None = None, dom
         _drain_errors()
         return FAIL, f"{rec.name} {view}: prepare accepted the out= view, run raised {_describe(exc)}"
     for i, (o, w) in enumerate(zip(outs, want)):
-        why = compare(np.array(o.numpy()), w, f"{rec.name} out[{i}] ({view} view {o.strides}): ")
+        why = compare(
+            np.array(o.numpy()),
+            w,
+            f"{rec.name} out[{i}] ({view} view {o.strides}): ",
+            tol_dtype=input_tolerance_dtype(case),
+        )
         if why:
             return FAIL, why
     if view != "expanded":
@@ -1002,7 +1027,13 @@ def case_op_graph(seed: int) -> tuple[str, str]:
             else (FAIL, f"{rec.name} as a graph: untyped {_describe(exc)}")
         )
     for i, (g, w) in enumerate(zip(got, want)):
-        why = compare(g, np.asarray(w), f"{rec.name} (graph) output {i}: ", nonfinite=rec.name not in NONFINITE_LENIENT)
+        why = compare(
+            g,
+            np.asarray(w),
+            f"{rec.name} (graph) output {i}: ",
+            nonfinite=rec.name not in NONFINITE_LENIENT,
+            tol_dtype=input_tolerance_dtype(case),
+        )
         if why:
             return FAIL, why
     return OK, rec.name
