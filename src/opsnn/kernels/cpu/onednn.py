@@ -895,6 +895,7 @@ class MatMulPrimitive:
         )
 
     _ptrs, __call__, bind = ConvPrimitive._ptrs, ConvPrimitive.__call__, ConvPrimitive.bind
+    checked = None  # ConvPrimitive's OPSNN_CONV_IEEE path: a matmul runs such activations after it
 
 
 class BatchMatMulPrimitive:
