@@ -28,6 +28,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import InferShapeError, ParamInvalidError
 from ...kernels.cpu import pool as K
+from ...runtime.memory import check_request
 from ...tensor import Tensor, as_tensor
 from ..api import api
 from ..registry import Attr, Input, Output, TensorMeta, register_op
@@ -398,6 +399,8 @@ def _global_lp_numpy(ins, outs, attrs, plan, ws):
         return
     x = ins[0].reshape(outs[0].size, -1)
     p = float(attrs["p"])
+    if p != 2.0:  # |x| and |x| ** p: two temporaries of x's size outside the pool
+        check_request(2 * x.nbytes, "GlobalLpPool: |X| ** p")
     if p == 2.0:
         r = np.sqrt(np.einsum("ij,ij->i", x, x))
     elif p == 1.0:
