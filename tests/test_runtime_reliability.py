@@ -369,11 +369,13 @@ def test_kernel_temporaries_larger_than_their_output_are_checked_against_the_cap
     xi = rng.integers(-5, 5, (1, 16, 192, 192)).astype(np.int8)  # 576 KB, temporaries 5.8 MB
     wi = rng.integers(-5, 5, (4, 16, 3, 3)).astype(np.int8)
     q = rng.standard_normal((1, 4, 512, 8)).astype(np.float32)  # 64 KB, scores 4 MB
+    grid = rng.uniform(-1, 1, (1, 32, 32, 2)).astype(np.float32)  # on x: 8 MB of float64 X
     cases = [  # op, inputs, attrs, kernel, what the error names, tolerance
         ("LRN", [x], {"size": 3}, "lrn_numpy", "LRN: float64 window sums", 1e-5),
         ("GlobalLpPool", [x4], {"p": 3}, "global_lp_pool_numpy", "GlobalLpPool", 1e-5),
         ("ConvInteger", [xi, wi], {}, "conv_integer_im2col", "ConvInteger/QLinearConv", 0),
         ("Attention", [q, q, q], {}, "attention_blas", "Attention", 1e-5),
+        ("GridSample", [x, grid], {}, "grid_sample_numpy", "GridSample", 1e-5),
     ]
     tensors = [[opsnn.tensor(a) for a in ins] for _, ins, _, _, _, _ in cases]
     for (op, _ins, attrs, algo, what, _tol), ts in zip(cases, tensors):

@@ -22,6 +22,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, KernelNotFoundError, ParamInvalidError
 from ...kernels.cpu import vision as K
+from ...runtime.memory import check_request
 from ..api import api
 from ..registry import Attr, Input, TensorMeta, register_op
 from .elementwise import onnx_dtype, onnx_enum
@@ -256,6 +257,8 @@ def grid_sample_numpy(x, grid, attrs) -> np.ndarray:
     out_sp = grid.shape[1:-1]
     if n * c * math.prod(out_sp) == 0:  # an empty output: nothing to sample (reshape(n, c, -1) cannot size 0)
         return _cast_result(np.zeros((n, c) + tuple(out_sp)), x.dtype, mode)
+    # X, the grid and ~4 (N, points, C) arrays in float64 outside the pool: checked first
+    check_request(8 * (x.size + grid.size + 4 * n * c * math.prod(out_sp)), "GridSample (numpy): float64 samples")
     g = grid.astype(np.float64).reshape(n, -1, r)
     p = g.shape[1]
     xr = x.astype(np.float64).reshape(n, c, -1)
