@@ -349,3 +349,31 @@ def test_max_abs_says_inf_for_any_nan_or_inf(rng):
                 y = x.copy()
                 y[n // 2] = v
                 assert KF.max_abs(y) == np.inf
+
+
+def test_blocked_conv_chain_keeps_nan_in_a_compiled_graph_with_the_ieee_switch(monkeypatch, rng):
+    """Conv -> Relu -> Conv -> Relu compiled (a blocked oneDNN chain where oneDNN runs): with OPSNN_CONV_IEEE=1
+    the NaN an input NaN or Inf spreads to is where the unoptimized graph has it (without it, 0)."""
+    from opsnn.graph import Graph, Node, Value, run
+
+    monkeypatch.setenv(KD.CONV_IEEE_ENV, "1")
+    w1, w2 = ((rng.standard_normal((16, 16, 3, 3)) * 0.3).astype(np.float32) for _ in range(2))
+    g = Graph(
+        "chain",
+        inputs=[Value("x", np.float32, (1, 16, 12, 12))],
+        outputs=["y"],
+        initializers={"w1": w1, "w2": w2},
+        nodes=[
+            Node("Conv", ["x", "w1"], ["a"], {"pads": [1, 1, 1, 1]}),
+            Node("Relu", ["a"], ["r"]),
+            Node("Conv", ["r", "w2"], ["b"], {"pads": [1, 1, 1, 1]}),
+            Node("Relu", ["b"], ["y"]),
+        ],
+    )
+    x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    x[0, 3, 5, 5], x[0, 7, 2, 9] = np.nan, np.inf
+    want = run(g, {"x": x})["y"]
+    want = np.asarray(want.numpy() if hasattr(want, "numpy") else want, np.float64)
+    got = opsnn.compile(g).run({"x": x})["y"].numpy().astype(np.float64)
+    assert np.isnan(want).any()
+    _assert_ieee_equal(got, want, 2e-4, "compiled Conv-Relu chain")
