@@ -437,6 +437,18 @@ def test_roi_align_16bit_and_bad_batch_index(rng):
         ops.roi_align(x, rois[:, :3], b, 2)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("col", [0, 3])
+def test_max_roi_pool_refuses_a_non_finite_roi(bad, col):
+    """A NaN or Inf batch index or coordinate: a typed error naming the roi (int() of it raised an untyped
+    ValueError / OverflowError: found by opsnn fuzz, nan_inf 81873 and 82623)."""
+    x = np.ones((1, 2, 5, 5), np.float32)
+    rois = np.array([[0, 0, 0, 3, 3], [0, 1, 1, 2, 2]], np.float32)
+    rois[1, col] = bad
+    with pytest.raises(ParamInvalidError, match=r"MaxRoiPool: roi 1 is .* expected finite"):
+        ops.roi_pool(opsnn.tensor(x), opsnn.tensor(rois), (2, 2)).numpy()
+
+
 def test_max_roi_pool(rng):
     x = rng.standard_normal((2, 3, 8, 9)).astype(np.float32)
     rois = np.array([[0, 0, 0, 7, 7], [1, 2.4, 1.5, 6.6, 3.5], [1, 8, 7, 20, 20], [0, 3, 3, 3, 3]], np.float32)
