@@ -80,7 +80,7 @@ def test_out_view(fuzz_pool, op, view, domain):
     check(fuzz_pool, {"kind": "out_view", "seed": 0, "op": op, "view": view, "domain": domain})
 
 
-# -- cases `opsnn fuzz --minutes 30 --seed 70000` (and earlier runs) found, fixed since -----------------------------------
+# -- cases two `opsnn fuzz --minutes 30 --seed 70000` runs (and earlier ones) found, fixed since ---------------------------------
 @pytest.mark.parametrize(
     "kind,seed",
     [
@@ -88,6 +88,9 @@ def test_out_view(fuzz_pool, op, view, domain):
         ("nan_inf", 71592),  # GridSample's numpy kernel on C = 0: a reshape ValueError
         ("out_view", 71669),  # GlobalLpPool on C = 0: a reshape ValueError
         ("nan_inf", 72146),  # RMSNormalization, float32 X and float64 scale: judged at float32 (an oracle fix)
+        ("nan_inf", 81873),  # MaxRoiPool on an Inf roi coordinate: an untyped OverflowError
+        ("nan_inf", 82623),  # MaxRoiPool on a NaN roi coordinate: an untyped ValueError
+        ("onnx_mutate", 82570),  # a 3.4e38 constant into Conv: Inf - Inf or -Inf by summation order (oracle)
     ],
 )
 def test_found_by_long_runs(fuzz_pool, kind, seed):
