@@ -891,6 +891,14 @@ def test_col2im(rng):
         )
     with pytest.raises(ParamInvalidError, match="L = 12 blocks"):
         ops.col2im(rand(rng, (1, 4, 12)), (5, 5), (2, 2))
+    # a 0 stride divided by zero, untyped (found by opsnn fuzz, op_schema 93955); negative sizes likewise
+    for img, blk, attrs in [
+        ((4, 5), (2, 2), {"strides": [3, 0]}),
+        ((4, 5), (-1, 2), {}),
+        ((4, 5), (2, 2), {"dilations": [0, 1]}),
+    ]:
+        with pytest.raises(ParamInvalidError, match="must be >= 1"):
+            ops.col2im(rand(rng, (2, 8, 12)), img, blk, **attrs)
 
 
 # ---------------------------------------------------------------------------------------------

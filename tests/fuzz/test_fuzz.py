@@ -91,6 +91,7 @@ def test_out_view(fuzz_pool, op, view, domain):
         ("nan_inf", 81873),  # MaxRoiPool on an Inf roi coordinate: an untyped OverflowError
         ("nan_inf", 82623),  # MaxRoiPool on a NaN roi coordinate: an untyped ValueError
         ("op_schema", 84930),  # Split with an empty 'split' and num_outputs: 0 outputs counted, IndexError
+        ("op_schema", 93955),  # Col2Im with a 0 stride: an untyped ZeroDivisionError
         ("onnx_mutate", 82570),  # a 3.4e38 constant into Conv: Inf - Inf or -Inf by summation order (oracle)
     ],
 )

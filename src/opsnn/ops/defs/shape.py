@@ -1719,6 +1719,12 @@ def _col2im_params(op, x_shape, image_shape, block_shape, attrs):
     strides = list(attrs["strides"] or [1] * nd)
     if len(dil) != nd or len(strides) != nd or len(pads) != 2 * nd:
         raise ParamInvalidError(f"{op}: dilations/strides need {nd} entries and pads {2 * nd}", op=op)
+    if min(strides + dil + blk, default=1) < 1 or min(pads + img, default=0) < 0:  # a 0 stride: ZeroDivisionError
+        raise ParamInvalidError(
+            f"{op}: strides, dilations and block_shape must be >= 1 and pads, image_shape >= 0, got strides "
+            f"{strides}, dilations {dil}, block_shape {blk}, pads {pads}, image_shape {img}",
+            op=op,
+        )
     if len(x_shape) != 3:
         raise ParamInvalidError(f"{op}: input must be (N, C*prod(block), L), got {tuple(x_shape)}", op=op)
     kk = math.prod(blk)
