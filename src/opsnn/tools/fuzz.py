@@ -1431,8 +1431,8 @@ class WorkerPool:
             return ""
         self.log.seek(0, 2)
         size = self.log.tell()
-        self.log.seek(max(0, size - 1500))
-        return self.log.read().decode(errors="replace").strip().replace("\n", " | ")[-1200:]
+        self.log.seek(max(0, size - 4000))
+        return self.log.read().decode(errors="replace").strip().replace("\n", " | ")[-3500:]  # a faulthandler stack
 
     def run(self, spec: dict, timeout: float | None = None) -> dict:
         if (self.proc is None or self.proc.poll() is not None) and not self._start():
@@ -1472,8 +1472,11 @@ class WorkerPool:
 
 def _worker_main() -> None:
     """Serve specs from stdin until it closes; answers go to the saved stdout (prints go to stderr)."""
+    import faulthandler
+
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+    faulthandler.enable()  # a crash prints every thread's Python stack to stderr: the failing case's log tail
     # a cap on the pool: a hostile model asking for gigabytes (pads of 10**6) ends in OutOfMemoryError
     # rather than minutes of legitimate work
     memory.set_cap(int(os.environ.get("OPSNN_FUZZ_CAP_BYTES", str(1 << 30))))
