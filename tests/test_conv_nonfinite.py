@@ -17,6 +17,7 @@ import pytest
 import opsnn  # noqa: F401  (registers the ops)
 from opsnn.errors import KernelNotFoundError
 from opsnn.kernels.cpu import blocked as KB
+from opsnn.kernels.cpu import fused as KF
 from opsnn.kernels.cpu import mkl as KM
 from opsnn.kernels.cpu import onednn as KD
 from opsnn.ops.autotune import NotPreferred
@@ -300,3 +301,79 @@ def test_explain_shows_how_the_chosen_kernel_keeps_nan_and_inf(rng):
     for k in nonfinite:
         assert f"inf/nan: {' '.join(k.nonfinite.split())}" in flat
     assert ("inf/nan:" in text) == bool(nonfinite), text
+
+
+def test_blocked_conv_keeps_nan_under_relu_with_the_ieee_switch(monkeypatch, rng):
+    """OPSNN_CONV_IEEE=1: oneDNN's blocked convolution with a Relu post-op keeps NaN (the post-op's max gives 0)
+    where a NaN or Inf in X, W or Z can make a pre-activation NaN, through the kernel call and the bound call
+    the graph engine makes; finite inputs of moderate size keep the fused post-op, a huge finite X does not."""
+    monkeypatch.setenv(KD.CONV_IEEE_ENV, "1")
+    rec = get_op("BlockedConv", "opsnn")
+    k = next(k for k in rec.kernels if k.name == "conv_onednn")
+    ran = 0
+    for case, kind in itertools.product(_cases("BlockedConv"), ("x", "w")):
+        ins, attrs, want, to_plain = _inputs("BlockedConv", case, kind, np.float32, rng)
+        metas = [TensorMeta(a.shape, a.dtype) for a in ins]
+        ctx = plan_op(rec, metas, [None, ins[1], None, None], attrs, algo="reference").ctx
+        why = k.check(ctx)
+        if why is not None and not isinstance(why, NotPreferred):
+            pytest.skip(f"conv_onednn does not run here: {why}")
+        plan = k.plan(ctx)
+        assert plan.prim.checked is not None
+        ins = [np.ascontiguousarray(a) for a in ins]
+        for how in ("call", "bind"):
+            out = np.full(ctx.outputs[0].shape, 7.0, np.float32)
+            if how == "call":
+                k.fn(ins, [out], ctx.attrs, plan, None)
+            else:
+                plan.prim.bind(ins[0], ins[2], ins[3], out)()
+            assert np.isnan(want).any()
+            _assert_ieee_equal(
+                to_plain(out).astype(np.float64), want, 2e-4, f"conv_onednn {how} on {case}, NaN/Inf in {kind}"
+            )
+        ran += 1
+        x, b, z = ins[0], ins[2], ins[3]
+        # finite X of moderate size: the fused post-op runs (unless W itself holds Inf or NaN)
+        assert plan.prim.bounded(np.ones_like(x), b, z) == (kind == "x")
+        huge = np.full_like(x, 1e38)
+        assert not plan.prim.bounded(huge, b, z)  # 1e38 * sum|W| could overflow: Inf - Inf would be NaN
+    assert ran
+
+
+def test_max_abs_says_inf_for_any_nan_or_inf(rng):
+    for n in (0, 5, KF.MAX_ABS_CHUNK * 3 + 7):
+        x = rng.standard_normal(n).astype(np.float32)
+        assert KF.max_abs(x) == (float(np.abs(x).max()) if n else 0.0)
+        for v in (np.nan, np.inf, -np.inf):
+            if n:
+                y = x.copy()
+                y[n // 2] = v
+                assert KF.max_abs(y) == np.inf
+
+
+def test_blocked_conv_chain_keeps_nan_in_a_compiled_graph_with_the_ieee_switch(monkeypatch, rng):
+    """Conv -> Relu -> Conv -> Relu compiled (a blocked oneDNN chain where oneDNN runs): with OPSNN_CONV_IEEE=1
+    the NaN an input NaN or Inf spreads to is where the unoptimized graph has it (without it, 0)."""
+    from opsnn.graph import Graph, Node, Value, run
+
+    monkeypatch.setenv(KD.CONV_IEEE_ENV, "1")
+    w1, w2 = ((rng.standard_normal((16, 16, 3, 3)) * 0.3).astype(np.float32) for _ in range(2))
+    g = Graph(
+        "chain",
+        inputs=[Value("x", np.float32, (1, 16, 12, 12))],
+        outputs=["y"],
+        initializers={"w1": w1, "w2": w2},
+        nodes=[
+            Node("Conv", ["x", "w1"], ["a"], {"pads": [1, 1, 1, 1]}),
+            Node("Relu", ["a"], ["r"]),
+            Node("Conv", ["r", "w2"], ["b"], {"pads": [1, 1, 1, 1]}),
+            Node("Relu", ["b"], ["y"]),
+        ],
+    )
+    x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    x[0, 3, 5, 5], x[0, 7, 2, 9] = np.nan, np.inf
+    want = run(g, {"x": x})["y"]
+    want = np.asarray(want.numpy() if hasattr(want, "numpy") else want, np.float64)
+    got = opsnn.compile(g).run({"x": x})["y"].numpy().astype(np.float64)
+    assert np.isnan(want).any()
+    _assert_ieee_equal(got, want, 2e-4, "compiled Conv-Relu chain")

@@ -518,3 +518,69 @@ def test_distinct_fused_kernels_per_graph_are_bounded(rng, monkeypatch):
     for op in ops:
         want = {"Neg": np.negative, "Abs": np.abs, "Tanh": np.tanh}[op](want)
     np.testing.assert_allclose(cg.run({"v0": x})[f"v{len(ops)}"].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+#: a discontinuous step (Floor/Ceil/Round, a comparison) right after a transcendental one, at inputs
+#: whose float64 value lies within half an ulp below an integer: float32 1.0, float64 0.99999999...
+_ROUNDING_X = np.array(
+    [[4.195, -4.195, 17.5, -17.5, 10.0, 3.9, -3.9, 0.25], [9.3, -9.3, 4.5, 0.0, 88.0, -0.5, 2.5, 1.5]], np.float32
+)
+
+
+@pytest.mark.parametrize(
+    "chain",
+    [
+        [("Erf", []), ("Floor", [])],
+        [("Erf", []), ("Ceil", [])],
+        [("Sigmoid", []), ("Floor", [])],
+        [("Tanh", []), ("Floor", [])],
+        [("Erf", []), ("Sub", ["one"]), ("Relu", [])],
+        [("Sigmoid", []), ("Sub", ["one"]), ("Ceil", [])],
+        [("Exp", []), ("Mul", ["k"]), ("Round", [])],
+        [("Sigmoid", []), ("Min", ["one"]), ("Max", ["half"]), ("Sub", ["one"]), ("LeakyRelu", [])],
+    ],
+    ids=lambda c: "-".join(op for op, _ in c),
+)
+def test_elementwise_chain_rounds_every_step_like_the_unfused_graph(chain):
+    """Each step of a fused chain is rounded to the chain's dtype, in the kernel and in the op's reference,
+    as the unfused graph stores it: Floor(Erf(4.195)) is Floor(float32 1.0) = 1 (found by opsnn fuzz,
+    op_schema 56708: the reference computed the chain in float64 and took Floor of 0.99999999)."""
+    init = {"one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32), "k": np.array(1.5, np.float32)}
+    nodes, prev = [], "x"
+    for k, (op, consts) in enumerate(chain):
+        out = "out" if k == len(chain) - 1 else f"t{k}"
+        nodes.append(Node(op, [prev, *consts], [out]))
+        prev = out
+    g = Graph("round", inputs=[Value("x", np.float32, (2, 8))], outputs=["out"], initializers=init, nodes=nodes)
+    x = _ROUNDING_X
+    unfused = opsnn.graph.run(g, {"x": x})["out"]
+    unfused = unfused.numpy() if hasattr(unfused, "numpy") else unfused
+    cg = opsnn.compile(g)
+    assert [n.qualified_type for n in cg.graph.nodes] == ["opsnn::FusedElementwise"]
+    from opsnn.ops.registry import get_op
+
+    rec = get_op("FusedElementwise", "opsnn")
+    # the op's reference (the oracle of op tests and the fuzzer) is the unfused semantics too
+    want = rec.reference([x], rec.bind_attrs(dict(cg.graph.nodes[0].attrs)))
+    got = cg.run({"x": x})["out"].numpy()
+    if chain[-1][0] in ("Floor", "Ceil", "Round"):
+        np.testing.assert_array_equal(got, unfused)
+        np.testing.assert_array_equal(want, unfused)
+    else:  # Sigmoid's unfused kernel and libm may differ in the last bit (an ulp of 1.0 after Sub)
+        np.testing.assert_allclose(got, unfused, rtol=0, atol=2.0**-23)
+        np.testing.assert_allclose(want, unfused, rtol=0, atol=2.0**-23)
+
+
+def test_fused_elementwise_reference_matches_its_kernel_after_erf():
+    """opsnn fuzz op_schema 56708 in small: FusedElementwise [Erf, Floor] on 4.195, kernel and reference."""
+    import json
+
+    from opsnn.ops.registry import get_op
+
+    prog = json.dumps([["Erf", [["in", 0]], {}], ["Floor", [["step", 0]], {}]])
+    x = np.array([[4.195, -4.195, 0.3]], np.float32)
+    got = opsnn.ops.run_op("FusedElementwise", [opsnn.tensor(x)], {"program": prog}, domain="opsnn")[0].numpy()
+    rec = get_op("FusedElementwise", "opsnn")
+    want = rec.reference([x], rec.bind_attrs({"program": prog}))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(want, np.array([[1.0, -1.0, 0.0]], np.float32))

@@ -333,6 +333,21 @@ def test_global_pools(rng, shape):
         np.testing.assert_allclose(ops.run_op(op, [x])[0].numpy(), ort_run(op, [x], {})[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(3, 0, 3), (0, 2, 4, 4)])
+def test_global_pools_of_no_planes(shape):
+    """N or C is 0: an empty result, as onnx.reference gives (GlobalLpPool raised a reshape ValueError: found by
+    opsnn fuzz, out_view 71669); empty planes are refused at prepare, typed."""
+    x = np.zeros(shape, np.float32)
+    want_shape = shape[:2] + (1,) * (len(shape) - 2)
+    for op in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"):
+        rec = opsnn.ops.registry.get_op(op)
+        assert np.asarray(rec.reference([x], rec.bind_attrs({}))).shape == want_shape
+        got = ops.run_op(op, [x])[0].numpy()
+        assert got.shape == want_shape and got.dtype == np.float32
+        with pytest.raises(opsnn.errors.InferShapeError):
+            ops.run_op(op, [np.zeros((2, 3, 0), np.float32)])
+
+
 def test_lp_pool_formula(rng):
     x = rng.standard_normal((2, 2, 6, 7)).astype(np.float32)
     got = ops.lp_pool2d(opsnn.tensor(x), 3, (2, 3), (2, 2), ceil_mode=True).numpy()
@@ -420,6 +435,18 @@ def test_roi_align_16bit_and_bad_batch_index(rng):
         ops.roi_align(x, rois, np.array([0, 3], np.int64), 2).numpy()
     with pytest.raises(InferShapeError):
         ops.roi_align(x, rois[:, :3], b, 2)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("col", [0, 3])
+def test_max_roi_pool_refuses_a_non_finite_roi(bad, col):
+    """A NaN or Inf batch index or coordinate: a typed error naming the roi (int() of it raised an untyped
+    ValueError / OverflowError: found by opsnn fuzz, nan_inf 81873 and 82623)."""
+    x = np.ones((1, 2, 5, 5), np.float32)
+    rois = np.array([[0, 0, 0, 3, 3], [0, 1, 1, 2, 2]], np.float32)
+    rois[1, col] = bad
+    with pytest.raises(ParamInvalidError, match=r"MaxRoiPool: roi 1 is .* expected finite"):
+        ops.roi_pool(opsnn.tensor(x), opsnn.tensor(rois), (2, 2)).numpy()
 
 
 def test_max_roi_pool(rng):

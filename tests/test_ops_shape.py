@@ -645,6 +645,16 @@ def test_split_with_a_0d_split_input_is_refused_typed():
         ops.run_op("Split", [np.zeros((5, 5, 1), np.int64), np.array(0, np.int64)], {"axis": 2})
 
 
+def test_split_with_an_empty_split_input_uses_num_outputs(rng):
+    """An empty 'split' is absent (num_outputs decides, as shape inference reads it): the output count
+    said 0 and the kernel indexed past its outputs (found by opsnn fuzz, op_schema 84930)."""
+    x = rand(rng, (3, 4, 3))
+    outs = ops.run_op("Split", [x, np.zeros(0, np.int64)], {"axis": 2, "num_outputs": 3})
+    assert len(outs) == 3
+    for o, w in zip(outs, onnx_ref("Split", [x], {"axis": 2, "num_outputs": 3}, n_out=3)):
+        same(o, w)
+
+
 def test_scatter_elements_indices_longer_than_data_off_axis(rng):
     """Off the scattered (gathered) axis indices address data by position: longer than data there is
     refused at prepare (found by tests/fuzz: a KernelError wrapping numpy's IndexError at run)."""
@@ -881,6 +891,14 @@ def test_col2im(rng):
         )
     with pytest.raises(ParamInvalidError, match="L = 12 blocks"):
         ops.col2im(rand(rng, (1, 4, 12)), (5, 5), (2, 2))
+    # a 0 stride divided by zero, untyped (found by opsnn fuzz, op_schema 93955); negative sizes likewise
+    for img, blk, attrs in [
+        ((4, 5), (2, 2), {"strides": [3, 0]}),
+        ((4, 5), (-1, 2), {}),
+        ((4, 5), (2, 2), {"dilations": [0, 1]}),
+    ]:
+        with pytest.raises(ParamInvalidError, match="must be >= 1"):
+            ops.col2im(rand(rng, (2, 8, 12)), img, blk, **attrs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -141,6 +141,12 @@ def test_grid_sample_nan_inf_and_empty(no_leak):
         opsnn.tensor(np.zeros((0, 2, 3, 3), np.float32)), opsnn.tensor(np.zeros((0, 2, 2, 2), np.float32))
     ).numpy()
     assert none.shape == (0, 2, 2, 2)
+    # no channels, through the numpy kernel (any rank, integer X): an empty result, not a reshape
+    # ValueError (found by opsnn fuzz, nan_inf 71592)
+    for algo in ("grid_sample_numpy", None):
+        x0 = np.zeros((4, 0, 1), np.int64)
+        got = V.grid_sample(opsnn.tensor(x0), opsnn.tensor(np.zeros((4, 3, 1), np.float32)), algo=algo).numpy()
+        assert got.shape == (4, 0, 3) and got.dtype == np.int64
 
 
 @pytest.mark.parametrize("dtype", [np.float16, BF16])

@@ -352,6 +352,64 @@ def test_kernel_temporaries_for_strided_and_16_bit_inputs_come_from_the_pool(cap
         ex.run()
 
 
+def _ref(op, ins, attrs):
+    rec = opsnn.ops.get_op(op)
+    res = rec.reference([np.asarray(a) for a in ins], rec.bind_attrs(attrs))
+    return np.asarray(res[0] if isinstance(res, (list, tuple)) else res)
+
+
+def test_kernel_temporaries_larger_than_their_output_are_checked_against_the_cap(cap):
+    """Kernels whose numpy temporaries outgrow their output (float64 copies, score matrices) check them
+    against the cap before allocating: OutOfMemoryError naming the op where the output alone would fit,
+    the reference's answer under a larger cap. (They allocated 6-4600x their output unchecked, found by a
+    tracemalloc survey of every kernel on fuzz cases.)"""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 64, 64, 64)).astype(np.float32)  # 1 MB, temporaries 6 MB
+    x4 = rng.standard_normal((8, 64, 32, 32)).astype(np.float32)  # 2 MB, temporaries 4 MB
+    xi = rng.integers(-5, 5, (1, 16, 192, 192)).astype(np.int8)  # 576 KB, temporaries 5.8 MB
+    wi = rng.integers(-5, 5, (4, 16, 3, 3)).astype(np.int8)
+    q = rng.standard_normal((1, 4, 512, 8)).astype(np.float32)  # 64 KB, scores 4 MB
+    grid = rng.uniform(-1, 1, (1, 32, 32, 2)).astype(np.float32)  # on x: 8 MB of float64 X
+    cases = [  # op, inputs, attrs, kernel, what the error names, tolerance
+        ("LRN", [x], {"size": 3}, "lrn_numpy", "LRN: float64 window sums", 1e-5),
+        ("GlobalLpPool", [x4], {"p": 3}, "global_lp_pool_numpy", "GlobalLpPool", 1e-5),
+        ("ConvInteger", [xi, wi], {}, "conv_integer_im2col", "ConvInteger/QLinearConv", 0),
+        ("Attention", [q, q, q], {}, "attention_blas", "Attention", 1e-5),
+        ("GridSample", [x, grid], {}, "grid_sample_numpy", "GridSample", 1e-5),
+    ]
+    tensors = [[opsnn.tensor(a) for a in ins] for _, ins, _, _, _, _ in cases]
+    for (op, _ins, attrs, algo, what, _tol), ts in zip(cases, tensors):
+        cap(None)
+        opsnn.memory.empty_cache()
+        cap(opsnn.memory.current_bytes() + (3 << 20))  # room for the output and the workspace
+        with pytest.raises(OutOfMemoryError, match=rf"{what}.*cannot allocate \d+ bytes"):
+            opsnn.ops.run_op(op, ts, dict(attrs), algo=algo)
+    cap(None)
+    for (op, ins, attrs, algo, _what, tol), ts in zip(cases, tensors):
+        got = opsnn.ops.run_op(op, ts, dict(attrs), algo=algo)[0].numpy()
+        want = _ref(op, ins, attrs)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def test_mel_weight_matrix_builds_no_temporaries_of_its_output_size():
+    """MelWeightMatrix wrote its triangles as one broadcast expression over (rows, bins): ~6 float64
+    arrays of the output's size outside the pool; column by column its temporaries are one column's."""
+    import tracemalloc
+
+    args = [np.array(v, np.int64) for v in (128, 4094, 16000)] + [np.array(v, np.float32) for v in (0.0, 8000.0)]
+    rec = opsnn.ops.get_op("MelWeightMatrix")
+    want = rec.reference(args, rec.bind_attrs({}))
+    opsnn.ops.run_op("MelWeightMatrix", args, {})  # warm: plans, caches
+    tracemalloc.start()
+    try:
+        got = opsnn.ops.run_op("MelWeightMatrix", args, {})[0]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
+    assert peak < 2 * want.nbytes, (peak, want.nbytes)  # the output's own block, and small change
+
+
 def test_ops_queued_on_a_failed_output_fail_too():
     """Consumers queued before their producer failed (here: behind a slow task) fail when they run,
     down the chain and across streams, instead of computing from the failed output's memory."""

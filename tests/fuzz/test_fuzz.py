@@ -80,6 +80,25 @@ def test_out_view(fuzz_pool, op, view, domain):
     check(fuzz_pool, {"kind": "out_view", "seed": 0, "op": op, "view": view, "domain": domain})
 
 
+# -- cases two `opsnn fuzz --minutes 30 --seed 70000` runs (and earlier ones) found, fixed since ---------------------------------
+@pytest.mark.parametrize(
+    "kind,seed",
+    [
+        ("op_schema", 56708),  # FusedElementwise [Erf, Floor]: the reference skipped the unfused rounding
+        ("nan_inf", 71592),  # GridSample's numpy kernel on C = 0: a reshape ValueError
+        ("out_view", 71669),  # GlobalLpPool on C = 0: a reshape ValueError
+        ("nan_inf", 72146),  # RMSNormalization, float32 X and float64 scale: judged at float32 (an oracle fix)
+        ("nan_inf", 81873),  # MaxRoiPool on an Inf roi coordinate: an untyped OverflowError
+        ("nan_inf", 82623),  # MaxRoiPool on a NaN roi coordinate: an untyped ValueError
+        ("op_schema", 84930),  # Split with an empty 'split' and num_outputs: 0 outputs counted, IndexError
+        ("op_schema", 93955),  # Col2Im with a 0 stride: an untyped ZeroDivisionError
+        ("onnx_mutate", 82570),  # a 3.4e38 constant into Conv: Inf - Inf or -Inf by summation order (oracle)
+    ],
+)
+def test_found_by_long_runs(fuzz_pool, kind, seed):
+    check(fuzz_pool, {"kind": kind, "seed": seed})
+
+
 # -- resources -----------------------------------------------------------------------------------------------------------
 def test_soak(fuzz_pool):
     """Mixed eager calls and compiled runs at varying shapes (scaled down; `opsnn fuzz` runs 10,000 +

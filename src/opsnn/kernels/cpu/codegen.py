@@ -14,42 +14,41 @@ import os
 import sys
 import threading
 
-#: op -> (numba expression, numpy expression) over operands a, b and attributes; IEEE semantics as the
-#: unfused ops have them (the kernels' error_model="numpy": 1 / 0 is Inf; np.maximum keeps a NaN in
-#: either operand, Python's max drops one in the second; np.floor of NaN / Inf stays a float)
+#: op -> numba expression over operands a, b and attributes, in the chain's dtype: ``R`` is the output
+#: dtype's scalar type, and every step's result is rounded to it (``t_k = R(...)``), so a step after
+#: a transcendental one (Floor(Erf(x)), Max(Sigmoid(x), c)) sees what the unfused graph's tensor holds.
+#: IEEE semantics as the unfused ops have them (the kernels' error_model="numpy": 1 / 0 is Inf; a NaN
+#: operand of Max/Min/Relu stays NaN; np.floor of NaN / Inf stays a float). float32 math calls the
+#: float32 libm (expf, erff, ...) as the unfused elementwise kernels do; Sigmoid, Tanh, Softplus,
+#: Swish and Gelu use libm where their unfused kernels use vectorized approximations (< 1 ulp apart).
 TEMPLATES = {
-    "Relu": ("max({a}, 0.0)", "np.maximum({a}, 0)"),
-    "Neg": ("-({a})", "-({a})"),
-    "Abs": ("abs({a})", "np.abs({a})"),
-    "Exp": ("math.exp({a})", "np.exp({a})"),
-    "Log": ("math.log({a})", "np.log({a})"),
-    "Sqrt": ("math.sqrt({a})", "np.sqrt({a})"),
-    "Sigmoid": ("1.0 / (1.0 + math.exp(-({a})))", "1.0 / (1.0 + np.exp(-({a})))"),
-    "Tanh": ("math.tanh({a})", "np.tanh({a})"),
-    "Erf": ("math.erf({a})", "_erf({a})"),
-    "Reciprocal": ("1.0 / ({a})", "1.0 / ({a})"),
-    "Floor": ("np.floor({a})", "np.floor({a})"),
-    "Ceil": ("np.ceil({a})", "np.ceil({a})"),
-    "Sin": ("math.sin({a})", "np.sin({a})"),
-    "Cos": ("math.cos({a})", "np.cos({a})"),
+    "Relu": "R(0.0) if {a} < R(0.0) else {a}",
+    "Neg": "-{a}",
+    "Abs": "abs({a})",
+    "Exp": "math.exp({a})",
+    "Log": "math.log({a})",
+    "Sqrt": "math.sqrt({a})",
+    "Sigmoid": "R(1.0) / (R(1.0) + R(math.exp(-{a})))",
+    "Tanh": "math.tanh({a})",
+    "Erf": "math.erf({a})",
+    "Reciprocal": "R(1.0) / {a}",
+    "Floor": "np.floor({a})",
+    "Ceil": "np.ceil({a})",
+    "Round": "np.rint({a})",
+    "Sin": "math.sin({a})",
+    "Cos": "math.cos({a})",
     # log(1 + e^a) as max(a, 0) + log1p(e^-|a|): e^a overflows float32 from a = 89 (Softplus(100) is 100)
-    "Softplus": (
-        "max({a}, 0.0) + math.log1p(math.exp(-abs({a})))",
-        "np.maximum({a}, 0) + np.log1p(np.exp(-np.abs({a})))",
-    ),
-    "Swish": ("({a}) / (1.0 + math.exp(-{alpha} * ({a})))", "({a}) / (1.0 + np.exp(-{alpha} * ({a})))"),
-    "LeakyRelu": ("({a}) if ({a}) >= 0 else {alpha} * ({a})", "np.where(({a}) >= 0, {a}, {alpha} * ({a}))"),
-    "Gelu": (
-        "0.5 * ({a}) * (1.0 + math.erf(({a}) * 0.7071067811865476))",
-        "0.5 * ({a}) * (1.0 + _erf(({a}) * 0.7071067811865476))",
-    ),
-    "Add": ("({a}) + ({b})", "({a}) + ({b})"),
-    "Sub": ("({a}) - ({b})", "({a}) - ({b})"),
-    "Mul": ("({a}) * ({b})", "({a}) * ({b})"),
-    "Div": ("({a}) / ({b})", "({a}) / ({b})"),
-    "Pow": ("({a}) ** ({b})", "np.power({a}, {b})"),
-    "Max": ("np.maximum({a}, {b})", "np.maximum({a}, {b})"),
-    "Min": ("np.minimum({a}, {b})", "np.minimum({a}, {b})"),
+    "Softplus": "({a} if {a} > R(0.0) else R(0.0)) + R(math.log1p(math.exp(-abs({a}))))",
+    "Swish": "{a} / (R(1.0) + R(math.exp(-R({alpha}) * {a})))",
+    "LeakyRelu": "{a} * R({alpha}) if {a} < R(0.0) else {a}",
+    "Gelu": "{a} * R(0.5 * math.erfc(-{a} * 0.7071067811865476))",
+    "Add": "{a} + {b}",
+    "Sub": "{a} - {b}",
+    "Mul": "{a} * {b}",
+    "Div": "{a} / {b}",
+    "Pow": "{a} ** {b}",
+    "Max": "{a} if ({a} > {b} or {a} != {a}) else {b}",
+    "Min": "{a} if ({a} < {b} or {a} != {a}) else {b}",
 }
 ATTR_DEFAULTS = {"Swish": {"alpha": 1.0}, "LeakyRelu": {"alpha": 0.01}}
 
@@ -57,26 +56,25 @@ _lock = threading.Lock()
 _kernels: dict = {}
 
 
-def _operand(ref, names: list[str]) -> str:
+def _operand(ref) -> str:
     kind, val = ref
     if kind == "in":
-        return f"x{val}[i]" if names is None else names[val]
+        return f"x{val}[i]"
     if kind == "step":
         return f"t{val}"
     val = float(val)
     if val != val or val in (float("inf"), float("-inf")):  # repr gives nan / inf: no such names
-        return "np.nan" if val != val else ("np.inf" if val > 0 else "-np.inf")
-    return repr(val)
+        return "R(np.nan)" if val != val else ("R(np.inf)" if val > 0 else "R(-np.inf)")
+    return f"R({val!r})"  # a constant tensor of the chain's dtype, as the unfused op reads it
 
 
-def expression_lines(program: list, mode: str, inputs: list[str] | None = None) -> list[str]:
-    """``t0 = ...`` lines for the numba (``mode='numba'``) or numpy (``'numpy'``) form."""
+def expression_lines(program: list) -> list[str]:
+    """``t0 = R(...)`` lines of the kernel's loop body, one per step, each rounded to the dtype."""
     lines = []
     for k, (op, args, attrs) in enumerate(program):
-        tmpl = TEMPLATES[op][0 if mode == "numba" else 1]
-        ops = [_operand(a, inputs) for a in args]
+        ops = [_operand(a) for a in args]
         params = dict(ATTR_DEFAULTS.get(op, {}), **(attrs or {}))
-        lines.append(f"t{k} = " + tmpl.format(a=ops[0], b=ops[1] if len(ops) > 1 else "", **params))
+        lines.append(f"t{k} = R(" + TEMPLATES[op].format(a=ops[0], b=ops[1] if len(ops) > 1 else "", **params) + ")")
     return lines
 
 
@@ -97,7 +95,7 @@ def cache_dir() -> str:
 
 def _source(program: list, n_inputs: int) -> str:
     args = ", ".join(f"x{j}" for j in range(n_inputs))
-    body = "\n".join(f"        {line}" for line in expression_lines(program, "numba"))
+    body = "\n".join(f"        {line}" for line in expression_lines(program))
     return f'''"""Generated by opsnn: a fused elementwise chain ({len(program)} ops). Do not edit."""
 import math
 
@@ -107,6 +105,7 @@ import numpy as np
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False, error_model="numpy")
 def kernel_parallel(out, {args}):
+    R = out.dtype.type
     for i in nb.prange(out.size):
 {body}
         out[i] = t{len(program) - 1}
@@ -114,6 +113,7 @@ def kernel_parallel(out, {args}):
 
 @nb.njit(nogil=True, cache=True, fastmath=False, error_model="numpy")
 def kernel_serial(out, {args}):
+    R = out.dtype.type
     for i in range(out.size):
 {body}
         out[i] = t{len(program) - 1}

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
+from ...runtime.memory import check_request
 from . import mkl as _mkl
 from . import mkl_nb as MN
 from .fused import epilogue
@@ -895,6 +896,9 @@ def conv_transpose(ins, outs, attrs, plan, ws):
 # -- integer / quantized convolution --------------------------------------------------------------
 def shifted_conv(x, w, x_zp, w_zp, plan: ConvPlan, ws) -> np.ndarray:
     """conv(x - x_zp, w - w_zp) exactly, in float64 (|sums| stay far below 2**53)."""
+    acc_size = plan.n * plan.m * math.prod(plan.out_sp)
+    # float64 copies of x and w (8x the int8 data) and the accumulator, outside the pool: checked first
+    check_request(8 * (x.size + w.size + acc_size), "ConvInteger/QLinearConv: float64 operands")
     xs = x.astype(np.float64)
     if x_zp is not None:
         xs -= float(x_zp.reshape(()))

@@ -166,3 +166,40 @@ def epilogue(
     parallel, serial = rows_kernels(code)
     big = y.size >= (PARALLEL_MIN_COSTLY if code in _COSTLY else PARALLEL_MIN)
     (parallel if big else serial)(y2, b, rb, zz, alpha, beta)
+
+
+# -- a bound on the inputs of a product: does act(conv(X, W) + B + Z) meet a NaN? ------------------------
+#: elements per task of :func:`max_abs`
+MAX_ABS_CHUNK = 1 << 16
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def _max_abs_span(x, lo, hi):
+    m = 0.0
+    s = 0.0  # stays 0 while every element is finite: a - a is NaN for a NaN or an Inf
+    for i in range(lo, hi):
+        a = abs(np.float64(x[i]))
+        m = a if a > m else m
+        s += a - a
+    return m if s == 0.0 else np.inf
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def _max_abs_parallel(x, chunk):
+    n = x.size
+    nch = (n + chunk - 1) // chunk
+    parts = np.zeros(nch)
+    for t in nb.prange(nch):
+        parts[t] = _max_abs_span(x, t * chunk, min(n, t * chunk + chunk))
+    m = 0.0
+    for t in range(nch):
+        m = parts[t] if parts[t] > m else m
+    return m
+
+
+def max_abs(x: np.ndarray) -> float:
+    """``max |x|`` over a contiguous array, ``inf`` when it holds a NaN or an Inf (one read pass)."""
+    flat = x.reshape(-1)
+    if flat.size <= MAX_ABS_CHUNK:
+        return float(_max_abs_span(flat, 0, flat.size))
+    return float(_max_abs_parallel(flat, MAX_ABS_CHUNK))

@@ -26,6 +26,8 @@ import math
 import numba as nb
 import numpy as np
 
+from ...runtime.memory import check_request
+
 #: below this many elements the serial variant runs: waking a parallel region's second thread
 #: costs more than it saves (figures: docs/performance.md, "Parallel thresholds")
 PARALLEL_MIN = 1 << 19
@@ -458,6 +460,8 @@ def lrn(x: np.ndarray, out: np.ndarray, size: int, alpha: float, beta: float, bi
     """Local response normalisation across channels (axis 1), the window
     channels ``[c - floor((size-1)/2), c + ceil((size-1)/2)]`` clipped to the range, summed one
     shifted slice per offset (a prefix sum would carry a NaN or Inf into every later channel)."""
+    # three float64 arrays of x's size, outside the pool: checked first, then updated in place
+    check_request(24 * x.size, "LRN: float64 window sums")
     w = x.astype(np.float64)
     C = x.shape[1]
     before = (size - 1) // 2
@@ -468,9 +472,13 @@ def lrn(x: np.ndarray, out: np.ndarray, size: int, alpha: float, beta: float, bi
         lo, hi = max(0, -d), min(C, C - d)  # channels c whose neighbour c + d exists
         if lo < hi:
             win[:, lo:hi] += sq[:, lo + d : hi + d]
+    del sq
     with np.errstate(all="ignore"):
-        r = w / (bias + (alpha / size) * win) ** beta
-    np.copyto(out, r, casting="unsafe")
+        win *= alpha / size
+        win += bias
+        win **= beta
+        np.divide(w, win, out=win)
+    np.copyto(out, win, casting="unsafe")
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)

@@ -885,6 +885,11 @@ def max_roi_pool(x: np.ndarray, rois: np.ndarray, y: np.ndarray, spatial_scale: 
     N, C, H, W = x.shape
     PH, PW = y.shape[2], y.shape[3]
     for r in range(rois.shape[0]):
+        if not np.isfinite(rois[r, :5]).all():  # int() of NaN or Inf: an untyped ValueError / OverflowError
+            raise ParamInvalidError(
+                f"MaxRoiPool: roi {r} is {rois[r, :5].tolist()}, expected finite (batch index, x1, y1, x2, y2)",
+                op="MaxRoiPool",
+            )
         b = int(rois[r, 0])
         if not 0 <= b < N:
             raise ParamInvalidError(f"MaxRoiPool: roi {r} has batch index {b}, expected 0..{N - 1}", op="MaxRoiPool")

@@ -27,6 +27,7 @@ from ...kernels.cpu import attention as K
 from ...kernels.cpu import libraries as KL
 from ...kernels.cpu import mkl as KM
 from ...kernels.cpu import mkl_nb as MN
+from ...runtime.memory import check_request
 from ..api import api
 from ..autotune import NotPreferred
 from ..registry import Attr, Input, Output, TensorMeta, register_op
@@ -593,6 +594,12 @@ def _blas(ins, outs, attrs, plan, ws):
     ins = list(ins) + [None] * (7 - len(ins))
     d = plan["d"]
     cdt = plan["cdt"]
+    # the score matrix and the softmax's few copies of it, plus Q, K, V in the compute dtype, all
+    # outside the pool: checked first (the sequence lengths are the user's)
+    check_request(
+        cdt.itemsize * (5 * d.B * d.Hq * d.Sq * d.T + d.B * (d.Hq * d.Sq * d.D + d.Hkv * d.T * (d.D + d.Dv))),
+        "Attention (attention_blas): score matrices",
+    )
     k4, v4 = _kv(ins, outs, plan, cdt)
     g = d.Hq // d.Hkv
     q5 = _to4(ins[0], d.Hq).astype(cdt).reshape(d.B, d.Hkv, g, d.Sq, d.D)

@@ -213,7 +213,9 @@ def _bind_conv(ins, outs, attrs, plan, ws):
     "residual add and activation as post-ops",
     nonfinite="the convolution keeps NaN and Inf as a direct one, but oneDNN's Relu post-op gives 0 "
     "for NaN (a max instruction; onnxruntime 1.32 keeps the NaN): a known deviation, kept because "
-    "running the activation after the primitive costs ResNet-50 14%",
+    "running the activation after the primitive costs ResNet-50 14%; OPSNN_CONV_IEEE=1 keeps IEEE "
+    "semantics (a read pass bounds |X|, |B|, |Z| per call; past the bound a primitive without the "
+    "post-op runs and opsnn's epilogue activates)",
 )
 def _blocked_conv(ins, outs, attrs, plan, ws):
     plan.prim(*epilogue_args(ins, outs))

@@ -425,16 +425,25 @@ def _fused_ew_infer(ctx):
 
 
 def _fused_ew_ref(ins, attrs):
-    import math
-
-    from ...kernels.cpu.codegen import expression_lines
-
+    """The unfused graph's semantics: each step is its op's own reference on tensors of the chain's
+    dtype, so every intermediate is rounded as the unfused graph stores it (Floor(Erf(4.195)) is
+    Floor of float32 1.0, not of float64 0.99999999...)."""
     prog = _program("FusedElementwise", attrs)
-    env = {"np": np, "_erf": np.vectorize(math.erf, otypes=[np.float64])}
-    env.update({f"x{j}": a.astype(np.float64) for j, a in enumerate(ins)})
-    for line in expression_lines(prog, "numpy", [f"x{j}" for j in range(len(ins))]):
-        exec(line, env)  # noqa: S102 - the program is a list of known templates
-    return np.asarray(env[f"t{len(prog) - 1}"]).astype(ins[0].dtype)
+    dt = ins[0].dtype
+    steps: list = []
+    for op, args, step_attrs in prog:
+        operands = []
+        for kind, val in args:
+            if kind == "in":
+                operands.append(ins[val])
+            elif kind == "step":
+                operands.append(steps[val])
+            else:
+                operands.append(np.asarray(float(val), dtype=dt))
+        rec = get_op(op)
+        res = rec.reference(operands, rec.bind_attrs(dict(step_attrs or {})))
+        steps.append(np.asarray(res[0] if isinstance(res, (list, tuple)) else res).astype(dt, copy=False))
+    return np.ascontiguousarray(np.broadcast_to(steps[-1], ins[0].shape))
 
 
 def _fused_ew_plan(ctx):

@@ -28,6 +28,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import InferShapeError, ParamInvalidError
 from ...kernels.cpu import pool as K
+from ...runtime.memory import check_request
 from ...tensor import Tensor, as_tensor
 from ..api import api
 from ..registry import Attr, Input, Output, TensorMeta, register_op
@@ -337,7 +338,7 @@ def _spatial_axes(x):
 
 def _global_max_reference(ins, attrs):
     x = ins[0]
-    flat = x.reshape(x.shape[0], x.shape[1], -1)
+    flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))  # -1 cannot size N * C = 0
     return np.max(flat, axis=2).reshape(x.shape[:2] + (1,) * (x.ndim - 2))  # np.max propagates NaN
 
 
@@ -394,8 +395,12 @@ def _global_max_numba(ins, outs, attrs, plan, ws):
 
 @GlobalLpPool.kernel("global_lp_pool_numpy", dtypes=_F32_64, priority=5)
 def _global_lp_numpy(ins, outs, attrs, plan, ws):
+    if outs[0].size == 0:  # no planes (N or C is 0): reshape(0, -1) cannot size an empty input
+        return
     x = ins[0].reshape(outs[0].size, -1)
     p = float(attrs["p"])
+    if p != 2.0:  # |x| and |x| ** p: two temporaries of x's size outside the pool
+        check_request(2 * x.nbytes, "GlobalLpPool: |X| ** p")
     if p == 2.0:
         r = np.sqrt(np.einsum("ij,ij->i", x, x))
     elif p == 1.0:

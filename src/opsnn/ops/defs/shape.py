@@ -328,8 +328,8 @@ Split = register_op(
     doc="Split along an axis into given sizes or num_outputs equal chunks (the last may be smaller).",
 )
 Split.output_count = lambda values, attrs: (
-    np.size(values[1]) if len(values) > 1 and values[1] is not None else attrs.get("num_outputs")
-)  # size: a 0-d split is refused by infer
+    np.size(values[1]) if len(values) > 1 and values[1] is not None and np.size(values[1]) else attrs.get("num_outputs")
+)  # size: a 0-d split is refused by infer; an empty one is absent, as split_sizes reads it
 _copy_kernel(Split, "split_copy", _split_plan)
 
 

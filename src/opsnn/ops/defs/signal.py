@@ -378,13 +378,16 @@ def _mel_reference(ins, attrs):
 
 
 def _mel_kernel(ins, outs, attrs, plan, ws):
-    left, center, right = plan[:-2], plan[1:-1], plan[2:]
-    j = np.arange(outs[0].shape[0])[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rise = np.where(center > left, (j - left) / np.maximum(center - left, 1), 1.0)
-        fall = (right - j) / np.maximum(right - center, 1)
-    w = np.where((j >= left) & (j <= center), rise, np.where((j > center) & (j < right), fall, 0.0))
-    np.copyto(outs[0], w, casting="unsafe")
+    # column by column into the output: a broadcast expression over the whole (rows, bins) grid built
+    # ~6 float64 temporaries of the output's size outside the pool (and its cap)
+    out = outs[0]
+    out[...] = 0
+    for i in range(out.shape[1]):
+        left, center, right = int(plan[i]), int(plan[i + 1]), int(plan[i + 2])
+        j = np.arange(left, max(center, right - 1) + 1, dtype=np.float64)
+        rise = (j - left) / (center - left) if center > left else np.ones_like(j)
+        fall = (right - j) / max(right - center, 1)
+        out[left : left + j.size, i] = np.where(j <= center, rise, fall)
 
 
 MelWeightMatrix = register_op(
@@ -407,7 +410,7 @@ MelWeightMatrix.kernel(
     "mel_weight_numpy",
     priority=5,
     plan=lambda ctx: _mel_edges(*_mel_values(ctx, True)),
-    doc="the triangles as one broadcast expression",
+    doc="the triangles, one column at a time (temporaries of one column's support)",
 )(_mel_kernel)
 
 

@@ -23,6 +23,7 @@ from ... import dtypes as _dt
 from ...errors import DTypeError, KernelNotFoundError, ParamInvalidError
 from ...kernels.cpu import shape as KS
 from ...kernels.cpu import vision as K
+from ...runtime.memory import check_request
 from ..api import api
 from ..registry import Attr, Input, TensorMeta, register_op
 from .elementwise import onnx_dtype, onnx_enum
@@ -257,6 +258,10 @@ def grid_sample_numpy(x, grid, attrs) -> np.ndarray:
     sp = x.shape[2:]
     r = len(sp)
     out_sp = grid.shape[1:-1]
+    if n * c * math.prod(out_sp) == 0:  # an empty output: nothing to sample (reshape(n, c, -1) cannot size 0)
+        return _cast_result(np.zeros((n, c) + tuple(out_sp)), x.dtype, mode)
+    # X, the grid and ~4 (N, points, C) arrays in float64 outside the pool: checked first
+    check_request(8 * (x.size + grid.size + 4 * n * c * math.prod(out_sp)), "GridSample (numpy): float64 samples")
     g = grid.astype(np.float64).reshape(n, -1, r)
     p = g.shape[1]
     xr = x.astype(np.float64).reshape(n, c, -1)
@@ -973,6 +978,12 @@ def _col2im_params(op, x_shape, image_shape, block_shape, attrs):
     strides = list(attrs["strides"] or [1] * nd)
     if len(dil) != nd or len(strides) != nd or len(pads) != 2 * nd:
         raise ParamInvalidError(f"{op}: dilations/strides need {nd} entries and pads {2 * nd}", op=op)
+    if min(strides + dil + blk, default=1) < 1 or min(pads + img, default=0) < 0:  # a 0 stride: ZeroDivisionError
+        raise ParamInvalidError(
+            f"{op}: strides, dilations and block_shape must be >= 1 and pads, image_shape >= 0, got strides "
+            f"{strides}, dilations {dil}, block_shape {blk}, pads {pads}, image_shape {img}",
+            op=op,
+        )
     if len(x_shape) != 3:
         raise ParamInvalidError(f"{op}: input must be (N, C*prod(block), L), got {tuple(x_shape)}", op=op)
     kk = math.prod(blk)
