@@ -400,14 +400,16 @@ def _reduce(op):
         x = n.args[0]
         dims = _kw(n, 1, "dim", None)
         keepdim = _kw(n, 2, "keepdim", False)
-        if n.kwargs.get("dtype") is not None or (len(n.args) > 3 and n.args[3] is not None):
-            raise Unsupported("a dtype argument")
+        _same_dtype_arg(n, "dtype", 3)
         if isinstance(dims, int):
             dims = [dims]
         if not dims:  # None or []: every dim, as torch reads it
             dims = list(range(_rank(x)))
         if _rank(x) == 0:  # a 0-d tensor reduces to itself
             return [Node("Identity", [e.name(x)], [e.out(n)])]
+        if _numel(_shape(x)) == 0 and op in ("ReduceSum", "ReduceProd"):  # the empty sum / product
+            e.names[n] = e.const(n.name, np.full(_shape(n), 0.0 if op == "ReduceSum" else 1.0, np.float32))
+            return []
         if any(_shape(x)[int(d) % _rank(x)] == 0 for d in dims) and op != "ReduceSum":
             raise Unsupported("a reduction over an empty dim")
         axes = e.const("axes", np.array([int(d) for d in dims], np.int64))
@@ -455,10 +457,25 @@ def _clip(lo_key: str, hi_key: str, lo_default, hi_default):
         lo, hi = _kw(n, 1, lo_key, lo_default), _kw(n, 2, hi_key, hi_default)
         if lo is not None and hi is not None and lo > hi:
             raise Unsupported("min > max")  # torch then gives max everywhere; Clip's rule may differ
-        ins = [e.name(n.args[0]), "" if lo is None else e.scalar("min", lo), "" if hi is None else e.scalar("max", hi)]
+        dt = str(_val(n.args[0]).dtype)
+        if dt != str(_val(n).dtype):
+            raise Unsupported("a float bound on an int64 tensor (torch promotes)")
+        ins = [e.name(n.args[0])]
+        ins += ["" if v is None else e.scalar(h, v, dt) for h, v in (("min", lo), ("max", hi))]
         return [Node("Clip", ins, [e.out(n)])]
 
+    adapt.in_dtypes = adapt.out_dtypes = (F32, I64)
     return adapt
+
+
+def _clamp_max(n, e):
+    dt = str(_val(n.args[0]).dtype)
+    if dt != str(_val(n).dtype):
+        raise Unsupported("a float bound on an int64 tensor (torch promotes)")
+    return [Node("Clip", [e.name(n.args[0]), "", e.scalar("max", n.args[1], dt)], [e.out(n)])]
+
+
+_clamp_max.in_dtypes = _clamp_max.out_dtypes = (F32, I64)
 
 
 def _leaky_relu(n, e):
@@ -514,11 +531,19 @@ def _constant(n, e):
     """A tensor made of its arguments alone (scalar_tensor, full): an initializer."""
     v = _val(n)
     value = n.args[0] if n.target.__name__.startswith("scalar_tensor") else n.args[1]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    dt = str(v.dtype)
+    if not isinstance(value, (bool, int, float)):
         raise Unsupported(f"a fill value of type {type(value).__name__}")
-    name = e.const(n.name, np.full(tuple(int(d) for d in v.shape), value, np.float32))
+    if dt == I64 and (isinstance(value, bool) or value != int(value) or abs(value) >= 2**63):
+        raise Unsupported(f"fill value {value} for an int64 tensor")
+    if dt == F32 and isinstance(value, bool):
+        value = float(value)
+    name = e.const(n.name, np.full(tuple(int(d) for d in v.shape), value, _NP_DTYPES[dt]))
     e.names[n] = name
     return []
+
+
+_constant.out_dtypes = (F32, I64, BOOL)
 
 
 def _identity(n, e):
@@ -654,9 +679,19 @@ def _pow(n, e):
     return [Node("Pow", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
 
 
-def _fmod(n, e):
+def _mod_operands(n, e) -> list:
     a, b = n.args[:2]
-    return [Node("Mod", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)], {"fmod": 1})]
+    dt = _common_dtype(n, a, b)
+    if dt == I64 and (hasattr(b, "op") or b == 0):  # an int64 division by zero raises in torch
+        raise Unsupported("an int64 divisor that is a tensor or zero")
+    return [e.operand(a, "c", dt), e.operand(b, "c", dt)]
+
+
+def _fmod(n, e):
+    return [Node("Mod", _mod_operands(n, e), [e.out(n)], {"fmod": 1})]
+
+
+_fmod.in_dtypes = _fmod.out_dtypes = (F32, I64)
 
 
 def _log_base(base: float):
@@ -719,8 +754,11 @@ def _constant_pad(n, e):
     begins, ends = [0] * rank, [0] * rank
     for i in range(len(pad) // 2):  # torch lists the last dim first
         begins[rank - 1 - i], ends[rank - 1 - i] = int(pad[2 * i]), int(pad[2 * i + 1])
-    if any(d == 0 for d in _shape(x)) or any(d == 0 for d in _shape(n)):
-        raise Unsupported("an empty input or output")
+    if any(d == 0 for d in _shape(x)) and _numel(_shape(n)):  # nothing but padding
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise Unsupported(f"a pad value of type {type(value).__name__}")
+        e.names[n] = e.const(n.name, np.full(_shape(n), value, np.float32))
+        return []
     return [
         Node(
             "Pad",
@@ -812,15 +850,18 @@ def _trilu(upper: int):
 
 def _cumsum(n, e):
     x, dim = n.args[:2]
-    if n.kwargs.get("dtype") not in (None,) or _rank(x) == 0:
-        raise Unsupported("a dtype argument or a 0-d input")
+    _same_dtype_arg(n, "dtype", 99)
+    if _rank(x) == 0:
+        return [Node("Identity", [e.name(x)], [e.out(n)])]
     return [Node("CumSum", [e.name(x), e.const("axis", np.array(int(dim) % _rank(x), np.int64))], [e.out(n)])]
 
 
 def _index_select(n, e):
     x, dim, index = n.args[:3]
-    if _rank(x) == 0:
-        raise Unsupported("a 0-d input")
+    if _rank(x) == 0:  # index is [0] or 0-d [0]: the value itself, in the index's shape
+        return [
+            Node("Reshape", [e.name(x), e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)], {"allowzero": 1})
+        ]
     return [Node("Gather", [e.name(x), e.name(index)], [e.out(n)], {"axis": int(dim) % _rank(x)})]
 
 
@@ -919,8 +960,10 @@ def _var_mean(n, e):
 
 
 def _remainder(n, e):
-    a, b = n.args[:2]
-    return [Node("Mod", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)], {"fmod": 0})]
+    return [Node("Mod", _mod_operands(n, e), [e.out(n)], {"fmod": 0})]
+
+
+_remainder.in_dtypes = _remainder.out_dtypes = (F32, I64)
 
 
 def _trunc(n, e):
@@ -936,29 +979,50 @@ def _trunc(n, e):
 
 def _cumprod(n, e):
     x, dim = n.args[:2]
-    if n.kwargs.get("dtype") is not None or _rank(x) == 0:
-        raise Unsupported("a dtype argument or a 0-d input")
+    _same_dtype_arg(n, "dtype", 99)
+    if _rank(x) == 0:
+        return [Node("Identity", [e.name(x)], [e.out(n)])]
     return [Node("CumProd", [e.name(x), e.const("axis", np.array(int(dim) % _rank(x), np.int64))], [e.out(n)])]
 
 
 def _vector_norm(n, e):
     x = n.args[0]
     order, dims, keepdim = _kw(n, 1, "ord", 2), _kw(n, 2, "dim", None), _kw(n, 3, "keepdim", False)
-    if n.kwargs.get("dtype") is not None or (len(n.args) > 4 and n.args[4] is not None):
-        raise Unsupported("a dtype argument")
+    _same_dtype_arg(n, "dtype", 4)
     rank = _rank(x)
+    if isinstance(order, bool) or not isinstance(order, (int, float)):
+        raise Unsupported(f"ord of type {type(order).__name__}")
+    if rank == 0:  # one value: |x| for any ord but 0, (x != 0) for 0
+        if order == 0:
+            more, truth = _truthy(e, n, x, "nz")
+            return more + [Node("Cast", [truth], [e.out(n)], {"to": 1})]
+        return [Node("Abs", [e.name(x)], [e.out(n)])]
     dims = list(range(rank)) if not dims else [int(d) % rank for d in ([dims] if isinstance(dims, int) else dims)]
-    if rank == 0 or any(_shape(x)[d] == 0 for d in dims):
-        raise Unsupported("a 0-d input or an empty dim")
+    if any(_shape(x)[d] == 0 for d in dims):
+        if order < 0 or order == float("inf"):
+            raise Unsupported(f"ord {order} over an empty dim")
+        e.names[n] = e.const(n.name, np.zeros(_shape(n), np.float32))
+        return []
     axes = e.const("axes", np.array(dims, np.int64))
     attrs = {"keepdims": int(bool(keepdim))}
+    if order == 0:  # the count of nonzero values
+        more, truth = _truthy(e, n, x, "nz")
+        cast = e.graph.unique_name(f"{n.name}_cast")
+        return more + [Node("Cast", [truth], [cast], {"to": 1}), Node("ReduceSum", [cast, axes], [e.out(n)], attrs)]
     if order in (1, 2):
         return [Node("ReduceL1" if order == 1 else "ReduceL2", [e.name(x), axes], [e.out(n)], attrs)]
     if order in (float("inf"), float("-inf")):
         a = e.graph.unique_name(f"{n.name}_abs")
         op = "ReduceMax" if order > 0 else "ReduceMin"
         return [Node("Abs", [e.name(x)], [a]), Node(op, [a, axes], [e.out(n)], attrs)]
-    raise Unsupported(f"ord {order} (mapped: 1, 2, inf, -inf)")
+    # any other p: (sum |x|^p)^(1/p), as torch computes it
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("abs", "pow", "sum")}
+    return [
+        Node("Abs", [e.name(x)], [t["abs"]]),
+        Node("Pow", [t["abs"], e.scalar("p", float(order))], [t["pow"]]),
+        Node("ReduceSum", [t["pow"], axes], [t["sum"]], attrs),
+        Node("Pow", [t["sum"], e.scalar("inv_p", 1.0 / float(order))], [e.out(n)]),
+    ]
 
 
 def _copy(n, e):
@@ -986,6 +1050,162 @@ def _index(n, e):
 _index.in_dtypes = (F32, I64)
 
 
+def _numel(shape) -> int:
+    return int(np.prod(shape)) if len(shape) else 1
+
+
+def _log1p(n, e):
+    """Goldberg's log1p: ``x * log(u) / (u - 1)`` with ``u = 1 + x`` is accurate to a few ulps where
+    ``log(1 + x)`` loses every digit of a small x; ``u - 1 == 0`` gives x itself, ``u == inf`` inf."""
+    x = e.name(n.args[0])
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in "u d z inf ln q r s".split()}
+    return [
+        Node("Add", [x, e.scalar("one", 1.0)], [t["u"]]),
+        Node("Sub", [t["u"], e.scalar("one", 1.0)], [t["d"]]),
+        Node("Equal", [t["d"], e.scalar("zero", 0.0)], [t["z"]]),
+        Node("Equal", [t["u"], e.scalar("inf", float("inf"))], [t["inf"]]),
+        Node("Log", [t["u"]], [t["ln"]]),
+        Node("Div", [x, t["d"]], [t["q"]]),
+        Node("Mul", [t["ln"], t["q"]], [t["r"]]),
+        Node("Where", [t["inf"], t["u"], t["r"]], [t["s"]]),
+        Node("Where", [t["z"], x, t["s"]], [e.out(n)]),
+    ]
+
+
+def _expm1(n, e):
+    """Kahan's expm1: ``(u - 1) * x / log(u)`` with ``u = exp(x)``; ``u == 1`` gives x, ``u - 1 == -1``
+    gives -1, ``u == inf`` inf."""
+    x = e.name(n.args[0])
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in "u d one m1 inf ln p r s w".split()}
+    return [
+        Node("Exp", [x], [t["u"]]),
+        Node("Sub", [t["u"], e.scalar("one", 1.0)], [t["d"]]),
+        Node("Equal", [t["u"], e.scalar("one", 1.0)], [t["one"]]),
+        Node("Equal", [t["d"], e.scalar("minus_one", -1.0)], [t["m1"]]),
+        Node("Equal", [t["u"], e.scalar("inf", float("inf"))], [t["inf"]]),
+        Node("Log", [t["u"]], [t["ln"]]),
+        Node("Mul", [t["d"], x], [t["p"]]),
+        Node("Div", [t["p"], t["ln"]], [t["r"]]),
+        Node("Where", [t["inf"], t["u"], t["r"]], [t["s"]]),
+        Node("Where", [t["m1"], t["d"], t["s"]], [t["w"]]),
+        Node("Where", [t["one"], x, t["w"]], [e.out(n)]),
+    ]
+
+
+def _truthy(e, n, arg, hint: str) -> tuple:
+    """``arg != 0`` as bool (NaN is true, as torch reads it): ``(nodes, name)``."""
+    if str(_val(arg).dtype) == BOOL:
+        return [], e.name(arg)
+    eq, ne = e.graph.unique_name(f"{n.name}_{hint}_eq"), e.graph.unique_name(f"{n.name}_{hint}")
+    zero = e.scalar("zero", 0, str(_val(arg).dtype))
+    return [Node("Equal", [e.name(arg), zero], [eq]), Node("Not", [eq], [ne])], ne
+
+
+def _logical_any(op):
+    """logical_and / or / xor / not on bool, float32 or int64 tensors (each read as ``!= 0``)."""
+
+    def adapt(n, e):
+        nodes, names = [], []
+        for i, a in enumerate(n.args):
+            if not hasattr(a, "op"):
+                raise Unsupported("a Python operand")
+            more, name = _truthy(e, n, a, f"t{i}")
+            nodes += more
+            names.append(name)
+        return nodes + [Node(op, names, [e.out(n)])]
+
+    adapt.in_dtypes = (F32, I64, BOOL)
+    adapt.out_dtypes = (BOOL,)
+    return adapt
+
+
+def _arg_reduce(op):
+    """argmax / argmin: the first extreme's index (NaN counts as the extreme, as torch's); no dim
+    reads the flattened input."""
+
+    def adapt(n, e):
+        x = n.args[0]
+        dim, keepdim = _kw(n, 1, "dim", None), _kw(n, 2, "keepdim", False)
+        if _numel(_shape(x)) == 0:
+            raise Unsupported("an empty input")
+        if dim is None or _rank(x) == 0:
+            flat, idx = e.graph.unique_name(f"{n.name}_flat"), e.graph.unique_name(f"{n.name}_idx")
+            return [
+                Node("Reshape", [e.name(x), e.const("shape", np.array([-1], np.int64))], [flat]),
+                Node(op, [flat], [idx], {"axis": 0, "keepdims": 0, "select_last_index": 0}),
+                Node("Reshape", [idx, e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)], {"allowzero": 1}),
+            ]
+        attrs = {"axis": int(dim) % _rank(x), "keepdims": int(bool(keepdim)), "select_last_index": 0}
+        return [Node(op, [e.name(x)], [e.out(n)], attrs)]
+
+    adapt.in_dtypes = (F32, I64)
+    adapt.out_dtypes = (I64,)
+    return adapt
+
+
+def _diagonal(n, e):
+    """diagonal(x, offset, dim1, dim2): the two dims moved last and flattened, then Gather of the
+    diagonal's flat positions (pure data movement)."""
+    x = n.args[0]
+    offset, d1, d2 = int(_kw(n, 1, "offset", 0)), _kw(n, 2, "dim1", 0), _kw(n, 3, "dim2", 1)
+    rank = _rank(x)
+    if rank < 2 or any(d == 0 for d in _shape(n)):
+        raise Unsupported("an input of rank < 2 or an empty diagonal")
+    d1, d2 = int(d1) % rank, int(d2) % rank
+    shape = _shape(x)
+    rest = [d for d in range(rank) if d not in (d1, d2)]
+    rows, cols = shape[d1], shape[d2]
+    count = _shape(n)[-1]
+    i = np.arange(count, dtype=np.int64)
+    flat_idx = (i - min(offset, 0)) * cols + (i + max(offset, 0))
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("t", "f")}
+    lead = [shape[d] for d in rest]
+    return [
+        Node("Transpose", [e.name(x)], [t["t"]], {"perm": rest + [d1, d2]}),
+        Node("Reshape", [t["t"], e.const("shape", np.array(lead + [rows * cols], np.int64))], [t["f"]]),
+        Node("Gather", [t["f"], e.const("diag", flat_idx)], [e.out(n)], {"axis": len(lead)}),
+    ]
+
+
+_diagonal.in_dtypes = _diagonal.out_dtypes = (F32, I64, BOOL)
+
+
+def _empty(n, e):
+    """empty / empty_like / new_empty: torch leaves the values unset, zeros are one such tensor."""
+    v = _val(n)
+    e.names[n] = e.const(n.name, np.zeros(tuple(int(d) for d in v.shape), _NP_DTYPES[str(v.dtype)]))
+    return []
+
+
+_empty.in_dtypes = _empty.out_dtypes = (F32, I64, BOOL)
+
+
+def _same_dtype_arg(n, key: str, pos: int) -> None:
+    """A ``dtype=`` argument equal to the result's dtype changes nothing; any other is refused."""
+    dt = n.kwargs.get(key, n.args[pos] if len(n.args) > pos else None)
+    if dt is not None and str(dt) != str(_val(n).dtype):
+        raise Unsupported(f"a dtype argument {dt}")
+
+
+def _empty_output(adapter):
+    """An adapter that lowers a node with an empty (zero-element) tensor result to an empty constant
+    (it has no values to get wrong), and any other node through ``adapter``."""
+
+    def adapt(n, e):
+        v = _val(n)
+        if hasattr(v, "shape") and str(getattr(v, "dtype", "")) in _NP_DTYPES:
+            shape = tuple(v.shape)
+            if all(isinstance(d, int) for d in shape) and 0 in shape:
+                e.names[n] = e.const(n.name, np.zeros(shape, _NP_DTYPES[str(v.dtype)]))
+                return []
+        return adapter(n, e)
+
+    for attr in ("in_dtypes", "out_dtypes", "first_only"):
+        if hasattr(adapter, attr):
+            setattr(adapt, attr, getattr(adapter, attr))
+    return adapt
+
+
 #: lowerings that compute a tuple's output 0 alone (the others: saved statistics, int64 indices)
 for _f in (_batch_norm_eval, _batch_norm, _max_pool2d_with_indices, _layer_norm):
     _f.first_only = True
@@ -996,7 +1216,7 @@ _TABLE: dict = {}
 def build_table():
     """``{ATen overload: adapter}``; built on first use (it needs torch)."""
     if not _TABLE:
-        _TABLE.update(_table())
+        _TABLE.update({k: v if k is operator.getitem else _empty_output(v) for k, v in _table().items()})
     return _TABLE
 
 
@@ -1111,10 +1331,20 @@ def _table():
         aten.eq.Tensor: _compare("Equal"),
         aten.ne.Scalar: _compare("Equal", negate=True),  # -> Not(Equal)
         aten.ne.Tensor: _compare("Equal", negate=True),  # -> Not(Equal)
-        aten.logical_not.default: _logical("Not"),
-        aten.logical_and.default: _logical("And"),
-        aten.logical_or.default: _logical("Or"),
-        aten.logical_xor.default: _logical("Xor"),
+        aten.logical_not.default: _logical_any("Not"),  # -> Not (Not(Equal 0) on numbers)
+        aten.logical_and.default: _logical_any("And"),
+        aten.logical_or.default: _logical_any("Or"),
+        aten.logical_xor.default: _logical_any("Xor"),
+        aten.log1p.default: _log1p,  # -> Goldberg's log(1+x) * x / ((1+x) - 1)
+        aten.expm1.default: _expm1,  # -> Kahan's (e^x - 1) * x / log(e^x)
+        aten.argmax.default: _arg_reduce("ArgMax"),
+        aten.argmin.default: _arg_reduce("ArgMin"),
+        aten.diagonal.default: _diagonal,  # -> Transpose, Reshape, Gather
+        aten.diagonal_copy.default: _diagonal,  # -> Transpose, Reshape, Gather
+        aten.empty.memory_format: _empty,  # -> zeros (values unset in torch)
+        aten.empty_permuted.default: _empty,  # -> zeros (values unset in torch)
+        aten.clamp_min.default: _clip("min", "max", None, None),  # -> Clip (min only)
+        aten.clamp_max.default: _clamp_max,  # -> Clip (max only)
         aten.where.self: _where,  # -> Where
         aten.scalar_tensor.default: _constant,  # -> an initializer
         aten.full.default: _constant,  # -> an initializer
