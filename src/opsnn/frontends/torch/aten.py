@@ -138,6 +138,10 @@ def _common_dtype(n, *args) -> str:
 def _binary(op):
     def adapt(n, e):
         a, b = n.args[:2]
+        if op == "Mul" and str(_val(n).dtype) == BOOL:  # bool times bool: logical and
+            if not all(hasattr(x, "op") and str(_val(x).dtype) == BOOL for x in (a, b)):
+                raise Unsupported("a bool product with a scalar or a number tensor")
+            return [Node("And", [e.name(a), e.name(b)], [e.out(n)])]
         dt = _common_dtype(n, a, b)
         if dt == I64 and op not in ("Add", "Sub", "Mul"):
             raise Unsupported(f"{op} on int64")
@@ -152,7 +156,7 @@ def _binary(op):
             Node(op, [e.operand(a, "c"), scaled], [e.out(n)]),
         ]
 
-    adapt.in_dtypes = adapt.out_dtypes = (F32, I64)
+    adapt.in_dtypes = adapt.out_dtypes = (F32, I64, BOOL) if op == "Mul" else (F32, I64)
     return adapt
 
 
@@ -405,16 +409,26 @@ def _reduce(op):
             dims = [dims]
         if not dims:  # None or []: every dim, as torch reads it
             dims = list(range(_rank(x)))
+        src, nodes = e.name(x), []
+        in_dt, out_dt = str(_val(x).dtype), str(_val(n).dtype)
+        if in_dt != out_dt:  # a sum of bools counts them in int64
+            if (in_dt, out_dt, op) != (BOOL, I64, "ReduceSum"):
+                raise Unsupported(f"a {in_dt} input with a {out_dt} result")
+            src = e.graph.unique_name(f"{n.name}_i64")
+            nodes.append(Node("Cast", [e.name(x)], [src], {"to": 7}))
         if _rank(x) == 0:  # a 0-d tensor reduces to itself
-            return [Node("Identity", [e.name(x)], [e.out(n)])]
+            return nodes + [Node("Identity", [src], [e.out(n)])]
         if _numel(_shape(x)) == 0 and op in ("ReduceSum", "ReduceProd"):  # the empty sum / product
-            e.names[n] = e.const(n.name, np.full(_shape(n), 0.0 if op == "ReduceSum" else 1.0, np.float32))
+            e.names[n] = e.const(n.name, np.full(_shape(n), 0 if op == "ReduceSum" else 1, _NP_DTYPES[out_dt]))
             return []
         if any(_shape(x)[int(d) % _rank(x)] == 0 for d in dims) and op != "ReduceSum":
             raise Unsupported("a reduction over an empty dim")
         axes = e.const("axes", np.array([int(d) for d in dims], np.int64))
-        return [Node(op, [e.name(x), axes], [e.out(n)], {"keepdims": int(bool(keepdim))})]
+        return nodes + [Node(op, [src, axes], [e.out(n)], {"keepdims": int(bool(keepdim))})]
 
+    if op in ("ReduceSum", "ReduceMax", "ReduceMin"):  # exact on int64 too (a sum wraps as torch's)
+        adapt.in_dtypes = (F32, I64, BOOL) if op == "ReduceSum" else (F32, I64)
+        adapt.out_dtypes = (F32, I64)
     return adapt
 
 
@@ -498,11 +512,18 @@ def _compare(op, negate: bool = False):
         if len(dtypes) != 1:
             raise Unsupported(f"operands of dtypes {sorted(dtypes)}")
         dt = dtypes.pop()
-        ins = [e.operand(a, "c", dt), e.operand(b, "c", dt)]
+        nodes = []
+        if dt == I64 and any(isinstance(x, float) for x in (a, b)):
+            # an int64 tensor against a float scalar: torch compares in float32, the tensor cast to it
+            cast = e.graph.unique_name(f"{n.name}_f32")
+            nodes.append(Node("Cast", [e.name(a if hasattr(a, "op") else b)], [cast], {"to": 1}))
+            ins = [cast, e.scalar("c", b)] if hasattr(a, "op") else [e.scalar("c", a), cast]
+        else:
+            ins = [e.operand(a, "c", dt), e.operand(b, "c", dt)]
         if not negate:
-            return [Node(op, ins, [e.out(n)])]
+            return nodes + [Node(op, ins, [e.out(n)])]
         eq = e.graph.unique_name(f"{n.name}_eq")
-        return [Node(op, ins, [eq]), Node("Not", [eq], [e.out(n)])]
+        return nodes + [Node(op, ins, [eq]), Node("Not", [eq], [e.out(n)])]
 
     adapt.in_dtypes = (F32, I64)
     adapt.out_dtypes = (BOOL,)
@@ -521,10 +542,15 @@ def _where(n, e):
     cond, a, b = n.args[:3]
     if str(_val(cond).dtype) != BOOL:
         raise Unsupported("a condition that is not bool")
-    return [Node("Where", [e.name(cond), e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+    dt = str(_val(n).dtype)
+    if any(hasattr(x, "op") and str(_val(x).dtype) != dt for x in (a, b)):
+        raise Unsupported("branches of another dtype than the result (torch promotes)")
+    if dt == BOOL and not all(hasattr(x, "op") for x in (a, b)):
+        raise Unsupported("a Python scalar branch of a bool result")
+    return [Node("Where", [e.name(cond), e.operand(a, "c", dt), e.operand(b, "c", dt)], [e.out(n)])]
 
 
-_where.in_dtypes = (F32, BOOL)
+_where.in_dtypes = _where.out_dtypes = (F32, I64, BOOL)
 
 
 def _constant(n, e):
@@ -1073,7 +1099,7 @@ def _log1p(n, e):
 
 
 def _expm1(n, e):
-    """Kahan's expm1: ``(u - 1) * x / log(u)`` with ``u = exp(x)``; ``u == 1`` gives x, ``u - 1 == -1``
+    """Kahan's expm1: ``(u - 1) * (x / log(u))`` with ``u = exp(x)``; ``u == 1`` gives x, ``u - 1 == -1``
     gives -1, ``u == inf`` inf."""
     x = e.name(n.args[0])
     t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in "u d one m1 inf ln p r s w".split()}
@@ -1084,8 +1110,8 @@ def _expm1(n, e):
         Node("Equal", [t["d"], e.scalar("minus_one", -1.0)], [t["m1"]]),
         Node("Equal", [t["u"], e.scalar("inf", float("inf"))], [t["inf"]]),
         Node("Log", [t["u"]], [t["ln"]]),
-        Node("Mul", [t["d"], x], [t["p"]]),
-        Node("Div", [t["p"], t["ln"]], [t["r"]]),
+        Node("Div", [x, t["ln"]], [t["p"]]),  # near 1: (u - 1) * x would overflow where u is near max
+        Node("Mul", [t["d"], t["p"]], [t["r"]]),
         Node("Where", [t["inf"], t["u"], t["r"]], [t["s"]]),
         Node("Where", [t["m1"], t["d"], t["s"]], [t["w"]]),
         Node("Where", [t["one"], x, t["w"]], [e.out(n)]),
@@ -1185,6 +1211,39 @@ def _same_dtype_arg(n, key: str, pos: int) -> None:
     dt = n.kwargs.get(key, n.args[pos] if len(n.args) > pos else None)
     if dt is not None and str(dt) != str(_val(n).dtype):
         raise Unsupported(f"a dtype argument {dt}")
+
+
+def _any(n, e):
+    """any (.default / .dim / .dims): Cast(x != 0) reduced by ReduceMax, read back as bool; over an
+    empty dim, false."""
+    x = n.args[0]
+    dims = _kw(n, 1, "dim", None)
+    keepdim = _kw(n, 2, "keepdim", False)
+    rank = _rank(x)
+    if isinstance(dims, int):
+        dims = [dims]
+    dims = list(range(rank)) if dims is None else [int(d) % rank for d in dims] if rank else []
+    if _numel(_shape(x)) == 0:
+        e.names[n] = e.const(n.name, np.zeros(_shape(n), np.bool_))
+        return []
+    more, truth = _truthy(e, n, x, "nz")
+    if not dims:  # nothing reduced (a 0-d input, or dim=[] on .dims, as torch reads it): x != 0 itself
+        return more + [Node("Identity", [truth], [e.out(n)])]
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("f", "m")}
+    axes = e.const("axes", np.array(dims, np.int64))
+    return more + [
+        Node("Cast", [truth], [t["f"]], {"to": 1}),
+        Node("ReduceMax", [t["f"], axes], [t["m"]], {"keepdims": int(bool(keepdim))}),
+        Node("Cast", [t["m"]], [e.out(n)], {"to": 9}),
+    ]
+
+
+_any.in_dtypes = (F32, I64, BOOL)
+_any.out_dtypes = (BOOL,)
+
+
+def _clamp_max_tensor(n, e):
+    return [Node("Min", [e.name(n.args[0]), e.operand(n.args[1], "c")], [e.out(n)])]
 
 
 def _empty_output(adapter):
@@ -1289,6 +1348,9 @@ def _table():
         aten.isnan.default: _is("IsNaN"),
         aten.isinf.default: _is("IsInf"),
         aten.bitwise_not.default: _logical("Not"),
+        aten.bitwise_and.Tensor: _logical("And"),  # bool alone
+        aten.bitwise_or.Tensor: _logical("Or"),  # bool alone
+        aten.bitwise_xor.Tensor: _logical("Xor"),  # bool alone
         aten._to_copy.default: _to_copy,  # -> Identity (float32 to float32)
         aten.detach.default: _identity,  # -> Identity
         aten.detach_copy.default: _identity,  # -> Identity
@@ -1345,6 +1407,11 @@ def _table():
         aten.empty_permuted.default: _empty,  # -> zeros (values unset in torch)
         aten.clamp_min.default: _clip("min", "max", None, None),  # -> Clip (min only)
         aten.clamp_max.default: _clamp_max,  # -> Clip (max only)
+        aten.clamp_min.Tensor: _clamp_tensor,  # -> Max
+        aten.clamp_max.Tensor: _clamp_max_tensor,  # -> Min
+        aten.any.default: _any,  # -> ReduceMax of Cast(x != 0)
+        aten.any.dim: _any,  # -> ReduceMax of Cast(x != 0)
+        aten.any.dims: _any,  # -> ReduceMax of Cast(x != 0)
         aten.where.self: _where,  # -> Where
         aten.scalar_tensor.default: _constant,  # -> an initializer
         aten.full.default: _constant,  # -> an initializer
