@@ -21,7 +21,17 @@ class Unsupported(Exception):
 
 
 F32, BOOL, I64 = "torch.float32", "torch.bool", "torch.int64"
-_NP_DTYPES = {F32: np.float32, BOOL: np.bool_, I64: np.int64}
+F64, F16, I32, I16, I8 = "torch.float64", "torch.float16", "torch.int32", "torch.int16", "torch.int8"
+_NP_DTYPES = {
+    F32: np.float32,
+    BOOL: np.bool_,
+    I64: np.int64,
+    F64: np.float64,
+    F16: np.float16,
+    I32: np.int32,
+    I16: np.int16,
+    I8: np.int8,
+}
 
 
 def _val(n):
@@ -142,6 +152,17 @@ def _binary(op):
             if not all(hasattr(x, "op") and str(_val(x).dtype) == BOOL for x in (a, b)):
                 raise Unsupported("a bool product with a scalar or a number tensor")
             return [Node("And", [e.name(a), e.name(b)], [e.out(n)])]
+        tensors = {str(_val(x).dtype) for x in (a, b) if hasattr(x, "op")}
+        if len(tensors) == 2 and F32 in tensors and str(_val(n).dtype) == F32 and _kw(n, 2, "alpha", 1) == 1:
+            # float32 with an int64 or bool tensor: torch casts that one to float32 (round to nearest)
+            nodes, ins = [], []
+            for i, x in enumerate((a, b)):
+                if str(_val(x).dtype) == F32:
+                    ins.append(e.name(x))
+                else:
+                    ins.append(e.graph.unique_name(f"{n.name}_f32_{i}"))
+                    nodes.append(Node("Cast", [e.name(x)], [ins[-1]], {"to": 1}))
+            return nodes + [Node(op, ins, [e.out(n)])]
         dt = _common_dtype(n, a, b)
         if dt == I64 and op not in ("Add", "Sub", "Mul"):
             raise Unsupported(f"{op} on int64")
@@ -156,7 +177,8 @@ def _binary(op):
             Node(op, [e.operand(a, "c"), scaled], [e.out(n)]),
         ]
 
-    adapt.in_dtypes = adapt.out_dtypes = (F32, I64, BOOL) if op == "Mul" else (F32, I64)
+    adapt.in_dtypes = (F32, I64, BOOL)
+    adapt.out_dtypes = (F32, I64, BOOL) if op == "Mul" else (F32, I64)
     return adapt
 
 
@@ -560,8 +582,10 @@ def _constant(n, e):
     dt = str(v.dtype)
     if not isinstance(value, (bool, int, float)):
         raise Unsupported(f"a fill value of type {type(value).__name__}")
-    if dt == I64 and (isinstance(value, bool) or value != int(value) or abs(value) >= 2**63):
-        raise Unsupported(f"fill value {value} for an int64 tensor")
+    if dt in (I64, I32, I16, I8):
+        info = np.iinfo(_NP_DTYPES[dt])
+        if isinstance(value, bool) or value != int(value) or not info.min <= value <= info.max:
+            raise Unsupported(f"fill value {value} for a {dt} tensor")
     if dt == F32 and isinstance(value, bool):
         value = float(value)
     name = e.const(n.name, np.full(tuple(int(d) for d in v.shape), value, _NP_DTYPES[dt]))
@@ -569,7 +593,7 @@ def _constant(n, e):
     return []
 
 
-_constant.out_dtypes = (F32, I64, BOOL)
+_constant.out_dtypes = (F32, I64, BOOL, F64, I32, I16, I8)  # not float16: torch may round twice
 
 
 def _identity(n, e):
@@ -761,16 +785,27 @@ def _softplus(n, e):
     return [Node("Softplus", [e.name(n.args[0])], [e.out(n)])]
 
 
+#: the ONNX dtype codes of the dtypes _to_copy casts to
+_ONNX_TO = {F32: 1, BOOL: 9, I64: 7, F64: 11, F16: 10, I32: 6, I16: 5, I8: 3}
+
+
 def _to_copy(n, e):
-    if set(n.kwargs) - {"dtype", "layout", "device", "memory_format"}:
+    import torch
+
+    if set(n.kwargs) - {"dtype", "layout", "device", "memory_format", "non_blocking"}:
         raise Unsupported(f"arguments {sorted(n.kwargs)}")
-    if str(_val(n.args[0]).dtype) == F32:
-        return [Node("Identity", [e.name(n.args[0])], [e.out(n)])]  # float32 to float32 (check_dtypes)
-    # bool or int64 to float32: round to nearest, as torch converts
-    return [Node("Cast", [e.name(n.args[0])], [e.out(n)], {"to": 1})]
+    if n.kwargs.get("layout") not in (None, torch.strided) or str(n.kwargs.get("device", "cpu")) != "cpu":
+        raise Unsupported("another layout or device")
+    src, dst = str(_val(n.args[0]).dtype), str(_val(n).dtype)
+    if src == dst:
+        return [Node("Identity", [e.name(n.args[0])], [e.out(n)])]
+    if src in (F32, F64, F16) and dst in (I8, I16):  # out of range differs by compiler; narrow ints refused
+        raise Unsupported(f"a float to {dst} conversion")
+    # floats round to nearest even, floats to ints truncate, bools are 0 / 1, numbers to bool are != 0: as torch
+    return [Node("Cast", [e.name(n.args[0])], [e.out(n)], {"to": _ONNX_TO[dst]})]
 
 
-_to_copy.in_dtypes = (F32, BOOL, I64)
+_to_copy.in_dtypes = _to_copy.out_dtypes = tuple(_ONNX_TO)
 
 
 def _constant_pad(n, e):
