@@ -947,23 +947,6 @@ def _gather(n, e):
 _gather.in_dtypes = (F32, I64)
 
 
-def _reduce_first(op):
-    """max.dim / min.dim: the values (output 0) by ReduceMax / ReduceMin; the int64 indices stay in torch."""
-
-    def adapt(n, e):
-        x, dim = n.args[:2]
-        keepdim = _kw(n, 2, "keepdim", False)
-        if _rank(x) == 0:
-            raise Unsupported("a 0-d input")
-        y, _ = e.outs(n, 2)
-        e.names[n] = (y, None)
-        axes = e.const("axes", np.array([int(dim) % _rank(x)], np.int64))
-        return [Node(op, [e.name(x), axes], [y], {"keepdims": int(bool(keepdim))})]
-
-    adapt.first_only = True
-    return adapt
-
-
 def _arange(n, e):
     v = _val(n)
     start, end, step = n.args[0], n.args[1], _kw(n, 2, "step", 1)
@@ -1281,6 +1264,187 @@ def _clamp_max_tensor(n, e):
     return [Node("Min", [e.name(n.args[0]), e.operand(n.args[1], "c")], [e.out(n)])]
 
 
+def _reduce_with_index(op, arg_op):
+    """max.dim / min.dim: the values by ReduceMax / ReduceMin, the indices by ArgMax / ArgMin (the
+    first extreme, NaN counting as one: torch documents the first)."""
+
+    def adapt(n, e):
+        x, dim = n.args[:2]
+        keepdim = int(bool(_kw(n, 2, "keepdim", False)))
+        if _numel(_shape(x)) == 0:
+            raise Unsupported("an empty input")
+        if _rank(x) == 0:  # one value: itself, at index 0
+            y, i = e.outs(n, 2)
+            e.names[n] = (y, e.const("index", np.zeros((), np.int64)))
+            return [Node("Identity", [e.name(x)], [y])]
+        axis = int(dim) % _rank(x)
+        y, i = e.outs(n, 2)
+        axes = e.const("axes", np.array([axis], np.int64))
+        return [
+            Node(op, [e.name(x), axes], [y], {"keepdims": keepdim}),
+            Node(arg_op, [e.name(x)], [i], {"axis": axis, "keepdims": keepdim, "select_last_index": 0}),
+        ]
+
+    adapt.out_dtypes = (F32, I64)
+    return adapt
+
+
+def _sort(stable_overload: bool):
+    """sort / sort.stable by TopK over the whole dim (NaN last ascending, first descending, as torch);
+    TopK keeps equal values in index order, which is torch's stable order: the indices are mapped
+    only when the call asks for a stable sort."""
+
+    def adapt(n, e):
+        x = n.args[0]
+        if stable_overload:
+            stable, dim, descending = n.kwargs.get("stable"), n.kwargs.get("dim", -1), n.kwargs.get("descending", False)
+            if not stable:
+                raise Unsupported("an unstable sort (its indices for equal values are unspecified)")
+        else:
+            dim, descending = _kw(n, 1, "dim", -1), _kw(n, 2, "descending", False)
+        if _rank(x) == 0 or _numel(_shape(x)) == 0:
+            raise Unsupported("a 0-d or empty input")
+        axis = int(dim) % _rank(x)
+        y, i = e.outs(n, 2)
+        k = e.const("k", np.array([_shape(x)[axis]], np.int64))
+        attrs = {"axis": axis, "largest": int(bool(descending)), "sorted": 1}
+        if not stable_overload:
+            e.names[n] = (y, None)
+            i = e.graph.unique_name(f"{n.name}_unused")
+        return [Node("TopK", [e.name(x), k], [y, i], attrs)]
+
+    adapt.out_dtypes = (F32, I64)
+    adapt.first_only = not stable_overload
+    return adapt
+
+
+def _div_mode(n, e):
+    """div with rounding_mode: 'trunc' is trunc(a / b); 'floor' follows torch's div_floor step by
+    step (fmod, the sign fix, floor, the round-up above .5, a signed zero, b == 0 as a / b)."""
+    a, b = n.args[:2]
+    mode = n.kwargs.get("rounding_mode")
+    if not (hasattr(a, "op") and hasattr(b, "op")):
+        raise Unsupported("a Python operand")
+    t = {
+        h: e.graph.unique_name(f"{n.name}_{h}")
+        for h in "q s ab fl mod am div mz bn mn sx nz adj dm1 div2 fl2 f diff up fl1 fl3 qn qp z0 z dz res bz".split()
+    }
+    q = t["q"]
+    nodes = [Node("Div", [e.name(a), e.name(b)], [q])]
+    if mode is None:
+        return [Node("Div", [e.name(a), e.name(b)], [e.out(n)])]
+    if mode == "trunc":
+        return nodes + [
+            Node("Sign", [q], [t["s"]]),
+            Node("Abs", [q], [t["ab"]]),
+            Node("Floor", [t["ab"]], [t["fl"]]),
+            Node("Mul", [t["s"], t["fl"]], [e.out(n)]),
+        ]
+    if mode != "floor":
+        raise Unsupported(f"rounding_mode {mode!r}")
+    zero, one, half = e.scalar("zero", 0.0), e.scalar("one", 1.0), e.scalar("half", 0.5)
+    return nodes + [
+        Node("Mod", [e.name(a), e.name(b)], [t["mod"]], {"fmod": 1}),
+        Node("Sub", [e.name(a), t["mod"]], [t["am"]]),
+        Node("Div", [t["am"], e.name(b)], [t["div"]]),
+        Node("Equal", [t["mod"], zero], [t["mz"]]),
+        Node("Not", [t["mz"]], [t["nz"]]),
+        Node("Less", [e.name(b), zero], [t["bn"]]),
+        Node("Less", [t["mod"], zero], [t["mn"]]),
+        Node("Xor", [t["bn"], t["mn"]], [t["sx"]]),
+        Node("And", [t["nz"], t["sx"]], [t["adj"]]),
+        Node("Sub", [t["div"], one], [t["dm1"]]),
+        Node("Where", [t["adj"], t["dm1"], t["div"]], [t["div2"]]),
+        Node("Floor", [t["div2"]], [t["fl1"]]),
+        Node("Sub", [t["div2"], t["fl1"]], [t["diff"]]),
+        Node("Greater", [t["diff"], half], [t["up"]]),
+        Node("Add", [t["fl1"], one], [t["fl2"]]),
+        Node("Where", [t["up"], t["fl2"], t["fl1"]], [t["fl3"]]),
+        Node("Less", [q, zero], [t["qn"]]),
+        Node("Greater", [q, zero], [t["qp"]]),
+        Node("Where", [t["qp"], zero, q], [t["z0"]]),
+        Node("Where", [t["qn"], e.scalar("minus_zero", -0.0), t["z0"]], [t["z"]]),
+        Node("Equal", [t["div2"], zero], [t["dz"]]),
+        Node("Where", [t["dz"], t["z"], t["fl3"]], [t["res"]]),
+        Node("Equal", [e.name(b), zero], [t["bz"]]),
+        Node("Where", [t["bz"], q, t["res"]], [e.out(n)]),
+    ]
+
+
+def _round_decimals(n, e):
+    """round(x, decimals): nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d for d < 0, with
+    the power rounded to float32 first, as torch computes it."""
+    d = int(n.kwargs.get("decimals", 0))
+    x = e.name(n.args[0])
+    if d == 0:
+        return [Node("Round", [x], [e.out(n)])]
+    p = e.scalar("pow10", float(np.float32(10.0 ** abs(d))))
+    if not np.isfinite(np.float32(10.0 ** abs(d))):
+        raise Unsupported(f"decimals {d} (10^{abs(d)} overflows float32)")
+    s, r = e.graph.unique_name(f"{n.name}_s"), e.graph.unique_name(f"{n.name}_r")
+    first, last = ("Mul", "Div") if d > 0 else ("Div", "Mul")
+    return [Node(first, [x, p], [s]), Node("Round", [s], [r]), Node(last, [r, p], [e.out(n)])]
+
+
+def _narrow(n, e):
+    x, dim, start, length = n.args[:4]
+    rank = _rank(x)
+    dim = int(dim) % rank
+    start = int(start) + (_shape(x)[dim] if int(start) < 0 else 0)
+    ins = [e.name(x)] + [
+        e.const(h, np.array([v], np.int64)) for h, v in (("starts", start), ("ends", start + int(length)))
+    ]
+    ins.append(e.const("axes", np.array([dim], np.int64)))
+    return [Node("Slice", ins, [e.out(n)])]
+
+
+def _unbind(n, e):
+    x = n.args[0]
+    rank = _rank(x)
+    dim = int(_kw(n, 1, "dim", 0)) % rank if rank else 0
+    count = _shape(x)[dim] if rank else 0
+    if count == 0 or _numel(_shape(x)) == 0:
+        raise Unsupported("a 0-d or empty input")
+    parts = [e.graph.unique_name(f"{n.name}_part{i}") for i in range(count)]
+    names = e.outs(n, count)
+    shape = e.const("shape", np.array([d for i, d in enumerate(_shape(x)) if i != dim], np.int64))
+    nodes = [Node("Split", [e.name(x), e.const("split", np.ones(count, np.int64))], parts, {"axis": dim})]
+    return nodes + [Node("Reshape", [p, shape], [o], {"allowzero": 1}) for p, o in zip(parts, names)]
+
+
+_unbind.in_dtypes = _unbind.out_dtypes = _narrow.in_dtypes = _narrow.out_dtypes = (F32, I64, BOOL)
+
+
+def _transpose(n, e):
+    x, d0, d1 = n.args[:3]
+    rank = _rank(x)
+    perm = list(range(rank))
+    if rank:
+        d0, d1 = int(d0) % rank, int(d1) % rank
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    return [Node("Transpose", [e.name(x)], [e.out(n)], {"perm": perm})]
+
+
+_transpose.in_dtypes = _transpose.out_dtypes = (F32, I64, BOOL)
+
+
+def _fmax(op):
+    """fmax / fmin: the other operand where one is NaN, Max / Min elsewhere."""
+
+    def adapt(n, e):
+        a, b = n.args[:2]
+        t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("na", "nb", "m", "r")}
+        return [
+            Node("IsNaN", [e.name(a)], [t["na"]]),
+            Node("IsNaN", [e.name(b)], [t["nb"]]),
+            Node(op, [e.name(a), e.name(b)], [t["m"]]),
+            Node("Where", [t["nb"], e.name(a), t["m"]], [t["r"]]),
+            Node("Where", [t["na"], e.name(b), t["r"]], [e.out(n)]),
+        ]
+
+    return adapt
+
+
 def _empty_output(adapter):
     """An adapter that lowers a node with an empty (zero-element) tensor result to an empty constant
     (it has no values to get wrong), and any other node through ``adapter``."""
@@ -1405,8 +1569,22 @@ def _table():
         aten.index_select.default: _index_select,  # -> Gather
         aten.embedding.default: _embedding,  # -> Gather
         aten.gather.default: _gather,  # -> GatherElements
-        aten.max.dim: _reduce_first("ReduceMax"),  # values only
-        aten.min.dim: _reduce_first("ReduceMin"),  # values only
+        aten.max.dim: _reduce_with_index("ReduceMax", "ArgMax"),
+        aten.min.dim: _reduce_with_index("ReduceMin", "ArgMin"),
+        aten.max.default: _reduce("ReduceMax"),
+        aten.min.default: _reduce("ReduceMin"),
+        aten.sort.default: _sort(False),  # -> TopK (values only)
+        aten.sort.stable: _sort(True),  # -> TopK (values and indices when stable=True)
+        aten.div.Tensor_mode: _div_mode,  # -> Div, and trunc or torch's floor steps
+        aten.round.decimals: _round_decimals,  # -> Mul / Round / Div by a float32 power of 10
+        aten.narrow_copy.default: _narrow,  # -> Slice
+        aten.transpose.int: _transpose,  # -> Transpose
+        aten.transpose_copy.int: _transpose,  # -> Transpose
+        aten.unbind_copy.int: _unbind,  # -> Split + Reshape
+        aten.unbind.int: _unbind,  # -> Split + Reshape
+        aten.addmv.default: _addmm,  # -> MatMul + Add
+        aten.fmax.default: _fmax("Max"),  # -> Where(IsNaN) around Max
+        aten.fmin.default: _fmax("Min"),  # -> Where(IsNaN) around Min
         aten.amin.default: _reduce("ReduceMin"),
         aten.mean.default: _reduce("ReduceMean"),
         aten.prod.dim_int: _reduce("ReduceProd"),
