@@ -444,20 +444,23 @@ def test_argmax_diagonal_logical_norms_match_eager():
     """Newer table lines (argmax / argmin, diagonal, logical ops on numbers, p-norms, int64 remainder)."""
     torch.manual_seed(11)
 
-    def f(x, i):
+    def f(x, i, j):
         return (
             x.argmax(dim=1) + x.argmin() + (i % 3) + torch.fmod(i, -2),
             torch.diagonal(x, -1) + torch.diagonal(x.reshape(2, 2, 5), 0, 0, 2).sum(),
             torch.logical_and(x, i.float().unsqueeze(1) - 2) ^ torch.logical_not(x > 0),
             torch.linalg.vector_norm(x, 3.5, dim=1) + torch.linalg.vector_norm(x, 0) + x.norm(p=0.5),
             (x.clamp_min(0.5) + x.clamp_max(0.7)).sum(dim=0),
+            # int64 against a float scalar compares in float32: 16777217 rounds to 16777216, 2.9999999 to 3
+            torch.stack([j < 16777216.5, j.eq(16777217.0), j > 2.9999999]),
         )
 
     x, i = torch.randn(4, 5), torch.randint(-5, 5, (4,))
     x[0, 0] = 0.0
+    j = torch.tensor([16777217, 16777216, 3, -3])
     reports = []
-    got = torch.compile(f, backend=_recording(reports), dynamic=False)(x, i)
-    want = f(x, i)
+    got = torch.compile(f, backend=_recording(reports), dynamic=False)(x, i, j)
+    want = f(x, i, j)
     assert reports[0].fallbacks == []
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape

@@ -1451,7 +1451,7 @@ def _empty_output(adapter):
 
     def adapt(n, e):
         v = _val(n)
-        if hasattr(v, "shape") and str(getattr(v, "dtype", "")) in _NP_DTYPES:
+        if str(getattr(v, "layout", "")) == "torch.strided" and str(v.dtype) in _NP_DTYPES:
             shape = tuple(v.shape)
             if all(isinstance(d, int) for d in shape) and 0 in shape:
                 e.names[n] = e.const(n.name, np.zeros(shape, _NP_DTYPES[str(v.dtype)]))
