@@ -423,6 +423,50 @@ def test_each_mapped_op_matches_eager():
     assert reports[0].fallbacks == []
 
 
+def test_log1p_expm1_keep_small_arguments_exact():
+    """log1p and expm1 lowered from Log / Exp (Goldberg's and Kahan's forms) against float64: within
+    a few float32 ulps at tiny, huge, near -1 and overflow arguments, and the IEEE specials as torch."""
+    edge = [0.0, -0.0, 1e-30, -1e-30, 1e-8, -1e-8, 1e-4, -0.999999, -1.0, -2.0, 80.0, 88.5, 89.0, 1e30, 3e38, -104.0]
+    special = [float("inf"), float("-inf"), float("nan")]
+    x = torch.cat([torch.tensor(edge + special), torch.randn(2000) * 3, torch.randn(2000) * 1e-3])
+    for f in (torch.log1p, torch.expm1):
+        reports = []
+        got = torch.compile(lambda t, f=f: f(t), backend=_recording(reports), dynamic=False)(x)
+        assert reports[0].fallbacks == []
+        ref = f(x.double()).numpy()
+        finite = np.isfinite(ref) & (np.abs(ref) > 1e-37) & (np.abs(ref) < 3e38)
+        np.testing.assert_allclose(got.numpy()[finite], ref[finite], rtol=4e-7, atol=0)
+        np.testing.assert_array_equal(got.numpy()[~finite], f(x).numpy()[~finite])  # inf, -1, nan, +-0 alike
+        assert torch.signbit(got[1]) and torch.signbit(f(x)[1])
+
+
+def test_argmax_diagonal_logical_norms_match_eager():
+    """Newer table lines (argmax / argmin, diagonal, logical ops on numbers, p-norms, int64 remainder)."""
+    torch.manual_seed(11)
+
+    def f(x, i, j):
+        return (
+            x.argmax(dim=1) + x.argmin() + (i % 3) + torch.fmod(i, -2),
+            torch.diagonal(x, -1) + torch.diagonal(x.reshape(2, 2, 5), 0, 0, 2).sum(),
+            torch.logical_and(x, i.float().unsqueeze(1) - 2) ^ torch.logical_not(x > 0),
+            torch.linalg.vector_norm(x, 3.5, dim=1) + torch.linalg.vector_norm(x, 0) + x.norm(p=0.5),
+            (x.clamp_min(0.5) + x.clamp_max(0.7)).sum(dim=0),
+            # int64 against a float scalar compares in float32: 16777217 rounds to 16777216, 2.9999999 to 3
+            torch.stack([j < 16777216.5, j.eq(16777217.0), j > 2.9999999]),
+        )
+
+    x, i = torch.randn(4, 5), torch.randint(-5, 5, (4,))
+    x[0, 0] = 0.0
+    j = torch.tensor([16777217, 16777216, 3, -3])
+    reports = []
+    got = torch.compile(f, backend=_recording(reports), dynamic=False)(x, i, j)
+    want = f(x, i, j)
+    assert reports[0].fallbacks == []
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=RTOL, atol=RTOL)
+
+
 def test_a_partition_opsnn_cannot_compile_runs_in_torch(monkeypatch):
     import opsnn.frontend
     from opsnn.errors import ParamInvalidError

@@ -21,7 +21,17 @@ class Unsupported(Exception):
 
 
 F32, BOOL, I64 = "torch.float32", "torch.bool", "torch.int64"
-_NP_DTYPES = {F32: np.float32, BOOL: np.bool_, I64: np.int64}
+F64, F16, I32, I16, I8 = "torch.float64", "torch.float16", "torch.int32", "torch.int16", "torch.int8"
+_NP_DTYPES = {
+    F32: np.float32,
+    BOOL: np.bool_,
+    I64: np.int64,
+    F64: np.float64,
+    F16: np.float16,
+    I32: np.int32,
+    I16: np.int16,
+    I8: np.int8,
+}
 
 
 def _val(n):
@@ -138,6 +148,21 @@ def _common_dtype(n, *args) -> str:
 def _binary(op):
     def adapt(n, e):
         a, b = n.args[:2]
+        if op == "Mul" and str(_val(n).dtype) == BOOL:  # bool times bool: logical and
+            if not all(hasattr(x, "op") and str(_val(x).dtype) == BOOL for x in (a, b)):
+                raise Unsupported("a bool product with a scalar or a number tensor")
+            return [Node("And", [e.name(a), e.name(b)], [e.out(n)])]
+        tensors = {str(_val(x).dtype) for x in (a, b) if hasattr(x, "op")}
+        if len(tensors) == 2 and F32 in tensors and str(_val(n).dtype) == F32 and _kw(n, 2, "alpha", 1) == 1:
+            # float32 with an int64 or bool tensor: torch casts that one to float32 (round to nearest)
+            nodes, ins = [], []
+            for i, x in enumerate((a, b)):
+                if str(_val(x).dtype) == F32:
+                    ins.append(e.name(x))
+                else:
+                    ins.append(e.graph.unique_name(f"{n.name}_f32_{i}"))
+                    nodes.append(Node("Cast", [e.name(x)], [ins[-1]], {"to": 1}))
+            return nodes + [Node(op, ins, [e.out(n)])]
         dt = _common_dtype(n, a, b)
         if dt == I64 and op not in ("Add", "Sub", "Mul"):
             raise Unsupported(f"{op} on int64")
@@ -152,7 +177,8 @@ def _binary(op):
             Node(op, [e.operand(a, "c"), scaled], [e.out(n)]),
         ]
 
-    adapt.in_dtypes = adapt.out_dtypes = (F32, I64)
+    adapt.in_dtypes = (F32, I64, BOOL)
+    adapt.out_dtypes = (F32, I64, BOOL) if op == "Mul" else (F32, I64)
     return adapt
 
 
@@ -400,19 +426,31 @@ def _reduce(op):
         x = n.args[0]
         dims = _kw(n, 1, "dim", None)
         keepdim = _kw(n, 2, "keepdim", False)
-        if n.kwargs.get("dtype") is not None or (len(n.args) > 3 and n.args[3] is not None):
-            raise Unsupported("a dtype argument")
+        _same_dtype_arg(n, "dtype", 3)
         if isinstance(dims, int):
             dims = [dims]
         if not dims:  # None or []: every dim, as torch reads it
             dims = list(range(_rank(x)))
+        src, nodes = e.name(x), []
+        in_dt, out_dt = str(_val(x).dtype), str(_val(n).dtype)
+        if in_dt != out_dt:  # a sum of bools counts them in int64
+            if (in_dt, out_dt, op) != (BOOL, I64, "ReduceSum"):
+                raise Unsupported(f"a {in_dt} input with a {out_dt} result")
+            src = e.graph.unique_name(f"{n.name}_i64")
+            nodes.append(Node("Cast", [e.name(x)], [src], {"to": 7}))
         if _rank(x) == 0:  # a 0-d tensor reduces to itself
-            return [Node("Identity", [e.name(x)], [e.out(n)])]
+            return nodes + [Node("Identity", [src], [e.out(n)])]
+        if _numel(_shape(x)) == 0 and op in ("ReduceSum", "ReduceProd"):  # the empty sum / product
+            e.names[n] = e.const(n.name, np.full(_shape(n), 0 if op == "ReduceSum" else 1, _NP_DTYPES[out_dt]))
+            return []
         if any(_shape(x)[int(d) % _rank(x)] == 0 for d in dims) and op != "ReduceSum":
             raise Unsupported("a reduction over an empty dim")
         axes = e.const("axes", np.array([int(d) for d in dims], np.int64))
-        return [Node(op, [e.name(x), axes], [e.out(n)], {"keepdims": int(bool(keepdim))})]
+        return nodes + [Node(op, [src, axes], [e.out(n)], {"keepdims": int(bool(keepdim))})]
 
+    if op in ("ReduceSum", "ReduceMax", "ReduceMin"):  # exact on int64 too (a sum wraps as torch's)
+        adapt.in_dtypes = (F32, I64, BOOL) if op == "ReduceSum" else (F32, I64)
+        adapt.out_dtypes = (F32, I64)
     return adapt
 
 
@@ -455,10 +493,25 @@ def _clip(lo_key: str, hi_key: str, lo_default, hi_default):
         lo, hi = _kw(n, 1, lo_key, lo_default), _kw(n, 2, hi_key, hi_default)
         if lo is not None and hi is not None and lo > hi:
             raise Unsupported("min > max")  # torch then gives max everywhere; Clip's rule may differ
-        ins = [e.name(n.args[0]), "" if lo is None else e.scalar("min", lo), "" if hi is None else e.scalar("max", hi)]
+        dt = str(_val(n.args[0]).dtype)
+        if dt != str(_val(n).dtype):
+            raise Unsupported("a float bound on an int64 tensor (torch promotes)")
+        ins = [e.name(n.args[0])]
+        ins += ["" if v is None else e.scalar(h, v, dt) for h, v in (("min", lo), ("max", hi))]
         return [Node("Clip", ins, [e.out(n)])]
 
+    adapt.in_dtypes = adapt.out_dtypes = (F32, I64)
     return adapt
+
+
+def _clamp_max(n, e):
+    dt = str(_val(n.args[0]).dtype)
+    if dt != str(_val(n).dtype):
+        raise Unsupported("a float bound on an int64 tensor (torch promotes)")
+    return [Node("Clip", [e.name(n.args[0]), "", e.scalar("max", n.args[1], dt)], [e.out(n)])]
+
+
+_clamp_max.in_dtypes = _clamp_max.out_dtypes = (F32, I64)
 
 
 def _leaky_relu(n, e):
@@ -481,11 +534,18 @@ def _compare(op, negate: bool = False):
         if len(dtypes) != 1:
             raise Unsupported(f"operands of dtypes {sorted(dtypes)}")
         dt = dtypes.pop()
-        ins = [e.operand(a, "c", dt), e.operand(b, "c", dt)]
+        nodes = []
+        if dt == I64 and any(isinstance(x, float) for x in (a, b)):
+            # an int64 tensor against a float scalar: torch compares in float32, the tensor cast to it
+            cast = e.graph.unique_name(f"{n.name}_f32")
+            nodes.append(Node("Cast", [e.name(a if hasattr(a, "op") else b)], [cast], {"to": 1}))
+            ins = [cast, e.scalar("c", b)] if hasattr(a, "op") else [e.scalar("c", a), cast]
+        else:
+            ins = [e.operand(a, "c", dt), e.operand(b, "c", dt)]
         if not negate:
-            return [Node(op, ins, [e.out(n)])]
+            return nodes + [Node(op, ins, [e.out(n)])]
         eq = e.graph.unique_name(f"{n.name}_eq")
-        return [Node(op, ins, [eq]), Node("Not", [eq], [e.out(n)])]
+        return nodes + [Node(op, ins, [eq]), Node("Not", [eq], [e.out(n)])]
 
     adapt.in_dtypes = (F32, I64)
     adapt.out_dtypes = (BOOL,)
@@ -504,21 +564,36 @@ def _where(n, e):
     cond, a, b = n.args[:3]
     if str(_val(cond).dtype) != BOOL:
         raise Unsupported("a condition that is not bool")
-    return [Node("Where", [e.name(cond), e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
+    dt = str(_val(n).dtype)
+    if any(hasattr(x, "op") and str(_val(x).dtype) != dt for x in (a, b)):
+        raise Unsupported("branches of another dtype than the result (torch promotes)")
+    if dt == BOOL and not all(hasattr(x, "op") for x in (a, b)):
+        raise Unsupported("a Python scalar branch of a bool result")
+    return [Node("Where", [e.name(cond), e.operand(a, "c", dt), e.operand(b, "c", dt)], [e.out(n)])]
 
 
-_where.in_dtypes = (F32, BOOL)
+_where.in_dtypes = _where.out_dtypes = (F32, I64, BOOL)
 
 
 def _constant(n, e):
     """A tensor made of its arguments alone (scalar_tensor, full): an initializer."""
     v = _val(n)
     value = n.args[0] if n.target.__name__.startswith("scalar_tensor") else n.args[1]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    dt = str(v.dtype)
+    if not isinstance(value, (bool, int, float)):
         raise Unsupported(f"a fill value of type {type(value).__name__}")
-    name = e.const(n.name, np.full(tuple(int(d) for d in v.shape), value, np.float32))
+    if dt in (I64, I32, I16, I8):
+        info = np.iinfo(_NP_DTYPES[dt])
+        if isinstance(value, bool) or value != int(value) or not info.min <= value <= info.max:
+            raise Unsupported(f"fill value {value} for a {dt} tensor")
+    if dt == F32 and isinstance(value, bool):
+        value = float(value)
+    name = e.const(n.name, np.full(tuple(int(d) for d in v.shape), value, _NP_DTYPES[dt]))
     e.names[n] = name
     return []
+
+
+_constant.out_dtypes = (F32, I64, BOOL, F64, I32, I16, I8)  # not float16: torch may round twice
 
 
 def _identity(n, e):
@@ -654,9 +729,19 @@ def _pow(n, e):
     return [Node("Pow", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)])]
 
 
-def _fmod(n, e):
+def _mod_operands(n, e) -> list:
     a, b = n.args[:2]
-    return [Node("Mod", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)], {"fmod": 1})]
+    dt = _common_dtype(n, a, b)
+    if dt == I64 and (hasattr(b, "op") or b == 0):  # an int64 division by zero raises in torch
+        raise Unsupported("an int64 divisor that is a tensor or zero")
+    return [e.operand(a, "c", dt), e.operand(b, "c", dt)]
+
+
+def _fmod(n, e):
+    return [Node("Mod", _mod_operands(n, e), [e.out(n)], {"fmod": 1})]
+
+
+_fmod.in_dtypes = _fmod.out_dtypes = (F32, I64)
 
 
 def _log_base(base: float):
@@ -700,16 +785,29 @@ def _softplus(n, e):
     return [Node("Softplus", [e.name(n.args[0])], [e.out(n)])]
 
 
+#: the ONNX dtype codes of the dtypes _to_copy casts to
+_ONNX_TO = {F32: 1, BOOL: 9, I64: 7, F64: 11, F16: 10, I32: 6, I16: 5, I8: 3}
+
+
 def _to_copy(n, e):
-    if set(n.kwargs) - {"dtype", "layout", "device", "memory_format"}:
+    import torch
+
+    if set(n.kwargs) - {"dtype", "layout", "device", "memory_format", "non_blocking"}:
         raise Unsupported(f"arguments {sorted(n.kwargs)}")
-    if str(_val(n.args[0]).dtype) == F32:
-        return [Node("Identity", [e.name(n.args[0])], [e.out(n)])]  # float32 to float32 (check_dtypes)
-    # bool or int64 to float32: round to nearest, as torch converts
-    return [Node("Cast", [e.name(n.args[0])], [e.out(n)], {"to": 1})]
+    if n.kwargs.get("layout") not in (None, torch.strided) or str(n.kwargs.get("device", "cpu")) != "cpu":
+        raise Unsupported("another layout or device")
+    src, dst = str(_val(n.args[0]).dtype), str(_val(n).dtype)
+    if src == dst:
+        return [Node("Identity", [e.name(n.args[0])], [e.out(n)])]
+    if src in (F32, F64, F16) and dst in (I8, I16):  # out of range differs by compiler; narrow ints refused
+        raise Unsupported(f"a float to {dst} conversion")
+    if (src, dst) == (F64, F16):  # torch may round through float32 first, numpy rounds once
+        raise Unsupported("a float64 to float16 conversion")
+    # floats round to nearest even, floats to ints truncate, bools are 0 / 1, numbers to bool are != 0: as torch
+    return [Node("Cast", [e.name(n.args[0])], [e.out(n)], {"to": _ONNX_TO[dst]})]
 
 
-_to_copy.in_dtypes = (F32, BOOL, I64)
+_to_copy.in_dtypes = _to_copy.out_dtypes = tuple(_ONNX_TO)
 
 
 def _constant_pad(n, e):
@@ -719,8 +817,11 @@ def _constant_pad(n, e):
     begins, ends = [0] * rank, [0] * rank
     for i in range(len(pad) // 2):  # torch lists the last dim first
         begins[rank - 1 - i], ends[rank - 1 - i] = int(pad[2 * i]), int(pad[2 * i + 1])
-    if any(d == 0 for d in _shape(x)) or any(d == 0 for d in _shape(n)):
-        raise Unsupported("an empty input or output")
+    if any(d == 0 for d in _shape(x)) and _numel(_shape(n)):  # nothing but padding
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise Unsupported(f"a pad value of type {type(value).__name__}")
+        e.names[n] = e.const(n.name, np.full(_shape(n), value, np.float32))
+        return []
     return [
         Node(
             "Pad",
@@ -812,15 +913,18 @@ def _trilu(upper: int):
 
 def _cumsum(n, e):
     x, dim = n.args[:2]
-    if n.kwargs.get("dtype") not in (None,) or _rank(x) == 0:
-        raise Unsupported("a dtype argument or a 0-d input")
+    _same_dtype_arg(n, "dtype", 99)
+    if _rank(x) == 0:
+        return [Node("Identity", [e.name(x)], [e.out(n)])]
     return [Node("CumSum", [e.name(x), e.const("axis", np.array(int(dim) % _rank(x), np.int64))], [e.out(n)])]
 
 
 def _index_select(n, e):
     x, dim, index = n.args[:3]
-    if _rank(x) == 0:
-        raise Unsupported("a 0-d input")
+    if _rank(x) == 0:  # index is [0] or 0-d [0]: the value itself, in the index's shape
+        return [
+            Node("Reshape", [e.name(x), e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)], {"allowzero": 1})
+        ]
     return [Node("Gather", [e.name(x), e.name(index)], [e.out(n)], {"axis": int(dim) % _rank(x)})]
 
 
@@ -843,23 +947,6 @@ def _gather(n, e):
 
 
 _gather.in_dtypes = (F32, I64)
-
-
-def _reduce_first(op):
-    """max.dim / min.dim: the values (output 0) by ReduceMax / ReduceMin; the int64 indices stay in torch."""
-
-    def adapt(n, e):
-        x, dim = n.args[:2]
-        keepdim = _kw(n, 2, "keepdim", False)
-        if _rank(x) == 0:
-            raise Unsupported("a 0-d input")
-        y, _ = e.outs(n, 2)
-        e.names[n] = (y, None)
-        axes = e.const("axes", np.array([int(dim) % _rank(x)], np.int64))
-        return [Node(op, [e.name(x), axes], [y], {"keepdims": int(bool(keepdim))})]
-
-    adapt.first_only = True
-    return adapt
 
 
 def _arange(n, e):
@@ -919,8 +1006,10 @@ def _var_mean(n, e):
 
 
 def _remainder(n, e):
-    a, b = n.args[:2]
-    return [Node("Mod", [e.operand(a, "c"), e.operand(b, "c")], [e.out(n)], {"fmod": 0})]
+    return [Node("Mod", _mod_operands(n, e), [e.out(n)], {"fmod": 0})]
+
+
+_remainder.in_dtypes = _remainder.out_dtypes = (F32, I64)
 
 
 def _trunc(n, e):
@@ -936,29 +1025,50 @@ def _trunc(n, e):
 
 def _cumprod(n, e):
     x, dim = n.args[:2]
-    if n.kwargs.get("dtype") is not None or _rank(x) == 0:
-        raise Unsupported("a dtype argument or a 0-d input")
+    _same_dtype_arg(n, "dtype", 99)
+    if _rank(x) == 0:
+        return [Node("Identity", [e.name(x)], [e.out(n)])]
     return [Node("CumProd", [e.name(x), e.const("axis", np.array(int(dim) % _rank(x), np.int64))], [e.out(n)])]
 
 
 def _vector_norm(n, e):
     x = n.args[0]
     order, dims, keepdim = _kw(n, 1, "ord", 2), _kw(n, 2, "dim", None), _kw(n, 3, "keepdim", False)
-    if n.kwargs.get("dtype") is not None or (len(n.args) > 4 and n.args[4] is not None):
-        raise Unsupported("a dtype argument")
+    _same_dtype_arg(n, "dtype", 4)
     rank = _rank(x)
+    if isinstance(order, bool) or not isinstance(order, (int, float)):
+        raise Unsupported(f"ord of type {type(order).__name__}")
+    if rank == 0:  # one value: |x| for any ord but 0, (x != 0) for 0
+        if order == 0:
+            more, truth = _truthy(e, n, x, "nz")
+            return more + [Node("Cast", [truth], [e.out(n)], {"to": 1})]
+        return [Node("Abs", [e.name(x)], [e.out(n)])]
     dims = list(range(rank)) if not dims else [int(d) % rank for d in ([dims] if isinstance(dims, int) else dims)]
-    if rank == 0 or any(_shape(x)[d] == 0 for d in dims):
-        raise Unsupported("a 0-d input or an empty dim")
+    if any(_shape(x)[d] == 0 for d in dims):
+        if order < 0 or order == float("inf"):
+            raise Unsupported(f"ord {order} over an empty dim")
+        e.names[n] = e.const(n.name, np.zeros(_shape(n), np.float32))
+        return []
     axes = e.const("axes", np.array(dims, np.int64))
     attrs = {"keepdims": int(bool(keepdim))}
+    if order == 0:  # the count of nonzero values
+        more, truth = _truthy(e, n, x, "nz")
+        cast = e.graph.unique_name(f"{n.name}_cast")
+        return more + [Node("Cast", [truth], [cast], {"to": 1}), Node("ReduceSum", [cast, axes], [e.out(n)], attrs)]
     if order in (1, 2):
         return [Node("ReduceL1" if order == 1 else "ReduceL2", [e.name(x), axes], [e.out(n)], attrs)]
     if order in (float("inf"), float("-inf")):
         a = e.graph.unique_name(f"{n.name}_abs")
         op = "ReduceMax" if order > 0 else "ReduceMin"
         return [Node("Abs", [e.name(x)], [a]), Node(op, [a, axes], [e.out(n)], attrs)]
-    raise Unsupported(f"ord {order} (mapped: 1, 2, inf, -inf)")
+    # any other p: (sum |x|^p)^(1/p), as torch computes it
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("abs", "pow", "sum")}
+    return [
+        Node("Abs", [e.name(x)], [t["abs"]]),
+        Node("Pow", [t["abs"], e.scalar("p", float(order))], [t["pow"]]),
+        Node("ReduceSum", [t["pow"], axes], [t["sum"]], attrs),
+        Node("Pow", [t["sum"], e.scalar("inv_p", 1.0 / float(order))], [e.out(n)]),
+    ]
 
 
 def _copy(n, e):
@@ -986,6 +1096,376 @@ def _index(n, e):
 _index.in_dtypes = (F32, I64)
 
 
+def _numel(shape) -> int:
+    return int(np.prod(shape)) if len(shape) else 1
+
+
+def _log1p(n, e):
+    """Goldberg's log1p: ``x * log(u) / (u - 1)`` with ``u = 1 + x`` is accurate to a few ulps where
+    ``log(1 + x)`` loses every digit of a small x; ``u - 1 == 0`` gives x itself, ``u == inf`` inf."""
+    x = e.name(n.args[0])
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in "u d z inf ln q r s".split()}
+    return [
+        Node("Add", [x, e.scalar("one", 1.0)], [t["u"]]),
+        Node("Sub", [t["u"], e.scalar("one", 1.0)], [t["d"]]),
+        Node("Equal", [t["d"], e.scalar("zero", 0.0)], [t["z"]]),
+        Node("Equal", [t["u"], e.scalar("inf", float("inf"))], [t["inf"]]),
+        Node("Log", [t["u"]], [t["ln"]]),
+        Node("Div", [x, t["d"]], [t["q"]]),
+        Node("Mul", [t["ln"], t["q"]], [t["r"]]),
+        Node("Where", [t["inf"], t["u"], t["r"]], [t["s"]]),
+        Node("Where", [t["z"], x, t["s"]], [e.out(n)]),
+    ]
+
+
+def _expm1(n, e):
+    """Kahan's expm1: ``(u - 1) * (x / log(u))`` with ``u = exp(x)``; ``u == 1`` gives x, ``u - 1 == -1``
+    gives -1, ``u == inf`` inf."""
+    x = e.name(n.args[0])
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in "u d one m1 inf ln p r s w".split()}
+    return [
+        Node("Exp", [x], [t["u"]]),
+        Node("Sub", [t["u"], e.scalar("one", 1.0)], [t["d"]]),
+        Node("Equal", [t["u"], e.scalar("one", 1.0)], [t["one"]]),
+        Node("Equal", [t["d"], e.scalar("minus_one", -1.0)], [t["m1"]]),
+        Node("Equal", [t["u"], e.scalar("inf", float("inf"))], [t["inf"]]),
+        Node("Log", [t["u"]], [t["ln"]]),
+        Node("Div", [x, t["ln"]], [t["p"]]),  # near 1: (u - 1) * x would overflow where u is near max
+        Node("Mul", [t["d"], t["p"]], [t["r"]]),
+        Node("Where", [t["inf"], t["u"], t["r"]], [t["s"]]),
+        Node("Where", [t["m1"], t["d"], t["s"]], [t["w"]]),
+        Node("Where", [t["one"], x, t["w"]], [e.out(n)]),
+    ]
+
+
+def _truthy(e, n, arg, hint: str) -> tuple:
+    """``arg != 0`` as bool (NaN is true, as torch reads it): ``(nodes, name)``."""
+    if str(_val(arg).dtype) == BOOL:
+        return [], e.name(arg)
+    eq, ne = e.graph.unique_name(f"{n.name}_{hint}_eq"), e.graph.unique_name(f"{n.name}_{hint}")
+    zero = e.scalar("zero", 0, str(_val(arg).dtype))
+    return [Node("Equal", [e.name(arg), zero], [eq]), Node("Not", [eq], [ne])], ne
+
+
+def _logical_any(op):
+    """logical_and / or / xor / not on bool, float32 or int64 tensors (each read as ``!= 0``)."""
+
+    def adapt(n, e):
+        nodes, names = [], []
+        for i, a in enumerate(n.args):
+            if not hasattr(a, "op"):
+                raise Unsupported("a Python operand")
+            more, name = _truthy(e, n, a, f"t{i}")
+            nodes += more
+            names.append(name)
+        return nodes + [Node(op, names, [e.out(n)])]
+
+    adapt.in_dtypes = (F32, I64, BOOL)
+    adapt.out_dtypes = (BOOL,)
+    return adapt
+
+
+def _arg_reduce(op):
+    """argmax / argmin: the first extreme's index (NaN counts as the extreme, as torch's); no dim
+    reads the flattened input."""
+
+    def adapt(n, e):
+        x = n.args[0]
+        dim, keepdim = _kw(n, 1, "dim", None), _kw(n, 2, "keepdim", False)
+        if _numel(_shape(x)) == 0:
+            raise Unsupported("an empty input")
+        if dim is None or _rank(x) == 0:
+            flat, idx = e.graph.unique_name(f"{n.name}_flat"), e.graph.unique_name(f"{n.name}_idx")
+            return [
+                Node("Reshape", [e.name(x), e.const("shape", np.array([-1], np.int64))], [flat]),
+                Node(op, [flat], [idx], {"axis": 0, "keepdims": 0, "select_last_index": 0}),
+                Node("Reshape", [idx, e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)], {"allowzero": 1}),
+            ]
+        attrs = {"axis": int(dim) % _rank(x), "keepdims": int(bool(keepdim)), "select_last_index": 0}
+        return [Node(op, [e.name(x)], [e.out(n)], attrs)]
+
+    adapt.in_dtypes = (F32, I64)
+    adapt.out_dtypes = (I64,)
+    return adapt
+
+
+def _diagonal(n, e):
+    """diagonal(x, offset, dim1, dim2): the two dims moved last and flattened, then Gather of the
+    diagonal's flat positions (pure data movement)."""
+    x = n.args[0]
+    offset, d1, d2 = int(_kw(n, 1, "offset", 0)), _kw(n, 2, "dim1", 0), _kw(n, 3, "dim2", 1)
+    rank = _rank(x)
+    if rank < 2 or any(d == 0 for d in _shape(n)):
+        raise Unsupported("an input of rank < 2 or an empty diagonal")
+    d1, d2 = int(d1) % rank, int(d2) % rank
+    shape = _shape(x)
+    rest = [d for d in range(rank) if d not in (d1, d2)]
+    rows, cols = shape[d1], shape[d2]
+    count = _shape(n)[-1]
+    i = np.arange(count, dtype=np.int64)
+    flat_idx = (i - min(offset, 0)) * cols + (i + max(offset, 0))
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("t", "f")}
+    lead = [shape[d] for d in rest]
+    return [
+        Node("Transpose", [e.name(x)], [t["t"]], {"perm": rest + [d1, d2]}),
+        Node("Reshape", [t["t"], e.const("shape", np.array(lead + [rows * cols], np.int64))], [t["f"]]),
+        Node("Gather", [t["f"], e.const("diag", flat_idx)], [e.out(n)], {"axis": len(lead)}),
+    ]
+
+
+_diagonal.in_dtypes = _diagonal.out_dtypes = (F32, I64, BOOL)
+
+
+def _empty(n, e):
+    """empty / empty_like / new_empty: torch leaves the values unset, zeros are one such tensor."""
+    v = _val(n)
+    e.names[n] = e.const(n.name, np.zeros(tuple(int(d) for d in v.shape), _NP_DTYPES[str(v.dtype)]))
+    return []
+
+
+_empty.in_dtypes = _empty.out_dtypes = (F32, I64, BOOL)
+
+
+def _same_dtype_arg(n, key: str, pos: int) -> None:
+    """A ``dtype=`` argument equal to the result's dtype changes nothing; any other is refused."""
+    dt = n.kwargs.get(key, n.args[pos] if len(n.args) > pos else None)
+    if dt is not None and str(dt) != str(_val(n).dtype):
+        raise Unsupported(f"a dtype argument {dt}")
+
+
+def _any(n, e):
+    """any (.default / .dim / .dims): Cast(x != 0) reduced by ReduceMax, read back as bool; over an
+    empty dim, false."""
+    x = n.args[0]
+    dims = _kw(n, 1, "dim", None)
+    keepdim = _kw(n, 2, "keepdim", False)
+    rank = _rank(x)
+    if isinstance(dims, int):
+        dims = [dims]
+    dims = list(range(rank)) if dims is None else [int(d) % rank for d in dims] if rank else []
+    if _numel(_shape(x)) == 0:
+        e.names[n] = e.const(n.name, np.zeros(_shape(n), np.bool_))
+        return []
+    more, truth = _truthy(e, n, x, "nz")
+    if not dims:  # nothing reduced (a 0-d input, or dim=[] on .dims, as torch reads it): x != 0 itself
+        return more + [Node("Identity", [truth], [e.out(n)])]
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("f", "m")}
+    axes = e.const("axes", np.array(dims, np.int64))
+    return more + [
+        Node("Cast", [truth], [t["f"]], {"to": 1}),
+        Node("ReduceMax", [t["f"], axes], [t["m"]], {"keepdims": int(bool(keepdim))}),
+        Node("Cast", [t["m"]], [e.out(n)], {"to": 9}),
+    ]
+
+
+_any.in_dtypes = (F32, I64, BOOL)
+_any.out_dtypes = (BOOL,)
+
+
+def _clamp_max_tensor(n, e):
+    return [Node("Min", [e.name(n.args[0]), e.operand(n.args[1], "c")], [e.out(n)])]
+
+
+def _reduce_with_index(op, arg_op):
+    """max.dim / min.dim: the values by ReduceMax / ReduceMin, the indices by ArgMax / ArgMin (the
+    first extreme, NaN counting as one: torch documents the first)."""
+
+    def adapt(n, e):
+        x, dim = n.args[:2]
+        keepdim = int(bool(_kw(n, 2, "keepdim", False)))
+        if _numel(_shape(x)) == 0:
+            raise Unsupported("an empty input")
+        if _rank(x) == 0:  # one value: itself, at index 0
+            y, i = e.outs(n, 2)
+            e.names[n] = (y, e.const("index", np.zeros((), np.int64)))
+            return [Node("Identity", [e.name(x)], [y])]
+        axis = int(dim) % _rank(x)
+        y, i = e.outs(n, 2)
+        axes = e.const("axes", np.array([axis], np.int64))
+        return [
+            Node(op, [e.name(x), axes], [y], {"keepdims": keepdim}),
+            Node(arg_op, [e.name(x)], [i], {"axis": axis, "keepdims": keepdim, "select_last_index": 0}),
+        ]
+
+    adapt.out_dtypes = (F32, I64)
+    return adapt
+
+
+def _sort(stable_overload: bool):
+    """sort / sort.stable by TopK over the whole dim (NaN last ascending, first descending, as torch);
+    TopK keeps equal values in index order, which is torch's stable order: the indices are mapped
+    only when the call asks for a stable sort."""
+
+    def adapt(n, e):
+        x = n.args[0]
+        if stable_overload:
+            stable, dim, descending = n.kwargs.get("stable"), n.kwargs.get("dim", -1), n.kwargs.get("descending", False)
+            if not stable:
+                raise Unsupported("an unstable sort (its indices for equal values are unspecified)")
+        else:
+            dim, descending = _kw(n, 1, "dim", -1), _kw(n, 2, "descending", False)
+        if _rank(x) == 0 or _numel(_shape(x)) == 0:
+            raise Unsupported("a 0-d or empty input")
+        axis = int(dim) % _rank(x)
+        y, i = e.outs(n, 2)
+        k = e.const("k", np.array([_shape(x)[axis]], np.int64))
+        attrs = {"axis": axis, "largest": int(bool(descending)), "sorted": 1}
+        if not stable_overload:
+            e.names[n] = (y, None)
+            i = e.graph.unique_name(f"{n.name}_unused")
+        return [Node("TopK", [e.name(x), k], [y, i], attrs)]
+
+    adapt.out_dtypes = (F32, I64)
+    adapt.first_only = not stable_overload
+    return adapt
+
+
+def _div_mode(n, e):
+    """div with rounding_mode: 'trunc' is trunc(a / b); 'floor' follows torch's div_floor step by
+    step (fmod, the sign fix, floor, the round-up above .5, a signed zero, b == 0 as a / b)."""
+    a, b = n.args[:2]
+    mode = n.kwargs.get("rounding_mode")
+    if not (hasattr(a, "op") and hasattr(b, "op")):
+        raise Unsupported("a Python operand")
+    t = {
+        h: e.graph.unique_name(f"{n.name}_{h}")
+        for h in "q s ab fl mod am div mz bn mn sx nz adj dm1 div2 fl2 f diff up fl1 fl3 qn qp z0 z dz res bz".split()
+    }
+    q = t["q"]
+    nodes = [Node("Div", [e.name(a), e.name(b)], [q])]
+    if mode is None:
+        return [Node("Div", [e.name(a), e.name(b)], [e.out(n)])]
+    if mode == "trunc":
+        return nodes + [
+            Node("Sign", [q], [t["s"]]),
+            Node("Abs", [q], [t["ab"]]),
+            Node("Floor", [t["ab"]], [t["fl"]]),
+            Node("Mul", [t["s"], t["fl"]], [e.out(n)]),
+        ]
+    if mode != "floor":
+        raise Unsupported(f"rounding_mode {mode!r}")
+    zero, one, half = e.scalar("zero", 0.0), e.scalar("one", 1.0), e.scalar("half", 0.5)
+    return nodes + [
+        Node("Mod", [e.name(a), e.name(b)], [t["mod"]], {"fmod": 1}),
+        Node("Sub", [e.name(a), t["mod"]], [t["am"]]),
+        Node("Div", [t["am"], e.name(b)], [t["div"]]),
+        Node("Equal", [t["mod"], zero], [t["mz"]]),
+        Node("Not", [t["mz"]], [t["nz"]]),
+        Node("Less", [e.name(b), zero], [t["bn"]]),
+        Node("Less", [t["mod"], zero], [t["mn"]]),
+        Node("Xor", [t["bn"], t["mn"]], [t["sx"]]),
+        Node("And", [t["nz"], t["sx"]], [t["adj"]]),
+        Node("Sub", [t["div"], one], [t["dm1"]]),
+        Node("Where", [t["adj"], t["dm1"], t["div"]], [t["div2"]]),
+        Node("Floor", [t["div2"]], [t["fl1"]]),
+        Node("Sub", [t["div2"], t["fl1"]], [t["diff"]]),
+        Node("Greater", [t["diff"], half], [t["up"]]),
+        Node("Add", [t["fl1"], one], [t["fl2"]]),
+        Node("Where", [t["up"], t["fl2"], t["fl1"]], [t["fl3"]]),
+        Node("Less", [q, zero], [t["qn"]]),
+        Node("Greater", [q, zero], [t["qp"]]),
+        Node("Where", [t["qp"], zero, q], [t["z0"]]),
+        Node("Where", [t["qn"], e.scalar("minus_zero", -0.0), t["z0"]], [t["z"]]),
+        Node("Equal", [t["div2"], zero], [t["dz"]]),
+        Node("Where", [t["dz"], t["z"], t["fl3"]], [t["res"]]),
+        Node("Equal", [e.name(b), zero], [t["bz"]]),
+        Node("Where", [t["bz"], q, t["res"]], [e.out(n)]),
+    ]
+
+
+def _round_decimals(n, e):
+    """round(x, decimals): nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d for d < 0, with
+    the power rounded to float32 first, as torch computes it."""
+    d = int(n.kwargs.get("decimals", 0))
+    x = e.name(n.args[0])
+    if d == 0:
+        return [Node("Round", [x], [e.out(n)])]
+    p = e.scalar("pow10", float(np.float32(10.0 ** abs(d))))
+    if not np.isfinite(np.float32(10.0 ** abs(d))):
+        raise Unsupported(f"decimals {d} (10^{abs(d)} overflows float32)")
+    s, r = e.graph.unique_name(f"{n.name}_s"), e.graph.unique_name(f"{n.name}_r")
+    first, last = ("Mul", "Div") if d > 0 else ("Div", "Mul")
+    return [Node(first, [x, p], [s]), Node("Round", [s], [r]), Node(last, [r, p], [e.out(n)])]
+
+
+def _narrow(n, e):
+    x, dim, start, length = n.args[:4]
+    rank = _rank(x)
+    dim = int(dim) % rank
+    start = int(start) + (_shape(x)[dim] if int(start) < 0 else 0)
+    ins = [e.name(x)] + [
+        e.const(h, np.array([v], np.int64)) for h, v in (("starts", start), ("ends", start + int(length)))
+    ]
+    ins.append(e.const("axes", np.array([dim], np.int64)))
+    return [Node("Slice", ins, [e.out(n)])]
+
+
+def _unbind(n, e):
+    x = n.args[0]
+    rank = _rank(x)
+    dim = int(_kw(n, 1, "dim", 0)) % rank if rank else 0
+    count = _shape(x)[dim] if rank else 0
+    if count == 0 or _numel(_shape(x)) == 0:
+        raise Unsupported("a 0-d or empty input")
+    parts = [e.graph.unique_name(f"{n.name}_part{i}") for i in range(count)]
+    names = e.outs(n, count)
+    shape = e.const("shape", np.array([d for i, d in enumerate(_shape(x)) if i != dim], np.int64))
+    nodes = [Node("Split", [e.name(x), e.const("split", np.ones(count, np.int64))], parts, {"axis": dim})]
+    return nodes + [Node("Reshape", [p, shape], [o], {"allowzero": 1}) for p, o in zip(parts, names)]
+
+
+_unbind.in_dtypes = _unbind.out_dtypes = _narrow.in_dtypes = _narrow.out_dtypes = (F32, I64, BOOL)
+
+
+def _transpose(n, e):
+    x, d0, d1 = n.args[:3]
+    rank = _rank(x)
+    perm = list(range(rank))
+    if rank:
+        d0, d1 = int(d0) % rank, int(d1) % rank
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    return [Node("Transpose", [e.name(x)], [e.out(n)], {"perm": perm})]
+
+
+_transpose.in_dtypes = _transpose.out_dtypes = (F32, I64, BOOL)
+
+
+def _fmax(op):
+    """fmax / fmin: the other operand where one is NaN, Max / Min elsewhere."""
+
+    def adapt(n, e):
+        a, b = n.args[:2]
+        t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("na", "nb", "m", "r")}
+        return [
+            Node("IsNaN", [e.name(a)], [t["na"]]),
+            Node("IsNaN", [e.name(b)], [t["nb"]]),
+            Node(op, [e.name(a), e.name(b)], [t["m"]]),
+            Node("Where", [t["nb"], e.name(a), t["m"]], [t["r"]]),
+            Node("Where", [t["na"], e.name(b), t["r"]], [e.out(n)]),
+        ]
+
+    return adapt
+
+
+def _empty_output(adapter):
+    """An adapter that lowers a node with an empty (zero-element) tensor result to an empty constant
+    (it has no values to get wrong), and any other node through ``adapter``."""
+
+    def adapt(n, e):
+        v = _val(n)
+        if str(getattr(v, "layout", "")) == "torch.strided" and str(v.dtype) in _NP_DTYPES:
+            shape = tuple(v.shape)
+            if all(isinstance(d, int) for d in shape) and 0 in shape:
+                e.names[n] = e.const(n.name, np.zeros(shape, _NP_DTYPES[str(v.dtype)]))
+                return []
+        return adapter(n, e)
+
+    for attr in ("in_dtypes", "out_dtypes", "first_only"):
+        if hasattr(adapter, attr):
+            setattr(adapt, attr, getattr(adapter, attr))
+    return adapt
+
+
 #: lowerings that compute a tuple's output 0 alone (the others: saved statistics, int64 indices)
 for _f in (_batch_norm_eval, _batch_norm, _max_pool2d_with_indices, _layer_norm):
     _f.first_only = True
@@ -996,7 +1476,7 @@ _TABLE: dict = {}
 def build_table():
     """``{ATen overload: adapter}``; built on first use (it needs torch)."""
     if not _TABLE:
-        _TABLE.update(_table())
+        _TABLE.update({k: v if k is operator.getitem else _empty_output(v) for k, v in _table().items()})
     return _TABLE
 
 
@@ -1069,6 +1549,9 @@ def _table():
         aten.isnan.default: _is("IsNaN"),
         aten.isinf.default: _is("IsInf"),
         aten.bitwise_not.default: _logical("Not"),
+        aten.bitwise_and.Tensor: _logical("And"),  # bool alone
+        aten.bitwise_or.Tensor: _logical("Or"),  # bool alone
+        aten.bitwise_xor.Tensor: _logical("Xor"),  # bool alone
         aten._to_copy.default: _to_copy,  # -> Identity (float32 to float32)
         aten.detach.default: _identity,  # -> Identity
         aten.detach_copy.default: _identity,  # -> Identity
@@ -1088,8 +1571,22 @@ def _table():
         aten.index_select.default: _index_select,  # -> Gather
         aten.embedding.default: _embedding,  # -> Gather
         aten.gather.default: _gather,  # -> GatherElements
-        aten.max.dim: _reduce_first("ReduceMax"),  # values only
-        aten.min.dim: _reduce_first("ReduceMin"),  # values only
+        aten.max.dim: _reduce_with_index("ReduceMax", "ArgMax"),
+        aten.min.dim: _reduce_with_index("ReduceMin", "ArgMin"),
+        aten.max.default: _reduce("ReduceMax"),
+        aten.min.default: _reduce("ReduceMin"),
+        aten.sort.default: _sort(False),  # -> TopK (values only)
+        aten.sort.stable: _sort(True),  # -> TopK (values and indices when stable=True)
+        aten.div.Tensor_mode: _div_mode,  # -> Div, and trunc or torch's floor steps
+        aten.round.decimals: _round_decimals,  # -> Mul / Round / Div by a float32 power of 10
+        aten.narrow_copy.default: _narrow,  # -> Slice
+        aten.transpose.int: _transpose,  # -> Transpose
+        aten.transpose_copy.int: _transpose,  # -> Transpose
+        aten.unbind_copy.int: _unbind,  # -> Split + Reshape
+        aten.unbind.int: _unbind,  # -> Split + Reshape
+        aten.addmv.default: _addmm,  # -> MatMul + Add
+        aten.fmax.default: _fmax("Max"),  # -> Where(IsNaN) around Max
+        aten.fmin.default: _fmax("Min"),  # -> Where(IsNaN) around Min
         aten.amin.default: _reduce("ReduceMin"),
         aten.mean.default: _reduce("ReduceMean"),
         aten.prod.dim_int: _reduce("ReduceProd"),
@@ -1111,10 +1608,25 @@ def _table():
         aten.eq.Tensor: _compare("Equal"),
         aten.ne.Scalar: _compare("Equal", negate=True),  # -> Not(Equal)
         aten.ne.Tensor: _compare("Equal", negate=True),  # -> Not(Equal)
-        aten.logical_not.default: _logical("Not"),
-        aten.logical_and.default: _logical("And"),
-        aten.logical_or.default: _logical("Or"),
-        aten.logical_xor.default: _logical("Xor"),
+        aten.logical_not.default: _logical_any("Not"),  # -> Not (Not(Equal 0) on numbers)
+        aten.logical_and.default: _logical_any("And"),
+        aten.logical_or.default: _logical_any("Or"),
+        aten.logical_xor.default: _logical_any("Xor"),
+        aten.log1p.default: _log1p,  # -> Goldberg's log(1+x) * x / ((1+x) - 1)
+        aten.expm1.default: _expm1,  # -> Kahan's (e^x - 1) * x / log(e^x)
+        aten.argmax.default: _arg_reduce("ArgMax"),
+        aten.argmin.default: _arg_reduce("ArgMin"),
+        aten.diagonal.default: _diagonal,  # -> Transpose, Reshape, Gather
+        aten.diagonal_copy.default: _diagonal,  # -> Transpose, Reshape, Gather
+        aten.empty.memory_format: _empty,  # -> zeros (values unset in torch)
+        aten.empty_permuted.default: _empty,  # -> zeros (values unset in torch)
+        aten.clamp_min.default: _clip("min", "max", None, None),  # -> Clip (min only)
+        aten.clamp_max.default: _clamp_max,  # -> Clip (max only)
+        aten.clamp_min.Tensor: _clamp_tensor,  # -> Max
+        aten.clamp_max.Tensor: _clamp_max_tensor,  # -> Min
+        aten.any.default: _any,  # -> ReduceMax of Cast(x != 0)
+        aten.any.dim: _any,  # -> ReduceMax of Cast(x != 0)
+        aten.any.dims: _any,  # -> ReduceMax of Cast(x != 0)
         aten.where.self: _where,  # -> Where
         aten.scalar_tensor.default: _constant,  # -> an initializer
         aten.full.default: _constant,  # -> an initializer
