@@ -230,7 +230,8 @@ for kind, arg in steps:
     else:
         works.append(dist.broadcast(y, src=arg, async_op=True))
 while not works[-1].is_completed():
-    states = [wk.is_completed() for wk in works]
+    # read the last first: a later one seen done means every earlier one, read after it, is done too
+    states = [wk.is_completed() for wk in reversed(works)][::-1]
     assert states == sorted(states, reverse=True), f"completed out of launch order: {states}"
 z = opsnn.tensor(np.ones(8, np.float32))
 dist.all_reduce(z)  # sync: returns only after every collective launched before it
