@@ -925,6 +925,25 @@ def _attention(ctx, grads):
 
 
 # -- recurrent --------------------------------------------------------------------------------------------
+def _rnn_total(res: dict, k: str):
+    """One input's gradient of an RNN/GRU/LSTM from its per-direction parts: the two directions' X
+    gradients add, the weights' stack along the direction axis."""
+    ops, v = _ops(), res[k]
+    return v[0] if len(v) == 1 else (ops.add(v[0], v[1]) if k == "x" else ops.concat(v, dim=0))
+
+
+def _rnn_input_grads(res: dict, b, h0) -> list:
+    """Gradients of X, W, R, B, sequence_lens (none) and initial_h, in the ONNX input order."""
+    return [
+        _rnn_total(res, "x"),
+        _rnn_total(res, "w"),
+        _rnn_total(res, "r"),
+        _rnn_total(res, "b") if b is not None else None,
+        None,
+        _rnn_total(res, "h0") if h0 is not None else None,
+    ]
+
+
 def _lstm(ctx, grads):
     """Backpropagation through time with registry ops: each direction's forward is recomputed
     step by step (keeping the gates), then walked backwards. Default activations, no peepholes,
@@ -1010,20 +1029,7 @@ def _lstm(ctx, grads):
         res["h0"].append(ops.unsqueeze(dh, 0))
         res["c0"].append(ops.unsqueeze(dc, 0))
 
-    def total(k):
-        v = res[k]
-        return v[0] if len(v) == 1 else (ops.add(v[0], v[1]) if k == "x" else ops.concat(v, dim=0))
-
-    out = [
-        total("x"),
-        total("w"),
-        total("r"),
-        total("b") if b is not None else None,
-        None,
-        total("h0") if h0 is not None else None,
-        total("c0") if c0 is not None else None,
-        None,
-    ]
+    out = _rnn_input_grads(res, b, h0) + [_rnn_total(res, "c0") if c0 is not None else None, None]
     return [g if need else None for g, need in zip(out[:n_in], ctx.needs)]
 
 
@@ -1120,18 +1126,7 @@ def _gru(ctx, grads):
         res["b"].append(ops.unsqueeze(ops.concat([dwb, drb_zr, drb_h], dim=0), 0))
         res["h0"].append(ops.unsqueeze(dh, 0))
 
-    def total(k):
-        v = res[k]
-        return v[0] if len(v) == 1 else (ops.add(v[0], v[1]) if k == "x" else ops.concat(v, dim=0))
-
-    out = [
-        total("x"),
-        total("w"),
-        total("r"),
-        total("b") if b is not None else None,
-        None,
-        total("h0") if h0 is not None else None,
-    ]
+    out = _rnn_input_grads(res, b, h0)
     return [g if need else None for g, need in zip(out[:n_in], ctx.needs)]
 
 
@@ -1547,18 +1542,7 @@ def _rnn(ctx, grads):
         res["b"].append(ops.unsqueeze(ops.concat([db, db], dim=0), 0))
         res["h0"].append(ops.unsqueeze(dh, 0))
 
-    def total(k):
-        v = res[k]
-        return v[0] if len(v) == 1 else (ops.add(v[0], v[1]) if k == "x" else ops.concat(v, dim=0))
-
-    out = [
-        total("x"),
-        total("w"),
-        total("r"),
-        total("b") if b is not None else None,
-        None,
-        total("h0") if h0 is not None else None,
-    ]
+    out = _rnn_input_grads(res, b, h0)
     return [g if need else None for g, need in zip(out[:n_in], ctx.needs)]
 
 
