@@ -157,7 +157,10 @@ def _libraries_section(products: list, max_shapes: int = 3) -> list:
         shapes = groups.setdefault((op, choice.library, choice.kernel, choice.reason), Counter())
         shapes[label] += 1
     lib = "MKL" if libraries.gemm_library() == "mkl" else "OpenBLAS"
-    out = [f"kernel libraries: {libraries.summary()}", f"  threaded GEMM: {lib}, {libraries.gemm_library_why()}"]
+    out = textwrap.wrap(f"kernel libraries: {libraries.summary()}", 110, subsequent_indent="    ")
+    out += textwrap.wrap(
+        f"threaded GEMM: {lib}, {libraries.gemm_library_why()}", 110, initial_indent="  ", subsequent_indent="    "
+    )
     if not groups:
         return out + ["  no MatMul, Gemm or Conv nodes"]
     for (op, lib, kernel, reason), shapes in sorted(groups.items(), key=lambda kv: (-sum(kv[1].values()), kv[0])):
@@ -278,7 +281,12 @@ def _summary(
     rep = cg.pass_report
     if rep is not None:
         done = [f"{r.name} {r.changes}" for r in rep.results if r.changes]
-        out.append(f"  passes: {rep.nodes_before} nodes -> {rep.nodes_after}; changes: {', '.join(done) or 'none'}")
+        out += textwrap.wrap(
+            f"passes: {rep.nodes_before} nodes -> {rep.nodes_after}; changes: {', '.join(done) or 'none'}",
+            110,
+            initial_indent="  ",
+            subsequent_indent="    ",
+        )
     rows = [
         [op, sum(c.values()), ", ".join(f"{k} x{n}" if n > 1 else k for k, n in c.most_common())]
         for op, c in sorted(by_type.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
