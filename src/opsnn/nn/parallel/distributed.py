@@ -477,18 +477,7 @@ class DistributedDataParallel(Module):
         ``.grad`` is its slice of the reduced bucket (the optimizer's update nodes read those)."""
         from ... import ops
 
-        missing = [i for i, r in enumerate(self._ready) if not r]
-        if missing and not self.find_unused_parameters:
-            self._state = "idle"
-            names = ", ".join(repr(self._names[i]) for i in missing[:10])
-            raise UnusedParameterError(
-                f"DistributedDataParallel: backward ended but {len(missing)} parameter(s) that require grad "
-                f"received no gradient: {names}. Their buckets cannot be reduced. If the forward does not use "
-                "every parameter, wrap the model with find_unused_parameters=True"
-            )
-        for i in missing:
-            self._mark_ready(i, "unused")
-        self._launch_ready()
+        self._settle_unused(drain=False)
         used = None
         if self.find_unused_parameters:
             # which parameters the traced graph gives a gradient is fixed at tracing: agreed on now, once
@@ -510,13 +499,13 @@ class DistributedDataParallel(Module):
         self.last_backward = {"events": self._events, "wait_s": 0.0, "buckets": len(self._buckets)}
         self._state = "reduced"
 
-    def _finish(self) -> None:
-        """End of backward: launch what is left, wait for every bucket, hand out the averages."""
-        if active_tracer() is not None:
-            return self._finish_traced()
+    def _settle_unused(self, drain: bool) -> None:
+        """End of backward: parameters that got no gradient are an error without find_unused_parameters
+        (``drain``: wait for the buckets already in flight first), else ready as unused; launch the rest."""
         missing = [i for i, r in enumerate(self._ready) if not r]
         if missing and not self.find_unused_parameters:
-            self._drain()
+            if drain:
+                self._drain()
             self._state = "idle"
             names = ", ".join(repr(self._names[i]) for i in missing[:10])
             more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
@@ -529,6 +518,12 @@ class DistributedDataParallel(Module):
         for i in missing:
             self._mark_ready(i, "unused")
         self._launch_ready()
+
+    def _finish(self) -> None:
+        """End of backward: launch what is left, wait for every bucket, hand out the averages."""
+        if active_tracer() is not None:
+            return self._finish_traced()
+        self._settle_unused(drain=True)
         used = None
         if self.find_unused_parameters:
             used = zeros((len(self._params),), "int32")
