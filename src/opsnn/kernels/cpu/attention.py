@@ -676,3 +676,325 @@ def rotary_serial(x, cos, sin, y, bnsd, interleaved, rot):
         s = r % S
         for n in range(N):
             _rotary_row(x, cos, sin, y, bnsd, interleaved, rot, b, s, n)
+
+
+# -- attention backward: flash-style recomputation ---------------------------------------------------
+# Tiles are flat float32 arrays with explicit row strides. Their products run on single-threaded MKL
+# when fns[0] holds cblas_sgemm's address, else as loops LLVM vectorizes (inner loop along a row).
+@nb.njit(nogil=True, cache=True, fastmath=_FM)
+def _mm_nt(fns, m, n, k, a, lda, b, ldb, c, ldc):
+    # c[:m, :n] = a[:m, :k] @ b[:n, :k].T
+    if fns[0] != 0:
+        MN.sgemm(
+            fns[0], MN.NO_TRANS, MN.TRANS, m, n, k, a.ctypes.data, lda, b.ctypes.data, ldb, 0.0, c.ctypes.data, ldc
+        )
+        return
+    for i in range(m):
+        for j in range(n):
+            acc = np.float32(0.0)
+            for kk in range(k):
+                acc += a[i * lda + kk] * b[j * ldb + kk]
+            c[i * ldc + j] = acc
+
+
+@nb.njit(nogil=True, cache=True, fastmath=_FM)
+def _mm_nn_acc(fns, m, n, k, a, lda, b, ldb, c, ldc):
+    # c[:m, :n] += a[:m, :k] @ b[:k, :n]
+    if fns[0] != 0:
+        MN.sgemm(
+            fns[0], MN.NO_TRANS, MN.NO_TRANS, m, n, k, a.ctypes.data, lda, b.ctypes.data, ldb, 1.0, c.ctypes.data, ldc
+        )
+        return
+    for i in range(m):
+        for kk in range(k):
+            av = a[i * lda + kk]
+            for j in range(n):
+                c[i * ldc + j] += av * b[kk * ldb + j]
+
+
+@nb.njit(nogil=True, cache=True, fastmath=_FM)
+def _mm_tn_acc(fns, m, n, k, a, lda, b, ldb, c, ldc):
+    # c[:m, :n] += a[:k, :m].T @ b[:k, :n]
+    if fns[0] != 0:
+        MN.sgemm(
+            fns[0], MN.TRANS, MN.NO_TRANS, m, n, k, a.ctypes.data, lda, b.ctypes.data, ldb, 1.0, c.ctypes.data, ldc
+        )
+        return
+    for kk in range(k):
+        for i in range(m):
+            av = a[kk * lda + i]
+            for j in range(n):
+                c[i * ldc + j] += av * b[kk * ldb + j]
+
+
+@nb.njit(nogil=True, cache=True, fastmath=_FM)
+def _bw_scores(s, dc, nq, nk, BK, i0, j0, b, h, mask, has_mask, causal, left, right, softcap):
+    # a tile's raw scores in place: softcap (dc: its derivative), then the masks; a masked pair
+    # (causal, window, a key past the mask, an additive -inf) becomes -inf
+    mB, mH, mS, mT = mask.shape
+    mb = b if mB > 1 else 0
+    mh = h if mH > 1 else 0
+    for ii in range(nq):
+        i = i0 + ii
+        mi = i if mS > 1 else 0
+        for jj in range(nk):
+            j = j0 + jj
+            x = s[ii * BK + jj]
+            d = np.float32(1.0)
+            if softcap > 0:
+                t = np.float32(math.tanh(x / softcap))
+                x = softcap * t
+                d = np.float32(1.0) - t * t
+            if (causal and j > i) or (left >= 0 and j < i - left) or (right >= 0 and j > i + right):
+                x = np.float32(-np.inf)
+            elif has_mask:
+                if j >= mT:
+                    x = np.float32(-np.inf)
+                else:
+                    mv = mask[mb, mh, mi, j]
+                    x = np.float32(-np.inf) if mv == -np.inf else x + mv
+            s[ii * BK + jj] = x
+            dc[ii * BK + jj] = d
+
+
+@nb.njit(nogil=True, cache=True, fastmath=_FM)
+def _bw_block(
+    b, h, hk, Hkv, qb, q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
+    BQ, BK, dq, dk_acc, dv_acc, qs, dos, s, dp, dc, dqa, rows, fns,
+):  # fmt: skip
+    # block qb of BQ query rows of head h: their dQ rows, and their share of dK, dV added to the
+    # task's accumulators dk_acc (T * D), dv_acc (T * Dv). rows: 4 * BQ floats (logsumexp,
+    # delta = rowsum(dY * Y), running sum, NaN flag)
+    Sq, D = q.shape[2], q.shape[3]
+    Dv = dy.shape[3]
+    T = dk_acc.size // D
+    i0 = qb * BQ
+    i1 = min(i0 + BQ, Sq)
+    nq = i1 - i0
+    lse, delta, lsum, nanf = rows[:BQ], rows[BQ : 2 * BQ], rows[2 * BQ : 3 * BQ], rows[3 * BQ :]
+    for ii in range(nq):
+        dl = np.float32(0.0)
+        for dd in range(D):
+            qs[ii * D + dd] = q[b, h, i0 + ii, dd] * scale
+            dqa[ii * D + dd] = np.float32(0.0)
+        for dd in range(Dv):
+            g = dy[b, h, i0 + ii, dd]
+            dos[ii * Dv + dd] = g
+            dl += g * y[b, h, i0 + ii, dd]
+        delta[ii] = dl
+    # the keys some row of the block may attend
+    j_hi = T
+    if causal:
+        j_hi = min(j_hi, i1)
+    if right >= 0:
+        j_hi = min(j_hi, i1 + right)
+    if has_mask:
+        j_hi = min(j_hi, mask.shape[3])
+    j_lo = max(0, i0 - left) if left >= 0 else 0
+    kbase = (b * Hkv + hk) * T  # kf, vf: the (B, Hkv, T, D|Dv) keys and values, flat; this pair's first row
+    if has_lse:
+        for ii in range(nq):
+            lse[ii] = lse_in[b, h, i0 + ii]
+    else:  # the rows' logsumexp, by streaming the keys once more (running max and sum)
+        for ii in range(nq):
+            lse[ii] = np.float32(-np.inf)
+            lsum[ii] = np.float32(0.0)
+            nanf[ii] = np.float32(0.0)
+        for j0 in range(j_lo, j_hi, BK):
+            nk = min(BK, j_hi - j0)
+            _mm_nt(fns, nq, nk, D, qs, D, kf[(kbase + j0) * D :], D, s, BK)
+            _bw_scores(s, dc, nq, nk, BK, i0, j0, b, h, mask, has_mask, causal, left, right, softcap)
+            for ii in range(nq):
+                m_old = lse[ii]
+                mx = m_old
+                for jj in range(nk):
+                    x = s[ii * BK + jj]
+                    if x > mx:
+                        mx = x
+                    elif x != x:
+                        nanf[ii] = np.float32(1.0)
+                if mx == -np.inf:
+                    continue
+                tot = lsum[ii] * fexp(m_old - mx) if m_old != -np.inf else np.float32(0.0)
+                for jj in range(nk):
+                    tot += fexp(s[ii * BK + jj] - mx)
+                lsum[ii] = tot
+                lse[ii] = mx
+        for ii in range(nq):
+            if nanf[ii] != 0:
+                lse[ii] = np.float32(np.nan)
+            elif lse[ii] != -np.inf:
+                lse[ii] += np.float32(math.log(lsum[ii]))
+    for j0 in range(j_lo, j_hi, BK):
+        nk = min(BK, j_hi - j0)
+        kr = kf[(kbase + j0) * D :]
+        vr = vf[(kbase + j0) * Dv :]
+        _mm_nt(fns, nq, nk, D, qs, D, kr, D, s, BK)  # the scores again
+        _bw_scores(s, dc, nq, nk, BK, i0, j0, b, h, mask, has_mask, causal, left, right, softcap)
+        _mm_nt(fns, nq, nk, Dv, dos, Dv, vr, Dv, dp, BK)  # dP = dY V^T
+        for ii in range(nq):
+            m = lse[ii]
+            dl = delta[ii]
+            for jj in range(nk):
+                x = s[ii * BK + jj]
+                if x == -np.inf:  # a masked pair: no probability and no gradient, whatever dP holds
+                    s[ii * BK + jj] = np.float32(0.0)
+                    dp[ii * BK + jj] = np.float32(0.0)
+                else:
+                    p = fexp(x - m)
+                    s[ii * BK + jj] = p
+                    dp[ii * BK + jj] = p * (dp[ii * BK + jj] - dl) * dc[ii * BK + jj]
+        _mm_nn_acc(fns, nq, D, nk, dp, BK, kr, D, dqa, D)  # dQ += dS K
+        _mm_tn_acc(fns, nk, D, nq, dp, BK, qs, D, dk_acc[j0 * D :], D)  # dK += dS^T (scale Q)
+        _mm_tn_acc(fns, nk, Dv, nq, s, BK, dos, Dv, dv_acc[j0 * Dv :], Dv)  # dV += P^T dY
+    for ii in range(nq):
+        for dd in range(D):
+            dq[b, h, i0 + ii, dd] = dqa[ii * D + dd] * scale
+
+
+@nb.njit(nogil=True, cache=True)
+def _bw_thread(
+    th, nt, q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
+    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns,
+):  # fmt: skip
+    # thread th of nt takes tasks th, th + nt, ...: task (b, KV head hk, split sp) runs the query
+    # blocks u = sp, sp + nsplit, ... of the group's heads (u -> head u // nqb, block u % nqb) into
+    # this thread's dK/dV accumulators, then writes them to dK/dV (nsplit 1) or its partial slot
+    B, Hq, Sq, D = q.shape
+    Hkv, T, Dv = dk.shape[1], dk.shape[2], dv.shape[3]
+    g = Hq // Hkv
+    nqb = (Sq + BQ - 1) // BQ
+    qs = np.empty(BQ * D, np.float32)
+    dos = np.empty(BQ * Dv, np.float32)
+    s = np.empty(BQ * BK, np.float32)
+    dp = np.empty(BQ * BK, np.float32)
+    dc = np.empty(BQ * BK, np.float32)
+    dqa = np.empty(BQ * D, np.float32)
+    rows = np.empty(4 * BQ, np.float32)
+    dk_acc = np.empty(T * D, np.float32)
+    dv_acc = np.empty(T * Dv, np.float32)
+    for t in range(th, B * Hkv * nsplit, nt):
+        sp = t % nsplit
+        hk = (t // nsplit) % Hkv
+        b = t // (nsplit * Hkv)
+        dk_acc[:] = np.float32(0.0)
+        dv_acc[:] = np.float32(0.0)
+        for u in range(sp, g * nqb, nsplit):
+            _bw_block(
+                b, hk * g + u // nqb, hk, Hkv, u % nqb, q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask,
+                causal, left, right, scale, softcap, BQ, BK, dq, dk_acc, dv_acc, qs, dos, s, dp, dc, dqa, rows, fns,
+            )  # fmt: skip
+        for j in range(T):
+            for dd in range(D):
+                if nsplit == 1:
+                    dk[b, hk, j, dd] = dk_acc[j * D + dd]
+                else:
+                    part_k[sp, b, hk, j, dd] = dk_acc[j * D + dd]
+            for dd in range(Dv):
+                if nsplit == 1:
+                    dv[b, hk, j, dd] = dv_acc[j * Dv + dd]
+                else:
+                    part_v[sp, b, hk, j, dd] = dv_acc[j * Dv + dd]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _bw_parallel(
+    q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
+    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, nt,
+):  # fmt: skip
+    for th in nb.prange(nt):
+        prev = MN.set_threads_local(fns[1], 1) if fns[0] != 0 else 0
+        _bw_thread(
+            th, nt, q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
+            BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns,
+        )  # fmt: skip
+        if fns[0] != 0:
+            MN.set_threads_local(fns[1], prev)
+
+
+@nb.njit(nogil=True, cache=True)
+def _bw_serial(
+    q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
+    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns,
+):  # fmt: skip
+    prev = MN.set_threads_local(fns[1], 1) if fns[0] != 0 else 0
+    _bw_thread(
+        0, 1, q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
+        BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns,
+    )  # fmt: skip
+    if fns[0] != 0:
+        MN.set_threads_local(fns[1], prev)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _bw_reduce(part_k, part_v, dk, dv):
+    # dK, dV = the sums of the splits' partials
+    nsplit, B, Hkv, T, D = part_k.shape
+    Dv = part_v.shape[4]
+    for r in nb.prange(B * Hkv * T):
+        j = r % T
+        hk = (r // T) % Hkv
+        b = r // (T * Hkv)
+        for dd in range(D):
+            acc = np.float32(0.0)
+            for sp in range(nsplit):
+                acc += part_k[sp, b, hk, j, dd]
+            dk[b, hk, j, dd] = acc
+        for dd in range(Dv):
+            acc = np.float32(0.0)
+            for sp in range(nsplit):
+                acc += part_v[sp, b, hk, j, dd]
+            dv[b, hk, j, dd] = acc
+
+
+def attention_backward(
+    q, k, v, y, dy, lse, mask, has_mask, causal, left, right, scale, softcap, BQ, BK, nsplit, dq, dk, dv,
+    part_k, part_v, fns, parallel,
+):  # fmt: skip
+    """dQ, dK, dV of attention without the score matrix (FlashAttention-2's backward, on the CPU).
+
+    A task per (batch, KV head, split): for each block of ``BQ`` query rows of its GQA group's heads
+    (every ``nsplit``-th block), the rows' logsumexp (``lse`` (B, Hq, Sq) when given, else
+    recomputed by one streaming pass over the keys), then per block of ``BK`` keys: ``S = (scale Q)
+    K^T`` again, ``P = exp(S - lse)``, ``dP = dY V^T``, ``dS = P (dP - rowsum(dY * Y))`` (times
+    the softcap's derivative), ``dQ += dS K``, ``dK += dS^T (scale Q)``, ``dV += P^T dY``: five
+    products per tile (six without ``lse``), on single-threaded MKL when ``fns`` (:func:`~.mkl_nb.addresses`)
+    names it (``fns[0]`` 0: vectorized loops). Key blocks no row of a query block may attend
+    (causal frontier, window, a short mask) are skipped. dK/dV go to a per-thread ``(T, D)``
+    accumulator, so there are no races: with ``nsplit`` 1 each task owns its (batch, KV head) and
+    writes dK/dV directly; else each split writes its partial into ``part_k`` (nsplit, B, Hkv, T,
+    D) / ``part_v`` and one parallel pass sums them. Memory: the tiles and accumulators, O(BQ * BK +
+    T * d) per thread, plus the partials.
+
+    ``q``, ``y``, ``dy``, ``dq`` (B, Hq, Sq, D|Dv) float32 of any strides; ``k``, ``v`` (B, Hkv, T,
+    D|Dv) C-contiguous; ``dk``, ``dv`` (B, Hkv, T, D|Dv) any strides; ``mask``: :func:`masked_softmax`'s
+    rank-4 additive fp32 bias. A masked pair's probability and gradient are exactly 0 (a NaN or
+    Inf in V or dY never crosses one); a row no key may attend gets dQ 0 and gives nothing."""
+    kf, vf = k.reshape(-1), v.reshape(-1)
+    has_lse = lse is not None
+    if not has_lse:
+        lse = np.zeros((1, 1, 1), np.float32)
+    args = (q, kf, vf, y, dy, lse, has_lse, mask, has_mask, causal, left, right)
+    args += (np.float32(scale), np.float32(softcap), np.int64(BQ), np.int64(BK), np.int64(nsplit))
+    args += (dq, dk, dv, part_k, part_v, fns)
+    if parallel:
+        _bw_parallel(*args, np.int64(max(1, min(nb.get_num_threads(), dk.shape[0] * dk.shape[1] * nsplit))))
+    else:
+        _bw_serial(*args)
+    if nsplit > 1:
+        _bw_reduce(part_k, part_v, dk, dv)
+
+
+#: query rows and keys per tile of :func:`attention_backward`
+BW_BLOCK_Q = 64
+BW_BLOCK_K = 64
+
+
+def backward_splits(B: int, Hkv: int, units: int, threads: int) -> int:
+    """How many ways each (batch, KV head)'s query blocks (``units``) split: 1 when there are
+    at least twice as many (batch, KV head) tasks as threads (no partials), else enough
+    splits for about two tasks per thread."""
+    tasks = B * Hkv
+    if threads <= 1 or tasks >= 2 * threads or units <= 1:
+        return 1
+    return max(1, min(units, -(-2 * threads // max(1, tasks))))

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from ... import dtypes as _dt
-from ...errors import DTypeError, ParamInvalidError
+from ...errors import DTypeError, InferShapeError, ParamInvalidError
 from ...kernels.cpu import attention as K
 from ...kernels.cpu import libraries as KL
 from ...kernels.cpu import mkl as KM
@@ -722,6 +722,249 @@ Attention.kernel(
 )(_blas)
 
 
+# -- AttentionGrad (opsnn domain): dQ, dK, dV without the score matrix ------------------------------------
+class _ForwardCall:
+    """AttentionGrad's inputs seen as the forward Attention call (Q, K, V, attn_mask), so that
+    :func:`_dims` checks them by the forward's own rules."""
+
+    __slots__ = ("op", "attrs", "inputs")
+
+    def __init__(self, ctx):
+        self.op = ctx.op
+        self.attrs = {**ctx.attrs, "qk_matmul_output_mode": 0, "softmax_precision": None}
+        self.inputs = [ctx.inputs[1], ctx.inputs[2], ctx.inputs[3], ctx.inputs[5] if ctx.has(5) else None]
+
+    def has(self, i: int) -> bool:
+        return i < len(self.inputs) and self.inputs[i] is not None
+
+    def dtype(self, i: int):
+        return self.inputs[i].dtype
+
+    def fail(self, message: str) -> None:
+        raise InferShapeError(f"{self.op.name}: {message}", op=self.op.name)
+
+
+def _grad_dims(ctx) -> _Dims:
+    d = _dims(_ForwardCall(ctx))
+    q = ctx.inputs[1]
+    y_shape = (d.B, d.Hq, d.Sq, d.Dv) if d.rank == 4 else (d.B, d.Sq, d.Hq * d.Dv)
+    for i, name in ((0, "dY"), (4, "Y")):
+        if tuple(ctx.shape(i)) != y_shape:
+            ctx.fail(f"input {name!r} must have the forward output's shape {y_shape}, got {tuple(ctx.shape(i))}")
+        if ctx.dtype(i) != q.dtype:
+            raise DTypeError(
+                f"AttentionGrad: input {name!r} must have Q's dtype {_dt.name(q.dtype)}, got {_dt.name(ctx.dtype(i))}",
+                op="AttentionGrad",
+            )
+    if ctx.has(6) and tuple(ctx.shape(6)) != (d.B, d.Hq, d.Sq):
+        ctx.fail(f"input 'logsumexp' must be (B, q_heads, Sq) = {(d.B, d.Hq, d.Sq)}, got {tuple(ctx.shape(6))}")
+    return d
+
+
+def _infer_attention_grad(ctx):
+    _grad_dims(ctx)
+    return [TensorMeta(tuple(ctx.shape(i)), ctx.dtype(i)) for i in (1, 2, 3)]
+
+
+def _reference_attention_grad(ins, attrs):
+    """The softmax-attention backward read literally, per (batch, head), in float64 (Y and the
+    logsumexp unused): P from the masked scores, dS = P (dP - rowsum(P dP)) on the pairs a row
+    attends (0 elsewhere) times the softcap's derivative, dQ = scale dS K, dK = scale dS^T Q,
+    dV = P^T dY."""
+    ins = list(ins) + [None] * (7 - len(ins))
+    dY, Q, Kx, Vx, _, mask, _ = ins
+    rank = Q.ndim
+    Hq = Q.shape[1] if rank == 4 else int(attrs["q_num_heads"])
+    Hkv = Kx.shape[1] if rank == 4 else int(attrs["kv_num_heads"])
+    q, k, v, g = (_to4(x, h).astype(np.float64) for x, h in ((Q, Hq), (Kx, Hkv), (Vx, Hkv), (dY, Hq)))
+    B, _, Sq, D = q.shape
+    T = k.shape[2]
+    scale = _scale(attrs, D)
+    cap = float(attrs["softcap"])
+    left, right = int(attrs["left_window_size"]), int(attrs["right_window_size"])
+    i, j = np.arange(Sq)[:, None], np.arange(T)[None, :]
+    ok = np.ones((Sq, T), bool)
+    if attrs["is_causal"]:
+        ok &= j <= i
+    if left >= 0:
+        ok &= j >= i - left
+    if right >= 0:
+        ok &= j <= i + right
+    ok4, bias = ok[None, None], np.zeros((1, 1, 1, 1))
+    if mask is not None:
+        m4 = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+        mt = m4.shape[3]
+        m4 = np.concatenate([m4, np.zeros(m4.shape[:3] + (T - mt,), m4.dtype)], axis=3)
+        inside = j < mt  # keys past a short mask are masked
+        if m4.dtype == np.bool_:
+            ok4 = ok4 & m4 & inside
+        else:
+            bias = m4.astype(np.float64)
+            ok4 = ok4 & ~np.isneginf(bias) & inside
+    dq = np.zeros_like(q)
+    dk, dv = np.zeros_like(k), np.zeros((B, Hkv, T, v.shape[3]))
+    group = Hq // Hkv
+    for b in range(B):
+        for h in range(Hq):
+            hk = h // group
+            al = np.broadcast_to(ok4[min(b, ok4.shape[0] - 1), min(h, ok4.shape[1] - 1)], (Sq, T))
+            bb = np.broadcast_to(bias[min(b, bias.shape[0] - 1), min(h, bias.shape[1] - 1)], (Sq, T))
+            raw = scale * (q[b, h] @ k[b, hk].T)
+            if cap > 0:
+                t = np.tanh(raw / cap)
+                sc, dcap = cap * t, 1 - t * t
+            else:
+                sc, dcap = raw, 1.0
+            with np.errstate(invalid="ignore", over="ignore"):
+                sc = np.where(al, sc + bb, -np.inf)
+                dead = ~al.any(axis=1, keepdims=True)
+                e = np.where(al, np.exp(sc - np.where(dead, 0, sc.max(axis=1, keepdims=True))), 0)
+                p = e / np.where(dead, 1, e.sum(axis=1, keepdims=True))
+                dp = g[b, h] @ v[b, hk].T
+                ds = np.where(al, p * (dp - np.where(al, p * dp, 0).sum(axis=1, keepdims=True)) * dcap, 0)
+            dq[b, h] = scale * (ds @ k[b, hk])
+            dk[b, hk] += scale * (ds.T @ q[b, h])
+            dv[b, hk] += p.T @ g[b, h]
+
+    def back(x, like):
+        return (x.transpose(0, 2, 1, 3).reshape(like.shape) if rank == 3 else x).astype(like.dtype)
+
+    return back(dq, Q), back(dk, Kx), back(dv, Vx)
+
+
+_DUMMY_PART = np.zeros((1, 1, 1, 1, 1), np.float32)
+
+
+def _grad_plan_for(blas: bool):
+    def plan(ctx):
+        d = _grad_dims(ctx)
+        a = ctx.attrs
+        bq = max(1, min(K.BW_BLOCK_Q, d.Sq))
+        parallel = d.B * d.Hq * d.Sq * d.T * max(d.D, d.Dv) >= K.PARALLEL_MIN
+        units = (d.Hq // d.Hkv) * -(-d.Sq // bq)
+        fns = MN.addresses() if blas else None
+        return {
+            "d": d,
+            "scale": _scale(a, d.D),
+            "softcap": float(a["softcap"]),
+            "causal": bool(a["is_causal"]),
+            "left": int(a["left_window_size"]),
+            "right": int(a["right_window_size"]),
+            "BQ": bq,
+            "BK": K.BW_BLOCK_K,
+            "nsplit": K.backward_splits(d.B, d.Hkv, units, K.num_threads()) if parallel else 1,
+            "parallel": parallel,
+            "fns": fns if fns is not None else np.zeros(3, np.int64),
+        }
+
+    return plan
+
+
+def _grad_workspace(ctx, plan):
+    d = plan["d"]
+    return 4 * plan["nsplit"] * d.B * d.Hkv * d.T * (d.D + d.Dv) if plan["nsplit"] > 1 else 0
+
+
+def _attention_grad(ins, outs, attrs, plan, ws):
+    """attention_grad_flash[_mkl]: K.attention_backward on 4-D views of the inputs and outputs."""
+    ins = list(ins) + [None] * (7 - len(ins))
+    dY, Q, Kx, Vx, Y, mask, lse = ins
+    d = plan["d"]
+    if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv):  # nothing to stream: the definition's zeros
+        for o, r in zip(outs, _reference_attention_grad(ins, attrs)):
+            np.copyto(o, r, casting="unsafe")
+        return
+    k4 = np.ascontiguousarray(_to4(Kx, d.Hkv), dtype=np.float32)
+    v4 = np.ascontiguousarray(_to4(Vx, d.Hkv), dtype=np.float32)
+    nsplit = plan["nsplit"]
+    part_k = part_v = _DUMMY_PART
+    if nsplit > 1:
+        nk, nv = nsplit * d.B * d.Hkv * d.T * d.D, nsplit * d.B * d.Hkv * d.T * d.Dv
+        part = ws[: 4 * (nk + nv)].view(np.float32)
+        part_k = part[:nk].reshape(nsplit, d.B, d.Hkv, d.T, d.D)
+        part_v = part[nk:].reshape(nsplit, d.B, d.Hkv, d.T, d.Dv)
+    K.attention_backward(
+        _to4(Q, d.Hq),
+        k4,
+        v4,
+        _to4(Y, d.Hq),
+        _to4(dY, d.Hq),
+        None if lse is None else np.ascontiguousarray(lse, dtype=np.float32),
+        _mask4(mask),
+        mask is not None,
+        plan["causal"],
+        plan["left"],
+        plan["right"],
+        plan["scale"],
+        plan["softcap"],
+        plan["BQ"],
+        plan["BK"],
+        nsplit,
+        _to4(outs[0], d.Hq),
+        _to4(outs[1], d.Hkv),
+        _to4(outs[2], d.Hkv),
+        part_k,
+        part_v,
+        plan["fns"],
+        plan["parallel"],
+    )
+
+
+def _grad_mkl_applies(ctx):
+    if MN.addresses() is None:
+        return f"needs Intel MKL called from numba: {KM.unavailable() or 'not loaded'}"
+    return True
+
+
+AttentionGrad = register_op(
+    "AttentionGrad",
+    domain="opsnn",
+    category="attention",
+    inputs=[
+        Input("dY", FLOAT),
+        Input("Q", FLOAT),
+        Input("K", FLOAT),
+        Input("V", FLOAT),
+        Input("Y", FLOAT),
+        Input("attn_mask", _MASK, optional=True),
+        Input("logsumexp", (_dt.float32,), optional=True),
+    ],
+    outputs=["dQ", "dK", "dV"],
+    attrs=[
+        Attr("is_causal", "int", 0),
+        Attr("kv_num_heads", "int", None),
+        Attr("q_num_heads", "int", None),
+        Attr("scale", "float", None),
+        Attr("softcap", "float", 0.0),
+        Attr("left_window_size", "int", -1),
+        Attr("right_window_size", "int", -1),
+    ],
+    infer=_infer_attention_grad,
+    reference=_reference_attention_grad,
+    doc="gradients of Attention (no KV cache) w.r.t. Q, K, V from dY, recomputing the probabilities per tile",
+)
+AttentionGrad.kernel(
+    "attention_grad_flash_mkl",
+    dtypes=(_dt.float32,),
+    priority=20,
+    strided=True,
+    applies=_grad_mkl_applies,
+    plan=_grad_plan_for(True),
+    workspace=_grad_workspace,
+    doc="flash-style backward (K.attention_backward): query x key tiles recomputed from Q, K and the "
+    "rows' logsumexp, five products per tile on single-threaded MKL, O(N d) memory",
+)(_attention_grad)
+AttentionGrad.kernel(
+    "attention_grad_flash",
+    dtypes=(_dt.float32,),
+    priority=10,
+    strided=True,
+    plan=_grad_plan_for(False),
+    workspace=_grad_workspace,
+    doc="the same tiles with the products as vectorized numba loops (no MKL)",
+)(_attention_grad)
+
+
 # -- RotaryEmbedding ----------------------------------------------------------------------------------------
 def _infer_rotary(ctx):
     x, cos, sin = ctx.inputs[0], ctx.inputs[1], ctx.inputs[2]
@@ -940,4 +1183,44 @@ def rotary_embedding(
     return [x, cos_cache, sin_cache, position_ids], a
 
 
-__all__ = ["attention", "scaled_dot_product_attention", "rotary_embedding"]
+@api("attention_backward", "AttentionGrad", domain="opsnn")
+def attention_backward(
+    grad_y,
+    q,
+    k,
+    v,
+    y,
+    attn_mask=None,
+    logsumexp=None,
+    *,
+    is_causal=False,
+    scale=None,
+    q_num_heads=None,
+    kv_num_heads=None,
+    softcap=0.0,
+    left_window_size=-1,
+    right_window_size=-1,
+):
+    """The gradients ``(dQ, dK, dV)`` of ``Y = attention(q, k, v, attn_mask, ...)`` (no KV cache)
+    given ``grad_y``, the forward's output ``y`` and optionally its rows' ``logsumexp``
+    (B, q_heads, Sq) (else recomputed); the attributes are the forward call's. Memory O(N d): the
+    probabilities are recomputed per tile, never stored.
+
+    >>> # dq, dk, dv = opsnn.ops.attention_backward(dy, q, k, v, y, is_causal=True)
+    """
+    a = {
+        "is_causal": int(bool(is_causal)),
+        "softcap": float(softcap),
+        "left_window_size": int(left_window_size),
+        "right_window_size": int(right_window_size),
+    }
+    if scale is not None:
+        a["scale"] = float(scale)
+    if q_num_heads is not None:
+        a["q_num_heads"] = int(q_num_heads)
+    if kv_num_heads is not None:
+        a["kv_num_heads"] = int(kv_num_heads)
+    return [grad_y, q, k, v, y, attn_mask, logsumexp], a, 3
+
+
+__all__ = ["attention", "scaled_dot_product_attention", "rotary_embedding", "attention_backward"]
