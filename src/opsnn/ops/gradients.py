@@ -861,17 +861,42 @@ def _traced_masked_probs(q4, kr, mask, scale, Sq, T, attrs):
     return ops.where(rows, p, _const(0, p))
 
 
+def _attention_fused(ctx, g, n_in):
+    """dQ, dK, dV by the flash-style backward op (opsnn::AttentionGrad): the probabilities are
+    recomputed per tile, never materialised, and 3-D inputs need no head reshapes."""
+    a = ctx.attrs
+    q, k, v = ctx.inputs[:3]
+    mask = ctx.inputs[3] if n_in > 3 else None
+    grads = _ops().attention_backward(
+        g,
+        q,
+        k,
+        v,
+        ctx.outputs[0],
+        mask,
+        None,
+        is_causal=bool(a.get("is_causal", 0)),
+        scale=a.get("scale"),
+        q_num_heads=a.get("q_num_heads"),
+        kv_num_heads=a.get("kv_num_heads"),
+        softcap=float(a.get("softcap") or 0.0),
+        left_window_size=int(a.get("left_window_size", -1)),
+        right_window_size=int(a.get("right_window_size", -1)),
+    )
+    return [t if ctx.needs[i] else None for i, t in enumerate(grads)] + [None] * (n_in - 3)
+
+
 def _attention(ctx, grads):
     ops, g = _ops(), grads[0]
     ins = list(ctx.inputs) + [None] * (7 - len(ctx.inputs))
     q, k, v, mask = ins[:4]
     n_in = len(ctx.inputs)
-    if (
-        any(t is not None for t in ins[4:7])
-        or float(ctx.attrs.get("softcap") or 0.0) != 0.0
-        or (mask is not None and len(ctx.needs) > 3 and ctx.needs[3])
-    ):
-        return [None] * n_in  # with a KV cache, softcap or a trainable mask: no rule yet (a typed error)
+    if any(t is not None for t in ins[4:7]) or (mask is not None and len(ctx.needs) > 3 and ctx.needs[3]):
+        return [None] * n_in  # with a KV cache or a trainable mask: no rule yet (a typed error)
+    if q.dtype != np.float64:  # float32 and 16-bit: the backward op (its kernels compute in fp32)
+        return _attention_fused(ctx, g, n_in)
+    if float(ctx.attrs.get("softcap") or 0.0) != 0.0:
+        return [None] * n_in  # softcap in float64: no rule yet (a typed error)
     rank = q.ndim
     if rank == 3:
         hq, hkv = int(ctx.attrs["q_num_heads"]), int(ctx.attrs["kv_num_heads"])
