@@ -966,9 +966,8 @@ def attention_backward(
     D) / ``part_v`` and one parallel pass sums them. Memory: the tiles and accumulators, O(BQ * BK +
     T * d) per thread, plus the partials.
 
-    ``q``, ``y``, ``dy``, ``dq`` (B, Hq, Sq, D|Dv) float32 of any strides; ``k``, ``v`` (B, Hkv, T,
-    D|Dv) C-contiguous; ``dk``, ``dv`` (B, Hkv, T, D|Dv) any strides; ``mask``: :func:`masked_softmax`'s
-    rank-4 additive fp32 bias. A masked pair's probability and gradient are exactly 0 (a NaN or
+    ``q``, ``y``, ``dy``, ``dq`` (B, Hq, Sq, D|Dv), ``k``, ``v``, ``dk``, ``dv`` (B, Hkv, T, D|Dv): float32
+    (``k`` and ``v`` C-contiguous); ``mask``: :func:`masked_softmax`'s rank-4 additive fp32 bias. A masked pair's probability and gradient are exactly 0 (a NaN or
     Inf in V or dY never crosses one); a row no key may attend gets dQ 0 and gives nothing."""
     kf, vf = k.reshape(-1), v.reshape(-1)
     has_lse = lse is not None

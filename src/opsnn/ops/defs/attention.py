@@ -818,7 +818,7 @@ def _reference_attention_grad(ins, attrs):
             with np.errstate(invalid="ignore", over="ignore"):
                 sc = np.where(al, sc + bb, -np.inf)
                 dead = ~al.any(axis=1, keepdims=True)
-                e = np.where(al, np.exp(sc - np.where(dead, 0, sc.max(axis=1, keepdims=True))), 0)
+                e = np.where(al, np.exp(sc - np.where(dead, 0, sc.max(axis=1, keepdims=True, initial=-np.inf))), 0)
                 p = e / np.where(dead, 1, e.sum(axis=1, keepdims=True))
                 dp = g[b, h] @ v[b, hk].T
                 ds = np.where(al, p * (dp - np.where(al, p * dp, 0).sum(axis=1, keepdims=True)) * dcap, 0)
@@ -874,8 +874,14 @@ def _attention_grad(ins, outs, attrs, plan, ws):
         for o, r in zip(outs, _reference_attention_grad(ins, attrs)):
             np.copyto(o, r, casting="unsafe")
         return
-    k4 = np.ascontiguousarray(_to4(Kx, d.Hkv), dtype=np.float32)
-    v4 = np.ascontiguousarray(_to4(Vx, d.Hkv), dtype=np.float32)
+    # C-contiguous float32 operands and results (O(N d) copies where the layout is 3-D or strided,
+    # against the O(N^2 d) products): one compiled specialization of the kernel
+    q4, k4, v4, y4, dy4 = (
+        np.ascontiguousarray(_to4(x, h), dtype=np.float32)
+        for x, h in ((Q, d.Hq), (Kx, d.Hkv), (Vx, d.Hkv), (Y, d.Hq), (dY, d.Hq))
+    )
+    res = [_to4(o, h) for o, h in zip(outs, (d.Hq, d.Hkv, d.Hkv))]
+    dst = [r if r.flags.c_contiguous else np.empty(r.shape, np.float32) for r in res]
     nsplit = plan["nsplit"]
     part_k = part_v = _DUMMY_PART
     if nsplit > 1:
@@ -884,11 +890,11 @@ def _attention_grad(ins, outs, attrs, plan, ws):
         part_k = part[:nk].reshape(nsplit, d.B, d.Hkv, d.T, d.D)
         part_v = part[nk:].reshape(nsplit, d.B, d.Hkv, d.T, d.Dv)
     K.attention_backward(
-        _to4(Q, d.Hq),
+        q4,
         k4,
         v4,
-        _to4(Y, d.Hq),
-        _to4(dY, d.Hq),
+        y4,
+        dy4,
         None if lse is None else np.ascontiguousarray(lse, dtype=np.float32),
         _mask4(mask),
         mask is not None,
@@ -900,14 +906,15 @@ def _attention_grad(ins, outs, attrs, plan, ws):
         plan["BQ"],
         plan["BK"],
         nsplit,
-        _to4(outs[0], d.Hq),
-        _to4(outs[1], d.Hkv),
-        _to4(outs[2], d.Hkv),
+        *dst,
         part_k,
         part_v,
         plan["fns"],
         plan["parallel"],
     )
+    for r, t in zip(res, dst):
+        if t is not r:
+            np.copyto(r, t)
 
 
 def _grad_mkl_applies(ctx):
