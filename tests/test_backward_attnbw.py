@@ -318,6 +318,23 @@ def test_rule_matches_the_float64_composition():
         _close(a, b)
 
 
+def test_rule_with_3d_heads_softcap_and_window_matches_the_oracle():
+    """Through autograd: 3-D (B, S, H*D) GQA inputs, softcap, a sliding window, causal (the float64
+    composition has no softcap rule; the float32 rule runs the backward op)."""
+    B, Hq, Hkv, S, D = 2, 4, 2, 12, 6
+    q, k, v, dy = (
+        RNG.standard_normal(s).astype(np.float32)
+        for s in [(B, Hq, S, D), (B, Hkv, S, D), (B, Hkv, S, D), (B, Hq, S, D)]
+    )
+    t = [opsnn.tensor(to3(a)).requires_grad_() for a in (q, k, v)]
+    kw = dict(is_causal=True, q_num_heads=Hq, kv_num_heads=Hkv, softcap=2.0, left_window_size=4)
+    y = ops.attention(*t, **kw)
+    ops.sum(ops.mul(y, opsnn.tensor(to3(dy)))).backward()
+    want = oracle(q, k, v, dy, allowed_pairs(S, S, True, 4)[None, None], softcap=2.0)
+    for a, w, h in zip(t, want, (Hq, Hkv, Hkv)):
+        _close(to4(a.grad.numpy(), h), w)
+
+
 def test_rule_runs_the_backward_op_for_float32():
     """float32 attention gradients come from one AttentionGrad kernel, not the composition's Softmax."""
     from opsnn.runtime import hooks

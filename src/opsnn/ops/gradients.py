@@ -864,10 +864,12 @@ def _traced_masked_probs(q4, kr, mask, scale, Sq, T, attrs):
 def _attention_fused(ctx, g, n_in):
     """dQ, dK, dV by the flash-style backward op (opsnn::AttentionGrad): the probabilities are
     recomputed per tile, never materialised, and 3-D inputs need no head reshapes."""
-    a = ctx.attrs
+    a, ops = ctx.attrs, _ops()
     q, k, v = ctx.inputs[:3]
     mask = ctx.inputs[3] if n_in > 3 else None
-    grads = _ops().attention_backward(
+    if g.dtype != q.dtype:  # the op takes dY in Y's dtype
+        g = ops.cast(g, q.dtype)
+    grads = ops.attention_backward(
         g,
         q,
         k,
