@@ -967,8 +967,9 @@ def attention_backward(
     T * d) per thread, plus the partials.
 
     ``q``, ``y``, ``dy``, ``dq`` (B, Hq, Sq, D|Dv), ``k``, ``v``, ``dk``, ``dv`` (B, Hkv, T, D|Dv): float32
-    (``k`` and ``v`` C-contiguous); ``mask``: :func:`masked_softmax`'s rank-4 additive fp32 bias. A masked pair's probability and gradient are exactly 0 (a NaN or
-    Inf in V or dY never crosses one); a row no key may attend gets dQ 0 and gives nothing."""
+    (``k`` and ``v`` C-contiguous); ``mask``: :func:`masked_softmax`'s rank-4 additive fp32 bias.
+    A masked pair's probability and dS are exactly 0 (a NaN or Inf in V never crosses one); a row
+    no key may attend gets dQ 0 and gives nothing."""
     kf, vf = k.reshape(-1), v.reshape(-1)
     has_lse = lse is not None
     if not has_lse:

@@ -917,6 +917,14 @@ def _attention_grad(ins, outs, attrs, plan, ws):
             np.copyto(r, t)
 
 
+#: AttentionGrad's kernels against its reference where inputs hold NaN or Inf
+GRAD_NONFINITE = (
+    "a masked pair's probability and dS are set to 0, so a NaN/Inf in V never crosses one; one in Q, K "
+    "or dY reaches the masked pairs of the tiles it is multiplied in (0 x NaN in the products), where the "
+    "reference's whole-matrix products spread it to every pair of the head"
+)
+
+
 def _grad_mkl_applies(ctx):
     if MN.addresses() is None:
         return f"needs Intel MKL called from numba: {KM.unavailable() or 'not loaded'}"
@@ -958,6 +966,7 @@ AttentionGrad.kernel(
     applies=_grad_mkl_applies,
     plan=_grad_plan_for(True),
     workspace=_grad_workspace,
+    nonfinite=GRAD_NONFINITE,
     doc="flash-style backward (K.attention_backward): query x key tiles recomputed from Q, K and the "
     "rows' logsumexp, five products per tile on single-threaded MKL, O(N d) memory",
 )(_attention_grad)
@@ -968,6 +977,7 @@ AttentionGrad.kernel(
     strided=True,
     plan=_grad_plan_for(False),
     workspace=_grad_workspace,
+    nonfinite=GRAD_NONFINITE,
     doc="the same tiles with the products as vectorized numba loops (no MKL)",
 )(_attention_grad)
 
