@@ -228,6 +228,15 @@ def test_nan_in_v_does_not_cross_a_masked_pair(algo):
         _close(np.nan_to_num(g), np.nan_to_num(w))
 
 
+@pytest.mark.parametrize("Sq, T", [(0, 5), (4, 0)])
+def test_empty_queries_or_keys_give_zero_gradients(Sq, T):
+    q, k, v = np.ones((1, 2, Sq, 3), np.float32), np.ones((1, 1, T, 3), np.float32), np.ones((1, 1, T, 2), np.float32)
+    y = ops.attention(q, k, v).numpy()
+    got = ops.attention_backward(np.ones_like(y), q, k, v, y)
+    for g, like in zip(got, (q, k, v)):
+        assert g.shape == like.shape and not g.numpy().any()
+
+
 def test_given_logsumexp_gives_the_same_gradients():
     q, k, v, dy, mask, attrs, rank = _make(CASES[4])
     T = k.shape[2]

@@ -866,7 +866,7 @@ def _grad_workspace(ctx, plan):
 
 
 def _attention_grad(ins, outs, attrs, plan, ws):
-    """attention_grad_flash[_mkl]: K.attention_backward on 4-D views of the inputs and outputs."""
+    """attention_grad_flash[_mkl]: K.attention_backward on (B, H, S, D) float32 copies of the inputs."""
     ins = list(ins) + [None] * (7 - len(ins))
     dY, Q, Kx, Vx, Y, mask, lse = ins
     d = plan["d"]
@@ -1219,8 +1219,9 @@ def attention_backward(
     right_window_size=-1,
 ):
     """The gradients ``(dQ, dK, dV)`` of ``Y = attention(q, k, v, attn_mask, ...)`` (no KV cache)
-    given ``grad_y``, the forward's output ``y`` and optionally its rows' ``logsumexp``
-    (B, q_heads, Sq) (else recomputed); the attributes are the forward call's. Memory O(N d): the
+    given ``grad_y``, the forward's output ``y`` and optionally ``logsumexp`` (B, q_heads, Sq): each
+    row's log-sum-exp of its masked scores (scaled, capped, mask added; -inf for a row with no key),
+    recomputed when not given. The attributes are the forward call's. Memory O(N d): the
     probabilities are recomputed per tile, never stored.
 
     >>> # dq, dk, dv = opsnn.ops.attention_backward(dy, q, k, v, y, is_causal=True)
