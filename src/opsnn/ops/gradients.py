@@ -680,7 +680,35 @@ def _normalize_backward(
     return dx, xhat
 
 
+def _norm_grad(op: str, g, x, params: list, attrs: dict, n_out: int) -> tuple:
+    """The outputs of a normalization's backward op (domain opsnn); g is cast to X's dtype first
+    (RMSNormalization's output takes the scale's)."""
+    ops = _ops()
+    if g.dtype != x.dtype:
+        g = ops.cast(g, x.dtype)
+    return ops.run_op(op, [g, x, *params], attrs, num_outputs=n_out, domain="opsnn")
+
+
 def _layer_norm(ctx, grads):
+    x, scale = ctx.inputs[0], ctx.inputs[1]
+    b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    attrs = {"axis": int(ctx.attrs.get("axis", -1)) % x.ndim, "epsilon": float(ctx.attrs.get("epsilon", 1e-5))}
+    dx, dscale, dbias = _norm_grad("LayerNormalizationGrad", grads[0], x, [scale], attrs, 3)
+    res = [dx if ctx.needs[0] else None, dscale if ctx.needs[1] else None, None]
+    if b is not None and ctx.needs[2]:
+        res[2] = unbroadcast(dbias, b.shape)
+    return res[: len(ctx.inputs)]
+
+
+def _rms_norm(ctx, grads):
+    x, scale = ctx.inputs[0], ctx.inputs[1]
+    attrs = {"axis": int(ctx.attrs.get("axis", -1)) % x.ndim, "epsilon": float(ctx.attrs.get("epsilon", 1e-5))}
+    dx, dscale = _norm_grad("RMSNormalizationGrad", grads[0], x, [scale], attrs, 2)
+    return [dx if ctx.needs[0] else None, dscale if ctx.needs[1] else None]
+
+
+def _layer_norm_composed(ctx, grads):
+    """LayerNormalization's gradient from registry ops: the oracle its backward op is tested against."""
     ops, g = _ops(), grads[0]
     x, scale = ctx.inputs[0], ctx.inputs[1]
     b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
@@ -695,7 +723,8 @@ def _layer_norm(ctx, grads):
     return res[: len(ctx.inputs)]
 
 
-def _rms_norm(ctx, grads):
+def _rms_norm_composed(ctx, grads):
+    """RMSNormalization's gradient from registry ops (test oracle)."""
     ops, g = _ops(), grads[0]
     x, scale = ctx.inputs[0], ctx.inputs[1]
     axis = int(ctx.attrs.get("axis", -1)) % x.ndim
@@ -714,6 +743,22 @@ def _rms_norm(ctx, grads):
 
 
 def _group_norm(ctx, grads):
+    x, scale = ctx.inputs[:2]
+    attrs = {"num_groups": int(ctx.attrs["num_groups"]), "epsilon": float(ctx.attrs.get("epsilon", 1e-5))}
+    dx, dscale, dbias = _norm_grad("GroupNormalizationGrad", grads[0], x, [scale], attrs, 3)
+    return [dx if ctx.needs[0] else None, dscale if ctx.needs[1] else None, dbias if ctx.needs[2] else None]
+
+
+def _batch_norm(ctx, grads):
+    x, scale, _, rmean, rvar = ctx.inputs[:5]
+    attrs = {"epsilon": float(ctx.attrs.get("epsilon", 1e-5)), "training_mode": int(ctx.attrs.get("training_mode", 0))}
+    dx, dscale, dbias = _norm_grad("BatchNormalizationGrad", grads[0], x, [scale, rmean, rvar], attrs, 3)
+    res = [dx if ctx.needs[0] else None, dscale if ctx.needs[1] else None, dbias if ctx.needs[2] else None, None, None]
+    return res[: len(ctx.inputs)]
+
+
+def _group_norm_composed(ctx, grads):
+    """GroupNormalization's gradient from registry ops (test oracle)."""
     ops, g = _ops(), grads[0]
     x, scale = ctx.inputs[:2]
     n, c = x.shape[:2]
@@ -732,7 +777,8 @@ def _group_norm(ctx, grads):
     ]
 
 
-def _batch_norm(ctx, grads):
+def _batch_norm_composed(ctx, grads):
+    """BatchNormalization's gradient from registry ops (test oracle)."""
     ops, g = _ops(), grads[0]
     x, scale, _, rmean, rvar = ctx.inputs[:5]
     shape_c = (1, x.shape[1]) + (1,) * (x.ndim - 2)
@@ -1456,6 +1502,15 @@ def _adaptive_avg_pool(ctx, grads):
 
 
 def _instance_norm(ctx, grads):
+    """GroupNormalization's backward op with one channel per group."""
+    x, scale = ctx.inputs[:2]
+    attrs = {"num_groups": int(x.shape[1]), "epsilon": _attr(ctx, "epsilon", 1e-5)}
+    dx, dscale, dbias = _norm_grad("GroupNormalizationGrad", grads[0], x, [scale], attrs, 3)
+    return [dx if ctx.needs[0] else None, dscale if ctx.needs[1] else None, dbias if ctx.needs[2] else None]
+
+
+def _instance_norm_composed(ctx, grads):
+    """InstanceNormalization's gradient from registry ops (test oracle)."""
     ops, g = _ops(), grads[0]
     x, scale, b = ctx.inputs[:3]
     shape_c = (1, x.shape[1]) + (1,) * (x.ndim - 2)
