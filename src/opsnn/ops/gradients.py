@@ -572,12 +572,28 @@ def _conv(ctx, grads):
 
 
 def _max_pool(ctx, grads):
-    x = ctx.inputs[0]
-    _, idx = _ops().run_op("MaxPool", [x], dict(ctx.attrs, storage_order=0), num_outputs=2)
-    return [_scatter_into(idx, grads[0], x.shape, add=True)]
+    """dY added at the forward's Indices (the executor makes them when a call records a gradient)."""
+    ops, x = _ops(), ctx.inputs[0]
+    if len(ctx.outputs) > 1 and int(ctx.attrs.get("storage_order", 0)) == 0:
+        idx = ctx.outputs[1]
+    else:  # column-major indices, or a call made without them: the row-major ones again
+        _, idx = ops.run_op("MaxPool", [x], dict(ctx.attrs, storage_order=0), num_outputs=2)
+    return [ops.run_op("MaxPoolGrad", [grads[0], idx, x], {}, domain="opsnn")[0]]
+
+
+_max_pool.saved_outputs = 2  # Y and Indices
 
 
 def _average_pool(ctx, grads):
+    x = ctx.inputs[0]
+    keys = ("auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads", "strides")
+    attrs = {k: ctx.attrs[k] for k in keys if ctx.attrs.get(k) is not None}
+    return [_ops().run_op("AveragePoolGrad", [grads[0], x], attrs, domain="opsnn")[0]]
+
+
+def _average_pool_composed(ctx, grads):
+    """AveragePool's gradient from registry ops (a Conv of ones for the counts, a ConvTranspose for
+    the window adjoint): the oracle the AveragePoolGrad record is tested against."""
     ops, g = _ops(), grads[0]
     x = ctx.inputs[0]
     nd = x.ndim - 2
