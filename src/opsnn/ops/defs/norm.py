@@ -619,24 +619,25 @@ def _ln_grad_infer(ctx):
 
 
 def _ln_grad_ref(ins, attrs, rms: bool):
-    g, x, scale = (a.astype(np.float64) for a in ins[:3])
-    axis = int(attrs["axis"]) % x.ndim
-    axes = tuple(range(axis, x.ndim))
-    if rms:
-        mean = 0.0
-        var = (x * x).mean(axis=axes, keepdims=True)
-    else:
-        mean = x.mean(axis=axes, keepdims=True)
-        var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-    rstd = 1.0 / np.sqrt(var + float(attrs["epsilon"]))
-    xhat = (x - mean) * rstd
-    gh = g * scale
-    a = 0.0 if rms else gh.mean(axis=axes, keepdims=True)
-    dx = rstd * (gh - a - xhat * (gh * xhat).mean(axis=axes, keepdims=True))
-    res = [dx.astype(ins[0].dtype), _unbroadcast_np(g * xhat, ins[2].shape).astype(ins[2].dtype)]
-    if not rms:
-        res.append(g.reshape((-1,) + x.shape[axis:]).sum(axis=0).astype(ins[0].dtype))
-    return tuple(res)
+    with np.errstate(all="ignore"):  # NaN/Inf inputs give NaN/Inf, as the kernels do
+        g, x, scale = (a.astype(np.float64) for a in ins[:3])
+        axis = int(attrs["axis"]) % x.ndim
+        axes = tuple(range(axis, x.ndim))
+        if rms:
+            mean = 0.0
+            var = (x * x).mean(axis=axes, keepdims=True)
+        else:
+            mean = x.mean(axis=axes, keepdims=True)
+            var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+        rstd = 1.0 / np.sqrt(var + float(attrs["epsilon"]))
+        xhat = (x - mean) * rstd
+        gh = g * scale
+        a = 0.0 if rms else gh.mean(axis=axes, keepdims=True)
+        dx = rstd * (gh - a - xhat * (gh * xhat).mean(axis=axes, keepdims=True))
+        res = [dx.astype(ins[0].dtype), _unbroadcast_np(g * xhat, ins[2].shape).astype(ins[2].dtype)]
+        if not rms:
+            res.append(g.reshape((-1,) + x.shape[axis:]).sum(axis=0).astype(ins[0].dtype))
+        return tuple(res)
 
 
 def _ln_grad_plan(ctx):
@@ -741,29 +742,30 @@ def _bn_grad_infer(ctx):
 
 
 def _bn_grad_ref(ins, attrs):
-    g, x, scale = (a.astype(np.float64) for a in ins[:3])
-    axes = (0,) + tuple(range(2, x.ndim))
-    bshape = (1, -1) + (1,) * (x.ndim - 2)
-    eps = float(attrs["epsilon"])
-    training = bool(int(attrs["training_mode"]))
-    if training:
-        m = x.mean(axis=axes, keepdims=True)
-        v = ((x - m) ** 2).mean(axis=axes, keepdims=True)
-    else:
-        m = ins[3].astype(np.float64).reshape(bshape)
-        v = ins[4].astype(np.float64).reshape(bshape)
-    rstd = 1.0 / np.sqrt(v + eps)
-    xhat = (x - m) * rstd
-    gh = g * scale.reshape(bshape)
-    if training:
-        dx = rstd * (gh - gh.mean(axis=axes, keepdims=True) - xhat * (gh * xhat).mean(axis=axes, keepdims=True))
-    else:
-        dx = gh * rstd
-    return (
-        dx.astype(ins[0].dtype),
-        (g * xhat).sum(axis=axes).astype(ins[2].dtype),
-        g.sum(axis=axes).astype(ins[2].dtype),
-    )
+    with np.errstate(all="ignore"):  # NaN/Inf inputs give NaN/Inf, as the kernels do
+        g, x, scale = (a.astype(np.float64) for a in ins[:3])
+        axes = (0,) + tuple(range(2, x.ndim))
+        bshape = (1, -1) + (1,) * (x.ndim - 2)
+        eps = float(attrs["epsilon"])
+        training = bool(int(attrs["training_mode"]))
+        if training:
+            m = x.mean(axis=axes, keepdims=True)
+            v = ((x - m) ** 2).mean(axis=axes, keepdims=True)
+        else:
+            m = ins[3].astype(np.float64).reshape(bshape)
+            v = ins[4].astype(np.float64).reshape(bshape)
+        rstd = 1.0 / np.sqrt(v + eps)
+        xhat = (x - m) * rstd
+        gh = g * scale.reshape(bshape)
+        if training:
+            dx = rstd * (gh - gh.mean(axis=axes, keepdims=True) - xhat * (gh * xhat).mean(axis=axes, keepdims=True))
+        else:
+            dx = gh * rstd
+        return (
+            dx.astype(ins[0].dtype),
+            (g * xhat).sum(axis=axes).astype(ins[2].dtype),
+            g.sum(axis=axes).astype(ins[2].dtype),
+        )
 
 
 def _bn_grad_kernel(ins, outs, attrs, plan, ws):
@@ -833,24 +835,25 @@ def _gn_grad_infer(ctx):
 
 
 def _gn_grad_ref(ins, attrs):
-    g, x, scale = (a.astype(np.float64) for a in ins[:3])
-    N, C = x.shape[:2]
-    G = int(attrs["num_groups"])
-    bshape = (1, C) + (1,) * (x.ndim - 2)
-    xg = x.reshape(N, G, -1)
-    m = xg.mean(axis=2, keepdims=True)
-    v = ((xg - m) ** 2).mean(axis=2, keepdims=True)
-    rstd = 1.0 / np.sqrt(v + float(attrs["epsilon"]))
-    xhat = ((xg - m) * rstd).reshape(x.shape)
-    gh = (g * scale.reshape(bshape)).reshape(N, G, -1)
-    xh = xhat.reshape(N, G, -1)
-    dx = rstd * (gh - gh.mean(axis=2, keepdims=True) - xh * (gh * xh).mean(axis=2, keepdims=True))
-    axes = (0,) + tuple(range(2, x.ndim))
-    return (
-        dx.reshape(x.shape).astype(ins[0].dtype),
-        (g * xhat).sum(axis=axes).astype(ins[2].dtype),
-        g.sum(axis=axes).astype(ins[2].dtype),
-    )
+    with np.errstate(all="ignore"):  # NaN/Inf inputs give NaN/Inf, as the kernels do
+        g, x, scale = (a.astype(np.float64) for a in ins[:3])
+        N, C = x.shape[:2]
+        G = int(attrs["num_groups"])
+        bshape = (1, C) + (1,) * (x.ndim - 2)
+        xg = x.reshape(N, G, -1)
+        m = xg.mean(axis=2, keepdims=True)
+        v = ((xg - m) ** 2).mean(axis=2, keepdims=True)
+        rstd = 1.0 / np.sqrt(v + float(attrs["epsilon"]))
+        xhat = ((xg - m) * rstd).reshape(x.shape)
+        gh = (g * scale.reshape(bshape)).reshape(N, G, -1)
+        xh = xhat.reshape(N, G, -1)
+        dx = rstd * (gh - gh.mean(axis=2, keepdims=True) - xh * (gh * xh).mean(axis=2, keepdims=True))
+        axes = (0,) + tuple(range(2, x.ndim))
+        return (
+            dx.reshape(x.shape).astype(ins[0].dtype),
+            (g * xhat).sum(axis=axes).astype(ins[2].dtype),
+            g.sum(axis=axes).astype(ins[2].dtype),
+        )
 
 
 def _gn_grad_plan(ctx):
