@@ -421,3 +421,43 @@ def test_matches_torch_autograd(name, fn, shape, pshape):
     tg = torch.autograd.grad((ty * torch.tensor(wgt)).sum(), [t for t in tt if t is not None])
     for k, (a, b) in enumerate(zip(grads, tg)):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-9, atol=1e-11, err_msg=f"input {k}")
+
+
+class _AvgPool(opsnn.nn.Module):
+    def forward(self, x):
+        return ops.avg_pool2d(x, 2, ceil_mode=True)
+
+
+def test_compiled_training_step_holds_the_backward_ops():
+    n = opsnn.nn
+    with n.init.seeded(5):
+        model = n.Sequential(
+            n.Conv2d(3, 4, 3, padding=1, bias=False),
+            n.BatchNorm2d(4),
+            n.ReLU(),
+            n.MaxPool2d(2),
+            _AvgPool(),
+            n.Flatten(),
+            n.Linear(4 * 2 * 2, 3),
+        ).train()
+    opt = opsnn.optim.SGD(list(model.parameters()), lr=0.1)
+    loss_fn = n.CrossEntropyLoss()
+
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = opsnn.compile(train_step)
+    x = RNG.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    y = RNG.integers(0, 3, size=2)
+    for _ in range(2):  # traced, then compiled
+        step(opsnn.tensor(x), opsnn.tensor(y))
+    nodes = step.graph().nodes
+    kinds = [nd.op_type for nd in nodes]
+    for op in ("BatchNormalizationGrad", "MaxPoolGrad", "AveragePoolGrad"):
+        assert kinds.count(op) == 1, kinds
+    pool = [nd for nd in nodes if nd.op_type == "MaxPool"]
+    assert len(pool) == 1 and len(pool[0].outputs) == 2  # the forward made the Indices the backward reads
