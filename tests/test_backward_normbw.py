@@ -296,6 +296,8 @@ def test_bad_inputs_are_typed_errors():
         ops.max_pool_backward(_t(g), _t(x4), _t(bad[:, :1]))
     with pytest.raises(InferShapeError, match="AveragePoolGrad: input 'dY' has shape"):
         ops.avg_pool_backward(_t(np.ones((1, 2, 3, 3), np.float32)), _t(x4), 2)
+    with pytest.raises(ParamInvalidError, match="AveragePoolGrad: attribute 'count_include_pad' must be 0 or 1, got 2"):
+        ops.run_op("AveragePoolGrad", [_t(g), _t(x4)], {"kernel_shape": [2, 2], "count_include_pad": 2}, domain="opsnn")
     with pytest.raises(InferShapeError, match="expected \\(N, C, spatial...\\) of rank 4"):
         ops.avg_pool_backward(_t(np.ones((1, 2, 2), np.float32)), _t(x4), 2)
 

@@ -814,30 +814,18 @@ def _max_pool_grad_numba(ins, outs, attrs, plan, ws):
 
 def _infer_avg_pool_grad(ctx):
     gy, x = _grad_shapes(ctx, "AveragePoolGrad", 1)
-    fwd = _infer_avg_pool(_ForwardCtx(ctx, AveragePool, x))
-    if tuple(fwd[0].shape) != gy:
+    if int(ctx.attrs["count_include_pad"]) not in (0, 1):
+        raise ParamInvalidError(
+            f"AveragePoolGrad: attribute 'count_include_pad' must be 0 or 1, got {ctx.attrs['count_include_pad']}",
+            op="AveragePoolGrad",
+        )
+    out = x[:2] + pool_geometry("AveragePoolGrad", x, ctx.attrs).out
+    if out != gy:
         raise InferShapeError(
-            f"AveragePoolGrad: input 'dY' has shape {gy}; AveragePool of X {x} with these attributes gives "
-            f"{tuple(fwd[0].shape)}",
+            f"AveragePoolGrad: input 'dY' has shape {gy}; AveragePool of X {x} with these attributes gives {out}",
             op="AveragePoolGrad",
         )
     return [TensorMeta(x, ctx.dtype(0))]
-
-
-class _ForwardCtx:
-    """The forward op's view of a backward op's X and attributes (shape inference and geometry)."""
-
-    def __init__(self, ctx, rec, x_shape):
-        self.op, self.attrs, self._x, self._dt = rec, ctx.attrs, tuple(x_shape), ctx.dtype(0)
-
-    def shape(self, i):
-        return self._x
-
-    def dtype(self, i):
-        return self._dt
-
-    def fail(self, message):
-        raise InferShapeError(f"AveragePoolGrad: {message}", op="AveragePoolGrad")
 
 
 def _avg_pool_grad_reference(ins, attrs):
