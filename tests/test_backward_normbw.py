@@ -463,3 +463,32 @@ def test_compiled_training_step_holds_the_backward_ops():
         assert kinds.count(op) == 1, kinds
     pool = [nd for nd in nodes if nd.op_type == "MaxPool"]
     assert len(pool) == 1 and len(pool[0].outputs) == 2  # the forward made the Indices the backward reads
+
+
+@pytest.mark.parametrize(
+    "grad_op, attrs, n, sshape",
+    [
+        ("LayerNormalizationGrad", {"axis": 2}, 3, (5, 5)),
+        ("RMSNormalizationGrad", {"axis": -1}, 2, (5,)),
+        ("BatchNormalizationGrad", {}, 3, (6,)),
+        ("GroupNormalizationGrad", {"num_groups": 3}, 3, (6,)),
+    ],
+)
+def test_norm_grads_in_bfloat16_run_the_numba_kernels_through_the_float32_adapter(grad_op, attrs, n, sshape):
+    import ml_dtypes
+
+    bf = ml_dtypes.bfloat16
+    x = RNG.standard_normal((4, 6, 5, 5)).astype(bf)
+    g = RNG.standard_normal(x.shape).astype(bf)
+    s = RNG.uniform(0.5, 1.5, sshape).astype(bf)
+    rec = ops.get_op(grad_op, "opsnn")
+    ins = [g, x, s]
+    ex = ops.prepare(rec, [_t(a) for a in ins], attrs, num_outputs=n)
+    assert ex.kernel_name.endswith("_grad_numba") and ex.adapter
+    got = _grad_op(grad_op, ins, attrs, n)
+    ref = rec.reference([a.astype(np.float64) for a in ins], rec.bind_attrs(attrs))
+    for k in range(n):
+        assert got[k].dtype == bf
+        # bfloat16 inputs and outputs (8 significant bits): against the float64 formula on the same inputs
+        r = np.asarray(ref[k], np.float64)
+        np.testing.assert_allclose(got[k].astype(np.float64), r, rtol=2e-2, atol=2e-2 * np.abs(r).max())
