@@ -61,6 +61,8 @@ LN_CASES = [
     ((3, 5, 7), 1, (1, 7), 0.3),  # scale broadcast inside the block
     ((2, 9), 0, (2, 9), 1e-5),  # one row
     ((1, 3, 1), -1, (1,), 1e-2),  # one-element rows: dx is 0
+    ((4, 5), -1, (1, 5), 1e-5),  # Scale with a leading 1 beyond the block (opsnn fuzz)
+    ((1, 5, 5), -2, (1, 5, 5), 1e-3),
 ]
 
 
@@ -177,12 +179,31 @@ def test_norm_grad_nonfinite_values_stay_where_they_belong(grad_op, attrs, ins_o
     for dt in (np.float64, np.float32):
         got = _grad_op(grad_op, [a.astype(dt) for a in ins], attrs, n)
         for k in range(n):
-            # where Inf meets Inf (a sum holding dY's Inf times a centred X) NaN and Inf may trade places
+            for what, fn in (("NaN", np.isnan), ("+Inf", np.isposinf), ("-Inf", np.isneginf)):
+                assert np.array_equal(fn(got[k]), fn(ref[k])), f"{dt.__name__} output {k}: {what} positions"
             fin = np.isfinite(ref[k])
-            assert np.array_equal(np.isfinite(got[k]), fin), f"{dt.__name__} output {k}: non-finite positions"
             np.testing.assert_allclose(got[k][fin], ref[k][fin], rtol=1e-4, atol=1e-5)
             if k == 0:  # rows / groups / channels without the NaN or the Inf stay finite
                 assert 0 < fin.sum() < fin.size
+
+
+@pytest.mark.parametrize("training", [1, 0])
+def test_batch_norm_grad_infinite_scale_and_dy_give_the_definitions_nan_and_inf(training):
+    # scale Inf: gh = dy * Inf holds +-Inf (a NaN sum), not Inf times a finite sum of dy (opsnn fuzz)
+    x = RNG.standard_normal((5, 2)).astype(np.float32)
+    g = RNG.standard_normal((5, 2)).astype(np.float32)
+    g[4, 0] = -np.inf
+    s = np.array([np.inf, 0.5], np.float32)
+    m, v = np.array([0.1, -0.2], np.float32), np.array([1.5, np.inf], np.float32)
+    attrs = {"training_mode": training}
+    rec = ops.get_op("BatchNormalizationGrad", "opsnn")
+    ref = rec.reference([g, x, s, m, v], rec.bind_attrs(attrs))
+    got = _grad_op("BatchNormalizationGrad", [g, x, s, m, v], attrs, 3)
+    for k in range(3):
+        for what, fn in (("NaN", np.isnan), ("+Inf", np.isposinf), ("-Inf", np.isneginf)):
+            assert np.array_equal(fn(got[k]), fn(ref[k])), f"output {k}: {what} positions"
+        fin = np.isfinite(ref[k])
+        np.testing.assert_allclose(got[k][fin], ref[k][fin], rtol=1e-5, atol=1e-6)
 
 
 def test_norm_grad_empty_inputs():

@@ -123,12 +123,13 @@ def _gn_bw_task(dy, x, scale, dx, part, row, G, Cg, S, eps, exact):
         for s in range(S):
             gi = float(gs[s])
             xh = (xs[s] - mean) * rstd
+            gh = gi * sc
             sg += gi
             sgx += gi * xh
+            a += gh
+            b += gh * xh
         part[n, c, 0] = sgx
         part[n, c, 1] = sg
-        a += sc * sg
-        b += sc * sgx
     a /= M
     b /= M
     for k in range(Cg):
@@ -190,81 +191,87 @@ def group_norm_backward(
 
 # -- BatchNorm ----------------------------------------------------------------------------------
 @nb.njit(**_OPTS)
-def _bn_bw_stats_task(dy, x, c, N, C, S, training, exact, mean_in, var_in, eps, st):
-    """Channel c over (N, S): st[c] = (mean, rstd, sum dy, sum dy * xhat)."""
+def _bn_bw_stats_task(dy, x, scale, c, N, C, S, training, exact, mean_in, var_in, eps, st):
+    """Channel c over (N, S): st[c] = (mean, rstd, sum dy, sum dy * xhat, sum gh, sum gh * xhat)
+    with gh = dy * scale[c]."""
     M = N * S
-    if training:
-        if exact:
+    sc = float(scale[c])
+    exact = exact or not training or not np.isfinite(sc)
+    m = 0.0
+    var = 0.0
+    sg = 0.0
+    sgd = 0.0
+    if not exact:
+        # one pass of sums shifted by the channel's first value (as the forward's statistics)
+        shift = float(x[c * S])
+        s = 0.0
+        q = 0.0
+        for n in range(N):
+            xs = x[(n * C + c) * S : (n * C + c) * S + S]
+            gs = dy[(n * C + c) * S : (n * C + c) * S + S]
+            for i in range(S):
+                d = xs[i] - shift
+                gi = float(gs[i])
+                s += d
+                q += d * d
+                sg += gi
+                sgd += gi * d
+        md = s / M
+        var = max(q / M - md * md, 0.0)
+        m = shift + md
+        sgd -= md * sg
+        # a NaN or Inf among the sums: the exact passes, so that Inf - Inf happens where the
+        # definition has it (sum(dy * (x - mean)), not sum(dy * (x - shift)) - ...)
+        exact = not (np.isfinite(sgd) and np.isfinite(sg) and np.isfinite(var))
+    sh = sc * sg
+    shd = sc * sgd
+    if exact:
+        if training:
             s = 0.0
             for n in range(N):
                 xs = x[(n * C + c) * S : (n * C + c) * S + S]
                 for i in range(S):
                     s += xs[i]
             m = s / M
-            q = 0.0
-            sg = 0.0
-            sgd = 0.0
-            for n in range(N):
-                xs = x[(n * C + c) * S : (n * C + c) * S + S]
-                gs = dy[(n * C + c) * S : (n * C + c) * S + S]
-                for i in range(S):
-                    d = xs[i] - m
-                    q += d * d
-                    sg += gs[i]
-                    sgd += gs[i] * d
-            var = q / M
         else:
-            # one pass of sums shifted by the channel's first value (as the forward's statistics)
-            shift = float(x[c * S])
-            s = 0.0
-            q = 0.0
-            sg = 0.0
-            sgd = 0.0
-            for n in range(N):
-                xs = x[(n * C + c) * S : (n * C + c) * S + S]
-                gs = dy[(n * C + c) * S : (n * C + c) * S + S]
-                for i in range(S):
-                    d = xs[i] - shift
-                    gi = float(gs[i])
-                    s += d
-                    q += d * d
-                    sg += gi
-                    sgd += gi * d
-            md = s / M
-            var = q / M - md * md
-            if var < 0.0:
-                var = 0.0
-            m = shift + md
-            sgd -= md * sg
-    else:
-        m = float(mean_in[c])
-        var = float(var_in[c])
+            m = float(mean_in[c])
+        q = 0.0
         sg = 0.0
         sgd = 0.0
+        sh = 0.0
+        shd = 0.0
         for n in range(N):
             xs = x[(n * C + c) * S : (n * C + c) * S + S]
             gs = dy[(n * C + c) * S : (n * C + c) * S + S]
             for i in range(S):
+                d = xs[i] - m
                 gi = float(gs[i])
+                gh = gi * sc
+                q += d * d
                 sg += gi
-                sgd += gi * (xs[i] - m)
+                sgd += gi * d
+                sh += gh
+                shd += gh * d
+        var = q / M if training else float(var_in[c])
     rstd = 1.0 / np.sqrt(var + eps)
     st[c, 0] = m
     st[c, 1] = rstd
     st[c, 2] = sg
     st[c, 3] = sgd * rstd
+    st[c, 4] = sh
+    st[c, 5] = shd * rstd
 
 
 @nb.njit(parallel=True, **_OPTS)
-def _bn_bw_stats_parallel(dy, x, N, C, S, training, exact, mean_in, var_in, eps, st):
+def _bn_bw_stats_parallel(dy, x, scale, N, C, S, training, exact, mean_in, var_in, eps, st):
     for c in nb.prange(C):
-        _bn_bw_stats_task(dy, x, c, N, C, S, training, exact, mean_in, var_in, eps, st)
+        _bn_bw_stats_task(dy, x, scale, c, N, C, S, training, exact, mean_in, var_in, eps, st)
 
 
 @nb.njit(**_OPTS)
-def _bn_bw_stats_serial(dy, x, N, C, S, training, exact, mean_in, var_in, eps, st):
+def _bn_bw_stats_serial(dy, x, scale, N, C, S, training, exact, mean_in, var_in, eps, st):
     for c in range(C):
-        _bn_bw_stats_task(dy, x, c, N, C, S, training, exact, mean_in, var_in, eps, st)
+        _bn_bw_stats_task(dy, x, scale, c, N, C, S, training, exact, mean_in, var_in, eps, st)
 
 
 @nb.njit(**_OPTS)
@@ -272,19 +279,19 @@ def _bn_bw_dx_task(dy, x, scale, dx, st, row, C, S, M, training):
     c = row % C
     m = st[c, 0]
     rstd = st[c, 1]
-    a = scale[c] * rstd
+    sc = scale[c]
     xs = x[row * S : row * S + S]
     gs = dy[row * S : row * S + S]
     ds = dx[row * S : row * S + S]
     if training:
-        # dx = a * (dy - sum(dy)/M - xhat * sum(dy * xhat)/M), xhat = (x - m) * rstd
-        b = -a * rstd * st[c, 3] / M
-        d0 = -a * st[c, 2] / M
+        # dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)), xhat = (x - m) * rstd
+        k1 = st[c, 4] / M
+        k2 = st[c, 5] / M
         for s in range(S):
-            ds[s] = a * gs[s] + b * (xs[s] - m) + d0
+            ds[s] = rstd * (gs[s] * sc - k1 - (xs[s] - m) * rstd * k2)
     else:
         for s in range(S):
-            ds[s] = a * gs[s]
+            ds[s] = gs[s] * sc * rstd
 
 
 @nb.njit(parallel=True, **_OPTS)
@@ -320,7 +327,7 @@ def batch_norm_backward(
     """Gradients of BatchNorm over x viewed as (N, C, S), in two passes: per-channel statistics
     and sums (parallel over channels), then dx (parallel over (n, c) planes). Training uses the
     batch statistics (their gradient flows into dx); otherwise ``mean``/``var`` (float64 (C,)).
-    ``scale`` float64 (C,), ``st`` float64 (C, 4) scratch. Returns (dScale, dBias) float64."""
+    ``scale`` float64 (C,), ``st`` float64 (C, 6) scratch. Returns (dScale, dBias) float64."""
     M = N * S
     if M == 0 or C == 0:
         return np.zeros(C), np.zeros(C)
@@ -329,7 +336,7 @@ def batch_norm_backward(
     m_in = mean if mean is not None else _UNUSED
     v_in = var if var is not None else _UNUSED
     (_bn_bw_stats_parallel if parallel else _bn_bw_stats_serial)(
-        gf, xf, N, C, S, training, exact, m_in, v_in, float(eps), st
+        gf, xf, scale, N, C, S, training, exact, m_in, v_in, float(eps), st
     )
     (_bn_bw_dx_parallel if parallel else _bn_bw_dx_serial)(gf, xf, scale, dx.reshape(-1), st, N * C, C, S, M, training)
     return st[:, 3].copy(), st[:, 2].copy()

@@ -600,10 +600,19 @@ def _bad_grad_input(op: str, ctx, what: str = "X") -> None:
 
 
 def _unbroadcast_np(a: np.ndarray, shape: tuple) -> np.ndarray:
-    """``a`` summed over the dims broadcasting added or stretched to reach ``a.shape`` from ``shape``."""
+    """``a`` summed over the dims broadcasting added or stretched to reach ``a.shape`` from ``shape``
+    (``shape`` may also have more leading 1s than ``a`` has dims)."""
+    if a.ndim < len(shape):
+        a = a.reshape((1,) * (len(shape) - a.ndim) + a.shape)
     lead = a.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and a.shape[lead + i] != 1)
     return a.sum(axis=axes, keepdims=True).reshape(shape) if axes else a.reshape(shape)
+
+
+def _mean(a: np.ndarray, axes) -> np.ndarray:
+    """The mean over ``axes`` (kept); NaN over an empty extent, without numpy's empty-slice warning."""
+    axes = (axes,) if isinstance(axes, int) else tuple(axes)
+    return a.sum(axis=axes, keepdims=True) / math.prod(a.shape[k] for k in axes)
 
 
 def _ln_grad_infer(ctx):
@@ -625,15 +634,15 @@ def _ln_grad_ref(ins, attrs, rms: bool):
         axes = tuple(range(axis, x.ndim))
         if rms:
             mean = 0.0
-            var = (x * x).mean(axis=axes, keepdims=True)
+            var = _mean(x * x, axes)
         else:
-            mean = x.mean(axis=axes, keepdims=True)
-            var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+            mean = _mean(x, axes)
+            var = _mean((x - mean) ** 2, axes)
         rstd = 1.0 / np.sqrt(var + float(attrs["epsilon"]))
         xhat = (x - mean) * rstd
         gh = g * scale
-        a = 0.0 if rms else gh.mean(axis=axes, keepdims=True)
-        dx = rstd * (gh - a - xhat * (gh * xhat).mean(axis=axes, keepdims=True))
+        a = 0.0 if rms else _mean(gh, axes)
+        dx = rstd * (gh - a - xhat * _mean(gh * xhat, axes))
         res = [dx.astype(ins[0].dtype), _unbroadcast_np(g * xhat, ins[2].shape).astype(ins[2].dtype)]
         if not rms:
             res.append(g.reshape((-1,) + x.shape[axis:]).sum(axis=0).astype(ins[0].dtype))
@@ -749,8 +758,8 @@ def _bn_grad_ref(ins, attrs):
         eps = float(attrs["epsilon"])
         training = bool(int(attrs["training_mode"]))
         if training:
-            m = x.mean(axis=axes, keepdims=True)
-            v = ((x - m) ** 2).mean(axis=axes, keepdims=True)
+            m = _mean(x, axes)
+            v = _mean((x - m) ** 2, axes)
         else:
             m = ins[3].astype(np.float64).reshape(bshape)
             v = ins[4].astype(np.float64).reshape(bshape)
@@ -758,7 +767,7 @@ def _bn_grad_ref(ins, attrs):
         xhat = (x - m) * rstd
         gh = g * scale.reshape(bshape)
         if training:
-            dx = rstd * (gh - gh.mean(axis=axes, keepdims=True) - xhat * (gh * xhat).mean(axis=axes, keepdims=True))
+            dx = rstd * (gh - _mean(gh, axes) - xhat * _mean(gh * xhat, axes))
         else:
             dx = gh * rstd
         return (
@@ -775,7 +784,7 @@ def _bn_grad_kernel(ins, outs, attrs, plan, ws):
     mean = var = None
     if not training:
         mean, var = ins[3].astype(np.float64), ins[4].astype(np.float64)
-    st = ws[: 32 * C].view(np.float64).reshape(C, 4) if ws is not None else np.empty((C, 4))
+    st = ws[: 48 * C].view(np.float64).reshape(C, 6) if ws is not None else np.empty((C, 6))
     with np.errstate(all="ignore"):
         dsc, dbi = KB.batch_norm_backward(
             g, x, scale.astype(np.float64), mean, var, outs[0], st, N, C, S, float(attrs["epsilon"]), par, training
@@ -813,7 +822,7 @@ BatchNormalizationGrad.kernel(
     dtypes=_F32_64,
     priority=10,
     plan=_bn_grad_plan,
-    workspace=lambda ctx, plan: 32 * plan[1],
+    workspace=lambda ctx, plan: 48 * plan[1],
     doc="two passes: per-channel statistics and sums of dY, dY*xhat (parallel over channels), then dX "
     "(parallel over (n, c) planes)",
 )(_bn_grad_kernel)
@@ -841,13 +850,13 @@ def _gn_grad_ref(ins, attrs):
         G = int(attrs["num_groups"])
         bshape = (1, C) + (1,) * (x.ndim - 2)
         xg = x.reshape(N, G, -1)
-        m = xg.mean(axis=2, keepdims=True)
-        v = ((xg - m) ** 2).mean(axis=2, keepdims=True)
+        m = _mean(xg, 2)
+        v = _mean((xg - m) ** 2, 2)
         rstd = 1.0 / np.sqrt(v + float(attrs["epsilon"]))
         xhat = ((xg - m) * rstd).reshape(x.shape)
         gh = (g * scale.reshape(bshape)).reshape(N, G, -1)
         xh = xhat.reshape(N, G, -1)
-        dx = rstd * (gh - gh.mean(axis=2, keepdims=True) - xh * (gh * xh).mean(axis=2, keepdims=True))
+        dx = rstd * (gh - _mean(gh, 2) - xh * _mean(gh * xh, 2))
         axes = (0,) + tuple(range(2, x.ndim))
         return (
             dx.reshape(x.shape).astype(ins[0].dtype),
