@@ -396,6 +396,7 @@ TORCH_CASES = [
     ("rms_norm", lambda F, x, w, b: F.rms_norm(x, (5,), w, 1e-6), (3, 4, 6, 5), (5,)),
     ("batch_norm", lambda F, x, w, b: F.batch_norm(x, None, None, w, b, True, 0.1, 1e-5), (3, 4, 6, 5), (4,)),
     ("group_norm", lambda F, x, w, b: F.group_norm(x, 2, w, b, 1e-5), (3, 4, 6, 5), (4,)),
+    ("instance_norm", lambda F, x, w, b: F.instance_norm(x, None, None, w, b, True, 0.1, 1e-4), (2, 3, 5, 4), (3,)),
     ("max_pool2d_ceil", lambda F, x, w, b: F.max_pool2d(x, 3, 2, 1, ceil_mode=True), (2, 3, 8, 9), None),
     ("max_pool1d", lambda F, x, w, b: F.max_pool1d(x, 3, 2, 1, dilation=2), (2, 3, 13), None),
     ("max_pool3d", lambda F, x, w, b: F.max_pool3d(x, 2, (1, 2, 2)), (1, 2, 4, 5, 6), None),
@@ -412,6 +413,9 @@ class _OpsnnF:
     layer_norm = staticmethod(lambda x, ns, w, b, eps: ops.layer_norm(x, ns, w, b, eps))
     rms_norm = staticmethod(lambda x, ns, w, eps: ops.rms_norm(x, ns, w, eps))
     group_norm = staticmethod(ops.group_norm)
+    instance_norm = staticmethod(
+        lambda x, rm, rv, w, b, use_input_stats, momentum, eps: ops.instance_norm(x, w, b, eps)
+    )
     max_pool1d = staticmethod(ops.max_pool1d)
     max_pool2d = staticmethod(ops.max_pool2d)
     max_pool3d = staticmethod(ops.max_pool3d)

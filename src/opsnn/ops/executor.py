@@ -589,12 +589,12 @@ def call(
     if _autocast is not None:
         tensors = _autocast(rec, tensors)
     attrs = attrs or {}
-    asked = num_outputs
+    asked = None  # the output count the caller asked for, where more are made for the gradient rule
     saved = getattr(rec.gradient, "saved_outputs", 0) if rec.gradient is not None else 0
     if saved and _autograd_will_record is not None and (num_outputs or _default_num_outputs(rec)) < saved:
         # the gradient rule reads outputs the caller did not ask for (MaxPool's Indices): make them now
         if _autograd_will_record(rec, tensors):
-            num_outputs = saved
+            asked, num_outputs = num_outputs or _default_num_outputs(rec), saved
     key = _signature(rec, tensors, attrs, algo, num_outputs)
     ex = _cache.get(key)
     if ex is None:
@@ -617,7 +617,6 @@ def call(
         _tracer.record(rec, tensors, attrs, num_outputs, res)
     if _autograd is not None:
         _autograd(rec, tensors, attrs, res)
-    if num_outputs is not asked:
-        n = asked or _default_num_outputs(rec)
-        return res[0] if n == 1 else res[:n]
+    if asked is not None:
+        return res[0] if asked == 1 else res[:asked]
     return res

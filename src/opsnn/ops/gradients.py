@@ -1525,21 +1525,6 @@ def _instance_norm(ctx, grads):
     return [dx if ctx.needs[0] else None, dscale if ctx.needs[1] else None, dbias if ctx.needs[2] else None]
 
 
-def _instance_norm_composed(ctx, grads):
-    """InstanceNormalization's gradient from registry ops (test oracle)."""
-    ops, g = _ops(), grads[0]
-    x, scale, b = ctx.inputs[:3]
-    shape_c = (1, x.shape[1]) + (1,) * (x.ndim - 2)
-    axes = list(range(2, x.ndim))
-    dx, xhat = _normalize_backward(x, g, ops.reshape(scale, shape_c), axes, _attr(ctx, "epsilon", 1e-5))
-    sum_axes = [0] + axes
-    return [
-        dx if ctx.needs[0] else None,
-        ops.sum(ops.mul(g, xhat), dim=sum_axes) if ctx.needs[1] else None,
-        ops.sum(g, dim=sum_axes) if ctx.needs[2] else None,
-    ]
-
-
 # -- plain RNN ---------------------------------------------------------------------------------------------
 _RNN_ACTS = {
     "tanh": lambda ops, h: ops.sub(_const(1, h), ops.mul(h, h)),
