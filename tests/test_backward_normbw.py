@@ -41,7 +41,7 @@ def _fd(f, arrays, i, weight, eps=1e-6):
     return g.reshape(base[i].shape)
 
 
-def _fwd(name, attrs, n_out=None, domain=""):
+def _fwd(name, attrs, n_out=None):
     def f(arrays):
         with opsnn.no_grad():
             return ops.run_op(name, [None if a is None else _t(a) for a in arrays], attrs, num_outputs=n_out)[0].numpy()
