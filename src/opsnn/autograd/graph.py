@@ -133,6 +133,15 @@ def _attach(node: Node, outputs: list, differentiable: int) -> None:
         m.grad = None
 
 
+def will_record(rec, tensors: list) -> bool:
+    """Whether :func:`record_op` would record an eager call of ``rec`` on ``tensors`` (the executor
+    then makes the outputs the op's gradient rule reads, such as MaxPool's Indices)."""
+    tracer = _executor._tracer
+    if not _META or (tracer is not None and not getattr(tracer, "records_tape", False)) or not is_grad_enabled():
+        return False
+    return _edges(tensors, rec.host_inputs) is not None
+
+
 def record_op(rec, tensors: list, attrs: dict, res) -> None:
     """The executor's eager hook: record a node when grad mode is on and an input requires grad."""
     tracer = _executor._tracer
@@ -477,6 +486,7 @@ def install() -> None:
     Tensor.register_post_accumulate_grad_hook = _register_post_accumulate_grad_hook
     _wrap_views()
     _executor._autograd = record_op
+    _executor._autograd_will_record = will_record
 
 
 __all__ = [

@@ -27,6 +27,7 @@ from .registry import InferContext, OpRecord, TensorMeta, select_kernel, selecto
 _MAX_CACHE = 4096
 _tracer = None  # set by graph.tracing while a function is traced
 _autograd = None  # set by opsnn.autograd: records eager calls whose inputs require grad
+_autograd_will_record = None  # set by opsnn.autograd: whether an eager call of (rec, tensors) will be recorded
 _autocast = None  # set by opsnn.amp while an autocast region is open: casts an eager call's inputs
 _cache: OrderedDict[tuple, Executor] = OrderedDict()
 
@@ -588,6 +589,12 @@ def call(
     if _autocast is not None:
         tensors = _autocast(rec, tensors)
     attrs = attrs or {}
+    asked = None  # the output count the caller asked for, where more are made for the gradient rule
+    saved = getattr(rec.gradient, "saved_outputs", 0) if rec.gradient is not None else 0
+    if saved and _autograd_will_record is not None and (num_outputs or _default_num_outputs(rec)) < saved:
+        # the gradient rule reads outputs the caller did not ask for (MaxPool's Indices): make them now
+        if _autograd_will_record(rec, tensors):
+            asked, num_outputs = num_outputs or _default_num_outputs(rec), saved
     key = _signature(rec, tensors, attrs, algo, num_outputs)
     ex = _cache.get(key)
     if ex is None:
@@ -610,4 +617,6 @@ def call(
         _tracer.record(rec, tensors, attrs, num_outputs, res)
     if _autograd is not None:
         _autograd(rec, tensors, attrs, res)
+    if asked is not None:
+        return res[0] if asked == 1 else res[:asked]
     return res

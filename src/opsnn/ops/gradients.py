@@ -572,12 +572,28 @@ def _conv(ctx, grads):
 
 
 def _max_pool(ctx, grads):
-    x = ctx.inputs[0]
-    _, idx = _ops().run_op("MaxPool", [x], dict(ctx.attrs, storage_order=0), num_outputs=2)
-    return [_scatter_into(idx, grads[0], x.shape, add=True)]
+    """dY added at the forward's Indices (the executor makes them when a call records a gradient)."""
+    ops, x = _ops(), ctx.inputs[0]
+    if len(ctx.outputs) > 1 and int(ctx.attrs.get("storage_order", 0)) == 0:
+        idx = ctx.outputs[1]
+    else:  # column-major indices, or a call made without them: the row-major ones again
+        _, idx = ops.run_op("MaxPool", [x], dict(ctx.attrs, storage_order=0), num_outputs=2)
+    return [ops.run_op("MaxPoolGrad", [grads[0], idx, x], {}, domain="opsnn")[0]]
+
+
+_max_pool.saved_outputs = 2  # Y and Indices
 
 
 def _average_pool(ctx, grads):
+    x = ctx.inputs[0]
+    keys = ("auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads", "strides")
+    attrs = {k: ctx.attrs[k] for k in keys if ctx.attrs.get(k) is not None}
+    return [_ops().run_op("AveragePoolGrad", [grads[0], x], attrs, domain="opsnn")[0]]
+
+
+def _average_pool_composed(ctx, grads):
+    """AveragePool's gradient from registry ops (a Conv of ones for the counts, a ConvTranspose for
+    the window adjoint): the oracle the AveragePoolGrad record is tested against."""
     ops, g = _ops(), grads[0]
     x = ctx.inputs[0]
     nd = x.ndim - 2
@@ -680,7 +696,35 @@ def _normalize_backward(
     return dx, xhat
 
 
+def _norm_grad(op: str, g, x, params: list, attrs: dict, n_out: int) -> tuple:
+    """The outputs of a normalization's backward op (domain opsnn); g is cast to X's dtype first
+    (RMSNormalization's output takes the scale's)."""
+    ops = _ops()
+    if g.dtype != x.dtype:
+        g = ops.cast(g, x.dtype)
+    return ops.run_op(op, [g, x, *params], attrs, num_outputs=n_out, domain="opsnn")
+
+
 def _layer_norm(ctx, grads):
+    x, scale = ctx.inputs[0], ctx.inputs[1]
+    b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    attrs = {"axis": int(ctx.attrs.get("axis", -1)) % x.ndim, "epsilon": float(ctx.attrs.get("epsilon", 1e-5))}
+    dx, dscale, dbias = _norm_grad("LayerNormalizationGrad", grads[0], x, [scale], attrs, 3)
+    res = [dx if ctx.needs[0] else None, dscale if ctx.needs[1] else None, None]
+    if b is not None and ctx.needs[2]:
+        res[2] = unbroadcast(dbias, b.shape)
+    return res[: len(ctx.inputs)]
+
+
+def _rms_norm(ctx, grads):
+    x, scale = ctx.inputs[0], ctx.inputs[1]
+    attrs = {"axis": int(ctx.attrs.get("axis", -1)) % x.ndim, "epsilon": float(ctx.attrs.get("epsilon", 1e-5))}
+    dx, dscale = _norm_grad("RMSNormalizationGrad", grads[0], x, [scale], attrs, 2)
+    return [dx if ctx.needs[0] else None, dscale if ctx.needs[1] else None]
+
+
+def _layer_norm_composed(ctx, grads):
+    """LayerNormalization's gradient from registry ops: the oracle its backward op is tested against."""
     ops, g = _ops(), grads[0]
     x, scale = ctx.inputs[0], ctx.inputs[1]
     b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
@@ -695,7 +739,8 @@ def _layer_norm(ctx, grads):
     return res[: len(ctx.inputs)]
 
 
-def _rms_norm(ctx, grads):
+def _rms_norm_composed(ctx, grads):
+    """RMSNormalization's gradient from registry ops (test oracle)."""
     ops, g = _ops(), grads[0]
     x, scale = ctx.inputs[0], ctx.inputs[1]
     axis = int(ctx.attrs.get("axis", -1)) % x.ndim
@@ -714,6 +759,22 @@ def _rms_norm(ctx, grads):
 
 
 def _group_norm(ctx, grads):
+    x, scale = ctx.inputs[:2]
+    attrs = {"num_groups": int(ctx.attrs["num_groups"]), "epsilon": float(ctx.attrs.get("epsilon", 1e-5))}
+    dx, dscale, dbias = _norm_grad("GroupNormalizationGrad", grads[0], x, [scale], attrs, 3)
+    return [dx if ctx.needs[0] else None, dscale if ctx.needs[1] else None, dbias if ctx.needs[2] else None]
+
+
+def _batch_norm(ctx, grads):
+    x, scale, _, rmean, rvar = ctx.inputs[:5]
+    attrs = {"epsilon": float(ctx.attrs.get("epsilon", 1e-5)), "training_mode": int(ctx.attrs.get("training_mode", 0))}
+    dx, dscale, dbias = _norm_grad("BatchNormalizationGrad", grads[0], x, [scale, rmean, rvar], attrs, 3)
+    res = [dx if ctx.needs[0] else None, dscale if ctx.needs[1] else None, dbias if ctx.needs[2] else None, None, None]
+    return res[: len(ctx.inputs)]
+
+
+def _group_norm_composed(ctx, grads):
+    """GroupNormalization's gradient from registry ops (test oracle)."""
     ops, g = _ops(), grads[0]
     x, scale = ctx.inputs[:2]
     n, c = x.shape[:2]
@@ -732,7 +793,8 @@ def _group_norm(ctx, grads):
     ]
 
 
-def _batch_norm(ctx, grads):
+def _batch_norm_composed(ctx, grads):
+    """BatchNormalization's gradient from registry ops (test oracle)."""
     ops, g = _ops(), grads[0]
     x, scale, _, rmean, rvar = ctx.inputs[:5]
     shape_c = (1, x.shape[1]) + (1,) * (x.ndim - 2)
@@ -1483,17 +1545,11 @@ def _adaptive_avg_pool(ctx, grads):
 
 
 def _instance_norm(ctx, grads):
-    ops, g = _ops(), grads[0]
-    x, scale, b = ctx.inputs[:3]
-    shape_c = (1, x.shape[1]) + (1,) * (x.ndim - 2)
-    axes = list(range(2, x.ndim))
-    dx, xhat = _normalize_backward(x, g, ops.reshape(scale, shape_c), axes, _attr(ctx, "epsilon", 1e-5))
-    sum_axes = [0] + axes
-    return [
-        dx if ctx.needs[0] else None,
-        ops.sum(ops.mul(g, xhat), dim=sum_axes) if ctx.needs[1] else None,
-        ops.sum(g, dim=sum_axes) if ctx.needs[2] else None,
-    ]
+    """GroupNormalization's backward op with one channel per group."""
+    x, scale = ctx.inputs[:2]
+    attrs = {"num_groups": int(x.shape[1]), "epsilon": _attr(ctx, "epsilon", 1e-5)}
+    dx, dscale, dbias = _norm_grad("GroupNormalizationGrad", grads[0], x, [scale], attrs, 3)
+    return [dx if ctx.needs[0] else None, dscale if ctx.needs[1] else None, dbias if ctx.needs[2] else None]
 
 
 # -- plain RNN ---------------------------------------------------------------------------------------------

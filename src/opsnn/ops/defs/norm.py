@@ -22,6 +22,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import ParamInvalidError
 from ...kernels.cpu import norm as K
+from ...kernels.cpu import norm_backward as KB
 from ...tensor import as_tensor
 from ..api import api
 from ..registry import Attr, Input, Output, TensorMeta, register_op
@@ -589,4 +590,375 @@ def instance_norm(x, weight=None, bias=None, eps=1e-5):
     return [t, weight, bias], {"epsilon": float(eps)}
 
 
-__all__ = ["layer_norm", "rms_norm", "batch_norm", "group_norm", "instance_norm"]
+# -- backward ops (domain opsnn: the gradient rules' kernels) ---------------------------------------
+def _bad_grad_input(op: str, ctx, what: str = "X") -> None:
+    """dY must match X in shape and dtype."""
+    if tuple(ctx.shape(0)) != tuple(ctx.shape(1)):
+        raise _bad(op, f"input 'dY' has shape {tuple(ctx.shape(0))}; expected {what}'s shape {tuple(ctx.shape(1))}")
+    if ctx.dtype(0) != ctx.dtype(1):
+        raise _bad(op, f"input 'dY' has dtype {_dt.name(ctx.dtype(0))}; expected {what}'s {_dt.name(ctx.dtype(1))}")
+
+
+def _unbroadcast_np(a: np.ndarray, shape: tuple) -> np.ndarray:
+    """``a`` summed over the dims broadcasting added or stretched to reach ``a.shape`` from ``shape``
+    (``shape`` may also have more leading 1s than ``a`` has dims)."""
+    if a.ndim < len(shape):
+        a = a.reshape((1,) * (len(shape) - a.ndim) + a.shape)
+    lead = a.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and a.shape[lead + i] != 1)
+    return a.sum(axis=axes, keepdims=True).reshape(shape) if axes else a.reshape(shape)
+
+
+def _mean(a: np.ndarray, axes) -> np.ndarray:
+    """The mean over ``axes`` (kept); NaN over an empty extent, without numpy's empty-slice warning."""
+    axes = (axes,) if isinstance(axes, int) else tuple(axes)
+    return a.sum(axis=axes, keepdims=True) / math.prod(a.shape[k] for k in axes)
+
+
+def _ln_grad_infer(ctx):
+    op = ctx.op.name
+    _bad_grad_input(op, ctx)
+    shape = tuple(ctx.shape(1))
+    axis = _norm_axis(op, int(ctx.attrs["axis"]), len(shape))
+    _unidirectional(op, "Scale", ctx.shape(2), shape)
+    outs = [TensorMeta(shape, ctx.dtype(0)), TensorMeta(tuple(ctx.shape(2)), ctx.dtype(2))]
+    if op == "LayerNormalizationGrad":
+        outs.append(TensorMeta(shape[axis:], ctx.dtype(0)))
+    return outs
+
+
+def _ln_grad_ref(ins, attrs, rms: bool):
+    with np.errstate(all="ignore"):  # NaN/Inf inputs give NaN/Inf, as the kernels do
+        g, x, scale = (a.astype(np.float64) for a in ins[:3])
+        axis = int(attrs["axis"]) % x.ndim
+        axes = tuple(range(axis, x.ndim))
+        if rms:
+            mean = 0.0
+            var = _mean(x * x, axes)
+        else:
+            mean = _mean(x, axes)
+            var = _mean((x - mean) ** 2, axes)
+        rstd = 1.0 / np.sqrt(var + float(attrs["epsilon"]))
+        xhat = (x - mean) * rstd
+        gh = g * scale
+        a = 0.0 if rms else _mean(gh, axes)
+        dx = rstd * (gh - a - xhat * _mean(gh * xhat, axes))
+        res = [dx.astype(ins[0].dtype), _unbroadcast_np(g * xhat, ins[2].shape).astype(ins[2].dtype)]
+        if not rms:
+            res.append(g.reshape((-1,) + x.shape[axis:]).sum(axis=0).astype(ins[0].dtype))
+        return tuple(res)
+
+
+def _ln_grad_plan(ctx):
+    """(rows, N, parallel, chunks): rows split into ``chunks`` that each own partial dScale/dBias sums."""
+    shape = tuple(ctx.shape(1))
+    axis = _norm_axis(ctx.op.name, int(ctx.attrs["axis"]), len(shape))
+    rows, N = math.prod(shape[:axis]), math.prod(shape[axis:])
+    par = rows * N >= K.PARALLEL_MIN
+    chunks = KB.row_chunks(rows) if par else 1
+    return rows, N, par, chunks
+
+
+def _ln_grad_applies(ctx):
+    shape = tuple(ctx.shape(1))
+    axis = _norm_axis(ctx.op.name, int(ctx.attrs["axis"]), len(shape))
+    s = list(ctx.shape(2))
+    while s and s[0] == 1:
+        s.pop(0)
+    if len(s) > len(shape) - axis:
+        return f"Scale varies over the non-normalized dims (shape {ctx.shape(2)})"
+    return True
+
+
+def _ln_grad_kernel(rms: bool):
+    def run(ins, outs, attrs, plan, ws):
+        rows, N, par, chunks = plan
+        g, x, scale = ins[0], ins[1], ins[2]
+        axis = int(attrs["axis"]) % x.ndim
+        sv = _block_vector(scale, x.shape, axis).astype(np.float64)
+        n = 2 * chunks * N
+        part = (ws[: 8 * n].view(np.float64) if ws is not None else np.empty(n)).reshape(chunks, 2, N)
+        dsc, dbi = KB.layer_norm_backward(g, x, sv, outs[0], part, rows, N, float(attrs["epsilon"]), rms, par)
+        block = x.shape[axis:]
+        np.copyto(outs[1], _unbroadcast_np(dsc.reshape(block), outs[1].shape), casting="unsafe")
+        if not rms:
+            np.copyto(outs[2], dbi.reshape(block), casting="unsafe")
+
+    return run
+
+
+def _grad_doc(what: str) -> str:
+    return f"{what}; statistics recomputed from X in float64"
+
+
+LayerNormalizationGrad = register_op(
+    "LayerNormalizationGrad",
+    domain="opsnn",
+    category="norm",
+    inputs=[Input("dY", FLOAT), Input("X", FLOAT), Input("Scale", FLOAT)],
+    outputs=["dX", "dScale", "dBias"],
+    attrs=[Attr("axis", "int", -1), Attr("epsilon", "float", 1e-5)],
+    infer=_ln_grad_infer,
+    reference=lambda ins, attrs: _ln_grad_ref(ins, attrs, False),
+    doc=_grad_doc("gradients of LayerNormalization (dX; dScale of Scale's shape; dBias over dims axis..)"),
+)
+LayerNormalizationGrad.kernel(
+    "layer_norm_grad_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=_ln_grad_plan,
+    workspace=lambda ctx, plan: 16 * plan[3] * plan[1],
+    applies=_ln_grad_applies,
+    doc="per row: statistics, then the two row sums, then dX; dScale/dBias summed per chunk of rows",
+)(_ln_grad_kernel(False))
+
+RMSNormalizationGrad = register_op(
+    "RMSNormalizationGrad",
+    domain="opsnn",
+    category="norm",
+    inputs=[Input("dY", FLOAT), Input("X", FLOAT), Input("scale", FLOAT)],
+    outputs=["dX", "dScale"],
+    attrs=[Attr("axis", "int", -1), Attr("epsilon", "float", 1e-5)],
+    infer=_ln_grad_infer,
+    reference=lambda ins, attrs: _ln_grad_ref(ins, attrs, True),
+    doc=_grad_doc("gradients of RMSNormalization (dX; dScale of scale's shape)"),
+)
+RMSNormalizationGrad.kernel(
+    "rms_norm_grad_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=_ln_grad_plan,
+    workspace=lambda ctx, plan: 16 * plan[3] * plan[1],
+    applies=_ln_grad_applies,
+    doc="per row: sum of squares, the row sum, then dX; dScale summed per chunk of rows",
+)(_ln_grad_kernel(True))
+
+
+def _bn_grad_infer(ctx):
+    op = ctx.op.name
+    _bad_grad_input(op, ctx)
+    shape = tuple(ctx.shape(1))
+    if len(shape) < 2:
+        raise _bad(op, f"input X must have rank >= 2 (N, C, ...), got shape {shape}")
+    C = shape[1]
+    names = ("scale", "input_mean", "input_var")
+    for i, name in enumerate(names, start=2):
+        if ctx.has(i) and tuple(ctx.shape(i)) != (C,):
+            raise _bad(op, f"input '{name}' must have shape ({C},) (one value per channel), got {ctx.shape(i)}")
+    if not int(ctx.attrs["training_mode"]) and not (ctx.has(3) and ctx.has(4)):
+        raise _bad(op, "inputs 'input_mean' and 'input_var' are required with training_mode=0; got None")
+    return [TensorMeta(shape, ctx.dtype(0)), TensorMeta((C,), ctx.dtype(2)), TensorMeta((C,), ctx.dtype(2))]
+
+
+def _bn_grad_ref(ins, attrs):
+    with np.errstate(all="ignore"):  # NaN/Inf inputs give NaN/Inf, as the kernels do
+        g, x, scale = (a.astype(np.float64) for a in ins[:3])
+        axes = (0,) + tuple(range(2, x.ndim))
+        bshape = (1, -1) + (1,) * (x.ndim - 2)
+        eps = float(attrs["epsilon"])
+        training = bool(int(attrs["training_mode"]))
+        if training:
+            m = _mean(x, axes)
+            v = _mean((x - m) ** 2, axes)
+        else:
+            m = ins[3].astype(np.float64).reshape(bshape)
+            v = ins[4].astype(np.float64).reshape(bshape)
+        rstd = 1.0 / np.sqrt(v + eps)
+        xhat = (x - m) * rstd
+        gh = g * scale.reshape(bshape)
+        if training:
+            dx = rstd * (gh - _mean(gh, axes) - xhat * _mean(gh * xhat, axes))
+        else:
+            dx = gh * rstd
+        return (
+            dx.astype(ins[0].dtype),
+            (g * xhat).sum(axis=axes).astype(ins[2].dtype),
+            g.sum(axis=axes).astype(ins[2].dtype),
+        )
+
+
+def _bn_grad_kernel(ins, outs, attrs, plan, ws):
+    N, C, S, par = plan
+    g, x, scale = ins[0], ins[1], ins[2]
+    training = bool(int(attrs["training_mode"]))
+    mean = var = None
+    if not training:
+        mean, var = ins[3].astype(np.float64), ins[4].astype(np.float64)
+    st = ws[: 48 * C].view(np.float64).reshape(C, 6) if ws is not None else np.empty((C, 6))
+    with np.errstate(all="ignore"):
+        dsc, dbi = KB.batch_norm_backward(
+            g, x, scale.astype(np.float64), mean, var, outs[0], st, N, C, S, float(attrs["epsilon"]), par, training
+        )
+    np.copyto(outs[1], dsc, casting="unsafe")
+    np.copyto(outs[2], dbi, casting="unsafe")
+
+
+def _bn_grad_plan(ctx):
+    shape = tuple(ctx.shape(1))
+    N, C, S = shape[0], shape[1], math.prod(shape[2:])
+    return N, C, S, N * C * S >= K.PARALLEL_MIN
+
+
+BatchNormalizationGrad = register_op(
+    "BatchNormalizationGrad",
+    domain="opsnn",
+    category="norm",
+    inputs=[
+        Input("dY", FLOAT),
+        Input("X", FLOAT),
+        Input("scale", FLOAT),
+        Input("input_mean", FLOAT, optional=True),
+        Input("input_var", FLOAT, optional=True),
+    ],
+    outputs=["dX", "dScale", "dBias"],
+    attrs=[Attr("epsilon", "float", 1e-5), Attr("training_mode", "int", 1)],
+    infer=_bn_grad_infer,
+    reference=_bn_grad_ref,
+    doc="gradients of BatchNormalization (channel axis 1): training_mode=1 through the batch statistics "
+    "(recomputed from X in float64), 0 with input_mean/input_var fixed",
+)
+BatchNormalizationGrad.kernel(
+    "batch_norm_grad_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=_bn_grad_plan,
+    workspace=lambda ctx, plan: 48 * plan[1],
+    doc="two passes: per-channel statistics and sums of dY, dY*xhat (parallel over channels), then dX "
+    "(parallel over (n, c) planes)",
+)(_bn_grad_kernel)
+
+
+def _gn_grad_infer(ctx):
+    op = ctx.op.name
+    _bad_grad_input(op, ctx)
+    shape = tuple(ctx.shape(1))
+    if len(shape) < 2:
+        raise _bad(op, f"input X must have rank >= 2 (N, C, ...), got shape {shape}")
+    C = shape[1]
+    G = int(ctx.attrs["num_groups"])
+    if G <= 0 or C % G:
+        raise _bad(op, f"num_groups={G} must be positive and divide the channel count C={C}")
+    if tuple(ctx.shape(2)) != (C,):
+        raise _bad(op, f"input 'scale' must have shape ({C},) (per channel), got {ctx.shape(2)}")
+    return [TensorMeta(shape, ctx.dtype(0)), TensorMeta((C,), ctx.dtype(2)), TensorMeta((C,), ctx.dtype(2))]
+
+
+def _gn_grad_ref(ins, attrs):
+    with np.errstate(all="ignore"):  # NaN/Inf inputs give NaN/Inf, as the kernels do
+        g, x, scale = (a.astype(np.float64) for a in ins[:3])
+        N, C = x.shape[:2]
+        G = int(attrs["num_groups"])
+        bshape = (1, C) + (1,) * (x.ndim - 2)
+        xg = x.reshape(N, G, -1)
+        m = _mean(xg, 2)
+        v = _mean((xg - m) ** 2, 2)
+        rstd = 1.0 / np.sqrt(v + float(attrs["epsilon"]))
+        xhat = ((xg - m) * rstd).reshape(x.shape)
+        gh = (g * scale.reshape(bshape)).reshape(N, G, -1)
+        xh = xhat.reshape(N, G, -1)
+        dx = rstd * (gh - _mean(gh, 2) - xh * _mean(gh * xh, 2))
+        axes = (0,) + tuple(range(2, x.ndim))
+        return (
+            dx.reshape(x.shape).astype(ins[0].dtype),
+            (g * xhat).sum(axis=axes).astype(ins[2].dtype),
+            g.sum(axis=axes).astype(ins[2].dtype),
+        )
+
+
+def _gn_grad_plan(ctx):
+    shape = tuple(ctx.shape(1))
+    N, C = shape[0], shape[1]
+    G = int(ctx.attrs["num_groups"])
+    return N, G, C // G, math.prod(shape[2:]), math.prod(shape) >= K.PARALLEL_MIN
+
+
+def _gn_grad_kernel(ins, outs, attrs, plan, ws):
+    N, G, Cg, S, par = plan
+    g, x, scale = ins[0], ins[1], ins[2]
+    C = G * Cg
+    part = ws[: 16 * N * C].view(np.float64).reshape(N, C, 2) if ws is not None else np.empty((N, C, 2))
+    dsc, dbi = KB.group_norm_backward(
+        g, x, scale.astype(np.float64), outs[0], part, N, G, Cg, S, float(attrs["epsilon"]), par
+    )
+    np.copyto(outs[1], dsc, casting="unsafe")
+    np.copyto(outs[2], dbi, casting="unsafe")
+
+
+GroupNormalizationGrad = register_op(
+    "GroupNormalizationGrad",
+    domain="opsnn",
+    category="norm",
+    inputs=[Input("dY", FLOAT), Input("X", FLOAT), Input("scale", FLOAT)],
+    outputs=["dX", "dScale", "dBias"],
+    attrs=[Attr("epsilon", "float", 1e-5), Attr("num_groups", "int")],
+    infer=_gn_grad_infer,
+    reference=_gn_grad_ref,
+    doc=_grad_doc("gradients of GroupNormalization (and of InstanceNormalization: num_groups = C)"),
+)
+GroupNormalizationGrad.kernel(
+    "group_norm_grad_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=_gn_grad_plan,
+    workspace=lambda ctx, plan: 16 * plan[0] * plan[1] * plan[2],
+    doc="per (n, group) row: statistics, per-channel sums of dY and dY*xhat, then dX",
+)(_gn_grad_kernel)
+
+
+@api("layer_norm_backward", "LayerNormalizationGrad", domain="opsnn")
+def layer_norm_backward(grad_output, x, normalized_shape, weight=None, eps=1e-5):
+    """Gradients ``(dx, dweight, dbias)`` of :func:`layer_norm` for the output gradient
+    ``grad_output`` (statistics recomputed from ``x``).
+    ``dx, dw, db = opsnn.ops.layer_norm_backward(dy, x, (768,), w)``"""
+    t = as_tensor(x)
+    axis = _normalized_axis("layer_norm_backward", t, normalized_shape)
+    if weight is None:
+        weight = _ones(t.shape[axis:], t.dtype)
+    return [grad_output, t, weight], {"axis": axis, "epsilon": float(eps)}, 3
+
+
+@api("rms_norm_backward", "RMSNormalizationGrad", domain="opsnn")
+def rms_norm_backward(grad_output, x, normalized_shape, weight=None, eps=None):
+    """Gradients ``(dx, dweight)`` of :func:`rms_norm` (``eps=None``: the dtype's machine epsilon)."""
+    t = as_tensor(x)
+    axis = _normalized_axis("rms_norm_backward", t, normalized_shape)
+    if weight is None:
+        weight = _ones(t.shape[axis:], t.dtype)
+    if eps is None:
+        eps = float(ml_dtypes.finfo(t.dtype).eps)
+    return [grad_output, t, weight], {"axis": axis, "epsilon": float(eps)}, 2
+
+
+@api("batch_norm_backward", "BatchNormalizationGrad", domain="opsnn")
+def batch_norm_backward(grad_output, x, weight=None, running_mean=None, running_var=None, training=True, eps=1e-5):
+    """Gradients ``(dx, dweight, dbias)`` of :func:`batch_norm`: ``training=True`` through the
+    batch statistics, else with ``running_mean``/``running_var`` fixed."""
+    t = as_tensor(x)
+    if t.ndim < 2:
+        raise ParamInvalidError(f"batch_norm_backward: input must have rank >= 2 (N, C, ...), got shape {t.shape}")
+    weight = _ones((t.shape[1],), t.dtype) if weight is None else weight
+    attrs = {"epsilon": float(eps), "training_mode": int(bool(training))}
+    return [grad_output, t, weight, running_mean, running_var], attrs, 3
+
+
+@api("group_norm_backward", "GroupNormalizationGrad", domain="opsnn")
+def group_norm_backward(grad_output, x, num_groups, weight=None, eps=1e-5):
+    """Gradients ``(dx, dweight, dbias)`` of :func:`group_norm`."""
+    t = as_tensor(x)
+    if t.ndim < 2:
+        raise ParamInvalidError(f"group_norm_backward: input must have rank >= 2 (N, C, ...), got shape {t.shape}")
+    weight = _ones((t.shape[1],), t.dtype) if weight is None else weight
+    return [grad_output, t, weight], {"num_groups": int(num_groups), "epsilon": float(eps)}, 3
+
+
+__all__ = [
+    "layer_norm",
+    "rms_norm",
+    "batch_norm",
+    "group_norm",
+    "instance_norm",
+    "layer_norm_backward",
+    "rms_norm_backward",
+    "batch_norm_backward",
+    "group_norm_backward",
+]

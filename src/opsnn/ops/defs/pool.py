@@ -28,6 +28,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import InferShapeError, ParamInvalidError
 from ...kernels.cpu import pool as K
+from ...kernels.cpu import pool_backward as KB
 from ...runtime.memory import check_request
 from ...tensor import Tensor, as_tensor
 from ..api import api
@@ -738,6 +739,142 @@ def _max_roi_pool_numpy(ins, outs, attrs, plan, ws):
     K.max_roi_pool(ins[0], ins[1], outs[0], float(attrs["spatial_scale"]))
 
 
+# -- backward ops (domain opsnn: the gradient rules' kernels) ---------------------------------------------
+
+
+def _grad_shapes(ctx, op: str, xi: int):
+    """dY (input 0, (N, C, out...)) against X (input ``xi``, (N, C, in...)): one rank, batch and channels."""
+    gy, x = tuple(ctx.shape(0)), tuple(ctx.shape(xi))
+    if len(x) < 3 or len(gy) != len(x) or gy[:2] != x[:2]:
+        raise InferShapeError(
+            f"{op}: input 'dY' has shape {gy}; expected (N, C, spatial...) of rank {len(x)} with X's N, C {x[:2]}",
+            op=op,
+        )
+    return gy, x
+
+
+def _infer_max_pool_grad(ctx):
+    gy, x = _grad_shapes(ctx, "MaxPoolGrad", 2)
+    if tuple(ctx.shape(1)) != gy:
+        raise InferShapeError(
+            f"MaxPoolGrad: input 'Indices' has shape {tuple(ctx.shape(1))}; expected dY's shape {gy}", op="MaxPoolGrad"
+        )
+    return [TensorMeta(x, ctx.dtype(0))]
+
+
+def _bad_indices(count: int) -> ParamInvalidError:
+    return ParamInvalidError(
+        f"MaxPoolGrad: input 'Indices' holds {count} value(s) outside their own (n, c) plane; expected MaxPool's "
+        "row-major flat indices (storage_order=0) of this X",
+        op="MaxPoolGrad",
+    )
+
+
+def _max_pool_grad_reference(ins, attrs):
+    g, idx, x = ins[0], ins[1], ins[2]
+    planes = x.shape[0] * x.shape[1]
+    hw = math.prod(x.shape[2:])
+    dx = np.zeros((planes, hw), np.float64)
+    gp = g.astype(np.float64).reshape(planes, -1)
+    ip = idx.reshape(planes, -1)
+    for p in range(planes):
+        keep = ip[p] != -1
+        k = ip[p][keep] - p * hw
+        if np.any((k < 0) | (k >= hw)):
+            raise _bad_indices(int(np.sum((k < 0) | (k >= hw))))
+        np.add.at(dx[p], k, gp[p][keep])
+    return dx.reshape(x.shape).astype(g.dtype)
+
+
+MaxPoolGrad = register_op(
+    "MaxPoolGrad",
+    domain="opsnn",
+    category="pool",
+    inputs=[Input("dY", FLOAT), Input("Indices", (_dt.int64,)), Input("X", FLOAT + (_dt.int8, _dt.uint8))],
+    outputs=["dX"],
+    infer=_infer_max_pool_grad,
+    reference=_max_pool_grad_reference,
+    doc="gradient of MaxPool: dY added at the forward's Indices (row-major flat over X; -1 skipped); "
+    "X gives the shape only",
+)
+
+
+@MaxPoolGrad.kernel(
+    "max_pool_grad_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=lambda ctx: int(ctx.shape(2)[0]) * int(ctx.shape(2)[1]),
+    doc="scatter-add per (n, c) plane (planes in parallel: a plane's indices stay in it)",
+)
+def _max_pool_grad_numba(ins, outs, attrs, plan, ws):
+    bad = KB.max_pool_backward(ins[0], ins[1], outs[0], plan)
+    if bad:
+        raise _bad_indices(bad)
+
+
+def _infer_avg_pool_grad(ctx):
+    gy, x = _grad_shapes(ctx, "AveragePoolGrad", 1)
+    if int(ctx.attrs["count_include_pad"]) not in (0, 1):
+        raise ParamInvalidError(
+            f"AveragePoolGrad: attribute 'count_include_pad' must be 0 or 1, got {ctx.attrs['count_include_pad']}",
+            op="AveragePoolGrad",
+        )
+    out = x[:2] + pool_geometry("AveragePoolGrad", x, ctx.attrs).out
+    if out != gy:
+        raise InferShapeError(
+            f"AveragePoolGrad: input 'dY' has shape {gy}; AveragePool of X {x} with these attributes gives {out}",
+            op="AveragePoolGrad",
+        )
+    return [TensorMeta(x, ctx.dtype(0))]
+
+
+def _avg_pool_grad_reference(ins, attrs):
+    g, x = ins[0], ins[1]
+    geo = pool_geometry("AveragePoolGrad", x.shape, attrs)
+    include = int(attrs.get("count_include_pad", 0)) == 1
+    dx = np.zeros(x.shape, np.float64)
+    gw = g.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for pos, valid, padded_count in _windows(x.shape[2:], geo):
+            count = padded_count if include else math.prod(len(v) for v in valid)
+            if any(len(v) == 0 for v in valid):
+                continue
+            at = (slice(None), slice(None)) + np.ix_(*valid)
+            v = gw[(slice(None), slice(None)) + pos] / np.float64(count)
+            dx[at] += v.reshape(v.shape + (1,) * len(valid))
+    return dx.astype(g.dtype)
+
+
+AveragePoolGrad = register_op(
+    "AveragePoolGrad",
+    domain="opsnn",
+    category="pool",
+    inputs=[Input("dY", FLOAT), Input("X", FLOAT)],
+    outputs=["dX"],
+    attrs=_pool_attrs([Attr("count_include_pad", "int", 0)]),
+    infer=_infer_avg_pool_grad,
+    reference=_avg_pool_grad_reference,
+    doc="gradient of AveragePool (the same attributes): each window's dY / count added to its input taps; "
+    "X gives the shape only",
+)
+
+
+@AveragePoolGrad.kernel(
+    "avg_pool_grad_numba",
+    dtypes=_F32_64,
+    priority=10,
+    applies=lambda ctx: True if 1 <= len(ctx.shape(1)) - 2 <= 3 else "numba pooling covers 1-D to 3-D windows",
+    plan=lambda ctx: KB.avg_pool_plan(
+        ctx.shape(1),
+        pool_geometry("AveragePoolGrad", ctx.shape(1), ctx.attrs),
+        int(ctx.attrs["count_include_pad"]) == 1,
+    ),
+    doc="per (n, c) plane (planes in parallel): every window's dY / count added to its taps in order",
+)
+def _avg_pool_grad_numba(ins, outs, attrs, plan, ws):
+    KB.avg_pool_backward(ins[0], outs[0], plan)
+
+
 # -- functional entry points (torch-style arguments) ----------------------------------------------------------
 
 
@@ -917,6 +1054,27 @@ def roi_pool(x, rois, output_size, spatial_scale=1.0):
     return [x, rois], {"pooled_shape": [oh, ow], "spatial_scale": float(spatial_scale)}
 
 
+@api("max_pool_backward", "MaxPoolGrad", domain="opsnn")
+def max_pool_backward(grad_output, x, indices):
+    """Gradient of max pooling (1-D to 3-D): ``grad_output`` added at ``indices``, the ONNX flat
+    indices ``max_pool2d(..., return_indices=True)`` returns. ``dx = opsnn.ops.max_pool_backward(dy, x, idx)``"""
+    return [grad_output, indices, x], {}
+
+
+@api("avg_pool_backward", "AveragePoolGrad", domain="opsnn")
+def avg_pool_backward(grad_output, x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    """Gradient of :func:`avg_pool2d` (and of the 1-D / 3-D forms: the rank of ``x`` decides), with the
+    forward's arguments. ``dx = opsnn.ops.avg_pool_backward(dy, x, 3, 2, 1)``"""
+    x = as_tensor(x)
+    n = x.ndim - 2
+    if not 1 <= n <= 3:
+        raise ParamInvalidError(
+            f"avg_pool_backward: expected a 3-D to 5-D (N, C, spatial...) input, got shape {x.shape}"
+        )
+    _, attrs = _avg_pool("avg_pool_backward", n, x, kernel_size, stride, padding, ceil_mode, count_include_pad)
+    return [grad_output, x], attrs
+
+
 __all__ = [
     "max_pool1d",
     "max_pool2d",
@@ -932,4 +1090,6 @@ __all__ = [
     "max_unpool2d",
     "roi_align",
     "roi_pool",
+    "max_pool_backward",
+    "avg_pool_backward",
 ]

@@ -1,0 +1,342 @@
+"""CPU normalization backward kernels (numba): the gradients of LayerNorm/RMSNorm, BatchNorm and
+GroupNorm with respect to X, scale and bias.
+
+With ``xhat = (x - mean) * rstd`` over a row and ``gh = dy * scale``, the input gradient of a
+normalization by batch statistics is ``dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat))``
+(RMSNorm: no mean term; mean = 0). The statistics are recomputed from X in float64, the
+forward's own rule (exact two passes for float64 rows, one shifted pass for float32), so the
+backward needs nothing saved but X; every sum accumulates in float64.
+
+Parallel work never shares an output element: rows (LayerNorm/RMSNorm, GroupNorm) or channels
+(BatchNorm's statistics) are split between threads, and the scale/bias gradients, which sum over
+rows, are written as per-chunk (LayerNorm) or per-(sample, channel) (GroupNorm) partial sums that
+the host adds afterwards.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from .norm import _stats
+
+_OPTS = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
+
+
+# -- LayerNorm / RMSNorm ------------------------------------------------------------------------
+@nb.njit(**_OPTS)
+def _ln_bw_rows(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms, exact):
+    """Rows ``r0..r1`` of N elements: ``dx``, and their sums of ``dy * xhat`` (into ``dsc``) and
+    ``dy`` (into ``dbi``), float64 N-vectors this chunk owns."""
+    for row in range(r0, r1):
+        xs = x[row * N : row * N + N]
+        gs = dy[row * N : row * N + N]
+        ds = dx[row * N : row * N + N]
+        if rms:
+            q = 0.0
+            for i in range(N):
+                v = float(xs[i])
+                q += v * v
+            mean = 0.0
+            rstd = 1.0 / np.sqrt(q / N + eps)
+        else:
+            mean, var = _stats(xs, exact)
+            rstd = 1.0 / np.sqrt(var + eps)
+        a = 0.0
+        b = 0.0
+        for i in range(N):
+            xh = (xs[i] - mean) * rstd
+            gi = float(gs[i])
+            gh = gi * scale[i]
+            a += gh
+            b += gh * xh
+            dsc[i] += gi * xh
+            dbi[i] += gi
+        a = 0.0 if rms else a / N
+        b = b / N
+        for i in range(N):
+            xh = (xs[i] - mean) * rstd
+            ds[i] = rstd * (gs[i] * scale[i] - a - xh * b)
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _ln_bw_parallel(dy, x, scale, dx, part, rows, N, eps, rms, exact, chunks):
+    for c in nb.prange(chunks):
+        _ln_bw_rows(
+            dy, x, scale, dx, part[c, 0], part[c, 1], rows * c // chunks, rows * (c + 1) // chunks, N, eps, rms, exact
+        )
+
+
+def row_chunks(rows: int) -> int:
+    """Chunks of rows for the parallel LayerNorm/RMSNorm backward: a few per thread (balance),
+    each with its own partial dScale/dBias sums."""
+    return max(1, min(rows, 4 * nb.get_num_threads()))
+
+
+def layer_norm_backward(
+    dy: np.ndarray,
+    x: np.ndarray,
+    scale: np.ndarray,
+    dx: np.ndarray,
+    part: np.ndarray,
+    rows: int,
+    N: int,
+    eps: float,
+    rms: bool,
+    parallel: bool,
+) -> tuple:
+    """Gradients of LayerNorm (RMSNorm with ``rms``) over ``rows`` contiguous rows of N elements;
+    ``scale`` is the float64 N-vector. ``part`` (float64, (chunks, 2, N)) receives each chunk's
+    partial sums; returns (dScale, dBias) as float64 N-vectors."""
+    part[:] = 0.0
+    if rows * N:
+        chunks = part.shape[0]
+        xf, gf, df = x.reshape(-1), dy.reshape(-1), dx.reshape(-1)
+        exact = x.dtype == np.float64
+        if parallel and chunks > 1:
+            _ln_bw_parallel(gf, xf, scale, df, part, rows, N, float(eps), rms, exact, chunks)
+        else:
+            _ln_bw_rows(gf, xf, scale, df, part[0, 0], part[0, 1], 0, rows, N, float(eps), rms, exact)
+    return part[:, 0].sum(axis=0), part[:, 1].sum(axis=0)
+
+
+# -- GroupNorm / InstanceNorm -------------------------------------------------------------------
+@nb.njit(**_OPTS)
+def _gn_bw_task(dy, x, scale, dx, part, row, G, Cg, S, eps, exact):
+    """Row ``row`` = (n, g) of Cg*S elements: dx, and per channel c of the group the sums of
+    ``dy * xhat`` and ``dy`` into ``part[n, c]``."""
+    M = Cg * S
+    lo = row * M
+    n = row // G
+    g = row - n * G
+    mean, var = _stats(x[lo : lo + M], exact)
+    rstd = 1.0 / np.sqrt(var + eps)
+    a = 0.0
+    b = 0.0
+    for k in range(Cg):
+        c = g * Cg + k
+        sc = scale[c]
+        xs = x[lo + k * S : lo + k * S + S]
+        gs = dy[lo + k * S : lo + k * S + S]
+        sg = 0.0
+        sgx = 0.0
+        for s in range(S):
+            gi = float(gs[s])
+            xh = (xs[s] - mean) * rstd
+            gh = gi * sc
+            sg += gi
+            sgx += gi * xh
+            a += gh
+            b += gh * xh
+        part[n, c, 0] = sgx
+        part[n, c, 1] = sg
+    a /= M
+    b /= M
+    for k in range(Cg):
+        c = g * Cg + k
+        sc = scale[c]
+        xs = x[lo + k * S : lo + k * S + S]
+        gs = dy[lo + k * S : lo + k * S + S]
+        ds = dx[lo + k * S : lo + k * S + S]
+        for s in range(S):
+            xh = (xs[s] - mean) * rstd
+            ds[s] = rstd * (gs[s] * sc - a - xh * b)
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _gn_bw_parallel(dy, x, scale, dx, part, rows, G, Cg, S, eps, exact):
+    for r in nb.prange(rows):
+        _gn_bw_task(dy, x, scale, dx, part, r, G, Cg, S, eps, exact)
+
+
+@nb.njit(**_OPTS)
+def _gn_bw_serial(dy, x, scale, dx, part, rows, G, Cg, S, eps, exact):
+    for r in range(rows):
+        _gn_bw_task(dy, x, scale, dx, part, r, G, Cg, S, eps, exact)
+
+
+def group_norm_backward(
+    dy: np.ndarray,
+    x: np.ndarray,
+    scale: np.ndarray,
+    dx: np.ndarray,
+    part: np.ndarray,
+    N: int,
+    G: int,
+    Cg: int,
+    S: int,
+    eps: float,
+    parallel: bool,
+) -> tuple:
+    """Gradients of GroupNorm over x viewed as (N, G, Cg, S); ``scale`` float64 (C,), ``part``
+    float64 (N, C, 2) scratch. Returns (dScale, dBias) as float64 C-vectors."""
+    part[:] = 0.0
+    if x.size:
+        run = _gn_bw_parallel if parallel else _gn_bw_serial
+        run(
+            dy.reshape(-1),
+            x.reshape(-1),
+            scale,
+            dx.reshape(-1),
+            part,
+            N * G,
+            G,
+            Cg,
+            S,
+            float(eps),
+            x.dtype == np.float64,
+        )
+    return part[:, :, 0].sum(axis=0), part[:, :, 1].sum(axis=0)
+
+
+# -- BatchNorm ----------------------------------------------------------------------------------
+@nb.njit(**_OPTS)
+def _bn_bw_stats_task(dy, x, scale, c, N, C, S, training, exact, mean_in, var_in, eps, st):
+    """Channel c over (N, S): st[c] = (mean, rstd, sum dy, sum dy * xhat, sum gh, sum gh * xhat)
+    with gh = dy * scale[c]."""
+    M = N * S
+    sc = float(scale[c])
+    exact = exact or not training or not np.isfinite(sc)
+    m = 0.0
+    var = 0.0
+    sg = 0.0
+    sgd = 0.0
+    if not exact:
+        # one pass of sums shifted by the channel's first value (as the forward's statistics)
+        shift = float(x[c * S])
+        s = 0.0
+        q = 0.0
+        for n in range(N):
+            xs = x[(n * C + c) * S : (n * C + c) * S + S]
+            gs = dy[(n * C + c) * S : (n * C + c) * S + S]
+            for i in range(S):
+                d = xs[i] - shift
+                gi = float(gs[i])
+                s += d
+                q += d * d
+                sg += gi
+                sgd += gi * d
+        md = s / M
+        var = max(q / M - md * md, 0.0)
+        m = shift + md
+        sgd -= md * sg
+        # a NaN or Inf among the sums: the exact passes, so that Inf - Inf happens where the
+        # definition has it (sum(dy * (x - mean)), not sum(dy * (x - shift)) - ...)
+        exact = not (np.isfinite(sgd) and np.isfinite(sg) and np.isfinite(var))
+    sh = sc * sg
+    shd = sc * sgd
+    if exact:
+        if training:
+            s = 0.0
+            for n in range(N):
+                xs = x[(n * C + c) * S : (n * C + c) * S + S]
+                for i in range(S):
+                    s += xs[i]
+            m = s / M
+        else:
+            m = float(mean_in[c])
+        q = 0.0
+        sg = 0.0
+        sgd = 0.0
+        sh = 0.0
+        shd = 0.0
+        for n in range(N):
+            xs = x[(n * C + c) * S : (n * C + c) * S + S]
+            gs = dy[(n * C + c) * S : (n * C + c) * S + S]
+            for i in range(S):
+                d = xs[i] - m
+                gi = float(gs[i])
+                gh = gi * sc
+                q += d * d
+                sg += gi
+                sgd += gi * d
+                sh += gh
+                shd += gh * d
+        var = q / M if training else float(var_in[c])
+    rstd = 1.0 / np.sqrt(var + eps)
+    st[c, 0] = m
+    st[c, 1] = rstd
+    st[c, 2] = sg
+    st[c, 3] = sgd * rstd
+    st[c, 4] = sh
+    st[c, 5] = shd * rstd
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_bw_stats_parallel(dy, x, scale, N, C, S, training, exact, mean_in, var_in, eps, st):
+    for c in nb.prange(C):
+        _bn_bw_stats_task(dy, x, scale, c, N, C, S, training, exact, mean_in, var_in, eps, st)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_stats_serial(dy, x, scale, N, C, S, training, exact, mean_in, var_in, eps, st):
+    for c in range(C):
+        _bn_bw_stats_task(dy, x, scale, c, N, C, S, training, exact, mean_in, var_in, eps, st)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_dx_task(dy, x, scale, dx, st, row, C, S, M, training):
+    c = row % C
+    m = st[c, 0]
+    rstd = st[c, 1]
+    sc = scale[c]
+    xs = x[row * S : row * S + S]
+    gs = dy[row * S : row * S + S]
+    ds = dx[row * S : row * S + S]
+    if training:
+        # dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)), xhat = (x - m) * rstd
+        k1 = st[c, 4] / M
+        k2 = st[c, 5] / M
+        for s in range(S):
+            ds[s] = rstd * (gs[s] * sc - k1 - (xs[s] - m) * rstd * k2)
+    else:
+        for s in range(S):
+            ds[s] = gs[s] * sc * rstd
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_bw_dx_parallel(dy, x, scale, dx, st, rows, C, S, M, training):
+    for r in nb.prange(rows):
+        _bn_bw_dx_task(dy, x, scale, dx, st, r, C, S, M, training)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_dx_serial(dy, x, scale, dx, st, rows, C, S, M, training):
+    for r in range(rows):
+        _bn_bw_dx_task(dy, x, scale, dx, st, r, C, S, M, training)
+
+
+_UNUSED = np.zeros(1)  # the statistics inputs of training mode (never read)
+
+
+def batch_norm_backward(
+    dy: np.ndarray,
+    x: np.ndarray,
+    scale: np.ndarray,
+    mean,
+    var,
+    dx: np.ndarray,
+    st: np.ndarray,
+    N: int,
+    C: int,
+    S: int,
+    eps: float,
+    parallel: bool,
+    training: bool,
+) -> tuple:
+    """Gradients of BatchNorm over x viewed as (N, C, S), in two passes: per-channel statistics
+    and sums (parallel over channels), then dx (parallel over (n, c) planes). Training uses the
+    batch statistics (their gradient flows into dx); otherwise ``mean``/``var`` (float64 (C,)).
+    ``scale`` float64 (C,), ``st`` float64 (C, 6) scratch. Returns (dScale, dBias) float64."""
+    M = N * S
+    if M == 0 or C == 0:
+        return np.zeros(C), np.zeros(C)
+    xf, gf = x.reshape(-1), dy.reshape(-1)
+    exact = x.dtype == np.float64
+    m_in = mean if mean is not None else _UNUSED
+    v_in = var if var is not None else _UNUSED
+    (_bn_bw_stats_parallel if parallel else _bn_bw_stats_serial)(
+        gf, xf, scale, N, C, S, training, exact, m_in, v_in, float(eps), st
+    )
+    (_bn_bw_dx_parallel if parallel else _bn_bw_dx_serial)(gf, xf, scale, dx.reshape(-1), st, N * C, C, S, M, training)
+    return st[:, 3].copy(), st[:, 2].copy()
