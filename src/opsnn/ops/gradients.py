@@ -181,18 +181,18 @@ def _gelu(ctx, grads):
 
 
 def _softmax(ctx, grads):
-    ops = _ops()
     y, g = ctx.outputs[0], grads[0]
-    axis = int(ctx.attrs.get("axis", -1))
-    s = ops.sum(ops.mul(g, y), dim=axis, keepdim=True)
-    return [ops.mul(y, ops.sub(g, s))]
+    return [_ops().softmax_grad(_like(g, y), y, dim=int(ctx.attrs.get("axis", -1)))]
 
 
 def _log_softmax(ctx, grads):
-    ops = _ops()
     y, g = ctx.outputs[0], grads[0]
-    axis = int(ctx.attrs.get("axis", -1))
-    return [ops.sub(g, ops.mul(ops.exp(y), ops.sum(g, dim=axis, keepdim=True)))]
+    return [_ops().log_softmax_grad(_like(g, y), y, dim=int(ctx.attrs.get("axis", -1)))]
+
+
+def _like(g: Tensor, y: Tensor) -> Tensor:
+    """``g`` in ``y``'s dtype (the backward ops take one dtype)."""
+    return g if g.dtype == y.dtype else _ops().cast(g, y.dtype)
 
 
 def _identity(ctx, grads):
@@ -786,10 +786,18 @@ def _class_coefficients(ctx, g: Tensor):
 
 
 def _softmax_cross_entropy(ctx, grads):
-    ops = _ops()
-    onehot, coef = _class_coefficients(ctx, grads[0])
-    p = ops.softmax(ctx.inputs[0], dim=1)
-    return [ops.mul(ops.sub(p, onehot), coef)] + [None] * (len(ctx.inputs) - 1)
+    x, t = ctx.inputs[0], ctx.inputs[1]
+    w = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    red = ctx.attrs.get("reduction", "mean")
+    dx = _ops().softmax_cross_entropy_loss_grad(
+        _like(grads[0], x),
+        x,
+        t,
+        w,
+        reduction=red.decode() if isinstance(red, bytes) else red,
+        ignore_index=ctx.attrs.get("ignore_index"),
+    )
+    return [dx] + [None] * (len(ctx.inputs) - 1)
 
 
 def _nll(ctx, grads):
