@@ -1,5 +1,5 @@
 """Backward kernels of the softmax family and embeddings: SoftmaxCrossEntropyLoss' numba forward and its
-fused SoftmaxCrossEntropyLossGrad, SoftmaxGrad / LogSoftmaxGrad.
+fused SoftmaxCrossEntropyLossGrad, SoftmaxGrad / LogSoftmaxGrad, Embedding / EmbeddingGrad.
 
 Oracles: explicit float64 formulas written here (per position loops), the gradient rules' previous
 compositions of registry ops, and torch.autograd where torch is importable. Tolerances: float32
@@ -14,7 +14,7 @@ import pytest
 
 import opsnn
 from opsnn import nn
-from opsnn.errors import InferShapeError, ParamInvalidError
+from opsnn.errors import InferShapeError, OpsnnError, ParamInvalidError
 
 RNG = np.random.default_rng(2031)
 
@@ -244,6 +244,82 @@ def test_softmax_grad_nan_and_errors():
         opsnn.ops.softmax_grad(dy, y, dim=2)
 
 
+# -- Embedding / EmbeddingGrad -------------------------------------------------------------------------------
+def _embedding_grad_oracle(g, ids, R, padding=None):
+    out = np.zeros((R, g.shape[-1]))
+    flat = ids.reshape(-1)
+    np.add.at(out, np.where(flat < 0, flat + R, flat), g.reshape(flat.size, g.shape[-1]).astype(np.float64))
+    if padding is not None:
+        out[padding] = 0
+    return out
+
+
+@pytest.mark.parametrize(
+    "R,D,ids_shape,padding",
+    [(7, 3, (5,), None), (50, 4, (3, 9), 2), (50, 4, (3, 9), -1), (1200, 300, (4, 70), 0), (6, 2, (0,), None)],
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_embedding_grad(R, D, ids_shape, padding, dtype):
+    ids = RNG.integers(-R, R, ids_shape)
+    ids.reshape(-1)[::4] = 1  # repeats accumulate
+    g = RNG.standard_normal(ids_shape + (D,)).astype(dtype)
+    ex = opsnn.aclnn.embedding_grad.prepare(g, ids, R, padding_idx=padding)
+    assert ex.kernel_name == "embedding_grad_rows"
+    got = ex.run().numpy()
+    want = _embedding_grad_oracle(g, ids, R, None if padding is None else padding % R)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got, want, **tol)
+    # rows summed in the ids' order: bit-identical to a sequential scatter-add in the data's dtype
+    seq = np.zeros((R, D), dtype)
+    np.add.at(seq, np.where(ids.reshape(-1) < 0, ids.reshape(-1) + R, ids.reshape(-1)), g.reshape(ids.size, D))
+    if padding is not None:
+        seq[padding % R] = 0
+    np.testing.assert_array_equal(got, seq)
+
+
+def test_embedding_grad_errors():
+    g = np.ones((3, 2), np.float32)
+    with pytest.raises(ParamInvalidError, match=r"EmbeddingGrad: id 5 at position \(1,\) is out of range"):
+        opsnn.ops.embedding_grad(g, np.array([0, 5, 1]), 5)
+    with pytest.raises(ParamInvalidError, match="padding_idx"):
+        opsnn.ops.embedding_grad(g, np.array([0, 1, 1]), 5, padding_idx=5)
+    with pytest.raises(InferShapeError, match="dY must have shape ids.shape"):
+        opsnn.ops.embedding_grad(g, np.array([0, 1]), 5)
+    with pytest.raises(OpsnnError):
+        opsnn.ops.embedding_grad(g, np.array([0.0, 1.0, 2.0]), 5)
+
+
+def test_embedding_autograd_padding_row_and_gather_cases():
+    """nn.Embedding's padding row gets no gradient; an axis-0 Gather of a 2-D table goes through
+    EmbeddingGrad too (no padding); other Gathers keep the scatter rule."""
+    with nn.init.seeded(0):
+        emb = nn.Embedding(11, 5, padding_idx=3)
+    ids = np.array([[3, 1, 3, 10], [0, 1, 2, 3]])
+    out = emb(ids)
+    g = RNG.standard_normal(out.shape).astype(np.float32)
+    opsnn.ops.sum(opsnn.ops.mul(out, opsnn.tensor(g))).backward()
+    np.testing.assert_allclose(emb.weight.grad.numpy(), _embedding_grad_oracle(g, ids, 11, 3), rtol=1e-6, atol=1e-6)
+    assert (emb.weight.grad.numpy()[3] == 0).all()
+    w = opsnn.tensor(RNG.standard_normal((6, 4)).astype(np.float32)).requires_grad_()
+    opsnn.ops.sum(opsnn.ops.gather(w, np.array([[5, 0], [5, -1]]), axis=0)).backward()
+    np.testing.assert_allclose(
+        w.grad.numpy(), _embedding_grad_oracle(np.ones((2, 2, 4)), np.array([[5, 0], [5, -1]]), 6), rtol=1e-6
+    )
+    x3 = opsnn.tensor(RNG.standard_normal((4, 2, 3)).astype(np.float32)).requires_grad_()
+    opsnn.ops.sum(opsnn.ops.gather(x3, np.array([1, 1, 3]), axis=0)).backward()
+    want = np.zeros((4, 2, 3))
+    want[1], want[3] = 2, 1
+    np.testing.assert_allclose(x3.grad.numpy(), want)
+
+
+def test_embedding_record_errors():
+    w = np.zeros((4, 3), np.float32)
+    with pytest.raises(ParamInvalidError, match="padding_idx"):
+        opsnn.ops.embedding(np.array([0]), w, padding_idx=4)
+    with pytest.raises(ParamInvalidError, match="id 4 at position"):
+        opsnn.ops.embedding(np.array([0, 4]), w)
+
+
 # -- torch --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])
@@ -276,3 +352,18 @@ def test_against_torch_softmax_grads(log):
     xt = torch.tensor(x, requires_grad=True)
     (torch.log_softmax if log else torch.softmax)(xt, 1).backward(torch.tensor(g))
     np.testing.assert_allclose(xo.grad.numpy(), xt.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_against_torch_embedding():
+    torch = pytest.importorskip("torch")
+    with nn.init.seeded(1):
+        emb = nn.Embedding(30, 6, padding_idx=0)
+    temb = torch.nn.Embedding(30, 6, padding_idx=0)
+    with torch.no_grad():
+        temb.weight.copy_(torch.tensor(emb.weight.numpy()))
+    ids = RNG.integers(0, 30, (4, 9))
+    ids[:, -2:] = 0
+    g = RNG.standard_normal((4, 9, 6)).astype(np.float32)
+    emb(ids).backward(opsnn.tensor(g))
+    temb(torch.tensor(ids)).backward(torch.tensor(g))
+    np.testing.assert_allclose(emb.weight.grad.numpy(), temb.weight.grad.numpy(), rtol=1e-6, atol=1e-6)

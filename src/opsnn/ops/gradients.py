@@ -481,7 +481,9 @@ def _slice(ctx, grads):
 def _gather(ctx, grads):
     x, idx = ctx.inputs
     axis = int(ctx.attrs.get("axis", 0)) % x.ndim
-    if axis == 0:  # embedding lookups: add each gradient row into its table row (repeats accumulate)
+    if axis == 0 and x.ndim == 2:  # an embedding lookup: the scatter-add kernel (ids stay on the device)
+        return [_ops().embedding_grad(_like(grads[0], x), idx, x.shape[0]), None]
+    if axis == 0:  # add each gradient row into its slice (repeats accumulate)
         ops = _ops()  # the indices stay on the device: a traced step reads each call's token ids
         i64 = idx if idx.dtype == np.int64 else ops.cast(idx, np.int64)
         n = tensor(np.asarray(x.shape[0], np.int64))
@@ -492,6 +494,12 @@ def _gather(ctx, grads):
     ind = np.where(ind < 0, ind + x.shape[axis], ind)
     pos = np.take(np.arange(x.numel, dtype=np.int64).reshape(x.shape), ind, axis=axis)
     return [_scatter_into(pos, grads[0], x.shape, add=True), None]
+
+
+def _embedding(ctx, grads):
+    w, ids = ctx.inputs
+    g = _ops().embedding_grad(_like(grads[0], w), ids, w.shape[0], padding_idx=ctx.attrs.get("padding_idx"))
+    return [g, None]
 
 
 # -- convolution and pooling ---------------------------------------------------------------------------
@@ -1862,6 +1870,7 @@ RULES = {
     "Concat": _concat,
     "Slice": _slice,
     "Gather": _gather,
+    "Embedding": _embedding,
     "Conv": _conv,
     "MaxPool": _max_pool,
     "AveragePool": _average_pool,
