@@ -367,3 +367,39 @@ def test_against_torch_embedding():
     emb(ids).backward(opsnn.tensor(g))
     temb(torch.tensor(ids)).backward(torch.tensor(g))
     np.testing.assert_allclose(emb.weight.grad.numpy(), temb.weight.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_compiled_step_traces_the_backward_ops():
+    """A compiled training step (embedding with a padding row, log-softmax, cross-entropy) traces
+    EmbeddingGrad, LogSoftmaxGrad and SoftmaxCrossEntropyLossGrad, their shapes inferred in the
+    graph, and agrees with the eager step (tolerances of tests/test_compiled_training.py)."""
+    from opsnn import optim
+
+    batches = [(RNG.integers(0, 12, (3, 4)), RNG.integers(0, 5, 3)) for _ in range(3)]
+
+    def run(compiled):
+        with nn.init.seeded(5):
+            emb, head = nn.Embedding(12, 6, padding_idx=0), nn.Linear(6, 5)
+        opt = optim.SGD(list(emb.parameters()) + list(head.parameters()), lr=0.1)
+
+        def train_step(ids, y):
+            opt.zero_grad()
+            h = opsnn.ops.log_softmax(emb(ids), dim=-1)
+            loss = nn.functional.cross_entropy(head(opsnn.ops.mean(h, dim=1)), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = opsnn.compile(train_step) if compiled else train_step
+        losses = [float(step(opsnn.tensor(i), opsnn.tensor(y)).item()) for i, y in batches]
+        return losses, emb.weight.numpy().copy(), step
+
+    el, ew, _ = run(False)
+    cl, cw, step = run(True)
+    ops = {n.op_type for n in step.graph().nodes}
+    assert {"EmbeddingGrad", "LogSoftmaxGrad", "SoftmaxCrossEntropyLossGrad"} <= ops, sorted(ops)
+    np.testing.assert_allclose(cl, el, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(cw, ew, rtol=1e-5, atol=1e-6)
+    with nn.init.seeded(5):
+        w0 = nn.Embedding(12, 6, padding_idx=0).weight.numpy()
+    np.testing.assert_array_equal(cw[0], w0[0])  # the padding row is never updated
