@@ -423,3 +423,16 @@ def test_bfloat16_runs_the_float32_kernels():
     ids = np.array([0, 2, 2, 1])
     e = opsnn.ops.embedding_grad(g, ids, 3).numpy().astype(np.float64)
     np.testing.assert_allclose(e, _embedding_grad_oracle(g, ids, 3), rtol=2e-2, atol=2e-2)
+
+
+def test_cross_entropy_grad_nonfinite_dloss_and_zero_weights():
+    """An infinite dLoss gives (p - onehot) * inf (the label's entry -inf, not inf - inf); a mean over
+    valid positions whose weights are all 0 is 0 / 0 (NaN, as torch's), unlike an all-ignored one."""
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    t = np.array([0, 2, 1])
+    dx = opsnn.ops.softmax_cross_entropy_loss_grad(np.float32(np.inf), x, t, reduction="sum").numpy()
+    onehot = np.eye(4, dtype=bool)[t]
+    assert (dx[onehot] == -np.inf).all() and (dx[~onehot] == np.inf).all()
+    w = np.zeros(4, np.float32)
+    assert np.isnan(opsnn.ops.softmax_cross_entropy_loss_grad(np.float32(1), x, t, w).numpy()).all()
+    assert np.isnan(opsnn.ops.softmax_cross_entropy_loss_grad(np.float32(1), x, t, w, algo="reference").numpy()).all()

@@ -151,12 +151,15 @@ def _xent_grad_row(xr, gr, label, coef, cms):
         return
     m, s = _row_stats(xr, gr, cms)
     n = gr.size
+    c = label // SOFTMAX_CHUNK
+    p_label = gr[label] * (math.exp(cms[c] - m) / s)
     for c in range(cms.size):
         ys = gr[c * SOFTMAX_CHUNK : min((c + 1) * SOFTMAX_CHUNK, n)]
         f = ys.dtype.type(math.exp(cms[c] - m) / s * coef)
         for k in range(ys.size):
             ys[k] *= f
-    gr[label] -= gr.dtype.type(coef)
+    # (p - 1) * coef, not p * coef - coef: no cancellation near p = 1, and -inf (not NaN) for an infinite coef
+    gr[label] = (p_label - 1.0) * coef
 
 
 @nb.njit(**_NJIT)
@@ -262,10 +265,9 @@ def xent_backward(dloss, x, labels, weights, ignore, reduction: str, plan: XentP
         coef = g * wrow
     else:
         coef = wrow * g[0]
-        if reduction == "mean":
-            total = wrow.sum()
-            if total != 0.0:  # no valid position: every row is ignored and zero anyway
-                coef /= total
+        if reduction == "mean" and (lab >= 0).any():  # with none, every row is ignored and zero
+            with np.errstate(invalid="ignore", divide="ignore"):
+                coef /= wrow.sum()  # valid positions of zero weight only: 0 / 0, NaN as torch's
     x2, g2, x3, g3 = _views(x, plan, out)
     (xent_grad_parallel if plan.parallel else xent_grad_serial)(x2, g2, x3, g3, lab, coef, plan.nch)
 

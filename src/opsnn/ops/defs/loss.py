@@ -252,7 +252,7 @@ def _grad_reference(ins, attrs):
             coef[n, d] = 1.0 if w is None else float(w[c])
     total = coef.sum()
     out = np.zeros_like(xs)
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         for n in range(N):
             for d in range(Dn):
                 c = int(ts[n, d])
