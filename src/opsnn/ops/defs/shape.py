@@ -487,7 +487,12 @@ def _embedding_infer(ctx):
 
 
 def _embedding_ref(ins, attrs):
-    return _gather_ref(ins, {"axis": 0})
+    w, ids = ins
+    n = w.shape[0]
+    bad = (ids < -n) | (ids >= n)
+    if np.any(bad):
+        raise ParamInvalidError(f"Embedding: id {int(ids[bad].flat[0])} is out of range for {n} rows", op="Embedding")
+    return np.take(w, np.where(ids < 0, ids + n, ids).astype(np.int64), axis=0)
 
 
 Embedding = register_op(
