@@ -84,14 +84,19 @@ def test_softmax_cross_entropy(rng, xs, ts, reduction, weighted, ignore):
     x = rng.standard_normal(xs).astype(np.float32)
     t = rng.integers(0, xs[1], ts).astype(np.int64)
     w = rng.random(xs[1]).astype(np.float32) if weighted else None
+    want, want_logp = oracle(x, t, w, reduction, ignore)
     ex = opsnn.aclnn.softmax_cross_entropy_loss.prepare(
         x, t, w, reduction=reduction, ignore_index=ignore, return_log_prob=True
     )
-    assert ex.kernel_name == "softmax_xent_numpy"
-    loss, logp = (r.numpy() for r in ex.run())
-    want, want_logp = oracle(x, t, w, reduction, ignore)
-    np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(logp, want_logp, rtol=1e-5, atol=1e-6)
+    assert ex.kernel_name == "softmax_xent_numba"
+    for algo in ("softmax_xent_numba", "softmax_xent_numpy"):
+        ex = opsnn.aclnn.softmax_cross_entropy_loss.prepare(
+            x, t, w, reduction=reduction, ignore_index=ignore, return_log_prob=True, algo=algo
+        )
+        assert ex.kernel_name == algo
+        loss, logp = (r.numpy() for r in ex.run())
+        np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(logp, want_logp, rtol=1e-5, atol=1e-6)
     attrs = {"reduction": reduction} if ignore is None else {"reduction": reduction, "ignore_index": ignore}
     for peer in peers("SoftmaxCrossEntropyLoss", [x, t, w], attrs, 2):
         np.testing.assert_allclose(loss, peer[0], rtol=1e-5, atol=1e-6)

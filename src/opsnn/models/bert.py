@@ -112,7 +112,7 @@ class BertEmbeddings(nn.Module):
             raise ParamInvalidError(
                 f"bert: sequence length {S} exceeds max_position_embeddings {cfg.max_position_embeddings}"
             )
-        h = ops.embedding(ids, self.word_embeddings.weight)
+        h = ops.embedding(ids, self.word_embeddings.weight, padding_idx=self.word_embeddings.padding_idx)
         if token_type_ids is None:  # type 0 everywhere: broadcast row 0
             tt = ops.slice(self.token_type_embeddings.weight, [0], [1], axes=[0])
         else:

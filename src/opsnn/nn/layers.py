@@ -332,7 +332,8 @@ class GroupNorm(Module):
 
 class Embedding(Module):
     """A lookup table ``weight`` (num_embeddings, embedding_dim), initialised N(0, 1) with a zero
-    ``padding_idx`` row; ids outside the table raise :class:`OutOfVocabularyError`."""
+    ``padding_idx`` row that gets no gradient (as torch's); ids outside the table raise
+    :class:`OutOfVocabularyError`."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, dtype="float32"):
         super().__init__()
@@ -348,7 +349,7 @@ class Embedding(Module):
 
     def forward(self, ids):
         ids = check_token_ids(ids, self.num_embeddings, "Embedding")
-        return ops.embedding(ids, self.weight)
+        return ops.embedding(ids, self.weight, padding_idx=self.padding_idx)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}"

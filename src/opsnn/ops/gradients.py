@@ -181,18 +181,18 @@ def _gelu(ctx, grads):
 
 
 def _softmax(ctx, grads):
-    ops = _ops()
     y, g = ctx.outputs[0], grads[0]
-    axis = int(ctx.attrs.get("axis", -1))
-    s = ops.sum(ops.mul(g, y), dim=axis, keepdim=True)
-    return [ops.mul(y, ops.sub(g, s))]
+    return [_ops().softmax_grad(_like(g, y), y, dim=int(ctx.attrs.get("axis", -1)))]
 
 
 def _log_softmax(ctx, grads):
-    ops = _ops()
     y, g = ctx.outputs[0], grads[0]
-    axis = int(ctx.attrs.get("axis", -1))
-    return [ops.sub(g, ops.mul(ops.exp(y), ops.sum(g, dim=axis, keepdim=True)))]
+    return [_ops().log_softmax_grad(_like(g, y), y, dim=int(ctx.attrs.get("axis", -1)))]
+
+
+def _like(g: Tensor, y: Tensor) -> Tensor:
+    """``g`` in ``y``'s dtype (the backward ops take one dtype)."""
+    return g if g.dtype == y.dtype else _ops().cast(g, y.dtype)
 
 
 def _identity(ctx, grads):
@@ -481,7 +481,9 @@ def _slice(ctx, grads):
 def _gather(ctx, grads):
     x, idx = ctx.inputs
     axis = int(ctx.attrs.get("axis", 0)) % x.ndim
-    if axis == 0:  # embedding lookups: add each gradient row into its table row (repeats accumulate)
+    if axis == 0 and x.ndim == 2:  # an embedding lookup: the scatter-add kernel (ids stay on the device)
+        return [_ops().embedding_grad(_like(grads[0], x), idx, x.shape[0]), None]
+    if axis == 0:  # add each gradient row into its slice (repeats accumulate)
         ops = _ops()  # the indices stay on the device: a traced step reads each call's token ids
         i64 = idx if idx.dtype == np.int64 else ops.cast(idx, np.int64)
         n = tensor(np.asarray(x.shape[0], np.int64))
@@ -492,6 +494,12 @@ def _gather(ctx, grads):
     ind = np.where(ind < 0, ind + x.shape[axis], ind)
     pos = np.take(np.arange(x.numel, dtype=np.int64).reshape(x.shape), ind, axis=axis)
     return [_scatter_into(pos, grads[0], x.shape, add=True), None]
+
+
+def _embedding(ctx, grads):
+    w, ids = ctx.inputs
+    g = _ops().embedding_grad(_like(grads[0], w), ids, w.shape[0], padding_idx=ctx.attrs.get("padding_idx"))
+    return [g, None]
 
 
 # -- convolution and pooling ---------------------------------------------------------------------------
@@ -848,10 +856,18 @@ def _class_coefficients(ctx, g: Tensor):
 
 
 def _softmax_cross_entropy(ctx, grads):
-    ops = _ops()
-    onehot, coef = _class_coefficients(ctx, grads[0])
-    p = ops.softmax(ctx.inputs[0], dim=1)
-    return [ops.mul(ops.sub(p, onehot), coef)] + [None] * (len(ctx.inputs) - 1)
+    x, t = ctx.inputs[0], ctx.inputs[1]
+    w = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    red = ctx.attrs.get("reduction", "mean")
+    dx = _ops().softmax_cross_entropy_loss_grad(
+        _like(grads[0], x),
+        x,
+        t,
+        w,
+        reduction=red.decode() if isinstance(red, bytes) else red,
+        ignore_index=ctx.attrs.get("ignore_index"),
+    )
+    return [dx] + [None] * (len(ctx.inputs) - 1)
 
 
 def _nll(ctx, grads):
@@ -1937,6 +1953,7 @@ RULES = {
     "Concat": _concat,
     "Slice": _slice,
     "Gather": _gather,
+    "Embedding": _embedding,
     "Conv": _conv,
     "MaxPool": _max_pool,
     "AveragePool": _average_pool,

@@ -556,6 +556,91 @@ def gather(data: np.ndarray, indices: np.ndarray, out: np.ndarray, axis: int, pa
 
 
 # ---------------------------------------------------------------------------------------------
+# Embedding backward: scatter-add of gradient rows into a table, without races
+# ---------------------------------------------------------------------------------------------
+#: tables smaller than this many elements are written on the calling thread
+EMBEDDING_GRAD_PARALLEL_MIN = 1 << 18
+
+
+@nb.njit(nogil=True, cache=True)
+def embedding_grad_order(ids, num_rows, start, order):
+    """Counting sort of the positions by table row (stable): row r's positions are
+    ``order[start[r]:start[r + 1]]`` in their original order. Negative ids count from the end;
+    returns the position of the first id outside [-num_rows, num_rows), or -1."""
+    start[:] = 0
+    for i in range(ids.size):
+        r = ids[i]
+        if r < -num_rows or r >= num_rows:
+            return i
+        start[(r + num_rows if r < 0 else r) + 1] += 1
+    for r in range(num_rows):
+        start[r + 1] += start[r]
+    fill = start[:num_rows].copy()
+    for i in range(ids.size):
+        r = ids[i]
+        r = r + num_rows if r < 0 else r
+        order[fill[r]] = i
+        fill[r] += 1
+    return -1
+
+
+@nb.njit(nogil=True, cache=True)
+def _embedding_grad_row(dy, out, r, padding, start, order):
+    o = out[r]
+    for j in range(o.size):
+        o[j] = 0
+    if r == padding:
+        return
+    for k in range(start[r], start[r + 1]):
+        src = dy[order[k]]
+        for j in range(o.size):
+            o[j] += src[j]
+
+
+@nb.njit(nogil=True, cache=True)
+def embedding_grad_rows_serial(dy, out, padding, start, order):
+    for r in range(out.shape[0]):
+        _embedding_grad_row(dy, out, r, padding, start, order)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def embedding_grad_rows_parallel(dy, out, padding, start, order):
+    for r in nb.prange(out.shape[0]):
+        _embedding_grad_row(dy, out, r, padding, start, order)
+
+
+def embedding_grad_parallel(size: int) -> bool:
+    """Whether a table gradient of ``size`` elements is written by all threads."""
+    return size >= EMBEDDING_GRAD_PARALLEL_MIN and nb.get_num_threads() > 1
+
+
+def embedding_grad_rows(
+    dy: np.ndarray, ids: np.ndarray, out: np.ndarray, padding: int, parallel: bool, op: str
+) -> None:
+    """``out[r] = sum of dy[i] over the positions i with ids[i] == r`` (zero for the ``padding`` row,
+    -1 for none), summed in the positions' order: each table row is owned by one thread, so the
+    sums are race-free and equal a sequential scatter-add's bit for bit."""
+    from ...errors import ParamInvalidError
+
+    R = out.shape[0]
+    flat = ids.reshape(-1).astype(np.int64, copy=False)
+    start = np.empty(R + 1, np.int64)
+    order = np.empty(flat.size, np.int64)
+    bad = embedding_grad_order(flat, R, start, order)
+    if bad >= 0:
+        pos = tuple(int(p) for p in np.unravel_index(bad, ids.shape))
+        raise ParamInvalidError(
+            f"{op}: id {int(flat[bad])} at position {pos} is out of range for a table of {R} rows "
+            f"(valid: [{-R}, {R - 1}])",
+            op=op,
+        )
+    if out.size == 0:
+        return
+    dy2 = dy.reshape(flat.size, out.shape[1])
+    (embedding_grad_rows_parallel if parallel else embedding_grad_rows_serial)(dy2, out, padding, start, order)
+
+
+# ---------------------------------------------------------------------------------------------
 # numpy-vectorized kernels for the rarely-hot ONNX breadth ops
 # ---------------------------------------------------------------------------------------------
 def check_index_range(op: str, idx: np.ndarray, n, what: str) -> np.ndarray:

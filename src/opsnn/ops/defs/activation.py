@@ -20,6 +20,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, ParamInvalidError
 from ...kernels.cpu import activation as K
+from ...kernels.cpu import xent as KX
 from ...tensor import as_tensor
 from ..api import api
 from ..registry import Attr, Input, TensorMeta, register_op
@@ -416,6 +417,57 @@ LogSoftmax.kernel(
     workspace=K.softmax_workspace,
     doc="single-pass online max/sum per row, then one write pass",
 )(K.softmax)
+
+
+# -- SoftmaxGrad / LogSoftmaxGrad (opsnn domain; onnxruntime's training ops of these names) --------------
+def _grad_infer(ctx):
+    _axis(ctx)
+    if tuple(ctx.shape(1)) != tuple(ctx.shape(0)):
+        ctx.fail(f"Y must have dY's shape {tuple(ctx.shape(0))}, got {tuple(ctx.shape(1))}")
+    if ctx.dtype(1) != ctx.dtype(0):
+        ctx.fail(f"Y must have dY's dtype {_dt.name(ctx.dtype(0))}, got {_dt.name(ctx.dtype(1))}")
+    return same_as_input(ctx)
+
+
+def _softmax_grad_ref(ins, attrs, log=False):
+    """float64: ``y (dy - sum(dy y))`` (softmax), ``dy - exp(y) sum(dy)`` (log-softmax) along axis."""
+    dy, y = (a.astype(np.float64) for a in ins[:2])
+    axis = attrs["axis"]
+    with np.errstate(all="ignore"):
+        if log:
+            dx = dy - np.exp(y) * dy.sum(axis=axis, keepdims=True)
+        else:
+            dx = y * (dy - (dy * y).sum(axis=axis, keepdims=True))
+    return dx.astype(ins[0].dtype)
+
+
+def _softmax_grad_kernel(ins, outs, attrs, plan, ws):
+    KX.softmax_grad(ins[0], ins[1], outs[0], plan)
+
+
+for _log, _name in ((False, "SoftmaxGrad"), (True, "LogSoftmaxGrad")):
+    register_op(
+        _name,
+        domain="opsnn",
+        category="activation",
+        inputs=[Input("dY", FLOAT), Input("Y", FLOAT)],
+        outputs=["dX"],
+        attrs=_AXIS,
+        infer=_grad_infer,
+        reference=lambda ins, attrs, log=_log: _softmax_grad_ref(ins, attrs, log),
+        doc=(
+            "dY - exp(Y) * sum(dY) along axis: the gradient of LogSoftmax given its output Y"
+            if _log
+            else "Y * (dY - sum(dY * Y)) along axis: the gradient of Softmax given its output Y"
+        ),
+    ).kernel(
+        "log_softmax_grad_numba" if _log else "softmax_grad_numba",
+        dtypes=_F32_64,
+        priority=10,
+        plan=lambda ctx, log=_log: KX.softmax_grad_plan(tuple(ctx.shape(0)), _axis(ctx), log),
+        doc="numba rows (lanes across the inner dim when the axis is not last): float64 row sums, one write pass",
+    )(_softmax_grad_kernel)
+
 Hardmax = register_op(
     "Hardmax",
     category="activation",
@@ -515,6 +567,25 @@ def log_softmax(x, dim=-1):
     return [x], {"axis": _dim("log_softmax", dim)}
 
 
+@api("softmax_grad", "SoftmaxGrad", domain="opsnn")
+def softmax_grad(grad_output, output, dim=-1):
+    """Gradient of ``softmax(x, dim)`` given its ``output`` and the gradient ``grad_output`` of it
+    (torch's ``_softmax_backward_data``).
+
+    >>> import opsnn, numpy as np
+    >>> y = opsnn.tensor(np.array([[0.25, 0.75]], np.float32))
+    >>> opsnn.ops.softmax_grad(opsnn.tensor(np.array([[1.0, 0.0]], np.float32)), y).numpy()
+    array([[ 0.1875, -0.1875]], dtype=float32)
+    """
+    return [grad_output, output], {"axis": _dim("softmax_grad", dim)}
+
+
+@api("log_softmax_grad", "LogSoftmaxGrad", domain="opsnn")
+def log_softmax_grad(grad_output, output, dim=-1):
+    """Gradient of ``log_softmax(x, dim)`` given its ``output`` and the gradient ``grad_output`` of it."""
+    return [grad_output, output], {"axis": _dim("log_softmax_grad", dim)}
+
+
 @api("hardmax", "Hardmax")
 def hardmax(x, dim=-1):
     """One-hot of the first maximum along ``dim``."""
@@ -611,6 +682,8 @@ __all__ = [
     "hard_swish",
     "softmax",
     "log_softmax",
+    "softmax_grad",
+    "log_softmax_grad",
     "hardmax",
     "elu",
     "selu",

@@ -18,6 +18,7 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...errors import ParamInvalidError
+from ...kernels.cpu import xent as KX
 from ..api import api
 from ..registry import Attr, Input, Output, TensorMeta, register_op
 
@@ -34,23 +35,27 @@ def _reduction(op, attrs) -> str:
     return r
 
 
-def _infer(ctx):
-    op = ctx.op.name
-    x, t = ctx.inputs[0], ctx.inputs[1]
+def _check(ctx, first: int) -> tuple:
+    """Check scores, labels and weights (inputs ``first``..``first + 2``); return the loss's shape."""
+    x, t = ctx.inputs[first], ctx.inputs[first + 1]
     if len(x.shape) < 2:
-        ctx.fail(f"input 0 must be (N, C, d1, ..., dk) with rank >= 2, got shape {x.shape}")
+        ctx.fail(f"input {first} must be (N, C, d1, ..., dk) with rank >= 2, got shape {x.shape}")
     want = (x.shape[0],) + tuple(x.shape[2:])
     if tuple(t.shape) != want:
         ctx.fail(f"labels/target must have shape (N, d1, ..., dk) = {want}, got {t.shape}")
-    if ctx.has(2):
-        w = ctx.inputs[2]
+    if ctx.has(first + 2):
+        w = ctx.inputs[first + 2]
         if tuple(w.shape) != (x.shape[1],):
             ctx.fail(f"weights must have shape (C,) = ({x.shape[1]},), got {w.shape}")
         if w.dtype != x.dtype:
             ctx.fail(f"weights must have the input's dtype {_dt.name(x.dtype)}, got {_dt.name(w.dtype)}")
-    red = _reduction(op, ctx.attrs)
-    outs = [TensorMeta(want if red == "none" else (), x.dtype)]
-    if op == "SoftmaxCrossEntropyLoss":
+    return want if _reduction(ctx.op.name, ctx.attrs) == "none" else ()
+
+
+def _infer(ctx):
+    x = ctx.inputs[0]
+    outs = [TensorMeta(_check(ctx, 0), x.dtype)]
+    if ctx.op.name == "SoftmaxCrossEntropyLoss":
         outs.append(TensorMeta(tuple(x.shape), x.dtype))
     return outs
 
@@ -182,6 +187,119 @@ for _rec, _name in ((SoftmaxCrossEntropyLoss, "softmax_xent_numpy"), (NegativeLo
     )(_loss_kernel)
 
 
+# -- kernel: numba rows (one pass per row, float64 row sums and loss) ----------------------------------------
+def _xent_plan(ctx):
+    return {
+        "reduction": _reduction(ctx.op.name, ctx.attrs),
+        "ignore": ctx.attrs.get("ignore_index"),
+        "rows": KX.xent_plan(tuple(ctx.shape(1 if ctx.op.name == "SoftmaxCrossEntropyLossGrad" else 0))),
+        "op": ctx.op.name,
+    }
+
+
+def _xent_kernel(ins, outs, attrs, plan, ws):
+    w = ins[2] if len(ins) > 2 else None
+    logp = outs[1] if len(outs) > 1 else None
+    KX.xent_forward(ins[0], ins[1], w, plan["ignore"], plan["reduction"], plan["rows"], outs[0], logp, plan["op"])
+
+
+SoftmaxCrossEntropyLoss.kernel(
+    "softmax_xent_numba",
+    dtypes=(_dt.float32, _dt.float64),
+    priority=20,
+    plan=_xent_plan,
+    doc="numba, parallel over rows: online max/sum per row in one pass, float64 row sums and loss; "
+    "log_prob written only when asked for",
+)(_xent_kernel)
+
+
+# -- SoftmaxCrossEntropyLossGrad (opsnn): dScores = (softmax(scores) - onehot(labels)) * coef ----------------
+def _grad_infer(ctx):
+    op = ctx.op.name
+    g, x = ctx.inputs[0], ctx.inputs[1]
+    want = _check(ctx, 1)
+    if tuple(g.shape) != want:
+        ctx.fail(
+            f"dLoss must have the loss's shape {want} (reduction {_reduction(op, ctx.attrs)!r}), got {tuple(g.shape)}"
+        )
+    if g.dtype != x.dtype:
+        ctx.fail(f"dLoss must have the scores' dtype {_dt.name(x.dtype)}, got {_dt.name(g.dtype)}")
+    return [TensorMeta(tuple(x.shape), x.dtype)]
+
+
+def _grad_reference(ins, attrs):
+    """float64: (softmax(x) - onehot) * dLoss * w[label] (/ summed weights for mean); 0 where ignored."""
+    g, x, t = ins[0], ins[1], ins[2]
+    w = ins[3] if len(ins) > 3 else None
+    op, ignore, red = (
+        "SoftmaxCrossEntropyLossGrad",
+        attrs.get("ignore_index"),
+        _reduction("SoftmaxCrossEntropyLossGrad", attrs),
+    )
+    N, C = x.shape[:2]
+    Dn = int(np.prod(x.shape[2:], dtype=np.int64))
+    xs = x.astype(np.float64).reshape(N, C, Dn)
+    ts = t.reshape(N, Dn)
+    gs = g.astype(np.float64).reshape(N, Dn) if red == "none" else None
+    coef = np.zeros((N, Dn))
+    for n in range(N):
+        for d in range(Dn):
+            c = int(ts[n, d])
+            if ignore is not None and c == int(ignore):
+                continue
+            if not 0 <= c < C:
+                raise ParamInvalidError(f"{op}: label {c} out of range [0, {C})", op=op)
+            coef[n, d] = 1.0 if w is None else float(w[c])
+    total = coef.sum()
+    out = np.zeros_like(xs)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        for n in range(N):
+            for d in range(Dn):
+                c = int(ts[n, d])
+                if ignore is not None and c == int(ignore):
+                    continue
+                k = coef[n, d] * (gs[n, d] if gs is not None else float(g))
+                if red == "mean":
+                    k /= total
+                col = xs[n, :, d]
+                e = np.exp(col - col.max())
+                p = e / e.sum()
+                p[c] -= 1.0
+                out[n, :, d] = p * k
+    return out.reshape(x.shape).astype(x.dtype)
+
+
+def _grad_kernel(ins, outs, attrs, plan, ws):
+    w = ins[3] if len(ins) > 3 else None
+    KX.xent_backward(ins[0], ins[1], ins[2], w, plan["ignore"], plan["reduction"], plan["rows"], outs[0], plan["op"])
+
+
+SoftmaxCrossEntropyLossGrad = register_op(
+    "SoftmaxCrossEntropyLossGrad",
+    domain="opsnn",
+    category="loss",
+    inputs=[
+        Input("dLoss", FLOAT),
+        Input("scores", FLOAT),
+        Input("labels", _IND),
+        Input("weights", FLOAT, optional=True),
+    ],
+    outputs=["dScores"],
+    attrs=_ATTRS,
+    infer=_grad_infer,
+    reference=_grad_reference,
+    doc="gradient of SoftmaxCrossEntropyLoss' loss w.r.t. the scores: (softmax - onehot) * dLoss * weight",
+)
+SoftmaxCrossEntropyLossGrad.kernel(
+    "softmax_xent_grad_numba",
+    dtypes=(_dt.float32, _dt.float64),
+    priority=20,
+    plan=_xent_plan,
+    doc="numba, parallel over rows: one statistics pass leaves the exps in dScores, one pass scales them "
+    "and subtracts at the label; ignored positions get zero rows",
+)(_grad_kernel)
+
+
 def _attrs(reduction, ignore_index):
     a = {"reduction": str(reduction)}
     if ignore_index is not None:
@@ -209,4 +327,18 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     return [input, target, weight], _attrs(reduction, ignore_index)
 
 
-__all__ = ["softmax_cross_entropy_loss", "cross_entropy", "nll_loss"]
+@api("softmax_cross_entropy_loss_grad", "SoftmaxCrossEntropyLossGrad", domain="opsnn")
+def softmax_cross_entropy_loss_grad(dloss, scores, labels, weights=None, *, reduction="mean", ignore_index=None):
+    """Gradient of ``softmax_cross_entropy_loss(scores, labels, weights)`` w.r.t. ``scores`` for the loss
+    gradient ``dloss`` (a scalar for ``sum`` / ``mean``, the labels' shape for ``none``), in one fused pass.
+
+    >>> import opsnn, numpy as np
+    >>> x = opsnn.tensor(np.array([[0.0, 0.0]], np.float32))
+    >>> g = opsnn.tensor(np.array(1.0, np.float32))
+    >>> opsnn.ops.softmax_cross_entropy_loss_grad(g, x, np.array([1])).numpy()
+    array([[ 0.5, -0.5]], dtype=float32)
+    """
+    return [dloss, scores, labels, weights], _attrs(reduction, ignore_index)
+
+
+__all__ = ["softmax_cross_entropy_loss", "cross_entropy", "nll_loss", "softmax_cross_entropy_loss_grad"]

@@ -476,6 +476,119 @@ def _gather_kernel(ins, outs, attrs, plan, ws):
 
 
 # ---------------------------------------------------------------------------------------------
+# Embedding (opsnn): an axis-0 Gather of table rows that knows its padding row (for the gradient)
+# ---------------------------------------------------------------------------------------------
+def _embedding_infer(ctx):
+    w = tuple(ctx.shape(0))
+    if len(w) != 2:
+        ctx.fail(f"weight must be 2-D [num_rows, dim], got shape {w}")
+    _padding_row(ctx, w[0])
+    return [TensorMeta(tuple(ctx.shape(1)) + (w[1],), ctx.dtype(0))]
+
+
+def _embedding_ref(ins, attrs):
+    w, ids = ins
+    n = w.shape[0]
+    bad = (ids < -n) | (ids >= n)
+    if np.any(bad):
+        raise ParamInvalidError(f"Embedding: id {int(ids[bad].flat[0])} is out of range for {n} rows", op="Embedding")
+    return np.take(w, np.where(ids < 0, ids + n, ids).astype(np.int64), axis=0)
+
+
+Embedding = register_op(
+    "Embedding",
+    domain="opsnn",
+    category="shape",
+    inputs=[Input("weight"), Input("ids", INDEX)],
+    outputs=["output"],
+    attrs=[Attr("padding_idx", "int", None)],
+    infer=_embedding_infer,
+    reference=_embedding_ref,
+    doc="rows of weight at ids (Gather along axis 0); the padding_idx row gets no gradient",
+)
+
+
+@Embedding.kernel(
+    "embedding_rows",
+    priority=10,
+    plan=lambda ctx: math.prod(ctx.outputs[0].shape) * ctx.dtype(0).itemsize >= K.PARALLEL_MIN_BYTES,
+    applies=_pod,
+    doc="Gather's row copies, parallel over ids",
+)
+def _embedding_kernel(ins, outs, attrs, plan, ws):
+    K.gather(ins[0], ins[1], outs[0], 0, plan, "Embedding")
+
+
+# ---------------------------------------------------------------------------------------------
+# EmbeddingGrad (opsnn): the table gradient of an axis-0 Gather
+# ---------------------------------------------------------------------------------------------
+def _padding_row(ctx, R: int) -> int:
+    """``padding_idx`` normalised to [0, R), or -1 for none."""
+    op, p = ctx.op.name, ctx.attrs["padding_idx"]
+    if p is None:
+        return -1
+    if not -R <= p < R:
+        raise ParamInvalidError(f"{op}: attribute 'padding_idx' must be in [{-R}, {R - 1}] or absent, got {p}", op=op)
+    return int(p) % R
+
+
+def _embedding_grad_infer(ctx):
+    R = ctx.attrs["num_rows"]
+    if isinstance(R, bool) or not isinstance(R, (int, np.integer)) or R < 0:
+        ctx.fail(f"attribute 'num_rows' must be an int >= 0, got {R!r}")
+    _padding_row(ctx, R)
+    g, ids = tuple(ctx.shape(0)), tuple(ctx.shape(1))
+    if len(g) != len(ids) + 1 or g[:-1] != ids:
+        ctx.fail(f"dY must have shape ids.shape + (embedding_dim,) = {ids} + (D,), got {g}")
+    return [TensorMeta((int(R), g[-1]), ctx.dtype(0))]
+
+
+def _embedding_grad_ref(ins, attrs):
+    dy, ids = ins[0], ins[1]
+    R = attrs["num_rows"]
+    flat = ids.reshape(-1).astype(np.int64)
+    bad = (flat < -R) | (flat >= R)
+    if bad.any():
+        raise ParamInvalidError(
+            f"EmbeddingGrad: id {int(flat[bad][0])} is out of range for {R} rows", op="EmbeddingGrad"
+        )
+    out = np.zeros((R, dy.shape[-1]), np.float64)
+    np.add.at(out, np.where(flat < 0, flat + R, flat), dy.reshape(flat.size, dy.shape[-1]).astype(np.float64))
+    if attrs["padding_idx"] is not None:
+        out[attrs["padding_idx"] % R] = 0
+    return out.astype(dy.dtype)
+
+
+EmbeddingGrad = register_op(
+    "EmbeddingGrad",
+    domain="opsnn",
+    category="shape",
+    inputs=[Input("dY", _dt.FLOATS), Input("ids", INDEX)],
+    outputs=["dTable"],
+    attrs=[Attr("num_rows", "int"), Attr("padding_idx", "int", None)],
+    infer=_embedding_grad_infer,
+    reference=_embedding_grad_ref,
+    doc="table gradient of an embedding lookup (axis-0 Gather): dY rows summed into their ids' rows; "
+    "the padding_idx row stays zero",
+)
+
+
+@EmbeddingGrad.kernel(
+    "embedding_grad_rows",
+    dtypes=(_dt.float32, _dt.float64),
+    priority=10,
+    plan=lambda ctx: (
+        _padding_row(ctx, ctx.attrs["num_rows"]),
+        K.embedding_grad_parallel(ctx.attrs["num_rows"] * ctx.shape(0)[-1]),
+    ),
+    doc="counting sort of the ids by row, then parallel over table rows (each row summed by one "
+    "thread, in the ids' order: race-free, deterministic); untouched rows zeroed in the same pass",
+)
+def _embedding_grad_kernel(ins, outs, attrs, plan, ws):
+    K.embedding_grad_rows(ins[0], ins[1], outs[0], plan[0], plan[1], "EmbeddingGrad")
+
+
+# ---------------------------------------------------------------------------------------------
 # Pad
 # ---------------------------------------------------------------------------------------------
 PAD_MODES = ("constant", "reflect", "edge", "wrap")
@@ -1699,16 +1812,17 @@ def index_select(x, dim, index):
     return [x, idx], {"axis": int(dim)}
 
 
-@api("embedding", "Gather")
-def embedding(ids, weight):
+@api("embedding", "Embedding", domain="opsnn")
+def embedding(ids, weight, padding_idx=None):
     """Rows of ``weight`` [vocab, dim] for integer ``ids`` (any shape). Ids are checked against the vocabulary
-    at call (prepare) time; ``ParamInvalidError`` names the first bad id."""
+    at call (prepare) time; ``ParamInvalidError`` names the first bad id. ``padding_idx`` (torch's): that
+    row's gradient stays zero."""
     ids_t = ids if isinstance(ids, Tensor) else Tensor(np.asarray(ids))
     w = weight if isinstance(weight, Tensor) else as_tensor(weight)
     if w.ndim != 2:
-        raise ParamInvalidError(f"embedding: weight must be 2-D [vocab, dim], got shape {w.shape}", op="Gather")
+        raise ParamInvalidError(f"embedding: weight must be 2-D [vocab, dim], got shape {w.shape}", op="Embedding")
     if ids_t.dtype not in INDEX:
-        raise DTypeError(f"embedding: ids must be int32 or int64, got {_dt.name(ids_t.dtype)}", op="Gather")
+        raise DTypeError(f"embedding: ids must be int32 or int64, got {_dt.name(ids_t.dtype)}", op="Embedding")
     vocab = w.shape[0]
     v = checked_value(ids_t)  # while tracing: the trace call checks here, the graph at later calls
     bad = (v < 0) | (v >= vocab)
@@ -1717,13 +1831,33 @@ def embedding(ids, weight):
         raise ParamInvalidError(
             f"embedding: id {int(v[pos])} at position {pos} is out of range for a vocabulary of "
             f"{vocab} rows (valid: [0, {vocab - 1}])",
-            op="Gather",
+            op="Embedding",
         )
-    if tracing_training_step():  # later calls of a compiled step: a negative id becomes one Gather refuses too
+    if tracing_training_step():  # later calls of a compiled step: a negative id becomes one the lookup refuses too
         from .elementwise import lt, where
 
         ids_t = where(lt(ids_t, Tensor(np.zeros((), ids_t.dtype))), Tensor(np.asarray(vocab, ids_t.dtype)), ids_t)
-    return [w, ids_t], {"axis": 0}
+    return [w, ids_t], {} if padding_idx is None else {"padding_idx": int(padding_idx)}
+
+
+@api("embedding_grad", "EmbeddingGrad", domain="opsnn")
+def embedding_grad(grad_output, ids, num_rows, padding_idx=None):
+    """Gradient of ``embedding(ids, weight)`` w.r.t. ``weight`` (``num_rows`` rows): each row of
+    ``grad_output`` (``ids.shape + (dim,)``) added into its id's row; the ``padding_idx`` row stays
+    zero (torch's ``embedding_dense_backward``).
+
+    >>> import opsnn, numpy as np
+    >>> g = opsnn.tensor(np.ones((3, 2), np.float32))
+    >>> opsnn.ops.embedding_grad(g, np.array([2, 0, 2]), 4).numpy()
+    array([[1., 1.],
+           [0., 0.],
+           [2., 2.],
+           [0., 0.]], dtype=float32)
+    """
+    a = {"num_rows": int(num_rows)}
+    if padding_idx is not None:
+        a["padding_idx"] = int(padding_idx)
+    return [grad_output, ids], a
 
 
 _TORCH_PAD_MODES = {
@@ -1954,6 +2088,7 @@ def __getattr__(name):
 
 
 __all__ = [
+    "embedding_grad",
     "reshape",
     "transpose",
     "permute",
