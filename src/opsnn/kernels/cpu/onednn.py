@@ -971,3 +971,199 @@ def wt_matmul(m: int, k: int, n: int, accumulate: bool = False, dtype=np.float32
         while len(_wt_cache) > WT_CACHE_SIZE:
             _wt_cache.popitem(last=False)
     return prim
+
+
+# -- convolution backward (training): data and weight gradients on plain user tensors ------------------
+_FORWARD_TRAINING = 64
+_ARG_DIFF_SRC, _ARG_DIFF_DST, _ARG_DIFF_WEIGHTS = 129, 145, 161
+_QUERY_DIFF_SRC_MD, _QUERY_DIFF_WEIGHTS_MD, _QUERY_DIFF_DST_MD = 130, 132, 134
+
+
+def _plain_tag(ndims: int) -> int:
+    """oneDNN's dense row-major tag for ``ndims`` dims (``abc...``: NCW/NCHW/NCDHW, OIHW, GOIHW)."""
+    return ndims + 1
+
+
+def _cloned_md(h) -> _Md:
+    """An owned copy of a memory descriptor a primitive descriptor owns."""
+    md = _Md.__new__(_Md)
+    md.h = _vp()
+    _check(_lib.dnnl_memory_desc_clone(C.byref(md.h), h), "memory descriptor clone")
+    return md
+
+
+def _reorder_primitive(src: _Md, dst: _Md) -> Primitive:
+    rpd, attr = _vp(), _new_attr()
+    status = _lib.dnnl_reorder_primitive_desc_create(C.byref(rpd), src.h, _engine, dst.h, _engine, attr)
+    _lib.dnnl_primitive_attr_destroy(attr)
+    _check(status, "reorder descriptor")
+    return Primitive(rpd, [(_ARG_SRC, src.h), (_ARG_DST, dst.h)], keep=(src, dst))
+
+
+def _conv_backward_desc(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, tag):
+    """(backward primitive descriptor, forward hint descriptor, (src, weights, dst) descriptors)
+    of a convolution's data (``kind`` 'data') or weight ('weights') gradient; ``tag``: the
+    format asked of every tensor (TAG_ANY lets oneDNN choose; None: plain row-major)."""
+    if unavailable() is not None:
+        raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
+    nd = len(x_shape) - 2
+    w_dims = list(w_shape) if group == 1 else [group, w_shape[0] // group] + list(w_shape[1:])
+    src = _Md(x_shape, tag or _plain_tag(len(x_shape)), dtype)
+    wts = _Md(w_dims, tag or _plain_tag(len(w_dims)), dtype)
+    dst = _Md(y_shape, tag or _plain_tag(len(y_shape)), dtype)
+    st, dil = _Dims(*strides), _Dims(*(int(d) - 1 for d in dilations))
+    pl, pr = _Dims(*pads[:nd]), _Dims(*pads[nd:])
+    what = f"convolution {kind} gradient (x {tuple(x_shape)}, w {tuple(w_shape)}, y {tuple(y_shape)}, group {group})"
+    hint, attr = _vp(), _new_attr()
+    status = _lib.dnnl_convolution_forward_primitive_desc_create(
+        C.byref(hint), _engine, _FORWARD_TRAINING, _CONV_DIRECT, src.h, wts.h, None, dst.h, st, dil, pl, pr, attr
+    )
+    if status != 0:
+        _lib.dnnl_primitive_attr_destroy(attr)
+        _check(status, f"{what}: forward hint descriptor")
+    pd = _vp()
+    if kind == "data":
+        status = _lib.dnnl_convolution_backward_data_primitive_desc_create(
+            C.byref(pd), _engine, _CONV_DIRECT, src.h, wts.h, dst.h, st, dil, pl, pr, hint, attr
+        )
+    else:
+        status = _lib.dnnl_convolution_backward_weights_primitive_desc_create(
+            C.byref(pd), _engine, _CONV_DIRECT, src.h, wts.h, None, dst.h, st, dil, pl, pr, hint, attr
+        )
+    _lib.dnnl_primitive_attr_destroy(attr)
+    if status != 0:
+        _lib.dnnl_primitive_desc_destroy(hint)
+        _check(status, f"{what}: descriptor")
+    return pd, hint, (src, wts, dst), w_dims
+
+
+def conv_backward_impl(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, tag) -> str:
+    """The implementation oneDNN picks for this gradient (descriptors only, no JIT code)."""
+    pd, hint, _, _ = _conv_backward_desc(kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, tag)
+    try:
+        return _impl_name(pd)
+    finally:
+        _lib.dnnl_primitive_desc_destroy(pd)
+        _lib.dnnl_primitive_desc_destroy(hint)
+
+
+class ConvBackwardPrimitive:
+    """One convolution gradient on plain (row-major) user tensors: ``kind`` 'data' computes
+    dX (N, C, *sp) from dY and W (O, C/group, *k); 'weights' computes dW from X and dY. All float32
+    or all bfloat16. ``formats``: 'any' lets the primitive choose its layouts (its blocked JIT
+    kernels) and reorders each tensor whose chosen layout is not the plain one at the edges, in
+    buffers carved from the caller's workspace (:attr:`workspace_bytes`); 'plain' runs on the user
+    layouts as they are. ``run(a, b, out, ws)``: (dY, W, dX) or (X, dY, dW)."""
+
+    def __init__(self, kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, formats="any"):
+        if kind not in ("data", "weights"):
+            raise OneDnnError(f"convolution backward: kind must be 'data' or 'weights', got {kind!r}")
+        self.kind, self.formats, self.dtype = kind, formats, np.dtype(dtype)
+        tag = TAG_ANY if formats == "any" else None
+        pd, hint, (src, wts, dst), w_dims = _conv_backward_desc(
+            kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, tag
+        )
+        self._hint = hint
+        try:
+            plain = {
+                "src": _Md(x_shape, _plain_tag(len(x_shape)), dtype),
+                "wts": _Md(w_dims, _plain_tag(len(w_dims)), dtype),
+                "dst": _Md(y_shape, _plain_tag(len(y_shape)), dtype),
+            }
+            if kind == "data":
+                queries = [("dst", _QUERY_DIFF_DST_MD, _ARG_DIFF_DST), ("wts", _QUERY_WEIGHTS_MD, _ARG_WEIGHTS)]
+                out = ("src", _QUERY_DIFF_SRC_MD, _ARG_DIFF_SRC)
+            else:
+                queries = [("src", _QUERY_SRC_MD, _ARG_SRC), ("dst", _QUERY_DIFF_DST_MD, _ARG_DIFF_DST)]
+                out = ("wts", _QUERY_DIFF_WEIGHTS_MD, _ARG_DIFF_WEIGHTS)
+            args, keep = [], [src, wts, dst]
+            # per operand: (reorder or None, byte offset of its buffer in the workspace)
+            self._edges = []
+            ws = 0
+            for name, query, arg in queries + [out]:
+                chosen = _cloned_md(_vp(_lib.dnnl_primitive_desc_query_md(pd, query, 0)))
+                keep.append(chosen)
+                args.append((arg, chosen.h))
+                if _lib.dnnl_memory_desc_equal(chosen.h, plain[name].h):
+                    self._edges.append((None, 0))
+                    continue
+                is_out = (name, query, arg) == out
+                r = _reorder_primitive(chosen, plain[name]) if is_out else _reorder_primitive(plain[name], chosen)
+                self._edges.append((r, ws))
+                ws += -(-int(_lib.dnnl_memory_desc_get_size(chosen.h)) // 64) * 64
+            self.prim = Primitive(pd, args, keep=keep)
+        except BaseException:
+            _lib.dnnl_primitive_desc_destroy(pd)
+            raise
+        self.workspace_bytes = ws + 64 if ws else 0
+        self.reorders = sum(r is not None for r, _ in self._edges)
+
+    @property
+    def impl(self) -> str:
+        return self.prim.impl
+
+    def describe(self) -> str:
+        dt = "bfloat16 " if self.dtype == _dt.bfloat16 else ""
+        what = "dX from dY and W" if self.kind == "data" else "dW from X and dY"
+        edges = (
+            f"{self.reorders} reorder(s) at the edges to and from its chosen layouts"
+            if self.reorders
+            else "on the plain layouts as they are"
+        )
+        return f"oneDNN {self.impl} {dt}convolution backward ({what}), {edges}"
+
+    def run(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, ws: np.ndarray | None) -> None:
+        base = 0
+        if self.workspace_bytes:
+            base = ws.ctypes.data + (-ws.ctypes.data % 64)
+        ptrs = []
+        for arr, (r, off) in zip((a, b), self._edges[:2]):
+            if r is None:
+                ptrs.append(arr.ctypes.data)
+            else:
+                r.run(arr.ctypes.data, base + off)
+                ptrs.append(base + off)
+        r, off = self._edges[2]
+        ptrs.append(out.ctypes.data if r is None else base + off)
+        self.prim.run(*ptrs)
+        if r is not None:
+            r.run(base + off, out.ctypes.data)
+
+    def __del__(self):
+        if _lib is not None and getattr(self, "_hint", None):
+            _lib.dnnl_primitive_desc_destroy(self._hint)
+
+
+#: most backward primitives :func:`conv_backward` keeps (least recently used dropped first)
+BACKWARD_CACHE_SIZE = 256
+_bwd_cache: OrderedDict[tuple, ConvBackwardPrimitive] = OrderedDict()
+
+
+def conv_backward(kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, formats="any"):
+    """A :class:`ConvBackwardPrimitive`, built once per (kind, shapes, attributes, dtype, formats):
+    the weights change every training step, so nothing in it depends on their values and every
+    executor of that workload shares it (threads included: :class:`Primitive` keeps its memory
+    objects per thread and the reorder buffers are the caller's workspace)."""
+    key = (
+        kind,
+        tuple(int(v) for v in x_shape),
+        tuple(int(v) for v in w_shape),
+        tuple(int(v) for v in y_shape),
+        tuple(int(v) for v in strides),
+        tuple(int(v) for v in pads),
+        tuple(int(v) for v in dilations),
+        int(group),
+        np.dtype(dtype).name,
+        formats,
+    )
+    with _wt_lock:
+        prim = _bwd_cache.get(key)
+        if prim is not None:
+            _bwd_cache.move_to_end(key)
+            return prim
+    prim = ConvBackwardPrimitive(kind, *key[1:8], dtype, formats=formats)
+    with _wt_lock:
+        prim = _bwd_cache.setdefault(key, prim)
+        while len(_bwd_cache) > BACKWARD_CACHE_SIZE:
+            _bwd_cache.popitem(last=False)
+    return prim
