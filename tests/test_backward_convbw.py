@@ -344,3 +344,35 @@ def test_every_case_is_a_real_convolution():
             {"strides": s, "pads": list(pads), "dilations": d, "group": g},
         )[0]
         assert tuple(y.shape) == _out_shape(xs, ws, s, pads, d), name
+
+
+@pytest.mark.parametrize("name", ["2d_strided_asym_pads", "2d_grouped", "1d", "3d"])
+def test_conv_transpose_weight_gradient_uses_the_weight_record(name, monkeypatch):
+    """ConvTranspose(x, W) is the adjoint of Conv(., W): its weight gradient is ConvBackwardWeight of
+    the output gradient by x (the oracle with the roles swapped); the data gradient is Conv's forward."""
+    from opsnn.ops import executor
+
+    z, w, x, s, pads, d, g = _problem(name)  # the Conv this ConvTranspose is the adjoint of: z -> x
+    seen = []
+    real = executor.call
+
+    def spy(rec, *a, **k):
+        seen.append(rec.name)
+        return real(rec, *a, **k)
+
+    monkeypatch.setattr(executor, "call", spy)
+    tx, tw = opsnn.tensor(x).requires_grad_(), opsnn.tensor(w).requires_grad_()
+    attrs = {"strides": s, "pads": list(pads), "dilations": d, "group": g}
+    nd = x.ndim - 2
+    natural = [
+        s[i] * (x.shape[2 + i] - 1) + (w.shape[2 + i] - 1) * d[i] + 1 - pads[i] - pads[nd + i] for i in range(nd)
+    ]
+    opad = [z.shape[2 + i] - natural[i] for i in range(nd)]
+    y = opsnn.ops.run_op("ConvTranspose", [tx, tw], dict(attrs, output_padding=opad))[0]
+    assert tuple(y.shape) == z.shape
+    gy = RNG.standard_normal(z.shape).astype(np.float32)
+    opsnn.ops.sum(opsnn.ops.mul(y, opsnn.tensor(gy))).backward()
+    assert "ConvBackwardWeight" in seen and "Transpose" not in seen
+    _close(tw.grad.numpy(), _oracle(gy, w, x, s, pads, d, g)[1], np.float32)
+    want_dx = opsnn.ops.run_op("Conv", [opsnn.tensor(gy.astype(np.float64)), opsnn.tensor(w.astype(np.float64))], attrs)
+    _close(tx.grad.numpy(), want_dx[0].numpy(), np.float32)

@@ -1368,9 +1368,9 @@ def _self_adjoint(ctx, grads):
 
 # -- more convolution and pooling ------------------------------------------------------------------------
 def _conv_transpose(ctx, grads):
-    """ConvTranspose is the adjoint of Conv: dX is a Conv of g by W, dW correlates g with X (the
-    roles of Conv's weight gradient swapped), dB sums g. Explicit pads only (auto_pad, output_shape:
-    no rule yet, a typed error)."""
+    """ConvTranspose is the adjoint of Conv: dX is a Conv of g by W, dW correlates g with X (Conv's
+    weight gradient with the roles swapped: opsnn::ConvBackwardWeight of g by X), dB sums g. Explicit
+    pads only (auto_pad, output_shape: no rule yet, a typed error)."""
     ops, g = _ops(), grads[0]
     x, w = ctx.inputs[0], ctx.inputs[1]
     b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
@@ -1386,7 +1386,12 @@ def _conv_transpose(ctx, grads):
     res = [None] * 3
     if ctx.needs[0]:
         res[0] = ops.run_op("Conv", [g, w], {"strides": s, "dilations": d, "pads": pads, "group": groups})[0]
-    if ctx.needs[1]:
+    opad = _ints_attr(ctx.attrs, "output_padding", nd, 0)
+    if ctx.needs[1] and all(opad[i] < s[i] for i in range(nd)):
+        # the Conv that ConvTranspose is the adjoint of maps g back to x's shape: its weight gradient
+        attrs = {"strides": s, "dilations": d, "group": groups, "pads": pads, "weight_shape": list(w.shape)}
+        res[1] = ops.run_op("ConvBackwardWeight", [g, x], attrs, domain="opsnn")[0]
+    elif ctx.needs[1]:
         cg, og = x.shape[1] // groups, w.shape[1]
         swap = [1, 0] + list(range(2, nd + 2))
         parts = []
