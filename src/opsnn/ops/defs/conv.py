@@ -1274,6 +1274,9 @@ ConvBackwardWeight.kernel(
     workspace=lambda ctx, plan: plan.workspace_bytes,
     doc="oneDNN's convolution backward-weights primitive (forward_training hint), built at prepare and "
     "kept per shape; layouts of its choosing, plain tensors reordered at the edges in the workspace",
+    nonfinite="oneDNN's JIT code skips the taps that read padding, so a NaN or Inf in dY reaches the dW "
+    "entries whose sums read the input there; the reference and the im2col kernels multiply the padding's "
+    "zeros (every tap, as Conv's definition), which also gives NaN at the taps that read padding",
 )(_bwd_onednn_kernel)
 ConvBackwardWeight.kernel(
     "conv_backward_weight_im2col",
