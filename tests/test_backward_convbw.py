@@ -376,3 +376,94 @@ def test_conv_transpose_weight_gradient_uses_the_weight_record(name, monkeypatch
     _close(tw.grad.numpy(), _oracle(gy, w, x, s, pads, d, g)[1], np.float32)
     want_dx = opsnn.ops.run_op("Conv", [opsnn.tensor(gy.astype(np.float64)), opsnn.tensor(w.astype(np.float64))], attrs)
     _close(tx.grad.numpy(), want_dx[0].numpy(), np.float32)
+
+
+# -- the forward on plain tensors through oneDNN (conv_onednn_plain) ---------------------------------------
+def _conv_case(name, rng=RNG):
+    x, w, _, s, pads, d, g = _problem(name)
+    b = rng.standard_normal(w.shape[0]).astype(np.float32)
+    return x, w, b, {"strides": list(s), "pads": list(pads), "dilations": list(d), "group": g}
+
+
+def _conv64(x, w, b, attrs):
+    """The direct sum over valid taps in float64 (the oracle's dX loop, read forwards)."""
+    s, pads, d, g = attrs["strides"], attrs["pads"], attrs["dilations"], attrs["group"]
+    nd = x.ndim - 2
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    y = np.zeros(_out_shape(x.shape, w.shape, s, pads, d)) + b.astype(np.float64).reshape((1, -1) + (1,) * nd)
+    cg, mg = x.shape[1] // g, w.shape[0] // g
+    for o in np.ndindex(*y.shape[2:]):
+        for k in np.ndindex(*w.shape[2:]):
+            i = tuple(o[j] * s[j] - pads[j] + k[j] * d[j] for j in range(nd))
+            if any(v < 0 or v >= x.shape[2 + j] for j, v in enumerate(i)):
+                continue
+            for gi in range(g):
+                cs, ms = slice(gi * cg, (gi + 1) * cg), slice(gi * mg, (gi + 1) * mg)
+                y[(slice(None), ms) + o] += x[(slice(None), cs) + i] @ w[(ms, slice(None)) + k].T
+    return y
+
+
+def _plain_runnable(x, w, attrs) -> KL.PlainConvChoice:
+    ys = _out_shape(x.shape, w.shape, attrs["strides"], attrs["pads"], attrs["dilations"])
+    return KL.conv_forward_plain(
+        x.shape, w.shape, ys, attrs["strides"], attrs["pads"], attrs["dilations"], attrs["group"], np.float32
+    )
+
+
+@pytest.mark.parametrize("name", ["2d_strided_asym_pads", "2d_dilated", "2d_wide_blocked", "2d_1x1", "3d"])
+def test_conv_onednn_plain_matches_the_direct_sum(name, monkeypatch):
+    """Forced, and chosen under OPSNN_CONV_ONEDNN=1 (else not preferred: autotuning may time it)."""
+    x, w, b, attrs = _conv_case(name)
+    c = _plain_runnable(x, w, attrs)
+    if not c.runnable:
+        pytest.skip(f"conv_onednn_plain does not run here: {c.reason}")
+    T = opsnn.tensor
+    rec = opsnn.ops.get_op("Conv")
+    ex = opsnn.ops.prepare(rec, [T(x), T(w), T(b)], attrs)
+    assert ex.kernel_name != "conv_onednn_plain"
+    assert "OPSNN_CONV_ONEDNN=1" in dict(ex.rejected)["conv_onednn_plain"]
+    monkeypatch.setenv(KL.CONV_ONEDNN_ENV, "1")
+    for bias in (b, None):
+        ins = [T(x), T(w)] + ([T(bias)] if bias is not None else [])
+        ex = opsnn.ops.prepare(rec, ins, attrs)
+        assert ex.kernel_name == "conv_onednn_plain", ex.reason
+        want = _conv64(x, w, b if bias is not None else np.zeros_like(b), attrs)
+        _close(ex.run().numpy(), want, np.float32)
+        x2 = RNG.standard_normal(x.shape).astype(np.float32)  # the same executor on new data
+        _close(
+            ex.run(inputs=[T(x2)] + ins[1:]).numpy(),
+            _conv64(x2, w, b if bias is not None else 0 * b, attrs),
+            np.float32,
+        )
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_conv_onednn_plain_keeps_nan_and_inf(fused, monkeypatch):
+    """No post-op activation: a NaN or Inf in X reaches Y as in the direct sum, and a fused Relu (run
+    by opsnn's epilogue after the primitive) keeps the NaN."""
+    x, w, b, attrs = _conv_case("2d_wide_blocked")
+    c = _plain_runnable(x, w, attrs)
+    if not c.runnable:
+        pytest.skip(f"conv_onednn_plain does not run here: {c.reason}")
+    monkeypatch.setenv(KL.CONV_ONEDNN_ENV, "1")
+    flat = x.reshape(-1)
+    flat[flat.size // 3], flat[flat.size // 2], flat[(2 * flat.size) // 3] = np.nan, np.inf, -np.inf
+    with np.errstate(invalid="ignore"):
+        want = _conv64(x, w, b, attrs)
+    T = opsnn.tensor
+    if fused:
+        ex = opsnn.ops.prepare(
+            opsnn.ops.get_op("FusedConv", "opsnn"), [T(x), T(w), T(b)], dict(attrs, activation="Relu")
+        )
+        assert ex.plan["selection"].kernel.name == "conv_onednn_plain"
+        with np.errstate(invalid="ignore"):
+            want = np.where(np.isnan(want), np.nan, np.maximum(want, 0))
+    else:
+        ex = opsnn.ops.prepare(opsnn.ops.get_op("Conv"), [T(x), T(w), T(b)], attrs)
+        assert ex.kernel_name == "conv_onednn_plain"
+    got = ex.run().numpy()
+    assert np.isnan(want).any() and np.isinf(want).any()
+    for fn in (np.isnan, np.isposinf, np.isneginf):
+        np.testing.assert_array_equal(fn(got), fn(want))
+    ok = np.isfinite(want)
+    _close(got[ok], want[ok], np.float32)

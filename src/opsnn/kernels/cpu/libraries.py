@@ -319,6 +319,56 @@ def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations
     return BackwardChoice("opsnn", gemm, f"oneDNN has only {impls['plain']} for this shape", None)
 
 
+#: ``OPSNN_CONV_ONEDNN=1``: float32 convolutions on plain tensors prefer oneDNN's forward primitive
+#: (reorders at the edges) wherever it has JIT code for them (:func:`conv_forward_plain`)
+CONV_ONEDNN_ENV = "OPSNN_CONV_ONEDNN"
+
+
+class PlainConvChoice(NamedTuple):
+    """:func:`conv_forward_plain`'s decision: whether oneDNN can run the convolution on its JIT code,
+    whether that is preferred to opsnn's kernels, and why."""
+
+    runnable: bool
+    preferred: bool
+    reason: str
+
+
+def conv_forward_plain(x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype) -> PlainConvChoice:
+    """Whether a float32 Conv on plain NCHW tensors (an eager call, a graph node outside the blocked
+    layout's chains) runs on oneDNN's forward primitive with reorders at the edges
+    (``conv_onednn_plain``): runnable where oneDNN has JIT code for it (not ``ref``, not its own
+    ``gemm`` im2col, which opsnn's kernels match); preferred to Winograd / im2col only under
+    ``OPSNN_CONV_ONEDNN=1`` until it is measured on the training benchmark (autotuning times it
+    either way). Descriptor only."""
+    from . import onednn
+
+    d = np.dtype(dtype)
+    why = onednn.unavailable()
+    if why is None and d != np.dtype(np.float32):
+        why = f"float32 only, got {_dt.name(d)}"
+    if why is None and 0 in tuple(x_shape) + tuple(w_shape) + tuple(y_shape):
+        why = "an empty tensor"
+    if why is None:
+        try:
+            impl = onednn.plain_conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, group)
+        except onednn.OneDnnError as e:
+            why = str(e)
+        else:
+            if impl.startswith("ref") or "gemm" in impl:
+                why = f"oneDNN would run its {impl} code here"
+    if why is not None:
+        return PlainConvChoice(False, False, why)
+    want = os.environ.get(CONV_ONEDNN_ENV, "").strip().lower()
+    if want in ("1", "true", "yes", "on"):
+        return PlainConvChoice(True, True, f"oneDNN's {impl}, reorders at the edges ({CONV_ONEDNN_ENV}=1)")
+    return PlainConvChoice(
+        True,
+        False,
+        f"oneDNN's {impl} with reorders at the edges is not preferred to opsnn's kernels unless "
+        f"{CONV_ONEDNN_ENV}=1 (not yet measured on this path; autotuning times it)",
+    )
+
+
 def attention_gemms(p: Platform | None = None) -> Choice:
     """Who runs the products of the GEMM attention kernel: MKL (one ``cblas_sgemm_batch`` over the
     heads, or MKL inside a task per (batch, KV head)) where it is available, else numpy's matmul
@@ -370,6 +420,8 @@ def kernel_choice(
         return Choice(
             "onednn", kernel, "the blocked layout's convolution: oneDNN's primitive, weight reordered at prepare"
         )
+    if kernel == "conv_onednn_plain":
+        return Choice("onednn", kernel, "oneDNN's convolution on plain tensors, reorders at the edges")
     if kernel.startswith("conv_backward_") and kernel.endswith("_onednn"):
         return Choice("onednn", kernel, "oneDNN's convolution backward primitive (conv_backward)")
     if kernel == "conv_winograd_blocked":
@@ -437,10 +489,12 @@ def summary() -> str:
 __all__ = [
     "BackwardChoice",
     "Choice",
+    "PlainConvChoice",
     "Platform",
     "attention_gemms",
     "blas_product",
     "conv_backward",
+    "conv_forward_plain",
     "conv_gemms",
     "gemm_library",
     "gemm_library_why",

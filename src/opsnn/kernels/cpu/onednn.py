@@ -1047,6 +1047,45 @@ def conv_backward_impl(kind: str, x_shape, w_shape, y_shape, strides, pads, dila
         _lib.dnnl_primitive_desc_destroy(hint)
 
 
+def _plain_edges(pd, specs) -> tuple:
+    """For each (plain descriptor, query, argument id, is_output) of primitive ``pd``: the layout it
+    chose (an owned copy, the argument's descriptor) and, where that is not the plain one, a reorder
+    from (inputs) or to (the output) the plain layout through a buffer at a byte offset of the
+    caller's workspace. Returns (args, descriptors to keep, [(reorder or None, offset)], bytes)."""
+    args, keep, edges, ws = [], [], [], 0
+    for plain, query, arg, is_out in specs:
+        chosen = _cloned_md(_vp(_lib.dnnl_primitive_desc_query_md(pd, query, 0)))
+        keep += [chosen, plain]
+        args.append((arg, chosen.h))
+        if _lib.dnnl_memory_desc_equal(chosen.h, plain.h):
+            edges.append((None, 0))
+            continue
+        edges.append((_reorder_primitive(chosen, plain) if is_out else _reorder_primitive(plain, chosen), ws))
+        ws += -(-int(_lib.dnnl_memory_desc_get_size(chosen.h)) // 64) * 64
+    return args, keep, edges, ws
+
+
+def _run_with_edges(prim: Primitive, edges: list, ins: tuple, passed: tuple, out: np.ndarray, ws) -> None:
+    """Reorder ``ins`` into their buffers where ``edges`` say, run ``prim`` on them, the arrays of
+    ``passed`` as they are (a bias) and the output (its buffer, reordered into ``out`` after)."""
+    base = 0
+    if any(r is not None for r, _ in edges):
+        base = ws.ctypes.data + (-ws.ctypes.data % 64)
+    ptrs = []
+    for arr, (r, off) in zip(ins, edges):
+        if r is None:
+            ptrs.append(arr.ctypes.data)
+        else:
+            r.run(arr.ctypes.data, base + off)
+            ptrs.append(base + off)
+    ptrs += [a.ctypes.data for a in passed]
+    r, off = edges[-1]
+    ptrs.append(out.ctypes.data if r is None else base + off)
+    prim.run(*ptrs)
+    if r is not None:
+        r.run(base + off, out.ctypes.data)
+
+
 class ConvBackwardPrimitive:
     """One convolution gradient on plain (row-major) user tensors: ``kind`` 'data' computes
     dX (N, C, *sp) from dY and W (O, C/group, *k); 'weights' computes dW from X and dY. All float32
@@ -1076,21 +1115,9 @@ class ConvBackwardPrimitive:
             else:
                 queries = [("src", _QUERY_SRC_MD, _ARG_SRC), ("dst", _QUERY_DIFF_DST_MD, _ARG_DIFF_DST)]
                 out = ("wts", _QUERY_DIFF_WEIGHTS_MD, _ARG_DIFF_WEIGHTS)
-            args, keep = [], [src, wts, dst]
-            # per operand: (reorder or None, byte offset of its buffer in the workspace)
-            self._edges = []
-            ws = 0
-            for name, query, arg in queries + [out]:
-                chosen = _cloned_md(_vp(_lib.dnnl_primitive_desc_query_md(pd, query, 0)))
-                keep.append(chosen)
-                args.append((arg, chosen.h))
-                if _lib.dnnl_memory_desc_equal(chosen.h, plain[name].h):
-                    self._edges.append((None, 0))
-                    continue
-                is_out = (name, query, arg) == out
-                r = _reorder_primitive(chosen, plain[name]) if is_out else _reorder_primitive(plain[name], chosen)
-                self._edges.append((r, ws))
-                ws += -(-int(_lib.dnnl_memory_desc_get_size(chosen.h)) // 64) * 64
+            edges = [(plain[name], query, arg, (name, query, arg) == out) for name, query, arg in queries + [out]]
+            args, keep, self._edges, ws = _plain_edges(pd, edges)
+            keep += [src, wts, dst]
             self.prim = Primitive(pd, args, keep=keep)
         except BaseException:
             _lib.dnnl_primitive_desc_destroy(pd)
@@ -1113,21 +1140,7 @@ class ConvBackwardPrimitive:
         return f"oneDNN {self.impl} {dt}convolution backward ({what}), {edges}"
 
     def run(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, ws: np.ndarray | None) -> None:
-        base = 0
-        if self.workspace_bytes:
-            base = ws.ctypes.data + (-ws.ctypes.data % 64)
-        ptrs = []
-        for arr, (r, off) in zip((a, b), self._edges[:2]):
-            if r is None:
-                ptrs.append(arr.ctypes.data)
-            else:
-                r.run(arr.ctypes.data, base + off)
-                ptrs.append(base + off)
-        r, off = self._edges[2]
-        ptrs.append(out.ctypes.data if r is None else base + off)
-        self.prim.run(*ptrs)
-        if r is not None:
-            r.run(base + off, out.ctypes.data)
+        _run_with_edges(self.prim, self._edges, (a, b), (), out, ws)
 
     def __del__(self):
         if _lib is not None and getattr(self, "_hint", None):
@@ -1166,4 +1179,111 @@ def conv_backward(kind, x_shape, w_shape, y_shape, strides, pads, dilations, gro
         prim = _bwd_cache.setdefault(key, prim)
         while len(_bwd_cache) > BACKWARD_CACHE_SIZE:
             _bwd_cache.popitem(last=False)
+    return prim
+
+
+def _plain_conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, tag):
+    """A forward convolution's descriptor for plain user tensors: X, W and Y asked for in ``tag``
+    (TAG_ANY: oneDNN's choice), the bias plain; no post-ops (IEEE: NaN and Inf stay)."""
+    if unavailable() is not None:
+        raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
+    nd = len(x_shape) - 2
+    w_dims = list(w_shape) if group == 1 else [group, w_shape[0] // group] + list(w_shape[1:])
+    src = _Md(x_shape, tag or _plain_tag(len(x_shape)))
+    wts = _Md(w_dims, tag or _plain_tag(len(w_dims)))
+    dst = _Md(y_shape, tag or _plain_tag(len(y_shape)))
+    bias = _Md([w_shape[0]], TAG_A) if has_bias else None
+    pd, attr = _vp(), _new_attr()
+    status = _lib.dnnl_convolution_forward_primitive_desc_create(
+        C.byref(pd),
+        _engine,
+        _FORWARD_INFERENCE,
+        _CONV_DIRECT,
+        src.h,
+        wts.h,
+        bias.h if bias else None,
+        dst.h,
+        _Dims(*strides),
+        _Dims(*(int(d) - 1 for d in dilations)),
+        _Dims(*pads[:nd]),
+        _Dims(*pads[nd:]),
+        attr,
+    )
+    _lib.dnnl_primitive_attr_destroy(attr)
+    _check(status, f"convolution descriptor (x {tuple(x_shape)}, w {tuple(w_shape)}, group {group}, plain edges)")
+    return pd, (src, wts, dst, bias), w_dims
+
+
+def plain_conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, group) -> str:
+    """The implementation oneDNN picks for a float32 convolution of plain tensors when it may choose
+    the layouts (descriptor only)."""
+    pd, _, _ = _plain_conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, group, False, TAG_ANY)
+    try:
+        return _impl_name(pd)
+    finally:
+        _lib.dnnl_primitive_desc_destroy(pd)
+
+
+class PlainConvPrimitive:
+    """``Y = conv(X, W) + B`` for plain NCHW (NCW, NCDHW) float32 ``X``, ``W`` (O, C/group, k...),
+    ``B`` and ``Y``: oneDNN's forward primitive on layouts of its choosing (its blocked JIT kernels),
+    X and W reordered into them and Y out of them at the edges, in buffers carved from the caller's
+    workspace. W is read per call (a training step changes it), so one primitive serves every weight
+    of its shape. No post-ops: NaN and Inf propagate as in a direct convolution."""
+
+    def __init__(self, x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias):
+        pd, (src, wts, dst, bias), w_dims = _plain_conv_desc(
+            x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, TAG_ANY
+        )
+        try:
+            plain = [_Md(x_shape, _plain_tag(len(x_shape))), _Md(w_dims, _plain_tag(len(w_dims)))]
+            plain.append(_Md(y_shape, _plain_tag(len(y_shape))))
+            specs = [
+                (plain[0], _QUERY_SRC_MD, _ARG_SRC, False),
+                (plain[1], _QUERY_WEIGHTS_MD, _ARG_WEIGHTS, False),
+                (plain[2], _QUERY_DST_MD, _ARG_DST, True),
+            ]
+            args, keep, self._edges, ws = _plain_edges(pd, specs)
+            if bias is not None:  # run()'s order: X, W, B, Y
+                args.insert(2, (_ARG_BIAS, bias.h))
+            self.prim = Primitive(pd, args, keep=keep + [src, wts, dst, bias])
+        except BaseException:
+            _lib.dnnl_primitive_desc_destroy(pd)
+            raise
+        self.has_bias = has_bias
+        self.workspace_bytes = ws + 64 if ws else 0
+        self.reorders = sum(r is not None for r, _ in self._edges)
+
+    @property
+    def impl(self) -> str:
+        return self.prim.impl
+
+    def describe(self) -> str:
+        return (
+            f"oneDNN {self.impl} convolution on plain tensors, {self.reorders} reorder(s) at the edges "
+            "to and from its chosen layouts, no post-ops"
+        )
+
+    def run(self, x: np.ndarray, w: np.ndarray, b, y: np.ndarray, ws) -> None:
+        _run_with_edges(self.prim, self._edges, (x, w), (b,) if self.has_bias else (), y, ws)
+
+
+_plain_cache: OrderedDict[tuple, PlainConvPrimitive] = OrderedDict()
+
+
+def plain_conv(x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias) -> PlainConvPrimitive:
+    """A :class:`PlainConvPrimitive`, built once per (shapes, attributes, bias), up to
+    ``BACKWARD_CACHE_SIZE`` of them (least recently used dropped first)."""
+    key = tuple(tuple(int(v) for v in a) for a in (x_shape, w_shape, y_shape, strides, pads, dilations))
+    key += (int(group), bool(has_bias))
+    with _wt_lock:
+        prim = _plain_cache.get(key)
+        if prim is not None:
+            _plain_cache.move_to_end(key)
+            return prim
+    prim = PlainConvPrimitive(*key)
+    with _wt_lock:
+        prim = _plain_cache.setdefault(key, prim)
+        while len(_plain_cache) > BACKWARD_CACHE_SIZE:
+            _plain_cache.popitem(last=False)
     return prim

@@ -901,6 +901,45 @@ Conv.kernel(
 )(K.conv)
 
 
+# -- oneDNN on plain tensors -------------------------------------------------------------------------
+def _plain_onednn_args(ctx) -> tuple:
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    geo = conv_geometry(ctx.op.name, xs, ws, ctx.attrs)
+    ys = (xs[0], ws[0]) + geo.out
+    return xs, ws, ys, geo.s, geo.pb + geo.pe, geo.d, int(ctx.attrs["group"])
+
+
+def _plain_onednn_applies(ctx):
+    c = KL.conv_forward_plain(*_plain_onednn_args(ctx), ctx.dtype(0))
+    if not c.runnable:
+        return c.reason
+    return True if c.preferred else NotPreferred(c.reason)
+
+
+def _plain_onednn_plan(ctx):
+    return KD.plain_conv(*_plain_onednn_args(ctx), ctx.has(2))
+
+
+def _plain_onednn_kernel(ins, outs, attrs, plan, ws):
+    plan.run(ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], ws)
+
+
+Conv.kernel(
+    "conv_onednn_plain",
+    dtypes=(_dt.float32,),
+    priority=38,
+    applies=_plain_onednn_applies,
+    plan=_plain_onednn_plan,
+    workspace=lambda ctx, plan: plan.workspace_bytes,
+    doc="oneDNN's forward convolution on plain float32 tensors: X and W reordered into the layouts it "
+    "chooses and Y out of them at the edges (workspace), the bias added by the primitive, no post-ops; "
+    "chosen where libraries.conv_forward_plain prefers it (OPSNN_CONV_ONEDNN=1), else timed by autotuning",
+    nonfinite="oneDNN's JIT code skips the taps that read padding, where the definition multiplies the "
+    "padding's zeros: an Inf or NaN weight tap that reads only padding gives NaN there by the definition "
+    "and nothing here",
+)(_plain_onednn_kernel)
+
+
 def _spatial(v, nd: int, name: str, fn: str) -> tuple:
     if isinstance(v, (bool, np.bool_)):
         raise ParamInvalidError(f"{fn}: {name} must be an int or {nd} ints, got {v!r}")
