@@ -29,6 +29,8 @@ CASES = {
     "2d_dilated": ((1, 4, 10, 9), (3, 4, 3, 2), (1, 1), (2, 1, 2, 0), (2, 3), 1),
     "2d_grouped": ((2, 6, 7, 8), (9, 2, 3, 3), (1, 2), (1, 1, 1, 1), (1, 1), 3),
     "2d_depthwise_x2": ((2, 16, 9, 9), (32, 1, 3, 3), (2, 1), (1, 1, 1, 1), (1, 1), 16),
+    "2d_depthwise": ((2, 32, 10, 9), (32, 1, 3, 3), (1, 2), (1, 1, 0, 1), (1, 1), 32),
+    "2d_grouped_blocked": ((2, 64, 6, 7), (64, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4),
     "2d_wide_blocked": ((2, 32, 8, 7), (48, 32, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
     "2d_1x1": ((3, 16, 5, 6), (8, 16, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
     "2d_stride_leftover": ((1, 3, 12, 13), (4, 3, 4, 4), (3, 4), (0, 0, 0, 0), (1, 1), 1),
@@ -197,14 +199,16 @@ def _oracle_padded(x, w, dy, s, pads, d, g):
 
 
 @pytest.mark.parametrize("where", ["dy", "w", "x"])
-@pytest.mark.parametrize("kernels", ["selected", "selected_3d", "gemm"])
+@pytest.mark.parametrize("kernels", ["selected", "selected_3d", "selected_dw", "gemm"])
 def test_nan_and_inf_propagate_as_in_the_definition(where, kernels):
     """A NaN or Inf in dY, W or X reaches exactly the gradient entries the definition's sums take it
     into: oneDNN's primitives skip the padding (and the zero channels of their blocked layouts) as
     the direct sum does; an im2col weight gradient (opsnn's, or oneDNN's ``gemm`` code) multiplies dY
     by the padding's zeros, so a non-finite dY also reaches the taps that read padding (NaN, as
     0 * Inf is)."""
-    name = {"selected": "2d_wide_blocked", "selected_3d": "3d"}.get(kernels, "2d_strided_asym_pads")
+    name = {"selected": "2d_wide_blocked", "selected_3d": "3d", "selected_dw": "2d_depthwise"}.get(
+        kernels, "2d_strided_asym_pads"
+    )
     x, w, dy, s, pads, d, g = _problem(name)
     arr = {"dy": dy, "w": w, "x": x}[where]
     flat = arr.reshape(-1)
