@@ -471,3 +471,22 @@ def test_conv_onednn_plain_keeps_nan_and_inf(fused, monkeypatch):
         np.testing.assert_array_equal(fn(got), fn(want))
     ok = np.isfinite(want)
     _close(got[ok], want[ok], np.float32)
+
+
+def test_explain_names_the_library_of_each_gradient():
+    """``opsnn explain``'s kernel-library section: a gradient node's library is libraries.conv_backward's."""
+    from opsnn.tools import explain
+
+    x, w, dy, s, pads, d, g = _problem("2d_wide_blocked")
+    T = opsnn.tensor
+    kw = {"stride": s, "padding": pads, "dilation": d, "groups": g}
+    for op, ex in (
+        ("ConvBackwardData", opsnn.aclnn.conv_backward_data.prepare(T(dy), T(w), x.shape, **kw)),
+        ("ConvBackwardWeight", opsnn.aclnn.conv_backward_weight.prepare(T(x), T(dy), w.shape, **kw)),
+    ):
+        label, choice = explain._product(op, ex, ex.plan, ex.kernel_name)
+        kind = "data" if op == "ConvBackwardData" else "weights"
+        want = KL.conv_backward(kind, x.shape, w.shape, dy.shape, s, pads, d, g, np.float32)
+        assert choice.library == want.library and choice.reason == want.reason and choice.kernel == ex.kernel_name
+        assert ex.kernel_name.endswith("_onednn") == (want.library == "onednn")
+        assert label.startswith("2x48x8x7 -> d")
