@@ -490,3 +490,21 @@ def test_explain_names_the_library_of_each_gradient():
         assert choice.library == want.library and choice.reason == want.reason and choice.kernel == ex.kernel_name
         assert ex.kernel_name.endswith("_onednn") == (want.library == "onednn")
         assert label.startswith("2x48x8x7 -> d")
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
+def test_gradient_rule_resolves_auto_pad(auto_pad):
+    """The rule hands the records explicit pads: auto_pad's, as the forward resolved them."""
+    from opsnn.ops.defs.conv import conv_geometry
+
+    x = RNG.standard_normal((2, 8, 9, 8)).astype(np.float32)
+    w = RNG.standard_normal((16, 8, 4, 3)).astype(np.float32)
+    attrs = {"auto_pad": auto_pad, "strides": [2, 1]}
+    tx, tw = opsnn.tensor(x).requires_grad_(), opsnn.tensor(w).requires_grad_()
+    y = opsnn.ops.run_op("Conv", [tx, tw], attrs)[0]
+    dy = RNG.standard_normal(tuple(y.shape)).astype(np.float32)
+    opsnn.ops.sum(opsnn.ops.mul(y, opsnn.tensor(dy))).backward()
+    geo = conv_geometry("Conv", x.shape, w.shape, attrs)
+    want_dx, want_dw = _oracle(x, w, dy, (2, 1), geo.pb + geo.pe, (1, 1), 1)
+    _close(tx.grad.numpy(), want_dx, np.float32)
+    _close(tw.grad.numpy(), want_dw, np.float32)
