@@ -34,6 +34,10 @@ Forward algorithms, chosen at prepare time:
 
 Winograd F(4x4, 3x3) lives in ``winograd.py``.
 
+A convolution's weight gradient (opsnn::ConvBackwardWeight without oneDNN) reuses the forward's
+columns: ``dW_g += dY_g @ cols_g^T`` a band of output rows at a time (:func:`conv_backward_weight`);
+its data gradient is ConvTranspose's kernel.
+
 ConvTranspose is the adjoint: ``col = W^T @ x`` for a band of input rows into the
 workspace, then col2im adds the columns back into the output rows the band reaches (numba
 gather over output rows for 2-D, so threads never write the same row; per-offset strided

@@ -23,6 +23,11 @@ Convolutions, pooling and matmuls take float32 or bfloat16 data (a mixed-precisi
 convolutions and products): with AVX512-BF16 (:func:`bf16_unavailable`) oneDNN's bf16 kernels
 multiply in bf16 and accumulate in float32 at ~2x its float32 speed.
 
+Training and eager calls on plain tensors: :class:`ConvBackwardPrimitive` (a convolution's data and
+weight gradients, forward_training hint) and :class:`PlainConvPrimitive` (the forward) ask for
+layouts of oneDNN's choosing and reorder the user's NCHW / OIHW tensors into and out of them at the
+edges, in the caller's workspace; built once per shape (weights change every step, so none is baked in).
+
 oneDNN is an optional dependency (PyPI ``onednn-cpu-gomp``: its GNU OpenMP build, which shares
 libgomp's thread pool with numba's kernels and MKL). When it is not installed, cannot be
 loaded, the CPU has neither AVX2 nor AVX-512, or ``OPSNN_ONEDNN=0``, :func:`unavailable` says why
