@@ -534,6 +534,8 @@ def _pads(attrs, in_sp, k, s, d) -> tuple[list, list]:
 
 
 def _conv(ctx, grads):
+    """dX and dW by the backward records (opsnn::ConvBackwardData / ConvBackwardWeight: oneDNN's
+    backward primitives, or GEMM + col2im / im2col + GEMM), dB as a sum of g."""
     ops, g = _ops(), grads[0]
     x, w = ctx.inputs[0], ctx.inputs[1]
     b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
@@ -541,39 +543,15 @@ def _conv(ctx, grads):
     k = list(w.shape[2:])
     s = _ints_attr(ctx.attrs, "strides", nd, 1)
     d = _ints_attr(ctx.attrs, "dilations", nd, 1)
-    groups = int(ctx.attrs.get("group", 1))
     pb, pe = _pads(ctx.attrs, list(x.shape[2:]), k, s, d)
-    out_sp = list(g.shape[2:])
+    attrs = {"strides": s, "dilations": d, "group": int(ctx.attrs.get("group", 1)), "pads": pb + pe}
     res = [None, None, None]
     if ctx.needs[0]:
-        opad = [x.shape[2 + i] - ((out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - pb[i] - pe[i]) for i in range(nd)]
-        attrs = {
-            "strides": s,
-            "dilations": d,
-            "group": groups,
-            "pads": pb + pe,
-            "output_padding": opad,
-            "kernel_shape": k,
-        }
-        res[0] = ops.run_op("ConvTranspose", [g, w], attrs)[0]
+        shape = {"input_shape": list(x.shape)}
+        res[0] = ops.run_op("ConvBackwardData", [g, w], dict(attrs, **shape), domain="opsnn")[0]
     if ctx.needs[1]:
-        C, O = x.shape[1], w.shape[0]
-        cg, og = C // groups, O // groups
-        swap = [1, 0] + list(range(2, nd + 2))
-        parts = []
-        for gi in range(groups):
-            xg = x if groups == 1 else ops.slice(x, [gi * cg], [(gi + 1) * cg], axes=[1])
-            gg = g if groups == 1 else ops.slice(g, [gi * og], [(gi + 1) * og], axes=[1])
-            # correlate the input with the output gradient: batch becomes the channel being summed
-            r = ops.run_op(
-                "Conv",
-                [ops.transpose(xg, swap), ops.transpose(gg, swap)],
-                {"strides": d, "dilations": s, "pads": pb + pe},
-            )[0]
-            if list(r.shape[2:]) != k:
-                r = ops.slice(r, [0] * nd, k, axes=list(range(2, nd + 2)))
-            parts.append(ops.transpose(r, swap))
-        res[1] = parts[0] if groups == 1 else ops.concat(parts, dim=0)
+        shape = {"weight_shape": list(w.shape)}
+        res[1] = ops.run_op("ConvBackwardWeight", [x, g], dict(attrs, **shape), domain="opsnn")[0]
     if b is not None and len(ctx.needs) > 2 and ctx.needs[2]:
         res[2] = ops.sum(g, dim=[0] + list(range(2, nd + 2)))
     return res[: len(ctx.inputs)]
@@ -1495,9 +1473,9 @@ def _self_adjoint(ctx, grads):
 
 # -- more convolution and pooling ------------------------------------------------------------------------
 def _conv_transpose(ctx, grads):
-    """ConvTranspose is the adjoint of Conv: dX is a Conv of g by W, dW correlates g with X (the
-    roles of Conv's weight gradient swapped), dB sums g. Explicit pads only (auto_pad, output_shape:
-    no rule yet, a typed error)."""
+    """ConvTranspose is the adjoint of Conv: dX is a Conv of g by W, dW correlates g with X (Conv's
+    weight gradient with the roles swapped: opsnn::ConvBackwardWeight of g by X), dB sums g. Explicit
+    pads only (auto_pad, output_shape: no rule yet, a typed error)."""
     ops, g = _ops(), grads[0]
     x, w = ctx.inputs[0], ctx.inputs[1]
     b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
@@ -1513,7 +1491,12 @@ def _conv_transpose(ctx, grads):
     res = [None] * 3
     if ctx.needs[0]:
         res[0] = ops.run_op("Conv", [g, w], {"strides": s, "dilations": d, "pads": pads, "group": groups})[0]
-    if ctx.needs[1]:
+    opad = _ints_attr(ctx.attrs, "output_padding", nd, 0)
+    if ctx.needs[1] and all(opad[i] < s[i] for i in range(nd)):
+        # the Conv that ConvTranspose is the adjoint of maps g back to x's shape: its weight gradient
+        attrs = {"strides": s, "dilations": d, "group": groups, "pads": pads, "weight_shape": list(w.shape)}
+        res[1] = ops.run_op("ConvBackwardWeight", [g, x], attrs, domain="opsnn")[0]
+    elif ctx.needs[1]:
         cg, og = x.shape[1] // groups, w.shape[1]
         swap = [1, 0] + list(range(2, nd + 2))
         parts = []

@@ -98,6 +98,8 @@ def _wrap(label: str, text: str, width: int = 110) -> list:
 
 #: op types whose kernels run GEMMs (or convolutions) on a library the strategy chooses
 _PRODUCT_OPS = {"MatMul", "Gemm", "Linear", "FusedMatMul", "Conv", "FusedConv", "BlockedConv", "ConvTranspose"}
+#: convolution gradients: libraries.conv_backward decides between oneDNN and opsnn's GEMM kernels
+_GRADIENT_OPS = {"ConvBackwardData": "data", "ConvBackwardWeight": "weights"}
 
 
 def _dims(shape) -> str:
@@ -109,6 +111,8 @@ def _product(op: str, ex, plan_obj, kernel: str):
     why; None for other nodes (or shapes this cannot read)."""
     from ..kernels.cpu import libraries
 
+    if op in _GRADIENT_OPS:
+        return _gradient_product(op, ex, kernel)
     if op not in _PRODUCT_OPS:
         return None
     metas, outs = list(ex.input_metas), list(ex.output_metas or [])
@@ -146,6 +150,27 @@ def _product(op: str, ex, plan_obj, kernel: str):
         return None
     choice = libraries.kernel_choice(kernel, int(rows), int(k), int(n), dtype, batch=int(batch), tiles=tiles)
     return None if choice is None else (label, choice)
+
+
+def _gradient_product(op: str, ex, kernel: str):
+    """(shape label, libraries.Choice) of a ConvBackwardData / ConvBackwardWeight node."""
+    from ..kernels.cpu import libraries
+
+    try:
+        a, b = (tuple(int(d) for d in m.shape) for m in ex.input_metas[:2])
+        y = tuple(int(d) for d in ex.output_metas[0].shape)
+        attrs, nd = ex.attrs, len(a) - 2
+        xs, ws, ys = (y, b, a) if op == "ConvBackwardData" else (a, y, b)
+        s = [int(v) for v in attrs.get("strides") or [1] * nd]
+        d = [int(v) for v in attrs.get("dilations") or [1] * nd]
+        pads = [int(v) for v in attrs.get("pads") or [0] * (2 * nd)]
+        c = libraries.conv_backward(
+            _GRADIENT_OPS[op], xs, ws, ys, s, pads, d, int(attrs.get("group") or 1), ex.input_metas[0].dtype
+        )
+    except (AttributeError, TypeError, ValueError, IndexError):  # explaining never fails
+        return None
+    label = f"{_dims(ys)} -> {'dX ' + _dims(xs) if op == 'ConvBackwardData' else 'dW ' + _dims(ws)}"
+    return label, libraries.Choice(c.library, kernel, c.reason)
 
 
 def _libraries_section(products: list, max_shapes: int = 3) -> list:

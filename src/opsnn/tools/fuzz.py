@@ -306,6 +306,26 @@ def _hint_conv(draw, rec):
     return ins, attrs
 
 
+def _hint_conv_backward(draw, rec):
+    """A forward convolution's geometry, then the gradient record's inputs and shape attribute."""
+    n, group = draw.int(0, 2), draw.choice([1, 1, 2])
+    c, m = group * draw.choice([1, 3, 8]), group * draw.choice([1, 4, 8])
+    k, stride, dil = draw.choice([1, 2, 3]), draw.choice([1, 2]), draw.choice([1, 1, 2])
+    pads = [draw.int(0, k - 1) for _ in range(4)]
+    eff = (k - 1) * dil + 1
+    hw = [max(draw.choice([eff, 5, 8, 11]), eff), max(draw.choice([eff, 4, 9]), eff)]
+    out = [(hw[i] + pads[i] + pads[2 + i] - eff) // stride + 1 for i in range(2)]
+    x = draw.array((n, c, *hw), np.float32)
+    w = draw.array((m, c // group, k, k), np.float32) * 0.3
+    dy = draw.array((n, m, *out), np.float32)
+    attrs = {"strides": [stride] * 2, "pads": pads, "dilations": [dil] * 2, "group": group}
+    if rec.name == "ConvBackwardData":
+        return [dy, w], dict(attrs, input_shape=list(x.shape))
+    if rec.name == "ConvBackwardWeight":
+        return [x, dy], dict(attrs, weight_shape=list(w.shape))
+    return [dy, x, w], attrs
+
+
 def _hint_matmul(draw, rec):
     m, k, n = draw.int(1, 40), draw.choice([1, 3, 16, 33, 64]), draw.choice([1, 5, 16, 48])
     batch = draw.choice([(), (), (2,), (2, 3)])
@@ -376,6 +396,9 @@ HINTS = {
     "Conv": _hint_conv,
     "ConvTranspose": _hint_conv,
     "FusedConv": _hint_conv,
+    "ConvBackwardData": _hint_conv_backward,
+    "ConvBackwardWeight": _hint_conv_backward,
+    "ConvBackward": _hint_conv_backward,
     "MatMul": _hint_matmul,
     "Gemm": _hint_matmul,
     "Linear": _hint_matmul,
@@ -637,7 +660,10 @@ MASKED_SOFTMAX_OPS = {"Attention"}
 #: and another: a determinant of a matrix holding Inf is Inf or NaN by the order of elimination (LU
 #: pivoting in float32 vs float64 picks different pivots)
 ELIMINATION_OPS = {"Det"}
-NONFINITE_LENIENT = FFT_OPS | MASKED_SOFTMAX_OPS | ELIMINATION_OPS
+#: and another: a NaN or Inf in dY meets the padding's zeros in the reference and im2col weight
+#: gradients (0 * Inf = NaN at the taps that read padding), oneDNN's JIT code skips those taps
+PADDED_GRADIENT_OPS = {"ConvBackwardWeight", "ConvBackward"}
+NONFINITE_LENIENT = FFT_OPS | MASKED_SOFTMAX_OPS | ELIMINATION_OPS | PADDED_GRADIENT_OPS
 
 
 #: ops whose weights stay finite: a NaN weight tap over zero padding is 0 * NaN = NaN where the

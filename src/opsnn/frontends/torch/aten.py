@@ -613,49 +613,25 @@ def _threshold_backward(n, e):
 
 
 def _convolution_backward(n, e):
-    """Gradients of a convolution: the input's by the transposed convolution, the weight's by a
-    convolution of the input with the output gradient (batch and channels swapped), the bias's a sum."""
+    """Gradients of a convolution: the input's and the weight's by the gradient records
+    (opsnn::ConvBackwardData / ConvBackwardWeight: oneDNN's backward primitives or GEMM kernels),
+    the bias's a sum."""
     grad, x, w, _bias_sizes, stride, padding, dilation, transposed, output_padding, groups, mask = n.args[:11]
     if transposed:
         raise Unsupported("the gradient of a transposed convolution")
     k = _rank(w) - 2
     stride, dilation, pads = _pairs(stride, k), _pairs(dilation, k), _pairs(padding, k)
-    ks = list(_shape(w)[2:])
+    attrs = {"strides": stride, "pads": pads + pads, "dilations": dilation, "group": int(groups)}
     names = list(e.outs(n, 3))
     nodes = []
     if mask[0]:
-        want, out = _shape(x)[2:], _shape(grad)[2:]
-        extra = [want[i] - ((out[i] - 1) * stride[i] - 2 * pads[i] + dilation[i] * (ks[i] - 1) + 1) for i in range(k)]
-        if any(p < 0 or p >= max(stride[i], dilation[i]) for i, p in enumerate(extra)):
-            raise Unsupported(f"output padding {extra} of the input gradient")
-        attrs = {"strides": stride, "pads": pads + pads, "dilations": dilation, "group": int(groups)}
-        attrs.update(kernel_shape=ks, output_padding=extra)
-        nodes.append(Node("ConvTranspose", [e.name(grad), e.name(w)], [names[0]], attrs))
+        shape = {"input_shape": list(_shape(x))}
+        nodes.append(Node("ConvBackwardData", [e.name(grad), e.name(w)], [names[0]], dict(attrs, **shape), "opsnn"))
     else:
         names[0] = None
     if mask[1]:
-        if groups != 1:
-            raise Unsupported("the weight gradient of a grouped convolution")
-        perm = [1, 0] + list(range(2, k + 2))
-        xt, gt, full = (e.graph.unique_name(f"{n.name}_{h}") for h in ("xt", "gt", "wfull"))
-        wt = e.graph.unique_name(f"{n.name}_wt")
-        attrs = {"strides": dilation, "pads": pads + pads, "dilations": stride, "group": 1}
-        nodes += [
-            Node("Transpose", [e.name(x)], [xt], {"perm": perm}),
-            Node("Transpose", [e.name(grad)], [gt], {"perm": perm}),
-            Node("Conv", [xt, gt], [full], attrs),
-            Node(
-                "Slice",
-                [
-                    full,
-                    e.const("starts", np.zeros(k, np.int64)),
-                    e.const("ends", np.array(ks, np.int64)),
-                    e.const("axes", np.arange(2, k + 2, dtype=np.int64)),
-                ],
-                [wt],
-            ),
-            Node("Transpose", [wt], [names[1]], {"perm": perm}),
-        ]
+        shape = {"weight_shape": list(_shape(w))}
+        nodes.append(Node("ConvBackwardWeight", [e.name(x), e.name(grad)], [names[1]], dict(attrs, **shape), "opsnn"))
     else:
         names[1] = None
     if mask[2]:
@@ -1631,7 +1607,7 @@ def _table():
         aten.scalar_tensor.default: _constant,  # -> an initializer
         aten.full.default: _constant,  # -> an initializer
         aten.threshold_backward.default: _threshold_backward,  # -> LessOrEqual + Where
-        aten.convolution_backward.default: _convolution_backward,  # -> ConvTranspose, Conv, ReduceSum
+        aten.convolution_backward.default: _convolution_backward,  # -> ConvBackwardData/Weight, ReduceSum
         aten._native_batch_norm_legit_functional.default: _batch_norm_training,  # -> reductions, Mul, Add
         aten.hardtanh.default: _clip("min_val", "max_val", -1.0, 1.0),  # -> Clip
         aten.clamp.default: _clip("min", "max", None, None),  # -> Clip

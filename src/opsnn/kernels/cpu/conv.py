@@ -34,6 +34,10 @@ Forward algorithms, chosen at prepare time:
 
 Winograd F(4x4, 3x3) lives in ``winograd.py``.
 
+A convolution's weight gradient (opsnn::ConvBackwardWeight without oneDNN) reuses the forward's
+columns: ``dW_g += dY_g @ cols_g^T`` a band of output rows at a time (:func:`conv_backward_weight`);
+its data gradient is ConvTranspose's kernel.
+
 ConvTranspose is the adjoint: ``col = W^T @ x`` for a band of input rows into the
 workspace, then col2im adds the columns back into the output rows the band reaches (numba
 gather over output rows for 2-D, so threads never write the same row; per-offset strided
@@ -891,6 +895,92 @@ def conv_transpose(ins, outs, attrs, plan, ws):
             cv = col.reshape((plan.m, kk) + sub_in)
             for j, i_sl, o_sl in slices:
                 yv[i][(slice(None),) + o_sl] += cv[(slice(None), j) + i_sl]
+
+
+# -- convolution gradients (training) ---------------------------------------------------------------
+@dataclass(frozen=True)
+class WeightGradPlan:
+    """The weight gradient's GEMM plan: ``conv``, the forward's column plan (``gemm1x1``: X is the
+    column matrix; ``im2col2d`` / ``im2col_nd``: a band of output rows' columns at a time), and the
+    (group, O/group, C/group * prod(k)) product of one band, added into dW."""
+
+    conv: ConvPlan
+
+    @property
+    def product_shape(self) -> tuple:
+        c = self.conv
+        return (c.g, c.m // c.g, (c.c // c.g) * math.prod(c.k))
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.conv.workspace_bytes + math.prod(self.product_shape) * self.conv.itemsize + ALIGN
+
+    def describe(self) -> str:
+        c = self.conv
+        if c.kind == "gemm1x1":
+            return "weight gradient: dY @ X^T per image and group (X is the column matrix), no column buffer"
+        bands = f" in bands of {c.band} of {c.out_sp[0]} output rows" if 0 < c.band < c.out_sp[0] else ""
+        return (
+            f"weight gradient: {c.kind} columns {c.col_shape[1]}x{c.col_shape[2]} per group{bands}, "
+            "then dY @ columns^T (BLAS) added into dW"
+        )
+
+
+def conv_backward_weight_plan(x_shape, w_shape, g, k, s, d, pb, pe, out_sp, itemsize) -> WeightGradPlan:
+    """Plan dW of a convolution: X's columns (as the forward builds them) times dY, transposed."""
+    nd = len(x_shape) - 2
+    if all(v == 1 for v in k) and all(v == 1 for v in s) and not any(pb) and not any(pe):
+        kind = "gemm1x1"
+    else:
+        kind = "im2col2d" if nd <= 2 else "im2col_nd"
+    return WeightGradPlan(conv_plan(x_shape, w_shape, g, k, s, d, pb, pe, out_sp, itemsize, kind))
+
+
+def conv_backward_weight(x, dy, dw, wplan: WeightGradPlan, ws) -> None:
+    """dW[g] = sum over images and bands of dY[g] (O/g, q) @ columns(X)[g]^T (q, C/g * prod(k)),
+    for contiguous float32 / float64 arrays; the sum over images runs in dW's dtype."""
+    plan = wplan.conv
+    n, g = plan.n, plan.g
+    cg, mg = plan.c // g, plan.m // g
+    p = math.prod(plan.out_sp)
+    dwv = dw.reshape(wplan.product_shape)
+    dw.fill(0)
+    if n == 0 or p == 0 or dw.size == 0:
+        return
+    dyv = dy.reshape(n, g, mg, p)
+    tmp_off = plan.workspace_bytes
+    tmp = workspace_view(ws[tmp_off:], dw.dtype, wplan.product_shape)
+
+    def add(a, cols):  # dwv += a @ cols^T, a (g, mg, q), cols (g, gk, q)
+        if g == 1:
+            _mkl.matmul(a[0], cols[0].T, tmp[0])
+        else:
+            np.matmul(a, cols.transpose(0, 2, 1), out=tmp)
+        np.add(dwv, tmp, out=dwv)
+
+    if plan.kind == "gemm1x1":
+        xg = x.reshape(n, g, cg, p)
+        for i in range(n):
+            add(dyv[i], xg[i])
+        return
+    gk = plan.col_shape[1]
+    flat = workspace_view(ws, x.dtype, (math.prod(plan.col_shape),))
+    xv = x.reshape((n, plan.c) + plan.in_sp)
+    inner = math.prod(plan.out_sp[1:])
+    o_n, band = plan.out_sp[0], plan.band
+    if plan.kind == "im2col2d":
+        (kh, kw), (sh, sw), (dh, dw_), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
+        im2col = im2col2d_parallel if plan.parallel else im2col2d_serial
+    for i in range(n):
+        for o0 in range(0, o_n, band):
+            rows = min(band, o_n - o0)
+            q = rows * inner
+            col = flat[: g * gk * q].reshape(g, gk, q)
+            if plan.kind == "im2col2d":
+                im2col(xv[i], col.reshape(g * gk, q), kh, kw, sh, sw, ph, pw, dh, dw_, o0, rows, inner)
+            else:
+                _im2col_nd_band(xv[i], col, plan, o0, rows)
+            add(dyv[i][:, :, o0 * inner : o0 * inner + q], col)
 
 
 # -- integer / quantized convolution --------------------------------------------------------------

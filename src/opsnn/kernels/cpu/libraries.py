@@ -256,6 +256,119 @@ def winograd_gemms(tiles: int = 1, p: Platform | None = None) -> Choice:
     return Choice("openblas", "point_gemms", f"numpy (no MKL: {p.mkl})")
 
 
+class BackwardChoice(NamedTuple):
+    """:func:`conv_backward`'s decision; ``formats``: the layouts oneDNN's primitive is asked for
+    ('any': of its choosing, reorders at the edges; 'plain': the user's NCHW / OIHW), None off oneDNN."""
+
+    library: str
+    kernel: str
+    reason: str
+    formats: str | None
+
+
+def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype) -> BackwardChoice:
+    """Who computes a convolution's data (``kind`` 'data') or weight ('weights') gradient: oneDNN's
+    backward primitive where oneDNN runs the dtype natively (float32, float16 through the float32
+    adapter, bfloat16 with AVX512-BF16), asked for the layouts of its choosing (its blocked JIT
+    kernels; the plain tensors are reordered at the edges) unless that would be its reference code,
+    then for the plain layouts; else opsnn's GEMM kernels (col2im / im2col + BLAS): float64, empty
+    tensors, oneDNN missing (``OPSNN_ONEDNN=0``) or only its reference code for this shape. Asks
+    oneDNN for descriptors only (no JIT code)."""
+    from . import onednn
+
+    name = "conv_backward_data" if kind == "data" else "conv_backward_weight"
+    gemm = f"{name}_col2im" if kind == "data" else f"{name}_im2col"
+    d = np.dtype(dtype)
+    why = onednn.unavailable()
+    if why is None and d == _dt.bfloat16:
+        why = onednn.bf16_unavailable()
+        why = None if why is None else f"bfloat16: {why}"
+    elif why is None and d not in (np.dtype(np.float32), np.dtype(np.float16)):
+        why = f"oneDNN runs float32 and bfloat16, not {_dt.name(d)}"
+    if why is None and 0 in tuple(x_shape) + tuple(w_shape) + tuple(y_shape):
+        why = "an empty tensor"
+    if why is not None:
+        return BackwardChoice("opsnn", gemm, why, None)
+    prim_dtype = _dt.bfloat16 if d == _dt.bfloat16 else np.float32
+    impls = {}
+    for formats in ("any", "plain"):
+        try:
+            impls[formats] = impl = onednn.conv_backward_impl(
+                kind,
+                x_shape,
+                w_shape,
+                y_shape,
+                strides,
+                pads,
+                dilations,
+                group,
+                prim_dtype,
+                onednn.TAG_ANY if formats == "any" else None,
+            )
+        except onednn.OneDnnError as e:
+            impls[formats] = f"none ({e})"
+            continue
+        if not impl.startswith("ref"):
+            return BackwardChoice(
+                "onednn",
+                f"{name}_onednn",
+                f"oneDNN's {impl} backward primitive on "
+                + ("the layouts it chose" if formats == "any" else "the plain layouts (its own choice is ref code)"),
+                formats,
+            )
+    return BackwardChoice("opsnn", gemm, f"oneDNN has only {impls['plain']} for this shape", None)
+
+
+#: ``OPSNN_CONV_ONEDNN=1``: float32 convolutions on plain tensors prefer oneDNN's forward primitive
+#: (reorders at the edges) wherever it has JIT code for them (:func:`conv_forward_plain`)
+CONV_ONEDNN_ENV = "OPSNN_CONV_ONEDNN"
+
+
+class PlainConvChoice(NamedTuple):
+    """:func:`conv_forward_plain`'s decision: whether oneDNN can run the convolution on its JIT code,
+    whether that is preferred to opsnn's kernels, and why."""
+
+    runnable: bool
+    preferred: bool
+    reason: str
+
+
+def conv_forward_plain(x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype) -> PlainConvChoice:
+    """Whether a float32 Conv on plain NCHW tensors (an eager call, a graph node outside the blocked
+    layout's chains) runs on oneDNN's forward primitive with reorders at the edges
+    (``conv_onednn_plain``): runnable where oneDNN has JIT code for it (not ``ref``, not its own
+    ``gemm`` im2col, which opsnn's kernels match); preferred to Winograd / im2col only under
+    ``OPSNN_CONV_ONEDNN=1`` until it is measured on the training benchmark (autotuning times it
+    either way). Descriptor only."""
+    from . import onednn
+
+    d = np.dtype(dtype)
+    why = onednn.unavailable()
+    if why is None and d != np.dtype(np.float32):
+        why = f"float32 only, got {_dt.name(d)}"
+    if why is None and 0 in tuple(x_shape) + tuple(w_shape) + tuple(y_shape):
+        why = "an empty tensor"
+    if why is None:
+        try:
+            impl = onednn.plain_conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, group)
+        except onednn.OneDnnError as e:
+            why = str(e)
+        else:
+            if impl.startswith("ref") or "gemm" in impl:
+                why = f"oneDNN would run its {impl} code here"
+    if why is not None:
+        return PlainConvChoice(False, False, why)
+    want = os.environ.get(CONV_ONEDNN_ENV, "").strip().lower()
+    if want in ("1", "true", "yes", "on"):
+        return PlainConvChoice(True, True, f"oneDNN's {impl}, reorders at the edges ({CONV_ONEDNN_ENV}=1)")
+    return PlainConvChoice(
+        True,
+        False,
+        f"oneDNN's {impl} with reorders at the edges is not preferred to opsnn's kernels unless "
+        f"{CONV_ONEDNN_ENV}=1 (not yet measured on this path; autotuning times it)",
+    )
+
+
 def attention_gemms(p: Platform | None = None) -> Choice:
     """Who runs the products of the GEMM attention kernel: MKL (one ``cblas_sgemm_batch`` over the
     heads, or MKL inside a task per (batch, KV head)) where it is available, else numpy's matmul
@@ -307,6 +420,10 @@ def kernel_choice(
         return Choice(
             "onednn", kernel, "the blocked layout's convolution: oneDNN's primitive, weight reordered at prepare"
         )
+    if kernel == "conv_onednn_plain":
+        return Choice("onednn", kernel, "oneDNN's convolution on plain tensors, reorders at the edges")
+    if kernel.startswith("conv_backward_") and kernel.endswith("_onednn"):
+        return Choice("onednn", kernel, "oneDNN's convolution backward primitive (conv_backward)")
     if kernel == "conv_winograd_blocked":
         return Choice("onednn", kernel, "blocked-layout Winograd: its point GEMMs in one oneDNN batched brgemm matmul")
     if "onednn" in kernel:
@@ -333,7 +450,16 @@ def kernel_choice(
     if kernel.startswith(("matmul_numpy_int", "matmul_integer", "qlinear", "conv_integer")):
         return Choice("numpy", kernel, "integer products: numpy (no BLAS for integers)")
     if kernel.startswith(
-        ("matmul_", "gemm_", "linear_", "conv_1x1", "conv2d_im2col", "conv_nd_im2col", "conv_transpose")
+        (
+            "matmul_",
+            "gemm_",
+            "linear_",
+            "conv_1x1",
+            "conv2d_im2col",
+            "conv_nd_im2col",
+            "conv_transpose",
+            "conv_backward_",
+        )
     ):
         c = blas_product(rows, k, n, dtype, batch, p)
         return Choice(c.library, kernel, c.reason)
@@ -361,10 +487,14 @@ def summary() -> str:
 
 
 __all__ = [
+    "BackwardChoice",
     "Choice",
+    "PlainConvChoice",
     "Platform",
     "attention_gemms",
     "blas_product",
+    "conv_backward",
+    "conv_forward_plain",
     "conv_gemms",
     "gemm_library",
     "gemm_library_why",

@@ -23,6 +23,11 @@ Convolutions, pooling and matmuls take float32 or bfloat16 data (a mixed-precisi
 convolutions and products): with AVX512-BF16 (:func:`bf16_unavailable`) oneDNN's bf16 kernels
 multiply in bf16 and accumulate in float32 at ~2x its float32 speed.
 
+Training and eager calls on plain tensors: :class:`ConvBackwardPrimitive` (a convolution's data and
+weight gradients, forward_training hint) and :class:`PlainConvPrimitive` (the forward) ask for
+layouts of oneDNN's choosing and reorder the user's NCHW / OIHW tensors into and out of them at the
+edges, in the caller's workspace; built once per shape (weights change every step, so none is baked in).
+
 oneDNN is an optional dependency (PyPI ``onednn-cpu-gomp``: its GNU OpenMP build, which shares
 libgomp's thread pool with numba's kernels and MKL). When it is not installed, cannot be
 loaded, the CPU has neither AVX2 nor AVX-512, or ``OPSNN_ONEDNN=0``, :func:`unavailable` says why
@@ -970,4 +975,320 @@ def wt_matmul(m: int, k: int, n: int, accumulate: bool = False, dtype=np.float32
         prim = _wt_cache.setdefault(key, prim)
         while len(_wt_cache) > WT_CACHE_SIZE:
             _wt_cache.popitem(last=False)
+    return prim
+
+
+# -- convolution backward (training): data and weight gradients on plain user tensors ------------------
+_FORWARD_TRAINING = 64
+_ARG_DIFF_SRC, _ARG_DIFF_DST, _ARG_DIFF_WEIGHTS = 129, 145, 161
+_QUERY_DIFF_SRC_MD, _QUERY_DIFF_WEIGHTS_MD, _QUERY_DIFF_DST_MD = 130, 132, 134
+
+
+def _plain_tag(ndims: int) -> int:
+    """oneDNN's dense row-major tag for ``ndims`` dims (``abc...``: NCW/NCHW/NCDHW, OIHW, GOIHW)."""
+    return ndims + 1
+
+
+def _cloned_md(h) -> _Md:
+    """An owned copy of a memory descriptor a primitive descriptor owns."""
+    md = _Md.__new__(_Md)
+    md.h = _vp()
+    _check(_lib.dnnl_memory_desc_clone(C.byref(md.h), h), "memory descriptor clone")
+    return md
+
+
+def _reorder_primitive(src: _Md, dst: _Md) -> Primitive:
+    rpd, attr = _vp(), _new_attr()
+    status = _lib.dnnl_reorder_primitive_desc_create(C.byref(rpd), src.h, _engine, dst.h, _engine, attr)
+    _lib.dnnl_primitive_attr_destroy(attr)
+    _check(status, "reorder descriptor")
+    return Primitive(rpd, [(_ARG_SRC, src.h), (_ARG_DST, dst.h)], keep=(src, dst))
+
+
+def _conv_backward_desc(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, tag):
+    """(backward primitive descriptor, forward hint descriptor, (src, weights, dst) descriptors)
+    of a convolution's data (``kind`` 'data') or weight ('weights') gradient; ``tag``: the
+    format asked of every tensor (TAG_ANY lets oneDNN choose; None: plain row-major)."""
+    if unavailable() is not None:
+        raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
+    nd = len(x_shape) - 2
+    w_dims = list(w_shape) if group == 1 else [group, w_shape[0] // group] + list(w_shape[1:])
+    src = _Md(x_shape, tag or _plain_tag(len(x_shape)), dtype)
+    wts = _Md(w_dims, tag or _plain_tag(len(w_dims)), dtype)
+    dst = _Md(y_shape, tag or _plain_tag(len(y_shape)), dtype)
+    st, dil = _Dims(*strides), _Dims(*(int(d) - 1 for d in dilations))
+    pl, pr = _Dims(*pads[:nd]), _Dims(*pads[nd:])
+    what = f"convolution {kind} gradient (x {tuple(x_shape)}, w {tuple(w_shape)}, y {tuple(y_shape)}, group {group})"
+    hint, attr = _vp(), _new_attr()
+    status = _lib.dnnl_convolution_forward_primitive_desc_create(
+        C.byref(hint), _engine, _FORWARD_TRAINING, _CONV_DIRECT, src.h, wts.h, None, dst.h, st, dil, pl, pr, attr
+    )
+    if status != 0:
+        _lib.dnnl_primitive_attr_destroy(attr)
+        _check(status, f"{what}: forward hint descriptor")
+    pd = _vp()
+    if kind == "data":
+        status = _lib.dnnl_convolution_backward_data_primitive_desc_create(
+            C.byref(pd), _engine, _CONV_DIRECT, src.h, wts.h, dst.h, st, dil, pl, pr, hint, attr
+        )
+    else:
+        status = _lib.dnnl_convolution_backward_weights_primitive_desc_create(
+            C.byref(pd), _engine, _CONV_DIRECT, src.h, wts.h, None, dst.h, st, dil, pl, pr, hint, attr
+        )
+    _lib.dnnl_primitive_attr_destroy(attr)
+    if status != 0:
+        _lib.dnnl_primitive_desc_destroy(hint)
+        _check(status, f"{what}: descriptor")
+    return pd, hint, (src, wts, dst), w_dims
+
+
+def conv_backward_impl(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, tag) -> str:
+    """The implementation oneDNN picks for this gradient (descriptors only, no JIT code)."""
+    pd, hint, _, _ = _conv_backward_desc(kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, tag)
+    try:
+        return _impl_name(pd)
+    finally:
+        _lib.dnnl_primitive_desc_destroy(pd)
+        _lib.dnnl_primitive_desc_destroy(hint)
+
+
+def _plain_edges(pd, specs) -> tuple:
+    """For each (plain descriptor, query, argument id, is_output) of primitive ``pd``: the layout it
+    chose (an owned copy, the argument's descriptor) and, where that is not the plain one, a reorder
+    from (inputs) or to (the output) the plain layout through a buffer at a byte offset of the
+    caller's workspace. Returns (args, descriptors to keep, [(reorder or None, offset)], bytes)."""
+    args, keep, edges, ws = [], [], [], 0
+    for plain, query, arg, is_out in specs:
+        chosen = _cloned_md(_vp(_lib.dnnl_primitive_desc_query_md(pd, query, 0)))
+        keep += [chosen, plain]
+        args.append((arg, chosen.h))
+        if _lib.dnnl_memory_desc_equal(chosen.h, plain.h):
+            edges.append((None, 0))
+            continue
+        edges.append((_reorder_primitive(chosen, plain) if is_out else _reorder_primitive(plain, chosen), ws))
+        ws += -(-int(_lib.dnnl_memory_desc_get_size(chosen.h)) // 64) * 64
+    return args, keep, edges, ws
+
+
+def _run_with_edges(prim: Primitive, edges: list, ins: tuple, passed: tuple, out: np.ndarray, ws) -> None:
+    """Reorder ``ins`` into their buffers where ``edges`` say, run ``prim`` on them, the arrays of
+    ``passed`` as they are (a bias) and the output (its buffer, reordered into ``out`` after)."""
+    base = 0
+    if any(r is not None for r, _ in edges):
+        base = ws.ctypes.data + (-ws.ctypes.data % 64)
+    ptrs = []
+    for arr, (r, off) in zip(ins, edges):
+        if r is None:
+            ptrs.append(arr.ctypes.data)
+        else:
+            r.run(arr.ctypes.data, base + off)
+            ptrs.append(base + off)
+    ptrs += [a.ctypes.data for a in passed]
+    r, off = edges[-1]
+    ptrs.append(out.ctypes.data if r is None else base + off)
+    prim.run(*ptrs)
+    if r is not None:
+        r.run(base + off, out.ctypes.data)
+
+
+class ConvBackwardPrimitive:
+    """One convolution gradient on plain (row-major) user tensors: ``kind`` 'data' computes
+    dX (N, C, *sp) from dY and W (O, C/group, *k); 'weights' computes dW from X and dY. All float32
+    or all bfloat16. ``formats``: 'any' lets the primitive choose its layouts (its blocked JIT
+    kernels) and reorders each tensor whose chosen layout is not the plain one at the edges, in
+    buffers carved from the caller's workspace (:attr:`workspace_bytes`); 'plain' runs on the user
+    layouts as they are. ``run(a, b, out, ws)``: (dY, W, dX) or (X, dY, dW)."""
+
+    def __init__(self, kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, formats="any"):
+        if kind not in ("data", "weights"):
+            raise OneDnnError(f"convolution backward: kind must be 'data' or 'weights', got {kind!r}")
+        self.kind, self.formats, self.dtype = kind, formats, np.dtype(dtype)
+        tag = TAG_ANY if formats == "any" else None
+        pd, hint, (src, wts, dst), w_dims = _conv_backward_desc(
+            kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, tag
+        )
+        self._hint = hint
+        try:
+            plain = {
+                "src": _Md(x_shape, _plain_tag(len(x_shape)), dtype),
+                "wts": _Md(w_dims, _plain_tag(len(w_dims)), dtype),
+                "dst": _Md(y_shape, _plain_tag(len(y_shape)), dtype),
+            }
+            if kind == "data":
+                queries = [("dst", _QUERY_DIFF_DST_MD, _ARG_DIFF_DST), ("wts", _QUERY_WEIGHTS_MD, _ARG_WEIGHTS)]
+                out = ("src", _QUERY_DIFF_SRC_MD, _ARG_DIFF_SRC)
+            else:
+                queries = [("src", _QUERY_SRC_MD, _ARG_SRC), ("dst", _QUERY_DIFF_DST_MD, _ARG_DIFF_DST)]
+                out = ("wts", _QUERY_DIFF_WEIGHTS_MD, _ARG_DIFF_WEIGHTS)
+            edges = [(plain[name], query, arg, (name, query, arg) == out) for name, query, arg in queries + [out]]
+            args, keep, self._edges, ws = _plain_edges(pd, edges)
+            keep += [src, wts, dst]
+            self.prim = Primitive(pd, args, keep=keep)
+        except BaseException:
+            _lib.dnnl_primitive_desc_destroy(pd)
+            raise
+        self.workspace_bytes = ws + 64 if ws else 0
+        self.reorders = sum(r is not None for r, _ in self._edges)
+
+    @property
+    def impl(self) -> str:
+        return self.prim.impl
+
+    def describe(self) -> str:
+        dt = "bfloat16 " if self.dtype == _dt.bfloat16 else ""
+        what = "dX from dY and W" if self.kind == "data" else "dW from X and dY"
+        edges = (
+            f"{self.reorders} reorder(s) at the edges to and from its chosen layouts"
+            if self.reorders
+            else "on the plain layouts as they are"
+        )
+        return f"oneDNN {self.impl} {dt}convolution backward ({what}), {edges}"
+
+    def run(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, ws: np.ndarray | None) -> None:
+        _run_with_edges(self.prim, self._edges, (a, b), (), out, ws)
+
+    def __del__(self):
+        if _lib is not None and getattr(self, "_hint", None):
+            _lib.dnnl_primitive_desc_destroy(self._hint)
+
+
+#: most backward primitives :func:`conv_backward` keeps (least recently used dropped first)
+BACKWARD_CACHE_SIZE = 256
+_bwd_cache: OrderedDict[tuple, ConvBackwardPrimitive] = OrderedDict()
+
+
+def conv_backward(kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, formats="any"):
+    """A :class:`ConvBackwardPrimitive`, built once per (kind, shapes, attributes, dtype, formats):
+    the weights change every training step, so nothing in it depends on their values and every
+    executor of that workload shares it (threads included: :class:`Primitive` keeps its memory
+    objects per thread and the reorder buffers are the caller's workspace)."""
+    key = (
+        kind,
+        tuple(int(v) for v in x_shape),
+        tuple(int(v) for v in w_shape),
+        tuple(int(v) for v in y_shape),
+        tuple(int(v) for v in strides),
+        tuple(int(v) for v in pads),
+        tuple(int(v) for v in dilations),
+        int(group),
+        np.dtype(dtype).name,
+        formats,
+    )
+    with _wt_lock:
+        prim = _bwd_cache.get(key)
+        if prim is not None:
+            _bwd_cache.move_to_end(key)
+            return prim
+    prim = ConvBackwardPrimitive(kind, *key[1:8], dtype, formats=formats)
+    with _wt_lock:
+        prim = _bwd_cache.setdefault(key, prim)
+        while len(_bwd_cache) > BACKWARD_CACHE_SIZE:
+            _bwd_cache.popitem(last=False)
+    return prim
+
+
+def _plain_conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, tag):
+    """A forward convolution's descriptor for plain user tensors: X, W and Y asked for in ``tag``
+    (TAG_ANY: oneDNN's choice), the bias plain; no post-ops (IEEE: NaN and Inf stay)."""
+    if unavailable() is not None:
+        raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
+    nd = len(x_shape) - 2
+    w_dims = list(w_shape) if group == 1 else [group, w_shape[0] // group] + list(w_shape[1:])
+    src = _Md(x_shape, tag or _plain_tag(len(x_shape)))
+    wts = _Md(w_dims, tag or _plain_tag(len(w_dims)))
+    dst = _Md(y_shape, tag or _plain_tag(len(y_shape)))
+    bias = _Md([w_shape[0]], TAG_A) if has_bias else None
+    pd, attr = _vp(), _new_attr()
+    status = _lib.dnnl_convolution_forward_primitive_desc_create(
+        C.byref(pd),
+        _engine,
+        _FORWARD_INFERENCE,
+        _CONV_DIRECT,
+        src.h,
+        wts.h,
+        bias.h if bias else None,
+        dst.h,
+        _Dims(*strides),
+        _Dims(*(int(d) - 1 for d in dilations)),
+        _Dims(*pads[:nd]),
+        _Dims(*pads[nd:]),
+        attr,
+    )
+    _lib.dnnl_primitive_attr_destroy(attr)
+    _check(status, f"convolution descriptor (x {tuple(x_shape)}, w {tuple(w_shape)}, group {group}, plain edges)")
+    return pd, (src, wts, dst, bias), w_dims
+
+
+def plain_conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, group) -> str:
+    """The implementation oneDNN picks for a float32 convolution of plain tensors when it may choose
+    the layouts (descriptor only)."""
+    pd, _, _ = _plain_conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, group, False, TAG_ANY)
+    try:
+        return _impl_name(pd)
+    finally:
+        _lib.dnnl_primitive_desc_destroy(pd)
+
+
+class PlainConvPrimitive:
+    """``Y = conv(X, W) + B`` for plain NCHW (NCW, NCDHW) float32 ``X``, ``W`` (O, C/group, k...),
+    ``B`` and ``Y``: oneDNN's forward primitive on layouts of its choosing (its blocked JIT kernels),
+    X and W reordered into them and Y out of them at the edges, in buffers carved from the caller's
+    workspace. W is read per call (a training step changes it), so one primitive serves every weight
+    of its shape. No post-ops: NaN and Inf propagate as in a direct convolution."""
+
+    def __init__(self, x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias):
+        pd, (src, wts, dst, bias), w_dims = _plain_conv_desc(
+            x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, TAG_ANY
+        )
+        try:
+            plain = [_Md(x_shape, _plain_tag(len(x_shape))), _Md(w_dims, _plain_tag(len(w_dims)))]
+            plain.append(_Md(y_shape, _plain_tag(len(y_shape))))
+            specs = [
+                (plain[0], _QUERY_SRC_MD, _ARG_SRC, False),
+                (plain[1], _QUERY_WEIGHTS_MD, _ARG_WEIGHTS, False),
+                (plain[2], _QUERY_DST_MD, _ARG_DST, True),
+            ]
+            args, keep, self._edges, ws = _plain_edges(pd, specs)
+            if bias is not None:  # run()'s order: X, W, B, Y
+                args.insert(2, (_ARG_BIAS, bias.h))
+            self.prim = Primitive(pd, args, keep=keep + [src, wts, dst, bias])
+        except BaseException:
+            _lib.dnnl_primitive_desc_destroy(pd)
+            raise
+        self.has_bias = has_bias
+        self.workspace_bytes = ws + 64 if ws else 0
+        self.reorders = sum(r is not None for r, _ in self._edges)
+
+    @property
+    def impl(self) -> str:
+        return self.prim.impl
+
+    def describe(self) -> str:
+        return (
+            f"oneDNN {self.impl} convolution on plain tensors, {self.reorders} reorder(s) at the edges "
+            "to and from its chosen layouts, no post-ops"
+        )
+
+    def run(self, x: np.ndarray, w: np.ndarray, b, y: np.ndarray, ws) -> None:
+        _run_with_edges(self.prim, self._edges, (x, w), (b,) if self.has_bias else (), y, ws)
+
+
+_plain_cache: OrderedDict[tuple, PlainConvPrimitive] = OrderedDict()
+
+
+def plain_conv(x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias) -> PlainConvPrimitive:
+    """A :class:`PlainConvPrimitive`, built once per (shapes, attributes, bias), up to
+    ``BACKWARD_CACHE_SIZE`` of them (least recently used dropped first)."""
+    key = tuple(tuple(int(v) for v in a) for a in (x_shape, w_shape, y_shape, strides, pads, dilations))
+    key += (int(group), bool(has_bias))
+    with _wt_lock:
+        prim = _plain_cache.get(key)
+        if prim is not None:
+            _plain_cache.move_to_end(key)
+            return prim
+    prim = PlainConvPrimitive(*key)
+    with _wt_lock:
+        prim = _plain_cache.setdefault(key, prim)
+        while len(_plain_cache) > BACKWARD_CACHE_SIZE:
+            _plain_cache.popitem(last=False)
     return prim

@@ -22,10 +22,11 @@ from ...errors import DTypeError, InferShapeError, ParamInvalidError
 from ...kernels.cpu import conv as K
 from ...kernels.cpu import libraries as KL
 from ...kernels.cpu import mkl as KM
+from ...kernels.cpu import onednn as KD
 from ...kernels.cpu import winograd as WG
 from ..api import api
 from ..autotune import NotPreferred
-from ..registry import Attr, Input, TensorMeta, register_op
+from ..registry import Attr, InferContext, Input, TensorMeta, get_op, register_op, select_kernel
 
 FLOAT = _dt.FLOATS
 _F32_64 = (_dt.float32, _dt.float64)
@@ -900,6 +901,45 @@ Conv.kernel(
 )(K.conv)
 
 
+# -- oneDNN on plain tensors -------------------------------------------------------------------------
+def _plain_onednn_args(ctx) -> tuple:
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    geo = conv_geometry(ctx.op.name, xs, ws, ctx.attrs)
+    ys = (xs[0], ws[0]) + geo.out
+    return xs, ws, ys, geo.s, geo.pb + geo.pe, geo.d, int(ctx.attrs["group"])
+
+
+def _plain_onednn_applies(ctx):
+    c = KL.conv_forward_plain(*_plain_onednn_args(ctx), ctx.dtype(0))
+    if not c.runnable:
+        return c.reason
+    return True if c.preferred else NotPreferred(c.reason)
+
+
+def _plain_onednn_plan(ctx):
+    return KD.plain_conv(*_plain_onednn_args(ctx), ctx.has(2))
+
+
+def _plain_onednn_kernel(ins, outs, attrs, plan, ws):
+    plan.run(ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], ws)
+
+
+Conv.kernel(
+    "conv_onednn_plain",
+    dtypes=(_dt.float32,),
+    priority=38,
+    applies=_plain_onednn_applies,
+    plan=_plain_onednn_plan,
+    workspace=lambda ctx, plan: plan.workspace_bytes,
+    doc="oneDNN's forward convolution on plain float32 tensors: X and W reordered into the layouts it "
+    "chooses and Y out of them at the edges (workspace), the bias added by the primitive, no post-ops; "
+    "chosen where libraries.conv_forward_plain prefers it (OPSNN_CONV_ONEDNN=1), else timed by autotuning",
+    nonfinite="oneDNN's JIT code skips the taps that read padding, where the definition multiplies the "
+    "padding's zeros: an Inf or NaN weight tap that reads only padding gives NaN there by the definition "
+    "and nothing here",
+)(_plain_onednn_kernel)
+
+
 def _spatial(v, nd: int, name: str, fn: str) -> tuple:
     if isinstance(v, (bool, np.bool_)):
         raise ParamInvalidError(f"{fn}: {name} must be an int or {nd} ints, got {v!r}")
@@ -1038,6 +1078,402 @@ def _make_conv_transpose(nd: int):
 conv_transpose1d = _make_conv_transpose(1)
 conv_transpose2d = _make_conv_transpose(2)
 conv_transpose3d = _make_conv_transpose(3)
+
+
+# -- convolution gradients (training) ------------------------------------------------------------
+_BACKWARD_ATTRS = [
+    Attr("dilations", "ints", ()),
+    Attr("group", "int", 1),
+    Attr("pads", "ints", ()),
+    Attr("strides", "ints", ()),
+]
+
+
+def _shape_attr(ctx, name: str, rank: int) -> tuple:
+    v = ctx.attrs.get(name)
+    try:
+        shape = tuple(int(d) for d in np.asarray(v).reshape(-1)) if v is not None else ()
+    except (TypeError, ValueError):
+        shape = ()
+    if len(shape) != rank or any(d < 0 for d in shape):
+        raise ParamInvalidError(
+            f"{ctx.op.name}: attribute {name!r} must be the forward's {rank} non-negative dims "
+            f"(the rank of the output gradient), got {v!r}",
+            op=ctx.op.name,
+        )
+    return shape
+
+
+def _backward_shapes(ctx) -> tuple:
+    """(X, W, dY) shapes and the forward geometry of a ConvBackwardData / ConvBackwardWeight /
+    ConvBackward node, checked against each other (dY must be the forward's output)."""
+    name = ctx.op.name
+    if name == "ConvBackwardData":
+        ys, ws = ctx.shape(0), ctx.shape(1)
+        xs = _shape_attr(ctx, "input_shape", len(ys))
+    elif name == "ConvBackwardWeight":
+        xs, ys = ctx.shape(0), ctx.shape(1)
+        ws = _shape_attr(ctx, "weight_shape", len(ys))
+    else:
+        ys, xs, ws = ctx.shape(0), ctx.shape(1), ctx.shape(2)
+    if len(ys) != len(xs):
+        ctx.fail(f"output gradient dY {tuple(ys)} must have the rank of X {tuple(xs)}")
+    geo = conv_geometry(name, xs, ws, ctx.attrs)
+    m = _check_channels(ctx, xs, ws, int(ctx.attrs["group"]))
+    want = (xs[0], m) + geo.out
+    if tuple(ys) != want:
+        ctx.fail(
+            f"output gradient dY must have the forward's output shape {want} (X {tuple(xs)}, W {tuple(ws)}), "
+            f"got {tuple(ys)}"
+        )
+    return tuple(xs), tuple(ws), tuple(ys), geo
+
+
+def _bwd_data_infer(ctx):
+    dt = _same_dtype(ctx, 0, 1)
+    xs, _, _, _ = _backward_shapes(ctx)
+    return [TensorMeta(xs, dt)]
+
+
+def _bwd_weight_infer(ctx):
+    dt = _same_dtype(ctx, 0, 1)
+    _, ws, _, _ = _backward_shapes(ctx)
+    return [TensorMeta(ws, dt)]
+
+
+def _window_slices(geo: Geometry, kidx: tuple) -> tuple:
+    """Per spatial dim: the padded input positions kernel offset ``kidx`` reads, one per output."""
+    return tuple(
+        slice(kidx[i] * geo.d[i], kidx[i] * geo.d[i] + (geo.out[i] - 1) * geo.s[i] + 1, geo.s[i])
+        for i in range(len(geo.k))
+    )
+
+
+def conv_grad_data_reference(dy: np.ndarray, w: np.ndarray, x_shape: tuple, geo: Geometry, g: int) -> np.ndarray:
+    """dX in float64: every dY entry times each weight tap, added to the input position that tap read."""
+    dy, w = dy.astype(np.float64), w.astype(np.float64)
+    n, c = x_shape[:2]
+    m = w.shape[0]
+    cg, mg = c // g, m // g
+    nd = len(geo.k)
+    padded = tuple(x_shape[2 + i] + geo.pb[i] + geo.pe[i] for i in range(nd))
+    dxp = np.zeros((n, c) + padded)
+    for gi in range(g):
+        dxg = dxp[:, gi * cg : (gi + 1) * cg]
+        dyg = dy[:, gi * mg : (gi + 1) * mg]
+        for kidx in itertools.product(*(range(v) for v in geo.k)):
+            wk = w[(slice(gi * mg, (gi + 1) * mg), slice(None)) + kidx]
+            dxg[(Ellipsis,) + _window_slices(geo, kidx)] += np.einsum("nm...,mc->nc...", dyg, wk)
+    crop = tuple(slice(geo.pb[i], geo.pb[i] + x_shape[2 + i]) for i in range(nd))
+    return np.ascontiguousarray(dxp[(slice(None), slice(None)) + crop])
+
+
+def conv_grad_weight_reference(x: np.ndarray, dy: np.ndarray, w_shape: tuple, geo: Geometry, g: int) -> np.ndarray:
+    """dW in float64: per tap, the input positions it read times dY, summed over images and outputs."""
+    x, dy = x.astype(np.float64), dy.astype(np.float64)
+    c, m = x.shape[1], int(w_shape[0])
+    cg, mg = c // g, m // g
+    xp = np.pad(x, [(0, 0), (0, 0)] + list(zip(geo.pb, geo.pe)))
+    dw = np.zeros(tuple(w_shape))
+    for gi in range(g):
+        xg = xp[:, gi * cg : (gi + 1) * cg]
+        dyg = dy[:, gi * mg : (gi + 1) * mg]
+        for kidx in itertools.product(*(range(v) for v in geo.k)):
+            win = xg[(Ellipsis,) + _window_slices(geo, kidx)]
+            summed = [0] + list(range(2, dy.ndim))
+            dw[(slice(gi * mg, (gi + 1) * mg), slice(None)) + kidx] = np.tensordot(dyg, win, (summed, summed))
+    return dw
+
+
+def _bwd_data_ref(ins, attrs):
+    dy, w = ins[0], ins[1]
+    xs = tuple(int(v) for v in attrs["input_shape"])
+    geo = conv_geometry("ConvBackwardData", xs, w.shape, attrs)
+    return conv_grad_data_reference(dy, w, xs, geo, int(attrs["group"])).astype(dy.dtype)
+
+
+def _bwd_weight_ref(ins, attrs):
+    x, dy = ins[0], ins[1]
+    ws = tuple(int(v) for v in attrs["weight_shape"])
+    geo = conv_geometry("ConvBackwardWeight", x.shape, ws, attrs)
+    return conv_grad_weight_reference(x, dy, ws, geo, int(attrs["group"])).astype(x.dtype)
+
+
+def _bwd_choice(ctx, kind: str) -> KL.BackwardChoice:
+    xs, ws, ys, geo = _backward_shapes(ctx)
+    g = int(ctx.attrs["group"])
+    return KL.conv_backward(kind, xs, ws, ys, geo.s, geo.pb + geo.pe, geo.d, g, ctx.dtype(0))
+
+
+def _bwd_onednn_applies(kind: str):
+    def applies(ctx):
+        c = _bwd_choice(ctx, kind)
+        return True if c.library == "onednn" else c.reason
+
+    return applies
+
+
+def _bwd_onednn_plan(kind: str):
+    def plan(ctx):
+        c = _bwd_choice(ctx, kind)
+        xs, ws, ys, geo = _backward_shapes(ctx)
+        dtype = _dt.bfloat16 if ctx.dtype(0) == _dt.bfloat16 else np.float32
+        return KD.conv_backward(
+            kind, xs, ws, ys, geo.s, geo.pb + geo.pe, geo.d, int(ctx.attrs["group"]), dtype, c.formats
+        )
+
+    return plan
+
+
+def _bwd_onednn_kernel(ins, outs, attrs, plan, ws):
+    plan.run(ins[0], ins[1], outs[0], ws)
+
+
+def _bwd_data_gemm_plan(ctx):
+    xs, ws, ys, geo = _backward_shapes(ctx)
+    return K.conv_transpose_plan(
+        ys, ws, int(ctx.attrs["group"]), geo.k, geo.s, geo.d, geo.pb, tuple(xs[2:]), _compute_itemsize(ctx.dtype(0))
+    )
+
+
+def _bwd_data_gemm(ins, outs, attrs, plan, ws):
+    K.conv_transpose(ins[:2], outs, attrs, plan, ws)
+
+
+def _bwd_weight_gemm_plan(ctx):
+    xs, ws, ys, geo = _backward_shapes(ctx)
+    g = int(ctx.attrs["group"])
+    return K.conv_backward_weight_plan(
+        xs, ws, g, geo.k, geo.s, geo.d, geo.pb, geo.pe, geo.out, _compute_itemsize(ctx.dtype(0))
+    )
+
+
+def _bwd_weight_gemm(ins, outs, attrs, plan, ws):
+    K.conv_backward_weight(ins[0], ins[1], outs[0], plan, ws)
+
+
+def _bwd_flops(ctx) -> int:
+    _, ws, ys, _ = _backward_shapes(ctx)
+    return 2 * math.prod(ys) * math.prod(ws[1:])
+
+
+ConvBackwardData = register_op(
+    "ConvBackwardData",
+    domain="opsnn",
+    category="conv",
+    inputs=[Input("dY", FLOAT), Input("W", FLOAT)],
+    outputs=["dX"],
+    attrs=_BACKWARD_ATTRS + [Attr("input_shape", "ints")],
+    infer=_bwd_data_infer,
+    reference=_bwd_data_ref,
+    flops=_bwd_flops,
+    doc="Conv's input gradient dX (shape ``input_shape``) from dY and W, the forward's strides, "
+    "explicit pads (begin..., end...), dilations and group (aclnnConvolutionBackward's gradInput).",
+)
+ConvBackwardData.kernel(
+    "conv_backward_data_onednn",
+    dtypes=(_dt.float32, _dt.bfloat16),
+    priority=30,
+    applies=_bwd_onednn_applies("data"),
+    plan=_bwd_onednn_plan("data"),
+    workspace=lambda ctx, plan: plan.workspace_bytes,
+    doc="oneDNN's convolution backward-data primitive (forward_training hint), built at prepare and "
+    "kept per shape; asked for layouts of its choosing, plain tensors reordered at the edges in the "
+    "workspace (libraries.conv_backward)",
+)(_bwd_onednn_kernel)
+ConvBackwardData.kernel(
+    "conv_backward_data_col2im",
+    dtypes=_F32_64,
+    priority=20,
+    plan=_bwd_data_gemm_plan,
+    workspace=_workspace,
+    doc="GEMM W_g^T @ dY_g per image (BLAS) into the workspace, then col2im into dX (ConvTranspose's kernel)",
+)(_bwd_data_gemm)
+
+ConvBackwardWeight = register_op(
+    "ConvBackwardWeight",
+    domain="opsnn",
+    category="conv",
+    inputs=[Input("X", FLOAT), Input("dY", FLOAT)],
+    outputs=["dW"],
+    attrs=_BACKWARD_ATTRS + [Attr("weight_shape", "ints")],
+    infer=_bwd_weight_infer,
+    reference=_bwd_weight_ref,
+    flops=_bwd_flops,
+    doc="Conv's weight gradient dW (shape ``weight_shape``) from X and dY, the forward's strides, "
+    "explicit pads, dilations and group (aclnnConvolutionBackward's gradWeight; the bias gradient is "
+    "dY summed over all but the channel dim).",
+)
+ConvBackwardWeight.kernel(
+    "conv_backward_weight_onednn",
+    dtypes=(_dt.float32, _dt.bfloat16),
+    priority=30,
+    applies=_bwd_onednn_applies("weights"),
+    plan=_bwd_onednn_plan("weights"),
+    workspace=lambda ctx, plan: plan.workspace_bytes,
+    doc="oneDNN's convolution backward-weights primitive (forward_training hint), built at prepare and "
+    "kept per shape; layouts of its choosing, plain tensors reordered at the edges in the workspace",
+    nonfinite="oneDNN's JIT code skips the taps that read padding, so a NaN or Inf in dY reaches the dW "
+    "entries whose sums read the input there; the reference and the im2col kernels multiply the padding's "
+    "zeros (every tap, as Conv's definition), which also gives NaN at the taps that read padding",
+)(_bwd_onednn_kernel)
+ConvBackwardWeight.kernel(
+    "conv_backward_weight_im2col",
+    dtypes=_F32_64,
+    priority=20,
+    plan=_bwd_weight_gemm_plan,
+    workspace=_workspace,
+    doc="the forward's im2col columns of X, a band of output rows at a time (1x1: X itself), times "
+    "dY^T (BLAS), added into dW",
+)(_bwd_weight_gemm)
+
+
+def _bwd_infer(ctx):
+    dt = _same_dtype(ctx, 0, 1, 2)
+    xs, ws, _, _ = _backward_shapes(ctx)
+    return [TensorMeta(xs, dt), TensorMeta(ws, dt), TensorMeta((ws[0],), dt)][: ctx.num_outputs]
+
+
+def _bwd_ref(ins, attrs):
+    dy, x, w = ins[0], ins[1], ins[2]
+    geo = conv_geometry("ConvBackward", x.shape, w.shape, attrs)
+    g = int(attrs["group"])
+    db = dy.astype(np.float64).sum(axis=(0,) + tuple(range(2, dy.ndim)))
+    return (
+        conv_grad_data_reference(dy, w, x.shape, geo, g).astype(dy.dtype),
+        conv_grad_weight_reference(x, dy, w.shape, geo, g).astype(dy.dtype),
+        db.astype(dy.dtype),
+    )
+
+
+def _bwd_parts_plan(ctx):
+    """The data and weight gradients' own records, kernels and plans (selected as they would be
+    alone, on float32 metas where a 16-bit call comes through the float32 adapter)."""
+    compute = _dt.float32 if _dt.is_low_precision(ctx.dtype(0)) else ctx.dtype(0)
+    ys, xs, ws = (tuple(ctx.shape(i)) for i in range(3))
+    base = {k: ctx.attrs[k] for k in ("dilations", "group", "pads", "strides")}
+    parts = []
+    for op, shapes, extra in (
+        ("ConvBackwardData", (ys, ws), {"input_shape": list(xs)}),
+        ("ConvBackwardWeight", (xs, ys), {"weight_shape": list(ws)}),
+    ):
+        rec = get_op(op, "opsnn")
+        metas = [TensorMeta(sh, compute) for sh in shapes]
+        inner = InferContext(rec, metas, rec.bind_attrs(dict(base, **extra)), [None, None], 1, ctx.device)
+        rec.run_infer(inner)
+        k = select_kernel(rec, inner).kernel
+        plan = k.plan(inner) if k.plan else None
+        parts.append((k, plan, k.workspace(inner, plan) if k.workspace else 0, inner.attrs))
+    return parts
+
+
+def _bwd_kernel(ins, outs, attrs, plan, ws):
+    dy, x, w = ins[0], ins[1], ins[2]
+    (kd, pd, _, ad), (kw, pw, _, aw) = plan
+    kd.fn([dy, w], outs[:1], ad, pd, ws)
+    if len(outs) > 1:
+        kw.fn([x, dy], outs[1:2], aw, pw, ws)
+    if len(outs) > 2:
+        np.sum(dy, axis=(0,) + tuple(range(2, dy.ndim)), out=outs[2])
+
+
+ConvBackward = register_op(
+    "ConvBackward",
+    domain="opsnn",
+    category="conv",
+    inputs=[Input("dY", FLOAT), Input("X", FLOAT), Input("W", FLOAT)],
+    outputs=["dX", "dW", "dB"],
+    attrs=_BACKWARD_ATTRS,
+    infer=_bwd_infer,
+    reference=_bwd_ref,
+    flops=lambda ctx: 2 * _bwd_flops(ctx),
+    doc="Conv's three gradients (aclnnConvolutionBackward): dX (ConvBackwardData), dW "
+    "(ConvBackwardWeight) and dB (dY summed over all but the channel dim).",
+)
+ConvBackward.kernel(
+    "conv_backward_parts",
+    dtypes=_F32_64,
+    priority=20,
+    plan=_bwd_parts_plan,
+    workspace=lambda ctx, plan: max(p[2] for p in plan),
+    doc="the kernels ConvBackwardData and ConvBackwardWeight select, one after the other in one workspace",
+)(_bwd_kernel)
+
+
+def _bwd_pads(fn: str, nd: int, padding) -> list:
+    """``padding``: an int, one per spatial dim (both ends) or 2*nd values (begins, then ends)."""
+    if not isinstance(padding, (int, np.integer)) and hasattr(padding, "__len__") and len(padding) == 2 * nd:
+        p = [int(v) for v in padding]
+        if any(v < 0 for v in p):
+            raise ParamInvalidError(f"{fn}: padding must be non-negative, got {padding!r}")
+        return p
+    return list(_spatial(padding, nd, "padding", fn)) * 2
+
+
+def _bwd_attrs(fn: str, nd: int, stride, padding, dilation, groups) -> dict:
+    return {
+        "strides": list(_spatial(stride, nd, "stride", fn)),
+        "pads": _bwd_pads(fn, nd, padding),
+        "dilations": list(_spatial(dilation, nd, "dilation", fn)),
+        "group": int(groups),
+    }
+
+
+def _rank_of(fn: str, t) -> int:
+    r = getattr(t, "ndim", None)
+    r = np.ndim(t) if r is None else r
+    if r not in (3, 4, 5):
+        raise ParamInvalidError(f"{fn}: tensors must be 3-D, 4-D or 5-D (N, C, spatial...), got {r}-D")
+    return r - 2
+
+
+@api("conv_backward_data", "ConvBackwardData", domain="opsnn")
+def conv_backward_data(grad_output, weight, input_shape, stride=1, padding=0, dilation=1, groups=1):
+    """A convolution's input gradient (torch.nn.grad.conv{1,2,3}d_input with the input's shape):
+    ``padding`` an int, one per spatial dim, or begins then ends.
+
+    >>> import opsnn, numpy as np
+    >>> dy = opsnn.tensor(np.ones((1, 4, 4, 4), np.float32))
+    >>> w = opsnn.tensor(np.ones((4, 3, 3, 3), np.float32))
+    >>> opsnn.ops.conv_backward_data(dy, w, (1, 3, 8, 8), stride=2, padding=1).shape
+    (1, 3, 8, 8)
+    """
+    nd = _rank_of("conv_backward_data", grad_output)
+    attrs = _bwd_attrs("conv_backward_data", nd, stride, padding, dilation, groups)
+    attrs["input_shape"] = [int(v) for v in input_shape]
+    return [grad_output, weight], attrs
+
+
+@api("conv_backward_weight", "ConvBackwardWeight", domain="opsnn")
+def conv_backward_weight(input, grad_output, weight_shape, stride=1, padding=0, dilation=1, groups=1):
+    """A convolution's weight gradient (torch.nn.grad.conv{1,2,3}d_weight's arguments in its order:
+    ``input``, ``weight_shape``... are keywords here as there)."""
+    nd = _rank_of("conv_backward_weight", input)
+    attrs = _bwd_attrs("conv_backward_weight", nd, stride, padding, dilation, groups)
+    attrs["weight_shape"] = [int(v) for v in weight_shape]
+    return [input, grad_output], attrs
+
+
+def _make_conv_backward(nd: int):
+    fn = f"conv{nd}d_backward"
+
+    def translate(grad_output, input, weight, stride=1, padding=0, dilation=1, groups=1):
+        _check_rank(fn, nd, grad_output=grad_output, input=input, weight=weight)
+        return [grad_output, input, weight], _bwd_attrs(fn, nd, stride, padding, dilation, groups), 3
+
+    translate.__name__ = fn
+    translate.__doc__ = (
+        f"The three gradients of ``conv{nd}d(input, weight, bias, stride, padding, dilation, groups)`` "
+        "for the output gradient ``grad_output``: (grad_input, grad_weight, grad_bias), like "
+        "aclnnConvolutionBackward; ``padding`` an int, one per spatial dim, or begins then ends. "
+        f"Two-phase: ``opsnn.aclnn.{fn}.prepare(grad_output, input, weight, ...)``."
+    )
+    return api(fn, "ConvBackward", domain="opsnn")(translate)
+
+
+conv1d_backward = _make_conv_backward(1)
+conv2d_backward = _make_conv_backward(2)
+conv3d_backward = _make_conv_backward(3)
 
 
 # -- ConvInteger / QLinearConv --------------------------------------------------------------------
@@ -1212,4 +1648,9 @@ __all__ = [
     "conv_transpose3d",
     "conv_integer",
     "qlinear_conv",
+    "conv_backward_data",
+    "conv_backward_weight",
+    "conv1d_backward",
+    "conv2d_backward",
+    "conv3d_backward",
 ]
