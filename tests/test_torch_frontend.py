@@ -187,6 +187,98 @@ def test_outputs_stay_valid_after_the_next_call(last):
         np.testing.assert_allclose(y2.numpy(), m(x2).numpy(), rtol=RTOL, atol=RTOL)
 
 
+def _recording_runs(monkeypatch):
+    """Every CompiledGraph.run of the test: ``(feeds, results)`` as the graph saw and returned them."""
+    from opsnn.graph.compiler import CompiledGraph
+
+    runs = []
+    real = CompiledGraph.run
+
+    def run(self, inputs, stream=None):
+        results = real(self, inputs, stream)
+        runs.append((list(inputs), results))
+        return results
+
+    monkeypatch.setattr(CompiledGraph, "run", run)
+    return runs
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+def test_inputs_and_outputs_cross_by_dlpack_without_copies(layout, monkeypatch):
+    """The partition's feed is the torch input's memory (same data pointer and strides, also for a
+    transposed or offset view) and the torch output is the memory opsnn wrote (same data pointer)."""
+    torch.manual_seed(13)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh()).eval()
+    base = torch.randn(6, 5)
+    x = {"contiguous": base[:, :4].contiguous(), "transposed": base.t()[:, :4], "sliced": base[1:, 1:]}[layout]
+    assert x.is_contiguous() == (layout == "contiguous")
+    runs = _recording_runs(monkeypatch)
+    _, got = _check(m, x)
+    [(feeds, results)] = runs
+    [feed] = feeds
+    assert feed.ctypes.data == x.data_ptr()
+    assert feed.strides == tuple(s * x.element_size() for s in x.stride())
+    [result] = results
+    assert got.data_ptr() == result.numpy().ctypes.data
+
+
+def test_outputs_own_their_memory_outside_the_plan_arena(monkeypatch):
+    """An output is opsnn memory of its own, never the plan's arena (reused by the next run): the
+    first call's output keeps its pointer and values while the second call writes elsewhere."""
+    torch.manual_seed(14)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4), torch.nn.Tanh()).eval()
+    reports = []
+    compiled = torch.compile(m, backend=_recording(reports), dynamic=False)
+    with torch.no_grad():
+        y1 = compiled(torch.randn(3, 4))
+        kept, p1 = y1.clone(), y1.data_ptr()
+        y2 = compiled(torch.randn(3, 4))
+    plan = reports[0].partitions[0][2].latest_plan
+    assert plan.arena is not None  # the hidden layer lives in the arena
+    lo, hi = plan.arena.ctypes.data, plan.arena.ctypes.data + plan.arena.nbytes
+    for y in (y1, y2):
+        assert not lo <= y.data_ptr() < hi
+    assert y1.data_ptr() == p1 != y2.data_ptr() and torch.equal(y1, kept)
+
+
+def test_bfloat16_crosses_by_dlpack_as_its_bits():
+    """DLPack's numpy consumer has no bfloat16: the frontend hands its 16-bit pattern over, both ways,
+    still without a copy (a strided view included)."""
+    from opsnn.dtypes import bfloat16
+
+    t = torch.randn(6, 4).to(torch.bfloat16).t()
+    a = fe.to_numpy(t)
+    assert a.dtype == bfloat16 and a.ctypes.data == t.data_ptr() and a.strides == (2, 8)
+    np.testing.assert_array_equal(a.astype(np.float32), t.float().numpy())
+    back = fe.to_torch(a)
+    assert back.dtype == torch.bfloat16 and back.data_ptr() == t.data_ptr() and torch.equal(back, t)
+
+
+def test_parameters_share_memory_and_in_place_updates_are_seen():
+    """Parameters used as they are (a conv's weight and bias, a linear's bias) are the opsnn graph's
+    constants, no copy; an in-place update of any parameter (an optimizer step, ``mul_`` under
+    no_grad) moves its version counter and the next call compiles again and sees it, a weight opsnn
+    transposed into its own array included."""
+    torch.manual_seed(15)
+    m = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3)
+    ).eval()
+    x = torch.randn(2, 3, 6, 6)
+    reports = []
+    compiled = torch.compile(m, backend=_recording(reports), dynamic=False)
+    with torch.no_grad():
+        compiled(x)
+        [rep] = reports
+        ptrs = {a.ctypes.data for a in rep.partitions[0][2].graph.initializers.values()}
+        assert {m[0].weight.data_ptr(), m[0].bias.data_ptr(), m[3].bias.data_ptr()} <= ptrs
+        for p in (m[0].weight, m[3].weight):
+            p.mul_(-0.5)
+            got = compiled(x)
+            want = m(x)
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=RTOL, atol=RTOL * float(want.abs().max()))
+        assert len(rep.partitions) == 1  # the stale compile was dropped, one partition is current
+
+
 def _train(model, x, y, steps=5, backend="eager"):
     """``steps`` of SGD on cross-entropy; the losses."""
     compiled = torch.compile(model, backend=backend, dynamic=False)

@@ -4,7 +4,11 @@ The backend receives Dynamo's FX graph and its example inputs, traces it to core
 torch's decompositions (functionalized), splits it into the parts opsnn maps exactly (the
 table in :mod:`.aten`) and the rest, and compiles each supported part with ``opsnn.compile``
 (passes, memory plan, a plan per input shape). Parameters and buffers become graph constants
-that share the torch tensors' memory. Every node left to torch is logged with its reason
+that share the torch tensors' memory. Tensors cross by DLPack without copies both ways
+(:func:`to_numpy`, :func:`to_torch`; strided views keep their strides, bfloat16 crosses as its
+bits): an output is memory opsnn allocated for that call alone, outside the plan's arena, so it
+stays valid after the next call; an in-place update of a parameter moves its version counter,
+and the next call compiles again (a pass may have folded it into an array of its own). Every node left to torch is logged with its reason
 (``logging`` INFO on ``opsnn.frontends.torch``; ``OPSNN_DEBUG=1`` prints them);
 :func:`explain` reports the partitions, fallbacks and kernels.
 
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...dtypes import bfloat16
 from ...errors import KernelNotFoundError, OpsnnError
 
 log = logging.getLogger("opsnn.frontends.torch")
@@ -38,6 +43,8 @@ __all__ = [
     "TorchNotInstalledError",
     "UnsupportedExportError",
     "Report",
+    "to_numpy",
+    "to_torch",
 ]
 
 
@@ -79,6 +86,25 @@ class Report:
         for node, target, reason in self.fallbacks:
             lines.append(f"fallback {node} ({target}): {reason}")
         return "\n".join(lines)
+
+
+def to_numpy(t) -> np.ndarray:
+    """A CPU torch tensor as a numpy array over the same memory (DLPack; its strides kept, no copy).
+    bfloat16, which DLPack's numpy consumer cannot name, crosses as its 16-bit pattern."""
+    torch = _torch()
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return np.from_dlpack(t.view(torch.int16)).view(bfloat16)
+    return np.from_dlpack(t)
+
+
+def to_torch(a: np.ndarray):
+    """A numpy array as a torch tensor over the same memory (DLPack, no copy); the tensor keeps the
+    array (and the opsnn memory block under it) alive."""
+    torch = _torch()
+    if a.dtype == bfloat16:  # ml_dtypes' bfloat16: its bits, viewed back
+        return torch.from_dlpack(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_dlpack(a)
 
 
 def _fallback(report: Report, node: str, target, reason: str) -> None:
@@ -386,7 +412,7 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
             if getattr(outer, "op", None) == "get_attr":
                 t = _get_attr(outer_gm, outer.target).detach()
                 keep.append(t)
-                emit.names[node] = emit.const(node.name, t.numpy())  # CPU tensors: a view, no copy
+                emit.names[node] = emit.const(node.name, to_numpy(t))  # the parameter's own memory
             else:
                 runtime_idx.append(i)
                 g.inputs.append(Value(emit.out(node), _aten.np_dtype(node), _aten._shape(node)))
@@ -420,7 +446,7 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
         def forward(self, *args):
             if self.torch_reason:
                 return sub(*args)
-            feeds = [args[i].detach().numpy() for i in runtime_idx]  # CPU tensors: views, no copies
+            feeds = [to_numpy(args[i]) for i in runtime_idx]  # the tensors' memory, strides and all
             outs = []
             try:
                 results = self.cg.run(feeds)
@@ -440,7 +466,7 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
                     or any(np.may_share_memory(arr, f) for f in feeds)
                 ):
                     arr = arr.copy()
-                outs.append(torch.from_numpy(arr))
+                outs.append(to_torch(arr))
             got = [tuple(o.shape) for o in outs]
             if got != expected:
                 self.torch_reason = f"opsnn's output shapes {got} differ from torch's {expected}"
