@@ -462,17 +462,59 @@ def test_strided_input():
     _check(m, x)
 
 
-def test_dynamic_true_compiles_per_concrete_shape():
+def test_dynamic_batch_is_one_trace_with_a_plan_per_shape():
+    """dynamic=True: Dynamo's symbolic batch becomes an opsnn symbolic dim; one trace, one opsnn graph
+    (its input declared with the symbol), three batch sizes give three plans, each result as eager."""
     torch.manual_seed(9)
-    m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Flatten(0)).eval()
+    m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LayerNorm(8), torch.nn.GELU(), torch.nn.Flatten(0)).eval()
     reports = []
     compiled = torch.compile(m, backend=_recording(reports), dynamic=True)
     with torch.no_grad():
-        for batch in (3, 5, 3):
+        for batch in (3, 5, 9, 5):
             x = torch.randn(batch, 6)
-            np.testing.assert_allclose(compiled(x).numpy(), m(x).numpy(), rtol=RTOL, atol=RTOL)
-    assert len(reports) == 1 and not reports[0].whole_graph_reason
-    assert len(reports[0].partitions) == 2 and not reports[0].fallbacks  # one compile per batch size
+            got = compiled(x)
+            assert got.shape == (8 * batch,)
+            np.testing.assert_allclose(got.numpy(), m(x).numpy(), rtol=RTOL, atol=RTOL)
+    [rep] = reports  # one trace: Dynamo compiled once, and so did the backend
+    assert not rep.whole_graph_reason and not rep.fallbacks
+    [(_, _, cg)] = rep.partitions
+    [spec] = cg.input_specs.values()
+    assert isinstance(spec.shape[0], str) and spec.shape[1] == 6  # the batch is a symbolic dim
+    assert cg.num_plans == 3 and {p.key[0][1] for p in cg.plans} == {(3, 6), (5, 6), (9, 6)}
+
+
+def test_symbolic_dims_whose_value_a_lowering_needs_stay_in_torch():
+    """A reshape whose result has two symbolic dims in new places needs their values: it runs in torch
+    (logged), the ops around it on opsnn, and every shape's result is eager's."""
+
+    def f(x):
+        y = torch.tanh(x)
+        return y.reshape(x.shape[1], x.shape[0]) * 2.0
+
+    reports = []
+    compiled = torch.compile(f, backend=_recording(reports), dynamic=True)
+    for shape in ((3, 4), (5, 2), (4, 7)):
+        x = torch.randn(*shape)
+        np.testing.assert_allclose(compiled(x).numpy(), f(x).numpy(), rtol=RTOL, atol=RTOL)
+    [rep] = reports
+    assert [t for _, t, _ in rep.fallbacks] == ["aten.view_copy.default"], rep.fallbacks
+    assert "symbolic dim" in rep.fallbacks[0][2]
+    assert len(rep.partitions) == 2 and all(cg.num_plans == 3 for _, _, cg in rep.partitions)
+
+
+def test_running_on_opsnn_leaves_torch_threads_as_they_were():
+    """opsnn's kernels may set OpenMP's thread count, which torch shares; Dynamo guards torch's as
+    global state, so a changed one would compile the graph again at its next call."""
+    torch.manual_seed(16)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    threads = torch.get_num_threads()
+    reports = []
+    compiled = torch.compile(m, backend=_recording(reports), dynamic=False)
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(torch.randn(8, 16))
+    assert torch.get_num_threads() == threads
+    assert len(reports) == 1 and reports[0].runs == {"fused_0": 3}
 
 
 def test_each_mapped_op_matches_eager():

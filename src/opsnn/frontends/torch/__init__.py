@@ -15,8 +15,14 @@ and the next call compiles again (a pass may have folded it into an array of its
 Training: a graph compiled while autograd records (grad enabled and an input that requires
 grad) goes through ``aot_autograd``; its forward and backward ATen graphs are each partitioned
 and run like an inference graph (parameters are inputs there, never constants: the optimizer
-steps them in place), and torch's autograd and optimizer see ordinary tensors. A graph with symbolic sizes (``dynamic=True``) is
-compiled again for each concrete shape it meets (no opsnn symbolic dims yet).
+steps them in place), and torch's autograd and optimizer see ordinary tensors.
+
+Symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic shapes): the graph is traced once
+on Dynamo's symbolic fake inputs; a partition's inputs declare opsnn symbolic dims (named after
+the SymInt's expression, ``s0``), and its one compiled graph builds a plan per concrete shape.
+Size arithmetic stays in Python; a lowering that would need a symbolic dim's value (a reshape
+with two new symbolic dims, a tensor made of sizes) leaves its node to torch, logged. A graph that
+cannot be traced symbolically is compiled again for each concrete shape it meets.
 
 torch is an optional dependency: nothing here imports it until the backend is used.
 """
@@ -135,7 +141,15 @@ def _backend(torch, gm, example_inputs, report: Report):
     if _recording_autograd(torch, example_inputs):
         return _training(torch, gm, example_inputs, report)
     if any(_symbolic(torch, x) for x in example_inputs):
-        return _per_shape(torch, gm, report)
+        try:  # one trace with symbolic sizes: one opsnn graph per partition, a plan per concrete shape
+            return _guarded(torch, gm, example_inputs, report, symbolic=True)
+        except Exception as exc:  # noqa: BLE001 - Dynamo's fake inputs untraceable here: a trace per shape
+            log.info(
+                "symbolic graph: no symbolic trace (%s: %s); compiling per concrete shape", type(exc).__name__, exc
+            )
+            del report.partitions[:], report.fallbacks[:]
+            report.whole_graph_reason = ""
+            return _per_shape(torch, gm, report)
     return _guarded(torch, gm, example_inputs, report)
 
 
@@ -177,8 +191,8 @@ MAX_SHAPES = 16
 
 
 def _per_shape(torch, gm, report: Report):
-    """A graph with symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic shapes): compiled
-    again for each concrete signature it meets (its sizes are baked into that trace)."""
+    """A graph with symbolic sizes that could not be traced symbolically: compiled again for each
+    concrete signature it meets (its sizes are baked into that trace)."""
     cache: dict = {}
 
     def run(*args):
@@ -194,23 +208,26 @@ def _per_shape(torch, gm, report: Report):
     return run
 
 
-def _guarded(torch, gm, example_inputs, report: Report):
+def _guarded(torch, gm, example_inputs, report: Report, symbolic: bool = False):
     """Compile, and compile again when a parameter or buffer changed since: another tensor in its
     place, or an in-place update (load_state_dict) that a repacked copy (a folded batch norm, a
-    transposed weight) would not see. Dynamo does not guard these inputs; their version counters do."""
+    transposed weight) would not see. Dynamo does not guard these inputs; their version counters do.
+    ``symbolic``: traced once on Dynamo's symbolic fake inputs (a first failure raises)."""
     static_idx = [i for i, x in enumerate(example_inputs) if getattr(x, "_dynamo_static_input_type", None)]
     state: dict = {}
 
-    def build(args):
+    def build(args, first=False):
         state["key"] = [(args[i].data_ptr(), args[i]._version) for i in static_idx]
         try:
-            state["fn"] = _compile(torch, gm, args, report)
+            state["fn"] = _compile(torch, gm, args, report, symbolic=symbolic)
         except Exception as exc:  # tracing or partitioning failed: the graph runs in torch as Dynamo gave it
+            if symbolic and first:
+                raise
             report.whole_graph_reason = f"opsnn could not take the graph ({type(exc).__name__}: {exc})"
             _fallback(report, "<graph>", "", report.whole_graph_reason)
             state["fn"] = gm.forward
 
-    build(example_inputs)
+    build(example_inputs, first=True)
 
     def run(*args):
         if any(args[i].data_ptr() != p or args[i]._version != v for i, (p, v) in zip(static_idx, state["key"])):
@@ -254,7 +271,9 @@ def _decompositions() -> dict:
     return _DECOMPOSITIONS
 
 
-def _compile(torch, gm, example_inputs, report: Report, constants: bool = True, label: str = ""):
+def _compile(
+    torch, gm, example_inputs, report: Report, constants: bool = True, label: str = "", symbolic: bool = False
+):
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -267,7 +286,10 @@ def _compile(torch, gm, example_inputs, report: Report, constants: bool = True, 
     # traced on fake tensors of fixed shapes (a real trace would run the graph, mutating inputs and
     # buffers once more), functionalized, decomposed to core ATen
     fake_mode = next((x.fake_mode for x in example_inputs if isinstance(x, FakeTensor)), None)
-    if fake_mode is None:  # aot_autograd hands fake tensors already; Dynamo's backend gets real ones
+    if symbolic:  # Dynamo's own fake inputs, their sizes symbols of its shape environment
+        fakes = [n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"]
+        fake_mode = next(x.fake_mode for x in fakes if isinstance(x, FakeTensor))
+    elif fake_mode is None:  # aot_autograd hands fake tensors already; Dynamo's backend gets real ones
         fake_mode = FakeTensorMode()
         fakes = [
             fake_mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in example_inputs
@@ -345,6 +367,7 @@ def _compile(torch, gm, example_inputs, report: Report, constants: bool = True, 
             node.op == "call_function"
             and verdict(node)
             and not (node.target is _getitem_op() and verdict(node.args[0]))
+            and not _size_arithmetic(torch, node)
         ):
             _fallback(report, f"{label}.{node.name}" if label else node.name, node.target, verdict(node))
     partitioned = CapabilityBasedPartitioner(traced, Support(), allows_single_node_partition=True).partition_and_fuse()
@@ -357,6 +380,20 @@ def _compile(torch, gm, example_inputs, report: Report, constants: bool = True, 
         setattr(partitioned, node.target, runner)
     partitioned.recompile()
     return lambda *args: partitioned(*[args[i] for i in user_idx])
+
+
+def _size_arithmetic(torch, node) -> bool:
+    """A node computing a size of a graph with symbolic shapes (``sym_size``, ``s0 * 2``): torch
+    computes it in Python, and opsnn lowerings read the sizes from the shapes they produce."""
+    from . import aten as _aten
+
+    if not _aten.is_size(node.meta.get("val")):
+        return False
+    return not isinstance(node.target, torch._ops.OpOverload) or node.target in (
+        torch.ops.aten.sym_size.int,
+        torch.ops.aten.sym_numel.default,
+        torch.ops.aten.sym_stride.int,
+    )
 
 
 def _getitem_op():
@@ -405,24 +442,32 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
     runtime_idx = []
     keep = []  # the torch tensors whose memory the constants share
     ops = []
+    symbols: list = []  # (runtime input, dim, sympy symbol) binding each symbol a graph input carries
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     for node in sub.graph.nodes:
         if node.op == "placeholder":
-            i = len(runtime_idx) + len(keep)
+            i = placeholders.index(node)
             outer = outer_args[i]
+            if _aten.is_size(node.meta.get("val")):
+                continue  # a size argument: the lowerings read sizes from shapes, opsnn infers them
             if getattr(outer, "op", None) == "get_attr":
                 t = _get_attr(outer_gm, outer.target).detach()
                 keep.append(t)
                 emit.names[node] = emit.const(node.name, to_numpy(t))  # the parameter's own memory
             else:
+                for d, size in enumerate(_aten.shape_of(_aten._val(node))):
+                    if not isinstance(size, int) and getattr(size.node.expr, "is_Symbol", False):
+                        symbols.append((len(runtime_idx), d, size.node.expr))
                 runtime_idx.append(i)
-                g.inputs.append(Value(emit.out(node), _aten.np_dtype(node), _aten._shape(node)))
+                shape = tuple(_aten.dim_spec(d) for d in _aten.shape_of(_aten._val(node)))
+                g.inputs.append(Value(emit.out(node), _aten.np_dtype(node), shape))
         elif node.op == "call_function":
             g.nodes.extend(table[node.target](node, emit))
             ops.append(str(node.target))
         elif node.op == "output":
             result = node.args[0]
             as_tuple = isinstance(result, (tuple, list))
-            expected = [_aten._shape(r) for r in (result if as_tuple else [result])]
+            expected = [_aten.shape_of(_aten._val(r)) for r in (result if as_tuple else [result])]
             seen = set(g.initializers) | set(g.input_names)
             for r in result if as_tuple else [result]:
                 out = emit.name(r)
@@ -448,6 +493,7 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
                 return sub(*args)
             feeds = [to_numpy(args[i]) for i in runtime_idx]  # the tensors' memory, strides and all
             outs = []
+            threads = torch.get_num_threads()
             try:
                 results = self.cg.run(feeds)
                 arrays = [t.numpy() for t in results]  # a kernel's failure surfaces here, on waiting
@@ -455,6 +501,11 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
                 self.torch_reason = f"opsnn failed to run it ({type(exc).__name__}: {exc})"
                 _fallback(report, name, "partition", self.torch_reason)
                 return sub(*args)
+            finally:
+                # opsnn's oneDNN kernels set OpenMP's thread count, which torch shares: Dynamo guards
+                # torch's as global state, and a changed one recompiles every graph
+                if torch.get_num_threads() != threads:
+                    torch.set_num_threads(threads)
             report.runs[name] = report.runs.get(name, 0) + 1
             plan = self.cg.latest_plan
             for out_name, arr in zip(self.cg.output_names, arrays):
@@ -468,13 +519,29 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
                     arr = arr.copy()
                 outs.append(to_torch(arr))
             got = [tuple(o.shape) for o in outs]
-            if got != expected:
+            if got != _concrete(expected, {sym: feeds[k].shape[d] for k, d, sym in symbols}, got):
                 self.torch_reason = f"opsnn's output shapes {got} differ from torch's {expected}"
                 _fallback(report, name, "partition", self.torch_reason)
                 return sub(*args)
             return tuple(outs) if self._as_tuple else outs[0]
 
     return OpsnnPartition()
+
+
+def _concrete(shapes: list, values: dict, got: list) -> list:
+    """``shapes`` (torch sizes, ints or SymInts) with the symbols' concrete ``values``; a dim whose
+    expression keeps an unbound symbol is taken as ``got`` has it (nothing to check it against)."""
+    out = []
+    for shape, have in zip(shapes, got):
+        dims = []
+        for k, d in enumerate(shape):
+            if not isinstance(d, int):
+                expr = d.node.expr.xreplace(values)
+                known = isinstance(expr, int) or expr.is_Integer
+                d = int(expr) if known else (have[k] if k < len(have) else -1)
+            dims.append(d)
+        out.append(tuple(dims))
+    return out
 
 
 def explain(model, *inputs) -> list:

@@ -43,12 +43,26 @@ def np_dtype(n):
     return _NP_DTYPES[str(_val(n).dtype)]
 
 
+def is_size(v) -> bool:
+    """Whether ``v`` (an FX value) is a size, not a tensor: a SymInt (or SymFloat / SymBool) of a
+    graph with symbolic shapes, or a plain number."""
+    return v is not None and not hasattr(v, "dtype") and type(v).__name__ in ("SymInt", "SymFloat", "SymBool", "int")
+
+
 def check_dtypes(node) -> None:
     """Every tensor this node reads is of a dtype its adapter's ``in_dtypes`` names, every tensor it
-    writes of one its ``out_dtypes`` names (float32 alone unless the adapter says more)."""
+    writes of one its ``out_dtypes`` names (float32 alone unless the adapter says more). Symbolic
+    sizes only where the adapter is marked ``symbolic`` (it never reads a symbolic dim's value)."""
     adapter = build_table().get(node.target)
     ins, outs = getattr(adapter, "in_dtypes", (F32,)), getattr(adapter, "out_dtypes", (F32,))
-    vals = [(_val(a), ins) for a in node.all_input_nodes]
+    symbolic_ok = getattr(adapter, "symbolic", False)
+    vals = []
+    for a in node.all_input_nodes:
+        if is_size(_val(a)):  # a size argument (a view's SymInt): the adapter reads the result's shape
+            if not symbolic_ok:
+                raise Unsupported("a symbolic size argument")
+            continue
+        vals.append((_val(a), ins))
     out = _val(node)
     if isinstance(out, (tuple, list)):  # a first-only lowering computes output 0 alone (pool indices are int64)
         vals += [(o, outs) for o in ([out[0]] if getattr(adapter, "first_only", False) else list(out))]
@@ -61,12 +75,76 @@ def check_dtypes(node) -> None:
             raise Unsupported(f"a non-tensor value {type(v).__name__}")
         if str(v.dtype) not in allowed:
             raise Unsupported(f"dtype {v.dtype} (mapped here: {', '.join(a[6:] for a in allowed)})")
-        if any(not isinstance(d, int) for d in v.shape):
+        if not symbolic_ok and any(not isinstance(d, int) for d in shape_of(v)):
             raise Unsupported("a symbolic shape")
 
 
+def shape_of(v) -> tuple:
+    """The shape of FX value ``v``: ints, and SymInts where a dim is symbolic (a SymInt whose
+    expression is a number is that int)."""
+    return tuple(
+        d if isinstance(d, int) else (d.node.maybe_as_int() if d.node.maybe_as_int() is not None else d)
+        for d in v.shape
+    )
+
+
 def _shape(n) -> tuple:
-    return tuple(int(d) for d in _val(n).shape)
+    shape = shape_of(_val(n))
+    if any(not isinstance(d, int) for d in shape):  # int() on a SymInt would specialize it
+        raise Unsupported("a symbolic shape")
+    return shape
+
+
+def dim_spec(d):
+    """An opsnn graph input's dim for torch dim ``d`` (of :func:`shape_of`): the int, or a symbolic dim's
+    name (its expression, ``s0`` or ``2*s0``: one name per expression, one value wherever it occurs)."""
+    return d if isinstance(d, int) else str(d.node.expr)
+
+
+def _positive(d) -> bool:
+    """Whether dim ``d`` is known to be at least 1 without reading a symbolic dim's value (Dynamo
+    specializes sizes 0 and 1, so a backed symbolic size is at least 2)."""
+    if isinstance(d, int):
+        return d > 0
+    try:
+        return bool(d.node.shape_env.bound_sympy(d.node.expr).lower >= 1)
+    except Exception:  # noqa: BLE001 - no range known: not provably positive
+        return False
+
+
+def _same_dim(a, b) -> bool:
+    """Whether dims ``a`` and ``b`` are the same int or the same symbolic expression (no guard)."""
+    if isinstance(a, int) or isinstance(b, int):
+        return isinstance(a, int) and isinstance(b, int) and a == b
+    return a.node.expr == b.node.expr
+
+
+def _target_shape(n, *, expand: bool) -> np.ndarray:
+    """The shape constant of a Reshape (``expand``: an Expand) producing ``n``'s result from its first
+    argument. Symbolic dims become what the op infers: ONNX Reshape's 0 (the input's dim at the same
+    place, the same expression) and one -1 (the remaining elements), Expand's 1 (the input's dim,
+    broadcast); anything else needs a dim's value: Unsupported."""
+    out, src = shape_of(_val(n)), shape_of(_val(n.args[0]))
+    if all(isinstance(d, int) for d in out + src):
+        return np.array(out, np.int64)
+    target, unknown = [], 0
+    for i, d in enumerate(out):
+        if isinstance(d, int):
+            if d <= 0:
+                raise Unsupported("an empty dim beside a symbolic one")
+            target.append(d)
+            continue
+        k = i - (len(out) - len(src)) if expand else i
+        if 0 <= k < len(src) and _same_dim(src[k], d):
+            target.append(1 if expand else 0)
+        elif not expand and not unknown:
+            unknown = 1
+            target.append(-1)
+        else:
+            raise Unsupported(f"symbolic dim {d} of the result is not one of the input's")
+    if not expand and not all(_positive(d) for d in src):
+        raise Unsupported("an input that may be empty")
+    return np.array(target, np.int64)
 
 
 def _rank(n) -> int:
@@ -131,6 +209,7 @@ def _unary(op):
             raise Unsupported("extra arguments")
         return [Node(op, [e.name(n.args[0])], [e.out(n)])]
 
+    adapt.symbolic = True
     return adapt
 
 
@@ -179,6 +258,7 @@ def _binary(op):
 
     adapt.in_dtypes = (F32, I64, BOOL)
     adapt.out_dtypes = (F32, I64, BOOL) if op == "Mul" else (F32, I64)
+    adapt.symbolic = True
     return adapt
 
 
@@ -209,13 +289,15 @@ def _matmul(n, e):
 
 
 def _reshape(n, e):
-    # allowzero: a 0 in torch's shape is an empty dim, never ONNX's "copy the input's dim"
-    shape = e.const("shape", np.array(_shape(n), np.int64))
-    return [Node("Reshape", [e.name(n.args[0]), shape], [e.out(n)], {"allowzero": 1})]
+    shape = _target_shape(n, expand=False)
+    # allowzero: a 0 in torch's shape is an empty dim, never ONNX's "copy the input's dim" (that 0
+    # only stands for a symbolic dim, and then no dim is empty)
+    allowzero = int(not (shape == 0).any())
+    return [Node("Reshape", [e.name(n.args[0]), e.const("shape", shape)], [e.out(n)], {"allowzero": allowzero})]
 
 
 def _expand(n, e):
-    return [Node("Expand", [e.name(n.args[0]), e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)])]
+    return [Node("Expand", [e.name(n.args[0]), e.const("shape", _target_shape(n, expand=True))], [e.out(n)])]
 
 
 def _permute(n, e):
@@ -382,6 +464,8 @@ def _max_pool2d_with_indices(n, e):
 
 def _layer_norm(n, e):
     x, shape, weight, bias, eps = n.args[:5]
+    if any(not isinstance(d, int) for d in shape):
+        raise Unsupported("a symbolic normalized shape")
     y, _, _ = e.outs(n, 3)
     e.names[n] = (y, None, None)
     axis = _rank(x) - len(shape)
@@ -413,6 +497,7 @@ def _softmax(op):
             ]
         return [Node(op, [e.name(x)], [e.out(n)], {"axis": int(dim)})]
 
+    adapt.symbolic = True
     return adapt
 
 
@@ -440,17 +525,19 @@ def _reduce(op):
             nodes.append(Node("Cast", [e.name(x)], [src], {"to": 7}))
         if _rank(x) == 0:  # a 0-d tensor reduces to itself
             return nodes + [Node("Identity", [src], [e.out(n)])]
-        if _numel(_shape(x)) == 0 and op in ("ReduceSum", "ReduceProd"):  # the empty sum / product
-            e.names[n] = e.const(n.name, np.full(_shape(n), 0 if op == "ReduceSum" else 1, _NP_DTYPES[out_dt]))
-            return []
-        if any(_shape(x)[int(d) % _rank(x)] == 0 for d in dims) and op != "ReduceSum":
-            raise Unsupported("a reduction over an empty dim")
+        if not all(_positive(d) for d in shape_of(_val(x))):
+            if _numel(_shape(x)) == 0 and op in ("ReduceSum", "ReduceProd"):  # the empty sum / product
+                e.names[n] = e.const(n.name, np.full(_shape(n), 0 if op == "ReduceSum" else 1, _NP_DTYPES[out_dt]))
+                return []
+            if any(_shape(x)[int(d) % _rank(x)] == 0 for d in dims) and op != "ReduceSum":
+                raise Unsupported("a reduction over an empty dim")
         axes = e.const("axes", np.array([int(d) for d in dims], np.int64))
         return nodes + [Node(op, [src, axes], [e.out(n)], {"keepdims": int(bool(keepdim))})]
 
     if op in ("ReduceSum", "ReduceMax", "ReduceMin"):  # exact on int64 too (a sum wraps as torch's)
         adapt.in_dtypes = (F32, I64, BOOL) if op == "ReduceSum" else (F32, I64)
         adapt.out_dtypes = (F32, I64)
+    adapt.symbolic = True
     return adapt
 
 
@@ -501,6 +588,7 @@ def _clip(lo_key: str, hi_key: str, lo_default, hi_default):
         return [Node("Clip", ins, [e.out(n)])]
 
     adapt.in_dtypes = adapt.out_dtypes = (F32, I64)
+    adapt.symbolic = True
     return adapt
 
 
@@ -549,6 +637,7 @@ def _compare(op, negate: bool = False):
 
     adapt.in_dtypes = (F32, I64)
     adapt.out_dtypes = (BOOL,)
+    adapt.symbolic = True
     return adapt
 
 
@@ -768,6 +857,7 @@ def _attr_unary(op, **attrs):
     def adapt(n, e):
         return [Node(op, [e.name(n.args[0])], [e.out(n)], dict(attrs))]
 
+    adapt.symbolic = True
     return adapt
 
 
@@ -1447,6 +1537,26 @@ def _fmax(op):
     return adapt
 
 
+#: lowerings that never read a symbolic dim's value (they may lower graphs of symbolic shapes)
+for _f in (
+    _addmm,
+    _matmul,
+    _reshape,
+    _expand,
+    _permute,
+    _clone,
+    _gelu,
+    _cat,
+    _clamp_max,
+    _leaky_relu,
+    _getitem,
+    _where,
+    _identity,
+    _layer_norm,
+):
+    _f.symbolic = True
+
+
 def _empty_output(adapter):
     """An adapter that lowers a node with an empty (zero-element) tensor result to an empty constant
     (it has no values to get wrong), and any other node through ``adapter``."""
@@ -1460,7 +1570,7 @@ def _empty_output(adapter):
                 return []
         return adapter(n, e)
 
-    for attr in ("in_dtypes", "out_dtypes", "first_only"):
+    for attr in ("in_dtypes", "out_dtypes", "first_only", "symbolic"):
         if hasattr(adapter, attr):
             setattr(adapt, attr, getattr(adapter, attr))
     return adapt
