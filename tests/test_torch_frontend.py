@@ -279,6 +279,36 @@ def test_parameters_share_memory_and_in_place_updates_are_seen():
         assert len(rep.partitions) == 1  # the stale compile was dropped, one partition is current
 
 
+def test_bfloat16_model_runs_on_opsnn_as_torch_computes_it():
+    """A bfloat16 model (its parameters bfloat16 too): every op on opsnn, in float32 and rounded to
+    bfloat16 once per ATen op as torch's CPU kernels do; bfloat16 results within bfloat16's tolerance
+    of eager (the oracle), the int64 and bool results exact on them."""
+    torch.manual_seed(17)
+    m = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(), torch.nn.Linear(32, 4), torch.nn.Softmax(-1)
+    ).eval()
+    m = m.to(torch.bfloat16)
+
+    def f(x):
+        y = m(x)
+        return y, y.argmax(-1), y > 0.25, (x * 0.1).sum(0).float()
+
+    x = torch.randn(5, 16).to(torch.bfloat16)
+    reports = []
+    with torch.no_grad():
+        got = torch.compile(f, backend=_recording(reports), dynamic=False)(x)
+        want = f(x)
+    [rep] = reports
+    assert not rep.fallbacks and len(rep.partitions) == 1
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+    np.testing.assert_allclose(got[0].float().numpy(), want[0].float().numpy(), rtol=1.6e-2, atol=1e-5)
+    np.testing.assert_allclose(got[3].numpy(), want[3].numpy(), rtol=1.6e-2, atol=1e-5)
+    # argmax and the comparison read opsnn's own bfloat16 y: checked against torch's ops on that y (a
+    # one-ulp difference from eager's y could move a tie)
+    assert torch.equal(got[1], got[0].argmax(-1)) and torch.equal(got[2], got[0] > 0.25)
+
+
 def _train(model, x, y, steps=5, backend="eager"):
     """``steps`` of SGD on cross-entropy; the losses."""
     compiled = torch.compile(model, backend=backend, dynamic=False)

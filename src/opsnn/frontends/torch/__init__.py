@@ -24,6 +24,10 @@ Size arithmetic stays in Python; a lowering that would need a symbolic dim's val
 with two new symbolic dims, a tensor made of sizes) leaves its node to torch, logged. A graph that
 cannot be traced symbolically is compiled again for each concrete shape it meets.
 
+bfloat16: an op on bfloat16 tensors is lowered as torch's CPU kernels compute it, in float32 (the
+inputs read exactly) with each bfloat16 result rounded once; an op whose torch kernel rounds
+between its steps (log_softmax) stays in torch.
+
 torch is an optional dependency: nothing here imports it until the backend is used.
 """
 
@@ -345,8 +349,7 @@ def _compile(
                         "" if i == 0 or not first_only else f"output {i} of {src.target} is not computed on opsnn"
                     )
                 else:
-                    _aten.check_dtypes(node)
-                    adapter(node, _aten.Emit(_ProbeGraph(), probe=True))
+                    _aten.lower(adapter, node, _aten.Emit(_ProbeGraph(), probe=True))
                     used = sorted({u.args[1] for u in node.users if u.target is _getitem_op()} - {0})
                     if not getattr(adapter, "first_only", False):
                         used = []
@@ -462,7 +465,11 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
                 shape = tuple(_aten.dim_spec(d) for d in _aten.shape_of(_aten._val(node)))
                 g.inputs.append(Value(emit.out(node), _aten.np_dtype(node), shape))
         elif node.op == "call_function":
-            g.nodes.extend(table[node.target](node, emit))
+            adapter = table[node.target]
+            if node.target is _getitem_op():  # a tuple member: named (and rounded) by its producer
+                g.nodes.extend(adapter(node, emit))
+            else:
+                g.nodes.extend(_aten.lower(adapter, node, emit, check=False))
             ops.append(str(node.target))
         elif node.op == "output":
             result = node.args[0]

@@ -34,13 +34,96 @@ _NP_DTYPES = {
 }
 
 
+BF16 = "torch.bfloat16"
+
+#: FX nodes whose bfloat16 values the lowering in progress reads as float32 (see :func:`lower`)
+_AS_F32: set = set()
+
+
+class _Float32View:
+    """A bfloat16 fake tensor as a lowering computing it in float32 sees it: ``dtype`` float32."""
+
+    def __init__(self, v, float32):
+        self._v, self.dtype = v, float32
+
+    def __getattr__(self, key):
+        return getattr(self._v, key)
+
+
+def _f32_view(v):
+    if str(getattr(v, "dtype", "")) != BF16:
+        return v
+    import torch
+
+    return _Float32View(v, torch.float32)
+
+
 def _val(n):
-    return n.meta.get("val") if hasattr(n, "meta") else None
+    v = n.meta.get("val") if hasattr(n, "meta") else None
+    if _AS_F32 and n in _AS_F32:
+        return type(v)(_f32_view(x) for x in v) if isinstance(v, (tuple, list)) else _f32_view(v)
+    return v
 
 
 def np_dtype(n):
-    """The numpy dtype of FX value ``n`` (one :func:`check_dtypes` admits)."""
-    return _NP_DTYPES[str(_val(n).dtype)]
+    """The numpy dtype of FX value ``n`` (one :func:`check_dtypes` admits, or bfloat16)."""
+    dt = str(_val(n).dtype)
+    if dt == BF16:
+        from ...dtypes import bfloat16
+
+        return bfloat16
+    return _NP_DTYPES[dt]
+
+
+def _bf16(v) -> bool:
+    if isinstance(v, (tuple, list)):
+        return any(_bf16(x) for x in v)
+    return str(getattr(v, "dtype", "")) == BF16
+
+
+def lower(adapter, n, e, *, check: bool = True) -> list:
+    """``adapter``'s nodes for ``n`` (after :func:`check_dtypes` with ``check``). bfloat16 tensors are
+    computed as torch's CPU kernels compute them: read as float32 (exact), the op in float32, each
+    bfloat16 result rounded once (to nearest even) -- the adapter sees float32 throughout."""
+    raw = n.meta.get("val")
+    ins = [a for a in n.all_input_nodes if _bf16(a.meta.get("val"))]
+    if not ins and not _bf16(raw):
+        if check:
+            check_dtypes(n)
+        return adapter(n, e)
+    if not getattr(adapter, "bf16", True):
+        raise Unsupported("bfloat16 (torch's kernel does not compute it in float32)")
+    nodes, saved = [], {}
+    if not e.probe:
+        for a in ins:
+            if a not in e.names or isinstance(e.names[a], tuple):
+                continue
+            cast = e.f32.get(a)
+            if cast is None:
+                cast = e.f32[a] = e.graph.unique_name(f"{e.names[a]}_f32")
+                nodes.append(Node("Cast", [e.names[a]], [cast], {"to": 1}))
+            saved[a] = e.names[a]
+            e.names[a] = cast
+    _AS_F32.update([n, *ins])
+    try:
+        if check:
+            check_dtypes(n)
+        nodes += adapter(n, e)
+    finally:
+        _AS_F32.clear()
+        e.names.update(saved)
+    if e.probe or not _bf16(raw):
+        return nodes
+    got = e.names[n]
+    members = raw if isinstance(raw, (tuple, list)) else [raw]
+    names = list(got) if isinstance(got, tuple) else [got]
+    for k, (v, name) in enumerate(zip(members, names)):
+        if name and _bf16(v):
+            rounded = e.graph.unique_name(f"{name}_bf16")
+            nodes.append(Node("Cast", [name], [rounded], {"to": 16}))
+            names[k] = rounded
+    e.names[n] = tuple(names) if isinstance(got, tuple) else names[0]
+    return nodes
 
 
 def is_size(v) -> bool:
@@ -158,6 +241,7 @@ class Emit:
         self.graph = graph
         self.probe = probe  # a support check: any FX node stands for a tensor
         self.names: dict = {}  # fx node -> opsnn value name (or tuple of names for tuple results)
+        self.f32: dict = {}  # fx node of a bfloat16 value -> its float32 copy
 
     def name(self, arg) -> str:
         if arg is None:
@@ -498,6 +582,9 @@ def _softmax(op):
         return [Node(op, [e.name(x)], [e.out(n)], {"axis": int(dim)})]
 
     adapt.symbolic = True
+    # torch's bfloat16 log_softmax rounds between its steps (0.06 off float32 rounded once where
+    # its results are near -4, beyond bfloat16's tolerance): torch keeps it
+    adapt.bf16 = op != "LogSoftmax"
     return adapt
 
 
@@ -1570,7 +1657,7 @@ def _empty_output(adapter):
                 return []
         return adapter(n, e)
 
-    for attr in ("in_dtypes", "out_dtypes", "first_only", "symbolic"):
+    for attr in ("in_dtypes", "out_dtypes", "first_only", "symbolic", "bf16"):
         if hasattr(adapter, attr):
             setattr(adapt, attr, getattr(adapter, attr))
     return adapt
