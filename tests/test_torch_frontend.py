@@ -532,6 +532,29 @@ def test_symbolic_dims_whose_value_a_lowering_needs_stay_in_torch():
     assert len(rep.partitions) == 2 and all(cg.num_plans == 3 for _, _, cg in rep.partitions)
 
 
+def test_a_graph_not_traceable_symbolically_compiles_per_shape(monkeypatch):
+    """When the symbolic trace fails, the graph is compiled for each concrete shape it meets (logged),
+    results as eager."""
+    real = fe._compile
+
+    def no_symbolic(*args, symbolic=False, **kwargs):
+        if symbolic:
+            raise RuntimeError("no symbolic trace in this test")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fe, "_compile", no_symbolic)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU()).eval()
+    reports = []
+    compiled = torch.compile(m, backend=_recording(reports), dynamic=True)
+    with torch.no_grad():
+        for batch in (3, 5, 3):
+            x = torch.randn(batch, 6)
+            np.testing.assert_allclose(compiled(x).numpy(), m(x).numpy(), rtol=RTOL, atol=RTOL)
+    [rep] = reports
+    assert not rep.whole_graph_reason and not rep.fallbacks
+    assert len(rep.partitions) == 2 and all(cg.num_plans == 1 for _, _, cg in rep.partitions)
+
+
 def test_running_on_opsnn_leaves_torch_threads_as_they_were():
     """opsnn's kernels may set OpenMP's thread count, which torch shares; Dynamo guards torch's as
     global state, so a changed one would compile the graph again at its next call."""
