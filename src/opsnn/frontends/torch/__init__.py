@@ -271,8 +271,29 @@ def _decompositions() -> dict:
     if not _DECOMPOSITIONS:
         from torch._decomp import core_aten_decompositions
 
-        _DECOMPOSITIONS.update(core_aten_decompositions())
+        from . import aten as _aten
+
+        table = core_aten_decompositions()
+        for op in _aten.bf16_torch_only():
+            if op in table:
+                table[op] = _whole_in_bfloat16(table[op])
+        _DECOMPOSITIONS.update(table)
     return _DECOMPOSITIONS
+
+
+def _whole_in_bfloat16(decomposition):
+    """``decomposition``, except on bfloat16 tensors: the op then stays one node (torch runs it)."""
+
+    def decompose(*args, **kwargs):
+        from torch.utils import _pytree as pytree
+
+        torch = _torch()
+        leaves = pytree.tree_leaves((args, kwargs))
+        if any(isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 for x in leaves):
+            return NotImplemented
+        return decomposition(*args, **kwargs)
+
+    return decompose
 
 
 def _compile(
