@@ -282,14 +282,15 @@ def _decompositions() -> dict:
 
 
 def _whole_in_bfloat16(decomposition):
-    """``decomposition``, except on bfloat16 tensors: the op then stays one node (torch runs it)."""
+    """``decomposition``, except on bfloat16 tensors (or making one): the op then stays one node
+    (torch runs it)."""
 
     def decompose(*args, **kwargs):
         from torch.utils import _pytree as pytree
 
         torch = _torch()
         leaves = pytree.tree_leaves((args, kwargs))
-        if any(isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 for x in leaves):
+        if any(x is torch.bfloat16 or (isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16) for x in leaves):
             return NotImplemented
         return decomposition(*args, **kwargs)
 

@@ -83,12 +83,13 @@ def _bf16(v) -> bool:
 
 def bf16_torch_only() -> list:
     """ATen ops whose bfloat16 CPU kernels round otherwise than float32 rounded once, beyond
-    bfloat16's tolerance near cancellations (found by the OpInfo bfloat16 sweep): on bfloat16
-    tensors they are neither decomposed nor lowered, torch runs them."""
+    bfloat16's tolerance near cancellations (found by the OpInfo bfloat16 sweep; linspace steps in
+    bfloat16): on bfloat16 tensors they are neither decomposed nor lowered, torch runs them."""
     import torch
 
     aten = torch.ops.aten
-    return [aten.addr.default, aten.linalg_cross.default]
+    spaced = [getattr(packet, o) for packet in (aten.linspace, aten.logspace) for o in packet.overloads()]
+    return [aten.addr.default, aten.linalg_cross.default, *spaced]
 
 
 def lower(adapter, n, e, *, check: bool = True) -> list:
