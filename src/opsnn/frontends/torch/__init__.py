@@ -20,9 +20,10 @@ steps them in place), and torch's autograd and optimizer see ordinary tensors.
 Symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic shapes): the graph is traced once
 on Dynamo's symbolic fake inputs; a partition's inputs declare opsnn symbolic dims (named after
 the SymInt's expression, ``s0``), and its one compiled graph builds a plan per concrete shape.
-Size arithmetic stays in Python; a lowering that would need a symbolic dim's value (a reshape
-with two new symbolic dims, a tensor made of sizes) leaves its node to torch, logged. A graph that
-cannot be traced symbolically is compiled again for each concrete shape it meets.
+Size arithmetic stays in Python; a symbolic size a partition reads (a view's size) crosses as an
+input of that length and no bytes, whose Shape the plan folds. A lowering that would need a
+symbolic dim's value otherwise (a tensor made of sizes) leaves its node to torch, logged. A graph
+that cannot be traced symbolically is compiled again for each concrete shape it meets.
 
 bfloat16: an op on bfloat16 tensors is lowered as torch's CPU kernels compute it, in float32 (the
 inputs read exactly) with each bfloat16 result rounded once; an op whose torch kernel rounds
@@ -322,9 +323,18 @@ def _compile(
         ]
     else:
         fakes = list(example_inputs)
-    with fake_mode:
+    # symbolic: composite ops decomposed in Python (the C++ ones read sizes as numbers: guards that
+    # would specialize the graph to the first shape), sizes traced as SymInts of Dynamo's shapes
+    import contextlib
+
+    from torch._dispatch.python import enable_python_dispatcher
+
+    with fake_mode, enable_python_dispatcher() if symbolic else contextlib.nullcontext():
+        if symbolic:  # to ATen first (C++ functionalization would decompose composite ops in C++)
+            gm = make_fx(gm, decomposition_table=_decompositions())(*fakes)
         traced = make_fx(
-            torch.func.functionalize(gm, remove="mutations_and_views"), decomposition_table=_decompositions()
+            torch.func.functionalize(gm, remove="mutations_and_views"),
+            decomposition_table=_decompositions(),
         )(*fakes)
         if any(_writes_in_place(torch, n) for n in traced.graph.nodes):
             # a decomposition wrote into a view (circular pad: empty, slices, copy_): functionalized again,
@@ -468,13 +478,24 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
     keep = []  # the torch tensors whose memory the constants share
     ops = []
     symbols: list = []  # (runtime input, dim, sympy symbol) binding each symbol a graph input carries
+    carriers = set()  # runtime inputs that are symbolic sizes
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     for node in sub.graph.nodes:
         if node.op == "placeholder":
             i = placeholders.index(node)
             outer = outer_args[i]
-            if _aten.is_size(node.meta.get("val")):
-                continue  # a size argument: the lowerings read sizes from shapes, opsnn infers them
+            val = node.meta.get("val")
+            if _aten.is_size(val):
+                if type(val).__name__ != "SymInt" or val.node.maybe_as_int() is not None:
+                    continue  # a number: the lowerings read it as one
+                # a symbolic size crosses as an input of that length and no bytes (zero strides): the
+                # lowerings that need its value read its Shape, known when a plan is built
+                if getattr(val.node.expr, "is_Symbol", False):
+                    symbols.append((len(runtime_idx), 0, val.node.expr))
+                carriers.add(len(runtime_idx))
+                runtime_idx.append(i)
+                g.inputs.append(Value(emit.out(node), np.dtype(np.uint8), (_aten.dim_spec(val),)))
+                continue
             if getattr(outer, "op", None) == "get_attr":
                 t = _get_attr(outer_gm, outer.target).detach()
                 keep.append(t)
@@ -520,7 +541,11 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
         def forward(self, *args):
             if self.torch_reason:
                 return sub(*args)
-            feeds = [to_numpy(args[i]) for i in runtime_idx]  # the tensors' memory, strides and all
+            # the tensors' memory, strides and all; a size as an input of that length and no bytes
+            feeds = [
+                np.broadcast_to(_NO_BYTES, (int(args[i]),)) if k in carriers else to_numpy(args[i])
+                for k, i in enumerate(runtime_idx)
+            ]
             outs = []
             threads = torch.get_num_threads()
             try:
@@ -555,6 +580,9 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
             return tuple(outs) if self._as_tuple else outs[0]
 
     return OpsnnPartition()
+
+
+_NO_BYTES = np.zeros(1, np.uint8)
 
 
 def _concrete(shapes: list, values: dict, got: list) -> list:

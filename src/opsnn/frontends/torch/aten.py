@@ -384,8 +384,38 @@ def _matmul(n, e):
     return [Node("MatMul", [e.name(n.args[0]), e.name(n.args[1])], [e.out(n)])]
 
 
+_SIZED_VIEWS = ("aten.view.default", "aten.view_copy.default", "aten._unsafe_view.default", "aten.reshape.default")
+
+
+def _reshape_to_sizes(n, e) -> list:
+    """A view to sizes some of which are symbolic: the shape concatenated from the int sizes and the
+    symbolic ones' values (each an input of that length: its Shape, folded when a plan is built)."""
+    sizes = n.args[1] if len(n.args) > 1 else None
+    if str(n.target) not in _SIZED_VIEWS or not isinstance(sizes, (list, tuple)):
+        raise Unsupported("a symbolic result shape with no sizes to read")
+    nodes, parts = [], []
+    for k, size in enumerate(sizes):
+        if isinstance(size, int):
+            parts.append(e.const("dim", np.array([size], np.int64)))
+        elif hasattr(size, "op") and type(_val(size)).__name__ == "SymInt":
+            parts.append(e.graph.unique_name(f"{n.name}_size{k}"))
+            nodes.append(Node("Shape", [e.name(size)], [parts[-1]]))
+        else:
+            raise Unsupported(f"size {size!r}")
+    if sum(1 for size in sizes if isinstance(size, int) and size < 0) > 1:
+        raise Unsupported("more than one -1 size")
+    shape = e.graph.unique_name(f"{n.name}_shape")
+    nodes.append(Node("Concat", parts, [shape], {"axis": 0}))
+    return nodes + [Node("Reshape", [e.name(n.args[0]), shape], [e.out(n)], {"allowzero": 1})]
+
+
 def _reshape(n, e):
-    shape = _target_shape(n, expand=False)
+    try:
+        shape = _target_shape(n, expand=False)
+    except Unsupported:
+        if all(isinstance(d, int) for d in shape_of(_val(n))):
+            raise
+        return _reshape_to_sizes(n, e)
     # allowzero: a 0 in torch's shape is an empty dim, never ONNX's "copy the input's dim" (that 0
     # only stands for a symbolic dim, and then no dim is empty)
     allowzero = int(not (shape == 0).any())
@@ -531,7 +561,9 @@ def _batch_norm(n, e):
 def _split(n, e):
     x, _sizes = n.args[:2]
     dim = int(_kw(n, 2, "dim", 0)) % _rank(x)
-    sizes = [int(v.shape[dim]) for v in _val(n)]
+    sizes = [shape_of(v)[dim] for v in _val(n)]
+    if not all(isinstance(d, int) for d in sizes):  # the other dims may be symbolic
+        raise Unsupported("split into symbolic sizes")
     names = e.outs(n, len(sizes))
     return [Node("Split", [e.name(x), e.const("split", np.array(sizes, np.int64))], names, {"axis": dim})]
 
@@ -1656,6 +1688,7 @@ for _f in (
     _where,
     _identity,
     _layer_norm,
+    _split,
 ):
     _f.symbolic = True
 
