@@ -3,14 +3,16 @@
 The backend receives Dynamo's FX graph and its example inputs, traces it to core ATen with
 torch's decompositions (functionalized), splits it into the parts opsnn maps exactly (the
 table in :mod:`.aten`) and the rest, and compiles each supported part with ``opsnn.compile``
-(passes, memory plan, a plan per input shape). Parameters and buffers become graph constants
-that share the torch tensors' memory. Tensors cross by DLPack without copies both ways
-(:func:`to_numpy`, :func:`to_torch`; strided views keep their strides, bfloat16 crosses as its
-bits): an output is memory opsnn allocated for that call alone, outside the plan's arena, so it
-stays valid after the next call; an in-place update of a parameter moves its version counter,
-and the next call compiles again (a pass may have folded it into an array of its own). Every node left to torch is logged with its reason
-(``logging`` INFO on ``opsnn.frontends.torch``; ``OPSNN_DEBUG=1`` prints them);
+(passes, memory plan, a plan per input shape). Every node left to torch is logged with its
+reason (``logging`` INFO on ``opsnn.frontends.torch``; ``OPSNN_DEBUG=1`` prints them);
 :func:`explain` reports the partitions, fallbacks and kernels.
+
+Memory: tensors cross by DLPack without copies both ways (:func:`to_numpy`, :func:`to_torch`;
+strided views keep their strides, bfloat16 crosses as its bits). Parameters and buffers become
+graph constants over the torch tensors' own memory; an in-place update of one moves its version
+counter and the next call compiles again (a pass may have folded it into an array of its own).
+An output is memory opsnn allocated for that call alone, outside the plan's arena, so it stays
+valid after the next call.
 
 Training: a graph compiled while autograd records (grad enabled and an input that requires
 grad) goes through ``aot_autograd``; its forward and backward ATen graphs are each partitioned

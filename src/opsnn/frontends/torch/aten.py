@@ -416,9 +416,10 @@ def _reshape(n, e):
         if all(isinstance(d, int) for d in shape_of(_val(n))):
             raise
         return _reshape_to_sizes(n, e)
-    # allowzero: a 0 in torch's shape is an empty dim, never ONNX's "copy the input's dim" (that 0
-    # only stands for a symbolic dim, and then no dim is empty)
-    allowzero = int(not (shape == 0).any())
+    # allowzero: a 0 in torch's shape is an empty dim, never ONNX's "copy the input's dim"; with
+    # symbolic dims a 0 is that copy (and no dim is empty: _target_shape refuses them)
+    static = all(isinstance(d, int) for d in shape_of(_val(n)) + shape_of(_val(n.args[0])))
+    allowzero = int(static)
     return [Node("Reshape", [e.name(n.args[0]), e.const("shape", shape)], [e.out(n)], {"allowzero": allowzero})]
 
 
