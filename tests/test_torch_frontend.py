@@ -203,14 +203,20 @@ def _recording_runs(monkeypatch):
     return runs
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "expanded"])
 def test_inputs_and_outputs_cross_by_dlpack_without_copies(layout, monkeypatch):
     """The partition's feed is the torch input's memory (same data pointer and strides, also for a
-    transposed or offset view) and the torch output is the memory opsnn wrote (same data pointer)."""
+    transposed, offset or expanded view) and the torch output is the memory opsnn wrote (same data
+    pointer)."""
     torch.manual_seed(13)
     m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh()).eval()
     base = torch.randn(6, 5)
-    x = {"contiguous": base[:, :4].contiguous(), "transposed": base.t()[:, :4], "sliced": base[1:, 1:]}[layout]
+    x = {
+        "contiguous": base[:, :4].contiguous(),
+        "transposed": base.t()[:, :4],
+        "sliced": base[1:, 1:],
+        "expanded": base[2:3, :4].expand(5, 4),  # stride 0: one row read five times
+    }[layout]
     assert x.is_contiguous() == (layout == "contiguous")
     runs = _recording_runs(monkeypatch)
     _, got = _check(m, x)
