@@ -187,6 +187,134 @@ def test_outputs_stay_valid_after_the_next_call(last):
         np.testing.assert_allclose(y2.numpy(), m(x2).numpy(), rtol=RTOL, atol=RTOL)
 
 
+def _recording_runs(monkeypatch):
+    """Every CompiledGraph.run of the test: ``(feeds, results)`` as the graph saw and returned them."""
+    from opsnn.graph.compiler import CompiledGraph
+
+    runs = []
+    real = CompiledGraph.run
+
+    def run(self, inputs, stream=None):
+        results = real(self, inputs, stream)
+        runs.append((list(inputs), results))
+        return results
+
+    monkeypatch.setattr(CompiledGraph, "run", run)
+    return runs
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "expanded"])
+def test_inputs_and_outputs_cross_by_dlpack_without_copies(layout, monkeypatch):
+    """The partition's feed is the torch input's memory (same data pointer and strides, also for a
+    transposed, offset or expanded view) and the torch output is the memory opsnn wrote (same data
+    pointer)."""
+    torch.manual_seed(13)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh()).eval()
+    base = torch.randn(6, 5)
+    x = {
+        "contiguous": base[:, :4].contiguous(),
+        "transposed": base.t()[:, :4],
+        "sliced": base[1:, 1:],
+        "expanded": base[2:3, :4].expand(5, 4),  # stride 0: one row read five times
+    }[layout]
+    assert x.is_contiguous() == (layout == "contiguous")
+    runs = _recording_runs(monkeypatch)
+    _, got = _check(m, x)
+    [(feeds, results)] = runs
+    [feed] = feeds
+    assert feed.ctypes.data == x.data_ptr()
+    assert feed.strides == tuple(s * x.element_size() for s in x.stride())
+    [result] = results
+    assert got.data_ptr() == result.numpy().ctypes.data
+
+
+def test_outputs_own_their_memory_outside_the_plan_arena(monkeypatch):
+    """An output is opsnn memory of its own, never the plan's arena (reused by the next run): the
+    first call's output keeps its pointer and values while the second call writes elsewhere."""
+    torch.manual_seed(14)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4), torch.nn.Tanh()).eval()
+    reports = []
+    compiled = torch.compile(m, backend=_recording(reports), dynamic=False)
+    with torch.no_grad():
+        y1 = compiled(torch.randn(3, 4))
+        kept, p1 = y1.clone(), y1.data_ptr()
+        y2 = compiled(torch.randn(3, 4))
+    plan = reports[0].partitions[0][2].latest_plan
+    assert plan.arena is not None  # the hidden layer lives in the arena
+    lo, hi = plan.arena.ctypes.data, plan.arena.ctypes.data + plan.arena.nbytes
+    for y in (y1, y2):
+        assert not lo <= y.data_ptr() < hi
+    assert y1.data_ptr() == p1 != y2.data_ptr() and torch.equal(y1, kept)
+
+
+def test_bfloat16_crosses_by_dlpack_as_its_bits():
+    """DLPack's numpy consumer has no bfloat16: the frontend hands its 16-bit pattern over, both ways,
+    still without a copy (a strided view included)."""
+    from opsnn.dtypes import bfloat16
+
+    t = torch.randn(6, 4).to(torch.bfloat16).t()
+    a = fe.to_numpy(t)
+    assert a.dtype == bfloat16 and a.ctypes.data == t.data_ptr() and a.strides == (2, 8)
+    np.testing.assert_array_equal(a.astype(np.float32), t.float().numpy())
+    back = fe.to_torch(a)
+    assert back.dtype == torch.bfloat16 and back.data_ptr() == t.data_ptr() and torch.equal(back, t)
+
+
+def test_parameters_share_memory_and_in_place_updates_are_seen():
+    """Parameters used as they are (a conv's weight and bias, a linear's bias) are the opsnn graph's
+    constants, no copy; an in-place update of any parameter (an optimizer step, ``mul_`` under
+    no_grad) moves its version counter and the next call compiles again and sees it, a weight opsnn
+    transposed into its own array included."""
+    torch.manual_seed(15)
+    m = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3)
+    ).eval()
+    x = torch.randn(2, 3, 6, 6)
+    reports = []
+    compiled = torch.compile(m, backend=_recording(reports), dynamic=False)
+    with torch.no_grad():
+        compiled(x)
+        [rep] = reports
+        ptrs = {a.ctypes.data for a in rep.partitions[0][2].graph.initializers.values()}
+        assert {m[0].weight.data_ptr(), m[0].bias.data_ptr(), m[3].bias.data_ptr()} <= ptrs
+        for p in (m[0].weight, m[3].weight):
+            p.mul_(-0.5)
+            got = compiled(x)
+            want = m(x)
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=RTOL, atol=RTOL * float(want.abs().max()))
+        assert len(rep.partitions) == 1  # the stale compile was dropped, one partition is current
+
+
+def test_bfloat16_model_runs_on_opsnn_as_torch_computes_it():
+    """A bfloat16 model (its parameters bfloat16 too): every op on opsnn, in float32 and rounded to
+    bfloat16 once per ATen op as torch's CPU kernels do; bfloat16 results within bfloat16's tolerance
+    of eager (the oracle), the int64 and bool results exact on them."""
+    torch.manual_seed(17)
+    m = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(), torch.nn.Linear(32, 4), torch.nn.Softmax(-1)
+    ).eval()
+    m = m.to(torch.bfloat16)
+
+    def f(x):
+        y = m(x)
+        return y, y.argmax(-1), y > 0.25, (x * 0.1).sum(0).float()
+
+    x = torch.randn(5, 16).to(torch.bfloat16)
+    reports = []
+    with torch.no_grad():
+        got = torch.compile(f, backend=_recording(reports), dynamic=False)(x)
+        want = f(x)
+    [rep] = reports
+    assert not rep.fallbacks and len(rep.partitions) == 1
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+    np.testing.assert_allclose(got[0].float().numpy(), want[0].float().numpy(), rtol=1.6e-2, atol=1e-5)
+    np.testing.assert_allclose(got[3].numpy(), want[3].numpy(), rtol=1.6e-2, atol=1e-5)
+    # argmax and the comparison read opsnn's own bfloat16 y: checked against torch's ops on that y (a
+    # one-ulp difference from eager's y could move a tie)
+    assert torch.equal(got[1], got[0].argmax(-1)) and torch.equal(got[2], got[0] > 0.25)
+
+
 def _train(model, x, y, steps=5, backend="eager"):
     """``steps`` of SGD on cross-entropy; the losses."""
     compiled = torch.compile(model, backend=backend, dynamic=False)
@@ -370,17 +498,107 @@ def test_strided_input():
     _check(m, x)
 
 
-def test_dynamic_true_compiles_per_concrete_shape():
+def test_dynamic_batch_is_one_trace_with_a_plan_per_shape():
+    """dynamic=True: Dynamo's symbolic batch becomes an opsnn symbolic dim; one trace, one opsnn graph
+    (its input declared with the symbol), three batch sizes give three plans, each result as eager."""
     torch.manual_seed(9)
-    m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Flatten(0)).eval()
+    m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LayerNorm(8), torch.nn.GELU(), torch.nn.Flatten(0)).eval()
+    reports = []
+    compiled = torch.compile(m, backend=_recording(reports), dynamic=True)
+    with torch.no_grad():
+        for batch in (3, 5, 9, 5):
+            x = torch.randn(batch, 6)
+            got = compiled(x)
+            assert got.shape == (8 * batch,)
+            np.testing.assert_allclose(got.numpy(), m(x).numpy(), rtol=RTOL, atol=RTOL)
+    [rep] = reports  # one trace: Dynamo compiled once, and so did the backend
+    assert not rep.whole_graph_reason and not rep.fallbacks
+    [(_, _, cg)] = rep.partitions
+    # the float input (the others: symbolic sizes crossing as inputs of that length and no bytes)
+    [spec] = [v for v in cg.input_specs.values() if v.dtype == np.float32]
+    assert isinstance(spec.shape[0], str) and spec.shape[1] == 6  # the batch is a symbolic dim
+    shapes = [{name: shape for name, shape, _ in p.key}[spec.name] for p in cg.plans]
+    assert cg.num_plans == 3 and sorted(shapes) == [(3, 6), (5, 6), (9, 6)]
+
+
+def test_symbolic_sizes_cross_as_inputs_and_what_needs_more_stays_in_torch():
+    """A reshape to sizes read off the input (two symbolic dims in new places) runs on opsnn (each
+    size an input of that length, its Shape folded per plan); a tensor made from symbolic sizes
+    (ones) stays in torch, logged; one trace serves every shape, each result as eager's."""
+
+    def f(x):
+        y = torch.tanh(x).reshape(x.shape[1], x.shape[0]) * 2.0
+        return y + torch.ones(x.shape[1], 1)
+
+    reports = []
+    compiled = torch.compile(f, backend=_recording(reports), dynamic=True)
+    for shape in ((3, 4), (5, 2), (4, 7)):
+        x = torch.randn(*shape)
+        np.testing.assert_allclose(compiled(x).numpy(), f(x).numpy(), rtol=RTOL, atol=RTOL)
+    [rep] = reports
+    assert [t for _, t, _ in rep.fallbacks] == ["aten.full.default"], rep.fallbacks
+    assert "symbolic" in rep.fallbacks[0][2]
+    ops = {op for _, ops, _ in rep.partitions for op in ops}
+    assert "aten.view_copy.default" in ops and "aten.tanh.default" in ops
+    assert rep.partitions and all(cg.num_plans == 3 for _, _, cg in rep.partitions)
+
+
+def test_transformer_block_with_dynamic_batch_and_sequence_is_one_graph():
+    """The transformer block with symbolic batch and sequence: one trace, every op on opsnn in one
+    partition, a plan per shape (Dynamo specializes a batch of 1 on its own: not asked here)."""
+    torch.manual_seed(18)
+    m = Block().eval()
+    reports = []
+    compiled = torch.compile(m, backend=_recording(reports), dynamic=True)
+    with torch.no_grad():
+        for shape in ((2, 6), (3, 5), (4, 9)):
+            x = torch.randn(*shape, 16)
+            want = m(x)
+            np.testing.assert_allclose(
+                compiled(x).numpy(), want.numpy(), rtol=RTOL, atol=RTOL * float(want.abs().max())
+            )
+    [rep] = reports
+    assert not rep.fallbacks and not rep.whole_graph_reason
+    [(_, _, cg)] = rep.partitions
+    assert cg.num_plans == 3
+
+
+def test_a_graph_not_traceable_symbolically_compiles_per_shape(monkeypatch):
+    """When the symbolic trace fails, the graph is compiled for each concrete shape it meets (logged),
+    results as eager."""
+    real = fe._compile
+
+    def no_symbolic(*args, symbolic=False, **kwargs):
+        if symbolic:
+            raise RuntimeError("no symbolic trace in this test")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fe, "_compile", no_symbolic)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU()).eval()
     reports = []
     compiled = torch.compile(m, backend=_recording(reports), dynamic=True)
     with torch.no_grad():
         for batch in (3, 5, 3):
             x = torch.randn(batch, 6)
             np.testing.assert_allclose(compiled(x).numpy(), m(x).numpy(), rtol=RTOL, atol=RTOL)
-    assert len(reports) == 1 and not reports[0].whole_graph_reason
-    assert len(reports[0].partitions) == 2 and not reports[0].fallbacks  # one compile per batch size
+    [rep] = reports
+    assert not rep.whole_graph_reason and not rep.fallbacks
+    assert len(rep.partitions) == 2 and all(cg.num_plans == 1 for _, _, cg in rep.partitions)
+
+
+def test_running_on_opsnn_leaves_torch_threads_as_they_were():
+    """opsnn's kernels may set OpenMP's thread count, which torch shares; Dynamo guards torch's as
+    global state, so a changed one would compile the graph again at its next call."""
+    torch.manual_seed(16)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    threads = torch.get_num_threads()
+    reports = []
+    compiled = torch.compile(m, backend=_recording(reports), dynamic=False)
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(torch.randn(8, 16))
+    assert torch.get_num_threads() == threads
+    assert len(reports) == 1 and reports[0].runs == {"fused_0": 3}
 
 
 def test_each_mapped_op_matches_eager():

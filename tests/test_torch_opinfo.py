@@ -79,6 +79,29 @@ SAMPLE = [
 FLOOR = 52
 
 
+#: entries whose bfloat16 samples run too (torch's bfloat16 tolerances): products, convolution, norms,
+#: reductions, elementwise math, conversions; log_softmax, whose bfloat16 kernel rounds between steps,
+#: stays in torch
+BF16_SAMPLE = [
+    "add",
+    "addmm",
+    "amax",
+    "div.no_rounding_mode",
+    "double",
+    "log_softmax",
+    "mean",
+    "nn.functional.conv2d",
+    "nn.functional.gelu",
+    "nn.functional.layer_norm",
+    "softmax",
+    "sum",
+    "where",
+]
+
+#: entries of BF16_SAMPLE that pass in bfloat16 with every sample on opsnn; only goes up
+BF16_FLOOR = 12
+
+
 @pytest.fixture(scope="module")
 def report():
     return opsnn_run()
@@ -127,3 +150,23 @@ def test_cli_writes_the_json_report(tmp_path, capsys):
     assert data["entries"]["nn.functional.relu"]["status"] == "pass"
     assert data["entries"]["nonzero"]["status"] == "fallback"
     assert "nn.functional.relu" in capsys.readouterr().out
+
+
+def test_bfloat16_samples_match_with_no_wrong_result():
+    """The entries' bfloat16 samples: computed in float32 and rounded once, as torch's CPU kernels do,
+    within torch's bfloat16 tolerances; results keep torch's dtype (bfloat16 stays bfloat16)."""
+    rep = opinfo.run(opinfo.entries(BF16_SAMPLE), timeout=120, progress=False, dtype="bfloat16")
+    assert rep.to_json()["dtype"] == "bfloat16"
+    wrong = {r.name: r.reason for r in rep.results if r.status == opinfo.FAIL}
+    assert not wrong and rep.totals()["wrong_samples"] == 0, wrong
+    passed = sorted(r.name for r in rep.results if r.status == opinfo.PASS)
+    assert len(passed) >= BF16_FLOOR, (len(passed), passed)
+    [ls] = [r for r in rep.results if r.name == "log_softmax"]
+    assert ls.status == opinfo.FALLBACK and "bfloat16" in ls.reason
+
+
+def test_bfloat16_tolerance_defaults():
+    """torch's bfloat16 defaults where an entry declares no override; float32's stay float32's."""
+    [add] = opinfo.entries(["add"])
+    assert opinfo.tolerance(add, "bfloat16") == (1.6e-2, 1e-5)
+    assert opinfo.tolerance(add) == (1.3e-6, 1e-5)

@@ -3,16 +3,33 @@
 The backend receives Dynamo's FX graph and its example inputs, traces it to core ATen with
 torch's decompositions (functionalized), splits it into the parts opsnn maps exactly (the
 table in :mod:`.aten`) and the rest, and compiles each supported part with ``opsnn.compile``
-(passes, memory plan, a plan per input shape). Parameters and buffers become graph constants
-that share the torch tensors' memory. Every node left to torch is logged with its reason
-(``logging`` INFO on ``opsnn.frontends.torch``; ``OPSNN_DEBUG=1`` prints them);
+(passes, memory plan, a plan per input shape). Every node left to torch is logged with its
+reason (``logging`` INFO on ``opsnn.frontends.torch``; ``OPSNN_DEBUG=1`` prints them);
 :func:`explain` reports the partitions, fallbacks and kernels.
+
+Memory: tensors cross by DLPack without copies both ways (:func:`to_numpy`, :func:`to_torch`;
+strided views keep their strides, bfloat16 crosses as its bits). Parameters and buffers become
+graph constants over the torch tensors' own memory; an in-place update of one moves its version
+counter and the next call compiles again (a pass may have folded it into an array of its own).
+An output is memory opsnn allocated for that call alone, outside the plan's arena, so it stays
+valid after the next call.
 
 Training: a graph compiled while autograd records (grad enabled and an input that requires
 grad) goes through ``aot_autograd``; its forward and backward ATen graphs are each partitioned
 and run like an inference graph (parameters are inputs there, never constants: the optimizer
-steps them in place), and torch's autograd and optimizer see ordinary tensors. A graph with symbolic sizes (``dynamic=True``) is
-compiled again for each concrete shape it meets (no opsnn symbolic dims yet).
+steps them in place), and torch's autograd and optimizer see ordinary tensors.
+
+Symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic shapes): the graph is traced once
+on Dynamo's symbolic fake inputs; a partition's inputs declare opsnn symbolic dims (named after
+the SymInt's expression, ``s0``), and its one compiled graph builds a plan per concrete shape.
+Size arithmetic stays in Python; a symbolic size a partition reads (a view's size) crosses as an
+input of that length and no bytes, whose Shape the plan folds. A lowering that would need a
+symbolic dim's value otherwise (a tensor made of sizes) leaves its node to torch, logged. A graph
+that cannot be traced symbolically is compiled again for each concrete shape it meets.
+
+bfloat16: an op on bfloat16 tensors is lowered as torch's CPU kernels compute it, in float32 (the
+inputs read exactly) with each bfloat16 result rounded once; an op whose torch kernel rounds
+between its steps (log_softmax) stays in torch.
 
 torch is an optional dependency: nothing here imports it until the backend is used.
 """
@@ -26,6 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...dtypes import bfloat16
 from ...errors import KernelNotFoundError, OpsnnError
 
 log = logging.getLogger("opsnn.frontends.torch")
@@ -38,6 +56,8 @@ __all__ = [
     "TorchNotInstalledError",
     "UnsupportedExportError",
     "Report",
+    "to_numpy",
+    "to_torch",
 ]
 
 
@@ -81,6 +101,25 @@ class Report:
         return "\n".join(lines)
 
 
+def to_numpy(t) -> np.ndarray:
+    """A CPU torch tensor as a numpy array over the same memory (DLPack; its strides kept, no copy).
+    bfloat16, which DLPack's numpy consumer cannot name, crosses as its 16-bit pattern."""
+    torch = _torch()
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return np.from_dlpack(t.view(torch.int16)).view(bfloat16)
+    return np.from_dlpack(t)
+
+
+def to_torch(a: np.ndarray):
+    """A numpy array as a torch tensor over the same memory (DLPack, no copy); the tensor keeps the
+    array (and the opsnn memory block under it) alive."""
+    torch = _torch()
+    if a.dtype == bfloat16:  # ml_dtypes' bfloat16: its bits, viewed back
+        return torch.from_dlpack(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_dlpack(a)
+
+
 def _fallback(report: Report, node: str, target, reason: str) -> None:
     report.fallbacks.append((node, str(target), reason))
     log.info("torch fallback: %s (%s): %s", node, target, reason)
@@ -109,7 +148,15 @@ def _backend(torch, gm, example_inputs, report: Report):
     if _recording_autograd(torch, example_inputs):
         return _training(torch, gm, example_inputs, report)
     if any(_symbolic(torch, x) for x in example_inputs):
-        return _per_shape(torch, gm, report)
+        try:  # one trace with symbolic sizes: one opsnn graph per partition, a plan per concrete shape
+            return _guarded(torch, gm, example_inputs, report, symbolic=True)
+        except Exception as exc:  # noqa: BLE001 - Dynamo's fake inputs untraceable here: a trace per shape
+            log.info(
+                "symbolic graph: no symbolic trace (%s: %s); compiling per concrete shape", type(exc).__name__, exc
+            )
+            del report.partitions[:], report.fallbacks[:]
+            report.whole_graph_reason = ""
+            return _per_shape(torch, gm, report)
     return _guarded(torch, gm, example_inputs, report)
 
 
@@ -151,8 +198,8 @@ MAX_SHAPES = 16
 
 
 def _per_shape(torch, gm, report: Report):
-    """A graph with symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic shapes): compiled
-    again for each concrete signature it meets (its sizes are baked into that trace)."""
+    """A graph with symbolic sizes that could not be traced symbolically: compiled again for each
+    concrete signature it meets (its sizes are baked into that trace)."""
     cache: dict = {}
 
     def run(*args):
@@ -168,23 +215,26 @@ def _per_shape(torch, gm, report: Report):
     return run
 
 
-def _guarded(torch, gm, example_inputs, report: Report):
+def _guarded(torch, gm, example_inputs, report: Report, symbolic: bool = False):
     """Compile, and compile again when a parameter or buffer changed since: another tensor in its
     place, or an in-place update (load_state_dict) that a repacked copy (a folded batch norm, a
-    transposed weight) would not see. Dynamo does not guard these inputs; their version counters do."""
+    transposed weight) would not see. Dynamo does not guard these inputs; their version counters do.
+    ``symbolic``: traced once on Dynamo's symbolic fake inputs (a first failure raises)."""
     static_idx = [i for i, x in enumerate(example_inputs) if getattr(x, "_dynamo_static_input_type", None)]
     state: dict = {}
 
-    def build(args):
+    def build(args, first=False):
         state["key"] = [(args[i].data_ptr(), args[i]._version) for i in static_idx]
         try:
-            state["fn"] = _compile(torch, gm, args, report)
+            state["fn"] = _compile(torch, gm, args, report, symbolic=symbolic)
         except Exception as exc:  # tracing or partitioning failed: the graph runs in torch as Dynamo gave it
+            if symbolic and first:
+                raise
             report.whole_graph_reason = f"opsnn could not take the graph ({type(exc).__name__}: {exc})"
             _fallback(report, "<graph>", "", report.whole_graph_reason)
             state["fn"] = gm.forward
 
-    build(example_inputs)
+    build(example_inputs, first=True)
 
     def run(*args):
         if any(args[i].data_ptr() != p or args[i]._version != v for i, (p, v) in zip(static_idx, state["key"])):
@@ -224,11 +274,35 @@ def _decompositions() -> dict:
     if not _DECOMPOSITIONS:
         from torch._decomp import core_aten_decompositions
 
-        _DECOMPOSITIONS.update(core_aten_decompositions())
+        from . import aten as _aten
+
+        table = core_aten_decompositions()
+        for op in _aten.bf16_torch_only():
+            if op in table:
+                table[op] = _whole_in_bfloat16(table[op])
+        _DECOMPOSITIONS.update(table)
     return _DECOMPOSITIONS
 
 
-def _compile(torch, gm, example_inputs, report: Report, constants: bool = True, label: str = ""):
+def _whole_in_bfloat16(decomposition):
+    """``decomposition``, except on bfloat16 tensors (or making one): the op then stays one node
+    (torch runs it)."""
+
+    def decompose(*args, **kwargs):
+        from torch.utils import _pytree as pytree
+
+        torch = _torch()
+        leaves = pytree.tree_leaves((args, kwargs))
+        if any(x is torch.bfloat16 or (isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16) for x in leaves):
+            return NotImplemented
+        return decomposition(*args, **kwargs)
+
+    return decompose
+
+
+def _compile(
+    torch, gm, example_inputs, report: Report, constants: bool = True, label: str = "", symbolic: bool = False
+):
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -241,16 +315,28 @@ def _compile(torch, gm, example_inputs, report: Report, constants: bool = True, 
     # traced on fake tensors of fixed shapes (a real trace would run the graph, mutating inputs and
     # buffers once more), functionalized, decomposed to core ATen
     fake_mode = next((x.fake_mode for x in example_inputs if isinstance(x, FakeTensor)), None)
-    if fake_mode is None:  # aot_autograd hands fake tensors already; Dynamo's backend gets real ones
+    if symbolic:  # Dynamo's own fake inputs, their sizes symbols of its shape environment
+        fakes = [n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"]
+        fake_mode = next(x.fake_mode for x in fakes if isinstance(x, FakeTensor))
+    elif fake_mode is None:  # aot_autograd hands fake tensors already; Dynamo's backend gets real ones
         fake_mode = FakeTensorMode()
         fakes = [
             fake_mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in example_inputs
         ]
     else:
         fakes = list(example_inputs)
-    with fake_mode:
+    # symbolic: composite ops decomposed in Python (the C++ ones read sizes as numbers: guards that
+    # would specialize the graph to the first shape), sizes traced as SymInts of Dynamo's shapes
+    import contextlib
+
+    from torch._dispatch.python import enable_python_dispatcher
+
+    with fake_mode, enable_python_dispatcher() if symbolic else contextlib.nullcontext():
+        if symbolic:  # to ATen first (C++ functionalization would decompose composite ops in C++)
+            gm = make_fx(gm, decomposition_table=_decompositions())(*fakes)
         traced = make_fx(
-            torch.func.functionalize(gm, remove="mutations_and_views"), decomposition_table=_decompositions()
+            torch.func.functionalize(gm, remove="mutations_and_views"),
+            decomposition_table=_decompositions(),
         )(*fakes)
         if any(_writes_in_place(torch, n) for n in traced.graph.nodes):
             # a decomposition wrote into a view (circular pad: empty, slices, copy_): functionalized again,
@@ -297,8 +383,7 @@ def _compile(torch, gm, example_inputs, report: Report, constants: bool = True, 
                         "" if i == 0 or not first_only else f"output {i} of {src.target} is not computed on opsnn"
                     )
                 else:
-                    _aten.check_dtypes(node)
-                    adapter(node, _aten.Emit(_ProbeGraph(), probe=True))
+                    _aten.lower(adapter, node, _aten.Emit(_ProbeGraph(), probe=True))
                     used = sorted({u.args[1] for u in node.users if u.target is _getitem_op()} - {0})
                     if not getattr(adapter, "first_only", False):
                         used = []
@@ -319,6 +404,7 @@ def _compile(torch, gm, example_inputs, report: Report, constants: bool = True, 
             node.op == "call_function"
             and verdict(node)
             and not (node.target is _getitem_op() and verdict(node.args[0]))
+            and not _size_arithmetic(torch, node)
         ):
             _fallback(report, f"{label}.{node.name}" if label else node.name, node.target, verdict(node))
     partitioned = CapabilityBasedPartitioner(traced, Support(), allows_single_node_partition=True).partition_and_fuse()
@@ -331,6 +417,20 @@ def _compile(torch, gm, example_inputs, report: Report, constants: bool = True, 
         setattr(partitioned, node.target, runner)
     partitioned.recompile()
     return lambda *args: partitioned(*[args[i] for i in user_idx])
+
+
+def _size_arithmetic(torch, node) -> bool:
+    """A node computing a size of a graph with symbolic shapes (``sym_size``, ``s0 * 2``): torch
+    computes it in Python, and opsnn lowerings read the sizes from the shapes they produce."""
+    from . import aten as _aten
+
+    if not _aten.is_size(node.meta.get("val")):
+        return False
+    return not isinstance(node.target, torch._ops.OpOverload) or node.target in (
+        torch.ops.aten.sym_size.int,
+        torch.ops.aten.sym_numel.default,
+        torch.ops.aten.sym_stride.int,
+    )
 
 
 def _getitem_op():
@@ -379,24 +479,47 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
     runtime_idx = []
     keep = []  # the torch tensors whose memory the constants share
     ops = []
+    symbols: list = []  # (runtime input, dim, sympy symbol) binding each symbol a graph input carries
+    carriers = set()  # runtime inputs that are symbolic sizes
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     for node in sub.graph.nodes:
         if node.op == "placeholder":
-            i = len(runtime_idx) + len(keep)
+            i = placeholders.index(node)
             outer = outer_args[i]
+            val = node.meta.get("val")
+            if _aten.is_size(val):
+                if type(val).__name__ != "SymInt" or val.node.maybe_as_int() is not None:
+                    continue  # a number: the lowerings read it as one
+                # a symbolic size crosses as an input of that length and no bytes (zero strides): the
+                # lowerings that need its value read its Shape, known when a plan is built
+                if getattr(val.node.expr, "is_Symbol", False):
+                    symbols.append((len(runtime_idx), 0, val.node.expr))
+                carriers.add(len(runtime_idx))
+                runtime_idx.append(i)
+                g.inputs.append(Value(emit.out(node), np.dtype(np.uint8), (_aten.dim_spec(val),)))
+                continue
             if getattr(outer, "op", None) == "get_attr":
                 t = _get_attr(outer_gm, outer.target).detach()
                 keep.append(t)
-                emit.names[node] = emit.const(node.name, t.numpy())  # CPU tensors: a view, no copy
+                emit.names[node] = emit.const(node.name, to_numpy(t))  # the parameter's own memory
             else:
+                for d, size in enumerate(_aten.shape_of(_aten._val(node))):
+                    if not isinstance(size, int) and getattr(size.node.expr, "is_Symbol", False):
+                        symbols.append((len(runtime_idx), d, size.node.expr))
                 runtime_idx.append(i)
-                g.inputs.append(Value(emit.out(node), _aten.np_dtype(node), _aten._shape(node)))
+                shape = tuple(_aten.dim_spec(d) for d in _aten.shape_of(_aten._val(node)))
+                g.inputs.append(Value(emit.out(node), _aten.np_dtype(node), shape))
         elif node.op == "call_function":
-            g.nodes.extend(table[node.target](node, emit))
+            adapter = table[node.target]
+            if node.target is _getitem_op():  # a tuple member: named (and rounded) by its producer
+                g.nodes.extend(adapter(node, emit))
+            else:
+                g.nodes.extend(_aten.lower(adapter, node, emit, check=False))
             ops.append(str(node.target))
         elif node.op == "output":
             result = node.args[0]
             as_tuple = isinstance(result, (tuple, list))
-            expected = [_aten._shape(r) for r in (result if as_tuple else [result])]
+            expected = [_aten.shape_of(_aten._val(r)) for r in (result if as_tuple else [result])]
             seen = set(g.initializers) | set(g.input_names)
             for r in result if as_tuple else [result]:
                 out = emit.name(r)
@@ -420,8 +543,13 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
         def forward(self, *args):
             if self.torch_reason:
                 return sub(*args)
-            feeds = [args[i].detach().numpy() for i in runtime_idx]  # CPU tensors: views, no copies
+            # the tensors' memory, strides and all; a size as an input of that length and no bytes
+            feeds = [
+                np.broadcast_to(_NO_BYTES, (int(args[i]),)) if k in carriers else to_numpy(args[i])
+                for k, i in enumerate(runtime_idx)
+            ]
             outs = []
+            threads = torch.get_num_threads()
             try:
                 results = self.cg.run(feeds)
                 arrays = [t.numpy() for t in results]  # a kernel's failure surfaces here, on waiting
@@ -429,6 +557,11 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
                 self.torch_reason = f"opsnn failed to run it ({type(exc).__name__}: {exc})"
                 _fallback(report, name, "partition", self.torch_reason)
                 return sub(*args)
+            finally:
+                # opsnn's oneDNN kernels set OpenMP's thread count, which torch shares: Dynamo guards
+                # torch's as global state, and a changed one recompiles every graph
+                if torch.get_num_threads() != threads:
+                    torch.set_num_threads(threads)
             report.runs[name] = report.runs.get(name, 0) + 1
             plan = self.cg.latest_plan
             for out_name, arr in zip(self.cg.output_names, arrays):
@@ -440,15 +573,34 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
                     or any(np.may_share_memory(arr, f) for f in feeds)
                 ):
                     arr = arr.copy()
-                outs.append(torch.from_numpy(arr))
+                outs.append(to_torch(arr))
             got = [tuple(o.shape) for o in outs]
-            if got != expected:
+            if got != _concrete(expected, {sym: feeds[k].shape[d] for k, d, sym in symbols}, got):
                 self.torch_reason = f"opsnn's output shapes {got} differ from torch's {expected}"
                 _fallback(report, name, "partition", self.torch_reason)
                 return sub(*args)
             return tuple(outs) if self._as_tuple else outs[0]
 
     return OpsnnPartition()
+
+
+_NO_BYTES = np.zeros(1, np.uint8)
+
+
+def _concrete(shapes: list, values: dict, got: list) -> list:
+    """``shapes`` (torch sizes, ints or SymInts) with the symbols' concrete ``values``; a dim whose
+    expression keeps an unbound symbol is taken as ``got`` has it (nothing to check it against)."""
+    out = []
+    for shape, have in zip(shapes, got):
+        dims = []
+        for k, d in enumerate(shape):
+            if not isinstance(d, int):
+                expr = d.node.expr.xreplace(values)
+                known = isinstance(expr, int) or expr.is_Integer
+                d = int(expr) if known else (have[k] if k < len(have) else -1)
+            dims.append(d)
+        out.append(tuple(dims))
+    return out
 
 
 def explain(model, *inputs) -> list:

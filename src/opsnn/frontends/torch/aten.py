@@ -34,21 +34,130 @@ _NP_DTYPES = {
 }
 
 
+BF16 = "torch.bfloat16"
+
+#: FX nodes whose bfloat16 values the lowering in progress reads as float32 (see :func:`lower`)
+_AS_F32: set = set()
+
+
+class _Float32View:
+    """A bfloat16 fake tensor as a lowering computing it in float32 sees it: ``dtype`` float32."""
+
+    def __init__(self, v, float32):
+        self._v, self.dtype = v, float32
+
+    def __getattr__(self, key):
+        return getattr(self._v, key)
+
+
+def _f32_view(v):
+    if str(getattr(v, "dtype", "")) != BF16:
+        return v
+    import torch
+
+    return _Float32View(v, torch.float32)
+
+
 def _val(n):
-    return n.meta.get("val") if hasattr(n, "meta") else None
+    v = n.meta.get("val") if hasattr(n, "meta") else None
+    if _AS_F32 and n in _AS_F32:
+        return type(v)(_f32_view(x) for x in v) if isinstance(v, (tuple, list)) else _f32_view(v)
+    return v
 
 
 def np_dtype(n):
-    """The numpy dtype of FX value ``n`` (one :func:`check_dtypes` admits)."""
-    return _NP_DTYPES[str(_val(n).dtype)]
+    """The numpy dtype of FX value ``n`` (one :func:`check_dtypes` admits, or bfloat16)."""
+    dt = str(_val(n).dtype)
+    if dt == BF16:
+        from ...dtypes import bfloat16
+
+        return bfloat16
+    return _NP_DTYPES[dt]
+
+
+def _bf16(v) -> bool:
+    if isinstance(v, (tuple, list)):
+        return any(_bf16(x) for x in v)
+    return str(getattr(v, "dtype", "")) == BF16
+
+
+def bf16_torch_only() -> list:
+    """ATen ops whose bfloat16 CPU kernels round otherwise than float32 rounded once, beyond
+    bfloat16's tolerance near cancellations (found by the OpInfo bfloat16 sweep; linspace steps in
+    bfloat16): on bfloat16 tensors they are neither decomposed nor lowered, torch runs them."""
+    import torch
+
+    aten = torch.ops.aten
+    spaced = [getattr(packet, o) for packet in (aten.linspace, aten.logspace) for o in packet.overloads()]
+    return [aten.addr.default, aten.linalg_cross.default, *spaced]
+
+
+def lower(adapter, n, e, *, check: bool = True) -> list:
+    """``adapter``'s nodes for ``n`` (after :func:`check_dtypes` with ``check``). bfloat16 tensors are
+    computed as torch's CPU kernels compute them: read as float32 (exact), the op in float32, each
+    bfloat16 result rounded once (to nearest even) -- the adapter sees float32 throughout."""
+    raw = n.meta.get("val")
+    ins = [a for a in n.all_input_nodes if _bf16(a.meta.get("val"))]
+    if not ins and not _bf16(raw):
+        if check:
+            check_dtypes(n)
+        return adapter(n, e)
+    bf16 = getattr(adapter, "bf16", True)
+    if not (bf16(n) if callable(bf16) else bf16) or n.target in bf16_torch_only():
+        raise Unsupported("bfloat16 (torch's kernel does not compute it in float32 rounded once)")
+    nodes, saved = [], {}
+    if not e.probe:
+        for a in ins:
+            if a not in e.names or isinstance(e.names[a], tuple):
+                continue
+            cast = e.f32.get(a)
+            if cast is None:
+                cast = e.f32[a] = e.graph.unique_name(f"{e.names[a]}_f32")
+                nodes.append(Node("Cast", [e.names[a]], [cast], {"to": 1}))
+            saved[a] = e.names[a]
+            e.names[a] = cast
+    _AS_F32.update([n, *ins])
+    try:
+        if check:
+            check_dtypes(n)
+        nodes += adapter(n, e)
+    finally:
+        _AS_F32.clear()
+        e.names.update(saved)
+    if e.probe or not _bf16(raw):
+        return nodes
+    got = e.names[n]
+    members = raw if isinstance(raw, (tuple, list)) else [raw]
+    names = list(got) if isinstance(got, tuple) else [got]
+    for k, (v, name) in enumerate(zip(members, names)):
+        if name and _bf16(v):
+            rounded = e.graph.unique_name(f"{name}_bf16")
+            nodes.append(Node("Cast", [name], [rounded], {"to": 16}))
+            names[k] = rounded
+    e.names[n] = tuple(names) if isinstance(got, tuple) else names[0]
+    return nodes
+
+
+def is_size(v) -> bool:
+    """Whether ``v`` (an FX value) is a size, not a tensor: a SymInt (or SymFloat / SymBool) of a
+    graph with symbolic shapes, or a plain number."""
+    return v is not None and not hasattr(v, "dtype") and type(v).__name__ in ("SymInt", "SymFloat", "SymBool", "int")
 
 
 def check_dtypes(node) -> None:
     """Every tensor this node reads is of a dtype its adapter's ``in_dtypes`` names, every tensor it
-    writes of one its ``out_dtypes`` names (float32 alone unless the adapter says more)."""
+    writes of one its ``out_dtypes`` names (float32 alone unless the adapter says more). Symbolic
+    sizes only where the adapter is marked ``symbolic`` (it never reads a symbolic dim's value)."""
     adapter = build_table().get(node.target)
     ins, outs = getattr(adapter, "in_dtypes", (F32,)), getattr(adapter, "out_dtypes", (F32,))
-    vals = [(_val(a), ins) for a in node.all_input_nodes]
+    symbolic_ok = getattr(adapter, "symbolic", False)
+    vals = []
+    for a in node.all_input_nodes:
+        if is_size(_val(a)):  # a size argument (a view's SymInt): the adapter reads the result's shape
+            if not symbolic_ok:
+                raise Unsupported("a symbolic size argument")
+            continue
+        vals.append((_val(a), ins))
     out = _val(node)
     if isinstance(out, (tuple, list)):  # a first-only lowering computes output 0 alone (pool indices are int64)
         vals += [(o, outs) for o in ([out[0]] if getattr(adapter, "first_only", False) else list(out))]
@@ -61,12 +170,76 @@ def check_dtypes(node) -> None:
             raise Unsupported(f"a non-tensor value {type(v).__name__}")
         if str(v.dtype) not in allowed:
             raise Unsupported(f"dtype {v.dtype} (mapped here: {', '.join(a[6:] for a in allowed)})")
-        if any(not isinstance(d, int) for d in v.shape):
+        if not symbolic_ok and any(not isinstance(d, int) for d in shape_of(v)):
             raise Unsupported("a symbolic shape")
 
 
+def shape_of(v) -> tuple:
+    """The shape of FX value ``v``: ints, and SymInts where a dim is symbolic (a SymInt whose
+    expression is a number is that int)."""
+    return tuple(
+        d if isinstance(d, int) else (d.node.maybe_as_int() if d.node.maybe_as_int() is not None else d)
+        for d in v.shape
+    )
+
+
 def _shape(n) -> tuple:
-    return tuple(int(d) for d in _val(n).shape)
+    shape = shape_of(_val(n))
+    if any(not isinstance(d, int) for d in shape):  # int() on a SymInt would specialize it
+        raise Unsupported("a symbolic shape")
+    return shape
+
+
+def dim_spec(d):
+    """An opsnn graph input's dim for torch dim ``d`` (of :func:`shape_of`): the int, or a symbolic dim's
+    name (its expression, ``s0`` or ``2*s0``: one name per expression, one value wherever it occurs)."""
+    return d if isinstance(d, int) else str(d.node.expr)
+
+
+def _positive(d) -> bool:
+    """Whether dim ``d`` is known to be at least 1 without reading a symbolic dim's value (Dynamo
+    specializes sizes 0 and 1, so a backed symbolic size is at least 2)."""
+    if isinstance(d, int):
+        return d > 0
+    try:
+        return bool(d.node.shape_env.bound_sympy(d.node.expr).lower >= 1)
+    except Exception:  # noqa: BLE001 - no range known: not provably positive
+        return False
+
+
+def _same_dim(a, b) -> bool:
+    """Whether dims ``a`` and ``b`` are the same int or the same symbolic expression (no guard)."""
+    if isinstance(a, int) or isinstance(b, int):
+        return isinstance(a, int) and isinstance(b, int) and a == b
+    return a.node.expr == b.node.expr
+
+
+def _target_shape(n, *, expand: bool) -> np.ndarray:
+    """The shape constant of a Reshape (``expand``: an Expand) producing ``n``'s result from its first
+    argument. Symbolic dims become what the op infers: ONNX Reshape's 0 (the input's dim at the same
+    place, the same expression) and one -1 (the remaining elements), Expand's 1 (the input's dim,
+    broadcast); anything else needs a dim's value: Unsupported."""
+    out, src = shape_of(_val(n)), shape_of(_val(n.args[0]))
+    if all(isinstance(d, int) for d in out + src):
+        return np.array(out, np.int64)
+    target, unknown = [], 0
+    for i, d in enumerate(out):
+        if isinstance(d, int):
+            if d <= 0:
+                raise Unsupported("an empty dim beside a symbolic one")
+            target.append(d)
+            continue
+        k = i - (len(out) - len(src)) if expand else i
+        if 0 <= k < len(src) and _same_dim(src[k], d):
+            target.append(1 if expand else 0)
+        elif not expand and not unknown:
+            unknown = 1
+            target.append(-1)
+        else:
+            raise Unsupported(f"symbolic dim {d} of the result is not one of the input's")
+    if not expand and not all(_positive(d) for d in src):
+        raise Unsupported("an input that may be empty")
+    return np.array(target, np.int64)
 
 
 def _rank(n) -> int:
@@ -80,6 +253,7 @@ class Emit:
         self.graph = graph
         self.probe = probe  # a support check: any FX node stands for a tensor
         self.names: dict = {}  # fx node -> opsnn value name (or tuple of names for tuple results)
+        self.f32: dict = {}  # fx node of a bfloat16 value -> its float32 copy
 
     def name(self, arg) -> str:
         if arg is None:
@@ -131,6 +305,7 @@ def _unary(op):
             raise Unsupported("extra arguments")
         return [Node(op, [e.name(n.args[0])], [e.out(n)])]
 
+    adapt.symbolic = True
     return adapt
 
 
@@ -179,6 +354,7 @@ def _binary(op):
 
     adapt.in_dtypes = (F32, I64, BOOL)
     adapt.out_dtypes = (F32, I64, BOOL) if op == "Mul" else (F32, I64)
+    adapt.symbolic = True
     return adapt
 
 
@@ -208,14 +384,47 @@ def _matmul(n, e):
     return [Node("MatMul", [e.name(n.args[0]), e.name(n.args[1])], [e.out(n)])]
 
 
+_SIZED_VIEWS = ("aten.view.default", "aten.view_copy.default", "aten._unsafe_view.default", "aten.reshape.default")
+
+
+def _reshape_to_sizes(n, e) -> list:
+    """A view to sizes some of which are symbolic: the shape concatenated from the int sizes and the
+    symbolic ones' values (each an input of that length: its Shape, folded when a plan is built)."""
+    sizes = n.args[1] if len(n.args) > 1 else None
+    if str(n.target) not in _SIZED_VIEWS or not isinstance(sizes, (list, tuple)):
+        raise Unsupported("a symbolic result shape with no sizes to read")
+    nodes, parts = [], []
+    for k, size in enumerate(sizes):
+        if isinstance(size, int):
+            parts.append(e.const("dim", np.array([size], np.int64)))
+        elif hasattr(size, "op") and type(_val(size)).__name__ == "SymInt":
+            parts.append(e.graph.unique_name(f"{n.name}_size{k}"))
+            nodes.append(Node("Shape", [e.name(size)], [parts[-1]]))
+        else:
+            raise Unsupported(f"size {size!r}")
+    if sum(1 for size in sizes if isinstance(size, int) and size < 0) > 1:
+        raise Unsupported("more than one -1 size")
+    shape = e.graph.unique_name(f"{n.name}_shape")
+    nodes.append(Node("Concat", parts, [shape], {"axis": 0}))
+    return nodes + [Node("Reshape", [e.name(n.args[0]), shape], [e.out(n)], {"allowzero": 1})]
+
+
 def _reshape(n, e):
-    # allowzero: a 0 in torch's shape is an empty dim, never ONNX's "copy the input's dim"
-    shape = e.const("shape", np.array(_shape(n), np.int64))
-    return [Node("Reshape", [e.name(n.args[0]), shape], [e.out(n)], {"allowzero": 1})]
+    try:
+        shape = _target_shape(n, expand=False)
+    except Unsupported:
+        if all(isinstance(d, int) for d in shape_of(_val(n))):
+            raise
+        return _reshape_to_sizes(n, e)
+    # allowzero: a 0 in torch's shape is an empty dim, never ONNX's "copy the input's dim"; with
+    # symbolic dims a 0 is that copy (and no dim is empty: _target_shape refuses them)
+    static = all(isinstance(d, int) for d in shape_of(_val(n)) + shape_of(_val(n.args[0])))
+    allowzero = int(static)
+    return [Node("Reshape", [e.name(n.args[0]), e.const("shape", shape)], [e.out(n)], {"allowzero": allowzero})]
 
 
 def _expand(n, e):
-    return [Node("Expand", [e.name(n.args[0]), e.const("shape", np.array(_shape(n), np.int64))], [e.out(n)])]
+    return [Node("Expand", [e.name(n.args[0]), e.const("shape", _target_shape(n, expand=True))], [e.out(n)])]
 
 
 def _permute(n, e):
@@ -353,7 +562,9 @@ def _batch_norm(n, e):
 def _split(n, e):
     x, _sizes = n.args[:2]
     dim = int(_kw(n, 2, "dim", 0)) % _rank(x)
-    sizes = [int(v.shape[dim]) for v in _val(n)]
+    sizes = [shape_of(v)[dim] for v in _val(n)]
+    if not all(isinstance(d, int) for d in sizes):  # the other dims may be symbolic
+        raise Unsupported("split into symbolic sizes")
     names = e.outs(n, len(sizes))
     return [Node("Split", [e.name(x), e.const("split", np.array(sizes, np.int64))], names, {"axis": dim})]
 
@@ -382,6 +593,8 @@ def _max_pool2d_with_indices(n, e):
 
 def _layer_norm(n, e):
     x, shape, weight, bias, eps = n.args[:5]
+    if any(not isinstance(d, int) for d in shape):
+        raise Unsupported("a symbolic normalized shape")
     y, _, _ = e.outs(n, 3)
     e.names[n] = (y, None, None)
     axis = _rank(x) - len(shape)
@@ -413,6 +626,10 @@ def _softmax(op):
             ]
         return [Node(op, [e.name(x)], [e.out(n)], {"axis": int(dim)})]
 
+    adapt.symbolic = True
+    # torch's bfloat16 log_softmax rounds between its steps (0.06 off float32 rounded once where
+    # its results are near -4, beyond bfloat16's tolerance): torch keeps it
+    adapt.bf16 = op != "LogSoftmax"
     return adapt
 
 
@@ -440,17 +657,19 @@ def _reduce(op):
             nodes.append(Node("Cast", [e.name(x)], [src], {"to": 7}))
         if _rank(x) == 0:  # a 0-d tensor reduces to itself
             return nodes + [Node("Identity", [src], [e.out(n)])]
-        if _numel(_shape(x)) == 0 and op in ("ReduceSum", "ReduceProd"):  # the empty sum / product
-            e.names[n] = e.const(n.name, np.full(_shape(n), 0 if op == "ReduceSum" else 1, _NP_DTYPES[out_dt]))
-            return []
-        if any(_shape(x)[int(d) % _rank(x)] == 0 for d in dims) and op != "ReduceSum":
-            raise Unsupported("a reduction over an empty dim")
+        if not all(_positive(d) for d in shape_of(_val(x))):
+            if _numel(_shape(x)) == 0 and op in ("ReduceSum", "ReduceProd"):  # the empty sum / product
+                e.names[n] = e.const(n.name, np.full(_shape(n), 0 if op == "ReduceSum" else 1, _NP_DTYPES[out_dt]))
+                return []
+            if any(_shape(x)[int(d) % _rank(x)] == 0 for d in dims) and op != "ReduceSum":
+                raise Unsupported("a reduction over an empty dim")
         axes = e.const("axes", np.array([int(d) for d in dims], np.int64))
         return nodes + [Node(op, [src, axes], [e.out(n)], {"keepdims": int(bool(keepdim))})]
 
     if op in ("ReduceSum", "ReduceMax", "ReduceMin"):  # exact on int64 too (a sum wraps as torch's)
         adapt.in_dtypes = (F32, I64, BOOL) if op == "ReduceSum" else (F32, I64)
         adapt.out_dtypes = (F32, I64)
+    adapt.symbolic = True
     return adapt
 
 
@@ -501,6 +720,7 @@ def _clip(lo_key: str, hi_key: str, lo_default, hi_default):
         return [Node("Clip", ins, [e.out(n)])]
 
     adapt.in_dtypes = adapt.out_dtypes = (F32, I64)
+    adapt.symbolic = True
     return adapt
 
 
@@ -549,6 +769,7 @@ def _compare(op, negate: bool = False):
 
     adapt.in_dtypes = (F32, I64)
     adapt.out_dtypes = (BOOL,)
+    adapt.symbolic = True
     return adapt
 
 
@@ -744,6 +965,7 @@ def _attr_unary(op, **attrs):
     def adapt(n, e):
         return [Node(op, [e.name(n.args[0])], [e.out(n)], dict(attrs))]
 
+    adapt.symbolic = True
     return adapt
 
 
@@ -1349,6 +1571,10 @@ def _div_mode(n, e):
     ]
 
 
+# bfloat16 trunc division rounds the quotient to bfloat16 before truncating (2.999 / 1 gives 3)
+_div_mode.bf16 = lambda n: n.kwargs.get("rounding_mode") != "trunc"
+
+
 def _round_decimals(n, e):
     """round(x, decimals): nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d for d < 0, with
     the power rounded to float32 first, as torch computes it."""
@@ -1423,6 +1649,27 @@ def _fmax(op):
     return adapt
 
 
+#: lowerings that never read a symbolic dim's value (they may lower graphs of symbolic shapes)
+for _f in (
+    _addmm,
+    _matmul,
+    _reshape,
+    _expand,
+    _permute,
+    _clone,
+    _gelu,
+    _cat,
+    _clamp_max,
+    _leaky_relu,
+    _getitem,
+    _where,
+    _identity,
+    _layer_norm,
+    _split,
+):
+    _f.symbolic = True
+
+
 def _empty_output(adapter):
     """An adapter that lowers a node with an empty (zero-element) tensor result to an empty constant
     (it has no values to get wrong), and any other node through ``adapter``."""
@@ -1436,7 +1683,7 @@ def _empty_output(adapter):
                 return []
         return adapter(n, e)
 
-    for attr in ("in_dtypes", "out_dtypes", "first_only"):
+    for attr in ("in_dtypes", "out_dtypes", "first_only", "symbolic", "bf16"):
         if hasattr(adapter, attr):
             setattr(adapt, attr, getattr(adapter, attr))
     return adapt

@@ -4,7 +4,9 @@ For every entry of ``torch.testing._internal.common_methods_invocations.op_db`` 
 float32 on the CPU, each of its ``sample_inputs`` runs through the opsnn backend and through torch
 eager (the oracle), compared with the entry's float32 tolerance (the largest CPU
 ``toleranceOverride`` it declares, else torch's float32 defaults ``rtol=1.3e-6, atol=1e-5``),
-float64 compare, NaN equals NaN, exact shapes and dtypes; ``atol`` is scaled by the output's largest
+float64 compare, NaN equals NaN, exact shapes and dtypes; ``--dtype bfloat16`` runs the entries
+that list bfloat16 with their bfloat16 samples and tolerances (torch's defaults ``rtol=1.6e-2,
+atol=1e-5``); ``atol`` is scaled by the output's largest
 finite magnitude when that exceeds 1 (a float32 sum's rounding grows with its terms, and OpInfo's
 samples reach values in the hundreds).
 
@@ -39,8 +41,10 @@ import numpy as np
 PASS, FALLBACK, FAIL, SKIP = "pass", "fallback", "fail", "skip"
 STATUSES = (PASS, FALLBACK, FAIL, SKIP)
 
-#: torch.testing.assert_close's float32 defaults (what OpInfo tests use without an override)
-DEFAULT_RTOL, DEFAULT_ATOL = 1.3e-6, 1e-5
+#: torch.testing.assert_close's defaults per dtype (what OpInfo tests use without an override)
+DEFAULT_TOLERANCES = {"float32": (1.3e-6, 1e-5), "bfloat16": (1.6e-2, 1e-5)}
+DEFAULT_RTOL, DEFAULT_ATOL = DEFAULT_TOLERANCES["float32"]
+DTYPES = tuple(DEFAULT_TOLERANCES)
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Report:
     results: list
     seconds: float = 0.0
     dynamo: bool = False
+    dtype: str = "float32"
 
     def totals(self) -> dict:
         t = {s: sum(1 for r in self.results if r.status == s) for s in STATUSES}
@@ -78,7 +83,7 @@ class Report:
             "opsnn": __version__,
             "torch": torch.__version__,
             "path": "torch.compile (Dynamo)" if self.dynamo else "compile_graph (the backend, no Dynamo)",
-            "dtype": "float32",
+            "dtype": self.dtype,
             "seconds": round(self.seconds, 1),
             "totals": self.totals(),
             "entries": {
@@ -116,18 +121,18 @@ def entries(names=None, limit: int | None = None) -> list:
     return chosen[:limit] if limit else chosen
 
 
-def tolerance(op) -> tuple:
-    """``(rtol, atol)`` for float32: the largest CPU ``toleranceOverride`` the entry declares, else
-    torch's float32 defaults."""
+def tolerance(op, dtype: str = "float32") -> tuple:
+    """``(rtol, atol)`` for ``dtype``: the largest CPU ``toleranceOverride`` the entry declares for
+    it, else torch's defaults for that dtype."""
     import torch
 
-    rtol, atol = DEFAULT_RTOL, DEFAULT_ATOL
+    rtol, atol = DEFAULT_TOLERANCES[dtype]
     for info in getattr(op, "decorators", ()) or ():
         if getattr(info, "device_type", None) not in (None, "cpu"):
             continue
         for d in getattr(info, "decorators", ()) or ():
             tol = getattr(d, "d", None)
-            t32 = tol.get(torch.float32) if isinstance(tol, dict) else None
+            t32 = tol.get(getattr(torch, dtype)) if isinstance(tol, dict) else None
             if hasattr(t32, "rtol") and hasattr(t32, "atol"):  # a few entries hold bare floats: not tolerances
                 rtol, atol = max(rtol, t32.rtol), max(atol, t32.atol)
     return rtol, atol
@@ -188,6 +193,8 @@ def _compare(torch, want, got, rtol: float, atol: float) -> str | None:
             if not (a == b or (isinstance(a, float) and np.isnan(a) and np.isnan(b))):
                 return f"output {i}: {b!r}, expected {a!r}"
             continue
+        if a.dtype != b.dtype:  # checked here: a bfloat16 result is compared as float32 below
+            return f"output {i}: dtype {b.dtype}, expected {a.dtype}"
         a, b = _as_array(torch, a), _as_array(torch, b)
         with np.errstate(all="ignore"):
             finite = np.abs(a[np.isfinite(a)]) if a.dtype.kind in "fc" else np.abs(a)
@@ -223,8 +230,15 @@ def _seeded(torch, mod, tensors) -> bool:
     )
 
 
-def run_entry(op, *, timeout: float | None = 120.0, dynamo: bool = False, max_samples: int | None = None):
-    """Every float32 sample of OpInfo entry ``op`` through opsnn and torch eager; an :class:`EntryResult`."""
+def run_entry(
+    op,
+    *,
+    timeout: float | None = 120.0,
+    dynamo: bool = False,
+    max_samples: int | None = None,
+    dtype: str = "float32",
+):
+    """Every ``dtype`` sample of OpInfo entry ``op`` through opsnn and torch eager; an :class:`EntryResult`."""
     import torch
 
     from ...onnx.conformance import _reason, _time_limit
@@ -233,17 +247,17 @@ def run_entry(op, *, timeout: float | None = 120.0, dynamo: bool = False, max_sa
     name = entry_name(op)
     t0 = time.perf_counter()
     res = EntryResult(name, SKIP)
-    if torch.float32 not in op.supported_dtypes("cpu"):
-        res.reason = "no float32 on the CPU"
+    if getattr(torch, dtype) not in op.supported_dtypes("cpu"):
+        res.reason = f"no {dtype} on the CPU"
         return res
-    rtol, atol = tolerance(op)
+    rtol, atol = tolerance(op, dtype)
     fallback_ops: list = []
     first_fallback = ""
     random = False
     try:
         with _time_limit(timeout) as deadline, warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            samples = list(op.sample_inputs("cpu", torch.float32, requires_grad=False))
+            samples = list(op.sample_inputs("cpu", getattr(torch, dtype), requires_grad=False))
             for sample in samples[:max_samples] if max_samples else samples:
                 mod, tensors = _module(torch, op, sample)
                 try:
@@ -322,7 +336,13 @@ def run_entry(op, *, timeout: float | None = 120.0, dynamo: bool = False, max_sa
 
 
 def run(
-    ops, *, timeout: float | None = 120.0, dynamo: bool = False, progress: bool | None = None, out: str | None = None
+    ops,
+    *,
+    timeout: float | None = 120.0,
+    dynamo: bool = False,
+    progress: bool | None = None,
+    out: str | None = None,
+    dtype: str = "float32",
 ) -> Report:
     """Run the OpInfo entries ``ops``; never stops on a failing entry. ``out``: a JSON report path,
     rewritten every 16 entries (a long run stopped early keeps what it did)."""
@@ -330,12 +350,12 @@ def run(
 
     if progress is None:
         progress = sys.stderr.isatty()
-    report = Report([], dynamo=dynamo)
+    report = Report([], dynamo=dynamo, dtype=dtype)
     t0 = time.perf_counter()
     bar = tqdm(ops, desc="torch-opinfo", unit="entry", disable=not progress, file=sys.stderr)
     for i, op in enumerate(bar):
         try:
-            r = run_entry(op, timeout=timeout, dynamo=dynamo)
+            r = run_entry(op, timeout=timeout, dynamo=dynamo, dtype=dtype)
         except Exception as exc:  # noqa: BLE001 - the harness itself failed on this entry: recorded, the run goes on
             r = EntryResult(entry_name(op), FAIL, reason=f"harness: {type(exc).__name__}: {exc}")
         report.results.append(r)
@@ -370,13 +390,14 @@ def main(argv: list[str] | None = None) -> int:
     """``opsnn conformance --suite torch-opinfo``: OpInfo entries through the opsnn backend."""
     p = argparse.ArgumentParser(
         prog="opsnn conformance --suite torch-opinfo",
-        description="Run PyTorch's OpInfo samples (float32, CPU) through the opsnn torch backend against torch eager.",
+        description="Run PyTorch's OpInfo samples (CPU) through the opsnn torch backend against torch eager.",
     )
     p.add_argument("--suite", choices=("torch-opinfo",), default="torch-opinfo")
     p.add_argument("--ops", metavar="A,B", help="only these entries (op names, or name.variant)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N entries")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per entry (default 120; 0 = none)")
     p.add_argument("--dynamo", action="store_true", help="through torch.compile (Dynamo) rather than the backend")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="the samples' dtype (default float32)")
     p.add_argument("--out", "--report", dest="out", metavar="PATH", default="torch-opinfo-report.json")
     p.add_argument("--min-pass", type=int, default=None, metavar="N", help="exit 1 when fewer than N entries pass")
     p.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")
@@ -385,7 +406,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ops = entries(args.ops.split(",") if args.ops else None, args.limit)
     out = args.out if args.out and args.out != "-" else None
-    report = run(ops, timeout=args.timeout or None, dynamo=args.dynamo, progress=args.progress, out=out)
+    report = run(
+        ops, timeout=args.timeout or None, dynamo=args.dynamo, progress=args.progress, out=out, dtype=args.dtype
+    )
     print(format_table(report))
     t = report.totals()
     print(
