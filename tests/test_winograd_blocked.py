@@ -194,3 +194,20 @@ def test_plans_share_one_transformed_weight_and_a_changed_weight_is_transformed_
     out, want, p = _run([KB.blocked_reference(x1, 16), w, b, None], attrs)
     assert p.gemms[1].weight.ctypes.data != p1.gemms[1].weight.ctypes.data
     np.testing.assert_allclose(out, want, rtol=0, atol=2e-4 * np.abs(want).max())
+
+
+def test_each_block_size_runs_its_own_pair_of_transforms(rng):
+    # the lane count is built into the transforms' code: one pair per block size, made once
+    pairs = {}
+    for block in KB.BLOCKS:
+        before = {k: len(f.signatures) for k, f in zip("io", KW.transforms(block))}
+        x = _f32(rng, 1, 16, 9, 9)
+        w = _f32(rng, 16, 16, 3, 3, scale=0.2)
+        out, want, _ = _run([KB.blocked_reference(x, block), w, None, None], {"pads": [1, 1, 1, 1], "block": block})
+        np.testing.assert_allclose(out, want, rtol=0, atol=2e-4 * np.abs(want).max())
+        pairs[block] = KW.transforms(block)
+        assert KW.transforms(block) is pairs[block]
+        # the conv ran this pair's kernels: each holds one compiled (or cached) specialization
+        assert [len(f.signatures) for f in pairs[block]] == [max(1, before["i"]), max(1, before["o"])]
+    kernels = [f for pair in pairs.values() for f in pair]
+    assert len(set(map(id, kernels))) == 2 * len(KB.BLOCKS)

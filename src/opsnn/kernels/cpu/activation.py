@@ -977,6 +977,11 @@ def softmax_item(x, out, item, n, inner, nblocks, log, parts, phase, stats, nch)
     else:
         k = 2 * (nblocks * parts + item // parts)
         m, s = stats[k], stats[k + 1]
+    _row_finish(xr, yr, cms, m, s, log)
+
+
+@nb.njit(**_NJIT)
+def _row_finish(xr, yr, cms, m, s, log):
     if log:
         _row_write(xr, yr, m, s, log)
     else:
@@ -987,6 +992,18 @@ def softmax_item(x, out, item, n, inner, nblocks, log, parts, phase, stats, nch)
 def softmax_serial(x, out, items, n, inner, nblocks, log, parts, phase, stats, nch):
     for it in range(items):
         softmax_item(x, out, it, n, inner, nblocks, log, parts, phase, stats, nch)
+
+
+@nb.njit(**_NJIT)
+def softmax_rows_serial(x, out, items, n, log, stats, nch):
+    """``softmax_serial`` of contiguous rows (inner == 1), a row per item: a kernel of its own,
+    without the strided rows' path (``_block_rows``), which is most of softmax_serial's compile."""
+    for it in range(items):
+        xr = x[it * n : (it + 1) * n]
+        yr = out[it * n : (it + 1) * n]
+        cms = stats[it * nch : (it + 1) * nch]
+        m, s = _row_stats(xr, yr, cms)
+        _row_finish(xr, yr, cms, m, s, log)
 
 
 @nb.njit(parallel=True, **_NJIT)
@@ -1069,7 +1086,9 @@ def softmax(ins, outs, attrs, plan, ws):
     x = ins[0].reshape(-1)
     out = outs[0].reshape(-1)
     stats = ws[:nbytes].view(np.float64) if nbytes else _NO_STATS
-    if mode == "serial":
+    if mode == "serial" and inner == 1:
+        softmax_rows_serial(x, out, items, n, log, stats, nch)
+    elif mode == "serial":
         softmax_serial(x, out, items, n, inner, k, log, 1, 0, stats, nch)
     elif mode == "parallel":
         softmax_parallel(x, out, items, n, inner, k, log, 1, 0, stats, nch)

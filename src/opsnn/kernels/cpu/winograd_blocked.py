@@ -28,6 +28,7 @@ are computed again by the direct sum with the same epilogue (:func:`direct_tiles
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -55,60 +56,121 @@ def _split(task, blocks, th_n, b):
     return row, row % th_n, _U(row // th_n), _U(cb), _U(cb * b)
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def input_transform(x, v, ph, pw, th_n, tw_n):
-    """``x`` (N, C/b, H, W, b) -> ``v`` (36, N*th_n*tw_n, C): B^T d B of every 6x6 tile (4x4
-    output tiles, their inputs starting ``ph``/``pw`` before the image), zeros outside. Indices
-    are unsigned (``_U``) so numba skips negative-index wraparound and LLVM vectorizes the lanes.
-    Returns a check value, not finite when an input tile holds an Inf or NaN: per lane, the first
-    and last point of every column of V (together they depend on all the column's rows with
-    nonzero factors, see ``winograd._input_range``), one vector add per 3 values of V."""
-    n_img, cb_n, h, w, b = x.shape
-    ub = _U(b)
-    total = 0.0
-    for task in nb.prange(n_img * th_n * cb_n):
-        row, ty, un, ucb, c0 = _split(task, cb_n, th_n, b)
-        d = np.empty((ALPHA, ALPHA, b), np.float32)
-        t = np.empty((ALPHA, ALPHA, b), np.float32)
-        chk = np.zeros(b, np.float32)
-        for tx in range(tw_n):
-            y0 = ty * TILE - ph
-            x0 = tx * TILE - pw
-            for i in range(ALPHA):
-                iy = y0 + i
-                ui = _U(i)
-                for j in range(ALPHA):
-                    ix = x0 + j
-                    uj = _U(j)
-                    if 0 <= iy < h and 0 <= ix < w:
-                        uy, ux = _U(iy), _U(ix)
-                        for lane in range(ub):
-                            d[ui, uj, lane] = x[un, ucb, uy, ux, lane]
-                    else:
-                        for lane in range(ub):
-                            d[ui, uj, lane] = 0.0
-            for i in range(_U(ALPHA)):  # B^T along each row
-                for lane in range(ub):
-                    r0, r1, r2, r3, r4, r5 = _bt(
-                        d[i, 0, lane], d[i, 1, lane], d[i, 2, lane], d[i, 3, lane], d[i, 4, lane], d[i, 5, lane]
-                    )
-                    t[i, 0, lane], t[i, 1, lane], t[i, 2, lane] = r0, r1, r2
-                    t[i, 3, lane], t[i, 4, lane], t[i, 5, lane] = r3, r4, r5
-            tile = _U(row * tw_n + tx)
-            for k in range(_U(ALPHA)):  # ... then down each column, into V
-                for lane in range(ub):
-                    r0, r1, r2, r3, r4, r5 = _bt(
-                        t[0, k, lane], t[1, k, lane], t[2, k, lane], t[3, k, lane], t[4, k, lane], t[5, k, lane]
-                    )
-                    c = c0 + lane
-                    v[k, tile, c], v[6 + k, tile, c], v[12 + k, tile, c] = r0, r1, r2
-                    v[18 + k, tile, c], v[24 + k, tile, c], v[30 + k, tile, c] = r3, r4, r5
-                    chk[lane] += r0 + r5
-        s = 0.0
-        for lane in range(ub):
-            s += chk[lane]
-        total += s
-    return total
+@functools.cache
+def transforms(lanes: int):
+    """``(input_transform, output_transform)`` for blocks of ``lanes`` channels (``b``): one pair
+    of kernels per block size, the lane count a constant in their code. Each lane loop is then
+    one b-wide vector operation, without the trip-count checks, remainder and epilogue loops
+    LLVM builds around a loop of unknown length: less code to compile, and faster. The input
+    transform takes the constant only for 16 lanes: with 8, LLVM unrolls its short loops whole
+    and the result ran slower than the loop of unknown length (AVX2 target)."""
+    in_lanes = lanes if lanes >= 16 else 0
+
+    @nb.njit(parallel=True, nogil=True, cache=True)
+    def input_transform(x, v, ph, pw, th_n, tw_n):
+        """``x`` (N, C/b, H, W, b) -> ``v`` (36, N*th_n*tw_n, C): B^T d B of every 6x6 tile (4x4
+        output tiles, their inputs starting ``ph``/``pw`` before the image), zeros outside. Indices
+        are unsigned (``_U``) so numba skips negative-index wraparound and LLVM vectorizes the lanes.
+        Returns a check value, not finite when an input tile holds an Inf or NaN: per lane, the first
+        and last point of every column of V (together they depend on all the column's rows with
+        nonzero factors, see ``winograd._input_range``), one vector add per 3 values of V.
+        ``b`` must be ``lanes``."""
+        n_img, cb_n, h, w, b = x.shape
+        total = 0.0
+        for task in nb.prange(n_img * th_n * cb_n):
+            row, ty, un, ucb, c0 = _split(task, cb_n, th_n, b)
+            ub = _U(in_lanes) if in_lanes else _U(b)  # set in the parallel body: one set outside is a variable there
+            d = np.empty((ALPHA, ALPHA, b), np.float32)
+            t = np.empty((ALPHA, ALPHA, b), np.float32)
+            chk = np.zeros(b, np.float32)
+            for tx in range(tw_n):
+                y0 = ty * TILE - ph
+                x0 = tx * TILE - pw
+                for i in range(ALPHA):
+                    iy = y0 + i
+                    ui = _U(i)
+                    for j in range(ALPHA):
+                        ix = x0 + j
+                        uj = _U(j)
+                        if 0 <= iy < h and 0 <= ix < w:
+                            uy, ux = _U(iy), _U(ix)
+                            for lane in range(ub):
+                                d[ui, uj, lane] = x[un, ucb, uy, ux, lane]
+                        else:
+                            for lane in range(ub):
+                                d[ui, uj, lane] = 0.0
+                for i in range(_U(ALPHA)):  # B^T along each row
+                    for lane in range(ub):
+                        r0, r1, r2, r3, r4, r5 = _bt(
+                            d[i, 0, lane], d[i, 1, lane], d[i, 2, lane], d[i, 3, lane], d[i, 4, lane], d[i, 5, lane]
+                        )
+                        t[i, 0, lane], t[i, 1, lane], t[i, 2, lane] = r0, r1, r2
+                        t[i, 3, lane], t[i, 4, lane], t[i, 5, lane] = r3, r4, r5
+                tile = _U(row * tw_n + tx)
+                for k in range(_U(ALPHA)):  # ... then down each column, into V
+                    for lane in range(ub):
+                        r0, r1, r2, r3, r4, r5 = _bt(
+                            t[0, k, lane], t[1, k, lane], t[2, k, lane], t[3, k, lane], t[4, k, lane], t[5, k, lane]
+                        )
+                        c = c0 + lane
+                        v[k, tile, c], v[6 + k, tile, c], v[12 + k, tile, c] = r0, r1, r2
+                        v[18 + k, tile, c], v[24 + k, tile, c], v[30 + k, tile, c] = r3, r4, r5
+                        chk[lane] += r0 + r5
+            s = 0.0
+            for lane in range(ub):
+                s += chk[lane]
+            total += s
+        return total
+
+    @nb.njit(parallel=True, nogil=True, cache=True)
+    def output_transform(mm, bias, z, y, th_n, tw_n, has_z, relu):
+        """``mm`` (36, tiles, M) -> ``y`` (N, M/b, Ho, Wo, b): A^T m A per tile, + ``bias`` (M,),
+        + ``z`` (y's shape, when ``has_z``), then max(., 0) when ``relu``; tiles clipped at the edge.
+        ``b`` must be ``lanes``."""
+        n_img, mb_n, ho, wo, b = y.shape
+        zero = np.float32(0)
+        for task in nb.prange(n_img * th_n * mb_n):
+            row, ty, un, umb, m0 = _split(task, mb_n, th_n, b)
+            ub = _U(lanes)
+            u = np.empty((ALPHA, TILE, b), np.float32)
+            o = np.empty((TILE, TILE, b), np.float32)
+            for tx in range(tw_n):
+                tile = _U(row * tw_n + tx)
+                for a in range(_U(ALPHA)):  # A^T along each row of points
+                    p = a * _U(ALPHA)
+                    for lane in range(ub):
+                        c = m0 + lane
+                        r0, r1, r2, r3 = _at(
+                            mm[p, tile, c],
+                            mm[p + 1, tile, c],
+                            mm[p + 2, tile, c],
+                            mm[p + 3, tile, c],
+                            mm[p + 4, tile, c],
+                            mm[p + 5, tile, c],
+                        )
+                        u[a, 0, lane], u[a, 1, lane], u[a, 2, lane], u[a, 3, lane] = r0, r1, r2, r3
+                for s in range(_U(TILE)):  # ... then down each column
+                    for lane in range(ub):
+                        r0, r1, r2, r3 = _at(
+                            u[0, s, lane], u[1, s, lane], u[2, s, lane], u[3, s, lane], u[4, s, lane], u[5, s, lane]
+                        )
+                        bb = bias[m0 + lane]
+                        o[0, s, lane], o[1, s, lane], o[2, s, lane], o[3, s, lane] = r0 + bb, r1 + bb, r2 + bb, r3 + bb
+                for i in range(min(TILE, ho - ty * TILE)):
+                    uy, ui = _U(ty * TILE + i), _U(i)
+                    for s in range(min(TILE, wo - tx * TILE)):
+                        ux, us = _U(tx * TILE + s), _U(s)
+                        if has_z:
+                            for lane in range(ub):
+                                o[ui, us, lane] += z[un, umb, uy, ux, lane]
+                        if relu:
+                            for lane in range(ub):
+                                y[un, umb, uy, ux, lane] = max(o[ui, us, lane], zero)
+                        else:
+                            for lane in range(ub):
+                                y[un, umb, uy, ux, lane] = o[ui, us, lane]
+
+    return input_transform, output_transform
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -169,54 +231,6 @@ def nonfinite_tiles(x, th_n, tw_n, ph, pw):
                     out[k, 0], out[k, 1], out[k, 2] = i, ty, tx
                     k += 1
     return out[:k]
-
-
-@nb.njit(parallel=True, nogil=True, cache=True)
-def output_transform(mm, bias, z, y, th_n, tw_n, has_z, relu):
-    """``mm`` (36, tiles, M) -> ``y`` (N, M/b, Ho, Wo, b): A^T m A per tile, + ``bias`` (M,),
-    + ``z`` (y's shape, when ``has_z``), then max(., 0) when ``relu``; tiles clipped at the edge."""
-    n_img, mb_n, ho, wo, b = y.shape
-    ub = _U(b)
-    zero = np.float32(0)
-    for task in nb.prange(n_img * th_n * mb_n):
-        row, ty, un, umb, m0 = _split(task, mb_n, th_n, b)
-        u = np.empty((ALPHA, TILE, b), np.float32)
-        o = np.empty((TILE, TILE, b), np.float32)
-        for tx in range(tw_n):
-            tile = _U(row * tw_n + tx)
-            for a in range(_U(ALPHA)):  # A^T along each row of points
-                p = a * _U(ALPHA)
-                for lane in range(ub):
-                    c = m0 + lane
-                    r0, r1, r2, r3 = _at(
-                        mm[p, tile, c],
-                        mm[p + 1, tile, c],
-                        mm[p + 2, tile, c],
-                        mm[p + 3, tile, c],
-                        mm[p + 4, tile, c],
-                        mm[p + 5, tile, c],
-                    )
-                    u[a, 0, lane], u[a, 1, lane], u[a, 2, lane], u[a, 3, lane] = r0, r1, r2, r3
-            for s in range(_U(TILE)):  # ... then down each column
-                for lane in range(ub):
-                    r0, r1, r2, r3 = _at(
-                        u[0, s, lane], u[1, s, lane], u[2, s, lane], u[3, s, lane], u[4, s, lane], u[5, s, lane]
-                    )
-                    bb = bias[m0 + lane]
-                    o[0, s, lane], o[1, s, lane], o[2, s, lane], o[3, s, lane] = r0 + bb, r1 + bb, r2 + bb, r3 + bb
-            for i in range(min(TILE, ho - ty * TILE)):
-                uy, ui = _U(ty * TILE + i), _U(i)
-                for s in range(min(TILE, wo - tx * TILE)):
-                    ux, us = _U(tx * TILE + s), _U(s)
-                    if has_z:
-                        for lane in range(ub):
-                            o[ui, us, lane] += z[un, umb, uy, ux, lane]
-                    if relu:
-                        for lane in range(ub):
-                            y[un, umb, uy, ux, lane] = max(o[ui, us, lane], zero)
-                    else:
-                        for lane in range(ub):
-                            y[un, umb, uy, ux, lane] = o[ui, us, lane]
 
 
 def weight_bytes(c_in: int, c_out: int) -> int:
@@ -321,6 +335,7 @@ def bind(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndar
         chunks.append((x5[i0 : i0 + k], v, p.gemms[k].bind(v, mm), mm, z5[i0 : i0 + k], y5[i0 : i0 + k]))
 
     w4, finite_w = p.w, p.finite_w
+    input_transform, output_transform = transforms(blk)
 
     def call():
         for xc, v, gemm, mm, zc, yc in chunks:
