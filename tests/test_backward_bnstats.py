@@ -255,6 +255,10 @@ def test_compiled_resnet18_step_computes_bn_statistics_only_in_the_kernel():
     assigned = [producers.get(n.inputs[1]) for n in g.nodes if n.op_type == "Assign"]
     from_bn = [a for a in assigned if a is not None and a.op_type == "BatchNormalization"]
     assert len(from_bn) == 2 * n_bn
+    # every BasicBlock's residual Add -> Relu runs as one generated elementwise kernel (Relu's
+    # gradient reads its output, so the Add's output has no other consumer)
+    fused = step.compiled_graph.pass_report.by_name("elementwise_fusion").log
+    assert sum("(Add -> Relu)" in line for line in fused) == 8, fused
     # eager and compiled agree on the buffers (and the parameters)
     esd = emodel.state_dict()
     for name, v in model.state_dict().items():
