@@ -243,7 +243,7 @@ def _bn_ref(ins, attrs):
     if not training:
         return y.astype(x.dtype)
     mom = float(attrs["momentum"])
-    n = x.size // x.shape[1]
+    n = x.shape[0] * math.prod(x.shape[2:])
     if int(attrs.get("unbiased_running_var", 0)):
         v = v * (n / max(n - 1, 1))
     return (
