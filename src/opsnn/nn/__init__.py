@@ -17,7 +17,9 @@ from .attention import MultiheadAttention
 from .layers import (
     GELU,
     AdaptiveAvgPool2d,
+    BatchNorm1d,
     BatchNorm2d,
+    BatchNorm3d,
     Conv2d,
     Dropout,
     Embedding,
@@ -52,7 +54,9 @@ from .weights import WeightFileError, onnx_initializers, read_weights, write_wei
 
 __all__ = [
     "AdaptiveAvgPool2d",
+    "BatchNorm1d",
     "BatchNorm2d",
+    "BatchNorm3d",
     "Conv2d",
     "BCEWithLogitsLoss",
     "CrossEntropyLoss",

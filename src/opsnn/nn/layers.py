@@ -1,5 +1,5 @@
 """Layers with torch's names, arguments and parameter layouts, running on opsnn ops:
-Linear, Conv2d, BatchNorm2d, LayerNorm, RMSNorm, GroupNorm, Embedding, Dropout and the
+Linear, Conv2d, BatchNorm1d/2d/3d, LayerNorm, RMSNorm, GroupNorm, Embedding, Dropout and the
 activation modules.
 
 >>> import opsnn, numpy as np
@@ -156,18 +156,18 @@ class Conv2d(Module):
         return s + ("" if self.bias is not None else ", bias=False")
 
 
-class BatchNorm2d(Module):
+class _BatchNorm(Module):
     """Batch norm with torch's parameters (``weight``, ``bias``) and buffers (``running_mean``,
     ``running_var``, ``num_batches_tracked``). In training mode it normalises with the batch's
     statistics and updates the running ones as torch does (``momentum`` weighs the batch; the
     running variance takes the unbiased batch variance; ``momentum=None`` is a cumulative average).
+    The batch statistics are computed once, by the BatchNormalization kernel, which also returns
+    the updated running statistics (its optional outputs); a traced training step writes them back
+    with ``opsnn::Assign``."""
 
-    >>> import opsnn, numpy as np
-    >>> bn = opsnn.nn.BatchNorm2d(2).train()
-    >>> y = bn(opsnn.tensor(np.arange(16, dtype=np.float32).reshape(2, 2, 2, 2)))
-    >>> bn.running_mean.numpy(), int(bn.num_batches_tracked.item())
-    (array([0.55, 0.95], dtype=float32), 1)
-    """
+    #: the input ranks the layer accepts, and how torch names them
+    _ranks: tuple = ()
+    _layout: str = ""
 
     def __init__(
         self,
@@ -199,60 +199,109 @@ class BatchNorm2d(Module):
 
     def forward(self, x):
         x = as_tensor(x)
+        if x.ndim not in self._ranks:
+            raise ParamInvalidError(f"{type(self).__name__}: input must be {self._layout}, got shape {tuple(x.shape)}")
         if not self.training and self.track_running_stats:
             return ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, eps=self.eps)
-        c, dt = self.num_features, x.dtype
-        mean = self.running_mean if self.track_running_stats else np.zeros(c, dt)
-        var = self.running_var if self.track_running_stats else np.ones(c, dt)
-        y = ops.batch_norm(x, mean, var, self.weight, self.bias, training=True, eps=self.eps)[0]
-        if self.training and self.track_running_stats:
-            self._update_running_stats(x)
+        if not (self.training and self.track_running_stats):  # batch statistics, nothing to update
+            c, dt = self.num_features, x.dtype
+            return ops.batch_norm(
+                x, np.zeros(c, dt), np.ones(c, dt), self.weight, self.bias, training=True, eps=self.eps
+            )[0]
+        # momentum None: the kernel returns the batch statistics (weight 1), averaged in below
+        momentum = 1.0 if self.momentum is None else self.momentum
+        y, mean, var = ops.batch_norm(
+            x,
+            self.running_mean,
+            self.running_var,
+            self.weight,
+            self.bias,
+            training=True,
+            momentum=momentum,
+            eps=self.eps,
+            unbiased_running_var=True,
+        )
+        self._update_running_stats(mean, var)
         return y
 
-    def _update_running_stats(self, x) -> None:
+    def _update_running_stats(self, mean, var) -> None:
+        """Write the kernel's running statistics (or, for ``momentum=None``, its batch statistics
+        averaged in with weight 1 / batches seen) into the buffers."""
         from ..graph.tracing import active_tracer
 
         tracer = active_tracer()
         if tracer is not None and hasattr(tracer, "call_inplace"):
-            return self._traced_running_stats(tracer, x)
-        self.num_batches_tracked.copy_(self.num_batches_tracked.numpy() + 1)
-        m = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked.item())
-        a = x.numpy()
-        axes = (0,) + tuple(range(2, a.ndim))
-        n = a.size // a.shape[1]
-        mean = a.mean(axis=axes, dtype=np.float64)
-        var = a.var(axis=axes, dtype=np.float64) * (n / max(n - 1, 1))
+            return self._traced_running_stats(tracer, mean, var)
+        nbt = self.num_batches_tracked
+        nbt.copy_(nbt.numpy() + 1)
         rm, rv = self.running_mean, self.running_var
-        rm.copy_((1.0 - m) * rm.numpy() + m * mean)
-        rv.copy_((1.0 - m) * rv.numpy() + m * var)
+        if self.momentum is not None:
+            rm.copy_(mean)
+            rv.copy_(var)
+            return
+        m = 1.0 / float(nbt.item())
+        rm.copy_((1.0 - m) * rm.numpy().astype(np.float64) + m * mean.numpy().astype(np.float64))
+        rv.copy_((1.0 - m) * rv.numpy().astype(np.float64) + m * var.numpy().astype(np.float64))
 
-    def _traced_running_stats(self, tracer, x) -> None:
-        """The running-statistics update as graph ops written in place (``Assign``) when a training
-        step is traced: the eager path's host arithmetic would be replayed as constants."""
+    def _traced_running_stats(self, tracer, mean, var) -> None:
+        """The running-statistics update written in place (``Assign``) when a training step is
+        traced: the eager path's host arithmetic would be replayed as constants."""
         from ..autograd import no_grad
 
         assign = get_op("Assign", "opsnn")
         with no_grad():
-            axes = [0] + list(range(2, x.ndim))
-            n = x.numel // x.shape[1]
             nbt = self.num_batches_tracked
             nbt_new = ops.add(nbt, as_tensor(np.ones((), nbt.dtype)))
             tracer.call_inplace(assign, [nbt, nbt_new], {}, [nbt], labels=[None])
-            dt = x.dtype
-            if self.momentum is not None:
-                m = as_tensor(np.asarray(self.momentum, dt))
-            else:  # cumulative average: the weight of this batch is 1 / batches seen
+            rm, rv = self.running_mean, self.running_var
+            if self.momentum is None:  # cumulative average: the weight of this batch is 1 / batches seen
+                dt = rm.dtype
                 m = ops.div(as_tensor(np.ones((), dt)), ops.cast(nbt, dt))
-            one_minus = ops.sub(as_tensor(np.ones((), dt)), m)
-            mean = ops.mean(x, dim=axes)
-            centred = ops.sub(x, ops.mean(x, dim=axes, keepdim=True))
-            var = ops.div(ops.sum(ops.mul(centred, centred), dim=axes), as_tensor(np.asarray(max(n - 1, 1), dt)))
-            for buf, stat in ((self.running_mean, mean), (self.running_var, var)):
-                new = ops.add(ops.mul(buf, one_minus), ops.mul(stat, m))
+                one_minus = ops.sub(as_tensor(np.ones((), dt)), m)
+                mean = ops.add(ops.mul(rm, one_minus), ops.mul(mean, m))
+                var = ops.add(ops.mul(rv, one_minus), ops.mul(var, m))
+            for buf, new in ((rm, mean), (rv, var)):
                 tracer.call_inplace(assign, [buf, new], {}, [buf])
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch norm over (N, C) or (N, C, L) inputs (see :class:`BatchNorm2d`).
+
+    >>> import opsnn, numpy as np
+    >>> bn = opsnn.nn.BatchNorm1d(3).train()
+    >>> bn(opsnn.tensor(np.arange(12, dtype=np.float32).reshape(4, 3))).shape
+    (4, 3)
+    """
+
+    _ranks = (2, 3)
+    _layout = "2-D (N, C) or 3-D (N, C, L)"
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch norm with torch's parameters (``weight``, ``bias``) and buffers (``running_mean``,
+    ``running_var``, ``num_batches_tracked``). In training mode it normalises with the batch's
+    statistics and updates the running ones as torch does (``momentum`` weighs the batch; the
+    running variance takes the unbiased batch variance; ``momentum=None`` is a cumulative average).
+
+    >>> import opsnn, numpy as np
+    >>> bn = opsnn.nn.BatchNorm2d(2).train()
+    >>> y = bn(opsnn.tensor(np.arange(16, dtype=np.float32).reshape(2, 2, 2, 2)))
+    >>> bn.running_mean.numpy(), int(bn.num_batches_tracked.item())
+    (array([0.55, 0.95], dtype=float32), 1)
+    """
+
+    _ranks = (4,)
+    _layout = "4-D (N, C, H, W)"
+
+
+class BatchNorm3d(_BatchNorm):
+    """Batch norm over (N, C, D, H, W) inputs (see :class:`BatchNorm2d`)."""
+
+    _ranks = (5,)
+    _layout = "5-D (N, C, D, H, W)"
 
 
 class LayerNorm(Module):
@@ -469,7 +518,9 @@ class AdaptiveAvgPool2d(Module):
 
 __all__ = [
     "AdaptiveAvgPool2d",
+    "BatchNorm1d",
     "BatchNorm2d",
+    "BatchNorm3d",
     "Conv2d",
     "Dropout",
     "Embedding",

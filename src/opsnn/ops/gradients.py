@@ -142,8 +142,10 @@ def _sqrt(ctx, grads):
 
 def _relu(ctx, grads):
     ops = _ops()
-    x = ctx.inputs[0]
-    return [ops.where(ops.gt(x, _const(0, x)), grads[0], _const(0, x))]
+    # from the output, as torch's threshold_backward (y > 0 exactly where x > 0): the input then has
+    # one consumer in a traced step, so a residual Add -> Relu fuses into one elementwise kernel
+    y = ctx.outputs[0]
+    return [ops.where(ops.gt(y, _const(0, y)), grads[0], _const(0, y))]
 
 
 def _sigmoid(ctx, grads):

@@ -404,9 +404,12 @@ def batch_norm(
     parallel: bool,
     training: bool,
     momentum: float,
+    unbiased: bool = False,
 ):
     """Inference: normalise with the given statistics. Training: per-channel batch statistics
-    (population variance), and return the updated running (mean, var) in float64."""
+    (population variance), and return the updated running (mean, var) in float64:
+    ``running * momentum + batch * (1 - momentum)``, the batch variance unbiased
+    (``n / (n - 1)``, torch's running update) when ``unbiased``, else the population one (ONNX)."""
     flat = x.reshape(-1)
     if training:
         bm = np.empty(C)
@@ -424,9 +427,10 @@ def batch_norm(
     if x.size:
         (_bn_parallel if parallel else _bn_serial)(flat, use_m, a, bias.astype(np.float64), y.reshape(-1), N * C, C, S)
     if training:
+        rv = bv * (N * S / max(N * S - 1, 1)) if unbiased else bv
         return (
             mean.astype(np.float64) * momentum + bm * (1.0 - momentum),
-            var.astype(np.float64) * momentum + bv * (1.0 - momentum),
+            var.astype(np.float64) * momentum + rv * (1.0 - momentum),
         )
     return None
 

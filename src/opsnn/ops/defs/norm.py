@@ -243,6 +243,9 @@ def _bn_ref(ins, attrs):
     if not training:
         return y.astype(x.dtype)
     mom = float(attrs["momentum"])
+    n = x.shape[0] * math.prod(x.shape[2:])
+    if int(attrs.get("unbiased_running_var", 0)):
+        v = v * (n / max(n - 1, 1))
     return (
         y.astype(x.dtype),
         (mean * mom + m * (1 - mom)).astype(mean.dtype),
@@ -274,6 +277,7 @@ def _bn_kernel(ins, outs, attrs, plan, ws):
             par,
             bool(attrs["training_mode"]),
             float(attrs["momentum"]),
+            bool(int(attrs["unbiased_running_var"])),
         )
     if res is not None:
         for o, r in zip(outs[1:], res):
@@ -291,11 +295,23 @@ BatchNormalization = register_op(
         Input("input_var", FLOAT),
     ],
     outputs=["Y", Output("running_mean", optional=True), Output("running_var", optional=True)],
-    attrs=[Attr("epsilon", "float", 1e-5), Attr("momentum", "float", 0.9), Attr("training_mode", "int", 0)],
+    attrs=[
+        Attr("epsilon", "float", 1e-5),
+        Attr("momentum", "float", 0.9),
+        Attr("training_mode", "int", 0),
+        # not ONNX's: its running update takes the population variance
+        Attr(
+            "unbiased_running_var",
+            "int",
+            0,
+            doc="opsnn: 1 = running_var takes the unbiased batch variance n/(n-1) (torch), 0 = population (ONNX)",
+        ),
+    ],
     infer=_bn_infer,
     reference=_bn_ref,
     doc="per-channel (axis 1) normalisation; training_mode=1 uses batch statistics and also returns "
-    "running = input * momentum + batch * (1 - momentum) (population variance)",
+    "running = input * momentum + batch * (1 - momentum) (population variance; unbiased_running_var=1: "
+    "the unbiased one, as torch)",
 )
 BatchNormalization.kernel(
     "batch_norm_numba",
@@ -550,11 +566,22 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
 
 
 @api("batch_norm", "BatchNormalization")
-def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+def batch_norm(
+    x,
+    running_mean,
+    running_var,
+    weight=None,
+    bias=None,
+    training=False,
+    momentum=0.1,
+    eps=1e-5,
+    unbiased_running_var=False,
+):
     """Batch normalization over channel dim 1 (like ``torch.nn.functional.batch_norm``).
     Inference returns y. ``training=True`` normalises with the batch statistics and returns
-    ``(y, new_running_mean, new_running_var)`` (ONNX update: population variance, nothing is
-    modified in place); ``momentum`` is torch's (weight of the batch statistic)."""
+    ``(y, new_running_mean, new_running_var)`` (nothing is modified in place); ``momentum`` is
+    torch's (weight of the batch statistic). The running variance takes the population batch
+    variance (ONNX), or the unbiased one with ``unbiased_running_var=True`` (torch's buffers)."""
     t = as_tensor(x)
     if t.ndim < 2:
         raise ParamInvalidError(f"batch_norm: input must have rank >= 2 (N, C, ...), got shape {t.shape}")
@@ -562,6 +589,8 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
     weight = _ones((C,), t.dtype) if weight is None else weight
     bias = _zeros((C,), t.dtype) if bias is None else bias
     attrs = {"epsilon": float(eps), "momentum": 1.0 - float(momentum), "training_mode": int(bool(training))}
+    if training and unbiased_running_var:
+        attrs["unbiased_running_var"] = 1
     return [t, weight, bias, running_mean, running_var], attrs, (3 if training else 1)
 
 
