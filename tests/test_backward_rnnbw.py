@@ -13,7 +13,8 @@ from opsnn import autograd, ops
 from opsnn.errors import InferShapeError, ParamInvalidError
 
 RD = sys.modules["opsnn.ops.defs.rnn"]
-G = {"LSTM": 4, "GRU": 3}
+G = {"LSTM": 4, "GRU": 3, "RNN": 1}
+STATES = {"LSTM": 2, "GRU": 1, "RNN": 1}
 RNG = np.random.default_rng(7)
 
 
@@ -34,14 +35,21 @@ def _case(op, T, B, I, H, direction="forward", layout=0, seq=None, dt=np.float64
     if seq is not None:
         ins[4] = np.asarray(seq, np.int32)
     y = (B, T, D, H) if layout else (T, D, B, H)
-    douts = [RNG.standard_normal(y).astype(dt)] + [RNG.standard_normal(st).astype(dt) for _ in range(G[op] - 2)]
+    douts = [RNG.standard_normal(y).astype(dt)] + [RNG.standard_normal(st).astype(dt) for _ in range(STATES[op])]
     return ins, douts
+
+
+def _opt(op, lbr):
+    """The op's own attribute: LSTM none, GRU linear_before_reset, RNN its activations (``lbr``)."""
+    if op == "LSTM":
+        return {}
+    return {"activations": lbr or None} if op == "RNN" else {"linear_before_reset": lbr}
 
 
 def _attrs(op, direction, layout, lbr):
     a = {"direction": direction, "layout": layout, "clip": None, "activations": None}
     a.update({"activation_alpha": None, "activation_beta": None})
-    return a | ({"input_forget": 0} if op == "LSTM" else {"linear_before_reset": lbr})
+    return a | ({"input_forget": 0} if op == "LSTM" else {"linear_before_reset": 0}) | _opt(op, lbr)
 
 
 def _f64(v):
@@ -50,17 +58,13 @@ def _f64(v):
 
 def _fused(op, ins, douts, direction, layout, lbr=0):
     ts = [None if v is None else opsnn.tensor(v) for v in ins + douts]
-    if op == "LSTM":
-        out = ops.lstm_backward(*ts, direction=direction, layout=layout)
-    else:
-        out = ops.gru_backward(*ts, direction=direction, layout=layout, linear_before_reset=lbr)
-    return [o.numpy() for o in out]
+    fn = {"LSTM": ops.lstm_backward, "GRU": ops.gru_backward, "RNN": ops.rnn_backward}[op]
+    return [o.numpy() for o in fn(*ts, direction=direction, layout=layout, **_opt(op, lbr))]
 
 
 def _op_reference(op, ins, douts, direction, layout, lbr=0):
-    rec = RD.LSTMGrad if op == "LSTM" else RD.GRUGrad
-    a = {"direction": direction, "layout": layout} | ({} if op == "LSTM" else {"linear_before_reset": lbr})
-    return list(rec.reference(ins + douts, a))
+    rec = {"LSTM": RD.LSTMGrad, "GRU": RD.GRUGrad, "RNN": RD.RNNGrad}[op]
+    return list(rec.reference(ins + douts, {"direction": direction, "layout": layout} | _opt(op, lbr)))
 
 
 def _numeric(op, ins, douts, direction, layout, lbr, k, eps=1e-6):
@@ -93,6 +97,9 @@ CASES = [
     ("GRU", "bidirectional", 0, [3, 2, 0], 1),
     ("GRU", "reverse", 0, [2, 3, 1], 0),
     ("GRU", "reverse", 1, None, 1),
+    ("RNN", "forward", 0, None, None),
+    ("RNN", "reverse", 1, [3, 1, 2], ["sigmoid"]),
+    ("RNN", "bidirectional", 0, [2, 0, 3], ["relu", "tanh"]),
 ]
 
 
@@ -123,14 +130,20 @@ def _rule_grads(op, ins, douts, direction, layout, lbr=0):
     for i in wrt:
         ts[i].requires_grad_()
     kw = {"direction": direction, "layout": layout}
-    outs = ops.lstm(*ts, **kw) if op == "LSTM" else ops.gru(*ts, linear_before_reset=lbr, **kw)
+    outs = {"LSTM": ops.lstm, "GRU": ops.gru, "RNN": ops.rnn}[op](*ts, **kw, **_opt(op, lbr))
     grads = autograd.grad(list(outs), [ts[i] for i in wrt], [opsnn.tensor(d) for d in douts])
     return dict(zip(wrt, (g.numpy() for g in grads)))
 
 
 @pytest.mark.parametrize(
     "op,direction,lbr",
-    [("LSTM", "forward", 0), ("LSTM", "bidirectional", 0), ("GRU", "reverse", 0), ("GRU", "bidirectional", 1)],
+    [
+        ("LSTM", "forward", 0),
+        ("LSTM", "bidirectional", 0),
+        ("GRU", "reverse", 0),
+        ("GRU", "bidirectional", 1),
+        ("RNN", "bidirectional", ["sigmoid", "relu"]),
+    ],
 )
 def test_float64_composition_agrees_with_the_op(op, direction, lbr):
     """float64, time-major, no sequence_lens: the rule runs the registry-op composition, which the
@@ -167,6 +180,7 @@ def test_float32_rule_runs_the_op(op, direction, layout, seq, lbr):
         ("LSTM", 4, 5, 7, 3, [0, 0, 0, 0, 0]),  # every sequence empty
         ("GRU", 0, 2, 3, 2, None),  # no time steps
         ("LSTM", 9, 2, 3, 11, [9, 4]),
+        ("RNN", 6, 1, 1, 1, [5]),
     ],
 )
 def test_odd_shapes(op, T, B, I, H, seq):
@@ -193,7 +207,7 @@ def test_missing_output_gradients_count_as_zero():
             np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
 def test_nan_input_propagates_like_the_reference(op):
     """A NaN in X at one step of one row poisons that row's gradients from that step on (and, through
     the shared weights, dW / dR / dB), exactly where the float64 reference has NaN."""
@@ -221,6 +235,11 @@ def test_bad_input_is_a_typed_error():
         _fused("GRU", ins, douts, "sideways", 0)
     with pytest.raises(ParamInvalidError, match="GRUGrad: linear_before_reset must be 0 or 1"):
         _fused("GRU", ins, douts, "forward", 0, lbr=2)
+    rins, rdouts = _case("RNN", 3, 2, 2, 2, "forward")
+    with pytest.raises(
+        ParamInvalidError, match=r"RNNGrad: attribute 'activations' must be one of .*got \['softsign'\]"
+    ):
+        _fused("RNN", rins, rdouts, "forward", 0, ["softsign"])
     lins, ldouts = _case("LSTM", 3, 2, 2, 2, "forward")
     with pytest.raises(InferShapeError, match="LSTMGrad: input 'dY_c' must have X's dtype"):
         _fused("LSTM", lins, ldouts[:2] + [ldouts[2].astype(np.float32)], "forward", 0)
@@ -237,11 +256,11 @@ def test_two_phase_api():
 
 def _torch_order(op, a, H):
     """ONNX gate blocks (LSTM i,o,f,c; GRU z,r,h) along axis 0 reordered to torch's (i,f,g,o; r,z,n)."""
-    perm = [0, 2, 3, 1] if op == "LSTM" else [1, 0, 2]
+    perm = {"LSTM": [0, 2, 3, 1], "GRU": [1, 0, 2], "RNN": [0]}[op]
     return np.concatenate([a[k * H : (k + 1) * H] for k in perm], axis=0)
 
 
-@pytest.mark.parametrize("op,lbr", [("LSTM", 0), ("GRU", 1)])
+@pytest.mark.parametrize("op,lbr", [("LSTM", 0), ("GRU", 1), ("RNN", None)])
 def test_against_torch_autograd(op, lbr):
     """torch.nn.LSTM / GRU (bidirectional, batch-first) with the same weights: the rule's float32
     gradients of every input equal torch's (GRU: torch computes linear_before_reset=1)."""

@@ -1631,9 +1631,9 @@ _RNN_ACTS = {
 
 
 def _rnn(ctx, grads):
-    """Backpropagation through time for ONNX RNN, H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb) with f
-    Tanh (the default), Sigmoid or Relu; the same restrictions as the LSTM rule."""
-    ops = _ops()
+    """Gradient of ONNX RNN, H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb) with f Tanh (the default),
+    Sigmoid or Relu: opsnn::RNNGrad, or the registry-op composition where the LSTM rule keeps it;
+    no clip."""
     ins = list(ctx.inputs) + [None] * (6 - len(ctx.inputs))
     x, w, r, b, seq, h0 = ins
     n_in = len(ctx.inputs)
@@ -1643,15 +1643,32 @@ def _rnn(ctx, grads):
     if len(acts) == 1 and len(dirs) == 2:
         acts = acts * 2
     if (
-        seq is not None
-        or ctx.attrs.get("clip") is not None
-        or int(ctx.attrs.get("layout", 0))
+        ctx.attrs.get("clip") is not None
         or len(acts) != len(dirs)
         or any(a not in _RNN_ACTS for a in acts)
         or ctx.attrs.get("activation_alpha") is not None
         or ctx.attrs.get("activation_beta") is not None
     ):
         return [None] * n_in
+    if _rnn_composed(ctx, x, seq):
+        return _rnn_composed_grads(ctx, grads, dirs, acts)
+    gy, gyh = (None if g is None else _like(g, x) for g in (list(grads) + [None, None])[:2])
+    dx, dw, dr, db, dh0 = _ops().rnn_backward(
+        x, w, r, b, seq, h0, gy, gyh, direction=direction, layout=int(ctx.attrs.get("layout", 0)), activations=acts
+    )
+    res = [dx, dw, dr, db if b is not None else None, None, dh0 if h0 is not None else None]
+    return [g if need else None for g, need in zip(res[:n_in], ctx.needs)]
+
+
+_rnn.outputs = 2  # Y and Y_h
+
+
+def _rnn_composed_grads(ctx, grads, dirs, acts):
+    """Backpropagation through time for ONNX RNN with registry ops (float64, time-major, no
+    sequence_lens: see ``_rnn_composed``)."""
+    ops = _ops()
+    x, w, r, b, seq, h0 = list(ctx.inputs) + [None] * (6 - len(ctx.inputs))
+    n_in = len(ctx.inputs)
     L, N, _ = x.shape
     H = r.shape[2]
     gy, gyh = (list(grads) + [None, None])[:2]
@@ -1697,9 +1714,6 @@ def _rnn(ctx, grads):
 
     out = _rnn_input_grads(res, b, h0)
     return [g if need else None for g, need in zip(out[:n_in], ctx.needs)]
-
-
-_rnn.outputs = 2  # Y and Y_h
 
 
 # -- statistics and normalizations --------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""CPU backward-through-time kernels for LSTM and GRU (ONNX gate orders, default activations).
+"""CPU backward-through-time kernels for RNN, LSTM and GRU (ONNX gate orders; RNN with Tanh,
+Sigmoid or Relu, LSTM and GRU with their default activations).
 
 Per direction the forward is recomputed as :mod:`opsnn.kernels.cpu.rnn` runs it (the input
 projection of all steps as one GEMM, one GEMM per step for the recurrent term) while a numba
@@ -37,6 +38,55 @@ def _sig(x):
 @nb.njit(**_OPTS)
 def _t_of(s, n, reverse):
     return n - 1 - s if reverse else s
+
+
+# -- simple RNN (activation codes of opsnn.kernels.cpu.rnn: 0 relu, 1 tanh, 2 sigmoid) ----------
+@nb.njit(**_OPTS)
+def rnn_fwd_save(xw, hr, s, reverse, lens, h, hs, hp, act):
+    """One forward step ``h = f(xw[t] + h R^T)``; saves H_{t-1} and H_t at time t."""
+    B, H = h.shape
+    for b in range(B):
+        n = lens[b]
+        if s >= n:
+            continue
+        t = _t_of(s, n, reverse)
+        for j in range(H):
+            a = xw[t, b, j] + hr[b, j]
+            if act == 1:
+                v = np.tanh(a)
+            elif act == 2:
+                v = _sig(a)
+            else:
+                v = a if a > 0 else 0.0 * a
+            hp[t, b, j] = h[b, j]
+            hs[t, b, j] = v
+            h[b, j] = v
+
+
+@nb.njit(**_OPTS)
+def rnn_bwd_step(s, reverse, lens, hs, dy, d, bt, dh, da, da_s, act):
+    """One reverse step: ``dA[t] = (dh + dY[t]) * f'`` with f' read from H_t."""
+    B, H = dh.shape
+    for b in range(B):
+        n = lens[b]
+        if s >= n:
+            for j in range(H):
+                da_s[b, j] = 0.0
+            continue
+        t = _t_of(s, n, reverse)
+        for j in range(H):
+            g_h = dh[b, j]
+            if dy.shape[0] > 0:
+                g_h += dy[b, t, d, j] if bt else dy[t, d, b, j]
+            y = hs[t, b, j]
+            if act == 1:
+                v = g_h * (1.0 - y * y)
+            elif act == 2:
+                v = g_h * y * (1.0 - y)
+            else:
+                v = g_h if y > 0 else 0.0 * g_h
+            da[t, b, j] = v
+            da_s[b, j] = v
 
 
 # -- LSTM (gates i, o, f, c) ---------------------------------------------------------------------
@@ -236,7 +286,7 @@ def carry(s, lens, dh, part, tmp):
 class RNNGradPlan:
     """Sizes and flags decided at prepare time for one LSTMGrad/GRUGrad call."""
 
-    __slots__ = ("op", "cell", "T", "B", "I", "H", "D", "G", "layout", "dtype", "reverse", "lbr")
+    __slots__ = ("op", "cell", "T", "B", "I", "H", "D", "G", "layout", "dtype", "reverse", "lbr", "act")
 
     def __init__(self, **kw):
         for k, v in kw.items():
@@ -274,7 +324,7 @@ def run(plan: RNNGradPlan, X, W, R, Bias, seq_lens, h0, c0, dY, dYh, dYc, outs) 
     dy = np.zeros((0, 0, 0, 0), dt) if dY is None else np.ascontiguousarray(dY, dt)
     gates = np.zeros((T, B, G * H), dt)
     hp = np.zeros((T, B, H), dt)
-    aux = np.zeros((T, B, H), dt)  # LSTM: C_{t-1}; GRU: r*h, or h Rh^T + Rb_h
+    aux = np.zeros((T, B, H), dt)  # RNN: H_t; LSTM: C_{t-1}; GRU: r*h, or h Rh^T + Rb_h
     cs = np.zeros((T, B, H), dt) if lstm else None
     xw = np.empty((T, B, G * H), dt)
     hr = np.empty((B, G * H), dt)
@@ -305,7 +355,11 @@ def run(plan: RNNGradPlan, X, W, R, Bias, seq_lens, h0, c0, dY, dYh, dYc, outs) 
             else:
                 xw += Bias[d, G * H :]
         h[:] = 0 if h0 is None else state(h0, d)
-        if lstm:
+        if plan.cell == "rnn":
+            for s in range(T):
+                _mm(h, Rd.T, hr)
+                rnn_fwd_save(xw, hr, s, reverse, lens, h, aux, hp, plan.act[d])
+        elif lstm:
             c[:] = 0 if c0 is None else state(c0, d)
             for s in range(T):
                 _mm(h, Rd.T, hr)
@@ -331,7 +385,11 @@ def run(plan: RNNGradPlan, X, W, R, Bias, seq_lens, h0, c0, dY, dYh, dYc, outs) 
             dc[:] = 0 if dYc is None else state(dYc, d)
             dc[empty] = 0
         for s in range(T - 1, -1, -1):
-            if lstm:
+            if plan.cell == "rnn":
+                rnn_bwd_step(s, reverse, lens, aux, dy, d, bt, dh, da, da_s, plan.act[d])
+                _mm(da_s, Rd, tmp)
+                dhp.fill(0)
+            elif lstm:
                 lstm_bwd_step(s, reverse, lens, gates, aux, cs, dy, d, bt, dh, dc, da, da_s)
                 _mm(da_s, Rd, tmp)
                 dhp.fill(0)
@@ -355,7 +413,7 @@ def run(plan: RNNGradPlan, X, W, R, Bias, seq_lens, h0, c0, dY, dYh, dYc, outs) 
         acc += dx_d
         dwb = da2.sum(axis=0)
         dB[d, : G * H] = dwb
-        if lstm:
+        if lstm or plan.cell == "rnn":
             _mm(da2.T, hp.reshape(T * B, H), dR[d])
             dB[d, G * H :] = dwb
         elif plan.lbr:

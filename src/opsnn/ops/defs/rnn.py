@@ -439,7 +439,22 @@ def lstm(
 # LSTMGrad inputs: X, W, R, B, sequence_lens, initial_h, initial_c, dY, dY_h, dY_c (GRUGrad: no
 # initial_c / dY_c); outputs the gradients of X, W, R, B, initial_h (LSTM: and initial_c). Default
 # activations only, no clip, peepholes or input_forget: the gradient rules check that before calling.
-_GRAD_IN = {"LSTM": (7, 8, 9), "GRU": (6, 7, None)}  # indices of dY, dY_h, dY_c
+_GRAD_IN = {"LSTM": (7, 8, 9), "GRU": (6, 7, None), "RNN": (6, 7, None)}  # indices of dY, dY_h, dY_c
+_RNN_GRAD_ACTS = ("tanh", "sigmoid", "relu")
+
+
+def _rnn_grad_acts(op: str, attrs, D: int) -> list[int]:
+    """RNNGrad's activation code per direction (opsnn.kernels.cpu.rnn.ACTIVATIONS): Tanh, Sigmoid or Relu."""
+    names = attrs.get("activations")
+    names = ["tanh"] * D if not names else [_s(v).lower() for v in names]
+    if len(names) == 1 and D == 2:
+        names = names * 2
+    if len(names) != D or any(n not in _RNN_GRAD_ACTS for n in names):
+        raise ParamInvalidError(
+            f"{op}: attribute 'activations' must be one of {list(_RNN_GRAD_ACTS)} per direction ({D}), got {names}",
+            op=op,
+        )
+    return [K.ACTIVATIONS.index(n) for n in names]
 
 
 def _grad_infer(ctx):
@@ -453,6 +468,8 @@ def _grad_infer(ctx):
         raise ParamInvalidError(f"{op}: attribute 'layout' must be 0 or 1, got {layout}", op=op)
     if fwd == "GRU" and int(a["linear_before_reset"]) not in (0, 1):
         raise ParamInvalidError(f"{op}: linear_before_reset must be 0 or 1, got {a['linear_before_reset']}", op=op)
+    if fwd == "RNN":
+        _rnn_grad_acts(op, a, D)
     x, w, r = ctx.inputs[0], ctx.inputs[1], ctx.inputs[2]
     for name, m in (("X", x), ("W", w), ("R", r)):
         if len(m.shape) != 3:
@@ -520,6 +537,7 @@ def _grad_reference(fwd):
         D, H = W.shape[0], R.shape[2]
         G = _GATES[fwd]
         lbr = int(attrs.get("linear_before_reset", 0))
+        acts = [K.ACTIVATIONS[k] for k in _rnn_grad_acts(fwd + "Grad", attrs, D)] if fwd == "RNN" else None
         dirs = ["reverse"] if _direction(fwd, attrs) == "reverse" else ["forward", "reverse"][:D]
         lens = np.full(B, T) if lens is None else lens.astype(np.int64)
         if B and (lens.min() < 0 or lens.max() > T):
@@ -542,7 +560,11 @@ def _grad_reference(fwd):
                 saved = []
                 for t in steps:
                     x = X[t, b].astype(f8)
-                    if fwd == "LSTM":
+                    if fwd == "RNN":
+                        hn = _np_act(acts[d], Wd @ x + wb + Rd @ h + rb, 0.0, 0.0)
+                        saved.append((t, x, h, hn))
+                        h = hn
+                    elif fwd == "LSTM":
                         s = Wd @ x + wb + Rd @ h + rb
                         i, o, fg, g = _sigm(s[:H]), _sigm(s[H : 2 * H]), _sigm(s[2 * H : 3 * H]), np.tanh(s[3 * H :])
                         cn = fg * c + i * g
@@ -561,7 +583,12 @@ def _grad_reference(fwd):
                     t, x, hp = item[:3]
                     if dY is not None:
                         dh = dh + dY[t, d, b].astype(f8)
-                    if fwd == "LSTM":
+                    if fwd == "RNN":
+                        hn = item[3]
+                        deriv = {"tanh": 1 - hn * hn, "sigmoid": hn * (1 - hn), "relu": (hn > 0) * 1.0}[acts[d]]
+                        da = dar = dh * deriv
+                        dh = Rd.T @ da
+                    elif fwd == "LSTM":
                         cp, i, o, fg, g, cn = item[3:]
                         tc = np.tanh(cn)
                         dc = dc + dh * o * (1 - tc * tc)
@@ -588,7 +615,7 @@ def _grad_reference(fwd):
                         dh = dhn
                     dX[t, b] += Wd.T @ da
                     dW[d] += np.outer(da, x)
-                    if fwd == "LSTM" or lbr:
+                    if fwd != "GRU" or lbr:
                         dR[d] += np.outer(dar, hp)
                     else:
                         dR[d, : 2 * H] += np.outer(dar[: 2 * H], hp)
@@ -625,6 +652,7 @@ def _grad_plan(ctx):
         dtype=np.dtype(_dt.compute_dtype(x.dtype)),
         reverse=[True] if direction == "reverse" else [False, True][:D],
         lbr=int(a.get("linear_before_reset", 0)),
+        act=_rnn_grad_acts(op, a, D) if fwd == "RNN" else None,
     )
 
 
@@ -671,7 +699,19 @@ GRUGrad = register_op(
     doc="GRU backward through time (default activations, no clip), either linear_before_reset: "
     "gradients of X, W, R, B and initial_h from dY, dY_h",
 )
-for _rec, _name in ((LSTMGrad, "lstm_bptt_blas"), (GRUGrad, "gru_bptt_blas")):
+RNNGrad = register_op(
+    "RNNGrad",
+    domain="opsnn",
+    category="rnn",
+    inputs=_COMMON_INPUTS + [Input("dY", FLOAT, optional=True), Input("dY_h", FLOAT, optional=True)],
+    outputs=["dX", "dW", "dR", "dB", "dinitial_h"],
+    attrs=_GRAD_ATTRS + [Attr("activations", "strings", None)],
+    infer=_grad_infer,
+    reference=_grad_reference("RNN"),
+    doc="simple RNN backward through time (Tanh, Sigmoid or Relu per direction, no clip): gradients "
+    "of X, W, R, B and initial_h from dY, dY_h",
+)
+for _rec, _name in ((LSTMGrad, "lstm_bptt_blas"), (GRUGrad, "gru_bptt_blas"), (RNNGrad, "rnn_bptt_blas")):
     _rec.kernel(
         _name,
         dtypes=(_dt.float32, _dt.float64),
@@ -732,4 +772,27 @@ def gru_backward(
     )
 
 
-__all__ = ["rnn", "gru", "lstm", "lstm_backward", "gru_backward"]
+@api("rnn_backward", "RNNGrad", domain="opsnn")
+def rnn_backward(
+    x,
+    w,
+    r,
+    b=None,
+    sequence_lens=None,
+    initial_h=None,
+    grad_y=None,
+    grad_y_h=None,
+    *,
+    direction="forward",
+    layout=0,
+    activations=None,
+):
+    """Gradients of :func:`rnn` (activations Tanh, Sigmoid or Relu, no clip) with respect to ``x, w,
+    r, b, initial_h`` given those of ``Y, Y_h`` (either may be None: zero); returns the five arrays."""
+    a = {"direction": direction, "layout": int(layout)}
+    if activations is not None:
+        a["activations"] = [str(v) for v in activations]
+    return [x, w, r, b, sequence_lens, initial_h, grad_y, grad_y_h], a, 5
+
+
+__all__ = ["rnn", "gru", "lstm", "rnn_backward", "lstm_backward", "gru_backward"]
