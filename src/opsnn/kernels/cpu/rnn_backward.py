@@ -18,6 +18,8 @@ step's GEMM, which BLAS already spreads over the threads.
 
 from __future__ import annotations
 
+import math
+
 import numba as nb
 import numpy as np
 
@@ -25,6 +27,7 @@ from ...errors import ParamInvalidError
 from .mkl import matmul as _blas_matmul
 
 _OPTS = dict(nogil=True, cache=True)
+ALIGN = 64
 
 
 @nb.njit(**_OPTS)
@@ -286,11 +289,53 @@ def carry(s, lens, dh, part, tmp):
 class RNNGradPlan:
     """Sizes and flags decided at prepare time for one LSTMGrad/GRUGrad call."""
 
-    __slots__ = ("op", "cell", "T", "B", "I", "H", "D", "G", "layout", "dtype", "reverse", "lbr", "act")
+    __slots__ = (
+        "op",
+        "cell",
+        "T",
+        "B",
+        "I",
+        "H",
+        "D",
+        "G",
+        "layout",
+        "dtype",
+        "reverse",
+        "lbr",
+        "act",
+        "ws_layout",
+        "ws_bytes",
+    )
 
     def __init__(self, **kw):
         for k, v in kw.items():
             setattr(self, k, v)
+        T, B, I, H, GH = self.T, self.B, self.I, self.H, self.G * self.H
+        parts = [("gates", (T, B, GH)), ("hp", (T, B, H)), ("aux", (T, B, H)), ("xw", (T, B, GH))]
+        parts += [("da", (T, B, GH)), ("dx_d", (T * B, I)), ("acc", (T * B, I)), ("hr", (B, GH)), ("da_s", (B, GH))]
+        parts += [(k, (B, H)) for k in ("h", "c", "dh", "dc", "dhp", "tmp")]
+        if self.layout == 1:
+            parts.append(("xt", (T, B, I)))
+        if self.cell == "lstm":
+            parts.append(("cs", (T, B, H)))
+        elif self.cell == "gru":
+            parts += [("dar", (T, B, GH))] if self.lbr else [("hr2", (B, 2 * H)), ("hh", (B, H))]
+        self.ws_layout, off = [], 0
+        for name, shape in parts:
+            self.ws_layout.append((name, off, shape))
+            off += -(-max(1, math.prod(shape)) * self.dtype.itemsize // ALIGN) * ALIGN
+        self.ws_bytes = off
+
+
+def _carve(ws, plan):
+    """The plan's scratch arrays as views of the workspace (64-byte aligned offsets)."""
+    base = ws.reshape(-1).view(np.uint8)
+    pad = (-base.ctypes.data) % ALIGN
+    n_item = plan.dtype.itemsize
+    return {
+        name: base[pad + off : pad + off + math.prod(shape) * n_item].view(plan.dtype).reshape(shape)
+        for name, off, shape in plan.ws_layout
+    }
 
 
 def _mm(a, b, out):
@@ -301,9 +346,9 @@ def _mm(a, b, out):
         _blas_matmul(a, b, out)
 
 
-def run(plan: RNNGradPlan, X, W, R, Bias, seq_lens, h0, c0, dY, dYh, dYc, outs) -> None:
+def run(plan: RNNGradPlan, X, W, R, Bias, seq_lens, h0, c0, dY, dYh, dYc, outs, ws) -> None:
     """Backward through time. ``outs = [dX, dW, dR, dB, dinitial_h(, dinitial_c)]`` in the
-    forward's layouts; absent optional inputs are None."""
+    forward's layouts; absent optional inputs are None; ``ws``: ``plan.ws_bytes`` of scratch."""
     T, B, I, H, D, G = plan.T, plan.B, plan.I, plan.H, plan.D, plan.G
     dt = plan.dtype
     bt = plan.layout == 1
@@ -319,26 +364,19 @@ def run(plan: RNNGradPlan, X, W, R, Bias, seq_lens, h0, c0, dY, dYh, dYc, outs) 
             )
     else:
         lens = np.full(B, T, np.int64)
-    xt = np.ascontiguousarray(X.transpose(1, 0, 2)) if bt else np.ascontiguousarray(X)
+    buf = _carve(ws, plan)
+    if bt:
+        xt = buf["xt"]
+        xt[...] = X.transpose(1, 0, 2)
+    else:
+        xt = np.ascontiguousarray(X)
     x2 = xt.reshape(T * B, I)
     dy = np.zeros((0, 0, 0, 0), dt) if dY is None else np.ascontiguousarray(dY, dt)
-    gates = np.zeros((T, B, G * H), dt)
-    hp = np.zeros((T, B, H), dt)
-    aux = np.zeros((T, B, H), dt)  # RNN: H_t; LSTM: C_{t-1}; GRU: r*h, or h Rh^T + Rb_h
-    cs = np.zeros((T, B, H), dt) if lstm else None
-    xw = np.empty((T, B, G * H), dt)
-    hr = np.empty((B, G * H), dt)
-    h = np.empty((B, H), dt)
-    c = np.empty((B, H), dt)
-    da = np.zeros((T, B, G * H), dt)
-    dar = np.zeros((T, B, G * H), dt) if (not lstm and plan.lbr) else None
-    da_s = np.empty((B, G * H), dt)
-    dh = np.empty((B, H), dt)
-    dc = np.empty((B, H), dt)
-    dhp = np.empty((B, H), dt)
-    tmp = np.empty((B, H), dt)
-    dx_d = np.empty((T * B, I), dt)
-    acc = np.zeros((T * B, I), dt)
+    gates, hp, aux, xw, hr, h, c = (buf[k] for k in ("gates", "hp", "aux", "xw", "hr", "h", "c"))
+    cs = buf["cs"] if lstm else None  # aux: RNN H_t; LSTM C_{t-1}; GRU r*h, or h Rh^T + Rb_h
+    da, da_s, dh, dc, dhp, tmp, dx_d, acc = (buf[k] for k in ("da", "da_s", "dh", "dc", "dhp", "tmp", "dx_d", "acc"))
+    dar = buf["dar"] if (plan.cell == "gru" and plan.lbr) else None
+    acc.fill(0)
     empty = lens == 0
 
     def state(v, d):
@@ -347,6 +385,8 @@ def run(plan: RNNGradPlan, X, W, R, Bias, seq_lens, h0, c0, dY, dYh, dYc, outs) 
     for d in range(D):
         reverse = plan.reverse[d]
         Wd, Rd = W[d], R[d]
+        for v in (gates, hp, aux, da) if dar is None else (gates, hp, aux, da, dar):
+            v.fill(0)  # positions past a row's length stay zero: they add nothing to the GEMMs
         _mm(x2, Wd.T, xw.reshape(T * B, G * H))
         if Bias is not None:
             xw += Bias[d, : G * H]
@@ -370,8 +410,7 @@ def run(plan: RNNGradPlan, X, W, R, Bias, seq_lens, h0, c0, dY, dYh, dYc, outs) 
                 _mm(h, Rd.T, hr)
                 gru_fwd_lbr(xw, hr, rbh, s, reverse, lens, h, gates, hp, aux)
         else:
-            hr2 = hr[:, : 2 * H].copy()
-            hh = np.empty((B, H), dt)
+            hr2, hh = buf["hr2"], buf["hh"]
             for s in range(T):
                 _mm(h, Rd[: 2 * H].T, hr2)
                 gru_fwd_zr(xw, hr2, s, reverse, lens, h, gates, hp, aux, dhp)
@@ -424,11 +463,5 @@ def run(plan: RNNGradPlan, X, W, R, Bias, seq_lens, h0, c0, dY, dYh, dYc, outs) 
             _mm(da2[:, : 2 * H].T, hp.reshape(T * B, H), dR[d, : 2 * H])
             _mm(da2[:, 2 * H :].T, aux.reshape(T * B, H), dR[d, 2 * H :])
             dB[d, G * H :] = dwb
-        da.fill(0)
-        if dar is not None:
-            dar.fill(0)
-        gates.fill(0)
-        hp.fill(0)
-        aux.fill(0)
     dx3 = acc.reshape(T, B, I)
     dX[...] = dx3.transpose(1, 0, 2) if bt else dx3

@@ -663,7 +663,7 @@ def _grad_kernel(fwd):
         ins = list(ins) + [None] * (10 - len(ins))
         c0 = ins[6] if fwd == "LSTM" else None
         dyc = ins[i_dyc] if i_dyc is not None else None
-        KB.run(plan, *ins[:6], c0, ins[i_dy], ins[i_dyh], dyc, list(outs))
+        KB.run(plan, *ins[:6], c0, ins[i_dy], ins[i_dyh], dyc, list(outs), ws)
 
     return run
 
@@ -717,6 +717,7 @@ for _rec, _name in ((LSTMGrad, "lstm_bptt_blas"), (GRUGrad, "gru_bptt_blas"), (R
         dtypes=(_dt.float32, _dt.float64),
         priority=10,
         plan=_grad_plan,
+        workspace=lambda ctx, plan: plan.ws_bytes + KB.ALIGN,
         doc="forward recomputed saving the gates, reverse sweep with one or two BLAS GEMMs per step and "
         "numba gate cells, dW / dR / dX as one GEMM each over all steps",
     )(_grad_kernel(_rec.name[: -len("Grad")]))
