@@ -53,7 +53,7 @@ def _attrs(op, direction, layout, lbr):
 
 
 def _f64(v):
-    return v if v is None or v.dtype.kind != "f" else v.astype(np.float64)
+    return v if v is None or v.dtype.kind in "iu" else v.astype(np.float64)
 
 
 def _fused(op, ins, douts, direction, layout, lbr=0):
@@ -336,3 +336,19 @@ def test_compiled_step_traces_the_backward_op(rnn):
     np.testing.assert_allclose(cl, el, rtol=1e-5, atol=1e-7)
     for name, a in cp.items():
         np.testing.assert_allclose(a, ep[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_bfloat16_runs_the_float32_kernel():
+    """16-bit data goes through LSTMGrad's float32 kernel (compute float32, store bfloat16): within
+    bfloat16 rounding of the float64 reference on the same (rounded) inputs."""
+    import ml_dtypes
+
+    bf = ml_dtypes.bfloat16
+    ins, douts = _case("LSTM", 4, 2, 3, 3, "bidirectional", 0, [4, 2])
+    ins = [v if v is None or v.dtype.kind != "f" else v.astype(bf) for v in ins]
+    douts = [d.astype(bf) for d in douts]
+    got = _fused("LSTM", ins, douts, "bidirectional", 0)
+    ref = _op_reference("LSTM", [_f64(v) for v in ins], [_f64(d) for d in douts], "bidirectional", 0)
+    for j, (g, r) in enumerate(zip(got, ref)):
+        assert g.dtype == bf and r.dtype == np.float64
+        np.testing.assert_allclose(g.astype(np.float64), r, rtol=3e-2, atol=3e-2, err_msg=f"output {j}")
