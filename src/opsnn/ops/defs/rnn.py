@@ -436,9 +436,10 @@ def lstm(
 
 
 # -- backward through time (opsnn domain) ------------------------------------------------------------
-# LSTMGrad inputs: X, W, R, B, sequence_lens, initial_h, initial_c, dY, dY_h, dY_c (GRUGrad: no
-# initial_c / dY_c); outputs the gradients of X, W, R, B, initial_h (LSTM: and initial_c). Default
-# activations only, no clip, peepholes or input_forget: the gradient rules check that before calling.
+# LSTMGrad inputs: X, W, R, B, sequence_lens, initial_h, initial_c, dY, dY_h, dY_c (GRUGrad and
+# RNNGrad: no initial_c / dY_c); outputs the gradients of X, W, R, B, initial_h (LSTM: and initial_c).
+# LSTM/GRU default activations only (RNN: Tanh, Sigmoid or Relu), no clip, peepholes or input_forget:
+# the gradient rules check that before calling.
 _GRAD_IN = {"LSTM": (7, 8, 9), "GRU": (6, 7, None), "RNN": (6, 7, None)}  # indices of dY, dY_h, dY_c
 _RNN_GRAD_ACTS = ("tanh", "sigmoid", "relu")
 
