@@ -1029,24 +1029,61 @@ def _rnn_input_grads(res: dict, b, h0) -> list:
     ]
 
 
+def _rnn_fused_ok(ctx, n_act: int) -> bool:
+    """Whether opsnn::LSTMGrad / GRUGrad cover this call: default activations, no clip."""
+    acts = ctx.attrs.get("activations")
+    default = ["sigmoid", "tanh", "tanh"][:n_act]
+    return ctx.attrs.get("clip") is None and (not acts or [_s(a).lower() for a in acts] in (default, default * 2))
+
+
+def _rnn_composed(ctx, x, seq) -> bool:
+    """float64 without sequence_lens or batch-first layout keeps the registry-op composition
+    (the attention rule's choice); everything else the records support runs them."""
+    return x.dtype == np.float64 and seq is None and not int(ctx.attrs.get("layout", 0))
+
+
 def _lstm(ctx, grads):
+    """LSTM's gradient: opsnn::LSTMGrad (backward through time in one kernel), or for float64 inputs
+    without sequence_lens in the time-major layout the registry-op composition below. Default
+    activations, no peepholes, clip or input_forget (those: no rule yet, a typed error)."""
+    ins = list(ctx.inputs) + [None] * (8 - len(ctx.inputs))
+    x, w, r, b, seq, h0, c0, peep = ins
+    n_in = len(ctx.inputs)
+    if peep is not None or int(ctx.attrs.get("input_forget", 0)) or not _rnn_fused_ok(ctx, 3):
+        return [None] * n_in
+    if _rnn_composed(ctx, x, seq):
+        return _lstm_composed(ctx, grads)
+    gy, gyh, gyc = (None if g is None else _like(g, x) for g in (list(grads) + [None, None, None])[:3])
+    out = _ops().lstm_backward(
+        x,
+        w,
+        r,
+        b,
+        seq,
+        h0,
+        c0,
+        gy,
+        gyh,
+        gyc,
+        direction=_s(ctx.attrs.get("direction", "forward")).lower(),
+        layout=int(ctx.attrs.get("layout", 0)),
+    )
+    dx, dw, dr, db, dh0, dc0 = out
+    res = [dx, dw, dr, db if b is not None else None, None, dh0 if h0 is not None else None]
+    res += [dc0 if c0 is not None else None, None]
+    return [g if need else None for g, need in zip(res[:n_in], ctx.needs)]
+
+
+_lstm.outputs = 3  # Y, Y_h and Y_c are all differentiable
+
+
+def _lstm_composed(ctx, grads):
     """Backpropagation through time with registry ops: each direction's forward is recomputed
-    step by step (keeping the gates), then walked backwards. Default activations, no peepholes,
-    clip, input_forget, sequence_lens or batch-first layout (those: no rule yet, a typed error)."""
+    step by step (keeping the gates), then walked backwards."""
     ops = _ops()
     ins = list(ctx.inputs) + [None] * (8 - len(ctx.inputs))
     x, w, r, b, seq, h0, c0, peep = ins
     n_in = len(ctx.inputs)
-    acts = ctx.attrs.get("activations")
-    if (
-        seq is not None
-        or peep is not None
-        or ctx.attrs.get("clip") is not None
-        or int(ctx.attrs.get("layout", 0))
-        or int(ctx.attrs.get("input_forget", 0))
-        or (acts and [_s(a).lower() for a in acts] not in (["sigmoid", "tanh", "tanh"] * k for k in (1, 2)))
-    ):
-        return [None] * n_in
     direction = _s(ctx.attrs.get("direction", "forward")).lower()
     dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
     L, N, _ = x.shape
@@ -1118,24 +1155,44 @@ def _lstm(ctx, grads):
     return [g if need else None for g, need in zip(out[:n_in], ctx.needs)]
 
 
-_lstm.outputs = 3  # Y, Y_h and Y_c are all differentiable
-
-
 def _gru(ctx, grads):
-    """Backpropagation through time for ONNX GRU (gate order z, r, h), either
-    ``linear_before_reset``; the same restrictions as the LSTM rule."""
+    """GRU's gradient (gate order z, r, h, either ``linear_before_reset``): opsnn::GRUGrad, or the
+    registry-op composition below where the LSTM rule keeps it; default activations, no clip."""
+    ins = list(ctx.inputs) + [None] * (6 - len(ctx.inputs))
+    x, w, r, b, seq, h0 = ins
+    n_in = len(ctx.inputs)
+    if not _rnn_fused_ok(ctx, 2):
+        return [None] * n_in
+    if _rnn_composed(ctx, x, seq):
+        return _gru_composed(ctx, grads)
+    gy, gyh = (None if g is None else _like(g, x) for g in (list(grads) + [None, None])[:2])
+    dx, dw, dr, db, dh0 = _ops().gru_backward(
+        x,
+        w,
+        r,
+        b,
+        seq,
+        h0,
+        gy,
+        gyh,
+        direction=_s(ctx.attrs.get("direction", "forward")).lower(),
+        layout=int(ctx.attrs.get("layout", 0)),
+        linear_before_reset=int(ctx.attrs.get("linear_before_reset", 0)),
+    )
+    res = [dx, dw, dr, db if b is not None else None, None, dh0 if h0 is not None else None]
+    return [g if need else None for g, need in zip(res[:n_in], ctx.needs)]
+
+
+_gru.outputs = 2  # Y and Y_h
+
+
+def _gru_composed(ctx, grads):
+    """Backpropagation through time for ONNX GRU with registry ops (float64, time-major, no
+    sequence_lens: see ``_rnn_composed``)."""
     ops = _ops()
     ins = list(ctx.inputs) + [None] * (6 - len(ctx.inputs))
     x, w, r, b, seq, h0 = ins
     n_in = len(ctx.inputs)
-    acts = ctx.attrs.get("activations")
-    if (
-        seq is not None
-        or ctx.attrs.get("clip") is not None
-        or int(ctx.attrs.get("layout", 0))
-        or (acts and [_s(a).lower() for a in acts] not in (["sigmoid", "tanh"] * k for k in (1, 2)))
-    ):
-        return [None] * n_in
     lbr = int(ctx.attrs.get("linear_before_reset", 0))
     direction = _s(ctx.attrs.get("direction", "forward")).lower()
     dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
@@ -1213,9 +1270,6 @@ def _gru(ctx, grads):
 
     out = _rnn_input_grads(res, b, h0)
     return [g if need else None for g, need in zip(out[:n_in], ctx.needs)]
-
-
-_gru.outputs = 2  # Y and Y_h
 
 
 def _acc(a, b):
@@ -1562,9 +1616,9 @@ _RNN_ACTS = {
 
 
 def _rnn(ctx, grads):
-    """Backpropagation through time for ONNX RNN, H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb) with f
-    Tanh (the default), Sigmoid or Relu; the same restrictions as the LSTM rule."""
-    ops = _ops()
+    """Gradient of ONNX RNN, H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb) with f Tanh (the default),
+    Sigmoid or Relu: opsnn::RNNGrad, or the registry-op composition where the LSTM rule keeps it;
+    no clip."""
     ins = list(ctx.inputs) + [None] * (6 - len(ctx.inputs))
     x, w, r, b, seq, h0 = ins
     n_in = len(ctx.inputs)
@@ -1574,15 +1628,32 @@ def _rnn(ctx, grads):
     if len(acts) == 1 and len(dirs) == 2:
         acts = acts * 2
     if (
-        seq is not None
-        or ctx.attrs.get("clip") is not None
-        or int(ctx.attrs.get("layout", 0))
+        ctx.attrs.get("clip") is not None
         or len(acts) != len(dirs)
         or any(a not in _RNN_ACTS for a in acts)
         or ctx.attrs.get("activation_alpha") is not None
         or ctx.attrs.get("activation_beta") is not None
     ):
         return [None] * n_in
+    if _rnn_composed(ctx, x, seq):
+        return _rnn_composed_grads(ctx, grads, dirs, acts)
+    gy, gyh = (None if g is None else _like(g, x) for g in (list(grads) + [None, None])[:2])
+    dx, dw, dr, db, dh0 = _ops().rnn_backward(
+        x, w, r, b, seq, h0, gy, gyh, direction=direction, layout=int(ctx.attrs.get("layout", 0)), activations=acts
+    )
+    res = [dx, dw, dr, db if b is not None else None, None, dh0 if h0 is not None else None]
+    return [g if need else None for g, need in zip(res[:n_in], ctx.needs)]
+
+
+_rnn.outputs = 2  # Y and Y_h
+
+
+def _rnn_composed_grads(ctx, grads, dirs, acts):
+    """Backpropagation through time for ONNX RNN with registry ops (float64, time-major, no
+    sequence_lens: see ``_rnn_composed``)."""
+    ops = _ops()
+    x, w, r, b, seq, h0 = list(ctx.inputs) + [None] * (6 - len(ctx.inputs))
+    n_in = len(ctx.inputs)
     L, N, _ = x.shape
     H = r.shape[2]
     gy, gyh = (list(grads) + [None, None])[:2]
@@ -1628,9 +1699,6 @@ def _rnn(ctx, grads):
 
     out = _rnn_input_grads(res, b, h0)
     return [g if need else None for g, need in zip(out[:n_in], ctx.needs)]
-
-
-_rnn.outputs = 2  # Y and Y_h
 
 
 # -- statistics and normalizations --------------------------------------------------------------------------
