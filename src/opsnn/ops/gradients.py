@@ -319,6 +319,10 @@ def _dropout(ctx, grads):
     return [ops.mul(g, ops.mul(scale, _const(1.0 / (1.0 - ratio), g)))] + [None] * (len(ctx.inputs) - 1)
 
 
+def _native_dropout(ctx, grads):
+    return [_ops().native_dropout_backward(grads[0], ctx.outputs[1], float(ctx.attrs["ratio"])), None]
+
+
 def _swiglu(ctx, grads):
     ops, g = _ops(), grads[0]
     a, b = ctx.inputs
@@ -1840,6 +1844,7 @@ RULES = {
     "Split": _split,
     "Pad": _pad,
     "Dropout": _dropout,
+    "NativeDropout": _native_dropout,
     "MatMul": _matmul,
     "Gemm": _gemm,
     "Linear": _linear,
