@@ -32,8 +32,8 @@ def _oracle(x, seed, p):
     return x.astype(np.float64) * np.where(keep, 1.0 / (1.0 - p), 0.0), keep
 
 
-# shapes: odd, empty, and one past PARALLEL_MIN (the parallel kernel)
-@pytest.mark.parametrize("shape", [(7,), (3, 5, 11), (0, 4), (257, 300)])
+# shapes: odd, empty, and past KD.PARALLEL_MIN (the parallel kernel)
+@pytest.mark.parametrize("shape", [(7,), (3, 5, 11), (0, 4), (1025, 1024)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16], ids=["f32", "f64", "bf16"])
 def test_native_dropout_matches_the_hash_oracle(shape, dtype):
     p, seed = 0.3, -1234567890123  # a negative seed wraps to its unsigned bits
@@ -45,6 +45,7 @@ def test_native_dropout_matches_the_hash_oracle(shape, dtype):
     rtol = 2.0**-8 if dtype == BF16 else 1.2e-7 if dtype == np.float32 else 1e-15
     np.testing.assert_allclose(y.numpy().astype(np.float64), want, rtol=rtol, atol=0)
     if x.size > 10_000:  # binomial(n, 0.7): 6 standard deviations
+        assert x.size >= KD.PARALLEL_MIN
         sd = np.sqrt(0.21 / x.size)
         assert abs(keep.numpy().mean() - 0.7) < 6 * sd
 
@@ -177,3 +178,94 @@ def test_compiled_p0_and_eval_equal_no_dropout(variant):
     assert not step._current().host_inputs.keys() & {"dropout_seed"}
     want, _, _ = _losses(False, steps=3, p=0.0, eval_mode=variant == "eval")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+# -- bfloat16 products on runtime operands (eager autocast, backward products) -----------------------------
+def _bf16(shape):
+    return RNG.standard_normal(shape).astype(BF16)
+
+
+def _f64(a):
+    return np.asarray(a).astype(np.float64)
+
+
+def _close_bf16(y, ref):
+    """bfloat16 outputs of float32-accumulated products: within one bf16 rounding (2**-8 relative) of the
+    float64 product of the same bf16 operands, plus float32 accumulation error (atol 1e-4 at K <= 70)."""
+    assert y.dtype == BF16
+    np.testing.assert_allclose(_f64(y), ref, rtol=2.0**-8, atol=1e-4)
+
+
+def _expect_runtime(kernel_name, expected):
+    from opsnn.kernels.cpu import libraries as KL
+
+    native = KL.runtime_bf16_product() is None
+    assert (kernel_name == expected) == native, (kernel_name, KL.runtime_bf16_product())
+
+
+@pytest.mark.parametrize(
+    "sa, sb",
+    [
+        ((5, 7), (7, 3)),
+        ((2, 3, 5, 7), (7, 4)),
+        ((2, 3, 5, 7), (2, 3, 7, 4)),
+        ((3, 1, 7), (3, 7, 33)),
+        ((2, 5, 7), (1, 7, 4)),
+    ],
+)
+def test_bf16_matmul_on_runtime_operands(sa, sb):
+    a, b = _bf16(sa), _bf16(sb)
+    ex = opsnn.aclnn.matmul.prepare(a, b)
+    if len(sb) > 2 and sa[:-2] != sb[:-2]:  # broadcast batch dims: another kernel, the same result
+        assert ex.kernel_name != "matmul_onednn_runtime"
+    else:
+        _expect_runtime(ex.kernel_name, "matmul_onednn_runtime")
+    _close_bf16(ops.matmul(a, b).numpy(), np.matmul(_f64(a), _f64(b)))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(9, 70), (2, 3, 17)])
+def test_bf16_linear_on_runtime_operands(shape, bias):
+    x, w = _bf16(shape), _bf16((13, shape[-1]))
+    b = _bf16((13,)) if bias else None
+    _expect_runtime(opsnn.aclnn.linear.prepare(x, w, b).kernel_name, "linear_onednn_runtime")
+    ref = _f64(x) @ _f64(w).T + (_f64(b) if bias else 0)
+    _close_bf16(ops.linear(x, w, b).numpy(), ref)
+
+
+@pytest.mark.parametrize("ta, tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_bf16_gemm_on_runtime_operands_reads_transposes_in_place(ta, tb):
+    m, k, n = 6, 11, 5
+    a = _bf16((k, m) if ta else (m, k))
+    b = _bf16((n, k) if tb else (k, n))
+    c = _bf16((n,))
+    ex = opsnn.aclnn.gemm.prepare(a, b, c, trans_a=bool(ta), trans_b=bool(tb))
+    _expect_runtime(ex.kernel_name, "gemm_onednn_runtime")
+    ref = (_f64(a).T if ta else _f64(a)) @ (_f64(b).T if tb else _f64(b)) + _f64(c)
+    _close_bf16(ops.gemm(a, b, c, trans_a=bool(ta), trans_b=bool(tb)).numpy(), ref)
+    # alpha != 1 or a full C: not this kernel, still correct
+    ex = opsnn.aclnn.gemm.prepare(a, b, c, alpha=0.5, trans_a=bool(ta), trans_b=bool(tb))
+    assert ex.kernel_name != "gemm_onednn_runtime"
+    _close_bf16(ops.gemm(a, b, c, alpha=0.5, trans_a=bool(ta), trans_b=bool(tb)).numpy(), ref - 0.5 * (ref - _f64(c)))
+
+
+def test_bf16_runtime_products_propagate_nan_and_inf():
+    a, b = _bf16((4, 6)), _bf16((6, 3))
+    a[1, 2], a[2, 0] = np.nan, np.inf
+    b[:, 2] = 0  # inf * 0 = nan in column 2 of row 2
+    y = ops.matmul(a, b).numpy().astype(np.float64)
+    assert np.isnan(y[1]).all() and np.isnan(y[2, 2])
+    assert np.isinf(y[2, :2]).all() or np.isnan(y[2, :2]).all()
+    assert np.isfinite(y[[0, 3]]).all()
+
+
+def test_linear_gradient_reads_its_transpose_in_place():
+    """The Linear rule's weight gradient is one Gemm with transA (no Transpose copy): float64 oracle."""
+    x = opsnn.tensor(RNG.standard_normal((2, 5, 7))).requires_grad_()
+    w = opsnn.tensor(RNG.standard_normal((3, 7))).requires_grad_()
+    g = RNG.standard_normal((2, 5, 3))
+    with opsnn.profiler.profile() as p:
+        ops.sum(ops.mul(ops.linear(x, w), opsnn.tensor(g))).backward()
+    assert "Transpose" not in {e.op for e in p.kernels}
+    np.testing.assert_allclose(w.grad.numpy(), g.reshape(-1, 3).T @ x.numpy().reshape(-1, 7), rtol=1e-12)
+    np.testing.assert_allclose(x.grad.numpy(), g @ w.numpy(), rtol=1e-12)

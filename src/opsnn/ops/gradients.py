@@ -395,8 +395,8 @@ def _linear(ctx, grads):
     out = [None, None, None]
     if ctx.needs[0]:
         out[0] = ops.reshape(ops.matmul(g2, w), x.shape)
-    if ctx.needs[1]:
-        out[1] = ops.matmul(ops.transpose(g2), ops.reshape(x, (-1, in_f)))
+    if ctx.needs[1]:  # g2^T @ x as one GEMM reading g2 transposed in place (no transposed copy)
+        out[1] = ops.gemm(g2, ops.reshape(x, (-1, in_f)), trans_a=True)
     if b is not None and len(ctx.needs) > 2 and ctx.needs[2]:
         out[2] = ops.reshape(ops.sum(g2, dim=0), b.shape)
     return out[: len(ctx.inputs)]

@@ -22,9 +22,9 @@ _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 #: elements one parallel task handles
 BLOCK = 1 << 14
-#: below this many elements the serial kernel runs: the hash is ~10 integer ops per element, so a
-#: second thread pays off far sooner than for a plain elementwise map
-PARALLEL_MIN = 1 << 16
+#: below this many elements the serial kernel runs: elementwise maps' threshold
+#: (:data:`.elementwise.PARALLEL_MIN`); on a loaded machine a parallel region costs milliseconds
+PARALLEL_MIN = 1 << 20
 
 
 class DropoutPlan(NamedTuple):
