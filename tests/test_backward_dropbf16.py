@@ -269,3 +269,16 @@ def test_linear_gradient_reads_its_transpose_in_place():
     assert "Transpose" not in {e.op for e in p.kernels}
     np.testing.assert_allclose(w.grad.numpy(), g.reshape(-1, 3).T @ x.numpy().reshape(-1, 7), rtol=1e-12)
     np.testing.assert_allclose(x.grad.numpy(), g @ w.numpy(), rtol=1e-12)
+
+
+def test_fp32_adapter_rounds_bf16_outputs_to_nearest_even():
+    """16-bit outputs of float32 kernels are narrowed by the numba bit conversion: bit-identical to
+    ml_dtypes' round-to-nearest-even (ties, overflow to inf, NaN, subnormals)."""
+    x = np.array([1.0, 3.0e38, -3.0e38, np.nan, np.inf, 1 + 2**-8, 1 + 3 * 2**-8, 1e-40, -0.0], np.float32)
+    x = np.concatenate([x, RNG.standard_normal(70_000).astype(np.float32)])
+    a = x.astype(BF16)
+    two = np.array(2.0, BF16)
+    with np.errstate(over="ignore"):
+        want = (a.astype(np.float32) * np.float32(2)).astype(BF16)
+        got = ops.mul(a, two).numpy()
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
