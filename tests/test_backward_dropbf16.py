@@ -13,6 +13,8 @@ tests/test_compiled_training.py (rtol 1e-5).
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -282,3 +284,59 @@ def test_fp32_adapter_rounds_bf16_outputs_to_nearest_even():
         want = (a.astype(np.float32) * np.float32(2)).astype(BF16)
         got = ops.mul(a, two).numpy()
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+# -- GeluBackward -----------------------------------------------------------------------------------------
+def _gelu_grad_f64(g, x, approx):
+    """d gelu / dx in float64 from the definitions (erf form via math.erf, tanh form via tanh)."""
+    g, x = np.asarray(g, np.float64), np.asarray(x, np.float64)
+    if approx == "tanh":
+        k, c = np.sqrt(2 / np.pi), 0.044715
+        t = np.tanh(k * (x + c * x**3))
+        return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * c * x * x))
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    return g * (0.5 * (1 + erf(x / np.sqrt(2))) + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi))
+
+
+@pytest.mark.parametrize("approx", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16], ids=["f32", "f64", "bf16"])
+@pytest.mark.parametrize("shape", [(3, 5, 7), (0, 3), (300_001,)])
+def test_gelu_backward_matches_float64(approx, dtype, shape):
+    x = (RNG.standard_normal(shape) * 3).astype(dtype)
+    g = RNG.standard_normal(shape).astype(dtype)
+    y = ops.gelu_backward(g, x, approximate=approx).numpy()
+    assert y.dtype == dtype and y.shape == x.shape
+    want = _gelu_grad_f64(g, x, approx)
+    # float32: the forward kernel's fphi/fexp (< 1e-7 relative) on a sum that cancels near x = -0.75;
+    # bfloat16: one rounding of the float32 result
+    tol = {np.float64: (1e-12, 1e-14), np.float32: (1e-5, 2e-6)}.get(dtype, (2.0**-8, 1e-5))
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=tol[0], atol=tol[1])
+
+
+def test_gelu_rule_runs_one_backward_op_like_the_composition_and_torch():
+    x = opsnn.tensor(RNG.standard_normal((6, 33)).astype(np.float32)).requires_grad_()
+    g = RNG.standard_normal((6, 33)).astype(np.float32)
+    for approx in ("none", "tanh"):
+        x.grad = None
+        with opsnn.profiler.profile() as p:
+            ops.sum(ops.mul(ops.gelu(x, approximate=approx), opsnn.tensor(g))).backward()
+        names = [e.op for e in p.kernels]
+        assert "GeluBackward" in names and "Erf" not in names and "Tanh" not in names
+        np.testing.assert_allclose(x.grad.numpy(), _gelu_grad_f64(g, x.numpy(), approx), rtol=1e-5, atol=2e-6)
+    torch = pytest.importorskip("torch")
+    for approx in ("none", "tanh"):
+        want = torch.ops.aten.gelu_backward(torch.from_numpy(g), torch.from_numpy(x.numpy()), approximate=approx)
+        got = ops.gelu_backward(g, x.numpy(), approximate=approx).numpy()
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=2e-6)
+
+
+def test_gelu_backward_nonfinite_and_bad_input():
+    x = np.array([np.nan, np.inf, -np.inf, -40.0, 40.0], np.float32)
+    y = ops.gelu_backward(np.ones(5, np.float32), x).numpy()
+    assert np.isnan(y[0]) and y[3] == 0 and y[4] == 1  # inf * exp(-inf) makes NaN at +-inf, as x * pdf does
+    with pytest.raises(OpsnnError, match=r"GeluBackward: grad shape \(2,\) differs from X's \(5,\)"):
+        ops.gelu_backward(np.ones(2, np.float32), x)
+    with pytest.raises(OpsnnError, match="GeluBackward: grad and X must have the same dtype"):
+        ops.gelu_backward(np.ones(5, np.float64), x)
+    with pytest.raises(OpsnnError, match="approximate"):
+        ops.gelu_backward(np.ones(5, np.float32), x, approximate="fast")

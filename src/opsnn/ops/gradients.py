@@ -163,6 +163,8 @@ def _gelu(ctx, grads):
     x = ctx.inputs[0]
     approx = ctx.attrs.get("approximate", "none")
     approx = approx.decode() if isinstance(approx, bytes) else approx
+    if grads[0].dtype == x.dtype:  # one fused pass (the composition below for mixed dtypes)
+        return [ops.gelu_backward(grads[0], x, approximate=approx)]
     if approx == "tanh":
         k = math.sqrt(2.0 / math.pi)
         x2 = ops.mul(x, x)
