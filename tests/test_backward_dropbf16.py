@@ -340,3 +340,52 @@ def test_gelu_backward_nonfinite_and_bad_input():
         ops.gelu_backward(np.ones(5, np.float64), x)
     with pytest.raises(OpsnnError, match="approximate"):
         ops.gelu_backward(np.ones(5, np.float32), x, approximate="fast")
+
+
+# -- SwiGLUBackward ---------------------------------------------------------------------------------------
+def _swiglu_grads_f64(g, a, b, alpha):
+    g, a, b = (np.asarray(v, np.float64) for v in (g, a, b))
+    s = 1.0 / (1.0 + np.exp(-alpha * a))
+    return g * b * (s + alpha * a * s * (1 - s)), g * a * s
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.702])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16], ids=["f32", "f64", "bf16"])
+@pytest.mark.parametrize("shape", [(2, 7, 13), (0, 5), (300_001,)])
+def test_swiglu_backward_matches_float64(alpha, dtype, shape):
+    g, a, b = ((RNG.standard_normal(shape) * 3).astype(dtype) for _ in range(3))
+    da, db = (t.numpy() for t in ops.swiglu_backward(g, a, b, alpha=alpha))
+    want = _swiglu_grads_f64(g, a, b, alpha)
+    tol = {np.float64: (1e-12, 1e-13), np.float32: (1e-5, 1e-5)}.get(dtype, (2.0**-8, 1e-5))
+    for got, ref in zip((da, db), want):
+        assert got.dtype == dtype and got.shape == tuple(shape)
+        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol[0], atol=tol[1])
+
+
+def test_swiglu_rule_is_one_op_and_matches_torch():
+    a = opsnn.tensor(RNG.standard_normal((4, 9)).astype(np.float32)).requires_grad_()
+    b = opsnn.tensor(RNG.standard_normal((4, 9)).astype(np.float32)).requires_grad_()
+    g = RNG.standard_normal((4, 9)).astype(np.float32)
+    with opsnn.profiler.profile() as p:
+        ops.sum(ops.mul(ops.swiglu(a, b), opsnn.tensor(g))).backward()
+    assert "SwiGLUBackward" in [e.op for e in p.kernels] and "Sigmoid" not in [e.op for e in p.kernels]
+    wa, wb = _swiglu_grads_f64(g, a.numpy(), b.numpy(), 1.0)
+    np.testing.assert_allclose(a.grad.numpy(), wa, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.grad.numpy(), wb, rtol=1e-5, atol=1e-6)
+    torch = pytest.importorskip("torch")
+    ta, tb = (torch.from_numpy(t.numpy()).requires_grad_() for t in (a, b))
+    (torch.nn.functional.silu(ta) * tb * torch.from_numpy(g)).sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), ta.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.grad.numpy(), tb.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_swiglu_backward_nonfinite_and_bad_input():
+    a = np.array([np.nan, 50.0, -50.0, 0.0], np.float32)
+    da, db = (t.numpy() for t in ops.swiglu_backward(np.ones(4, np.float32), a, np.ones(4, np.float32)))
+    assert np.isnan(da[0]) and np.isnan(db[0])
+    np.testing.assert_allclose(da[1:], [1.0, 0.0, 0.5], atol=1e-6)
+    np.testing.assert_allclose(db[1:], [50.0, 0.0, 0.0], atol=1e-5)
+    with pytest.raises(OpsnnError, match="SwiGLUBackward: grad, A and B must have one shape"):
+        ops.swiglu_backward(np.ones(3, np.float32), a, a)
+    with pytest.raises(OpsnnError, match="SwiGLUBackward: grad, A and B must share one dtype"):
+        ops.swiglu_backward(np.ones(4, np.float64), a, a)

@@ -329,6 +329,9 @@ def _swiglu(ctx, grads):
     ops, g = _ops(), grads[0]
     a, b = ctx.inputs
     alpha = float(ctx.attrs.get("alpha", 1.0))
+    if g.dtype == a.dtype and tuple(g.shape) == tuple(a.shape):  # both gradients in one fused pass
+        da, db = ops.swiglu_backward(g, a, b, alpha=alpha)
+        return [da if ctx.needs[0] else None, db if ctx.needs[1] else None]
     s = ops.sigmoid(ops.mul(a, _const(alpha, a)) if alpha != 1.0 else a)
     silu = ops.mul(a, s)
     ds = ops.add(s, ops.mul(ops.mul(a, _const(alpha, a)), ops.mul(s, ops.sub(_const(1, a), s))))

@@ -1,10 +1,12 @@
-"""CPU activation backward kernels (numba): ``GeluBackward`` in one pass over the gradient and input.
+"""CPU activation backward kernels (numba): ``GeluBackward`` and ``SwiGLUBackward``, each one pass.
 
 The erf form's derivative is ``Phi(x) + x phi(x)`` (``phi(x) = exp(-x^2 / 2) / sqrt(2 pi)``), the
 tanh form's ``s + 2 k x s (1 - s) (1 + 3 c x^2)`` with ``s = sigmoid(2 k (x + c x^3))``, both with
 the forward kernel's float32 ``fphi`` / ``fexp`` (float64 calls libm). The composed rule took a
 dozen elementwise passes (each through the fp32 adapter for bfloat16 and rounded in between);
-this is one, in float32 for 16-bit data, rounded once.
+this is one, in float32 for 16-bit data, rounded once. SwiGLU's two gradients (gate and value)
+come out of one pass the same way (``s = sigmoid(alpha a)``: ``dA = g b (s + alpha a s (1 - s))``,
+``dB = g a s``).
 """
 
 from __future__ import annotations
@@ -86,3 +88,53 @@ def gelu_backward(g: np.ndarray, x: np.ndarray, out: np.ndarray, plan: GeluBackw
         _parallel(g, x, out, plan.tanh, plan.chunk)
     else:
         _serial(g, x, out, plan.tanh)
+
+
+# -- SwiGLUBackward -----------------------------------------------------------------------------------------
+class MapPlan(NamedTuple):
+    parallel: bool
+    chunk: int
+
+
+def map_plan(size: int) -> MapPlan:
+    """Serial below the costly-map threshold (a sigmoid per element), else chunks per thread."""
+    threads = nb.get_num_threads()
+    parallel = size >= PARALLEL_MIN_COSTLY and threads > 1
+    return MapPlan(parallel, max(CHUNK_MIN, -(-size // threads)) if parallel else max(size, 1))
+
+
+@nb.njit(**_NJIT)
+def _swiglu_slice(g, a, b, alpha, da, db):
+    one = a.dtype.type(1.0)
+    al = a.dtype.type(alpha)
+    for i in range(a.size):
+        v = a[i]
+        s = one / (one + fexp(-al * v))
+        gv = g[i]
+        da[i] = gv * b[i] * (s + al * v * s * (one - s))
+        db[i] = gv * v * s
+
+
+@nb.njit(nogil=True, cache=True)
+def _swiglu_serial(g, a, b, alpha, da, db):
+    _swiglu_slice(g, a, b, alpha, da, db)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _swiglu_parallel(g, a, b, alpha, da, db, chunk):
+    n = a.size
+    for t in nb.prange((n + chunk - 1) // chunk):
+        lo = t * chunk
+        hi = min(n, lo + chunk)
+        _swiglu_slice(g[lo:hi], a[lo:hi], b[lo:hi], alpha, da[lo:hi], db[lo:hi])
+
+
+def swiglu_backward(g, a, b, alpha: float, da, db, plan: MapPlan) -> None:
+    """``da = g * b * d swish(a) / da``, ``db = g * swish(a)`` (contiguous arrays of one shape)."""
+    if a.size == 0:
+        return
+    args = (g.reshape(-1), a.reshape(-1), b.reshape(-1), float(alpha), da.reshape(-1), db.reshape(-1))
+    if plan.parallel:
+        _swiglu_parallel(*args, plan.chunk)
+    else:
+        _swiglu_serial(*args)

@@ -387,6 +387,55 @@ SwiGLU = register_op(
 SwiGLU.kernel("swiglu_numba", dtypes=_F32_64, priority=10, plan=K.swiglu_plan, strided=True)(K.swiglu)
 
 
+def _swiglu_backward_infer(ctx):
+    dts = {ctx.dtype(i) for i in range(3)}
+    if len(dts) != 1:
+        raise DTypeError(
+            f"SwiGLUBackward: grad, A and B must share one dtype, got {[_dt.name(ctx.dtype(i)) for i in range(3)]}",
+            op="SwiGLUBackward",
+        )
+    shapes = {tuple(ctx.shape(i)) for i in range(3)}
+    if len(shapes) != 1:
+        ctx.fail(f"grad, A and B must have one shape, got {[tuple(ctx.shape(i)) for i in range(3)]}")
+    return [TensorMeta(ctx.shape(1), ctx.dtype(1)), TensorMeta(ctx.shape(1), ctx.dtype(1))]
+
+
+def _swiglu_backward_ref(ins, attrs):
+    g, a, b = (x.astype(np.float64) for x in ins)
+    alpha = float(attrs["alpha"])
+    with np.errstate(all="ignore"):
+        s = _sigmoid(alpha * a)
+        da = g * b * (s + alpha * a * s * (1.0 - s))
+        db = g * a * s
+    return da.astype(ins[1].dtype), db.astype(ins[1].dtype)
+
+
+SwiGLUBackward = register_op(
+    "SwiGLUBackward",
+    domain="opsnn",
+    category="activation",
+    inputs=[Input("grad", FLOAT), Input("A", FLOAT), Input("B", FLOAT)],
+    outputs=["dA", "dB"],
+    attrs=[Attr("alpha", "float", 1.0)],
+    infer=_swiglu_backward_infer,
+    reference=_swiglu_backward_ref,
+    doc="SwiGLU's gradients: dA = grad * B * swish_alpha'(A), dB = grad * swish_alpha(A), one pass",
+)
+SwiGLUBackward.kernel(
+    "swiglu_backward_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=lambda ctx: KB.map_plan(math.prod(ctx.shape(1))),
+    doc="numba map: one sigmoid per element gives both gradients",
+)(lambda ins, outs, attrs, plan, ws: KB.swiglu_backward(*ins, attrs["alpha"], *outs, plan))
+
+
+@api("swiglu_backward", "SwiGLUBackward", domain="opsnn")
+def swiglu_backward(grad, a, b, alpha=1.0):
+    """``(dA, dB)``: :func:`swiglu`'s gradients with respect to the gate ``a`` and the value ``b``."""
+    return [grad, a, b], {"alpha": float(alpha)}, 2
+
+
 # -- Softmax, LogSoftmax, Hardmax -------------------------------------------------------------------------
 def _axis(ctx) -> int:
     """The ``axis`` attribute normalised to [0, rank)."""
@@ -657,6 +706,7 @@ __all__ = [
     "leaky_relu",
     "gelu",
     "gelu_backward",
+    "swiglu_backward",
     "silu",
     "swish",
     "sigmoid",
