@@ -389,3 +389,15 @@ def test_swiglu_backward_nonfinite_and_bad_input():
         ops.swiglu_backward(np.ones(3, np.float32), a, a)
     with pytest.raises(OpsnnError, match="SwiGLUBackward: grad, A and B must share one dtype"):
         ops.swiglu_backward(np.ones(4, np.float64), a, a)
+
+
+@pytest.mark.parametrize("level", ["avx2", "avx512", "avx512_bf16", "amx"])
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
+def test_runtime_bf16_products_need_native_onednn_bf16(level, vendor):
+    from opsnn.kernels.cpu import libraries as KL
+
+    native = level in ("avx512_bf16", "amx")
+    assert (KL.runtime_bf16_product(KL.Platform.for_isa(level, vendor)) is None) == native
+    assert KL.runtime_bf16_product(KL.Platform.for_isa(level, vendor, onednn=False)) is not None
+    c = KL.kernel_choice("linear_onednn_runtime", 64, 256, 256, BF16)
+    assert c.library == "onednn" and "run time" in c.reason
