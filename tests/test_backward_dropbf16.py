@@ -401,3 +401,26 @@ def test_runtime_bf16_products_need_native_onednn_bf16(level, vendor):
     assert KL.runtime_bf16_product(KL.Platform.for_isa(level, vendor, onednn=False)) is not None
     c = KL.kernel_choice("linear_onednn_runtime", 64, 256, 256, BF16)
     assert c.library == "onednn" and "run time" in c.reason
+
+
+def test_rotary_under_autocast_follows_its_data_dtype():
+    """HF's LLaMA casts cos/sin to the activations' dtype: bf16 q stays bf16 (only the small tables are
+    cast), and its gradient flows back in bf16. Oracle: the op's reference on bf16-rounded tables, in float64."""
+    b, h, s, d = 2, 3, 5, 8
+    q = opsnn.tensor(RNG.standard_normal((b, h, s, d)).astype(np.float32)).requires_grad_()
+    cos, sin = (RNG.standard_normal((s, d // 2)).astype(np.float32) for _ in range(2))
+    pos = np.tile(np.arange(s), (b, 1))
+    w = opsnn.tensor(RNG.standard_normal((d, d)).astype(np.float32)).requires_grad_()
+    with opsnn.profiler.profile() as p, opsnn.autocast("bfloat16"):
+        x = ops.matmul(q, w)  # bf16 activations
+        y = ops.rotary_embedding(x, cos, sin, pos)
+    assert y.dtype == BF16
+    casts = sorted(tuple(e.shapes[0]) for e in p.kernels if e.op == "Cast")
+    assert casts == sorted([(b, h, s, d), (d, d), (s, d // 2), (s, d // 2)])  # q, w, cos, sin: no (b, h, s, d) back
+    rec = ops.get_op("RotaryEmbedding")
+    attrs = {"interleaved": 0, "rotary_embedding_dim": 0, "num_heads": 0}
+    tables = [c.astype(BF16).astype(np.float64) for c in (cos, sin)]
+    want = rec.reference([x.numpy().astype(np.float64), *tables, pos], attrs)
+    np.testing.assert_allclose(y.numpy().astype(np.float64), want, rtol=2.0**-8, atol=1e-6)
+    ops.sum(y).backward()
+    assert q.grad.dtype == np.float32 and w.grad.dtype == np.float32
