@@ -46,6 +46,13 @@ def test_native_dropout_matches_the_hash_oracle(shape, dtype):
     np.testing.assert_array_equal(keep.numpy(), want_keep)
     rtol = 2.0**-8 if dtype == BF16 else 1.2e-7 if dtype == np.float32 else 1e-15
     np.testing.assert_allclose(y.numpy().astype(np.float64), want, rtol=rtol, atol=0)
+    if dtype == BF16:  # natively, no fp32 adapter: float32 scale, one round-to-nearest-even
+        assert not opsnn.aclnn.native_dropout.prepare(x, p, np.int64(seed)).adapter
+        with np.errstate(invalid="ignore"):
+            exact = (x.astype(np.float32) * np.where(want_keep, np.float32(1 / (1 - p)), np.float32(0))).astype(BF16)
+        np.testing.assert_array_equal(y.numpy().view(np.uint16), exact.view(np.uint16))
+        g = ops.native_dropout_backward(x, keep, p).numpy()
+        np.testing.assert_array_equal(g.view(np.uint16), exact.view(np.uint16))
     if x.size > 10_000:  # binomial(n, 0.7): 6 standard deviations
         assert x.size >= KD.PARALLEL_MIN
         sd = np.sqrt(0.21 / x.size)

@@ -7,6 +7,8 @@ graph that takes the seed as an input draws a fresh mask at every run, any threa
 the same mask, and the numpy reference (:func:`keep_mask`) reproduces it exactly. Kept
 elements are scaled by ``1 / (1 - p)`` in the data's dtype, dropped ones multiplied by 0
 (NaN stays NaN, as ``x * mask * scale`` gives). The backward applies the saved mask the same way.
+bfloat16 data is widened a block at a time into float32 scratch, scaled and rounded once (to
+nearest even) inside the kernel: one pass over memory, no float32 copies of the tensors.
 """
 
 from __future__ import annotations
@@ -14,9 +16,13 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import ml_dtypes
 import numba as nb
 import numpy as np
 
+from .gemm import KIND_BF16, _narrow, _widen
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -88,6 +94,56 @@ def _forward_parallel(x, s, thr, scales, out, mask):
 
 
 @nb.njit(nogil=True, cache=True)
+def _forward_range_bf16(x, s, thr, scales, out, mask, lo, hi):
+    tmp = np.empty(min(max(hi - lo, 0), BLOCK), np.uint32)
+    f = tmp.view(np.float32)
+    for b0 in range(lo, hi, BLOCK):
+        n = min(hi, b0 + BLOCK) - b0
+        _widen(x[b0 : b0 + n], tmp[:n], f[:n], KIND_BF16)
+        for i in range(n):
+            k = _draw(s, np.uint64(b0 + i)) >= thr
+            mask[b0 + i] = k
+            f[i] = f[i] * scales[0 if k else 1]
+        _narrow(f[:n], tmp[:n], out[b0 : b0 + n], KIND_BF16)
+
+
+@nb.njit(nogil=True, cache=True)
+def _forward_serial_bf16(x, s, thr, scales, out, mask):
+    _forward_range_bf16(x, s, thr, scales, out, mask, 0, x.shape[0])
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _forward_parallel_bf16(x, s, thr, scales, out, mask):
+    n = x.shape[0]
+    for b in nb.prange((n + BLOCK - 1) // BLOCK):
+        _forward_range_bf16(x, s, thr, scales, out, mask, b * BLOCK, min(n, (b + 1) * BLOCK))
+
+
+@nb.njit(nogil=True, cache=True)
+def _backward_range_bf16(g, mask, scales, out, lo, hi):
+    tmp = np.empty(min(max(hi - lo, 0), BLOCK), np.uint32)
+    f = tmp.view(np.float32)
+    for b0 in range(lo, hi, BLOCK):
+        n = min(hi, b0 + BLOCK) - b0
+        _widen(g[b0 : b0 + n], tmp[:n], f[:n], KIND_BF16)
+        for i in range(n):
+            f[i] = f[i] * scales[0 if mask[b0 + i] else 1]
+        _narrow(f[:n], tmp[:n], out[b0 : b0 + n], KIND_BF16)
+
+
+@nb.njit(nogil=True, cache=True)
+def _backward_serial_bf16(g, mask, scales, out):
+    _backward_range_bf16(g, mask, scales, out, 0, g.shape[0])
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _backward_parallel_bf16(g, mask, scales, out):
+    n = g.shape[0]
+    for b in nb.prange((n + BLOCK - 1) // BLOCK):
+        _backward_range_bf16(g, mask, scales, out, b * BLOCK, min(n, (b + 1) * BLOCK))
+
+
+@nb.njit(nogil=True, cache=True)
 def _backward_range(g, mask, scales, out, lo, hi):
     for i in range(lo, hi):
         out[i] = g[i] * scales[0 if mask[i] else 1]
@@ -114,20 +170,25 @@ def forward(x: np.ndarray, seed, p: float, plan: DropoutPlan, out: np.ndarray, m
     """``out = x * keep / (1 - p)``, ``mask = keep`` (contiguous arrays of one shape)."""
     if x.size == 0:
         return
-    fn = _forward_parallel if plan.parallel else _forward_serial
-    fn(
-        x.reshape(-1),
-        seed_bits(seed),
-        np.uint64(plan.threshold),
-        scales(p, x.dtype),
-        out.reshape(-1),
-        mask.reshape(-1),
-    )
+    x, out = x.reshape(-1), out.reshape(-1)
+    if x.dtype == _BF16:
+        fn = _forward_parallel_bf16 if plan.parallel else _forward_serial_bf16
+        x, out, sc = x.view(np.uint16), out.view(np.uint16), scales(p, np.float32)
+    else:
+        fn = _forward_parallel if plan.parallel else _forward_serial
+        sc = scales(p, x.dtype)
+    fn(x, seed_bits(seed), np.uint64(plan.threshold), sc, out, mask.reshape(-1))
 
 
 def backward(g: np.ndarray, mask: np.ndarray, p: float, parallel: bool, out: np.ndarray) -> None:
     """``out = g * mask / (1 - p)`` (contiguous arrays of one shape)."""
     if g.size == 0:
         return
-    fn = _backward_parallel if parallel else _backward_serial
-    fn(g.reshape(-1), mask.reshape(-1), scales(p, g.dtype), out.reshape(-1))
+    g, out = g.reshape(-1), out.reshape(-1)
+    if g.dtype == _BF16:
+        fn = _backward_parallel_bf16 if parallel else _backward_serial_bf16
+        g, out, sc = g.view(np.uint16), out.view(np.uint16), scales(p, np.float32)
+    else:
+        fn = _backward_parallel if parallel else _backward_serial
+        sc = scales(p, g.dtype)
+    fn(g, mask.reshape(-1), sc, out)

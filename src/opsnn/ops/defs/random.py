@@ -393,10 +393,11 @@ NativeDropout = register_op(
 )
 NativeDropout.kernel(
     "dropout_hash",
-    dtypes=(_dt.float32, _dt.float64),
+    dtypes=(_dt.float32, _dt.float64, _dt.bfloat16),
     priority=10,
     plan=lambda ctx: KD.dropout_plan(math.prod(ctx.shape(0)), _ratio(ctx)),
-    doc="numba: one pass drawing each element's keep bit from splitmix64(seed, index) and scaling",
+    doc="numba: one pass drawing each element's keep bit from splitmix64(seed, index) and scaling "
+    "(bfloat16 widened per block in cache, rounded once)",
 )(lambda ins, outs, attrs, plan, ws: KD.forward(ins[0], ins[1], _ratio(attrs), plan, outs[0], outs[1]))
 
 
@@ -428,7 +429,7 @@ NativeDropoutBackward = register_op(
 )
 NativeDropoutBackward.kernel(
     "dropout_backward_numba",
-    dtypes=(_dt.float32, _dt.float64),
+    dtypes=(_dt.float32, _dt.float64, _dt.bfloat16),
     priority=10,
     plan=lambda ctx: math.prod(ctx.shape(0)) >= KD.PARALLEL_MIN,
     doc="numba: grad * (mask ? 1/(1-ratio) : 0), one pass",
