@@ -313,6 +313,7 @@ def test_gelu_backward_matches_float64(approx, dtype, shape):
     g = RNG.standard_normal(shape).astype(dtype)
     y = ops.gelu_backward(g, x, approximate=approx).numpy()
     assert y.dtype == dtype and y.shape == x.shape
+    assert not opsnn.aclnn.gelu_backward.prepare(g, x, approximate=approx).adapter  # bf16 natively too
     want = _gelu_grad_f64(g, x, approx)
     # float32: the forward kernel's fphi/fexp (< 1e-7 relative) on a sum that cancels near x = -0.75;
     # bfloat16: one rounding of the float32 result
@@ -362,6 +363,7 @@ def _swiglu_grads_f64(g, a, b, alpha):
 def test_swiglu_backward_matches_float64(alpha, dtype, shape):
     g, a, b = ((RNG.standard_normal(shape) * 3).astype(dtype) for _ in range(3))
     da, db = (t.numpy() for t in ops.swiglu_backward(g, a, b, alpha=alpha))
+    assert not opsnn.aclnn.swiglu_backward.prepare(g, a, b, alpha=alpha).adapter
     want = _swiglu_grads_f64(g, a, b, alpha)
     tol = {np.float64: (1e-12, 1e-13), np.float32: (1e-5, 1e-5)}.get(dtype, (2.0**-8, 1e-5))
     for got, ref in zip((da, db), want):

@@ -195,7 +195,7 @@ GeluBackward = register_op(
 )
 GeluBackward.kernel(
     "gelu_backward_numba",
-    dtypes=_F32_64,
+    dtypes=(_dt.float32, _dt.float64, _dt.bfloat16),
     priority=10,
     plan=lambda ctx: KB.gelu_backward_plan(math.prod(ctx.shape(1)), _approximate(ctx.attrs) == "tanh"),
     doc="numba map: Phi(x) + x phi(x) (or the tanh form's derivative) times grad, one pass",
@@ -423,7 +423,7 @@ SwiGLUBackward = register_op(
 )
 SwiGLUBackward.kernel(
     "swiglu_backward_numba",
-    dtypes=_F32_64,
+    dtypes=(_dt.float32, _dt.float64, _dt.bfloat16),
     priority=10,
     plan=lambda ctx: KB.map_plan(math.prod(ctx.shape(1))),
     doc="numba map: one sigmoid per element gives both gradients",
