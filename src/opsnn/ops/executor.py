@@ -356,7 +356,7 @@ class Executor:
 
 def _narrow(src: np.ndarray, dst: np.ndarray) -> None:
     """The adapter's float32 result ``src`` rounded into the 16-bit output ``dst``: bfloat16 by the
-    Cast kernel's numba bit conversion (round to nearest even, as ml_dtypes' astype rounds, ~4x faster)."""
+    Cast kernel's numba bit conversion (round to nearest even, as ml_dtypes' astype rounds, faster)."""
     if dst.dtype == _dt.bfloat16 and dst.flags.c_contiguous and src.flags.c_contiguous:
         flat = src.reshape(-1)
         f32_to_bf16(flat, flat.view(np.uint32), dst.reshape(-1).view(np.uint16))

@@ -29,7 +29,7 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 #: elements one parallel task handles
 BLOCK = 1 << 14
 #: below this many elements the serial kernel runs: elementwise maps' threshold
-#: (:data:`.elementwise.PARALLEL_MIN`); on a loaded machine a parallel region costs milliseconds
+#: (:data:`.elementwise.PARALLEL_MIN`), a pass this cheap does not repay waking a second thread sooner
 PARALLEL_MIN = 1 << 20
 
 
