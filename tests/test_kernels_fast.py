@@ -778,7 +778,8 @@ def test_prepacked_matmul_and_linear(rng, dtype):
     # eager calls have no constant weight: the kernel says why it does not apply
     ex = opsnn.aclnn.linear.prepare(x, wl, bl)
     assert ex.kernel_name != "linear_prepacked"
-    assert "constant" in dict(ex.rejected)["linear_prepacked"]
+    if ex.kernel_name != "linear_onednn_runtime":  # (native bf16: chosen before prepacked is considered)
+        assert "constant" in dict(ex.rejected)["linear_prepacked"]
     # with a constant weight it is chosen for float16 only (bf16 widening is as cheap as packing)
     rec = get_op("Linear", "opsnn")
     op = plan_op(rec, [TensorMeta(a.shape, a.dtype) for a in (x, wl, bl)], [None, wl, bl], {})

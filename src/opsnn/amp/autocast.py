@@ -9,6 +9,9 @@ the op they were made from):
   give 16-bit outputs;
 - precision-sensitive ops (softmax, log-softmax, every normalization, the losses, sum/mean-like
   reductions, cumulative sums) cast 16-bit inputs up and run in float32;
+- ``RotaryEmbedding`` follows its data input: its cos/sin tables are cast to the activations'
+  dtype (what Hugging Face's LLaMA does, ``cos.to(x.dtype)``, so under torch's autocast the
+  rotation runs in bfloat16), rather than the activations promoted to the tables' float32;
 - every other op follows its inputs: mixed float inputs are promoted to the widest one (0-d
   tensors do not promote dimensioned ones, as in torch).
 
@@ -74,6 +77,8 @@ FLOAT32_OPS = (
     "CumSum",
     "CumProd",
 )
+#: op types whose float inputs take the dtype of their first (data) input: tables read per element
+FOLLOW_DATA_OPS = ("RotaryEmbedding",)
 _LOW = (_dt.bfloat16, _dt.float16)
 _NO_AUTOCAST = frozenset({"Cast", "CastLike"})
 
@@ -210,7 +215,13 @@ def _cast_inputs(rec, tensors: list) -> list:
     if not floats:
         return tensors
     want = st.policy.get(origin(rec.name))
-    if want is None:
+    if want is None and origin(rec.name) in FOLLOW_DATA_OPS and floats[0] == 0:
+        want = tensors[0].dtype
+
+        def castable(d):
+            return d != want
+
+    elif want is None:
         dims = {tensors[i].dtype for i in floats if tensors[i].ndim > 0}
         dts = dims or {tensors[i].dtype for i in floats}
         if len(dts) == 1 and len({tensors[i].dtype for i in floats}) == 1:
@@ -267,6 +278,7 @@ def _cast(t: Tensor, dt, cache) -> Tensor:
 
 __all__ = [
     "FLOAT32_OPS",
+    "FOLLOW_DATA_OPS",
     "LOWER_PRECISION_OPS",
     "autocast",
     "autocast_policy",

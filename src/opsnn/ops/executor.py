@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import KernelError, OpsnnError, OutOfMemoryError, ParamInvalidError
+from ..kernels.cpu.gemm import f32_to_bf16
 from ..runtime import hooks
 from ..runtime.context import context
 from ..runtime.memory import check_request
@@ -241,7 +242,7 @@ class Executor:
                 with np.errstate(over="ignore"):  # values beyond the 16-bit range become inf, as cast does
                     for o, t in zip(outs, tmp):
                         if t is not o:
-                            np.copyto(o, t, casting="unsafe")
+                            _narrow(t, o)
         elif prepare_inputs is not None:
 
             def task():
@@ -352,6 +353,16 @@ class Executor:
             np.copyto(t._array, r)
             outs.append(t)
         return outs
+
+
+def _narrow(src: np.ndarray, dst: np.ndarray) -> None:
+    """The adapter's float32 result ``src`` rounded into the 16-bit output ``dst``: bfloat16 by the
+    Cast kernel's numba bit conversion (round to nearest even, as ml_dtypes' astype rounds, faster)."""
+    if dst.dtype == _dt.bfloat16 and dst.flags.c_contiguous and src.flags.c_contiguous:
+        flat = src.reshape(-1)
+        f32_to_bf16(flat, flat.view(np.uint32), dst.reshape(-1).view(np.uint16))
+    else:
+        np.copyto(dst, src, casting="unsafe")
 
 
 def _pool_copy(a: np.ndarray, dtype, tag: str) -> np.ndarray:

@@ -165,6 +165,8 @@ def _gelu(ctx, grads):
     x = ctx.inputs[0]
     approx = ctx.attrs.get("approximate", "none")
     approx = approx.decode() if isinstance(approx, bytes) else approx
+    if grads[0].dtype == x.dtype:  # one fused pass (the composition below for mixed dtypes)
+        return [ops.gelu_backward(grads[0], x, approximate=approx)]
     if approx == "tanh":
         k = math.sqrt(2.0 / math.pi)
         x2 = ops.mul(x, x)
@@ -321,10 +323,17 @@ def _dropout(ctx, grads):
     return [ops.mul(g, ops.mul(scale, _const(1.0 / (1.0 - ratio), g)))] + [None] * (len(ctx.inputs) - 1)
 
 
+def _native_dropout(ctx, grads):
+    return [_ops().native_dropout_backward(grads[0], ctx.outputs[1], float(ctx.attrs["ratio"])), None]
+
+
 def _swiglu(ctx, grads):
     ops, g = _ops(), grads[0]
     a, b = ctx.inputs
     alpha = float(ctx.attrs.get("alpha", 1.0))
+    if g.dtype == a.dtype and tuple(g.shape) == tuple(a.shape):  # both gradients in one fused pass
+        da, db = ops.swiglu_backward(g, a, b, alpha=alpha)
+        return [da if ctx.needs[0] else None, db if ctx.needs[1] else None]
     s = ops.sigmoid(ops.mul(a, _const(alpha, a)) if alpha != 1.0 else a)
     silu = ops.mul(a, s)
     ds = ops.add(s, ops.mul(ops.mul(a, _const(alpha, a)), ops.mul(s, ops.sub(_const(1, a), s))))
@@ -393,8 +402,8 @@ def _linear(ctx, grads):
     out = [None, None, None]
     if ctx.needs[0]:
         out[0] = ops.reshape(ops.matmul(g2, w), x.shape)
-    if ctx.needs[1]:
-        out[1] = ops.matmul(ops.transpose(g2), ops.reshape(x, (-1, in_f)))
+    if ctx.needs[1]:  # g2^T @ x as one GEMM reading g2 transposed in place (no transposed copy)
+        out[1] = ops.gemm(g2, ops.reshape(x, (-1, in_f)), trans_a=True)
     if b is not None and len(ctx.needs) > 2 and ctx.needs[2]:
         out[2] = ops.reshape(ops.sum(g2, dim=0), b.shape)
     return out[: len(ctx.inputs)]
@@ -1992,6 +2001,7 @@ RULES = {
     "Split": _split,
     "Pad": _pad,
     "Dropout": _dropout,
+    "NativeDropout": _native_dropout,
     "MatMul": _matmul,
     "Gemm": _gemm,
     "Linear": _linear,

@@ -20,6 +20,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, ParamInvalidError
 from ...kernels.cpu import activation as K
+from ...kernels.cpu import activation_backward as KB
 from ...kernels.cpu import xent as KX
 from ...tensor import as_tensor
 from ..api import api
@@ -155,6 +156,58 @@ Gelu.kernel(
     plan=lambda ctx: K.pointwise_plan(ctx, K.GELU_TANH if _approximate(ctx.attrs) == "tanh" else K.GELU_ERF),
     doc="numba map (erfc-based normal CDF, or the tanh form)",
 )(K.pointwise)
+
+
+def _gelu_backward_infer(ctx):
+    _approximate(ctx.attrs)
+    if ctx.dtype(0) != ctx.dtype(1):
+        raise DTypeError(
+            f"GeluBackward: grad and X must have the same dtype, got {_dt.name(ctx.dtype(0))} and "
+            f"{_dt.name(ctx.dtype(1))}",
+            op="GeluBackward",
+        )
+    if tuple(ctx.shape(0)) != tuple(ctx.shape(1)):
+        ctx.fail(f"grad shape {tuple(ctx.shape(0))} differs from X's {tuple(ctx.shape(1))}")
+    return [TensorMeta(ctx.shape(1), ctx.dtype(1))]
+
+
+def _gelu_backward_ref(ins, attrs):
+    g, x = (a.astype(np.float64) for a in ins[:2])
+    with np.errstate(all="ignore"):
+        if _approximate(attrs) == "tanh":
+            k, c = math.sqrt(2.0 / math.pi), 0.044715
+            s = _sigmoid(2.0 * k * (x + c * x**3))
+            d = s + 2.0 * k * x * s * (1.0 - s) * (1.0 + 3.0 * c * x * x)
+        else:
+            d = 0.5 * _erfc(-x / math.sqrt(2.0)) + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        return (g * d).astype(ins[1].dtype)
+
+
+GeluBackward = register_op(
+    "GeluBackward",
+    domain="opsnn",
+    category="activation",
+    inputs=[Input("grad", FLOAT), Input("X", FLOAT)],
+    outputs=["dX"],
+    attrs=[Attr("approximate", "string", "none")],
+    infer=_gelu_backward_infer,
+    reference=_gelu_backward_ref,
+    doc="Gelu's gradient grad * gelu'(X) in one pass (torch's gelu_backward)",
+)
+GeluBackward.kernel(
+    "gelu_backward_numba",
+    dtypes=(_dt.float32, _dt.float64, _dt.bfloat16),
+    priority=10,
+    plan=lambda ctx: KB.gelu_backward_plan(math.prod(ctx.shape(1)), _approximate(ctx.attrs) == "tanh"),
+    doc="numba map: Phi(x) + x phi(x) (or the tanh form's derivative) times grad, one pass",
+)(lambda ins, outs, attrs, plan, ws: KB.gelu_backward(ins[0], ins[1], outs[0], plan))
+
+
+@api("gelu_backward", "GeluBackward", domain="opsnn")
+def gelu_backward(grad, x, approximate="none"):
+    """``grad * d gelu(x) / dx``: :func:`gelu`'s gradient in one pass."""
+    return [grad, x], {"approximate": approximate}
+
 
 Swish = _pointwise(
     "Swish",
@@ -333,6 +386,55 @@ SwiGLU = register_op(
     doc="Swish_alpha(A) * B (gate A, value B)",
 )
 SwiGLU.kernel("swiglu_numba", dtypes=_F32_64, priority=10, plan=K.swiglu_plan, strided=True)(K.swiglu)
+
+
+def _swiglu_backward_infer(ctx):
+    dts = {ctx.dtype(i) for i in range(3)}
+    if len(dts) != 1:
+        raise DTypeError(
+            f"SwiGLUBackward: grad, A and B must share one dtype, got {[_dt.name(ctx.dtype(i)) for i in range(3)]}",
+            op="SwiGLUBackward",
+        )
+    shapes = {tuple(ctx.shape(i)) for i in range(3)}
+    if len(shapes) != 1:
+        ctx.fail(f"grad, A and B must have one shape, got {[tuple(ctx.shape(i)) for i in range(3)]}")
+    return [TensorMeta(ctx.shape(1), ctx.dtype(1)), TensorMeta(ctx.shape(1), ctx.dtype(1))]
+
+
+def _swiglu_backward_ref(ins, attrs):
+    g, a, b = (x.astype(np.float64) for x in ins)
+    alpha = float(attrs["alpha"])
+    with np.errstate(all="ignore"):
+        s = _sigmoid(alpha * a)
+        da = g * b * (s + alpha * a * s * (1.0 - s))
+        db = g * a * s
+    return da.astype(ins[1].dtype), db.astype(ins[1].dtype)
+
+
+SwiGLUBackward = register_op(
+    "SwiGLUBackward",
+    domain="opsnn",
+    category="activation",
+    inputs=[Input("grad", FLOAT), Input("A", FLOAT), Input("B", FLOAT)],
+    outputs=["dA", "dB"],
+    attrs=[Attr("alpha", "float", 1.0)],
+    infer=_swiglu_backward_infer,
+    reference=_swiglu_backward_ref,
+    doc="SwiGLU's gradients: dA = grad * B * swish_alpha'(A), dB = grad * swish_alpha(A), one pass",
+)
+SwiGLUBackward.kernel(
+    "swiglu_backward_numba",
+    dtypes=(_dt.float32, _dt.float64, _dt.bfloat16),
+    priority=10,
+    plan=lambda ctx: KB.map_plan(math.prod(ctx.shape(1))),
+    doc="numba map: one sigmoid per element gives both gradients",
+)(lambda ins, outs, attrs, plan, ws: KB.swiglu_backward(*ins, attrs["alpha"], *outs, plan))
+
+
+@api("swiglu_backward", "SwiGLUBackward", domain="opsnn")
+def swiglu_backward(grad, a, b, alpha=1.0):
+    """``(dA, dB)``: :func:`swiglu`'s gradients with respect to the gate ``a`` and the value ``b``."""
+    return [grad, a, b], {"alpha": float(alpha)}, 2
 
 
 # -- Softmax, LogSoftmax, Hardmax -------------------------------------------------------------------------
@@ -674,6 +776,8 @@ __all__ = [
     "relu",
     "leaky_relu",
     "gelu",
+    "gelu_backward",
+    "swiglu_backward",
     "silu",
     "swish",
     "sigmoid",
