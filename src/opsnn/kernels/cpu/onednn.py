@@ -1130,36 +1130,6 @@ class ConvBackwardPrimitive:
         self.workspace_bytes = ws + 64 if ws else 0
         self.reorders = sum(r is not None for r, _ in self._edges)
 
-
-_rt_cache: OrderedDict[tuple, RuntimeMatMul] = OrderedDict()
-
-
-class RuntimeMatMul:
-    """``Y[i] = op(A[i]) @ op(B[i]) (+ bias)`` with both operands given at run time in plain
-    row-major layouts (``trans_a`` / ``trans_b``: the operand is stored transposed, (K, M) / (N, K),
-    and read as such, no copy): oneDNN's matmul (brgemm; native bf16 with AVX512-BF16 or AMX) for
-    a ``batch`` of (m, k) @ (k, n) products, ``Y`` in ``dtype`` (bfloat16: float32 accumulation, one
-    rounding), ``bias`` (N,) in ``bias_dtype``. Eager autocast products and the backward products
-    of a bfloat16 forward have no constant weight to reorder; this reads them where they are.
-    ``run(a, b, bias_or_None, y)``; :func:`runtime_matmul` keeps one per shape."""
-
-    def __init__(self, batch, m, k, n, trans_a, trans_b, bias_dtype, dtype):
-        if unavailable() is not None:
-            raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
-        three = batch > 1
-        lead = [batch] if three else []
-        plain, flipped = (TAG_ABC, TAG_ACB) if three else (TAG_AB, TAG_BA)
-        src = _Md(lead + [m, k], flipped if trans_a else plain, dtype)
-        w = _Md(lead + [k, n], flipped if trans_b else plain, dtype)
-        dst = _Md(lead + [m, n], plain, dtype)
-        bias = None if bias_dtype is None else _Md(([1] if three else []) + [1, n], plain, bias_dtype)
-        pd = _matmul_pd(src, w, bias, dst, [], f"matmul ({batch} x {m}x{k} @ {k}x{n}, runtime operands)")
-        args = [(_ARG_SRC, src.h), (_ARG_WEIGHTS, w.h)] + ([(_ARG_BIAS, bias.h)] if bias else []) + [(_ARG_DST, dst.h)]
-        self.prim = Primitive(pd, args, keep=(src, w, bias, dst))
-        self.shape = (batch, m, k, n)
-        self.trans = (bool(trans_a), bool(trans_b))
-        self.has_bias = bias is not None
-
     @property
     def impl(self) -> str:
         return self.prim.impl
@@ -1321,6 +1291,41 @@ def plain_conv(x_shape, w_shape, y_shape, strides, pads, dilations, group, has_b
         prim = _plain_cache.setdefault(key, prim)
         while len(_plain_cache) > BACKWARD_CACHE_SIZE:
             _plain_cache.popitem(last=False)
+    return prim
+
+
+_rt_cache: OrderedDict[tuple, RuntimeMatMul] = OrderedDict()
+
+
+class RuntimeMatMul:
+    """``Y[i] = op(A[i]) @ op(B[i]) (+ bias)`` with both operands given at run time in plain
+    row-major layouts (``trans_a`` / ``trans_b``: the operand is stored transposed, (K, M) / (N, K),
+    and read as such, no copy): oneDNN's matmul (brgemm; native bf16 with AVX512-BF16 or AMX) for
+    a ``batch`` of (m, k) @ (k, n) products, ``Y`` in ``dtype`` (bfloat16: float32 accumulation, one
+    rounding), ``bias`` (N,) in ``bias_dtype``. Eager autocast products and the backward products
+    of a bfloat16 forward have no constant weight to reorder; this reads them where they are.
+    ``run(a, b, bias_or_None, y)``; :func:`runtime_matmul` keeps one per shape."""
+
+    def __init__(self, batch, m, k, n, trans_a, trans_b, bias_dtype, dtype):
+        if unavailable() is not None:
+            raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
+        three = batch > 1
+        lead = [batch] if three else []
+        plain, flipped = (TAG_ABC, TAG_ACB) if three else (TAG_AB, TAG_BA)
+        src = _Md(lead + [m, k], flipped if trans_a else plain, dtype)
+        w = _Md(lead + [k, n], flipped if trans_b else plain, dtype)
+        dst = _Md(lead + [m, n], plain, dtype)
+        bias = None if bias_dtype is None else _Md(([1] if three else []) + [1, n], plain, bias_dtype)
+        pd = _matmul_pd(src, w, bias, dst, [], f"matmul ({batch} x {m}x{k} @ {k}x{n}, runtime operands)")
+        args = [(_ARG_SRC, src.h), (_ARG_WEIGHTS, w.h)] + ([(_ARG_BIAS, bias.h)] if bias else []) + [(_ARG_DST, dst.h)]
+        self.prim = Primitive(pd, args, keep=(src, w, bias, dst))
+        self.shape = (batch, m, k, n)
+        self.trans = (bool(trans_a), bool(trans_b))
+        self.has_bias = bias is not None
+
+    @property
+    def impl(self) -> str:
+        return self.prim.impl
 
     def _ptrs(self, a, b, bias, y) -> tuple:
         return (a.ctypes.data, b.ctypes.data) + ((bias.ctypes.data,) if self.has_bias else ()) + (y.ctypes.data,)
