@@ -495,3 +495,39 @@ def test_topk_checks_its_sort_order_against_the_cap(cap):
         want = rec.reference([small, k], rec.bind_attrs({"largest": largest, "axis": axis}))
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g.numpy(), w)
+
+
+def test_node_suite_under_small_caps_fails_only_with_typed_out_of_memory_errors(cap):
+    """Every case of ONNX's node suite, under a pool cap of 0 and 4 KiB beyond the bytes in use (models
+    fail at load, at planning, in kernels' own checks and in the pool): each passes or raises
+    OutOfMemoryError / TensorTooLargeError, never another error or a wrong answer, unless it fails the
+    same way with no cap at all (the suite's known failures)."""
+    from opsnn.onnx import conformance as C
+
+    random_ops = {r.name for r in opsnn.ops.all_ops() if r.category == "random"}  # their draws can match by chance
+    cases = [c for c in C.node_cases() if c.op not in random_ops]
+    assert len(cases) > 1000
+    typed = ("OutOfMemoryError", "TensorTooLargeError")
+    wrong, counts = [], {}
+    for headroom in (0, 4096):
+        for case in cases:
+            cap(None)
+            opsnn.memory.empty_cache()
+            cap(opsnn.memory.current_bytes() + headroom)
+            r = C.run_opsnn(case, timeout=60.0)
+            kind = (
+                "pass"
+                if r.status == "pass"
+                else "oom"
+                if r.reason.removeprefix("import: ").startswith(typed)
+                else "other"
+            )
+            counts[headroom, kind] = counts.get((headroom, kind), 0) + 1
+            if kind == "other":
+                cap(None)
+                free = C.run_opsnn(case, timeout=60.0)
+                if free.status == "pass" or free.reason.removeprefix("import: ").startswith(typed):
+                    wrong.append(f"{case.name} (cap +{headroom} B): {r.reason[:200]}")
+    cap(None)
+    assert not wrong, "\n".join(wrong)
+    assert counts.get((0, "oom"), 0) > len(cases) // 2 and counts.get((4096, "oom"), 0) > 0, counts
