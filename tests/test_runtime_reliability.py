@@ -531,3 +531,57 @@ def test_node_suite_under_small_caps_fails_only_with_typed_out_of_memory_errors(
     cap(None)
     assert not wrong, "\n".join(wrong)
     assert counts.get((0, "oom"), 0) > len(cases) // 2 and counts.get((4096, "oom"), 0) > 0, counts
+
+
+_MAPS_NEAR_THE_LIMIT = r"""
+import mmap, os, sys
+import numpy as np
+from opsnn.errors import OutOfMemoryError
+from opsnn.kernels.cpu import codegen
+
+
+def maps():
+    with open("/proc/self/maps", "rb") as f:
+        return sum(1 for _ in f)
+
+
+limit = int(open("/proc/sys/vm/max_map_count").read())
+keep = []
+
+
+def fill(n):  # alternate protections: the kernel cannot merge neighbours
+    for _ in range(n):
+        keep.append(mmap.mmap(-1, 4096, prot=mmap.PROT_READ if len(keep) % 2 else mmap.PROT_READ | mmap.PROT_WRITE))
+
+
+fill(limit - 8 - maps() - 64)
+while maps() < limit - 8:
+    fill(max(1, (limit - 8 - maps()) // 2))
+program = [["Add", [["in", 0], ["const", float(int.from_bytes(os.urandom(3), "little"))]], None], ["Relu", [["step", 0]], None]]
+try:
+    par, ser = codegen.get_kernel(program, 1)
+    out = np.empty(4, np.float32)
+    ser(out, np.ones(4, np.float32))
+    print("compiled")
+except OutOfMemoryError as exc:
+    print("typed:", exc)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/sys/vm/max_map_count"), reason="Linux's vm.max_map_count only")
+def test_a_new_fused_kernel_near_the_memory_map_limit_is_a_typed_error(tmp_path):
+    """Compiled kernels are never unloaded: a fuzz worker generating fused chains gained ~0.5 memory maps per
+    graph case and died after ~150,000 cases when vm.max_map_count (65530) ran out (LLVM: "Unable to
+    allocate section memory", an abort). A new chain's kernel within a margin of the limit is an
+    OutOfMemoryError at prepare, and the process lives."""
+    limit = int(open("/proc/sys/vm/max_map_count").read())
+    if limit > 300_000:
+        pytest.skip(f"vm.max_map_count is {limit}: too many maps to fill in a test")
+    env = dict(os.environ, OPSNN_KERNEL_CACHE_DIR=str(tmp_path))
+    res = subprocess.run(
+        [sys.executable, "-c", _MAPS_NEAR_THE_LIMIT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, (res.returncode, res.stderr[-2000:])
+    assert "FusedElementwise: a 2-step chain: cannot compile another kernel" in res.stdout, res.stdout
+    assert res.stdout.startswith("typed:"), res.stdout
+    assert "vm.max_map_count" in res.stdout
