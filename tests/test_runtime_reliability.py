@@ -381,6 +381,7 @@ def test_kernel_temporaries_larger_than_their_output_are_checked_against_the_cap
     tensors = [[opsnn.tensor(a) for a in ins] for _, ins, _, _, _, _ in cases]
     for (op, _ins, attrs, algo, what, _tol), ts in zip(cases, tensors):
         cap(None)
+        gc.collect()  # earlier tests' tensors in reference cycles: freed now, not mid-call under the cap
         opsnn.memory.empty_cache()
         cap(opsnn.memory.current_bytes() + (3 << 20))  # room for the output and the workspace
         with pytest.raises(OutOfMemoryError, match=rf"{what}.*cannot allocate \d+ bytes"):
@@ -482,6 +483,7 @@ def test_topk_checks_its_sort_order_against_the_cap(cap):
     k = np.array([3], np.int64)
     t = opsnn.tensor(x)
     cap(None)
+    gc.collect()  # earlier tests' tensors in reference cycles: freed now, not mid-call under the cap
     opsnn.memory.empty_cache()
     cap(opsnn.memory.current_bytes() + (2 << 20))
     with pytest.raises(OutOfMemoryError, match=r"TopK: sort order of 1048576 elements: cannot allocate \d+ bytes"):
@@ -509,6 +511,7 @@ def test_node_suite_under_small_caps_fails_only_with_typed_out_of_memory_errors(
     assert len(cases) > 1000
     typed = ("OutOfMemoryError", "TensorTooLargeError")
     wrong, counts = [], {}
+    gc.collect()
     for headroom in (0, 4096):
         for case in cases:
             cap(None)
