@@ -124,7 +124,7 @@ def _poison_w(w):
     return w
 
 
-def _inputs(rec_name, case, kind, dt, rng, relu_nan_is_zero=False):
+def _inputs(rec_name, case, kind, dt, rng):
     """(inputs, attrs, float64 oracle output, to_plain(out)) of one case."""
     xs, ws, attrs = case
     x = rng.standard_normal(xs).astype(np.float32)
@@ -142,9 +142,7 @@ def _inputs(rec_name, case, kind, dt, rng, relu_nan_is_zero=False):
     if rec_name == "Conv":
         return [x, w, b], dict(attrs), want, None
     z = rng.standard_normal(want.shape).astype(dt)
-    want = np.maximum(want + z.astype(np.float64), 0)  # Relu(NaN) is NaN ...
-    if relu_nan_is_zero:  # ... except where the kernel's record says otherwise
-        want[np.isnan(want)] = 0
+    want = np.maximum(want + z.astype(np.float64), 0)  # Relu(NaN) is NaN
     attrs = dict(attrs, activation="Relu")
     if rec_name == "FusedConv":
         return [x, w, b, z], attrs, want, None
@@ -206,14 +204,15 @@ def _assert_ieee_equal(got, want, tol, what):
 
 
 @pytest.mark.parametrize("op,domain,name", _kernels())
-def test_nan_and_inf_as_a_direct_convolution(op, domain, name, rng):
+def test_nan_and_inf_as_a_direct_convolution(op, domain, name, rng, monkeypatch):
+    monkeypatch.delenv(KD.CONV_IEEE_ENV, raising=False)  # the default: IEEE
     rec = get_op(op, domain)
     k = next(k for k in rec.kernels if k.name == name)
     dt = _dtype(k)
     tol = 3e-2 if dt == BF16 else 2e-4  # F(4x4)'s transform constants amplify rounding (~1e-5 of the scale)
     ran, rejected = [], []
     for case, const, kind in itertools.product(_cases(op), (True, False), ("x", "w")):
-        ins, attrs, want, to_plain = _inputs(op, case, kind, dt, rng, "Relu post-op gives 0 for NaN" in k.nonfinite)
+        ins, attrs, want, to_plain = _inputs(op, case, kind, dt, rng)
         metas = [TensorMeta(a.shape, a.dtype) for a in ins]
         values = [None, ins[1]] + [None] * (len(ins) - 2) if const else [None] * len(ins)
         try:
@@ -305,11 +304,12 @@ def test_explain_shows_how_the_chosen_kernel_keeps_nan_and_inf(rng):
     assert ("inf/nan:" in text) == bool(nonfinite), text
 
 
-def test_blocked_conv_keeps_nan_under_relu_with_the_ieee_switch(monkeypatch, rng):
-    """OPSNN_CONV_IEEE=1: oneDNN's blocked convolution with a Relu post-op keeps NaN (the post-op's max gives 0)
-    where a NaN or Inf in X, W or Z can make a pre-activation NaN, through the kernel call and the bound call
-    the graph engine makes; finite inputs of moderate size keep the fused post-op, a huge finite X does not."""
-    monkeypatch.setenv(KD.CONV_IEEE_ENV, "1")
+def test_blocked_conv_keeps_nan_under_relu_by_default(monkeypatch, rng):
+    """oneDNN's blocked convolution with a Relu post-op keeps NaN (the post-op's max gives 0) where a NaN or
+    Inf in X, W or Z can make a pre-activation NaN, through the kernel call and the bound call the graph
+    engine makes; finite inputs of moderate size keep the fused post-op (the post-op-free primitive is
+    built only once needed), a huge finite X does not. ``OPSNN_CONV_IEEE=0`` drops the check."""
+    monkeypatch.delenv(KD.CONV_IEEE_ENV, raising=False)
     rec = get_op("BlockedConv", "opsnn")
     k = next(k for k in rec.kernels if k.name == "conv_onednn")
     ran = 0
@@ -323,42 +323,55 @@ def test_blocked_conv_keeps_nan_under_relu_with_the_ieee_switch(monkeypatch, rng
         plan = k.plan(ctx)
         assert plan.prim.checked is not None
         ins = [np.ascontiguousarray(a) for a in ins]
+        x, b, z = ins[0], ins[2], ins[3]
+        # finite X of moderate size: the fused post-op runs (unless W itself holds Inf or NaN)
+        assert plan.prim.bounded(np.ones_like(x), b, z) == (kind == "x")
+        if kind == "x":  # nothing past the bound yet: no post-op-free primitive was built
+            fine = np.zeros(ctx.outputs[0].shape, np.float32)
+            plan.prim.bind(np.ones_like(x), b, z, fine)()
+            assert plan.prim._plain is None
         for how in ("call", "bind"):
             out = np.full(ctx.outputs[0].shape, 7.0, np.float32)
             if how == "call":
                 k.fn(ins, [out], ctx.attrs, plan, None)
             else:
-                plan.prim.bind(ins[0], ins[2], ins[3], out)()
+                plan.prim.bind(x, b, z, out)()
             assert np.isnan(want).any()
             _assert_ieee_equal(
                 to_plain(out).astype(np.float64), want, 2e-4, f"conv_onednn {how} on {case}, NaN/Inf in {kind}"
             )
         ran += 1
-        x, b, z = ins[0], ins[2], ins[3]
-        # finite X of moderate size: the fused post-op runs (unless W itself holds Inf or NaN)
-        assert plan.prim.bounded(np.ones_like(x), b, z) == (kind == "x")
         huge = np.full_like(x, 1e38)
         assert not plan.prim.bounded(huge, b, z)  # 1e38 * sum|W| could overflow: Inf - Inf would be NaN
+        monkeypatch.setenv(KD.CONV_IEEE_ENV, "0")
+        assert k.plan(ctx).prim.checked is None
+        monkeypatch.delenv(KD.CONV_IEEE_ENV)
     assert ran
 
 
 def test_max_abs_says_inf_for_any_nan_or_inf(rng):
-    for n in (0, 5, KF.MAX_ABS_CHUNK * 3 + 7):
-        x = rng.standard_normal(n).astype(np.float32)
+    for n, dt in itertools.product((0, 5, KF.MAX_ABS_CHUNK * 3 + 7), (np.float32, np.float64)):
+        x = (rng.standard_normal(n) * 1e3).astype(dt)
         assert KF.max_abs(x) == (float(np.abs(x).max()) if n else 0.0)
-        for v in (np.nan, np.inf, -np.inf):
+        if n:
+            y = x.copy()
+            y[n // 3] = -np.finfo(dt).max  # the largest finite magnitude, negative
+            assert KF.max_abs(y) == float(np.finfo(dt).max)
+            y[0] = -np.float32(1e-45)  # a denormal
+            assert KF.max_abs(y) == float(np.finfo(dt).max)
+        for v in (np.nan, -np.nan, np.inf, -np.inf):
             if n:
                 y = x.copy()
                 y[n // 2] = v
                 assert KF.max_abs(y) == np.inf
 
 
-def test_blocked_conv_chain_keeps_nan_in_a_compiled_graph_with_the_ieee_switch(monkeypatch, rng):
-    """Conv -> Relu -> Conv -> Relu compiled (a blocked oneDNN chain where oneDNN runs): with OPSNN_CONV_IEEE=1
-    the NaN an input NaN or Inf spreads to is where the unoptimized graph has it (without it, 0)."""
+def test_blocked_conv_chain_keeps_nan_in_a_compiled_graph(monkeypatch, rng):
+    """Conv -> Relu -> Conv -> Relu compiled (a blocked oneDNN chain where oneDNN runs): by default the NaN an
+    input NaN or Inf spreads to is where the unoptimized graph has it (with OPSNN_CONV_IEEE=0, 0)."""
     from opsnn.graph import Graph, Node, Value, run
 
-    monkeypatch.setenv(KD.CONV_IEEE_ENV, "1")
+    monkeypatch.delenv(KD.CONV_IEEE_ENV, raising=False)
     w1, w2 = ((rng.standard_normal((16, 16, 3, 3)) * 0.3).astype(np.float32) for _ in range(2))
     g = Graph(
         "chain",

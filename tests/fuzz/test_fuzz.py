@@ -113,17 +113,22 @@ def test_soak_with_dropped_streams(fuzz_pool):
 
 def test_worker_reports_crash_and_hang(fuzz_pool):
     """The harness itself: a case that kills its worker or never returns is a reported failure, and the
-    next case runs in a fresh worker."""
-    pool = F.WorkerPool(timeout=3)
+    next case runs in a fresh worker. A worker serves at most ``max_cases`` cases (compiled kernels stay
+    mapped for its life: one of ~150,000 graph cases ran out of vm.max_map_count), then a fresh one starts."""
+    pool = F.WorkerPool(timeout=3, max_cases=2)
     try:
         crash = pool.run({"kind": "selftest", "seed": 0, "action": "crash"})
         hang = pool.run({"kind": "selftest", "seed": 0, "action": "hang"})
-        fine = pool.run({"kind": "selftest", "seed": 0, "action": "ok"})
+        fine, pids = [], []
+        for _ in range(3):
+            fine.append(pool.run({"kind": "selftest", "seed": 0, "action": "ok"}, timeout=60))
+            pids.append(pool.proc.pid)
     finally:
         pool.close()
     assert crash["status"] == F.CRASH and "exit code" in crash["detail"]
     assert hang["status"] == F.HANG
-    assert fine["status"] == F.OK and pool.restarts == 2
+    assert all(f["status"] == F.OK for f in fine) and pool.restarts == 2
+    assert pids[0] == pids[1] != pids[2]
 
 
 # -- the long-run tool ------------------------------------------------------------------------------------------------------

@@ -352,6 +352,48 @@ def check_request(nbytes: int, what: str) -> None:
         )
 
 
+#: memory maps a new compiled kernel may take (numba's code and data sections, LLVM's own allocations)
+KERNEL_MAPS = 256
+_map_limit: list = []
+
+
+def _max_map_count() -> int | None:
+    if not _map_limit:
+        try:
+            with open("/proc/sys/vm/max_map_count") as f:
+                _map_limit.append(int(f.read()))
+        except (OSError, ValueError):  # not Linux: no such limit known
+            _map_limit.append(None)
+    return _map_limit[0]
+
+
+def memory_maps() -> int | None:
+    """Memory maps this process holds (Linux; None elsewhere)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def check_kernel_maps(what: str, need: int = KERNEL_MAPS) -> None:
+    """Raise :class:`OutOfMemoryError` naming ``what`` before compiling or loading a kernel when the
+    process is within ``need`` memory maps of the system's ``vm.max_map_count``. Compiled code is never
+    unloaded (numba keeps every JIT section mapped), so a process that generates kernels without end
+    (a fuzzer, a server compiling ever-new models) reaches the limit, where LLVM aborts the process
+    ("Unable to allocate section memory") or another allocator's failure crashes it."""
+    limit = _max_map_count()
+    if limit is None:
+        return
+    n = memory_maps()
+    if n is not None and n + need > limit:
+        raise OutOfMemoryError(
+            f"{what}: cannot compile another kernel: the process holds {n} memory maps, within {need} of "
+            f"the system's limit of {limit} (vm.max_map_count); compiled kernels stay mapped for the "
+            "process's life: run fewer distinct fused chains per process, or raise vm.max_map_count"
+        )
+
+
 def _pool() -> MemoryPool:
     from .context import context
 

@@ -1404,15 +1404,25 @@ class WorkerPool:
     """Cases run one at a time in a worker process (``python -m opsnn.tools.fuzz --worker``); a case
     that crashes the worker or runs past ``timeout`` seconds ends as ``crash`` / ``hang`` and the
     next case gets a fresh worker. The worker's stderr goes to a log whose tail a crash report quotes;
-    its memory pool is capped at ``$OPSNN_FUZZ_CAP_BYTES`` (default 1 GiB)."""
+    its memory pool is capped at ``$OPSNN_FUZZ_CAP_BYTES`` (default 1 GiB). A worker serves at most
+    ``max_cases`` cases: every fused chain it compiles stays mapped for its life (~0.5 memory maps per
+    graph case), and at vm.max_map_count (65530) a new kernel is an OutOfMemoryError."""
 
-    def __init__(self, timeout: float = 60.0, env: dict | None = None, startup_timeout: float = 300.0):
+    def __init__(
+        self,
+        timeout: float = 60.0,
+        env: dict | None = None,
+        startup_timeout: float = 300.0,
+        max_cases: int = 10_000,
+    ):
         self.timeout = timeout
         self.startup_timeout = startup_timeout
         self.env = dict(os.environ, **(env or {}))
         self.proc = None
         self.log = None
         self.restarts = 0
+        self.max_cases = max_cases
+        self.served = 0  # cases the current worker has run
 
     def __enter__(self):
         return self
@@ -1461,11 +1471,16 @@ class WorkerPool:
         return self.log.read().decode(errors="replace").strip().replace("\n", " | ")[-3500:]  # a faulthandler stack
 
     def run(self, spec: dict, timeout: float | None = None) -> dict:
+        if self.proc is not None and self.served >= self.max_cases:
+            self._stop(kill=False)
+        if self.proc is None or self.proc.poll() is not None:
+            self.served = 0
         if (self.proc is None or self.proc.poll() is not None) and not self._start():
             tail = self._log_tail()
             self._stop(kill=True)
             return {"status": CRASH, "detail": f"worker did not start: {tail}", "seconds": 0.0}
         t0 = time.monotonic()
+        self.served += 1
         try:
             _send(self.proc.stdin, spec)
             res = _recv(self.proc.stdout.fileno(), t0 + (timeout or self.timeout))

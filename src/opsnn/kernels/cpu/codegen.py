@@ -14,6 +14,8 @@ import os
 import sys
 import threading
 
+from ...runtime.memory import check_kernel_maps
+
 #: op -> numba expression over operands a, b and attributes, in the chain's dtype: ``R`` is the output
 #: dtype's scalar type, and every step's result is rounded to it (``t_k = R(...)``), so a step after
 #: a transcendental one (Floor(Erf(x)), Max(Sigmoid(x), c)) sees what the unfused graph's tensor holds.
@@ -127,6 +129,8 @@ def get_kernel(program: list, n_inputs: int):
         hit = _kernels.get(sig)
         if hit is not None:
             return hit
+        # each chain's machine code stays mapped for the process's life: a typed error, not LLVM's abort
+        check_kernel_maps(f"FusedElementwise: a {len(program)}-step chain")
         path = os.path.join(cache_dir(), f"ew_{sig}.py")
         src = _source(program, n_inputs)
         if not os.path.exists(path) or open(path).read() != src:

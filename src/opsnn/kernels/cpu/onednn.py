@@ -79,15 +79,15 @@ _ELTWISE = {1: 32, 2: 41, 3: 33, 4: 49, 5: 43, 6: 44, 7: 32, 8: 46}
 _NOT_IEEE = (1, 4, 8)
 
 
-#: environment switch: ``OPSNN_CONV_IEEE=1`` makes blocked convolutions with such an activation keep IEEE
-#: semantics (:class:`ConvPrimitive`); read when a primitive is built (at prepare)
+#: environment switch: blocked convolutions with such an activation keep IEEE semantics (:class:`ConvPrimitive`)
+#: unless ``OPSNN_CONV_IEEE=0``, which trades NaN -> 0 under Relu for one read of X per call; read at prepare
 CONV_IEEE_ENV = "OPSNN_CONV_IEEE"
 _FLT_MAX = float(np.finfo(np.float32).max)
 
 
 def conv_ieee() -> bool:
-    """Whether ``OPSNN_CONV_IEEE`` asks blocked convolutions to check for non-finite pre-activations."""
-    return os.environ.get(CONV_IEEE_ENV, "0").strip().lower() not in ("", "0", "false", "no", "off")
+    """Whether blocked convolutions check for non-finite pre-activations (on unless ``OPSNN_CONV_IEEE=0``)."""
+    return os.environ.get(CONV_IEEE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _split_act(act: int, alpha: float, beta: float, dtype) -> tuple[int, tuple | None]:
@@ -690,39 +690,48 @@ class ConvPrimitive:
         self.weight = self._w.weight
         self.prim = Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=(src, dst, w_any, bias))
         self.has_bias, self.residual = has_bias, residual
-        # OPSNN_CONV_IEEE: the post-op activation is exact unless a pre-activation is NaN, which needs
-        # a non-finite X, W, B or Z or an overflow; a bound on |X|, |B|, |Z| read per call rules both
-        # out, else a second primitive without the post-op runs and opsnn's epilogue activates
+        # IEEE (unless OPSNN_CONV_IEEE=0): the post-op activation is exact unless a pre-activation is NaN,
+        # which needs a non-finite X, W, B or Z or an overflow; a bound on |X|, |B|, |Z| read per call rules
+        # both out, else a second primitive without the post-op runs and opsnn's epilogue activates
         self.checked = None
         if act in _NOT_IEEE and np.dtype(w.dtype) == np.float32 and conv_ieee():
-            pd2, mds2 = _conv_desc(
-                x_shape,
-                w.shape,
-                y_shape,
-                strides,
-                pads,
-                dilations,
-                src_blocked,
-                has_bias,
-                residual,
-                0,
-                0.0,
-                0.0,
-                block,
-                w.dtype,
-            )
-            w2 = _reordered_weight(pd2, _Md(w.shape, TAG_OIHW, w.dtype), w)  # shared when the layouts agree
-            prim2 = Primitive(pd2, _weighted_args(pd2, mds2[0], mds2[3], residual, mds2[1]), keep=mds2)
             w64 = np.abs(w.astype(np.float64)).reshape(w.shape[0], -1)
             taps = w64.shape[1] + 2
             # float32 partial sums of n terms stay within (1 + n u) of the exact bound (u = 2^-24)
-            self.checked = (
-                prim2,
-                w2,
-                (act, alpha, beta),
-                float(w64.sum(axis=1).max(initial=0.0)),
-                1.0 + 2.0 * taps * 2.0**-24,
-            )
+            self.checked = (float(w64.sum(axis=1).max(initial=0.0)), 1.0 + 2.0 * taps * 2.0**-24)
+            self._act = (act, alpha, beta)
+            # the primitive without the post-op is built on the first call past the bound (a NaN is
+            # rare): a compiled model's prepare makes no second JIT kernel per convolution
+            self._desc_args = (x_shape, w, y_shape, strides, pads, dilations, src_blocked, has_bias, residual)
+            self._block = block
+            self._plain = None
+            self._plain_lock = threading.Lock()
+
+    def plain(self) -> tuple:
+        """(primitive, reordered weight) of this convolution without its activation post-op."""
+        with self._plain_lock:
+            if self._plain is None:
+                x_shape, w, y_shape, strides, pads, dilations, src_blocked, has_bias, residual = self._desc_args
+                pd, mds = _conv_desc(
+                    x_shape,
+                    w.shape,
+                    y_shape,
+                    strides,
+                    pads,
+                    dilations,
+                    src_blocked,
+                    has_bias,
+                    residual,
+                    0,
+                    0.0,
+                    0.0,
+                    self._block,
+                    w.dtype,
+                )
+                w2 = _reordered_weight(pd, _Md(w.shape, TAG_OIHW, w.dtype), w)  # shared when the layouts agree
+                prim = Primitive(pd, _weighted_args(pd, mds[0], mds[3], residual, mds[1]), keep=mds)
+                self._plain = (prim, w2)
+            return self._plain
 
     @property
     def impl(self) -> str:
@@ -740,7 +749,7 @@ class ConvPrimitive:
     def bounded(self, x: np.ndarray, b, z) -> bool:
         """Whether every pre-activation is finite for sure: ``(max|X| * max_m sum|W_m| + max|B| + max|Z|)``
         times the rounding growth stays below float32's largest value (False for a NaN or Inf anywhere)."""
-        _, _, _, w_l1, grow = self.checked
+        w_l1, grow = self.checked
         bound = KF.max_abs(x) * w_l1
         if self.has_bias:
             bound += KF.max_abs(b)
@@ -750,9 +759,9 @@ class ConvPrimitive:
 
     def __call__(self, x: np.ndarray, b, z, y: np.ndarray) -> None:
         if self.checked is not None and not self.bounded(x, b, z):
-            prim2, w2, act, _, _ = self.checked
+            prim2, w2 = self.plain()
             prim2.run(*self._ptrs(x, b, z, y, w2.weight))
-            KF.epilogue(y, None, None, *act)
+            KF.epilogue(y, None, None, *self._act)
             return
         self.prim.run(*self._ptrs(x, b, z, y))
         if self.after:
@@ -762,15 +771,17 @@ class ConvPrimitive:
         """``lambda: self(x, b, z, y)``, the addresses taken once (:meth:`Primitive.bind`)."""
         call = self.prim.bind(self._ptrs(x, b, z, y), keep=(x, b, z, y))
         if self.checked is not None:
-            prim2, w2, act, _, _ = self.checked
-            safe = prim2.bind(self._ptrs(x, b, z, y, w2.weight), keep=(x, b, z, y))
+            safe = []  # the post-op-free primitive bound to these addresses, once needed
 
             def call_checked():
                 if self.bounded(x, b, z):
                     call()
-                else:
-                    safe()
-                    KF.epilogue(y, None, None, *act)
+                    return
+                if not safe:
+                    prim2, w2 = self.plain()
+                    safe.append(prim2.bind(self._ptrs(x, b, z, y, w2.weight), keep=(x, b, z, y)))
+                safe[0]()
+                KF.epilogue(y, None, None, *self._act)
 
             return call_checked
         if not self.after:
@@ -900,7 +911,7 @@ class MatMulPrimitive:
         )
 
     _ptrs, __call__, bind = ConvPrimitive._ptrs, ConvPrimitive.__call__, ConvPrimitive.bind
-    checked = None  # ConvPrimitive's OPSNN_CONV_IEEE path: a matmul runs such activations after it
+    checked = None  # ConvPrimitive's IEEE bound check: a matmul runs such activations after it
 
 
 class BatchMatMulPrimitive:

@@ -23,6 +23,8 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
+from ...runtime.memory import check_request
+
 #: copies smaller than this run through numpy (a numba call's fixed cost dominates them)
 PARALLEL_MIN_BYTES = 1 << 16
 #: numba copies smaller than this run on the calling thread: one thread copies them before a
@@ -661,16 +663,76 @@ def check_index_range(op: str, idx: np.ndarray, n, what: str) -> np.ndarray:
     return np.where(idx < 0, idx + n, idx)
 
 
-def _axis_index(idx: np.ndarray, axis: int) -> tuple:
-    """Full index tuple for an elementwise op along ``axis`` (take_along_axis style)."""
-    grids = list(np.indices(idx.shape, sparse=True))
-    grids[axis] = idx
-    return tuple(grids)
+@nb.njit(nogil=True, cache=True)
+def _element_offset(p, idx, ishape, dstr, axis, n):
+    """Data's flat offset for position ``p`` of the indices: its own coordinates, ``idx[p]`` on ``axis``."""
+    rem = np.int64(p)  # a prange index is unsigned: uint64 with int64 arithmetic is float64 in numba
+    s = np.int64(0)
+    for k in range(ishape.size - 1, -1, -1):
+        q = rem // ishape[k]
+        i = rem - q * ishape[k]
+        rem = q
+        if k == axis:
+            i = idx[p]
+            if i < 0:
+                i += n
+        s += i * dstr[k]
+    return s
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def gather_elements_flat(src, idx, dst, ishape, dstr, axis, n):
+    """GatherElements on flat words with (already range-checked) indices of any integer dtype."""
+    for p in nb.prange(idx.size):
+        dst[p] = src[_element_offset(p, idx, ishape, dstr, axis, n)]
+
+
+@nb.njit(nogil=True, cache=True)
+def scatter_elements_flat(dst, idx, upd, ishape, dstr, axis, n, red):
+    """ScatterElements in place on ``dst`` (a copy of data), in index order (the last of duplicate
+    positions wins, as in the reference); ``red`` 0 none, 1 add, 2 mul, 3 max, 4 min (NaN wins)."""
+    for p in range(idx.size):
+        s = _element_offset(p, idx, ishape, dstr, axis, n)
+        a = dst[s]
+        b = upd[p]
+        if red == 0:
+            dst[s] = b
+        elif red == 1:
+            dst[s] = a + b
+        elif red == 2:
+            dst[s] = a * b
+        elif red == 3:
+            dst[s] = a if (a != a or a >= b) else b
+        else:
+            dst[s] = a if (a != a or a <= b) else b
+
+
+#: reductions :func:`scatter_elements_flat` knows, by code
+_SCATTER_REDUCTIONS = {"none": 0, "add": 1, "mul": 2, "max": 3, "min": 4}
+
+
+def _axis_indices(op: str, data_shape, indices: np.ndarray, axis: int):
+    """(flat indices as given, no int64 copy; the indices' shape and data's strides as int64 arrays),
+    after a range check that names the first bad index."""
+    from ...errors import ParamInvalidError
+
+    idx = np.ascontiguousarray(indices).reshape(-1)
+    n = int(data_shape[axis])
+    bad = first_bad_index(idx, n) if idx.size else -1
+    if bad >= 0:
+        pos = tuple(int(p) for p in np.unravel_index(bad, indices.shape))
+        raise ParamInvalidError(
+            f"{op}: index {int(idx[bad])} at position {pos} is out of range for a dim of "
+            f"size {n} (valid: [{-n}, {n - 1}])",
+            op=op,
+        )
+    return idx, np.array(indices.shape, np.int64), np.array(contiguous_strides(data_shape), np.int64)
 
 
 def gather_elements(data, indices, out, axis):
-    idx = check_index_range("GatherElements", indices, data.shape[axis], "index")
-    out[...] = data[_axis_index(idx, axis)]
+    idx, ishape, dstr = _axis_indices("GatherElements", data.shape, indices, axis)
+    if out.size:
+        gather_elements_flat(bits(np.ascontiguousarray(data)), idx, bits(out), ishape, dstr, axis, data.shape[axis])
 
 
 _REDUCE_UFUNC = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -680,12 +742,18 @@ def scatter_elements(data, indices, updates, out, axis, reduction, op="ScatterEl
     np.copyto(out, data)
     if indices.size == 0:
         return
-    idx = check_index_range(op, indices, data.shape[axis], "index")
-    where = _axis_index(idx, axis)
+    idx, ishape, dstr = _axis_indices(op, data.shape, indices, axis)
+    n = data.shape[axis]
+    upd = np.ascontiguousarray(updates).reshape(-1)
     if reduction == "none":
-        out[where] = updates
-    else:
-        _REDUCE_UFUNC[reduction].at(out, where, updates)
+        scatter_elements_flat(bits(out), idx, bits(upd), ishape, dstr, axis, n, 0)
+    elif out.dtype.kind in "biu" or out.dtype in (np.float32, np.float64):
+        scatter_elements_flat(out.reshape(-1), idx, upd, ishape, dstr, axis, n, _SCATTER_REDUCTIONS[reduction])
+    else:  # 16-bit floats: numpy's ufunc.at converts the indices to intp, outside the pool
+        check_request(8 * idx.size, f"{op}: int64 indices of the {reduction} reduction")
+        grids = list(np.indices(indices.shape, sparse=True))
+        grids[axis] = indices
+        _REDUCE_UFUNC[reduction].at(out, tuple(grids), updates)
 
 
 def gather_nd(data, indices, out, batch_dims):
@@ -726,16 +794,17 @@ def scatter_nd(data, indices, updates, out, reduction):
 
 def topk(x, k, axis, largest, out_v, out_i):
     """Top-k along ``axis`` with ties broken by the lower index (stable sort)."""
+    # argsort's int64 order of every element (and the rows it copies), outside the pool
+    check_request(8 * x.size + x.nbytes, f"TopK: sort order of {x.size} elements")
     xm = np.moveaxis(x, axis, -1)
     if largest:
         # a stable ascending sort of the reversed row, read backwards, is descending with
         # ties in ascending index order
         rev = xm[..., ::-1]
-        order = np.argsort(rev, axis=-1, kind="stable")[..., ::-1]
-        order = xm.shape[-1] - 1 - order
+        order = np.argsort(rev, axis=-1, kind="stable")[..., ::-1][..., :k]
+        order = xm.shape[-1] - 1 - order  # on the k kept only
     else:
-        order = np.argsort(xm, axis=-1, kind="stable")
-    order = order[..., :k]
+        order = np.argsort(xm, axis=-1, kind="stable")[..., :k]
     vals = np.take_along_axis(xm, order, axis=-1)
     out_v[...] = np.moveaxis(vals, -1, axis)
     out_i[...] = np.moveaxis(order, -1, axis)

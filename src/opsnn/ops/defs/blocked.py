@@ -211,11 +211,11 @@ def _bind_conv(ins, outs, attrs, plan, ws):
     bind=_bind_conv,
     doc="oneDNN's JIT direct convolution (brgconv / jit:avx512_core / jit:avx2) with bias, "
     "residual add and activation as post-ops",
-    nonfinite="the convolution keeps NaN and Inf as a direct one, but oneDNN's Relu post-op gives 0 "
-    "for NaN (a max instruction; onnxruntime 1.32 keeps the NaN): a known deviation, kept because "
-    "running the activation after the primitive costs ResNet-50 14%; OPSNN_CONV_IEEE=1 keeps IEEE "
-    "semantics (a read pass bounds |X|, |B|, |Z| per call; past the bound a primitive without the "
-    "post-op runs and opsnn's epilogue activates)",
+    nonfinite="float32 keeps NaN and Inf as a direct convolution: oneDNN's Relu, Clip or Gelu post-op "
+    "(Relu's max gives 0 for NaN) runs only where a per-call bound (max|X| * max sum|W| + max|B| + max|Z|, "
+    "one vectorized read of X, B and Z) rules out a NaN or Inf pre-activation; past it a primitive "
+    "without the post-op runs and opsnn's epilogue activates. OPSNN_CONV_IEEE=0 skips the read "
+    "(NaN -> 0 under Relu), as bfloat16 always does",
 )
 def _blocked_conv(ins, outs, attrs, plan, ws):
     plan.prim(*epilogue_args(ins, outs))
