@@ -1020,7 +1020,7 @@ GatherElements = register_op(
     reference=_ge_ref,
     doc="out[i][j][k] = data[index[i][j][k]][j][k] (for axis 0), like torch.gather.",
 )
-GatherElements.kernel("gather_elements_numpy", priority=5, applies=_pod)(
+GatherElements.kernel("gather_elements_numba", priority=5, applies=_pod)(
     lambda ins, outs, attrs, plan, ws: K.gather_elements(ins[0], ins[1], outs[0], attrs["axis"] % ins[0].ndim)
 )
 
@@ -1149,7 +1149,7 @@ ScatterElements = register_op(
     reference=_scatter_elements_ref,
     doc="Copy of data with updates written (or reduced) at per-element indices along axis.",
 )
-ScatterElements.kernel("scatter_elements_numpy", priority=5, applies=_pod)(
+ScatterElements.kernel("scatter_elements_numba", priority=5, applies=_pod)(
     lambda ins, outs, attrs, plan, ws: K.scatter_elements(
         ins[0], ins[1], ins[2], outs[0], attrs["axis"] % ins[0].ndim, _str(attrs["reduction"])
     )
@@ -1165,7 +1165,7 @@ Scatter = register_op(
     reference=_scatter_elements_ref,
     doc="Deprecated alias of ScatterElements without reduction.",
 )
-Scatter.kernel("scatter_numpy", priority=5, applies=_pod)(
+Scatter.kernel("scatter_numba", priority=5, applies=_pod)(
     lambda ins, outs, attrs, plan, ws: K.scatter_elements(
         ins[0], ins[1], ins[2], outs[0], attrs["axis"] % ins[0].ndim, "none", op="Scatter"
     )
