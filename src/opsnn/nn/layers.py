@@ -16,7 +16,7 @@ from .. import dtypes as _dt
 from .. import ops
 from ..errors import ParamInvalidError
 from ..ops.registry import get_op
-from ..tensor import as_tensor
+from ..tensor import Tensor, as_tensor
 from . import init
 from .functional import check_token_ids, reshape
 from .module import Module, Parameter
@@ -356,8 +356,11 @@ class Embedding(Module):
 
 class Dropout(Module):
     """Identity in eval mode (the default); inverted dropout in training mode: zero with
-    probability ``p``, scale the rest by ``1/(1-p)``. The mask is drawn from opsnn's seeded
-    generator (``opsnn.manual_seed``), and the gradient flows through the kept elements."""
+    probability ``p``, scale the rest by ``1/(1-p)``. Each call draws one seed from opsnn's
+    generator (``opsnn.manual_seed``) and ``opsnn.ops.native_dropout`` hashes it into the mask, so
+    a compiled training step (``opsnn.compile``) takes the seed as a runtime input drawn from the
+    same generator before every run: compiled and eager steps from one seed draw the same masks.
+    The gradient flows through the kept elements (the op's mask output)."""
 
     def __init__(self, p: float = 0.5):
         super().__init__()
@@ -371,18 +374,34 @@ class Dropout(Module):
         x = as_tensor(x)
         if self.p == 1.0:
             return ops.mul(x, as_tensor(np.zeros((), x.dtype)))
-        from ..graph.tracing import TraceError, active_tracer
-
-        if active_tracer() is not None:
-            raise TraceError(
-                f"Dropout(p={self.p}): training-mode masks are drawn on the host; a traced graph would replay "
-                "one mask at every call (trace the model in eval mode, or run the step eagerly)"
-            )
-        keep = init.generator().random(x.shape) >= self.p
-        return ops.mul(x, as_tensor((keep * (1.0 / (1.0 - self.p))).astype(x.dtype)))
+        return ops.native_dropout(x, self.p, dropout_seed(f"Dropout(p={self.p})"))[0]
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+_SEED_HIGH = np.iinfo(np.int64).max
+
+
+def _draw_seed() -> np.ndarray:
+    return np.asarray(init.generator().integers(_SEED_HIGH, dtype=np.int64))
+
+
+def dropout_seed(who: str = "dropout") -> Tensor:
+    """One int64 draw from opsnn's generator as a 0-d tensor. While a training step is traced it
+    becomes a runtime input of the graph, drawn again before every run (in trace order)."""
+    from ..graph.tracing import TraceError, active_tracer
+
+    t = as_tensor(_draw_seed())
+    tracer = active_tracer()
+    if tracer is not None:
+        if not hasattr(tracer, "add_input"):
+            raise TraceError(
+                f"{who}: a training-mode mask needs a fresh seed at every run, which only a traced training "
+                "step (opsnn.compile(train_step)) feeds; trace the model in eval mode"
+            )
+        tracer.add_input(t, "dropout_seed", _draw_seed)
+    return t
 
 
 class ReLU(Module):

@@ -319,6 +319,10 @@ def _dropout(ctx, grads):
     return [ops.mul(g, ops.mul(scale, _const(1.0 / (1.0 - ratio), g)))] + [None] * (len(ctx.inputs) - 1)
 
 
+def _native_dropout(ctx, grads):
+    return [_ops().native_dropout_backward(grads[0], ctx.outputs[1], float(ctx.attrs["ratio"])), None]
+
+
 def _swiglu(ctx, grads):
     ops, g = _ops(), grads[0]
     a, b = ctx.inputs
@@ -391,8 +395,8 @@ def _linear(ctx, grads):
     out = [None, None, None]
     if ctx.needs[0]:
         out[0] = ops.reshape(ops.matmul(g2, w), x.shape)
-    if ctx.needs[1]:
-        out[1] = ops.matmul(ops.transpose(g2), ops.reshape(x, (-1, in_f)))
+    if ctx.needs[1]:  # g2^T @ x as one GEMM reading g2 transposed in place (no transposed copy)
+        out[1] = ops.gemm(g2, ops.reshape(x, (-1, in_f)), trans_a=True)
     if b is not None and len(ctx.needs) > 2 and ctx.needs[2]:
         out[2] = ops.reshape(ops.sum(g2, dim=0), b.shape)
     return out[: len(ctx.inputs)]
@@ -1923,6 +1927,7 @@ RULES = {
     "Split": _split,
     "Pad": _pad,
     "Dropout": _dropout,
+    "NativeDropout": _native_dropout,
     "MatMul": _matmul,
     "Gemm": _gemm,
     "Linear": _linear,

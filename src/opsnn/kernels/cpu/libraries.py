@@ -187,6 +187,15 @@ def onednn_bf16_rows(rows: int, p: Platform | None = None) -> bool:
     return rows >= 2 and p.gemm_library != "mkl" and p.onednn_bf16 is None
 
 
+def runtime_bf16_product(p: Platform | None = None) -> str | None:
+    """None when a bfloat16 product whose operands both arrive at run time (eager autocast
+    products, the backward products of a bfloat16 forward) runs on oneDNN's native bf16 matmul
+    reading them in place; else why not (they then run in float32 through the 16-bit adapter:
+    without native bf16 dot products the widening is what a bf16 GEMM would do inside)."""
+    p = p if p is not None else platform()
+    return None if p.onednn_bf16 is None else f"oneDNN bf16: {p.onednn_bf16}"
+
+
 def projection(rows: int, k: int, n: int, dtype, p: Platform | None = None, contiguous: bool = True) -> Choice:
     """How the LLM decoder multiplies ``rows`` rows by a constant (n, k) weight in ``dtype``
     (``contiguous``: the activations and output are C-contiguous, as oneDNN's in-place matmul
@@ -309,6 +318,8 @@ def kernel_choice(
         )
     if kernel == "conv_winograd_blocked":
         return Choice("onednn", kernel, "blocked-layout Winograd: its point GEMMs in one oneDNN batched brgemm matmul")
+    if kernel.endswith("onednn_runtime"):
+        return Choice("onednn", kernel, "bfloat16 operands known at run time: oneDNN's native bf16 matmul reads them")
     if "onednn" in kernel:
         return Choice("onednn", kernel, "oneDNN's brgemm matmul, the weight reordered once at prepare")
     if kernel.endswith("mkl_bf16"):

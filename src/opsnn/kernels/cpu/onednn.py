@@ -971,3 +971,84 @@ def wt_matmul(m: int, k: int, n: int, accumulate: bool = False, dtype=np.float32
         while len(_wt_cache) > WT_CACHE_SIZE:
             _wt_cache.popitem(last=False)
     return prim
+
+
+_rt_cache: OrderedDict[tuple, RuntimeMatMul] = OrderedDict()
+
+
+class RuntimeMatMul:
+    """``Y[i] = op(A[i]) @ op(B[i]) (+ bias)`` with both operands given at run time in plain
+    row-major layouts (``trans_a`` / ``trans_b``: the operand is stored transposed, (K, M) / (N, K),
+    and read as such, no copy): oneDNN's matmul (brgemm; native bf16 with AVX512-BF16 or AMX) for
+    a ``batch`` of (m, k) @ (k, n) products, ``Y`` in ``dtype`` (bfloat16: float32 accumulation, one
+    rounding), ``bias`` (N,) in ``bias_dtype``. Eager autocast products and the backward products
+    of a bfloat16 forward have no constant weight to reorder; this reads them where they are.
+    ``run(a, b, bias_or_None, y)``; :func:`runtime_matmul` keeps one per shape."""
+
+    def __init__(self, batch, m, k, n, trans_a, trans_b, bias_dtype, dtype):
+        if unavailable() is not None:
+            raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
+        three = batch > 1
+        lead = [batch] if three else []
+        plain, flipped = (TAG_ABC, TAG_ACB) if three else (TAG_AB, TAG_BA)
+        src = _Md(lead + [m, k], flipped if trans_a else plain, dtype)
+        w = _Md(lead + [k, n], flipped if trans_b else plain, dtype)
+        dst = _Md(lead + [m, n], plain, dtype)
+        bias = None if bias_dtype is None else _Md(([1] if three else []) + [1, n], plain, bias_dtype)
+        pd = _matmul_pd(src, w, bias, dst, [], f"matmul ({batch} x {m}x{k} @ {k}x{n}, runtime operands)")
+        args = [(_ARG_SRC, src.h), (_ARG_WEIGHTS, w.h)] + ([(_ARG_BIAS, bias.h)] if bias else []) + [(_ARG_DST, dst.h)]
+        self.prim = Primitive(pd, args, keep=(src, w, bias, dst))
+        self.shape = (batch, m, k, n)
+        self.trans = (bool(trans_a), bool(trans_b))
+        self.has_bias = bias is not None
+
+    @property
+    def impl(self) -> str:
+        return self.prim.impl
+
+    def _ptrs(self, a, b, bias, y) -> tuple:
+        return (a.ctypes.data, b.ctypes.data) + ((bias.ctypes.data,) if self.has_bias else ()) + (y.ctypes.data,)
+
+    def run(self, a: np.ndarray, b: np.ndarray, bias, y: np.ndarray) -> None:
+        self.prim.run(*self._ptrs(a, b, bias, y))
+
+    def bind(self, a: np.ndarray, b: np.ndarray, bias, y: np.ndarray):
+        """``lambda: self.run(a, b, bias, y)``, the addresses taken once."""
+        return self.prim.bind(self._ptrs(a, b, bias, y), keep=(a, b, bias, y))
+
+    def describe(self) -> str:
+        batch, m, k, n = self.shape
+        ta, tb = self.trans
+        return (
+            f"oneDNN {self.impl} matmul {f'{batch} x ' if batch > 1 else ''}{m}x{k} @ {k}x{n} on runtime operands"
+            + (" (A read transposed)" if ta else "")
+            + (" (B read transposed)" if tb else "")
+            + (", bias" if self.has_bias else "")
+        )
+
+
+def runtime_matmul(
+    batch: int,
+    m: int,
+    k: int,
+    n: int,
+    *,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    bias_dtype=None,
+    dtype=_dt.bfloat16,
+) -> RuntimeMatMul:
+    """The :class:`RuntimeMatMul` for this shape (made once, kept up to ``WT_CACHE_SIZE``)."""
+    key = (int(batch), int(m), int(k), int(n), bool(trans_a), bool(trans_b))
+    key += (None if bias_dtype is None else np.dtype(bias_dtype).name, np.dtype(dtype).name)
+    with _wt_lock:
+        prim = _rt_cache.get(key)
+        if prim is not None:
+            _rt_cache.move_to_end(key)
+            return prim
+    prim = RuntimeMatMul(*key[:6], None if bias_dtype is None else np.dtype(bias_dtype), np.dtype(dtype))
+    with _wt_lock:
+        prim = _rt_cache.setdefault(key, prim)
+        while len(_rt_cache) > WT_CACHE_SIZE:
+            _rt_cache.popitem(last=False)
+    return prim

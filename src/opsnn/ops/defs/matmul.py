@@ -220,6 +220,53 @@ MatMul.kernel(
 )(lambda ins, outs, attrs, plan, ws: K.matmul_bf16(ins[0], plan, outs[0], ws))
 
 
+def _runtime_bf16_rejection(ctx, *idx) -> str | None:
+    """Why a product of ``idx`` inputs is not one for :class:`KD.RuntimeMatMul` (None when it is):
+    bfloat16 operands where oneDNN has native bf16 code."""
+    dts = {ctx.dtype(i) for i in idx}
+    if dts != {_dt.bfloat16}:
+        return f"bfloat16 operands only, got {sorted(_dt.name(d) for d in dts)}"
+    return KL.runtime_bf16_product()
+
+
+def _matmul_runtime_shape(sa: tuple, sb: tuple):
+    """(batch, m, k, n) of a MatMul as one oneDNN matmul over contiguous operands, or why not."""
+    if len(sa) < 2 or len(sb) < 2:
+        return "1-D operands"
+    if len(sb) == 2:  # (..., M, K) @ (K, N): one (rows, K) @ (K, N) product
+        batch, m = 1, math.prod(sa[:-1])
+    elif tuple(sa[:-2]) == tuple(sb[:-2]):
+        batch, m = math.prod(sa[:-2]), sa[-2]
+    else:
+        return f"batch dims {tuple(sa[:-2])} and {tuple(sb[:-2])} broadcast"
+    shape = (batch, m, sa[-1], sb[-1])
+    return "empty product" if 0 in shape else shape
+
+
+def _matmul_runtime_applies(ctx):
+    why = _runtime_bf16_rejection(ctx, 0, 1)
+    if why is None:
+        shape = _matmul_runtime_shape(ctx.shape(0), ctx.shape(1))
+        why = shape if isinstance(shape, str) else None
+    return True if why is None else why
+
+
+def _matmul_runtime(ins, outs, attrs, plan, ws):
+    plan.run(ins[0], ins[1], None, outs[0])
+
+
+MatMul.kernel(
+    "matmul_onednn_runtime",
+    dtypes=(_dt.bfloat16,),
+    priority=25,
+    applies=_matmul_runtime_applies,
+    plan=lambda ctx: KD.runtime_matmul(*_matmul_runtime_shape(ctx.shape(0), ctx.shape(1))),
+    bind=lambda ins, outs, attrs, plan, ws: plan.bind(ins[0], ins[1], None, outs[0]),
+    doc="bfloat16 operands both known at run time (eager autocast, backward products), a 2-D B or equal "
+    "batch dims: oneDNN's native bf16 matmul on the operands as they are, fp32 accumulation, one rounding",
+)(_matmul_runtime)
+
+
 MatMul.kernel(
     "matmul_mkl_packed",
     dtypes=(_dt.float32,),
@@ -450,6 +497,45 @@ Gemm.kernel(
 )(_gemm_onednn)
 
 
+def _gemm_runtime_applies(ctx):
+    why = _runtime_bf16_rejection(ctx, 0, 1)
+    if why is not None:
+        return why
+    if ctx.attrs["alpha"] != 1.0:
+        return "alpha=1 only"
+    m, n = ctx.outputs[0].shape
+    if 0 in (m, n, ctx.shape(0)[0 if ctx.attrs["transA"] else 1]):
+        return "empty product"
+    if ctx.has(2) and ctx.attrs["beta"] != 0.0:
+        if ctx.attrs["beta"] != 1.0 or tuple(ctx.shape(2)) not in ((n,), (1, n)) or ctx.dtype(2) != _dt.bfloat16:
+            return "C must be a bfloat16 bias (N,) / (1, N) with beta=1"
+    return True
+
+
+def _gemm_runtime_plan(ctx):
+    ta, tb = bool(ctx.attrs["transA"]), bool(ctx.attrs["transB"])
+    m, n = ctx.outputs[0].shape
+    k = ctx.shape(0)[0 if ta else 1]
+    bias = ctx.has(2) and ctx.attrs["beta"] != 0.0
+    return KD.runtime_matmul(1, m, k, n, trans_a=ta, trans_b=tb, bias_dtype=_dt.bfloat16 if bias else None)
+
+
+def _gemm_runtime_args(ins, outs, plan):
+    return ins[0], ins[1], ins[2] if plan.has_bias else None, outs[0]
+
+
+Gemm.kernel(
+    "gemm_onednn_runtime",
+    dtypes=(_dt.bfloat16,),
+    priority=25,
+    applies=_gemm_runtime_applies,
+    plan=_gemm_runtime_plan,
+    bind=lambda ins, outs, attrs, plan, ws: plan.bind(*_gemm_runtime_args(ins, outs, plan)),
+    doc="bfloat16 A and B both known at run time, alpha=1, C a bias or none: oneDNN's native bf16 matmul "
+    "reading op(A) and op(B) in place (transA/transB as strides, no copies), one rounding",
+)(lambda ins, outs, attrs, plan, ws: plan.run(*_gemm_runtime_args(ins, outs, plan)))
+
+
 def _gemm_vector_applies(ctx):
     if ctx.dtype(0) != _dt.float32:
         return f"float32 only, got {_dt.name(ctx.dtype(0))}"
@@ -601,6 +687,35 @@ Linear.kernel(
     workspace=_bf16_ws,
     doc="bfloat16 with a constant W: MKL's bf16 GEMM reading W^T in place, bias in the fp32 epilogue, one rounding",
 )(_linear_bf16)
+
+
+def _linear_runtime_applies(ctx):
+    why = _runtime_bf16_rejection(ctx, 0, 1, *((2,) if ctx.has(2) else ()))
+    if why is None and (len(ctx.shape(0)) < 2 or 0 in ctx.outputs[0].shape or ctx.shape(1)[1] == 0):
+        why = "1-D input or an empty product"
+    return True if why is None else why
+
+
+def _linear_runtime_plan(ctx):
+    n, k = ctx.shape(1)
+    rows = _rows(ctx.shape(0))
+    return KD.runtime_matmul(1, rows, k, n, trans_b=True, bias_dtype=_dt.bfloat16 if ctx.has(2) else None)
+
+
+def _linear_runtime_args(ins, outs, plan):
+    return ins[0], ins[1], ins[2] if plan.has_bias else None, outs[0]
+
+
+Linear.kernel(
+    "linear_onednn_runtime",
+    dtypes=(_dt.bfloat16,),
+    priority=25,
+    applies=_linear_runtime_applies,
+    plan=_linear_runtime_plan,
+    bind=lambda ins, outs, attrs, plan, ws: plan.bind(*_linear_runtime_args(ins, outs, plan)),
+    doc="bfloat16 x and W both known at run time (eager autocast): oneDNN's native bf16 matmul reading W^T "
+    "in place, the bias as its bias argument, one rounding",
+)(lambda ins, outs, attrs, plan, ws: plan.run(*_linear_runtime_args(ins, outs, plan)))
 
 
 Linear.kernel(

@@ -20,6 +20,7 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...errors import DTypeError, ParamInvalidError
+from ...kernels.cpu import dropout as KD
 from ...tensor import Tensor
 from ..api import api
 from ..registry import REQUIRED, Attr, Input, Output, TensorMeta, register_op
@@ -356,6 +357,84 @@ def _dropout_kernel(ins, outs, attrs, plan, ws):
         np.copyto(o, r, casting="unsafe")
 
 
+def _ratio(ctx_or_attrs) -> float:
+    return float((ctx_or_attrs.attrs if hasattr(ctx_or_attrs, "attrs") else ctx_or_attrs)["ratio"])
+
+
+def _native_dropout_infer(ctx):
+    p = _ratio(ctx)
+    if not 0.0 <= p < 1.0:
+        ctx.fail(f"ratio must be in [0, 1), got {p}")
+    if math.prod(ctx.shape(1)) != 1:
+        ctx.fail(f"seed must be a scalar, got shape {tuple(ctx.shape(1))}")
+    return [TensorMeta(tuple(ctx.shape(0)), ctx.dtype(0)), TensorMeta(tuple(ctx.shape(0)), _dt.bool_)]
+
+
+def _native_dropout_ref(ins, attrs):
+    x, p = ins[0], _ratio(attrs)
+    keep = KD.keep_mask(ins[1], x.size, KD.threshold(p)).reshape(x.shape)
+    scale = np.asarray(1.0 / (1.0 - p), np.float32 if _dt.is_low_precision(x.dtype) else x.dtype)
+    y = x.astype(scale.dtype) * np.where(keep, scale, scale.dtype.type(0))
+    return y.astype(x.dtype), keep
+
+
+NativeDropout = register_op(
+    "NativeDropout",
+    domain="opsnn",
+    category="random",
+    inputs=[Input("data", _dt.FLOATS), Input("seed", (_dt.int64,))],
+    outputs=["output", "mask"],
+    attrs=[Attr("ratio", "float", 0.5)],
+    infer=_native_dropout_infer,
+    reference=_native_dropout_ref,
+    doc="Training-mode dropout whose mask is a counter-based hash of (seed, element index): the seed is a "
+    "runtime input, so a compiled training step draws a fresh mask at every run; the mask output feeds "
+    "the backward (torch's native_dropout).",
+)
+NativeDropout.kernel(
+    "dropout_hash",
+    dtypes=(_dt.float32, _dt.float64),
+    priority=10,
+    plan=lambda ctx: KD.dropout_plan(math.prod(ctx.shape(0)), _ratio(ctx)),
+    doc="numba: one pass drawing each element's keep bit from splitmix64(seed, index) and scaling",
+)(lambda ins, outs, attrs, plan, ws: KD.forward(ins[0], ins[1], _ratio(attrs), plan, outs[0], outs[1]))
+
+
+def _native_dropout_backward_infer(ctx):
+    p = _ratio(ctx)
+    if not 0.0 <= p < 1.0:
+        ctx.fail(f"ratio must be in [0, 1), got {p}")
+    if tuple(ctx.shape(0)) != tuple(ctx.shape(1)):
+        ctx.fail(f"mask shape {tuple(ctx.shape(1))} differs from the gradient's {tuple(ctx.shape(0))}")
+    return [TensorMeta(tuple(ctx.shape(0)), ctx.dtype(0))]
+
+
+def _native_dropout_backward_ref(ins, attrs):
+    g, keep, p = ins[0], ins[1], _ratio(attrs)
+    scale = np.asarray(1.0 / (1.0 - p), np.float32 if _dt.is_low_precision(g.dtype) else g.dtype)
+    return (g.astype(scale.dtype) * np.where(keep, scale, scale.dtype.type(0))).astype(g.dtype)
+
+
+NativeDropoutBackward = register_op(
+    "NativeDropoutBackward",
+    domain="opsnn",
+    category="random",
+    inputs=[Input("grad", _dt.FLOATS), Input("mask", (_dt.bool_,))],
+    outputs=["grad_input"],
+    attrs=[Attr("ratio", "float", 0.5)],
+    infer=_native_dropout_backward_infer,
+    reference=_native_dropout_backward_ref,
+    doc="NativeDropout's gradient: grad * mask / (1 - ratio) in one pass over the saved mask.",
+)
+NativeDropoutBackward.kernel(
+    "dropout_backward_numba",
+    dtypes=(_dt.float32, _dt.float64),
+    priority=10,
+    plan=lambda ctx: math.prod(ctx.shape(0)) >= KD.PARALLEL_MIN,
+    doc="numba: grad * (mask ? 1/(1-ratio) : 0), one pass",
+)(lambda ins, outs, attrs, plan, ws: KD.backward(ins[0], ins[1], _ratio(attrs), plan, outs[0]))
+
+
 # -- entry points -----------------------------------------------------------------------------------------
 def _dist_attrs(dtype, seed, **kw):
     a = {k: float(v) for k, v in kw.items()}
@@ -418,7 +497,30 @@ def dropout(x, p=0.5, training=False, seed=None):
     return [xt, Tensor(np.asarray(p, xt.dtype)), Tensor(np.asarray(bool(training)))], {"seed": seed}
 
 
+@api("native_dropout", "NativeDropout", domain="opsnn")
+def native_dropout(x, p, seed):
+    """Training-mode dropout: ``(x * keep / (1 - p), keep)``, the mask drawn from ``seed`` (an int64
+    scalar: a tensor, so a traced graph can take it as a runtime input) by a counter-based hash.
+    ``nn.Dropout`` draws the seed from ``opsnn.manual_seed``'s generator.
+
+    >>> import opsnn, numpy as np
+    >>> y, keep = opsnn.ops.native_dropout(np.ones((2, 3), np.float32), 0.5, np.int64(7))
+    >>> bool(((y.numpy() == 2) == keep.numpy()).all())
+    True
+    """
+    seed = seed if isinstance(seed, Tensor) else Tensor(np.asarray(seed, np.int64))
+    return [_to_tensor(x), seed], {"ratio": float(p)}, 2
+
+
+@api("native_dropout_backward", "NativeDropoutBackward", domain="opsnn")
+def native_dropout_backward(grad, mask, p):
+    """``grad * mask / (1 - p)``: the gradient of :func:`native_dropout` through its saved mask."""
+    return [_to_tensor(grad), _to_tensor(mask)], {"ratio": float(p)}
+
+
 __all__ = [
+    "native_dropout",
+    "native_dropout_backward",
     "random_normal",
     "random_uniform",
     "random_normal_like",

@@ -1,0 +1,271 @@
+"""Train-mode dropout as a graph op (``opsnn::NativeDropout`` + ``NativeDropoutBackward``) and in
+compiled training steps.
+
+Oracles: the mask is a counter-based hash of (seed, element index); the numpy reference
+(``kernels.cpu.dropout.keep_mask``, uint64 array arithmetic) must reproduce the numba kernels'
+mask exactly, and values are checked against ``x * keep / (1 - p)`` in float64 (float32 outputs
+within 1 ulp: rtol 1.2e-7; bfloat16 outputs within one bf16 rounding: rtol 2**-8). The backward op
+is checked against the ONNX Dropout rule's composition (Cast, Mul, Mul) and against torch's
+``native_dropout_backward`` where torch is importable. Compiled and eager steps draw their seeds
+from one generator (``opsnn.manual_seed``), so their losses agree to the tolerances of
+tests/test_compiled_training.py (rtol 1e-5).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn import nn, ops, optim
+from opsnn.errors import OpsnnError
+from opsnn.graph.tracing import TraceError
+from opsnn.kernels.cpu import dropout as KD
+
+RNG = np.random.default_rng(97)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _oracle(x, seed, p):
+    keep = KD.keep_mask(np.int64(seed), x.size, KD.threshold(p)).reshape(x.shape)
+    return x.astype(np.float64) * np.where(keep, 1.0 / (1.0 - p), 0.0), keep
+
+
+# shapes: odd, empty, and past KD.PARALLEL_MIN (the parallel kernel)
+@pytest.mark.parametrize("shape", [(7,), (3, 5, 11), (0, 4), (1025, 1024)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16], ids=["f32", "f64", "bf16"])
+def test_native_dropout_matches_the_hash_oracle(shape, dtype):
+    p, seed = 0.3, -1234567890123  # a negative seed wraps to its unsigned bits
+    x = RNG.standard_normal(shape).astype(dtype)
+    y, keep = ops.native_dropout(x, p, np.int64(seed))
+    want, want_keep = _oracle(x, seed, p)
+    assert y.dtype == dtype and keep.dtype == np.bool_ and y.shape == x.shape
+    np.testing.assert_array_equal(keep.numpy(), want_keep)
+    rtol = 2.0**-8 if dtype == BF16 else 1.2e-7 if dtype == np.float32 else 1e-15
+    np.testing.assert_allclose(y.numpy().astype(np.float64), want, rtol=rtol, atol=0)
+    if x.size > 10_000:  # binomial(n, 0.7): 6 standard deviations
+        assert x.size >= KD.PARALLEL_MIN
+        sd = np.sqrt(0.21 / x.size)
+        assert abs(keep.numpy().mean() - 0.7) < 6 * sd
+
+
+def test_masks_depend_on_the_seed_and_nan_inf_follow_x_times_mask():
+    x = np.ones((64, 64), np.float32)
+    a = ops.native_dropout(x, 0.5, np.int64(1))[1].numpy()
+    b = ops.native_dropout(x, 0.5, np.int64(2))[1].numpy()
+    assert (a != b).mean() > 0.3  # independent masks differ in about half the elements
+    np.testing.assert_array_equal(ops.native_dropout(x, 0.5, np.int64(1))[1].numpy(), a)
+    x = np.array([np.nan, np.inf, -np.inf, 1.0] * 16, np.float32)
+    y, keep = (t.numpy() for t in ops.native_dropout(x, 0.5, np.int64(3)))
+    with np.errstate(invalid="ignore"):
+        want = x * np.where(keep, np.float32(2), np.float32(0))  # dropped inf -> nan, as x * mask * scale
+    np.testing.assert_array_equal(y, want)
+    assert keep.any() and not keep.all()
+
+
+def test_native_dropout_gradient_and_backward_op():
+    x = opsnn.tensor(RNG.standard_normal((9, 13)).astype(np.float32)).requires_grad_()
+    g = RNG.standard_normal((9, 13)).astype(np.float32)
+    y, keep = ops.native_dropout(x, 0.25, np.int64(11))
+    ops.sum(ops.mul(y, opsnn.tensor(g))).backward()
+    want = g.astype(np.float64) * keep.numpy() / 0.75
+    np.testing.assert_allclose(x.grad.numpy(), want, rtol=1.2e-7, atol=0)
+    # the ONNX Dropout rule's composition on the same mask: cast, scale, multiply
+    composed = ops.mul(opsnn.tensor(g), ops.mul(ops.cast(keep, np.float32), opsnn.tensor(np.float32(1 / 0.75))))
+    np.testing.assert_allclose(x.grad.numpy(), composed.numpy(), rtol=1.2e-7, atol=0)
+    gb = ops.native_dropout_backward(g.astype(BF16), keep, 0.25).numpy()
+    np.testing.assert_allclose(
+        gb.astype(np.float64), g.astype(BF16).astype(np.float64) * keep.numpy() / 0.75, rtol=2**-8
+    )
+
+
+def test_backward_matches_torch():
+    torch = pytest.importorskip("torch")
+    g = RNG.standard_normal((4, 33)).astype(np.float32)
+    y, keep = ops.native_dropout(np.ones((4, 33), np.float32), 0.4, np.int64(5))
+    want = torch.ops.aten.native_dropout_backward(torch.from_numpy(g), torch.from_numpy(keep.numpy()), 1 / 0.6)
+    np.testing.assert_allclose(ops.native_dropout_backward(g, keep, 0.4).numpy(), want.numpy(), rtol=1.2e-7, atol=0)
+
+
+def test_bad_input_is_a_typed_error():
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(OpsnnError, match=r"NativeDropout: ratio must be in \[0, 1\), got 1.0"):
+        ops.native_dropout(x, 1.0, np.int64(0))
+    with pytest.raises(OpsnnError, match="NativeDropout: seed must be a scalar"):
+        ops.native_dropout(x, 0.5, np.zeros(2, np.int64))
+    with pytest.raises(OpsnnError, match="NativeDropout"):
+        ops.native_dropout(x, 0.5, opsnn.tensor(np.float32(1)))  # a seed tensor must be int64
+    with pytest.raises(OpsnnError, match=r"NativeDropoutBackward: mask shape \(3, 2\) differs"):
+        ops.native_dropout_backward(x, np.ones((3, 2), bool), 0.5)
+    with pytest.raises(OpsnnError, match="NativeDropoutBackward"):
+        ops.native_dropout_backward(x, np.ones((2, 3), np.float32), 0.5)
+
+
+def test_dropout_module_eval_and_p0_are_identity_and_a_plain_trace_is_refused():
+    x = opsnn.tensor(RNG.standard_normal((4, 6)).astype(np.float32))
+    assert nn.Dropout(0.5)(x) is x  # eval by default
+    assert nn.Dropout(0.0).train()(x) is x
+    drop = nn.Dropout(0.5).train()
+    with pytest.raises(TraceError, match=r"Dropout\(p=0.5\): .*eval mode"):
+        opsnn.compile(lambda x: drop(x), [x])
+
+
+# -- compiled training ------------------------------------------------------------------------------
+def _bert_step(p=0.1, lr=1e-3, eval_mode=False):
+    """A BERT-tiny-like classifier (2 layers, hidden 128, hidden dropout ``p``) and its AdamW step."""
+    with nn.init.seeded(0):
+        model = opsnn.models.bert("tiny", vocab_size=50, max_position_embeddings=16, seed=0)
+        head = nn.Linear(128, 3)
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = p
+    model.train(not eval_mode)
+    opt = optim.AdamW(list(model.parameters()) + list(head.parameters()), lr=lr)
+
+    def train_step(ids, y):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(head(model(ids)[1]), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return model, train_step
+
+
+IDS = RNG.integers(1, 50, (2, 12))
+LABELS = RNG.integers(0, 3, 2)
+
+
+def _losses(compiled, seed=5, steps=4, **kw):
+    model, train_step = _bert_step(**kw)
+    opsnn.manual_seed(seed)
+    step = opsnn.compile(train_step) if compiled else train_step
+    losses = [float(step(opsnn.tensor(IDS), opsnn.tensor(LABELS)).item()) for _ in range(steps)]
+    return np.array(losses), step, model
+
+
+def test_compiled_bert_step_with_dropout_draws_fresh_masks_like_eager():
+    closs, step, cmodel = _losses(True)
+    assert step.num_compiles == 1 and step.compiled_graph.mode == "compiled", step.compiled_graph.mode_reason
+    kinds = [n.op_type for n in step.graph().nodes]
+    assert kinds.count("NativeDropout") == 5 and kinds.count("NativeDropoutBackward") == 5
+    assert sum(name.startswith("dropout_seed") for name in step._current().host_inputs) == 5
+    assert np.isfinite(closs).all()
+    eloss, _, emodel = _losses(False)
+    np.testing.assert_allclose(closs, eloss, rtol=1e-5, atol=1e-7)  # the same masks, step by step
+    for (name, a), b in zip(cmodel.named_parameters(), emodel.parameters()):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+    again, _, _ = _losses(True)
+    np.testing.assert_array_equal(again, closs)  # the same seed, the same run
+    other, _, _ = _losses(True, seed=6)
+    assert not np.array_equal(other, closs)
+
+
+def test_compiled_masks_differ_across_steps():
+    """With lr 0 the parameters stay put, so only the masks change the loss from step to step."""
+    closs, _, _ = _losses(True, lr=0.0, steps=4)
+    assert len(set(closs.tolist())) == 4
+    clean, _, _ = _losses(True, lr=0.0, steps=2, eval_mode=True)
+    assert clean[0] == clean[1]
+
+
+@pytest.mark.parametrize("variant", ["p0", "eval"])
+def test_compiled_p0_and_eval_equal_no_dropout(variant):
+    kw = {"p": 0.0} if variant == "p0" else {"eval_mode": True}
+    got, step, _ = _losses(True, steps=3, **kw)
+    assert "NativeDropout" not in [n.op_type for n in step.graph().nodes]
+    assert not step._current().host_inputs.keys() & {"dropout_seed"}
+    want, _, _ = _losses(False, steps=3, p=0.0, eval_mode=variant == "eval")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+# -- bfloat16 products on runtime operands (eager autocast, backward products) -----------------------------
+def _bf16(shape):
+    return RNG.standard_normal(shape).astype(BF16)
+
+
+def _f64(a):
+    return np.asarray(a).astype(np.float64)
+
+
+def _close_bf16(y, ref):
+    """bfloat16 outputs of float32-accumulated products: within one bf16 rounding (2**-8 relative) of the
+    float64 product of the same bf16 operands, plus float32 accumulation error (atol 1e-4 at K <= 70)."""
+    assert y.dtype == BF16
+    np.testing.assert_allclose(_f64(y), ref, rtol=2.0**-8, atol=1e-4)
+
+
+def _expect_runtime(kernel_name, expected):
+    from opsnn.kernels.cpu import libraries as KL
+
+    native = KL.runtime_bf16_product() is None
+    assert (kernel_name == expected) == native, (kernel_name, KL.runtime_bf16_product())
+
+
+@pytest.mark.parametrize(
+    "sa, sb",
+    [
+        ((5, 7), (7, 3)),
+        ((2, 3, 5, 7), (7, 4)),
+        ((2, 3, 5, 7), (2, 3, 7, 4)),
+        ((3, 1, 7), (3, 7, 33)),
+        ((2, 5, 7), (1, 7, 4)),
+    ],
+)
+def test_bf16_matmul_on_runtime_operands(sa, sb):
+    a, b = _bf16(sa), _bf16(sb)
+    ex = opsnn.aclnn.matmul.prepare(a, b)
+    if len(sb) > 2 and sa[:-2] != sb[:-2]:  # broadcast batch dims: another kernel, the same result
+        assert ex.kernel_name != "matmul_onednn_runtime"
+    else:
+        _expect_runtime(ex.kernel_name, "matmul_onednn_runtime")
+    _close_bf16(ops.matmul(a, b).numpy(), np.matmul(_f64(a), _f64(b)))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(9, 70), (2, 3, 17)])
+def test_bf16_linear_on_runtime_operands(shape, bias):
+    x, w = _bf16(shape), _bf16((13, shape[-1]))
+    b = _bf16((13,)) if bias else None
+    _expect_runtime(opsnn.aclnn.linear.prepare(x, w, b).kernel_name, "linear_onednn_runtime")
+    ref = _f64(x) @ _f64(w).T + (_f64(b) if bias else 0)
+    _close_bf16(ops.linear(x, w, b).numpy(), ref)
+
+
+@pytest.mark.parametrize("ta, tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_bf16_gemm_on_runtime_operands_reads_transposes_in_place(ta, tb):
+    m, k, n = 6, 11, 5
+    a = _bf16((k, m) if ta else (m, k))
+    b = _bf16((n, k) if tb else (k, n))
+    c = _bf16((n,))
+    ex = opsnn.aclnn.gemm.prepare(a, b, c, trans_a=bool(ta), trans_b=bool(tb))
+    _expect_runtime(ex.kernel_name, "gemm_onednn_runtime")
+    ref = (_f64(a).T if ta else _f64(a)) @ (_f64(b).T if tb else _f64(b)) + _f64(c)
+    _close_bf16(ops.gemm(a, b, c, trans_a=bool(ta), trans_b=bool(tb)).numpy(), ref)
+    # alpha != 1 or a full C: not this kernel, still correct
+    ex = opsnn.aclnn.gemm.prepare(a, b, c, alpha=0.5, trans_a=bool(ta), trans_b=bool(tb))
+    assert ex.kernel_name != "gemm_onednn_runtime"
+    _close_bf16(ops.gemm(a, b, c, alpha=0.5, trans_a=bool(ta), trans_b=bool(tb)).numpy(), ref - 0.5 * (ref - _f64(c)))
+
+
+def test_bf16_runtime_products_propagate_nan_and_inf():
+    a, b = _bf16((4, 6)), _bf16((6, 3))
+    a[1, 2], a[2, 0] = np.nan, np.inf
+    b[:, 2] = 0  # inf * 0 = nan in column 2 of row 2
+    y = ops.matmul(a, b).numpy().astype(np.float64)
+    assert np.isnan(y[1]).all() and np.isnan(y[2, 2])
+    assert np.isinf(y[2, :2]).all() or np.isnan(y[2, :2]).all()
+    assert np.isfinite(y[[0, 3]]).all()
+
+
+def test_linear_gradient_reads_its_transpose_in_place():
+    """The Linear rule's weight gradient is one Gemm with transA (no Transpose copy): float64 oracle."""
+    x = opsnn.tensor(RNG.standard_normal((2, 5, 7))).requires_grad_()
+    w = opsnn.tensor(RNG.standard_normal((3, 7))).requires_grad_()
+    g = RNG.standard_normal((2, 5, 3))
+    with opsnn.profiler.profile() as p:
+        ops.sum(ops.mul(ops.linear(x, w), opsnn.tensor(g))).backward()
+    assert "Transpose" not in {e.op for e in p.kernels}
+    np.testing.assert_allclose(w.grad.numpy(), g.reshape(-1, 3).T @ x.numpy().reshape(-1, 7), rtol=1e-12)
+    np.testing.assert_allclose(x.grad.numpy(), g @ w.numpy(), rtol=1e-12)
