@@ -595,6 +595,154 @@ def gemm(a, b, c=None, alpha=1.0, beta=1.0, trans_a=False, trans_b=False):
     }
 
 
+# -- BatchGemm (opsnn domain): the backward products of MatMul and Linear ----------------------------------
+# dA = dY @ B^T and dB = A^T @ dY of a batched, broadcast MatMul, each summed over the batch dims its
+# operand was broadcast along: one record reading the transposes in place (BLAS trans flags) and
+# folding a summed batch into the product's K (dW of a Linear over (B, S, K) rows is one GEMM), where
+# the composition Transpose + MatMul + ReduceSum + Reshape copied operands and made a batch of partial
+# products first.
+def _batch_gemm_shapes(ctx) -> tuple:
+    """(m, k, n, broadcast batch, output batch) of a BatchGemm, validated."""
+    sa, sb = tuple(ctx.shape(0)), tuple(ctx.shape(1))
+    if len(sa) < 2 or len(sb) < 2:
+        ctx.fail(f"A and B must be at least 2-D, got A {sa} and B {sb}")
+    ta, tb = int(ctx.attrs["transA"]), int(ctx.attrs["transB"])
+    m, ka = (sa[-1], sa[-2]) if ta else (sa[-2], sa[-1])
+    kb, n = (sb[-1], sb[-2]) if tb else (sb[-2], sb[-1])
+    if ka != kb:
+        ctx.fail(
+            f"inner dimensions differ: op(A) is (..., {m}, {ka}) (transA={ta}), op(B) is (..., {kb}, {n}) (transB={tb})"
+        )
+    full = _broadcast(ctx, "batch dims", sa[:-2], sb[:-2])
+    batch = full if ctx.attrs["batch"] is None else tuple(int(d) for d in ctx.attrs["batch"])
+    if K.batch_sum_axes(full, batch) is None:
+        ctx.fail(
+            f"batch {batch} is not a shape the broadcast batch {full} sums onto (each dim equal to the "
+            "broadcast one or 1, aligned from the right)"
+        )
+    return m, ka, n, full, batch
+
+
+def _batch_gemm_infer(ctx):
+    dt = _same_dtype(ctx, 0, 1)
+    m, _, n, _, batch = _batch_gemm_shapes(ctx)
+    return [TensorMeta(batch + (m, n), dt)]
+
+
+def _batch_gemm_ref(ins, attrs):
+    a, b = ins
+    dt = a.dtype
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    y = np.matmul(
+        np.swapaxes(a64, -1, -2) if attrs["transA"] else a64, np.swapaxes(b64, -1, -2) if attrs["transB"] else b64
+    )
+    if attrs["batch"] is not None:
+        batch = tuple(int(d) for d in attrs["batch"])
+        full, axes = K.batch_sum_axes(y.shape[:-2], batch)
+        y = y.reshape(full + y.shape[-2:]).sum(axis=axes, keepdims=True).reshape(batch + y.shape[-2:])
+    return (attrs["alpha"] * y).astype(dt)
+
+
+def _batch_gemm_plan(ctx):
+    _, _, _, full, batch = _batch_gemm_shapes(ctx)
+    ta, tb = bool(ctx.attrs["transA"]), bool(ctx.attrs["transB"])
+    return K.batch_gemm_plan(tuple(ctx.shape(0)), tuple(ctx.shape(1)), ta, tb, full, batch, ctx.dtype(0))
+
+
+BatchGemm = register_op(
+    "BatchGemm",
+    domain="opsnn",
+    category="matmul",
+    inputs=[Input("A", FLOAT), Input("B", FLOAT)],
+    outputs=["Y"],
+    attrs=[
+        Attr("alpha", "float", 1.0),
+        Attr("transA", "int", 0),
+        Attr("transB", "int", 0),
+        Attr("batch", "ints", None),
+    ],
+    infer=_batch_gemm_infer,
+    reference=_batch_gemm_ref,
+    flops=lambda ctx: 2 * math.prod(_batch_gemm_shapes(ctx)[3]) * math.prod(_batch_gemm_shapes(ctx)[:3]),
+    doc="Y = alpha * op(A) @ op(B) over broadcast batch dims (op transposes the last two dims where "
+    "transA / transB), summed onto the output batch ``batch`` (None: the broadcast batch): the backward "
+    "products of MatMul and Linear.",
+)
+BatchGemm.kernel(
+    "batch_gemm_blas",
+    dtypes=_F32_64,
+    priority=10,
+    strided=True,
+    plan=_batch_gemm_plan,
+    workspace=lambda ctx, plan: plan.workspace,
+    doc="transposes read in place by BLAS; A's batch folded into M (B 2-D) or a summed batch into K "
+    "(one GEMM); else one batched product (MKL's cblas_sgemm_batch for float32), summed in the workspace",
+)(K.batch_gemm)
+
+
+def _batch_gemm_runtime_shape(ctx):
+    """(batch, m, k, n, trans_a, trans_b) of a BatchGemm as one oneDNN matmul over contiguous
+    operands, or why not."""
+    if ctx.attrs["alpha"] != 1.0:
+        return "alpha=1 only"
+    p = _batch_gemm_plan(ctx)
+    if 0 in p.full or p.k == 0:
+        return "empty product"
+    rows = math.prod(p.full[:-2])
+    if p.case == "fold_m":
+        return 1, rows * p.m, p.k, p.n, False, p.trans_b
+    if p.case == "fold_k":
+        return 1, p.m, rows * p.k, p.n, True, False
+    sa, sb = tuple(ctx.shape(0)), tuple(ctx.shape(1))
+    if p.case == "batched" and sa[:-2] == sb[:-2]:
+        return rows, p.m, p.k, p.n, p.trans_a, p.trans_b
+    return f"{p.case}: batch dims {sa[:-2]} and {sb[:-2]} broadcast"
+
+
+def _batch_gemm_runtime_applies(ctx):
+    why = _runtime_bf16_rejection(ctx, 0, 1)
+    if why is None:
+        shape = _batch_gemm_runtime_shape(ctx)
+        why = shape if isinstance(shape, str) else None
+    return True if why is None else why
+
+
+def _batch_gemm_runtime_plan(ctx):
+    batch, m, k, n, ta, tb = _batch_gemm_runtime_shape(ctx)
+    return KD.runtime_matmul(batch, m, k, n, trans_a=ta, trans_b=tb)
+
+
+BatchGemm.kernel(
+    "batch_gemm_onednn_runtime",
+    dtypes=(_dt.bfloat16,),
+    priority=25,
+    applies=_batch_gemm_runtime_applies,
+    plan=_batch_gemm_runtime_plan,
+    bind=lambda ins, outs, attrs, plan, ws: plan.bind(ins[0], ins[1], None, outs[0]),
+    doc="bfloat16 operands known at run time (a bfloat16 forward's backward products), alpha=1, a fold "
+    "or equal batch dims: oneDNN's native bf16 matmul reading the transposes in place, one rounding",
+)(lambda ins, outs, attrs, plan, ws: plan.run(ins[0], ins[1], None, outs[0]))
+
+
+@api("batch_gemm", "BatchGemm", domain="opsnn")
+def batch_gemm(a, b, alpha=1.0, trans_a=False, trans_b=False, batch=None):
+    """``alpha * op(a) @ op(b)`` over broadcast batch dims, ``op`` transposing the last two dims of
+    ``a`` / ``b`` where ``trans_a`` / ``trans_b`` (read in place, no copy), summed onto the output
+    batch ``batch`` (None: the broadcast batch). ``batch_gemm(dy, x, trans_a=True, batch=())`` is a
+    Linear's weight gradient for ``x`` (B, S, K), ``dy`` (B, S, N): one GEMM.
+
+    >>> import opsnn, numpy as np
+    >>> opsnn.ops.batch_gemm(np.ones((2, 5, 3), np.float32), np.ones((2, 5, 4), np.float32), trans_a=True, batch=()).shape
+    (3, 4)
+    """
+    return [a, b], {
+        "alpha": float(alpha),
+        "transA": int(bool(trans_a)),
+        "transB": int(bool(trans_b)),
+        "batch": None if batch is None else [int(d) for d in batch],
+    }
+
+
 # -- Linear (opsnn domain) ------------------------------------------------------------------------
 # Its own record rather than an alias: ONNX Gemm is 2-D only and MatMul has neither the
 # transposed weight nor the bias, so ``x @ W^T + b`` over arbitrary leading dims would take
@@ -990,4 +1138,4 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
     return [a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point], {}
 
 
-__all__ = ["matmul", "gemm", "linear", "einsum", "matmul_integer", "qlinear_matmul"]
+__all__ = ["matmul", "gemm", "batch_gemm", "linear", "einsum", "matmul_integer", "qlinear_matmul"]
