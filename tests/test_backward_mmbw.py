@@ -317,3 +317,14 @@ def test_compiled_step_with_linear_layers_has_no_transpose_and_matches_eager():
     assert kinds.count("BatchGemm") == 2 and "Transpose" not in kinds, kinds
     eloss, _ = run(False)
     np.testing.assert_allclose(closs, eloss, rtol=1e-5, atol=1e-7)
+
+
+def test_explain_names_the_library_of_a_batch_gemm_and_how_its_batch_folds():
+    from opsnn.kernels.cpu import libraries as KL
+    from opsnn.tools.explain import explain_graph
+
+    a, b = np.ones((2, 5, 3), np.float32), np.ones((2, 5, 4), np.float32)
+    cg = opsnn.compile(lambda a, b: ops.batch_gemm(a, b, trans_a=True, batch=()), [opsnn.tensor(a), opsnn.tensor(b)])
+    text = explain_graph(cg, {"a": a.shape, "b": b.shape})
+    want = KL.blas_product(3, 10, 4, np.float32)  # the batch of 2 folded into K: one 3 x 10 @ 10 x 4 GEMM
+    assert "2x5x3^T @ 2x5x4 -> 3x4" in text and want.reason in text, text

@@ -308,7 +308,7 @@ def kernel_choice(
     kernel: str, rows: int, k: int, n: int, dtype, batch: int = 1, tiles: int | None = None, p: Platform | None = None
 ) -> Choice | None:
     """The library that the registered product kernel ``kernel`` (of MatMul, Gemm, Linear,
-    FusedMatMul, Conv, FusedConv, BlockedConv, ConvTranspose) runs its (rows, k) @ (k, n) GEMMs on
+    FusedMatMul, BatchGemm, Conv, FusedConv, BlockedConv, ConvTranspose) runs its (rows, k) @ (k, n) GEMMs on
     here, and why (``tiles``: a Winograd chunk's tile count); None for a kernel that is not one of
     those. What ``opsnn explain`` prints per product shape."""
     p = p if p is not None else platform()
@@ -344,7 +344,7 @@ def kernel_choice(
     if kernel.startswith(("matmul_numpy_int", "matmul_integer", "qlinear", "conv_integer")):
         return Choice("numpy", kernel, "integer products: numpy (no BLAS for integers)")
     if kernel.startswith(
-        ("matmul_", "gemm_", "linear_", "conv_1x1", "conv2d_im2col", "conv_nd_im2col", "conv_transpose")
+        ("matmul_", "gemm_", "batch_gemm_", "linear_", "conv_1x1", "conv2d_im2col", "conv_nd_im2col", "conv_transpose")
     ):
         c = blas_product(rows, k, n, dtype, batch, p)
         return Choice(c.library, kernel, c.reason)
