@@ -444,7 +444,9 @@ def _reduce(mean: bool):
 
 # -- shape and index ----------------------------------------------------------------------------------
 def _reshape_back(ctx, grads):
-    return [_ops().reshape(grads[0], ctx.inputs[0].shape)]
+    """The gradient under the input's shape: eagerly a view where its layout allows (the Reshape op
+    always copies), traced a Reshape node (which a compiled plan aliases where it can)."""
+    return [grads[0].reshape(ctx.inputs[0].shape)]
 
 
 def _transpose(ctx, grads):
