@@ -328,3 +328,14 @@ def test_explain_names_the_library_of_a_batch_gemm_and_how_its_batch_folds():
     text = explain_graph(cg, {"a": a.shape, "b": b.shape})
     want = KL.blas_product(3, 10, 4, np.float32)  # the batch of 2 folded into K: one 3 x 10 @ 10 x 4 GEMM
     assert "2x5x3^T @ 2x5x4 -> 3x4" in text and want.reason in text, text
+
+
+def test_a_graph_with_an_empty_batch_attribute_round_trips_through_onnx(tmp_path):
+    """batch=() (every batch dim summed) is an empty ints attribute: saved as INTS, loaded as []."""
+    a, b = _rand((2, 5, 3), np.float32), _rand((2, 5, 4), np.float32)
+    cg = opsnn.compile(lambda a, b: ops.batch_gemm(a, b, trans_a=True, batch=()), [opsnn.tensor(a), opsnn.tensor(b)])
+    path = cg.save(str(tmp_path / "bgemm.onnx"))
+    loaded = opsnn.compile(opsnn.onnx.load(path))
+    (y,) = loaded.run({"a": a, "b": b}).values()
+    want = _bgemm_oracle(a.astype(np.float64), b.astype(np.float64), 1, 0, (), 1.0)
+    np.testing.assert_allclose(np.asarray(y.numpy() if hasattr(y, "numpy") else y), want, **TOL[np.float32])
