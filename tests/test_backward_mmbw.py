@@ -108,19 +108,31 @@ def test_batch_gemm_bad_input_is_a_typed_error():
         ops.batch_gemm(a, b.astype(np.float64), trans_a=True)
 
 
-def test_batch_gemm_bfloat16_runs_on_onednn_where_native():
+@pytest.mark.parametrize(
+    "sa, sb, ta, tb, batch, onednn",
+    [
+        ((2, 5, 7), (2, 5, 4), 1, 0, (), True),  # fold_k
+        ((2, 5, 7), (4, 7), 0, 1, None, True),  # fold_m
+        ((2, 7, 5), (2, 4, 7), 1, 1, None, True),  # equal batch dims
+        ((3, 1, 5, 7), (1, 2, 7, 4), 0, 0, (3, 1), False),  # a broadcast batch summed: the adapter
+    ],
+)
+def test_batch_gemm_bfloat16_runs_on_onednn_where_native(sa, sb, ta, tb, batch, onednn):
     """bfloat16 products (a bf16 forward's backward): oneDNN's bf16 matmul where this CPU and oneDNN
-    have native bf16, else the float32 adapter; within one bf16 rounding of the float64 product."""
+    have native bf16 and the product is one matmul, else the float32 adapter; within one bf16
+    rounding of the float64 product of the same bf16 operands (atol 1e-4: float32 accumulation)."""
     import ml_dtypes
 
     from opsnn.kernels.cpu import libraries as KL
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
-    a, b = _rand((2, 5, 7)).astype(bf16), _rand((2, 5, 4)).astype(bf16)
-    ex = opsnn.aclnn.batch_gemm.prepare(a, b, trans_a=True, batch=())
-    assert (ex.kernel_name == "batch_gemm_onednn_runtime") == (KL.runtime_bf16_product() is None)
-    y = ops.batch_gemm(a, b, trans_a=True, batch=()).numpy()
-    want = _bgemm_oracle(a.astype(np.float64), b.astype(np.float64), 1, 0, (), 1.0)
+    a, b = _rand(sa).astype(bf16), _rand(sb).astype(bf16)
+    kw = {"trans_a": bool(ta), "trans_b": bool(tb), "batch": batch}
+    ex = opsnn.aclnn.batch_gemm.prepare(a, b, **kw)
+    assert (ex.kernel_name == "batch_gemm_onednn_runtime") == (onednn and KL.runtime_bf16_product() is None)
+    y = ops.batch_gemm(a, b, **kw).numpy()
+    assert y.dtype == bf16
+    want = _bgemm_oracle(a.astype(np.float64), b.astype(np.float64), ta, tb, batch, 1.0)
     np.testing.assert_allclose(y.astype(np.float64), want, rtol=2.0**-8, atol=1e-4)
 
 

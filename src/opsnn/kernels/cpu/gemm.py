@@ -176,7 +176,8 @@ def batch_gemm_plan(sa: tuple, sb: tuple, ta: bool, tb: bool, full_batch: tuple,
         case = "fold_k"
     else:
         case = "reduce" if axes else "batched"
-    lib = np.dtype(dtype) == np.float32 and _mkl.unavailable() is None
+    # 16-bit floats run here through the executor's float32 adapter
+    lib = np.dtype(dtype).kind == "f" and np.dtype(dtype).itemsize <= 4 and _mkl.unavailable() is None
     mkl = lib and (libraries.gemm_library() == "mkl" or libraries.mkl_batch(m, k, n))
     return BatchGemmPlan(case, bool(ta), bool(tb), int(m), int(k), int(n), tuple(full) + (m, n), axes, mkl)
 
