@@ -351,3 +351,22 @@ def test_a_graph_with_an_empty_batch_attribute_round_trips_through_onnx(tmp_path
     (y,) = loaded.run({"a": a, "b": b}).values()
     want = _bgemm_oracle(a.astype(np.float64), b.astype(np.float64), 1, 0, (), 1.0)
     np.testing.assert_allclose(np.asarray(y.numpy() if hasattr(y, "numpy") else y), want, **TOL[np.float32])
+
+
+def test_llama_and_bert_steps_move_no_heads():
+    """The models keep attention's (B, S, H*D) layout (head counts as attributes): forward and backward
+    launch no Transpose, and LLaMA's backward no Reshape either; every parameter gets a gradient."""
+    llama = opsnn.models.llama(layers=1, hidden=32, heads=4, kv_heads=2, vocab=50, intermediate=64, seed=0)
+    with nn.init.seeded(0):
+        bert = opsnn.models.bert("tiny", num_hidden_layers=1, vocab_size=50, max_position_embeddings=16, seed=0)
+    ids = RNG.integers(0, 50, (2, 9))
+    for name, model in (("llama", llama), ("bert", bert)):
+        params = [p for p in model.parameters() if p.requires_grad]
+        with opsnn.profiler.profile() as fwd:
+            out = model(ids)[0]
+        with opsnn.profiler.profile() as bwd:
+            grads = opsnn.autograd.grad([out], params, [opsnn.tensor(_rand(out.shape, np.float32))], allow_unused=True)
+        assert "Transpose" not in [e.op for e in fwd.kernels + bwd.kernels], name
+        assert name == "bert" or "Reshape" not in [e.op for e in bwd.kernels], [e.op for e in bwd.kernels]
+        if name == "llama":
+            assert all(g is not None for g in grads)
