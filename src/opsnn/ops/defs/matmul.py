@@ -643,6 +643,12 @@ def _batch_gemm_ref(ins, attrs):
     return (attrs["alpha"] * y).astype(dt)
 
 
+def _batch_gemm_flops(ctx) -> int:
+    """2 * m * k * n per product of the broadcast batch (the summing adds are not counted)."""
+    m, k, n, full, _ = _batch_gemm_shapes(ctx)
+    return 2 * math.prod(full) * m * k * n
+
+
 def _batch_gemm_plan(ctx):
     _, _, _, full, batch = _batch_gemm_shapes(ctx)
     ta, tb = bool(ctx.attrs["transA"]), bool(ctx.attrs["transB"])
@@ -663,7 +669,7 @@ BatchGemm = register_op(
     ],
     infer=_batch_gemm_infer,
     reference=_batch_gemm_ref,
-    flops=lambda ctx: 2 * math.prod(_batch_gemm_shapes(ctx)[3]) * math.prod(_batch_gemm_shapes(ctx)[:3]),
+    flops=_batch_gemm_flops,
     doc="Y = alpha * op(A) @ op(B) over broadcast batch dims (op transposes the last two dims where "
     "transA / transB), summed onto the output batch ``batch`` (None: the broadcast batch): the backward "
     "products of MatMul and Linear.",
