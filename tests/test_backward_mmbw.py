@@ -370,3 +370,39 @@ def test_llama_and_bert_steps_move_no_heads():
         assert name == "bert" or "Reshape" not in [e.op for e in bwd.kernels], [e.op for e in bwd.kernels]
         if name == "llama":
             assert all(g is not None for g in grads)
+
+
+# -- Einsum as one batched GEMM (its gradients are two-operand einsums too) ----------------------------------
+@pytest.mark.parametrize(
+    "eq, shapes, gemm",
+    [
+        ("bhqd,bhkd->bhqk", [(2, 3, 4, 5), (2, 3, 6, 5)], True),  # B read transposed
+        ("bhqk,bhqd->bhkd", [(2, 3, 4, 6), (2, 3, 4, 5)], True),  # A read transposed (a gradient)
+        ("ij,kj->ki", [(3, 4), (5, 4)], True),  # output N + M: the operands swap roles
+        ("ij,ij->i", [(3, 4), (3, 4)], True),  # a batch of dot products
+        ("ij,k->ijk", [(2, 3), (4,)], True),  # an outer product (K empty)
+        ("bij,bjk->bki", [(2, 3, 4), (2, 4, 5)], True),
+        ("ibj,bjk->bik", [(3, 2, 4), (2, 4, 5)], False),  # the batch label not leading in A
+        ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)], False),  # three operands
+        ("ii,ij->j", [(3, 3), (3, 4)], False),  # a diagonal
+        ("bij,bjk->bik", [(0, 3, 4), (0, 4, 5)], True),  # an empty batch
+        ("ij,jk->ik", [(3, 0), (0, 5)], True),  # K = 0: zeros
+    ],
+)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_einsum_runs_as_one_batched_gemm_where_its_labels_group(eq, shapes, gemm, dtype):
+    arrays = [_rand(s, dtype) for s in shapes]
+    ex = opsnn.aclnn.einsum.prepare(eq, *arrays)
+    assert (ex.kernel_name == "einsum_batch_gemm") == gemm, ex.rejected
+    want = np.einsum(eq, *[a.astype(np.float64) for a in arrays])
+    y = ops.einsum(eq, *arrays).numpy()
+    assert y.dtype == dtype and y.shape == want.shape
+    np.testing.assert_allclose(y, want, **TOL[dtype])
+
+
+def test_einsum_gemm_reads_strided_operands():
+    q = _rand((2, 4, 3, 5)).transpose(0, 2, 1, 3)  # (2, 3, 4, 5) head view of a (B, S, H, D) tensor
+    k = _rand((2, 3, 12, 5))[:, :, ::2]  # every other key
+    eq = "bhqd,bhkd->bhqk"
+    assert opsnn.aclnn.einsum.prepare(eq, q, k).kernel_name == "einsum_batch_gemm"
+    np.testing.assert_allclose(ops.einsum(eq, q, k).numpy(), np.einsum(eq, q, k), **TOL[np.float64])

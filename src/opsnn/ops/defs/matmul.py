@@ -1001,6 +1001,78 @@ Einsum.kernel(
 )(_einsum_kernel)
 
 
+def einsum_as_batch_gemm(eq: str, sa: tuple, sb: tuple):
+    """A two-operand contraction ``eq`` (normalized, no '...') as one batched GEMM over the operands
+    as stored: (batch, M, N, K, transA, transB) with each letter group (batch: in both operands and
+    the output; M: A and the output; N: B and the output; K: both operands only) consecutive and in
+    one order wherever it appears, batch first, the output batch + M + N. Else why not (a string)."""
+    lhs, out = eq.split("->")
+    terms = lhs.split(",")
+    if len(terms) != 2 or "." in eq:
+        return "needs two operands without '...'"
+    ta_, tb_ = terms
+    if len(set(ta_)) != len(ta_) or len(set(tb_)) != len(tb_):
+        return "a label repeats within an operand (a diagonal)"
+    batch = "".join(c for c in out if c in ta_ and c in tb_)
+    m = "".join(c for c in out if c in ta_ and c not in tb_)
+    n = "".join(c for c in out if c in tb_ and c not in ta_)
+    k = "".join(c for c in ta_ if c in tb_ and c not in out)
+    if out != batch + m + n:
+        return f"output {out!r} is not batch + M + N ({batch!r} + {m!r} + {n!r})"
+    if set(ta_) != set(batch + m + k) or set(tb_) != set(batch + n + k):
+        return "a label is summed within one operand only"
+    if ta_ not in (batch + m + k, batch + k + m) or tb_ not in (batch + k + n, batch + n + k):
+        return f"operands {ta_!r}, {tb_!r} do not hold the groups batch {batch!r}, M {m!r}, N {n!r}, K {k!r} in order"
+    size = dict(zip(ta_, sa)) | dict(zip(tb_, sb))
+    prod = [math.prod(size[c] for c in g) for g in (batch, m, n, k)]
+    return (*prod, ta_ != batch + m + k, tb_ != batch + k + n)
+
+
+def _einsum_gemm_shape(ctx):
+    """(swapped, batch, M, N, K, transA, transB) of a two-operand Einsum as one batched GEMM (swapped:
+    the output is batch + N + M, so B's role is A's), or why not."""
+    if len(ctx.inputs) != 2:
+        return f"{len(ctx.inputs)} operands (two only)"
+    eq, _ = parse_einsum(ctx, _decode(ctx.attrs["equation"]), [m.shape for m in ctx.inputs])
+    sa, sb = tuple(ctx.shape(0)), tuple(ctx.shape(1))
+    shape = einsum_as_batch_gemm(eq, sa, sb)
+    if not isinstance(shape, str):
+        return (False, *shape)
+    lhs, out = eq.split("->")
+    swapped = einsum_as_batch_gemm(",".join(lhs.split(",")[::-1]) + "->" + out, sb, sa)
+    return shape if isinstance(swapped, str) else (True, *swapped)
+
+
+def _einsum_gemm_plan(ctx):
+    swapped, nb_, m, n, k, ta, tb = _einsum_gemm_shape(ctx)
+    full = () if nb_ == 1 else (nb_,)
+    p = K.batch_gemm_plan(
+        full + ((k, m) if ta else (m, k)), full + ((n, k) if tb else (k, n)), ta, tb, full, full, ctx.dtype(0)
+    )
+    return swapped, p._replace(case="batched")
+
+
+def _einsum_gemm(ins, outs, attrs, plan, ws):
+    swapped, p = plan
+    x, y = (ins[1], ins[0]) if swapped else (ins[0], ins[1])
+    lead = p.full[:-2]
+    a = x.reshape(lead + ((p.k, p.m) if p.trans_a else (p.m, p.k)))
+    b = y.reshape(lead + ((p.n, p.k) if p.trans_b else (p.k, p.n)))
+    K.batch_gemm([a, b], [outs[0].reshape(p.full)], {"alpha": 1.0}, p, None)
+
+
+Einsum.kernel(
+    "einsum_batch_gemm",
+    dtypes=_F32_64,
+    priority=20,
+    applies=lambda ctx: (lambda s: True if not isinstance(s, str) else s)(_einsum_gemm_shape(ctx)),
+    plan=_einsum_gemm_plan,
+    strided=True,
+    doc="two operands whose labels group as batch, M, N, K in order: one batched GEMM on the operands as "
+    "stored (each group merged as a view, transposes as BLAS flags), e.g. attention's bhqd,bhkd->bhqk",
+)(_einsum_gemm)
+
+
 @api("einsum", "Einsum")
 def einsum(equation, *operands):
     """Einstein summation, e.g. ``einsum("bij,bjk->bik", a, b)``."""
