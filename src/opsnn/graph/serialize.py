@@ -54,7 +54,9 @@ def _attribute(key: str, value, opsets: dict):
     if isinstance(value, np.dtype):
         return helper.make_attribute(key, _elem_type(value))
     if isinstance(value, (list, tuple)):
-        if value and isinstance(value[0], Graph):
+        if not value:  # no element to tell the type by: an empty ints attribute (BatchGemm's batch=())
+            return helper.make_attribute(key, [], attr_type=onnx.AttributeProto.INTS)
+        if isinstance(value[0], Graph):
             return helper.make_attribute(key, [_graph_proto(g, opsets) for g in value])
         if value and isinstance(value[0], np.ndarray):
             return helper.make_attribute(key, [_tensor("", a) for a in value])

@@ -20,7 +20,7 @@ import numpy as np
 from .. import nn, ops
 from ..errors import ParamInvalidError
 from ..nn import init
-from ..nn.functional import check_token_ids, merge_heads, reshape, split_heads
+from ..nn.functional import check_token_ids, reshape
 from ..tensor import as_tensor
 
 
@@ -134,8 +134,9 @@ class BertSelfAttention(nn.Module):
         self.query, self.key, self.value = nn.Linear(H, H), nn.Linear(H, H), nn.Linear(H, H)
 
     def forward(self, h, mask=None):
-        q, k, v = (split_heads(lin(h), self.num_heads) for lin in (self.query, self.key, self.value))
-        return merge_heads(ops.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+        # (B, S, H*D) in and out with head counts: the heads are strided views, no transposed copies
+        q, k, v = (lin(h) for lin in (self.query, self.key, self.value))
+        return ops.attention(q, k, v, mask, q_num_heads=self.num_heads, kv_num_heads=self.num_heads)
 
 
 class BertSelfOutput(nn.Module):

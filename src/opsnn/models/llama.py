@@ -26,7 +26,7 @@ import numpy as np
 from .. import nn, ops
 from ..errors import ParamInvalidError
 from ..nn import init
-from ..nn.functional import check_token_ids, merge_heads, split_heads
+from ..nn.functional import check_token_ids
 from ..tensor import as_tensor, checked_value
 
 
@@ -93,15 +93,16 @@ class LlamaAttention(nn.Module):
 
     def forward(self, h, cos, sin, position_ids, past=None):
         cfg = self.cfg
-        q = split_heads(self.q_proj(h), cfg.num_attention_heads)
-        k = split_heads(self.k_proj(h), cfg.num_key_value_heads)
-        v = split_heads(self.v_proj(h), cfg.num_key_value_heads)
-        q = ops.rotary_embedding(q, cos, sin, position_ids)
-        k = ops.rotary_embedding(k, cos, sin, position_ids)
+        hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        # (B, S, H*D) with head counts throughout: no split/merge of the heads by transposed copies
+        q = ops.rotary_embedding(self.q_proj(h), cos, sin, position_ids, num_heads=hq)
+        k = ops.rotary_embedding(self.k_proj(h), cos, sin, position_ids, num_heads=hkv)
         pk, pv = (None, None) if past is None else past
         # is_causal is bottom-right aligned: query i sits at cache position past_len + i
-        y, k_all, v_all = ops.attention(q, k, v, None, pk, pv, is_causal=True, num_outputs=3)
-        return self.o_proj(merge_heads(y)), (k_all, v_all)
+        y, k_all, v_all = ops.attention(
+            q, k, self.v_proj(h), None, pk, pv, is_causal=True, q_num_heads=hq, kv_num_heads=hkv, num_outputs=3
+        )
+        return self.o_proj(y), (k_all, v_all)
 
 
 class LlamaMLP(nn.Module):

@@ -67,7 +67,7 @@ def unbroadcast(g: Tensor, shape: tuple) -> Tensor:
     axes = list(range(lead)) + [lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1]
     if axes:
         g = ops.sum(g, dim=axes, keepdim=True)
-    return ops.reshape(g, shape)
+    return g.reshape(shape)  # a view of the fresh sum (a traced Reshape node aliases it)
 
 
 def _perm_last2(nd: int) -> list:
@@ -352,60 +352,73 @@ def _rotary(ctx, grads):
 
 
 # -- products ----------------------------------------------------------------------------------------
+def _view(t: Tensor, shape: tuple) -> Tensor:
+    """``t`` under ``shape`` (a 1-D operand as one row or column): eagerly a view, no op launched
+    (the Reshape op always copies); traced, a Reshape node."""
+    return t.reshape(shape)
+
+
 def _matmul(ctx, grads):
+    """dA = dY @ B^T and dB = A^T @ dY as BatchGemm products that read the transposes in place, each
+    summed over the batch dims its operand was broadcast along (a 2-D B's gradient over A's batch is
+    one GEMM); 1-D operands enter as a row / a column (views)."""
     ops, g = _ops(), grads[0]
     a, b = ctx.inputs
-    a2 = a if a.ndim > 1 else ops.reshape(a, (1, a.shape[0]))
-    b2 = b if b.ndim > 1 else ops.reshape(b, (b.shape[0], 1))
-    g2 = g
-    if a.ndim == 1:
-        g2 = ops.unsqueeze(g2, -2 if b.ndim > 1 else 0)
-    if b.ndim == 1:
-        g2 = ops.unsqueeze(g2, -1)
+    a2 = a if a.ndim > 1 else _view(a, (1, a.shape[0]))
+    b2 = b if b.ndim > 1 else _view(b, (b.shape[0], 1))
+    if a.ndim == 1 or b.ndim == 1:
+        g = _view(g, tuple(g.shape[: g.ndim - (a.ndim > 1) - (b.ndim > 1)]) + (a2.shape[-2], b2.shape[-1]))
     ga = gb = None
     if ctx.needs[0]:
-        ga = ops.matmul(g2, ops.transpose(b2, _perm_last2(b2.ndim)))
-        ga = ops.reshape(unbroadcast(ga, a2.shape), a.shape)
+        ga = ops.batch_gemm(g, b2, trans_b=True, batch=a2.shape[:-2])
+        ga = ga if a.ndim > 1 else _view(ga, a.shape)
     if ctx.needs[1]:
-        gb = ops.matmul(ops.transpose(a2, _perm_last2(a2.ndim)), g2)
-        gb = ops.reshape(unbroadcast(gb, b2.shape), b.shape)
+        gb = ops.batch_gemm(a2, g, trans_a=True, batch=b2.shape[:-2])
+        gb = gb if b.ndim > 1 else _view(gb, b.shape)
     return [ga, gb]
 
 
 def _gemm(ctx, grads):
+    """Y = alpha op(A) op(B) + beta C: each operand's gradient is one Gemm of dY with the other
+    operand, transposes as Gemm's flags (read in place)."""
     ops, g = _ops(), grads[0]
     a, b = ctx.inputs[0], ctx.inputs[1]
     c = ctx.inputs[2] if len(ctx.inputs) > 2 else None
     alpha, beta = float(ctx.attrs.get("alpha", 1.0)), float(ctx.attrs.get("beta", 1.0))
-    ta, tb = int(ctx.attrs.get("transA", 0)), int(ctx.attrs.get("transB", 0))
-    a_ = ops.transpose(a) if ta else a
-    b_ = ops.transpose(b) if tb else b
-    ga_ = ops.mul(g, _const(alpha, g)) if alpha != 1.0 else g
+    ta, tb = bool(int(ctx.attrs.get("transA", 0))), bool(int(ctx.attrs.get("transB", 0)))
     out = [None, None, None]
-    if ctx.needs[0]:
-        d = ops.matmul(ga_, ops.transpose(b_))
-        out[0] = ops.transpose(d) if ta else d
-    if ctx.needs[1]:
-        d = ops.matmul(ops.transpose(a_), ga_)
-        out[1] = ops.transpose(d) if tb else d
+    if ctx.needs[0]:  # dop(A) = alpha dY op(B)^T; transA: dA = alpha op(B) dY^T
+        out[0] = (
+            ops.gemm(b, g, alpha=alpha, trans_a=tb, trans_b=True) if ta else ops.gemm(g, b, alpha=alpha, trans_b=not tb)
+        )
+    if ctx.needs[1]:  # dop(B) = alpha op(A)^T dY; transB: dB = alpha dY^T op(A)
+        out[1] = (
+            ops.gemm(g, a, alpha=alpha, trans_a=True, trans_b=ta) if tb else ops.gemm(a, g, alpha=alpha, trans_a=not ta)
+        )
     if c is not None and len(ctx.needs) > 2 and ctx.needs[2]:
         out[2] = unbroadcast(ops.mul(g, _const(beta, g)) if beta != 1.0 else g, c.shape)
     return out[: len(ctx.inputs)]
 
 
 def _linear(ctx, grads):
+    """dX = dY @ W (MatMul folds the leading dims into one GEMM), dW = dY^T X as one GEMM over all
+    rows (dY read transposed in place), dB = dY summed over the leading dims: no reshape or
+    transpose of an operand."""
     ops, g = _ops(), grads[0]
     x, w = ctx.inputs[0], ctx.inputs[1]
     b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
-    out_f, in_f = w.shape
-    g2 = ops.reshape(g, (-1, out_f))
     out = [None, None, None]
     if ctx.needs[0]:
-        out[0] = ops.reshape(ops.matmul(g2, w), x.shape)
-    if ctx.needs[1]:  # g2^T @ x as one GEMM reading g2 transposed in place (no transposed copy)
-        out[1] = ops.gemm(g2, ops.reshape(x, (-1, in_f)), trans_a=True)
+        out[0] = ops.matmul(g, w)
+    if ctx.needs[1]:
+        if x.ndim == 1:
+            out[1] = ops.batch_gemm(_view(g, (1, g.shape[0])), _view(x, (1, x.shape[0])), trans_a=True)
+        elif x.ndim == 2:
+            out[1] = ops.gemm(g, x, trans_a=True)
+        else:
+            out[1] = ops.batch_gemm(g, x, trans_a=True, batch=())
     if b is not None and len(ctx.needs) > 2 and ctx.needs[2]:
-        out[2] = ops.reshape(ops.sum(g2, dim=0), b.shape)
+        out[2] = ops.sum(g, dim=list(range(g.ndim - 1))) if g.ndim > 1 else g
     return out[: len(ctx.inputs)]
 
 
@@ -438,7 +451,9 @@ def _reduce(mean: bool):
 
 # -- shape and index ----------------------------------------------------------------------------------
 def _reshape_back(ctx, grads):
-    return [_ops().reshape(grads[0], ctx.inputs[0].shape)]
+    """The gradient under the input's shape: eagerly a view where its layout allows (the Reshape op
+    always copies), traced a Reshape node (which a compiled plan aliases where it can)."""
+    return [grads[0].reshape(ctx.inputs[0].shape)]
 
 
 def _transpose(ctx, grads):
@@ -1818,7 +1833,7 @@ def _einsum(ctx, grads):
         spec = ",".join([out] + [subs[j] for j in others]) + "->" + target
         r = ops.einsum(spec, g, *[ctx.inputs[j] for j in others])
         if target != s:
-            r = ops.reshape(r, tuple(t.shape[k] if c in elsewhere else 1 for k, c in enumerate(s)))
+            r = r.reshape(tuple(t.shape[k] if c in elsewhere else 1 for k, c in enumerate(s)))  # a view
             r = ops.expand(r, *t.shape)
         res.append(r)
     return res

@@ -97,7 +97,17 @@ def _wrap(label: str, text: str, width: int = 110) -> list:
 
 
 #: op types whose kernels run GEMMs (or convolutions) on a library the strategy chooses
-_PRODUCT_OPS = {"MatMul", "Gemm", "Linear", "FusedMatMul", "Conv", "FusedConv", "BlockedConv", "ConvTranspose"}
+_PRODUCT_OPS = {
+    "MatMul",
+    "Gemm",
+    "Linear",
+    "BatchGemm",
+    "FusedMatMul",
+    "Conv",
+    "FusedConv",
+    "BlockedConv",
+    "ConvTranspose",
+}
 #: convolution gradients: libraries.conv_backward decides between oneDNN and opsnn's GEMM kernels
 _GRADIENT_OPS = {"ConvBackwardData": "data", "ConvBackwardWeight": "weights"}
 
@@ -133,6 +143,12 @@ def _product(op: str, ex, plan_obj, kernel: str):
             label = f"{_dims(a)}{'^T' * ta} @ {_dims(b)}{'^T' * tb}"
             rows, k = (a[1], a[0]) if ta else (a[0], a[1])
             n = b[0] if tb else b[1]
+        elif op == "BatchGemm":  # the plan says how the batch folds (into M, into K) or stays a batch
+            ta, tb = int(ex.attrs.get("transA", 0)), int(ex.attrs.get("transB", 0))
+            label = f"{_dims(a)}{'^T' * ta} @ {_dims(b)}{'^T' * tb} -> {_dims(y)}"
+            rows, k, n, batch = plan_obj.m, plan_obj.k, plan_obj.n, math.prod(plan_obj.full[:-2])
+            if plan_obj.case in ("fold_m", "fold_k"):
+                rows, k, batch = (rows * batch, k, 1) if plan_obj.case == "fold_m" else (rows, k * batch, 1)
         elif op == "Linear":
             label = f"{_dims(a)} @ ({_dims(b)})^T"
             rows, k, n = math.prod(a[:-1]), int(a[-1]), int(b[0])

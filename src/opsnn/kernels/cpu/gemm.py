@@ -28,6 +28,7 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
+from . import libraries
 from . import mkl as _mkl
 from .fused import epilogue_row
 from .mkl import matmul as _blas_matmul
@@ -104,6 +105,127 @@ def linear(ins, outs, attrs, plan, ws):
         _blas_matmul(x.reshape(-1, k), w.T, out.reshape(-1, n))
     if b is not None:
         out += b
+
+
+# -- batched products of transposed operands, batch dims summed (MatMul / Linear backward) -------------------
+class BatchGemmPlan(NamedTuple):
+    """How :func:`batch_gemm` runs ``Y = alpha * (sum over the summed batch dims of op(A) @ op(B))``.
+
+    ``case``: 'fold_m' (B has no batch and nothing is summed: A's batch folds into M, one GEMM),
+    'fold_k' (every batch dim is summed and A, B both span it: the batch folds into K, one GEMM over
+    the stacked rows, A read transposed), 'batched' (nothing summed: one batched product, transposes
+    read in place) or 'reduce' (that batched product into the workspace, then summed over ``axes``).
+    ``full``: the broadcast batch + (m, n); ``axes``: the axes of ``full`` summed; ``mkl``: the
+    batched product goes to MKL's ``cblas_sgemm_batch`` (float32, MKL the library for it)."""
+
+    case: str
+    trans_a: bool
+    trans_b: bool
+    m: int
+    k: int
+    n: int
+    full: tuple
+    axes: tuple
+    mkl: bool
+
+    def describe(self) -> str:
+        what = {
+            "fold_m": "A's batch folded into M: one GEMM",
+            "fold_k": "the summed batch folded into K: one GEMM over the stacked rows",
+            "batched": "one batched product",
+            "reduce": f"a batched product into the workspace, summed over axes {self.axes}",
+        }[self.case]
+        flags = "".join(f", {x} read transposed" for x, t in (("A", self.trans_a), ("B", self.trans_b)) if t)
+        lib = " on MKL's batched GEMM" if self.mkl and self.case in ("batched", "reduce") else ""
+        return f"{what}{lib}{flags}"
+
+    @property
+    def workspace(self) -> int:
+        return math.prod(self.full) * 8 + 64 if self.case == "reduce" else 0
+
+
+def batch_sum_axes(full: tuple, batch: tuple) -> tuple | None:
+    """(``full`` padded with leading 1s to ``batch``'s rank, the axes of it that are summed onto
+    ``batch``) or None when ``batch`` is not a shape the batch ``full`` sums onto (each dim of
+    ``batch``, aligned from the right, equal to ``full``'s or 1; extra leading dims 1)."""
+    full, batch = tuple(full), tuple(batch)
+    if len(batch) > len(full):
+        if any(d != 1 for d in batch[: len(batch) - len(full)]):
+            return None
+        full = (1,) * (len(batch) - len(full)) + full
+    lead = len(full) - len(batch)
+    if any(b not in (1, f) for b, f in zip(batch, full[lead:])):
+        return None
+    axes = tuple(i for i in range(len(full)) if full[i] != 1 and (i < lead or batch[i - lead] == 1))
+    return full, axes
+
+
+def batch_gemm_plan(sa: tuple, sb: tuple, ta: bool, tb: bool, full_batch: tuple, batch: tuple, dtype) -> BatchGemmPlan:
+    """The plan of ``batch_gemm`` for A of shape ``sa``, B ``sb`` (as stored), the broadcast batch
+    ``full_batch`` and the output batch ``batch`` (validated by the record's infer)."""
+    m, k = (sa[-1], sa[-2]) if ta else (sa[-2], sa[-1])
+    n = sb[-2] if tb else sb[-1]
+    full, axes = batch_sum_axes(full_batch, batch)
+    pad = len(full)
+    a_batch = (1,) * (pad - len(sa) + 2) + tuple(sa[:-2])
+    b_batch = (1,) * (pad - len(sb) + 2) + tuple(sb[:-2])
+    summed_all = len(axes) == sum(1 for d in full if d != 1)
+    if not axes and not ta and math.prod(b_batch) == 1:
+        case = "fold_m"
+    elif axes and summed_all and ta and not tb and a_batch == b_batch == tuple(full):
+        case = "fold_k"
+    else:
+        case = "reduce" if axes else "batched"
+    # 16-bit floats run here through the executor's float32 adapter
+    lib = np.dtype(dtype).kind == "f" and np.dtype(dtype).itemsize <= 4 and _mkl.unavailable() is None
+    mkl = lib and (libraries.gemm_library() == "mkl" or libraries.mkl_batch(m, k, n))
+    return BatchGemmPlan(case, bool(ta), bool(tb), int(m), int(k), int(n), tuple(full) + (m, n), axes, mkl)
+
+
+def _op(x: np.ndarray, t: bool) -> np.ndarray:
+    return np.swapaxes(x, -1, -2) if t else x
+
+
+def _batched_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, plan: BatchGemmPlan) -> None:
+    """out (the broadcast batch + (m, n)) = op(a) @ op(b), transposes read in place."""
+    if math.prod(out.shape[:-2]) == 1:  # one product: a 2-D GEMM (MKL reads transposed views too)
+        a2, b2 = a.reshape(a.shape[-2:]), b.reshape(b.shape[-2:])
+        _blas_matmul(_op(a2, plan.trans_a), _op(b2, plan.trans_b), out.reshape(plan.m, plan.n))
+        return
+    if plan.mkl and _mkl.try_batched(a, b, out, plan.trans_a, plan.trans_b):
+        return
+    np.matmul(_op(a, plan.trans_a), _op(b, plan.trans_b), out=out)  # BLAS per matrix, trans flags
+
+
+def batch_gemm(ins, outs, attrs, plan: BatchGemmPlan, ws):
+    """``Y = alpha * op(A) @ op(B)`` with the batch dims of the broadcast product summed onto Y's
+    (see :class:`BatchGemmPlan`): the backward products of MatMul and Linear without a transposed
+    or reshaped copy of a contiguous operand (a non-contiguous one a fold must merge is copied)."""
+    a, b, out = ins[0], ins[1], outs[0]
+    if out.size == 0:
+        return
+    if plan.k == 0 or 0 in plan.full:
+        out[...] = 0
+        return
+    if plan.case == "fold_m":
+        b2 = b.reshape(b.shape[-2:])
+        _blas_matmul(a.reshape(-1, a.shape[-1]), _op(b2, plan.trans_b), out.reshape(-1, plan.n))
+    elif plan.case == "fold_k":
+        _blas_matmul(a.reshape(-1, plan.m).T, b.reshape(-1, plan.n), out.reshape(plan.m, plan.n))
+    elif plan.case == "batched":
+        _batched_into(a, b, out.reshape(plan.full), plan)
+    else:
+        if ws is None:
+            tmp = np.empty(plan.full, out.dtype)
+        else:
+            shift = (-ws.ctypes.data) % 64
+            tmp = ws[shift : shift + math.prod(plan.full) * out.itemsize].view(out.dtype).reshape(plan.full)
+        _batched_into(a, b, tmp, plan)
+        kept = tuple(1 if i in plan.axes else d for i, d in enumerate(plan.full))
+        np.sum(tmp, axis=plan.axes, keepdims=True, out=out.reshape(kept))
+    alpha = attrs["alpha"]
+    if alpha != 1.0:
+        out *= out.dtype.type(alpha)
 
 
 # -- integer and quantized matmul ---------------------------------------------------------------

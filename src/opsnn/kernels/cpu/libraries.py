@@ -421,7 +421,7 @@ def kernel_choice(
     kernel: str, rows: int, k: int, n: int, dtype, batch: int = 1, tiles: int | None = None, p: Platform | None = None
 ) -> Choice | None:
     """The library that the registered product kernel ``kernel`` (of MatMul, Gemm, Linear,
-    FusedMatMul, Conv, FusedConv, BlockedConv, ConvTranspose) runs its (rows, k) @ (k, n) GEMMs on
+    FusedMatMul, BatchGemm, Conv, FusedConv, BlockedConv, ConvTranspose) runs its (rows, k) @ (k, n) GEMMs on
     here, and why (``tiles``: a Winograd chunk's tile count); None for a kernel that is not one of
     those. What ``opsnn explain`` prints per product shape."""
     p = p if p is not None else platform()
@@ -464,6 +464,7 @@ def kernel_choice(
         (
             "matmul_",
             "gemm_",
+            "batch_gemm_",
             "linear_",
             "conv_1x1",
             "conv2d_im2col",

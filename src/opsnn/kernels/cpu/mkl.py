@@ -419,12 +419,12 @@ def _matrices(x: np.ndarray) -> tuple[np.ndarray, int]:
     return addr.ravel(), max(ld, cols, 1)
 
 
-def matmul_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_b: bool = False) -> None:
-    """``c[i] = a[i] @ b[i]`` (``b[i].T`` when ``trans_b``) over equal leading dims in one
-    ``cblas_sgemm_batch`` call: MKL spreads the small products over its threads (numpy's
-    matmul issues one BLAS call per matrix, each waking the BLAS pool). Every operand is a
-    float32 view whose matrices have unit column stride (head-strided views qualify)."""
-    m, k = a.shape[-2:]
+def matmul_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_b: bool = False, trans_a: bool = False) -> None:
+    """``c[i] = a[i] @ b[i]`` (``b[i].T`` when ``trans_b``, ``a[i].T`` when ``trans_a``) over equal
+    leading dims in one ``cblas_sgemm_batch`` call: MKL spreads the small products over its threads
+    (numpy's matmul issues one BLAS call per matrix, each waking the BLAS pool). Every operand is a
+    float32 view whose matrices, as stored, have unit column stride (head-strided views qualify)."""
+    m, k = a.shape[-2:][::-1] if trans_a else a.shape[-2:]
     n = b.shape[-2] if trans_b else b.shape[-1]
     count = int(np.prod(a.shape[:-2]))
     if count == 0 or m == 0 or n == 0:
@@ -437,7 +437,7 @@ def matmul_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_b: bool = 
     pc, ldc = _matrices(c)
     i32 = np.int32
     args = [
-        np.array([_NO_TRANS], i32),
+        np.array([_TRANS if trans_a else _NO_TRANS], i32),
         np.array([_TRANS if trans_b else _NO_TRANS], i32),
         np.array([m], i32),
         np.array([n], i32),
@@ -455,6 +455,22 @@ def matmul_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_b: bool = 
     lib = _api()
     lib.set_threads_local(_threads())
     lib.batch(_ROW_MAJOR, *[x.ctypes.data for x in args], 1, size.ctypes.data)
+
+
+def try_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool, trans_b: bool) -> bool:
+    """``c[i] = op(a[i]) @ op(b[i])`` (``op`` transposes where ``trans_a`` / ``trans_b``: the operand
+    is stored (K, M) / (N, K) and read so, no copy) in one ``cblas_sgemm_batch`` call, batch dims of
+    ``a`` and ``b`` broadcast to ``c``'s; True when done. False (nothing done) when MKL is not
+    available or a view is not a row-major BLAS operand as stored."""
+    if (_lib is None and unavailable() is not None) or _why is not None or c.ndim < 3 or 0 in c.strides[:-2]:
+        return False
+    lead = c.shape[:-2]
+    a = np.broadcast_to(a, lead + a.shape[-2:])
+    b = np.broadcast_to(b, lead + b.shape[-2:])
+    if not (_blas_view(a) and _blas_view(b) and _blas_view(c)):
+        return False
+    matmul_batched(a, b, c, trans_b=trans_b, trans_a=trans_a)
+    return True
 
 
 def _blas_view(x: np.ndarray) -> bool:

@@ -595,6 +595,160 @@ def gemm(a, b, c=None, alpha=1.0, beta=1.0, trans_a=False, trans_b=False):
     }
 
 
+# -- BatchGemm (opsnn domain): the backward products of MatMul and Linear ----------------------------------
+# dA = dY @ B^T and dB = A^T @ dY of a batched, broadcast MatMul, each summed over the batch dims its
+# operand was broadcast along: one record reading the transposes in place (BLAS trans flags) and
+# folding a summed batch into the product's K (dW of a Linear over (B, S, K) rows is one GEMM), where
+# the composition Transpose + MatMul + ReduceSum + Reshape copied operands and made a batch of partial
+# products first.
+def _batch_gemm_shapes(ctx) -> tuple:
+    """(m, k, n, broadcast batch, output batch) of a BatchGemm, validated."""
+    sa, sb = tuple(ctx.shape(0)), tuple(ctx.shape(1))
+    if len(sa) < 2 or len(sb) < 2:
+        ctx.fail(f"A and B must be at least 2-D, got A {sa} and B {sb}")
+    ta, tb = int(ctx.attrs["transA"]), int(ctx.attrs["transB"])
+    m, ka = (sa[-1], sa[-2]) if ta else (sa[-2], sa[-1])
+    kb, n = (sb[-1], sb[-2]) if tb else (sb[-2], sb[-1])
+    if ka != kb:
+        ctx.fail(
+            f"inner dimensions differ: op(A) is (..., {m}, {ka}) (transA={ta}), op(B) is (..., {kb}, {n}) (transB={tb})"
+        )
+    full = _broadcast(ctx, "batch dims", sa[:-2], sb[:-2])
+    batch = full if ctx.attrs["batch"] is None else tuple(int(d) for d in ctx.attrs["batch"])
+    if K.batch_sum_axes(full, batch) is None:
+        ctx.fail(
+            f"batch {batch} is not a shape the broadcast batch {full} sums onto (each dim equal to the "
+            "broadcast one or 1, aligned from the right)"
+        )
+    return m, ka, n, full, batch
+
+
+def _batch_gemm_infer(ctx):
+    dt = _same_dtype(ctx, 0, 1)
+    m, _, n, _, batch = _batch_gemm_shapes(ctx)
+    return [TensorMeta(batch + (m, n), dt)]
+
+
+def _batch_gemm_ref(ins, attrs):
+    a, b = ins
+    dt = a.dtype
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    y = np.matmul(
+        np.swapaxes(a64, -1, -2) if attrs["transA"] else a64, np.swapaxes(b64, -1, -2) if attrs["transB"] else b64
+    )
+    if attrs["batch"] is not None:
+        batch = tuple(int(d) for d in attrs["batch"])
+        full, axes = K.batch_sum_axes(y.shape[:-2], batch)
+        y = y.reshape(full + y.shape[-2:]).sum(axis=axes, keepdims=True).reshape(batch + y.shape[-2:])
+    return (attrs["alpha"] * y).astype(dt)
+
+
+def _batch_gemm_flops(ctx) -> int:
+    """2 * m * k * n per product of the broadcast batch (the summing adds are not counted)."""
+    m, k, n, full, _ = _batch_gemm_shapes(ctx)
+    return 2 * math.prod(full) * m * k * n
+
+
+def _batch_gemm_plan(ctx):
+    _, _, _, full, batch = _batch_gemm_shapes(ctx)
+    ta, tb = bool(ctx.attrs["transA"]), bool(ctx.attrs["transB"])
+    return K.batch_gemm_plan(tuple(ctx.shape(0)), tuple(ctx.shape(1)), ta, tb, full, batch, ctx.dtype(0))
+
+
+BatchGemm = register_op(
+    "BatchGemm",
+    domain="opsnn",
+    category="matmul",
+    inputs=[Input("A", FLOAT), Input("B", FLOAT)],
+    outputs=["Y"],
+    attrs=[
+        Attr("alpha", "float", 1.0),
+        Attr("transA", "int", 0),
+        Attr("transB", "int", 0),
+        Attr("batch", "ints", None),
+    ],
+    infer=_batch_gemm_infer,
+    reference=_batch_gemm_ref,
+    flops=_batch_gemm_flops,
+    doc="Y = alpha * op(A) @ op(B) over broadcast batch dims (op transposes the last two dims where "
+    "transA / transB), summed onto the output batch ``batch`` (None: the broadcast batch): the backward "
+    "products of MatMul and Linear.",
+)
+BatchGemm.kernel(
+    "batch_gemm_blas",
+    dtypes=_F32_64,
+    priority=10,
+    strided=True,
+    plan=_batch_gemm_plan,
+    workspace=lambda ctx, plan: plan.workspace,
+    doc="transposes read in place by BLAS; A's batch folded into M (B 2-D) or a summed batch into K "
+    "(one GEMM); else one batched product (MKL's cblas_sgemm_batch for float32), summed in the workspace",
+)(K.batch_gemm)
+
+
+def _batch_gemm_runtime_shape(ctx):
+    """(batch, m, k, n, trans_a, trans_b) of a BatchGemm as one oneDNN matmul over contiguous
+    operands, or why not."""
+    if ctx.attrs["alpha"] != 1.0:
+        return "alpha=1 only"
+    p = _batch_gemm_plan(ctx)
+    if 0 in p.full or p.k == 0:
+        return "empty product"
+    rows = math.prod(p.full[:-2])
+    if p.case == "fold_m":
+        return 1, rows * p.m, p.k, p.n, False, p.trans_b
+    if p.case == "fold_k":
+        return 1, p.m, rows * p.k, p.n, True, False
+    sa, sb = tuple(ctx.shape(0)), tuple(ctx.shape(1))
+    if p.case == "batched" and sa[:-2] == sb[:-2]:
+        return rows, p.m, p.k, p.n, p.trans_a, p.trans_b
+    return f"{p.case}: batch dims {sa[:-2]} and {sb[:-2]} broadcast"
+
+
+def _batch_gemm_runtime_applies(ctx):
+    why = _runtime_bf16_rejection(ctx, 0, 1)
+    if why is None:
+        shape = _batch_gemm_runtime_shape(ctx)
+        why = shape if isinstance(shape, str) else None
+    return True if why is None else why
+
+
+def _batch_gemm_runtime_plan(ctx):
+    batch, m, k, n, ta, tb = _batch_gemm_runtime_shape(ctx)
+    return KD.runtime_matmul(batch, m, k, n, trans_a=ta, trans_b=tb)
+
+
+BatchGemm.kernel(
+    "batch_gemm_onednn_runtime",
+    dtypes=(_dt.bfloat16,),
+    priority=25,
+    applies=_batch_gemm_runtime_applies,
+    plan=_batch_gemm_runtime_plan,
+    bind=lambda ins, outs, attrs, plan, ws: plan.bind(ins[0], ins[1], None, outs[0]),
+    doc="bfloat16 operands known at run time (a bfloat16 forward's backward products), alpha=1, a fold "
+    "or equal batch dims: oneDNN's native bf16 matmul reading the transposes in place, one rounding",
+)(lambda ins, outs, attrs, plan, ws: plan.run(ins[0], ins[1], None, outs[0]))
+
+
+@api("batch_gemm", "BatchGemm", domain="opsnn")
+def batch_gemm(a, b, alpha=1.0, trans_a=False, trans_b=False, batch=None):
+    """``alpha * op(a) @ op(b)`` over broadcast batch dims, ``op`` transposing the last two dims of
+    ``a`` / ``b`` where ``trans_a`` / ``trans_b`` (read in place, no copy), summed onto the output
+    batch ``batch`` (None: the broadcast batch). ``batch_gemm(dy, x, trans_a=True, batch=())`` is a
+    Linear's weight gradient for ``x`` (B, S, K), ``dy`` (B, S, N): one GEMM.
+
+    >>> import opsnn, numpy as np
+    >>> opsnn.ops.batch_gemm(np.ones((2, 5, 3), np.float32), np.ones((2, 5, 4), np.float32), trans_a=True, batch=()).shape
+    (3, 4)
+    """
+    return [a, b], {
+        "alpha": float(alpha),
+        "transA": int(bool(trans_a)),
+        "transB": int(bool(trans_b)),
+        "batch": None if batch is None else [int(d) for d in batch],
+    }
+
+
 # -- Linear (opsnn domain) ------------------------------------------------------------------------
 # Its own record rather than an alias: ONNX Gemm is 2-D only and MatMul has neither the
 # transposed weight nor the bias, so ``x @ W^T + b`` over arbitrary leading dims would take
@@ -847,6 +1001,78 @@ Einsum.kernel(
 )(_einsum_kernel)
 
 
+def einsum_as_batch_gemm(eq: str, sa: tuple, sb: tuple):
+    """A two-operand contraction ``eq`` (normalized, no '...') as one batched GEMM over the operands
+    as stored: (batch, M, N, K, transA, transB) with each letter group (batch: in both operands and
+    the output; M: A and the output; N: B and the output; K: both operands only) consecutive and in
+    one order wherever it appears, batch first, the output batch + M + N. Else why not (a string)."""
+    lhs, out = eq.split("->")
+    terms = lhs.split(",")
+    if len(terms) != 2 or "." in eq:
+        return "needs two operands without '...'"
+    ta_, tb_ = terms
+    if len(set(ta_)) != len(ta_) or len(set(tb_)) != len(tb_):
+        return "a label repeats within an operand (a diagonal)"
+    batch = "".join(c for c in out if c in ta_ and c in tb_)
+    m = "".join(c for c in out if c in ta_ and c not in tb_)
+    n = "".join(c for c in out if c in tb_ and c not in ta_)
+    k = "".join(c for c in ta_ if c in tb_ and c not in out)
+    if out != batch + m + n:
+        return f"output {out!r} is not batch + M + N ({batch!r} + {m!r} + {n!r})"
+    if set(ta_) != set(batch + m + k) or set(tb_) != set(batch + n + k):
+        return "a label is summed within one operand only"
+    if ta_ not in (batch + m + k, batch + k + m) or tb_ not in (batch + k + n, batch + n + k):
+        return f"operands {ta_!r}, {tb_!r} do not hold the groups batch {batch!r}, M {m!r}, N {n!r}, K {k!r} in order"
+    size = dict(zip(ta_, sa)) | dict(zip(tb_, sb))
+    prod = [math.prod(size[c] for c in g) for g in (batch, m, n, k)]
+    return (*prod, ta_ != batch + m + k, tb_ != batch + k + n)
+
+
+def _einsum_gemm_shape(ctx):
+    """(swapped, batch, M, N, K, transA, transB) of a two-operand Einsum as one batched GEMM (swapped:
+    the output is batch + N + M, so B's role is A's), or why not."""
+    if len(ctx.inputs) != 2:
+        return f"{len(ctx.inputs)} operands (two only)"
+    eq, _ = parse_einsum(ctx, _decode(ctx.attrs["equation"]), [m.shape for m in ctx.inputs])
+    sa, sb = tuple(ctx.shape(0)), tuple(ctx.shape(1))
+    shape = einsum_as_batch_gemm(eq, sa, sb)
+    if not isinstance(shape, str):
+        return (False, *shape)
+    lhs, out = eq.split("->")
+    swapped = einsum_as_batch_gemm(",".join(lhs.split(",")[::-1]) + "->" + out, sb, sa)
+    return shape if isinstance(swapped, str) else (True, *swapped)
+
+
+def _einsum_gemm_plan(ctx):
+    swapped, nb_, m, n, k, ta, tb = _einsum_gemm_shape(ctx)
+    full = () if nb_ == 1 else (nb_,)
+    p = K.batch_gemm_plan(
+        full + ((k, m) if ta else (m, k)), full + ((n, k) if tb else (k, n)), ta, tb, full, full, ctx.dtype(0)
+    )
+    return swapped, p._replace(case="batched")
+
+
+def _einsum_gemm(ins, outs, attrs, plan, ws):
+    swapped, p = plan
+    x, y = (ins[1], ins[0]) if swapped else (ins[0], ins[1])
+    lead = p.full[:-2]
+    a = x.reshape(lead + ((p.k, p.m) if p.trans_a else (p.m, p.k)))
+    b = y.reshape(lead + ((p.n, p.k) if p.trans_b else (p.k, p.n)))
+    K.batch_gemm([a, b], [outs[0].reshape(p.full)], {"alpha": 1.0}, p, None)
+
+
+Einsum.kernel(
+    "einsum_batch_gemm",
+    dtypes=_F32_64,
+    priority=20,
+    applies=lambda ctx: (lambda s: True if not isinstance(s, str) else s)(_einsum_gemm_shape(ctx)),
+    plan=_einsum_gemm_plan,
+    strided=True,
+    doc="two operands whose labels group as batch, M, N, K in order: one batched GEMM on the operands as "
+    "stored (each group merged as a view, transposes as BLAS flags), e.g. attention's bhqd,bhkd->bhqk",
+)(_einsum_gemm)
+
+
 @api("einsum", "Einsum")
 def einsum(equation, *operands):
     """Einstein summation, e.g. ``einsum("bij,bjk->bik", a, b)``."""
@@ -990,4 +1216,4 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
     return [a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point], {}
 
 
-__all__ = ["matmul", "gemm", "linear", "einsum", "matmul_integer", "qlinear_matmul"]
+__all__ = ["matmul", "gemm", "batch_gemm", "linear", "einsum", "matmul_integer", "qlinear_matmul"]
