@@ -145,10 +145,15 @@ _INDEX_NAMES = (
 )
 
 
+#: the domains opsnn's own records live in: ops a user registers elsewhere exist only in their process, not in a
+#: fuzz worker's
+BUILTIN_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training", "opsnn")
+
+
 def _ops():
     from ..ops.registry import all_ops
 
-    return [r for r in all_ops() if r.name not in SKIP_OPS]
+    return [r for r in all_ops() if r.name not in SKIP_OPS and r.domain in BUILTIN_DOMAINS]
 
 
 def _numeric(dtypes):
