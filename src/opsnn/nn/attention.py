@@ -24,7 +24,7 @@ from .. import ops
 from ..errors import ParamInvalidError
 from ..tensor import as_tensor
 from . import init
-from .functional import additive_mask, merge_heads, reshape, split_heads
+from .functional import additive_mask, dropout, merge_heads, reshape, split_heads
 from .layers import Linear
 from .module import Module, Parameter
 
@@ -42,7 +42,10 @@ class MultiheadAttention(Module):
     Inputs are (L, N, E) or, with ``batch_first=True``, (N, L, E); 2-D inputs are one
     unbatched sequence. ``need_weights=False`` runs the fused ``scaled_dot_product_attention``;
     ``need_weights=True`` also returns the softmax probabilities (averaged over heads unless
-    ``average_attn_weights=False``). Inference only (``dropout`` must be 0 when training).
+    ``average_attn_weights=False``). In training mode with ``dropout > 0`` the probabilities are
+    dropped where torch drops them (after the softmax, before ``@ V``; the returned weights are the
+    dropped ones, as torch's), so that path runs unfused: matmul, softmax, ``functional.dropout``,
+    matmul (the fused Attention op takes no dropout).
     """
 
     def __init__(
@@ -61,6 +64,8 @@ class MultiheadAttention(Module):
         super().__init__()
         if add_bias_kv or add_zero_attn:
             raise ParamInvalidError("MultiheadAttention: add_bias_kv and add_zero_attn are not supported")
+        if not 0.0 <= dropout <= 1.0:
+            raise ParamInvalidError(f"MultiheadAttention: dropout must be in [0, 1], got {dropout}")
         if embed_dim % num_heads:
             raise ParamInvalidError(
                 f"MultiheadAttention: embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
@@ -126,6 +131,23 @@ class MultiheadAttention(Module):
             mask = am if mask is None else ops.add(mask, am)
         return mask
 
+    def _dropped_attention(self, q, k, v, mask, causal: bool):
+        """``dropout(softmax(q k^T / sqrt(D) + mask)) @ v`` over (N, H, L|S, D); returns (y, probs)."""
+        L, S, dt = q.shape[2], k.shape[2], q.dtype
+        scores = ops.mul(ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))), as_tensor(np.asarray(self.head_dim**-0.5, dt)))
+        zero, empty = as_tensor(np.zeros((), dt)), None
+        if causal:  # top-left aligned, as the fused op without a KV cache: no row is fully masked
+            scores = ops.add(scores, as_tensor(np.triu(np.full((1, 1, L, S), -np.inf, dt), 1)))
+        elif mask is not None:
+            # a row whose keys are all masked gives zeros, as the fused op: softmax it unmasked, then zero it
+            empty = ops.isinf(ops.max(mask, dim=-1, keepdim=True), detect_positive=False)
+            scores = ops.add(scores, ops.where(empty, zero, mask))
+        probs = ops.softmax(scores, dim=-1)
+        if empty is not None:
+            probs = ops.where(empty, zero, probs)
+        probs = dropout(probs, self.dropout, True, f"MultiheadAttention(dropout={self.dropout})")
+        return ops.matmul(probs, v), probs
+
     def forward(
         self,
         query,
@@ -137,8 +159,6 @@ class MultiheadAttention(Module):
         average_attn_weights: bool = True,
         is_causal: bool = False,
     ):
-        if self.training and self.dropout > 0:
-            raise ParamInvalidError("MultiheadAttention: attention dropout in training mode is not supported")
         same_kv = key is value
         self_attn = query is key and same_kv
         query, key, value = as_tensor(query), as_tensor(key), as_tensor(value)
@@ -177,7 +197,16 @@ class MultiheadAttention(Module):
         mask = self._mask(key_padding_mask, attn_mask, N, L, S, query.dtype)
         causal = bool(is_causal) and mask is None  # torch: is_causal is a hint that attn_mask is causal
         weights = None
-        if need_weights:
+        if self.training and self.dropout > 0:
+            y, weights = self._dropped_attention(q, k, v, mask, causal)
+            if need_weights:
+                if average_attn_weights:
+                    weights = ops.mean(weights, dim=1)
+                if unbatched:
+                    weights = ops.squeeze(weights, 0)
+            else:
+                weights = None
+        elif need_weights:
             y, _, _, weights = ops.attention(q, k, v, mask, is_causal=causal, num_outputs=4, qk_matmul_output_mode=3)
             if average_attn_weights:
                 weights = ops.mean(weights, dim=1)

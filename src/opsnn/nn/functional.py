@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
-from ..errors import DTypeError
+from ..errors import DTypeError, ParamInvalidError
 from ..tensor import Tensor, as_tensor
+from . import init
 
 
 def reshape(x, shape) -> Tensor:
@@ -32,6 +33,47 @@ def merge_heads(x) -> Tensor:
     """``(B, H, S, D)`` -> ``(B, S, H*D)``."""
     x = as_tensor(x)
     return reshape(ops.transpose(x, (0, 2, 1, 3)), (0, 0, x.shape[1] * x.shape[3]))
+
+
+_SEED_HIGH = np.iinfo(np.int64).max
+
+
+def _draw_seed() -> np.ndarray:
+    return np.asarray(init.generator().integers(_SEED_HIGH, dtype=np.int64))
+
+
+def dropout_seed(who: str = "dropout") -> Tensor:
+    """One int64 draw from opsnn's generator as a 0-d tensor. While a training step is traced it
+    becomes a runtime input of the graph, drawn again before every run (in trace order)."""
+    from ..graph.tracing import TraceError, active_tracer
+
+    t = as_tensor(_draw_seed())
+    tracer = active_tracer()
+    if tracer is not None:
+        if not hasattr(tracer, "add_input"):
+            raise TraceError(
+                f"{who}: a training-mode mask needs a fresh seed at every run, which only a traced training "
+                "step (opsnn.compile(train_step)) feeds; trace the model in eval mode"
+            )
+        tracer.add_input(t, "dropout_seed", _draw_seed)
+    return t
+
+
+def dropout(x, p: float = 0.5, training: bool = True, who: str = "dropout") -> Tensor:
+    """torch.nn.functional.dropout: identity unless ``training`` and ``p > 0``; otherwise zero each
+    element with probability ``p`` and scale the rest by ``1/(1-p)``. The mask comes from
+    ``opsnn.ops.native_dropout`` with one seed drawn by :func:`dropout_seed`, so eager and compiled
+    training steps from one ``opsnn.manual_seed`` draw the same masks (``who`` names the caller in
+    errors)."""
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ParamInvalidError(f"{who}: dropout probability must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return x
+    x = as_tensor(x)
+    if p == 1.0:
+        return ops.mul(x, as_tensor(np.zeros((), x.dtype)))
+    return ops.native_dropout(x, p, dropout_seed(who))[0]
 
 
 def additive_mask(mask, dtype, masked_when_true: bool = True) -> Tensor:

@@ -16,9 +16,9 @@ from .. import dtypes as _dt
 from .. import ops
 from ..errors import ParamInvalidError
 from ..ops.registry import get_op
-from ..tensor import Tensor, as_tensor
+from ..tensor import as_tensor
 from . import init
-from .functional import check_token_ids, reshape
+from .functional import check_token_ids, dropout, reshape
 from .module import Module, Parameter
 
 
@@ -421,37 +421,10 @@ class Dropout(Module):
     def forward(self, x):
         if not self.training or self.p == 0.0:
             return x
-        x = as_tensor(x)
-        if self.p == 1.0:
-            return ops.mul(x, as_tensor(np.zeros((), x.dtype)))
-        return ops.native_dropout(x, self.p, dropout_seed(f"Dropout(p={self.p})"))[0]
+        return dropout(x, self.p, True, f"Dropout(p={self.p})")
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
-
-
-_SEED_HIGH = np.iinfo(np.int64).max
-
-
-def _draw_seed() -> np.ndarray:
-    return np.asarray(init.generator().integers(_SEED_HIGH, dtype=np.int64))
-
-
-def dropout_seed(who: str = "dropout") -> Tensor:
-    """One int64 draw from opsnn's generator as a 0-d tensor. While a training step is traced it
-    becomes a runtime input of the graph, drawn again before every run (in trace order)."""
-    from ..graph.tracing import TraceError, active_tracer
-
-    t = as_tensor(_draw_seed())
-    tracer = active_tracer()
-    if tracer is not None:
-        if not hasattr(tracer, "add_input"):
-            raise TraceError(
-                f"{who}: a training-mode mask needs a fresh seed at every run, which only a traced training "
-                "step (opsnn.compile(train_step)) feeds; trace the model in eval mode"
-            )
-        tracer.add_input(t, "dropout_seed", _draw_seed)
-    return t
 
 
 class ReLU(Module):

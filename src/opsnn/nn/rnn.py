@@ -32,7 +32,7 @@ from ..autograd import is_grad_enabled
 from ..errors import ParamInvalidError
 from ..tensor import as_tensor
 from . import init
-from .functional import reshape
+from .functional import dropout, reshape
 from .module import Module
 
 
@@ -61,6 +61,8 @@ class _RNNBase(Module):
                 f"{name}: input_size, hidden_size and num_layers must be >= 1, got "
                 f"{input_size}, {hidden_size}, {num_layers}"
             )
+        if not 0.0 <= dropout <= 1.0:
+            raise ParamInvalidError(f"{name}: dropout must be in [0, 1], got {dropout}")
         self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
         self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
         self.bidirectional = bool(bidirectional)
@@ -167,9 +169,6 @@ class _RNNBase(Module):
 
     def _run(self, x, states: list):
         """Shared driver: returns (output, [stacked final states])."""
-        name = type(self).__name__
-        if self.training and self.dropout > 0 and self.num_layers > 1:
-            raise ParamInvalidError(f"{name}: inter-layer dropout in training mode is not supported")
         x = self._check_input(x)
         unbatched = x.ndim == 2
         if unbatched:
@@ -189,6 +188,8 @@ class _RNNBase(Module):
             x = reshape(ops.transpose(y, (0, 2, 1, 3)), (0, 0, self.num_directions * self.hidden_size))
             for f, o in zip(finals, outs[1:]):
                 f.append(o)
+            if layer + 1 < self.num_layers:  # torch: every layer's output but the last's
+                x = dropout(x, self.dropout, self.training, f"{type(self).__name__}(dropout={self.dropout})")
         final = [f[0] if len(f) == 1 else ops.concat(f, dim=0) for f in finals]
         if unbatched:
             x = ops.squeeze(x, 1)
