@@ -35,9 +35,11 @@ import subprocess
 import sys
 import time
 
+import opsnn  # before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap when numpy loads it
+
+# isort: split
 import numpy as np
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 from opsnn.kernels.cpu import blocked as KB
 from opsnn.ops import autotune
 from opsnn.ops.registry import TensorMeta, get_op
