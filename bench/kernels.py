@@ -835,6 +835,9 @@ def main() -> int:
         "--ghz", type=float, default=0.0, help="products: the clock for the FMA peak (default: /proc/cpuinfo)"
     )
     ap.add_argument(
+        "--cores", type=int, default=0, help="products: the cores for the FMA peak (default: this process's)"
+    )
+    ap.add_argument(
         "--conv-filter",
         default="",
         help="conv: only the shapes whose name contains one of these comma-separated strings (e.g. '3x3 64,3x3 128')",
