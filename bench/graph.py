@@ -15,10 +15,12 @@ import math
 import statistics
 import time
 
+import opsnn  # before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap when numpy loads it
+
+# isort: split
 import numpy as np
 from workloads import write_json
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 from opsnn.graph import Graph, Node, Value
 
 

@@ -10,8 +10,8 @@ settling run and then two timed ones (see ``measure``); figures are medians with
 spread.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/kernels.py \\
-        [--only conv,gemm,lowp,attention,threads,large] [--repeat 30] [--quick] [--conv-filter S,...]
-        [--json PATH]
+        [--only conv,gemm,products,lowp,attention,threads,large] [--repeat 30] [--quick]
+        [--conv-filter S,...] [--ghz GHZ] [--cores N] [--json PATH]
 
 Prefix ``NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1`` for single-thread figures (onnxruntime
 then gets one thread too); their ``cpu`` column is robust to other jobs on the machine.
@@ -21,6 +21,9 @@ layers with >= 64 channels; the fp32 GEMM path >= 90% of numpy's GFLOP/s.
 ``--only large`` runs conv and pooling on a 1x{C}x4096x4096 image through the eager API and
 reports each kernel's time, workspace and the memory pool's peak against input + output
 (issue: Large inputs, bounded workspace: peak <= 2x (input + output)).
+``--only products`` times every library on BERT-base's and the decoder prefill's constant-weight
+products (run it under ``OPSNN_CPU_ISA=avx2`` and without: issue 34's A/B of the AVX2 strategy)
+against the 8-lane FMA peak.
 ``--only threads`` reruns the OpenMP wait-policy experiment behind the default set in
 ``opsnn/kernels/cpu/__init__.py`` (fresh processes, interleaved rounds).
 """
@@ -35,9 +38,11 @@ import subprocess
 import sys
 import time
 
+import opsnn  # before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap when numpy loads it
+
+# isort: split
 import numpy as np
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 from opsnn.kernels.cpu import blocked as KB
 from opsnn.ops import autotune
 from opsnn.ops.registry import TensorMeta, get_op
@@ -453,6 +458,101 @@ def bench_gemm(args, rng) -> list:
     return rows
 
 
+#: constant-weight products of BERT-base s128 and the LLaMA-style decoder's 128-token prefill
+#: (hidden 768, 4 KV heads of 64: q/k/v stacked to 1280 columns, gate and up to 4096)
+PRODUCTS = [
+    ("bert proj 128x768x768", 128, 768, 768),
+    ("bert ffn1 128x768x3072", 128, 768, 3072),
+    ("bert ffn2 128x3072x768", 128, 3072, 768),
+    ("prefill qkv 128x768x1280", 128, 768, 1280),
+    ("prefill gate+up 128x768x4096", 128, 768, 4096),
+    ("prefill down 128x2048x768", 128, 2048, 768),
+]
+
+
+def fma_peak_gflops(lanes: int, cores: int, ghz: float) -> float:
+    """cores x 2 FMA units x ``lanes`` float32 lanes x 2 flops x clock."""
+    return cores * 2 * lanes * 2 * ghz
+
+
+def _clock_ghz() -> float:
+    """The highest clock /proc/cpuinfo reports (a VM's is nominal), in GHz; 0 when unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            mhz = [float(line.split(":")[1]) for line in f if line.startswith("cpu MHz")]
+    except (OSError, ValueError):
+        return 0.0
+    return max(mhz, default=0.0) / 1e3
+
+
+def bench_products(args, rng) -> list:
+    """Every library that can run each constant-weight product, in one process, round-robin: what
+    :mod:`opsnn.kernels.cpu.libraries` picks ("opsnn graph"), OpenBLAS (numpy), MKL unpacked and
+    packed, oneDNN's matmul (whatever its implementation under the ISA cap: brgemm, or gemm:jit
+    under AVX2) and onnxruntime; GFLOP/s and the share of the 8-lane (AVX2) FMA peak."""
+    from opsnn.kernels.cpu import libraries as KL
+    from opsnn.kernels.cpu import mkl as KM
+    from opsnn.kernels.cpu import onednn as KD
+    from opsnn.runtime import cpu, threads
+
+    cores = args.cores or threads.cores()
+    ghz = args.ghz or _clock_ghz()
+    peak = fma_peak_gflops(8, cores, ghz)
+    print(
+        f"\n== constant-weight products (float32), {KL.summary()}\n   AVX2 FMA peak {peak:.0f} GFLOP/s "
+        f"({cores} cores x 2 FMA x 8 lanes x 2 x {ghz:.2f} GHz; --cores, --ghz set them); ISA in force {cpu.isa()}"
+    )
+    rows = []
+    for name, m, k, n in PRODUCTS[:2] if args.quick else PRODUCTS:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        w = (rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32)
+        ref = a.astype(np.float64) @ w.astype(np.float64)
+        model = _model("MatMul", {"a": a}, {"B": w}, {}, np.float32)
+        run_graph, chosen = _opsnn_runner(model, {"a": a})
+        sess = _ort_session(model)
+
+        def into(fn):
+            """A call of ``fn(y)`` that returns ``y``, an output array of its own."""
+            y = np.empty((m, n), np.float32)
+            return lambda: (fn(y), y)[1]
+
+        fns = {
+            f"opsnn graph ({chosen})": run_graph,
+            "openblas": into(lambda y, a=a, w=w: np.matmul(a, w, out=y)),
+            "onnxruntime": lambda sess=sess, a=a: sess.run(None, {"a": a})[0],
+        }
+        if KM.unavailable() is None:
+            packed = KM.pack(w, m, transpose=False)
+            fns["mkl"] = into(lambda y, a=a, w=w: KM.try_gemm2d(a, w, y))
+            fns["mkl packed"] = into(lambda y, a=a, p=packed: KM.gemm(a, p, y))
+        if KD.unavailable() is None:
+            prim = KD.MatMulPrimitive(m, w, has_bias=False, residual=False, act=0)
+            fns[f"onednn {prim.impl}"] = into(lambda y, a=a, prim=prim: prim(a, None, None, y))
+        for c, f in fns.items():
+            err = float(np.abs(f() - ref).max() / np.abs(ref).max())
+            assert err < 1e-4, f"{name}: {c} differs from the float64 product by {err:.2e} (relative to the max)"
+        res = measure(fns, args.repeat)
+        gflop = 2 * m * k * n / 1e9
+        row = {
+            "name": name,
+            "m": m,
+            "k": k,
+            "n": n,
+            "chosen": chosen,
+            "isa": cpu.isa(),
+            "avx2_peak_gflops": peak,
+            "results": res,
+            "gflops": {c: gflop / (v["median_ms"] / 1e3) for c, v in res.items()},
+        }
+        row["fraction_of_avx2_peak"] = {c: g / peak for c, g in row["gflops"].items()} if peak else {}
+        rows.append(row)
+        print(f"{name}:")
+        for c in fns:
+            share = f" {100 * row['fraction_of_avx2_peak'][c]:5.1f}% of peak" if peak else ""
+            print(f"   {c:34s} {_fmt(res[c])} {row['gflops'][c]:7.1f} GF/s{share}")
+    return rows
+
+
 def bench_lowp(args, rng) -> list:
     """16-bit MatMul: the fp32 adapter (BLAS on converted copies), the tiled numba kernel
     (tile sweep), the pre-packed constant-weight path, numpy and onnxruntime (fp16)."""
@@ -725,10 +825,18 @@ def bench_threads(args, rng) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--only", default="conv,gemm,lowp,attention", help="sections: conv,gemm,lowp,attention,threads,large"
+        "--only",
+        default="conv,gemm,lowp,attention",
+        help="sections: conv,gemm,products,lowp,attention,threads,large",
     )
     ap.add_argument("--repeat", type=int, default=30, help="round-robin rounds per workload")
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument(
+        "--ghz", type=float, default=0.0, help="products: the clock for the FMA peak (default: /proc/cpuinfo)"
+    )
+    ap.add_argument(
+        "--cores", type=int, default=0, help="products: the cores for the FMA peak (default: this process's)"
+    )
     ap.add_argument(
         "--conv-filter",
         default="",
@@ -764,6 +872,7 @@ def main() -> int:
     runners = {
         "conv": bench_conv,
         "gemm": bench_gemm,
+        "products": bench_products,
         "lowp": bench_lowp,
         "attention": bench_attention,
         "threads": bench_threads,

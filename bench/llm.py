@@ -28,10 +28,12 @@ import statistics
 import sys
 import time
 
+import opsnn  # before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap when numpy loads it
+
+# isort: split
 import numpy as np
 from workloads import write_json
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 from opsnn.llm import CachedDecoder, KVCache, mixed_workload, replay
 
 BIG = dict(layers=12, hidden=768, heads=12, kv_heads=4, vocab=32000)

@@ -36,10 +36,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import opsnn  # before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap when numpy loads it
+
+# isort: split
 import numpy as np
 from peers import OrtLlama, TorchBert, TorchLlama, TorchResNet, greedy, load_torch, ort_session
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 from opsnn.tools.text import table as _table
 
 MODELS = ("resnet50", "resnet50_b8", "bert", "llama")

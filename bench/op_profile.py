@@ -19,10 +19,11 @@ import tempfile
 import time
 from collections import defaultdict
 
+import opsnn  # noqa: F401 - before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap when numpy loads it
+
+# isort: split
 import numpy as np
 from workloads import build
-
-import opsnn  # noqa: F401  (before numpy: opsnn's OpenBLAS settings must precede numpy's load)
 
 
 def opsnn_profile(graph, feeds, runs: int):

@@ -18,10 +18,12 @@ import os
 import statistics
 import time
 
+import opsnn  # before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap when numpy loads it
+
+# isort: split
 import numpy as np
 from workloads import write_json
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 from opsnn.kernels.cpu import activation, elementwise, norm, reduction
 
 ROW = 768  # row length for the row-wise ops (LayerNorm, softmax, sum over rows): BERT-base's hidden size

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import time
 
+import opsnn  # noqa: F401 - before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap when numpy loads it
+
+# isort: split
 import numpy as np
 
-import opsnn  # noqa: F401,I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 from opsnn import dtypes as _dt
 
 

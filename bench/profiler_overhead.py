@@ -11,9 +11,10 @@ import statistics
 import sys
 import time
 
-import numpy as np
+import opsnn  # before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap when numpy loads it
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
+# isort: split
+import numpy as np
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from workloads import build  # noqa: E402

@@ -18,10 +18,12 @@ import os
 import sys
 import time
 
+import opsnn  # before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap when numpy loads it
+
+# isort: split
 import numpy as np
 from workloads import write_json
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
 from opsnn.models.superres import superres
 from opsnn.pipeline import TiledExecutor
 

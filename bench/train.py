@@ -39,9 +39,11 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
+import opsnn  # before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap when numpy loads it
+
+# isort: split
 import numpy as np
 
-import opsnn  # noqa: I001 - before numpy's BLAS starts: OpenBLAS reads opsnn's thread timeout
 from opsnn import nn, ops
 from opsnn.tools.text import table as _table
 

@@ -3,9 +3,10 @@ onnxruntime and to opsnn), with deterministic inputs."""
 
 from __future__ import annotations
 
-import numpy as np
+import opsnn  # before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap when numpy loads it
 
-import opsnn  # noqa: I001 - before numpy: OpenBLAS reads opsnn's thread timeout when numpy loads it
+# isort: split
+import numpy as np
 
 
 def build(name: str, rng, batch: int = 1, seq: int = 128, image: int = 224):

@@ -192,3 +192,46 @@ def test_paired_ratios_compare_blocks_of_the_same_round():
     assert pr["rounds"] == 4 and pr["median"] == pytest.approx(0.8)
     assert pr["p25"] == pytest.approx(0.7) and pr["p75"] == pytest.approx(0.8)
     assert benchmark.paired_ratios([1, 2, 3], [1, 2, 3], block=3)["median"] is None  # one round: no spread
+
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+#: modules that load numpy (and with it OpenBLAS) when imported
+_LOADS_BLAS = {"numpy", "onnx", "onnxruntime", "torch", "ml_dtypes", "scipy"}
+
+
+def _import_order(script: Path) -> list:
+    """The top-level modules ``script`` imports, in order (neighbour bench modules by their name)."""
+    import ast
+
+    names = []
+    for node in ast.parse(script.read_text()).body:
+        if isinstance(node, ast.Import):
+            names += [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module.split(".")[0])
+    return names
+
+
+def _opsnn_first(name: str) -> bool | None:
+    """True when bench/``name``.py imports opsnn before anything that loads numpy's OpenBLAS (a
+    neighbour counts as what it imports first), False when after, None when it loads neither."""
+    for mod in _import_order(BENCH / f"{name}.py"):
+        if mod == "opsnn":
+            return True
+        if mod in _LOADS_BLAS:
+            return False
+        if (BENCH / f"{mod}.py").is_file():
+            first = _opsnn_first(mod)
+            if first is not None:
+                return first
+    return None
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.stem for p in BENCH.glob("*.py") if "opsnn" in _import_order(p)) or ["no bench script"]
+)
+def test_bench_scripts_import_opsnn_before_numpy(name):
+    """OpenBLAS reads its thread timeout and the ISA cap's core type (set by ``import opsnn``) once,
+    when numpy loads it: a script that loads numpy first measures another OpenBLAS set-up and, on
+    AMD CPUs, another GEMM library (opsnn.kernels.cpu.libraries.gemm_library)."""
+    assert _opsnn_first(name) is True, f"bench/{name}.py imports numpy before opsnn (see bench/models.py)"

@@ -76,8 +76,10 @@ _PROBE = """
 import json, os, opsnn
 from opsnn.runtime import cpu
 from opsnn.kernels.cpu import onednn, libraries
+from opsnn.runtime import blas
 from numba.core import config
 print(json.dumps({"isa": cpu.isa(), "why": cpu.why(), "onednn_env": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+                  "openblas_env": os.environ.get("OPENBLAS_CORETYPE"), "openblas_core": blas.core_name(),
                   "mkl_env": os.environ.get("MKL_ENABLE_INSTRUCTIONS"), "numba_features": config.CPU_FEATURES,
                   "block": onednn.block(), "onednn_why": onednn.unavailable(), "bf16": onednn.bf16_unavailable(),
                   "summary": libraries.summary()}))
@@ -103,6 +105,10 @@ def test_avx2_cap_reaches_onednn_mkl_and_numba():
         assert got["why"] == f"capped by OPSNN_CPU_ISA=avx2; the CPU has {cpu.detected()}"
         feats = set(got["numba_features"].split(","))
         assert "+avx2" in feats and "-avx512f" in feats and not any(f.startswith("+avx512") for f in feats)
+        # OpenBLAS, loaded by numpy after ``import opsnn``, runs its 8-lane kernels (a value the user set wins)
+        assert got["openblas_env"] == os.environ.get("OPENBLAS_CORETYPE", "Haswell")
+        if got["openblas_core"] is not None and "OPENBLAS_CORETYPE" not in os.environ:
+            assert got["openblas_core"] == "Haswell" and "OpenBLAS Haswell" in got["summary"]
     if got["onednn_why"] is None:
         assert got["block"] == 8 and got["bf16"] is not None
 

@@ -120,3 +120,42 @@ def test_product_kernels_name_their_library_per_vendor():
     assert lib("matmul_numpy_int", amd) == "numpy"
     assert KL.kernel_choice("relu_numba", 1, 1, 1, F32, p=amd) is None
     assert all(KL.kernel_choice(k, 1, 8, 8, F32, p=amd).reason for k in ("matmul_blas", "conv_onednn"))
+
+
+#: (m, k, n) of BERT-base s128's products and the decoder prefill's stacked projections (128 rows)
+BERT_PREFILL = {
+    "bert proj": (128, 768, 768),
+    "bert ffn1": (128, 768, 3072),
+    "bert ffn2": (128, 3072, 768),
+    "prefill qkv": (128, 768, 1280),
+    "prefill gate+up": (128, 768, 4096),
+    "prefill down": (128, 2048, 768),
+}
+#: vendor -> the products that leave MKL's packed panel for OpenBLAS on an AVX2-only CPU
+ON_OPENBLAS_UNDER_AVX2 = {
+    AMD: {"bert ffn1", "bert ffn2", "prefill gate+up", "prefill down"},
+    INTEL: set(),
+}
+
+
+@pytest.mark.parametrize("vendor", [AMD, INTEL])
+def test_bert_and_prefill_products_on_an_avx2_cpu(vendor):
+    """What BERT's and the prefill's constant-weight products run on where the CPU (or the
+    ``OPSNN_CPU_ISA=avx2`` cap) offers AVX2 only: no oneDNN matmul (its AVX2 code is gemm:jit, not
+    brgemm), so MKL's packed panel or, on AMD above the packed thresholds, OpenBLAS."""
+    p = KL.Platform.for_isa("avx2", vendor)
+    assert p.onednn_matmul is not None and p.onednn_bf16 is not None
+    for name, (m, k, n) in BERT_PREFILL.items():
+        on_openblas = name in ON_OPENBLAS_UNDER_AVX2[vendor]
+        assert (KL.packed_panel_rejection(m, k, n, p) is not None) == on_openblas, name
+        graph = "matmul_blas" if on_openblas else "matmul_mkl_packed"
+        assert KL.kernel_choice(graph, m, k, n, F32, p=p).library == ("openblas" if on_openblas else "mkl"), name
+        assert KL.projection(m, k, n, F32, p).kernel == (
+            "llm_linear_openblas" if on_openblas else "llm_linear_mkl_packed"
+        ), name
+        assert KL.weight_stays_unpacked(m, k, n, p) == on_openblas, name
+    # the same products on an AVX-512 CPU of either vendor: oneDNN's brgemm where MKL is not the library
+    wide = KL.Platform.for_isa("avx512", vendor)
+    assert {KL.projection(m, k, n, F32, wide).kernel for m, k, n in BERT_PREFILL.values()} == (
+        {"llm_linear_onednn"} if vendor == AMD else {"llm_linear_mkl_packed"}
+    )

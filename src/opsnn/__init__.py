@@ -24,6 +24,7 @@ command-line tools.
 from ._blas_env import configure as _configure_blas
 
 _configure_blas()  # before anything imports numpy (which loads OpenBLAS); see _blas_env
+from . import runtime  # noqa: E402, F401 - its ISA cap, too, must be in the environment before numpy loads OpenBLAS
 from . import dtypes, errors  # noqa: E402
 from .runtime import Device, Event, Stream, context, current_stream, finalize, hooks, init, is_initialized
 from .runtime import memory

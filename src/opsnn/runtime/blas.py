@@ -27,6 +27,12 @@ _GETTERS = (
     "scipy_openblas_get_num_threads_64_",
     "openblas_get_num_threads64_",
 )
+_CORE_NAMES = (
+    "openblas_get_corename",
+    "scipy_openblas_get_corename64_",
+    "scipy_openblas_get_corename_64_",
+    "openblas_get_corename64_",
+)
 _lock = threading.Lock()
 _depth = 0
 _saved: int | None = None
@@ -34,7 +40,7 @@ _api: tuple | None = None
 
 
 def _find():
-    """(setter, getter) of the OpenBLAS that numpy loaded, or None."""
+    """(setter, getter, core name or None) of the OpenBLAS that numpy loaded, or None."""
     global _api
     if _api is not None:
         return _api or None
@@ -59,7 +65,10 @@ def _find():
         if setter is not None and getter is not None:
             setter.argtypes, setter.restype = [ctypes.c_int], None
             getter.argtypes, getter.restype = [], ctypes.c_int
-            _api = (setter, getter)
+            core = next((getattr(lib, n) for n in _CORE_NAMES if hasattr(lib, n)), None)
+            if core is not None:
+                core.argtypes, core.restype = [], ctypes.c_char_p
+            _api = (setter, getter, core)
             return _api
     _api = ()
     return None
@@ -69,6 +78,17 @@ def get_blas_threads() -> int | None:
     """OpenBLAS' current thread count (None when the BLAS is not OpenBLAS)."""
     api = _find()
     return api[1]() if api else None
+
+
+def core_name() -> str | None:
+    """The kernels numpy's OpenBLAS runs ('Haswell', 'Zen', 'SkylakeX' ...: its build's name for
+    the CPU, or the ``OPENBLAS_CORETYPE`` the ISA cap set); None when the BLAS is not OpenBLAS
+    or does not say."""
+    api = _find()
+    if not api or api[2] is None:
+        return None
+    name = api[2]()
+    return name.decode(errors="replace").strip() or None if name else None
 
 
 @contextlib.contextmanager

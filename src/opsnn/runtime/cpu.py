@@ -10,6 +10,9 @@ code paths can be run and tested on an AVX-512 machine:
   cap also bounds);
 - oneDNN: ``ONEDNN_MAX_CPU_ISA``, MKL: ``MKL_ENABLE_INSTRUCTIONS`` (honoured on Intel CPUs
   only, by MKL's own rule), both set before opsnn loads the library;
+- OpenBLAS: ``OPENBLAS_CORETYPE`` for a cap below AVX-512 (its AVX-512 levels differ only in
+  kernels opsnn does not call), read when numpy loads it, so only where ``import opsnn`` comes
+  before ``import numpy`` (:func:`opsnn.runtime.blas.core_name` says which kernels it runs);
 - numba: ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` (the host's features less those above the
   cap), set before numba creates its code generator. numba keys its on-disk cache by these, so a
   capped process compiles (and caches) its own copy of every kernel it runs.
@@ -50,6 +53,8 @@ ONEDNN_ISA = {
 }
 #: level -> MKL's MKL_ENABLE_INSTRUCTIONS value
 MKL_ISA = {"sse41": "SSE4_2", "avx2": "AVX2", "avx512": "AVX512", "avx512_bf16": "AVX512_E3", "amx": "AVX512_E4"}
+#: level -> OpenBLAS' OPENBLAS_CORETYPE value (a cap to these levels only)
+OPENBLAS_CORE = {"sse41": "Nehalem", "avx2": "Haswell"}
 #: LLVM feature names (numba's target) -> the /proc/cpuinfo flag of the same extension
 _LLVM_FLAGS = {
     "sse4.1": "sse4_1",
@@ -270,6 +275,7 @@ def apply_environment() -> None:
     capped = st.level if st.level != st.detected else None
     _set_env("ONEDNN_MAX_CPU_ISA", ONEDNN_ISA[capped] if capped else None)
     _set_env("MKL_ENABLE_INSTRUCTIONS", MKL_ISA[capped] if capped else None)
+    _set_env("OPENBLAS_CORETYPE", OPENBLAS_CORE.get(capped) if capped else None)
     _set_numba(st.level)
 
 

@@ -480,11 +480,15 @@ def kernel_choice(
 
 def summary() -> str:
     """One line naming the instruction-set level in force (and why), the threaded float32 GEMM
-    library, MKL, oneDNN (its blocked layout and whether its matmul and bf16 kernels are used),
-    so that figures from two machines can be told apart."""
+    library, the kernels numpy's OpenBLAS runs, MKL, oneDNN (its blocked layout and whether its
+    matmul and bf16 kernels are used), so that figures from two machines can be told apart."""
+    from ...runtime import blas
     from . import mkl, onednn
 
     parts = [f"ISA {cpu.describe()}", f"GEMM {'MKL' if gemm_library() == 'mkl' else 'OpenBLAS'}"]
+    core = blas.core_name()
+    if core is not None:
+        parts.append(f"OpenBLAS {core}")
     parts.append("MKL " + (mkl.threading_layer() if mkl.unavailable() is None else "off"))
     if onednn.unavailable() is None:
         extra = [
