@@ -767,16 +767,17 @@ def _infer_attention_grad(ctx):
 
 
 def _reference_attention_grad(ins, attrs):
-    """The softmax-attention backward read literally, per (batch, head), in float64 (Y and the
-    logsumexp unused): P from the masked scores, dS = P (dP - rowsum(P dP)) on the pairs a row
-    attends (0 elsewhere) times the softcap's derivative, dQ = scale dS K, dK = scale dS^T Q,
-    dV = P^T dY."""
+    """The softmax-attention backward read literally, per (batch, head), in float64 (the logsumexp
+    unused): P from the masked scores, dS = P (dP - rowsum(dY Y)) on the pairs a row attends (0
+    elsewhere) times the softcap's derivative, dQ = scale dS K, dK = scale dS^T Q, dV = P^T dY.
+    rowsum(dY Y) equals rowsum(P dP) when Y is the forward's output; the op is defined with the Y
+    it is given, as the flash kernels read it."""
     ins = list(ins) + [None] * (7 - len(ins))
-    dY, Q, Kx, Vx, _, mask, _ = ins
+    dY, Q, Kx, Vx, Yx, mask, _ = ins
     rank = Q.ndim
     Hq = Q.shape[1] if rank == 4 else int(attrs["q_num_heads"])
     Hkv = Kx.shape[1] if rank == 4 else int(attrs["kv_num_heads"])
-    q, k, v, g = (_to4(x, h).astype(np.float64) for x, h in ((Q, Hq), (Kx, Hkv), (Vx, Hkv), (dY, Hq)))
+    q, k, v, g, y = (_to4(x, h).astype(np.float64) for x, h in ((Q, Hq), (Kx, Hkv), (Vx, Hkv), (dY, Hq), (Yx, Hq)))
     B, _, Sq, D = q.shape
     T = k.shape[2]
     scale = _scale(attrs, D)
@@ -821,7 +822,7 @@ def _reference_attention_grad(ins, attrs):
                 e = np.where(al, np.exp(sc - np.where(dead, 0, sc.max(axis=1, keepdims=True, initial=-np.inf))), 0)
                 p = e / np.where(dead, 1, e.sum(axis=1, keepdims=True))
                 dp = g[b, h] @ v[b, hk].T
-                ds = np.where(al, p * (dp - np.where(al, p * dp, 0).sum(axis=1, keepdims=True)) * dcap, 0)
+                ds = np.where(al, p * (dp - (g[b, h] * y[b, h]).sum(axis=1, keepdims=True)) * dcap, 0)
             dq[b, h] = scale * (ds @ k[b, hk])
             dk[b, hk] += scale * (ds.T @ q[b, h])
             dv[b, hk] += p.T @ g[b, h]
