@@ -1959,6 +1959,37 @@ def _cumprod(ctx, grads):
     return [ops.transpose(dx, perm) if axis != x.ndim - 1 else dx, None]
 
 
+def _det(ctx, grads):
+    """d det(X) / dX_ij is the cofactor C_ij = (-1)^(i+j) det(minor_ij): the minors gathered from X and
+    their Det, so singular matrices (no inverse) get their exact gradient too."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    m = x.shape[-1]
+    if m == 1:
+        return [ops.unsqueeze(ops.unsqueeze(g, -1), -1)]
+    keep = tensor(np.array([[j for j in range(m) if j != i] for i in range(m)], dtype=np.int64))  # (M, M-1)
+    rows = ops.gather(x, keep, axis=x.ndim - 2)  # (*, M_i, M-1, M)
+    minors = ops.gather(rows, keep, axis=rows.ndim - 1)  # (*, M_i, M-1, M_j, M-1)
+    nd = minors.ndim
+    minors = ops.transpose(minors, list(range(nd - 4)) + [nd - 4, nd - 2, nd - 3, nd - 1])
+    sign = _const(1.0 - 2.0 * ((np.arange(m)[:, None] + np.arange(m)[None, :]) % 2), x)
+    cof = ops.mul(ops.det(minors), sign)
+    return [ops.mul(cof, ops.unsqueeze(ops.unsqueeze(g, -1), -1))]
+
+
+def _grid_sample(ctx, grads):
+    """Both gradients from the dedicated GridSampleGrad record (dX a scatter-add through the taps); an
+    integer X (nearest sampling of labels) carries none."""
+    x, grid = ctx.inputs[0], ctx.inputs[1]
+    if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
+        return [None, None]
+    a = ctx.attrs
+    dx, dgrid = _ops().grid_sample_grad(
+        grads[0], x, grid, mode=a["mode"], padding_mode=a["padding_mode"], align_corners=a["align_corners"]
+    )
+    return [dx if ctx.needs[0] else None, dgrid if ctx.needs[1] else None]
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -2092,6 +2123,8 @@ RULES = {
     "Col2Im": _col2im,
     "DFT": _dft,
     "CumProd": _cumprod,
+    "Det": _det,
+    "GridSample": _grid_sample,
 }
 
 

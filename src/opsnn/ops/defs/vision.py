@@ -321,6 +321,154 @@ GridSample.kernel(
 )(lambda ins, outs, attrs, plan, ws: np.copyto(outs[0], grid_sample_numpy(ins[0], ins[1], attrs)))
 
 
+# -- GridSampleGrad (opsnn): dX by scatter-add of each tap's weighted dY, dGrid by the weights' slopes --------
+def _gsg_infer(ctx):
+    _gs_attrs(ctx.attrs)
+    dy, xs, gs = tuple(ctx.shape(0)), tuple(ctx.shape(1)), tuple(ctx.shape(2))
+    if len(xs) < 3 or len(gs) != len(xs) or gs[-1] != len(xs) - 2 or gs[0] != xs[0]:
+        ctx.fail(f"'X' {xs} and 'grid' {gs} are not a GridSample pair ((N, C, *in), (N, *out, rank))")
+    want = (xs[0], xs[1]) + gs[1:-1]
+    if dy != want:
+        ctx.fail(f"input 'dY' must have GridSample's output shape {want}, got {dy}")
+    if ctx.dtype(0) != ctx.dtype(1):
+        ctx.fail(f"input 'dY' must have X's dtype {_dt.name(ctx.dtype(1))}, got {_dt.name(ctx.dtype(0))}")
+    return [TensorMeta(xs, ctx.dtype(1)), TensorMeta(gs, ctx.dtype(2))]
+
+
+def _np_reflect_slope(v, lo, hi):
+    """d reflect(v) / dv: +1 inside, -1 or +1 outside by the parity of the fold, 0 for a 1-wide range."""
+    rng = hi - lo
+    if rng <= 0:
+        return np.zeros_like(v)
+    with np.errstate(invalid="ignore"):
+        below, above = v < lo, v > hi
+        m = np.fmod(np.where(below, lo - v, v - hi), 2 * rng)
+        return np.where(below | above, np.where(m > rng, 1.0, -1.0), 1.0)
+
+
+def _np_taps_grad(coord, size, mode, pad, align):
+    """Per dim: [(index, valid, weight, d weight / d coord)] and the NaN mask (as ``_np_taps``)."""
+    if align:
+        x, lo, hi, slope = (coord + 1) / 2 * (size - 1), 0.0, size - 1.0, (size - 1) / 2
+    else:
+        x, lo, hi, slope = ((coord + 1) * size - 1) / 2, -0.5, size - 0.5, size / 2
+    slope = np.full(x.shape, float(slope))
+    if mode == K.NEAREST:
+        x = np.rint(x)
+    with np.errstate(invalid="ignore"):
+        out = (x < lo) | (x > hi)
+    if pad == K.BORDER:
+        slope = np.where(out, 0.0, slope)
+        x = np.where(out, np.clip(x, 0.0, size - 1.0), x)
+    elif pad == K.REFLECTION:
+        slope = np.where(out, slope * _np_reflect_slope(x, lo, hi), slope)
+        x = np.where(out, _np_reflect(x, lo, hi), x)
+    nan = np.isnan(x)
+    x = np.nan_to_num(x, nan=0.0)
+    slope = np.where((x < -8.0) | (x > size + 8.0), 0.0, slope)
+    x = np.clip(x, -8.0, size + 8.0)
+    if mode == K.NEAREST:
+        i, ok = _np_index(np.trunc(x).astype(np.int64), size, pad, lo, hi)
+        return [(i, ok, np.ones_like(x), np.zeros_like(x))], nan
+    x0 = np.floor(x)
+    t = x - x0
+    i0 = x0.astype(np.int64)
+    if mode == K.LINEAR:
+        ws, ds, first = [1 - t, t], [-np.ones_like(t), np.ones_like(t)], i0
+    else:
+        a = K.CUBIC_ALPHA
+
+        def far(s):
+            return ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
+
+        def dfar(s):
+            return (3 * a * s - 10 * a) * s + 8 * a
+
+        def near(s):
+            return ((a + 2) * s - (a + 3)) * s * s + 1
+
+        def dnear(s):
+            return (3 * (a + 2) * s - 2 * (a + 3)) * s
+
+        ws = [far(t + 1), near(t), near(1 - t), far(2 - t)]
+        ds = [dfar(t + 1), dnear(t), -dnear(1 - t), -dfar(2 - t)]
+        first = i0 - 1
+    return [(*_np_index(first + k, size, pad, lo, hi), w, d * slope) for k, (w, d) in enumerate(zip(ws, ds))], nan
+
+
+def grid_sample_backward_numpy(dy, x, grid, attrs) -> tuple[np.ndarray, np.ndarray]:
+    """(dX, dGrid) of GridSample in float64. A point with a NaN coordinate sends nothing to dX and gets a
+    NaN dGrid; nearest sampling has a zero dGrid (piecewise constant), like torch."""
+    mode, pad, align = _gs_attrs(attrs)
+    n, c = x.shape[:2]
+    sp = x.shape[2:]
+    r = len(sp)
+    p = math.prod(grid.shape[1:-1])
+    if n * p == 0 or x.size == 0:
+        return np.zeros(x.shape), np.zeros(grid.shape)
+    dx = np.zeros((n, math.prod(sp), c))
+    dgrid = np.zeros((n, p, r))
+    check_request(8 * (2 * x.size + grid.size + 4 * n * c * p), "GridSampleGrad (numpy): float64 samples")
+    g = grid.astype(np.float64).reshape(n, p, r)
+    gy = np.moveaxis(dy.astype(np.float64).reshape(n, c, p), 1, 2)  # (n, p, c)
+    xr = np.moveaxis(x.astype(np.float64).reshape(n, c, -1), 1, 2)  # (n, S, c)
+    dims, nan = [], np.zeros((n, p), bool)
+    for k in range(r):
+        taps, bad = _np_taps_grad(g[..., r - 1 - k], sp[k], mode, pad, align)
+        dims.append(taps)
+        nan |= bad
+    strides = [math.prod(sp[k + 1 :]) for k in range(r)]
+    rows = np.arange(n)[:, None]
+    for combo in itertools.product(*dims):
+        flat = sum(i * s for (i, _, _, _), s in zip(combo, strides))
+        ok = np.logical_and.reduce([v for _, v, _, _ in combo]) & ~nan
+        w = np.prod([wt for _, _, wt, _ in combo], axis=0) * ok
+        np.add.at(dx, (rows, flat), w[..., None] * gy)
+        if mode == K.NEAREST:
+            continue
+        gv = np.einsum("npc,npc->np", np.where(ok[..., None], xr[rows, flat], 0.0), gy)
+        for k in range(r):
+            dk = combo[k][3] * ok
+            for j in range(r):
+                if j != k:
+                    dk = dk * combo[j][2]
+            dgrid[..., r - 1 - k] += dk * gv
+    dgrid[nan] = np.nan
+    return np.moveaxis(dx, 2, 1).reshape(x.shape), dgrid.reshape(grid.shape)
+
+
+def _gsg_reference(ins, attrs):
+    dx, dgrid = grid_sample_backward_numpy(ins[0], ins[1], ins[2], attrs)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return [dx.astype(ins[1].dtype), dgrid.astype(ins[2].dtype)]
+
+
+GridSampleGrad = register_op(
+    "GridSampleGrad",
+    domain="opsnn",
+    category="vision",
+    inputs=[Input("dY", FLOAT), Input("X", FLOAT), Input("grid", FLOAT)],
+    outputs=["dX", "dGrid"],
+    attrs=[Attr("align_corners", "int", 0), Attr("mode", "string", "linear"), Attr("padding_mode", "string", "zeros")],
+    infer=_gsg_infer,
+    reference=_gsg_reference,
+    doc="gradient of GridSample w.r.t. X (scatter-add of dY through the taps) and the grid",
+)
+
+
+@GridSampleGrad.kernel(
+    "grid_sample_grad_numpy",
+    dtypes=_F32_64,
+    priority=5,
+    doc="numpy in float64: one vectorised pass per tap combination, np.add.at for the scatter (no races)",
+)
+def _gsg_kernel(ins, outs, attrs, plan, ws):
+    dx, dgrid = grid_sample_backward_numpy(ins[0], ins[1], ins[2], attrs)
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.copyto(outs[0], dx, casting="unsafe")
+        np.copyto(outs[1], dgrid, casting="unsafe")
+
+
 # == DeformConv ========================================================================================
 def _ints(op, name, v, n, default):
     if v is None:
@@ -1052,6 +1200,13 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
     return [input, grid], {"mode": mode, "padding_mode": padding_mode, "align_corners": int(bool(align_corners))}
 
 
+@api("grid_sample_grad", "GridSampleGrad", domain="opsnn")
+def grid_sample_grad(grad_output, input, grid, mode="bilinear", padding_mode="zeros", align_corners=False):
+    """Gradients ``(d input, d grid)`` of :func:`grid_sample` for the output gradient ``grad_output``."""
+    attrs = {"mode": mode, "padding_mode": padding_mode, "align_corners": int(bool(align_corners))}
+    return [grad_output, input, grid], attrs, 2
+
+
 @api("deform_conv2d", "DeformConv")
 def deform_conv2d(input, offset, weight, bias=None, stride=1, padding=0, dilation=1, mask=None):
     """Deformable 2-D convolution (``torchvision.ops.deform_conv2d``): the groups follow from the
@@ -1135,6 +1290,7 @@ def col2im(x, image_shape, block_shape, dilations=None, pads=None, strides=None)
 
 __all__ = [
     "grid_sample",
+    "grid_sample_grad",
     "deform_conv2d",
     "non_max_suppression",
     "cumprod",

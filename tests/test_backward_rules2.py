@@ -1,0 +1,202 @@
+"""Gradient rules of the vision / linear-algebra ops: Det (cofactors through Det of the minors) and
+GridSample (the dedicated opsnn::GridSampleGrad record: dX scatter-added through the taps, dGrid from
+the weights' slopes).
+
+Oracles: float64 central finite differences of the forward ops (eps 1e-6; rtol 1e-5, atol 1e-7: the
+difference quotient's truncation and rounding error), numpy.linalg (det * inv^T) for Det, and
+torch.autograd where torch is importable (float64, to 1e-10). Grid points are drawn away from pixel
+centres so no finite difference straddles a kink of the piecewise polynomial weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn import autograd, ops
+from opsnn.errors import InferShapeError, OpsnnError
+
+RNG = np.random.default_rng(3131)
+
+
+def _grads(fn, arrays, wrt, weight):
+    ts = [opsnn.tensor(a) for a in arrays]
+    for i in wrt:
+        ts[i].requires_grad_()
+    loss = ops.sum(ops.mul(fn(*ts), opsnn.tensor(weight)))
+    return [g.numpy().copy() for g in autograd.grad(loss, [ts[i] for i in wrt])]
+
+
+def _numeric(fn, arrays, i, weight, eps=1e-6):
+    base = [a.copy() for a in arrays]
+    out = np.zeros_like(base[i])
+    flat = base[i].reshape(-1)
+    with opsnn.no_grad():
+        for k in range(flat.size):
+            old = flat[k]
+            vals = []
+            for v in (old + eps, old - eps):
+                flat[k] = v
+                vals.append(np.sum(fn(*[opsnn.tensor(a) for a in base]).numpy() * weight))
+            flat[k] = old
+            out.reshape(-1)[k] = (vals[0] - vals[1]) / (2 * eps)
+    return out
+
+
+def _out_shape(fn, arrays):
+    with opsnn.no_grad():
+        return tuple(fn(*[opsnn.tensor(a) for a in arrays]).shape)
+
+
+# == Det ===============================================================================================
+@pytest.mark.parametrize("shape", [(3, 3), (2, 4, 4), (1, 1), (2, 1, 1), (3, 2, 5, 5)])
+def test_det_gradient_matches_cofactors_and_finite_differences(shape):
+    x = RNG.standard_normal(shape)
+    w = RNG.uniform(0.5, 1.5, shape[:-2])
+    (g,) = _grads(ops.det, [x], [0], w)
+    want = (np.linalg.det(x) * w)[..., None, None] * np.linalg.inv(x).swapaxes(-1, -2)
+    np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(g, _numeric(ops.det, [x], 0, w), rtol=1e-5, atol=1e-7)
+
+
+def test_det_gradient_of_singular_matrix_is_the_adjugate():
+    x = np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.5, -1.0, 2.0]])  # rank 2: no inverse
+    (g,) = _grads(ops.det, [x], [0], np.array(1.0))
+    np.testing.assert_allclose(g, _numeric(ops.det, [x], 0, np.array(1.0)), rtol=1e-6, atol=1e-7)
+    assert np.abs(g).max() > 1  # the adjugate of a rank-2 3x3 matrix is not zero
+
+
+def test_det_gradient_matches_torch():
+    torch = pytest.importorskip("torch")
+    x = RNG.standard_normal((2, 3, 4, 4))
+    w = RNG.uniform(0.5, 1.5, (2, 3))
+    (g,) = _grads(ops.det, [x], [0], w)
+    tx = torch.tensor(x, requires_grad=True)
+    (tg,) = torch.autograd.grad((torch.linalg.det(tx) * torch.tensor(w)).sum(), [tx])
+    np.testing.assert_allclose(g, tg.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in det")
+def test_det_gradient_float32_and_nan():
+    x = RNG.standard_normal((2, 3, 3)).astype(np.float32)
+    (g,) = _grads(ops.det, [x], [0], np.ones(2, np.float32))
+    assert g.dtype == np.float32
+    want = np.linalg.det(x.astype(np.float64))[..., None, None] * np.linalg.inv(x.astype(np.float64)).swapaxes(-1, -2)
+    np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5)
+    x = RNG.standard_normal((3, 3))
+    x[0, 0] = np.nan
+    (g,) = _grads(ops.det, [x], [0], np.array(1.0))
+    assert np.isfinite(g[0, 0])  # the (0, 0) cofactor does not read x[0, 0]
+    assert np.isnan(g[1:, 1:]).all()
+
+
+# == GridSample ========================================================================================
+def _grid(shape, size_of_dims, align):
+    """Normalised coordinates in [-1.25, 1.25] whose pixel positions keep >= 0.02 from an integer
+    or half-integer (no tap or rounding kink within a finite-difference step)."""
+    g = RNG.uniform(-1.25, 1.25, shape)
+    r = shape[-1]
+    for k in range(r):
+        size = size_of_dims[r - 1 - k]
+        pix = (g[..., k] + 1) / 2 * (size - 1) if align else ((g[..., k] + 1) * size - 1) / 2
+        frac = pix * 2 - np.floor(pix * 2)
+        pix = np.floor(pix * 2) / 2 + 0.04 + 0.42 * frac
+        g[..., k] = pix * 2 / (size - 1) - 1 if align else (2 * pix + 1) / size - 1
+    return g
+
+
+GS_CASES = [
+    (mode, pad, align)
+    for mode in ("bilinear", "nearest", "bicubic")
+    for pad in ("zeros", "border", "reflection")
+    for align in (False, True)
+]
+
+
+def _gs(mode, pad, align):
+    return lambda x, g: ops.grid_sample(x, g, mode=mode, padding_mode=pad, align_corners=align)
+
+
+@pytest.mark.parametrize("mode,pad,align", GS_CASES)
+def test_grid_sample_gradients_match_finite_differences_2d(mode, pad, align):
+    x = RNG.standard_normal((2, 3, 5, 4))
+    grid = _grid((2, 3, 2, 2), (5, 4), align)
+    fn = _gs(mode, pad, align)
+    w = RNG.uniform(0.5, 1.5, _out_shape(fn, [x, grid]))
+    dx, dg = _grads(fn, [x, grid], [0, 1], w)
+    np.testing.assert_allclose(dx, _numeric(fn, [x, grid], 0, w), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(dg, _numeric(fn, [x, grid], 1, w), rtol=1e-5, atol=1e-7)
+    if mode == "nearest":
+        assert not dg.any()
+
+
+@pytest.mark.parametrize("mode,pad,align", [("bilinear", "zeros", False), ("bicubic", "reflection", True)])
+@pytest.mark.parametrize("xs,gs", [((1, 2, 7), (1, 5, 1)), ((1, 2, 3, 4, 3), (1, 2, 2, 1, 3))])
+def test_grid_sample_gradients_1d_and_3d(mode, pad, align, xs, gs):
+    x = RNG.standard_normal(xs)
+    grid = _grid(gs, xs[2:], align)
+    fn = _gs(mode, pad, align)
+    w = RNG.uniform(0.5, 1.5, _out_shape(fn, [x, grid]))
+    dx, dg = _grads(fn, [x, grid], [0, 1], w)
+    np.testing.assert_allclose(dx, _numeric(fn, [x, grid], 0, w), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(dg, _numeric(fn, [x, grid], 1, w), rtol=1e-5, atol=1e-7)
+
+
+# torch's bicubic 'border' clamps each tap's index, ONNX (and opsnn) clamp the coordinate: forwards differ
+@pytest.mark.parametrize("mode,pad,align", [c for c in GS_CASES if c[:2] != ("bicubic", "border")])
+def test_grid_sample_gradients_match_torch(mode, pad, align):
+    torch = pytest.importorskip("torch")
+    x = RNG.standard_normal((2, 3, 6, 5))
+    grid = RNG.uniform(-1.3, 1.3, (2, 4, 3, 2))
+    fn = _gs(mode, pad, align)
+    w = RNG.uniform(0.5, 1.5, _out_shape(fn, [x, grid]))
+    dx, dg = _grads(fn, [x, grid], [0, 1], w)
+    tx, tg = torch.tensor(x, requires_grad=True), torch.tensor(grid, requires_grad=True)
+    ty = torch.nn.functional.grid_sample(tx, tg, mode=mode, padding_mode=pad, align_corners=align)
+    tdx, tdg = torch.autograd.grad((ty * torch.tensor(w)).sum(), [tx, tg])
+    np.testing.assert_allclose(dx, tdx.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dg, tdg.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_grid_sample_grad_record_float32_two_phase_and_nan():
+    x = RNG.standard_normal((1, 2, 4, 5)).astype(np.float32)
+    grid = RNG.uniform(-1, 1, (1, 3, 3, 2)).astype(np.float32)
+    grid[0, 1, 1, 0] = np.nan
+    dy = RNG.standard_normal((1, 2, 3, 3)).astype(np.float32)
+    ex = opsnn.aclnn.grid_sample_grad.prepare(dy, x, grid, mode="bicubic", padding_mode="border")
+    dx, dg = (t.numpy() for t in ex.run())
+    assert dx.dtype == np.float32 and dg.dtype == np.float32
+    # oracle: float64 finite differences with the NaN point's dY zeroed (it reaches neither gradient)
+    dy0 = dy.astype(np.float64)
+    dy0[0, :, 1, 1] = 0
+    g64 = np.nan_to_num(grid.astype(np.float64))
+    fn = _gs("bicubic", "border", False)
+    np.testing.assert_allclose(dx, _numeric(fn, [x.astype(np.float64), g64], 0, dy0), rtol=1e-4, atol=1e-5)
+    want = _numeric(fn, [x.astype(np.float64), g64], 1, dy0)
+    assert np.isnan(dg[0, 1, 1]).all()
+    ok = np.ones(dg.shape, bool)
+    ok[0, 1, 1] = False
+    np.testing.assert_allclose(dg[ok], want[ok], rtol=1e-4, atol=1e-5)
+
+
+def test_grid_sample_grad_bad_input_typed_errors():
+    x = np.zeros((1, 2, 4, 4), np.float32)
+    grid = np.zeros((1, 3, 3, 2), np.float32)
+    with pytest.raises(InferShapeError, match="dY"):
+        ops.grid_sample_grad(np.zeros((1, 2, 3, 4), np.float32), x, grid)
+    with pytest.raises(InferShapeError, match="dtype"):
+        ops.grid_sample_grad(np.zeros((1, 2, 3, 3), np.float64), x, grid)
+    with pytest.raises(OpsnnError, match="padding_mode"):
+        ops.grid_sample_grad(np.zeros((1, 2, 3, 3), np.float32), x, grid, padding_mode="wrap")
+
+
+def test_grid_sample_integer_input_has_no_gradient():
+    from opsnn.ops.gradients import GradContext, _grid_sample
+
+    x = opsnn.tensor(np.arange(16, dtype=np.int64).reshape(1, 1, 4, 4))
+    grid = opsnn.tensor(RNG.uniform(-1, 1, (1, 2, 2, 2)))
+    attrs = {"mode": "nearest", "padding_mode": "zeros", "align_corners": 0}
+    y = ops.grid_sample(x, grid, mode="nearest")
+    ctx = GradContext("GridSample", [x, grid], [y], attrs, [False, True])
+    assert _grid_sample(ctx, [opsnn.tensor(np.ones(y.shape))]) == [None, None]
