@@ -200,3 +200,69 @@ def test_grid_sample_integer_input_has_no_gradient():
     y = ops.grid_sample(x, grid, mode="nearest")
     ctx = GradContext("GridSample", [x, grid], [y], attrs, [False, True])
     assert _grid_sample(ctx, [opsnn.tensor(np.ones(y.shape))]) == [None, None]
+
+
+# == RoiAlign ==========================================================================================
+def _rois(k, h, w):
+    """Boxes [x1, y1, x2, y2] inside and around an (h, w) map, some wider than a bin, one past the edge."""
+    x1 = RNG.uniform(-1.5, w - 2, k)
+    y1 = RNG.uniform(-1.5, h - 2, k)
+    return np.stack([x1, y1, x1 + RNG.uniform(0.5, w, k), y1 + RNG.uniform(0.5, h, k)], axis=1)
+
+
+def _ra(size, ratio, aligned, mode, scale=1.0):
+    return lambda x, r, b: ops.roi_align(
+        x, r, b, size, spatial_scale=scale, sampling_ratio=ratio, aligned=aligned, mode=mode
+    )
+
+
+RA_CASES = [
+    ((2, 3), 2, False, "avg", 1.0),
+    ((3, 2), 0, True, "avg", 0.5),
+    ((1, 1), 3, True, "avg", 1.0),
+    ((2, 2), 2, False, "max", 1.0),
+    ((3, 3), 0, True, "max", 0.75),
+]
+
+
+@pytest.mark.parametrize("size,ratio,aligned,mode,scale", RA_CASES)
+def test_roi_align_input_gradient_matches_finite_differences_and_reference(size, ratio, aligned, mode, scale):
+    x = RNG.standard_normal((2, 3, 7, 6))
+    rois = _rois(5, 7 / scale, 6 / scale)
+    bidx = np.array([0, 1, 1, 0, 1], np.int64)
+    fn = _ra(size, ratio, aligned, mode, scale)
+    w = RNG.uniform(0.5, 1.5, _out_shape(fn, [x, rois, bidx]))
+    (dx,) = _grads(fn, [x, rois, bidx], [0], w)
+    np.testing.assert_allclose(dx, _numeric(fn, [x, rois, bidx], 0, w), rtol=1e-5, atol=1e-7)
+    from opsnn.ops.registry import get_op
+
+    ex = opsnn.aclnn.roi_align_backward.prepare(w, x, rois, bidx, size, scale, ratio, aligned, mode)
+    ref = get_op("RoiAlignGrad", "opsnn").reference([w, x, rois, bidx], ex.attrs)
+    np.testing.assert_allclose(ex.run().numpy(), ref, rtol=1e-12, atol=1e-13)
+
+
+def test_roi_align_grad_float32_and_nan():
+    x = RNG.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    rois = np.array([[0.3, 0.6, 3.7, 4.1], [1.2, 0.2, 2.9, 2.2]], np.float32)
+    bidx = np.zeros(2, np.int64)
+    dy = RNG.standard_normal((2, 4, 2, 2)).astype(np.float32)
+    dy[1, 2, 0, 1] = np.nan
+    dx = ops.roi_align_backward(dy, x, rois, bidx, 2, sampling_ratio=2).numpy()
+    assert dx.dtype == np.float32
+    fn = _ra(2, 2, False, "avg")
+    clean = np.nan_to_num(dy.astype(np.float64))
+    want = _numeric(fn, [x.astype(np.float64), rois.astype(np.float64), bidx], 0, clean)
+    nan = np.isnan(dx)
+    assert nan[0, 2].any() and not nan[:, [0, 1, 3]].any()  # the NaN reaches only its channel's taps
+    dy[1, 2, 0, 1] = 0
+    dx0 = ops.roi_align_backward(dy, x, rois, bidx, 2, sampling_ratio=2).numpy()
+    np.testing.assert_allclose(dx0, want, rtol=1e-4, atol=1e-5)
+
+
+def test_roi_align_grad_bad_input_typed_errors():
+    x = np.zeros((1, 2, 4, 4), np.float32)
+    rois = np.array([[0, 0, 2, 2]], np.float32)
+    with pytest.raises(InferShapeError, match="dY"):
+        ops.roi_align_backward(np.zeros((1, 2, 3, 3), np.float32), x, rois, np.zeros(1, np.int64), 2)
+    with pytest.raises(OpsnnError, match="batch index"):
+        ops.roi_align_backward(np.zeros((1, 2, 2, 2), np.float32), x, rois, np.array([3]), 2)

@@ -1990,6 +1990,16 @@ def _grid_sample(ctx, grads):
     return [dx if ctx.needs[0] else None, dgrid if ctx.needs[1] else None]
 
 
+def _roi_align(ctx, grads):
+    """dX from the dedicated RoiAlignGrad record (a scatter of each bin's gradient through its taps);
+    the boxes get none (as torchvision's roi_align), the batch indices are integers."""
+    if not ctx.needs[0]:
+        return [None] * len(ctx.inputs)
+    x, rois, bidx = ctx.inputs[:3]
+    dx = _ops().run_op("RoiAlignGrad", [grads[0], x, rois, bidx], dict(ctx.attrs), domain="opsnn")[0]
+    return [dx, None, None]
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -2125,6 +2135,7 @@ RULES = {
     "CumProd": _cumprod,
     "Det": _det,
     "GridSample": _grid_sample,
+    "RoiAlign": _roi_align,
 }
 
 
