@@ -266,3 +266,77 @@ def test_roi_align_grad_bad_input_typed_errors():
         ops.roi_align_backward(np.zeros((1, 2, 3, 3), np.float32), x, rois, np.zeros(1, np.int64), 2)
     with pytest.raises(OpsnnError, match="batch index"):
         ops.roi_align_backward(np.zeros((1, 2, 2, 2), np.float32), x, rois, np.array([3]), 2)
+
+
+# == DeformConv ========================================================================================
+def _offsets(shape):
+    """Offsets whose sampling positions keep >= 0.05 from an integer (no corner switch within a step)."""
+    o = RNG.uniform(-1.6, 1.6, shape)
+    return np.floor(o) + 0.05 + 0.9 * (o - np.floor(o))
+
+
+DC_CASES = [
+    # x shape, w shape, stride, pad, dilation, offset groups, with mask, with bias
+    ((1, 2, 5, 4), (3, 2, 2, 2), 1, 0, 1, 1, False, True),
+    ((2, 4, 5, 5), (4, 2, 3, 3), 2, 1, 1, 2, True, True),
+    ((1, 6, 4, 5), (3, 2, 2, 3), 1, 1, 2, 3, True, False),
+]
+
+
+@pytest.mark.parametrize("xs,ws,stride,pad,dil,og,with_mask,with_bias", DC_CASES)
+def test_deform_conv_gradients_match_finite_differences(xs, ws, stride, pad, dil, og, with_mask, with_bias):
+    x = RNG.standard_normal(xs)
+    w = RNG.standard_normal(ws)
+    kh, kw = ws[2:]
+    oh = (xs[2] + 2 * pad - dil * (kh - 1) - 1) // stride + 1
+    ow = (xs[3] + 2 * pad - dil * (kw - 1) - 1) // stride + 1
+    off = _offsets((xs[0], og * kh * kw * 2, oh, ow))
+    mask = RNG.uniform(0.2, 1.2, (xs[0], og * kh * kw, oh, ow)) if with_mask else None
+    b = RNG.standard_normal(ws[0]) if with_bias else None
+    arrays = [x, off, w] + ([b] if with_bias else []) + ([mask] if with_mask else [])
+
+    def fn(*a):
+        a = list(a)
+        x_, o_, w_ = a[:3]
+        b_ = a[3] if with_bias else None
+        m_ = a[-1] if with_mask else None
+        return ops.deform_conv2d(x_, o_, w_, b_, stride=stride, padding=pad, dilation=dil, mask=m_)
+
+    wt = RNG.uniform(0.5, 1.5, _out_shape(fn, arrays))
+    wrt = list(range(len(arrays)))
+    grads = _grads(fn, arrays, wrt, wt)
+    for i, g in zip(wrt, grads):
+        np.testing.assert_allclose(g, _numeric(fn, arrays, i, wt), rtol=1e-5, atol=1e-7, err_msg=f"input {i}")
+
+
+def test_deform_conv_grad_record_two_phase_float32_nan_and_unmasked():
+    x = RNG.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    w = RNG.standard_normal((2, 2, 2, 2)).astype(np.float32)
+    off = _offsets((1, 8, 3, 3)).astype(np.float32)
+    dy = RNG.standard_normal((1, 2, 3, 3)).astype(np.float32)
+    ex = opsnn.aclnn.deform_conv2d_backward.prepare(dy, x, off, w)
+    dx, dw, doff, dmask = (t.numpy() for t in ex.run())
+    assert dx.dtype == np.float32 and dmask.shape == (1, 4, 3, 3)
+    args64 = [x.astype(np.float64), off.astype(np.float64), w.astype(np.float64)]
+    fn = lambda x_, o_, w_: ops.deform_conv2d(x_, o_, w_)  # noqa: E731
+    for got, i in ((dx, 0), (doff, 1), (dw, 2)):
+        np.testing.assert_allclose(got, _numeric(fn, args64, i, dy.astype(np.float64)), rtol=1e-4, atol=1e-4)
+    # dMask without a mask is the gradient of an all-ones mask
+    ones = np.ones((1, 4, 3, 3))
+    fm = lambda x_, o_, w_, m_: ops.deform_conv2d(x_, o_, w_, mask=m_)  # noqa: E731
+    np.testing.assert_allclose(dmask, _numeric(fm, args64 + [ones], 3, dy.astype(np.float64)), rtol=1e-4, atol=1e-4)
+    off[0, 3, 1, 2] = np.nan  # tap 1's x offset of output (1, 2)
+    dx, dw, doff, dmask = (t.numpy() for t in opsnn.aclnn.deform_conv2d_backward.prepare(dy, x, off, w).run())
+    assert np.isfinite(dx).all() and np.isnan(dw).any()
+    assert np.isnan(doff[0, 2:4, 1, 2]).all() and np.isnan(dmask[0, 1, 1, 2])
+    assert np.isfinite(np.delete(doff.reshape(8, -1), 5, axis=1)).all()
+
+
+def test_deform_conv_grad_bad_input_typed_errors():
+    x = np.zeros((1, 2, 4, 4), np.float32)
+    w = np.zeros((2, 2, 2, 2), np.float32)
+    off = np.zeros((1, 8, 3, 3), np.float32)
+    with pytest.raises(InferShapeError, match="dY"):
+        ops.deform_conv2d_backward(np.zeros((1, 2, 4, 4), np.float32), x, off, w)
+    with pytest.raises(InferShapeError, match="offset"):
+        ops.deform_conv2d_backward(np.zeros((1, 2, 3, 3), np.float32), x, off[:, :, :2], w)

@@ -2000,6 +2000,18 @@ def _roi_align(ctx, grads):
     return [dx, None, None]
 
 
+def _deform_conv(ctx, grads):
+    """X, W, offset and mask gradients from the dedicated DeformConvGrad record; B's is dY summed over N
+    and space."""
+    ins, g = ctx.inputs, grads[0]
+    mask = ins[4] if len(ins) > 4 else None
+    outs = _ops().run_op("DeformConvGrad", [g, ins[0], ins[1], ins[2], mask], dict(ctx.attrs), domain="opsnn")
+    res = [outs[0], outs[1], outs[2], None, outs[3] if mask is not None else None]
+    if len(ins) > 3 and ins[3] is not None and ctx.needs[3]:
+        res[3] = _ops().sum(g, dim=[0] + list(range(2, g.ndim)))
+    return [v if i < len(ctx.needs) and ctx.needs[i] else None for i, v in enumerate(res)][: len(ins)]
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -2136,6 +2148,7 @@ RULES = {
     "Det": _det,
     "GridSample": _grid_sample,
     "RoiAlign": _roi_align,
+    "DeformConv": _deform_conv,
 }
 
 

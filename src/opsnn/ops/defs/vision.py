@@ -667,6 +667,187 @@ DeformConv.kernel(
 )(_deform_kernel)
 
 
+# -- DeformConvGrad (opsnn): dX, dW, dOffset and dMask of DeformConv ------------------------------------
+def _deform_grad_infer(ctx):
+    xs, ws, os_ = tuple(ctx.shape(1)), tuple(ctx.shape(2)), tuple(ctx.shape(3))
+    fwd = _deform_infer(_After(ctx, 1))
+    want = tuple(fwd[0].shape)
+    if tuple(ctx.shape(0)) != want:
+        ctx.fail(f"input 'dY' must have DeformConv's output shape {want}, got {tuple(ctx.shape(0))}")
+    if ctx.dtype(0) != ctx.dtype(1):
+        ctx.fail(f"input 'dY' must have X's dtype {_dt.name(ctx.dtype(1))}, got {_dt.name(ctx.dtype(0))}")
+    r = len(xs) - 2
+    mask_shape = (os_[0], os_[1] // r) + os_[2:]
+    dt = ctx.dtype(1)
+    return [TensorMeta(xs, dt), TensorMeta(ws, dt), TensorMeta(os_, dt), TensorMeta(mask_shape, dt)]
+
+
+class _After:
+    """A forward op's inference context seen from its backward record's (inputs after the first ``k``;
+    DeformConv's B is absent, its mask is the backward's last input)."""
+
+    def __init__(self, ctx, k):
+        self._ctx, self._k, self.attrs = ctx, k, ctx.attrs
+        self.inputs = [None] * 5
+
+    def _map(self, i):
+        return {0: 1, 1: 2, 2: 3, 4: 4}.get(i)
+
+    def has(self, i):
+        j = self._map(i)
+        return j is not None and self._ctx.has(j)
+
+    def shape(self, i):
+        return self._ctx.shape(self._map(i))
+
+    def dtype(self, i):
+        return self._ctx.dtype(self._map(i))
+
+    def fail(self, msg):
+        self._ctx.fail(msg)
+
+
+def deform_conv_backward_numpy(dy, x, w, offset, mask, attrs) -> tuple:
+    """(dX, dW, dOffset, dMask) of DeformConv in float64, any spatial rank (dMask as if the mask were all
+    ones when it is absent). A sampling position with a NaN offset sends nothing to dX and gets NaN
+    dOffset / dMask."""
+    kernel, strides, dil, pads, out = _deform_geometry((x.shape, w.shape), attrs)
+    r = len(kernel)
+    n, c = x.shape[:2]
+    sp = x.shape[2:]
+    m = w.shape[0]
+    group, og = int(attrs["group"]), int(attrs["offset_group"])
+    kk = math.prod(kernel)
+    p = math.prod(out)
+    check_request(8 * (3 * x.size + 4 * n * c * kk * p), "DeformConvGrad (numpy): float64 columns")
+    xr = np.moveaxis(x.astype(np.float64), 1, -1)  # (n, *sp, c): all channels of one pixel together
+    off = offset.astype(np.float64).reshape((n, og, kk, r) + tuple(out))
+    msk = (
+        np.ones((n, og, kk) + tuple(out)) if mask is None else mask.astype(np.float64).reshape((n, og, kk) + tuple(out))
+    )
+    cpg = c // og
+    val = np.zeros((n, kk) + tuple(out) + (c,))  # the sampled (unmasked) columns
+    nan = np.zeros((n, og, kk) + tuple(out), bool)
+    taps = []  # per (t, g): [(index tuple, ok, weight, d weight / d pos per dim)]
+    bidx = np.arange(n).reshape((n,) + (1,) * r)
+    for t, tap in enumerate(itertools.product(*[range(k) for k in kernel])):
+        for g in range(og):
+            pos = []
+            for d in range(r):
+                grid = np.arange(out[d]) * strides[d] - pads[d] + tap[d] * dil[d]
+                shape = [1] * (1 + r)
+                shape[1 + d] = out[d]
+                pos.append(grid.reshape(shape) + off[:, g, t, d])
+            bad = np.zeros((n,) + tuple(out), bool)
+            for d in range(r):
+                bad |= ~np.isfinite(pos[d])
+            nan[:, g, t] = bad
+            pos = [np.where(bad, 0.0, q) for q in pos]
+            floors = [np.floor(q) for q in pos]
+            fracs = [q - f for q, f in zip(pos, floors)]
+            corners = []
+            chans = slice(g * cpg, (g + 1) * cpg)
+            for corner in itertools.product((0, 1), repeat=r):
+                ok = ~bad
+                idx, wt, dwt = [], np.ones((n,) + tuple(out)), []
+                for d in range(r):
+                    i = floors[d].astype(np.int64) + corner[d]
+                    ok = ok & (i >= 0) & (i < sp[d])
+                    idx.append(np.clip(i, 0, sp[d] - 1))
+                    wt = wt * (fracs[d] if corner[d] else 1 - fracs[d])
+                for d in range(r):
+                    dd = np.ones((n,) + tuple(out)) * (1.0 if corner[d] else -1.0)
+                    for e in range(r):
+                        if e != d:
+                            dd = dd * (fracs[e] if corner[e] else 1 - fracs[e])
+                    dwt.append(dd * ok)
+                wt = wt * ok
+                key = (bidx,) + tuple(idx)
+                val[:, t, ..., chans] += wt[..., None] * xr[key][..., chans]
+                corners.append((key, wt, dwt))
+            taps.append((t, g, chans, corners))
+    # columns are (n, group, (c/group) * kk, p) in the forward's (channel, tap) order
+    vt = np.moveaxis(val.reshape(n, kk, p, c), 3, 1)  # (n, c, kk, p)
+    mk = np.repeat(msk.reshape(n, og, kk, p), cpg, axis=1)  # (n, c, kk, p)
+    cols = (vt * mk).reshape(n, group, (c // group) * kk, p)
+    for g in range(og):  # a NaN position's column is NaN, as in the forward
+        cols.reshape(n, c, kk, p)[:, g * cpg : (g + 1) * cpg][
+            np.broadcast_to(nan[:, g].reshape(n, 1, kk, p), (n, cpg, kk, p))
+        ] = np.nan
+    gy = dy.astype(np.float64).reshape(n, group, m // group, p)
+    wg = w.astype(np.float64).reshape(group, m // group, -1)
+    dw = np.einsum("ngmp,ngkp->gmk", gy, cols).reshape(w.shape)
+    dcols = np.einsum("gmk,ngmp->ngkp", wg, gy).reshape(n, c, kk, p)
+    dmask = np.einsum("ngckp,ngckp->ngkp", dcols.reshape(n, og, cpg, kk, p), vt.reshape(n, og, cpg, kk, p))
+    dval = np.moveaxis(dcols * mk, 1, -1).reshape((n, kk) + tuple(out) + (c,))  # (n, kk, *out, c)
+    dxr = np.zeros(xr.shape)
+    doff = np.zeros((n, og, kk, r) + tuple(out))
+    for t, g, chans, corners in taps:
+        gv = dval[:, t, ..., chans]  # (n, *out, cpg)
+        for key, wt, dwt in corners:
+            np.add.at(dxr, key + (chans,), wt[..., None] * gv)
+            s = np.einsum("...c,...c->...", gv, xr[key][..., chans])
+            for d in range(r):
+                doff[:, g, t, d] += dwt[d] * s
+    dmask = dmask.reshape((n, og, kk) + tuple(out))
+    for d in range(r):
+        doff[:, :, :, d][nan] = np.nan
+    dmask[nan] = np.nan
+    return (
+        np.moveaxis(dxr, -1, 1),
+        dw,
+        doff.reshape(offset.shape),
+        dmask.reshape((n, og * kk) + tuple(out)),
+    )
+
+
+def _deform_grad_reference(ins, attrs):
+    mask = ins[4] if len(ins) > 4 else None
+    res = deform_conv_backward_numpy(ins[0], ins[1], ins[2], ins[3], mask, attrs)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return [a.astype(ins[1].dtype) for a in res]
+
+
+DeformConvGrad = register_op(
+    "DeformConvGrad",
+    domain="opsnn",
+    category="conv",
+    inputs=[
+        Input("dY", FLOAT),
+        Input("X", FLOAT),
+        Input("W", FLOAT),
+        Input("offset", FLOAT),
+        Input("mask", FLOAT, optional=True),
+    ],
+    outputs=["dX", "dW", "dOffset", "dMask"],
+    attrs=[
+        Attr("dilations", "ints", None),
+        Attr("group", "int", 1),
+        Attr("kernel_shape", "ints", None),
+        Attr("offset_group", "int", 1),
+        Attr("pads", "ints", None),
+        Attr("strides", "ints", None),
+    ],
+    infer=_deform_grad_infer,
+    reference=_deform_grad_reference,
+    doc="gradients of DeformConv w.r.t. X (scatter through the bilinear taps), W, the offsets and the mask",
+)
+
+
+@DeformConvGrad.kernel(
+    "deform_conv_grad_numpy",
+    dtypes=_F32_64,
+    priority=5,
+    doc="numpy in float64, any spatial rank: one vectorised pass per tap and corner, np.add.at scatter",
+)
+def _deform_grad_kernel(ins, outs, attrs, plan, ws):
+    mask = ins[4] if len(ins) > 4 else None
+    res = deform_conv_backward_numpy(ins[0], ins[1], ins[2], ins[3], mask, attrs)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for o, a in zip(outs, res):
+            np.copyto(o, a, casting="unsafe")
+
+
 # == NonMaxSuppression =================================================================================
 def _nms_infer(ctx):
     bs, ss = tuple(ctx.shape(0)), tuple(ctx.shape(1))
@@ -1233,6 +1414,15 @@ def deform_conv2d(input, offset, weight, bias=None, stride=1, padding=0, dilatio
     return [input, weight, offset, bias, mask], attrs
 
 
+@api("deform_conv2d_backward", "DeformConvGrad", domain="opsnn")
+def deform_conv2d_backward(grad_output, input, offset, weight, stride=1, padding=0, dilation=1, mask=None):
+    """Gradients ``(d input, d weight, d offset, d mask)`` of :func:`deform_conv2d` (same arguments;
+    the bias' gradient is ``grad_output`` summed over N and space). ``d mask`` is the gradient of an
+    all-ones mask when ``mask`` is None."""
+    ins, attrs = deform_conv2d.translate(input, offset, weight, None, stride, padding, dilation, mask)
+    return [grad_output, ins[0], ins[1], ins[2], ins[4]], attrs, 4
+
+
 @api("non_max_suppression", "NonMaxSuppression")
 def non_max_suppression(
     boxes, scores, max_output_boxes_per_class=0, iou_threshold=0.0, score_threshold=None, center_point_box=0
@@ -1292,6 +1482,7 @@ __all__ = [
     "grid_sample",
     "grid_sample_grad",
     "deform_conv2d",
+    "deform_conv2d_backward",
     "non_max_suppression",
     "cumprod",
     "det",
