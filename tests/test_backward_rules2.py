@@ -340,3 +340,76 @@ def test_deform_conv_grad_bad_input_typed_errors():
         ops.deform_conv2d_backward(np.zeros((1, 2, 4, 4), np.float32), x, off, w)
     with pytest.raises(InferShapeError, match="offset"):
         ops.deform_conv2d_backward(np.zeros((1, 2, 3, 3), np.float32), x, off[:, :, :2], w)
+
+
+# == NegativeLogLikelihoodLoss: the NLLLossGrad record ==============================================
+def _nll_composition(x, t, w, reduction, ignore, g):
+    """The rule before NLLLossGrad: -onehot * coefficients, as separate registry ops."""
+    from opsnn.ops.gradients import GradContext, _class_coefficients
+
+    attrs = {"reduction": reduction} if ignore is None else {"reduction": reduction, "ignore_index": ignore}
+    ins = [opsnn.tensor(x), opsnn.tensor(t)] + ([opsnn.tensor(w)] if w is not None else [])
+    onehot, coef = _class_coefficients(GradContext("NegativeLogLikelihoodLoss", ins, [], attrs, []), opsnn.tensor(g))
+    return ops.neg(ops.mul(onehot, coef)).numpy()
+
+
+def _nll_oracle(x, t, w, reduction, ignore, g):
+    """float64, one position at a time."""
+    N, C = x.shape[:2]
+    ts = t.reshape(N, -1)
+    gs = np.broadcast_to(np.asarray(g, np.float64).reshape(-1) if reduction == "none" else np.float64(g), ts.size)
+    out = np.zeros((N, C, ts.shape[1]))
+    wt = np.zeros(ts.shape)
+    for n in range(N):
+        for d in range(ts.shape[1]):
+            c = int(ts[n, d])
+            if ignore is not None and c == ignore:
+                continue
+            wt[n, d] = 1.0 if w is None else float(w[c])
+            out[n, c, d] = -wt[n, d] * gs[n * ts.shape[1] + d]
+    if reduction == "mean":
+        out /= wt.sum()
+    return out.reshape(x.shape)
+
+
+@pytest.mark.parametrize("xs,ts", [((7, 5), (7,)), ((3, 4, 6), (3, 6)), ((2, 3, 4, 5), (2, 4, 5))])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("weighted,ignore", [(False, None), (True, None), (False, 1), (True, -100)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nll_loss_grad_matches_composition_and_oracle(xs, ts, reduction, weighted, ignore, dtype):
+    x = RNG.standard_normal(xs).astype(dtype)
+    t = RNG.integers(0, xs[1], ts).astype(np.int64)
+    if ignore is not None:
+        t.reshape(-1)[::3] = ignore
+    w = RNG.random(xs[1]).astype(dtype) if weighted else None
+    g = (RNG.standard_normal(ts) if reduction == "none" else np.asarray(RNG.uniform(0.5, 2))).astype(dtype)
+    got = opsnn.aclnn.nll_loss_grad.prepare(g, x, t, w, reduction=reduction, ignore_index=ignore).run().numpy()
+    assert got.dtype == dtype
+    tol = dict(rtol=1e-6, atol=1e-7) if dtype == np.float32 else dict(rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(got, _nll_oracle(x, t, w, reduction, ignore, g), **tol)
+    np.testing.assert_allclose(got, _nll_composition(x, t, w, reduction, ignore, g), **tol)
+
+
+def test_nll_loss_rule_matches_torch_and_finite_differences():
+    x = RNG.standard_normal((4, 3, 5))
+    t = RNG.integers(0, 3, (4, 5))
+    t[0, 1] = -100
+    w = RNG.uniform(0.5, 1.5, 3)
+    fn = lambda x_: ops.nll_loss(x_, t, opsnn.tensor(w))  # noqa: E731
+    (g,) = _grads(fn, [x], [0], np.array(1.0))
+    np.testing.assert_allclose(g, _numeric(fn, [x], 0, np.array(1.0)), rtol=1e-6, atol=1e-9)
+    torch = pytest.importorskip("torch")
+    tx = torch.tensor(x, requires_grad=True)
+    (tg,) = torch.autograd.grad(torch.nn.functional.nll_loss(tx, torch.tensor(t), torch.tensor(w)), [tx])
+    np.testing.assert_allclose(g, tg.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_nll_loss_grad_nan_and_bad_input():
+    x = np.zeros((2, 3), np.float32)
+    g = np.array([np.nan, 1.0], np.float32)
+    got = ops.nll_loss_grad(g, x, np.array([2, 0]), reduction="none").numpy()
+    assert np.isnan(got[0, 2]) and not np.isnan(np.delete(got.reshape(-1), 2)).any()
+    with pytest.raises(OpsnnError, match="target"):
+        ops.nll_loss_grad(np.float32(1), x, np.array([3, 0]))
+    with pytest.raises(InferShapeError, match="dLoss"):
+        ops.nll_loss_grad(np.zeros(3, np.float32), x, np.array([1, 0]), reduction="none")

@@ -851,9 +851,19 @@ def _softmax_cross_entropy(ctx, grads):
 
 
 def _nll(ctx, grads):
-    ops = _ops()
-    onehot, coef = _class_coefficients(ctx, grads[0])
-    return [ops.neg(ops.mul(onehot, coef))] + [None] * (len(ctx.inputs) - 1)
+    """-dLoss * weight written at each target by the NLLLossGrad record (no one-hot temporaries)."""
+    x, t = ctx.inputs[0], ctx.inputs[1]
+    w = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    red = ctx.attrs.get("reduction", "mean")
+    dx = _ops().nll_loss_grad(
+        _like(grads[0], x),
+        x,
+        t,
+        w,
+        reduction=red.decode() if isinstance(red, bytes) else red,
+        ignore_index=ctx.attrs.get("ignore_index"),
+    )
+    return [dx] + [None] * (len(ctx.inputs) - 1)
 
 
 # -- attention -------------------------------------------------------------------------------------------
