@@ -413,3 +413,23 @@ def test_nll_loss_grad_nan_and_bad_input():
         ops.nll_loss_grad(np.float32(1), x, np.array([3, 0]))
     with pytest.raises(InferShapeError, match="dLoss"):
         ops.nll_loss_grad(np.zeros(3, np.float32), x, np.array([1, 0]), reduction="none")
+
+
+# == TensorScatter =====================================================================================
+@pytest.mark.parametrize(
+    "ps,us,axis,mode,wi",
+    [
+        ((2, 3, 6, 4), (2, 3, 2, 4), -2, "linear", [1, 4]),
+        ((2, 5, 3), (2, 4, 3), 1, "circular", [3, 0]),
+        ((3, 4), (3, 4), 1, "circular", [2, 0, 1]),
+        ((2, 2, 5), (2, 2, 3), 2, "linear", None),
+    ],
+)
+def test_tensor_scatter_gradients_match_finite_differences(ps, us, axis, mode, wi):
+    past, upd = RNG.standard_normal(ps), RNG.standard_normal(us)
+    idx = None if wi is None else np.array(wi, np.int64)
+    fn = lambda p_, u_: ops.tensor_scatter(p_, u_, idx, mode=mode, axis=axis)  # noqa: E731
+    w = RNG.uniform(0.5, 1.5, ps)
+    dp, du = _grads(fn, [past, upd], [0, 1], w)
+    np.testing.assert_allclose(dp, _numeric(fn, [past, upd], 0, w), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(du, _numeric(fn, [past, upd], 1, w), rtol=1e-6, atol=1e-9)

@@ -2022,6 +2022,33 @@ def _deform_conv(ctx, grads):
     return [v if i < len(ctx.needs) and ctx.needs[i] else None for i, v in enumerate(res)][: len(ins)]
 
 
+def _tensor_scatter(ctx, grads):
+    """The cache's gradient is g with the written positions zeroed (TensorScatter of zeros); the
+    update's is g read back at those positions (GatherElements at write_indices[b] + j, mod the cache
+    length in circular mode), computed from the indices with registry ops, so traced steps follow them."""
+    ops, g = _ops(), grads[0]
+    past, update = ctx.inputs[0], ctx.inputs[1]
+    wi = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    axis = int(ctx.attrs.get("axis", -2)) % past.ndim
+    mode = ctx.attrs.get("mode", "linear")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    res = [None] * len(ctx.inputs)
+    if ctx.needs[0]:
+        zero = zeros(tuple(update.shape), g.dtype)
+        res[0] = ops.tensor_scatter(g, zero, wi, mode=mode, axis=axis)
+    if ctx.needs[1]:
+        nd, s = past.ndim, update.shape[axis]
+        start = zeros((past.shape[0],), np.int64) if wi is None else wi
+        pos = ops.add(
+            ops.reshape(start, (past.shape[0],) + (1,) * (nd - 1)),
+            tensor(np.arange(s, dtype=np.int64).reshape([s if i == axis else 1 for i in range(nd)])),
+        )
+        if mode == "circular":
+            pos = ops.remainder(pos, tensor(np.asarray(past.shape[axis], np.int64)))
+        res[1] = ops.gather_elements(g, ops.expand(pos, *tuple(update.shape)), axis=axis)
+    return res
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -2159,6 +2186,7 @@ RULES = {
     "GridSample": _grid_sample,
     "RoiAlign": _roi_align,
     "DeformConv": _deform_conv,
+    "TensorScatter": _tensor_scatter,
 }
 
 
