@@ -433,3 +433,32 @@ def test_tensor_scatter_gradients_match_finite_differences(ps, us, axis, mode, w
     dp, du = _grads(fn, [past, upd], [0, 1], w)
     np.testing.assert_allclose(dp, _numeric(fn, [past, upd], 0, w), rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(du, _numeric(fn, [past, upd], 1, w), rtol=1e-6, atol=1e-9)
+
+
+# == MaxRoiPool ========================================================================================
+@pytest.mark.parametrize("size,scale", [((2, 2), 1.0), ((3, 2), 0.5), ((1, 1), 1.0)])
+def test_max_roi_pool_input_gradient_matches_finite_differences_and_reference(size, scale):
+    x = RNG.standard_normal((2, 3, 7, 6))  # distinct values: no tie within a step
+    rois = np.array([[0, 0.4, 1.2, 4.6, 5.1], [1, 2, 1, 5, 6], [1, -2, -1, 3, 2], [0, 0, 0, 12, 14]], np.float64)
+    fn = lambda x_: ops.roi_pool(x_, rois, size, spatial_scale=scale)  # noqa: E731
+    w = RNG.uniform(0.5, 1.5, _out_shape(fn, [x]))
+    (dx,) = _grads(fn, [x], [0], w)
+    np.testing.assert_allclose(dx, _numeric(fn, [x], 0, w), rtol=1e-6, atol=1e-9)
+    from opsnn.ops.registry import get_op
+
+    ex = opsnn.aclnn.roi_pool_backward.prepare(w, x, rois, size, scale)
+    np.testing.assert_allclose(ex.run().numpy(), get_op("MaxRoiPoolGrad", "opsnn").reference([w, x, rois], ex.attrs))
+
+
+def test_max_roi_pool_grad_ties_nan_and_bad_input():
+    x = np.ones((1, 2, 4, 4), np.float32)
+    x[0, 1, 2, 3] = np.nan
+    rois = np.array([[0, 0, 0, 3, 3]], np.float32)
+    dy = np.full((1, 2, 1, 1), 2.0, np.float32)
+    dx = ops.roi_pool_backward(dy, x, rois, 1).numpy()
+    assert dx[0, 0, 0, 0] == 2 and dx[0, 0].sum() == 2  # a tie: the first maximum takes it
+    assert dx[0, 1, 2, 3] == 2 and dx[0, 1].sum() == 2  # a NaN is the forward's maximum
+    with pytest.raises(OpsnnError, match="batch index"):
+        ops.roi_pool_backward(dy, x, np.array([[4, 0, 0, 3, 3]], np.float32), 1)
+    with pytest.raises(InferShapeError, match="dY"):
+        ops.roi_pool_backward(np.zeros((1, 2, 2, 2), np.float32), x, rois, 1)

@@ -2049,6 +2049,14 @@ def _tensor_scatter(ctx, grads):
     return res
 
 
+def _max_roi_pool(ctx, grads):
+    """dX from the MaxRoiPoolGrad record (each bin's gradient at its maximum); the boxes get none."""
+    if not ctx.needs[0]:
+        return [None, None]
+    x, rois = ctx.inputs
+    return [_ops().run_op("MaxRoiPoolGrad", [grads[0], x, rois], dict(ctx.attrs), domain="opsnn")[0], None]
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -2187,6 +2195,7 @@ RULES = {
     "RoiAlign": _roi_align,
     "DeformConv": _deform_conv,
     "TensorScatter": _tensor_scatter,
+    "MaxRoiPool": _max_roi_pool,
 }
 
 

@@ -880,10 +880,10 @@ def _c_round(v: np.ndarray) -> np.ndarray:
     return np.sign(v) * np.floor(np.abs(v) + 0.5)
 
 
-def max_roi_pool(x: np.ndarray, rois: np.ndarray, y: np.ndarray, spatial_scale: float) -> None:
-    """Fast R-CNN RoI max pooling, vectorized over channels; an empty bin gives 0."""
-    N, C, H, W = x.shape
-    PH, PW = y.shape[2], y.shape[3]
+def max_roi_pool_windows(x_shape: tuple, rois: np.ndarray, PH: int, PW: int, spatial_scale: float):
+    """Yield (roi, batch index, ph, pw, h0, h1, w0, w1) of every bin of Fast R-CNN RoI max pooling (box
+    corners C-rounded, bins floor/ceil-split, clipped to the map); checks each roi's batch index."""
+    N, C, H, W = x_shape
     for r in range(rois.shape[0]):
         if not np.isfinite(rois[r, :5]).all():  # int() of NaN or Inf: an untyped ValueError / OverflowError
             raise ParamInvalidError(
@@ -903,10 +903,30 @@ def max_roi_pool(x: np.ndarray, rois: np.ndarray, y: np.ndarray, spatial_scale: 
             for pw in range(PW):
                 ws = min(max(int(np.floor(pw * bw)) + x1, 0), W)
                 we = min(max(int(np.ceil((pw + 1) * bw)) + x1, 0), W)
-                if he <= hs or we <= ws:
-                    y[r, :, ph, pw] = 0
-                else:
-                    y[r, :, ph, pw] = x[b, :, hs:he, ws:we].max(axis=(1, 2))
+                yield r, b, ph, pw, hs, he, ws, we
+
+
+def max_roi_pool(x: np.ndarray, rois: np.ndarray, y: np.ndarray, spatial_scale: float) -> None:
+    """Fast R-CNN RoI max pooling, vectorized over channels; an empty bin gives 0."""
+    for r, b, ph, pw, hs, he, ws, we in max_roi_pool_windows(x.shape, rois, y.shape[2], y.shape[3], spatial_scale):
+        if he <= hs or we <= ws:
+            y[r, :, ph, pw] = 0
+        else:
+            y[r, :, ph, pw] = x[b, :, hs:he, ws:we].max(axis=(1, 2))
+
+
+def max_roi_pool_backward(dy: np.ndarray, x: np.ndarray, rois: np.ndarray, dx: np.ndarray, spatial_scale: float):
+    """dX of MaxRoiPool: each bin's gradient added at its maximum (the first one on ties, a NaN if any),
+    per channel; empty bins send nothing. Bins run in order, so overlapping rois add deterministically."""
+    C = x.shape[1]
+    dx[...] = 0
+    chans = np.arange(C)
+    for r, b, ph, pw, hs, he, ws, we in max_roi_pool_windows(x.shape, rois, dy.shape[2], dy.shape[3], spatial_scale):
+        if he <= hs or we <= ws:
+            continue
+        win = x[b, :, hs:he, ws:we].reshape(C, -1)
+        k = np.argmax(win, axis=1)  # a NaN wins, as in the forward's max
+        dx[b, chans, hs + k // (we - ws), ws + k % (we - ws)] += dy[r, :, ph, pw]
 
 
 # -- RoiAlign ------------------------------------------------------------------------------------

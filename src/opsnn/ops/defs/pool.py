@@ -869,6 +869,67 @@ def _max_roi_pool_numpy(ins, outs, attrs, plan, ws):
     K.max_roi_pool(ins[0], ins[1], outs[0], float(attrs["spatial_scale"]))
 
 
+def _infer_max_roi_pool_grad(ctx):
+    want = tuple(_infer_max_roi_pool(_Shifted(ctx))[0].shape)
+    if tuple(ctx.shape(0)) != want:
+        ctx.fail(f"input 'dY' must have MaxRoiPool's output shape {want}, got {tuple(ctx.shape(0))}")
+    if ctx.dtype(0) != ctx.dtype(1):
+        ctx.fail(f"input 'dY' must have X's dtype {_dt.name(ctx.dtype(1))}, got {_dt.name(ctx.dtype(0))}")
+    return [TensorMeta(tuple(ctx.shape(1)), ctx.dtype(1))]
+
+
+def _max_roi_pool_grad_reference(ins, attrs):
+    """float64, cell by cell: each bin's dY added at the first cell holding its maximum (NaN wins)."""
+    dy, x, rois = ins
+    PH, PW = (int(s) for s in attrs["pooled_shape"])
+    scale = float(attrs["spatial_scale"])
+    N, C, H, W = x.shape
+    dx = np.zeros(x.shape, np.float64)
+    for r in range(rois.shape[0]):
+        b = int(rois[r, 0])
+        if not 0 <= b < N:
+            raise ParamInvalidError(f"MaxRoiPoolGrad: batch index {b} outside 0..{N - 1}", op="MaxRoiPoolGrad")
+        x1, y1, x2, y2 = (int(math.floor(abs(v) + 0.5)) * (1 if v >= 0 else -1) for v in rois[r, 1:] * scale)
+        bh, bw = max(y2 - y1 + 1, 1) / PH, max(x2 - x1 + 1, 1) / PW
+        for ph in range(PH):
+            hs, he = (min(max(f(v) + y1, 0), H) for f, v in ((math.floor, ph * bh), (math.ceil, (ph + 1) * bh)))
+            for pw in range(PW):
+                ws, we = (min(max(f(v) + x1, 0), W) for f, v in ((math.floor, pw * bw), (math.ceil, (pw + 1) * bw)))
+                for c in range(C):
+                    best = None
+                    for h in range(hs, he):
+                        for w in range(ws, we):
+                            v = float(x[b, c, h, w])
+                            if best is None or (not math.isnan(best[0]) and (math.isnan(v) or v > best[0])):
+                                best = (v, h, w)
+                    if best is not None:
+                        dx[b, c, best[1], best[2]] += float(dy[r, c, ph, pw])
+    return dx.astype(x.dtype)
+
+
+MaxRoiPoolGrad = register_op(
+    "MaxRoiPoolGrad",
+    domain="opsnn",
+    category="pool",
+    inputs=[Input("dY", FLOAT), Input("X", FLOAT), Input("rois", FLOAT)],
+    outputs=["dX"],
+    attrs=[Attr("pooled_shape", "ints"), Attr("spatial_scale", "float", 1.0)],
+    infer=_infer_max_roi_pool_grad,
+    reference=_max_roi_pool_grad_reference,
+    doc="gradient of MaxRoiPool w.r.t. X: each bin's dY added at its maximum",
+)
+
+
+@MaxRoiPoolGrad.kernel(
+    "max_roi_pool_grad_numpy",
+    dtypes=_F32_64,
+    priority=5,
+    doc="numpy, vectorized over channels: one argmax per bin, bins added in order",
+)
+def _max_roi_pool_grad_numpy(ins, outs, attrs, plan, ws):
+    K.max_roi_pool_backward(ins[0], ins[1], ins[2], outs[0], float(attrs["spatial_scale"]))
+
+
 # -- backward ops (domain opsnn: the gradient rules' kernels) ---------------------------------------------
 
 
@@ -1193,6 +1254,13 @@ def roi_pool(x, rois, output_size, spatial_scale=1.0):
     return [x, rois], {"pooled_shape": [oh, ow], "spatial_scale": float(spatial_scale)}
 
 
+@api("roi_pool_backward", "MaxRoiPoolGrad", domain="opsnn")
+def roi_pool_backward(grad_output, x, rois, output_size, spatial_scale=1.0):
+    """Gradient of :func:`roi_pool` w.r.t. ``x`` for the output gradient ``grad_output`` (same arguments)."""
+    ins, attrs = roi_pool.translate(x, rois, output_size, spatial_scale)
+    return [grad_output] + ins, attrs
+
+
 @api("max_pool_backward", "MaxPoolGrad", domain="opsnn")
 def max_pool_backward(grad_output, x, indices):
     """Gradient of max pooling (1-D to 3-D): ``grad_output`` added at ``indices``, the ONNX flat
@@ -1216,6 +1284,7 @@ def avg_pool_backward(grad_output, x, kernel_size, stride=None, padding=0, ceil_
 
 __all__ = [
     "roi_align_backward",
+    "roi_pool_backward",
     "max_pool1d",
     "max_pool2d",
     "max_pool3d",
