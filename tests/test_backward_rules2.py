@@ -462,3 +462,31 @@ def test_max_roi_pool_grad_ties_nan_and_bad_input():
         ops.roi_pool_backward(dy, x, np.array([[4, 0, 0, 3, 3]], np.float32), 1)
     with pytest.raises(InferShapeError, match="dY"):
         ops.roi_pool_backward(np.zeros((1, 2, 2, 2), np.float32), x, rois, 1)
+
+
+@pytest.mark.parametrize("mode,pad,align", GS_CASES)
+@pytest.mark.parametrize(
+    "xs,gs", [((2, 5, 9, 7), (2, 40, 33, 2)), ((1, 3, 4, 5, 6), (1, 3, 4, 5, 3)), ((3, 2, 11), (3, 7, 1))]
+)
+def test_grid_sample_grad_numba_matches_numpy_kernel(mode, pad, align, xs, gs):
+    x = RNG.standard_normal(xs)
+    grid = RNG.uniform(-1.3, 1.3, gs)
+    grid.reshape(-1)[5] = np.nan
+    grid.reshape(-1)[8] = 40.0  # far outside
+    dy = RNG.standard_normal(xs[:2] + gs[1:-1])
+    kw = dict(mode=mode, padding_mode=pad, align_corners=align)
+    got = [
+        t.numpy() for t in opsnn.aclnn.grid_sample_grad.prepare(dy, x, grid, algo="grid_sample_grad_numba", **kw).run()
+    ]
+    want = [
+        t.numpy() for t in opsnn.aclnn.grid_sample_grad.prepare(dy, x, grid, algo="grid_sample_grad_numpy", **kw).run()
+    ]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-11, atol=1e-12)
+    g32 = [
+        t.numpy()
+        for t in opsnn.aclnn.grid_sample_grad.prepare(
+            dy.astype(np.float32), x.astype(np.float32), grid.astype(np.float32), **kw
+        ).run()
+    ]
+    np.testing.assert_allclose(g32[0], want[0], rtol=1e-4, atol=1e-4)

@@ -457,6 +457,29 @@ GridSampleGrad = register_op(
 
 
 @GridSampleGrad.kernel(
+    "grid_sample_grad_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=lambda ctx: K.grid_sample_plan(tuple(ctx.shape(1)), tuple(ctx.shape(0)), *_gs_attrs(ctx.attrs)),
+    applies=lambda ctx: _gs_applies(_After1(ctx)),
+    doc="numba: dGrid parallel over blocks of points, dX parallel over (image, channel block) planes, "
+    "each writing only its own rows (no races, fixed order)",
+)
+def _gsg_numba(ins, outs, attrs, plan, ws):
+    K.grid_sample_backward(ins[0], ins[1], ins[2], outs[0], outs[1], plan)
+
+
+class _After1:
+    """GridSample's ``applies`` context seen from GridSampleGrad's (X is input 1)."""
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+
+    def shape(self, i):
+        return self._ctx.shape(i + 1)
+
+
+@GridSampleGrad.kernel(
     "grid_sample_grad_numpy",
     dtypes=_F32_64,
     priority=5,
