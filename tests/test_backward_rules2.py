@@ -490,3 +490,42 @@ def test_grid_sample_grad_numba_matches_numpy_kernel(mode, pad, align, xs, gs):
         ).run()
     ]
     np.testing.assert_allclose(g32[0], want[0], rtol=1e-4, atol=1e-4)
+
+
+# == STFT ==============================================================================================
+@pytest.mark.parametrize(
+    "shape,step,fl,windowed,onesided",
+    [
+        ((2, 11, 1), 3, 4, True, True),
+        ((1, 10, 1), 2, 5, False, True),
+        ((2, 9, 2), 2, 4, True, False),
+        ((1, 7, 1), 7, 7, True, False),
+    ],
+)
+def test_stft_gradients_match_finite_differences(shape, step, fl, windowed, onesided):
+    sig = RNG.standard_normal(shape)
+    win = RNG.uniform(0.2, 1.0, fl)
+    if windowed:
+        fn = lambda s_, w_: ops.stft(s_, step, w_, onesided=onesided)  # noqa: E731
+        arrays, wrt = [sig, win], [0, 1]
+    else:
+        fn = lambda s_: ops.stft(s_, step, frame_length=fl, onesided=onesided)  # noqa: E731
+        arrays, wrt = [sig], [0]
+    w = RNG.uniform(0.5, 1.5, _out_shape(fn, arrays))
+    for i, g in zip(wrt, _grads(fn, arrays, wrt, w)):
+        np.testing.assert_allclose(g, _numeric(fn, arrays, i, w), rtol=1e-6, atol=1e-8, err_msg=f"input {i}")
+
+
+def test_stft_gradient_matches_torch():
+    torch = pytest.importorskip("torch")
+    sig = RNG.standard_normal((2, 16, 1))
+    win = RNG.uniform(0.2, 1.0, 6)
+    fn = lambda s_, w_: ops.stft(s_, 2, w_)  # noqa: E731
+    w = RNG.uniform(0.5, 1.5, _out_shape(fn, [sig, win]))
+    gs, gw = _grads(fn, [sig, win], [0, 1], w)
+    ts, tw = torch.tensor(sig[..., 0], requires_grad=True), torch.tensor(win, requires_grad=True)
+    ty = torch.stft(ts, 6, hop_length=2, win_length=6, window=tw, center=False, onesided=True, return_complex=True)
+    ty = torch.view_as_real(ty).transpose(1, 2)  # (B, frames, bins, 2)
+    dts, dtw = torch.autograd.grad((ty * torch.tensor(w)).sum(), [ts, tw])
+    np.testing.assert_allclose(gs[..., 0], dts.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(gw, dtw.numpy(), rtol=1e-10, atol=1e-12)

@@ -2057,6 +2057,38 @@ def _max_roi_pool(ctx, grads):
     return [_ops().run_op("MaxRoiPoolGrad", [grads[0], x, rois], dict(ctx.attrs), domain="opsnn")[0], None]
 
 
+def _stft(ctx, grads):
+    """STFT is the DFT of windowed frames z[b, f, t] = signal[b, f * step + t] * window[t]: dz from the
+    DFT rule, the window's gradient sums dz * frames over batch, frames and real/imaginary, the signal's
+    adds dz * window back to each frame's samples (overlap-add through ScatterElements)."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    win = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    step = int(np.asarray(ctx.value(1)).reshape(-1)[0])
+    fl = ctx.value(3) if len(ctx.inputs) > 3 else None
+    fl = int(np.asarray(fl).reshape(-1)[0]) if fl is not None else (win.shape[0] if win is not None else x.shape[1])
+    B, L, C = x.shape
+    F = g.shape[1]
+    take = (np.arange(F)[:, None] * step + np.arange(fl)[None, :]).astype(np.int64)  # (F, fl)
+    frames = ops.gather(x, tensor(take), axis=1)  # (B, F, fl, C)
+    w4 = None if win is None else ops.reshape(win, (1, 1, fl, 1))
+    z = frames if w4 is None else ops.mul(frames, w4)
+    dft_ctx = GradContext(
+        "DFT", [z, None, tensor(np.asarray(2, np.int64))], [], {"inverse": 0, "onesided": ctx.attrs["onesided"]}, []
+    )
+    dz = _dft(dft_ctx, [g])[0]
+    res = [None] * len(ctx.inputs)
+    if win is not None and ctx.needs[2]:
+        res[2] = ops.sum(ops.mul(dz, frames), dim=[0, 1, 3])
+    if ctx.needs[0]:
+        df = dz if w4 is None else ops.mul(dz, w4)
+        flat = (
+            np.arange(B)[:, None, None, None] * (L * C) + take[None, :, :, None] * C + np.arange(C)[None, None, None, :]
+        )
+        res[0] = _scatter_into(flat, df, (B, L, C), add=True)
+    return res
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -2196,6 +2228,7 @@ RULES = {
     "DeformConv": _deform_conv,
     "TensorScatter": _tensor_scatter,
     "MaxRoiPool": _max_roi_pool,
+    "STFT": _stft,
 }
 
 
