@@ -529,3 +529,41 @@ def test_stft_gradient_matches_torch():
     dts, dtw = torch.autograd.grad((ty * torch.tensor(w)).sum(), [ts, tw])
     np.testing.assert_allclose(gs[..., 0], dts.numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(gw, dtw.numpy(), rtol=1e-10, atol=1e-12)
+
+
+# == compiled training: the new backward records inside a traced step ==================================
+def test_compiled_step_through_the_new_rules_matches_eager():
+    from opsnn import nn, optim
+
+    x0 = RNG.standard_normal((2, 3, 6, 5)).astype(np.float32)
+    g0 = RNG.uniform(-1, 1, (2, 4, 3, 2)).astype(np.float32)
+    m0 = (np.eye(3) + 0.1 * RNG.standard_normal((2, 3, 3))).astype(np.float32)
+    rois = np.array([[0.5, 0.5, 3.5, 4.0], [1.0, 0.0, 4.0, 2.5]], np.float32)
+    bidx = np.array([1, 0], np.int64)
+    labels = [RNG.integers(0, 3, (2, 4)) for _ in range(3)]
+
+    def run(compiled):
+        img, grid, mats = nn.Parameter(x0.copy()), nn.Parameter(g0.copy()), nn.Parameter(m0.copy())
+        opt = optim.SGD([img, grid, mats], lr=0.05, momentum=0.9)
+
+        def train_step(y):
+            opt.zero_grad()
+            s = ops.grid_sample(img, grid, mode="bilinear", padding_mode="border")  # (2, 3, 4, 3)
+            r = ops.roi_align(img, rois, bidx, (2, 2), sampling_ratio=2)  # (2, 3, 2, 2)
+            logp = ops.log_softmax(ops.mean(s, dim=3), dim=1)  # (2, 3, 4)
+            loss = ops.add(ops.nll_loss(logp, y), ops.add(ops.mean(r), ops.mean(ops.det(mats))))
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = opsnn.compile(train_step) if compiled else train_step
+        losses = [float(step(opsnn.tensor(y)).item()) for y in labels]
+        return losses, [p.numpy().copy() for p in (img, grid, mats)], step
+
+    el, ep, _ = run(False)
+    cl, cp, step = run(True)
+    assert step.num_compiles == 1
+    np.testing.assert_allclose(cl, el, rtol=1e-5, atol=1e-6)
+    for c, e in zip(cp, ep):
+        np.testing.assert_allclose(c, e, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(ep[1], g0)  # the grid moved: its gradient reached the optimizer
