@@ -567,3 +567,32 @@ def test_compiled_step_through_the_new_rules_matches_eager():
     for c, e in zip(cp, ep):
         np.testing.assert_allclose(c, e, rtol=1e-5, atol=1e-6)
     assert not np.allclose(ep[1], g0)  # the grid moved: its gradient reached the optimizer
+
+
+@pytest.mark.parametrize(
+    "xs,ws,stride,pad,dil,og,with_mask", [c[:7] for c in DC_CASES] + [((2, 4, 9, 8), (6, 2, 3, 3), 1, 1, 1, 2, True)]
+)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_deform_conv_grad_numba_matches_numpy_kernel(xs, ws, stride, pad, dil, og, with_mask, dtype):
+    x = RNG.standard_normal(xs).astype(dtype)
+    w = RNG.standard_normal(ws).astype(dtype)
+    kh, kw = ws[2:]
+    oh = (xs[2] + 2 * pad - dil * (kh - 1) - 1) // stride + 1
+    ow = (xs[3] + 2 * pad - dil * (kw - 1) - 1) // stride + 1
+    off = RNG.uniform(-2.5, 2.5, (xs[0], og * kh * kw * 2, oh, ow)).astype(dtype)
+    off.reshape(-1)[3] = np.nan
+    mask = RNG.uniform(0.2, 1.2, (xs[0], og * kh * kw, oh, ow)).astype(dtype) if with_mask else None
+    dy = RNG.standard_normal((xs[0], ws[0], oh, ow)).astype(dtype)
+    kw_ = dict(stride=stride, padding=pad, dilation=dil, mask=mask)
+    got = [
+        t.numpy()
+        for t in opsnn.aclnn.deform_conv2d_backward.prepare(dy, x, off, w, algo="deform_conv_grad_numba", **kw_).run()
+    ]
+    want = [
+        t.numpy()
+        for t in opsnn.aclnn.deform_conv2d_backward.prepare(dy, x, off, w, algo="deform_conv_grad_numpy", **kw_).run()
+    ]
+    tol = dict(rtol=1e-10, atol=1e-11) if dtype == np.float64 else dict(rtol=2e-4, atol=2e-4)
+    for name, a, b in zip(("dX", "dW", "dOffset", "dMask"), got, want):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a, b, err_msg=name, **tol)

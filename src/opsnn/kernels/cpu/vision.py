@@ -546,6 +546,152 @@ def deform_conv2d(x, w, offset, b, mask, y, plan: DeformPlan, ws) -> None:
         yv += b.reshape(1, m, 1)
 
 
+# -- DeformConvGrad (2-D) --------------------------------------------------------------------------
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _deform_bw_input(off, msk, has_mask, dcols, dx, kh, kw, sh, sw, ph, pw, dh, dw, cpg):
+    """dX: work items are (image, channel) planes, each adding only into its own plane (no races)
+    through the bilinear corners of its kk taps at every output position, in a fixed order."""
+    N, C, H, W = dx.shape
+    OH, OW = off.shape[5], off.shape[6]
+    kk = kh * kw
+    for item in nb.prange(N * C):
+        n = item // C
+        c = item - n * C
+        g = c // cpg
+        plane = dx[n, c]
+        plane[:, :] = 0.0
+        for k in range(kk):
+            a = k // kw
+            b = k - a * kw
+            row = dcols[n, c * kk + k]
+            for oy in range(OH):
+                for ox in range(OW):
+                    y = oy * sh - ph + a * dh + off[n, g, a, b, 0, oy, ox]
+                    xx = ox * sw - pw + b * dw + off[n, g, a, b, 1, oy, ox]
+                    if math.isnan(y) or math.isnan(xx) or not (y > -1.0 and y < H and xx > -1.0 and xx < W):
+                        continue
+                    v = float(row[oy * OW + ox])
+                    if has_mask:
+                        v *= msk[n, g, a, b, oy, ox]
+                    y0 = math.floor(y)
+                    x0 = math.floor(xx)
+                    ly = y - y0
+                    lx = xx - x0
+                    iy, ix = int(y0), int(x0)
+                    if iy >= 0:
+                        if ix >= 0:
+                            plane[iy, ix] += (1.0 - ly) * (1.0 - lx) * v
+                        if ix + 1 < W:
+                            plane[iy, ix + 1] += (1.0 - ly) * lx * v
+                    if iy + 1 < H:
+                        if ix >= 0:
+                            plane[iy + 1, ix] += ly * (1.0 - lx) * v
+                        if ix + 1 < W:
+                            plane[iy + 1, ix + 1] += ly * lx * v
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _deform_bw_offset(x, off, msk, has_mask, dcols, doff, dmask, kh, kw, sh, sw, ph, pw, dh, dw, cpg):
+    """dOffset and dMask: work items are (image, offset group, tap); each owns its rows of both."""
+    N, C, H, W = x.shape
+    OH, OW = off.shape[5], off.shape[6]
+    G = off.shape[1]
+    kk = kh * kw
+    for item in nb.prange(N * G * kk):
+        n = item // (G * kk)
+        g = (item // kk) % G
+        k = item % kk
+        a = k // kw
+        b = k - a * kw
+        for oy in range(OH):
+            for ox in range(OW):
+                y = oy * sh - ph + a * dh + off[n, g, a, b, 0, oy, ox]
+                xx = ox * sw - pw + b * dw + off[n, g, a, b, 1, oy, ox]
+                if math.isnan(y) or math.isnan(xx):
+                    doff[n, g, a, b, 0, oy, ox] = np.nan
+                    doff[n, g, a, b, 1, oy, ox] = np.nan
+                    dmask[n, g, a, b, oy, ox] = np.nan
+                    continue
+                if not (y > -1.0 and y < H and xx > -1.0 and xx < W):
+                    doff[n, g, a, b, 0, oy, ox] = 0.0
+                    doff[n, g, a, b, 1, oy, ox] = 0.0
+                    dmask[n, g, a, b, oy, ox] = 0.0
+                    continue
+                y0 = math.floor(y)
+                x0 = math.floor(xx)
+                ly = y - y0
+                lx = xx - x0
+                iy, ix = int(y0), int(x0)
+                m = msk[n, g, a, b, oy, ox] if has_mask else 1.0
+                p = oy * OW + ox
+                sy = 0.0
+                sx = 0.0
+                sm = 0.0
+                for c in range(g * cpg, (g + 1) * cpg):
+                    v00 = float(x[n, c, iy, ix]) if iy >= 0 and ix >= 0 else 0.0
+                    v01 = float(x[n, c, iy, ix + 1]) if iy >= 0 and ix + 1 < W else 0.0
+                    v10 = float(x[n, c, iy + 1, ix]) if iy + 1 < H and ix >= 0 else 0.0
+                    v11 = float(x[n, c, iy + 1, ix + 1]) if iy + 1 < H and ix + 1 < W else 0.0
+                    gc = float(dcols[n, c * kk + k, p])
+                    val = (1.0 - ly) * ((1.0 - lx) * v00 + lx * v01) + ly * ((1.0 - lx) * v10 + lx * v11)
+                    sm += gc * val
+                    sy += gc * ((1.0 - lx) * (v10 - v00) + lx * (v11 - v01))
+                    sx += gc * ((1.0 - ly) * (v01 - v00) + ly * (v11 - v10))
+                doff[n, g, a, b, 0, oy, ox] = sy * m
+                doff[n, g, a, b, 1, oy, ox] = sx * m
+                dmask[n, g, a, b, oy, ox] = sm
+
+
+def deform_conv2d_backward(dy, x, w, offset, mask, dx, dw_out, doff, dmask, plan: DeformPlan) -> None:
+    """dX, dW, dOffset and dMask of the 2-D DeformConv: the forward's bilinear columns (numba im2col),
+    dW and the columns' gradient through one BLAS GEMM per image and group, then dX scattered per
+    (image, channel) plane and dOffset / dMask per (image, offset group, tap), in parallel without
+    races. dMask is the gradient of an all-ones mask when ``mask`` is None."""
+    n, c, m, g, og = plan.n, plan.c, plan.m, plan.group, plan.offset_group
+    kh, kw = plan.kernel
+    oh, ow = plan.out_hw
+    sh, sw = plan.strides
+    dh, dwl = plan.dilations
+    ph, pw = plan.pads
+    p, kk = oh * ow, kh * kw
+    off = offset.reshape(n, og, kh, kw, 2, oh, ow)
+    has_mask = mask is not None
+    msk = mask.reshape(n, og, kh, kw, oh, ow) if has_mask else np.zeros((1, 1, 1, 1, 1, 1), x.dtype)
+    rows_g, mg = (c // g) * kk, m // g
+    wg = w.reshape(g, mg, rows_g)
+    gy = dy.reshape(n, g, mg, p)
+    dwg = dw_out.reshape(g, mg, rows_g)
+    dwg[...] = 0
+    dcols = np.empty((n, c * kk, p), x.dtype)
+    cols = np.empty((c * kk, p), x.dtype)
+    im2col = _deform_im2col_parallel if plan.parallel else _deform_im2col_serial
+    for i in range(n):
+        im2col(x[i], off[i], msk[i if has_mask else 0], has_mask, cols, kh, kw, sh, sw, ph, pw, dh, dwl, c // og)
+        for gi in range(g):
+            rows = slice(gi * rows_g, (gi + 1) * rows_g)
+            dwg[gi] += gy[i, gi] @ cols[rows].T
+            dcols[i, rows] = wg[gi].T @ gy[i, gi]
+    _deform_bw_input(off, msk, has_mask, dcols, dx, kh, kw, sh, sw, ph, pw, dh, dwl, c // og)
+    _deform_bw_offset(
+        x,
+        off,
+        msk,
+        has_mask,
+        dcols,
+        doff.reshape(off.shape),
+        dmask.reshape(n, og, kh, kw, oh, ow),
+        kh,
+        kw,
+        sh,
+        sw,
+        ph,
+        pw,
+        dh,
+        dwl,
+        c // og,
+    )
+
+
 # -- NonMaxSuppression ------------------------------------------------------------------------------
 @nb.njit(nogil=True, cache=True)
 def _nms_class(ymin, xmin, ymax, xmax, area, scores, max_out, iou_thr, score_thr, use_thr, sel):

@@ -857,6 +857,38 @@ DeformConvGrad = register_op(
 )
 
 
+def _deform_grad_plan(ctx):
+    kernel, strides, dil, pads, out = _deform_geometry((ctx.shape(1), ctx.shape(2)), ctx.attrs)
+    return K.deform_plan(
+        tuple(ctx.shape(1)),
+        tuple(ctx.shape(2)),
+        out,
+        kernel,
+        strides,
+        dil,
+        pads,
+        int(ctx.attrs["group"]),
+        int(ctx.attrs["offset_group"]),
+        ctx.dtype(1).itemsize,
+    )
+
+
+@DeformConvGrad.kernel(
+    "deform_conv_grad_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=_deform_grad_plan,
+    applies=lambda ctx: (
+        None if len(ctx.shape(1)) == 4 else f"{len(ctx.shape(1)) - 2}-D input (the numba kernel is 2-D)"
+    ),
+    doc="numba im2col + BLAS GEMMs per image and group for dW and the columns' gradient; dX parallel over "
+    "(image, channel) planes, dOffset / dMask over (image, offset group, tap): no races",
+)
+def _deform_grad_numba(ins, outs, attrs, plan, ws):
+    mask = ins[4] if len(ins) > 4 else None
+    K.deform_conv2d_backward(ins[0], ins[1], ins[2], ins[3], mask, outs[0], outs[1], outs[2], outs[3], plan)
+
+
 @DeformConvGrad.kernel(
     "deform_conv_grad_numpy",
     dtypes=_F32_64,
