@@ -596,3 +596,15 @@ def test_deform_conv_grad_numba_matches_numpy_kernel(xs, ws, stride, pad, dil, o
     for name, a, b in zip(("dX", "dW", "dOffset", "dMask"), got, want):
         assert a.dtype == dtype
         np.testing.assert_allclose(a, b, err_msg=name, **tol)
+
+
+# == OneHot (the values input) =========================================================================
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_one_hot_values_gradient_matches_finite_differences(axis):
+    idx = np.array([[0, 3, -1], [2, 1, 5]], np.int64)  # -1 counts from the end, 5 is out of range (all off)
+    depth = np.asarray(4, np.int64)
+    vals = np.array([-0.5, 2.0])
+    fn = lambda v_: ops.run_op("OneHot", [idx, depth, v_], {"axis": axis})[0]  # noqa: E731
+    w = RNG.uniform(0.5, 1.5, _out_shape(fn, [vals]))
+    (g,) = _grads(fn, [vals], [0], w)
+    np.testing.assert_allclose(g, _numeric(fn, [vals], 0, w), rtol=1e-7, atol=1e-9)

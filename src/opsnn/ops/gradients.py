@@ -2089,6 +2089,18 @@ def _stft(ctx, grads):
     return res
 
 
+def _one_hot(ctx, grads):
+    """Only ``values`` [off, on] is differentiable: each gets g summed over the positions that hold it
+    (a 0/1 OneHot of the same indices, run as the op, says which)."""
+    ops, g = _ops(), grads[0]
+    vals = ctx.inputs[2]
+    if not ctx.needs[2] or vals.dtype.kind != "f":
+        return [None, None, None]
+    on = ops.run_op("OneHot", [ctx.inputs[0], ctx.inputs[1], _const([0, 1], g)], ctx.attrs)[0]
+    hot = ops.sum(ops.mul(g, on))
+    return [None, None, ops.concat([ops.reshape(ops.sub(ops.sum(g), hot), (1,)), ops.reshape(hot, (1,))], dim=0)]
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -2229,6 +2241,7 @@ RULES = {
     "TensorScatter": _tensor_scatter,
     "MaxRoiPool": _max_roi_pool,
     "STFT": _stft,
+    "OneHot": _one_hot,
 }
 
 
