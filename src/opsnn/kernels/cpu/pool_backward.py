@@ -1,5 +1,6 @@
 """CPU pooling backward kernels (numba): max pooling's gradient scattered through the forward's
-indices, and average pooling's gradient spread back over each window.
+indices, average pooling's gradient spread back over each window, and RoiAlign's spread back
+through its samples' bilinear taps (work items are channels there: rois of one image overlap).
 
 Work items are whole (n, c) planes: a window never leaves its plane, so the scatter-adds of one
 item never touch another's memory (no races, no atomics), and a plane's output positions are

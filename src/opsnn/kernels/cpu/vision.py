@@ -7,6 +7,9 @@ leading unit spatial dims, whose single tap (index 0, weight 1) is exact for eve
 Each output point computes its taps (index, weight) once and reuses them for all channels.
 DeformConv gathers bilinear samples into a column buffer (numba, one row per input channel
 and kernel tap) and multiplies it with the weights per group through BLAS (numpy matmul).
+Their backward kernels (GridSampleGrad, DeformConvGrad) split the work so that each parallel
+item writes only memory it owns: the input's gradient per (image, channel) plane, the grid's,
+offsets' and mask's per point or tap.
 """
 
 from __future__ import annotations
