@@ -875,9 +875,19 @@ def _softmax_cross_entropy(ctx, grads):
 
 
 def _nll(ctx, grads):
-    ops = _ops()
-    onehot, coef = _class_coefficients(ctx, grads[0])
-    return [ops.neg(ops.mul(onehot, coef))] + [None] * (len(ctx.inputs) - 1)
+    """-dLoss * weight written at each target by the NLLLossGrad record (no one-hot temporaries)."""
+    x, t = ctx.inputs[0], ctx.inputs[1]
+    w = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    red = ctx.attrs.get("reduction", "mean")
+    dx = _ops().nll_loss_grad(
+        _like(grads[0], x),
+        x,
+        t,
+        w,
+        reduction=red.decode() if isinstance(red, bytes) else red,
+        ignore_index=ctx.attrs.get("ignore_index"),
+    )
+    return [dx] + [None] * (len(ctx.inputs) - 1)
 
 
 # -- attention -------------------------------------------------------------------------------------------
@@ -1983,6 +1993,138 @@ def _cumprod(ctx, grads):
     return [ops.transpose(dx, perm) if axis != x.ndim - 1 else dx, None]
 
 
+def _det(ctx, grads):
+    """d det(X) / dX_ij is the cofactor C_ij = (-1)^(i+j) det(minor_ij): the minors gathered from X and
+    their Det, so singular matrices (no inverse) get their exact gradient too."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    m = x.shape[-1]
+    if m == 1:
+        return [ops.unsqueeze(ops.unsqueeze(g, -1), -1)]
+    keep = tensor(np.array([[j for j in range(m) if j != i] for i in range(m)], dtype=np.int64))  # (M, M-1)
+    rows = ops.gather(x, keep, axis=x.ndim - 2)  # (*, M_i, M-1, M)
+    minors = ops.gather(rows, keep, axis=rows.ndim - 1)  # (*, M_i, M-1, M_j, M-1)
+    nd = minors.ndim
+    minors = ops.transpose(minors, list(range(nd - 4)) + [nd - 4, nd - 2, nd - 3, nd - 1])
+    sign = _const(1.0 - 2.0 * ((np.arange(m)[:, None] + np.arange(m)[None, :]) % 2), x)
+    cof = ops.mul(ops.det(minors), sign)
+    return [ops.mul(cof, ops.unsqueeze(ops.unsqueeze(g, -1), -1))]
+
+
+def _grid_sample(ctx, grads):
+    """Both gradients from the dedicated GridSampleGrad record (dX a scatter-add through the taps); an
+    integer X (nearest sampling of labels) carries none."""
+    x, grid = ctx.inputs[0], ctx.inputs[1]
+    if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
+        return [None, None]
+    a = ctx.attrs
+    dx, dgrid = _ops().grid_sample_grad(
+        grads[0], x, grid, mode=a["mode"], padding_mode=a["padding_mode"], align_corners=a["align_corners"]
+    )
+    return [dx if ctx.needs[0] else None, dgrid if ctx.needs[1] else None]
+
+
+def _roi_align(ctx, grads):
+    """dX from the dedicated RoiAlignGrad record (a scatter of each bin's gradient through its taps);
+    the boxes get none (as torchvision's roi_align), the batch indices are integers."""
+    if not ctx.needs[0]:
+        return [None] * len(ctx.inputs)
+    x, rois, bidx = ctx.inputs[:3]
+    dx = _ops().run_op("RoiAlignGrad", [grads[0], x, rois, bidx], dict(ctx.attrs), domain="opsnn")[0]
+    return [dx, None, None]
+
+
+def _deform_conv(ctx, grads):
+    """X, W, offset and mask gradients from the dedicated DeformConvGrad record; B's is dY summed over N
+    and space."""
+    ins, g = ctx.inputs, grads[0]
+    mask = ins[4] if len(ins) > 4 else None
+    outs = _ops().run_op("DeformConvGrad", [g, ins[0], ins[1], ins[2], mask], dict(ctx.attrs), domain="opsnn")
+    res = [outs[0], outs[1], outs[2], None, outs[3] if mask is not None else None]
+    if len(ins) > 3 and ins[3] is not None and ctx.needs[3]:
+        res[3] = _ops().sum(g, dim=[0] + list(range(2, g.ndim)))
+    return [v if i < len(ctx.needs) and ctx.needs[i] else None for i, v in enumerate(res)][: len(ins)]
+
+
+def _tensor_scatter(ctx, grads):
+    """The cache's gradient is g with the written positions zeroed (TensorScatter of zeros); the
+    update's is g read back at those positions (GatherElements at write_indices[b] + j, mod the cache
+    length in circular mode), computed from the indices with registry ops, so traced steps follow them."""
+    ops, g = _ops(), grads[0]
+    past, update = ctx.inputs[0], ctx.inputs[1]
+    wi = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    axis = int(ctx.attrs.get("axis", -2)) % past.ndim
+    mode = ctx.attrs.get("mode", "linear")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    res = [None] * len(ctx.inputs)
+    if ctx.needs[0]:
+        zero = zeros(tuple(update.shape), g.dtype)
+        res[0] = ops.tensor_scatter(g, zero, wi, mode=mode, axis=axis)
+    if ctx.needs[1]:
+        nd, s = past.ndim, update.shape[axis]
+        start = zeros((past.shape[0],), np.int64) if wi is None else wi
+        pos = ops.add(
+            ops.reshape(start, (past.shape[0],) + (1,) * (nd - 1)),
+            tensor(np.arange(s, dtype=np.int64).reshape([s if i == axis else 1 for i in range(nd)])),
+        )
+        if mode == "circular":
+            pos = ops.remainder(pos, tensor(np.asarray(past.shape[axis], np.int64)))
+        res[1] = ops.gather_elements(g, ops.expand(pos, *tuple(update.shape)), axis=axis)
+    return res
+
+
+def _max_roi_pool(ctx, grads):
+    """dX from the MaxRoiPoolGrad record (each bin's gradient at its maximum); the boxes get none."""
+    if not ctx.needs[0]:
+        return [None, None]
+    x, rois = ctx.inputs
+    return [_ops().run_op("MaxRoiPoolGrad", [grads[0], x, rois], dict(ctx.attrs), domain="opsnn")[0], None]
+
+
+def _stft(ctx, grads):
+    """STFT is the DFT of windowed frames z[b, f, t] = signal[b, f * step + t] * window[t]: dz from the
+    DFT rule, the window's gradient sums dz * frames over batch, frames and real/imaginary, the signal's
+    adds dz * window back to each frame's samples (overlap-add through ScatterElements)."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    win = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    step = int(np.asarray(ctx.value(1)).reshape(-1)[0])
+    fl = ctx.value(3) if len(ctx.inputs) > 3 else None
+    fl = int(np.asarray(fl).reshape(-1)[0]) if fl is not None else (win.shape[0] if win is not None else x.shape[1])
+    B, L, C = x.shape
+    F = g.shape[1]
+    take = (np.arange(F)[:, None] * step + np.arange(fl)[None, :]).astype(np.int64)  # (F, fl)
+    frames = ops.gather(x, tensor(take), axis=1)  # (B, F, fl, C)
+    w4 = None if win is None else ops.reshape(win, (1, 1, fl, 1))
+    z = frames if w4 is None else ops.mul(frames, w4)
+    dft_ctx = GradContext(
+        "DFT", [z, None, tensor(np.asarray(2, np.int64))], [], {"inverse": 0, "onesided": ctx.attrs["onesided"]}, []
+    )
+    dz = _dft(dft_ctx, [g])[0]
+    res = [None] * len(ctx.inputs)
+    if win is not None and ctx.needs[2]:
+        res[2] = ops.sum(ops.mul(dz, frames), dim=[0, 1, 3])
+    if ctx.needs[0]:
+        df = dz if w4 is None else ops.mul(dz, w4)
+        flat = (
+            np.arange(B)[:, None, None, None] * (L * C) + take[None, :, :, None] * C + np.arange(C)[None, None, None, :]
+        )
+        res[0] = _scatter_into(flat, df, (B, L, C), add=True)
+    return res
+
+
+def _one_hot(ctx, grads):
+    """Only ``values`` [off, on] is differentiable: each gets g summed over the positions that hold it
+    (a 0/1 OneHot of the same indices, run as the op, says which)."""
+    ops, g = _ops(), grads[0]
+    vals = ctx.inputs[2]
+    if not ctx.needs[2] or vals.dtype.kind != "f":
+        return [None, None, None]
+    on = ops.run_op("OneHot", [ctx.inputs[0], ctx.inputs[1], _const([0, 1], g)], ctx.attrs)[0]
+    hot = ops.sum(ops.mul(g, on))
+    return [None, None, ops.concat([ops.reshape(ops.sub(ops.sum(g), hot), (1,)), ops.reshape(hot, (1,))], dim=0)]
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -2117,6 +2259,14 @@ RULES = {
     "Col2Im": _col2im,
     "DFT": _dft,
     "CumProd": _cumprod,
+    "Det": _det,
+    "GridSample": _grid_sample,
+    "RoiAlign": _roi_align,
+    "DeformConv": _deform_conv,
+    "TensorScatter": _tensor_scatter,
+    "MaxRoiPool": _max_roi_pool,
+    "STFT": _stft,
+    "OneHot": _one_hot,
 }
 
 

@@ -880,10 +880,10 @@ def _c_round(v: np.ndarray) -> np.ndarray:
     return np.sign(v) * np.floor(np.abs(v) + 0.5)
 
 
-def max_roi_pool(x: np.ndarray, rois: np.ndarray, y: np.ndarray, spatial_scale: float) -> None:
-    """Fast R-CNN RoI max pooling, vectorized over channels; an empty bin gives 0."""
-    N, C, H, W = x.shape
-    PH, PW = y.shape[2], y.shape[3]
+def max_roi_pool_windows(x_shape: tuple, rois: np.ndarray, PH: int, PW: int, spatial_scale: float):
+    """Yield (roi, batch index, ph, pw, h0, h1, w0, w1) of every bin of Fast R-CNN RoI max pooling (box
+    corners C-rounded, bins floor/ceil-split, clipped to the map); checks each roi's batch index."""
+    N, C, H, W = x_shape
     for r in range(rois.shape[0]):
         if not np.isfinite(rois[r, :5]).all():  # int() of NaN or Inf: an untyped ValueError / OverflowError
             raise ParamInvalidError(
@@ -903,19 +903,39 @@ def max_roi_pool(x: np.ndarray, rois: np.ndarray, y: np.ndarray, spatial_scale: 
             for pw in range(PW):
                 ws = min(max(int(np.floor(pw * bw)) + x1, 0), W)
                 we = min(max(int(np.ceil((pw + 1) * bw)) + x1, 0), W)
-                if he <= hs or we <= ws:
-                    y[r, :, ph, pw] = 0
-                else:
-                    y[r, :, ph, pw] = x[b, :, hs:he, ws:we].max(axis=(1, 2))
+                yield r, b, ph, pw, hs, he, ws, we
+
+
+def max_roi_pool(x: np.ndarray, rois: np.ndarray, y: np.ndarray, spatial_scale: float) -> None:
+    """Fast R-CNN RoI max pooling, vectorized over channels; an empty bin gives 0."""
+    for r, b, ph, pw, hs, he, ws, we in max_roi_pool_windows(x.shape, rois, y.shape[2], y.shape[3], spatial_scale):
+        if he <= hs or we <= ws:
+            y[r, :, ph, pw] = 0
+        else:
+            y[r, :, ph, pw] = x[b, :, hs:he, ws:we].max(axis=(1, 2))
+
+
+def max_roi_pool_backward(dy: np.ndarray, x: np.ndarray, rois: np.ndarray, dx: np.ndarray, spatial_scale: float):
+    """dX of MaxRoiPool: each bin's gradient added at its maximum (the first one on ties, a NaN if any),
+    per channel; empty bins send nothing. Bins run in order, so overlapping rois add deterministically."""
+    C = x.shape[1]
+    dx[...] = 0
+    chans = np.arange(C)
+    for r, b, ph, pw, hs, he, ws, we in max_roi_pool_windows(x.shape, rois, dy.shape[2], dy.shape[3], spatial_scale):
+        if he <= hs or we <= ws:
+            continue
+        win = x[b, :, hs:he, ws:we].reshape(C, -1)
+        k = np.argmax(win, axis=1)  # a NaN wins, as in the forward's max
+        dx[b, chans, hs + k // (we - ws), ws + k % (we - ws)] += dy[r, :, ph, pw]
 
 
 # -- RoiAlign ------------------------------------------------------------------------------------
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def _roi_align(x, H, W, y, bidx, start_h, start_w, bin_h, bin_w, grid_h, grid_w, offs, is_max, pos, wts):
-    R, C, PH, PW = y.shape
-    # phase 1: bilinear taps of every sample point, shared by all channels of a roi
+def roi_align_taps(H, W, PH, PW, start_h, start_w, bin_h, bin_w, grid_h, grid_w, offs, pos, wts):
+    """The bilinear taps (flat pixel, weight) of every sample point, shared by all channels of a roi."""
+    R = start_h.shape[0]
     for r in nb.prange(R):
         gh = grid_h[r]
         gw = grid_w[r]
@@ -961,7 +981,12 @@ def _roi_align(x, H, W, y, bidx, start_h, start_w, bin_h, bin_w, grid_h, grid_w,
                         wts[k, 2] = ly * hx
                         wts[k, 3] = ly * lx
                         k += 1
-    # phase 2: interpolate every (roi, channel) plane
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def _roi_align(x, y, bidx, grid_h, grid_w, offs, is_max, pos, wts):
+    R, C, PH, PW = y.shape
+    # interpolate every (roi, channel) plane from the taps
     for t in nb.prange(R * C):
         r = t // C
         c = t - r * C
@@ -1000,9 +1025,18 @@ def roi_align(
     """RoiAlign (ONNX semantics, incl. its ``max`` mode: max over samples of the largest
     weighted corner). Roi geometry is computed in the input's float type, as ONNX does."""
     R, C, PH, PW = y.shape
-    N = x.shape[0]
     if R == 0:
         return
+    b, gh, gw, offs, pos, wts = roi_align_geometry(
+        x, rois, batch_indices, PH, PW, spatial_scale, sampling_ratio, half_pixel
+    )
+    _roi_align(x.reshape(x.shape[0] * C, -1), y, b, gh, gw, offs, is_max, pos, wts)
+
+
+def roi_align_geometry(x, rois, batch_indices, PH, PW, spatial_scale, sampling_ratio, half_pixel) -> tuple:
+    """(batch indices, samples per bin in y and x, first sample of each roi, taps' flat pixels and
+    weights) of RoiAlign over ``x``; checks the batch indices."""
+    R, N = rois.shape[0], x.shape[0]
     b = batch_indices.reshape(-1).astype(np.int64)
     if b.min() < 0 or b.max() >= N:
         bad = b[(b < 0) | (b >= N)][0]
@@ -1030,4 +1064,5 @@ def roi_align(
     total = int(counts.sum())
     pos = np.empty((max(total, 1), 4), np.int64)
     wts = np.empty((max(total, 1), 4), x.dtype)
-    _roi_align(x.reshape(N * C, -1), x.shape[2], x.shape[3], y, b, sh, sw, bh, bw, gh, gw, offs, is_max, pos, wts)
+    roi_align_taps(x.shape[2], x.shape[3], PH, PW, sh, sw, bh, bw, gh, gw, offs, pos, wts)
+    return b, gh, gw, offs, pos, wts

@@ -1,5 +1,6 @@
 """CPU pooling backward kernels (numba): max pooling's gradient scattered through the forward's
-indices, and average pooling's gradient spread back over each window.
+indices, average pooling's gradient spread back over each window, and RoiAlign's spread back
+through its samples' bilinear taps (work items are channels there: rois of one image overlap).
 
 Work items are whole (n, c) planes: a window never leaves its plane, so the scatter-adds of one
 item never touch another's memory (no races, no atomics), and a plane's output positions are
@@ -11,7 +12,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .pool import PARALLEL_MIN, dim_plan
+from .pool import PARALLEL_MIN, dim_plan, roi_align_geometry
 
 _OPTS = dict(nogil=True, cache=True, error_model="numpy")
 
@@ -148,3 +149,58 @@ def avg_pool_backward(dy: np.ndarray, dx: np.ndarray, plan: tuple) -> None:
     out = dx.reshape((planes,) + pad + in_sp)
     (d, h, w) = per
     (_avg_bw_parallel if parallel else _avg_bw_serial)(g, out, *d, *h, *w)
+
+
+# -- RoiAlign: each tap's weighted dy added back to its pixel -------------------------------------------
+@nb.njit(parallel=True, **_OPTS)
+def _roi_align_bw(dy, x, dx, bidx, grid_h, grid_w, offs, is_max, pos, wts):
+    """Work items are channels: every roi reads its image's plane of channel c, so item c writes
+    only dx[:, c] (no races) and adds the rois in order (deterministic)."""
+    R, C, PH, PW = dy.shape
+    NC = dx.shape[0]
+    for c in nb.prange(C):
+        for t in range(c, NC, C):
+            dx[t, :] = 0
+        for r in range(R):
+            row = bidx[r] * C + c
+            n = grid_h[r] * grid_w[r]
+            k = offs[r]
+            for ph in range(PH):
+                for pw in range(PW):
+                    g = dy[r, c, ph, pw]
+                    if n == 0:
+                        continue
+                    if not is_max:
+                        g = g / n
+                        for s in range(n):
+                            for q in range(4):
+                                dx[row, pos[k + s, q]] += wts[k + s, q] * g
+                    else:
+                        # the forward's max: corners (0 v 1) v (2 v 3), then over samples; first one wins ties
+                        best_k, best_q = k, 0
+                        best = wts[k, 0] * x[row, pos[k, 0]]
+                        for s in range(n):
+                            for q in range(4):
+                                v = wts[k + s, q] * x[row, pos[k + s, q]]
+                                if v > best:
+                                    best, best_k, best_q = v, k + s, q
+                        dx[row, pos[best_k, best_q]] += wts[best_k, best_q] * g
+                    k += n
+
+
+def roi_align_backward(dy, x, rois, batch_indices, dx, spatial_scale, sampling_ratio, half_pixel, is_max) -> None:
+    """dX of RoiAlign for the output gradient ``dy`` (R, C, PH, PW), written into ``dx`` (x's shape):
+    avg mode spreads each bin's gradient over its samples' bilinear taps, max mode sends it to the
+    weighted corner the forward's maximum came from."""
+    R, C, PH, PW = dy.shape
+    N = x.shape[0]
+    if R == 0 or dx.size == 0:
+        dx[...] = 0
+        return
+    b, gh, gw, offs, pos, wts = roi_align_geometry(
+        x, rois, batch_indices, PH, PW, spatial_scale, sampling_ratio, half_pixel
+    )
+    flat = dx.reshape(N * C, -1)
+    _roi_align_bw(dy, x.reshape(N * C, -1), flat, b, gh, gw, offs, is_max, pos, wts)
+    if not np.shares_memory(flat, dx):
+        dx[...] = flat.reshape(dx.shape)

@@ -7,6 +7,9 @@ leading unit spatial dims, whose single tap (index 0, weight 1) is exact for eve
 Each output point computes its taps (index, weight) once and reuses them for all channels.
 DeformConv gathers bilinear samples into a column buffer (numba, one row per input channel
 and kernel tap) and multiplies it with the weights per group through BLAS (numpy matmul).
+Their backward kernels (GridSampleGrad, DeformConvGrad) split the work so that each parallel
+item writes only memory it owns: the input's gradient per (image, channel) plane, the grid's,
+offsets' and mask's per point or tap.
 """
 
 from __future__ import annotations
@@ -214,6 +217,203 @@ def grid_sample(x: np.ndarray, grid: np.ndarray, out: np.ndarray, plan: GridSamp
     fn(x5, g, o, r, plan.mode, plan.padding, plan.align)
 
 
+# -- GridSampleGrad ----------------------------------------------------------------------------------
+@nb.njit(nogil=True, cache=True)
+def _reflect_slope(v, lo, hi):
+    """d _reflect(v) / dv outside [lo, hi]: -1 after an odd number of folds, +1 after an even one."""
+    rng = hi - lo
+    if rng <= 0.0 or not math.isfinite(v):
+        return 0.0
+    m = np.fmod(lo - v, 2.0 * rng) if v < lo else np.fmod(v - hi, 2.0 * rng)
+    return -1.0 if m <= rng else 1.0
+
+
+@nb.njit(nogil=True, cache=True)
+def _dim_taps_grad(coord, size, mode, padding, align, idx, wts, dws, cub):
+    """``_dim_taps`` plus each weight's derivative by the normalised coordinate in ``dws``."""
+    if align:
+        x = (coord + 1.0) * 0.5 * (size - 1)
+        slope = 0.5 * (size - 1)
+        lo, hi = 0.0, size - 1.0
+    else:
+        x = ((coord + 1.0) * size - 1.0) * 0.5
+        slope = 0.5 * size
+        lo, hi = -0.5, size - 0.5
+    if mode == NEAREST:
+        x = np.rint(x)
+    if x < lo or x > hi:
+        if padding == BORDER:
+            x = min(max(x, 0.0), size - 1.0)
+            slope = 0.0
+        elif padding == REFLECTION:
+            slope *= _reflect_slope(x, lo, hi)
+            x = _reflect(x, lo, hi)
+    if math.isnan(x):
+        return -1
+    if padding == ZEROS and (x < -8.0 or x > size + 8.0):
+        x = min(max(x, -8.0), size + 8.0)
+        slope = 0.0
+    if mode == NEAREST:
+        idx[0] = _tap_index(int(x), size, padding, lo, hi)
+        wts[0] = 1.0
+        dws[0] = 0.0
+        return 1
+    x0 = math.floor(x)
+    t = x - x0
+    i0 = int(x0)
+    if mode == LINEAR:
+        idx[0] = _tap_index(i0, size, padding, lo, hi)
+        idx[1] = _tap_index(i0 + 1, size, padding, lo, hi)
+        wts[0] = 1.0 - t
+        wts[1] = t
+        dws[0] = -slope
+        dws[1] = slope
+        return 2
+    _cubic_coeffs(t, cub)
+    a = CUBIC_ALPHA
+    s = t + 1.0
+    dws[0] = ((3.0 * a * s - 10.0 * a) * s + 8.0 * a) * slope
+    dws[1] = (3.0 * (a + 2.0) * t - 2.0 * (a + 3.0)) * t * slope
+    s = 1.0 - t
+    dws[2] = -(3.0 * (a + 2.0) * s - 2.0 * (a + 3.0)) * s * slope
+    s = 2.0 - t
+    dws[3] = -((3.0 * a * s - 10.0 * a) * s + 8.0 * a) * slope
+    for k in range(4):
+        idx[k] = _tap_index(i0 - 1 + k, size, padding, lo, hi)
+        wts[k] = cub[k]
+    return 4
+
+
+@nb.njit(nogil=True, cache=True)
+def _point_taps(g, n, p, r, sizes, mode, padding, align, idx, wts, dws, nt, cub, offs, tw, tdw):
+    """The valid flattened taps of point (n, p): offsets, weights and, per spatial dim j, the weight's
+    derivative by that dim's coordinate (tdw[:, j]). Returns the count, or -1 for a NaN coordinate."""
+    for j in range(3):
+        k = j - (3 - r)
+        if k < 0:  # a padded unit dim: one exact tap
+            idx[j, 0] = 0
+            wts[j, 0] = 1.0
+            dws[j, 0] = 0.0
+            nt[j] = 1
+            continue
+        m = _dim_taps_grad(float(g[n, p, r - 1 - k]), sizes[j], mode, padding, align, idx[j], wts[j], dws[j], cub)
+        if m < 0:
+            return -1
+        nt[j] = m
+    H, W = sizes[1], sizes[2]
+    cnt = 0
+    for a in range(nt[0]):
+        ia = idx[0, a]
+        if ia < 0:
+            continue
+        for b in range(nt[1]):
+            ib = idx[1, b]
+            if ib < 0:
+                continue
+            for e in range(nt[2]):
+                ie = idx[2, e]
+                if ie < 0:
+                    continue
+                offs[cnt] = (ia * H + ib) * W + ie
+                tw[cnt] = wts[0, a] * wts[1, b] * wts[2, e]
+                tdw[cnt, 0] = dws[0, a] * wts[1, b] * wts[2, e]
+                tdw[cnt, 1] = wts[0, a] * dws[1, b] * wts[2, e]
+                tdw[cnt, 2] = wts[0, a] * wts[1, b] * dws[2, e]
+                cnt += 1
+    return cnt
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _grid_sample_grad_points(dy, x, g, dgrid, r, mode, padding, align):
+    """dGrid: work items are blocks of points; each owns its points' rows of dgrid (no races)."""
+    N, C, D, H, W = x.shape
+    P = g.shape[1]
+    total = N * P
+    nblk = (total + GS_BLOCK - 1) // GS_BLOCK
+    sizes = np.array([D, H, W], np.int64)
+    for blk in nb.prange(nblk):
+        idx = np.zeros((3, 4), np.int64)
+        wts = np.zeros((3, 4), np.float64)
+        dws = np.zeros((3, 4), np.float64)
+        cub = np.zeros(4, np.float64)
+        nt = np.zeros(3, np.int64)
+        offs = np.zeros(64, np.int64)
+        tw = np.zeros(64, np.float64)
+        tdw = np.zeros((64, 3), np.float64)
+        for q in range(blk * GS_BLOCK, min(total, (blk + 1) * GS_BLOCK)):
+            n = q // P
+            p = q - n * P
+            cnt = _point_taps(g, n, p, r, sizes, mode, padding, align, idx, wts, dws, nt, cub, offs, tw, tdw)
+            if cnt < 0:
+                for k in range(r):
+                    dgrid[n, p, k] = np.nan
+                continue
+            xn = x[n].reshape(C, D * H * W)
+            acc = np.zeros(3)
+            for t in range(cnt):
+                s = 0.0
+                for c in range(C):
+                    s += float(dy[n, c, p]) * float(xn[c, offs[t]])
+                for j in range(3):
+                    acc[j] += s * tdw[t, j]
+            for k in range(r):
+                dgrid[n, p, r - 1 - k] = acc[3 - r + k]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _grid_sample_grad_input(dy, g, dx, r, mode, padding, align, cb):
+    """dX: work items are (image, block of cb channels); each writes only its own dx planes (no races)
+    and visits the points in order (deterministic sums)."""
+    N, C, D, H, W = dx.shape
+    P = g.shape[1]
+    nb_c = (C + cb - 1) // cb
+    sizes = np.array([D, H, W], np.int64)
+    for item in nb.prange(N * nb_c):
+        n = item // nb_c
+        c0 = (item - n * nb_c) * cb
+        c1 = min(C, c0 + cb)
+        idx = np.zeros((3, 4), np.int64)
+        wts = np.zeros((3, 4), np.float64)
+        dws = np.zeros((3, 4), np.float64)
+        cub = np.zeros(4, np.float64)
+        nt = np.zeros(3, np.int64)
+        offs = np.zeros(64, np.int64)
+        tw = np.zeros(64, np.float64)
+        tdw = np.zeros((64, 3), np.float64)
+        xn = dx[n].reshape(C, D * H * W)
+        for c in range(c0, c1):
+            xn[c, :] = 0.0
+        for p in range(P):
+            cnt = _point_taps(g, n, p, r, sizes, mode, padding, align, idx, wts, dws, nt, cub, offs, tw, tdw)
+            for c in range(c0, c1):
+                v = dy[n, c, p]
+                for t in range(cnt):
+                    xn[c, offs[t]] += tw[t] * v
+
+
+def grid_sample_backward(dy, x, grid, dx, dgrid, plan: GridSamplePlan) -> None:
+    """dX and dGrid of GridSample (spatial rank 1..3, float32/float64): dGrid per point (sum over
+    channels of dY times the taps' slopes), dX by per-plane scatter-adds; a NaN point adds nothing
+    to dX and gets a NaN dGrid."""
+    r = plan.rank
+    n, c = x.shape[:2]
+    if n == 0 or grid.size == 0 or x.size == 0:
+        dx[...] = 0
+        dgrid[...] = 0
+        return
+    shape5 = (n, c) + (1,) * (3 - r) + x.shape[2:]
+    g = np.ascontiguousarray(grid.reshape(n, -1, r), dtype=np.float64)
+    d3 = dy.reshape(n, c, -1)
+    dg = np.empty(g.shape, np.float64)
+    _grid_sample_grad_points(d3, x.reshape(shape5), g, dg, r, plan.mode, plan.padding, plan.align)
+    dgrid[...] = dg.reshape(dgrid.shape)
+    cb = max(1, -(-c * n // max(1, 4 * nb.get_num_threads())))
+    dx5 = dx.reshape(shape5)
+    _grid_sample_grad_input(d3, g, dx5, r, plan.mode, plan.padding, plan.align, min(cb, c))
+    if not np.shares_memory(dx5, dx):
+        dx[...] = dx5.reshape(dx.shape)
+
+
 # -- DeformConv (2-D) -------------------------------------------------------------------------
 class DeformPlan(NamedTuple):
     n: int
@@ -347,6 +547,152 @@ def deform_conv2d(x, w, offset, b, mask, y, plan: DeformPlan, ws) -> None:
                 _blas_matmul(wg[gi], cols[gi * rows_g : (gi + 1) * rows_g], yv[i, gi * (m // g) : (gi + 1) * (m // g)])
     if b is not None:
         yv += b.reshape(1, m, 1)
+
+
+# -- DeformConvGrad (2-D) --------------------------------------------------------------------------
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _deform_bw_input(off, msk, has_mask, dcols, dx, kh, kw, sh, sw, ph, pw, dh, dw, cpg):
+    """dX: work items are (image, channel) planes, each adding only into its own plane (no races)
+    through the bilinear corners of its kk taps at every output position, in a fixed order."""
+    N, C, H, W = dx.shape
+    OH, OW = off.shape[5], off.shape[6]
+    kk = kh * kw
+    for item in nb.prange(N * C):
+        n = item // C
+        c = item - n * C
+        g = c // cpg
+        plane = dx[n, c]
+        plane[:, :] = 0.0
+        for k in range(kk):
+            a = k // kw
+            b = k - a * kw
+            row = dcols[n, c * kk + k]
+            for oy in range(OH):
+                for ox in range(OW):
+                    y = oy * sh - ph + a * dh + off[n, g, a, b, 0, oy, ox]
+                    xx = ox * sw - pw + b * dw + off[n, g, a, b, 1, oy, ox]
+                    if math.isnan(y) or math.isnan(xx) or not (y > -1.0 and y < H and xx > -1.0 and xx < W):
+                        continue
+                    v = float(row[oy * OW + ox])
+                    if has_mask:
+                        v *= msk[n, g, a, b, oy, ox]
+                    y0 = math.floor(y)
+                    x0 = math.floor(xx)
+                    ly = y - y0
+                    lx = xx - x0
+                    iy, ix = int(y0), int(x0)
+                    if iy >= 0:
+                        if ix >= 0:
+                            plane[iy, ix] += (1.0 - ly) * (1.0 - lx) * v
+                        if ix + 1 < W:
+                            plane[iy, ix + 1] += (1.0 - ly) * lx * v
+                    if iy + 1 < H:
+                        if ix >= 0:
+                            plane[iy + 1, ix] += ly * (1.0 - lx) * v
+                        if ix + 1 < W:
+                            plane[iy + 1, ix + 1] += ly * lx * v
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _deform_bw_offset(x, off, msk, has_mask, dcols, doff, dmask, kh, kw, sh, sw, ph, pw, dh, dw, cpg):
+    """dOffset and dMask: work items are (image, offset group, tap); each owns its rows of both."""
+    N, C, H, W = x.shape
+    OH, OW = off.shape[5], off.shape[6]
+    G = off.shape[1]
+    kk = kh * kw
+    for item in nb.prange(N * G * kk):
+        n = item // (G * kk)
+        g = (item // kk) % G
+        k = item % kk
+        a = k // kw
+        b = k - a * kw
+        for oy in range(OH):
+            for ox in range(OW):
+                y = oy * sh - ph + a * dh + off[n, g, a, b, 0, oy, ox]
+                xx = ox * sw - pw + b * dw + off[n, g, a, b, 1, oy, ox]
+                if math.isnan(y) or math.isnan(xx):
+                    doff[n, g, a, b, 0, oy, ox] = np.nan
+                    doff[n, g, a, b, 1, oy, ox] = np.nan
+                    dmask[n, g, a, b, oy, ox] = np.nan
+                    continue
+                if not (y > -1.0 and y < H and xx > -1.0 and xx < W):
+                    doff[n, g, a, b, 0, oy, ox] = 0.0
+                    doff[n, g, a, b, 1, oy, ox] = 0.0
+                    dmask[n, g, a, b, oy, ox] = 0.0
+                    continue
+                y0 = math.floor(y)
+                x0 = math.floor(xx)
+                ly = y - y0
+                lx = xx - x0
+                iy, ix = int(y0), int(x0)
+                m = msk[n, g, a, b, oy, ox] if has_mask else 1.0
+                p = oy * OW + ox
+                sy = 0.0
+                sx = 0.0
+                sm = 0.0
+                for c in range(g * cpg, (g + 1) * cpg):
+                    v00 = float(x[n, c, iy, ix]) if iy >= 0 and ix >= 0 else 0.0
+                    v01 = float(x[n, c, iy, ix + 1]) if iy >= 0 and ix + 1 < W else 0.0
+                    v10 = float(x[n, c, iy + 1, ix]) if iy + 1 < H and ix >= 0 else 0.0
+                    v11 = float(x[n, c, iy + 1, ix + 1]) if iy + 1 < H and ix + 1 < W else 0.0
+                    gc = float(dcols[n, c * kk + k, p])
+                    val = (1.0 - ly) * ((1.0 - lx) * v00 + lx * v01) + ly * ((1.0 - lx) * v10 + lx * v11)
+                    sm += gc * val
+                    sy += gc * ((1.0 - lx) * (v10 - v00) + lx * (v11 - v01))
+                    sx += gc * ((1.0 - ly) * (v01 - v00) + ly * (v11 - v10))
+                doff[n, g, a, b, 0, oy, ox] = sy * m
+                doff[n, g, a, b, 1, oy, ox] = sx * m
+                dmask[n, g, a, b, oy, ox] = sm
+
+
+def deform_conv2d_backward(dy, x, w, offset, mask, dx, dw_out, doff, dmask, plan: DeformPlan) -> None:
+    """dX, dW, dOffset and dMask of the 2-D DeformConv: the forward's bilinear columns (numba im2col),
+    dW and the columns' gradient through one BLAS GEMM per image and group, then dX scattered per
+    (image, channel) plane and dOffset / dMask per (image, offset group, tap), in parallel without
+    races. dMask is the gradient of an all-ones mask when ``mask`` is None."""
+    n, c, m, g, og = plan.n, plan.c, plan.m, plan.group, plan.offset_group
+    kh, kw = plan.kernel
+    oh, ow = plan.out_hw
+    sh, sw = plan.strides
+    dh, dwl = plan.dilations
+    ph, pw = plan.pads
+    p, kk = oh * ow, kh * kw
+    off = offset.reshape(n, og, kh, kw, 2, oh, ow)
+    has_mask = mask is not None
+    msk = mask.reshape(n, og, kh, kw, oh, ow) if has_mask else np.zeros((1, 1, 1, 1, 1, 1), x.dtype)
+    rows_g, mg = (c // g) * kk, m // g
+    wg = w.reshape(g, mg, rows_g)
+    gy = dy.reshape(n, g, mg, p)
+    dwg = dw_out.reshape(g, mg, rows_g)
+    dwg[...] = 0
+    dcols = np.empty((n, c * kk, p), x.dtype)
+    cols = np.empty((c * kk, p), x.dtype)
+    im2col = _deform_im2col_parallel if plan.parallel else _deform_im2col_serial
+    for i in range(n):
+        im2col(x[i], off[i], msk[i if has_mask else 0], has_mask, cols, kh, kw, sh, sw, ph, pw, dh, dwl, c // og)
+        for gi in range(g):
+            rows = slice(gi * rows_g, (gi + 1) * rows_g)
+            dwg[gi] += gy[i, gi] @ cols[rows].T
+            dcols[i, rows] = wg[gi].T @ gy[i, gi]
+    _deform_bw_input(off, msk, has_mask, dcols, dx, kh, kw, sh, sw, ph, pw, dh, dwl, c // og)
+    _deform_bw_offset(
+        x,
+        off,
+        msk,
+        has_mask,
+        dcols,
+        doff.reshape(off.shape),
+        dmask.reshape(n, og, kh, kw, oh, ow),
+        kh,
+        kw,
+        sh,
+        sw,
+        ph,
+        pw,
+        dh,
+        dwl,
+        c // og,
+    )
 
 
 # -- NonMaxSuppression ------------------------------------------------------------------------------

@@ -380,3 +380,35 @@ def softmax_grad(dy: np.ndarray, y: np.ndarray, dx: np.ndarray, plan: SoftmaxGra
         return
     fn = softmax_grad_parallel if plan.parallel else softmax_grad_serial
     fn(dy.reshape(-1), y.reshape(-1), dx.reshape(-1), plan.items, plan.n, plan.inner, plan.nblocks, plan.log)
+
+
+# -- NLLLossGrad: dInput = -onehot(labels) * coef ------------------------------------------------------------
+@nb.njit(parallel=True, **_NJIT)
+def _nll_grad(out3, lab, coef, D):
+    """Row r = (n, d) owns out3[n, :, d]: zeros, then -coef at the label (nothing where ignored)."""
+    C = out3.shape[1]
+    for r in nb.prange(lab.size):
+        n = r // D
+        d = r - n * D
+        for c in range(C):
+            out3[n, c, d] = 0.0
+        if lab[r] >= 0:
+            out3[n, lab[r], d] = -coef[r]
+
+
+def nll_backward(dloss, labels, weights, ignore, reduction: str, out, op: str) -> None:
+    """Gradient of NegativeLogLikelihoodLoss w.r.t. its log-probabilities, written into ``out``
+    (N, C, d...): -dLoss * w[label] (/ summed weights for mean) at each label, 0 elsewhere."""
+    N, C = out.shape[0], out.shape[1]
+    lab, wrow = xent_positions(op, labels, weights, ignore, C)
+    if out.size == 0:
+        return
+    g = dloss.astype(np.float64).reshape(-1)
+    if reduction == "none":
+        coef = g * wrow
+    else:
+        coef = wrow * g[0]
+        if reduction == "mean" and (lab >= 0).any():
+            with np.errstate(invalid="ignore", divide="ignore"):
+                coef /= wrow.sum()
+    _nll_grad(out.reshape(N, C, -1), lab, coef, math.prod(out.shape[2:]))

@@ -300,6 +300,66 @@ SoftmaxCrossEntropyLossGrad.kernel(
 )(_grad_kernel)
 
 
+# -- NLLLossGrad (opsnn): dInput = -onehot(target) * dLoss * weight ------------------------------------------
+def _nll_grad_reference(ins, attrs):
+    """float64, one position at a time: -dLoss * w[target] (/ summed weights for mean) at the target."""
+    g, x, t = ins[0], ins[1], ins[2]
+    w = ins[3] if len(ins) > 3 else None
+    op, ignore, red = "NLLLossGrad", attrs.get("ignore_index"), _reduction("NLLLossGrad", attrs)
+    N, C = x.shape[:2]
+    Dn = int(np.prod(x.shape[2:], dtype=np.int64))
+    ts = t.reshape(N, Dn)
+    gs = g.astype(np.float64).reshape(N, Dn) if red == "none" else None
+    coef, hit = np.zeros((N, Dn)), np.zeros((N, Dn), bool)
+    for n in range(N):
+        for d in range(Dn):
+            c = int(ts[n, d])
+            if ignore is not None and c == int(ignore):
+                continue
+            if not 0 <= c < C:
+                raise ParamInvalidError(f"{op}: target {c} out of range [0, {C})", op=op)
+            coef[n, d], hit[n, d] = (1.0 if w is None else float(w[c])), True
+    total = coef.sum()
+    out = np.zeros((N, C, Dn))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for n in range(N):
+            for d in range(Dn):
+                if hit[n, d]:
+                    k = coef[n, d] * (gs[n, d] if gs is not None else float(g))
+                    out[n, int(ts[n, d]), d] = -(k / total if red == "mean" else k)
+    return out.reshape(x.shape).astype(x.dtype)
+
+
+NLLLossGrad = register_op(
+    "NLLLossGrad",
+    domain="opsnn",
+    category="loss",
+    inputs=[
+        Input("dLoss", FLOAT),
+        Input("input", FLOAT),
+        Input("target", _IND),
+        Input("weight", FLOAT, optional=True),
+    ],
+    outputs=["dInput"],
+    attrs=_ATTRS,
+    infer=_grad_infer,
+    reference=_nll_grad_reference,
+    doc="gradient of NegativeLogLikelihoodLoss w.r.t. its input: -dLoss * weight at each target, 0 elsewhere",
+)
+
+
+@NLLLossGrad.kernel(
+    "nll_grad_numba",
+    dtypes=(_dt.float32, _dt.float64),
+    priority=20,
+    doc="numba, parallel over positions: each writes its own class column (zeros, then the target's value)",
+)
+def _nll_grad_kernel(ins, outs, attrs, plan, ws):
+    w = ins[3] if len(ins) > 3 else None
+    red = _reduction("NLLLossGrad", attrs)
+    KX.nll_backward(ins[0], ins[2], w, attrs.get("ignore_index"), red, outs[0], "NLLLossGrad")
+
+
 def _attrs(reduction, ignore_index):
     a = {"reduction": str(reduction)}
     if ignore_index is not None:
@@ -341,4 +401,17 @@ def softmax_cross_entropy_loss_grad(dloss, scores, labels, weights=None, *, redu
     return [dloss, scores, labels, weights], _attrs(reduction, ignore_index)
 
 
-__all__ = ["softmax_cross_entropy_loss", "cross_entropy", "nll_loss", "softmax_cross_entropy_loss_grad"]
+@api("nll_loss_grad", "NLLLossGrad", domain="opsnn")
+def nll_loss_grad(dloss, input, target, weight=None, *, reduction="mean", ignore_index=None):
+    """Gradient of ``nll_loss(input, target, weight)`` w.r.t. ``input`` for the loss gradient ``dloss``
+    (a scalar for ``sum`` / ``mean``, the target's shape for ``none``), written directly at the targets."""
+    return [dloss, input, target, weight], _attrs(reduction, ignore_index)
+
+
+__all__ = [
+    "softmax_cross_entropy_loss",
+    "cross_entropy",
+    "nll_loss",
+    "softmax_cross_entropy_loss_grad",
+    "nll_loss_grad",
+]

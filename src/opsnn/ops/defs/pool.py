@@ -680,6 +680,136 @@ def _roi_align_numba(ins, outs, attrs, plan, ws):
     )
 
 
+def _infer_roi_align_grad(ctx):
+    dy = tuple(ctx.shape(0))
+    want = tuple(_infer_roi_align(_Shifted(ctx))[0].shape)
+    if dy != want:
+        ctx.fail(f"input 'dY' must have RoiAlign's output shape {want}, got {dy}")
+    if ctx.dtype(0) != ctx.dtype(1):
+        ctx.fail(f"input 'dY' must have X's dtype {_dt.name(ctx.dtype(1))}, got {_dt.name(ctx.dtype(0))}")
+    return [TensorMeta(tuple(ctx.shape(1)), ctx.dtype(1))]
+
+
+class _Shifted:
+    """RoiAlign's inference context seen from RoiAlignGrad's (its inputs after dY)."""
+
+    def __init__(self, ctx):
+        self._ctx, self.attrs = ctx, ctx.attrs
+
+    def shape(self, i):
+        return self._ctx.shape(i + 1)
+
+    def dtype(self, i):
+        return self._ctx.dtype(i + 1)
+
+    def fail(self, msg):
+        self._ctx.fail(msg)
+
+
+def _roi_align_grad_reference(ins, attrs):
+    """float64, one sample point at a time: the forward's taps with their weights, dY / samples added
+    at each (avg) or at the largest weighted corner of all the bin's samples (max, first on ties)."""
+    dy, x, rois, bidx = ins
+    PH, PW = int(attrs["output_height"]), int(attrs["output_width"])
+    scale, ratio = float(attrs["spatial_scale"]), int(attrs["sampling_ratio"])
+    half = _str(attrs["coordinate_transformation_mode"]).lower() == "half_pixel"
+    is_max = _str(attrs["mode"]).lower() == "max"
+    H, W = x.shape[2:]
+    ft = x.dtype.type
+    dx = np.zeros(x.shape, np.float64)
+    for r in range(rois.shape[0]):
+        b = int(bidx[r])
+        if not 0 <= b < x.shape[0]:
+            raise ParamInvalidError(f"RoiAlignGrad: batch index {b} outside 0..{x.shape[0] - 1}", op="RoiAlignGrad")
+        x1, y1, x2, y2 = (ft(v) * ft(scale) - ft(0.5 if half else 0.0) for v in rois[r])
+        rw, rh = x2 - x1, y2 - y1
+        if not half:
+            rw, rh = max(rw, ft(1.0)), max(rh, ft(1.0))
+        bh, bw = float(rh / ft(PH)), float(rw / ft(PW))
+        gh = ratio if ratio > 0 else max(int(np.ceil(rh / ft(PH))), 0)
+        gw = ratio if ratio > 0 else max(int(np.ceil(rw / ft(PW))), 0)
+        x1, y1 = float(x1), float(y1)
+        for ph in range(PH):
+            for pw in range(PW):
+                taps = []  # (y, x, weight) of every corner of every sample
+                for iy in range(gh):
+                    for ix in range(gw):
+                        yy = y1 + ph * bh + (iy + 0.5) * bh / gh
+                        xx = x1 + pw * bw + (ix + 0.5) * bw / gw
+                        if yy < -1.0 or yy > H or xx < -1.0 or xx > W:
+                            taps += [(0, 0, 0.0)] * 4
+                            continue
+                        yy, xx = max(yy, 0.0), max(xx, 0.0)
+                        y0, x0 = min(int(yy), H - 1), min(int(xx), W - 1)
+                        yb, xb = min(y0 + 1, H - 1), min(x0 + 1, W - 1)
+                        ly = 0.0 if y0 == H - 1 else yy - y0
+                        lx = 0.0 if x0 == W - 1 else xx - x0
+                        taps += [
+                            (y0, x0, (1 - ly) * (1 - lx)),
+                            (y0, xb, (1 - ly) * lx),
+                            (yb, x0, ly * (1 - lx)),
+                            (yb, xb, ly * lx),
+                        ]
+                if not taps:
+                    continue
+                g = dy[r, :, ph, pw].astype(np.float64)
+                if not is_max:
+                    for ty, tx, w in taps:
+                        dx[b, :, ty, tx] += w * g / (gh * gw)
+                    continue
+                for c in range(x.shape[1]):
+                    vals = [w * float(x[b, c, ty, tx]) for ty, tx, w in taps]
+                    j = int(np.argmax(vals))
+                    dx[b, c, taps[j][0], taps[j][1]] += taps[j][2] * g[c]
+    return dx.astype(x.dtype)
+
+
+RoiAlignGrad = register_op(
+    "RoiAlignGrad",
+    domain="opsnn",
+    category="pool",
+    inputs=[
+        Input("dY", FLOAT),
+        Input("X", FLOAT),
+        Input("rois", FLOAT),
+        Input("batch_indices", (_dt.int64, _dt.int32)),
+    ],
+    outputs=["dX"],
+    attrs=[
+        Attr("coordinate_transformation_mode", "string", "half_pixel"),
+        Attr("mode", "string", "avg"),
+        Attr("output_height", "int", 1),
+        Attr("output_width", "int", 1),
+        Attr("sampling_ratio", "int", 0),
+        Attr("spatial_scale", "float", 1.0),
+    ],
+    infer=_infer_roi_align_grad,
+    reference=_roi_align_grad_reference,
+    doc="gradient of RoiAlign w.r.t. X: each bin's dY added back through its samples' bilinear taps "
+    "(avg) or to the corner its maximum came from (max)",
+)
+
+
+@RoiAlignGrad.kernel(
+    "roi_align_grad_numba",
+    dtypes=_F32_64,
+    priority=10,
+    doc="numba, parallel over channels (each writes its own dX planes: no races), the forward's taps reused",
+)
+def _roi_align_grad_numba(ins, outs, attrs, plan, ws):
+    KB.roi_align_backward(
+        ins[0],
+        ins[1],
+        ins[2],
+        ins[3],
+        outs[0],
+        float(attrs["spatial_scale"]),
+        int(attrs["sampling_ratio"]),
+        _str(attrs["coordinate_transformation_mode"]).lower() == "half_pixel",
+        _str(attrs["mode"]).lower() == "max",
+    )
+
+
 def _infer_max_roi_pool(ctx):
     x, rois = ctx.shape(0), ctx.shape(1)
     if len(x) != 4:
@@ -737,6 +867,67 @@ MaxRoiPool = register_op(
 @MaxRoiPool.kernel("max_roi_pool_numpy", dtypes=_F32_64, priority=5)
 def _max_roi_pool_numpy(ins, outs, attrs, plan, ws):
     K.max_roi_pool(ins[0], ins[1], outs[0], float(attrs["spatial_scale"]))
+
+
+def _infer_max_roi_pool_grad(ctx):
+    want = tuple(_infer_max_roi_pool(_Shifted(ctx))[0].shape)
+    if tuple(ctx.shape(0)) != want:
+        ctx.fail(f"input 'dY' must have MaxRoiPool's output shape {want}, got {tuple(ctx.shape(0))}")
+    if ctx.dtype(0) != ctx.dtype(1):
+        ctx.fail(f"input 'dY' must have X's dtype {_dt.name(ctx.dtype(1))}, got {_dt.name(ctx.dtype(0))}")
+    return [TensorMeta(tuple(ctx.shape(1)), ctx.dtype(1))]
+
+
+def _max_roi_pool_grad_reference(ins, attrs):
+    """float64, cell by cell: each bin's dY added at the first cell holding its maximum (NaN wins)."""
+    dy, x, rois = ins
+    PH, PW = (int(s) for s in attrs["pooled_shape"])
+    scale = float(attrs["spatial_scale"])
+    N, C, H, W = x.shape
+    dx = np.zeros(x.shape, np.float64)
+    for r in range(rois.shape[0]):
+        b = int(rois[r, 0])
+        if not 0 <= b < N:
+            raise ParamInvalidError(f"MaxRoiPoolGrad: batch index {b} outside 0..{N - 1}", op="MaxRoiPoolGrad")
+        x1, y1, x2, y2 = (int(math.floor(abs(v) + 0.5)) * (1 if v >= 0 else -1) for v in rois[r, 1:] * scale)
+        bh, bw = max(y2 - y1 + 1, 1) / PH, max(x2 - x1 + 1, 1) / PW
+        for ph in range(PH):
+            hs, he = (min(max(f(v) + y1, 0), H) for f, v in ((math.floor, ph * bh), (math.ceil, (ph + 1) * bh)))
+            for pw in range(PW):
+                ws, we = (min(max(f(v) + x1, 0), W) for f, v in ((math.floor, pw * bw), (math.ceil, (pw + 1) * bw)))
+                for c in range(C):
+                    best = None
+                    for h in range(hs, he):
+                        for w in range(ws, we):
+                            v = float(x[b, c, h, w])
+                            if best is None or (not math.isnan(best[0]) and (math.isnan(v) or v > best[0])):
+                                best = (v, h, w)
+                    if best is not None:
+                        dx[b, c, best[1], best[2]] += float(dy[r, c, ph, pw])
+    return dx.astype(x.dtype)
+
+
+MaxRoiPoolGrad = register_op(
+    "MaxRoiPoolGrad",
+    domain="opsnn",
+    category="pool",
+    inputs=[Input("dY", FLOAT), Input("X", FLOAT), Input("rois", FLOAT)],
+    outputs=["dX"],
+    attrs=[Attr("pooled_shape", "ints"), Attr("spatial_scale", "float", 1.0)],
+    infer=_infer_max_roi_pool_grad,
+    reference=_max_roi_pool_grad_reference,
+    doc="gradient of MaxRoiPool w.r.t. X: each bin's dY added at its maximum",
+)
+
+
+@MaxRoiPoolGrad.kernel(
+    "max_roi_pool_grad_numpy",
+    dtypes=_F32_64,
+    priority=5,
+    doc="numpy, vectorized over channels: one argmax per bin, bins added in order",
+)
+def _max_roi_pool_grad_numpy(ins, outs, attrs, plan, ws):
+    K.max_roi_pool_backward(ins[0], ins[1], ins[2], outs[0], float(attrs["spatial_scale"]))
 
 
 # -- backward ops (domain opsnn: the gradient rules' kernels) ---------------------------------------------
@@ -1047,11 +1238,27 @@ def roi_align(x, rois, batch_indices, output_size, spatial_scale=1.0, sampling_r
     }
 
 
+@api("roi_align_backward", "RoiAlignGrad", domain="opsnn")
+def roi_align_backward(
+    grad_output, x, rois, batch_indices, output_size, spatial_scale=1.0, sampling_ratio=0, aligned=False, mode="avg"
+):
+    """Gradient of :func:`roi_align` w.r.t. ``x`` for the output gradient ``grad_output`` (same arguments)."""
+    ins, attrs = roi_align.translate(x, rois, batch_indices, output_size, spatial_scale, sampling_ratio, aligned, mode)
+    return [grad_output] + ins, attrs
+
+
 @api("roi_pool", "MaxRoiPool")
 def roi_pool(x, rois, output_size, spatial_scale=1.0):
     """Fast R-CNN RoI max pooling; ``rois`` is (K, 5) rows [batch_index, x1, y1, x2, y2]."""
     oh, ow = _ints_arg("roi_pool", "output_size", output_size, 2, 1)
     return [x, rois], {"pooled_shape": [oh, ow], "spatial_scale": float(spatial_scale)}
+
+
+@api("roi_pool_backward", "MaxRoiPoolGrad", domain="opsnn")
+def roi_pool_backward(grad_output, x, rois, output_size, spatial_scale=1.0):
+    """Gradient of :func:`roi_pool` w.r.t. ``x`` for the output gradient ``grad_output`` (same arguments)."""
+    ins, attrs = roi_pool.translate(x, rois, output_size, spatial_scale)
+    return [grad_output] + ins, attrs
 
 
 @api("max_pool_backward", "MaxPoolGrad", domain="opsnn")
@@ -1076,6 +1283,8 @@ def avg_pool_backward(grad_output, x, kernel_size, stride=None, padding=0, ceil_
 
 
 __all__ = [
+    "roi_align_backward",
+    "roi_pool_backward",
     "max_pool1d",
     "max_pool2d",
     "max_pool3d",

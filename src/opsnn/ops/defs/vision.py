@@ -321,6 +321,177 @@ GridSample.kernel(
 )(lambda ins, outs, attrs, plan, ws: np.copyto(outs[0], grid_sample_numpy(ins[0], ins[1], attrs)))
 
 
+# -- GridSampleGrad (opsnn): dX by scatter-add of each tap's weighted dY, dGrid by the weights' slopes --------
+def _gsg_infer(ctx):
+    _gs_attrs(ctx.attrs)
+    dy, xs, gs = tuple(ctx.shape(0)), tuple(ctx.shape(1)), tuple(ctx.shape(2))
+    if len(xs) < 3 or len(gs) != len(xs) or gs[-1] != len(xs) - 2 or gs[0] != xs[0]:
+        ctx.fail(f"'X' {xs} and 'grid' {gs} are not a GridSample pair ((N, C, *in), (N, *out, rank))")
+    want = (xs[0], xs[1]) + gs[1:-1]
+    if dy != want:
+        ctx.fail(f"input 'dY' must have GridSample's output shape {want}, got {dy}")
+    if ctx.dtype(0) != ctx.dtype(1):
+        ctx.fail(f"input 'dY' must have X's dtype {_dt.name(ctx.dtype(1))}, got {_dt.name(ctx.dtype(0))}")
+    return [TensorMeta(xs, ctx.dtype(1)), TensorMeta(gs, ctx.dtype(2))]
+
+
+def _np_reflect_slope(v, lo, hi):
+    """d reflect(v) / dv: +1 inside, -1 or +1 outside by the parity of the fold, 0 for a 1-wide range."""
+    rng = hi - lo
+    if rng <= 0:
+        return np.zeros_like(v)
+    with np.errstate(invalid="ignore"):
+        below, above = v < lo, v > hi
+        m = np.fmod(np.where(below, lo - v, v - hi), 2 * rng)
+        return np.where(below | above, np.where(m > rng, 1.0, -1.0), 1.0)
+
+
+def _np_taps_grad(coord, size, mode, pad, align):
+    """Per dim: [(index, valid, weight, d weight / d coord)] and the NaN mask (as ``_np_taps``)."""
+    if align:
+        x, lo, hi, slope = (coord + 1) / 2 * (size - 1), 0.0, size - 1.0, (size - 1) / 2
+    else:
+        x, lo, hi, slope = ((coord + 1) * size - 1) / 2, -0.5, size - 0.5, size / 2
+    slope = np.full(x.shape, float(slope))
+    if mode == K.NEAREST:
+        x = np.rint(x)
+    with np.errstate(invalid="ignore"):
+        out = (x < lo) | (x > hi)
+    if pad == K.BORDER:
+        slope = np.where(out, 0.0, slope)
+        x = np.where(out, np.clip(x, 0.0, size - 1.0), x)
+    elif pad == K.REFLECTION:
+        slope = np.where(out, slope * _np_reflect_slope(x, lo, hi), slope)
+        x = np.where(out, _np_reflect(x, lo, hi), x)
+    nan = np.isnan(x)
+    x = np.nan_to_num(x, nan=0.0)
+    slope = np.where((x < -8.0) | (x > size + 8.0), 0.0, slope)
+    x = np.clip(x, -8.0, size + 8.0)
+    if mode == K.NEAREST:
+        i, ok = _np_index(np.trunc(x).astype(np.int64), size, pad, lo, hi)
+        return [(i, ok, np.ones_like(x), np.zeros_like(x))], nan
+    x0 = np.floor(x)
+    t = x - x0
+    i0 = x0.astype(np.int64)
+    if mode == K.LINEAR:
+        ws, ds, first = [1 - t, t], [-np.ones_like(t), np.ones_like(t)], i0
+    else:
+        a = K.CUBIC_ALPHA
+
+        def far(s):
+            return ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
+
+        def dfar(s):
+            return (3 * a * s - 10 * a) * s + 8 * a
+
+        def near(s):
+            return ((a + 2) * s - (a + 3)) * s * s + 1
+
+        def dnear(s):
+            return (3 * (a + 2) * s - 2 * (a + 3)) * s
+
+        ws = [far(t + 1), near(t), near(1 - t), far(2 - t)]
+        ds = [dfar(t + 1), dnear(t), -dnear(1 - t), -dfar(2 - t)]
+        first = i0 - 1
+    return [(*_np_index(first + k, size, pad, lo, hi), w, d * slope) for k, (w, d) in enumerate(zip(ws, ds))], nan
+
+
+def grid_sample_backward_numpy(dy, x, grid, attrs) -> tuple[np.ndarray, np.ndarray]:
+    """(dX, dGrid) of GridSample in float64. A point with a NaN coordinate sends nothing to dX and gets a
+    NaN dGrid; nearest sampling has a zero dGrid (piecewise constant), like torch."""
+    mode, pad, align = _gs_attrs(attrs)
+    n, c = x.shape[:2]
+    sp = x.shape[2:]
+    r = len(sp)
+    p = math.prod(grid.shape[1:-1])
+    if n * p == 0 or x.size == 0:
+        return np.zeros(x.shape), np.zeros(grid.shape)
+    dx = np.zeros((n, math.prod(sp), c))
+    dgrid = np.zeros((n, p, r))
+    check_request(8 * (2 * x.size + grid.size + 4 * n * c * p), "GridSampleGrad (numpy): float64 samples")
+    g = grid.astype(np.float64).reshape(n, p, r)
+    gy = np.moveaxis(dy.astype(np.float64).reshape(n, c, p), 1, 2)  # (n, p, c)
+    xr = np.moveaxis(x.astype(np.float64).reshape(n, c, -1), 1, 2)  # (n, S, c)
+    dims, nan = [], np.zeros((n, p), bool)
+    for k in range(r):
+        taps, bad = _np_taps_grad(g[..., r - 1 - k], sp[k], mode, pad, align)
+        dims.append(taps)
+        nan |= bad
+    strides = [math.prod(sp[k + 1 :]) for k in range(r)]
+    rows = np.arange(n)[:, None]
+    for combo in itertools.product(*dims):
+        flat = sum(i * s for (i, _, _, _), s in zip(combo, strides))
+        ok = np.logical_and.reduce([v for _, v, _, _ in combo]) & ~nan
+        w = np.prod([wt for _, _, wt, _ in combo], axis=0) * ok
+        np.add.at(dx, (rows, flat), w[..., None] * gy)
+        if mode == K.NEAREST:
+            continue
+        gv = np.einsum("npc,npc->np", np.where(ok[..., None], xr[rows, flat], 0.0), gy)
+        for k in range(r):
+            dk = combo[k][3] * ok
+            for j in range(r):
+                if j != k:
+                    dk = dk * combo[j][2]
+            dgrid[..., r - 1 - k] += dk * gv
+    dgrid[nan] = np.nan
+    return np.moveaxis(dx, 2, 1).reshape(x.shape), dgrid.reshape(grid.shape)
+
+
+def _gsg_reference(ins, attrs):
+    dx, dgrid = grid_sample_backward_numpy(ins[0], ins[1], ins[2], attrs)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return [dx.astype(ins[1].dtype), dgrid.astype(ins[2].dtype)]
+
+
+GridSampleGrad = register_op(
+    "GridSampleGrad",
+    domain="opsnn",
+    category="vision",
+    inputs=[Input("dY", FLOAT), Input("X", FLOAT), Input("grid", FLOAT)],
+    outputs=["dX", "dGrid"],
+    attrs=[Attr("align_corners", "int", 0), Attr("mode", "string", "linear"), Attr("padding_mode", "string", "zeros")],
+    infer=_gsg_infer,
+    reference=_gsg_reference,
+    doc="gradient of GridSample w.r.t. X (scatter-add of dY through the taps) and the grid",
+)
+
+
+@GridSampleGrad.kernel(
+    "grid_sample_grad_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=lambda ctx: K.grid_sample_plan(tuple(ctx.shape(1)), tuple(ctx.shape(0)), *_gs_attrs(ctx.attrs)),
+    applies=lambda ctx: _gs_applies(_After1(ctx)),
+    doc="numba: dGrid parallel over blocks of points, dX parallel over (image, channel block) planes, "
+    "each writing only its own rows (no races, fixed order)",
+)
+def _gsg_numba(ins, outs, attrs, plan, ws):
+    K.grid_sample_backward(ins[0], ins[1], ins[2], outs[0], outs[1], plan)
+
+
+class _After1:
+    """GridSample's ``applies`` context seen from GridSampleGrad's (X is input 1)."""
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+
+    def shape(self, i):
+        return self._ctx.shape(i + 1)
+
+
+@GridSampleGrad.kernel(
+    "grid_sample_grad_numpy",
+    dtypes=_F32_64,
+    priority=5,
+    doc="numpy in float64: one vectorised pass per tap combination, np.add.at for the scatter (no races)",
+)
+def _gsg_kernel(ins, outs, attrs, plan, ws):
+    dx, dgrid = grid_sample_backward_numpy(ins[0], ins[1], ins[2], attrs)
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.copyto(outs[0], dx, casting="unsafe")
+        np.copyto(outs[1], dgrid, casting="unsafe")
+
+
 # == DeformConv ========================================================================================
 def _ints(op, name, v, n, default):
     if v is None:
@@ -517,6 +688,219 @@ DeformConv.kernel(
     ),
     doc="bilinear im2col (numba) + one BLAS GEMM per group",
 )(_deform_kernel)
+
+
+# -- DeformConvGrad (opsnn): dX, dW, dOffset and dMask of DeformConv ------------------------------------
+def _deform_grad_infer(ctx):
+    xs, ws, os_ = tuple(ctx.shape(1)), tuple(ctx.shape(2)), tuple(ctx.shape(3))
+    fwd = _deform_infer(_After(ctx, 1))
+    want = tuple(fwd[0].shape)
+    if tuple(ctx.shape(0)) != want:
+        ctx.fail(f"input 'dY' must have DeformConv's output shape {want}, got {tuple(ctx.shape(0))}")
+    if ctx.dtype(0) != ctx.dtype(1):
+        ctx.fail(f"input 'dY' must have X's dtype {_dt.name(ctx.dtype(1))}, got {_dt.name(ctx.dtype(0))}")
+    r = len(xs) - 2
+    mask_shape = (os_[0], os_[1] // r) + os_[2:]
+    dt = ctx.dtype(1)
+    return [TensorMeta(xs, dt), TensorMeta(ws, dt), TensorMeta(os_, dt), TensorMeta(mask_shape, dt)]
+
+
+class _After:
+    """A forward op's inference context seen from its backward record's (inputs after the first ``k``;
+    DeformConv's B is absent, its mask is the backward's last input)."""
+
+    def __init__(self, ctx, k):
+        self._ctx, self._k, self.attrs = ctx, k, ctx.attrs
+        self.inputs = [None] * 5
+
+    def _map(self, i):
+        return {0: 1, 1: 2, 2: 3, 4: 4}.get(i)
+
+    def has(self, i):
+        j = self._map(i)
+        return j is not None and self._ctx.has(j)
+
+    def shape(self, i):
+        return self._ctx.shape(self._map(i))
+
+    def dtype(self, i):
+        return self._ctx.dtype(self._map(i))
+
+    def fail(self, msg):
+        self._ctx.fail(msg)
+
+
+def deform_conv_backward_numpy(dy, x, w, offset, mask, attrs) -> tuple:
+    """(dX, dW, dOffset, dMask) of DeformConv in float64, any spatial rank (dMask as if the mask were all
+    ones when it is absent). A sampling position with a NaN offset sends nothing to dX and gets NaN
+    dOffset / dMask."""
+    kernel, strides, dil, pads, out = _deform_geometry((x.shape, w.shape), attrs)
+    r = len(kernel)
+    n, c = x.shape[:2]
+    sp = x.shape[2:]
+    m = w.shape[0]
+    group, og = int(attrs["group"]), int(attrs["offset_group"])
+    kk = math.prod(kernel)
+    p = math.prod(out)
+    check_request(8 * (3 * x.size + 4 * n * c * kk * p), "DeformConvGrad (numpy): float64 columns")
+    xr = np.moveaxis(x.astype(np.float64), 1, -1)  # (n, *sp, c): all channels of one pixel together
+    off = offset.astype(np.float64).reshape((n, og, kk, r) + tuple(out))
+    msk = (
+        np.ones((n, og, kk) + tuple(out)) if mask is None else mask.astype(np.float64).reshape((n, og, kk) + tuple(out))
+    )
+    cpg = c // og
+    val = np.zeros((n, kk) + tuple(out) + (c,))  # the sampled (unmasked) columns
+    nan = np.zeros((n, og, kk) + tuple(out), bool)
+    taps = []  # per (t, g): [(index tuple, ok, weight, d weight / d pos per dim)]
+    bidx = np.arange(n).reshape((n,) + (1,) * r)
+    for t, tap in enumerate(itertools.product(*[range(k) for k in kernel])):
+        for g in range(og):
+            pos = []
+            for d in range(r):
+                grid = np.arange(out[d]) * strides[d] - pads[d] + tap[d] * dil[d]
+                shape = [1] * (1 + r)
+                shape[1 + d] = out[d]
+                pos.append(grid.reshape(shape) + off[:, g, t, d])
+            bad = np.zeros((n,) + tuple(out), bool)
+            for d in range(r):
+                bad |= ~np.isfinite(pos[d])
+            nan[:, g, t] = bad
+            pos = [np.where(bad, 0.0, q) for q in pos]
+            floors = [np.floor(q) for q in pos]
+            fracs = [q - f for q, f in zip(pos, floors)]
+            corners = []
+            chans = slice(g * cpg, (g + 1) * cpg)
+            for corner in itertools.product((0, 1), repeat=r):
+                ok = ~bad
+                idx, wt, dwt = [], np.ones((n,) + tuple(out)), []
+                for d in range(r):
+                    i = floors[d].astype(np.int64) + corner[d]
+                    ok = ok & (i >= 0) & (i < sp[d])
+                    idx.append(np.clip(i, 0, sp[d] - 1))
+                    wt = wt * (fracs[d] if corner[d] else 1 - fracs[d])
+                for d in range(r):
+                    dd = np.ones((n,) + tuple(out)) * (1.0 if corner[d] else -1.0)
+                    for e in range(r):
+                        if e != d:
+                            dd = dd * (fracs[e] if corner[e] else 1 - fracs[e])
+                    dwt.append(dd * ok)
+                wt = wt * ok
+                key = (bidx,) + tuple(idx)
+                val[:, t, ..., chans] += wt[..., None] * xr[key][..., chans]
+                corners.append((key, wt, dwt))
+            taps.append((t, g, chans, corners))
+    # columns are (n, group, (c/group) * kk, p) in the forward's (channel, tap) order
+    vt = np.moveaxis(val.reshape(n, kk, p, c), 3, 1)  # (n, c, kk, p)
+    mk = np.repeat(msk.reshape(n, og, kk, p), cpg, axis=1)  # (n, c, kk, p)
+    cols = (vt * mk).reshape(n, group, (c // group) * kk, p)
+    for g in range(og):  # a NaN position's column is NaN, as in the forward
+        cols.reshape(n, c, kk, p)[:, g * cpg : (g + 1) * cpg][
+            np.broadcast_to(nan[:, g].reshape(n, 1, kk, p), (n, cpg, kk, p))
+        ] = np.nan
+    gy = dy.astype(np.float64).reshape(n, group, m // group, p)
+    wg = w.astype(np.float64).reshape(group, m // group, -1)
+    dw = np.einsum("ngmp,ngkp->gmk", gy, cols).reshape(w.shape)
+    dcols = np.einsum("gmk,ngmp->ngkp", wg, gy).reshape(n, c, kk, p)
+    dmask = np.einsum("ngckp,ngckp->ngkp", dcols.reshape(n, og, cpg, kk, p), vt.reshape(n, og, cpg, kk, p))
+    dval = np.moveaxis(dcols * mk, 1, -1).reshape((n, kk) + tuple(out) + (c,))  # (n, kk, *out, c)
+    dxr = np.zeros(xr.shape)
+    doff = np.zeros((n, og, kk, r) + tuple(out))
+    for t, g, chans, corners in taps:
+        gv = dval[:, t, ..., chans]  # (n, *out, cpg)
+        for key, wt, dwt in corners:
+            np.add.at(dxr, key + (chans,), wt[..., None] * gv)
+            s = np.einsum("...c,...c->...", gv, xr[key][..., chans])
+            for d in range(r):
+                doff[:, g, t, d] += dwt[d] * s
+    dmask = dmask.reshape((n, og, kk) + tuple(out))
+    for d in range(r):
+        doff[:, :, :, d][nan] = np.nan
+    dmask[nan] = np.nan
+    return (
+        np.moveaxis(dxr, -1, 1),
+        dw,
+        doff.reshape(offset.shape),
+        dmask.reshape((n, og * kk) + tuple(out)),
+    )
+
+
+def _deform_grad_reference(ins, attrs):
+    mask = ins[4] if len(ins) > 4 else None
+    res = deform_conv_backward_numpy(ins[0], ins[1], ins[2], ins[3], mask, attrs)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return [a.astype(ins[1].dtype) for a in res]
+
+
+DeformConvGrad = register_op(
+    "DeformConvGrad",
+    domain="opsnn",
+    category="conv",
+    inputs=[
+        Input("dY", FLOAT),
+        Input("X", FLOAT),
+        Input("W", FLOAT),
+        Input("offset", FLOAT),
+        Input("mask", FLOAT, optional=True),
+    ],
+    outputs=["dX", "dW", "dOffset", "dMask"],
+    attrs=[
+        Attr("dilations", "ints", None),
+        Attr("group", "int", 1),
+        Attr("kernel_shape", "ints", None),
+        Attr("offset_group", "int", 1),
+        Attr("pads", "ints", None),
+        Attr("strides", "ints", None),
+    ],
+    infer=_deform_grad_infer,
+    reference=_deform_grad_reference,
+    doc="gradients of DeformConv w.r.t. X (scatter through the bilinear taps), W, the offsets and the mask",
+)
+
+
+def _deform_grad_plan(ctx):
+    kernel, strides, dil, pads, out = _deform_geometry((ctx.shape(1), ctx.shape(2)), ctx.attrs)
+    return K.deform_plan(
+        tuple(ctx.shape(1)),
+        tuple(ctx.shape(2)),
+        out,
+        kernel,
+        strides,
+        dil,
+        pads,
+        int(ctx.attrs["group"]),
+        int(ctx.attrs["offset_group"]),
+        ctx.dtype(1).itemsize,
+    )
+
+
+@DeformConvGrad.kernel(
+    "deform_conv_grad_numba",
+    dtypes=_F32_64,
+    priority=10,
+    plan=_deform_grad_plan,
+    applies=lambda ctx: (
+        None if len(ctx.shape(1)) == 4 else f"{len(ctx.shape(1)) - 2}-D input (the numba kernel is 2-D)"
+    ),
+    doc="numba im2col + BLAS GEMMs per image and group for dW and the columns' gradient; dX parallel over "
+    "(image, channel) planes, dOffset / dMask over (image, offset group, tap): no races",
+)
+def _deform_grad_numba(ins, outs, attrs, plan, ws):
+    mask = ins[4] if len(ins) > 4 else None
+    K.deform_conv2d_backward(ins[0], ins[1], ins[2], ins[3], mask, outs[0], outs[1], outs[2], outs[3], plan)
+
+
+@DeformConvGrad.kernel(
+    "deform_conv_grad_numpy",
+    dtypes=_F32_64,
+    priority=5,
+    doc="numpy in float64, any spatial rank: one vectorised pass per tap and corner, np.add.at scatter",
+)
+def _deform_grad_kernel(ins, outs, attrs, plan, ws):
+    mask = ins[4] if len(ins) > 4 else None
+    res = deform_conv_backward_numpy(ins[0], ins[1], ins[2], ins[3], mask, attrs)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for o, a in zip(outs, res):
+            np.copyto(o, a, casting="unsafe")
 
 
 # == NonMaxSuppression =================================================================================
@@ -1052,6 +1436,13 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
     return [input, grid], {"mode": mode, "padding_mode": padding_mode, "align_corners": int(bool(align_corners))}
 
 
+@api("grid_sample_grad", "GridSampleGrad", domain="opsnn")
+def grid_sample_grad(grad_output, input, grid, mode="bilinear", padding_mode="zeros", align_corners=False):
+    """Gradients ``(d input, d grid)`` of :func:`grid_sample` for the output gradient ``grad_output``."""
+    attrs = {"mode": mode, "padding_mode": padding_mode, "align_corners": int(bool(align_corners))}
+    return [grad_output, input, grid], attrs, 2
+
+
 @api("deform_conv2d", "DeformConv")
 def deform_conv2d(input, offset, weight, bias=None, stride=1, padding=0, dilation=1, mask=None):
     """Deformable 2-D convolution (``torchvision.ops.deform_conv2d``): the groups follow from the
@@ -1076,6 +1467,15 @@ def deform_conv2d(input, offset, weight, bias=None, stride=1, padding=0, dilatio
         "kernel_shape": [shape_w[2], shape_w[3]],
     }
     return [input, weight, offset, bias, mask], attrs
+
+
+@api("deform_conv2d_backward", "DeformConvGrad", domain="opsnn")
+def deform_conv2d_backward(grad_output, input, offset, weight, stride=1, padding=0, dilation=1, mask=None):
+    """Gradients ``(d input, d weight, d offset, d mask)`` of :func:`deform_conv2d` (same arguments;
+    the bias' gradient is ``grad_output`` summed over N and space). ``d mask`` is the gradient of an
+    all-ones mask when ``mask`` is None."""
+    ins, attrs = deform_conv2d.translate(input, offset, weight, None, stride, padding, dilation, mask)
+    return [grad_output, ins[0], ins[1], ins[2], ins[4]], attrs, 4
 
 
 @api("non_max_suppression", "NonMaxSuppression")
@@ -1135,7 +1535,9 @@ def col2im(x, image_shape, block_shape, dilations=None, pads=None, strides=None)
 
 __all__ = [
     "grid_sample",
+    "grid_sample_grad",
     "deform_conv2d",
+    "deform_conv2d_backward",
     "non_max_suppression",
     "cumprod",
     "det",
