@@ -174,7 +174,9 @@ def _training(torch, gm, example_inputs, report: Report):
     def compiler(kind):
         def compile_one(g, inputs):
             try:
-                fn = _compile(torch, g, inputs, report, constants=False, label=kind)
+                fn = _compile(
+                    torch, g, inputs, report, constants=False, label=kind, decompositions=_training_decompositions()
+                )
             except Exception as exc:  # tracing or partitioning failed: this graph runs in torch
                 _fallback(report, f"<{kind} graph>", "", f"opsnn could not take it ({type(exc).__name__}: {exc})")
                 fn = g.forward
@@ -183,7 +185,7 @@ def _training(torch, gm, example_inputs, report: Report):
         return compile_one
 
     return aot_autograd(
-        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), decompositions=_decompositions()
+        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), decompositions=_training_decompositions()
     )(gm, example_inputs)
 
 
@@ -284,6 +286,34 @@ def _decompositions() -> dict:
     return _DECOMPOSITIONS
 
 
+_TRAINING_DECOMPOSITIONS: dict = {}
+
+
+def _training_decompositions() -> dict:
+    """:func:`_decompositions`, except that the backward ops (and the loss) that opsnn lowers onto its
+    backward records stay whole wherever that lowering takes their arguments."""
+    if not _TRAINING_DECOMPOSITIONS:
+        from . import aten as _aten
+
+        table = dict(_decompositions())
+        for op, takes in _aten.kept_whole_in_training().items():
+            if op in table:
+                table[op] = _unless(takes, table[op])
+        _TRAINING_DECOMPOSITIONS.update(table)
+    return _TRAINING_DECOMPOSITIONS
+
+
+def _unless(takes, decomposition):
+    def decompose(*args, **kwargs):
+        try:
+            keep = takes(*args, **kwargs)
+        except TypeError:  # arguments by keyword: decomposed, as before
+            keep = False
+        return NotImplemented if keep else decomposition(*args, **kwargs)
+
+    return decompose
+
+
 def _whole_in_bfloat16(decomposition):
     """``decomposition``, except on bfloat16 tensors (or making one): the op then stays one node
     (torch runs it)."""
@@ -301,7 +331,14 @@ def _whole_in_bfloat16(decomposition):
 
 
 def _compile(
-    torch, gm, example_inputs, report: Report, constants: bool = True, label: str = "", symbolic: bool = False
+    torch,
+    gm,
+    example_inputs,
+    report: Report,
+    constants: bool = True,
+    label: str = "",
+    symbolic: bool = False,
+    decompositions: dict | None = None,
 ):
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -333,10 +370,10 @@ def _compile(
 
     with fake_mode, enable_python_dispatcher() if symbolic else contextlib.nullcontext():
         if symbolic:  # to ATen first (C++ functionalization would decompose composite ops in C++)
-            gm = make_fx(gm, decomposition_table=_decompositions())(*fakes)
+            gm = make_fx(gm, decomposition_table=decompositions or _decompositions())(*fakes)
         traced = make_fx(
             torch.func.functionalize(gm, remove="mutations_and_views"),
-            decomposition_table=_decompositions(),
+            decomposition_table=decompositions or _decompositions(),
         )(*fakes)
         if any(_writes_in_place(torch, n) for n in traced.graph.nodes):
             # a decomposition wrote into a view (circular pad: empty, slices, copy_): functionalized again,
