@@ -255,3 +255,23 @@ def test_onednn_call_leaves_openmps_thread_count():
     want = F.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy()
     got = y.transpose(0, 1, 4, 2, 3).reshape(want.shape)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_backward_on_the_record_with_its_forwards_eps(affine):
+    """ATen's layer-norm backward has no eps (it reads the saved statistics): the joint graph names the
+    forward's, and the record recomputes the statistics with it (eps large enough to matter here)."""
+    torch.manual_seed(12)
+    ln = torch.nn.LayerNorm((3, 8), eps=0.3, elementwise_affine=affine)
+    if affine:
+        with torch.no_grad():
+            ln.weight.uniform_(0.5, 1.5)
+            ln.bias.uniform_(-0.5, 0.5)
+    lin = torch.nn.Linear(8, 8)
+    x, g = torch.randn(4, 3, 8, requires_grad=True), torch.randn(4, 3, 8)
+    rep, got, want = _compiled_grads(
+        lambda x: (ln(lin(x)) * g).sum(), x, params=list(ln.parameters()) + list(lin.parameters())
+    )
+    _assert_close(got, want)
+    _on_opsnn(rep, forward=("native_layer_norm",))
+    assert "opsnn.layer_norm_backward.default" in _ops(rep, "backward")

@@ -185,8 +185,53 @@ def _training(torch, gm, example_inputs, report: Report):
         return compile_one
 
     return aot_autograd(
-        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), decompositions=_training_decompositions()
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        decompositions=_training_decompositions(),
+        partition_fn=_partition_joint,
     )(gm, example_inputs)
+
+
+def _partition_joint(joint, joint_inputs, **kwargs):
+    """torch's default forward/backward split, after :func:`_name_layer_norm_eps`."""
+    from torch._functorch.partitioners import default_partition
+
+    _name_layer_norm_eps(_torch(), joint)
+    return default_partition(joint, joint_inputs, **kwargs)
+
+
+def _name_layer_norm_eps(torch, joint) -> None:
+    """Each ``native_layer_norm_backward`` of the joint graph whose mean and rstd are the statistics a
+    ``native_layer_norm`` of the same input and shape saved becomes ``opsnn::layer_norm_backward`` with
+    that forward's eps, which the backward record needs (it recomputes the statistics)."""
+    import operator
+
+    from . import aten as _aten
+
+    aten, graph = torch.ops.aten, joint.graph
+    for node in list(graph.nodes):
+        if node.target is not aten.native_layer_norm_backward.default or len(node.args) != 8 or node.kwargs:
+            continue
+        grad, x, shape, mean, rstd = node.args[:5]
+        saved = [a.args if getattr(a, "target", None) is operator.getitem else (None, None) for a in (mean, rstd)]
+        fwd = saved[0][0]
+        if not (
+            fwd is not None
+            and fwd is saved[1][0]
+            and (saved[0][1], saved[1][1]) == (1, 2)
+            and fwd.target is aten.native_layer_norm.default
+            and fwd.args[0] is x
+            and list(fwd.args[1]) == list(shape)
+        ):
+            continue
+        with graph.inserting_before(node):
+            named = graph.call_function(_aten.layer_norm_backward_op(), (*node.args, float(fwd.args[4])))
+        named.meta = dict(node.meta)
+        empty = x.meta["val"].new_empty(0)
+        named.meta["val"] = tuple(empty if v is None else v for v in node.meta["val"])
+        node.replace_all_uses_with(named)
+        graph.erase_node(node)
+    joint.recompile()
 
 
 def _symbolic(torch, x) -> bool:

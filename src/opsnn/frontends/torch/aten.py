@@ -796,8 +796,11 @@ def _layer_norm(n, e):
     x, shape, weight, bias, eps = n.args[:5]
     if any(not isinstance(d, int) for d in shape):
         raise Unsupported("a symbolic normalized shape")
-    y, _, _ = e.outs(n, 3)
-    e.names[n] = (y, None, None)
+    y, mean, rstd = e.outs(n, 3)
+    # the statistics where a backward reads them: ONNX's Mean / InvStdDev have torch's kept-dims shape
+    if not {u.args[1] for u in n.users if u.target is operator.getitem} & {1, 2}:
+        mean = rstd = None
+    e.names[n] = (y, mean, rstd)
     axis = _rank(x) - len(shape)
     return [
         Node(
@@ -807,10 +810,53 @@ def _layer_norm(n, e):
                 e.const("ones", np.ones(tuple(shape), np.float32)) if weight is None else e.name(weight),
                 e.const("zeros", np.zeros(tuple(shape), np.float32)) if bias is None else e.name(bias),
             ],
-            [y],
+            [y] if mean is None else [y, mean, rstd],
             {"axis": axis, "epsilon": float(eps)},
         )
     ]
+
+
+def _layer_norm_backward(n, e):
+    """opsnn::layer_norm_backward (native_layer_norm_backward with its forward's eps, see
+    :func:`layer_norm_backward_op`) -> opsnn::LayerNormalizationGrad, which recomputes the statistics
+    torch saved from the same input and eps."""
+    grad, x, shape, _mean, _rstd, weight, bias, mask, eps = n.args[:9]
+    if _numel(_shape(x)) == 0:
+        raise Unsupported("an empty input")
+    names = list(e.outs(n, 3))
+    scale = e.const("ones", np.ones(tuple(shape), np.float32)) if weight is None else e.name(weight)
+    attrs = {"axis": _rank(x) - len(shape), "epsilon": float(eps)}
+    node = Node("LayerNormalizationGrad", [e.name(grad), e.name(x), scale], list(names), attrs, "opsnn")
+    e.names[n] = tuple(name if on else None for name, on in zip(names, mask))
+    return [node]
+
+
+_layer_norm_backward.bf16 = False
+
+_LIBRARY: list = []
+
+
+def layer_norm_backward_op():
+    """``torch.ops.opsnn.layer_norm_backward``: ``aten.native_layer_norm_backward`` with one more argument,
+    the eps of the forward that saved ``mean`` and ``rstd`` (ATen's op has none, and the record
+    recomputes the statistics); torch runs it as ATen's op (masked-off outputs empty)."""
+    import torch
+
+    if not _LIBRARY:
+        lib = torch.library.Library("opsnn", "FRAGMENT")
+        lib.define(
+            "layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, "
+            "Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask, float eps) -> (Tensor, Tensor, Tensor)"
+        )
+
+        def run(grad, x, shape, mean, rstd, weight, bias, mask, eps):
+            outs = torch.ops.aten.native_layer_norm_backward(grad, x, shape, mean, rstd, weight, bias, mask)
+            return tuple(x.new_empty(0) if o is None else o for o in outs)
+
+        lib.impl("layer_norm_backward", run, "CPU")
+        torch.library.register_fake("opsnn::layer_norm_backward", run, lib=lib)
+        _LIBRARY.append(lib)
+    return torch.ops.opsnn.layer_norm_backward.default
 
 
 def _softmax(op):
@@ -1891,7 +1937,7 @@ def _empty_output(adapter):
 
 
 #: lowerings that compute a tuple's output 0 alone (the others: saved statistics, int64 indices)
-for _f in (_batch_norm, _layer_norm):
+for _f in (_batch_norm,):
     _f.first_only = True
 
 
@@ -1916,6 +1962,7 @@ def kept_whole_in_training() -> dict:
         return _plain(x, target) and x.dim() >= 2
 
     return {
+        aten.native_layer_norm_backward.default: lambda grad, x, *rest: _plain(grad, x),
         aten.threshold_backward.default: lambda grad, x, threshold: _plain(grad, x),
         aten.native_batch_norm_backward.default: lambda grad, x, w, rm, rv, sm, si, train, eps, mask: (
             _plain(grad, x) and x.dim() >= 2 and (train or (rm is not None and rv is not None))
@@ -2092,6 +2139,7 @@ def _table():
         aten.full.default: _constant,  # -> an initializer
         aten.threshold_backward.default: _threshold_backward,  # -> LessOrEqual + Where
         aten.native_batch_norm_backward.default: _batch_norm_backward,  # -> opsnn::BatchNormalizationGrad
+        layer_norm_backward_op(): _layer_norm_backward,  # -> opsnn::LayerNormalizationGrad
         aten.max_pool2d_with_indices_backward.default: _max_pool2d_backward,  # -> opsnn::MaxPoolGrad
         aten.avg_pool2d_backward.default: _avg_pool2d_backward,  # -> opsnn::AveragePoolGrad
         aten._softmax_backward_data.default: _softmax_backward("SoftmaxGrad"),  # -> opsnn::SoftmaxGrad
