@@ -275,3 +275,16 @@ def test_layer_norm_backward_on_the_record_with_its_forwards_eps(affine):
     _assert_close(got, want)
     _on_opsnn(rep, forward=("native_layer_norm",))
     assert "opsnn.layer_norm_backward.default" in _ops(rep, "backward")
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_without_running_statistics_trains_on_opsnn(affine):
+    """track_running_stats=False: _native_batch_norm_legit.no_stats forward (the batch statistics it
+    saves) and BatchNormalizationGrad backward; weight-less batch norm reads a scale of ones."""
+    torch.manual_seed(13)
+    bn = torch.nn.BatchNorm2d(4, affine=affine, track_running_stats=False)
+    x, g = torch.randn(3, 4, 5, 5, requires_grad=True), torch.randn(3, 4, 5, 5)
+    rep, got, want = _compiled_grads(lambda x: (bn(x) * g).sum(), x, params=list(bn.parameters()))
+    _assert_close(got, want)
+    _on_opsnn(rep, backward=("native_batch_norm_backward",))
+    assert "aten._native_batch_norm_legit.no_stats" in _ops(rep, "forward")

@@ -1155,6 +1155,26 @@ def _batch_norm_training(n, e):
     ]
 
 
+def _batch_norm_no_stats(n, e):
+    """Training-mode batch norm without running statistics (``track_running_stats=False``): the output
+    and the batch mean and 1/std (biased variance) it saves for the backward."""
+    x, weight, bias, training, _momentum, eps = n.args[:6]
+    if not training:
+        raise Unsupported("eval mode without running statistics")
+    shape = _shape(x)
+    if len(shape) < 2 or _numel(shape) == 0:
+        raise Unsupported("an input of rank < 2 or an empty one")
+    y, save_mean, save_rstd = e.outs(n, 3)
+    yn = e.graph.unique_name(f"{n.name}_yn")
+    norm, mu, r = _normalize(e, n, e.name(x), [0] + list(range(2, len(shape))), eps, yn)
+    flat = e.const("cshape", np.array([shape[1]], np.int64))
+    return (
+        norm
+        + _affine(e, n, yn, weight, bias, shape[1], len(shape), y)
+        + [Node("Reshape", [mu, flat], [save_mean]), Node("Reshape", [r, flat], [save_rstd])]
+    )
+
+
 def _clamp_tensor(n, e):
     x, lo, hi = n.args[0], _kw(n, 1, "min", None), _kw(n, 2, "max", None)
     nodes, cur = [], e.name(x)
@@ -2151,6 +2171,7 @@ def _table():
         aten.nll_loss2d_backward.default: _nll_loss_backward,  # -> Equal, Where (scatter at the target)
         aten.convolution_backward.default: _convolution_backward,  # -> ConvBackwardData/Weight, ReduceSum
         aten._native_batch_norm_legit_functional.default: _batch_norm_training,  # -> reductions, Mul, Add
+        aten._native_batch_norm_legit.no_stats: _batch_norm_no_stats,  # -> reductions, Mul, Add
         aten.hardtanh.default: _clip("min_val", "max_val", -1.0, 1.0),  # -> Clip
         aten.clamp.default: _clip("min", "max", None, None),  # -> Clip
         aten.leaky_relu.default: _leaky_relu,  # -> LeakyRelu
