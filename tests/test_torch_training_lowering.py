@@ -288,3 +288,20 @@ def test_batch_norm_without_running_statistics_trains_on_opsnn(affine):
     _assert_close(got, want)
     _on_opsnn(rep, backward=("native_batch_norm_backward",))
     assert "aten._native_batch_norm_legit.no_stats" in _ops(rep, "forward")
+
+
+@pytest.mark.parametrize("groups, affine", [(2, True), (6, False)])
+def test_group_norm_backward_on_the_record_with_its_forwards_eps(groups, affine):
+    """As layer norm: native_group_norm_backward named with its forward's eps, on GroupNormalizationGrad
+    (6 groups of 6 channels: instance norm's case)."""
+    torch.manual_seed(14)
+    gn = torch.nn.GroupNorm(groups, 6, eps=0.2, affine=affine)
+    if affine:
+        with torch.no_grad():
+            gn.weight.uniform_(0.5, 1.5)
+            gn.bias.uniform_(-0.5, 0.5)
+    x, g = torch.randn(3, 6, 4, 5, requires_grad=True), torch.randn(3, 6, 4, 5)
+    rep, got, want = _compiled_grads(lambda x: (gn(x) * g).sum(), x, params=list(gn.parameters()))
+    _assert_close(got, want)
+    _on_opsnn(rep, forward=("native_group_norm",))
+    assert "opsnn.group_norm_backward.default" in _ops(rep, "backward")

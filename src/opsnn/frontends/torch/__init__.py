@@ -193,39 +193,68 @@ def _training(torch, gm, example_inputs, report: Report):
 
 
 def _partition_joint(joint, joint_inputs, **kwargs):
-    """torch's default forward/backward split, after :func:`_name_layer_norm_eps`."""
+    """torch's default forward/backward split, after :func:`_name_norm_eps`."""
     from torch._functorch.partitioners import default_partition
 
-    _name_layer_norm_eps(_torch(), joint)
+    _name_norm_eps(_torch(), joint)
     return default_partition(joint, joint_inputs, **kwargs)
 
 
-def _name_layer_norm_eps(torch, joint) -> None:
-    """Each ``native_layer_norm_backward`` of the joint graph whose mean and rstd are the statistics a
-    ``native_layer_norm`` of the same input and shape saved becomes ``opsnn::layer_norm_backward`` with
-    that forward's eps, which the backward record needs (it recomputes the statistics)."""
+def _name_norm_eps(torch, joint) -> None:
+    """Each ``native_layer_norm_backward`` (``native_group_norm_backward``) of the joint graph whose mean
+    and rstd are the statistics a ``native_layer_norm`` of the same input and shape (a
+    ``native_group_norm`` of the same input and groups) saved becomes ``opsnn::layer_norm_backward``
+    (``group_norm_backward``) with that forward's eps, which the backward records need (they recompute
+    the statistics)."""
     import operator
 
     from . import aten as _aten
 
     aten, graph = torch.ops.aten, joint.graph
+    # backward -> (its forward, argument count, where mean and rstd are, the forward's eps, same shape)
+    kinds = {
+        aten.native_layer_norm_backward.default: (
+            aten.native_layer_norm.default,
+            8,
+            (3, 4),
+            lambda fwd: fwd.args[4],
+            lambda fwd, bw: list(fwd.args[1]) == list(bw.args[2]),
+        ),
+        aten.native_group_norm_backward.default: (
+            aten.native_group_norm.default,
+            10,
+            (2, 3),
+            lambda fwd: fwd.args[7],
+            lambda fwd, bw: fwd.args[6] == bw.args[8],
+        ),
+    }
+
+    def unalias(a):  # the saved statistics may reach the backward through aliases
+        while getattr(a, "target", None) is aten.alias.default:
+            a = a.args[0]
+        return a
+
     for node in list(graph.nodes):
-        if node.target is not aten.native_layer_norm_backward.default or len(node.args) != 8 or node.kwargs:
+        kind = kinds.get(node.target)
+        if kind is None or len(node.args) != kind[1] or node.kwargs:
             continue
-        grad, x, shape, mean, rstd = node.args[:5]
+        forward, _, (mi, ri), eps, same = kind
+        x, mean, rstd = node.args[1], unalias(node.args[mi]), unalias(node.args[ri])
         saved = [a.args if getattr(a, "target", None) is operator.getitem else (None, None) for a in (mean, rstd)]
         fwd = saved[0][0]
         if not (
             fwd is not None
             and fwd is saved[1][0]
             and (saved[0][1], saved[1][1]) == (1, 2)
-            and fwd.target is aten.native_layer_norm.default
+            and fwd.target is forward
             and fwd.args[0] is x
-            and list(fwd.args[1]) == list(shape)
+            and same(fwd, node)
         ):
             continue
         with graph.inserting_before(node):
-            named = graph.call_function(_aten.layer_norm_backward_op(), (*node.args, float(fwd.args[4])))
+            named = graph.call_function(
+                _aten.norm_backward_op(node.target.__name__.split(".")[0]), (*node.args, float(eps(fwd)))
+            )
         named.meta = dict(node.meta)
         empty = x.meta["val"].new_empty(0)
         named.meta["val"] = tuple(empty if v is None else v for v in node.meta["val"])

@@ -818,7 +818,7 @@ def _layer_norm(n, e):
 
 def _layer_norm_backward(n, e):
     """opsnn::layer_norm_backward (native_layer_norm_backward with its forward's eps, see
-    :func:`layer_norm_backward_op`) -> opsnn::LayerNormalizationGrad, which recomputes the statistics
+    :func:`norm_backward_op`) -> opsnn::LayerNormalizationGrad, which recomputes the statistics
     torch saved from the same input and eps."""
     grad, x, shape, _mean, _rstd, weight, bias, mask, eps = n.args[:9]
     if _numel(_shape(x)) == 0:
@@ -833,30 +833,65 @@ def _layer_norm_backward(n, e):
 
 _layer_norm_backward.bf16 = False
 
+
+def _group_norm_backward(n, e):
+    """opsnn::group_norm_backward (native_group_norm_backward with its forward's eps) ->
+    opsnn::GroupNormalizationGrad, which recomputes the statistics torch saved."""
+    grad, x, _mean, _rstd, weight, _n, c, _hw, group, mask, eps = n.args[:11]
+    shape = _shape(x)
+    if len(shape) < 2 or _numel(shape) == 0:
+        raise Unsupported("an input of rank < 2 or an empty one")
+    names = list(e.outs(n, 3))
+    scale = e.const("ones", np.ones(int(c), np.float32)) if weight is None else e.name(weight)
+    attrs = {"num_groups": int(group), "epsilon": float(eps)}
+    node = Node("GroupNormalizationGrad", [e.name(grad), e.name(x), scale], list(names), attrs, "opsnn")
+    e.names[n] = tuple(name if on else None for name, on in zip(names, mask))
+    return [node]
+
+
+_group_norm_backward.bf16 = False
+
 _LIBRARY: list = []
 
+#: ATen norm backward -> (opsnn op name, schema after the name: ATen's arguments and the forward's eps)
+_NAMED_EPS = {
+    "native_layer_norm_backward": (
+        "layer_norm_backward",
+        "(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, "
+        "Tensor? bias, bool[3] output_mask, float eps) -> (Tensor, Tensor, Tensor)",
+    ),
+    "native_group_norm_backward": (
+        "group_norm_backward",
+        "(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, "
+        "SymInt HxW, int group, bool[3] output_mask, float eps) -> (Tensor, Tensor, Tensor)",
+    ),
+}
 
-def layer_norm_backward_op():
-    """``torch.ops.opsnn.layer_norm_backward``: ``aten.native_layer_norm_backward`` with one more argument,
-    the eps of the forward that saved ``mean`` and ``rstd`` (ATen's op has none, and the record
-    recomputes the statistics); torch runs it as ATen's op (masked-off outputs empty)."""
+
+def _as_aten(op):
+    def run(*args):  # the eps (last) is the record's alone
+        outs = op(*args[:-1])
+        return tuple(args[1].new_empty(0) if o is None else o for o in outs)
+
+    return run
+
+
+def norm_backward_op(aten_name: str):
+    """``torch.ops.opsnn.layer_norm_backward`` / ``group_norm_backward``: ATen's ``aten_name`` with one more
+    argument, the eps of the forward that saved ``mean`` and ``rstd`` (ATen's op has none, and the
+    records recompute the statistics); torch runs it as ATen's op (masked-off outputs empty)."""
     import torch
 
     if not _LIBRARY:
         lib = torch.library.Library("opsnn", "FRAGMENT")
-        lib.define(
-            "layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, "
-            "Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask, float eps) -> (Tensor, Tensor, Tensor)"
-        )
+        for aten_op, (name, schema) in _NAMED_EPS.items():
+            lib.define(name + schema)
 
-        def run(grad, x, shape, mean, rstd, weight, bias, mask, eps):
-            outs = torch.ops.aten.native_layer_norm_backward(grad, x, shape, mean, rstd, weight, bias, mask)
-            return tuple(x.new_empty(0) if o is None else o for o in outs)
-
-        lib.impl("layer_norm_backward", run, "CPU")
-        torch.library.register_fake("opsnn::layer_norm_backward", run, lib=lib)
+            run = _as_aten(getattr(torch.ops.aten, aten_op).default)
+            lib.impl(name, run, "CPU")
+            torch.library.register_fake(f"opsnn::{name}", run, lib=lib)
         _LIBRARY.append(lib)
-    return torch.ops.opsnn.layer_norm_backward.default
+    return getattr(torch.ops.opsnn, _NAMED_EPS[aten_name][0]).default
 
 
 def _softmax(op):
@@ -1983,6 +2018,7 @@ def kept_whole_in_training() -> dict:
 
     return {
         aten.native_layer_norm_backward.default: lambda grad, x, *rest: _plain(grad, x),
+        aten.native_group_norm_backward.default: lambda grad, x, *rest: _plain(grad, x) and x.dim() >= 2,
         aten.threshold_backward.default: lambda grad, x, threshold: _plain(grad, x),
         aten.native_batch_norm_backward.default: lambda grad, x, w, rm, rv, sm, si, train, eps, mask: (
             _plain(grad, x) and x.dim() >= 2 and (train or (rm is not None and rv is not None))
@@ -2159,7 +2195,8 @@ def _table():
         aten.full.default: _constant,  # -> an initializer
         aten.threshold_backward.default: _threshold_backward,  # -> LessOrEqual + Where
         aten.native_batch_norm_backward.default: _batch_norm_backward,  # -> opsnn::BatchNormalizationGrad
-        layer_norm_backward_op(): _layer_norm_backward,  # -> opsnn::LayerNormalizationGrad
+        norm_backward_op("native_layer_norm_backward"): _layer_norm_backward,  # -> opsnn::LayerNormalizationGrad
+        norm_backward_op("native_group_norm_backward"): _group_norm_backward,  # -> opsnn::GroupNormalizationGrad
         aten.max_pool2d_with_indices_backward.default: _max_pool2d_backward,  # -> opsnn::MaxPoolGrad
         aten.avg_pool2d_backward.default: _avg_pool2d_backward,  # -> opsnn::AveragePoolGrad
         aten._softmax_backward_data.default: _softmax_backward("SoftmaxGrad"),  # -> opsnn::SoftmaxGrad
