@@ -17,7 +17,10 @@ valid after the next call.
 Training: a graph compiled while autograd records (grad enabled and an input that requires
 grad) goes through ``aot_autograd``; its forward and backward ATen graphs are each partitioned
 and run like an inference graph (parameters are inputs there, never constants: the optimizer
-steps them in place), and torch's autograd and optimizer see ordinary tensors.
+steps them in place), and torch's autograd and optimizer see ordinary tensors. The backward ops
+opsnn has records for (batch / layer / group norm, pooling, softmax, embedding, the NLL loss) stay
+whole there instead of decomposing, and run on those records; layer and group norm's, which have
+no eps in ATen, get their forward's from the joint graph.
 
 Symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic shapes): the graph is traced once
 on Dynamo's symbolic fake inputs; a partition's inputs declare opsnn symbolic dims (named after
