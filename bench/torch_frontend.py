@@ -3,7 +3,10 @@ and ``torch.compile(backend="inductor")``, in one process, in settled blocks.
 
 Models (random weights, inference under ``torch.no_grad``): torchvision ``resnet50`` (batch 1,
 224x224), Hugging Face ``BertModel(BertConfig())`` (sequence 128) and a ``LlamaForCausalLM``
-(8 layers, hidden 512, sequence 128); ``--tiny`` shrinks all three to a smoke test. Each
+(8 layers, hidden 512, sequence 128); ``--tiny`` shrinks all three to a smoke test. Training
+(``resnet18_train``): the ResNet-18-style CNN of ``bench/train.py`` (batch 32, 64x64; ``--tiny``:
+batch 4, 32x32), a step of cross-entropy forward, backward (aot_autograd: both graphs compiled) and
+SGD; its check is the first step's gradients against eager's, target <= 1.0x eager. Each
 compiled model's first call is its compile time; its output is checked against eager (max error
 relative to the largest eager value, target 1e-4) before anything is timed. The runtimes take
 turns in blocks (rotating order, a pause before each, one untimed call) so that load from other
@@ -12,6 +15,7 @@ inductor on ResNet-50 and BERT.
 
     $ python bench/torch_frontend.py --repeat 10 --json bench/results/torch_frontend.json
     $ python bench/torch_frontend.py --tiny --repeat 1      # a smoke test
+    $ python bench/torch_frontend.py --models resnet18_train --runtimes opsnn
 
 Needs the ``bench`` extra (torchvision, transformers) and torch.
 """
@@ -105,7 +109,76 @@ def rel_err(got, want) -> float:
     return float((got - want).abs().max() / max(float(want.abs().max()), 1e-30))
 
 
+def _train_spec_and_model(tiny: bool, torch):
+    """bench/train.py's ResNet-18-style torch model and its batch (loaded by path: this script keeps
+    its own folder off ``sys.path``)."""
+    import dataclasses
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_train", os.path.join(_HERE, "train.py"))
+    train = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
+    spec.loader.exec_module(train)
+    s = train.specs(False)["resnet"]
+    if tiny:  # not train.py's tiny 16x16 batch 2: batch norm over 2 values at 1x1 makes its gradients noise
+        s = dataclasses.replace(s, batch=4, image=32)
+    torch.manual_seed(0)
+    model = train.torch_model(s, torch)
+    x = torch.randn(s.batch, 3, s.image, s.image)
+    y = torch.randint(0, s.classes, (s.batch,))
+    return model, x, y
+
+
+def run_training(args, torch) -> dict:
+    """Training steps (forward, loss, backward, SGD) of the ResNet-18-style CNN, each runtime on its own
+    copy of the same weights."""
+    import copy
+
+    model, x, y = _train_spec_and_model(args.tiny, torch)
+    row = {"model": "resnet18_train", "compile_s": {}, "ms": {}, "rel_err": {}, "fallbacks": None}
+    reports = []
+
+    def opsnn_backend(gm, example_inputs):
+        from opsnn.frontends import torch as fe
+
+        fn, report = fe.compile_graph(gm, example_inputs)
+        reports.append(report)
+        return fn
+
+    backends = {"opsnn": opsnn_backend, "inductor": "inductor"}
+    steps, grads = {}, {}
+    for rt in ["eager"] + [r for r in ("opsnn", "inductor") if r in args.runtimes]:
+        m = copy.deepcopy(model)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+
+        def loss_of(x, y, m=m):
+            return torch.nn.functional.cross_entropy(m(x), y)
+
+        fn = loss_of if rt == "eager" else torch.compile(loss_of, backend=backends[rt], dynamic=False)
+
+        def step(fn=fn, opt=opt):
+            opt.zero_grad()
+            loss = fn(x, y)
+            loss.backward()
+            opt.step()
+
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        fn(x, y).backward()  # the first gradients (before any update) are the check
+        if rt != "eager":
+            row["compile_s"][rt] = time.perf_counter() - t0
+        grads[rt] = [p.grad.detach().clone() for p in m.parameters()]
+        steps[rt] = step
+    for rt in grads:
+        if rt != "eager":
+            row["rel_err"][rt] = max(rel_err(g, w) for g, w in zip(grads[rt], grads["eager"]))
+    if "opsnn" in steps:
+        row["fallbacks"] = sorted({t for r in reports for _, t, _ in r.fallbacks})
+    return _timed(row, steps, args)
+
+
 def run_model(name: str, args, torch) -> dict:
+    if name == "resnet18_train":
+        return run_training(args, torch)
     model, inputs = build(name, args.tiny, torch)
     fns = {"eager": model}
     row = {"model": name, "compile_s": {}, "ms": {}, "rel_err": {}, "fallbacks": None}
@@ -133,16 +206,22 @@ def run_model(name: str, args, torch) -> dict:
             row["rel_err"][rt] = rel_err(got, want)
         if "opsnn" in fns:
             row["fallbacks"] = sorted({t for r in reports for _, t, _ in r.fallbacks})
-        times = {rt: [] for rt in fns}
-        order = list(fns)
-        for block in range(args.repeat):
-            for rt in order[block % len(order) :] + order[: block % len(order)]:
-                time.sleep(SETTLE_S)
-                fns[rt](*inputs)  # untimed: caches and thread pools warm
-                for _ in range(args.block):
-                    t0 = time.perf_counter()
-                    fns[rt](*inputs)
-                    times[rt].append(time.perf_counter() - t0)
+        return _timed(row, {rt: (lambda fn=fn: fn(*inputs)) for rt, fn in fns.items()}, args)
+
+
+def _timed(row: dict, calls: dict, args) -> dict:
+    """``row`` with each runtime's median call time (``calls``: runtime -> a call with no arguments),
+    the runtimes taking turns in settled blocks."""
+    times = {rt: [] for rt in calls}
+    order = list(calls)
+    for block in range(args.repeat):
+        for rt in order[block % len(order) :] + order[: block % len(order)]:
+            time.sleep(SETTLE_S)
+            calls[rt]()  # untimed: caches and thread pools warm
+            for _ in range(args.block):
+                t0 = time.perf_counter()
+                calls[rt]()
+                times[rt].append(time.perf_counter() - t0)
     row["ms"] = {rt: 1e3 * statistics.median(ts) for rt, ts in times.items()}
     if "opsnn" in row["ms"]:
         row["opsnn_vs_eager"] = row["ms"]["opsnn"] / row["ms"]["eager"]
@@ -166,7 +245,7 @@ def format_row(row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="resnet50,bert,llama")
+    p.add_argument("--models", default="resnet50,bert,llama,resnet18_train")
     p.add_argument("--runtimes", default=",".join(RUNTIMES), help="of eager, opsnn, inductor (eager is always run)")
     p.add_argument("--repeat", type=int, default=10, help="timed blocks per runtime")
     p.add_argument("--block", type=int, default=3, help="timed calls per block")

@@ -362,14 +362,8 @@ def test_training_forward_and_backward_on_opsnn_match_eager(net):
     assert not rep.whole_graph_reason
     ran = {name.split(".")[0] for name, calls in rep.runs.items() if calls == 5}
     assert ran == {"forward", "backward"}, rep.runs  # both graphs ran on opsnn at every step
-    if net == "mlp":
-        assert rep.fallbacks == []
-    else:  # max pooling's int64 indices (saved for its backward) stay in torch, and say so
-        assert {t for _, t, _ in rep.fallbacks} <= {
-            "aten.add.Tensor",  # num_batches_tracked += 1 (int64)
-            "aten.max_pool2d_with_indices.default",
-            "aten.max_pool2d_with_indices_backward.default",
-        }, rep.fallbacks
+    assert rep.fallbacks == []  # max pooling's indices included (tests/test_torch_training_lowering.py)
+    if net == "cnn":
         bw_ops = {op for name, ops, _ in rep.partitions if name.startswith("backward.") for op in ops}
         assert "aten.convolution_backward.default" in bw_ops, bw_ops
 

@@ -17,7 +17,10 @@ valid after the next call.
 Training: a graph compiled while autograd records (grad enabled and an input that requires
 grad) goes through ``aot_autograd``; its forward and backward ATen graphs are each partitioned
 and run like an inference graph (parameters are inputs there, never constants: the optimizer
-steps them in place), and torch's autograd and optimizer see ordinary tensors.
+steps them in place), and torch's autograd and optimizer see ordinary tensors. The backward ops
+opsnn has records for (batch / layer / group norm, pooling, softmax, embedding, the NLL loss) stay
+whole there instead of decomposing, and run on those records; layer and group norm's, which have
+no eps in ATen, get their forward's from the joint graph.
 
 Symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic shapes): the graph is traced once
 on Dynamo's symbolic fake inputs; a partition's inputs declare opsnn symbolic dims (named after
@@ -174,7 +177,9 @@ def _training(torch, gm, example_inputs, report: Report):
     def compiler(kind):
         def compile_one(g, inputs):
             try:
-                fn = _compile(torch, g, inputs, report, constants=False, label=kind)
+                fn = _compile(
+                    torch, g, inputs, report, constants=False, label=kind, decompositions=_training_decompositions()
+                )
             except Exception as exc:  # tracing or partitioning failed: this graph runs in torch
                 _fallback(report, f"<{kind} graph>", "", f"opsnn could not take it ({type(exc).__name__}: {exc})")
                 fn = g.forward
@@ -183,8 +188,82 @@ def _training(torch, gm, example_inputs, report: Report):
         return compile_one
 
     return aot_autograd(
-        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), decompositions=_decompositions()
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        decompositions=_training_decompositions(),
+        partition_fn=_partition_joint,
     )(gm, example_inputs)
+
+
+def _partition_joint(joint, joint_inputs, **kwargs):
+    """torch's default forward/backward split, after :func:`_name_norm_eps`."""
+    from torch._functorch.partitioners import default_partition
+
+    _name_norm_eps(_torch(), joint)
+    return default_partition(joint, joint_inputs, **kwargs)
+
+
+def _name_norm_eps(torch, joint) -> None:
+    """Each ``native_layer_norm_backward`` (``native_group_norm_backward``) of the joint graph whose mean
+    and rstd are the statistics a ``native_layer_norm`` of the same input and shape (a
+    ``native_group_norm`` of the same input and groups) saved becomes ``opsnn::layer_norm_backward``
+    (``group_norm_backward``) with that forward's eps, which the backward records need (they recompute
+    the statistics)."""
+    import operator
+
+    from . import aten as _aten
+
+    aten, graph = torch.ops.aten, joint.graph
+    # backward -> (its forward, argument count, where mean and rstd are, the forward's eps, same shape)
+    kinds = {
+        aten.native_layer_norm_backward.default: (
+            aten.native_layer_norm.default,
+            8,
+            (3, 4),
+            lambda fwd: fwd.args[4],
+            lambda fwd, bw: list(fwd.args[1]) == list(bw.args[2]),
+        ),
+        aten.native_group_norm_backward.default: (
+            aten.native_group_norm.default,
+            10,
+            (2, 3),
+            lambda fwd: fwd.args[7],
+            lambda fwd, bw: fwd.args[6] == bw.args[8],
+        ),
+    }
+
+    def unalias(a):  # the saved statistics may reach the backward through aliases
+        while getattr(a, "target", None) is aten.alias.default:
+            a = a.args[0]
+        return a
+
+    for node in list(graph.nodes):
+        kind = kinds.get(node.target)
+        if kind is None or len(node.args) != kind[1] or node.kwargs:
+            continue
+        forward, _, (mi, ri), eps, same = kind
+        x, mean, rstd = node.args[1], unalias(node.args[mi]), unalias(node.args[ri])
+        saved = [a.args if getattr(a, "target", None) is operator.getitem else (None, None) for a in (mean, rstd)]
+        fwd = saved[0][0]
+        if not (
+            fwd is not None
+            and fwd is saved[1][0]
+            and (saved[0][1], saved[1][1]) == (1, 2)
+            and fwd.target is forward
+            and fwd.args[0] is x
+            and same(fwd, node)
+        ):
+            continue
+        with graph.inserting_before(node):
+            named = graph.call_function(
+                _aten.norm_backward_op(node.target.__name__.split(".")[0]), (*node.args, float(eps(fwd)))
+            )
+        named.meta = dict(node.meta)
+        empty = x.meta["val"].new_empty(0)
+        named.meta["val"] = tuple(empty if v is None else v for v in node.meta["val"])
+        node.replace_all_uses_with(named)
+        graph.erase_node(node)
+    joint.recompile()
 
 
 def _symbolic(torch, x) -> bool:
@@ -284,6 +363,34 @@ def _decompositions() -> dict:
     return _DECOMPOSITIONS
 
 
+_TRAINING_DECOMPOSITIONS: dict = {}
+
+
+def _training_decompositions() -> dict:
+    """:func:`_decompositions`, except that the backward ops (and the loss) that opsnn lowers onto its
+    backward records stay whole wherever that lowering takes their arguments."""
+    if not _TRAINING_DECOMPOSITIONS:
+        from . import aten as _aten
+
+        table = dict(_decompositions())
+        for op, takes in _aten.kept_whole_in_training().items():
+            if op in table:
+                table[op] = _unless(takes, table[op])
+        _TRAINING_DECOMPOSITIONS.update(table)
+    return _TRAINING_DECOMPOSITIONS
+
+
+def _unless(takes, decomposition):
+    def decompose(*args, **kwargs):
+        try:
+            keep = takes(*args, **kwargs)
+        except TypeError:  # arguments by keyword: decomposed, as before
+            keep = False
+        return NotImplemented if keep else decomposition(*args, **kwargs)
+
+    return decompose
+
+
 def _whole_in_bfloat16(decomposition):
     """``decomposition``, except on bfloat16 tensors (or making one): the op then stays one node
     (torch runs it)."""
@@ -301,7 +408,14 @@ def _whole_in_bfloat16(decomposition):
 
 
 def _compile(
-    torch, gm, example_inputs, report: Report, constants: bool = True, label: str = "", symbolic: bool = False
+    torch,
+    gm,
+    example_inputs,
+    report: Report,
+    constants: bool = True,
+    label: str = "",
+    symbolic: bool = False,
+    decompositions: dict | None = None,
 ):
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -333,10 +447,10 @@ def _compile(
 
     with fake_mode, enable_python_dispatcher() if symbolic else contextlib.nullcontext():
         if symbolic:  # to ATen first (C++ functionalization would decompose composite ops in C++)
-            gm = make_fx(gm, decomposition_table=_decompositions())(*fakes)
+            gm = make_fx(gm, decomposition_table=decompositions or _decompositions())(*fakes)
         traced = make_fx(
             torch.func.functionalize(gm, remove="mutations_and_views"),
-            decomposition_table=_decompositions(),
+            decomposition_table=decompositions or _decompositions(),
         )(*fakes)
         if any(_writes_in_place(torch, n) for n in traced.graph.nodes):
             # a decomposition wrote into a view (circular pad: empty, slices, copy_): functionalized again,

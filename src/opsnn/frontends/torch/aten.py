@@ -470,7 +470,7 @@ def _batch_norm_eval(n, e):
     if weight is None or bias is None:
         raise Unsupported("batch norm without affine weights")
     y, m, r = e.outs(n, 3)
-    e.names[n] = (y, None, None)  # the saved mean / rstd outputs are not computed here
+    e.names[n] = (y, *_empty_statistics(n, e))
     return [
         Node(
             "BatchNormalization",
@@ -479,6 +479,21 @@ def _batch_norm_eval(n, e):
             {"epsilon": float(eps)},
         )
     ]
+
+
+def _empty_statistics(n, e) -> list:
+    """Eval-mode batch norm's outputs 1 and 2 (torch's are empty: a backward reads nothing there) as
+    empty constants; a used one that has elements is Unsupported (not computed here)."""
+    vals, used = _val(n), {u.args[1] for u in n.users if u.target is operator.getitem}
+    out = []
+    for i in (1, 2):
+        if tuple(vals[i].shape) == (0,) and str(vals[i].dtype) == F32:
+            out.append(e.const(f"{n.name}_empty", np.zeros(0, np.float32)))
+        elif i in used:
+            raise Unsupported(f"its saved statistic {i} (not computed in eval mode here)")
+        else:
+            out.append(None)
+    return out
 
 
 def _normalize(e, n, x: str, axes: list, eps, y: str) -> tuple:
@@ -579,8 +594,7 @@ def _max_pool2d_with_indices(n, e):
         raise Unsupported("ceil_mode=True")
     ks = _pairs(kernel, 2)
     pads = _pairs(padding, 2)
-    y, _ = e.outs(n, 2)
-    e.names[n] = (y, None)  # torch's indices (per plane) differ from ONNX's (flat): never mapped
+    y, idx = e.outs(n, 2)
     attrs = {
         "kernel_shape": ks,
         "strides": _pairs(stride, 2) if stride else ks,
@@ -588,15 +602,205 @@ def _max_pool2d_with_indices(n, e):
         "dilations": _pairs(dilation, 2),
         "ceil_mode": int(bool(ceil_mode)),
     }
-    return [Node("MaxPool", [e.name(x)], [y], attrs)]
+    if not any(u.target is operator.getitem and u.args[1] == 1 for u in n.users):
+        e.names[n] = (y, None)
+        return [Node("MaxPool", [e.name(x)], [y], attrs)]
+    # the indices (a backward reads them): MaxPool's flat over the tensor, torch's flat per (n, c) plane;
+    # both pick a window's first maximum (or first NaN)
+    shape = _shape(x)
+    if len(shape) != 4 or _numel(shape) == 0:
+        raise Unsupported("indices of an unbatched or empty input")
+    flat = e.graph.unique_name(f"{n.name}_flat")
+    return [
+        Node("MaxPool", [e.name(x)], [y, flat], attrs),
+        Node("Sub", [flat, e.const("plane_start", _plane_starts(shape))], [idx]),
+    ]
+
+
+_max_pool2d_with_indices.out_dtypes = (F32, I64)
+
+
+def _plane_starts(shape) -> np.ndarray:
+    """The flat index of each (n, c) plane's first element, shaped (N, C, 1, 1)."""
+    planes = int(np.prod(shape[:2]))
+    return (np.arange(planes, dtype=np.int64) * int(np.prod(shape[2:]))).reshape(tuple(shape[:2]) + (1, 1))
+
+
+def _max_pool2d_backward(n, e):
+    """max_pool2d_with_indices_backward -> opsnn::MaxPoolGrad: the gradient goes where the indices say
+    (the window arguments do not matter); torch's per-plane indices made flat over the tensor."""
+    grad, x = n.args[:2]
+    indices = n.args[7]
+    shape = _shape(x)
+    if len(shape) != 4 or _numel(shape) == 0:
+        raise Unsupported("an unbatched or empty input")
+    flat = e.graph.unique_name(f"{n.name}_flat")
+    return [
+        Node("Add", [e.name(indices), e.const("plane_start", _plane_starts(shape))], [flat]),
+        Node("MaxPoolGrad", [e.name(grad), flat, e.name(x)], [e.out(n)], {}, "opsnn"),
+    ]
+
+
+_max_pool2d_backward.in_dtypes = (F32, I64)
+
+
+def _avg_pool2d_backward(n, e):
+    """avg_pool2d_backward -> opsnn::AveragePoolGrad with the forward's window (as avg_pool2d maps)."""
+    grad, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override = n.args[:8]
+    if ceil_mode:
+        raise Unsupported("ceil_mode=True")
+    if divisor_override is not None:
+        raise Unsupported("divisor_override")
+    if _rank(x) != 4:
+        raise Unsupported("an unbatched input")
+    ks, pads = _pairs(kernel, 2), _pairs(padding, 2)
+    attrs = {
+        "kernel_shape": ks,
+        "strides": _pairs(stride, 2) if stride else ks,
+        "pads": pads + pads,
+        "count_include_pad": int(bool(count_include_pad)),
+    }
+    return [Node("AveragePoolGrad", [e.name(grad), e.name(x)], [e.out(n)], attrs, "opsnn")]
+
+
+def _batch_norm_backward(n, e):
+    """native_batch_norm_backward -> opsnn::BatchNormalizationGrad. In training the record recomputes
+    the batch statistics from the input (float64) where torch reads the saved ones: autograd's formula
+    passes the statistics its forward computed from this same input with this eps. In eval the running
+    statistics are inputs as in torch."""
+    grad, x, weight, running_mean, running_var, _save_mean, _save_invstd, train, eps, mask = n.args[:10]
+    shape = _shape(x)
+    if len(shape) < 2 or _numel(shape) == 0:
+        raise Unsupported("an input of rank < 2 or an empty one")
+    if not train and (running_mean is None or running_var is None):
+        raise Unsupported("eval mode without running statistics")
+    c = shape[1]
+    scale = e.const("ones", np.ones(c, np.float32)) if weight is None else e.name(weight)
+    stats = ["", ""] if train else [e.name(running_mean), e.name(running_var)]
+    names = list(e.outs(n, 3))
+    attrs = {"epsilon": float(eps), "training_mode": int(bool(train))}
+    node = Node("BatchNormalizationGrad", [e.name(grad), e.name(x), scale, *stats], list(names), attrs, "opsnn")
+    e.names[n] = tuple(name if on else None for name, on in zip(names, mask))
+    return [node]
+
+
+def _softmax_backward(op):
+    """_softmax_backward_data / _log_softmax_backward_data -> opsnn::SoftmaxGrad / LogSoftmaxGrad."""
+
+    def adapt(n, e):
+        grad, out, dim, input_dtype = n.args[:4]
+        if str(input_dtype) != str(_val(out).dtype):
+            raise Unsupported(f"input dtype {input_dtype} (the result is {_val(out).dtype})")
+        if _rank(out) == 0:
+            raise Unsupported("a 0-d input")
+        return [Node(op, [e.name(grad), e.name(out)], [e.out(n)], {"axis": int(dim) % _rank(out)}, "opsnn")]
+
+    adapt.bf16 = False  # torch's bfloat16 kernels round between their steps
+    return adapt
+
+
+def _embedding_backward(n, e):
+    """embedding_dense_backward -> opsnn::EmbeddingGrad: rows summed at their ids; torch skips the ids
+    equal to padding_idx (no id is negative: a negative padding_idx is none), whose row then stays 0."""
+    grad, ids, num_weights, padding_idx, scale_grad_by_freq = n.args[:5]
+    if scale_grad_by_freq:
+        raise Unsupported("scale_grad_by_freq=True")
+    attrs = {"num_rows": int(num_weights)}
+    if int(padding_idx) >= 0:
+        attrs["padding_idx"] = int(padding_idx)
+    return [Node("EmbeddingGrad", [e.name(grad), e.name(ids)], [e.out(n)], attrs, "opsnn")]
+
+
+_embedding_backward.in_dtypes = (F32, I64, I32)
+
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+def _nll_target(n, e, target, ignore_index, nodes: list) -> tuple:
+    """``(valid, safe)``: where the target is not ignore_index, and the target with 0 at the ignored
+    places (an index every class table has)."""
+    valid, eq, safe = (e.graph.unique_name(f"{n.name}_{h}") for h in ("valid", "ignored", "safe"))
+    ign = e.const("ignore_index", np.array(int(ignore_index), np.int64))
+    nodes += [
+        Node("Equal", [e.name(target), ign], [eq]),
+        Node("Not", [eq], [valid]),
+        Node("Where", [valid, e.name(target), e.const("zero", np.array(0, np.int64))], [safe]),
+    ]
+    return valid, safe
+
+
+def _nll_loss_forward(n, e):
+    """nll_loss_forward (nll_loss2d_forward) -> NegativeLogLikelihoodLoss; torch's total_weight (the
+    summed weights of the targets not ignored; 0 for reduction none) beside it."""
+    x, target, weight, reduction, ignore_index = n.args[:5]
+    if _rank(x) < 2 or _numel(_shape(x)) == 0:
+        raise Unsupported("an unbatched or empty input")
+    red = _REDUCTIONS[int(reduction)]
+    out, total = e.outs(n, 2)
+    attrs = {"reduction": red, "ignore_index": int(ignore_index)}
+    ins = [e.name(x), e.name(target)] + ([e.name(weight)] if weight is not None else [])
+    nodes = [Node("NegativeLogLikelihoodLoss", ins, [out], attrs)]
+    if red == "none":
+        e.names[n] = (out, e.const("total_weight", np.array(0.0, np.float32)))
+        return nodes
+    valid, safe = _nll_target(n, e, target, ignore_index, nodes)
+    w = e.graph.unique_name(f"{n.name}_w")
+    if weight is None:
+        nodes.append(Node("Cast", [valid], [w], {"to": 1}))
+    else:
+        wt = e.graph.unique_name(f"{n.name}_wt")
+        nodes += [
+            Node("Gather", [e.name(weight), safe], [wt], {"axis": 0}),
+            Node("Where", [valid, wt, e.scalar("zero", 0.0)], [w]),
+        ]
+    return nodes + [Node("ReduceSum", [w], [total], {"keepdims": 0})]
+
+
+def _nll_loss_backward(n, e):
+    """nll_loss_backward (nll_loss2d_backward): -grad (/ total_weight for mean) times the target's
+    weight, at the target's class; zero elsewhere and at ignored targets (torch's arithmetic order)."""
+    grad, x, target, weight, reduction, ignore_index, total_weight = n.args[:7]
+    shape = _shape(x)
+    if len(shape) < 2 or _numel(shape) == 0:
+        raise Unsupported("an unbatched or empty input")
+    red = _REDUCTIONS[int(reduction)]
+    nodes: list = []
+    valid, safe = _nll_target(n, e, target, ignore_index, nodes)
+    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("neg", "coef", "w", "cw", "c", "cu", "su", "hot")}
+    nodes.append(Node("Neg", [e.name(grad)], [t["neg"]]))
+    coef = t["neg"]
+    if red == "mean":
+        nodes.append(Node("Div", [coef, e.name(total_weight)], [t["coef"]]))
+        coef = t["coef"]
+    if weight is not None:
+        nodes += [Node("Gather", [e.name(weight), safe], [t["w"]], {"axis": 0}), Node("Mul", [t["w"], coef], [t["cw"]])]
+        coef = t["cw"]
+    nodes.append(Node("Where", [valid, coef, e.scalar("zero", 0.0)], [t["c"]]))
+    # the class axis (1) inserted: coefficients and targets against every class
+    kept = (shape[0], 1) + tuple(shape[2:])
+    classes = np.arange(shape[1], dtype=np.int64).reshape((1, shape[1]) + (1,) * (len(shape) - 2))
+    kshape = e.const("shape", np.array(kept, np.int64))
+    return nodes + [
+        Node("Reshape", [t["c"], kshape], [t["cu"]]),
+        Node("Reshape", [safe, kshape], [t["su"]]),
+        Node("Equal", [t["su"], e.const("classes", classes)], [t["hot"]]),
+        Node("Where", [t["hot"], t["cu"], e.scalar("zero", 0.0)], [e.out(n)]),
+    ]
+
+
+_nll_loss_forward.in_dtypes = _nll_loss_backward.in_dtypes = (F32, I64)
+_nll_loss_forward.bf16 = _nll_loss_backward.bf16 = False
 
 
 def _layer_norm(n, e):
     x, shape, weight, bias, eps = n.args[:5]
     if any(not isinstance(d, int) for d in shape):
         raise Unsupported("a symbolic normalized shape")
-    y, _, _ = e.outs(n, 3)
-    e.names[n] = (y, None, None)
+    y, mean, rstd = e.outs(n, 3)
+    # the statistics where a backward reads them: ONNX's Mean / InvStdDev have torch's kept-dims shape
+    if not {u.args[1] for u in n.users if u.target is operator.getitem} & {1, 2}:
+        mean = rstd = None
+    e.names[n] = (y, mean, rstd)
     axis = _rank(x) - len(shape)
     return [
         Node(
@@ -606,10 +810,88 @@ def _layer_norm(n, e):
                 e.const("ones", np.ones(tuple(shape), np.float32)) if weight is None else e.name(weight),
                 e.const("zeros", np.zeros(tuple(shape), np.float32)) if bias is None else e.name(bias),
             ],
-            [y],
+            [y] if mean is None else [y, mean, rstd],
             {"axis": axis, "epsilon": float(eps)},
         )
     ]
+
+
+def _layer_norm_backward(n, e):
+    """opsnn::layer_norm_backward (native_layer_norm_backward with its forward's eps, see
+    :func:`norm_backward_op`) -> opsnn::LayerNormalizationGrad, which recomputes the statistics
+    torch saved from the same input and eps."""
+    grad, x, shape, _mean, _rstd, weight, bias, mask, eps = n.args[:9]
+    if _numel(_shape(x)) == 0:
+        raise Unsupported("an empty input")
+    names = list(e.outs(n, 3))
+    scale = e.const("ones", np.ones(tuple(shape), np.float32)) if weight is None else e.name(weight)
+    attrs = {"axis": _rank(x) - len(shape), "epsilon": float(eps)}
+    node = Node("LayerNormalizationGrad", [e.name(grad), e.name(x), scale], list(names), attrs, "opsnn")
+    e.names[n] = tuple(name if on else None for name, on in zip(names, mask))
+    return [node]
+
+
+_layer_norm_backward.bf16 = False
+
+
+def _group_norm_backward(n, e):
+    """opsnn::group_norm_backward (native_group_norm_backward with its forward's eps) ->
+    opsnn::GroupNormalizationGrad, which recomputes the statistics torch saved."""
+    grad, x, _mean, _rstd, weight, _n, c, _hw, group, mask, eps = n.args[:11]
+    shape = _shape(x)
+    if len(shape) < 2 or _numel(shape) == 0:
+        raise Unsupported("an input of rank < 2 or an empty one")
+    names = list(e.outs(n, 3))
+    scale = e.const("ones", np.ones(int(c), np.float32)) if weight is None else e.name(weight)
+    attrs = {"num_groups": int(group), "epsilon": float(eps)}
+    node = Node("GroupNormalizationGrad", [e.name(grad), e.name(x), scale], list(names), attrs, "opsnn")
+    e.names[n] = tuple(name if on else None for name, on in zip(names, mask))
+    return [node]
+
+
+_group_norm_backward.bf16 = False
+
+_LIBRARY: list = []
+
+#: ATen norm backward -> (opsnn op name, schema after the name: ATen's arguments and the forward's eps)
+_NAMED_EPS = {
+    "native_layer_norm_backward": (
+        "layer_norm_backward",
+        "(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, "
+        "Tensor? bias, bool[3] output_mask, float eps) -> (Tensor, Tensor, Tensor)",
+    ),
+    "native_group_norm_backward": (
+        "group_norm_backward",
+        "(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, "
+        "SymInt HxW, int group, bool[3] output_mask, float eps) -> (Tensor, Tensor, Tensor)",
+    ),
+}
+
+
+def _as_aten(op):
+    def run(*args):  # the eps (last) is the record's alone
+        outs = op(*args[:-1])
+        return tuple(args[1].new_empty(0) if o is None else o for o in outs)
+
+    return run
+
+
+def norm_backward_op(aten_name: str):
+    """``torch.ops.opsnn.layer_norm_backward`` / ``group_norm_backward``: ATen's ``aten_name`` with one more
+    argument, the eps of the forward that saved ``mean`` and ``rstd`` (ATen's op has none, and the
+    records recompute the statistics); torch runs it as ATen's op (masked-off outputs empty)."""
+    import torch
+
+    if not _LIBRARY:
+        lib = torch.library.Library("opsnn", "FRAGMENT")
+        for aten_op, (name, schema) in _NAMED_EPS.items():
+            lib.define(name + schema)
+
+            run = _as_aten(getattr(torch.ops.aten, aten_op).default)
+            lib.impl(name, run, "CPU")
+            torch.library.register_fake(f"opsnn::{name}", run, lib=lib)
+        _LIBRARY.append(lib)
+    return getattr(torch.ops.opsnn, _NAMED_EPS[aten_name][0]).default
 
 
 def _softmax(op):
@@ -906,6 +1188,26 @@ def _batch_norm_training(n, e):
         Node("Mul", [t["vu"], e.scalar("momentum", m * count / (count - 1))], [t["v2"]]),
         Node("Add", [t["v1"], t["v2"]], [new_var]),
     ]
+
+
+def _batch_norm_no_stats(n, e):
+    """Training-mode batch norm without running statistics (``track_running_stats=False``): the output
+    and the batch mean and 1/std (biased variance) it saves for the backward."""
+    x, weight, bias, training, _momentum, eps = n.args[:6]
+    if not training:
+        raise Unsupported("eval mode without running statistics")
+    shape = _shape(x)
+    if len(shape) < 2 or _numel(shape) == 0:
+        raise Unsupported("an input of rank < 2 or an empty one")
+    y, save_mean, save_rstd = e.outs(n, 3)
+    yn = e.graph.unique_name(f"{n.name}_yn")
+    norm, mu, r = _normalize(e, n, e.name(x), [0] + list(range(2, len(shape))), eps, yn)
+    flat = e.const("cshape", np.array([shape[1]], np.int64))
+    return (
+        norm
+        + _affine(e, n, yn, weight, bias, shape[1], len(shape), y)
+        + [Node("Reshape", [mu, flat], [save_mean]), Node("Reshape", [r, flat], [save_rstd])]
+    )
 
 
 def _clamp_tensor(n, e):
@@ -1690,8 +1992,46 @@ def _empty_output(adapter):
 
 
 #: lowerings that compute a tuple's output 0 alone (the others: saved statistics, int64 indices)
-for _f in (_batch_norm_eval, _batch_norm, _max_pool2d_with_indices, _layer_norm):
+for _f in (_batch_norm,):
     _f.first_only = True
+
+
+def _plain(*tensors) -> bool:
+    """Whether every tensor is float32 or int64 (what the backward lowerings map), with elements."""
+    ts = [t for t in tensors if t is not None]
+    return all(str(t.dtype) in (F32, I64) and t.numel() > 0 for t in ts)
+
+
+def kept_whole_in_training() -> dict:
+    """``{ATen overload: predicate(*args, **kwargs)}``: ops core ATen would decompose that the training
+    graphs keep whole where the predicate holds, for a lowering above maps them onto a backward record
+    (elsewhere torch's decomposition applies, as in inference)."""
+    import torch
+
+    aten = torch.ops.aten
+
+    def softmax_bw(grad, out, dim, input_dtype):
+        return _plain(grad, out) and out.dim() > 0 and input_dtype == out.dtype
+
+    def nll(x, target, *rest):
+        return _plain(x, target) and x.dim() >= 2
+
+    return {
+        aten.native_layer_norm_backward.default: lambda grad, x, *rest: _plain(grad, x),
+        aten.native_group_norm_backward.default: lambda grad, x, *rest: _plain(grad, x) and x.dim() >= 2,
+        aten.threshold_backward.default: lambda grad, x, threshold: _plain(grad, x),
+        aten.native_batch_norm_backward.default: lambda grad, x, w, rm, rv, sm, si, train, eps, mask: (
+            _plain(grad, x) and x.dim() >= 2 and (train or (rm is not None and rv is not None))
+        ),
+        aten._softmax_backward_data.default: softmax_bw,
+        aten._log_softmax_backward_data.default: softmax_bw,
+        aten.embedding_dense_backward.default: lambda grad, ids, num, pad, by_freq: _plain(grad) and not by_freq,
+        aten.nll_loss_forward.default: nll,
+        aten.nll_loss2d_forward.default: nll,
+        aten.nll_loss_backward.default: lambda grad, x, target, *rest: nll(x, target),
+        aten.nll_loss2d_backward.default: lambda grad, x, target, *rest: nll(x, target),
+    }
+
 
 _TABLE: dict = {}
 
@@ -1854,8 +2194,21 @@ def _table():
         aten.scalar_tensor.default: _constant,  # -> an initializer
         aten.full.default: _constant,  # -> an initializer
         aten.threshold_backward.default: _threshold_backward,  # -> LessOrEqual + Where
+        aten.native_batch_norm_backward.default: _batch_norm_backward,  # -> opsnn::BatchNormalizationGrad
+        norm_backward_op("native_layer_norm_backward"): _layer_norm_backward,  # -> opsnn::LayerNormalizationGrad
+        norm_backward_op("native_group_norm_backward"): _group_norm_backward,  # -> opsnn::GroupNormalizationGrad
+        aten.max_pool2d_with_indices_backward.default: _max_pool2d_backward,  # -> opsnn::MaxPoolGrad
+        aten.avg_pool2d_backward.default: _avg_pool2d_backward,  # -> opsnn::AveragePoolGrad
+        aten._softmax_backward_data.default: _softmax_backward("SoftmaxGrad"),  # -> opsnn::SoftmaxGrad
+        aten._log_softmax_backward_data.default: _softmax_backward("LogSoftmaxGrad"),  # -> opsnn::LogSoftmaxGrad
+        aten.embedding_dense_backward.default: _embedding_backward,  # -> opsnn::EmbeddingGrad
+        aten.nll_loss_forward.default: _nll_loss_forward,  # -> NegativeLogLikelihoodLoss, ReduceSum
+        aten.nll_loss2d_forward.default: _nll_loss_forward,  # -> NegativeLogLikelihoodLoss, ReduceSum
+        aten.nll_loss_backward.default: _nll_loss_backward,  # -> Equal, Where (scatter at the target)
+        aten.nll_loss2d_backward.default: _nll_loss_backward,  # -> Equal, Where (scatter at the target)
         aten.convolution_backward.default: _convolution_backward,  # -> ConvBackwardData/Weight, ReduceSum
         aten._native_batch_norm_legit_functional.default: _batch_norm_training,  # -> reductions, Mul, Add
+        aten._native_batch_norm_legit.no_stats: _batch_norm_no_stats,  # -> reductions, Mul, Add
         aten.hardtanh.default: _clip("min_val", "max_val", -1.0, 1.0),  # -> Clip
         aten.clamp.default: _clip("min", "max", None, None),  # -> Clip
         aten.leaky_relu.default: _leaky_relu,  # -> LeakyRelu

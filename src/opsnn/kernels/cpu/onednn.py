@@ -172,9 +172,11 @@ def _load() -> None:
         try:
             gomp = C.CDLL("libgomp.so.1")
             gomp.omp_set_num_threads.argtypes = [C.c_int]
+            gomp.omp_get_max_threads.restype = C.c_int
             lib.opsnn_set_threads = gomp.omp_set_num_threads
+            lib.opsnn_get_threads = gomp.omp_get_max_threads
         except OSError:
-            lib.opsnn_set_threads = None
+            lib.opsnn_set_threads = lib.opsnn_get_threads = None
         _engine = eng
         _lib = lib
 
@@ -377,13 +379,20 @@ class Primitive:
             for h, p in zip(m.handles, ptrs):
                 _check(_lib.dnnl_memory_set_data_handle(h, p), "set data handle")
             m.bound = ptrs
-        if _lib.opsnn_set_threads is not None:
-            _lib.opsnn_set_threads(_threads())
-        stream = _stream()
-        status = _lib.dnnl_primitive_execute(self._prim, stream, len(m.handles), m.args)
-        if status:
-            _check(status, f"execution of {self.impl}")
-        _check(_lib.dnnl_stream_wait(stream), "stream wait")
+        # OpenMP's thread count is the process's (torch reads it too): set for this call, then put back
+        had = _lib.opsnn_get_threads() if _lib.opsnn_get_threads is not None else 0
+        want = _threads()
+        if had and had != want:
+            _lib.opsnn_set_threads(want)
+        try:
+            stream = _stream()
+            status = _lib.dnnl_primitive_execute(self._prim, stream, len(m.handles), m.args)
+            if status:
+                _check(status, f"execution of {self.impl}")
+            _check(_lib.dnnl_stream_wait(stream), "stream wait")
+        finally:
+            if had and had != want:
+                _lib.opsnn_set_threads(had)
 
     def __del__(self):
         if _lib is None:
