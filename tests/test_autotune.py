@@ -20,6 +20,13 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _opsnn_conv_kernels(monkeypatch):
+    """These tests pin opsnn's own convolution kernels: oneDNN's plain forward stays out of the
+    default choice here (its rule is tested in tests/test_backward_convbw.py)."""
+    monkeypatch.setenv("OPSNN_CONV_ONEDNN", "0")
+
+
 @pytest.fixture
 def hooked():
     """Kernel selection; its autotuning hook is active while autotuning is enabled."""

@@ -416,16 +416,17 @@ def _plain_runnable(x, w, attrs) -> KL.PlainConvChoice:
 
 @pytest.mark.parametrize("name", ["2d_strided_asym_pads", "2d_dilated", "2d_wide_blocked", "2d_1x1", "3d"])
 def test_conv_onednn_plain_matches_the_direct_sum(name, monkeypatch):
-    """Forced, and chosen under OPSNN_CONV_ONEDNN=1 (else not preferred: autotuning may time it)."""
+    """Not chosen under OPSNN_CONV_ONEDNN=0, chosen under OPSNN_CONV_ONEDNN=1."""
     x, w, b, attrs = _conv_case(name)
     c = _plain_runnable(x, w, attrs)
     if not c.runnable:
         pytest.skip(f"conv_onednn_plain does not run here: {c.reason}")
     T = opsnn.tensor
     rec = opsnn.ops.get_op("Conv")
+    monkeypatch.setenv(KL.CONV_ONEDNN_ENV, "0")
     ex = opsnn.ops.prepare(rec, [T(x), T(w), T(b)], attrs)
     assert ex.kernel_name != "conv_onednn_plain"
-    assert "OPSNN_CONV_ONEDNN=1" in dict(ex.rejected)["conv_onednn_plain"]
+    assert "OPSNN_CONV_ONEDNN=0" in dict(ex.rejected)["conv_onednn_plain"]
     monkeypatch.setenv(KL.CONV_ONEDNN_ENV, "1")
     for bias in (b, None):
         ins = [T(x), T(w)] + ([T(bias)] if bias is not None else [])
@@ -541,3 +542,38 @@ def test_torch_compile_backward_of_a_grouped_dilated_conv_runs_on_the_records():
     assert bw and not any("convolution_backward" in t for r in bw for _, t, _ in r.fallbacks)
     ops_run = {op for r in bw for name, ops, _ in r.partitions if name.startswith("backward.") for op in ops}
     assert "aten.convolution_backward.default" in ops_run, ops_run
+
+
+@pytest.mark.parametrize(
+    "case,want",
+    [
+        ("1x1 strided", False),  # oneDNN preferred to the 1x1 GEMM
+        ("7x7 stride 2", False),  # preferred to im2col
+        ("3x3 stride 1, 64 channels", True),  # Winograd applies: kept
+    ],
+)
+def test_plain_onednn_rule_keeps_winograd_and_takes_the_rest(case, want, monkeypatch):
+    """Unset OPSNN_CONV_ONEDNN: oneDNN's plain forward is preferred wherever it has JIT code, except
+    where opsnn's Winograd applies (3x3, stride 1)."""
+    monkeypatch.delenv(KL.CONV_ONEDNN_ENV, raising=False)
+    shapes = {
+        "1x1 strided": ((8, 64, 16, 16), (128, 64, 1, 1), 2, 0),
+        "7x7 stride 2": ((4, 3, 32, 32), (64, 3, 7, 7), 2, 3),
+        "3x3 stride 1, 64 channels": ((8, 64, 16, 16), (64, 64, 3, 3), 1, 1),
+    }
+    xs, ws, s, p = shapes[case]
+    x = RNG.standard_normal(xs).astype(np.float32)
+    w = RNG.standard_normal(ws).astype(np.float32)
+    attrs = {"strides": [s, s], "pads": [p] * 4, "dilations": [1, 1], "group": 1}
+    c = _plain_runnable(x, w, attrs)
+    if not c.runnable:
+        pytest.skip(f"conv_onednn_plain does not run here: {c.reason}")
+    ex = opsnn.ops.prepare(opsnn.ops.get_op("Conv"), [opsnn.tensor(x), opsnn.tensor(w)], attrs)
+    if want:
+        assert ex.kernel_name != "conv_onednn_plain"
+        assert (
+            "Winograd" in dict(ex.rejected)["conv_onednn_plain"] or "winograd" in dict(ex.rejected)["conv_onednn_plain"]
+        )
+    else:
+        assert ex.kernel_name == "conv_onednn_plain", ex.reason
+    _close(ex.run().numpy(), _conv64(x, w, np.zeros(ws[0], np.float32), attrs), np.float32)

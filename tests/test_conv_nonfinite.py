@@ -172,7 +172,7 @@ def _kernels():
             # bilinear sampling weighs the neighbours of an integer position by 0: 0 * NaN spreads
             # NaN to them, so it is no direct convolution even at zero offsets
             continue
-        if rec.name.startswith("ConvBackward"):  # gradients, not convolutions: tests/test_backward_convbw.py
+        if rec.name.startswith("ConvBackward") or rec.name.endswith("Grad"):  # gradients: tests/test_backward_*.py
             continue
         for k in rec.kernels:
             if k.dtypes is None or any(np.dtype(d).kind == "f" or np.dtype(d) == BF16 for d in k.dtypes):

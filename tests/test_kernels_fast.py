@@ -32,6 +32,14 @@ from opsnn.ops.registry import TensorMeta, get_op
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _opsnn_conv_kernels(monkeypatch):
+    """These tests pin opsnn's own convolution kernels: oneDNN's plain forward stays out of the
+    default choice here (its rule is tested in tests/test_backward_convbw.py)."""
+    monkeypatch.setenv("OPSNN_CONV_ONEDNN", "0")
+
+
 WINO_TOL = 2e-4  # relative to max |y|
 WINO_F2_TOL = 2e-5
 FP32_TOL = 1e-4

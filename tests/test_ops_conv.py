@@ -16,6 +16,14 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _opsnn_conv_kernels(monkeypatch):
+    """These tests pin opsnn's own convolution kernels: oneDNN's plain forward stays out of the
+    default choice here (its rule is tested in tests/test_backward_convbw.py)."""
+    monkeypatch.setenv("OPSNN_CONV_ONEDNN", "0")
+
+
 ort = pytest.importorskip("onnxruntime")
 
 RTOL, ATOL = 1e-4, 1e-4  # fp32 kernels vs fp64 oracles

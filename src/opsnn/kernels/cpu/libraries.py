@@ -328,8 +328,9 @@ def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations
     return BackwardChoice("opsnn", gemm, f"oneDNN has only {impls['plain']} for this shape", None)
 
 
-#: ``OPSNN_CONV_ONEDNN=1``: float32 convolutions on plain tensors prefer oneDNN's forward primitive
-#: (reorders at the edges) wherever it has JIT code for them (:func:`conv_forward_plain`)
+#: ``OPSNN_CONV_ONEDNN``: ``1`` makes float32 convolutions on plain tensors prefer oneDNN's forward
+#: primitive wherever it has JIT code for them, ``0`` never (autotuning may still time it); unset:
+#: :func:`conv_forward_plain`'s rule
 CONV_ONEDNN_ENV = "OPSNN_CONV_ONEDNN"
 
 
@@ -342,13 +343,16 @@ class PlainConvChoice(NamedTuple):
     reason: str
 
 
-def conv_forward_plain(x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype) -> PlainConvChoice:
-    """Whether a float32 Conv on plain NCHW tensors (an eager call, a graph node outside the blocked
-    layout's chains) runs on oneDNN's forward primitive with reorders at the edges
-    (``conv_onednn_plain``): runnable where oneDNN has JIT code for it (not ``ref``, not its own
-    ``gemm`` im2col, which opsnn's kernels match); preferred to Winograd / im2col only under
-    ``OPSNN_CONV_ONEDNN=1`` until it is measured on the training benchmark (autotuning times it
-    either way). Descriptor only."""
+def conv_forward_plain(
+    x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, winograd: str | None = None
+) -> PlainConvChoice:
+    """Whether a float32 Conv on plain NCHW tensors (an eager call, a training step, a graph node
+    outside the blocked layout's chains) runs on oneDNN's forward primitive with reorders at the
+    edges (``conv_onednn_plain``): runnable where oneDNN has JIT code for it (not ``ref``, not its
+    own ``gemm`` im2col, which opsnn's kernels match); preferred to opsnn's im2col, 1x1-GEMM and
+    direct kernels (2-12x faster on ResNet-18's training convolutions, docs/performance.md), but
+    not where opsnn's Winograd kernel ``winograd`` applies (3x3, stride 1: Winograd does fewer
+    multiplications and won on those shapes). ``OPSNN_CONV_ONEDNN=1|0`` overrides. Descriptor only."""
     from . import onednn
 
     d = np.dtype(dtype)
@@ -370,12 +374,13 @@ def conv_forward_plain(x_shape, w_shape, y_shape, strides, pads, dilations, grou
     want = os.environ.get(CONV_ONEDNN_ENV, "").strip().lower()
     if want in ("1", "true", "yes", "on"):
         return PlainConvChoice(True, True, f"oneDNN's {impl}, reorders at the edges ({CONV_ONEDNN_ENV}=1)")
-    return PlainConvChoice(
-        True,
-        False,
-        f"oneDNN's {impl} with reorders at the edges is not preferred to opsnn's kernels unless "
-        f"{CONV_ONEDNN_ENV}=1 (not yet measured on this path; autotuning times it)",
-    )
+    if want in ("0", "false", "no", "off"):
+        return PlainConvChoice(True, False, f"oneDNN's {impl} is not preferred ({CONV_ONEDNN_ENV}=0)")
+    if winograd is not None:
+        return PlainConvChoice(
+            True, False, f"opsnn's {winograd} applies here (3x3, stride 1) and is preferred to oneDNN's {impl}"
+        )
+    return PlainConvChoice(True, True, f"oneDNN's {impl}, reorders at the edges")
 
 
 def attention_gemms(p: Platform | None = None) -> Choice:

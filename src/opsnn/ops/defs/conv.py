@@ -909,8 +909,18 @@ def _plain_onednn_args(ctx) -> tuple:
     return xs, ws, ys, geo.s, geo.pb + geo.pe, geo.d, int(ctx.attrs["group"])
 
 
+def _winograd_that_applies(ctx) -> str | None:
+    """The Winograd kernel the selector would otherwise prefer for this Conv, or None."""
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    if winograd_rejection(xs, ws, ctx.attrs, ctx.op.name) is None:
+        return "conv2d_winograd"
+    if winograd_f2_rejection(xs, ws, ctx.attrs, ctx.op.name) is None:
+        return "conv2d_winograd_f2"
+    return None
+
+
 def _plain_onednn_applies(ctx):
-    c = KL.conv_forward_plain(*_plain_onednn_args(ctx), ctx.dtype(0))
+    c = KL.conv_forward_plain(*_plain_onednn_args(ctx), ctx.dtype(0), winograd=_winograd_that_applies(ctx))
     if not c.runnable:
         return c.reason
     return True if c.preferred else NotPreferred(c.reason)
@@ -933,7 +943,8 @@ Conv.kernel(
     workspace=lambda ctx, plan: plan.workspace_bytes,
     doc="oneDNN's forward convolution on plain float32 tensors: X and W reordered into the layouts it "
     "chooses and Y out of them at the edges (workspace), the bias added by the primitive, no post-ops; "
-    "chosen where libraries.conv_forward_plain prefers it (OPSNN_CONV_ONEDNN=1), else timed by autotuning",
+    "chosen where libraries.conv_forward_plain prefers it (not where Winograd applies; OPSNN_CONV_ONEDNN=1|0 "
+    "overrides)",
     nonfinite="oneDNN's JIT code skips the taps that read padding, where the definition multiplies the "
     "padding's zeros: an Inf or NaN weight tap that reads only padding gives NaN there by the definition "
     "and nothing here",
