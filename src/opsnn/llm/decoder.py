@@ -36,7 +36,6 @@ from .. import ops
 from ..errors import ParamInvalidError
 from ..kernels.cpu import libraries as _libs
 from ..kernels.cpu import mkl as _mkl
-from ..kernels.cpu import mkl_nb as _mkl_nb
 from ..kernels.cpu import onednn as _onednn
 from ..kernels.cpu.gemm import f32_to_bf16, gemm_rows_parallel, gemv_bf16
 from ..ops.defs.attention import GEMM_MAX_SCORE_BYTES
@@ -507,7 +506,7 @@ class _DecodeStep:
         FUSED_MAX_ROWS rows, without MKL or for other than float32 weights."""
         dec = self.dec
         cfg, cache = dec.config, dec.cache
-        fns = _mkl_nb.addresses()
+        fns = _fused.addresses()
         weights = [w for p in dec.layers for w in (p.wq, p.wk, p.wv, p.wo, p.wg, p.wu, p.wd)] + [dec.out_w]
         if (
             not dec.fused_steps
