@@ -503,7 +503,7 @@ class _DecodeStep:
         """Every layer as the four parallel regions of :mod:`opsnn.llm.fused` (each thread its
         share of a projection's outputs on single-threaded MKL, and what follows from them), the
         final norm and vocabulary projection as a fifth; False (nothing built) for more than
-        FUSED_MAX_ROWS rows, without MKL or for other than float32 weights."""
+        FUSED_MAX_ROWS rows, without MKL, for other than float32 weights or a cache not C-contiguous."""
         dec = self.dec
         cfg, cache = dec.config, dec.cache
         fns = _fused.addresses()
@@ -516,6 +516,7 @@ class _DecodeStep:
             or any(w.dtype != _F32 or w.ndim != 2 for w in weights)
             or cfg.head_dim % 2
             or cfg.num_attention_heads % cfg.num_key_value_heads
+            or not all(c.flags.c_contiguous for c in cache._k + cache._v)  # fused's attention reads them by address
         ):
             return False
         Hq, D, H, R = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size, self.R

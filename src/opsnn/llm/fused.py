@@ -57,6 +57,25 @@ _ROWS_SIG = types.void(
     types.int64,
 )
 _ROWS_CFUNC: list = []
+_DECODE_CFUNC: list = []
+
+
+def _decode_entry(t, q, R, Hq, D, kt, S, Hkv, T, v, slots, lengths, y, scale):
+    # _decode_task on raw addresses of C-contiguous q, y (R, Hq, 1, D), kt (S, Hkv, D, T), v (S, Hkv, T, D), slots, lengths (R)
+    _decode_task(
+        t,
+        nb.carray(q, (R, Hq, 1, D), np.float32),
+        nb.carray(kt, (S, Hkv, D, T), np.float32),
+        nb.carray(v, (S, Hkv, T, D), np.float32),
+        nb.carray(slots, R, np.int64),
+        nb.carray(lengths, R, np.int64),
+        nb.carray(y, (R, Hq, 1, D), np.float32),
+        scale,
+    )
+
+
+_I64, _P = types.int64, types.voidptr
+_DECODE_SIG = types.void(_I64, _P, _I64, _I64, _I64, _P, _I64, _I64, _I64, _P, _P, _P, _P, types.float32)
 
 
 def addresses() -> np.ndarray | None:
@@ -72,7 +91,9 @@ def addresses() -> np.ndarray | None:
         if not _ROWS_CFUNC:
             _ROWS_CFUNC.append(nb.cfunc(_ROWS_SIG, nogil=True, cache=True)(_rows_entry))
         rows = _ROWS_CFUNC[0].address
-    return np.array([*fns[:3], rows], np.int64)
+    if not _DECODE_CFUNC:
+        _DECODE_CFUNC.append(nb.cfunc(_DECODE_SIG, nogil=True, cache=True)(_decode_entry))
+    return np.array([*fns[:3], rows, _DECODE_CFUNC[0].address], np.int64)
 
 
 @intrinsic
@@ -93,6 +114,27 @@ def _call_rows(typingctx, fn, x, w, R, k, lo, hi, beta, out, ldo):
                 call.append(v if t == types.float32 else builder.fptrunc(v, f32))
             else:
                 call.append(context.cast(builder, v, t, types.int64))
+        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), call)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _call_decode(typingctx, fn, t, q, R, Hq, D, kt, S, Hkv, T, v, slots, lengths, y, scale):
+    # the C callback of addresses()[4] (addresses as integers)
+    sig = types.void(fn, t, q, R, Hq, D, kt, S, Hkv, T, v, slots, lengths, y, scale)
+
+    def codegen(context, builder, signature, args):
+        i64, f32, ptr = ir.IntType(64), ir.FloatType(), ir.IntType(8).as_pointer()
+        kinds = "ipiiipiiipppp"
+        fnty = ir.FunctionType(ir.VoidType(), [ptr if k == "p" else i64 for k in kinds] + [f32])
+        tys = signature.args
+        call = [
+            builder.inttoptr(args[i], ptr) if k == "p" else context.cast(builder, args[i], tys[i], types.int64)
+            for i, k in enumerate(kinds, start=1)
+        ]
+        call.append(context.cast(builder, args[14], tys[14], types.float32))
         builder.call(builder.inttoptr(args[0], fnty.as_pointer()), call)
         return context.get_dummy_value()
 
@@ -168,8 +210,24 @@ def attention_block(h, ln_w, eps, wq, wk, wv, cos, sin, pos, kt, vc, slots, leng
                     rope_query(q[b, hk * g + gi, 0], c, s)
                 if b < rows:
                     store_key_value(kv[0, b], kv[1, b], kt, vc, slots[b], hk, pos[b], c, s)
-            for b in range(R):
-                _decode_task(np.int64(b * Hkv + hk), q, kt, vc, slots, lengths, y, scale)
+            for b in range(R):  # (kt, vc, slots, lengths: C-contiguous, as decoder._fuse checks)
+                _call_decode(
+                    fns[4],
+                    b * Hkv + hk,
+                    q.ctypes.data,
+                    R,
+                    Hq,
+                    D,
+                    kt.ctypes.data,
+                    kt.shape[0],
+                    Hkv,
+                    kt.shape[3],
+                    vc.ctypes.data,
+                    slots.ctypes.data,
+                    lengths.ctypes.data,
+                    y.ctypes.data,
+                    scale,
+                )
         MN.set_threads_local(fns[1], prev)
 
 
