@@ -36,7 +36,6 @@ from .. import ops
 from ..errors import ParamInvalidError
 from ..kernels.cpu import libraries as _libs
 from ..kernels.cpu import mkl as _mkl
-from ..kernels.cpu import mkl_nb as _mkl_nb
 from ..kernels.cpu import onednn as _onednn
 from ..kernels.cpu.gemm import f32_to_bf16, gemm_rows_parallel, gemv_bf16
 from ..ops.defs.attention import GEMM_MAX_SCORE_BYTES
@@ -504,10 +503,10 @@ class _DecodeStep:
         """Every layer as the four parallel regions of :mod:`opsnn.llm.fused` (each thread its
         share of a projection's outputs on single-threaded MKL, and what follows from them), the
         final norm and vocabulary projection as a fifth; False (nothing built) for more than
-        FUSED_MAX_ROWS rows, without MKL or for other than float32 weights."""
+        FUSED_MAX_ROWS rows, without MKL, for other than float32 weights or a cache not C-contiguous."""
         dec = self.dec
         cfg, cache = dec.config, dec.cache
-        fns = _mkl_nb.addresses()
+        fns = _fused.addresses()
         weights = [w for p in dec.layers for w in (p.wq, p.wk, p.wv, p.wo, p.wg, p.wu, p.wd)] + [dec.out_w]
         if (
             not dec.fused_steps
@@ -517,6 +516,7 @@ class _DecodeStep:
             or any(w.dtype != _F32 or w.ndim != 2 for w in weights)
             or cfg.head_dim % 2
             or cfg.num_attention_heads % cfg.num_key_value_heads
+            or not all(c.flags.c_contiguous for c in cache._k + cache._v)  # fused's attention reads them by address
         ):
             return False
         Hq, D, H, R = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size, self.R

@@ -22,12 +22,123 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 from ..kernels.cpu import mkl_nb as MN
 from ..kernels.cpu.activation import swiglu_chunk
 from ..kernels.cpu.gemm import gemm_rows
 from ..kernels.cpu.norm import norm_rows32
 from .attention import _decode_task, rope_query, store_key_value
+
+
+def _rows_entry(x, w, R, k, lo, hi, beta, out, ldo):
+    # gemm_rows on raw addresses (x (R, k), w (hi, k) row-major; out (R, hi - lo), leading dimension ldo)
+    gemm_rows(
+        nb.carray(x, (R, k), np.float32),
+        nb.carray(w, (hi, k), np.float32),
+        lo,
+        hi,
+        beta,
+        nb.carray(out, (R, ldo), np.float32)[:, : hi - lo],
+    )
+
+
+_ROWS_SIG = types.void(
+    types.voidptr,
+    types.voidptr,
+    types.int64,
+    types.int64,
+    types.int64,
+    types.int64,
+    types.float32,
+    types.voidptr,
+    types.int64,
+)
+_ROWS_CFUNC: list = []
+_DECODE_CFUNC: list = []
+
+
+def _decode_entry(t, q, R, Hq, D, kt, S, Hkv, T, v, slots, lengths, y, scale):
+    # _decode_task on raw addresses of C-contiguous q, y (R, Hq, 1, D), kt (S, Hkv, D, T), v (S, Hkv, T, D), slots, lengths (R)
+    _decode_task(
+        t,
+        nb.carray(q, (R, Hq, 1, D), np.float32),
+        nb.carray(kt, (S, Hkv, D, T), np.float32),
+        nb.carray(v, (S, Hkv, T, D), np.float32),
+        nb.carray(slots, R, np.int64),
+        nb.carray(lengths, R, np.int64),
+        nb.carray(y, (R, Hq, 1, D), np.float32),
+        scale,
+    )
+
+
+_I64, _P = types.int64, types.voidptr
+_DECODE_SIG = types.void(_I64, _P, _I64, _I64, _I64, _P, _I64, _I64, _I64, _P, _P, _P, _P, types.float32)
+
+
+def addresses() -> np.ndarray | None:
+    """:func:`opsnn.kernels.cpu.mkl_nb.addresses` (None without MKL) and a fourth entry: where
+    the ``cblas_sgemv`` entry is 0, the address of ``gemm_rows`` compiled once as a C callback.
+    The four kernels call it through that address instead of each compiling its own copy
+    (LLVM optimizes and emits a callee once per parallel kernel that links it)."""
+    fns = MN.addresses()
+    if fns is None:
+        return None
+    rows = 0
+    if fns[2] == 0:
+        if not _ROWS_CFUNC:
+            _ROWS_CFUNC.append(nb.cfunc(_ROWS_SIG, nogil=True, cache=True)(_rows_entry))
+        rows = _ROWS_CFUNC[0].address
+    if not _DECODE_CFUNC:
+        _DECODE_CFUNC.append(nb.cfunc(_DECODE_SIG, nogil=True, cache=True)(_decode_entry))
+    return np.array([*fns[:3], rows, _DECODE_CFUNC[0].address], np.int64)
+
+
+@intrinsic
+def _call_rows(typingctx, fn, x, w, R, k, lo, hi, beta, out, ldo):
+    # the C callback of addresses()[3] (addresses as integers, e.g. arr.ctypes.data)
+    sig = types.void(fn, x, w, R, k, lo, hi, beta, out, ldo)
+
+    def codegen(context, builder, signature, args):
+        i64, f32, ptr = ir.IntType(64), ir.FloatType(), ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [ptr, ptr, i64, i64, i64, i64, f32, ptr, i64])
+        tys = signature.args
+        call = []
+        for i in range(1, 10):
+            v, t = args[i], tys[i]
+            if i in (1, 2, 8):
+                call.append(builder.inttoptr(v, ptr))
+            elif i == 7:
+                call.append(v if t == types.float32 else builder.fptrunc(v, f32))
+            else:
+                call.append(context.cast(builder, v, t, types.int64))
+        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), call)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _call_decode(typingctx, fn, t, q, R, Hq, D, kt, S, Hkv, T, v, slots, lengths, y, scale):
+    # the C callback of addresses()[4] (addresses as integers)
+    sig = types.void(fn, t, q, R, Hq, D, kt, S, Hkv, T, v, slots, lengths, y, scale)
+
+    def codegen(context, builder, signature, args):
+        i64, f32, ptr = ir.IntType(64), ir.FloatType(), ir.IntType(8).as_pointer()
+        kinds = "ipiiipiiipppp"
+        fnty = ir.FunctionType(ir.VoidType(), [ptr if k == "p" else i64 for k in kinds] + [f32])
+        tys = signature.args
+        call = [
+            builder.inttoptr(args[i], ptr) if k == "p" else context.cast(builder, args[i], tys[i], types.int64)
+            for i, k in enumerate(kinds, start=1)
+        ]
+        call.append(context.cast(builder, args[14], tys[14], types.float32))
+        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), call)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @nb.njit(nogil=True, cache=True)
@@ -50,8 +161,10 @@ def _normed(h, w, eps):
 def _gemm_t(fns, x, w, lo, hi, beta, out):
     # out = x @ w[lo:hi].T + beta * out (x (R, K), w (N, K) row-major; out (R, hi - lo), unit column stride)
     R, k = x.shape
-    if fns[2] == 0:  # no MKL gemv (libraries.mkl_gemv_in_tasks): opsnn's few-row kernel
-        gemm_rows(x, w, lo, hi, np.float32(beta), out)
+    if fns[2] == 0:  # no MKL gemv (libraries.mkl_gemv_in_tasks): opsnn's few-row kernel, through its address
+        _call_rows(
+            fns[3], x.ctypes.data, w.ctypes.data, R, k, lo, hi, np.float32(beta), out.ctypes.data, out.strides[0] // 4
+        )
     elif R == 1:  # one row: a matrix-vector product over the weight's rows
         MN.sgemv(fns[2], hi - lo, k, w[lo:].ctypes.data, k, x.ctypes.data, beta, out.ctypes.data)
     else:
@@ -97,8 +210,24 @@ def attention_block(h, ln_w, eps, wq, wk, wv, cos, sin, pos, kt, vc, slots, leng
                     rope_query(q[b, hk * g + gi, 0], c, s)
                 if b < rows:
                     store_key_value(kv[0, b], kv[1, b], kt, vc, slots[b], hk, pos[b], c, s)
-            for b in range(R):
-                _decode_task(np.int64(b * Hkv + hk), q, kt, vc, slots, lengths, y, scale)
+            for b in range(R):  # (kt, vc, slots, lengths: C-contiguous, as decoder._fuse checks)
+                _call_decode(
+                    fns[4],
+                    b * Hkv + hk,
+                    q.ctypes.data,
+                    R,
+                    Hq,
+                    D,
+                    kt.ctypes.data,
+                    kt.shape[0],
+                    Hkv,
+                    kt.shape[3],
+                    vc.ctypes.data,
+                    slots.ctypes.data,
+                    lengths.ctypes.data,
+                    y.ctypes.data,
+                    scale,
+                )
         MN.set_threads_local(fns[1], prev)
 
 
@@ -157,4 +286,4 @@ def head_block(h, ln_w, eps, w, logits, fns, nt):
         MN.set_threads_local(fns[1], prev)
 
 
-__all__ = ["attention_block", "head_block", "mlp_block", "residual_gemm"]
+__all__ = ["addresses", "attention_block", "head_block", "mlp_block", "residual_gemm"]

@@ -372,26 +372,21 @@ def _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left
     sv = s[b, hk * g : (hk + 1) * g].reshape(rows, T)  # the group's score rows, stacked as q4's
     L = max(0, min(kvlen[b], T))
     r0 = (b * Hq + hk * g) * Sq
-    if not causal or bq >= Sq:
-        hb = L
-        if causal:
-            hb = max(0, min(hb, Sq + offset[b]))
-        if hb > 0:
-            _gemm_rows(q4, k4, sv, b, hk, 0, rows, hb, fns)
-            for rr in range(rows):
-                _softmax_row(r0 + rr, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
-        _gemm_out(v4, y4, sv, b, hk, 0, rows, hb, fns)  # (no key: zeros, the scores unread)
-        return
-    for gi in range(g):
-        for i0 in range(0, Sq, bq):
-            n = min(bq, Sq - i0)
-            r = gi * Sq + i0
-            hb = max(0, min(L, i0 + n + offset[b]))  # the block's last row attends up to position i0 + n - 1
+    # one loop for both forms, so that each helper (the softmax above all) is inlined once
+    blocked = causal and bq < Sq
+    G, S, step = (g, Sq, bq) if blocked else (1, rows, max(rows, 1))  # unblocked: the whole group at once
+    for gi in range(G):
+        for i0 in range(0, S, step):
+            n = min(step, S - i0)
+            r = gi * S + i0
+            hb = L
+            if causal:  # a block's last row attends up to position i0 + n - 1 (unblocked: Sq - 1)
+                hb = max(0, min(hb, (i0 + n if blocked else Sq) + offset[b]))
             if hb > 0:
                 _gemm_rows(q4, k4, sv, b, hk, r, n, hb, fns)
                 for rr in range(r, r + n):
                     _softmax_row(r0 + rr, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
-            _gemm_out(v4, y4, sv, b, hk, r, n, hb, fns)
+            _gemm_out(v4, y4, sv, b, hk, r, n, hb, fns)  # (no key: zeros, the scores unread)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
