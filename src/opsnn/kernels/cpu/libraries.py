@@ -343,23 +343,27 @@ class PlainConvChoice(NamedTuple):
 
 
 def conv_forward_plain(x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype) -> PlainConvChoice:
-    """Whether a float32 Conv on plain NCHW tensors (an eager call, a graph node outside the blocked
-    layout's chains) runs on oneDNN's forward primitive with reorders at the edges
-    (``conv_onednn_plain``): runnable where oneDNN has JIT code for it (not ``ref``, not its own
-    ``gemm`` im2col, which opsnn's kernels match); preferred to Winograd / im2col only under
-    ``OPSNN_CONV_ONEDNN=1`` until it is measured on the training benchmark (autotuning times it
-    either way). Descriptor only."""
+    """Whether a float32 or bfloat16 Conv on plain NCHW tensors (an eager call, a graph node outside
+    the blocked layout's chains, an autocast convolution) runs on oneDNN's forward primitive with
+    reorders at the edges (``conv_onednn_plain``): runnable where oneDNN has JIT code for it (not
+    ``ref``, not its own ``gemm`` im2col, which opsnn's kernels match) and, for bfloat16, native bf16
+    instructions (:func:`onednn.bf16_unavailable`). bfloat16 is preferred there (opsnn's other
+    kernels widen it to float32 through the adapter); float32 only under ``OPSNN_CONV_ONEDNN=1``
+    until it is measured on the training benchmark (autotuning times it either way). Descriptor only."""
     from . import onednn
 
     d = np.dtype(dtype)
     why = onednn.unavailable()
-    if why is None and d != np.dtype(np.float32):
-        why = f"float32 only, got {_dt.name(d)}"
+    if why is None and d == _dt.bfloat16:
+        why = onednn.bf16_unavailable()
+        why = None if why is None else f"bfloat16: {why}"
+    elif why is None and d != np.dtype(np.float32):
+        why = f"float32 or bfloat16 only, got {_dt.name(d)}"
     if why is None and 0 in tuple(x_shape) + tuple(w_shape) + tuple(y_shape):
         why = "an empty tensor"
     if why is None:
         try:
-            impl = onednn.plain_conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, group)
+            impl = onednn.plain_conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, group, d)
         except onednn.OneDnnError as e:
             why = str(e)
         else:
@@ -367,6 +371,10 @@ def conv_forward_plain(x_shape, w_shape, y_shape, strides, pads, dilations, grou
                 why = f"oneDNN would run its {impl} code here"
     if why is not None:
         return PlainConvChoice(False, False, why)
+    if d == _dt.bfloat16:
+        return PlainConvChoice(
+            True, True, f"oneDNN's native bfloat16 {impl} (float32 accumulation), reorders at the edges"
+        )
     want = os.environ.get(CONV_ONEDNN_ENV, "").strip().lower()
     if want in ("1", "true", "yes", "on"):
         return PlainConvChoice(True, True, f"oneDNN's {impl}, reorders at the edges ({CONV_ONEDNN_ENV}=1)")
