@@ -923,7 +923,7 @@ def _plain_onednn_applies(ctx):
 
 def _plain_onednn_plan(ctx):
     dt = _dt.bfloat16 if ctx.dtype(0) == _dt.bfloat16 else np.float32
-    return KD.plain_conv(*_plain_onednn_args(ctx), ctx.has(2), dt, ctx.dtype(2) if ctx.has(2) else None)
+    return KD.plain_conv(*_plain_onednn_args(ctx), ctx.has(2), dt)
 
 
 def _plain_onednn_kernel(ins, outs, attrs, plan, ws):
