@@ -7,8 +7,11 @@ the op they were made from):
 - products (``Conv``, ``ConvTranspose``, ``MatMul``, ``Gemm``, ``Linear``, ``Attention``,
   ``PRelu``: torch's CPU lower-precision list) cast their float32 inputs to the 16-bit dtype and
   give 16-bit outputs;
-- precision-sensitive ops (softmax, log-softmax, every normalization, the losses, sum/mean-like
-  reductions, cumulative sums) cast 16-bit inputs up and run in float32;
+- precision-sensitive ops (softmax, log-softmax, the normalizations but BatchNormalization, the
+  losses, sum/mean-like reductions, cumulative sums) cast 16-bit inputs up and run in float32;
+- ``BatchNormalization`` runs in its data input's dtype with its float32 scale, bias and running
+  statistics as they are (torch's CPU autocast: a bf16 input gives a bf16 output, the statistics
+  are computed in float32), so a bf16 conv's output reaches it and the next conv without casts;
 - ``RotaryEmbedding`` follows its data input: its cos/sin tables are cast to the activations'
   dtype (what Hugging Face's LLaMA does, ``cos.to(x.dtype)``, so under torch's autocast the
   rotation runs in bfloat16), rather than the activations promoted to the tables' float32;
@@ -56,7 +59,6 @@ LOWER_PRECISION_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "Linear", "Att
 FLOAT32_OPS = (
     "Softmax",
     "LogSoftmax",
-    "BatchNormalization",
     "LayerNormalization",
     "RMSNormalization",
     "GroupNormalization",
@@ -79,6 +81,9 @@ FLOAT32_OPS = (
 )
 #: op types whose float inputs take the dtype of their first (data) input: tables read per element
 FOLLOW_DATA_OPS = ("RotaryEmbedding",)
+#: op types whose inputs keep their dtypes: a 16-bit data input with float32 parameters and
+#: statistics (torch's CPU autocast lists batch_norm nowhere; its kernels take mixed dtypes)
+MIXED_INPUT_OPS = ("BatchNormalization",)
 _LOW = (_dt.bfloat16, _dt.float16)
 _NO_AUTOCAST = frozenset({"Cast", "CastLike"})
 
@@ -215,6 +220,8 @@ def _cast_inputs(rec, tensors: list) -> list:
     if not floats:
         return tensors
     want = st.policy.get(origin(rec.name))
+    if want is None and origin(rec.name) in MIXED_INPUT_OPS:
+        return tensors
     if want is None and origin(rec.name) in FOLLOW_DATA_OPS and floats[0] == 0:
         want = tensors[0].dtype
 
@@ -280,6 +287,7 @@ __all__ = [
     "FLOAT32_OPS",
     "FOLLOW_DATA_OPS",
     "LOWER_PRECISION_OPS",
+    "MIXED_INPUT_OPS",
     "autocast",
     "autocast_policy",
     "get_autocast_dtype",

@@ -343,27 +343,55 @@ class PlainConvChoice(NamedTuple):
     reason: str
 
 
+#: the most the plain-layout forward primitive's reorder buffers (X and Y in oneDNN's layouts) may
+#: take: past it opsnn's banded kernels, whose workspace does not grow with the image, run the conv
+PLAIN_REORDER_MAX_BYTES = 64 << 20
+
+
 def conv_forward_plain(
-    x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, winograd: str | None = None
+    x_shape,
+    w_shape,
+    y_shape,
+    strides,
+    pads,
+    dilations,
+    group,
+    dtype,
+    winograd: str | None = None,
+    constant_weight: bool = False,
 ) -> PlainConvChoice:
-    """Whether a float32 Conv on plain NCHW tensors (an eager call, a training step, a graph node
-    outside the blocked layout's chains) runs on oneDNN's forward primitive with reorders at the
-    edges (``conv_onednn_plain``): runnable where oneDNN has JIT code for it (not ``ref``, not its
-    own ``gemm`` im2col, which opsnn's kernels match); preferred to opsnn's im2col, 1x1-GEMM and
-    direct kernels (2-12x faster on ResNet-18's training convolutions, docs/performance.md), but
-    not where opsnn's Winograd kernel ``winograd`` applies (3x3, stride 1: Winograd does fewer
-    multiplications and won on those shapes). ``OPSNN_CONV_ONEDNN=1|0`` overrides. Descriptor only."""
+    """Whether a float32 or bfloat16 Conv on plain NCHW tensors (an eager call, a training step, a
+    graph node outside the blocked layout's chains, an autocast convolution) runs on oneDNN's forward
+    primitive with reorders at the edges (``conv_onednn_plain``): runnable where oneDNN has JIT code
+    for it (not ``ref``, not its own ``gemm`` im2col, which opsnn's kernels match), for bfloat16 with
+    native bf16 instructions (:func:`onednn.bf16_unavailable`), and while X and Y reordered take at
+    most :data:`PLAIN_REORDER_MAX_BYTES`. Preferred for bfloat16 (opsnn's other kernels widen it to
+    float32 through the adapter); for float32 preferred to opsnn's im2col, 1x1-GEMM and direct
+    kernels (2-12x faster on ResNet-18's training convolutions, docs/performance.md), but not where
+    opsnn's Winograd kernel ``winograd`` applies (3x3, stride 1: fewer multiplications, it won on
+    those shapes) nor for a ``constant_weight`` (opsnn's kernels pack it once; the primitive would
+    reorder it every call). ``OPSNN_CONV_ONEDNN=1|0`` overrides the float32 rule. Descriptor only."""
     from . import onednn
 
     d = np.dtype(dtype)
     why = onednn.unavailable()
-    if why is None and d != np.dtype(np.float32):
-        why = f"float32 only, got {_dt.name(d)}"
+    if why is None and d == _dt.bfloat16:
+        why = onednn.bf16_unavailable()
+        why = None if why is None else f"bfloat16: {why}"
+    elif why is None and d != np.dtype(np.float32):
+        why = f"float32 or bfloat16 only, got {_dt.name(d)}"
     if why is None and 0 in tuple(x_shape) + tuple(w_shape) + tuple(y_shape):
         why = "an empty tensor"
     if why is None:
+        reorder = (int(np.prod(x_shape)) + int(np.prod(y_shape))) * d.itemsize
+        if reorder > PLAIN_REORDER_MAX_BYTES:
+            why = (
+                f"X and Y reordered would take {reorder >> 20} MiB (> PLAIN_REORDER_MAX_BYTES = "
+                f"{PLAIN_REORDER_MAX_BYTES >> 20} MiB): opsnn's banded kernels keep the workspace bounded"
+            )
+    if why is None:
         try:
-            impl = onednn.plain_conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, group)
+            impl = onednn.plain_conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, group, d)
         except onednn.OneDnnError as e:
             why = str(e)
         else:
@@ -371,11 +399,19 @@ def conv_forward_plain(
                 why = f"oneDNN would run its {impl} code here"
     if why is not None:
         return PlainConvChoice(False, False, why)
+    if d == _dt.bfloat16:
+        return PlainConvChoice(
+            True, True, f"oneDNN's native bfloat16 {impl} (float32 accumulation), reorders at the edges"
+        )
     want = os.environ.get(CONV_ONEDNN_ENV, "").strip().lower()
     if want in ("1", "true", "yes", "on"):
         return PlainConvChoice(True, True, f"oneDNN's {impl}, reorders at the edges ({CONV_ONEDNN_ENV}=1)")
     if want in ("0", "false", "no", "off"):
         return PlainConvChoice(True, False, f"oneDNN's {impl} is not preferred ({CONV_ONEDNN_ENV}=0)")
+    if constant_weight:
+        return PlainConvChoice(
+            True, False, f"a constant weight: opsnn's kernels pack it once, oneDNN's {impl} would reorder it every call"
+        )
     if winograd is not None:
         return PlainConvChoice(
             True, False, f"opsnn's {winograd} applies here (3x3, stride 1) and is preferred to oneDNN's {impl}"

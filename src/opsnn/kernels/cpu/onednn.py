@@ -1207,17 +1207,20 @@ def conv_backward(kind, x_shape, w_shape, y_shape, strides, pads, dilations, gro
     return prim
 
 
-def _plain_conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, tag):
-    """A forward convolution's descriptor for plain user tensors: X, W and Y asked for in ``tag``
-    (TAG_ANY: oneDNN's choice), the bias plain; no post-ops (IEEE: NaN and Inf stay)."""
+def _plain_conv_desc(
+    x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, tag, dtype=np.float32, bias_dtype=None
+):
+    """A forward convolution's descriptor for plain user tensors: X, W and Y in ``dtype`` (float32,
+    or bfloat16: float32 accumulation, Y rounded once) asked for in ``tag`` (TAG_ANY: oneDNN's
+    choice), the bias plain in ``bias_dtype`` (``dtype`` if None); no post-ops (IEEE: NaN and Inf stay)."""
     if unavailable() is not None:
         raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
     nd = len(x_shape) - 2
     w_dims = list(w_shape) if group == 1 else [group, w_shape[0] // group] + list(w_shape[1:])
-    src = _Md(x_shape, tag or _plain_tag(len(x_shape)))
-    wts = _Md(w_dims, tag or _plain_tag(len(w_dims)))
-    dst = _Md(y_shape, tag or _plain_tag(len(y_shape)))
-    bias = _Md([w_shape[0]], TAG_A) if has_bias else None
+    src = _Md(x_shape, tag or _plain_tag(len(x_shape)), dtype)
+    wts = _Md(w_dims, tag or _plain_tag(len(w_dims)), dtype)
+    dst = _Md(y_shape, tag or _plain_tag(len(y_shape)), dtype)
+    bias = _Md([w_shape[0]], TAG_A, dtype if bias_dtype is None else bias_dtype) if has_bias else None
     pd, attr = _vp(), _new_attr()
     status = _lib.dnnl_convolution_forward_primitive_desc_create(
         C.byref(pd),
@@ -1239,10 +1242,10 @@ def _plain_conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, group,
     return pd, (src, wts, dst, bias), w_dims
 
 
-def plain_conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, group) -> str:
-    """The implementation oneDNN picks for a float32 convolution of plain tensors when it may choose
-    the layouts (descriptor only)."""
-    pd, _, _ = _plain_conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, group, False, TAG_ANY)
+def plain_conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype=np.float32) -> str:
+    """The implementation oneDNN picks for a float32 (bfloat16) convolution of plain tensors when it
+    may choose the layouts (descriptor only)."""
+    pd, _, _ = _plain_conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, group, False, TAG_ANY, dtype)
     try:
         return _impl_name(pd)
     finally:
@@ -1250,19 +1253,24 @@ def plain_conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, group) 
 
 
 class PlainConvPrimitive:
-    """``Y = conv(X, W) + B`` for plain NCHW (NCW, NCDHW) float32 ``X``, ``W`` (O, C/group, k...),
-    ``B`` and ``Y``: oneDNN's forward primitive on layouts of its choosing (its blocked JIT kernels),
-    X and W reordered into them and Y out of them at the edges, in buffers carved from the caller's
-    workspace. W is read per call (a training step changes it), so one primitive serves every weight
-    of its shape. No post-ops: NaN and Inf propagate as in a direct convolution."""
+    """``Y = conv(X, W) + B`` for plain NCHW (NCW, NCDHW) ``X``, ``W`` (O, C/group, k...) and ``Y``
+    all float32 or all bfloat16 (``dtype``; bf16: native bf16 products, float32 accumulation, Y
+    rounded once), ``B`` in ``bias_dtype``: oneDNN's forward primitive on layouts of its choosing
+    (its blocked JIT kernels), X and W reordered into them and Y out of them at the edges, in buffers
+    carved from the caller's workspace. W is read per call (a training step changes it), so one
+    primitive serves every weight of its shape. No post-ops: NaN and Inf propagate as in a direct
+    convolution."""
 
-    def __init__(self, x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias):
+    def __init__(
+        self, x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, dtype=np.float32, bias_dtype=None
+    ):
+        self.dtype = np.dtype(dtype)
         pd, (src, wts, dst, bias), w_dims = _plain_conv_desc(
-            x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, TAG_ANY
+            x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, TAG_ANY, dtype, bias_dtype
         )
         try:
-            plain = [_Md(x_shape, _plain_tag(len(x_shape))), _Md(w_dims, _plain_tag(len(w_dims)))]
-            plain.append(_Md(y_shape, _plain_tag(len(y_shape))))
+            plain = [_Md(x_shape, _plain_tag(len(x_shape)), dtype), _Md(w_dims, _plain_tag(len(w_dims)), dtype)]
+            plain.append(_Md(y_shape, _plain_tag(len(y_shape)), dtype))
             specs = [
                 (plain[0], _QUERY_SRC_MD, _ARG_SRC, False),
                 (plain[1], _QUERY_WEIGHTS_MD, _ARG_WEIGHTS, False),
@@ -1284,8 +1292,9 @@ class PlainConvPrimitive:
         return self.prim.impl
 
     def describe(self) -> str:
+        dt = "bfloat16 " if self.dtype == _dt.bfloat16 else ""
         return (
-            f"oneDNN {self.impl} convolution on plain tensors, {self.reorders} reorder(s) at the edges "
+            f"oneDNN {self.impl} {dt}convolution on plain tensors, {self.reorders} reorder(s) at the edges "
             "to and from its chosen layouts, no post-ops"
         )
 
@@ -1296,11 +1305,14 @@ class PlainConvPrimitive:
 _plain_cache: OrderedDict[tuple, PlainConvPrimitive] = OrderedDict()
 
 
-def plain_conv(x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias) -> PlainConvPrimitive:
-    """A :class:`PlainConvPrimitive`, built once per (shapes, attributes, bias), up to
+def plain_conv(
+    x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, dtype=np.float32, bias_dtype=None
+) -> PlainConvPrimitive:
+    """A :class:`PlainConvPrimitive`, built once per (shapes, attributes, bias, dtypes), up to
     ``BACKWARD_CACHE_SIZE`` of them (least recently used dropped first)."""
     key = tuple(tuple(int(v) for v in a) for a in (x_shape, w_shape, y_shape, strides, pads, dilations))
-    key += (int(group), bool(has_bias))
+    bias_dtype = np.dtype(dtype if bias_dtype is None else bias_dtype)
+    key += (int(group), bool(has_bias), np.dtype(dtype), bias_dtype)
     with _wt_lock:
         prim = _plain_cache.get(key)
         if prim is not None:

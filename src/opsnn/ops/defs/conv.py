@@ -920,14 +920,26 @@ def _winograd_that_applies(ctx) -> str | None:
 
 
 def _plain_onednn_applies(ctx):
-    c = KL.conv_forward_plain(*_plain_onednn_args(ctx), ctx.dtype(0), winograd=_winograd_that_applies(ctx))
+    if ctx.dtype(0) == _dt.bfloat16 and ctx.dtype(1) != _dt.bfloat16:
+        return f"bfloat16 input and weight only, got {_dt.name(ctx.dtype(0))} and {_dt.name(ctx.dtype(1))}"
+    f32 = ctx.dtype(0) == np.float32
+    c = KL.conv_forward_plain(
+        *_plain_onednn_args(ctx),
+        ctx.dtype(0),
+        winograd=_winograd_that_applies(ctx) if f32 else None,
+        constant_weight=ctx.value(1) is not None,
+    )
     if not c.runnable:
         return c.reason
+    if c.preferred and ctx.dtype(0) == _dt.bfloat16 and bf16_rejection(ctx) is None:
+        # a constant bf16 weight: conv_mkl_bf16 reads it as stored, no reorder per call
+        return NotPreferred("conv_mkl_bf16 runs this constant bfloat16 weight as stored")
     return True if c.preferred else NotPreferred(c.reason)
 
 
 def _plain_onednn_plan(ctx):
-    return KD.plain_conv(*_plain_onednn_args(ctx), ctx.has(2))
+    dt = _dt.bfloat16 if ctx.dtype(0) == _dt.bfloat16 else np.float32
+    return KD.plain_conv(*_plain_onednn_args(ctx), ctx.has(2), dt)
 
 
 def _plain_onednn_kernel(ins, outs, attrs, plan, ws):
@@ -936,15 +948,16 @@ def _plain_onednn_kernel(ins, outs, attrs, plan, ws):
 
 Conv.kernel(
     "conv_onednn_plain",
-    dtypes=(_dt.float32,),
+    dtypes=(_dt.float32, _dt.bfloat16),
     priority=38,
     applies=_plain_onednn_applies,
     plan=_plain_onednn_plan,
     workspace=lambda ctx, plan: plan.workspace_bytes,
-    doc="oneDNN's forward convolution on plain float32 tensors: X and W reordered into the layouts it "
-    "chooses and Y out of them at the edges (workspace), the bias added by the primitive, no post-ops; "
-    "chosen where libraries.conv_forward_plain prefers it (not where Winograd applies; OPSNN_CONV_ONEDNN=1|0 "
-    "overrides)",
+    doc="oneDNN's forward convolution on plain float32 or bfloat16 tensors (bf16: native bf16 products, "
+    "float32 accumulation, one rounding): X and W reordered into the layouts it chooses and Y out of them "
+    "at the edges (workspace), the bias added by the primitive, no post-ops; chosen where "
+    "libraries.conv_forward_plain prefers it (bfloat16 with AVX512-BF16; float32 where opsnn's Winograd does "
+    "not apply and the weight is not constant; OPSNN_CONV_ONEDNN=1|0 overrides for float32)",
     nonfinite="oneDNN's JIT code skips the taps that read padding, where the definition multiplies the "
     "padding's zeros: an Inf or NaN weight tap that reads only padding gives NaN there by the definition "
     "and nothing here",
