@@ -162,7 +162,8 @@ def test_disabled_by_environment_falls_back_with_a_reason():
         "op = plan_op(get_op('Conv'), [TensorMeta((1, 8, 4, 4), bf), TensorMeta(w.shape, bf)], [None, w], {})\n"
         "print(op.selection.kernel.name, '|', dict(op.selection.rejected)['conv_mkl_bf16'])\n"
     )
-    env = dict(os.environ, OPSNN_MKL="0")
+    # oneDNN off too: with it, a bfloat16 conv runs on its native plain-layout kernel before MKL's is asked
+    env = dict(os.environ, OPSNN_MKL="0", OPSNN_ONEDNN="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     first, second = out.stdout.strip().splitlines()
