@@ -544,17 +544,11 @@ def test_torch_compile_backward_of_a_grouped_dilated_conv_runs_on_the_records():
     assert "aten.convolution_backward.default" in ops_run, ops_run
 
 
-@pytest.mark.parametrize(
-    "case,want",
-    [
-        ("1x1 strided", False),  # oneDNN preferred to the 1x1 GEMM
-        ("7x7 stride 2", False),  # preferred to im2col
-        ("3x3 stride 1, 64 channels", True),  # Winograd applies: kept
-    ],
-)
-def test_plain_onednn_rule_keeps_winograd_and_takes_the_rest(case, want, monkeypatch):
-    """Unset OPSNN_CONV_ONEDNN: oneDNN's plain forward is preferred wherever it has JIT code, except
-    where opsnn's Winograd applies (3x3, stride 1)."""
+@pytest.mark.parametrize("case", ["1x1 strided", "7x7 stride 2", "3x3 stride 1, 64 channels"])
+def test_plain_onednn_is_the_default_for_runtime_weights(case, monkeypatch):
+    """Unset OPSNN_CONV_ONEDNN: oneDNN's plain forward is preferred wherever it has JIT code and the
+    weight arrives at run time (Winograd's 3x3 shapes included); a constant weight stays on opsnn's
+    packed kernels."""
     monkeypatch.delenv(KL.CONV_ONEDNN_ENV, raising=False)
     shapes = {
         "1x1 strided": ((8, 64, 16, 16), (128, 64, 1, 1), 2, 0),
@@ -569,11 +563,10 @@ def test_plain_onednn_rule_keeps_winograd_and_takes_the_rest(case, want, monkeyp
     if not c.runnable:
         pytest.skip(f"conv_onednn_plain does not run here: {c.reason}")
     ex = opsnn.ops.prepare(opsnn.ops.get_op("Conv"), [opsnn.tensor(x), opsnn.tensor(w)], attrs)
-    if want:
-        assert ex.kernel_name != "conv_onednn_plain"
-        assert (
-            "Winograd" in dict(ex.rejected)["conv_onednn_plain"] or "winograd" in dict(ex.rejected)["conv_onednn_plain"]
-        )
-    else:
-        assert ex.kernel_name == "conv_onednn_plain", ex.reason
+    assert ex.kernel_name == "conv_onednn_plain", ex.reason
     _close(ex.run().numpy(), _conv64(x, w, np.zeros(ws[0], np.float32), attrs), np.float32)
+    ys = _out_shape(x.shape, w.shape, attrs["strides"], attrs["pads"], attrs["dilations"])
+    const = KL.conv_forward_plain(
+        x.shape, w.shape, ys, attrs["strides"], attrs["pads"], attrs["dilations"], 1, np.float32, constant_weight=True
+    )
+    assert const.runnable and not const.preferred and "constant weight" in const.reason

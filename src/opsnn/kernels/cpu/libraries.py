@@ -357,7 +357,6 @@ def conv_forward_plain(
     dilations,
     group,
     dtype,
-    winograd: str | None = None,
     constant_weight: bool = False,
 ) -> PlainConvChoice:
     """Whether a float32 or bfloat16 Conv on plain NCHW tensors (an eager call, a training step, a
@@ -366,11 +365,10 @@ def conv_forward_plain(
     for it (not ``ref``, not its own ``gemm`` im2col, which opsnn's kernels match), for bfloat16 with
     native bf16 instructions (:func:`onednn.bf16_unavailable`), and while X and Y reordered take at
     most :data:`PLAIN_REORDER_MAX_BYTES`. Preferred for bfloat16 (opsnn's other kernels widen it to
-    float32 through the adapter); for float32 preferred to opsnn's im2col, 1x1-GEMM and direct
-    kernels (2-12x faster on ResNet-18's training convolutions, docs/performance.md), but not where
-    opsnn's Winograd kernel ``winograd`` applies (3x3, stride 1: fewer multiplications, it won on
-    those shapes) nor for a ``constant_weight`` (opsnn's kernels pack it once; the primitive would
-    reorder it every call). ``OPSNN_CONV_ONEDNN=1|0`` overrides the float32 rule. Descriptor only."""
+    float32 through the adapter); for float32 preferred to opsnn's Winograd, im2col, 1x1-GEMM and
+    direct kernels (1.3-10x faster on ResNet-18's training convolutions, docs/performance.md), but
+    not for a ``constant_weight`` (opsnn's kernels pack it once; the primitive would reorder it every
+    call). ``OPSNN_CONV_ONEDNN=1|0`` overrides the float32 rule. Descriptor only."""
     from . import onednn
 
     d = np.dtype(dtype)
@@ -411,10 +409,6 @@ def conv_forward_plain(
     if constant_weight:
         return PlainConvChoice(
             True, False, f"a constant weight: opsnn's kernels pack it once, oneDNN's {impl} would reorder it every call"
-        )
-    if winograd is not None:
-        return PlainConvChoice(
-            True, False, f"opsnn's {winograd} applies here (3x3, stride 1) and is preferred to oneDNN's {impl}"
         )
     return PlainConvChoice(True, True, f"oneDNN's {impl}, reorders at the edges")
 

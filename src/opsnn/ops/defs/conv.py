@@ -909,26 +909,10 @@ def _plain_onednn_args(ctx) -> tuple:
     return xs, ws, ys, geo.s, geo.pb + geo.pe, geo.d, int(ctx.attrs["group"])
 
 
-def _winograd_that_applies(ctx) -> str | None:
-    """The Winograd kernel the selector would otherwise prefer for this Conv, or None."""
-    xs, ws = ctx.shape(0), ctx.shape(1)
-    if winograd_rejection(xs, ws, ctx.attrs, ctx.op.name) is None:
-        return "conv2d_winograd"
-    if winograd_f2_rejection(xs, ws, ctx.attrs, ctx.op.name) is None:
-        return "conv2d_winograd_f2"
-    return None
-
-
 def _plain_onednn_applies(ctx):
     if ctx.dtype(0) == _dt.bfloat16 and ctx.dtype(1) != _dt.bfloat16:
         return f"bfloat16 input and weight only, got {_dt.name(ctx.dtype(0))} and {_dt.name(ctx.dtype(1))}"
-    f32 = ctx.dtype(0) == np.float32
-    c = KL.conv_forward_plain(
-        *_plain_onednn_args(ctx),
-        ctx.dtype(0),
-        winograd=_winograd_that_applies(ctx) if f32 else None,
-        constant_weight=ctx.value(1) is not None,
-    )
+    c = KL.conv_forward_plain(*_plain_onednn_args(ctx), ctx.dtype(0), constant_weight=ctx.value(1) is not None)
     if not c.runnable:
         return c.reason
     if c.preferred and ctx.dtype(0) == _dt.bfloat16 and bf16_rejection(ctx) is None:
@@ -956,8 +940,8 @@ Conv.kernel(
     doc="oneDNN's forward convolution on plain float32 or bfloat16 tensors (bf16: native bf16 products, "
     "float32 accumulation, one rounding): X and W reordered into the layouts it chooses and Y out of them "
     "at the edges (workspace), the bias added by the primitive, no post-ops; chosen where "
-    "libraries.conv_forward_plain prefers it (bfloat16 with AVX512-BF16; float32 where opsnn's Winograd does "
-    "not apply and the weight is not constant; OPSNN_CONV_ONEDNN=1|0 overrides for float32)",
+    "libraries.conv_forward_plain prefers it (bfloat16 with AVX512-BF16; float32 where the weight is not "
+    "constant; OPSNN_CONV_ONEDNN=1|0 overrides for float32)",
     nonfinite="oneDNN's JIT code skips the taps that read padding, where the definition multiplies the "
     "padding's zeros: an Inf or NaN weight tap that reads only padding gives NaN there by the definition "
     "and nothing here",
