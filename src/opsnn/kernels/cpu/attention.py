@@ -808,6 +808,8 @@ def _bw_block(
                         mx = x
                     elif x != x:
                         nanf[ii] = np.float32(1.0)
+                if mx == np.inf:  # exp(inf - inf): the definition's probabilities are NaN
+                    nanf[ii] = np.float32(1.0)
                 if mx == -np.inf:
                     continue
                 tot = lsum[ii] * fexp(m_old - mx) if m_old != -np.inf else np.float32(0.0)
@@ -835,8 +837,8 @@ def _bw_block(
                 if x == -np.inf:  # a masked pair: no probability and no gradient, whatever dP holds
                     s[ii * BK + jj] = np.float32(0.0)
                     dp[ii * BK + jj] = np.float32(0.0)
-                else:
-                    p = fexp(x - m)
+                else:  # fexp's float32 code need not keep NaN: a NaN score or logsumexp gives NaN here
+                    p = fexp(x - m) if x == x and m == m else np.float32(np.nan)
                     s[ii * BK + jj] = p
                     dp[ii * BK + jj] = p * (dp[ii * BK + jj] - dl) * dc[ii * BK + jj]
         _mm_nn_acc(fns, nq, D, nk, dp, BK, kr, D, dqa, D)  # dQ += dS K
