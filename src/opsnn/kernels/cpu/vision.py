@@ -348,8 +348,18 @@ def _grid_sample_grad_points(dy, x, g, dgrid, r, mode, padding, align):
                 for k in range(r):
                     dgrid[n, p, k] = np.nan
                 continue
+            if mode == NEAREST:  # piecewise constant: a zero gradient, as torch
+                for k in range(r):
+                    dgrid[n, p, k] = 0.0
+                continue
             xn = x[n].reshape(C, D * H * W)
             acc = np.zeros(3)
+            if cnt < nt[0] * nt[1] * nt[2]:
+                # a tap outside reads 0 and its slope multiplies 0 * dY: NaN when a dY is not finite
+                for c in range(C):
+                    if not math.isfinite(dy[n, c, p]):
+                        acc[:] = np.nan
+                        break
             for t in range(cnt):
                 s = 0.0
                 for c in range(C):

@@ -423,7 +423,8 @@ def grid_sample_backward_numpy(dy, x, grid, attrs) -> tuple[np.ndarray, np.ndarr
         flat = sum(i * s for (i, _, _, _), s in zip(combo, strides))
         ok = np.logical_and.reduce([v for _, v, _, _ in combo]) & ~nan
         w = np.prod([wt for _, _, wt, _ in combo], axis=0) * ok
-        np.add.at(dx, (rows, flat), w[..., None] * gy)
+        # a tap outside the input sends nothing back (not 0 * dY: an Inf dY would leave NaN), as torch
+        np.add.at(dx, (rows, flat), np.where(ok[..., None], w[..., None] * gy, 0.0))
         if mode == K.NEAREST:
             continue
         gv = np.einsum("npc,npc->np", np.where(ok[..., None], xr[rows, flat], 0.0), gy)
