@@ -725,7 +725,8 @@ def _mm_tn_acc(fns, m, n, k, a, lda, b, ldb, c, ldc):
 @nb.njit(nogil=True, cache=True, fastmath=_FM)
 def _bw_scores(s, dc, nq, nk, BK, i0, j0, b, h, mask, has_mask, causal, left, right, softcap):
     # a tile's raw scores in place: softcap (dc: its derivative), then the masks; a masked pair
-    # (causal, window, a key past the mask, an additive -inf) becomes -inf
+    # (causal, window, a key past the mask, an additive -inf) becomes -inf with dc = -1, which tells it
+    # from an attended pair whose score is -inf
     mB, mH, mS, mT = mask.shape
     mb = b if mB > 1 else 0
     mh = h if mH > 1 else 0
@@ -742,12 +743,18 @@ def _bw_scores(s, dc, nq, nk, BK, i0, j0, b, h, mask, has_mask, causal, left, ri
                 d = np.float32(1.0) - t * t
             if (causal and j > i) or (left >= 0 and j < i - left) or (right >= 0 and j > i + right):
                 x = np.float32(-np.inf)
+                d = np.float32(-1.0)
             elif has_mask:
                 if j >= mT:
                     x = np.float32(-np.inf)
+                    d = np.float32(-1.0)
                 else:
                     mv = mask[mb, mh, mi, j]
-                    x = np.float32(-np.inf) if mv == -np.inf else x + mv
+                    if mv == -np.inf:
+                        x = np.float32(-np.inf)
+                        d = np.float32(-1.0)
+                    else:
+                        x = x + mv
             s[ii * BK + jj] = x
             dc[ii * BK + jj] = d
 
@@ -834,11 +841,18 @@ def _bw_block(
             dl = delta[ii]
             for jj in range(nk):
                 x = s[ii * BK + jj]
-                if x == -np.inf:  # a masked pair: no probability and no gradient, whatever dP holds
+                if dc[ii * BK + jj] < 0:  # a masked pair: no probability and no gradient, whatever dP holds
                     s[ii * BK + jj] = np.float32(0.0)
                     dp[ii * BK + jj] = np.float32(0.0)
-                else:  # fexp's float32 code need not keep NaN: a NaN score or logsumexp gives NaN here
-                    p = fexp(x - m) if x == x and m == m else np.float32(np.nan)
+                else:
+                    # the definition's exp(x - max): NaN where x or the logsumexp is NaN, or every attended
+                    # score of the row is -inf (exp(-inf + inf)); 0 for a -inf score beside finite ones
+                    if x != x or m != m or m == -np.inf:
+                        p = np.float32(np.nan)
+                    elif x == -np.inf:
+                        p = np.float32(0.0)
+                    else:
+                        p = fexp(x - m)
                     s[ii * BK + jj] = p
                     dp[ii * BK + jj] = p * (dp[ii * BK + jj] - dl) * dc[ii * BK + jj]
         _mm_nn_acc(fns, nq, D, nk, dp, BK, kr, D, dqa, D)  # dQ += dS K
