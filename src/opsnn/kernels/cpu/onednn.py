@@ -679,25 +679,10 @@ class ConvPrimitive:
         # the convolution keeps its activation as a post-op (NaN -> 0 under Relu): run after the
         # primitive it costs a pass over every conv output, 14% of ResNet-50 (docs/performance.md)
         self.after = None
-        pd, (src, dst, w_any, bias) = _conv_desc(
-            x_shape,
-            w.shape,
-            y_shape,
-            strides,
-            pads,
-            dilations,
-            src_blocked,
-            has_bias,
-            residual,
-            act,
-            alpha,
-            beta,
-            block,
-            w.dtype,
-        )
-        self._w = _reordered_weight(pd, _Md(w.shape, TAG_OIHW, w.dtype), w)
+        self._desc_args = (x_shape, w, y_shape, strides, pads, dilations, src_blocked, has_bias, residual)
+        self._block = block
+        self.prim, self._w = self._build(act, alpha, beta)
         self.weight = self._w.weight
-        self.prim = Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=(src, dst, w_any, bias))
         self.has_bias, self.residual = has_bias, residual
         # IEEE (unless OPSNN_CONV_IEEE=0): the post-op activation is exact unless a pre-activation is NaN,
         # which needs a non-finite X, W, B or Z or an overflow; a bound on |X|, |B|, |Z| read per call rules
@@ -711,35 +696,37 @@ class ConvPrimitive:
             self._act = (act, alpha, beta)
             # the primitive without the post-op is built on the first call past the bound (a NaN is
             # rare): a compiled model's prepare makes no second JIT kernel per convolution
-            self._desc_args = (x_shape, w, y_shape, strides, pads, dilations, src_blocked, has_bias, residual)
-            self._block = block
             self._plain = None
             self._plain_lock = threading.Lock()
+
+    def _build(self, act: int, alpha: float, beta: float) -> tuple:
+        """(primitive, reordered weight) of this convolution with post-op activation ``act`` (0: none)."""
+        x_shape, w, y_shape, strides, pads, dilations, src_blocked, has_bias, residual = self._desc_args
+        pd, mds = _conv_desc(
+            x_shape,
+            w.shape,
+            y_shape,
+            strides,
+            pads,
+            dilations,
+            src_blocked,
+            has_bias,
+            residual,
+            act,
+            alpha,
+            beta,
+            self._block,
+            w.dtype,
+        )
+        wr = _reordered_weight(pd, _Md(w.shape, TAG_OIHW, w.dtype), w)  # shared when the layouts agree
+        src, dst, _, bias = mds
+        return Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=mds), wr
 
     def plain(self) -> tuple:
         """(primitive, reordered weight) of this convolution without its activation post-op."""
         with self._plain_lock:
             if self._plain is None:
-                x_shape, w, y_shape, strides, pads, dilations, src_blocked, has_bias, residual = self._desc_args
-                pd, mds = _conv_desc(
-                    x_shape,
-                    w.shape,
-                    y_shape,
-                    strides,
-                    pads,
-                    dilations,
-                    src_blocked,
-                    has_bias,
-                    residual,
-                    0,
-                    0.0,
-                    0.0,
-                    self._block,
-                    w.dtype,
-                )
-                w2 = _reordered_weight(pd, _Md(w.shape, TAG_OIHW, w.dtype), w)  # shared when the layouts agree
-                prim = Primitive(pd, _weighted_args(pd, mds[0], mds[3], residual, mds[1]), keep=mds)
-                self._plain = (prim, w2)
+                self._plain = self._build(0, 0.0, 0.0)
             return self._plain
 
     @property
