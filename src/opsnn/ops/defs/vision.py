@@ -656,20 +656,18 @@ DeformConv = register_op(
 )
 
 
-def _deform_plan(ctx):
-    kernel, strides, dil, pads, out = _deform_geometry((ctx.shape(0), ctx.shape(1)), ctx.attrs)
+def _deform_plan_of(ctx, xi: int, itemsize: int):
+    """DeformConv's plan for X at input ``xi`` and W after it, computing in ``itemsize``-byte floats."""
+    xs, ws = tuple(ctx.shape(xi)), tuple(ctx.shape(xi + 1))
+    kernel, strides, dil, pads, out = _deform_geometry((xs, ws), ctx.attrs)
     return K.deform_plan(
-        tuple(ctx.shape(0)),
-        tuple(ctx.shape(1)),
-        out,
-        kernel,
-        strides,
-        dil,
-        pads,
-        int(ctx.attrs["group"]),
-        int(ctx.attrs["offset_group"]),
-        4 if _dt.is_low_precision(ctx.dtype(0)) else ctx.dtype(0).itemsize,
-    )  # 16-bit runs in fp32
+        xs, ws, out, kernel, strides, dil, pads, int(ctx.attrs["group"]), int(ctx.attrs["offset_group"]), itemsize
+    )
+
+
+def _deform_plan(ctx):
+    # 16-bit runs in fp32
+    return _deform_plan_of(ctx, 0, 4 if _dt.is_low_precision(ctx.dtype(0)) else ctx.dtype(0).itemsize)
 
 
 def _deform_kernel(ins, outs, attrs, plan, ws):
@@ -859,19 +857,7 @@ DeformConvGrad = register_op(
 
 
 def _deform_grad_plan(ctx):
-    kernel, strides, dil, pads, out = _deform_geometry((ctx.shape(1), ctx.shape(2)), ctx.attrs)
-    return K.deform_plan(
-        tuple(ctx.shape(1)),
-        tuple(ctx.shape(2)),
-        out,
-        kernel,
-        strides,
-        dil,
-        pads,
-        int(ctx.attrs["group"]),
-        int(ctx.attrs["offset_group"]),
-        ctx.dtype(1).itemsize,
-    )
+    return _deform_plan_of(ctx, 1, ctx.dtype(1).itemsize)
 
 
 @DeformConvGrad.kernel(
