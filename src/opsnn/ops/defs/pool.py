@@ -610,6 +610,20 @@ def _bilinear(plane: np.ndarray, yy: float, xx: float) -> tuple:
     )
 
 
+def _roi_box(roi, ft, scale, half, PH, PW, ratio) -> tuple:
+    """RoiAlign's box geometry for one roi in the input's float type ``ft``, as ONNX specifies (the
+    adaptive grid size is a ceil, so float32 vs float64 rounding can change it): (x1, y1, bin height,
+    bin width, samples per bin down, across)."""
+    x1, y1, x2, y2 = (ft(v) * ft(scale) - ft(0.5 if half else 0.0) for v in roi)
+    rw, rh = x2 - x1, y2 - y1
+    if not half:
+        rw, rh = max(rw, ft(1.0)), max(rh, ft(1.0))
+    bh, bw = float(rh / ft(PH)), float(rw / ft(PW))
+    gh = ratio if ratio > 0 else max(int(np.ceil(rh / ft(PH))), 0)
+    gw = ratio if ratio > 0 else max(int(np.ceil(rw / ft(PW))), 0)
+    return float(x1), float(y1), bh, bw, gh, gw
+
+
 def _roi_align_reference(ins, attrs):
     x, rois, bidx = ins
     PH, PW = int(attrs["output_height"]), int(attrs["output_width"])
@@ -623,16 +637,7 @@ def _roi_align_reference(ins, attrs):
         b = int(bidx[r])
         if not 0 <= b < x.shape[0]:
             raise ParamInvalidError(f"RoiAlign: batch index {b} outside 0..{x.shape[0] - 1}", op="RoiAlign")
-        # box geometry in the input's float type, as ONNX specifies (the adaptive grid size
-        # is a ceil, so float32 vs float64 rounding can change it)
-        x1, y1, x2, y2 = (ft(v) * ft(scale) - ft(0.5 if half else 0.0) for v in rois[r])
-        rw, rh = x2 - x1, y2 - y1
-        if not half:
-            rw, rh = max(rw, ft(1.0)), max(rh, ft(1.0))
-        bh, bw = float(rh / ft(PH)), float(rw / ft(PW))
-        gh = ratio if ratio > 0 else max(int(np.ceil(rh / ft(PH))), 0)
-        gw = ratio if ratio > 0 else max(int(np.ceil(rw / ft(PW))), 0)
-        x1, y1 = float(x1), float(y1)
+        x1, y1, bh, bw, gh, gw = _roi_box(rois[r], ft, scale, half, PH, PW, ratio)
         for ph in range(PH):
             for pw in range(PW):
                 samples = []
@@ -721,14 +726,7 @@ def _roi_align_grad_reference(ins, attrs):
         b = int(bidx[r])
         if not 0 <= b < x.shape[0]:
             raise ParamInvalidError(f"RoiAlignGrad: batch index {b} outside 0..{x.shape[0] - 1}", op="RoiAlignGrad")
-        x1, y1, x2, y2 = (ft(v) * ft(scale) - ft(0.5 if half else 0.0) for v in rois[r])
-        rw, rh = x2 - x1, y2 - y1
-        if not half:
-            rw, rh = max(rw, ft(1.0)), max(rh, ft(1.0))
-        bh, bw = float(rh / ft(PH)), float(rw / ft(PW))
-        gh = ratio if ratio > 0 else max(int(np.ceil(rh / ft(PH))), 0)
-        gw = ratio if ratio > 0 else max(int(np.ceil(rw / ft(PW))), 0)
-        x1, y1 = float(x1), float(y1)
+        x1, y1, bh, bw, gh, gw = _roi_box(rois[r], ft, scale, half, PH, PW, ratio)
         for ph in range(PH):
             for pw in range(PW):
                 taps = []  # (y, x, weight) of every corner of every sample
