@@ -17,6 +17,7 @@ The decoder's blocks are one whole generation each. Outputs are checked against 
     $ opsnn bench --models resnet50,bert --repeat 10 --json bench/results/models.json
     $ opsnn bench --small --no-torch            # tiny configs: a smoke test in seconds
     $ opsnn bench --models resnet50 --dtype bfloat16   # + 16-bit weight storage check
+    $ opsnn bench --models resnet50,resnet50_torch     # + the same ResNet-50 as torch.onnx.export writes it
     $ env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/models.py --repeat 10
 
 ``opsnn bench`` runs this file from a source checkout; the peers (torch re-implementations,
@@ -40,11 +41,24 @@ import opsnn  # before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap 
 
 # isort: split
 import numpy as np
-from peers import OrtLlama, TorchBert, TorchLlama, TorchResNet, greedy, load_torch, ort_session
+from peers import (
+    OrtLlama,
+    TorchBert,
+    TorchLlama,
+    TorchResNet,
+    greedy,
+    load_torch,
+    ort_session,
+    torch_onnx_export,
+    torchvision_resnet,
+)
 
 from opsnn.tools.text import table as _table
 
 MODELS = ("resnet50", "resnet50_b8", "bert", "llama")
+#: cases run only when --models names them: ResNet-50 as ``torch.onnx.export`` writes it (the same
+#: weights as resnet50; torch's default exporter, TorchScript's where onnxscript is missing)
+OPTIONAL_MODELS = ("resnet50_torch",)
 OPSNN, ORT, TORCH = "opsnn", "onnxruntime", "torch"
 
 
@@ -82,6 +96,7 @@ def specs(small: bool = False) -> dict:
         return {
             "resnet50": Spec("resnet_tiny", "resnet", 1, 32, options=res),
             "resnet50_b8": Spec("resnet_tiny_b2", "resnet", 2, 32, options=res),
+            "resnet50_torch": Spec("resnet_tiny_torch", "resnet", 1, 32, options=dict(res, torch_export=True)),
             "bert": Spec("bert_tiny", "bert", 1, seq=16, options=dict(config="tiny", vocab_size=100)),
             "llama": Spec(
                 "llama_tiny",
@@ -94,6 +109,9 @@ def specs(small: bool = False) -> dict:
     return {
         "resnet50": Spec("resnet50", "resnet", 1, 224),
         "resnet50_b8": Spec("resnet50_b8", "resnet", 8, 224),
+        "resnet50_torch": Spec(
+            "resnet50_torch", "resnet", 1, 224, options=dict(label="ResNet-50 (torch.onnx.export)", torch_export=True)
+        ),
         "bert": Spec("bert", "bert", 1, seq=128, options=dict(config="base")),
         "llama": Spec(
             "llama",
@@ -198,7 +216,7 @@ def _progress(total: int, desc: str):
 #: measures that interference, not itself (docs/performance.md, "Benchmark method")
 SETTLE_S = 0.3
 #: issue 5's targets for the graph cases: opsnn's median time over onnxruntime's, at most
-TARGETS = {"resnet50": 0.9, "bert": 1.0}
+TARGETS = {"resnet50": 0.9, "resnet50_torch": 0.9, "bert": 1.0}
 #: timed calls per block of the ResNet / BERT cases (see :func:`blocks`, :func:`paired_ratios`)
 GRAPH_BLOCK = 3
 
@@ -291,13 +309,34 @@ def _opsnn_prefill_logits(lm, prompt: np.ndarray) -> np.ndarray:
 
 
 # -- cases -------------------------------------------------------------------------------------------------
+def exported_by_torch(spec: Spec, model) -> tuple[bytes, str]:
+    """The ONNX file ``torch.onnx.export`` writes for ``model`` rebuilt as torchvision's module
+    (torch's default exporter, dynamo; TorchScript's where onnxscript is missing), and which."""
+    torch, why = load_torch()
+    if torch is None:
+        raise ImportError(f"{spec.name} needs torch to export the model: {why}")
+    try:
+        import onnxscript  # noqa: F401 - the dynamo exporter's dependency
+    except ImportError:
+        dynamo = False
+    else:
+        dynamo = True
+    net = torchvision_resnet(model, torch)
+    return torch_onnx_export(net, torch, spec.batch, spec.image, dynamo=dynamo), "dynamo" if dynamo else "TorchScript"
+
+
 def run_graph_case(spec: Spec, args, torch) -> dict:
     """ResNet / BERT: opsnn's compiled graph, onnxruntime on the same ONNX file, torch eager."""
     from opsnn.models import to_onnx
 
     model = build_model(spec)
     feeds = make_inputs(spec, model)
-    proto = to_onnx(model).SerializeToString()
+    description = spec.describe()
+    if spec.options.get("torch_export"):
+        proto, exporter = exported_by_torch(spec, model)
+        description += f", exported by torch.onnx.export ({exporter} exporter)"
+    else:
+        proto = to_onnx(model).SerializeToString()
     flops = (
         resnet_flops(model, spec.batch, spec.image)
         if spec.kind == "resnet"
@@ -325,7 +364,7 @@ def run_graph_case(spec: Spec, args, torch) -> dict:
     med = {n: statistics.median(v) for n, v in samples.items()}
     row = {
         "model": spec.name,
-        "description": spec.describe(),
+        "description": description,
         "flops": flops,
         "compile_ms": compile_ms,
         "latency_ms": med,
@@ -615,7 +654,11 @@ def _mib(by_dtype: dict) -> str:
 # -- entry point -------------------------------------------------------------------------------------------
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="opsnn bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    ap.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help=f"comma-separated, from {', '.join(MODELS + OPTIONAL_MODELS)} (default: {', '.join(MODELS)})",
+    )
     ap.add_argument("--repeat", type=int, default=10, help="timed calls per runtime (in blocks of 3)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first (compilation, plans, caches)")
     ap.add_argument("--json", default="bench/results/models.json")
@@ -631,9 +674,9 @@ def parse_args(argv):
     )
     ap.add_argument("--rtol", type=float, default=1e-3, help="outputs agree when max rel err <= this")
     args = ap.parse_args(argv)
-    bad = [m for m in args.models.split(",") if m and m not in MODELS]
+    bad = [m for m in args.models.split(",") if m and m not in MODELS + OPTIONAL_MODELS]
     if bad:
-        ap.error(f"unknown model(s) {bad}; choose from {', '.join(MODELS)}")
+        ap.error(f"unknown model(s) {bad}; choose from {', '.join(MODELS + OPTIONAL_MODELS)}")
     if args.repeat < 1 or args.warmup < 0:
         ap.error("--repeat must be >= 1 and --warmup >= 0")
     return args

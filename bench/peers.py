@@ -107,6 +107,113 @@ class TorchResNet:
             return {"logits": F.linear(x, self.sd["fc.weight"], self.sd["fc.bias"]).float().numpy()}
 
 
+def torchvision_resnet(model, torch):
+    """The opsnn ResNet as torchvision writes it (``nn.Conv2d``/``nn.BatchNorm2d`` modules,
+    ``torch.flatten`` + ``nn.Linear`` head), in eval mode, with the opsnn module's weights: the
+    model ``torch.onnx.export`` sees when a user exports their torchvision ResNet."""
+    nn = torch.nn
+
+    def conv(cin, cout, k, stride=1, groups=1):
+        return nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False)
+
+    class BasicBlock(nn.Module):
+        def __init__(self, cin, planes, stride, downsample):
+            super().__init__()
+            self.conv1, self.bn1 = conv(cin, planes, 3, stride), nn.BatchNorm2d(planes)
+            self.conv2, self.bn2 = conv(planes, planes, 3), nn.BatchNorm2d(planes)
+            self.relu, self.downsample = nn.ReLU(inplace=True), downsample
+
+        def forward(self, x):
+            out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+            return self.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, width, cout, stride, downsample, groups):
+            super().__init__()
+            self.conv1, self.bn1 = conv(cin, width, 1), nn.BatchNorm2d(width)
+            self.conv2, self.bn2 = conv(width, width, 3, stride, groups), nn.BatchNorm2d(width)
+            self.conv3, self.bn3 = conv(width, cout, 1), nn.BatchNorm2d(cout)
+            self.relu, self.downsample = nn.ReLU(inplace=True), downsample
+
+        def forward(self, x):
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.relu(self.bn2(self.conv2(out)))
+            out = self.bn3(self.conv3(out))
+            return self.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+    class ResNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64)
+            self.relu, self.maxpool = nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)
+            for i in range(1, 5):
+                setattr(self, f"layer{i}", self._stage(getattr(model, f"layer{i}")))
+            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+            self.fc = nn.Linear(model.fc.in_features, model.fc.out_features)
+
+        @staticmethod
+        def _stage(stage):
+            blocks = []
+            for b in stage:
+                stride = b.stride
+                cin = b.conv1.in_channels
+                ds = None
+                if b.downsample is not None:
+                    d = b.downsample[0]
+                    ds = nn.Sequential(
+                        nn.Conv2d(d.in_channels, d.out_channels, 1, stride, bias=False), nn.BatchNorm2d(d.out_channels)
+                    )
+                if hasattr(b, "conv3"):
+                    blocks.append(
+                        Bottleneck(cin, b.conv1.out_channels, b.conv3.out_channels, stride, ds, b.conv2.groups)
+                    )
+                else:
+                    blocks.append(BasicBlock(cin, b.conv1.out_channels, stride, ds))
+            return nn.Sequential(*blocks)
+
+        def forward(self, x):
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+            return self.fc(torch.flatten(self.avgpool(x), 1))
+
+    net = ResNet()
+    sd = _torch_state(model, torch)
+    missing, unexpected = net.load_state_dict(sd, strict=False)
+    bad = [k for k in missing if not k.endswith("num_batches_tracked")]
+    if bad or unexpected:
+        raise KeyError(f"torchvision_resnet: state dict mismatch, missing {bad[:4]}, unexpected {unexpected[:4]}")
+    return net.eval()
+
+
+def torch_onnx_export(net, torch, batch: int, image: int, dynamo: bool = False, opset=None, **options) -> bytes:
+    """``torch.onnx.export`` of ``net`` (input ``input``, output ``logits``): the ONNX file a
+    torch user brings. ``dynamo``: torch's export-based exporter (its default; needs onnxscript)
+    at its own opset 18 (it fails to convert ResNet's ReduceMean to 17 and keeps 18), else the
+    TorchScript one at 17; ``options``: more ``torch.onnx.export`` arguments."""
+    import os
+    import tempfile
+
+    opset = opset or (18 if dynamo else 17)
+    if dynamo:
+        options.setdefault("external_data", False)
+    x = torch.zeros(batch, 3, image, image)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "model.onnx")
+        torch.onnx.export(
+            net,
+            (x,),
+            path,
+            input_names=["input"],
+            output_names=["logits"],
+            opset_version=opset,
+            dynamo=dynamo,
+            verbose=False,
+            **options,
+        )
+        with open(path, "rb") as f:
+            return f.read()
+
+
 class TorchBert:
     """BERT encoder in torch eager (post-LayerNorm, erf GELU, additive attention mask, pooler)."""
 

@@ -213,3 +213,65 @@ def test_opset9_softmax_on_a_graph_output_leaves_no_reshape():
     x = _f32(rng, 2, 8)
     want = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(cg.run({"x": x})["prob"].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+# -- ResNets exported by torch.onnx.export itself ------------------------------------------------------------
+_TORCH_EXPORTS = {
+    # TorchScript exporter: BatchNorm folded by torch, Identity nodes for shared zero biases,
+    # GlobalAveragePool + Flatten + Gemm head, every default attribute written out
+    "torchscript": dict(dynamo=False),
+    # without torch's constant folding: a BatchNormalization after every Conv, as torch writes it
+    "torchscript_bn": dict(dynamo=False, do_constant_folding=False),
+    # torch 2.13's default (dynamo) exporter at its opset 18: ReduceMean(axes input) + Reshape head
+    "dynamo": dict(dynamo=True),
+}
+
+
+@pytest.fixture(scope="module")
+def torch_resnet():
+    """A bottleneck ResNet ([2, 1, 1, 1]: identity and projected residuals, every stage) as
+    opsnn's builder exports it, and as torchvision's module with random BatchNorm statistics."""
+    torch = pytest.importorskip("torch")
+    from opsnn.cli import bench_module
+    from opsnn.models.resnet import Bottleneck, ResNet
+    from opsnn.nn import init
+
+    peers = bench_module("peers")
+    if peers is None:
+        pytest.skip("bench/peers.py is not next to the source tree")
+    torch.manual_seed(0)
+    with init.seeded(0):
+        model = ResNet(Bottleneck, [2, 1, 1, 1], num_classes=CLASSES)
+    net = peers.torchvision_resnet(model, torch)
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                c = m.num_features
+                m.weight.copy_(1 + 0.1 * torch.randn(c))
+                m.bias.copy_(0.1 * torch.randn(c))
+                m.running_mean.copy_(0.1 * torch.randn(c))
+                m.running_var.copy_(1 + torch.rand(c))
+    builder = opsnn.compile(opsnn.onnx.load(opsnn.models.to_onnx(model)))
+    return torch, peers, net, [n.qualified_type for n in builder.graph.nodes]
+
+
+@pytest.mark.parametrize("exporter", list(_TORCH_EXPORTS))
+def test_torch_exported_resnet_optimizes_like_the_builder(torch_resnet, exporter):
+    torch, peers, net, builder_types = torch_resnet
+    options = dict(_TORCH_EXPORTS[exporter])
+    if options["dynamo"]:
+        pytest.importorskip("onnxscript")  # the dynamo exporter's dependency
+    proto = peers.torch_onnx_export(net, torch, 1, 64, **options)
+    cg = opsnn.compile(opsnn.onnx.load(onnx.load_from_string(proto)))
+    got = [n.qualified_type for n in cg.graph.nodes]
+    # Reshape(x, [0, -1]) where the builder writes Flatten: both a view of the same bytes
+    got = ["Flatten" if t == "Reshape" else t for t in got]
+    assert len(got) == len(builder_types) and sorted(got) == sorted(builder_types), (exporter, got, builder_types)
+    x = _f32(np.random.default_rng(4), 1, 3, 64, 64)
+    out = cg.run({"input": x})["logits"].numpy()
+    with torch.inference_mode():
+        want = net(torch.from_numpy(x)).numpy()
+    peer = ort.InferenceSession(proto, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * scale)
+    np.testing.assert_allclose(out, peer, rtol=1e-4, atol=1e-4 * scale)
