@@ -224,6 +224,9 @@ _TORCH_EXPORTS = {
     "torchscript_bn": dict(dynamo=False, do_constant_folding=False),
     # torch 2.13's default (dynamo) exporter at its opset 18: ReduceMean(axes input) + Reshape head
     "dynamo": dict(dynamo=True),
+    # the dynamo exporter without its optimizer: each Conv's zero bias as Expand(CastLike(0, x),
+    # Shape(w)[:1]) and a BatchNormalization after every Conv
+    "dynamo_unoptimized": dict(dynamo=True, optimize=False),
 }
 
 
@@ -275,3 +278,34 @@ def test_torch_exported_resnet_optimizes_like_the_builder(torch_resnet, exporter
     scale = np.abs(want).max()
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * scale)
     np.testing.assert_allclose(out, peer, rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_cast_like_of_a_constant_folds_when_the_target_dtype_is_known():
+    # torch's dynamo exporter casts each scalar as CastLike(constant, activation): the activation's
+    # dtype comes from the fold before it (y's Expand shape is Shape(w)[:1], known once folded)
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((3, 4)).astype(np.float64)
+    nodes = [
+        helper.make_node("Shape", ["w"], ["wshape"], end=1),
+        helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.array(0.5, np.float32))),
+        helper.make_node("CastLike", ["zero", "x"], ["half_x"]),
+        helper.make_node("Expand", ["half_x", "wshape"], ["bias"]),
+        helper.make_node("Add", ["x", "bias"], ["y"]),
+        helper.make_node("CastLike", ["zero", "y"], ["half_y"]),
+        helper.make_node("Mul", ["y", "half_y"], ["z"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "castlike",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2, 3])],
+        [helper.make_tensor_value_info("z", TensorProto.DOUBLE, [2, 3])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    cg = opsnn.compile(opsnn.onnx.load(proto))
+    assert "CastLike" not in [n.op_type for n in cg.graph.nodes], [n.op_type for n in cg.graph.nodes]
+    x = rng.standard_normal((2, 3))
+    want = ReferenceEvaluator(proto).run(None, {"x": x})[0]
+    got = cg.run({"x": x})["z"].numpy()
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)

@@ -2,7 +2,7 @@
 
 >>> import opsnn
 >>> opsnn.optimize.pass_names()[:2]
-['eliminate_noops', 'constant_folding']
+['variadic_to_binary', 'eliminate_noops']
 """
 
 from .graph.passes import PASSES, OptimizeReport, disable_passes, optimize, pass_names

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ParamInvalidError
-from ..ops.registry import get_op, has_op
+from ..ops.registry import TensorMeta, get_op, has_op
 from ..runtime import hooks
 from .ir import Graph, Node
 
@@ -220,7 +220,6 @@ def variadic_to_binary(graph: Graph, res: PassResult) -> None:
             out_nodes.append(Node(op, [acc, scale], [out], name=f"{n.name}_mean"))
         res.note(f"{n.name} ({n.op_type} of {len(ins)} inputs) -> {len(ins) - 1} Add" + (f" + {op}" if scale else ""))
     graph.nodes = out_nodes
-    _head_forms(graph, res)
 
 
 def _const_ints(graph: Graph, name: str):
@@ -228,9 +227,10 @@ def _const_ints(graph: Graph, name: str):
     return None if v is None else [int(i) for i in np.asarray(v).reshape(-1)]
 
 
-def _head_forms(graph: Graph, res: PassResult) -> None:
+def head_forms(graph: Graph, res: PassResult) -> None:
     """Classifier heads as the builder writes them: ReduceMean over H and W of a 4-D tensor
-    (torch.onnx, keepdims) and an unpadded AveragePool whose kernel is the whole (static) image
+    (torch.onnx, keepdims; the axes an attribute or a constant, folded by now where the dynamo
+    exporter computes them) and an unpadded AveragePool whose kernel is the whole (static) image
     (the zoo's) -> GlobalAveragePool, which the blocked layout reads in place."""
     from .shape_inference import infer_types
 
@@ -266,22 +266,45 @@ def _head_forms(graph: Graph, res: PassResult) -> None:
         res.note(f"{n.name} ({n.op_type} over all of H, W) -> GlobalAveragePool")
 
 
+def _cast_like_target(n: Node, graph: Graph, metas) -> np.ndarray | None:
+    """For ``CastLike(constant, x)`` whose ``x`` has a known dtype: a scalar of that dtype, the
+    only thing the op reads from ``x`` (torch's dynamo exporter casts every scalar this way)."""
+    if metas is None or n.op_type != "CastLike" or n.domain or len(n.inputs) != 2:
+        return None
+    if n.inputs[0] not in graph.initializers or n.inputs[1] in graph.initializers:
+        return None
+    meta = metas.get(n.inputs[1])
+    return None if meta is None else np.zeros((), meta.dtype)
+
+
 def constant_folding(graph: Graph, res: PassResult) -> None:
-    """Evaluate nodes whose inputs are all constants; their outputs become initializers."""
+    """Evaluate nodes whose inputs are all constants (``CastLike``: whose first input is, and the
+    second's dtype known); their outputs become initializers."""
     from ..ops import executor as _ex
     from .interpreter import BUILTINS
+    from .shape_inference import infer_node_types, known_types
 
+    # types kept current through the sweep only for CastLike: a fold there can make the next
+    # node's dtype known (the dynamo exporter's Conv biases: CastLike(0, the conv's input))
+    metas = values = None
+    if any(n.op_type == "CastLike" and not n.domain for n in graph.nodes):
+        metas, values = known_types(graph)
     keep = []
     for n in graph.nodes:
         if n.op_type == "Constant" and not n.domain:
             val = BUILTINS[("", "Constant")](None, n, [], None)[0].numpy()
             if val.dtype != object and _removable_output(graph, n.outputs[0]):
                 graph.initializers[n.outputs[0]] = val
+                if metas is not None:
+                    values[n.outputs[0]], metas[n.outputs[0]] = val, TensorMeta(val.shape, val.dtype)
                 res.note(f"{n.name}: Constant -> initializer {n.outputs[0]!r}")
                 continue
             keep.append(n)
             continue
         ins = [i for i in n.inputs if i]
+        target = _cast_like_target(n, graph, metas)
+        if target is not None:
+            ins = ins[:1]
         foldable = (
             ins
             and all(i in graph.initializers for i in ins)
@@ -292,14 +315,14 @@ def constant_folding(graph: Graph, res: PassResult) -> None:
         )
         if not foldable:
             keep.append(n)
+            if metas is not None:
+                infer_node_types(n, metas, values)
             continue
+        args = [graph.initializers[i] if i else None for i in n.inputs[: len(n.inputs) if target is None else 1]]
+        if target is not None:
+            args.append(target)
         try:
-            outs = _ex.call(
-                get_op(n.op_type, n.domain),
-                [graph.initializers[i] if i else None for i in n.inputs],
-                dict(n.attrs),
-                num_outputs=len(n.outputs),
-            )
+            outs = _ex.call(get_op(n.op_type, n.domain), args, dict(n.attrs), num_outputs=len(n.outputs))
         except Exception as exc:  # noqa: BLE001 - a node that cannot fold stays in the graph
             res.refuse(f"{n.name} ({n.op_type}): evaluation failed: {exc}")
             keep.append(n)
@@ -312,6 +335,9 @@ def constant_folding(graph: Graph, res: PassResult) -> None:
         for name, t in zip(n.outputs, outs):
             if name:
                 graph.initializers[name] = np.array(t.numpy())
+                if metas is not None:
+                    values[name] = graph.initializers[name]
+                    metas[name] = TensorMeta(graph.initializers[name].shape, graph.initializers[name].dtype)
         res.note(f"folded {n.name} ({n.op_type})")
     graph.nodes = keep
 
@@ -530,14 +556,15 @@ def _mixed_precision(graph: Graph, res: PassResult) -> None:
 
 
 PASSES: list[Pass] = [
-    Pass(
-        "variadic_to_binary",
-        variadic_to_binary,
-        1,
-        "Sum/Mean of inputs -> Add (+ Mul by 1/n); torch's ReduceMean(H, W) head -> GlobalAveragePool",
-    ),
+    Pass("variadic_to_binary", variadic_to_binary, 1, "Sum/Mean of inputs -> Add (+ Mul by 1/n)"),
     Pass("eliminate_noops", eliminate_noops, 1, "Identity/Dropout/no-op Cast/Reshape elimination"),
     Pass("constant_folding", constant_folding, 1, "evaluate constant subgraphs at compile time"),
+    Pass(
+        "head_forms",
+        head_forms,
+        1,
+        "torch's ReduceMean(H, W) and the zoo's whole-image AveragePool heads -> GlobalAveragePool",
+    ),
     Pass("dead_code_elimination", dead_code_elimination, 1, "drop unused nodes and initializers"),
     Pass("common_subexpression_elimination", common_subexpression_elimination, 1, "merge identical nodes"),
     Pass("transpose_cancellation", transpose_cancellation, 1, "cancel/merge consecutive Transposes"),

@@ -36,10 +36,9 @@ def _infer_node(rec, metas, values, attrs, n_out):
     return rec.run_infer(ctx)
 
 
-def infer_types(graph: Graph, input_shapes: dict | None = None) -> dict:
-    """``{value name: Value}`` with dtype and (possibly symbolic, possibly None) shapes for every
-    value the graph computes; also stored in ``graph.value_info``. ``input_shapes`` overrides
-    the declared input shapes (e.g. concrete shapes)."""
+def known_types(graph: Graph, input_shapes: dict | None = None) -> tuple[dict, dict]:
+    """``({name: TensorMeta}, {name: array})`` of what is known before any node is inferred: the
+    graph inputs (``input_shapes`` overriding), initializers and Constant nodes' values."""
     metas: dict = {}
     for v in graph.inputs:
         shape = (input_shapes or {}).get(v.name, v.shape)
@@ -50,42 +49,16 @@ def infer_types(graph: Graph, input_shapes: dict | None = None) -> dict:
     values = _constant_values(graph)
     for k, a in values.items():
         metas.setdefault(k, TensorMeta(a.shape, a.dtype))
+    return metas, values
+
+
+def infer_types(graph: Graph, input_shapes: dict | None = None) -> dict:
+    """``{value name: Value}`` with dtype and (possibly symbolic, possibly None) shapes for every
+    value the graph computes; also stored in ``graph.value_info``. ``input_shapes`` overrides
+    the declared input shapes (e.g. concrete shapes)."""
+    metas, values = known_types(graph, input_shapes)
     for node in graph.nodes:
-        if node.op_type == "Constant" or not has_op(node.op_type, node.domain):
-            continue
-        rec = get_op(node.op_type, node.domain)
-        ins = [metas.get(n) if n else None for n in node.inputs]
-        if any(m is None for m, n in zip(ins, node.inputs) if n):
-            continue
-        # unknown dims become fresh symbols for this node, and unknown again in its outputs
-        unknown = []
-        for i, m in enumerate(ins):
-            if m is not None and any(d is None for d in m.shape):
-                dims = []
-                for d in m.shape:
-                    if d is None:
-                        unknown.append(f"?{len(unknown)}")
-                        d = Sym(unknown[-1])
-                    dims.append(d)
-                ins[i] = TensorMeta(tuple(dims), m.dtype)
-        vals = [values.get(n) if n else None for n in node.inputs]
-        if any(i < len(node.inputs) and node.inputs[i] and vals[i] is None for i in rec.host_inputs):
-            continue
-        outs = None
-        try:
-            outs = _infer_node(rec, ins, vals, node.attrs, len(node.outputs))
-        except (SymbolicError, TypeError, ValueError, OpsnnError):
-            outs = _probe(rec, ins, vals, node.attrs, len(node.outputs))
-        except Exception:  # noqa: BLE001 - inference of one node never breaks the graph's
-            outs = None
-        if outs is None:
-            continue
-        for name, m in zip(node.outputs, outs):
-            if name and m is not None:
-                dims = tuple(
-                    None if isinstance(d, Sym) and any(a.startswith("?") for a in d.atoms()) else d for d in m.shape
-                )
-                metas[name] = TensorMeta(dims, m.dtype)
+        infer_node_types(node, metas, values)
     result = {}
     for name, m in metas.items():
         shape = tuple(str(d) if isinstance(d, Sym) else d for d in m.shape)
@@ -94,6 +67,47 @@ def infer_types(graph: Graph, input_shapes: dict | None = None) -> dict:
         {k: v for k, v in result.items() if k not in graph.initializers and k not in graph.input_names}
     )
     return {k: (metas[k]) for k in metas}
+
+
+def infer_node_types(node, metas: dict, values: dict) -> None:
+    """Add ``node``'s output ``TensorMeta`` s to ``metas`` where its inputs' are known (``values``:
+    the constant inputs' arrays, for ops whose inference reads them); a pass that changes the
+    graph as it sweeps it in order keeps its types current with this."""
+    if node.op_type == "Constant" or not has_op(node.op_type, node.domain):
+        return
+    rec = get_op(node.op_type, node.domain)
+    ins = [metas.get(n) if n else None for n in node.inputs]
+    if any(m is None for m, n in zip(ins, node.inputs) if n):
+        return
+    # unknown dims become fresh symbols for this node, and unknown again in its outputs
+    unknown = []
+    for i, m in enumerate(ins):
+        if m is not None and any(d is None for d in m.shape):
+            dims = []
+            for d in m.shape:
+                if d is None:
+                    unknown.append(f"?{len(unknown)}")
+                    d = Sym(unknown[-1])
+                dims.append(d)
+            ins[i] = TensorMeta(tuple(dims), m.dtype)
+    vals = [values.get(n) if n else None for n in node.inputs]
+    if any(i < len(node.inputs) and node.inputs[i] and vals[i] is None for i in rec.host_inputs):
+        return
+    outs = None
+    try:
+        outs = _infer_node(rec, ins, vals, node.attrs, len(node.outputs))
+    except (SymbolicError, TypeError, ValueError, OpsnnError):
+        outs = _probe(rec, ins, vals, node.attrs, len(node.outputs))
+    except Exception:  # noqa: BLE001 - inference of one node never breaks the graph's
+        outs = None
+    if outs is None:
+        return
+    for name, m in zip(node.outputs, outs):
+        if name and m is not None:
+            dims = tuple(
+                None if isinstance(d, Sym) and any(a.startswith("?") for a in d.atoms()) else d for d in m.shape
+            )
+            metas[name] = TensorMeta(dims, m.dtype)
 
 
 def _probe(rec, ins, vals, attrs, n_out):
