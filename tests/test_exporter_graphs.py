@@ -157,6 +157,8 @@ def builder():
         "reshape",
         "matmul_add",
         "symbolic",
+        "mean",
+        "add_half",
     ],
 )
 def test_exporter_style_optimizes_like_the_builder(builder, style):
@@ -171,6 +173,48 @@ def test_exporter_style_optimizes_like_the_builder(builder, style):
 def test_mean_residual_optimizes_like_add_then_half():
     # Mean(a, b) is Add then Mul by 0.5 (x * 0.5 rounds as x / 2): as that graph written out
     assert _optimized("mean") == _optimized("add_half")
+
+
+def test_mean_residual_read_by_other_ops_gets_its_true_value():
+    # three Mean residual blocks: the factors compound through Relu and the next blocks' convs (the
+    # second and third rescale their conv to the residual's factor); a Sigmoid, which does not commute
+    # with a scale, reads the first sum, and the last block's output is a graph output: each gets
+    # its true value from one Mul (2 made for 3 dropped)
+    rng = np.random.default_rng(6)
+    inits, nodes, x = [], [], "x"
+    for k in range(3):
+        w, b = _f32(rng, 8, 8, 3, 3, scale=0.2), _f32(rng, 8, scale=0.1)
+        inits += [numpy_helper.from_array(w, f"w{k}"), numpy_helper.from_array(b, f"b{k}")]
+        nodes += [
+            helper.make_node("Conv", [x, f"w{k}", f"b{k}"], [f"c{k}"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+            helper.make_node("Mean", [f"c{k}", x], [f"s{k}"]),
+            helper.make_node("Relu", [f"s{k}"], [f"r{k}"]),
+        ]
+        x = f"r{k}"
+    nodes.append(helper.make_node("Sigmoid", ["s0"], ["g"]))
+    shape = [1, 8, 6, 6]
+    g = helper.make_graph(
+        nodes,
+        "mean_readers",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("r2", "g")],
+        inits,
+    )
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    cg = opsnn.compile(opsnn.onnx.load(proto))
+    log = cg.pass_report.by_name("residual_scale_folding").log
+    assert sum("true value" in line for line in log) == 2 and sum("folded" in line for line in log) == 3, log
+    xv = _f32(rng, *shape)
+    got = cg.run({"x": xv})
+    for name, ref in zip(("r2", "g"), ReferenceEvaluator(proto).run(None, {"x": xv})):
+        np.testing.assert_allclose(got[name].numpy(), ref, rtol=1e-5, atol=1e-5, err_msg=name)
+    # with the Sigmoid on the second sum too, restoring would cost as many Muls as it drops: refused
+    g.node.append(helper.make_node("Sigmoid", ["s1"], ["g1"]))
+    g.output.append(helper.make_tensor_value_info("g1", TensorProto.FLOAT, shape))
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    cg = opsnn.compile(opsnn.onnx.load(proto))
+    report = cg.pass_report.by_name("residual_scale_folding")
+    assert report.changes == 0 and report.refused, report
 
 
 def test_sum_of_three_and_mean_of_three_match_onnx_reference():

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import dtypes as _dt
 from ..errors import ParamInvalidError
 from ..ops.registry import TensorMeta, get_op, has_op
 from ..runtime import hooks
@@ -489,6 +490,167 @@ def conv_bn_folding(graph: Graph, res: PassResult) -> None:
     graph.nodes = [n for n in graph.nodes if id(n) not in remove]
 
 
+_WIDE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(_dt.bfloat16))
+#: ops that commute with a positive scalar factor on their first input: op(s * x) = s * op(x)
+_SCALE_COMMUTES = {"Relu", "MaxPool", "GlobalAveragePool", "AveragePool", "Flatten", "Reshape", "Identity"}
+
+
+def _power_of_two_scalar(graph: Graph, name: str):
+    """The value of a positive, power-of-two scalar constant ``name`` of a float type with float32's
+    exponent range or more (a factor compounds over residual blocks: float16 would overflow)."""
+    v = graph.initializers.get(name)
+    if v is None or v.size != 1 or np.dtype(v.dtype) not in _WIDE_FLOATS:
+        return None
+    c = float(v.reshape(-1)[0])
+    return c if np.isfinite(c) and c > 0 and np.frexp(c)[0] == 0.5 else None
+
+
+def residual_scale_folding(graph: Graph, res: PassResult) -> None:
+    """A power-of-two scale of a residual sum (``Mean(a, b)`` = ``Mul(Add(a, b), 0.5)``, from
+    variadic_to_binary) moves into convolution weights, so the conv epilogue takes the residual
+    ``Add`` and ``Relu`` as it does a plain ``Add``. Each value carries a factor (stored = true /
+    factor): the scale ``Mul`` is dropped and its factor passes through ops that commute with it
+    (Relu, pools, Flatten, Reshape); a Conv reading a scaled X takes the factor into a copy of its
+    weight, as does a Gemm / MatMul by a constant; an ``Add`` of unequal factors rescales the side
+    a Conv writes for it alone (weight and bias); any other reader, and a graph output, gets the
+    true value back from one ``Mul``. Scaling by powers of two is exact: the same results barring
+    under- and overflow. Only a Mul of an Add that a Conv feeds starts this (a CNN's residual)."""
+    if any(True for _, n in graph.walk() for _ in n.subgraphs()):
+        return
+    prods, users = graph.producers(), graph.consumers()
+    inits, outputs = graph.initializers, set(graph.output_names)
+
+    def conv_with_constants(n):
+        return (
+            n is not None
+            and n.op_type == "Conv"
+            and not n.domain
+            and len(n.inputs) > 1
+            and n.inputs[1] in inits
+            and (len(n.inputs) < 3 or not n.inputs[2] or n.inputs[2] in inits)
+        )
+
+    def starts(n):
+        """``(the Add's output, factor)`` when ``n`` is a Mul by a power-of-two scalar of a
+        residual sum read only by it, which a Conv of the scalar's dtype feeds."""
+        if n.op_type != "Mul" or n.domain or len(n.inputs) != 2 or n.outputs[0] in outputs:
+            return None
+        for data, const in (n.inputs, n.inputs[::-1]):
+            c = _power_of_two_scalar(graph, const)
+            add = prods.get(data)
+            if c is None or add is None or add.op_type != "Add" or add.domain or data in outputs:
+                continue
+            convs = [prods.get(i) for i in add.inputs if conv_with_constants(prods.get(i))]
+            if len(users.get(data, [])) == 1 and any(inits[cv.inputs[1]].dtype == inits[const].dtype for cv in convs):
+                return data, c
+        return None
+
+    if not any(starts(n) for n in graph.nodes):
+        return
+
+    def scaled_copy(name, factor):
+        w = inits[name]
+        new = graph.unique_name(name + "_scaled")
+        inits[new] = (w * np.asarray(factor, w.dtype)).astype(w.dtype)
+        return new
+
+    def sweep(apply: bool) -> tuple[int, int]:
+        """One pass in order; ``apply`` False: nothing changes, only ``(Muls dropped, Muls
+        made)`` are counted (the rewrite is kept only where it drops more than it makes)."""
+        scale: dict = {}  # value -> factor (absent: 1)
+        dtype_of: dict = {}  # a scaled value -> its dtype (the scale constant's)
+        renamed: dict = {}
+        true_of: dict = {}  # scaled value -> the name of its true value, made once
+        out_nodes: list = []
+        dropped = 0
+
+        def true_value(name):
+            if name not in true_of:
+                true_of[name] = name
+                if apply:
+                    c = graph.unique_name(f"{name}_factor")
+                    inits[c] = np.array(scale[name], dtype_of[name])
+                    true_of[name] = graph.unique_name(f"{name}_true")
+                    out_nodes.append(Node("Mul", [name, c], [true_of[name]], name=f"{name}_unscale"))
+                    res.note(f"{name}: scaled by {scale[name]}; one Mul makes its true value for a reader")
+            return true_of[name]
+
+        for n in graph.nodes:
+            ins = [renamed.get(i, i) for i in n.inputs]
+            if apply:
+                n.inputs = ins
+            st = starts(n)
+            if st is not None:
+                data, c = st
+                renamed[n.outputs[0]] = data
+                scale[data] = scale.get(data, 1.0) * c
+                dtype_of[data] = inits[ins[1] if ins[0] == data else ins[0]].dtype
+                dropped += 1
+                if apply:
+                    res.note(f"{n.name}: Mul by {c} of a residual sum folded into the convolutions")
+                continue
+            scaled = [i for i in ins if i and scale.get(i, 1.0) != 1.0]
+            x = ins[0] if ins else ""
+            if not scaled:
+                pass
+            elif n.op_type in _SCALE_COMMUTES and not n.domain and scaled == [x]:
+                scale[n.outputs[0]], dtype_of[n.outputs[0]] = scale[x], dtype_of[x]
+            elif scaled == [x] and (
+                conv_with_constants(n) or (n.op_type in ("Gemm", "MatMul") and not n.domain and ins[1] in inits)
+            ):
+                if apply:
+                    n.inputs[1] = scaled_copy(ins[1], scale[x])
+                    res.note(f"{n.name} ({n.op_type}): reads its input scaled by {scale[x]}; its weight takes it")
+            elif n.op_type == "Add" and not n.domain and len(ins) == 2:
+                a, b = ins
+                fa, fb = scale.get(a, 1.0), scale.get(b, 1.0)
+                done = fa == fb
+                for side, f_side, f_other in ((a, fa, fb), (b, fb, fa)):
+                    conv = prods.get(side)
+                    if done or not conv_with_constants(conv) or len(users.get(side, [])) != 1 or side in outputs:
+                        continue
+                    if apply:  # the conv writes side / f_other: weight and bias times f_side / f_other
+                        conv.inputs[1] = scaled_copy(conv.inputs[1], f_side / f_other)
+                        if len(conv.inputs) > 2 and conv.inputs[2]:
+                            conv.inputs[2] = scaled_copy(conv.inputs[2], f_side / f_other)
+                        res.note(f"{conv.name}: output rescaled by {f_side / f_other} to the residual's factor")
+                    scale[side] = f_other
+                    done = True
+                if done:
+                    scale[n.outputs[0]] = scale.get(a, 1.0)
+                    dtype_of[n.outputs[0]] = dtype_of[a] if a in dtype_of else dtype_of[b]
+                else:
+                    ins = [true_value(i) if i in scaled else i for i in ins]
+            else:
+                ins = [true_value(i) if i in scaled else i for i in ins]
+            if apply:
+                n.inputs = ins
+                out_nodes.append(n)
+        made = len(true_of) + sum(1 for o in outputs if scale.get(o, 1.0) != 1.0)
+        if not apply:
+            return dropped, made
+        graph.nodes = out_nodes
+        for o in graph.output_names:
+            if scale.get(o, 1.0) != 1.0:  # a graph output keeps its name and true value
+                prod = graph.producers()[o]
+                inner = graph.unique_name(f"{o}_scaled")
+                prod.outputs[prod.outputs.index(o)] = inner
+                for m in graph.nodes:
+                    m.inputs = [inner if i == o else i for i in m.inputs]
+                c = graph.unique_name(f"{o}_factor")
+                inits[c] = np.array(scale[o], dtype_of[o])
+                graph.nodes.append(Node("Mul", [inner, c], [o], name=f"{o}_unscale"))
+                res.note(f"graph output {o}: one Mul makes its true value")
+        apply_renames(graph, renamed)
+        return dropped, made
+
+    dropped, made = sweep(apply=False)
+    if made >= dropped:
+        res.refuse(f"{dropped} residual scale(s) would need {made} Mul(s) to restore true values elsewhere")
+        return
+    sweep(apply=True)
+
+
 def user_rewrites(graph: Graph, res: PassResult) -> None:
     """Rules registered with ``opsnn.optimize.register_rewrite_rule`` (fixed point, loop guard)."""
     from . import rules as _rules
@@ -583,6 +745,12 @@ PASSES: list[Pass] = [
         "Attention reads/writes (B, S, H*D) directly instead of head split/merge Transposes",
     ),
     Pass("user_rewrites", user_rewrites, 2, "user-registered rewrite rules"),
+    Pass(
+        "residual_scale_folding",
+        residual_scale_folding,
+        2,
+        "a power-of-two scale of a residual sum (Mean of two) into the convolutions' weights",
+    ),
     Pass(
         "epilogue_fusion",
         _rule_pass("epilogue_fusion"),
