@@ -74,6 +74,8 @@ class _Net:
             y = self.op("Mean", [a, b])
         elif self.style == "add_half":  # the builder's equivalent of Mean
             y = self.op("Mul", [self.op("Add", [a, b]), self.init("half", np.array(0.5, np.float32))])
+        elif self.style == "add_div2":  # (a + b) / 2
+            y = self.op("Div", [self.op("Add", [a, b]), self.init("two", np.array(2.0, np.float32))])
         else:
             y = self.op("Add", [a, b])
         return self.op("Relu", [y])
@@ -159,6 +161,7 @@ def builder():
         "symbolic",
         "mean",
         "add_half",
+        "add_div2",
     ],
 )
 def test_exporter_style_optimizes_like_the_builder(builder, style):

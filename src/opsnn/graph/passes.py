@@ -507,7 +507,7 @@ def _power_of_two_scalar(graph: Graph, name: str):
 
 def residual_scale_folding(graph: Graph, res: PassResult) -> None:
     """A power-of-two scale of a residual sum (``Mean(a, b)`` = ``Mul(Add(a, b), 0.5)``, from
-    variadic_to_binary) moves into convolution weights, so the conv epilogue takes the residual
+    variadic_to_binary, or ``(a + b) / 2``) moves into convolution weights, so the conv epilogue takes the residual
     ``Add`` and ``Relu`` as it does a plain ``Add``. Each value carries a factor (stored = true /
     factor): the scale ``Mul`` is dropped and its factor passes through ops that commute with it
     (Relu, pools, Flatten, Reshape); a Conv reading a scaled X takes the factor into a copy of its
@@ -531,12 +531,13 @@ def residual_scale_folding(graph: Graph, res: PassResult) -> None:
         )
 
     def starts(n):
-        """``(the Add's output, factor)`` when ``n`` is a Mul by a power-of-two scalar of a
+        """``(the Add's output, factor)`` when ``n`` is a Mul (Div) by a power-of-two scalar of a
         residual sum read only by it, which a Conv of the scalar's dtype feeds."""
-        if n.op_type != "Mul" or n.domain or len(n.inputs) != 2 or n.outputs[0] in outputs:
+        if n.op_type not in ("Mul", "Div") or n.domain or len(n.inputs) != 2 or n.outputs[0] in outputs:
             return None
-        for data, const in (n.inputs, n.inputs[::-1]):
+        for data, const in (n.inputs, n.inputs[::-1]) if n.op_type == "Mul" else (n.inputs,):
             c = _power_of_two_scalar(graph, const)
+            c = 1.0 / c if c is not None and n.op_type == "Div" else c
             add = prods.get(data)
             if c is None or add is None or add.op_type != "Add" or add.domain or data in outputs:
                 continue
@@ -587,7 +588,7 @@ def residual_scale_folding(graph: Graph, res: PassResult) -> None:
                 dtype_of[data] = inits[ins[1] if ins[0] == data else ins[0]].dtype
                 dropped += 1
                 if apply:
-                    res.note(f"{n.name}: Mul by {c} of a residual sum folded into the convolutions")
+                    res.note(f"{n.name}: {n.op_type} scaling a residual sum by {c} folded into the convolutions")
                 continue
             scaled = [i for i in ins if i and scale.get(i, 1.0) != 1.0]
             x = ins[0] if ins else ""
