@@ -355,6 +355,8 @@ def test_blocked_bf16_conv_keeps_nan_and_inf_under_relu_and_clip(act, monkeypatc
     bound as float32 (bfloat16 read as its bits) sends a non-finite X or W to the post-op-free primitive;
     NaN, +Inf and -Inf land where a float64 direct convolution of the bfloat16 values has them, through
     the kernel call and the bound call; finite inputs of moderate size keep the post-op."""
+    if KD.bf16_unavailable() is not None:  # the blocked-layout pass makes no bfloat16 blocked convolution here
+        pytest.skip(f"no bfloat16 blocked convolution here: {KD.bf16_unavailable()}")
     monkeypatch.delenv(KD.CONV_IEEE_ENV, raising=False)
     rec = get_op("BlockedConv", "opsnn")
     k = next(k for k in rec.kernels if k.name == "conv_onednn")
