@@ -363,6 +363,20 @@ def test_explain_prints_the_kernel_library_of_each_product_shape(tmp_path, plain
     assert shapes == [["1x16x32x32 * 16x16x3x3"], ["1x3x64x64 * 16x3x7x7"]], convs
 
 
+def test_explain_never_splits_a_hyphenated_word_where_it_wraps(monkeypatch):
+    """The library summary wraps at 110 columns: wherever the wrap falls, 'gnu-openmp' stays whole (textwrap's
+    default breaks after a hyphen: a 145-character ISA phrase made it "gnu-" / "openmp")."""
+    from opsnn.kernels.cpu import libraries as KL
+    from opsnn.tools import explain
+
+    tail = "; GEMM OpenBLAS; OpenBLAS Haswell; MKL gnu-openmp; oneDNN 3.2.0 (nChw8c, no matmul, no bf16)"
+    for n in range(20, 200):  # the ISA phrase: words of 4 letters, n characters
+        line = f"ISA {('abcd ' * 40)[:n].strip()}{tail}"
+        monkeypatch.setattr(KL, "summary", lambda line=line: line)
+        flowed = " ".join(" ".join(explain._libraries_section([])).split())
+        assert f"kernel libraries: {' '.join(line.split())}" in flowed, n
+
+
 def test_explain_needs_static_shapes(tmp_path):
     from opsnn.errors import ParamInvalidError
     from opsnn.tools.explain import explain_graph

@@ -349,6 +349,68 @@ def test_blocked_conv_keeps_nan_under_relu_by_default(monkeypatch, rng):
     assert ran
 
 
+@pytest.mark.parametrize("act", ["Relu", "Clip"])
+def test_blocked_bf16_conv_keeps_nan_and_inf_under_relu_and_clip(act, monkeypatch, rng):
+    """bfloat16 blocked convolution + Relu / Clip: oneDNN's post-op maps NaN to 0 or a bound, so the same
+    bound as float32 (bfloat16 read as its bits) sends a non-finite X or W to the post-op-free primitive;
+    NaN, +Inf and -Inf land where a float64 direct convolution of the bfloat16 values has them, through
+    the kernel call and the bound call; finite inputs of moderate size keep the post-op."""
+    if KD.bf16_unavailable() is not None:  # the blocked-layout pass makes no bfloat16 blocked convolution here
+        pytest.skip(f"no bfloat16 blocked convolution here: {KD.bf16_unavailable()}")
+    monkeypatch.delenv(KD.CONV_IEEE_ENV, raising=False)
+    rec = get_op("BlockedConv", "opsnn")
+    k = next(k for k in rec.kernels if k.name == "conv_onednn")
+    lo, hi = -0.5, 1.5
+    ran = 0
+    for case, kind in itertools.product(_cases("BlockedConv"), ("x", "w")):
+        ins, attrs, relu, to_plain = _inputs("BlockedConv", case, kind, BF16, rng)
+        if act == "Clip":
+            attrs.update(activation="Clip", activation_alpha=lo, activation_beta=hi)
+            w64, x64 = ins[1].astype(np.float64), to_plain(ins[0]).astype(np.float64)
+            pre = conv64(x64, w64, ins[2], attrs.get("strides"), attrs.get("pads"), attrs.get("dilations"))
+            want = np.clip(pre + to_plain(ins[3]).astype(np.float64), lo, hi)  # np.clip keeps NaN
+        else:
+            want = relu
+        metas = [TensorMeta(a.shape, a.dtype) for a in ins]
+        ctx = plan_op(rec, metas, [None, ins[1], None, None], attrs, algo="reference").ctx
+        why = k.check(ctx)
+        if why is not None and not isinstance(why, NotPreferred):
+            pytest.skip(f"conv_onednn does not run here: {why}")
+        plan = k.plan(ctx)
+        assert plan.prim.checked is not None, "bfloat16 keeps the IEEE check"
+        ins = [np.ascontiguousarray(a) for a in ins]
+        x, b, z = ins[0], ins[2], ins[3]
+        assert plan.prim.bounded(np.ones_like(x), b, z) == (kind == "x")
+        assert not plan.prim.bounded(np.full_like(x, 1e38), b, z)  # 1e38 * sum|W| could overflow float32
+        for how in ("call", "bind"):
+            out = np.full(ctx.outputs[0].shape, np.nan, BF16)  # NaN-filled: a place not written fails
+            if how == "call":
+                k.fn(ins, [out], ctx.attrs, plan, None)
+            else:
+                plan.prim.bind(x, b, z, out)()
+            assert np.isnan(want).any()
+            _assert_ieee_equal(
+                to_plain(out).astype(np.float64), want, 3e-2, f"bf16 conv_onednn + {act} {how} on {case}, {kind}"
+            )
+        ran += 1
+    assert ran
+
+
+def test_max_abs_reads_bfloat16_bits(rng):
+    """bfloat16: max |x| exactly (as the float32 of equal value), inf for any NaN or Inf (exponent all ones)."""
+    for n in (0, 5, KF.MAX_ABS_CHUNK * 3 + 7):
+        x = (rng.standard_normal(n) * 1e3).astype(BF16)
+        assert KF.max_abs(x) == (float(np.abs(x.astype(np.float64)).max()) if n else 0.0)
+        if n:
+            y = x.copy()
+            y[n // 3] = -float(ml_dtypes.finfo(BF16).max)  # the largest finite magnitude, negative
+            assert KF.max_abs(y) == float(ml_dtypes.finfo(BF16).max)
+            for v in (np.nan, -np.nan, np.inf, -np.inf):
+                y = x.copy()
+                y[n // 2] = v
+                assert KF.max_abs(y) == np.inf
+
+
 def test_max_abs_says_inf_for_any_nan_or_inf(rng):
     for n, dt in itertools.product((0, 5, KF.MAX_ABS_CHUNK * 3 + 7), (np.float32, np.float64)):
         x = (rng.standard_normal(n) * 1e3).astype(dt)

@@ -113,6 +113,37 @@ def test_avx2_cap_reaches_onednn_mkl_and_numba():
         assert got["block"] == 8 and got["bf16"] is not None
 
 
+_CHILD = """
+import json, opsnn
+from opsnn.runtime import cpu
+print(json.dumps({"level": cpu._numba_level, "note": cpu._numba_note, "describe": cpu.describe()}))
+"""
+
+
+@pytest.mark.skipif(cpu.detected() in (None, "sse41"), reason="needs a CPU above the lowest level to cap")
+def test_a_child_process_takes_the_numba_target_its_parent_set_as_the_caps():
+    """A process an opsnn process starts under the cap (pytest-xdist's workers) inherits the NUMBA_CPU_NAME /
+    NUMBA_CPU_FEATURES the cap set: they are the cap's, so ``describe()`` names no other numba target (it
+    did: "numba's kernels target as NUMBA_CPU_NAME / NUMBA_CPU_FEATURES say (set by the user)"); other values
+    are still the user's."""
+    level = "avx2" if cpu.at_least("avx512") else "sse41"
+    name, feats = cpu._numba_target(level)
+
+    def child(**numba):
+        env = dict(os.environ, OPSNN_CPU_ISA=level, **numba)
+        for var in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+            env.pop(var, None)
+        out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    got = child(NUMBA_CPU_NAME=name, NUMBA_CPU_FEATURES=feats)
+    assert (got["level"], got["note"]) == (level, "capped with the rest"), got
+    assert "numba's kernels target" not in got["describe"], got
+    user = child(NUMBA_CPU_NAME="generic", NUMBA_CPU_FEATURES="")
+    assert user["note"] == "set by the user" and "numba's kernels target" in user["describe"], user
+
+
 @pytest.mark.skipif(
     cpu.detected() not in ("avx512", "avx512_bf16", "amx"),
     reason="the CPU's own level is AVX2 or below: the native run covers the AVX2 paths",

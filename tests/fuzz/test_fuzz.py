@@ -5,6 +5,7 @@ a hang fails that case only. A case known to fail is listed below with the issue
 strict xfail: it turns into a failure to remove once the fix is merged.
 """
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -166,3 +167,63 @@ def test_failing_case_files_reproduce(tmp_path):
     assert res.returncode == 0 and "'status'" in res.stdout, res.stderr[-2000:]
     model, _ = F.random_model(3)
     onnx.checker.check_model(model)
+
+
+# -- ill-conditioned models: a difference the reference itself does not survive -------------------------------------------
+def _chain(*ops):
+    """x -> ops... (``("Add", 1.0)``: a binary op with a float32 constant) as an ONNX model."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits, cur = [], [], "x"
+    for i, op in enumerate(ops):
+        name, const = (op, None) if isinstance(op, str) else op
+        ins = [cur]
+        if const is not None:
+            inits.append(numpy_helper.from_array(np.array(const, np.float32), f"c{i}"))
+            ins.append(f"c{i}")
+        nodes.append(helper.make_node(name, ins, [f"v{i}"]))
+        cur = f"v{i}"
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info(cur, TensorProto.FLOAT, ["n"])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+def test_ill_conditioned_is_its_own_count_and_wrong_results_still_fail():
+    """Tanh -> Add 1 -> Reciprocal at x << 0 divides by 1 + tanh(x), a few float32 ulps of 1: the exact answer
+    rounded to float32 differs from onnx.reference's float32 one by ~0.1%, past the tolerance, and so does the
+    reference's own float64 run: ill_conditioned, not a pass or a failure. The same model at x near 0, a
+    result off at one well-conditioned place, or far off where the problem is ill-conditioned: failures."""
+    model = _chain("Tanh", ("Add", 1.0), "Reciprocal")
+    x = np.concatenate([np.linspace(-6, -4.5, 64), [0.25, 0.5]]).astype(np.float32)
+    want = F._onnx_reference(model, {"x": x})
+    exact = (1.0 / (1.0 + np.tanh(x.astype(np.float64)))).astype(np.float32)  # float64 oracle, rounded once
+    assert F.compare(exact, want[0]) is not None, "the case must differ past the float32 tolerance"
+    status, detail = F.judge_outputs([exact], want, model, {"x": x})
+    assert status == F.ILL and "float64" in detail, (status, detail)
+
+    wrong = exact.copy()
+    wrong[-1] += 10  # x = 0.5: 1 + tanh(x) is far from 0, the reference is stable there (atol: 2e-5 x max ~8e4)
+    assert F.judge_outputs([wrong], want, model, {"x": x})[0] == F.FAIL
+    wrong = exact.copy()
+    wrong[3] *= 1.5  # ill-conditioned there, but 50% is far past the reference's own spread
+    assert F.judge_outputs([wrong], want, model, {"x": x})[0] == F.FAIL
+
+    calm = np.linspace(-1, 1, 33).astype(np.float32)
+    want = F._onnx_reference(model, {"x": calm})
+    assert F.judge_outputs([want[0] * np.float32(1.001)], want, model, {"x": calm})[0] == F.FAIL
+    assert F.judge_outputs([want[0].copy()], want, model, {"x": calm}) == (F.OK, "")
+
+
+def test_ill_conditioned_singular_places_keep_a_kind_some_reference_has():
+    """Where a reference is not finite (a division by a zero that rounding decides), the result must be of a
+    kind (finite, NaN, +-Inf) that the reference or one of its variants has there."""
+    want = np.array([1.0, -np.inf], np.float32)
+    variants = [("float64", np.array([1.0, -3e30], np.float32))]
+    assert F.ill_conditioned(np.array([1.0, -2e30], np.float32), want, variants) is not None
+    assert F.ill_conditioned(np.array([1.0, np.nan], np.float32), want, variants) is None
+    assert F.ill_conditioned(np.array([1.0, -2e30], np.float32), want, [("float64", want.copy())]) is None

@@ -226,23 +226,34 @@ def _numba_codegen_started() -> bool:
     return "_toplevel_target_context" in vars(cpu_target)
 
 
+def _numba_target(level: str | None) -> tuple[str | None, str | None]:
+    """(NUMBA_CPU_NAME, NUMBA_CPU_FEATURES) for ``level``: (None, None) where numba's host default is it."""
+    if level is None or level == detected():
+        return None, None
+    import llvmlite.binding as ll
+
+    return ll.get_host_cpu_name(), _numba_features(level)
+
+
 def _set_numba(level: str | None) -> None:
     """Point numba's target at ``level`` when its code generator is not set up yet."""
     global _numba_level, _numba_note
     if "NUMBA_CPU_NAME" in os.environ or "NUMBA_CPU_FEATURES" in os.environ:
         if _numba_level is None:
-            _numba_level, _numba_note = "as NUMBA_CPU_NAME / NUMBA_CPU_FEATURES say", "set by the user"
+            # a process started by an opsnn process under the same cap (pytest-xdist's workers, a
+            # multiprocessing child) inherits the variables the cap set there: they are the cap's, not the user's
+            env = (os.environ.get("NUMBA_CPU_NAME"), os.environ.get("NUMBA_CPU_FEATURES"))
+            if level is not None and level != detected() and env == _numba_target(level):
+                _numba_level, _numba_note = level, "capped with the rest"
+                _numba_owned.update(("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"))
+            else:
+                _numba_level, _numba_note = "as NUMBA_CPU_NAME / NUMBA_CPU_FEATURES say", "set by the user"
         return
     if _numba_codegen_started():
         if _numba_level is None:
             _numba_level, _numba_note = detected(), "numba's code generator was set up before opsnn"
         return
-    if level is None or level == detected():
-        name = feats = None
-    else:
-        import llvmlite.binding as ll
-
-        name, feats = ll.get_host_cpu_name(), _numba_features(level)
+    name, feats = _numba_target(level)
     if "numba" in sys.modules:  # imported, code generator not created yet: its config is read then
         from numba.core import config
 

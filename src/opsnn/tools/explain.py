@@ -198,9 +198,15 @@ def _libraries_section(products: list, max_shapes: int = 3) -> list:
         shapes = groups.setdefault((op, choice.library, choice.kernel, choice.reason), Counter())
         shapes[label] += 1
     lib = "MKL" if libraries.gemm_library() == "mkl" else "OpenBLAS"
-    out = textwrap.wrap(f"kernel libraries: {libraries.summary()}", 110, subsequent_indent="    ")
+    out = textwrap.wrap(
+        f"kernel libraries: {libraries.summary()}", 110, subsequent_indent="    ", break_on_hyphens=False
+    )
     out += textwrap.wrap(
-        f"threaded GEMM: {lib}, {libraries.gemm_library_why()}", 110, initial_indent="  ", subsequent_indent="    "
+        f"threaded GEMM: {lib}, {libraries.gemm_library_why()}",
+        110,
+        initial_indent="  ",
+        subsequent_indent="    ",
+        break_on_hyphens=False,
     )
     if not groups:
         return out + ["  no MatMul, Gemm or Conv nodes"]
@@ -210,6 +216,7 @@ def _libraries_section(products: list, max_shapes: int = 3) -> list:
             110,
             initial_indent="  - ",
             subsequent_indent="    ",
+            break_on_hyphens=False,
         )
         listed = [f"{s} x{c}" if c > 1 else s for s, c in shapes.most_common(max_shapes)]
         more = len(shapes) - len(listed)
@@ -218,6 +225,7 @@ def _libraries_section(products: list, max_shapes: int = 3) -> list:
             110,
             initial_indent="      ",
             subsequent_indent="      ",
+            break_on_hyphens=False,
         )
     return out
 
@@ -327,6 +335,7 @@ def _summary(
             110,
             initial_indent="  ",
             subsequent_indent="    ",
+            break_on_hyphens=False,
         )
     rows = [
         [op, sum(c.values()), ", ".join(f"{k} x{n}" if n > 1 else k for k, n in c.most_common())]
@@ -344,7 +353,9 @@ def _summary(
             f"fusions refused: {len(refused)}" + (f" (first {max_refused})" if len(refused) > max_refused else "")
         )
         for name, why in refused[:max_refused]:
-            out += textwrap.wrap(f"{name}: {why}", 110, initial_indent="  - ", subsequent_indent="    ")
+            out += textwrap.wrap(
+                f"{name}: {why}", 110, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False
+            )
     else:
         out.append("fusions refused: none")
     out += _libraries_section(list(products))

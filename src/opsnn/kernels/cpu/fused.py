@@ -12,6 +12,7 @@ import functools
 import numba as nb
 import numpy as np
 
+from ... import dtypes as _dt
 from . import activation as A
 
 #: activation codes understood by the epilogue kernels
@@ -173,6 +174,8 @@ def epilogue(
 MAX_ABS_CHUNK = 1 << 16
 #: |x|'s bits of a float32 (the sign cleared) and the smallest such bits of an Inf or a NaN
 _ABS_BITS32, _INF_BITS32 = np.uint32(0x7FFFFFFF), 0x7F800000
+#: |x|'s bits of a bfloat16 and the smallest such bits of an Inf or a NaN (exponent all ones: float32's upper half)
+_ABS_BITS16, _INF_BITS_BF16 = np.uint16(0x7FFF), 0x7F80
 
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
@@ -193,6 +196,28 @@ def _max_abs_bits_span(u, lo, hi):
     m = np.uint32(0)
     for i in range(lo, hi):
         m = np.uint32(max(m, np.uint32(u[i] & _ABS_BITS32)))
+    return m
+
+
+@nb.njit(nogil=True, cache=True)
+def _max_abs_bits16_span(u, lo, hi):
+    # bfloat16 bits: the same unsigned order with the 16-bit sign cleared
+    m = np.uint16(0)
+    for i in range(lo, hi):
+        m = np.uint16(max(m, np.uint16(u[i] & _ABS_BITS16)))
+    return m
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _max_abs_bits16_parallel(u, chunk):
+    n = u.size
+    nch = (n + chunk - 1) // chunk
+    parts = np.zeros(nch, np.uint16)
+    for t in nb.prange(nch):
+        parts[t] = _max_abs_bits16_span(u, t * chunk, min(n, t * chunk + chunk))
+    m = np.uint16(0)
+    for t in range(nch):
+        m = np.uint16(max(m, parts[t]))
     return m
 
 
@@ -224,7 +249,7 @@ def _max_abs_bits_parallel(u, chunk):
 
 def max_abs(x: np.ndarray) -> float:
     """``max |x|`` over a contiguous array, ``inf`` when it holds a NaN or an Inf (one read pass;
-    float32 as integer bits, at memory speed)."""
+    float32 and bfloat16 as integer bits, at memory speed)."""
     flat = x.reshape(-1)
     if flat.dtype == np.float32:
         u = flat.view(np.uint32)
@@ -232,6 +257,15 @@ def max_abs(x: np.ndarray) -> float:
             _max_abs_bits_span(u, 0, u.size) if u.size <= MAX_ABS_CHUNK else _max_abs_bits_parallel(u, MAX_ABS_CHUNK)
         )
         return np.inf if bits >= _INF_BITS32 else float(np.uint32(bits).view(np.float32))
+    if flat.dtype == _dt.bfloat16:
+        u = flat.view(np.uint16)
+        bits = int(
+            _max_abs_bits16_span(u, 0, u.size)
+            if u.size <= MAX_ABS_CHUNK
+            else _max_abs_bits16_parallel(u, MAX_ABS_CHUNK)
+        )
+        # a bfloat16 is the upper half of the float32 of equal value
+        return np.inf if bits >= _INF_BITS_BF16 else float(np.uint32(bits << 16).view(np.float32))
     if flat.size <= MAX_ABS_CHUNK:
         return float(_max_abs_span(flat, 0, flat.size))
     return float(_max_abs_parallel(flat, MAX_ABS_CHUNK))

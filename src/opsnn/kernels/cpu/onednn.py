@@ -688,10 +688,11 @@ class ConvPrimitive:
         # which needs a non-finite X, W, B or Z or an overflow; a bound on |X|, |B|, |Z| read per call rules
         # both out, else a second primitive without the post-op runs and opsnn's epilogue activates
         self.checked = None
-        if act in _NOT_IEEE and np.dtype(w.dtype) == np.float32 and conv_ieee():
+        if act in _NOT_IEEE and np.dtype(w.dtype) in (np.float32, _dt.bfloat16) and conv_ieee():
             w64 = np.abs(w.astype(np.float64)).reshape(w.shape[0], -1)
             taps = w64.shape[1] + 2
-            # float32 partial sums of n terms stay within (1 + n u) of the exact bound (u = 2^-24)
+            # float32 partial sums of n terms stay within (1 + n u) of the exact bound (u = 2^-24); bfloat16
+            # operands multiply exactly into oneDNN's float32 accumulator, so the same bound holds
             self.checked = (float(w64.sum(axis=1).max(initial=0.0)), 1.0 + 2.0 * taps * 2.0**-24)
             self._act = (act, alpha, beta)
             # the primitive without the post-op is built on the first call past the bound (a NaN is
@@ -744,7 +745,8 @@ class ConvPrimitive:
 
     def bounded(self, x: np.ndarray, b, z) -> bool:
         """Whether every pre-activation is finite for sure: ``(max|X| * max_m sum|W_m| + max|B| + max|Z|)``
-        times the rounding growth stays below float32's largest value (False for a NaN or Inf anywhere)."""
+        times the rounding growth stays below float32's largest value (False for a NaN or Inf anywhere;
+        bfloat16 as float32: oneDNN accumulates in float32)."""
         w_l1, grow = self.checked
         bound = KF.max_abs(x) * w_l1
         if self.has_bias:
@@ -753,11 +755,21 @@ class ConvPrimitive:
             bound += KF.max_abs(z)
         return bound * grow < _FLT_MAX  # an inf or NaN bound compares False
 
+    def activate(self, y: np.ndarray) -> None:
+        """opsnn's IEEE activation on the post-op-free primitive's output ``y`` (bfloat16 through float32:
+        Relu and Clip give back a value of ``y`` or a bound, so the rounding back is exact)."""
+        if y.dtype == np.float32:
+            KF.epilogue(y, None, None, *self._act)
+            return
+        y32 = y.astype(np.float32)
+        KF.epilogue(y32, None, None, *self._act)
+        y[...] = y32.astype(y.dtype)
+
     def __call__(self, x: np.ndarray, b, z, y: np.ndarray) -> None:
         if self.checked is not None and not self.bounded(x, b, z):
             prim2, w2 = self.plain()
             prim2.run(*self._ptrs(x, b, z, y, w2.weight))
-            KF.epilogue(y, None, None, *self._act)
+            self.activate(y)
             return
         self.prim.run(*self._ptrs(x, b, z, y))
         if self.after:
@@ -777,7 +789,7 @@ class ConvPrimitive:
                     prim2, w2 = self.plain()
                     safe.append(prim2.bind(self._ptrs(x, b, z, y, w2.weight), keep=(x, b, z, y)))
                 safe[0]()
-                KF.epilogue(y, None, None, *self._act)
+                self.activate(y)
 
             return call_checked
         if not self.after:

@@ -211,11 +211,11 @@ def _bind_conv(ins, outs, attrs, plan, ws):
     bind=_bind_conv,
     doc="oneDNN's JIT direct convolution (brgconv / jit:avx512_core / jit:avx2) with bias, "
     "residual add and activation as post-ops",
-    nonfinite="float32 keeps NaN and Inf as a direct convolution: oneDNN's Relu, Clip or Gelu post-op "
-    "(Relu's max gives 0 for NaN) runs only where a per-call bound (max|X| * max sum|W| + max|B| + max|Z|, "
-    "one vectorized read of X, B and Z) rules out a NaN or Inf pre-activation; past it a primitive "
-    "without the post-op runs and opsnn's epilogue activates. OPSNN_CONV_IEEE=0 skips the read "
-    "(NaN -> 0 under Relu), as bfloat16 always does",
+    nonfinite="float32 and bfloat16 keep NaN and Inf as a direct convolution: oneDNN's Relu, Clip or Gelu "
+    "post-op (Relu's max gives 0 for NaN) runs only where a per-call bound (max|X| * max sum|W| + max|B| + "
+    "max|Z| in float32, oneDNN's accumulator; one vectorized read of X, B and Z, bfloat16 as its bits) rules "
+    "out a NaN or Inf pre-activation; past it a primitive without the post-op runs and opsnn's epilogue "
+    "activates. OPSNN_CONV_IEEE=0 skips the read (NaN -> 0 under Relu)",
 )
 def _blocked_conv(ins, outs, attrs, plan, ws):
     plan.prim(*epilogue_args(ins, outs))
