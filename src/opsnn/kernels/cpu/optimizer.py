@@ -74,36 +74,59 @@ def sgd_step(params, grads, bufs, chunks, hyper, flags):
             p[i] = pi - lr * gi
 
 
+@nb.njit(inline="always")
+def _adam_chunk(p, g, m, v, vmax, sign, decay, l2, b1, b2, step_size, bc2_sqrt, eps, amsgrad):
+    """Adam on one chunk; the arrays are slices, so their indices start at 0 (no wraparound
+    checks) and the loop vectorizes; the branches are the same for every element."""
+    for i in range(p.shape[0]):
+        gi = sign * np.float64(g[i])
+        pi = np.float64(p[i])
+        if l2 != 0.0:
+            gi = gi + l2 * pi
+        pi = pi * decay
+        mi = np.float64(m[i])
+        mi = mi + (1.0 - b1) * (gi - mi)
+        vi = b2 * np.float64(v[i]) + (1.0 - b2) * gi * gi
+        m[i] = mi
+        v[i] = vi
+        vi = np.float64(v[i])  # the stored (rounded) state, as torch uses it
+        if amsgrad:
+            vm = np.float64(vmax[i])
+            # NaN from either side wins, as torch.maximum
+            vmax[i] = vm if (vm >= vi or vm != vm) else vi
+            vi = np.float64(vmax[i])
+        denom = math.sqrt(vi) / bc2_sqrt + eps
+        p[i] = pi - step_size * np.float64(m[i]) / denom
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
 def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_sqs, chunks, hyper, flags):
     """torch.optim.Adam / AdamW's update for every chunk (L2 or decoupled weight decay, bias
     correction from the per-tensor step, amsgrad, maximize)."""
     for c in prange(chunks.shape[0]):
         t, s, e = chunks[c, 0], chunks[c, 1], chunks[c, 2]
-        p, g, m, v, vmax = params[t], grads[t], exp_avgs[t], exp_avg_sqs[t], max_sqs[t]
         lr, b1, b2 = hyper[t, ADAM_LR], hyper[t, ADAM_B1], hyper[t, ADAM_B2]
         eps, wd = hyper[t, ADAM_EPS], hyper[t, ADAM_WD]
         step_size = lr / hyper[t, ADAM_BC1]
         bc2_sqrt = math.sqrt(hyper[t, ADAM_BC2])
         amsgrad, decoupled, maximize = flags[t, ADAM_AMSGRAD], flags[t, ADAM_DECOUPLED], flags[t, ADAM_MAXIMIZE]
-        for i in range(s, e):
-            gi = np.float64(g[i])
-            if maximize:
-                gi = -gi
-            pi = np.float64(p[i])
-            if wd != 0.0:
-                if decoupled:
-                    pi = pi * (1.0 - lr * wd)
-                else:
-                    gi = gi + wd * pi
-            mi = np.float64(m[i])
-            mi = mi + (1.0 - b1) * (gi - mi)
-            vi = b2 * np.float64(v[i]) + (1.0 - b2) * gi * gi
-            m[i] = mi
-            v[i] = vi
-            vi = np.float64(v[i])
-            if amsgrad:
-                vmax[i] = max(vmax[i], vi)
-                vi = np.float64(vmax[i])
-            denom = math.sqrt(vi) / bc2_sqrt + eps
-            p[i] = pi - step_size * np.float64(m[i]) / denom
+        # -g and 1.0 * p are exact, so the sign and the decay factor need no per-element branch
+        sign = -1.0 if maximize else 1.0
+        decay = 1.0 - lr * wd if (decoupled and wd != 0.0) else 1.0
+        l2 = 0.0 if decoupled else wd
+        _adam_chunk(
+            params[t][s:e],
+            grads[t][s:e],
+            exp_avgs[t][s:e],
+            exp_avg_sqs[t][s:e],
+            max_sqs[t][s:e],
+            sign,
+            decay,
+            l2,
+            b1,
+            b2,
+            step_size,
+            bc2_sqrt,
+            eps,
+            amsgrad != 0,
+        )
