@@ -433,3 +433,15 @@ def test_rotary_under_autocast_follows_its_data_dtype():
     np.testing.assert_allclose(y.numpy().astype(np.float64), want, rtol=2.0**-8, atol=1e-6)
     ops.sum(y).backward()
     assert q.grad.dtype == np.float32 and w.grad.dtype == np.float32
+
+
+def test_bf16_to_f32_widening_is_exact_over_ragged_blocks():
+    """The flat bfloat16 -> float32 conversion (Cast, the bf16 products' operands) against
+    ml_dtypes' widening, bit for bit: every bf16 pattern, over several parallel blocks and a tail."""
+    from opsnn.kernels.cpu import gemm as KG
+
+    bits = np.arange(1 << 16, dtype=np.uint16)  # every pattern: +-0, subnormals, Inf, NaNs
+    src = np.concatenate([bits, bits[::-1], bits[:12345]])  # 143417 elements: 4 blocks and a ragged tail
+    dst = np.empty(src.shape, np.uint32)
+    KG.bf16_to_f32(src, dst)
+    np.testing.assert_array_equal(dst, src.view(BF16).astype(np.float32).view(np.uint32))

@@ -88,17 +88,18 @@ def _parallel(g, x, out, tanh, chunk):
 @nb.njit(nogil=True, cache=True)
 def _gelu_range_bf16(g, x, out, tanh, lo, hi):
     m = min(max(hi - lo, 0), BF16_BLOCK)
-    gu, xu = np.empty(m, np.uint32), np.empty(m, np.uint32)
-    gf, xf = gu.view(np.float32), xu.view(np.float32)
+    gu, xu, ou = np.empty(m, np.uint32), np.empty(m, np.uint32), np.empty(m, np.uint32)
+    gf, xf, of = gu.view(np.float32), xu.view(np.float32), ou.view(np.float32)
     for b0 in range(lo, hi, BF16_BLOCK):
         n = min(hi, b0 + BF16_BLOCK) - b0
         _widen(g[b0 : b0 + n], gu[:n], gf[:n], KIND_BF16)
         _widen(x[b0 : b0 + n], xu[:n], xf[:n], KIND_BF16)
+        # a result buffer of its own: written over an input, LLVM's overlap check picks the scalar loop
         if tanh:
-            _tanh_slice(gf[:n], xf[:n], gf[:n])
+            _tanh_slice(gf[:n], xf[:n], of[:n])
         else:
-            _erf_slice(gf[:n], xf[:n], gf[:n])
-        _narrow(gf[:n], gu[:n], out[b0 : b0 + n], KIND_BF16)
+            _erf_slice(gf[:n], xf[:n], of[:n])
+        _narrow(of[:n], ou[:n], out[b0 : b0 + n], KIND_BF16)
 
 
 @nb.njit(nogil=True, cache=True)

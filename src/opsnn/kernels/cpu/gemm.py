@@ -375,8 +375,7 @@ def bf16_to_f32(src, dst_u):
     for blk in nb.prange(-(-n // _CONVERT_BLOCK)):
         lo = blk * _CONVERT_BLOCK
         hi = min(n, lo + _CONVERT_BLOCK)
-        for k in range(lo, hi):
-            dst_u[k] = np.uint32(src[k]) << np.uint32(16)
+        _widen(src[lo:hi], dst_u[lo:hi], dst_u[lo:hi].view(np.float32), KIND_BF16)  # on slices: vectorizes
 
 
 #: up to this many x rows, :func:`gemm_rows` reads the weight a row at a time (one stream in memory
