@@ -441,7 +441,8 @@ def test_bf16_to_f32_widening_is_exact_over_ragged_blocks():
     from opsnn.kernels.cpu import gemm as KG
 
     bits = np.arange(1 << 16, dtype=np.uint16)  # every pattern: +-0, subnormals, Inf, NaNs
-    src = np.concatenate([bits, bits[::-1], bits[:12345]])  # 143417 elements: 4 blocks and a ragged tail
-    dst = np.empty(src.shape, np.uint32)
-    KG.bf16_to_f32(src, dst)
-    np.testing.assert_array_equal(dst, src.view(BF16).astype(np.float32).view(np.uint32))
+    whole = np.concatenate([bits, bits[::-1], bits[:12345]])  # 143417 elements: 4 blocks and a ragged tail
+    for src in (whole, whole[65000:65300]):  # the parallel kernel, and one block on the calling thread
+        dst = np.empty(src.shape, np.uint32)
+        KG.bf16_to_f32(src, dst)
+        np.testing.assert_array_equal(dst, src.view(BF16).astype(np.float32).view(np.uint32))
