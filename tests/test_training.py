@@ -98,6 +98,36 @@ def test_adam_kernel_against_float64_formula(amsgrad, decoupled, wd, maximize):
             np.testing.assert_array_equal(got, w.astype(np.float32))
 
 
+@pytest.mark.parametrize(
+    "momentum,dampening,nesterov,first", [(0.0, 0.0, False, False), (0.9, 0.1, False, False), (0.8, 0.0, True, True)]
+)
+@pytest.mark.parametrize("maximize", [False, True])
+def test_sgd_kernel_against_float64_formula(momentum, dampening, nesterov, first, maximize):
+    from opsnn.kernels.cpu import optimizer as K
+
+    sizes = [2 * K.CHUNK + 13, 5, 1]  # full chunks, a ragged tail, a tensor shorter than a vector
+    rng = np.random.default_rng(8)
+    p, g, b = ([rng.standard_normal(n).astype(np.float32) for n in sizes] for _ in range(3))
+    p[0][:3] = (np.inf, -np.inf, np.nan)
+    lr, wd = 0.1, 0.01
+    want = []
+    for t in range(len(sizes)):
+        pt, gt, bt = (a[t].astype(np.float64) for a in (p, g, b))
+        gt = (-gt if maximize else gt) + wd * pt
+        if momentum:
+            bt = (gt if first else momentum * bt + (1.0 - dampening) * gt).astype(np.float32).astype(np.float64)
+            gt = gt + momentum * bt if nesterov else bt
+        want.append((pt - lr * gt, bt))
+    hyper = np.tile([lr, momentum, dampening, wd], (len(sizes), 1))
+    flags = np.tile(np.array([nesterov, maximize, first], np.int64), (len(sizes), 1))
+    K.sgd_step(*(K.typed_list(a) for a in (p, g, b if momentum else p)), K.chunk_table(sizes), hyper, flags)
+    for t in range(len(sizes)):
+        # float64 arithmetic rounded once when stored: equal to the oracle rounded to float32
+        np.testing.assert_array_equal(p[t], want[t][0].astype(np.float32))
+        if momentum:
+            np.testing.assert_array_equal(b[t], want[t][1].astype(np.float32))
+
+
 def test_optimizer_state_dict_round_trip_and_mismatch_errors():
     ps = [nn.Parameter(RNG.standard_normal((4, 3)).astype(np.float32)), nn.Parameter(np.zeros(3, np.float32))]
     grads = [[RNG.standard_normal(p.shape).astype(np.float32) for p in ps] for _ in range(5)]

@@ -43,35 +43,48 @@ def typed_list(arrays) -> List:
     return out
 
 
+@nb.njit(inline="always")
+def _sgd_chunk(p, g, b, lr, mom, damp, wd, nesterov, maximize, first):
+    """SGD on one chunk; slices, so the indices start at 0 (no wraparound checks)."""
+    for i in range(p.shape[0]):
+        gi = np.float64(g[i])
+        if maximize:
+            gi = -gi
+        pi = np.float64(p[i])
+        if wd != 0.0:
+            gi = gi + wd * pi
+        if mom != 0.0:
+            if first:
+                bi = gi
+            else:
+                bi = mom * np.float64(b[i]) + (1.0 - damp) * gi
+            b[i] = bi
+            bi = np.float64(b[i])  # the stored (rounded) buffer, as torch uses it
+            if nesterov:
+                gi = gi + mom * bi
+            else:
+                gi = bi
+        p[i] = pi - lr * gi
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
 def sgd_step(params, grads, bufs, chunks, hyper, flags):
     """torch.optim.SGD's update for every chunk: weight decay, momentum (the buffer starts as
     the gradient on its first step), dampening, Nesterov, maximize."""
     for c in prange(chunks.shape[0]):
         t, s, e = chunks[c, 0], chunks[c, 1], chunks[c, 2]
-        p, g, b = params[t], grads[t], bufs[t]
-        lr, mom = hyper[t, SGD_LR], hyper[t, SGD_MOMENTUM]
-        damp, wd = hyper[t, SGD_DAMPENING], hyper[t, SGD_WD]
-        nesterov, maximize, first = flags[t, SGD_NESTEROV], flags[t, SGD_MAXIMIZE], flags[t, SGD_FIRST]
-        for i in range(s, e):
-            gi = np.float64(g[i])
-            if maximize:
-                gi = -gi
-            pi = np.float64(p[i])
-            if wd != 0.0:
-                gi = gi + wd * pi
-            if mom != 0.0:
-                if first:
-                    bi = gi
-                else:
-                    bi = mom * np.float64(b[i]) + (1.0 - damp) * gi
-                b[i] = bi
-                bi = np.float64(b[i])  # the stored (rounded) buffer, as torch uses it
-                if nesterov:
-                    gi = gi + mom * bi
-                else:
-                    gi = bi
-            p[i] = pi - lr * gi
+        _sgd_chunk(
+            params[t][s:e],
+            grads[t][s:e],
+            bufs[t][s:e],
+            hyper[t, SGD_LR],
+            hyper[t, SGD_MOMENTUM],
+            hyper[t, SGD_DAMPENING],
+            hyper[t, SGD_WD],
+            flags[t, SGD_NESTEROV] != 0,
+            flags[t, SGD_MAXIMIZE] != 0,
+            flags[t, SGD_FIRST] != 0,
+        )
 
 
 @nb.njit(inline="always")
