@@ -110,6 +110,7 @@ CASES = [
     ("long_parallel_splits", 1, 4, 1, 130, 150, 16, 8, True, lambda r, B, H, S, T: r.standard_normal(T), {}),
     ("3d_gqa_causal", 2, 4, 2, 11, 11, 6, 3, True, None, dict(rank=3)),
     ("3d_mask", 2, 2, 1, 7, 9, 5, 5, False, lambda r, B, H, S, T: r.random((B, 1, S, T)) > 0.2, dict(rank=3)),
+    ("plain_ragged_tiles_3d", 1, 2, 1, 70, 130, 8, 5, False, None, dict(rank=3)),
 ]
 
 
@@ -235,6 +236,27 @@ def test_empty_queries_or_keys_give_zero_gradients(Sq, T):
     got = ops.attention_backward(np.ones_like(y), q, k, v, y)
     for g, like in zip(got, (q, k, v)):
         assert g.shape == like.shape and not g.numpy().any()
+
+
+@pytest.mark.parametrize("algo", KERNELS)
+def test_unmasked_fast_path_keeps_the_general_paths_non_finite_rules(algo):
+    """Without masks or softcap the kernel takes a loop with no per-pair cases; a zero additive mask
+    forces the general one. Both agree, NaN for NaN, where K holds an inf (scores of +-inf, rows whose
+    logsumexp is inf or NaN) and over ragged tiles."""
+    B, H, Sq, T, D = 1, 2, 67, 70, 4
+    q, k, v, dy = (
+        RNG.standard_normal(s).astype(np.float32) for s in [(B, H, Sq, D), (B, H, T, D), (B, H, T, D), (B, H, Sq, D)]
+    )
+    k[0, 0, 5, 1] = np.inf  # head 0: scores of +inf and -inf (by q's sign), NaN rows; head 1 finite
+    attrs = dict(is_causal=False, scale=None, softcap=0.0, left_window_size=-1, right_window_size=-1)
+    y = ops.attention(q, k, v).numpy()
+    fast = ops.attention_backward(dy, q, k, v, y, None, algo=algo, **attrs)
+    general = ops.attention_backward(dy, q, k, v, y, np.zeros((Sq, T), np.float32), algo=algo, **attrs)
+    for f, g in zip(fast, general):
+        f, g = f.numpy(), g.numpy()
+        assert np.isnan(f[0, 0]).any() and np.isfinite(f[0, 1]).all()
+        np.testing.assert_array_equal(np.isnan(f), np.isnan(g))
+        np.testing.assert_allclose(np.nan_to_num(f), np.nan_to_num(g), rtol=1e-5, atol=1e-5)
 
 
 def test_given_logsumexp_gives_the_same_gradients():

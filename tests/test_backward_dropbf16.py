@@ -433,3 +433,39 @@ def test_rotary_under_autocast_follows_its_data_dtype():
     np.testing.assert_allclose(y.numpy().astype(np.float64), want, rtol=2.0**-8, atol=1e-6)
     ops.sum(y).backward()
     assert q.grad.dtype == np.float32 and w.grad.dtype == np.float32
+
+
+def test_bf16_to_f32_widening_is_exact_over_ragged_blocks():
+    """The flat bfloat16 -> float32 conversion (Cast, the bf16 products' operands) against
+    ml_dtypes' widening, bit for bit: every bf16 pattern, over several parallel blocks and a tail."""
+    from opsnn.kernels.cpu import gemm as KG
+
+    bits = np.arange(1 << 16, dtype=np.uint16)  # every pattern: +-0, subnormals, Inf, NaNs
+    whole = np.concatenate([bits, bits[::-1], bits[:12345]])  # 143417 elements: 4 blocks and a ragged tail
+    for src in (whole, whole[65000:65300]):  # the parallel kernel, and one block on the calling thread
+        dst = np.empty(src.shape, np.uint32)
+        KG.bf16_to_f32(src, dst)
+        np.testing.assert_array_equal(dst, src.view(BF16).astype(np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("approx", ["none", "tanh"])
+@pytest.mark.parametrize("shape", [(3, 5, 7), (0, 3), (300_001,)])
+def test_bf16_gelu_runs_natively_and_rounds_the_float32_kernel_once(approx, shape):
+    """bfloat16 Gelu has its own kernel (no Cast pair around the float32 one): the float32 kernel's
+    result on the widened input, rounded to nearest even, bit for bit (NaN, +-Inf and -0 included),
+    and within one bf16 rounding of the float64 definition where the input is finite."""
+    x = (RNG.standard_normal(shape) * 3).astype(BF16)
+    if x.size:
+        x.reshape(-1)[:4] = np.array([np.nan, np.inf, -np.inf, -0.0]).astype(BF16)
+    assert not opsnn.aclnn.gelu.prepare(x, approximate=approx).adapter
+    y = ops.gelu(x, approximate=approx).numpy()
+    assert y.dtype == BF16 and y.shape == x.shape
+    f32 = ops.gelu(x.astype(np.float32), approximate=approx).numpy()
+    np.testing.assert_array_equal(y.view(np.uint16), f32.astype(BF16).view(np.uint16))
+    v = x.astype(np.float64)
+    fin = np.isfinite(v)
+    if approx == "tanh":
+        want = 0.5 * v[fin] * (1 + np.tanh(np.sqrt(2 / np.pi) * (v[fin] + 0.044715 * v[fin] ** 3)))
+    else:
+        want = 0.5 * v[fin] * (1 + np.vectorize(math.erf, otypes=[np.float64])(v[fin] / np.sqrt(2)))
+    np.testing.assert_allclose(y.astype(np.float64)[fin], want, rtol=2.0**-8, atol=1e-6)

@@ -45,6 +45,89 @@ def test_optimizer_matches_torch_over_param_groups(name, kw):
             np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+def _adam_f64(p, g, m, v, vmax, step, lr, b1, b2, eps, wd, amsgrad, decoupled, maximize):
+    """torch's Adam/AdamW step in float64, the state rounded to float32 where it is stored."""
+    g = -g if maximize else g
+    if wd and decoupled:
+        p = p * (1.0 - lr * wd)
+    elif wd:
+        g = g + wd * p
+    m = (m + (1.0 - b1) * (g - m)).astype(np.float32).astype(np.float64)
+    v = (b2 * v + (1.0 - b2) * g * g).astype(np.float32).astype(np.float64)
+    if amsgrad:
+        vmax = np.maximum(vmax, v)
+    denom = np.sqrt(vmax if amsgrad else v) / np.sqrt(1.0 - b2**step) + eps
+    with np.errstate(invalid="ignore"):  # inf / inf where a parameter is infinite
+        return p - lr / (1.0 - b1**step) * m / denom, m, v, vmax
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+@pytest.mark.parametrize("decoupled,wd,maximize", [(True, 0.1, False), (False, 0.05, True), (True, 0.0, True)])
+def test_adam_kernel_against_float64_formula(amsgrad, decoupled, wd, maximize):
+    from opsnn.kernels.cpu import optimizer as K
+
+    # chunks of every length: several full ones, a ragged tail, a tensor shorter than a vector
+    sizes = [2 * K.CHUNK + 13, 5, 1]
+    rng = np.random.default_rng(7)
+    p, g, m = ([rng.standard_normal(n).astype(np.float32) for n in sizes] for _ in range(3))
+    v, vmax = ([np.abs(rng.standard_normal(n)).astype(np.float32) for n in sizes] for _ in range(2))
+    p[0][:3] = (np.inf, -np.inf, np.nan)  # non-finite parameters stay what the formula makes them
+    step, lr, b1, b2, eps = 3.0, 0.01, 0.9, 0.99, 1e-8
+    want = [
+        _adam_f64(
+            *(a[t].astype(np.float64) for a in (p, g, m, v, vmax)),
+            step,
+            lr,
+            b1,
+            b2,
+            eps,
+            wd,
+            amsgrad,
+            decoupled,
+            maximize,
+        )
+        for t in range(len(sizes))
+    ]
+    hyper = np.tile([lr, b1, b2, eps, wd, 1.0 - b1**step, 1.0 - b2**step], (len(sizes), 1))
+    flags = np.tile(np.array([amsgrad, decoupled, maximize], np.int64), (len(sizes), 1))
+    lists = [K.typed_list(a) for a in (p, g, m, v, vmax if amsgrad else v)]
+    K.adam_step(*lists, K.chunk_table(sizes), hyper, flags)
+    for t in range(len(sizes)):
+        for got, w in zip((p[t], m[t], v[t]) + ((vmax[t],) if amsgrad else ()), want[t][:3] + want[t][3:] * amsgrad):
+            # float64 arithmetic rounded once when stored: equal to the oracle rounded to float32
+            np.testing.assert_array_equal(got, w.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    "momentum,dampening,nesterov,first", [(0.0, 0.0, False, False), (0.9, 0.1, False, False), (0.8, 0.0, True, True)]
+)
+@pytest.mark.parametrize("maximize", [False, True])
+def test_sgd_kernel_against_float64_formula(momentum, dampening, nesterov, first, maximize):
+    from opsnn.kernels.cpu import optimizer as K
+
+    sizes = [2 * K.CHUNK + 13, 5, 1]  # full chunks, a ragged tail, a tensor shorter than a vector
+    rng = np.random.default_rng(8)
+    p, g, b = ([rng.standard_normal(n).astype(np.float32) for n in sizes] for _ in range(3))
+    p[0][:3] = (np.inf, -np.inf, np.nan)
+    lr, wd = 0.1, 0.01
+    want = []
+    for t in range(len(sizes)):
+        pt, gt, bt = (a[t].astype(np.float64) for a in (p, g, b))
+        gt = (-gt if maximize else gt) + wd * pt
+        if momentum:
+            bt = (gt if first else momentum * bt + (1.0 - dampening) * gt).astype(np.float32).astype(np.float64)
+            gt = gt + momentum * bt if nesterov else bt
+        want.append((pt - lr * gt, bt))
+    hyper = np.tile([lr, momentum, dampening, wd], (len(sizes), 1))
+    flags = np.tile(np.array([nesterov, maximize, first], np.int64), (len(sizes), 1))
+    K.sgd_step(*(K.typed_list(a) for a in (p, g, b if momentum else p)), K.chunk_table(sizes), hyper, flags)
+    for t in range(len(sizes)):
+        # float64 arithmetic rounded once when stored: equal to the oracle rounded to float32
+        np.testing.assert_array_equal(p[t], want[t][0].astype(np.float32))
+        if momentum:
+            np.testing.assert_array_equal(b[t], want[t][1].astype(np.float32))
+
+
 def test_optimizer_state_dict_round_trip_and_mismatch_errors():
     ps = [nn.Parameter(RNG.standard_normal((4, 3)).astype(np.float32)), nn.Parameter(np.zeros(3, np.float32))]
     grads = [[RNG.standard_normal(p.shape).astype(np.float32) for p in ps] for _ in range(5)]

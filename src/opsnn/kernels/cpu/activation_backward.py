@@ -1,4 +1,5 @@
-"""CPU activation backward kernels (numba): ``GeluBackward`` and ``SwiGLUBackward``, each one pass.
+"""CPU activation backward kernels (numba): ``GeluBackward`` and ``SwiGLUBackward``, each one pass
+(and ``Gelu``'s bfloat16 forward, on the same widened blocks).
 
 The erf form's derivative is ``Phi(x) + x phi(x)`` (``phi(x) = exp(-x^2 / 2) / sqrt(2 pi)``), the
 tanh form's ``s + 2 k x s (1 - s) (1 + 3 c x^2)`` with ``s = sigmoid(2 k (x + c x^3))``, both with
@@ -18,7 +19,7 @@ import ml_dtypes
 import numba as nb
 import numpy as np
 
-from .activation import CHUNK_MIN, PARALLEL_MIN_COSTLY, fexp, fphi
+from .activation import CHUNK_MIN, PARALLEL_MIN_COSTLY, _gelu_erf, _gelu_tanh, fexp, fphi
 from .gemm import KIND_BF16, _narrow, _widen
 
 _NJIT = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
@@ -88,17 +89,18 @@ def _parallel(g, x, out, tanh, chunk):
 @nb.njit(nogil=True, cache=True)
 def _gelu_range_bf16(g, x, out, tanh, lo, hi):
     m = min(max(hi - lo, 0), BF16_BLOCK)
-    gu, xu = np.empty(m, np.uint32), np.empty(m, np.uint32)
-    gf, xf = gu.view(np.float32), xu.view(np.float32)
+    gu, xu, ou = np.empty(m, np.uint32), np.empty(m, np.uint32), np.empty(m, np.uint32)
+    gf, xf, of = gu.view(np.float32), xu.view(np.float32), ou.view(np.float32)
     for b0 in range(lo, hi, BF16_BLOCK):
         n = min(hi, b0 + BF16_BLOCK) - b0
         _widen(g[b0 : b0 + n], gu[:n], gf[:n], KIND_BF16)
         _widen(x[b0 : b0 + n], xu[:n], xf[:n], KIND_BF16)
+        # a result buffer of its own: written over an input, LLVM's overlap check picks the scalar loop
         if tanh:
-            _tanh_slice(gf[:n], xf[:n], gf[:n])
+            _tanh_slice(gf[:n], xf[:n], of[:n])
         else:
-            _erf_slice(gf[:n], xf[:n], gf[:n])
-        _narrow(gf[:n], gu[:n], out[b0 : b0 + n], KIND_BF16)
+            _erf_slice(gf[:n], xf[:n], of[:n])
+        _narrow(of[:n], ou[:n], out[b0 : b0 + n], KIND_BF16)
 
 
 @nb.njit(nogil=True, cache=True)
@@ -128,6 +130,49 @@ def gelu_backward(g: np.ndarray, x: np.ndarray, out: np.ndarray, plan: GeluBackw
         _parallel(g, x, out, plan.tanh, plan.chunk)
     else:
         _serial(g, x, out, plan.tanh)
+
+
+# -- Gelu forward on bfloat16 storage ----------------------------------------------------------------------
+@nb.njit(nogil=True, cache=True)
+def _gelu_fwd_range_bf16(x, out, tanh, lo, hi):
+    # the float32 kernel's loops on a block widened into scratch, rounded once: the fp32 adapter's
+    # values (Cast up, Gelu, Cast down) without its two float32 copies of the tensor
+    m = min(max(hi - lo, 0), BF16_BLOCK)
+    xu, ou = np.empty(m, np.uint32), np.empty(m, np.uint32)
+    xf, of = xu.view(np.float32), ou.view(np.float32)
+    zero = np.float32(0.0)
+    for b0 in range(lo, hi, BF16_BLOCK):
+        n = min(hi, b0 + BF16_BLOCK) - b0
+        _widen(x[b0 : b0 + n], xu[:n], xf[:n], KIND_BF16)
+        if tanh:
+            _gelu_tanh(xf[:n], of[:n], zero, zero)
+        else:
+            _gelu_erf(xf[:n], of[:n], zero, zero)
+        _narrow(of[:n], ou[:n], out[b0 : b0 + n], KIND_BF16)
+
+
+@nb.njit(nogil=True, cache=True)
+def _gelu_fwd_serial_bf16(x, out, tanh):
+    _gelu_fwd_range_bf16(x, out, tanh, 0, x.size)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _gelu_fwd_parallel_bf16(x, out, tanh, chunk):
+    n = x.size
+    for t in nb.prange((n + chunk - 1) // chunk):
+        _gelu_fwd_range_bf16(x, out, tanh, t * chunk, min(n, (t + 1) * chunk))
+
+
+def gelu_bf16(x: np.ndarray, out: np.ndarray, plan: GeluBackwardPlan) -> None:
+    """``out = gelu(x)`` for bfloat16 ``x`` and ``out`` (contiguous, one shape), computed in float32
+    and rounded to nearest even; ``plan``: :func:`gelu_backward_plan` (the same costly-map split)."""
+    if x.size == 0:
+        return
+    x, out = x.reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint16)
+    if plan.parallel:
+        _gelu_fwd_parallel_bf16(x, out, plan.tanh, plan.chunk)
+    else:
+        _gelu_fwd_serial_bf16(x, out, plan.tanh)
 
 
 # -- SwiGLUBackward -----------------------------------------------------------------------------------------

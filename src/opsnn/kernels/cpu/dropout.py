@@ -75,10 +75,14 @@ def _draw(s, i):
 
 @nb.njit(nogil=True, cache=True)
 def _forward_range(x, s, thr, scales, out, mask, lo, hi):
-    for i in range(lo, hi):
-        k = _draw(s, np.uint64(i)) >= thr
-        mask[i] = k
-        out[i] = x[i] * scales[0 if k else 1]
+    # slices (indices from 0, no wraparound checks) and the two scales as scalars (a select, not a
+    # gather): the loop vectorizes
+    xs, os, ms = x[lo:hi], out[lo:hi], mask[lo:hi]
+    keep, drop = scales[0], scales[1]
+    for j in range(xs.shape[0]):
+        k = _draw(s, np.uint64(lo + j)) >= thr
+        ms[j] = k
+        os[j] = xs[j] * (keep if k else drop)
 
 
 @nb.njit(nogil=True, cache=True)
@@ -97,13 +101,15 @@ def _forward_parallel(x, s, thr, scales, out, mask):
 def _forward_range_bf16(x, s, thr, scales, out, mask, lo, hi):
     tmp = np.empty(min(max(hi - lo, 0), BLOCK), np.uint32)
     f = tmp.view(np.float32)
+    keep, drop = scales[0], scales[1]
     for b0 in range(lo, hi, BLOCK):
         n = min(hi, b0 + BLOCK) - b0
         _widen(x[b0 : b0 + n], tmp[:n], f[:n], KIND_BF16)
+        ms = mask[b0 : b0 + n]
         for i in range(n):
             k = _draw(s, np.uint64(b0 + i)) >= thr
-            mask[b0 + i] = k
-            f[i] = f[i] * scales[0 if k else 1]
+            ms[i] = k
+            f[i] = f[i] * (keep if k else drop)
         _narrow(f[:n], tmp[:n], out[b0 : b0 + n], KIND_BF16)
 
 
@@ -123,11 +129,13 @@ def _forward_parallel_bf16(x, s, thr, scales, out, mask):
 def _backward_range_bf16(g, mask, scales, out, lo, hi):
     tmp = np.empty(min(max(hi - lo, 0), BLOCK), np.uint32)
     f = tmp.view(np.float32)
+    keep, drop = scales[0], scales[1]
     for b0 in range(lo, hi, BLOCK):
         n = min(hi, b0 + BLOCK) - b0
         _widen(g[b0 : b0 + n], tmp[:n], f[:n], KIND_BF16)
+        ms = mask[b0 : b0 + n]
         for i in range(n):
-            f[i] = f[i] * scales[0 if mask[b0 + i] else 1]
+            f[i] = f[i] * (keep if ms[i] else drop)
         _narrow(f[:n], tmp[:n], out[b0 : b0 + n], KIND_BF16)
 
 
@@ -145,8 +153,10 @@ def _backward_parallel_bf16(g, mask, scales, out):
 
 @nb.njit(nogil=True, cache=True)
 def _backward_range(g, mask, scales, out, lo, hi):
-    for i in range(lo, hi):
-        out[i] = g[i] * scales[0 if mask[i] else 1]
+    gs, ms, os = g[lo:hi], mask[lo:hi], out[lo:hi]
+    keep, drop = scales[0], scales[1]
+    for j in range(gs.shape[0]):
+        os[j] = gs[j] * (keep if ms[j] else drop)
 
 
 @nb.njit(nogil=True, cache=True)

@@ -369,14 +369,23 @@ _CONVERT_BLOCK = 1 << 15
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def bf16_to_f32(src, dst_u):
-    """bfloat16 bits ``src`` (uint16, flat, contiguous) -> float32 bits in ``dst_u`` (uint32)."""
+def _bf16_to_f32_parallel(src, dst_u):
     n = src.shape[0]
     for blk in nb.prange(-(-n // _CONVERT_BLOCK)):
         lo = blk * _CONVERT_BLOCK
         hi = min(n, lo + _CONVERT_BLOCK)
-        for k in range(lo, hi):
-            dst_u[k] = np.uint32(src[k]) << np.uint32(16)
+        _widen(src[lo:hi], dst_u[lo:hi], dst_u[lo:hi].view(np.float32), KIND_BF16)  # on slices: vectorizes
+
+
+@nb.njit(nogil=True, cache=True)
+def _bf16_to_f32_serial(src, dst_u):
+    _widen(src, dst_u, dst_u.view(np.float32), KIND_BF16)
+
+
+def bf16_to_f32(src, dst_u) -> None:
+    """bfloat16 bits ``src`` (uint16, flat, contiguous) -> float32 bits in ``dst_u`` (uint32).
+    One block (a bias, a norm's scale) runs on the calling thread, as :func:`f32_to_bf16`."""
+    (_bf16_to_f32_parallel if src.shape[0] > _CONVERT_BLOCK else _bf16_to_f32_serial)(src, dst_u)
 
 
 #: up to this many x rows, :func:`gemm_rows` reads the weight a row at a time (one stream in memory

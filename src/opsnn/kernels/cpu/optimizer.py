@@ -43,35 +43,73 @@ def typed_list(arrays) -> List:
     return out
 
 
+@nb.njit(inline="always")
+def _sgd_chunk(p, g, b, lr, mom, damp, wd, nesterov, maximize, first):
+    """SGD on one chunk; slices, so the indices start at 0 (no wraparound checks)."""
+    for i in range(p.shape[0]):
+        gi = np.float64(g[i])
+        if maximize:
+            gi = -gi
+        pi = np.float64(p[i])
+        if wd != 0.0:
+            gi = gi + wd * pi
+        if mom != 0.0:
+            if first:
+                bi = gi
+            else:
+                bi = mom * np.float64(b[i]) + (1.0 - damp) * gi
+            b[i] = bi
+            bi = np.float64(b[i])  # the stored (rounded) buffer, as torch uses it
+            if nesterov:
+                gi = gi + mom * bi
+            else:
+                gi = bi
+        p[i] = pi - lr * gi
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
 def sgd_step(params, grads, bufs, chunks, hyper, flags):
     """torch.optim.SGD's update for every chunk: weight decay, momentum (the buffer starts as
     the gradient on its first step), dampening, Nesterov, maximize."""
     for c in prange(chunks.shape[0]):
         t, s, e = chunks[c, 0], chunks[c, 1], chunks[c, 2]
-        p, g, b = params[t], grads[t], bufs[t]
-        lr, mom = hyper[t, SGD_LR], hyper[t, SGD_MOMENTUM]
-        damp, wd = hyper[t, SGD_DAMPENING], hyper[t, SGD_WD]
-        nesterov, maximize, first = flags[t, SGD_NESTEROV], flags[t, SGD_MAXIMIZE], flags[t, SGD_FIRST]
-        for i in range(s, e):
-            gi = np.float64(g[i])
-            if maximize:
-                gi = -gi
-            pi = np.float64(p[i])
-            if wd != 0.0:
-                gi = gi + wd * pi
-            if mom != 0.0:
-                if first:
-                    bi = gi
-                else:
-                    bi = mom * np.float64(b[i]) + (1.0 - damp) * gi
-                b[i] = bi
-                bi = np.float64(b[i])  # the stored (rounded) buffer, as torch uses it
-                if nesterov:
-                    gi = gi + mom * bi
-                else:
-                    gi = bi
-            p[i] = pi - lr * gi
+        _sgd_chunk(
+            params[t][s:e],
+            grads[t][s:e],
+            bufs[t][s:e],
+            hyper[t, SGD_LR],
+            hyper[t, SGD_MOMENTUM],
+            hyper[t, SGD_DAMPENING],
+            hyper[t, SGD_WD],
+            flags[t, SGD_NESTEROV] != 0,
+            flags[t, SGD_MAXIMIZE] != 0,
+            flags[t, SGD_FIRST] != 0,
+        )
+
+
+@nb.njit(inline="always")
+def _adam_chunk(p, g, m, v, vmax, sign, decay, l2, b1, b2, step_size, bc2_sqrt, eps, amsgrad):
+    """Adam on one chunk; the arrays are slices, so their indices start at 0 (no wraparound
+    checks) and the loop vectorizes; the branches are the same for every element."""
+    for i in range(p.shape[0]):
+        gi = sign * np.float64(g[i])
+        pi = np.float64(p[i])
+        if l2 != 0.0:
+            gi = gi + l2 * pi
+        pi = pi * decay
+        mi = np.float64(m[i])
+        mi = mi + (1.0 - b1) * (gi - mi)
+        vi = b2 * np.float64(v[i]) + (1.0 - b2) * gi * gi
+        m[i] = mi
+        v[i] = vi
+        vi = np.float64(v[i])  # the stored (rounded) state, as torch uses it
+        if amsgrad:
+            vm = np.float64(vmax[i])
+            # NaN from either side wins, as torch.maximum
+            vmax[i] = vm if (vm >= vi or vm != vm) else vi
+            vi = np.float64(vmax[i])
+        denom = math.sqrt(vi) / bc2_sqrt + eps
+        p[i] = pi - step_size * np.float64(m[i]) / denom
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -80,30 +118,28 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_sqs, chunks, hyper, flag
     correction from the per-tensor step, amsgrad, maximize)."""
     for c in prange(chunks.shape[0]):
         t, s, e = chunks[c, 0], chunks[c, 1], chunks[c, 2]
-        p, g, m, v, vmax = params[t], grads[t], exp_avgs[t], exp_avg_sqs[t], max_sqs[t]
         lr, b1, b2 = hyper[t, ADAM_LR], hyper[t, ADAM_B1], hyper[t, ADAM_B2]
         eps, wd = hyper[t, ADAM_EPS], hyper[t, ADAM_WD]
         step_size = lr / hyper[t, ADAM_BC1]
         bc2_sqrt = math.sqrt(hyper[t, ADAM_BC2])
         amsgrad, decoupled, maximize = flags[t, ADAM_AMSGRAD], flags[t, ADAM_DECOUPLED], flags[t, ADAM_MAXIMIZE]
-        for i in range(s, e):
-            gi = np.float64(g[i])
-            if maximize:
-                gi = -gi
-            pi = np.float64(p[i])
-            if wd != 0.0:
-                if decoupled:
-                    pi = pi * (1.0 - lr * wd)
-                else:
-                    gi = gi + wd * pi
-            mi = np.float64(m[i])
-            mi = mi + (1.0 - b1) * (gi - mi)
-            vi = b2 * np.float64(v[i]) + (1.0 - b2) * gi * gi
-            m[i] = mi
-            v[i] = vi
-            vi = np.float64(v[i])
-            if amsgrad:
-                vmax[i] = max(vmax[i], vi)
-                vi = np.float64(vmax[i])
-            denom = math.sqrt(vi) / bc2_sqrt + eps
-            p[i] = pi - step_size * np.float64(m[i]) / denom
+        # -g and 1.0 * p are exact, so the sign and the decay factor need no per-element branch
+        sign = -1.0 if maximize else 1.0
+        decay = 1.0 - lr * wd if (decoupled and wd != 0.0) else 1.0
+        l2 = 0.0 if decoupled else wd
+        _adam_chunk(
+            params[t][s:e],
+            grads[t][s:e],
+            exp_avgs[t][s:e],
+            exp_avg_sqs[t][s:e],
+            max_sqs[t][s:e],
+            sign,
+            decay,
+            l2,
+            b1,
+            b2,
+            step_size,
+            bc2_sqrt,
+            eps,
+            amsgrad != 0,
+        )

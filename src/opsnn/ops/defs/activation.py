@@ -156,6 +156,13 @@ Gelu.kernel(
     plan=lambda ctx: K.pointwise_plan(ctx, K.GELU_TANH if _approximate(ctx.attrs) == "tanh" else K.GELU_ERF),
     doc="numba map (erfc-based normal CDF, or the tanh form)",
 )(K.pointwise)
+Gelu.kernel(
+    "gelu_numba_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=11,  # before gelu_numba, which takes bfloat16 through the fp32 adapter
+    plan=lambda ctx: KB.gelu_backward_plan(math.prod(ctx.shape(0)), _approximate(ctx.attrs) == "tanh"),
+    doc="the float32 map on blocks widened from bfloat16, rounded once (no Cast pair)",
+)(lambda ins, outs, attrs, plan, ws: KB.gelu_bf16(ins[0], outs[0], plan))
 
 
 def _gelu_backward_infer(ctx):
