@@ -926,9 +926,15 @@ def _attention_grad(ins, outs, attrs, plan, ws):
 
 #: AttentionGrad's kernels against its reference where inputs hold NaN or Inf
 GRAD_NONFINITE = (
-    "a masked pair's probability and dS are set to 0, so a NaN/Inf in V never crosses one; one in Q, K "
-    "or dY reaches the masked pairs of the tiles it is multiplied in (0 x NaN in the products), where the "
-    "reference's whole-matrix products spread it to every pair of the head"
+    "as the definition's whole-matrix products: a masked pair's dS is 0, so a NaN/Inf in V or dP never "
+    "crosses one, but that 0 (and a probability's) still meets every key, query and dY row (0 x Inf = NaN "
+    "in dQ, dK, dV), and a NaN softmax row (a NaN score, a +Inf one, all attended scores -inf, a NaN or "
+    "-inf logsumexp) is NaN on its masked pairs too; a row no key may attend has P = 0. The tiles skip "
+    "key blocks and zero masked pairs, so a per-call scan (float32 bits of Q, K, V, Y, dY, the "
+    "logsumexp; NaN or +Inf in the mask, whose -inf only masks) sends non-finite inputs to an exact "
+    "path: every key block, masked pairs multiplied in, the rows' logsumexp streamed to find the rows "
+    "with a key, the softcap in float64. A given logsumexp with a -inf (a row no key may attend) takes "
+    "that path too; finite inputs whose products overflow are not checked"
 )
 
 
