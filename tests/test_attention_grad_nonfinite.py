@@ -189,21 +189,58 @@ def test_given_logsumexp_defines_the_probabilities(algo):
     assert np.isnan(want[0, 0]).all() and np.isinf(want[0, 1]).all()
 
 
-def test_only_non_finite_inputs_take_the_exact_path():
-    """The scan: finite inputs and -inf in the mask keep the fast tiles; a NaN or an Inf in any of Q,
-    K, V, Y, dY or the logsumexp, or NaN / +Inf in the mask, does not."""
+def finite_tasks(q, k, v, y, dy, lse, mask, softcap=0.0):
+    """(B, Hkv) booleans: which (batch, KV head) tasks keep the fast tiles."""
+    B, Hq, Sq, D = q.shape
+    Hkv, T, Dv = k.shape[1], k.shape[2], v.shape[3]
+    has_lse, has_mask = lse is not None, mask is not None
+    lse = lse if has_lse else np.zeros((1, 1, 1), np.float32)
+    mask = mask if has_mask else np.zeros((1, 1, 1, 1), np.float32)
+    bits = KA.scan_bits(q, k, v, y, dy, lse, mask)
+    return np.array(
+        [
+            [
+                KA._task_finite(bits, b, hk, Hq, Hkv, Sq, T, D, Dv, has_lse, mask.shape, has_mask, softcap)
+                for hk in range(Hkv)
+            ]
+            for b in range(B)
+        ]
+    )
+
+
+def test_only_tasks_with_non_finite_inputs_take_the_exact_path():
+    """The scan, per (batch, KV head) task: finite inputs and -inf in the mask keep the fast tiles; a
+    NaN or an Inf in its heads' Q, dY or logsumexp rows, its K, NaN / +Inf in its mask planes, or (with
+    a softcap) its V or Y does not, and only that task leaves them."""
     rng = np.random.default_rng(8)
-    arrs = [rng.standard_normal((2, 3, 5, 4)).astype(np.float32) for _ in range(5)]
-    lse = rng.standard_normal((2, 3, 5)).astype(np.float32)
-    mask = rng.standard_normal((1, 1, 5, 5)).astype(np.float32)
-    mask[0, 0, :, 3] = -np.inf
-    assert KA.all_finite(*arrs, lse, mask) and KA.all_finite(*arrs, None, None)
-    for i in range(6):
+    B, Hq, Hkv, S, D = 2, 4, 2, 5, 3
+    q, y, dy = (rng.standard_normal((B, Hq, S, D)).astype(np.float32) for _ in range(3))
+    k, v = (rng.standard_normal((B, Hkv, S, D)).astype(np.float32) for _ in range(2))
+    lse = rng.standard_normal((B, Hq, S)).astype(np.float32)
+    mask = rng.standard_normal((B, Hq, S, S)).astype(np.float32)
+    mask[..., 3] = -np.inf
+    base = dict(q=q, k=k, v=v, y=y, dy=dy, lse=lse, mask=mask)
+    assert finite_tasks(**base).all() and finite_tasks(**dict(base, lse=None, mask=None)).all()
+    # (input, index of the poisoned element's (batch, head), the task it belongs to)
+    spots = [("q", (1, 3), (1, 1)), ("dy", (0, 1), (0, 0)), ("k", (0, 1), (0, 1)), ("lse", (1, 0), (1, 0))]
+    spots += [("mask", (1, 2), (1, 1))]
+    for name, (b, h), task in spots:
         for bad in (np.nan, np.inf, -np.inf):
-            parts = [a.copy() for a in arrs] + [lse.copy()]
-            parts[i].reshape(-1)[7] = bad
-            assert not KA.all_finite(*parts, mask), (i, bad)
-    for bad in (np.nan, np.inf):
-        m = mask.copy()
-        m[0, 0, 1, 1] = bad
-        assert not KA.all_finite(*arrs, lse, m)
+            if name == "mask" and bad == -np.inf:
+                continue
+            arrs = dict(base)
+            arrs[name] = arrs[name].copy()
+            arrs[name][b, h].reshape(-1)[2] = bad
+            want = np.ones((B, Hkv), bool)
+            want[task] = False
+            assert (finite_tasks(**arrs) == want).all(), (name, bad)
+    for name in ("v", "y"):
+        arrs = dict(base, **{name: base[name].copy()})
+        arrs[name][1, 1, 0, 0] = np.inf
+        assert finite_tasks(**arrs).all()  # no softcap: V and Y meet no masked pair's zero
+        want = np.ones((B, Hkv), bool)
+        want[1, 1 if name == "v" else 0] = False
+        assert (finite_tasks(**arrs, softcap=1.0) == want).all(), name
+    shared = np.zeros((1, 1, S, S), np.float32)
+    shared[0, 0, 1, 1] = np.nan  # a mask plane every task reads
+    assert not finite_tasks(**dict(base, mask=shared)).any()

@@ -21,7 +21,6 @@ import math
 import numba as nb
 import numpy as np
 
-from . import fused as KF
 from . import mkl_nb as MN
 from .activation import fexp
 
@@ -920,13 +919,49 @@ def _bw_block(
 
 
 @nb.njit(nogil=True, cache=True)
+def _bits_max(u, lo, hi, masks):
+    # the largest float32 bits with the sign cleared over u[lo:hi]: 0x7F800000 or more where an Inf or
+    # a NaN is; masks: -inf (an additive mask's masked pair) reads as 0. An unsigned max LLVM vectorizes
+    m = np.uint32(0)
+    for i in range(lo, hi):
+        v = u[i]
+        a = np.uint32(0) if masks and v == _NEG_INF_BITS32 else np.uint32(v & _ABS_BITS32)
+        m = np.uint32(max(m, a))
+    return m
+
+
+@nb.njit(nogil=True, cache=True)
+def _task_finite(bits, b, hk, Hq, Hkv, Sq, T, D, Dv, has_lse, mshape, has_mask, softcap):
+    # whether task (b, KV head hk) may take the fast tiles: no NaN or Inf in its heads' Q and dY, its K,
+    # their logsumexp rows, no NaN or +inf in their mask planes (these meet the zeros of masked pairs
+    # and skipped blocks, or make a softmax row NaN), nor in V and Y when softcapped (float32's
+    # derivative of the softcap is 0 where float64's is not). bits: the inputs' flat float32 bits
+    qb, kb, vb, yb, dyb, lb, mb = bits
+    g = Hq // Hkv
+    h0, kv = b * Hq + hk * g, b * Hkv + hk  # the first query head and the KV head, flat over batches
+    m = max(_bits_max(qb, h0 * Sq * D, (h0 + g) * Sq * D, False), _bits_max(kb, kv * T * D, (kv + 1) * T * D, False))
+    m = max(m, _bits_max(dyb, h0 * Sq * Dv, (h0 + g) * Sq * Dv, False))
+    if softcap > 0:
+        m = max(m, _bits_max(vb, kv * T * Dv, (kv + 1) * T * Dv, False))
+        m = max(m, _bits_max(yb, h0 * Sq * Dv, (h0 + g) * Sq * Dv, False))
+    if has_lse:
+        m = max(m, _bits_max(lb, h0 * Sq, (h0 + g) * Sq, False))
+    if has_mask:
+        mB, mH, mS, mT = mshape
+        lo = ((b if mB > 1 else 0) * mH + (hk * g if mH > 1 else 0)) * mS * mT
+        m = max(m, _bits_max(mb, lo, lo + (g if mH > 1 else 1) * mS * mT, True))
+    return m < _INF_BITS32
+
+
+@nb.njit(nogil=True, cache=True)
 def _bw_thread(
     th, nt, q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
-    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, exact,
+    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, bits,
 ):  # fmt: skip
     # thread th of nt takes tasks th, th + nt, ...: task (b, KV head hk, split sp) runs the query
     # blocks u = sp, sp + nsplit, ... of the group's heads (u -> head u // nqb, block u % nqb) into
-    # this thread's dK/dV accumulators, then writes them to dK/dV (nsplit 1) or its partial slot
+    # this thread's dK/dV accumulators, then writes them to dK/dV (nsplit 1) or its partial slot;
+    # exact tiles where the task's inputs are not all finite (each split decides alike)
     B, Hq, Sq, D = q.shape
     Hkv, T, Dv = dk.shape[1], dk.shape[2], dv.shape[3]
     g = Hq // Hkv
@@ -946,6 +981,7 @@ def _bw_thread(
         b = t // (nsplit * Hkv)
         dk_acc[:] = np.float32(0.0)
         dv_acc[:] = np.float32(0.0)
+        exact = not _task_finite(bits, b, hk, Hq, Hkv, Sq, T, D, Dv, has_lse, mask.shape, has_mask, softcap)
         for u in range(sp, g * nqb, nsplit):
             _bw_block(
                 b, hk * g + u // nqb, hk, Hkv, u % nqb, q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask,
@@ -968,13 +1004,13 @@ def _bw_thread(
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _bw_parallel(
     q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
-    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, exact, nt,
+    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, bits, nt,
 ):  # fmt: skip
     for th in nb.prange(nt):
         prev = MN.set_threads_local(fns[1], 1) if fns[0] != 0 else 0
         _bw_thread(
             th, nt, q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
-            BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, exact,
+            BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, bits,
         )  # fmt: skip
         if fns[0] != 0:
             MN.set_threads_local(fns[1], prev)
@@ -983,12 +1019,12 @@ def _bw_parallel(
 @nb.njit(nogil=True, cache=True)
 def _bw_serial(
     q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
-    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, exact,
+    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, bits,
 ):  # fmt: skip
     prev = MN.set_threads_local(fns[1], 1) if fns[0] != 0 else 0
     _bw_thread(
         0, 1, q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
-        BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, exact,
+        BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, bits,
     )  # fmt: skip
     if fns[0] != 0:
         MN.set_threads_local(fns[1], prev)
@@ -1015,26 +1051,10 @@ def _bw_reduce(part_k, part_v, dk, dv):
             dv[b, hk, j, dd] = acc
 
 
-@nb.njit(nogil=True, cache=True)
-def _bias_bits(u):
-    # an additive mask's float32 bits: -inf (a masked pair) reads as 0, NaN and +inf as at least
-    # 0x7F800000 (an unsigned max LLVM vectorizes)
-    m = np.uint32(0)
-    for i in range(u.size):
-        v = u[i]
-        a = np.uint32(0) if v == _NEG_INF_BITS32 else np.uint32(v & _ABS_BITS32)
-        m = np.uint32(max(m, a))
-    return m
-
-
-def all_finite(q, k, v, y, dy, lse, mask) -> bool:
-    """Whether :func:`attention_backward`'s tiles may skip work on zeros (masked pairs, key blocks
-    no row attends): no NaN or Inf in the C-contiguous float32 ``q``, ``k``, ``v``, ``y``, ``dy``,
-    ``lse`` (None: not given), none but -inf in the additive ``mask`` (None: no mask). One read of
-    each, as float32 bits."""
-    if any(KF.max_abs(a) == np.inf for a in (q, k, v, y, dy, lse) if a is not None and a.size):
-        return False
-    return mask is None or not mask.size or int(_bias_bits(mask.reshape(-1).view(np.uint32))) < _INF_BITS32
+def scan_bits(*arrays) -> tuple:
+    """The float32 ``arrays`` as flat uint32 views (copies where not contiguous), for the tasks' scan
+    of :func:`attention_backward` (q, k, v, y, dy, lse, mask)."""
+    return tuple(np.ascontiguousarray(a, dtype=np.float32).reshape(-1).view(np.uint32) for a in arrays)
 
 
 def attention_backward(
@@ -1061,19 +1081,20 @@ def attention_backward(
     A masked pair's probability and dS are exactly 0 (a NaN or Inf in V never crosses one); a row
     no key may attend gets dQ 0 and gives nothing.
 
-    Inputs holding a NaN or an Inf (:func:`all_finite`, one read of each per call) take the exact
-    path: every key block of every row (none skipped), the masked pairs' zeros multiplied in
-    (``0 x Inf = NaN``, as the definition's whole-matrix products do), a NaN softmax row's
+    A task whose inputs hold a NaN or an Inf (its heads' Q, K, dY, logsumexp rows, NaN or +Inf in
+    their mask planes, V and Y when softcapped: one read of each, as float32 bits, in the task) takes
+    the exact path: every key block of every row (none skipped), the masked pairs' zeros multiplied
+    in (``0 x Inf = NaN``, as the definition's whole-matrix products do), a NaN softmax row's
     probabilities NaN on its masked pairs too, the logsumexp recomputed to know which rows attend a
     key, the softcap in float64; so NaN and Inf land where the float64 definition puts them."""
     kf, vf = k.reshape(-1), v.reshape(-1)
     has_lse = lse is not None
     if not has_lse:
         lse = np.zeros((1, 1, 1), np.float32)
-    exact = not all_finite(q, kf, vf, y, dy, lse if has_lse else None, mask if has_mask else None)
+    bits = scan_bits(q, k, v, y, dy, lse, mask)
     args = (q, kf, vf, y, dy, lse, has_lse, mask, has_mask, causal, left, right)
     args += (np.float32(scale), np.float32(softcap), np.int64(BQ), np.int64(BK), np.int64(nsplit))
-    args += (dq, dk, dv, part_k, part_v, fns, exact)
+    args += (dq, dk, dv, part_k, part_v, fns, bits)
     if parallel:
         _bw_parallel(*args, np.int64(max(1, min(nb.get_num_threads(), dk.shape[0] * dk.shape[1] * nsplit))))
     else:

@@ -930,11 +930,12 @@ GRAD_NONFINITE = (
     "crosses one, but that 0 (and a probability's) still meets every key, query and dY row (0 x Inf = NaN "
     "in dQ, dK, dV), and a NaN softmax row (a NaN score, a +Inf one, all attended scores -inf, a NaN or "
     "-inf logsumexp) is NaN on its masked pairs too; a row no key may attend has P = 0. The tiles skip "
-    "key blocks and zero masked pairs, so a per-call scan (float32 bits of Q, K, V, Y, dY, the "
-    "logsumexp; NaN or +Inf in the mask, whose -inf only masks) sends non-finite inputs to an exact "
-    "path: every key block, masked pairs multiplied in, the rows' logsumexp streamed to find the rows "
-    "with a key, the softcap in float64. A given logsumexp with a -inf (a row no key may attend) takes "
-    "that path too; finite inputs whose products overflow are not checked"
+    "key blocks and zero masked pairs, so each (batch, KV head) task first reads its inputs' float32 "
+    "bits (its heads' Q, dY and logsumexp rows, its K, NaN or +Inf in its mask planes, whose -inf only "
+    "masks, and V and Y under a softcap) and where one is not finite runs an exact path: every key "
+    "block, masked pairs multiplied in, the rows' logsumexp streamed to find the rows with a key, the "
+    "softcap in float64. A given logsumexp with a -inf (a row no key may attend) takes that path too; "
+    "finite inputs whose products overflow are not checked"
 )
 
 
