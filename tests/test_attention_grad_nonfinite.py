@@ -61,7 +61,8 @@ def oracle(dy, q, k, v, y, *, causal=False, softcap=0.0, scale=None, bias=None, 
 
 
 def forward(q, k, v, **kw):
-    """Y in float64 by the same definition (what a training step hands the backward), as float32."""
+    """Y of softmax attention (no softcap) in float64, as float32: what a training step hands the
+    backward, near enough (the op is defined with the Y it is given)."""
     q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
     D, T, Sq = q.shape[3], k.shape[2], q.shape[2]
     g = q.shape[1] // k.shape[1]
