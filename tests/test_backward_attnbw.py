@@ -5,9 +5,9 @@ inputs, 16-bit, split partials, typed errors.
 
 Semantics under test (the oracle's): a masked (query, key) pair has probability and gradient
 exactly 0, whatever V holds there; a row no key may attend has Y = 0, so its dQ is 0 and it gives
-nothing to dK/dV; a NaN reaching a row's scores makes that row's probabilities NaN. (A NaN in Q, K
-or dY may also reach masked pairs inside the kernels' tiles through 0 x NaN in the products: not
-pinned here, see GRAD_NONFINITE.)"""
+nothing to dK/dV; a NaN reaching a row's scores makes that row's probabilities NaN. (A NaN or Inf in
+Q, K or dY also meets the masked pairs' zeros in the definition's products, 0 x NaN: pinned in
+tests/test_attention_grad_nonfinite.py, see GRAD_NONFINITE.)"""
 
 import ml_dtypes
 import numpy as np

@@ -26,6 +26,8 @@ from .activation import fexp
 
 #: vectorise dot products (reassociation) but keep IEEE inf semantics for masking
 _FM = {"reassoc", "contract", "arcp", "nsz"}
+#: float32 bits: |x| (the sign cleared), the smallest |x| of an Inf or a NaN, -inf
+_ABS_BITS32, _INF_BITS32, _NEG_INF_BITS32 = np.uint32(0x7FFFFFFF), 0x7F800000, np.uint32(0xFF800000)
 
 
 @nb.njit(nogil=True, cache=True, fastmath=_FM)
@@ -723,10 +725,11 @@ def _mm_tn_acc(fns, m, n, k, a, lda, b, ldb, c, ldc):
 
 
 @nb.njit(nogil=True, cache=True, fastmath=_FM)
-def _bw_scores(s, dc, nq, nk, BK, i0, j0, b, h, mask, has_mask, causal, left, right, softcap):
+def _bw_scores(s, dc, nq, nk, BK, i0, j0, b, h, mask, has_mask, causal, left, right, softcap, exact):
     # a tile's raw scores in place: softcap (dc: its derivative), then the masks; a masked pair
     # (causal, window, a key past the mask, an additive -inf) becomes -inf with dc = -1, which tells it
-    # from an attended pair whose score is -inf
+    # from an attended pair whose score is -inf. exact: the softcap in float64, whose derivative stays
+    # above 0 up to a score of ~19 (float32's is 0 from ~9, where 0 x Inf would make a NaN)
     mB, mH, mS, mT = mask.shape
     mb = b if mB > 1 else 0
     mh = h if mH > 1 else 0
@@ -738,9 +741,14 @@ def _bw_scores(s, dc, nq, nk, BK, i0, j0, b, h, mask, has_mask, causal, left, ri
             x = s[ii * BK + jj]
             d = np.float32(1.0)
             if softcap > 0:
-                t = np.float32(math.tanh(x / softcap))
-                x = softcap * t
-                d = np.float32(1.0) - t * t
+                if exact:
+                    t64 = math.tanh(np.float64(x) / np.float64(softcap))
+                    x = np.float32(np.float64(softcap) * t64)
+                    d = np.float32(1.0 - t64 * t64)
+                else:
+                    t = np.float32(math.tanh(x / softcap))
+                    x = softcap * t
+                    d = np.float32(1.0) - t * t
             if (causal and j > i) or (left >= 0 and j < i - left) or (right >= 0 and j > i + right):
                 x = np.float32(-np.inf)
                 d = np.float32(-1.0)
@@ -757,6 +765,36 @@ def _bw_scores(s, dc, nq, nk, BK, i0, j0, b, h, mask, has_mask, causal, left, ri
                         x = x + mv
             s[ii * BK + jj] = x
             dc[ii * BK + jj] = d
+
+
+@nb.njit(nogil=True, cache=True)
+def _exp_ieee(x):
+    # exp(x) with IEEE's answers at the edges: NaN for NaN, +inf for +inf (or an overflow), 0 for -inf
+    if x != x or x == np.inf:
+        return x
+    if x == -np.inf:
+        return np.float32(0.0)
+    return fexp(x)
+
+
+@nb.njit(nogil=True, cache=True, fastmath=_FM)
+def _bw_probs_exact(s, dp, dc, nq, nk, BK, lse, delta, alive):
+    # a tile's P and dS in place as the definition computes them over the whole row: P = exp(x - lse)
+    # with x = -inf on masked pairs (NaN there too where the row's logsumexp is NaN or -inf: a NaN
+    # softmax row is NaN everywhere, and spreads through dV = P^T dY); P = 0 on a row no key may attend;
+    # dS = P (dP - delta) softcap' on attended pairs, exactly 0 on masked ones
+    for ii in range(nq):
+        m = lse[ii]
+        dl = delta[ii]
+        live = alive[ii] != 0
+        for jj in range(nk):
+            k = ii * BK + jj
+            p = _exp_ieee(s[k] - m) if live else np.float32(0.0)
+            s[k] = p
+            if dc[k] < 0:
+                dp[k] = np.float32(0.0)
+            else:
+                dp[k] = p * (dp[k] - dl) * dc[k]
 
 
 @nb.njit(nogil=True, cache=True, fastmath=_FM)
@@ -783,18 +821,21 @@ def _bw_plain_ds(s, dp, lse, delta, nq, nk, BK):
 @nb.njit(nogil=True, cache=True, fastmath=_FM)
 def _bw_block(
     b, h, hk, Hkv, qb, q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
-    BQ, BK, dq, dk_acc, dv_acc, qs, dos, s, dp, dc, dqa, rows, fns,
+    BQ, BK, dq, dk_acc, dv_acc, qs, dos, s, dp, dc, dqa, rows, fns, exact,
 ):  # fmt: skip
     # block qb of BQ query rows of head h: their dQ rows, and their share of dK, dV added to the
-    # task's accumulators dk_acc (T * D), dv_acc (T * Dv). rows: 4 * BQ floats (logsumexp,
-    # delta = rowsum(dY * Y), running sum, NaN flag)
+    # task's accumulators dk_acc (T * D), dv_acc (T * Dv). rows: 5 * BQ floats (logsumexp,
+    # delta = rowsum(dY * Y), running sum, NaN flag, attended-key flag). exact (an input holds a
+    # NaN or an Inf): every key block, masked pairs included, goes through the products as the
+    # definition's whole-matrix ones do (0 x Inf = NaN), see _bw_probs_exact
     Sq, D = q.shape[2], q.shape[3]
     Dv = dy.shape[3]
     T = dk_acc.size // D
     i0 = qb * BQ
     i1 = min(i0 + BQ, Sq)
     nq = i1 - i0
-    lse, delta, lsum, nanf = rows[:BQ], rows[BQ : 2 * BQ], rows[2 * BQ : 3 * BQ], rows[3 * BQ :]
+    lse, delta, lsum, nanf = rows[:BQ], rows[BQ : 2 * BQ], rows[2 * BQ : 3 * BQ], rows[3 * BQ : 4 * BQ]
+    alive = rows[4 * BQ :]
     for ii in range(nq):
         dl = np.float32(0.0)
         for dd in range(D):
@@ -814,10 +855,12 @@ def _bw_block(
     if has_mask:
         j_hi = min(j_hi, mask.shape[3])
     j_lo = max(0, i0 - left) if left >= 0 else 0
+    if exact:
+        j_lo, j_hi = 0, T
     kbase = (b * Hkv + hk) * T  # kf, vf: the (B, Hkv, T, D|Dv) keys and values, flat; this pair's first row
-    # no softcap and no masks: the scores are the products themselves and every pair is attended
-    plain = softcap <= 0 and not causal and left < 0 and right < 0 and not has_mask
-    if has_lse:
+    # no softcap, no masks and finite inputs: the scores are the products themselves and every pair is attended
+    plain = softcap <= 0 and not causal and left < 0 and right < 0 and not has_mask and not exact
+    if has_lse and not exact:
         for ii in range(nq):
             lse[ii] = lse_in[b, h, i0 + ii]
     else:  # the rows' logsumexp, by streaming the keys once more (running max and sum)
@@ -825,11 +868,17 @@ def _bw_block(
             lse[ii] = np.float32(-np.inf)
             lsum[ii] = np.float32(0.0)
             nanf[ii] = np.float32(0.0)
+            alive[ii] = np.float32(0.0)
         for j0 in range(j_lo, j_hi, BK):
             nk = min(BK, j_hi - j0)
             _mm_nt(fns, nq, nk, D, qs, D, kf[(kbase + j0) * D :], D, s, BK)
             if not plain:
-                _bw_scores(s, dc, nq, nk, BK, i0, j0, b, h, mask, has_mask, causal, left, right, softcap)
+                _bw_scores(s, dc, nq, nk, BK, i0, j0, b, h, mask, has_mask, causal, left, right, softcap, exact)
+            if exact:
+                for ii in range(nq):
+                    for jj in range(nk):
+                        if not dc[ii * BK + jj] < 0:  # attended (dc is NaN where a softcapped score is)
+                            alive[ii] = np.float32(1.0)
             for ii in range(nq):
                 m_old = lse[ii]
                 mx = m_old
@@ -853,35 +902,41 @@ def _bw_block(
                 lse[ii] = np.float32(np.nan)
             elif lse[ii] != -np.inf:
                 lse[ii] += np.float32(math.log(lsum[ii]))
+        if has_lse:  # exact: the given logsumexp, the stream kept only which rows attend a key
+            for ii in range(nq):
+                lse[ii] = lse_in[b, h, i0 + ii]
     for j0 in range(j_lo, j_hi, BK):
         nk = min(BK, j_hi - j0)
         kr = kf[(kbase + j0) * D :]
         vr = vf[(kbase + j0) * Dv :]
         _mm_nt(fns, nq, nk, D, qs, D, kr, D, s, BK)  # the scores again
         if not plain:
-            _bw_scores(s, dc, nq, nk, BK, i0, j0, b, h, mask, has_mask, causal, left, right, softcap)
+            _bw_scores(s, dc, nq, nk, BK, i0, j0, b, h, mask, has_mask, causal, left, right, softcap, exact)
         _mm_nt(fns, nq, nk, Dv, dos, Dv, vr, Dv, dp, BK)  # dP = dY V^T
-        if plain:
+        if exact:
+            _bw_probs_exact(s, dp, dc, nq, nk, BK, lse, delta, alive)
+        elif plain:
             _bw_plain_ds(s, dp, lse, delta, nq, nk, BK)
-        for ii in range(nq if not plain else 0):
-            m = lse[ii]
-            dl = delta[ii]
-            for jj in range(nk):
-                x = s[ii * BK + jj]
-                if dc[ii * BK + jj] < 0:  # a masked pair: no probability and no gradient, whatever dP holds
-                    s[ii * BK + jj] = np.float32(0.0)
-                    dp[ii * BK + jj] = np.float32(0.0)
-                else:
-                    # the definition's exp(x - max): NaN where x or the logsumexp is NaN, or every attended
-                    # score of the row is -inf (exp(-inf + inf)); 0 for a -inf score beside finite ones
-                    if x != x or m != m or m == -np.inf:
-                        p = np.float32(np.nan)
-                    elif x == -np.inf:
-                        p = np.float32(0.0)
+        else:
+            for ii in range(nq):
+                m = lse[ii]
+                dl = delta[ii]
+                for jj in range(nk):
+                    x = s[ii * BK + jj]
+                    if dc[ii * BK + jj] < 0:  # a masked pair: no probability and no gradient, whatever dP holds
+                        s[ii * BK + jj] = np.float32(0.0)
+                        dp[ii * BK + jj] = np.float32(0.0)
                     else:
-                        p = fexp(x - m)
-                    s[ii * BK + jj] = p
-                    dp[ii * BK + jj] = p * (dp[ii * BK + jj] - dl) * dc[ii * BK + jj]
+                        # the definition's exp(x - max): NaN where x or the logsumexp is NaN, or every attended
+                        # score of the row is -inf (exp(-inf + inf)); 0 for a -inf score beside finite ones
+                        if x != x or m != m or m == -np.inf:
+                            p = np.float32(np.nan)
+                        elif x == -np.inf:
+                            p = np.float32(0.0)
+                        else:
+                            p = fexp(x - m)
+                        s[ii * BK + jj] = p
+                        dp[ii * BK + jj] = p * (dp[ii * BK + jj] - dl) * dc[ii * BK + jj]
         _mm_nn_acc(fns, nq, D, nk, dp, BK, kr, D, dqa, D)  # dQ += dS K
         _mm_tn_acc(fns, nk, D, nq, dp, BK, qs, D, dk_acc[j0 * D :], D)  # dK += dS^T (scale Q)
         _mm_tn_acc(fns, nk, Dv, nq, s, BK, dos, Dv, dv_acc[j0 * Dv :], Dv)  # dV += P^T dY
@@ -891,13 +946,49 @@ def _bw_block(
 
 
 @nb.njit(nogil=True, cache=True)
+def _bits_max(u, lo, hi, masks):
+    # the largest float32 bits with the sign cleared over u[lo:hi]: 0x7F800000 or more where an Inf or
+    # a NaN is; masks: -inf (an additive mask's masked pair) reads as 0. An unsigned max LLVM vectorizes
+    m = np.uint32(0)
+    for i in range(lo, hi):
+        v = u[i]
+        a = np.uint32(0) if masks and v == _NEG_INF_BITS32 else np.uint32(v & _ABS_BITS32)
+        m = np.uint32(max(m, a))
+    return m
+
+
+@nb.njit(nogil=True, cache=True)
+def _task_finite(bits, b, hk, Hq, Hkv, Sq, T, D, Dv, has_lse, mshape, has_mask, softcap):
+    # whether task (b, KV head hk) may take the fast tiles: no NaN or Inf in its heads' Q and dY, its K,
+    # their logsumexp rows, no NaN or +inf in their mask planes (these meet the zeros of masked pairs
+    # and skipped blocks, or make a softmax row NaN), nor in V and Y when softcapped (float32's
+    # derivative of the softcap is 0 where float64's is not). bits: the inputs' flat float32 bits
+    qb, kb, vb, yb, dyb, lb, mb = bits
+    g = Hq // Hkv
+    h0, kv = b * Hq + hk * g, b * Hkv + hk  # the first query head and the KV head, flat over batches
+    m = max(_bits_max(qb, h0 * Sq * D, (h0 + g) * Sq * D, False), _bits_max(kb, kv * T * D, (kv + 1) * T * D, False))
+    m = max(m, _bits_max(dyb, h0 * Sq * Dv, (h0 + g) * Sq * Dv, False))
+    if softcap > 0:
+        m = max(m, _bits_max(vb, kv * T * Dv, (kv + 1) * T * Dv, False))
+        m = max(m, _bits_max(yb, h0 * Sq * Dv, (h0 + g) * Sq * Dv, False))
+    if has_lse:
+        m = max(m, _bits_max(lb, h0 * Sq, (h0 + g) * Sq, False))
+    if has_mask:
+        mB, mH, mS, mT = mshape
+        lo = ((b if mB > 1 else 0) * mH + (hk * g if mH > 1 else 0)) * mS * mT
+        m = max(m, _bits_max(mb, lo, lo + (g if mH > 1 else 1) * mS * mT, True))
+    return m < _INF_BITS32
+
+
+@nb.njit(nogil=True, cache=True)
 def _bw_thread(
     th, nt, q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
-    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns,
+    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, bits,
 ):  # fmt: skip
     # thread th of nt takes tasks th, th + nt, ...: task (b, KV head hk, split sp) runs the query
     # blocks u = sp, sp + nsplit, ... of the group's heads (u -> head u // nqb, block u % nqb) into
-    # this thread's dK/dV accumulators, then writes them to dK/dV (nsplit 1) or its partial slot
+    # this thread's dK/dV accumulators, then writes them to dK/dV (nsplit 1) or its partial slot;
+    # exact tiles where the task's inputs are not all finite (each split decides alike)
     B, Hq, Sq, D = q.shape
     Hkv, T, Dv = dk.shape[1], dk.shape[2], dv.shape[3]
     g = Hq // Hkv
@@ -908,7 +999,7 @@ def _bw_thread(
     dp = np.empty(BQ * BK, np.float32)
     dc = np.empty(BQ * BK, np.float32)
     dqa = np.empty(BQ * D, np.float32)
-    rows = np.empty(4 * BQ, np.float32)
+    rows = np.empty(5 * BQ, np.float32)
     dk_acc = np.empty(T * D, np.float32)
     dv_acc = np.empty(T * Dv, np.float32)
     for t in range(th, B * Hkv * nsplit, nt):
@@ -917,10 +1008,12 @@ def _bw_thread(
         b = t // (nsplit * Hkv)
         dk_acc[:] = np.float32(0.0)
         dv_acc[:] = np.float32(0.0)
+        exact = not _task_finite(bits, b, hk, Hq, Hkv, Sq, T, D, Dv, has_lse, mask.shape, has_mask, softcap)
         for u in range(sp, g * nqb, nsplit):
             _bw_block(
                 b, hk * g + u // nqb, hk, Hkv, u % nqb, q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask,
                 causal, left, right, scale, softcap, BQ, BK, dq, dk_acc, dv_acc, qs, dos, s, dp, dc, dqa, rows, fns,
+                exact,
             )  # fmt: skip
         for j in range(T):
             for dd in range(D):
@@ -938,13 +1031,13 @@ def _bw_thread(
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _bw_parallel(
     q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
-    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, nt,
+    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, bits, nt,
 ):  # fmt: skip
     for th in nb.prange(nt):
         prev = MN.set_threads_local(fns[1], 1) if fns[0] != 0 else 0
         _bw_thread(
             th, nt, q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
-            BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns,
+            BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, bits,
         )  # fmt: skip
         if fns[0] != 0:
             MN.set_threads_local(fns[1], prev)
@@ -953,12 +1046,12 @@ def _bw_parallel(
 @nb.njit(nogil=True, cache=True)
 def _bw_serial(
     q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
-    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns,
+    BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, bits,
 ):  # fmt: skip
     prev = MN.set_threads_local(fns[1], 1) if fns[0] != 0 else 0
     _bw_thread(
         0, 1, q, kf, vf, y, dy, lse_in, has_lse, mask, has_mask, causal, left, right, scale, softcap,
-        BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns,
+        BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, bits,
     )  # fmt: skip
     if fns[0] != 0:
         MN.set_threads_local(fns[1], prev)
@@ -985,6 +1078,12 @@ def _bw_reduce(part_k, part_v, dk, dv):
             dv[b, hk, j, dd] = acc
 
 
+def scan_bits(*arrays) -> tuple:
+    """The float32 ``arrays`` as flat uint32 views (copies where not contiguous), for the tasks' scan
+    of :func:`attention_backward` (q, k, v, y, dy, lse, mask)."""
+    return tuple(np.ascontiguousarray(a, dtype=np.float32).reshape(-1).view(np.uint32) for a in arrays)
+
+
 def attention_backward(
     q, k, v, y, dy, lse, mask, has_mask, causal, left, right, scale, softcap, BQ, BK, nsplit, dq, dk, dv,
     part_k, part_v, fns, parallel,
@@ -1007,14 +1106,22 @@ def attention_backward(
     ``q``, ``y``, ``dy``, ``dq`` (B, Hq, Sq, D|Dv), ``k``, ``v``, ``dk``, ``dv`` (B, Hkv, T, D|Dv): float32
     (``k`` and ``v`` C-contiguous); ``mask``: :func:`masked_softmax`'s rank-4 additive fp32 bias.
     A masked pair's probability and dS are exactly 0 (a NaN or Inf in V never crosses one); a row
-    no key may attend gets dQ 0 and gives nothing."""
+    no key may attend gets dQ 0 and gives nothing.
+
+    A task whose inputs hold a NaN or an Inf (its heads' Q, K, dY, logsumexp rows, NaN or +Inf in
+    their mask planes, V and Y when softcapped: one read of each, as float32 bits, in the task) takes
+    the exact path: every key block of every row (none skipped), the masked pairs' zeros multiplied
+    in (``0 x Inf = NaN``, as the definition's whole-matrix products do), a NaN softmax row's
+    probabilities NaN on its masked pairs too, the logsumexp recomputed to know which rows attend a
+    key, the softcap in float64; so NaN and Inf land where the float64 definition puts them."""
     kf, vf = k.reshape(-1), v.reshape(-1)
     has_lse = lse is not None
     if not has_lse:
         lse = np.zeros((1, 1, 1), np.float32)
+    bits = scan_bits(q, k, v, y, dy, lse, mask)
     args = (q, kf, vf, y, dy, lse, has_lse, mask, has_mask, causal, left, right)
     args += (np.float32(scale), np.float32(softcap), np.int64(BQ), np.int64(BK), np.int64(nsplit))
-    args += (dq, dk, dv, part_k, part_v, fns)
+    args += (dq, dk, dv, part_k, part_v, fns, bits)
     if parallel:
         _bw_parallel(*args, np.int64(max(1, min(nb.get_num_threads(), dk.shape[0] * dk.shape[1] * nsplit))))
     else:

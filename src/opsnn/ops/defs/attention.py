@@ -767,13 +767,15 @@ def _infer_attention_grad(ctx):
 
 
 def _reference_attention_grad(ins, attrs):
-    """The softmax-attention backward read literally, per (batch, head), in float64 (the logsumexp
-    unused): P from the masked scores, dS = P (dP - rowsum(dY Y)) on the pairs a row attends (0
+    """The softmax-attention backward read literally, per (batch, head), in float64: P from the
+    masked scores (the softmax, or exp(S - logsumexp) when the logsumexp is given; masked scores
+    -inf, a row no key may attend 0), dS = P (dP - rowsum(dY Y)) on the pairs a row attends (0
     elsewhere) times the softcap's derivative, dQ = scale dS K, dK = scale dS^T Q, dV = P^T dY.
-    rowsum(dY Y) equals rowsum(P dP) when Y is the forward's output; the op is defined with the Y
-    it is given, as the flash kernels read it."""
+    rowsum(dY Y) equals rowsum(P dP) when Y is the forward's output, and the given logsumexp gives
+    the softmax when it is the forward's; the op is defined with the Y and logsumexp it is given, as
+    the flash kernels read them."""
     ins = list(ins) + [None] * (7 - len(ins))
-    dY, Q, Kx, Vx, Yx, mask, _ = ins
+    dY, Q, Kx, Vx, Yx, mask, lse = ins
     rank = Q.ndim
     Hq = Q.shape[1] if rank == 4 else int(attrs["q_num_heads"])
     Hkv = Kx.shape[1] if rank == 4 else int(attrs["kv_num_heads"])
@@ -819,8 +821,12 @@ def _reference_attention_grad(ins, attrs):
             with np.errstate(invalid="ignore", over="ignore"):
                 sc = np.where(al, sc + bb, -np.inf)
                 dead = ~al.any(axis=1, keepdims=True)
-                e = np.where(al, np.exp(sc - np.where(dead, 0, sc.max(axis=1, keepdims=True, initial=-np.inf))), 0)
-                p = e / np.where(dead, 1, e.sum(axis=1, keepdims=True))
+                if lse is None:
+                    top = np.where(dead, 0, sc.max(axis=1, keepdims=True, initial=-np.inf))
+                    e = np.where(al, np.exp(sc - top), 0)
+                    p = e / np.where(dead, 1, e.sum(axis=1, keepdims=True))
+                else:
+                    p = np.where(dead, 0, np.exp(sc - lse[b, h].astype(np.float64)[:, None]))
                 dp = g[b, h] @ v[b, hk].T
                 ds = np.where(al, p * (dp - (g[b, h] * y[b, h]).sum(axis=1, keepdims=True)) * dcap, 0)
             dq[b, h] = scale * (ds @ k[b, hk])
@@ -920,9 +926,16 @@ def _attention_grad(ins, outs, attrs, plan, ws):
 
 #: AttentionGrad's kernels against its reference where inputs hold NaN or Inf
 GRAD_NONFINITE = (
-    "a masked pair's probability and dS are set to 0, so a NaN/Inf in V never crosses one; one in Q, K "
-    "or dY reaches the masked pairs of the tiles it is multiplied in (0 x NaN in the products), where the "
-    "reference's whole-matrix products spread it to every pair of the head"
+    "as the definition's whole-matrix products: a masked pair's dS is 0, so a NaN/Inf in V or dP never "
+    "crosses one, but that 0 (and a probability's) still meets every key, query and dY row (0 x Inf = NaN "
+    "in dQ, dK, dV), and a NaN softmax row (a NaN score, a +Inf one, all attended scores -inf, a NaN or "
+    "-inf logsumexp) is NaN on its masked pairs too; a row no key may attend has P = 0. The tiles skip "
+    "key blocks and zero masked pairs, so each (batch, KV head) task first reads its inputs' float32 "
+    "bits (its heads' Q, dY and logsumexp rows, its K, NaN or +Inf in its mask planes, whose -inf only "
+    "masks, and V and Y under a softcap) and where one is not finite runs an exact path: every key "
+    "block, masked pairs multiplied in, the rows' logsumexp streamed to find the rows with a key, the "
+    "softcap in float64. A given logsumexp with a -inf (a row no key may attend) takes that path too; "
+    "finite inputs whose products overflow are not checked"
 )
 
 
