@@ -780,7 +780,11 @@ def _group_norm(ctx, grads):
 def _batch_norm(ctx, grads):
     x, scale, _, rmean, rvar = ctx.inputs[:5]
     attrs = {"epsilon": float(ctx.attrs.get("epsilon", 1e-5)), "training_mode": int(ctx.attrs.get("training_mode", 0))}
-    dx, dscale, dbias = _norm_grad("BatchNormalizationGrad", grads[0], x, [scale, rmean, rvar], attrs, 3)
+    params = [scale, rmean, rvar]
+    if int(ctx.attrs.get("relu", 0)):  # the fused ReLU's mask comes from the output, as _relu's
+        attrs["relu"] = 1
+        params.append(ctx.outputs[0])
+    dx, dscale, dbias = _norm_grad("BatchNormalizationGrad", grads[0], x, params, attrs, 3)
     res = [dx if ctx.needs[0] else None, dscale if ctx.needs[1] else None, dbias if ctx.needs[2] else None, None, None]
     return res[: len(ctx.inputs)]
 
@@ -813,6 +817,9 @@ def _batch_norm_composed(ctx, grads):
     axes = [0] + list(range(2, x.ndim))
     eps = float(ctx.attrs.get("epsilon", 1e-5))
     sc = ops.reshape(scale, shape_c)
+    if int(ctx.attrs.get("relu", 0)):
+        y = ctx.outputs[0]
+        g = ops.where(ops.gt(y, _const(0, y)), g, _const(0, y))
     if int(ctx.attrs.get("training_mode", 0)):
         dx, xhat = _normalize_backward(x, g, sc, axes, eps)
     else:
