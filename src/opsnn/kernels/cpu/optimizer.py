@@ -74,6 +74,25 @@ def sgd_step(params, grads, bufs, chunks, hyper, flags):
             p[i] = pi - lr * gi
 
 
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def _adam_range(p, g, m, v, b1, b2, eps, l2, decay, sign, step_size, bc2_sqrt):
+    """Adam's update of one chunk without amsgrad, branch-free but for ``l2`` (so LLVM vectorizes
+    it; numba's Python error model would test every division for zero): ``sign`` -1 maximizes,
+    ``decay`` is AdamW's 1 - lr * wd (1 for none), ``l2`` Adam's weight decay (0 for none)."""
+    for i in range(p.size):
+        gi = sign * np.float64(g[i])
+        pi = np.float64(p[i]) * decay
+        if l2 != 0.0:
+            gi = gi + l2 * pi
+        mi = np.float64(m[i])
+        mi = mi + (1.0 - b1) * (gi - mi)
+        vi = b2 * np.float64(v[i]) + (1.0 - b2) * gi * gi
+        m[i] = mi
+        v[i] = vi
+        denom = math.sqrt(np.float64(v[i])) / bc2_sqrt + eps  # the stored (rounded) moments, as torch
+        p[i] = pi - step_size * np.float64(m[i]) / denom
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
 def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_sqs, chunks, hyper, flags):
     """torch.optim.Adam / AdamW's update for every chunk (L2 or decoupled weight decay, bias
@@ -86,6 +105,12 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_sqs, chunks, hyper, flag
         step_size = lr / hyper[t, ADAM_BC1]
         bc2_sqrt = math.sqrt(hyper[t, ADAM_BC2])
         amsgrad, decoupled, maximize = flags[t, ADAM_AMSGRAD], flags[t, ADAM_DECOUPLED], flags[t, ADAM_MAXIMIZE]
+        if not amsgrad:
+            decay = 1.0 - lr * wd if decoupled and wd != 0.0 else 1.0
+            l2 = 0.0 if decoupled else wd
+            sign = -1.0 if maximize else 1.0
+            _adam_range(p[s:e], g[s:e], m[s:e], v[s:e], b1, b2, eps, l2, decay, sign, step_size, bc2_sqrt)
+            continue
         for i in range(s, e):
             gi = np.float64(g[i])
             if maximize:
@@ -103,7 +128,8 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_sqs, chunks, hyper, flag
             v[i] = vi
             vi = np.float64(v[i])
             if amsgrad:
-                vmax[i] = max(vmax[i], vi)
+                vm = np.float64(vmax[i])
+                vmax[i] = vi if vi > vm or vi != vi else vm  # NaN from either side, as torch.maximum
                 vi = np.float64(vmax[i])
             denom = math.sqrt(vi) / bc2_sqrt + eps
             p[i] = pi - step_size * np.float64(m[i]) / denom
