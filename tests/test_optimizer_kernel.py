@@ -80,3 +80,49 @@ def test_adam_step_is_the_float64_formula_bit_for_bit(dtype, amsgrad, decoupled,
             np.testing.assert_array_equal(vmaxs[t], wvmax, err_msg=f"max_exp_avg_sq {t}")
     if wd == 0.0 or not decoupled:
         assert np.isposinf(ps[0][0]) or np.isnan(ps[0][0])  # never turned finite
+
+
+def _sgd_oracle(p, g, b, lr, mom, damp, wd, nesterov, maximize, first):
+    p, b = p.copy(), b.copy()
+    with np.errstate(all="ignore"):  # inf - inf: NaN, as the kernel
+        return _sgd_formula(p, g, b, lr, mom, damp, wd, nesterov, maximize, first)
+
+
+def _sgd_formula(p, g, b, lr, mom, damp, wd, nesterov, maximize, first):
+    gi = g.astype(np.float64)
+    gi = -gi if maximize else gi
+    pi = p.astype(np.float64)
+    if wd != 0.0:
+        gi = gi + wd * pi
+    if mom != 0.0:
+        b[:] = (gi if first else mom * b.astype(np.float64) + (1.0 - damp) * gi).astype(b.dtype)
+        bi = b.astype(np.float64)
+        gi = gi + mom * bi if nesterov else bi
+    p[:] = (pi - lr * gi).astype(p.dtype)
+    return p, b
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mom, damp", [(0.0, 0.0), (0.9, 0.0), (0.8, 0.1)])
+@pytest.mark.parametrize("nesterov", [0, 1])
+@pytest.mark.parametrize("maximize", [0, 1])
+@pytest.mark.parametrize("first", [0, 1])
+@pytest.mark.parametrize("wd", [0.0, 0.01])
+def test_sgd_step_is_the_float64_formula_bit_for_bit(dtype, mom, damp, nesterov, maximize, first, wd):
+    sizes = [K.CHUNK + 3, 7]
+    ps = [RNG.standard_normal(n).astype(dtype) for n in sizes]
+    gs = [RNG.standard_normal(n).astype(dtype) for n in sizes]
+    bs = [(RNG.standard_normal(n) * 0.1).astype(dtype) for n in sizes]
+    ps[0][:3] = [np.inf, np.nan, -0.0]
+    gs[0][3] = np.nan
+    lrs = [0.01, 0.05]
+    hyper = np.array([[lr, mom, damp, wd] for lr in lrs])
+    flags = np.array([[nesterov, maximize, first]] * len(sizes), np.int64)
+    want = [
+        _sgd_oracle(ps[t], gs[t], bs[t], lrs[t], mom, damp, wd, nesterov, maximize, first) for t in range(len(sizes))
+    ]
+    tl = K.typed_list
+    K.sgd_step(tl(ps), tl(gs), tl(bs), K.chunk_table(sizes), hyper, flags)
+    for t in range(len(sizes)):
+        np.testing.assert_array_equal(ps[t], want[t][0], err_msg=f"param {t}")
+        np.testing.assert_array_equal(bs[t], want[t][1], err_msg=f"momentum buffer {t}")

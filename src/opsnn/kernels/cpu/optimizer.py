@@ -43,6 +43,30 @@ def typed_list(arrays) -> List:
     return out
 
 
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def _sgd_range(p, g, b, lr, mom, damp, wd, sign, nesterov, first):
+    """SGD's update of one chunk with momentum, one loop per (first step, Nesterov) so that LLVM
+    vectorizes each (``sign`` -1 maximizes; ``wd`` 0 for none)."""
+    if first:
+        for i in range(p.size):
+            gi = sign * np.float64(g[i])
+            pi = np.float64(p[i])
+            if wd != 0.0:
+                gi = gi + wd * pi
+            b[i] = gi
+            bi = np.float64(b[i])  # the stored (rounded) buffer, as torch uses it
+            p[i] = pi - lr * (gi + mom * bi if nesterov else bi)
+        return
+    for i in range(p.size):
+        gi = sign * np.float64(g[i])
+        pi = np.float64(p[i])
+        if wd != 0.0:
+            gi = gi + wd * pi
+        b[i] = mom * np.float64(b[i]) + (1.0 - damp) * gi
+        bi = np.float64(b[i])
+        p[i] = pi - lr * (gi + mom * bi if nesterov else bi)
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
 def sgd_step(params, grads, bufs, chunks, hyper, flags):
     """torch.optim.SGD's update for every chunk: weight decay, momentum (the buffer starts as
@@ -53,6 +77,10 @@ def sgd_step(params, grads, bufs, chunks, hyper, flags):
         lr, mom = hyper[t, SGD_LR], hyper[t, SGD_MOMENTUM]
         damp, wd = hyper[t, SGD_DAMPENING], hyper[t, SGD_WD]
         nesterov, maximize, first = flags[t, SGD_NESTEROV], flags[t, SGD_MAXIMIZE], flags[t, SGD_FIRST]
+        if mom != 0.0:
+            sign = -1.0 if maximize else 1.0
+            _sgd_range(p[s:e], g[s:e], b[s:e], lr, mom, damp, wd, sign, bool(nesterov), bool(first))
+            continue
         for i in range(s, e):
             gi = np.float64(g[i])
             if maximize:
