@@ -16,6 +16,7 @@ import threading
 from .. import dtypes as _dt
 from ..errors import InnerError, ParamInvalidError
 from ..ops import executor as _executor
+from ..ops.gradients import take_sole
 from ..tensor import Tensor, as_tensor, ones
 from .errors import (
     GradientShapeError,
@@ -244,7 +245,9 @@ def _to_leaf(m, g: Tensor, targets, found, pending=None) -> None:
                 "accumulate across compiled calls)"
             )
     if m.grad is None:
-        m.grad = g.clone()  # a fresh, contiguous tensor: rules may hand the same gradient to several inputs
+        # a fresh, contiguous tensor: rules may hand the same gradient to several inputs, unless the
+        # rule marked it as made for this input alone
+        m.grad = g if take_sole(g) and tracer is None else g.clone()
     else:
         m.grad = _add(m.grad, g)
     if m.post_hooks:

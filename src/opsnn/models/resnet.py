@@ -35,7 +35,7 @@ class BasicBlock(nn.Module):
         self.stride = stride
 
     def forward(self, x):
-        out = ops.relu(self.bn1(self.conv1(x)))
+        out = self.bn1(self.conv1(x), relu=True)
         out = self.bn2(self.conv2(out))
         identity = x if self.downsample is None else self.downsample(x)
         return ops.relu(ops.add(out, identity))
@@ -60,8 +60,8 @@ class Bottleneck(nn.Module):
         self.stride = stride
 
     def forward(self, x):
-        out = ops.relu(self.bn1(self.conv1(x)))
-        out = ops.relu(self.bn2(self.conv2(out)))
+        out = self.bn1(self.conv1(x), relu=True)
+        out = self.bn2(self.conv2(out), relu=True)
         out = self.bn3(self.conv3(out))
         identity = x if self.downsample is None else self.downsample(x)
         return ops.relu(ops.add(out, identity))
@@ -105,7 +105,7 @@ class ResNet(nn.Module):
 
     def features(self, x):
         """The pooled 512*expansion feature vector (N, C)."""
-        x = self.maxpool(ops.relu(self.bn1(self.conv1(x))))
+        x = self.maxpool(self.bn1(self.conv1(x), relu=True))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         return nn.functional.reshape(self.avgpool(x), (0, -1))
 

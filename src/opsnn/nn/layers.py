@@ -197,16 +197,19 @@ class _BatchNorm(Module):
             for n in ("running_mean", "running_var", "num_batches_tracked"):
                 self.register_buffer(n, None)
 
-    def forward(self, x):
+    def forward(self, x, relu: bool = False):
+        """``relu=True``: ``relu(bn(x))``; with batch statistics one op does both, forward and
+        backward (inference keeps the separate Relu, which graph passes know how to fold)."""
         x = as_tensor(x)
         if x.ndim not in self._ranks:
             raise ParamInvalidError(f"{type(self).__name__}: input must be {self._layout}, got shape {tuple(x.shape)}")
         if not self.training and self.track_running_stats:
-            return ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, eps=self.eps)
+            y = ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, eps=self.eps)
+            return ops.relu(y) if relu else y
         if not (self.training and self.track_running_stats):  # batch statistics, nothing to update
             c, dt = self.num_features, x.dtype
             return ops.batch_norm(
-                x, np.zeros(c, dt), np.ones(c, dt), self.weight, self.bias, training=True, eps=self.eps
+                x, np.zeros(c, dt), np.ones(c, dt), self.weight, self.bias, training=True, eps=self.eps, relu=relu
             )[0]
         # momentum None: the kernel returns the batch statistics (weight 1), averaged in below
         momentum = 1.0 if self.momentum is None else self.momentum
@@ -220,6 +223,7 @@ class _BatchNorm(Module):
             momentum=momentum,
             eps=self.eps,
             unbiased_running_var=True,
+            relu=relu,
         )
         self._update_running_stats(mean, var)
         return y

@@ -21,6 +21,7 @@ True
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -51,6 +52,24 @@ def _ops():
     from .. import ops
 
     return ops
+
+
+_SOLE: dict = {}  # id -> weakref of the gradients sole_gradient marked, until taken
+
+
+def sole_gradient(t: Tensor) -> Tensor:
+    """Mark ``t``, a fresh op output a rule returns for one input only, as the sole handle on its
+    memory: the autograd engine may make it a leaf's ``.grad`` as it is (torch's AccumulateGrad
+    steals such a gradient too) instead of copying it."""
+    k = id(t)
+    _SOLE[k] = weakref.ref(t, lambda _r, k=k: _SOLE.pop(k, None))
+    return t
+
+
+def take_sole(t: Tensor) -> bool:
+    """True (once) when ``t`` was marked by :func:`sole_gradient`."""
+    r = _SOLE.pop(id(t), None)
+    return r is not None and r() is t
 
 
 def _const(arr, like: Tensor) -> Tensor:
@@ -577,7 +596,7 @@ def _conv(ctx, grads):
         res[0] = ops.run_op("ConvBackwardData", [g, w], dict(attrs, **shape), domain="opsnn")[0]
     if ctx.needs[1]:
         shape = {"weight_shape": list(w.shape)}
-        res[1] = ops.run_op("ConvBackwardWeight", [x, g], dict(attrs, **shape), domain="opsnn")[0]
+        res[1] = sole_gradient(ops.run_op("ConvBackwardWeight", [x, g], dict(attrs, **shape), domain="opsnn")[0])
     if b is not None and len(ctx.needs) > 2 and ctx.needs[2]:
         res[2] = ops.sum(g, dim=[0] + list(range(2, nd + 2)))
     return res[: len(ctx.inputs)]
@@ -780,7 +799,12 @@ def _group_norm(ctx, grads):
 def _batch_norm(ctx, grads):
     x, scale, _, rmean, rvar = ctx.inputs[:5]
     attrs = {"epsilon": float(ctx.attrs.get("epsilon", 1e-5)), "training_mode": int(ctx.attrs.get("training_mode", 0))}
-    dx, dscale, dbias = _norm_grad("BatchNormalizationGrad", grads[0], x, [scale, rmean, rvar], attrs, 3)
+    params = [scale, rmean, rvar]
+    if int(ctx.attrs.get("relu", 0)):  # the fused ReLU's mask comes from the output, as _relu's
+        attrs["relu"] = 1
+        params.append(ctx.outputs[0])
+    dx, dscale, dbias = _norm_grad("BatchNormalizationGrad", grads[0], x, params, attrs, 3)
+    dscale, dbias = sole_gradient(dscale), sole_gradient(dbias)
     res = [dx if ctx.needs[0] else None, dscale if ctx.needs[1] else None, dbias if ctx.needs[2] else None, None, None]
     return res[: len(ctx.inputs)]
 
@@ -813,6 +837,9 @@ def _batch_norm_composed(ctx, grads):
     axes = [0] + list(range(2, x.ndim))
     eps = float(ctx.attrs.get("epsilon", 1e-5))
     sc = ops.reshape(scale, shape_c)
+    if int(ctx.attrs.get("relu", 0)):
+        y = ctx.outputs[0]
+        g = ops.where(ops.gt(y, _const(0, y)), g, _const(0, y))
     if int(ctx.attrs.get("training_mode", 0)):
         dx, xhat = _normalize_backward(x, g, sc, axes, eps)
     else:

@@ -316,27 +316,32 @@ def group_norm(
 
 # -- BatchNorm ----------------------------------------------------------------------------------
 @nb.njit(**_OPTS)
-def _bn_task(x, mean, a, b, y, row, C, S):
+def _bn_task(x, mean, a, b, y, row, C, S, relu):
     c = row % C
     m = mean[c]
     ac = a[c]
     bc = b[c]
     xs = x[row * S : row * S + S]
     ys = y[row * S : row * S + S]
-    for s in range(S):
-        ys[s] = (xs[s] - m) * ac + bc
+    if relu:
+        for s in range(S):
+            v = (xs[s] - m) * ac + bc
+            ys[s] = 0.0 if v < 0.0 else v  # NaN stays NaN, as Relu
+    else:
+        for s in range(S):
+            ys[s] = (xs[s] - m) * ac + bc
 
 
 @nb.njit(parallel=True, **_OPTS)
-def _bn_parallel(x, mean, a, b, y, rows, C, S):
+def _bn_parallel(x, mean, a, b, y, rows, C, S, relu):
     for r in nb.prange(rows):
-        _bn_task(x, mean, a, b, y, r, C, S)
+        _bn_task(x, mean, a, b, y, r, C, S, relu)
 
 
 @nb.njit(**_OPTS)
-def _bn_serial(x, mean, a, b, y, rows, C, S):
+def _bn_serial(x, mean, a, b, y, rows, C, S, relu):
     for r in range(rows):
-        _bn_task(x, mean, a, b, y, r, C, S)
+        _bn_task(x, mean, a, b, y, r, C, S, relu)
 
 
 @nb.njit(**_OPTS)
@@ -405,11 +410,13 @@ def batch_norm(
     training: bool,
     momentum: float,
     unbiased: bool = False,
+    relu: bool = False,
 ):
     """Inference: normalise with the given statistics. Training: per-channel batch statistics
     (population variance), and return the updated running (mean, var) in float64:
     ``running * momentum + batch * (1 - momentum)``, the batch variance unbiased
-    (``n / (n - 1)``, torch's running update) when ``unbiased``, else the population one (ONNX)."""
+    (``n / (n - 1)``, torch's running update) when ``unbiased``, else the population one (ONNX).
+    ``relu``: y = max(normalised, 0) in the same pass."""
     flat = x.reshape(-1)
     if training:
         bm = np.empty(C)
@@ -425,7 +432,9 @@ def batch_norm(
     with np.errstate(all="ignore"):
         a = scale.astype(np.float64) / np.sqrt(use_v + eps)
     if x.size:
-        (_bn_parallel if parallel else _bn_serial)(flat, use_m, a, bias.astype(np.float64), y.reshape(-1), N * C, C, S)
+        (_bn_parallel if parallel else _bn_serial)(
+            flat, use_m, a, bias.astype(np.float64), y.reshape(-1), N * C, C, S, bool(relu)
+        )
     if training:
         rv = bv * (N * S / max(N * S - 1, 1)) if unbiased else bv
         return (

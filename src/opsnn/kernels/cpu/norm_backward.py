@@ -191,9 +191,9 @@ def group_norm_backward(
 
 # -- BatchNorm ----------------------------------------------------------------------------------
 @nb.njit(**_OPTS)
-def _bn_bw_stats_task(dy, x, scale, c, N, C, S, training, exact, mean_in, var_in, eps, st):
+def _bn_bw_stats_task(dy, x, y, relu, scale, c, N, C, S, training, exact, mean_in, var_in, eps, st):
     """Channel c over (N, S): st[c] = (mean, rstd, sum dy, sum dy * xhat, sum gh, sum gh * xhat)
-    with gh = dy * scale[c]."""
+    with gh = dy * scale[c]; ``relu``: dy taken as 0 where y <= 0 (the gradient through a fused ReLU)."""
     M = N * S
     sc = float(scale[c])
     exact = exact or not training or not np.isfinite(sc)
@@ -209,9 +209,10 @@ def _bn_bw_stats_task(dy, x, scale, c, N, C, S, training, exact, mean_in, var_in
         for n in range(N):
             xs = x[(n * C + c) * S : (n * C + c) * S + S]
             gs = dy[(n * C + c) * S : (n * C + c) * S + S]
+            ys = y[(n * C + c) * S : (n * C + c) * S + S]
             for i in range(S):
                 d = xs[i] - shift
-                gi = float(gs[i])
+                gi = float(gs[i]) if not relu or ys[i] > 0 else 0.0
                 s += d
                 q += d * d
                 sg += gi
@@ -243,9 +244,10 @@ def _bn_bw_stats_task(dy, x, scale, c, N, C, S, training, exact, mean_in, var_in
         for n in range(N):
             xs = x[(n * C + c) * S : (n * C + c) * S + S]
             gs = dy[(n * C + c) * S : (n * C + c) * S + S]
+            ys = y[(n * C + c) * S : (n * C + c) * S + S]
             for i in range(S):
                 d = xs[i] - m
-                gi = float(gs[i])
+                gi = float(gs[i]) if not relu or ys[i] > 0 else 0.0
                 gh = gi * sc
                 q += d * d
                 sg += gi
@@ -263,47 +265,56 @@ def _bn_bw_stats_task(dy, x, scale, c, N, C, S, training, exact, mean_in, var_in
 
 
 @nb.njit(parallel=True, **_OPTS)
-def _bn_bw_stats_parallel(dy, x, scale, N, C, S, training, exact, mean_in, var_in, eps, st):
+def _bn_bw_stats_parallel(dy, x, y, relu, scale, N, C, S, training, exact, mean_in, var_in, eps, st):
     for c in nb.prange(C):
-        _bn_bw_stats_task(dy, x, scale, c, N, C, S, training, exact, mean_in, var_in, eps, st)
+        _bn_bw_stats_task(dy, x, y, relu, scale, c, N, C, S, training, exact, mean_in, var_in, eps, st)
 
 
 @nb.njit(**_OPTS)
-def _bn_bw_stats_serial(dy, x, scale, N, C, S, training, exact, mean_in, var_in, eps, st):
+def _bn_bw_stats_serial(dy, x, y, relu, scale, N, C, S, training, exact, mean_in, var_in, eps, st):
     for c in range(C):
-        _bn_bw_stats_task(dy, x, scale, c, N, C, S, training, exact, mean_in, var_in, eps, st)
+        _bn_bw_stats_task(dy, x, y, relu, scale, c, N, C, S, training, exact, mean_in, var_in, eps, st)
 
 
 @nb.njit(**_OPTS)
-def _bn_bw_dx_task(dy, x, scale, dx, st, row, C, S, M, training):
+def _bn_bw_dx_task(dy, x, y, relu, scale, dx, st, row, C, S, M, training):
     c = row % C
     m = st[c, 0]
     rstd = st[c, 1]
     sc = scale[c]
     xs = x[row * S : row * S + S]
     gs = dy[row * S : row * S + S]
+    ys = y[row * S : row * S + S]
     ds = dx[row * S : row * S + S]
     if training:
         # dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)), xhat = (x - m) * rstd
         k1 = st[c, 4] / M
         k2 = st[c, 5] / M
+        if relu:
+            for s in range(S):
+                g = gs[s] if ys[s] > 0 else 0.0
+                ds[s] = rstd * (g * sc - k1 - (xs[s] - m) * rstd * k2)
+        else:
+            for s in range(S):
+                ds[s] = rstd * (gs[s] * sc - k1 - (xs[s] - m) * rstd * k2)
+    elif relu:
         for s in range(S):
-            ds[s] = rstd * (gs[s] * sc - k1 - (xs[s] - m) * rstd * k2)
+            ds[s] = (gs[s] if ys[s] > 0 else 0.0) * sc * rstd
     else:
         for s in range(S):
             ds[s] = gs[s] * sc * rstd
 
 
 @nb.njit(parallel=True, **_OPTS)
-def _bn_bw_dx_parallel(dy, x, scale, dx, st, rows, C, S, M, training):
+def _bn_bw_dx_parallel(dy, x, y, relu, scale, dx, st, rows, C, S, M, training):
     for r in nb.prange(rows):
-        _bn_bw_dx_task(dy, x, scale, dx, st, r, C, S, M, training)
+        _bn_bw_dx_task(dy, x, y, relu, scale, dx, st, r, C, S, M, training)
 
 
 @nb.njit(**_OPTS)
-def _bn_bw_dx_serial(dy, x, scale, dx, st, rows, C, S, M, training):
+def _bn_bw_dx_serial(dy, x, y, relu, scale, dx, st, rows, C, S, M, training):
     for r in range(rows):
-        _bn_bw_dx_task(dy, x, scale, dx, st, r, C, S, M, training)
+        _bn_bw_dx_task(dy, x, y, relu, scale, dx, st, r, C, S, M, training)
 
 
 _UNUSED = np.zeros(1)  # the statistics inputs of training mode (never read)
@@ -323,20 +334,26 @@ def batch_norm_backward(
     eps: float,
     parallel: bool,
     training: bool,
+    y: np.ndarray | None = None,
 ) -> tuple:
     """Gradients of BatchNorm over x viewed as (N, C, S), in two passes: per-channel statistics
     and sums (parallel over channels), then dx (parallel over (n, c) planes). Training uses the
     batch statistics (their gradient flows into dx); otherwise ``mean``/``var`` (float64 (C,)).
+    ``y``: the output of a BatchNorm with a fused ReLU; ``dy`` counts only where ``y > 0``.
     ``scale`` float64 (C,), ``st`` float64 (C, 6) scratch. Returns (dScale, dBias) float64."""
     M = N * S
     if M == 0 or C == 0:
         return np.zeros(C), np.zeros(C)
     xf, gf = x.reshape(-1), dy.reshape(-1)
+    relu = y is not None
+    yf = y.reshape(-1) if relu else gf  # never read without relu
     exact = x.dtype == np.float64
     m_in = mean if mean is not None else _UNUSED
     v_in = var if var is not None else _UNUSED
     (_bn_bw_stats_parallel if parallel else _bn_bw_stats_serial)(
-        gf, xf, scale, N, C, S, training, exact, m_in, v_in, float(eps), st
+        gf, xf, yf, relu, scale, N, C, S, training, exact, m_in, v_in, float(eps), st
     )
-    (_bn_bw_dx_parallel if parallel else _bn_bw_dx_serial)(gf, xf, scale, dx.reshape(-1), st, N * C, C, S, M, training)
+    (_bn_bw_dx_parallel if parallel else _bn_bw_dx_serial)(
+        gf, xf, yf, relu, scale, dx.reshape(-1), st, N * C, C, S, M, training
+    )
     return st[:, 3].copy(), st[:, 2].copy()

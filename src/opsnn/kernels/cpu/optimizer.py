@@ -67,7 +67,7 @@ def _sgd_chunk(p, g, b, lr, mom, damp, wd, nesterov, maximize, first):
         p[i] = pi - lr * gi
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
+@nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def sgd_step(params, grads, bufs, chunks, hyper, flags):
     """torch.optim.SGD's update for every chunk: weight decay, momentum (the buffer starts as
     the gradient on its first step), dampening, Nesterov, maximize."""
@@ -112,7 +112,7 @@ def _adam_chunk(p, g, m, v, vmax, sign, decay, l2, b1, b2, step_size, bc2_sqrt, 
         p[i] = pi - step_size * np.float64(m[i]) / denom
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
+@nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_sqs, chunks, hyper, flags):
     """torch.optim.Adam / AdamW's update for every chunk (L2 or decoupled weight decay, bias
     correction from the per-tensor step, amsgrad, maximize)."""

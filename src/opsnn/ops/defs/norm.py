@@ -240,6 +240,8 @@ def _bn_ref(ins, attrs):
     y = (w - m.reshape(bshape)) / np.sqrt(v.reshape(bshape) + eps) * scale.astype(np.float64).reshape(
         bshape
     ) + b.astype(np.float64).reshape(bshape)
+    if int(attrs.get("relu", 0)):
+        y = np.where(y < 0, 0.0, y)  # NaN stays NaN, as Relu
     if not training:
         return y.astype(x.dtype)
     mom = float(attrs["momentum"])
@@ -278,6 +280,7 @@ def _bn_kernel(ins, outs, attrs, plan, ws):
             bool(attrs["training_mode"]),
             float(attrs["momentum"]),
             bool(int(attrs["unbiased_running_var"])),
+            bool(int(attrs["relu"])),
         )
     if res is not None:
         for o, r in zip(outs[1:], res):
@@ -306,12 +309,13 @@ BatchNormalization = register_op(
             0,
             doc="opsnn: 1 = running_var takes the unbiased batch variance n/(n-1) (torch), 0 = population (ONNX)",
         ),
+        Attr("relu", "int", 0, doc="opsnn: 1 = Y = max(normalised, 0), a ReLU in the same pass (0: none, ONNX)"),
     ],
     infer=_bn_infer,
     reference=_bn_ref,
     doc="per-channel (axis 1) normalisation; training_mode=1 uses batch statistics and also returns "
     "running = input * momentum + batch * (1 - momentum) (population variance; unbiased_running_var=1: "
-    "the unbiased one, as torch)",
+    "the unbiased one, as torch); relu=1 (opsnn) applies a ReLU to Y in the same pass",
 )
 BatchNormalization.kernel(
     "batch_norm_numba",
@@ -576,12 +580,14 @@ def batch_norm(
     momentum=0.1,
     eps=1e-5,
     unbiased_running_var=False,
+    relu=False,
 ):
     """Batch normalization over channel dim 1 (like ``torch.nn.functional.batch_norm``).
     Inference returns y. ``training=True`` normalises with the batch statistics and returns
     ``(y, new_running_mean, new_running_var)`` (nothing is modified in place); ``momentum`` is
     torch's (weight of the batch statistic). The running variance takes the population batch
-    variance (ONNX), or the unbiased one with ``unbiased_running_var=True`` (torch's buffers)."""
+    variance (ONNX), or the unbiased one with ``unbiased_running_var=True`` (torch's buffers).
+    ``relu=True``: ``max(y, 0)`` in the same pass (and one backward op through both)."""
     t = as_tensor(x)
     if t.ndim < 2:
         raise ParamInvalidError(f"batch_norm: input must have rank >= 2 (N, C, ...), got shape {t.shape}")
@@ -591,6 +597,8 @@ def batch_norm(
     attrs = {"epsilon": float(eps), "momentum": 1.0 - float(momentum), "training_mode": int(bool(training))}
     if training and unbiased_running_var:
         attrs["unbiased_running_var"] = 1
+    if relu:
+        attrs["relu"] = 1
     return [t, weight, bias, running_mean, running_var], attrs, (3 if training else 1)
 
 
@@ -776,12 +784,23 @@ def _bn_grad_infer(ctx):
             raise _bad(op, f"input '{name}' must have shape ({C},) (one value per channel), got {ctx.shape(i)}")
     if not int(ctx.attrs["training_mode"]) and not (ctx.has(3) and ctx.has(4)):
         raise _bad(op, "inputs 'input_mean' and 'input_var' are required with training_mode=0; got None")
+    if int(ctx.attrs["relu"]):
+        if not ctx.has(5):
+            raise _bad(op, "input 'Y' (the forward's output) is required with relu=1; got None")
+        if tuple(ctx.shape(5)) != shape or ctx.dtype(5) != ctx.dtype(1):
+            raise _bad(
+                op,
+                f"input 'Y' must have X's shape {shape} and dtype {ctx.dtype(1)}, got {tuple(ctx.shape(5))} "
+                f"{ctx.dtype(5)}",
+            )
     return [TensorMeta(shape, ctx.dtype(0)), TensorMeta((C,), ctx.dtype(2)), TensorMeta((C,), ctx.dtype(2))]
 
 
 def _bn_grad_ref(ins, attrs):
     with np.errstate(all="ignore"):  # NaN/Inf inputs give NaN/Inf, as the kernels do
         g, x, scale = (a.astype(np.float64) for a in ins[:3])
+        if int(attrs.get("relu", 0)):
+            g = np.where(ins[5] > 0, g, 0.0)
         axes = (0,) + tuple(range(2, x.ndim))
         bshape = (1, -1) + (1,) * (x.ndim - 2)
         eps = float(attrs["epsilon"])
@@ -814,9 +833,10 @@ def _bn_grad_kernel(ins, outs, attrs, plan, ws):
     if not training:
         mean, var = ins[3].astype(np.float64), ins[4].astype(np.float64)
     st = ws[: 48 * C].view(np.float64).reshape(C, 6) if ws is not None else np.empty((C, 6))
+    y = ins[5] if int(attrs["relu"]) else None
     with np.errstate(all="ignore"):
         dsc, dbi = KB.batch_norm_backward(
-            g, x, scale.astype(np.float64), mean, var, outs[0], st, N, C, S, float(attrs["epsilon"]), par, training
+            g, x, scale.astype(np.float64), mean, var, outs[0], st, N, C, S, float(attrs["epsilon"]), par, training, y
         )
     np.copyto(outs[1], dsc, casting="unsafe")
     np.copyto(outs[2], dbi, casting="unsafe")
@@ -838,13 +858,19 @@ BatchNormalizationGrad = register_op(
         Input("scale", FLOAT),
         Input("input_mean", FLOAT, optional=True),
         Input("input_var", FLOAT, optional=True),
+        Input("Y", FLOAT, optional=True),
     ],
     outputs=["dX", "dScale", "dBias"],
-    attrs=[Attr("epsilon", "float", 1e-5), Attr("training_mode", "int", 1)],
+    attrs=[
+        Attr("epsilon", "float", 1e-5),
+        Attr("training_mode", "int", 1),
+        Attr("relu", "int", 0, doc="1: the forward had relu=1; dY counts only where its output Y > 0"),
+    ],
     infer=_bn_grad_infer,
     reference=_bn_grad_ref,
     doc="gradients of BatchNormalization (channel axis 1): training_mode=1 through the batch statistics "
-    "(recomputed from X in float64), 0 with input_mean/input_var fixed",
+    "(recomputed from X in float64), 0 with input_mean/input_var fixed; relu=1: through the fused ReLU "
+    "too (dY masked where Y <= 0)",
 )
 BatchNormalizationGrad.kernel(
     "batch_norm_grad_numba",
@@ -959,15 +985,21 @@ def rms_norm_backward(grad_output, x, normalized_shape, weight=None, eps=None):
 
 
 @api("batch_norm_backward", "BatchNormalizationGrad", domain="opsnn")
-def batch_norm_backward(grad_output, x, weight=None, running_mean=None, running_var=None, training=True, eps=1e-5):
+def batch_norm_backward(
+    grad_output, x, weight=None, running_mean=None, running_var=None, training=True, eps=1e-5, y=None
+):
     """Gradients ``(dx, dweight, dbias)`` of :func:`batch_norm`: ``training=True`` through the
-    batch statistics, else with ``running_mean``/``running_var`` fixed."""
+    batch statistics, else with ``running_mean``/``running_var`` fixed; ``y``: the output of a
+    ``relu=True`` batch norm (the gradient then goes through its ReLU too)."""
     t = as_tensor(x)
     if t.ndim < 2:
         raise ParamInvalidError(f"batch_norm_backward: input must have rank >= 2 (N, C, ...), got shape {t.shape}")
     weight = _ones((t.shape[1],), t.dtype) if weight is None else weight
     attrs = {"epsilon": float(eps), "training_mode": int(bool(training))}
-    return [grad_output, t, weight, running_mean, running_var], attrs, 3
+    if y is None:
+        return [grad_output, t, weight, running_mean, running_var], attrs, 3
+    attrs["relu"] = 1
+    return [grad_output, t, weight, running_mean, running_var, y], attrs, 3
 
 
 @api("group_norm_backward", "GroupNormalizationGrad", domain="opsnn")
