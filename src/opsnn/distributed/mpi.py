@@ -11,6 +11,7 @@ gives, and larger worlds round once per combining step of MPI's reduction tree.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -26,6 +27,12 @@ from .work import CommThread, Work
 TRACK_RANKS_UP_TO = 64
 _ARRIVAL_TAG = 7
 
+#: Open MPI settings opsnn starts MPI with unless the job set them (``mpirun --mca NAME VALUE``, or
+#: ``OMPI_MCA_NAME`` in the environment): libnbc's non-blocking allreduce picks its binomial tree
+#: for an in-place call or fewer than 4 ranks, where one rank receives and reduces the whole buffer
+#: and sends it back; Rabenseifner's reduce-scatter + allgather (3) has every rank reduce 1/p of it
+OPEN_MPI_DEFAULTS = {"coll_libnbc_iallreduce_algorithm": "3"}
+
 
 def load_mpi():
     """mpi4py's ``MPI`` module, initialising MPI with ``MPI_THREAD_MULTIPLE`` when it is not yet."""
@@ -39,6 +46,8 @@ def load_mpi():
         ) from exc
     if "mpi4py.MPI" not in sys.modules:
         mpi4py.rc.thread_level = "multiple"  # the communication thread calls MPI beside the main thread
+        for name, value in OPEN_MPI_DEFAULTS.items():
+            os.environ.setdefault(f"OMPI_MCA_{name}", value)  # read by MPI_Init; other MPIs ignore it
     from mpi4py import MPI
 
     return MPI
