@@ -20,7 +20,7 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import CollectiveTimeoutError, DistributedError, DTypeError
 from .reduce_op import ReduceOp
-from .work import CommThread, Work
+from .work import CommThread, InlineProgress, Work
 
 #: worlds up to this size tell each other which collective they reached (one small message to each
 #: peer per collective), so a timeout names the ranks that never arrived; larger worlds skip it
@@ -104,9 +104,33 @@ SUPPORTED_DTYPES = (
 )
 
 
+#: how collectives progress: "inline" (on the threads that launch and wait for them) or "thread"
+#: (a communication thread); OPSNN_DDP_PROGRESS chooses, else "inline" when kernels use one thread
+PROGRESS_MODES = ("inline", "thread")
+
+
+def progress_mode() -> str:
+    """``OPSNN_DDP_PROGRESS`` if set, else "inline" for a rank whose kernels run on one thread (the
+    launcher's ``--threads-per-rank 1``, or a single core), "thread" otherwise."""
+    mode = os.environ.get("OPSNN_DDP_PROGRESS", "").strip().lower()
+    if mode:
+        if mode not in PROGRESS_MODES:
+            from ..errors import ParamInvalidError
+
+            raise ParamInvalidError(
+                f"init_process_group: OPSNN_DDP_PROGRESS must be one of {', '.join(PROGRESS_MODES)}, got {mode!r}",
+                op="init_process_group",
+            )
+        return mode
+    from ..runtime import threads
+
+    return "inline" if threads.policy.fixed == 1 or threads.cores() == 1 else "thread"
+
+
 class ProcessGroupMPI:
     """Every rank of ``MPI_COMM_WORLD``; collectives run on a communicator of its own (a duplicate of
-    the world's, so a program's own MPI calls never mix with ours) from one communication thread."""
+    the world's, so a program's own MPI calls never mix with ours), started and advanced by the
+    engine :func:`progress_mode` picks (:mod:`.work`)."""
 
     name = "mpi"
 
@@ -131,6 +155,7 @@ class ProcessGroupMPI:
         self._peer_seq = [0] * self.size
         self._arrival_sends: list = []
         self._arrivals = self.comm = self.thread = None
+        self.progress_mode = progress_mode()
 
     def connect(self) -> None:
         """Meet every other rank (within the timeout) and start the communication thread."""
@@ -146,7 +171,8 @@ class ProcessGroupMPI:
             for dtype in HALF_TYPES
             for op, fn in _HALF_COMBINE.items()
         }
-        self.thread = CommThread(
+        engine = InlineProgress if self.progress_mode == "inline" else CommThread
+        self.thread = engine(
             f"opsnn-comm-rank{self.rank}",
             self.timeout_s,
             poll=lambda request: request.Test(),
@@ -265,9 +291,13 @@ class ProcessGroupMPI:
     def barrier(self) -> Work:
         return self.thread.submit(Work("barrier", f"{self.size} ranks", self.comm.Ibarrier))
 
+    def progress(self) -> None:
+        """Advance the collectives in flight (inline progress; a no-op with a communication thread)."""
+        self.thread.progress()
+
     # -- which ranks reached which collective -----------------------------------------------------
     def _announce(self, work: Work) -> None:
-        """Tell every peer this rank reached collective ``work.seq`` (runs on the communication thread)."""
+        """Tell every peer this rank reached collective ``work.seq`` (runs where the collective starts)."""
         MPI = self.MPI
         self._arrival_sends = [(r, b) for r, b in self._arrival_sends if not r.Test()]
         note = np.array([work.seq], np.int64)

@@ -44,6 +44,7 @@ from ...autograd import is_grad_enabled, queue_callback
 from ...autograd.compiled import trace_key_hooks
 from ...autograd.graph import LEAF, get_meta
 from ...distributed import graph_ops as _graph_ops
+from ...distributed.group import default_group
 from ...errors import OpsnnRuntimeError, ParamInvalidError
 from ...graph.tracing import active_tracer
 from ...runtime import hooks
@@ -249,6 +250,7 @@ class DistributedDataParallel(Module):
         self.bucket_cap_mb = bucket_cap_mb
         self.world_size = dist.get_world_size(**self._group())
         self.rank = dist.get_rank(**self._group())
+        self._progress = default_group().progress
         self.require_backward_grad_sync = True
         self._verify_same_model()
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -422,6 +424,7 @@ class DistributedDataParallel(Module):
                 "(with find_unused_parameters=True it was found unused at forward time but got a gradient)"
             )
         self._mark_ready(i, "grad")
+        self._progress()  # buckets in flight advance between backward ops (inline progress)
 
     def _mark_ready(self, i: int, why: str) -> None:
         self._ready[i] = True
