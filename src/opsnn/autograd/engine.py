@@ -244,7 +244,10 @@ def _to_leaf(m, g: Tensor, targets, found, pending=None) -> None:
                 "accumulate across compiled calls)"
             )
     if m.grad is None:
-        m.grad = g.clone()  # a fresh, contiguous tensor: rules may hand the same gradient to several inputs
+        if m.grad_sink is not None and pending is not None and pending.get(id(m)) == 1:
+            m.grad = m.grad_sink(g)  # the only gradient this pass brings: placed where its user wants it
+        else:
+            m.grad = g.clone()  # a fresh, contiguous tensor: rules may hand the same gradient to several inputs
     else:
         m.grad = _add(m.grad, g)
     if m.post_hooks:
