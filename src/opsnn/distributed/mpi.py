@@ -158,7 +158,7 @@ class ProcessGroupMPI:
         self.progress_mode = progress_mode()
 
     def connect(self) -> None:
-        """Meet every other rank (within the timeout) and start the communication thread."""
+        """Meet every other rank (within the timeout) and start the engine that runs the collectives."""
         MPI = self.MPI
         world = MPI.COMM_WORLD
         self.comm = self._duplicate(world)
@@ -248,7 +248,7 @@ class ProcessGroupMPI:
         else:
             np.divide(buf, self.size, out=buf)
 
-    # -- collectives: contiguous arrays, launched in order on the communication thread ---------
+    # -- collectives: contiguous arrays, launched in order on the engine -----------------------
     def all_reduce(self, buf: np.ndarray, op: ReduceOp, after=None, staged: bool = False) -> Work:
         mpi_op = self.reduction(buf.dtype, op, "all_reduce")
         spec = self._spec(buf)
@@ -344,7 +344,7 @@ class ProcessGroupMPI:
 
     # -- teardown --------------------------------------------------------------------------------
     def close(self) -> None:
-        """Finish the queued collectives, join the communication thread, free the communicators."""
+        """Finish the queued collectives, end the engine (join its thread), free the communicators."""
         if self.thread is None:
             return  # never connected
         self.thread.close()

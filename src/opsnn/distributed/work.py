@@ -62,7 +62,7 @@ class Work:
         self.op = op  # "all_reduce", "broadcast", ...
         self.seq = 0  # this rank's count of collectives launched on the group, set at launch
         self.describe = describe  # e.g. "SUM of float32[1024]"
-        self._start = start  # () -> MPI request, run on the communication thread
+        self._start = start  # () -> MPI request, run by the engine
         self._finish = finish  # () -> None: averages, copies a staged result back
         self._done = threading.Event()
         self._error: BaseException | None = None
