@@ -81,6 +81,36 @@ def test_compiled_training_step_reduces_buckets_inside_the_graph():
         assert f"[rank {rank}] PASS compiled unused parameters" in out, out[-4000:]
 
 
+def test_grad_sink_places_a_leafs_only_gradient_of_a_pass():
+    """The autograd hook DDP's buckets use: a leaf whose pass brings it one gradient gets the sink's
+    tensor as .grad (here: written into a buffer, halved); two contributions, or a .grad already
+    there, accumulate as usual. Oracle: the gradients in numpy (d sum(w * x) / dw = x)."""
+    from opsnn.autograd.graph import get_meta
+
+    x = np.arange(1.0, 5.0, dtype=np.float32)
+    buf = np.zeros(4, np.float32)
+    calls = []
+
+    def sink(g):
+        calls.append(1)
+        np.divide(g.numpy(), 2, out=buf)
+        return opsnn.Tensor(buf)
+
+    w = opsnn.tensor(np.ones(4, np.float32)).requires_grad_()
+    w.register_post_accumulate_grad_hook(lambda t: None)  # pending counts are kept for hooked leaves
+    get_meta(w).grad_sink = sink
+    opsnn.ops.sum(w * opsnn.tensor(x)).backward()
+    assert len(calls) == 1 and np.shares_memory(w.grad.numpy(), buf)
+    np.testing.assert_array_equal(buf, x / 2)
+    opsnn.ops.sum(w * opsnn.tensor(x)).backward()  # .grad is there: added to, the sink not called
+    assert len(calls) == 1
+    np.testing.assert_array_equal(w.grad.numpy(), x / 2 + x)
+    w.grad = None
+    opsnn.ops.sum(w * opsnn.tensor(x) + w * opsnn.tensor(x)).backward()  # two contributions: no sink
+    assert len(calls) == 1
+    np.testing.assert_array_equal(w.grad.numpy(), 2 * x)
+
+
 def test_allreduce_graph_ops_in_a_world_of_one():
     """Without other ranks AllReduceStart only divides by the world size (1) and AllReduceWait copies;
     a graph traced for another world size refuses to run rather than average wrongly."""

@@ -101,12 +101,15 @@ def _clock(output: str, label: str) -> float:
 
 
 @needs_mpi
-def test_collectives_on_two_ranks_through_the_launcher(tmp_path):
-    job = Job(str(WORKERS / "collectives.py"), str(tmp_path))
+@pytest.mark.parametrize("progress", ["inline", "thread"])
+def test_collectives_on_two_ranks_through_the_launcher(tmp_path, progress):
+    """Both engines (one thread per rank picks inline progress; OPSNN_DDP_PROGRESS=thread the thread)."""
+    job = Job(str(WORKERS / "collectives.py"), str(tmp_path), env={"OPSNN_DDP_PROGRESS": progress})
     rc, out = job.result()
     assert rc == 0, out
     for r in range(2):
         assert f"[rank {r}] ALL OK rank {r}" in job.stdout, out
+        assert f"[rank {r}] progress {progress}" in job.stdout, out
         assert f"[rank {r}] OPSNN_NUM_THREADS=1" in job.stdout, out  # --threads-per-rank reached the ranks
     assert "[rank 0] rank_zero_only ran here" in job.stdout and "[rank 1] rank_zero_only" not in job.stdout
 

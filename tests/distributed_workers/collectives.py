@@ -25,7 +25,11 @@ dist.init_process_group("mpi", timeout=120)
 rank, size = dist.get_rank(), dist.get_world_size()
 assert size == 2, size
 print(f"OPSNN_NUM_THREADS={os.environ.get('OPSNN_NUM_THREADS')}")
-assert any(t.name.startswith("opsnn-comm") for t in threading.enumerate())
+# one kernel thread per rank: collectives progress inline unless OPSNN_DDP_PROGRESS asks for the thread
+MODE = os.environ.get("OPSNN_DDP_PROGRESS") or "inline"
+assert dist.group.default_group().progress_mode == MODE, (dist.group.default_group().progress_mode, MODE)
+assert any(t.name.startswith("opsnn-comm") for t in threading.enumerate()) == (MODE == "thread")
+print(f"progress {MODE}")
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(d) for d in ("float32", "float64", "float16", "int32", "int64", "bool")] + [BF16]
@@ -164,7 +168,8 @@ for dtype in DTYPES:
 print("reduce_scatter ok")
 
 
-# -- async: the collective progresses on the communication thread while this thread computes ----------
+# -- async: the collective progresses while this thread computes (on the communication thread, or inline
+# each time is_completed() asks) ----------------------------------------------------------------------------
 # rank 1 joins only once rank 0 says so through a file (not a collective: those queue behind this one)
 def tell(name: str) -> None:
     open(os.path.join(sys.argv[1], name), "w").close()
@@ -193,7 +198,7 @@ if rank == 0:
     assert not w.is_completed(), "the collective finished before its peer joined"  # in flight during compute
     tell("computed")
 deadline = time.monotonic() + 120
-while not w.is_completed():  # never wait(): only the communication thread can finish it
+while not w.is_completed():  # never wait(): the thread, or is_completed() itself, must finish it
     a = compute(a)
     chunks += 1
     assert time.monotonic() < deadline, "the collective made no progress without wait()"

@@ -245,9 +245,12 @@ def _to_leaf(m, g: Tensor, targets, found, pending=None) -> None:
                 "accumulate across compiled calls)"
             )
     if m.grad is None:
-        # a fresh, contiguous tensor: rules may hand the same gradient to several inputs, unless the
-        # rule marked it as made for this input alone
-        m.grad = g if take_sole(g) and tracer is None else g.clone()
+        sole = take_sole(g) and tracer is None  # a rule marked it as made for this input alone
+        if m.grad_sink is not None and pending is not None and pending.get(id(m)) == 1:
+            m.grad = m.grad_sink(g)  # the only gradient this pass brings: placed where its user wants it
+        else:
+            # a fresh, contiguous tensor: rules may hand the same gradient to several inputs
+            m.grad = g if sole else g.clone()
     else:
         m.grad = _add(m.grad, g)
     if m.post_hooks:

@@ -26,7 +26,7 @@ LEAF = object()  # edge kind: gradient accumulates into a leaf's .grad
 
 
 class AutogradMeta:
-    __slots__ = ("grad", "grad_fn", "output_nr", "post_hooks", "ref", "requires_grad")
+    __slots__ = ("grad", "grad_fn", "grad_sink", "output_nr", "post_hooks", "ref", "requires_grad")
 
     def __init__(self):
         self.ref = None
@@ -35,6 +35,9 @@ class AutogradMeta:
         self.grad_fn = None
         self.output_nr = 0
         self.post_hooks = None  # {key: fn} called once a backward pass has accumulated all of .grad
+        # g -> the tensor .grad becomes when g is a leaf's only gradient of a pass and .grad is None
+        # (instead of a copy of g): DistributedDataParallel writes it into its bucket, scaled
+        self.grad_sink = None
 
 
 _META: dict[int, AutogradMeta] = {}

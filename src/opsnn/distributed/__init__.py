@@ -8,7 +8,7 @@ rank then joins the world and combines tensors in place::
     dist.init_process_group("mpi")             # or OPSNN_DDP_BACKEND=mpi; a plain `python` run is a world of 1
     t = opsnn.tensor([1.0, 2.0]) * (dist.get_rank() + 1)
     dist.all_reduce(t, op=dist.ReduceOp.AVG)    # in place, on every rank
-    work = dist.all_reduce(t, async_op=True)    # runs on the communication thread ...
+    work = dist.all_reduce(t, async_op=True)    # returns at once; MPI runs it ...
     ...                                         # ... while this thread computes
     work.wait()
     if dist.is_main_process():

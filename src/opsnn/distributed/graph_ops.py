@@ -2,8 +2,8 @@
 compiled training step's backward holds for ``DistributedDataParallel``'s gradient buckets.
 
 ``AllReduceStart(x[, after]) -> buffer`` writes ``x / world_size`` into its output and launches a
-non-blocking SUM allreduce of that output on the process group's communication thread, then
-returns: the kernels after it (the rest of backward) run while the ranks communicate.
+non-blocking SUM allreduce of that output on the process group (its communication thread, or
+inline progress: :mod:`opsnn.distributed.work`), then returns: the kernels after it (the rest of backward) run while the ranks communicate.
 ``AllReduceWait(buffer) -> y`` blocks until that allreduce is done and copies the result out.
 The buffer is the start's output and the wait's input, so the memory planner keeps it alive (and
 untouched by other values) from the start to the wait. ``after`` (optional) is the previous
@@ -118,7 +118,7 @@ if not has_op("AllReduceStart", DOMAIN):
         infer=_start_infer,
         reference=lambda ins, a: (ins[0] / int(a.get("world_size", 1))).astype(ins[0].dtype),
         doc="launch a non-blocking SUM allreduce of x / world_size (a flat gradient bucket) on the "
-        "communication thread; the output is the buffer being reduced, read only by its AllReduceWait. "
+        "process group; the output is the buffer being reduced, read only by its AllReduceWait. "
         "'after' orders the starts (the previous bucket's buffer, not read). A world of one: x / 1",
     )
     AllReduceStart.kernel(

@@ -1,7 +1,7 @@
 """The default process group: ``init_process_group`` / ``destroy_process_group``, rank and world size.
 
 ``init_process_group`` reads the world MPI started (``mpirun -np 2 python train.py``, or
-``opsnn launch -n 2 train.py``), starts the communication thread, and installs an exception hook:
+``opsnn launch -n 2 train.py``), starts what runs the collectives, and installs an exception hook:
 an exception no one catches on any rank prints its traceback and aborts every rank
 (``MPI_Abort``), so the job ends with the failing rank named instead of the others waiting in a
 collective for ever. A plain ``python train.py`` is a world of one.
@@ -96,7 +96,7 @@ def init_process_group(
 
 
 def destroy_process_group(group=None) -> None:
-    """Run the queued collectives, join the communication thread and forget the group (a later
+    """Run the queued collectives, join the communication thread (if any) and forget the group (a later
     ``init_process_group`` starts a new one). Nothing happens when no group exists."""
     global _group
     _check_group(group, "destroy_process_group")

@@ -11,6 +11,7 @@ gives, and larger worlds round once per combining step of MPI's reduction tree.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -19,12 +20,18 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import CollectiveTimeoutError, DistributedError, DTypeError
 from .reduce_op import ReduceOp
-from .work import CommThread, Work
+from .work import CommThread, InlineProgress, Work
 
 #: worlds up to this size tell each other which collective they reached (one small message to each
 #: peer per collective), so a timeout names the ranks that never arrived; larger worlds skip it
 TRACK_RANKS_UP_TO = 64
 _ARRIVAL_TAG = 7
+
+#: Open MPI settings opsnn starts MPI with unless the job set them (``mpirun --mca NAME VALUE``, or
+#: ``OMPI_MCA_NAME`` in the environment): libnbc's non-blocking allreduce picks its binomial tree
+#: for an in-place call or fewer than 4 ranks, where one rank receives and reduces the whole buffer
+#: and sends it back; Rabenseifner's reduce-scatter + allgather (3) has every rank reduce 1/p of it
+OPEN_MPI_DEFAULTS = {"coll_libnbc_iallreduce_algorithm": "3"}
 
 
 def load_mpi():
@@ -39,6 +46,8 @@ def load_mpi():
         ) from exc
     if "mpi4py.MPI" not in sys.modules:
         mpi4py.rc.thread_level = "multiple"  # the communication thread calls MPI beside the main thread
+        for name, value in OPEN_MPI_DEFAULTS.items():
+            os.environ.setdefault(f"OMPI_MCA_{name}", value)  # read by MPI_Init; other MPIs ignore it
     from mpi4py import MPI
 
     return MPI
@@ -95,9 +104,33 @@ SUPPORTED_DTYPES = (
 )
 
 
+#: how collectives progress: "inline" (on the threads that launch and wait for them) or "thread"
+#: (a communication thread); OPSNN_DDP_PROGRESS chooses, else "inline" when kernels use one thread
+PROGRESS_MODES = ("inline", "thread")
+
+
+def progress_mode() -> str:
+    """``OPSNN_DDP_PROGRESS`` if set, else "inline" for a rank whose kernels run on one thread (the
+    launcher's ``--threads-per-rank 1``, or a single core), "thread" otherwise."""
+    mode = os.environ.get("OPSNN_DDP_PROGRESS", "").strip().lower()
+    if mode:
+        if mode not in PROGRESS_MODES:
+            from ..errors import ParamInvalidError
+
+            raise ParamInvalidError(
+                f"init_process_group: OPSNN_DDP_PROGRESS must be one of {', '.join(PROGRESS_MODES)}, got {mode!r}",
+                op="init_process_group",
+            )
+        return mode
+    from ..runtime import threads
+
+    return "inline" if threads.policy.fixed == 1 or threads.cores() == 1 else "thread"
+
+
 class ProcessGroupMPI:
     """Every rank of ``MPI_COMM_WORLD``; collectives run on a communicator of its own (a duplicate of
-    the world's, so a program's own MPI calls never mix with ours) from one communication thread."""
+    the world's, so a program's own MPI calls never mix with ours), started and advanced by the
+    engine :func:`progress_mode` picks (:mod:`.work`)."""
 
     name = "mpi"
 
@@ -122,9 +155,10 @@ class ProcessGroupMPI:
         self._peer_seq = [0] * self.size
         self._arrival_sends: list = []
         self._arrivals = self.comm = self.thread = None
+        self.progress_mode = progress_mode()
 
     def connect(self) -> None:
-        """Meet every other rank (within the timeout) and start the communication thread."""
+        """Meet every other rank (within the timeout) and start the engine that runs the collectives."""
         MPI = self.MPI
         world = MPI.COMM_WORLD
         self.comm = self._duplicate(world)
@@ -137,7 +171,8 @@ class ProcessGroupMPI:
             for dtype in HALF_TYPES
             for op, fn in _HALF_COMBINE.items()
         }
-        self.thread = CommThread(
+        engine = InlineProgress if self.progress_mode == "inline" else CommThread
+        self.thread = engine(
             f"opsnn-comm-rank{self.rank}",
             self.timeout_s,
             poll=lambda request: request.Test(),
@@ -213,7 +248,7 @@ class ProcessGroupMPI:
         else:
             np.divide(buf, self.size, out=buf)
 
-    # -- collectives: contiguous arrays, launched in order on the communication thread ---------
+    # -- collectives: contiguous arrays, launched in order on the engine -----------------------
     def all_reduce(self, buf: np.ndarray, op: ReduceOp, after=None, staged: bool = False) -> Work:
         mpi_op = self.reduction(buf.dtype, op, "all_reduce")
         spec = self._spec(buf)
@@ -256,9 +291,13 @@ class ProcessGroupMPI:
     def barrier(self) -> Work:
         return self.thread.submit(Work("barrier", f"{self.size} ranks", self.comm.Ibarrier))
 
+    def progress(self) -> None:
+        """Advance the collectives in flight (inline progress; a no-op with a communication thread)."""
+        self.thread.progress()
+
     # -- which ranks reached which collective -----------------------------------------------------
     def _announce(self, work: Work) -> None:
-        """Tell every peer this rank reached collective ``work.seq`` (runs on the communication thread)."""
+        """Tell every peer this rank reached collective ``work.seq`` (runs where the collective starts)."""
         MPI = self.MPI
         self._arrival_sends = [(r, b) for r, b in self._arrival_sends if not r.Test()]
         note = np.array([work.seq], np.int64)
@@ -305,7 +344,7 @@ class ProcessGroupMPI:
 
     # -- teardown --------------------------------------------------------------------------------
     def close(self) -> None:
-        """Finish the queued collectives, join the communication thread, free the communicators."""
+        """Finish the queued collectives, end the engine (join its thread), free the communicators."""
         if self.thread is None:
             return  # never connected
         self.thread.close()

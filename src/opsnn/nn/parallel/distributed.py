@@ -7,8 +7,10 @@ all. Parameters that require grad are split into buckets in *reverse* registrati
 order backward produces their gradients), one dtype per bucket, the first bucket small (1 MB) so
 communication starts early and the others up to ``bucket_cap_mb``. During backward each
 parameter's post-accumulate-grad hook marks it ready; when every parameter of a bucket is ready
-its gradients are flattened into one contiguous buffer (divided by the world size on the way)
-and an allreduce is launched on the communication thread while backward goes on. Buckets are
+its gradients are in one contiguous buffer, divided by the world size (a gradient that is its
+parameter's only one in the pass is written there, scaled, as autograd accumulates it, so its
+``.grad`` holds the scaled local gradient until backward ends; others are copied in), and an
+allreduce is launched while backward goes on. Buckets are
 launched in index order only, so every rank issues the same collectives in the same order. A
 callback queued on the backward pass waits for all of them when backward ends, and each
 parameter's ``.grad`` becomes its slice of the reduced buffer (the average over ranks), so the
@@ -44,6 +46,7 @@ from ...autograd import is_grad_enabled, queue_callback
 from ...autograd.compiled import trace_key_hooks
 from ...autograd.graph import LEAF, get_meta
 from ...distributed import graph_ops as _graph_ops
+from ...distributed.group import default_group
 from ...errors import OpsnnRuntimeError, ParamInvalidError
 from ...graph.tracing import active_tracer
 from ...runtime import hooks
@@ -249,6 +252,7 @@ class DistributedDataParallel(Module):
         self.bucket_cap_mb = bucket_cap_mb
         self.world_size = dist.get_world_size(**self._group())
         self.rank = dist.get_rank(**self._group())
+        self._progress = default_group().progress
         self.require_backward_grad_sync = True
         self._verify_same_model()
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -265,6 +269,11 @@ class DistributedDataParallel(Module):
                 self._bucket_of[i] = b
             self._buckets.append(bucket)
         self._metas = {id(get_meta(p)): i for i, p in enumerate(self._params)}
+        self._slot_of = [(0, 0)] * len(self._params)  # (offset, numel) in its bucket's buffer
+        for b in self._buckets:
+            for i, off, n in b.slots:
+                self._slot_of[i] = (off, n)
+        self._sunk: list = [None] * len(self._params)  # the .grad a sink made this pass, per parameter
         self._state = "idle"  # idle -> armed (forward) -> reducing (first hook) -> reduced (end of backward)
         self._ready = [False] * len(self._params)
         self._next_bucket = 0
@@ -357,6 +366,7 @@ class DistributedDataParallel(Module):
         if sync:
             self._arm(out)
         else:
+            self._sinks(False)
             self._state = "idle"
         return out
 
@@ -395,6 +405,7 @@ class DistributedDataParallel(Module):
         self._ready = [False] * len(self._params)
         for b in self._buckets:
             b.pending, b.flat, b.work, b.launched = len(b.params), None, None, False
+        self._sinks(active_tracer() is None)  # a traced step flattens with graph ops instead
         self._next_bucket = 0
         self._events = []
         self._state = "armed"
@@ -422,6 +433,7 @@ class DistributedDataParallel(Module):
                 "(with find_unused_parameters=True it was found unused at forward time but got a gradient)"
             )
         self._mark_ready(i, "grad")
+        self._progress()  # buckets in flight advance between backward ops (inline progress)
 
     def _mark_ready(self, i: int, why: str) -> None:
         self._ready[i] = True
@@ -437,17 +449,37 @@ class DistributedDataParallel(Module):
             self._launch(buckets[self._next_bucket])
             self._next_bucket += 1
 
+    def _sinks(self, on: bool) -> None:
+        """Allocate the buckets' buffers and let autograd write each parameter's only gradient of
+        the pass into its slot (``on``), or stop it (``.grad`` a copy of the gradient again)."""
+        ref = weakref.ref(self) if on else None
+        for i, p in enumerate(self._params):
+            get_meta(p).grad_sink = _sink(ref, i) if on else None
+            self._sunk[i] = None
+        if on:
+            for b in self._buckets:
+                b.flat = empty((b.numel,), b.dtype)
+
+    def _sink(self, i: int, g: Tensor) -> Tensor:
+        """Autograd's gradient ``g``, parameter ``i``'s only one this pass: into its bucket slot, scaled."""
+        b = self._buckets[self._bucket_of[i]]
+        off, n = self._slot_of[i]
+        view = b.flat.numpy()[off : off + n].reshape(self._params[i].shape)
+        np.divide(g.numpy(), self.world_size, out=view)
+        self._sunk[i] = t = Tensor(view)
+        return t
+
     def _launch(self, b: _Bucket) -> None:
         if active_tracer() is not None:
             return self._launch_traced(b)
         t0 = time.perf_counter()
-        flat = empty((b.numel,), b.dtype)
+        flat = b.flat if b.flat is not None else empty((b.numel,), b.dtype)
         fa = flat.numpy()
         for i, off, n in b.slots:
             g = self._params[i].grad
             if g is None:
                 fa[off : off + n] = 0
-            else:
+            elif g is not self._sunk[i]:  # a sunk gradient is in its slot already, scaled
                 np.divide(g.numpy().reshape(-1), self.world_size, out=fa[off : off + n])
         b.flat = flat
         b.work = self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM, async_op=True, **self._group())
@@ -506,6 +538,7 @@ class DistributedDataParallel(Module):
         if missing and not self.find_unused_parameters:
             if drain:
                 self._drain()
+            self._sinks(False)
             self._state = "idle"
             names = ", ".join(repr(self._names[i]) for i in missing[:10])
             more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
@@ -545,12 +578,14 @@ class DistributedDataParallel(Module):
                 p = self._params[i]
                 p.grad = Tensor(fa[off : off + n].reshape(p.shape))
             b.flat = b.work = None
+        self._sinks(False)
         self._events.append(("end", None, t1))
         self.last_backward = {"events": self._events, "wait_s": t1 - t0, "buckets": len(self._buckets)}
         self._state = "reduced"
 
     def _drain(self) -> None:
         """Wait for allreduces a failed backward left in flight (so the next collectives line up)."""
+        self._sinks(False)
         if self._state != "reducing":
             return
         for b in self._buckets:
@@ -575,6 +610,14 @@ class DistributedDataParallel(Module):
             f"world_size={self.world_size}, buckets={len(self._buckets)}, bucket_cap_mb={self.bucket_cap_mb}, "
             f"find_unused_parameters={self.find_unused_parameters}"
         )
+
+
+def _sink(ref, i: int):
+    def sink(g):
+        ddp = ref()
+        return g.clone() if ddp is None else ddp._sink(i, g)
+
+    return sink
 
 
 def _hook(ref, i: int):
