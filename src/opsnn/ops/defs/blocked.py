@@ -280,6 +280,7 @@ def _bind_winograd(ins, outs, attrs, plan, ws):
     plan=_blocked_winograd_plan,
     workspace=lambda ctx, plan: plan.workspace_bytes(),
     bind=_bind_winograd,
+    cold_alternative="conv_onednn",
     doc="Winograd F(4x4,3x3) on nChw<block>c: numba transforms with the bias, residual add and "
     "Relu in the output transform, the 36 GEMMs in one oneDNN batched matmul",
     nonfinite=WINOGRAD_NONFINITE,

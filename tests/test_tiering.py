@@ -1,0 +1,148 @@
+"""Tiered compilation (``opsnn.ops.tiering``): with an empty kernel cache a compiled conv chain runs
+oneDNN's direct convolution while a background process compiles the blocked Winograd kernel;
+a compile after that picks Winograd; both agree with the interpreter's numpy oracle, Inf and NaN
+included; the background process ends with its parent and reports failures as log lines."""
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn.graph import Graph, Node, Value
+from opsnn.kernels.cpu import onednn as KD
+from opsnn.ops import tiering
+
+pytestmark = pytest.mark.skipif(KD.matmul_unavailable() is not None, reason=f"oneDNN matmul: {KD.matmul_unavailable()}")
+
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+WINOGRAD, DIRECT = "conv_winograd_blocked", "conv_onednn"
+
+
+def _chain(rng, c=16):
+    # 1x1 (reads NCHW: oneDNN) -> 3x3 on the blocked tensor (Winograd when compiled) -> relu
+    init = {
+        "w1": (rng.standard_normal((c, c, 1, 1)) * 0.2).astype(np.float32),
+        "w2": (rng.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32),
+    }
+    nodes = [
+        Node("Conv", ["x", "w1"], ["a"]),
+        Node("Relu", ["a"], ["ar"]),
+        Node("Conv", ["ar", "w2"], ["b"], {"pads": [1, 1, 1, 1]}),
+        Node("Relu", ["b"], ["y"]),
+    ]
+    return Graph(
+        "chain", inputs=[Value("x", np.float32, (1, c, 20, 20))], outputs=["y"], nodes=nodes, initializers=init
+    )
+
+
+def _kernel_of_3x3(cg) -> str:
+    lines = [ln for ln in cg.explain().splitlines() if "(opsnn::BlockedConv)" in ln]
+    assert len(lines) == 2, cg.explain()
+    return lines[1].split("(opsnn::BlockedConv): ")[1].split()[0]
+
+
+@pytest.fixture
+def cold_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPSNN_KERNEL_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setenv("OPSNN_TIERED", "1")
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    yield tmp_path / "kernels"
+    assert tiering.wait(600)
+    tiering._background.stop()
+
+
+def test_a_cold_compile_runs_the_library_kernel_then_the_numba_one(rng, cold_cache):
+    g = _chain(rng)
+    x = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
+    x[0, 3, 5, 7], x[0, 9, 0, 0], x[0, 1, 19, 12] = np.nan, np.inf, -np.inf
+    want = opsnn.graph.run(g, {"x": x})["y"]
+    want = want.numpy() if hasattr(want, "numpy") else want
+    assert np.isnan(want).any() and np.isfinite(want).any()
+
+    cg = opsnn.compile(g)
+    got = cg.run({"x": x})["y"].numpy()
+    assert _kernel_of_3x3(cg) == DIRECT, cg.explain()
+    assert "not compiled yet" in cg.explain()
+    assert tiering.status()["pending"] + tiering.status()["done"] >= 1
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.nanmax(np.abs(want[np.isfinite(want)])))
+
+    assert tiering.wait(600), tiering.status()
+    assert not tiering.status()["failed"], tiering.status()
+    assert os.listdir(os.path.join(opsnn.runtime.kernel_cache.target_dir(), "tiered"))
+    # the same compiled graph keeps its plan; a new compile picks the cached numba kernel
+    assert _kernel_of_3x3(cg) == DIRECT
+    cg2 = opsnn.compile(g)
+    got2 = cg2.run({"x": x})["y"].numpy()
+    assert _kernel_of_3x3(cg2) == WINOGRAD, cg2.explain()
+    np.testing.assert_array_equal(np.isnan(got2), np.isnan(want))
+    np.testing.assert_allclose(got2, want, rtol=0, atol=2e-4 * np.nanmax(np.abs(want[np.isfinite(want)])))
+
+
+def test_off_compiles_the_numba_kernel_in_the_foreground(rng, cold_cache, monkeypatch):
+    monkeypatch.setenv("OPSNN_TIERED", "0")
+    cg = opsnn.compile(_chain(rng))
+    cg.run({"x": np.ones((1, 16, 20, 20), np.float32)})
+    assert _kernel_of_3x3(cg) == WINOGRAD, cg.explain()
+    assert tiering.status()["pending"] == 0
+
+
+def test_a_failed_background_compile_is_logged_not_raised(cold_cache, caplog):
+    job = {
+        "key": "bogus",
+        "op": "BlockedConv",
+        "domain": "opsnn",
+        "kernel": "no_such_kernel",
+        "metas": [((1, 16, 4, 4), "<f4"), ((16, 16, 3, 3), "<f4")],
+        "values": [None, None],
+        "attrs": {},
+        "num_outputs": 1,
+    }
+    with caplog.at_level(logging.WARNING, logger="opsnn.tiering"):
+        tiering._background.submit(str(cold_cache / "bogus"), pickle.dumps(job))
+        assert tiering.wait(300)
+    assert any("no_such_kernel" in m for m in tiering.status()["failed"].values())
+    assert any(
+        "background compile failed" in r.getMessage() and "no_such_kernel" in r.getMessage() for r in caplog.records
+    )
+    assert not os.path.exists(cold_cache / "bogus")
+
+
+def test_the_background_process_ends_with_its_parent(tmp_path):
+    script = textwrap.dedent(
+        """
+        import numpy as np, opsnn
+        from opsnn.ops import tiering
+        g = __import__("test_tiering")._chain(np.random.default_rng(0))
+        cg = opsnn.compile(g)
+        cg.run({"x": np.ones((1, 16, 20, 20), np.float32)})
+        import time
+        for _ in range(600):
+            if tiering.status()["pid"]:
+                break
+            time.sleep(0.05)
+        print(tiering.status()["pid"], flush=True)
+        """
+    )
+    env = dict(
+        os.environ,
+        OPSNN_KERNEL_CACHE_DIR=str(tmp_path / "kernels"),
+        OPSNN_TIERED="1",
+        PYTHONPATH=os.pathsep.join([SRC, os.path.dirname(os.path.abspath(__file__))]),
+    )
+    env.pop("NUMBA_CACHE_DIR", None)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    pid = int(r.stdout.split()[-1])
+    notices = [ln for ln in r.stderr.splitlines() if ln.startswith("opsnn: compiling numba kernels in the background")]
+    assert len(notices) == 1, r.stderr
+    with pytest.raises(ProcessLookupError):  # terminated at the parent's exit (and reaped by init)
+        for _ in range(100):
+            os.kill(pid, 0)
+            subprocess.run(["sleep", "0.1"])
