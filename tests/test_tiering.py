@@ -146,3 +146,56 @@ def test_the_background_process_ends_with_its_parent(tmp_path):
         for _ in range(100):
             os.kill(pid, 0)
             subprocess.run(["sleep", "0.1"])
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_the_numpy_softmax_agrees_with_the_compiled_one_and_the_oracle(rng, op, axis):
+    # rows with a NaN, a +Inf, a -Inf, all -Inf, and finite ones; float64 oracle, float32 tolerance
+    x = (rng.standard_normal((5, 7, 3)) * 4).astype(np.float32)
+    x[0, 2, 0], x[1, 3, 1], x[2, 1, 2] = np.nan, np.inf, -np.inf
+    x[3, :, 0] = -np.inf
+    want = opsnn.ops.registry.get_op(op).reference([x], {"axis": axis})
+    fn = opsnn.ops.log_softmax if op == "LogSoftmax" else opsnn.ops.softmax
+    prefix = "log_softmax" if op == "LogSoftmax" else "softmax"
+    for name in (f"{prefix}_numpy", f"{prefix}_online"):
+        with opsnn.kernel_selector({op: name}):
+            y = fn(x, axis=axis).numpy()
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(want), err_msg=name)
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def _kernels(cg) -> dict:
+    """op type -> the kernel its (single) node runs, from ``explain``."""
+    out = {}
+    for ln in cg.explain().splitlines():
+        for op in ("Gemm", "Softmax"):
+            if f"({op}): " in ln:
+                out[op] = ln.split(f"({op}): ")[1].split()[0]
+    return out
+
+
+def test_a_cold_softmax_and_one_row_gemm_take_their_library_kernels(rng, cold_cache):
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    g = Graph(
+        "head",
+        inputs=[Value("x", np.float32, (1, 64))],
+        outputs=["y"],
+        nodes=[Node("Gemm", ["x", "w", "b"], ["z"], {"transB": 1}), Node("Softmax", ["z"], ["y"])],
+        initializers={
+            "w": rng.standard_normal((10, 64)).astype(np.float32),
+            "b": rng.standard_normal(10).astype(np.float32),
+        },
+    )
+    want = opsnn.graph.run(g, {"x": x})["y"]
+    want = want.numpy() if hasattr(want, "numpy") else want
+    for expected in ({"Gemm": "gemm_onednn", "Softmax": "softmax_numpy"}, None):
+        if expected is None:
+            assert tiering.wait(600), tiering.status()
+            assert not tiering.status()["failed"], tiering.status()
+            expected = {"Gemm": "gemm_vector", "Softmax": "softmax_online"}
+        cg = opsnn.compile(g)
+        got = cg.run({"x": x})["y"].numpy()
+        assert _kernels(cg) == expected, cg.explain()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)

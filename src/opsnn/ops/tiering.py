@@ -100,7 +100,6 @@ def workload_key(rec, ctx, kernel) -> str | None:
             attrs,
             [_value_key(v) for v in ctx.values],
             ctx.num_outputs,
-            _threads(),
         )
     )
     return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -499,8 +499,17 @@ Softmax.kernel(
     priority=10,
     plan=lambda ctx: K.softmax_plan(ctx, _axis(ctx), False),
     workspace=K.softmax_workspace,
+    cold_alternative="softmax_numpy",
     doc="single-pass online max/sum per row, then one write pass",
 )(K.softmax)
+Softmax.kernel(
+    "softmax_numpy",
+    dtypes=_F32_64,
+    priority=5,
+    plan=lambda ctx: (_axis(ctx), False),
+    doc="numpy along the axis (max, exp, sum, divide): nothing to compile, the first run's "
+    "kernel while softmax_online compiles in the background (ops/tiering.py)",
+)(K.softmax_numpy)
 LogSoftmax = register_op(
     "LogSoftmax",
     category="activation",
@@ -517,8 +526,17 @@ LogSoftmax.kernel(
     priority=10,
     plan=lambda ctx: K.softmax_plan(ctx, _axis(ctx), True),
     workspace=K.softmax_workspace,
+    cold_alternative="log_softmax_numpy",
     doc="single-pass online max/sum per row, then one write pass",
 )(K.softmax)
+LogSoftmax.kernel(
+    "log_softmax_numpy",
+    dtypes=_F32_64,
+    priority=5,
+    plan=lambda ctx: (_axis(ctx), True),
+    doc="numpy along the axis (max, exp, sum, log, subtract): nothing to compile, the first run's "
+    "kernel while log_softmax_online compiles in the background (ops/tiering.py)",
+)(K.softmax_numpy)
 
 
 # -- SoftmaxGrad / LogSoftmaxGrad (opsnn domain; onnxruntime's training ops of these names) --------------
