@@ -199,3 +199,27 @@ def test_a_cold_softmax_and_one_row_gemm_take_their_library_kernels(rng, cold_ca
         assert _kernels(cg) == expected, cg.explain()
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_after_opsnn_warmup_a_tiered_compile_picks_the_numba_kernel_at_once(tmp_path, cold_cache):
+    from opsnn.graph.serialize import save
+
+    g = Graph("sm", inputs=[Value("x", np.float32, (2, 50))], outputs=["y"], nodes=[Node("Softmax", ["x"], ["y"])])
+    model = save(g, str(tmp_path / "sm.onnx"))
+    env = dict(os.environ, PYTHONPATH=SRC)  # the cold cache dir, tiering on: warmup turns it off itself
+    r = subprocess.run(
+        [sys.executable, "-m", "opsnn.cli", "warmup", model], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr
+    assert "in the background" not in r.stderr
+    assert os.listdir(os.path.join(opsnn.runtime.kernel_cache.target_dir(), "tiered"))
+    cg = opsnn.compile(opsnn.onnx.load(model))
+    x = np.random.default_rng(0).standard_normal((2, 50)).astype(np.float32)
+    np.testing.assert_allclose(cg.run({"x": x})["y"].numpy(), _softmax64(x), rtol=1e-5, atol=1e-7)
+    assert _kernels(cg) == {"Softmax": "softmax_online"}, cg.explain()
+    assert tiering.status()["pending"] == 0
+
+
+def _softmax64(x):
+    e = np.exp(x.astype(np.float64) - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)

@@ -135,10 +135,27 @@ def mark_cached(key: str) -> None:
         pass
 
 
+#: workloads whose numba kernel was selected with tiering off (``mark_foreground`` records them)
+_foreground: set[str] = set()
+
+
+def mark_foreground() -> int:
+    """Leaves the markers of the workloads whose numba kernels this process selected with tiering
+    off (``opsnn warmup`` calls it after each model ran, so they compiled); returns how many."""
+    keys = list(_foreground)
+    _foreground.clear()
+    for key in keys:
+        mark_cached(key)
+    return len(keys)
+
+
 def cold_kernel(rec, ctx, kernel):
     """``(library kernel, why)`` to run instead of ``kernel`` while its workload is not compiled
     (the workload then queued for the background process), else None."""
     if not enabled():
+        key = workload_key(rec, ctx, kernel)
+        if key is not None:
+            _foreground.add(key)
         return None
     alt = next((k for k in rec.kernels if k.name == kernel.cold_alternative), None)
     if alt is None:
