@@ -266,18 +266,18 @@ class _Background:
                 continue
             ok, message = self._compile(job)
             with self.lock:
-                self.pending.discard(key)
+                if key not in self.pending:  # dropped by stop(): its process was terminated on purpose
+                    continue
                 if ok:
                     self.done += 1
+                    from . import registry
+
+                    registry._bump_version()  # eager executors re-select: the numba kernel is cached now
                 else:
                     self.failed[key] = message
+                    log.warning("opsnn tiering: background compile failed, the library kernel stays: %s", message)
+                self.pending.discard(key)
                 self.idle.notify_all()
-            if ok:
-                from . import registry
-
-                registry._bump_version()  # eager executors re-select: the numba kernel is cached now
-            else:
-                log.warning("opsnn tiering: background compile failed, the library kernel stays: %s", message)
 
     def _compile(self, job: bytes) -> tuple[bool, str]:
         try:
@@ -306,8 +306,14 @@ class _Background:
             proc.wait()
 
     def stop(self) -> None:
-        """Terminates the background process (at exit: it never outlives this one)."""
-        proc, self.proc = self.proc, None
+        """Drops the queued workloads and terminates the background process (at exit: it never
+        outlives this one)."""
+        with self.lock:
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.pending.clear()
+            self.idle.notify_all()
+            proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
         proc.terminate()
