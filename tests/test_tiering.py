@@ -3,6 +3,7 @@ oneDNN's direct convolution while a background process compiles the blocked Wino
 a compile after that picks Winograd; both agree with the interpreter's numpy oracle, Inf and NaN
 included; the background process ends with its parent and reports failures as log lines."""
 
+import json
 import logging
 import os
 import pickle
@@ -68,7 +69,7 @@ def test_a_cold_compile_runs_the_library_kernel_then_the_numba_one(rng, cold_cac
     cg = opsnn.compile(g)
     got = cg.run({"x": x})["y"].numpy()
     assert _kernel_of_3x3(cg) == DIRECT, cg.explain()
-    assert "not compiled yet" in cg.explain()
+    assert f"tiered: {WINOGRAD} (priority 20) not compiled yet" in cg.explain()
     assert tiering.status()["pending"] + tiering.status()["done"] >= 1
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.nanmax(np.abs(want[np.isfinite(want)])))
@@ -230,7 +231,9 @@ def test_cold_eager_add_and_attention_run_their_numpy_and_blas_kernels(rng, cold
     b = rng.standard_normal((3, 6)).astype(np.float32)
     a[0, 0, 1], a[1, 0, 2], b[2, 3] = np.nan, np.inf, -np.inf
     ex = opsnn.aclnn.add.prepare(a, b)
-    assert ex.kernel_name == "binary_numpy" and "binary_numba not compiled yet" in ex.reason, ex.reason
+    assert ex.kernel_name == "binary_numpy" and "tiered: binary_numba (priority 10) not compiled yet" in ex.reason, (
+        ex.reason
+    )
     np.testing.assert_array_equal(ex.run().numpy(), a + b)  # IEEE sums: the same bits either way
     with opsnn.kernel_selector(Add="binary_numba"):
         np.testing.assert_array_equal(opsnn.ops.add(a, b).numpy(), a + b)
@@ -242,7 +245,9 @@ def test_cold_eager_add_and_attention_run_their_numpy_and_blas_kernels(rng, cold
     rec = opsnn.ops.registry.get_op("Attention")
     want = rec.reference([q, k, v, mask], rec.bind_attrs({"is_causal": 1}))
     ex = opsnn.aclnn.attention.prepare(q, k, v, mask, is_causal=True)
-    assert ex.kernel_name == "attention_blas" and "attention_gemm not compiled yet" in ex.reason, ex.reason
+    assert (
+        ex.kernel_name == "attention_blas" and "tiered: attention_gemm (priority 25) not compiled yet" in ex.reason
+    ), ex.reason
     got = ex.run()
     got = (got[0] if isinstance(got, tuple) else got).numpy()
     with opsnn.kernel_selector(Attention="attention_gemm"):
@@ -252,3 +257,18 @@ def test_cold_eager_add_and_attention_run_their_numpy_and_blas_kernels(rng, cold
     for y in (got, compiled):
         np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_persisted_plan_keeps_the_numba_kernel_not_its_stand_in(rng, cold_cache, tmp_path):
+    g = _chain(rng)
+    cg = opsnn.compile(g, cache_dir=str(tmp_path / "graphs"))
+    cg.run({"x": np.ones((1, 16, 20, 20), np.float32)})
+    assert _kernel_of_3x3(cg) == DIRECT
+    with open(os.path.join(cg.persist(), "plans.json")) as f:
+        kernels = json.load(f)["kernels"]
+    assert list(kernels.values()).count(WINOGRAD) == 1, kernels  # the 3x3 conv's (the 1x1 one's is DIRECT)
+    # reloaded while still cold: tiering decides again (the persisted choice is not forced)
+    cg2 = opsnn.compile(g, cache_dir=str(tmp_path / "graphs"))
+    assert cg2.loaded_from_cache
+    cg2.run({"x": np.ones((1, 16, 20, 20), np.float32)})
+    assert _kernel_of_3x3(cg2) == DIRECT, cg2.explain()

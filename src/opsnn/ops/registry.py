@@ -456,6 +456,7 @@ class Selection:
     reason: str
     rejected: list[tuple[str, str]]
     adapter: bool
+    tiered: str = ""  # the numba kernel this (library) kernel stands in for while it compiles
 
 
 def select_kernel(rec: OpRecord, ctx: InferContext, algo: str | None = None) -> Selection:
@@ -484,7 +485,8 @@ def select_kernel(rec: OpRecord, ctx: InferContext, algo: str | None = None) -> 
                 cold = _tiering.cold_kernel(rec, ctx, k)
                 if cold is not None:
                     alt, why = cold
-                    return Selection(alt, f"{why}; {reason}", [*rejected, (k.name, why)], alt.needs_adapter(ctx))
+                    reason = f"tiered: {why}; {alt.name} runs until it is cached (OPSNN_TIERED=0 compiles it now)"
+                    return Selection(alt, reason, [*rejected, (k.name, why)], alt.needs_adapter(ctx), k.name)
             return Selection(k, reason, rejected, k.needs_adapter(ctx))
         rejected.append((k.name, why))
     if forced is not None:

@@ -172,7 +172,7 @@ def cold_kernel(rec, ctx, kernel):
         if job is None:
             return None
         _background.submit(marker, job)
-    return alt, f"{kernel.name} not compiled yet (compiling in the background; tiered, OPSNN_TIERED=0 turns it off)"
+    return alt, f"{kernel.name} (priority {kernel.priority}) not compiled yet, compiling in the background"
 
 
 def _is_not_preferred(why) -> bool:
