@@ -272,3 +272,17 @@ def test_a_persisted_plan_keeps_the_numba_kernel_not_its_stand_in(rng, cold_cach
     assert cg2.loaded_from_cache
     cg2.run({"x": np.ones((1, 16, 20, 20), np.float32)})
     assert _kernel_of_3x3(cg2) == DIRECT, cg2.explain()
+
+
+def test_the_numpy_tanh_agrees_with_the_numba_one_and_the_oracle(rng, cold_cache):
+    x = (rng.standard_normal((3, 70)) * 5).astype(np.float32)
+    x[0, :3] = np.nan, np.inf, -np.inf
+    want = np.tanh(x.astype(np.float64))
+    ex = opsnn.aclnn.tanh.prepare(x)
+    assert ex.kernel_name == "tanh_numpy" and "tiered: tanh_numba (priority 10) not compiled yet" in ex.reason
+    got = {"tanh_numpy": ex.run().numpy()}
+    with opsnn.kernel_selector(Tanh="tanh_numba"):
+        got["tanh_numba"] = opsnn.ops.tanh(x).numpy()
+    for name, y in got.items():
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(want), err_msg=name)
+        np.testing.assert_allclose(y, want, rtol=2e-6, atol=1e-7, err_msg=name)

@@ -1098,6 +1098,12 @@ def softmax(ins, outs, attrs, plan, ws):
         softmax_parallel(x, out, items, n, inner, k, log, parts, 1, stats, nch)
 
 
+def ufunc_map(ins, outs, attrs, plan, ws):
+    """``plan(x, out=y)``: a numpy ufunc as a pointwise kernel (nothing to compile)."""
+    with np.errstate(all="ignore"):
+        plan(ins[0], out=outs[0])
+
+
 def softmax_numpy(ins, outs, attrs, plan, ws):
     """Softmax (or LogSoftmax) along ``plan = (axis, log)`` in numpy, as the definition writes it:
     nothing to compile, the first run's kernel while ``softmax`` compiles (``opsnn.ops.tiering``)."""
