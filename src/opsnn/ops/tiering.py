@@ -171,6 +171,7 @@ def cold_kernel(rec, ctx, kernel):
         job = _job(rec, ctx, kernel, key)
         if job is None:
             return None
+        log.info("tiering: %s kernel %s on %s queued for a background compile", rec.name, kernel.name, key)
         _background.submit(marker, job)
     return alt, f"{kernel.name} (priority {kernel.priority}) not compiled yet, compiling in the background"
 
