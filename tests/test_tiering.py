@@ -96,7 +96,7 @@ def test_off_compiles_the_numba_kernel_in_the_foreground(rng, cold_cache, monkey
 
 def test_a_failed_background_compile_is_logged_not_raised(cold_cache, caplog):
     job = {
-        "key": "bogus",
+        "marker": str(cold_cache / "bogus"),
         "op": "BlockedConv",
         "domain": "opsnn",
         "kernel": "no_such_kernel",
@@ -190,16 +190,14 @@ def test_a_cold_softmax_and_one_row_gemm_take_their_library_kernels(rng, cold_ca
     )
     want = opsnn.graph.run(g, {"x": x})["y"]
     want = want.numpy() if hasattr(want, "numpy") else want
-    for expected in ({"Gemm": "gemm_onednn", "Softmax": "softmax_numpy"}, None):
-        if expected is None:
-            assert tiering.wait(600), tiering.status()
-            assert not tiering.status()["failed"], tiering.status()
-            expected = {"Gemm": "gemm_vector", "Softmax": "softmax_online"}
+    # (the switch once compiled is the conv chain's test: this one does not wait for the compile)
+    cg = opsnn.compile(g)
+    got = cg.run({"x": x})["y"].numpy()
+    assert _kernels(cg) == {"Gemm": "gemm_onednn", "Softmax": "softmax_numpy"}, cg.explain()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    with opsnn.kernel_selector(Gemm="gemm_vector", Softmax="softmax_online"):
         cg = opsnn.compile(g)
-        got = cg.run({"x": x})["y"].numpy()
-        assert _kernels(cg) == expected, cg.explain()
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(cg.run({"x": x})["y"].numpy(), want, rtol=1e-5, atol=1e-7)
 
 
 def test_after_opsnn_warmup_a_tiered_compile_picks_the_numba_kernel_at_once(tmp_path, cold_cache):

@@ -129,6 +129,7 @@ def is_cached(key: str) -> bool:
 
 
 def mark_cached(key: str) -> None:
+    """Leaves ``key``'s marker: its numba kernel is in the kernel cache."""
     d = _marker_dir()
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, key), "w"):
@@ -171,8 +172,8 @@ def cold_kernel(rec, ctx, kernel):
         job = _job(rec, ctx, kernel, key)
         if job is None:
             return None
-        log.info("tiering: %s kernel %s on %s queued for a background compile", rec.name, kernel.name, key)
-        _background.submit(marker, job)
+        if _background.submit(marker, job):
+            log.info("tiering: %s kernel %s on %s queued for a background compile", rec.name, kernel.name, key)
     return alt, f"{kernel.name} (priority {kernel.priority}) not compiled yet, compiling in the background"
 
 
@@ -190,7 +191,7 @@ def _job(rec, ctx, kernel, key) -> bytes | None:
             v = ("random", a.shape, a.dtype.str)
         values.append(v)
     job = {
-        "key": key,
+        "marker": os.path.join(_marker_dir(), key),
         "op": rec.name,
         "domain": rec.domain,
         "kernel": kernel.name,
@@ -220,15 +221,17 @@ class _Background:
         self.announced = False
         atexit.register(self.stop)
 
-    def submit(self, key: str, job: bytes) -> None:
+    def submit(self, key: str, job: bytes) -> bool:
+        """Queues ``job`` under ``key`` (its marker path) unless it is queued already; True when queued."""
         with self.lock:
             if key in self.pending:
-                return
+                return False
             self.pending.add(key)
             self.queue.put((key, job))
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._serve, name="opsnn-tiering", daemon=True)
                 self.thread.start()
+            return True
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until every queued workload is compiled or failed; False on timeout."""
@@ -395,7 +398,9 @@ def run_job(job: dict) -> None:
     ex = Executor(rec, op.ctx, op.selection, op.plan, op.workspace_size, tensors, outs, ())
     ex.run()
     current_stream().synchronize()
-    mark_cached(job["key"])
+    os.makedirs(os.path.dirname(job["marker"]), exist_ok=True)
+    with open(job["marker"], "w"):
+        pass
 
 
 def main(argv: list[str]) -> int:
