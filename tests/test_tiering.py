@@ -25,7 +25,7 @@ SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 WINOGRAD, DIRECT = "conv_winograd_blocked", "conv_onednn"
 
 
-def _chain(rng, c=16):
+def _chain(rng, c=16, hw=20):
     # 1x1 (reads NCHW: oneDNN) -> 3x3 on the blocked tensor (Winograd when compiled) -> relu
     init = {
         "w1": (rng.standard_normal((c, c, 1, 1)) * 0.2).astype(np.float32),
@@ -38,7 +38,7 @@ def _chain(rng, c=16):
         Node("Relu", ["b"], ["y"]),
     ]
     return Graph(
-        "chain", inputs=[Value("x", np.float32, (1, c, 20, 20))], outputs=["y"], nodes=nodes, initializers=init
+        "chain", inputs=[Value("x", np.float32, (1, c, hw, hw))], outputs=["y"], nodes=nodes, initializers=init
     )
 
 
@@ -84,6 +84,11 @@ def test_a_cold_compile_runs_the_library_kernel_then_the_numba_one(rng, cold_cac
     assert _kernel_of_3x3(cg2) == WINOGRAD, cg2.explain()
     np.testing.assert_array_equal(np.isnan(got2), np.isnan(want))
     np.testing.assert_allclose(got2, want, rtol=0, atol=2e-4 * np.nanmax(np.abs(want[np.isfinite(want)])))
+    # another size and other weights: the same kind of workload, compiled already (numba specializes on types)
+    cg3 = opsnn.compile(_chain(rng, hw=24))
+    cg3.run({"x": np.ones((1, 16, 24, 24), np.float32)})
+    assert _kernel_of_3x3(cg3) == WINOGRAD, cg3.explain()
+    assert tiering.status()["pending"] == 0
 
 
 def test_off_compiles_the_numba_kernel_in_the_foreground(rng, cold_cache, monkeypatch):

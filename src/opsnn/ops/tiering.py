@@ -76,8 +76,12 @@ def _value_key(v):
 
 
 def workload_key(rec, ctx, kernel) -> str | None:
-    """The marker name of ``kernel`` on ``ctx``'s workload (op, kernel source stamp, shapes,
-    dtypes, attributes, the small known inputs), or None when the shapes are not all known."""
+    """The marker name of ``kernel`` on ``ctx``'s kind of workload, or None when its shapes are
+    not all known: the op, the kernel's source stamp, each input's dtype and rank, the attributes
+    and the host inputs' values. Not the sizes: numba specializes on types, so another size of a
+    compiled workload is compiled too (a size-chosen variant that is not, such as a parallel form,
+    compiles in the foreground as without tiering), and a model whose shapes change every call
+    (a growing sequence) does not stay on the library kernel."""
     metas = []
     for m in ctx.inputs:
         if m is None:
@@ -85,23 +89,13 @@ def workload_key(rec, ctx, kernel) -> str | None:
             continue
         if not all(isinstance(d, (int, np.integer)) for d in m.shape):
             return None
-        metas.append((tuple(int(d) for d in m.shape), np.dtype(m.dtype).str))
+        metas.append((len(m.shape), np.dtype(m.dtype).str))
     try:
         attrs = repr(sorted((k, _freeze(v)) for k, v in ctx.attrs.items()))
     except TypeError:
         return None
-    text = repr(
-        (
-            rec.domain,
-            rec.name,
-            kernel.name,
-            _stamp(kernel),
-            metas,
-            attrs,
-            [_value_key(v) for v in ctx.values],
-            ctx.num_outputs,
-        )
-    )
+    host = [_value_key(v) if i in rec.host_inputs else None for i, v in enumerate(ctx.values)]
+    text = repr((rec.domain, rec.name, kernel.name, _stamp(kernel), metas, attrs, host, ctx.num_outputs))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
