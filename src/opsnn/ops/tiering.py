@@ -357,6 +357,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _input(meta, value, rng):
+    """An input of the workload in the background process: its value when sent, else made up."""
     if isinstance(value, tuple) and len(value) == 3 and value[0] == "random":
         _, shape, dt = value
         return (rng.standard_normal(shape) * 0.1).astype(dt)
@@ -366,9 +367,7 @@ def _input(meta, value, rng):
     dt = np.dtype(dt)
     if dt.kind == "f" or dt.name == "bfloat16":
         return rng.standard_normal(shape).astype(dt)
-    if dt.kind == "b":
-        return np.zeros(shape, dt)
-    return np.zeros(shape, dt)
+    return np.zeros(shape, dt)  # integers and booleans: zeros are valid indices and masks
 
 
 def run_job(job: dict) -> None:
