@@ -15,6 +15,9 @@ from opsnn.runtime import threads as _threads
 # build policies with their own samplers.
 _threads.policy.sampler = lambda: 0
 os.environ.setdefault("OPSNN_NUM_THREADS", str(_threads.cores()))
+# Tiered compilation would pick a library kernel while a numba one compiles in a background
+# process, so kernel choices would depend on the cache's state: off here, on in tests/test_tiering.py.
+os.environ.setdefault("OPSNN_TIERED", "0")
 
 
 def pytest_configure(config):

@@ -314,8 +314,6 @@ def _warm_named(name: str) -> None:
 
 def cmd_warmup(args) -> int:
     """Compile the kernels of the chosen models into the kernel cache, one model after another."""
-    from numba.core import event
-
     import opsnn
     from opsnn.runtime import kernel_cache
 
@@ -330,32 +328,52 @@ def cmd_warmup(args) -> int:
         )
     print(f"opsnn warmup: compiling kernels into {kernel_cache.cache_root()}", flush=True)
     total = 0
-    for i, (kind, what) in enumerate(jobs, 1):
-        log = kernel_cache.CompileLog()
-        event.register("numba:compile", log)
-        t0 = time.perf_counter()
-        print(f"[{i}/{len(jobs)}] {what} ...", flush=True)
-        try:
-            if kind == "model":
-                _warm_named(what)
-            else:
-                graph = opsnn.onnx.load(what)
-                cg = opsnn.compile(graph)
-                [v.numpy() for v in cg.run(_random_feeds(graph, dict(args.shape), 0, "warmup")).values()]
-        finally:
-            event.unregister("numba:compile", log)
-        made = sum(1 for r in log.rows if r["kernel"] == r["top"])
-        total += made
-        cpu = sum(r["cpu_s"] for r in log.rows)
-        state = (
-            f"compiled {made} kernel{'' if made == 1 else 's'} ({len(log.rows)} specializations with what they "
-            f"call, {cpu:.1f} s CPU)"
-            if made
-            else "all kernels cached"
-        )
-        print(f"[{i}/{len(jobs)}] {what}: {state} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    tiered = os.environ.get("OPSNN_TIERED")
+    os.environ["OPSNN_TIERED"] = "0"  # compile the numba kernels now, and mark them cached for tiered compiles
+    try:
+        for i, (kind, what) in enumerate(jobs, 1):
+            total += _warm_one(args, i, len(jobs), kind, what)
+    finally:
+        if tiered is None:
+            os.environ.pop("OPSNN_TIERED", None)
+        else:
+            os.environ["OPSNN_TIERED"] = tiered
     print(f"opsnn warmup: done, {total} compiled", flush=True)
     return 0
+
+
+def _warm_one(args, i: int, n: int, kind: str, what: str) -> int:
+    """Warms the ``i``-th of ``n`` jobs of ``cmd_warmup``; returns the kernels it compiled."""
+    from numba.core import event
+
+    import opsnn
+    from opsnn.ops import tiering
+    from opsnn.runtime import kernel_cache
+
+    log = kernel_cache.CompileLog()
+    event.register("numba:compile", log)
+    t0 = time.perf_counter()
+    print(f"[{i}/{n}] {what} ...", flush=True)
+    try:
+        if kind == "model":
+            _warm_named(what)
+        else:
+            graph = opsnn.onnx.load(what)
+            cg = opsnn.compile(graph)
+            [v.numpy() for v in cg.run(_random_feeds(graph, dict(args.shape), 0, "warmup")).values()]
+    finally:
+        event.unregister("numba:compile", log)
+    tiering.mark_foreground()  # the model ran: its numba kernels are in the cache
+    made = sum(1 for r in log.rows if r["kernel"] == r["top"])
+    cpu = sum(r["cpu_s"] for r in log.rows)
+    state = (
+        f"compiled {made} kernel{'' if made == 1 else 's'} ({len(log.rows)} specializations with what they "
+        f"call, {cpu:.1f} s CPU)"
+        if made
+        else "all kernels cached"
+    )
+    print(f"[{i}/{n}] {what}: {state} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return made
 
 
 def cmd_conformance(argv) -> int:

@@ -302,7 +302,7 @@ class CompiledGraph:
         for key, plan in self._plans.items():
             shapes.append({name: list(shape) for name, shape, _ in key})
             for st in plan.steps:
-                kernels[st.node.name] = st.executor.kernel.name
+                kernels[st.node.name] = st.executor.tiered or st.executor.kernel.name
         tmp = os.path.join(directory, "plans.json.tmp")
         with open(tmp, "w") as f:
             json.dump(
@@ -448,8 +448,8 @@ class CompiledGraph:
                 continue
             try:
                 algo = self.kernel_choices.get(node.name)
-                if algo is not None and not any(k.name == algo for k in rec.kernels):
-                    algo = None
+                if algo is not None and not any(k.name == algo and not k.cold_alternative for k in rec.kernels):
+                    algo = None  # unknown, or a numba kernel that tiered compilation may stand in for while it compiles
                 try:
                     op = _ex.plan_op(
                         rec, in_metas, values, dict(node.attrs), num_outputs=len(node.outputs), device=device, algo=algo

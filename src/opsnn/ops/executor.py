@@ -114,6 +114,7 @@ class Executor:
         self.reason = selection.reason
         self.rejected = selection.rejected
         self.adapter = selection.adapter
+        self.tiered = selection.tiered
         self.plan = plan
         self.workspace_size = int(workspace_size)
         self.inputs = inputs

@@ -28,6 +28,7 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import DTypeError, InferShapeError, KernelNotFoundError, ParamInvalidError, ParamNullptrError
 from . import autotune as _autotune
+from . import tiering as _tiering
 
 REQUIRED = object()  # default marker: the attribute must be given
 
@@ -152,6 +153,7 @@ class Kernel:
     doc: str = ""
     bind: Callable | None = None
     nonfinite: str = ""
+    cold_alternative: str = ""
 
     def check(self, ctx: InferContext) -> str | None:
         """None when this kernel can run ``ctx``, else the reason it cannot."""
@@ -454,6 +456,7 @@ class Selection:
     reason: str
     rejected: list[tuple[str, str]]
     adapter: bool
+    tiered: str = ""  # the numba kernel this (library) kernel stands in for while it compiles
 
 
 def select_kernel(rec: OpRecord, ctx: InferContext, algo: str | None = None) -> Selection:
@@ -478,6 +481,12 @@ def select_kernel(rec: OpRecord, ctx: InferContext, algo: str | None = None) -> 
             )
             if rejected:
                 reason += "; skipped " + ", ".join(f"{n} ({w})" for n, w in rejected)
+            if forced is None and k.cold_alternative:
+                cold = _tiering.cold_kernel(rec, ctx, k)
+                if cold is not None:
+                    alt, why = cold
+                    reason = f"tiered: {why}; {alt.name} runs until it is cached (OPSNN_TIERED=0 compiles it now)"
+                    return Selection(alt, reason, [*rejected, (k.name, why)], alt.needs_adapter(ctx), k.name)
             return Selection(k, reason, rejected, k.needs_adapter(ctx))
         rejected.append((k.name, why))
     if forced is not None:

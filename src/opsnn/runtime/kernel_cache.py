@@ -59,6 +59,13 @@ def cache_root() -> str:
     return os.path.join(base, "kernels")
 
 
+def target_dir() -> str:
+    """The folder of this numba version and CPU target under ``cache_root()`` (see ``cpu_target``)."""
+    name, features = cpu_target()
+    cpu = hashlib.sha256(f"{name}|{features}".encode()).hexdigest()[:12]
+    return os.path.join(cache_root(), f"numba-{numba.__version__}", f"{name}-{cpu}")
+
+
 @functools.cache
 def _file_digest(path: str, mtime_ns: int, size: int) -> str:
     with open(path, "rb") as f:
@@ -185,9 +192,7 @@ class ContentCacheLocator(caching._CacheLocator):
         self._py_file = py_file
         self._lineno = py_func.__code__.co_firstlineno
         self._stamp = dependency_stamp(py_func)
-        name, features = cpu_target()
-        cpu = hashlib.sha256(f"{name}|{features}".encode()).hexdigest()[:12]
-        self._cache_path = os.path.join(cache_root(), f"numba-{numba.__version__}", f"{name}-{cpu}", py_func.__module__)
+        self._cache_path = os.path.join(target_dir(), py_func.__module__)
         self.paths.add(self._cache_path)
 
     def get_cache_path(self):

@@ -1098,6 +1098,28 @@ def softmax(ins, outs, attrs, plan, ws):
         softmax_parallel(x, out, items, n, inner, k, log, parts, 1, stats, nch)
 
 
+def ufunc_map(ins, outs, attrs, plan, ws):
+    """``plan(x, out=y)``: a numpy ufunc as a pointwise kernel (nothing to compile)."""
+    with np.errstate(all="ignore"):
+        plan(ins[0], out=outs[0])
+
+
+def softmax_numpy(ins, outs, attrs, plan, ws):
+    """Softmax (or LogSoftmax) along ``plan = (axis, log)`` in numpy, as the definition writes it:
+    nothing to compile, the first run's kernel while ``softmax`` compiles (``opsnn.ops.tiering``)."""
+    axis, log = plan
+    x, y = ins[0], outs[0]
+    if x.size == 0:
+        return
+    with np.errstate(all="ignore"):
+        z = x - x.max(axis=axis, keepdims=True)
+        if log:
+            np.subtract(z, np.log(np.exp(z).sum(axis=axis, keepdims=True)), out=y)
+        else:
+            e = np.exp(z)
+            np.divide(e, e.sum(axis=axis, keepdims=True), out=y)
+
+
 # -- Hardmax ------------------------------------------------------------------------------------------------
 def hardmax_plan(ctx, axis: int) -> tuple:
     shape = ctx.shape(0)

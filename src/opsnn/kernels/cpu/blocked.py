@@ -119,6 +119,22 @@ def _gap_parallel(x3, out2, chunks):
 GAP_PARALLEL_MIN = 1 << 18
 
 
+def global_avg_pool_numpy(x: np.ndarray, out: np.ndarray, block: int) -> None:
+    """:func:`global_avg_pool` in numpy (float64 sums too): nothing to compile, the first run's
+    kernel while the numba one compiles (``opsnn.ops.tiering``)."""
+    n, c = x.shape[:2]
+    if block not in BLOCKS or c % block or out.size != n * c or not out.flags.c_contiguous:
+        raise ValueError(f"blocked global average pool: {x.shape} -> {out.shape} with block {block}")
+    hw = x.size // max(n * c, 1)
+    if out.size == 0:
+        return
+    if hw == 0:
+        out[...] = np.nan  # the mean of nothing, as numpy's
+        return
+    x3 = np.ascontiguousarray(x).reshape(n * (c // block), hw, block)
+    np.copyto(out.reshape(n * (c // block), block), x3.sum(axis=1, dtype=np.float64) / hw, casting="same_kind")
+
+
 def global_avg_pool(x: np.ndarray, out: np.ndarray, block: int, parallel: bool) -> None:
     """``out`` (N, C, 1, 1, plain order, which is also nChw<block>c order at 1x1) = the mean over
     H, W of ``x`` (N, C, H, W) stored in nChw<block>c order (float32; float64 accumulation).

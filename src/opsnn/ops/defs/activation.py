@@ -64,8 +64,11 @@ def _softplus(x):
 
 
 # -- pointwise activations -----------------------------------------------------------------------------
-def _pointwise(name, code, formula, *, attrs=(), params=lambda a: (), doc="", infer=same_as_input, io=("X", "Y")):
-    """Register a float pointwise activation whose fast kernel is the shared numba map."""
+def _pointwise(
+    name, code, formula, *, attrs=(), params=lambda a: (), doc="", infer=same_as_input, io=("X", "Y"), ufunc=None
+):
+    """Register a float pointwise activation whose fast kernel is the shared numba map (and, given
+    a numpy ``ufunc`` of the same function, a kernel calling it: tiered compilation's first run)."""
     rec = register_op(
         name,
         category="activation",
@@ -81,8 +84,18 @@ def _pointwise(name, code, formula, *, attrs=(), params=lambda a: (), doc="", in
         dtypes=_F32_64,
         priority=10,
         plan=lambda ctx: K.pointwise_plan(ctx, code, *params(ctx.attrs)),
+        cold_alternative=f"{_snake(name)}_numpy" if ufunc is not None else "",
         doc="numba map, parallel in chunks above a size threshold",
     )(K.pointwise)
+    if ufunc is not None:
+        rec.kernel(
+            f"{_snake(name)}_numpy",
+            dtypes=_F32_64,
+            priority=5,
+            plan=lambda ctx: ufunc,
+            doc=f"numpy's {ufunc.__name__}: nothing to compile, the first run's kernel while "
+            f"{_snake(name)}_numba compiles in the background (ops/tiering.py)",
+        )(K.ufunc_map)
     return rec
 
 
@@ -225,7 +238,7 @@ Swish = _pointwise(
     doc="x * sigmoid(alpha * x) (SiLU at alpha = 1)",
 )
 Sigmoid = _pointwise("Sigmoid", K.SIGMOID, lambda x, a: _sigmoid(x), doc="1 / (1 + exp(-x))")
-Tanh = _pointwise("Tanh", K.TANH, lambda x, a: np.tanh(x), doc="tanh(x)", io=("input", "output"))
+Tanh = _pointwise("Tanh", K.TANH, lambda x, a: np.tanh(x), doc="tanh(x)", io=("input", "output"), ufunc=np.tanh)
 Softplus = _pointwise("Softplus", K.SOFTPLUS, lambda x, a: _softplus(x), doc="log(1 + exp(x)), overflow-free")
 HardSwish = _pointwise(
     "HardSwish", K.HARD_SWISH, lambda x, a: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0), doc="x * clip(x / 6 + 1/2, 0, 1)"
@@ -506,8 +519,17 @@ Softmax.kernel(
     priority=10,
     plan=lambda ctx: K.softmax_plan(ctx, _axis(ctx), False),
     workspace=K.softmax_workspace,
+    cold_alternative="softmax_numpy",
     doc="single-pass online max/sum per row, then one write pass",
 )(K.softmax)
+Softmax.kernel(
+    "softmax_numpy",
+    dtypes=_F32_64,
+    priority=5,
+    plan=lambda ctx: (_axis(ctx), False),
+    doc="numpy along the axis (max, exp, sum, divide): nothing to compile, the first run's "
+    "kernel while softmax_online compiles in the background (ops/tiering.py)",
+)(K.softmax_numpy)
 LogSoftmax = register_op(
     "LogSoftmax",
     category="activation",
@@ -524,8 +546,17 @@ LogSoftmax.kernel(
     priority=10,
     plan=lambda ctx: K.softmax_plan(ctx, _axis(ctx), True),
     workspace=K.softmax_workspace,
+    cold_alternative="log_softmax_numpy",
     doc="single-pass online max/sum per row, then one write pass",
 )(K.softmax)
+LogSoftmax.kernel(
+    "log_softmax_numpy",
+    dtypes=_F32_64,
+    priority=5,
+    plan=lambda ctx: (_axis(ctx), True),
+    doc="numpy along the axis (max, exp, sum, log, subtract): nothing to compile, the first run's "
+    "kernel while log_softmax_online compiles in the background (ops/tiering.py)",
+)(K.softmax_numpy)
 
 
 # -- SoftmaxGrad / LogSoftmaxGrad (opsnn domain; onnxruntime's training ops of these names) --------------

@@ -699,6 +699,7 @@ Attention.kernel(
     applies=_gemm_applies,
     plan=_gemm_plan,
     workspace=_gemm_workspace,
+    cold_alternative="attention_blas",
     doc="scores by batched BLAS into the workspace, numba masked softmax in place, probs @ V by "
     "BLAS; for score matrices up to GEMM_MAX_SCORE_BYTES",
 )(_gemm)

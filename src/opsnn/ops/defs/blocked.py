@@ -280,6 +280,7 @@ def _bind_winograd(ins, outs, attrs, plan, ws):
     plan=_blocked_winograd_plan,
     workspace=lambda ctx, plan: plan.workspace_bytes(),
     bind=_bind_winograd,
+    cold_alternative="conv_onednn",
     doc="Winograd F(4x4,3x3) on nChw<block>c: numba transforms with the bias, residual add and "
     "Relu in the output transform, the 36 GEMMs in one oneDNN batched matmul",
     nonfinite=WINOGRAD_NONFINITE,
@@ -383,7 +384,19 @@ BlockedGlobalAveragePool = register_op(
     dtypes=(_dt.float32,),
     priority=10,
     plan=lambda ctx: int(np.prod(ctx.shape(0))) >= KB.GAP_PARALLEL_MIN,
+    cold_alternative="global_avg_pool_blocked_numpy",
     doc="one pass over X's nChw<block>c order, a block of channels per task, float64 sums",
 )
 def _blocked_gap(ins, outs, attrs, plan, ws):
     KB.global_avg_pool(ins[0], outs[0], int(attrs["block"]), plan)
+
+
+@BlockedGlobalAveragePool.kernel(
+    "global_avg_pool_blocked_numpy",
+    dtypes=(_dt.float32,),
+    priority=5,
+    doc="numpy float64 sums over H*W of X's nChw<block>c order: nothing to compile, the first run's kernel "
+    "while global_avg_pool_blocked_numba compiles in the background (ops/tiering.py)",
+)
+def _blocked_gap_numpy(ins, outs, attrs, plan, ws):
+    KB.global_avg_pool_numpy(ins[0], outs[0], int(attrs["block"]))

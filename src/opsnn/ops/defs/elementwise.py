@@ -392,7 +392,7 @@ def _ref_cast_like(ins, attrs):
 
 
 # -- records --------------------------------------------------------------------------------------------
-def _binary_record(name, code, dtypes, reference, doc, infer=_infer_binary, attrs=(), plan=None):
+def _binary_record(name, code, dtypes, reference, doc, infer=_infer_binary, attrs=(), plan=None, tiered=False):
     rec = register_op(
         name,
         category="elementwise",
@@ -409,15 +409,16 @@ def _binary_record(name, code, dtypes, reference, doc, infer=_infer_binary, attr
         dtypes=NUMBA,
         priority=10,
         plan=plan,
+        cold_alternative="binary_numpy" if tiered else "",
         doc="numba broadcasting walk (flat / scalar / broadcast, parallel when large)",
     )(K.binary)
     rec.kernel("binary_numpy", priority=5, plan=plan, doc="numpy ufunc (integer widths numba skips)")(K.binary_numpy)
     return rec
 
 
-Add = _binary_record("Add", K.ADD, NUMERIC, lambda ins, a: ins[0] + ins[1], "A + B (broadcasting)")
-Sub = _binary_record("Sub", K.SUB, NUMERIC, lambda ins, a: ins[0] - ins[1], "A - B (broadcasting)")
-Mul = _binary_record("Mul", K.MUL, NUMERIC, lambda ins, a: ins[0] * ins[1], "A * B (broadcasting)")
+Add = _binary_record("Add", K.ADD, NUMERIC, lambda ins, a: ins[0] + ins[1], "A + B (broadcasting)", tiered=True)
+Sub = _binary_record("Sub", K.SUB, NUMERIC, lambda ins, a: ins[0] - ins[1], "A - B (broadcasting)", tiered=True)
+Mul = _binary_record("Mul", K.MUL, NUMERIC, lambda ins, a: ins[0] * ins[1], "A * B (broadcasting)", tiered=True)
 Div = _binary_record(
     "Div", K.DIV, NUMERIC, _ref_div, "A / B (broadcasting); integers truncate toward zero, x / 0 gives 0 for integers"
 )
