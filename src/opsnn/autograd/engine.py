@@ -203,7 +203,7 @@ def _count_given(n, in_grads, given: dict) -> list:
             gi = res[i] = ops.cast(gi, n.in_dtypes[i])
         st = whole_storage(gi._array)
         if st is not None:
-            given[id(st)] = given.get(id(st), 0) + 1
+            given[st.serial] = given.get(st.serial, 0) + 1
     return res
 
 
@@ -214,7 +214,7 @@ def _owned(g: Tensor, mark, given: dict) -> bool:
     if mark is None:
         return False
     st = whole_storage(g._array)
-    return st is not None and st.serial > mark and given.get(id(st), 0) == 1
+    return st is not None and st.serial > mark and given.get(st.serial, 0) == 1
 
 
 def _zeros(shape, dtype) -> Tensor:
