@@ -1052,16 +1052,18 @@ def _attention_train(ctx, grads):
     return _attention_fused(ctx, grads[0], n_in, ctx.outputs[1] if len(ctx.outputs) > 1 else None)
 
 
-def _attention_training_forward(tensors: list, attrs: dict):
+def _attention_training_forward(tensors: list, attrs: dict, num_outputs: int):
     """The op a recorded Attention call runs instead: opsnn::AttentionTrain, whose logsumexp output
-    AttentionGrad reads (float32 calls without a KV cache, whose rule is the fused one), else None."""
+    AttentionGrad reads (float32 calls without a KV cache, whose rule is the fused one, asking for
+    Y or for Y and the present key/value), with the indices of the caller's outputs; else None."""
     q, k, v = tensors[:3]
     if any(t is not None for t in tensors[4:]) or any(t is None or t.dtype != np.float32 for t in (q, k, v)):
         return None
     sp = attrs.get("softmax_precision")
     if sp is not None and int(sp) != 1:  # a softmax wider or narrower than the fp32 kernels'
         return None
-    return get_op("AttentionTrain", "opsnn"), list(tensors[:4]), attrs
+    pick = {1: (0,), 3: (0, 2, 3)}.get(num_outputs)
+    return None if pick is None else (get_op("AttentionTrain", "opsnn"), list(tensors[:4]), attrs, pick)
 
 
 _attention.training_forward = _attention_training_forward

@@ -1000,23 +1000,25 @@ AttentionGrad.kernel(
 # -- AttentionTrain (opsnn domain): the training forward, Y and the rows' logsumexp -------------------------
 def _infer_attention_train(ctx):
     d = _dims(ctx)
-    return [_infer_attention(ctx)[0], TensorMeta((d.B, d.Hq, d.Sq), _dt.float32)]
+    y, pk, pv = _infer_attention(ctx)[:3]
+    return [y, TensorMeta((d.B, d.Hq, d.Sq), _dt.float32), pk, pv]
 
 
 def _reference_attention_train(ins, attrs):
     res = _reference_attention_lse(list(ins)[:4], attrs)
-    return res[0], res[4].astype(np.float32)
+    return res[0], res[4].astype(np.float32), res[1], res[2]
 
 
 def _with_lse(fn):
-    """An Attention kernel run for AttentionTrain: Y as Attention's output 0, the flat logsumexp
-    written beside it (rows the kernel skips have no key: -inf)."""
+    """An Attention kernel run for AttentionTrain: Y and the present key/value where asked as
+    Attention's outputs 0-2, the flat logsumexp written beside them (rows the kernel skips have no
+    key: -inf)."""
 
     def run(ins, outs, attrs, plan, ws):
         y, lse = outs[0], outs[1]
         flat = lse.reshape(-1) if lse.flags.c_contiguous else np.empty(lse.size, np.float32)
         flat.fill(-np.inf)
-        fn(list(ins)[:4] + [None] * 3, [y], attrs, plan, ws, lse=flat)
+        fn(list(ins)[:4] + [None] * 3, [y, *outs[2:]], attrs, plan, ws, lse=flat)
         if not lse.flags.c_contiguous:
             np.copyto(lse, flat.reshape(lse.shape))
 
@@ -1034,7 +1036,7 @@ AttentionTrain = register_op(
         Input("V", (_dt.float32,)),
         Input("attn_mask", _MASK, optional=True),
     ],
-    outputs=["Y", "logsumexp"],
+    outputs=["Y", "logsumexp", Output("present_key", True), Output("present_value", True)],
     attrs=[
         Attr("is_causal", "int", 0),
         Attr("kv_num_heads", "int", None),
