@@ -203,3 +203,17 @@ def test_compiled_step_wires_the_forward_logsumexp_into_the_backward(monkeypatch
     assert len(bwd[0].inputs) == 7 and bwd[0].inputs[6] == fwd[0].outputs[1]
     np.testing.assert_allclose(cl, el, rtol=1e-5)
     np.testing.assert_allclose(cw, ew, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("algo", KERNELS)
+def test_non_finite_rows_give_a_nan_logsumexp(algo):
+    """A row whose scores hold NaN or +inf (inf - inf in its softmax) has a NaN logsumexp, as the
+    backward's own recomputation gives; the other rows keep theirs."""
+    q, k = RNG.standard_normal((1, 1, 4, 3)).astype(np.float32), RNG.standard_normal((1, 1, 5, 3)).astype(np.float32)
+    k[0, 0, :, 0] = np.abs(k[0, 0, :, 0]) + 0.1  # q's +inf meets positive keys only: +inf scores
+    q[0, 0, 1, 0], q[0, 0, 2, 1] = np.inf, np.nan
+    _, lse = ops.run_op("AttentionTrain", [q, k, k, None], {}, domain="opsnn", algo=algo)
+    _, want = oracle(q[:, :, [0, 3]], k, k, np.ones((1, 1, 1, 5), bool), np.zeros((1, 1, 1, 5)), 1 / np.sqrt(3))
+    got = lse.numpy()[0, 0]
+    assert np.isnan(got[1]) and np.isnan(got[2])
+    np.testing.assert_allclose(got[[0, 3]], want[0, 0], rtol=RTOL, atol=ATOL)

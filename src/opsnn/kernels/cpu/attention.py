@@ -146,7 +146,11 @@ def _attend_task(
         i = i0 + ii
         if has_lse:  # the row's logsumexp of its masked scores, as AttentionGrad reads it
             lse[(b * Hq + h) * Sq + i] = (
-                np.float32(np.nan) if nan_row[ii] else m[ii] + np.float32(math.log(l[ii])) if l[ii] > 0 else m[ii]
+                np.float32(np.nan)
+                if nan_row[ii] or l[ii] != l[ii]  # a NaN score, or an +inf one (inf - inf)
+                else m[ii] + np.float32(math.log(l[ii]))
+                if l[ii] > 0
+                else m[ii]
             )
         for dd in range(Dv):
             if y_bshd:
