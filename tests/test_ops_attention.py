@@ -189,13 +189,13 @@ def test_gemm_kernel_task_form_matches_the_reference(rng, monkeypatch, name, par
     real = A.K.gemm_tasks
     restored = []
 
-    def spy(*a):  # the serial or the parallel loop, whichever the size would pick; causal row blocks
+    def spy(*a, **kw):  # the serial or the parallel loop, whichever the size would pick; causal row blocks
         calls.append(1)  # of every size: one row, a partial last block (6 = 4 + 2), the default, none
         y = a[3]  # the output as the tasks write it
         for bq in (1, 4, a[-1], 0):
             y[...] = np.nan
             mkl._lib.set_threads_local(3)
-            real(*a[:-3], parallel, a[-2], bq)
+            real(*a[:-3], parallel, a[-2], bq, **kw)
             restored.append(mkl._lib.set_threads_local(0))  # the tasks put this thread's MKL setting back
             ys.append(y.copy())
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import itertools
 import math
 
 import numpy as np
@@ -33,10 +34,14 @@ class Storage:
     and type (builtin numpy types), or the block's bytes (types such as ml_dtypes' bfloat16,
     which the array interface cannot name: viewed afterwards)."""
 
-    __slots__ = ("block", "pool", "iface", "__weakref__")
+    __slots__ = ("block", "pool", "iface", "serial", "__weakref__")
+
+    #: allocation order: a storage whose serial is at least a mark taken earlier was made after it
+    _serials = itertools.count()
 
     def __init__(self, pool, nbytes: int, tag: str | None = None, iface: dict | None = None):
         self.pool = None  # set only once the block exists, so __del__ never frees a failed allocation
+        self.serial = next(Storage._serials)
         self.block = block = pool.allocate(nbytes, tag)
         self.pool = pool
         if iface is not None:
@@ -77,6 +82,29 @@ def _alloc_array(shape: tuple, dtype: np.dtype, tag: str | None = None) -> np.nd
         )
     buf = np.asarray(Storage(context().pool, nbytes, tag))  # base is the Storage: keeps the block alive
     return buf[:nbytes].view(dtype).reshape(shape)
+
+
+def storage_mark() -> int:
+    """A point in allocation order: storages made after it have ``serial >= storage_mark()``."""
+    return next(Storage._serials)
+
+
+def whole_storage(arr: np.ndarray):
+    """The pool Storage ``arr`` spans entirely and contiguously (the array an op allocated for an
+    output, or a reshape of it), else None (a slice, a broadcast or strided view, numpy memory)."""
+    top = arr
+    while isinstance(top.base, np.ndarray):
+        top = top.base
+    st = top.base
+    if (
+        not isinstance(st, Storage)
+        or not arr.flags.c_contiguous
+        or not arr.flags.writeable
+        or arr.nbytes != top.nbytes
+        or (arr.nbytes and arr.ctypes.data != top.ctypes.data)
+    ):
+        return None
+    return st
 
 
 def _check_format(fmt: str, ndim: int) -> str:

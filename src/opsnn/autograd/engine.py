@@ -17,7 +17,7 @@ from .. import dtypes as _dt
 from ..errors import InnerError, ParamInvalidError
 from ..ops import executor as _executor
 from ..ops.gradients import take_sole
-from ..tensor import Tensor, as_tensor, ones
+from ..tensor import Tensor, as_tensor, ones, storage_mark, whole_storage
 from .errors import (
     GradientShapeError,
     GraphFreedError,
@@ -81,8 +81,13 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
     (node, output_nr) or (LEAF, meta) keys to a slot; their gradients are returned by slot and no
     leaf's .grad is touched. Without targets every reached leaf accumulates into .grad."""
     tracer = _executor._tracer
-    if tracer is not None and getattr(tracer, "records_tape", False):
+    traced = tracer is not None and getattr(tracer, "records_tape", False)
+    if traced:
         tracer.events.add("backward")  # a traced training step: its graph has gradients
+    # storages made from here on are this pass's own; ``given`` counts where each one is handed
+    # (buffers and leaves), so that a leaf keeps without a copy only a gradient nothing else holds
+    mark = None if traced or targets is not None else storage_mark()
+    given: dict = {}
     root_nodes = []
     for m, _ in roots:
         if m.grad_fn is not None and m.grad_fn not in root_nodes:
@@ -149,6 +154,8 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
                     "retain_graph=True to the first backward"
                 )
             in_grads = n.fn(grads)
+            if mark is not None:
+                in_grads = _count_given(n, in_grads, given)
             for i, e in enumerate(n.edges):
                 if e is None:
                     continue
@@ -172,7 +179,7 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
 
                     gi = ops.cast(gi, n.in_dtypes[i])
                 if child is LEAF:
-                    _to_leaf(e[1], gi, targets, found, pending)
+                    _to_leaf(e[1], gi, targets, found, pending, _owned(gi, mark, given))
                     continue
                 buf = buffers.setdefault(id(child), [None] * len(child.out_shapes))
                 buf[e[1]] = _add(buf[e[1]], gi)
@@ -182,6 +189,33 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
             if not retain_graph:
                 n.release()
     return found
+
+
+def _count_given(n, in_grads, given: dict) -> list:
+    """``in_grads`` cast to the inputs' dtypes, each storage counted once per edge it goes to."""
+    res = list(in_grads)
+    for i, e in enumerate(n.edges):
+        gi = res[i] if e is not None and i < len(res) else None
+        if gi is None:
+            continue
+        if gi.dtype != n.in_dtypes[i]:
+            from .. import ops
+
+            gi = res[i] = ops.cast(gi, n.in_dtypes[i])
+        st = whole_storage(gi._array)
+        if st is not None:
+            given[st.serial] = given.get(st.serial, 0) + 1
+    return res
+
+
+def _owned(g: Tensor, mark, given: dict) -> bool:
+    """Whether ``g`` may become a leaf's ``.grad`` as it is: eager, a whole pool storage made in this
+    pass (no user tensor, saved activation or cached constant) and handed to this leaf only (not to
+    another leaf, not also to a node that may pass it on, not a rule's shared result)."""
+    if mark is None:
+        return False
+    st = whole_storage(g._array)
+    return st is not None and st.serial > mark and given.get(st.serial, 0) == 1
 
 
 def _zeros(shape, dtype) -> Tensor:
@@ -228,7 +262,7 @@ def _leaf_contributions(roots: list, order: list) -> dict:
     return pending
 
 
-def _to_leaf(m, g: Tensor, targets, found, pending=None) -> None:
+def _to_leaf(m, g: Tensor, targets, found, pending=None, owned: bool = False) -> None:
     if targets is not None:
         slot = targets.get((LEAF, id(m)))
         if slot is not None:
@@ -249,8 +283,8 @@ def _to_leaf(m, g: Tensor, targets, found, pending=None) -> None:
         if m.grad_sink is not None and pending is not None and pending.get(id(m)) == 1:
             m.grad = m.grad_sink(g)  # the only gradient this pass brings: placed where its user wants it
         else:
-            # a fresh, contiguous tensor: rules may hand the same gradient to several inputs
-            m.grad = g if sole else g.clone()
+            # a contiguous tensor of its own: rules may hand one gradient to several inputs
+            m.grad = g if (owned or sole) else g.clone()
     else:
         m.grad = _add(m.grad, g)
     if m.post_hooks:

@@ -603,6 +603,18 @@ def call(
     attrs = attrs or {}
     asked = None  # the output count the caller asked for, where more are made for the gradient rule
     saved = getattr(rec.gradient, "saved_outputs", 0) if rec.gradient is not None else 0
+    swap = getattr(rec.gradient, "training_forward", None) if rec.gradient is not None else None
+    pick = None  # the caller's outputs among those of the op run in its place
+    if swap is not None and algo is None and _autograd_will_record is not None:
+        # a recorded call runs the op its gradient rule prefers (Attention: Y and the logsumexp)
+        alt = (
+            swap(tensors, attrs, num_outputs or _default_num_outputs(rec))
+            if _autograd_will_record(rec, tensors)
+            else None
+        )
+        if alt is not None:
+            rec, tensors, attrs, pick = alt
+            num_outputs, saved = max(max(pick) + 1, _default_num_outputs(rec)), 0
     if saved and _autograd_will_record is not None and (num_outputs or _default_num_outputs(rec)) < saved:
         # the gradient rule reads outputs the caller did not ask for (MaxPool's Indices): make them now
         if _autograd_will_record(rec, tensors):
@@ -629,6 +641,8 @@ def call(
         _tracer.record(rec, tensors, attrs, num_outputs, res)
     if _autograd is not None:
         _autograd(rec, tensors, attrs, res)
+    if pick is not None:
+        return res[pick[0]] if len(pick) == 1 else tuple(res[i] for i in pick)
     if asked is not None:
         return res[0] if asked == 1 else res[:asked]
     return res

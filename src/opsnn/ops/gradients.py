@@ -980,9 +980,10 @@ def _traced_masked_probs(q4, kr, mask, scale, Sq, T, attrs):
     return ops.where(rows, p, _const(0, p))
 
 
-def _attention_fused(ctx, g, n_in):
+def _attention_fused(ctx, g, n_in, lse=None):
     """dQ, dK, dV by the flash-style backward op (opsnn::AttentionGrad): the probabilities are
-    recomputed per tile, never materialised, and 3-D inputs need no head reshapes."""
+    recomputed per tile, never materialised, and 3-D inputs need no head reshapes; ``lse``, the
+    forward's rows' logsumexp where it kept them (opsnn::AttentionTrain), spares their recomputation."""
     a, ops = ctx.attrs, _ops()
     q, k, v = ctx.inputs[:3]
     mask = ctx.inputs[3] if n_in > 3 else None
@@ -995,7 +996,7 @@ def _attention_fused(ctx, g, n_in):
         v,
         ctx.outputs[0],
         mask,
-        None,
+        lse,
         is_causal=bool(a.get("is_causal", 0)),
         scale=a.get("scale"),
         q_num_heads=a.get("q_num_heads"),
@@ -1068,6 +1069,31 @@ def _attention(ctx, grads):
                 t = res[i]
                 res[i] = ops.reshape(ops.transpose(t, [0, 2, 1, 3]), (t.shape[0], t.shape[2], t.shape[1] * t.shape[3]))
     return res
+
+
+def _attention_train(ctx, grads):
+    """AttentionTrain's gradient: Attention's fused rule given the forward's logsumexp (output 1)."""
+    n_in = len(ctx.inputs)
+    if n_in > 3 and ctx.inputs[3] is not None and len(ctx.needs) > 3 and ctx.needs[3]:
+        return [None] * n_in  # a trainable mask: no rule (a typed error), as for Attention
+    return _attention_fused(ctx, grads[0], n_in, ctx.outputs[1] if len(ctx.outputs) > 1 else None)
+
+
+def _attention_training_forward(tensors: list, attrs: dict, num_outputs: int):
+    """The op a recorded Attention call runs instead: opsnn::AttentionTrain, whose logsumexp output
+    AttentionGrad reads (float32 calls without a KV cache, whose rule is the fused one, asking for
+    Y or for Y and the present key/value), with the indices of the caller's outputs; else None."""
+    q, k, v = tensors[:3]
+    if any(t is not None for t in tensors[4:]) or any(t is None or t.dtype != np.float32 for t in (q, k, v)):
+        return None
+    sp = attrs.get("softmax_precision")
+    if sp is not None and int(sp) != 1:  # a softmax wider or narrower than the fp32 kernels'
+        return None
+    pick = {1: (0,), 3: (0, 2, 3)}.get(num_outputs)
+    return None if pick is None else (get_op("AttentionTrain", "opsnn"), list(tensors[:4]), attrs, pick)
+
+
+_attention.training_forward = _attention_training_forward
 
 
 # -- recurrent --------------------------------------------------------------------------------------------
@@ -2210,6 +2236,7 @@ RULES = {
     "RMSNormalization": _rms_norm,
     "GroupNormalization": _group_norm,
     "Attention": _attention,
+    "AttentionTrain": _attention_train,
     "LSTM": _lstm,
     "GRU": _gru,
     "SwiGLU": _swiglu,

@@ -662,7 +662,7 @@ def float_kernels() -> list[tuple]:
 FFT_OPS = {"DFT", "STFT"}
 #: ops compared the same way for another reason: the reference masks keys by adding -inf to their
 #: scores (a masked +inf or NaN score still makes its row NaN), the kernels leave masked keys out
-MASKED_SOFTMAX_OPS = {"Attention"}
+MASKED_SOFTMAX_OPS = {"Attention", "AttentionTrain"}
 #: and another: a determinant of a matrix holding Inf is Inf or NaN by the order of elimination (LU
 #: pivoting in float32 vs float64 picks different pivots)
 ELIMINATION_OPS = {"Det"}

@@ -32,7 +32,27 @@ _ABS_BITS32, _INF_BITS32, _NEG_INF_BITS32 = np.uint32(0x7FFFFFFF), 0x7F800000, n
 
 @nb.njit(nogil=True, cache=True, fastmath=_FM)
 def _attend_task(
-    task, q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, group, nqb, BQ, BK
+    task,
+    q,
+    k,
+    v,
+    y,
+    y_bshd,
+    mask,
+    has_mask,
+    kvlen,
+    offset,
+    causal,
+    left,
+    right,
+    scale,
+    softcap,
+    group,
+    nqb,
+    BQ,
+    BK,
+    lse,
+    has_lse,
 ):
     B, Hq, Sq, D = q.shape
     T = k.shape[2]
@@ -126,6 +146,14 @@ def _attend_task(
         if nan_row[ii]:
             inv = np.float32(np.nan)
         i = i0 + ii
+        if has_lse:  # the row's logsumexp of its masked scores, as AttentionGrad reads it
+            lse[(b * Hq + h) * Sq + i] = (
+                np.float32(np.nan)
+                if nan_row[ii] or l[ii] != l[ii]  # a NaN score, or an +inf one (inf - inf)
+                else m[ii] + np.float32(math.log(l[ii]))
+                if l[ii] > 0
+                else m[ii]
+            )
         for dd in range(Dv):
             if y_bshd:
                 y[b, i, h, dd] = acc[ii, dd] * inv
@@ -135,7 +163,26 @@ def _attend_task(
 
 @nb.njit(parallel=True, nogil=True, cache=True)
 def flash_parallel(
-    q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, group, nqb, BQ, BK
+    q,
+    k,
+    v,
+    y,
+    y_bshd,
+    mask,
+    has_mask,
+    kvlen,
+    offset,
+    causal,
+    left,
+    right,
+    scale,
+    softcap,
+    group,
+    nqb,
+    BQ,
+    BK,
+    lse,
+    has_lse,
 ):
     n = q.shape[0] * q.shape[1] * nqb
     for t in nb.prange(n):
@@ -159,12 +206,33 @@ def flash_parallel(
             nqb,
             BQ,
             BK,
+            lse,
+            has_lse,
         )
 
 
 @nb.njit(nogil=True, cache=True)
 def flash_serial(
-    q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, group, nqb, BQ, BK
+    q,
+    k,
+    v,
+    y,
+    y_bshd,
+    mask,
+    has_mask,
+    kvlen,
+    offset,
+    causal,
+    left,
+    right,
+    scale,
+    softcap,
+    group,
+    nqb,
+    BQ,
+    BK,
+    lse,
+    has_lse,
 ):
     n = q.shape[0] * q.shape[1] * nqb
     for task in range(n):
@@ -188,6 +256,8 @@ def flash_serial(
             nqb,
             BQ,
             BK,
+            lse,
+            has_lse,
         )
 
 
@@ -217,13 +287,16 @@ def row_max(seg):
 
 
 @nb.njit(nogil=True, cache=True, fastmath=_FM)
-def _softmax_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap):
-    """Row ``r`` of the (B, Hq, Sq, T) scores in place (:func:`_softmax_vec`)."""
+def _softmax_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse):
+    """Row ``r`` of the (B, Hq, Sq, T) scores in place (:func:`_softmax_vec`); its logsumexp into
+    ``lse[r]`` when ``has_lse``."""
     B, Hq, Sq, T = s.shape
     i = r % Sq
     h = (r // Sq) % Hq
     b = r // (Sq * Hq)
-    _softmax_vec(s[b, h, i], b, h, i, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+    m = _softmax_vec(s[b, h, i], b, h, i, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+    if has_lse:
+        lse[r] = m
 
 
 @nb.njit(nogil=True, cache=True, fastmath=_FM)
@@ -232,7 +305,8 @@ def _softmax_vec(row, b, h, i, mask, has_mask, kvlen, offset, causal, left, righ
     in place: scale, softcap, masks (-inf where a key may not be attended), then softmax, in
     one pass over a row that stays in L1 (the float32 exp is the activation kernels' vectorized
     ``fexp``). A row no key may attend becomes zeros; a NaN score makes its row NaN. The same
-    rules as ``_attend_task``; keys past ``row.size`` must be ones the row may not attend."""
+    rules as ``_attend_task``; keys past ``row.size`` must be ones the row may not attend.
+    Returns the row's logsumexp of its masked scores (-inf with no key, NaN for a NaN row)."""
     T = row.size
     L = min(kvlen[b], T)
     p_abs = i + offset[b]
@@ -252,7 +326,7 @@ def _softmax_vec(row, b, h, i, mask, has_mask, kvlen, offset, causal, left, righ
     lo = max(0, p_abs - left) if left >= 0 else 0
     if hi <= lo:
         row[:] = zero
-        return
+        return np.float32(-np.inf)
     row[:lo] = zero
     row[hi:] = zero
     seg = row[lo:hi]
@@ -277,7 +351,7 @@ def _softmax_vec(row, b, h, i, mask, has_mask, kvlen, offset, causal, left, righ
         for j in range(seg.size):
             t += seg[j]
         seg[:] = np.float32(np.nan) if t != t else zero
-        return
+        return np.float32(np.nan) if t != t else np.float32(-np.inf)
     tot = zero
     for j in range(seg.size):
         e = fexp(seg[j] - rowmax)
@@ -287,27 +361,37 @@ def _softmax_vec(row, b, h, i, mask, has_mask, kvlen, offset, causal, left, righ
         inv = np.float32(1.0) / tot
         for j in range(seg.size):
             seg[j] *= inv
+    return rowmax + np.float32(math.log(tot)) if tot > 0 else np.float32(np.nan) if tot != tot else rowmax
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _softmax_parallel(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap):
+def _softmax_parallel(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse):
     for r in nb.prange(s.shape[0] * s.shape[1] * s.shape[2]):
-        _softmax_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+        _softmax_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse)
 
 
 @nb.njit(nogil=True, cache=True)
-def _softmax_serial(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap):
+def _softmax_serial(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse):
     for r in range(s.shape[0] * s.shape[1] * s.shape[2]):
-        _softmax_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+        _softmax_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse)
 
 
-def masked_softmax(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, parallel):
+def masked_softmax(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, parallel, lse=None):
     """Softmax over the last dim of the (B, Hq, Sq, T) fp32 scores, in place, with the masking
     rules of the flash kernel; one numba pass per row (12x128x128: 240 -> ~60 us, measured
-    against the earlier shift / numpy exp / normalize passes)."""
+    against the earlier shift / numpy exp / normalize passes). ``lse``, a flat (B*Hq*Sq,) fp32
+    array, receives the rows' logsumexp when given."""
     (_softmax_parallel if parallel else _softmax_serial)(
-        s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap
+        s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, *_lse_arg(lse)
     )
+
+
+_NO_LSE = np.zeros(1, np.float32)
+
+
+def _lse_arg(lse) -> tuple:
+    """(array, wanted) for the kernels' optional flat logsumexp output."""
+    return (_NO_LSE, False) if lse is None else (lse, True)
 
 
 # -- the "gemm" kernel as one task per (batch, KV head) on MKL --------------------------------------
@@ -358,7 +442,9 @@ def _gemm_out(v4, y4, s, b, hk, r, n, hb, fns):
 
 
 @nb.njit(nogil=True, cache=True)
-def _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns):
+def _gemm_task(
+    t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns, lse, has_lse
+):
     # task t = (b, KV head hk): its query rows (the GQA group's heads stacked) times its keys into the
     # group's score rows, the masked softmax of those rows, then probabilities @ V into its output rows;
     # single-threaded MKL, the scores still in this core's cache for the softmax and the second product.
@@ -387,34 +473,96 @@ def _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left
             if hb > 0:
                 _gemm_rows(q4, k4, sv, b, hk, r, n, hb, fns)
                 for rr in range(r, r + n):
-                    _softmax_row(r0 + rr, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+                    _softmax_row(
+                        r0 + rr, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse
+                    )
+            elif has_lse:  # no key: the rows' logsumexp is -inf
+                for rr in range(r, r + n):
+                    lse[r0 + rr] = np.float32(-np.inf)
             _gemm_out(v4, y4, sv, b, hk, r, n, hb, fns)  # (no key: zeros, the scores unread)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _gemm_tasks_parallel(
-    q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns, nt
+    q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns, nt, lse, has_lse
 ):
     n = q4.shape[0] * q4.shape[1]
     for th in nb.prange(nt):  # thread th takes tasks th, th + nt, ...
         prev = MN.set_threads_local(fns[1], 1)
         for t in range(th, n, nt):
             _gemm_task(
-                t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns
+                t,
+                q4,
+                k4,
+                v4,
+                y4,
+                s,
+                mask,
+                has_mask,
+                kvlen,
+                offset,
+                causal,
+                left,
+                right,
+                scale,
+                softcap,
+                bq,
+                fns,
+                lse,
+                has_lse,
             )
         MN.set_threads_local(fns[1], prev)
 
 
 @nb.njit(nogil=True, cache=True)
-def _gemm_tasks_serial(q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns):
+def _gemm_tasks_serial(
+    q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns, lse, has_lse
+):
     prev = MN.set_threads_local(fns[1], 1)
     for t in range(q4.shape[0] * q4.shape[1]):
-        _gemm_task(t, q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns)
+        _gemm_task(
+            t,
+            q4,
+            k4,
+            v4,
+            y4,
+            s,
+            mask,
+            has_mask,
+            kvlen,
+            offset,
+            causal,
+            left,
+            right,
+            scale,
+            softcap,
+            bq,
+            fns,
+            lse,
+            has_lse,
+        )
     MN.set_threads_local(fns[1], prev)
 
 
 def gemm_tasks(
-    q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, parallel, fns, bq: int = 0
+    q4,
+    k4,
+    v4,
+    y4,
+    s,
+    mask,
+    has_mask,
+    kvlen,
+    offset,
+    causal,
+    left,
+    right,
+    scale,
+    softcap,
+    parallel,
+    fns,
+    bq: int = 0,
+    lse=None,
 ) -> None:
     """The "gemm" attention kernel as one parallel region: a task per (batch, KV head) runs
     ``S = Q K^T`` into its rows of the (B, Hq, Sq, T) scores ``s``, the masked softmax of those
@@ -429,8 +577,10 @@ def gemm_tasks(
 
     With a causal mask and ``bq`` > 0 the query rows go in blocks of ``bq``, each multiplied by
     the keys up to its last position only (:data:`CAUSAL_BLOCK_ROWS`); keys past a row's length
-    (``kvlen``) are never multiplied."""
+    (``kvlen``) are never multiplied. ``lse``, a flat (B*Hq*Sq,) fp32 array, receives the rows'
+    logsumexp when given."""
     bq = np.int64(bq if bq > 0 else 1 << 62)
+    lse, has_lse = _lse_arg(lse)
     if parallel:
         _gemm_tasks_parallel(
             q4,
@@ -450,16 +600,39 @@ def gemm_tasks(
             bq,
             fns,
             nb.get_num_threads(),
+            lse,
+            has_lse,
         )
     else:
         _gemm_tasks_serial(
-            q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns
+            q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns, lse, has_lse
         )
 
 
 # -- the "gemm_tiled" kernel: blocks of query rows on per-thread score tiles --------------------------
 @nb.njit(nogil=True, cache=True)
-def _tile_task(t, q4, k4, k_t, v4, y4, sc, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns):
+def _tile_task(
+    t,
+    q4,
+    k4,
+    k_t,
+    v4,
+    y4,
+    sc,
+    mask,
+    has_mask,
+    kvlen,
+    offset,
+    causal,
+    left,
+    right,
+    scale,
+    softcap,
+    bq,
+    fns,
+    lse,
+    has_lse,
+):
     # task t = (b, query head h, block of bq query rows): their scores over the keys some row of
     # the block may attend ([0, kvlen), and with a causal mask up to the block's last position)
     # into this thread's tile sc (bq, T), the masked softmax of each row, then tile @ V into
@@ -480,6 +653,8 @@ def _tile_task(t, q4, k4, k_t, v4, y4, sc, mask, has_mask, kvlen, offset, causal
     if hb == 0:
         for rr in range(i0, i0 + n):
             y4[b, h, rr, :] = np.float32(0.0)
+            if has_lse:
+                lse[(b * Hq + h) * Sq + rr] = np.float32(-np.inf)
         return
     if k_t:  # keys stored transposed (k4 is (B, Hkv, D, T): a KV cache's layout)
         MN.sgemm(
@@ -514,7 +689,9 @@ def _tile_task(t, q4, k4, k_t, v4, y4, sc, mask, has_mask, kvlen, offset, causal
             T,
         )
     for rr in range(n):
-        _softmax_vec(sc[rr, :hb], b, h, i0 + rr, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+        m = _softmax_vec(sc[rr, :hb], b, h, i0 + rr, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+        if has_lse:
+            lse[(b * Hq + h) * Sq + i0 + rr] = m
     MN.sgemm(
         fns[0],
         MN.NO_TRANS,
@@ -534,7 +711,26 @@ def _tile_task(t, q4, k4, k_t, v4, y4, sc, mask, has_mask, kvlen, offset, causal
 
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _tiled_parallel(
-    q4, k4, k_t, v4, y4, tiles, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns, nt
+    q4,
+    k4,
+    k_t,
+    v4,
+    y4,
+    tiles,
+    mask,
+    has_mask,
+    kvlen,
+    offset,
+    causal,
+    left,
+    right,
+    scale,
+    softcap,
+    bq,
+    fns,
+    nt,
+    lse,
+    has_lse,
 ):
     n = q4.shape[0] * q4.shape[1] * ((q4.shape[2] + bq - 1) // bq)
     for th in nb.prange(nt):  # thread th takes tasks th, th + nt, ... on its own tile
@@ -559,12 +755,14 @@ def _tiled_parallel(
                 softcap,
                 bq,
                 fns,
+                lse,
+                has_lse,
             )
         MN.set_threads_local(fns[1], prev)
 
 
 def gemm_tiled(
-    q4, k4, k_t, v4, y4, tiles, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns
+    q4, k4, k_t, v4, y4, tiles, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns, lse=None
 ) -> None:
     """Attention by GEMM without the whole score matrix: a task per (batch, query head, block of
     ``bq`` query rows) multiplies the block by the keys some of its rows may attend into the
@@ -575,7 +773,8 @@ def gemm_tiled(
     KV cache's keys, read in place), ``v4`` (B, Hkv, T, Dv), ``y4`` (B, Hq, Sq, Dv): float32 views
     with unit-stride rows (head-strided views of (B, S, H*D) tensors qualify). Its
     memory is the tiles, ``threads * bq * T`` floats: O(N d) with ``bq <= d``. Uses at most
-    ``tiles.shape[0]`` threads."""
+    ``tiles.shape[0]`` threads. ``lse``, a flat (B*Hq*Sq,) fp32 array, receives the rows'
+    logsumexp when given."""
     nt = max(1, min(tiles.shape[0], nb.get_num_threads()))
     _tiled_parallel(
         q4,
@@ -596,6 +795,7 @@ def gemm_tiled(
         np.int64(bq),
         fns,
         nt,
+        *_lse_arg(lse),
     )
 
 

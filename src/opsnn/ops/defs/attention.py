@@ -172,6 +172,11 @@ def _scale(attrs, D):
 
 # -- reference: one (batch, head) at a time, explicit masks -----------------------------------------------
 def _reference_attention(ins, attrs):
+    return _reference_attention_lse(ins, attrs)[:4]
+
+
+def _reference_attention_lse(ins, attrs):
+    """Y, present_key, present_value, qk_matmul_output and the rows' logsumexp (float64)."""
     ins = list(ins) + [None] * (7 - len(ins))
     Q, Kx, Vx, mask, pk, pv, nonpad = ins
     dt = Q.dtype
@@ -195,6 +200,7 @@ def _reference_attention(ins, attrs):
     ydt = np.float64
     Y = np.zeros((B, Hq, Sq, v.shape[3]), ydt)
     QK = np.zeros((B, Hq, Sq, T), ydt)
+    LSE = np.full((B, Hq, Sq), -np.inf)
     if mask is not None:
         m4 = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
     group = Hq // Hkv
@@ -241,11 +247,12 @@ def _reference_attention(ins, attrs):
                     continue  # fully masked row -> zeros
                 e = np.exp(row - row.max())
                 probs[i] = (e / e.sum()).astype(np.float64)
+                LSE[b, h, i] = float(row.max()) + math.log(float(e.sum()))
             Y[b, h] = probs.astype(dt).astype(ydt) @ v[b, hk].astype(ydt)
             QK[b, h] = (raw, capped, scores, probs)[mode]
     if rank == 3:
         Y = Y.transpose(0, 2, 1, 3).reshape(B, Sq, -1)
-    return Y.astype(dt), present_k.astype(dt), present_v.astype(dt), QK.astype(dt)
+    return Y.astype(dt), present_k.astype(dt), present_v.astype(dt), QK.astype(dt), LSE
 
 
 # -- kernels --------------------------------------------------------------------------------------------
@@ -315,7 +322,7 @@ def _flash_plan(ctx):
 _DUMMY_MASK = np.zeros((1, 1, 1, 1), np.float32)
 
 
-def _flash(ins, outs, attrs, plan, ws):
+def _flash(ins, outs, attrs, plan, ws, lse=None):
     ins = list(ins) + [None] * (7 - len(ins))
     d = plan["d"]
     k4, v4 = _kv(ins, outs, plan, np.float32)
@@ -347,6 +354,7 @@ def _flash(ins, outs, attrs, plan, ws):
         plan["nqb"],
         plan["BQ"],
         plan["BK"],
+        *K._lse_arg(lse),
     )
 
 
@@ -420,7 +428,7 @@ def _tiled_workspace(ctx, plan):
     return 4 * plan["threads"] * plan["bq"] * d.T
 
 
-def _tiled(ins, outs, attrs, plan, ws):
+def _tiled(ins, outs, attrs, plan, ws, lse=None):
     """attention_gemm_tiled: blocks of query rows on per-thread score tiles (K.gemm_tiled)."""
     ins = list(ins) + [None] * (7 - len(ins))
     d = plan["d"]
@@ -430,7 +438,7 @@ def _tiled(ins, outs, attrs, plan, ws):
     y = outs[0]
     y4 = _to4(y, d.Hq)
     if not d.T or not d.D:  # no keys, or scores of zero-length vectors: the reference path's answer
-        _blas(ins, outs, attrs, plan, None)
+        _blas(ins, outs, attrs, plan, None, lse)
         return
     q4, out = _to4(ins[0], d.Hq), y4
     k_t = not _blasable(k4) and _blasable(k4.swapaxes(2, 3))  # keys stored transposed (a KV cache): as they are
@@ -459,6 +467,7 @@ def _tiled(ins, outs, attrs, plan, ws):
         np.float32(plan["softcap"]),
         plan["bq"],
         MN.addresses(),
+        lse,
     )
     if out is not y4:
         np.copyto(y4, out)
@@ -498,7 +507,7 @@ def _tasks_balance(tasks: int) -> bool:
     return tasks >= nt and (tasks % nt == 0 or tasks >= 3 * nt)
 
 
-def _gemm(ins, outs, attrs, plan, ws):
+def _gemm(ins, outs, attrs, plan, ws, lse=None):
     """Scores by one batched BLAS GEMM per (batch, KV head) (GQA: the group's query heads
     stacked as rows), a parallel numba masked softmax in place, then probs @ V by BLAS.
     3-D (B, S, H*D) inputs and output (no GQA) go to BLAS as head-strided views (leading
@@ -555,6 +564,7 @@ def _gemm(ins, outs, attrs, plan, ws):
             plan["parallel"],
             MN.addresses(),
             K.CAUSAL_BLOCK_ROWS,
+            lse=lse,
         )
         return
     if d.T:
@@ -575,6 +585,7 @@ def _gemm(ins, outs, attrs, plan, ws):
         np.float32(plan["scale"]),
         np.float32(plan["softcap"]),
         plan["parallel"],
+        lse,
     )
     if g == 1 and _blasable(y4):
         # (B, H, S, Dv) itself or the head-strided view of a 3-D (B, S, H*Dv) Y: BLAS writes it in place
@@ -588,7 +599,7 @@ def _gemm(ins, outs, attrs, plan, ws):
         np.copyto(y4, yv)
 
 
-def _blas(ins, outs, attrs, plan, ws):
+def _blas(ins, outs, attrs, plan, ws, lse=None):
     """Materialises scores with batched BLAS matmuls (needed for qk_matmul_output and
     softmax_precision=DOUBLE; also the float64 path)."""
     ins = list(ins) + [None] * (7 - len(ins))
@@ -644,6 +655,9 @@ def _blas(ins, outs, attrs, plan, ws):
     e = np.exp(s - mx)
     tot = e.sum(axis=-1, keepdims=True)
     probs = np.where(dead, 0, e / np.where(tot == 0, 1, tot)).astype(cdt)
+    if lse is not None:
+        with np.errstate(divide="ignore"):
+            lse[:] = np.where(dead, -np.inf, mx + np.log(tot)).reshape(-1)
     if sdt in (_dt.float16, _dt.bfloat16):
         probs = probs.astype(sdt).astype(cdt)
     yv = np.matmul(probs.reshape(d.B, d.Hkv, g, d.Sq, d.T), v4.astype(cdt)[:, :, None])
@@ -995,6 +1009,97 @@ AttentionGrad.kernel(
     nonfinite=GRAD_NONFINITE,
     doc="the same tiles with the products as vectorized numba loops (no MKL)",
 )(_attention_grad)
+
+
+# -- AttentionTrain (opsnn domain): the training forward, Y and the rows' logsumexp -------------------------
+def _infer_attention_train(ctx):
+    d = _dims(ctx)
+    y, pk, pv = _infer_attention(ctx)[:3]
+    return [y, TensorMeta((d.B, d.Hq, d.Sq), _dt.float32), pk, pv]
+
+
+def _reference_attention_train(ins, attrs):
+    res = _reference_attention_lse(list(ins)[:4], attrs)
+    return res[0], res[4].astype(np.float32), res[1], res[2]
+
+
+def _with_lse(fn):
+    """An Attention kernel run for AttentionTrain: Y and the present key/value where asked as
+    Attention's outputs 0-2, the flat logsumexp written beside them (rows the kernel skips have no
+    key: -inf)."""
+
+    def run(ins, outs, attrs, plan, ws):
+        y, lse = outs[0], outs[1]
+        flat = lse.reshape(-1) if lse.flags.c_contiguous else np.empty(lse.size, np.float32)
+        flat.fill(-np.inf)
+        fn(list(ins)[:4] + [None] * 3, [y, *outs[2:]], attrs, plan, ws, lse=flat)
+        if not lse.flags.c_contiguous:
+            np.copyto(lse, flat.reshape(lse.shape))
+
+    run.__name__ = run.__qualname__ = fn.__name__ + "_lse"
+    return run
+
+
+AttentionTrain = register_op(
+    "AttentionTrain",
+    domain="opsnn",
+    category="attention",
+    inputs=[
+        Input("Q", (_dt.float32,)),
+        Input("K", (_dt.float32,)),
+        Input("V", (_dt.float32,)),
+        Input("attn_mask", _MASK, optional=True),
+    ],
+    outputs=["Y", "logsumexp", Output("present_key", True), Output("present_value", True)],
+    attrs=[
+        Attr("is_causal", "int", 0),
+        Attr("kv_num_heads", "int", None),
+        Attr("q_num_heads", "int", None),
+        Attr("qk_matmul_output_mode", "int", 0),
+        Attr("scale", "float", None),
+        Attr("softcap", "float", 0.0),
+        Attr("softmax_precision", "int", None),
+        Attr("left_window_size", "int", -1),
+        Attr("right_window_size", "int", -1),
+    ],
+    infer=_infer_attention_train,
+    reference=_reference_attention_train,
+    doc="Attention (no KV cache) as a recorded training forward: Y and each row's logsumexp of its "
+    "masked scores (B, q_heads, Sq), float32, which AttentionGrad reads instead of recomputing",
+)
+AttentionTrain.kernel(
+    "attention_train_gemm",
+    dtypes=(_dt.float32,),
+    priority=25,
+    applies=_gemm_applies,
+    plan=_gemm_plan,
+    workspace=_gemm_workspace,
+    doc="attention_gemm, the rows' logsumexp kept from its softmax",
+)(_with_lse(_gemm))
+AttentionTrain.kernel(
+    "attention_train_gemm_tiled",
+    dtypes=(_dt.float32,),
+    priority=22,
+    applies=_tiled_applies,
+    plan=_tiled_plan,
+    workspace=_tiled_workspace,
+    doc="attention_gemm_tiled, the rows' logsumexp kept from its softmax",
+)(_with_lse(_tiled))
+AttentionTrain.kernel(
+    "attention_train_flash",
+    dtypes=(_dt.float32,),
+    priority=20,
+    applies=_flash_applies,
+    plan=_flash_plan,
+    doc="attention_flash, the rows' logsumexp from its running max and sum",
+)(_with_lse(_flash))
+AttentionTrain.kernel(
+    "attention_train_blas",
+    dtypes=(_dt.float32,),
+    priority=10,
+    plan=_common_plan,
+    doc="attention_blas, the rows' logsumexp from its score matrix",
+)(_with_lse(_blas))
 
 
 # -- RotaryEmbedding ----------------------------------------------------------------------------------------
