@@ -458,12 +458,30 @@ def _reshape_to_sizes(n, e) -> list:
     return nodes + [Node("Reshape", [e.name(n.args[0]), shape], [e.out(n)], {"allowzero": 1})]
 
 
+def _squeeze_or_unsqueeze(n, e) -> list:
+    """unsqueeze / squeeze of a tensor with symbolic dims: ONNX's Unsqueeze / Squeeze at their axes (a
+    symbolic dim is at least 2: never squeezed)."""
+    name, x = n.target.__name__, n.args[0]
+    src = shape_of(_val(x))
+    if name.startswith("unsqueeze"):
+        axis = int(n.args[1]) % (len(src) + 1)
+        return [Node("Unsqueeze", [e.name(x), e.const("axes", np.array([axis], np.int64))], [e.out(n)])]
+    dims = n.args[1] if len(n.args) > 1 else range(len(src))
+    dims = [int(d) % max(len(src), 1) for d in (dims if isinstance(dims, (list, tuple, range)) else [dims])]
+    axes = sorted({d for d in dims if isinstance(src[d], int) and src[d] == 1})
+    if not axes:
+        return [Node("Identity", [e.name(x)], [e.out(n)])]
+    return [Node("Squeeze", [e.name(x), e.const("axes", np.array(axes, np.int64))], [e.out(n)])]
+
+
 def _reshape(n, e):
     try:
         shape = _target_shape(n, expand=False)
     except Unsupported:
         if all(isinstance(d, int) for d in shape_of(_val(n))):
             raise
+        if n.target.__name__.split(".")[0] in ("squeeze", "squeeze_copy", "unsqueeze", "unsqueeze_copy"):
+            return _squeeze_or_unsqueeze(n, e)
         return _reshape_to_sizes(n, e)
     # allowzero: a 0 in torch's shape is an empty dim, never ONNX's "copy the input's dim"; with
     # symbolic dims a 0 is that copy (and no dim is empty: _target_shape refuses them)
@@ -489,12 +507,20 @@ def _expand_to_sizes(n, e) -> list:
     sizes = n.args[1] if len(n.args) > 1 else None
     if not isinstance(sizes, (list, tuple)) or len(n.args) > 2 or n.kwargs:
         raise Unsupported("an expand with no sizes to read")
-    nodes, parts = [], []
+    nodes: list = []
+    shape = _sizes_tensor(e, n, sizes, nodes, keep=-1)
+    return nodes + [Node("Expand", [e.name(n.args[0]), shape], [e.out(n)])]
+
+
+def _sizes_tensor(e, n, sizes, nodes: list, keep=None) -> str:
+    """An int64 shape tensor of ``sizes`` (ints, and symbolic sizes: the Shape of the input that
+    carries each, folded when a plan is built); ``keep`` (expand's -1) becomes Expand's 1."""
+    parts = []
     for k, size in enumerate(sizes):
         if isinstance(size, int):
-            if size == 0 or size < -1:
+            if size == 0 or (size < 0 and size != keep):
                 raise Unsupported(f"size {size} beside a symbolic one")
-            parts.append(e.const("dim", np.array([1 if size == -1 else size], np.int64)))
+            parts.append(e.const("dim", np.array([1 if size == keep else size], np.int64)))
         elif _size_node(size):
             parts.append(e.graph.unique_name(f"{n.name}_size{k}"))
             nodes.append(Node("Shape", [e.name(size)], [parts[-1]]))
@@ -502,7 +528,7 @@ def _expand_to_sizes(n, e) -> list:
             raise Unsupported(f"size {size!r}")
     shape = e.graph.unique_name(f"{n.name}_shape")
     nodes.append(Node("Concat", parts, [shape], {"axis": 0}))
-    return nodes + [Node("Expand", [e.name(n.args[0]), shape], [e.out(n)])]
+    return shape
 
 
 def _permute(n, e):
@@ -1185,6 +1211,12 @@ def _constant(n, e):
             raise Unsupported(f"fill value {value} for a {dt} tensor")
     if dt == F32 and isinstance(value, bool):
         value = float(value)
+    if not _static(shape_of(v)):  # symbolic sizes: the value expanded to the shape, read when planned
+        if not n.target.__name__.startswith("full_like"):
+            raise Unsupported("a tensor of symbolic sizes made of its arguments alone")
+        shape = e.graph.unique_name(f"{n.name}_shape")
+        fill = e.const("fill", np.array(value, _NP_DTYPES[dt]))
+        return [Node("Shape", [e.name(n.args[0])], [shape]), Node("Expand", [fill, shape], [e.out(n)])]
     name = e.const(n.name, np.full(tuple(int(d) for d in v.shape), value, _NP_DTYPES[dt]))
     e.names[n] = name
     return []
@@ -1469,6 +1501,12 @@ def _select(n, e):
     x, dim, index = n.args[:3]
     rank = _rank(x)
     dim = int(dim) % rank
+    if not _static(shape_of(_val(x))):  # symbolic dims: a Gather of one index drops the axis
+        size = shape_of(_val(x))[dim]
+        if not isinstance(size, int) and int(index) < 0:
+            raise Unsupported("a negative index into a symbolic dim")
+        index = int(index) % size if isinstance(size, int) else int(index)
+        return [Node("Gather", [e.name(x), e.const("index", np.array(index, np.int64))], [e.out(n)], {"axis": dim})]
     index = int(index) % _shape(x)[dim]
     part = e.graph.unique_name(f"{n.name}_slice")
     ins = [e.name(x)] + [e.const(h, np.array([v], np.int64)) for h, v in (("starts", index), ("ends", index + 1))]
@@ -2091,6 +2129,8 @@ for _f in (
     _nll_loss_forward,
     _nll_loss_backward,
     _layer_norm_backward,
+    _select,
+    _constant,
 ):
     _f.symbolic = True
 
