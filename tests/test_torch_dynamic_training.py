@@ -71,7 +71,10 @@ class Encoder(torch.nn.Module):
 def _train_both(model, batches):
     """SGD on cross-entropy over ``batches`` ((x, y) of changing shapes), compiled with the opsnn
     backend (``dynamic=True``) and eagerly on a copy, the gradients compared at every step; returns
-    the backend calls' reports and both models."""
+    the backend calls' reports (each with ``graphs``: the graphs Dynamo compiled meanwhile) and both
+    models."""
+    from torch._dynamo.utils import counters
+
     ref = copy.deepcopy(model)
     reports = []
 
@@ -83,6 +86,7 @@ def _train_both(model, batches):
     def loss_of(m):
         return lambda x, y: F.cross_entropy(m(x), y)
 
+    before = counters["stats"]["unique_graphs"]
     step = torch.compile(loss_of(model), backend=backend, dynamic=True)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, ref)]
     for x, y in batches:
@@ -99,6 +103,8 @@ def _train_both(model, batches):
             np.testing.assert_allclose(
                 p.grad.numpy(), q.grad.numpy(), rtol=RTOL, atol=RTOL * scale, err_msg=f"{name} at {tuple(x.shape)}"
             )
+    for report in reports:
+        report.graphs = counters["stats"]["unique_graphs"] - before
     return reports, model, ref
 
 
@@ -110,6 +116,7 @@ def _one_symbolic_trace(reports, shapes: int):
     """One backend call (no recompile), both graphs on opsnn at every step with no fallback, each
     partition one opsnn graph with a plan per shape."""
     [rep] = reports
+    assert rep.graphs == 1  # Dynamo's own count: no recompile after the first (dynamic) trace
     assert not rep.whole_graph_reason and rep.fallbacks == [], rep.fallbacks
     assert {name.split(".")[0] for name in rep.runs} == {"forward", "backward"}, rep.runs
     assert all(calls == shapes for calls in rep.runs.values()), rep.runs
@@ -161,7 +168,7 @@ def test_torch_transformer_layer_attention_stays_in_torch_and_trains_as_eager():
     batches = [(torch.randn(b, 6, 16), torch.randint(0, 5, (b,))) for b in (3, 5)]
     reports, _, _ = _train_both(Encoder(layer), batches)
     [rep] = reports
-    assert not rep.whole_graph_reason
+    assert rep.graphs == 1 and not rep.whole_graph_reason
     fallen = {target for _, target, _ in rep.fallbacks}
     flash = "aten._scaled_dot_product_flash_attention_for_cpu"
     assert {f"{flash}.default", f"{flash}_backward.default"} <= fallen
