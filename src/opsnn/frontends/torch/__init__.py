@@ -23,7 +23,8 @@ whole there instead of decomposing, and run on those records; layer and group no
 no eps in ATen, get their forward's from the joint graph.
 
 Symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic shapes): the graph is traced once
-on Dynamo's symbolic fake inputs; a partition's inputs declare opsnn symbolic dims (named after
+on Dynamo's symbolic fake inputs (a training graph: aot_autograd's forward and backward, traced on
+its symbolic fakes); a partition's inputs declare opsnn symbolic dims (named after
 the SymInt's expression, ``s0``), and its one compiled graph builds a plan per concrete shape.
 Size arithmetic stays in Python; a symbolic size a partition reads (a view's size) crosses as an
 input of that length and no bytes, whose Shape the plan folds. A lowering that would need a
@@ -335,8 +336,6 @@ def _whole_graph_reason(torch, gm, example_inputs) -> str:
             return f"an input on {x.device} (opsnn runs on the CPU)"
         if x.layout != torch.strided or x.is_quantized:
             return "a sparse or quantized input"
-    if _recording_autograd(torch, example_inputs) and any(_symbolic(torch, x) for x in example_inputs):
-        return "autograd is recording on symbolic sizes (training graphs are compiled for fixed shapes only)"
     return ""
 
 
@@ -373,6 +372,9 @@ def _training_decompositions() -> dict:
         from . import aten as _aten
 
         table = dict(_decompositions())
+        # its second output is the attention matrix where the op's is the logsumexp that the flash
+        # backward (autograd's formula, traced whole) reads: torch runs the pair as it is
+        table.pop(_torch().ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
         for op, takes in _aten.kept_whole_in_training().items():
             if op in table:
                 table[op] = _unless(takes, table[op])

@@ -214,6 +214,27 @@ def _same_dim(a, b) -> bool:
     return a.node.expr == b.node.expr
 
 
+def _nonempty(shape) -> bool:
+    """Whether every dim of ``shape`` is known to be at least 1 (a symbolic one: see :func:`_positive`)."""
+    return all(_positive(d) for d in shape)
+
+
+def _static(shape) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def _dims_product(e, n, x, start: int, nodes: list, end=None) -> str:
+    """An int64 scalar: the product of ``x``'s dims ``start:end``, from its Shape (folded when a plan
+    is built: no symbolic dim's value is read while lowering)."""
+    dims, prod = (e.graph.unique_name(f"{n.name}_{h}") for h in ("dims", "prod"))
+    attrs = {"start": start} if end is None else {"start": start, "end": end}
+    nodes += [
+        Node("Shape", [e.name(x)], [dims], attrs),
+        Node("ReduceProd", [dims], [prod], {"keepdims": 0}),
+    ]
+    return prod
+
+
 def _target_shape(n, *, expand: bool) -> np.ndarray:
     """The shape constant of a Reshape (``expand``: an Expand) producing ``n``'s result from its first
     argument. Symbolic dims become what the op infers: ONNX Reshape's 0 (the input's dim at the same
@@ -320,9 +341,37 @@ def _common_dtype(n, *args) -> str:
     return dt
 
 
+def _size_node(x) -> bool:
+    """Whether FX argument ``x`` is a node computing a size (a SymInt of a graph with symbolic shapes)."""
+    return hasattr(x, "op") and type(_val(x)).__name__ == "SymInt"
+
+
+def _size_scalar(e, n, x, nodes: list) -> str:
+    """A float32 scalar holding size ``x``: the Shape of the input that carries it (folded when a plan
+    is built), or the number where the size is one."""
+    known = _val(x).node.maybe_as_int()
+    if known is not None:
+        return e.scalar("size", float(known))
+    dims, f, out = (e.graph.unique_name(f"{n.name}_{h}") for h in ("dim", "dimf", "size"))
+    nodes += [
+        Node("Shape", [e.name(x)], [dims]),
+        Node("Cast", [dims], [f], {"to": 1}),
+        Node("Reshape", [f, e.const("scalar", np.zeros(0, np.int64))], [out]),
+    ]
+    return out
+
+
 def _binary(op):
     def adapt(n, e):
         a, b = n.args[:2]
+        if _size_node(a) or _size_node(b):  # a float tensor and a symbolic size (a mean's count)
+            if str(_val(n).dtype) != F32 or _kw(n, 2, "alpha", 1) != 1:
+                raise Unsupported("a symbolic size with a non-float32 result or an alpha")
+            if not any(hasattr(x, "op") and not _size_node(x) and str(_val(x).dtype) == F32 for x in (a, b)):
+                raise Unsupported("a symbolic size without a float32 tensor")
+            nodes: list = []
+            ins = [_size_scalar(e, n, x, nodes) if _size_node(x) else e.operand(x, "c") for x in (a, b)]
+            return nodes + [Node(op, ins, [e.out(n)])]
         if op == "Mul" and str(_val(n).dtype) == BOOL:  # bool times bool: logical and
             if not all(hasattr(x, "op") and str(_val(x).dtype) == BOOL for x in (a, b)):
                 raise Unsupported("a bool product with a scalar or a number tensor")
@@ -409,12 +458,30 @@ def _reshape_to_sizes(n, e) -> list:
     return nodes + [Node("Reshape", [e.name(n.args[0]), shape], [e.out(n)], {"allowzero": 1})]
 
 
+def _squeeze_or_unsqueeze(n, e) -> list:
+    """unsqueeze / squeeze of a tensor with symbolic dims: ONNX's Unsqueeze / Squeeze at their axes (a
+    symbolic dim is at least 2: never squeezed)."""
+    name, x = n.target.__name__, n.args[0]
+    src = shape_of(_val(x))
+    if name.startswith("unsqueeze"):
+        axis = int(n.args[1]) % (len(src) + 1)
+        return [Node("Unsqueeze", [e.name(x), e.const("axes", np.array([axis], np.int64))], [e.out(n)])]
+    dims = n.args[1] if len(n.args) > 1 else range(len(src))
+    dims = [int(d) % max(len(src), 1) for d in (dims if isinstance(dims, (list, tuple, range)) else [dims])]
+    axes = sorted({d for d in dims if isinstance(src[d], int) and src[d] == 1})
+    if not axes:
+        return [Node("Identity", [e.name(x)], [e.out(n)])]
+    return [Node("Squeeze", [e.name(x), e.const("axes", np.array(axes, np.int64))], [e.out(n)])]
+
+
 def _reshape(n, e):
     try:
         shape = _target_shape(n, expand=False)
     except Unsupported:
         if all(isinstance(d, int) for d in shape_of(_val(n))):
             raise
+        if n.target.__name__.split(".")[0] in ("squeeze", "squeeze_copy", "unsqueeze", "unsqueeze_copy"):
+            return _squeeze_or_unsqueeze(n, e)
         return _reshape_to_sizes(n, e)
     # allowzero: a 0 in torch's shape is an empty dim, never ONNX's "copy the input's dim"; with
     # symbolic dims a 0 is that copy (and no dim is empty: _target_shape refuses them)
@@ -424,7 +491,44 @@ def _reshape(n, e):
 
 
 def _expand(n, e):
-    return [Node("Expand", [e.name(n.args[0]), e.const("shape", _target_shape(n, expand=True))], [e.out(n)])]
+    try:
+        shape = _target_shape(n, expand=True)
+    except Unsupported:
+        if _static(shape_of(_val(n))):
+            raise
+        return _expand_to_sizes(n, e)
+    return [Node("Expand", [e.name(n.args[0]), e.const("shape", shape)], [e.out(n)])]
+
+
+def _expand_to_sizes(n, e) -> list:
+    """An expand to sizes some of which are symbolic (a sum's gradient over a symbolic dim): the shape
+    concatenated from the int sizes (-1, keep: Expand's 1) and the symbolic ones' values (each an
+    input of that length: its Shape, folded when a plan is built)."""
+    sizes = n.args[1] if len(n.args) > 1 else None
+    if not isinstance(sizes, (list, tuple)) or len(n.args) > 2 or n.kwargs:
+        raise Unsupported("an expand with no sizes to read")
+    nodes: list = []
+    shape = _sizes_tensor(e, n, sizes, nodes, keep=-1)
+    return nodes + [Node("Expand", [e.name(n.args[0]), shape], [e.out(n)])]
+
+
+def _sizes_tensor(e, n, sizes, nodes: list, keep=None) -> str:
+    """An int64 shape tensor of ``sizes`` (ints, and symbolic sizes: the Shape of the input that
+    carries each, folded when a plan is built); ``keep`` (expand's -1) becomes Expand's 1."""
+    parts = []
+    for k, size in enumerate(sizes):
+        if isinstance(size, int):
+            if size == 0 or (size < 0 and size != keep):
+                raise Unsupported(f"size {size} beside a symbolic one")
+            parts.append(e.const("dim", np.array([1 if size == keep else size], np.int64)))
+        elif _size_node(size):
+            parts.append(e.graph.unique_name(f"{n.name}_size{k}"))
+            nodes.append(Node("Shape", [e.name(size)], [parts[-1]]))
+        else:
+            raise Unsupported(f"size {size!r}")
+    shape = e.graph.unique_name(f"{n.name}_shape")
+    nodes.append(Node("Concat", parts, [shape], {"axis": 0}))
+    return shape
 
 
 def _permute(n, e):
@@ -449,7 +553,7 @@ def _pairs(v, rank: int) -> list:
 def _convolution(n, e):
     x, w, b, stride, padding, dilation, transposed, output_padding, groups = n.args[:9]
     k = _rank(w) - 2
-    if k < 1 or any(d == 0 for d in _shape(x)) or any(d == 0 for d in _shape(n)):
+    if k < 1 or not _nonempty(shape_of(_val(x))) or not _nonempty(shape_of(_val(n))):
         raise Unsupported("an unbatched or empty convolution")
     pads = _pairs(padding, k)
     attrs = {
@@ -607,14 +711,16 @@ def _max_pool2d_with_indices(n, e):
         return [Node("MaxPool", [e.name(x)], [y], attrs)]
     # the indices (a backward reads them): MaxPool's flat over the tensor, torch's flat per (n, c) plane;
     # both pick a window's first maximum (or first NaN)
-    shape = _shape(x)
-    if len(shape) != 4 or _numel(shape) == 0:
+    shape = shape_of(_val(x))
+    if len(shape) != 4 or not _nonempty(shape):
         raise Unsupported("indices of an unbatched or empty input")
     flat = e.graph.unique_name(f"{n.name}_flat")
-    return [
-        Node("MaxPool", [e.name(x)], [y, flat], attrs),
-        Node("Sub", [flat, e.const("plane_start", _plane_starts(shape))], [idx]),
-    ]
+    nodes = [Node("MaxPool", [e.name(x)], [y, flat], attrs)]
+    if _static(shape):
+        return nodes + [Node("Sub", [flat, e.const("plane_start", _plane_starts(shape))], [idx])]
+    # symbolic sizes: a flat index modulo the plane's size is its index in the plane
+    plane = _dims_product(e, n, x, 2, nodes)
+    return nodes + [Node("Mod", [flat, plane], [idx], {"fmod": 0})]
 
 
 _max_pool2d_with_indices.out_dtypes = (F32, I64)
@@ -631,12 +737,26 @@ def _max_pool2d_backward(n, e):
     (the window arguments do not matter); torch's per-plane indices made flat over the tensor."""
     grad, x = n.args[:2]
     indices = n.args[7]
-    shape = _shape(x)
-    if len(shape) != 4 or _numel(shape) == 0:
+    shape = shape_of(_val(x))
+    if len(shape) != 4 or not _nonempty(shape):
         raise Unsupported("an unbatched or empty input")
     flat = e.graph.unique_name(f"{n.name}_flat")
-    return [
-        Node("Add", [e.name(indices), e.const("plane_start", _plane_starts(shape))], [flat]),
+    nodes: list = []
+    if _static(shape):
+        starts = e.const("plane_start", _plane_starts(shape))
+    else:  # symbolic sizes: _plane_starts from x's Shape (folded when a plan is built)
+        t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("total", "range", "lead", "bshape", "starts")}
+        plane = _dims_product(e, n, x, 2, nodes)
+        nodes += [
+            Node("Size", [e.name(x)], [t["total"]]),
+            Node("Range", [e.const("zero", np.array(0, np.int64)), t["total"], plane], [t["range"]]),
+            Node("Shape", [e.name(x)], [t["lead"]], {"start": 0, "end": 2}),
+            Node("Concat", [t["lead"], e.const("ones", np.ones(2, np.int64))], [t["bshape"]], {"axis": 0}),
+            Node("Reshape", [t["range"], t["bshape"]], [t["starts"]]),
+        ]
+        starts = t["starts"]
+    return nodes + [
+        Node("Add", [e.name(indices), starts], [flat]),
         Node("MaxPoolGrad", [e.name(grad), flat, e.name(x)], [e.out(n)], {}, "opsnn"),
     ]
 
@@ -669,8 +789,8 @@ def _batch_norm_backward(n, e):
     passes the statistics its forward computed from this same input with this eps. In eval the running
     statistics are inputs as in torch."""
     grad, x, weight, running_mean, running_var, _save_mean, _save_invstd, train, eps, mask = n.args[:10]
-    shape = _shape(x)
-    if len(shape) < 2 or _numel(shape) == 0:
+    shape = shape_of(_val(x))
+    if len(shape) < 2 or not _nonempty(shape) or not isinstance(shape[1], int):
         raise Unsupported("an input of rank < 2 or an empty one")
     if not train and (running_mean is None or running_var is None):
         raise Unsupported("eval mode without running statistics")
@@ -696,6 +816,7 @@ def _softmax_backward(op):
         return [Node(op, [e.name(grad), e.name(out)], [e.out(n)], {"axis": int(dim) % _rank(out)}, "opsnn")]
 
     adapt.bf16 = False  # torch's bfloat16 kernels round between their steps
+    adapt.symbolic = True
     return adapt
 
 
@@ -733,7 +854,7 @@ def _nll_loss_forward(n, e):
     """nll_loss_forward (nll_loss2d_forward) -> NegativeLogLikelihoodLoss; torch's total_weight (the
     summed weights of the targets not ignored; 0 for reduction none) beside it."""
     x, target, weight, reduction, ignore_index = n.args[:5]
-    if _rank(x) < 2 or _numel(_shape(x)) == 0:
+    if _rank(x) < 2 or not _nonempty(shape_of(_val(x))):
         raise Unsupported("an unbatched or empty input")
     red = _REDUCTIONS[int(reduction)]
     out, total = e.outs(n, 2)
@@ -760,9 +881,9 @@ def _nll_loss_backward(n, e):
     """nll_loss_backward (nll_loss2d_backward): -grad (/ total_weight for mean) times the target's
     weight, at the target's class; zero elsewhere and at ignored targets (torch's arithmetic order)."""
     grad, x, target, weight, reduction, ignore_index, total_weight = n.args[:7]
-    shape = _shape(x)
-    if len(shape) < 2 or _numel(shape) == 0:
-        raise Unsupported("an unbatched or empty input")
+    shape = shape_of(_val(x))
+    if len(shape) < 2 or not _nonempty(shape) or not isinstance(shape[1], int):
+        raise Unsupported("an unbatched or empty input, or a symbolic class count")
     red = _REDUCTIONS[int(reduction)]
     nodes: list = []
     valid, safe = _nll_target(n, e, target, ignore_index, nodes)
@@ -777,12 +898,11 @@ def _nll_loss_backward(n, e):
         coef = t["cw"]
     nodes.append(Node("Where", [valid, coef, e.scalar("zero", 0.0)], [t["c"]]))
     # the class axis (1) inserted: coefficients and targets against every class
-    kept = (shape[0], 1) + tuple(shape[2:])
     classes = np.arange(shape[1], dtype=np.int64).reshape((1, shape[1]) + (1,) * (len(shape) - 2))
-    kshape = e.const("shape", np.array(kept, np.int64))
+    axis = e.const("axis", np.array([1], np.int64))
     return nodes + [
-        Node("Reshape", [t["c"], kshape], [t["cu"]]),
-        Node("Reshape", [safe, kshape], [t["su"]]),
+        Node("Unsqueeze", [t["c"], axis], [t["cu"]]),
+        Node("Unsqueeze", [safe, axis], [t["su"]]),
         Node("Equal", [t["su"], e.const("classes", classes)], [t["hot"]]),
         Node("Where", [t["hot"], t["cu"], e.scalar("zero", 0.0)], [e.out(n)]),
     ]
@@ -821,8 +941,8 @@ def _layer_norm_backward(n, e):
     :func:`norm_backward_op`) -> opsnn::LayerNormalizationGrad, which recomputes the statistics
     torch saved from the same input and eps."""
     grad, x, shape, _mean, _rstd, weight, bias, mask, eps = n.args[:9]
-    if _numel(_shape(x)) == 0:
-        raise Unsupported("an empty input")
+    if not _nonempty(shape_of(_val(x))) or not _static(shape):
+        raise Unsupported("an empty input or a symbolic normalized shape")
     names = list(e.outs(n, 3))
     scale = e.const("ones", np.ones(tuple(shape), np.float32)) if weight is None else e.name(weight)
     attrs = {"axis": _rank(x) - len(shape), "epsilon": float(eps)}
@@ -1091,6 +1211,12 @@ def _constant(n, e):
             raise Unsupported(f"fill value {value} for a {dt} tensor")
     if dt == F32 and isinstance(value, bool):
         value = float(value)
+    if not _static(shape_of(v)):  # symbolic sizes: the value expanded to the shape, read when planned
+        if not n.target.__name__.startswith("full_like"):
+            raise Unsupported("a tensor of symbolic sizes made of its arguments alone")
+        shape = e.graph.unique_name(f"{n.name}_shape")
+        fill = e.const("fill", np.array(value, _NP_DTYPES[dt]))
+        return [Node("Shape", [e.name(n.args[0])], [shape]), Node("Expand", [fill, shape], [e.out(n)])]
     name = e.const(n.name, np.full(tuple(int(d) for d in v.shape), value, _NP_DTYPES[dt]))
     e.names[n] = name
     return []
@@ -1127,7 +1253,9 @@ def _convolution_backward(n, e):
     attrs = {"strides": stride, "pads": pads + pads, "dilations": dilation, "group": int(groups)}
     names = list(e.outs(n, 3))
     nodes = []
-    if mask[0]:
+    if mask[0] and not _static(shape_of(_val(x))):  # dX's shape from X itself, not an attribute
+        nodes.append(Node("ConvBackward", [e.name(grad), e.name(x), e.name(w)], [names[0]], attrs, "opsnn"))
+    elif mask[0]:
         shape = {"input_shape": list(_shape(x))}
         nodes.append(Node("ConvBackwardData", [e.name(grad), e.name(w)], [names[0]], dict(attrs, **shape), "opsnn"))
     else:
@@ -1154,18 +1282,35 @@ def _batch_norm_training(n, e):
         raise Unsupported("batch norm in eval mode through the functional training op")
     if weight is None or bias is None:
         raise Unsupported("batch norm without affine weights")
-    shape = _shape(x)
+    shape = shape_of(_val(x))
     c, rank = shape[1], len(shape)
-    count = int(np.prod(shape)) // c
-    if count < 2:
-        raise Unsupported("one value per channel (the unbiased variance divides by zero)")
+    if not isinstance(c, int) or not _nonempty(shape):
+        raise Unsupported("a symbolic channel count or an empty input")
+    m = float(momentum)
+    pre: list = []
+    if _static(shape):
+        count = int(np.prod(shape)) // c
+        if count < 2:
+            raise Unsupported("one value per channel (the unbiased variance divides by zero)")
+        unbias = e.scalar("momentum", m * count / (count - 1))
+    else:  # symbolic sizes (each at least 2): the count from x's Shape, in float64 as above
+        t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("all", "cnt", "mc", "c1", "ub64", "ub")}
+        total = _dims_product(e, n, x, 0, pre)
+        pre += [
+            Node("Cast", [total], [t["all"]], {"to": 11}),
+            Node("Div", [t["all"], e.const("c", np.array(c, np.float64))], [t["cnt"]]),
+            Node("Mul", [t["cnt"], e.const("momentum", np.array(m, np.float64))], [t["mc"]]),
+            Node("Sub", [t["cnt"], e.const("one", np.array(1.0, np.float64))], [t["c1"]]),
+            Node("Div", [t["mc"], t["c1"]], [t["ub64"]]),
+            Node("Cast", [t["ub64"]], [t["ub"]], {"to": 1}),
+        ]
+        unbias = t["ub"]
     axes = e.const("axes", np.array([0] + list(range(2, rank)), np.int64))
     bshape = e.const("bshape", np.array([1, c] + [1] * (rank - 2), np.int64))
     flat = e.const("cshape", np.array([c], np.int64))
     y, save_mean, save_rstd, new_mean, new_var = e.outs(n, 5)
     t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in "mu d d2 v ve sd r xn wb bb xw m1 m2 vu v1 v2".split()}
-    m = float(momentum)
-    return [
+    return pre + [
         Node("ReduceMean", [e.name(x), axes], [t["mu"]], {"keepdims": 1}),
         Node("Sub", [e.name(x), t["mu"]], [t["d"]]),
         Node("Mul", [t["d"], t["d"]], [t["d2"]]),
@@ -1185,7 +1330,7 @@ def _batch_norm_training(n, e):
         Node("Add", [t["m1"], t["m2"]], [new_mean]),
         Node("Reshape", [t["v"], flat], [t["vu"]]),
         Node("Mul", [e.name(var), e.scalar("keep", 1.0 - m)], [t["v1"]]),
-        Node("Mul", [t["vu"], e.scalar("momentum", m * count / (count - 1))], [t["v2"]]),
+        Node("Mul", [t["vu"], unbias], [t["v2"]]),
         Node("Add", [t["v1"], t["v2"]], [new_var]),
     ]
 
@@ -1356,6 +1501,12 @@ def _select(n, e):
     x, dim, index = n.args[:3]
     rank = _rank(x)
     dim = int(dim) % rank
+    if not _static(shape_of(_val(x))):  # symbolic dims: a Gather of one index drops the axis
+        size = shape_of(_val(x))[dim]
+        if not isinstance(size, int) and int(index) < 0:
+            raise Unsupported("a negative index into a symbolic dim")
+        index = int(index) % size if isinstance(size, int) else int(index)
+        return [Node("Gather", [e.name(x), e.const("index", np.array(index, np.int64))], [e.out(n)], {"axis": dim})]
     index = int(index) % _shape(x)[dim]
     part = e.graph.unique_name(f"{n.name}_slice")
     ins = [e.name(x)] + [e.const(h, np.array([v], np.int64)) for h, v in (("starts", index), ("ends", index + 1))]
@@ -1968,6 +2119,18 @@ for _f in (
     _identity,
     _layer_norm,
     _split,
+    _convolution,
+    _convolution_backward,
+    _max_pool2d_with_indices,
+    _max_pool2d_backward,
+    _batch_norm_backward,
+    _batch_norm_training,
+    _threshold_backward,
+    _nll_loss_forward,
+    _nll_loss_backward,
+    _layer_norm_backward,
+    _select,
+    _constant,
 ):
     _f.symbolic = True
 
