@@ -91,3 +91,92 @@ def test_softmax_xent_ignored_row_with_inf_stays_finite(reduction, weighted):
         assert np.isnan(logp[2]).all() and np.isfinite(logp[:2]).all(), algo
         peer = _onnx_loss("SoftmaxCrossEntropyLoss", x, t, w, {"reduction": reduction, "ignore_index": 0})
         np.testing.assert_allclose(loss, peer, rtol=1e-5, atol=1e-6, err_msg=algo)
+
+
+# -- Attention: a row every key of which is masked is zeros, whatever its scores ----------------------------------
+ATTN_KERNELS = ("attention_flash", "attention_gemm", "attention_gemm_tiled", "attention_blas")
+
+
+def _attention(q, k, v, mask, attrs, algo):
+    from opsnn.ops.api import run_op
+
+    with np.errstate(all="ignore"):
+        return run_op("Attention", [opsnn.tensor(a) for a in (q, k, v, mask)], dict(attrs), algo=algo)[0].numpy()
+
+
+def _attention_definition(q, k, v, mask, attrs):
+    from opsnn.ops.registry import get_op
+
+    rec = get_op("Attention")
+    with np.errstate(all="ignore"):
+        return rec.reference([q, k, v, mask], rec.bind_attrs(attrs))[0]
+
+
+def _onnx_attention(q, k, v, mask, attrs):
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    feeds = {"q": q, "k": k, "v": v, "m": mask}
+    vi = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds.items()]
+    node = helper.make_node("Attention", list(feeds), ["y"], **attrs)
+    out = helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(q.dtype), None)
+    model = helper.make_model(helper.make_graph([node], "g", vi, [out]), opset_imports=[helper.make_opsetid("", 23)])
+    with np.errstate(all="ignore"):
+        return ReferenceEvaluator(model).run(None, feeds)[0]
+
+
+def _attention_cases():
+    """(name, q, k, v, mask, attrs, onnx.reference applies, the fully masked (batch, head, row)s)."""
+    rng = np.random.default_rng(29)
+    q, k, v = (rng.standard_normal((2, 2, 4, 8)).astype(np.float32) for _ in range(3))
+    # fuzz nan_inf seed 302548: scale 0 with an Inf in Q makes that row's scores NaN (0 x Inf), and the
+    # additive mask rules out every key of the row
+    q0 = q.copy()
+    q0[1, 0, 2, 5] = np.inf
+    m0 = np.zeros((4, 4), np.float32)
+    m0[2, :] = -np.inf
+    yield "scale0-inf-q-additive", q0, k, v, m0, {"scale": 0.0}, True, (slice(None), slice(None), 2)
+    # +inf + -inf = NaN: an Inf query row whose every key the additive mask rules out
+    q1 = q.copy()
+    q1[0, 1, 1, 0] = np.inf
+    m1 = np.zeros((4, 4), np.float32)
+    m1[1, :] = -np.inf
+    yield "inf-q-additive", q1, k, v, m1, {}, True, (slice(None), slice(None), 1)
+    # a boolean mask ruling out every key of row 3, a NaN in that query row
+    q2 = q.copy()
+    q2[1, 1, 3, 3] = np.nan
+    m2 = np.ones((2, 1, 4, 4), bool)
+    m2[:, :, 3, :] = False
+    yield "nan-q-bool", q2, k, v, m2, {}, True, (slice(None), slice(None), 3)
+    # an Inf key under a one-wide -inf mask (keys past a mask's last dim count as masked: every row is),
+    # seeds 854 / 903 / 2506 of case_nan_inf(op="Attention", kernel="attention_flash") on this main
+    k3 = k.copy()
+    k3[0, 0, 0, 3] = np.inf
+    m3 = np.full((1,), -np.inf, np.float32)
+    yield "inf-k-all-masked", q, k3, v, m3, {"right_window_size": 2}, False, (slice(None),)
+
+
+@pytest.mark.parametrize("algo", ATTN_KERNELS)
+@pytest.mark.parametrize("case", list(_attention_cases()), ids=lambda c: c[0])
+def test_attention_fully_masked_row_with_nan_scores_is_zero(case, algo):
+    _, q, k, v, mask, attrs, onnx_applies, dead = case
+    got = _attention(q, k, v, mask, attrs, algo)
+    want = _attention_definition(q, k, v, mask, attrs)
+    assert (want[dead] == 0).all()
+    # every row, NaN and all: the float64 definition (fully masked rows zeros, the others finite here)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, equal_nan=True, err_msg=algo)
+    if onnx_applies:
+        np.testing.assert_allclose(got, _onnx_attention(q, k, v, mask, attrs), rtol=2e-5, atol=2e-5, err_msg=algo)
+
+
+@pytest.mark.parametrize("algo", ATTN_KERNELS)
+def test_attention_nan_score_on_an_attended_key_still_makes_its_row_nan(algo):
+    # the other side of the rule: a NaN score on a key the mask leaves open makes the row NaN, as softmax does
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 1, 3, 4)).astype(np.float32) for _ in range(3))
+    q[0, 0, 1, 0] = np.nan
+    mask = np.zeros((3, 3), np.float32)
+    mask[1, :2] = -np.inf  # row 1 keeps key 2 only
+    got = _attention(q, k, v, mask, {}, algo)
+    assert np.isnan(got[0, 0, 1]).all() and np.isfinite(got[0, 0, [0, 2]]).all()
+    np.testing.assert_allclose(got, _onnx_attention(q, k, v, mask, {}), rtol=2e-5, atol=2e-5, equal_nan=True)
