@@ -180,3 +180,110 @@ def test_attention_nan_score_on_an_attended_key_still_makes_its_row_nan(algo):
     got = _attention(q, k, v, mask, {}, algo)
     assert np.isnan(got[0, 0, 1]).all() and np.isfinite(got[0, 0, [0, 2]]).all()
     np.testing.assert_allclose(got, _onnx_attention(q, k, v, mask, {}), rtol=2e-5, atol=2e-5, equal_nan=True)
+
+
+# -- DeformConv / DeformConvGrad: a sampling position outside the input samples 0 and has zero gradients -------
+def _deform_loops(dy, x, w, off, mask, pad):
+    """float64 loops (2-D, stride 1, dilation 1, group 1), torchvision's semantics: a NaN position samples
+    NaN (NaN dOffset / dMask, nothing to dX); one outside (-1, H) x (-1, W), an Inf one included, samples 0
+    (zero dOffset / dMask); a corner outside the input takes no part. Returns (Y, dX, dW, dOffset, dMask)."""
+    n, c, H, W = x.shape
+    m, _, kh, kw = w.shape
+    OH, OW = dy.shape[2:]
+    og = off.shape[1] // (2 * kh * kw)
+    cpg = c // og
+    offv = off.astype(np.float64).reshape(n, og, kh, kw, 2, OH, OW)
+    mk = (
+        np.ones((n, og, kh, kw, OH, OW)) if mask is None else mask.astype(np.float64).reshape(offv.shape[:4] + (OH, OW))
+    )
+    x, w, dy = x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64)
+    cols = np.zeros((n, c, kh, kw, OH, OW))
+    sample = np.zeros_like(cols)  # unmasked
+    dx, doff, dmask = np.zeros_like(x), np.zeros(offv.shape), np.zeros(mk.shape)
+    dcols = np.einsum("mcab,nmyx->ncabyx", w, dy)
+    for i, g, a, b, oy, ox in np.ndindex(n, og, kh, kw, OH, OW):
+        y, xx = oy - pad + a + offv[i, g, a, b, 0, oy, ox], ox - pad + b + offv[i, g, a, b, 1, oy, ox]
+        chans = range(g * cpg, (g + 1) * cpg)
+        if np.isnan(y) or np.isnan(xx):
+            sample[i, chans, a, b, oy, ox] = np.nan
+            doff[i, g, a, b, :, oy, ox] = np.nan
+            dmask[i, g, a, b, oy, ox] = np.nan
+            continue
+        if not (-1 < y < H and -1 < xx < W):
+            continue
+        y0, x0 = int(np.floor(y)), int(np.floor(xx))
+        ly, lx = y - y0, xx - x0
+        corners = [
+            (y0 + cy, x0 + cx, (ly if cy else 1 - ly) * (lx if cx else 1 - lx), (1 if cy else -1) * (lx if cx else 1 - lx),
+             (1 if cx else -1) * (ly if cy else 1 - ly))
+            for cy in (0, 1) for cx in (0, 1)
+            if 0 <= y0 + cy < H and 0 <= x0 + cx < W
+        ]  # fmt: skip
+        sy = sx = sm = 0.0
+        for ch in chans:
+            gc = dcols[i, ch, a, b, oy, ox]
+            val = sum(wt * x[i, ch, iy, ix] for iy, ix, wt, _, _ in corners)
+            sample[i, ch, a, b, oy, ox] = val
+            sm += gc * val
+            sy += gc * sum(dwy * x[i, ch, iy, ix] for iy, ix, _, dwy, _ in corners)
+            sx += gc * sum(dwx * x[i, ch, iy, ix] for iy, ix, _, _, dwx in corners)
+            for iy, ix, wt, _, _ in corners:
+                dx[i, ch, iy, ix] += wt * (gc * mk[i, g, a, b, oy, ox])
+        doff[i, g, a, b, 0, oy, ox] = sy * mk[i, g, a, b, oy, ox]
+        doff[i, g, a, b, 1, oy, ox] = sx * mk[i, g, a, b, oy, ox]
+        dmask[i, g, a, b, oy, ox] = sm
+    cols = sample * np.repeat(mk, cpg, axis=1)
+    y_fwd = np.einsum("mcab,ncabyx->nmyx", w, cols)
+    dw = np.einsum("nmyx,ncabyx->mcab", dy, cols)
+    return y_fwd, dx, dw, doff.reshape(off.shape), dmask.reshape(n, og * kh * kw, OH, OW)
+
+
+def _deform_case(seed):
+    rng = np.random.default_rng(seed)
+    n, c, m, k, og, pad, hw = 1, 2, 2, 2, 1 + seed % 2, 1, 4
+    out = hw + 2 * pad - k + 1
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = rng.standard_normal((m, c, k, k)).astype(np.float32)
+    off = (rng.standard_normal((n, og * 2 * k * k, out, out)) * 1.5).astype(np.float32)
+    if seed % 3 == 0:
+        off = np.round(off * 2).astype(np.float32)  # integer positions: in-range corners of weight 0
+    dy = rng.standard_normal((n, m, out, out)).astype(np.float32)
+    mask = rng.random((n, og * k * k, out, out)).astype(np.float32) if seed % 4 < 2 else None
+    ins = [dy, x, w, off] + ([mask] if mask is not None else [])
+    poisoned = ins[seed % len(ins)]
+    for _ in range(1 + seed % 3):
+        poisoned.reshape(-1)[rng.integers(0, poisoned.size)] = rng.choice([np.nan, np.inf, -np.inf])
+    return dy, x, w, off, mask, {"kernel_shape": [k, k], "pads": [pad] * 4, "offset_group": og}
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_deform_conv_grad_nonfinite_matches_loops(seed):
+    # fuzz nan_inf seed 308075: deform_conv_grad_numba gave 0 where the reference had NaN. The reference
+    # departed from the op's definition (torchvision's): an Inf offset was NaN rather than a position
+    # outside the input, and a corner outside the input multiplied 0 by the clipped pixel it stood for
+    from opsnn.ops.api import run_op
+
+    dy, x, w, off, mask, attrs = _deform_case(seed)
+    y_want, *want = _deform_loops(dy, x, w, off, mask, attrs["pads"][0])
+    ins = [dy, x, w, off] + ([mask] if mask is not None else [])
+    for algo in ("deform_conv_grad_numba", "deform_conv_grad_numpy"):
+        with np.errstate(all="ignore"):
+            got = run_op("DeformConvGrad", [opsnn.tensor(a) for a in ins], dict(attrs), domain="opsnn", algo=algo)
+            got = [g.numpy() for g in got]
+        for name, g, ww in zip(("dX", "dW", "dOffset", "dMask"), got, want):
+            np.testing.assert_allclose(g, ww.astype(np.float32), rtol=1e-4, atol=1e-4, err_msg=f"{algo} {name}")
+
+
+@pytest.mark.parametrize("seed", [3, 7, 8, 13])  # with and without a mask
+def test_deform_conv_inf_offset_samples_zero(seed):
+    # the forward's reference read an Inf position as an in-range corner weighted by Inf; it samples 0
+    from opsnn.ops.api import run_op
+
+    dy, x, w, off, mask, attrs = _deform_case(seed)
+    off.reshape(-1)[[1, 6, 11]] = [np.inf, -np.inf, np.nan]
+    want = _deform_loops(dy, x, w, off, mask, attrs["pads"][0])[0]
+    ins = [x, w, off, None, mask]
+    for algo in ("deform_conv2d_im2col", "reference"):
+        with np.errstate(all="ignore"):
+            got = run_op("DeformConv", [None if a is None else opsnn.tensor(a) for a in ins], dict(attrs), algo=algo)
+        np.testing.assert_allclose(got[0].numpy(), want.astype(np.float32), rtol=1e-4, atol=1e-4, err_msg=algo)
