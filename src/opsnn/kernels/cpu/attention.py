@@ -6,8 +6,9 @@
 softmax (running max ``m``, running sum ``l``, rescaled fp32 accumulator), so memory is
 ``O(BQ * (BK + Dv))`` per thread. Key blocks that the causal frontier, the sliding window
 or ``nonpad_kv_seqlen`` rule out entirely are skipped. GQA maps query head ``h`` to key
-head ``h // (Hq // Hkv)`` without repeating K/V. A row that no key may attend (all
-``-inf``) yields zeros, as ONNX specifies.
+head ``h // (Hq // Hkv)`` without repeating K/V. A row that no key may attend (its mask
+all ``-inf``) yields zeros, as ONNX specifies: decided on the masks, not the scores, so a NaN
+score (an Inf query times a zero scale, +inf + -inf) in such a row still gives zeros.
 
 Masks reach the kernel as one fp32 additive bias of rank 4 in its *own* (unbroadcast)
 shape: dims of size 1 broadcast through zero index multipliers, and keys at or past the
@@ -83,6 +84,7 @@ def _attend_task(
     l = np.zeros(nq, np.float32)
     acc = np.zeros((nq, Dv), np.float32)
     nan_row = np.zeros(nq, np.bool_)  # a NaN score makes its row NaN (softmax semantics)
+    live = np.zeros(nq, np.bool_)  # some key's bias is not -inf (else the row is zeros, NaN scores or not)
 
     # key range any row of this block may see
     j_hi = L
@@ -118,7 +120,12 @@ def _attend_task(
                 if (causal and j > p_abs) or (left >= 0 and j < p_abs - left) or (right >= 0 and j > p_abs + right):
                     sc = np.float32(-np.inf)
                 elif has_mask:
-                    sc += mask[mb, mh, i * ms_on, j]
+                    mv = mask[mb, mh, i * ms_on, j]
+                    sc += mv
+                    if mv != -np.inf:
+                        live[ii] = True
+                else:
+                    live[ii] = True
                 if sc != sc:
                     nan_row[ii] = True
                 s[ii, jj] = sc
@@ -143,7 +150,7 @@ def _attend_task(
             m[ii] = m_new
     for ii in range(nq):
         inv = np.float32(1.0) / l[ii] if l[ii] > 0 else np.float32(0.0)
-        if nan_row[ii]:
+        if nan_row[ii] and live[ii]:
             inv = np.float32(np.nan)
         i = i0 + ii
         if has_lse:  # the row's logsumexp of its masked scores, as AttentionGrad reads it
@@ -350,6 +357,15 @@ def _softmax_vec(row, b, h, i, mask, has_mask, kvlen, offset, causal, left, righ
         t = zero
         for j in range(seg.size):
             t += seg[j]
+        if t != t and has_mask:  # unless every key's bias is -inf: ONNX zeros such a row, NaN scores or not
+            mrow = mask[mb, mh, mi, lo:hi]
+            dead = True
+            for j in range(seg.size):
+                if mrow[j] != -np.inf:
+                    dead = False
+                    break
+            if dead:
+                t = zero
         seg[:] = np.float32(np.nan) if t != t else zero
         return np.float32(np.nan) if t != t else np.float32(-np.inf)
     tot = zero

@@ -670,6 +670,14 @@ def _blas(ins, outs, attrs, plan, ws, lse=None):
         np.copyto(outs[3], (raw, capped, scores, probs)[mode], casting="unsafe")
 
 
+#: the tiled kernels' NaN/Inf semantics (attention_blas adds every mask to the scores, as the definition does)
+FORWARD_NONFINITE = (
+    "the attention mask is added to the scores as the definition does (NaN + -inf = NaN makes a row NaN), "
+    "but keys the causal frontier, the sliding window, nonpad_kv_seqlen or a short mask rule out are left "
+    "out, so a NaN or +Inf score there never reaches its row; a row every key of which is masked is "
+    "zeros, decided on the masks as ONNX's fully-masked-row guard does, whatever its scores"
+)
+
 Attention = register_op(
     "Attention",
     category="attention",
@@ -701,6 +709,7 @@ Attention = register_op(
 Attention.kernel(
     "attention_flash",
     dtypes=(_dt.float32,),
+    nonfinite=FORWARD_NONFINITE,
     priority=20,
     applies=_flash_applies,
     plan=_flash_plan,
@@ -709,6 +718,7 @@ Attention.kernel(
 Attention.kernel(
     "attention_gemm",
     dtypes=(_dt.float32,),
+    nonfinite=FORWARD_NONFINITE,
     priority=25,
     applies=_gemm_applies,
     plan=_gemm_plan,
@@ -720,6 +730,7 @@ Attention.kernel(
 Attention.kernel(
     "attention_gemm_tiled",
     dtypes=(_dt.float32,),
+    nonfinite=FORWARD_NONFINITE,
     priority=22,
     applies=_tiled_applies,
     plan=_tiled_plan,

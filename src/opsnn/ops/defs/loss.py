@@ -144,7 +144,8 @@ def _loss_kernel(ins, outs, attrs, plan, ws):
     safe = np.where(valid, ts, 0)
     picked = np.take_along_axis(logp, safe[:, None, :], axis=1)[:, 0, :]
     wt = valid.astype(x.dtype) if w is None else np.where(valid, w[safe], 0).astype(x.dtype)
-    loss = -picked * wt
+    # an ignored entry is left out, not multiplied by weight 0 (0 * Inf and 0 * NaN are NaN)
+    loss = np.where(valid, -picked, 0).astype(x.dtype, copy=False) * wt
     red = plan["reduction"]
     if red == "none":
         outs[0][...] = loss.reshape(outs[0].shape)

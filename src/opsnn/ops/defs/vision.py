@@ -608,7 +608,7 @@ def _deform_reference(ins, attrs):
                     frac = pos[d] - f
                     i = f.astype(np.int64) + corner[d]
                     wt = wt * (frac if corner[d] else 1 - frac)
-                    ok &= (i >= 0) & (i < x.shape[2 + d])
+                    ok &= (i >= 0) & (i < x.shape[2 + d]) & np.isfinite(pos[d])
                     idx.append(np.clip(i, 0, x.shape[2 + d] - 1))
                 bidx = np.arange(n).reshape((n,) + (1,) * r)
                 for ci in range(cpg):
@@ -732,7 +732,9 @@ class _After:
 def deform_conv_backward_numpy(dy, x, w, offset, mask, attrs) -> tuple:
     """(dX, dW, dOffset, dMask) of DeformConv in float64, any spatial rank (dMask as if the mask were all
     ones when it is absent). A sampling position with a NaN offset sends nothing to dX and gets NaN
-    dOffset / dMask."""
+    dOffset / dMask; one outside the input (an Inf offset included) samples 0, sends nothing to dX and
+    gets dOffset = dMask = 0, as in torchvision. A corner outside the input takes no part in any
+    product, and dOffset = mask * sum over channels of dCols * d(sample)/d(position)."""
     kernel, strides, dil, pads, out = _deform_geometry((x.shape, w.shape), attrs)
     r = len(kernel)
     n, c = x.shape[:2]
@@ -750,6 +752,7 @@ def deform_conv_backward_numpy(dy, x, w, offset, mask, attrs) -> tuple:
     cpg = c // og
     val = np.zeros((n, kk) + tuple(out) + (c,))  # the sampled (unmasked) columns
     nan = np.zeros((n, og, kk) + tuple(out), bool)
+    outside = np.zeros((n, og, kk) + tuple(out), bool)
     taps = []  # per (t, g): [(index tuple, ok, weight, d weight / d pos per dim)]
     bidx = np.arange(n).reshape((n,) + (1,) * r)
     for t, tap in enumerate(itertools.product(*[range(k) for k in kernel])):
@@ -760,10 +763,11 @@ def deform_conv_backward_numpy(dy, x, w, offset, mask, attrs) -> tuple:
                 shape = [1] * (1 + r)
                 shape[1 + d] = out[d]
                 pos.append(grid.reshape(shape) + off[:, g, t, d])
-            bad = np.zeros((n,) + tuple(out), bool)
+            bad = np.zeros((n,) + tuple(out), bool)  # NaN, or outside (-1, size) in some dim
             for d in range(r):
-                bad |= ~np.isfinite(pos[d])
-            nan[:, g, t] = bad
+                nan[:, g, t] |= np.isnan(pos[d])
+                bad |= ~((pos[d] > -1) & (pos[d] < sp[d]))
+            outside[:, g, t] = bad & ~nan[:, g, t]
             pos = [np.where(bad, 0.0, q) for q in pos]
             floors = [np.floor(q) for q in pos]
             fracs = [q - f for q, f in zip(pos, floors)]
@@ -782,11 +786,11 @@ def deform_conv_backward_numpy(dy, x, w, offset, mask, attrs) -> tuple:
                     for e in range(r):
                         if e != d:
                             dd = dd * (fracs[e] if corner[e] else 1 - fracs[e])
-                    dwt.append(dd * ok)
-                wt = wt * ok
+                    dwt.append(dd)
+                ok = ok[..., None]
                 key = (bidx,) + tuple(idx)
-                val[:, t, ..., chans] += wt[..., None] * xr[key][..., chans]
-                corners.append((key, wt, dwt))
+                val[:, t, ..., chans] += np.where(ok, wt[..., None] * xr[key][..., chans], 0.0)
+                corners.append((key, ok, wt, dwt))
             taps.append((t, g, chans, corners))
     # columns are (n, group, (c/group) * kk, p) in the forward's (channel, tap) order
     vt = np.moveaxis(val.reshape(n, kk, p, c), 3, 1)  # (n, c, kk, p)
@@ -804,16 +808,21 @@ def deform_conv_backward_numpy(dy, x, w, offset, mask, attrs) -> tuple:
     dval = np.moveaxis(dcols * mk, 1, -1).reshape((n, kk) + tuple(out) + (c,))  # (n, kk, *out, c)
     dxr = np.zeros(xr.shape)
     doff = np.zeros((n, og, kk, r) + tuple(out))
+    dc = np.moveaxis(dcols.reshape(n, c, kk, *out), 1, -1)  # (n, kk, *out, c)
     for t, g, chans, corners in taps:
         gv = dval[:, t, ..., chans]  # (n, *out, cpg)
-        for key, wt, dwt in corners:
-            np.add.at(dxr, key + (chans,), wt[..., None] * gv)
-            s = np.einsum("...c,...c->...", gv, xr[key][..., chans])
+        slope = np.zeros((r,) + gv.shape)  # d(sample)/d(position) per channel
+        for key, ok, wt, dwt in corners:
+            np.add.at(dxr, key + (chans,), np.where(ok, wt[..., None] * gv, 0.0))
             for d in range(r):
-                doff[:, g, t, d] += dwt[d] * s
+                slope[d] += np.where(ok, dwt[d][..., None] * xr[key][..., chans], 0.0)
+        for d in range(r):
+            doff[:, g, t, d] = np.einsum("...c,...c->...", dc[:, t, ..., chans], slope[d]) * msk[:, g, t]
     dmask = dmask.reshape((n, og, kk) + tuple(out))
-    for d in range(r):
+    for d in range(r):  # a position outside the input has a zero gradient, whatever dY and the mask hold
+        doff[:, :, :, d][outside] = 0.0
         doff[:, :, :, d][nan] = np.nan
+    dmask[outside] = 0.0
     dmask[nan] = np.nan
     return (
         np.moveaxis(dxr, -1, 1),
