@@ -398,14 +398,14 @@ def masked_softmax(s, mask, has_mask, kvlen, offset, causal, left, right, scale,
     against the earlier shift / numpy exp / normalize passes). ``lse``, a flat (B*Hq*Sq,) fp32
     array, receives the rows' logsumexp when given."""
     (_softmax_parallel if parallel else _softmax_serial)(
-        s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, *_lse_arg(lse)
+        s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, *lse_arg(lse)
     )
 
 
 _NO_LSE = np.zeros(1, np.float32)
 
 
-def _lse_arg(lse) -> tuple:
+def lse_arg(lse) -> tuple:
     """(array, wanted) for the kernels' optional flat logsumexp output."""
     return (_NO_LSE, False) if lse is None else (lse, True)
 
@@ -596,7 +596,7 @@ def gemm_tasks(
     (``kvlen``) are never multiplied. ``lse``, a flat (B*Hq*Sq,) fp32 array, receives the rows'
     logsumexp when given."""
     bq = np.int64(bq if bq > 0 else 1 << 62)
-    lse, has_lse = _lse_arg(lse)
+    lse, has_lse = lse_arg(lse)
     if parallel:
         _gemm_tasks_parallel(
             q4,
@@ -811,7 +811,7 @@ def gemm_tiled(
         np.int64(bq),
         fns,
         nt,
-        *_lse_arg(lse),
+        *lse_arg(lse),
     )
 
 

@@ -354,7 +354,7 @@ def _flash(ins, outs, attrs, plan, ws, lse=None):
         plan["nqb"],
         plan["BQ"],
         plan["BK"],
-        *K._lse_arg(lse),
+        *K.lse_arg(lse),
     )
 
 
