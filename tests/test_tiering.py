@@ -289,3 +289,134 @@ def test_the_numpy_tanh_agrees_with_the_numba_one_and_the_oracle(rng, cold_cache
     for name, y in got.items():
         np.testing.assert_array_equal(np.isnan(y), np.isnan(want), err_msg=name)
         np.testing.assert_allclose(y, want, rtol=2e-6, atol=1e-7, err_msg=name)
+
+
+def _bert_ffn_in(rng, vocab=12, d=16, f=24, seq=6):
+    # BERT's cold trio: embedding Gather -> LayerNorm -> the FFN product + bias + exact-erf Gelu
+    init = {
+        "table": rng.standard_normal((vocab, d)).astype(np.float32),
+        "gamma": (1 + 0.1 * rng.standard_normal(d)).astype(np.float32),
+        "beta": (0.1 * rng.standard_normal(d)).astype(np.float32),
+        "w": (rng.standard_normal((d, f)) * 0.3).astype(np.float32),
+        "b": rng.standard_normal(f).astype(np.float32),
+    }
+    init["table"][3, 5] = np.nan  # a NaN row after the norm
+    init["b"][:3] = np.inf, -np.inf, -7.0  # Gelu(+inf) = inf, Gelu(-inf) = NaN, a far tail
+    nodes = [
+        Node("Gather", ["table", "ids"], ["e"]),
+        Node("LayerNormalization", ["e", "gamma", "beta"], ["h"], {"epsilon": 1e-5}),
+        Node("FusedMatMul", ["h", "w", "b"], ["y"], {"activation": "Gelu"}, domain="opsnn"),
+    ]
+    g = Graph("ffn", inputs=[Value("ids", np.int64, (1, seq))], outputs=["y"], nodes=nodes, initializers=init)
+    return g, init
+
+
+def _bert_ffn_want(init, ids):
+    import math
+
+    e = init["table"].astype(np.float64)[ids]
+    with np.errstate(invalid="ignore"):
+        mu = e.mean(-1, keepdims=True)
+        h = (e - mu) / np.sqrt(((e - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * init["gamma"] + init["beta"]
+        z = h.astype(np.float32).astype(np.float64) @ init["w"].astype(np.float64) + init["b"]
+        erfc = np.vectorize(math.erfc, otypes=[np.float64])
+        return z * 0.5 * erfc(-z / math.sqrt(2.0))
+
+
+def _ffn_kernels(cg) -> dict:
+    out = {}
+    for ln in cg.explain().splitlines():
+        for op in ("Gather", "LayerNormalization", "opsnn::FusedMatMul"):
+            if f"({op}): " in ln:
+                out[op] = ln.split(f"({op}): ")[1].split()[0]
+    return out
+
+
+def test_a_cold_bert_ffn_runs_numpy_gather_norm_and_gelu_then_the_numba_kernels(rng, cold_cache):
+    g, init = _bert_ffn_in(rng)
+    ids = np.array([[1, 3, 0, 11, 7, 3]])
+    want = _bert_ffn_want(init, ids)
+    assert np.isnan(want).any() and np.isposinf(want).any() and np.isfinite(want).any()
+
+    cg = opsnn.compile(g)
+    got = cg.run({"ids": ids})["y"].numpy()
+    assert _ffn_kernels(cg) == {
+        "Gather": "gather_numpy",
+        "LayerNormalization": "layer_norm_numpy",
+        "opsnn::FusedMatMul": "matmul_onednn_numpy",
+    }, cg.explain()
+    for numba_kernel in ("gather_rows", "layer_norm_numba", "matmul_onednn"):
+        assert f"tiered: {numba_kernel} (priority" in cg.explain(), cg.explain()
+    assert tiering.wait(600), tiering.status()
+    assert not tiering.status()["failed"], tiering.status()
+    cg2 = opsnn.compile(g)
+    compiled = cg2.run({"ids": ids})["y"].numpy()
+    assert _ffn_kernels(cg2) == {
+        "Gather": "gather_rows",
+        "LayerNormalization": "layer_norm_numba",
+        "opsnn::FusedMatMul": "matmul_onednn",
+    }, cg2.explain()
+    for name, y in (("cold", got), ("compiled", compiled)):
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(want), err_msg=name)
+        np.testing.assert_array_equal(np.isposinf(y), np.isposinf(want), err_msg=name)
+        np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5, err_msg=name)
+    with pytest.raises(opsnn.errors.KernelError, match=r"Gather: index 12 at position \(0, 1\) is out of range"):
+        cg.run({"ids": np.array([[1, 12, 0, 0, 0, 0]])})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("act", ["Gelu", "Relu", ""])
+def test_the_numpy_epilogue_and_norms_agree_with_the_numba_kernels_and_the_oracle(rng, dtype, act):
+    # the stand-ins forced through kernel_selector, each against the op's float64 reference and the
+    # numba kernel it stands in for: NaN, +-Inf and a far tail in the pre-activations
+    a = rng.standard_normal((5, 8)).astype(dtype)
+    w = (rng.standard_normal((8, 12)) * 0.5).astype(dtype)
+    b = rng.standard_normal(12).astype(dtype)
+    a[1, 2] = np.nan
+    b[:3] = np.inf, -np.inf, -9.0
+    rec = opsnn.ops.registry.get_op("FusedMatMul", "opsnn")
+    attrs = rec.bind_attrs({"activation": act})
+    with np.errstate(invalid="ignore"):
+        want = rec.reference([a, w, b], attrs)
+    kernels = ["matmul_epilogue_numpy", "matmul_epilogue"]
+    if dtype == np.float32 and act:
+        kernels += ["matmul_onednn_numpy", "matmul_onednn"]
+    for name in kernels:
+        y = _run_kernel(rec, [a, w, b], {"activation": act}, name)
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(want), err_msg=name)
+        np.testing.assert_allclose(y, want, rtol=3e-6 if dtype == np.float32 else 1e-12, atol=1e-6, err_msg=name)
+
+    x = (rng.standard_normal((4, 3, 10)) * 3 + 5).astype(dtype)
+    x[0, 1, 4], x[2, 0, 0] = np.nan, np.inf
+    scale, bias = rng.standard_normal(10).astype(dtype), rng.standard_normal(10).astype(dtype)
+    for op, ins, names in (
+        ("LayerNormalization", [x, scale, bias], ("layer_norm_numpy", "layer_norm_numba")),
+        ("RMSNormalization", [x, scale], ("rms_norm_numpy", "rms_norm_numba")),
+    ):
+        ref = opsnn.ops.registry.get_op(op)
+        with np.errstate(invalid="ignore"):
+            want = ref.reference(ins, ref.bind_attrs({}))
+        want = want[0] if isinstance(want, (list, tuple)) else want
+        for name in names:
+            with opsnn.kernel_selector({op: name}):
+                if op == "LayerNormalization":
+                    y = opsnn.ops.layer_norm(x, (10,), scale, bias, eps=1e-5)
+                else:
+                    y = opsnn.ops.rms_norm(x, (10,), scale, eps=1e-5)
+            y = (y[0] if isinstance(y, (list, tuple)) else y).numpy()
+            np.testing.assert_array_equal(np.isnan(y), np.isnan(want), err_msg=name)
+            np.testing.assert_allclose(y, want, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-5, err_msg=name)
+
+
+def _run_kernel(rec, arrays, attrs, name):
+    """``rec`` run once by kernel ``name`` (forced), the inputs after the first known at prepare time."""
+    from opsnn.ops.executor import Executor, plan_op
+    from opsnn.ops.registry import TensorMeta
+    from opsnn.tensor import as_tensor
+
+    metas = [TensorMeta(x.shape, x.dtype) for x in arrays]
+    op = plan_op(rec, metas, [None, *arrays[1:]], attrs, algo=name)
+    assert op.selection.kernel.name == name
+    outs = [as_tensor(np.empty(tuple(m.shape), m.dtype)) for m in op.ctx.outputs]
+    Executor(rec, op.ctx, op.selection, op.plan, op.workspace_size, [as_tensor(x) for x in arrays], outs, ()).run()
+    return outs[0].numpy()

@@ -8,6 +8,7 @@ writing the whole tensor.
 from __future__ import annotations
 
 import functools
+import math
 
 import numba as nb
 import numpy as np
@@ -167,6 +168,73 @@ def epilogue(
     parallel, serial = rows_kernels(code)
     big = y.size >= (PARALLEL_MIN_COSTLY if code in _COSTLY else PARALLEL_MIN)
     (parallel if big else serial)(y2, b, rb, zz, alpha, beta)
+
+
+#: epilogue codes :func:`epilogue_numpy` runs (the others compile their numba kernel)
+NUMPY_ACTIVATIONS = (0, ACTIVATIONS["Relu"], ACTIVATIONS["Gelu"])
+#: erfc(z) = t exp(P(t) - z^2), t = 2 / (2 + z): P's coefficients in t^0..t^10, those of the float32
+#: fphi (kernels.cpu.activation) multiplied out of its Estrin form
+_ERFC_P = (
+    -1.2655641415664483,
+    1.0014734280472495,
+    0.35687697407771557,
+    0.21073610961693354,
+    -0.6520158786036993,
+    1.5108167291238495,
+    -3.28098269615674,
+    3.930654109940149,
+    -2.568642459125026,
+    0.8827151406918843,
+    -0.12606728649156682,
+)
+_erfc64 = np.frompyfunc(math.erfc, 1, 1)
+
+
+def gelu_erf_numpy(y: np.ndarray) -> np.ndarray:
+    """``y * Phi(y)`` (exact-erf GELU) in numpy, a new array of y's dtype: float32 evaluates the
+    float32 kernels' erfc fit in float64, float64 calls math.erfc per element; NaN stays NaN,
+    +inf gives +inf and -inf NaN, as the numba kernels."""
+    with np.errstate(all="ignore"):
+        x = y.astype(np.float64)
+        if y.dtype == np.float64:
+            phi = 0.5 * _erfc64(x * -0.7071067811865476).astype(np.float64)
+        else:
+            z = np.abs(x) * 0.7071067811865476
+            t = 2.0 / (2.0 + z)
+            p = np.full_like(t, _ERFC_P[-1])
+            for c in _ERFC_P[-2::-1]:
+                p *= t
+                p += c
+            p -= x * x * 0.5
+            np.exp(p, out=p)
+            p *= t
+            p *= 0.5  # erfc(|x| / sqrt 2) / 2
+            phi = np.where(x < 0, p, 1.0 - p)
+        return (x * phi).astype(y.dtype)
+
+
+def epilogue_numpy(y, bias, z, code: int, alpha: float, beta: float) -> None:
+    """:func:`epilogue` in numpy for the codes in ``NUMPY_ACTIVATIONS``: nothing to compile, a cold
+    plan's epilogue while the numba one compiles in the background (``opsnn.ops.tiering``)."""
+    if code not in NUMPY_ACTIVATIONS:
+        raise ValueError(
+            f"epilogue_numpy: activation code {code} has no numpy form; expected one of {NUMPY_ACTIVATIONS}"
+        )
+    if y.size == 0:
+        return
+    cols = y.shape[-1] if y.ndim else 1
+    y2 = y.reshape(-1, cols)
+    with np.errstate(all="ignore"):
+        zz = None if z is None else z.reshape(-1, cols).astype(y.dtype, copy=False)
+        if bias is not None:
+            b = _columns(bias, cols, y.dtype)
+            y2 += b if zz is None else b + zz  # bias + residual first, as the numba rows
+        elif zz is not None:
+            y2 += zz
+        if code == ACTIVATIONS["Relu"]:
+            np.copyto(y2, 0, where=y2 < 0)  # NaN stays NaN
+        elif code == ACTIVATIONS["Gelu"]:
+            y2[...] = gelu_erf_numpy(y2)
 
 
 # -- a bound on the inputs of a product: does act(conv(X, W) + B + Z) meet a NaN? ------------------------

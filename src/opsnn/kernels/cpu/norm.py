@@ -254,6 +254,30 @@ def layer_norm(
     run(xf, s, b, bias is not None, yf, mo, io, rows, N, float(eps), rms)
 
 
+def layer_norm_numpy(x, scale, bias, y, stats, rows: int, N: int, eps: float, rms: bool) -> None:
+    """:func:`layer_norm` in numpy with float64 statistics and arithmetic: nothing to compile, a cold
+    plan's kernel while the numba one compiles in the background (``opsnn.ops.tiering``)."""
+    if rows * N == 0:
+        stats[: 2 * rows] = np.nan if N == 0 else 0.0
+        return
+    with np.errstate(all="ignore"):
+        w = x.reshape(rows, N).astype(np.float64)
+        if rms:
+            mean = np.zeros(rows)
+            inv = 1.0 / np.sqrt(np.einsum("ij,ij->i", w, w) / N + eps)
+        else:
+            mean = w.mean(axis=1)
+            w -= mean[:, None]
+            inv = 1.0 / np.sqrt(np.einsum("ij,ij->i", w, w) / N + eps)
+        w *= inv[:, None]
+        w *= scale.reshape(1, N)
+        if bias is not None:
+            w += bias.reshape(1, N)
+        np.copyto(y.reshape(rows, N), w, casting="unsafe")
+    stats[:rows] = mean
+    stats[rows : 2 * rows] = inv
+
+
 # -- GroupNorm / InstanceNorm -------------------------------------------------------------------
 @nb.njit(**_OPTS)
 def _gn_task(x, scale, bias, y, row, G, Cg, S, eps, exact):

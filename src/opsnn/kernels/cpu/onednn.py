@@ -76,7 +76,7 @@ _ENGINE_CPU, _STREAM_IN_ORDER = 1, 1
 _ELTWISE = {1: 32, 2: 41, 3: 33, 4: 49, 5: 43, 6: 44, 7: 32, 8: 46}
 #: activations whose oneDNN eltwise post-op is not IEEE (relu and clip map NaN to 0 or a bound, gelu_erf
 #: turns +inf into NaN): on float32 they run after the primitive, in opsnn's own epilogue
-_NOT_IEEE = (1, 4, 8)
+_NOT_IEEE = NOT_IEEE = (1, 4, 8)
 
 
 #: environment switch: blocked convolutions with such an activation keep IEEE semantics (:class:`ConvPrimitive`)

@@ -557,6 +557,29 @@ def gather(data: np.ndarray, indices: np.ndarray, out: np.ndarray, axis: int, pa
     gather_rows(bits(data), idx, bits(out), outer, n, inner)
 
 
+def gather_numpy(data: np.ndarray, indices: np.ndarray, out: np.ndarray, axis: int, op: str = "Gather"):
+    """:func:`gather` as ``np.take`` with the same index check in numpy: nothing to compile, a cold
+    plan's kernel while ``gather_rows`` compiles in the background (``opsnn.ops.tiering``)."""
+    from ...errors import ParamInvalidError
+
+    n = data.shape[axis]
+    outer = math.prod(data.shape[:axis])
+    inner = math.prod(data.shape[axis + 1 :])
+    idx = indices.reshape(-1).astype(np.int64, copy=False)
+    bad = np.flatnonzero((idx < -n) | (idx >= n))
+    if bad.size:
+        b = int(bad[0])
+        pos = np.unravel_index(b, indices.shape) if indices.ndim else ()
+        raise ParamInvalidError(
+            f"{op}: index {int(idx[b])} at position {tuple(int(p) for p in pos)} is out of "
+            f"range for axis {axis} of size {n} (valid: [{-n}, {n - 1}])",
+            op=op,
+        )
+    if out.size == 0:
+        return
+    np.take(data.reshape(outer, n, inner), idx, axis=1, out=out.reshape(outer, idx.size, inner))
+
+
 # ---------------------------------------------------------------------------------------------
 # Embedding backward: scatter-add of gradient rows into a table, without races
 # ---------------------------------------------------------------------------------------------

@@ -276,7 +276,39 @@ FusedMatMul = register_op(
     flops=lambda ctx: 2 * int(np.prod(ctx.outputs[0].shape)) * int(ctx.shape(0)[-1]) if ctx.outputs else 0,
     doc="act(A @ B + bias + Z): BLAS GEMM, then one in-place epilogue pass",
 )
-FusedMatMul.kernel("matmul_epilogue", dtypes=_F32_64, priority=10, plan=_fused_mm_plan)(_fused_mm_kernel)
+FusedMatMul.kernel(
+    "matmul_epilogue", dtypes=_F32_64, priority=10, plan=_fused_mm_plan, cold_alternative="matmul_epilogue_numpy"
+)(_fused_mm_kernel)
+
+
+def _numpy_epilogue_applies(ctx):
+    code = _act_code(ctx.op.name, ctx.attrs)
+    if code not in K.NUMPY_ACTIVATIONS:
+        return f"activation {ctx.attrs['activation']!r} has no numpy epilogue (only none, Relu, Gelu)"
+    return True
+
+
+def _fused_mm_numpy_kernel(ins, outs, attrs, plan, ws):
+    plan["kernel"].fn(ins[:2], outs, {}, plan["plan"], None)
+    K.epilogue_numpy(
+        outs[0],
+        ins[2] if len(ins) > 2 else None,
+        ins[3] if len(ins) > 3 else None,
+        plan["code"],
+        attrs["activation_alpha"],
+        attrs["activation_beta"],
+    )
+
+
+FusedMatMul.kernel(
+    "matmul_epilogue_numpy",
+    dtypes=_F32_64,
+    priority=4,
+    applies=_numpy_epilogue_applies,
+    plan=_fused_mm_plan,
+    doc="matmul_epilogue with the epilogue in numpy (none, Relu, Gelu): nothing to compile, the first "
+    "run's kernel while matmul_epilogue compiles in the background (ops/tiering.py)",
+)(_fused_mm_numpy_kernel)
 
 
 def _fused_mm_onednn_applies(ctx):
@@ -341,10 +373,43 @@ FusedMatMul.kernel(
     applies=_fused_mm_onednn_applies,
     plan=_fused_mm_onednn_plan,
     bind=_fused_mm_onednn_bind,
+    cold_alternative="matmul_onednn_numpy",
     doc="float32 (or bfloat16 with AVX512-BF16) with a constant 2-D B: oneDNN's matmul (brgemm) on "
     "B reordered once at prepare, the bias, residual add and activation as post-ops (no separate "
     "epilogue pass)",
 )(_fused_mm_onednn)
+
+
+def _fused_mm_onednn_numpy_applies(ctx):
+    why = _fused_mm_onednn_applies(ctx)
+    if why is not True:
+        return why
+    if _act_code(ctx.op.name, ctx.attrs) not in KD.NOT_IEEE:
+        return "oneDNN runs this activation as a post-op: matmul_onednn compiles nothing"
+    return _numpy_epilogue_applies(ctx)
+
+
+def _fused_mm_onednn_numpy_plan(ctx):
+    rows = int(np.prod(ctx.outputs[0].shape[:-1]))
+    prim = KD.MatMulPrimitive(rows, np.asarray(ctx.value(1)), has_bias=ctx.has(2), residual=ctx.has(3), act=0)
+    return prim, _act_code("FusedMatMul", ctx.attrs)
+
+
+def _fused_mm_onednn_numpy(ins, outs, attrs, plan, ws):
+    prim, code = plan
+    prim(*epilogue_args(ins, outs))
+    K.epilogue_numpy(outs[0], None, None, code, 0.0, 0.0)
+
+
+FusedMatMul.kernel(
+    "matmul_onednn_numpy",
+    dtypes=(_dt.float32,),
+    priority=3,
+    applies=_fused_mm_onednn_numpy_applies,
+    plan=_fused_mm_onednn_numpy_plan,
+    doc="matmul_onednn with its non-IEEE activation (Relu, Gelu) in numpy instead of a numba epilogue: "
+    "nothing to compile, the first run's kernel while matmul_onednn compiles in the background",
+)(_fused_mm_onednn_numpy)
 
 
 def _fused_mm_bf16_applies(ctx):

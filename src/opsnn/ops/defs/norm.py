@@ -117,7 +117,7 @@ def _ln_workspace(ctx, plan):
     return 16 * plan[0]
 
 
-def _ln_kernel(rms: bool):
+def _ln_kernel(rms: bool, numpy: bool = False):
     def run(ins, outs, attrs, plan, ws):
         rows, N, par = plan
         x = ins[0]
@@ -128,7 +128,10 @@ def _ln_kernel(rms: bool):
         tmp = y if y.dtype == x.dtype else np.empty(y.shape, x.dtype)
         # the numba kernel writes 2*rows statistics unchecked: never hand it a short buffer
         stats = ws[: 16 * rows].view(np.float64) if ws is not None else np.empty(2 * rows)
-        K.layer_norm(x, scale, bias, tmp, stats, rows, N, float(attrs["epsilon"]), rms, par)
+        if numpy:
+            K.layer_norm_numpy(x, scale, bias, tmp, stats, rows, N, float(attrs["epsilon"]), rms)
+        else:
+            K.layer_norm(x, scale, bias, tmp, stats, rows, N, float(attrs["epsilon"]), rms, par)
         if tmp is not y:
             np.copyto(y, tmp, casting="unsafe")
         for k, o in enumerate(outs[1:3]):
@@ -154,8 +157,19 @@ LayerNormalization.kernel(
     plan=_rows_plan,
     workspace=_ln_workspace,
     applies=_params_in_block,
+    cold_alternative="layer_norm_numpy",
     doc="one stats pass per row (float64 sums), one write pass",
 )(_ln_kernel(False))
+LayerNormalization.kernel(
+    "layer_norm_numpy",
+    dtypes=_F32_64,
+    priority=5,
+    plan=_rows_plan,
+    workspace=_ln_workspace,
+    applies=_params_in_block,
+    doc="numpy in float64: nothing to compile, the first run's kernel while layer_norm_numba compiles in "
+    "the background (ops/tiering.py)",
+)(_ln_kernel(False, numpy=True))
 
 
 # -- RMSNormalization --------------------------------------------------------------------------------
@@ -192,8 +206,19 @@ RMSNormalization.kernel(
     plan=_rows_plan,
     workspace=_ln_workspace,
     applies=_params_in_block,
+    cold_alternative="rms_norm_numpy",
     doc="one sum-of-squares pass per row (float64), one write pass",
 )(_ln_kernel(True))
+RMSNormalization.kernel(
+    "rms_norm_numpy",
+    dtypes=_F32_64,
+    priority=5,
+    plan=_rows_plan,
+    workspace=_ln_workspace,
+    applies=_params_in_block,
+    doc="numpy in float64: nothing to compile, the first run's kernel while rms_norm_numba compiles in "
+    "the background (ops/tiering.py)",
+)(_ln_kernel(True, numpy=True))
 
 
 # -- BatchNormalization ------------------------------------------------------------------------------

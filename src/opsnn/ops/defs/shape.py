@@ -469,10 +469,27 @@ Gather = register_op(
 
 
 @Gather.kernel(
-    "gather_rows", priority=10, plan=_gather_plan, applies=_pod, doc="row copies, parallel over (outer, index) pairs"
+    "gather_rows",
+    priority=10,
+    plan=_gather_plan,
+    applies=_pod,
+    cold_alternative="gather_numpy",
+    doc="row copies, parallel over (outer, index) pairs",
 )
 def _gather_kernel(ins, outs, attrs, plan, ws):
     K.gather(ins[0], ins[1], outs[0], plan[0], plan[1])
+
+
+@Gather.kernel(
+    "gather_numpy",
+    priority=5,
+    plan=_gather_plan,
+    applies=_pod,
+    doc="np.take with the index check in numpy: nothing to compile, the first run's kernel while "
+    "gather_rows compiles in the background (ops/tiering.py)",
+)
+def _gather_numpy_kernel(ins, outs, attrs, plan, ws):
+    K.gather_numpy(ins[0], ins[1], outs[0], plan[0])
 
 
 # ---------------------------------------------------------------------------------------------
