@@ -217,7 +217,9 @@ def epilogue_numpy(y, bias, z, code: int, alpha: float, beta: float) -> None:
     """:func:`epilogue` in numpy for the codes in ``NUMPY_ACTIVATIONS``: nothing to compile, a cold
     plan's epilogue while the numba one compiles in the background (``opsnn.ops.tiering``)."""
     if code not in NUMPY_ACTIVATIONS:
-        raise ValueError(
+        from ...errors import ParamInvalidError
+
+        raise ParamInvalidError(
             f"epilogue_numpy: activation code {code} has no numpy form; expected one of {NUMPY_ACTIVATIONS}"
         )
     if y.size == 0:
