@@ -287,3 +287,29 @@ def test_deform_conv_inf_offset_samples_zero(seed):
         with np.errstate(all="ignore"):
             got = run_op("DeformConv", [None if a is None else opsnn.tensor(a) for a in ins], dict(attrs), algo=algo)
         np.testing.assert_allclose(got[0].numpy(), want.astype(np.float32), rtol=1e-4, atol=1e-4, err_msg=algo)
+
+
+@pytest.mark.parametrize("algo", ["attention_blas", "attention_flash", "attention_gemm"])
+def test_attention_over_no_keys_is_zeros_even_with_nan_queries(algo):
+    """Skv = 0 (a 30-minute fuzz run, seed 163643): every row attends no key, so Y is zeros as ONNX's
+    reference gives; attention_blas's row max over the empty key axis raised an untyped ValueError."""
+    from opsnn.ops.api import run_op
+
+    q = np.full((1, 2, 3, 4), np.nan, np.float32)
+    k = np.zeros((1, 2, 0, 4), np.float32)
+    v = np.zeros((1, 2, 0, 5), np.float32)
+    try:
+        got = run_op("Attention", [opsnn.tensor(a) for a in (q, k, v)], {}, algo=algo)[0].numpy()
+    except opsnn.errors.OpsnnError as exc:  # a kernel that does not take empty keys must say so, typed
+        assert algo != "attention_blas", exc
+        return
+    np.testing.assert_array_equal(got, np.zeros((1, 2, 3, 5), np.float32))
+
+
+def test_attention_train_refuses_zero_kv_heads_typed():
+    """4-D inputs with 0 KV heads (seed 164695): q heads % 0 raised ZeroDivisionError in shape inference."""
+    from opsnn.ops.api import run_op
+
+    q, k, v = np.zeros((1, 0, 2, 4), np.float32), np.zeros((1, 0, 2, 4), np.float32), np.zeros((1, 0, 2, 4), np.float32)
+    with pytest.raises(opsnn.errors.InferShapeError, match="kv heads"):
+        run_op("AttentionTrain", [opsnn.tensor(a) for a in (q, k, v)], {}, domain="opsnn")

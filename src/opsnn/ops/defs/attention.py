@@ -92,8 +92,8 @@ def _dims(ctx) -> _Dims:
                 f"K must be (B={d.B}, Skv, kv_num_heads*{d.D}) and V (B, Skv, kv_num_heads*Dv); "
                 f"got K {k.shape}, V {v.shape}"
             )
-    if d.Hq % d.Hkv:
-        ctx.fail(f"q heads ({d.Hq}) must be a multiple of kv heads ({d.Hkv})")
+    if d.Hkv <= 0 or d.Hq % d.Hkv:
+        ctx.fail(f"q heads ({d.Hq}) must be a multiple of kv heads ({d.Hkv}), which must be at least 1")
     has_pk, has_pv = ctx.has(4), ctx.has(5)
     if has_pk != has_pv:
         raise ParamInvalidError("Attention: past_key and past_value must be given together", op="Attention")
@@ -651,7 +651,7 @@ def _blas(ins, outs, attrs, plan, ws, lse=None):
     else:
         s = scores.astype(sdt)
     dead = np.isneginf(bias).all(axis=-1, keepdims=True)
-    mx = np.where(dead, 0, s.max(axis=-1, keepdims=True))
+    mx = np.where(dead, 0, s.max(axis=-1, keepdims=True, initial=-np.inf))
     e = np.exp(s - mx)
     tot = e.sum(axis=-1, keepdims=True)
     probs = np.where(dead, 0, e / np.where(tot == 0, 1, tot)).astype(cdt)
