@@ -170,6 +170,26 @@ def test_opsnn_fuzz_cli_counts_cases(tmp_path, capsys):
     assert exc.value.code == 2
 
 
+def test_opsnn_fuzz_ctrl_c_prints_the_counts_so_far(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during `opsnn fuzz`: the counts per kind so far and exit code 130, not a traceback."""
+    from opsnn.cli import main
+
+    real, calls = F.WorkerPool.run, []
+
+    def run(self, spec, *a, **kw):
+        calls.append(spec)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, spec, *a, **kw)
+
+    monkeypatch.setattr(F.WorkerPool, "run", run)
+    rc = main(["fuzz", "--minutes", "5", "--kinds", "onnx_mutate", "--out", str(tmp_path / "f"), "--seed", "7"])
+    out = capsys.readouterr().out
+    assert rc == 130
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("onnx_mutate"))
+    assert "interrupted" in out and int(line.split()[1]) == 2, out
+
+
 def test_failing_case_files_reproduce(tmp_path):
     """A failing case's folder holds the model, its inputs and a script that reruns it."""
     import subprocess

@@ -1739,22 +1739,31 @@ def fuzz(
     deadline = time.monotonic() + minutes * 60
     folder = Path(out) if out else None
     nxt = {k: seed for k in kinds}
-    with WorkerPool(timeout=timeout) as pool:
-        if "soak" in kinds:  # once, at full counts, first (the others are unbounded in number)
-            spec = {"kind": "soak", "seed": seed, "options": {"eager": soak_eager, "compiled": soak_compiled}}
-            _record(pool.run(spec, timeout=max(timeout, 1800)), spec, counts, folder, echo)
-            kinds = [k for k in kinds if k != "soak"]
-        i = 0
-        while kinds and time.monotonic() < deadline:
-            k = kinds[i % len(kinds)]
-            i += 1
-            spec = {"kind": k, "seed": nxt[k]}
-            nxt[k] += 1
-            _record(pool.run(spec), spec, counts, folder, echo)
+    try:
+        with WorkerPool(timeout=timeout) as pool:
+            if "soak" in kinds:  # once, at full counts, first (the others are unbounded in number)
+                spec = {"kind": "soak", "seed": seed, "options": {"eager": soak_eager, "compiled": soak_compiled}}
+                _record(pool.run(spec, timeout=max(timeout, 1800)), spec, counts, folder, echo)
+                kinds = [k for k in kinds if k != "soak"]
+            i = 0
+            while kinds and time.monotonic() < deadline:
+                k = kinds[i % len(kinds)]
+                i += 1
+                spec = {"kind": k, "seed": nxt[k]}
+                nxt[k] += 1
+                _record(pool.run(spec), spec, counts, folder, echo)
+    except KeyboardInterrupt:  # Ctrl-C: the counts so far, then the interrupt (the pool has stopped its worker)
+        echo("interrupted; cases per kind so far:")
+        _echo_counts(counts, echo)
+        raise
     echo("cases per kind:")
+    _echo_counts(counts, echo)
+    return counts
+
+
+def _echo_counts(counts: dict, echo) -> None:
     for k, c in counts.items():
         echo(f"  {k:12s} {sum(c.values()):6d}  " + ", ".join(f"{s} {n}" for s, n in sorted(c.items())))
-    return counts
 
 
 def _record(res: dict, spec: dict, counts: dict, folder, echo) -> None:
@@ -1792,16 +1801,19 @@ def main(argv: list[str] | None = None) -> int:
         p.error(
             f"--kinds takes {', '.join(KINDS)} (got {', '.join(bad)})" if bad else "--minutes and --timeout must be > 0"
         )
-    counts = fuzz(
-        args.minutes,
-        out=args.out,
-        seed=args.seed,
-        kinds=kinds,
-        timeout=args.timeout,
-        soak_eager=args.soak_eager,
-        soak_compiled=args.soak_compiled,
-        echo=lambda line: print(line, flush=True),
-    )
+    try:
+        counts = fuzz(
+            args.minutes,
+            out=args.out,
+            seed=args.seed,
+            kinds=kinds,
+            timeout=args.timeout,
+            soak_eager=args.soak_eager,
+            soak_compiled=args.soak_compiled,
+            echo=lambda line: print(line, flush=True),
+        )
+    except KeyboardInterrupt:
+        return 130  # the shell's code for SIGINT; fuzz() printed the counts so far
     failed = sum(n for c in counts.values() for s, n in c.items() if s in FAILED)
     print(
         f"{sum(sum(c.values()) for c in counts.values())} cases, {failed} failed"
