@@ -321,6 +321,32 @@ def test_gelu_backward_matches_float64(approx, dtype, shape):
     np.testing.assert_allclose(y.astype(np.float64), want, rtol=tol[0], atol=tol[1])
 
 
+@pytest.mark.parametrize("approx", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16], ids=["f32", "f64", "bf16"])
+@pytest.mark.parametrize("n", [37, 300_001])
+@pytest.mark.parametrize("over", ["grad", "x", "partial"])
+def test_gelu_backward_kernel_written_over_an_input(approx, dtype, n, over):
+    # a graph's memory plan hands the kernel dX in the memory of a dying grad or X
+    from opsnn.kernels.cpu import activation_backward as KB
+
+    x = (RNG.standard_normal(n + 1) * 3).astype(dtype)
+    g = RNG.standard_normal(n + 1).astype(dtype)
+    want = _gelu_grad_f64(g[:n], x[:n], approx)
+    plan = KB.gelu_backward_plan(n, approx == "tanh")
+    if over == "partial":  # out starts one element into g: read before written, or the result is wrong
+        buf = np.concatenate([g[:n], g[:1]])
+        gv, out = buf[:n], buf[1:]
+        KB.gelu_backward(gv, x[:n].copy(), out, plan)
+        got = out
+    else:
+        gv, xv = g[:n].copy(), x[:n].copy()
+        out = gv if over == "grad" else xv
+        KB.gelu_backward(gv, xv, out, plan)
+        got = out
+    tol = {np.float64: (1e-12, 1e-14), np.float32: (1e-5, 2e-6)}.get(dtype, (2.0**-8, 1e-5))
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol[0], atol=tol[1])
+
+
 def test_gelu_rule_runs_one_backward_op_like_the_composition_and_torch():
     x = opsnn.tensor(RNG.standard_normal((6, 33)).astype(np.float32)).requires_grad_()
     g = RNG.standard_normal((6, 33)).astype(np.float32)
