@@ -95,6 +95,25 @@ def test_kernels_give_y_and_the_logsumexp(case, algo):
     np.testing.assert_allclose(y.numpy(), y_want, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("case", [CASES[1], CASES[3]], ids=[CASES[1][0], CASES[3][0]])
+def test_present_kv_outputs_keep_the_streaming_kernels(case):
+    # a fourth output of AttentionTrain is present_value (LLaMA asks for it), not the score matrix
+    # that only attention_blas materialises: the default choice stays a streaming kernel
+    q, k, v, mask, attrs, (y_want, lse_want) = _case(case)
+    with opsnn.profiler.profile() as p:
+        y, lse, pk, pv = ops.run_op("AttentionTrain", [q, k, v, mask], attrs, domain="opsnn", num_outputs=4)
+    assert [e.kernel for e in p.kernels if e.op == "AttentionTrain"] != ["attention_train_blas"]
+    fin = np.isfinite(lse_want)
+    np.testing.assert_allclose(lse.numpy()[fin], lse_want[fin], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(y.numpy(), y_want, rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(pk.numpy(), k)
+    np.testing.assert_array_equal(pv.numpy(), v)
+    for algo in KERNELS:  # every kernel gives the present K/V too
+        outs = ops.run_op("AttentionTrain", [q, k, v, mask], attrs, domain="opsnn", num_outputs=4, algo=algo)
+        np.testing.assert_allclose(outs[0].numpy(), y_want, rtol=RTOL, atol=ATOL)
+        np.testing.assert_array_equal(outs[3].numpy(), v)
+
+
 class _Spy:
     """Records whether each call of the backward kernel was given a logsumexp (its 6th argument)."""
 

@@ -321,6 +321,56 @@ def test_gelu_backward_matches_float64(approx, dtype, shape):
     np.testing.assert_allclose(y.astype(np.float64), want, rtol=tol[0], atol=tol[1])
 
 
+@pytest.mark.parametrize("approx", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16], ids=["f32", "f64", "bf16"])
+@pytest.mark.parametrize("n", [37, 300_001])
+@pytest.mark.parametrize("over", ["grad", "x", "partial"])
+def test_gelu_backward_kernel_written_over_an_input(approx, dtype, n, over):
+    # a graph's memory plan hands the kernel dX in the memory of a dying grad or X
+    from opsnn.kernels.cpu import activation_backward as KB
+
+    x = (RNG.standard_normal(n + 1) * 3).astype(dtype)
+    g = RNG.standard_normal(n + 1).astype(dtype)
+    want = _gelu_grad_f64(g[:n], x[:n], approx)
+    plan = KB.gelu_backward_plan(n, approx == "tanh")
+    if over == "partial":  # out starts one element into g: read before written, or the result is wrong
+        buf = np.concatenate([g[:n], g[:1]])
+        gv, out = buf[:n], buf[1:]
+        KB.gelu_backward(gv, x[:n].copy(), out, plan)
+        got = out
+    else:
+        gv, xv = g[:n].copy(), x[:n].copy()
+        out = gv if over == "grad" else xv
+        KB.gelu_backward(gv, xv, out, plan)
+        got = out
+    tol = {np.float64: (1e-12, 1e-14), np.float32: (1e-5, 2e-6)}.get(dtype, (2.0**-8, 1e-5))
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol[0], atol=tol[1])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("n", [37, 300_001])
+@pytest.mark.parametrize("over", ["A", "B", "partial"])
+def test_swiglu_kernel_written_over_an_input(dtype, n, over):
+    # a graph's memory plan hands SwiGLU its output in the memory of a dying gate or value
+    from opsnn.kernels.cpu import activation as KA
+
+    a = (RNG.standard_normal(n + 1) * 3).astype(dtype)
+    b = RNG.standard_normal(n + 1).astype(dtype)
+    a64, b64 = a[:n].astype(np.float64), b[:n].astype(np.float64)
+    want = a64 / (1 + np.exp(-1.5 * a64)) * b64
+    plan = (dtype(1.5), 0 if n < 1000 else KA.CHUNK_MIN)  # (alpha, elements per parallel task; 0 serial)
+    if over == "partial":  # out starts one element into A: every input must be read before written
+        buf = a.copy()
+        av, out = buf[:n], buf[1:]
+        KA.swiglu([av, b[:n].copy()], [out], {}, plan, None)
+    else:
+        av, bv = a[:n].copy(), b[:n].copy()
+        out = av if over == "A" else bv
+        KA.swiglu([av, bv], [out], {}, plan, None)
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=rtol, atol=rtol * 1e-1)
+
+
 def test_gelu_rule_runs_one_backward_op_like_the_composition_and_torch():
     x = opsnn.tensor(RNG.standard_normal((6, 33)).astype(np.float32)).requires_grad_()
     g = RNG.standard_normal((6, 33)).astype(np.float32)

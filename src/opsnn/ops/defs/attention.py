@@ -301,8 +301,8 @@ def _offsets(ins, d):
     return kvlen, off
 
 
-def _flash_applies(ctx):
-    if ctx.num_outputs > 3:
+def _flash_applies(ctx, max_outputs=3):
+    if ctx.num_outputs > max_outputs:
         return "qk_matmul_output needs the score matrix (attention_blas materialises it)"
     sp = ctx.attrs.get("softmax_precision")
     if sp is not None and _PRECISION.get(int(sp)) not in (_dt.float32, ctx.dtype(0)):
@@ -373,8 +373,8 @@ def _mask4(mask):
 GEMM_MAX_SCORE_BYTES = 16 << 20
 
 
-def _gemm_applies(ctx):
-    why = _flash_applies(ctx)
+def _gemm_applies(ctx, max_outputs=3):
+    why = _flash_applies(ctx, max_outputs)
     if why is not True:
         return why
     if len(ctx.inputs) > 6 and ctx.inputs[6] is not None:
@@ -404,8 +404,8 @@ def _gemm_workspace(ctx, plan):
     return 4 * d.B * d.Hq * d.Sq * d.T
 
 
-def _tiled_applies(ctx):
-    why = _flash_applies(ctx)
+def _tiled_applies(ctx, max_outputs=3):
+    why = _flash_applies(ctx, max_outputs)
     if why is not True:
         return why
     if MN.addresses() is None:
@@ -1078,11 +1078,13 @@ AttentionTrain = register_op(
     doc="Attention (no KV cache) as a recorded training forward: Y and each row's logsumexp of its "
     "masked scores (B, q_heads, Sq), float32, which AttentionGrad reads instead of recomputing",
 )
+# AttentionTrain's outputs are Attention's with logsumexp second: a fourth is present_value, not
+# the score matrix the streaming kernels cannot give (LLaMA asks for its present K/V)
 AttentionTrain.kernel(
     "attention_train_gemm",
     dtypes=(_dt.float32,),
     priority=25,
-    applies=_gemm_applies,
+    applies=lambda ctx: _gemm_applies(ctx, 4),
     plan=_gemm_plan,
     workspace=_gemm_workspace,
     doc="attention_gemm, the rows' logsumexp kept from its softmax",
@@ -1091,7 +1093,7 @@ AttentionTrain.kernel(
     "attention_train_gemm_tiled",
     dtypes=(_dt.float32,),
     priority=22,
-    applies=_tiled_applies,
+    applies=lambda ctx: _tiled_applies(ctx, 4),
     plan=_tiled_plan,
     workspace=_tiled_workspace,
     doc="attention_gemm_tiled, the rows' logsumexp kept from its softmax",
@@ -1100,7 +1102,7 @@ AttentionTrain.kernel(
     "attention_train_flash",
     dtypes=(_dt.float32,),
     priority=20,
-    applies=_flash_applies,
+    applies=lambda ctx: _flash_applies(ctx, 4),
     plan=_flash_plan,
     doc="attention_flash, the rows' logsumexp from its running max and sum",
 )(_with_lse(_flash))
