@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numba as nb
 import numpy as np
 
 from ...runtime.memory import check_request
+from .gemm import KIND_BF16, _narrow, _widen
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 #: below this many elements the serial variant runs: waking a parallel region's second thread
 #: costs more than it saves (figures: docs/performance.md, "Parallel thresholds")
@@ -383,6 +387,57 @@ def _bn_stats_task(x, c, N, C, S, exact, mean_o, var_o):
     var_o[c] = v if v > 0.0 else 0.0
 
 
+# bfloat16 storage (uint16 bit views): each (n, c) plane or channel is widened to a float32
+# buffer and run through the float32 task, so results equal the float32 kernel's rounded to bf16
+@nb.njit(**_OPTS)
+def _bn_task_bf16(x, mean, a, b, y, row, C, S, relu):
+    c = row % C
+    tu = np.empty(S, np.uint32)
+    tf = tu.view(np.float32)
+    _widen(x[row * S : row * S + S], tu, tf, KIND_BF16)
+    _bn_task(tf, mean[c : c + 1], a[c : c + 1], b[c : c + 1], tf, 0, 1, S, relu)
+    _narrow(tf, tu, y[row * S : row * S + S], KIND_BF16)
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_parallel_bf16(x, mean, a, b, y, rows, C, S, relu):
+    for r in nb.prange(rows):
+        _bn_task_bf16(x, mean, a, b, y, r, C, S, relu)
+
+
+@nb.njit(**_OPTS)
+def _bn_serial_bf16(x, mean, a, b, y, rows, C, S, relu):
+    for r in range(rows):
+        _bn_task_bf16(x, mean, a, b, y, r, C, S, relu)
+
+
+@nb.njit(**_OPTS)
+def widen_channel_bf16(x, c, N, C, S, tu, tf):
+    """Channel c's N planes of a bf16 (N, C, S) bit array into the float32 (N * S) buffer tf."""
+    for n in range(N):
+        _widen(x[(n * C + c) * S : (n * C + c) * S + S], tu[n * S : n * S + S], tf[n * S : n * S + S], KIND_BF16)
+
+
+@nb.njit(**_OPTS)
+def _bn_stats_task_bf16(x, c, N, C, S, mean_o, var_o):
+    tu = np.empty(N * S, np.uint32)
+    tf = tu.view(np.float32)
+    widen_channel_bf16(x, c, N, C, S, tu, tf)
+    _bn_stats_task(tf, 0, N, 1, S, False, mean_o[c : c + 1], var_o[c : c + 1])
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_stats_parallel_bf16(x, N, C, S, mean_o, var_o):
+    for c in nb.prange(C):
+        _bn_stats_task_bf16(x, c, N, C, S, mean_o, var_o)
+
+
+@nb.njit(**_OPTS)
+def _bn_stats_serial_bf16(x, N, C, S, mean_o, var_o):
+    for c in range(C):
+        _bn_stats_task_bf16(x, c, N, C, S, mean_o, var_o)
+
+
 @nb.njit(parallel=True, **_OPTS)
 def _bn_stats_parallel(x, N, C, S, exact, mean_o, var_o):
     for c in nb.prange(C):
@@ -416,12 +471,16 @@ def batch_norm(
     (population variance), and return the updated running (mean, var) in float64:
     ``running * momentum + batch * (1 - momentum)``, the batch variance unbiased
     (``n / (n - 1)``, torch's running update) when ``unbiased``, else the population one (ONNX).
-    ``relu``: y = max(normalised, 0) in the same pass."""
-    flat = x.reshape(-1)
+    ``relu``: y = max(normalised, 0) in the same pass. bfloat16 x and y: float32 math per plane
+    (float64 statistics), the float32 kernel's results rounded to bfloat16."""
+    bf16 = x.dtype == BF16
+    flat = x.reshape(-1).view(np.uint16) if bf16 else x.reshape(-1)
     if training:
         bm = np.empty(C)
         bv = np.empty(C)
-        if x.size:
+        if x.size and bf16:
+            (_bn_stats_parallel_bf16 if parallel else _bn_stats_serial_bf16)(flat, N, C, S, bm, bv)
+        elif x.size:
             (_bn_stats_parallel if parallel else _bn_stats_serial)(flat, N, C, S, x.dtype == np.float64, bm, bv)
         else:
             bm[:] = np.nan
@@ -432,9 +491,11 @@ def batch_norm(
     with np.errstate(all="ignore"):
         a = scale.astype(np.float64) / np.sqrt(use_v + eps)
     if x.size:
-        (_bn_parallel if parallel else _bn_serial)(
-            flat, use_m, a, bias.astype(np.float64), y.reshape(-1), N * C, C, S, bool(relu)
-        )
+        if bf16:
+            run, yf = (_bn_parallel_bf16 if parallel else _bn_serial_bf16), y.reshape(-1).view(np.uint16)
+        else:
+            run, yf = (_bn_parallel if parallel else _bn_serial), y.reshape(-1)
+        run(flat, use_m, a, bias.astype(np.float64), yf, N * C, C, S, bool(relu))
     if training:
         rv = bv * (N * S / max(N * S - 1, 1)) if unbiased else bv
         return (

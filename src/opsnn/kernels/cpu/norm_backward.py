@@ -18,7 +18,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .norm import _stats
+from .gemm import KIND_BF16, _narrow, _widen
+from .norm import BF16, _stats, widen_channel_bf16
 
 _OPTS = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
 
@@ -317,6 +318,84 @@ def _bn_bw_dx_serial(dy, x, y, relu, scale, dx, st, rows, C, S, M, training):
         _bn_bw_dx_task(dy, x, y, relu, scale, dx, st, r, C, S, M, training)
 
 
+# bfloat16 dy / x / y (uint16 bit views): each channel (stats) or plane (dx) is widened to
+# float32 buffers and run through the float32 task; dx is the float32 kernel's rounded to bf16
+@nb.njit(**_OPTS)
+def _bn_bw_stats_task_bf16(dy, x, y, relu, scale, c, N, C, S, training, mean_in, var_in, eps, st):
+    M = N * S
+    xu = np.empty(M, np.uint32)
+    gu = np.empty(M, np.uint32)
+    xf, gf = xu.view(np.float32), gu.view(np.float32)
+    widen_channel_bf16(x, c, N, C, S, xu, xf)
+    widen_channel_bf16(dy, c, N, C, S, gu, gf)
+    yf = gf
+    if relu:
+        yu = np.empty(M, np.uint32)
+        yf = yu.view(np.float32)
+        widen_channel_bf16(y, c, N, C, S, yu, yf)
+    k = c if not training else 0  # mean_in / var_in are read only outside training
+    _bn_bw_stats_task(
+        gf,
+        xf,
+        yf,
+        relu,
+        scale[c : c + 1],
+        0,
+        N,
+        1,
+        S,
+        training,
+        False,
+        mean_in[k : k + 1],
+        var_in[k : k + 1],
+        eps,
+        st[c : c + 1],
+    )
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_bw_stats_parallel_bf16(dy, x, y, relu, scale, N, C, S, training, mean_in, var_in, eps, st):
+    for c in nb.prange(C):
+        _bn_bw_stats_task_bf16(dy, x, y, relu, scale, c, N, C, S, training, mean_in, var_in, eps, st)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_stats_serial_bf16(dy, x, y, relu, scale, N, C, S, training, mean_in, var_in, eps, st):
+    for c in range(C):
+        _bn_bw_stats_task_bf16(dy, x, y, relu, scale, c, N, C, S, training, mean_in, var_in, eps, st)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_dx_task_bf16(dy, x, y, relu, scale, dx, st, row, C, S, M, training):
+    c = row % C
+    lo = row * S
+    xu = np.empty(S, np.uint32)
+    gu = np.empty(S, np.uint32)
+    xf, gf = xu.view(np.float32), gu.view(np.float32)
+    _widen(x[lo : lo + S], xu, xf, KIND_BF16)
+    _widen(dy[lo : lo + S], gu, gf, KIND_BF16)
+    yf = gf
+    if relu:
+        yu = np.empty(S, np.uint32)
+        yf = yu.view(np.float32)
+        _widen(y[lo : lo + S], yu, yf, KIND_BF16)
+    # dx overwrites the widened x in place: each element is read before it is written
+    _bn_bw_dx_task(gf, xf, yf, relu, scale[c : c + 1], xf, st[c : c + 1], 0, 1, S, M, training)
+    _narrow(xf, xu, dx[lo : lo + S], KIND_BF16)
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_bw_dx_parallel_bf16(dy, x, y, relu, scale, dx, st, rows, C, S, M, training):
+    for r in nb.prange(rows):
+        _bn_bw_dx_task_bf16(dy, x, y, relu, scale, dx, st, r, C, S, M, training)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_dx_serial_bf16(dy, x, y, relu, scale, dx, st, rows, C, S, M, training):
+    for r in range(rows):
+        _bn_bw_dx_task_bf16(dy, x, y, relu, scale, dx, st, r, C, S, M, training)
+
+
 _UNUSED = np.zeros(1)  # the statistics inputs of training mode (never read)
 
 
@@ -340,16 +419,27 @@ def batch_norm_backward(
     and sums (parallel over channels), then dx (parallel over (n, c) planes). Training uses the
     batch statistics (their gradient flows into dx); otherwise ``mean``/``var`` (float64 (C,)).
     ``y``: the output of a BatchNorm with a fused ReLU; ``dy`` counts only where ``y > 0``.
-    ``scale`` float64 (C,), ``st`` float64 (C, 6) scratch. Returns (dScale, dBias) float64."""
+    ``scale`` float64 (C,), ``st`` float64 (C, 6) scratch. Returns (dScale, dBias) float64.
+    bfloat16 dy, x, dx (and y): float32 math per channel / plane, dx rounded to bfloat16."""
     M = N * S
     if M == 0 or C == 0:
         return np.zeros(C), np.zeros(C)
-    xf, gf = x.reshape(-1), dy.reshape(-1)
     relu = y is not None
-    yf = y.reshape(-1) if relu else gf  # never read without relu
-    exact = x.dtype == np.float64
     m_in = mean if mean is not None else _UNUSED
     v_in = var if var is not None else _UNUSED
+    if x.dtype == BF16 and dy.dtype == BF16 and dx.dtype == BF16:
+        xf, gf = x.reshape(-1).view(np.uint16), dy.reshape(-1).view(np.uint16)
+        yf = y.reshape(-1).view(np.uint16) if relu else gf
+        (_bn_bw_stats_parallel_bf16 if parallel else _bn_bw_stats_serial_bf16)(
+            gf, xf, yf, relu, scale, N, C, S, training, m_in, v_in, float(eps), st
+        )
+        (_bn_bw_dx_parallel_bf16 if parallel else _bn_bw_dx_serial_bf16)(
+            gf, xf, yf, relu, scale, dx.reshape(-1).view(np.uint16), st, N * C, C, S, M, training
+        )
+        return st[:, 3].copy(), st[:, 2].copy()
+    xf, gf = x.reshape(-1), dy.reshape(-1)
+    yf = y.reshape(-1) if relu else gf  # never read without relu
+    exact = x.dtype == np.float64
     (_bn_bw_stats_parallel if parallel else _bn_bw_stats_serial)(
         gf, xf, yf, relu, scale, N, C, S, training, exact, m_in, v_in, float(eps), st
     )
