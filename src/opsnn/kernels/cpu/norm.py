@@ -390,25 +390,25 @@ def _bn_stats_task(x, c, N, C, S, exact, mean_o, var_o):
 # bfloat16 storage (uint16 bit views): each (n, c) plane or channel is widened to a float32
 # buffer and run through the float32 task, so results equal the float32 kernel's rounded to bf16
 @nb.njit(**_OPTS)
-def _bn_task_bf16(x, mean, a, b, y, row, C, S, relu):
-    c = row % C
+def _bn_rows_bf16(x, mean, a, b, y, lo, hi, C, S, relu):
     tu = np.empty(S, np.uint32)
     tf = tu.view(np.float32)
-    _widen(x[row * S : row * S + S], tu, tf, KIND_BF16)
-    _bn_task(tf, mean[c : c + 1], a[c : c + 1], b[c : c + 1], tf, 0, 1, S, relu)
-    _narrow(tf, tu, y[row * S : row * S + S], KIND_BF16)
+    for row in range(lo, hi):
+        c = row % C
+        _widen(x[row * S : row * S + S], tu, tf, KIND_BF16)
+        _bn_task(tf, mean[c : c + 1], a[c : c + 1], b[c : c + 1], tf, 0, 1, S, relu)
+        _narrow(tf, tu, y[row * S : row * S + S], KIND_BF16)
 
 
 @nb.njit(parallel=True, **_OPTS)
-def _bn_parallel_bf16(x, mean, a, b, y, rows, C, S, relu):
-    for r in nb.prange(rows):
-        _bn_task_bf16(x, mean, a, b, y, r, C, S, relu)
+def _bn_parallel_bf16(x, mean, a, b, y, rows, C, S, relu, tasks):
+    for t in nb.prange(tasks):
+        _bn_rows_bf16(x, mean, a, b, y, t * rows // tasks, (t + 1) * rows // tasks, C, S, relu)
 
 
 @nb.njit(**_OPTS)
-def _bn_serial_bf16(x, mean, a, b, y, rows, C, S, relu):
-    for r in range(rows):
-        _bn_task_bf16(x, mean, a, b, y, r, C, S, relu)
+def _bn_serial_bf16(x, mean, a, b, y, rows, C, S, relu, tasks):
+    _bn_rows_bf16(x, mean, a, b, y, 0, rows, C, S, relu)
 
 
 @nb.njit(**_OPTS)
@@ -419,23 +419,24 @@ def widen_channel_bf16(x, c, N, C, S, tu, tf):
 
 
 @nb.njit(**_OPTS)
-def _bn_stats_task_bf16(x, c, N, C, S, mean_o, var_o):
+def _bn_stats_range_bf16(x, lo, hi, N, C, S, mean_o, var_o):
+    # one channel-sized buffer per task, reused over its channels (no allocation per channel)
     tu = np.empty(N * S, np.uint32)
     tf = tu.view(np.float32)
-    widen_channel_bf16(x, c, N, C, S, tu, tf)
-    _bn_stats_task(tf, 0, N, 1, S, False, mean_o[c : c + 1], var_o[c : c + 1])
+    for c in range(lo, hi):
+        widen_channel_bf16(x, c, N, C, S, tu, tf)
+        _bn_stats_task(tf, 0, N, 1, S, False, mean_o[c : c + 1], var_o[c : c + 1])
 
 
 @nb.njit(parallel=True, **_OPTS)
-def _bn_stats_parallel_bf16(x, N, C, S, mean_o, var_o):
-    for c in nb.prange(C):
-        _bn_stats_task_bf16(x, c, N, C, S, mean_o, var_o)
+def _bn_stats_parallel_bf16(x, N, C, S, mean_o, var_o, tasks):
+    for t in nb.prange(tasks):
+        _bn_stats_range_bf16(x, t * C // tasks, (t + 1) * C // tasks, N, C, S, mean_o, var_o)
 
 
 @nb.njit(**_OPTS)
-def _bn_stats_serial_bf16(x, N, C, S, mean_o, var_o):
-    for c in range(C):
-        _bn_stats_task_bf16(x, c, N, C, S, mean_o, var_o)
+def _bn_stats_serial_bf16(x, N, C, S, mean_o, var_o, tasks):
+    _bn_stats_range_bf16(x, 0, C, N, C, S, mean_o, var_o)
 
 
 @nb.njit(parallel=True, **_OPTS)
@@ -479,7 +480,9 @@ def batch_norm(
         bm = np.empty(C)
         bv = np.empty(C)
         if x.size and bf16:
-            (_bn_stats_parallel_bf16 if parallel else _bn_stats_serial_bf16)(flat, N, C, S, bm, bv)
+            (_bn_stats_parallel_bf16 if parallel else _bn_stats_serial_bf16)(
+                flat, N, C, S, bm, bv, max(1, min(C, 4 * nb.get_num_threads()))
+            )
         elif x.size:
             (_bn_stats_parallel if parallel else _bn_stats_serial)(flat, N, C, S, x.dtype == np.float64, bm, bv)
         else:
@@ -492,10 +495,14 @@ def batch_norm(
         a = scale.astype(np.float64) / np.sqrt(use_v + eps)
     if x.size:
         if bf16:
-            run, yf = (_bn_parallel_bf16 if parallel else _bn_serial_bf16), y.reshape(-1).view(np.uint16)
+            tasks = max(1, min(N * C, 4 * nb.get_num_threads()))
+            (_bn_parallel_bf16 if parallel else _bn_serial_bf16)(
+                flat, use_m, a, bias.astype(np.float64), y.reshape(-1).view(np.uint16), N * C, C, S, bool(relu), tasks
+            )
         else:
-            run, yf = (_bn_parallel if parallel else _bn_serial), y.reshape(-1)
-        run(flat, use_m, a, bias.astype(np.float64), yf, N * C, C, S, bool(relu))
+            (_bn_parallel if parallel else _bn_serial)(
+                flat, use_m, a, bias.astype(np.float64), y.reshape(-1), N * C, C, S, bool(relu)
+            )
     if training:
         rv = bv * (N * S / max(N * S - 1, 1)) if unbiased else bv
         return (

@@ -321,79 +321,78 @@ def _bn_bw_dx_serial(dy, x, y, relu, scale, dx, st, rows, C, S, M, training):
 # bfloat16 dy / x / y (uint16 bit views): each channel (stats) or plane (dx) is widened to
 # float32 buffers and run through the float32 task; dx is the float32 kernel's rounded to bf16
 @nb.njit(**_OPTS)
-def _bn_bw_stats_task_bf16(dy, x, y, relu, scale, c, N, C, S, training, mean_in, var_in, eps, st):
+def _bn_bw_stats_range_bf16(dy, x, y, relu, scale, lo, hi, N, C, S, training, mean_in, var_in, eps, st):
+    # channel-sized buffers once per task, reused over its channels
     M = N * S
     xu = np.empty(M, np.uint32)
     gu = np.empty(M, np.uint32)
-    xf, gf = xu.view(np.float32), gu.view(np.float32)
-    widen_channel_bf16(x, c, N, C, S, xu, xf)
-    widen_channel_bf16(dy, c, N, C, S, gu, gf)
-    yf = gf
-    if relu:
-        yu = np.empty(M, np.uint32)
-        yf = yu.view(np.float32)
-        widen_channel_bf16(y, c, N, C, S, yu, yf)
-    k = c if not training else 0  # mean_in / var_in are read only outside training
-    _bn_bw_stats_task(
-        gf,
-        xf,
-        yf,
-        relu,
-        scale[c : c + 1],
-        0,
-        N,
-        1,
-        S,
-        training,
-        False,
-        mean_in[k : k + 1],
-        var_in[k : k + 1],
-        eps,
-        st[c : c + 1],
-    )
+    yu = np.empty(M if relu else 0, np.uint32)
+    xf, gf, yf = xu.view(np.float32), gu.view(np.float32), yu.view(np.float32)
+    for c in range(lo, hi):
+        widen_channel_bf16(x, c, N, C, S, xu, xf)
+        widen_channel_bf16(dy, c, N, C, S, gu, gf)
+        if relu:
+            widen_channel_bf16(y, c, N, C, S, yu, yf)
+        k = c if not training else 0  # mean_in / var_in are read only outside training
+        _bn_bw_stats_task(
+            gf,
+            xf,
+            yf if relu else gf,
+            relu,
+            scale[c : c + 1],
+            0,
+            N,
+            1,
+            S,
+            training,
+            False,
+            mean_in[k : k + 1],
+            var_in[k : k + 1],
+            eps,
+            st[c : c + 1],
+        )
 
 
 @nb.njit(parallel=True, **_OPTS)
-def _bn_bw_stats_parallel_bf16(dy, x, y, relu, scale, N, C, S, training, mean_in, var_in, eps, st):
-    for c in nb.prange(C):
-        _bn_bw_stats_task_bf16(dy, x, y, relu, scale, c, N, C, S, training, mean_in, var_in, eps, st)
+def _bn_bw_stats_parallel_bf16(dy, x, y, relu, scale, N, C, S, training, mean_in, var_in, eps, st, tasks):
+    for t in nb.prange(tasks):
+        lo, hi = t * C // tasks, (t + 1) * C // tasks
+        _bn_bw_stats_range_bf16(dy, x, y, relu, scale, lo, hi, N, C, S, training, mean_in, var_in, eps, st)
 
 
 @nb.njit(**_OPTS)
-def _bn_bw_stats_serial_bf16(dy, x, y, relu, scale, N, C, S, training, mean_in, var_in, eps, st):
-    for c in range(C):
-        _bn_bw_stats_task_bf16(dy, x, y, relu, scale, c, N, C, S, training, mean_in, var_in, eps, st)
+def _bn_bw_stats_serial_bf16(dy, x, y, relu, scale, N, C, S, training, mean_in, var_in, eps, st, tasks):
+    _bn_bw_stats_range_bf16(dy, x, y, relu, scale, 0, C, N, C, S, training, mean_in, var_in, eps, st)
 
 
 @nb.njit(**_OPTS)
-def _bn_bw_dx_task_bf16(dy, x, y, relu, scale, dx, st, row, C, S, M, training):
-    c = row % C
-    lo = row * S
+def _bn_bw_dx_rows_bf16(dy, x, y, relu, scale, dx, st, lo, hi, C, S, M, training):
     xu = np.empty(S, np.uint32)
     gu = np.empty(S, np.uint32)
-    xf, gf = xu.view(np.float32), gu.view(np.float32)
-    _widen(x[lo : lo + S], xu, xf, KIND_BF16)
-    _widen(dy[lo : lo + S], gu, gf, KIND_BF16)
-    yf = gf
-    if relu:
-        yu = np.empty(S, np.uint32)
-        yf = yu.view(np.float32)
-        _widen(y[lo : lo + S], yu, yf, KIND_BF16)
-    # dx overwrites the widened x in place: each element is read before it is written
-    _bn_bw_dx_task(gf, xf, yf, relu, scale[c : c + 1], xf, st[c : c + 1], 0, 1, S, M, training)
-    _narrow(xf, xu, dx[lo : lo + S], KIND_BF16)
+    yu = np.empty(S if relu else 0, np.uint32)
+    xf, gf, yf = xu.view(np.float32), gu.view(np.float32), yu.view(np.float32)
+    for row in range(lo, hi):
+        c = row % C
+        a = row * S
+        _widen(x[a : a + S], xu, xf, KIND_BF16)
+        _widen(dy[a : a + S], gu, gf, KIND_BF16)
+        if relu:
+            _widen(y[a : a + S], yu, yf, KIND_BF16)
+        # dx overwrites the widened x in place: each element is read before it is written
+        _bn_bw_dx_task(gf, xf, yf if relu else gf, relu, scale[c : c + 1], xf, st[c : c + 1], 0, 1, S, M, training)
+        _narrow(xf, xu, dx[a : a + S], KIND_BF16)
 
 
 @nb.njit(parallel=True, **_OPTS)
-def _bn_bw_dx_parallel_bf16(dy, x, y, relu, scale, dx, st, rows, C, S, M, training):
-    for r in nb.prange(rows):
-        _bn_bw_dx_task_bf16(dy, x, y, relu, scale, dx, st, r, C, S, M, training)
+def _bn_bw_dx_parallel_bf16(dy, x, y, relu, scale, dx, st, rows, C, S, M, training, tasks):
+    for t in nb.prange(tasks):
+        lo, hi = t * rows // tasks, (t + 1) * rows // tasks
+        _bn_bw_dx_rows_bf16(dy, x, y, relu, scale, dx, st, lo, hi, C, S, M, training)
 
 
 @nb.njit(**_OPTS)
-def _bn_bw_dx_serial_bf16(dy, x, y, relu, scale, dx, st, rows, C, S, M, training):
-    for r in range(rows):
-        _bn_bw_dx_task_bf16(dy, x, y, relu, scale, dx, st, r, C, S, M, training)
+def _bn_bw_dx_serial_bf16(dy, x, y, relu, scale, dx, st, rows, C, S, M, training, tasks):
+    _bn_bw_dx_rows_bf16(dy, x, y, relu, scale, dx, st, 0, rows, C, S, M, training)
 
 
 _UNUSED = np.zeros(1)  # the statistics inputs of training mode (never read)
@@ -430,11 +429,12 @@ def batch_norm_backward(
     if x.dtype == BF16 and dy.dtype == BF16 and dx.dtype == BF16:
         xf, gf = x.reshape(-1).view(np.uint16), dy.reshape(-1).view(np.uint16)
         yf = y.reshape(-1).view(np.uint16) if relu else gf
+        tasks = 4 * nb.get_num_threads()
         (_bn_bw_stats_parallel_bf16 if parallel else _bn_bw_stats_serial_bf16)(
-            gf, xf, yf, relu, scale, N, C, S, training, m_in, v_in, float(eps), st
+            gf, xf, yf, relu, scale, N, C, S, training, m_in, v_in, float(eps), st, max(1, min(C, tasks))
         )
         (_bn_bw_dx_parallel_bf16 if parallel else _bn_bw_dx_serial_bf16)(
-            gf, xf, yf, relu, scale, dx.reshape(-1).view(np.uint16), st, N * C, C, S, M, training
+            gf, xf, yf, relu, scale, dx.reshape(-1).view(np.uint16), st, N * C, C, S, M, training, min(N * C, tasks)
         )
         return st[:, 3].copy(), st[:, 2].copy()
     xf, gf = x.reshape(-1), dy.reshape(-1)
