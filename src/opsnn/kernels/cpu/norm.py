@@ -393,11 +393,13 @@ def _bn_stats_task(x, c, N, C, S, exact, mean_o, var_o):
 def _bn_rows_bf16(x, mean, a, b, y, lo, hi, C, S, relu):
     tu = np.empty(S, np.uint32)
     tf = tu.view(np.float32)
+    ou = np.empty(S, np.uint32)  # a separate output: in place, the aliasing defeats vectorisation
+    of = ou.view(np.float32)
     for row in range(lo, hi):
         c = row % C
         _widen(x[row * S : row * S + S], tu, tf, KIND_BF16)
-        _bn_task(tf, mean[c : c + 1], a[c : c + 1], b[c : c + 1], tf, 0, 1, S, relu)
-        _narrow(tf, tu, y[row * S : row * S + S], KIND_BF16)
+        _bn_task(tf, mean[c : c + 1], a[c : c + 1], b[c : c + 1], of, 0, 1, S, relu)
+        _narrow(of, ou, y[row * S : row * S + S], KIND_BF16)
 
 
 @nb.njit(parallel=True, **_OPTS)

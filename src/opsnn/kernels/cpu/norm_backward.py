@@ -371,6 +371,8 @@ def _bn_bw_dx_rows_bf16(dy, x, y, relu, scale, dx, st, lo, hi, C, S, M, training
     gu = np.empty(S, np.uint32)
     yu = np.empty(S if relu else 0, np.uint32)
     xf, gf, yf = xu.view(np.float32), gu.view(np.float32), yu.view(np.float32)
+    du = np.empty(S, np.uint32)  # a separate output: in place, the aliasing defeats vectorisation
+    df = du.view(np.float32)
     for row in range(lo, hi):
         c = row % C
         a = row * S
@@ -378,9 +380,8 @@ def _bn_bw_dx_rows_bf16(dy, x, y, relu, scale, dx, st, lo, hi, C, S, M, training
         _widen(dy[a : a + S], gu, gf, KIND_BF16)
         if relu:
             _widen(y[a : a + S], yu, yf, KIND_BF16)
-        # dx overwrites the widened x in place: each element is read before it is written
-        _bn_bw_dx_task(gf, xf, yf if relu else gf, relu, scale[c : c + 1], xf, st[c : c + 1], 0, 1, S, M, training)
-        _narrow(xf, xu, dx[a : a + S], KIND_BF16)
+        _bn_bw_dx_task(gf, xf, yf if relu else gf, relu, scale[c : c + 1], df, st[c : c + 1], 0, 1, S, M, training)
+        _narrow(df, du, dx[a : a + S], KIND_BF16)
 
 
 @nb.njit(parallel=True, **_OPTS)
