@@ -303,14 +303,18 @@ def test_matches_onnx_reference_evaluator(op, attrs, rng):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+BF16_KERNEL = {"gelu": "gelu_numba_bf16", "relu": "relu_numba_bf16"}
+
+
 @pytest.mark.parametrize("name", sorted(POINTWISE))
 def test_pointwise_16bit_via_fp32_adapter(name, rng):
     kw, oracle = POINTWISE[name]
     for dtype in (np.float16, BF16):
         x = _inputs(rng, 301, np.float32).astype(dtype)
         ex = _exec(name).prepare(opsnn.tensor(x), **kw)
-        native = name.startswith("gelu") and dtype == BF16  # bfloat16 Gelu has a kernel of its own
-        assert ex.adapter != native and ex.kernel_name == ("gelu_numba_bf16" if native else KERNEL[name])
+        # bfloat16 Gelu and Relu have kernels of their own
+        native = BF16_KERNEL.get(name.split("_")[0]) if dtype == BF16 else None
+        assert ex.adapter != bool(native) and ex.kernel_name == (native or KERNEL[name])
         _check(ex.run().numpy(), oracle(x.astype(np.float64)), dtype)
 
 

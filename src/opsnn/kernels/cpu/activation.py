@@ -621,6 +621,37 @@ def relu(ins, outs, attrs, plan, ws):
         relu_chunk(x, out, 0, x.size)
 
 
+@nb.njit(**_NJIT)
+def relu_chunk_bf16(x, out, lo, hi):
+    """bfloat16 bit patterns (uint16): a negative non-NaN (sign set, magnitude in (0, inf]) becomes
+    +0, everything else (-0, NaN, positives) is copied: exactly max(x, 0) with NaN kept."""
+    xs = x[lo:hi]
+    ys = out[lo:hi]
+    for i in range(xs.size):
+        u = xs[i]
+        a = u & np.uint16(0x7FFF)
+        neg = (u & np.uint16(0x8000)) != 0 and a != 0 and a <= np.uint16(0x7F80)
+        ys[i] = np.uint16(0) if neg else u
+
+
+@nb.njit(parallel=True, **_NJIT)
+def relu_parallel_bf16(x, out, chunk):
+    n = x.size
+    for c in nb.prange((n + chunk - 1) // chunk):
+        lo = c * chunk
+        relu_chunk_bf16(x, out, lo, min(lo + chunk, n))
+
+
+def relu_bf16(ins, outs, attrs, plan, ws):
+    """Relu on bfloat16 storage, on the bit patterns (no widening)."""
+    x = ins[0].reshape(-1).view(np.uint16)
+    out = outs[0].reshape(-1).view(np.uint16)
+    if plan:
+        relu_parallel_bf16(x, out, plan)
+    else:
+        relu_chunk_bf16(x, out, 0, x.size)
+
+
 def relu_numpy(ins, outs, attrs, plan, ws):
     """Any dtype (the narrow integers), numpy-vectorized."""
     np.maximum(ins[0], 0, out=outs[0], casting="unsafe")

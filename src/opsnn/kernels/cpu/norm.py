@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numba as nb
 import numpy as np
 
 from ...runtime.memory import check_request
+from .gemm import KIND_BF16, _narrow, _widen
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 #: below this many elements the serial variant runs: waking a parallel region's second thread
 #: costs more than it saves (figures: docs/performance.md, "Parallel thresholds")
@@ -407,6 +411,60 @@ def _bn_stats_task(x, c, N, C, S, exact, mean_o, var_o):
     var_o[c] = v if v > 0.0 else 0.0
 
 
+# bfloat16 storage (uint16 bit views): each (n, c) plane or channel is widened to a float32
+# buffer and run through the float32 task, so results equal the float32 kernel's rounded to bf16
+@nb.njit(**_OPTS)
+def _bn_rows_bf16(x, mean, a, b, y, lo, hi, C, S, relu):
+    tu = np.empty(S, np.uint32)
+    tf = tu.view(np.float32)
+    ou = np.empty(S, np.uint32)  # a separate output: in place, the aliasing defeats vectorisation
+    of = ou.view(np.float32)
+    for row in range(lo, hi):
+        c = row % C
+        _widen(x[row * S : row * S + S], tu, tf, KIND_BF16)
+        _bn_task(tf, mean[c : c + 1], a[c : c + 1], b[c : c + 1], of, 0, 1, S, relu)
+        _narrow(of, ou, y[row * S : row * S + S], KIND_BF16)
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_parallel_bf16(x, mean, a, b, y, rows, C, S, relu, tasks):
+    for t in nb.prange(tasks):
+        _bn_rows_bf16(x, mean, a, b, y, t * rows // tasks, (t + 1) * rows // tasks, C, S, relu)
+
+
+@nb.njit(**_OPTS)
+def _bn_serial_bf16(x, mean, a, b, y, rows, C, S, relu, tasks):
+    _bn_rows_bf16(x, mean, a, b, y, 0, rows, C, S, relu)
+
+
+@nb.njit(**_OPTS)
+def widen_channel_bf16(x, c, N, C, S, tu, tf):
+    """Channel c's N planes of a bf16 (N, C, S) bit array into the float32 (N * S) buffer tf."""
+    for n in range(N):
+        _widen(x[(n * C + c) * S : (n * C + c) * S + S], tu[n * S : n * S + S], tf[n * S : n * S + S], KIND_BF16)
+
+
+@nb.njit(**_OPTS)
+def _bn_stats_range_bf16(x, lo, hi, N, C, S, mean_o, var_o):
+    # one channel-sized buffer per task, reused over its channels (no allocation per channel)
+    tu = np.empty(N * S, np.uint32)
+    tf = tu.view(np.float32)
+    for c in range(lo, hi):
+        widen_channel_bf16(x, c, N, C, S, tu, tf)
+        _bn_stats_task(tf, 0, N, 1, S, False, mean_o[c : c + 1], var_o[c : c + 1])
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_stats_parallel_bf16(x, N, C, S, mean_o, var_o, tasks):
+    for t in nb.prange(tasks):
+        _bn_stats_range_bf16(x, t * C // tasks, (t + 1) * C // tasks, N, C, S, mean_o, var_o)
+
+
+@nb.njit(**_OPTS)
+def _bn_stats_serial_bf16(x, N, C, S, mean_o, var_o, tasks):
+    _bn_stats_range_bf16(x, 0, C, N, C, S, mean_o, var_o)
+
+
 @nb.njit(parallel=True, **_OPTS)
 def _bn_stats_parallel(x, N, C, S, exact, mean_o, var_o):
     for c in nb.prange(C):
@@ -440,12 +498,18 @@ def batch_norm(
     (population variance), and return the updated running (mean, var) in float64:
     ``running * momentum + batch * (1 - momentum)``, the batch variance unbiased
     (``n / (n - 1)``, torch's running update) when ``unbiased``, else the population one (ONNX).
-    ``relu``: y = max(normalised, 0) in the same pass."""
-    flat = x.reshape(-1)
+    ``relu``: y = max(normalised, 0) in the same pass. bfloat16 x and y: float32 math per plane
+    (float64 statistics), the float32 kernel's results rounded to bfloat16."""
+    bf16 = x.dtype == BF16
+    flat = x.reshape(-1).view(np.uint16) if bf16 else x.reshape(-1)
     if training:
         bm = np.empty(C)
         bv = np.empty(C)
-        if x.size:
+        if x.size and bf16:
+            (_bn_stats_parallel_bf16 if parallel else _bn_stats_serial_bf16)(
+                flat, N, C, S, bm, bv, max(1, min(C, 4 * nb.get_num_threads()))
+            )
+        elif x.size:
             (_bn_stats_parallel if parallel else _bn_stats_serial)(flat, N, C, S, x.dtype == np.float64, bm, bv)
         else:
             bm[:] = np.nan
@@ -456,9 +520,15 @@ def batch_norm(
     with np.errstate(all="ignore"):
         a = scale.astype(np.float64) / np.sqrt(use_v + eps)
     if x.size:
-        (_bn_parallel if parallel else _bn_serial)(
-            flat, use_m, a, bias.astype(np.float64), y.reshape(-1), N * C, C, S, bool(relu)
-        )
+        if bf16:
+            tasks = max(1, min(N * C, 4 * nb.get_num_threads()))
+            (_bn_parallel_bf16 if parallel else _bn_serial_bf16)(
+                flat, use_m, a, bias.astype(np.float64), y.reshape(-1).view(np.uint16), N * C, C, S, bool(relu), tasks
+            )
+        else:
+            (_bn_parallel if parallel else _bn_serial)(
+                flat, use_m, a, bias.astype(np.float64), y.reshape(-1), N * C, C, S, bool(relu)
+            )
     if training:
         rv = bv * (N * S / max(N * S - 1, 1)) if unbiased else bv
         return (

@@ -18,7 +18,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .norm import _stats
+from .gemm import KIND_BF16, _narrow, _widen
+from .norm import BF16, _stats, widen_channel_bf16
 
 _OPTS = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
 
@@ -317,6 +318,84 @@ def _bn_bw_dx_serial(dy, x, y, relu, scale, dx, st, rows, C, S, M, training):
         _bn_bw_dx_task(dy, x, y, relu, scale, dx, st, r, C, S, M, training)
 
 
+# bfloat16 dy / x / y (uint16 bit views): each channel (stats) or plane (dx) is widened to
+# float32 buffers and run through the float32 task; dx is the float32 kernel's rounded to bf16
+@nb.njit(**_OPTS)
+def _bn_bw_stats_range_bf16(dy, x, y, relu, scale, lo, hi, N, C, S, training, mean_in, var_in, eps, st):
+    # channel-sized buffers once per task, reused over its channels
+    M = N * S
+    xu = np.empty(M, np.uint32)
+    gu = np.empty(M, np.uint32)
+    yu = np.empty(M if relu else 0, np.uint32)
+    xf, gf, yf = xu.view(np.float32), gu.view(np.float32), yu.view(np.float32)
+    for c in range(lo, hi):
+        widen_channel_bf16(x, c, N, C, S, xu, xf)
+        widen_channel_bf16(dy, c, N, C, S, gu, gf)
+        if relu:
+            widen_channel_bf16(y, c, N, C, S, yu, yf)
+        k = c if not training else 0  # mean_in / var_in are read only outside training
+        _bn_bw_stats_task(
+            gf,
+            xf,
+            yf if relu else gf,
+            relu,
+            scale[c : c + 1],
+            0,
+            N,
+            1,
+            S,
+            training,
+            False,
+            mean_in[k : k + 1],
+            var_in[k : k + 1],
+            eps,
+            st[c : c + 1],
+        )
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_bw_stats_parallel_bf16(dy, x, y, relu, scale, N, C, S, training, mean_in, var_in, eps, st, tasks):
+    for t in nb.prange(tasks):
+        lo, hi = t * C // tasks, (t + 1) * C // tasks
+        _bn_bw_stats_range_bf16(dy, x, y, relu, scale, lo, hi, N, C, S, training, mean_in, var_in, eps, st)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_stats_serial_bf16(dy, x, y, relu, scale, N, C, S, training, mean_in, var_in, eps, st, tasks):
+    _bn_bw_stats_range_bf16(dy, x, y, relu, scale, 0, C, N, C, S, training, mean_in, var_in, eps, st)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_dx_rows_bf16(dy, x, y, relu, scale, dx, st, lo, hi, C, S, M, training):
+    xu = np.empty(S, np.uint32)
+    gu = np.empty(S, np.uint32)
+    yu = np.empty(S if relu else 0, np.uint32)
+    xf, gf, yf = xu.view(np.float32), gu.view(np.float32), yu.view(np.float32)
+    du = np.empty(S, np.uint32)  # a separate output: in place, the aliasing defeats vectorisation
+    df = du.view(np.float32)
+    for row in range(lo, hi):
+        c = row % C
+        a = row * S
+        _widen(x[a : a + S], xu, xf, KIND_BF16)
+        _widen(dy[a : a + S], gu, gf, KIND_BF16)
+        if relu:
+            _widen(y[a : a + S], yu, yf, KIND_BF16)
+        _bn_bw_dx_task(gf, xf, yf if relu else gf, relu, scale[c : c + 1], df, st[c : c + 1], 0, 1, S, M, training)
+        _narrow(df, du, dx[a : a + S], KIND_BF16)
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_bw_dx_parallel_bf16(dy, x, y, relu, scale, dx, st, rows, C, S, M, training, tasks):
+    for t in nb.prange(tasks):
+        lo, hi = t * rows // tasks, (t + 1) * rows // tasks
+        _bn_bw_dx_rows_bf16(dy, x, y, relu, scale, dx, st, lo, hi, C, S, M, training)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_dx_serial_bf16(dy, x, y, relu, scale, dx, st, rows, C, S, M, training, tasks):
+    _bn_bw_dx_rows_bf16(dy, x, y, relu, scale, dx, st, 0, rows, C, S, M, training)
+
+
 _UNUSED = np.zeros(1)  # the statistics inputs of training mode (never read)
 
 
@@ -340,16 +419,28 @@ def batch_norm_backward(
     and sums (parallel over channels), then dx (parallel over (n, c) planes). Training uses the
     batch statistics (their gradient flows into dx); otherwise ``mean``/``var`` (float64 (C,)).
     ``y``: the output of a BatchNorm with a fused ReLU; ``dy`` counts only where ``y > 0``.
-    ``scale`` float64 (C,), ``st`` float64 (C, 6) scratch. Returns (dScale, dBias) float64."""
+    ``scale`` float64 (C,), ``st`` float64 (C, 6) scratch. Returns (dScale, dBias) float64.
+    bfloat16 dy, x, dx (and y): float32 math per channel / plane, dx rounded to bfloat16."""
     M = N * S
     if M == 0 or C == 0:
         return np.zeros(C), np.zeros(C)
-    xf, gf = x.reshape(-1), dy.reshape(-1)
     relu = y is not None
-    yf = y.reshape(-1) if relu else gf  # never read without relu
-    exact = x.dtype == np.float64
     m_in = mean if mean is not None else _UNUSED
     v_in = var if var is not None else _UNUSED
+    if x.dtype == BF16 and dy.dtype == BF16 and dx.dtype == BF16:
+        xf, gf = x.reshape(-1).view(np.uint16), dy.reshape(-1).view(np.uint16)
+        yf = y.reshape(-1).view(np.uint16) if relu else gf
+        tasks = 4 * nb.get_num_threads()
+        (_bn_bw_stats_parallel_bf16 if parallel else _bn_bw_stats_serial_bf16)(
+            gf, xf, yf, relu, scale, N, C, S, training, m_in, v_in, float(eps), st, max(1, min(C, tasks))
+        )
+        (_bn_bw_dx_parallel_bf16 if parallel else _bn_bw_dx_serial_bf16)(
+            gf, xf, yf, relu, scale, dx.reshape(-1).view(np.uint16), st, N * C, C, S, M, training, min(N * C, tasks)
+        )
+        return st[:, 3].copy(), st[:, 2].copy()
+    xf, gf = x.reshape(-1), dy.reshape(-1)
+    yf = y.reshape(-1) if relu else gf  # never read without relu
+    exact = x.dtype == np.float64
     (_bn_bw_stats_parallel if parallel else _bn_bw_stats_serial)(
         gf, xf, yf, relu, scale, N, C, S, training, exact, m_in, v_in, float(eps), st
     )

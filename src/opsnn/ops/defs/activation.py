@@ -119,6 +119,13 @@ Relu = register_op(
 )
 Relu.kernel("relu_numba", dtypes=_F32_64 + (_dt.int32, _dt.int64), priority=10, plan=K.relu_plan)(K.relu)
 Relu.kernel("relu_numpy", dtypes=(_dt.int8, _dt.int16), priority=5)(K.relu_numpy)
+Relu.kernel(
+    "relu_numba_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=11,  # before relu_numba, which takes bfloat16 through the fp32 adapter
+    plan=K.relu_plan,
+    doc="on the bfloat16 bit patterns: negative non-NaN values become +0 (no widening)",
+)(K.relu_bf16)
 
 LeakyRelu = _pointwise(
     "LeakyRelu",

@@ -24,6 +24,7 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...errors import DTypeError, InferShapeError, ParamInvalidError
+from ...kernels.cpu import bf16_binary as KBB
 from ...kernels.cpu import elementwise as K
 from ...tensor import Tensor, as_tensor
 from ..api import api
@@ -417,6 +418,25 @@ def _binary_record(name, code, dtypes, reference, doc, infer=_infer_binary, attr
 
 
 Add = _binary_record("Add", K.ADD, NUMERIC, lambda ins, a: ins[0] + ins[1], "A + B (broadcasting)", tiered=True)
+
+
+def _same_shape_bf16(ctx):
+    a, b = ctx.inputs[0], ctx.inputs[1]
+    if a.dtype != _dt.bfloat16 or b.dtype != _dt.bfloat16:
+        return "bfloat16 inputs only"
+    if tuple(a.shape) != tuple(b.shape):
+        return f"same shapes only (no broadcasting), got {tuple(a.shape)} and {tuple(b.shape)}"
+    return True
+
+
+Add.kernel(
+    "add_numba_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=11,  # before binary_numba, which takes bfloat16 through the fp32 adapter
+    applies=_same_shape_bf16,
+    plan=lambda ctx: KBB.plan(math.prod(ctx.shape(0))),
+    doc="same-shape bfloat16: blocks widened to float32, added, rounded once (no float32 copies)",
+)(lambda ins, outs, attrs, plan, ws: KBB.binary_bf16(ins[0], ins[1], outs[0], KBB.ADD, plan))
 Sub = _binary_record("Sub", K.SUB, NUMERIC, lambda ins, a: ins[0] - ins[1], "A - B (broadcasting)", tiered=True)
 Mul = _binary_record("Mul", K.MUL, NUMERIC, lambda ins, a: ins[0] * ins[1], "A * B (broadcasting)", tiered=True)
 Div = _binary_record(

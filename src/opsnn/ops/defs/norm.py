@@ -29,6 +29,7 @@ from ..registry import Attr, Input, Output, TensorMeta, register_op
 
 FLOAT = _dt.FLOATS
 _F32_64 = (_dt.float32, _dt.float64)
+_F32_64_BF16 = (*_F32_64, _dt.bfloat16)  # bf16 storage read and written natively, float32 math
 
 
 def _bad(op: str, message: str):
@@ -344,7 +345,7 @@ BatchNormalization = register_op(
 )
 BatchNormalization.kernel(
     "batch_norm_numba",
-    dtypes=_F32_64,
+    dtypes=_F32_64_BF16,
     priority=10,
     plan=_nc_plan,
     doc="per (n, c) plane: (x - mean) * a[c] + B[c]; training stats per channel",
@@ -899,7 +900,7 @@ BatchNormalizationGrad = register_op(
 )
 BatchNormalizationGrad.kernel(
     "batch_norm_grad_numba",
-    dtypes=_F32_64,
+    dtypes=_F32_64_BF16,
     priority=10,
     plan=_bn_grad_plan,
     workspace=lambda ctx, plan: 48 * plan[1],
