@@ -262,6 +262,20 @@ def test_cold_eager_add_and_attention_run_their_numpy_and_blas_kernels(rng, cold
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_kernel_run_through_the_adapter_is_not_tiered(rng, cold_cache):
+    """A broadcast bfloat16 Add runs binary_numba through the fp32 adapter: its background compile would
+    plan binary_numba on bf16 itself (a DTypeError), so the stand-in would stay for the whole process."""
+    import ml_dtypes
+
+    a = rng.standard_normal((4, 1, 6)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((3, 6)).astype(ml_dtypes.bfloat16)
+    ex = opsnn.aclnn.add.prepare(a, b)
+    assert ex.kernel_name == "binary_numba" and "tiered" not in ex.reason, ex.reason
+    want = (a.astype(np.float32) + b.astype(np.float32)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(np.asarray(ex.run().numpy()).view(np.uint16), want.view(np.uint16))
+    assert not tiering._background.failed
+
+
 def test_a_persisted_plan_keeps_the_numba_kernel_not_its_stand_in(rng, cold_cache, tmp_path):
     g = _chain(rng)
     cg = opsnn.compile(g, cache_dir=str(tmp_path / "graphs"))

@@ -481,7 +481,8 @@ def select_kernel(rec: OpRecord, ctx: InferContext, algo: str | None = None) -> 
             )
             if rejected:
                 reason += "; skipped " + ", ".join(f"{n} ({w})" for n, w in rejected)
-            if forced is None and k.cold_alternative:
+            # a kernel run through the fp32 adapter is compiled for float32, not for this workload's dtype
+            if forced is None and k.cold_alternative and not k.needs_adapter(ctx):
                 cold = _tiering.cold_kernel(rec, ctx, k)
                 if cold is not None:
                     alt, why = cold
