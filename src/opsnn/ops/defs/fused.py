@@ -61,11 +61,16 @@ def _act_reference(y: np.ndarray, code: int, alpha: float, beta: float) -> np.nd
     return np.clip(y, alpha, beta)
 
 
-def _inner_ctx(ctx: InferContext, op: str, n_inputs: int, inner_attrs: dict) -> InferContext:
+def _inner_ctx(ctx: InferContext, op: str, n_inputs: int, inner_attrs: dict, *, adapted: bool = False) -> InferContext:
+    """The inner op's context; ``adapted``: for a float32/64 kernel planned on 16-bit inputs, which the fp32
+    adapter hands it widened, so its inner kernel must be chosen and planned for float32 (not bfloat16)."""
     rec = get_op(op)
-    inner = InferContext(
-        rec, list(ctx.inputs[:n_inputs]), rec.bind_attrs(inner_attrs), list(ctx.values[:n_inputs]), 1, ctx.device
-    )
+    metas, values = list(ctx.inputs[:n_inputs]), list(ctx.values[:n_inputs])
+    if adapted:
+        wide = [m is not None and m.dtype in _dt.LOW_PRECISION for m in metas]
+        metas = [TensorMeta(m.shape, np.dtype(np.float32)) if w else m for m, w in zip(metas, wide)]
+        values = [np.asarray(v, np.float32) if w and v is not None else v for v, w in zip(values, wide)]
+    inner = InferContext(rec, metas, rec.bind_attrs(inner_attrs), values, 1, ctx.device)
     rec.run_infer(inner)
     return inner
 
@@ -103,7 +108,7 @@ def _fused_conv_ref(ins, attrs):
 
 
 def _fused_conv_plan(ctx):
-    inner = _inner_ctx(ctx, "Conv", 3, _conv_attrs(ctx.attrs))
+    inner = _inner_ctx(ctx, "Conv", 3, _conv_attrs(ctx.attrs), adapted=True)
     sel = select_kernel(inner.op, inner)
     k = sel.kernel
     plan = k.plan(inner) if k.plan else None
@@ -236,7 +241,7 @@ def _fused_mm_ref(ins, attrs):
 
 
 def _fused_mm_plan(ctx):
-    inner = _inner_ctx(ctx, "MatMul", 2, {})
+    inner = _inner_ctx(ctx, "MatMul", 2, {}, adapted=True)
     sel = select_kernel(inner.op, inner)
     k = sel.kernel
     return {
