@@ -203,8 +203,7 @@ def test_autocast_resnet_block_step_runs_bf16_kernels_and_matches_fp32():
         assert {e.kernel for e in convs if e.op == "Conv"} == {"conv_onednn_plain"}
         for e in convs:
             if e.op != "Conv":
-                # small-plane weight gradients may take oneDNN's float32 primitive (bf16_weight_grad_in_float32)
-                assert e.kernel.endswith(("_onednn", "_onednn_f32")), (e.op, e.kernel)
+                assert e.kernel.endswith("_onednn"), (e.op, e.kernel)
     else:
         assert "conv_onednn_plain" not in {e.kernel for e in convs}
     # torch's CPU autocast: BatchNorm takes the bf16 conv output as it is (no cast into it)

@@ -14,7 +14,6 @@ behind the thresholds.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import NamedTuple
 
@@ -327,43 +326,6 @@ def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations
                 formats,
             )
     return BackwardChoice("opsnn", gemm, f"oneDNN has only {impls['plain']} for this shape", None)
-
-
-#: output planes (oh * ow) up to which a bfloat16 weight gradient runs oneDNN's float32 primitive
-#: on widened inputs when oneDNN's bf16 choice is its avx512_core_bf16 direct JIT code, which
-#: runs such small planes several times slower than float32 (Zen 4)
-BF16_WEIGHTS_F32_MAX_PLANE = 256
-
-
-def bf16_weight_grad_in_float32(x_shape, w_shape, y_shape, strides, pads, dilations, group) -> str | None:
-    """None where a bfloat16 convolution weight gradient should run in float32 (oneDNN's float32
-    primitive through the fp32 adapter): oneDNN's bfloat16 choice is ``jit_bf16:avx512_core_bf16``
-    (not brgemm or AMX code) and the output plane has at most ``BF16_WEIGHTS_F32_MAX_PLANE``
-    pixels; else why not."""
-    from . import onednn
-
-    plane = math.prod(tuple(y_shape)[2:])
-    if plane > BF16_WEIGHTS_F32_MAX_PLANE:
-        return f"output plane {plane} > {BF16_WEIGHTS_F32_MAX_PLANE} pixels (bfloat16 oneDNN is faster there)"
-    c = conv_backward("weights", x_shape, w_shape, y_shape, strides, pads, dilations, group, _dt.bfloat16)
-    if c.library != "onednn":
-        return f"no bfloat16 oneDNN primitive ({c.reason})"
-    impl = onednn.conv_backward_impl(
-        "weights",
-        x_shape,
-        w_shape,
-        y_shape,
-        strides,
-        pads,
-        dilations,
-        group,
-        _dt.bfloat16,
-        onednn.TAG_ANY if c.formats == "any" else None,
-    )
-    if not impl.startswith("jit_bf16:avx512_core_bf16"):
-        return f"oneDNN's bfloat16 code is {impl}"
-    f = conv_backward("weights", x_shape, w_shape, y_shape, strides, pads, dilations, group, np.float32)
-    return None if f.library == "onednn" else f"no float32 oneDNN primitive ({f.reason})"
 
 
 #: ``OPSNN_CONV_ONEDNN``: ``1`` makes float32 convolutions on plain tensors prefer oneDNN's forward

@@ -1325,34 +1325,6 @@ ConvBackwardWeight.kernel(
     "entries whose sums read the input there; the reference and the im2col kernels multiply the padding's "
     "zeros (every tap, as Conv's definition), which also gives NaN at the taps that read padding",
 )(_bwd_onednn_kernel)
-
-
-def _bwd_weight_f32_applies(ctx):
-    if ctx.dtype(0) != _dt.bfloat16:
-        return f"bfloat16 only (float32 math through the adapter), got {_dt.name(ctx.dtype(0))}"
-    xs, ws, ys, geo = _backward_shapes(ctx)
-    why = KL.bf16_weight_grad_in_float32(xs, ws, ys, geo.s, geo.pb + geo.pe, geo.d, int(ctx.attrs["group"]))
-    return True if why is None else why
-
-
-def _bwd_weight_f32_plan(ctx):
-    xs, ws, ys, geo = _backward_shapes(ctx)
-    g = int(ctx.attrs["group"])
-    c = KL.conv_backward("weights", xs, ws, ys, geo.s, geo.pb + geo.pe, geo.d, g, np.float32)
-    return KD.conv_backward("weights", xs, ws, ys, geo.s, geo.pb + geo.pe, geo.d, g, np.float32, c.formats)
-
-
-ConvBackwardWeight.kernel(
-    "conv_backward_weight_onednn_f32",
-    dtypes=(_dt.float32,),  # bfloat16 X and dY come widened by the fp32 adapter
-    priority=31,
-    applies=_bwd_weight_f32_applies,
-    plan=_bwd_weight_f32_plan,
-    workspace=lambda ctx, plan: plan.workspace_bytes,
-    doc="bfloat16 weight gradients with small output planes: oneDNN's float32 backward-weights primitive "
-    "on widened X and dY, dW rounded to bfloat16 (libraries.bf16_weight_grad_in_float32 says where)",
-    nonfinite="as conv_backward_weight_onednn",
-)(_bwd_onednn_kernel)
 ConvBackwardWeight.kernel(
     "conv_backward_weight_im2col",
     dtypes=_F32_64,
