@@ -252,16 +252,24 @@ def _fused_mm_plan(ctx):
     }
 
 
-def _fused_mm_kernel(ins, outs, attrs, plan, ws):
-    plan["kernel"].fn(ins[:2], outs, {}, plan["plan"], None)
-    K.epilogue(
-        outs[0],
-        ins[2] if len(ins) > 2 else None,
-        ins[3] if len(ins) > 3 else None,
-        plan["code"],
-        attrs["activation_alpha"],
-        attrs["activation_beta"],
-    )
+def _fused_mm_with(epilogue):
+    """The FusedMatMul kernel: the planned inner product, then ``epilogue`` (numba or numpy) in place."""
+
+    def kernel(ins, outs, attrs, plan, ws):
+        plan["kernel"].fn(ins[:2], outs, {}, plan["plan"], None)
+        epilogue(
+            outs[0],
+            ins[2] if len(ins) > 2 else None,
+            ins[3] if len(ins) > 3 else None,
+            plan["code"],
+            attrs["activation_alpha"],
+            attrs["activation_beta"],
+        )
+
+    return kernel
+
+
+_fused_mm_kernel = _fused_mm_with(K.epilogue)
 
 
 FusedMatMul = register_op(
@@ -293,16 +301,7 @@ def _numpy_epilogue_applies(ctx):
     return True
 
 
-def _fused_mm_numpy_kernel(ins, outs, attrs, plan, ws):
-    plan["kernel"].fn(ins[:2], outs, {}, plan["plan"], None)
-    K.epilogue_numpy(
-        outs[0],
-        ins[2] if len(ins) > 2 else None,
-        ins[3] if len(ins) > 3 else None,
-        plan["code"],
-        attrs["activation_alpha"],
-        attrs["activation_beta"],
-    )
+_fused_mm_numpy_kernel = _fused_mm_with(K.epilogue_numpy)
 
 
 FusedMatMul.kernel(
