@@ -20,7 +20,10 @@ and run like an inference graph (parameters are inputs there, never constants: t
 steps them in place), and torch's autograd and optimizer see ordinary tensors. The backward ops
 opsnn has records for (batch / layer / group norm, pooling, softmax, embedding, the NLL loss) stay
 whole there instead of decomposing, and run on those records; layer and group norm's, which have
-no eps in ATen, get their forward's from the joint graph.
+no eps in ATen, get their forward's from the joint graph. Batch norm trains as opsnn's own graphs do:
+its backward recomputes the batch statistics, so the forward saves none and is one BatchNormalization
+record, a ReLU after it fused in (relu=1), as is the ReLU's threshold_backward into the
+BatchNormalizationGrad; a saved activation's ``alias`` reads as the activation itself (no copy).
 
 Symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic shapes): the graph is traced once
 on Dynamo's symbolic fake inputs (a training graph: aot_autograd's forward and backward, traced on
@@ -177,6 +180,7 @@ def _training(torch, gm, example_inputs, report: Report):
 
     def compiler(kind):
         def compile_one(g, inputs):
+            _drop_aliases(torch, g)
             try:
                 fn = _compile(
                     torch, g, inputs, report, constants=False, label=kind, decompositions=_training_decompositions()
@@ -196,12 +200,62 @@ def _training(torch, gm, example_inputs, report: Report):
     )(gm, example_inputs)
 
 
+def _drop_aliases(torch, g) -> None:
+    """aot_autograd's graphs are functional: an ``alias`` (a saved tensor's detach) reads as its input.
+    Left in, functionalization would make it a copy (``alias_copy``: a clone of each saved activation)."""
+    for node in list(g.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.alias.default and not node.kwargs:
+            node.replace_all_uses_with(node.args[0])
+            g.graph.erase_node(node)
+    g.recompile()
+
+
 def _partition_joint(joint, joint_inputs, **kwargs):
     """torch's default forward/backward split, after :func:`_name_norm_eps`."""
     from torch._functorch.partitioners import default_partition
 
     _name_norm_eps(_torch(), joint)
+    _batch_norm_backward_unsaved(_torch(), joint)
     return default_partition(joint, joint_inputs, **kwargs)
+
+
+def _batch_norm_backward_unsaved(torch, joint) -> None:
+    """Each training-mode ``native_batch_norm_backward`` of the joint graph becomes
+    ``opsnn::batch_norm_backward``, which does not read the mean and 1/std its forward saved (the record
+    recomputes them from the input): the forward then neither computes nor saves them. A
+    ``threshold_backward(g, y, 0)`` whose only reader is that backward folds into it (``relu_out=y``)."""
+    from . import aten as _aten
+
+    aten, graph = torch.ops.aten, joint.graph
+    named_op = _aten.batch_norm_backward_op()
+    for node in list(graph.nodes):
+        if node.target is not aten.native_batch_norm_backward.default or len(node.args) != 10 or node.kwargs:
+            continue
+        grad, x, weight, rm, rv, _mean, _invstd, train, eps, mask = node.args
+        if not train:
+            continue
+        relu_out = None
+        if (
+            getattr(grad, "target", None) is aten.threshold_backward.default
+            and len(grad.users) == 1
+            and len(grad.args) == 3
+            and not grad.kwargs
+            and grad.args[2] == 0
+            and str(grad.args[1].meta["val"].shape) == str(x.meta["val"].shape)
+            and grad.args[1].meta["val"].dtype == x.meta["val"].dtype
+        ):
+            grad, relu_out = grad.args[0], grad.args[1]
+        with graph.inserting_before(node):
+            named = graph.call_function(named_op, (grad, x, weight, rm, rv, True, float(eps), list(mask), relu_out))
+        named.meta = dict(node.meta)
+        empty = x.meta["val"].new_empty(0)
+        named.meta["val"] = tuple(empty if v is None else v for v in node.meta["val"])
+        old_grad = node.args[0]
+        node.replace_all_uses_with(named)
+        graph.erase_node(node)
+        if relu_out is not None:
+            graph.erase_node(old_grad)
+    joint.recompile()
 
 
 def _name_norm_eps(torch, joint) -> None:
@@ -645,6 +699,7 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
                     out = copy
                 seen.add(out)
                 g.outputs.append(Value(out))
+    _fuse_batch_norm_relu(g)
     g.validate()
     cg = _opsnn_compile(g)
     report.partitions.append((name, ops, cg))
@@ -701,6 +756,28 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
 
 
 _NO_BYTES = np.zeros(1, np.uint8)
+
+
+def _fuse_batch_norm_relu(g) -> None:
+    """A training-mode BatchNormalization whose output only a Relu reads takes the ReLU in its own pass
+    (``relu=1``), as opsnn's own training graphs have it."""
+    readers: dict = {}
+    for node in g.nodes:
+        for name in node.inputs:
+            readers.setdefault(name, []).append(node)
+    outputs = {v.name for v in g.outputs}
+    fused = set()
+    for node in g.nodes:
+        if node.op_type != "BatchNormalization" or node.domain or not int(node.attrs.get("training_mode", 0)):
+            continue
+        y = node.outputs[0]
+        users = readers.get(y, [])
+        if y in outputs or len(users) != 1 or users[0].op_type != "Relu" or int(node.attrs.get("relu", 0)):
+            continue
+        node.outputs[0] = users[0].outputs[0]
+        node.attrs["relu"] = 1
+        fused.add(id(users[0]))
+    g.nodes[:] = [n for n in g.nodes if id(n) not in fused]
 
 
 def _concrete(shapes: list, values: dict, got: list) -> list:

@@ -794,14 +794,74 @@ def _batch_norm_backward(n, e):
         raise Unsupported("an input of rank < 2 or an empty one")
     if not train and (running_mean is None or running_var is None):
         raise Unsupported("eval mode without running statistics")
-    c = shape[1]
+    return _bn_grad_node(n, e, grad, x, weight, running_mean, running_var, train, eps, mask)
+
+
+def _bn_grad_node(n, e, grad, x, weight, running_mean, running_var, train, eps, mask, relu_out=None) -> list:
+    c = shape_of(_val(x))[1]
     scale = e.const("ones", np.ones(c, np.float32)) if weight is None else e.name(weight)
     stats = ["", ""] if train else [e.name(running_mean), e.name(running_var)]
     names = list(e.outs(n, 3))
     attrs = {"epsilon": float(eps), "training_mode": int(bool(train))}
-    node = Node("BatchNormalizationGrad", [e.name(grad), e.name(x), scale, *stats], list(names), attrs, "opsnn")
+    inputs = [e.name(grad), e.name(x), scale, *stats]
+    if relu_out is not None:  # dY counts where the ReLU's output is > 0, as threshold_backward(dY, y, 0)
+        inputs, attrs["relu"] = inputs + [e.name(relu_out)], 1
+    node = Node("BatchNormalizationGrad", inputs, list(names), attrs, "opsnn")
     e.names[n] = tuple(name if on else None for name, on in zip(names, mask))
     return [node]
+
+
+def _batch_norm_backward_named(n, e):
+    """opsnn::batch_norm_backward (training-mode native_batch_norm_backward without the saved statistics,
+    a threshold_backward before it folded in; see :func:`batch_norm_backward_op`) ->
+    opsnn::BatchNormalizationGrad (relu=1 with the ReLU's output)."""
+    grad, x, weight, running_mean, running_var, train, eps, mask, relu_out = n.args[:9]
+    shape = shape_of(_val(x))
+    if len(shape) < 2 or not _nonempty(shape) or not isinstance(shape[1], int):
+        raise Unsupported("an input of rank < 2 or an empty one")
+    if not train:
+        raise Unsupported("eval mode (the named op is the training one)")
+    return _bn_grad_node(n, e, grad, x, weight, running_mean, running_var, train, eps, mask, relu_out)
+
+
+_BN_BACKWARD_SCHEMA = (
+    "(Tensor grad_out, Tensor input, Tensor? weight, Tensor? running_mean, Tensor? running_var, bool train, "
+    "float eps, bool[3] output_mask, Tensor? relu_out) -> (Tensor, Tensor, Tensor)"
+)
+
+
+def _bn_backward_in_torch(grad, x, weight, running_mean, running_var, train, eps, mask, relu_out):
+    """opsnn::batch_norm_backward as ATen computes it: the batch statistics the forward saved,
+    recomputed from its input (biased variance, as the forward's)."""
+    import torch
+
+    aten = torch.ops.aten
+    if relu_out is not None:
+        grad = aten.threshold_backward.default(grad, relu_out, 0)
+    var, mean = torch.var_mean(x, [0] + list(range(2, x.dim())), correction=0)
+    outs = aten.native_batch_norm_backward.default(
+        grad, x, weight, running_mean, running_var, mean, torch.rsqrt(var + eps), train, eps, mask
+    )
+    return tuple(x.new_empty(0) if o is None else o for o in outs)
+
+
+def batch_norm_backward_op():
+    """``torch.ops.opsnn.batch_norm_backward``: training-mode ``native_batch_norm_backward`` without the
+    saved mean and 1/std (the record recomputes them from the input, so the forward need not save them),
+    and ``relu_out``: the output of a ReLU on the forward's result whose ``threshold_backward`` made the
+    gradient (None: none); torch runs it through ATen's ops."""
+    import torch
+
+    if not _BN_LIBRARY:
+        lib = torch.library.Library("opsnn", "FRAGMENT")
+        lib.define("batch_norm_backward" + _BN_BACKWARD_SCHEMA)
+        lib.impl("batch_norm_backward", _bn_backward_in_torch, "CPU")
+        torch.library.register_fake("opsnn::batch_norm_backward", _bn_backward_in_torch, lib=lib)
+        _BN_LIBRARY.append(lib)
+    return torch.ops.opsnn.batch_norm_backward.default
+
+
+_BN_LIBRARY: list = []
 
 
 def _softmax_backward(op):
@@ -1275,8 +1335,10 @@ def _convolution_backward(n, e):
 
 
 def _batch_norm_training(n, e):
-    """Training-mode batch norm from reductions: the output, the batch mean and 1/std it saves for
-    the backward, the running statistics updated with ``momentum`` (the variance unbiased)."""
+    """Training-mode batch norm: the output, the batch mean and 1/std it saves for the backward, the
+    running statistics updated with ``momentum`` (the variance unbiased). One BatchNormalization record
+    when nothing reads the saved statistics (opsnn::batch_norm_backward recomputes them), else from
+    reductions."""
     x, weight, bias, mean, var, training, momentum, eps = n.args[:8]
     if not training:
         raise Unsupported("batch norm in eval mode through the functional training op")
@@ -1287,11 +1349,18 @@ def _batch_norm_training(n, e):
     if not isinstance(c, int) or not _nonempty(shape):
         raise Unsupported("a symbolic channel count or an empty input")
     m = float(momentum)
+    if _static(shape) and int(np.prod(shape)) // c < 2:
+        raise Unsupported("one value per channel (the unbiased variance divides by zero)")
+    y, save_mean, save_rstd, new_mean, new_var = e.outs(n, 5)
+    if not {u.args[1] for u in n.users if u.target is operator.getitem} & {1, 2}:
+        # no saved statistics read (the backward recomputes them): one record, running statistics and all
+        e.names[n] = (y, None, None, new_mean, new_var)
+        attrs = {"epsilon": float(eps), "momentum": 1.0 - m, "training_mode": 1, "unbiased_running_var": 1}
+        ins = [e.name(x), e.name(weight), e.name(bias), e.name(mean), e.name(var)]
+        return [Node("BatchNormalization", ins, [y, new_mean, new_var], attrs)]
     pre: list = []
     if _static(shape):
         count = int(np.prod(shape)) // c
-        if count < 2:
-            raise Unsupported("one value per channel (the unbiased variance divides by zero)")
         unbias = e.scalar("momentum", m * count / (count - 1))
     else:  # symbolic sizes (each at least 2): the count from x's Shape, in float64 as above
         t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("all", "cnt", "mc", "c1", "ub64", "ub")}
@@ -1308,7 +1377,6 @@ def _batch_norm_training(n, e):
     axes = e.const("axes", np.array([0] + list(range(2, rank)), np.int64))
     bshape = e.const("bshape", np.array([1, c] + [1] * (rank - 2), np.int64))
     flat = e.const("cshape", np.array([c], np.int64))
-    y, save_mean, save_rstd, new_mean, new_var = e.outs(n, 5)
     t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in "mu d d2 v ve sd r xn wb bb xw m1 m2 vu v1 v2".split()}
     return pre + [
         Node("ReduceMean", [e.name(x), axes], [t["mu"]], {"keepdims": 1}),
@@ -2124,6 +2192,7 @@ for _f in (
     _max_pool2d_with_indices,
     _max_pool2d_backward,
     _batch_norm_backward,
+    _batch_norm_backward_named,
     _batch_norm_training,
     _threshold_backward,
     _nll_loss_forward,
@@ -2360,6 +2429,7 @@ def _table():
         aten.native_batch_norm_backward.default: _batch_norm_backward,  # -> opsnn::BatchNormalizationGrad
         norm_backward_op("native_layer_norm_backward"): _layer_norm_backward,  # -> opsnn::LayerNormalizationGrad
         norm_backward_op("native_group_norm_backward"): _group_norm_backward,  # -> opsnn::GroupNormalizationGrad
+        batch_norm_backward_op(): _batch_norm_backward_named,  # -> opsnn::BatchNormalizationGrad
         aten.max_pool2d_with_indices_backward.default: _max_pool2d_backward,  # -> opsnn::MaxPoolGrad
         aten.avg_pool2d_backward.default: _avg_pool2d_backward,  # -> opsnn::AveragePoolGrad
         aten._softmax_backward_data.default: _softmax_backward("SoftmaxGrad"),  # -> opsnn::SoftmaxGrad
