@@ -137,3 +137,29 @@ def test_named_batch_norm_backward_in_torch_matches_aten():
         np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-10, atol=1e-12, err_msg=what)
     dx_only = op(g, x, w, rm, rv, True, 1e-5, [True, False, False], None)
     assert dx_only[1].numel() == dx_only[2].numel() == 0
+
+
+def test_feed_memory_answers_as_may_share_memory():
+    """The outputs-alias-inputs check (one search per output) against ``np.may_share_memory`` over views
+    of one buffer: strided, reversed, transposed, broadcast, empty, and arrays of their own."""
+    rng = np.random.default_rng(0)
+    base = np.zeros(4096, np.float32)
+    grid = base[:4000].reshape(40, 100)
+    views = [
+        base[:10],
+        base[100:300:7],
+        base[::-3][:50],
+        grid[5:9, 20:30],
+        grid[::-2, ::5],
+        grid.T[3:6],
+        np.broadcast_to(base[4000:4001], (8, 8)),
+        base[2000:2000],
+        np.zeros(16, np.float32),
+        base.view(np.uint8)[16001:16009],
+    ]
+    for _ in range(200):
+        picked = rng.choice(len(views), size=int(rng.integers(0, 5)), replace=False)
+        feeds = [views[i] for i in picked]
+        memory = fe._FeedMemory(feeds)
+        for a in views:
+            assert memory.overlaps(a) == any(np.may_share_memory(a, f) for f in feeds), (picked, a.shape)

@@ -43,6 +43,8 @@ torch is an optional dependency: nothing here imports it until the backend is us
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import os
 import sys
@@ -735,13 +737,14 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
                     torch.set_num_threads(threads)
             report.runs[name] = report.runs.get(name, 0) + 1
             plan = self.cg.latest_plan
+            in_feeds = _FeedMemory(feeds)
             for out_name, arr in zip(self.cg.output_names, arrays):
                 # a constant output (a weight, or folded at plan time) is the same array every call, and
                 # an output may be an input's memory: torch gets copies of those, fresh arrays as they are
                 if (
                     out_name in self.cg.graph.initializers
                     or (plan is not None and out_name in plan.folded)
-                    or any(np.may_share_memory(arr, f) for f in feeds)
+                    or in_feeds.overlaps(arr)
                 ):
                     arr = arr.copy()
                 outs.append(to_torch(arr))
@@ -756,6 +759,34 @@ def _lowered(torch, name: str, sub, outer_args, outer_gm, report: Report):
 
 
 _NO_BYTES = np.zeros(1, np.uint8)
+
+
+def _byte_range(a: np.ndarray) -> tuple:
+    """``[lo, hi)``: the bytes ``a`` spans (``np.may_share_memory``'s bounds); an empty one spans none."""
+    if a.size == 0:
+        return (0, 0)
+    lo = hi = a.__array_interface__["data"][0]
+    for n, st in zip(a.shape, a.strides):
+        if st < 0:
+            lo += st * (n - 1)
+        else:
+            hi += st * (n - 1)
+    return (lo, hi + a.itemsize)
+
+
+class _FeedMemory:
+    """The byte ranges of a call's inputs, to ask of each output whether it may share their memory
+    (what ``np.may_share_memory`` answers) in one search, not one call per input."""
+
+    def __init__(self, feeds: list):
+        ranges = sorted(r for r in map(_byte_range, feeds) if r[1] > r[0])
+        self.starts = [lo for lo, _ in ranges]
+        self.reach = list(itertools.accumulate((hi for _, hi in ranges), max))  # furthest end so far
+
+    def overlaps(self, a: np.ndarray) -> bool:
+        lo, hi = _byte_range(a)
+        k = bisect.bisect_left(self.starts, hi)  # the inputs starting before a ends
+        return hi > lo and k > 0 and self.reach[k - 1] > lo
 
 
 def _fuse_batch_norm_relu(g) -> None:
