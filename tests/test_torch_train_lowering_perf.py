@@ -163,3 +163,39 @@ def test_feed_memory_answers_as_may_share_memory():
         memory = fe._FeedMemory(feeds)
         for a in views:
             assert memory.overlaps(a) == any(np.may_share_memory(a, f) for f in feeds), (picked, a.shape)
+
+
+def test_only_statistics_a_forward_saved_are_dropped():
+    """The joint-graph rewrite takes a batch norm backward whose mean and 1/std a batch norm of the same
+    input and eps saved (its threshold_backward folded in); statistics from elsewhere, or another eps,
+    keep ATen's op, which reads them."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    aten = torch.ops.aten
+    mask = [True, True, True]
+
+    def from_forward(x, w, b, rm, rv, g, eps_bw):
+        y, mean, invstd, _, _ = aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5)
+        r = torch.relu(y)
+        return aten.native_batch_norm_backward(
+            aten.threshold_backward(g, r, 0), x, w, rm, rv, mean, invstd, True, eps_bw, mask
+        )
+
+    def own_statistics(x, w, b, rm, rv, g, eps_bw):
+        return aten.native_batch_norm_backward(g, x, w, rm, rv, rm, rv, True, eps_bw, mask)
+
+    args = [
+        torch.randn(2, 3, 4, 4),
+        torch.randn(3),
+        torch.randn(3),
+        torch.zeros(3),
+        torch.ones(3),
+        torch.randn(2, 3, 4, 4),
+    ]
+    for fn, eps, named in ((from_forward, 1e-5, True), (from_forward, 1e-3, False), (own_statistics, 1e-5, False)):
+        gm = make_fx(lambda *a, fn=fn, eps=eps: fn(*a, eps))(*args)
+        fe._batch_norm_backward_unsaved(torch, gm)
+        targets = {n.target for n in gm.graph.nodes}
+        assert (fe_aten.batch_norm_backward_op() in targets) is named, (fn.__name__, eps)
+        assert (aten.native_batch_norm_backward.default in targets) is not named
+        assert (aten.threshold_backward.default in targets) is (fn is from_forward and not named)

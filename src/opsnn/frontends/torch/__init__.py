@@ -222,19 +222,48 @@ def _partition_joint(joint, joint_inputs, **kwargs):
 
 
 def _batch_norm_backward_unsaved(torch, joint) -> None:
-    """Each training-mode ``native_batch_norm_backward`` of the joint graph becomes
-    ``opsnn::batch_norm_backward``, which does not read the mean and 1/std its forward saved (the record
-    recomputes them from the input): the forward then neither computes nor saves them. A
-    ``threshold_backward(g, y, 0)`` whose only reader is that backward folds into it (``relu_out=y``)."""
+    """Each training-mode ``native_batch_norm_backward`` of the joint graph whose mean and 1/std are the
+    statistics a batch norm of the same input and eps saved becomes ``opsnn::batch_norm_backward``, which
+    does not read them (the record recomputes them from the input): the forward then neither computes
+    nor saves them. A ``threshold_backward(g, y, 0)`` whose only reader is that backward folds into it
+    (``relu_out=y``)."""
+    import operator
+
     from . import aten as _aten
 
     aten, graph = torch.ops.aten, joint.graph
     named_op = _aten.batch_norm_backward_op()
+    # training forwards -> (argument count, where the eps is)
+    forwards = {
+        aten._native_batch_norm_legit_functional.default: (8, 7),
+        aten._native_batch_norm_legit.default: (8, 7),
+        aten._native_batch_norm_legit.no_stats: (6, 5),
+        aten.native_batch_norm.default: (8, 7),
+    }
+
+    def unalias(a):
+        while getattr(a, "target", None) is aten.alias.default:
+            a = a.args[0]
+        return a
+
+    def saved_by_forward(mean, invstd, x, eps) -> bool:
+        saved = [a.args if getattr(a, "target", None) is operator.getitem else (None, None) for a in (mean, invstd)]
+        fwd = saved[0][0]
+        kind = forwards.get(getattr(fwd, "target", None))
+        return (
+            kind is not None
+            and fwd is saved[1][0]
+            and (saved[0][1], saved[1][1]) == (1, 2)
+            and len(fwd.args) == kind[0]
+            and unalias(fwd.args[0]) is unalias(x)
+            and float(fwd.args[kind[1]]) == float(eps)
+        )
+
     for node in list(graph.nodes):
         if node.target is not aten.native_batch_norm_backward.default or len(node.args) != 10 or node.kwargs:
             continue
-        grad, x, weight, rm, rv, _mean, _invstd, train, eps, mask = node.args
-        if not train:
+        grad, x, weight, rm, rv, mean, invstd, train, eps, mask = node.args
+        if not train or not saved_by_forward(unalias(mean), unalias(invstd), x, eps):
             continue
         relu_out = None
         if (
