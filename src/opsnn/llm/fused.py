@@ -286,4 +286,83 @@ def head_block(h, ln_w, eps, w, logits, fns, nt):
         MN.set_threads_local(fns[1], prev)
 
 
-__all__ = ["addresses", "attention_block", "head_block", "mlp_block", "residual_gemm"]
+# -- numpy stand-ins (opsnn.ops.tiering): the same regions, nothing to compile -------------------------------
+def _rms_numpy(h, w, eps):
+    # rms_norm(h) * w per row: float64 statistics, the row scaled as norm_rows32 does ((x * a) * w in float32)
+    with np.errstate(all="ignore"):
+        h64 = h.astype(np.float64)
+        inv = 1.0 / np.sqrt(np.einsum("ij,ij->i", h64, h64) / h.shape[1] + eps)
+        return (h * inv.astype(np.float32)[:, None]) * w
+
+
+def _rope_numpy(x, c, s):
+    # rope_query on x (R, heads, D) in place, row b at the table rows c[b], s[b] (R, half)
+    half = c.shape[1]
+    x1, x2 = x[..., :half].copy(), x[..., half : 2 * half].copy()
+    c, s = c[:, None, :], s[:, None, :]
+    x[..., :half] = c * x1 - s * x2
+    x[..., half : 2 * half] = s * x1 + c * x2
+
+
+def attention_block_numpy(h, ln_w, eps, wq, wk, wv, cos, sin, pos, kt, vc, slots, lengths, rows, q, y, scale):
+    """:func:`attention_block` in numpy (BLAS products, attention by BLAS per row and KV head,
+    the same softmax: NaN and Inf as the numba kernel gives them)."""
+    Hkv, D, T = kt.shape[1], kt.shape[2], kt.shape[3]
+    R, Hq = q.shape[0], q.shape[1]
+    g = Hq // Hkv
+    x = _rms_numpy(h, ln_w, eps)
+    q3 = q.reshape(R, Hq, D)
+    np.matmul(x, wq.T, out=q.reshape(R, Hq * D))
+    k = (x @ wk.T).reshape(R, Hkv, D)
+    v = (x @ wv.T).reshape(R, Hkv, D)
+    c, s = cos[pos], sin[pos]
+    _rope_numpy(q3, c, s)
+    _rope_numpy(k, c, s)
+    for b in range(rows):
+        kt[slots[b], :, :, pos[b]] = k[b]
+        vc[slots[b], :, pos[b], :] = v[b]
+    sc = np.float32(scale)
+    with np.errstate(all="ignore"):
+        for b in range(R):
+            L = min(int(lengths[b]), T)
+            if L <= 0:  # an idle row: zeros, as _decode_task
+                y[b] = 0
+                continue
+            sl = slots[b]
+            qs = q3[b].reshape(Hkv, g, D) * sc
+            sco = qs @ kt[sl, :, :, :L]  # (Hkv, g, L)
+            p = np.exp(sco - sco.max(axis=2, keepdims=True))
+            inv = np.float32(1.0) / p.sum(axis=2, dtype=np.float32)
+            acc = p @ vc[sl, :, :L, :]  # (Hkv, g, Dv)
+            y[b, :, 0, :] = (acc * inv[:, :, None]).reshape(Hq, -1)
+
+
+def residual_gemm_numpy(w, x, h):
+    """:func:`residual_gemm` in numpy: ``h += x @ w.T``."""
+    h += x @ w.T
+
+
+def mlp_block_numpy(h, ln_w, eps, wg, wu, gu, alpha):
+    """:func:`mlp_block` in numpy (SiLU in float32 as ``swiglu_chunk``)."""
+    x = _rms_numpy(h, ln_w, eps)
+    gate, up = x @ wg.T, x @ wu.T
+    with np.errstate(all="ignore"):
+        gu[...] = gate / (np.float32(1.0) + np.exp(-np.float32(alpha) * gate)) * up
+
+
+def head_block_numpy(h, ln_w, eps, w, logits):
+    """:func:`head_block` in numpy."""
+    np.matmul(_rms_numpy(h, ln_w, eps), w.T, out=logits)
+
+
+__all__ = [
+    "addresses",
+    "attention_block_numpy",
+    "attention_block",
+    "head_block",
+    "head_block_numpy",
+    "mlp_block",
+    "mlp_block_numpy",
+    "residual_gemm",
+    "residual_gemm_numpy",
+]
