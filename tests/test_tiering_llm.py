@@ -230,8 +230,9 @@ def test_max_abs_is_numpy_while_cold_and_equals_the_numba_one(rng, monkeypatch):
 
 
 def test_a_cold_prefill_and_decode_run_the_stand_ins_then_the_numba_kernels(tmp_path):
-    """In a fresh process with an empty kernel cache (nothing compiled yet): the same tokens and
-    logits cold (stand-ins, compiles queued, markers left) as once the background compile finished."""
+    """In a fresh process with no tiering markers (nothing compiled yet as far as tiering knows; the
+    kernel cache itself is the suite's, so the background process loads rather than compiles): the
+    same tokens and logits cold (stand-ins, compiles queued, markers left) as once it finished."""
     script = textwrap.dedent(
         """
         import json, os
@@ -240,6 +241,7 @@ def test_a_cold_prefill_and_decode_run_the_stand_ins_then_the_numba_kernels(tmp_
         from opsnn.llm import CachedDecoder, KVCache
         from opsnn.ops import tiering
 
+        tiering._marker_dir = lambda: os.environ["MARKERS"]
         lm = opsnn.models.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=100)
         prompt = np.array([3, 17, 42, 5, 9, 11, 2, 60], np.int64)
 
@@ -258,14 +260,13 @@ def test_a_cold_prefill_and_decode_run_the_stand_ins_then_the_numba_kernels(tmp_
         ok = tiering.wait(600)
         st = tiering.status()
         warm, warm_keys = run()
-        markers = os.listdir(os.path.join(opsnn.runtime.kernel_cache.target_dir(), "tiered"))
+        markers = os.listdir(os.environ["MARKERS"])
         print(json.dumps({"cold": cold.tolist(), "warm": warm.tolist(), "cold_keys": cold_keys,
             "warm_keys": warm_keys, "queued": queued, "ok": ok, "failed": st["failed"],
             "markers": markers, "fused": opsnn.llm.fused.addresses() is not None}))
         """
     )
-    env = dict(os.environ, PYTHONPATH=SRC, OPSNN_KERNEL_CACHE_DIR=str(tmp_path / "k"), OPSNN_TIERED="1")
-    env.pop("NUMBA_CACHE_DIR", None)
+    env = dict(os.environ, PYTHONPATH=SRC, OPSNN_TIERED="1", MARKERS=str(tmp_path / "tiered"))
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr
     assert "compiling numba kernels in the background" in out.stderr

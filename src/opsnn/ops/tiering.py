@@ -16,6 +16,13 @@ this process dies (``PR_SET_PDEATHSIG`` on Linux). A workload it cannot compile 
 when the first background compile starts. ``OPSNN_TIERED=0`` turns tiering off (the numba kernel
 compiles in the foreground, as before); ``opsnn warmup`` runs that way and leaves the markers.
 
+Kernels called directly rather than through ``select_kernel`` (the LLM decoder's fused step and
+few-row products, rotary and SwiGLU over column views, the conv IEEE check's max |x|) use
+:func:`cold_direct`: the caller passes the numba dispatcher and its arguments, gets back the
+markers still missing (keyed by the kernel's source stamp and numba's argument types, so the
+background process compiles exactly that specialization with ``Dispatcher.compile``) and runs its
+numpy stand-in meanwhile; kernel modules reach it through ``runtime.kernel_cache.cold``.
+
 A compiled graph keeps the plans it built: after the background compile finishes, a new
 ``opsnn.compile`` (or a new input shape) picks the numba kernel, and eager calls pick it at once
 (their executor cache is keyed on ``registry.version()``, which a finished workload bumps).
