@@ -296,3 +296,24 @@ def test_cold_direct_queues_once_and_nothing_when_off(tmp_path, monkeypatch):
     assert tiering.cold_direct([(D._numpy_product, None)]) == ()
     assert len(submitted) == 1
     tiering._foreground.clear()
+
+
+def test_a_cold_gather_is_np_take_with_the_same_index_check(rng, monkeypatch):
+    from opsnn.errors import ParamInvalidError
+    from opsnn.kernels.cpu import shape as KS
+
+    data = rng.standard_normal((50, 8)).astype(np.float32)
+    data[3, 2] = np.nan
+    idx = np.array([[3, -1, 7], [49, 0, 3]], np.int64)
+    idx.flags.writeable = False  # as the decoder's token buffer reaches it
+    want = np.empty((2, 3, 8), np.float32)
+    KS.gather(data, idx, want, 0, True)
+    asked = []
+    monkeypatch.setattr(KS.kernel_cache, "cold", lambda fn, args: asked.append(fn) or True)
+    got = np.empty((2, 3, 8), np.float32)
+    KS.gather(data, idx, got, 0, True)
+    assert asked == [KS.first_bad_index, KS.gather_rows]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, data[idx])  # the oracle: numpy's fancy indexing
+    with pytest.raises(ParamInvalidError, match=r"index 50 at position \(1, 1\)"):
+        KS.gather(data, np.array([[0, 1], [2, 50]]), np.empty((2, 2, 8), np.float32), 0, True)
