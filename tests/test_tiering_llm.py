@@ -149,6 +149,47 @@ def test_the_numpy_mlp_residual_and_head_equal_the_numba_ones_and_the_oracle(rng
     np.testing.assert_allclose(ln_, _rms64(hn, ln, 1e-5) @ w.T, rtol=1e-4, atol=1e-5)
 
 
+def test_the_numpy_decode_attention_and_rope_store_equal_the_numba_ones(rng):
+    from opsnn.llm import attention as LA
+
+    R, Hq, Hkv, D, T = 3, 4, 2, 16, 12
+    c = _decode_case(rng, 2, Hq, Hkv, D, T=T)
+    q = (rng.standard_normal((R, Hq, D)) * 0.5).astype(np.float32)
+    k = (rng.standard_normal((R, Hkv, D)) * 0.5).astype(np.float32)
+    v = (rng.standard_normal((R, Hkv, D)) * 0.5).astype(np.float32)
+    pos, slots, lengths = np.array([5, 0, 3]), np.array([2, 0, 1]), np.array([6, 0, 4])
+    q[0, 1, 3] = np.nan  # row 0's query head 1: its output NaN, the other heads not
+    c["kt"][1, 1, 2, 1] = np.inf  # slot 1 (row 2), KV head 1, a position it reads
+    outs = []
+    for numpy in (True, False):
+        qq, kt, vc = q.copy(), c["kt"].copy(), c["vc"].copy()
+        fn = LA.rope_store_numpy if numpy else LA.rope_store
+        fn(qq, k, v, c["cos"], c["sin"], pos, kt, vc, slots, 2)  # rows 0, 1 store; row 2 does not
+        y = np.full((R, Hq, 1, D), 7.0, np.float32)
+        q4 = qq[:, :, None, :]
+        if numpy:
+            LA.decode_attention_numpy(q4, kt, vc, slots, lengths, y, D**-0.5)
+        else:
+            LA.decode_attention(q4, kt, vc, slots, lengths, y, D**-0.5)
+        outs.append((qq, kt, vc, y))
+    for g, w in zip(*outs):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    y = outs[0][3]
+    assert np.isnan(y[0, 1]).all() and not np.isnan(y[0, [0, 2, 3]]).any()
+    assert not y[1].any()  # idle row
+    assert np.isnan(y[2, 2:]).all() and np.isfinite(y[2, :2]).all()  # +inf score: NaN in its heads only
+    # float64 oracle of the attention (rows 0 and 2, on the stored cache)
+    kt, vc = outs[0][1].astype(np.float64), outs[0][2].astype(np.float64)
+    for b in (0, 2):
+        for hq in range(Hq):
+            sc = outs[0][0][b, hq].astype(np.float64) @ kt[slots[b], hq // 2, :, : lengths[b]] * D**-0.5
+            with np.errstate(invalid="ignore"):
+                p = np.exp(sc - sc.max())
+                want = p @ vc[slots[b], hq // 2, : lengths[b]] / p.sum()
+            np.testing.assert_allclose(y[b, hq, 0], want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_the_numpy_product_equals_gemm_rows(rng, accumulate):
     x = rng.standard_normal((3, 40)).astype(np.float32)
@@ -253,6 +294,13 @@ def test_a_cold_prefill_and_decode_run_the_stand_ins_then_the_numba_kernels(tmp_
             for i in range(3):
                 tok = int(np.argmax(logits[-1]))
                 logits.append(dec.forward(np.array([[tok]]), [s], [len(prompt) + i])[0])
+            # three rows a step: the op-by-op step (more than FUSED_MAX_ROWS rows)
+            cache3 = KVCache.for_model(lm, max_batch_slots=3, max_seq=16)
+            dec3 = CachedDecoder(lm, cache3)
+            slots = [cache3.allocate() for _ in range(3)]
+            first = [dec3.forward(prompt[None, : 4 + r], [sl], [0])[0] for r, sl in enumerate(slots)]
+            toks = np.array([[int(np.argmax(f))] for f in first])
+            logits += list(dec3.forward(toks, slots, [4, 5, 6]))
             return np.stack(logits), [list(st.cold) for st in dec._steps.values()]
 
         cold, cold_keys = run()

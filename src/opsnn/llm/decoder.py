@@ -41,12 +41,12 @@ from ..kernels.cpu import onednn as _onednn
 from ..kernels.cpu.gemm import f32_to_bf16, gemm_rows_parallel, gemv_bf16
 from ..ops import tiering as _tiering
 from ..ops.defs.attention import GEMM_MAX_SCORE_BYTES
-from ..runtime import hooks
+from ..runtime import hooks, kernel_cache
 from ..runtime.context import context
 from ..runtime.stream import current_stream
 from ..tensor import Tensor, _alloc_array, as_tensor
 from . import fused as _fused
-from .attention import decode_attention, rope_store
+from .attention import decode_attention, rope_store, rope_store_numpy
 from .cache import KVCache
 
 _F32 = np.dtype(np.float32)
@@ -487,7 +487,9 @@ class _DecodeStep:
                 vc=vc,
                 attend=attend,
             ):  # the defaults bind this layer's views once
-                rope_store(q, k, v, cos, sin, pos, kc, vc, self.slots, self.B)
+                args = (q, k, v, cos, sin, pos, kc, vc, self.slots, self.B)
+                # numpy while rope_store compiles in the background (opsnn.ops.tiering)
+                (rope_store_numpy if kernel_cache.cold(rope_store, args) else rope_store)(*args)
                 attend()
 
             self.plan.append(lambda fn=rope_attend: dec._launch_attention(fn, self.kvlen, "llm_decode_rope_attention"))

@@ -30,7 +30,7 @@ from ..kernels.cpu import mkl_nb as MN
 from ..kernels.cpu.activation import swiglu_chunk
 from ..kernels.cpu.gemm import gemm_rows
 from ..kernels.cpu.norm import norm_rows32
-from .attention import _decode_task, rope_query, store_key_value
+from .attention import _decode_task, decode_attention_numpy, rope_query, rope_store_numpy, store_key_value
 
 
 def _rows_entry(x, w, R, k, lo, hi, beta, out, ldo):
@@ -295,46 +295,18 @@ def _rms_numpy(h, w, eps):
         return (h * inv.astype(np.float32)[:, None]) * w
 
 
-def _rope_numpy(x, c, s):
-    # rope_query on x (R, heads, D) in place, row b at the table rows c[b], s[b] (R, half)
-    half = c.shape[1]
-    x1, x2 = x[..., :half].copy(), x[..., half : 2 * half].copy()
-    c, s = c[:, None, :], s[:, None, :]
-    x[..., :half] = c * x1 - s * x2
-    x[..., half : 2 * half] = s * x1 + c * x2
-
-
 def attention_block_numpy(h, ln_w, eps, wq, wk, wv, cos, sin, pos, kt, vc, slots, lengths, rows, q, y, scale):
     """:func:`attention_block` in numpy (BLAS products, attention by BLAS per row and KV head,
     the same softmax: NaN and Inf as the numba kernel gives them)."""
-    Hkv, D, T = kt.shape[1], kt.shape[2], kt.shape[3]
+    Hkv, D = kt.shape[1], kt.shape[2]
     R, Hq = q.shape[0], q.shape[1]
-    g = Hq // Hkv
     x = _rms_numpy(h, ln_w, eps)
     q3 = q.reshape(R, Hq, D)
     np.matmul(x, wq.T, out=q.reshape(R, Hq * D))
     k = (x @ wk.T).reshape(R, Hkv, D)
     v = (x @ wv.T).reshape(R, Hkv, D)
-    c, s = cos[pos], sin[pos]
-    _rope_numpy(q3, c, s)
-    _rope_numpy(k, c, s)
-    for b in range(rows):
-        kt[slots[b], :, :, pos[b]] = k[b]
-        vc[slots[b], :, pos[b], :] = v[b]
-    sc = np.float32(scale)
-    with np.errstate(all="ignore"):
-        for b in range(R):
-            L = min(int(lengths[b]), T)
-            if L <= 0:  # an idle row: zeros, as _decode_task
-                y[b] = 0
-                continue
-            sl = slots[b]
-            qs = q3[b].reshape(Hkv, g, D) * sc
-            sco = qs @ kt[sl, :, :, :L]  # (Hkv, g, L)
-            p = np.exp(sco - sco.max(axis=2, keepdims=True))
-            inv = np.float32(1.0) / p.sum(axis=2, dtype=np.float32)
-            acc = p @ vc[sl, :, :L, :]  # (Hkv, g, Dv)
-            y[b, :, 0, :] = (acc * inv[:, :, None]).reshape(Hq, -1)
+    rope_store_numpy(q3, k, v, cos, sin, pos, kt, vc, slots, rows)
+    decode_attention_numpy(q, kt, vc, slots, lengths, y, scale)
 
 
 def residual_gemm_numpy(w, x, h):
