@@ -365,3 +365,18 @@ def test_a_cold_gather_is_np_take_with_the_same_index_check(rng, monkeypatch):
     np.testing.assert_array_equal(got, data[idx])  # the oracle: numpy's fancy indexing
     with pytest.raises(ParamInvalidError, match=r"index 50 at position \(1, 1\)"):
         KS.gather(data, np.array([[0, 1], [2, 50]]), np.empty((2, 2, 8), np.float32), 0, True)
+
+
+def test_a_cold_bn_fold_scale_gives_the_numba_kernels_bits(rng, monkeypatch):
+    from opsnn.kernels.cpu import norm as KN
+
+    w = rng.standard_normal((6, 3, 3, 3)).astype(np.float32)
+    w[1, 0, 0, 0], w[2, 1, 1, 1] = np.nan, np.inf
+    f = rng.uniform(0.1, 3, 6)
+    f[4] = 0.0
+    warm = KN.scale_rows(w, f)
+    monkeypatch.setattr(KN.kernel_cache, "cold", lambda fn, args: True)
+    cold = KN.scale_rows(w, f)
+    oracle = (w.astype(np.float64) * f[:, None, None, None]).astype(np.float32)
+    np.testing.assert_array_equal(cold, warm)
+    np.testing.assert_array_equal(cold, oracle)
