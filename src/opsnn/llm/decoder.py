@@ -811,7 +811,7 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
     if isinstance(p, _PlainWeight) and kernel == "llm_linear_rows":
         (n, k), w, b32 = p.w.shape, p.w, np.float32(beta)
         info = {"kernel": "llm_linear_rows", "flops": 2 * x.shape[0] * k * n}
-        cold = _tiering.cold_direct([(gemm_rows_parallel, (x, w, out, b32))])
+        cold = () if gemm_rows_parallel.overloads else _tiering.cold_direct([(gemm_rows_parallel, (x, w, out, b32))])
         if not cold:
             return (lambda: gemm_rows_parallel(x, w, out, b32)), "Linear", info
 
