@@ -340,9 +340,14 @@ def test_cold_direct_queues_once_and_nothing_when_off(tmp_path, monkeypatch):
     assert len(keys) == 1 and len(submitted) == 1 and not tiering.all_cached(keys)
     tiering.mark_cached(keys[0])
     assert tiering.all_cached(keys) and tiering.cold_direct([(fn, None)]) == ()
+    # a failed background compile: the caller switches (the kernel compiles in the foreground)
+    keys = tiering.cold_direct([(F.mlp_block_numpy, None)])
+    assert len(keys) == 1 and not tiering.all_cached(keys)
+    monkeypatch.setitem(tiering._background.failed, os.path.join(tiering._marker_dir(), keys[0]), "boom")
+    assert tiering.all_cached(keys) and tiering.cold_direct([(F.mlp_block_numpy, None)]) == ()
     monkeypatch.setenv("OPSNN_TIERED", "0")
     assert tiering.cold_direct([(D._numpy_product, None)]) == ()
-    assert len(submitted) == 1
+    assert len(submitted) == 2
     tiering._foreground.clear()
 
 

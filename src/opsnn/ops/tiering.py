@@ -226,8 +226,9 @@ def cold_direct(calls) -> tuple[str, ...]:
 
 def all_cached(keys) -> bool:
     """Whether the background process (or a warmup) compiled every one of ``keys``
-    (:func:`cold_direct`'s answer) into the kernel cache."""
-    return all(is_cached(k) for k in keys)
+    (:func:`cold_direct`'s answer) into the kernel cache; a key whose background compile failed
+    counts too (the caller switches and the kernel compiles in the foreground, as without tiering)."""
+    return all(is_cached(k) or os.path.join(_marker_dir(), k) in _background.failed for k in keys)
 
 
 def _is_not_preferred(why) -> bool:
