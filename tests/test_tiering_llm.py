@@ -264,10 +264,22 @@ def test_max_abs_is_numpy_while_cold_and_equals_the_numba_one(rng, monkeypatch):
     asked = []
     monkeypatch.setattr(KF.kernel_cache, "cold", lambda fn, args: asked.append(fn) or True)
     assert KF.max_abs(x) == warm == 9.5
-    assert asked == [KF._max_abs_bits_parallel]
+    assert KF.max_abs(x[:100]) == np.abs(x[:100]).max() and KF.max_abs(x[:0]) == 0.0
+    assert asked == [KF._max_abs_bits_parallel, KF._max_abs_bits_span, KF._max_abs_bits_span]
     for bad in (np.nan, np.inf, -np.inf):
-        x[12345] = bad
-        assert KF.max_abs(x) == np.inf
+        x[12345] = x[50] = bad
+        assert KF.max_abs(x) == KF.max_abs(x[:100]) == np.inf
+
+
+def test_a_cold_winograd_finiteness_check_is_numpy(rng, monkeypatch):
+    from opsnn.kernels.cpu import winograd as KW
+
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    monkeypatch.setattr(KW.kernel_cache, "cold", lambda fn, args: True)
+    assert KW.all_finite(w)
+    for bad in (np.nan, np.inf, -np.inf):
+        w[2, 1, 0, 2] = bad
+        assert not KW.all_finite(w)
 
 
 def test_a_cold_prefill_and_decode_run_the_stand_ins_then_the_numba_kernels(tmp_path):

@@ -324,12 +324,15 @@ def max_abs(x: np.ndarray) -> float:
     flat = x.reshape(-1)
     if flat.dtype == np.float32:
         u = flat.view(np.uint32)
-        if u.size <= MAX_ABS_CHUNK:
-            bits = int(_max_abs_bits_span(u, 0, u.size))
-        elif kernel_cache.cold(_max_abs_bits_parallel, (u, MAX_ABS_CHUNK)):  # compiling in the background: numpy's max
-            bits = int(np.bitwise_and(u, np.uint32(_ABS_BITS32)).max())
+        fn, args = (
+            (_max_abs_bits_span, (u, 0, u.size))
+            if u.size <= MAX_ABS_CHUNK
+            else (_max_abs_bits_parallel, (u, MAX_ABS_CHUNK))
+        )
+        if kernel_cache.cold(fn, args):  # compiling in the background (opsnn.ops.tiering): numpy's max
+            bits = int(np.bitwise_and(u, np.uint32(_ABS_BITS32)).max()) if u.size else 0
         else:
-            bits = int(_max_abs_bits_parallel(u, MAX_ABS_CHUNK))
+            bits = int(fn(*args))
         return np.inf if bits >= _INF_BITS32 else float(np.uint32(bits).view(np.float32))
     if flat.dtype == _dt.bfloat16:
         u = flat.view(np.uint16)
