@@ -27,6 +27,7 @@ import numpy as np
 
 from ..kernels.cpu.activation import fexp
 from ..kernels.cpu.attention import row_max
+from ..runtime import kernel_cache
 
 #: vectorise dot products (reassociation) but keep IEEE inf semantics
 _FM = {"reassoc", "contract", "arcp", "nsz"}
@@ -183,9 +184,60 @@ def decode_attention(
     keep spinning between calls, and a parallel region fighting them loses. Next to MKL's GEMMs,
     which share numba's OpenMP pool, two threads halve it (docs/performance.md, "LLM decoding")."""
     if parallel:
-        _decode_all_parallel(q, kt, v, slots, lengths, y, np.float32(scale), nb.get_num_threads())
+        fn, args = _decode_all_parallel, (q, kt, v, slots, lengths, y, np.float32(scale), nb.get_num_threads())
     else:
-        _decode_all(q, kt, v, slots, lengths, y, np.float32(scale))
+        fn, args = _decode_all, (q, kt, v, slots, lengths, y, np.float32(scale))
+    if kernel_cache.cold(fn, args):  # compiling in the background (opsnn.ops.tiering): numpy meanwhile
+        decode_attention_numpy(q, kt, v, slots, lengths, y, scale)
+    else:
+        fn(*args)
 
 
-__all__ = ["decode_attention", "rope_query", "rope_store", "store_key_value"]
+def decode_attention_numpy(q, kt, v, slots, lengths, y, scale) -> None:
+    """:func:`decode_attention` in numpy (scores and the weighted sum by BLAS per row and KV head,
+    the same softmax over exactly the row's keys: NaN and Inf as the numba kernel gives them)."""
+    B, Hq, Hkv, T = q.shape[0], q.shape[1], kt.shape[1], kt.shape[3]
+    g = Hq // Hkv
+    sc = np.float32(scale)
+    with np.errstate(all="ignore"):
+        for b in range(B):
+            L = min(int(lengths[b]), T)
+            if L <= 0:  # an idle row: zeros, as _decode_task
+                y[b] = 0
+                continue
+            sl = slots[b]
+            qs = q[b, :, 0, :].reshape(Hkv, g, -1) * sc
+            s = qs @ kt[sl, :, :, :L]  # (Hkv, g, L)
+            p = np.exp(s - s.max(axis=2, keepdims=True))
+            inv = np.float32(1.0) / p.sum(axis=2, dtype=np.float32)
+            y[b, :, 0, :] = ((p @ v[sl, :, :L, :]) * inv[:, :, None]).reshape(Hq, -1)
+
+
+def rope_store_numpy(q, k, v, cos, sin, pos, kt, vc, slots, rows) -> None:
+    """:func:`rope_store` in numpy (the same float32 arithmetic)."""
+    c, s = cos[pos], sin[pos]
+    _rope_numpy(q, c, s)
+    kr = k[:rows].copy()
+    _rope_numpy(kr, c[:rows], s[:rows])
+    for b in range(rows):
+        kt[slots[b], :, :, pos[b]] = kr[b]
+        vc[slots[b], :, pos[b], :] = v[b]
+
+
+def _rope_numpy(x, c, s) -> None:
+    # rope_query on x (R, heads, D) in place, row b at the table rows c[b], s[b] (R, half)
+    half = c.shape[1]
+    x1, x2 = x[..., :half].copy(), x[..., half : 2 * half].copy()
+    c, s = c[:, None, :], s[:, None, :]
+    x[..., :half] = c * x1 - s * x2
+    x[..., half : 2 * half] = s * x1 + c * x2
+
+
+__all__ = [
+    "decode_attention",
+    "decode_attention_numpy",
+    "rope_query",
+    "rope_store",
+    "rope_store_numpy",
+    "store_key_value",
+]

@@ -36,15 +36,17 @@ from .. import ops
 from ..errors import ParamInvalidError
 from ..kernels.cpu import libraries as _libs
 from ..kernels.cpu import mkl as _mkl
+from ..kernels.cpu import mkl_nb as _mkl_nb
 from ..kernels.cpu import onednn as _onednn
 from ..kernels.cpu.gemm import f32_to_bf16, gemm_rows_parallel, gemv_bf16
+from ..ops import tiering as _tiering
 from ..ops.defs.attention import GEMM_MAX_SCORE_BYTES
-from ..runtime import hooks
+from ..runtime import hooks, kernel_cache
 from ..runtime.context import context
 from ..runtime.stream import current_stream
 from ..tensor import Tensor, _alloc_array, as_tensor
 from . import fused as _fused
-from .attention import decode_attention, rope_store
+from .attention import decode_attention, rope_store, rope_store_numpy
 from .cache import KVCache
 
 _F32 = np.dtype(np.float32)
@@ -372,6 +374,8 @@ class CachedDecoder:
         kept (least recently used dropped)."""
         R = decode_bucket(B, self.cache.max_batch_slots)
         step = self._steps.get(R)
+        if step is not None and step.cold and _tiering.all_cached(step.cold):
+            step = None  # the background compile finished: rebuilt on the numba kernels
         if step is not None:
             self._steps.move_to_end(R)
             return step
@@ -421,6 +425,8 @@ class _DecodeStep:
         self.kvlen = np.zeros(R, np.int64)
         self.slots = np.zeros(R, np.int64)
         self.B = 0
+        #: tiering keys of the fused kernels this step runs numpy stand-ins for (empty: the kernels run)
+        self.cold: tuple = ()
         self.plan: list = []  # callables: executors' run, K/V stores, attention
         self.kernels: list = []  # the same steps as bare kernel calls (see run)
 
@@ -481,7 +487,9 @@ class _DecodeStep:
                 vc=vc,
                 attend=attend,
             ):  # the defaults bind this layer's views once
-                rope_store(q, k, v, cos, sin, pos, kc, vc, self.slots, self.B)
+                args = (q, k, v, cos, sin, pos, kc, vc, self.slots, self.B)
+                # numpy while rope_store compiles in the background (opsnn.ops.tiering)
+                (rope_store_numpy if kernel_cache.cold(rope_store, args) else rope_store)(*args)
                 attend()
 
             self.plan.append(lambda fn=rope_attend: dec._launch_attention(fn, self.kvlen, "llm_decode_rope_attention"))
@@ -506,7 +514,7 @@ class _DecodeStep:
         FUSED_MAX_ROWS rows, without MKL, for other than float32 weights or a cache not C-contiguous."""
         dec = self.dec
         cfg, cache = dec.config, dec.cache
-        fns = _fused.addresses()
+        fns = _mkl_nb.addresses()
         weights = [w for p in dec.layers for w in (p.wq, p.wk, p.wv, p.wo, p.wg, p.wu, p.wd)] + [dec.out_w]
         if (
             not dec.fused_steps
@@ -528,11 +536,36 @@ class _DecodeStep:
         cos, sin = dec.cos.numpy(), dec.sin.numpy()
         eps, scale, one = float(dec.eps), np.float32(dec._scale), np.float32(1.0)
         arr = [np.ascontiguousarray(w.numpy()) for w in weights]
+        ln1, ln2 = dec.layers[0].ln1.numpy(), dec.layers[0].ln2.numpy()
+        f = np.zeros(5, np.int64)  # fused.addresses()'s type: typing needs no compiled callback
+        wq, wk, wv, wo, wg, wu, wd = arr[:7]
+        kc, vc = cache._k[0], cache._v[0]
+        logits = np.empty((R, arr[-1].shape[0]), np.float32)
+        norm_w, wout = dec.norm_w.numpy(), arr[-1]
+        calls = [
+            (
+                _fused.attention_block,
+                (hv, ln1, eps, wq, wk, wv, cos, sin, pos, kc, vc, self.slots, self.kvlen, R, q, y, scale, f, nt),
+            ),
+            (_fused.residual_gemm, (wo, y.reshape(R, -1), hv, f, nt)),
+            (_fused.mlp_block, (hv, ln2, eps, wg, wu, gu, one, f, nt)),
+            (_fused.head_block, (hv, norm_w, eps, wout, logits, f, nt)),
+        ]
+        if not _fused._DECODE_CFUNC:
+            calls.append((_fused.addresses, None))
+        # while their machine code is not cached: numpy stand-ins, the kernels compiling in the background
+        self.cold = _tiering.cold_direct(calls)
+        if not self.cold:
+            fns = _fused.addresses()
 
         def step(fn, op, kernel, lists=(self.plan, self.kernels)):
             lists[0].append(lambda: current_stream().launch(fn, op, {"kernel": kernel}))
             lists[1].append(fn)
 
+        if self.cold:
+            self._fuse_numpy(arr, hv, q, y, gu, logits, pos, cos, sin, eps, scale, step)
+            self.logits, self.h, self.H = Tensor(logits), h, H
+            return True
         for i, p in enumerate(dec.layers):
             wq, wk, wv, wo, wg, wu, wd = arr[7 * i : 7 * i + 7]
             kc, vc = cache._k[i], cache._v[i]
@@ -573,8 +606,6 @@ class _DecodeStep:
                 "llm_decode_mlp_block",
             )
             step(lambda wd=wd: _fused.residual_gemm(wd, gu, hv, fns, nt), "Linear", "llm_decode_residual_gemm")
-        logits = np.empty((R, arr[-1].shape[0]), np.float32)
-        norm_w, wout = dec.norm_w.numpy(), arr[-1]
         self.head_plan, self.head_kernels = [], []
         step(
             lambda: _fused.head_block(hv, norm_w, eps, wout, logits, fns, nt),
@@ -584,6 +615,42 @@ class _DecodeStep:
         )
         self.logits, self.h, self.H = Tensor(logits), h, H
         return True
+
+    def _fuse_numpy(self, arr, hv, q, y, gu, logits, pos, cos, sin, eps, scale, step) -> None:
+        """The fused step's regions as :mod:`opsnn.llm.fused`'s numpy stand-ins (the numba ones
+        are compiling in the background: ``self.cold``)."""
+        dec, R, one = self.dec, self.R, np.float32(1.0)
+        cache = dec.cache
+        for i, p in enumerate(dec.layers):
+            wq, wk, wv, wo, wg, wu, wd = arr[7 * i : 7 * i + 7]
+            kc, vc = cache._k[i], cache._v[i]
+            ln1, ln2 = p.ln1.numpy(), p.ln2.numpy()
+            step(
+                lambda ln1=ln1, wq=wq, wk=wk, wv=wv, kc=kc, vc=vc: _fused.attention_block_numpy(
+                    hv, ln1, eps, wq, wk, wv, cos, sin, pos, kc, vc, self.slots, self.kvlen, self.B, q, y, scale
+                ),
+                "Attention",
+                "llm_decode_attention_block_numpy",
+            )
+            step(
+                lambda wo=wo: _fused.residual_gemm_numpy(wo, y.reshape(R, -1), hv),
+                "Linear",
+                "llm_decode_residual_numpy",
+            )
+            step(
+                lambda ln2=ln2, wg=wg, wu=wu: _fused.mlp_block_numpy(hv, ln2, eps, wg, wu, gu, one),
+                "SwiGLU",
+                "llm_decode_mlp_block_numpy",
+            )
+            step(lambda wd=wd: _fused.residual_gemm_numpy(wd, gu, hv), "Linear", "llm_decode_residual_numpy")
+        norm_w, wout = dec.norm_w.numpy(), arr[-1]
+        self.head_plan, self.head_kernels = [], []
+        step(
+            lambda: _fused.head_block_numpy(hv, norm_w, eps, wout, logits),
+            "Linear",
+            "llm_decode_head_numpy",
+            (self.head_plan, self.head_kernels),
+        )
 
     def _run_kernels(self, head: bool = False) -> None:
         for fn in self.kernels:
@@ -688,6 +755,14 @@ def _out_features(p) -> int:
     return p.shape[0] if isinstance(p, (np.ndarray, _Bf16Weight)) else p.n
 
 
+def _numpy_product(x: np.ndarray, w: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
+    """``out = x @ w.T`` (``+=`` when ``accumulate``) on numpy's BLAS."""
+    if accumulate:
+        out[...] += np.matmul(x, w.T)
+    else:
+        np.matmul(x, w.T, out=out)
+
+
 def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) -> tuple:
     """``out = x @ W.T`` (``out += x @ W.T`` when ``accumulate``: a residual added by the GEMM
     itself) as (closure over these arrays, task name, profiler info), the arguments of a stream
@@ -736,17 +811,24 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
     if isinstance(p, _PlainWeight) and kernel == "llm_linear_rows":
         (n, k), w, b32 = p.w.shape, p.w, np.float32(beta)
         info = {"kernel": "llm_linear_rows", "flops": 2 * x.shape[0] * k * n}
-        return (lambda: gemm_rows_parallel(x, w, out, b32)), "Linear", info
-    if isinstance(p, _PlainWeight):
-        (n, k), wt = p.w.shape, p.w.T
+        cold = () if gemm_rows_parallel.overloads else _tiering.cold_direct([(gemm_rows_parallel, (x, w, out, b32))])
+        if not cold:
+            return (lambda: gemm_rows_parallel(x, w, out, b32)), "Linear", info
 
-        def fn():
-            if accumulate:
-                out[...] += np.matmul(x, wt)
+        def fn_rows():  # numpy's BLAS while gemm_rows_parallel compiles in the background (opsnn.ops.tiering)
+            if cold and not _tiering.all_cached(cold):
+                _numpy_product(x, w, out, accumulate)
             else:
-                np.matmul(x, wt, out=out)
+                gemm_rows_parallel(x, w, out, b32)
 
-        return fn, "Linear", {"kernel": "llm_linear_openblas", "flops": 2 * x.shape[0] * k * n}
+        return fn_rows, "Linear", info
+    if isinstance(p, _PlainWeight):
+        (n, k), w = p.w.shape, p.w
+        return (
+            (lambda: _numpy_product(x, w, out, accumulate)),
+            "Linear",
+            {"kernel": "llm_linear_openblas", "flops": 2 * x.shape[0] * k * n},
+        )
     if isinstance(p, np.ndarray):
         (n, k), xv, ov = p.shape, x.reshape(-1), out.reshape(-1)
         fn, kernel = (lambda: _mkl.gemv(p, xv, ov, accumulate)), "llm_linear_mkl_gemv"

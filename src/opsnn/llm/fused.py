@@ -30,7 +30,7 @@ from ..kernels.cpu import mkl_nb as MN
 from ..kernels.cpu.activation import swiglu_chunk
 from ..kernels.cpu.gemm import gemm_rows
 from ..kernels.cpu.norm import norm_rows32
-from .attention import _decode_task, rope_query, store_key_value
+from .attention import _decode_task, decode_attention_numpy, rope_query, rope_store_numpy, store_key_value
 
 
 def _rows_entry(x, w, R, k, lo, hi, beta, out, ldo):
@@ -286,4 +286,55 @@ def head_block(h, ln_w, eps, w, logits, fns, nt):
         MN.set_threads_local(fns[1], prev)
 
 
-__all__ = ["addresses", "attention_block", "head_block", "mlp_block", "residual_gemm"]
+# -- numpy stand-ins (opsnn.ops.tiering): the same regions, nothing to compile -------------------------------
+def _rms_numpy(h, w, eps):
+    # rms_norm(h) * w per row: float64 statistics, the row scaled as norm_rows32 does ((x * a) * w in float32)
+    with np.errstate(all="ignore"):
+        h64 = h.astype(np.float64)
+        inv = 1.0 / np.sqrt(np.einsum("ij,ij->i", h64, h64) / h.shape[1] + eps)
+        return (h * inv.astype(np.float32)[:, None]) * w
+
+
+def attention_block_numpy(h, ln_w, eps, wq, wk, wv, cos, sin, pos, kt, vc, slots, lengths, rows, q, y, scale):
+    """:func:`attention_block` in numpy (BLAS products, attention by BLAS per row and KV head,
+    the same softmax: NaN and Inf as the numba kernel gives them)."""
+    Hkv, D = kt.shape[1], kt.shape[2]
+    R, Hq = q.shape[0], q.shape[1]
+    x = _rms_numpy(h, ln_w, eps)
+    q3 = q.reshape(R, Hq, D)
+    np.matmul(x, wq.T, out=q.reshape(R, Hq * D))
+    k = (x @ wk.T).reshape(R, Hkv, D)
+    v = (x @ wv.T).reshape(R, Hkv, D)
+    rope_store_numpy(q3, k, v, cos, sin, pos, kt, vc, slots, rows)
+    decode_attention_numpy(q, kt, vc, slots, lengths, y, scale)
+
+
+def residual_gemm_numpy(w, x, h):
+    """:func:`residual_gemm` in numpy: ``h += x @ w.T``."""
+    h += x @ w.T
+
+
+def mlp_block_numpy(h, ln_w, eps, wg, wu, gu, alpha):
+    """:func:`mlp_block` in numpy (SiLU in float32 as ``swiglu_chunk``)."""
+    x = _rms_numpy(h, ln_w, eps)
+    gate, up = x @ wg.T, x @ wu.T
+    with np.errstate(all="ignore"):
+        gu[...] = gate / (np.float32(1.0) + np.exp(-np.float32(alpha) * gate)) * up
+
+
+def head_block_numpy(h, ln_w, eps, w, logits):
+    """:func:`head_block` in numpy."""
+    np.matmul(_rms_numpy(h, ln_w, eps), w.T, out=logits)
+
+
+__all__ = [
+    "addresses",
+    "attention_block_numpy",
+    "attention_block",
+    "head_block",
+    "head_block_numpy",
+    "mlp_block",
+    "mlp_block_numpy",
+    "residual_gemm",
+    "residual_gemm_numpy",
+]

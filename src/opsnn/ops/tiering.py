@@ -16,6 +16,13 @@ this process dies (``PR_SET_PDEATHSIG`` on Linux). A workload it cannot compile 
 when the first background compile starts. ``OPSNN_TIERED=0`` turns tiering off (the numba kernel
 compiles in the foreground, as before); ``opsnn warmup`` runs that way and leaves the markers.
 
+Kernels called directly rather than through ``select_kernel`` (the LLM decoder's fused step and
+few-row products, rotary and SwiGLU over column views, the conv IEEE check's max |x|) use
+:func:`cold_direct`: the caller passes the numba dispatcher and its arguments, gets back the
+markers still missing (keyed by the kernel's source stamp and numba's argument types, so the
+background process compiles exactly that specialization with ``Dispatcher.compile``) and runs its
+numpy stand-in meanwhile; kernel modules reach it through ``runtime.kernel_cache.cold``.
+
 A compiled graph keeps the plans it built: after the background compile finishes, a new
 ``opsnn.compile`` (or a new input shape) picks the numba kernel, and eager calls pick it at once
 (their executor cache is keyed on ``registry.version()``, which a finished workload bumps).
@@ -169,6 +176,59 @@ def cold_kernel(rec, ctx, kernel):
         if _background.submit(marker, job):
             log.info("tiering: %s kernel %s on %s queued for a background compile", rec.name, kernel.name, key)
     return alt, f"{kernel.name} (priority {kernel.priority}) not compiled yet, compiling in the background"
+
+
+# -- kernels called directly (not through select_kernel) ---------------------------------------------------
+def direct_key(fn, sig=None) -> str:
+    """The marker name of numba kernel ``fn`` (a dispatcher, or a plain function that compiles what
+    it needs when called, such as a ``numba.cfunc``) on argument types ``sig``: its module and name,
+    its source stamp and the types."""
+    py = getattr(fn, "py_func", fn)
+    s = _stamps.get(py)
+    if s is None:
+        s = _stamps[py] = kernel_cache.dependency_stamp(py)
+    text = repr(("direct", py.__module__, py.__qualname__, s, None if sig is None else tuple(map(str, sig))))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def cold_direct(calls) -> tuple[str, ...]:
+    """Tiering for kernels a caller runs directly: ``calls`` are ``(numba dispatcher, arguments of a
+    call)`` pairs, or ``(function, None)`` for a module-level function that compiles what it needs
+    when called (C callbacks). Returns the marker keys of those whose machine code is neither in
+    this process nor in the kernel cache, each queued for the background process: while it is not
+    empty the caller runs its library stand-in (the same semantics, NaN and Inf included) and asks
+    :func:`all_cached` later whether to switch. Empty when tiering is off (their keys are then
+    recorded for :func:`mark_foreground`) and when everything is compiled; a call whose background
+    compile failed is left to compile in the foreground."""
+    cold = []
+    for fn, args in calls:
+        sig = None
+        if args is not None:
+            sig = tuple(fn.typeof_pyval(a) for a in args)
+            if sig in fn.overloads:
+                continue
+        key = direct_key(fn, sig)
+        if not enabled():
+            _foreground.add(key)
+            continue
+        if is_cached(key):
+            continue
+        marker = os.path.join(_marker_dir(), key)
+        if marker in _background.failed:
+            continue
+        py = getattr(fn, "py_func", fn)
+        job = {"marker": marker, "direct": (py.__module__, py.__qualname__), "sig": sig}
+        if _background.submit(marker, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)):
+            log.info("tiering: %s.%s%s queued for a background compile", py.__module__, py.__qualname__, sig or "")
+        cold.append(key)
+    return tuple(cold)
+
+
+def all_cached(keys) -> bool:
+    """Whether the background process (or a warmup) compiled every one of ``keys``
+    (:func:`cold_direct`'s answer) into the kernel cache; a key whose background compile failed
+    counts too (the caller switches and the kernel compiles in the foreground, as without tiering)."""
+    return all(is_cached(k) or os.path.join(_marker_dir(), k) in _background.failed for k in keys)
 
 
 def _is_not_preferred(why) -> bool:
@@ -328,6 +388,7 @@ class _Background:
 
 
 _background = _Background()
+kernel_cache.cold_direct = cold_direct  # the kernels' way to it (they do not import ops)
 
 
 def wait(timeout: float | None = None) -> bool:
@@ -368,6 +429,24 @@ def _input(meta, value, rng):
     if dt.kind == "f" or dt.name == "bfloat16":
         return rng.standard_normal(shape).astype(dt)
     return np.zeros(shape, dt)  # integers and booleans: zeros are valid indices and masks
+
+
+def run_direct(job: dict) -> None:
+    """Compiles ``job["direct"]`` (a numba dispatcher: for the argument types ``job["sig"]``; a
+    plain function: by calling it) into the kernel cache, then leaves the marker."""
+    import importlib
+
+    module, qualname = job["direct"]
+    fn = importlib.import_module(module)
+    for part in qualname.split("."):
+        fn = getattr(fn, part)
+    if job["sig"] is None:
+        fn()
+    else:
+        fn.compile(job["sig"])
+    os.makedirs(os.path.dirname(job["marker"]), exist_ok=True)
+    with open(job["marker"], "w"):
+        pass
 
 
 def run_job(job: dict) -> None:
@@ -411,10 +490,14 @@ def main(argv: list[str]) -> int:
         except EOFError:
             return 0
         try:
-            run_job(job)
+            if "direct" in job:
+                run_direct(job)
+            else:
+                run_job(job)
             result = (True, "")
         except Exception as exc:  # reported to the parent, which logs it
-            result = (False, f"{job['op']} kernel {job['kernel']}: {type(exc).__name__}: {exc}")
+            what = ".".join(job["direct"]) if "direct" in job else f"{job['op']} kernel {job['kernel']}"
+            result = (False, f"{what}: {type(exc).__name__}: {exc}")
         pickle.dump(result, stdout)
         stdout.flush()
 

@@ -47,6 +47,18 @@ PACKAGE_DIRS: list[str] = [os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 _SIMPLE = (bool, int, float, complex, str, bytes, type(None))
 
+#: ``opsnn.ops.tiering.cold_direct`` once that module is imported (on ``import opsnn``): how a
+#: kernel module, below the ops layer, asks whether to run its numpy stand-in while a numba kernel
+#: it calls directly compiles in the background; None: compile in the foreground
+cold_direct = None
+
+
+def cold(fn, args) -> bool:
+    """Whether numba kernel ``fn`` on ``args`` is compiling in the background (``cold_direct``),
+    so that its caller runs its numpy stand-in; False at once where ``fn`` has machine code."""
+    c = cold_direct
+    return c is not None and not fn.overloads and bool(c([(fn, args)]))
+
 
 def cache_root() -> str:
     """The folder opsnn's compiled kernels live in (see the module docstring)."""

@@ -37,6 +37,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
 from ...dtypes import compute_dtype
+from ...runtime import kernel_cache
 
 #: below this many elements a cheap map (relu, clamps) runs serially: waking a parallel region's
 #: second thread costs more than the map saves (figures: docs/performance.md, "Parallel thresholds")
@@ -826,9 +827,12 @@ def swiglu(ins, outs, attrs, plan, ws):
     if not (g.flags.c_contiguous and v.flags.c_contiguous):
         gs, vs = _span(g), _span(v)
         if gs is not None and vs is not None and out.flags.c_contiguous and g.shape == v.shape == out.shape:
-            (swiglu_rows_parallel if chunk else swiglu_rows)(
-                gs[0], gs[1], vs[0], vs[1], out.reshape(-1), out.shape[-1], alpha
-            )
+            fn = swiglu_rows_parallel if chunk else swiglu_rows
+            args = (gs[0], gs[1], vs[0], vs[1], out.reshape(-1), out.shape[-1], alpha)
+            if kernel_cache.cold(fn, args):  # compiling in the background (opsnn.ops.tiering)
+                swiglu_numpy(ins, outs, attrs, plan, ws)
+            else:
+                fn(*args)
             return
         g, v = np.ascontiguousarray(g), np.ascontiguousarray(v)
     g, v = g.reshape(-1), v.reshape(-1)
@@ -848,9 +852,21 @@ def swiglu(ins, outs, attrs, plan, ws):
         out[...] = res
         return
     if chunk:
-        swiglu_parallel(g, v, out, alpha, chunk)
+        if kernel_cache.cold(swiglu_parallel, (g, v, out, alpha, chunk)):
+            swiglu_numpy([g, v], [out], attrs, plan, ws)
+        else:
+            swiglu_parallel(g, v, out, alpha, chunk)
     else:
         swiglu_chunk(g, v, out, 0, g.size, alpha)
+
+
+def swiglu_numpy(ins, outs, attrs, plan, ws):
+    """:func:`swiglu` in numpy, the same float32 arithmetic (``g / (1 + exp(-alpha g)) * v``):
+    nothing to compile, run while the numba kernel compiles in the background (``opsnn.ops.tiering``)."""
+    alpha = plan[0]
+    g, v = ins
+    with np.errstate(all="ignore"):
+        outs[0][...] = g / (g.dtype.type(1.0) + np.exp(-alpha * g)) * v
 
 
 # -- Softmax / LogSoftmax: online single pass per row ----------------------------------------------------

@@ -891,6 +891,24 @@ def rotary_serial(x, cos, sin, y, bnsd, interleaved, rot):
             _rotary_row(x, cos, sin, y, bnsd, interleaved, rot, b, s, n)
 
 
+def rotary_numpy(x, cos, sin, y, bnsd, interleaved, rot):
+    """:func:`rotary_serial` in numpy, the same float32 arithmetic: nothing to compile, a cold
+    plan's kernel while the numba one compiles in the background (``opsnn.ops.tiering``)."""
+    half = rot // 2
+    # cos/sin (1 or B, S, >= half) against x's (B, S, N, D) or (B, N, S, D)
+    c, s = cos[:, :, :half], sin[:, :, :half]
+    c, s = (c[:, None], s[:, None]) if bnsd else (c[:, :, None], s[:, :, None])
+    if interleaved:
+        i1, i2 = slice(0, rot, 2), slice(1, rot, 2)
+    else:
+        i1, i2 = slice(0, half), slice(half, rot)
+    x1, x2 = x[..., i1], x[..., i2]
+    r1, r2 = c * x1 - s * x2, s * x1 + c * x2
+    y[..., rot:] = x[..., rot:]
+    y[..., i1] = r1
+    y[..., i2] = r2
+
+
 # -- attention backward: flash-style recomputation ---------------------------------------------------
 # Tiles are flat float32 arrays with explicit row strides. Their products run on single-threaded MKL
 # when fns[0] holds cblas_sgemm's address, else as loops LLVM vectorizes (inner loop along a row).

@@ -27,6 +27,7 @@ import ml_dtypes
 import numba as nb
 import numpy as np
 
+from ...runtime import kernel_cache
 from ...runtime.memory import check_request
 from .gemm import KIND_BF16, _narrow, _widen
 
@@ -607,5 +608,8 @@ def scale_rows(w: np.ndarray, factor: np.ndarray) -> np.ndarray:
         return (w.astype(np.float64) * factor.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
     w2 = np.ascontiguousarray(w).reshape(w.shape[0], -1)
     out = np.empty(w2.shape, w.dtype)
-    _scale_rows(w2, factor, out)
+    if kernel_cache.cold(_scale_rows, (w2, factor, out)):  # compiling in the background: numpy, the same bits
+        np.multiply(w2.astype(np.float64), factor[:, None], out=out, casting="unsafe")
+    else:
+        _scale_rows(w2, factor, out)
     return out.reshape(w.shape)

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
+from ...runtime import kernel_cache
 from ...runtime.memory import check_request
 
 #: copies smaller than this run through numpy (a numba call's fixed cost dominates them)
@@ -541,6 +542,13 @@ def gather(data: np.ndarray, indices: np.ndarray, out: np.ndarray, axis: int, pa
     outer = math.prod(data.shape[:axis])
     inner = math.prod(data.shape[axis + 1 :])
     idx = indices.reshape(-1).astype(np.int64, copy=False)
+    # while the numba kernels compile in the background (opsnn.ops.tiering): np.take, the same check
+    cold = kernel_cache.cold(first_bad_index, (idx, n))
+    if parallel and out.size:
+        cold = kernel_cache.cold(gather_rows, (bits(data), idx, bits(out), outer, n, inner)) or cold
+    if cold:
+        gather_numpy(data, indices, out, axis, op)
+        return
     bad = first_bad_index(idx, n)
     if bad >= 0:
         pos = np.unravel_index(bad, indices.shape) if indices.ndim else ()

@@ -71,6 +71,7 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
+from ...runtime import kernel_cache
 from . import mkl as _mkl
 from . import mkl_nb as MN
 from .conv import ALIGN, workspace_view
@@ -859,7 +860,10 @@ def all_finite(a) -> bool:
     a = np.asarray(a)
     if a.dtype not in (np.float32, np.float64):
         a = a.astype(np.float32)
-    return bool(_all_finite(np.ascontiguousarray(a).reshape(-1)))
+    flat = np.ascontiguousarray(a).reshape(-1)
+    if kernel_cache.cold(_all_finite, (flat,)):  # compiling in the background (opsnn.ops.tiering)
+        return bool(np.isfinite(flat).all())
+    return bool(_all_finite(flat))
 
 
 @nb.njit(nogil=True, cache=True)

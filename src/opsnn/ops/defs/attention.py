@@ -27,6 +27,7 @@ from ...kernels.cpu import attention as K
 from ...kernels.cpu import libraries as KL
 from ...kernels.cpu import mkl as KM
 from ...kernels.cpu import mkl_nb as MN
+from ...runtime import kernel_cache
 from ...runtime.memory import check_request
 from ..api import api
 from ..autotune import NotPreferred
@@ -1213,7 +1214,10 @@ def _rotary(ins, outs, attrs, plan, ws):
     else:
         y = outs[0]
     fn = K.rotary_parallel if plan["parallel"] else K.rotary_serial
-    fn(x, cos, sin, y, ins[0].ndim == 4, bool(attrs["interleaved"]), plan["rot"])
+    args = (x, cos, sin, y, ins[0].ndim == 4, bool(attrs["interleaved"]), plan["rot"])
+    if kernel_cache.cold(fn, args):  # compiling in the background (ops/tiering.py): numpy meanwhile
+        fn = K.rotary_numpy
+    fn(*args)
 
 
 RotaryEmbedding = register_op(
