@@ -358,6 +358,9 @@ def _decompositions() -> dict:
         for op in _aten.bf16_torch_only():
             if op in table:
                 table[op] = _whole_in_bfloat16(table[op])
+        for op, takes in _aten.kept_whole_in_inference().items():
+            if op in table:
+                table[op] = _unless(takes, table[op])
         _DECOMPOSITIONS.update(table)
     return _DECOMPOSITIONS
 

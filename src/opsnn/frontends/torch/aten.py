@@ -1597,7 +1597,39 @@ def _gather(n, e):
     return [Node("GatherElements", [e.name(x), e.name(index)], [e.out(n)], {"axis": int(dim) % _rank(x)})]
 
 
-_gather.in_dtypes = (F32, I64)
+_gather.in_dtypes = _gather.out_dtypes = (F32, I64)
+
+
+def _sdpa_flash(n, e):
+    """``_scaled_dot_product_flash_attention_for_cpu`` (what ``scaled_dot_product_attention`` is on a CPU
+    float32 tensor) -> Attention, output 0 alone (the logsumexp is for the backward, which inference
+    has not). Both mask a row no key may attend to zeros; torch's causal mask is top-left aligned,
+    ONNX's bottom-right: equal only when queries and keys are as many."""
+    q, k, v = n.args[:3]
+    dropout, causal = _kw(n, 3, "dropout_p", 0.0), _kw(n, 4, "is_causal", False)
+    mask, scale = n.kwargs.get("attn_mask"), n.kwargs.get("scale")
+    qs, ks, vs = (shape_of(_val(t)) for t in (q, k, v))
+    if dropout:
+        raise Unsupported(f"dropout_p={dropout}")
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4 or not _static(qs + ks + vs):
+        raise Unsupported("inputs that are not 4-D (B, H, S, D) of static shapes")
+    if ks[1] != vs[1] or qs[1] % ks[1] or ks[2] != vs[2] or qs[3] != ks[3]:
+        raise Unsupported(f"Q, K, V of shapes {qs}, {ks}, {vs}")
+    if causal and qs[2] != ks[2]:
+        raise Unsupported("is_causal with queries and keys of different lengths")
+    if mask is not None and (_rank(mask) > 4 or str(_val(mask).dtype) not in (F32, BOOL)):
+        raise Unsupported("a mask of rank over 4 or not float32 / bool")
+    if min(qs + ks + vs) == 0:
+        raise Unsupported("an empty input")
+    y, _lse = e.outs(n, 2)
+    e.names[n] = (y, None)
+    inputs = [e.name(q), e.name(k), e.name(v)] + ([e.name(mask)] if mask is not None else [])
+    attrs = {"is_causal": int(bool(causal)), "scale": float(1.0 / np.sqrt(qs[3]) if scale is None else scale)}
+    return [Node("Attention", inputs, [y], attrs)]
+
+
+_sdpa_flash.in_dtypes = (F32, BOOL)
+_sdpa_flash.first_only = True
 
 
 def _arange(n, e):
@@ -2165,6 +2197,25 @@ def _plain(*tensors) -> bool:
     return all(str(t.dtype) in (F32, I64) and t.numel() > 0 for t in ts)
 
 
+def kept_whole_in_inference() -> dict:
+    """``{ATen overload: predicate(*args, **kwargs)}``: ops core ATen would decompose that stay whole
+    where the predicate holds, for one opsnn op computes them (attention: no score matrix, no
+    safe-softmax guard of five passes over it)."""
+    import torch
+
+    def sdpa(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+        dims = all(t.dim() == 4 and t.numel() > 0 for t in (q, k, v))
+        return (
+            dims
+            and all(t.dtype == torch.float32 for t in (q, k, v))
+            and not dropout_p
+            and not (is_causal and q.shape[2] != k.shape[2])
+            and (attn_mask is None or (attn_mask.dim() <= 4 and attn_mask.dtype in (torch.float32, torch.bool)))
+        )
+
+    return {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: sdpa}
+
+
 def kept_whole_in_training() -> dict:
     """``{ATen overload: predicate(*args, **kwargs)}``: ops core ATen would decompose that the training
     graphs keep whole where the predicate holds, for a lowering above maps them onto a backward record
@@ -2297,6 +2348,7 @@ def _table():
         aten.index_select.default: _index_select,  # -> Gather
         aten.embedding.default: _embedding,  # -> Gather
         aten.gather.default: _gather,  # -> GatherElements
+        aten._scaled_dot_product_flash_attention_for_cpu.default: _sdpa_flash,  # -> Attention
         aten.max.dim: _reduce_with_index("ReduceMax", "ArgMax"),
         aten.min.dim: _reduce_with_index("ReduceMin", "ArgMin"),
         aten.max.default: _reduce("ReduceMax"),
