@@ -1079,8 +1079,10 @@ def _cat(n, e):
     tensors = list(n.args[0])
     dim = _kw(n, 1, "dim", 0)
     rank = _rank(n)
+    if rank != 1:  # torch skips legacy empty 1-D inputs (a KV cache's first torch.cat onto tensor([]))
+        tensors = [t for t in tensors if tuple(shape_of(_val(t))) != (0,)] or tensors
     if any(_rank(t) != rank for t in tensors):
-        raise Unsupported("inputs of different ranks (torch's legacy empty 1-D tensors)")
+        raise Unsupported("inputs of different ranks")
     return [Node("Concat", [e.name(t) for t in tensors], [e.out(n)], {"axis": int(dim) % rank})]
 
 
