@@ -1767,18 +1767,38 @@ _copy.in_dtypes = _copy.out_dtypes = (F32, BOOL, I64)
 
 
 def _index(n, e):
-    """``x[..., idx]`` with one int64 index tensor and the dims before it whole: Gather on that dim."""
+    """``x[..., idx]`` with one int64 index tensor and the dims before it whole: Gather on that dim;
+    ``x[i0, i1, ...]`` with int64 index tensors on the leading dims (broadcast together, the result's
+    leading dims): GatherND on their stack (a mask's ``padding_mask[batch_idx, kv_idx]``)."""
     x, indices = n.args[:2]
     used = [i for i, t in enumerate(indices) if t is not None]
-    if len(used) != 1 or str(_val(indices[used[0]]).dtype) != I64 or _rank(x) == 0:
-        raise Unsupported("indexing by more than one tensor, or by a bool mask")
-    axis = used[0]
-    if _shape(x)[axis] == 0 or any(d == 0 for d in _shape(n)):
+    if not used or any(str(_val(indices[i]).dtype) != I64 for i in used) or _rank(x) == 0:
+        raise Unsupported("indexing by a bool mask")
+    if any(d == 0 for d in _shape(x)) or any(d == 0 for d in _shape(n)):
         raise Unsupported("an empty dim")
-    return [Node("Gather", [e.name(x), e.name(indices[axis])], [e.out(n)], {"axis": axis})]
+    if len(used) == 1:
+        axis = used[0]
+        return [Node("Gather", [e.name(x), e.name(indices[axis])], [e.out(n)], {"axis": axis})]
+    if used != list(range(len(used))):
+        raise Unsupported("index tensors on dims that are not the leading ones")
+    shapes = [_shape(indices[i]) for i in used]
+    rank = max(len(sh) for sh in shapes)
+    bcast = tuple(
+        max([sh[k - rank + len(sh)] for sh in shapes if k - rank + len(sh) >= 0], default=1) for k in range(rank)
+    )
+    nodes, parts = [], []
+    for i in used:
+        full = e.graph.unique_name(f"{n.name}_i{i}")
+        nodes.append(Node("Expand", [e.name(indices[i]), e.const("shape", np.array(bcast, np.int64))], [full]))
+        part = e.graph.unique_name(f"{n.name}_i{i}_1")
+        nodes.append(Node("Reshape", [full, e.const("shape", np.array(bcast + (1,), np.int64))], [part]))
+        parts.append(part)
+    stacked = e.graph.unique_name(f"{n.name}_nd")
+    nodes.append(Node("Concat", parts, [stacked], {"axis": rank}))
+    return nodes + [Node("GatherND", [e.name(x), stacked], [e.out(n)], {"batch_dims": 0})]
 
 
-_index.in_dtypes = (F32, I64)
+_index.in_dtypes = _index.out_dtypes = (F32, I64, BOOL)
 
 
 def _numel(shape) -> int:
