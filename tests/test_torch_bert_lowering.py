@@ -201,3 +201,28 @@ def test_linear_on_3d_activations_is_one_nd_matmul_with_its_epilogue(heads_view)
     assert ops["FusedMatMul"] == 2 and ops["Gelu"] == 0 and ops["Add"] == 0, ops
     # the flattening Reshapes torch's addmm needs are gone; a head split stays a Reshape
     assert ops["Reshape"] == (1 if heads_view else 0), ops
+
+
+def test_sdpa_with_symbolic_sizes_is_decomposed_not_left_whole_to_torch():
+    """A symbolic sequence length: the Attention lowering needs static shapes, so sdpa decomposes
+    (symbolically) as before rather than staying one node that torch runs."""
+    reports = []
+
+    def be(gm, example_inputs):
+        fn, report = fe.compile_graph(gm, example_inputs)
+        reports.append(report)
+        return fn
+
+    fn = _sdpa()
+    compiled = torch.compile(fn, backend=be)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for s in (6, 9):
+            q, k, v = (torch.randn(1, 2, s, 8) for _ in range(3))
+            for t in (q, k, v):
+                torch._dynamo.mark_dynamic(t, 2)  # the sequence; the head size stays a number
+            _close(compiled(q, k, v), fn(q, k, v))
+    assert len(reports) == 1 and reports[0].partitions  # one symbolic trace, its matmuls on opsnn
+    assert not [f for f in reports[0].fallbacks if "scaled_dot_product" in f[1]]
+    ops = collections.Counter(n.op_type for _, _, cg in reports[0].partitions for n in cg.graph.nodes)
+    assert ops["Attention"] == 0 and ops["MatMul"] >= 1, ops

@@ -2226,6 +2226,9 @@ def kept_whole_in_inference() -> dict:
     import torch
 
     def sdpa(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+        tensors = (q, k, v) if attn_mask is None else (q, k, v, attn_mask)
+        if not all(isinstance(d, int) for t in tensors for d in t.shape):
+            return False  # symbolic sizes: the decomposition keeps them symbolic, the Attention lowering not
         dims = all(t.dim() == 4 and t.numel() > 0 for t in (q, k, v))
         return (
             dims
