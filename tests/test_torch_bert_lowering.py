@@ -140,6 +140,7 @@ def test_llama_causal_lm_runs_whole_on_opsnn(kv_heads):
     attention = [n for r in reports for _, _, cg in r.partitions for n in cg.graph.nodes if n.op_type == "Attention"]
     assert len(attention) == 2 and all(n.attrs.get("is_causal") == 1 for n in attention)
     assert ops["RMSNormalization"] == 5  # two per layer and the final norm, recognized from pow-mean-rsqrt
+    assert _read_from_a_matmul(reports, ("Add",)) == []  # o_proj's and down_proj's residual adds fused
 
 
 def _sdpa(**kw):

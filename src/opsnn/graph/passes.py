@@ -503,6 +503,47 @@ def matmul_unflatten(graph: Graph, res: PassResult) -> None:
     graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
 
 
+def reshape_chains(graph: Graph, res: PassResult) -> None:
+    """``Reshape(Reshape(x, s1), s2)`` with a static result and the inner Reshape's only reader: one
+    Reshape of x to that shape, or x itself when the shapes agree (attention_head_layout's head merge
+    to (B, S, H, D) that torch's ``reshape(B, S, H*D)`` undoes at once)."""
+    from .shape_inference import infer_types
+
+    metas = None
+    users = graph.consumers()
+    prod = graph.producers()
+    renamed: dict = {}
+    dropped: set = set()
+    for r2 in graph.nodes:
+        r2.inputs = [renamed.get(i, i) for i in r2.inputs]
+        if r2.op_type != "Reshape" or r2.domain or len(r2.inputs) != 2:
+            continue
+        r1 = prod.get(r2.inputs[0])
+        if r1 is None or r1.op_type != "Reshape" or r1.domain or id(r1) in dropped:
+            continue
+        if len(users.get(r1.outputs[0], [])) != 1 or not _removable_output(graph, r1.outputs[0]):
+            continue
+        if metas is None:
+            metas = infer_types(graph)
+        x = r1.inputs[0]
+        xs, out = _static_shape(metas, x), _static_shape(metas, r2.outputs[0])
+        if out is None or metas.get(x) is None:
+            continue
+        dropped.add(id(r1))
+        if xs == out and _removable_output(graph, r2.outputs[0]):
+            dropped.add(id(r2))
+            renamed[r2.outputs[0]] = x
+            res.note(f"{r1.name} + {r2.name}: cancelled")
+        else:
+            shape = graph.unique_name(f"{r2.name}_shape")
+            graph.initializers[shape] = np.array(out, np.int64)
+            r2.inputs = [x, shape]
+            r2.attrs = {}
+            res.note(f"{r1.name} + {r2.name}: one Reshape to {out}")
+    graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
+    apply_renames(graph, renamed)
+
+
 def conv_bn_folding(graph: Graph, res: PassResult) -> None:
     """Conv -> BatchNormalization (inference, constant parameters) into one Conv with new weights."""
     from ..kernels.cpu.norm import scale_rows
@@ -808,6 +849,7 @@ PASSES: list[Pass] = [
         2,
         "Attention reads/writes (B, S, H*D) directly instead of head split/merge Transposes",
     ),
+    Pass("reshape_chains", reshape_chains, 2, "Reshape(Reshape(x)) -> one Reshape of x, or x"),
     Pass("user_rewrites", user_rewrites, 2, "user-registered rewrite rules"),
     Pass(
         "residual_scale_folding",

@@ -1083,6 +1083,8 @@ def _cat(n, e):
         tensors = [t for t in tensors if tuple(shape_of(_val(t))) != (0,)] or tensors
     if any(_rank(t) != rank for t in tensors):
         raise Unsupported("inputs of different ranks")
+    if len(tensors) == 1:
+        return [Node("Identity", [e.name(tensors[0])], [e.out(n)])]
     return [Node("Concat", [e.name(t) for t in tensors], [e.out(n)], {"axis": int(dim) % rank})]
 
 
