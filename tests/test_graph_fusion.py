@@ -627,17 +627,24 @@ def test_bias_free_matmul_takes_its_residual_add(rng):
     np.testing.assert_allclose(cg.run({"x": x, "z": z})["y"].numpy(), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("back, ops", [((2, 4, 6), ["Relu"]), ((8, 6), ["Reshape", "Relu"])])
-def test_reshape_of_a_reshape_is_one_or_none(rng, back, ops):
-    x = _f32(rng, 2, 4, 6)
+@pytest.mark.parametrize(
+    "shape, back, ops",
+    [
+        ((2, 4, 6), (2, 4, 6), ["Relu"]),
+        ((2, 4, 6), (8, 6), ["Reshape", "Relu"]),
+        ((4, 0, 6), (0, 4, 6), ["Reshape", "Relu"]),  # an empty dim stays 0 (allowzero), not the input's
+    ],
+)
+def test_reshape_of_a_reshape_is_one_or_none(rng, shape, back, ops):
+    x = _f32(rng, *shape)
     g = Graph(
         "chain",
-        inputs=[Value("x", np.float32, (2, 4, 6))],
+        inputs=[Value("x", np.float32, shape)],
         outputs=["y"],
-        initializers={"heads": _i64(0, 0, 2, 3), "back": _i64(*back)},
+        initializers={"heads": _i64(*shape[:2], 2, 3), "back": _i64(*back)},
         nodes=[
-            Node("Reshape", ["x", "heads"], ["h"]),
-            Node("Reshape", ["h", "back"], ["r"]),
+            Node("Reshape", ["x", "heads"], ["h"], {"allowzero": 1}),
+            Node("Reshape", ["h", "back"], ["r"], {"allowzero": 1}),
             Node("Relu", ["r"], ["y"]),
         ],
     )

@@ -152,7 +152,16 @@ def _sdpa(**kw):
 
 @pytest.mark.parametrize(
     "case",
-    ["plain", "scale", "bool_mask_with_a_dead_row", "float_mask_with_a_dead_row", "causal", "gqa", "causal_rect"],
+    [
+        "plain",
+        "scale",
+        "bool_mask_with_a_dead_row",
+        "float_mask_with_a_dead_row",
+        "mask_broadcast_over_keys",
+        "causal",
+        "gqa",
+        "causal_rect",
+    ],
 )
 def test_sdpa_lowers_to_attention_as_torch_computes_it(case):
     torch.manual_seed(0)
@@ -168,6 +177,8 @@ def test_sdpa_lowers_to_attention_as_torch_computes_it(case):
         mask = torch.randn(8, 10)
         mask[2] = float("-inf")
         args.append(mask)
+    elif case == "mask_broadcast_over_keys":  # torch broadcasts its one column; ONNX would pad it with -inf
+        args.append(torch.randn(8, 1))
     elif case == "causal":
         args[1:] = [k[:, :, :8], v[:, :, :8]]
         kw["is_causal"] = True
@@ -179,7 +190,7 @@ def test_sdpa_lowers_to_attention_as_torch_computes_it(case):
     got, want, reports, ops = _compiled(_sdpa(**kw), *args)
     _close(got, want)
     _all_on_opsnn(reports)
-    assert ops["Attention"] == (0 if case == "causal_rect" else 1)
+    assert ops["Attention"] == (0 if case in ("causal_rect", "mask_broadcast_over_keys") else 1)
 
 
 class _Mlp(torch.nn.Module):

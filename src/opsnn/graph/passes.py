@@ -538,7 +538,7 @@ def reshape_chains(graph: Graph, res: PassResult) -> None:
             shape = graph.unique_name(f"{r2.name}_shape")
             graph.initializers[shape] = np.array(out, np.int64)
             r2.inputs = [x, shape]
-            r2.attrs = {}
+            r2.attrs = {"allowzero": 1} if 0 in out else {}  # an empty dim is 0, not "copy the input's"
             res.note(f"{r1.name} + {r2.name}: one Reshape to {out}")
     graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
     apply_renames(graph, renamed)

@@ -1621,8 +1621,12 @@ def _sdpa_flash(n, e):
         raise Unsupported(f"Q, K, V of shapes {qs}, {ks}, {vs}")
     if causal and qs[2] != ks[2]:
         raise Unsupported("is_causal with queries and keys of different lengths")
-    if mask is not None and (_rank(mask) > 4 or str(_val(mask).dtype) not in (F32, BOOL)):
-        raise Unsupported("a mask of rank over 4 or not float32 / bool")
+    if mask is not None and (
+        not 1 <= _rank(mask) <= 4
+        or str(_val(mask).dtype) not in (F32, BOOL)
+        or shape_of(_val(mask))[-1] != ks[2]  # ONNX pads a shorter key dim with -inf, torch broadcasts a 1
+    ):
+        raise Unsupported("a mask of rank 0 or over 4, not float32 / bool, or not one value per key")
     if min(qs + ks + vs) == 0:
         raise Unsupported("an empty input")
     y, _lse = e.outs(n, 2)
@@ -2237,7 +2241,14 @@ def kept_whole_in_inference() -> dict:
             and all(t.dtype == torch.float32 for t in (q, k, v))
             and not dropout_p
             and not (is_causal and q.shape[2] != k.shape[2])
-            and (attn_mask is None or (attn_mask.dim() <= 4 and attn_mask.dtype in (torch.float32, torch.bool)))
+            and (
+                attn_mask is None
+                or (
+                    1 <= attn_mask.dim() <= 4
+                    and attn_mask.dtype in (torch.float32, torch.bool)
+                    and attn_mask.shape[-1] == k.shape[2]
+                )
+            )
         )
 
     return {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: sdpa}
