@@ -37,24 +37,34 @@ SETTLE_S = 0.5
 RUNTIMES = ("eager", "opsnn", "inductor")
 
 
-def _torchvision_resnet():
-    """``torchvision.models.resnet``; where torchvision's C extension does not load against this torch
-    (PyPI's CUDA wheel beside a CPU torch), its pure-Python model definitions without the package's
-    operator registrations."""
+def _torchvision_importable() -> None:
+    """Make ``import torchvision...`` work: where torchvision's C extension does not load against this
+    torch (PyPI's CUDA wheel beside a CPU torch; RuntimeError: operator torchvision::nms does not
+    exist), ``torchvision`` becomes its bare package, whose pure-Python modules (the model definitions,
+    the transforms transformers imports) load without the package's operator registrations. Called
+    before torchvision or transformers is first imported, so that the rows run in any order."""
     try:
-        from torchvision.models import resnet
+        import torchvision  # noqa: F401
     except (ImportError, OSError, RuntimeError) as exc:
         import importlib.util
         import types
 
-        print(f"torchvision does not import ({type(exc).__name__}: {exc}); using its model code alone", file=sys.stderr)
+        print(
+            f"torchvision does not import ({type(exc).__name__}: {exc}); using its Python code alone", file=sys.stderr
+        )
         for key in [k for k in sys.modules if k == "torchvision" or k.startswith("torchvision.")]:
             del sys.modules[key]
         spec = importlib.util.find_spec("torchvision")
         pkg = types.ModuleType("torchvision")
         pkg.__path__, pkg.__spec__ = list(spec.submodule_search_locations), spec
         sys.modules["torchvision"] = pkg
-        from torchvision.models import resnet
+
+
+def _torchvision_resnet():
+    """``torchvision.models.resnet`` (see :func:`_torchvision_importable`)."""
+    _torchvision_importable()
+    from torchvision.models import resnet
+
     return resnet
 
 
@@ -66,6 +76,7 @@ def build(name: str, tiny: bool, torch):
         model = resnet.resnet18() if tiny else resnet.resnet50()
         return model.eval(), (torch.randn(1, 3, 64 if tiny else 224, 64 if tiny else 224),)
     seq = 16 if tiny else 128
+    _torchvision_importable()  # transformers imports torchvision where it finds it
     if name == "bert":
         from transformers import BertConfig, BertModel
 

@@ -584,3 +584,70 @@ def test_fused_elementwise_reference_matches_its_kernel_after_erf():
     want = rec.reference([x], rec.bind_attrs({"program": prog}))
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(want, np.array([[1.0, -1.0, 0.0]], np.float32))
+
+
+def _i64(*v):
+    return np.array(v, np.int64)
+
+
+def test_flattened_linear_is_one_nd_matmul_with_its_epilogue(rng):
+    """torch's addmm on (B*S, K) rows between two Reshapes: an N-D MatMul, its bias and residual fused."""
+    x, z, w, b = _f32(rng, 2, 5, 8), _f32(rng, 2, 5, 6), _f32(rng, 8, 6), _f32(rng, 6)
+    g = Graph(
+        "linear3d",
+        inputs=[Value("x", np.float32, (2, 5, 8)), Value("z", np.float32, (2, 5, 6))],
+        outputs=["y"],
+        initializers={"w": w, "b": b, "flat": _i64(10, 8), "back": _i64(2, 5, 6)},
+        nodes=[
+            Node("Reshape", ["x", "flat"], ["x2"]),
+            Node("MatMul", ["x2", "w"], ["m"]),
+            Node("Add", ["m", "b"], ["mb"]),
+            Node("Reshape", ["mb", "back"], ["m3"]),
+            Node("Add", ["z", "m3"], ["y"]),
+        ],
+    )
+    cg = opsnn.compile(g)
+    assert [n.qualified_type for n in cg.graph.nodes] == ["opsnn::FusedMatMul"]
+    want = (x.astype(np.float64).reshape(10, 8) @ w + b).reshape(2, 5, 6) + z
+    np.testing.assert_allclose(cg.run({"x": x, "z": z})["y"].numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_bias_free_matmul_takes_its_residual_add(rng):
+    x, z, w = _f32(rng, 4, 8), _f32(rng, 4, 6), _f32(rng, 8, 6)
+    g = Graph(
+        "residual",
+        inputs=[Value("x", np.float32, (4, 8)), Value("z", np.float32, (4, 6))],
+        outputs=["y"],
+        initializers={"w": w},
+        nodes=[Node("MatMul", ["x", "w"], ["m"]), Node("Add", ["z", "m"], ["y"])],
+    )
+    cg = opsnn.compile(g)
+    assert [n.qualified_type for n in cg.graph.nodes] == ["opsnn::FusedMatMul"]
+    want = x.astype(np.float64) @ w + z
+    np.testing.assert_allclose(cg.run({"x": x, "z": z})["y"].numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "shape, back, ops",
+    [
+        ((2, 4, 6), (2, 4, 6), ["Relu"]),
+        ((2, 4, 6), (8, 6), ["Reshape", "Relu"]),
+        ((4, 0, 6), (0, 4, 6), ["Reshape", "Relu"]),  # an empty dim stays 0 (allowzero), not the input's
+    ],
+)
+def test_reshape_of_a_reshape_is_one_or_none(rng, shape, back, ops):
+    x = _f32(rng, *shape)
+    g = Graph(
+        "chain",
+        inputs=[Value("x", np.float32, shape)],
+        outputs=["y"],
+        initializers={"heads": _i64(*shape[:2], 2, 3), "back": _i64(*back)},
+        nodes=[
+            Node("Reshape", ["x", "heads"], ["h"], {"allowzero": 1}),
+            Node("Reshape", ["h", "back"], ["r"], {"allowzero": 1}),
+            Node("Relu", ["r"], ["y"]),
+        ],
+    )
+    cg = opsnn.compile(g)
+    assert [n.qualified_type for n in cg.graph.nodes] == ops
+    np.testing.assert_array_equal(cg.run({"x": x})["y"].numpy(), np.maximum(x, 0).reshape(back))

@@ -479,7 +479,13 @@ def _matmul_rule(with_bias: bool, with_residual: bool, with_act: bool) -> Rewrit
 EPILOGUE = [_conv_rule(True, True), _conv_rule(True, False), _conv_rule(False, True)]
 EPILOGUE += [
     _matmul_rule(b, r, a)
-    for b, r, a in ((True, True, False), (True, False, True), (True, False, False), (False, False, True))
+    for b, r, a in (
+        (True, True, False),
+        (True, False, True),
+        (True, False, False),
+        (False, False, True),
+        (False, True, False),  # a bias-free projection into a residual stream (LLaMA's o_proj, down_proj)
+    )
 ]
 
 BUILTIN_GROUPS.update(

@@ -446,6 +446,104 @@ def transpose_cancellation(graph: Graph, res: PassResult) -> None:
     apply_renames(graph, renamed)
 
 
+def _static_shape(metas: dict, name: str):
+    m = metas.get(name)
+    if m is None or any(not isinstance(d, (int, np.integer)) for d in m.shape):
+        return None
+    return tuple(int(d) for d in m.shape)
+
+
+def matmul_unflatten(graph: Graph, res: PassResult) -> None:
+    """``Reshape(MatMul(Reshape(x, (M, K)), W) [+ b], x.shape[:-1] + (N,))`` -> ``MatMul(x, W) [+ b]``
+    for a 2-D W and a bias of N values: a linear layer on a (B, S, K) tensor as torch's ATen writes
+    it (addmm on the flattened rows), which the N-D MatMul computes alike; without the Reshapes between
+    them the epilogue fusion reaches the activation or residual add that follows."""
+    from .shape_inference import infer_types
+
+    metas = None
+    users = graph.consumers()
+    prod = graph.producers()
+    dropped: set = set()
+    for r2 in graph.nodes:
+        if r2.op_type != "Reshape" or r2.domain or id(r2) in dropped:
+            continue
+        last = prod.get(r2.inputs[0])
+        add = last if last is not None and last.op_type == "Add" and not last.domain else None
+        mm = prod.get(add.inputs[0]) if add is not None else last
+        if mm is None or mm.op_type != "MatMul" or mm.domain or len(mm.inputs) != 2:
+            continue
+        r1 = prod.get(mm.inputs[0])
+        if r1 is None or r1.op_type != "Reshape" or r1.domain:
+            continue
+        chain = [mm] + ([add] if add is not None else [])
+        if any(len(users.get(n.outputs[0], [])) != 1 or not _removable_output(graph, n.outputs[0]) for n in chain):
+            continue
+        if metas is None:
+            metas = infer_types(graph)
+        x, w = r1.inputs[0], mm.inputs[1]
+        xs, ws, flat, out = (_static_shape(metas, v) for v in (x, w, mm.inputs[0], r2.outputs[0]))
+        if None in (xs, ws, flat, out) or len(xs) < 3 or len(ws) != 2 or 0 in xs:
+            continue
+        if flat != (int(np.prod(xs[:-1])), xs[-1]) or out != xs[:-1] + (ws[1],):
+            continue
+        if add is not None:
+            b = add.inputs[1]
+            bs = _static_shape(metas, b)
+            if bs is None or len(bs) > 2 or bs[-1:] != (ws[1],) or any(d != 1 for d in bs[:-1]):
+                continue
+            if metas[b].dtype != metas[mm.outputs[0]].dtype:
+                continue
+        mm.inputs[0] = x
+        chain[-1].outputs[0] = r2.outputs[0]
+        if add is not None:
+            mm.outputs[0] = graph.unique_name(f"{mm.outputs[0]}_nd")
+            add.inputs[0] = mm.outputs[0]
+        dropped.add(id(r2))
+        res.note(f"{mm.name}: MatMul on {xs} directly (its Reshapes {r1.name}, {r2.name} dropped)")
+    graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
+
+
+def reshape_chains(graph: Graph, res: PassResult) -> None:
+    """``Reshape(Reshape(x, s1), s2)`` with a static result and the inner Reshape's only reader: one
+    Reshape of x to that shape, or x itself when the shapes agree (attention_head_layout's head merge
+    to (B, S, H, D) that torch's ``reshape(B, S, H*D)`` undoes at once)."""
+    from .shape_inference import infer_types
+
+    metas = None
+    users = graph.consumers()
+    prod = graph.producers()
+    renamed: dict = {}
+    dropped: set = set()
+    for r2 in graph.nodes:
+        r2.inputs = [renamed.get(i, i) for i in r2.inputs]
+        if r2.op_type != "Reshape" or r2.domain or len(r2.inputs) != 2:
+            continue
+        r1 = prod.get(r2.inputs[0])
+        if r1 is None or r1.op_type != "Reshape" or r1.domain or id(r1) in dropped:
+            continue
+        if len(users.get(r1.outputs[0], [])) != 1 or not _removable_output(graph, r1.outputs[0]):
+            continue
+        if metas is None:
+            metas = infer_types(graph)
+        x = r1.inputs[0]
+        xs, out = _static_shape(metas, x), _static_shape(metas, r2.outputs[0])
+        if out is None or metas.get(x) is None:
+            continue
+        dropped.add(id(r1))
+        if xs == out and _removable_output(graph, r2.outputs[0]):
+            dropped.add(id(r2))
+            renamed[r2.outputs[0]] = x
+            res.note(f"{r1.name} + {r2.name}: cancelled")
+        else:
+            shape = graph.unique_name(f"{r2.name}_shape")
+            graph.initializers[shape] = np.array(out, np.int64)
+            r2.inputs = [x, shape]
+            r2.attrs = {"allowzero": 1} if 0 in out else {}  # an empty dim is 0, not "copy the input's"
+            res.note(f"{r1.name} + {r2.name}: one Reshape to {out}")
+    graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
+    apply_renames(graph, renamed)
+
+
 def conv_bn_folding(graph: Graph, res: PassResult) -> None:
     """Conv -> BatchNormalization (inference, constant parameters) into one Conv with new weights."""
     from ..kernels.cpu.norm import scale_rows
@@ -733,6 +831,12 @@ PASSES: list[Pass] = [
     Pass("transpose_cancellation", transpose_cancellation, 1, "cancel/merge consecutive Transposes"),
     Pass("conv_bn_folding", conv_bn_folding, 2, "fold inference BatchNorm into the preceding Conv"),
     Pass(
+        "matmul_unflatten",
+        matmul_unflatten,
+        2,
+        "Reshape(MatMul(Reshape(x), W) + b) of a flattened (B, S, K) x -> an N-D MatMul on x",
+    ),
+    Pass(
         "pattern_recognition",
         _rule_pass("pattern_recognition"),
         2,
@@ -745,6 +849,7 @@ PASSES: list[Pass] = [
         2,
         "Attention reads/writes (B, S, H*D) directly instead of head split/merge Transposes",
     ),
+    Pass("reshape_chains", reshape_chains, 2, "Reshape(Reshape(x)) -> one Reshape of x, or x"),
     Pass("user_rewrites", user_rewrites, 2, "user-registered rewrite rules"),
     Pass(
         "residual_scale_folding",

@@ -5,7 +5,9 @@ torch's decompositions (functionalized), splits it into the parts opsnn maps exa
 table in :mod:`.aten`) and the rest, and compiles each supported part with ``opsnn.compile``
 (passes, memory plan, a plan per input shape). Every node left to torch is logged with its
 reason (``logging`` INFO on ``opsnn.frontends.torch``; ``OPSNN_DEBUG=1`` prints them);
-:func:`explain` reports the partitions, fallbacks and kernels.
+:func:`explain` reports the partitions, fallbacks and kernels. Inference keeps
+``scaled_dot_product_attention`` (float32, static shapes) one node, lowered onto opsnn's Attention;
+elsewhere torch's decomposition to matmuls and a safe softmax applies.
 
 Memory: tensors cross by DLPack without copies both ways (:func:`to_numpy`, :func:`to_torch`;
 strided views keep their strides, bfloat16 crosses as its bits). Parameters and buffers become
@@ -443,6 +445,9 @@ def _decompositions() -> dict:
         for op in _aten.bf16_torch_only():
             if op in table:
                 table[op] = _whole_in_bfloat16(table[op])
+        for op, takes in _aten.kept_whole_in_inference().items():
+            if op in table:
+                table[op] = _unless(takes, table[op])
         _DECOMPOSITIONS.update(table)
     return _DECOMPOSITIONS
 

@@ -1139,8 +1139,12 @@ def _cat(n, e):
     tensors = list(n.args[0])
     dim = _kw(n, 1, "dim", 0)
     rank = _rank(n)
+    if rank != 1:  # torch skips legacy empty 1-D inputs (a KV cache's first torch.cat onto tensor([]))
+        tensors = [t for t in tensors if tuple(shape_of(_val(t))) != (0,)] or tensors
     if any(_rank(t) != rank for t in tensors):
-        raise Unsupported("inputs of different ranks (torch's legacy empty 1-D tensors)")
+        raise Unsupported("inputs of different ranks")
+    if len(tensors) == 1:
+        return [Node("Identity", [e.name(tensors[0])], [e.out(n)])]
     return [Node("Concat", [e.name(t) for t in tensors], [e.out(n)], {"axis": int(dim) % rank})]
 
 
@@ -1665,7 +1669,43 @@ def _gather(n, e):
     return [Node("GatherElements", [e.name(x), e.name(index)], [e.out(n)], {"axis": int(dim) % _rank(x)})]
 
 
-_gather.in_dtypes = (F32, I64)
+_gather.in_dtypes = _gather.out_dtypes = (F32, I64)
+
+
+def _sdpa_flash(n, e):
+    """``_scaled_dot_product_flash_attention_for_cpu`` (what ``scaled_dot_product_attention`` is on a CPU
+    float32 tensor) -> Attention, output 0 alone (the logsumexp is for the backward, which inference
+    has not). Both mask a row no key may attend to zeros; torch's causal mask is top-left aligned,
+    ONNX's bottom-right: equal only when queries and keys are as many."""
+    q, k, v = n.args[:3]
+    dropout, causal = _kw(n, 3, "dropout_p", 0.0), _kw(n, 4, "is_causal", False)
+    mask, scale = n.kwargs.get("attn_mask"), n.kwargs.get("scale")
+    qs, ks, vs = (shape_of(_val(t)) for t in (q, k, v))
+    if dropout:
+        raise Unsupported(f"dropout_p={dropout}")
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4 or not _static(qs + ks + vs):
+        raise Unsupported("inputs that are not 4-D (B, H, S, D) of static shapes")
+    if ks[1] != vs[1] or qs[1] % ks[1] or ks[2] != vs[2] or qs[3] != ks[3]:
+        raise Unsupported(f"Q, K, V of shapes {qs}, {ks}, {vs}")
+    if causal and qs[2] != ks[2]:
+        raise Unsupported("is_causal with queries and keys of different lengths")
+    if mask is not None and (
+        not 1 <= _rank(mask) <= 4
+        or str(_val(mask).dtype) not in (F32, BOOL)
+        or shape_of(_val(mask))[-1] != ks[2]  # ONNX pads a shorter key dim with -inf, torch broadcasts a 1
+    ):
+        raise Unsupported("a mask of rank 0 or over 4, not float32 / bool, or not one value per key")
+    if min(qs + ks + vs) == 0:
+        raise Unsupported("an empty input")
+    y, _lse = e.outs(n, 2)
+    e.names[n] = (y, None)
+    inputs = [e.name(q), e.name(k), e.name(v)] + ([e.name(mask)] if mask is not None else [])
+    attrs = {"is_causal": int(bool(causal)), "scale": float(1.0 / np.sqrt(qs[3]) if scale is None else scale)}
+    return [Node("Attention", inputs, [y], attrs)]
+
+
+_sdpa_flash.in_dtypes = (F32, BOOL)
+_sdpa_flash.first_only = True
 
 
 def _arange(n, e):
@@ -1801,18 +1841,38 @@ _copy.in_dtypes = _copy.out_dtypes = (F32, BOOL, I64)
 
 
 def _index(n, e):
-    """``x[..., idx]`` with one int64 index tensor and the dims before it whole: Gather on that dim."""
+    """``x[..., idx]`` with one int64 index tensor and the dims before it whole: Gather on that dim;
+    ``x[i0, i1, ...]`` with int64 index tensors on the leading dims (broadcast together, the result's
+    leading dims): GatherND on their stack (a mask's ``padding_mask[batch_idx, kv_idx]``)."""
     x, indices = n.args[:2]
     used = [i for i, t in enumerate(indices) if t is not None]
-    if len(used) != 1 or str(_val(indices[used[0]]).dtype) != I64 or _rank(x) == 0:
-        raise Unsupported("indexing by more than one tensor, or by a bool mask")
-    axis = used[0]
-    if _shape(x)[axis] == 0 or any(d == 0 for d in _shape(n)):
+    if not used or any(str(_val(indices[i]).dtype) != I64 for i in used) or _rank(x) == 0:
+        raise Unsupported("indexing by a bool mask")
+    if any(d == 0 for d in _shape(x)) or any(d == 0 for d in _shape(n)):
         raise Unsupported("an empty dim")
-    return [Node("Gather", [e.name(x), e.name(indices[axis])], [e.out(n)], {"axis": axis})]
+    if len(used) == 1:
+        axis = used[0]
+        return [Node("Gather", [e.name(x), e.name(indices[axis])], [e.out(n)], {"axis": axis})]
+    if used != list(range(len(used))):
+        raise Unsupported("index tensors on dims that are not the leading ones")
+    shapes = [_shape(indices[i]) for i in used]
+    rank = max(len(sh) for sh in shapes)
+    bcast = tuple(
+        max([sh[k - rank + len(sh)] for sh in shapes if k - rank + len(sh) >= 0], default=1) for k in range(rank)
+    )
+    nodes, parts = [], []
+    for i in used:
+        full = e.graph.unique_name(f"{n.name}_i{i}")
+        nodes.append(Node("Expand", [e.name(indices[i]), e.const("shape", np.array(bcast, np.int64))], [full]))
+        part = e.graph.unique_name(f"{n.name}_i{i}_1")
+        nodes.append(Node("Reshape", [full, e.const("shape", np.array(bcast + (1,), np.int64))], [part]))
+        parts.append(part)
+    stacked = e.graph.unique_name(f"{n.name}_nd")
+    nodes.append(Node("Concat", parts, [stacked], {"axis": rank}))
+    return nodes + [Node("GatherND", [e.name(x), stacked], [e.out(n)], {"batch_dims": 0})]
 
 
-_index.in_dtypes = (F32, I64)
+_index.in_dtypes = _index.out_dtypes = (F32, I64, BOOL)
 
 
 def _numel(shape) -> int:
@@ -2234,6 +2294,35 @@ def _plain(*tensors) -> bool:
     return all(str(t.dtype) in (F32, I64) and t.numel() > 0 for t in ts)
 
 
+def kept_whole_in_inference() -> dict:
+    """``{ATen overload: predicate(*args, **kwargs)}``: ops core ATen would decompose that stay whole
+    where the predicate holds, for one opsnn op computes them (attention: no score matrix, no
+    safe-softmax guard of five passes over it)."""
+    import torch
+
+    def sdpa(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+        tensors = (q, k, v) if attn_mask is None else (q, k, v, attn_mask)
+        if not all(isinstance(d, int) for t in tensors for d in t.shape):
+            return False  # symbolic sizes: the decomposition keeps them symbolic, the Attention lowering not
+        dims = all(t.dim() == 4 and t.numel() > 0 for t in (q, k, v))
+        return (
+            dims
+            and all(t.dtype == torch.float32 for t in (q, k, v))
+            and not dropout_p
+            and not (is_causal and q.shape[2] != k.shape[2])
+            and (
+                attn_mask is None
+                or (
+                    1 <= attn_mask.dim() <= 4
+                    and attn_mask.dtype in (torch.float32, torch.bool)
+                    and attn_mask.shape[-1] == k.shape[2]
+                )
+            )
+        )
+
+    return {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: sdpa}
+
+
 def kept_whole_in_training() -> dict:
     """``{ATen overload: predicate(*args, **kwargs)}``: ops core ATen would decompose that the training
     graphs keep whole where the predicate holds, for a lowering above maps them onto a backward record
@@ -2366,6 +2455,7 @@ def _table():
         aten.index_select.default: _index_select,  # -> Gather
         aten.embedding.default: _embedding,  # -> Gather
         aten.gather.default: _gather,  # -> GatherElements
+        aten._scaled_dot_product_flash_attention_for_cpu.default: _sdpa_flash,  # -> Attention
         aten.max.dim: _reduce_with_index("ReduceMax", "ArgMax"),
         aten.min.dim: _reduce_with_index("ReduceMin", "ArgMin"),
         aten.max.default: _reduce("ReduceMax"),
