@@ -1,0 +1,160 @@
+"""What the whole-graph view of a compiled training step removes: the gradient clones the tape
+records (one Identity per parameter) and the ReLU backward's boolean mask (Greater -> Where, one
+step of a fused elementwise kernel with its neighbours, the residual gradient Add among them).
+
+Oracles: numpy's ``where(y > 0, g, 0)`` for the fused step (exact: it selects, it rounds nothing),
+and opsnn's eager training step on a twin model for the compiled one (same kernels on the same
+float32 data; only elementwise chains fuse, so losses and parameters agree to rtol 1e-5 / atol 1e-6
+after 5 AdamW steps, as in tests/test_compiled_training.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn import nn, ops, optim
+from opsnn.graph import compiler
+from opsnn.graph.ir import Graph, Node, Value
+
+RNG = np.random.default_rng(2031)
+STEPS = 5
+
+
+class _ResBlockNet(nn.Module):
+    """conv-bn-relu, a residual block (conv-bn-relu-conv-bn + skip, relu), pool, linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn0 = nn.BatchNorm2d(8)
+        self.c1 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        h = self.relu(self.bn0(self.stem(x)))
+        r = self.bn2(self.c2(self.relu(self.bn1(self.c1(h)))))
+        h = self.relu(ops.add(h, r))
+        return self.fc(ops.reshape(self.pool(h), (x.shape[0], -1)))
+
+
+def _build():
+    with nn.init.seeded(7):
+        model = _ResBlockNet().train()
+    opt = optim.AdamW(list(model.parameters()), lr=1e-2, weight_decay=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return model, train_step
+
+
+def _batches():
+    return [
+        (RNG.standard_normal((4, 3, 8, 8)).astype(np.float32), RNG.integers(0, 5, size=4)) for _ in range(STEPS)
+    ]
+
+
+def _programs(graph: Graph) -> list:
+    return [json.loads(n.attrs["program"]) for n in graph.nodes if n.op_type == "FusedElementwise"]
+
+
+def test_compiled_step_fuses_relu_backward_and_drops_gradient_clones():
+    batches = _batches()
+    em, estep = _build()
+    cm, cstep = _build()
+    step = opsnn.compile(cstep)
+    elosses = [float(estep(opsnn.tensor(x), opsnn.tensor(y)).item()) for x, y in batches]
+    closses = [float(step(opsnn.tensor(x), opsnn.tensor(y)).item()) for x, y in batches]
+    assert step.num_compiles == 1 and step.compiled_graph.mode == "compiled", step.compiled_graph.mode_reason
+
+    traced = Counter(n.op_type for n in step.graph().nodes)
+    after = Counter(n.op_type for n in step.compiled_graph.graph.nodes)
+    n_params = len(list(cm.parameters()))
+    # the tape clones each gradient it hands a leaf (an Identity per parameter); the graph needs none
+    assert traced["Identity"] >= n_params
+    assert after["Identity"] == 0
+    # each ReLU's backward (three of them) was a mask and a select; now a step of a fused kernel
+    assert traced["Greater"] == traced["Where"] == 3
+    assert after["Greater"] == after["Where"] == 0
+    steps = [s[0] for prog in _programs(step.compiled_graph.graph) for s in prog]
+    assert steps.count("ReluGrad") == 3
+    # the skip connection's gradient sum (Add) is computed in the kernel of the block input's ReluGrad
+    assert any(
+        [s[0] for s in prog][-2:] == ["Add", "ReluGrad"] for prog in _programs(step.compiled_graph.graph)
+    ), _programs(step.compiled_graph.graph)
+
+    np.testing.assert_allclose(closses, elosses, rtol=1e-5, atol=1e-7)
+    esd, csd = em.state_dict(), cm.state_dict()  # parameters and BatchNorm's running statistics
+    for name, v in csd.items():
+        np.testing.assert_allclose(v.numpy(), esd[name].numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+    rep = step.memory_report()
+    assert rep["planned_peak_bytes"] < rep["naive_bytes"]
+
+
+def _relu_grad_graph(zero=0.0, threshold=0.0, mask_out=False):
+    g, y = Value("g", np.float32, (3, 33)), Value("y", np.float32, (3, 33))
+    nodes = [
+        Node("Greater", ["y", "thr"], ["mask"], name="gt"),
+        Node("Where", ["mask", "g", "zero"], ["dy"], name="where"),
+        Node("Mul", ["dy", "g"], ["out"], name="mul"),  # a neighbour the step fuses with
+    ]
+    outputs = [Value("out", np.float32)] + ([Value("mask", np.bool_)] if mask_out else [])
+    inits = {"thr": np.array(threshold, np.float32), "zero": np.array(zero, np.float32)}
+    return Graph("relu_grad", inputs=[g, y], outputs=outputs, nodes=nodes, initializers=inits)
+
+
+def _feeds():
+    g = RNG.standard_normal((3, 33)).astype(np.float32)
+    y = RNG.standard_normal((3, 33)).astype(np.float32)
+    y[0, :4] = [0.0, -0.0, np.nan, np.inf]  # the mask's edges: 0 and -0 are not > 0, NaN is not
+    g[1, :3] = [np.nan, np.inf, -0.0]
+    y[1, :3] = 1.0  # selected: NaN, Inf and -0 pass through
+    return g, y
+
+
+def test_relu_backward_pair_becomes_one_fused_step_matching_numpy():
+    cg = compiler.compile(_relu_grad_graph(), level=3)
+    types = [n.op_type for n in cg.graph.nodes]
+    assert types == ["FusedElementwise"], types
+    assert [s[0] for s in _programs(cg.graph)[0]] == ["ReluGrad", "Mul"]
+    g, y = _feeds()
+    got = cg.run({"g": g, "y": y})["out"].numpy()
+    want = (np.where(y.astype(np.float64) > 0, g.astype(np.float64), 0.0) * g).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    ok = ~np.isnan(want)  # unselected elements are +0 (Where's zero), so 0 * -g is -0 as unfused
+    np.testing.assert_array_equal(np.signbit(got[ok]), np.signbit(want[ok]))
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [dict(zero=1.0), dict(zero=-0.0), dict(threshold=0.5), dict(mask_out=True)],
+    ids=["select_not_zero", "negative_zero", "threshold_not_zero", "mask_is_an_output"],
+)
+def test_other_select_patterns_keep_greater_and_where(variant):
+    graph = _relu_grad_graph(**variant)
+    cg = compiler.compile(graph, level=3)
+    types = Counter(n.op_type for n in cg.graph.nodes)
+    assert types["Greater"] == 1 and types["Where"] == 1, types
+    assert all(s[0] != "ReluGrad" for prog in _programs(cg.graph) for s in prog)
+    g, y = _feeds()
+    out = cg.run({"g": g, "y": y})["out"].numpy()
+    zero = np.float64(variant.get("zero", 0.0))
+    mask = y.astype(np.float64) > variant.get("threshold", 0.0)
+    want = (np.where(mask, g.astype(np.float64), zero) * g).astype(np.float32)
+    np.testing.assert_array_equal(out, want)
