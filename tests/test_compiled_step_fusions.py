@@ -64,9 +64,7 @@ def _build():
 
 
 def _batches():
-    return [
-        (RNG.standard_normal((4, 3, 8, 8)).astype(np.float32), RNG.integers(0, 5, size=4)) for _ in range(STEPS)
-    ]
+    return [(RNG.standard_normal((4, 3, 8, 8)).astype(np.float32), RNG.integers(0, 5, size=4)) for _ in range(STEPS)]
 
 
 def _programs(graph: Graph) -> list:
@@ -94,9 +92,9 @@ def test_compiled_step_fuses_relu_backward_and_drops_gradient_clones():
     steps = [s[0] for prog in _programs(step.compiled_graph.graph) for s in prog]
     assert steps.count("ReluGrad") == 3
     # the skip connection's gradient sum (Add) is computed in the kernel of the block input's ReluGrad
-    assert any(
-        [s[0] for s in prog][-2:] == ["Add", "ReluGrad"] for prog in _programs(step.compiled_graph.graph)
-    ), _programs(step.compiled_graph.graph)
+    assert any([s[0] for s in prog][-2:] == ["Add", "ReluGrad"] for prog in _programs(step.compiled_graph.graph)), (
+        _programs(step.compiled_graph.graph)
+    )
 
     np.testing.assert_allclose(closses, elosses, rtol=1e-5, atol=1e-7)
     esd, csd = em.state_dict(), cm.state_dict()  # parameters and BatchNorm's running statistics
