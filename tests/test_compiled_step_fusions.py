@@ -156,3 +156,26 @@ def test_other_select_patterns_keep_greater_and_where(variant):
     mask = y.astype(np.float64) > variant.get("threshold", 0.0)
     want = (np.where(mask, g.astype(np.float64), zero) * g).astype(np.float32)
     np.testing.assert_array_equal(out, want)
+
+
+def test_a_plan_on_stand_in_kernels_is_rebuilt_once_the_registry_moves():
+    # tiered compilation: a plan built while a numba kernel compiles in the background runs its library
+    # stand-in; eager calls switch when the kernel is cached (registry.version() moves), the step replans
+    from opsnn.ops import registry
+
+    batches = _batches()
+    em, estep = _build()
+    cm, cstep = _build()
+    step = opsnn.compile(cstep)
+    elosses = [float(estep(opsnn.tensor(x), opsnn.tensor(y)).item()) for x, y in batches]
+    closses = [float(step(opsnn.tensor(x), opsnn.tensor(y)).item()) for x, y in batches[:2]]
+    cg, st = step.compiled_graph, step._current()
+    assert cg.plans_built == 1
+    st.stand_in_version = registry.version()  # as if a step of the plan ran a stand-in
+    registry._bump_version()  # as a finished background compile does
+    closses += [float(step(opsnn.tensor(x), opsnn.tensor(y)).item()) for x, y in batches[2:]]
+    assert cg.plans_built == 2 and st.replans == 1 and step.num_compiles == 1
+    np.testing.assert_allclose(closses, elosses, rtol=1e-5, atol=1e-7)
+    esd, csd = em.state_dict(), cm.state_dict()
+    for name, v in csd.items():
+        np.testing.assert_allclose(v.numpy(), esd[name].numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
