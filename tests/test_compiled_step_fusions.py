@@ -1,8 +1,11 @@
 """What the whole-graph view of a compiled training step removes: the gradient clones the tape
-records (one Identity per parameter) and the ReLU backward's boolean mask (Greater -> Where, one
-step of a fused elementwise kernel with its neighbours, the residual gradient Add among them).
+records (one Identity per parameter), the ReLU backward's boolean mask (Greater -> Where, one
+step of a fused elementwise kernel with its neighbours, the residual gradient Add among them) and
+the second read of the scores by the loss head (SoftmaxCrossEntropyLoss and its gradient as one
+SoftmaxCrossEntropyLossWithGrad).
 
 Oracles: numpy's ``where(y > 0, g, 0)`` for the fused step (exact: it selects, it rounds nothing),
+a float64 numpy log-softmax for the loss head (rtol 1e-5: float32 exps summed in float64),
 and opsnn's eager training step on a twin model for the compiled one (same kernels on the same
 float32 data; only elementwise chains fuse, so losses and parameters agree to rtol 1e-5 / atol 1e-6
 after 5 AdamW steps, as in tests/test_compiled_training.py).
@@ -18,8 +21,11 @@ import pytest
 
 import opsnn
 from opsnn import nn, ops, optim
+from opsnn.autograd.compiled import fuse_loss_heads
 from opsnn.graph import compiler
 from opsnn.graph.ir import Graph, Node, Value
+from opsnn.ops import executor as _ex
+from opsnn.ops.registry import get_op
 
 RNG = np.random.default_rng(2031)
 STEPS = 5
@@ -95,6 +101,11 @@ def test_compiled_step_fuses_relu_backward_and_drops_gradient_clones():
     assert any([s[0] for s in prog][-2:] == ["Add", "ReluGrad"] for prog in _programs(step.compiled_graph.graph)), (
         _programs(step.compiled_graph.graph)
     )
+
+    # the loss and its gradient: one kernel reading the scores once
+    assert traced["SoftmaxCrossEntropyLoss"] == traced["SoftmaxCrossEntropyLossGrad"] == 1
+    assert after["SoftmaxCrossEntropyLoss"] == after["SoftmaxCrossEntropyLossGrad"] == 0
+    assert after["SoftmaxCrossEntropyLossWithGrad"] == 1
 
     np.testing.assert_allclose(closses, elosses, rtol=1e-5, atol=1e-7)
     esd, csd = em.state_dict(), cm.state_dict()  # parameters and BatchNorm's running statistics
@@ -179,3 +190,75 @@ def test_a_plan_on_stand_in_kernels_is_rebuilt_once_the_registry_moves():
     esd, csd = em.state_dict(), cm.state_dict()
     for name, v in csd.items():
         np.testing.assert_allclose(v.numpy(), esd[name].numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def _xent_oracle(g, x, t, w, red, ignore):
+    """float64 numpy: (loss, dScores) of cross entropy over axis 1 with class weights and ignore_index."""
+    x = np.moveaxis(x.astype(np.float64), 1, -1)  # (N, ..., C)
+    logp = x - x.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    valid = t != ignore
+    safe = np.where(valid, t, 0)
+    wt = np.where(valid, (np.ones(x.shape[-1]) if w is None else w.astype(np.float64))[safe], 0.0)
+    picked = np.take_along_axis(logp, safe[..., None], -1)[..., 0]
+    per = np.where(valid, -picked, 0.0) * wt
+    loss = per if red == "none" else per.sum() if red == "sum" else per.sum() / wt.sum()
+    coef = wt * (g.astype(np.float64) if red == "none" else float(g))
+    if red == "mean":
+        coef = coef / wt.sum()
+    grad = np.exp(logp)
+    np.put_along_axis(grad, safe[..., None], np.take_along_axis(grad, safe[..., None], -1) - 1.0, -1)
+    grad = np.where(valid[..., None], grad * coef[..., None], 0.0)
+    return loss, np.moveaxis(grad, -1, 1)
+
+
+@pytest.mark.parametrize("red", ["mean", "sum", "none"])
+@pytest.mark.parametrize("shape", [(6, 11), (64, 3000), (3, 5, 4)], ids=["rows", "lm_head", "spatial"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["", "weights"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_loss_with_grad_matches_float64_and_the_unfused_gradient(red, shape, weighted, threads):
+    opsnn.set_num_threads(threads)  # the kernel runs rows in parallel with 2
+    x = (RNG.standard_normal(shape) * 3).astype(np.float32)
+    t = RNG.integers(0, shape[1], (shape[0],) + shape[2:])
+    t.reshape(-1)[1] = -100  # an ignored position: a zero gradient row, no loss
+    w = RNG.random(shape[1]).astype(np.float32) + 0.5 if weighted else None
+    g = np.asarray(RNG.standard_normal(t.shape) if red == "none" else 0.75, np.float32)
+    attrs = {"reduction": red, "ignore_index": -100}
+    ins = [opsnn.tensor(a) for a in (g, x, t)] + ([opsnn.tensor(w)] if weighted else [])
+    loss, dx = _ex.call(get_op("SoftmaxCrossEntropyLossWithGrad", "opsnn"), ins, dict(attrs), num_outputs=2)
+    want_loss, want_dx = _xent_oracle(g, x, t, w, red, -100)
+    np.testing.assert_allclose(loss.numpy(), want_loss, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(dx.numpy(), want_dx, rtol=1e-5, atol=1e-7)
+    # the gradient rows are SoftmaxCrossEntropyLossGrad's kernel's, to the bit
+    unfused = _ex.call(get_op("SoftmaxCrossEntropyLossGrad", "opsnn"), ins, dict(attrs))
+    np.testing.assert_array_equal(dx.numpy(), unfused.numpy())
+
+
+def _head_graph(log_prob_read=False, late_dloss=False, dtype=np.float32):
+    scores, labels = Value("s", dtype, (4, 7)), Value("t", np.int64, (4,))
+    attrs = {"reduction": "mean", "ignore_index": -100}
+    loss = Node("SoftmaxCrossEntropyLoss", ["s", "t"], ["loss", "logp" if log_prob_read else ""], attrs)
+    nodes = [loss]
+    dl = "one"
+    if late_dloss:  # a dLoss made from the loss itself
+        nodes.append(Node("Mul", ["loss", "one"], ["dl"]))
+        dl = "dl"
+    nodes.append(Node("SoftmaxCrossEntropyLossGrad", [dl, "s", "t", ""], ["ds"], dict(attrs), domain="opsnn"))
+    outs = [Value("loss", dtype), Value("ds", dtype)] + ([Value("logp", dtype)] if log_prob_read else [])
+    return Graph("head", inputs=[scores, labels], outputs=outs, nodes=nodes, initializers={"one": np.ones((), dtype)})
+
+
+def test_loss_head_fusion_runs_the_fused_op_and_refuses_what_it_cannot_keep():
+    graph = _head_graph()
+    assert fuse_loss_heads(graph) == 1
+    assert [n.op_type for n in graph.nodes] == ["SoftmaxCrossEntropyLossWithGrad"]
+    x = RNG.standard_normal((4, 7)).astype(np.float32)
+    t = np.array([0, 6, 3, -100])
+    out = compiler.compile(graph, level=3).run({"s": x, "t": t})
+    want_loss, want_dx = _xent_oracle(np.float32(1), x, t, None, "mean", -100)
+    np.testing.assert_allclose(out["loss"].numpy(), want_loss, rtol=1e-5)
+    np.testing.assert_allclose(out["ds"].numpy(), want_dx, rtol=1e-5, atol=1e-7)
+    for kw in (dict(log_prob_read=True), dict(late_dloss=True), dict(dtype=np.float16)):
+        g = _head_graph(**kw)
+        assert fuse_loss_heads(g) == 0, kw
+        assert "SoftmaxCrossEntropyLossGrad" in [n.op_type for n in g.nodes]

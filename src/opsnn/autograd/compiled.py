@@ -28,6 +28,7 @@ inputs computed on the host before every call, so a learning-rate schedule keeps
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass, field
 
@@ -74,6 +75,64 @@ def _stand_in_version(cg) -> int | None:
     if plan is None or not any(getattr(s.executor, "tiered", "") for s in plan.steps):
         return None
     return _registry.version()
+
+
+def _trimmed(names: list) -> list:
+    names = list(names)
+    while names and not names[-1]:
+        names.pop()
+    return names
+
+
+def fuse_loss_heads(graph: Graph, dtype_of=None) -> int:
+    """Replace each SoftmaxCrossEntropyLoss whose gradient the step takes (a
+    SoftmaxCrossEntropyLossGrad of the same scores, labels, weights and attributes, its dLoss known
+    where the loss is computed) by one SoftmaxCrossEntropyLossWithGrad at the loss's place: the scores
+    (a language model's logits) are read once for both. Float32 / float64 scores, log_prob unused.
+    ``dtype_of(value name)``: the dtype of a value (the traced tensors'; default: shape inference).
+    Returns how many were fused."""
+    losses = [n for n in graph.nodes if n.op_type == "SoftmaxCrossEntropyLoss" and not n.domain]
+    grads = [n for n in graph.nodes if n.op_type == "SoftmaxCrossEntropyLossGrad" and n.domain == "opsnn"]
+    if not losses or not grads:
+        return 0
+    if dtype_of is None:
+        from ..graph.shape_inference import infer_types
+
+        metas = infer_types(graph)
+        dtype_of = lambda v: getattr(metas.get(v), "dtype", None)  # noqa: E731
+    consumers = graph.consumers()
+    index = {id(n): i for i, n in enumerate(graph.nodes)}
+    producers = graph.producers()
+    outputs = set(graph.output_names)
+    fused: dict = {}  # id(loss node) -> fused node
+    dropped: set = set()
+    for loss in losses:
+        if len(loss.outputs) > 1 and any(loss.outputs[1:]):
+            lp = loss.outputs[1]
+            if lp in outputs or consumers.get(lp):
+                continue  # log_prob is read: the fused op does not write it
+        dt = dtype_of(loss.inputs[0])
+        if dt is None or np.dtype(dt) not in (np.dtype(np.float32), np.dtype(np.float64)):
+            continue
+        for g in grads:
+            if id(g) in dropped or _trimmed(g.inputs[1:]) != _trimmed(loss.inputs) or g.attrs != loss.attrs:
+                continue
+            p = producers.get(g.inputs[0])
+            if p is not None and index[id(p)] > index[id(loss)]:
+                continue  # dLoss is computed after the loss
+            fused[id(loss)] = Node(
+                "SoftmaxCrossEntropyLossWithGrad",
+                list(g.inputs),
+                [loss.outputs[0], g.outputs[0]],
+                dict(loss.attrs),
+                domain="opsnn",
+                name=loss.name,
+            )
+            dropped.add(id(g))
+            break
+    if fused:
+        graph.nodes = [fused.get(id(n), n) for n in graph.nodes if id(n) not in dropped]
+    return len(fused)
 
 
 def _is_parameter(t) -> bool:
@@ -161,8 +220,12 @@ class CompiledTrainStep:
         gradients = self._name_gradients(graph, tracer)
         for hook in self.graph_hooks:
             hook(graph, dict(gradients))
+        kept = {tracer.names.get(id(t)): t for t in tracer.keep}
+        work = copy.copy(graph)  # graph() stays the step as traced; the fusion replaces the node list only
+        work.nodes = list(graph.nodes)
+        fuse_loss_heads(work, lambda v: getattr(kept.get(v), "dtype", None))
         cg = _compiler.compile(
-            graph,
+            work,
             level=self.level,
             disabled_passes=self.disabled_passes,
             max_plans=self.max_plans,
