@@ -23,18 +23,21 @@ import opsnn  # before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap 
 # isort: split
 import train as B  # bench/train.py: the models, data and loss
 
+from opsnn.autograd import compiled as _compiled
 from opsnn.graph import elementwise_fusion as _ew
 
 
 @contextmanager
 def _old_passes():
-    """The compiled step before the ReLU backward fusion (Greater -> Where stay two kernels)."""
-    saved = _ew._relu_grads
+    """The compiled step before this branch: ReLU backward as Greater -> Where, the loss and its
+    gradient as two kernels."""
+    saved = _ew._relu_grads, _compiled.fuse_loss_heads
     _ew._relu_grads = lambda graph, metas, consumers, outputs, res: {}
+    _compiled.fuse_loss_heads = lambda graph, dtype_of=None: 0
     try:
         yield
     finally:
-        _ew._relu_grads = saved
+        _ew._relu_grads, _compiled.fuse_loss_heads = saved
 
 
 def _case(spec, compiled: bool, old: bool):
