@@ -28,6 +28,7 @@ inputs computed on the host before every call, so a learning-rate schedule keeps
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass, field
 
@@ -37,6 +38,7 @@ from ..errors import ParamInvalidError
 from ..graph import compiler as _compiler
 from ..graph.ir import Graph, Node
 from ..graph.tracing import StateTracer, TraceError, trace_stateful
+from ..ops import registry as _registry
 from ..tensor import as_tensor
 from .graph import get_meta
 
@@ -61,6 +63,76 @@ class TracedStep:
     updates: dict  # graph output -> state input it is written into
     gradients: dict = field(default_factory=dict)  # parameter state name -> gradient value name
     calls: int = 0
+    # registry.version() when the plan was built, while a step of it runs a tiered stand-in kernel
+    stand_in_version: int | None = None
+    replans: int = 0
+
+
+def _stand_in_version(cg) -> int | None:
+    """registry.version() if the latest plan of ``cg`` runs a library kernel standing in for a numba
+    kernel that compiles in the background (tiered compilation), else None."""
+    plan = cg.latest_plan
+    if plan is None or not any(getattr(s.executor, "tiered", "") for s in plan.steps):
+        return None
+    return _registry.version()
+
+
+def _trimmed(names: list) -> list:
+    names = list(names)
+    while names and not names[-1]:
+        names.pop()
+    return names
+
+
+def fuse_loss_heads(graph: Graph, dtype_of=None) -> int:
+    """Replace each SoftmaxCrossEntropyLoss whose gradient the step takes (a
+    SoftmaxCrossEntropyLossGrad of the same scores, labels, weights and attributes, its dLoss known
+    where the loss is computed) by one SoftmaxCrossEntropyLossWithGrad at the loss's place: the scores
+    (a language model's logits) are read once for both. Float32 / float64 scores, log_prob unused.
+    ``dtype_of(value name)``: the dtype of a value (the traced tensors'; default: shape inference).
+    Returns how many were fused."""
+    losses = [n for n in graph.nodes if n.op_type == "SoftmaxCrossEntropyLoss" and not n.domain]
+    grads = [n for n in graph.nodes if n.op_type == "SoftmaxCrossEntropyLossGrad" and n.domain == "opsnn"]
+    if not losses or not grads:
+        return 0
+    if dtype_of is None:
+        from ..graph.shape_inference import infer_types
+
+        metas = infer_types(graph)
+        dtype_of = lambda v: getattr(metas.get(v), "dtype", None)  # noqa: E731
+    consumers = graph.consumers()
+    index = {id(n): i for i, n in enumerate(graph.nodes)}
+    producers = graph.producers()
+    outputs = set(graph.output_names)
+    fused: dict = {}  # id(loss node) -> fused node
+    dropped: set = set()
+    for loss in losses:
+        if len(loss.outputs) > 1 and any(loss.outputs[1:]):
+            lp = loss.outputs[1]
+            if lp in outputs or consumers.get(lp):
+                continue  # log_prob is read: the fused op does not write it
+        dt = dtype_of(loss.inputs[0])
+        if dt is None or np.dtype(dt) not in (np.dtype(np.float32), np.dtype(np.float64)):
+            continue
+        for g in grads:
+            if id(g) in dropped or _trimmed(g.inputs[1:]) != _trimmed(loss.inputs) or g.attrs != loss.attrs:
+                continue
+            p = producers.get(g.inputs[0])
+            if p is not None and index[id(p)] > index[id(loss)]:
+                continue  # dLoss is computed after the loss
+            fused[id(loss)] = Node(
+                "SoftmaxCrossEntropyLossWithGrad",
+                list(g.inputs),
+                [loss.outputs[0], g.outputs[0]],
+                dict(loss.attrs),
+                domain="opsnn",
+                name=loss.name,
+            )
+            dropped.add(id(g))
+            break
+    if fused:
+        graph.nodes = [fused.get(id(n), n) for n in graph.nodes if id(n) not in dropped]
+    return len(fused)
 
 
 def _is_parameter(t) -> bool:
@@ -127,7 +199,15 @@ class CompiledTrainStep:
             feeds[name] = as_tensor(np.asarray(fn()))
         for name, get in st.getters.items():
             feeds[name] = get()
+        if st.stand_in_version is not None and st.stand_in_version != _registry.version():
+            # a kernel the plan stands in for is cached now (eager calls already take it): plan again
+            st.compiled.drop_plans({})
+            st.replans += 1
+            st.stand_in_version = None
+        fresh = st.compiled.num_plans == 0
         outs = st.compiled.run(feeds)
+        if fresh:
+            st.stand_in_version = _stand_in_version(st.compiled)
         st.calls += 1
         return self._structure(st, [outs[n] for n in st.outputs])
 
@@ -140,8 +220,12 @@ class CompiledTrainStep:
         gradients = self._name_gradients(graph, tracer)
         for hook in self.graph_hooks:
             hook(graph, dict(gradients))
+        kept = {tracer.names.get(id(t)): t for t in tracer.keep}
+        work = copy.copy(graph)  # graph() stays the step as traced; the fusion replaces the node list only
+        work.nodes = list(graph.nodes)
+        fuse_loss_heads(work, lambda v: getattr(kept.get(v), "dtype", None))
         cg = _compiler.compile(
-            graph,
+            work,
             level=self.level,
             disabled_passes=self.disabled_passes,
             max_plans=self.max_plans,

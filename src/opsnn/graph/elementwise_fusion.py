@@ -31,11 +31,54 @@ def _scalar_const(graph: Graph, name: str):
     return None
 
 
+def _zero_const(graph: Graph, name: str) -> bool:
+    a = graph.initializers.get(name)
+    return a is not None and a.size == 1 and a.dtype.kind == "f" and a.reshape(-1)[0] == 0 and not np.signbit(a).any()
+
+
+def _relu_grads(graph: Graph, metas: dict, consumers: dict, outputs: set, res) -> dict:
+    """Replace each ReLU backward ``Where(Greater(y, 0), g, 0)`` (the mask read by that Where
+    alone, g and y of one float shape) by one ``ReluGrad(g, y)`` step that the chains below can
+    absorb: no boolean mask is written and read back. Returns {id(step node): (Greater, Where)}
+    to restore a pair that ends up unfused."""
+    producers = graph.producers()
+    pairs: dict = {}
+    keep = []
+    for n in graph.nodes:
+        keep.append(n)
+        if n.op_type != "Where" or n.domain or len(n.inputs) != 3 or len(n.outputs) != 1:
+            continue
+        mask, g, zero = n.inputs
+        p = producers.get(mask)
+        if p is None or p.op_type != "Greater" or p.domain or len(p.inputs) != 2 or len(p.outputs) != 1:
+            continue
+        y, threshold = p.inputs
+        if mask in outputs or len(consumers.get(mask, [])) != 1 or not g or not y:
+            continue
+        if not (_zero_const(graph, zero) and _zero_const(graph, threshold)):
+            continue
+        mo, mg, my = metas.get(n.outputs[0]), metas.get(g), metas.get(y)
+        if mo is None or mg is None or my is None or np.dtype(mo.dtype).kind not in _FLOAT_KINDS:
+            continue
+        if not (tuple(mo.shape) == tuple(mg.shape) == tuple(my.shape) and mo.dtype == mg.dtype == my.dtype):
+            continue
+        step = Node("ReluGrad", [g, y], list(n.outputs), name=n.name)
+        pairs[id(step)] = (p, n)
+        keep[-1] = step
+        res.note(f"{p.name} -> {n.name}: the ReLU backward as one step of a fused kernel")
+    if pairs:
+        dropped = {id(p) for p, _ in pairs.values()}
+        graph.nodes = [n for n in keep if id(n) not in dropped]
+    return pairs
+
+
 def elementwise_fusion(graph: Graph, res) -> None:
     metas = infer_types(graph)
-    producers = graph.producers()
     consumers = graph.consumers()
     outputs = set(graph.output_names)
+    relu_grads = _relu_grads(graph, metas, consumers, outputs, res)
+    producers = graph.producers()
+    consumers = graph.consumers()
     index = {id(n): i for i, n in enumerate(graph.nodes)}
 
     def out_meta(n: Node):
@@ -83,11 +126,11 @@ def elementwise_fusion(graph: Graph, res) -> None:
                 group.append(p)
                 assigned.add(id(p))
                 frontier.append(p)
-        if len(group) >= 2:
+        if len(group) >= 2 or id(n) in relu_grads:  # a lone ReluGrad still saves the mask's pass
             groups.append(sorted(group, key=lambda x: index[id(x)]))
         else:
             assigned.discard(id(n))
-    if not groups:
+    if not groups and not relu_grads:
         return
     replace = {}
     programs: set = set()
@@ -137,4 +180,13 @@ def elementwise_fusion(graph: Graph, res) -> None:
         for x in group[:-1]:
             replace[id(x)] = None
         res.note(f"fused {len(group)} ops ({' -> '.join(x.op_type for x in group)}) into {fused.name}")
-    graph.nodes = [replace.get(id(n), n) for n in graph.nodes if replace.get(id(n), n) is not None]
+    nodes = []
+    for n in graph.nodes:
+        r = replace.get(id(n), n)
+        if r is None:
+            continue
+        if id(r) in relu_grads:  # left unfused (the kernel budget): the Greater and Where it stood for
+            nodes.extend(relu_grads[id(r)])
+        else:
+            nodes.append(r)
+    graph.nodes = nodes

@@ -51,6 +51,8 @@ TEMPLATES = {
     "Pow": "{a} ** {b}",
     "Max": "{a} if ({a} > {b} or {a} != {a}) else {b}",
     "Min": "{a} if ({a} < {b} or {a} != {a}) else {b}",
+    # not a registry op: a training graph's ReLU backward Where(Greater(y, 0), g, 0) as one step (a = g, b = y)
+    "ReluGrad": "{a} if {b} > R(0.0) else R(0.0)",
 }
 ATTR_DEFAULTS = {"Swish": {"alpha": 1.0}, "LeakyRelu": {"alpha": 0.01}}
 

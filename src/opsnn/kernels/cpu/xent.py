@@ -144,11 +144,12 @@ def xent_rows_parallel(x2, l2, x3, l3, lab, wrow, loss, write_logp):
 # -- backward ---------------------------------------------------------------------------------------------
 @nb.njit(**_NJIT)
 def _xent_grad_row(xr, gr, label, coef, cms):
-    """gr = (softmax(xr) - onehot(label)) * coef; a zero row where the position is ignored."""
+    """gr = (softmax(xr) - onehot(label)) * coef; a zero row where the position is ignored.
+    Returns the row's (max, sum of exp(x - max)) as float64."""
     if label < 0:
         for k in range(gr.size):
             gr[k] = 0.0
-        return
+        return 0.0, 1.0
     m, s = _row_stats(xr, gr, cms)
     n = gr.size
     c = label // SOFTMAX_CHUNK
@@ -160,6 +161,7 @@ def _xent_grad_row(xr, gr, label, coef, cms):
             ys[k] *= f
     # (p - 1) * coef, not p * coef - coef: no cancellation near p = 1, and -inf (not NaN) for an infinite coef
     gr[label] = (p_label - 1.0) * coef
+    return float(m), s
 
 
 @nb.njit(**_NJIT)
@@ -186,6 +188,47 @@ def xent_grad_parallel(x2, g2, x3, g3, lab, coef, nch):
     for r in nb.prange(lab.size):
         cms = np.empty(nch, np.float64)
         _grad_item(x2, g2, x3, g3, lab, coef, r, cms)
+
+
+# -- forward and backward in one pass (a compiled training step: loss, then its gradient) ------------------
+@nb.njit(**_NJIT)
+def _xent_loss_grad_row(xr, gr, label, w, coef, cms):
+    """The row's loss as ``_xent_row`` gives it (float64; 0 where ignored) and ``gr`` as
+    ``_xent_grad_row`` writes it, from one statistics pass (the exps summed where ``gr`` lies, so
+    the row sum may differ from the forward's by the order of a vectorized sum: an ulp or so)."""
+    if label < 0:
+        for k in range(gr.size):
+            gr[k] = 0.0
+        return 0.0
+    x_label = float(xr[label])
+    m, s = _xent_grad_row(xr, gr, label, coef, cms)
+    return -((x_label - m) - math.log(s)) * w
+
+
+@nb.njit(**_NJIT)
+def _loss_grad_item(x2, g2, x3, g3, lab, wrow, coef, loss, r, cms):
+    if x2.shape[0]:
+        loss[r] = _xent_loss_grad_row(x2[r], g2[r], lab[r], wrow[r], coef[r], cms)
+        return
+    D = x3.shape[2]
+    n = r // D
+    d = r - n * D
+    loss[r] = _xent_loss_grad_row(x3[n, :, d], g3[n, :, d], lab[r], wrow[r], coef[r], cms)
+
+
+@nb.njit(**_NJIT)
+def xent_loss_grad_serial(x2, g2, x3, g3, lab, wrow, coef, loss, nch):
+    """Per-position losses into ``loss`` and dScores rows, as xent_rows_* and xent_grad_* give them."""
+    cms = np.empty(nch, np.float64)
+    for r in range(lab.size):
+        _loss_grad_item(x2, g2, x3, g3, lab, wrow, coef, loss, r, cms)
+
+
+@nb.njit(parallel=True, **_NJIT)
+def xent_loss_grad_parallel(x2, g2, x3, g3, lab, wrow, coef, loss, nch):
+    for r in nb.prange(lab.size):
+        cms = np.empty(nch, np.float64)
+        _loss_grad_item(x2, g2, x3, g3, lab, wrow, coef, loss, r, cms)
 
 
 class XentPlan(NamedTuple):
@@ -256,18 +299,44 @@ def xent_forward(x, labels, weights, ignore, reduction: str, plan: XentPlan, out
             out_loss[...] = loss.sum() / wrow.sum()
 
 
+def _coefficients(dloss, lab, wrow, reduction: str) -> np.ndarray:
+    """Per position: dLoss (per position for ``none``) times the label's weight, over the summed
+    weights for ``mean``."""
+    g = dloss.astype(np.float64).reshape(-1)
+    if reduction == "none":
+        return g * wrow
+    coef = wrow * g[0]
+    if reduction == "mean" and (lab >= 0).any():  # with none, every row is ignored and zero
+        with np.errstate(invalid="ignore", divide="ignore"):
+            coef /= wrow.sum()  # valid positions of zero weight only: 0 / 0, NaN as torch's
+    return coef
+
+
+def xent_loss_and_backward(
+    dloss, x, labels, weights, ignore, reduction: str, plan: XentPlan, out_loss, out, op: str
+) -> None:
+    """xent_forward's loss (no log_prob) and xent_backward's dScores from one pass over the scores."""
+    lab, wrow = xent_positions(op, labels, weights, ignore, plan.C)
+    loss = np.zeros(plan.rows, np.float64)
+    if out.size and plan.rows:
+        coef = _coefficients(dloss, lab, wrow, reduction)
+        x2, g2, x3, g3 = _views(x, plan, out)
+        run = xent_loss_grad_parallel if plan.parallel else xent_loss_grad_serial
+        run(x2, g2, x3, g3, lab, wrow, coef, loss, plan.nch)
+    if reduction == "none":
+        out_loss[...] = loss.reshape(out_loss.shape)
+    elif reduction == "sum":
+        out_loss[...] = loss.sum()
+    else:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out_loss[...] = loss.sum() / wrow.sum()
+
+
 def xent_backward(dloss, x, labels, weights, ignore, reduction: str, plan: XentPlan, out, op: str) -> None:
     lab, wrow = xent_positions(op, labels, weights, ignore, plan.C)
     if out.size == 0:
         return
-    g = dloss.astype(np.float64).reshape(-1)
-    if reduction == "none":
-        coef = g * wrow
-    else:
-        coef = wrow * g[0]
-        if reduction == "mean" and (lab >= 0).any():  # with none, every row is ignored and zero
-            with np.errstate(invalid="ignore", divide="ignore"):
-                coef /= wrow.sum()  # valid positions of zero weight only: 0 / 0, NaN as torch's
+    coef = _coefficients(dloss, lab, wrow, reduction)
     x2, g2, x3, g3 = _views(x, plan, out)
     (xent_grad_parallel if plan.parallel else xent_grad_serial)(x2, g2, x3, g3, lab, coef, plan.nch)
 

@@ -509,6 +509,9 @@ def _fused_ew_ref(ins, attrs):
                 operands.append(steps[val])
             else:
                 operands.append(np.asarray(float(val), dtype=dt))
+        if op == "ReluGrad":  # the step stands for Where(Greater(y, 0), g, 0), not for a registry op
+            steps.append(np.where(operands[1] > 0, operands[0], np.zeros((), dt)).astype(dt, copy=False))
+            continue
         rec = get_op(op)
         res = rec.reference(operands, rec.bind_attrs(dict(step_attrs or {})))
         steps.append(np.asarray(res[0] if isinstance(res, (list, tuple)) else res).astype(dt, copy=False))

@@ -193,7 +193,7 @@ def _xent_plan(ctx):
     return {
         "reduction": _reduction(ctx.op.name, ctx.attrs),
         "ignore": ctx.attrs.get("ignore_index"),
-        "rows": KX.xent_plan(tuple(ctx.shape(1 if ctx.op.name == "SoftmaxCrossEntropyLossGrad" else 0))),
+        "rows": KX.xent_plan(tuple(ctx.shape(0 if ctx.op.name == "SoftmaxCrossEntropyLoss" else 1))),
         "op": ctx.op.name,
     }
 
@@ -299,6 +299,55 @@ SoftmaxCrossEntropyLossGrad.kernel(
     doc="numba, parallel over rows: one statistics pass leaves the exps in dScores, one pass scales them "
     "and subtracts at the label; ignored positions get zero rows",
 )(_grad_kernel)
+
+
+# -- SoftmaxCrossEntropyLossWithGrad (opsnn): the loss and its gradient, for a compiled training step -------
+def _with_grad_infer(ctx):
+    x = ctx.inputs[1]
+    return [TensorMeta(_check(ctx, 1), x.dtype)] + _grad_infer(ctx)
+
+
+def _with_grad_reference(ins, attrs):
+    """SoftmaxCrossEntropyLoss' loss and SoftmaxCrossEntropyLossGrad's dScores, each its own reference."""
+    loss = _reference("SoftmaxCrossEntropyLoss")(ins[1:], attrs)[0]
+    return loss, _grad_reference(ins, attrs)
+
+
+def _with_grad_kernel(ins, outs, attrs, plan, ws):
+    w = ins[3] if len(ins) > 3 else None
+    KX.xent_loss_and_backward(
+        ins[0], ins[1], ins[2], w, plan["ignore"], plan["reduction"], plan["rows"], outs[0], outs[1], plan["op"]
+    )
+
+
+SoftmaxCrossEntropyLossWithGrad = register_op(
+    "SoftmaxCrossEntropyLossWithGrad",
+    domain="opsnn",
+    category="loss",
+    inputs=[
+        Input("dLoss", FLOAT),
+        Input("scores", FLOAT),
+        Input("labels", _IND),
+        Input("weights", FLOAT, optional=True),
+    ],
+    outputs=["output", "dScores"],
+    attrs=_ATTRS,
+    infer=_with_grad_infer,
+    reference=_with_grad_reference,
+    doc="SoftmaxCrossEntropyLoss' loss and, for the loss gradient dLoss, its gradient w.r.t. the scores "
+    "(SoftmaxCrossEntropyLossGrad) from one pass over the scores: a compiled training step's loss head",
+)
+# dScores may overwrite the scores (the forward's logits: nothing reads them after the loss head):
+# each row's label score is read first, then the statistics pass writes exp(x - m_c) over what it read
+SoftmaxCrossEntropyLossWithGrad.in_place_outputs = {1: 1}
+SoftmaxCrossEntropyLossWithGrad.kernel(
+    "softmax_xent_with_grad_numba",
+    dtypes=(_dt.float32, _dt.float64),
+    priority=20,
+    plan=_xent_plan,
+    doc="numba, parallel over rows: softmax_xent_grad_numba's two passes per row (its dScores), the "
+    "loss from the statistics pass (softmax_xent_numba's within the order of a row sum)",
+)(_with_grad_kernel)
 
 
 # -- NLLLossGrad (opsnn): dInput = -onehot(target) * dLoss * weight ------------------------------------------
