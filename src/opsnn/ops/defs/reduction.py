@@ -24,6 +24,7 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...errors import ParamInvalidError
+from ...kernels.cpu import bf16_reduce as KB
 from ...kernels.cpu import reduction as K
 from ...tensor import as_tensor
 from ..api import api
@@ -229,6 +230,36 @@ def _register_reduce(name: str, kind: str, dtypes: tuple, doc: str, domain: str 
 
 
 ReduceSum = _register_reduce("ReduceSum", "sum", _NUMERIC, "sum over axes")
+
+
+def _bf16_sum_view(ctx):
+    """The plan of a bfloat16 ReduceSum's (outer, R, inner) view, or why the native kernel does not take it."""
+    if ctx.dtype(0) != _dt.bfloat16:
+        return "bfloat16 input only"
+    p = K.plan_reduce(tuple(ctx.shape(0)), _ctx_axes(ctx), "sum", 2)
+    if p.perm is not None:
+        return "reduced axes in one block only (their permuted copy is the float32 kernel's)"
+    return p
+
+
+def _bf16_sum_applies(ctx):
+    p = _bf16_sum_view(ctx)
+    return p if isinstance(p, str) else True
+
+
+def _bf16_sum_plan(ctx):
+    p = _bf16_sum_view(ctx)
+    return KB.plan(p.outer, p.R, p.inner)
+
+
+ReduceSum.kernel(
+    "reduce_sum_numba_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=11,  # before reduce_numba, which takes bfloat16 through the fp32 adapter
+    applies=_bf16_sum_applies,
+    plan=_bf16_sum_plan,
+    doc="bfloat16 read in blocks, float64 accumulation, rounded once (no float32 copy of the input)",
+)(lambda ins, outs, attrs, plan, ws: KB.sum_bf16(ins[0], outs[0], plan))
 ReduceMean = _register_reduce("ReduceMean", "mean", _NUMERIC, "mean over axes (NaN when empty)")
 ReduceMax = _register_reduce("ReduceMax", "max", _NUMERIC_BOOL, "max over axes (-inf / dtype min when empty)")
 ReduceMin = _register_reduce("ReduceMin", "min", _NUMERIC_BOOL, "min over axes (+inf / dtype max when empty)")
