@@ -1,9 +1,10 @@
-"""ReduceSum on bfloat16 storage: rows of the ``(outer, R, inner)`` view widened a block at a time
+"""ReduceSum on bfloat16 storage: rows of the ``(A, outer, R, inner)`` view widened a block at a time
 into float64 accumulators (the float32 kernel's accumulation), rounded to float32 and then to
 bfloat16 once (what the fp32 adapter gives, without its whole-tensor float32 copy). The bias
-gradients of bf16 training are this case: a (tokens, features) gradient summed over tokens.
+gradients of bf16 training are this case: a (tokens, features) gradient summed over tokens
+(``A`` = 1), or a convolution's (N, C, H*W) gradient summed over N and H*W (``inner`` = 1).
 
-Tasks are (outer index, inner block, chunk of R); the chunks' partial sums are combined in a fixed
+Tasks are (outer index, inner block, chunk of the A * R rows); the chunks' partial sums are combined in a fixed
 order, so results do not depend on scheduling.
 """
 
@@ -27,58 +28,67 @@ CHUNK_MIN = 64
 
 @dataclass(frozen=True)
 class SumPlan:
+    A: int  # a leading reduced block (1 when the reduced axes are one block)
     outer: int
     R: int
     inner: int
     bsz: int  # inner elements per task
     nblk: int
-    nchunk: int  # chunks of R per (outer, inner block)
+    nchunk: int  # chunks of the A * R summed rows per (outer, inner block)
     csize: int
 
 
-def plan(outer: int, R: int, inner: int, threads: int | None = None) -> SumPlan:
-    """Tasks for summing an (outer, R, inner) view on ``threads`` (default: numba's count)."""
+def plan(outer: int, R: int, inner: int, threads: int | None = None, A: int = 1) -> SumPlan:
+    """Tasks for summing an (A, outer, R, inner) view over A and R on ``threads`` (default:
+    numba's count)."""
     threads = nb.get_num_threads() if threads is None else threads
+    rows = A * R
     bsz = min(max(inner, 1), INNER_BLOCK)
     nblk = -(-inner // bsz)
     nchunk = 1
-    if outer * R * inner >= PARALLEL_MIN and threads > 1 and outer * nblk < 4 * threads:
-        nchunk = max(1, min(-(-4 * threads // (outer * nblk)), R // CHUNK_MIN))
-    csize = -(-R // nchunk) if R else 0
+    if outer * rows * inner >= PARALLEL_MIN and threads > 1 and outer * nblk < 4 * threads:
+        nchunk = max(1, min(-(-4 * threads // (outer * nblk)), rows // CHUNK_MIN))
+    csize = -(-rows // nchunk) if rows else 0
     if csize:
-        nchunk = -(-R // csize)  # no empty chunk
-    return SumPlan(outer, R, inner, bsz, nblk, nchunk, csize)
+        nchunk = -(-rows // csize)  # no empty chunk
+    return SumPlan(A, outer, R, inner, bsz, nblk, nchunk, csize)
 
 
 @nb.njit(**_NJIT)
-def _task(x, part, t, R, inner, bsz, nblk, nchunk, csize):
-    """Partial sums of one (outer, inner block, chunk) into ``part[o, chunk, block]``."""
+def _task(x, part, t, outer, R, inner, bsz, nblk, nchunk, csize, rows):
+    """Partial sums of one (outer, inner block, chunk of the A * R rows) into ``part[o, chunk, block]``."""
     c = t % nchunk
     ob = t // nchunk
     blk = ob % nblk
     o = ob // nblk
     lo = blk * bsz
     n = min(inner, lo + bsz) - lo
-    r0 = c * csize
-    r1 = min(R, r0 + csize)
+    t0 = c * csize
+    t1 = min(rows, t0 + csize)
     acc = part[o, c, lo : lo + n]
     acc[:] = 0.0
-    if inner == 1:  # rows: one accumulator over a contiguous run, widened a block at a time
-        v = np.empty(min(r1 - r0, 4096), np.uint32)
+    if inner == 1:  # runs of R contiguous values per leading index, widened a block at a time
+        v = np.empty(min(t1 - t0, 4096), np.uint32)
         vf = v.view(np.float32)
-        base = o * R
         s = 0.0
-        for rb in range(r0, r1, 4096):
-            m = min(r1, rb + 4096) - rb
-            _widen(x[base + rb : base + rb + m], v[:m], vf[:m], KIND_BF16)
-            for k in range(m):
-                s += vf[k]
+        r = t0
+        while r < t1:
+            a = r // R
+            end = min(t1, (a + 1) * R)
+            base = (a * outer + o) * R - a * R
+            for rb in range(r, end, 4096):
+                m = min(end, rb + 4096) - rb
+                _widen(x[base + rb : base + rb + m], v[:m], vf[:m], KIND_BF16)
+                for k in range(m):
+                    s += vf[k]
+            r = end
         acc[0] = s
         return
     u = np.empty(n, np.uint32)
     f = u.view(np.float32)
-    for r in range(r0, r1):
-        off = (o * R + r) * inner + lo
+    for r in range(t0, t1):
+        a = r // R
+        off = ((a * outer + o) * R + r - a * R) * inner + lo
         _widen(x[off : off + n], u, f, KIND_BF16)
         for k in range(n):
             acc[k] += f[k]
@@ -99,30 +109,31 @@ def _combine(part, out, o0, o1, inner, nchunk):
 
 
 @nb.njit(parallel=True, **_NJIT)
-def _sum_parallel(x, out, outer, R, inner, bsz, nblk, nchunk, csize):
+def _sum_parallel(x, out, outer, R, inner, bsz, nblk, nchunk, csize, rows):
     part = np.empty((outer, nchunk, inner), np.float64)
     for t in nb.prange(outer * nblk * nchunk):
-        _task(x, part, t, R, inner, bsz, nblk, nchunk, csize)
+        _task(x, part, t, outer, R, inner, bsz, nblk, nchunk, csize, rows)
     for o in nb.prange(outer):
         _combine(part, out, o, o + 1, inner, nchunk)
 
 
 @nb.njit(**_NJIT)
-def _sum_serial(x, out, outer, R, inner, bsz, nblk, nchunk, csize):
+def _sum_serial(x, out, outer, R, inner, bsz, nblk, nchunk, csize, rows):
     part = np.empty((outer, nchunk, inner), np.float64)
     for t in range(outer * nblk * nchunk):
-        _task(x, part, t, R, inner, bsz, nblk, nchunk, csize)
+        _task(x, part, t, outer, R, inner, bsz, nblk, nchunk, csize, rows)
     _combine(part, out, 0, outer, inner, nchunk)
 
 
 def sum_bf16(x: np.ndarray, out: np.ndarray, p: SumPlan) -> None:
-    """``out`` (bfloat16, outer * inner elements) = the sum over R of contiguous bfloat16 ``x``
-    viewed as (outer, R, inner); an empty R gives zeros."""
+    """``out`` (bfloat16, outer * inner elements) = the sum over A and R of contiguous bfloat16
+    ``x`` viewed as (A, outer, R, inner); no rows to sum give zeros."""
     xu, ou = x.reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint16)
     if p.outer * p.inner == 0:
         return
-    if p.R == 0:
+    rows = p.A * p.R
+    if rows == 0:
         ou[:] = 0
         return
     run = _sum_parallel if p.nchunk * p.nblk * p.outer > 1 and x.size >= PARALLEL_MIN else _sum_serial
-    run(xu, ou, p.outer, p.R, p.inner, p.bsz, p.nblk, p.nchunk, p.csize)
+    run(xu, ou, p.outer, p.R, p.inner, p.bsz, p.nblk, p.nchunk, p.csize, rows)

@@ -233,23 +233,29 @@ ReduceSum = _register_reduce("ReduceSum", "sum", _NUMERIC, "sum over axes")
 
 
 def _bf16_sum_view(ctx):
-    """The plan of a bfloat16 ReduceSum's (outer, R, inner) view, or why the native kernel does not take it."""
+    """The (A, outer, R, inner) view of a bfloat16 ReduceSum, summed over A and R, or why the native
+    kernel does not take it: the reduced axes are one block (A = 1) or two around one kept block
+    with nothing after them (a convolution bias gradient's N and H*W, inner = 1)."""
     if ctx.dtype(0) != _dt.bfloat16:
         return "bfloat16 input only"
-    p = K.plan_reduce(tuple(ctx.shape(0)), _ctx_axes(ctx), "sum", 2)
+    shape, axes = tuple(ctx.shape(0)), _ctx_axes(ctx)
+    sizes, flags = K.coalesce(shape, axes)
+    if flags == [True, False, True]:
+        return sizes[0], sizes[1], sizes[2], 1
+    p = K.plan_reduce(shape, axes, "sum", 2)
     if p.perm is not None:
-        return "reduced axes in one block only (their permuted copy is the float32 kernel's)"
-    return p
+        return "reduced axes in one block, or two around one kept block at the end, only"
+    return 1, p.outer, p.R, p.inner
 
 
 def _bf16_sum_applies(ctx):
-    p = _bf16_sum_view(ctx)
-    return p if isinstance(p, str) else True
+    v = _bf16_sum_view(ctx)
+    return v if isinstance(v, str) else True
 
 
 def _bf16_sum_plan(ctx):
-    p = _bf16_sum_view(ctx)
-    return KB.plan(p.outer, p.R, p.inner)
+    A, outer, R, inner = _bf16_sum_view(ctx)
+    return KB.plan(outer, R, inner, A=A)
 
 
 ReduceSum.kernel(
@@ -258,7 +264,7 @@ ReduceSum.kernel(
     priority=11,  # before reduce_numba, which takes bfloat16 through the fp32 adapter
     applies=_bf16_sum_applies,
     plan=_bf16_sum_plan,
-    doc="bfloat16 read in blocks, float64 accumulation, rounded once (no float32 copy of the input)",
+    doc="bfloat16 read in blocks, float64 accumulation, rounded once (no float32 copy of the input or permuted copy)",
 )(lambda ins, outs, attrs, plan, ws: KB.sum_bf16(ins[0], outs[0], plan))
 ReduceMean = _register_reduce("ReduceMean", "mean", _NUMERIC, "mean over axes (NaN when empty)")
 ReduceMax = _register_reduce("ReduceMax", "max", _NUMERIC_BOOL, "max over axes (-inf / dtype min when empty)")
