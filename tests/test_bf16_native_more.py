@@ -242,3 +242,28 @@ def test_autocast_step_runs_these_ops_natively_and_matches_float32():
         g = grads[True][k]
         assert g.dtype == np.float32
         np.testing.assert_allclose(g, g32, rtol=5e-2, atol=5e-2 * np.abs(g32).max())
+
+
+# -- the fp32 adapter's widening (bfloat16 inputs of float32-only kernels) ---------------------------------
+def test_adapter_widening_equals_float32_on_widened_inputs():
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((5, 1, 33)).astype(BF16)
+    b = rng.standard_normal((4, 1)).astype(BF16)
+    a.reshape(-1)[:4] = np.array([np.nan, np.inf, -np.inf, 1e38], np.float32).astype(BF16)
+    ex = _prepare("Sub", [a, b])
+    assert ex.adapter
+    got = ex.run().numpy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = (a.astype(np.float32) - b.astype(np.float32)).astype(BF16)
+    _same_or_both_nan(got, want)
+    q = rng.standard_normal((2, 16, 32)).astype(BF16)
+    k = rng.standard_normal((2, 16, 32)).astype(BF16)
+    v = rng.standard_normal((2, 16, 32)).astype(BF16)
+    attrs = {"q_num_heads": 2, "kv_num_heads": 2}
+    ex = _prepare("Attention", [q, k, v], attrs)
+    assert ex.adapter and ex.kernel_name != "reference"
+    got = ex.run().numpy()
+    f32 = executor.prepare(
+        get_op("Attention"), [x.astype(np.float32) for x in (q, k, v)], attrs, algo=ex.kernel_name
+    ).run()
+    assert np.array_equal(_bits(got), _bits(f32.numpy().astype(BF16)))
