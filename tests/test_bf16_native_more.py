@@ -267,3 +267,45 @@ def test_adapter_widening_equals_float32_on_widened_inputs():
         get_op("Attention"), [x.astype(np.float32) for x in (q, k, v)], attrs, algo=ex.kernel_name
     ).run()
     assert np.array_equal(_bits(got), _bits(f32.numpy().astype(BF16)))
+
+
+# -- bf16 attention keeps its forward's logsumexp ---------------------------------------------------------
+def test_recorded_bf16_attention_keeps_the_logsumexp(monkeypatch):
+    from opsnn.kernels.cpu import attention as KA
+
+    given = []
+    real = KA.attention_backward
+
+    def spy(*args):
+        given.append(args[5] is not None)
+        return real(*args)
+
+    monkeypatch.setattr(KA, "attention_backward", spy)
+    rng = np.random.default_rng(2032)
+    B, Hq, Hkv, Sq, T, D = 2, 4, 2, 9, 12, 8
+    arrays = [rng.standard_normal(s) for s in [(B, Hq, Sq, D), (B, Hkv, T, D), (B, Hkv, T, D), (B, Hq, Sq, D)]]
+    mask = rng.random((B, 1, Sq, T)) > 0.3
+    q, k, v = (opsnn.tensor(a.astype(BF16)).requires_grad_() for a in arrays[:3])
+    dy = arrays[3].astype(BF16)
+    y = ops.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert y.grad_fn.name == "AttentionTrain" and y.dtype == BF16
+    ops.sum(ops.mul(y, opsnn.tensor(dy))).backward()
+    assert given == [True]
+    got = [t.grad.numpy() for t in (q, k, v)]
+    # the same backward recomputing the logsumexp: the same float32 math on the same widened inputs
+    again = ops.attention_backward(dy, *(t.detach() for t in (q, k, v)), y.detach(), mask, None)
+    assert given == [True, False]
+    for a, w in zip(got, again):
+        w = w.numpy()
+        assert a.dtype == BF16
+        assert np.all(np.abs(a.astype(np.float64) - w.astype(np.float64)) <= _ulp(w))
+    # float64 gradients of the bf16 values (the registry-op composition): bf16 rounding of
+    # inputs, Y and dQ/dK/dV, so a few bf16 ulps of the gradients' scale
+    q64, k64, v64 = (opsnn.tensor(t.detach().numpy().astype(np.float64)).requires_grad_() for t in (q, k, v))
+    y64 = ops.scaled_dot_product_attention(q64, k64, v64, attn_mask=mask, enable_gqa=True)
+    ops.sum(ops.mul(y64, opsnn.tensor(dy.astype(np.float64)))).backward()
+    for a, t in zip(got, (q64, k64, v64)):
+        w = t.grad.numpy()
+        np.testing.assert_allclose(a.astype(np.float64), w, rtol=3e-2, atol=3e-2 * np.abs(w).max())
+    f16 = opsnn.tensor(arrays[0].astype(np.float16)).requires_grad_()
+    assert ops.scaled_dot_product_attention(f16, f16, f16).grad_fn.name == "Attention"

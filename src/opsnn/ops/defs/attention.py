@@ -1051,14 +1051,16 @@ def _with_lse(fn):
     return run
 
 
+#: bf16 autocast's Attention runs the float32 kernels through the adapter: its logsumexp is kept too
+_TRAIN_FLOAT = (_dt.float32, _dt.bfloat16)
 AttentionTrain = register_op(
     "AttentionTrain",
     domain="opsnn",
     category="attention",
     inputs=[
-        Input("Q", (_dt.float32,)),
-        Input("K", (_dt.float32,)),
-        Input("V", (_dt.float32,)),
+        Input("Q", _TRAIN_FLOAT),
+        Input("K", _TRAIN_FLOAT),
+        Input("V", _TRAIN_FLOAT),
         Input("attn_mask", _MASK, optional=True),
     ],
     outputs=["Y", "logsumexp", Output("present_key", True), Output("present_value", True)],
