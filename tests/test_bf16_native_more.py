@@ -309,3 +309,50 @@ def test_recorded_bf16_attention_keeps_the_logsumexp(monkeypatch):
         np.testing.assert_allclose(a.astype(np.float64), w, rtol=3e-2, atol=3e-2 * np.abs(w).max())
     f16 = opsnn.tensor(arrays[0].astype(np.float16)).requires_grad_()
     assert ops.scaled_dot_product_attention(f16, f16, f16).grad_fn.name == "Attention"
+
+
+# -- SwiGLU ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(3, 5), (4, 64, 768)], ids=["serial", "parallel"])
+def test_swiglu_bf16_against_float32_kernel_and_float64(shape):
+    rng = np.random.default_rng(shape[-1])
+    a = (rng.standard_normal(shape) * 4).astype(BF16)
+    b = rng.standard_normal(shape).astype(BF16)
+    a.reshape(-1)[:4] = np.array([np.nan, np.inf, -np.inf, 80.0], np.float32).astype(BF16)
+    b.reshape(-1)[:4] = np.array([1.0, 2.0, 3.0, np.inf], np.float32).astype(BF16)
+    ex = _prepare("SwiGLU", [a, b], {"alpha": 1.5})
+    assert ex.kernel_name == "swiglu_numba_bf16" and not ex.adapter
+    got = ex.run().numpy()
+    want32 = _prepare("SwiGLU", [a, b], {"alpha": 1.5}, algo="swiglu_numba").run().numpy()
+    _same_or_both_nan(got, want32)
+    af, bf = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want64 = af / (1.0 + np.exp(-1.5 * af)) * bf
+    g = got.astype(np.float64)
+    assert np.array_equal(np.isnan(g), np.isnan(want64))
+    fin = np.isfinite(want64)
+    assert np.array_equal(g[~fin & ~np.isnan(g)], want64[~fin & ~np.isnan(want64)])
+    assert np.all(np.abs(g[fin] - want64[fin]) <= _ulp(want64[fin]))
+    # column halves of one stacked gate|up product (strided views): the same values
+    both = np.concatenate([a, b], axis=-1)
+    h = shape[-1]
+    y = ops.swiglu(opsnn.tensor(both)[..., :h], opsnn.tensor(both)[..., h:], alpha=1.5).numpy()
+    _same_or_both_nan(y, got)
+
+
+def test_swiglu_bf16_written_over_an_input():
+    """A compiled graph's memory plan may give SwiGLU a dying input's buffer as its output."""
+    from opsnn.kernels.cpu import activation_backward as KB
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(5000).astype(BF16)
+    b = rng.standard_normal(5000).astype(BF16)
+    want = _prepare("SwiGLU", [a, b]).run().numpy()
+    plan = (np.float32(1.0), 1024)
+    for over in (0, 1):
+        ins = [a.copy(), b.copy()]
+        KB.swiglu_bf16(ins, [ins[over]], {}, plan, None)
+        assert np.array_equal(_bits(ins[over]), _bits(want))
+    buf = np.concatenate([a, np.zeros(7, BF16)])  # the output 7 elements past the gate: a partial overlap
+    out = buf[7:]
+    KB.swiglu_bf16([buf[:5000], b], [out], {}, plan, None)
+    assert np.array_equal(_bits(out), _bits(want))
