@@ -356,3 +356,46 @@ def test_swiglu_bf16_written_over_an_input():
     out = buf[7:]
     KB.swiglu_bf16([buf[:5000], b], [out], {}, plan, None)
     assert np.array_equal(_bits(out), _bits(want))
+
+
+# -- RotaryEmbedding -------------------------------------------------------------------------------------------
+def _rope_tables(S, half):
+    inv = 1.0 / (10000.0 ** (np.arange(half) / half))
+    a = np.arange(S)[:, None] * inv[None]
+    return np.cos(a), np.sin(a)
+
+
+@pytest.mark.parametrize(
+    "xshape,attrs,with_pos",
+    [
+        ((4, 64, 256), {"num_heads": 4}, True),  # (B, S, hidden), position ids: LLaMA's layout
+        ((2, 3, 7, 8), {"interleaved": 1}, False),  # (B, N, S, Dh)
+        ((2, 5, 30), {"num_heads": 3, "rotary_embedding_dim": 6}, True),  # a partial rotation
+    ],
+)
+def test_rotary_bf16_against_float32_kernel_and_float64(xshape, attrs, with_pos):
+    rng = np.random.default_rng(xshape[-1])
+    x = rng.standard_normal(xshape).astype(BF16)
+    x.reshape(-1)[:3] = np.array([np.nan, np.inf, -np.inf], np.float32).astype(BF16)
+    if len(xshape) == 4:
+        B, _, S, Dh = xshape
+    else:
+        B, S, H = xshape
+        Dh = H // attrs["num_heads"]
+    c, s = _rope_tables(S + 3, (attrs.get("rotary_embedding_dim") or Dh) // 2)
+    if with_pos:
+        ins = [x, c.astype(BF16), s.astype(BF16), np.tile(np.arange(S), (B, 1)) + 2]
+    else:
+        ins = [x, c[None, :S].astype(BF16), s[None, :S].astype(BF16)]
+    ex = _prepare("RotaryEmbedding", ins, attrs)
+    assert ex.kernel_name == "rotary_numba_bf16" and not ex.adapter
+    got = ex.run().numpy()
+    assert got.dtype == BF16 and got.shape == x.shape
+    _same_or_both_nan(got, _prepare("RotaryEmbedding", ins, attrs, algo="rotary_numba").run().numpy())
+    full = {"interleaved": 0, "num_heads": None, "rotary_embedding_dim": 0, **attrs}
+    with np.errstate(invalid="ignore"):  # inf * 0 where a table value is 0: NaN, as in the kernels
+        want = get_op("RotaryEmbedding").reference([a.astype(np.float64) if a.dtype == BF16 else a for a in ins], full)
+    fin = np.isfinite(want) & np.isfinite(got.astype(np.float64))
+    assert np.array_equal(np.isnan(got.astype(np.float64)), np.isnan(want))
+    # a rotated value is a two-term sum: rounded once to bfloat16, within an ulp of its terms' scale
+    np.testing.assert_allclose(got.astype(np.float64)[fin], want[fin], rtol=2**-8, atol=2**-8)
