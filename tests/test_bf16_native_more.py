@@ -1,12 +1,15 @@
 """Native bfloat16 kernels of bf16 training beyond the products and activations: ReduceSum
 (reduce_sum_numba_bf16), the ordered comparisons (compare_numba_bf16), MaxPool
-(max_pool_numba_bf16) and MaxPoolGrad (max_pool_grad_numba_bf16).
+(max_pool_numba_bf16), MaxPoolGrad (max_pool_grad_numba_bf16), SwiGLU (swiglu_numba_bf16) and
+RotaryEmbedding (rotary_numba_bf16); the fp32 adapter's bfloat16 widening; bf16 Attention keeping
+its forward's logsumexp (opsnn::AttentionTrain).
 
-Each is compared with the float32 kernel on the widened inputs rounded to bfloat16 (the fp32
-adapter's result, what ran before) and with a float64 oracle rounded to bfloat16 (within one
-bfloat16 ulp where a sum is rounded, exactly where values are only selected or compared), with
-NaN/Inf and odd shapes; then one autocast training step of a small CNN runs none of these ops
-through the adapter and its gradients match float32 training within bfloat16 tolerance."""
+Each kernel is compared with the float32 kernel on the widened inputs rounded to bfloat16 (the fp32
+adapter's result, what ran before) and with a float64 oracle (within one bfloat16 ulp where a value
+is rounded once, exactly where values are only selected or compared, a stated tolerance for
+RoPE's two-term sums), with NaN/Inf and odd shapes; one autocast training step of a small CNN runs
+none of these ops through the adapter and its gradients match float32 training within bfloat16
+tolerance."""
 
 import numba
 import numpy as np
