@@ -402,3 +402,15 @@ def test_rotary_bf16_against_float32_kernel_and_float64(xshape, attrs, with_pos)
     assert np.array_equal(np.isnan(got.astype(np.float64)), np.isnan(want))
     # a rotated value is a two-term sum: rounded once to bfloat16, within an ulp of its terms' scale
     np.testing.assert_allclose(got.astype(np.float64)[fin], want[fin], rtol=2**-8, atol=2**-8)
+
+
+def test_max_pool_bf16_leaves_huge_planes_to_the_adapter(monkeypatch):
+    from opsnn.ops.defs import pool as P
+
+    monkeypatch.setattr(P, "BF16_PLANE_MAX", 15)
+    x = np.ones((1, 1, 4, 4), BF16)
+    ex = _prepare("MaxPool", [x], {"kernel_shape": [2, 2]}, num_outputs=2)
+    assert ex.kernel_name == "max_pool_numba" and ex.adapter
+    _, idx = ex.run()
+    dy = np.ones((1, 1, 3, 3), BF16)
+    assert _prepare("MaxPoolGrad", [dy, idx.numpy(), x], domain="opsnn").kernel_name == "max_pool_grad_numba"

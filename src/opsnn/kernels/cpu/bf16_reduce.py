@@ -4,8 +4,9 @@ bfloat16 once (what the fp32 adapter gives, without its whole-tensor float32 cop
 gradients of bf16 training are this case: a (tokens, features) gradient summed over tokens
 (``A`` = 1), or a convolution's (N, C, H*W) gradient summed over N and H*W (``inner`` = 1).
 
-Tasks are (outer index, inner block, chunk of the A * R rows); the chunks' partial sums are combined in a fixed
-order, so results do not depend on scheduling.
+Tasks are (outer index, inner block), rounded straight into the output; where those are too few
+for the threads, (outer index, inner block, chunk of the A * R rows), whose partial sums are
+combined in a fixed order, so results do not depend on scheduling.
 """
 
 from __future__ import annotations
@@ -55,17 +56,10 @@ def plan(outer: int, R: int, inner: int, threads: int | None = None, A: int = 1)
 
 
 @nb.njit(**_NJIT)
-def _task(x, part, t, outer, R, inner, bsz, nblk, nchunk, csize, rows):
-    """Partial sums of one (outer, inner block, chunk of the A * R rows) into ``part[o, chunk, block]``."""
-    c = t % nchunk
-    ob = t // nchunk
-    blk = ob % nblk
-    o = ob // nblk
-    lo = blk * bsz
-    n = min(inner, lo + bsz) - lo
-    t0 = c * csize
-    t1 = min(rows, t0 + csize)
-    acc = part[o, c, lo : lo + n]
+def _accumulate(x, acc, o, lo, t0, t1, outer, R, inner):
+    """``acc`` (float64, zeroed here) = the sums over rows [t0, t1) of the A * R rows of output
+    row ``o``, inner elements [lo, lo + acc.size)."""
+    n = acc.size
     acc[:] = 0.0
     if inner == 1:  # runs of R contiguous values per leading index, widened a block at a time
         v = np.empty(min(t1 - t0, 4096), np.uint32)
@@ -95,34 +89,76 @@ def _task(x, part, t, outer, R, inner, bsz, nblk, nchunk, csize, rows):
 
 
 @nb.njit(**_NJIT)
-def _combine(part, out, o0, o1, inner, nchunk):
-    """``out[o, :]`` = bf16(float32(sum of the chunks' partials)) for o in [o0, o1)."""
-    s = np.empty(inner, np.float32)
-    su = s.view(np.uint32)
-    for o in range(o0, o1):
-        for k in range(inner):
-            v = part[o, 0, k]
-            for c in range(1, nchunk):
-                v += part[o, c, k]
-            s[k] = np.float32(v)
-        _narrow(s, su, out[o * inner : (o + 1) * inner], KIND_BF16)
+def _finish(acc, dst):
+    """bfloat16 ``dst`` = the float64 sums ``acc`` rounded to float32, then to nearest even."""
+    s = np.empty(acc.size, np.float32)
+    for k in range(acc.size):
+        s[k] = np.float32(acc[k])
+    _narrow(s, s.view(np.uint32), dst, KIND_BF16)
+
+
+@nb.njit(**_NJIT)
+def _whole_task(x, out, t, outer, R, inner, bsz, nblk, rows):
+    """One (outer, inner block) over all its rows, rounded straight into ``out``."""
+    blk = t % nblk
+    o = t // nblk
+    lo = blk * bsz
+    n = min(inner, lo + bsz) - lo
+    acc = np.empty(n, np.float64)
+    _accumulate(x, acc, o, lo, 0, rows, outer, R, inner)
+    _finish(acc, out[o * inner + lo : o * inner + lo + n])
+
+
+@nb.njit(**_NJIT)
+def _chunk_task(x, part, t, outer, R, inner, bsz, nblk, nchunk, csize, rows):
+    """Partial sums of one (outer, inner block, chunk of the rows) into ``part[o, chunk, block]``."""
+    c = t % nchunk
+    ob = t // nchunk
+    blk = ob % nblk
+    o = ob // nblk
+    lo = blk * bsz
+    n = min(inner, lo + bsz) - lo
+    t0 = c * csize
+    _accumulate(x, part[o, c, lo : lo + n], o, lo, t0, min(rows, t0 + csize), outer, R, inner)
+
+
+@nb.njit(**_NJIT)
+def _combine(part, out, o, inner, nchunk):
+    """``out[o, :]`` = the chunks' partials of output row ``o``, added in chunk order and rounded."""
+    acc = np.empty(inner, np.float64)
+    for k in range(inner):
+        v = part[o, 0, k]
+        for c in range(1, nchunk):
+            v += part[o, c, k]
+        acc[k] = v
+    _finish(acc, out[o * inner : (o + 1) * inner])
 
 
 @nb.njit(parallel=True, **_NJIT)
 def _sum_parallel(x, out, outer, R, inner, bsz, nblk, nchunk, csize, rows):
+    if nchunk == 1:
+        for t in nb.prange(outer * nblk):
+            _whole_task(x, out, t, outer, R, inner, bsz, nblk, rows)
+        return
+    # few outputs (outer * nblk < 4 * threads), so the partials are small
     part = np.empty((outer, nchunk, inner), np.float64)
     for t in nb.prange(outer * nblk * nchunk):
-        _task(x, part, t, outer, R, inner, bsz, nblk, nchunk, csize, rows)
+        _chunk_task(x, part, t, outer, R, inner, bsz, nblk, nchunk, csize, rows)
     for o in nb.prange(outer):
-        _combine(part, out, o, o + 1, inner, nchunk)
+        _combine(part, out, o, inner, nchunk)
 
 
 @nb.njit(**_NJIT)
 def _sum_serial(x, out, outer, R, inner, bsz, nblk, nchunk, csize, rows):
+    if nchunk == 1:
+        for t in range(outer * nblk):
+            _whole_task(x, out, t, outer, R, inner, bsz, nblk, rows)
+        return
     part = np.empty((outer, nchunk, inner), np.float64)
     for t in range(outer * nblk * nchunk):
-        _task(x, part, t, outer, R, inner, bsz, nblk, nchunk, csize, rows)
-    _combine(part, out, 0, outer, inner, nchunk)
+        _chunk_task(x, part, t, outer, R, inner, bsz, nblk, nchunk, csize, rows)
+    for o in range(outer):
+        _combine(part, out, o, inner, nchunk)
 
 
 def sum_bf16(x: np.ndarray, out: np.ndarray, p: SumPlan) -> None:

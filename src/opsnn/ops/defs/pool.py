@@ -308,9 +308,23 @@ def _max_pool_numba(ins, outs, attrs, plan, ws):
     K.max_pool(ins[0], outs[0], outs[1] if len(outs) > 1 else None, plan, int(attrs["storage_order"]) == 1)
 
 
+#: the bfloat16 pooling kernels widen a plane into float32 scratch outside the pool: up to this many elements
+BF16_PLANE_MAX = 1 << 22
+
+
 def _max_pool_bf16_applies(ctx):
     n = len(ctx.shape(0)) - 2
-    return True if n in (1, 2) else f"the bfloat16 kernel covers 1-D and 2-D windows, got {n}-D"
+    if n not in (1, 2):
+        return f"the bfloat16 kernel covers 1-D and 2-D windows, got {n}-D"
+    if math.prod(ctx.shape(0)[2:]) > BF16_PLANE_MAX:
+        return f"planes of up to {BF16_PLANE_MAX} elements (float32 scratch per thread)"
+    return True
+
+
+def _max_pool_grad_bf16_applies(ctx):
+    if max(math.prod(ctx.shape(2)[2:]), math.prod(ctx.shape(0)[2:])) > BF16_PLANE_MAX:
+        return f"planes of up to {BF16_PLANE_MAX} elements (float32 scratch per thread)"
+    return True
 
 
 @MaxPool.kernel(
@@ -1023,6 +1037,7 @@ def _max_pool_grad_numba(ins, outs, attrs, plan, ws):
     "max_pool_grad_numba_bf16",
     dtypes=(_dt.bfloat16,),
     priority=11,  # before max_pool_grad_numba, which widens dY and X (read for its shape only)
+    applies=_max_pool_grad_bf16_applies,
     plan=lambda ctx: int(ctx.shape(2)[0]) * int(ctx.shape(2)[1]),
     doc="per plane: dY widened, scatter-added in float32, rounded once (X is not read)",
 )
