@@ -233,7 +233,10 @@ def test_16bit_through_fp32_adapter(op, dtype, rng):
     x32 = _data(op, (5, 33, 3), rng)
     x = x32.astype(dtype)
     ex = opsnn.ops.prepare(get_op(op), [x, np.array([1])], {})
-    assert ex.kernel_name == "reduce_numba" and ex.adapter
+    if op == "ReduceSum" and dtype is ml_dtypes.bfloat16:  # a native kernel reads bfloat16 itself
+        assert ex.kernel_name == "reduce_sum_numba_bf16" and not ex.adapter
+    else:
+        assert ex.kernel_name == "reduce_numba" and ex.adapter
     y = ex.run()
     assert y.dtype == np.dtype(dtype)
     want = ORACLE[op](x.astype(np.float64), (1,), True)

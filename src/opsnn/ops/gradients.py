@@ -25,6 +25,7 @@ import weakref
 
 import numpy as np
 
+from .. import dtypes as _dt
 from ..errors import ParamInvalidError
 from ..tensor import Tensor, ones, tensor, tracing_training_step, zeros
 from .registry import get_op, has_op
@@ -1081,10 +1082,13 @@ def _attention_train(ctx, grads):
 
 def _attention_training_forward(tensors: list, attrs: dict, num_outputs: int):
     """The op a recorded Attention call runs instead: opsnn::AttentionTrain, whose logsumexp output
-    AttentionGrad reads (float32 calls without a KV cache, whose rule is the fused one, asking for
-    Y or for Y and the present key/value), with the indices of the caller's outputs; else None."""
+    AttentionGrad reads (float32 or bfloat16 calls without a KV cache, whose rule is the fused one,
+    asking for Y or for Y and the present key/value), with the indices of the caller's outputs; else
+    None."""
     q, k, v = tensors[:3]
-    if any(t is not None for t in tensors[4:]) or any(t is None or t.dtype != np.float32 for t in (q, k, v)):
+    if any(t is not None for t in tensors[4:]) or any(t is None for t in (q, k, v)):
+        return None
+    if q.dtype not in (np.float32, _dt.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return None
     sp = attrs.get("softmax_precision")
     if sp is not None and int(sp) != 1:  # a softmax wider or narrower than the fp32 kernels'

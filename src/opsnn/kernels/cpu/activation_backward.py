@@ -19,7 +19,7 @@ import ml_dtypes
 import numba as nb
 import numpy as np
 
-from .activation import CHUNK_MIN, PARALLEL_MIN_COSTLY, _gelu_erf, _gelu_tanh, fexp, fphi
+from .activation import CHUNK_MIN, PARALLEL_MIN_COSTLY, _gelu_erf, _gelu_tanh, fexp, fphi, swiglu_chunk
 from .gemm import KIND_BF16, _narrow, _widen
 
 _NJIT = dict(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
@@ -238,6 +238,46 @@ def gelu_bf16(x: np.ndarray, out: np.ndarray, plan: GeluBackwardPlan) -> None:
         _gelu_fwd_parallel_bf16(x, out, plan.tanh, plan.chunk)
     else:
         _gelu_fwd_serial_bf16(x, out, plan.tanh)
+
+
+# -- SwiGLU forward on bfloat16 storage -------------------------------------------------------------------
+@nb.njit(**_NJIT)
+def swiglu_range_bf16(g, v, out, lo, hi, alpha):
+    """``out[lo:hi]`` for bfloat16 bits: :func:`.activation.swiglu_chunk` on blocks widened into float32
+    scratch, rounded once (the fp32 adapter's values without its float32 copies)."""
+    m = min(max(hi - lo, 0), BF16_BLOCK)
+    gu, vu, ou = np.empty(m, np.uint32), np.empty(m, np.uint32), np.empty(m, np.uint32)
+    gf, vf, of = gu.view(np.float32), vu.view(np.float32), ou.view(np.float32)
+    for b0 in range(lo, hi, BF16_BLOCK):
+        n = min(hi, b0 + BF16_BLOCK) - b0
+        _widen(g[b0 : b0 + n], gu[:n], gf[:n], KIND_BF16)
+        _widen(v[b0 : b0 + n], vu[:n], vf[:n], KIND_BF16)
+        swiglu_chunk(gf, vf, of, 0, n, alpha)
+        _narrow(of[:n], ou[:n], out[b0 : b0 + n], KIND_BF16)
+
+
+@nb.njit(parallel=True, **_NJIT)
+def swiglu_parallel_bf16(g, v, out, alpha, chunk):
+    n = g.size
+    for c in nb.prange((n + chunk - 1) // chunk):
+        lo = c * chunk
+        swiglu_range_bf16(g, v, out, lo, min(lo + chunk, n), alpha)
+
+
+def swiglu_bf16(ins, outs, attrs, plan, ws):
+    """SwiGLU on contiguous bfloat16 storage (``plan``: :func:`.activation.swiglu_plan`'s float32 alpha)."""
+    alpha, chunk = plan
+    g, v, dst = (a.reshape(-1).view(np.uint16) for a in (ins[0], ins[1], outs[0]))
+    # written over g or v exactly (a graph's memory plan): each block is read before it is written;
+    # a partial overlap is computed aside
+    partial = any(np.may_share_memory(dst, a) and dst.ctypes.data != a.ctypes.data for a in (g, v))
+    out = np.empty_like(dst) if partial else dst
+    if chunk:
+        swiglu_parallel_bf16(g, v, out, alpha, chunk)
+    elif out.size:
+        swiglu_range_bf16(g, v, out, 0, out.size, alpha)
+    if partial:
+        np.copyto(dst, out)
 
 
 # -- SwiGLUBackward -----------------------------------------------------------------------------------------

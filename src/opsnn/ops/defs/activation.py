@@ -413,6 +413,13 @@ SwiGLU = register_op(
     doc="Swish_alpha(A) * B (gate A, value B)",
 )
 SwiGLU.kernel("swiglu_numba", dtypes=_F32_64, priority=10, plan=K.swiglu_plan, strided=True)(K.swiglu)
+SwiGLU.kernel(
+    "swiglu_numba_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=11,  # before swiglu_numba, which takes bfloat16 through the fp32 adapter
+    plan=K.swiglu_plan,
+    doc="bfloat16 blocks widened to float32, the float32 kernel's loop, rounded once (no float32 copies)",
+)(KB.swiglu_bf16)
 
 
 def _swiglu_backward_infer(ctx):

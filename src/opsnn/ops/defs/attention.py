@@ -24,6 +24,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, InferShapeError, ParamInvalidError
 from ...kernels.cpu import attention as K
+from ...kernels.cpu import bf16_rotary as KBR
 from ...kernels.cpu import libraries as KL
 from ...kernels.cpu import mkl as KM
 from ...kernels.cpu import mkl_nb as MN
@@ -1052,14 +1053,16 @@ def _with_lse(fn):
     return run
 
 
+#: bf16 autocast's Attention runs the float32 kernels through the adapter: its logsumexp is kept too
+_TRAIN_FLOAT = (_dt.float32, _dt.bfloat16)
 AttentionTrain = register_op(
     "AttentionTrain",
     domain="opsnn",
     category="attention",
     inputs=[
-        Input("Q", (_dt.float32,)),
-        Input("K", (_dt.float32,)),
-        Input("V", (_dt.float32,)),
+        Input("Q", _TRAIN_FLOAT),
+        Input("K", _TRAIN_FLOAT),
+        Input("V", _TRAIN_FLOAT),
         Input("attn_mask", _MASK, optional=True),
     ],
     outputs=["Y", "logsumexp", Output("present_key", True), Output("present_value", True)],
@@ -1238,6 +1241,28 @@ RotaryEmbedding = register_op(
 RotaryEmbedding.kernel(
     "rotary_numba", dtypes=(_dt.float32,), priority=10, plan=_rotary_plan, doc="numba, parallel over (batch, position)"
 )(_rotary)
+
+
+def _rotary_bf16(ins, outs, attrs, plan, ws):
+    x = ins[0]
+    cos, sin = _rotary_caches(ins)
+    cos = np.ascontiguousarray(cos, np.float32)  # the tables' bfloat16 values, exactly
+    sin = np.ascontiguousarray(sin, np.float32)
+    y = outs[0]
+    if x.ndim == 3:
+        B, S, _ = x.shape
+        x = x.reshape(B, S, plan["heads"], -1)
+        y = y.reshape(x.shape)
+    KBR.rotary_bf16(x, cos, sin, y, ins[0].ndim == 4, bool(attrs["interleaved"]), plan["rot"], plan["parallel"])
+
+
+RotaryEmbedding.kernel(
+    "rotary_numba_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=11,  # before rotary_numba, which takes bfloat16 through the fp32 adapter
+    plan=_rotary_plan,
+    doc="a (batch, position)'s heads widened to float32 scratch, rotated, rounded once (no float32 copies)",
+)(_rotary_bf16)
 
 
 # -- entry points ---------------------------------------------------------------------------------------------

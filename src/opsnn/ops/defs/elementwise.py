@@ -540,7 +540,27 @@ def _compare_record(name, code, reference, doc, dtypes=NUMERIC, infer=_infer_com
     plan = functools.partial(K.binary_plan, op=code)
     rec.kernel("compare_numba", dtypes=NUMBA, priority=10, plan=plan)(K.compare)
     rec.kernel("compare_numpy", priority=5, plan=plan)(K.compare_numpy)
+    if code != K.EQ:  # Equal's schema takes strings; its bf16 use is rare
+        rec.kernel(
+            "compare_numba_bf16",
+            dtypes=(_dt.bfloat16,),
+            priority=11,  # before compare_numba, which takes bfloat16 through the fp32 adapter
+            applies=_compare_bf16_applies,
+            plan=lambda ctx: KBB.plan(math.prod(ctx.shape(0))),
+            doc="bfloat16 against bfloat16 of one shape or one element: blocks widened, compared (no float32 copies)",
+        )(lambda ins, outs, attrs, plan, ws, code=code: KBB.compare_bf16(ins[0], ins[1], outs[0], code, plan))
     return rec
+
+
+def _compare_bf16_applies(ctx):
+    a, b = ctx.inputs[0], ctx.inputs[1]
+    if a.dtype != _dt.bfloat16 or b.dtype != _dt.bfloat16:
+        return "bfloat16 inputs only"
+    if tuple(b.shape) != tuple(a.shape) and math.prod(b.shape) != 1:
+        return f"B of A's shape or one element only, got {tuple(a.shape)} and {tuple(b.shape)}"
+    if math.prod(ctx.outputs[0].shape) != math.prod(a.shape):
+        return "A's size must be the output's (B broadcast to A)"
+    return True
 
 
 Equal = _compare_record(

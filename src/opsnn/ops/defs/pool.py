@@ -27,6 +27,7 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...errors import InferShapeError, ParamInvalidError
+from ...kernels.cpu import bf16_pool as KBF
 from ...kernels.cpu import pool as K
 from ...kernels.cpu import pool_backward as KB
 from ...runtime.memory import check_request
@@ -305,6 +306,37 @@ def _pool_plan(ctx) -> K.PoolPlan:
 )
 def _max_pool_numba(ins, outs, attrs, plan, ws):
     K.max_pool(ins[0], outs[0], outs[1] if len(outs) > 1 else None, plan, int(attrs["storage_order"]) == 1)
+
+
+#: the bfloat16 pooling kernels widen a plane into float32 scratch outside the pool: up to this many elements
+BF16_PLANE_MAX = 1 << 22
+
+
+def _max_pool_bf16_applies(ctx):
+    n = len(ctx.shape(0)) - 2
+    if n not in (1, 2):
+        return f"the bfloat16 kernel covers 1-D and 2-D windows, got {n}-D"
+    if math.prod(ctx.shape(0)[2:]) > BF16_PLANE_MAX:
+        return f"planes of up to {BF16_PLANE_MAX} elements (float32 scratch per thread)"
+    return True
+
+
+def _max_pool_grad_bf16_applies(ctx):
+    if max(math.prod(ctx.shape(2)[2:]), math.prod(ctx.shape(0)[2:])) > BF16_PLANE_MAX:
+        return f"planes of up to {BF16_PLANE_MAX} elements (float32 scratch per thread)"
+    return True
+
+
+@MaxPool.kernel(
+    "max_pool_numba_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=11,  # before max_pool_numba, which takes bfloat16 through the fp32 adapter
+    plan=_pool_plan,
+    applies=_max_pool_bf16_applies,
+    doc="a plane widened to float32 scratch at a time; the window's value stored back (no float32 copies)",
+)
+def _max_pool_numba_bf16(ins, outs, attrs, plan, ws):
+    KBF.max_pool_bf16(ins[0], outs[0], outs[1] if len(outs) > 1 else None, plan, int(attrs["storage_order"]) == 1)
 
 
 @AveragePool.kernel("avg_pool_numba", dtypes=_F32_64, priority=10, plan=_pool_plan, applies=_numba_ranks)
@@ -997,6 +1029,20 @@ MaxPoolGrad = register_op(
 )
 def _max_pool_grad_numba(ins, outs, attrs, plan, ws):
     bad = KB.max_pool_backward(ins[0], ins[1], outs[0], plan)
+    if bad:
+        raise _bad_indices(bad)
+
+
+@MaxPoolGrad.kernel(
+    "max_pool_grad_numba_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=11,  # before max_pool_grad_numba, which widens dY and X (read for its shape only)
+    applies=_max_pool_grad_bf16_applies,
+    plan=lambda ctx: int(ctx.shape(2)[0]) * int(ctx.shape(2)[1]),
+    doc="per plane: dY widened, scatter-added in float32, rounded once (X is not read)",
+)
+def _max_pool_grad_numba_bf16(ins, outs, attrs, plan, ws):
+    bad = KBF.max_pool_backward_bf16(ins[0], ins[1], outs[0], plan)
     if bad:
         raise _bad_indices(bad)
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...errors import ParamInvalidError
+from ...kernels.cpu import bf16_reduce as KB
 from ...kernels.cpu import reduction as K
 from ...tensor import as_tensor
 from ..api import api
@@ -229,6 +230,42 @@ def _register_reduce(name: str, kind: str, dtypes: tuple, doc: str, domain: str 
 
 
 ReduceSum = _register_reduce("ReduceSum", "sum", _NUMERIC, "sum over axes")
+
+
+def _bf16_sum_view(ctx):
+    """The (A, outer, R, inner) view of a bfloat16 ReduceSum, summed over A and R, or why the native
+    kernel does not take it: the reduced axes are one block (A = 1) or two around one kept block
+    with nothing after them (a convolution bias gradient's N and H*W, inner = 1)."""
+    if ctx.dtype(0) != _dt.bfloat16:
+        return "bfloat16 input only"
+    shape, axes = tuple(ctx.shape(0)), _ctx_axes(ctx)
+    sizes, flags = K.coalesce(shape, axes)
+    if flags == [True, False, True]:
+        return sizes[0], sizes[1], sizes[2], 1
+    p = K.plan_reduce(shape, axes, "sum", 2)
+    if p.perm is not None:
+        return "reduced axes in one block, or two around one kept block at the end, only"
+    return 1, p.outer, p.R, p.inner
+
+
+def _bf16_sum_applies(ctx):
+    v = _bf16_sum_view(ctx)
+    return v if isinstance(v, str) else True
+
+
+def _bf16_sum_plan(ctx):
+    A, outer, R, inner = _bf16_sum_view(ctx)
+    return KB.plan(outer, R, inner, A=A)
+
+
+ReduceSum.kernel(
+    "reduce_sum_numba_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=11,  # before reduce_numba, which takes bfloat16 through the fp32 adapter
+    applies=_bf16_sum_applies,
+    plan=_bf16_sum_plan,
+    doc="bfloat16 read in blocks, float64 accumulation, rounded once (no float32 copy of the input or permuted copy)",
+)(lambda ins, outs, attrs, plan, ws: KB.sum_bf16(ins[0], outs[0], plan))
 ReduceMean = _register_reduce("ReduceMean", "mean", _NUMERIC, "mean over axes (NaN when empty)")
 ReduceMax = _register_reduce("ReduceMax", "max", _NUMERIC_BOOL, "max over axes (-inf / dtype min when empty)")
 ReduceMin = _register_reduce("ReduceMin", "min", _NUMERIC_BOOL, "min over axes (+inf / dtype max when empty)")
