@@ -72,6 +72,17 @@ def test_flop_counts():
     )
 
 
+def test_capped_run_says_onnxruntime_is_not_capped(monkeypatch):
+    from opsnn.runtime import cpu
+
+    # the states OPSNN_CPU_ISA=avx2 gives on an AVX-512 CPU, and an AVX2 CPU running as it is
+    monkeypatch.setattr(cpu, "_state", cpu.IsaState("avx2", "avx512_bf16", "OPSNN_CPU_ISA", "avx2"))
+    note = benchmark.peer_isa_note()
+    assert note is not None and "NOT capped at avx2" in note and "avx512_bf16" in note
+    monkeypatch.setattr(cpu, "_state", cpu.IsaState("avx2", "avx2", "detected", None))
+    assert benchmark.peer_isa_note() is None
+
+
 def test_rel_err_and_block_order():
     assert benchmark.rel_err(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 0
     assert benchmark.rel_err(np.array([1.0, 2.5]), np.array([1.0, 2.0])) == pytest.approx(0.25)
