@@ -23,7 +23,7 @@ def _kernels(p, dtype, k=768, n=3072):
 #: (level, vendor) -> decoder projection kernels for ROWS rows of a 768 -> 3072 weight, float32 and bf16
 TABLE = {
     ("avx2", AMD): (
-        ("rows", "rows", "rows", "mkl_packed", "openblas", "openblas"),
+        ("rows", "rows", "rows", "openblas", "openblas", "openblas"),
         ("bf16_gemv", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16"),
     ),
     ("avx512", AMD): (
@@ -69,10 +69,27 @@ def test_other_strategies_per_isa(level):
 def test_packed_panel_rejection_thresholds():
     amd, intel = KL.Platform.for_isa("avx2", AMD), KL.Platform.for_isa("avx2", INTEL)
     assert KL.packed_panel_rejection(512, 768, 4096, intel) is None
-    assert KL.packed_panel_rejection(KL.PACKED_MAX_ROWS_ELSEWHERE - 1, 4096, 4096, amd) is None
-    assert KL.packed_panel_rejection(128, 768, 768, amd) is None  # under PACKED_MAX_MACS_ELSEWHERE
     why = KL.packed_panel_rejection(512, 768, 4096, amd)
     assert "512 x 768 x 4096" in why and "OPSNN_GEMM=mkl" in why
+    # OpenBLAS' AVX-512 kernels: MKL's packed panel below 64 rows or 2^27 multiply-adds
+    wide = KL.Platform.for_isa("avx512", AMD, onednn=False)
+    assert KL.packed_limits(wide) == (KL.PACKED_MAX_ROWS_ELSEWHERE, KL.PACKED_MAX_MACS_ELSEWHERE) == (64, 1 << 27)
+    assert KL.packed_panel_rejection(63, 4096, 4096, wide) is None
+    assert KL.packed_panel_rejection(128, 768, 768, wide) is None  # 75M multiply-adds
+    assert KL.packed_panel_rejection(128, 768, 3072, wide) is not None
+    # its Haswell kernels (AVX2 in force): OpenBLAS from 32 rows whatever the size
+    assert KL.packed_limits(amd) == (KL.PACKED_MAX_ROWS_AVX2, KL.PACKED_MAX_MACS_AVX2) == (32, 0)
+    assert KL.packed_panel_rejection(31, 4096, 4096, amd) is None
+    assert KL.packed_panel_rejection(32, 768, 768, amd) is not None
+    assert KL.packed_panel_rejection(128, 768, 768, amd) is not None
+    assert KL.kernel_choice("matmul_mkl_packed", 8, 768, 768, F32, p=amd).reason.endswith("fewer than 32 rows")
+
+
+@pytest.mark.isa_portable
+def test_packed_limits_follow_the_isa_in_force():
+    """The limits this process uses are the ones for the level it detects (or is capped to)."""
+    want = (32, 0) if cpu.isa() == "avx2" else (64, 1 << 27)
+    assert KL.packed_limits() == KL.packed_limits(KL.platform()) == want
 
 
 @pytest.mark.isa_portable
@@ -133,7 +150,7 @@ BERT_PREFILL = {
 }
 #: vendor -> the products that leave MKL's packed panel for OpenBLAS on an AVX2-only CPU
 ON_OPENBLAS_UNDER_AVX2 = {
-    AMD: {"bert ffn1", "bert ffn2", "prefill gate+up", "prefill down"},
+    AMD: set(BERT_PREFILL),
     INTEL: set(),
 }
 

@@ -136,9 +136,24 @@ def mkl_gemv_in_tasks(p: Platform | None = None) -> bool:
 
 # -- constant-weight products ---------------------------------------------------------------------------
 #: where OpenBLAS is the faster library, an (m, k) @ (k, n) product with a packed right operand still
-#: stays on MKL's packed panel below these sizes
+#: stays on MKL's packed panel below these sizes (OpenBLAS' AVX-512 kernels, SkylakeX)
 PACKED_MAX_ROWS_ELSEWHERE = 64
 PACKED_MAX_MACS_ELSEWHERE = 1 << 27
+#: ... and below these where AVX2 is the level in force (OpenBLAS' Haswell kernels, faster than MKL's
+#: packed panel from 32 rows whatever the size; MKL runs the same code capped or not on AMD)
+PACKED_MAX_ROWS_AVX2 = 32
+PACKED_MAX_MACS_AVX2 = 0
+
+
+def packed_limits(p: Platform | None = None) -> tuple[int, int]:
+    """(rows, multiply-adds) below which a product keeps MKL's packed panel where OpenBLAS is the
+    GEMM library, for the instruction-set level in force (OpenBLAS runs its kernels for that level)."""
+    level = p.isa if p is not None else cpu.isa()
+    if level == "avx2":
+        return PACKED_MAX_ROWS_AVX2, PACKED_MAX_MACS_AVX2
+    return PACKED_MAX_ROWS_ELSEWHERE, PACKED_MAX_MACS_ELSEWHERE
+
+
 #: where MKL is not the GEMM library, products of up to this many rows run on opsnn's own few-row
 #: kernels (``gemm_rows``, ``gemv_bf16``): the weight's bytes, not the arithmetic, set their time
 SMALL_ROWS = 32
@@ -151,7 +166,8 @@ def packed_panel_rejection(m: int, k: int, n: int, p: Platform | None = None) ->
     """Why MKL's packed right operand should not be chosen for an (m, k) @ (k, n) product here
     (None: it should). The convolutions' left-packed weights stay on MKL either way."""
     lib = p.gemm_library if p is not None else gemm_library()
-    if lib != "openblas" or m < PACKED_MAX_ROWS_ELSEWHERE or m * k * n < PACKED_MAX_MACS_ELSEWHERE:
+    rows, macs = packed_limits(p)
+    if lib != "openblas" or m < rows or m * k * n < macs:
         return None
     return (
         f"MKL's SGEMM is slower than OpenBLAS on this CPU at {m} x {k} x {n} (see "
@@ -482,7 +498,8 @@ def kernel_choice(
         if p.gemm_library == "mkl":
             why = "MKL is the GEMM library on this CPU"
         else:
-            why = f"fewer than {PACKED_MAX_ROWS_ELSEWHERE} rows or {PACKED_MAX_MACS_ELSEWHERE} multiply-adds"
+            rows, macs = packed_limits(p)
+            why = f"fewer than {rows} rows" + (f" or {macs} multiply-adds" if macs else "")
         return Choice("mkl", kernel, f"constant weight packed once at prepare: {why}")
     if kernel.startswith("conv2d_winograd"):
         c = winograd_gemms(tiles if tiles is not None else 1, p)
@@ -556,6 +573,7 @@ __all__ = [
     "onednn_rows",
     "openblas_gemv",
     "own_rows_kernel",
+    "packed_limits",
     "packed_panel_rejection",
     "platform",
     "projection",
