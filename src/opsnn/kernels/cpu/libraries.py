@@ -32,6 +32,7 @@ class Platform(NamedTuple):
     mkl_bf16: str | None  # MKL's cblas_gemm_bf16bf16f32
     onednn_matmul: str | None  # oneDNN's float32 matmul is its brgemm code
     onednn_bf16: str | None  # oneDNN's bf16 matmul is native (brgemm with AVX512-BF16)
+    onednn: str | None = None  # oneDNN itself (its convolutions, and its batched matmul at any level)
 
     @classmethod
     def for_isa(cls, level: str, vendor: str, mkl: bool = True, onednn: bool = True) -> Platform:
@@ -47,6 +48,7 @@ class Platform(NamedTuple):
             None if mkl else "MKL is not installed",
             no_dnn or (None if rank >= cpu.LEVELS.index("avx512") else "gemm:jit:f32 only"),
             no_dnn or (None if rank >= cpu.LEVELS.index("avx512_bf16") else "no AVX512-BF16"),
+            no_dnn,
         )
 
 
@@ -61,6 +63,7 @@ def platform() -> Platform:
         mkl.bf16_unavailable(),
         onednn.product_unavailable(np.float32),
         onednn.product_unavailable(_dt.bfloat16),
+        onednn.unavailable(),
     )
 
 
@@ -281,6 +284,22 @@ def winograd_gemms(tiles: int = 1, p: Platform | None = None) -> Choice:
     return Choice("openblas", "point_gemms", f"numpy (no MKL: {p.mkl})")
 
 
+def blocked_winograd_gemms(p: Platform | None = None) -> Choice | str:
+    """Who runs the 36 point GEMMs of Winograd on blocked tensors (``conv_winograd_blocked``), or why
+    nothing does (a str: the blocked chain's 3x3 convolutions then stay on oneDNN's direct kernels):
+    oneDNN's batched matmul, its brgemm code from AVX-512 on and, under AVX2, its ``gemm:jit`` code,
+    which there still beats oneDNN's direct ``jit:avx2`` convolution (ResNet-50 b1 capped: 10% less CPU
+    time; docs/performance.md, "AVX2"), though as a product with a constant weight it trails OpenBLAS."""
+    p = p if p is not None else platform()
+    if p.onednn_matmul is None:
+        return Choice("onednn", "conv_winograd_blocked", "its point GEMMs in one oneDNN batched brgemm matmul")
+    if p.isa == "avx2" and p.onednn is None:
+        return Choice(
+            "onednn", "conv_winograd_blocked", "its point GEMMs in one oneDNN batched matmul (gemm:jit, AVX2)"
+        )
+    return p.onednn_matmul
+
+
 class BackwardChoice(NamedTuple):
     """:func:`conv_backward`'s decision; ``formats``: the layouts oneDNN's primitive is asked for
     ('any': of its choosing, reorders at the edges; 'plain': the user's NCHW / OIHW), None off oneDNN."""
@@ -485,7 +504,9 @@ def kernel_choice(
     if kernel.startswith("conv_backward_") and kernel.endswith("_onednn"):
         return Choice("onednn", kernel, "oneDNN's convolution backward primitive (conv_backward)")
     if kernel == "conv_winograd_blocked":
-        return Choice("onednn", kernel, "blocked-layout Winograd: its point GEMMs in one oneDNN batched brgemm matmul")
+        c = blocked_winograd_gemms(p)
+        why = c.reason if isinstance(c, Choice) else "its point GEMMs in one oneDNN batched matmul"
+        return Choice("onednn", kernel, f"blocked-layout Winograd: {why}")
     if kernel.endswith("onednn_runtime"):
         return Choice("onednn", kernel, "bfloat16 operands known at run time: oneDNN's native bf16 matmul reads them")
     if "onednn" in kernel:
@@ -561,6 +582,7 @@ __all__ = [
     "Platform",
     "attention_gemms",
     "blas_product",
+    "blocked_winograd_gemms",
     "conv_backward",
     "conv_forward_plain",
     "conv_gemms",
