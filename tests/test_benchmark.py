@@ -83,6 +83,16 @@ def test_capped_run_says_onnxruntime_is_not_capped(monkeypatch):
     assert benchmark.peer_isa_note() is None
 
 
+def test_kernels_bench_takes_product_shapes():
+    import argparse
+
+    kb = bench_module("kernels")
+    assert kb._shapes_arg("32x768x768, 64X2048x768") == [(32, 768, 768), (64, 2048, 768)]
+    for bad in ("32x768", "0x8x8", "axbxc", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="MxKxN"):
+            kb._shapes_arg(bad)
+
+
 def test_rel_err_and_block_order():
     assert benchmark.rel_err(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 0
     assert benchmark.rel_err(np.array([1.0, 2.5]), np.array([1.0, 2.0])) == pytest.approx(0.25)
