@@ -503,7 +503,10 @@ def bench_products(args, rng) -> list:
         f"({cores} cores x 2 FMA x 8 lanes x 2 x {ghz:.2f} GHz; --cores, --ghz set them); ISA in force {cpu.isa()}"
     )
     rows = []
-    for name, m, k, n in PRODUCTS[:2] if args.quick else PRODUCTS:
+    shapes = PRODUCTS[:2] if args.quick else PRODUCTS
+    if args.shapes:
+        shapes = [(f"{m}x{k}x{n}", m, k, n) for m, k, n in args.shapes]
+    for name, m, k, n in shapes:
         a = rng.standard_normal((m, k)).astype(np.float32)
         w = (rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32)
         ref = a.astype(np.float64) @ w.astype(np.float64)
@@ -822,6 +825,17 @@ def bench_threads(args, rng) -> dict:
     return {"rounds": rounds, "per_round": results, "range_ms": summary}
 
 
+def _shapes_arg(text: str) -> list:
+    """``--shapes 32x768x768,64x768x768`` -> [(32, 768, 768), (64, 768, 768)]."""
+    try:
+        shapes = [tuple(int(d) for d in part.lower().split("x")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"--shapes: expected MxKxN[,MxKxN...] of positive integers, got {text!r}")
+    return shapes
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -836,6 +850,12 @@ def main() -> int:
     )
     ap.add_argument(
         "--cores", type=int, default=0, help="products: the cores for the FMA peak (default: this process's)"
+    )
+    ap.add_argument(
+        "--shapes",
+        type=_shapes_arg,
+        default=None,
+        help="products: these MxKxN shapes instead of BERT's and the prefill's (e.g. 32x768x768,64x768x768)",
     )
     ap.add_argument(
         "--conv-filter",

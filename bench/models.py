@@ -62,6 +62,25 @@ OPTIONAL_MODELS = ("resnet50_torch",)
 OPSNN, ORT, TORCH = "opsnn", "onnxruntime", "torch"
 
 
+def peer_isa_note() -> str | None:
+    """When ``OPSNN_CPU_ISA`` caps opsnn below the CPU's instruction sets: the line saying that the
+    onnxruntime column is not capped with it (None when opsnn runs the CPU's own level).
+    onnxruntime 1.32 cannot be capped in-process: MLAS picks its kernels once from CPUID and XGETBV
+    (``MLAS_PLATFORM::MLAS_PLATFORM`` in ``core/mlas/lib/platform.cpp``) and reads no environment
+    variable or session option for it (``ORT_QMOE_CPU_DISABLE_AVX512`` covers the QMoE op only), so
+    a capped run compares opsnn's AVX2 paths with MLAS's AVX-512 ones; judge those against the AVX2
+    FMA peak instead (``bench/kernels.py --only products``, docs/performance.md)."""
+    from opsnn.runtime import cpu
+
+    st = cpu.state()
+    if st.level is None or st.level == st.detected:
+        return None
+    return (
+        f"onnxruntime is NOT capped at {st.level}: its MLAS kernels use the CPU's {st.detected} (no switch "
+        "keeps them off AVX-512 in-process), so its ratios here are pessimistic for opsnn"
+    )
+
+
 # -- configurations ---------------------------------------------------------------------------------------
 @dataclass
 class Spec:
@@ -726,6 +745,9 @@ def main(argv: list[str] | None = None) -> int:
     platform = libraries.summary()  # which ISA and libraries ran, so two machines' figures can be told apart
     print(f"opsnn bench: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()}")
     print(f"  {platform}")
+    peer_isa = peer_isa_note() if args.ort else None
+    if peer_isa:
+        print(f"  {peer_isa}")
     print(f"  versions {versions}, env {env}")
     if torch is None:
         print(f"torch eager: skipped ({args.torch_why})")
@@ -739,6 +761,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions,
         "cpu": cpu_model(),
         "platform": platform,
+        "peer_isa": peer_isa,
         "cpu_count": os.cpu_count(),
         "load_average_start": os.getloadavg(),
         "torch_skipped": args.torch_why,

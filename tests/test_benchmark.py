@@ -72,6 +72,27 @@ def test_flop_counts():
     )
 
 
+def test_capped_run_says_onnxruntime_is_not_capped(monkeypatch):
+    from opsnn.runtime import cpu
+
+    # the states OPSNN_CPU_ISA=avx2 gives on an AVX-512 CPU, and an AVX2 CPU running as it is
+    monkeypatch.setattr(cpu, "_state", cpu.IsaState("avx2", "avx512_bf16", "OPSNN_CPU_ISA", "avx2"))
+    note = benchmark.peer_isa_note()
+    assert note is not None and "NOT capped at avx2" in note and "avx512_bf16" in note
+    monkeypatch.setattr(cpu, "_state", cpu.IsaState("avx2", "avx2", "detected", None))
+    assert benchmark.peer_isa_note() is None
+
+
+def test_kernels_bench_takes_product_shapes():
+    import argparse
+
+    kb = bench_module("kernels")
+    assert kb._shapes_arg("32x768x768, 64X2048x768") == [(32, 768, 768), (64, 2048, 768)]
+    for bad in ("32x768", "0x8x8", "axbxc", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="MxKxN"):
+            kb._shapes_arg(bad)
+
+
 def test_rel_err_and_block_order():
     assert benchmark.rel_err(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 0
     assert benchmark.rel_err(np.array([1.0, 2.5]), np.array([1.0, 2.0])) == pytest.approx(0.25)

@@ -23,7 +23,7 @@ def _kernels(p, dtype, k=768, n=3072):
 #: (level, vendor) -> decoder projection kernels for ROWS rows of a 768 -> 3072 weight, float32 and bf16
 TABLE = {
     ("avx2", AMD): (
-        ("rows", "rows", "rows", "mkl_packed", "openblas", "openblas"),
+        ("rows", "rows", "rows", "openblas", "openblas", "openblas"),
         ("bf16_gemv", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16"),
     ),
     ("avx512", AMD): (
@@ -66,13 +66,67 @@ def test_other_strategies_per_isa(level):
     assert KL.conv_gemms(none).library == "openblas" and "not installed" in KL.conv_gemms(none).reason
 
 
+def test_blocked_winograd_gemms_per_isa():
+    """Blocked Winograd's point GEMMs run on oneDNN's batched matmul from AVX2 on (gemm:jit there,
+    brgemm from AVX-512 on); without oneDNN, or below AVX2, its convolutions stay direct."""
+    for vendor in (AMD, INTEL):
+        avx2 = KL.blocked_winograd_gemms(KL.Platform.for_isa("avx2", vendor))
+        assert avx2.library == "onednn" and "gemm:jit" in avx2.reason
+        for level in cpu.LEVELS[2:]:
+            c = KL.blocked_winograd_gemms(KL.Platform.for_isa(level, vendor))
+            assert c.library == "onednn" and "brgemm" in c.reason
+        assert isinstance(KL.blocked_winograd_gemms(KL.Platform.for_isa("sse41", vendor)), str)
+        for level in ("avx2", "avx512"):
+            why = KL.blocked_winograd_gemms(KL.Platform.for_isa(level, vendor, onednn=False))
+            assert isinstance(why, str) and "not installed" in why
+    amd = KL.Platform.for_isa("avx2", AMD)
+    assert "gemm:jit" in KL.kernel_choice("conv_winograd_blocked", 196, 64, 64, F32, p=amd).reason
+
+
+@pytest.mark.isa_portable
+def test_blocked_winograd_runs_where_the_isa_in_force_allows():
+    """On this machine (or under the ISA cap): a 3x3 stride-1 conv of a blocked chain with enough
+    tiles selects conv_winograd_blocked exactly where the strategy gives its GEMMs to oneDNN."""
+    from opsnn.ops.executor import plan_op
+    from opsnn.ops.registry import TensorMeta, get_op
+
+    if KD.unavailable() is not None or not cpu.at_least("avx2"):
+        pytest.skip(f"no blocked layout here: {KD.unavailable() or cpu.isa()}")
+    rec = get_op("BlockedConv", "opsnn")
+    w = np.ones((64, 64, 3, 3), np.float32)
+    metas = [TensorMeta((1, 64, 56, 56), np.dtype(np.float32)), TensorMeta(w.shape, np.dtype(np.float32))]
+    attrs = {"pads": [1, 1, 1, 1], "src_blocked": 1, "block": KD.block()}
+    ctx = plan_op(rec, metas, [None, w], attrs, algo="reference").ctx
+    why = next(k for k in rec.kernels if k.name == "conv_winograd_blocked").check(ctx)
+    runs = isinstance(KL.blocked_winograd_gemms(), KL.Choice)
+    assert (why is None) == runs, (cpu.isa(), why)
+    assert runs == (KD.matmul_unavailable() is None or cpu.isa() == "avx2")
+
+
 def test_packed_panel_rejection_thresholds():
     amd, intel = KL.Platform.for_isa("avx2", AMD), KL.Platform.for_isa("avx2", INTEL)
     assert KL.packed_panel_rejection(512, 768, 4096, intel) is None
-    assert KL.packed_panel_rejection(KL.PACKED_MAX_ROWS_ELSEWHERE - 1, 4096, 4096, amd) is None
-    assert KL.packed_panel_rejection(128, 768, 768, amd) is None  # under PACKED_MAX_MACS_ELSEWHERE
     why = KL.packed_panel_rejection(512, 768, 4096, amd)
     assert "512 x 768 x 4096" in why and "OPSNN_GEMM=mkl" in why
+    # OpenBLAS' AVX-512 kernels: MKL's packed panel below 64 rows or 2^27 multiply-adds
+    wide = KL.Platform.for_isa("avx512", AMD, onednn=False)
+    assert KL.packed_limits(wide) == (KL.PACKED_MAX_ROWS_ELSEWHERE, KL.PACKED_MAX_MACS_ELSEWHERE) == (64, 1 << 27)
+    assert KL.packed_panel_rejection(63, 4096, 4096, wide) is None
+    assert KL.packed_panel_rejection(128, 768, 768, wide) is None  # 75M multiply-adds
+    assert KL.packed_panel_rejection(128, 768, 3072, wide) is not None
+    # its Haswell kernels (AVX2 in force): OpenBLAS from 32 rows whatever the size
+    assert KL.packed_limits(amd) == (KL.PACKED_MAX_ROWS_AVX2, KL.PACKED_MAX_MACS_AVX2) == (32, 0)
+    assert KL.packed_panel_rejection(31, 4096, 4096, amd) is None
+    assert KL.packed_panel_rejection(32, 768, 768, amd) is not None
+    assert KL.packed_panel_rejection(128, 768, 768, amd) is not None
+    assert KL.kernel_choice("matmul_mkl_packed", 8, 768, 768, F32, p=amd).reason.endswith("fewer than 32 rows")
+
+
+@pytest.mark.isa_portable
+def test_packed_limits_follow_the_isa_in_force():
+    """The limits this process uses are the ones for the level it detects (or is capped to)."""
+    want = (32, 0) if cpu.isa() == "avx2" else (64, 1 << 27)
+    assert KL.packed_limits() == KL.packed_limits(KL.platform()) == want
 
 
 @pytest.mark.isa_portable
@@ -133,7 +187,7 @@ BERT_PREFILL = {
 }
 #: vendor -> the products that leave MKL's packed panel for OpenBLAS on an AVX2-only CPU
 ON_OPENBLAS_UNDER_AVX2 = {
-    AMD: {"bert ffn1", "bert ffn2", "prefill gate+up", "prefill down"},
+    AMD: set(BERT_PREFILL),
     INTEL: set(),
 }
 

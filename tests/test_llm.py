@@ -799,8 +799,9 @@ def test_decoder_products_by_row_count_where_openblas_is_the_gemm_library(lm, rn
     monkeypatch.setattr(KL, "_library", "openblas")
     monkeypatch.setattr(KL, "ONEDNN_MIN_ROWS", 1 << 30)  # oneDNN's matmul: the next test
     monkeypatch.setattr(KL, "SMALL_ROWS", 2)
-    monkeypatch.setattr(KL, "PACKED_MAX_ROWS_ELSEWHERE", 6)
-    monkeypatch.setattr(KL, "PACKED_MAX_MACS_ELSEWHERE", 0)
+    for level in ("ELSEWHERE", "AVX2"):
+        monkeypatch.setattr(KL, f"PACKED_MAX_ROWS_{level}", 6)
+        monkeypatch.setattr(KL, f"PACKED_MAX_MACS_{level}", 0)
     cache_a, cache_b = KVCache.for_model(lm, 4, 32), KVCache.for_model(lm, 4, 32)
     mixed, plain = CachedDecoder(lm, cache_a), CachedDecoder(lm, cache_b)
     mixed.fused_steps = False  # op by op: every product goes through the row-count choice

@@ -427,8 +427,9 @@ def test_openblas_choice_runs_products_on_numpy_and_skips_packing(rng, monkeypat
     monkeypatch.setattr(np, "matmul", real)
 
     # products of few rows keep MKL's packed panel (2-3x faster there); these tiny ones stand in
-    monkeypatch.setattr(KL, "PACKED_MAX_ROWS_ELSEWHERE", 4)
-    monkeypatch.setattr(KL, "PACKED_MAX_MACS_ELSEWHERE", 0)
+    for level in ("ELSEWHERE", "AVX2"):
+        monkeypatch.setattr(KL, f"PACKED_MAX_ROWS_{level}", 4)
+        monkeypatch.setattr(KL, f"PACKED_MAX_MACS_{level}", 0)
     assert KL.packed_panel_rejection(3, 1 << 20, 1 << 20) is None
     x = rng.standard_normal((2, 5, 16)).astype(np.float32)
     w = rng.standard_normal((16, 8)).astype(np.float32)

@@ -32,6 +32,7 @@ class Platform(NamedTuple):
     mkl_bf16: str | None  # MKL's cblas_gemm_bf16bf16f32
     onednn_matmul: str | None  # oneDNN's float32 matmul is its brgemm code
     onednn_bf16: str | None  # oneDNN's bf16 matmul is native (brgemm with AVX512-BF16)
+    onednn: str | None = None  # oneDNN itself (its convolutions, and its batched matmul at any level)
 
     @classmethod
     def for_isa(cls, level: str, vendor: str, mkl: bool = True, onednn: bool = True) -> Platform:
@@ -47,6 +48,7 @@ class Platform(NamedTuple):
             None if mkl else "MKL is not installed",
             no_dnn or (None if rank >= cpu.LEVELS.index("avx512") else "gemm:jit:f32 only"),
             no_dnn or (None if rank >= cpu.LEVELS.index("avx512_bf16") else "no AVX512-BF16"),
+            no_dnn,
         )
 
 
@@ -61,6 +63,7 @@ def platform() -> Platform:
         mkl.bf16_unavailable(),
         onednn.product_unavailable(np.float32),
         onednn.product_unavailable(_dt.bfloat16),
+        onednn.unavailable(),
     )
 
 
@@ -136,9 +139,24 @@ def mkl_gemv_in_tasks(p: Platform | None = None) -> bool:
 
 # -- constant-weight products ---------------------------------------------------------------------------
 #: where OpenBLAS is the faster library, an (m, k) @ (k, n) product with a packed right operand still
-#: stays on MKL's packed panel below these sizes
+#: stays on MKL's packed panel below these sizes (OpenBLAS' AVX-512 kernels, SkylakeX)
 PACKED_MAX_ROWS_ELSEWHERE = 64
 PACKED_MAX_MACS_ELSEWHERE = 1 << 27
+#: ... and below these where AVX2 is the level in force (OpenBLAS' Haswell kernels, faster than MKL's
+#: packed panel from 32 rows whatever the size; MKL runs the same code capped or not on AMD)
+PACKED_MAX_ROWS_AVX2 = 32
+PACKED_MAX_MACS_AVX2 = 0
+
+
+def packed_limits(p: Platform | None = None) -> tuple[int, int]:
+    """(rows, multiply-adds) below which a product keeps MKL's packed panel where OpenBLAS is the
+    GEMM library, for the instruction-set level in force (OpenBLAS runs its kernels for that level)."""
+    level = p.isa if p is not None else cpu.isa()
+    if level == "avx2":
+        return PACKED_MAX_ROWS_AVX2, PACKED_MAX_MACS_AVX2
+    return PACKED_MAX_ROWS_ELSEWHERE, PACKED_MAX_MACS_ELSEWHERE
+
+
 #: where MKL is not the GEMM library, products of up to this many rows run on opsnn's own few-row
 #: kernels (``gemm_rows``, ``gemv_bf16``): the weight's bytes, not the arithmetic, set their time
 SMALL_ROWS = 32
@@ -151,7 +169,8 @@ def packed_panel_rejection(m: int, k: int, n: int, p: Platform | None = None) ->
     """Why MKL's packed right operand should not be chosen for an (m, k) @ (k, n) product here
     (None: it should). The convolutions' left-packed weights stay on MKL either way."""
     lib = p.gemm_library if p is not None else gemm_library()
-    if lib != "openblas" or m < PACKED_MAX_ROWS_ELSEWHERE or m * k * n < PACKED_MAX_MACS_ELSEWHERE:
+    rows, macs = packed_limits(p)
+    if lib != "openblas" or m < rows or m * k * n < macs:
         return None
     return (
         f"MKL's SGEMM is slower than OpenBLAS on this CPU at {m} x {k} x {n} (see "
@@ -263,6 +282,22 @@ def winograd_gemms(tiles: int = 1, p: Platform | None = None) -> Choice:
     if p.mkl is None:
         return Choice("mkl", "point_gemms", f"MKL a point per task (oneDNN: {p.onednn_matmul})")
     return Choice("openblas", "point_gemms", f"numpy (no MKL: {p.mkl})")
+
+
+def blocked_winograd_gemms(p: Platform | None = None) -> Choice | str:
+    """Who runs the 36 point GEMMs of Winograd on blocked tensors (``conv_winograd_blocked``), or why
+    nothing does (a str: the blocked chain's 3x3 convolutions then stay on oneDNN's direct kernels):
+    oneDNN's batched matmul, its brgemm code from AVX-512 on and, under AVX2, its ``gemm:jit`` code,
+    which there still beats oneDNN's direct ``jit:avx2`` convolution (ResNet-50 b1 capped: 10% less CPU
+    time; docs/performance.md, "AVX2"), though as a product with a constant weight it trails OpenBLAS."""
+    p = p if p is not None else platform()
+    if p.onednn_matmul is None:
+        return Choice("onednn", "conv_winograd_blocked", "its point GEMMs in one oneDNN batched brgemm matmul")
+    if p.isa == "avx2" and p.onednn is None:
+        return Choice(
+            "onednn", "conv_winograd_blocked", "its point GEMMs in one oneDNN batched matmul (gemm:jit, AVX2)"
+        )
+    return p.onednn_matmul
 
 
 class BackwardChoice(NamedTuple):
@@ -469,7 +504,9 @@ def kernel_choice(
     if kernel.startswith("conv_backward_") and kernel.endswith("_onednn"):
         return Choice("onednn", kernel, "oneDNN's convolution backward primitive (conv_backward)")
     if kernel == "conv_winograd_blocked":
-        return Choice("onednn", kernel, "blocked-layout Winograd: its point GEMMs in one oneDNN batched brgemm matmul")
+        c = blocked_winograd_gemms(p)
+        why = c.reason if isinstance(c, Choice) else "its point GEMMs in one oneDNN batched matmul"
+        return Choice("onednn", kernel, f"blocked-layout Winograd: {why}")
     if kernel.endswith("onednn_runtime"):
         return Choice("onednn", kernel, "bfloat16 operands known at run time: oneDNN's native bf16 matmul reads them")
     if "onednn" in kernel:
@@ -482,7 +519,8 @@ def kernel_choice(
         if p.gemm_library == "mkl":
             why = "MKL is the GEMM library on this CPU"
         else:
-            why = f"fewer than {PACKED_MAX_ROWS_ELSEWHERE} rows or {PACKED_MAX_MACS_ELSEWHERE} multiply-adds"
+            rows, macs = packed_limits(p)
+            why = f"fewer than {rows} rows" + (f" or {macs} multiply-adds" if macs else "")
         return Choice("mkl", kernel, f"constant weight packed once at prepare: {why}")
     if kernel.startswith("conv2d_winograd"):
         c = winograd_gemms(tiles if tiles is not None else 1, p)
@@ -544,6 +582,7 @@ __all__ = [
     "Platform",
     "attention_gemms",
     "blas_product",
+    "blocked_winograd_gemms",
     "conv_backward",
     "conv_forward_plain",
     "conv_gemms",
@@ -556,6 +595,7 @@ __all__ = [
     "onednn_rows",
     "openblas_gemv",
     "own_rows_kernel",
+    "packed_limits",
     "packed_panel_rejection",
     "platform",
     "projection",

@@ -17,6 +17,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, InferShapeError
 from ...kernels.cpu import blocked as KB
+from ...kernels.cpu import libraries as KL
 from ...kernels.cpu import onednn as KD
 from ...kernels.cpu import winograd_blocked as KW
 from ..autotune import NotPreferred
@@ -234,9 +235,9 @@ def _blocked_winograd_applies(ctx):
     )
     if why is not True:
         return why
-    why = KD.matmul_unavailable()
-    if why is not None:
-        return why
+    gemms = KL.blocked_winograd_gemms()
+    if isinstance(gemms, str):
+        return gemms
     ws = tuple(ctx.shape(1))
     if ws[2:] != (3, 3):
         return f"3x3 kernels only, got {ws[2]}x{ws[3]}"
