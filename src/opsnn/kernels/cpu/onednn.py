@@ -777,7 +777,7 @@ class ConvPrimitive:
 
     def bind(self, x: np.ndarray, b, z, y: np.ndarray):
         """``lambda: self(x, b, z, y)``, the addresses taken once (:meth:`Primitive.bind`)."""
-        call = self.prim.bind(self._ptrs(x, b, z, y), keep=(x, b, z, y))
+        call = self.prim.bind(self._ptrs(x, b, z, y), keep=(x, b, z, y, self))  # self: its reordered weight
         if self.checked is not None:
             safe = []  # the post-op-free primitive bound to these addresses, once needed
 
@@ -787,7 +787,7 @@ class ConvPrimitive:
                     return
                 if not safe:
                     prim2, w2 = self.plain()
-                    safe.append(prim2.bind(self._ptrs(x, b, z, y, w2.weight), keep=(x, b, z, y)))
+                    safe.append(prim2.bind(self._ptrs(x, b, z, y, w2.weight), keep=(x, b, z, y, w2)))
                 safe[0]()
                 self.activate(y)
 
@@ -962,7 +962,7 @@ class BatchMatMulPrimitive:
 
     def bind(self, a: np.ndarray, y: np.ndarray):
         """``lambda: self(a, y)``, the addresses taken once (:meth:`Primitive.bind`)."""
-        return self.prim.bind((a.ctypes.data, self.weight.ctypes.data, y.ctypes.data), keep=(a, y))
+        return self.prim.bind((a.ctypes.data, self.weight.ctypes.data, y.ctypes.data), keep=(a, y, self._w))
 
 
 #: most primitives :func:`wt_matmul` keeps (least recently used dropped first); each costs
