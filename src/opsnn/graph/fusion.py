@@ -375,6 +375,55 @@ def attention_head_layout(graph, res) -> None:
         res.note(f"{node.name}: Q/K/V read as (B, S, H*D) with head strides{note}")
 
 
+# -- sibling products ----------------------------------------------------------------------------------------------
+def sibling_product_fusion(graph, res) -> None:
+    """FusedMatMul nodes that read the same A with constant 2-D float32 weights of the same K, the
+    same bias form and activation, and no residual (BERT's Q, K and V projections) become one
+    FusedMatMul on the weights (and biases) concatenated along N, then a Split of its output into
+    the original values, where :func:`opsnn.kernels.cpu.libraries.sibling_products` says so."""
+    from ..kernels.cpu import libraries as KL
+
+    why = KL.sibling_products()
+    if why is not None:
+        res.refuse(why)
+        return
+    inits = graph.initializers
+    groups: dict = {}
+    for node in graph.nodes:
+        if node.op_type != "FusedMatMul" or node.domain != "opsnn" or len(node.outputs) != 1:
+            continue
+        ins = list(node.inputs) + [""] * (4 - len(node.inputs))
+        w = inits.get(ins[1])
+        if ins[3] or w is None or w.ndim != 2 or w.dtype != np.float32:
+            continue
+        b = inits.get(ins[2]) if ins[2] else None
+        if ins[2] and (b is None or b.shape != (w.shape[1],) or b.dtype != w.dtype):
+            continue
+        key = (ins[0], w.shape[0], bool(ins[2]), repr(sorted(node.attrs.items())))
+        groups.setdefault(key, []).append(node)
+    for (a, _, has_bias, _), nodes in groups.items():
+        if len(nodes) < 2:
+            continue
+        ws = [inits[n.inputs[1]] for n in nodes]
+        wname = graph.unique_name(f"{nodes[0].name}_siblings_W")
+        inits[wname] = np.ascontiguousarray(np.concatenate(ws, axis=1))
+        ins = [a, wname]
+        if has_bias:
+            ins.append(graph.unique_name(f"{nodes[0].name}_siblings_B"))
+            inits[ins[-1]] = np.concatenate([inits[n.inputs[2]] for n in nodes])
+        y = graph.unique_name(f"{nodes[0].name}_siblings_Y")
+        sizes = graph.unique_name(f"{nodes[0].name}_siblings_split")
+        inits[sizes] = np.array([w.shape[1] for w in ws], np.int64)
+        fused = Node("FusedMatMul", ins, [y], dict(nodes[0].attrs), domain="opsnn", name=graph.unique_name(y))
+        split = Node("Split", [y, sizes], [n.outputs[0] for n in nodes], {"axis": -1}, name=graph.unique_name(sizes))
+        # every node of the group reads only A and constants: the first one's place has A ready
+        pos = graph.nodes.index(nodes[0])
+        graph.nodes[pos : pos + 1] = [fused, split]
+        for n in nodes[1:]:
+            graph.nodes.remove(n)
+        res.note(f"{', '.join(n.name for n in nodes)}: one product of N = {inits[wname].shape[1]}, then a Split")
+
+
 # -- epilogues ------------------------------------------------------------------------------------------------------
 _ACTS = ("Relu", "Sigmoid", "Tanh", "Gelu", "Swish", "LeakyRelu")
 

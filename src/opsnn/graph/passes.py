@@ -798,6 +798,12 @@ def _elementwise_fusion(graph: Graph, res: PassResult) -> None:
     elementwise_fusion(graph, res)
 
 
+def _sibling_product_fusion(graph: Graph, res: PassResult) -> None:
+    from .fusion import sibling_product_fusion
+
+    sibling_product_fusion(graph, res)
+
+
 def _resize_prologue_fusion(graph: Graph, res: PassResult) -> None:
     from .fusion import resize_prologue_fusion
 
@@ -862,6 +868,12 @@ PASSES: list[Pass] = [
         _rule_pass("epilogue_fusion"),
         2,
         "bias, activation and residual add into Conv/MatMul epilogues",
+    ),
+    Pass(
+        "sibling_product_fusion",
+        lambda g, r: _sibling_product_fusion(g, r),
+        2,
+        "FusedMatMuls of one input and constant weights (Q, K, V) -> one wider product and a Split",
     ),
     Pass(
         "resize_prologue_fusion",

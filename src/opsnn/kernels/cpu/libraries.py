@@ -458,6 +458,17 @@ def attention_gemms(p: Platform | None = None) -> Choice:
     return Choice("openblas", "numpy_matmul", f"numpy's matmul, a call per head (no MKL: {p.mkl})")
 
 
+def sibling_products(p: Platform | None = None) -> str | None:
+    """None when float32 products that read the same activations with constant weights (BERT's Q, K
+    and V projections) run as one product on their weights side by side, its output split after:
+    where oneDNN's brgemm matmul runs them (AVX-512 on), one (128, 768) @ (768, 2304) product beats
+    three of 768 columns; else why not (other levels keep their products as they are)."""
+    p = p if p is not None else platform()
+    if p.onednn_matmul is not None:
+        return f"oneDNN's brgemm matmul is not used here ({p.onednn_matmul})"
+    return None
+
+
 #: a batch of float32 products each of this many multiply-adds (inclusive) runs on MKL's
 #: ``cblas_sgemm_batch`` even where OpenBLAS is the GEMM library: it spreads them over its threads
 MKL_BATCH_MACS = (1 << 19, 1 << 24)
@@ -599,6 +610,7 @@ __all__ = [
     "packed_panel_rejection",
     "platform",
     "projection",
+    "sibling_products",
     "summary",
     "weight_stays_unpacked",
     "winograd_gemms",
