@@ -14,7 +14,7 @@ import numba as nb
 import numpy as np
 
 from .gemm import KIND_BF16, _narrow, _widen
-from .pool import PARALLEL_MIN, PoolPlan
+from .pool import PARALLEL_MIN, PoolPlan, window_max
 
 _OPTS = dict(nogil=True, cache=True, error_model="numpy")
 _NEG_INF = np.float32(-np.inf)
@@ -38,24 +38,7 @@ def _max_plane(x, y, idx, want_idx, col_major, p, H, W, hs, hlo, hhi, dh, ws, wl
             w0 = ws[ow]
             j0 = wlo[ow]
             j1 = whi[ow]
-            best = _NEG_INF
-            nan_k = -1
-            best_k = -1
-            if i1 > i0 and j1 > j0:
-                best_k = (h0 + i0 * dh) * W + w0 + j0 * dw  # an all -inf window reports its first tap
-            for i in range(i0, i1):
-                h = h0 + i * dh
-                for j in range(j0, j1):
-                    k = h * W + w0 + j * dw
-                    v = xp[k]
-                    take = v > best
-                    best = v if take else best
-                    best_k = k if take else best_k
-                    if v != v and nan_k < 0:
-                        nan_k = k
-            if nan_k >= 0:
-                best_k = nan_k
-                best = xp[nan_k]
+            best, best_k = window_max(xp, h0, i0, i1, dh, w0, j0, j1, dw, W, _NEG_INF)
             row[ow] = best
             if want_idx:
                 if best_k < 0:

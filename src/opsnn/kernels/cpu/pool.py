@@ -547,6 +547,31 @@ def _max_pool2d(x3, y3, plan: PoolPlan, init) -> None:
 # compares on random data.
 
 
+@nb.njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def window_max(xp, h0, i0, i1, dh, w0, j0, j1, dw, W, init):
+    """Max of one 2-D window of the flat plane ``xp`` and its flat index: the window's first NaN
+    where it holds one, its first tap where every tap is -inf, index -1 for an empty window."""
+    best = init
+    nan_k = -1
+    best_k = -1
+    if i1 > i0 and j1 > j0:
+        best_k = (h0 + i0 * dh) * W + w0 + j0 * dw
+    for i in range(i0, i1):
+        h = h0 + i * dh
+        for j in range(j0, j1):
+            k = h * W + w0 + j * dw
+            v = xp[np.uint64(k)]  # taps are inside the plane: unsigned skips wraparound
+            take = v > best
+            best = v if take else best
+            best_k = k if take else best_k
+            if v != v and nan_k < 0:
+                nan_k = k
+    if nan_k >= 0:
+        best_k = nan_k
+        best = xp[nan_k]
+    return best, best_k
+
+
 @nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def max_pool2d_indices(x, y, idx, col_major, hs, hlo, hhi, dh, ws, wlo, whi, dw, init):
     P, OH, OW = y.shape
@@ -564,24 +589,7 @@ def max_pool2d_indices(x, y, idx, col_major, hs, hlo, hhi, dh, ws, wlo, whi, dw,
             w0 = ws[ow]
             j0 = wlo[ow]
             j1 = whi[ow]
-            best = init
-            nan_k = -1
-            best_k = -1
-            if i1 > i0 and j1 > j0:
-                best_k = (h0 + i0 * dh) * W + w0 + j0 * dw  # an all -inf window reports its first tap
-            for i in range(i0, i1):
-                h = h0 + i * dh
-                for j in range(j0, j1):
-                    k = h * W + w0 + j * dw
-                    v = xp[np.uint64(k)]  # taps are inside the plane: unsigned skips wraparound
-                    take = v > best
-                    best = v if take else best
-                    best_k = k if take else best_k
-                    if v != v and nan_k < 0:
-                        nan_k = k
-            if nan_k >= 0:
-                best_k = nan_k
-                best = xp[nan_k]
+            best, best_k = window_max(xp, h0, i0, i1, dh, w0, j0, j1, dw, W, init)
             y[p, oh, ow] = best
             if best_k < 0:
                 idx[p, oh, ow] = -1
