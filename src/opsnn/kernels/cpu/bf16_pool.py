@@ -15,6 +15,7 @@ import numpy as np
 
 from .gemm import KIND_BF16, _narrow, _widen
 from .pool import PARALLEL_MIN, PoolPlan, window_max
+from .pool_backward import scatter_add_plane
 
 _OPTS = dict(nogil=True, cache=True, error_model="numpy")
 _NEG_INF = np.float32(-np.inf)
@@ -101,18 +102,7 @@ def _max_bw_plane(dy, idx, dx, p, HW):
     g = gu.view(np.float32)
     _widen(dy[p], gu, g, KIND_BF16)
     acc = np.zeros(HW, np.float32)
-    ix = idx[p]
-    base = p * HW
-    bad = 0
-    for t in range(T):
-        i = ix[t]
-        if i == -1:
-            continue
-        k = i - base
-        if k < 0 or k >= HW:
-            bad += 1
-            continue
-        acc[k] += g[t]
+    bad = scatter_add_plane(g, idx[p], p * HW, HW, acc)
     _narrow(acc, acc.view(np.uint32), dx[p], KIND_BF16)
     return bad
 

@@ -18,16 +18,10 @@ _OPTS = dict(nogil=True, cache=True, error_model="numpy")
 
 
 # -- max pooling: scatter dy to the flat indices of the maxima --------------------------------------
-@nb.njit(**_OPTS)
-def _max_bw_plane(dy, idx, dx, p, HW):
-    """Plane p: dx[p] = 0, then dx[p, idx - p*HW] += dy. Returns how many indices lay outside the
-    plane (they are skipped); -1 (a window with no input tap) is skipped silently."""
-    base = p * HW
-    g = dy[p]
-    ix = idx[p]
-    out = dx[p]
-    for k in range(HW):
-        out[k] = 0
+@nb.njit(inline="always", **_OPTS)
+def scatter_add_plane(g, ix, base, HW, out):
+    """out[ix - base] += g in order; returns how many indices lay outside [base, base + HW)
+    (skipped); -1 (a window with no input tap) is skipped silently."""
     bad = 0
     for t in range(g.shape[0]):
         i = ix[t]
@@ -39,6 +33,19 @@ def _max_bw_plane(dy, idx, dx, p, HW):
             continue
         out[k] += g[t]
     return bad
+
+
+@nb.njit(**_OPTS)
+def _max_bw_plane(dy, idx, dx, p, HW):
+    """Plane p: dx[p] = 0, then dx[p, idx - p*HW] += dy. Returns how many indices lay outside the
+    plane (they are skipped); -1 (a window with no input tap) is skipped silently."""
+    base = p * HW
+    g = dy[p]
+    ix = idx[p]
+    out = dx[p]
+    for k in range(HW):
+        out[k] = 0
+    return scatter_add_plane(g, ix, base, HW, out)
 
 
 @nb.njit(parallel=True, **_OPTS)
