@@ -213,3 +213,132 @@ def test_bert_and_prefill_products_on_an_avx2_cpu(vendor):
     assert {KL.projection(m, k, n, F32, wide).kernel for m, k, n in BERT_PREFILL.values()} == (
         {"llm_linear_onednn"} if vendor == AMD else {"llm_linear_mkl_packed"}
     )
+
+
+def test_serial_epilogue_after_openblas_under_avx2():
+    """The epilogue pass after a product stays on the calling thread only where OpenBLAS ran the
+    product (its own threads: numba's are asleep), AVX2 is in force, the activation is cheap and
+    the pass small; everywhere else fused.PARALLEL_MIN decides (AVX-512 choices unchanged)."""
+    most = KL.SERIAL_EPILOGUE_AFTER_OPENBLAS
+    for vendor in (AMD, INTEL):
+        avx2 = KL.Platform.for_isa("avx2", vendor)
+        assert KL.serial_epilogue("openblas", 128 * 768, False, avx2)
+        assert KL.serial_epilogue("openblas", most, False, avx2)
+        assert not KL.serial_epilogue("openblas", most + 1, False, avx2)
+        assert not KL.serial_epilogue("openblas", 128 * 3072, True, avx2)  # a GELU pass: threads pay
+        assert not KL.serial_epilogue("mkl", 128 * 768, False, avx2)  # numba's pool is awake after MKL
+        assert not KL.serial_epilogue("onednn", 128 * 768, False, avx2)
+        for level in cpu.LEVELS[cpu.LEVELS.index("avx512") :]:
+            assert not KL.serial_epilogue("openblas", 128 * 768, False, KL.Platform.for_isa(level, vendor))
+
+
+def _expected_under_avx2(gemm: str, act: str) -> tuple:
+    """(the inner product's kernel, the epilogue's forced ``parallel`` or None) of a BERT FusedMatMul
+    planned under AVX2 where ``gemm`` is the GEMM library: OpenBLAS with the cheap passes on the
+    calling thread (a GELU pass keeps its threads), else MKL's packed panel and the size rule."""
+    from opsnn.kernels.cpu import fused as KF
+
+    if gemm != "openblas":
+        return "matmul_mkl_packed", None
+    return "matmul_blas", None if KF.costly(KF.ACTIVATIONS[act]) else False
+
+
+def _gelu64(y):
+    import math
+
+    return y * 0.5 * (1.0 + np.vectorize(math.erf)(y / math.sqrt(2.0)))
+
+
+#: BERT-base s128's fused products: (k, n, activation, residual)
+BERT_FUSED = [(768, 768, "", True), (768, 3072, "Gelu", False), (3072, 768, "", True)]
+
+
+@pytest.mark.isa_portable
+@pytest.mark.parametrize("k, n, act, residual", BERT_FUSED)
+def test_bert_fused_products_under_the_isa_in_force(k, n, act, residual):
+    """BERT-base's FusedMatMul nodes as this process plans them (under OPSNN_CPU_ISA=avx2 too):
+    where AVX2 is in force and OpenBLAS is the GEMM library, the product runs on OpenBLAS (the
+    fastest capped library for these shapes, docs/performance.md "AVX2") and the cheap epilogues
+    on the calling thread; the result matches a float64 product at 2 threads."""
+    import numba
+
+    from opsnn.ops.executor import plan_op
+    from opsnn.ops.registry import TensorMeta, get_op
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((1, 128, k)).astype(np.float32)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    z = rng.standard_normal((1, 128, n)).astype(np.float32) if residual else None
+    rec = get_op("FusedMatMul", "opsnn")
+    f32 = np.dtype(np.float32)
+    metas = [TensorMeta(a.shape, f32), TensorMeta(w.shape, f32), TensorMeta(b.shape, f32)]
+    metas += [TensorMeta(z.shape, f32)] if residual else []
+    values = [None, w, b] + ([None] if residual else [])
+    attrs = {"activation": act}
+    ctx = plan_op(rec, metas, values, attrs, algo="reference").ctx
+    chosen = next(kk for kk in rec.kernels if kk.check(ctx) is None)  # by priority, tiering aside
+    op = plan_op(rec, metas, values, attrs, algo=chosen.name)
+    if cpu.isa() == "avx2" and KD.matmul_unavailable() is not None:  # oneDNN 3.2: gemm:jit, not brgemm
+        assert chosen.name == "matmul_epilogue", chosen.name
+        got = (op.plan["kernel"].name, op.plan["parallel"])
+        assert got == _expected_under_avx2(KL.gemm_library(), act), got
+    elif chosen.name == "matmul_epilogue":  # AVX-512 and up: the epilogue's threads by size, as before
+        assert op.plan["parallel"] is None
+    ins = [a, w, b] + ([z] if residual else [])
+    y = np.empty((1, 128, n), np.float32)
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        op.selection.kernel.fn(ins, [y], op.ctx.attrs, op.plan, None)
+    finally:
+        numba.set_num_threads(before)
+    ref = a.astype(np.float64) @ w.astype(np.float64) + b
+    ref = ref + z if residual else _gelu64(ref)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+_CAPPED_CHILD = """
+import opsnn  # before numpy, as a user's program: OpenBLAS then gets opsnn's thread timeout
+import json
+import numpy as np
+from opsnn.kernels.cpu import libraries as KL
+from opsnn.ops.executor import plan_op
+from opsnn.ops.registry import TensorMeta, get_op
+from opsnn.runtime import cpu
+from opsnn.kernels.cpu import onednn as KD
+f32, out = np.dtype(np.float32), {"isa": cpu.isa(), "gemm": KL.gemm_library(), "plans": []}
+out["brgemm"] = KD.matmul_unavailable() is None
+for k, n, act, residual in %r:
+    w, b = np.ones((k, n), np.float32), np.ones(n, np.float32)
+    metas = [TensorMeta((1, 128, k), f32), TensorMeta((k, n), f32), TensorMeta((n,), f32)]
+    metas += [TensorMeta((1, 128, n), f32)] if residual else []
+    op = plan_op(get_op("FusedMatMul", "opsnn"), metas, [None, w, b, None][: len(metas)], {"activation": act},
+                 algo="matmul_epilogue")
+    out["plans"].append([op.plan["kernel"].name, op.plan["parallel"]])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not cpu.at_least("avx2"), reason="needs an AVX2 CPU to cap to AVX2")
+def test_bert_fused_products_in_a_capped_process():
+    """A program that imports opsnn first, under OPSNN_CPU_ISA=avx2: BERT-base's fused products run on
+    OpenBLAS where it is the GEMM library (AMD), their bias + residual passes on the calling thread
+    and the GELU pass on the threads; on MKL's packed panel with the size rule elsewhere (Intel)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OPSNN_CPU_ISA="avx2")
+    r = subprocess.run(
+        [sys.executable, "-c", _CAPPED_CHILD % (BERT_FUSED,)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["isa"] == "avx2"
+    if got["brgemm"]:
+        pytest.skip("this oneDNN has brgemm matmul code under AVX2: FusedMatMul runs it, no epilogue pass")
+    assert len(got["plans"]) == len(BERT_FUSED)
+    for (k, n, act, _), plan in zip(BERT_FUSED, got["plans"]):
+        assert tuple(plan) == _expected_under_avx2(got["gemm"], act), (k, n, act, got)

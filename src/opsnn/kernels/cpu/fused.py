@@ -155,9 +155,12 @@ def epilogue(
     alpha: float,
     beta: float,
     row_bias: np.ndarray | None = None,
+    parallel: bool | None = None,
 ) -> None:
     """Apply the epilogue in place on ``y`` viewed as (rows, last dim): ``bias`` per column,
-    ``row_bias`` per row (cycling: a conv's per-channel bias over (image, channel) rows)."""
+    ``row_bias`` per row (cycling: a conv's per-channel bias over (image, channel) rows).
+    ``parallel``: rows on numba's threads (True) or the calling thread (False); None: from
+    ``PARALLEL_MIN`` / ``PARALLEL_MIN_COSTLY``."""
     if y.size == 0 or (code == 0 and bias is None and z is None and row_bias is None):
         return
     cols = y.shape[-1] if y.ndim else 1
@@ -166,9 +169,15 @@ def epilogue(
     b = empty if bias is None else _columns(bias, cols, y.dtype)
     rb = empty if row_bias is None else row_bias.reshape(-1).astype(y.dtype, copy=False)
     zz = np.empty((0, 0), y.dtype) if z is None else z.reshape(-1, cols).astype(y.dtype, copy=False)
-    parallel, serial = rows_kernels(code)
-    big = y.size >= (PARALLEL_MIN_COSTLY if code in _COSTLY else PARALLEL_MIN)
-    (parallel if big else serial)(y2, b, rb, zz, alpha, beta)
+    if parallel is None:
+        parallel = y.size >= (PARALLEL_MIN_COSTLY if code in _COSTLY else PARALLEL_MIN)
+    par, ser = rows_kernels(code)
+    (par if parallel else ser)(y2, b, rb, zz, alpha, beta)
+
+
+def costly(code: int) -> bool:
+    """True when the epilogue's activation ``code`` computes an exp, tanh or erf per element."""
+    return code in _COSTLY
 
 
 #: epilogue codes :func:`epilogue_numpy` runs (the others compile their numba kernel)

@@ -448,6 +448,23 @@ def conv_forward_plain(
     return PlainConvChoice(True, True, f"oneDNN's {impl}, reorders at the edges")
 
 
+#: where AVX2 is the level in force, an epilogue pass without a costly activation (bias, residual,
+#: Relu, Clip) of up to this many elements runs on the calling thread after a product on OpenBLAS:
+#: OpenBLAS works on its own threads, so numba's OpenMP workers are asleep when the pass starts
+#: (after MKL or oneDNN, which share numba's pool, they are still awake: fused.PARALLEL_MIN holds)
+SERIAL_EPILOGUE_AFTER_OPENBLAS = 1 << 19
+
+
+def serial_epilogue(library: str, elements: int, costly: bool, p: Platform | None = None) -> bool:
+    """True when the epilogue pass (``y = act(y + bias + Z)``) that follows a product run by
+    ``library`` runs on the calling thread whatever :data:`opsnn.kernels.cpu.fused.PARALLEL_MIN`
+    says: OpenBLAS ran the product, AVX2 is the level in force, the activation is not ``costly``
+    (an exp or erf per element) and the pass has at most :data:`SERIAL_EPILOGUE_AFTER_OPENBLAS`
+    elements. BERT-base's bias + residual passes (128 x 768) under the AVX2 cap, say."""
+    level = p.isa if p is not None else cpu.isa()
+    return library == "openblas" and level == "avx2" and not costly and elements <= SERIAL_EPILOGUE_AFTER_OPENBLAS
+
+
 def attention_gemms(p: Platform | None = None) -> Choice:
     """Who runs the products of the GEMM attention kernel: MKL (one ``cblas_sgemm_batch`` over the
     heads, or MKL inside a task per (batch, KV head)) where it is available, else numpy's matmul
@@ -610,6 +627,7 @@ __all__ = [
     "packed_panel_rejection",
     "platform",
     "projection",
+    "serial_epilogue",
     "sibling_products",
     "summary",
     "weight_stays_unpacked",

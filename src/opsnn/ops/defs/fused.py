@@ -12,6 +12,7 @@ from ...errors import InferShapeError, ParamInvalidError
 from ...kernels.cpu import conv as KC
 from ...kernels.cpu import fused as K
 from ...kernels.cpu import gemm as KG
+from ...kernels.cpu import libraries as KL
 from ...kernels.cpu import onednn as KD
 from ..autotune import NotPreferred
 from ..registry import Attr, InferContext, Input, TensorMeta, get_op, register_op, select_kernel
@@ -244,11 +245,17 @@ def _fused_mm_plan(ctx):
     inner = _inner_ctx(ctx, "MatMul", 2, {}, adapted=True)
     sel = select_kernel(inner.op, inner)
     k = sel.kernel
+    code = _act_code("FusedMatMul", ctx.attrs)
+    shape = ctx.outputs[0].shape
+    rows, n = int(np.prod(shape[:-1])), int(shape[-1]) if shape else 1
+    product = KL.kernel_choice(k.name, rows, int(ctx.shape(0)[-1]) if ctx.shape(0) else 1, n, ctx.dtype(0))
+    serial = product is not None and KL.serial_epilogue(product.library, rows * n, K.costly(code))
     return {
         "kernel": k,
         "plan": k.plan(inner) if k.plan else None,
-        "code": _act_code("FusedMatMul", ctx.attrs),
+        "code": code,
         "selection": sel,
+        "parallel": False if serial else None,
     }
 
 
@@ -269,7 +276,18 @@ def _fused_mm_with(epilogue):
     return kernel
 
 
-_fused_mm_kernel = _fused_mm_with(K.epilogue)
+def _fused_mm_kernel(ins, outs, attrs, plan, ws):
+    """The inner product, then the numba epilogue on the threads the plan chose (None: by size)."""
+    plan["kernel"].fn(ins[:2], outs, {}, plan["plan"], None)
+    K.epilogue(
+        outs[0],
+        ins[2] if len(ins) > 2 else None,
+        ins[3] if len(ins) > 3 else None,
+        plan["code"],
+        attrs["activation_alpha"],
+        attrs["activation_beta"],
+        parallel=plan.get("parallel"),
+    )
 
 
 FusedMatMul = register_op(
