@@ -103,18 +103,6 @@ def _in_place_ok(rec, node: Node) -> bool:
     )
 
 
-def _in_place_candidates(rec, node: Node) -> list:
-    """[(output, inputs whose memory it may take)]: an elementwise op's or view's one output over
-    its inputs, and the outputs a record declares (``OpRecord.in_place_outputs``)."""
-    if _in_place_ok(rec, node):
-        return [(node.outputs[0], node.inputs[:1] if _is_view(node) else node.inputs)]
-    pairs = []
-    for k, j in rec.in_place_outputs.items():
-        if k < len(node.outputs) and j < len(node.inputs):
-            pairs.append((node.outputs[k], [node.inputs[j]]))
-    return pairs
-
-
 class CompiledGraph:
     """A graph prepared for repeated execution; see the module docstring."""
 
@@ -529,25 +517,25 @@ class CompiledGraph:
         root = {}
         if self.memory_optimization:
             for i, (node, rec, _op) in enumerate(planned):
-                for out, candidates in _in_place_candidates(rec, node):
-                    if not out or out in graph_outputs or out in aliases:
-                        continue
-                    for n in candidates:
-                        src = root.get(n, n)
-                        if (
-                            n
-                            and n not in external
-                            and n not in graph_outputs
-                            and last.get(n) == i
-                            and nbytes.get(n) == nbytes.get(out)
-                            and metas[n].dtype == metas[out].dtype
-                            and n not in aliased
-                        ):
-                            aliases[out] = src
-                            aliased.add(src)
-                            root[out] = src
-                            last[src] = max(last[src], last.get(out, i))
-                            break
+                out = node.outputs[0] if node.outputs else ""
+                if not out or out in graph_outputs or not _in_place_ok(rec, node):
+                    continue
+                for n in node.inputs[:1] if _is_view(node) else node.inputs:
+                    src = root.get(n, n)
+                    if (
+                        n
+                        and n not in external
+                        and n not in graph_outputs
+                        and last.get(n) == i
+                        and nbytes.get(n) == nbytes.get(out)
+                        and metas[n].dtype == metas[out].dtype
+                        and n not in aliased
+                    ):
+                        aliases[out] = src
+                        aliased.add(src)
+                        root[out] = src
+                        last[src] = max(last[src], last.get(out, i))
+                        break
         alias_end: dict = {}  # a buffer lives as long as anything aliasing it
         for alias, src in aliases.items():
             if alias in last:

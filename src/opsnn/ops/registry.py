@@ -197,9 +197,6 @@ class OpRecord:
     kernels: list[Kernel] = field(default_factory=list)
     #: gradient(ctx, grads) -> one gradient (or None) per input, written with registry ops (see ops/gradients.py)
     gradient: Callable | None = None
-    #: output index -> input index whose memory a graph plan may give that output when the input is
-    #: read by nothing later (every kernel of the op computes correctly in place)
-    in_place_outputs: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.inputs = tuple(_as_input(i) for i in self.inputs)

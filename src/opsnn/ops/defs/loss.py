@@ -337,9 +337,6 @@ SoftmaxCrossEntropyLossWithGrad = register_op(
     doc="SoftmaxCrossEntropyLoss' loss and, for the loss gradient dLoss, its gradient w.r.t. the scores "
     "(SoftmaxCrossEntropyLossGrad) from one pass over the scores: a compiled training step's loss head",
 )
-# dScores may overwrite the scores (the forward's logits: nothing reads them after the loss head):
-# each row's label score is read first, then the statistics pass writes exp(x - m_c) over what it read
-SoftmaxCrossEntropyLossWithGrad.in_place_outputs = {1: 1}
 SoftmaxCrossEntropyLossWithGrad.kernel(
     "softmax_xent_with_grad_numba",
     dtypes=(_dt.float32, _dt.float64),
