@@ -283,13 +283,8 @@ def xent_positions(op: str, labels: np.ndarray, weights, ignore, C: int) -> tupl
     return lab, wrow
 
 
-def xent_forward(x, labels, weights, ignore, reduction: str, plan: XentPlan, out_loss, out_logp, op: str) -> None:
-    lab, wrow = xent_positions(op, labels, weights, ignore, plan.C)
-    loss = np.zeros(plan.rows, np.float64)
-    write = out_logp is not None
-    if x.size and plan.rows:
-        x2, l2, x3, l3 = _views(x, plan, out_logp)
-        (xent_rows_parallel if plan.parallel else xent_rows_serial)(x2, l2, x3, l3, lab, wrow, loss, write)
+def _reduce_loss(loss: np.ndarray, wrow: np.ndarray, reduction: str, out_loss: np.ndarray) -> None:
+    """The per-position losses into ``out_loss`` as ``reduction`` says (mean: over the summed weights)."""
     if reduction == "none":
         out_loss[...] = loss.reshape(out_loss.shape)
     elif reduction == "sum":
@@ -297,6 +292,16 @@ def xent_forward(x, labels, weights, ignore, reduction: str, plan: XentPlan, out
     else:
         with np.errstate(invalid="ignore", divide="ignore"):
             out_loss[...] = loss.sum() / wrow.sum()
+
+
+def xent_forward(x, labels, weights, ignore, reduction: str, plan: XentPlan, out_loss, out_logp, op: str) -> None:
+    lab, wrow = xent_positions(op, labels, weights, ignore, plan.C)
+    loss = np.zeros(plan.rows, np.float64)
+    write = out_logp is not None
+    if x.size and plan.rows:
+        x2, l2, x3, l3 = _views(x, plan, out_logp)
+        (xent_rows_parallel if plan.parallel else xent_rows_serial)(x2, l2, x3, l3, lab, wrow, loss, write)
+    _reduce_loss(loss, wrow, reduction, out_loss)
 
 
 def _coefficients(dloss, lab, wrow, reduction: str) -> np.ndarray:
@@ -323,13 +328,7 @@ def xent_loss_and_backward(
         x2, g2, x3, g3 = _views(x, plan, out)
         run = xent_loss_grad_parallel if plan.parallel else xent_loss_grad_serial
         run(x2, g2, x3, g3, lab, wrow, coef, loss, plan.nch)
-    if reduction == "none":
-        out_loss[...] = loss.reshape(out_loss.shape)
-    elif reduction == "sum":
-        out_loss[...] = loss.sum()
-    else:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out_loss[...] = loss.sum() / wrow.sum()
+    _reduce_loss(loss, wrow, reduction, out_loss)
 
 
 def xent_backward(dloss, x, labels, weights, ignore, reduction: str, plan: XentPlan, out, op: str) -> None:

@@ -270,6 +270,14 @@ def _grad_reference(ins, attrs):
     return out.reshape(x.shape).astype(x.dtype)
 
 
+_GRAD_INPUTS = [
+    Input("dLoss", FLOAT),
+    Input("scores", FLOAT),
+    Input("labels", _IND),
+    Input("weights", FLOAT, optional=True),
+]
+
+
 def _grad_kernel(ins, outs, attrs, plan, ws):
     w = ins[3] if len(ins) > 3 else None
     KX.xent_backward(ins[0], ins[1], ins[2], w, plan["ignore"], plan["reduction"], plan["rows"], outs[0], plan["op"])
@@ -279,12 +287,7 @@ SoftmaxCrossEntropyLossGrad = register_op(
     "SoftmaxCrossEntropyLossGrad",
     domain="opsnn",
     category="loss",
-    inputs=[
-        Input("dLoss", FLOAT),
-        Input("scores", FLOAT),
-        Input("labels", _IND),
-        Input("weights", FLOAT, optional=True),
-    ],
+    inputs=_GRAD_INPUTS,
     outputs=["dScores"],
     attrs=_ATTRS,
     infer=_grad_infer,
@@ -324,12 +327,7 @@ SoftmaxCrossEntropyLossWithGrad = register_op(
     "SoftmaxCrossEntropyLossWithGrad",
     domain="opsnn",
     category="loss",
-    inputs=[
-        Input("dLoss", FLOAT),
-        Input("scores", FLOAT),
-        Input("labels", _IND),
-        Input("weights", FLOAT, optional=True),
-    ],
+    inputs=_GRAD_INPUTS,
     outputs=["output", "dScores"],
     attrs=_ATTRS,
     infer=_with_grad_infer,
