@@ -36,6 +36,8 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 #: below this many elements the serial variant runs: waking a parallel region's second thread
 #: costs more than it saves (figures: docs/performance.md, "Parallel thresholds")
 PARALLEL_MIN = 1 << 19
+#: BatchNorm reads its input two or three times: two threads pay from a few tens of thousands of values
+BN_PARALLEL_MIN = 1 << 15
 
 _OPTS = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
 
@@ -409,7 +411,103 @@ def _bn_stats_task(x, c, N, C, S, exact, mean_o, var_o):
     m = s / cnt
     v = q / cnt - m * m
     mean_o[c] = shift + m
-    var_o[c] = v if v > 0.0 else 0.0
+    var_o[c] = 0.0 if v < 0.0 else v  # rounding below zero clamped; NaN kept
+
+
+_Z32 = np.float32(0.0)  # a float32 zero: a float64 literal would widen the float32 loops
+
+#: planes of fewer elements than this run channel-major: a plane of 4-64 values is too short a
+#: loop (the deep layers of a CNN on small images), so whole channel ranges are one vector loop per sample
+SMALL_PLANE = 128
+
+
+@nb.njit(**_OPTS)
+def _expand(v, lo, hi, S):
+    """v's channels lo..hi-1, each repeated S times (the per-element coefficients of a channel range)."""
+    out = np.empty((hi - lo) * S)
+    for c in range(lo, hi):
+        vc = v[c]
+        for s in range(S):
+            out[(c - lo) * S + s] = vc
+    return out
+
+
+@nb.njit(**_OPTS)
+def _bn_stats_range_small(x, lo, hi, N, C, S, mean_o, var_o):
+    L = C * S
+    W = (hi - lo) * S
+    # shifted sums per element over the samples (shift: the channel's first value, as _bn_stats_task)
+    sh = np.empty(W, np.float32)
+    for c in range(lo, hi):
+        for s in range(S):
+            sh[(c - lo) * S + s] = x[c * S]
+    acc = np.zeros(W, np.float32)
+    acq = np.zeros(W, np.float32)
+    for n in range(N):
+        xs = x[n * L + lo * S : n * L + hi * S]
+        for i in range(W):
+            d = xs[i] - sh[i]
+            acc[i] += d
+            acq[i] += d * d
+    cnt = N * S
+    for c in range(lo, hi):
+        s1 = 0.0
+        q1 = 0.0
+        for s in range((c - lo) * S, (c - lo + 1) * S):
+            s1 += acc[s]
+            q1 += acq[s]
+        m = s1 / cnt
+        v = q1 / cnt - m * m
+        mean_o[c] = sh[(c - lo) * S] + m
+        var_o[c] = 0.0 if v < 0.0 else v  # rounding below zero clamped; NaN kept
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_stats_small_parallel(x, N, C, S, mean_o, var_o, tasks):
+    for t in nb.prange(tasks):
+        _bn_stats_range_small(x, t * C // tasks, (t + 1) * C // tasks, N, C, S, mean_o, var_o)
+
+
+@nb.njit(**_OPTS)
+def _bn_stats_small_serial(x, N, C, S, mean_o, var_o, tasks):
+    _bn_stats_range_small(x, 0, C, N, C, S, mean_o, var_o)
+
+
+@nb.njit(**_OPTS)
+def _bn_apply_range_small(x, mean, a, b, y, lo, hi, N, C, S, relu):
+    L = C * S
+    W = (hi - lo) * S
+    me = _expand(mean, lo, hi, S).astype(np.float32)  # float32 lanes: as many as the data's
+    ae = _expand(a, lo, hi, S).astype(np.float32)
+    be = _expand(b, lo, hi, S).astype(np.float32)
+    for n in range(N):
+        xs = x[n * L + lo * S : n * L + hi * S]
+        ys = y[n * L + lo * S : n * L + hi * S]
+        if relu:
+            for i in range(W):
+                v = (xs[i] - me[i]) * ae[i] + be[i]
+                ys[i] = _Z32 if v < _Z32 else v
+        else:
+            for i in range(W):
+                ys[i] = (xs[i] - me[i]) * ae[i] + be[i]
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_apply_small_parallel(x, mean, a, b, y, N, C, S, relu, tasks):
+    for t in nb.prange(tasks):
+        _bn_apply_range_small(x, mean, a, b, y, t * C // tasks, (t + 1) * C // tasks, N, C, S, relu)
+
+
+@nb.njit(**_OPTS)
+def _bn_apply_small_serial(x, mean, a, b, y, N, C, S, relu, tasks):
+    _bn_apply_range_small(x, mean, a, b, y, 0, C, N, C, S, relu)
+
+
+def small_plane_tasks(C: int, S: int, parallel: bool) -> int:
+    """Channel ranges for the channel-major path (0: planes long enough for the per-plane one)."""
+    if S >= SMALL_PLANE:
+        return 0
+    return max(1, min(C, 4 * nb.get_num_threads())) if parallel else 1
 
 
 # bfloat16 storage (uint16 bit views): each (n, c) plane or channel is widened to a float32
@@ -455,15 +553,37 @@ def _bn_stats_range_bf16(x, lo, hi, N, C, S, mean_o, var_o):
         _bn_stats_task(tf, 0, N, 1, S, False, mean_o[c : c + 1], var_o[c : c + 1])
 
 
+@nb.njit(**_OPTS)
+def widen_range_bf16(x, lo, hi, N, C, S):
+    """Channels lo..hi-1 of a bf16 (N, C, S) bit array as a float32 (N, hi - lo, S) buffer (flat)."""
+    W = (hi - lo) * S
+    tu = np.empty(N * W, np.uint32)
+    tf = tu.view(np.float32)
+    for n in range(N):
+        a = (n * C + lo) * S
+        _widen(x[a : a + W], tu[n * W : n * W + W], tf[n * W : n * W + W], KIND_BF16)
+    return tf
+
+
+@nb.njit(**_OPTS)
+def _bn_stats_any_bf16(x, lo, hi, N, C, S, mean_o, var_o):
+    # the float32 kernel's path for this plane size, on widened buffers (bit-equal statistics)
+    if S < SMALL_PLANE:
+        tf = widen_range_bf16(x, lo, hi, N, C, S)
+        _bn_stats_range_small(tf, 0, hi - lo, N, hi - lo, S, mean_o[lo:hi], var_o[lo:hi])
+    else:
+        _bn_stats_range_bf16(x, lo, hi, N, C, S, mean_o, var_o)
+
+
 @nb.njit(parallel=True, **_OPTS)
 def _bn_stats_parallel_bf16(x, N, C, S, mean_o, var_o, tasks):
     for t in nb.prange(tasks):
-        _bn_stats_range_bf16(x, t * C // tasks, (t + 1) * C // tasks, N, C, S, mean_o, var_o)
+        _bn_stats_any_bf16(x, t * C // tasks, (t + 1) * C // tasks, N, C, S, mean_o, var_o)
 
 
 @nb.njit(**_OPTS)
 def _bn_stats_serial_bf16(x, N, C, S, mean_o, var_o, tasks):
-    _bn_stats_range_bf16(x, 0, C, N, C, S, mean_o, var_o)
+    _bn_stats_any_bf16(x, 0, C, N, C, S, mean_o, var_o)
 
 
 @nb.njit(parallel=True, **_OPTS)
@@ -503,6 +623,7 @@ def batch_norm(
     (float64 statistics), the float32 kernel's results rounded to bfloat16."""
     bf16 = x.dtype == BF16
     flat = x.reshape(-1).view(np.uint16) if bf16 else x.reshape(-1)
+    small = small_plane_tasks(C, S, parallel)
     if training:
         bm = np.empty(C)
         bv = np.empty(C)
@@ -510,6 +631,8 @@ def batch_norm(
             (_bn_stats_parallel_bf16 if parallel else _bn_stats_serial_bf16)(
                 flat, N, C, S, bm, bv, max(1, min(C, 4 * nb.get_num_threads()))
             )
+        elif x.size and x.dtype == np.float32 and small:
+            (_bn_stats_small_parallel if parallel else _bn_stats_small_serial)(flat, N, C, S, bm, bv, small)
         elif x.size:
             (_bn_stats_parallel if parallel else _bn_stats_serial)(flat, N, C, S, x.dtype == np.float64, bm, bv)
         else:
@@ -521,15 +644,20 @@ def batch_norm(
     with np.errstate(all="ignore"):
         a = scale.astype(np.float64) / np.sqrt(use_v + eps)
     if x.size:
+        bias64 = bias.astype(np.float64)
+        if x.dtype != np.float64:  # float32 math per element, the same for float32 and bfloat16 data
+            use_m, a, bias64 = use_m.astype(np.float32), a.astype(np.float32), bias64.astype(np.float32)
         if bf16:
             tasks = max(1, min(N * C, 4 * nb.get_num_threads()))
             (_bn_parallel_bf16 if parallel else _bn_serial_bf16)(
-                flat, use_m, a, bias.astype(np.float64), y.reshape(-1).view(np.uint16), N * C, C, S, bool(relu), tasks
+                flat, use_m, a, bias64, y.reshape(-1).view(np.uint16), N * C, C, S, bool(relu), tasks
+            )
+        elif small and x.dtype == np.float32:
+            (_bn_apply_small_parallel if parallel else _bn_apply_small_serial)(
+                flat, use_m, a, bias64, y.reshape(-1), N, C, S, bool(relu), small
             )
         else:
-            (_bn_parallel if parallel else _bn_serial)(
-                flat, use_m, a, bias.astype(np.float64), y.reshape(-1), N * C, C, S, bool(relu)
-            )
+            (_bn_parallel if parallel else _bn_serial)(flat, use_m, a, bias64, y.reshape(-1), N * C, C, S, bool(relu))
     if training:
         rv = bv * (N * S / max(N * S - 1, 1)) if unbiased else bv
         return (

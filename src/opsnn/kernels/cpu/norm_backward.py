@@ -19,7 +19,7 @@ import numba as nb
 import numpy as np
 
 from .gemm import KIND_BF16, _narrow, _widen
-from .norm import BF16, _stats, widen_channel_bf16
+from .norm import _Z32, BF16, SMALL_PLANE, _expand, _stats, small_plane_tasks, widen_channel_bf16, widen_range_bf16
 
 _OPTS = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
 
@@ -318,6 +318,228 @@ def _bn_bw_dx_serial(dy, x, y, relu, scale, dx, st, rows, C, S, M, training):
         _bn_bw_dx_task(dy, x, y, relu, scale, dx, st, r, C, S, M, training)
 
 
+# channel-major path for short planes (see norm.SMALL_PLANE): one vector loop per sample over a
+# range of channels, with per-element sums and coefficients
+@nb.njit(**_OPTS)
+def _bn_bw_stats_range_small(dy, x, y, relu, scale, lo, hi, N, C, S, training, mean_in, var_in, eps, st):
+    L = C * S
+    W = (hi - lo) * S
+    sh = np.empty(W, np.float32)
+    for c in range(lo, hi):
+        for s in range(S):
+            sh[(c - lo) * S + s] = x[c * S]
+    a_s = np.zeros(W, np.float32)
+    a_q = np.zeros(W, np.float32)
+    a_g = np.zeros(W, np.float32)
+    a_gd = np.zeros(W, np.float32)
+    for n in range(N):
+        xs = x[n * L + lo * S : n * L + hi * S]
+        gs = dy[n * L + lo * S : n * L + hi * S]
+        ys = y[n * L + lo * S : n * L + hi * S]
+        if relu:
+            for i in range(W):
+                d = xs[i] - sh[i]
+                gi = gs[i] if ys[i] > 0 else _Z32
+                a_s[i] += d
+                a_q[i] += d * d
+                a_g[i] += gi
+                a_gd[i] += gi * d
+        else:
+            for i in range(W):
+                d = xs[i] - sh[i]
+                gi = gs[i]
+                a_s[i] += d
+                a_q[i] += d * d
+                a_g[i] += gi
+                a_gd[i] += gi * d
+    M = N * S
+    for c in range(lo, hi):
+        s1 = 0.0
+        q = 0.0
+        sg = 0.0
+        sgd = 0.0
+        for k in range((c - lo) * S, (c - lo + 1) * S):
+            s1 += a_s[k]
+            q += a_q[k]
+            sg += a_g[k]
+            sgd += a_gd[k]
+        sc = float(scale[c])
+        md = s1 / M
+        var = max(q / M - md * md, 0.0)
+        sgd -= md * sg
+        if not (training and np.isfinite(sc) and np.isfinite(sgd) and np.isfinite(sg) and np.isfinite(var)):
+            # NaN/Inf, or fixed statistics: the exact per-channel passes
+            _bn_bw_stats_task(dy, x, y, relu, scale, c, N, C, S, training, True, mean_in, var_in, eps, st)
+            continue
+        rstd = 1.0 / np.sqrt(var + eps)
+        st[c, 0] = sh[(c - lo) * S] + md
+        st[c, 1] = rstd
+        st[c, 2] = sg
+        st[c, 3] = sgd * rstd
+        st[c, 4] = sc * sg
+        st[c, 5] = sc * sgd * rstd
+
+
+# float32 planes of SMALL_PLANE values or more: float32 sums within a plane (vector lanes), float64
+# across planes; dx in float32 from per-channel factors
+@nb.njit(**_OPTS)
+def _bn_bw_stats_plane_f32(dy, x, y, relu, scale, c, N, C, S, training, mean_in, var_in, eps, st):
+    sc = float(scale[c])
+    shift = x[c * S]
+    s1 = 0.0
+    q = 0.0
+    sg = 0.0
+    sgd = 0.0
+    for n in range(N):
+        xs = x[(n * C + c) * S : (n * C + c) * S + S]
+        gs = dy[(n * C + c) * S : (n * C + c) * S + S]
+        ys = y[(n * C + c) * S : (n * C + c) * S + S]
+        ps = _Z32
+        pq = _Z32
+        pg = _Z32
+        pgd = _Z32
+        if relu:
+            for i in range(S):
+                d = xs[i] - shift
+                gi = gs[i] if ys[i] > 0 else _Z32
+                ps += d
+                pq += d * d
+                pg += gi
+                pgd += gi * d
+        else:
+            for i in range(S):
+                d = xs[i] - shift
+                gi = gs[i]
+                ps += d
+                pq += d * d
+                pg += gi
+                pgd += gi * d
+        s1 += ps
+        q += pq
+        sg += pg
+        sgd += pgd
+    M = N * S
+    md = s1 / M
+    var = max(q / M - md * md, 0.0)
+    sgd -= md * sg
+    if not (training and np.isfinite(sc) and np.isfinite(sgd) and np.isfinite(sg) and np.isfinite(var)):
+        _bn_bw_stats_task(dy, x, y, relu, scale, c, N, C, S, training, True, mean_in, var_in, eps, st)
+        return
+    rstd = 1.0 / np.sqrt(var + eps)
+    st[c, 0] = shift + md
+    st[c, 1] = rstd
+    st[c, 2] = sg
+    st[c, 3] = sgd * rstd
+    st[c, 4] = sc * sg
+    st[c, 5] = sc * sgd * rstd
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_bw_stats_plane_f32_parallel(dy, x, y, relu, scale, N, C, S, training, mean_in, var_in, eps, st):
+    for c in nb.prange(C):
+        _bn_bw_stats_plane_f32(dy, x, y, relu, scale, c, N, C, S, training, mean_in, var_in, eps, st)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_stats_plane_f32_serial(dy, x, y, relu, scale, N, C, S, training, mean_in, var_in, eps, st):
+    for c in range(C):
+        _bn_bw_stats_plane_f32(dy, x, y, relu, scale, c, N, C, S, training, mean_in, var_in, eps, st)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_dx_plane_f32(dy, x, y, relu, scale, dx, st, row, C, S, M, training):
+    c = row % C
+    rstd = st[c, 1]
+    a = np.float32(rstd * scale[c])
+    b = np.float32(-rstd * rstd * st[c, 5] / M)
+    k = np.float32(-rstd * st[c, 4] / M)
+    m = np.float32(st[c, 0])
+    xs = x[row * S : row * S + S]
+    gs = dy[row * S : row * S + S]
+    ys = y[row * S : row * S + S]
+    ds = dx[row * S : row * S + S]
+    if not training:  # x is not read: an Inf or NaN in it must not reach dx
+        for i in range(S):
+            ds[i] = a * (gs[i] if not relu or ys[i] > 0 else _Z32)
+    elif relu:
+        for i in range(S):
+            g = gs[i] if ys[i] > 0 else _Z32
+            ds[i] = a * g + b * (xs[i] - m) + k
+    else:
+        for i in range(S):
+            ds[i] = a * gs[i] + b * (xs[i] - m) + k
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_bw_dx_plane_f32_parallel(dy, x, y, relu, scale, dx, st, rows, C, S, M, training):
+    for r in nb.prange(rows):
+        _bn_bw_dx_plane_f32(dy, x, y, relu, scale, dx, st, r, C, S, M, training)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_dx_plane_f32_serial(dy, x, y, relu, scale, dx, st, rows, C, S, M, training):
+    for r in range(rows):
+        _bn_bw_dx_plane_f32(dy, x, y, relu, scale, dx, st, r, C, S, M, training)
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_bw_stats_small_parallel(dy, x, y, relu, scale, N, C, S, training, mean_in, var_in, eps, st, tasks):
+    for t in nb.prange(tasks):
+        lo, hi = t * C // tasks, (t + 1) * C // tasks
+        _bn_bw_stats_range_small(dy, x, y, relu, scale, lo, hi, N, C, S, training, mean_in, var_in, eps, st)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_stats_small_serial(dy, x, y, relu, scale, N, C, S, training, mean_in, var_in, eps, st, tasks):
+    _bn_bw_stats_range_small(dy, x, y, relu, scale, 0, C, N, C, S, training, mean_in, var_in, eps, st)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_dx_range_small(dy, x, y, relu, scale, dx, st, lo, hi, N, C, S, M, training):
+    # dx = A * g + B * (x - mean) + K: _bn_bw_dx_task's expression with its per-channel factors expanded
+    W = hi - lo
+    A = np.empty(W)
+    B = np.empty(W)
+    K = np.empty(W)
+    for c in range(lo, hi):
+        rstd = st[c, 1]
+        A[c - lo] = rstd * scale[c]
+        B[c - lo] = -rstd * rstd * st[c, 5] / M if training else 0.0
+        K[c - lo] = -rstd * st[c, 4] / M if training else 0.0
+    me = _expand(st[:, 0], lo, hi, S).astype(np.float32)  # float32 lanes: as many as the data's
+    Ae = _expand(A, 0, W, S).astype(np.float32)
+    Be = _expand(B, 0, W, S).astype(np.float32)
+    Ke = _expand(K, 0, W, S).astype(np.float32)
+    L = C * S
+    for n in range(N):
+        xs = x[n * L + lo * S : n * L + hi * S]
+        gs = dy[n * L + lo * S : n * L + hi * S]
+        ys = y[n * L + lo * S : n * L + hi * S]
+        ds = dx[n * L + lo * S : n * L + hi * S]
+        if not training:  # x is not read: an Inf or NaN in it must not reach dx
+            for i in range(W * S):
+                ds[i] = Ae[i] * (gs[i] if not relu or ys[i] > 0 else _Z32)
+        elif relu:
+            for i in range(W * S):
+                g = gs[i] if ys[i] > 0 else _Z32
+                ds[i] = Ae[i] * g + Be[i] * (xs[i] - me[i]) + Ke[i]
+        else:
+            for i in range(W * S):
+                ds[i] = Ae[i] * gs[i] + Be[i] * (xs[i] - me[i]) + Ke[i]
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_bw_dx_small_parallel(dy, x, y, relu, scale, dx, st, N, C, S, M, training, tasks):
+    for t in nb.prange(tasks):
+        lo, hi = t * C // tasks, (t + 1) * C // tasks
+        _bn_bw_dx_range_small(dy, x, y, relu, scale, dx, st, lo, hi, N, C, S, M, training)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_dx_small_serial(dy, x, y, relu, scale, dx, st, N, C, S, M, training, tasks):
+    _bn_bw_dx_range_small(dy, x, y, relu, scale, dx, st, 0, C, N, C, S, M, training)
+
+
 # bfloat16 dy / x / y (uint16 bit views): each channel (stats) or plane (dx) is widened to
 # float32 buffers and run through the float32 task; dx is the float32 kernel's rounded to bf16
 @nb.njit(**_OPTS)
@@ -334,7 +556,7 @@ def _bn_bw_stats_range_bf16(dy, x, y, relu, scale, lo, hi, N, C, S, training, me
         if relu:
             widen_channel_bf16(y, c, N, C, S, yu, yf)
         k = c if not training else 0  # mean_in / var_in are read only outside training
-        _bn_bw_stats_task(
+        _bn_bw_stats_plane_f32(
             gf,
             xf,
             yf if relu else gf,
@@ -345,7 +567,6 @@ def _bn_bw_stats_range_bf16(dy, x, y, relu, scale, lo, hi, N, C, S, training, me
             1,
             S,
             training,
-            False,
             mean_in[k : k + 1],
             var_in[k : k + 1],
             eps,
@@ -353,16 +574,30 @@ def _bn_bw_stats_range_bf16(dy, x, y, relu, scale, lo, hi, N, C, S, training, me
         )
 
 
+@nb.njit(**_OPTS)
+def _bn_bw_stats_any_bf16(dy, x, y, relu, scale, lo, hi, N, C, S, training, mean_in, var_in, eps, st):
+    # the float32 kernel's path for this plane size, on widened buffers (bit-equal sums)
+    if S < SMALL_PLANE:
+        xf = widen_range_bf16(x, lo, hi, N, C, S)
+        gf = widen_range_bf16(dy, lo, hi, N, C, S)
+        yf = widen_range_bf16(y, lo, hi, N, C, S) if relu else gf
+        ml, vl = (mean_in, var_in) if training else (mean_in[lo:hi], var_in[lo:hi])
+        W = hi - lo
+        _bn_bw_stats_range_small(gf, xf, yf, relu, scale[lo:hi], 0, W, N, W, S, training, ml, vl, eps, st[lo:hi])
+    else:
+        _bn_bw_stats_range_bf16(dy, x, y, relu, scale, lo, hi, N, C, S, training, mean_in, var_in, eps, st)
+
+
 @nb.njit(parallel=True, **_OPTS)
 def _bn_bw_stats_parallel_bf16(dy, x, y, relu, scale, N, C, S, training, mean_in, var_in, eps, st, tasks):
     for t in nb.prange(tasks):
         lo, hi = t * C // tasks, (t + 1) * C // tasks
-        _bn_bw_stats_range_bf16(dy, x, y, relu, scale, lo, hi, N, C, S, training, mean_in, var_in, eps, st)
+        _bn_bw_stats_any_bf16(dy, x, y, relu, scale, lo, hi, N, C, S, training, mean_in, var_in, eps, st)
 
 
 @nb.njit(**_OPTS)
 def _bn_bw_stats_serial_bf16(dy, x, y, relu, scale, N, C, S, training, mean_in, var_in, eps, st, tasks):
-    _bn_bw_stats_range_bf16(dy, x, y, relu, scale, 0, C, N, C, S, training, mean_in, var_in, eps, st)
+    _bn_bw_stats_any_bf16(dy, x, y, relu, scale, 0, C, N, C, S, training, mean_in, var_in, eps, st)
 
 
 @nb.njit(**_OPTS)
@@ -380,7 +615,7 @@ def _bn_bw_dx_rows_bf16(dy, x, y, relu, scale, dx, st, lo, hi, C, S, M, training
         _widen(dy[a : a + S], gu, gf, KIND_BF16)
         if relu:
             _widen(y[a : a + S], yu, yf, KIND_BF16)
-        _bn_bw_dx_task(gf, xf, yf if relu else gf, relu, scale[c : c + 1], df, st[c : c + 1], 0, 1, S, M, training)
+        _bn_bw_dx_plane_f32(gf, xf, yf if relu else gf, relu, scale[c : c + 1], df, st[c : c + 1], 0, 1, S, M, training)
         _narrow(df, du, dx[a : a + S], KIND_BF16)
 
 
@@ -440,6 +675,23 @@ def batch_norm_backward(
         return st[:, 3].copy(), st[:, 2].copy()
     xf, gf = x.reshape(-1), dy.reshape(-1)
     yf = y.reshape(-1) if relu else gf  # never read without relu
+    small = small_plane_tasks(C, S, parallel)
+    if small and x.dtype == np.float32 and dy.dtype == np.float32 and dx.dtype == np.float32:
+        (_bn_bw_stats_small_parallel if parallel else _bn_bw_stats_small_serial)(
+            gf, xf, yf, relu, scale, N, C, S, training, m_in, v_in, float(eps), st, small
+        )
+        (_bn_bw_dx_small_parallel if parallel else _bn_bw_dx_small_serial)(
+            gf, xf, yf, relu, scale, dx.reshape(-1), st, N, C, S, M, training, small
+        )
+        return st[:, 3].copy(), st[:, 2].copy()
+    if x.dtype == np.float32 and dy.dtype == np.float32 and dx.dtype == np.float32:
+        (_bn_bw_stats_plane_f32_parallel if parallel else _bn_bw_stats_plane_f32_serial)(
+            gf, xf, yf, relu, scale, N, C, S, training, m_in, v_in, float(eps), st
+        )
+        (_bn_bw_dx_plane_f32_parallel if parallel else _bn_bw_dx_plane_f32_serial)(
+            gf, xf, yf, relu, scale, dx.reshape(-1), st, N * C, C, S, M, training
+        )
+        return st[:, 3].copy(), st[:, 2].copy()
     exact = x.dtype == np.float64
     (_bn_bw_stats_parallel if parallel else _bn_bw_stats_serial)(
         gf, xf, yf, relu, scale, N, C, S, training, exact, m_in, v_in, float(eps), st

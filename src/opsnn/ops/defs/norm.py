@@ -284,7 +284,7 @@ def _bn_ref(ins, attrs):
 def _nc_plan(ctx):
     shape = tuple(ctx.shape(0))
     N, C, S = shape[0], shape[1], math.prod(shape[2:])
-    return N, C, S, N * C * S >= K.PARALLEL_MIN
+    return N, C, S, N * C * S >= K.BN_PARALLEL_MIN
 
 
 def _bn_kernel(ins, outs, attrs, plan, ws):
@@ -871,7 +871,7 @@ def _bn_grad_kernel(ins, outs, attrs, plan, ws):
 def _bn_grad_plan(ctx):
     shape = tuple(ctx.shape(1))
     N, C, S = shape[0], shape[1], math.prod(shape[2:])
-    return N, C, S, N * C * S >= K.PARALLEL_MIN
+    return N, C, S, N * C * S >= K.BN_PARALLEL_MIN
 
 
 BatchNormalizationGrad = register_op(
