@@ -433,14 +433,21 @@ def _expand(v, lo, hi, S):
 
 
 @nb.njit(**_OPTS)
-def _bn_stats_range_small(x, lo, hi, N, C, S, mean_o, var_o):
-    L = C * S
-    W = (hi - lo) * S
-    # shifted sums per element over the samples (shift: the channel's first value, as _bn_stats_task)
-    sh = np.empty(W, np.float32)
+def channel_shifts(x, lo, hi, S):
+    """Per element of channels lo..hi-1, the channel's first value (in sample 0): the shift of
+    one-pass shifted sums (as _bn_stats_task's), as float32 lanes."""
+    sh = np.empty((hi - lo) * S, np.float32)
     for c in range(lo, hi):
         for s in range(S):
             sh[(c - lo) * S + s] = x[c * S]
+    return sh
+
+
+@nb.njit(**_OPTS)
+def _bn_stats_range_small(x, lo, hi, N, C, S, mean_o, var_o):
+    L = C * S
+    W = (hi - lo) * S
+    sh = channel_shifts(x, lo, hi, S)
     acc = np.zeros(W, np.float32)
     acq = np.zeros(W, np.float32)
     for n in range(N):

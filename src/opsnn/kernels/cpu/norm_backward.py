@@ -19,7 +19,17 @@ import numba as nb
 import numpy as np
 
 from .gemm import KIND_BF16, _narrow, _widen
-from .norm import _Z32, BF16, SMALL_PLANE, _expand, _stats, small_plane_tasks, widen_channel_bf16, widen_range_bf16
+from .norm import (
+    _Z32,
+    BF16,
+    SMALL_PLANE,
+    _expand,
+    _stats,
+    channel_shifts,
+    small_plane_tasks,
+    widen_channel_bf16,
+    widen_range_bf16,
+)
 
 _OPTS = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
 
@@ -324,10 +334,7 @@ def _bn_bw_dx_serial(dy, x, y, relu, scale, dx, st, rows, C, S, M, training):
 def _bn_bw_stats_range_small(dy, x, y, relu, scale, lo, hi, N, C, S, training, mean_in, var_in, eps, st):
     L = C * S
     W = (hi - lo) * S
-    sh = np.empty(W, np.float32)
-    for c in range(lo, hi):
-        for s in range(S):
-            sh[(c - lo) * S + s] = x[c * S]
+    sh = channel_shifts(x, lo, hi, S)
     a_s = np.zeros(W, np.float32)
     a_q = np.zeros(W, np.float32)
     a_g = np.zeros(W, np.float32)
