@@ -7,6 +7,7 @@ SGD steps match torch eager's (the oracle) within float32 tolerance."""
 from __future__ import annotations
 
 import copy
+import json
 from collections import Counter
 
 import numpy as np
@@ -52,6 +53,10 @@ class _Net(torch.nn.Module):
 
 def _nodes(report, graph: str) -> list:
     return [n for name, _, cg in report.partitions if name.startswith(graph + ".") for n in cg.graph.nodes]
+
+
+def _program(node) -> list:
+    return json.loads(node.attrs["program"])
 
 
 def _aten_ops(report, graph: str) -> Counter:
@@ -112,8 +117,10 @@ def test_cnn_train_step_lowers_to_fused_records_and_matches_eager():
     assert not [op for op in _aten_ops(report, "forward") if op.startswith(("aten.alias.", "aten.clone."))]
     bn_grad = [n for n in bw if n.op_type == "BatchNormalizationGrad"]
     assert sorted(int(n.attrs.get("relu", 0)) for n in bn_grad) == [0, 1, 1]
-    # the two ReLUs after a batch norm fused; the one after the residual add stays a threshold_backward
-    assert sum(n.op_type == "LessOrEqual" for n in bw) == 1
+    # the two ReLUs after a batch norm fused; the one after the residual add is a threshold_backward, one
+    # ThresholdGrad step of a fused kernel (no boolean mask)
+    assert not {"LessOrEqual", "Where"} & {n.op_type for n in bw}
+    assert sum(s[0] == "ThresholdGrad" for n in bw if n.op_type == "FusedElementwise" for s in _program(n)) == 1
     assert sum(n.op_type in ("ConvBackwardData", "ConvBackwardWeight") for n in bw) == 7  # conv1: no dX
 
 

@@ -36,11 +36,20 @@ def _zero_const(graph: Graph, name: str) -> bool:
     return a is not None and a.size == 1 and a.dtype.kind == "f" and a.reshape(-1)[0] == 0 and not np.signbit(a).any()
 
 
+def _finite_scalar_of(graph: Graph, name: str, dtype) -> float | None:
+    """The value of a one-element float constant of ``dtype`` that is finite, else None."""
+    a = graph.initializers.get(name)
+    if a is None or a.size != 1 or a.dtype != np.dtype(dtype) or not np.isfinite(a).all():
+        return None
+    return float(a.reshape(-1)[0])
+
+
 def _relu_grads(graph: Graph, metas: dict, consumers: dict, outputs: set, res) -> dict:
-    """Replace each ReLU backward ``Where(Greater(y, 0), g, 0)`` (the mask read by that Where
-    alone, g and y of one float shape) by one ``ReluGrad(g, y)`` step that the chains below can
-    absorb: no boolean mask is written and read back. Returns {id(step node): (Greater, Where)}
-    to restore a pair that ends up unfused."""
+    """Replace each ReLU backward (the mask read by its Where alone, g and y of one float shape) by one
+    step that the chains below can absorb: no boolean mask is written and read back. opsnn's
+    ``Where(Greater(y, 0), g, 0)`` becomes ``ReluGrad(g, y)``, torch's threshold_backward
+    ``Where(LessOrEqual(y, t), 0, g)`` becomes ``ThresholdGrad(g, y)`` with ``threshold`` t (they differ
+    where y is NaN). Returns {id(step node): (compare, Where)} to restore a pair that ends up unfused."""
     producers = graph.producers()
     pairs: dict = {}
     keep = []
@@ -48,21 +57,30 @@ def _relu_grads(graph: Graph, metas: dict, consumers: dict, outputs: set, res) -
         keep.append(n)
         if n.op_type != "Where" or n.domain or len(n.inputs) != 3 or len(n.outputs) != 1:
             continue
-        mask, g, zero = n.inputs
+        mask, on_true, on_false = n.inputs
         p = producers.get(mask)
-        if p is None or p.op_type != "Greater" or p.domain or len(p.inputs) != 2 or len(p.outputs) != 1:
+        if p is None or p.op_type not in ("Greater", "LessOrEqual") or p.domain:
+            continue
+        if len(p.inputs) != 2 or len(p.outputs) != 1 or mask in outputs or len(consumers.get(mask, [])) != 1:
             continue
         y, threshold = p.inputs
-        if mask in outputs or len(consumers.get(mask, [])) != 1 or not g or not y:
-            continue
-        if not (_zero_const(graph, zero) and _zero_const(graph, threshold)):
+        g, zero = (on_true, on_false) if p.op_type == "Greater" else (on_false, on_true)
+        if not g or not y or not _zero_const(graph, zero):
             continue
         mo, mg, my = metas.get(n.outputs[0]), metas.get(g), metas.get(y)
         if mo is None or mg is None or my is None or np.dtype(mo.dtype).kind not in _FLOAT_KINDS:
             continue
         if not (tuple(mo.shape) == tuple(mg.shape) == tuple(my.shape) and mo.dtype == mg.dtype == my.dtype):
             continue
-        step = Node("ReluGrad", [g, y], list(n.outputs), name=n.name)
+        if p.op_type == "Greater":
+            if not _zero_const(graph, threshold):
+                continue
+            step = Node("ReluGrad", [g, y], list(n.outputs), name=n.name)
+        else:
+            t = _finite_scalar_of(graph, threshold, my.dtype)  # y <= t compared in y's dtype, as unfused
+            if t is None:
+                continue
+            step = Node("ThresholdGrad", [g, y], list(n.outputs), {"threshold": t}, name=n.name)
         pairs[id(step)] = (p, n)
         keep[-1] = step
         res.note(f"{p.name} -> {n.name}: the ReLU backward as one step of a fused kernel")
@@ -126,7 +144,7 @@ def elementwise_fusion(graph: Graph, res) -> None:
                 group.append(p)
                 assigned.add(id(p))
                 frontier.append(p)
-        if len(group) >= 2 or id(n) in relu_grads:  # a lone ReluGrad still saves the mask's pass
+        if len(group) >= 2 or id(n) in relu_grads:  # a lone ReLU backward step still saves the mask's pass
             groups.append(sorted(group, key=lambda x: index[id(x)]))
         else:
             assigned.discard(id(n))
@@ -155,6 +173,8 @@ def elementwise_fusion(graph: Graph, res) -> None:
                 if node.op_type in ("Swish", "LeakyRelu") and "alpha" in node.attrs
                 else {}
             )
+            if node.op_type == "ThresholdGrad":
+                attrs = {"threshold": float(node.attrs["threshold"])}
             program.append([node.op_type, args, attrs])
             step_of[node.outputs[0]] = k
         if not inputs:  # all-constant chains are constant folding's job
@@ -185,7 +205,7 @@ def elementwise_fusion(graph: Graph, res) -> None:
         r = replace.get(id(n), n)
         if r is None:
             continue
-        if id(r) in relu_grads:  # left unfused (the kernel budget): the Greater and Where it stood for
+        if id(r) in relu_grads:  # left unfused (the kernel budget): the compare and Where it stood for
             nodes.extend(relu_grads[id(r)])
         else:
             nodes.append(r)

@@ -897,17 +897,24 @@ _embedding_backward.in_dtypes = (F32, I64, I32)
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 
-def _nll_target(n, e, target, ignore_index, nodes: list) -> tuple:
-    """``(valid, safe)``: where the target is not ignore_index, and the target with 0 at the ignored
-    places (an index every class table has)."""
-    valid, eq, safe = (e.graph.unique_name(f"{n.name}_{h}") for h in ("valid", "ignored", "safe"))
-    ign = e.const("ignore_index", np.array(int(ignore_index), np.int64))
-    nodes += [
-        Node("Equal", [e.name(target), ign], [eq]),
-        Node("Not", [eq], [valid]),
-        Node("Where", [valid, e.name(target), e.const("zero", np.array(0, np.int64))], [safe]),
-    ]
-    return valid, safe
+def _nll_total_weight(n, e, target, weight, ignore_index, total: str) -> list:
+    """torch's total_weight: the summed weights (1 without weights) of the targets that are not
+    ignore_index, selected by one Equal and a Where (their float row as the Where's output; an ignored
+    target's weight is read at class 0, an index every class table has, and not selected)."""
+    ign = e.graph.unique_name(f"{n.name}_ignored")
+    zero = e.scalar("zero", 0.0)
+    nodes = [Node("Equal", [e.name(target), e.const("ignore_index", np.array(int(ignore_index), np.int64))], [ign])]
+    w = e.graph.unique_name(f"{n.name}_w")
+    if weight is None:
+        nodes.append(Node("Where", [ign, zero, e.scalar("one", 1.0)], [w]))
+    else:
+        safe, wt = e.graph.unique_name(f"{n.name}_safe"), e.graph.unique_name(f"{n.name}_wt")
+        nodes += [
+            Node("Where", [ign, e.const("zero", np.array(0, np.int64)), e.name(target)], [safe]),
+            Node("Gather", [e.name(weight), safe], [wt], {"axis": 0}),
+            Node("Where", [ign, zero, wt], [w]),
+        ]
+    return nodes + [Node("ReduceSum", [w], [total], {"keepdims": 0})]
 
 
 def _nll_loss_forward(n, e):
@@ -924,48 +931,27 @@ def _nll_loss_forward(n, e):
     if red == "none":
         e.names[n] = (out, e.const("total_weight", np.array(0.0, np.float32)))
         return nodes
-    valid, safe = _nll_target(n, e, target, ignore_index, nodes)
-    w = e.graph.unique_name(f"{n.name}_w")
-    if weight is None:
-        nodes.append(Node("Cast", [valid], [w], {"to": 1}))
-    else:
-        wt = e.graph.unique_name(f"{n.name}_wt")
-        nodes += [
-            Node("Gather", [e.name(weight), safe], [wt], {"axis": 0}),
-            Node("Where", [valid, wt, e.scalar("zero", 0.0)], [w]),
-        ]
-    return nodes + [Node("ReduceSum", [w], [total], {"keepdims": 0})]
+    return nodes + _nll_total_weight(n, e, target, weight, ignore_index, total)
 
 
 def _nll_loss_backward(n, e):
-    """nll_loss_backward (nll_loss2d_backward): -grad (/ total_weight for mean) times the target's
-    weight, at the target's class; zero elsewhere and at ignored targets (torch's arithmetic order)."""
+    """nll_loss_backward (nll_loss2d_backward) -> opsnn::NLLLossGrad, which writes -dLoss * weight at each
+    target that is not ignore_index and 0 elsewhere. For mean, dLoss is grad / total_weight (torch's
+    -(grad / total_weight) * weight, to the bit) and the record sums (it would otherwise divide by the
+    summed weights it finds itself, not by torch's total_weight)."""
     grad, x, target, weight, reduction, ignore_index, total_weight = n.args[:7]
     shape = shape_of(_val(x))
     if len(shape) < 2 or not _nonempty(shape) or not isinstance(shape[1], int):
         raise Unsupported("an unbatched or empty input, or a symbolic class count")
     red = _REDUCTIONS[int(reduction)]
     nodes: list = []
-    valid, safe = _nll_target(n, e, target, ignore_index, nodes)
-    t = {h: e.graph.unique_name(f"{n.name}_{h}") for h in ("neg", "coef", "w", "cw", "c", "cu", "su", "hot")}
-    nodes.append(Node("Neg", [e.name(grad)], [t["neg"]]))
-    coef = t["neg"]
+    dloss = e.name(grad)
     if red == "mean":
-        nodes.append(Node("Div", [coef, e.name(total_weight)], [t["coef"]]))
-        coef = t["coef"]
-    if weight is not None:
-        nodes += [Node("Gather", [e.name(weight), safe], [t["w"]], {"axis": 0}), Node("Mul", [t["w"], coef], [t["cw"]])]
-        coef = t["cw"]
-    nodes.append(Node("Where", [valid, coef, e.scalar("zero", 0.0)], [t["c"]]))
-    # the class axis (1) inserted: coefficients and targets against every class
-    classes = np.arange(shape[1], dtype=np.int64).reshape((1, shape[1]) + (1,) * (len(shape) - 2))
-    axis = e.const("axis", np.array([1], np.int64))
-    return nodes + [
-        Node("Unsqueeze", [t["c"], axis], [t["cu"]]),
-        Node("Unsqueeze", [safe, axis], [t["su"]]),
-        Node("Equal", [t["su"], e.const("classes", classes)], [t["hot"]]),
-        Node("Where", [t["hot"], t["cu"], e.scalar("zero", 0.0)], [e.out(n)]),
-    ]
+        dloss = e.graph.unique_name(f"{n.name}_dloss")
+        nodes.append(Node("Div", [e.name(grad), e.name(total_weight)], [dloss]))
+    attrs = {"reduction": "none" if red == "none" else "sum", "ignore_index": int(ignore_index)}
+    ins = [dloss, e.name(x), e.name(target)] + ([e.name(weight)] if weight is not None else [])
+    return nodes + [Node("NLLLossGrad", ins, [e.out(n)], attrs, "opsnn")]
 
 
 _nll_loss_forward.in_dtypes = _nll_loss_backward.in_dtypes = (F32, I64)

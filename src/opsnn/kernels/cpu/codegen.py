@@ -51,10 +51,17 @@ TEMPLATES = {
     "Pow": "{a} ** {b}",
     "Max": "{a} if ({a} > {b} or {a} != {a}) else {b}",
     "Min": "{a} if ({a} < {b} or {a} != {a}) else {b}",
-    # not a registry op: a training graph's ReLU backward Where(Greater(y, 0), g, 0) as one step (a = g, b = y)
+    # not registry ops: a ReLU backward as one step (a = g, b = y). ReluGrad is opsnn's own gradient
+    # Where(Greater(y, 0), g, 0) (0 where y is NaN), ThresholdGrad is torch's threshold_backward
+    # Where(LessOrEqual(y, threshold), 0, g) (g where y is NaN)
     "ReluGrad": "{a} if {b} > R(0.0) else R(0.0)",
+    "ThresholdGrad": "R(0.0) if {b} <= R({threshold}) else {a}",
 }
-ATTR_DEFAULTS = {"Swish": {"alpha": 1.0}, "LeakyRelu": {"alpha": 0.01}}
+ATTR_DEFAULTS = {
+    "Swish": {"alpha": 1.0},
+    "LeakyRelu": {"alpha": 0.01},
+    "ThresholdGrad": {"threshold": 0.0},
+}
 
 _lock = threading.Lock()
 _kernels: dict = {}

@@ -450,6 +450,46 @@ def softmax_grad(dy: np.ndarray, y: np.ndarray, dx: np.ndarray, plan: SoftmaxGra
     fn(dy.reshape(-1), y.reshape(-1), dx.reshape(-1), plan.items, plan.n, plan.inner, plan.nblocks, plan.log)
 
 
+# -- NegativeLogLikelihoodLoss: -x[label] * w per position ----------------------------------------------------
+#: positions from which the NLL loss gathers in parallel (one load per position: threads pay off late)
+NLL_PARALLEL_MIN = 1 << 15
+
+
+@nb.njit(**_NJIT)
+def _nll_item(x3, lab, wrow, loss, r):
+    D = x3.shape[2]
+    c = lab[r]
+    if c >= 0:  # an ignored position is left out, not multiplied by weight 0 (0 * Inf is NaN)
+        n = r // D
+        loss[r] = -float(x3[n, c, r - n * D]) * wrow[r]
+
+
+@nb.njit(**_NJIT)
+def nll_rows_serial(x3, lab, wrow, loss):
+    for r in range(lab.size):
+        _nll_item(x3, lab, wrow, loss, r)
+
+
+@nb.njit(parallel=True, **_NJIT)
+def nll_rows_parallel(x3, lab, wrow, loss):
+    for r in nb.prange(lab.size):
+        _nll_item(x3, lab, wrow, loss, r)
+
+
+def nll_forward(x, labels, weights, ignore, reduction: str, out_loss, op: str) -> None:
+    """NegativeLogLikelihoodLoss of the log-probabilities ``x`` (N, C, d...): -x[label] * w[label] per
+    position in float64 (the product of two floats of ``x``'s dtype, exact), reduced as
+    :func:`_reduce_loss` says."""
+    N, C = int(x.shape[0]), int(x.shape[1])
+    lab, wrow = xent_positions(op, labels, weights, ignore, C)
+    loss = np.zeros(lab.size, np.float64)
+    if x.size and lab.size:
+        x3 = x.reshape(N, C, math.prod(x.shape[2:]))
+        parallel = lab.size >= NLL_PARALLEL_MIN and nb.get_num_threads() > 1
+        (nll_rows_parallel if parallel else nll_rows_serial)(x3, lab, wrow, loss)
+    _reduce_loss(loss, wrow, reduction, out_loss)
+
+
 # -- NLLLossGrad: dInput = -onehot(labels) * coef ------------------------------------------------------------
 @nb.njit(parallel=True, **_NJIT)
 def _nll_grad(out3, lab, coef, D):

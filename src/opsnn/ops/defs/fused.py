@@ -530,6 +530,10 @@ def _fused_ew_ref(ins, attrs):
         if op == "ReluGrad":  # the step stands for Where(Greater(y, 0), g, 0), not for a registry op
             steps.append(np.where(operands[1] > 0, operands[0], np.zeros((), dt)).astype(dt, copy=False))
             continue
+        if op == "ThresholdGrad":  # Where(LessOrEqual(y, threshold), 0, g): torch's threshold_backward
+            t = dt.type(float((step_attrs or {}).get("threshold", 0.0)))
+            steps.append(np.where(operands[1] <= t, np.zeros((), dt), operands[0]).astype(dt, copy=False))
+            continue
         rec = get_op(op)
         res = rec.reference(operands, rec.bind_attrs(dict(step_attrs or {})))
         steps.append(np.asarray(res[0] if isinstance(res, (list, tuple)) else res).astype(dt, copy=False))

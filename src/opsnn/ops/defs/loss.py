@@ -1,5 +1,5 @@
 """Loss ops: ONNX ``SoftmaxCrossEntropyLoss`` (opset 13) and ``NegativeLogLikelihoodLoss``
-(opset 22), with numpy-vectorized kernels and torch-style entry points.
+(opset 22), with numba and numpy-vectorized kernels and torch-style entry points.
 
 Shapes: scores/input ``(N, C, d1, ..., dk)``, labels/target ``(N, d1, ..., dk)``, optional
 per-class ``weights (C,)``. ``reduction='mean'`` divides by the summed weights of the
@@ -212,6 +212,21 @@ SoftmaxCrossEntropyLoss.kernel(
     doc="numba, parallel over rows: online max/sum per row in one pass, float64 row sums and loss; "
     "log_prob written only when asked for",
 )(_xent_kernel)
+
+
+def _nll_kernel(ins, outs, attrs, plan, ws):
+    w = ins[2] if len(ins) > 2 else None
+    KX.nll_forward(ins[0], ins[1], w, plan["ignore"], plan["reduction"], outs[0], "NegativeLogLikelihoodLoss")
+
+
+NegativeLogLikelihoodLoss.kernel(
+    "nll_numba",
+    dtypes=(_dt.float32, _dt.float64),
+    priority=20,
+    plan=_plan,
+    doc="numba, parallel over positions from kernels.cpu.xent.NLL_PARALLEL_MIN of them: -x[target] * weight "
+    "per position, float64 losses and reduction",
+)(_nll_kernel)
 
 
 # -- SoftmaxCrossEntropyLossGrad (opsnn): dScores = (softmax(scores) - onehot(labels)) * coef ----------------
