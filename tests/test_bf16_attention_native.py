@@ -201,3 +201,21 @@ def test_bf16_attention_without_mkl_runs_the_product_loops(monkeypatch):
     _, want = _run_grad(gins, attrs, algo="attention_grad_flash")
     for a, w in zip(got, want):
         _within_ulp(a, w)
+
+
+def test_bf16_attention_reads_strided_views_as_they_are():
+    rng = np.random.default_rng(23)
+    ins, attrs = _case(rng, 2, 4, 2, 19, 21, 8, (2, 1, 19, 21))
+    # (B, S, H, D) storage seen as (B, H, S, D): the heads of a projection, not copied by the executor
+    views = [np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for x in ins[:3]]
+    assert not any(x.flags.c_contiguous for x in views)
+    ex, y, lse = _run_train(views + [ins[3]], attrs)
+    assert ex.kernel_name == "attention_train_tiled_bf16"
+    _, y_c, lse_c = _run_train(ins, attrs)
+    assert np.array_equal(y.view(np.uint16), y_c.view(np.uint16)) and np.array_equal(lse, lse_c)
+    dy = rng.standard_normal(y.shape).astype(BF16)
+    dyv = np.ascontiguousarray(dy.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    _, got = _run_grad([dyv, *views, y, ins[3], lse], attrs)
+    _, want = _run_grad([dy, *ins[:3], y, ins[3], lse], attrs)
+    for a, w in zip(got, want):
+        assert np.array_equal(a.view(np.uint16), w.view(np.uint16))
