@@ -22,11 +22,12 @@ from .gemm import KIND_BF16, _narrow, _widen
 @nb.njit(nogil=True, cache=True)
 def _fwd_task(
     t, q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns, lse, has_lse,
-    qu, ku, vu, sc, yu,
+    qu, ku, vu, sc, yu, held,
 ):  # fmt: skip
     # task t: the block's scores over the keys some row of it may attend (up to the block's last position
     # when causal) by one product into the tile sc, each row's masked softmax (_softmax_vec, as the
-    # float32 tiles), the tile times V into float32 rows, rounded into Y
+    # float32 tiles), the tile times V into float32 rows, rounded into Y. held: (batch, KV head, rows)
+    # whose keys and values ku, vu already hold from this thread's previous tasks
     B, Hq, Sq, D = q.shape
     Hkv, T, Dv = k.shape[1], k.shape[2], v.shape[3]
     nblk = (Sq + bq - 1) // bq
@@ -49,9 +50,11 @@ def _fwd_task(
     qf, kf, vf, yf = qu.view(np.float32), ku.view(np.float32), vu.view(np.float32), yu.view(np.float32)
     for ii in range(n):
         _widen(q[b, h, i0 + ii], qu[ii * D : (ii + 1) * D], qf[ii * D : (ii + 1) * D], KIND_BF16)
-    for j in range(hb):
+    j0 = held[2] if held[0] == b and held[1] == hk else 0
+    for j in range(j0, hb):
         _widen(k[b, hk, j], ku[j * D : (j + 1) * D], kf[j * D : (j + 1) * D], KIND_BF16)
         _widen(v[b, hk, j], vu[j * Dv : (j + 1) * Dv], vf[j * Dv : (j + 1) * Dv], KIND_BF16)
+    held[0], held[1], held[2] = b, hk, max(j0, hb)
     _mm_nt(fns, n, hb, D, qf, D, kf, D, sc, T)
     for rr in range(n):
         m = _softmax_vec(
@@ -71,7 +74,8 @@ def _fwd_thread(
     th, nt, q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns, lse,
     has_lse,
 ):  # fmt: skip
-    # thread th of nt takes tasks th, th + nt, ... on its own scratch
+    # thread th of nt takes the th-th of nt contiguous runs of tasks on its own scratch: a run holds a
+    # KV head's query blocks and heads in a row, whose keys and values it widens once
     B, Hq, Sq, D = q.shape
     T, Dv = k.shape[2], v.shape[3]
     qu = np.empty(bq * D, np.uint32)
@@ -79,11 +83,12 @@ def _fwd_thread(
     vu = np.empty(T * Dv, np.uint32)
     sc = np.empty(bq * T, np.float32)
     yu = np.empty(bq * Dv, np.uint32)
+    held = np.full(3, -1, np.int64)
     n = B * Hq * ((Sq + bq - 1) // bq)
-    for t in range(th, n, nt):
+    for t in range(th * n // nt, (th + 1) * n // nt):
         _fwd_task(
             t, q, k, v, y, y_bshd, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns, lse,
-            has_lse, qu, ku, vu, sc, yu,
+            has_lse, qu, ku, vu, sc, yu, held,
         )  # fmt: skip
 
 
@@ -121,7 +126,8 @@ def attention_bf16(
     bits: ``q`` (B, Hq, Sq, D), ``k`` (B, Hkv, T, D), ``v`` (B, Hkv, T, Dv) uint16, ``y`` uint16
     (B, Hq, Sq, Dv), or (B, Sq, Hq, Dv) with ``y_bshd``; ``mask``: the float32 kernels' rank-4
     additive bias. A task per (batch, query head, block of ``bq`` rows) widens its query rows and
-    its KV head's keys and values up to the block's last attended key into float32 scratch, then
+    its KV head's keys and values up to the block's last attended key into float32 scratch (those
+    the thread's previous task of that KV head has not), then
     runs attention_gemm_tiled's tile math (:func:`~.attention.gemm_tiled`: one product into a
     ``(bq, T)`` tile, :func:`~.attention._softmax_vec` per row, the tile times V) on single-threaded
     MKL where ``fns[0]`` names ``cblas_sgemm``, else the backward's vectorized product loops. D >= 1."""
@@ -137,13 +143,25 @@ def attention_bf16(
 
 # -- backward: attention_backward's tasks, (batch, KV head, split) -----------------------------------------
 @nb.njit(nogil=True, cache=True)
-def _widen_rows(src, b, h0, nh, dst_u, dst_f):
-    # rows src[b, h0:h0 + nh, :, :] -> dst (nh * S * W floats, row-major)
+def _widen_rows(src, b, h, hl, i0, i1, dst_u, dst_f):
+    # rows src[b, h, i0:i1] -> rows i0:i1 of local head hl of dst ((heads, S, W) floats, row-major)
     S, W = src.shape[2], src.shape[3]
-    for hl in range(nh):
-        for i in range(S):
-            o = (hl * S + i) * W
-            _widen(src[b, h0 + hl, i], dst_u[o : o + W], dst_f[o : o + W], KIND_BF16)
+    for i in range(i0, i1):
+        o = (hl * S + i) * W
+        _widen(src[b, h, i], dst_u[o : o + W], dst_f[o : o + W], KIND_BF16)
+
+
+@nb.njit(nogil=True, cache=True)
+def _bits_max16(src, b, h0, nh):
+    # the largest bfloat16 bits with the sign cleared over src[b, h0:h0 + nh]: 0x7F80 or more where an
+    # Inf or a NaN is (so exactly where the widened float32 value is one)
+    m = np.uint16(0)
+    for h in range(h0, h0 + nh):
+        for i in range(src.shape[2]):
+            row = src[b, h, i]
+            for dd in range(row.shape[0]):
+                m = max(m, np.uint16(row[dd] & np.uint16(0x7FFF)))
+    return m
 
 
 @nb.njit(nogil=True, cache=True)
@@ -152,10 +170,11 @@ def _bw_thread(
     BQ, BK, nsplit, dq, dk, dv, part_k, part_v, fns, lbits, mbits,
 ):  # fmt: skip
     # thread th of nt takes tasks th, th + nt, ...: task (b, KV head hk, split sp) widens its KV head's K
-    # and V and its group's Q, Y, dY rows into scratch, runs the float32 kernel's blocks u = sp, sp +
-    # nsplit, ... on that scratch as a one-batch, one-KV-head problem (its mask and logsumexp sliced
-    # alike), rounds each block's dQ rows into dq and its dK/dV into dk/dv (nsplit 1) or writes them to
-    # its float32 partial slot; exact tiles where the task's inputs are not all finite, as the float32 task
+    # and V into scratch, and for each of the float32 kernel's blocks u = sp, sp + nsplit, ... the block's
+    # Q, Y, dY rows, runs the block on that scratch as a one-batch, one-KV-head problem (its mask and
+    # logsumexp sliced alike), rounds the block's dQ rows into dq, and its dK/dV into dk/dv (nsplit 1)
+    # or writes them to its float32 partial slot; exact tiles where the task's inputs are not all
+    # finite, as the float32 task decides (every split alike)
     B, Hq, Sq, D = q.shape
     Hkv, T, Dv = k.shape[1], k.shape[2], v.shape[3]
     g = Hq // Hkv
@@ -183,23 +202,20 @@ def _bw_thread(
         hk = (t // nsplit) % Hkv
         b = t // (nsplit * Hkv)
         h0 = hk * g
-        _widen_rows(k, b, hk, 1, ku, kw)
-        _widen_rows(v, b, hk, 1, vu, vw)
-        _widen_rows(q, b, h0, g, qu, qf)
-        _widen_rows(y, b, h0, g, yu, yf)
-        _widen_rows(dy, b, h0, g, dyu, dyf)
-        # the float32 task's scan (_task_finite) on the widened rows
-        m = max(_bits_max(qu, 0, qu.size, False), _bits_max(ku, 0, ku.size, False))
-        m = max(m, _bits_max(dyu, 0, dyu.size, False))
+        _widen_rows(k, b, hk, 0, 0, T, ku, kw)
+        _widen_rows(v, b, hk, 0, 0, T, vu, vw)
+        # the float32 task's scan (_task_finite): the bfloat16 inputs' own bits, the float32 ones' bits
+        m16 = max(_bits_max16(q, b, h0, g), _bits_max16(k, b, hk, 1), _bits_max16(dy, b, h0, g))
         if softcap > 0:
-            m = max(m, max(_bits_max(vu, 0, vu.size, False), _bits_max(yu, 0, yu.size, False)))
+            m16 = max(m16, max(_bits_max16(v, b, hk, 1), _bits_max16(y, b, h0, g)))
+        m = np.uint32(0)
         if has_lse:
-            m = max(m, _bits_max(lbits, (b * Hq + h0) * Sq, (b * Hq + h0 + g) * Sq, False))
+            m = _bits_max(lbits, (b * Hq + h0) * Sq, (b * Hq + h0 + g) * Sq, False)
         mb, mh0, mhn = (b if mB > 1 else 0), (h0 if mH > 1 else 0), (g if mH > 1 else 1)
         if has_mask:
             lo = (mb * mH + mh0) * mS * mT
             m = max(m, _bits_max(mbits, lo, lo + mhn * mS * mT, True))
-        exact = not m < _INF_BITS32
+        exact = not (m < _INF_BITS32 and m16 < np.uint16(0x7F80))
         lb = b if has_lse else 0
         lse1 = lse_in[lb : lb + 1, h0 : h0 + g] if has_lse else lse_in[0:1, 0:1]
         mask1 = mask[mb : mb + 1, mh0 : mh0 + mhn]
@@ -207,11 +223,15 @@ def _bw_thread(
         dv_acc[:] = np.float32(0.0)
         for u in range(sp, g * nqb, nsplit):
             hl, qb = u // nqb, u % nqb
+            i0, i1 = qb * BQ, min(qb * BQ + BQ, Sq)  # the block's rows, all _bw_block reads of Q, Y, dY
+            _widen_rows(q, b, h0 + hl, hl, i0, i1, qu, qf)
+            _widen_rows(y, b, h0 + hl, hl, i0, i1, yu, yf)
+            _widen_rows(dy, b, h0 + hl, hl, i0, i1, dyu, dyf)
             _bw_block(
                 0, hl, 0, 1, qb, q1, kw, vw, y1, dy1, lse1, has_lse, mask1, has_mask, causal, left, right, scale,
                 softcap, BQ, BK, dq1, dk_acc, dv_acc, qs, dos, s, dp, dc, dqa, rows, fns, exact,
             )  # fmt: skip
-            for i in range(qb * BQ, min(qb * BQ + BQ, Sq)):
+            for i in range(i0, i1):
                 o = (hl * Sq + i) * D
                 _narrow(dqf[o : o + D], dqu[o : o + D], dq[b, h0 + hl, i], KIND_BF16)
         for j in range(T):
@@ -287,8 +307,9 @@ def attention_backward_bf16(
     tiles (its arguments, in its order), with ``q``, ``k``, ``v``, ``y``, ``dy`` and the results
     ``dq``, ``dk``, ``dv`` uint16 views (B, H, S, D|Dv) of bfloat16 tensors; ``lse`` (B, Hq, Sq)
     and ``mask`` float32, ``part_k`` / ``part_v`` float32 partials. A task widens only its KV
-    head's K and V and its query group's Q, Y and dY rows; dQ rows are rounded per query block,
-    dK/dV once per task (nsplit 1) or after the partials' float32 sum."""
+    head's K and V and its query blocks' Q, Y and dY rows (its NaN/Inf scan reads the bfloat16
+    bits); dQ rows are rounded per query block, dK/dV once per task (nsplit 1) or after the
+    partials' float32 sum."""
     has_lse = lse is not None
     if not has_lse:
         lse = np.zeros((1, 1, 1), np.float32)
