@@ -274,16 +274,16 @@ def test_adapter_widening_equals_float32_on_widened_inputs():
 
 # -- bf16 attention keeps its forward's logsumexp ---------------------------------------------------------
 def test_recorded_bf16_attention_keeps_the_logsumexp(monkeypatch):
-    from opsnn.kernels.cpu import attention as KA
+    from opsnn.kernels.cpu import bf16_attention as KBA
 
     given = []
-    real = KA.attention_backward
+    real = KBA.attention_backward_bf16
 
     def spy(*args):
         given.append(args[5] is not None)
         return real(*args)
 
-    monkeypatch.setattr(KA, "attention_backward", spy)
+    monkeypatch.setattr(KBA, "attention_backward_bf16", spy)
     rng = np.random.default_rng(2032)
     B, Hq, Hkv, Sq, T, D = 2, 4, 2, 9, 12, 8
     arrays = [rng.standard_normal(s) for s in [(B, Hq, Sq, D), (B, Hkv, T, D), (B, Hkv, T, D), (B, Hq, Sq, D)]]

@@ -24,6 +24,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, InferShapeError, ParamInvalidError
 from ...kernels.cpu import attention as K
+from ...kernels.cpu import bf16_attention as KBA
 from ...kernels.cpu import bf16_rotary as KBR
 from ...kernels.cpu import libraries as KL
 from ...kernels.cpu import mkl as KM
@@ -1024,6 +1025,66 @@ AttentionGrad.kernel(
 )(_attention_grad)
 
 
+def _attention_grad_bf16(ins, outs, attrs, plan, ws):
+    """attention_grad_flash_bf16: KBA.attention_backward_bf16 on the bfloat16 tensors as they are
+    (uint16 views of their (B, H, S, D) layouts), float32 only in each task's scratch."""
+    ins = list(ins) + [None] * (7 - len(ins))
+    dY, Q, Kx, Vx, Y, mask, lse = ins
+    d = plan["d"]
+    if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv):  # nothing to stream: the definition's zeros
+        for o, r in zip(outs, _reference_attention_grad(ins, attrs)):
+            np.copyto(o, r, casting="unsafe")
+        return
+    q4, k4, v4, y4, dy4 = (
+        _to4(x, h).view(np.uint16) for x, h in ((Q, d.Hq), (Kx, d.Hkv), (Vx, d.Hkv), (Y, d.Hq), (dY, d.Hq))
+    )
+    dst = [_to4(o, h).view(np.uint16) for o, h in zip(outs, (d.Hq, d.Hkv, d.Hkv))]
+    nsplit = plan["nsplit"]
+    part_k = part_v = _DUMMY_PART
+    if nsplit > 1:
+        nk, nv = nsplit * d.B * d.Hkv * d.T * d.D, nsplit * d.B * d.Hkv * d.T * d.Dv
+        part = ws[: 4 * (nk + nv)].view(np.float32)
+        part_k = part[:nk].reshape(nsplit, d.B, d.Hkv, d.T, d.D)
+        part_v = part[nk:].reshape(nsplit, d.B, d.Hkv, d.T, d.Dv)
+    KBA.attention_backward_bf16(
+        q4,
+        k4,
+        v4,
+        y4,
+        dy4,
+        None if lse is None else np.ascontiguousarray(lse, dtype=np.float32),
+        _mask4(mask),
+        mask is not None,
+        plan["causal"],
+        plan["left"],
+        plan["right"],
+        plan["scale"],
+        plan["softcap"],
+        plan["BQ"],
+        plan["BK"],
+        nsplit,
+        *dst,
+        part_k,
+        part_v,
+        plan["fns"],
+        plan["parallel"],
+    )
+
+
+AttentionGrad.kernel(
+    "attention_grad_flash_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=30,  # before the float32 kernels, which take bfloat16 through the fp32 adapter
+    strided=True,
+    plan=_grad_plan_for(True),
+    workspace=_grad_workspace,
+    nonfinite=GRAD_NONFINITE,
+    doc="attention_grad_flash[_mkl]'s tasks and tiles on bfloat16 storage: a (batch, KV head) task widens "
+    "its K, V and its group's Q, Y, dY rows into float32 scratch, rounds dQ, dK, dV once (MKL products "
+    "where loaded, else the vectorized loops)",
+)(_attention_grad_bf16)
+
+
 # -- AttentionTrain (opsnn domain): the training forward, Y and the rows' logsumexp -------------------------
 def _infer_attention_train(ctx):
     d = _dims(ctx)
@@ -1053,7 +1114,7 @@ def _with_lse(fn):
     return run
 
 
-#: bf16 autocast's Attention runs the float32 kernels through the adapter: its logsumexp is kept too
+#: bf16 autocast's Attention is recorded as AttentionTrain too (attention_train_tiled_bf16): its logsumexp is kept
 _TRAIN_FLOAT = (_dt.float32, _dt.bfloat16)
 AttentionTrain = register_op(
     "AttentionTrain",
@@ -1117,6 +1178,67 @@ AttentionTrain.kernel(
     plan=_common_plan,
     doc="attention_blas, the rows' logsumexp from its score matrix",
 )(_with_lse(_blas))
+
+
+def _train_bf16_plan(ctx):
+    p = _tiled_plan(ctx)
+    d = p["d"]
+    p["parallel"] = d.B * d.Hq * d.Sq * d.T * d.D >= K.PARALLEL_MIN
+    fns = MN.addresses()
+    p["fns"] = fns if fns is not None else np.zeros(3, np.int64)
+    return p
+
+
+def _attention_train_bf16(ins, outs, attrs, plan, ws):
+    """attention_train_tiled_bf16: KBA.attention_bf16 on the bfloat16 tensors as they are."""
+    d = plan["d"]
+    y, lse = outs[0], outs[1]
+    flat = lse.reshape(-1) if lse.flags.c_contiguous else np.empty(lse.size, np.float32)
+    flat.fill(-np.inf)
+    if d.B * d.Hq * d.Sq * d.Dv and (not d.T or not d.D):  # no keys, or empty dot products: the blas path's answer
+        _blas(list(ins)[:4] + [None] * 3, [y, *outs[2:]], attrs, plan, None, lse=flat)
+    elif d.B * d.Hq * d.Sq * d.Dv:
+        ins = list(ins)[:4] + [None] * 3
+        k4, v4 = _kv(ins, [y, *outs[2:]], plan, None)
+        kvlen, off = _offsets(ins, d)
+        KBA.attention_bf16(
+            _to4(ins[0], d.Hq).view(np.uint16),
+            k4.view(np.uint16),
+            v4.view(np.uint16),
+            (y.reshape(d.B, d.Sq, d.Hq, d.Dv) if d.rank == 3 else y).view(np.uint16),
+            d.rank == 3,
+            _mask4(ins[3]),
+            ins[3] is not None,
+            kvlen,
+            off,
+            plan["causal"],
+            plan["left"],
+            plan["right"],
+            plan["scale"],
+            plan["softcap"],
+            plan["bq"],
+            plan["fns"],
+            plan["parallel"],
+            flat,
+        )
+    else:
+        _kv(list(ins)[:4] + [None] * 3, [y, *outs[2:]], plan, None)
+    if not lse.flags.c_contiguous:
+        np.copyto(lse, flat.reshape(lse.shape))
+
+
+AttentionTrain.kernel(
+    "attention_train_tiled_bf16",
+    dtypes=(_dt.bfloat16,),
+    priority=30,  # before the float32 kernels, which take bfloat16 through the fp32 adapter
+    strided=True,
+    applies=lambda ctx: _flash_applies(ctx, 4),
+    plan=_train_bf16_plan,
+    doc="attention_gemm_tiled's tasks on bfloat16 storage: a (batch, head, block of query rows) task widens "
+    "its rows and its KV head's keys and values into float32 scratch, scores into a per-thread tile, "
+    "the masked softmax, the tile times V, Y rounded once; the logsumexp kept (MKL products where "
+    "loaded, else vectorized loops)",
+)(_attention_train_bf16)
 
 
 # -- RotaryEmbedding ----------------------------------------------------------------------------------------
