@@ -14,6 +14,7 @@ behind the thresholds.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import NamedTuple
 
@@ -308,6 +309,25 @@ class BackwardChoice(NamedTuple):
     kernel: str
     reason: str
     formats: str | None
+    compute: str | None = None  # "float32": oneDNN's float32 primitive on widened bfloat16 tensors
+
+
+#: bfloat16 weight gradients of kernels wider than 1x1 whose output planes have at most this many
+#: positions, or strided ones over at least BF16_DW_FLOAT32_MIN_CHANNELS input channels, run oneDNN's
+#: float32 primitive on widened copies: its bf16 backward-weights code is the slower one there (1x1
+#: kernels and the few-channel stem stay native bf16; docs/performance.md has the figures)
+BF16_DW_FLOAT32_POSITIONS = 4
+BF16_DW_FLOAT32_MIN_CHANNELS = 16
+
+
+def bf16_weight_gradient_in_float32(x_shape, w_shape, y_shape, strides) -> bool:
+    """True when :func:`conv_backward` runs a bfloat16 weight gradient as float32 (see
+    :data:`BF16_DW_FLOAT32_POSITIONS`)."""
+    if math.prod(int(v) for v in w_shape[2:]) <= 1:
+        return False
+    positions = math.prod(int(v) for v in y_shape[2:])
+    strided = any(int(s) > 1 for s in strides) and int(x_shape[1]) >= BF16_DW_FLOAT32_MIN_CHANNELS
+    return positions <= BF16_DW_FLOAT32_POSITIONS or strided
 
 
 def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype) -> BackwardChoice:
@@ -353,13 +373,21 @@ def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations
             impls[formats] = f"none ({e})"
             continue
         if not impl.startswith("ref"):
-            return BackwardChoice(
-                "onednn",
-                f"{name}_onednn",
-                f"oneDNN's {impl} backward primitive on "
-                + ("the layouts it chose" if formats == "any" else "the plain layouts (its own choice is ref code)"),
-                formats,
-            )
+            where = "the layouts it chose" if formats == "any" else "the plain layouts (its own choice is ref code)"
+            if (
+                kind == "weights"
+                and d == _dt.bfloat16
+                and bf16_weight_gradient_in_float32(x_shape, w_shape, y_shape, strides)
+            ):
+                return BackwardChoice(
+                    "onednn",
+                    f"{name}_onednn",
+                    f"oneDNN's float32 backward primitive on widened copies, {where}: its bfloat16 "
+                    "weight-gradient code is slower on small or strided output planes",
+                    formats,
+                    "float32",
+                )
+            return BackwardChoice("onednn", f"{name}_onednn", f"oneDNN's {impl} backward primitive on {where}", formats)
     return BackwardChoice("opsnn", gemm, f"oneDNN has only {impls['plain']} for this shape", None)
 
 

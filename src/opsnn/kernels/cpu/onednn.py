@@ -1118,10 +1118,17 @@ class ConvBackwardPrimitive:
     buffers carved from the caller's workspace (:attr:`workspace_bytes`); 'plain' runs on the user
     layouts as they are. ``run(a, b, out, ws)``: (dY, W, dX) or (X, dY, dW)."""
 
-    def __init__(self, kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, formats="any"):
+    def __init__(
+        self, kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, formats="any", compute=None
+    ):
         if kind not in ("data", "weights"):
             raise OneDnnError(f"convolution backward: kind must be 'data' or 'weights', got {kind!r}")
         self.kind, self.formats, self.dtype = kind, formats, np.dtype(dtype)
+        # compute="float32" on bfloat16 tensors: the float32 primitive on widened copies, the result
+        # rounded once (where oneDNN's bf16 code is the slower one)
+        self.widened = compute == "float32" and self.dtype == _dt.bfloat16
+        if self.widened:
+            dtype = np.float32
         tag = TAG_ANY if formats == "any" else None
         pd, hint, (src, wts, dst), w_dims = _conv_backward_desc(
             kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, tag
@@ -1146,7 +1153,18 @@ class ConvBackwardPrimitive:
         except BaseException:
             _lib.dnnl_primitive_desc_destroy(pd)
             raise
-        self.workspace_bytes = ws + 64 if ws else 0
+        self._prim_ws = ws + 64 if ws else 0
+        self._wide = []
+        if self.widened:  # float32 copies of the two inputs and the output, after the primitive's own
+            a_shape, b_shape, o_shape = (y_shape, w_dims, x_shape) if kind == "data" else (x_shape, y_shape, w_dims)
+            off = -(-self._prim_ws // 64) * 64
+            for shape in (a_shape, b_shape, o_shape):
+                n = int(np.prod(shape))
+                self._wide.append((off, n))
+                off += -(-4 * n // 64) * 64
+            self.workspace_bytes = off
+        else:
+            self.workspace_bytes = self._prim_ws
         self.reorders = sum(r is not None for r, _ in self._edges)
 
     @property
@@ -1155,6 +1173,8 @@ class ConvBackwardPrimitive:
 
     def describe(self) -> str:
         dt = "bfloat16 " if self.dtype == _dt.bfloat16 else ""
+        if self.widened:
+            dt = "float32 (on widened bfloat16, the result rounded once) "
         what = "dX from dY and W" if self.kind == "data" else "dW from X and dY"
         edges = (
             f"{self.reorders} reorder(s) at the edges to and from its chosen layouts"
@@ -1164,7 +1184,20 @@ class ConvBackwardPrimitive:
         return f"oneDNN {self.impl} {dt}convolution backward ({what}), {edges}"
 
     def run(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, ws: np.ndarray | None) -> None:
-        _run_with_edges(self.prim, self._edges, (a, b), (), out, ws)
+        if not self.widened:
+            _run_with_edges(self.prim, self._edges, (a, b), (), out, ws)
+            return
+        from .gemm import bf16_to_f32, f32_to_bf16
+
+        wide = []
+        for arr, (off, n) in zip((a, b, out), self._wide):
+            u = ws[off : off + 4 * n].view(np.uint32)
+            wide.append(u)
+            if arr is not out:
+                bf16_to_f32(np.ascontiguousarray(arr).reshape(-1).view(np.uint16), u)
+        fa, fb, fo = (u.view(np.float32) for u in wide)
+        _run_with_edges(self.prim, self._edges, (fa, fb), (), fo, ws[: self._prim_ws] if self._prim_ws else None)
+        f32_to_bf16(fo, wide[2], out.reshape(-1).view(np.uint16))
 
     def __del__(self):
         if _lib is not None and getattr(self, "_hint", None):
@@ -1176,7 +1209,7 @@ BACKWARD_CACHE_SIZE = 256
 _bwd_cache: OrderedDict[tuple, ConvBackwardPrimitive] = OrderedDict()
 
 
-def conv_backward(kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, formats="any"):
+def conv_backward(kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, formats="any", compute=None):
     """A :class:`ConvBackwardPrimitive`, built once per (kind, shapes, attributes, dtype, formats):
     the weights change every training step, so nothing in it depends on their values and every
     executor of that workload shares it (threads included: :class:`Primitive` keeps its memory
@@ -1192,13 +1225,14 @@ def conv_backward(kind, x_shape, w_shape, y_shape, strides, pads, dilations, gro
         int(group),
         np.dtype(dtype).name,
         formats,
+        compute,
     )
     with _wt_lock:
         prim = _bwd_cache.get(key)
         if prim is not None:
             _bwd_cache.move_to_end(key)
             return prim
-    prim = ConvBackwardPrimitive(kind, *key[1:8], dtype, formats=formats)
+    prim = ConvBackwardPrimitive(kind, *key[1:8], dtype, formats=formats, compute=compute)
     with _wt_lock:
         prim = _bwd_cache.setdefault(key, prim)
         while len(_bwd_cache) > BACKWARD_CACHE_SIZE:

@@ -1227,7 +1227,7 @@ def _bwd_onednn_plan(kind: str):
         xs, ws, ys, geo = _backward_shapes(ctx)
         dtype = _dt.bfloat16 if ctx.dtype(0) == _dt.bfloat16 else np.float32
         return KD.conv_backward(
-            kind, xs, ws, ys, geo.s, geo.pb + geo.pe, geo.d, int(ctx.attrs["group"]), dtype, c.formats
+            kind, xs, ws, ys, geo.s, geo.pb + geo.pe, geo.d, int(ctx.attrs["group"]), dtype, c.formats, c.compute
         )
 
     return plan
