@@ -507,6 +507,45 @@ def where_parallel(c, x, y, out, shape, st, rows_per_task, chunk):
         where_block(c, x, y, out, shape, st, r0, min(r0 + rows_per_task, rows), j0, min(chunk, inner - j0))
 
 
+@nb.njit(nogil=True, cache=True)
+def _where_over_seg(c, keep_true, other, scalar, out, lo, hi):
+    # out already holds one branch (the graph engine wrote Where over that dying input): reading it
+    # as ``out`` itself, not as a second array, keeps the loop free of LLVM's overlap check, whose
+    # failure (exact aliasing) would run it scalar
+    O = out[lo:hi]
+    C = c[lo:hi]
+    n = hi - lo
+    if scalar:
+        v = other[0]
+        if keep_true:
+            for j in range(n):
+                u = O[j]
+                O[j] = u if C[j] else v
+        else:
+            for j in range(n):
+                u = O[j]
+                O[j] = v if C[j] else u
+    else:
+        Y = other[lo:hi]
+        if keep_true:
+            for j in range(n):
+                u = O[j]
+                v = Y[j]
+                O[j] = u if C[j] else v
+        else:
+            for j in range(n):
+                u = O[j]
+                v = Y[j]
+                O[j] = v if C[j] else u
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _where_over_parallel(c, keep_true, other, scalar, out, chunk):
+    n = out.size
+    for t in nb.prange(-(-n // chunk)):
+        _where_over_seg(c, keep_true, other, scalar, out, t * chunk, min(n, (t + 1) * chunk))
+
+
 # -- unary maps ---------------------------------------------------------------------------------------
 @nb.njit(nogil=True, cache=True, error_model="numpy")
 def unary_seg(op, x, out, lo, hi):
@@ -850,6 +889,24 @@ def where_applies(ctx):
     return True
 
 
+def _written_over(c, x, y, out):
+    """(keep_true, other) when ``out`` is the memory of the branch ``x`` (keep_true) or ``y``, with
+    the condition and the other branch each full-size or (the other) a single value; else None."""
+    if c.size != out.size or not (c.flags.c_contiguous and out.flags.c_contiguous):
+        return None
+    for keep_true, same, other in ((True, x, y), (False, y, x)):
+        if (
+            same.size == out.size
+            and same.ctypes.data == out.ctypes.data
+            and same.strides == out.strides
+            and other.size in (1, out.size)
+            and other.flags.c_contiguous
+            and not np.may_share_memory(other, out)
+        ):
+            return keep_true, other
+    return None
+
+
 def where(ins, outs, attrs, plan: BinaryPlan, ws) -> None:
     """Selection only moves bits, so any 1/2/4/8-byte dtype runs as a same-width integer."""
     lay = plan.layout
@@ -858,6 +915,15 @@ def where(ins, outs, attrs, plan: BinaryPlan, ws) -> None:
     view = _BITS_VIEW[outs[0].dtype.itemsize]
     c = _flat(ins[0])
     x, y, out = (_flat(a).view(view) for a in (ins[1], ins[2], outs[0]))
+    over = _written_over(c, x, y, out)
+    if over is not None:
+        keep_true, other = over
+        if lay.parallel:
+            chunk = max(lay.chunk * lay.rows_per_task, 1)
+            _where_over_parallel(c, keep_true, other, other.size == 1, out, chunk)
+        else:
+            _where_over_seg(c, keep_true, other, other.size == 1, out, 0, out.size)
+        return
     if lay.parallel:
         where_parallel(c, x, y, out, lay.shape, lay.strides, lay.rows_per_task, lay.chunk)
     else:
