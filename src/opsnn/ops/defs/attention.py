@@ -901,23 +901,9 @@ def _grad_workspace(ctx, plan):
     return 4 * plan["nsplit"] * d.B * d.Hkv * d.T * (d.D + d.Dv) if plan["nsplit"] > 1 else 0
 
 
-def _attention_grad(ins, outs, attrs, plan, ws):
-    """attention_grad_flash[_mkl]: K.attention_backward on (B, H, S, D) float32 copies of the inputs."""
-    ins = list(ins) + [None] * (7 - len(ins))
-    dY, Q, Kx, Vx, Y, mask, lse = ins
-    d = plan["d"]
-    if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv):  # nothing to stream: the definition's zeros
-        for o, r in zip(outs, _reference_attention_grad(ins, attrs)):
-            np.copyto(o, r, casting="unsafe")
-        return
-    # C-contiguous float32 operands and results (O(N d) copies where the layout is 3-D or strided,
-    # against the O(N^2 d) products): one compiled specialization of the kernel
-    q4, k4, v4, y4, dy4 = (
-        np.ascontiguousarray(_to4(x, h), dtype=np.float32)
-        for x, h in ((Q, d.Hq), (Kx, d.Hkv), (Vx, d.Hkv), (Y, d.Hq), (dY, d.Hq))
-    )
-    res = [_to4(o, h) for o, h in zip(outs, (d.Hq, d.Hkv, d.Hkv))]
-    dst = [r if r.flags.c_contiguous else np.empty(r.shape, np.float32) for r in res]
+def _attention_grad_call(fn, arrays, lse, mask, plan, dst, d, ws) -> None:
+    """Run the flash gradient ``fn`` (float32 or bf16) on (Q, K, V, Y, dY) as 4-D arrays into ``dst``
+    (dQ, dK, dV), the split partial sums of dK / dV in the workspace."""
     nsplit = plan["nsplit"]
     part_k = part_v = _DUMMY_PART
     if nsplit > 1:
@@ -925,12 +911,8 @@ def _attention_grad(ins, outs, attrs, plan, ws):
         part = ws[: 4 * (nk + nv)].view(np.float32)
         part_k = part[:nk].reshape(nsplit, d.B, d.Hkv, d.T, d.D)
         part_v = part[nk:].reshape(nsplit, d.B, d.Hkv, d.T, d.Dv)
-    K.attention_backward(
-        q4,
-        k4,
-        v4,
-        y4,
-        dy4,
+    fn(
+        *arrays,
         None if lse is None else np.ascontiguousarray(lse, dtype=np.float32),
         _mask4(mask),
         mask is not None,
@@ -948,6 +930,26 @@ def _attention_grad(ins, outs, attrs, plan, ws):
         plan["fns"],
         plan["parallel"],
     )
+
+
+def _attention_grad(ins, outs, attrs, plan, ws):
+    """attention_grad_flash[_mkl]: K.attention_backward on (B, H, S, D) float32 copies of the inputs."""
+    ins = list(ins) + [None] * (7 - len(ins))
+    dY, Q, Kx, Vx, Y, mask, lse = ins
+    d = plan["d"]
+    if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv):  # nothing to stream: the definition's zeros
+        for o, r in zip(outs, _reference_attention_grad(ins, attrs)):
+            np.copyto(o, r, casting="unsafe")
+        return
+    # C-contiguous float32 operands and results (O(N d) copies where the layout is 3-D or strided,
+    # against the O(N^2 d) products): one compiled specialization of the kernel
+    q4, k4, v4, y4, dy4 = (
+        np.ascontiguousarray(_to4(x, h), dtype=np.float32)
+        for x, h in ((Q, d.Hq), (Kx, d.Hkv), (Vx, d.Hkv), (Y, d.Hq), (dY, d.Hq))
+    )
+    res = [_to4(o, h) for o, h in zip(outs, (d.Hq, d.Hkv, d.Hkv))]
+    dst = [r if r.flags.c_contiguous else np.empty(r.shape, np.float32) for r in res]
+    _attention_grad_call(K.attention_backward, (q4, k4, v4, y4, dy4), lse, mask, plan, dst, d, ws)
     for r, t in zip(res, dst):
         if t is not r:
             np.copyto(r, t)
@@ -1039,36 +1041,7 @@ def _attention_grad_bf16(ins, outs, attrs, plan, ws):
         _to4(x, h).view(np.uint16) for x, h in ((Q, d.Hq), (Kx, d.Hkv), (Vx, d.Hkv), (Y, d.Hq), (dY, d.Hq))
     )
     dst = [_to4(o, h).view(np.uint16) for o, h in zip(outs, (d.Hq, d.Hkv, d.Hkv))]
-    nsplit = plan["nsplit"]
-    part_k = part_v = _DUMMY_PART
-    if nsplit > 1:
-        nk, nv = nsplit * d.B * d.Hkv * d.T * d.D, nsplit * d.B * d.Hkv * d.T * d.Dv
-        part = ws[: 4 * (nk + nv)].view(np.float32)
-        part_k = part[:nk].reshape(nsplit, d.B, d.Hkv, d.T, d.D)
-        part_v = part[nk:].reshape(nsplit, d.B, d.Hkv, d.T, d.Dv)
-    KBA.attention_backward_bf16(
-        q4,
-        k4,
-        v4,
-        y4,
-        dy4,
-        None if lse is None else np.ascontiguousarray(lse, dtype=np.float32),
-        _mask4(mask),
-        mask is not None,
-        plan["causal"],
-        plan["left"],
-        plan["right"],
-        plan["scale"],
-        plan["softcap"],
-        plan["BQ"],
-        plan["BK"],
-        nsplit,
-        *dst,
-        part_k,
-        part_v,
-        plan["fns"],
-        plan["parallel"],
-    )
+    _attention_grad_call(KBA.attention_backward_bf16, (q4, k4, v4, y4, dy4), lse, mask, plan, dst, d, ws)
 
 
 AttentionGrad.kernel(
