@@ -24,9 +24,14 @@ from opsnn.ops.registry import get_op
 BF16 = _dt.bfloat16
 TRAIN = get_op("AttentionTrain", "opsnn")
 GRAD = get_op("AttentionGrad", "opsnn")
-#: the float32 kernels the adapter ran: the same tile math (MKL products where loaded)
-F32_TRAIN = "attention_train_gemm_tiled" if MN.addresses() is not None else "attention_train_flash"
-F32_GRAD = "attention_grad_flash_mkl" if MN.addresses() is not None else "attention_grad_flash"
+
+
+def _f32_algos():
+    """The float32 kernels the adapter ran, the same tile math: MKL products where loaded now (asked
+    at run time, as the bf16 plans ask, not at collection)."""
+    if MN.addresses() is not None:
+        return "attention_train_gemm_tiled", "attention_grad_flash_mkl"
+    return "attention_train_flash", "attention_grad_flash"
 
 
 @pytest.fixture(autouse=True)
@@ -45,12 +50,16 @@ def _ulp(v: np.ndarray) -> np.ndarray:
 
 
 def _within_ulp(got, want):
-    """bfloat16 ``got`` within one bfloat16 ulp of bfloat16 ``want``, NaN where it is NaN, Inf alike."""
+    """bfloat16 ``got`` within one bfloat16 ulp of bfloat16 ``want`` plus 1e-6 of the largest value
+    (float32 sums in another order: near zero a cancellation leaves fewer good bits than one ulp
+    needs), NaN where it is NaN, Inf alike."""
     g, w = np.asarray(got).astype(np.float64), np.asarray(want).astype(np.float64)
     assert np.array_equal(np.isnan(g), np.isnan(w))
     fin = np.isfinite(w)
     assert np.array_equal(g[~fin & ~np.isnan(w)], w[~fin & ~np.isnan(w)])
-    assert np.all(np.abs(g[fin] - w[fin]) <= _ulp(w[fin]))
+    if fin.any():
+        err, tol = np.abs(g[fin] - w[fin]), _ulp(w[fin]) + 1e-6 * np.abs(w[fin]).max()
+        assert np.all(err <= tol), (err - tol).max()
 
 
 def _case(rng, B, Hq, Hkv, Sq, T, D, mask_shape, rank=4):
@@ -100,7 +109,7 @@ def test_bf16_attention_against_float32_kernels_and_float64(name):
     ex, y, lse = _run_train(ins, attrs)
     assert ex.kernel_name == "attention_train_tiled_bf16" and not ex.adapter
     assert y.dtype == BF16 and lse.dtype == np.float32
-    f32, y32, lse32 = _run_train(ins, attrs, algo=F32_TRAIN)
+    f32, y32, lse32 = _run_train(ins, attrs, algo=_f32_algos()[0])
     assert f32.adapter
     _within_ulp(y, y32)
     np.testing.assert_allclose(lse, lse32, rtol=1e-5, atol=1e-5)
@@ -115,7 +124,7 @@ def test_bf16_attention_against_float32_kernels_and_float64(name):
     gins = [dy, *ins[:3], y, ins[3], lse]
     gx, got = _run_grad(gins, attrs)
     assert gx.kernel_name == "attention_grad_flash_bf16" and not gx.adapter
-    g32, want = _run_grad(gins, attrs, algo=F32_GRAD)
+    g32, want = _run_grad(gins, attrs, algo=_f32_algos()[1])
     assert g32.adapter
     for a, w in zip(got, want):
         assert a.dtype == BF16
@@ -142,7 +151,7 @@ def test_bf16_attention_nonfinite_as_the_float32_kernels():
     attrs["is_causal"] = 1
     ex, y, lse = _run_train(ins, attrs)
     assert ex.kernel_name == "attention_train_tiled_bf16"
-    _, y32, lse32 = _run_train(ins, attrs, algo=F32_TRAIN)
+    _, y32, lse32 = _run_train(ins, attrs, algo=_f32_algos()[0])
     _within_ulp(y, y32)
     assert np.isnan(y).any() and np.array_equal(np.isnan(lse), np.isnan(lse32))
     assert np.array_equal(y[0, :, 4].astype(np.float32), np.zeros_like(y32[0, :, 4], np.float32))
@@ -152,7 +161,7 @@ def test_bf16_attention_nonfinite_as_the_float32_kernels():
         gins = [dy, q, k, v, y, mask, lse_in]
         gx, got = _run_grad(gins, attrs)
         assert gx.kernel_name == "attention_grad_flash_bf16"
-        _, want = _run_grad(gins, attrs, algo=F32_GRAD)
+        _, want = _run_grad(gins, attrs, algo=_f32_algos()[1])
         for a, w in zip(got, want):
             _within_ulp(a, w)
         assert any(np.isnan(a.astype(np.float32)).any() for a in got)
