@@ -13,7 +13,8 @@ from opsnn.errors import ParamInvalidError
 
 BF16 = _dt.bfloat16
 RNG = np.random.default_rng(1631)
-SHAPES = [(3, 5, 4, 7), (2, 3, 11), (16, 12, 64, 48)]  # the last over the parallel threshold (1 << 19)
+# the last two over the parallel threshold (BN_PARALLEL_MIN): short planes (channel ranges) and long ones
+SHAPES = [(3, 5, 4, 7), (2, 3, 11), (32, 72, 3, 5), (16, 12, 64, 48)]
 
 
 def _t(a):
@@ -45,7 +46,7 @@ def _same(a, b):
     assert np.array_equal(a, b, equal_nan=True), np.abs(a - b)[~np.isnan(a - b)].max()
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=["4d", "3d", "parallel"])
+@pytest.mark.parametrize("shape", SHAPES, ids=["4d", "3d", "parallel_short", "parallel"])
 @pytest.mark.parametrize("training", [1, 0])
 @pytest.mark.parametrize("relu", [0, 1])
 def test_forward_bf16_is_float32_kernel_rounded(shape, training, relu):
@@ -66,7 +67,7 @@ def test_forward_bf16_is_float32_kernel_rounded(shape, training, relu):
     np.testing.assert_allclose(got[0].astype(np.float64), ref[0], rtol=2**-8, atol=1e-2)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=["4d", "3d", "parallel"])
+@pytest.mark.parametrize("shape", SHAPES, ids=["4d", "3d", "parallel_short", "parallel"])
 @pytest.mark.parametrize("training", [1, 0])
 @pytest.mark.parametrize("relu", [0, 1])
 def test_backward_bf16_is_float32_kernel_rounded(shape, training, relu):

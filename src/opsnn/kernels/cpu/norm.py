@@ -481,22 +481,61 @@ def _bn_stats_small_serial(x, N, C, S, mean_o, var_o, tasks):
 
 
 @nb.njit(**_OPTS)
+def _bn_apply_block(xs, me, ae, be, ys, relu):
+    """One sample's channel range: y = (x - mean) * a + b per element (expanded coefficients)."""
+    if relu:
+        for i in range(xs.shape[0]):
+            v = (xs[i] - me[i]) * ae[i] + be[i]
+            ys[i] = _Z32 if v < _Z32 else v
+    else:
+        for i in range(xs.shape[0]):
+            ys[i] = (xs[i] - me[i]) * ae[i] + be[i]
+
+
+@nb.njit(**_OPTS)
+def _bn_apply_coeffs(mean, a, b, lo, hi, S):
+    # float32 lanes: as many as the data's
+    return (
+        _expand(mean, lo, hi, S).astype(np.float32),
+        _expand(a, lo, hi, S).astype(np.float32),
+        _expand(b, lo, hi, S).astype(np.float32),
+    )
+
+
+@nb.njit(**_OPTS)
 def _bn_apply_range_small(x, mean, a, b, y, lo, hi, N, C, S, relu):
     L = C * S
-    W = (hi - lo) * S
-    me = _expand(mean, lo, hi, S).astype(np.float32)  # float32 lanes: as many as the data's
-    ae = _expand(a, lo, hi, S).astype(np.float32)
-    be = _expand(b, lo, hi, S).astype(np.float32)
+    me, ae, be = _bn_apply_coeffs(mean, a, b, lo, hi, S)
     for n in range(N):
-        xs = x[n * L + lo * S : n * L + hi * S]
-        ys = y[n * L + lo * S : n * L + hi * S]
-        if relu:
-            for i in range(W):
-                v = (xs[i] - me[i]) * ae[i] + be[i]
-                ys[i] = _Z32 if v < _Z32 else v
-        else:
-            for i in range(W):
-                ys[i] = (xs[i] - me[i]) * ae[i] + be[i]
+        _bn_apply_block(x[n * L + lo * S : n * L + hi * S], me, ae, be, y[n * L + lo * S : n * L + hi * S], relu)
+
+
+@nb.njit(**_OPTS)
+def _bn_apply_range_small_bf16(x, mean, a, b, y, lo, hi, N, C, S, relu):
+    # the float32 block on each sample's widened channel range, rounded once (bit-equal to float32's)
+    L = C * S
+    W = (hi - lo) * S
+    me, ae, be = _bn_apply_coeffs(mean, a, b, lo, hi, S)
+    tu = np.empty(W, np.uint32)
+    tf = tu.view(np.float32)
+    ou = np.empty(W, np.uint32)
+    of = ou.view(np.float32)
+    for n in range(N):
+        a0 = n * L + lo * S
+        _widen(x[a0 : a0 + W], tu, tf, KIND_BF16)
+        _bn_apply_block(tf, me, ae, be, of, relu)
+        _narrow(of, ou, y[a0 : a0 + W], KIND_BF16)
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_apply_small_parallel_bf16(x, mean, a, b, y, N, C, S, relu, tasks):
+    for t in nb.prange(tasks):
+        _bn_apply_range_small_bf16(x, mean, a, b, y, t * C // tasks, (t + 1) * C // tasks, N, C, S, relu)
+
+
+@nb.njit(**_OPTS)
+def _bn_apply_small_serial_bf16(x, mean, a, b, y, N, C, S, relu, tasks):
+    _bn_apply_range_small_bf16(x, mean, a, b, y, 0, C, N, C, S, relu)
 
 
 @nb.njit(parallel=True, **_OPTS)
@@ -654,7 +693,11 @@ def batch_norm(
         bias64 = bias.astype(np.float64)
         if x.dtype != np.float64:  # float32 math per element, the same for float32 and bfloat16 data
             use_m, a, bias64 = use_m.astype(np.float32), a.astype(np.float32), bias64.astype(np.float32)
-        if bf16:
+        if bf16 and small:
+            (_bn_apply_small_parallel_bf16 if parallel else _bn_apply_small_serial_bf16)(
+                flat, use_m, a, bias64, y.reshape(-1).view(np.uint16), N, C, S, bool(relu), small
+            )
+        elif bf16:
             tasks = max(1, min(N * C, 4 * nb.get_num_threads()))
             (_bn_parallel_bf16 if parallel else _bn_serial_bf16)(
                 flat, use_m, a, bias64, y.reshape(-1).view(np.uint16), N * C, C, S, bool(relu), tasks

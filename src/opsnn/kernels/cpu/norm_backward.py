@@ -502,8 +502,9 @@ def _bn_bw_stats_small_serial(dy, x, y, relu, scale, N, C, S, training, mean_in,
 
 
 @nb.njit(**_OPTS)
-def _bn_bw_dx_range_small(dy, x, y, relu, scale, dx, st, lo, hi, N, C, S, M, training):
-    # dx = A * g + B * (x - mean) + K: _bn_bw_dx_task's expression with its per-channel factors expanded
+def _bn_bw_dx_coeffs(scale, st, lo, hi, S, M, training):
+    """Channels lo..hi-1's dx = A * g + B * (x - mean) + K factors (_bn_bw_dx_task's expression),
+    each expanded to its S elements as float32 lanes (as many as the data's): mean, A, B, K."""
     W = hi - lo
     A = np.empty(W)
     B = np.empty(W)
@@ -513,26 +514,71 @@ def _bn_bw_dx_range_small(dy, x, y, relu, scale, dx, st, lo, hi, N, C, S, M, tra
         A[c - lo] = rstd * scale[c]
         B[c - lo] = -rstd * rstd * st[c, 5] / M if training else 0.0
         K[c - lo] = -rstd * st[c, 4] / M if training else 0.0
-    me = _expand(st[:, 0], lo, hi, S).astype(np.float32)  # float32 lanes: as many as the data's
-    Ae = _expand(A, 0, W, S).astype(np.float32)
-    Be = _expand(B, 0, W, S).astype(np.float32)
-    Ke = _expand(K, 0, W, S).astype(np.float32)
+    me = _expand(st[:, 0], lo, hi, S).astype(np.float32)
+    return (
+        me,
+        _expand(A, 0, W, S).astype(np.float32),
+        _expand(B, 0, W, S).astype(np.float32),
+        _expand(K, 0, W, S).astype(np.float32),
+    )
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_dx_block(gs, xs, ys, ds, me, Ae, Be, Ke, relu, training):
+    """One sample's channel range of dx from the expanded factors."""
+    if not training:  # x is not read: an Inf or NaN in it must not reach dx
+        for i in range(ds.shape[0]):
+            ds[i] = Ae[i] * (gs[i] if not relu or ys[i] > 0 else _Z32)
+    elif relu:
+        for i in range(ds.shape[0]):
+            g = gs[i] if ys[i] > 0 else _Z32
+            ds[i] = Ae[i] * g + Be[i] * (xs[i] - me[i]) + Ke[i]
+    else:
+        for i in range(ds.shape[0]):
+            ds[i] = Ae[i] * gs[i] + Be[i] * (xs[i] - me[i]) + Ke[i]
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_dx_range_small(dy, x, y, relu, scale, dx, st, lo, hi, N, C, S, M, training):
+    me, Ae, Be, Ke = _bn_bw_dx_coeffs(scale, st, lo, hi, S, M, training)
     L = C * S
     for n in range(N):
-        xs = x[n * L + lo * S : n * L + hi * S]
-        gs = dy[n * L + lo * S : n * L + hi * S]
-        ys = y[n * L + lo * S : n * L + hi * S]
-        ds = dx[n * L + lo * S : n * L + hi * S]
-        if not training:  # x is not read: an Inf or NaN in it must not reach dx
-            for i in range(W * S):
-                ds[i] = Ae[i] * (gs[i] if not relu or ys[i] > 0 else _Z32)
-        elif relu:
-            for i in range(W * S):
-                g = gs[i] if ys[i] > 0 else _Z32
-                ds[i] = Ae[i] * g + Be[i] * (xs[i] - me[i]) + Ke[i]
-        else:
-            for i in range(W * S):
-                ds[i] = Ae[i] * gs[i] + Be[i] * (xs[i] - me[i]) + Ke[i]
+        a, b = n * L + lo * S, n * L + hi * S
+        _bn_bw_dx_block(dy[a:b], x[a:b], y[a:b], dx[a:b], me, Ae, Be, Ke, relu, training)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_dx_range_small_bf16(dy, x, y, relu, scale, dx, st, lo, hi, N, C, S, M, training):
+    # the float32 block on each sample's widened channel range, dx rounded once (bit-equal to float32's)
+    me, Ae, Be, Ke = _bn_bw_dx_coeffs(scale, st, lo, hi, S, M, training)
+    L = C * S
+    W = (hi - lo) * S
+    xu = np.empty(W, np.uint32)
+    gu = np.empty(W, np.uint32)
+    yu = np.empty(W if relu else 0, np.uint32)
+    du = np.empty(W, np.uint32)
+    xf, gf, yf, df = xu.view(np.float32), gu.view(np.float32), yu.view(np.float32), du.view(np.float32)
+    for n in range(N):
+        a = n * L + lo * S
+        if training:
+            _widen(x[a : a + W], xu, xf, KIND_BF16)
+        _widen(dy[a : a + W], gu, gf, KIND_BF16)
+        if relu:
+            _widen(y[a : a + W], yu, yf, KIND_BF16)
+        _bn_bw_dx_block(gf, xf, yf if relu else gf, df, me, Ae, Be, Ke, relu, training)
+        _narrow(df, du, dx[a : a + W], KIND_BF16)
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _bn_bw_dx_small_parallel_bf16(dy, x, y, relu, scale, dx, st, N, C, S, M, training, tasks):
+    for t in nb.prange(tasks):
+        lo, hi = t * C // tasks, (t + 1) * C // tasks
+        _bn_bw_dx_range_small_bf16(dy, x, y, relu, scale, dx, st, lo, hi, N, C, S, M, training)
+
+
+@nb.njit(**_OPTS)
+def _bn_bw_dx_small_serial_bf16(dy, x, y, relu, scale, dx, st, N, C, S, M, training, tasks):
+    _bn_bw_dx_range_small_bf16(dy, x, y, relu, scale, dx, st, 0, C, N, C, S, M, training)
 
 
 @nb.njit(parallel=True, **_OPTS)
@@ -676,9 +722,15 @@ def batch_norm_backward(
         (_bn_bw_stats_parallel_bf16 if parallel else _bn_bw_stats_serial_bf16)(
             gf, xf, yf, relu, scale, N, C, S, training, m_in, v_in, float(eps), st, max(1, min(C, tasks))
         )
-        (_bn_bw_dx_parallel_bf16 if parallel else _bn_bw_dx_serial_bf16)(
-            gf, xf, yf, relu, scale, dx.reshape(-1).view(np.uint16), st, N * C, C, S, M, training, min(N * C, tasks)
-        )
+        small = small_plane_tasks(C, S, parallel)
+        if small:
+            (_bn_bw_dx_small_parallel_bf16 if parallel else _bn_bw_dx_small_serial_bf16)(
+                gf, xf, yf, relu, scale, dx.reshape(-1).view(np.uint16), st, N, C, S, M, training, small
+            )
+        else:
+            (_bn_bw_dx_parallel_bf16 if parallel else _bn_bw_dx_serial_bf16)(
+                gf, xf, yf, relu, scale, dx.reshape(-1).view(np.uint16), st, N * C, C, S, M, training, min(N * C, tasks)
+            )
         return st[:, 3].copy(), st[:, 2].copy()
     xf, gf = x.reshape(-1), dy.reshape(-1)
     yf = y.reshape(-1) if relu else gf  # never read without relu
