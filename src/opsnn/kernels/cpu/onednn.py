@@ -1255,9 +1255,10 @@ def _plain_conv_desc(
     dst = _Md(y_shape, tag or _plain_tag(len(y_shape)), dtype)
     bias = _Md([w_shape[0]], TAG_A, dtype if bias_dtype is None else bias_dtype) if has_bias else None
     pd, attr = _vp(), _new_attr()
-    # float32: the training propagation kind, as torch asks; oneDNN then runs its blocked (nChw16c)
-    # JIT kernels, where the inference kind picks brgconv on NHWC with dearer reorders at the edges
-    prop = _FORWARD_TRAINING if np.dtype(dtype) == np.float32 else _FORWARD_INFERENCE
+    # the training propagation kind, as torch asks, for float32 and bfloat16: oneDNN then runs its
+    # blocked (nChw16c) JIT kernels, where the inference kind picks brgconv on NHWC with dearer
+    # reorders at the edges (bf16 weights into AcdB32a2b cost more than the 2x2-plane conv itself)
+    prop = _FORWARD_TRAINING
     status = _lib.dnnl_convolution_forward_primitive_desc_create(
         C.byref(pd),
         _engine,
