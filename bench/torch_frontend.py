@@ -6,7 +6,8 @@ Models (random weights, inference under ``torch.no_grad``): torchvision ``resnet
 (8 layers, hidden 512, sequence 128); ``--tiny`` shrinks all three to a smoke test. Training
 (``resnet18_train``): the ResNet-18-style CNN of ``bench/train.py`` (batch 32, 64x64; ``--tiny``:
 batch 4, 32x32), a step of cross-entropy forward, backward (aot_autograd: both graphs compiled) and
-SGD; its check is the first step's gradients against eager's, target <= 1.0x eager. Each
+SGD; its check is the first step's gradients against eager's, and every runtime's (eager's too)
+against a float64 run, since this batch's float32 backward is ill-conditioned; target <= 1.0x eager. Each
 compiled model's first call is its compile time; its output is checked against eager (max error
 relative to the largest eager value, target 1e-4) before anything is timed. The runtimes take
 turns in blocks (rotating order, a pause before each, one untimed call) so that load from other
@@ -182,6 +183,12 @@ def run_training(args, torch) -> dict:
     for rt in grads:
         if rt != "eager":
             row["rel_err"][rt] = max(rel_err(g, w) for g, w in zip(grads[rt], grads["eager"]))
+    # each runtime's distance from the first gradients in float64 too: this batch's BN/ReLU backward is
+    # ill-conditioned in float32 (a ReLU mask flip near zero moves a channel's sums), fp32 eager included
+    m64 = copy.deepcopy(model).double()
+    torch.nn.functional.cross_entropy(m64(x.double()), y).backward()
+    g64 = [p.grad for p in m64.parameters()]
+    row["rel_err_f64"] = {rt: max(rel_err(g.double(), w) for g, w in zip(grads[rt], g64)) for rt in grads}
     if "opsnn" in steps:
         row["fallbacks"] = sorted({t for r in reports for _, t, _ in r.fallbacks})
     return _timed(row, steps, args)
@@ -247,6 +254,9 @@ def format_row(row: dict) -> str:
     err = "  ".join(f"{rt} {v:.1e}" for rt, v in row["rel_err"].items())
     ratios = "  ".join(f"{k} {row[k]:.2f}x" for k in ("opsnn_vs_eager", "opsnn_vs_inductor") if k in row)
     lines = [f"{row['model']}: {ms}", f"  compile: {comp}", f"  rel err vs eager: {err}"]
+    if row.get("rel_err_f64"):
+        f64 = "  ".join(f"{rt} {v:.1e}" for rt, v in row["rel_err_f64"].items())
+        lines.append(f"  rel err vs float64 (first gradients, eager included): {f64}")
     if ratios:
         lines.append(f"  {ratios}")
     if row["fallbacks"]:
