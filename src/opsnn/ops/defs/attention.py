@@ -932,15 +932,25 @@ def _attention_grad_call(fn, arrays, lse, mask, plan, dst, d, ws) -> None:
     )
 
 
+def _grad_inputs(ins, outs, attrs, plan):
+    """The gradient kernels' seven inputs (absent optional ones as None), or None once ``outs`` hold the
+    definition's zeros where there is nothing to stream (an empty batch, head, query or key dim)."""
+    ins = list(ins) + [None] * (7 - len(ins))
+    d = plan["d"]
+    if d.B * d.Hq * d.Sq and d.T and d.D and d.Dv:
+        return ins
+    for o, r in zip(outs, _reference_attention_grad(ins, attrs)):
+        np.copyto(o, r, casting="unsafe")
+    return None
+
+
 def _attention_grad(ins, outs, attrs, plan, ws):
     """attention_grad_flash[_mkl]: K.attention_backward on (B, H, S, D) float32 copies of the inputs."""
-    ins = list(ins) + [None] * (7 - len(ins))
+    ins = _grad_inputs(ins, outs, attrs, plan)
+    if ins is None:
+        return
     dY, Q, Kx, Vx, Y, mask, lse = ins
     d = plan["d"]
-    if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv):  # nothing to stream: the definition's zeros
-        for o, r in zip(outs, _reference_attention_grad(ins, attrs)):
-            np.copyto(o, r, casting="unsafe")
-        return
     # C-contiguous float32 operands and results (O(N d) copies where the layout is 3-D or strided,
     # against the O(N^2 d) products): one compiled specialization of the kernel
     q4, k4, v4, y4, dy4 = (
@@ -1030,13 +1040,11 @@ AttentionGrad.kernel(
 def _attention_grad_bf16(ins, outs, attrs, plan, ws):
     """attention_grad_flash_bf16: KBA.attention_backward_bf16 on the bfloat16 tensors as they are
     (uint16 views of their (B, H, S, D) layouts), float32 only in each task's scratch."""
-    ins = list(ins) + [None] * (7 - len(ins))
+    ins = _grad_inputs(ins, outs, attrs, plan)
+    if ins is None:
+        return
     dY, Q, Kx, Vx, Y, mask, lse = ins
     d = plan["d"]
-    if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv):  # nothing to stream: the definition's zeros
-        for o, r in zip(outs, _reference_attention_grad(ins, attrs)):
-            np.copyto(o, r, casting="unsafe")
-        return
     q4, k4, v4, y4, dy4 = (
         _to4(x, h).view(np.uint16) for x, h in ((Q, d.Hq), (Kx, d.Hkv), (Vx, d.Hkv), (Y, d.Hq), (dY, d.Hq))
     )
