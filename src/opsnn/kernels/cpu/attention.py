@@ -1184,8 +1184,9 @@ def _bits_max(u, lo, hi, masks):
     # the largest float32 bits with the sign cleared over u[lo:hi]: 0x7F800000 or more where an Inf or
     # a NaN is; masks: -inf (an additive mask's masked pair) reads as 0. An unsigned max LLVM vectorizes
     m = np.uint32(0)
-    for i in range(lo, hi):
-        v = u[i]
+    w = u[lo:hi]  # indexed from 0: numba's wraparound on a range(lo, hi) index blocks vectorizing
+    for i in range(w.size):
+        v = w[i]
         a = np.uint32(0) if masks and v == _NEG_INF_BITS32 else np.uint32(v & _ABS_BITS32)
         m = np.uint32(max(m, a))
     return m

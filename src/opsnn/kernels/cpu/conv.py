@@ -221,8 +221,9 @@ def _col2im_row(col, y, t, kh, kw, sh, sw, ph, pw, dh, dw, ih0, ih_n, iw_n, oh0,
             off = kj * dw - pw
             lo, hi = _valid_range(iw_n, y.shape[2], sw, off)
             base = ih * iw_n
+            ym, cr = y[m, oh], col[r]
             for iw in range(lo, hi):
-                y[m, oh, iw * sw + off] += col[r, base + iw]
+                ym[np.uintp(iw * sw + off)] += cr[np.uintp(base + iw)]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -262,8 +263,12 @@ def _depthwise_row(x, w, b, y, t, mult, sh, sw, ph, pw, dh, dw):
             wv = w[m, ki, kj]
             off = kj * dw - pw
             lo, hi = _valid_range(ow_n, x.shape[3], sw, off)
-            for ow in range(lo, hi):
-                row[ow] += wv * src[ow * sw + off]
+            if sw == 1:  # unsigned indices skip numba's negative-index wraparound: LLVM vectorizes
+                for ow in range(lo, hi):
+                    row[np.uintp(ow)] += wv * src[np.uintp(ow + off)]
+            else:
+                for ow in range(lo, hi):
+                    row[np.uintp(ow)] += wv * src[np.uintp(ow * sw + off)]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
