@@ -216,6 +216,31 @@ def runtime_bf16_product(p: Platform | None = None) -> str | None:
     return None if p.onednn_bf16 is None else f"oneDNN bf16: {p.onednn_bf16}"
 
 
+#: fewest multiply-adds of a float32 product with both operands known at run time that runs on oneDNN's
+#: matmul (:func:`runtime_f32_product`); below, a BLAS call's lower overhead wins (docs/kernel-libraries.md)
+RUNTIME_F32_MIN_MACS = 1 << 19
+
+
+def runtime_f32_product(rows: int, k: int, n: int, batch: int = 1, p: Platform | None = None) -> str | None:
+    """None when ``batch`` float32 (rows, k) @ (k, n) products whose operands both arrive at run time (the
+    products of eager training and of a compiled training step's backward) runs on oneDNN's brgemm
+    matmul reading them in place; else why not. Where OpenBLAS is the GEMM library and oneDNN's matmul
+    is its brgemm code (AVX-512 on), it was 8-32% faster than OpenBLAS on every training product
+    measured, and it runs on the OpenMP pool numba's kernels share; MKL, where it is the GEMM
+    library, keeps them, and one row stays a BLAS gemv."""
+    p = p if p is not None else platform()
+    if p.onednn_matmul is not None:
+        return f"oneDNN's brgemm matmul is not used here ({p.onednn_matmul})"
+    if p.gemm_library != "openblas":
+        return f"{p.gemm_library.upper()} is the GEMM library on this CPU"
+    if rows < 2 or n < 2:
+        return "a matrix-vector product: BLAS gemv"
+    macs = batch * rows * k * n
+    if macs < RUNTIME_F32_MIN_MACS:
+        return f"{macs} multiply-adds: under {RUNTIME_F32_MIN_MACS}, BLAS's smaller call overhead wins"
+    return None
+
+
 def projection(rows: int, k: int, n: int, dtype, p: Platform | None = None, contiguous: bool = True) -> Choice:
     """How the LLM decoder multiplies ``rows`` rows by a constant (n, k) weight in ``dtype``
     (``contiguous``: the activations and output are C-contiguous, as oneDNN's in-place matmul
@@ -564,6 +589,8 @@ def kernel_choice(
         why = c.reason if isinstance(c, Choice) else "its point GEMMs in one oneDNN batched matmul"
         return Choice("onednn", kernel, f"blocked-layout Winograd: {why}")
     if kernel.endswith("onednn_runtime"):
+        if np.dtype(dtype) == np.float32:
+            return Choice("onednn", kernel, "float32 operands known at run time: oneDNN's brgemm matmul reads them")
         return Choice("onednn", kernel, "bfloat16 operands known at run time: oneDNN's native bf16 matmul reads them")
     if "onednn" in kernel:
         return Choice("onednn", kernel, "oneDNN's brgemm matmul, the weight reordered once at prepare")
@@ -655,6 +682,7 @@ __all__ = [
     "packed_panel_rejection",
     "platform",
     "projection",
+    "runtime_f32_product",
     "serial_epilogue",
     "sibling_products",
     "summary",

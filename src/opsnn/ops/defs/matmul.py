@@ -220,13 +220,19 @@ MatMul.kernel(
 )(lambda ins, outs, attrs, plan, ws: K.matmul_bf16(ins[0], plan, outs[0], ws))
 
 
-def _runtime_bf16_rejection(ctx, *idx) -> str | None:
-    """Why a product of ``idx`` inputs is not one for :class:`KD.RuntimeMatMul` (None when it is):
-    bfloat16 operands where oneDNN has native bf16 code."""
+def _runtime_rejection(ctx, idx: tuple, shape) -> str | None:
+    """Why a product of ``idx`` inputs, one oneDNN matmul of ``shape`` (batch, m, k, n) or a string
+    saying why it is not one, is not for :class:`KD.RuntimeMatMul` (None when it is): bfloat16
+    operands where oneDNN has native bf16 code, float32 ones where the strategy gives them oneDNN's
+    brgemm (:func:`KL.runtime_f32_product`)."""
     dts = {ctx.dtype(i) for i in idx}
-    if dts != {_dt.bfloat16}:
-        return f"bfloat16 operands only, got {sorted(_dt.name(d) for d in dts)}"
-    return KL.runtime_bf16_product()
+    if dts == {_dt.bfloat16}:
+        why = KL.runtime_bf16_product()
+    elif dts == {np.dtype(np.float32)}:
+        why = None if isinstance(shape, str) else KL.runtime_f32_product(shape[1], shape[2], shape[3], shape[0])
+    else:
+        return f"bfloat16 or float32 operands only, got {sorted(_dt.name(d) for d in dts)}"
+    return why or (shape if isinstance(shape, str) else None)
 
 
 def _matmul_runtime_shape(sa: tuple, sb: tuple):
@@ -244,10 +250,7 @@ def _matmul_runtime_shape(sa: tuple, sb: tuple):
 
 
 def _matmul_runtime_applies(ctx):
-    why = _runtime_bf16_rejection(ctx, 0, 1)
-    if why is None:
-        shape = _matmul_runtime_shape(ctx.shape(0), ctx.shape(1))
-        why = shape if isinstance(shape, str) else None
+    why = _runtime_rejection(ctx, (0, 1), _matmul_runtime_shape(ctx.shape(0), ctx.shape(1)))
     return True if why is None else why
 
 
@@ -257,13 +260,14 @@ def _matmul_runtime(ins, outs, attrs, plan, ws):
 
 MatMul.kernel(
     "matmul_onednn_runtime",
-    dtypes=(_dt.bfloat16,),
+    dtypes=(_dt.bfloat16, _dt.float32),
     priority=25,
     applies=_matmul_runtime_applies,
-    plan=lambda ctx: KD.runtime_matmul(*_matmul_runtime_shape(ctx.shape(0), ctx.shape(1))),
+    plan=lambda ctx: KD.runtime_matmul(*_matmul_runtime_shape(ctx.shape(0), ctx.shape(1)), dtype=ctx.dtype(0)),
     bind=lambda ins, outs, attrs, plan, ws: plan.bind(ins[0], ins[1], None, outs[0]),
-    doc="bfloat16 operands both known at run time (eager autocast, backward products), a 2-D B or equal "
-    "batch dims: oneDNN's native bf16 matmul on the operands as they are, fp32 accumulation, one rounding",
+    doc="operands both known at run time (eager autocast, backward products), a 2-D B or equal batch dims: "
+    "oneDNN's matmul on the operands as they are; bfloat16 natively (fp32 accumulation, one rounding), "
+    "float32 where the strategy picks oneDNN's brgemm over BLAS",
 )(_matmul_runtime)
 
 
@@ -498,17 +502,16 @@ Gemm.kernel(
 
 
 def _gemm_runtime_applies(ctx):
-    why = _runtime_bf16_rejection(ctx, 0, 1)
-    if why is not None:
-        return why
     if ctx.attrs["alpha"] != 1.0:
         return "alpha=1 only"
     m, n = ctx.outputs[0].shape
-    if 0 in (m, n, ctx.shape(0)[0 if ctx.attrs["transA"] else 1]):
-        return "empty product"
+    k = ctx.shape(0)[0 if ctx.attrs["transA"] else 1]
+    why = _runtime_rejection(ctx, (0, 1), "empty product" if 0 in (m, n, k) else (1, m, k, n))
+    if why is not None:
+        return why
     if ctx.has(2) and ctx.attrs["beta"] != 0.0:
-        if ctx.attrs["beta"] != 1.0 or tuple(ctx.shape(2)) not in ((n,), (1, n)) or ctx.dtype(2) != _dt.bfloat16:
-            return "C must be a bfloat16 bias (N,) / (1, N) with beta=1"
+        if ctx.attrs["beta"] != 1.0 or tuple(ctx.shape(2)) not in ((n,), (1, n)) or ctx.dtype(2) != ctx.dtype(0):
+            return f"C must be a {_dt.name(ctx.dtype(0))} bias (N,) / (1, N) with beta=1"
     return True
 
 
@@ -517,7 +520,9 @@ def _gemm_runtime_plan(ctx):
     m, n = ctx.outputs[0].shape
     k = ctx.shape(0)[0 if ta else 1]
     bias = ctx.has(2) and ctx.attrs["beta"] != 0.0
-    return KD.runtime_matmul(1, m, k, n, trans_a=ta, trans_b=tb, bias_dtype=_dt.bfloat16 if bias else None)
+    return KD.runtime_matmul(
+        1, m, k, n, trans_a=ta, trans_b=tb, bias_dtype=ctx.dtype(0) if bias else None, dtype=ctx.dtype(0)
+    )
 
 
 def _gemm_runtime_args(ins, outs, plan):
@@ -526,13 +531,14 @@ def _gemm_runtime_args(ins, outs, plan):
 
 Gemm.kernel(
     "gemm_onednn_runtime",
-    dtypes=(_dt.bfloat16,),
+    dtypes=(_dt.bfloat16, _dt.float32),
     priority=25,
     applies=_gemm_runtime_applies,
     plan=_gemm_runtime_plan,
     bind=lambda ins, outs, attrs, plan, ws: plan.bind(*_gemm_runtime_args(ins, outs, plan)),
-    doc="bfloat16 A and B both known at run time, alpha=1, C a bias or none: oneDNN's native bf16 matmul "
-    "reading op(A) and op(B) in place (transA/transB as strides, no copies), one rounding",
+    doc="A and B both known at run time, alpha=1, C a bias or none: oneDNN's matmul reading op(A) and op(B) "
+    "in place (transA/transB as strides, no copies); bfloat16 natively (one rounding), float32 where the "
+    "strategy picks oneDNN's brgemm over BLAS",
 )(lambda ins, outs, attrs, plan, ws: plan.run(*_gemm_runtime_args(ins, outs, plan)))
 
 
@@ -707,27 +713,26 @@ def _batch_gemm_runtime_shape(ctx):
 
 
 def _batch_gemm_runtime_applies(ctx):
-    why = _runtime_bf16_rejection(ctx, 0, 1)
-    if why is None:
-        shape = _batch_gemm_runtime_shape(ctx)
-        why = shape if isinstance(shape, str) else None
+    shape = _batch_gemm_runtime_shape(ctx)
+    why = _runtime_rejection(ctx, (0, 1), shape if isinstance(shape, str) else shape[:4])
     return True if why is None else why
 
 
 def _batch_gemm_runtime_plan(ctx):
     batch, m, k, n, ta, tb = _batch_gemm_runtime_shape(ctx)
-    return KD.runtime_matmul(batch, m, k, n, trans_a=ta, trans_b=tb)
+    return KD.runtime_matmul(batch, m, k, n, trans_a=ta, trans_b=tb, dtype=ctx.dtype(0))
 
 
 BatchGemm.kernel(
     "batch_gemm_onednn_runtime",
-    dtypes=(_dt.bfloat16,),
+    dtypes=(_dt.bfloat16, _dt.float32),
     priority=25,
     applies=_batch_gemm_runtime_applies,
     plan=_batch_gemm_runtime_plan,
     bind=lambda ins, outs, attrs, plan, ws: plan.bind(ins[0], ins[1], None, outs[0]),
-    doc="bfloat16 operands known at run time (a bfloat16 forward's backward products), alpha=1, a fold "
-    "or equal batch dims: oneDNN's native bf16 matmul reading the transposes in place, one rounding",
+    doc="operands known at run time (the backward products), alpha=1, a fold or equal batch dims: oneDNN's "
+    "matmul reading the transposes in place; bfloat16 natively (one rounding), float32 where the strategy "
+    "picks oneDNN's brgemm over BLAS",
 )(lambda ins, outs, attrs, plan, ws: plan.run(ins[0], ins[1], None, outs[0]))
 
 
@@ -845,16 +850,18 @@ Linear.kernel(
 
 
 def _linear_runtime_applies(ctx):
-    why = _runtime_bf16_rejection(ctx, 0, 1, *((2,) if ctx.has(2) else ()))
-    if why is None and (len(ctx.shape(0)) < 2 or 0 in ctx.outputs[0].shape or ctx.shape(1)[1] == 0):
-        why = "1-D input or an empty product"
+    n, k = ctx.shape(1)
+    empty = len(ctx.shape(0)) < 2 or 0 in ctx.outputs[0].shape or k == 0
+    shape = "1-D input or an empty product" if empty else (1, _rows(ctx.shape(0)), k, n)
+    why = _runtime_rejection(ctx, (0, 1) + ((2,) if ctx.has(2) else ()), shape)
     return True if why is None else why
 
 
 def _linear_runtime_plan(ctx):
     n, k = ctx.shape(1)
     rows = _rows(ctx.shape(0))
-    return KD.runtime_matmul(1, rows, k, n, trans_b=True, bias_dtype=_dt.bfloat16 if ctx.has(2) else None)
+    bias = ctx.dtype(0) if ctx.has(2) else None
+    return KD.runtime_matmul(1, rows, k, n, trans_b=True, bias_dtype=bias, dtype=ctx.dtype(0))
 
 
 def _linear_runtime_args(ins, outs, plan):
@@ -863,13 +870,14 @@ def _linear_runtime_args(ins, outs, plan):
 
 Linear.kernel(
     "linear_onednn_runtime",
-    dtypes=(_dt.bfloat16,),
+    dtypes=(_dt.bfloat16, _dt.float32),
     priority=25,
     applies=_linear_runtime_applies,
     plan=_linear_runtime_plan,
     bind=lambda ins, outs, attrs, plan, ws: plan.bind(*_linear_runtime_args(ins, outs, plan)),
-    doc="bfloat16 x and W both known at run time (eager autocast): oneDNN's native bf16 matmul reading W^T "
-    "in place, the bias as its bias argument, one rounding",
+    doc="x and W both known at run time (eager training): oneDNN's matmul reading W^T in place, the bias as "
+    "its bias argument; bfloat16 natively (one rounding), float32 where the strategy picks oneDNN's brgemm "
+    "over BLAS",
 )(lambda ins, outs, attrs, plan, ws: plan.run(*_linear_runtime_args(ins, outs, plan)))
 
 
