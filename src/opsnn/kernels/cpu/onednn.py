@@ -50,6 +50,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...runtime import cpu
 from . import fused as KF
+from .gemm import bf16_to_f32, f32_to_bf16
 from .mkl import _threads, prefix_libraries
 
 log = logging.getLogger(__name__)
@@ -1187,8 +1188,6 @@ class ConvBackwardPrimitive:
         if not self.widened:
             _run_with_edges(self.prim, self._edges, (a, b), (), out, ws)
             return
-        from .gemm import bf16_to_f32, f32_to_bf16
-
         wide = []
         for arr, (off, n) in zip((a, b, out), self._wide):
             u = ws[off : off + 4 * n].view(np.uint32)

@@ -933,33 +933,31 @@ def _attention_grad_call(fn, arrays, lse, mask, plan, dst, d, ws) -> None:
 
 
 def _grad_inputs(ins, outs, attrs, plan):
-    """The gradient kernels' seven inputs (absent optional ones as None), or None once ``outs`` hold the
-    definition's zeros where there is nothing to stream (an empty batch, head, query or key dim)."""
+    """The gradient kernels' operands: ((Q, K, V, Y, dY) and (dQ, dK, dV) as (B, H, S, D) views, the
+    mask, the logsumexp; absent optional ones None), or None once ``outs`` hold the definition's zeros
+    where there is nothing to stream (an empty batch, head, query or key dim)."""
     ins = list(ins) + [None] * (7 - len(ins))
     d = plan["d"]
-    if d.B * d.Hq * d.Sq and d.T and d.D and d.Dv:
-        return ins
-    for o, r in zip(outs, _reference_attention_grad(ins, attrs)):
-        np.copyto(o, r, casting="unsafe")
-    return None
+    if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv):
+        for o, r in zip(outs, _reference_attention_grad(ins, attrs)):
+            np.copyto(o, r, casting="unsafe")
+        return None
+    dY, Q, Kx, Vx, Y, mask, lse = ins
+    heads = ((Q, d.Hq), (Kx, d.Hkv), (Vx, d.Hkv), (Y, d.Hq), (dY, d.Hq))
+    return [_to4(x, h) for x, h in heads], [_to4(o, h) for o, h in zip(outs, (d.Hq, d.Hkv, d.Hkv))], mask, lse
 
 
 def _attention_grad(ins, outs, attrs, plan, ws):
     """attention_grad_flash[_mkl]: K.attention_backward on (B, H, S, D) float32 copies of the inputs."""
-    ins = _grad_inputs(ins, outs, attrs, plan)
-    if ins is None:
+    got = _grad_inputs(ins, outs, attrs, plan)
+    if got is None:
         return
-    dY, Q, Kx, Vx, Y, mask, lse = ins
-    d = plan["d"]
+    arrays, res, mask, lse = got
     # C-contiguous float32 operands and results (O(N d) copies where the layout is 3-D or strided,
     # against the O(N^2 d) products): one compiled specialization of the kernel
-    q4, k4, v4, y4, dy4 = (
-        np.ascontiguousarray(_to4(x, h), dtype=np.float32)
-        for x, h in ((Q, d.Hq), (Kx, d.Hkv), (Vx, d.Hkv), (Y, d.Hq), (dY, d.Hq))
-    )
-    res = [_to4(o, h) for o, h in zip(outs, (d.Hq, d.Hkv, d.Hkv))]
+    arrays = tuple(np.ascontiguousarray(a, dtype=np.float32) for a in arrays)
     dst = [r if r.flags.c_contiguous else np.empty(r.shape, np.float32) for r in res]
-    _attention_grad_call(K.attention_backward, (q4, k4, v4, y4, dy4), lse, mask, plan, dst, d, ws)
+    _attention_grad_call(K.attention_backward, arrays, lse, mask, plan, dst, plan["d"], ws)
     for r, t in zip(res, dst):
         if t is not r:
             np.copyto(r, t)
@@ -1040,16 +1038,13 @@ AttentionGrad.kernel(
 def _attention_grad_bf16(ins, outs, attrs, plan, ws):
     """attention_grad_flash_bf16: KBA.attention_backward_bf16 on the bfloat16 tensors as they are
     (uint16 views of their (B, H, S, D) layouts), float32 only in each task's scratch."""
-    ins = _grad_inputs(ins, outs, attrs, plan)
-    if ins is None:
+    got = _grad_inputs(ins, outs, attrs, plan)
+    if got is None:
         return
-    dY, Q, Kx, Vx, Y, mask, lse = ins
-    d = plan["d"]
-    q4, k4, v4, y4, dy4 = (
-        _to4(x, h).view(np.uint16) for x, h in ((Q, d.Hq), (Kx, d.Hkv), (Vx, d.Hkv), (Y, d.Hq), (dY, d.Hq))
-    )
-    dst = [_to4(o, h).view(np.uint16) for o, h in zip(outs, (d.Hq, d.Hkv, d.Hkv))]
-    _attention_grad_call(KBA.attention_backward_bf16, (q4, k4, v4, y4, dy4), lse, mask, plan, dst, d, ws)
+    arrays, res, mask, lse = got
+    arrays = tuple(a.view(np.uint16) for a in arrays)
+    dst = [r.view(np.uint16) for r in res]
+    _attention_grad_call(KBA.attention_backward_bf16, arrays, lse, mask, plan, dst, plan["d"], ws)
 
 
 AttentionGrad.kernel(
