@@ -20,6 +20,13 @@ os.environ.setdefault("OPSNN_NUM_THREADS", str(_threads.cores()))
 os.environ.setdefault("OPSNN_TIERED", "0")
 
 
+def pytest_runtest_setup(item):
+    # with OPSNN_COMPILE_LOG set, each compile row names the test that paid for it (subprocesses
+    # the test starts inherit the name): `bench/suite_compiles.py` sums a cold suite's compiles
+    if os.environ.get("OPSNN_COMPILE_LOG"):
+        os.environ["OPSNN_COMPILE_CONTEXT"] = item.nodeid
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",

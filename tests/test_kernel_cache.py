@@ -284,3 +284,42 @@ def test_concurrent_saves_keep_each_signature(tmp_path, monkeypatch):
     monkeypatch.setattr(caching.IndexDataCacheFile, "_load_index", read)
     fresh = caching.IndexDataCacheFile(path, "mini.total-7", "stamp")
     assert (fresh.load("sig0"), fresh.load("sig1")) == ("code0", "code1")
+
+
+def test_compile_log_rows_name_the_context_and_the_suite_summary_sums_them(tmp_path, monkeypatch):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import numba as nb
+    from numba.core import event
+
+    from opsnn.runtime.kernel_cache import CompileLog
+
+    spec = importlib.util.spec_from_file_location(
+        "suite_compiles", Path(__file__).resolve().parents[1] / "bench" / "suite_compiles.py"
+    )
+    suite_compiles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite_compiles)
+
+    def triple(x):
+        return x * 3
+
+    path = tmp_path / "compiles.jsonl"
+    log = CompileLog(str(path))
+    event.register("numba:compile", log)
+    try:
+        monkeypatch.setenv("OPSNN_COMPILE_CONTEXT", "tests/test_a.py::test_one")
+        assert nb.njit(triple)(2) == 6
+        monkeypatch.delenv("OPSNN_COMPILE_CONTEXT")
+        assert nb.njit(triple)(2.0) == 6.0
+    finally:
+        event.unregister("numba:compile", log)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    mine = [r for r in rows if r["kernel"].endswith(".triple")]
+    assert [r.get("context") for r in mine] == ["tests/test_a.py::test_one", None]
+    text = suite_compiles.summarize(rows, top=50)
+    assert text.splitlines()[0].startswith(f"{len(rows)} compiles, {sum(r['cpu_s'] for r in rows):.1f} CPU s")
+    by_file = text.split("-- by test file")[1].split("-- by test:")[0]
+    assert "tests/test_a.py" in by_file and "(no test: import or collection)" in by_file
+    assert "tests/test_a.py::test_one" in text.split("-- by test:")[1]

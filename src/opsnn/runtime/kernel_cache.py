@@ -22,6 +22,8 @@ terminal, one line on stderr otherwise (``OPSNN_COMPILE_PROGRESS=0`` silences it
 ``OPSNN_COMPILE_LOG=path`` appends one JSON line per compile to ``path`` (``CompileLog``: kernel,
 argument types, CPU seconds of the compiling thread with nested compiles subtracted): what a cold
 start compiles and what each specialization costs, independent of the machine's load.
+``OPSNN_COMPILE_CONTEXT``, when set, is written into each row as ``context`` (the test suite sets it
+to the running test, and subprocesses inherit it): who paid for each compile.
 """
 
 from __future__ import annotations
@@ -307,7 +309,8 @@ class CompileProgress(event.Listener):
 
 class CompileLog(event.Listener):
     """Records each numba compile: ``rows`` of dicts (kernel, args, cpu_s and wall_s with nested
-    compiles subtracted, cpu_incl_s, top: the outermost kernel whose compile pulled this one in),
+    compiles subtracted, cpu_incl_s, top: the outermost kernel whose compile pulled this one in,
+    context: ``$OPSNN_COMPILE_CONTEXT`` when set),
     and one JSON line each to ``path`` when given. CPU time is the compiling thread's
     (``time.thread_time``): numba compiles on the calling thread, one compile at a time."""
 
@@ -351,6 +354,9 @@ class CompileLog(event.Listener):
             "top": top,
             "pid": os.getpid(),
         }
+        context = os.environ.get("OPSNN_COMPILE_CONTEXT")
+        if context:
+            row["context"] = context
         self.rows.append(row)
         if self.path:
             with open(self.path, "a") as f:  # one short write per line: lines from processes do not interleave
