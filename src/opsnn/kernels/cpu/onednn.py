@@ -1369,12 +1369,12 @@ class RuntimeMatMul:
     """``Y[i] = op(A[i]) @ op(B[i]) (+ bias)`` with both operands given at run time in plain
     row-major layouts (``trans_a`` / ``trans_b``: the operand is stored transposed, (K, M) / (N, K),
     and read as such, no copy): oneDNN's matmul (brgemm; native bf16 with AVX512-BF16 or AMX) for
-    a ``batch`` of (m, k) @ (k, n) products, ``Y`` in ``dtype`` (bfloat16: float32 accumulation, one
-    rounding), ``bias`` (N,) in ``bias_dtype``. Eager autocast products and the backward products
+    a ``batch`` of (m, k) @ (k, n) products, ``Y`` in ``out_dtype`` (default ``dtype``; bfloat16: float32
+    accumulation, one rounding), ``bias`` (N,) in ``bias_dtype``. Eager autocast products and the backward products
     of a bfloat16 forward have no constant weight to reorder; this reads them where they are.
     ``run(a, b, bias_or_None, y)``; :func:`runtime_matmul` keeps one per shape."""
 
-    def __init__(self, batch, m, k, n, trans_a, trans_b, bias_dtype, dtype):
+    def __init__(self, batch, m, k, n, trans_a, trans_b, bias_dtype, dtype, out_dtype=None):
         if unavailable() is not None:
             raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
         three = batch > 1
@@ -1382,7 +1382,7 @@ class RuntimeMatMul:
         plain, flipped = (TAG_ABC, TAG_ACB) if three else (TAG_AB, TAG_BA)
         src = _Md(lead + [m, k], flipped if trans_a else plain, dtype)
         w = _Md(lead + [k, n], flipped if trans_b else plain, dtype)
-        dst = _Md(lead + [m, n], plain, dtype)
+        dst = _Md(lead + [m, n], plain, dtype if out_dtype is None else out_dtype)
         bias = None if bias_dtype is None else _Md(([1] if three else []) + [1, n], plain, bias_dtype)
         pd = _matmul_pd(src, w, bias, dst, [], f"matmul ({batch} x {m}x{k} @ {k}x{n}, runtime operands)")
         args = [(_ARG_SRC, src.h), (_ARG_WEIGHTS, w.h)] + ([(_ARG_BIAS, bias.h)] if bias else []) + [(_ARG_DST, dst.h)]
@@ -1426,16 +1426,18 @@ def runtime_matmul(
     trans_b: bool = False,
     bias_dtype=None,
     dtype=_dt.bfloat16,
+    out_dtype=None,
 ) -> RuntimeMatMul:
     """The :class:`RuntimeMatMul` for this shape (made once, kept up to ``WT_CACHE_SIZE``)."""
+    out = np.dtype(dtype if out_dtype is None else out_dtype)
     key = (int(batch), int(m), int(k), int(n), bool(trans_a), bool(trans_b))
-    key += (None if bias_dtype is None else np.dtype(bias_dtype).name, np.dtype(dtype).name)
+    key += (None if bias_dtype is None else np.dtype(bias_dtype).name, np.dtype(dtype).name, out.name)
     with _wt_lock:
         prim = _rt_cache.get(key)
         if prim is not None:
             _rt_cache.move_to_end(key)
             return prim
-    prim = RuntimeMatMul(*key[:6], None if bias_dtype is None else np.dtype(bias_dtype), np.dtype(dtype))
+    prim = RuntimeMatMul(*key[:6], None if bias_dtype is None else np.dtype(bias_dtype), np.dtype(dtype), out)
     with _wt_lock:
         prim = _rt_cache.setdefault(key, prim)
         while len(_rt_cache) > WT_CACHE_SIZE:

@@ -24,6 +24,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError, InferShapeError, ParamInvalidError
 from ...kernels.cpu import attention as K
+from ...kernels.cpu import attention_batched as KAB
 from ...kernels.cpu import bf16_attention as KBA
 from ...kernels.cpu import bf16_rotary as KBR
 from ...kernels.cpu import libraries as KL
@@ -1061,6 +1062,61 @@ AttentionGrad.kernel(
 )(_attention_grad_bf16)
 
 
+def _batched_grad_applies(ctx):
+    """Whole-matrix batched products (KAB.backward) where the score matrices are small and oneDNN's
+    matmul runs these products: no mask, window or softcap, a given logsumexp."""
+    a = ctx.attrs
+    if ctx.has(5) or not ctx.has(6):
+        return "an attention mask, or no logsumexp: the tiled kernels"
+    if a["softcap"] or a["left_window_size"] >= 0 or a["right_window_size"] >= 0:
+        return "a softcap or a window: the tiled kernels"
+    d = _grad_dims(ctx)
+    if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv):
+        return "an empty dim"
+    if d.B * d.Hq * d.Sq * d.T > KAB.MAX_SCORES:
+        return f"{d.B * d.Hq * d.Sq * d.T} scores: more than {KAB.MAX_SCORES} held at once"
+    if ctx.dtype(1) == _dt.bfloat16:
+        why = KL.runtime_bf16_product()
+    else:  # its smallest product: (group * Sq) x D @ D x T per (batch, KV head)
+        why = KL.runtime_f32_product((d.Hq // d.Hkv) * d.Sq, min(d.D, d.Dv), d.T, d.B * d.Hkv)
+    return True if why is None else why
+
+
+def _batched_grad_plan(ctx):
+    d = _grad_dims(ctx)
+    return {"d": d, "scale": float(_scale(ctx.attrs, d.D)), "causal": bool(ctx.attrs["is_causal"])}
+
+
+def _batched_grad_workspace(ctx, plan):
+    d = plan["d"]
+    return KAB.workspace_bytes(d.B * d.Hkv, (d.Hq // d.Hkv) * d.Sq, d.T, ctx.dtype(1) == _dt.bfloat16)
+
+
+def _attention_grad_batched(ins, outs, attrs, plan, ws):
+    """attention_grad_batched: KAB.backward on the (B, H, S, D) views of the operands."""
+    got = _grad_inputs(ins, outs, attrs, plan)
+    if got is None:
+        return
+    (q, k, v, y, dy), (dq, dk, dv), _, lse = got
+    KAB.backward(q, k, v, y, dy, lse, plan["causal"], plan["scale"], dq, dk, dv, ws)
+
+
+AttentionGrad.kernel(
+    "attention_grad_batched",
+    dtypes=(_dt.float32, _dt.bfloat16),
+    priority=40,
+    strided=True,
+    applies=_batched_grad_applies,
+    plan=_batched_grad_plan,
+    workspace=_batched_grad_workspace,
+    nonfinite="as the definition's whole-matrix products (it is them): P = exp(scale QK^T - logsumexp) on "
+    "attended pairs, exp(-inf - logsumexp) on the others, dS 0 on those",
+    doc="short sequences, no mask, window or softcap, given logsumexp: the scores and dP of every (batch, "
+    "KV head) as two oneDNN batched matmuls into float32, one pass per row to P and dS (rounded once to "
+    "bfloat16 for bf16 operands), then dV, dQ, dK as three more; grouped heads summed inside the products",
+)(_attention_grad_batched)
+
+
 # -- AttentionTrain (opsnn domain): the training forward, Y and the rows' logsumexp -------------------------
 def _infer_attention_train(ctx):
     d = _dims(ctx)
@@ -1154,6 +1210,60 @@ AttentionTrain.kernel(
     plan=_common_plan,
     doc="attention_blas, the rows' logsumexp from its score matrix",
 )(_with_lse(_blas))
+
+
+def _batched_train_applies(ctx):
+    """KAB.forward where the score matrices are small and oneDNN's matmul runs these products: no
+    mask, window or softcap, the softmax in float32."""
+    a = ctx.attrs
+    if ctx.has(3):
+        return "an attention mask: the tiled kernels"
+    if a["softcap"] or a["left_window_size"] >= 0 or a["right_window_size"] >= 0:
+        return "a softcap or a window: the tiled kernels"
+    if a["softmax_precision"] is not None and _PRECISION[int(a["softmax_precision"])] != np.float32:
+        return "a softmax precision other than float32"
+    d = _dims(ctx)
+    if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv) or d.P:
+        return "an empty dim"
+    if d.B * d.Hq * d.Sq * d.T > KAB.MAX_SCORES:
+        return f"{d.B * d.Hq * d.Sq * d.T} scores: more than {KAB.MAX_SCORES} held at once"
+    if ctx.dtype(0) == _dt.bfloat16:
+        why = KL.runtime_bf16_product()
+    else:
+        why = KL.runtime_f32_product((d.Hq // d.Hkv) * d.Sq, min(d.D, d.Dv), d.T, d.B * d.Hkv)
+    return True if why is None else why
+
+
+def _batched_train_plan(ctx):
+    d = _dims(ctx)
+    return {"d": d, "scale": float(_scale(ctx.attrs, d.D)), "causal": bool(ctx.attrs["is_causal"])}
+
+
+def _batched_train_workspace(ctx, plan):
+    d = plan["d"]
+    return KAB.forward_workspace_bytes(d.B * d.Hkv, (d.Hq // d.Hkv) * d.Sq, d.T, ctx.dtype(0) == _dt.bfloat16)
+
+
+def _attention_train_batched(ins, outs, attrs, plan, ws):
+    """attention_train_batched: KAB.forward on (B, H, S, D) views; the present K / V where asked."""
+    d = plan["d"]
+    ins = list(ins)[:4] + [None] * 3
+    k4, v4 = _kv(ins, [outs[0], *outs[2:]], plan, None)
+    KAB.forward(_to4(ins[0], d.Hq), k4, v4, plan["causal"], plan["scale"], _to4(outs[0], d.Hq), outs[1], ws)
+
+
+AttentionTrain.kernel(
+    "attention_train_batched",
+    dtypes=(_dt.float32, _dt.bfloat16),
+    priority=40,
+    strided=True,
+    applies=_batched_train_applies,
+    plan=_batched_train_plan,
+    workspace=_batched_train_workspace,
+    doc="short sequences, no mask, window or softcap: the scores of every (batch, KV head) as one oneDNN "
+    "batched matmul into float32, the softmax and logsumexp a row at a time (rounded once to bfloat16 for "
+    "bf16 operands), then Y = P V as another",
+)(_attention_train_batched)
 
 
 def _train_bf16_plan(ctx):

@@ -1,0 +1,180 @@
+"""Attention's training forward and backward as whole-matrix batched products, for short sequences:
+the (batch, KV head) score matrices fit in memory, so the products run as oneDNN batched matmuls
+(brgemm, bfloat16 natively) instead of per-tile products, with one pass over each score row between
+them (the forward's softmax and logsumexp; the backward's P and dS from the recomputed scores and dP).
+
+With Q's heads grouped under their KV head (``(B, Hkv, G * Sq, D)``, a reshape of contiguous Q),
+grouped-query attention needs no repeat: dK and dV sum over the group inside their products.
+The arithmetic is the definition's (``_reference_attention_grad``): P = exp(scale * QK^T - lse) on
+the pairs a row attends and exp(-inf - lse) elsewhere (0, or NaN for a NaN or -inf logsumexp),
+dS = P (dP - rowsum(dY Y)) on attended pairs and 0 elsewhere, dQ = scale dS K, dK = scale dS^T Q,
+dV = P^T dY; NaN and Inf flow through the products as they do there. The forward's softmax and
+logsumexp are the tiled kernels' (``attention.masked_softmax``), so are its answers on NaN and Inf."""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from . import attention as KA
+from . import onednn as KD
+from .activation import fexp
+from .gemm import KIND_BF16, _narrow, _widen, f32_to_bf16
+
+F32 = np.float32
+#: the most score elements (batch x KV heads x group x Sq x T) the kernel holds: two float32
+#: matrices (scores, dP) of this many, plus two bfloat16 copies for bf16 operands
+MAX_SCORES = 1 << 23
+_NO_MASK = np.zeros((1, 1, 1, 1), np.float32)
+#: score rows per parallel task of the backward's row pass
+ROWS = 16
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _exp_ieee(x):
+    # fexp vectorizes; IEEE's answers at the edges by selects: NaN, +inf and -inf -> 0
+    e = fexp(x)
+    e = F32(0.0) if x == -np.inf else e
+    return x if (x != x or x == np.inf) else e
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _probs_row(s, dp, lse, di, scale, lim):
+    # s: the row's scores -> P; dp: the row's dP -> scale * dS; keys from lim on are not attended
+    for j in range(lim):
+        p = _exp_ieee(s[j] * scale - lse)
+        s[j] = p
+        dp[j] = p * (dp[j] - di) * scale
+    masked = _exp_ieee(F32(-np.inf) - lse)
+    for j in range(lim, s.shape[0]):
+        s[j] = masked
+        dp[j] = F32(0.0)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def probs_grad(s, dp, lse, y, dy, scale, causal, sq):
+    """float32: scores ``s`` (N, R, T) -> P and dP ``dp`` -> scale * dS in place, each row r with
+    query index r % sq (causal: keys j <= that index), ``lse`` (N, R), ``y`` / ``dy`` (N, R, Dv)."""
+    n, rows, t = s.shape
+    per = -(-rows // ROWS)
+    for task in nb.prange(n * per):
+        b = task // per
+        r0 = (task - b * per) * ROWS
+        for r in range(r0, min(rows, r0 + ROWS)):
+            yr, gr = y[b, r], dy[b, r]
+            di = 0.0
+            for d in range(yr.shape[0]):
+                di += np.float64(yr[d]) * np.float64(gr[d])
+            lim = min(r % sq + 1, t) if causal else t
+            _probs_row(s[b, r], dp[b, r], lse[b, r], F32(di), F32(scale), lim)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def probs_grad_bf16(s, s_u, dp, dp_u, lse, y, dy, scale, causal, sq, p16, ds16):
+    """:func:`probs_grad` on bfloat16 ``y`` / ``dy`` (uint16 bits), P and scale * dS also rounded
+    once into ``p16`` / ``ds16`` (uint16 bits, (N, R, T)), the products' operands."""
+    n, rows, t = s.shape
+    dv = y.shape[2]
+    per = -(-rows // ROWS)
+    for task in nb.prange(n * per):
+        b = task // per
+        r0 = (task - b * per) * ROWS
+        yu = np.empty(dv, np.uint32)
+        gu = np.empty(dv, np.uint32)
+        yf, gf = yu.view(np.float32), gu.view(np.float32)
+        for r in range(r0, min(rows, r0 + ROWS)):
+            _widen(y[b, r], yu, yf, KIND_BF16)
+            _widen(dy[b, r], gu, gf, KIND_BF16)
+            di = 0.0
+            for d in range(dv):
+                di += np.float64(yf[d]) * np.float64(gf[d])
+            lim = min(r % sq + 1, t) if causal else t
+            _probs_row(s[b, r], dp[b, r], lse[b, r], F32(di), F32(scale), lim)
+            _narrow(s[b, r], s_u[b, r], p16[b, r], KIND_BF16)
+            _narrow(dp[b, r], dp_u[b, r], ds16[b, r], KIND_BF16)
+
+
+def forward_workspace_bytes(n: int, rows: int, t: int, bf16: bool) -> int:
+    """Bytes of :func:`forward`'s workspace: the float32 scores and their bf16 copy."""
+    return n * rows * t * (6 if bf16 else 4)
+
+
+def forward(q, k, v, causal: bool, scale: float, y, lse, ws: np.ndarray) -> None:
+    """Softmax attention into ``y`` (B, Hq, Sq, Dv) (a view allowed) and its rows' logsumexp into
+    ``lse`` (B, Hq, Sq) float32, from (B, H, S, D) arrays of one dtype (float32 or bfloat16; Hkv
+    heads of ``k`` / ``v`` dividing Hq), ``ws`` of :func:`forward_workspace_bytes`."""
+    B, hq, sq, d = q.shape
+    hkv, t, dv_n = k.shape[1], k.shape[2], v.shape[3]
+    n, rows = B * hkv, (hq // hkv) * sq
+    dt = q.dtype
+    qc, kc, vc = _flat(q, (n, rows, d)), _flat(k, (n, t, d)), _flat(v, (n, t, dv_n))
+    size = n * rows * t
+    s = ws[: 4 * size].view(np.float32).reshape(n, rows, t)
+    KD.runtime_matmul(n, rows, d, t, trans_b=True, dtype=dt, out_dtype=np.dtype(np.float32)).run(qc, kc, None, s)
+    flat = lse.reshape(-1) if lse.flags.c_contiguous else np.empty(lse.size, np.float32)
+    KA.masked_softmax(
+        s.reshape(B, hq, sq, t), _NO_MASK, False, np.full(B, t, np.int64), np.zeros(B, np.int64),
+        causal, -1, -1, F32(scale), F32(0.0), size * d >= KA.PARALLEL_MIN, flat,
+    )  # fmt: skip
+    if not lse.flags.c_contiguous:
+        np.copyto(lse, flat.reshape(lse.shape))
+    p_op = s
+    if dt != np.float32:
+        p16 = ws[4 * size : 6 * size].view(np.uint16)
+        f32_to_bf16(s.reshape(-1), s.reshape(-1).view(np.uint32), p16)
+        p_op = p16.reshape(n, rows, t).view(dt)
+    contiguous = y.flags.c_contiguous
+    dst = y.reshape(n, rows, dv_n) if contiguous else np.empty((n, rows, dv_n), dt)
+    KD.runtime_matmul(n, rows, t, dv_n, dtype=dt).run(p_op, vc, None, dst)
+    if not contiguous:
+        np.copyto(y, dst.reshape(y.shape))
+
+
+def workspace_bytes(n: int, rows: int, t: int, bf16: bool) -> int:
+    """Bytes of :func:`backward`'s workspace: the float32 scores and dP, and their bf16 copies."""
+    return n * rows * t * (12 if bf16 else 8)
+
+
+def _flat(x: np.ndarray, shape: tuple) -> np.ndarray:
+    return np.ascontiguousarray(x).reshape(shape)
+
+
+def backward(q, k, v, y, dy, lse, causal: bool, scale: float, dq, dk, dv, ws: np.ndarray) -> None:
+    """dQ, dK, dV of softmax attention into ``dq`` / ``dk`` / ``dv`` (views allowed) from (B, H, S, D)
+    arrays of one dtype, float32 or bfloat16 (``q``, ``y``, ``dy``: Hq heads; ``k``, ``v``: Hkv heads
+    dividing Hq), the forward's logsumexp ``lse`` (B, Hq, Sq) and ``ws`` of :func:`workspace_bytes`."""
+    B, hq, sq, d = q.shape
+    hkv, t, dv_n = k.shape[1], k.shape[2], v.shape[3]
+    n, rows = B * hkv, (hq // hkv) * sq
+    dt = q.dtype
+    bf16 = dt != np.float32
+    qc, yc, gc = _flat(q, (n, rows, d)), _flat(y, (n, rows, dv_n)), _flat(dy, (n, rows, dv_n))
+    kc, vc = _flat(k, (n, t, d)), _flat(v, (n, t, dv_n))
+    lsec = np.ascontiguousarray(lse, dtype=np.float32).reshape(n, rows)
+    size = n * rows * t
+    s = ws[: 4 * size].view(np.float32).reshape(n, rows, t)
+    dp = ws[4 * size : 8 * size].view(np.float32).reshape(n, rows, t)
+    f32 = np.dtype(np.float32)
+    KD.runtime_matmul(n, rows, d, t, trans_b=True, dtype=dt, out_dtype=f32).run(qc, kc, None, s)
+    KD.runtime_matmul(n, rows, dv_n, t, trans_b=True, dtype=dt, out_dtype=f32).run(gc, vc, None, dp)
+    if bf16:
+        p16 = ws[8 * size : 10 * size].view(np.uint16).reshape(n, rows, t)
+        ds16 = ws[10 * size : 12 * size].view(np.uint16).reshape(n, rows, t)
+        probs_grad_bf16(
+            s, s.view(np.uint32), dp, dp.view(np.uint32), lsec, yc.view(np.uint16), gc.view(np.uint16),
+            scale, causal, sq, p16, ds16,
+        )  # fmt: skip
+        p_op, ds_op = p16.view(dt), ds16.view(dt)
+    else:
+        probs_grad(s, dp, lsec, yc, gc, scale, causal, sq)
+        p_op, ds_op = s, dp
+    for out, shape, mm, a, b in (
+        (dv, (n, t, dv_n), KD.runtime_matmul(n, t, rows, dv_n, trans_a=True, dtype=dt), p_op, gc),
+        (dq, (n, rows, d), KD.runtime_matmul(n, rows, t, d, dtype=dt), ds_op, kc),
+        (dk, (n, t, d), KD.runtime_matmul(n, t, rows, d, trans_a=True, dtype=dt), ds_op, qc),
+    ):
+        contiguous = out.flags.c_contiguous
+        dst = out.reshape(shape) if contiguous else np.empty(shape, dt)
+        mm.run(a, b, None, dst)
+        if not contiguous:
+            np.copyto(out, dst.reshape(out.shape))

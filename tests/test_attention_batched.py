@@ -1,0 +1,183 @@
+"""attention_train_batched / attention_grad_batched (kernels/cpu/attention_batched.py): attention's
+training forward and backward as whole-matrix oneDNN batched products for short sequences, float32
+and bfloat16 -- against the float64 oracle of tests/test_backward_attnbw.py and the op's reference,
+causal and not, grouped heads, Sq != T, the 3-D layout, present K/V, NaN and Inf, and where the
+kernels apply."""
+
+import importlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+from test_backward_attnbw import allowed_pairs, oracle
+
+import opsnn
+from opsnn import ops
+from opsnn.kernels.cpu import attention_batched as KAB
+from opsnn.kernels.cpu import libraries as KL
+from opsnn.ops import executor
+
+A = importlib.import_module("opsnn.ops.defs.attention")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+RNG = np.random.default_rng(7)
+
+# (id, B, Hq, Hkv, Sq, T, D, Dv, causal, rank): each float32 product >= RUNTIME_F32_MIN_MACS
+CASES = [
+    ("plain", 2, 4, 4, 64, 64, 32, 32, False, 4),
+    ("causal_gqa", 1, 4, 2, 96, 96, 32, 16, True, 4),
+    ("causal_sq_lt_t", 2, 2, 1, 64, 100, 32, 32, True, 4),
+    ("causal_sq_gt_t", 2, 2, 2, 120, 50, 32, 32, True, 4),
+    ("layout3d_causal_gqa", 2, 4, 2, 64, 64, 32, 32, True, 3),
+]
+
+
+@pytest.fixture(autouse=True)
+def _f32_on_onednn(monkeypatch):
+    """float32 products on oneDNN wherever its brgemm matmul exists: the strategy gives them to MKL
+    where MKL is the GEMM library (as in a process that loaded numpy's MKL first), and the float32
+    kernels are tested all the same."""
+    if KL.platform().onednn_matmul is None:
+        monkeypatch.setattr(KL, "runtime_f32_product", lambda *a, **k: None)
+
+
+def _skip_unless_applies(dtype, case):
+    _, B, Hq, Hkv, Sq, T, D, Dv, *_ = case
+    why = (
+        KL.runtime_bf16_product() if dtype == BF16 else KL.runtime_f32_product((Hq // Hkv) * Sq, min(D, Dv), T, B * Hkv)
+    )
+    if why is not None:
+        pytest.skip(f"the batched kernels do not run here: {why}")
+
+
+def _attrs(op, causal, rank, Hq, Hkv):
+    a = {x.name: x.default for x in op.attrs}
+    a["is_causal"] = int(causal)
+    if rank == 3:
+        a.update(q_num_heads=Hq, kv_num_heads=Hkv)
+    return a
+
+
+def to3(x):
+    return x.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[2], -1)
+
+
+def to4(x, heads):
+    return x.reshape(x.shape[0], x.shape[1], heads, -1).transpose(0, 2, 1, 3) if x.ndim == 3 else x
+
+
+def _inputs(case, dtype):
+    _, B, Hq, Hkv, Sq, T, D, Dv, causal, rank = case
+    q = RNG.standard_normal((B, Hq, Sq, D)).astype(dtype)
+    k = RNG.standard_normal((B, Hkv, T, D)).astype(dtype)
+    v = RNG.standard_normal((B, Hkv, T, Dv)).astype(dtype)
+    dy = RNG.standard_normal((B, Hq, Sq, Dv)).astype(dtype)
+    return q, k, v, dy
+
+
+def _train(q, k, v, attrs, algo, num_outputs=2):
+    outs = executor.call(
+        A.AttentionTrain, [opsnn.tensor(x) for x in (q, k, v)], attrs, algo=algo, num_outputs=num_outputs
+    )
+    return [o.numpy() for o in outs]
+
+
+def _close(got, want, dtype, what):
+    tol = 2e-2 if dtype == BF16 else 2e-4
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * scale, err_msg=what)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_forward_matches_the_reference_with_present_kv(case, dtype):
+    _skip_unless_applies(dtype, case)
+    _, B, Hq, Hkv, Sq, T, D, Dv, causal, rank = case
+    q, k, v, _ = _inputs(case, dtype)
+    args = (q, k, v) if rank == 4 else tuple(to3(x) for x in (q, k, v))
+    attrs = _attrs(A.AttentionTrain, causal, rank, Hq, Hkv)
+    y, lse, pk, pv = _train(*args, attrs, "attention_train_batched", num_outputs=4)
+    ry, rlse = A._reference_attention_train([*args, None], attrs)[:2]
+    assert y.dtype == dtype and y.shape == args[0].shape[:-1] + (args[2].shape[-1] * (Hq // Hkv) if rank == 3 else Dv,)
+    _close(y, ry.astype(np.float64), dtype, "Y")
+    np.testing.assert_allclose(lse, rlse, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(pk, to4(args[1], Hkv))
+    np.testing.assert_array_equal(pv, to4(args[2], Hkv))
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_backward_matches_the_float64_oracle(case, dtype):
+    _skip_unless_applies(dtype, case)
+    _, B, Hq, Hkv, Sq, T, D, Dv, causal, rank = case
+    q, k, v, dy = _inputs(case, dtype)
+    y, lse = A._reference_attention_train([q, k, v, None], _attrs(A.AttentionTrain, causal, 4, Hq, Hkv))[:2]
+    args = (dy, q, k, v, y.astype(dtype))
+    if rank == 3:
+        args = tuple(to3(x) for x in args)
+    kw = {"q_num_heads": Hq, "kv_num_heads": Hkv} if rank == 3 else {}
+    got = ops.attention_backward(
+        *args, None, lse.astype(np.float32), is_causal=causal, algo="attention_grad_batched", **kw
+    )
+    want = oracle(q, k, v, dy, allowed_pairs(Sq, T, causal)[None, None])
+    for g, w, h, name in zip(got, want, (Hq, Hkv, Hkv), "QKV"):
+        g = g.numpy()
+        assert g.dtype == dtype
+        _close(to4(g, h), w, dtype, f"d{name}")
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=["float32", "bfloat16"])
+def test_nan_and_inf_give_the_other_kernels_answers(dtype):
+    """A NaN in a query row: that row's Y and logsumexp are NaN, and the gradients where the op's
+    definition (whole-matrix products: a masked pair's 0 meets the NaN row, GRAD_NONFINITE) has NaN;
+    an infinite key behind the causal mask: the same Y and logsumexp as the tiled training forward
+    (which zeroes masked keys before the softmax)."""
+    case = CASES[1]
+    _skip_unless_applies(dtype, case)
+    _, B, Hq, Hkv, Sq, T, D, Dv, causal, _ = case
+    q, k, v, dy = _inputs(case, dtype)
+    q[0, 3, 10, 5] = np.nan
+    attrs = _attrs(A.AttentionTrain, causal, 4, Hq, Hkv)
+    y, lse = _train(q, k, v, attrs, "attention_train_batched")
+    assert np.isnan(lse[0, 3, 10]) and np.isnan(y[0, 3, 10].astype(np.float32)).all()
+    assert np.isfinite(np.delete(lse, 10, axis=2)).all()
+    ry, rlse = A._reference_attention_train([q, k, v, None], attrs)[:2]
+    got = ops.attention_backward(
+        dy, q, k, v, ry.astype(dtype), None, rlse.astype(np.float32), is_causal=causal, algo="attention_grad_batched"
+    )
+    gattrs = _attrs(A.AttentionGrad, causal, 4, Hq, Hkv)
+    want = [
+        w.astype(np.float64) for w in A._reference_attention_grad([dy, q, k, v, ry.astype(dtype), None, rlse], gattrs)
+    ]
+    assert np.isnan(want[1]).any() and np.isfinite(want[1]).any()
+    for g, w in zip(got, want):
+        g = g.numpy().astype(np.float64)
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        _close(np.nan_to_num(g), np.nan_to_num(w), dtype, "finite part")
+    q, k, v, _ = _inputs(case, dtype)
+    k[0, 0, 50, 0] = np.inf
+    other = "attention_train_tiled_bf16" if dtype == BF16 else "attention_train_flash"
+    for a, b in zip(_train(q, k, v, attrs, "attention_train_batched"), _train(q, k, v, attrs, other)):
+        a, b = a.astype(np.float32), b.astype(np.float32)
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+        tol = 1e-2 if dtype == BF16 else 1e-5  # bf16: each kernel rounds P once
+        np.testing.assert_allclose(np.nan_to_num(a), np.nan_to_num(b), rtol=tol, atol=tol)
+
+
+def test_where_the_kernels_apply(monkeypatch):
+    case = CASES[0]
+    _skip_unless_applies(np.dtype(np.float32), case)
+    q, k, v, dy = _inputs(case, np.float32)
+    y, lse = (
+        t.numpy() for t in executor.call(A.AttentionTrain, [opsnn.tensor(x) for x in (q, k, v)], {}, num_outputs=2)
+    )
+    assert opsnn.aclnn.attention_backward.prepare(dy, q, k, v, y, None, lse).kernel_name == "attention_grad_batched"
+    mask = np.zeros((64, 64), np.float32)
+    assert opsnn.aclnn.attention_backward.prepare(dy, q, k, v, y, mask, lse).kernel_name != "attention_grad_batched"
+    assert opsnn.aclnn.attention_backward.prepare(dy, q, k, v, y).kernel_name != "attention_grad_batched"  # no lse
+    monkeypatch.setattr(KAB, "MAX_SCORES", 1000)
+    q, k, v, dy, y = (np.concatenate([x, x[:1]]) for x in (q, k, v, dy, y))  # a new shape: planned again
+    lse = np.concatenate([lse, lse[:1]])
+    with pytest.raises(opsnn.errors.KernelNotFoundError, match="more than 1000 held at once"):
+        ops.attention_backward(dy, q, k, v, y, None, lse, algo="attention_grad_batched")
+    with pytest.raises(opsnn.errors.KernelNotFoundError, match="more than 1000 held at once"):
+        _train(q, k, v, {}, "attention_train_batched")
