@@ -10,6 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 from test_backward_attnbw import allowed_pairs, oracle
+from test_ops_attention import CASES as FWD_CASES
+from test_ops_attention import build
 
 import opsnn
 from opsnn import ops
@@ -181,3 +183,25 @@ def test_where_the_kernels_apply(monkeypatch):
         ops.attention_backward(dy, q, k, v, y, None, lse, algo="attention_grad_batched")
     with pytest.raises(opsnn.errors.KernelNotFoundError, match="more than 1000 held at once"):
         _train(q, k, v, {}, "attention_train_batched")
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", [n for n in FWD_CASES if "nonpad" not in n])
+def test_inference_kernel_matches_the_reference_and_attention_gemm(name, dtype):
+    """attention_batched (the Attention op) on test_ops_attention's cases: masks of every kind, GQA,
+    a KV cache with its present outputs, softcap, windows, the 3-D layout."""
+    if dtype == BF16 and KL.runtime_bf16_product() is not None:
+        pytest.skip(f"no native bf16 here: {KL.runtime_bf16_product()}")
+    spec = FWD_CASES[name]
+    ins, attrs = build(np.random.default_rng(3), spec)
+    ins = [None if a is None else a.astype(dtype) if a.dtype == np.float32 else a for a in ins]
+    nout = 3 if spec.get("past") else 1
+    got = [t.numpy() for t in ops.run_op("Attention", ins, attrs, num_outputs=nout, algo="attention_batched")]
+    ref = A._reference_attention_lse(ins, {**{a.name: a.default for a in A.Attention.attrs}, **attrs})[:nout]
+    for g, r in zip(got, ref):
+        assert g.dtype == dtype
+        _close(g, r.astype(np.float64), dtype, name)
+    if dtype == np.float32:
+        want = ops.run_op("Attention", ins, attrs, num_outputs=nout, algo="attention_gemm")
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-5)

@@ -89,13 +89,13 @@ CASES = {
 }
 
 
-def _run_train(ins, attrs, algo=None):
+def _run_train(ins, attrs, algo="attention_train_tiled_bf16"):  # the tiled kernels, not the batched ones
     ex = executor.prepare(TRAIN, ins, attrs, num_outputs=2, algo=algo)
     y, lse = ex.run()
     return ex, y.numpy(), lse.numpy()
 
 
-def _run_grad(ins, attrs, algo=None):
+def _run_grad(ins, attrs, algo="attention_grad_flash_bf16"):
     ex = executor.prepare(GRAD, ins, attrs, algo=algo)
     return ex, [t.numpy() for t in ex.run()]
 

@@ -81,7 +81,8 @@ def run(inputs, attrs, nout=1, algo=None):
 def test_sdpa_matches_oracle(rng, B, H, L, S, E, causal):
     q, k, v = rand(rng, B, H, L, E), rand(rng, B, H, S, E), rand(rng, B, H, S, E)
     ex = opsnn.aclnn.scaled_dot_product_attention.prepare(q, k, v, is_causal=causal)
-    assert ex.kernel_name == "attention_gemm"  # small score matrices
+    # small score matrices: materialised (on oneDNN where the strategy gives it these products)
+    assert ex.kernel_name in ("attention_gemm", "attention_batched")
     want = sdpa_oracle(q, k, v, causal_bias(L, S) if causal else None)
     np.testing.assert_allclose(ex.run().numpy(), want, rtol=2e-5, atol=2e-5)
     flash = opsnn.aclnn.scaled_dot_product_attention.prepare(q, k, v, is_causal=causal, algo="attention_flash")

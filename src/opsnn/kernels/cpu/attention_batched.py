@@ -8,8 +8,9 @@ grouped-query attention needs no repeat: dK and dV sum over the group inside the
 The arithmetic is the definition's (``_reference_attention_grad``): P = exp(scale * QK^T - lse) on
 the pairs a row attends and exp(-inf - lse) elsewhere (0, or NaN for a NaN or -inf logsumexp),
 dS = P (dP - rowsum(dY Y)) on attended pairs and 0 elsewhere, dQ = scale dS K, dK = scale dS^T Q,
-dV = P^T dY; NaN and Inf flow through the products as they do there. The forward's softmax and
-logsumexp are the tiled kernels' (``attention.masked_softmax``), so are its answers on NaN and Inf."""
+dV = P^T dY; NaN and Inf flow through the products as they do there. The forward's softmax,
+masks and logsumexp are the other forward kernels' (``attention.masked_softmax``), so are its
+answers on NaN and Inf."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ F32 = np.float32
 #: the most score elements (batch x KV heads x group x Sq x T) the kernel holds: two float32
 #: matrices (scores, dP) of this many, plus two bfloat16 copies for bf16 operands
 MAX_SCORES = 1 << 23
-_NO_MASK = np.zeros((1, 1, 1, 1), np.float32)
 #: score rows per parallel task of the backward's row pass
 ROWS = 16
 
@@ -99,10 +99,12 @@ def forward_workspace_bytes(n: int, rows: int, t: int, bf16: bool) -> int:
     return n * rows * t * (6 if bf16 else 4)
 
 
-def forward(q, k, v, causal: bool, scale: float, y, lse, ws: np.ndarray) -> None:
-    """Softmax attention into ``y`` (B, Hq, Sq, Dv) (a view allowed) and its rows' logsumexp into
-    ``lse`` (B, Hq, Sq) float32, from (B, H, S, D) arrays of one dtype (float32 or bfloat16; Hkv
-    heads of ``k`` / ``v`` dividing Hq), ``ws`` of :func:`forward_workspace_bytes`."""
+def forward(q, k, v, rules: tuple, y, lse, ws: np.ndarray) -> None:
+    """Softmax attention into ``y`` (B, Hq, Sq, Dv) (a view allowed) and, when ``lse`` is not None, its
+    rows' logsumexp into ``lse`` (B, Hq, Sq) float32, from (B, H, S, D) arrays of one dtype (float32 or
+    bfloat16; Hkv heads of ``k`` / ``v`` dividing Hq), ``ws`` of :func:`forward_workspace_bytes`.
+    ``rules``: ``attention.masked_softmax``'s masking arguments (mask, has_mask, kvlen, offset,
+    causal, left, right, scale, softcap)."""
     B, hq, sq, d = q.shape
     hkv, t, dv_n = k.shape[1], k.shape[2], v.shape[3]
     n, rows = B * hkv, (hq // hkv) * sq
@@ -111,12 +113,9 @@ def forward(q, k, v, causal: bool, scale: float, y, lse, ws: np.ndarray) -> None
     size = n * rows * t
     s = ws[: 4 * size].view(np.float32).reshape(n, rows, t)
     KD.runtime_matmul(n, rows, d, t, trans_b=True, dtype=dt, out_dtype=np.dtype(np.float32)).run(qc, kc, None, s)
-    flat = lse.reshape(-1) if lse.flags.c_contiguous else np.empty(lse.size, np.float32)
-    KA.masked_softmax(
-        s.reshape(B, hq, sq, t), _NO_MASK, False, np.full(B, t, np.int64), np.zeros(B, np.int64),
-        causal, -1, -1, F32(scale), F32(0.0), size * d >= KA.PARALLEL_MIN, flat,
-    )  # fmt: skip
-    if not lse.flags.c_contiguous:
+    flat = None if lse is None else lse.reshape(-1) if lse.flags.c_contiguous else np.empty(lse.size, np.float32)
+    KA.masked_softmax(s.reshape(B, hq, sq, t), *rules, size * d >= KA.PARALLEL_MIN, flat)
+    if lse is not None and not lse.flags.c_contiguous:
         np.copyto(lse, flat.reshape(lse.shape))
     p_op = s
     if dt != np.float32:

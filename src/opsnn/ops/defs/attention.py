@@ -732,6 +732,19 @@ Attention.kernel(
     "BLAS; for score matrices up to GEMM_MAX_SCORE_BYTES",
 )(_gemm)
 Attention.kernel(
+    "attention_batched",
+    dtypes=(_dt.float32, _dt.bfloat16),
+    nonfinite=FORWARD_NONFINITE,
+    priority=28,
+    strided=True,
+    applies=lambda ctx: _batched_applies_for(3)(ctx),
+    plan=_common_plan,
+    workspace=lambda ctx, plan: _batched_workspace(ctx, plan),
+    doc="attention_gemm's masks and rules with its products on oneDNN: the scores of every (batch, KV head) "
+    "as one batched matmul into float32 (KAB.forward), the masked softmax a row at a time (rounded once "
+    "to bfloat16 for bf16 operands), Y = P V as another; where oneDNN's matmul runs these products",
+)(lambda ins, outs, attrs, plan, ws: _batched(ins, outs, attrs, plan, ws))
+Attention.kernel(
     "attention_gemm_tiled",
     dtypes=(_dt.float32,),
     nonfinite=FORWARD_NONFINITE,
@@ -1212,57 +1225,60 @@ AttentionTrain.kernel(
 )(_with_lse(_blas))
 
 
-def _batched_train_applies(ctx):
-    """KAB.forward where the score matrices are small and oneDNN's matmul runs these products: no
-    mask, window or softcap, the softmax in float32."""
-    a = ctx.attrs
-    if ctx.has(3):
-        return "an attention mask: the tiled kernels"
-    if a["softcap"] or a["left_window_size"] >= 0 or a["right_window_size"] >= 0:
-        return "a softcap or a window: the tiled kernels"
-    if a["softmax_precision"] is not None and _PRECISION[int(a["softmax_precision"])] != np.float32:
-        return "a softmax precision other than float32"
-    d = _dims(ctx)
-    if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv) or d.P:
-        return "an empty dim"
-    if d.B * d.Hq * d.Sq * d.T > KAB.MAX_SCORES:
-        return f"{d.B * d.Hq * d.Sq * d.T} scores: more than {KAB.MAX_SCORES} held at once"
-    if ctx.dtype(0) == _dt.bfloat16:
-        why = KL.runtime_bf16_product()
-    else:
-        why = KL.runtime_f32_product((d.Hq // d.Hkv) * d.Sq, min(d.D, d.Dv), d.T, d.B * d.Hkv)
-    return True if why is None else why
+def _batched_applies_for(max_outputs: int):
+    def applies(ctx):
+        """KAB.forward where attention_gemm would materialise the scores and oneDNN's matmul runs these
+        products (float32 by the strategy, bfloat16 natively)."""
+        why = _gemm_applies(ctx, max_outputs)
+        if why is not True:
+            return why
+        d = _dims(ctx)
+        if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv):
+            return "an empty dim"
+        if d.B * d.Hq * d.Sq * d.T > KAB.MAX_SCORES:
+            return f"{d.B * d.Hq * d.Sq * d.T} scores: more than {KAB.MAX_SCORES} held at once"
+        if ctx.dtype(0) == _dt.bfloat16:
+            why = KL.runtime_bf16_product()
+        else:
+            why = KL.runtime_f32_product((d.Hq // d.Hkv) * d.Sq, min(d.D, d.Dv), d.T, d.B * d.Hkv)
+        return True if why is None else why
+
+    return applies
 
 
-def _batched_train_plan(ctx):
-    d = _dims(ctx)
-    return {"d": d, "scale": float(_scale(ctx.attrs, d.D)), "causal": bool(ctx.attrs["is_causal"])}
-
-
-def _batched_train_workspace(ctx, plan):
+def _batched_workspace(ctx, plan):
     d = plan["d"]
     return KAB.forward_workspace_bytes(d.B * d.Hkv, (d.Hq // d.Hkv) * d.Sq, d.T, ctx.dtype(0) == _dt.bfloat16)
 
 
-def _attention_train_batched(ins, outs, attrs, plan, ws):
-    """attention_train_batched: KAB.forward on (B, H, S, D) views; the present K / V where asked."""
+def _batched(ins, outs, attrs, plan, ws, lse=None):
+    """attention_batched: KAB.forward on (B, H, S, D) views, the masking rules of attention_gemm."""
     d = plan["d"]
-    ins = list(ins)[:4] + [None] * 3
-    k4, v4 = _kv(ins, [outs[0], *outs[2:]], plan, None)
-    KAB.forward(_to4(ins[0], d.Hq), k4, v4, plan["causal"], plan["scale"], _to4(outs[0], d.Hq), outs[1], ws)
+    ins = list(ins) + [None] * (7 - len(ins))
+    k4, v4 = _kv(ins, outs, plan, ins[0].dtype)
+    kvlen, off = _offsets(ins, d)
+    rules = (
+        _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"], plan["left"], plan["right"],
+        np.float32(plan["scale"]), np.float32(plan["softcap"]),
+    )  # fmt: skip
+    KAB.forward(_to4(ins[0], d.Hq), k4, v4, rules, _to4(outs[0], d.Hq), lse, ws)
+
+
+def _attention_train_batched(ins, outs, attrs, plan, ws):
+    """attention_train_batched: :func:`_batched` with the rows' logsumexp (output 1)."""
+    _batched(list(ins)[:4], [outs[0], *outs[2:]], attrs, plan, ws, lse=outs[1])
 
 
 AttentionTrain.kernel(
     "attention_train_batched",
     dtypes=(_dt.float32, _dt.bfloat16),
+    nonfinite=FORWARD_NONFINITE,
     priority=40,
     strided=True,
-    applies=_batched_train_applies,
-    plan=_batched_train_plan,
-    workspace=_batched_train_workspace,
-    doc="short sequences, no mask, window or softcap: the scores of every (batch, KV head) as one oneDNN "
-    "batched matmul into float32, the softmax and logsumexp a row at a time (rounded once to bfloat16 for "
-    "bf16 operands), then Y = P V as another",
+    applies=_batched_applies_for(4),
+    plan=_common_plan,
+    workspace=_batched_workspace,
+    doc="attention_batched, the rows' logsumexp kept from its softmax",
 )(_attention_train_batched)
 
 
