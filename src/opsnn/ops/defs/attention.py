@@ -1083,16 +1083,20 @@ def _batched_grad_applies(ctx):
         return "an attention mask, or no logsumexp: the tiled kernels"
     if a["softcap"] or a["left_window_size"] >= 0 or a["right_window_size"] >= 0:
         return "a softcap or a window: the tiled kernels"
-    d = _grad_dims(ctx)
+    why = _batched_rejection(_grad_dims(ctx), ctx.dtype(1))
+    return True if why is None else why
+
+
+def _batched_rejection(d, dtype) -> str | None:
+    """Why the batched attention kernels (KAB) do not take these dims and dtype, or None."""
     if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv):
         return "an empty dim"
     if d.B * d.Hq * d.Sq * d.T > KAB.MAX_SCORES:
         return f"{d.B * d.Hq * d.Sq * d.T} scores: more than {KAB.MAX_SCORES} held at once"
-    if ctx.dtype(1) == _dt.bfloat16:
-        why = KL.runtime_bf16_product()
-    else:  # its smallest product: (group * Sq) x D @ D x T per (batch, KV head)
-        why = KL.runtime_f32_product((d.Hq // d.Hkv) * d.Sq, min(d.D, d.Dv), d.T, d.B * d.Hkv)
-    return True if why is None else why
+    if dtype == _dt.bfloat16:
+        return KL.runtime_bf16_product()
+    # the smallest product: (group * Sq) x D @ D x T per (batch, KV head)
+    return KL.runtime_f32_product((d.Hq // d.Hkv) * d.Sq, min(d.D, d.Dv), d.T, d.B * d.Hkv)
 
 
 def _batched_grad_plan(ctx):
@@ -1232,15 +1236,7 @@ def _batched_applies_for(max_outputs: int):
         why = _gemm_applies(ctx, max_outputs)
         if why is not True:
             return why
-        d = _dims(ctx)
-        if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv):
-            return "an empty dim"
-        if d.B * d.Hq * d.Sq * d.T > KAB.MAX_SCORES:
-            return f"{d.B * d.Hq * d.Sq * d.T} scores: more than {KAB.MAX_SCORES} held at once"
-        if ctx.dtype(0) == _dt.bfloat16:
-            why = KL.runtime_bf16_product()
-        else:
-            why = KL.runtime_f32_product((d.Hq // d.Hkv) * d.Sq, min(d.D, d.Dv), d.T, d.B * d.Hkv)
+        why = _batched_rejection(_dims(ctx), ctx.dtype(0))
         return True if why is None else why
 
     return applies
