@@ -740,6 +740,7 @@ Attention.kernel(
     applies=lambda ctx: _batched_applies_for(3)(ctx),
     plan=_common_plan,
     workspace=lambda ctx, plan: _batched_workspace(ctx, plan),
+    cold_alternative="attention_blas",
     doc="attention_gemm's masks and rules with its products on oneDNN: the scores of every (batch, KV head) "
     "as one batched matmul into float32 (KAB.forward), the masked softmax a row at a time (rounded once "
     "to bfloat16 for bf16 operands), Y = P V as another; where oneDNN's matmul runs these products",
@@ -1274,6 +1275,7 @@ AttentionTrain.kernel(
     applies=_batched_applies_for(4),
     plan=_common_plan,
     workspace=_batched_workspace,
+    cold_alternative="attention_train_blas",
     doc="attention_batched, the rows' logsumexp kept from its softmax",
 )(_attention_train_batched)
 
