@@ -19,7 +19,7 @@ import numpy as np
 
 from . import attention as KA
 from . import onednn as KD
-from .activation import fexp
+from .attention import _exp_ieee
 from .gemm import KIND_BF16, _narrow, _widen, f32_to_bf16
 
 F32 = np.float32
@@ -28,14 +28,6 @@ F32 = np.float32
 MAX_SCORES = 1 << 23
 #: score rows per parallel task of the backward's row pass
 ROWS = 16
-
-
-@nb.njit(nogil=True, cache=True, inline="always")
-def _exp_ieee(x):
-    # fexp vectorizes; IEEE's answers at the edges by selects: NaN, +inf and -inf -> 0
-    e = fexp(x)
-    e = F32(0.0) if x == -np.inf else e
-    return x if (x != x or x == np.inf) else e
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -99,81 +91,99 @@ def forward_workspace_bytes(n: int, rows: int, t: int, bf16: bool) -> int:
     return n * rows * t * (6 if bf16 else 4)
 
 
-def forward(q, k, v, rules: tuple, y, lse, ws: np.ndarray) -> None:
-    """Softmax attention into ``y`` (B, Hq, Sq, Dv) (a view allowed) and, when ``lse`` is not None, its
-    rows' logsumexp into ``lse`` (B, Hq, Sq) float32, from (B, H, S, D) arrays of one dtype (float32 or
-    bfloat16; Hkv heads of ``k`` / ``v`` dividing Hq), ``ws`` of :func:`forward_workspace_bytes`.
-    ``rules``: ``attention.masked_softmax``'s masking arguments (mask, has_mask, kvlen, offset,
-    causal, left, right, scale, softcap)."""
-    B, hq, sq, d = q.shape
-    hkv, t, dv_n = k.shape[1], k.shape[2], v.shape[3]
-    n, rows = B * hkv, (hq // hkv) * sq
-    dt = q.dtype
-    qc, kc, vc = _flat(q, (n, rows, d)), _flat(k, (n, t, d)), _flat(v, (n, t, dv_n))
-    size = n * rows * t
-    s = ws[: 4 * size].view(np.float32).reshape(n, rows, t)
-    KD.runtime_matmul(n, rows, d, t, trans_b=True, dtype=dt, out_dtype=np.dtype(np.float32)).run(qc, kc, None, s)
-    flat = None if lse is None else lse.reshape(-1) if lse.flags.c_contiguous else np.empty(lse.size, np.float32)
-    KA.masked_softmax(s.reshape(B, hq, sq, t), *rules, size * d >= KA.PARALLEL_MIN, flat)
-    if lse is not None and not lse.flags.c_contiguous:
-        np.copyto(lse, flat.reshape(lse.shape))
-    p_op = s
-    if dt != np.float32:
-        p16 = ws[4 * size : 6 * size].view(np.uint16)
-        f32_to_bf16(s.reshape(-1), s.reshape(-1).view(np.uint32), p16)
-        p_op = p16.reshape(n, rows, t).view(dt)
-    contiguous = y.flags.c_contiguous
-    dst = y.reshape(n, rows, dv_n) if contiguous else np.empty((n, rows, dv_n), dt)
-    KD.runtime_matmul(n, rows, t, dv_n, dtype=dt).run(p_op, vc, None, dst)
-    if not contiguous:
-        np.copyto(y, dst.reshape(y.shape))
-
-
 def workspace_bytes(n: int, rows: int, t: int, bf16: bool) -> int:
     """Bytes of :func:`backward`'s workspace: the float32 scores and dP, and their bf16 copies."""
     return n * rows * t * (12 if bf16 else 8)
+
+
+def forward_products(n: int, rows: int, t: int, d: int, dv: int, dtype) -> tuple:
+    """:func:`forward`'s oneDNN matmuls for ``n`` (batch, KV head) pairs of ``rows`` query rows (the
+    group's heads stacked) and ``t`` keys: QK^T into float32 scores, P V into ``dtype``."""
+    f32 = np.dtype(np.float32)
+    return (
+        KD.runtime_matmul(n, rows, d, t, trans_b=True, dtype=dtype, out_dtype=f32),
+        KD.runtime_matmul(n, rows, t, dv, dtype=dtype),
+    )
+
+
+def backward_products(n: int, rows: int, t: int, d: int, dv: int, dtype) -> tuple:
+    """:func:`backward`'s oneDNN matmuls: QK^T and dY V^T into float32, then P^T dY, dS K, dS^T Q."""
+    f32 = np.dtype(np.float32)
+    return (
+        KD.runtime_matmul(n, rows, d, t, trans_b=True, dtype=dtype, out_dtype=f32),
+        KD.runtime_matmul(n, rows, dv, t, trans_b=True, dtype=dtype, out_dtype=f32),
+        KD.runtime_matmul(n, t, rows, dv, trans_a=True, dtype=dtype),
+        KD.runtime_matmul(n, rows, t, d, dtype=dtype),
+        KD.runtime_matmul(n, t, rows, d, trans_a=True, dtype=dtype),
+    )
 
 
 def _flat(x: np.ndarray, shape: tuple) -> np.ndarray:
     return np.ascontiguousarray(x).reshape(shape)
 
 
-def backward(q, k, v, y, dy, lse, causal: bool, scale: float, dq, dk, dv, ws: np.ndarray) -> None:
-    """dQ, dK, dV of softmax attention into ``dq`` / ``dk`` / ``dv`` (views allowed) from (B, H, S, D)
-    arrays of one dtype, float32 or bfloat16 (``q``, ``y``, ``dy``: Hq heads; ``k``, ``v``: Hkv heads
-    dividing Hq), the forward's logsumexp ``lse`` (B, Hq, Sq) and ``ws`` of :func:`workspace_bytes`."""
+def _product_into(out: np.ndarray, shape: tuple, mm, a: np.ndarray, b: np.ndarray) -> None:
+    """``mm`` of ``a`` and ``b`` into ``out`` seen as ``shape`` (through a buffer where it is a strided view)."""
+    contiguous = out.flags.c_contiguous
+    dst = out.reshape(shape) if contiguous else np.empty(shape, out.dtype)
+    mm.run(a, b, None, dst)
+    if not contiguous:
+        np.copyto(out, dst.reshape(out.shape))
+
+
+def forward(q, k, v, rules: tuple, y, lse, ws: np.ndarray, products: tuple) -> None:
+    """Softmax attention into ``y`` (B, Hq, Sq, Dv) (a view allowed) and, when ``lse`` is not None, its
+    rows' logsumexp into ``lse`` (B, Hq, Sq) float32, from (B, H, S, D) arrays of one dtype (float32 or
+    bfloat16; Hkv heads of ``k`` / ``v`` dividing Hq), ``ws`` of :func:`forward_workspace_bytes`,
+    ``products`` of :func:`forward_products`. ``rules``: ``attention.masked_softmax``'s masking
+    arguments (mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)."""
     B, hq, sq, d = q.shape
     hkv, t, dv_n = k.shape[1], k.shape[2], v.shape[3]
     n, rows = B * hkv, (hq // hkv) * sq
-    dt = q.dtype
-    bf16 = dt != np.float32
+    qk, pv = products
+    size = n * rows * t
+    s = ws[: 4 * size].view(np.float32).reshape(n, rows, t)
+    qk.run(_flat(q, (n, rows, d)), _flat(k, (n, t, d)), None, s)
+    flat = None if lse is None else lse.reshape(-1) if lse.flags.c_contiguous else np.empty(lse.size, np.float32)
+    KA.masked_softmax(s.reshape(B, hq, sq, t), *rules, size * d >= KA.PARALLEL_MIN, flat)
+    if lse is not None and not lse.flags.c_contiguous:
+        np.copyto(lse, flat.reshape(lse.shape))
+    p_op = s
+    if q.dtype != np.float32:
+        p16 = ws[4 * size : 6 * size].view(np.uint16)
+        f32_to_bf16(s.reshape(-1), s.reshape(-1).view(np.uint32), p16)
+        p_op = p16.reshape(n, rows, t).view(q.dtype)
+    _product_into(y, (n, rows, dv_n), pv, p_op, _flat(v, (n, t, dv_n)))
+
+
+def backward(q, k, v, y, dy, lse, causal: bool, scale: float, dq, dk, dv, ws: np.ndarray, products: tuple) -> None:
+    """dQ, dK, dV of softmax attention into ``dq`` / ``dk`` / ``dv`` (views allowed) from (B, H, S, D)
+    arrays of one dtype, float32 or bfloat16 (``q``, ``y``, ``dy``: Hq heads; ``k``, ``v``: Hkv heads
+    dividing Hq), the forward's logsumexp ``lse`` (B, Hq, Sq), ``ws`` of :func:`workspace_bytes` and
+    ``products`` of :func:`backward_products`."""
+    B, hq, sq, d = q.shape
+    hkv, t, dv_n = k.shape[1], k.shape[2], v.shape[3]
+    n, rows = B * hkv, (hq // hkv) * sq
+    qk, dyv, ptdy, dsk, dstq = products
     qc, yc, gc = _flat(q, (n, rows, d)), _flat(y, (n, rows, dv_n)), _flat(dy, (n, rows, dv_n))
     kc, vc = _flat(k, (n, t, d)), _flat(v, (n, t, dv_n))
     lsec = np.ascontiguousarray(lse, dtype=np.float32).reshape(n, rows)
     size = n * rows * t
     s = ws[: 4 * size].view(np.float32).reshape(n, rows, t)
     dp = ws[4 * size : 8 * size].view(np.float32).reshape(n, rows, t)
-    f32 = np.dtype(np.float32)
-    KD.runtime_matmul(n, rows, d, t, trans_b=True, dtype=dt, out_dtype=f32).run(qc, kc, None, s)
-    KD.runtime_matmul(n, rows, dv_n, t, trans_b=True, dtype=dt, out_dtype=f32).run(gc, vc, None, dp)
-    if bf16:
+    qk.run(qc, kc, None, s)
+    dyv.run(gc, vc, None, dp)
+    if q.dtype != np.float32:
         p16 = ws[8 * size : 10 * size].view(np.uint16).reshape(n, rows, t)
         ds16 = ws[10 * size : 12 * size].view(np.uint16).reshape(n, rows, t)
         probs_grad_bf16(
             s, s.view(np.uint32), dp, dp.view(np.uint32), lsec, yc.view(np.uint16), gc.view(np.uint16),
             scale, causal, sq, p16, ds16,
         )  # fmt: skip
-        p_op, ds_op = p16.view(dt), ds16.view(dt)
+        p_op, ds_op = p16.view(q.dtype), ds16.view(q.dtype)
     else:
         probs_grad(s, dp, lsec, yc, gc, scale, causal, sq)
         p_op, ds_op = s, dp
-    for out, shape, mm, a, b in (
-        (dv, (n, t, dv_n), KD.runtime_matmul(n, t, rows, dv_n, trans_a=True, dtype=dt), p_op, gc),
-        (dq, (n, rows, d), KD.runtime_matmul(n, rows, t, d, dtype=dt), ds_op, kc),
-        (dk, (n, t, d), KD.runtime_matmul(n, t, rows, d, trans_a=True, dtype=dt), ds_op, qc),
-    ):
-        contiguous = out.flags.c_contiguous
-        dst = out.reshape(shape) if contiguous else np.empty(shape, dt)
-        mm.run(a, b, None, dst)
-        if not contiguous:
-            np.copyto(out, dst.reshape(out.shape))
+    _product_into(dv, (n, t, dv_n), ptdy, p_op, gc)
+    _product_into(dq, (n, rows, d), dsk, ds_op, kc)
+    _product_into(dk, (n, t, d), dstq, ds_op, qc)

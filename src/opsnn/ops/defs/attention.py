@@ -731,20 +731,72 @@ Attention.kernel(
     doc="scores by batched BLAS into the workspace, numba masked softmax in place, probs @ V by "
     "BLAS; for score matrices up to GEMM_MAX_SCORE_BYTES",
 )(_gemm)
+
+
+def _batched_rejection(d, dtype) -> str | None:
+    """Why the batched attention kernels (KAB) do not take these dims and dtype, or None."""
+    if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv):
+        return "an empty dim"
+    if d.B * d.Hq * d.Sq * d.T > KAB.MAX_SCORES:
+        return f"{d.B * d.Hq * d.Sq * d.T} scores: more than {KAB.MAX_SCORES} held at once"
+    if dtype == _dt.bfloat16:
+        return KL.runtime_bf16_product()
+    # the smallest product: (group * Sq) x D @ D x T per (batch, KV head)
+    return KL.runtime_f32_product((d.Hq // d.Hkv) * d.Sq, min(d.D, d.Dv), d.T, d.B * d.Hkv)
+
+
+def _batched_applies_for(max_outputs: int):
+    def applies(ctx):
+        """KAB.forward where attention_gemm would materialise the scores and oneDNN's matmul runs these
+        products (float32 by the strategy, bfloat16 natively)."""
+        why = _gemm_applies(ctx, max_outputs)
+        if why is not True:
+            return why
+        why = _batched_rejection(_dims(ctx), ctx.dtype(0))
+        return True if why is None else why
+
+    return applies
+
+
+def _batched_plan(ctx):
+    p = _common_plan(ctx)
+    d = p["d"]
+    p["products"] = KAB.forward_products(d.B * d.Hkv, (d.Hq // d.Hkv) * d.Sq, d.T, d.D, d.Dv, ctx.dtype(0))
+    return p
+
+
+def _batched_workspace(ctx, plan):
+    d = plan["d"]
+    return KAB.forward_workspace_bytes(d.B * d.Hkv, (d.Hq // d.Hkv) * d.Sq, d.T, ctx.dtype(0) == _dt.bfloat16)
+
+
+def _batched(ins, outs, attrs, plan, ws, lse=None):
+    """attention_batched: KAB.forward on (B, H, S, D) views, the masking rules of attention_gemm."""
+    d = plan["d"]
+    ins = list(ins) + [None] * (7 - len(ins))
+    k4, v4 = _kv(ins, outs, plan, ins[0].dtype)
+    kvlen, off = _offsets(ins, d)
+    rules = (
+        _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"], plan["left"], plan["right"],
+        np.float32(plan["scale"]), np.float32(plan["softcap"]),
+    )  # fmt: skip
+    KAB.forward(_to4(ins[0], d.Hq), k4, v4, rules, _to4(outs[0], d.Hq), lse, ws, plan["products"])
+
+
 Attention.kernel(
     "attention_batched",
     dtypes=(_dt.float32, _dt.bfloat16),
     nonfinite=FORWARD_NONFINITE,
     priority=28,
     strided=True,
-    applies=lambda ctx: _batched_applies_for(3)(ctx),
-    plan=_common_plan,
-    workspace=lambda ctx, plan: _batched_workspace(ctx, plan),
+    applies=_batched_applies_for(3),
+    plan=_batched_plan,
+    workspace=_batched_workspace,
     cold_alternative="attention_blas",
     doc="attention_gemm's masks and rules with its products on oneDNN: the scores of every (batch, KV head) "
     "as one batched matmul into float32 (KAB.forward), the masked softmax a row at a time (rounded once "
     "to bfloat16 for bf16 operands), Y = P V as another; where oneDNN's matmul runs these products",
-)(lambda ins, outs, attrs, plan, ws: _batched(ins, outs, attrs, plan, ws))
+)(_batched)
 Attention.kernel(
     "attention_gemm_tiled",
     dtypes=(_dt.float32,),
@@ -1088,21 +1140,15 @@ def _batched_grad_applies(ctx):
     return True if why is None else why
 
 
-def _batched_rejection(d, dtype) -> str | None:
-    """Why the batched attention kernels (KAB) do not take these dims and dtype, or None."""
-    if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv):
-        return "an empty dim"
-    if d.B * d.Hq * d.Sq * d.T > KAB.MAX_SCORES:
-        return f"{d.B * d.Hq * d.Sq * d.T} scores: more than {KAB.MAX_SCORES} held at once"
-    if dtype == _dt.bfloat16:
-        return KL.runtime_bf16_product()
-    # the smallest product: (group * Sq) x D @ D x T per (batch, KV head)
-    return KL.runtime_f32_product((d.Hq // d.Hkv) * d.Sq, min(d.D, d.Dv), d.T, d.B * d.Hkv)
-
-
 def _batched_grad_plan(ctx):
     d = _grad_dims(ctx)
-    return {"d": d, "scale": float(_scale(ctx.attrs, d.D)), "causal": bool(ctx.attrs["is_causal"])}
+    products = KAB.backward_products(d.B * d.Hkv, (d.Hq // d.Hkv) * d.Sq, d.T, d.D, d.Dv, ctx.dtype(1))
+    return {
+        "d": d,
+        "scale": float(_scale(ctx.attrs, d.D)),
+        "causal": bool(ctx.attrs["is_causal"]),
+        "products": products,
+    }
 
 
 def _batched_grad_workspace(ctx, plan):
@@ -1116,7 +1162,7 @@ def _attention_grad_batched(ins, outs, attrs, plan, ws):
     if got is None:
         return
     (q, k, v, y, dy), (dq, dk, dv), _, lse = got
-    KAB.backward(q, k, v, y, dy, lse, plan["causal"], plan["scale"], dq, dk, dv, ws)
+    KAB.backward(q, k, v, y, dy, lse, plan["causal"], plan["scale"], dq, dk, dv, ws, plan["products"])
 
 
 AttentionGrad.kernel(
@@ -1230,37 +1276,6 @@ AttentionTrain.kernel(
 )(_with_lse(_blas))
 
 
-def _batched_applies_for(max_outputs: int):
-    def applies(ctx):
-        """KAB.forward where attention_gemm would materialise the scores and oneDNN's matmul runs these
-        products (float32 by the strategy, bfloat16 natively)."""
-        why = _gemm_applies(ctx, max_outputs)
-        if why is not True:
-            return why
-        why = _batched_rejection(_dims(ctx), ctx.dtype(0))
-        return True if why is None else why
-
-    return applies
-
-
-def _batched_workspace(ctx, plan):
-    d = plan["d"]
-    return KAB.forward_workspace_bytes(d.B * d.Hkv, (d.Hq // d.Hkv) * d.Sq, d.T, ctx.dtype(0) == _dt.bfloat16)
-
-
-def _batched(ins, outs, attrs, plan, ws, lse=None):
-    """attention_batched: KAB.forward on (B, H, S, D) views, the masking rules of attention_gemm."""
-    d = plan["d"]
-    ins = list(ins) + [None] * (7 - len(ins))
-    k4, v4 = _kv(ins, outs, plan, ins[0].dtype)
-    kvlen, off = _offsets(ins, d)
-    rules = (
-        _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"], plan["left"], plan["right"],
-        np.float32(plan["scale"]), np.float32(plan["softcap"]),
-    )  # fmt: skip
-    KAB.forward(_to4(ins[0], d.Hq), k4, v4, rules, _to4(outs[0], d.Hq), lse, ws)
-
-
 def _attention_train_batched(ins, outs, attrs, plan, ws):
     """attention_train_batched: :func:`_batched` with the rows' logsumexp (output 1)."""
     _batched(list(ins)[:4], [outs[0], *outs[2:]], attrs, plan, ws, lse=outs[1])
@@ -1273,7 +1288,7 @@ AttentionTrain.kernel(
     priority=40,
     strided=True,
     applies=_batched_applies_for(4),
-    plan=_common_plan,
+    plan=_batched_plan,
     workspace=_batched_workspace,
     cold_alternative="attention_train_blas",
     doc="attention_batched, the rows' logsumexp kept from its softmax",
