@@ -30,6 +30,7 @@ CASES = [
     ("causal_sq_lt_t", 2, 2, 1, 64, 100, 32, 32, True, 4),
     ("causal_sq_gt_t", 2, 2, 2, 120, 50, 32, 32, True, 4),
     ("layout3d_causal_gqa", 2, 4, 2, 64, 64, 32, 32, True, 3),
+    ("layout3d_heads_in_place", 2, 4, 4, 64, 48, 32, 16, False, 3),
 ]
 
 
@@ -125,6 +126,38 @@ def test_backward_matches_the_float64_oracle(case, dtype):
         g = g.numpy()
         assert g.dtype == dtype
         _close(to4(g, h), w, dtype, f"d{name}")
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("hkv", [4, 2], ids=["heads", "grouped"])
+def test_views_of_any_strides_give_the_contiguous_answer(hkv, dtype):
+    """The kernels read (B, H, S, D) views in place where oneDNN can (a unit stride along D or S: views
+    of (B, H, D, S) arrays) and copy the others (every other element of a wider D; outputs without a
+    unit stride along D through a buffer): the same values as on contiguous arrays."""
+    case = ("views", 2, 4, hkv, 64, 64, 32, 32, hkv == 2, 4)
+    _skip_unless_applies(dtype, case)
+    q, k, v, dy = _inputs(case, dtype)
+
+    def odd(x, i=0):  # the same values, D strided: stored (B, H, D, S), or every other of 2 D
+        if i % 2:
+            return np.ascontiguousarray(np.swapaxes(x, 2, 3)).swapaxes(2, 3)
+        wide = np.zeros(x.shape[:3] + (2 * x.shape[3],), x.dtype)
+        wide[..., ::2] = x
+        return wide[..., ::2]
+
+    def run(views):
+        arrays = [odd(x, i) if views else x for i, x in enumerate((q, k, v, dy))]
+        y = odd(np.zeros_like(q)) if views else np.zeros_like(q)
+        lse = np.zeros(q.shape[:3], np.float32)
+        ws = np.empty(KAB.workspace_bytes(2 * hkv, 4 // hkv * 64, 64, dtype == BF16), np.uint8)
+        rules = (A._mask4(None), False, np.full(2, 64), np.zeros(2, np.int64), hkv == 2, -1, -1, np.float32(32**-0.5), np.float32(0))
+        KAB.forward(*arrays[:3], rules, y, lse, ws)
+        grads = [odd(np.zeros_like(x), i) if views else np.zeros_like(x) for i, x in enumerate((q, k, v))]
+        KAB.backward(*arrays[:3], y, arrays[3], lse, hkv == 2, 32**-0.5, *grads, ws)
+        return [y, lse, *grads]
+
+    for got, want, name in zip(run(True), run(False), ("Y", "lse", "dQ", "dK", "dV")):
+        np.testing.assert_array_equal(np.ascontiguousarray(got), want, err_msg=name)
 
 
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=["float32", "bfloat16"])

@@ -96,54 +96,61 @@ def workspace_bytes(n: int, rows: int, t: int, bf16: bool) -> int:
     return n * rows * t * (12 if bf16 else 8)
 
 
-def forward_products(n: int, rows: int, t: int, d: int, dv: int, dtype) -> tuple:
-    """:func:`forward`'s oneDNN matmuls for ``n`` (batch, KV head) pairs of ``rows`` query rows (the
-    group's heads stacked) and ``t`` keys: QK^T into float32 scores, P V into ``dtype``."""
-    f32 = np.dtype(np.float32)
-    return (
-        KD.runtime_matmul(n, rows, d, t, trans_b=True, dtype=dtype, out_dtype=f32),
-        KD.runtime_matmul(n, rows, t, dv, dtype=dtype),
-    )
+def _in_place(x: np.ndarray, dims: int) -> bool:
+    """Whether oneDNN's strided matmul reads or writes ``x`` where it is: a unit stride along one of its
+    last ``dims`` dims (2 for an operand read as stored or transposed, 1 for the result), none negative."""
+    return x.itemsize in x.strides[-dims:] and min(x.strides) >= 0
 
 
-def backward_products(n: int, rows: int, t: int, d: int, dv: int, dtype) -> tuple:
-    """:func:`backward`'s oneDNN matmuls: QK^T and dY V^T into float32, then P^T dY, dS K, dS^T Q."""
-    f32 = np.dtype(np.float32)
-    return (
-        KD.runtime_matmul(n, rows, d, t, trans_b=True, dtype=dtype, out_dtype=f32),
-        KD.runtime_matmul(n, rows, dv, t, trans_b=True, dtype=dtype, out_dtype=f32),
-        KD.runtime_matmul(n, t, rows, dv, trans_a=True, dtype=dtype),
-        KD.runtime_matmul(n, rows, t, d, dtype=dtype),
-        KD.runtime_matmul(n, t, rows, d, trans_a=True, dtype=dtype),
-    )
+def _product(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> None:
+    """``y[..] = a[..] @ b[..]`` by oneDNN's brgemm on the views as they are, or on contiguous copies
+    (and through a buffer for ``y``) where the views' strides would send oneDNN to its reference code."""
+    a, b = (x if _in_place(x, 2) else np.ascontiguousarray(x) for x in (a, b))
+    dst = y if _in_place(y, 1) else np.empty(y.shape, y.dtype)
+    mm = KD.strided_matmul(a, b, dst)
+    if mm.impl.startswith("ref"):
+        a, b, dst = np.ascontiguousarray(a), np.ascontiguousarray(b), np.empty(y.shape, y.dtype)
+        mm = KD.strided_matmul(a, b, dst)
+    mm.run(a, b, dst)
+    if dst is not y:
+        np.copyto(y, dst)
 
 
-def _flat(x: np.ndarray, shape: tuple) -> np.ndarray:
-    return np.ascontiguousarray(x).reshape(shape)
+def _t(x: np.ndarray) -> np.ndarray:
+    return np.swapaxes(x, -1, -2)
 
 
-def _product_into(out: np.ndarray, shape: tuple, mm, a: np.ndarray, b: np.ndarray) -> None:
-    """``mm`` of ``a`` and ``b`` into ``out`` seen as ``shape`` (through a buffer where it is a strided view)."""
-    contiguous = out.flags.c_contiguous
-    dst = out.reshape(shape) if contiguous else np.empty(shape, out.dtype)
-    mm.run(a, b, None, dst)
-    if not contiguous:
-        np.copyto(out, dst.reshape(out.shape))
+def _rows(x: np.ndarray, hkv: int) -> np.ndarray:
+    """(B, Hq, S, D) as (B, Hkv, G * S, D), a group's heads' rows stacked under their KV head: ``x``
+    itself without groups, else a contiguous copy (a strided view cannot stack them)."""
+    B, hq, S, D = x.shape
+    return x if hq == hkv else np.ascontiguousarray(x).reshape(B, hkv, hq // hkv * S, D)
 
 
-def forward(q, k, v, rules: tuple, y, lse, ws: np.ndarray, products: tuple) -> None:
+def _rows_out(x: np.ndarray, hkv: int) -> np.ndarray:
+    """Where a (B, Hkv, G * S, D) result for ``x`` (B, Hq, S, D) is written: ``x`` itself without groups,
+    else a buffer that :func:`_rows_back` copies into ``x``."""
+    B, hq, S, D = x.shape
+    return x if hq == hkv else np.empty((B, hkv, hq // hkv * S, D), x.dtype)
+
+
+def _rows_back(buf: np.ndarray, x: np.ndarray) -> None:
+    if buf is not x:
+        np.copyto(x, buf.reshape(x.shape))
+
+
+def forward(q, k, v, rules: tuple, y, lse, ws: np.ndarray) -> None:
     """Softmax attention into ``y`` (B, Hq, Sq, Dv) (a view allowed) and, when ``lse`` is not None, its
     rows' logsumexp into ``lse`` (B, Hq, Sq) float32, from (B, H, S, D) arrays of one dtype (float32 or
-    bfloat16; Hkv heads of ``k`` / ``v`` dividing Hq), ``ws`` of :func:`forward_workspace_bytes`,
-    ``products`` of :func:`forward_products`. ``rules``: ``attention.masked_softmax``'s masking
-    arguments (mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)."""
+    bfloat16; Hkv heads of ``k`` / ``v`` dividing Hq; views read in place), ``ws`` of
+    :func:`forward_workspace_bytes`. ``rules``: ``attention.masked_softmax``'s masking arguments (mask,
+    has_mask, kvlen, offset, causal, left, right, scale, softcap)."""
     B, hq, sq, d = q.shape
-    hkv, t, dv_n = k.shape[1], k.shape[2], v.shape[3]
-    n, rows = B * hkv, (hq // hkv) * sq
-    qk, pv = products
-    size = n * rows * t
-    s = ws[: 4 * size].view(np.float32).reshape(n, rows, t)
-    qk.run(_flat(q, (n, rows, d)), _flat(k, (n, t, d)), None, s)
+    hkv, t = k.shape[1], k.shape[2]
+    rows = hq // hkv * sq
+    size = B * hq * sq * t
+    s = ws[: 4 * size].view(np.float32)
+    _product(_rows(q, hkv), _t(k), s.reshape(B, hkv, rows, t))
     flat = None if lse is None else lse.reshape(-1) if lse.flags.c_contiguous else np.empty(lse.size, np.float32)
     KA.masked_softmax(s.reshape(B, hq, sq, t), *rules, size * d >= KA.PARALLEL_MIN, flat)
     if lse is not None and not lse.flags.c_contiguous:
@@ -151,28 +158,30 @@ def forward(q, k, v, rules: tuple, y, lse, ws: np.ndarray, products: tuple) -> N
     p_op = s
     if q.dtype != np.float32:
         p16 = ws[4 * size : 6 * size].view(np.uint16)
-        f32_to_bf16(s.reshape(-1), s.reshape(-1).view(np.uint32), p16)
-        p_op = p16.reshape(n, rows, t).view(q.dtype)
-    _product_into(y, (n, rows, dv_n), pv, p_op, _flat(v, (n, t, dv_n)))
+        f32_to_bf16(s, s.view(np.uint32), p16)
+        p_op = p16.view(q.dtype)
+    yr = _rows_out(y, hkv)
+    _product(p_op.reshape(B, hkv, rows, t), v, yr)
+    _rows_back(yr, y)
 
 
-def backward(q, k, v, y, dy, lse, causal: bool, scale: float, dq, dk, dv, ws: np.ndarray, products: tuple) -> None:
-    """dQ, dK, dV of softmax attention into ``dq`` / ``dk`` / ``dv`` (views allowed) from (B, H, S, D)
-    arrays of one dtype, float32 or bfloat16 (``q``, ``y``, ``dy``: Hq heads; ``k``, ``v``: Hkv heads
-    dividing Hq), the forward's logsumexp ``lse`` (B, Hq, Sq), ``ws`` of :func:`workspace_bytes` and
-    ``products`` of :func:`backward_products`."""
+def backward(q, k, v, y, dy, lse, causal: bool, scale: float, dq, dk, dv, ws: np.ndarray) -> None:
+    """dQ, dK, dV of softmax attention into ``dq`` / ``dk`` / ``dv`` from (B, H, S, D) arrays of one
+    dtype, float32 or bfloat16 (``q``, ``y``, ``dy``: Hq heads; ``k``, ``v``: Hkv heads dividing Hq;
+    views read and written in place), the forward's logsumexp ``lse`` (B, Hq, Sq) and ``ws`` of
+    :func:`workspace_bytes`."""
     B, hq, sq, d = q.shape
     hkv, t, dv_n = k.shape[1], k.shape[2], v.shape[3]
-    n, rows = B * hkv, (hq // hkv) * sq
-    qk, dyv, ptdy, dsk, dstq = products
-    qc, yc, gc = _flat(q, (n, rows, d)), _flat(y, (n, rows, dv_n)), _flat(dy, (n, rows, dv_n))
-    kc, vc = _flat(k, (n, t, d)), _flat(v, (n, t, dv_n))
+    n, rows = B * hkv, hq // hkv * sq
+    # the row pass reads Y and dY as contiguous rows
+    yc, gc = (np.ascontiguousarray(x).reshape(n, rows, dv_n) for x in (y, dy))
+    g4, qr = gc.reshape(B, hkv, rows, dv_n), _rows(q, hkv)
     lsec = np.ascontiguousarray(lse, dtype=np.float32).reshape(n, rows)
     size = n * rows * t
     s = ws[: 4 * size].view(np.float32).reshape(n, rows, t)
     dp = ws[4 * size : 8 * size].view(np.float32).reshape(n, rows, t)
-    qk.run(qc, kc, None, s)
-    dyv.run(gc, vc, None, dp)
+    _product(qr, _t(k), s.reshape(B, hkv, rows, t))
+    _product(g4, _t(v), dp.reshape(B, hkv, rows, t))
     if q.dtype != np.float32:
         p16 = ws[8 * size : 10 * size].view(np.uint16).reshape(n, rows, t)
         ds16 = ws[10 * size : 12 * size].view(np.uint16).reshape(n, rows, t)
@@ -184,6 +193,9 @@ def backward(q, k, v, y, dy, lse, causal: bool, scale: float, dq, dk, dv, ws: np
     else:
         probs_grad(s, dp, lsec, yc, gc, scale, causal, sq)
         p_op, ds_op = s, dp
-    _product_into(dv, (n, t, dv_n), ptdy, p_op, gc)
-    _product_into(dq, (n, rows, d), dsk, ds_op, kc)
-    _product_into(dk, (n, t, d), dstq, ds_op, qc)
+    p4, ds4 = p_op.reshape(B, hkv, rows, t), ds_op.reshape(B, hkv, rows, t)
+    _product(_t(p4), g4, dv)
+    dqr = _rows_out(dq, hkv)
+    _product(ds4, k, dqr)
+    _rows_back(dqr, dq)
+    _product(_t(ds4), qr, dk)

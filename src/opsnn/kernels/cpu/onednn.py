@@ -149,6 +149,7 @@ def _load() -> None:
         lib.dnnl_memory_create.argtypes = [_vp, _vp, _vp, _vp]
         lib.dnnl_reorder_primitive_desc_create.argtypes = [_vp, _vp, _vp, _vp, _vp, _vp]
         lib.dnnl_memory_desc_create_with_tag.argtypes = [_vp, C.c_int, _vp, C.c_int, C.c_int]
+        lib.dnnl_memory_desc_create_with_strides.argtypes = [_vp, C.c_int, _vp, C.c_int, _vp]
         lib.dnnl_memory_set_data_handle.argtypes = [_vp, _vp]
         lib.dnnl_primitive_execute.argtypes = [_vp, _vp, C.c_int, _vp]
         lib.dnnl_stream_wait.argtypes = [_vp]
@@ -324,6 +325,20 @@ class _Md:
     def __del__(self):
         if _lib is not None and self.h:
             _lib.dnnl_memory_desc_destroy(self.h)
+
+
+class _StridedMd(_Md):
+    """An owned memory descriptor of a strided array view (``strides`` in elements)."""
+
+    def __init__(self, dims, strides, dtype):
+        self.h = _vp()
+        _check(
+            _lib.dnnl_memory_desc_create_with_strides(
+                C.byref(self.h), len(dims), _Dims(*(int(d) for d in dims)), _dt_code(dtype),
+                _Dims(*(int(s) for s in strides)),
+            ),
+            f"memory descriptor {tuple(dims)} strides {tuple(strides)} {np.dtype(dtype)}",
+        )  # fmt: skip
 
 
 class Primitive:
@@ -1438,6 +1453,48 @@ def runtime_matmul(
             _rt_cache.move_to_end(key)
             return prim
     prim = RuntimeMatMul(*key[:6], None if bias_dtype is None else np.dtype(bias_dtype), np.dtype(dtype), out)
+    with _wt_lock:
+        prim = _rt_cache.setdefault(key, prim)
+        while len(_rt_cache) > WT_CACHE_SIZE:
+            _rt_cache.popitem(last=False)
+    return prim
+
+
+def _layout(x: np.ndarray) -> tuple:
+    return tuple(x.shape), tuple(s // x.itemsize for s in x.strides), x.dtype.name
+
+
+class StridedMatMul:
+    """``Y[..] = A[..] @ B[..]`` over N-D array views of any (non-negative) strides, the leading dims a
+    batch equal in all three, each matrix with a unit stride along one of its two dims: oneDNN's
+    matmul reads and writes the views where they are, so an attention head of a (B, S, H*D)
+    activation needs no contiguous copy. ``run(a, b, y)``; :func:`strided_matmul` keeps one per layout."""
+
+    def __init__(self, a_layout: tuple, b_layout: tuple, y_layout: tuple):
+        if unavailable() is not None:
+            raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
+        src, w, dst = (_StridedMd(shape, strides, _dt.get(dt)) for shape, strides, dt in (a_layout, b_layout, y_layout))
+        pd = _matmul_pd(src, w, None, dst, [], f"matmul {a_layout[0]} @ {b_layout[0]} (strided operands)")
+        self.prim = Primitive(pd, [(_ARG_SRC, src.h), (_ARG_WEIGHTS, w.h), (_ARG_DST, dst.h)], keep=(src, w, dst))
+        self.layouts = (a_layout, b_layout, y_layout)
+
+    @property
+    def impl(self) -> str:
+        return self.prim.impl
+
+    def run(self, a: np.ndarray, b: np.ndarray, y: np.ndarray) -> None:
+        self.prim.run(a.ctypes.data, b.ctypes.data, y.ctypes.data)
+
+
+def strided_matmul(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> StridedMatMul:
+    """The :class:`StridedMatMul` for the layouts of these views (made once, kept up to ``WT_CACHE_SIZE``)."""
+    key = ("strided", _layout(a), _layout(b), _layout(y))
+    with _wt_lock:
+        prim = _rt_cache.get(key)
+        if prim is not None:
+            _rt_cache.move_to_end(key)
+            return prim
+    prim = StridedMatMul(*key[1:])
     with _wt_lock:
         prim = _rt_cache.setdefault(key, prim)
         while len(_rt_cache) > WT_CACHE_SIZE:

@@ -758,13 +758,6 @@ def _batched_applies_for(max_outputs: int):
     return applies
 
 
-def _batched_plan(ctx):
-    p = _common_plan(ctx)
-    d = p["d"]
-    p["products"] = KAB.forward_products(d.B * d.Hkv, (d.Hq // d.Hkv) * d.Sq, d.T, d.D, d.Dv, ctx.dtype(0))
-    return p
-
-
 def _batched_workspace(ctx, plan):
     d = plan["d"]
     return KAB.forward_workspace_bytes(d.B * d.Hkv, (d.Hq // d.Hkv) * d.Sq, d.T, ctx.dtype(0) == _dt.bfloat16)
@@ -780,7 +773,7 @@ def _batched(ins, outs, attrs, plan, ws, lse=None):
         _mask4(ins[3]), ins[3] is not None, kvlen, off, plan["causal"], plan["left"], plan["right"],
         np.float32(plan["scale"]), np.float32(plan["softcap"]),
     )  # fmt: skip
-    KAB.forward(_to4(ins[0], d.Hq), k4, v4, rules, _to4(outs[0], d.Hq), lse, ws, plan["products"])
+    KAB.forward(_to4(ins[0], d.Hq), k4, v4, rules, _to4(outs[0], d.Hq), lse, ws)
 
 
 Attention.kernel(
@@ -790,7 +783,7 @@ Attention.kernel(
     priority=28,
     strided=True,
     applies=_batched_applies_for(3),
-    plan=_batched_plan,
+    plan=_common_plan,
     workspace=_batched_workspace,
     cold_alternative="attention_blas",
     doc="attention_gemm's masks and rules with its products on oneDNN: the scores of every (batch, KV head) "
@@ -1142,13 +1135,7 @@ def _batched_grad_applies(ctx):
 
 def _batched_grad_plan(ctx):
     d = _grad_dims(ctx)
-    products = KAB.backward_products(d.B * d.Hkv, (d.Hq // d.Hkv) * d.Sq, d.T, d.D, d.Dv, ctx.dtype(1))
-    return {
-        "d": d,
-        "scale": float(_scale(ctx.attrs, d.D)),
-        "causal": bool(ctx.attrs["is_causal"]),
-        "products": products,
-    }
+    return {"d": d, "scale": float(_scale(ctx.attrs, d.D)), "causal": bool(ctx.attrs["is_causal"])}
 
 
 def _batched_grad_workspace(ctx, plan):
@@ -1162,7 +1149,7 @@ def _attention_grad_batched(ins, outs, attrs, plan, ws):
     if got is None:
         return
     (q, k, v, y, dy), (dq, dk, dv), _, lse = got
-    KAB.backward(q, k, v, y, dy, lse, plan["causal"], plan["scale"], dq, dk, dv, ws, plan["products"])
+    KAB.backward(q, k, v, y, dy, lse, plan["causal"], plan["scale"], dq, dk, dv, ws)
 
 
 AttentionGrad.kernel(
@@ -1288,7 +1275,7 @@ AttentionTrain.kernel(
     priority=40,
     strided=True,
     applies=_batched_applies_for(4),
-    plan=_batched_plan,
+    plan=_common_plan,
     workspace=_batched_workspace,
     cold_alternative="attention_train_blas",
     doc="attention_batched, the rows' logsumexp kept from its softmax",
