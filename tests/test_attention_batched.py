@@ -150,7 +150,17 @@ def test_views_of_any_strides_give_the_contiguous_answer(hkv, dtype):
         y = odd(np.zeros_like(q)) if views else np.zeros_like(q)
         lse = np.zeros(q.shape[:3], np.float32)
         ws = np.empty(KAB.workspace_bytes(2 * hkv, 4 // hkv * 64, 64, dtype == BF16), np.uint8)
-        rules = (A._mask4(None), False, np.full(2, 64), np.zeros(2, np.int64), hkv == 2, -1, -1, np.float32(32**-0.5), np.float32(0))
+        rules = (
+            A._mask4(None),
+            False,
+            np.full(2, 64),
+            np.zeros(2, np.int64),
+            hkv == 2,
+            -1,
+            -1,
+            np.float32(32**-0.5),
+            np.float32(0),
+        )
         KAB.forward(*arrays[:3], rules, y, lse, ws)
         grads = [odd(np.zeros_like(x), i) if views else np.zeros_like(x) for i, x in enumerate((q, k, v))]
         KAB.backward(*arrays[:3], y, arrays[3], lse, hkv == 2, 32**-0.5, *grads, ws)
