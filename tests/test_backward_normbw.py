@@ -518,3 +518,20 @@ def test_norm_grads_in_bfloat16_run_the_numba_kernels_through_the_float32_adapte
         # bfloat16 inputs and outputs (8 significant bits): against the float64 formula on the same inputs
         r = np.asarray(ref[k], np.float64)
         np.testing.assert_allclose(got[k].astype(np.float64), r, rtol=2e-2, atol=2e-2 * np.abs(r).max())
+
+
+@pytest.mark.parametrize("grad_op, n", [("LayerNormalizationGrad", 3), ("RMSNormalizationGrad", 2)])
+@pytest.mark.parametrize("rows", [5, 4096], ids=["serial", "parallel"])
+def test_float32_norm_grad_rows_far_from_zero_match_float64(grad_op, n, rows):
+    """float32 rows run float32 vector loops: a mean 1000 standard deviations from zero (the shifted
+    statistics' worst case), rows of 300 (a partial block) and 4,096 rows (several float32 dScale /
+    dBias partials per chunk) stay within float32 rounding of the float64 formula."""
+    x = (RNG.standard_normal((rows, 300)) + 1000).astype(np.float32)
+    g = RNG.standard_normal((rows, 300)).astype(np.float32)
+    s = RNG.uniform(0.5, 1.5, 300).astype(np.float32)
+    attrs = {"axis": -1, "epsilon": 1e-5}
+    got = _grad_op(grad_op, [g, x, s], attrs, n)
+    rec = ops.get_op(grad_op, "opsnn")
+    ref = rec.reference([a.astype(np.float64) for a in (g, x, s)], rec.bind_attrs(attrs))
+    for k, (a, r) in enumerate(zip(got, ref)):
+        np.testing.assert_allclose(a, r, rtol=2e-4, atol=2e-4 * np.abs(r).max(), err_msg=f"output {k}")

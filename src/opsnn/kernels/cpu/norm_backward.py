@@ -3,9 +3,10 @@ GroupNorm with respect to X, scale and bias.
 
 With ``xhat = (x - mean) * rstd`` over a row and ``gh = dy * scale``, the input gradient of a
 normalization by batch statistics is ``dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat))``
-(RMSNorm: no mean term; mean = 0). The statistics are recomputed from X in float64, the
-forward's own rule (exact two passes for float64 rows, one shifted pass for float32), so the
-backward needs nothing saved but X; every sum accumulates in float64.
+(RMSNorm: no mean term; mean = 0). The statistics are recomputed from X by the forward's own
+rule, so the backward needs nothing saved but X. Sums accumulate in float64, but for float32
+LayerNorm/RMSNorm rows, which run float32 vector loops as the forward does: short float32 partial
+sums (a block of a row, or a few rows' dScale / dBias) joined in float64.
 
 Parallel work never shares an output element: rows (LayerNorm/RMSNorm, GroupNorm) or channels
 (BatchNorm's statistics) are split between threads, and the scale/bias gradients, which sum over
@@ -24,7 +25,9 @@ from .norm import (
     BF16,
     SMALL_PLANE,
     _expand,
+    _BLK,
     _stats,
+    _stats_row32,
     channel_shifts,
     small_plane_tasks,
     widen_channel_bf16,
@@ -70,12 +73,77 @@ def _ln_bw_rows(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms, exact):
             ds[i] = rstd * (gs[i] * scale[i] - a - xh * b)
 
 
+#: rows whose float32 dScale / dBias partial sums accumulate before they join the float64 ones
+_FLUSH_ROWS = 32
+
+
+@nb.njit(**_OPTS)
+def _ln_bw_rows32(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms):
+    """:func:`_ln_bw_rows` for float32 rows in float32 vector loops (``scale`` float32): the
+    statistics as the forward's ``_stats_row32``; the row sums in float32 blocks of ``_BLK`` joined
+    in float64; the dScale / dBias partials in float32 over ``_FLUSH_ROWS`` rows, then float64."""
+    acc_s = np.zeros(N, np.float32)
+    acc_b = np.zeros(N, np.float32)
+    for row in range(r0, r1):
+        xs = x[row * N : row * N + N]
+        gs = dy[row * N : row * N + N]
+        ds = dx[row * N : row * N + N]
+        if rms:
+            q = 0.0
+            for b0 in range(0, N, _BLK):
+                blk = xs[b0 : min(b0 + _BLK, N)]
+                tq = np.float32(0.0)
+                for i in range(blk.size):
+                    tq += blk[i] * blk[i]
+                q += tq
+            mean = 0.0
+            var = q / N
+        else:
+            mean, var = _stats_row32(xs)
+        m = np.float32(mean)
+        r = np.float32(1.0 / np.sqrt(var + eps))
+        a = 0.0
+        b = 0.0
+        for b0 in range(0, N, _BLK):
+            b1 = min(b0 + _BLK, N)
+            xb, gb, sb, ab, bb = xs[b0:b1], gs[b0:b1], scale[b0:b1], acc_s[b0:b1], acc_b[b0:b1]
+            ta = np.float32(0.0)
+            tb = np.float32(0.0)
+            for i in range(xb.size):
+                xh = (xb[i] - m) * r
+                gi = gb[i]
+                gh = gi * sb[i]
+                ta += gh
+                tb += gh * xh
+                ab[i] += gi * xh
+                bb[i] += gi
+            a += ta
+            b += tb
+        a32 = np.float32(0.0) if rms else np.float32(a / N)
+        b32 = np.float32(b / N)
+        for i in range(N):
+            xh = (xs[i] - m) * r
+            ds[i] = r * (gs[i] * scale[i] - a32 - xh * b32)
+        if (row - r0) % _FLUSH_ROWS == _FLUSH_ROWS - 1 or row == r1 - 1:
+            for i in range(N):
+                dsc[i] += acc_s[i]
+                dbi[i] += acc_b[i]
+                acc_s[i] = 0.0
+                acc_b[i] = 0.0
+
+
 @nb.njit(parallel=True, **_OPTS)
 def _ln_bw_parallel(dy, x, scale, dx, part, rows, N, eps, rms, exact, chunks):
     for c in nb.prange(chunks):
         _ln_bw_rows(
             dy, x, scale, dx, part[c, 0], part[c, 1], rows * c // chunks, rows * (c + 1) // chunks, N, eps, rms, exact
         )
+
+
+@nb.njit(parallel=True, **_OPTS)
+def _ln_bw_parallel32(dy, x, scale, dx, part, rows, N, eps, rms, chunks):
+    for c in nb.prange(chunks):
+        _ln_bw_rows32(dy, x, scale, dx, part[c, 0], part[c, 1], rows * c // chunks, rows * (c + 1) // chunks, N, eps, rms)
 
 
 def row_chunks(rows: int) -> int:
@@ -104,7 +172,13 @@ def layer_norm_backward(
         chunks = part.shape[0]
         xf, gf, df = x.reshape(-1), dy.reshape(-1), dx.reshape(-1)
         exact = x.dtype == np.float64
-        if parallel and chunks > 1:
+        if x.dtype == np.float32:
+            sc = scale.astype(np.float32)  # float32 data's scale: exact in float32
+            if parallel and chunks > 1:
+                _ln_bw_parallel32(gf, xf, sc, df, part, rows, N, float(eps), rms, chunks)
+            else:
+                _ln_bw_rows32(gf, xf, sc, df, part[0, 0], part[0, 1], 0, rows, N, float(eps), rms)
+        elif parallel and chunks > 1:
             _ln_bw_parallel(gf, xf, scale, df, part, rows, N, float(eps), rms, exact, chunks)
         else:
             _ln_bw_rows(gf, xf, scale, df, part[0, 0], part[0, 1], 0, rows, N, float(eps), rms, exact)
