@@ -917,3 +917,32 @@ def test_absent_variadic_input_is_refused_not_run():
     np.testing.assert_array_equal(
         opsnn.ops.run_op("Clip", [np.full(3, 2, np.float32), None, None])[0].numpy(), np.full(3, 2, np.float32)
     )
+
+
+def test_a_static_shape_value_gives_its_readers_static_shapes():
+    """Shape of a static value is known at inference: a Slice reading it as its ends (a traced
+    model's ``position_ids[:, :seq]``) gets a static shape, and so does everything downstream (the
+    passes that need shapes then apply to a compiled training step). A symbolic shape stays unknown."""
+    from opsnn.graph.shape_inference import infer_types
+
+    consts = {
+        "table": np.arange(64, dtype=np.int64).reshape(1, 64),
+        "zero": np.array([0], np.int64),
+        "one": np.array([1], np.int64),
+    }
+    for dims, want in (((4, 16), (1, 16)), (("batch", "seq"), None)):
+        g = Graph(
+            "pos",
+            inputs=[Value("ids", np.int64, dims)],
+            outputs=["pos"],
+            nodes=[
+                Node("Shape", ["ids"], ["s"], {"start": 1, "end": 2}),
+                Node("Slice", ["table", "zero", "s", "one"], ["pos"]),
+            ],
+            initializers=consts,
+        )
+        metas = infer_types(g)
+        if want is None:
+            assert "pos" not in metas or None in metas["pos"].shape
+        else:
+            assert tuple(metas["pos"].shape) == want

@@ -79,6 +79,10 @@ def infer_node_types(node, metas: dict, values: dict) -> None:
     ins = [metas.get(n) if n else None for n in node.inputs]
     if any(m is None for m, n in zip(ins, node.inputs) if n):
         return
+    if node.op_type == "Shape" and not node.domain and all(type(d) is int for d in ins[0].shape):
+        # a static shape's value: the Slice / Reshape / Expand reading it get static shapes too
+        lo, hi = int(node.attrs.get("start", 0)), node.attrs.get("end")
+        values[node.outputs[0]] = np.array(ins[0].shape[lo : None if hi is None else int(hi)], np.int64)
     # unknown dims become fresh symbols for this node, and unknown again in its outputs
     unknown = []
     for i, m in enumerate(ins):
