@@ -170,6 +170,27 @@ def test_views_of_any_strides_give_the_contiguous_answer(hkv, dtype):
         np.testing.assert_array_equal(np.ascontiguousarray(got), want, err_msg=name)
 
 
+def test_views_oneDNN_refuses_run_on_copies(monkeypatch):
+    """Where oneDNN refuses a strided layout (or would run its reference code), the products run on
+    contiguous copies: the same values."""
+    case = ("refused", 2, 4, 4, 64, 64, 32, 32, False, 3)
+    _skip_unless_applies(np.dtype(np.float32), case)
+    q, k, v, dy = _inputs(case, np.float32)
+    args = tuple(to3(x) for x in (q, k, v))
+    attrs = _attrs(A.AttentionTrain, False, 3, 4, 4)
+    want = _train(*args, attrs, "attention_train_batched")
+    real = KAB.KD.strided_matmul
+
+    def contiguous_only(a, b, y):
+        if not all(x.flags.c_contiguous for x in (a, b, y)):
+            raise KAB.KD.OneDnnError("strided layout refused (test)")
+        return real(a, b, y)
+
+    monkeypatch.setattr(KAB.KD, "strided_matmul", contiguous_only)
+    for got, w in zip(_train(*args, attrs, "attention_train_batched"), want):
+        np.testing.assert_array_equal(got, w)
+
+
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=["float32", "bfloat16"])
 def test_nan_and_inf_give_the_other_kernels_answers(dtype):
     """A NaN in a query row: that row's Y and logsumexp are NaN, and the gradients where the op's

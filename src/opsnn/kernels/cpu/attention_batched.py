@@ -98,18 +98,29 @@ def workspace_bytes(n: int, rows: int, t: int, bf16: bool) -> int:
 
 def _in_place(x: np.ndarray, dims: int) -> bool:
     """Whether oneDNN's strided matmul reads or writes ``x`` where it is: a unit stride along one of its
-    last ``dims`` dims (2 for an operand read as stored or transposed, 1 for the result), none negative."""
-    return x.itemsize in x.strides[-dims:] and min(x.strides) >= 0
+    last ``dims`` dims (2 for an operand read as stored or transposed, 1 for the result), the others
+    non-negative whole elements."""
+    return x.itemsize in x.strides[-dims:] and all(s >= 0 and s % x.itemsize == 0 for s in x.strides)
+
+
+def _brgemm(a: np.ndarray, b: np.ndarray, y: np.ndarray):
+    """oneDNN's matmul for these views, or None where oneDNN refuses them or would run its reference code."""
+    try:
+        mm = KD.strided_matmul(a, b, y)
+    except KD.OneDnnError:
+        return None
+    return None if mm.impl.startswith("ref") else mm
 
 
 def _product(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> None:
-    """``y[..] = a[..] @ b[..]`` by oneDNN's brgemm on the views as they are, or on contiguous copies
-    (and through a buffer for ``y``) where the views' strides would send oneDNN to its reference code."""
+    """``y[..] = a[..] @ b[..]`` by oneDNN on the views as they are, else on contiguous copies (and
+    through a buffer for ``y``)."""
     a, b = (x if _in_place(x, 2) else np.ascontiguousarray(x) for x in (a, b))
     dst = y if _in_place(y, 1) else np.empty(y.shape, y.dtype)
-    mm = KD.strided_matmul(a, b, dst)
-    if mm.impl.startswith("ref"):
-        a, b, dst = np.ascontiguousarray(a), np.ascontiguousarray(b), np.empty(y.shape, y.dtype)
+    mm = _brgemm(a, b, dst)
+    if mm is None:
+        a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+        dst = dst if dst is not y or y.flags.c_contiguous else np.empty(y.shape, y.dtype)
         mm = KD.strided_matmul(a, b, dst)
     mm.run(a, b, dst)
     if dst is not y:
