@@ -21,11 +21,11 @@ import numpy as np
 
 from .gemm import KIND_BF16, _narrow, _widen
 from .norm import (
+    _BLK,
     _Z32,
     BF16,
     SMALL_PLANE,
     _expand,
-    _BLK,
     _stats,
     _stats_row32,
     channel_shifts,
