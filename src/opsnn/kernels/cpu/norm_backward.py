@@ -143,7 +143,9 @@ def _ln_bw_parallel(dy, x, scale, dx, part, rows, N, eps, rms, exact, chunks):
 @nb.njit(parallel=True, **_OPTS)
 def _ln_bw_parallel32(dy, x, scale, dx, part, rows, N, eps, rms, chunks):
     for c in nb.prange(chunks):
-        _ln_bw_rows32(dy, x, scale, dx, part[c, 0], part[c, 1], rows * c // chunks, rows * (c + 1) // chunks, N, eps, rms)
+        _ln_bw_rows32(
+            dy, x, scale, dx, part[c, 0], part[c, 1], rows * c // chunks, rows * (c + 1) // chunks, N, eps, rms
+        )
 
 
 def row_chunks(rows: int) -> int:
