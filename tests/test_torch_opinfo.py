@@ -137,6 +137,23 @@ def test_wrong_result_is_caught(monkeypatch):
     assert r.status == opinfo.FAIL and r.wrong >= 1 and "values outside" in r.reason
 
 
+def test_a_peer_backend_runs_the_same_samples_apart_from_opsnn():
+    """``--peer``: the same samples through another torch.compile backend, against the same eager
+    results; its results never change opsnn's (a peer that adds 1 fails every entry, opsnn still passes)."""
+
+    def off_by_one(gm, example_inputs):
+        return lambda *args: [o + 1 for o in gm(*args)]
+
+    rep = opinfo.run(opinfo.entries(["add", "sin"]), progress=False, peer="eager")
+    assert rep.peer == "eager" and [(r.status, r.peer_status) for r in rep.results] == [("pass", "pass")] * 2
+    assert rep.totals()["peer"]["pass"] == 2 and rep.to_json()["entries"]["sin"]["peer"]["status"] == "pass"
+    rep = opinfo.run(opinfo.entries(["sin"]), progress=False, peer=off_by_one)
+    [r] = rep.results
+    assert rep.peer == "off_by_one" and r.status == opinfo.PASS and r.wrong == 0
+    assert r.peer_status == opinfo.FAIL and r.peer_wrong == r.samples and "values outside" in r.peer_reason
+    assert "off_by_one" in opinfo.format_table(rep).splitlines()[0]
+
+
 def test_cli_writes_the_json_report(tmp_path, capsys):
     from opsnn import cli
 

@@ -23,6 +23,11 @@ hands it (``--dynamo`` runs ``torch.compile(backend=...)`` itself, slower). Each
 A crash or a timeout in one entry is recorded and the run goes on::
 
     $ opsnn conformance --suite torch-opinfo --ops add,mul,nn.functional.relu --out report.json
+
+``--peer inductor`` also runs every sample the entry tested through ``torch.compile(backend="inductor")``
+against the same eager result and tolerance, in the same run: the peer ``pass`` es an entry whose samples
+all match and ``fail`` s it otherwise (a wrong result, an exception, or its own time limit, which leaves
+opsnn's result alone). Inductor compiles a C++ kernel per sample shape: minutes where opsnn takes seconds.
 """
 
 from __future__ import annotations
@@ -58,6 +63,9 @@ class EntryResult:
     reason: str = ""  # the first failure, fallback or skip reason
     fallback_ops: list = field(default_factory=list)  # ATen ops left to torch (first few)
     seconds: float = 0.0
+    peer_status: str = ""  # the peer's pass / fail on the same samples ("" without a peer)
+    peer_wrong: int = 0
+    peer_reason: str = ""
 
 
 @dataclass
@@ -66,11 +74,15 @@ class Report:
     seconds: float = 0.0
     dynamo: bool = False
     dtype: str = "float32"
+    peer: str | None = None  # the peer backend's name
 
     def totals(self) -> dict:
         t = {s: sum(1 for r in self.results if r.status == s) for s in STATUSES}
         t["total"] = len(self.results)
         t["wrong_samples"] = sum(r.wrong for r in self.results)
+        if self.peer:
+            t["peer"] = {s: sum(1 for r in self.results if r.peer_status == s) for s in STATUSES}
+            t["peer"]["wrong_samples"] = sum(r.peer_wrong for r in self.results)
         return t
 
     def to_json(self) -> dict:
@@ -84,6 +96,7 @@ class Report:
             "torch": torch.__version__,
             "path": "torch.compile (Dynamo)" if self.dynamo else "compile_graph (the backend, no Dynamo)",
             "dtype": self.dtype,
+            "peer": self.peer,
             "seconds": round(self.seconds, 1),
             "totals": self.totals(),
             "entries": {
@@ -96,6 +109,11 @@ class Report:
                     "reason": r.reason,
                     "fallback_ops": r.fallback_ops,
                     "seconds": round(r.seconds, 3),
+                    **(
+                        {"peer": {"status": r.peer_status, "wrong": r.peer_wrong, "reason": r.peer_reason}}
+                        if self.peer
+                        else {}
+                    ),
                 }
                 for r in self.results
             },
@@ -237,8 +255,10 @@ def run_entry(
     dynamo: bool = False,
     max_samples: int | None = None,
     dtype: str = "float32",
+    peer: str | None = None,
 ):
-    """Every ``dtype`` sample of OpInfo entry ``op`` through opsnn and torch eager; an :class:`EntryResult`."""
+    """Every ``dtype`` sample of OpInfo entry ``op`` through opsnn and torch eager; an :class:`EntryResult`.
+    ``peer``: a torch.compile backend (``"inductor"``, or a backend callable) run on the same samples afterwards."""
     import torch
 
     from ...onnx.conformance import _reason, _time_limit
@@ -254,6 +274,7 @@ def run_entry(
     fallback_ops: list = []
     first_fallback = ""
     random = False
+    tested = []  # (module, tensors, eager result) of every sample compared: the peer's cases
     try:
         with _time_limit(timeout) as deadline, warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
@@ -268,6 +289,7 @@ def run_entry(
                     random = True
                     continue
                 res.samples += 1
+                tested.append((mod, tensors, want))
                 reports = []
                 try:
                     torch.manual_seed(0)
@@ -331,8 +353,40 @@ def run_entry(
                 else "no sample has an ATen op to run"
             )
     res.fallback_ops = fallback_ops[:8]
+    if peer and res.status != SKIP and tested:
+        _run_peer(torch, peer, res, tested, rtol, atol, timeout)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _run_peer(torch, peer: str, res: EntryResult, tested: list, rtol: float, atol: float, timeout) -> None:
+    """The samples opsnn was tested on through ``torch.compile(backend=peer)``, against the same eager
+    results; into ``res.peer_*``. Its own time limit: a slow peer never changes opsnn's result."""
+    from ...onnx.conformance import _reason, _time_limit
+
+    res.peer_status = PASS
+    try:
+        with _time_limit(timeout) as deadline, warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            for k, (mod, tensors, want) in enumerate(tested):
+                try:
+                    torch._dynamo.reset()
+                    torch.manual_seed(0)
+                    compiled = torch.compile(mod, backend=peer, dynamic=False)
+                    with torch.no_grad():
+                        why = _compare(torch, want, compiled(*_clone(torch, tensors)), rtol, atol)
+                except Exception as exc:  # noqa: BLE001 - recorded against the peer
+                    if deadline.fired:
+                        raise
+                    why = "raised " + _reason(exc)
+                if why:
+                    res.peer_wrong += 1
+                    res.peer_status = FAIL
+                    res.peer_reason = res.peer_reason or f"sample {k}: {why}"
+    except Exception as exc:  # noqa: BLE001 - its time limit, or a crash: the peer fails this entry
+        res.peer_status, res.peer_reason = FAIL, res.peer_reason or "entry: " + _reason(exc)
+    finally:
+        torch._dynamo.reset()
 
 
 def run(
@@ -343,6 +397,7 @@ def run(
     progress: bool | None = None,
     out: str | None = None,
     dtype: str = "float32",
+    peer: str | None = None,
 ) -> Report:
     """Run the OpInfo entries ``ops``; never stops on a failing entry. ``out``: a JSON report path,
     rewritten every 16 entries (a long run stopped early keeps what it did)."""
@@ -350,12 +405,12 @@ def run(
 
     if progress is None:
         progress = sys.stderr.isatty()
-    report = Report([], dynamo=dynamo, dtype=dtype)
+    report = Report([], dynamo=dynamo, dtype=dtype, peer=getattr(peer, "__name__", peer))
     t0 = time.perf_counter()
     bar = tqdm(ops, desc="torch-opinfo", unit="entry", disable=not progress, file=sys.stderr)
     for i, op in enumerate(bar):
         try:
-            r = run_entry(op, timeout=timeout, dynamo=dynamo, dtype=dtype)
+            r = run_entry(op, timeout=timeout, dynamo=dynamo, dtype=dtype, peer=peer)
         except Exception as exc:  # noqa: BLE001 - the harness itself failed on this entry: recorded, the run goes on
             r = EntryResult(entry_name(op), FAIL, reason=f"harness: {type(exc).__name__}: {exc}")
         report.results.append(r)
@@ -377,9 +432,12 @@ def _write(report: Report, path: str) -> None:
 
 
 def format_table(report: Report) -> str:
-    head = ["entry", "status", "samples", "opsnn", "torch", "wrong", "reason"]
+    peer = [report.peer] if report.peer else []
+    head = ["entry", "status", "samples", "opsnn", "torch", "wrong", *peer, "reason"]
     rows = [
-        [r.name, r.status, str(r.samples), str(r.on_opsnn), str(r.on_torch), str(r.wrong), r.reason[:90]]
+        [r.name, r.status, str(r.samples), str(r.on_opsnn), str(r.on_torch), str(r.wrong)]
+        + ([r.peer_status or "-"] if peer else [])
+        + [(r.reason or r.peer_reason)[:90]]
         for r in report.results
     ]
     widths = [max([len(head[i])] + [len(row[i]) for row in rows]) for i in range(len(head) - 1)]
@@ -398,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per entry (default 120; 0 = none)")
     p.add_argument("--dynamo", action="store_true", help="through torch.compile (Dynamo) rather than the backend")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="the samples' dtype (default float32)")
+    p.add_argument(
+        "--peer", choices=("inductor",), default=None, help="also run the samples through this torch.compile backend"
+    )
     p.add_argument("--out", "--report", dest="out", metavar="PATH", default="torch-opinfo-report.json")
     p.add_argument("--min-pass", type=int, default=None, metavar="N", help="exit 1 when fewer than N entries pass")
     p.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")
@@ -407,7 +468,13 @@ def main(argv: list[str] | None = None) -> int:
     ops = entries(args.ops.split(",") if args.ops else None, args.limit)
     out = args.out if args.out and args.out != "-" else None
     report = run(
-        ops, timeout=args.timeout or None, dynamo=args.dynamo, progress=args.progress, out=out, dtype=args.dtype
+        ops,
+        timeout=args.timeout or None,
+        dynamo=args.dynamo,
+        progress=args.progress,
+        out=out,
+        dtype=args.dtype,
+        peer=args.peer,
     )
     print(format_table(report))
     t = report.totals()
@@ -415,6 +482,12 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{t[PASS]} pass (every sample on opsnn), {t[FALLBACK]} fell back to torch, {t[FAIL]} fail, "
         f"{t[SKIP]} skipped, of {t['total']} entries; {t['wrong_samples']} wrong samples; {report.seconds:.1f} s"
     )
+    if report.peer:
+        q = t["peer"]
+        print(
+            f"{report.peer} on the same samples: {q[PASS]} pass, {q[FAIL]} fail "
+            f"({q['wrong_samples']} wrong or raising samples) of the {t['total'] - t[SKIP]} entries opsnn tested"
+        )
     if out:
         _write(report, out)
         print(f"report written to {os.path.abspath(out)}")
