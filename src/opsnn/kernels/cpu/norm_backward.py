@@ -28,6 +28,7 @@ from .norm import (
     _expand,
     _stats,
     _stats_row32,
+    _sumsq_row32,
     channel_shifts,
     small_plane_tasks,
     widen_channel_bf16,
@@ -89,15 +90,7 @@ def _ln_bw_rows32(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms):
         gs = dy[row * N : row * N + N]
         ds = dx[row * N : row * N + N]
         if rms:
-            q = 0.0
-            for b0 in range(0, N, _BLK):
-                blk = xs[b0 : min(b0 + _BLK, N)]
-                tq = np.float32(0.0)
-                for i in range(blk.size):
-                    tq += blk[i] * blk[i]
-                q += tq
-            mean = 0.0
-            var = q / N
+            mean, var = 0.0, _sumsq_row32(xs) / N
         else:
             mean, var = _stats_row32(xs)
         m = np.float32(mean)
