@@ -154,6 +154,19 @@ def test_a_peer_backend_runs_the_same_samples_apart_from_opsnn():
     assert "off_by_one" in opinfo.format_table(rep).splitlines()[0]
 
 
+def test_a_peer_out_of_time_is_no_verdict():
+    """A peer that runs out of the entry's time limit gives no verdict (skip), not a failure, and opsnn's
+    result stands."""
+    import time
+
+    def slow(gm, example_inputs):
+        time.sleep(60)
+        return gm
+
+    [r] = opinfo.run(opinfo.entries(["neg"]), timeout=5, progress=False, peer=slow).results
+    assert r.status == opinfo.PASS and r.peer_status == opinfo.SKIP and "timed out" in r.peer_reason
+
+
 def test_cli_writes_the_json_report(tmp_path, capsys):
     from opsnn import cli
 

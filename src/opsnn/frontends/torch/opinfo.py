@@ -26,8 +26,8 @@ A crash or a timeout in one entry is recorded and the run goes on::
 
 ``--peer inductor`` also runs every sample the entry tested through ``torch.compile(backend="inductor")``
 against the same eager result and tolerance, in the same run: the peer ``pass`` es an entry whose samples
-all match and ``fail`` s it otherwise (a wrong result, an exception, or its own time limit, which leaves
-opsnn's result alone). Inductor compiles a C++ kernel per sample shape: minutes where opsnn takes seconds.
+all match, ``fail`` s it on a wrong result or an exception, and ``skip`` s it when its own time limit runs
+out first (which leaves opsnn's result alone). Inductor compiles a C++ kernel per sample shape: minutes where opsnn takes seconds.
 """
 
 from __future__ import annotations
@@ -361,10 +361,12 @@ def run_entry(
 
 def _run_peer(torch, peer: str, res: EntryResult, tested: list, rtol: float, atol: float, timeout) -> None:
     """The samples opsnn was tested on through ``torch.compile(backend=peer)``, against the same eager
-    results; into ``res.peer_*``. Its own time limit: a slow peer never changes opsnn's result."""
+    results; into ``res.peer_*``. Its own time limit: a slow peer never changes opsnn's result; one that
+    runs out of time with no wrong sample so far is ``skip`` (no verdict), not ``fail``."""
     from ...onnx.conformance import _reason, _time_limit
 
     res.peer_status = PASS
+    deadline = None
     try:
         with _time_limit(timeout) as deadline, warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
@@ -383,8 +385,10 @@ def _run_peer(torch, peer: str, res: EntryResult, tested: list, rtol: float, ato
                     res.peer_wrong += 1
                     res.peer_status = FAIL
                     res.peer_reason = res.peer_reason or f"sample {k}: {why}"
-    except Exception as exc:  # noqa: BLE001 - its time limit, or a crash: the peer fails this entry
-        res.peer_status, res.peer_reason = FAIL, res.peer_reason or "entry: " + _reason(exc)
+    except Exception as exc:  # noqa: BLE001 - its time limit (skipped: no verdict), or a crash (fails)
+        timed_out = deadline is not None and deadline.fired and res.peer_status == PASS
+        res.peer_status = SKIP if timed_out else FAIL
+        res.peer_reason = res.peer_reason or ("peer: " if timed_out else "entry: ") + _reason(exc)
     finally:
         torch._dynamo.reset()
 
@@ -485,8 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     if report.peer:
         q = t["peer"]
         print(
-            f"{report.peer} on the same samples: {q[PASS]} pass, {q[FAIL]} fail "
-            f"({q['wrong_samples']} wrong or raising samples) of the {t['total'] - t[SKIP]} entries opsnn tested"
+            f"{report.peer} on the same samples: {q[PASS]} pass, {q[FAIL]} fail ({q['wrong_samples']} wrong or "
+            f"raising samples), {q[SKIP]} out of time, of the {t['total'] - t[SKIP]} entries opsnn tested"
         )
     if out:
         _write(report, out)
