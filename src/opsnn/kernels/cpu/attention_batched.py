@@ -120,7 +120,7 @@ def _product(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> None:
     mm = _brgemm(a, b, dst)
     if mm is None:
         a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-        dst = dst if dst is not y or y.flags.c_contiguous else np.empty(y.shape, y.dtype)
+        dst = y if y.flags.c_contiguous else np.empty(y.shape, y.dtype)
         mm = KD.strided_matmul(a, b, dst)
     mm.run(a, b, dst)
     if dst is not y:

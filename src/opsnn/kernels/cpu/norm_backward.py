@@ -40,8 +40,8 @@ _OPTS = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "
 
 # -- LayerNorm / RMSNorm ------------------------------------------------------------------------
 @nb.njit(**_OPTS)
-def _ln_bw_rows(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms, exact):
-    """Rows ``r0..r1`` of N elements: ``dx``, and their sums of ``dy * xhat`` (into ``dsc``) and
+def _ln_bw_rows(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms):
+    """float64 rows ``r0..r1`` of N elements: ``dx``, and their sums of ``dy * xhat`` (into ``dsc``) and
     ``dy`` (into ``dbi``), float64 N-vectors this chunk owns."""
     for row in range(r0, r1):
         xs = x[row * N : row * N + N]
@@ -55,7 +55,7 @@ def _ln_bw_rows(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms, exact):
             mean = 0.0
             rstd = 1.0 / np.sqrt(q / N + eps)
         else:
-            mean, var = _stats(xs, exact)
+            mean, var = _stats(xs, True)
             rstd = 1.0 / np.sqrt(var + eps)
         a = 0.0
         b = 0.0
@@ -126,11 +126,9 @@ def _ln_bw_rows32(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms):
 
 
 @nb.njit(parallel=True, **_OPTS)
-def _ln_bw_parallel(dy, x, scale, dx, part, rows, N, eps, rms, exact, chunks):
+def _ln_bw_parallel(dy, x, scale, dx, part, rows, N, eps, rms, chunks):
     for c in nb.prange(chunks):
-        _ln_bw_rows(
-            dy, x, scale, dx, part[c, 0], part[c, 1], rows * c // chunks, rows * (c + 1) // chunks, N, eps, rms, exact
-        )
+        _ln_bw_rows(dy, x, scale, dx, part[c, 0], part[c, 1], rows * c // chunks, rows * (c + 1) // chunks, N, eps, rms)
 
 
 @nb.njit(parallel=True, **_OPTS)
@@ -159,24 +157,18 @@ def layer_norm_backward(
     rms: bool,
     parallel: bool,
 ) -> tuple:
-    """Gradients of LayerNorm (RMSNorm with ``rms``) over ``rows`` contiguous rows of N elements;
-    ``scale`` is the float64 N-vector. ``part`` (float64, (chunks, 2, N)) receives each chunk's
-    partial sums; returns (dScale, dBias) as float64 N-vectors."""
+    """Gradients of LayerNorm (RMSNorm with ``rms``) over ``rows`` contiguous float32 or float64 rows of N
+    elements; ``scale`` is the N-vector in their dtype. ``part`` (float64, (chunks, 2, N)) receives each
+    chunk's partial sums; returns (dScale, dBias) as float64 N-vectors."""
     part[:] = 0.0
     if rows * N:
         chunks = part.shape[0]
-        xf, gf, df = x.reshape(-1), dy.reshape(-1), dx.reshape(-1)
-        exact = x.dtype == np.float64
-        if x.dtype == np.float32:
-            sc = scale.astype(np.float32)  # float32 data's scale: exact in float32
-            if parallel and chunks > 1:
-                _ln_bw_parallel32(gf, xf, sc, df, part, rows, N, float(eps), rms, chunks)
-            else:
-                _ln_bw_rows32(gf, xf, sc, df, part[0, 0], part[0, 1], 0, rows, N, float(eps), rms)
-        elif parallel and chunks > 1:
-            _ln_bw_parallel(gf, xf, scale, df, part, rows, N, float(eps), rms, exact, chunks)
+        args = (dy.reshape(-1), x.reshape(-1), scale, dx.reshape(-1))
+        one, many = (_ln_bw_rows32, _ln_bw_parallel32) if x.dtype == np.float32 else (_ln_bw_rows, _ln_bw_parallel)
+        if parallel and chunks > 1:
+            many(*args, part, rows, N, float(eps), rms, chunks)
         else:
-            _ln_bw_rows(gf, xf, scale, df, part[0, 0], part[0, 1], 0, rows, N, float(eps), rms, exact)
+            one(*args, part[0, 0], part[0, 1], 0, rows, N, float(eps), rms)
     return part[:, 0].sum(axis=0), part[:, 1].sum(axis=0)
 
 

@@ -988,6 +988,22 @@ _wt_cache: OrderedDict[tuple, Primitive] = OrderedDict()
 _wt_lock = threading.Lock()
 
 
+def _kept(cache: OrderedDict, key: tuple, make, size: int):
+    """``cache[key]``, made by ``make()`` on a miss (outside the lock: building a primitive is slow) and
+    kept with at most ``size`` entries, the least recently used dropped first."""
+    with _wt_lock:
+        prim = cache.get(key)
+        if prim is not None:
+            cache.move_to_end(key)
+            return prim
+    prim = make()
+    with _wt_lock:
+        prim = cache.setdefault(key, prim)
+        while len(cache) > size:
+            cache.popitem(last=False)
+    return prim
+
+
 def wt_matmul(m: int, k: int, n: int, accumulate: bool = False, dtype=np.float32) -> Primitive:
     """oneDNN's matmul ``Y = X @ W.T`` (``Y += X @ W.T`` with ``accumulate``: a sum post-op)
     for row-major ``X`` (m, k), ``W`` (n, k) in ``dtype`` (float32, or bfloat16: a bf16 model's
@@ -996,21 +1012,15 @@ def wt_matmul(m: int, k: int, n: int, accumulate: bool = False, dtype=np.float32
     weight of that shape; primitives are kept per (m, k, n, accumulate, dtype), up to
     ``WT_CACHE_SIZE``. The LLaMA decoder's projections use it (:mod:`opsnn.llm.decoder`)."""
     key = (int(m), int(k), int(n), bool(accumulate), np.dtype(dtype).name)
-    with _wt_lock:
-        prim = _wt_cache.get(key)
-        if prim is not None:
-            _wt_cache.move_to_end(key)
-            return prim
-    if unavailable() is not None:
-        raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
-    src, w, dst = _Md([m, k], TAG_AB, dtype), _Md([k, n], TAG_BA, dtype), _Md([m, n], TAG_AB)
-    pd = _matmul_pd(src, w, None, dst, [("sum",)] if accumulate else [], f"matmul ({m}x{k} @ ({n}x{k}).T)")
-    prim = Primitive(pd, [(_ARG_SRC, src.h), (_ARG_WEIGHTS, w.h), (_ARG_DST, dst.h)], keep=(src, w, dst))
-    with _wt_lock:
-        prim = _wt_cache.setdefault(key, prim)
-        while len(_wt_cache) > WT_CACHE_SIZE:
-            _wt_cache.popitem(last=False)
-    return prim
+
+    def make():
+        if unavailable() is not None:
+            raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
+        src, w, dst = _Md([m, k], TAG_AB, dtype), _Md([k, n], TAG_BA, dtype), _Md([m, n], TAG_AB)
+        pd = _matmul_pd(src, w, None, dst, [("sum",)] if accumulate else [], f"matmul ({m}x{k} @ ({n}x{k}).T)")
+        return Primitive(pd, [(_ARG_SRC, src.h), (_ARG_WEIGHTS, w.h), (_ARG_DST, dst.h)], keep=(src, w, dst))
+
+    return _kept(_wt_cache, key, make, WT_CACHE_SIZE)
 
 
 # -- convolution backward (training): data and weight gradients on plain user tensors ------------------
@@ -1241,17 +1251,8 @@ def conv_backward(kind, x_shape, w_shape, y_shape, strides, pads, dilations, gro
         formats,
         compute,
     )
-    with _wt_lock:
-        prim = _bwd_cache.get(key)
-        if prim is not None:
-            _bwd_cache.move_to_end(key)
-            return prim
-    prim = ConvBackwardPrimitive(kind, *key[1:8], dtype, formats=formats, compute=compute)
-    with _wt_lock:
-        prim = _bwd_cache.setdefault(key, prim)
-        while len(_bwd_cache) > BACKWARD_CACHE_SIZE:
-            _bwd_cache.popitem(last=False)
-    return prim
+    make = lambda: ConvBackwardPrimitive(kind, *key[1:8], dtype, formats=formats, compute=compute)  # noqa: E731
+    return _kept(_bwd_cache, key, make, BACKWARD_CACHE_SIZE)
 
 
 def _plain_conv_desc(
@@ -1364,17 +1365,7 @@ def plain_conv(
     key = tuple(tuple(int(v) for v in a) for a in (x_shape, w_shape, y_shape, strides, pads, dilations))
     bias_dtype = np.dtype(dtype if bias_dtype is None else bias_dtype)
     key += (int(group), bool(has_bias), np.dtype(dtype), bias_dtype)
-    with _wt_lock:
-        prim = _plain_cache.get(key)
-        if prim is not None:
-            _plain_cache.move_to_end(key)
-            return prim
-    prim = PlainConvPrimitive(*key)
-    with _wt_lock:
-        prim = _plain_cache.setdefault(key, prim)
-        while len(_plain_cache) > BACKWARD_CACHE_SIZE:
-            _plain_cache.popitem(last=False)
-    return prim
+    return _kept(_plain_cache, key, lambda: PlainConvPrimitive(*key), BACKWARD_CACHE_SIZE)
 
 
 _rt_cache: OrderedDict[tuple, RuntimeMatMul] = OrderedDict()
@@ -1384,12 +1375,12 @@ class RuntimeMatMul:
     """``Y[i] = op(A[i]) @ op(B[i]) (+ bias)`` with both operands given at run time in plain
     row-major layouts (``trans_a`` / ``trans_b``: the operand is stored transposed, (K, M) / (N, K),
     and read as such, no copy): oneDNN's matmul (brgemm; native bf16 with AVX512-BF16 or AMX) for
-    a ``batch`` of (m, k) @ (k, n) products, ``Y`` in ``out_dtype`` (default ``dtype``; bfloat16: float32
-    accumulation, one rounding), ``bias`` (N,) in ``bias_dtype``. Eager autocast products and the backward products
+    a ``batch`` of (m, k) @ (k, n) products (bfloat16: float32 accumulation, one rounding), ``bias`` (N,)
+    in ``bias_dtype``. Eager autocast products and the backward products
     of a bfloat16 forward have no constant weight to reorder; this reads them where they are.
     ``run(a, b, bias_or_None, y)``; :func:`runtime_matmul` keeps one per shape."""
 
-    def __init__(self, batch, m, k, n, trans_a, trans_b, bias_dtype, dtype, out_dtype=None):
+    def __init__(self, batch, m, k, n, trans_a, trans_b, bias_dtype, dtype):
         if unavailable() is not None:
             raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
         three = batch > 1
@@ -1397,7 +1388,7 @@ class RuntimeMatMul:
         plain, flipped = (TAG_ABC, TAG_ACB) if three else (TAG_AB, TAG_BA)
         src = _Md(lead + [m, k], flipped if trans_a else plain, dtype)
         w = _Md(lead + [k, n], flipped if trans_b else plain, dtype)
-        dst = _Md(lead + [m, n], plain, dtype if out_dtype is None else out_dtype)
+        dst = _Md(lead + [m, n], plain, dtype)
         bias = None if bias_dtype is None else _Md(([1] if three else []) + [1, n], plain, bias_dtype)
         pd = _matmul_pd(src, w, bias, dst, [], f"matmul ({batch} x {m}x{k} @ {k}x{n}, runtime operands)")
         args = [(_ARG_SRC, src.h), (_ARG_WEIGHTS, w.h)] + ([(_ARG_BIAS, bias.h)] if bias else []) + [(_ARG_DST, dst.h)]
@@ -1441,23 +1432,11 @@ def runtime_matmul(
     trans_b: bool = False,
     bias_dtype=None,
     dtype=_dt.bfloat16,
-    out_dtype=None,
 ) -> RuntimeMatMul:
     """The :class:`RuntimeMatMul` for this shape (made once, kept up to ``WT_CACHE_SIZE``)."""
-    out = np.dtype(dtype if out_dtype is None else out_dtype)
-    key = (int(batch), int(m), int(k), int(n), bool(trans_a), bool(trans_b))
-    key += (None if bias_dtype is None else np.dtype(bias_dtype).name, np.dtype(dtype).name, out.name)
-    with _wt_lock:
-        prim = _rt_cache.get(key)
-        if prim is not None:
-            _rt_cache.move_to_end(key)
-            return prim
-    prim = RuntimeMatMul(*key[:6], None if bias_dtype is None else np.dtype(bias_dtype), np.dtype(dtype), out)
-    with _wt_lock:
-        prim = _rt_cache.setdefault(key, prim)
-        while len(_rt_cache) > WT_CACHE_SIZE:
-            _rt_cache.popitem(last=False)
-    return prim
+    bias = None if bias_dtype is None else np.dtype(bias_dtype)
+    key = (int(batch), int(m), int(k), int(n), bool(trans_a), bool(trans_b), bias, np.dtype(dtype))
+    return _kept(_rt_cache, key, lambda: RuntimeMatMul(*key), WT_CACHE_SIZE)
 
 
 def _layout(x: np.ndarray) -> tuple:
@@ -1489,14 +1468,4 @@ class StridedMatMul:
 def strided_matmul(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> StridedMatMul:
     """The :class:`StridedMatMul` for the layouts of these views (made once, kept up to ``WT_CACHE_SIZE``)."""
     key = ("strided", _layout(a), _layout(b), _layout(y))
-    with _wt_lock:
-        prim = _rt_cache.get(key)
-        if prim is not None:
-            _rt_cache.move_to_end(key)
-            return prim
-    prim = StridedMatMul(*key[1:])
-    with _wt_lock:
-        prim = _rt_cache.setdefault(key, prim)
-        while len(_rt_cache) > WT_CACHE_SIZE:
-            _rt_cache.popitem(last=False)
-    return prim
+    return _kept(_rt_cache, key, lambda: StridedMatMul(*key[1:]), WT_CACHE_SIZE)
