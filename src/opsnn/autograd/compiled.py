@@ -39,6 +39,7 @@ from ..graph import compiler as _compiler
 from ..graph.ir import Graph, Node
 from ..graph.tracing import StateTracer, TraceError, trace_stateful
 from ..ops import registry as _registry
+from ..runtime import memory as _memory
 from ..tensor import as_tensor
 from .graph import get_meta
 
@@ -192,7 +193,10 @@ class CompiledTrainStep:
             key += (("trace_key", extra),)
         st = self._steps.get(key)
         if st is None:
-            return self._trace(key, tensors)
+            result = self._trace(key, tensors)
+            # the blocks the trace's eager run left cached (freed with its locals) serve no compiled run
+            _memory.empty_cache()
+            return result
         self._latest = st
         feeds = dict(zip(st.input_names, tensors))
         for name, fn in st.host_inputs.items():  # hyper-parameters first: they may create state

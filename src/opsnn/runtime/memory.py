@@ -33,6 +33,28 @@ def size_class(nbytes: int) -> int:
 
 GUARD_PATTERN = 0xA5
 
+_malloc_trim = None
+
+
+def trim_heap() -> bool:
+    """Hand the C heap's free pages back to the OS (glibc's ``malloc_trim``): blocks under glibc's
+    mmap threshold (up to 32 MiB once large blocks were freed) come from the heap, and freeing
+    them leaves the pages resident. False where the C library has no ``malloc_trim``."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        import ctypes
+
+        try:
+            fn = ctypes.CDLL(None).malloc_trim
+            fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+        except (OSError, AttributeError):
+            fn = False
+        _malloc_trim = fn
+    if not _malloc_trim:
+        return False
+    _malloc_trim(0)
+    return True
+
 
 class Block:
     """One aligned allocation; ``array`` is its uint8 view (exactly ``size`` bytes).
@@ -280,6 +302,7 @@ class MemoryPool:
         """Return every cached (free) block to the OS."""
         with self._section():
             self._release_cached_locked()
+        trim_heap()
 
     def summary(self, top: int = 5) -> dict:
         """Current / peak / reserved bytes, allocation counts and the largest live blocks."""
