@@ -38,7 +38,6 @@ from ..errors import ParamInvalidError
 from ..graph import compiler as _compiler
 from ..graph.ir import Graph, Node
 from ..graph.tracing import StateTracer, TraceError, trace_stateful
-from ..ops import registry as _registry
 from ..runtime import memory as _memory
 from ..tensor import as_tensor
 from .graph import get_meta
@@ -64,18 +63,6 @@ class TracedStep:
     updates: dict  # graph output -> state input it is written into
     gradients: dict = field(default_factory=dict)  # parameter state name -> gradient value name
     calls: int = 0
-    # registry.version() when the plan was built, while a step of it runs a tiered stand-in kernel
-    stand_in_version: int | None = None
-    replans: int = 0
-
-
-def _stand_in_version(cg) -> int | None:
-    """registry.version() if the latest plan of ``cg`` runs a library kernel standing in for a numba
-    kernel that compiles in the background (tiered compilation), else None."""
-    plan = cg.latest_plan
-    if plan is None or not any(getattr(s.executor, "tiered", "") for s in plan.steps):
-        return None
-    return _registry.version()
 
 
 def _trimmed(names: list) -> list:
@@ -203,15 +190,7 @@ class CompiledTrainStep:
             feeds[name] = as_tensor(np.asarray(fn()))
         for name, get in st.getters.items():
             feeds[name] = get()
-        if st.stand_in_version is not None and st.stand_in_version != _registry.version():
-            # a kernel the plan stands in for is cached now (eager calls already take it): plan again
-            st.compiled.drop_plans({})
-            st.replans += 1
-            st.stand_in_version = None
-        fresh = st.compiled.num_plans == 0
-        outs = st.compiled.run(feeds)
-        if fresh:
-            st.stand_in_version = _stand_in_version(st.compiled)
+        outs = st.compiled.run(feeds)  # plans again once the numba kernels its stand-ins wait for are compiled
         st.calls += 1
         return self._structure(st, [outs[n] for n in st.outputs])
 

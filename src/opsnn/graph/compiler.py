@@ -26,6 +26,8 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import InnerError, KernelError, KernelNotFoundError, OpsnnError, ParamInvalidError
 from ..ops import executor as _ex
+from ..ops import registry as _registry
+from ..ops import tiering as _tiering
 from ..ops.registry import TensorMeta, get_op, has_op
 from ..runtime import hooks
 from ..runtime.context import context
@@ -77,6 +79,10 @@ class Plan:
     input_steps: dict = field(default_factory=dict)  # graph input -> steps reading it
     last_run: tuple | None = None  # (stream, seq) of the latest launch (the arena is busy until then)
     build_ms: float = 0.0
+    # workload keys of the numba kernels its library stand-ins wait for (tiered compilation), and the
+    # registry version when they were last looked at: the plan is built again once none is pending
+    stand_ins: tuple = ()
+    checked: int = -1
     # held from reading last_run to setting it: two threads launching the plan on their own streams
     # would otherwise both see the same earlier run, neither wait for the other, and share the arena
     # at once (a two-thread test got 18 of 6000 results wrong)
@@ -123,6 +129,7 @@ class CompiledGraph:
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()
         self._lock = threading.Lock()
         self.plans_built = 0
+        self.replans = 0  # plans built again because the numba kernels their stand-ins waited for got compiled
         self.mode = "compiled"
         self.mode_reason = ""
         # np.require keeps 0-d initializers 0-d (ascontiguousarray would make them shape (1,))
@@ -167,6 +174,8 @@ class CompiledGraph:
             plan = self._plans.get(key)
             if plan is not None:
                 self._plans.move_to_end(key)
+        if plan is not None and plan.stand_ins and plan.checked != _registry.version():
+            plan = self._compiled_at_last(plan)
         if plan is None:
             try:
                 plan = self._build_plan(key, feeds)
@@ -480,6 +489,17 @@ class CompiledGraph:
                 log.info("graph %s: evicted the plan for %s (LRU, max_plans=%d)", g.name, old_key, self.max_plans)
         return plan
 
+    def _compiled_at_last(self, plan: Plan) -> Plan | None:
+        """None (build the plan again) once every numba kernel ``plan``'s stand-ins wait for is
+        compiled; looked at when the registry moved, which a finished background compile does."""
+        plan.checked = _registry.version()
+        plan.stand_ins = _tiering.pending(plan.stand_ins)
+        if plan.stand_ins:
+            return plan
+        log.info("graph %s: the numba kernels its stand-ins waited for are compiled: planning again", self.graph.name)
+        self.replans += 1
+        return None
+
     def _bind(self, key, planned, metas, folded, feeds) -> Plan:
         g = self.graph
         graph_outputs = set(g.output_names)
@@ -621,7 +641,10 @@ class CompiledGraph:
                     input_steps.setdefault(n, []).append(step)
             steps.append(step)
         out_metas = {n: metas[n] for n in g.output_names}
-        return Plan(key, steps, mem, arena, tensors, out_metas, folded, input_steps)
+        plan = Plan(key, steps, mem, arena, tensors, out_metas, folded, input_steps)
+        plan.stand_ins = _tiering.pending({k for st in steps if (k := getattr(st.executor, "tiered_key", ""))})
+        plan.checked = _registry.version()
+        return plan
 
     # -- running --------------------------------------------------------------------------------------
     def _launch(self, plan: Plan, feeds: dict, stream) -> dict:

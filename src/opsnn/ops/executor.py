@@ -115,6 +115,7 @@ class Executor:
         self.rejected = selection.rejected
         self.adapter = selection.adapter
         self.tiered = selection.tiered
+        self.tiered_key = selection.tiered_key
         self.plan = plan
         self.workspace_size = int(workspace_size)
         self.inputs = inputs

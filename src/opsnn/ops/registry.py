@@ -457,6 +457,7 @@ class Selection:
     rejected: list[tuple[str, str]]
     adapter: bool
     tiered: str = ""  # the numba kernel this (library) kernel stands in for while it compiles
+    tiered_key: str = ""  # ... and its workload's key in the background compile (tiering.pending)
 
 
 def select_kernel(rec: OpRecord, ctx: InferContext, algo: str | None = None) -> Selection:
@@ -485,9 +486,9 @@ def select_kernel(rec: OpRecord, ctx: InferContext, algo: str | None = None) -> 
             if forced is None and k.cold_alternative and not k.needs_adapter(ctx):
                 cold = _tiering.cold_kernel(rec, ctx, k)
                 if cold is not None:
-                    alt, why = cold
+                    alt, why, key = cold
                     reason = f"tiered: {why}; {alt.name} runs until it is cached (OPSNN_TIERED=0 compiles it now)"
-                    return Selection(alt, reason, [*rejected, (k.name, why)], alt.needs_adapter(ctx), k.name)
+                    return Selection(alt, reason, [*rejected, (k.name, why)], alt.needs_adapter(ctx), k.name, key)
             return Selection(k, reason, rejected, k.needs_adapter(ctx))
         rejected.append((k.name, why))
     if forced is not None:

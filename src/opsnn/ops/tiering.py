@@ -23,9 +23,10 @@ markers still missing (keyed by the kernel's source stamp and numba's argument t
 background process compiles exactly that specialization with ``Dispatcher.compile``) and runs its
 numpy stand-in meanwhile; kernel modules reach it through ``runtime.kernel_cache.cold``.
 
-A compiled graph keeps the plans it built: after the background compile finishes, a new
-``opsnn.compile`` (or a new input shape) picks the numba kernel, and eager calls pick it at once
-(their executor cache is keyed on ``registry.version()``, which a finished workload bumps).
+Eager calls pick the numba kernel as soon as it is cached (their executor cache is keyed on
+``registry.version()``, which a finished workload bumps); a compiled graph's plan that runs stand-ins
+is built again on its first run after every one of its workloads finished (:func:`pending`), so a
+long-running process does not keep the library kernels of its first minute.
 """
 
 from __future__ import annotations
@@ -152,8 +153,8 @@ def mark_foreground() -> int:
 
 
 def cold_kernel(rec, ctx, kernel):
-    """``(library kernel, why)`` to run instead of ``kernel`` while its workload is not compiled
-    (the workload then queued for the background process), else None."""
+    """``(library kernel, why, workload key)`` to run instead of ``kernel`` while its workload is not
+    compiled (the workload then queued for the background process), else None."""
     if not enabled():
         key = workload_key(rec, ctx, kernel)
         if key is not None:
@@ -175,7 +176,7 @@ def cold_kernel(rec, ctx, kernel):
             return None
         if _background.submit(marker, job):
             log.info("tiering: %s kernel %s on %s queued for a background compile", rec.name, kernel.name, key)
-    return alt, f"{kernel.name} (priority {kernel.priority}) not compiled yet, compiling in the background"
+    return alt, f"{kernel.name} (priority {kernel.priority}) not compiled yet, compiling in the background", key
 
 
 # -- kernels called directly (not through select_kernel) ---------------------------------------------------
@@ -229,6 +230,12 @@ def all_cached(keys) -> bool:
     (:func:`cold_direct`'s answer) into the kernel cache; a key whose background compile failed
     counts too (the caller switches and the kernel compiles in the foreground, as without tiering)."""
     return all(is_cached(k) or os.path.join(_marker_dir(), k) in _background.failed for k in keys)
+
+
+def pending(keys) -> tuple[str, ...]:
+    """Those of the workload ``keys`` still to be compiled: neither cached nor failed in the background
+    (a failed one keeps its library kernel for good)."""
+    return tuple(k for k in keys if not is_cached(k) and os.path.join(_marker_dir(), k) not in _background.failed)
 
 
 def _is_not_preferred(why) -> bool:
