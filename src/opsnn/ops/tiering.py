@@ -229,7 +229,7 @@ def all_cached(keys) -> bool:
     """Whether the background process (or a warmup) compiled every one of ``keys``
     (:func:`cold_direct`'s answer) into the kernel cache; a key whose background compile failed
     counts too (the caller switches and the kernel compiles in the foreground, as without tiering)."""
-    return all(is_cached(k) or os.path.join(_marker_dir(), k) in _background.failed for k in keys)
+    return not pending(keys)
 
 
 def pending(keys) -> tuple[str, ...]:
