@@ -261,6 +261,23 @@ def test_ill_conditioned_is_its_own_count_and_wrong_results_still_fail():
     assert F.judge_outputs([want[0].copy()], want, model, {"x": calm}) == (F.OK, "")
 
 
+def test_a_result_that_agrees_with_the_float64_run_where_the_reference_does_not_is_ill_conditioned():
+    """Found by `opsnn fuzz` (onnx_mutate seed 7661, ... Tanh -> Add 1 -> Reciprocal): at one place the float32
+    reference was off the float64 run by 80% of the tolerance and opsnn, closer to the float64 run, was past the
+    tolerance on the other side. The reference did not "move" there, yet opsnn is the more accurate one."""
+    want = np.array([22826.145, 1.0, 1.12e6], np.float32)  # the largest output sets the absolute tolerance
+    f64 = np.array([22805.357, 1.0, 1.12e6], np.float32)
+    lim = F._mismatch(want, want, False)[1][0]
+    assert 0.5 * lim < want[0] - f64[0] < lim  # the reference is within its own tolerance of float64 ...
+    got = np.array([22795.13, 1.0, 1.12e6], np.float32)
+    assert F.compare(got, want) is not None  # ... opsnn is past it from the reference
+    why = F.ill_conditioned(got, want, [("float64", f64)])
+    assert why is not None and "float64 run" in why, why
+    # off the float64 run past the tolerance too: a failure; and agreeing with a 1-ulp variant is not enough
+    assert F.ill_conditioned(np.array([22700.0, 1.0, 1.12e6], np.float32), want, [("float64", f64)]) is None
+    assert F.ill_conditioned(got, want, [("inputs 1 ulp up", f64)]) is None
+
+
 def test_ill_conditioned_singular_places_keep_a_kind_some_reference_has():
     """Where a reference is not finite (a division by a zero that rounding decides), the result must be of a
     kind (finite, NaN, +-Inf) that the reference or one of its variants has there."""

@@ -1118,8 +1118,9 @@ def _kind(a: np.ndarray) -> np.ndarray:
 
 def ill_conditioned(got, want, variants: list, overflow: bool = False) -> str | None:
     """Why ``got``'s difference from ``want`` is the problem's, not opsnn's, or None when it is a failure.
-    Ill-conditioned means: at every place ``got`` differs, some variant of the reference (:func:`reference_variants`)
-    differs from ``want`` too, and ``got`` is within reach there: within ``ILL_SPREAD`` times the variants' spread
+    Ill-conditioned means: at every place ``got`` differs, either ``got`` agrees with the reference's float64 run
+    within the tolerance, or some variant of the reference (:func:`reference_variants`: its float64 run, its inputs
+    1 ulp away) differs from ``want`` too and ``got`` is within reach there: within ``ILL_SPREAD`` times the variants' spread
     (plus the tolerance) where they are all finite, else of a kind (finite, NaN, +-Inf) one of them has."""
     g, w = np.asarray(got), np.asarray(want)
     if g.shape != w.shape or g.dtype != w.dtype or w.dtype.kind != "f":
@@ -1132,14 +1133,17 @@ def ill_conditioned(got, want, variants: list, overflow: bool = False) -> str | 
     if not bad.any():
         return None
     moved = np.zeros_like(bad)
+    near = np.zeros_like(bad)  # ``got`` agrees with the reference's float64 run within the tolerance there
     movers = []
     for label, a in alts:
         m = _mismatch(a, w, overflow)[0]
         if (m & bad).any():
             movers.append(label)
         moved |= m
-    if not moved[bad].all():
-        return None  # a place where the reference is stable: opsnn is wrong there
+        if label == "float64":
+            near |= ~_mismatch(g, a, overflow)[0]
+    if not (moved | near)[bad].all():
+        return None  # a place where the reference is stable and got agrees with none of its variants: wrong
     refs = np.stack([w] + [a for _, a in alts]).astype(np.float64)
     g64, w64 = g.astype(np.float64), w.astype(np.float64)
     finite = np.isfinite(refs).all(axis=0)
@@ -1150,11 +1154,13 @@ def ill_conditioned(got, want, variants: list, overflow: bool = False) -> str | 
     if overflow:
         far &= np.isfinite(g64) & np.isfinite(w64)
         foreign &= np.isfinite(g64) & np.isfinite(w64)
-    if (bad & (far | foreign)).any():
+    if (bad & ~near & (far | foreign)).any():
         return None
+    agree = int((bad & near & ~moved).sum())
     return (
-        f"ill-conditioned: the reference itself moves past the tolerance at all {int(bad.sum())} differing "
-        f"place(s) ({', '.join(movers)})"
+        f"ill-conditioned: at all {int(bad.sum())} differing place(s) the reference itself moves past the "
+        f"tolerance ({', '.join(movers) or 'no variant'})"
+        + (f" or, at {agree}, the result agrees with its float64 run where the reference does not" if agree else "")
     )
 
 
