@@ -535,3 +535,24 @@ def test_float32_norm_grad_rows_far_from_zero_match_float64(grad_op, n, rows):
     ref = rec.reference([a.astype(np.float64) for a in (g, x, s)], rec.bind_attrs(attrs))
     for k, (a, r) in enumerate(zip(got, ref)):
         np.testing.assert_allclose(a, r, rtol=2e-4, atol=2e-4 * np.abs(r).max(), err_msg=f"output {k}")
+
+
+@pytest.mark.parametrize("grad_op, n", [("LayerNormalizationGrad", 3), ("RMSNormalizationGrad", 2)])
+@pytest.mark.parametrize("x_dtype", [np.float32, np.float64])
+def test_norm_grad_with_a_bfloat16_scale_beside_wider_data(grad_op, n, x_dtype):
+    """Found by `opsnn fuzz` (nan_inf seeds 14323, 14334): float32 dY and X with a bfloat16 Scale reached the
+    kernel with the scale still bfloat16 (numba cannot type it: an untyped KernelError). The scale is taken in
+    the data's dtype; NaN and Inf in X stay in their rows."""
+    x = RNG.standard_normal((6, 8)).astype(x_dtype)
+    x[1, 3], x[4, 0] = np.nan, np.inf
+    g = RNG.standard_normal((6, 8)).astype(x_dtype)
+    s = RNG.uniform(0.5, 1.5, 8).astype(opsnn.dtypes.bfloat16)
+    attrs = {"axis": -1, "epsilon": 1e-5}
+    got = _grad_op(grad_op, [g, x, s], attrs, n)
+    rec = ops.get_op(grad_op, "opsnn")
+    ref = rec.reference([a.astype(np.float64) for a in (g, x, s)], rec.bind_attrs(attrs))
+    for k, (a, r) in enumerate(zip(got, ref)):
+        a = np.asarray(a, np.float64)
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(r), err_msg=f"output {k}")
+        fin = np.isfinite(r)
+        np.testing.assert_allclose(a[fin], r[fin], rtol=2e-4, atol=2e-5, err_msg=f"output {k}")

@@ -738,7 +738,7 @@ def _ln_grad_kernel(rms: bool):
         rows, N, par, chunks = plan
         g, x, scale = ins[0], ins[1], ins[2]
         axis = int(attrs["axis"]) % x.ndim
-        sv = _block_vector(scale, x.shape, axis)  # in the data's dtype (one type T)
+        sv = _block_vector(scale, x.shape, axis).astype(x.dtype, copy=False)  # a 16-bit scale beside widened data
         n = 2 * chunks * N
         part = (ws[: 8 * n].view(np.float64) if ws is not None else np.empty(n)).reshape(chunks, 2, N)
         dsc, dbi = KB.layer_norm_backward(g, x, sv, outs[0], part, rows, N, float(attrs["epsilon"]), rms, par)
