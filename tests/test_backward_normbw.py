@@ -556,3 +556,17 @@ def test_norm_grad_with_a_bfloat16_scale_beside_wider_data(grad_op, n, x_dtype):
         np.testing.assert_array_equal(np.isnan(a), np.isnan(r), err_msg=f"output {k}")
         fin = np.isfinite(r)
         np.testing.assert_allclose(a[fin], r[fin], rtol=2e-4, atol=2e-5, err_msg=f"output {k}")
+
+
+@pytest.mark.parametrize("rows", [5, 1 << 20], ids=["serial", "parallel"])
+def test_float32_layer_norm_grad_of_one_element_rows_is_exactly_zero(rows):
+    """Found by `opsnn fuzz` (nan_inf seed 17583): a LayerNorm over one element is constant (its input minus its
+    own mean), so dX is 0. The float32 rows recomputed dY * Scale in the dX pass, where 'contract' fused it into
+    an FMA with the subtraction of its rounded mean: the product's rounding error times 1/sqrt(eps) (-3.2e-5)."""
+    x = RNG.standard_normal((rows, 1)).astype(np.float32)
+    g = RNG.standard_normal((rows, 1)).astype(np.float32)
+    s = np.array([-4.3211236], np.float32)
+    dx, dscale, dbias = _grad_op("LayerNormalizationGrad", [g, x, s], {"axis": -1, "epsilon": 1e-5}, 3)
+    assert not np.asarray(dx).any(), np.abs(np.asarray(dx)).max()
+    np.testing.assert_array_equal(np.asarray(dscale), 0.0)  # X-hat is 0 in every row
+    np.testing.assert_allclose(np.asarray(dbias), g.astype(np.float64).sum(0), rtol=1e-5)

@@ -85,6 +85,9 @@ def _ln_bw_rows32(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms):
     in float64; the dScale / dBias partials in float32 over ``_FLUSH_ROWS`` rows, then float64."""
     acc_s = np.zeros(N, np.float32)
     acc_b = np.zeros(N, np.float32)
+    # dy * scale as rounded into the row sum: recomputed in the dx pass, 'contract' would fuse it into an FMA
+    # with the subtraction of its own mean, and a row whose products are all equal (N = 1) would not give 0
+    gsc = np.empty(N, np.float32)
     for row in range(r0, r1):
         xs = x[row * N : row * N + N]
         gs = dy[row * N : row * N + N]
@@ -99,13 +102,14 @@ def _ln_bw_rows32(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms):
         b = 0.0
         for b0 in range(0, N, _BLK):
             b1 = min(b0 + _BLK, N)
-            xb, gb, sb, ab, bb = xs[b0:b1], gs[b0:b1], scale[b0:b1], acc_s[b0:b1], acc_b[b0:b1]
+            xb, gb, sb, ab, bb, hb = xs[b0:b1], gs[b0:b1], scale[b0:b1], acc_s[b0:b1], acc_b[b0:b1], gsc[b0:b1]
             ta = np.float32(0.0)
             tb = np.float32(0.0)
             for i in range(xb.size):
                 xh = (xb[i] - m) * r
                 gi = gb[i]
                 gh = gi * sb[i]
+                hb[i] = gh
                 ta += gh
                 tb += gh * xh
                 ab[i] += gi * xh
@@ -116,7 +120,7 @@ def _ln_bw_rows32(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms):
         b32 = np.float32(b / N)
         for i in range(N):
             xh = (xs[i] - m) * r
-            ds[i] = r * (gs[i] * scale[i] - a32 - xh * b32)
+            ds[i] = r * (gsc[i] - a32 - xh * b32)
         if (row - r0) % _FLUSH_ROWS == _FLUSH_ROWS - 1 or row == r1 - 1:
             for i in range(N):
                 dsc[i] += acc_s[i]
