@@ -988,6 +988,82 @@ def conv_backward_weight(x, dy, dw, wplan: WeightGradPlan, ws) -> None:
             add(dyv[i][:, :, o0 * inner : o0 * inner + q], col)
 
 
+@nb.njit(parallel=True, nogil=True, cache=True)
+def im2row_images(x, out, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow):
+    """x (N, C, H, W) -> out (N*oh*ow, C*kh*kw): a row per output position of every image, its window in
+    the weight's (C, kh, kw) order; zero where the window reads padding. Any 16-bit payload (uint16 views)."""
+    n, c, h, w = x.shape
+    for t in nb.prange(n * oh):
+        i = t // oh
+        y0 = (t - i * oh) * sh - ph
+        for q in range(ow):
+            row = out[t * ow + q]
+            x0 = q * sw - pw
+            k = 0
+            for ci in range(c):
+                for a in range(kh):
+                    yy = y0 + a * dh
+                    for b in range(kw):
+                        xx = x0 + b * dw
+                        row[k] = x[i, ci, yy, xx] if 0 <= yy < h and 0 <= xx < w else 0
+                        k += 1
+
+
+@dataclass(frozen=True)
+class WeightGradRowsPlan:
+    """A 2-D bfloat16 weight gradient as one product: dW (O, C*kh*kw) = dY^T (O, N*OH*OW) @ rows (N*OH*OW,
+    C*kh*kw), the rows being every image's windows (:func:`im2row_images`) and the product oneDNN's bf16
+    matmul (float32 accumulation, one rounding)."""
+
+    x_shape: tuple
+    y_shape: tuple
+    k: tuple
+    s: tuple
+    d: tuple
+    pb: tuple
+    matmul: object  # onednn.RuntimeMatMul (1, O, N*OH*OW, C*kh*kw)
+
+    @property
+    def positions(self) -> int:
+        return self.y_shape[0] * math.prod(self.y_shape[2:])
+
+    @property
+    def row_len(self) -> int:
+        return self.x_shape[1] * math.prod(self.k)
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 2 * self.positions * (self.row_len + self.y_shape[1]) + 2 * ALIGN
+
+    def describe(self) -> str:
+        return (
+            f"weight gradient as one product: the {self.positions} x {self.row_len} windows of all images, "
+            f"times dY^T; {self.matmul.describe()}"
+        )
+
+
+def conv_weight_grad_rows_plan(x_shape, y_shape, k, s, d, pb) -> WeightGradRowsPlan:
+    from ... import dtypes as _dt
+    from . import onednn
+
+    m = int(y_shape[1])
+    p = int(y_shape[0]) * math.prod(y_shape[2:])
+    mm = onednn.runtime_matmul(1, m, p, int(x_shape[1]) * math.prod(k), dtype=_dt.bfloat16)
+    return WeightGradRowsPlan(tuple(x_shape), tuple(y_shape), tuple(k), tuple(s), tuple(d), tuple(pb), mm)
+
+
+def conv_weight_grad_rows(x, dy, dw, plan: WeightGradRowsPlan, ws) -> None:
+    """dW of a 2-D group-1 bfloat16 convolution by :class:`WeightGradRowsPlan` (contiguous x, dy, dw)."""
+    n, m = plan.y_shape[0], plan.y_shape[1]
+    p, r = plan.positions, plan.row_len
+    rows = workspace_view(ws, np.uint16, (p, r))
+    dyt = workspace_view(ws[rows.nbytes + ALIGN :], np.uint16, (m, p))
+    (kh, kw), (sh, sw), (dh, dw_), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
+    im2row_images(x.view(np.uint16), rows, kh, kw, sh, sw, ph, pw, dh, dw_, plan.y_shape[2], plan.y_shape[3])
+    np.copyto(dyt.reshape(m, n, p // n), dy.view(np.uint16).reshape(n, m, p // n).transpose(1, 0, 2))
+    plan.matmul.run(dyt.view(dw.dtype), rows.view(dw.dtype), None, dw.reshape(m, r))
+
+
 # -- integer / quantized convolution --------------------------------------------------------------
 def shifted_conv(x, w, x_zp, w_zp, plan: ConvPlan, ws) -> np.ndarray:
     """conv(x - x_zp, w - w_zp) exactly, in float64 (|sums| stay far below 2**53)."""

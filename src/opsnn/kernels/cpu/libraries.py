@@ -338,9 +338,10 @@ class BackwardChoice(NamedTuple):
 
 
 #: bfloat16 weight gradients of kernels wider than 1x1 whose output planes have at most this many
-#: positions, or strided ones over at least BF16_DW_FLOAT32_MIN_CHANNELS input channels, run oneDNN's
-#: float32 primitive on widened copies: its bf16 backward-weights code is the slower one there (1x1
-#: kernels and the few-channel stem stay native bf16; docs/performance.md has the figures)
+#: positions, or strided ones over at least BF16_DW_FLOAT32_MIN_CHANNELS input channels, leave oneDNN's
+#: bf16 backward-weights code (the slower one there): 2-D one-group ones run as one bf16 matmul over the
+#: windows of all images, others oneDNN's float32 primitive on widened copies (1x1 kernels and the
+#: few-channel stem stay native bf16; docs/performance.md has the figures)
 BF16_DW_FLOAT32_POSITIONS = 4
 BF16_DW_FLOAT32_MIN_CHANNELS = 16
 
@@ -404,6 +405,14 @@ def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations
                 and d == _dt.bfloat16
                 and bf16_weight_gradient_in_float32(x_shape, w_shape, y_shape, strides)
             ):
+                if len(x_shape) == 4 and int(group) == 1 and runtime_bf16_product() is None:
+                    return BackwardChoice(
+                        "onednn",
+                        "conv_backward_weight_matmul",
+                        "oneDNN's bf16 matmul of dY^T by the windows of all images at once: its bfloat16 "
+                        "backward-weights code is slower on small or strided output planes",
+                        None,
+                    )
                 return BackwardChoice(
                     "onednn",
                     f"{name}_onednn",
@@ -584,6 +593,8 @@ def kernel_choice(
         return Choice("onednn", kernel, "oneDNN's convolution on plain tensors, reorders at the edges")
     if kernel.startswith("conv_backward_") and kernel.endswith("_onednn"):
         return Choice("onednn", kernel, "oneDNN's convolution backward primitive (conv_backward)")
+    if kernel == "conv_backward_weight_matmul":
+        return Choice("onednn", kernel, "oneDNN's bf16 matmul over the windows of all images (conv_backward)")
     if kernel == "conv_winograd_blocked":
         c = blocked_winograd_gemms(p)
         why = c.reason if isinstance(c, Choice) else "its point GEMMs in one oneDNN batched matmul"

@@ -1216,9 +1216,27 @@ def _bwd_choice(ctx, kind: str) -> KL.BackwardChoice:
 def _bwd_onednn_applies(kind: str):
     def applies(ctx):
         c = _bwd_choice(ctx, kind)
-        return True if c.library == "onednn" else c.reason
+        return (
+            True
+            if c.kernel == ("conv_backward_data_onednn" if kind == "data" else "conv_backward_weight_onednn")
+            else c.reason
+        )
 
     return applies
+
+
+def _bwd_weight_matmul_applies(ctx):
+    c = _bwd_choice(ctx, "weights")
+    return True if c.kernel == "conv_backward_weight_matmul" else c.reason
+
+
+def _bwd_weight_matmul_plan(ctx):
+    xs, _ws, ys, geo = _backward_shapes(ctx)
+    return K.conv_weight_grad_rows_plan(xs, ys, geo.k, geo.s, geo.d, geo.pb)
+
+
+def _bwd_weight_matmul(ins, outs, attrs, plan, ws):
+    K.conv_weight_grad_rows(np.ascontiguousarray(ins[0]), np.ascontiguousarray(ins[1]), outs[0], plan, ws)
 
 
 def _bwd_onednn_plan(kind: str):
@@ -1325,6 +1343,16 @@ ConvBackwardWeight.kernel(
     "entries whose sums read the input there; the reference and the im2col kernels multiply the padding's "
     "zeros (every tap, as Conv's definition), which also gives NaN at the taps that read padding",
 )(_bwd_onednn_kernel)
+ConvBackwardWeight.kernel(
+    "conv_backward_weight_matmul",
+    dtypes=(_dt.bfloat16,),
+    priority=35,
+    applies=_bwd_weight_matmul_applies,
+    plan=_bwd_weight_matmul_plan,
+    workspace=lambda ctx, plan: plan.workspace_bytes,
+    doc="2-D, one group, small or strided output planes (libraries.conv_backward): the windows of every "
+    "image as rows (one numba pass), then dW = dY^T @ rows in one oneDNN bf16 matmul (float32 accumulation)",
+)(_bwd_weight_matmul)
 ConvBackwardWeight.kernel(
     "conv_backward_weight_im2col",
     dtypes=_F32_64,
