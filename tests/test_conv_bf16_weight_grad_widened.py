@@ -128,3 +128,12 @@ def test_other_planes_keep_the_native_bf16_primitive(name):
     dy = RNG.standard_normal(y_shape).astype(np.float32).astype(BF16)
     attrs = _attrs(w_shape, s, pads)
     _close_to_reference(_dw(x, dy, attrs), x, dy, attrs)
+
+
+def test_one_matmul_keeps_its_windows_under_the_byte_cap():
+    # a strided 3x3 at 56x56 on 256 images: 200704 windows of 1152 values (462 MB of rows) stay widened
+    x_shape, w_shape, s, pads = (256, 128, 56, 56), (128, 128, 3, 3), (2, 2), (1, 1, 1, 1)
+    y_shape = _y_shape(x_shape, w_shape, s, pads)
+    assert KL.bf16_weight_gradient_in_float32(x_shape, w_shape, y_shape, s)
+    choice = KL.conv_backward("weights", x_shape, w_shape, y_shape, s, pads, (1, 1), 1, BF16)
+    assert choice.kernel == "conv_backward_weight_onednn" and choice.compute == "float32", choice

@@ -344,6 +344,8 @@ class BackwardChoice(NamedTuple):
 #: few-channel stem stay native bf16; docs/performance.md has the figures)
 BF16_DW_FLOAT32_POSITIONS = 4
 BF16_DW_FLOAT32_MIN_CHANNELS = 16
+#: ... as one matmul while the windows of all images (bf16 rows of C*kh*kw) take at most this many bytes
+BF16_DW_ROWS_MAX_BYTES = 64 << 20
 
 
 def bf16_weight_gradient_in_float32(x_shape, w_shape, y_shape, strides) -> bool:
@@ -405,7 +407,13 @@ def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations
                 and d == _dt.bfloat16
                 and bf16_weight_gradient_in_float32(x_shape, w_shape, y_shape, strides)
             ):
-                if len(x_shape) == 4 and int(group) == 1 and runtime_bf16_product() is None:
+                rows_bytes = 2 * math.prod(int(v) for v in (y_shape[0], *y_shape[2:], *x_shape[1:2], *w_shape[2:]))
+                if (
+                    len(x_shape) == 4
+                    and int(group) == 1
+                    and rows_bytes <= BF16_DW_ROWS_MAX_BYTES
+                    and runtime_bf16_product() is None
+                ):
                     return BackwardChoice(
                         "onednn",
                         "conv_backward_weight_matmul",
