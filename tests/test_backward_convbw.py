@@ -572,44 +572,60 @@ def test_plain_onednn_is_the_default_for_runtime_weights(case, monkeypatch):
     assert const.runnable and not const.preferred and "constant weight" in const.reason
 
 
-# (X shape, W shape, strides, pads, dilations): bfloat16 weight gradients of small or strided output planes
+# (X shape, W shape, strides, pads, dilations): weight gradients of small or strided output planes
 ROWS_CASES = {
-    "plane_2x2": ((4, 32, 2, 2), (24, 32, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
-    "strided_16ch": ((2, 16, 9, 9), (8, 16, 3, 3), (2, 2), (1, 0, 2, 1), (1, 1)),
-    "strided_dilated": ((3, 20, 11, 10), (5, 20, 2, 3), (3, 2), (0, 2, 1, 0), (2, 1)),
+    "plane_2x2": ((4, 32, 2, 2), (256, 32, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    "strided_16ch": ((2, 16, 9, 9), (256, 16, 3, 3), (2, 2), (1, 0, 2, 1), (1, 1)),
+    "strided_dilated": ((3, 20, 11, 10), (256, 20, 2, 3), (3, 2), (0, 2, 1, 0), (2, 1)),
 }
 
 
 @pytest.mark.parametrize("name", list(ROWS_CASES))
 @pytest.mark.parametrize("where", [None, "x", "dy"])
-def test_bf16_weight_gradient_of_small_planes_is_one_matmul(name, where):
-    """Where the CPU runs bfloat16 natively, a 2-D one-group weight gradient of a small (<= 4 positions) or
-    strided output plane is dY^T times the windows of all images in one oneDNN bf16 matmul (oneDNN's
-    backward-weights code was 3.5x slower on ResNet-18's 512-channel 2x2 planes). Against the oracle on the
-    same bf16 values; a NaN or Inf in X or dY reaches the entries the im2col definition takes it to (the
-    windows hold the padding as zeros, which a non-finite dY multiplies)."""
-    if KD.bf16_unavailable() is not None or KL.runtime_bf16_product() is not None:
-        pytest.skip("no native bfloat16 here: the float32 adapter runs it")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_weight_gradient_of_small_planes_as_one_matmul(name, where, dtype):
+    """A 2-D one-group weight gradient of a small (<= 4 positions) or strided output plane with 256+ output
+    channels is dY^T times the windows of all images in one oneDNN brgemm matmul where the strategy says so
+    (``weight_gradient_by_rows``: bfloat16 natively, float32 where oneDNN's matmul takes runtime float32
+    products), else oneDNN's backward-weights primitive; either way against the oracle on the same values. A
+    NaN or Inf in X or dY reaches the entries the definition takes it to (the windows hold the padding as
+    zeros, which a non-finite dY multiplies, as opsnn's im2col kernel does)."""
+    dt = _dt.bfloat16 if dtype == "bfloat16" else np.float32
     xs, ws, s, pads, d = ROWS_CASES[name]
-    x = RNG.standard_normal(xs).astype(_dt.bfloat16)
-    dy = RNG.standard_normal(_out_shape(xs, ws, s, pads, d)).astype(_dt.bfloat16)
+    x = RNG.standard_normal(xs).astype(dt)
+    dy = RNG.standard_normal(_out_shape(xs, ws, s, pads, d)).astype(dt)
     if where is not None:
         flat = {"x": x, "dy": dy}[where].reshape(-1)
         flat[flat.size // 3] = np.nan
         flat[(2 * flat.size) // 3] = np.inf
     T = opsnn.tensor
     ex = opsnn.aclnn.conv_backward_weight.prepare(T(x), T(dy), ws, stride=s, padding=pads, dilation=d, groups=1)
-    assert ex.kernel_name == "conv_backward_weight_matmul", ex.reason
+    rows = KL.weight_gradient_by_rows(xs, ws, dy.shape, s, 1, dt)
+    assert (ex.kernel_name == "conv_backward_weight_matmul") == rows, ex.reason
+    if dt == _dt.bfloat16 and KD.bf16_unavailable() is None and KL.runtime_bf16_product() is None:
+        assert rows  # native bfloat16 here: always this kernel for these shapes
     got = ex.run().numpy()
-    assert got.dtype == _dt.bfloat16 and got.shape == ws
+    assert got.dtype == dt and got.shape == ws
     w = np.zeros(ws, np.float32)
+    # the windows, opsnn's im2col kernel and oneDNN's own im2col (gemm) code multiply the padding's zeros
+    padded = rows or ex.kernel_name == "conv_backward_weight_im2col" or "gemm" in getattr(ex.plan, "impl", "")
     with np.errstate(invalid="ignore"):
-        want = _oracle_padded(x, w, dy, s, pads, d, 1)
+        want = _oracle_padded(x, w, dy, s, pads, d, 1) if padded else _oracle(x, w, dy, s, pads, d, 1)[1]
     got = got.astype(np.float64)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
     np.testing.assert_array_equal(np.sign(got[np.isinf(got)]), np.sign(want[np.isinf(want)]))
     ok = np.isfinite(want)
-    _close(got[ok], want[ok], _dt.bfloat16)
-    c = KL.kernel_choice("conv_backward_weight_matmul", ws[0], 1, 1, _dt.bfloat16)
+    _close(got[ok], want[ok], dt)
+    c = KL.kernel_choice("conv_backward_weight_matmul", ws[0], 1, 1, dt)
     assert c is not None and c.library == "onednn", c
+
+
+def test_narrow_or_grouped_small_planes_keep_the_primitive():
+    # fewer than 256 output channels, or two groups: oneDNN's backward-weights primitive (widened for bf16)
+    xs, s, pads, d = (4, 32, 2, 2), (1, 1), (1, 1, 1, 1), (1, 1)
+    for ws, g in (((128, 32, 3, 3), 1), ((256, 16, 3, 3), 2)):
+        ys = _out_shape(xs, ws, s, pads, d)
+        for dt in (np.float32, _dt.bfloat16):
+            assert not KL.weight_gradient_by_rows(xs, ws, ys, s, g, dt)
+            assert KL.conv_backward("weights", xs, ws, ys, s, pads, d, g, dt).kernel != "conv_backward_weight_matmul"

@@ -1,7 +1,7 @@
 """bfloat16 convolution weight gradients on small or strided output planes (libraries.conv_backward's
-rule, ``bf16_weight_gradient_in_float32``): 2-D one-group ones are one oneDNN bf16 matmul over the windows
+rule, ``bf16_weight_gradient_in_float32``): 2-D one-group ones of 256+ output channels are one oneDNN bf16 matmul over the windows
 of all images (``conv_backward_weight_matmul``, tests/test_backward_convbw.py has its NaN/Inf cases);
-grouped ones run oneDNN's float32 backward-weights primitive on widened copies of X and dY, dW rounded to
+narrower (< 256 output channels) or grouped ones run oneDNN's float32 backward-weights primitive on widened copies of X and dY, dW rounded to
 bfloat16 once: bit-equal to the float32 kernel run on the widened inputs and rounded, NaN/Inf where it has
 them. Both close to the float64 reference (half a bf16 ulp plus float32 summation error). Other planes
 keep oneDNN's native bf16 primitive."""
@@ -26,12 +26,13 @@ pytestmark = pytest.mark.skipif(not NATIVE, reason="no native bfloat16 oneDNN co
 # (one matmul) and two (widened); the bf16 primitive stays for a 6x6 stride-1 3x3, a strided 1x1 onto 2x2
 # planes and a three-channel strided stem
 ONE_MATMUL = {
-    "3x3_2x2_planes": ((4, 32, 2, 2), (32, 32, 3, 3), (1, 1), (1, 1, 1, 1)),
-    "3x3_stride2": ((3, 16, 9, 9), (24, 16, 3, 3), (2, 2), (1, 1, 1, 1)),
-    "3x3_stride2_wide": ((2, 16, 8, 8), (32, 16, 3, 3), (2, 2), (1, 1, 1, 1)),
+    "3x3_2x2_planes": ((4, 32, 2, 2), (256, 32, 3, 3), (1, 1), (1, 1, 1, 1)),
+    "3x3_stride2": ((3, 16, 9, 9), (256, 16, 3, 3), (2, 2), (1, 1, 1, 1)),
 }
 WIDENED = {
-    "3x3_2x2_planes_2_groups": ((4, 32, 2, 2), (32, 16, 3, 3), (1, 1), (1, 1, 1, 1), 2),
+    "3x3_2x2_planes_narrow": ((4, 32, 2, 2), (32, 32, 3, 3), (1, 1), (1, 1, 1, 1), 1),
+    "3x3_stride2_narrow": ((2, 16, 8, 8), (32, 16, 3, 3), (2, 2), (1, 1, 1, 1), 1),
+    "3x3_2x2_planes_2_groups": ((4, 32, 2, 2), (256, 16, 3, 3), (1, 1), (1, 1, 1, 1), 2),
     "3x3_stride2_2_groups": ((3, 32, 9, 9), (24, 16, 3, 3), (2, 2), (1, 1, 1, 1), 2),
 }
 NATIVE_BF16 = {
@@ -132,7 +133,7 @@ def test_other_planes_keep_the_native_bf16_primitive(name):
 
 def test_one_matmul_keeps_its_windows_under_the_byte_cap():
     # a strided 3x3 at 56x56 on 256 images: 200704 windows of 1152 values (462 MB of rows) stay widened
-    x_shape, w_shape, s, pads = (256, 128, 56, 56), (128, 128, 3, 3), (2, 2), (1, 1, 1, 1)
+    x_shape, w_shape, s, pads = (256, 128, 56, 56), (256, 128, 3, 3), (2, 2), (1, 1, 1, 1)
     y_shape = _y_shape(x_shape, w_shape, s, pads)
     assert KL.bf16_weight_gradient_in_float32(x_shape, w_shape, y_shape, s)
     choice = KL.conv_backward("weights", x_shape, w_shape, y_shape, s, pads, (1, 1), 1, BF16)

@@ -991,7 +991,8 @@ def conv_backward_weight(x, dy, dw, wplan: WeightGradPlan, ws) -> None:
 @nb.njit(parallel=True, nogil=True, cache=True)
 def im2row_images(x, out, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow):
     """x (N, C, H, W) -> out (N*oh*ow, C*kh*kw): a row per output position of every image, its window in
-    the weight's (C, kh, kw) order; zero where the window reads padding. Any 16-bit payload (uint16 views)."""
+    the weight's (C, kh, kw) order; zero where the window reads padding. Floats as same-width unsigned
+    integer views (bfloat16 as uint16, float32 as uint32: +0.0 is all zero bits)."""
     n, c, h, w = x.shape
     for t in nb.prange(n * oh):
         i = t // oh
@@ -1011,9 +1012,9 @@ def im2row_images(x, out, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow):
 
 @dataclass(frozen=True)
 class WeightGradRowsPlan:
-    """A 2-D bfloat16 weight gradient as one product: dW (O, C*kh*kw) = dY^T (O, N*OH*OW) @ rows (N*OH*OW,
-    C*kh*kw), the rows being every image's windows (:func:`im2row_images`) and the product oneDNN's bf16
-    matmul (float32 accumulation, one rounding)."""
+    """A 2-D weight gradient as one product: dW (O, C*kh*kw) = dY^T (O, N*OH*OW) @ rows (N*OH*OW, C*kh*kw),
+    the rows being every image's windows (:func:`im2row_images`) and the product oneDNN's brgemm matmul
+    (bfloat16: float32 accumulation, one rounding)."""
 
     x_shape: tuple
     y_shape: tuple
@@ -1021,6 +1022,7 @@ class WeightGradRowsPlan:
     s: tuple
     d: tuple
     pb: tuple
+    itemsize: int
     matmul: object  # onednn.RuntimeMatMul (1, O, N*OH*OW, C*kh*kw)
 
     @property
@@ -1033,7 +1035,7 @@ class WeightGradRowsPlan:
 
     @property
     def workspace_bytes(self) -> int:
-        return 2 * self.positions * (self.row_len + self.y_shape[1]) + 2 * ALIGN
+        return self.itemsize * self.positions * (self.row_len + self.y_shape[1]) + 2 * ALIGN
 
     def describe(self) -> str:
         return (
@@ -1042,25 +1044,26 @@ class WeightGradRowsPlan:
         )
 
 
-def conv_weight_grad_rows_plan(x_shape, y_shape, k, s, d, pb) -> WeightGradRowsPlan:
-    from ... import dtypes as _dt
+def conv_weight_grad_rows_plan(x_shape, y_shape, k, s, d, pb, dtype) -> WeightGradRowsPlan:
     from . import onednn
 
     m = int(y_shape[1])
     p = int(y_shape[0]) * math.prod(y_shape[2:])
-    mm = onednn.runtime_matmul(1, m, p, int(x_shape[1]) * math.prod(k), dtype=_dt.bfloat16)
-    return WeightGradRowsPlan(tuple(x_shape), tuple(y_shape), tuple(k), tuple(s), tuple(d), tuple(pb), mm)
+    mm = onednn.runtime_matmul(1, m, p, int(x_shape[1]) * math.prod(k), dtype=dtype)
+    size = np.dtype(dtype).itemsize
+    return WeightGradRowsPlan(tuple(x_shape), tuple(y_shape), tuple(k), tuple(s), tuple(d), tuple(pb), size, mm)
 
 
 def conv_weight_grad_rows(x, dy, dw, plan: WeightGradRowsPlan, ws) -> None:
-    """dW of a 2-D group-1 bfloat16 convolution by :class:`WeightGradRowsPlan` (contiguous x, dy, dw)."""
+    """dW of a 2-D group-1 convolution by :class:`WeightGradRowsPlan` (contiguous x, dy, dw of its dtype)."""
     n, m = plan.y_shape[0], plan.y_shape[1]
     p, r = plan.positions, plan.row_len
-    rows = workspace_view(ws, np.uint16, (p, r))
-    dyt = workspace_view(ws[rows.nbytes + ALIGN :], np.uint16, (m, p))
+    bits = np.uint16 if plan.itemsize == 2 else np.uint32
+    rows = workspace_view(ws, bits, (p, r))
+    dyt = workspace_view(ws[rows.nbytes + ALIGN :], bits, (m, p))
     (kh, kw), (sh, sw), (dh, dw_), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
-    im2row_images(x.view(np.uint16), rows, kh, kw, sh, sw, ph, pw, dh, dw_, plan.y_shape[2], plan.y_shape[3])
-    np.copyto(dyt.reshape(m, n, p // n), dy.view(np.uint16).reshape(n, m, p // n).transpose(1, 0, 2))
+    im2row_images(x.view(bits), rows, kh, kw, sh, sw, ph, pw, dh, dw_, plan.y_shape[2], plan.y_shape[3])
+    np.copyto(dyt.reshape(m, n, p // n), dy.view(bits).reshape(n, m, p // n).transpose(1, 0, 2))
     plan.matmul.run(dyt.view(dw.dtype), rows.view(dw.dtype), None, dw.reshape(m, r))
 
 

@@ -339,13 +339,16 @@ class BackwardChoice(NamedTuple):
 
 #: bfloat16 weight gradients of kernels wider than 1x1 whose output planes have at most this many
 #: positions, or strided ones over at least BF16_DW_FLOAT32_MIN_CHANNELS input channels, leave oneDNN's
-#: bf16 backward-weights code (the slower one there): 2-D one-group ones run as one bf16 matmul over the
-#: windows of all images, others oneDNN's float32 primitive on widened copies (1x1 kernels and the
-#: few-channel stem stay native bf16; docs/performance.md has the figures)
+#: bf16 backward-weights code (the slower one there): 2-D one-group ones run as one matmul over the
+#: windows of all images (:func:`weight_gradient_by_rows`, float32 ones too), others oneDNN's float32
+#: primitive on widened copies (1x1 kernels and the few-channel stem stay native bf16; docs/performance.md)
 BF16_DW_FLOAT32_POSITIONS = 4
 BF16_DW_FLOAT32_MIN_CHANNELS = 16
-#: ... as one matmul while the windows of all images (bf16 rows of C*kh*kw) take at most this many bytes
-BF16_DW_ROWS_MAX_BYTES = 64 << 20
+#: ... as one matmul while the windows of all images (rows of C*kh*kw) take at most this many bytes, and
+#: for at least this many output channels: the product's multiply-adds per window value, which must
+#: outweigh the numba pass writing the windows (ResNet-18's 64 -> 128 stride-2 3x3 did not gain)
+DW_ROWS_MAX_BYTES = 64 << 20
+DW_ROWS_MIN_OUT_CHANNELS = 256
 
 
 def bf16_weight_gradient_in_float32(x_shape, w_shape, y_shape, strides) -> bool:
@@ -356,6 +359,29 @@ def bf16_weight_gradient_in_float32(x_shape, w_shape, y_shape, strides) -> bool:
     positions = math.prod(int(v) for v in y_shape[2:])
     strided = any(int(s) > 1 for s in strides) and int(x_shape[1]) >= BF16_DW_FLOAT32_MIN_CHANNELS
     return positions <= BF16_DW_FLOAT32_POSITIONS or strided
+
+
+def weight_gradient_by_rows(x_shape, w_shape, y_shape, strides, group, dtype, p: Platform | None = None) -> bool:
+    """True when a convolution's weight gradient runs as one oneDNN matmul, dW = dY^T @ the windows of all
+    images as rows (``conv_backward_weight_matmul``): 2-D, one group, the small or strided output planes of
+    :func:`bf16_weight_gradient_in_float32` (where oneDNN's backward-weights code is the slower one, float32
+    too), at least :data:`DW_ROWS_MIN_OUT_CHANNELS` output channels, rows within :data:`DW_ROWS_MAX_BYTES`,
+    and oneDNN's brgemm matmul running ``dtype`` on runtime operands (bfloat16 natively; float32 where
+    :func:`runtime_f32_product` takes it)."""
+    d = np.dtype(dtype)
+    if len(x_shape) != 4 or int(group) != 1 or d not in (np.dtype(np.float32), np.dtype(_dt.bfloat16)):
+        return False
+    if int(w_shape[0]) < DW_ROWS_MIN_OUT_CHANNELS:
+        return False
+    if not bf16_weight_gradient_in_float32(x_shape, w_shape, y_shape, strides):
+        return False
+    positions = int(y_shape[0]) * math.prod(int(v) for v in y_shape[2:])
+    row = int(x_shape[1]) * math.prod(int(v) for v in w_shape[2:])
+    if positions * row * d.itemsize > DW_ROWS_MAX_BYTES:
+        return False
+    if d == _dt.bfloat16:
+        return runtime_bf16_product(p) is None
+    return runtime_f32_product(int(w_shape[0]), positions, row, p=p) is None
 
 
 def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype) -> BackwardChoice:
@@ -402,25 +428,19 @@ def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations
             continue
         if not impl.startswith("ref"):
             where = "the layouts it chose" if formats == "any" else "the plain layouts (its own choice is ref code)"
+            if kind == "weights" and weight_gradient_by_rows(x_shape, w_shape, y_shape, strides, group, d):
+                return BackwardChoice(
+                    "onednn",
+                    "conv_backward_weight_matmul",
+                    f"oneDNN's {_dt.name(d)} matmul of dY^T by the windows of all images at once: its "
+                    "backward-weights code is slower on small or strided output planes",
+                    None,
+                )
             if (
                 kind == "weights"
                 and d == _dt.bfloat16
                 and bf16_weight_gradient_in_float32(x_shape, w_shape, y_shape, strides)
             ):
-                rows_bytes = 2 * math.prod(int(v) for v in (y_shape[0], *y_shape[2:], *x_shape[1:2], *w_shape[2:]))
-                if (
-                    len(x_shape) == 4
-                    and int(group) == 1
-                    and rows_bytes <= BF16_DW_ROWS_MAX_BYTES
-                    and runtime_bf16_product() is None
-                ):
-                    return BackwardChoice(
-                        "onednn",
-                        "conv_backward_weight_matmul",
-                        "oneDNN's bf16 matmul of dY^T by the windows of all images at once: its bfloat16 "
-                        "backward-weights code is slower on small or strided output planes",
-                        None,
-                    )
                 return BackwardChoice(
                     "onednn",
                     f"{name}_onednn",
@@ -602,7 +622,7 @@ def kernel_choice(
     if kernel.startswith("conv_backward_") and kernel.endswith("_onednn"):
         return Choice("onednn", kernel, "oneDNN's convolution backward primitive (conv_backward)")
     if kernel == "conv_backward_weight_matmul":
-        return Choice("onednn", kernel, "oneDNN's bf16 matmul over the windows of all images (conv_backward)")
+        return Choice("onednn", kernel, "oneDNN's matmul over the windows of all images (conv_backward)")
     if kernel == "conv_winograd_blocked":
         c = blocked_winograd_gemms(p)
         why = c.reason if isinstance(c, Choice) else "its point GEMMs in one oneDNN batched matmul"

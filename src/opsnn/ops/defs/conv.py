@@ -1232,7 +1232,7 @@ def _bwd_weight_matmul_applies(ctx):
 
 def _bwd_weight_matmul_plan(ctx):
     xs, _ws, ys, geo = _backward_shapes(ctx)
-    return K.conv_weight_grad_rows_plan(xs, ys, geo.k, geo.s, geo.d, geo.pb)
+    return K.conv_weight_grad_rows_plan(xs, ys, geo.k, geo.s, geo.d, geo.pb, ctx.dtype(0))
 
 
 def _bwd_weight_matmul(ins, outs, attrs, plan, ws):
@@ -1345,13 +1345,14 @@ ConvBackwardWeight.kernel(
 )(_bwd_onednn_kernel)
 ConvBackwardWeight.kernel(
     "conv_backward_weight_matmul",
-    dtypes=(_dt.bfloat16,),
+    dtypes=(_dt.float32, _dt.bfloat16),
     priority=35,
     applies=_bwd_weight_matmul_applies,
     plan=_bwd_weight_matmul_plan,
     workspace=lambda ctx, plan: plan.workspace_bytes,
-    doc="2-D, one group, small or strided output planes (libraries.conv_backward): the windows of every "
-    "image as rows (one numba pass), then dW = dY^T @ rows in one oneDNN bf16 matmul (float32 accumulation)",
+    doc="2-D, one group, small or strided output planes (libraries.weight_gradient_by_rows): the windows of "
+    "every image as rows (one numba pass), then dW = dY^T @ rows in one oneDNN brgemm matmul (bfloat16: "
+    "float32 accumulation)",
 )(_bwd_weight_matmul)
 ConvBackwardWeight.kernel(
     "conv_backward_weight_im2col",
