@@ -286,3 +286,21 @@ def test_ill_conditioned_singular_places_keep_a_kind_some_reference_has():
     assert F.ill_conditioned(np.array([1.0, -2e30], np.float32), want, variants) is not None
     assert F.ill_conditioned(np.array([1.0, np.nan], np.float32), want, variants) is None
     assert F.ill_conditioned(np.array([1.0, -2e30], np.float32), want, [("float64", want.copy())]) is None
+
+
+def test_the_soak_runs_the_batches_a_reshape_allows():
+    """Found by `opsnn fuzz` (soak seed 27182): a model reshaping to (3, -1) takes only batches whose element
+    count 3 divides; the soak probed batch sizes catching InferShapeError only, and Reshape's refusal is a
+    ParamInvalidError, so the harness itself failed."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"])],
+        "reshape3",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array([3, -1], np.int64), "s")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    cg = F.compile_graph(F.load_onnx(model.SerializeToString()))
+    assert F._batches_it_takes(cg, [1, 2, 8], F.RngDraw(0)) == [3]

@@ -1382,15 +1382,16 @@ def _rss_bytes() -> int:
 
 def _batches_it_takes(cg, base_shape: list, draw) -> list[int]:
     """The batch sizes of 1-4 the soak's model accepts: a constant may pin its batch dim (a (2, 1, 5)
-    operand broadcasts with batch 1 or 2 only), which its shape checks refuse with an InferShapeError."""
-    from ..errors import InferShapeError
+    operand broadcasts with batch 1 or 2 only, a Reshape to (3, -1) needs a multiple of 3 elements), which
+    its shape checks refuse with an InferShapeError or a ParamInvalidError."""
+    from ..errors import InferShapeError, ParamInvalidError
 
     ok = []
     for b in (1, 2, 3, 4):
         try:
             cg.run({"x": draw.array([b] + base_shape[1:], np.float32)})
             ok.append(b)
-        except InferShapeError:
+        except (InferShapeError, ParamInvalidError):
             continue
     return ok or [1]
 
