@@ -559,13 +559,15 @@ def test_norm_grad_with_a_bfloat16_scale_beside_wider_data(grad_op, n, x_dtype):
 
 
 @pytest.mark.parametrize("rows", [5, 1 << 20], ids=["serial", "parallel"])
-def test_float32_layer_norm_grad_of_one_element_rows_is_exactly_zero(rows):
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_grad_of_one_element_rows_is_exactly_zero(rows, dtype):
     """Found by `opsnn fuzz` (nan_inf seed 17583): a LayerNorm over one element is constant (its input minus its
     own mean), so dX is 0. The float32 rows recomputed dY * Scale in the dX pass, where 'contract' fused it into
-    an FMA with the subtraction of its rounded mean: the product's rounding error times 1/sqrt(eps) (-3.2e-5)."""
-    x = RNG.standard_normal((rows, 1)).astype(np.float32)
-    g = RNG.standard_normal((rows, 1)).astype(np.float32)
-    s = np.array([-4.3211236], np.float32)
+    an FMA with the subtraction of its rounded mean: the product's rounding error times 1/sqrt(eps) (-3.2e-5;
+    float64 rows 2.8e-13)."""
+    x = RNG.standard_normal((rows, 1)).astype(dtype)
+    g = RNG.standard_normal((rows, 1)).astype(dtype)
+    s = np.array([-4.3211236], dtype)
     dx, dscale, dbias = _grad_op("LayerNormalizationGrad", [g, x, s], {"axis": -1, "epsilon": 1e-5}, 3)
     assert not np.asarray(dx).any(), np.abs(np.asarray(dx)).max()
     np.testing.assert_array_equal(np.asarray(dscale), 0.0)  # X-hat is 0 in every row

@@ -43,6 +43,7 @@ _OPTS = dict(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "
 def _ln_bw_rows(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms):
     """float64 rows ``r0..r1`` of N elements: ``dx``, and their sums of ``dy * xhat`` (into ``dsc``) and
     ``dy`` (into ``dbi``), float64 N-vectors this chunk owns."""
+    gsc = np.empty(N)  # dy * scale as rounded into the row sum (see _ln_bw_rows32)
     for row in range(r0, r1):
         xs = x[row * N : row * N + N]
         gs = dy[row * N : row * N + N]
@@ -63,6 +64,7 @@ def _ln_bw_rows(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms):
             xh = (xs[i] - mean) * rstd
             gi = float(gs[i])
             gh = gi * scale[i]
+            gsc[i] = gh
             a += gh
             b += gh * xh
             dsc[i] += gi * xh
@@ -71,7 +73,7 @@ def _ln_bw_rows(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms):
         b = b / N
         for i in range(N):
             xh = (xs[i] - mean) * rstd
-            ds[i] = rstd * (gs[i] * scale[i] - a - xh * b)
+            ds[i] = rstd * (gsc[i] - a - xh * b)
 
 
 #: rows whose float32 dScale / dBias partial sums accumulate before they join the float64 ones
@@ -87,6 +89,7 @@ def _ln_bw_rows32(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms):
     acc_b = np.zeros(N, np.float32)
     # dy * scale as rounded into the row sum: recomputed in the dx pass, 'contract' would fuse it into an FMA
     # with the subtraction of its own mean, and a row whose products are all equal (N = 1) would not give 0
+    # (the float64 rows too)
     gsc = np.empty(N, np.float32)
     for row in range(r0, r1):
         xs = x[row * N : row * N + N]
