@@ -1213,21 +1213,14 @@ def _bwd_choice(ctx, kind: str) -> KL.BackwardChoice:
     return KL.conv_backward(kind, xs, ws, ys, geo.s, geo.pb + geo.pe, geo.d, g, ctx.dtype(0))
 
 
-def _bwd_onednn_applies(kind: str):
+def _bwd_applies(kind: str, kernel: str):
+    """Applies where :func:`libraries.conv_backward` picks ``kernel`` for this gradient, else says why not."""
+
     def applies(ctx):
         c = _bwd_choice(ctx, kind)
-        return (
-            True
-            if c.kernel == ("conv_backward_data_onednn" if kind == "data" else "conv_backward_weight_onednn")
-            else c.reason
-        )
+        return True if c.kernel == kernel else c.reason
 
     return applies
-
-
-def _bwd_weight_matmul_applies(ctx):
-    c = _bwd_choice(ctx, "weights")
-    return True if c.kernel == "conv_backward_weight_matmul" else c.reason
 
 
 def _bwd_weight_matmul_plan(ctx):
@@ -1300,7 +1293,7 @@ ConvBackwardData.kernel(
     "conv_backward_data_onednn",
     dtypes=(_dt.float32, _dt.bfloat16),
     priority=30,
-    applies=_bwd_onednn_applies("data"),
+    applies=_bwd_applies("data", "conv_backward_data_onednn"),
     plan=_bwd_onednn_plan("data"),
     workspace=lambda ctx, plan: plan.workspace_bytes,
     doc="oneDNN's convolution backward-data primitive (forward_training hint), built at prepare and "
@@ -1334,7 +1327,7 @@ ConvBackwardWeight.kernel(
     "conv_backward_weight_onednn",
     dtypes=(_dt.float32, _dt.bfloat16),
     priority=30,
-    applies=_bwd_onednn_applies("weights"),
+    applies=_bwd_applies("weights", "conv_backward_weight_onednn"),
     plan=_bwd_onednn_plan("weights"),
     workspace=lambda ctx, plan: plan.workspace_bytes,
     doc="oneDNN's convolution backward-weights primitive (forward_training hint), built at prepare and "
@@ -1347,7 +1340,7 @@ ConvBackwardWeight.kernel(
     "conv_backward_weight_matmul",
     dtypes=(_dt.float32, _dt.bfloat16),
     priority=35,
-    applies=_bwd_weight_matmul_applies,
+    applies=_bwd_applies("weights", "conv_backward_weight_matmul"),
     plan=_bwd_weight_matmul_plan,
     workspace=lambda ctx, plan: plan.workspace_bytes,
     doc="2-D, one group, small or strided output planes (libraries.weight_gradient_by_rows): the windows of "
