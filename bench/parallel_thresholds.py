@@ -1,6 +1,6 @@
 """Serial vs parallel variants of the pointwise and row kernel families, size by size: the
 comparison behind ``PARALLEL_MIN`` in ``src/opsnn/kernels/cpu/{activation,elementwise,norm,
-reduction}.py`` (docs/performance.md, "Parallel thresholds").
+reduction,dropout}.py`` (docs/performance.md, "Parallel thresholds").
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/parallel_thresholds.py \\
         [--sizes 32K,256K,1M,4M] [--repeat 200] [--json PATH]
@@ -24,7 +24,7 @@ import opsnn  # before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap 
 import numpy as np
 from workloads import write_json
 
-from opsnn.kernels.cpu import activation, elementwise, norm, reduction
+from opsnn.kernels.cpu import activation, dropout, elementwise, norm, reduction
 
 ROW = 768  # row length for the row-wise ops (LayerNorm, softmax, sum over rows): BERT-base's hidden size
 
@@ -37,6 +37,13 @@ CASES = [
     ("add", elementwise, "PARALLEL_MIN", lambda x: opsnn.aclnn.add.prepare(x, x)),
     ("layer_norm", norm, "PARALLEL_MIN", lambda x: opsnn.aclnn.layer_norm.prepare(x, (ROW,))),
     ("sum over rows", reduction, "PARALLEL_MIN", lambda x: opsnn.aclnn.sum.prepare(x, dim=-1)),
+    ("dropout", dropout, "FORWARD_PARALLEL_MIN", lambda x: opsnn.aclnn.native_dropout.prepare(x, 0.1, np.int64(7))),
+    (
+        "dropout backward",
+        dropout,
+        "PARALLEL_MIN",
+        lambda x: opsnn.aclnn.native_dropout_backward.prepare(x, np.ones(x.shape, np.bool_), 0.1),
+    ),
 ]
 
 

@@ -34,8 +34,8 @@ def _oracle(x, seed, p):
     return x.astype(np.float64) * np.where(keep, 1.0 / (1.0 - p), 0.0), keep
 
 
-# shapes: odd, empty, and past KD.PARALLEL_MIN (the parallel kernel)
-@pytest.mark.parametrize("shape", [(7,), (3, 5, 11), (0, 4), (1025, 1024)])
+# shapes: odd, empty, past the forward's parallel threshold only, and past both (the parallel kernels)
+@pytest.mark.parametrize("shape", [(7,), (3, 5, 11), (0, 4), (257, 1024), (1025, 1024)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16], ids=["f32", "f64", "bf16"])
 def test_native_dropout_matches_the_hash_oracle(shape, dtype):
     p, seed = 0.3, -1234567890123  # a negative seed wraps to its unsigned bits
@@ -54,7 +54,7 @@ def test_native_dropout_matches_the_hash_oracle(shape, dtype):
         g = ops.native_dropout_backward(x, keep, p).numpy()
         np.testing.assert_array_equal(g.view(np.uint16), exact.view(np.uint16))
     if x.size > 10_000:  # binomial(n, 0.7): 6 standard deviations
-        assert x.size >= KD.PARALLEL_MIN
+        assert x.size >= KD.FORWARD_PARALLEL_MIN
         sd = np.sqrt(0.21 / x.size)
         assert abs(keep.numpy().mean() - 0.7) < 6 * sd
 

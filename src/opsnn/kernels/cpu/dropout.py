@@ -20,6 +20,7 @@ import ml_dtypes
 import numba as nb
 import numpy as np
 
+from .activation import PARALLEL_MIN_COSTLY
 from .gemm import KIND_BF16, _narrow, _widen
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -28,9 +29,11 @@ _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 #: elements one parallel task handles
 BLOCK = 1 << 14
-#: below this many elements the serial kernel runs: elementwise maps' threshold
+#: below this many elements the backward runs serially: elementwise maps' threshold
 #: (:data:`.elementwise.PARALLEL_MIN`), a pass this cheap does not repay waking a second thread sooner
 PARALLEL_MIN = 1 << 20
+#: the forward's threshold: a 64-bit hash per element costs like an exp map
+FORWARD_PARALLEL_MIN = PARALLEL_MIN_COSTLY
 
 
 class DropoutPlan(NamedTuple):
@@ -47,7 +50,7 @@ def threshold(p: float) -> int:
 
 
 def dropout_plan(numel: int, p: float) -> DropoutPlan:
-    return DropoutPlan(threshold(p), numel >= PARALLEL_MIN)
+    return DropoutPlan(threshold(p), numel >= FORWARD_PARALLEL_MIN)
 
 
 def seed_bits(seed) -> np.uint64:
