@@ -572,3 +572,23 @@ def test_layer_norm_grad_of_one_element_rows_is_exactly_zero(rows, dtype):
     assert not np.asarray(dx).any(), np.abs(np.asarray(dx)).max()
     np.testing.assert_array_equal(np.asarray(dscale), 0.0)  # X-hat is 0 in every row
     np.testing.assert_allclose(np.asarray(dbias), g.astype(np.float64).sum(0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (1, 1 << 15, 1)], ids=["serial", "parallel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, opsnn.dtypes.bfloat16], ids=["f32", "f64", "bf16"])
+@pytest.mark.parametrize("relu", [0, 1])
+def test_batch_norm_grad_of_one_value_per_channel_is_exactly_zero(shape, dtype, relu):
+    """Found by `opsnn fuzz` (nan_inf seed 63711): training-mode BatchNorm over one value per channel is
+    constant, so dX is 0. The kernels wrote dX = A * dY + B * (X - mean) + K with K = -A * mean(dY) rounded on
+    its own: 'contract' fused A * dY into an FMA with K and kept the product's rounding error (2.8e-5 with
+    eps 1e-5). dX is now A * (dY - mean(dY)) + B * (X - mean): the difference is exact where they cancel."""
+    x = RNG.standard_normal(shape).astype(dtype)
+    g = RNG.standard_normal(shape).astype(dtype)
+    s = RNG.uniform(-2.0, 2.0, shape[1]).astype(dtype)
+    y = np.abs(RNG.standard_normal(shape)).astype(dtype)  # the fused ReLU's output: every dY counts
+    ins = [g, x, s, None, None, y] if relu else [g, x, s]
+    dx, dscale, dbias = _grad_op("BatchNormalizationGrad", ins, {"epsilon": 1e-5, "training_mode": 1, "relu": relu}, 3)
+    assert not np.asarray(dx, np.float64).any(), np.abs(np.asarray(dx, np.float64)).max()
+    np.testing.assert_array_equal(np.asarray(dscale, np.float64), 0.0)  # X-hat is 0 in every channel
+    np.testing.assert_array_equal(np.asarray(dbias, np.float64), g.astype(np.float64).reshape(shape[1]))
+

@@ -366,16 +366,19 @@ def _bn_bw_dx_task(dy, x, y, relu, scale, dx, st, row, C, S, M, training):
     ys = y[row * S : row * S + S]
     ds = dx[row * S : row * S + S]
     if training:
-        # dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)), xhat = (x - m) * rstd
-        k1 = st[c, 4] / M
-        k2 = st[c, 5] / M
+        # dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)), xhat = (x - m) * rstd, as
+        # rstd * sc * (g - mean(g)) - ...: g * sc - mean(gh) would contract into an FMA and keep the
+        # product's rounding error where the two cancel (one value per channel: dx must be 0)
+        a = rstd * sc
+        gbar = st[c, 2] / M
+        k2 = rstd * st[c, 5] / M
         if relu:
             for s in range(S):
                 g = gs[s] if ys[s] > 0 else 0.0
-                ds[s] = rstd * (g * sc - k1 - (xs[s] - m) * rstd * k2)
+                ds[s] = a * (g - gbar) - (xs[s] - m) * rstd * k2
         else:
             for s in range(S):
-                ds[s] = rstd * (gs[s] * sc - k1 - (xs[s] - m) * rstd * k2)
+                ds[s] = a * (gs[s] - gbar) - (xs[s] - m) * rstd * k2
     elif relu:
         for s in range(S):
             ds[s] = (gs[s] if ys[s] > 0 else 0.0) * sc * rstd
@@ -527,7 +530,7 @@ def _bn_bw_dx_plane_f32(dy, x, y, relu, scale, dx, st, row, C, S, M, training):
     rstd = st[c, 1]
     a = np.float32(rstd * scale[c])
     b = np.float32(-rstd * rstd * st[c, 5] / M)
-    k = np.float32(-rstd * st[c, 4] / M)
+    gbar = np.float32(st[c, 2] / M)
     m = np.float32(st[c, 0])
     xs = x[row * S : row * S + S]
     gs = dy[row * S : row * S + S]
@@ -539,10 +542,10 @@ def _bn_bw_dx_plane_f32(dy, x, y, relu, scale, dx, st, row, C, S, M, training):
     elif relu:
         for i in range(S):
             g = gs[i] if ys[i] > 0 else _Z32
-            ds[i] = a * g + b * (xs[i] - m) + k
+            ds[i] = a * (g - gbar) + b * (xs[i] - m)
     else:
         for i in range(S):
-            ds[i] = a * gs[i] + b * (xs[i] - m) + k
+            ds[i] = a * (gs[i] - gbar) + b * (xs[i] - m)
 
 
 @nb.njit(parallel=True, **_OPTS)
@@ -571,28 +574,29 @@ def _bn_bw_stats_small_serial(dy, x, y, relu, scale, N, C, S, training, mean_in,
 
 @nb.njit(**_OPTS)
 def _bn_bw_dx_coeffs(scale, st, lo, hi, S, M, training):
-    """Channels lo..hi-1's dx = A * g + B * (x - mean) + K factors (_bn_bw_dx_task's expression),
-    each expanded to its S elements as float32 lanes (as many as the data's): mean, A, B, K."""
+    """Channels lo..hi-1's dx = A * (g - mean(g)) + B * (x - mean) factors (_bn_bw_dx_task's
+    expression), each expanded to its S elements as float32 lanes (as many as the data's): mean, A,
+    B, mean(g)."""
     W = hi - lo
     A = np.empty(W)
     B = np.empty(W)
-    K = np.empty(W)
+    G = np.empty(W)
     for c in range(lo, hi):
         rstd = st[c, 1]
         A[c - lo] = rstd * scale[c]
         B[c - lo] = -rstd * rstd * st[c, 5] / M if training else 0.0
-        K[c - lo] = -rstd * st[c, 4] / M if training else 0.0
+        G[c - lo] = st[c, 2] / M if training else 0.0
     me = _expand(st[:, 0], lo, hi, S).astype(np.float32)
     return (
         me,
         _expand(A, 0, W, S).astype(np.float32),
         _expand(B, 0, W, S).astype(np.float32),
-        _expand(K, 0, W, S).astype(np.float32),
+        _expand(G, 0, W, S).astype(np.float32),
     )
 
 
 @nb.njit(**_OPTS)
-def _bn_bw_dx_block(gs, xs, ys, ds, me, Ae, Be, Ke, relu, training):
+def _bn_bw_dx_block(gs, xs, ys, ds, me, Ae, Be, Ge, relu, training):
     """One sample's channel range of dx from the expanded factors."""
     if not training:  # x is not read: an Inf or NaN in it must not reach dx
         for i in range(ds.shape[0]):
@@ -600,25 +604,25 @@ def _bn_bw_dx_block(gs, xs, ys, ds, me, Ae, Be, Ke, relu, training):
     elif relu:
         for i in range(ds.shape[0]):
             g = gs[i] if ys[i] > 0 else _Z32
-            ds[i] = Ae[i] * g + Be[i] * (xs[i] - me[i]) + Ke[i]
+            ds[i] = Ae[i] * (g - Ge[i]) + Be[i] * (xs[i] - me[i])
     else:
         for i in range(ds.shape[0]):
-            ds[i] = Ae[i] * gs[i] + Be[i] * (xs[i] - me[i]) + Ke[i]
+            ds[i] = Ae[i] * (gs[i] - Ge[i]) + Be[i] * (xs[i] - me[i])
 
 
 @nb.njit(**_OPTS)
 def _bn_bw_dx_range_small(dy, x, y, relu, scale, dx, st, lo, hi, N, C, S, M, training):
-    me, Ae, Be, Ke = _bn_bw_dx_coeffs(scale, st, lo, hi, S, M, training)
+    me, Ae, Be, Ge = _bn_bw_dx_coeffs(scale, st, lo, hi, S, M, training)
     L = C * S
     for n in range(N):
         a, b = n * L + lo * S, n * L + hi * S
-        _bn_bw_dx_block(dy[a:b], x[a:b], y[a:b], dx[a:b], me, Ae, Be, Ke, relu, training)
+        _bn_bw_dx_block(dy[a:b], x[a:b], y[a:b], dx[a:b], me, Ae, Be, Ge, relu, training)
 
 
 @nb.njit(**_OPTS)
 def _bn_bw_dx_range_small_bf16(dy, x, y, relu, scale, dx, st, lo, hi, N, C, S, M, training):
     # the float32 block on each sample's widened channel range, dx rounded once (bit-equal to float32's)
-    me, Ae, Be, Ke = _bn_bw_dx_coeffs(scale, st, lo, hi, S, M, training)
+    me, Ae, Be, Ge = _bn_bw_dx_coeffs(scale, st, lo, hi, S, M, training)
     L = C * S
     W = (hi - lo) * S
     xu = np.empty(W, np.uint32)
@@ -633,7 +637,7 @@ def _bn_bw_dx_range_small_bf16(dy, x, y, relu, scale, dx, st, lo, hi, N, C, S, M
         _widen(dy[a : a + W], gu, gf, KIND_BF16)
         if relu:
             _widen(y[a : a + W], yu, yf, KIND_BF16)
-        _bn_bw_dx_block(gf, xf, yf if relu else gf, df, me, Ae, Be, Ke, relu, training)
+        _bn_bw_dx_block(gf, xf, yf if relu else gf, df, me, Ae, Be, Ge, relu, training)
         _narrow(df, du, dx[a : a + W], KIND_BF16)
 
 
