@@ -592,3 +592,23 @@ def test_batch_norm_grad_of_one_value_per_channel_is_exactly_zero(shape, dtype, 
     np.testing.assert_array_equal(np.asarray(dscale, np.float64), 0.0)  # X-hat is 0 in every channel
     np.testing.assert_array_equal(np.asarray(dbias, np.float64), g.astype(np.float64).reshape(shape[1]))
 
+
+@pytest.mark.parametrize(
+    "shape, sshape", [((2, 3, 0, 5), (3, 0, 1)), ((0, 3, 4, 5), (3, 1, 1)), ((2, 3, 4, 5), (3, 1, 1))]
+)
+def test_layer_norm_grad_with_a_scale_over_the_leading_dims_and_empty_data(shape, sshape):
+    """Found by `opsnn fuzz` (op_schema seed 73537): a Scale that varies over the non-normalized dims runs the
+    reference as the kernel, whose dBias reshaped dY to (-1, *block): numpy cannot infer -1 beside a 0 in the
+    block (an untyped KernelError). Against the float64 definition, empty shapes included."""
+    x, g, s = RNG.standard_normal(shape), RNG.standard_normal(shape), RNG.uniform(0.5, 1.5, sshape)
+    dx, ds, db = _grad_op("LayerNormalizationGrad", [g, x, s], {"axis": 2, "epsilon": 1e-5}, 3)
+    assert dx.shape == shape and ds.shape == sshape and db.shape == shape[2:]
+    np.testing.assert_allclose(db, g.sum(axis=(0, 1)), rtol=1e-12, atol=1e-12)
+    if x.size:
+        _check_fd(
+            [dx, ds, db],
+            _fwd("LayerNormalization", {"axis": 2, "epsilon": 1e-5}),
+            [x, s, RNG.standard_normal(shape[2:])],
+            [0, 1, 2],
+            g,
+        )

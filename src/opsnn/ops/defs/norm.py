@@ -708,7 +708,7 @@ def _ln_grad_ref(ins, attrs, rms: bool):
         dx = rstd * (gh - a - xhat * _mean(gh * xhat, axes))
         res = [dx.astype(ins[0].dtype), _unbroadcast_np(g * xhat, ins[2].shape).astype(ins[2].dtype)]
         if not rms:
-            res.append(g.reshape((-1,) + x.shape[axis:]).sum(axis=0).astype(ins[0].dtype))
+            res.append(g.sum(axis=tuple(range(axis))).astype(ins[0].dtype))  # (reshape(-1, ...) fails on empty x)
         return tuple(res)
 
 
