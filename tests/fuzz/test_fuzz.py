@@ -278,6 +278,27 @@ def test_a_result_that_agrees_with_the_float64_run_where_the_reference_does_not_
     assert F.ill_conditioned(got, want, [("inputs 1 ulp up", f64)]) is None
 
 
+def test_a_result_rounded_op_by_op_like_a_correct_float32_evaluation_is_ill_conditioned():
+    """Found by `opsnn fuzz` (onnx_mutate seeds 30154, 111706: a mutated Pow exponent of 3.4e38 after a Tanh):
+    tanh(9.085) is 0.99999998..., whose nearest float32 is 1.0 (opsnn's); onnx.reference's numpy tanh gives
+    0.99999994 and its float64 run keeps 0.99999998, so both raise it to 3.4e38 as 0 where opsnn gives 1.
+    The variant rounding each op's float64 result to float32 is the correctly rounded evaluation: opsnn agrees
+    with it. A result off at a stable place, or far past the variants' spread, still fails."""
+    model = _chain("Tanh", ("Pow", 3.3895314e38))
+    x = np.array([9.084992, 0.5, 0.0, 2.0], np.float32)
+    want = F._onnx_reference(model, {"x": x})
+    got = np.array([1.0, 0.0, 0.0, 0.0], np.float32)
+    assert np.tanh(np.float64(x[0])).astype(np.float32) == 1.0 and want[0][0] == 0.0
+    labels = [label for label, _ in F.reference_variants(model, {"x": x})]
+    assert labels[:2] == ["float64", F.ROUNDED], labels
+    status, detail = F.judge_outputs([got], want, model, {"x": x})
+    assert status == F.ILL and F.ROUNDED in detail, (status, detail)
+    for k, v in ((3, 0.5), (0, 20.0)):  # tanh(2) ** 3.4e38 is 0 in every variant; 20 is past 8 x their spread
+        wrong = got.copy()
+        wrong[k] = v
+        assert F.judge_outputs([wrong], want, model, {"x": x})[0] == F.FAIL, (k, v)
+
+
 def test_ill_conditioned_singular_places_keep_a_kind_some_reference_has():
     """Where a reference is not finite (a division by a zero that rounding decides), the result must be of a
     kind (finite, NaN, +-Inf) that the reference or one of its variants has there."""
