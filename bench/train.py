@@ -14,11 +14,15 @@ heads, sequence 256, batch 4, next-token loss), in
 - ``opsnn_compiled_bf16``: the same with the forward and loss under autocast inside the step.
 
 Each (model, configuration) runs in its own process, so each has its own peak RSS
-(``ru_maxrss``), and with AdamW (lr 1e-4, weight decay 0.01). A case runs ``--warmup`` steps
-(kernel compiles, first touches of the allocator), then ``--rounds`` blocks of ``--block`` steps,
-each block after a ``--settle`` pause; the step time is the median of the blocks' means. Before
-timing, the torch twin's eval-mode logits are checked against opsnn's on the same batch (the
-twin must be the same model). The parent prints a table and the command, and writes JSON.
+(``ru_maxrss``), and with AdamW (lr 1e-4, weight decay 0.01). A model's processes start one after
+another, each running ``--warmup`` steps (kernel compiles, first touches of the allocator) while
+the others wait; then ``--rounds`` rounds, each giving every configuration in turn one block of
+``--block`` steps after a ``--settle`` pause (the others idle): the step time is the median of a
+configuration's block means, and each ratio is the median over the rounds of the ratio of two
+blocks of the same round (with its lowest and highest), so a machine that drifts between minutes
+moves both sides of a ratio alike. Before timing, the torch twin's eval-mode logits are checked
+against opsnn's on the same batch (the twin must be the same model). The parent prints a table
+and the command, and writes JSON.
 
     python bench/train.py --json bench/results/train.json
     python bench/train.py --models llama --configs opsnn_fp32,torch_fp32 --threads 8
@@ -346,7 +350,8 @@ def _compiled_available() -> str | None:
     return None
 
 
-def run_case(spec: Spec, config: str, args, weights_path: str) -> dict:
+def prepare_case(spec: Spec, config: str, args, weights_path: str):
+    """(step(), the eval-mode logits) of one case in this process."""
     opsnn.set_num_threads(args.threads)
     x, y = make_batch(spec)
     if config == "torch_fp32":
@@ -407,25 +412,43 @@ def run_case(spec: Spec, config: str, args, weights_path: str) -> dict:
                 opt.step()
                 return float(loss.item())
 
+    return step, check
+
+
+#: the prefix of the worker's protocol lines on its stdout (a library's own prints pass through)
+_SAY = "@@train "
+
+
+def _say(text: str) -> None:
+    print(_SAY + text, flush=True)
+
+
+def serve_case(spec: Spec, config: str, args, weights_path: str) -> dict:
+    """The worker: build the case, warm it up, say ``ready``; then one timed block per ``block`` line
+    on stdin (its mean step time said back) until ``done``."""
+    step, check = prepare_case(spec, config, args, weights_path)
     losses = [step() for _ in range(args.warmup)]
+    _say("ready")
     means = []
-    for _ in range(args.rounds):
-        if args.settle > 0:
-            time.sleep(args.settle)
+    for line in sys.stdin:
+        if line.strip() != "block":
+            break
         t0 = time.perf_counter()
         for _ in range(args.block):
             losses.append(step())
         means.append((time.perf_counter() - t0) / args.block)
-    med = statistics.median(means)
+        _say(f"block {means[-1]!r}")
+    med = statistics.median(means) if means else float("nan")
     return {
         "model": spec.model,
         "config": config,
         "eval_logits": check.ravel()[:256].astype(float).tolist(),  # the twin check compares these
         "step_ms": med * 1e3,
-        "step_ms_min": min(means) * 1e3,
+        "step_ms_min": min(means, default=float("nan")) * 1e3,
+        "blocks_ms": [m * 1e3 for m in means],
         "samples_per_s": spec.batch / med,
-        "loss_first": losses[0],
-        "loss_last": losses[-1],
+        "loss_first": losses[0] if losses else float("nan"),
+        "loss_last": losses[-1] if losses else float("nan"),
         "finite": bool(np.isfinite(losses).all()),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
@@ -437,14 +460,130 @@ def _worker(argv) -> int:
     ap.add_argument("--config", required=True)
     ap.add_argument("--weights", required=True)
     ap.add_argument("--out", required=True)
-    for k in ("threads", "warmup", "rounds", "block"):
+    for k in ("threads", "warmup", "block"):
         ap.add_argument(f"--{k}", type=int, required=True)
-    ap.add_argument("--settle", type=float, required=True)
     a = ap.parse_args(argv)
-    res = run_case(Spec(**json.loads(a.spec)), a.config, a, a.weights)
+    res = serve_case(Spec(**json.loads(a.spec)), a.config, a, a.weights)
     with open(a.out, "w") as f:
         json.dump(res, f)
     return 0
+
+
+class _Case:
+    """The parent's handle on one worker process: its protocol lines, read with a deadline."""
+
+    def __init__(self, cmd: list, err_path: str):
+        self.err_path = err_path
+        self._err = open(err_path, "w")
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=False)
+        self._buf = b""
+
+    def send(self, line: str) -> None:
+        self.p.stdin.write((line + "\n").encode())
+        self.p.stdin.flush()
+
+    def expect(self, word: str, timeout: float) -> str:
+        """The rest of the worker's next ``word`` line; raises RuntimeError with its last stderr line when it
+        exits first or says nothing in ``timeout`` seconds."""
+        import select
+
+        deadline = time.monotonic() + timeout
+        fd = self.p.stdout.fileno()
+        while True:
+            while b"\n" in self._buf:
+                raw, self._buf = self._buf.split(b"\n", 1)
+                line = raw.decode(errors="replace")
+                if line.startswith(_SAY + word):
+                    return line[len(_SAY + word) :].strip()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise RuntimeError(f"timed out after {timeout:g} s")
+            ready, _, _ = select.select([fd], [], [], left)
+            chunk = os.read(fd, 65536) if ready else b""
+            if ready and not chunk:
+                self.p.wait()
+                raise RuntimeError(self.last_error())
+            self._buf += chunk
+
+    def last_error(self) -> str:
+        self._err.flush()
+        with open(self.err_path) as f:
+            lines = f.read().strip().splitlines()
+        return lines[-1] if lines else f"exit {self.p.returncode}"
+
+    def finish(self, timeout: float) -> None:
+        try:
+            self.send("done")
+            self.p.stdin.close()
+            self.p.wait(timeout=timeout)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        self._err.close()
+
+
+def run_model(name: str, args, tmp: str) -> list:
+    """Every configuration of one model: warmed up one after another, then interleaved blocks."""
+    from safetensors.numpy import save_file
+
+    spec = specs(args.tiny)[name]
+    weights = os.path.join(tmp, f"{name}.safetensors")
+    model = build_opsnn(spec)
+    save_file({k: np.ascontiguousarray(v.numpy()) for k, v in model.state_dict().items()}, weights)
+    del model
+    rows, cases = {}, {}
+    for config in args.configs:
+        out = os.path.join(tmp, f"{name}-{config}.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--spec", json.dumps(asdict(spec))]
+        cmd += ["--config", config, "--weights", weights, "--out", out, "--threads", str(args.threads)]
+        cmd += ["--warmup", str(args.warmup), "--block", str(args.block)]
+        rows[config] = {"model": name, "config": config, "shape": spec.describe(), "_out": out}
+        print(f"{spec.describe()}: {config} warming up ...", file=sys.stderr, flush=True)
+        case = _Case(cmd, os.path.join(tmp, f"{name}-{config}.err"))
+        try:
+            case.expect("ready", args.timeout)
+            cases[config] = case
+        except RuntimeError as e:
+            case.kill()
+            rows[config]["error"] = str(e)
+    print(
+        f"{spec.describe()}: {args.rounds} rounds of {len(cases)} interleaved blocks ...", file=sys.stderr, flush=True
+    )
+    for _ in range(args.rounds):
+        for config, case in list(cases.items()):
+            if args.settle > 0:
+                time.sleep(args.settle)
+            try:
+                case.send("block")
+                case.expect("block", args.timeout)
+            except (RuntimeError, OSError) as e:
+                case.kill()
+                del cases[config]
+                rows[config]["error"] = str(e)
+    for config, case in cases.items():
+        try:
+            case.finish(args.timeout)
+            with open(rows[config]["_out"]) as f:
+                rows[config].update(json.load(f))
+        except (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError) as e:
+            rows[config]["error"] = f"{type(e).__name__}: {e}"
+    for r in rows.values():
+        r.pop("_out", None)
+    return [rows[c] for c in args.configs]
+
+
+def paired_ratio(row: dict, base: dict) -> tuple | None:
+    """(median, lowest, highest) over the rounds of ``row``'s block time over ``base``'s in the same round."""
+    a, b = row.get("blocks_ms") or [], base.get("blocks_ms") or []
+    ratios = sorted(x / y for x, y in zip(a, b) if y > 0)
+    if not ratios:
+        return None
+    return statistics.median(ratios), ratios[0], ratios[-1]
 
 
 # -- the parent: one process per case, a table, JSON -------------------------------------------------------------
@@ -461,7 +600,7 @@ def parse_args(argv):
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="opsnn's and torch's (default: all cores)")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--block", type=int, default=3, help="steps per timed block")
     ap.add_argument("--settle", type=float, default=1.0, help="seconds of pause before each block")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes, warm-up 1, 2 blocks of 1 step: correctness only")
@@ -486,38 +625,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     command = "python bench/train.py " + " ".join(shlex.quote(a) for a in argv)
     rows = []
-    from safetensors.numpy import save_file
-
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            spec = specs(args.tiny)[name]
-            weights = os.path.join(tmp, f"{name}.safetensors")
-            model = build_opsnn(spec)
-            save_file({k: np.ascontiguousarray(v.numpy()) for k, v in model.state_dict().items()}, weights)
-            del model
-            for config in args.configs:
-                out = os.path.join(tmp, f"{name}-{config}.json")
-                cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--spec", json.dumps(asdict(spec))]
-                cmd += ["--config", config, "--weights", weights, "--out", out, "--threads", str(args.threads)]
-                cmd += ["--warmup", str(args.warmup), "--rounds", str(args.rounds), "--block", str(args.block)]
-                cmd += ["--settle", str(args.settle)]
-                print(f"{spec.describe()}: {config} ...", file=sys.stderr, flush=True)
-                try:
-                    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=False)
-                    err = (
-                        None
-                        if p.returncode == 0
-                        else (p.stderr.strip().splitlines() or ["exit " + str(p.returncode)])[-1]
-                    )
-                except subprocess.TimeoutExpired:
-                    err = f"timed out after {args.timeout:g} s"
-                row = {"model": name, "config": config, "shape": spec.describe()}
-                if err is None:
-                    with open(out) as f:
-                        row.update(json.load(f))
-                else:
-                    row["error"] = err
-                rows.append(row)
+            rows += run_model(name, args, tmp)
     check_twins(rows)
     print(format_table(rows, args))
     print(f"\ncommand: {command}")
@@ -551,22 +661,38 @@ def format_table(rows, args) -> str:
     out = []
     for r in rows:
         if "error" in r:
-            out.append([r["shape"], r["config"], "n/a", "", "", ""])
+            out.append([r["shape"], r["config"], "n/a", "", "", "", ""])
             continue
         base = {"opsnn_fp32": "torch_fp32", "opsnn_compiled_bf16": "opsnn_bf16"}.get(r["config"], "opsnn_fp32")
-        ref = by.get((r["model"], base), {}).get("step_ms") if r["config"] != "torch_fp32" else None
-        vs = f"{r['step_ms'] / ref:.2f}x {base}" if ref else ""
+        ref = by.get((r["model"], base)) if r["config"] != "torch_fp32" else None
+        pr = paired_ratio(r, ref) if ref is not None and "error" not in ref else None
+        if pr is not None:
+            r["ratio"] = {"vs": base, "median": pr[0], "lowest": pr[1], "highest": pr[2]}
+        vs = f"{pr[0]:.2f}x {base}" if pr else ""
+        spread = f"{pr[1]:.2f}-{pr[2]:.2f}" if pr else ""
         out.append(
             [
                 r["shape"],
                 r["config"],
                 f"{r['step_ms']:.1f}",
                 vs,
+                spread,
                 f"{r['samples_per_s']:.1f}",
                 f"{r['peak_rss_mib']:.0f}",
             ]
         )
-    text = _table(out, ["model", "config", "ms/step (median)", "ratio", "samples/s", "peak RSS MiB"])
+    text = _table(
+        out,
+        [
+            "model",
+            "config",
+            "ms/step (median)",
+            "ratio (median by round)",
+            "rounds' range",
+            "samples/s",
+            "peak RSS MiB",
+        ],
+    )
     notes = [f"threads {args.threads}; {_cpu_bf16()}"]
     for r in rows:
         if "error" in r:
