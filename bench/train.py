@@ -8,9 +8,8 @@ heads, sequence 256, batch 4, next-token loss), in
 - ``torch_fp32``: torch eager, float32, a re-implementation of the same model loaded with the
   same weights, the same data and the same thread count;
 - ``opsnn_compiled``: ``opsnn.compile(train_step)``, one traced graph of forward, backward and
-  the in-place update; a model the tracer refuses (dropout, embedding gradients, host reads of
-  token ids) is reported n/a with the tracer's reason, and an opsnn without compiled training
-  says "compiled training not available";
+  the in-place update; a model the tracer refuses is reported n/a with the tracer's reason, and
+  an opsnn without compiled training says "compiled training not available";
 - ``opsnn_compiled_bf16``: the same with the forward and loss under autocast inside the step.
 
 Each (model, configuration) runs in its own process, so each has its own peak RSS
