@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import resource
+import select
 import shlex
 import statistics
 import subprocess
@@ -484,8 +485,6 @@ class _Case:
     def expect(self, word: str, timeout: float) -> str:
         """The rest of the worker's next ``word`` line; raises RuntimeError with its last stderr line when it
         exits first or says nothing in ``timeout`` seconds."""
-        import select
-
         deadline = time.monotonic() + timeout
         fd = self.p.stdout.fileno()
         while True:

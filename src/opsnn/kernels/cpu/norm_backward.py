@@ -271,7 +271,7 @@ def group_norm_backward(
 # -- BatchNorm ----------------------------------------------------------------------------------
 @nb.njit(**_OPTS)
 def _bn_bw_stats_task(dy, x, y, relu, scale, c, N, C, S, training, exact, mean_in, var_in, eps, st):
-    """Channel c over (N, S): st[c] = (mean, rstd, sum dy, sum dy * xhat, sum gh, sum gh * xhat)
+    """Channel c over (N, S): st[c] = (mean, rstd, sum dy, sum dy * xhat, sum gh * xhat)
     with gh = dy * scale[c]; ``relu``: dy taken as 0 where y <= 0 (the gradient through a fused ReLU)."""
     M = N * S
     sc = float(scale[c])
@@ -303,7 +303,6 @@ def _bn_bw_stats_task(dy, x, y, relu, scale, c, N, C, S, training, exact, mean_i
         # a NaN or Inf among the sums: the exact passes, so that Inf - Inf happens where the
         # definition has it (sum(dy * (x - mean)), not sum(dy * (x - shift)) - ...)
         exact = not (np.isfinite(sgd) and np.isfinite(sg) and np.isfinite(var))
-    sh = sc * sg
     shd = sc * sgd
     if exact:
         if training:
@@ -318,7 +317,6 @@ def _bn_bw_stats_task(dy, x, y, relu, scale, c, N, C, S, training, exact, mean_i
         q = 0.0
         sg = 0.0
         sgd = 0.0
-        sh = 0.0
         shd = 0.0
         for n in range(N):
             xs = x[(n * C + c) * S : (n * C + c) * S + S]
@@ -331,7 +329,6 @@ def _bn_bw_stats_task(dy, x, y, relu, scale, c, N, C, S, training, exact, mean_i
                 q += d * d
                 sg += gi
                 sgd += gi * d
-                sh += gh
                 shd += gh * d
         var = q / M if training else float(var_in[c])
     rstd = 1.0 / np.sqrt(var + eps)
@@ -339,8 +336,7 @@ def _bn_bw_stats_task(dy, x, y, relu, scale, c, N, C, S, training, exact, mean_i
     st[c, 1] = rstd
     st[c, 2] = sg
     st[c, 3] = sgd * rstd
-    st[c, 4] = sh
-    st[c, 5] = shd * rstd
+    st[c, 4] = shd * rstd
 
 
 @nb.njit(parallel=True, **_OPTS)
@@ -371,7 +367,7 @@ def _bn_bw_dx_task(dy, x, y, relu, scale, dx, st, row, C, S, M, training):
         # product's rounding error where the two cancel (one value per channel: dx must be 0)
         a = rstd * sc
         gbar = st[c, 2] / M
-        k2 = rstd * st[c, 5] / M
+        k2 = rstd * st[c, 4] / M
         if relu:
             for s in range(S):
                 g = gs[s] if ys[s] > 0 else 0.0
@@ -454,8 +450,7 @@ def _bn_bw_stats_range_small(dy, x, y, relu, scale, lo, hi, N, C, S, training, m
         st[c, 1] = rstd
         st[c, 2] = sg
         st[c, 3] = sgd * rstd
-        st[c, 4] = sc * sg
-        st[c, 5] = sc * sgd * rstd
+        st[c, 4] = sc * sgd * rstd
 
 
 # float32 planes of SMALL_PLANE values or more: float32 sums within a plane (vector lanes), float64
@@ -508,8 +503,7 @@ def _bn_bw_stats_plane_f32(dy, x, y, relu, scale, c, N, C, S, training, mean_in,
     st[c, 1] = rstd
     st[c, 2] = sg
     st[c, 3] = sgd * rstd
-    st[c, 4] = sc * sg
-    st[c, 5] = sc * sgd * rstd
+    st[c, 4] = sc * sgd * rstd
 
 
 @nb.njit(parallel=True, **_OPTS)
@@ -529,7 +523,7 @@ def _bn_bw_dx_plane_f32(dy, x, y, relu, scale, dx, st, row, C, S, M, training):
     c = row % C
     rstd = st[c, 1]
     a = np.float32(rstd * scale[c])
-    b = np.float32(-rstd * rstd * st[c, 5] / M)
+    b = np.float32(-rstd * rstd * st[c, 4] / M)
     gbar = np.float32(st[c, 2] / M)
     m = np.float32(st[c, 0])
     xs = x[row * S : row * S + S]
@@ -584,7 +578,7 @@ def _bn_bw_dx_coeffs(scale, st, lo, hi, S, M, training):
     for c in range(lo, hi):
         rstd = st[c, 1]
         A[c - lo] = rstd * scale[c]
-        B[c - lo] = -rstd * rstd * st[c, 5] / M if training else 0.0
+        B[c - lo] = -rstd * rstd * st[c, 4] / M if training else 0.0
         G[c - lo] = st[c, 2] / M if training else 0.0
     me = _expand(st[:, 0], lo, hi, S).astype(np.float32)
     return (
@@ -779,7 +773,7 @@ def batch_norm_backward(
     and sums (parallel over channels), then dx (parallel over (n, c) planes). Training uses the
     batch statistics (their gradient flows into dx); otherwise ``mean``/``var`` (float64 (C,)).
     ``y``: the output of a BatchNorm with a fused ReLU; ``dy`` counts only where ``y > 0``.
-    ``scale`` float64 (C,), ``st`` float64 (C, 6) scratch. Returns (dScale, dBias) float64.
+    ``scale`` float64 (C,), ``st`` float64 (C, 5) scratch. Returns (dScale, dBias) float64.
     bfloat16 dy, x, dx (and y): float32 math per channel / plane, dx rounded to bfloat16."""
     M = N * S
     if M == 0 or C == 0:

@@ -858,7 +858,7 @@ def _bn_grad_kernel(ins, outs, attrs, plan, ws):
     mean = var = None
     if not training:
         mean, var = ins[3].astype(np.float64), ins[4].astype(np.float64)
-    st = ws[: 48 * C].view(np.float64).reshape(C, 6) if ws is not None else np.empty((C, 6))
+    st = ws[: 40 * C].view(np.float64).reshape(C, 5) if ws is not None else np.empty((C, 5))
     y = ins[5] if int(attrs["relu"]) else None
     with np.errstate(all="ignore"):
         dsc, dbi = KB.batch_norm_backward(
@@ -903,7 +903,7 @@ BatchNormalizationGrad.kernel(
     dtypes=_F32_64_BF16,
     priority=10,
     plan=_bn_grad_plan,
-    workspace=lambda ctx, plan: 48 * plan[1],
+    workspace=lambda ctx, plan: 40 * plan[1],
     doc="two passes: per-channel statistics and sums of dY, dY*xhat (parallel over channels), then dX "
     "(parallel over (n, c) planes)",
 )(_bn_grad_kernel)
