@@ -454,3 +454,166 @@ def test_blocked_conv_chain_keeps_nan_in_a_compiled_graph(monkeypatch, rng):
     got = opsnn.compile(g).run({"x": x})["y"].numpy().astype(np.float64)
     assert np.isnan(want).any()
     _assert_ieee_equal(got, want, 2e-4, "compiled Conv-Relu chain")
+
+
+def _bounded_chain(rng, w2_scale=1.0):
+    """x -> Conv + Relu -> MaxPool -> Conv(1x1, bias) + Relu -> Conv(1x1) + Relu: blocked oneDNN convolutions
+    (3x3 on 6x6 planes is under Winograd's tile count), a max pool between them."""
+    from opsnn.graph import Graph, Node, Value
+
+    w1 = (rng.standard_normal((16, 16, 3, 3)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((16, 16, 1, 1)) * 0.3 * w2_scale).astype(np.float32)
+    w3 = (rng.standard_normal((16, 16, 1, 1)) * 0.3).astype(np.float32)
+    b2 = rng.standard_normal(16).astype(np.float32)
+    return Graph(
+        "bounded_chain",
+        inputs=[Value("x", np.float32, (1, 16, 12, 12))],
+        outputs=["y"],
+        initializers={"w1": w1, "w2": w2, "w3": w3, "b2": b2},
+        nodes=[
+            Node("Conv", ["x", "w1"], ["a"], {"pads": [1, 1, 1, 1]}),
+            Node("Relu", ["a"], ["ra"]),
+            Node("MaxPool", ["ra"], ["p"], {"kernel_shape": [2, 2], "strides": [2, 2]}),
+            Node("Conv", ["p", "w2", "b2"], ["b"]),
+            Node("Relu", ["b"], ["rb"]),
+            Node("Conv", ["rb", "w3"], ["c"]),
+            Node("Relu", ["c"], ["y"]),
+        ],
+    )
+
+
+def _counting_max_abs(monkeypatch):
+    """KF.max_abs, keeping the arrays it reads."""
+    reads = []
+    real = KF.max_abs
+
+    def counted(x):
+        reads.append(x)
+        return real(x)
+
+    monkeypatch.setattr(KF, "max_abs", counted)
+    return reads
+
+
+def test_blocked_conv_chain_takes_bounds_from_its_producers(monkeypatch, rng):
+    """In a compiled chain only the first convolution reads its input for the IEEE check: each later one
+    takes max|X| from the convolution (through the max pool) that wrote X, and a constant bias's max|B|
+    from prepare; the results are those of the unoptimized graph, finite or not."""
+    from opsnn.graph import run
+
+    monkeypatch.delenv(KD.CONV_IEEE_ENV, raising=False)
+    g = _bounded_chain(rng)
+    cg = opsnn.compile(g)
+    if [n.op_type for n in cg.graph.nodes].count("BlockedConv") != 3:
+        pytest.skip("no blocked oneDNN convolutions here")
+    x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    cg.run({"x": x})
+    reads = _counting_max_abs(monkeypatch)
+    for poison in (None, np.nan, np.inf):
+        xp = x.copy()
+        if poison is not None:
+            xp[0, 3, 5, 5] = poison
+        del reads[:]
+        got = cg.run({"x": xp})["y"].numpy().astype(np.float64)
+        want = run(g, {"x": xp})["y"]
+        want = np.asarray(want.numpy() if hasattr(want, "numpy") else want, np.float64)
+        _assert_ieee_equal(got, want, 2e-4, f"bounded chain, x holding {poison}")
+        if poison is None:
+            assert [r.shape for r in reads] == [(1, 16, 12, 12)]  # X of the first convolution, nothing else
+        else:  # no bound past a NaN or Inf: each convolution and the max pool read their input
+            assert len(reads) == 4 and not np.isfinite(want).all()
+
+
+def test_blocked_conv_reads_its_input_when_a_handed_bound_is_too_loose(monkeypatch, rng):
+    """A producer's bound multiplied through a large weight can pass float32's range while the data does
+    not: the convolution then reads X after all, and keeps the fast path where the data allows it."""
+    monkeypatch.delenv(KD.CONV_IEEE_ENV, raising=False)
+    rec = get_op("BlockedConv", "opsnn")
+    k = next(k for k in rec.kernels if k.name == "conv_onednn")
+    case = _cases("BlockedConv")[0]
+    ins, attrs, _, _ = _inputs("BlockedConv", case, "x", np.float32, rng)
+    ctx = plan_op(
+        rec, [TensorMeta(a.shape, a.dtype) for a in ins], [None, ins[1], None, None], attrs, algo="reference"
+    ).ctx
+    why = k.check(ctx)
+    if why is not None and not isinstance(why, NotPreferred):
+        pytest.skip(f"conv_onednn does not run here: {why}")
+    prim = k.plan(ctx).prim
+    x, b, z = np.ones_like(ins[0]), ins[2], ins[3]
+    rest = (KF.max_abs(b) if b is not None else 0.0) + (KF.max_abs(z) if z is not None else 0.0)
+    l1 = float(np.abs(ins[1].astype(np.float64)).reshape(ins[1].shape[0], -1).sum(axis=1).max())
+    reads = _counting_max_abs(monkeypatch)
+
+    def x_reads():
+        return sum(r is x for r in reads)
+
+    p = prim.pre_bound(x, b, z, xb=2.0)
+    assert x_reads() == 0 and 2.0 * l1 + rest <= p < (2.0 * l1 + rest) * 1.001  # the handed bound, X not read
+    p = prim.pre_bound(x, b, z, xb=1e38)
+    assert x_reads() == 1 and l1 + rest <= p < (l1 + rest) * 1.001  # too loose: X read, max|X| = 1 used
+    x.reshape(-1)[x.size // 2] = np.nan
+    assert not prim.pre_bound(x, b, z, xb=1e38) < 3e38  # read again: NaN
+
+
+@pytest.mark.parametrize("block", KB.BLOCKS)
+def test_blocked_max_pool_keeps_nan(block, rng):
+    """oneDNN's max pooling gives a window holding NaN its largest number; BlockedMaxPool gives NaN there
+    (eagerly and bound, as a compiled graph calls it), and +Inf / -Inf as a max does."""
+    if KD.unavailable() is not None:
+        pytest.skip(KD.unavailable())
+    x = rng.standard_normal((1, 1, 7, 7, block)).astype(np.float32)
+    x[0, 0, 1, 1, 3], x[0, 0, 6, 6, 2], x[0, 0, 4, 0, 1] = np.nan, np.inf, -np.inf
+    prim = KD.MaxPoolPrimitive((1, block, 7, 7), (1, block, 3, 3), (3, 3), (2, 2), (0, 0, 0, 0), block=block)
+    plain = x.transpose(0, 1, 4, 2, 3).reshape(1, block, 7, 7).astype(np.float64)
+    windows = np.stack([plain[:, :, i : i + 5 : 2, j : j + 5 : 2] for i in range(3) for j in range(3)])
+    want = np.max(windows, axis=0)  # numpy's max: NaN wins
+    for how in ("call", "bind"):
+        y = np.full((1, 1, 3, 3, block), 7.0, np.float32)
+        prim(x, y) if how == "call" else prim.bind(x, y)()
+        got = y.transpose(0, 1, 4, 2, 3).reshape(want.shape).astype(np.float64)
+        _assert_ieee_equal(got, want, 0.0, f"blocked max pool ({how})")
+
+
+def test_blocked_winograd_hands_its_output_bound_down(monkeypatch, rng):
+    """A blocked Winograd convolution publishes the max |y| its output transform wrote: the 1x1 convolution
+    after it reads nothing; a NaN or an Inf reaching it makes the next one read its input and keep the
+    non-finite values as the unoptimized graph has them."""
+    from opsnn.graph import Graph, Node, Value, run
+
+    monkeypatch.delenv(KD.CONV_IEEE_ENV, raising=False)
+    w1 = (rng.standard_normal((16, 8, 3, 3)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32)
+    w3 = (rng.standard_normal((16, 16, 1, 1)) * 0.3).astype(np.float32)
+    g = Graph(
+        "winograd_chain",
+        inputs=[Value("x", np.float32, (1, 8, 16, 16))],
+        outputs=["y"],
+        initializers={"w1": w1, "w2": w2, "w3": w3},
+        nodes=[
+            Node("Conv", ["x", "w1"], ["a"], {"pads": [1, 1, 1, 1]}),
+            Node("Relu", ["a"], ["ra"]),
+            Node("Conv", ["ra", "w2"], ["b"], {"pads": [1, 1, 1, 1]}),
+            Node("Relu", ["b"], ["rb"]),
+            Node("Conv", ["rb", "w3"], ["c"]),
+            Node("Relu", ["c"], ["y"]),
+        ],
+    )
+    cg = opsnn.compile(g)
+    x = rng.standard_normal((1, 8, 16, 16)).astype(np.float32)
+    cg.run({"x": x})
+    if "conv_winograd_blocked" not in cg.explain():
+        pytest.skip("no blocked Winograd convolution here")
+    reads = _counting_max_abs(monkeypatch)
+    for case in ("finite", "nan", "inf"):
+        xp = x.copy()
+        if case != "finite":
+            xp[0, 2, 7, 7] = np.nan if case == "nan" else np.inf
+        del reads[:]
+        got = cg.run({"x": xp})["y"].numpy().astype(np.float64)
+        want = run(g, {"x": xp})["y"]
+        want = np.asarray(want.numpy() if hasattr(want, "numpy") else want, np.float64)
+        _assert_ieee_equal(got, want, 2e-4, f"Winograd chain, {case}")
+        if case == "finite":
+            assert [r.shape for r in reads] == [(1, 8, 16, 16)]  # X of the first convolution only
+        else:
+            assert not np.isfinite(want).all() and len(reads) >= 2

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import InnerError, KernelError, KernelNotFoundError, OpsnnError, ParamInvalidError
+from ..kernels import bounds as _bounds
 from ..ops import executor as _ex
 from ..ops import registry as _registry
 from ..ops import tiering as _tiering
@@ -87,6 +88,7 @@ class Plan:
     # would otherwise both see the same earlier run, neither wait for the other, and share the arena
     # at once (a two-thread test got 18 of 6000 results wrong)
     launch_lock: threading.Lock = field(default_factory=threading.Lock)
+    bound_cells: dict = field(default_factory=dict)  # kernels.bounds' cells of its values, by array
 
 
 #: ops whose output is their first input's bytes under another shape (C order): planned as a
@@ -607,41 +609,50 @@ class CompiledGraph:
             tensors[alias] = Tensor(tensors[src]._array.view(metas[alias].dtype).reshape(metas[alias].shape))
         steps = []
         input_steps: dict = {}
-        for i, (node, rec, op) in enumerate(planned):
-            if _is_view(node) and node.outputs[0] in aliases:
-                continue  # its output is already its input's bytes under the new shape: nothing to run
-            ws = None
-            if op.workspace_size:
-                off = mem.offsets[f"__ws{i}"]
-                ws = arena[off : off + op.workspace_size]
-            # bound per run: steps that read inputs or write/read the outputs handed to the caller
-            late = any(n in feeds or n in graph_outputs for n in node.inputs) or any(
-                n in graph_outputs for n in node.outputs
-            )
-            in_t = [tensors.get(n) if n else None for n in node.inputs]
-            out_names = [omitted.get((i, k), n) for k, n in enumerate(node.outputs)]
-            out_t = [tensors.get(n) for n in out_names if n]
-            ex = _ex.Executor(
-                rec,
-                op.ctx,
-                op.selection,
-                op.plan,
-                op.workspace_size,
-                [t if t is not None else (feeds.get(n) if n else None) for t, n in zip(in_t, node.inputs)],
-                None,
-                None,
-            )
-            step = Step(node, ex, list(node.inputs), out_names, ws)
-            if not late:
-                step.task = _named(
-                    ex._task([t._array if t is not None else None for t in in_t], [t._array for t in out_t], ws), node
+        # a kernel bound here may hand a bound on max|y| to those reading y (kernels.bounds)
+        with _bounds.binding() as bound_cells:
+            for i, (node, rec, op) in enumerate(planned):
+                if _is_view(node) and node.outputs[0] in aliases:
+                    continue  # its output is already its input's bytes under the new shape: nothing to run
+                ws = None
+                if op.workspace_size:
+                    off = mem.offsets[f"__ws{i}"]
+                    ws = arena[off : off + op.workspace_size]
+                # bound per run: steps that read inputs or write/read the outputs handed to the caller
+                late = any(n in feeds or n in graph_outputs for n in node.inputs) or any(
+                    n in graph_outputs for n in node.outputs
                 )
-            for n in node.inputs:
-                if n in feeds:
-                    input_steps.setdefault(n, []).append(step)
-            steps.append(step)
+                in_t = [tensors.get(n) if n else None for n in node.inputs]
+                out_names = [omitted.get((i, k), n) for k, n in enumerate(node.outputs)]
+                out_t = [tensors.get(n) for n in out_names if n]
+                for t in out_t:  # a bound published for these bytes' array holds only until its next writer
+                    _bounds.forget(t._array if t is not None else None)
+                ex = _ex.Executor(
+                    rec,
+                    op.ctx,
+                    op.selection,
+                    op.plan,
+                    op.workspace_size,
+                    [t if t is not None else (feeds.get(n) if n else None) for t, n in zip(in_t, node.inputs)],
+                    None,
+                    None,
+                )
+                step = Step(node, ex, list(node.inputs), out_names, ws)
+                if not late:
+                    step.task = _named(
+                        ex._task([t._array if t is not None else None for t in in_t], [t._array for t in out_t], ws),
+                        node,
+                    )
+                else:  # bound per run: its outputs' cells made now, for the steps reading them
+                    for t in out_t:
+                        _bounds.publish(t._array if t is not None else None)
+                for n in node.inputs:
+                    if n in feeds:
+                        input_steps.setdefault(n, []).append(step)
+                steps.append(step)
         out_metas = {n: metas[n] for n in g.output_names}
         plan = Plan(key, steps, mem, arena, tensors, out_metas, folded, input_steps)
+        plan.bound_cells = bound_cells
         plan.stand_ins = _tiering.pending({k for st in steps if (k := getattr(st.executor, "tiered_key", ""))})
         plan.checked = _registry.version()
         return plan
@@ -678,12 +689,8 @@ class CompiledGraph:
             for st in plan.steps:
                 task = st.task
                 if task is None:
-                    ins = [env[n]._array if n else None for n in st.inputs]
-                    outs = [env[n]._array for n in st.outputs if n]
-                    st.executor._contig = [
-                        a is not None and not st.executor.kernel.strided and not a.flags.c_contiguous for a in ins
-                    ]
-                    task = _named(st.executor._task(ins, outs, st.workspace), st.node)
+                    with _bounds.binding(plan.bound_cells, grow=False):
+                        task = self._late_task(st, env)
                 tasks.append((st, task))
             if hooks.active:  # one launch per kernel so tools see each one
                 seq = 0
@@ -706,6 +713,16 @@ class CompiledGraph:
             if t._producer is None or t._producer[0] is stream:
                 t._producer = (stream, seq, mark)
         return outputs
+
+    @staticmethod
+    def _late_task(st, env: dict):
+        """The task of a step bound per run (it reads a feed or writes a graph output)."""
+        ins = [env[n]._array if n else None for n in st.inputs]
+        outs = [env[n]._array for n in st.outputs if n]
+        st.executor._contig = [
+            a is not None and not st.executor.kernel.strided and not a.flags.c_contiguous for a in ins
+        ]
+        return _named(st.executor._task(ins, outs, st.workspace), st.node)
 
     def _run_interpreted(self, feeds: dict, as_dict: bool):
         from .interpreter import run as interpret

@@ -49,6 +49,7 @@ import numpy as np
 
 from ... import dtypes as _dt
 from ...runtime import cpu
+from .. import bounds as _bounds
 from . import fused as KF
 from .gemm import bf16_to_f32, f32_to_bf16
 from .mkl import _threads, prefix_libraries
@@ -84,6 +85,7 @@ _NOT_IEEE = NOT_IEEE = (1, 4, 8)
 #: unless ``OPSNN_CONV_IEEE=0``, which trades NaN -> 0 under Relu for one read of X per call; read at prepare
 CONV_IEEE_ENV = "OPSNN_CONV_IEEE"
 _FLT_MAX = float(np.finfo(np.float32).max)
+_INF = float("inf")
 
 
 def conv_ieee() -> bool:
@@ -690,8 +692,10 @@ class ConvPrimitive:
         act: int,
         alpha: float = 0.0,
         beta: float = 0.0,
+        bias_bound: float | None = None,
     ):
         w = _weight_array(w)
+        self._bias_bound = bias_bound  # max|B| of a bias known at prepare: not read per call
         # the convolution keeps its activation as a post-op (NaN -> 0 under Relu): run after the
         # primitive it costs a pass over every conv output, 14% of ResNet-50 (docs/performance.md)
         self.after = None
@@ -703,14 +707,18 @@ class ConvPrimitive:
         # IEEE (unless OPSNN_CONV_IEEE=0): the post-op activation is exact unless a pre-activation is NaN,
         # which needs a non-finite X, W, B or Z or an overflow; a bound on |X|, |B|, |Z| read per call rules
         # both out, else a second primitive without the post-op runs and opsnn's epilogue activates
-        self.checked = None
-        if act in _NOT_IEEE and np.dtype(w.dtype) in (np.float32, _dt.bfloat16) and conv_ieee():
+        self.checked = self.l1 = None
+        if np.dtype(w.dtype) in (np.float32, _dt.bfloat16) and conv_ieee():
             w64 = np.abs(w.astype(np.float64)).reshape(w.shape[0], -1)
             taps = w64.shape[1] + 2
             # float32 partial sums of n terms stay within (1 + n u) of the exact bound (u = 2^-24); bfloat16
             # operands multiply exactly into oneDNN's float32 accumulator, so the same bound holds
-            self.checked = (float(w64.sum(axis=1).max(initial=0.0)), 1.0 + 2.0 * taps * 2.0**-24)
+            self.l1 = (float(w64.sum(axis=1).max(initial=0.0)), 1.0 + 2.0 * taps * 2.0**-24)
             self._act = (act, alpha, beta)
+            # a bfloat16 output rounds to nearest: up to half a unit (2^-8) past the float32 value
+            self._out_grow = 1.0 if np.dtype(w.dtype) == np.float32 else 1.0 + 2.0**-7
+        if self.l1 is not None and act in _NOT_IEEE:
+            self.checked = self.l1
             # the primitive without the post-op is built on the first call past the bound (a NaN is
             # rare): a compiled model's prepare makes no second JIT kernel per convolution
             self._plain = None
@@ -759,17 +767,36 @@ class ConvPrimitive:
         ptrs.append(y.ctypes.data)
         return tuple(ptrs)
 
-    def bounded(self, x: np.ndarray, b, z) -> bool:
-        """Whether every pre-activation is finite for sure: ``(max|X| * max_m sum|W_m| + max|B| + max|Z|)``
-        times the rounding growth stays below float32's largest value (False for a NaN or Inf anywhere;
-        bfloat16 as float32: oneDNN accumulates in float32)."""
-        w_l1, grow = self.checked
-        bound = KF.max_abs(x) * w_l1
-        if self.has_bias:
-            bound += KF.max_abs(b)
+    def pre_bound(self, x: np.ndarray, b, z, xb=None, zb=None) -> float:
+        """A bound on every pre-activation, ``(max|X| * max_m sum|W_m| + max|B| + max|Z|)`` times the rounding
+        growth (bfloat16 as float32: oneDNN accumulates in float32): inf or NaN where X, B or Z holds a NaN
+        or an Inf. ``xb`` / ``zb``: bounds of max|X| / max|Z| known without reading them (a producer's);
+        where those give a bound past float32's range, X and Z are read after all."""
+        w_l1, grow = self.l1
+        bb = (KF.max_abs(b) if self._bias_bound is None else self._bias_bound) if self.has_bias else 0.0
+        p = ((KF.max_abs(x) if xb is None else xb) * w_l1 + bb) * grow
         if self.residual:
-            bound += KF.max_abs(z)
-        return bound * grow < _FLT_MAX  # an inf or NaN bound compares False
+            p += (KF.max_abs(z) if zb is None else zb) * grow
+        if not p < _FLT_MAX and (xb is not None or zb is not None):
+            return self.pre_bound(x, b, z)
+        return p
+
+    def bounded(self, x: np.ndarray, b, z) -> bool:
+        """Whether every pre-activation is finite for sure (:meth:`pre_bound` below float32's largest value;
+        False for a NaN or Inf anywhere)."""
+        return self.pre_bound(x, b, z) < _FLT_MAX  # an inf or NaN bound compares False
+
+    def out_bound(self, p: float) -> float:
+        """A bound on max|Y| given the bound ``p`` on the pre-activations (each activation here is at most
+        |p| in magnitude, or a constant)."""
+        act, alpha, beta = self._act
+        if act in (2, 3):  # Sigmoid, Tanh
+            p = 1.0
+        elif act == 7:  # LeakyRelu
+            p *= max(1.0, abs(alpha))
+        elif act == KF.CLIP:  # a clipped value is X's or one of the limits
+            p = max([p] + [abs(v) for v in (alpha, beta) if abs(v) < _FLT_MAX])
+        return p * self._out_grow
 
     def activate(self, y: np.ndarray) -> None:
         """opsnn's IEEE activation on the post-op-free primitive's output ``y`` (bfloat16 through float32:
@@ -792,22 +819,43 @@ class ConvPrimitive:
             KF.epilogue(y, None, None, *self.after)
 
     def bind(self, x: np.ndarray, b, z, y: np.ndarray):
-        """``lambda: self(x, b, z, y)``, the addresses taken once (:meth:`Primitive.bind`)."""
+        """``lambda: self(x, b, z, y)``, the addresses taken once (:meth:`Primitive.bind`). Inside a plan's
+        binding (:mod:`opsnn.kernels.bounds`) the call publishes a bound on max|Y| each run, and the IEEE
+        check takes the bounds of X and Z from their producers where they publish one instead of reading."""
         call = self.prim.bind(self._ptrs(x, b, z, y), keep=(x, b, z, y, self))  # self: its reordered weight
+        xcell = _bounds.lookup(x)
+        zcell = _bounds.lookup(z) if self.residual else None
+        ycell = _bounds.publish(y) if self.l1 is not None else None
         if self.checked is not None:
             safe = []  # the post-op-free primitive bound to these addresses, once needed
 
             def call_checked():
-                if self.bounded(x, b, z):
+                p = self.pre_bound(x, b, z, _bounds.known(xcell), _bounds.known(zcell))
+                if p < _FLT_MAX:
                     call()
+                    if ycell is not None:
+                        ycell[0] = self.out_bound(p)
                     return
                 if not safe:
                     prim2, w2 = self.plain()
                     safe.append(prim2.bind(self._ptrs(x, b, z, y, w2.weight), keep=(x, b, z, y, w2)))
                 safe[0]()
                 self.activate(y)
+                if ycell is not None:
+                    ycell[0] = _INF
 
             return call_checked
+        if ycell is not None and xcell is not None and (zcell is not None or not self.residual):
+            # no check of its own: a bound from the producers' bounds, nothing read but B
+            def call_bounding():
+                call()
+                if self.after:
+                    KF.epilogue(y, None, None, *self.after)
+                xb, zb = _bounds.known(xcell), _bounds.known(zcell)
+                ok = xb is not None and (zb is not None or not self.residual)
+                ycell[0] = self.out_bound(self.pre_bound(x, b, z, xb, zb if self.residual else None)) if ok else _INF
+
+            return call_bounding
         if not self.after:
             return call
         after = self.after
@@ -852,10 +900,33 @@ class MaxPoolPrimitive:
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> None:
         self.prim.run(x.ctypes.data, y.ctypes.data)
+        if not KF.max_abs(x) < _INF:
+            self.nan_windows(x, y)
+
+    def nan_windows(self, x: np.ndarray, y: np.ndarray) -> None:
+        """NaN where a window of X holds one: oneDNN's max gives such a window its largest number (the
+        same primitive pools a mask of X's NaN)."""
+        nan = np.isnan(x)
+        if nan.any():
+            pooled = np.empty_like(y)
+            mask = nan.astype(x.dtype)
+            self.prim.run(mask.ctypes.data, pooled.ctypes.data)
+            y[pooled > 0] = np.nan
 
     def bind(self, x: np.ndarray, y: np.ndarray):
-        """``lambda: self(x, y)``, the addresses taken once (:meth:`Primitive.bind`)."""
-        return self.prim.bind((x.ctypes.data, y.ctypes.data), keep=(x, y))
+        """``lambda: self(x, y)``, the addresses taken once (:meth:`Primitive.bind`). Y takes X's bound
+        (:mod:`opsnn.kernels.bounds`: each value of Y is one of X's); X is read for NaN only where its
+        producer hands no finite bound."""
+        call = self.prim.bind((x.ctypes.data, y.ctypes.data), keep=(x, y))
+        xcell = _bounds.lookup(x)
+        _bounds.share(x, y)
+
+        def call_keeping_nan():
+            call()
+            if _bounds.known(xcell) is None and not KF.max_abs(x) < _INF:
+                self.nan_windows(x, y)
+
+        return call_keeping_nan
 
 
 def _matmul_pd(src: _Md, w: _Md, bias, dst: _Md, post: list, what: str):
@@ -935,7 +1006,7 @@ class MatMulPrimitive:
         )
 
     _ptrs, __call__, bind = ConvPrimitive._ptrs, ConvPrimitive.__call__, ConvPrimitive.bind
-    checked = None  # ConvPrimitive's IEEE bound check: a matmul runs such activations after it
+    checked = l1 = None  # ConvPrimitive's IEEE bound check and bounds: a matmul runs such activations after it
 
 
 class BatchMatMulPrimitive:

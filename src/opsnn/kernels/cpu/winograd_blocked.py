@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
+from .. import bounds as _bounds
 from . import onednn as D
 from .conv import ALIGN, workspace_view
 from .winograd import ALPHA, POINTS, TILE, _at, _bt, all_finite, transform_weights
@@ -123,10 +124,11 @@ def transforms(lanes: int):
         return total
 
     @nb.njit(parallel=True, nogil=True, cache=True)
-    def output_transform(mm, bias, z, y, th_n, tw_n, has_z, relu):
+    def output_transform(mm, bias, z, y, th_n, tw_n, has_z, relu, tmax):
         """``mm`` (36, tiles, M) -> ``y`` (N, M/b, Ho, Wo, b): A^T m A per tile, + ``bias`` (M,),
         + ``z`` (y's shape, when ``has_z``), then max(., 0) when ``relu``; tiles clipped at the edge.
-        ``b`` must be ``lanes``."""
+        ``b`` must be ``lanes``. ``tmax`` (one per task): the task's max |y| before the Relu, NaN or
+        Inf where a value it wrote is not finite (a bound for kernels.bounds)."""
         n_img, mb_n, ho, wo, b = y.shape
         zero = np.float32(0)
         for task in nb.prange(n_img * th_n * mb_n):
@@ -134,6 +136,8 @@ def transforms(lanes: int):
             ub = _U(lanes)
             u = np.empty((ALPHA, TILE, b), np.float32)
             o = np.empty((TILE, TILE, b), np.float32)
+            big = np.zeros(b, np.float32)  # per lane: max |value|, and 0 * value (NaN once one is not finite)
+            bad = np.zeros(b, np.float32)
             for tx in range(tw_n):
                 tile = _U(row * tw_n + tx)
                 for a in range(_U(ALPHA)):  # A^T along each row of points
@@ -163,12 +167,22 @@ def transforms(lanes: int):
                         if has_z:
                             for lane in range(ub):
                                 o[ui, us, lane] += z[un, umb, uy, ux, lane]
+                        for lane in range(ub):
+                            v = o[ui, us, lane]
+                            big[lane] = max(big[lane], abs(v))
+                            bad[lane] += v * zero
                         if relu:
                             for lane in range(ub):
                                 y[un, umb, uy, ux, lane] = max(o[ui, us, lane], zero)
                         else:
                             for lane in range(ub):
                                 y[un, umb, uy, ux, lane] = o[ui, us, lane]
+            m = zero
+            f = zero
+            for lane in range(ub):
+                m = max(m, big[lane])
+                f += bad[lane]
+            tmax[task] = m + f
 
     return input_transform, output_transform
 
@@ -336,17 +350,25 @@ def bind(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndar
 
     w4, finite_w = p.w, p.finite_w
     input_transform, output_transform = transforms(blk)
+    tmax = np.zeros(p.per_chunk * th * (m // blk), np.float32)
+    ycell = _bounds.publish(y)
 
     def call():
+        bound = 0.0
         for xc, v, gemm, mm, zc, yc in chunks:
             check = input_transform(xc, v, ph, pw, th, tw)
             gemm()
-            output_transform(mm, bias, zc, yc, th, tw, has_z, relu)
+            output_transform(mm, bias, zc, yc, th, tw, has_z, relu, tmax)
+            t = float(tmax[: xc.shape[0] * th * (m // blk)].max())
+            bound = math.inf if not math.isfinite(t) else max(bound, t)
             if not finite_w or not math.isfinite(check):  # Inf or NaN in: those tiles again, directly
                 tiles = nonfinite_tiles(xc, th, tw, ph, pw) if finite_w else np.empty((0, 3), np.int64)
                 if not len(tiles):  # the weight, or a finite overflow: every tile
                     tiles = np.ascontiguousarray(np.indices((xc.shape[0], th, tw)).reshape(3, -1).T, np.int64)
                 direct_tiles(xc, w4, bias, zc, yc, tiles, ph, pw, has_z, relu)
+                bound = math.inf
+        if ycell is not None:  # the values as written, before a Relu: float32 values, exact
+            ycell[0] = bound if math.isfinite(bound) else math.inf
 
     return call
 

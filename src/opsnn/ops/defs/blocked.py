@@ -154,6 +154,14 @@ def _planned_geometry(ctx):
     return xs, w, g, (xs[0], w.shape[0]) + tuple(g.out)
 
 
+def _constant_max_abs(ctx, i: int):
+    """max|input i| when it is a constant known at prepare (a graph initializer; NaN if it holds one), else None."""
+    v = ctx.value(i) if ctx.has(i) else None
+    if v is None:
+        return None
+    return float(np.abs(np.asarray(v).astype(np.float64)).max(initial=0.0))  # a NaN gives NaN
+
+
 def _blocked_conv_plan(ctx):
     xs, w, g, ys = _planned_geometry(ctx)
     src_blocked, b = bool(int(ctx.attrs["src_blocked"])), _block(ctx)
@@ -171,6 +179,7 @@ def _blocked_conv_plan(ctx):
         act=_act_code("BlockedConv", ctx.attrs),
         alpha=float(ctx.attrs["activation_alpha"]),
         beta=float(ctx.attrs["activation_beta"]),
+        bias_bound=_constant_max_abs(ctx, 2),
     )
     parts = ["bias"] * ctx.has(2) + ["residual add"] * ctx.has(3) + [ctx.attrs["activation"] or ""]
     epi = " + ".join(p for p in parts if p)
@@ -214,9 +223,10 @@ def _bind_conv(ins, outs, attrs, plan, ws):
     "residual add and activation as post-ops",
     nonfinite="float32 and bfloat16 keep NaN and Inf as a direct convolution: oneDNN's Relu, Clip or Gelu "
     "post-op (Relu's max gives 0 for NaN) runs only where a per-call bound (max|X| * max sum|W| + max|B| + "
-    "max|Z| in float32, oneDNN's accumulator; one vectorized read of X, B and Z, bfloat16 as its bits) rules "
-    "out a NaN or Inf pre-activation; past it a primitive without the post-op runs and opsnn's epilogue "
-    "activates. OPSNN_CONV_IEEE=0 skips the read (NaN -> 0 under Relu)",
+    "max|Z| in float32, oneDNN's accumulator) rules out a NaN or Inf pre-activation; past it a primitive "
+    "without the post-op runs and opsnn's epilogue activates. max|X| and max|Z| come from the convolution, "
+    "Winograd or max pool that wrote them in a compiled plan, else from a vectorized read (bfloat16 as its "
+    "bits); max|B| of a constant bias from prepare. OPSNN_CONV_IEEE=0 skips the check (NaN -> 0 under Relu)",
 )
 def _blocked_conv(ins, outs, attrs, plan, ws):
     plan.prim(*epilogue_args(ins, outs))
@@ -350,6 +360,8 @@ BlockedMaxPool = register_op(
     plan=_blocked_pool_plan,
     bind=lambda ins, outs, attrs, plan, ws: plan.prim.bind(ins[0], outs[0]),
     doc="oneDNN's JIT max pooling on nChw<block>c",
+    nonfinite="NaN in a window gives NaN: oneDNN's max drops it, so X is read for NaN (one vectorized pass, skipped "
+    "where the convolution writing X hands a finite bound) and the windows holding one are set to NaN",
 )
 def _blocked_pool(ins, outs, attrs, plan, ws):
     plan.prim(ins[0], outs[0])
