@@ -613,7 +613,7 @@ def test_blocked_winograd_hands_its_output_bound_down(monkeypatch, rng):
         want = run(g, {"x": xp})["y"]
         want = np.asarray(want.numpy() if hasattr(want, "numpy") else want, np.float64)
         _assert_ieee_equal(got, want, 2e-4, f"Winograd chain, {case}")
-        if case == "finite":
-            assert [r.shape for r in reads] == [(1, 8, 16, 16)]  # X of the first convolution only
-        else:
-            assert not np.isfinite(want).all() and len(reads) >= 2
+        if case == "finite":  # X of the first convolution at most (a Winograd first one reads none)
+            assert [r.shape for r in reads] in ([], [(1, 8, 16, 16)])
+        else:  # no bound past the NaN or Inf: the 1x1 convolution reads its input
+            assert not np.isfinite(want).all() and any(r.shape == (1, 16, 16, 16) for r in reads)

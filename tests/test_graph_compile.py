@@ -279,15 +279,16 @@ def test_reshapes_are_views_in_the_plan(rng):
     x = rng.standard_normal((2, 4)).astype(np.float32)
     out = cg.run({"x": x})
     a = np.maximum(x @ w, 0).reshape(2, 3, 2, 2)
-    np.testing.assert_allclose(out["y"].numpy(), -a.reshape(2, 12), rtol=1e-6)
-    np.testing.assert_allclose(out["z"].numpy(), 2 * a.reshape(2, 12), rtol=1e-6)
+    # products of 4 terms may cancel: the GEMM library's summation order moves such a value by a few ulps of its terms
+    np.testing.assert_allclose(out["y"].numpy(), -a.reshape(2, 12), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out["z"].numpy(), 2 * a.reshape(2, 12), rtol=1e-6, atol=2e-6)
     plan = cg.plans[0]
     ran = [st.node.op_type for st in plan.steps]
     assert "Reshape" not in ran and "Flatten" in ran
     assert plan.memory.aliases.get("r") == "m" and plan.memory.aliases.get("kept") == "m"
     assert "f" not in plan.memory.aliases
     again = cg.run({"x": 2 * x})  # replaying the plan: the views still see the new data
-    np.testing.assert_allclose(again["y"].numpy(), -2 * a.reshape(2, 12), rtol=1e-6)
+    np.testing.assert_allclose(again["y"].numpy(), -2 * a.reshape(2, 12), rtol=1e-6, atol=2e-6)
 
 
 def test_compiled_run_is_async_on_a_stream(rng):
