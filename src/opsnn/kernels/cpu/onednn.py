@@ -853,7 +853,7 @@ class ConvPrimitive:
                     KF.epilogue(y, None, None, *self.after)
                 xb, zb = _bounds.known(xcell), _bounds.known(zcell)
                 ok = xb is not None and (zb is not None or not self.residual)
-                ycell[0] = self.out_bound(self.pre_bound(x, b, z, xb, zb if self.residual else None)) if ok else _INF
+                ycell[0] = self.out_bound(self.pre_bound(x, b, z, xb, zb)) if ok else _INF
 
             return call_bounding
         if not self.after:

@@ -346,7 +346,8 @@ def bind(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndar
         t = k * th * tw
         v = flat[: POINTS * t * c].reshape(POINTS, t, c)
         mm = flat[POINTS * t * c : POINTS * t * (c + m)].reshape(POINTS, t, m)
-        chunks.append((x5[i0 : i0 + k], v, p.gemms[k].bind(v, mm), mm, z5[i0 : i0 + k], y5[i0 : i0 + k]))
+        tasks = k * th * (m // blk)  # the output transform's tasks over these images: tmax[:tasks]
+        chunks.append((x5[i0 : i0 + k], v, p.gemms[k].bind(v, mm), mm, z5[i0 : i0 + k], y5[i0 : i0 + k], tasks))
 
     w4, finite_w = p.w, p.finite_w
     input_transform, output_transform = transforms(blk)
@@ -355,12 +356,13 @@ def bind(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndar
 
     def call():
         bound = 0.0
-        for xc, v, gemm, mm, zc, yc in chunks:
+        for xc, v, gemm, mm, zc, yc, tasks in chunks:
             check = input_transform(xc, v, ph, pw, th, tw)
             gemm()
             output_transform(mm, bias, zc, yc, th, tw, has_z, relu, tmax)
-            t = float(tmax[: xc.shape[0] * th * (m // blk)].max())
-            bound = math.inf if not math.isfinite(t) else max(bound, t)
+            if ycell is not None:
+                t = float(tmax[:tasks].max())
+                bound = max(bound, t) if math.isfinite(t) else math.inf
             if not finite_w or not math.isfinite(check):  # Inf or NaN in: those tiles again, directly
                 tiles = nonfinite_tiles(xc, th, tw, ph, pw) if finite_w else np.empty((0, 3), np.int64)
                 if not len(tiles):  # the weight, or a finite overflow: every tile
@@ -368,7 +370,7 @@ def bind(x: np.ndarray, b, z, y: np.ndarray, p: BlockedWinogradPlan, ws: np.ndar
                 direct_tiles(xc, w4, bias, zc, yc, tiles, ph, pw, has_z, relu)
                 bound = math.inf
         if ycell is not None:  # the values as written, before a Relu: float32 values, exact
-            ycell[0] = bound if math.isfinite(bound) else math.inf
+            ycell[0] = bound
 
     return call
 
