@@ -25,6 +25,7 @@ from opsnn.llm import (
     mixed_workload,
     replay,
 )
+from opsnn.llm.decoder import PANEL_ROWS
 
 VOCAB = 97
 
@@ -697,6 +698,85 @@ def test_rope_store_matches_the_rotary_op_and_the_cache_write(rng):
     cache.close()
 
 
+def test_rope_store_rows_matches_the_rotary_op_and_the_cache_write(rng):
+    """A forward's RoPE + K/V store (one parallel pass over its rows) against the RotaryEmbedding op
+    and KVCache.write: q and k rotated in place (column views of one projection output, as the
+    decoder hands them), keys transposed into the cache, values copied, NaN/Inf carried through
+    where they are (a NaN of q stays in its head), other positions untouched; the numpy stand-in
+    agrees with the numba kernel."""
+    from opsnn.llm.attention import rope_store_rows, rope_store_rows_numpy
+    from opsnn.models.llama import LlamaConfig, rope_cache
+
+    Hq, Hkv, D, T, n_slots = 4, 2, 16, 40, 3
+    cos, sin = rope_cache(
+        LlamaConfig(
+            vocab_size=8,
+            hidden_size=Hq * D,
+            intermediate_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=Hq,
+            num_key_value_heads=Hkv,
+            max_position_embeddings=T,
+        )
+    )
+    # two requests: 7 tokens of slot 2 from position 0, 5 of slot 0 continuing at position 30
+    pos = np.concatenate([np.arange(7), 30 + np.arange(5)]).astype(np.int64)
+    slots = np.array([2] * 7 + [0] * 5, np.int64)
+    R = len(pos)
+    qkv = rng.standard_normal((R, (Hq + 2 * Hkv) * D)).astype(np.float32)
+    qkv[1, 3] = np.nan  # q head 0 of row 1
+    qkv[9, Hq * D + D + 2] = np.inf  # k head 1 of row 9
+    qkv[4, (Hq + Hkv) * D + 5] = -np.inf  # v head 0 of row 4
+
+    def rot(x, n):
+        return opsnn.ops.rotary_embedding(x[None], cos, sin, pos[None], num_heads=n).numpy().reshape(R, n, D)
+
+    q0, k0, v0 = qkv[:, : Hq * D], qkv[:, Hq * D : (Hq + Hkv) * D], qkv[:, (Hq + Hkv) * D :]
+    want_q, want_k = rot(np.ascontiguousarray(q0), Hq), rot(np.ascontiguousarray(k0), Hkv)
+    ref = KVCache(layers=1, max_batch_slots=n_slots, max_seq=T, kv_heads=Hkv, head_dim=D)
+    ref._k[0][...], ref._v[0][...] = np.float32(7), np.float32(7)
+    ref.write(0, np.array([2]), np.array([0]), want_k[None, :7], v0[None, :7].reshape(1, 7, Hkv, D))
+    ref.write(0, np.array([0]), np.array([30]), want_k[None, 7:], v0[None, 7:].reshape(1, 5, Hkv, D))
+    outs = []
+    for fn in (rope_store_rows, rope_store_rows_numpy):
+        buf = qkv.copy()
+        views = [buf[:, a:b].reshape(R, n, D) for a, b, n in ((0, Hq * D, Hq), (Hq * D, (Hq + Hkv) * D, Hkv))]
+        views.append(buf[:, (Hq + Hkv) * D :].reshape(R, Hkv, D))
+        assert all(np.shares_memory(v, buf) for v in views)
+        kt, vc = np.full_like(ref._k[0], 7), np.full_like(ref._v[0], 7)
+        fn(*views, cos, sin, pos, kt, vc, slots)
+        np.testing.assert_allclose(views[0], want_q, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(views[1], want_k, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(views[2], v0.reshape(R, Hkv, D))
+        np.testing.assert_allclose(kt, ref._k[0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(vc, ref._v[0])
+        outs.append((buf, kt, vc))
+    assert np.isnan(outs[0][0][1, :D]).any() and not np.isnan(outs[0][0][1, D:]).any()
+    for g, w in zip(*outs):
+        np.testing.assert_array_equal(g, w)
+    ref.close()
+
+
+def test_prefill_on_a_worker_stream_matches_the_default_stream(lm, rng):
+    """The forward's in-place kernels (RoPE + K/V store, the residual GEMMs adding into h) are
+    launched on the current stream: issued on a worker stream they run in order there, and the
+    logits and the cache equal the default stream's."""
+    p = rng.integers(0, VOCAB, 11)
+    caches = [KVCache.for_model(lm, 2, 32) for _ in range(2)]
+    want = CachedDecoder(lm, caches[0]).forward(p[None], [1], [0])
+    s = opsnn.Stream()
+    with s:
+        got = CachedDecoder(lm, caches[1]).forward(p[None], [1], [0])
+    s.synchronize()
+    np.testing.assert_array_equal(got, want)
+    for layer in range(lm.config.num_hidden_layers):  # the 11 positions written (keys stored transposed)
+        np.testing.assert_array_equal(caches[1]._k[layer][1, :, :, :11], caches[0]._k[layer][1, :, :, :11])
+        np.testing.assert_array_equal(caches[1]._v[layer][1, :, :11], caches[0]._v[layer][1, :, :11])
+    s.close()
+    for c in caches:
+        c.close()
+
+
 def test_decoder_packed_projections_match_the_linear_op(lm, rng, monkeypatch):
     """Where MKL is the GEMM library the decoder packs its float32 projection weights once (q/k/v
     and gate/up stacked into one panel each) and every product of two or more rows (prefill,
@@ -741,6 +821,7 @@ def test_decoder_packed_projections_match_the_linear_op(lm, rng, monkeypatch):
         assert qkv is packed._packed_cat((p0.wq, p0.wk, p0.wv), 16) and qkv.n == sum(
             w.shape[0] for w in (p0.wq, p0.wk, p0.wv)
         )
+        assert qkv.m == PANEL_ROWS  # packed for prefill-sized products, whatever the cache's slots
         assert packed._packed_cat((p0.wg, p0.wu), 1) is None  # one row: matrix-vector products
         assert CachedDecoder(lm, cache_a)._packed(lm.output_weight, 4) is packed._packed(lm.output_weight, 4)
     packed.release_steps()

@@ -164,6 +164,35 @@ def rope_store(q, k, v, cos, sin, pos, kt, vc, slots, rows):
                 store_key_value(k[b, n], v[b, n], kt, vc, slots[b], n, pos[b], c, s)
 
 
+@nb.njit(parallel=True, nogil=True, cache=True)
+def rope_store_rows(q, k, v, cos, sin, pos, kt, vc, slots):
+    """A forward's rotary embedding and K/V store in one parallel pass over its rows (a prompt's
+    tokens): rotate ``q`` (R, Hq, D) and ``k`` (R, Hkv, D) in place (attention reads both from
+    the projection's output), row ``r`` at position ``pos[r]``, and store its key (transposed,
+    as :func:`store_key_value`) and ``v[r]`` at that position of slot ``slots[r]``. Rows go to
+    the threads in contiguous runs, so each writes adjacent positions of the cache. Positions
+    must lie in the tables and the cache, and no two rows may share a slot and a position (the
+    caller checks)."""
+    for b in nb.prange(q.shape[0]):
+        p = pos[b]
+        c, s = cos[p], sin[p]
+        for n in range(q.shape[1]):
+            rope_query(q[b, n], c, s)
+        for n in range(k.shape[1]):
+            rope_query(k[b, n], c, s)
+            kt[slots[b], n, :, p] = k[b, n]
+            vc[slots[b], n, p, :] = v[b, n]
+
+
+def rope_store_rows_numpy(q, k, v, cos, sin, pos, kt, vc, slots) -> None:
+    """:func:`rope_store_rows` in numpy (the same float32 arithmetic)."""
+    c, s = cos[pos], sin[pos]
+    _rope_numpy(q, c, s)
+    _rope_numpy(k, c, s)
+    kt[slots, :, :, pos] = k
+    vc[slots, :, pos, :] = v
+
+
 def decode_attention(
     q: np.ndarray,
     kt: np.ndarray,
@@ -239,5 +268,7 @@ __all__ = [
     "rope_query",
     "rope_store",
     "rope_store_numpy",
+    "rope_store_rows",
+    "rope_store_rows_numpy",
     "store_key_value",
 ]

@@ -46,7 +46,7 @@ from ..runtime.context import context
 from ..runtime.stream import current_stream
 from ..tensor import Tensor, _alloc_array, as_tensor
 from . import fused as _fused
-from .attention import decode_attention, rope_store, rope_store_numpy
+from .attention import decode_attention, rope_store, rope_store_numpy, rope_store_rows, rope_store_rows_numpy
 from .cache import KVCache
 
 _F32 = np.dtype(np.float32)
@@ -142,7 +142,8 @@ class CachedDecoder:
             if step is not None:
                 cache.lengths[slots] = starts + S
                 return step.run(tokens, slots, starts)
-        pos = as_tensor(starts[:, None] + np.arange(S, dtype=np.int64)[None, :])
+        pos = (starts[:, None] + np.arange(S, dtype=np.int64)[None, :]).reshape(-1)  # row b*S+s's position
+        row_slots = np.repeat(slots, S)
         # prefill attention runs over the slot range [lo, hi): row r of the call is slot lo + r; slots in
         # the range that are not in this batch get length 0 (the kernel writes zeros for them, reads nothing)
         lo, hi = int(slots.min()), int(slots.max()) + 1
@@ -161,10 +162,7 @@ class CachedDecoder:
         h = self._embed(as_tensor(tokens))
         for i, p in enumerate(self.layers):
             x = ops.rms_norm(h, H, p.ln1, eps=self.eps)
-            q, k, v = self._linear_cat(x, (p.wq, p.wk, p.wv))
-            q = ops.rotary_embedding(q, self.cos, self.sin, pos, num_heads=Hq)
-            k = ops.rotary_embedding(k, self.cos, self.sin, pos, num_heads=Hkv)
-            cache.write(i, slots, starts, k.numpy().reshape(B, S, Hkv, D), v.numpy().reshape(B, S, Hkv, D))
+            q, k, v = self._rope_store(i, *self._linear_cat(x, (p.wq, p.wk, p.wv)), pos, row_slots)
             if S == 1:  # decode: the kernel the prepared steps run (see _attend_decode)
                 y = Tensor(_alloc_array((B, 1, Hq * D), _F32, "llm decode attention"))
                 self._attend_decode(i, q.numpy(), slots, starts + 1, y.numpy())
@@ -189,9 +187,9 @@ class CachedDecoder:
                 if not packed:
                     y = Tensor(y.numpy()[rows])
                 y = y.transpose(1, 2).reshape(B, S, Hq * D)
-            h = ops.add(h, self._linear(y, p.wo))
+            h = self._residual(h, y, p.wo)
             x = ops.rms_norm(h, H, p.ln2, eps=self.eps)
-            h = ops.add(h, self._linear(self._swiglu(x, p.wg, p.wu), p.wd))
+            h = self._residual(h, self._swiglu(x, p.wg, p.wu), p.wd)
         if not all_positions and S > 1:
             h = h[:, S - 1 :, :]
         logits = self._linear(ops.rms_norm(h, H, self.norm_w, eps=self.eps), self.out_w).numpy()
@@ -220,21 +218,18 @@ class CachedDecoder:
         lens = np.array([t.size for t in toks], np.int64)
         ends = np.cumsum(lens)
         N = int(ends[-1])
-        pos = as_tensor(np.concatenate([st + np.arange(n, dtype=np.int64) for st, n in zip(starts, lens)])[None])
+        pos = np.concatenate([st + np.arange(n, dtype=np.int64) for st, n in zip(starts, lens)])
+        row_slots = np.repeat(slots, lens)
         cache.lengths[slots] = starts + lens
         h = self._embed(as_tensor(np.concatenate(toks)[None]))  # (1, N, H)
         for i, p in enumerate(self.layers):
             x = ops.rms_norm(h, H, p.ln1, eps=self.eps)
-            q, k, v = self._linear_cat(x, (p.wq, p.wk, p.wv))
-            q = ops.rotary_embedding(q, self.cos, self.sin, pos, num_heads=Hq).numpy()
-            k = ops.rotary_embedding(k, self.cos, self.sin, pos, num_heads=Hkv).numpy()
-            v = v.numpy()
+            q, k, v = (t.numpy() for t in self._rope_store(i, *self._linear_cat(x, (p.wq, p.wk, p.wv)), pos, row_slots))
             y = Tensor(_alloc_array((1, N, Hq * D), _F32, "llm prefill attention"))
             yn = y.numpy()
             for c in range(len(chunks)):
                 a, b, n, st = int(ends[c] - lens[c]), int(ends[c]), int(lens[c]), int(starts[c])
                 kc4, vc4 = k[0, a:b].reshape(1, n, Hkv, D), v[0, a:b].reshape(1, n, Hkv, D)
-                cache.write(i, slots[c : c + 1], starts[c : c + 1], kc4, vc4)
                 q4 = Tensor(q[0, a:b].reshape(1, n, Hq, D)).transpose(1, 2)
                 if st == 0:  # a whole prompt: over its own K/V (attention_gemm)
                     yc = ops.attention(q4, Tensor(kc4).transpose(1, 2), Tensor(vc4).transpose(1, 2), is_causal=True)
@@ -246,9 +241,9 @@ class CachedDecoder:
                         q4, kc, vc, None, None, None, as_tensor(np.array([st + n], np.int64)), is_causal=True, algo=algo
                     )
                 yn[0, a:b] = yc.numpy().transpose(0, 2, 1, 3).reshape(n, Hq * D)
-            h = ops.add(h, self._linear(y, p.wo))
+            h = self._residual(h, y, p.wo)
             x = ops.rms_norm(h, H, p.ln2, eps=self.eps)
-            h = ops.add(h, self._linear(self._swiglu(x, p.wg, p.wu), p.wd))
+            h = self._residual(h, self._swiglu(x, p.wg, p.wu), p.wd)
         last = Tensor(np.ascontiguousarray(h.numpy()[0, ends - 1])[:, None, :])  # (chunks, 1, H)
         logits = self._linear(ops.rms_norm(last, H, self.norm_w, eps=self.eps), self.out_w).numpy()
         return logits.reshape(len(chunks), -1)
@@ -256,6 +251,35 @@ class CachedDecoder:
     def _embed(self, tokens: Tensor) -> Tensor:
         h = ops.embedding(tokens, self.embed)
         return h if h.dtype == _F32 else ops.cast(h, "float32")
+
+    def _rope_store(self, layer: int, q: Tensor, k: Tensor, v: Tensor, pos: np.ndarray, slots: np.ndarray) -> tuple:
+        """RoPE on ``q`` and ``k`` (B, S, heads*D) in place and their keys/values into the cache,
+        row ``r`` of the B*S at position ``pos[r]`` of slot ``slots[r]``: one kernel launched on
+        the current stream, in place of two RotaryEmbedding ops and the cache's store. Returns
+        the rotated (q, k, v)."""
+        cfg = self.config
+        Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        shapes = (q.shape, k.shape, v.shape)
+        # the projections' outputs (column views of one GEMM's output, or the Linear op's): the
+        # reshapes are views, so the kernel rotates the arrays attention reads
+        qa, ka, va = (t.numpy().reshape(-1, n, D) for t, n in ((q, Hq), (k, Hkv), (v, Hkv)))
+        args = (qa, ka, va, self.cos.numpy(), self.sin.numpy(), pos, self.cache._k[layer], self.cache._v[layer], slots)
+        # numpy while rope_store_rows compiles in the background (opsnn.ops.tiering)
+        fn = rope_store_rows_numpy if kernel_cache.cold(rope_store_rows, args) else rope_store_rows
+        current_stream().launch(fn, "RotaryEmbedding", {"kernel": "llm_rope_store"}, args)
+        return tuple(Tensor(a.reshape(shape)) for a, shape in zip((qa, ka, va), shapes))
+
+    def _residual(self, h: Tensor, y: Tensor, w: Tensor) -> Tensor:
+        """``h + y @ w.T``. With MKL the GEMM adds into ``h``'s buffer (beta = 1), the residual
+        Add gone: ``h`` is the forward's own activation (the embedding's output, accumulated)."""
+        rows = int(np.prod(y.shape[:-1]))
+        pw = self._packed(w, rows)
+        hn = h.numpy()
+        if pw is None or hn.dtype != _F32 or not hn.flags.c_contiguous:
+            return ops.add(h, self._linear(y, w))
+        ya = np.ascontiguousarray(y.numpy(), dtype=_F32)
+        current_stream().launch(*_mkl_product(ya.reshape(rows, -1), pw, hn.reshape(rows, -1), accumulate=True))
+        return h
 
     def _packed(self, w: Tensor, rows: int):
         """How MKL multiplies ``rows`` rows by the projection weight ``w`` (N, K): its packed
@@ -290,7 +314,7 @@ class CachedDecoder:
         p = (
             _PlainWeight(np.ascontiguousarray(arr))
             if plain
-            else _mkl.pack(arr, self.cache.max_batch_slots, transpose=True)
+            else _mkl.pack(arr, max(self.cache.max_batch_slots, PANEL_ROWS), transpose=True)
         )
         packs[key] = (tuple(weakref.ref(w) for w in ws), tuple(weakref.ref(w._array) for w in ws), p)
         weakref.finalize(ws[0], packs.pop, key, None)  # the entry goes with the (first) weight tensor
@@ -398,6 +422,11 @@ def decode_bucket(rows: int, max_rows: int) -> int:
 #: op-by-op step, whose products read MKL's packed panels: unpacked, a thread's share of a
 #: weight is slower to multiply by more rows (measured: docs/kernel-libraries.md)
 FUSED_MAX_ROWS = 2
+
+#: the row count a projection's MKL panel is packed for: MKL sizes the panel's blocking by it and
+#: every product, prefill's and decode's, reads the one panel; 128-256 suit 8 to 512 rows alike,
+#: a few rows' blocking slows prefill's products (docs/performance.md)
+PANEL_ROWS = 256
 
 #: prepared decode steps a CachedDecoder keeps (each holds its activation buffers: a few KB per row)
 MAX_DECODE_STEPS = 8
