@@ -8,11 +8,20 @@ import numpy as np
 import pytest
 
 import opsnn
+from opsnn.kernels.cpu import libraries as KL
 from opsnn.kernels.cpu import onednn as KD
 from opsnn.ops.autotune import NotPreferred
 from opsnn.ops.defs import fused as F
 from opsnn.ops.executor import plan_op
 from opsnn.ops.registry import TensorMeta, get_op
+
+
+@pytest.fixture(autouse=True)
+def openblas_gemm(monkeypatch):
+    """OpenBLAS as the GEMM library, where FusedMatMul prefers oneDNN: its kernel is tested on every
+    CPU (where MKL is the library, the packed panel and an epilogue pass stay: the last test)."""
+    monkeypatch.setattr(KL, "_library", "openblas")
+
 
 needs_onednn = pytest.mark.skipif(KD.matmul_unavailable() is not None, reason=f"oneDNN: {KD.matmul_unavailable()}")
 
@@ -330,3 +339,21 @@ def test_one_primitive_run_from_two_threads_at_once_gives_each_its_own_result(rn
         t.join()
     assert not conv.impl.startswith("ref")
     assert wrong == [0, 0]
+
+
+@needs_onednn
+def test_fused_matmul_stays_on_mkl_where_mkl_is_the_gemm_library(rng, monkeypatch):
+    """Where MKL is the GEMM library a float32 FusedMatMul runs MKL's packed panel and one epilogue
+    pass (matmul_epilogue), with oneDNN's kernel skipped for that reason; bfloat16 is not affected."""
+    monkeypatch.setattr(KL, "_library", "mkl")
+    a = rng.standard_normal((33, 40)).astype(np.float32)
+    w = (rng.standard_normal((40, 24)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    rec, planned = _plan(a, w, b, None, {"activation": "Gelu", "activation_alpha": 0, "activation_beta": 0})
+    assert planned.selection.kernel.name == "matmul_epilogue"
+    why = next(k for k in rec.kernels if k.name == "matmul_onednn").check(planned.ctx)
+    assert isinstance(why, NotPreferred) and "MKL is the GEMM library" in str(why)
+    assert KL.epilogue_product_rejection(np.float32) is not None
+    assert KL.epilogue_product_rejection(opsnn.dtypes.bfloat16) is None
+    monkeypatch.setattr(KL, "_library", "openblas")
+    assert KL.epilogue_product_rejection(np.float32) is None

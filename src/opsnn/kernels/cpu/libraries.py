@@ -196,6 +196,17 @@ def onednn_rows(rows: int, p: Platform | None = None) -> bool:
     return rows >= ONEDNN_MIN_ROWS and p.gemm_library != "mkl" and p.onednn_matmul is None
 
 
+def epilogue_product_rejection(dtype, p: Platform | None = None) -> str | None:
+    """Why a product with a constant weight and an epilogue (FusedMatMul: bias, residual,
+    activation) should not run on oneDNN's matmul with the epilogue as post-ops (None: it should).
+    Where MKL is the GEMM library a float32 one stays on MKL's packed panel followed by one
+    in-place epilogue pass, as the plain products do (docs/performance.md, Intel Ice Lake)."""
+    lib = p.gemm_library if p is not None else gemm_library()
+    if np.dtype(dtype) == _dt.float32 and lib == "mkl":
+        return "MKL is the GEMM library: its packed panel, then one epilogue pass"
+    return None
+
+
 def onednn_bf16_rows(rows: int, p: Platform | None = None) -> bool:
     """True when a bfloat16 product of ``rows`` rows runs on oneDNN's bf16 matmul (the weight read
     in place): two rows or more where MKL is not the GEMM library and oneDNN has native bf16
@@ -713,6 +724,7 @@ __all__ = [
     "kernel_choice",
     "mkl_batch",
     "mkl_gemv_in_tasks",
+    "epilogue_product_rejection",
     "onednn_bf16_rows",
     "onednn_rows",
     "openblas_gemv",

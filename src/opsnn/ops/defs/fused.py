@@ -353,7 +353,8 @@ def _fused_mm_onednn_applies(ctx):
         return NotPreferred(
             f"{rows} row (< ONEDNN_MIN_ROWS = {ONEDNN_MIN_ROWS}): the matrix-vector kernels are as fast"
         )
-    return True
+    why = KL.epilogue_product_rejection(dt)
+    return True if why is None else NotPreferred(why)
 
 
 #: fewest rows for which FusedMatMul prefers oneDNN's matmul (one row is a tie: the matrix-vector
