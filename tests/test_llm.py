@@ -645,25 +645,30 @@ def test_one_row_decode_step_runs_four_regions_a_layer(lm, rng, no_leak, monkeyp
     cache_b.close()
 
 
+def _rope_tables(Hq: int, Hkv: int, D: int, T: int) -> tuple:
+    """The (T, D/2) cos/sin tables of a LLaMA model with these heads."""
+    from opsnn.models.llama import LlamaConfig, rope_cache
+
+    cfg = LlamaConfig(
+        vocab_size=8,
+        hidden_size=Hq * D,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=Hq,
+        num_key_value_heads=Hkv,
+        max_position_embeddings=T,
+    )
+    return rope_cache(cfg)
+
+
 def test_rope_store_matches_the_rotary_op_and_the_cache_write(rng):
     """The decode step's RoPE + K/V store against the RotaryEmbedding op and KVCache.write: q
     rotated in place (pad rows too), keys rotated into the transposed cache, values copied, rows
     past ``rows`` (a step's pad rows) leave the cache untouched."""
     from opsnn.llm.attention import rope_store
-    from opsnn.models.llama import LlamaConfig, rope_cache
 
     Hq, Hkv, D, T, n_slots = 4, 2, 16, 24, 5
-    cos, sin = rope_cache(
-        LlamaConfig(
-            vocab_size=8,
-            hidden_size=Hq * D,
-            intermediate_size=8,
-            num_hidden_layers=1,
-            num_attention_heads=Hq,
-            num_key_value_heads=Hkv,
-            max_position_embeddings=T,
-        )
-    )
+    cos, sin = _rope_tables(Hq, Hkv, D, T)
     R, rows = 4, 3
     q = rng.standard_normal((R, Hq, D)).astype(np.float32)
     k = rng.standard_normal((R, Hkv, D)).astype(np.float32)
@@ -705,20 +710,9 @@ def test_rope_store_rows_matches_the_rotary_op_and_the_cache_write(rng):
     where they are (a NaN of q stays in its head), other positions untouched; the numpy stand-in
     agrees with the numba kernel."""
     from opsnn.llm.attention import rope_store_rows, rope_store_rows_numpy
-    from opsnn.models.llama import LlamaConfig, rope_cache
 
     Hq, Hkv, D, T, n_slots = 4, 2, 16, 40, 3
-    cos, sin = rope_cache(
-        LlamaConfig(
-            vocab_size=8,
-            hidden_size=Hq * D,
-            intermediate_size=8,
-            num_hidden_layers=1,
-            num_attention_heads=Hq,
-            num_key_value_heads=Hkv,
-            max_position_embeddings=T,
-        )
-    )
+    cos, sin = _rope_tables(Hq, Hkv, D, T)
     # two requests: 7 tokens of slot 2 from position 0, 5 of slot 0 continuing at position 30
     pos = np.concatenate([np.arange(7), 30 + np.arange(5)]).astype(np.int64)
     slots = np.array([2] * 7 + [0] * 5, np.int64)
