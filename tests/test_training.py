@@ -176,6 +176,36 @@ def test_optimizer_rejects_tensors_that_do_not_require_grad():
         optim.Adam([nn.Parameter(np.zeros(3, np.float32))], betas=(0.9, 1.5))
 
 
+@pytest.mark.parametrize("name,op", [("SGD", "ApplySGD"), ("AdamW", "ApplyAdamW")])
+def test_an_eager_optimizer_step_is_one_observed_kernel_on_the_current_stream(name, op):
+    """The eager step runs its fused update as a task of the current stream, named as the compiled
+    step's node: the profiler sees one kernel per dtype group; issued on a worker stream it updates
+    the parameters exactly as on the default stream, and they are updated when step() returns."""
+    init = [RNG.standard_normal(s).astype(np.float32) for s in ((300,), (4, 5))]
+    grads = [RNG.standard_normal(a.shape).astype(np.float32) for a in init]
+    results = []
+    for worker in (False, True):
+        ps = [nn.Parameter(a.copy()) for a in init]
+        opt = getattr(optim, name)(ps, lr=0.1, weight_decay=0.01)
+        for p, g in zip(ps, grads):
+            p.grad = opsnn.tensor(g)
+        s = opsnn.Stream() if worker else None
+        with opsnn.profiler.profile() as prof:
+            if s is None:
+                opt.step()
+            else:
+                with s:
+                    opt.step()
+        got = [p.numpy().copy() for p in ps]  # read without a synchronize of our own
+        assert [(k.op, k.kernel) for k in prof.kernels] == [(op, op.lower() + "_numba")]
+        assert all(not np.array_equal(g, a) for g, a in zip(got, init))
+        results.append(got)
+        if s is not None:
+            s.close()
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
 # -- models trained side by side with torch -----------------------------------------------------------------
 def _cnn(lib):
     n = lib.nn

@@ -86,7 +86,7 @@ class Adam(Optimizer):
                 ms.append(self._state_buffer(p, "exp_avg"))
                 vs.append(self._state_buffer(p, "exp_avg_sq"))
                 vmaxs.append(self._state_buffer(p, "max_exp_avg_sq") if g["amsgrad"] else vs[-1])
-            K.adam_step(
+            args = (
                 K.typed_list([i[2] for i in items]),
                 K.typed_list([i[3] for i in items]),
                 K.typed_list(ms),
@@ -96,6 +96,7 @@ class Adam(Optimizer):
                 hyper,
                 flags,
             )
+            self._launch("ApplyAdamW", K.adam_step, args)
         return loss
 
     def _traced_step(self, tracer, closure):

@@ -122,6 +122,15 @@ class Optimizer:
             by_dtype.setdefault(item[2].dtype, []).append(item)
         return list(by_dtype.values())
 
+    @staticmethod
+    def _launch(op: str, fn, args: tuple) -> None:
+        """Run the fused update ``fn(*args)`` as a task of the current stream, named as a compiled
+        step's node (``op``), so that the profiler, the timeline and other observers see it, then
+        wait for it: the parameters change in place, so no tensor's producer would."""
+        stream = current_stream()
+        stream.launch(fn, op, {"kernel": f"{op.lower()}_numba"}, args)
+        stream.synchronize()
+
     def _state_buffer(self, p: Tensor, key: str) -> np.ndarray:
         st = self.state.setdefault(p, {})
         t = st.get(key)

@@ -81,7 +81,7 @@ class SGD(Optimizer):
                 first = mom and "momentum_buffer" not in self.state.get(p, {})
                 flags[t] = (bool(g["nesterov"]), bool(g["maximize"]), first)
                 bufs.append(self._state_buffer(p, "momentum_buffer") if mom else pa)
-            K.sgd_step(
+            args = (
                 K.typed_list([i[2] for i in items]),
                 K.typed_list([i[3] for i in items]),
                 K.typed_list(bufs),
@@ -89,6 +89,7 @@ class SGD(Optimizer):
                 hyper,
                 flags,
             )
+            self._launch("ApplySGD", K.sgd_step, args)
         return loss
 
     def _traced_step(self, tracer, closure):
