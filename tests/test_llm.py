@@ -751,21 +751,43 @@ def test_rope_store_rows_matches_the_rotary_op_and_the_cache_write(rng):
     ref.close()
 
 
-def test_prefill_on_a_worker_stream_matches_the_default_stream(lm, rng):
-    """The forward's in-place kernels (RoPE + K/V store, the residual GEMMs adding into h) are
-    launched on the current stream: issued on a worker stream they run in order there, and the
-    logits and the cache equal the default stream's."""
-    p = rng.integers(0, VOCAB, 11)
-    caches = [KVCache.for_model(lm, 2, 32) for _ in range(2)]
-    want = CachedDecoder(lm, caches[0]).forward(p[None], [1], [0])
+def test_prefill_on_a_worker_stream_matches_the_default_stream(lm, rng, monkeypatch):
+    """The forward's own launches (the MKL products, the residual GEMMs adding into h, RoPE + K/V
+    store) run on the current stream and the Tensors they write carry them as producers: issued on
+    a worker stream, with every product slowed down so that a host read that did not wait would
+    see its buffer unwritten, the logits forward and prefill return (read before any synchronize)
+    and the cache equal the default stream's."""
+    import time
+
+    from opsnn.llm import decoder as D
+
+    p, a, b = rng.integers(0, VOCAB, 11), rng.integers(0, VOCAB, 5), rng.integers(0, VOCAB, 7)
+    caches = [KVCache.for_model(lm, 3, 32) for _ in range(2)]
+    dec = CachedDecoder(lm, caches[0])
+    want = dec.forward(p[None], [1], [0]), dec.prefill([(a, 0, 0), (b, 2, 0)])
+    orig = D._mkl_product
+
+    def slow(*args, **kw):
+        fn, name, info = orig(*args, **kw)
+
+        def late():
+            time.sleep(0.01)
+            fn()
+
+        return late, name, info
+
+    monkeypatch.setattr(D, "_mkl_product", slow)
     s = opsnn.Stream()
     with s:
-        got = CachedDecoder(lm, caches[1]).forward(p[None], [1], [0])
+        dec = CachedDecoder(lm, caches[1])
+        got = dec.forward(p[None], [1], [0]).copy(), dec.prefill([(a, 0, 0), (b, 2, 0)]).copy()
     s.synchronize()
-    np.testing.assert_array_equal(got, want)
-    for layer in range(lm.config.num_hidden_layers):  # the 11 positions written (keys stored transposed)
-        np.testing.assert_array_equal(caches[1]._k[layer][1, :, :, :11], caches[0]._k[layer][1, :, :, :11])
-        np.testing.assert_array_equal(caches[1]._v[layer][1, :, :11], caches[0]._v[layer][1, :, :11])
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    for layer in range(lm.config.num_hidden_layers):  # the positions written (keys stored transposed)
+        for slot, n in ((0, 5), (1, 11), (2, 7)):
+            np.testing.assert_array_equal(caches[1]._k[layer][slot, :, :, :n], caches[0]._k[layer][slot, :, :, :n])
+            np.testing.assert_array_equal(caches[1]._v[layer][slot, :, :n], caches[0]._v[layer][slot, :, :n])
     s.close()
     for c in caches:
         c.close()

@@ -165,7 +165,7 @@ class CachedDecoder:
             q, k, v = self._rope_store(i, *self._linear_cat(x, (p.wq, p.wk, p.wv)), pos, row_slots)
             if S == 1:  # decode: the kernel the prepared steps run (see _attend_decode)
                 y = Tensor(_alloc_array((B, 1, Hq * D), _F32, "llm decode attention"))
-                self._attend_decode(i, q.numpy(), slots, starts + 1, y.numpy())
+                y._producer = self._attend_decode(i, q.numpy(), slots, starts + 1, y.numpy())
             elif fresh:  # whole prompts from position 0: causal attention over their own K/V, which
                 # the fused op serves by GEMM (the cache path's flash kernel streams key blocks: 2x slower)
                 y = ops.attention(
@@ -266,8 +266,8 @@ class CachedDecoder:
         args = (qa, ka, va, self.cos.numpy(), self.sin.numpy(), pos, self.cache._k[layer], self.cache._v[layer], slots)
         # numpy while rope_store_rows compiles in the background (opsnn.ops.tiering)
         fn = rope_store_rows_numpy if kernel_cache.cold(rope_store_rows, args) else rope_store_rows
-        current_stream().launch(fn, "RotaryEmbedding", {"kernel": "llm_rope_store"}, args)
-        return tuple(Tensor(a.reshape(shape)) for a, shape in zip((qa, ka, va), shapes))
+        done = _launch(fn, "RotaryEmbedding", {"kernel": "llm_rope_store"}, args)
+        return tuple(Tensor(a.reshape(shape), "ND", done) for a, shape in zip((qa, ka, va), shapes))
 
     def _residual(self, h: Tensor, y: Tensor, w: Tensor) -> Tensor:
         """``h + y @ w.T``. With MKL the GEMM adds into ``h``'s buffer (beta = 1), the residual
@@ -278,7 +278,7 @@ class CachedDecoder:
         if pw is None or hn.dtype != _F32 or not hn.flags.c_contiguous:
             return ops.add(h, self._linear(y, w))
         ya = np.ascontiguousarray(y.numpy(), dtype=_F32)
-        current_stream().launch(*_mkl_product(ya.reshape(rows, -1), pw, hn.reshape(rows, -1), accumulate=True))
+        h._producer = _launch(*_mkl_product(ya.reshape(rows, -1), pw, hn.reshape(rows, -1), accumulate=True))
         return h
 
     def _packed(self, w: Tensor, rows: int):
@@ -343,8 +343,8 @@ class CachedDecoder:
             return [self._linear(x, w) for w in ws]
         xa = np.ascontiguousarray(x.numpy(), dtype=_F32)
         out = _alloc_array(xa.shape[:-1] + (p.n,), _F32, "llm linear")
-        current_stream().launch(*_mkl_product(xa.reshape(-1, xa.shape[-1]), p, out.reshape(-1, p.n)))
-        return [Tensor(o) for o in _split_columns(out, ws)]
+        done = _launch(*_mkl_product(xa.reshape(-1, xa.shape[-1]), p, out.reshape(-1, p.n)))
+        return [Tensor(o, "ND", done) for o in _split_columns(out, ws)]
 
     def _swiglu(self, x: Tensor, wg: Tensor, wu: Tensor) -> Tensor:
         """SiLU(x @ wg.T) * (x @ wu.T): gate and up as one GEMM when :meth:`_packed_cat` packs them."""
@@ -362,19 +362,21 @@ class CachedDecoder:
         xa = np.ascontiguousarray(x.numpy(), dtype=_F32)
         n = _out_features(p)
         out = _alloc_array(xa.shape[:-1] + (n,), _F32, "llm linear")
-        current_stream().launch(*_mkl_product(xa.reshape(-1, xa.shape[-1]), p, out.reshape(-1, n)))
-        return Tensor(out)
+        done = _launch(*_mkl_product(xa.reshape(-1, xa.shape[-1]), p, out.reshape(-1, n)))
+        return Tensor(out, "ND", done)
 
-    def _attend_decode(self, layer: int, q: np.ndarray, slots: np.ndarray, lengths: np.ndarray, y: np.ndarray) -> None:
+    def _attend_decode(self, layer: int, q: np.ndarray, slots: np.ndarray, lengths: np.ndarray, y: np.ndarray) -> tuple:
         """Attention of one query token per row (q: (B, 1, Hq*D)) over the first ``lengths[b]``
         cache positions of slot ``slots[b]``, into y (B, 1, Hq*D): every decode step, eager or
-        replayed, runs this one kernel (launched on the current stream, so the profiler sees it)."""
-        self._launch_attention(self._attention_kernel(layer, q, slots, lengths, y), lengths)
+        replayed, runs this one kernel (launched on the current stream, so the profiler sees it).
+        Returns the producer y's Tensor carries."""
+        return self._launch_attention(self._attention_kernel(layer, q, slots, lengths, y), lengths)
 
-    def _launch_attention(self, kernel, lengths: np.ndarray, name: str = "llm_decode_attention") -> None:
-        """Launch a :meth:`_attention_kernel` closure on the current stream (the profiler sees it)."""
+    def _launch_attention(self, kernel, lengths: np.ndarray, name: str = "llm_decode_attention") -> tuple:
+        """Launch a :meth:`_attention_kernel` closure on the current stream (the profiler sees it);
+        returns its producer (:func:`_launch`)."""
         flops = 4 * int(lengths.sum()) * self.config.num_attention_heads * self.config.head_dim
-        current_stream().launch(kernel, "Attention", {"kernel": name, "flops": flops})
+        return _launch(kernel, "Attention", {"kernel": name, "flops": flops})
 
     def _attention_kernel(self, layer: int, q: np.ndarray, slots: np.ndarray, lengths: np.ndarray, y: np.ndarray):
         """The decode attention of :meth:`_attend_decode` as a closure over these arrays (read
@@ -782,6 +784,13 @@ def _split_columns(out: np.ndarray, ws) -> list:
 def _out_features(p) -> int:
     """N of a projection :meth:`CachedDecoder._packed` gave: a packed panel or the (N, K) weight."""
     return p.shape[0] if isinstance(p, (np.ndarray, _Bf16Weight)) else p.n
+
+
+def _launch(fn, name: str, info: dict, args: tuple = ()) -> tuple:
+    """Launch ``fn(*args)`` on the current stream; returns the producer the Tensors it writes carry
+    (a host read of them waits for it, a failure marks them), as an op's outputs do."""
+    stream, mark = current_stream(), []
+    return stream, stream.launch(fn, name, info, args, mark=mark), mark
 
 
 def _numpy_product(x: np.ndarray, w: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
