@@ -293,6 +293,7 @@ def test_a_cold_prefill_and_decode_run_the_stand_ins_then_the_numba_kernels(tmp_
         import opsnn
         from opsnn.llm import CachedDecoder, KVCache
         from opsnn.ops import tiering
+        from opsnn.tools.profiler import profile
 
         tiering._marker_dir = lambda: os.environ["MARKERS"]
         lm = opsnn.models.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=100)
@@ -302,7 +303,9 @@ def test_a_cold_prefill_and_decode_run_the_stand_ins_then_the_numba_kernels(tmp_
             cache = KVCache.for_model(lm, max_batch_slots=1, max_seq=16)
             dec = CachedDecoder(lm, cache)
             s = cache.allocate()
-            logits = [dec.forward(prompt[None], [s], [0])[0]]
+            with profile() as prof:
+                logits = [dec.forward(prompt[None], [s], [0])[0]]
+            rope = sorted({k.kernel for k in prof.kernels if k.op == "RotaryEmbedding"})
             for i in range(3):
                 tok = int(np.argmax(logits[-1]))
                 logits.append(dec.forward(np.array([[tok]]), [s], [len(prompt) + i])[0])
@@ -313,16 +316,16 @@ def test_a_cold_prefill_and_decode_run_the_stand_ins_then_the_numba_kernels(tmp_
             first = [dec3.forward(prompt[None, : 4 + r], [sl], [0])[0] for r, sl in enumerate(slots)]
             toks = np.array([[int(np.argmax(f))] for f in first])
             logits += list(dec3.forward(toks, slots, [4, 5, 6]))
-            return np.stack(logits), [list(st.cold) for st in dec._steps.values()]
+            return np.stack(logits), [list(st.cold) for st in dec._steps.values()], rope
 
-        cold, cold_keys = run()
+        cold, cold_keys, cold_rope = run()
         queued = tiering.status()["pending"] + tiering.status()["done"]
         ok = tiering.wait(600)
         st = tiering.status()
-        warm, warm_keys = run()
+        warm, warm_keys, warm_rope = run()
         markers = os.listdir(os.environ["MARKERS"])
         print(json.dumps({"cold": cold.tolist(), "warm": warm.tolist(), "cold_keys": cold_keys,
-            "warm_keys": warm_keys, "queued": queued, "ok": ok, "failed": st["failed"],
+            "warm_keys": warm_keys, "rope": [cold_rope, warm_rope], "queued": queued, "ok": ok, "failed": st["failed"],
             "markers": markers, "fused": opsnn.llm.fused.addresses() is not None}))
         """
     )
@@ -336,6 +339,7 @@ def test_a_cold_prefill_and_decode_run_the_stand_ins_then_the_numba_kernels(tmp_
     np.testing.assert_array_equal(cold.argmax(axis=1), warm.argmax(axis=1))
     np.testing.assert_allclose(cold, warm, rtol=1e-4, atol=1e-5 * np.abs(warm).max())
     assert r["queued"] >= 1
+    assert r["rope"] == [["llm_rope_store_numpy"], ["llm_rope_store"]], r  # the prefill's RoPE + K/V store
     if r["fused"]:  # the fused decode step ran its stand-ins cold, the numba regions once compiled
         assert r["cold_keys"] and r["cold_keys"][0], r
         assert set(r["cold_keys"][0]) <= set(r["markers"]), r

@@ -265,8 +265,9 @@ class CachedDecoder:
         qa, ka, va = (t.numpy().reshape(-1, n, D) for t, n in ((q, Hq), (k, Hkv), (v, Hkv)))
         args = (qa, ka, va, self.cos.numpy(), self.sin.numpy(), pos, self.cache._k[layer], self.cache._v[layer], slots)
         # numpy while rope_store_rows compiles in the background (opsnn.ops.tiering)
-        fn = rope_store_rows_numpy if kernel_cache.cold(rope_store_rows, args) else rope_store_rows
-        done = _launch(fn, "RotaryEmbedding", {"kernel": "llm_rope_store"}, args)
+        cold = kernel_cache.cold(rope_store_rows, args)
+        fn, kernel = (rope_store_rows_numpy, "llm_rope_store_numpy") if cold else (rope_store_rows, "llm_rope_store")
+        done = _launch(fn, "RotaryEmbedding", {"kernel": kernel}, args)
         return tuple(Tensor(a.reshape(shape), "ND", done) for a, shape in zip((qa, ka, va), shapes))
 
     def _residual(self, h: Tensor, y: Tensor, w: Tensor) -> Tensor:
