@@ -187,9 +187,9 @@ class CachedDecoder:
                 if not packed:
                     y = Tensor(y.numpy()[rows])
                 y = y.transpose(1, 2).reshape(B, S, Hq * D)
-            h = self._residual(h, y, p.wo)
+            h = self._linear(y, p.wo, residual=h)
             x = ops.rms_norm(h, H, p.ln2, eps=self.eps)
-            h = self._residual(h, self._swiglu(x, p.wg, p.wu), p.wd)
+            h = self._linear(self._swiglu(x, p.wg, p.wu), p.wd, residual=h)
         if not all_positions and S > 1:
             h = h[:, S - 1 :, :]
         logits = self._linear(ops.rms_norm(h, H, self.norm_w, eps=self.eps), self.out_w).numpy()
@@ -241,9 +241,9 @@ class CachedDecoder:
                         q4, kc, vc, None, None, None, as_tensor(np.array([st + n], np.int64)), is_causal=True, algo=algo
                     )
                 yn[0, a:b] = yc.numpy().transpose(0, 2, 1, 3).reshape(n, Hq * D)
-            h = self._residual(h, y, p.wo)
+            h = self._linear(y, p.wo, residual=h)
             x = ops.rms_norm(h, H, p.ln2, eps=self.eps)
-            h = self._residual(h, self._swiglu(x, p.wg, p.wu), p.wd)
+            h = self._linear(self._swiglu(x, p.wg, p.wu), p.wd, residual=h)
         last = Tensor(np.ascontiguousarray(h.numpy()[0, ends - 1])[:, None, :])  # (chunks, 1, H)
         logits = self._linear(ops.rms_norm(last, H, self.norm_w, eps=self.eps), self.out_w).numpy()
         return logits.reshape(len(chunks), -1)
@@ -269,18 +269,6 @@ class CachedDecoder:
         fn, kernel = (rope_store_rows_numpy, "llm_rope_store_numpy") if cold else (rope_store_rows, "llm_rope_store")
         done = _launch(fn, "RotaryEmbedding", {"kernel": kernel}, args)
         return tuple(Tensor(a.reshape(shape), "ND", done) for a, shape in zip((qa, ka, va), shapes))
-
-    def _residual(self, h: Tensor, y: Tensor, w: Tensor) -> Tensor:
-        """``h + y @ w.T``. With MKL the GEMM adds into ``h``'s buffer (beta = 1), the residual
-        Add gone: ``h`` is the forward's own activation (the embedding's output, accumulated)."""
-        rows = int(np.prod(y.shape[:-1]))
-        pw = self._packed(w, rows)
-        hn = h.numpy()
-        if pw is None or hn.dtype != _F32 or not hn.flags.c_contiguous:
-            return ops.add(h, self._linear(y, w))
-        ya = np.ascontiguousarray(y.numpy(), dtype=_F32)
-        h._producer = _launch(*_mkl_product(ya.reshape(rows, -1), pw, hn.reshape(rows, -1), accumulate=True))
-        return h
 
     def _packed(self, w: Tensor, rows: int):
         """How MKL multiplies ``rows`` rows by the projection weight ``w`` (N, K): its packed
@@ -352,19 +340,29 @@ class CachedDecoder:
         g, u = self._linear_cat(x, (wg, wu))
         return ops.swiglu(g, u)
 
-    def _linear(self, x: Tensor, w: Tensor) -> Tensor:
-        """``x @ w.T`` (the model's bias-free projections). With MKL every product runs on it
-        (:meth:`_packed`): a decode step's GEMMs have 1..32 rows, where OpenBLAS's unpacked GEMM
-        is 2-3x slower than MKL's packed one, and a step that mixed the two libraries would
-        have OpenBLAS's spinning workers fight the OpenMP pool that MKL shares with numba."""
+    def _linear(self, x: Tensor, w: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``x @ w.T`` (the model's bias-free projections), plus ``residual`` when given. With MKL
+        every product runs on it (:meth:`_packed`): a decode step's GEMMs have 1..32 rows, where
+        OpenBLAS's unpacked GEMM is 2-3x slower than MKL's packed one, and a step that mixed the
+        two libraries would have OpenBLAS's spinning workers fight the OpenMP pool that MKL shares
+        with numba. There the GEMM adds into ``residual``'s buffer (beta = 1, no Add), so it must be
+        the forward's own activation (the embedding's output, accumulated), returned updated."""
+        if residual is not None:
+            hn = residual.numpy()
+            if hn.dtype != _F32 or not hn.flags.c_contiguous:
+                return ops.add(residual, self._linear(x, w))
         p = self._packed(w, int(np.prod(x.shape[:-1])))
         if p is None:
-            return ops.linear(x, w if w.dtype == x.dtype else ops.cast(w, x.dtype))
+            y = ops.linear(x, w if w.dtype == x.dtype else ops.cast(w, x.dtype))
+            return y if residual is None else ops.add(residual, y)
         xa = np.ascontiguousarray(x.numpy(), dtype=_F32)
         n = _out_features(p)
-        out = _alloc_array(xa.shape[:-1] + (n,), _F32, "llm linear")
-        done = _launch(*_mkl_product(xa.reshape(-1, xa.shape[-1]), p, out.reshape(-1, n)))
-        return Tensor(out, "ND", done)
+        out = _alloc_array(xa.shape[:-1] + (n,), _F32, "llm linear") if residual is None else hn
+        done = _launch(*_mkl_product(xa.reshape(-1, xa.shape[-1]), p, out.reshape(-1, n), residual is not None))
+        if residual is None:
+            return Tensor(out, "ND", done)
+        residual._producer = done
+        return residual
 
     def _attend_decode(self, layer: int, q: np.ndarray, slots: np.ndarray, lengths: np.ndarray, y: np.ndarray) -> tuple:
         """Attention of one query token per row (q: (B, 1, Hq*D)) over the first ``lengths[b]``
