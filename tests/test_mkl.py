@@ -456,3 +456,36 @@ def test_openblas_choice_runs_products_on_numpy_and_skips_packing(rng, monkeypat
     out, chosen = _run("Conv", "conv_1x1_mkl_packed", [xc, wc], {1})
     assert chosen == "conv_1x1_mkl_packed"
     _close(out, np.einsum("nchw,mc->nmhw", xc.astype(np.float64), wc[:, :, 0, 0].astype(np.float64)), 8)
+
+
+@pytest.mark.parametrize("module", ["mkl", "onednn"])
+def test_a_second_thread_waits_for_the_library_being_loaded(module, monkeypatch):
+    """Two threads meeting a library first at once: the one that does not load it waits for the
+    load and reads its outcome. Before, the load flag was set before loading, and the second
+    thread read "available" with the library object still None (AttributeError)."""
+    import threading
+    import time
+
+    from opsnn.kernels.cpu import onednn
+
+    mod = KM if module == "mkl" else onednn
+    if mod.unavailable() is not None:
+        pytest.skip(f"{module}: {mod.unavailable()}")
+    for name in ("_looked", "_why", "_lib"):  # restored after: the reload below leaves an equal library
+        monkeypatch.setattr(mod, name, getattr(mod, name))
+    mod._looked, mod._lib = False, None
+    paths, started = mod._candidates(), threading.Event()
+
+    def slow():
+        started.set()
+        time.sleep(0.3)
+        return paths
+
+    monkeypatch.setattr(mod, "_candidates", slow)
+    seen = []
+    first = threading.Thread(target=mod.unavailable)
+    first.start()
+    started.wait(5)
+    seen.append((mod.unavailable(), mod._lib is not None))
+    first.join()
+    assert seen == [(None, True)]

@@ -71,115 +71,122 @@ def _candidates() -> list[str]:
 
 
 def _load() -> None:
-    global _lib, _why, _looked
+    global _looked
     with _lock:
         if _looked:
             return
-        _looked = True
-        if os.environ.get("OPSNN_MKL", "1").strip().lower() in ("0", "false", "no", "off"):
-            _why = "disabled by OPSNN_MKL=0"
-            return
-        paths = _candidates()
-        if not paths:
-            _why = "Intel MKL is not installed (pip install mkl, x86-64 only)"
-            return
-        cpu.library_loaded("MKL")  # MKL_ENABLE_INSTRUCTIONS follows the ISA cap
         try:
-            lib = ctypes.CDLL(paths[0])
-        except OSError as e:
-            _why = f"Intel MKL could not be loaded from {paths[0]}: {e}"
-            return
-        # The GNU layer needs libgomp; MKL exits the process when it cannot load a layer, so
-        # check first and fall back to sequential MKL without it.
-        try:
-            ctypes.CDLL("libgomp.so.1")
-            layer, name = _LAYER_GNU, "gnu-openmp"
-        except OSError:
-            layer, name = _LAYER_SEQUENTIAL, "sequential"
-        lib.MKL_Set_Threading_Layer.argtypes = [ctypes.c_int]
-        lib.MKL_Set_Threading_Layer.restype = ctypes.c_int
-        lib.MKL_Set_Threading_Layer(layer)
-        lib.MKL_Set_Interface_Layer.argtypes = [ctypes.c_int]
-        lib.MKL_Set_Interface_Layer(0)  # LP64: 32-bit integer arguments, whatever MKL_INTERFACE_LAYER says
-        c = ctypes
-        size = lib.cblas_sgemm_pack_get_size
-        size.argtypes, size.restype = [c.c_int, c.c_int, c.c_int, c.c_int], c.c_size_t
-        pack = lib.cblas_sgemm_pack
-        pack.argtypes = [
-            c.c_int,
-            c.c_int,
-            c.c_int,
-            c.c_int,
-            c.c_int,
-            c.c_int,
-            c.c_float,
-            c.c_void_p,
-            c.c_int,
-            c.c_void_p,
-        ]
-        pack.restype = None
-        compute = lib.cblas_sgemm_compute
-        compute.argtypes = [
-            c.c_int,
-            c.c_int,
-            c.c_int,
-            c.c_int,
-            c.c_int,
-            c.c_int,
-            c.c_void_p,
-            c.c_int,
-            c.c_void_p,
-            c.c_int,
-            c.c_float,
-            c.c_void_p,
-            c.c_int,
-        ]
-        compute.restype = None
-        local = lib.MKL_Set_Num_Threads_Local
-        local.argtypes, local.restype = [c.c_int], c.c_int
-        batch = lib.cblas_sgemm_batch
-        batch.argtypes = [c.c_int] + [c.c_void_p] * 13 + [c.c_int, c.c_void_p]
-        batch.restype = None
-        gemv = lib.cblas_sgemv
-        gemv.argtypes = [
-            c.c_int,
-            c.c_int,
-            c.c_int,
-            c.c_int,
-            c.c_float,
-            c.c_void_p,
-            c.c_int,
-            c.c_void_p,
-            c.c_int,
-            c.c_float,
-            c.c_void_p,
-            c.c_int,
-        ]
-        gemv.restype = None
-        sgemm = lib.cblas_sgemm
-        sgemm.argtypes = [
-            c.c_int,
-            c.c_int,
-            c.c_int,
-            c.c_int,
-            c.c_int,
-            c.c_int,
-            c.c_float,
-            c.c_void_p,
-            c.c_int,
-            c.c_void_p,
-            c.c_int,
-            c.c_float,
-            c.c_void_p,
-            c.c_int,
-        ]
-        sgemm.restype = None
-        bf16 = None
-        if hasattr(lib, "cblas_gemm_bf16bf16f32"):
-            bf16 = lib.cblas_gemm_bf16bf16f32  # same arguments as cblas_sgemm, bf16 A and B
-            bf16.argtypes = sgemm.argtypes
-            bf16.restype = None
-        _lib = _Api(size, pack, compute, local, batch, gemv, sgemm, bf16, name)
+            _open()
+        finally:
+            _looked = True  # last: a thread that sees it reads the finished _lib / _why
+
+
+def _open() -> None:
+    global _lib, _why
+    if os.environ.get("OPSNN_MKL", "1").strip().lower() in ("0", "false", "no", "off"):
+        _why = "disabled by OPSNN_MKL=0"
+        return
+    paths = _candidates()
+    if not paths:
+        _why = "Intel MKL is not installed (pip install mkl, x86-64 only)"
+        return
+    cpu.library_loaded("MKL")  # MKL_ENABLE_INSTRUCTIONS follows the ISA cap
+    try:
+        lib = ctypes.CDLL(paths[0])
+    except OSError as e:
+        _why = f"Intel MKL could not be loaded from {paths[0]}: {e}"
+        return
+    # The GNU layer needs libgomp; MKL exits the process when it cannot load a layer, so
+    # check first and fall back to sequential MKL without it.
+    try:
+        ctypes.CDLL("libgomp.so.1")
+        layer, name = _LAYER_GNU, "gnu-openmp"
+    except OSError:
+        layer, name = _LAYER_SEQUENTIAL, "sequential"
+    lib.MKL_Set_Threading_Layer.argtypes = [ctypes.c_int]
+    lib.MKL_Set_Threading_Layer.restype = ctypes.c_int
+    lib.MKL_Set_Threading_Layer(layer)
+    lib.MKL_Set_Interface_Layer.argtypes = [ctypes.c_int]
+    lib.MKL_Set_Interface_Layer(0)  # LP64: 32-bit integer arguments, whatever MKL_INTERFACE_LAYER says
+    c = ctypes
+    size = lib.cblas_sgemm_pack_get_size
+    size.argtypes, size.restype = [c.c_int, c.c_int, c.c_int, c.c_int], c.c_size_t
+    pack = lib.cblas_sgemm_pack
+    pack.argtypes = [
+        c.c_int,
+        c.c_int,
+        c.c_int,
+        c.c_int,
+        c.c_int,
+        c.c_int,
+        c.c_float,
+        c.c_void_p,
+        c.c_int,
+        c.c_void_p,
+    ]
+    pack.restype = None
+    compute = lib.cblas_sgemm_compute
+    compute.argtypes = [
+        c.c_int,
+        c.c_int,
+        c.c_int,
+        c.c_int,
+        c.c_int,
+        c.c_int,
+        c.c_void_p,
+        c.c_int,
+        c.c_void_p,
+        c.c_int,
+        c.c_float,
+        c.c_void_p,
+        c.c_int,
+    ]
+    compute.restype = None
+    local = lib.MKL_Set_Num_Threads_Local
+    local.argtypes, local.restype = [c.c_int], c.c_int
+    batch = lib.cblas_sgemm_batch
+    batch.argtypes = [c.c_int] + [c.c_void_p] * 13 + [c.c_int, c.c_void_p]
+    batch.restype = None
+    gemv = lib.cblas_sgemv
+    gemv.argtypes = [
+        c.c_int,
+        c.c_int,
+        c.c_int,
+        c.c_int,
+        c.c_float,
+        c.c_void_p,
+        c.c_int,
+        c.c_void_p,
+        c.c_int,
+        c.c_float,
+        c.c_void_p,
+        c.c_int,
+    ]
+    gemv.restype = None
+    sgemm = lib.cblas_sgemm
+    sgemm.argtypes = [
+        c.c_int,
+        c.c_int,
+        c.c_int,
+        c.c_int,
+        c.c_int,
+        c.c_int,
+        c.c_float,
+        c.c_void_p,
+        c.c_int,
+        c.c_void_p,
+        c.c_int,
+        c.c_float,
+        c.c_void_p,
+        c.c_int,
+    ]
+    sgemm.restype = None
+    bf16 = None
+    if hasattr(lib, "cblas_gemm_bf16bf16f32"):
+        bf16 = lib.cblas_gemm_bf16bf16f32  # same arguments as cblas_sgemm, bf16 A and B
+        bf16.argtypes = sgemm.argtypes
+        bf16.restype = None
+    _lib = _Api(size, pack, compute, local, batch, gemv, sgemm, bf16, name)
 
 
 def unavailable() -> str | None:
@@ -270,7 +277,7 @@ def gemm_left(p: PackedWeight, b: np.ndarray, out: np.ndarray) -> None:
         return
     ldb = b.strides[0] // 4 if p.k > 1 else n
     ldc = out.strides[0] // 4 if p.m > 1 else n
-    _lib.set_threads_local(_threads())
+    _lib.set_threads_local(threads())
     _lib.compute(
         _ROW_MAJOR,
         _PACKED,
@@ -321,7 +328,7 @@ def gemm2d_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha: float = 1.
     lc = _operand(out)
     if la is None or lb is None or lc is None or lc[0] != _NO_TRANS:
         raise ValueError("gemm2d_bf16: operands must be row-major or transposed views (unit stride along a side)")
-    _lib.set_threads_local(_threads())
+    _lib.set_threads_local(threads())
     _lib.bf16(
         _ROW_MAJOR,
         la[0],
@@ -343,7 +350,7 @@ def gemm2d_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha: float = 1.
 _blas_threads = None  # opsnn.runtime.blas.get_blas_threads, imported on the first call (runtime imports us)
 
 
-def _threads() -> int:
+def threads() -> int:
     """The thread count for a BLAS or oneDNN call: OpenBLAS' setting (which ``opsnn.set_num_threads``
     and ``blas_threads`` move), else numba's. Called before every such call: kept cheap."""
     global _blas_threads
@@ -351,7 +358,7 @@ def _threads() -> int:
         from ...runtime.blas import get_blas_threads as _blas_threads
     n = _blas_threads()
     if n is None:
-        n = numba.get_num_threads()
+        n = numba.get_numthreads()
     return max(1, n)
 
 
@@ -362,7 +369,7 @@ def gemm(a: np.ndarray, p: PackedWeight, out: np.ndarray, accumulate: bool = Fal
     m = a.shape[0]
     if m == 0:
         return
-    _lib.set_threads_local(_threads())
+    _lib.set_threads_local(threads())
     _lib.compute(
         _ROW_MAJOR,
         _NO_TRANS,
@@ -388,7 +395,7 @@ def gemv(w: np.ndarray, x: np.ndarray, out: np.ndarray, accumulate: bool = False
     if n == 0:
         return
     lib = _api()  # also loads MKL when nothing has yet
-    lib.set_threads_local(_threads())
+    lib.set_threads_local(threads())
     lib.gemv(
         _ROW_MAJOR,
         _NO_TRANS,
@@ -453,7 +460,7 @@ def matmul_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_b: bool = 
     ]
     size = np.array([count], i32)
     lib = _api()
-    lib.set_threads_local(_threads())
+    lib.set_threads_local(threads())
     lib.batch(_ROW_MAJOR, *[x.ctypes.data for x in args], 1, size.ctypes.data)
 
 
@@ -539,7 +546,7 @@ def try_gemm2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
         if trans == _TRANS:  # stored as mat.T row-major: the product transposes the other way
             t_row = _NO_TRANS if t_row == _TRANS else _TRANS
         rows, cols = mat.shape if trans == _NO_TRANS else mat.shape[::-1]  # as stored
-        _lib.set_threads_local(_threads())
+        _lib.set_threads_local(threads())
         _lib.gemv(
             _ROW_MAJOR, t_row, rows, cols, 1.0, mat.ctypes.data, ld, vec.ctypes.data, inc_x, 0.0, res.ctypes.data, inc_y
         )
@@ -547,7 +554,7 @@ def try_gemm2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
     la, lb, lc = _operand(a), _operand(b), _operand(out)
     if la is None or lb is None or lc is None or lc[0] != _NO_TRANS:
         return False
-    _lib.set_threads_local(_threads())
+    _lib.set_threads_local(threads())
     _lib.sgemm(
         _ROW_MAJOR, la[0], lb[0], m, n, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1], 0.0, out.ctypes.data, lc[1]
     )

@@ -52,7 +52,7 @@ from ...runtime import cpu
 from .. import bounds as _bounds
 from . import fused as KF
 from .gemm import bf16_to_f32, f32_to_bf16
-from .mkl import _threads, prefix_libraries
+from .mkl import prefix_libraries, threads
 
 log = logging.getLogger(__name__)
 
@@ -123,66 +123,73 @@ def _candidates() -> list[str]:
 
 
 def _load() -> None:
-    global _lib, _why, _looked, _engine, _block, _isa
+    global _looked
     with _lock:
         if _looked:
             return
-        _looked = True
-        if os.environ.get("OPSNN_ONEDNN", "1").strip().lower() in ("0", "false", "no", "off"):
-            _why = "disabled by OPSNN_ONEDNN=0"
-            return
-        paths = _candidates()
-        if not paths:
-            _why = "oneDNN is not installed (pip install onednn-cpu-gomp, x86-64 Linux only)"
-            return
-        cpu.library_loaded("oneDNN")  # ONEDNN_MAX_CPU_ISA follows the ISA cap
         try:
-            lib = C.CDLL(paths[0])
-        except OSError as e:
-            _why = f"oneDNN could not be loaded from {paths[0]}: {e}"
-            return
-        lib.dnnl_primitive_desc_query_md.restype = _vp
-        lib.dnnl_primitive_desc_query_md.argtypes = [_vp, C.c_int, C.c_int]
-        lib.dnnl_memory_desc_get_size.restype = C.c_size_t
-        lib.dnnl_memory_desc_get_size.argtypes = [_vp]
-        lib.dnnl_memory_desc_equal.argtypes = [_vp, _vp]
-        lib.dnnl_memory_desc_clone.argtypes = [_vp, _vp]
-        lib.dnnl_primitive_desc_query.argtypes = [_vp, C.c_int, C.c_int, _vp]
-        lib.dnnl_memory_create.argtypes = [_vp, _vp, _vp, _vp]
-        lib.dnnl_reorder_primitive_desc_create.argtypes = [_vp, _vp, _vp, _vp, _vp, _vp]
-        lib.dnnl_memory_desc_create_with_tag.argtypes = [_vp, C.c_int, _vp, C.c_int, C.c_int]
-        lib.dnnl_memory_desc_create_with_strides.argtypes = [_vp, C.c_int, _vp, C.c_int, _vp]
-        lib.dnnl_memory_set_data_handle.argtypes = [_vp, _vp]
-        lib.dnnl_primitive_execute.argtypes = [_vp, _vp, C.c_int, _vp]
-        lib.dnnl_stream_wait.argtypes = [_vp]
-        lib.dnnl_primitive_attr_set_scratchpad_mode.argtypes = [_vp, C.c_int]
-        lib.dnnl_get_effective_cpu_isa.restype = C.c_int
-        _isa = isa = int(lib.dnnl_get_effective_cpu_isa())
-        if isa & _ISA_AVX512 == _ISA_AVX512:
-            _block = 16
-        elif isa & _ISA_AVX2 == _ISA_AVX2:
-            _block = 8
-        else:
-            _why = (
-                f"oneDNN runs with neither AVX2 nor AVX-512 here (its ISA {isa:#x}): its blocked "
-                "convolutions would not be faster than opsnn's own"
-            )
-            return
-        eng = _vp()
-        status = lib.dnnl_engine_create(C.byref(eng), _ENGINE_CPU, C.c_size_t(0))
-        if status != 0:
-            _why = f"oneDNN's CPU engine could not be created (status {status})"
-            return
-        try:
-            gomp = C.CDLL("libgomp.so.1")
-            gomp.omp_set_num_threads.argtypes = [C.c_int]
-            gomp.omp_get_max_threads.restype = C.c_int
-            lib.opsnn_set_threads = gomp.omp_set_num_threads
-            lib.opsnn_get_threads = gomp.omp_get_max_threads
-        except OSError:
-            lib.opsnn_set_threads = lib.opsnn_get_threads = None
-        _engine = eng
-        _lib = lib
+            _open()
+        finally:
+            _looked = True  # last: a thread that sees it reads the finished _lib / _why
+
+
+def _open() -> None:
+    global _lib, _why, _engine, _block, _isa
+    if os.environ.get("OPSNN_ONEDNN", "1").strip().lower() in ("0", "false", "no", "off"):
+        _why = "disabled by OPSNN_ONEDNN=0"
+        return
+    paths = _candidates()
+    if not paths:
+        _why = "oneDNN is not installed (pip install onednn-cpu-gomp, x86-64 Linux only)"
+        return
+    cpu.library_loaded("oneDNN")  # ONEDNN_MAX_CPU_ISA follows the ISA cap
+    try:
+        lib = C.CDLL(paths[0])
+    except OSError as e:
+        _why = f"oneDNN could not be loaded from {paths[0]}: {e}"
+        return
+    lib.dnnl_primitive_desc_query_md.restype = _vp
+    lib.dnnl_primitive_desc_query_md.argtypes = [_vp, C.c_int, C.c_int]
+    lib.dnnl_memory_desc_get_size.restype = C.c_size_t
+    lib.dnnl_memory_desc_get_size.argtypes = [_vp]
+    lib.dnnl_memory_desc_equal.argtypes = [_vp, _vp]
+    lib.dnnl_memory_desc_clone.argtypes = [_vp, _vp]
+    lib.dnnl_primitive_desc_query.argtypes = [_vp, C.c_int, C.c_int, _vp]
+    lib.dnnl_memory_create.argtypes = [_vp, _vp, _vp, _vp]
+    lib.dnnl_reorder_primitive_desc_create.argtypes = [_vp, _vp, _vp, _vp, _vp, _vp]
+    lib.dnnl_memory_desc_create_with_tag.argtypes = [_vp, C.c_int, _vp, C.c_int, C.c_int]
+    lib.dnnl_memory_desc_create_with_strides.argtypes = [_vp, C.c_int, _vp, C.c_int, _vp]
+    lib.dnnl_memory_set_data_handle.argtypes = [_vp, _vp]
+    lib.dnnl_primitive_execute.argtypes = [_vp, _vp, C.c_int, _vp]
+    lib.dnnl_stream_wait.argtypes = [_vp]
+    lib.dnnl_primitive_attr_set_scratchpad_mode.argtypes = [_vp, C.c_int]
+    lib.dnnl_get_effective_cpu_isa.restype = C.c_int
+    _isa = isa = int(lib.dnnl_get_effective_cpu_isa())
+    if isa & _ISA_AVX512 == _ISA_AVX512:
+        _block = 16
+    elif isa & _ISA_AVX2 == _ISA_AVX2:
+        _block = 8
+    else:
+        _why = (
+            f"oneDNN runs with neither AVX2 nor AVX-512 here (its ISA {isa:#x}): its blocked "
+            "convolutions would not be faster than opsnn's own"
+        )
+        return
+    eng = _vp()
+    status = lib.dnnl_engine_create(C.byref(eng), _ENGINE_CPU, C.c_size_t(0))
+    if status != 0:
+        _why = f"oneDNN's CPU engine could not be created (status {status})"
+        return
+    try:
+        gomp = C.CDLL("libgomp.so.1")
+        gomp.omp_set_num_threads.argtypes = [C.c_int]
+        gomp.omp_get_max_threads.restype = C.c_int
+        lib.opsnn_set_threads = gomp.omp_set_num_threads
+        lib.opsnn_get_threads = gomp.omp_get_max_threads
+    except OSError:
+        lib.opsnn_set_threads = lib.opsnn_get_threads = None
+    _engine = eng
+    _lib = lib
 
 
 def unavailable() -> str | None:
@@ -399,7 +406,7 @@ class Primitive:
             m.bound = ptrs
         # OpenMP's thread count is the process's (torch reads it too): set for this call, then put back
         had = _lib.opsnn_get_threads() if _lib.opsnn_get_threads is not None else 0
-        want = _threads()
+        want = threads()
         if had and had != want:
             _lib.opsnn_set_threads(want)
         try:
