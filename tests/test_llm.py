@@ -793,6 +793,57 @@ def test_prefill_on_a_worker_stream_matches_the_default_stream(lm, rng, monkeypa
         c.close()
 
 
+@pytest.mark.parametrize("kv_heads,slots", [(2, [0]), (4, [0]), (2, [2, 0])])
+def test_fused_prefill_matches_op_by_op(kv_heads, slots, rng, monkeypatch):
+    """Fresh prompts' layers as one kernel call (opsnn.llm.prefill, on MKL's panels) give the
+    op-by-op forward's logits at every position and its K/V, GQA and not, one prompt or two in
+    slots out of order; a NaN and an Inf in the embedding table reach the same positions (the
+    whole prompt: causal attention's zero weights still multiply the NaN values). The
+    fused call replaces every layer's ops: the RMSNorm op then runs only for the final norm."""
+    from opsnn.kernels.cpu import mkl_nb
+    from opsnn.llm import decoder as D
+
+    if mkl_nb.addresses() is None:
+        pytest.skip("the fused prefill runs on MKL")
+    monkeypatch.setattr(D, "attention_tasks_balance", lambda tasks: True)  # whatever the thread count
+    lm = opsnn.models.llama(
+        layers=2, hidden=64, heads=4, kv_heads=kv_heads, vocab=VOCAB, intermediate=96, seed=5, max_position=64
+    )
+    emb = lm.model.embed_tokens.weight.numpy()
+    emb[VOCAB - 1, 3], emb[VOCAB - 2, 7] = np.nan, np.inf
+    S = 37
+    tok = rng.integers(0, VOCAB - 2, (len(slots), S))
+    if len(slots) > 1:  # the last prompt reads a NaN and an Inf row; the first stays finite
+        tok[-1, 20], tok[-1, S - 1] = VOCAB - 1, VOCAB - 2
+    norms, rms_norm = [], D.ops.rms_norm
+
+    def counted(*args, **kw):
+        norms.append(args[0].shape)
+        return rms_norm(*args, **kw)
+
+    monkeypatch.setattr(D.ops, "rms_norm", counted)
+    out, caches = [], []
+    for fused in (False, True):
+        cache = KVCache.for_model(lm, 3, 48)
+        dec = CachedDecoder(lm, cache)
+        dec.fused_prefill = fused
+        norms.clear()
+        out.append(dec.forward(tok, slots, [0] * len(slots), all_positions=True))
+        caches.append(cache)
+        assert len(norms) == (1 if fused else 2 * 2 + 1)
+    np.testing.assert_allclose(out[1], out[0], rtol=1e-5, atol=1e-5)
+    assert np.isfinite(out[0][0]).all() and (len(slots) == 1 or np.isnan(out[0][-1]).all())
+    for layer in range(2):
+        for slot in slots:
+            for a, b in (
+                (caches[1]._k[layer][slot, :, :, :S], caches[0]._k[layer][slot, :, :, :S]),
+                (caches[1]._v[layer][slot, :, :S], caches[0]._v[layer][slot, :, :S]),
+            ):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for c in caches:
+        c.close()
+
+
 def test_decoder_packed_projections_match_the_linear_op(lm, rng, monkeypatch):
     """Where MKL is the GEMM library the decoder packs its float32 projection weights once (q/k/v
     and gate/up stacked into one panel each) and every product of two or more rows (prefill,

@@ -203,7 +203,7 @@ def test_gemm_kernel_task_form_matches_the_reference(rng, monkeypatch, name, par
     ys = []
     monkeypatch.setattr(A.K, "gemm_tasks", spy)
     for tasks in (True, False):
-        monkeypatch.setattr(A, "_tasks_balance", lambda n, t=tasks: t)
+        monkeypatch.setattr(A.K, "tasks_balance", lambda n, t=tasks: t)
         got = run(ins, attrs, nout, algo="attention_gemm")
         opsnn.current_stream().synchronize()
         for g, w in zip(got, want):

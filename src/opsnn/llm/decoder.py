@@ -38,6 +38,8 @@ from ..kernels.cpu import libraries as _libs
 from ..kernels.cpu import mkl as _mkl
 from ..kernels.cpu import mkl_nb as _mkl_nb
 from ..kernels.cpu import onednn as _onednn
+from ..kernels.cpu.attention import CAUSAL_BLOCK_ROWS
+from ..kernels.cpu.attention import tasks_balance as attention_tasks_balance
 from ..kernels.cpu.gemm import f32_to_bf16, gemm_rows_parallel, gemv_bf16
 from ..ops import tiering as _tiering
 from ..ops.defs.attention import GEMM_MAX_SCORE_BYTES
@@ -46,6 +48,7 @@ from ..runtime.context import context
 from ..runtime.stream import current_stream
 from ..tensor import Tensor, _alloc_array, as_tensor
 from . import fused as _fused
+from . import prefill as _prefill
 from .attention import decode_attention, rope_store, rope_store_numpy, rope_store_rows, rope_store_rows_numpy
 from .cache import KVCache
 
@@ -109,6 +112,9 @@ class CachedDecoder:
         #: prepared steps run each layer as opsnn.llm.fused's four regions (float32 weights, MKL);
         #: False: op by op (the kernels the eager path runs)
         self.fused_steps = True
+        #: fresh prompts' layers run as one kernel call (opsnn.llm.prefill; float32 weights, MKL);
+        #: False: op by op
+        self.fused_prefill = True
 
     def _check(self, tokens: np.ndarray, slots: np.ndarray, starts: np.ndarray) -> None:
         B, S = tokens.shape
@@ -160,7 +166,8 @@ class CachedDecoder:
         algo = "attention_gemm" if 4 * (hi - lo) * Hq * S * t_end <= GEMM_MAX_SCORE_BYTES else None
 
         h = self._embed(as_tensor(tokens))
-        for i, p in enumerate(self.layers):
+        layers = [] if fresh and self._prefill_fused(h, S, pos, row_slots) else self.layers
+        for i, p in enumerate(layers):
             x = ops.rms_norm(h, H, p.ln1, eps=self.eps)
             q, k, v = self._rope_store(i, *self._linear_cat(x, (p.wq, p.wk, p.wv)), pos, row_slots)
             if S == 1:  # decode: the kernel the prepared steps run (see _attend_decode)
@@ -247,6 +254,80 @@ class CachedDecoder:
         last = Tensor(np.ascontiguousarray(h.numpy()[0, ends - 1])[:, None, :])  # (chunks, 1, H)
         logits = self._linear(ops.rms_norm(last, H, self.norm_w, eps=self.eps), self.out_w).numpy()
         return logits.reshape(len(chunks), -1)
+
+    def _prefill_fused(self, h: Tensor, S: int, pos: np.ndarray, row_slots: np.ndarray) -> bool:
+        """Every layer of fresh prompts (B rows of S tokens from position 0, ``h`` (B, S, H) their
+        embeddings) as one kernel call, :func:`opsnn.llm.prefill.prefill_layers`, launched on the
+        current stream: ``h`` is updated in place and carries the launch as its producer. False
+        (nothing run) where the op-by-op path must run: ``fused_prefill`` off, an observer or the
+        memory checker attached (they see each kernel there), no MKL panels for every projection,
+        scores over GEMM_MAX_SCORE_BYTES or too few attention tasks for the threads (the Attention
+        op picks another kernel then), or while the kernel compiles in the background."""
+        cfg, cache = self.config, self.cache
+        B = h.shape[0]
+        Hq, Hkv, D, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        fns = _mkl_nb.addresses()
+        hn = h.numpy()
+        if (
+            not self.fused_prefill
+            or hooks.active
+            or context().pool.guard_bytes
+            or fns is None
+            or hn.dtype != _F32
+            or not hn.flags.c_contiguous
+            or Hq % Hkv
+            or 4 * B * Hq * S * S > GEMM_MAX_SCORE_BYTES
+            or _libs.attention_gemms().library != "mkl"
+            or not attention_tasks_balance(B * Hkv)
+            or not all(c.flags.c_contiguous for c in cache._k + cache._v)
+        ):
+            return False
+        rows = B * S
+        panels, packs = [], []  # packs: the panels stay alive while the kernel reads them by address
+        for p in self.layers:
+            ps = (
+                self._packed_cat((p.wq, p.wk, p.wv), rows),
+                self._packed(p.wo, rows),
+                self._packed_cat((p.wg, p.wu), rows),
+                self._packed(p.wd, rows),
+            )
+            if not all(isinstance(w, _mkl.PackedWeight) for w in ps):
+                return False
+            panels.append([w.addr for w in ps])
+            packs.append(ps)
+        ff = cfg.intermediate_size
+        norms = np.stack([np.stack([p.ln1.numpy(), p.ln2.numpy()]) for p in self.layers])
+        bufs = _prefill.scratch(B, S, H, Hq, Hkv, D, ff, lambda shape, tag: _alloc_array(shape, _F32, tag))
+        args = (
+            hn.reshape(rows, H),
+            norms,
+            float(self.eps),
+            np.array(panels, np.int64),
+            Hq,
+            Hkv,
+            D,
+            ff,
+            self.cos.numpy(),
+            self.sin.numpy(),
+            pos,
+            tuple(cache._k),
+            tuple(cache._v),
+            row_slots,
+            np.full(B, S, np.int64),
+            np.float32(self._scale),
+            np.int64(CAUSAL_BLOCK_ROWS),
+            fns,
+            _mkl.threads(),
+            nb.get_num_threads(),
+            S,
+            bufs,
+        )
+        if kernel_cache.cold(_prefill.prefill_layers, args):  # compiling in the background: op by op meanwhile
+            return False
+        flops = 2 * rows * sum(w.n * w.k for w in ps) * len(panels) + 2 * B * Hq * S * S * D
+        info = {"kernel": "llm_prefill_layers", "flops": flops}
+        h._producer = _launch(lambda _packs=packs: _prefill.prefill_layers(*args), "Prefill", info)
+        return True
 
     def _embed(self, tokens: Tensor) -> Tensor:
         h = ops.embedding(tokens, self.embed)

@@ -499,9 +499,12 @@ def _gemm_task(
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _gemm_tasks_parallel(
+def gemm_tasks_parallel(
     q4, k4, v4, y4, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, bq, fns, nt, lse, has_lse
 ):
+    """:func:`gemm_tasks`' parallel form, for numba callers (the LLM decoder's fused prefill): ``bq``
+    an int64 (no blocking: a huge one), ``nt`` the thread count, ``lse`` / ``has_lse`` as
+    :func:`lse_arg` returns them."""
     n = q4.shape[0] * q4.shape[1]
     for th in nb.prange(nt):  # thread th takes tasks th, th + nt, ...
         prev = MN.set_threads_local(fns[1], 1)
@@ -598,7 +601,7 @@ def gemm_tasks(
     bq = np.int64(bq if bq > 0 else 1 << 62)
     lse, has_lse = lse_arg(lse)
     if parallel:
-        _gemm_tasks_parallel(
+        gemm_tasks_parallel(
             q4,
             k4,
             v4,
@@ -825,6 +828,14 @@ CAUSAL_BLOCK_ROWS = 64
 
 def num_threads() -> int:
     return nb.get_num_threads()
+
+
+def tasks_balance(tasks: int) -> bool:
+    """Whether ``tasks`` (batch x KV heads) one-thread tasks of :func:`gemm_tasks` keep the threads
+    evenly busy: a whole number of rounds, or enough rounds that the last one's gap is small (one
+    batch of one KV head would run on a single thread; the batched products split it instead)."""
+    nt = num_threads()
+    return tasks >= nt and (tasks % nt == 0 or tasks >= 3 * nt)
 
 
 def flash_tiles(B: int, Hq: int, Sq: int, threads: int) -> tuple[int, int]:

@@ -23,8 +23,8 @@ from numba.extending import intrinsic
 from . import libraries
 from . import mkl as _mkl
 
-#: CBLAS constants (row-major; no transpose / transpose)
-ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+#: CBLAS constants (row-major; no transpose / transpose; an operand packed by cblas_sgemm_pack)
+ROW_MAJOR, NO_TRANS, TRANS, PACKED = 101, 111, 112, 151
 
 
 def _as_i32(builder, val, ty):
@@ -74,6 +74,35 @@ def sgemm(typingctx, fn, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
             _as_f32(builder, args[10], tys[10]),
             _as_ptr(builder, args[11], tys[11]),
             _as_i32(builder, args[12], tys[12]),
+        ]
+        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), call)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def sgemm_packed(typingctx, fn, m, n, k, a, lda, b, ldb, beta, c, ldc):
+    """``C = A @ B + beta * C`` (row-major float32 ``A`` (m, k); ``b`` the address of B (k, n)
+    packed by ``cblas_sgemm_pack``, :func:`opsnn.kernels.cpu.mkl.pack`) through
+    ``cblas_sgemm_compute`` at address ``fn`` (``addresses()[3]``), on the calling thread's
+    MKL thread count."""
+    sig = types.void(fn, m, n, k, a, lda, b, ldb, beta, c, ldc)
+
+    def codegen(context, builder, signature, args):
+        i32, f32, ptr = ir.IntType(32), ir.FloatType(), ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [i32] * 6 + [ptr, i32, ptr, i32, f32, ptr, i32])
+        tys = signature.args
+        call = [ir.Constant(i32, ROW_MAJOR), ir.Constant(i32, NO_TRANS), ir.Constant(i32, PACKED)]
+        call += [_as_i32(builder, args[i], tys[i]) for i in (1, 2, 3)]
+        call += [
+            _as_ptr(builder, args[4], tys[4]),
+            _as_i32(builder, args[5], tys[5]),
+            _as_ptr(builder, args[6], tys[6]),
+            _as_i32(builder, args[7], tys[7]),
+            _as_f32(builder, args[8], tys[8]),
+            _as_ptr(builder, args[9], tys[9]),
+            _as_i32(builder, args[10], tys[10]),
         ]
         builder.call(builder.inttoptr(args[0], fnty.as_pointer()), call)
         return context.get_dummy_value()
@@ -133,7 +162,7 @@ _ADDRESSES: list = []
 
 
 def addresses() -> np.ndarray | None:
-    """int64 ``[cblas_sgemm, MKL_Set_Num_Threads_Local, cblas_sgemv]`` for the kernels, or None
+    """int64 ``[cblas_sgemm, MKL_Set_Num_Threads_Local, cblas_sgemv, cblas_sgemm_compute]`` for the kernels, or None
     without MKL. The ``cblas_sgemv`` entry is 0 where the strategy keeps one-row products off MKL
     (:func:`opsnn.kernels.cpu.libraries.mkl_gemv_in_tasks`: non-Intel CPUs), and callers use opsnn's own
     kernel for products of a few rows (:func:`opsnn.kernels.cpu.gemm.gemm_rows`) instead, faster
@@ -151,6 +180,7 @@ def addresses() -> np.ndarray | None:
                 ctypes.cast(lib.sgemm, ctypes.c_void_p).value,
                 ctypes.cast(lib.set_threads_local, ctypes.c_void_p).value,
                 ctypes.cast(lib.gemv, ctypes.c_void_p).value if libraries.mkl_gemv_in_tasks() else 0,
+                ctypes.cast(lib.compute, ctypes.c_void_p).value,
             ],
             np.int64,
         )
@@ -158,4 +188,4 @@ def addresses() -> np.ndarray | None:
     return _ADDRESSES[0]
 
 
-__all__ = ["NO_TRANS", "TRANS", "addresses", "set_threads_local", "sgemm", "sgemv"]
+__all__ = ["NO_TRANS", "PACKED", "TRANS", "addresses", "set_threads_local", "sgemm", "sgemm_packed", "sgemv"]

@@ -503,14 +503,6 @@ def _matmul_out(a, b, c):
     np.matmul(a, b, out=c)
 
 
-def _tasks_balance(tasks: int) -> bool:
-    """Whether ``tasks`` (batch x KV heads) one-thread tasks keep the threads evenly busy: a
-    whole number of rounds, or enough rounds that the last one's gap is small (one batch of
-    one KV head would run on a single thread; the batched products split it instead)."""
-    nt = K.num_threads()
-    return tasks >= nt and (tasks % nt == 0 or tasks >= 3 * nt)
-
-
 def _gemm(ins, outs, attrs, plan, ws, lse=None):
     """Scores by one batched BLAS GEMM per (batch, KV head) (GQA: the group's query heads
     stacked as rows), a parallel numba masked softmax in place, then probs @ V by BLAS.
@@ -547,7 +539,7 @@ def _gemm(ins, outs, attrs, plan, ws, lse=None):
         if y.flags.c_contiguous and d.rank == 4
         else None
     )
-    if mkl and yt is not None and d.T and d.D and _tasks_balance(d.B * d.Hkv):
+    if mkl and yt is not None and d.T and d.D and K.tasks_balance(d.B * d.Hkv):
         # one region: a (batch, KV head) task runs both products and its softmax (K.gemm_tasks)
         kvlen, off = _offsets(ins, d)
         K.gemm_tasks(
