@@ -580,10 +580,15 @@ def sibling_products(p: Platform | None = None) -> str | None:
     """None when float32 products that read the same activations with constant weights (BERT's Q, K
     and V projections) run as one product on their weights side by side, its output split after:
     where oneDNN's brgemm matmul runs them (AVX-512 on), one (128, 768) @ (768, 2304) product beats
-    three of 768 columns; else why not (other levels keep their products as they are)."""
+    three of 768 columns; else why not (other levels keep their products as they are). Where MKL
+    is the GEMM library the products run on its packed panels (:func:`epilogue_product_rejection`),
+    which gain nothing from the merge: the split after it is a copy saved."""
     p = p if p is not None else platform()
     if p.onednn_matmul is not None:
         return f"oneDNN's brgemm matmul is not used here ({p.onednn_matmul})"
+    mkl = epilogue_product_rejection(_dt.float32, p)
+    if mkl is not None:
+        return f"oneDNN's brgemm matmul does not run them: {mkl}"
     return None
 
 
