@@ -844,6 +844,44 @@ def test_fused_prefill_matches_op_by_op(kv_heads, slots, rng, monkeypatch):
         c.close()
 
 
+def test_batched_decode_step_layers_as_one_call_match_op_by_op(rng):
+    """A decode step of three or more rows runs its layers as one call (opsnn.llm.layers
+    decode_layers, one kernel in the profiler) and gives the op-by-op step's logits and K/V:
+    buckets 4 (one pad row) and 8, rows at different positions, slots out of order."""
+    from opsnn.kernels.cpu import mkl_nb
+    from opsnn.tools.profiler import profile
+
+    if mkl_nb.addresses() is None:
+        pytest.skip("the batched step's layers run as one call on MKL")
+    lm = opsnn.models.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=VOCAB, intermediate=96, seed=9)
+    ps = [rng.integers(0, VOCAB, n) for n in (6, 3, 9, 1, 4, 7)]
+    decs, caches = [], []
+    for fused in (False, True):
+        cache = KVCache.for_model(lm, 8, 40)
+        dec = CachedDecoder(lm, cache)
+        dec.fused_steps = fused
+        for i, p in enumerate(ps):
+            cache.allocate()
+            dec.forward(p[None], [i], [0])
+        decs.append(dec)
+        caches.append(cache)
+    starts = np.array([len(p) for p in ps])
+    for rows in ([4, 0, 2], [5, 1, 3, 0, 2, 4], [2, 5, 0]):
+        tok = rng.integers(0, VOCAB, (len(rows), 1))
+        want = decs[0].forward(tok, rows, starts[rows])
+        with profile() as prof:
+            got = decs[1].forward(tok, rows, starts[rows])
+        assert [k.kernel for k in prof.kernels].count("llm_decode_layers") == 1
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        starts[rows] += 1
+    for layer in range(2):
+        for slot, n in enumerate(starts):
+            np.testing.assert_allclose(
+                caches[1]._k[layer][slot, :, :, :n], caches[0]._k[layer][slot, :, :, :n], atol=1e-6
+            )
+            np.testing.assert_allclose(caches[1]._v[layer][slot, :, :n], caches[0]._v[layer][slot, :, :n], atol=1e-6)
+
+
 def test_decoder_packed_projections_match_the_linear_op(lm, rng, monkeypatch):
     """Where MKL is the GEMM library the decoder packs its float32 projection weights once (q/k/v
     and gate/up stacked into one panel each) and every product of two or more rows (prefill,

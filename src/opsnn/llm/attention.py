@@ -114,7 +114,8 @@ def _decode_all(q, kt, v, slots, lengths, y, scale):
 
 
 @nb.njit(nogil=True, parallel=True, cache=True)
-def _decode_all_parallel(q, kt, v, slots, lengths, y, scale, nt):
+def decode_attention_parallel(q, kt, v, slots, lengths, y, scale, nt):
+    """:func:`decode_attention` over ``nt`` threads, for numba callers (``scale`` float32)."""
     # thread th of nt takes tasks th, th + nt, ...: rows of different lengths spread over the
     # threads (a contiguous split gave one thread the long rows of a batch often enough to matter)
     n = q.shape[0] * kt.shape[1]
@@ -213,7 +214,7 @@ def decode_attention(
     keep spinning between calls, and a parallel region fighting them loses. Next to MKL's GEMMs,
     which share numba's OpenMP pool, two threads halve it (docs/performance.md, "LLM decoding")."""
     if parallel:
-        fn, args = _decode_all_parallel, (q, kt, v, slots, lengths, y, np.float32(scale), nb.get_num_threads())
+        fn, args = decode_attention_parallel, (q, kt, v, slots, lengths, y, np.float32(scale), nb.get_num_threads())
     else:
         fn, args = _decode_all, (q, kt, v, slots, lengths, y, np.float32(scale))
     if kernel_cache.cold(fn, args):  # compiling in the background (opsnn.ops.tiering): numpy meanwhile
@@ -265,6 +266,7 @@ def _rope_numpy(x, c, s) -> None:
 __all__ = [
     "decode_attention",
     "decode_attention_numpy",
+    "decode_attention_parallel",
     "rope_query",
     "rope_store",
     "rope_store_numpy",

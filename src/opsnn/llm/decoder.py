@@ -48,7 +48,7 @@ from ..runtime.context import context
 from ..runtime.stream import current_stream
 from ..tensor import Tensor, _alloc_array, as_tensor
 from . import fused as _fused
-from . import prefill as _prefill
+from . import layers as _layers
 from .attention import decode_attention, rope_store, rope_store_numpy, rope_store_rows, rope_store_rows_numpy
 from .cache import KVCache
 
@@ -112,7 +112,7 @@ class CachedDecoder:
         #: prepared steps run each layer as opsnn.llm.fused's four regions (float32 weights, MKL);
         #: False: op by op (the kernels the eager path runs)
         self.fused_steps = True
-        #: fresh prompts' layers run as one kernel call (opsnn.llm.prefill; float32 weights, MKL);
+        #: fresh prompts' layers run as one kernel call (opsnn.llm.layers; float32 weights, MKL);
         #: False: op by op
         self.fused_prefill = True
 
@@ -257,7 +257,7 @@ class CachedDecoder:
 
     def _prefill_fused(self, h: Tensor, S: int, pos: np.ndarray, row_slots: np.ndarray) -> bool:
         """Every layer of fresh prompts (B rows of S tokens from position 0, ``h`` (B, S, H) their
-        embeddings) as one kernel call, :func:`opsnn.llm.prefill.prefill_layers`, launched on the
+        embeddings) as one kernel call, :func:`opsnn.llm.layers.prefill_layers`, launched on the
         current stream: ``h`` is updated in place and carries the launch as its producer. False
         (nothing run) where the op-by-op path must run: ``fused_prefill`` off, an observer or the
         memory checker attached (they see each kernel there), no MKL panels for every projection,
@@ -283,21 +283,13 @@ class CachedDecoder:
         ):
             return False
         rows = B * S
-        panels, packs = [], []  # packs: the panels stay alive while the kernel reads them by address
-        for p in self.layers:
-            ps = (
-                self._packed_cat((p.wq, p.wk, p.wv), rows),
-                self._packed(p.wo, rows),
-                self._packed_cat((p.wg, p.wu), rows),
-                self._packed(p.wd, rows),
-            )
-            if not all(isinstance(w, _mkl.PackedWeight) for w in ps):
-                return False
-            panels.append([w.addr for w in ps])
-            packs.append(ps)
+        packs = self._layer_panels(rows)  # kept alive while the kernel reads them by address
+        if packs is None:
+            return False
+        panels = [[w.addr for w in ps] for ps in packs]
         ff = cfg.intermediate_size
         norms = np.stack([np.stack([p.ln1.numpy(), p.ln2.numpy()]) for p in self.layers])
-        bufs = _prefill.scratch(B, S, H, Hq, Hkv, D, ff, lambda shape, tag: _alloc_array(shape, _F32, tag))
+        bufs = _layers.prefill_scratch(B, S, H, Hq, Hkv, D, ff, lambda shape, tag: _alloc_array(shape, _F32, tag))
         args = (
             hn.reshape(rows, H),
             norms,
@@ -322,12 +314,28 @@ class CachedDecoder:
             S,
             bufs,
         )
-        if kernel_cache.cold(_prefill.prefill_layers, args):  # compiling in the background: op by op meanwhile
+        if kernel_cache.cold(_layers.prefill_layers, args):  # compiling in the background: op by op meanwhile
             return False
-        flops = 2 * rows * sum(w.n * w.k for w in ps) * len(panels) + 2 * B * Hq * S * S * D
+        flops = 2 * rows * sum(w.n * w.k for w in packs[0]) * len(packs) + 2 * B * Hq * S * S * D
         info = {"kernel": "llm_prefill_layers", "flops": flops}
-        h._producer = _launch(lambda _packs=packs: _prefill.prefill_layers(*args), "Prefill", info)
+        h._producer = _launch(lambda _packs=packs: _layers.prefill_layers(*args), "Prefill", info)
         return True
+
+    def _layer_panels(self, rows: int) -> list | None:
+        """Each layer's MKL panels for ``rows``-row products, (q/k/v stacked, o, gate/up stacked,
+        down) in :mod:`opsnn.llm.layers`' order; None when some projection has none."""
+        packs = []
+        for p in self.layers:
+            ps = (
+                self._packed_cat((p.wq, p.wk, p.wv), rows),
+                self._packed(p.wo, rows),
+                self._packed_cat((p.wg, p.wu), rows),
+                self._packed(p.wd, rows),
+            )
+            if not all(isinstance(w, _mkl.PackedWeight) for w in ps):
+                return None
+            packs.append(ps)
+        return packs
 
     def _embed(self, tokens: Tensor) -> Tensor:
         h = ops.embedding(tokens, self.embed)
@@ -577,7 +585,7 @@ class _DecodeStep:
             return
         pos = self.pos.numpy().reshape(R)
         cos, sin = dec.cos.numpy(), dec.sin.numpy()
-        for i, p in enumerate(dec.layers):
+        for i, p in enumerate([] if self._fuse_layers(h) else dec.layers):
             x = add(aclnn.rms_norm.prepare(h, H, p.ln1, eps=dec.eps))
             q, k, v = (t.numpy() for t in linears(x, (p.wq, p.wk, p.wv)))
             y = _alloc_array((R, 1, Hq * D), _F32, "llm decode attention")
@@ -725,6 +733,51 @@ class _DecodeStep:
             (self.head_plan, self.head_kernels),
         )
         self.logits, self.h, self.H = Tensor(logits), h, H
+        return True
+
+    def _fuse_layers(self, h: Tensor) -> bool:
+        """Every layer as one call of :func:`opsnn.llm.layers.decode_layers` on MKL's packed panels
+        (a step of more than FUSED_MAX_ROWS rows), appended to the plan; False (nothing built)
+        with ``fused_steps`` off, without a panel for every projection (no MKL, bf16 weights, the
+        strategy's unpacked weights) or while the kernel compiles in the background (``self.cold``:
+        the step is built op by op and rebuilt once it is compiled)."""
+        dec, R = self.dec, self.R
+        cfg, cache = dec.config, dec.cache
+        Hq, Hkv, D, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        fns, hv = _mkl_nb.addresses(), h.numpy()
+        if (
+            not dec.fused_steps
+            or fns is None
+            or dec._packs is None
+            or hv.dtype != _F32
+            or not hv.flags.c_contiguous
+            or Hq % Hkv
+            or not all(c.flags.c_contiguous for c in cache._k + cache._v)
+        ):
+            return False
+        packs = dec._layer_panels(R)
+        if packs is None:
+            return False
+        panels = np.array([[w.addr for w in ps] for ps in packs], np.int64)
+        norms = np.stack([np.stack([p.ln1.numpy(), p.ln2.numpy()]) for p in dec.layers])
+        ff = cfg.intermediate_size
+        bufs = _layers.decode_scratch(R, H, Hq, Hkv, D, ff, lambda shape, tag: _alloc_array(shape, _F32, tag))
+        head = (hv.reshape(R, H), norms, float(dec.eps), panels, Hq, Hkv, D, ff, dec.cos.numpy(), dec.sin.numpy())
+        tail = (self.pos.numpy().reshape(R), tuple(cache._k), tuple(cache._v), self.slots, self.kvlen)
+        scale = np.float32(dec._scale)
+
+        def layers(_packs=packs):  # the panels stay alive while the kernel reads them by address
+            args = (*head, *tail, self.B, scale, fns, _mkl.threads(), nb.get_num_threads(), bufs)
+            _layers.decode_layers(*args)
+
+        args = (*head, *tail, R, scale, fns, 1, 1, bufs)
+        self.cold = _tiering.cold_direct([(_layers.decode_layers, args)])
+        if self.cold:
+            return False
+        flops = 2 * R * sum(w.n * w.k for w in packs[0]) * len(packs)
+        info = {"kernel": "llm_decode_layers", "flops": flops}
+        self.plan.append(lambda: current_stream().launch(layers, "DecodeLayers", info))
+        self.kernels.append(layers)
         return True
 
     def _fuse_numpy(self, arr, hv, q, y, gu, logits, pos, cos, sin, eps, scale, step) -> None:

@@ -1,21 +1,23 @@
-"""A whole prompt's decoder layers as one kernel call (the prefill of fresh prompts).
+"""A decoder's layers as one kernel call: the prefill of fresh prompts, a batched decode step.
 
 Op by op, a 128-token prefill of a 12-layer decoder is ~120 kernel launches, and after every
 product has streamed megabytes of weights through the caches the interpreter's state is cold:
-each launch then costs 200-400 us of dispatch (docs/performance.md, "LLM decoding"). Here one
+each launch then costs 200-400 us of dispatch (docs/performance.md, "LLM decoding"); a decode
+step of a few rows replays ~13 prepared kernels a layer, each still a Python call. Here one
 numba function runs every layer, calling the same kernels the ops pick — MKL's packed panels
-(``cblas_sgemm_compute`` by address), the RMSNorm rows, the RoPE + K/V store, the attention's
-one-task-per-KV-head GEMM kernel, SwiGLU — so the arithmetic and its order are the op path's,
-and the results equal it.
+(``cblas_sgemm_compute`` by address), the RMSNorm rows, RoPE + the K/V store, attention, SwiGLU
+— so the arithmetic and its order are the op path's, and the results equal it.
 
-Per layer, for ``R = B * S`` rows ``h`` (R, H), updated in place:
+Per layer, for ``R`` rows ``h`` (R, H), updated in place:
 
 1. ``x = rms_norm(h) * ln1``; ``qkv = x @ [Wq; Wk; Wv].T`` (one packed panel);
-2. RoPE of q and k in place, K/V into the cache (:func:`~.attention.rope_store_rows`);
-3. each KV head's query heads stacked as rows, causal attention over the prompt's own keys,
-   the output back to (R, Hq * D);
-4. ``h += y @ Wo.T`` (the GEMM adds into ``h``);
-5. ``x = rms_norm(h) * ln2``; ``gu = x @ [Wg; Wu].T``; ``h += (silu(g) * u) @ Wd.T``.
+2. RoPE of q and k, K/V into the cache; attention: :func:`prefill_layers` (B prompts of S
+   tokens from position 0, R = B * S) stacks each KV head's query heads as rows and runs the
+   causal attention over the prompt's own keys (:func:`~opsnn.kernels.cpu.attention.gemm_tasks`'
+   kernel); :func:`decode_layers` (one token a row) reads each row's cache slot
+   (:func:`~.attention.decode_attention`'s kernel);
+3. ``h += y @ Wo.T`` (the GEMM adds into ``h``);
+4. ``x = rms_norm(h) * ln2``; ``gu = x @ [Wg; Wu].T``; ``h += (silu(g) * u) @ Wd.T``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ..kernels.cpu import mkl_nb as MN
 from ..kernels.cpu.activation import swiglu_chunk
 from ..kernels.cpu.attention import gemm_tasks_parallel
 from ..kernels.cpu.norm import norm_rows32
-from .attention import rope_store_rows
+from .attention import decode_attention_parallel, rope_store, rope_store_rows
 
 #: panels' columns in :func:`prefill_layers`'s ``panels`` (addresses of MKL packed weights)
 QKV, O, GATE_UP, DOWN = 0, 1, 2, 3
@@ -84,9 +86,9 @@ def prefill_layers(
     value arrays, row ``r`` stored at position ``pos[r]`` of slot ``slots[r]``; ``kvlen`` (B,): S;
     ``fns``: :func:`opsnn.kernels.cpu.mkl_nb.addresses`; ``nt_mkl``: MKL's thread count for the
     products, ``nt`` numba's; ``bufs``: scratch (x, qkv, qg, yg, y, gu, act, scores) as
-    :func:`scratch` makes them."""
+    :func:`prefill_scratch` makes them."""
     x, qkv, qg, yg, y, gu, act, s = bufs
-    R, H = h.shape
+    R = h.shape[0]
     B = R // S
     nh = Hq + 2 * Hkv
     off = np.zeros(B, np.int64)
@@ -94,8 +96,7 @@ def prefill_layers(
     zero = np.float32(0.0)
     prev = MN.set_threads_local(fns[1], nt_mkl)
     for i in range(panels.shape[0]):
-        _rms_rows(h, ln[i, 0], eps, x, nt)
-        MN.sgemm_packed(fns[3], R, nh * D, H, x.ctypes.data, H, panels[i, QKV], nh * D, 0.0, qkv.ctypes.data, nh * D)
+        _normed_qkv(h, x, qkv, ln[i, 0], eps, panels[i, QKV], fns, nt)
         q3 = qkv.reshape(R, nh, D)
         q, k, v = q3[:, :Hq], q3[:, Hq : Hq + Hkv], q3[:, Hq + Hkv :]
         rope_store_rows(q, k, v, cos, sin, pos, kcs[i], vcs[i], slots)
@@ -125,16 +126,56 @@ def prefill_layers(
             False,
         )
         _ungroup_heads(yg, y, S)
-        MN.sgemm_packed(fns[3], R, H, Hq * D, y.ctypes.data, Hq * D, panels[i, O], H, 1.0, h.ctypes.data, H)
-        _rms_rows(h, ln[i, 1], eps, x, nt)
-        MN.sgemm_packed(fns[3], R, 2 * ff, H, x.ctypes.data, H, panels[i, GATE_UP], 2 * ff, 0.0, gu.ctypes.data, 2 * ff)
-        _swiglu_rows(gu, act, ff)
-        MN.sgemm_packed(fns[3], R, H, ff, act.ctypes.data, ff, panels[i, DOWN], H, 1.0, h.ctypes.data, H)
+        _output_and_mlp(h, y, x, gu, act, ln[i, 1], eps, panels[i], ff, fns, nt)
     MN.set_threads_local(fns[1], prev)
 
 
-def scratch(B: int, S: int, H: int, Hq: int, Hkv: int, D: int, ff: int, alloc) -> tuple:
-    """:func:`prefill_layers`'s scratch buffers, each ``alloc(shape, tag)`` (float32)."""
+@nb.njit(nogil=True, cache=True)
+def _normed_qkv(h, x, qkv, w, eps, panel, fns, nt):
+    # x = rms_norm(h) * w; qkv = x @ [Wq; Wk; Wv].T
+    R, H = h.shape
+    n = qkv.shape[1]
+    _rms_rows(h, w, eps, x, nt)
+    MN.sgemm_packed(fns[3], R, n, H, x.ctypes.data, H, panel, n, 0.0, qkv.ctypes.data, n)
+
+
+@nb.njit(nogil=True, cache=True)
+def _output_and_mlp(h, y, x, gu, act, w, eps, panels, ff, fns, nt):
+    # h += y @ Wo.T; x = rms_norm(h) * w; h += (silu(g) * u) @ Wd.T with [g, u] = x @ [Wg; Wu].T
+    R, H = h.shape
+    K = y.shape[1]
+    MN.sgemm_packed(fns[3], R, H, K, y.ctypes.data, K, panels[O], H, 1.0, h.ctypes.data, H)
+    _rms_rows(h, w, eps, x, nt)
+    MN.sgemm_packed(fns[3], R, 2 * ff, H, x.ctypes.data, H, panels[GATE_UP], 2 * ff, 0.0, gu.ctypes.data, 2 * ff)
+    _swiglu_rows(gu, act, ff)
+    MN.sgemm_packed(fns[3], R, H, ff, act.ctypes.data, ff, panels[DOWN], H, 1.0, h.ctypes.data, H)
+
+
+@nb.njit(nogil=True, cache=True)
+def decode_layers(
+    h, ln, eps, panels, Hq, Hkv, D, ff, cos, sin, pos, kcs, vcs, slots, lengths, rows, scale, fns, nt_mkl, nt, bufs
+):
+    """One decode step of R rows (one token each) through every layer (module docstring) on
+    ``h`` (R, H) in place: row ``r`` at position ``pos[r]`` of slot ``slots[r]``, attending its
+    first ``lengths[r]`` cache positions (0: an idle pad row, zeros); the first ``rows`` rows
+    store their K/V. Arguments as :func:`prefill_layers`'; ``bufs`` (x, qkv, y, gu, act) as
+    :func:`decode_scratch` makes them."""
+    x, qkv, y, gu, act = bufs
+    R = h.shape[0]
+    nh = Hq + 2 * Hkv
+    prev = MN.set_threads_local(fns[1], nt_mkl)
+    for i in range(panels.shape[0]):
+        _normed_qkv(h, x, qkv, ln[i, 0], eps, panels[i, QKV], fns, nt)
+        q3 = qkv.reshape(R, nh, D)
+        rope_store(q3[:, :Hq], q3[:, Hq : Hq + Hkv], q3[:, Hq + Hkv :], cos, sin, pos, kcs[i], vcs[i], slots, rows)
+        q4 = qkv.reshape(R, nh, 1, D)[:, :Hq]
+        decode_attention_parallel(q4, kcs[i], vcs[i], slots, lengths, y.reshape(R, Hq, 1, D), scale, nt)
+        _output_and_mlp(h, y, x, gu, act, ln[i, 1], eps, panels[i], ff, fns, nt)
+    MN.set_threads_local(fns[1], prev)
+
+
+def prefill_scratch(B: int, S: int, H: int, Hq: int, Hkv: int, D: int, ff: int, alloc) -> tuple:
+    """:func:`prefill_layers`' scratch buffers, each ``alloc(shape, tag)`` (float32)."""
     R, g = B * S, Hq // Hkv
     return (
         alloc((R, H), "llm prefill norm"),
@@ -148,4 +189,15 @@ def scratch(B: int, S: int, H: int, Hq: int, Hkv: int, D: int, ff: int, alloc) -
     )
 
 
-__all__ = ["DOWN", "GATE_UP", "O", "QKV", "prefill_layers", "scratch"]
+def decode_scratch(R: int, H: int, Hq: int, Hkv: int, D: int, ff: int, alloc) -> tuple:
+    """:func:`decode_layers`' scratch buffers, each ``alloc(shape, tag)`` (float32)."""
+    return (
+        alloc((R, H), "llm decode norm"),
+        alloc((R, (Hq + 2 * Hkv) * D), "llm decode qkv"),
+        alloc((R, Hq * D), "llm decode attention"),
+        alloc((R, 2 * ff), "llm decode gate/up"),
+        alloc((R, ff), "llm decode swiglu"),
+    )
+
+
+__all__ = ["DOWN", "GATE_UP", "O", "QKV", "decode_layers", "decode_scratch", "prefill_layers", "prefill_scratch"]
