@@ -844,6 +844,38 @@ def test_fused_prefill_matches_op_by_op(kv_heads, slots, rng, monkeypatch):
         c.close()
 
 
+def test_fused_prefill_of_several_prompts_matches_op_by_op(rng, monkeypatch):
+    """The scheduler's several whole prompts of different lengths in one prefill() run as one
+    call too (each prompt's attention over its own rows) and give the op-by-op logits and K/V."""
+    from opsnn.kernels.cpu import mkl_nb
+    from opsnn.llm import decoder as D
+
+    if mkl_nb.addresses() is None:
+        pytest.skip("the fused prefill runs on MKL")
+    monkeypatch.setattr(D, "attention_tasks_balance", lambda tasks: True)  # whatever the thread count
+    lm = opsnn.models.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=VOCAB, intermediate=96, seed=7)
+    chunks = [(rng.integers(0, VOCAB, n), slot, 0) for n, slot in ((5, 2), (37, 0), (12, 3))]
+    norms, rms_norm = [], D.ops.rms_norm
+    monkeypatch.setattr(D.ops, "rms_norm", lambda *a, **k: norms.append(1) or rms_norm(*a, **k))
+    out, caches = [], []
+    for fused in (False, True):
+        cache = KVCache.for_model(lm, 4, 48)
+        dec = CachedDecoder(lm, cache)
+        dec.fused_prefill = fused
+        norms.clear()
+        out.append(dec.prefill(chunks))
+        caches.append(cache)
+        assert len(norms) == (1 if fused else 2 * 2 + 1)
+    np.testing.assert_allclose(out[1], out[0], rtol=1e-5, atol=1e-5)
+    for layer in range(2):
+        for t, slot, _ in chunks:
+            n = len(t)
+            np.testing.assert_allclose(
+                caches[1]._k[layer][slot, :, :, :n], caches[0]._k[layer][slot, :, :, :n], atol=1e-6
+            )
+            np.testing.assert_allclose(caches[1]._v[layer][slot, :, :n], caches[0]._v[layer][slot, :, :n], atol=1e-6)
+
+
 def test_batched_decode_step_layers_as_one_call_match_op_by_op(rng):
     """A decode step of three or more rows runs its layers as one call (opsnn.llm.layers
     decode_layers, one kernel in the profiler) and gives the op-by-op step's logits and K/V:

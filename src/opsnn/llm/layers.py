@@ -76,56 +76,59 @@ def _swiglu_rows(gu, out, ff):
 
 @nb.njit(nogil=True, cache=True)
 def prefill_layers(
-    h, ln, eps, panels, Hq, Hkv, D, ff, cos, sin, pos, kcs, vcs, slots, kvlen, scale, bq, fns, nt_mkl, nt, S, bufs
+    h, ln, eps, panels, Hq, Hkv, D, ff, cos, sin, pos, kcs, vcs, slots, bounds, scale, bq, fns, nt_mkl, nt, bufs
 ):
-    """Every layer of B fresh prompts of S tokens (module docstring) on ``h`` (B * S, H) in place.
+    """Every layer of fresh prompts (module docstring) on ``h`` (R, H) in place: prompt ``c`` is
+    rows ``bounds[c] .. bounds[c + 1] - 1``, positions 0 on.
 
     ``ln`` (layers, 2, H): the two norms' weights; ``panels`` (layers, 4) int64: addresses of the
     MKL panels (:data:`QKV`, :data:`O`, :data:`GATE_UP`, :data:`DOWN`: the weights stacked along N
     and packed transposed, ``x @ W.T``); ``kcs``/``vcs``: the cache's per-layer key (transposed) and
-    value arrays, row ``r`` stored at position ``pos[r]`` of slot ``slots[r]``; ``kvlen`` (B,): S;
-    ``fns``: :func:`opsnn.kernels.cpu.mkl_nb.addresses`; ``nt_mkl``: MKL's thread count for the
-    products, ``nt`` numba's; ``bufs``: scratch (x, qkv, qg, yg, y, gu, act, scores) as
+    value arrays, row ``r`` stored at position ``pos[r]`` of slot ``slots[r]``; ``fns``:
+    :func:`opsnn.kernels.cpu.mkl_nb.addresses`; ``nt_mkl``: MKL's thread count for the products,
+    ``nt`` numba's; ``bufs``: scratch (x, qkv, qg, yg, y, gu, act, scores) as
     :func:`prefill_scratch` makes them."""
     x, qkv, qg, yg, y, gu, act, s = bufs
     R = h.shape[0]
-    B = R // S
-    nh = Hq + 2 * Hkv
-    off = np.zeros(B, np.int64)
+    nh, g = Hq + 2 * Hkv, Hq // Hkv
+    off, kvlen = np.zeros(1, np.int64), np.zeros(1, np.int64)
     no_lse = np.empty(1, np.float32)  # the kernel's logsumexp output, not asked for
     zero = np.float32(0.0)
     prev = MN.set_threads_local(fns[1], nt_mkl)
     for i in range(panels.shape[0]):
         _normed_qkv(h, x, qkv, ln[i, 0], eps, panels[i, QKV], fns, nt)
         q3 = qkv.reshape(R, nh, D)
-        q, k, v = q3[:, :Hq], q3[:, Hq : Hq + Hkv], q3[:, Hq + Hkv :]
-        rope_store_rows(q, k, v, cos, sin, pos, kcs[i], vcs[i], slots)
-        _group_heads(q, qg, S)
-        q4 = qkv.reshape(B, S, nh, D)
-        k4 = q4[:, :, Hq : Hq + Hkv].transpose((0, 2, 1, 3))
-        v4 = q4[:, :, Hq + Hkv :].transpose((0, 2, 1, 3))
-        gemm_tasks_parallel(
-            qg,
-            k4,
-            v4,
-            yg,
-            s,
-            s[:1, :1, :1, :1],
-            False,
-            kvlen,
-            off,
-            True,
-            -1,
-            -1,
-            scale,
-            zero,
-            bq,
-            fns,
-            nt,
-            no_lse,
-            False,
-        )
-        _ungroup_heads(yg, y, S)
+        rope_store_rows(q3[:, :Hq], q3[:, Hq : Hq + Hkv], q3[:, Hq + Hkv :], cos, sin, pos, kcs[i], vcs[i], slots)
+        for c in range(bounds.size - 1):  # each prompt's causal attention over its own keys
+            a, n = bounds[c], bounds[c + 1] - bounds[c]
+            kvlen[0] = n
+            q4 = q3[a : a + n].reshape(1, n, nh, D)
+            qgc = qg[: Hq * n * D].reshape(1, Hkv, g * n, D)
+            ygc = yg[: Hq * n * D].reshape(1, Hkv, g * n, D)
+            sc = s[: Hq * n * n].reshape(1, Hq, n, n)
+            _group_heads(q3[a : a + n, :Hq], qgc, n)
+            gemm_tasks_parallel(
+                qgc,
+                q4[:, :, Hq : Hq + Hkv].transpose((0, 2, 1, 3)),
+                q4[:, :, Hq + Hkv :].transpose((0, 2, 1, 3)),
+                ygc,
+                sc,
+                sc[:1, :1, :1, :1],
+                False,
+                kvlen,
+                off,
+                True,
+                -1,
+                -1,
+                scale,
+                zero,
+                bq,
+                fns,
+                nt,
+                no_lse,
+                False,
+            )
+            _ungroup_heads(ygc, y[a : a + n], n)
         _output_and_mlp(h, y, x, gu, act, ln[i, 1], eps, panels[i], ff, fns, nt)
     MN.set_threads_local(fns[1], prev)
 
@@ -174,18 +177,18 @@ def decode_layers(
     MN.set_threads_local(fns[1], prev)
 
 
-def prefill_scratch(B: int, S: int, H: int, Hq: int, Hkv: int, D: int, ff: int, alloc) -> tuple:
-    """:func:`prefill_layers`' scratch buffers, each ``alloc(shape, tag)`` (float32)."""
-    R, g = B * S, Hq // Hkv
+def prefill_scratch(R: int, longest: int, H: int, Hq: int, Hkv: int, D: int, ff: int, alloc) -> tuple:
+    """:func:`prefill_layers`' scratch buffers for ``R`` rows whose longest prompt has ``longest``,
+    each ``alloc(shape, tag)`` (float32)."""
     return (
         alloc((R, H), "llm prefill norm"),
         alloc((R, (Hq + 2 * Hkv) * D), "llm prefill qkv"),
-        alloc((B, Hkv, g * S, D), "llm prefill grouped queries"),
-        alloc((B, Hkv, g * S, D), "llm prefill attention"),
+        alloc((Hq * longest * D,), "llm prefill grouped queries"),
+        alloc((Hq * longest * D,), "llm prefill attention"),
         alloc((R, Hq * D), "llm prefill attention output"),
         alloc((R, 2 * ff), "llm prefill gate/up"),
         alloc((R, ff), "llm prefill swiglu"),
-        alloc((B, Hq, S, S), "llm prefill scores"),
+        alloc((Hq * longest * longest,), "llm prefill scores"),
     )
 
 
