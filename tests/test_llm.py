@@ -845,8 +845,10 @@ def test_fused_prefill_matches_op_by_op(kv_heads, slots, rng, monkeypatch):
 
 
 def test_fused_prefill_of_several_prompts_matches_op_by_op(rng, monkeypatch):
-    """The scheduler's several whole prompts of different lengths in one prefill() run as one
-    call too (each prompt's attention over its own rows) and give the op-by-op logits and K/V."""
+    """The scheduler's several prompt chunks of different lengths in one prefill() run as one
+    call too, whole prompts attending over their own rows and continued chunks over their slot's
+    cache; a forward of rows continuing at different positions as well. Logits and K/V equal
+    the op-by-op path's, with one RMSNorm op (the final norm) in the fused runs."""
     from opsnn.kernels.cpu import mkl_nb
     from opsnn.llm import decoder as D
 
@@ -854,7 +856,11 @@ def test_fused_prefill_of_several_prompts_matches_op_by_op(rng, monkeypatch):
         pytest.skip("the fused prefill runs on MKL")
     monkeypatch.setattr(D, "attention_tasks_balance", lambda tasks: True)  # whatever the thread count
     lm = opsnn.models.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=VOCAB, intermediate=96, seed=7)
-    chunks = [(rng.integers(0, VOCAB, n), slot, 0) for n, slot in ((5, 2), (37, 0), (12, 3))]
+    calls = [
+        [(rng.integers(0, VOCAB, n), slot, 0) for n, slot in ((5, 2), (37, 0), (12, 3))],
+        [(rng.integers(0, VOCAB, n), slot, st) for n, slot, st in ((6, 2, 5), (4, 0, 37), (9, 1, 0))],
+    ]
+    rows = rng.integers(0, VOCAB, (2, 3))  # then slots 3 and 2 continue at 12 and 11 in one forward
     norms, rms_norm = [], D.ops.rms_norm
     monkeypatch.setattr(D.ops, "rms_norm", lambda *a, **k: norms.append(1) or rms_norm(*a, **k))
     out, caches = [], []
@@ -862,14 +868,18 @@ def test_fused_prefill_of_several_prompts_matches_op_by_op(rng, monkeypatch):
         cache = KVCache.for_model(lm, 4, 48)
         dec = CachedDecoder(lm, cache)
         dec.fused_prefill = fused
-        norms.clear()
-        out.append(dec.prefill(chunks))
+        got = []
+        for chunks in calls:
+            norms.clear()
+            got.append(dec.prefill(chunks))
+            assert len(norms) == (1 if fused else 2 * 2 + 1)
+        got.append(dec.forward(rows, [3, 2], [12, 11], all_positions=True))
+        out.append(got)
         caches.append(cache)
-        assert len(norms) == (1 if fused else 2 * 2 + 1)
-    np.testing.assert_allclose(out[1], out[0], rtol=1e-5, atol=1e-5)
+    for g, w in zip(out[1], out[0]):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
     for layer in range(2):
-        for t, slot, _ in chunks:
-            n = len(t)
+        for slot, n in ((0, 41), (1, 9), (2, 14), (3, 15)):
             np.testing.assert_allclose(
                 caches[1]._k[layer][slot, :, :, :n], caches[0]._k[layer][slot, :, :, :n], atol=1e-6
             )

@@ -166,7 +166,8 @@ class CachedDecoder:
         algo = "attention_gemm" if 4 * (hi - lo) * Hq * S * t_end <= GEMM_MAX_SCORE_BYTES else None
 
         h = self._embed(as_tensor(tokens))
-        layers = [] if fresh and self._prefill_fused(h, np.arange(B + 1) * S, pos, row_slots) else self.layers
+        fused = S > 1 and self._prefill_fused(h, np.arange(B + 1) * S, starts, slots, pos, row_slots)
+        layers = [] if fused else self.layers
         for i, p in enumerate(layers):
             x = ops.rms_norm(h, H, p.ln1, eps=self.eps)
             q, k, v = self._rope_store(i, *self._linear_cat(x, (p.wq, p.wk, p.wv)), pos, row_slots)
@@ -229,10 +230,8 @@ class CachedDecoder:
         row_slots = np.repeat(slots, lens)
         cache.lengths[slots] = starts + lens
         h = self._embed(as_tensor(np.concatenate(toks)[None]))  # (1, N, H)
-        fresh = not starts.any()  # whole prompts: every layer as one call (_prefill_fused)
-        for i, p in enumerate(
-            [] if fresh and self._prefill_fused(h, np.append(0, ends), pos, row_slots) else self.layers
-        ):
+        fused = self._prefill_fused(h, np.append(0, ends), starts, slots, pos, row_slots)  # every layer, one call
+        for i, p in enumerate([] if fused else self.layers):
             x = ops.rms_norm(h, H, p.ln1, eps=self.eps)
             q, k, v = (t.numpy() for t in self._rope_store(i, *self._linear_cat(x, (p.wq, p.wk, p.wv)), pos, row_slots))
             y = Tensor(_alloc_array((1, N, Hq * D), _F32, "llm prefill attention"))
@@ -258,21 +257,25 @@ class CachedDecoder:
         logits = self._linear(ops.rms_norm(last, H, self.norm_w, eps=self.eps), self.out_w).numpy()
         return logits.reshape(len(chunks), -1)
 
-    def _prefill_fused(self, h: Tensor, bounds: np.ndarray, pos: np.ndarray, row_slots: np.ndarray) -> bool:
-        """Every layer of fresh prompts (from position 0; prompt ``c`` is rows ``bounds[c] ..
-        bounds[c + 1] - 1`` of ``h``, their embeddings) as one kernel call,
-        :func:`opsnn.llm.layers.prefill_layers`, launched on the current stream: ``h`` is updated in
-        place and carries the launch as its producer. False (nothing run) where the op-by-op path
-        must run: ``fused_prefill`` off, an observer or the memory checker attached (they see each
-        kernel there), no MKL panels for every projection, a prompt's scores over
-        GEMM_MAX_SCORE_BYTES or too few attention tasks for the threads (the Attention op picks
-        another kernel then), or while the kernel compiles in the background."""
+    def _prefill_fused(
+        self, h: Tensor, bounds: np.ndarray, starts: np.ndarray, slots: np.ndarray, pos, row_slots
+    ) -> bool:
+        """Every layer of prompt chunks (chunk ``c`` is rows ``bounds[c] .. bounds[c + 1] - 1`` of
+        ``h``, their embeddings, at positions ``starts[c]`` on of cache slot ``slots[c]``; ``pos``
+        and ``row_slots`` per row) as one kernel call, :func:`opsnn.llm.layers.prefill_layers`,
+        launched on the current stream: ``h`` is updated in place and carries the launch as its
+        producer. False (nothing run) where the op-by-op path must run: ``fused_prefill`` off, an
+        observer or the memory checker attached (they see each kernel there), no MKL panels for
+        every projection, a chunk's scores over GEMM_MAX_SCORE_BYTES or too few attention tasks for
+        the threads (the Attention op picks another kernel then), or while the kernel compiles in
+        the background."""
         cfg, cache = self.config, self.cache
         Hq, Hkv, D, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
         fns = _mkl_nb.addresses()
         hn = h.numpy()
         lens = np.diff(bounds)
-        longest = int(lens.max())
+        ends = starts + lens
+        scores = int((lens * ends).max()) * Hq
         if (
             not self.fused_prefill
             or hooks.active
@@ -281,7 +284,7 @@ class CachedDecoder:
             or hn.dtype != _F32
             or not hn.flags.c_contiguous
             or Hq % Hkv
-            or 4 * Hq * longest * longest > GEMM_MAX_SCORE_BYTES
+            or 4 * scores > GEMM_MAX_SCORE_BYTES
             or _libs.attention_gemms().library != "mkl"
             or not attention_tasks_balance(Hkv)
             or not all(c.flags.c_contiguous for c in cache._k + cache._v)
@@ -294,9 +297,9 @@ class CachedDecoder:
         panels = [[w.addr for w in ps] for ps in packs]
         ff = cfg.intermediate_size
         norms = np.stack([np.stack([p.ln1.numpy(), p.ln2.numpy()]) for p in self.layers])
-        bufs = _layers.prefill_scratch(
-            rows, longest, H, Hq, Hkv, D, ff, lambda shape, tag: _alloc_array(shape, _F32, tag)
-        )
+        keys = int(ends[starts > 0].max()) if starts.any() else 0
+        alloc = lambda shape, tag: _alloc_array(shape, _F32, tag)  # noqa: E731
+        bufs = _layers.prefill_scratch(rows, int(lens.max()), scores, keys, H, Hq, Hkv, D, ff, alloc)
         args = (
             hn.reshape(rows, H),
             norms,
@@ -313,6 +316,8 @@ class CachedDecoder:
             tuple(cache._v),
             row_slots,
             bounds.astype(np.int64),
+            starts.astype(np.int64),
+            slots.astype(np.int64),
             np.float32(self._scale),
             np.int64(CAUSAL_BLOCK_ROWS),
             fns,
@@ -322,7 +327,7 @@ class CachedDecoder:
         )
         if kernel_cache.cold(_layers.prefill_layers, args):  # compiling in the background: op by op meanwhile
             return False
-        flops = 2 * rows * sum(w.n * w.k for w in packs[0]) * len(packs) + 2 * Hq * D * int((lens * lens).sum())
+        flops = 2 * rows * sum(w.n * w.k for w in packs[0]) * len(packs) + 4 * Hq * D * int((lens * ends).sum())
         info = {"kernel": "llm_prefill_layers", "flops": flops}
         h._producer = _launch(lambda _packs=packs: _layers.prefill_layers(*args), "Prefill", info)
         return True

@@ -74,60 +74,107 @@ def _swiglu_rows(gu, out, ff):
         swiglu_chunk(gu[r, :ff], gu[r, ff:], out[r], 0, ff, one)
 
 
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _cached_keys(kt, T, out):
+    # out[hk, t] = kt[hk, :, t] for t < T: a slot's first T keys, stored transposed, as rows
+    Hkv, D = kt.shape[0], kt.shape[1]
+    for r in nb.prange(Hkv * T):
+        hk, t = r // T, r % T
+        for d in range(D):
+            out[hk, t, d] = kt[hk, d, t]
+
+
+@nb.njit(nogil=True, cache=True)
+def _attend(qg, k4, v4, yg, s, kvlen, off, scale, bq, fns, nt):
+    # causal attention of one prompt's grouped queries (gemm_tasks' kernel, no mask, no logsumexp)
+    no_lse = np.empty(1, np.float32)
+    gemm_tasks_parallel(
+        qg,
+        k4,
+        v4,
+        yg,
+        s,
+        s[:1, :1, :1, :1],
+        False,
+        kvlen,
+        off,
+        True,
+        -1,
+        -1,
+        scale,
+        np.float32(0.0),
+        bq,
+        fns,
+        nt,
+        no_lse,
+        False,
+    )
+
+
 @nb.njit(nogil=True, cache=True)
 def prefill_layers(
-    h, ln, eps, panels, Hq, Hkv, D, ff, cos, sin, pos, kcs, vcs, slots, bounds, scale, bq, fns, nt_mkl, nt, bufs
+    h,
+    ln,
+    eps,
+    panels,
+    Hq,
+    Hkv,
+    D,
+    ff,
+    cos,
+    sin,
+    pos,
+    kcs,
+    vcs,
+    slots,
+    bounds,
+    starts,
+    cslots,
+    scale,
+    bq,
+    fns,
+    nt_mkl,
+    nt,
+    bufs,
 ):
-    """Every layer of fresh prompts (module docstring) on ``h`` (R, H) in place: prompt ``c`` is
-    rows ``bounds[c] .. bounds[c + 1] - 1``, positions 0 on.
+    """Every layer of prompt chunks (module docstring) on ``h`` (R, H) in place: chunk ``c`` is
+    rows ``bounds[c] .. bounds[c + 1] - 1`` at positions ``starts[c]`` on of cache slot
+    ``cslots[c]``; a chunk from position 0 attends over its own keys, a continued one over its
+    slot's cache up to its end (keys copied out as rows first).
 
     ``ln`` (layers, 2, H): the two norms' weights; ``panels`` (layers, 4) int64: addresses of the
     MKL panels (:data:`QKV`, :data:`O`, :data:`GATE_UP`, :data:`DOWN`: the weights stacked along N
     and packed transposed, ``x @ W.T``); ``kcs``/``vcs``: the cache's per-layer key (transposed) and
     value arrays, row ``r`` stored at position ``pos[r]`` of slot ``slots[r]``; ``fns``:
     :func:`opsnn.kernels.cpu.mkl_nb.addresses`; ``nt_mkl``: MKL's thread count for the products,
-    ``nt`` numba's; ``bufs``: scratch (x, qkv, qg, yg, y, gu, act, scores) as
+    ``nt`` numba's; ``bufs``: scratch (x, qkv, qg, yg, y, gu, act, scores, keys) as
     :func:`prefill_scratch` makes them."""
-    x, qkv, qg, yg, y, gu, act, s = bufs
+    x, qkv, qg, yg, y, gu, act, s, kb = bufs
     R = h.shape[0]
     nh, g = Hq + 2 * Hkv, Hq // Hkv
     off, kvlen = np.zeros(1, np.int64), np.zeros(1, np.int64)
-    no_lse = np.empty(1, np.float32)  # the kernel's logsumexp output, not asked for
-    zero = np.float32(0.0)
     prev = MN.set_threads_local(fns[1], nt_mkl)
     for i in range(panels.shape[0]):
         _normed_qkv(h, x, qkv, ln[i, 0], eps, panels[i, QKV], fns, nt)
         q3 = qkv.reshape(R, nh, D)
         rope_store_rows(q3[:, :Hq], q3[:, Hq : Hq + Hkv], q3[:, Hq + Hkv :], cos, sin, pos, kcs[i], vcs[i], slots)
-        for c in range(bounds.size - 1):  # each prompt's causal attention over its own keys
-            a, n = bounds[c], bounds[c + 1] - bounds[c]
-            kvlen[0] = n
-            q4 = q3[a : a + n].reshape(1, n, nh, D)
+        for c in range(bounds.size - 1):
+            a, n, st = bounds[c], bounds[c + 1] - bounds[c], starts[c]
+            T = st + n
+            kvlen[0], off[0] = T, st
             qgc = qg[: Hq * n * D].reshape(1, Hkv, g * n, D)
             ygc = yg[: Hq * n * D].reshape(1, Hkv, g * n, D)
-            sc = s[: Hq * n * n].reshape(1, Hq, n, n)
+            sc = s[: Hq * n * T].reshape(1, Hq, n, T)
             _group_heads(q3[a : a + n, :Hq], qgc, n)
-            gemm_tasks_parallel(
-                qgc,
-                q4[:, :, Hq : Hq + Hkv].transpose((0, 2, 1, 3)),
-                q4[:, :, Hq + Hkv :].transpose((0, 2, 1, 3)),
-                ygc,
-                sc,
-                sc[:1, :1, :1, :1],
-                False,
-                kvlen,
-                off,
-                True,
-                -1,
-                -1,
-                scale,
-                zero,
-                bq,
-                fns,
-                nt,
-                no_lse,
-                False,
-            )
+            if st == 0:  # a whole prompt: over its own keys and values, in the projection's output
+                q4 = q3[a : a + n].reshape(1, n, nh, D)
+                k4, v4 = q4[:, :, Hq : Hq + Hkv].transpose((0, 2, 1, 3)), q4[:, :, Hq + Hkv :].transpose((0, 2, 1, 3))
+                _attend(qgc, k4, v4, ygc, sc, kvlen, off, scale, bq, fns, nt)
+            else:  # a continued chunk: over its slot's first T positions (its own keys stored above)
+                sl = cslots[c]
+                kc = kb[: Hkv * T * D].reshape(1, Hkv, T, D)
+                _cached_keys(kcs[i][sl], T, kc[0])
+                _attend(qgc, kc, vcs[i][sl : sl + 1, :, :T], ygc, sc, kvlen, off, scale, bq, fns, nt)
             _ungroup_heads(ygc, y[a : a + n], n)
         _output_and_mlp(h, y, x, gu, act, ln[i, 1], eps, panels[i], ff, fns, nt)
     MN.set_threads_local(fns[1], prev)
@@ -177,9 +224,12 @@ def decode_layers(
     MN.set_threads_local(fns[1], prev)
 
 
-def prefill_scratch(R: int, longest: int, H: int, Hq: int, Hkv: int, D: int, ff: int, alloc) -> tuple:
-    """:func:`prefill_layers`' scratch buffers for ``R`` rows whose longest prompt has ``longest``,
-    each ``alloc(shape, tag)`` (float32)."""
+def prefill_scratch(
+    R: int, longest: int, scores: int, keys: int, H: int, Hq: int, Hkv: int, D: int, ff: int, alloc
+) -> tuple:
+    """:func:`prefill_layers`' scratch buffers for ``R`` rows whose longest chunk has ``longest``,
+    ``scores`` elements for the largest chunk's scores and ``keys`` positions for the longest
+    continued chunk's cache keys, each ``alloc(shape, tag)`` (float32)."""
     return (
         alloc((R, H), "llm prefill norm"),
         alloc((R, (Hq + 2 * Hkv) * D), "llm prefill qkv"),
@@ -188,7 +238,8 @@ def prefill_scratch(R: int, longest: int, H: int, Hq: int, Hkv: int, D: int, ff:
         alloc((R, Hq * D), "llm prefill attention output"),
         alloc((R, 2 * ff), "llm prefill gate/up"),
         alloc((R, ff), "llm prefill swiglu"),
-        alloc((Hq * longest * longest,), "llm prefill scores"),
+        alloc((max(scores, 1),), "llm prefill scores"),
+        alloc((max(Hkv * keys * D, 1),), "llm prefill cached keys"),
     )
 
 
