@@ -245,7 +245,7 @@ def test_onednn_call_leaves_openmps_thread_count():
     x = rng.standard_normal((1, 16, 6, 6)).astype(np.float32)
     y = np.empty((1, 2, 6, 6, block), np.float32)
     before = torch.get_num_threads()
-    other = KD._threads() + 1  # a count oneDNN's call must change, and put back
+    other = KD.threads() + 1  # a count oneDNN's call must change, and put back
     torch.set_num_threads(other)
     try:
         prim(x, None, None, y)
