@@ -112,8 +112,8 @@ class CachedDecoder:
         #: prepared steps run each layer as opsnn.llm.fused's four regions (float32 weights, MKL);
         #: False: op by op (the kernels the eager path runs)
         self.fused_steps = True
-        #: fresh prompts' layers run as one kernel call (opsnn.llm.layers; float32 weights, MKL);
-        #: False: op by op
+        #: prompt chunks' layers (forward of S > 1 rows, prefill) run as one kernel call
+        #: (opsnn.llm.layers; float32 weights, MKL); False: op by op
         self.fused_prefill = True
 
     def _check(self, tokens: np.ndarray, slots: np.ndarray, starts: np.ndarray) -> None:
