@@ -53,32 +53,40 @@ def _as_ptr(builder, val, ty):
     return builder.inttoptr(val, ir.IntType(8).as_pointer())
 
 
+_I32, _F32 = ir.IntType(32), ir.FloatType()
+_CONVERT = {"i": _as_i32, "p": _as_ptr, "f": _as_f32}
+
+
+def _call_c(builder, args, tys, spec) -> None:
+    """Call the void C function at address ``args[0]``: ``spec`` lists its arguments, each a
+    letter taking the intrinsic's next argument (``i`` int32, ``p`` pointer, ``f`` float32) or
+    an ``ir.Constant``."""
+    vals, j = [], 1
+    for item in spec:
+        if isinstance(item, str):
+            vals.append(_CONVERT[item](builder, args[j], tys[j]))
+            j += 1
+        else:
+            vals.append(item)
+    fnty = ir.FunctionType(ir.VoidType(), [v.type for v in vals])
+    builder.call(builder.inttoptr(args[0], fnty.as_pointer()), vals)
+
+
+def _constant(kind, value):
+    return ir.Constant(_I32 if kind == "i" else _F32, value)
+
+
 @intrinsic
 def sgemm(typingctx, fn, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
     """``C = op(A) @ op(B) + beta * C`` (row-major, float32; ``a``, ``b``, ``c`` addresses, e.g.
     ``arr.ctypes.data``) through ``cblas_sgemm`` at address ``fn``."""
-    sig = types.void(fn, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc)
+    spec = [_constant("i", ROW_MAJOR), *"iiiii", _constant("f", 1.0), *"pipifpi"]
 
     def codegen(context, builder, signature, args):
-        i32, f32, ptr = ir.IntType(32), ir.FloatType(), ir.IntType(8).as_pointer()
-        fnty = ir.FunctionType(ir.VoidType(), [i32] * 6 + [f32, ptr, i32, ptr, i32, f32, ptr, i32])
-        tys = signature.args
-        call = [ir.Constant(i32, ROW_MAJOR)]
-        call += [_as_i32(builder, args[i], tys[i]) for i in range(1, 6)]
-        call += [
-            ir.Constant(f32, 1.0),
-            _as_ptr(builder, args[6], tys[6]),
-            _as_i32(builder, args[7], tys[7]),
-            _as_ptr(builder, args[8], tys[8]),
-            _as_i32(builder, args[9], tys[9]),
-            _as_f32(builder, args[10], tys[10]),
-            _as_ptr(builder, args[11], tys[11]),
-            _as_i32(builder, args[12], tys[12]),
-        ]
-        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), call)
+        _call_c(builder, args, signature.args, spec)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return types.void(fn, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc), codegen
 
 
 @intrinsic
@@ -87,27 +95,13 @@ def sgemm_packed(typingctx, fn, m, n, k, a, lda, b, ldb, beta, c, ldc):
     packed by ``cblas_sgemm_pack``, :func:`opsnn.kernels.cpu.mkl.pack`) through
     ``cblas_sgemm_compute`` at address ``fn`` (``addresses()[3]``), on the calling thread's
     MKL thread count."""
-    sig = types.void(fn, m, n, k, a, lda, b, ldb, beta, c, ldc)
+    spec = [*(_constant("i", v) for v in (ROW_MAJOR, NO_TRANS, PACKED)), *"iiipipifpi"]
 
     def codegen(context, builder, signature, args):
-        i32, f32, ptr = ir.IntType(32), ir.FloatType(), ir.IntType(8).as_pointer()
-        fnty = ir.FunctionType(ir.VoidType(), [i32] * 6 + [ptr, i32, ptr, i32, f32, ptr, i32])
-        tys = signature.args
-        call = [ir.Constant(i32, ROW_MAJOR), ir.Constant(i32, NO_TRANS), ir.Constant(i32, PACKED)]
-        call += [_as_i32(builder, args[i], tys[i]) for i in (1, 2, 3)]
-        call += [
-            _as_ptr(builder, args[4], tys[4]),
-            _as_i32(builder, args[5], tys[5]),
-            _as_ptr(builder, args[6], tys[6]),
-            _as_i32(builder, args[7], tys[7]),
-            _as_f32(builder, args[8], tys[8]),
-            _as_ptr(builder, args[9], tys[9]),
-            _as_i32(builder, args[10], tys[10]),
-        ]
-        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), call)
+        _call_c(builder, args, signature.args, spec)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return types.void(fn, m, n, k, a, lda, b, ldb, beta, c, ldc), codegen
 
 
 @intrinsic
@@ -115,31 +109,14 @@ def sgemv(typingctx, fn, m, n, a, lda, x, beta, y):
     """``y = A @ x + beta * y`` for a row-major float32 ``A`` (m, n) with leading dimension
     ``lda`` and unit-stride vectors (addresses as in :func:`sgemm`) through ``cblas_sgemv`` at
     address ``fn``."""
-    sig = types.void(fn, m, n, a, lda, x, beta, y)
+    one = _constant("i", 1)
+    spec = [_constant("i", ROW_MAJOR), _constant("i", NO_TRANS), *"ii", _constant("f", 1.0), *"pip", one, "f", "p", one]
 
     def codegen(context, builder, signature, args):
-        i32, f32, ptr = ir.IntType(32), ir.FloatType(), ir.IntType(8).as_pointer()
-        fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, i32, f32, ptr, i32, ptr, i32, f32, ptr, i32])
-        tys = signature.args
-        one = ir.Constant(i32, 1)
-        call = [
-            ir.Constant(i32, ROW_MAJOR),
-            ir.Constant(i32, NO_TRANS),
-            _as_i32(builder, args[1], tys[1]),
-            _as_i32(builder, args[2], tys[2]),
-            ir.Constant(f32, 1.0),
-            _as_ptr(builder, args[3], tys[3]),
-            _as_i32(builder, args[4], tys[4]),
-            _as_ptr(builder, args[5], tys[5]),
-            one,
-            _as_f32(builder, args[6], tys[6]),
-            _as_ptr(builder, args[7], tys[7]),
-            one,
-        ]
-        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), call)
+        _call_c(builder, args, signature.args, spec)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return types.void(fn, m, n, a, lda, x, beta, y), codegen
 
 
 @intrinsic
