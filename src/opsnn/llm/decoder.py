@@ -672,6 +672,7 @@ class _DecodeStep:
         kc, vc = cache._k[0], cache._v[0]
         logits = np.empty((R, arr[-1].shape[0]), np.float32)
         norm_w, wout = dec.norm_w.numpy(), arr[-1]
+        layers_args = self._layers_args(hv, arr, q, y, gu, pos, cos, sin, eps, scale, nt)
         calls = [
             (
                 _fused.attention_block,
@@ -680,6 +681,7 @@ class _DecodeStep:
             (_fused.residual_gemm, (wo, y.reshape(R, -1), hv, f, nt)),
             (_fused.mlp_block, (hv, ln2, eps, wg, wu, gu, one, f, nt)),
             (_fused.head_block, (hv, norm_w, eps, wout, logits, f, nt)),
+            (_fused.layers_step, layers_args(R, f)),
         ]
         if not _fused._DECODE_CFUNC:
             calls.append((_fused.addresses, None))
@@ -696,6 +698,7 @@ class _DecodeStep:
             self._fuse_numpy(arr, hv, q, y, gu, logits, pos, cos, sin, eps, scale, step)
             self.logits, self.h, self.H = Tensor(logits), h, H
             return True
+        first = len(self.kernels)  # the embedding's kernels come before the layers'
         for i, p in enumerate(dec.layers):
             wq, wk, wv, wo, wg, wu, wd = arr[7 * i : 7 * i + 7]
             kc, vc = cache._k[i], cache._v[i]
@@ -736,6 +739,8 @@ class _DecodeStep:
                 "llm_decode_mlp_block",
             )
             step(lambda wd=wd: _fused.residual_gemm(wd, gu, hv, fns, nt), "Linear", "llm_decode_residual_gemm")
+        # unobserved, every layer's regions as one call (the plan keeps a launch a region for observers)
+        self.kernels[first:] = [lambda: _fused.layers_step(*layers_args(self.B, fns))]
         self.head_plan, self.head_kernels = [], []
         step(
             lambda: _fused.head_block(hv, norm_w, eps, wout, logits, fns, nt),
@@ -745,6 +750,17 @@ class _DecodeStep:
         )
         self.logits, self.h, self.H = Tensor(logits), h, H
         return True
+
+    def _layers_args(self, hv, arr, q, y, gu, pos, cos, sin, eps, scale, nt):
+        """``(rows, fns) ->`` the arguments of :func:`opsnn.llm.fused.layers_step` (every layer's
+        four regions in one call, no Python between them) over this step's buffers."""
+        dec, L = self.dec, len(self.dec.layers)
+        lns = np.stack([np.stack([p.ln1.numpy(), p.ln2.numpy()]) for p in dec.layers])
+        ws = tuple(tuple(arr[j : 7 * L : 7]) for j in range(7))
+        kts, vcs = tuple(dec.cache._k), tuple(dec.cache._v)
+        return lambda rows, fns: (
+            (hv, lns, eps, *ws, cos, sin, pos, kts, vcs, self.slots, self.kvlen, rows, q, y, gu, scale, fns, nt)
+        )
 
     def _fuse_layers(self, h: Tensor) -> bool:
         """Every layer as one call of :func:`opsnn.llm.layers.decode_layers` on MKL's packed panels

@@ -295,6 +295,66 @@ def _rms_numpy(h, w, eps):
         return (h * inv.astype(np.float32)[:, None]) * w
 
 
+@nb.njit(nogil=True, cache=True)
+def layers_step(
+    h,
+    lns,
+    eps,
+    wqs,
+    wks,
+    wvs,
+    wos,
+    wgs,
+    wus,
+    wds,
+    cos,
+    sin,
+    pos,
+    kts,
+    vcs,
+    slots,
+    lengths,
+    rows,
+    q,
+    y,
+    gu,
+    scale,
+    fns,
+    nt,
+):
+    """Every layer's four regions in one call, no Python between them (what a prepared step runs
+    when no observer watches each region): ``lns`` (layers, 2, H) the norms' weights, ``wqs`` ..
+    ``wds`` and ``kts`` / ``vcs`` a weight or cache array per layer, the rest as the regions take
+    them (``gu`` the MLP's (R, intermediate) buffer)."""
+    R = h.shape[0]
+    one = np.float32(1.0)
+    for i in range(len(wqs)):
+        attention_block(
+            h,
+            lns[i, 0],
+            eps,
+            wqs[i],
+            wks[i],
+            wvs[i],
+            cos,
+            sin,
+            pos,
+            kts[i],
+            vcs[i],
+            slots,
+            lengths,
+            rows,
+            q,
+            y,
+            scale,
+            fns,
+            nt,
+        )
+        residual_gemm(wos[i], y.reshape(R, -1), h, fns, nt)
+        mlp_block(h, lns[i, 1], eps, wgs[i], wus[i], gu, one, fns, nt)
+        residual_gemm(wds[i], gu, h, fns, nt)
+
+
 def attention_block_numpy(h, ln_w, eps, wq, wk, wv, cos, sin, pos, kt, vc, slots, lengths, rows, q, y, scale):
     """:func:`attention_block` in numpy (BLAS products, attention by BLAS per row and KV head,
     the same softmax: NaN and Inf as the numba kernel gives them)."""
@@ -333,6 +393,7 @@ __all__ = [
     "attention_block",
     "head_block",
     "head_block_numpy",
+    "layers_step",
     "mlp_block",
     "mlp_block_numpy",
     "residual_gemm",
