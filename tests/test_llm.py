@@ -793,19 +793,36 @@ def test_prefill_on_a_worker_stream_matches_the_default_stream(lm, rng, monkeypa
         c.close()
 
 
-@pytest.mark.parametrize("kv_heads,slots", [(2, [0]), (4, [0]), (2, [2, 0])])
-def test_fused_prefill_matches_op_by_op(kv_heads, slots, rng, monkeypatch):
-    """Fresh prompts' layers as one kernel call (opsnn.llm.prefill, on MKL's panels) give the
+def _same_where_finite(got, want, atol, exact_nan):
+    """``got`` equals ``want`` (rtol 1e-5) wherever ``want`` is finite and is NaN only where ``want``
+    is; with ``exact_nan`` NaN exactly where ``want`` is."""
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=atol)
+    assert not (np.isnan(got) & ~np.isnan(want)).any()
+    if exact_nan:
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+
+
+@pytest.mark.parametrize(
+    "kv_heads,slots,balanced", [(2, [0], True), (4, [0], True), (2, [2, 0], True), (2, [2, 0], False)]
+)
+def test_fused_prefill_matches_op_by_op(kv_heads, slots, balanced, rng, monkeypatch):
+    """Fresh prompts' layers as one kernel call (opsnn.llm.layers, on MKL's panels) give the
     op-by-op forward's logits at every position and its K/V, GQA and not, one prompt or two in
     slots out of order; a NaN and an Inf in the embedding table reach the same positions (the
     whole prompt: causal attention's zero weights still multiply the NaN values). The
-    fused call replaces every layer's ops: the RMSNorm op then runs only for the final norm."""
+    fused call replaces every layer's ops: the RMSNorm op then runs only for the final norm. Not
+    ``balanced``: the KV heads alone would leave threads idle, so attention also splits each
+    prompt's query rows into blocks (on 2 threads 37 rows are 3 blocks of 13: two pad rows); a
+    block's rows multiply no key past the block, so rows before the NaN's block stay finite
+    where the one-block op path's carry it: equal wherever the op path is finite, NaN only
+    where it is NaN, and NaN from the NaN's position on."""
     from opsnn.kernels.cpu import mkl_nb
     from opsnn.llm import decoder as D
 
     if mkl_nb.addresses() is None:
         pytest.skip("the fused prefill runs on MKL")
-    monkeypatch.setattr(D, "attention_tasks_balance", lambda tasks: True)  # whatever the thread count
+    monkeypatch.setattr(D, "attention_tasks_balance", lambda tasks: balanced)
     lm = opsnn.models.llama(
         layers=2, hidden=64, heads=4, kv_heads=kv_heads, vocab=VOCAB, intermediate=96, seed=5, max_position=64
     )
@@ -831,30 +848,33 @@ def test_fused_prefill_matches_op_by_op(kv_heads, slots, rng, monkeypatch):
         out.append(dec.forward(tok, slots, [0] * len(slots), all_positions=True))
         caches.append(cache)
         assert len(norms) == (1 if fused else 2 * 2 + 1)
-    np.testing.assert_allclose(out[1], out[0], rtol=1e-5, atol=1e-5)
+    _same_where_finite(out[1], out[0], 1e-5, exact_nan=balanced)
     assert np.isfinite(out[0][0]).all() and (len(slots) == 1 or np.isnan(out[0][-1]).all())
+    assert len(slots) == 1 or np.isnan(out[1][-1, 20:]).all()
     for layer in range(2):
         for slot in slots:
             for a, b in (
                 (caches[1]._k[layer][slot, :, :, :S], caches[0]._k[layer][slot, :, :, :S]),
                 (caches[1]._v[layer][slot, :, :S], caches[0]._v[layer][slot, :, :S]),
             ):
-                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+                _same_where_finite(a, b, 1e-6, exact_nan=balanced)
     for c in caches:
         c.close()
 
 
-def test_fused_prefill_of_several_prompts_matches_op_by_op(rng, monkeypatch):
+@pytest.mark.parametrize("balanced", [True, False])
+def test_fused_prefill_of_several_prompts_matches_op_by_op(balanced, rng, monkeypatch):
     """The scheduler's several prompt chunks of different lengths in one prefill() run as one
     call too, whole prompts attending over their own rows and continued chunks over their slot's
     cache; a forward of rows continuing at different positions as well. Logits and K/V equal
-    the op-by-op path's, with one RMSNorm op (the final norm) in the fused runs."""
+    the op-by-op path's, with one RMSNorm op (the final norm) in the fused runs; with query
+    blocks too (not ``balanced``)."""
     from opsnn.kernels.cpu import mkl_nb
     from opsnn.llm import decoder as D
 
     if mkl_nb.addresses() is None:
         pytest.skip("the fused prefill runs on MKL")
-    monkeypatch.setattr(D, "attention_tasks_balance", lambda tasks: True)  # whatever the thread count
+    monkeypatch.setattr(D, "attention_tasks_balance", lambda tasks: balanced)
     lm = opsnn.models.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=VOCAB, intermediate=96, seed=7)
     calls = [
         [(rng.integers(0, VOCAB, n), slot, 0) for n, slot in ((5, 2), (37, 0), (12, 3))],

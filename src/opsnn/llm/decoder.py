@@ -266,9 +266,8 @@ class CachedDecoder:
         launched on the current stream: ``h`` is updated in place and carries the launch as its
         producer. False (nothing run) where the op-by-op path must run: ``fused_prefill`` off, an
         observer or the memory checker attached (they see each kernel there), no MKL panels for
-        every projection, a chunk's scores over GEMM_MAX_SCORE_BYTES or too few attention tasks for
-        the threads (the Attention op picks another kernel then), or while the kernel compiles in
-        the background."""
+        every projection, a chunk's scores over GEMM_MAX_SCORE_BYTES (the Attention op's flash
+        kernel serves those), or while the kernel compiles in the background."""
         cfg, cache = self.config, self.cache
         Hq, Hkv, D, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
         fns = _mkl_nb.addresses()
@@ -286,10 +285,12 @@ class CachedDecoder:
             or Hq % Hkv
             or 4 * scores > GEMM_MAX_SCORE_BYTES
             or _libs.attention_gemms().library != "mkl"
-            or not attention_tasks_balance(Hkv)
             or not all(c.flags.c_contiguous for c in cache._k + cache._v)
         ):
             return False
+        nt = nb.get_num_threads()
+        # attention: a task per KV head, and per block of query rows where the heads alone leave threads idle
+        blocks = 1 if attention_tasks_balance(Hkv) else -(-3 * nt // Hkv)
         rows = int(bounds[-1])
         packs = self._layer_panels(rows)  # kept alive while the kernel reads them by address
         if packs is None:
@@ -320,9 +321,10 @@ class CachedDecoder:
             slots.astype(np.int64),
             np.float32(self._scale),
             np.int64(CAUSAL_BLOCK_ROWS),
+            blocks,
             fns,
             _mkl.threads(),
-            nb.get_num_threads(),
+            nt,
             bufs,
         )
         if kernel_cache.cold(_layers.prefill_layers, args):  # compiling in the background: op by op meanwhile

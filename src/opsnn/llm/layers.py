@@ -132,6 +132,7 @@ def prefill_layers(
     cslots,
     scale,
     bq,
+    blocks,
     fns,
     nt_mkl,
     nt,
@@ -140,7 +141,9 @@ def prefill_layers(
     """Every layer of prompt chunks (module docstring) on ``h`` (R, H) in place: chunk ``c`` is
     rows ``bounds[c] .. bounds[c + 1] - 1`` at positions ``starts[c]`` on of cache slot
     ``cslots[c]``; a chunk from position 0 attends over its own keys, a continued one over its
-    slot's cache up to its end (keys copied out as rows first).
+    slot's cache up to its end (keys copied out as rows first). Attention runs a task per KV head
+    and block of query rows: ``blocks`` blocks a chunk (1 where the KV heads alone keep the
+    threads busy), each a batch entry of the kernel over the same keys (its own causal range).
 
     ``ln`` (layers, 2, H): the two norms' weights; ``panels`` (layers, 4) int64: addresses of the
     MKL panels (:data:`QKV`, :data:`O`, :data:`GATE_UP`, :data:`DOWN`: the weights stacked along N
@@ -152,7 +155,6 @@ def prefill_layers(
     x, qkv, qg, yg, y, gu, act, s, kb = bufs
     R = h.shape[0]
     nh, g = Hq + 2 * Hkv, Hq // Hkv
-    off, kvlen = np.zeros(1, np.int64), np.zeros(1, np.int64)
     prev = MN.set_threads_local(fns[1], nt_mkl)
     for i in range(panels.shape[0]):
         _normed_qkv(h, x, qkv, ln[i, 0], eps, panels[i, QKV], fns, nt)
@@ -161,21 +163,31 @@ def prefill_layers(
         for c in range(bounds.size - 1):
             a, n, st = bounds[c], bounds[c + 1] - bounds[c], starts[c]
             T = st + n
-            kvlen[0], off[0] = T, st
-            qgc = qg[: Hq * n * D].reshape(1, Hkv, g * n, D)
-            ygc = yg[: Hq * n * D].reshape(1, Hkv, g * n, D)
-            sc = s[: Hq * n * T].reshape(1, Hq, n, T)
-            _group_heads(q3[a : a + n, :Hq], qgc, n)
+            blk = -(-n // min(blocks, n))
+            nbk = -(-n // blk)
+            kvlen, off = np.empty(nbk, np.int64), np.empty(nbk, np.int64)
+            for b in range(nbk):  # block b: rows b * blk .. at positions st + b * blk .., keys up to its end
+                off[b] = st + b * blk
+                kvlen[b] = st + min((b + 1) * blk, n)
+            qgc = qg[: nbk * Hq * blk * D].reshape(nbk, Hkv, g * blk, D)
+            ygc = yg[: nbk * Hq * blk * D].reshape(nbk, Hkv, g * blk, D)
+            sc = s[: nbk * Hq * blk * T].reshape(nbk, Hq, blk, T)
+            if nbk * blk > n:  # the last block's pad rows: zeros in, ignored out
+                qgc[nbk - 1] = 0.0
+            _group_heads(q3[a : a + n, :Hq], qgc, blk)
             if st == 0:  # a whole prompt: over its own keys and values, in the projection's output
                 q4 = q3[a : a + n].reshape(1, n, nh, D)
                 k4, v4 = q4[:, :, Hq : Hq + Hkv].transpose((0, 2, 1, 3)), q4[:, :, Hq + Hkv :].transpose((0, 2, 1, 3))
-                _attend(qgc, k4, v4, ygc, sc, kvlen, off, scale, bq, fns, nt)
             else:  # a continued chunk: over its slot's first T positions (its own keys stored above)
                 sl = cslots[c]
-                kc = kb[: Hkv * T * D].reshape(1, Hkv, T, D)
-                _cached_keys(kcs[i][sl], T, kc[0])
-                _attend(qgc, kc, vcs[i][sl : sl + 1, :, :T], ygc, sc, kvlen, off, scale, bq, fns, nt)
-            _ungroup_heads(ygc, y[a : a + n], n)
+                k4 = kb[: Hkv * T * D].reshape(1, Hkv, T, D)
+                _cached_keys(kcs[i][sl], T, k4[0])
+                v4 = vcs[i][sl : sl + 1, :, :T]
+            shape = (nbk, Hkv, T, D)
+            _attend(
+                qgc, np.broadcast_to(k4, shape), np.broadcast_to(v4, shape), ygc, sc, kvlen, off, scale, bq, fns, nt
+            )
+            _ungroup_heads(ygc, y[a : a + n], blk)
         _output_and_mlp(h, y, x, gu, act, ln[i, 1], eps, panels[i], ff, fns, nt)
     MN.set_threads_local(fns[1], prev)
 
@@ -229,16 +241,17 @@ def prefill_scratch(
 ) -> tuple:
     """:func:`prefill_layers`' scratch buffers for ``R`` rows whose longest chunk has ``longest``,
     ``scores`` elements for the largest chunk's scores and ``keys`` positions for the longest
-    continued chunk's cache keys, each ``alloc(shape, tag)`` (float32)."""
+    continued chunk's cache keys, each ``alloc(shape, tag)`` (float32). Query blocks pad a
+    chunk's rows by less than one block: twice the rows is room enough."""
     return (
         alloc((R, H), "llm prefill norm"),
         alloc((R, (Hq + 2 * Hkv) * D), "llm prefill qkv"),
-        alloc((Hq * longest * D,), "llm prefill grouped queries"),
-        alloc((Hq * longest * D,), "llm prefill attention"),
+        alloc((2 * Hq * longest * D,), "llm prefill grouped queries"),
+        alloc((2 * Hq * longest * D,), "llm prefill attention"),
         alloc((R, Hq * D), "llm prefill attention output"),
         alloc((R, 2 * ff), "llm prefill gate/up"),
         alloc((R, ff), "llm prefill swiglu"),
-        alloc((max(scores, 1),), "llm prefill scores"),
+        alloc((max(2 * scores, 1),), "llm prefill scores"),
         alloc((max(Hkv * keys * D, 1),), "llm prefill cached keys"),
     )
 
