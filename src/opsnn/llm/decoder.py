@@ -297,7 +297,7 @@ class CachedDecoder:
             return False
         panels = [[w.addr for w in ps] for ps in packs]
         ff = cfg.intermediate_size
-        norms = np.stack([np.stack([p.ln1.numpy(), p.ln2.numpy()]) for p in self.layers])
+        norms = self._norm_weights()
         keys = int(ends[starts > 0].max()) if starts.any() else 0
         alloc = lambda shape, tag: _alloc_array(shape, _F32, tag)  # noqa: E731
         bufs = _layers.prefill_scratch(rows, int(lens.max()), scores, keys, H, Hq, Hkv, D, ff, alloc)
@@ -333,6 +333,10 @@ class CachedDecoder:
         info = {"kernel": "llm_prefill_layers", "flops": flops}
         h._producer = _launch(lambda _packs=packs: _layers.prefill_layers(*args), "Prefill", info)
         return True
+
+    def _norm_weights(self) -> np.ndarray:
+        """(layers, 2, H) float32: each layer's two RMSNorm weights, as the one-call kernels take them."""
+        return np.stack([np.stack([p.ln1.numpy(), p.ln2.numpy()]) for p in self.layers])
 
     def _layer_panels(self, rows: int) -> list | None:
         """Each layer's MKL panels for ``rows``-row products, (q/k/v stacked, o, gate/up stacked,
@@ -757,7 +761,7 @@ class _DecodeStep:
         """``(rows, fns) ->`` the arguments of :func:`opsnn.llm.fused.layers_step` (every layer's
         four regions in one call, no Python between them) over this step's buffers."""
         dec, L = self.dec, len(self.dec.layers)
-        lns = np.stack([np.stack([p.ln1.numpy(), p.ln2.numpy()]) for p in dec.layers])
+        lns = dec._norm_weights()
         ws = tuple(tuple(arr[j : 7 * L : 7]) for j in range(7))
         kts, vcs = tuple(dec.cache._k), tuple(dec.cache._v)
         return lambda rows, fns: (
@@ -788,7 +792,7 @@ class _DecodeStep:
         if packs is None:
             return False
         panels = np.array([[w.addr for w in ps] for ps in packs], np.int64)
-        norms = np.stack([np.stack([p.ln1.numpy(), p.ln2.numpy()]) for p in dec.layers])
+        norms = dec._norm_weights()
         ff = cfg.intermediate_size
         bufs = _layers.decode_scratch(R, H, Hq, Hkv, D, ff, lambda shape, tag: _alloc_array(shape, _F32, tag))
         head = (hv.reshape(R, H), norms, float(dec.eps), panels, Hq, Hkv, D, ff, dec.cos.numpy(), dec.sin.numpy())
