@@ -893,6 +893,28 @@ def test_epilogue_row_bias(rng, act, resid, rows):
         np.testing.assert_allclose(got, _act_oracle(v, act, 0.0, 0.0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("act", ["Gelu", "Swish", "LeakyRelu"])
+@pytest.mark.parametrize("resid", [False, True])
+def test_epilogue_rows_longer_than_the_scratch_block(rng, act, resid):
+    # a row of a vectorized activation goes through the scratch in blocks: every block gets its
+    # own columns' bias and residual, the last (short) one included
+    from opsnn.kernels.cpu import activation as KA
+
+    rows, cols = 5, 2 * KA.SCRATCH + 37
+    y = rand(rng, (rows, cols)).astype(np.float32)
+    y[1, KA.SCRATCH + 3] = np.nan
+    b = rand(rng, (cols,)).astype(np.float32)
+    rb = rand(rng, (2,)).astype(np.float32)
+    z = rand(rng, (rows, cols)).astype(np.float32) if resid else None
+    v = y.astype(np.float64) + b + np.resize(rb, rows)[:, None] + (0 if z is None else z)
+    parallel, serial = KF.rows_kernels(KF.ACTIVATIONS[act])
+    zz = np.empty((0, 0), np.float32) if z is None else z
+    for run in (parallel, serial):
+        got = y.copy()
+        run(got, b, rb, zz, 0.3, 0.0)
+        np.testing.assert_allclose(got, _act_oracle(v, act, 0.3, 0.0), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("act", sorted(KF.ACTIVATIONS))
 @pytest.mark.parametrize("bias,resid", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

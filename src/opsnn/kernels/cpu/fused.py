@@ -79,8 +79,9 @@ def epilogue_adds(y, bias, rbias, z, r):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def epilogue_act(row, code, op, alpha, beta):
-    """The activation ``code`` in place on one row (``op``: its activation kernels' code)."""
+def epilogue_act(row, code, alpha, beta):
+    """The activation ``code`` in place on one row: Relu and Clip, written inline (the others run
+    :func:`epilogue_span_row`)."""
     cols = row.size
     if code == 1:
         for c in range(cols):
@@ -91,8 +92,39 @@ def epilogue_act(row, code, op, alpha, beta):
         hi = row.dtype.type(beta)
         for c in range(cols):
             row[c] = min(max(row[c], lo), hi)
-    elif code != 0:  # in place: chunk_const runs it through a scratch block, vectorized
-        A.chunk_const(op, row, row, 0, cols, row.dtype.type(alpha), row.dtype.type(beta))
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def epilogue_span_row(y, bias, rbias, z, r, op, alpha, beta):
+    """Row ``r`` of the epilogue for an activation with a vectorized loop (``op``, a constant):
+    per block of the row, the adds into a scratch block, then the activation from the scratch
+    back into the row. One pass fewer than adds in place then the activation through a scratch
+    (the loop cannot vectorize in place), and the same sums as :func:`epilogue_adds`."""
+    row = y[r]
+    cols = row.size
+    rb = rbias[r % rbias.size] if rbias.size > 0 else row.dtype.type(0)
+    has_b, has_z = bias.size > 0, z.size > 0
+    tmp = np.empty(min(A.SCRATCH, cols), y.dtype)
+    for s in range(0, cols, A.SCRATCH):
+        e = min(s + A.SCRATCH, cols)
+        t = tmp[: e - s]
+        seg = row[s:e]
+        if has_b and has_z:
+            bs, zs = bias[s:e], z[r, s:e]
+            for c in range(e - s):
+                t[c] = seg[c] + (bs[c] + zs[c] + rb)
+        elif has_b:
+            bs = bias[s:e]
+            for c in range(e - s):
+                t[c] = seg[c] + (bs[c] + rb)
+        elif has_z:
+            zs = z[r, s:e]
+            for c in range(e - s):
+                t[c] = seg[c] + (zs[c] + rb)
+        else:
+            for c in range(e - s):
+                t[c] = seg[c] + rb
+        A.chunk_const(op, t, seg, 0, e - s, y.dtype.type(alpha), y.dtype.type(beta))
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -122,16 +154,27 @@ def rows_kernels(code: int) -> tuple:
     z of size 0 mean absent), rows in parallel or on the calling thread. ``code`` is a constant
     in them, so numba compiles that activation alone (a run-time code compiled all sixteen)."""
     op = int(_MAP_OP[code])
+    if code in (0, ACTIVATIONS["Relu"], CLIP):  # activations written inline: adds then the activation in place
 
-    def parallel(y, bias, rbias, z, alpha, beta):
-        for r in nb.prange(y.shape[0]):
-            epilogue_adds(y, bias, rbias, z, r)
-            epilogue_act(y[r], code, op, alpha, beta)
+        def parallel(y, bias, rbias, z, alpha, beta):
+            for r in nb.prange(y.shape[0]):
+                epilogue_adds(y, bias, rbias, z, r)
+                epilogue_act(y[r], code, alpha, beta)
 
-    def serial(y, bias, rbias, z, alpha, beta):
-        for r in range(y.shape[0]):
-            epilogue_adds(y, bias, rbias, z, r)
-            epilogue_act(y[r], code, op, alpha, beta)
+        def serial(y, bias, rbias, z, alpha, beta):
+            for r in range(y.shape[0]):
+                epilogue_adds(y, bias, rbias, z, r)
+                epilogue_act(y[r], code, alpha, beta)
+
+    else:  # the activation kernels' loops: through a scratch block (epilogue_span_row)
+
+        def parallel(y, bias, rbias, z, alpha, beta):
+            for r in nb.prange(y.shape[0]):
+                epilogue_span_row(y, bias, rbias, z, r, op, alpha, beta)
+
+        def serial(y, bias, rbias, z, alpha, beta):
+            for r in range(y.shape[0]):
+                epilogue_span_row(y, bias, rbias, z, r, op, alpha, beta)
 
     # distinct names: numba's cache files are named by them (the code and lines are shared)
     name = _NAMES[code]
