@@ -537,3 +537,34 @@ def test_gemm_kernel_head_strided_3d_layout(rng, B, H, Hkv, L, S, E, Ev, masked)
             np.testing.assert_allclose(y2, y, rtol=1e-6, atol=1e-6)
     (y4,) = run([q4, k4, v4] + ([bias] if masked else []), {}, algo="attention_gemm")
     np.testing.assert_allclose(y4, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_masked_softmax_rows_across_heads_and_batches(rng, parallel):
+    # the kernel walks rows by counters (query, head, batch) and in blocks of SOFTMAX_TASK_ROWS
+    # that cross heads and batches: every row gets its own batch's mask, length and offset
+    from opsnn.kernels.cpu import attention as KA
+
+    B, H, Sq, T = 3, 2, 21, 19
+    s = rand(rng, B, H, Sq, T) * 4
+    s[1, 0, 5, 2] = np.nan
+    mask = np.where(rng.random((B, 1, Sq, T)) < 0.2, -np.inf, 0).astype(np.float32)
+    kvlen, off = np.array([19, 7, 0], np.int64), np.array([0, 3, 0], np.int64)
+    got, lse = s.copy(), np.zeros(B * H * Sq, np.float32)
+    KA.masked_softmax(got, mask, True, kvlen, off, True, -1, -1, np.float32(0.5), np.float32(0), parallel, lse)
+    x = s.astype(np.float64) * 0.5 + mask
+    keys, q = np.arange(T), np.arange(Sq)
+    allowed = (keys[None, None, :] < kvlen[:, None, None]) & (
+        keys[None, None, :] <= q[None, :, None] + off[:, None, None]
+    )
+    x = np.where(allowed[:, None], x, -np.inf)
+    with np.errstate(all="ignore"):
+        m = x.max(-1, keepdims=True)
+        e = np.exp(x - np.where(np.isfinite(m), m, 0))
+        want = np.where(np.isfinite(m), e / e.sum(-1, keepdims=True), 0)
+        want_lse = np.where(np.isfinite(m), m + np.log(e.sum(-1, keepdims=True)), -np.inf)[..., 0]
+    want[1, 0, 5] = np.where(allowed[1, 5], np.nan, 0)  # a NaN score makes its row's attended keys NaN
+    want_lse[1, 0, 5] = np.nan
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lse.reshape(B, H, Sq), want_lse, rtol=1e-5, atol=1e-5)
+    assert (got[2] == 0).all()  # a batch with no key: zeros

@@ -293,17 +293,24 @@ def row_max(seg):
     return m
 
 
-@nb.njit(nogil=True, cache=True, fastmath=_FM)
-def _softmax_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse):
-    """Row ``r`` of the (B, Hq, Sq, T) scores in place (:func:`_softmax_vec`); its logsumexp into
-    ``lse[r]`` when ``has_lse``."""
-    B, Hq, Sq, T = s.shape
-    i = r % Sq
-    h = (r // Sq) % Hq
-    b = r // (Sq * Hq)
-    m = _softmax_vec(s[b, h, i], b, h, i, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
-    if has_lse:
-        lse[r] = m
+@nb.njit(nogil=True, cache=True)
+def _softmax_rows(s, b, h, i, n, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse):
+    """``n`` consecutive rows of the (B, Hq, Sq, T) scores in place (:func:`_softmax_vec`), from
+    query ``i`` of head ``h``, batch ``b`` on (past a head's last query, to the next head's
+    first); each row's logsumexp into the flat ``lse`` when ``has_lse``. The position is kept as
+    counters: three divisions a row cost a third of a 128-key row's softmax."""
+    Hq, Sq = s.shape[1], s.shape[2]
+    for _ in range(n):
+        m = _softmax_vec(s[b, h, i], b, h, i, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap)
+        if has_lse:
+            lse[(b * Hq + h) * Sq + i] = m
+        i += 1
+        if i == Sq:
+            i = 0
+            h += 1
+            if h == Hq:
+                h = 0
+                b += 1
 
 
 @nb.njit(nogil=True, cache=True, fastmath=_FM)
@@ -380,16 +387,49 @@ def _softmax_vec(row, b, h, i, mask, has_mask, kvlen, offset, causal, left, righ
     return rowmax + np.float32(math.log(tot)) if tot > 0 else np.float32(np.nan) if tot != tot else rowmax
 
 
+#: rows of the scores per task of the parallel masked softmax
+SOFTMAX_TASK_ROWS = 16
+
+
+@nb.njit(nogil=True, cache=True)
+def _softmax_block(t, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse):
+    # rows [16 t, 16 t + 16) of the (B * Hq * Sq) rows
+    B, Hq, Sq = s.shape[0], s.shape[1], s.shape[2]
+    r = t * SOFTMAX_TASK_ROWS
+    n = min(SOFTMAX_TASK_ROWS, B * Hq * Sq - r)
+    i, bh = r % Sq, r // Sq
+    _softmax_rows(
+        s, bh // Hq, bh % Hq, i, n, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse
+    )
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _softmax_parallel(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse):
-    for r in nb.prange(s.shape[0] * s.shape[1] * s.shape[2]):
-        _softmax_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse)
+    rows = s.shape[0] * s.shape[1] * s.shape[2]
+    for t in nb.prange((rows + SOFTMAX_TASK_ROWS - 1) // SOFTMAX_TASK_ROWS):
+        _softmax_block(t, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse)
 
 
 @nb.njit(nogil=True, cache=True)
 def _softmax_serial(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse):
-    for r in range(s.shape[0] * s.shape[1] * s.shape[2]):
-        _softmax_row(r, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse)
+    _softmax_rows(
+        s,
+        0,
+        0,
+        0,
+        s.shape[0] * s.shape[1] * s.shape[2],
+        mask,
+        has_mask,
+        kvlen,
+        offset,
+        causal,
+        left,
+        right,
+        scale,
+        softcap,
+        lse,
+        has_lse,
+    )
 
 
 def masked_softmax(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, parallel, lse=None):
@@ -488,10 +528,24 @@ def _gemm_task(
                 hb = max(0, min(hb, (i0 + n if blocked else Sq) + offset[b]))
             if hb > 0:
                 _gemm_rows(q4, k4, sv, b, hk, r, n, hb, fns)
-                for rr in range(r, r + n):
-                    _softmax_row(
-                        r0 + rr, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse
-                    )
+                _softmax_rows(
+                    s,
+                    b,
+                    hk * g + r // Sq,
+                    r % Sq,
+                    n,
+                    mask,
+                    has_mask,
+                    kvlen,
+                    offset,
+                    causal,
+                    left,
+                    right,
+                    scale,
+                    softcap,
+                    lse,
+                    has_lse,
+                )
             elif has_lse:  # no key: the rows' logsumexp is -inf
                 for rr in range(r, r + n):
                     lse[r0 + rr] = np.float32(-np.inf)
