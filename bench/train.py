@@ -48,7 +48,7 @@ import opsnn  # before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap 
 # isort: split
 import numpy as np
 
-from opsnn import nn, ops
+from opsnn import nn
 from opsnn.tools.text import table as _table
 
 MODELS = ("resnet", "bert", "llama")
@@ -143,7 +143,7 @@ def make_batch(spec: Spec):
 
 def opsnn_logits(spec: Spec, model, x):
     if spec.model == "llama":
-        return ops.reshape(model(x)[0], (-1, spec.vocab))
+        return model(x)[0].reshape(-1, spec.vocab)  # a view, as torch_logits's
     return model(opsnn.tensor(x) if spec.model == "resnet" and not isinstance(x, opsnn.Tensor) else x)
 
 

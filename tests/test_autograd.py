@@ -1212,3 +1212,25 @@ def test_post_accumulate_grad_hooks_fire_once_per_leaf_in_backward_order_then_qu
         ops.relu(w1).register_post_accumulate_grad_hook(lambda t: None)
     with pytest.raises(opsnn.errors.ParamInvalidError, match="does not require grad"):
         opsnn.tensor(x).register_post_accumulate_grad_hook(lambda t: None)
+
+
+def test_reshape_view_backward_is_a_view_and_never_aliases_a_users_gradient():
+    # the gradient of a reshape view flows back as a view (no Reshape kernel copies it), and a
+    # leaf's .grad made from it is still its own storage, not the caller's gradient tensor
+    from opsnn.tools.profiler import profile
+
+    w = opsnn.Tensor(_rand((4, 6)).astype(np.float32))
+    w.requires_grad_(True)
+    y = (w * 3.0).reshape(2, 12)
+    with profile() as p:
+        y.backward(opsnn.Tensor(np.ones((2, 12), np.float32)))
+    assert [k.op for k in p.kernels if k.op == "Reshape"] == []
+    np.testing.assert_array_equal(w.grad.numpy(), np.full((4, 6), 3.0, np.float32))
+
+    x = opsnn.Tensor(_rand((3, 4)).astype(np.float32))
+    x.requires_grad_(True)
+    g = opsnn.Tensor(_rand((12,)).astype(np.float32))
+    x.reshape(12).backward(g)
+    want = g.numpy().reshape(3, 4).copy()
+    g.numpy()[:] = 0  # the caller reuses its buffer
+    np.testing.assert_array_equal(x.grad.numpy(), want)

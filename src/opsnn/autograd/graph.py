@@ -339,9 +339,8 @@ def _backward(self, gradient=None, retain_graph=None, create_graph: bool = False
 
 
 def _view_backward_reshape(src_shape):
-    from .. import ops
-
-    return lambda g: ops.reshape(g, src_shape)
+    # a view of the gradient where its layout allows, as the forward was (the Reshape op copies)
+    return lambda g: g.reshape(src_shape)
 
 
 def _index_backward(src: Tensor, index):
