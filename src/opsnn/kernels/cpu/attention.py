@@ -393,7 +393,7 @@ SOFTMAX_TASK_ROWS = 16
 
 @nb.njit(nogil=True, cache=True)
 def _softmax_block(t, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse):
-    # rows [16 t, 16 t + 16) of the (B * Hq * Sq) rows
+    # task t: rows [t, t + 1) * SOFTMAX_TASK_ROWS of the B * Hq * Sq rows, across heads and batches
     B, Hq, Sq = s.shape[0], s.shape[1], s.shape[2]
     r = t * SOFTMAX_TASK_ROWS
     n = min(SOFTMAX_TASK_ROWS, B * Hq * Sq - r)
