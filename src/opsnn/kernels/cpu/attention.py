@@ -903,57 +903,50 @@ def flash_tiles(B: int, Hq: int, Sq: int, threads: int) -> tuple[int, int]:
 
 # -- rotary embedding -----------------------------------------------------------------------------
 @nb.njit(nogil=True, cache=True)
-def _rotary_row(x, cos, sin, y, bnsd, interleaved, rot, b, s, n):
+def _rotary_position(x2, cr, sr, y2, interleaved, rot):
+    # the (N, Dh) heads of one position, its first rot dims rotated in pairs (interleaved or
+    # halves), the rest copied; views made once per position, not per head (a view costs its
+    # reference count), the inner loops on unit strides where x is contiguous
     half = rot // 2
-    Dh = x.shape[3]
-    cb = b if cos.shape[0] > 1 else 0
-    for kk in range(half):
-        c = cos[cb, s, kk]
-        sn = sin[cb, s, kk]
+    N, Dh = x2.shape
+    for n in range(N):
         if interleaved:
-            i1, i2 = 2 * kk, 2 * kk + 1
+            for kk in range(half):
+                c, sn = cr[kk], sr[kk]
+                x1, xx = x2[n, 2 * kk], x2[n, 2 * kk + 1]
+                y2[n, 2 * kk] = c * x1 - sn * xx
+                y2[n, 2 * kk + 1] = sn * x1 + c * xx
         else:
-            i1, i2 = kk, kk + half
-        if bnsd:
-            x1, x2 = x[b, n, s, i1], x[b, n, s, i2]
-            y[b, n, s, i1] = c * x1 - sn * x2
-            y[b, n, s, i2] = sn * x1 + c * x2
-        else:
-            x1, x2 = x[b, s, n, i1], x[b, s, n, i2]
-            y[b, s, n, i1] = c * x1 - sn * x2
-            y[b, s, n, i2] = sn * x1 + c * x2
-    for dd in range(rot, Dh):
-        if bnsd:
-            y[b, n, s, dd] = x[b, n, s, dd]
-        else:
-            y[b, s, n, dd] = x[b, s, n, dd]
+            for kk in range(half):
+                c, sn = cr[kk], sr[kk]
+                x1, xx = x2[n, kk], x2[n, kk + half]
+                y2[n, kk] = c * x1 - sn * xx
+                y2[n, kk + half] = sn * x1 + c * xx
+        for dd in range(rot, Dh):
+            y2[n, dd] = x2[n, dd]
+
+
+@nb.njit(nogil=True, cache=True)
+def _rotary_at(x, cos, sin, y, bnsd, interleaved, rot, b, s):
+    cb = b if cos.shape[0] > 1 else 0
+    if bnsd:
+        _rotary_position(x[b, :, s], cos[cb, s], sin[cb, s], y[b, :, s], interleaved, rot)
+    else:
+        _rotary_position(x[b, s], cos[cb, s], sin[cb, s], y[b, s], interleaved, rot)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
 def rotary_parallel(x, cos, sin, y, bnsd, interleaved, rot):
-    if bnsd:
-        B, N, S = x.shape[0], x.shape[1], x.shape[2]
-    else:
-        B, S, N = x.shape[0], x.shape[1], x.shape[2]
-    for t in nb.prange(B * S):
-        r = np.int64(t)
-        b = r // S
-        s = r % S
-        for n in range(N):
-            _rotary_row(x, cos, sin, y, bnsd, interleaved, rot, b, s, n)
+    S = x.shape[2] if bnsd else x.shape[1]
+    for t in nb.prange(x.shape[0] * S):
+        _rotary_at(x, cos, sin, y, bnsd, interleaved, rot, t // S, t % S)
 
 
 @nb.njit(nogil=True, cache=True)
 def rotary_serial(x, cos, sin, y, bnsd, interleaved, rot):
-    if bnsd:
-        B, N, S = x.shape[0], x.shape[1], x.shape[2]
-    else:
-        B, S, N = x.shape[0], x.shape[1], x.shape[2]
-    for r in range(B * S):
-        b = r // S
-        s = r % S
-        for n in range(N):
-            _rotary_row(x, cos, sin, y, bnsd, interleaved, rot, b, s, n)
+    S = x.shape[2] if bnsd else x.shape[1]
+    for t in range(x.shape[0] * S):
+        _rotary_at(x, cos, sin, y, bnsd, interleaved, rot, t // S, t % S)
 
 
 def rotary_numpy(x, cos, sin, y, bnsd, interleaved, rot):

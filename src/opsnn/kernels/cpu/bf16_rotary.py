@@ -1,5 +1,5 @@
 """Rotary position embedding on bfloat16 storage: a task per (batch, position) widens its heads'
-rows into float32 scratch, runs the float32 kernel's row loop on them and rounds them back once
+rows into float32 scratch, runs the float32 kernel's loop over them and rounds them back once
 (what the fp32 adapter gives, without its whole-tensor float32 copies)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .attention import _rotary_row
+from .attention import _rotary_position
 from .gemm import KIND_BF16, _narrow, _widen
 
 
@@ -24,10 +24,7 @@ def _position(x, cos, sin, y, bnsd, interleaved, rot, b, s):
         src = x[b, n, s] if bnsd else x[b, s, n]
         _widen(src, xu[n * Dh : (n + 1) * Dh], xf[n * Dh : (n + 1) * Dh], KIND_BF16)
     cb = b if cos.shape[0] > 1 else 0
-    cs, sn = cos[cb : cb + 1, s : s + 1], sin[cb : cb + 1, s : s + 1]
-    x4, y4 = xf.reshape((1, 1, N, Dh)), yf.reshape((1, 1, N, Dh))
-    for n in range(N):
-        _rotary_row(x4, cs, sn, y4, False, interleaved, rot, 0, 0, n)
+    _rotary_position(xf.reshape((N, Dh)), cos[cb, s], sin[cb, s], yf.reshape((N, Dh)), interleaved, rot)
     for n in range(N):
         dst = y[b, n, s] if bnsd else y[b, s, n]
         _narrow(yf[n * Dh : (n + 1) * Dh], yu[n * Dh : (n + 1) * Dh], dst, KIND_BF16)
