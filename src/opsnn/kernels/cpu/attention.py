@@ -412,24 +412,9 @@ def _softmax_parallel(s, mask, has_mask, kvlen, offset, causal, left, right, sca
 
 @nb.njit(nogil=True, cache=True)
 def _softmax_serial(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse):
-    _softmax_rows(
-        s,
-        0,
-        0,
-        0,
-        s.shape[0] * s.shape[1] * s.shape[2],
-        mask,
-        has_mask,
-        kvlen,
-        offset,
-        causal,
-        left,
-        right,
-        scale,
-        softcap,
-        lse,
-        has_lse,
-    )
+    rows = s.shape[0] * s.shape[1] * s.shape[2]
+    for t in range((rows + SOFTMAX_TASK_ROWS - 1) // SOFTMAX_TASK_ROWS):
+        _softmax_block(t, s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, lse, has_lse)
 
 
 def masked_softmax(s, mask, has_mask, kvlen, offset, causal, left, right, scale, softcap, parallel, lse=None):
