@@ -271,19 +271,32 @@ def bench_conv(args, rng) -> list:
             fns[f"opsnn:{k}"] = f
         blk = _blocked_block()
         if blk and xs[1] % blk == 0 and ws[0] % blk == 0:
-            # the kernels a ResNet graph runs (blocked_layout pass: nChw<blk>c chains), called directly
-            battrs = dict(attrs, src_blocked=1, block=blk)
-            for k, f in _kernel_runners(
-                "BlockedConv", [KB.blocked_reference(x, blk), w, b, None], battrs, {1, 2}, domain="opsnn"
-            ).items():
-                fns[f"{BLOCKED}{k}"] = f
+            # the kernels a ResNet graph runs (blocked_layout pass: nChw<blk>c chains, nhwc from
+            # AVX-512 on), called directly
+            for layout, prefix in ((blk, BLOCKED), (KB.NHWC, NHWC) if blk == 16 else (None, None)):
+                if layout is None:
+                    continue
+                battrs = dict(attrs, src_blocked=1, block=layout)
+                for k, f in _kernel_runners(
+                    "BlockedConv", [KB.blocked_reference(x, layout), w, b, None], battrs, {1, 2}, domain="opsnn"
+                ).items():
+                    fns[f"{prefix}{k}"] = f
         sess = _ort_session(model)
         fns["onnxruntime"] = lambda sess=sess, x=x: sess.run(None, {"x": x})[0]
         fns["numpy"] = lambda: numpy_conv(x, w, s, p, d) + b.reshape(1, -1, 1, 1)
         want = fns["onnxruntime"]()
         errs = {
             k: float(
-                np.abs((KB.plain_reference(f(), blk) if k.startswith(BLOCKED) else f()) - want).max()
+                np.abs(
+                    (
+                        KB.plain_reference(f(), blk)
+                        if k.startswith(BLOCKED)
+                        else KB.plain_reference(f(), KB.NHWC)
+                        if k.startswith(NHWC)
+                        else f()
+                    )
+                    - want
+                ).max()
                 / (np.abs(want).max() or 1)
             )
             for k, f in fns.items()
@@ -350,8 +363,9 @@ def bench_conv(args, rng) -> list:
     return rows
 
 
-#: prefix of the BlockedConv kernels' entries (nChw<b>c in and out, as inside a ResNet graph)
+#: prefixes of the BlockedConv kernels' entries (nChw<b>c / nhwc in and out, as inside a ResNet graph)
 BLOCKED = "opsnn-blocked:"
+NHWC = "opsnn-nhwc:"
 
 
 def _blocked_block() -> int | None:
@@ -373,7 +387,9 @@ def _blocked_table(rows: list) -> None:
     )
     for r in sel:
         a, b = (r["results"][f"{BLOCKED}{k}"]["median_ms"] for k in ("conv_onednn", "conv_winograd_blocked"))
-        print(f"   {r['name']:22s} {a:9.3f} {b:9.3f} (x{a / b:.2f})")
+        c = r["results"].get(f"{NHWC}conv_onednn")
+        nhwc = f"   nhwc (oneDNN brgconv) {c['median_ms']:9.3f}" if c else ""
+        print(f"   {r['name']:22s} {a:9.3f} {b:9.3f} (x{a / b:.2f}){nhwc}")
 
 
 def _winograd_table(rows: list) -> None:

@@ -171,13 +171,15 @@ def test_info_says_which_library_runs_threaded_gemms(capsys, monkeypatch):
 
 def test_info_says_whether_onednn_is_used(capsys, monkeypatch):
     from opsnn import cli
+    from opsnn.kernels.cpu import blocked as KB
+    from opsnn.kernels.cpu import libraries as KL
     from opsnn.kernels.cpu import onednn
 
     assert cli.main(["info"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("blocked convolutions"))
     assert ("oneDNN 3." in line) == (onednn.unavailable() is None)
     if onednn.unavailable() is None:
-        assert line.endswith(f"on nChw{onednn.block()}c")
+        assert line.endswith(f"on {KB.layout_name(KL.conv_chain_layout().block)}")
     monkeypatch.setattr(onednn, "_looked", True)
     monkeypatch.setattr(onednn, "_why", "disabled by OPSNN_ONEDNN=0")
     assert cli.main(["info"]) == 0

@@ -12,6 +12,7 @@ import opsnn
 from opsnn.errors import OpsnnError
 from opsnn.graph import Graph, Node, Value, passes
 from opsnn.kernels.cpu import blocked as KB
+from opsnn.kernels.cpu import libraries as KL
 from opsnn.kernels.cpu import onednn as KD
 from opsnn.ops import run_op
 from opsnn.ops.executor import plan_op
@@ -20,8 +21,10 @@ from opsnn.ops.registry import TensorMeta, get_op
 needs_onednn = pytest.mark.skipif(KD.unavailable() is not None, reason=f"oneDNN: {KD.unavailable()}")
 needs_bf16 = pytest.mark.skipif(KD.bf16_unavailable() is not None, reason=f"oneDNN bf16: {KD.bf16_unavailable()}")
 BF16 = opsnn.dtypes.bfloat16
-#: the block the pass uses on this machine (tests that do not depend on it use 16)
-BLOCK = KD.block() or 16
+#: the layout the pass uses on this machine (16, 8, or 0: nhwc; tests that do not depend on it use 16)
+BLOCK = 16 if isinstance(KL.conv_chain_layout(), str) else KL.conv_chain_layout().block
+#: bfloat16 chains keep the nChw<b>c layout
+BF16_BLOCK = KD.block() or 16
 
 
 def _f32(rng, *shape, scale=1.0):
@@ -29,17 +32,20 @@ def _f32(rng, *shape, scale=1.0):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("block", KB.BLOCKS)
+@pytest.mark.parametrize("block", KB.LAYOUTS)
 @pytest.mark.parametrize(
-    "shape", [(2, 32, 5, 7), (1, 16, 1, 1), (3, 48, 4, 3), (3, 0, 4, 5), (0, 16, 2, 2), (2, 16, 0, 3)]
-)  # empty: an empty result
+    "shape", [(2, 32, 5, 7), (1, 16, 1, 1), (3, 48, 4, 3), (2, 32, 20, 17), (3, 0, 4, 5), (0, 16, 2, 2), (2, 16, 0, 3)]
+)  # (2, 32, 20, 17): nhwc tasks of NHWC_PIXELS pixels, two per image; empty: an empty result
 def test_to_and_from_blocked_match_numpy_transposes(rng, shape, block, dtype):
     x = _f32(rng, *shape).astype(opsnn.dtypes.get(dtype))
     b = run_op("ToBlocked", [x], {"block": block}, domain="opsnn")[0].numpy()
     # element (n, c, h, w) sits at ((n, c // b, h, w, c % b)) of the (N, C/b, H, W, b) array
     n, c, h, w = shape
-    want = x.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2)
-    np.testing.assert_array_equal(b.reshape(want.shape), want)
+    if block == KB.NHWC:  # element (n, c, h, w) sits at (n, h, w, c)
+        np.testing.assert_array_equal(b.reshape(n, h, w, c), x.transpose(0, 2, 3, 1))
+    else:
+        want = x.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2)
+        np.testing.assert_array_equal(b.reshape(want.shape), want)
     np.testing.assert_array_equal(KB.blocked_reference(x, block), b)
     back = run_op("FromBlocked", [b], {"block": block}, domain="opsnn")[0].numpy()
     assert b.dtype == back.dtype == x.dtype
@@ -50,7 +56,7 @@ def test_blocking_needs_a_multiple_of_the_block_and_a_known_block(rng):
     with pytest.raises(OpsnnError, match="multiple of 16"):
         run_op("ToBlocked", [_f32(rng, 1, 24, 3, 3)], domain="opsnn")
     run_op("ToBlocked", [_f32(rng, 1, 24, 3, 3)], {"block": 8}, domain="opsnn")
-    with pytest.raises(OpsnnError, match=r"block=4 is not one of \(8, 16\)"):
+    with pytest.raises(OpsnnError, match=r"block=4 is not one of \(0, 8, 16\)"):
         run_op("ToBlocked", [_f32(rng, 1, 24, 3, 3)], {"block": 4}, domain="opsnn")
     with pytest.raises(ValueError, match="C-contiguous output"):
         KB.to_blocked(_f32(rng, 1, 16, 4, 4), np.empty((1, 16, 4, 8), np.float32)[..., ::2], 16)
@@ -94,7 +100,7 @@ ACTS = [
 
 
 @needs_onednn
-@pytest.mark.parametrize("block", KB.BLOCKS)
+@pytest.mark.parametrize("block", KB.LAYOUTS)
 @pytest.mark.parametrize("case", range(len(CONV_CASES)))
 @pytest.mark.parametrize("bias,residual", [(True, False), (False, True), (True, True), (False, False)])
 def test_blocked_conv_on_onednn_matches_the_conv_reference(rng, case, bias, residual, block):
@@ -113,13 +119,13 @@ def test_blocked_conv_on_onednn_matches_the_conv_reference(rng, case, bias, resi
     xin = KB.blocked_reference(x, block) if src_blocked else x
     out, want, plan, chosen = _run_kernel("BlockedConv", "conv_onednn", [xin, w, b, z], [None, w, None, None], attrs)
     assert chosen == "conv_onednn"
-    assert "oneDNN" in plan.describe() and f"-> nChw{block}c" in plan.describe()
+    assert "oneDNN" in plan.describe() and f"-> {KB.layout_name(block)}" in plan.describe()
     tol = 2e-5 * (xs[1] * kh * kw) ** 0.5
     np.testing.assert_allclose(out, want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()))
 
 
 @needs_onednn
-@pytest.mark.parametrize("block", KB.BLOCKS)
+@pytest.mark.parametrize("block", KB.LAYOUTS)
 @pytest.mark.parametrize(
     "attrs",
     [
@@ -136,7 +142,7 @@ def test_blocked_max_pool_matches_the_max_pool_reference(rng, attrs, block):
 
 
 @pytest.mark.parametrize("kernel", ["global_avg_pool_blocked_numba", "global_avg_pool_blocked_numpy"])
-@pytest.mark.parametrize("block", KB.BLOCKS)
+@pytest.mark.parametrize("block", KB.LAYOUTS)
 @pytest.mark.parametrize("shape", [(2, 32, 7, 7), (1, 16, 1, 1), (1, 48, 5, 9), (3, 16, 64, 96)])  # last: parallel
 def test_blocked_global_average_pool_matches_the_plain_reference(rng, shape, block, kernel):
     x = _f32(rng, *shape, scale=3.0) + 100.0  # a large common offset: float32 sums would drift
@@ -149,8 +155,17 @@ def test_blocked_global_average_pool_matches_the_plain_reference(rng, shape, blo
     np.testing.assert_allclose(out, x.astype(np.float64).mean(axis=(2, 3), keepdims=True), rtol=1e-6)
     if shape[0] > 1:
         assert np.isnan(out[1, 5, 0, 0]) and np.isfinite(np.delete(out.reshape(-1), shape[1] + 5)).all()
-    with pytest.raises(OpsnnError):
-        run_op("BlockedGlobalAveragePool", [_f32(rng, 1, 12, 3, 3)], {"block": block})  # 12 channels: not blockable
+    if block == KB.NHWC:  # nhwc takes any channel count
+        np.testing.assert_allclose(
+            run_op(
+                "BlockedGlobalAveragePool", [KB.blocked_reference(x[:1, :12], block)], {"block": block}, domain="opsnn"
+            )[0].numpy(),
+            x[:1, :12].astype(np.float64).mean(axis=(2, 3), keepdims=True),
+            rtol=1e-6,
+        )
+    else:
+        with pytest.raises(OpsnnError, match=f"multiple of {block}"):  # 12 channels: not blockable
+            run_op("BlockedGlobalAveragePool", [_f32(rng, 1, 12, 3, 3)], {"block": block}, domain="opsnn")
 
 
 def _bf16(a):
@@ -170,15 +185,20 @@ def test_bfloat16_blocked_conv_matches_the_float32_reference_on_the_same_values(
     b = _bf16(_f32(rng, m)) if bias else None
     act, alpha, beta = ACTS[(case * 4 + 2 * bias + residual) % len(ACTS)]
     attrs = dict(
-        attrs, activation=act, activation_alpha=alpha, activation_beta=beta, src_blocked=int(src_blocked), block=BLOCK
+        attrs,
+        activation=act,
+        activation_alpha=alpha,
+        activation_beta=beta,
+        src_blocked=int(src_blocked),
+        block=BF16_BLOCK,
     )
     out_shape = run_op(
         "Conv",
         [x.astype(np.float32), w.astype(np.float32)],
         {k: v for k, v in attrs.items() if k in ("pads", "strides", "dilations", "auto_pad")},
     )[0].shape
-    z = _bf16(KB.blocked_reference(_f32(rng, *out_shape), BLOCK)) if residual else None
-    xin = KB.blocked_reference(x, BLOCK) if src_blocked else x
+    z = _bf16(KB.blocked_reference(_f32(rng, *out_shape), BF16_BLOCK)) if residual else None
+    xin = KB.blocked_reference(x, BF16_BLOCK) if src_blocked else x
     ins = [xin, w, b, z]
     rec = get_op("BlockedConv", "opsnn")
     planned = plan_op(
@@ -198,8 +218,8 @@ def test_bfloat16_blocked_conv_matches_the_float32_reference_on_the_same_values(
 
 @needs_bf16
 def test_bfloat16_blocked_max_pool_is_exact_and_dtypes_must_agree(rng):
-    x = KB.blocked_reference(_bf16(_f32(rng, 1, 32, 9, 10)), BLOCK)
-    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "block": BLOCK}
+    x = KB.blocked_reference(_bf16(_f32(rng, 1, 32, 9, 10)), BF16_BLOCK)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "block": BF16_BLOCK}
     got = run_op("BlockedMaxPool", [x], attrs, domain="opsnn")[0].numpy()
     want = get_op("BlockedMaxPool", "opsnn").reference(
         [x.astype(np.float32)], get_op("BlockedMaxPool", "opsnn").bind_attrs(attrs)
@@ -207,7 +227,7 @@ def test_bfloat16_blocked_max_pool_is_exact_and_dtypes_must_agree(rng):
     assert got.dtype == BF16
     np.testing.assert_array_equal(got.astype(np.float32), want)  # max commutes with rounding
     with pytest.raises(OpsnnError, match="W is float32 but X is bfloat16; W must be bfloat16 too"):
-        run_op("BlockedConv", [x, _f32(rng, 16, 32, 1, 1)], {"block": BLOCK}, domain="opsnn")
+        run_op("BlockedConv", [x, _f32(rng, 16, 32, 1, 1)], {"block": BF16_BLOCK}, domain="opsnn")
 
 
 def test_blocked_conv_without_a_constant_weight_is_not_run_on_onednn(rng):
@@ -321,7 +341,7 @@ def test_pass_blocks_outside_inputs_once_and_unblocks_values_read_outside(rng):
     # x feeds two convs through one ToBlocked; y and the extra output br are unblocked
     assert types.count("opsnn::ToBlocked") == 1 and types.count("opsnn::FromBlocked") == 2
     names = {o for n in cg.graph.nodes for o in n.outputs}
-    assert "br" in names and "y" in names and any(o.endswith(f"_nChw{BLOCK}c") for o in names)
+    assert "br" in names and "y" in names and any(o.endswith(f"_{KB.layout_name(BLOCK)}") for o in names)
     assert {n.attrs["block"] for n in cg.graph.nodes if n.domain == "opsnn" and "Blocked" in n.op_type} == {BLOCK}
 
 
@@ -376,6 +396,7 @@ def test_pass_runs_a_bfloat16_chain_on_onednn_with_the_pool_between_casts_in_bf1
     types = _types(cg)
     assert types.count("opsnn::BlockedConv") == 5 and "opsnn::BlockedMaxPool" in types, types
     assert "MaxPool" not in types and "opsnn::BlockedConv" not in _types(plain)
+    assert {n.attrs["block"] for n in cg.graph.nodes if "Blocked" in n.op_type} == {BF16_BLOCK}  # not nhwc
     pool = next(n for n in cg.graph.nodes if n.op_type == "BlockedMaxPool")
     assert cg.graph.value(pool.inputs[0]).dtype == BF16 and cg.graph.value(pool.outputs[0]).dtype == BF16
     res = next(r for r in cg.pass_report.results if r.name == "blocked_layout")
@@ -388,6 +409,37 @@ def test_pass_runs_a_bfloat16_chain_on_onednn_with_the_pool_between_casts_in_bf1
         # the same bf16 arithmetic up to float32 summation order and one bf16 rounding
         np.testing.assert_allclose(o, ref[k].numpy(), rtol=2**-7, atol=2**-7 * np.abs(v).max())
         np.testing.assert_allclose(o, v, rtol=3e-2, atol=3e-2 * np.abs(v).max())
+
+
+@needs_onednn
+def test_an_nhwc_chain_stem_reorders_its_plain_input_in_the_workspace(rng):
+    """A plain 3-channel X starting an nhwc chain: oneDNN's direct kernel on a source layout it chose (its
+    code for an NCHW source with an nhwc destination is ref:any), X reordered into the caller's workspace
+    (a temporary buffer without one); NaN and Inf in X come out as a direct convolution's, through the
+    post-op-free primitive, which reorders X too."""
+    w, b = _f32(rng, 32, 3, 7, 7, scale=0.2), _f32(rng, 32)
+    prim = KD.ConvPrimitive(
+        (2, 3, 23, 23), w, (2, 32, 12, 12), (2, 2), (3, 3, 3, 3), (1, 1),
+        block=KB.NHWC, src_blocked=False, has_bias=True, residual=False, act=1,
+    )  # fmt: skip
+    assert not prim.impl.startswith("ref") and prim.workspace_bytes >= 2 * 3 * 23 * 23 * 4
+    rec = get_op("BlockedConv", "opsnn")
+    attrs = rec.bind_attrs(
+        {"pads": [3, 3, 3, 3], "strides": [2, 2], "activation": "Relu", "src_blocked": 0, "block": KB.NHWC}
+    )
+    x = _f32(rng, 2, 3, 23, 23)
+    for bad in (False, True):
+        if bad:
+            x[0, 1, 4, 5], x[1, 2, 20, 20], x[1, 0, 0, 0] = np.nan, np.inf, -np.inf
+        want = rec.reference([x, w, b], attrs)
+        eager = np.full((2, 32, 12, 12), 7.0, np.float32)
+        prim(x, b, None, eager)
+        bound = np.full((2, 32, 12, 12), 7.0, np.float32)
+        prim.bind(x, b, None, bound, ws=np.empty(prim.workspace_bytes, np.uint8))()
+        for got in (eager, bound):
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.nanmax(np.abs(want)))
+    assert np.isnan(want).any() and np.isinf(want).any()
 
 
 @needs_onednn
@@ -454,8 +506,8 @@ def test_pass_refuses_convs_onednn_would_run_with_its_reference_code(rng, monkey
 @pytest.mark.isa_portable
 def test_resnet_shapes_all_have_jit_kernels():
     """The probe the pass uses: ResNet-50's stem (plain X) and a blocked 3x3 with residual + ReLU."""
-    # nChw8c runs on oneDNN's AVX2 code, also on an AVX-512 CPU; nChw16c needs AVX-512
-    for block in [b for b in KB.BLOCKS if b <= KD.block()]:
+    # nChw8c runs on oneDNN's AVX2 code, also on an AVX-512 CPU; nChw16c and nhwc need AVX-512
+    for block in [8] + ([16, KB.NHWC] if KD.block() == 16 else []):
         assert KD.conv_impl(
             (1, 3, 224, 224),
             (64, 3, 7, 7),
@@ -468,7 +520,7 @@ def test_resnet_shapes_all_have_jit_kernels():
             has_bias=True,
             act=1,
         ).startswith("jit")
-        assert not KD.conv_impl(
+        impl = KD.conv_impl(
             (1, 64, 56, 56),
             (64, 64, 3, 3),
             (1, 64, 56, 56),
@@ -479,7 +531,10 @@ def test_resnet_shapes_all_have_jit_kernels():
             src_blocked=True,
             residual=True,
             act=1,
-        ).startswith("ref")
+        )
+        assert not impl.startswith("ref")
+        if block == KB.NHWC:  # why chains run nhwc on AVX-512: oneDNN's brgemm convolutions take it
+            assert impl.startswith("brgconv"), impl
 
 
 _AVX2_SCRIPT = """

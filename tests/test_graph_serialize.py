@@ -118,18 +118,19 @@ def test_persisted_cache_is_keyed_by_the_mixed_precision_policy(tmp_path, rng):
 
 
 def test_persisted_cache_is_keyed_by_the_blocked_layout_this_cpu_uses(tmp_path, rng, monkeypatch):
-    # a graph the blocked-layout pass rewrote for nChw16c must not be reloaded where oneDNN
+    # a graph the blocked-layout pass rewrote for nhwc or nChw16c must not be reloaded where oneDNN
     # blocks by 8 (an AVX2 CPU, ONEDNN_MAX_CPU_ISA) or is off (its BlockedConv would have no kernel)
     from opsnn.graph.blocked_layout import machine_key
-    from opsnn.kernels.cpu import onednn
+    from opsnn.kernels.cpu import libraries as KL
 
     cache = str(tmp_path / "cache")
     cg = opsnn.compile(_graph(), cache_dir=cache)
     cg.run({"x": rng.standard_normal((2, 3, 8, 8)).astype(np.float32)})
     cg.persist()
     here = machine_key()
-    assert here == "plain" or here.startswith("nChw")
-    monkeypatch.setattr(onednn, "block", lambda: 8 if not here.startswith("nChw8c") else 16)
+    assert here == "plain" or here.startswith(("nChw", "nhwc"))
+    other = KL.LayoutChoice(8 if not here.startswith("nChw8c") else 16, "another CPU")
+    monkeypatch.setattr(KL, "conv_chain_layout", lambda: other)
     assert machine_key() != here
     assert not getattr(opsnn.compile(_graph(), cache_dir=cache), "loaded_from_cache", False)
     monkeypatch.undo()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import opsnn
+from opsnn.errors import OpsnnError
 from opsnn.kernels.cpu import libraries as KL
 from opsnn.kernels.cpu import mkl as KM
 from opsnn.kernels.cpu import onednn as KD
@@ -83,6 +84,27 @@ def test_blocked_winograd_gemms_per_isa():
     assert "gemm:jit" in KL.kernel_choice("conv_winograd_blocked", 196, 64, 64, F32, p=amd).reason
 
 
+def test_conv_chain_layout_per_isa(monkeypatch):
+    """Convolution chains run nhwc on Intel from AVX-512 on (oneDNN's brgemm convolutions), nChw16c on other
+    AVX-512 CPUs, nChw8c under AVX2, none without oneDNN or below AVX2; OPSNN_ONEDNN_LAYOUT overrides where
+    the ISA runs the layout, a typo is one error line."""
+    monkeypatch.delenv("OPSNN_ONEDNN_LAYOUT", raising=False)
+    for vendor in (AMD, INTEL):
+        assert KL.conv_chain_layout(KL.Platform.for_isa("avx2", vendor)).block == 8
+        for level in cpu.LEVELS[2:]:
+            c = KL.conv_chain_layout(KL.Platform.for_isa(level, vendor))
+            assert (c.block, "brgemm" in c.reason) == ((0, True) if vendor == INTEL else (16, False))
+        assert isinstance(KL.conv_chain_layout(KL.Platform.for_isa("sse41", vendor)), str)
+        assert "not installed" in KL.conv_chain_layout(KL.Platform.for_isa("avx512", vendor, onednn=False))
+    wide, avx2 = KL.Platform.for_isa("avx512", INTEL), KL.Platform.for_isa("avx2", AMD)
+    for value, on_wide, on_avx2 in (("nChw16c", 16, 8), ("nchw8c", 8, 8), ("NHWC", 0, 0)):
+        monkeypatch.setenv("OPSNN_ONEDNN_LAYOUT", value)
+        assert (KL.conv_chain_layout(wide).block, KL.conv_chain_layout(avx2).block) == (on_wide, on_avx2)
+    monkeypatch.setenv("OPSNN_ONEDNN_LAYOUT", "nchw")
+    with pytest.raises(OpsnnError, match=r"OPSNN_ONEDNN_LAYOUT='nchw': expected nhwc, nChw16c or nChw8c"):
+        KL.conv_chain_layout(wide)
+
+
 @pytest.mark.isa_portable
 def test_blocked_winograd_runs_where_the_isa_in_force_allows():
     """On this machine (or under the ISA cap): a 3x3 stride-1 conv of a blocked chain with enough
@@ -140,6 +162,7 @@ def test_this_machine_matches_the_model_of_its_isa():
         assert (p.onednn_matmul is None) == (model.onednn_matmul is None), (p, model)
         assert (p.onednn_bf16 is None) == (model.onednn_bf16 is None), (p, model)
         assert KD.block() == (16 if cpu.at_least("avx512") else 8)
+        assert p.onednn_block == KL.Platform.for_isa(p.isa, AMD).onednn_block == KD.block()
     assert (p.mkl is None) == (KM.unavailable() is None)
     assert p.gemm_library in ("mkl", "openblas") and KL.gemm_library_why()
     line = KL.summary()

@@ -49,6 +49,13 @@ def _kernel_of_3x3(cg) -> str:
     return lines[1].split("(opsnn::BlockedConv): ")[1].split()[0]
 
 
+@pytest.fixture(autouse=True)
+def blocked_chains(monkeypatch):
+    """Chains on nChw<b>c, where the blocked Winograd kernel runs (on nhwc oneDNN takes every 3x3)."""
+    if KD.block() is not None:
+        monkeypatch.setenv("OPSNN_ONEDNN_LAYOUT", f"nChw{KD.block()}c")
+
+
 @pytest.fixture
 def cold_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("OPSNN_KERNEL_CACHE_DIR", str(tmp_path / "kernels"))

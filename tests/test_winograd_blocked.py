@@ -153,8 +153,10 @@ def test_resnet_stage_shapes_select_it_and_the_others_say_why():
         assert "float32 only" in why[NAME]
 
 
-def test_a_compiled_chain_runs_it_and_agrees_with_the_interpreter(rng):
-    # 1x1 -> 3x3 (Winograd) -> 1x1 + residual, relu: a ResNet bottleneck, at 28x28
+def test_a_compiled_chain_runs_it_and_agrees_with_the_interpreter(rng, monkeypatch):
+    # 1x1 -> 3x3 (Winograd) -> 1x1 + residual, relu: a ResNet bottleneck, at 28x28, on nChw<b>c (on nhwc,
+    # the default from AVX-512 on, oneDNN runs every 3x3)
+    monkeypatch.setenv("OPSNN_ONEDNN_LAYOUT", f"nChw{KD.block()}c")
     c = 32
     init = {
         "w1": _f32(rng, c, c, 1, 1, scale=0.2),

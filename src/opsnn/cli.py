@@ -50,12 +50,17 @@ def cmd_info(args) -> int:
         "packed GEMM for constant weights: "
         + (f"Intel MKL ({mkl.threading_layer()} threads)" if why is None else f"not used ({why})")
     )
-    from .kernels.cpu import onednn
+    from .kernels.cpu import libraries, onednn
+    from .kernels.cpu.blocked import layout_name
 
-    why = onednn.unavailable()
+    lay = libraries.conv_chain_layout()
     print(
         "blocked convolutions: "
-        + (f"oneDNN {onednn.version()} on nChw{onednn.block()}c" if why is None else f"not used ({why})")
+        + (
+            f"oneDNN {onednn.version()} on {layout_name(lay.block)}"
+            if not isinstance(lay, str)
+            else f"not used ({lay})"
+        )
     )
     why = onednn.matmul_unavailable()
     print("constant-weight matmuls: " + ("oneDNN's brgemm matmul" if why is None else f"not on oneDNN ({why})"))

@@ -1,11 +1,12 @@
-"""Layout pass ``blocked_layout``: chains of 2-D convolutions run on channel-blocked
-(``nChw16c`` with AVX-512, ``nChw8c`` with AVX2: the block is :func:`opsnn.kernels.cpu.onednn.block`,
-an attribute of every op the pass writes) activations with oneDNN's JIT convolutions
+"""Layout pass ``blocked_layout``: chains of 2-D convolutions run on channel-blocked activations
+(``nhwc`` on Intel AVX-512 CPUs, ``nChw16c`` on other AVX-512 CPUs and for bfloat16 chains,
+``nChw8c`` with AVX2: :func:`opsnn.kernels.cpu.libraries.conv_chain_layout` decides, and the layout
+is the ``block`` attribute of every op the pass writes, 0 for nhwc) with oneDNN's JIT convolutions
 (:mod:`opsnn.kernels.cpu.onednn`).
 
 Candidates: ``Conv`` / ``FusedConv`` nodes (float32, or bfloat16 where the mixed-precision
 pass made the convolutions bf16; static 4-D shapes, group 1, a constant weight of the input's
-dtype, output channels a multiple of the block, a convolution oneDNN has JIT code for) and
+dtype, output channels a multiple of the block (16 on nhwc), a convolution oneDNN has JIT code for) and
 ``MaxPool`` nodes fed by a candidate (2-D, no dilation, no Indices output; in a bf16 graph the
 pool's Casts to float32 and back are dropped, see :func:`_through_casts`), and float32
 ``GlobalAveragePool`` nodes fed by a candidate. Candidates joined
@@ -17,12 +18,13 @@ by an edge (one's output is another's X or residual Z) form a chain; a chain wit
   reads the blocked value and writes its plain (N, C, 1, 1) output under the original name (a
   classifier's head then needs no ``FromBlocked`` of the last feature map);
 * an input that comes from outside the chain is blocked by one ``opsnn::ToBlocked`` (shared by
-  all its readers), except a conv's X whose channel count is not a multiple of the block (a network's
-  first conv on an RGB image): oneDNN reads that one plain;
+  all its readers), except a conv's X whose channel count is not a multiple of the block (16 on nhwc;
+  a network's first conv on an RGB image): oneDNN reads that one plain (on nhwc reordered by the
+  convolution into the layout its kernel chose);
 * a chain value read outside the chain (or a graph output) gets one ``opsnn::FromBlocked``
   that writes the original value name, so the rest of the graph is unchanged.
 
-Blocked values get new names (``<value>_nChw16c``, ``<value>_nChw8c``): tools that compare intermediate values by
+Blocked values get new names (``<value>_nhwc``, ``<value>_nChw16c``, ``<value>_nChw8c``): tools that compare intermediate values by
 name (precision compare, dumps) never see blocked data under a plain tensor's name.
 A single conv between plain neighbours is left alone: its two reorders would cost more than the
 faster convolution gains.
@@ -33,21 +35,25 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes as _dt
-from ..kernels.cpu.blocked import layout_name
+from ..kernels.cpu import libraries
+from ..kernels.cpu.blocked import NHWC, layout_name
 from .ir import Graph, Node, Value
 
 MIN_CONVS = 2
+#: the channel multiple of an nhwc chain's values (see _vector)
+NHWC_VECTOR = 16
 #: spatial size of the probe a convolution with symbolic spatial dims is asked about
 PROBE_SIZE = 32
 
 
 def machine_key() -> str:
-    """What this pass's rewrite depends on besides the graph: the channel block oneDNN uses here
-    (16, 8, or none) and whether bf16 chains go to oneDNN. Part of the persisted compile cache's
+    """What this pass's rewrite depends on besides the graph: the layout of its chains here
+    (nhwc, nChw16c, nChw8c, or none) and whether bf16 chains go to oneDNN. Part of the persisted compile cache's
     key, so a graph blocked for one CPU (or oneDNN setting) is not reloaded on another."""
     from ..kernels.cpu import onednn
 
-    b = onednn.block()
+    c = libraries.conv_chain_layout()
+    b = None if isinstance(c, str) else c.block
     return "plain" if b is None else f"{layout_name(b)}{'+bf16' if onednn.bf16_unavailable() is None else ''}"
 
 
@@ -82,8 +88,8 @@ def _conv_ok(graph: Graph, n: Node, block: int) -> str | None:
         return f"2-D weight of the input's dtype ({np.dtype(x.dtype)}) only"
     if int(n.attrs.get("group", 1) or 1) != 1:
         return "group 1 only"
-    if int(y.shape[1]) % block:
-        return f"{y.shape[1]} output channels (not a multiple of {block})"
+    if int(y.shape[1]) % _vector(block):
+        return f"{y.shape[1]} output channels (not a multiple of {_vector(block)})"
     if len(n.inputs) > 2 and n.inputs[2] and _value(graph, n.inputs[2]).dtype not in (None, x.dtype):
         return "a bias of the input's dtype only"
     residual = len(n.inputs) > 3 and bool(n.inputs[3])
@@ -92,6 +98,19 @@ def _conv_ok(graph: Graph, n: Node, block: int) -> str | None:
         if not _static4(z) or z.shape[1] != y.shape[1] or z.dtype not in (None, x.dtype):
             return "the residual's shape or dtype is not the output's"
     return _jit_rejection(n, x, w, residual, block)
+
+
+def _vector(block: int) -> int:
+    """The channel multiple a chain's values have: the block, 16 on nhwc (the same convolutions join a
+    chain as on nChw16c; layers of a few channels stay with opsnn's kernels)."""
+    return NHWC_VECTOR if block == NHWC else block
+
+
+def _src_blocked(c: int, block: int) -> bool:
+    """Whether a chain's conv reads X blocked: when C is a multiple of :func:`_vector`, else oneDNN reads
+    the plain NCHW (e.g. an RGB image; on nhwc reordered into the layout its kernel chose, faster than an
+    nhwc X with a few channels)."""
+    return c % _vector(block) == 0
 
 
 def _jit_rejection(n: Node, x: Value, w: np.ndarray, residual: bool, block: int) -> str | None:
@@ -124,7 +143,7 @@ def _jit_rejection(n: Node, x: Value, w: np.ndarray, residual: bool, block: int)
             (g.pb[0], g.pb[1], g.pe[0], g.pe[1]),
             g.d,
             block=block,
-            src_blocked=xs[1] % block == 0,
+            src_blocked=_src_blocked(xs[1], block),
             has_bias=len(n.inputs) > 2 and bool(n.inputs[2]),
             residual=residual,
             act=KF.ACTIVATIONS.get(act, 0),
@@ -173,8 +192,8 @@ def _pool_ok(graph: Graph, n: Node, block: int, x_name: str, y_name: str) -> str
     x, y = _value(graph, x_name), _value(graph, y_name)
     if len([o for o in n.outputs if o]) != 1 or (len(n.outputs) > 1 and n.outputs[1]):
         return "the Indices output is used"
-    if not _blockable_dtype(x.dtype) or not _static4(x) or not _static4(y) or int(x.shape[1]) % block:
-        return f"float32 or bfloat16 4-D input with a multiple of {block} channels only"
+    if not _blockable_dtype(x.dtype) or not _static4(x) or not _static4(y) or int(x.shape[1]) % _vector(block):
+        return f"float32 or bfloat16 4-D input with a multiple of {_vector(block)} channels only"
     if any(int(d) != 1 for d in (n.attrs.get("dilations") or [])) or int(n.attrs.get("storage_order", 0) or 0):
         return "dilated windows / storage_order"
     return None
@@ -188,9 +207,18 @@ def blocked_layout(graph: Graph, res) -> None:
     if why is not None:
         res.refuse(f"oneDNN: {why}")
         return
-    block = onednn.block()
-    layout = layout_name(block)
+    chosen_layout = libraries.conv_chain_layout()
+    if isinstance(chosen_layout, str):
+        res.refuse(f"oneDNN: {chosen_layout}")
+        return
+    block = chosen_layout.block
     infer_types(graph)
+    if block == NHWC and any(
+        n.op_type in ("Conv", "FusedConv") and _value(graph, n.inputs[0]).dtype == _dt.bfloat16 for n in graph.nodes
+    ):
+        block = onednn.block()  # bf16 chains keep oneDNN's nChw16c kernels, measured on AVX512-BF16 (nhwc was not)
+        res.note(f"bfloat16 convolutions: chains on {layout_name(block)}")
+    layout = layout_name(block)
     prod = graph.producers()
     users = graph.consumers()
     cand: dict[str, str] = {}  # node name -> "conv" | "pool"
@@ -294,7 +322,7 @@ def blocked_layout(graph: Graph, res) -> None:
             res.note(f"{n.name} -> BlockedGlobalAveragePool (reads the blocked {x}, no FromBlocked)")
             continue
         if cand[n.name] == "conv":
-            src_blocked = x in blocked or int(_value(graph, x).shape[1]) % block == 0
+            src_blocked = x in blocked or _src_blocked(int(_value(graph, x).shape[1]), block)
             ins = [blocked_input(x) if src_blocked else x] + list(n.inputs[1:3])
             ins += [""] * (3 - len(ins))
             if len(n.inputs) > 3 and n.inputs[3]:

@@ -1,8 +1,10 @@
 """Channel-blocked layouts ``nChw16c`` / ``nChw8c``: the (N, C, H, W) array stored as
 (N, C/b, H, W, b), one pixel's b channels contiguous, b = 16 (one AVX-512 register of float32)
-or 8 (one AVX2 register): the layouts oneDNN's JIT convolutions read and write, see
-:mod:`opsnn.kernels.cpu.onednn`. A blocked tensor keeps its logical shape; these kernels change
-the order of its elements. Parallel over (image, channel block) pairs.
+or 8 (one AVX2 register): the layouts oneDNN's direct JIT convolutions read and write; and
+``nhwc`` (``block`` 0: nChw<C>c, all of a pixel's channels together), the layout of its brgemm
+convolutions, see :mod:`opsnn.kernels.cpu.onednn`. A blocked tensor keeps its logical shape;
+these kernels change the order of its elements. Parallel over (image, channel block) pairs, on
+nhwc over (image, run of pixels).
 """
 
 from __future__ import annotations
@@ -11,8 +13,18 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-#: the channel blocks opsnn's blocked ops accept (oneDNN's nChw8c and nChw16c)
+#: the channel blocks of oneDNN's nChw8c and nChw16c
 BLOCKS = (8, 16)
+#: the ``block`` of nhwc (channels last: nChw<C>c, all C channels of a pixel together)
+NHWC = 0
+#: the layouts opsnn's blocked ops accept, by their ``block``
+LAYOUTS = (NHWC,) + BLOCKS
+
+
+def channel_block(block: int, c: int) -> int:
+    """The channels stored together per pixel: ``block``, or all ``c`` of them on nhwc (nhwc is
+    nChw<C>c), at least 1."""
+    return max(c, 1) if block == NHWC else block
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -34,16 +46,45 @@ def _reorder(plain, flat, to_blocked, block):
                     row[p] = flat[base + p * block + j]
 
 
+#: pixels per task of the nhwc reorder
+NHWC_PIXELS = 256
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _reorder_last(plain, last, to_last):
+    """Between ``plain`` (N, C, H*W) and ``last`` (N, H*W, C), either way: tasks of
+    NHWC_PIXELS pixels of one image, so a batch of one still runs on every thread."""
+    n_img, c, hw = plain.shape
+    per = (hw + NHWC_PIXELS - 1) // NHWC_PIXELS
+    for t in prange(n_img * per):
+        n = t // per
+        p0 = (t - n * per) * NHWC_PIXELS
+        p1 = min(hw, p0 + NHWC_PIXELS)
+        if to_last:
+            for p in range(p0, p1):
+                for j in range(c):
+                    last[n, p, j] = plain[n, j, p]
+        else:
+            for j in range(c):
+                for p in range(p0, p1):
+                    plain[n, j, p] = last[n, p, j]
+
+
 def layout_name(block: int) -> str:
-    return f"nChw{block}c"
+    return "nhwc" if block == NHWC else f"nChw{block}c"
 
 
 def _check(x: np.ndarray, out: np.ndarray, block: int) -> None:
-    if block not in BLOCKS:
-        raise ValueError(f"blocked layout: block {block} is not one of {BLOCKS}")
+    if block not in LAYOUTS:
+        raise ValueError(f"blocked layout: block {block} is not one of {LAYOUTS}")
     if x.dtype != out.dtype:
         raise ValueError(f"blocked layout: {x.dtype} -> {out.dtype} (a reorder keeps the dtype)")
-    if x.shape != out.shape or x.ndim < 2 or x.shape[1] % block or not out.flags.c_contiguous:
+    if (
+        x.shape != out.shape
+        or x.ndim < 2
+        or x.shape[1] % channel_block(block, x.shape[1])
+        or not out.flags.c_contiguous
+    ):
         raise ValueError(
             f"blocked layout: shapes {x.shape} -> {out.shape} (same shape, channels a multiple of "
             f"{block}, a C-contiguous output) expected"
@@ -62,7 +103,11 @@ def to_blocked(x: np.ndarray, out: np.ndarray, block: int) -> None:
     if out.size == 0:  # nothing to move (and reshape(n, c, -1) cannot infer -1 from zero elements)
         return
     n, c = x.shape[:2]
-    _reorder(_bits(np.ascontiguousarray(x)).reshape(n, c, -1), _bits(out).reshape(-1), True, block)
+    plain = _bits(np.ascontiguousarray(x)).reshape(n, c, -1)
+    if block == NHWC:
+        _reorder_last(plain, _bits(out).reshape(n, -1, c), True)
+    else:
+        _reorder(plain, _bits(out).reshape(-1), True, block)
 
 
 def from_blocked(x: np.ndarray, out: np.ndarray, block: int) -> None:
@@ -71,13 +116,18 @@ def from_blocked(x: np.ndarray, out: np.ndarray, block: int) -> None:
     if out.size == 0:  # nothing to move (and reshape(n, c, -1) cannot infer -1 from zero elements)
         return
     n, c = x.shape[:2]
-    _reorder(_bits(out).reshape(n, c, -1), _bits(np.ascontiguousarray(x)).reshape(-1), False, block)
+    plain = _bits(out).reshape(n, c, -1)
+    if block == NHWC:
+        _reorder_last(plain, _bits(np.ascontiguousarray(x)).reshape(n, -1, c), False)
+    else:
+        _reorder(plain, _bits(np.ascontiguousarray(x)).reshape(-1), False, block)
 
 
 def blocked_reference(x: np.ndarray, block: int) -> np.ndarray:
     """nChw<block>c order of ``x`` by a numpy transpose (the oracle), in x's logical shape."""
     n, c = x.shape[:2]
     sp = x.shape[2:]
+    block = channel_block(block, c)
     y = x.reshape((n, c // block, block) + sp)
     y = np.moveaxis(y, 2, -1)
     return np.ascontiguousarray(y).reshape(x.shape)
@@ -87,6 +137,7 @@ def plain_reference(x: np.ndarray, block: int) -> np.ndarray:
     """The inverse of :func:`blocked_reference`."""
     n, c = x.shape[:2]
     sp = x.shape[2:]
+    block = channel_block(block, c)
     y = x.reshape((n, c // block) + sp + (block,))
     y = np.moveaxis(y, -1, 2)
     return np.ascontiguousarray(y).reshape(x.shape)
@@ -123,7 +174,7 @@ def global_avg_pool_numpy(x: np.ndarray, out: np.ndarray, block: int) -> None:
     """:func:`global_avg_pool` in numpy (float64 sums too): nothing to compile, the first run's
     kernel while the numba one compiles (``opsnn.ops.tiering``)."""
     n, c = x.shape[:2]
-    if block not in BLOCKS or c % block or out.size != n * c or not out.flags.c_contiguous:
+    if block not in LAYOUTS or c % channel_block(block, c) or out.size != n * c or not out.flags.c_contiguous:
         raise ValueError(f"blocked global average pool: {x.shape} -> {out.shape} with block {block}")
     hw = x.size // max(n * c, 1)
     if out.size == 0:
@@ -131,6 +182,7 @@ def global_avg_pool_numpy(x: np.ndarray, out: np.ndarray, block: int) -> None:
     if hw == 0:
         out[...] = np.nan  # the mean of nothing, as numpy's
         return
+    block = channel_block(block, c)
     x3 = np.ascontiguousarray(x).reshape(n * (c // block), hw, block)
     np.copyto(out.reshape(n * (c // block), block), x3.sum(axis=1, dtype=np.float64) / hw, casting="same_kind")
 
@@ -140,7 +192,7 @@ def global_avg_pool(x: np.ndarray, out: np.ndarray, block: int, parallel: bool) 
     H, W of ``x`` (N, C, H, W) stored in nChw<block>c order (float32; float64 accumulation).
     ``parallel``: over (image, channel block) tasks (see :data:`GAP_PARALLEL_MIN`)."""
     n, c = x.shape[:2]
-    if block not in BLOCKS or c % block or out.size != n * c or not out.flags.c_contiguous:
+    if block not in LAYOUTS or c % channel_block(block, c) or out.size != n * c or not out.flags.c_contiguous:
         raise ValueError(f"blocked global average pool: {x.shape} -> {out.shape} with block {block}")
     hw = x.size // max(n * c, 1)
     if out.size == 0:
@@ -148,6 +200,7 @@ def global_avg_pool(x: np.ndarray, out: np.ndarray, block: int, parallel: bool) 
     if hw == 0:
         out[...] = np.nan  # the mean of nothing, as numpy's
         return
+    block = channel_block(block, c)
     x3 = np.ascontiguousarray(x).reshape(n * (c // block), hw, block)
     out2 = out.reshape(n * (c // block), block)
     if parallel:

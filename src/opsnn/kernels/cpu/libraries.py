@@ -34,6 +34,8 @@ class Platform(NamedTuple):
     onednn_matmul: str | None  # oneDNN's float32 matmul is its brgemm code
     onednn_bf16: str | None  # oneDNN's bf16 matmul is native (brgemm with AVX512-BF16)
     onednn: str | None = None  # oneDNN itself (its convolutions, and its batched matmul at any level)
+    onednn_block: int | None = None  # the channel block of oneDNN's JIT code: 16 (AVX-512), 8 (AVX2)
+    vendor: str | None = None  # the CPU's vendor string ("GenuineIntel", "AuthenticAMD")
 
     @classmethod
     def for_isa(cls, level: str, vendor: str, mkl: bool = True, onednn: bool = True) -> Platform:
@@ -50,11 +52,14 @@ class Platform(NamedTuple):
             no_dnn or (None if rank >= cpu.LEVELS.index("avx512") else "gemm:jit:f32 only"),
             no_dnn or (None if rank >= cpu.LEVELS.index("avx512_bf16") else "no AVX512-BF16"),
             no_dnn,
+            None if no_dnn or rank < cpu.LEVELS.index("avx2") else 16 if rank >= cpu.LEVELS.index("avx512") else 8,
+            vendor,
         )
 
 
 def platform() -> Platform:
     """This machine's :class:`Platform` (each fact cached by its library module)."""
+    from ...runtime.device import cpu_vendor
     from . import mkl, onednn
 
     return Platform(
@@ -65,6 +70,8 @@ def platform() -> Platform:
         onednn.product_unavailable(np.float32),
         onednn.product_unavailable(_dt.bfloat16),
         onednn.unavailable(),
+        onednn.block(),
+        cpu_vendor(),
     )
 
 
@@ -335,6 +342,49 @@ def blocked_winograd_gemms(p: Platform | None = None) -> Choice | str:
             "onednn", "conv_winograd_blocked", "its point GEMMs in one oneDNN batched matmul (gemm:jit, AVX2)"
         )
     return p.onednn_matmul
+
+
+class LayoutChoice(NamedTuple):
+    """The activation layout of the graph engine's convolution chains and why: ``block`` 0 for nhwc,
+    8 / 16 for nChw8c / nChw16c (the ``block`` attribute of the ops the ``blocked_layout`` pass writes)."""
+
+    block: int
+    reason: str
+
+
+#: ``OPSNN_ONEDNN_LAYOUT`` values and their ``block``
+CHAIN_LAYOUTS = {"nhwc": 0, "nchw16c": 16, "nchw8c": 8}
+
+
+def conv_chain_layout(p: Platform | None = None) -> LayoutChoice | str:
+    """The layout float32 convolution chains run in (bfloat16 chains keep nChw16c, see the pass), or
+    why there are none (a str: oneDNN is unavailable). Intel from AVX-512 on: nhwc, oneDNN's brgemm
+    convolutions (``brgconv``; ResNet-50 b1 ran 0.95x the time of nChw16c with its direct kernels and
+    the blocked Winograd, docs/performance.md, "Convolution chains on nhwc"); other AVX-512 CPUs:
+    nChw16c (measured on Zen 4, nhwc not); AVX2: nChw8c (``brgconv:avx2`` was the slower there).
+    ``OPSNN_ONEDNN_LAYOUT`` (nhwc, nChw16c, nChw8c) overrides it where the ISA runs that layout."""
+    p = p if p is not None else platform()
+    if p.onednn is not None:
+        return p.onednn
+    if p.onednn_block is None:
+        return f"oneDNN's blocked convolutions need AVX2 (ISA {p.isa})"
+    wide = p.onednn_block == 16
+    want = os.environ.get("OPSNN_ONEDNN_LAYOUT", "").strip()
+    if want:
+        block = CHAIN_LAYOUTS.get(want.lower())
+        if block is None:
+            from ...errors import ParamInvalidError
+
+            raise ParamInvalidError(
+                f"OPSNN_ONEDNN_LAYOUT={want!r}: expected nhwc, nChw16c or nChw8c (or unset: chosen by CPU)"
+            )
+        if block != 16 or wide:
+            return LayoutChoice(block, f"OPSNN_ONEDNN_LAYOUT={want}")
+    if wide and p.vendor == "GenuineIntel":
+        return LayoutChoice(0, "nhwc: oneDNN's brgemm convolutions (Intel, AVX-512)")
+    if wide:
+        return LayoutChoice(16, "nChw16c: oneDNN's direct AVX-512 convolutions and opsnn's blocked Winograd")
+    return LayoutChoice(8, "nChw8c: oneDNN's direct AVX2 convolutions and opsnn's blocked Winograd")
 
 
 class BackwardChoice(NamedTuple):
@@ -695,6 +745,7 @@ def summary() -> str:
     matmul and bf16 kernels are used), so that figures from two machines can be told apart."""
     from ...runtime import blas
     from . import mkl, onednn
+    from .blocked import layout_name
 
     parts = [f"ISA {cpu.describe()}", f"GEMM {'MKL' if gemm_library() == 'mkl' else 'OpenBLAS'}"]
     core = blas.core_name()
@@ -703,7 +754,7 @@ def summary() -> str:
     parts.append("MKL " + (mkl.threading_layer() if mkl.unavailable() is None else "off"))
     if onednn.unavailable() is None:
         extra = [
-            f"nChw{onednn.block()}c",
+            layout_name(lay.block) if not isinstance(lay := conv_chain_layout(), str) else "no chains",
             "matmul" if onednn.matmul_unavailable() is None else "no matmul",
             "bf16" if onednn.bf16_unavailable() is None else "no bf16",
         ]
@@ -716,11 +767,13 @@ def summary() -> str:
 __all__ = [
     "BackwardChoice",
     "Choice",
+    "LayoutChoice",
     "PlainConvChoice",
     "Platform",
     "attention_gemms",
     "blas_product",
     "blocked_winograd_gemms",
+    "conv_chain_layout",
     "conv_backward",
     "conv_forward_plain",
     "conv_gemms",

@@ -59,8 +59,8 @@ log = logging.getLogger(__name__)
 # enum values of oneDNN's C API (v3)
 _F32, _BF16 = 3, 2
 TAG_ANY, TAG_A, TAG_AB, TAG_ABC, TAG_NCHW, TAG_OIHW, TAG_BA, TAG_ACB = 1, 2, 3, 4, 5, 5, 14, 15
-#: channel block -> oneDNN's format tag (nChw8c, nChw16c)
-TAG_BLOCKED = {8: 102, 16: 78}
+#: layout (the blocked ops' ``block``) -> oneDNN's format tag: nhwc (acdb), nChw8c, nChw16c
+TAG_BLOCKED = {0: 22, 8: 102, 16: 78}
 #: oneDNN's dnnl_cpu_isa_t bits: AVX2 (0x7) and AVX-512 core (0x27, includes AVX2's)
 _ISA_AVX2, _ISA_AVX512, _ISA_AVX512_BF16 = 0x7, 0x27, 0xE7
 _FORWARD_INFERENCE = 96
@@ -604,7 +604,9 @@ def _conv_desc(
     """A convolution's primitive descriptor and the memory descriptors it refers to: X, W, B, Z
     and Y in ``dtype`` (float32, or bfloat16: oneDNN accumulates in float32 and rounds Y once)."""
     tag = _blocked_tag(block)
-    src = _Md(x_shape, tag if src_blocked else TAG_NCHW, dtype)
+    # a plain X into an nhwc chain: oneDNN has only reference code for NCHW -> nhwc, so X goes in
+    # the layout it chooses (ConvPrimitive reorders it, see _SourceReordered)
+    src = _Md(x_shape, tag if src_blocked else TAG_ANY if block == 0 else TAG_NCHW, dtype)
     dst = _Md(y_shape, tag, dtype)
     w_any = _Md(w_shape, TAG_ANY, dtype)
     bias = _Md([w_shape[0]], TAG_A, dtype) if has_bias else None
@@ -676,10 +678,56 @@ def conv_impl(
         _lib.dnnl_primitive_desc_destroy(pd)
 
 
+class _SourceReordered:
+    """A primitive reading its source in the layout it chose: :meth:`run` and :meth:`bind` take the
+    plain source's address and reorder it into a buffer first, carved from the caller's workspace
+    (:attr:`workspace_bytes`; a temporary one without). A convolution with a few input channels, e.g.
+    ResNet's stem, starting an nhwc chain: oneDNN's direct kernel on a blocked source of its choosing."""
+
+    def __init__(self, prim: Primitive, reorder: Primitive, nbytes: int):
+        self.prim, self._reorder = prim, reorder
+        self.impl = prim.impl
+        self.workspace_bytes = int(nbytes) + 64
+
+    def _buffer(self, ws) -> tuple:
+        if ws is None or ws.nbytes < self.workspace_bytes:
+            ws = np.empty(self.workspace_bytes, np.uint8)
+        return ws, ws.ctypes.data + (-ws.ctypes.data % 64)
+
+    def run(self, *ptrs: int, ws=None) -> None:
+        ws, buf = self._buffer(ws)
+        self._reorder.run(ptrs[0], buf)
+        self.prim.run(buf, *ptrs[1:])
+
+    def bind(self, ptrs: tuple, keep=(), ws=None):
+        ws, buf = self._buffer(ws)
+        reorder = self._reorder.bind((ptrs[0], buf), keep=(ws,))
+        call = self.prim.bind((buf,) + tuple(ptrs[1:]), keep=keep)
+
+        def both():
+            reorder()
+            call()
+
+        return both
+
+
+def _run_prim(prim, ptrs: tuple, ws) -> None:
+    """``prim.run`` on these addresses (a :class:`_SourceReordered` one with its buffer in ``ws``)."""
+    if isinstance(prim, _SourceReordered):
+        prim.run(*ptrs, ws=ws)
+    else:
+        prim.run(*ptrs)
+
+
+def _bind_prim(prim, ptrs: tuple, keep, ws):
+    """``prim.bind`` on these addresses (a :class:`_SourceReordered` one with its buffer in ``ws``)."""
+    return prim.bind(ptrs, keep=keep, ws=ws) if isinstance(prim, _SourceReordered) else prim.bind(ptrs, keep=keep)
+
+
 class ConvPrimitive:
-    """``act(conv(X, W) + B + Z)`` for (N, C, H, W) ``X`` (plain NCHW or ``nChw<block>c``), a
-    constant weight (reordered here, once), optional bias ``B`` (C_out,), optional residual ``Z``
-    and the output ``Y`` in ``nChw<block>c`` (a binary-add and an eltwise post-op). X, W, B, Z
+    """``act(conv(X, W) + B + Z)`` for (N, C, H, W) ``X`` (plain NCHW or blocked), a constant weight
+    (reordered here, once), optional bias ``B`` (C_out,), optional residual ``Z`` and the output ``Y``
+    blocked (a binary-add and an eltwise post-op): ``nChw<block>c``, or nhwc for ``block`` 0. X, W, B, Z
     and Y are all float32 or all bfloat16 (W's dtype says which; oneDNN's bf16 kernels multiply
     in bf16, accumulate in float32: ~2x the float32 ones' speed with AVX512-BF16)."""
 
@@ -752,7 +800,14 @@ class ConvPrimitive:
         )
         wr = _reordered_weight(pd, _Md(w.shape, TAG_OIHW, w.dtype), w)  # shared when the layouts agree
         src, dst, _, bias = mds
-        return Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=mds), wr
+        if src_blocked or self._block != 0:
+            return Primitive(pd, _weighted_args(pd, src, bias, residual, dst), keep=mds), wr
+        chosen = _cloned_md(_vp(_lib.dnnl_primitive_desc_query_md(pd, _QUERY_SRC_MD, 0)))
+        prim = Primitive(pd, _weighted_args(pd, chosen, bias, residual, dst), keep=mds + (chosen,))
+        plain = _Md(x_shape, TAG_NCHW, w.dtype)
+        if _lib.dnnl_memory_desc_equal(chosen.h, plain.h):
+            return prim, wr
+        return _SourceReordered(prim, _reorder_primitive(plain, chosen), _lib.dnnl_memory_desc_get_size(chosen.h)), wr
 
     def plain(self) -> tuple:
         """(primitive, reordered weight) of this convolution without its activation post-op."""
@@ -815,21 +870,26 @@ class ConvPrimitive:
         KF.epilogue(y32, None, None, *self._act)
         y[...] = y32.astype(y.dtype)
 
-    def __call__(self, x: np.ndarray, b, z, y: np.ndarray) -> None:
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes a call wants from its caller's workspace (a plain X reordered for an nhwc chain), else 0."""
+        return getattr(self.prim, "workspace_bytes", 0)
+
+    def __call__(self, x: np.ndarray, b, z, y: np.ndarray, ws=None) -> None:
         if self.checked is not None and not self.bounded(x, b, z):
             prim2, w2 = self.plain()
-            prim2.run(*self._ptrs(x, b, z, y, w2.weight))
+            _run_prim(prim2, self._ptrs(x, b, z, y, w2.weight), ws)
             self.activate(y)
             return
-        self.prim.run(*self._ptrs(x, b, z, y))
+        _run_prim(self.prim, self._ptrs(x, b, z, y), ws)
         if self.after:
             KF.epilogue(y, None, None, *self.after)
 
-    def bind(self, x: np.ndarray, b, z, y: np.ndarray):
+    def bind(self, x: np.ndarray, b, z, y: np.ndarray, ws=None):
         """``lambda: self(x, b, z, y)``, the addresses taken once (:meth:`Primitive.bind`). Inside a plan's
         binding (:mod:`opsnn.kernels.bounds`) the call publishes a bound on max|Y| each run, and the IEEE
         check takes the bounds of X and Z from their producers where they publish one instead of reading."""
-        call = self.prim.bind(self._ptrs(x, b, z, y), keep=(x, b, z, y, self))  # self: its reordered weight
+        call = _bind_prim(self.prim, self._ptrs(x, b, z, y), (x, b, z, y, self), ws)  # self: its reordered weight
         xcell = _bounds.lookup(x)
         zcell = _bounds.lookup(z) if self.residual else None
         ycell = _bounds.publish(y) if self.l1 is not None else None
@@ -845,7 +905,7 @@ class ConvPrimitive:
                     return
                 if not safe:
                     prim2, w2 = self.plain()
-                    safe.append(prim2.bind(self._ptrs(x, b, z, y, w2.weight), keep=(x, b, z, y, w2)))
+                    safe.append(_bind_prim(prim2, self._ptrs(x, b, z, y, w2.weight), (x, b, z, y, w2), ws))
                 safe[0]()
                 self.activate(y)
                 if ycell is not None:
@@ -875,7 +935,7 @@ class ConvPrimitive:
 
 
 class MaxPoolPrimitive:
-    """2-D max pooling on ``nChw<block>c`` float32 or bfloat16 activations (input and output)."""
+    """2-D max pooling on blocked (``nChw<block>c``, nhwc for ``block`` 0) float32 or bfloat16 activations."""
 
     def __init__(self, x_shape, y_shape, kernel, strides, pads, *, block: int, dtype=np.float32):
         tag = _blocked_tag(block)

@@ -1,7 +1,7 @@
 """Ops on channel-blocked activations (domain ``opsnn``), produced by the graph engine's
 ``blocked_layout`` pass (:mod:`opsnn.graph.blocked_layout`): a blocked tensor keeps its logical
 (N, C, H, W) shape, its elements are stored in ``nChw<block>c`` order, ``block`` (an attribute of
-every op here) 16 or 8 (see :mod:`opsnn.kernels.cpu.blocked`).
+every op here) 16 or 8, or 0 for nhwc (see :mod:`opsnn.kernels.cpu.blocked`).
 
 ``ToBlocked`` / ``FromBlocked`` change the order; ``BlockedConv`` is ``FusedConv`` (``act(conv(X,
 W, B) + Z)``) on a blocked or plain X, a blocked Z and a blocked Y; ``BlockedMaxPool`` is
@@ -36,14 +36,14 @@ _BLOCK_ATTR = Attr("block", "int", 16)
 
 def _block(ctx) -> int:
     b = int(ctx.attrs["block"])
-    if b not in KB.BLOCKS:
-        raise InferShapeError(f"{ctx.op.name}: block={b} is not one of {KB.BLOCKS}", op=ctx.op.name)
+    if b not in KB.LAYOUTS:
+        raise InferShapeError(f"{ctx.op.name}: block={b} is not one of {KB.LAYOUTS}", op=ctx.op.name)
     return b
 
 
 def _check_blockable(ctx, idx: int, what: str) -> None:
     shape, b = ctx.shape(idx), _block(ctx)
-    if len(shape) != 4 or not isinstance(shape[1], (int, np.integer)) or shape[1] % b:
+    if len(shape) != 4 or not isinstance(shape[1], (int, np.integer)) or shape[1] % KB.channel_block(b, shape[1]):
         raise InferShapeError(
             f"{ctx.op.name}: {what} must be 4-D (N, C, H, W) with C a multiple of {b} "
             f"to be channel-blocked, got shape {tuple(shape)}",
@@ -105,7 +105,7 @@ def _blocked_conv_infer(ctx):
             )
     outs = _fused_conv_infer(ctx)
     b = _block(ctx)
-    if len(outs[0].shape) != 4 or outs[0].shape[1] % b:
+    if len(outs[0].shape) != 4 or outs[0].shape[1] % KB.channel_block(b, outs[0].shape[1]):
         raise InferShapeError(
             f"BlockedConv: the output must be 4-D with a multiple of {b} channels, got {tuple(outs[0].shape)}",
             op="BlockedConv",
@@ -209,7 +209,7 @@ BlockedConv = register_op(
 
 
 def _bind_conv(ins, outs, attrs, plan, ws):
-    return plan.prim.bind(*epilogue_args(ins, outs))
+    return plan.prim.bind(*epilogue_args(ins, outs), ws=ws)
 
 
 @BlockedConv.kernel(
@@ -218,6 +218,7 @@ def _bind_conv(ins, outs, attrs, plan, ws):
     priority=10,
     applies=_blocked_conv_applies,
     plan=_blocked_conv_plan,
+    workspace=lambda ctx, plan: plan.prim.workspace_bytes,
     bind=_bind_conv,
     doc="oneDNN's JIT direct convolution (brgconv / jit:avx512_core / jit:avx2) with bias, "
     "residual add and activation as post-ops",
@@ -229,7 +230,7 @@ def _bind_conv(ins, outs, attrs, plan, ws):
     "bits); max|B| of a constant bias from prepare. OPSNN_CONV_IEEE=0 skips the check (NaN -> 0 under Relu)",
 )
 def _blocked_conv(ins, outs, attrs, plan, ws):
-    plan.prim(*epilogue_args(ins, outs))
+    plan.prim(*epilogue_args(ins, outs), ws=ws)
 
 
 #: Winograd on blocked tensors is preferred to oneDNN's direct convolution from this many 4x4
@@ -256,6 +257,8 @@ def _blocked_winograd_applies(ctx):
         return f"stride 1 and dilation 1 only, got strides {tuple(g.s)}, dilations {tuple(g.d)}"
     if not int(ctx.attrs["src_blocked"]):
         return "a blocked X only (the first conv of a chain reads NCHW: left to oneDNN)"
+    if _block(ctx) == KB.NHWC:
+        return "nChw8c / nChw16c only: on nhwc oneDNN's brgemm convolution runs 3x3 layers (faster in the model)"
     if _act_code("BlockedConv", ctx.attrs) not in (0, 1):
         return f"no activation or Relu only, got {ctx.attrs['activation']}"
     why = nonfinite_weight_rejection(ctx)
