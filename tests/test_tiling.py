@@ -79,6 +79,23 @@ def test_receptive_field_of_superres_and_compiled(rng):
     assert "Conv" in rf.explain()
 
 
+def test_a_compiled_graph_with_blocked_convolutions_tiles(rng, no_leak):
+    """32 channels: the blocked-layout pass (where oneDNN runs) turns the convs into BlockedConv chains with
+    their ToBlocked / FromBlocked reorders; the receptive field reads through them and the tiled run of the
+    compiled graph equals the untiled one."""
+    net = superres(scale=2, channels=32, num_layers=3, first_kernel=5, seed=3)
+    x = rng.standard_normal((1, 1, 37, 30)).astype(np.float32)
+    cg = opsnn.compile(net, [x[:, :, :16, :16]], dynamic_dims={0: {2: "h", 3: "w"}})
+    rf = receptive_field(cg)
+    assert (rf.halo, rf.scale) == (net.receptive_field(), 2)
+    ex = TiledExecutor(cg, tile=12)
+    np.testing.assert_allclose(ex.run(x).numpy(), net(opsnn.tensor(x)).numpy(), rtol=RTOL, atol=ATOL)
+    from opsnn.kernels.cpu import onednn
+
+    if onednn.unavailable() is None:
+        assert any(n.op_type == "BlockedConv" for n in cg.graph.nodes), [n.op_type for n in cg.graph.nodes]
+
+
 def test_receptive_field_dilation_stride_pool_resize_residual(rng):
     w1, w2, w3 = _w(rng, 4, 2, 3), _w(rng, 8, 4, 3), _w(rng, 2, 2, 3)
 

@@ -51,8 +51,22 @@ _POINTWISE = {
     "FusedElementwise",
     "QuantizeLinear",
     "DequantizeLinear",
+    "ToBlocked",  # the blocked layout's reorders keep each pixel's values (opsnn domain)
+    "FromBlocked",
 }
-_WINDOWED = {"Conv", "FusedConv", "MaxPool", "AveragePool", "LpPool", "ConvInteger", "QLinearConv"}
+#: ops with a window; FusedConv and BlockedConv (``act(conv(x) + z)``) may add a per-pixel residual z
+_WINDOWED = {
+    "Conv",
+    "FusedConv",
+    "BlockedConv",
+    "MaxPool",
+    "BlockedMaxPool",
+    "AveragePool",
+    "LpPool",
+    "ConvInteger",
+    "QLinearConv",
+}
+_RESIDUAL = ("FusedConv", "BlockedConv")
 
 
 @dataclass
@@ -146,12 +160,12 @@ def _analyze(graph: Graph) -> ReceptiveField:
         rec = get_op(op, node.domain) if has_op(op, node.domain) else None
         first = ins[0]
         if op in _WINDOWED:
-            residual = ins[3] if op == "FusedConv" and len(ins) > 3 else None  # act(conv(x) + z): z is per pixel
+            residual = ins[3] if op in _RESIDUAL and len(ins) > 3 else None  # act(conv(x) + z): z is per pixel
             if (
                 first is None
                 or any(s is not None for s in ins[1:3])
                 or any(s is not None for s in ins[3:])
-                and op != "FusedConv"
+                and op not in _RESIDUAL
             ):
                 _fail(node, "only the data input may depend on the image (weights must be constants)")
             k = node.attrs.get("kernel_shape")
