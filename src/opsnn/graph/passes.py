@@ -897,7 +897,7 @@ PASSES: list[Pass] = [
         "blocked_layout",
         lambda g, r: _blocked_layout(g, r),
         3,
-        "float32 conv chains on channel-blocked (nChw16c / nChw8c) activations with oneDNN's convolutions",
+        "conv chains on channel-blocked (nhwc / nChw16c / nChw8c) activations with oneDNN's convolutions",
     ),
     Pass("final_dead_code_elimination", dead_code_elimination, 1, "clean up after fusions"),
 ]

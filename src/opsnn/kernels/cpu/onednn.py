@@ -1,10 +1,11 @@
 """oneDNN (Intel's Deep Neural Network Library) convolution, pooling and matmul primitives
 through ctypes; convolutions and pooling on activations in a channel-blocked layout
 (``nChw16c`` on AVX-512 CPUs, ``nChw8c`` on AVX2 CPUs: one vector register holds one pixel's
-16 or 8 channels).
+16 or 8 channels) or in nhwc (``block`` 0: oneDNN's brgemm convolutions, ``brgconv``, take it;
+:func:`opsnn.kernels.cpu.libraries.conv_chain_layout` says which a machine's chains use).
 
-Why: on ResNet-50's convolutions oneDNN's JIT direct convolutions (``brgconv``) on
-channel-blocked activations (the array (N, C/b, H, W, b)) run about twice as fast as GEMM-based
+Why: on ResNet-50's convolutions oneDNN's JIT convolutions on those layouts (the array
+(N, C/b, H, W, b), or (N, H, W, C)) run about twice as fast as GEMM-based
 kernels (docs/kernel-libraries.md). The graph pass
 :mod:`opsnn.graph.blocked_layout` keeps whole conv chains in that layout, so the layout
 change happens once at a chain's ends (``opsnn::ToBlocked`` / ``FromBlocked``).
