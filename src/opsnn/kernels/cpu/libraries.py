@@ -57,9 +57,20 @@ class Platform(NamedTuple):
         )
 
 
+_vendor: list = []
+
+
+def _cpu_vendor() -> str:
+    """The CPU's vendor string, read once (platform() is asked at every prepare)."""
+    if not _vendor:
+        from ...runtime.device import cpu_vendor
+
+        _vendor.append(cpu_vendor())
+    return _vendor[0]
+
+
 def platform() -> Platform:
     """This machine's :class:`Platform` (each fact cached by its library module)."""
-    from ...runtime.device import cpu_vendor
     from . import mkl, onednn
 
     return Platform(
@@ -71,7 +82,7 @@ def platform() -> Platform:
         onednn.product_unavailable(_dt.bfloat16),
         onednn.unavailable(),
         onednn.block(),
-        cpu_vendor(),
+        _cpu_vendor(),
     )
 
 
