@@ -273,9 +273,7 @@ def bench_conv(args, rng) -> list:
         if blk and xs[1] % blk == 0 and ws[0] % blk == 0:
             # the kernels a ResNet graph runs (blocked_layout pass: nChw<blk>c chains, nhwc from
             # AVX-512 on), called directly
-            for layout, prefix in ((blk, BLOCKED), (KB.NHWC, NHWC) if blk == 16 else (None, None)):
-                if layout is None:
-                    continue
+            for layout, prefix in [(blk, BLOCKED)] + ([(KB.NHWC, NHWC)] if blk == 16 else []):
                 battrs = dict(attrs, src_blocked=1, block=layout)
                 for k, f in _kernel_runners(
                     "BlockedConv", [KB.blocked_reference(x, layout), w, b, None], battrs, {1, 2}, domain="opsnn"
@@ -286,20 +284,7 @@ def bench_conv(args, rng) -> list:
         fns["numpy"] = lambda: numpy_conv(x, w, s, p, d) + b.reshape(1, -1, 1, 1)
         want = fns["onnxruntime"]()
         errs = {
-            k: float(
-                np.abs(
-                    (
-                        KB.plain_reference(f(), blk)
-                        if k.startswith(BLOCKED)
-                        else KB.plain_reference(f(), KB.NHWC)
-                        if k.startswith(NHWC)
-                        else f()
-                    )
-                    - want
-                ).max()
-                / (np.abs(want).max() or 1)
-            )
-            for k, f in fns.items()
+            k: float(np.abs(_as_plain(k, f(), blk) - want).max() / (np.abs(want).max() or 1)) for k, f in fns.items()
         }
         res = measure(fns, args.repeat)
         oh = (xs[2] + 2 * p - (ws[2] - 1) * d - 1) // s + 1
@@ -366,6 +351,13 @@ def bench_conv(args, rng) -> list:
 #: prefixes of the BlockedConv kernels' entries (nChw<b>c / nhwc in and out, as inside a ResNet graph)
 BLOCKED = "opsnn-blocked:"
 NHWC = "opsnn-nhwc:"
+
+
+def _as_plain(name: str, out, blk):
+    """A contender's output in plain NCHW order (the blocked kernels write nChw<blk>c or nhwc)."""
+    if name.startswith(BLOCKED):
+        return KB.plain_reference(out, blk)
+    return KB.plain_reference(out, KB.NHWC) if name.startswith(NHWC) else out
 
 
 def _blocked_block() -> int | None:

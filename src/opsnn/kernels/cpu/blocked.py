@@ -170,39 +170,40 @@ def _gap_parallel(x3, out2, chunks):
 GAP_PARALLEL_MIN = 1 << 18
 
 
+def _gap_views(x: np.ndarray, out: np.ndarray, block: int):
+    """Both global average pools' checks and views: (X as (tasks, H*W, channels per task), out as
+    (tasks, channels per task)), or None when ``out`` is already written (empty, or NaN for an
+    empty plane, as numpy's mean of nothing)."""
+    n, c = x.shape[:2]
+    if block not in LAYOUTS or c % channel_block(block, c) or out.size != n * c or not out.flags.c_contiguous:
+        raise ValueError(f"blocked global average pool: {x.shape} -> {out.shape} with block {block}")
+    hw = x.size // max(n * c, 1)
+    if out.size == 0:
+        return None
+    if hw == 0:
+        out[...] = np.nan
+        return None
+    block = channel_block(block, c)
+    return np.ascontiguousarray(x).reshape(n * (c // block), hw, block), out.reshape(n * (c // block), block)
+
+
 def global_avg_pool_numpy(x: np.ndarray, out: np.ndarray, block: int) -> None:
     """:func:`global_avg_pool` in numpy (float64 sums too): nothing to compile, the first run's
     kernel while the numba one compiles (``opsnn.ops.tiering``)."""
-    n, c = x.shape[:2]
-    if block not in LAYOUTS or c % channel_block(block, c) or out.size != n * c or not out.flags.c_contiguous:
-        raise ValueError(f"blocked global average pool: {x.shape} -> {out.shape} with block {block}")
-    hw = x.size // max(n * c, 1)
-    if out.size == 0:
-        return
-    if hw == 0:
-        out[...] = np.nan  # the mean of nothing, as numpy's
-        return
-    block = channel_block(block, c)
-    x3 = np.ascontiguousarray(x).reshape(n * (c // block), hw, block)
-    np.copyto(out.reshape(n * (c // block), block), x3.sum(axis=1, dtype=np.float64) / hw, casting="same_kind")
+    views = _gap_views(x, out, block)
+    if views is not None:
+        x3, out2 = views
+        np.copyto(out2, x3.sum(axis=1, dtype=np.float64) / x3.shape[1], casting="same_kind")
 
 
 def global_avg_pool(x: np.ndarray, out: np.ndarray, block: int, parallel: bool) -> None:
-    """``out`` (N, C, 1, 1, plain order, which is also nChw<block>c order at 1x1) = the mean over
-    H, W of ``x`` (N, C, H, W) stored in nChw<block>c order (float32; float64 accumulation).
+    """``out`` (N, C, 1, 1, plain order, which is also the blocked order at 1x1) = the mean over
+    H, W of ``x`` (N, C, H, W) stored in nChw<block>c order, or nhwc (float32; float64 accumulation).
     ``parallel``: over (image, channel block) tasks (see :data:`GAP_PARALLEL_MIN`)."""
-    n, c = x.shape[:2]
-    if block not in LAYOUTS or c % channel_block(block, c) or out.size != n * c or not out.flags.c_contiguous:
-        raise ValueError(f"blocked global average pool: {x.shape} -> {out.shape} with block {block}")
-    hw = x.size // max(n * c, 1)
-    if out.size == 0:
+    views = _gap_views(x, out, block)
+    if views is None:
         return
-    if hw == 0:
-        out[...] = np.nan  # the mean of nothing, as numpy's
-        return
-    block = channel_block(block, c)
-    x3 = np.ascontiguousarray(x).reshape(n * (c // block), hw, block)
-    out2 = out.reshape(n * (c // block), block)
+    x3, out2 = views
     if parallel:
         _gap_parallel(x3, out2, min(x3.shape[0], 4 * numba.get_num_threads()))
     else:
