@@ -12,6 +12,8 @@ atol 2e-2 times the largest entry, against the oracle on the same bf16-rounded i
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -20,6 +22,7 @@ from opsnn import dtypes as _dt
 from opsnn.errors import DTypeError, InferShapeError, OpsnnError, ParamInvalidError
 from opsnn.kernels.cpu import libraries as KL
 from opsnn.kernels.cpu import onednn as KD
+from opsnn.runtime import cpu
 
 RNG = np.random.default_rng(2031)
 
@@ -577,6 +580,7 @@ ROWS_CASES = {
     "plane_2x2": ((4, 32, 2, 2), (256, 32, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
     "strided_16ch": ((2, 16, 9, 9), (256, 16, 3, 3), (2, 2), (1, 0, 2, 1), (1, 1)),
     "strided_dilated": ((3, 20, 11, 10), (256, 20, 2, 3), (3, 2), (0, 2, 1, 0), (2, 1)),
+    "plane_4x4": ((2, 24, 4, 4), (256, 24, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
 }
 
 
@@ -584,10 +588,11 @@ ROWS_CASES = {
 @pytest.mark.parametrize("where", [None, "x", "dy"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_weight_gradient_of_small_planes_as_one_matmul(name, where, dtype):
-    """A 2-D one-group weight gradient of a small (<= 4 positions) or strided output plane with 256+ output
-    channels is dY^T times the windows of all images in one oneDNN brgemm matmul where the strategy says so
-    (``weight_gradient_by_rows``: bfloat16 natively, float32 where oneDNN's matmul takes runtime float32
-    products), else oneDNN's backward-weights primitive; either way against the oracle on the same values. A
+    """A 2-D one-group weight gradient of a small or strided output plane with 256+ output channels is dY^T
+    times the windows of all images in one product where the strategy says so (``weight_gradient_by_rows``:
+    bfloat16 natively on oneDNN, float32 on oneDNN's brgemm matmul or the GEMM library,
+    ``weight_rows_product``), else oneDNN's backward-weights primitive; either way against the oracle on the
+    same values. A
     NaN or Inf in X or dY reaches the entries the definition takes it to (the windows hold the padding as
     zeros, which a non-finite dY multiplies, as opsnn's im2col kernel does)."""
     dt = _dt.bfloat16 if dtype == "bfloat16" else np.float32
@@ -602,8 +607,11 @@ def test_weight_gradient_of_small_planes_as_one_matmul(name, where, dtype):
     ex = opsnn.aclnn.conv_backward_weight.prepare(T(x), T(dy), ws, stride=s, padding=pads, dilation=d, groups=1)
     rows = KL.weight_gradient_by_rows(xs, ws, dy.shape, s, 1, dt)
     assert (ex.kernel_name == "conv_backward_weight_matmul") == rows, ex.reason
-    if dt == _dt.bfloat16 and KD.bf16_unavailable() is None and KL.runtime_bf16_product() is None:
-        assert rows  # native bfloat16 here: always this kernel for these shapes
+    if dt == np.float32:  # planes of <= 16 positions on every level, the strided ones from AVX-512 on
+        wide = cpu.LEVELS.index(KL.platform().isa) >= cpu.LEVELS.index("avx512")
+        assert rows == (name.startswith("plane") or wide), ex.reason
+    elif name != "plane_4x4" and KL.runtime_bf16_product() is None:
+        assert rows  # native bfloat16: always this kernel for the <= 4-position or strided planes
     got = ex.run().numpy()
     assert got.dtype == dt and got.shape == ws
     w = np.zeros(ws, np.float32)
@@ -617,8 +625,11 @@ def test_weight_gradient_of_small_planes_as_one_matmul(name, where, dtype):
     np.testing.assert_array_equal(np.sign(got[np.isinf(got)]), np.sign(want[np.isinf(want)]))
     ok = np.isfinite(want)
     _close(got[ok], want[ok], dt)
-    c = KL.kernel_choice("conv_backward_weight_matmul", ws[0], 1, 1, dt)
-    assert c is not None and c.library == "onednn", c
+    if rows:
+        positions, row = math.prod(dy.shape[:1] + dy.shape[2:]), math.prod(ws[1:])
+        c = KL.kernel_choice("conv_backward_weight_matmul", ws[0], positions, row, dt)
+        assert c == KL.weight_rows_product(ws[0], positions, row, dt)
+        assert (c.library == "onednn") == (ex.plan.matmul is not None), (c, ex.plan.describe())
 
 
 def test_narrow_or_grouped_small_planes_keep_the_primitive():

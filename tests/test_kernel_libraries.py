@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import opsnn
+from opsnn import dtypes as _dt
 from opsnn.errors import OpsnnError
 from opsnn.kernels.cpu import libraries as KL
 from opsnn.kernels.cpu import mkl as KM
@@ -365,3 +366,31 @@ def test_bert_fused_products_in_a_capped_process():
     assert len(got["plans"]) == len(BERT_FUSED)
     for (k, n, act, _), plan in zip(BERT_FUSED, got["plans"]):
         assert tuple(plan) == _expected_under_avx2(got["gemm"], act), (k, n, act, got)
+
+
+# (X, W, dY shapes, strides) of float32 weight gradients, and whether they run as one product (AVX2, AVX-512)
+DW_ROWS = {
+    "2x2_planes": (((32, 512, 2, 2), (512, 512, 3, 3), (32, 512, 2, 2), (1, 1)), (True, True)),
+    "4x4_planes": (((32, 256, 4, 4), (256, 256, 3, 3), (32, 256, 4, 4), (1, 1)), (True, True)),
+    "strided_14x14": (((32, 256, 28, 28), (256, 256, 3, 3), (32, 256, 14, 14), (2, 2)), (False, True)),
+    "8x8_planes": (((32, 256, 8, 8), (256, 256, 3, 3), (32, 256, 8, 8), (1, 1)), (False, False)),
+    "1x1": (((32, 512, 2, 2), (512, 512, 1, 1), (32, 512, 2, 2), (1, 1)), (False, False)),
+    "narrow": (((32, 128, 2, 2), (128, 128, 3, 3), (32, 128, 2, 2), (1, 1)), (False, False)),
+}
+
+
+def test_weight_gradient_by_rows_per_isa():
+    """A float32 weight gradient of 256+ output channels runs as one product over the windows of all images
+    onto planes of <= 16 positions on every level, onto larger strided planes from AVX-512 on; never for 1x1
+    kernels, narrow or grouped ones. The product runs on oneDNN's brgemm matmul where it takes runtime float32
+    products (AVX-512 with OpenBLAS), else on the GEMM library (MKL on Intel, OpenBLAS under AVX2 on AMD);
+    bfloat16's on oneDNN."""
+    for vendor in (AMD, INTEL):
+        for level in cpu.LEVELS[1:]:
+            p, wide = KL.Platform.for_isa(level, vendor), level != "avx2"
+            for name, ((xs, ws, ys, s), want) in DW_ROWS.items():
+                assert KL.weight_gradient_by_rows(xs, ws, ys, s, 1, np.float32, p=p) == want[wide], (name, level)
+                assert not KL.weight_gradient_by_rows(xs, ws, ys, s, 2, np.float32, p=p), (name, level)
+            lib = KL.weight_rows_product(512, 128, 4608, np.float32, p).library
+            assert lib == ("onednn" if wide and p.gemm_library == "openblas" else p.gemm_library), (vendor, level)
+            assert KL.weight_rows_product(512, 128, 4608, _dt.bfloat16, p).library == "onednn"

@@ -1014,7 +1014,8 @@ def im2row_images(x, out, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow):
 class WeightGradRowsPlan:
     """A 2-D weight gradient as one product: dW (O, C*kh*kw) = dY^T (O, N*OH*OW) @ rows (N*OH*OW, C*kh*kw),
     the rows being every image's windows (:func:`im2row_images`) and the product oneDNN's brgemm matmul
-    (bfloat16: float32 accumulation, one rounding)."""
+    (bfloat16: float32 accumulation, one rounding) or, where ``matmul`` is None, the GEMM library's
+    (``libraries.weight_rows_product``)."""
 
     x_shape: tuple
     y_shape: tuple
@@ -1023,7 +1024,7 @@ class WeightGradRowsPlan:
     d: tuple
     pb: tuple
     itemsize: int
-    matmul: object  # onednn.RuntimeMatMul (1, O, N*OH*OW, C*kh*kw)
+    matmul: object  # onednn.RuntimeMatMul (1, O, N*OH*OW, C*kh*kw), or None: the GEMM library
 
     @property
     def positions(self) -> int:
@@ -1040,16 +1041,19 @@ class WeightGradRowsPlan:
     def describe(self) -> str:
         return (
             f"weight gradient as one product: the {self.positions} x {self.row_len} windows of all images, "
-            f"times dY^T; {self.matmul.describe()}"
+            f"times dY^T; {self.matmul.describe() if self.matmul is not None else 'the GEMM library'}"
         )
 
 
 def conv_weight_grad_rows_plan(x_shape, y_shape, k, s, d, pb, dtype) -> WeightGradRowsPlan:
-    from . import onednn
+    from . import libraries, onednn
 
     m = int(y_shape[1])
     p = int(y_shape[0]) * math.prod(y_shape[2:])
-    mm = onednn.runtime_matmul(1, m, p, int(x_shape[1]) * math.prod(k), dtype=dtype)
+    r = int(x_shape[1]) * math.prod(k)
+    mm = None
+    if libraries.weight_rows_product(m, p, r, dtype).library == "onednn":
+        mm = onednn.runtime_matmul(1, m, p, r, dtype=dtype)
     size = np.dtype(dtype).itemsize
     return WeightGradRowsPlan(tuple(x_shape), tuple(y_shape), tuple(k), tuple(s), tuple(d), tuple(pb), size, mm)
 
@@ -1064,7 +1068,10 @@ def conv_weight_grad_rows(x, dy, dw, plan: WeightGradRowsPlan, ws) -> None:
     (kh, kw), (sh, sw), (dh, dw_), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
     im2row_images(x.view(bits), rows, kh, kw, sh, sw, ph, pw, dh, dw_, plan.y_shape[2], plan.y_shape[3])
     np.copyto(dyt.reshape(m, n, p // n), dy.view(bits).reshape(n, m, p // n).transpose(1, 0, 2))
-    plan.matmul.run(dyt.view(dw.dtype), rows.view(dw.dtype), None, dw.reshape(m, r))
+    if plan.matmul is None:
+        _mkl.matmul(dyt.view(dw.dtype), rows.view(dw.dtype), dw.reshape(m, r))
+    else:
+        plan.matmul.run(dyt.view(dw.dtype), rows.view(dw.dtype), None, dw.reshape(m, r))
 
 
 # -- integer / quantized convolution --------------------------------------------------------------

@@ -412,8 +412,8 @@ class BackwardChoice(NamedTuple):
 #: bfloat16 weight gradients of kernels wider than 1x1 whose output planes have at most this many
 #: positions, or strided ones over at least BF16_DW_FLOAT32_MIN_CHANNELS input channels, leave oneDNN's
 #: bf16 backward-weights code (the slower one there): 2-D one-group ones run as one matmul over the
-#: windows of all images (:func:`weight_gradient_by_rows`, float32 ones too), others oneDNN's float32
-#: primitive on widened copies (1x1 kernels and the few-channel stem stay native bf16; docs/performance.md)
+#: windows of all images (:func:`weight_gradient_by_rows`; float32 has its own planes), others oneDNN's
+#: float32 primitive on widened copies (1x1 kernels and the few-channel stem stay native bf16; docs/performance.md)
 BF16_DW_FLOAT32_POSITIONS = 4
 BF16_DW_FLOAT32_MIN_CHANNELS = 16
 #: ... as one matmul while the windows of all images (rows of C*kh*kw) take at most this many bytes, and
@@ -433,31 +433,66 @@ def bf16_weight_gradient_in_float32(x_shape, w_shape, y_shape, strides) -> bool:
     return positions <= BF16_DW_FLOAT32_POSITIONS or strided
 
 
+#: float32 weight gradients onto output planes of at most this many positions an image run as one product
+#: on every instruction-set level; larger strided planes only from AVX-512 on (under AVX2 the product and
+#: oneDNN's backward-weights code measured even there, docs/performance.md)
+DW_ROWS_F32_POSITIONS = 16
+
+
+def _f32_rows_plane(x_shape, w_shape, y_shape, strides, p: Platform) -> bool:
+    """The float32 half of :func:`weight_gradient_by_rows`' plane rule."""
+    if math.prod(int(v) for v in w_shape[2:]) <= 1:
+        return False
+    if math.prod(int(v) for v in y_shape[2:]) <= DW_ROWS_F32_POSITIONS:
+        return True
+    wide = p.isa is not None and cpu.LEVELS.index(p.isa) >= cpu.LEVELS.index("avx512")
+    return wide and any(int(s) > 1 for s in strides) and int(x_shape[1]) >= BF16_DW_FLOAT32_MIN_CHANNELS
+
+
 def weight_gradient_by_rows(x_shape, w_shape, y_shape, strides, group, dtype, p: Platform | None = None) -> bool:
-    """True when a convolution's weight gradient runs as one oneDNN matmul, dW = dY^T @ the windows of all
-    images as rows (``conv_backward_weight_matmul``): 2-D, one group, the small or strided output planes of
-    :func:`bf16_weight_gradient_in_float32` (where oneDNN's backward-weights code is the slower one, float32
-    too), at least :data:`DW_ROWS_MIN_OUT_CHANNELS` output channels, rows within :data:`DW_ROWS_MAX_BYTES`,
-    and oneDNN's brgemm matmul running ``dtype`` on runtime operands (bfloat16 natively; float32 where
-    :func:`runtime_f32_product` takes it)."""
+    """True when a convolution's weight gradient runs as one product, dW = dY^T @ the windows of all
+    images as rows (``conv_backward_weight_matmul``, :func:`weight_rows_product` runs it): 2-D, one group,
+    a kernel wider than 1x1, at least :data:`DW_ROWS_MIN_OUT_CHANNELS` output channels, rows within
+    :data:`DW_ROWS_MAX_BYTES`, and a small or strided output plane: for bfloat16 the planes of
+    :func:`bf16_weight_gradient_in_float32` with oneDNN's native bf16 matmul; for float32 planes of at
+    most :data:`DW_ROWS_F32_POSITIONS` positions an image, or strided ones from AVX-512 on (where the
+    backward-weights primitive is the slower one)."""
     d = np.dtype(dtype)
     if len(x_shape) != 4 or int(group) != 1 or d not in (np.dtype(np.float32), np.dtype(_dt.bfloat16)):
         return False
-    if int(w_shape[0]) < DW_ROWS_MIN_OUT_CHANNELS:
+    if int(w_shape[0]) < DW_ROWS_MIN_OUT_CHANNELS or 0 in tuple(x_shape) + tuple(w_shape) + tuple(y_shape):
         return False
-    if not bf16_weight_gradient_in_float32(x_shape, w_shape, y_shape, strides):
+    p = p if p is not None else platform()
+    if d == _dt.bfloat16:
+        if not bf16_weight_gradient_in_float32(x_shape, w_shape, y_shape, strides):
+            return False
+    elif not _f32_rows_plane(x_shape, w_shape, y_shape, strides, p):
         return False
     positions = int(y_shape[0]) * math.prod(int(v) for v in y_shape[2:])
     row = int(x_shape[1]) * math.prod(int(v) for v in w_shape[2:])
     if positions * row * d.itemsize > DW_ROWS_MAX_BYTES:
         return False
-    if d == _dt.bfloat16:
-        return runtime_bf16_product(p) is None
-    return runtime_f32_product(int(w_shape[0]), positions, row, p=p) is None
+    return d != _dt.bfloat16 or runtime_bf16_product(p) is None
+
+
+def weight_rows_product(out_channels: int, positions: int, row: int, dtype, p: Platform | None = None) -> Choice:
+    """Who runs :func:`weight_gradient_by_rows`' product (out_channels, positions) @ (positions, row):
+    oneDNN's brgemm matmul for bfloat16 and where :func:`runtime_f32_product` takes float32, else the
+    GEMM library."""
+    p = p if p is not None else platform()
+    if np.dtype(dtype) == _dt.bfloat16:
+        return Choice("onednn", "conv_backward_weight_matmul", "oneDNN's bf16 matmul over the windows of all images")
+    why = runtime_f32_product(out_channels, positions, row, p=p)
+    if why is None:
+        return Choice("onednn", "conv_backward_weight_matmul", "oneDNN's brgemm matmul over the windows of all images")
+    return Choice(
+        p.gemm_library, "conv_backward_weight_matmul", f"the GEMM library over the windows of all images ({why})"
+    )
 
 
 def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype) -> BackwardChoice:
-    """Who computes a convolution's data (``kind`` 'data') or weight ('weights') gradient: oneDNN's
+    """Who computes a convolution's data (``kind`` 'data') or weight ('weights') gradient: the weight
+    gradients of :func:`weight_gradient_by_rows` as one product (float32 with or without oneDNN); oneDNN's
     backward primitive where oneDNN runs the dtype natively (float32, float16 through the float32
     adapter, bfloat16 with AVX512-BF16), asked for the layouts of its choosing (its blocked JIT
     kernels; the plain tensors are reordered at the edges) unless that would be its reference code,
@@ -469,6 +504,16 @@ def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations
     name = "conv_backward_data" if kind == "data" else "conv_backward_weight"
     gemm = f"{name}_col2im" if kind == "data" else f"{name}_im2col"
     d = np.dtype(dtype)
+    if kind == "weights" and d == np.float32 and weight_gradient_by_rows(x_shape, w_shape, y_shape, strides, group, d):
+        positions = int(y_shape[0]) * math.prod(int(v) for v in y_shape[2:])
+        row = int(x_shape[1]) * math.prod(int(v) for v in w_shape[2:])
+        c = weight_rows_product(int(w_shape[0]), positions, row, d)
+        return BackwardChoice(
+            c.library,
+            c.kernel,
+            f"{c.reason}: oneDNN's backward-weights code is slower on small or strided planes",
+            None,
+        )
     why = onednn.unavailable()
     if why is None and d == _dt.bfloat16:
         why = onednn.bf16_unavailable()
@@ -500,11 +545,15 @@ def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations
             continue
         if not impl.startswith("ref"):
             where = "the layouts it chose" if formats == "any" else "the plain layouts (its own choice is ref code)"
-            if kind == "weights" and weight_gradient_by_rows(x_shape, w_shape, y_shape, strides, group, d):
+            if (
+                kind == "weights"
+                and d == _dt.bfloat16
+                and weight_gradient_by_rows(x_shape, w_shape, y_shape, strides, group, d)
+            ):
                 return BackwardChoice(
                     "onednn",
                     "conv_backward_weight_matmul",
-                    f"oneDNN's {_dt.name(d)} matmul of dY^T by the windows of all images at once: its "
+                    "oneDNN's bfloat16 matmul of dY^T by the windows of all images at once: its "
                     "backward-weights code is slower on small or strided output planes",
                     None,
                 )
@@ -699,7 +748,7 @@ def kernel_choice(
     if kernel.startswith("conv_backward_") and kernel.endswith("_onednn"):
         return Choice("onednn", kernel, "oneDNN's convolution backward primitive (conv_backward)")
     if kernel == "conv_backward_weight_matmul":
-        return Choice("onednn", kernel, "oneDNN's matmul over the windows of all images (conv_backward)")
+        return weight_rows_product(rows, k, n, dtype, p)
     if kernel == "conv_winograd_blocked":
         c = blocked_winograd_gemms(p)
         why = c.reason if isinstance(c, Choice) else "its point GEMMs in one oneDNN batched matmul"

@@ -1344,8 +1344,9 @@ ConvBackwardWeight.kernel(
     plan=_bwd_weight_matmul_plan,
     workspace=lambda ctx, plan: plan.workspace_bytes,
     doc="2-D, one group, small or strided output planes (libraries.weight_gradient_by_rows): the windows of "
-    "every image as rows (one numba pass), then dW = dY^T @ rows in one oneDNN brgemm matmul (bfloat16: "
-    "float32 accumulation)",
+    "every image as rows (one numba pass), then dW = dY^T @ rows in one product (libraries.weight_rows_product: "
+    "oneDNN's brgemm matmul, bfloat16 with float32 accumulation; float32 on the GEMM library where MKL keeps "
+    "runtime products or oneDNN's matmul is not its brgemm code)",
 )(_bwd_weight_matmul)
 ConvBackwardWeight.kernel(
     "conv_backward_weight_im2col",
