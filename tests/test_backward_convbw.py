@@ -174,6 +174,55 @@ def test_choice_follows_onednn_availability(monkeypatch):
     _close(ex.run().numpy(), want_dw, np.float32)
 
 
+# (X shape, W shape, pads) of stride-1 convolutions the nhwc primitives run: channels off the 16 / 8 blocks,
+# asymmetric pads, a plane wider than tall
+NHWC_CASES = {
+    "3x3_24_to_40": ((2, 24, 9, 8), (40, 24, 3, 3), (1, 1, 1, 1)),
+    "5x3_asym_pads": ((3, 16, 7, 11), (32, 16, 5, 3), (2, 0, 1, 2)),
+}
+
+
+@pytest.mark.skipif(KD.unavailable() is not None, reason="oneDNN is unavailable")
+@pytest.mark.parametrize("where", [None, "x", "w", "dy"])
+@pytest.mark.parametrize("name", list(NHWC_CASES))
+def test_nhwc_primitives_match_the_oracle(name, where):
+    """oneDNN asked for nhwc activations (``formats='nhwc'``, what ``libraries.plain_conv_formats`` picks on
+    Intel AVX-512): the forward, data and weight gradients on plain tensors, reordered at the edges,
+    against the float64 definition; a NaN or Inf in an input reaches the outputs the definition takes it
+    to (oneDNN's JIT code skips padding taps, as the oracle does)."""
+    xs, ws, pads = NHWC_CASES[name]
+    s, d = (1, 1), (1, 1)
+    ys = _out_shape(xs, ws, s, pads, d)
+    x, w, dy = (RNG.standard_normal(shape).astype(np.float32) for shape in (xs, ws, ys))
+    if where is not None:
+        flat = {"x": x, "w": w, "dy": dy}[where].reshape(-1)
+        flat[flat.size // 3], flat[(2 * flat.size) // 3] = np.nan, -np.inf
+    b = RNG.standard_normal(ws[0]).astype(np.float32)
+    attrs = {"strides": list(s), "pads": list(pads), "dilations": list(d), "group": 1}
+    with np.errstate(invalid="ignore"):
+        want_y = _conv64(x, w, b, attrs)
+        want_dx, want_dw = _oracle(x, w, dy, s, pads, d, 1)
+    fwd = KD.plain_conv(xs, ws, ys, s, pads, d, 1, True, np.float32, formats="nhwc")
+    y = np.empty(ys, np.float32)
+    fwd.run(x, w, b, y, np.empty(fwd.workspace_bytes + 64, np.uint8))
+    got = {"y": (y, want_y)}
+    for kind, a, bb, out, want in (
+        ("data", dy, w, np.empty(xs, np.float32), want_dx),
+        ("weights", x, dy, np.empty(ws, np.float32), want_dw),
+    ):
+        prim = KD.conv_backward(kind, xs, ws, ys, s, pads, d, 1, np.float32, "nhwc")
+        assert not prim.impl.startswith("ref"), prim.impl
+        prim.run(a, bb, out, np.empty(prim.workspace_bytes + 64, np.uint8))
+        got[kind] = (out, want)
+    assert "nhwc" in fwd.describe()
+    for key, (have, want) in got.items():
+        have = have.astype(np.float64)
+        np.testing.assert_array_equal(np.isnan(have), np.isnan(want), err_msg=key)
+        np.testing.assert_array_equal(np.isinf(have), np.isinf(want), err_msg=key)
+        ok = np.isfinite(want)
+        _close(have[ok], want[ok], np.float32)
+
+
 @pytest.mark.parametrize("name", ["2d_strided_asym_pads", "2d_depthwise_x2", "3d"])
 def test_bfloat16(name):
     """bfloat16: oneDNN's native bf16 primitives where the CPU has AVX512-BF16, else the GEMM
@@ -609,7 +658,8 @@ def test_weight_gradient_of_small_planes_as_one_matmul(name, where, dtype):
     assert (ex.kernel_name == "conv_backward_weight_matmul") == rows, ex.reason
     if dt == np.float32:  # planes of <= 16 positions on every level, the strided ones from AVX-512 on
         wide = cpu.LEVELS.index(KL.platform().isa) >= cpu.LEVELS.index("avx512")
-        assert rows == (name.startswith("plane") or wide), ex.reason
+        nhwc = KL.plain_conv_formats("weights", xs, ws, dy.shape, s, d, 1, dt) == "nhwc"  # that primitive there
+        assert rows == ((name.startswith("plane") or wide) and not nhwc), ex.reason
     elif name != "plane_4x4" and KL.runtime_bf16_product() is None:
         assert rows  # native bfloat16: always this kernel for the <= 4-position or strided planes
     got = ex.run().numpy()

@@ -368,29 +368,62 @@ def test_bert_fused_products_in_a_capped_process():
         assert tuple(plan) == _expected_under_avx2(got["gemm"], act), (k, n, act, got)
 
 
-# (X, W, dY shapes, strides) of float32 weight gradients, and whether they run as one product (AVX2, AVX-512)
+# (X, W, dY shapes, strides) of float32 weight gradients, and whether they run as one product (AVX2, AVX-512
+# AMD, AVX-512 Intel: there the nhwc primitive takes stride-1 planes of 16+ positions)
 DW_ROWS = {
-    "2x2_planes": (((32, 512, 2, 2), (512, 512, 3, 3), (32, 512, 2, 2), (1, 1)), (True, True)),
-    "4x4_planes": (((32, 256, 4, 4), (256, 256, 3, 3), (32, 256, 4, 4), (1, 1)), (True, True)),
-    "strided_14x14": (((32, 256, 28, 28), (256, 256, 3, 3), (32, 256, 14, 14), (2, 2)), (False, True)),
-    "8x8_planes": (((32, 256, 8, 8), (256, 256, 3, 3), (32, 256, 8, 8), (1, 1)), (False, False)),
-    "1x1": (((32, 512, 2, 2), (512, 512, 1, 1), (32, 512, 2, 2), (1, 1)), (False, False)),
-    "narrow": (((32, 128, 2, 2), (128, 128, 3, 3), (32, 128, 2, 2), (1, 1)), (False, False)),
+    "2x2_planes": (((32, 512, 2, 2), (512, 512, 3, 3), (32, 512, 2, 2), (1, 1)), (True, True, True)),
+    "4x4_planes": (((32, 256, 4, 4), (256, 256, 3, 3), (32, 256, 4, 4), (1, 1)), (True, True, False)),
+    "strided_14x14": (((32, 256, 28, 28), (256, 256, 3, 3), (32, 256, 14, 14), (2, 2)), (False, True, True)),
+    "8x8_planes": (((32, 256, 8, 8), (256, 256, 3, 3), (32, 256, 8, 8), (1, 1)), (False, False, False)),
+    "1x1": (((32, 512, 2, 2), (512, 512, 1, 1), (32, 512, 2, 2), (1, 1)), (False, False, False)),
+    "narrow": (((32, 128, 2, 2), (128, 128, 3, 3), (32, 128, 2, 2), (1, 1)), (False, False, False)),
 }
 
 
-def test_weight_gradient_by_rows_per_isa():
+def test_weight_gradient_by_rows_per_isa(monkeypatch):
     """A float32 weight gradient of 256+ output channels runs as one product over the windows of all images
-    onto planes of <= 16 positions on every level, onto larger strided planes from AVX-512 on; never for 1x1
-    kernels, narrow or grouped ones. The product runs on oneDNN's brgemm matmul where it takes runtime float32
-    products (AVX-512 with OpenBLAS), else on the GEMM library (MKL on Intel, OpenBLAS under AVX2 on AMD);
-    bfloat16's on oneDNN."""
+    onto planes of <= 16 positions on every level (on Intel AVX-512 the nhwc primitive takes the stride-1
+    ones of 16), onto larger strided planes from AVX-512 on; never for 1x1 kernels, narrow or grouped
+    ones. The product runs on oneDNN's brgemm matmul where it takes runtime float32 products (AVX-512
+    with OpenBLAS), else on the GEMM library (MKL on Intel, OpenBLAS under AVX2 on AMD); bfloat16's on
+    oneDNN."""
+    monkeypatch.delenv("OPSNN_ONEDNN_LAYOUT", raising=False)
     for vendor in (AMD, INTEL):
         for level in cpu.LEVELS[1:]:
             p, wide = KL.Platform.for_isa(level, vendor), level != "avx2"
+            col = 0 if not wide else 2 if vendor == INTEL else 1
             for name, ((xs, ws, ys, s), want) in DW_ROWS.items():
-                assert KL.weight_gradient_by_rows(xs, ws, ys, s, 1, np.float32, p=p) == want[wide], (name, level)
+                assert KL.weight_gradient_by_rows(xs, ws, ys, s, 1, np.float32, p=p) == want[col], (name, level)
                 assert not KL.weight_gradient_by_rows(xs, ws, ys, s, 2, np.float32, p=p), (name, level)
             lib = KL.weight_rows_product(512, 128, 4608, np.float32, p).library
             assert lib == ("onednn" if wide and p.gemm_library == "openblas" else p.gemm_library), (vendor, level)
             assert KL.weight_rows_product(512, 128, 4608, _dt.bfloat16, p).library == "onednn"
+
+
+def test_plain_conv_formats_per_isa(monkeypatch):
+    """Convolutions on plain float32 tensors ask oneDNN for nhwc activations where chains run nhwc (Intel
+    from AVX-512 on, or OPSNN_ONEDNN_LAYOUT=nhwc): 2-D, one group, wider than 1x1, stride 1, no dilation,
+    planes of 16+ positions (64+ for the data gradient); elsewhere layouts of oneDNN's choosing."""
+    monkeypatch.delenv("OPSNN_ONEDNN_LAYOUT", raising=False)
+    f32 = np.float32
+    x, w, y = (32, 64, 16, 16), (64, 64, 3, 3), (32, 64, 16, 16)
+    small = (32, 256, 4, 4)
+    for vendor in (AMD, INTEL):
+        for level in cpu.LEVELS[1:]:
+            p = KL.Platform.for_isa(level, vendor)
+            want = "nhwc" if vendor == INTEL and level != "avx2" else "any"
+            for pass_ in ("forward", "data", "weights"):
+                assert KL.plain_conv_formats(pass_, x, w, y, (1, 1), (1, 1), 1, f32, p) == want, (pass_, level)
+                assert KL.plain_conv_formats(pass_, x, w, y, (1, 1), (1, 1), 1, _dt.bfloat16, p) == "any"
+                assert KL.plain_conv_formats(pass_, x, w, (32, 64, 8, 8), (2, 2), (1, 1), 1, f32, p) == "any"
+                assert KL.plain_conv_formats(pass_, x, w, (32, 64, 12, 12), (1, 1), (2, 2), 1, f32, p) == "any"
+                assert KL.plain_conv_formats(pass_, x, (64, 64, 1, 1), y, (1, 1), (1, 1), 1, f32, p) == "any"
+                assert KL.plain_conv_formats(pass_, x, (64, 16, 3, 3), y, (1, 1), (1, 1), 4, f32, p) == "any"
+            small_ws = (256, 256, 3, 3)
+            assert KL.plain_conv_formats("forward", small, small_ws, small, (1, 1), (1, 1), 1, f32, p) == want
+            assert KL.plain_conv_formats("data", small, small_ws, small, (1, 1), (1, 1), 1, f32, p) == "any"
+    intel, amd = KL.Platform.for_isa("avx512", INTEL), KL.Platform.for_isa("avx2", AMD)
+    monkeypatch.setenv("OPSNN_ONEDNN_LAYOUT", "nChw16c")
+    assert KL.plain_conv_formats("forward", x, w, y, (1, 1), (1, 1), 1, f32, intel) == "any"
+    monkeypatch.setenv("OPSNN_ONEDNN_LAYOUT", "nhwc")
+    assert KL.plain_conv_formats("forward", x, w, y, (1, 1), (1, 1), 1, f32, amd) == "nhwc"

@@ -398,9 +398,32 @@ def conv_chain_layout(p: Platform | None = None) -> LayoutChoice | str:
     return LayoutChoice(8, "nChw8c: oneDNN's direct AVX2 convolutions and opsnn's blocked Winograd")
 
 
+#: float32 convolutions on plain tensors where convolution chains run nhwc (oneDNN's brgemm
+#: convolutions): 2-D, one group, a kernel wider than 1x1, stride 1, no dilation, onto output planes of
+#: at least this many positions ask oneDNN for nhwc activations, per pass (docs/performance.md,
+#: "Training convolutions on nhwc"): strided, 1x1 and smaller planes ran slower there
+PLAIN_NHWC_MIN_POSITIONS = {"forward": 16, "data": 64, "weights": 16}
+
+
+def plain_conv_formats(pass_: str, x_shape, w_shape, y_shape, strides, dilations, group, dtype, p=None) -> str:
+    """The layouts oneDNN is asked for in a convolution on plain tensors, ``pass_`` 'forward', 'data'
+    or 'weights' (a gradient): 'nhwc' (activations nhwc, weights of its choosing) where
+    :func:`conv_chain_layout` runs nhwc (Intel from AVX-512 on; ``OPSNN_ONEDNN_LAYOUT`` steers both)
+    and :data:`PLAIN_NHWC_MIN_POSITIONS` takes the shape, else 'any' (layouts of its choosing)."""
+    if np.dtype(dtype) != np.float32 or len(x_shape) != 4 or int(group) != 1:
+        return "any"
+    if math.prod(int(v) for v in w_shape[2:]) <= 1 or any(int(v) != 1 for v in tuple(strides) + tuple(dilations)):
+        return "any"
+    if math.prod(int(v) for v in y_shape[2:]) < PLAIN_NHWC_MIN_POSITIONS[pass_]:
+        return "any"
+    c = conv_chain_layout(p)
+    return "nhwc" if isinstance(c, LayoutChoice) and c.block == 0 else "any"
+
+
 class BackwardChoice(NamedTuple):
     """:func:`conv_backward`'s decision; ``formats``: the layouts oneDNN's primitive is asked for
-    ('any': of its choosing, reorders at the edges; 'plain': the user's NCHW / OIHW), None off oneDNN."""
+    ('any': of its choosing, reorders at the edges; 'nhwc': nhwc activations, weights of its choosing;
+    'plain': the user's NCHW / OIHW), None off oneDNN."""
 
     library: str
     kernel: str
@@ -442,6 +465,8 @@ DW_ROWS_F32_POSITIONS = 16
 def _f32_rows_plane(x_shape, w_shape, y_shape, strides, p: Platform) -> bool:
     """The float32 half of :func:`weight_gradient_by_rows`' plane rule."""
     if math.prod(int(v) for v in w_shape[2:]) <= 1:
+        return False
+    if plain_conv_formats("weights", x_shape, w_shape, y_shape, strides, (1, 1), 1, np.float32, p) == "nhwc":
         return False
     if math.prod(int(v) for v in y_shape[2:]) <= DW_ROWS_F32_POSITIONS:
         return True
@@ -526,25 +551,21 @@ def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations
         return BackwardChoice("opsnn", gemm, why, None)
     prim_dtype = _dt.bfloat16 if d == _dt.bfloat16 else np.float32
     impls = {}
-    for formats in ("any", "plain"):
+    nhwc = plain_conv_formats(kind, x_shape, w_shape, y_shape, strides, dilations, group, d) == "nhwc"
+    for formats in (("nhwc",) if nhwc else ()) + ("any", "plain"):
         try:
             impls[formats] = impl = onednn.conv_backward_impl(
-                kind,
-                x_shape,
-                w_shape,
-                y_shape,
-                strides,
-                pads,
-                dilations,
-                group,
-                prim_dtype,
-                onednn.TAG_ANY if formats == "any" else None,
+                kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, prim_dtype, formats
             )
         except onednn.OneDnnError as e:
             impls[formats] = f"none ({e})"
             continue
         if not impl.startswith("ref"):
-            where = "the layouts it chose" if formats == "any" else "the plain layouts (its own choice is ref code)"
+            where = {
+                "nhwc": "nhwc activations (plain_conv_formats)",
+                "any": "the layouts it chose",
+                "plain": "the plain layouts (its own choice is ref code)",
+            }[formats]
             if (
                 kind == "weights"
                 and d == _dt.bfloat16
@@ -587,6 +608,7 @@ class PlainConvChoice(NamedTuple):
     runnable: bool
     preferred: bool
     reason: str
+    formats: str = "any"  # the layouts the primitive is asked for (plain_conv_formats)
 
 
 #: the most the plain-layout forward primitive's reorder buffers (X and Y in oneDNN's layouts) may
@@ -643,20 +665,30 @@ def conv_forward_plain(
                 why = f"oneDNN would run its {impl} code here"
     if why is not None:
         return PlainConvChoice(False, False, why)
+    formats = plain_conv_formats("forward", x_shape, w_shape, y_shape, strides, dilations, group, d)
+    if formats == "nhwc":
+        nhwc = onednn.plain_conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, group, d, formats)
+        if nhwc.startswith("ref") or "gemm" in nhwc:
+            formats = "any"
+        else:
+            impl = f"{nhwc} on nhwc"
     if d == _dt.bfloat16:
         return PlainConvChoice(
-            True, True, f"oneDNN's native bfloat16 {impl} (float32 accumulation), reorders at the edges"
+            True, True, f"oneDNN's native bfloat16 {impl} (float32 accumulation), reorders at the edges", formats
         )
     want = os.environ.get(CONV_ONEDNN_ENV, "").strip().lower()
     if want in ("1", "true", "yes", "on"):
-        return PlainConvChoice(True, True, f"oneDNN's {impl}, reorders at the edges ({CONV_ONEDNN_ENV}=1)")
+        return PlainConvChoice(True, True, f"oneDNN's {impl}, reorders at the edges ({CONV_ONEDNN_ENV}=1)", formats)
     if want in ("0", "false", "no", "off"):
-        return PlainConvChoice(True, False, f"oneDNN's {impl} is not preferred ({CONV_ONEDNN_ENV}=0)")
+        return PlainConvChoice(True, False, f"oneDNN's {impl} is not preferred ({CONV_ONEDNN_ENV}=0)", formats)
     if constant_weight:
         return PlainConvChoice(
-            True, False, f"a constant weight: opsnn's kernels pack it once, oneDNN's {impl} would reorder it every call"
+            True,
+            False,
+            f"a constant weight: opsnn's kernels pack it once, oneDNN's {impl} would reorder it every call",
+            formats,
         )
-    return PlainConvChoice(True, True, f"oneDNN's {impl}, reorders at the edges")
+    return PlainConvChoice(True, True, f"oneDNN's {impl}, reorders at the edges", formats)
 
 
 #: where AVX2 is the level in force, an epilogue pass without a costly activation (bias, residual,

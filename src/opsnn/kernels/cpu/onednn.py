@@ -1168,6 +1168,22 @@ _ARG_DIFF_SRC, _ARG_DIFF_DST, _ARG_DIFF_WEIGHTS = 129, 145, 161
 _QUERY_DIFF_SRC_MD, _QUERY_DIFF_WEIGHTS_MD, _QUERY_DIFF_DST_MD = 130, 132, 134
 
 
+#: the layouts a convolution on plain user tensors asks oneDNN for: of its choosing, the plain ones, or
+#: nhwc activations with weights of its choosing (its brgemm convolutions); the edges reorder the rest
+CONV_FORMATS = ("any", "plain", "nhwc")
+
+
+def _format_tags(formats: str, ndims: int) -> tuple:
+    """(X / dX, W / dW, Y / dY) format tags for a 4-D convolution asked in ``formats`` (CONV_FORMATS)."""
+    if formats == "any":
+        return TAG_ANY, TAG_ANY, TAG_ANY
+    if formats == "plain":
+        return _plain_tag(ndims), _plain_tag(ndims), _plain_tag(ndims)
+    if formats == "nhwc" and ndims == 4:
+        return TAG_BLOCKED[0], TAG_ANY, TAG_BLOCKED[0]
+    raise OneDnnError(f"convolution formats must be one of {CONV_FORMATS} (nhwc: 2-D only), got {formats!r}")
+
+
 def _plain_tag(ndims: int) -> int:
     """oneDNN's dense row-major tag for ``ndims`` dims (``abc...``: NCW/NCHW/NCDHW, OIHW, GOIHW)."""
     return ndims + 1
@@ -1189,17 +1205,18 @@ def _reorder_primitive(src: _Md, dst: _Md) -> Primitive:
     return Primitive(rpd, [(_ARG_SRC, src.h), (_ARG_DST, dst.h)], keep=(src, dst))
 
 
-def _conv_backward_desc(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, tag):
+def _conv_backward_desc(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, formats):
     """(backward primitive descriptor, forward hint descriptor, (src, weights, dst) descriptors)
-    of a convolution's data (``kind`` 'data') or weight ('weights') gradient; ``tag``: the
-    format asked of every tensor (TAG_ANY lets oneDNN choose; None: plain row-major)."""
+    of a convolution's data (``kind`` 'data') or weight ('weights') gradient, the tensors asked in
+    ``formats`` (:data:`CONV_FORMATS`)."""
     if unavailable() is not None:
         raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
     nd = len(x_shape) - 2
     w_dims = list(w_shape) if group == 1 else [group, w_shape[0] // group] + list(w_shape[1:])
-    src = _Md(x_shape, tag or _plain_tag(len(x_shape)), dtype)
-    wts = _Md(w_dims, tag or _plain_tag(len(w_dims)), dtype)
-    dst = _Md(y_shape, tag or _plain_tag(len(y_shape)), dtype)
+    x_tag, w_tag, y_tag = _format_tags(formats, len(x_shape))
+    src = _Md(x_shape, x_tag, dtype)
+    wts = _Md(w_dims, w_tag if len(w_dims) == len(x_shape) else _format_tags(formats, len(w_dims))[1], dtype)
+    dst = _Md(y_shape, y_tag, dtype)
     st, dil = _Dims(*strides), _Dims(*(int(d) - 1 for d in dilations))
     pl, pr = _Dims(*pads[:nd]), _Dims(*pads[nd:])
     what = f"convolution {kind} gradient (x {tuple(x_shape)}, w {tuple(w_shape)}, y {tuple(y_shape)}, group {group})"
@@ -1226,9 +1243,11 @@ def _conv_backward_desc(kind: str, x_shape, w_shape, y_shape, strides, pads, dil
     return pd, hint, (src, wts, dst), w_dims
 
 
-def conv_backward_impl(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, tag) -> str:
-    """The implementation oneDNN picks for this gradient (descriptors only, no JIT code)."""
-    pd, hint, _, _ = _conv_backward_desc(kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, tag)
+def conv_backward_impl(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, formats) -> str:
+    """The implementation oneDNN picks for this gradient asked in ``formats`` (descriptors only, no JIT code)."""
+    pd, hint, _, _ = _conv_backward_desc(
+        kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, formats
+    )
     try:
         return _impl_name(pd)
     finally:
@@ -1280,8 +1299,9 @@ class ConvBackwardPrimitive:
     dX (N, C, *sp) from dY and W (O, C/group, *k); 'weights' computes dW from X and dY. All float32
     or all bfloat16. ``formats``: 'any' lets the primitive choose its layouts (its blocked JIT
     kernels) and reorders each tensor whose chosen layout is not the plain one at the edges, in
-    buffers carved from the caller's workspace (:attr:`workspace_bytes`); 'plain' runs on the user
-    layouts as they are. ``run(a, b, out, ws)``: (dY, W, dX) or (X, dY, dW)."""
+    buffers carved from the caller's workspace (:attr:`workspace_bytes`); 'nhwc' asks nhwc
+    activations (its brgemm code) and weights of its choosing, reordered the same way; 'plain' runs on
+    the user layouts as they are. ``run(a, b, out, ws)``: (dY, W, dX) or (X, dY, dW)."""
 
     def __init__(
         self, kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, formats="any", compute=None
@@ -1294,9 +1314,8 @@ class ConvBackwardPrimitive:
         self.widened = compute == "float32" and self.dtype == _dt.bfloat16
         if self.widened:
             dtype = np.float32
-        tag = TAG_ANY if formats == "any" else None
         pd, hint, (src, wts, dst), w_dims = _conv_backward_desc(
-            kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, tag
+            kind, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype, formats
         )
         self._hint = hint
         try:
@@ -1395,18 +1414,19 @@ def conv_backward(kind, x_shape, w_shape, y_shape, strides, pads, dilations, gro
 
 
 def _plain_conv_desc(
-    x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, tag, dtype=np.float32, bias_dtype=None
+    x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, formats, dtype=np.float32, bias_dtype=None
 ):
     """A forward convolution's descriptor for plain user tensors: X, W and Y in ``dtype`` (float32,
-    or bfloat16: float32 accumulation, Y rounded once) asked for in ``tag`` (TAG_ANY: oneDNN's
-    choice), the bias plain in ``bias_dtype`` (``dtype`` if None); no post-ops (IEEE: NaN and Inf stay)."""
+    or bfloat16: float32 accumulation, Y rounded once) asked for in ``formats`` (:data:`CONV_FORMATS`),
+    the bias plain in ``bias_dtype`` (``dtype`` if None); no post-ops (IEEE: NaN and Inf stay)."""
     if unavailable() is not None:
         raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
     nd = len(x_shape) - 2
     w_dims = list(w_shape) if group == 1 else [group, w_shape[0] // group] + list(w_shape[1:])
-    src = _Md(x_shape, tag or _plain_tag(len(x_shape)), dtype)
-    wts = _Md(w_dims, tag or _plain_tag(len(w_dims)), dtype)
-    dst = _Md(y_shape, tag or _plain_tag(len(y_shape)), dtype)
+    x_tag, w_tag, y_tag = _format_tags(formats, len(x_shape))
+    src = _Md(x_shape, x_tag, dtype)
+    wts = _Md(w_dims, w_tag if len(w_dims) == len(x_shape) else _format_tags(formats, len(w_dims))[1], dtype)
+    dst = _Md(y_shape, y_tag, dtype)
     bias = _Md([w_shape[0]], TAG_A, dtype if bias_dtype is None else bias_dtype) if has_bias else None
     pd, attr = _vp(), _new_attr()
     # the training propagation kind, as torch asks, for float32 and bfloat16: oneDNN then runs its
@@ -1433,10 +1453,10 @@ def _plain_conv_desc(
     return pd, (src, wts, dst, bias), w_dims
 
 
-def plain_conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype=np.float32) -> str:
-    """The implementation oneDNN picks for a float32 (bfloat16) convolution of plain tensors when it
-    may choose the layouts (descriptor only)."""
-    pd, _, _ = _plain_conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, group, False, TAG_ANY, dtype)
+def plain_conv_impl(x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype=np.float32, formats="any") -> str:
+    """The implementation oneDNN picks for a float32 (bfloat16) convolution of plain tensors asked in
+    ``formats`` (descriptor only)."""
+    pd, _, _ = _plain_conv_desc(x_shape, w_shape, y_shape, strides, pads, dilations, group, False, formats, dtype)
     try:
         return _impl_name(pd)
     finally:
@@ -1447,17 +1467,28 @@ class PlainConvPrimitive:
     """``Y = conv(X, W) + B`` for plain NCHW (NCW, NCDHW) ``X``, ``W`` (O, C/group, k...) and ``Y``
     all float32 or all bfloat16 (``dtype``; bf16: native bf16 products, float32 accumulation, Y
     rounded once), ``B`` in ``bias_dtype``: oneDNN's forward primitive on layouts of its choosing
-    (its blocked JIT kernels), X and W reordered into them and Y out of them at the edges, in buffers
-    carved from the caller's workspace. W is read per call (a training step changes it), so one
-    primitive serves every weight of its shape. No post-ops: NaN and Inf propagate as in a direct
-    convolution."""
+    (its blocked JIT kernels; ``formats`` 'nhwc': nhwc activations, its brgemm code), X and W reordered
+    into them and Y out of them at the edges, in buffers carved from the caller's workspace. W is read
+    per call (a training step changes it), so one primitive serves every weight of its shape. No
+    post-ops: NaN and Inf propagate as in a direct convolution."""
 
     def __init__(
-        self, x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, dtype=np.float32, bias_dtype=None
+        self,
+        x_shape,
+        w_shape,
+        y_shape,
+        strides,
+        pads,
+        dilations,
+        group,
+        has_bias,
+        dtype=np.float32,
+        bias_dtype=None,
+        formats="any",
     ):
-        self.dtype = np.dtype(dtype)
+        self.dtype, self.formats = np.dtype(dtype), formats
         pd, (src, wts, dst, bias), w_dims = _plain_conv_desc(
-            x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, TAG_ANY, dtype, bias_dtype
+            x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, formats, dtype, bias_dtype
         )
         try:
             plain = [_Md(x_shape, _plain_tag(len(x_shape)), dtype), _Md(w_dims, _plain_tag(len(w_dims)), dtype)]
@@ -1484,9 +1515,10 @@ class PlainConvPrimitive:
 
     def describe(self) -> str:
         dt = "bfloat16 " if self.dtype == _dt.bfloat16 else ""
+        where = "nhwc and its chosen weight layout" if self.formats == "nhwc" else "its chosen layouts"
         return (
             f"oneDNN {self.impl} {dt}convolution on plain tensors, {self.reorders} reorder(s) at the edges "
-            "to and from its chosen layouts, no post-ops"
+            f"to and from {where}, no post-ops"
         )
 
     def run(self, x: np.ndarray, w: np.ndarray, b, y: np.ndarray, ws) -> None:
@@ -1497,13 +1529,23 @@ _plain_cache: OrderedDict[tuple, PlainConvPrimitive] = OrderedDict()
 
 
 def plain_conv(
-    x_shape, w_shape, y_shape, strides, pads, dilations, group, has_bias, dtype=np.float32, bias_dtype=None
+    x_shape,
+    w_shape,
+    y_shape,
+    strides,
+    pads,
+    dilations,
+    group,
+    has_bias,
+    dtype=np.float32,
+    bias_dtype=None,
+    formats="any",
 ) -> PlainConvPrimitive:
-    """A :class:`PlainConvPrimitive`, built once per (shapes, attributes, bias, dtypes), up to
+    """A :class:`PlainConvPrimitive`, built once per (shapes, attributes, bias, dtypes, formats), up to
     ``BACKWARD_CACHE_SIZE`` of them (least recently used dropped first)."""
     key = tuple(tuple(int(v) for v in a) for a in (x_shape, w_shape, y_shape, strides, pads, dilations))
     bias_dtype = np.dtype(dtype if bias_dtype is None else bias_dtype)
-    key += (int(group), bool(has_bias), np.dtype(dtype), bias_dtype)
+    key += (int(group), bool(has_bias), np.dtype(dtype), bias_dtype, formats)
     return _kept(_plain_cache, key, lambda: PlainConvPrimitive(*key), BACKWARD_CACHE_SIZE)
 
 

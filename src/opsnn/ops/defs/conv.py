@@ -923,7 +923,8 @@ def _plain_onednn_applies(ctx):
 
 def _plain_onednn_plan(ctx):
     dt = _dt.bfloat16 if ctx.dtype(0) == _dt.bfloat16 else np.float32
-    return KD.plain_conv(*_plain_onednn_args(ctx), ctx.has(2), dt)
+    c = KL.conv_forward_plain(*_plain_onednn_args(ctx), ctx.dtype(0), constant_weight=ctx.value(1) is not None)
+    return KD.plain_conv(*_plain_onednn_args(ctx), ctx.has(2), dt, formats=c.formats)
 
 
 def _plain_onednn_kernel(ins, outs, attrs, plan, ws):
@@ -939,7 +940,8 @@ Conv.kernel(
     workspace=lambda ctx, plan: plan.workspace_bytes,
     doc="oneDNN's forward convolution on plain float32 or bfloat16 tensors (bf16: native bf16 products, "
     "float32 accumulation, one rounding): X and W reordered into the layouts it chooses and Y out of them "
-    "at the edges (workspace), the bias added by the primitive, no post-ops; chosen where "
+    "at the edges (workspace; nhwc activations where libraries.plain_conv_formats says), the bias added by "
+    "the primitive, no post-ops; chosen where "
     "libraries.conv_forward_plain prefers it (bfloat16 with AVX512-BF16; float32 where the weight is not "
     "constant; OPSNN_CONV_ONEDNN=1|0 overrides for float32)",
     nonfinite="oneDNN's JIT code skips the taps that read padding, where the definition multiplies the "
