@@ -640,7 +640,7 @@ def test_weight_gradient_of_small_planes_as_one_matmul(name, where, dtype):
     """A 2-D one-group weight gradient of a small or strided output plane with 256+ output channels is dY^T
     times the windows of all images in one product where the strategy says so (``weight_gradient_by_rows``:
     bfloat16 natively on oneDNN, float32 on oneDNN's brgemm matmul or the GEMM library,
-    ``weight_rows_product``), else oneDNN's backward-weights primitive; either way against the oracle on the
+    ``conv_rows_product``), else oneDNN's backward-weights primitive; either way against the oracle on the
     same values. A
     NaN or Inf in X or dY reaches the entries the definition takes it to (the windows hold the padding as
     zeros, which a non-finite dY multiplies, as opsnn's im2col kernel does)."""
@@ -678,7 +678,54 @@ def test_weight_gradient_of_small_planes_as_one_matmul(name, where, dtype):
     if rows:
         positions, row = math.prod(dy.shape[:1] + dy.shape[2:]), math.prod(ws[1:])
         c = KL.kernel_choice("conv_backward_weight_matmul", ws[0], positions, row, dt)
-        assert c == KL.weight_rows_product(ws[0], positions, row, dt)
+        assert c == KL.conv_rows_product("weights", ws[0], positions, row, dt)
+        assert (c.library == "onednn") == (ex.plan.matmul is not None), (c, ex.plan.describe())
+
+
+# (X shape, W shape, strides, pads, dilations): data gradients onto small output planes
+DATA_ROWS_CASES = {
+    "plane_2x2": ((4, 24, 2, 2), (256, 24, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    "strided_to_2x2": ((3, 20, 4, 4), (256, 20, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+    "strided_dilated": ((2, 16, 7, 5), (256, 16, 2, 3), (3, 2), (0, 1, 1, 0), (2, 1)),
+    "plane_4x4_512": ((2, 16, 4, 4), (512, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("name", list(DATA_ROWS_CASES))
+@pytest.mark.parametrize("where", [None, "w", "dy"])
+def test_data_gradient_of_small_planes_as_one_matmul(name, where):
+    """A 2-D one-group float32 data gradient onto a plane of <= 4 positions (under AVX2 <= 16 from 512 output
+    channels) with 256+ output channels is dY as rows times W in one product, each row added back at its
+    window (``data_gradient_by_rows``, ``conv_rows_product``); against the definition on the same values, a
+    NaN or Inf in W or dY reaching the input positions the definition takes it to (taps that read padding
+    add nothing, as in oneDNN's and the oracle's sums)."""
+    xs, ws, s, pads, d = DATA_ROWS_CASES[name]
+    ys = _out_shape(xs, ws, s, pads, d)
+    x = np.zeros(xs, np.float32)
+    w = RNG.standard_normal(ws).astype(np.float32)
+    dy = RNG.standard_normal(ys).astype(np.float32)
+    if where is not None:
+        flat = {"w": w, "dy": dy}[where].reshape(-1)
+        flat[flat.size // 3] = np.nan
+        flat[(2 * flat.size) // 3] = np.inf
+    T = opsnn.tensor
+    ex = opsnn.aclnn.conv_backward_data.prepare(T(dy), T(w), xs, stride=s, padding=pads, dilation=d, groups=1)
+    rows = KL.data_gradient_by_rows(xs, ws, ys, 1, np.float32)
+    assert (ex.kernel_name == "conv_backward_data_matmul") == rows, ex.reason
+    if name != "plane_4x4_512" or KL.platform().isa == "avx2":
+        assert rows
+    got = ex.run().numpy().astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        want = _oracle(x, w, dy, s, pads, d, 1)[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    np.testing.assert_array_equal(np.sign(got[np.isinf(got)]), np.sign(want[np.isinf(want)]))
+    ok = np.isfinite(want)
+    _close(got[ok], want[ok], np.float32)
+    if rows:
+        positions = math.prod(ys[:1] + ys[2:])
+        c = KL.kernel_choice("conv_backward_data_matmul", positions, ws[0], math.prod(ws[1:]), np.float32)
+        assert c == KL.conv_rows_product("data", positions, ws[0], math.prod(ws[1:]), np.float32)
         assert (c.library == "onednn") == (ex.plan.matmul is not None), (c, ex.plan.describe())
 
 
@@ -690,3 +737,5 @@ def test_narrow_or_grouped_small_planes_keep_the_primitive():
         for dt in (np.float32, _dt.bfloat16):
             assert not KL.weight_gradient_by_rows(xs, ws, ys, s, g, dt)
             assert KL.conv_backward("weights", xs, ws, ys, s, pads, d, g, dt).kernel != "conv_backward_weight_matmul"
+            assert not KL.data_gradient_by_rows(xs, ws, ys, g, dt)
+            assert KL.conv_backward("data", xs, ws, ys, s, pads, d, g, dt).kernel != "conv_backward_data_matmul"

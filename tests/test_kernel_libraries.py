@@ -395,9 +395,34 @@ def test_weight_gradient_by_rows_per_isa(monkeypatch):
             for name, ((xs, ws, ys, s), want) in DW_ROWS.items():
                 assert KL.weight_gradient_by_rows(xs, ws, ys, s, 1, np.float32, p=p) == want[col], (name, level)
                 assert not KL.weight_gradient_by_rows(xs, ws, ys, s, 2, np.float32, p=p), (name, level)
-            lib = KL.weight_rows_product(512, 128, 4608, np.float32, p).library
+            lib = KL.conv_rows_product("weights", 512, 128, 4608, np.float32, p).library
             assert lib == ("onednn" if wide and p.gemm_library == "openblas" else p.gemm_library), (vendor, level)
-            assert KL.weight_rows_product(512, 128, 4608, _dt.bfloat16, p).library == "onednn"
+            assert KL.conv_rows_product("weights", 512, 128, 4608, _dt.bfloat16, p).library == "onednn"
+
+
+# (X, W, dY shapes) of float32 data gradients, and whether they run as one product (AVX2, AVX-512)
+DX_ROWS = {
+    "2x2_planes": (((32, 512, 2, 2), (512, 512, 3, 3), (32, 512, 2, 2)), (True, True)),
+    "strided_to_2x2": (((32, 256, 4, 4), (512, 256, 3, 3), (32, 512, 2, 2)), (True, True)),
+    "4x4_planes_512": (((32, 512, 4, 4), (512, 512, 3, 3), (32, 512, 4, 4)), (True, False)),
+    "4x4_planes_256": (((32, 256, 4, 4), (256, 256, 3, 3), (32, 256, 4, 4)), (False, False)),
+    "1x1": (((32, 256, 4, 4), (512, 256, 1, 1), (32, 512, 2, 2)), (False, False)),
+    "narrow": (((32, 128, 4, 4), (128, 128, 3, 3), (32, 128, 2, 2)), (False, False)),
+}
+
+
+def test_data_gradient_by_rows_per_isa():
+    """A float32 data gradient of 256+ output channels, wider than 1x1, one group, runs as one product onto
+    planes of <= 4 positions on every level, under AVX2 onto <= 16 from 512 output channels; bfloat16 never."""
+    for vendor in (AMD, INTEL):
+        for level in cpu.LEVELS[1:]:
+            p = KL.Platform.for_isa(level, vendor)
+            for name, ((xs, ws, ys), want) in DX_ROWS.items():
+                assert KL.data_gradient_by_rows(xs, ws, ys, 1, np.float32, p) == want[level != "avx2"], (name, level)
+                assert not KL.data_gradient_by_rows(xs, ws, ys, 2, np.float32, p)
+                assert not KL.data_gradient_by_rows(xs, ws, ys, 1, _dt.bfloat16, p)
+            lib = KL.conv_rows_product("data", 128, 512, 4608, np.float32, p).library
+            assert lib == ("onednn" if level != "avx2" and p.gemm_library == "openblas" else p.gemm_library)
 
 
 def test_plain_conv_formats_per_isa(monkeypatch):

@@ -1015,7 +1015,7 @@ class WeightGradRowsPlan:
     """A 2-D weight gradient as one product: dW (O, C*kh*kw) = dY^T (O, N*OH*OW) @ rows (N*OH*OW, C*kh*kw),
     the rows being every image's windows (:func:`im2row_images`) and the product oneDNN's brgemm matmul
     (bfloat16: float32 accumulation, one rounding) or, where ``matmul`` is None, the GEMM library's
-    (``libraries.weight_rows_product``)."""
+    (``libraries.conv_rows_product``)."""
 
     x_shape: tuple
     y_shape: tuple
@@ -1052,7 +1052,7 @@ def conv_weight_grad_rows_plan(x_shape, y_shape, k, s, d, pb, dtype) -> WeightGr
     p = int(y_shape[0]) * math.prod(y_shape[2:])
     r = int(x_shape[1]) * math.prod(k)
     mm = None
-    if libraries.weight_rows_product(m, p, r, dtype).library == "onednn":
+    if libraries.conv_rows_product("weights", m, p, r, dtype).library == "onednn":
         mm = onednn.runtime_matmul(1, m, p, r, dtype=dtype)
     size = np.dtype(dtype).itemsize
     return WeightGradRowsPlan(tuple(x_shape), tuple(y_shape), tuple(k), tuple(s), tuple(d), tuple(pb), size, mm)
@@ -1072,6 +1072,94 @@ def conv_weight_grad_rows(x, dy, dw, plan: WeightGradRowsPlan, ws) -> None:
         _mkl.matmul(dyt.view(dw.dtype), rows.view(dw.dtype), dw.reshape(m, r))
     else:
         plan.matmul.run(dyt.view(dw.dtype), rows.view(dw.dtype), None, dw.reshape(m, r))
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def row2im_images(rows, dx, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow):
+    """The adjoint of :func:`im2row_images`: dx (N, C, H, W) = the sum, over every output position of
+    every image, of its row of ``rows`` (N*oh*ow, C*kh*kw) added at the window it read; the taps that
+    read padding are dropped. One task per (image, channel) plane, so no two tasks write one value."""
+    n, c, h, w = dx.shape
+    kk = kh * kw
+    for t in nb.prange(n * c):
+        i = t // c
+        ci = t - i * c
+        plane = dx[i, ci]
+        plane[:, :] = 0
+        for p in range(oh):
+            y0 = p * sh - ph
+            for q in range(ow):
+                row = rows[(i * oh + p) * ow + q]
+                x0 = q * sw - pw
+                k = ci * kk
+                for a in range(kh):
+                    yy = y0 + a * dh
+                    for b in range(kw):
+                        xx = x0 + b * dw
+                        if 0 <= yy < h and 0 <= xx < w:
+                            plane[yy, xx] += row[k]
+                        k += 1
+
+
+@dataclass(frozen=True)
+class DataGradRowsPlan:
+    """A 2-D float32 data gradient as one product: rows (N*OH*OW, C*kh*kw) = dY as rows (N*OH*OW, O) @ W
+    (O, C*kh*kw), then every row added back at the window it came from (:func:`row2im_images`); the
+    product on oneDNN's brgemm matmul (``matmul``) or, where None, the GEMM library
+    (``libraries.conv_rows_product``)."""
+
+    x_shape: tuple
+    y_shape: tuple
+    k: tuple
+    s: tuple
+    d: tuple
+    pb: tuple
+    matmul: object  # onednn.RuntimeMatMul (1, N*OH*OW, O, C*kh*kw), or None: the GEMM library
+
+    @property
+    def positions(self) -> int:
+        return self.y_shape[0] * math.prod(self.y_shape[2:])
+
+    @property
+    def row_len(self) -> int:
+        return self.x_shape[1] * math.prod(self.k)
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 4 * self.positions * (self.row_len + self.y_shape[1]) + 2 * ALIGN
+
+    def describe(self) -> str:
+        return (
+            f"data gradient as one product: dY as {self.positions} rows times W into the windows' rows, added "
+            f"back at their windows; {self.matmul.describe() if self.matmul is not None else 'the GEMM library'}"
+        )
+
+
+def conv_data_grad_rows_plan(x_shape, y_shape, k, s, d, pb) -> DataGradRowsPlan:
+    from . import libraries, onednn
+
+    m = int(y_shape[1])
+    p = int(y_shape[0]) * math.prod(y_shape[2:])
+    r = int(x_shape[1]) * math.prod(k)
+    mm = None
+    if libraries.conv_rows_product("data", p, m, r, np.float32).library == "onednn":
+        mm = onednn.runtime_matmul(1, p, m, r, dtype=np.float32)
+    return DataGradRowsPlan(tuple(x_shape), tuple(y_shape), tuple(k), tuple(s), tuple(d), tuple(pb), mm)
+
+
+def conv_data_grad_rows(dy, w, dx, plan: DataGradRowsPlan, ws) -> None:
+    """dX of a 2-D group-1 float32 convolution by :class:`DataGradRowsPlan` (contiguous dy, w, dx)."""
+    n, m = plan.y_shape[0], plan.y_shape[1]
+    p, r = plan.positions, plan.row_len
+    dyr = workspace_view(ws, np.float32, (p, m))
+    rows = workspace_view(ws[dyr.nbytes + ALIGN :], np.float32, (p, r))
+    np.copyto(dyr.reshape(n, p // n, m), dy.reshape(n, m, p // n).transpose(0, 2, 1))
+    if plan.matmul is None:
+        _mkl.matmul(dyr, w.reshape(m, r), rows)
+    else:
+        plan.matmul.run(dyr, w.reshape(m, r), None, rows)
+    (kh, kw), (sh, sw), (dh, dw_), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
+    row2im_images(rows, dx, kh, kw, sh, sw, ph, pw, dh, dw_, plan.y_shape[2], plan.y_shape[3])
 
 
 # -- integer / quantized convolution --------------------------------------------------------------

@@ -476,7 +476,7 @@ def _f32_rows_plane(x_shape, w_shape, y_shape, strides, p: Platform) -> bool:
 
 def weight_gradient_by_rows(x_shape, w_shape, y_shape, strides, group, dtype, p: Platform | None = None) -> bool:
     """True when a convolution's weight gradient runs as one product, dW = dY^T @ the windows of all
-    images as rows (``conv_backward_weight_matmul``, :func:`weight_rows_product` runs it): 2-D, one group,
+    images as rows (``conv_backward_weight_matmul``, :func:`conv_rows_product` runs it): 2-D, one group,
     a kernel wider than 1x1, at least :data:`DW_ROWS_MIN_OUT_CHANNELS` output channels, rows within
     :data:`DW_ROWS_MAX_BYTES`, and a small or strided output plane: for bfloat16 the planes of
     :func:`bf16_weight_gradient_in_float32` with oneDNN's native bf16 matmul; for float32 planes of at
@@ -500,24 +500,56 @@ def weight_gradient_by_rows(x_shape, w_shape, y_shape, strides, group, dtype, p:
     return d != _dt.bfloat16 or runtime_bf16_product(p) is None
 
 
-def weight_rows_product(out_channels: int, positions: int, row: int, dtype, p: Platform | None = None) -> Choice:
-    """Who runs :func:`weight_gradient_by_rows`' product (out_channels, positions) @ (positions, row):
-    oneDNN's brgemm matmul for bfloat16 and where :func:`runtime_f32_product` takes float32, else the
-    GEMM library."""
+#: float32 data gradients of kernels wider than 1x1 with at least DW_ROWS_MIN_OUT_CHANNELS output channels run
+#: as one product onto output planes of at most this many positions an image (oneDNN's backward-data code
+#: is the slower there); under AVX2 also onto planes of up to DX_ROWS_AVX2_POSITIONS from
+#: DX_ROWS_AVX2_MIN_OUT_CHANNELS output channels (docs/performance.md)
+DX_ROWS_POSITIONS = 4
+DX_ROWS_AVX2_POSITIONS = 16
+DX_ROWS_AVX2_MIN_OUT_CHANNELS = 512
+
+
+def data_gradient_by_rows(x_shape, w_shape, y_shape, group, dtype, p: Platform | None = None) -> bool:
+    """True when a float32 convolution's data gradient runs as one product, the windows' rows = dY as
+    rows @ W, each row added back at its window (``conv_backward_data_matmul``, :func:`conv_rows_product`
+    runs it): 2-D, one group, a kernel wider than 1x1, at least :data:`DW_ROWS_MIN_OUT_CHANNELS` output
+    channels, rows within :data:`DW_ROWS_MAX_BYTES`, output planes of at most :data:`DX_ROWS_POSITIONS`
+    positions (under AVX2 :data:`DX_ROWS_AVX2_POSITIONS` from :data:`DX_ROWS_AVX2_MIN_OUT_CHANNELS`)."""
+    if len(x_shape) != 4 or int(group) != 1 or np.dtype(dtype) != np.float32:
+        return False
+    if int(w_shape[0]) < DW_ROWS_MIN_OUT_CHANNELS or 0 in tuple(x_shape) + tuple(w_shape) + tuple(y_shape):
+        return False
+    if math.prod(int(v) for v in w_shape[2:]) <= 1:
+        return False
     p = p if p is not None else platform()
+    plane = math.prod(int(v) for v in y_shape[2:])
+    avx2 = p.isa == "avx2" and int(w_shape[0]) >= DX_ROWS_AVX2_MIN_OUT_CHANNELS
+    if plane > (DX_ROWS_AVX2_POSITIONS if avx2 else DX_ROWS_POSITIONS):
+        return False
+    positions = int(y_shape[0]) * plane
+    row = int(x_shape[1]) * math.prod(int(v) for v in w_shape[2:])
+    return positions * (row + int(w_shape[0])) * 4 <= DW_ROWS_MAX_BYTES
+
+
+def conv_rows_product(kind: str, rows: int, k: int, n: int, dtype, p: Platform | None = None) -> Choice:
+    """Who runs the one product of a convolution gradient computed over the windows of all images,
+    (rows, k) @ (k, n): ``kind`` 'weights' (:func:`weight_gradient_by_rows`: dY^T by the windows) or 'data'
+    (:func:`data_gradient_by_rows`: dY as rows by W). oneDNN's brgemm matmul for bfloat16 and where
+    :func:`runtime_f32_product` takes float32, else the GEMM library."""
+    p = p if p is not None else platform()
+    kernel = "conv_backward_data_matmul" if kind == "data" else "conv_backward_weight_matmul"
     if np.dtype(dtype) == _dt.bfloat16:
-        return Choice("onednn", "conv_backward_weight_matmul", "oneDNN's bf16 matmul over the windows of all images")
-    why = runtime_f32_product(out_channels, positions, row, p=p)
+        return Choice("onednn", kernel, "oneDNN's bf16 matmul over the windows of all images")
+    why = runtime_f32_product(rows, k, n, p=p)
     if why is None:
-        return Choice("onednn", "conv_backward_weight_matmul", "oneDNN's brgemm matmul over the windows of all images")
-    return Choice(
-        p.gemm_library, "conv_backward_weight_matmul", f"the GEMM library over the windows of all images ({why})"
-    )
+        return Choice("onednn", kernel, "oneDNN's brgemm matmul over the windows of all images")
+    return Choice(p.gemm_library, kernel, f"the GEMM library over the windows of all images ({why})")
 
 
 def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations, group, dtype) -> BackwardChoice:
     """Who computes a convolution's data (``kind`` 'data') or weight ('weights') gradient: the weight
-    gradients of :func:`weight_gradient_by_rows` as one product (float32 with or without oneDNN); oneDNN's
+    gradients of :func:`weight_gradient_by_rows` and the data gradients of :func:`data_gradient_by_rows` as
+    one product (float32 with or without oneDNN); oneDNN's
     backward primitive where oneDNN runs the dtype natively (float32, float16 through the float32
     adapter, bfloat16 with AVX512-BF16), asked for the layouts of its choosing (its blocked JIT
     kernels; the plain tensors are reordered at the edges) unless that would be its reference code,
@@ -529,15 +561,20 @@ def conv_backward(kind: str, x_shape, w_shape, y_shape, strides, pads, dilations
     name = "conv_backward_data" if kind == "data" else "conv_backward_weight"
     gemm = f"{name}_col2im" if kind == "data" else f"{name}_im2col"
     d = np.dtype(dtype)
+    positions = int(y_shape[0]) * math.prod(int(v) for v in y_shape[2:])
+    row = int(x_shape[1]) * math.prod(int(v) for v in w_shape[2:])
     if kind == "weights" and d == np.float32 and weight_gradient_by_rows(x_shape, w_shape, y_shape, strides, group, d):
-        positions = int(y_shape[0]) * math.prod(int(v) for v in y_shape[2:])
-        row = int(x_shape[1]) * math.prod(int(v) for v in w_shape[2:])
-        c = weight_rows_product(int(w_shape[0]), positions, row, d)
+        c = conv_rows_product("weights", int(w_shape[0]), positions, row, d)
         return BackwardChoice(
             c.library,
             c.kernel,
             f"{c.reason}: oneDNN's backward-weights code is slower on small or strided planes",
             None,
+        )
+    if kind == "data" and data_gradient_by_rows(x_shape, w_shape, y_shape, group, d):
+        c = conv_rows_product("data", positions, int(w_shape[0]), row, d)
+        return BackwardChoice(
+            c.library, c.kernel, f"{c.reason}: oneDNN's backward-data code is slower on small planes", None
         )
     why = onednn.unavailable()
     if why is None and d == _dt.bfloat16:
@@ -779,8 +816,8 @@ def kernel_choice(
         return Choice("onednn", kernel, "oneDNN's convolution on plain tensors, reorders at the edges")
     if kernel.startswith("conv_backward_") and kernel.endswith("_onednn"):
         return Choice("onednn", kernel, "oneDNN's convolution backward primitive (conv_backward)")
-    if kernel == "conv_backward_weight_matmul":
-        return weight_rows_product(rows, k, n, dtype, p)
+    if kernel in ("conv_backward_weight_matmul", "conv_backward_data_matmul"):
+        return conv_rows_product("data" if "data" in kernel else "weights", rows, k, n, dtype, p)
     if kernel == "conv_winograd_blocked":
         c = blocked_winograd_gemms(p)
         why = c.reason if isinstance(c, Choice) else "its point GEMMs in one oneDNN batched matmul"

@@ -1234,6 +1234,15 @@ def _bwd_weight_matmul(ins, outs, attrs, plan, ws):
     K.conv_weight_grad_rows(np.ascontiguousarray(ins[0]), np.ascontiguousarray(ins[1]), outs[0], plan, ws)
 
 
+def _bwd_data_matmul_plan(ctx):
+    xs, _ws, ys, geo = _backward_shapes(ctx)
+    return K.conv_data_grad_rows_plan(xs, ys, geo.k, geo.s, geo.d, geo.pb)
+
+
+def _bwd_data_matmul(ins, outs, attrs, plan, ws):
+    K.conv_data_grad_rows(np.ascontiguousarray(ins[0]), np.ascontiguousarray(ins[1]), outs[0], plan, ws)
+
+
 def _bwd_onednn_plan(kind: str):
     def plan(ctx):
         c = _bwd_choice(ctx, kind)
@@ -1303,6 +1312,17 @@ ConvBackwardData.kernel(
     "workspace (libraries.conv_backward)",
 )(_bwd_onednn_kernel)
 ConvBackwardData.kernel(
+    "conv_backward_data_matmul",
+    dtypes=(_dt.float32,),
+    priority=35,
+    applies=_bwd_applies("data", "conv_backward_data_matmul"),
+    plan=_bwd_data_matmul_plan,
+    workspace=lambda ctx, plan: plan.workspace_bytes,
+    doc="2-D, one group, small output planes (libraries.data_gradient_by_rows): dY as rows times W in one "
+    "product (libraries.conv_rows_product: oneDNN's brgemm matmul or the GEMM library) into the windows' rows, "
+    "each row added back at its window (one numba pass, parallel over (image, channel) planes)",
+)(_bwd_data_matmul)
+ConvBackwardData.kernel(
     "conv_backward_data_col2im",
     dtypes=_F32_64,
     priority=20,
@@ -1346,7 +1366,7 @@ ConvBackwardWeight.kernel(
     plan=_bwd_weight_matmul_plan,
     workspace=lambda ctx, plan: plan.workspace_bytes,
     doc="2-D, one group, small or strided output planes (libraries.weight_gradient_by_rows): the windows of "
-    "every image as rows (one numba pass), then dW = dY^T @ rows in one product (libraries.weight_rows_product: "
+    "every image as rows (one numba pass), then dW = dY^T @ rows in one product (libraries.conv_rows_product: "
     "oneDNN's brgemm matmul, bfloat16 with float32 accumulation; float32 on the GEMM library where MKL keeps "
     "runtime products or oneDNN's matmul is not its brgemm code)",
 )(_bwd_weight_matmul)
