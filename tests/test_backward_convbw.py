@@ -12,6 +12,7 @@ atol 2e-2 times the largest entry, against the oracle on the same bf16-rounded i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -492,6 +493,70 @@ def test_conv_onednn_plain_matches_the_direct_sum(name, monkeypatch):
             _conv64(x2, w, b if bias is not None else 0 * b, attrs),
             np.float32,
         )
+
+
+# (X shape, W shape, strides, pads, dilations) of convolutions onto small planes (conv2d_rows)
+CONV_ROWS_CASES = {
+    "plane_2x2": ((4, 24, 2, 2), (256, 24, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    "strided_dilated": ((2, 16, 7, 5), (256, 16, 2, 3), (3, 2), (0, 1, 1, 0), (2, 1)),
+    "plane_4x4_512": ((2, 16, 4, 4), (512, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("product", ["gemm", "onednn"])
+@pytest.mark.parametrize("where", [None, "x", "w"])
+@pytest.mark.parametrize("name", list(CONV_ROWS_CASES))
+def test_conv_rows_matches_the_definition(name, where, product):
+    """A 2-D one-group float32 convolution as one product (``conv2d_rows``: the windows of all images times
+    W^T, into NCHW with the bias), its product on the GEMM library or on oneDNN's matmul, against the float64
+    sum with the padding as zeros that the taps multiply (ONNX's definition: an Inf weight on a padding tap
+    gives NaN, as opsnn's im2col kernels do); with and without a bias."""
+    from opsnn.kernels.cpu import conv as KC
+
+    if product == "onednn" and KD.unavailable() is not None:
+        pytest.skip("oneDNN is unavailable")
+    xs, ws, s, pads, d = CONV_ROWS_CASES[name]
+    ys = _out_shape(xs, ws, s, pads, d)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    w = RNG.standard_normal(ws).astype(np.float32)
+    b = RNG.standard_normal(ws[0]).astype(np.float32)
+    if where is not None:
+        flat = {"x": x, "w": w}[where].reshape(-1)
+        flat[flat.size // 3], flat[(2 * flat.size) // 3] = np.nan, np.inf
+    plan = KC.conv_rows_plan(xs, ys, ws[2:], s, d, pads[:2])
+    if product == "onednn":
+        mm = KD.runtime_matmul(1, plan.positions, plan.row_len, ws[0], trans_b=True, dtype=np.float32)
+        plan = dataclasses.replace(plan, matmul=mm)
+    else:
+        plan = dataclasses.replace(plan, matmul=None)
+    xp = np.pad(x, [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])])
+    attrs = {"strides": list(s), "pads": [0, 0, 0, 0], "dilations": list(d), "group": 1}
+    for bias in (b, None):
+        y = np.full(ys, 7.0, np.float32)
+        KC.conv_rows(x, w, bias, y, plan, np.empty(plan.workspace_bytes, np.uint8))
+        with np.errstate(invalid="ignore"):
+            want = _conv64(xp, w, b if bias is not None else 0 * b, attrs)
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(y), np.isinf(want))
+        ok = np.isfinite(want)
+        _close(y[ok].astype(np.float64), want[ok], np.float32)
+
+
+@pytest.mark.parametrize("name", list(CONV_ROWS_CASES))
+def test_conv_rows_is_chosen_where_the_rule_says(name):
+    """Conv selects ``conv2d_rows`` exactly where ``libraries.conv_forward_by_rows`` says (AVX2, the weight at
+    run time): under the ISA cap it is chosen for these planes, and it agrees with the definition."""
+    xs, ws, s, pads, d = CONV_ROWS_CASES[name]
+    x = RNG.standard_normal(xs).astype(np.float32)
+    w = RNG.standard_normal(ws).astype(np.float32)
+    attrs = {"strides": list(s), "pads": list(pads), "dilations": list(d), "group": 1}
+    ys = _out_shape(xs, ws, s, pads, d)
+    T = opsnn.tensor
+    ex = opsnn.ops.prepare(opsnn.ops.get_op("Conv"), [T(x), T(w)], attrs)
+    rows = KL.conv_forward_by_rows(xs, ws, ys, 1, np.float32, False)
+    assert rows == (KL.platform().isa == "avx2")
+    assert (ex.kernel_name == "conv2d_rows") == rows, ex.reason
+    _close(ex.run().numpy(), _conv64(x, w, np.zeros(ws[0], np.float32), attrs), np.float32)
 
 
 @pytest.mark.parametrize("fused", [False, True])

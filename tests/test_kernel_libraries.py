@@ -425,6 +425,18 @@ def test_data_gradient_by_rows_per_isa():
             assert lib == ("onednn" if level != "avx2" and p.gemm_library == "openblas" else p.gemm_library)
 
 
+def test_conv_forward_by_rows_per_isa():
+    """Plain float32 convolutions run as one product only under AVX2 (oneDNN's jit:avx2 forward is the slower
+    on small planes), on the data gradient's planes, never for a constant weight."""
+    for vendor in (AMD, INTEL):
+        for level in cpu.LEVELS[1:]:
+            p = KL.Platform.for_isa(level, vendor)
+            for name, ((xs, ws, ys), want) in DX_ROWS.items():
+                got = KL.conv_forward_by_rows(xs, ws, ys, 1, np.float32, False, p)
+                assert got == (want[0] and level == "avx2"), (name, level)
+                assert not KL.conv_forward_by_rows(xs, ws, ys, 1, np.float32, True, p)
+
+
 def test_plain_conv_formats_per_isa(monkeypatch):
     """Convolutions on plain float32 tensors ask oneDNN for nhwc activations where chains run nhwc (Intel
     from AVX-512 on, or OPSNN_ONEDNN_LAYOUT=nhwc): 2-D, one group, wider than 1x1, stride 1, no dilation,

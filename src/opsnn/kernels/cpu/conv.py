@@ -1162,6 +1162,85 @@ def conv_data_grad_rows(dy, w, dx, plan: DataGradRowsPlan, ws) -> None:
     row2im_images(rows, dx, kh, kw, sh, sw, ph, pw, dh, dw_, plan.y_shape[2], plan.y_shape[3])
 
 
+@nb.njit(parallel=True, nogil=True, cache=True)
+def rows_to_images(yr, y, bias, has_bias):
+    """yr (N*P, O), a row per output position of every image, -> y (N, O, P), plus ``bias`` (O,)."""
+    n, o, p = y.shape
+    for t in nb.prange(n * o):
+        i = t // o
+        c = t - i * o
+        if has_bias:
+            b = bias[c]
+            for q in range(p):
+                y[i, c, q] = yr[i * p + q, c] + b
+        else:
+            for q in range(p):
+                y[i, c, q] = yr[i * p + q, c]
+
+
+@dataclass(frozen=True)
+class ConvRowsPlan:
+    """A 2-D float32 convolution as one product: Y's rows (N*OH*OW, O) = the windows of all images as rows
+    (:func:`im2row_images`) @ W^T (C*kh*kw, O) read transposed in place, then transposed into NCHW with the
+    bias (:func:`rows_to_images`); the product on oneDNN's brgemm matmul (``matmul``) or, where None, the
+    GEMM library (``libraries.conv_rows_product``)."""
+
+    x_shape: tuple
+    y_shape: tuple
+    k: tuple
+    s: tuple
+    d: tuple
+    pb: tuple
+    matmul: object  # onednn.RuntimeMatMul (1, N*OH*OW, C*kh*kw, O, trans_b), or None: the GEMM library
+
+    @property
+    def positions(self) -> int:
+        return self.y_shape[0] * math.prod(self.y_shape[2:])
+
+    @property
+    def row_len(self) -> int:
+        return self.x_shape[1] * math.prod(self.k)
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 4 * self.positions * (self.row_len + self.y_shape[1]) + 2 * ALIGN
+
+    def describe(self) -> str:
+        return (
+            f"convolution as one product: the {self.positions} x {self.row_len} windows of all images times "
+            f"W^T; {self.matmul.describe() if self.matmul is not None else 'the GEMM library'}"
+        )
+
+
+def conv_rows_plan(x_shape, y_shape, k, s, d, pb) -> ConvRowsPlan:
+    from . import libraries, onednn
+
+    m = int(y_shape[1])
+    p = int(y_shape[0]) * math.prod(y_shape[2:])
+    r = int(x_shape[1]) * math.prod(k)
+    mm = None
+    if libraries.conv_rows_product("forward", p, r, m, np.float32).library == "onednn":
+        mm = onednn.runtime_matmul(1, p, r, m, trans_b=True, dtype=np.float32)
+    return ConvRowsPlan(tuple(x_shape), tuple(y_shape), tuple(k), tuple(s), tuple(d), tuple(pb), mm)
+
+
+def conv_rows(x, w, b, y, plan: ConvRowsPlan, ws) -> None:
+    """Y = conv(X, W) + B of a 2-D group-1 float32 convolution by :class:`ConvRowsPlan` (contiguous x, w, y)."""
+    n, m = plan.y_shape[0], plan.y_shape[1]
+    p, r = plan.positions, plan.row_len
+    rows = workspace_view(ws, np.uint32, (p, r))
+    yr = workspace_view(ws[rows.nbytes + ALIGN :], np.float32, (p, m))
+    (kh, kw), (sh, sw), (dh, dw_), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
+    im2row_images(x.view(np.uint32), rows, kh, kw, sh, sw, ph, pw, dh, dw_, plan.y_shape[2], plan.y_shape[3])
+    w2 = w.reshape(m, r)
+    if plan.matmul is None:
+        _mkl.matmul(rows.view(np.float32), w2.T, yr)
+    else:
+        plan.matmul.run(rows.view(np.float32), w2, None, yr)
+    bias = np.ascontiguousarray(b) if b is not None else yr[0]
+    rows_to_images(yr, y.reshape(n, m, p // n), bias, b is not None)
+
+
 # -- integer / quantized convolution --------------------------------------------------------------
 def shifted_conv(x, w, x_zp, w_zp, plan: ConvPlan, ws) -> np.ndarray:
     """conv(x - x_zp, w - w_zp) exactly, in float64 (|sums| stay far below 2**53)."""

@@ -531,13 +531,31 @@ def data_gradient_by_rows(x_shape, w_shape, y_shape, group, dtype, p: Platform |
     return positions * (row + int(w_shape[0])) * 4 <= DW_ROWS_MAX_BYTES
 
 
+#: float32 convolutions on plain tensors run as one product under AVX2 (oneDNN's ``jit:avx2`` forward is
+#: the slower there) onto output planes of at most DX_ROWS_POSITIONS positions, or DX_ROWS_AVX2_POSITIONS from
+#: DX_ROWS_AVX2_MIN_OUT_CHANNELS output channels, with the data gradient's other limits
+
+
+def conv_forward_by_rows(x_shape, w_shape, y_shape, group, dtype, constant_weight: bool, p: Platform | None = None):
+    """True when a float32 Conv on plain tensors runs as one product, Y's rows = the windows of all images
+    @ W^T (``conv2d_rows``, :func:`conv_rows_product` runs it): AVX2 the level in force (from AVX-512 on
+    oneDNN's forward was as fast, docs/performance.md), 2-D, one group, a kernel wider than 1x1, at least
+    :data:`DW_ROWS_MIN_OUT_CHANNELS` output channels, a weight that is not constant (opsnn's packed kernels
+    keep those), the planes and sizes of :func:`data_gradient_by_rows` under AVX2."""
+    p = p if p is not None else platform()
+    if p.isa != "avx2" or constant_weight:
+        return False
+    return data_gradient_by_rows(x_shape, w_shape, y_shape, group, dtype, p)
+
+
 def conv_rows_product(kind: str, rows: int, k: int, n: int, dtype, p: Platform | None = None) -> Choice:
     """Who runs the one product of a convolution gradient computed over the windows of all images,
-    (rows, k) @ (k, n): ``kind`` 'weights' (:func:`weight_gradient_by_rows`: dY^T by the windows) or 'data'
-    (:func:`data_gradient_by_rows`: dY as rows by W). oneDNN's brgemm matmul for bfloat16 and where
+    (rows, k) @ (k, n): ``kind`` 'weights' (:func:`weight_gradient_by_rows`: dY^T by the windows), 'data'
+    (:func:`data_gradient_by_rows`: dY as rows by W) or 'forward' (:func:`conv_forward_by_rows`: the windows
+    by W^T). oneDNN's brgemm matmul for bfloat16 and where
     :func:`runtime_f32_product` takes float32, else the GEMM library."""
     p = p if p is not None else platform()
-    kernel = "conv_backward_data_matmul" if kind == "data" else "conv_backward_weight_matmul"
+    kernel = {"forward": "conv2d_rows", "data": "conv_backward_data_matmul"}.get(kind, "conv_backward_weight_matmul")
     if np.dtype(dtype) == _dt.bfloat16:
         return Choice("onednn", kernel, "oneDNN's bf16 matmul over the windows of all images")
     why = runtime_f32_product(rows, k, n, p=p)
@@ -816,8 +834,9 @@ def kernel_choice(
         return Choice("onednn", kernel, "oneDNN's convolution on plain tensors, reorders at the edges")
     if kernel.startswith("conv_backward_") and kernel.endswith("_onednn"):
         return Choice("onednn", kernel, "oneDNN's convolution backward primitive (conv_backward)")
-    if kernel in ("conv_backward_weight_matmul", "conv_backward_data_matmul"):
-        return conv_rows_product("data" if "data" in kernel else "weights", rows, k, n, dtype, p)
+    if kernel in ("conv_backward_weight_matmul", "conv_backward_data_matmul", "conv2d_rows"):
+        kind = {"conv2d_rows": "forward", "conv_backward_data_matmul": "data"}.get(kernel, "weights")
+        return conv_rows_product(kind, rows, k, n, dtype, p)
     if kernel == "conv_winograd_blocked":
         c = blocked_winograd_gemms(p)
         why = c.reason if isinstance(c, Choice) else "its point GEMMs in one oneDNN batched matmul"

@@ -931,6 +931,35 @@ def _plain_onednn_kernel(ins, outs, attrs, plan, ws):
     plan.run(ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], ws)
 
 
+def _rows_applies(ctx):
+    xs, ws, ys = _plain_onednn_args(ctx)[:3]
+    if KL.conv_forward_by_rows(xs, ws, ys, int(ctx.attrs["group"]), ctx.dtype(0), ctx.value(1) is not None):
+        return True
+    return "libraries.conv_forward_by_rows: AVX2, one group, wider than 1x1, 256+ outputs, small planes, weight at run time"
+
+
+def _rows_plan(ctx):
+    xs, _ws, ys, s, pads, d, _g = _plain_onednn_args(ctx)
+    geo = conv_geometry(ctx.op.name, xs, _ws, ctx.attrs)
+    return K.conv_rows_plan(xs, ys, geo.k, s, d, geo.pb)
+
+
+def _rows_kernel(ins, outs, attrs, plan, ws):
+    b = ins[2] if len(ins) > 2 and ins[2] is not None else None
+    K.conv_rows(np.ascontiguousarray(ins[0]), np.ascontiguousarray(ins[1]), b, outs[0], plan, ws)
+
+
+Conv.kernel(
+    "conv2d_rows",
+    dtypes=(_dt.float32,),
+    priority=39,
+    applies=_rows_applies,
+    plan=_rows_plan,
+    workspace=lambda ctx, plan: plan.workspace_bytes,
+    doc="2-D, one group, small output planes, weight given at run time, AVX2 (libraries.conv_forward_by_rows): "
+    "the windows of all images as rows (one numba pass) times W^T in one product (libraries.conv_rows_product), "
+    "then into NCHW with the bias",
+)(_rows_kernel)
 Conv.kernel(
     "conv_onednn_plain",
     dtypes=(_dt.float32, _dt.bfloat16),
