@@ -523,7 +523,7 @@ def test_conv_rows_matches_the_definition(name, where, product):
     if where is not None:
         flat = {"x": x, "w": w}[where].reshape(-1)
         flat[flat.size // 3], flat[(2 * flat.size) // 3] = np.nan, np.inf
-    plan = KC.conv_rows_plan(xs, ys, ws[2:], s, d, pads[:2])
+    plan = KC.rows_plan("forward", xs, ys, ws[2:], s, d, pads[:2])
     if product == "onednn":
         mm = KD.runtime_matmul(1, plan.positions, plan.row_len, ws[0], trans_b=True, dtype=np.float32)
         plan = dataclasses.replace(plan, matmul=mm)

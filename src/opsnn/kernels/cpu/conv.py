@@ -1011,12 +1011,15 @@ def im2row_images(x, out, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow):
 
 
 @dataclass(frozen=True)
-class WeightGradRowsPlan:
-    """A 2-D weight gradient as one product: dW (O, C*kh*kw) = dY^T (O, N*OH*OW) @ rows (N*OH*OW, C*kh*kw),
-    the rows being every image's windows (:func:`im2row_images`) and the product oneDNN's brgemm matmul
-    (bfloat16: float32 accumulation, one rounding) or, where ``matmul`` is None, the GEMM library's
-    (``libraries.conv_rows_product``)."""
+class RowsPlan:
+    """A 2-D group-1 convolution, or one of its gradients, as one product over the windows of all images
+    (:func:`im2row_images`: a row of C*kh*kw values per output position, N*OH*OW rows), by ``kind``:
+    'forward' Y's rows (N*OH*OW, O) = rows @ W^T (W read transposed in place), 'data' rows = dY as rows
+    (N*OH*OW, O) @ W then each row added back at its window, 'weights' dW (O, C*kh*kw) = dY^T @ rows. The
+    product on oneDNN's brgemm matmul (``matmul``; bfloat16: float32 accumulation, one rounding) or, where
+    None, the GEMM library (``libraries.conv_rows_product``)."""
 
+    kind: str
     x_shape: tuple
     y_shape: tuple
     k: tuple
@@ -1024,7 +1027,7 @@ class WeightGradRowsPlan:
     d: tuple
     pb: tuple
     itemsize: int
-    matmul: object  # onednn.RuntimeMatMul (1, O, N*OH*OW, C*kh*kw), or None: the GEMM library
+    matmul: object  # onednn.RuntimeMatMul of the product, or None: the GEMM library
 
     @property
     def positions(self) -> int:
@@ -1038,28 +1041,37 @@ class WeightGradRowsPlan:
     def workspace_bytes(self) -> int:
         return self.itemsize * self.positions * (self.row_len + self.y_shape[1]) + 2 * ALIGN
 
+    def product(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        """``out = a @ b`` on the plan's library ('forward': ``a @ b^T``, ``b`` the (O, C*kh*kw) weight)."""
+        if self.matmul is not None:
+            self.matmul.run(a, b, None, out)
+        else:
+            _mkl.matmul(a, b.T if self.kind == "forward" else b, out)
+
     def describe(self) -> str:
-        return (
-            f"weight gradient as one product: the {self.positions} x {self.row_len} windows of all images, "
-            f"times dY^T; {self.matmul.describe() if self.matmul is not None else 'the GEMM library'}"
-        )
+        what = {"forward": "convolution", "data": "data gradient", "weights": "weight gradient"}[self.kind]
+        lib = self.matmul.describe() if self.matmul is not None else "the GEMM library"
+        return f"{what} as one product over the {self.positions} x {self.row_len} windows of all images; {lib}"
 
 
-def conv_weight_grad_rows_plan(x_shape, y_shape, k, s, d, pb, dtype) -> WeightGradRowsPlan:
+def rows_plan(kind: str, x_shape, y_shape, k, s, d, pb, dtype=np.float32) -> RowsPlan:
+    """The :class:`RowsPlan` of ``kind`` ('forward', 'data', 'weights'), its product's library chosen by
+    ``libraries.conv_rows_product``."""
     from . import libraries, onednn
 
     m = int(y_shape[1])
     p = int(y_shape[0]) * math.prod(y_shape[2:])
     r = int(x_shape[1]) * math.prod(k)
+    rows, inner, cols = {"forward": (p, r, m), "data": (p, m, r), "weights": (m, p, r)}[kind]
     mm = None
-    if libraries.conv_rows_product("weights", m, p, r, dtype).library == "onednn":
-        mm = onednn.runtime_matmul(1, m, p, r, dtype=dtype)
-    size = np.dtype(dtype).itemsize
-    return WeightGradRowsPlan(tuple(x_shape), tuple(y_shape), tuple(k), tuple(s), tuple(d), tuple(pb), size, mm)
+    if libraries.conv_rows_product(kind, rows, inner, cols, dtype).library == "onednn":
+        mm = onednn.runtime_matmul(1, rows, inner, cols, trans_b=kind == "forward", dtype=dtype)
+    geo = (tuple(k), tuple(s), tuple(d), tuple(pb))
+    return RowsPlan(kind, tuple(x_shape), tuple(y_shape), *geo, np.dtype(dtype).itemsize, mm)
 
 
-def conv_weight_grad_rows(x, dy, dw, plan: WeightGradRowsPlan, ws) -> None:
-    """dW of a 2-D group-1 convolution by :class:`WeightGradRowsPlan` (contiguous x, dy, dw of its dtype)."""
+def conv_weight_grad_rows(x, dy, dw, plan: RowsPlan, ws) -> None:
+    """dW of a 2-D group-1 convolution by a 'weights' :class:`RowsPlan` (contiguous x, dy, dw of its dtype)."""
     n, m = plan.y_shape[0], plan.y_shape[1]
     p, r = plan.positions, plan.row_len
     bits = np.uint16 if plan.itemsize == 2 else np.uint32
@@ -1068,10 +1080,7 @@ def conv_weight_grad_rows(x, dy, dw, plan: WeightGradRowsPlan, ws) -> None:
     (kh, kw), (sh, sw), (dh, dw_), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
     im2row_images(x.view(bits), rows, kh, kw, sh, sw, ph, pw, dh, dw_, plan.y_shape[2], plan.y_shape[3])
     np.copyto(dyt.reshape(m, n, p // n), dy.view(bits).reshape(n, m, p // n).transpose(1, 0, 2))
-    if plan.matmul is None:
-        _mkl.matmul(dyt.view(dw.dtype), rows.view(dw.dtype), dw.reshape(m, r))
-    else:
-        plan.matmul.run(dyt.view(dw.dtype), rows.view(dw.dtype), None, dw.reshape(m, r))
+    plan.product(dyt.view(dw.dtype), rows.view(dw.dtype), dw.reshape(m, r))
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -1101,63 +1110,14 @@ def row2im_images(rows, dx, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow):
                         k += 1
 
 
-@dataclass(frozen=True)
-class DataGradRowsPlan:
-    """A 2-D float32 data gradient as one product: rows (N*OH*OW, C*kh*kw) = dY as rows (N*OH*OW, O) @ W
-    (O, C*kh*kw), then every row added back at the window it came from (:func:`row2im_images`); the
-    product on oneDNN's brgemm matmul (``matmul``) or, where None, the GEMM library
-    (``libraries.conv_rows_product``)."""
-
-    x_shape: tuple
-    y_shape: tuple
-    k: tuple
-    s: tuple
-    d: tuple
-    pb: tuple
-    matmul: object  # onednn.RuntimeMatMul (1, N*OH*OW, O, C*kh*kw), or None: the GEMM library
-
-    @property
-    def positions(self) -> int:
-        return self.y_shape[0] * math.prod(self.y_shape[2:])
-
-    @property
-    def row_len(self) -> int:
-        return self.x_shape[1] * math.prod(self.k)
-
-    @property
-    def workspace_bytes(self) -> int:
-        return 4 * self.positions * (self.row_len + self.y_shape[1]) + 2 * ALIGN
-
-    def describe(self) -> str:
-        return (
-            f"data gradient as one product: dY as {self.positions} rows times W into the windows' rows, added "
-            f"back at their windows; {self.matmul.describe() if self.matmul is not None else 'the GEMM library'}"
-        )
-
-
-def conv_data_grad_rows_plan(x_shape, y_shape, k, s, d, pb) -> DataGradRowsPlan:
-    from . import libraries, onednn
-
-    m = int(y_shape[1])
-    p = int(y_shape[0]) * math.prod(y_shape[2:])
-    r = int(x_shape[1]) * math.prod(k)
-    mm = None
-    if libraries.conv_rows_product("data", p, m, r, np.float32).library == "onednn":
-        mm = onednn.runtime_matmul(1, p, m, r, dtype=np.float32)
-    return DataGradRowsPlan(tuple(x_shape), tuple(y_shape), tuple(k), tuple(s), tuple(d), tuple(pb), mm)
-
-
-def conv_data_grad_rows(dy, w, dx, plan: DataGradRowsPlan, ws) -> None:
-    """dX of a 2-D group-1 float32 convolution by :class:`DataGradRowsPlan` (contiguous dy, w, dx)."""
+def conv_data_grad_rows(dy, w, dx, plan: RowsPlan, ws) -> None:
+    """dX of a 2-D group-1 float32 convolution by a 'data' :class:`RowsPlan` (contiguous dy, w, dx)."""
     n, m = plan.y_shape[0], plan.y_shape[1]
     p, r = plan.positions, plan.row_len
     dyr = workspace_view(ws, np.float32, (p, m))
     rows = workspace_view(ws[dyr.nbytes + ALIGN :], np.float32, (p, r))
     np.copyto(dyr.reshape(n, p // n, m), dy.reshape(n, m, p // n).transpose(0, 2, 1))
-    if plan.matmul is None:
-        _mkl.matmul(dyr, w.reshape(m, r), rows)
-    else:
-        plan.matmul.run(dyr, w.reshape(m, r), None, rows)
+    plan.product(dyr, w.reshape(m, r), rows)
     (kh, kw), (sh, sw), (dh, dw_), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
     row2im_images(rows, dx, kh, kw, sh, sw, ph, pw, dh, dw_, plan.y_shape[2], plan.y_shape[3])
 
@@ -1178,65 +1138,16 @@ def rows_to_images(yr, y, bias, has_bias):
                 y[i, c, q] = yr[i * p + q, c]
 
 
-@dataclass(frozen=True)
-class ConvRowsPlan:
-    """A 2-D float32 convolution as one product: Y's rows (N*OH*OW, O) = the windows of all images as rows
-    (:func:`im2row_images`) @ W^T (C*kh*kw, O) read transposed in place, then transposed into NCHW with the
-    bias (:func:`rows_to_images`); the product on oneDNN's brgemm matmul (``matmul``) or, where None, the
-    GEMM library (``libraries.conv_rows_product``)."""
-
-    x_shape: tuple
-    y_shape: tuple
-    k: tuple
-    s: tuple
-    d: tuple
-    pb: tuple
-    matmul: object  # onednn.RuntimeMatMul (1, N*OH*OW, C*kh*kw, O, trans_b), or None: the GEMM library
-
-    @property
-    def positions(self) -> int:
-        return self.y_shape[0] * math.prod(self.y_shape[2:])
-
-    @property
-    def row_len(self) -> int:
-        return self.x_shape[1] * math.prod(self.k)
-
-    @property
-    def workspace_bytes(self) -> int:
-        return 4 * self.positions * (self.row_len + self.y_shape[1]) + 2 * ALIGN
-
-    def describe(self) -> str:
-        return (
-            f"convolution as one product: the {self.positions} x {self.row_len} windows of all images times "
-            f"W^T; {self.matmul.describe() if self.matmul is not None else 'the GEMM library'}"
-        )
-
-
-def conv_rows_plan(x_shape, y_shape, k, s, d, pb) -> ConvRowsPlan:
-    from . import libraries, onednn
-
-    m = int(y_shape[1])
-    p = int(y_shape[0]) * math.prod(y_shape[2:])
-    r = int(x_shape[1]) * math.prod(k)
-    mm = None
-    if libraries.conv_rows_product("forward", p, r, m, np.float32).library == "onednn":
-        mm = onednn.runtime_matmul(1, p, r, m, trans_b=True, dtype=np.float32)
-    return ConvRowsPlan(tuple(x_shape), tuple(y_shape), tuple(k), tuple(s), tuple(d), tuple(pb), mm)
-
-
-def conv_rows(x, w, b, y, plan: ConvRowsPlan, ws) -> None:
-    """Y = conv(X, W) + B of a 2-D group-1 float32 convolution by :class:`ConvRowsPlan` (contiguous x, w, y)."""
+def conv_rows(x, w, b, y, plan: RowsPlan, ws) -> None:
+    """Y = conv(X, W) + B of a 2-D group-1 float32 convolution by a 'forward' :class:`RowsPlan` (contiguous x,
+    w, y), then into NCHW with the bias (:func:`rows_to_images`)."""
     n, m = plan.y_shape[0], plan.y_shape[1]
     p, r = plan.positions, plan.row_len
     rows = workspace_view(ws, np.uint32, (p, r))
     yr = workspace_view(ws[rows.nbytes + ALIGN :], np.float32, (p, m))
     (kh, kw), (sh, sw), (dh, dw_), (ph, pw) = plan.k, plan.s, plan.d, plan.pb
     im2row_images(x.view(np.uint32), rows, kh, kw, sh, sw, ph, pw, dh, dw_, plan.y_shape[2], plan.y_shape[3])
-    w2 = w.reshape(m, r)
-    if plan.matmul is None:
-        _mkl.matmul(rows.view(np.float32), w2.T, yr)
-    else:
-        plan.matmul.run(rows.view(np.float32), w2, None, yr)
+    plan.product(rows.view(np.float32), w.reshape(m, r), yr)
     bias = np.ascontiguousarray(b) if b is not None else yr[0]
     rows_to_images(yr, y.reshape(n, m, p // n), bias, b is not None)
 

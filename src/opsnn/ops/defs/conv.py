@@ -941,7 +941,7 @@ def _rows_applies(ctx):
 def _rows_plan(ctx):
     xs, _ws, ys, s, pads, d, _g = _plain_onednn_args(ctx)
     geo = conv_geometry(ctx.op.name, xs, _ws, ctx.attrs)
-    return K.conv_rows_plan(xs, ys, geo.k, s, d, geo.pb)
+    return K.rows_plan("forward", xs, ys, geo.k, s, d, geo.pb)
 
 
 def _rows_kernel(ins, outs, attrs, plan, ws):
@@ -1256,7 +1256,7 @@ def _bwd_applies(kind: str, kernel: str):
 
 def _bwd_weight_matmul_plan(ctx):
     xs, _ws, ys, geo = _backward_shapes(ctx)
-    return K.conv_weight_grad_rows_plan(xs, ys, geo.k, geo.s, geo.d, geo.pb, ctx.dtype(0))
+    return K.rows_plan("weights", xs, ys, geo.k, geo.s, geo.d, geo.pb, ctx.dtype(0))
 
 
 def _bwd_weight_matmul(ins, outs, attrs, plan, ws):
@@ -1265,7 +1265,7 @@ def _bwd_weight_matmul(ins, outs, attrs, plan, ws):
 
 def _bwd_data_matmul_plan(ctx):
     xs, _ws, ys, geo = _backward_shapes(ctx)
-    return K.conv_data_grad_rows_plan(xs, ys, geo.k, geo.s, geo.d, geo.pb)
+    return K.rows_plan("data", xs, ys, geo.k, geo.s, geo.d, geo.pb)
 
 
 def _bwd_data_matmul(ins, outs, attrs, plan, ws):
