@@ -935,7 +935,10 @@ def _rows_applies(ctx):
     xs, ws, ys = _plain_onednn_args(ctx)[:3]
     if KL.conv_forward_by_rows(xs, ws, ys, int(ctx.attrs["group"]), ctx.dtype(0), ctx.value(1) is not None):
         return True
-    return "libraries.conv_forward_by_rows: AVX2, one group, wider than 1x1, 256+ outputs, small planes, weight at run time"
+    isa = KL.platform().isa
+    if isa != "avx2":
+        return f"AVX2 only (the ISA in force is {isa}: oneDNN's forward is as fast there)"
+    return "libraries.conv_forward_by_rows: one group, wider than 1x1, 256+ outputs, small planes, weight at run time"
 
 
 def _rows_plan(ctx):
