@@ -440,7 +440,8 @@ def test_conv_forward_by_rows_per_isa():
 def test_plain_conv_formats_per_isa(monkeypatch):
     """Convolutions on plain float32 tensors ask oneDNN for nhwc activations where chains run nhwc (Intel
     from AVX-512 on, or OPSNN_ONEDNN_LAYOUT=nhwc): 2-D, one group, wider than 1x1, stride 1, no dilation,
-    planes of 16+ positions (64+ for the data gradient); elsewhere layouts of oneDNN's choosing."""
+    planes of 16+ positions (64+ for the data gradient); under AVX2 the forward onto planes of 16-64
+    positions, strided too; elsewhere layouts of oneDNN's choosing."""
     monkeypatch.delenv("OPSNN_ONEDNN_LAYOUT", raising=False)
     f32 = np.float32
     x, w, y = (32, 64, 16, 16), (64, 64, 3, 3), (32, 64, 16, 16)
@@ -452,13 +453,17 @@ def test_plain_conv_formats_per_isa(monkeypatch):
             for pass_ in ("forward", "data", "weights"):
                 assert KL.plain_conv_formats(pass_, x, w, y, (1, 1), (1, 1), 1, f32, p) == want, (pass_, level)
                 assert KL.plain_conv_formats(pass_, x, w, y, (1, 1), (1, 1), 1, _dt.bfloat16, p) == "any"
-                assert KL.plain_conv_formats(pass_, x, w, (32, 64, 8, 8), (2, 2), (1, 1), 1, f32, p) == "any"
+                strided = KL.plain_conv_formats(pass_, x, w, (32, 64, 8, 8), (2, 2), (1, 1), 1, f32, p)
+                assert strided == ("nhwc" if (level, pass_) == ("avx2", "forward") else "any")
                 assert KL.plain_conv_formats(pass_, x, w, (32, 64, 12, 12), (1, 1), (2, 2), 1, f32, p) == "any"
                 assert KL.plain_conv_formats(pass_, x, (64, 64, 1, 1), y, (1, 1), (1, 1), 1, f32, p) == "any"
                 assert KL.plain_conv_formats(pass_, x, (64, 16, 3, 3), y, (1, 1), (1, 1), 4, f32, p) == "any"
             small_ws = (256, 256, 3, 3)
-            assert KL.plain_conv_formats("forward", small, small_ws, small, (1, 1), (1, 1), 1, f32, p) == want
+            on_small = "nhwc" if level == "avx2" else want
+            assert KL.plain_conv_formats("forward", small, small_ws, small, (1, 1), (1, 1), 1, f32, p) == on_small
             assert KL.plain_conv_formats("data", small, small_ws, small, (1, 1), (1, 1), 1, f32, p) == "any"
+            tiny = KL.plain_conv_formats("forward", small, small_ws, (32, 256, 2, 2), (1, 1), (1, 1), 1, f32, p)
+            assert tiny == "any"
     intel, amd = KL.Platform.for_isa("avx512", INTEL), KL.Platform.for_isa("avx2", AMD)
     monkeypatch.setenv("OPSNN_ONEDNN_LAYOUT", "nChw16c")
     assert KL.plain_conv_formats("forward", x, w, y, (1, 1), (1, 1), 1, f32, intel) == "any"

@@ -401,23 +401,31 @@ def conv_chain_layout(p: Platform | None = None) -> LayoutChoice | str:
 #: float32 convolutions on plain tensors where convolution chains run nhwc (oneDNN's brgemm
 #: convolutions): 2-D, one group, a kernel wider than 1x1, stride 1, no dilation, onto output planes of
 #: at least this many positions ask oneDNN for nhwc activations, per pass (docs/performance.md,
-#: "Training convolutions on nhwc"): strided, 1x1 and smaller planes ran slower there
+#: "Training convolutions"): strided, 1x1 and smaller planes ran slower there
 PLAIN_NHWC_MIN_POSITIONS = {"forward": 16, "data": 64, "weights": 16}
+#: under AVX2 the forward of planes of this many positions (strided too) asks for nhwc (``brgconv:avx2``):
+#: faster on the small planes, slower on larger ones, where ``jit:avx2`` on nChw8c stays
+PLAIN_NHWC_AVX2_FORWARD_POSITIONS = (16, 64)
 
 
 def plain_conv_formats(pass_: str, x_shape, w_shape, y_shape, strides, dilations, group, dtype, p=None) -> str:
     """The layouts oneDNN is asked for in a convolution on plain tensors, ``pass_`` 'forward', 'data'
     or 'weights' (a gradient): 'nhwc' (activations nhwc, weights of its choosing) where
     :func:`conv_chain_layout` runs nhwc (Intel from AVX-512 on; ``OPSNN_ONEDNN_LAYOUT`` steers both)
-    and :data:`PLAIN_NHWC_MIN_POSITIONS` takes the shape, else 'any' (layouts of its choosing)."""
+    and :data:`PLAIN_NHWC_MIN_POSITIONS` takes the shape, or under AVX2 for the forward onto the planes
+    of :data:`PLAIN_NHWC_AVX2_FORWARD_POSITIONS`; else 'any' (layouts of its choosing)."""
     if np.dtype(dtype) != np.float32 or len(x_shape) != 4 or int(group) != 1:
         return "any"
-    if math.prod(int(v) for v in w_shape[2:]) <= 1 or any(int(v) != 1 for v in tuple(strides) + tuple(dilations)):
+    if math.prod(int(v) for v in w_shape[2:]) <= 1 or any(int(v) != 1 for v in dilations):
         return "any"
-    if math.prod(int(v) for v in y_shape[2:]) < PLAIN_NHWC_MIN_POSITIONS[pass_]:
-        return "any"
+    positions = math.prod(int(v) for v in y_shape[2:])
+    p = p if p is not None else platform()
     c = conv_chain_layout(p)
-    return "nhwc" if isinstance(c, LayoutChoice) and c.block == 0 else "any"
+    if isinstance(c, LayoutChoice) and c.block == 0:
+        stride_1 = all(int(v) == 1 for v in strides)
+        return "nhwc" if stride_1 and positions >= PLAIN_NHWC_MIN_POSITIONS[pass_] else "any"
+    lo, hi = PLAIN_NHWC_AVX2_FORWARD_POSITIONS
+    return "nhwc" if p.isa == "avx2" and pass_ == "forward" and lo <= positions <= hi else "any"
 
 
 class BackwardChoice(NamedTuple):
