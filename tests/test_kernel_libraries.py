@@ -464,6 +464,8 @@ def test_plain_conv_formats_per_isa(monkeypatch):
             assert KL.plain_conv_formats("data", small, small_ws, small, (1, 1), (1, 1), 1, f32, p) == "any"
             tiny = KL.plain_conv_formats("forward", small, small_ws, (32, 256, 2, 2), (1, 1), (1, 1), 1, f32, p)
             assert tiny == "any"
+    no_dnn = KL.Platform.for_isa("avx2", AMD, onednn=False)
+    assert KL.plain_conv_formats("forward", small, (256, 256, 3, 3), small, (1, 1), (1, 1), 1, f32, no_dnn) == "any"
     intel, amd = KL.Platform.for_isa("avx512", INTEL), KL.Platform.for_isa("avx2", AMD)
     monkeypatch.setenv("OPSNN_ONEDNN_LAYOUT", "nChw16c")
     assert KL.plain_conv_formats("forward", x, w, y, (1, 1), (1, 1), 1, f32, intel) == "any"

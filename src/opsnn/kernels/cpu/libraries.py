@@ -425,7 +425,8 @@ def plain_conv_formats(pass_: str, x_shape, w_shape, y_shape, strides, dilations
         stride_1 = all(int(v) == 1 for v in strides)
         return "nhwc" if stride_1 and positions >= PLAIN_NHWC_MIN_POSITIONS[pass_] else "any"
     lo, hi = PLAIN_NHWC_AVX2_FORWARD_POSITIONS
-    return "nhwc" if p.isa == "avx2" and pass_ == "forward" and lo <= positions <= hi else "any"
+    avx2 = p.isa == "avx2" and p.onednn is None
+    return "nhwc" if avx2 and pass_ == "forward" and lo <= positions <= hi else "any"
 
 
 class BackwardChoice(NamedTuple):
