@@ -85,6 +85,17 @@ def _close(got, want, dtype):
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol * scale)
 
 
+def _ieee_close(got, want, dtype, signs=False, err_msg=""):
+    """NaN and Inf exactly where ``want`` has them (``signs``: the Infs' signs too), the rest :func:`_close`."""
+    got = np.asarray(got, np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=err_msg)
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want), err_msg=err_msg)
+    if signs:
+        np.testing.assert_array_equal(np.sign(got[np.isinf(got)]), np.sign(want[np.isinf(want)]))
+    ok = np.isfinite(want)
+    _close(got[ok], want[ok], dtype)
+
+
 def _grads(x, w, dy, s, pads, d, g, algo=(None, None)):
     T = opsnn.tensor
     dx = opsnn.ops.conv_backward_data(
@@ -217,11 +228,7 @@ def test_nhwc_primitives_match_the_oracle(name, where):
         got[kind] = (out, want)
     assert "nhwc" in fwd.describe()
     for key, (have, want) in got.items():
-        have = have.astype(np.float64)
-        np.testing.assert_array_equal(np.isnan(have), np.isnan(want), err_msg=key)
-        np.testing.assert_array_equal(np.isinf(have), np.isinf(want), err_msg=key)
-        ok = np.isfinite(want)
-        _close(have[ok], want[ok], np.float32)
+        _ieee_close(have, want, np.float32, err_msg=key)
 
 
 @pytest.mark.parametrize("name", ["2d_strided_asym_pads", "2d_depthwise_x2", "3d"])
@@ -280,11 +287,7 @@ def test_nan_and_inf_propagate_as_in_the_definition(where, kernels):
     with np.errstate(invalid="ignore"):
         got = _grads(x, w, dy, s, pads, d, g, algo)
     for a, b in zip(got, (want_dx, want_dw)):
-        np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
-        np.testing.assert_array_equal(np.isinf(a), np.isinf(b))
-        np.testing.assert_array_equal(np.sign(a[np.isinf(a)]), np.sign(b[np.isinf(b)]))
-        ok = np.isfinite(b)
-        _close(a[ok], b[ok], np.float32)
+        _ieee_close(a, b, np.float32, signs=True)
 
 
 def test_empty_batch_gives_zero_weight_gradient():
@@ -536,10 +539,7 @@ def test_conv_rows_matches_the_definition(name, where, product):
         KC.conv_rows(x, w, bias, y, plan, np.empty(plan.workspace_bytes, np.uint8))
         with np.errstate(invalid="ignore"):
             want = _conv64(xp, w, b if bias is not None else 0 * b, attrs)
-        np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
-        np.testing.assert_array_equal(np.isinf(y), np.isinf(want))
-        ok = np.isfinite(want)
-        _close(y[ok].astype(np.float64), want[ok], np.float32)
+        _ieee_close(y, want, np.float32)
 
 
 @pytest.mark.parametrize("name", list(CONV_ROWS_CASES))
@@ -734,12 +734,7 @@ def test_weight_gradient_of_small_planes_as_one_matmul(name, where, dtype):
     padded = rows or ex.kernel_name == "conv_backward_weight_im2col" or "gemm" in getattr(ex.plan, "impl", "")
     with np.errstate(invalid="ignore"):
         want = _oracle_padded(x, w, dy, s, pads, d, 1) if padded else _oracle(x, w, dy, s, pads, d, 1)[1]
-    got = got.astype(np.float64)
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
-    np.testing.assert_array_equal(np.sign(got[np.isinf(got)]), np.sign(want[np.isinf(want)]))
-    ok = np.isfinite(want)
-    _close(got[ok], want[ok], dt)
+    _ieee_close(got, want, dt, signs=True)
     if rows:
         positions, row = math.prod(dy.shape[:1] + dy.shape[2:]), math.prod(ws[1:])
         c = KL.kernel_choice("conv_backward_weight_matmul", ws[0], positions, row, dt)
@@ -779,14 +774,10 @@ def test_data_gradient_of_small_planes_as_one_matmul(name, where):
     assert (ex.kernel_name == "conv_backward_data_matmul") == rows, ex.reason
     if name != "plane_4x4_512" or KL.platform().isa == "avx2":
         assert rows
-    got = ex.run().numpy().astype(np.float64)
+    got = ex.run().numpy()
     with np.errstate(invalid="ignore"):
         want = _oracle(x, w, dy, s, pads, d, 1)[0]
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
-    np.testing.assert_array_equal(np.sign(got[np.isinf(got)]), np.sign(want[np.isinf(want)]))
-    ok = np.isfinite(want)
-    _close(got[ok], want[ok], np.float32)
+    _ieee_close(got, want, np.float32, signs=True)
     if rows:
         positions = math.prod(ys[:1] + ys[2:])
         c = KL.kernel_choice("conv_backward_data_matmul", positions, ws[0], math.prod(ws[1:]), np.float32)

@@ -540,11 +540,6 @@ def data_gradient_by_rows(x_shape, w_shape, y_shape, group, dtype, p: Platform |
     return positions * (row + int(w_shape[0])) * 4 <= DW_ROWS_MAX_BYTES
 
 
-#: float32 convolutions on plain tensors run as one product under AVX2 (oneDNN's ``jit:avx2`` forward is
-#: the slower there) onto output planes of at most DX_ROWS_POSITIONS positions, or DX_ROWS_AVX2_POSITIONS from
-#: DX_ROWS_AVX2_MIN_OUT_CHANNELS output channels, with the data gradient's other limits
-
-
 def conv_forward_by_rows(x_shape, w_shape, y_shape, group, dtype, constant_weight: bool, p: Platform | None = None):
     """True when a float32 Conv on plain tensors runs as one product, Y's rows = the windows of all images
     @ W^T (``conv2d_rows``, :func:`conv_rows_product` runs it): AVX2 the level in force (from AVX-512 on

@@ -1173,12 +1173,13 @@ _QUERY_DIFF_SRC_MD, _QUERY_DIFF_WEIGHTS_MD, _QUERY_DIFF_DST_MD = 130, 132, 134
 CONV_FORMATS = ("any", "plain", "nhwc")
 
 
-def _format_tags(formats: str, ndims: int) -> tuple:
-    """(X / dX, W / dW, Y / dY) format tags for a 4-D convolution asked in ``formats`` (CONV_FORMATS)."""
+def _format_tags(formats: str, ndims: int, w_ndims: int) -> tuple:
+    """(X / dX, W / dW, Y / dY) format tags of a convolution over ``ndims``-D activations and a
+    ``w_ndims``-D weight (one more with groups) asked in ``formats`` (:data:`CONV_FORMATS`)."""
     if formats == "any":
         return TAG_ANY, TAG_ANY, TAG_ANY
     if formats == "plain":
-        return _plain_tag(ndims), _plain_tag(ndims), _plain_tag(ndims)
+        return _plain_tag(ndims), _plain_tag(w_ndims), _plain_tag(ndims)
     if formats == "nhwc" and ndims == 4:
         return TAG_BLOCKED[0], TAG_ANY, TAG_BLOCKED[0]
     raise OneDnnError(f"convolution formats must be one of {CONV_FORMATS} (nhwc: 2-D only), got {formats!r}")
@@ -1213,9 +1214,9 @@ def _conv_backward_desc(kind: str, x_shape, w_shape, y_shape, strides, pads, dil
         raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
     nd = len(x_shape) - 2
     w_dims = list(w_shape) if group == 1 else [group, w_shape[0] // group] + list(w_shape[1:])
-    x_tag, w_tag, y_tag = _format_tags(formats, len(x_shape))
+    x_tag, w_tag, y_tag = _format_tags(formats, len(x_shape), len(w_dims))
     src = _Md(x_shape, x_tag, dtype)
-    wts = _Md(w_dims, w_tag if len(w_dims) == len(x_shape) else _format_tags(formats, len(w_dims))[1], dtype)
+    wts = _Md(w_dims, w_tag, dtype)
     dst = _Md(y_shape, y_tag, dtype)
     st, dil = _Dims(*strides), _Dims(*(int(d) - 1 for d in dilations))
     pl, pr = _Dims(*pads[:nd]), _Dims(*pads[nd:])
@@ -1423,9 +1424,9 @@ def _plain_conv_desc(
         raise OneDnnError(f"oneDNN is unavailable: {unavailable()}")
     nd = len(x_shape) - 2
     w_dims = list(w_shape) if group == 1 else [group, w_shape[0] // group] + list(w_shape[1:])
-    x_tag, w_tag, y_tag = _format_tags(formats, len(x_shape))
+    x_tag, w_tag, y_tag = _format_tags(formats, len(x_shape), len(w_dims))
     src = _Md(x_shape, x_tag, dtype)
-    wts = _Md(w_dims, w_tag if len(w_dims) == len(x_shape) else _format_tags(formats, len(w_dims))[1], dtype)
+    wts = _Md(w_dims, w_tag, dtype)
     dst = _Md(y_shape, y_tag, dtype)
     bias = _Md([w_shape[0]], TAG_A, dtype if bias_dtype is None else bias_dtype) if has_bias else None
     pd, attr = _vp(), _new_attr()

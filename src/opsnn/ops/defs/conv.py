@@ -942,9 +942,9 @@ def _rows_applies(ctx):
 
 
 def _rows_plan(ctx):
-    xs, _ws, ys, s, pads, d, _g = _plain_onednn_args(ctx)
-    geo = conv_geometry(ctx.op.name, xs, _ws, ctx.attrs)
-    return K.rows_plan("forward", xs, ys, geo.k, s, d, geo.pb)
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    geo = conv_geometry(ctx.op.name, xs, ws, ctx.attrs)
+    return K.rows_plan("forward", xs, (xs[0], ws[0]) + geo.out, geo.k, geo.s, geo.d, geo.pb)
 
 
 def _rows_kernel(ins, outs, attrs, plan, ws):
