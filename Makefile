@@ -33,10 +33,12 @@ sysdeps:
 	fi
 
 # the suite in two worker processes, a test file per worker at a time: a cold kernel cache compiles
-# on both cores (numba's compiler lock serializes one process); TEST_WORKERS=0 runs it in this process
+# on both cores (numba's compiler lock serializes one process); TEST_WORKERS=0 runs it in this process.
+# A worker that dies (a crash, or a test past pyproject's timeout) ends the run naming its test: xdist's
+# loadfile scheduling can wait forever on a replaced worker
 TEST_WORKERS ?= 2
 test: venv-test sysdeps
-	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --max-worker-restart 0)
 
 # house style: ruff's rules as configured in pyproject.toml (each ignore there says why) and its formatter
 lint: venv-test
