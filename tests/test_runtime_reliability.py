@@ -143,6 +143,56 @@ def test_close_still_stops_a_stream_and_refuses_later_work():
         s.launch(lambda: None)
 
 
+# -- a tool that raises on a kernel event: an error at synchronize, never a hang or a failed output
+def _synchronize_within(stream, seconds: float = 30.0):
+    """``stream.synchronize()`` on a thread: (returned, the exception it raised); a hang fails the test."""
+    box = []
+
+    def run():
+        try:
+            stream.synchronize()
+            box.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"synchronize() of stream {stream.name} hung"
+    return box[0]
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["worker", "inline"])
+def test_an_observer_that_raises_is_an_error_at_synchronize_and_the_stream_goes_on(inline):
+    from opsnn.runtime import hooks
+
+    s = opsnn.Stream(inline=inline)
+    x = opsnn.tensor(np.linspace(-1, 1, 64).astype(np.float32))
+
+    def broken_tool(ev):
+        raise RuntimeError("the tool broke")
+
+    unsubscribe = hooks.subscribe("kernel", broken_tool)
+    try:
+        if inline:  # the issuing thread gets it at once
+            with pytest.raises(
+                KernelError, match="Relu.*observer of kernel events raised RuntimeError: the tool broke"
+            ):
+                y = opsnn.ops.relu(x, stream=s)
+        else:
+            y = opsnn.ops.relu(x, stream=s)
+            err = _synchronize_within(s)
+            assert isinstance(err, KernelError) and "observer of kernel events raised RuntimeError" in str(err)
+    finally:
+        unsubscribe()
+    assert _synchronize_within(s) is None  # counted complete: nothing left to wait on
+    if not inline:
+        np.testing.assert_array_equal(y.numpy(), np.maximum(x.numpy(), 0))  # the kernel ran: its output reads
+    z = opsnn.ops.relu(x, stream=s)
+    assert _synchronize_within(s) is None
+    np.testing.assert_array_equal(z.numpy(), np.maximum(x.numpy(), 0))
+
+
 # -- 8. string initializers hash by value ---------------------------------------------------------
 def test_compile_a_graph_with_a_string_initializer():
     from onnx import TensorProto, helper

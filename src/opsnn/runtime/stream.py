@@ -120,29 +120,37 @@ class Stream:
         return seq
 
     def _run(self, seq, fn, name, info, t_queue, args, mark=None, deps=None) -> BaseException | None:
-        """Run one task; its exception is returned (a worker stream also keeps it for synchronize)."""
+        """Run one task; its exception is returned (a worker stream also keeps it for synchronize).
+        The task counts as completed whatever raises, an observer included: no waiter hangs on it."""
         profiling = hooks.active and hooks.listening("kernel")
         t0 = time.perf_counter() if profiling else 0.0
-        prev = _threads.enter(self._limit)
-        failure = None
+        prev = failure = kernel_failed = None
         try:
+            prev = _threads.enter(self._limit)
             if deps:
                 _check_deps(name, deps)
             fn(*args)
         except BaseException as exc:  # noqa: BLE001 - kept and re-raised at synchronize
-            failure = exc
+            failure = kernel_failed = exc
             if mark is not None:
                 mark.append(name)
-            if not self.inline:
-                self._errors.append((seq, name, exc))
-                self._failed[seq] = name
         finally:
             _threads.leave(prev)
         if profiling:
             t1 = time.perf_counter()
-            hooks.emit(
-                "kernel", {"op": name, "stream": self.name, "queued": t_queue, "start": t0, "end": t1, **(info or {})}
-            )
+            try:
+                hooks.emit(
+                    "kernel",
+                    {"op": name, "stream": self.name, "queued": t_queue, "start": t0, "end": t1, **(info or {})},
+                )
+            except BaseException as exc:  # noqa: BLE001 - a tool's bug: its outputs stay readable
+                failure = failure or OpsnnRuntimeError(
+                    f"{name}: an observer of kernel events raised {type(exc).__name__}: {exc}"
+                )
+        if failure is not None and not self.inline:
+            self._errors.append((seq, name, failure))
+            if kernel_failed is not None:
+                self._failed[seq] = name
         if self.inline:
             with self._cv:  # threads finish in any order: the count never goes back
                 self._completed = max(self._completed, seq)
