@@ -279,3 +279,59 @@ def test_loss_head_fusion_runs_the_fused_op_and_refuses_what_it_cannot_keep():
         g = _head_graph(**kw)
         assert fuse_loss_heads(g) == 0, kw
         assert "SoftmaxCrossEntropyLossGrad" in [n.op_type for n in g.nodes]
+
+
+def _lm_head_graph(read_scores_later: bool, spatial: bool):
+    """scores = h @ w (an intermediate), the fused loss head, and dh = dScores @ w^T: dScores may take
+    the scores' buffer unless something reads the scores after the loss head."""
+    C = 9
+    shape = (4, C, 3) if spatial else (6, C)
+    h = Value("h", np.float32, shape[:1] + (5,) + shape[2:])
+    labels = Value("t", np.int64, shape[:1] + shape[2:])
+    attrs = {"reduction": "mean", "ignore_index": -100}
+    x_in, s = ("hT", "sT") if spatial else ("h", "s")
+    nodes = []
+    if spatial:  # (N, 5, D) -> (N, D, 5) @ (5, C) -> (N, D, C) -> (N, C, D)
+        nodes.append(Node("Transpose", ["h"], ["hT"], {"perm": [0, 2, 1]}))
+    nodes.append(Node("MatMul", [x_in, "w"], [s]))
+    if spatial:
+        nodes.append(Node("Transpose", ["sT"], ["s"], {"perm": [0, 2, 1]}))
+    nodes.append(Node("SoftmaxCrossEntropyLossWithGrad", ["one", "s", "t"], ["loss", "ds"], attrs, domain="opsnn"))
+    d_in = "ds"
+    if spatial:
+        nodes.append(Node("Transpose", ["ds"], ["dsT"], {"perm": [0, 2, 1]}))
+        d_in = "dsT"
+    nodes.append(Node("MatMul", [d_in, "wT"], ["dh"]))
+    outs = [Value("loss", np.float32), Value("dh", np.float32)]
+    if read_scores_later:
+        nodes.append(Node("Neg", ["s"], ["negs"]))
+        outs.append(Value("negs", np.float32))
+    w = RNG.standard_normal((5, C)).astype(np.float32)
+    inits = {"w": w, "wT": np.ascontiguousarray(w.T), "one": np.ones((), np.float32)}
+    return Graph("lm_head", inputs=[h, labels], outputs=outs, nodes=nodes, initializers=inits), w, shape
+
+
+@pytest.mark.parametrize("spatial", [False, True], ids=["rows", "spatial"])
+@pytest.mark.parametrize("read_scores_later", [False, True], ids=["dead_scores", "scores_read_later"])
+def test_the_fused_loss_heads_gradient_takes_the_scores_buffer_where_they_are_dead(read_scores_later, spatial):
+    graph, w, shape = _lm_head_graph(read_scores_later, spatial)
+    h = RNG.standard_normal(shape[:1] + (5,) + shape[2:]).astype(np.float32)
+    t = RNG.integers(0, shape[1], shape[:1] + shape[2:])
+    t.reshape(-1)[1] = -100
+    h.reshape(-1)[0] = np.inf  # an infinite score row: NaN probabilities, as the unfused kernels give them
+    cg = opsnn.compile(graph, disabled_passes=["elementwise_fusion", "epilogue_fusion"])
+    out = cg.run({"h": h, "t": t})
+    with np.errstate(invalid="ignore"):
+        scores = np.moveaxis(np.moveaxis(h, 1, -1) @ w, -1, 1) if spatial else h @ w
+        want_loss, want_ds = _xent_oracle(np.float32(1), scores, t, None, "mean", -100)
+        want_dh = np.moveaxis(want_ds, 1, -1) @ w.T if spatial else want_ds @ w.T  # (N, D, 5) / (N, 5)
+    np.testing.assert_allclose(out["loss"].numpy(), want_loss, rtol=1e-5)
+    np.testing.assert_allclose(out["dh"].numpy(), want_dh, rtol=1e-4, atol=1e-5)
+    if read_scores_later:
+        np.testing.assert_allclose(out["negs"].numpy(), -scores, rtol=1e-5, atol=1e-6)
+    aliases = cg.plans[0].memory.aliases
+    assert (aliases.get("ds") == "s") != read_scores_later, aliases
+    again = cg.run({"h": 2 * h, "t": t})  # the plan replayed: the scores are written afresh before the head
+    with np.errstate(invalid="ignore"):
+        want_loss2, _ = _xent_oracle(np.float32(1), 2 * scores, t, None, "mean", -100)
+    np.testing.assert_allclose(again["loss"].numpy(), want_loss2, rtol=1e-5)

@@ -111,6 +111,19 @@ def _in_place_ok(rec, node: Node) -> bool:
     )
 
 
+def _in_place_candidates(rec, node: Node, op) -> list:
+    """(output, the inputs whose buffer it may take) for each output the step may write in place:
+    an elementwise op's or view's single output, or the pairs its chosen kernel declares."""
+    if _in_place_ok(rec, node):
+        return [(node.outputs[0], node.inputs[:1] if _is_view(node) else node.inputs)]
+    kernel = op.selection.kernel
+    return [
+        (node.outputs[o], [node.inputs[i]])
+        for o, i in kernel.in_place
+        if o < len(node.outputs) and i < len(node.inputs)
+    ]
+
+
 class CompiledGraph:
     """A graph prepared for repeated execution; see the module docstring."""
 
@@ -538,26 +551,26 @@ class CompiledGraph:
         aliased: set = set()  # aliases' values, for an O(1) membership test
         root = {}
         if self.memory_optimization:
-            for i, (node, rec, _op) in enumerate(planned):
-                out = node.outputs[0] if node.outputs else ""
-                if not out or out in graph_outputs or not _in_place_ok(rec, node):
-                    continue
-                for n in node.inputs[:1] if _is_view(node) else node.inputs:
-                    src = root.get(n, n)
-                    if (
-                        n
-                        and n not in external
-                        and n not in graph_outputs
-                        and last.get(n) == i
-                        and nbytes.get(n) == nbytes.get(out)
-                        and metas[n].dtype == metas[out].dtype
-                        and n not in aliased
-                    ):
-                        aliases[out] = src
-                        aliased.add(src)
-                        root[out] = src
-                        last[src] = max(last[src], last.get(out, i))
-                        break
+            for i, (node, rec, op) in enumerate(planned):
+                for out, candidates in _in_place_candidates(rec, node, op):
+                    if not out or out in graph_outputs:
+                        continue
+                    for n in candidates:
+                        src = root.get(n, n)
+                        if (
+                            n
+                            and n not in external
+                            and n not in graph_outputs
+                            and last.get(n) == i
+                            and nbytes.get(n) == nbytes.get(out)
+                            and metas[n].dtype == metas[out].dtype
+                            and n not in aliased
+                        ):
+                            aliases[out] = src
+                            aliased.add(src)
+                            root[out] = src
+                            last[src] = max(last[src], last.get(out, i))
+                            break
         alias_end: dict = {}  # a buffer lives as long as anything aliasing it
         for alias, src in aliases.items():
             if alias in last:

@@ -137,6 +137,9 @@ class Kernel:
     semantics by itself (a transform that mixes neighbouring values) still gives them, or
     where it does not; empty for kernels that compute the definition's sums and products
     directly. ``explain`` shows it.
+    ``in_place``: (output, input) index pairs the kernel computes correctly with that output in that
+    input's memory; a compiled graph's memory plan gives the output the input's buffer where the step
+    is the input's last reader (elementwise and activation ops need no declaration).
     """
 
     name: str
@@ -154,6 +157,7 @@ class Kernel:
     bind: Callable | None = None
     nonfinite: str = ""
     cold_alternative: str = ""
+    in_place: tuple = ()
 
     def check(self, ctx: InferContext) -> str | None:
         """None when this kernel can run ``ctx``, else the reason it cannot."""

@@ -355,6 +355,7 @@ SoftmaxCrossEntropyLossWithGrad.kernel(
     dtypes=(_dt.float32, _dt.float64),
     priority=20,
     plan=_xent_plan,
+    in_place=((1, 1),),  # dScores over the scores: a row's label score is read before the row is written
     doc="numba, parallel over rows: softmax_xent_grad_numba's two passes per row (its dScores), the "
     "loss from the statistics pass (softmax_xent_numba's within the order of a row sum)",
 )(_with_grad_kernel)
