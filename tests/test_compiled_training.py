@@ -9,6 +9,8 @@ few ulps). Against torch the tolerances of tests/test_training.py apply.
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 from test_training import _adamw, _cnn, _mlp, _sgd
@@ -192,6 +194,25 @@ def test_compiled_steps_return_pool_memory(no_leak):
         live.append(opsnn.memory.current_bytes())
     # after the first compiled call (plan and arena built) every call frees what it made
     assert live[2:] == [live[1]] * (len(live) - 2), live[:6]
+
+
+def test_tracing_a_step_frees_its_intermediates_as_an_eager_step_does():
+    """The tracer holds the tensors it names weakly: the first (tracing) call's pool peak is the eager
+    step's, not the sum of every intermediate the step made (a model that trains eagerly compiles too)."""
+    x, y = (opsnn.tensor(a) for a in _data("cnn", 16))
+    peaks = {}
+    for mode in ("eager", "trace"):
+        _model, _opt, train_step = _build("cnn", _adamw)
+        step = train_step if mode == "eager" else opsnn.compile(train_step)
+        opsnn.current_stream().synchronize()
+        opsnn.memory.reset_peak()
+        base = opsnn.memory.current_bytes()
+        step(x, y)
+        opsnn.current_stream().synchronize()
+        peaks[mode] = opsnn.memory.summary()["peak_bytes"] - base
+        del step, train_step, _model, _opt
+        gc.collect()
+    assert peaks["trace"] <= peaks["eager"] * 1.05, peaks
 
 
 def test_host_read_of_a_traced_value_is_a_typed_error():

@@ -203,10 +203,10 @@ class CompiledTrainStep:
         gradients = self._name_gradients(graph, tracer)
         for hook in self.graph_hooks:
             hook(graph, dict(gradients))
-        kept = {tracer.names.get(id(t)): t for t in tracer.keep}
+        metas = tracer.metas
         work = copy.copy(graph)  # graph() stays the step as traced; the fusion replaces the node list only
         work.nodes = list(graph.nodes)
-        fuse_loss_heads(work, lambda v: getattr(kept.get(v), "dtype", None))
+        fuse_loss_heads(work, lambda v: metas[v][0] if v in metas else None)
         cg = _compiler.compile(
             work,
             level=self.level,

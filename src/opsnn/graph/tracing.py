@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import weakref
 
 import numpy as np
 
@@ -27,14 +28,33 @@ from .ir import Graph, Node, Value
 _tensor_mod = sys.modules[Tensor.__module__]  # (``opsnn.tensor`` the name is the factory function)
 
 
+def _forget_in(tracer_ref, i: int) -> None:
+    tracer = tracer_ref()
+    if tracer is not None:
+        tracer._forget(i)
+
+
 class Tracer:
     def __init__(self):
-        self.names: dict = {}
-        self.keep: list = []  # tensors seen, kept alive so their ids stay unique while tracing
+        self.names: dict = {}  # id of a live tensor seen -> its value name
+        self.metas: dict = {}  # value name -> (dtype, shape) of the tensor it was first given to
         self.nodes: list[Node] = []
         self.initializers: dict = {}
         self._n = 0
         self._consts = 0
+
+    def track(self, t: Tensor, name: str) -> None:
+        """Give ``t`` the value name ``name``. The tracer holds it weakly: an intermediate the step drops is
+        freed as in an eager run (the trace's peak stays the eager step's), and its id, which a new tensor
+        may then reuse, is forgotten as it dies."""
+        i = id(t)
+        if i not in self.names:  # the callback holds the tracer weakly: it holds tensors (state) itself
+            weakref.finalize(t, _forget_in, weakref.ref(self), i)
+        self.names[i] = name
+        self.metas.setdefault(name, (t.dtype, tuple(t.shape)))
+
+    def _forget(self, i: int) -> None:
+        self.names.pop(i, None)
 
     def name_of(self, t: Tensor) -> str:
         name = self.names.get(id(t))
@@ -42,8 +62,7 @@ class Tracer:
             name = f"const_{self._consts}"
             self._consts += 1
             self.initializers[name] = np.array(t.numpy())
-            self.names[id(t)] = name
-            self.keep.append(t)
+            self.track(t, name)
         return name
 
     def alias(self, new: Tensor, old: Tensor) -> None:
@@ -51,8 +70,7 @@ class Tracer:
         the same value of the graph, not a constant."""
         name = self.names.get(id(old))
         if name is not None and id(new) not in self.names:
-            self.names[id(new)] = name
-            self.keep.append(new)
+            self.track(new, name)
 
     def record(self, rec, tensors, attrs, num_outputs, result) -> None:
         ins = [self.name_of(t) if t is not None else "" for t in tensors]
@@ -61,8 +79,7 @@ class Tracer:
         for t in outs:
             self._n += 1
             name = f"{rec.name.lower()}_{self._n}"
-            self.names[id(t)] = name
-            self.keep.append(t)
+            self.track(t, name)
             names.append(name)
         self.nodes.append(Node(rec.name, ins, names, dict(attrs), domain=rec.domain))
 
@@ -95,7 +112,8 @@ class StateTracer(Tracer):
         self.tainted: set = set()  # ids of tensors whose values depend on the inputs or the state
         self.made_by: dict = {}  # value name -> op that made it (for error messages)
         self.events: set = set()  # "backward", "update": what the step did
-        self._memory: dict = {}  # data address of traced tensors' memory -> value name
+        self._memory: dict = {}  # data address of live traced tensors' memory -> [value name, tensors on it]
+        self._ptr: dict = {}  # id of a traced tensor -> the data address it counts in _memory
         self._state_of = state_of or (lambda t: False)
         self._label_of = label_of or (lambda t: None)
 
@@ -107,7 +125,7 @@ class StateTracer(Tracer):
         if self._state_of(t):
             return self.make_state(t)
         ptr = _root_ptr(t)
-        owner = None if ptr is None else self._memory.get(ptr)
+        owner = None if ptr is None else self._memory.get(ptr, (None,))[0]
         if owner is not None:
             raise TraceError(
                 f"trace: a tensor of shape {tuple(t.shape)} that the trace did not see made shares memory "
@@ -116,9 +134,8 @@ class StateTracer(Tracer):
             )
         label = self._label_of(t)
         if label and label not in self.initializers and label not in self.state:
-            self.names[id(t)] = label
             self.initializers[label] = np.array(t.numpy())
-            self.keep.append(t)
+            self.track(t, label)
             return label
         return super().name_of(t)
 
@@ -137,8 +154,7 @@ class StateTracer(Tracer):
         while name in self.state or name in self.host_inputs:
             k += 1
             name = f"{base}_{k}"
-        self.names[id(t)] = name
-        self.keep.append(t)
+        self.track(t, name)
         self.state[name] = t
         self.getters[name] = getter or (lambda t=t: t)
         self.taint(t, name)
@@ -154,8 +170,7 @@ class StateTracer(Tracer):
         while name in self.host_inputs or name in self.state:
             k += 1
             name = f"{base}_{k}"
-        self.names[id(t)] = name
-        self.keep.append(t)
+        self.track(t, name)
         self.host_inputs[name] = fn
         self.taint(t, name)
         return name
@@ -166,11 +181,23 @@ class StateTracer(Tracer):
             self.tainted.add(id(new))  # (the same memory: already registered)
 
     def taint(self, t: Tensor, name: str) -> None:
-        """Mark ``t`` a value of the graph (computed from inputs or state)."""
-        self.tainted.add(id(t))
+        """Mark ``t`` a value of the graph (computed from inputs or state); ``t`` is tracked already."""
+        i = id(t)
+        self.tainted.add(i)
         ptr = _root_ptr(t)
+        if ptr is not None and i not in self._ptr:
+            self._ptr[i] = ptr
+            self._memory.setdefault(ptr, [name, 0])[1] += 1
+
+    def _forget(self, i: int) -> None:
+        super()._forget(i)
+        self.tainted.discard(i)
+        ptr = self._ptr.pop(i, None)
         if ptr is not None:
-            self._memory.setdefault(ptr, name)
+            owner = self._memory[ptr]
+            owner[1] -= 1
+            if not owner[1]:  # no live traced tensor on that memory: the pool may hand it out again
+                del self._memory[ptr]
 
     def is_traced(self, t: Tensor) -> bool:
         """Whether ``t`` is a value of the graph (an input, state or computed), not a constant."""
@@ -202,7 +229,7 @@ class StateTracer(Tracer):
         for t in outs:
             self._n += 1
             name = f"{self.names[id(t)]}.{rec.name.lower()}_{self._n}"
-            self.names[id(t)] = name
+            self.track(t, name)
             self.made_by[name] = rec.name
             self.taint(t, name)
             out_names.append(name)
@@ -242,8 +269,7 @@ def trace(fn, example_inputs, dynamic_dims=None, name: str | None = None) -> Gra
         if isinstance(dims, (list, tuple)):
             dims = {d: f"{n}_dim{d}" for d in dims}
         shape = tuple(dims.get(d, s) for d, s in enumerate(t.shape))
-        tracer.names[id(t)] = n
-        tracer.keep.append(t)
+        tracer.track(t, n)
         graph_inputs.append(Value(n, t.dtype, shape))
     _ex._tracer = tracer
     try:
@@ -301,8 +327,7 @@ def trace_stateful(fn, inputs: list, tracer: StateTracer, name: str | None = Non
     for n, t in zip(in_names, inputs):
         if id(t) in tracer.names:
             raise TraceError(f"trace: input {n!r} is the same tensor as an earlier input")
-        tracer.names[id(t)] = n
-        tracer.keep.append(t)
+        tracer.track(t, n)
         tracer.taint(t, n)
         graph_inputs.append(Value(n, t.dtype, tuple(t.shape)))
     _ex._tracer = tracer
@@ -343,8 +368,8 @@ def trace_stateful(fn, inputs: list, tracer: StateTracer, name: str | None = Non
         used.add(final)
         updates[final] = sname
     for hname in tracer.host_inputs:
-        t = next(x for x in tracer.keep if tracer.names.get(id(x)) == hname)
-        graph_inputs.append(Value(hname, t.dtype, tuple(t.shape)))
+        dtype, shape = tracer.metas[hname]
+        graph_inputs.append(Value(hname, dtype, shape))
     for sname, t in tracer.state.items():
         graph_inputs.append(Value(sname, t.dtype, tuple(t.shape)))
     graph = Graph(

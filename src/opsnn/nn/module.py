@@ -469,9 +469,8 @@ class Module:
             def name_of(t):  # weights are named after their state_dict key the first time they are read
                 n = names.get(id(t))
                 if n is not None and id(t) not in tracer.names and n not in tracer.initializers:
-                    tracer.names[id(t)] = n
                     tracer.initializers[n] = np.array(t.numpy())
-                    tracer.keep.append(t)
+                    tracer.track(t, n)
                 return base(t)
 
             tracer.name_of = name_of
