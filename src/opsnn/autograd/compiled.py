@@ -203,10 +203,9 @@ class CompiledTrainStep:
         gradients = self._name_gradients(graph, tracer)
         for hook in self.graph_hooks:
             hook(graph, dict(gradients))
-        metas = tracer.metas
         work = copy.copy(graph)  # graph() stays the step as traced; the fusion replaces the node list only
         work.nodes = list(graph.nodes)
-        fuse_loss_heads(work, lambda v: metas[v][0] if v in metas else None)
+        fuse_loss_heads(work, lambda v: tracer.metas.get(v, (None,))[0])
         cg = _compiler.compile(
             work,
             level=self.level,
