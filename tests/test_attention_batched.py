@@ -249,6 +249,33 @@ def test_where_the_kernels_apply(monkeypatch):
         _train(q, k, v, {}, "attention_train_batched")
 
 
+@pytest.mark.parametrize(
+    "rank, Hkv, want_tiled",
+    [(3, 2, True), (3, 4, False), (4, 2, False)],
+    ids=["3d_grouped", "3d_one_kv_head_a_query_head", "4d_grouped"],
+)
+def test_a_grouped_3d_forward_runs_the_tiled_kernel(monkeypatch, rank, Hkv, want_tiled):
+    """attention_gemm stacks a group's query heads by copying Q and cannot run its one-region path for
+    grouped heads in the 3-D (B, S, H*D) layout (LLaMA-style training): the tiled kernel, which reads
+    the head views in place, is chosen there; elsewhere attention_gemm stays first."""
+    if A.MN.addresses() is None:
+        pytest.skip("attention_gemm_tiled needs MKL called from numba")
+    monkeypatch.setattr(KL, "runtime_f32_product", lambda *a, **k: "not here")  # no batched kernel first
+    B, Hq, S, D = 2, 4, 64, 16
+    shape = (lambda h: (B, S, h * D)) if rank == 3 else (lambda h: (B, h, S, D))
+    q, k, v = (RNG.standard_normal(shape(h)).astype(np.float32) for h in (Hq, Hkv, Hkv))
+    attrs = _attrs(A.AttentionTrain, True, rank, Hq, Hkv)
+    for record in (A.AttentionTrain, A.Attention):
+        at = {kk: vv for kk, vv in attrs.items() if kk in {x.name for x in record.attrs}}
+        n = 2 if record is A.AttentionTrain else 1
+        plan = executor.prepare(record, [opsnn.tensor(x) for x in (q, k, v)], at, num_outputs=n)
+        assert plan.kernel_name.endswith("gemm_tiled") == want_tiled, (record.name, plan.kernel_name)
+    got = _train(q, k, v, attrs, None)
+    want = _train(q, k, v, attrs, "attention_train_gemm")  # still forced where not preferred
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", [n for n in FWD_CASES if "nonpad" not in n])
 def test_inference_kernel_matches_the_reference_and_attention_gemm(name, dtype):

@@ -393,6 +393,11 @@ def _gemm_applies(ctx, max_outputs=3):
             f"the score matrix would take {nbytes >> 20} MiB (> {GEMM_MAX_SCORE_BYTES >> 20} MiB): "
             "the flash kernel streams it instead"
         )
+    if d.rank == 3 and d.Hq != d.Hkv and MN.addresses() is not None:
+        return NotPreferred(
+            "grouped query heads in the 3-D layout: Q would be copied to stack each group's heads and the "
+            "products could not run as one region; attention_gemm_tiled reads the head views in place"
+        )
     return True
 
 
