@@ -22,6 +22,8 @@ from opsnn.ops import executor
 A = importlib.import_module("opsnn.ops.defs.attention")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 RNG = np.random.default_rng(7)
+# the decisions themselves (the fixture below stands in for them)
+GRAD_PRODUCTS, F32_PRODUCT = KL.attention_grad_products, KL.runtime_f32_product
 
 # (id, B, Hq, Hkv, Sq, T, D, Dv, causal, rank): each float32 product >= RUNTIME_F32_MIN_MACS
 CASES = [
@@ -41,6 +43,7 @@ def _f32_on_onednn(monkeypatch):
     kernels are tested all the same."""
     if KL.platform().onednn_matmul is None:
         monkeypatch.setattr(KL, "runtime_f32_product", lambda *a, **k: None)
+        monkeypatch.setattr(KL, "attention_grad_products", lambda *a, **k: None)
 
 
 def _skip_unless_applies(dtype, case):
@@ -247,6 +250,23 @@ def test_where_the_kernels_apply(monkeypatch):
         ops.attention_backward(dy, q, k, v, y, None, lse, algo="attention_grad_batched")
     with pytest.raises(opsnn.errors.KernelNotFoundError, match="more than 1000 held at once"):
         _train(q, k, v, {}, "attention_train_batched")
+
+
+def test_the_backward_runs_batched_wherever_onednn_has_brgemm_matmul_mkl_or_not():
+    """attention's backward on oneDNN's batched products is not MKL's GEMM against oneDNN's: it replaces
+    the flash tiles, so it holds where MKL is the GEMM library too; not at AVX2 (no brgemm matmul in
+    oneDNN), not without oneDNN, not for products too small for it."""
+    AMD, INTEL = "AuthenticAMD", "GenuineIntel"
+    rows, k, n, batch = 512, 64, 256, 8  # LLaMA-tiny's: 2 query heads a KV head, 256 positions, 4 x 2 tasks
+    for level in ("avx512", "avx512_bf16", "amx"):
+        for vendor in (AMD, INTEL):
+            p = KL.Platform.for_isa(level, vendor)
+            assert GRAD_PRODUCTS(rows, k, n, batch, p=p) is None, (level, vendor)
+            assert GRAD_PRODUCTS(4, 4, 4, 1, p=p) is not None  # tiny: the tiles
+        assert "MKL" in F32_PRODUCT(rows, k, n, batch, p=KL.Platform.for_isa(level, INTEL))
+        assert GRAD_PRODUCTS(rows, k, n, batch, p=KL.Platform.for_isa(level, INTEL, onednn=False))
+    for vendor in (AMD, INTEL):
+        assert "brgemm" in GRAD_PRODUCTS(rows, k, n, batch, p=KL.Platform.for_isa("avx2", vendor))
 
 
 @pytest.mark.parametrize(

@@ -262,12 +262,30 @@ def runtime_f32_product(rows: int, k: int, n: int, batch: int = 1, p: Platform |
         return f"oneDNN's brgemm matmul is not used here ({p.onednn_matmul})"
     if p.gemm_library != "openblas":
         return f"{p.gemm_library.upper()} is the GEMM library on this CPU"
+    return _runtime_f32_size(rows, k, n, batch)
+
+
+def _runtime_f32_size(rows: int, k: int, n: int, batch: int) -> str | None:
+    """Why ``batch`` (rows, k) @ (k, n) float32 products are too small for oneDNN's matmul, or None."""
     if rows < 2 or n < 2:
         return "a matrix-vector product: BLAS gemv"
     macs = batch * rows * k * n
     if macs < RUNTIME_F32_MIN_MACS:
         return f"{macs} multiply-adds: under {RUNTIME_F32_MIN_MACS}, BLAS's smaller call overhead wins"
     return None
+
+
+def attention_grad_products(rows: int, k: int, n: int, batch: int = 1, p: Platform | None = None) -> str | None:
+    """None when attention's backward runs as whole-matrix batched products on oneDNN's brgemm matmul
+    (``batch`` (batch, KV head) score matrices of ``rows`` x ``n``, the smallest product's depth ``k``;
+    attention_grad_batched); else why not. Unlike :func:`runtime_f32_product` this holds where MKL is
+    the GEMM library too: the alternative there is not MKL's threaded GEMM but the flash backward's
+    tiles, five single-threaded MKL products each with the probabilities recomputed per tile, which
+    the five batched products beat on every shape measured (docs/performance.md)."""
+    p = p if p is not None else platform()
+    if p.onednn_matmul is not None:
+        return f"oneDNN's brgemm matmul is not used here ({p.onednn_matmul})"
+    return _runtime_f32_size(rows, k, n, batch)
 
 
 def projection(rows: int, k: int, n: int, dtype, p: Platform | None = None, contiguous: bool = True) -> Choice:

@@ -730,7 +730,7 @@ Attention.kernel(
 )(_gemm)
 
 
-def _batched_rejection(d, dtype) -> str | None:
+def _batched_rejection(d, dtype, backward: bool = False) -> str | None:
     """Why the batched attention kernels (KAB) do not take these dims and dtype, or None."""
     if not (d.B * d.Hq * d.Sq and d.T and d.D and d.Dv):
         return "an empty dim"
@@ -739,7 +739,8 @@ def _batched_rejection(d, dtype) -> str | None:
     if dtype == _dt.bfloat16:
         return KL.runtime_bf16_product()
     # the smallest product: (group * Sq) x D @ D x T per (batch, KV head)
-    return KL.runtime_f32_product((d.Hq // d.Hkv) * d.Sq, min(d.D, d.Dv), d.T, d.B * d.Hkv)
+    decide = KL.attention_grad_products if backward else KL.runtime_f32_product
+    return decide((d.Hq // d.Hkv) * d.Sq, min(d.D, d.Dv), d.T, d.B * d.Hkv)
 
 
 def _batched_applies_for(max_outputs: int):
@@ -1126,7 +1127,7 @@ def _batched_grad_applies(ctx):
         return "an attention mask, or no logsumexp: the tiled kernels"
     if a["softcap"] or a["left_window_size"] >= 0 or a["right_window_size"] >= 0:
         return "a softcap or a window: the tiled kernels"
-    why = _batched_rejection(_grad_dims(ctx), ctx.dtype(1))
+    why = _batched_rejection(_grad_dims(ctx), ctx.dtype(1), backward=True)
     return True if why is None else why
 
 
