@@ -9,6 +9,10 @@ import importlib
 import ml_dtypes
 import numpy as np
 import pytest
+from test_backward_attnbw import CASES as ATTNBW_CASES
+from test_backward_attnbw import _backward as attnbw_backward
+from test_backward_attnbw import _expected as attnbw_expected
+from test_backward_attnbw import _make as attnbw_make
 from test_backward_attnbw import allowed_pairs, oracle
 from test_ops_attention import CASES as FWD_CASES
 from test_ops_attention import build
@@ -131,6 +135,94 @@ def test_backward_matches_the_float64_oracle(case, dtype):
         _close(to4(g, h), w, dtype, f"d{name}")
 
 
+MASKED = [c for c in ATTNBW_CASES if c[9] is not None and not ({"left", "right", "softcap"} & set(c[10]))]
+
+
+@pytest.mark.parametrize("case", MASKED, ids=[c[0] for c in MASKED])
+def test_masked_backward_matches_the_float64_oracle(case):
+    """float32 masks of every kind test_backward_attnbw.py has (bool key padding, additive with -inf, a
+    short 2-D mask, per-head additive, the 3-D layout): the mask added in the row pass, the oracle's
+    answer."""
+    if KL.platform().onednn_matmul is not None:
+        pytest.skip(f"the batched kernels do not run here: {KL.platform().onednn_matmul}")
+    q, k, v, dy, mask, attrs, rank = attnbw_make(case)
+    got = attnbw_backward(q, k, v, dy, mask, attrs, rank, algo="attention_grad_batched", lse=_lse(q, k, v, mask, attrs))
+    for g, w, name in zip(got, attnbw_expected(q, k, v, dy, mask, attrs), "QKV"):
+        assert np.isfinite(g).all(), f"d{name} has non-finite values"
+        _close(g, w, np.dtype(np.float32), f"d{name}")
+
+
+def _lse(q, k, v, mask, attrs):
+    """The forward's logsumexp (B, Hq, Sq) from the op's reference (4-D operands)."""
+    a = {x.name: x.default for x in A.AttentionTrain.attrs}
+    a.update({n: attrs[n] for n in ("is_causal", "scale", "softcap", "left_window_size", "right_window_size")})
+    a["is_causal"] = int(a["is_causal"])
+    return A._reference_attention_train([q, k, v, mask], a)[1].astype(np.float32)
+
+
+def test_rows_a_mask_leaves_no_key_have_zero_gradients():
+    """A query row whose mask allows no key (bool, and additive -inf) has P = 0: its dQ is 0 and it adds
+    nothing to dK and dV, as the oracle's; every other row as the oracle's."""
+    if KL.platform().onednn_matmul is not None:
+        pytest.skip(f"the batched kernels do not run here: {KL.platform().onednn_matmul}")
+    B, H, Sq, T, D = 1, 2, 6, 8, 4
+    q, k, v, dy = (
+        RNG.standard_normal(s).astype(np.float32) for s in [(B, H, Sq, D), (B, H, T, D), (B, H, T, D), (B, H, Sq, D)]
+    )
+    attrs = dict(is_causal=False, scale=None, softcap=0.0, left_window_size=-1, right_window_size=-1)
+    boolean = RNG.random((B, H, Sq, T)) > 0.4
+    boolean[0, 0, 2] = False
+    boolean[0, 1, [0, 5]] = False
+    additive = np.where(boolean, RNG.standard_normal((B, H, Sq, T)), -np.inf).astype(np.float32)
+    for mask in (boolean, additive):
+        lse = _lse(q, k, v, mask, attrs)
+        dq, dk, dv = attnbw_backward(q, k, v, dy, mask, attrs, 4, algo="attention_grad_batched", lse=lse)
+        assert np.isfinite(dq).all() and np.isfinite(dk).all() and np.isfinite(dv).all()
+        assert not dq[0, 0, 2].any() and not dq[0, 1, [0, 5]].any()
+        for g, w in zip((dq, dk, dv), attnbw_expected(q, k, v, dy, mask, attrs)):
+            _close(g, w, np.dtype(np.float32), "dead rows")
+
+
+@pytest.mark.parametrize("where", ["q", "k", "mask_nan", "mask_posinf", "lse_nan"])
+def test_masked_backward_on_nan_and_inf_is_the_definitions(where):
+    """NaN / Inf under a mask (key padding plus an additive plane): the op's reference (the definition
+    read literally, float64) gives the NaN pattern and the finite values."""
+    if KL.platform().onednn_matmul is not None:
+        pytest.skip(f"the batched kernels do not run here: {KL.platform().onednn_matmul}")
+    B, Hq, Hkv, Sq, T, D = 2, 4, 2, 16, 16, 8
+    q, k, v, dy = (
+        RNG.standard_normal(s).astype(np.float32)
+        for s in [(B, Hq, Sq, D), (B, Hkv, T, D), (B, Hkv, T, D), (B, Hq, Sq, D)]
+    )
+    mask = np.where(RNG.random((B, 1, Sq, T)) > 0.25, RNG.standard_normal((B, 1, Sq, T)), -np.inf).astype(np.float32)
+    attrs = {a.name: a.default for a in A.AttentionGrad.attrs}
+    attrs["is_causal"] = 1
+    lse = _lse(q, k, v, mask, dict(attrs, scale=None))
+    y = A._reference_attention_train(
+        [q, k, v, mask], dict({a.name: a.default for a in A.AttentionTrain.attrs}, is_causal=1)
+    )[0]
+    y = y.astype(np.float32)
+    if where == "q":
+        q[1, 3, 5, 2] = np.nan
+    elif where == "k":
+        k[0, 1, 7, 0] = np.nan
+    elif where == "mask_nan":
+        mask[1, 0, 9, 3] = np.nan
+    elif where == "mask_posinf":
+        mask[0, 0, 4, 1] = np.inf
+    else:
+        lse[0, 2, 6] = np.nan
+    got = [
+        t.numpy() for t in ops.attention_backward(dy, q, k, v, y, mask, lse, is_causal=1, algo="attention_grad_batched")
+    ]
+    want = A._reference_attention_grad([dy, q, k, v, y, mask, lse], attrs)
+    assert any(np.isnan(w).any() for w in want), "the case puts a NaN somewhere"
+    for g, w, name in zip(got, want, "QKV"):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=f"d{name} NaN pattern")
+        ok = np.isfinite(w)
+        np.testing.assert_allclose(g[ok], w[ok], rtol=2e-4, atol=2e-4, err_msg=f"d{name}")
+
+
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("hkv", [4, 2], ids=["heads", "grouped"])
 def test_views_of_any_strides_give_the_contiguous_answer(hkv, dtype):
@@ -241,7 +333,10 @@ def test_where_the_kernels_apply(monkeypatch):
     )
     assert opsnn.aclnn.attention_backward.prepare(dy, q, k, v, y, None, lse).kernel_name == "attention_grad_batched"
     mask = np.zeros((64, 64), np.float32)
-    assert opsnn.aclnn.attention_backward.prepare(dy, q, k, v, y, mask, lse).kernel_name != "attention_grad_batched"
+    assert opsnn.aclnn.attention_backward.prepare(dy, q, k, v, y, mask, lse).kernel_name == "attention_grad_batched"
+    b16 = [x.astype(BF16) for x in (dy, q, k, v, y)]
+    with pytest.raises(opsnn.errors.KernelNotFoundError, match="an attention mask with bfloat16 operands"):
+        ops.attention_backward(*b16, mask.astype(BF16), lse, algo="attention_grad_batched")
     assert opsnn.aclnn.attention_backward.prepare(dy, q, k, v, y).kernel_name != "attention_grad_batched"  # no lse
     monkeypatch.setattr(KAB, "MAX_SCORES", 1000)
     q, k, v, dy, y = (np.concatenate([x, x[:1]]) for x in (q, k, v, dy, y))  # a new shape: planned again

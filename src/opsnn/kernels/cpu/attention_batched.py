@@ -5,8 +5,9 @@ them (the forward's softmax and logsumexp; the backward's P and dS from the reco
 
 With Q's heads grouped under their KV head (``(B, Hkv, G * Sq, D)``, a reshape of contiguous Q),
 grouped-query attention needs no repeat: dK and dV sum over the group inside their products.
-The arithmetic is the definition's (``_reference_attention_grad``): P = exp(scale * QK^T - lse) on
-the pairs a row attends and exp(-inf - lse) elsewhere (0, or NaN for a NaN or -inf logsumexp),
+The arithmetic is the definition's (``_reference_attention_grad``): P = exp(scale * QK^T + mask - lse)
+on the pairs a row attends and exp(-inf - lse) elsewhere (0, or NaN for a NaN or -inf logsumexp; a row
+the mask leaves no key 0),
 dS = P (dP - rowsum(dY Y)) on attended pairs and 0 elsewhere, dQ = scale dS K, dK = scale dS^T Q,
 dV = P^T dY; NaN and Inf flow through the products as they do there. The forward's softmax,
 masks and logsumexp are the other forward kernels' (``attention.masked_softmax``), so are its
@@ -28,6 +29,7 @@ F32 = np.float32
 MAX_SCORES = 1 << 23
 #: score rows per parallel task of the backward's row pass
 ROWS = 16
+_NO_MASK = np.zeros((1, 1, 1, 1), np.float32)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -43,12 +45,41 @@ def _probs_row(s, dp, lse, di, scale, lim):
         dp[j] = F32(0.0)
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def _probs_row_masked(s, dp, lse, di, scale, lim, m):
+    # _probs_row under an additive mask row ``m`` (its -inf masks; keys from its length on are masked):
+    # a row the mask leaves no key has P = 0, as the definition's
+    masked = _exp_ieee(F32(-np.inf) - lse)
+    top = min(lim, m.shape[0])
+    live = False
+    for j in range(top):
+        mv = m[j]
+        if mv == F32(-np.inf):
+            s[j] = masked
+            dp[j] = F32(0.0)
+        else:
+            live = True
+            p = _exp_ieee(s[j] * scale + mv - lse)
+            s[j] = p
+            dp[j] = p * (dp[j] - di) * scale
+    for j in range(top, s.shape[0]):
+        s[j] = masked
+        dp[j] = F32(0.0)
+    if not live:
+        s[:] = F32(0.0)
+        dp[:] = F32(0.0)
+
+
 @nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def probs_grad(s, dp, lse, y, dy, scale, causal, sq):
+def probs_grad(s, dp, lse, y, dy, scale, causal, sq, mask, has_mask, hkv):
     """float32: scores ``s`` (N, R, T) -> P and dP ``dp`` -> scale * dS in place, each row r with
-    query index r % sq (causal: keys j <= that index), ``lse`` (N, R), ``y`` / ``dy`` (N, R, Dv)."""
+    query index r % sq (causal: keys j <= that index), ``lse`` (N, R), ``y`` / ``dy`` (N, R, Dv).
+    ``has_mask``: ``mask`` (rank 4, each dim 1 or the (B, Hq, Sq, <= T) extent) is added to the
+    scaled scores, its -inf masking; row r of task b is batch b // hkv, query head
+    (b % hkv) * (R // sq) + r // sq."""
     n, rows, t = s.shape
     per = -(-rows // ROWS)
+    g = rows // sq
     for task in nb.prange(n * per):
         b = task // per
         r0 = (task - b * per) * ROWS
@@ -58,7 +89,13 @@ def probs_grad(s, dp, lse, y, dy, scale, causal, sq):
             for d in range(yr.shape[0]):
                 di += np.float64(yr[d]) * np.float64(gr[d])
             lim = min(r % sq + 1, t) if causal else t
-            _probs_row(s[b, r], dp[b, r], lse[b, r], F32(di), F32(scale), lim)
+            if has_mask:
+                mb = b // hkv if mask.shape[0] > 1 else 0
+                mh = (b % hkv) * g + r // sq if mask.shape[1] > 1 else 0
+                mq = r % sq if mask.shape[2] > 1 else 0
+                _probs_row_masked(s[b, r], dp[b, r], lse[b, r], F32(di), F32(scale), lim, mask[mb, mh, mq])
+            else:
+                _probs_row(s[b, r], dp[b, r], lse[b, r], F32(di), F32(scale), lim)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -176,11 +213,12 @@ def forward(q, k, v, rules: tuple, y, lse, ws: np.ndarray) -> None:
     _rows_back(yr, y)
 
 
-def backward(q, k, v, y, dy, lse, causal: bool, scale: float, dq, dk, dv, ws: np.ndarray) -> None:
+def backward(q, k, v, y, dy, lse, causal: bool, scale: float, dq, dk, dv, ws: np.ndarray, mask=None) -> None:
     """dQ, dK, dV of softmax attention into ``dq`` / ``dk`` / ``dv`` from (B, H, S, D) arrays of one
     dtype, float32 or bfloat16 (``q``, ``y``, ``dy``: Hq heads; ``k``, ``v``: Hkv heads dividing Hq;
     views read and written in place), the forward's logsumexp ``lse`` (B, Hq, Sq) and ``ws`` of
-    :func:`workspace_bytes`."""
+    :func:`workspace_bytes`. ``mask``: float32 operands only, an additive float32 mask of rank 4 in
+    its own broadcast shape (-inf masks; keys past its last dim are masked), or None."""
     B, hq, sq, d = q.shape
     hkv, t, dv_n = k.shape[1], k.shape[2], v.shape[3]
     n, rows = B * hkv, hq // hkv * sq
@@ -194,6 +232,8 @@ def backward(q, k, v, y, dy, lse, causal: bool, scale: float, dq, dk, dv, ws: np
     _product(qr, _t(k), s.reshape(B, hkv, rows, t))
     _product(g4, _t(v), dp.reshape(B, hkv, rows, t))
     if q.dtype != np.float32:
+        if mask is not None:
+            raise ValueError("attention_batched.backward: a mask with bfloat16 operands")
         p16 = ws[8 * size : 10 * size].view(np.uint16).reshape(n, rows, t)
         ds16 = ws[10 * size : 12 * size].view(np.uint16).reshape(n, rows, t)
         probs_grad_bf16(
@@ -202,7 +242,9 @@ def backward(q, k, v, y, dy, lse, causal: bool, scale: float, dq, dk, dv, ws: np
         )  # fmt: skip
         p_op, ds_op = p16.view(q.dtype), ds16.view(q.dtype)
     else:
-        probs_grad(s, dp, lsec, yc, gc, scale, causal, sq)
+        has_mask = mask is not None
+        m4 = mask if has_mask else _NO_MASK
+        probs_grad(s, dp, lsec, yc, gc, scale, causal, sq, m4, has_mask, hkv)
         p_op, ds_op = s, dp
     p4, ds4 = p_op.reshape(B, hkv, rows, t), ds_op.reshape(B, hkv, rows, t)
     _product(_t(p4), g4, dv)

@@ -1121,10 +1121,13 @@ AttentionGrad.kernel(
 
 def _batched_grad_applies(ctx):
     """Whole-matrix batched products (KAB.backward) where the score matrices are small and oneDNN's
-    matmul runs these products: no mask, window or softcap, a given logsumexp."""
+    matmul runs these products: no window or softcap, a given logsumexp, a mask only with float32
+    operands."""
     a = ctx.attrs
-    if ctx.has(5) or not ctx.has(6):
-        return "an attention mask, or no logsumexp: the tiled kernels"
+    if not ctx.has(6):
+        return "no logsumexp: the tiled kernels"
+    if ctx.has(5) and ctx.dtype(1) != _dt.float32:
+        return "an attention mask with bfloat16 operands: the tiled kernels"
     if a["softcap"] or a["left_window_size"] >= 0 or a["right_window_size"] >= 0:
         return "a softcap or a window: the tiled kernels"
     why = _batched_rejection(_grad_dims(ctx), ctx.dtype(1), backward=True)
@@ -1146,8 +1149,9 @@ def _attention_grad_batched(ins, outs, attrs, plan, ws):
     got = _grad_inputs(ins, outs, attrs, plan)
     if got is None:
         return
-    (q, k, v, y, dy), (dq, dk, dv), _, lse = got
-    KAB.backward(q, k, v, y, dy, lse, plan["causal"], plan["scale"], dq, dk, dv, ws)
+    (q, k, v, y, dy), (dq, dk, dv), mask, lse = got
+    m4 = None if mask is None else _mask4(mask)
+    KAB.backward(q, k, v, y, dy, lse, plan["causal"], plan["scale"], dq, dk, dv, ws, mask=m4)
 
 
 AttentionGrad.kernel(
@@ -1158,11 +1162,13 @@ AttentionGrad.kernel(
     applies=_batched_grad_applies,
     plan=_batched_grad_plan,
     workspace=_batched_grad_workspace,
-    nonfinite="as the definition's whole-matrix products (it is them): P = exp(scale QK^T - logsumexp) on "
-    "attended pairs, exp(-inf - logsumexp) on the others, dS 0 on those",
-    doc="short sequences, no mask, window or softcap, given logsumexp: the scores and dP of every (batch, "
-    "KV head) as two oneDNN batched matmuls into float32, one pass per row to P and dS (rounded once to "
-    "bfloat16 for bf16 operands), then dV, dQ, dK as three more; grouped heads summed inside the products",
+    nonfinite="as the definition's whole-matrix products (it is them): P = exp(scale QK^T + mask - logsumexp) "
+    "on attended pairs, exp(-inf - logsumexp) on the others, dS 0 on those, a row the mask leaves no key "
+    "P = 0 (a NaN or +Inf mask value attends)",
+    doc="short sequences, no window or softcap, given logsumexp (a mask: float32): the scores and dP of every "
+    "(batch, KV head) as two oneDNN batched matmuls into float32, one pass per row to P and dS (the mask "
+    "added there; rounded once to bfloat16 for bf16 operands), then dV, dQ, dK as three more; grouped heads "
+    "summed inside the products",
 )(_attention_grad_batched)
 
 
