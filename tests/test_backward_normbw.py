@@ -537,6 +537,24 @@ def test_float32_norm_grad_rows_far_from_zero_match_float64(grad_op, n, rows):
         np.testing.assert_allclose(a, r, rtol=2e-4, atol=2e-4 * np.abs(r).max(), err_msg=f"output {k}")
 
 
+@pytest.mark.parametrize("N", [2, 3, 8])
+def test_float32_layer_norm_grad_of_short_tight_rows_keeps_the_mean_exact(N):
+    """Found by `opsnn fuzz` (op_schema seed 1212817): rows of a few values around -2 that differ by ~0.1.
+    dX = r (g - mean(g) - xhat mean(g xhat)) cancels to ~1e-3 of its terms there, so xhat's float32 error
+    is magnified ~1000x, and rounding the row's mean to float32 put an error of |mean| / std ulps into
+    xhat (0.3% in dX). The mean is split as the forward splits it (float32 part + rounding error)."""
+    rows = 64
+    center = RNG.uniform(-50, 50, (rows, 1))
+    x = (center + RNG.uniform(0.02, 0.2, (rows, 1)) * RNG.standard_normal((rows, N))).astype(np.float32)
+    g = RNG.standard_normal((rows, N)).astype(np.float32)
+    s = np.float32(1.77)
+    attrs = {"axis": -1, "epsilon": 1e-5}
+    got = _grad_op("LayerNormalizationGrad", [g, x, s], attrs, 3)
+    rec = ops.get_op("LayerNormalizationGrad", "opsnn")
+    ref = rec.reference([a.astype(np.float64) for a in (g, x, np.asarray(s))], rec.bind_attrs(attrs))
+    np.testing.assert_allclose(got[0], ref[0], rtol=2e-4, atol=2e-5, err_msg="dX")
+
+
 @pytest.mark.parametrize("grad_op, n", [("LayerNormalizationGrad", 3), ("RMSNormalizationGrad", 2)])
 @pytest.mark.parametrize("x_dtype", [np.float32, np.float64])
 def test_norm_grad_with_a_bfloat16_scale_beside_wider_data(grad_op, n, x_dtype):

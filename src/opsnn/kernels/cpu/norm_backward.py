@@ -99,8 +99,12 @@ def _ln_bw_rows32(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms):
             mean, var = 0.0, _sumsq_row32(xs) / N
         else:
             mean, var = _stats_row32(xs)
+        inv = 1.0 / np.sqrt(var + eps)
+        # the mean split as m + its float32 rounding error (as the forward): x - m is exact near the mean,
+        # so a row offset far from 0 costs xhat nothing, which dX's cancellation (g - a - xhat b) would magnify
         m = np.float32(mean)
-        r = np.float32(1.0 / np.sqrt(var + eps))
+        r = np.float32(inv)
+        c1 = np.float32((mean - float(m)) * inv)
         a = 0.0
         b = 0.0
         for b0 in range(0, N, _BLK):
@@ -109,7 +113,7 @@ def _ln_bw_rows32(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms):
             ta = np.float32(0.0)
             tb = np.float32(0.0)
             for i in range(xb.size):
-                xh = (xb[i] - m) * r
+                xh = (xb[i] - m) * r - c1
                 gi = gb[i]
                 gh = gi * sb[i]
                 hb[i] = gh
@@ -122,7 +126,7 @@ def _ln_bw_rows32(dy, x, scale, dx, dsc, dbi, r0, r1, N, eps, rms):
         a32 = np.float32(0.0) if rms else np.float32(a / N)
         b32 = np.float32(b / N)
         for i in range(N):
-            xh = (xs[i] - m) * r
+            xh = (xs[i] - m) * r - c1
             ds[i] = r * (gsc[i] - a32 - xh * b32)
         if (row - r0) % _FLUSH_ROWS == _FLUSH_ROWS - 1 or row == r1 - 1:
             for i in range(N):
