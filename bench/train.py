@@ -355,6 +355,7 @@ def prepare_case(spec: Spec, config: str, args, weights_path: str):
     opsnn.set_num_threads(args.threads)
     x, y = make_batch(spec)
     if config == "torch_fp32":
+        _cap_torch()
         import torch
 
         torch.set_num_threads(args.threads)
@@ -584,6 +585,39 @@ def paired_ratio(row: dict, base: dict) -> tuple | None:
     return statistics.median(ratios), ratios[0], ratios[-1]
 
 
+#: opsnn's ISA level -> torch's ATEN_CPU_CAPABILITY (its own vectorized kernels; its MKL and oneDNN read the
+#: MKL_ENABLE_INSTRUCTIONS / ONEDNN_MAX_CPU_ISA that ``import opsnn`` set for the cap)
+ATEN_CAPABILITY = {"sse41": "default", "avx2": "avx2"}
+
+
+def _torch_cap() -> str | None:
+    """The ATEN_CPU_CAPABILITY that runs torch at opsnn's capped level, or None (not capped, or capped
+    at an AVX-512 level, which ATen does not split)."""
+    from opsnn.runtime import cpu
+
+    st = cpu.state()
+    return ATEN_CAPABILITY.get(st.level) if st.level != st.detected else None
+
+
+def _cap_torch() -> None:
+    """Under ``OPSNN_CPU_ISA``, the torch twin runs at the same level (a value the user set wins)."""
+    cap = _torch_cap()
+    if cap is not None:
+        os.environ.setdefault("ATEN_CPU_CAPABILITY", cap)
+
+
+def _platform() -> str:
+    """Which CPU, ISA and libraries ran, so that figures from two machines can be told apart."""
+    from opsnn.kernels.cpu import libraries
+    from opsnn.runtime.device import cpu_model
+
+    cap = _torch_cap()
+    torch_isa = (
+        f"; torch capped alike (ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', cap)})" if cap else ""
+    )
+    return f"{cpu_model()}: {libraries.summary()}{torch_isa}"
+
+
 # -- the parent: one process per case, a table, JSON -------------------------------------------------------------
 def _cpu_bf16() -> str:
     from opsnn.kernels.cpu import onednn
@@ -632,7 +666,15 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"command": command, "threads": args.threads, "cpu_bf16": _cpu_bf16(), "results": rows}, f, indent=2
+                {
+                    "command": command,
+                    "platform": _platform(),
+                    "threads": args.threads,
+                    "cpu_bf16": _cpu_bf16(),
+                    "results": rows,
+                },
+                f,
+                indent=2,
             )
         print(f"wrote {args.json}")
     return 0 if all("error" not in r or r["config"] == "opsnn_compiled" for r in rows) else 1
@@ -691,7 +733,7 @@ def format_table(rows, args) -> str:
             "peak RSS MiB",
         ],
     )
-    notes = [f"threads {args.threads}; {_cpu_bf16()}"]
+    notes = [_platform(), f"threads {args.threads}; {_cpu_bf16()}"]
     for r in rows:
         if "error" in r:
             notes.append(f"{r['model']} {r['config']}: {r['error']}")

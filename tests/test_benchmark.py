@@ -2,6 +2,7 @@
 onnxruntime; the outputs-agree check and the JSON layout (no timing assertions)."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -81,6 +82,28 @@ def test_capped_run_says_onnxruntime_is_not_capped(monkeypatch):
     assert note is not None and "NOT capped at avx2" in note and "avx512_bf16" in note
     monkeypatch.setattr(cpu, "_state", cpu.IsaState("avx2", "avx2", "detected", None))
     assert benchmark.peer_isa_note() is None
+
+
+def test_capped_training_bench_caps_the_torch_twin_too(monkeypatch):
+    """bench/train.py under OPSNN_CPU_ISA=avx2 runs torch's own kernels at AVX2 too (ATEN_CPU_CAPABILITY;
+    its MKL and oneDNN follow the variables ``import opsnn`` set) and says so beside the platform line."""
+    from opsnn.runtime import cpu
+
+    train = bench_module("train")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.setattr(cpu, "_state", cpu.IsaState("avx2", "avx512", "OPSNN_CPU_ISA", "avx2"))
+    assert train._torch_cap() == "avx2"
+    train._cap_torch()
+    assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2"
+    line = train._platform()
+    assert "ISA avx2" in line and "ATEN_CPU_CAPABILITY=avx2" in line
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # the user's setting wins
+    train._cap_torch()
+    assert os.environ["ATEN_CPU_CAPABILITY"] == "default"
+    monkeypatch.setattr(cpu, "_state", cpu.IsaState("avx512", "avx512", "detected", None))
+    assert train._torch_cap() is None and "ATEN" not in train._platform()
+    monkeypatch.setattr(cpu, "_state", cpu.IsaState("avx512", "amx", "OPSNN_CPU_ISA", "avx512"))
+    assert train._torch_cap() is None  # ATen has one AVX-512 level
 
 
 def test_kernels_bench_takes_product_shapes():
