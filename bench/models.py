@@ -75,9 +75,14 @@ def peer_isa_note() -> str | None:
     st = cpu.state()
     if st.level is None or st.level == st.detected:
         return None
+    torch = (
+        f"; torch is (ATEN_CPU_CAPABILITY={cpu.aten_capability()}, its MKL and oneDNN as opsnn's)"
+        if cpu.aten_capability()
+        else ""
+    )
     return (
         f"onnxruntime is NOT capped at {st.level}: its MLAS kernels use the CPU's {st.detected} (no switch "
-        "keeps them off AVX-512 in-process), so its ratios here are pessimistic for opsnn"
+        f"keeps them off AVX-512 in-process), so its ratios here are pessimistic for opsnn{torch}"
     )
 
 

@@ -6,6 +6,7 @@ They live here, not in the package: they exist only to be measured against, in t
 
 from __future__ import annotations
 
+import os
 import time
 
 import opsnn  # noqa: F401 - before numpy: OpenBLAS reads opsnn's thread timeout and ISA cap when numpy loads it
@@ -14,6 +15,7 @@ import opsnn  # noqa: F401 - before numpy: OpenBLAS reads opsnn's thread timeout
 import numpy as np
 
 from opsnn import dtypes as _dt
+from opsnn.runtime import cpu
 
 
 def _np(t) -> np.ndarray:
@@ -21,7 +23,11 @@ def _np(t) -> np.ndarray:
 
 
 def load_torch():
-    """``(torch, None)`` or ``(None, why not)``."""
+    """``(torch, None)`` or ``(None, why not)``; under ``OPSNN_CPU_ISA`` its own kernels capped alike
+    (``ATEN_CPU_CAPABILITY``, unless set; its MKL and oneDNN follow what ``import opsnn`` set)."""
+    cap = cpu.aten_capability()
+    if cap is not None:
+        os.environ.setdefault("ATEN_CPU_CAPABILITY", cap)
     try:
         import torch
     except Exception as e:  # ImportError, or OSError from a half-installed runtime library

@@ -585,18 +585,10 @@ def paired_ratio(row: dict, base: dict) -> tuple | None:
     return statistics.median(ratios), ratios[0], ratios[-1]
 
 
-#: opsnn's ISA level -> torch's ATEN_CPU_CAPABILITY (its own vectorized kernels; its MKL and oneDNN read the
-#: MKL_ENABLE_INSTRUCTIONS / ONEDNN_MAX_CPU_ISA that ``import opsnn`` set for the cap)
-ATEN_CAPABILITY = {"sse41": "default", "avx2": "avx2"}
-
-
 def _torch_cap() -> str | None:
-    """The ATEN_CPU_CAPABILITY that runs torch at opsnn's capped level, or None (not capped, or capped
-    at an AVX-512 level, which ATen does not split)."""
     from opsnn.runtime import cpu
 
-    st = cpu.state()
-    return ATEN_CAPABILITY.get(st.level) if st.level != st.detected else None
+    return cpu.aten_capability()
 
 
 def _cap_torch() -> None:

@@ -80,12 +80,13 @@ def test_capped_run_says_onnxruntime_is_not_capped(monkeypatch):
     monkeypatch.setattr(cpu, "_state", cpu.IsaState("avx2", "avx512_bf16", "OPSNN_CPU_ISA", "avx2"))
     note = benchmark.peer_isa_note()
     assert note is not None and "NOT capped at avx2" in note and "avx512_bf16" in note
+    assert "torch is (ATEN_CPU_CAPABILITY=avx2" in note
     monkeypatch.setattr(cpu, "_state", cpu.IsaState("avx2", "avx2", "detected", None))
     assert benchmark.peer_isa_note() is None
 
 
-def test_capped_training_bench_caps_the_torch_twin_too(monkeypatch):
-    """bench/train.py under OPSNN_CPU_ISA=avx2 runs torch's own kernels at AVX2 too (ATEN_CPU_CAPABILITY;
+def test_capped_benchmarks_cap_their_torch_peer_too(monkeypatch):
+    """bench/train.py (and opsnn bench) under OPSNN_CPU_ISA=avx2 run torch's own kernels at AVX2 too (ATEN_CPU_CAPABILITY;
     its MKL and oneDNN follow the variables ``import opsnn`` set) and says so beside the platform line."""
     from opsnn.runtime import cpu
 
@@ -97,6 +98,9 @@ def test_capped_training_bench_caps_the_torch_twin_too(monkeypatch):
     assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2"
     line = train._platform()
     assert "ISA avx2" in line and "ATEN_CPU_CAPABILITY=avx2" in line
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    bench_module("peers").load_torch()  # opsnn bench's torch column, the same way
+    assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2"
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # the user's setting wins
     train._cap_torch()
     assert os.environ["ATEN_CPU_CAPABILITY"] == "default"

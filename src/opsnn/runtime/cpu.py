@@ -53,6 +53,9 @@ ONEDNN_ISA = {
 }
 #: level -> MKL's MKL_ENABLE_INSTRUCTIONS value
 MKL_ISA = {"sse41": "SSE4_2", "avx2": "AVX2", "avx512": "AVX512", "avx512_bf16": "AVX512_E3", "amx": "AVX512_E4"}
+#: level -> torch's ATEN_CPU_CAPABILITY, for benchmarks that cap a torch peer alike (ATen splits no
+#: AVX-512 levels: a cap at one of them leaves torch as it is)
+ATEN_CAPABILITY = {"sse41": "default", "avx2": "avx2"}
 #: level -> OpenBLAS' OPENBLAS_CORETYPE value (a cap to these levels only)
 OPENBLAS_CORE = {"sse41": "Nehalem", "avx2": "Haswell"}
 #: LLVM feature names (numba's target) -> the /proc/cpuinfo flag of the same extension
@@ -157,6 +160,13 @@ def state() -> IsaState:
         else:
             _state = IsaState(det, det, "detected", None)
     return _state
+
+
+def aten_capability() -> str | None:
+    """The ATEN_CPU_CAPABILITY that runs torch's own kernels at the capped level, or None (not capped,
+    or capped at an AVX-512 level). opsnn does not set it: the benchmarks do, for their torch peer."""
+    st = state()
+    return ATEN_CAPABILITY.get(st.level) if st.level != st.detected else None
 
 
 def isa() -> str | None:
