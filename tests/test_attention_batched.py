@@ -389,6 +389,11 @@ def test_a_grouped_3d_forward_runs_the_tiled_kernel(monkeypatch, rank, Hkv, want
     want = _train(q, k, v, attrs, "attention_train_gemm")  # still forced where not preferred
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    if KL.platform().onednn_matmul is None:  # the batched kernels' own choice is not touched by the rule
+        monkeypatch.setattr(KL, "runtime_f32_product", lambda *a, **k: None)
+        q2, k2, v2 = (np.concatenate([x, x[:1]]) for x in (q, k, v))  # a new shape: planned again
+        plan = executor.prepare(A.AttentionTrain, [opsnn.tensor(x) for x in (q2, k2, v2)], attrs, num_outputs=2)
+        assert plan.kernel_name == "attention_train_batched"
 
 
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=["float32", "bfloat16"])

@@ -393,6 +393,16 @@ def _gemm_applies(ctx, max_outputs=3):
             f"the score matrix would take {nbytes >> 20} MiB (> {GEMM_MAX_SCORE_BYTES >> 20} MiB): "
             "the flash kernel streams it instead"
         )
+    return True
+
+
+def _gemm_kernel_applies(ctx, max_outputs=3):
+    """attention_gemm's own predicate: :func:`_gemm_applies` (which the batched kernels share), and not
+    preferred where it would copy Q and miss its one-region path."""
+    why = _gemm_applies(ctx, max_outputs)
+    if why is not True:
+        return why
+    d = _dims(ctx)
     if d.rank == 3 and d.Hq != d.Hkv and MN.addresses() is not None:
         return NotPreferred(
             "grouped query heads in the 3-D layout: Q would be copied to stack each group's heads and the "
@@ -721,7 +731,7 @@ Attention.kernel(
     dtypes=(_dt.float32,),
     nonfinite=FORWARD_NONFINITE,
     priority=25,
-    applies=_gemm_applies,
+    applies=_gemm_kernel_applies,
     plan=_gemm_plan,
     workspace=_gemm_workspace,
     cold_alternative="attention_blas",
@@ -1236,7 +1246,7 @@ AttentionTrain.kernel(
     "attention_train_gemm",
     dtypes=(_dt.float32,),
     priority=25,
-    applies=lambda ctx: _gemm_applies(ctx, 4),
+    applies=lambda ctx: _gemm_kernel_applies(ctx, 4),
     plan=_gemm_plan,
     workspace=_gemm_workspace,
     doc="attention_gemm, the rows' logsumexp kept from its softmax",
