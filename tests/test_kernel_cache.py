@@ -132,6 +132,76 @@ def test_copied_tree_hits_changed_dependency_or_cpu_misses(tmp_path):
         assert fewer["path"] not in (first["path"], generic["path"]) and fewer["result"] == expected
 
 
+LAZY = """
+import numba as nb
+
+from . import helpers
+
+
+def make():  # a kernel made on first use (as the fused epilogues are): decorated long after import
+    def lazy_total(a):
+        s = 0.0
+        for v in a:
+            s += helpers.scaled(v)
+        return s
+
+    return nb.njit(cache=True)(lazy_total)
+"""
+
+# argv[3]: a new helpers.py written after the import, before the lazy kernel is made (an upgrade under
+# a running process), or "" to leave the tree alone
+LAZY_RUNNER = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("kernel_cache", sys.argv[2])
+kernel_cache = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(kernel_cache)
+kernel_cache.install()
+kernel_cache.PACKAGE_DIRS.append(sys.argv[1])
+sys.path.insert(0, sys.argv[1])
+import os, time
+import numpy as np
+from mini import lazy
+if sys.argv[3]:
+    path = os.path.join(sys.argv[1], "mini", "helpers.py")
+    time.sleep(0.01)  # another mtime on coarse clocks too
+    with open(path, "w") as f:
+        f.write(sys.argv[3])
+k = lazy.make()
+r = k(np.arange(5.0))
+print(json.dumps({"result": r, "hits": sum(k.stats.cache_hits.values()), "misses": sum(k.stats.cache_misses.values())}))
+"""
+
+
+def test_a_kernel_made_after_its_sources_changed_under_the_process_is_not_saved(tmp_path):
+    """A process that outlives an upgrade still runs the old code; a kernel it makes lazily afterwards
+    would have been saved under the new sources' stamp and served, stale, to every new process."""
+    tree, cache = tmp_path / "tree", tmp_path / "cache"
+    _tree(tree, 2.0)
+    (tree / "mini" / "lazy.py").write_text(LAZY)
+    runner = tmp_path / "lazy_runner.py"
+    runner.write_text(LAZY_RUNNER)
+    module = os.path.join(SRC, "opsnn", "runtime", "kernel_cache.py")
+    env = dict(os.environ, PYTHONPATH=SRC, OPSNN_KERNEL_CACHE_DIR=str(cache))
+    for k in ("NUMBA_CACHE_DIR", "NUMBA_DISABLE_JIT"):
+        env.pop(k, None)
+    new_helpers = HELPERS.format(scale=2.0).replace("return x * SCALE", "return x * SCALE + 1.0")
+
+    def run(edit):
+        out = subprocess.run(
+            [sys.executable, str(runner), str(tree), module, edit], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    old = run(new_helpers)  # imported the old helpers, then the file changed: old code, not saved
+    assert old["result"] == 2.0 * np.arange(5.0).sum() and old["misses"] == 1
+    fresh = run("")  # the new code, compiled anew (the stale entry was never written)
+    assert (fresh["misses"], fresh["hits"]) == (1, 0)
+    assert fresh["result"] == (2.0 * np.arange(5.0) + 1.0).sum()
+    again = run("")  # and its own entry is saved and served
+    assert (again["misses"], again["hits"]) == (0, 1) and again["result"] == fresh["result"]
+
+
 def test_dependency_stamp_follows_callees_and_constants(tmp_path, monkeypatch):
     from opsnn.runtime import kernel_cache
 

@@ -11,6 +11,10 @@ one user-wide folder (``$OPSNN_KERNEL_CACHE_DIR``, else ``$OPSNN_CACHE_DIR/kerne
 - the constants numba freezes into the code (module-level numbers, strings, option dicts);
 - numba's version.
 
+A process that outlives a change of its sources (an upgrade while it runs) still runs the old code:
+a kernel it first compiles after the change (one made on first use) is not saved, since its stamp would
+describe the new files (``changed_since_loaded``).
+
 The folder is per numba version and CPU target (the name and features numba compiles for:
 ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` when an ISA cap sets them), which numba's own index
 key also holds. A changed source or constant gives another stamp and another CPU target another
@@ -86,9 +90,37 @@ def _file_digest(path: str, mtime_ns: int, size: int) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+#: (mtime_ns, size) of each source file as this process first knew it: opsnn's own package when
+#: ``install()`` runs (on ``import opsnn``), any other file at its first digest
+_seen: dict[str, tuple[int, int]] = {}
+#: a stamp with this prefix is never saved (nor found): the sources changed under this process
+UNSAVED = "unsaved-"
+
+
+def _snapshot(dirs) -> None:
+    for d in dirs:
+        for root, _, names in os.walk(d):
+            for n in names:
+                if n.endswith(".py"):
+                    path = os.path.join(root, n)
+                    try:
+                        st = os.stat(path)
+                    except OSError:
+                        continue
+                    _seen.setdefault(path, (st.st_mtime_ns, st.st_size))
+
+
 def file_digest(path: str) -> str:
     st = os.stat(path)
+    _seen.setdefault(path, (st.st_mtime_ns, st.st_size))
     return _file_digest(path, st.st_mtime_ns, st.st_size)
+
+
+def changed_since_loaded(path: str) -> bool:
+    """True when ``path`` is not the file this process knew (an upgrade or an edit while it runs): the
+    code in memory may not be what its digest describes."""
+    st = os.stat(path)
+    return _seen.get(path, (st.st_mtime_ns, st.st_size)) != (st.st_mtime_ns, st.st_size)
 
 
 def cpu_target() -> tuple[str, str]:
@@ -193,7 +225,9 @@ def dependency_stamp(py_func) -> str:
         h.update(d.encode())
     for c in sorted(consts):
         h.update(c.encode())
-    return h.hexdigest()
+    # a kernel first compiled after its sources changed on disk (a lazily made kernel in a process
+    # that outlived an upgrade) would save old machine code under the new sources' stamp
+    return (UNSAVED if any(changed_since_loaded(f) for f in files) else "") + h.hexdigest()
 
 
 class ContentCacheLocator(caching._CacheLocator):
@@ -389,6 +423,8 @@ def _locked_save(self, key, data):
     makes that likelier. Locked, the second reads the first's entry and picks file 2."""
     if self._cache_path not in ContentCacheLocator.paths:
         return _numba_save(self, key, data)
+    if str(self._source_stamp).startswith(UNSAVED):
+        return None
     with _file_lock(self._index_path + ".lock"):
         overloads = self._load_index()
         name = overloads.get(key)
@@ -429,6 +465,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    _snapshot(PACKAGE_DIRS)
     if ContentCacheLocator not in caching.CacheImpl._locator_classes:
         caching.CacheImpl._locator_classes.insert(0, ContentCacheLocator)
     caching.IndexDataCacheFile.save = _locked_save
