@@ -253,6 +253,21 @@ def test_float32_math_helpers_full_range():
     assert (np.abs(got - want) / want).max() < 5e-6
 
 
+def test_float32_tanh_reaches_one_exactly_where_rounding_does():
+    """Near saturation tanh is 1 - 2/(e^2x + 1): t / (t + 2) lost the gap to 1 to the rounding of t + 2, so
+    tanh(8.84) came out 1.0 (not 1 - 2^-24), and a clamp at 9 made 9 < x < 9.0109 1.0 too. A value of
+    exactly +-1 where the rounded result is not changes what follows (Pow(t, t) is finite at t = -1 and NaN
+    just above: `opsnn fuzz` onnx_mutate seed 1308510). On a dense grid of 7 < |x| < 12, every result is
+    the correctly rounded one."""
+    x = np.linspace(7, 12, 2_000_001).astype(np.float32)
+    x = np.concatenate([x, -x])
+    got = np.empty_like(x)
+    _map_helper(K.ftanh)(x, got)
+    want = np.tanh(x.astype(np.float64)).astype(np.float32)
+    assert np.array_equal(np.abs(got) == 1, np.abs(want) == 1)
+    assert np.mean(got == want) > 0.9999
+
+
 ONNX_CASES = [
     ("Relu", {}),
     ("LeakyRelu", {"alpha": 0.3}),

@@ -181,11 +181,13 @@ def _ov_ftanh(x):
     if x == types.float32:
 
         def impl(x):
-            # tanh|x| = t / (t + 2), t = expm1(2|x|); tanh rounds to 1 beyond |x| = 9
+            # tanh|x| = t / (t + 2), t = expm1(2|x|), below 0.55 (no cancellation); above, 1 - 2 / (t + 2):
+            # there t / (t + 2) loses the gap to 1 to the rounding of t + 2 (8.8 gave 1.0, not 1 - 2^-24),
+            # and t = inf (|x| > 44) gives 1 exactly
             ax = abs(x)
             t = fexpm1(F32(2.0) * ax)
-            y = t / (t + F32(2.0))
-            y = F32(1.0) if ax > F32(9.0) else y
+            d = t + F32(2.0)
+            y = t / d if ax < F32(0.55) else F32(1.0) - F32(2.0) / d
             neg = -y if x < F32(0.0) else x  # x itself for +-0 and NaN
             return y if x > F32(0.0) else neg
 
