@@ -95,6 +95,27 @@ def test_kernels_give_y_and_the_logsumexp(case, algo):
     np.testing.assert_allclose(y.numpy(), y_want, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("algo", KERNELS)
+@pytest.mark.parametrize("D", [0, 3], ids=["no_key_dims", "keys"])
+def test_an_empty_value_dim_still_gives_the_rows_logsumexp(algo, D):
+    """Found by `opsnn fuzz` (nan_inf seeds 1310674-76): with V's last dim 0, Y is empty and the kernels
+    stopped before their softmax, leaving every row's logsumexp at -inf; the scores are still there
+    (all 0 for zero-length keys: log(T)). A bool padding mask leaves one row no key (-inf)."""
+    B, H, Sq, T = 2, 2, 5, 6
+    q = RNG.standard_normal((B, H, Sq, D)).astype(np.float32)
+    k = RNG.standard_normal((B, H, T, D)).astype(np.float32)
+    v = np.zeros((B, H, T, 0), np.float32)
+    mask = RNG.random((B, 1, Sq, T)) > 0.3
+    mask[1, 0, 3] = False
+    y, lse = ops.run_op("AttentionTrain", [q, k, v, mask], {"scale": 0.5}, domain="opsnn", algo=algo)
+    assert y.shape == (B, H, Sq, 0)
+    _, want = oracle(q, k, np.zeros((B, H, T, 1), np.float32), mask, np.zeros((1, 1, 1, T)), 0.5)
+    lse = lse.numpy()
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(want))
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(lse[fin], want[fin], rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("case", [CASES[1], CASES[3]], ids=[CASES[1][0], CASES[3][0]])
 def test_present_kv_outputs_keep_the_streaming_kernels(case):
     # a fourth output of AttentionTrain is present_value (LLaMA asks for it), not the score matrix

@@ -1204,6 +1204,10 @@ def _with_lse(fn):
         flat = lse.reshape(-1) if lse.flags.c_contiguous else np.empty(lse.size, np.float32)
         flat.fill(-np.inf)
         fn(list(ins)[:4] + [None] * 3, [y, *outs[2:]], attrs, plan, ws, lse=flat)
+        if y.size == 0 and flat.size:
+            # no values to weigh (an empty value dim): the kernels stop before their softmax, but the rows'
+            # scores, and so their logsumexp, are there (zero-length keys: all 0, the log of the key count)
+            flat[:] = _reference_attention_lse(list(ins)[:4], attrs)[4].astype(np.float32).reshape(-1)
         if not lse.flags.c_contiguous:
             np.copyto(lse, flat.reshape(lse.shape))
 
