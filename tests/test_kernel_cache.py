@@ -38,7 +38,7 @@ def total(a):
 
 # a fresh process: the tree under argv[1] is in the locator's scope, as opsnn's own package is
 # (kernel_cache.py imports nothing from opsnn: loaded alone, the process skips opsnn's import)
-RUNNER = """
+RUNNER_HEAD = """
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("kernel_cache", sys.argv[2])
 kernel_cache = importlib.util.module_from_spec(spec)
@@ -46,13 +46,17 @@ spec.loader.exec_module(kernel_cache)
 kernel_cache.install()
 kernel_cache.PACKAGE_DIRS.append(sys.argv[1])
 sys.path.insert(0, sys.argv[1])
-import numpy as np
+"""
+RUNNER = (
+    RUNNER_HEAD
+    + """import numpy as np
 from mini import kernel
 r = kernel.total(np.arange(5.0))
 s = kernel.total.stats
 print(json.dumps({"result": r, "hits": sum(s.cache_hits.values()), "misses": sum(s.cache_misses.values()),
                   "path": kernel.total._cache.cache_path}))
 """
+)
 
 
 def _tree(root, scale):
@@ -150,15 +154,9 @@ def make():  # a kernel made on first use (as the fused epilogues are): decorate
 
 # argv[3]: a new helpers.py written after the import, before the lazy kernel is made (an upgrade under
 # a running process), or "" to leave the tree alone
-LAZY_RUNNER = """
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("kernel_cache", sys.argv[2])
-kernel_cache = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(kernel_cache)
-kernel_cache.install()
-kernel_cache.PACKAGE_DIRS.append(sys.argv[1])
-sys.path.insert(0, sys.argv[1])
-import os, time
+LAZY_RUNNER = (
+    RUNNER_HEAD
+    + """import os, time
 import numpy as np
 from mini import lazy
 if sys.argv[3]:
@@ -170,6 +168,7 @@ k = lazy.make()
 r = k(np.arange(5.0))
 print(json.dumps({"result": r, "hits": sum(k.stats.cache_hits.values()), "misses": sum(k.stats.cache_misses.values())}))
 """
+)
 
 
 def test_a_kernel_made_after_its_sources_changed_under_the_process_is_not_saved(tmp_path):
