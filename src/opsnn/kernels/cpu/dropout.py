@@ -29,9 +29,9 @@ _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 #: elements one parallel task handles
 BLOCK = 1 << 14
-#: below this many elements the backward runs serially: elementwise maps' threshold
-#: (:data:`.elementwise.PARALLEL_MIN`), a pass this cheap does not repay waking a second thread sooner
-PARALLEL_MIN = 1 << 20
+#: below this many elements the backward runs serially: the binary elementwise threshold
+#: (:data:`.elementwise.PARALLEL_MIN`), a pass as cheap as an add
+PARALLEL_MIN = 1 << 18
 #: the forward's threshold: a 64-bit hash per element costs like an exp map
 FORWARD_PARALLEL_MIN = PARALLEL_MIN_COSTLY
 

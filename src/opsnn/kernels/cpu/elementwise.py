@@ -36,7 +36,7 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 
 #: below this many output elements the serial variant runs: waking a parallel region's second
 #: thread costs more than it saves (figures: docs/performance.md, "Parallel thresholds")
-PARALLEL_MIN = 1 << 20
+PARALLEL_MIN = 1 << 18
 #: fewest elements one parallel task gets
 GRAIN = 1 << 14
 #: rows shorter than this run an inline loop instead of the per-row fast paths

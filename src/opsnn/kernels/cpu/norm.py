@@ -35,7 +35,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 #: below this many elements the serial variant runs: waking a parallel region's second thread
 #: costs more than it saves (figures: docs/performance.md, "Parallel thresholds")
-PARALLEL_MIN = 1 << 19
+PARALLEL_MIN = 1 << 17
 #: BatchNorm reads its input two or three times: two threads pay from a few tens of thousands of values
 BN_PARALLEL_MIN = 1 << 15
 
