@@ -24,17 +24,22 @@ def test_decision_per_isa_and_vendor():
         assert KL.runtime_f32_product(M, 4096, 1, p=amd) is not None  # one column
         assert KL.runtime_f32_product(8, 8, 8, p=amd) is not None  # tiny: BLAS's overhead is lower
         assert KL.runtime_f32_product(2, 64, 64, batch=64, p=amd) is None  # the batch counts
-        assert "MKL" in KL.runtime_f32_product(M, K, N, p=KL.Platform.for_isa(level, INTEL))
+        intel = KL.Platform.for_isa(level, INTEL)
+        assert "MKL" in KL.runtime_f32_product(M, K, N, p=intel)
+        # with a bias vector oneDNN adds it in the epilogue, MKL would need a second pass: oneDNN on Intel too
+        assert KL.runtime_f32_product(M, K, N, p=intel, bias=True) is None
+        assert KL.runtime_f32_product(8, 8, 8, p=intel, bias=True) is not None  # the size rule holds
         assert KL.runtime_f32_product(M, K, N, p=KL.Platform.for_isa(level, AMD, onednn=False)) is not None
     for vendor in (AMD, INTEL):
-        assert KL.runtime_f32_product(M, K, N, p=KL.Platform.for_isa("avx2", vendor)) is not None
+        for bias in (False, True):
+            assert KL.runtime_f32_product(M, K, N, p=KL.Platform.for_isa("avx2", vendor), bias=bias) is not None
     c = KL.kernel_choice("linear_onednn_runtime", M, K, N, np.float32)
     assert c.library == "onednn" and "float32" in c.reason
 
 
-def _expect(kernel_name: str, expected: str, m: int, k: int, n: int, batch: int = 1):
-    on_dnn = KL.runtime_f32_product(m, k, n, batch) is None
-    assert (kernel_name == expected) == on_dnn, (kernel_name, KL.runtime_f32_product(m, k, n, batch))
+def _expect(kernel_name: str, expected: str, m: int, k: int, n: int, batch: int = 1, bias: bool = False):
+    why = KL.runtime_f32_product(m, k, n, batch, bias=bias)
+    assert (kernel_name == expected) == (why is None), (kernel_name, why)
 
 
 def _close(got: np.ndarray, want: np.ndarray):
@@ -76,7 +81,7 @@ def test_linear_reads_w_transposed_in_place(bias):
     rng = np.random.default_rng(1)
     x, w = _rand(rng, (4, M // 4, K)), _rand(rng, (N, K))
     b = _rand(rng, (N,)) if bias else None
-    _expect(opsnn.aclnn.linear.prepare(x, w, b).kernel_name, "linear_onednn_runtime", M, K, N)
+    _expect(opsnn.aclnn.linear.prepare(x, w, b).kernel_name, "linear_onednn_runtime", M, K, N, bias=bias)
     ref = x.astype(np.float64) @ w.astype(np.float64).T + (b.astype(np.float64) if bias else 0)
     _close(ops.linear(x, w, b).numpy(), ref)
 
@@ -88,7 +93,7 @@ def test_gemm_transposes_and_bias(ta, tb):
     b = _rand(rng, (N, K) if tb else (K, N))
     c = _rand(rng, (N,))
     ex = opsnn.aclnn.gemm.prepare(a, b, c, trans_a=bool(ta), trans_b=bool(tb))
-    _expect(ex.kernel_name, "gemm_onednn_runtime", M, K, N)
+    _expect(ex.kernel_name, "gemm_onednn_runtime", M, K, N, bias=True)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     ref = (a64.T if ta else a64) @ (b64.T if tb else b64) + c
     _close(ops.gemm(a, b, c, trans_a=bool(ta), trans_b=bool(tb)).numpy(), ref)

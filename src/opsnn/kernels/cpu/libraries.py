@@ -250,17 +250,21 @@ def runtime_bf16_product(p: Platform | None = None) -> str | None:
 RUNTIME_F32_MIN_MACS = 1 << 19
 
 
-def runtime_f32_product(rows: int, k: int, n: int, batch: int = 1, p: Platform | None = None) -> str | None:
+def runtime_f32_product(
+    rows: int, k: int, n: int, batch: int = 1, p: Platform | None = None, bias: bool = False
+) -> str | None:
     """None when ``batch`` float32 (rows, k) @ (k, n) products whose operands both arrive at run time (the
     products of eager training and of a compiled training step's backward) runs on oneDNN's brgemm
     matmul reading them in place; else why not. Where OpenBLAS is the GEMM library and oneDNN's matmul
     is its brgemm code (AVX-512 on), it was 8-32% faster than OpenBLAS on every training product
     measured, and it runs on the OpenMP pool numba's kernels share; MKL, where it is the GEMM
-    library, keeps them, and one row stays a BLAS gemv."""
+    library, keeps the plain products (4-11% faster than oneDNN's), but not those with a ``bias``
+    vector (Linear's forward): oneDNN adds it in the product's epilogue, where MKL needs a second pass
+    over the output (docs/kernel-libraries.md). One row stays a BLAS gemv."""
     p = p if p is not None else platform()
     if p.onednn_matmul is not None:
         return f"oneDNN's brgemm matmul is not used here ({p.onednn_matmul})"
-    if p.gemm_library != "openblas":
+    if p.gemm_library != "openblas" and not bias:
         return f"{p.gemm_library.upper()} is the GEMM library on this CPU"
     return _runtime_f32_size(rows, k, n, batch)
 

@@ -220,16 +220,20 @@ MatMul.kernel(
 )(lambda ins, outs, attrs, plan, ws: K.matmul_bf16(ins[0], plan, outs[0], ws))
 
 
-def _runtime_rejection(ctx, idx: tuple, shape) -> str | None:
+def _runtime_rejection(ctx, idx: tuple, shape, bias: bool = False) -> str | None:
     """Why a product of ``idx`` inputs, one oneDNN matmul of ``shape`` (batch, m, k, n) or a string
     saying why it is not one, is not for :class:`KD.RuntimeMatMul` (None when it is): bfloat16
     operands where oneDNN has native bf16 code, float32 ones where the strategy gives them oneDNN's
-    brgemm (:func:`KL.runtime_f32_product`)."""
+    brgemm (:func:`KL.runtime_f32_product`; ``bias``: the product adds a bias vector)."""
     dts = {ctx.dtype(i) for i in idx}
     if dts == {_dt.bfloat16}:
         why = KL.runtime_bf16_product()
     elif dts == {np.dtype(np.float32)}:
-        why = None if isinstance(shape, str) else KL.runtime_f32_product(shape[1], shape[2], shape[3], shape[0])
+        why = (
+            None
+            if isinstance(shape, str)
+            else KL.runtime_f32_product(shape[1], shape[2], shape[3], shape[0], bias=bias)
+        )
     else:
         return f"bfloat16 or float32 operands only, got {sorted(_dt.name(d) for d in dts)}"
     return why or (shape if isinstance(shape, str) else None)
@@ -506,10 +510,11 @@ def _gemm_runtime_applies(ctx):
         return "alpha=1 only"
     m, n = ctx.outputs[0].shape
     k = ctx.shape(0)[0 if ctx.attrs["transA"] else 1]
-    why = _runtime_rejection(ctx, (0, 1), "empty product" if 0 in (m, n, k) else (1, m, k, n))
+    bias = ctx.has(2) and ctx.attrs["beta"] != 0.0
+    why = _runtime_rejection(ctx, (0, 1), "empty product" if 0 in (m, n, k) else (1, m, k, n), bias)
     if why is not None:
         return why
-    if ctx.has(2) and ctx.attrs["beta"] != 0.0:
+    if bias:
         if ctx.attrs["beta"] != 1.0 or tuple(ctx.shape(2)) not in ((n,), (1, n)) or ctx.dtype(2) != ctx.dtype(0):
             return f"C must be a {_dt.name(ctx.dtype(0))} bias (N,) / (1, N) with beta=1"
     return True
@@ -853,7 +858,7 @@ def _linear_runtime_applies(ctx):
     n, k = ctx.shape(1)
     empty = len(ctx.shape(0)) < 2 or 0 in ctx.outputs[0].shape or k == 0
     shape = "1-D input or an empty product" if empty else (1, _rows(ctx.shape(0)), k, n)
-    why = _runtime_rejection(ctx, (0, 1) + ((2,) if ctx.has(2) else ()), shape)
+    why = _runtime_rejection(ctx, (0, 1) + ((2,) if ctx.has(2) else ()), shape, ctx.has(2))
     return True if why is None else why
 
 
