@@ -258,7 +258,7 @@ def runtime_f32_product(
     matmul reading them in place; else why not. Where OpenBLAS is the GEMM library and oneDNN's matmul
     is its brgemm code (AVX-512 on), it was 8-32% faster than OpenBLAS on every training product
     measured, and it runs on the OpenMP pool numba's kernels share; MKL, where it is the GEMM
-    library, keeps the plain products (4-11% faster than oneDNN's), but not those with a ``bias``
+    library, keeps the plain products (oneDNN took 0.97-1.11x MKL's time on them), but not those with a ``bias``
     vector (Linear's forward): oneDNN adds it in the product's epilogue, where MKL needs a second pass
     over the output (docs/kernel-libraries.md). One row stays a BLAS gemv."""
     p = p if p is not None else platform()
