@@ -13,7 +13,7 @@ one user-wide folder (``$OPSNN_KERNEL_CACHE_DIR``, else ``$OPSNN_CACHE_DIR/kerne
 
 A process that outlives a change of its sources (an upgrade while it runs) still runs the old code:
 a kernel it first compiles after the change (one made on first use) is not saved, since its stamp would
-describe the new files (``changed_since_loaded``).
+describe the new files (``file_state``).
 
 The folder is per numba version and CPU target (the name and features numba compiles for:
 ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` when an ISA cap sets them), which numba's own index
@@ -110,17 +110,12 @@ def _snapshot(dirs) -> None:
                     _seen.setdefault(path, (st.st_mtime_ns, st.st_size))
 
 
-def file_digest(path: str) -> str:
+def file_state(path: str) -> tuple[str, bool]:
+    """(the digest of ``path`` on disk, whether it changed since this process first knew it: an upgrade
+    or an edit while it runs, so the code in memory may not be what the digest describes), one stat."""
     st = os.stat(path)
-    _seen.setdefault(path, (st.st_mtime_ns, st.st_size))
-    return _file_digest(path, st.st_mtime_ns, st.st_size)
-
-
-def changed_since_loaded(path: str) -> bool:
-    """True when ``path`` is not the file this process knew (an upgrade or an edit while it runs): the
-    code in memory may not be what its digest describes."""
-    st = os.stat(path)
-    return _seen.get(path, (st.st_mtime_ns, st.st_size)) != (st.st_mtime_ns, st.st_size)
+    now = (st.st_mtime_ns, st.st_size)
+    return _file_digest(path, *now), _seen.setdefault(path, now) != now
 
 
 def cpu_target() -> tuple[str, str]:
@@ -221,13 +216,14 @@ def dependency_stamp(py_func) -> str:
     visit_function(py_func)
     h = hashlib.sha256()
     h.update(numba.__version__.encode())
-    for d in sorted(file_digest(f) for f in files):
+    states = [file_state(f) for f in files]
+    for d in sorted(d for d, _ in states):
         h.update(d.encode())
     for c in sorted(consts):
         h.update(c.encode())
     # a kernel first compiled after its sources changed on disk (a lazily made kernel in a process
     # that outlived an upgrade) would save old machine code under the new sources' stamp
-    return (UNSAVED if any(changed_since_loaded(f) for f in files) else "") + h.hexdigest()
+    return (UNSAVED if any(changed for _, changed in states) else "") + h.hexdigest()
 
 
 class ContentCacheLocator(caching._CacheLocator):
