@@ -10,12 +10,18 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
+# pip byte-compiles a wheel's modules at install; an editable install leaves that to the first import, which
+# (and every import after it where PYTHONDONTWRITEBYTECODE is set) then compiles opsnn's ~200 modules again
+PYC := $(BIN)/python -m compileall -q -j0 src/opsnn
+
 venv: $(BIN)/python
 	$(PIP) install -q -e .
+	$(PYC)
 
 # the distributed extra too: tests/test_distributed.py runs ranks with the venv's mpirun
 venv-test: $(BIN)/python
 	$(PIP) install -q -e ".[test,distributed]"
+	$(PYC)
 
 run: venv
 	$(BIN)/opsnn run
