@@ -67,7 +67,10 @@ def _ints(op: str, attrs: dict, name: str, n: int, default: int, minimum: int | 
     v = attrs.get(name)
     if v is None or (hasattr(v, "__len__") and len(v) == 0):
         return (default,) * n
-    v = tuple(int(x) for x in np.asarray(v).reshape(-1))
+    if isinstance(v, (tuple, list)) and all(type(x) is int for x in v):
+        v = tuple(v)  # the usual form: numpy's conversion is most of this function's time otherwise
+    else:
+        v = tuple(int(x) for x in np.asarray(v).reshape(-1))
     if len(v) != n:
         raise ParamInvalidError(f"{op}: attribute {name!r} needs {n} values (one per spatial dim), got {v}", op=op)
     if minimum is not None and any(x < minimum for x in v):
