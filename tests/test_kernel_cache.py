@@ -43,8 +43,8 @@ import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("kernel_cache", sys.argv[2])
 kernel_cache = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(kernel_cache)
+kernel_cache.PACKAGE_DIRS.append(sys.argv[1])  # before install(), which notes the sources in scope
 kernel_cache.install()
-kernel_cache.PACKAGE_DIRS.append(sys.argv[1])
 sys.path.insert(0, sys.argv[1])
 """
 RUNNER = (
@@ -392,3 +392,41 @@ def test_compile_log_rows_name_the_context_and_the_suite_summary_sums_them(tmp_p
     by_file = text.split("-- by test file")[1].split("-- by test:")[0]
     assert "tests/test_a.py" in by_file and "(no test: import or collection)" in by_file
     assert "tests/test_a.py::test_one" in text.split("-- by test:")[1]
+
+
+LAZY_CACHE_RUNNER = """
+import gc, json
+import numpy as np
+import opsnn
+from numba.core.registry import CPUDispatcher
+from opsnn.kernels.cpu import winograd
+from opsnn.runtime import kernel_cache
+
+ours = [d for d in gc.get_objects() if isinstance(d, CPUDispatcher) and isinstance(d._cache, kernel_cache._LazyFunctionCache)]
+made = lambda: sorted(d.py_func.__name__ for d in ours if d._cache._real is not None)
+before = made()
+ok = bool(winograd._all_finite(np.ones(8, np.float32)))
+s = winograd._all_finite.stats
+print(json.dumps({"kernels": len(ours), "before": before, "after": made(), "ok": ok,
+                  "hits": sum(s.cache_hits.values()), "misses": sum(s.cache_misses.values()),
+                  "path": winograd._all_finite._cache.cache_path}))
+"""
+
+
+def test_import_stamps_no_kernel_and_the_first_call_makes_its_cache(tmp_path):
+    """``import opsnn`` decorates every kernel but computes no cache stamp (each reads the kernel's
+    sources); the first call of a kernel makes its cache, which a second process loads."""
+    env = dict(os.environ, OPSNN_KERNEL_CACHE_DIR=str(tmp_path), OPSNN_TIERED="0", OPSNN_COMPILE_PROGRESS="0")
+    env.pop("NUMBA_CACHE_DIR", None)
+    runs = []
+    for _ in range(2):
+        out = subprocess.run(
+            [sys.executable, "-c", LAZY_CACHE_RUNNER], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["kernels"] > 100 and first["before"] == [] and first["ok"]
+    assert first["after"] == ["_all_finite"] and (first["misses"], first["hits"]) == (1, 0)
+    assert first["path"].startswith(str(tmp_path))
+    assert (second["misses"], second["hits"]) == (0, 1) and second["after"] == ["_all_finite"]

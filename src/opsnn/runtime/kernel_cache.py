@@ -47,6 +47,7 @@ from typing import ClassVar
 
 import numba
 from numba.core import caching, config, event
+from numba.core.dispatcher import Dispatcher
 
 #: source trees whose kernels the locator keeps (opsnn's own package folder)
 PACKAGE_DIRS: list[str] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
@@ -433,6 +434,35 @@ def _locked_save(self, key, data):
     return None
 
 
+class _LazyFunctionCache:
+    """numba's ``FunctionCache`` of one of opsnn's kernels, made on the kernel's first compile or
+    load: its locator's stamp reads the kernel's sources and constants (``dependency_stamp``, 0.1 ms
+    a kernel), and ``import opsnn`` decorates ~500 kernels of which a model touches a few dozen."""
+
+    __slots__ = ("_py_func", "_real")
+
+    def __init__(self, py_func):
+        self._py_func = py_func
+        self._real = None
+
+    def __getattr__(self, name):
+        real = self._real
+        if real is None:
+            real = self._real = caching.FunctionCache(self._py_func)
+        return getattr(real, name)
+
+
+_numba_enable_caching = Dispatcher.enable_caching
+
+
+def _enable_caching(self) -> None:
+    """``Dispatcher.enable_caching``: opsnn's kernels get a ``_LazyFunctionCache``, others numba's."""
+    if _in_scope(getattr(getattr(self.py_func, "__code__", None), "co_filename", None)):
+        self._cache = _LazyFunctionCache(self.py_func)
+    else:
+        _numba_enable_caching(self)
+
+
 def _plain_shape_errors() -> None:
     """Makes numba's slice-assignment shape error a fixed message, as on its generic target.
 
@@ -455,7 +485,8 @@ compile_log: CompileLog | None = None
 
 
 def install() -> None:
-    """Puts ``ContentCacheLocator`` first in numba's locators, locks saves into its folders,
+    """Puts ``ContentCacheLocator`` first in numba's locators, locks saves into its folders, makes
+    opsnn's kernels' caches on first use (``_LazyFunctionCache``),
     keeps numba's slice shape errors plain (``_plain_shape_errors``) and starts ``CompileProgress`` (and ``CompileLog`` when ``OPSNN_COMPILE_LOG`` names a file)."""
     global _installed, progress, compile_log
     if _installed:
@@ -465,6 +496,7 @@ def install() -> None:
     if ContentCacheLocator not in caching.CacheImpl._locator_classes:
         caching.CacheImpl._locator_classes.insert(0, ContentCacheLocator)
     caching.IndexDataCacheFile.save = _locked_save
+    Dispatcher.enable_caching = _enable_caching
     _plain_shape_errors()
     if os.environ.get("OPSNN_COMPILE_PROGRESS", "1") != "0":
         progress = CompileProgress()
