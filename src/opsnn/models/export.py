@@ -42,6 +42,7 @@ class OnnxBuilder:
         self.name = name
         self.nodes, self.inputs, self.outputs = [], [], []
         self.initializers: dict[str, onnx.TensorProto] = {}
+        self._model = onnx.ModelProto()  # initializers are made in its graph: the weights are copied once
         self._taken: set[str] = set()
         self._consts: dict = {}
 
@@ -84,8 +85,21 @@ class OnnxBuilder:
         arr = np.require(array.numpy() if hasattr(array, "numpy") else np.asarray(array), requirements="C")
         if name not in self.initializers:
             self._taken.add(name)
-            self.initializers[name] = numpy_helper.from_array(arr, name)
+            self.initializers[name] = self._initializer(arr, name)
         return name
+
+    def _initializer(self, arr: np.ndarray, name: str) -> onnx.TensorProto:
+        """``arr`` as an initializer added to the model's graph, its bytes copied once where
+        numpy_helper.from_array's layout is the array's own (make_graph and make_model copy again)."""
+        t = self._model.graph.initializer.add()
+        if arr.dtype.isnative and type(arr.dtype).__module__.startswith("numpy") and arr.dtype.kind in "fiub":
+            t.name = name
+            t.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
+            t.dims.extend(arr.shape)
+            t.raw_data = np.ascontiguousarray(arr).tobytes()
+        else:
+            t.CopyFrom(numpy_helper.from_array(arr, name))
+        return t
 
     def const(self, value, dtype=np.float32, hint: str = "const") -> str:
         """A small constant initializer (shared by value)."""
@@ -94,7 +108,7 @@ class OnnxBuilder:
         name = self._consts.get(key)
         if name is None:
             name = self.unique(hint)
-            self.initializers[name] = numpy_helper.from_array(arr, name)
+            self.initializers[name] = self._initializer(arr, name)
             self._consts[key] = name
         return name
 
@@ -105,13 +119,17 @@ class OnnxBuilder:
         return outs[0] if outputs == 1 else outs
 
     def model(self, doc: str = "") -> onnx.ModelProto:
-        graph = helper.make_graph(
-            self.nodes, self.name, self.inputs, self.outputs, initializer=list(self.initializers.values())
-        )
-        model = helper.make_model(
-            graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="opsnn", doc_string=doc
-        )
+        model = self._model
+        graph = model.graph
+        graph.name = self.name
+        for field, values in ((graph.node, self.nodes), (graph.input, self.inputs), (graph.output, self.outputs)):
+            del field[:]
+            field.extend(values)
+        del model.opset_import[:]
+        model.opset_import.append(helper.make_opsetid("", OPSET))
         model.ir_version = 8
+        model.producer_name = "opsnn"
+        model.doc_string = doc
         onnx.checker.check_model(model)
         return model
 
