@@ -129,6 +129,25 @@ def _check_size(n: int, itemsize: int, what: str) -> None:
         )
 
 
+#: element types whose raw data numpy reads as is (little-endian, one element per item)
+_PLAIN_RAW = frozenset(
+    (
+        TensorProto.FLOAT,
+        TensorProto.DOUBLE,
+        TensorProto.FLOAT16,
+        TensorProto.INT8,
+        TensorProto.INT16,
+        TensorProto.INT32,
+        TensorProto.INT64,
+        TensorProto.UINT8,
+        TensorProto.UINT16,
+        TensorProto.UINT32,
+        TensorProto.UINT64,
+        TensorProto.BOOL,
+    )
+)
+
+
 def _storage_len(n: int, data_type: int, itemsize: int) -> int:
     per = _PACKED.get(data_type)
     return (n + per - 1) // per if per else n * itemsize
@@ -174,11 +193,14 @@ class _Importer:
             t = t2
         elif t.HasField("raw_data"):
             want = _storage_len(n, t.data_type, dt.itemsize)
-            if len(t.raw_data) != want:
+            raw = t.raw_data  # each read of the field copies the bytes: once here
+            if len(raw) != want:
                 raise ModelFormatError(
                     f"onnx.load: {what} declares shape {list(t.dims)} ({want} bytes of "
-                    f"{dt}) but holds {len(t.raw_data)} bytes of raw data"
+                    f"{dt}) but holds {len(raw)} bytes of raw data"
                 )
+            if t.data_type in _PLAIN_RAW:  # ONNX's raw data is little-endian numpy layout: one copy, writable
+                return np.frombuffer(raw, dt.newbyteorder("<")).astype(dt).reshape(tuple(t.dims))
         else:
             field = helper.tensor_dtype_to_field(t.data_type)
             have = len(getattr(t, field))
