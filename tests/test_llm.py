@@ -793,6 +793,22 @@ def test_prefill_on_a_worker_stream_matches_the_default_stream(lm, rng, monkeypa
         c.close()
 
 
+def _skip_without_panels(*rows: int) -> None:
+    """The fused layers read MKL's packed panels: skip where there is no MKL, or where the library
+    rules keep the decoder's weights unpacked for products of these row counts (another GEMM library)."""
+    from opsnn.kernels.cpu import libraries as KL
+    from opsnn.kernels.cpu import mkl_nb
+
+    if mkl_nb.addresses() is None:
+        pytest.skip("the fused layers run on MKL")
+    unpacked = [r for r in rows if KL.weight_stays_unpacked(r, 64, 192)]
+    if unpacked:
+        pytest.skip(
+            f"the fused layers read MKL's packed panels; with {KL.gemm_library()} the GEMM library here the "
+            f"decoder keeps its weights unpacked for {unpacked}-row products"
+        )
+
+
 def _same_where_finite(got, want, atol, exact_nan):
     """``got`` equals ``want`` (rtol 1e-5) wherever ``want`` is finite and is NaN only where ``want``
     is; with ``exact_nan`` NaN exactly where ``want`` is."""
@@ -817,11 +833,9 @@ def test_fused_prefill_matches_op_by_op(kv_heads, slots, balanced, rng, monkeypa
     block's rows multiply no key past the block, so rows before the NaN's block stay finite
     where the one-block op path's carry it: equal wherever the op path is finite, NaN only
     where it is NaN, and NaN from the NaN's position on."""
-    from opsnn.kernels.cpu import mkl_nb
     from opsnn.llm import decoder as D
 
-    if mkl_nb.addresses() is None:
-        pytest.skip("the fused prefill runs on MKL")
+    _skip_without_panels(37 * len(slots))
     monkeypatch.setattr(D, "attention_tasks_balance", lambda tasks: balanced)
     lm = opsnn.models.llama(
         layers=2, hidden=64, heads=4, kv_heads=kv_heads, vocab=VOCAB, intermediate=96, seed=5, max_position=64
@@ -869,11 +883,9 @@ def test_fused_prefill_of_several_prompts_matches_op_by_op(balanced, rng, monkey
     cache; a forward of rows continuing at different positions as well. Logits and K/V equal
     the op-by-op path's, with one RMSNorm op (the final norm) in the fused runs; with query
     blocks too (not ``balanced``)."""
-    from opsnn.kernels.cpu import mkl_nb
     from opsnn.llm import decoder as D
 
-    if mkl_nb.addresses() is None:
-        pytest.skip("the fused prefill runs on MKL")
+    _skip_without_panels(54, 19, 6)  # the rows of the three calls below
     monkeypatch.setattr(D, "attention_tasks_balance", lambda tasks: balanced)
     lm = opsnn.models.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=VOCAB, intermediate=96, seed=7)
     calls = [
@@ -910,11 +922,9 @@ def test_batched_decode_step_layers_as_one_call_match_op_by_op(rng):
     """A decode step of three or more rows runs its layers as one call (opsnn.llm.layers
     decode_layers, one kernel in the profiler) and gives the op-by-op step's logits and K/V:
     buckets 4 (one pad row) and 8, rows at different positions, slots out of order."""
-    from opsnn.kernels.cpu import mkl_nb
     from opsnn.tools.profiler import profile
 
-    if mkl_nb.addresses() is None:
-        pytest.skip("the batched step's layers run as one call on MKL")
+    _skip_without_panels(4, 8)
     lm = opsnn.models.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=VOCAB, intermediate=96, seed=9)
     ps = [rng.integers(0, VOCAB, n) for n in (6, 3, 9, 1, 4, 7)]
     decs, caches = [], []
