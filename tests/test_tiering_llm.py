@@ -401,3 +401,38 @@ def test_a_cold_bn_fold_scale_gives_the_numba_kernels_bits(rng, monkeypatch):
     oracle = (w.astype(np.float64) * f[:, None, None, None]).astype(np.float32)
     np.testing.assert_array_equal(cold, warm)
     np.testing.assert_array_equal(cold, oracle)
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_a_cold_row_or_tile_copy_is_numpys_copy_of_the_same_views(rng, monkeypatch, big):
+    """A row or tile copy whose numba kernel is compiling in the background (the serial one, or
+    the threaded one from THREADS_MIN_BYTES) is numpy's copy of the same views: the same bits."""
+    from opsnn.kernels.cpu import shape as KS
+
+    d0, d1, d2 = (96, 64, 160) if big else (3, 5, 40)
+    x = rng.standard_normal((d0, d1, d2)).astype(np.float32)
+    x[1, 2, 7], x[2, 4, 0] = np.nan, -np.inf
+    cols = d2 - 32
+    cases = [
+        # a column slice of rows (what a Split of BERT's stacked Q|K|V product copies): mode "rows"
+        (
+            KS.plan_copy((d0, d1, cols), 8, (d1 * d2, d2, 1), 0, (d1 * cols, cols, 1), 4, parallel=True),
+            x[:, :, 8 : 8 + cols],
+        ),
+        # a transpose: mode "tiles"
+        (KS.plan_permute((d0, d1, d2), (0, 2, 1), 4, parallel=True), x.transpose(0, 2, 1)),
+    ]
+    kernels = {("rows", False): KS.copy_rows_serial, ("rows", True): KS.copy_rows}
+    kernels.update({("tiles", False): KS.copy_tiles_serial, ("tiles", True): KS.copy_tiles})
+    for p, oracle in cases:
+        assert p.mode in ("rows", "tiles") and bool(p.threads) == big
+        warm = np.empty(oracle.shape, np.float32)
+        KS.run_copy(p, x, warm)
+        asked = []
+        with monkeypatch.context() as m:
+            m.setattr(KS.kernel_cache, "cold", lambda fn, args: asked.append(fn) or True)
+            cold = np.empty(oracle.shape, np.float32)
+            KS.run_copy(p, x, cold)
+        assert asked == [kernels[(p.mode, big)]]
+        np.testing.assert_array_equal(cold, warm)
+        np.testing.assert_array_equal(cold, oracle)
