@@ -29,6 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .. import nn
 from ..errors import ParamInvalidError
+from ..onnx.importer import PLAIN_RAW
 
 OPSET = 17
 _F32_MIN = float(np.finfo(np.float32).min)
@@ -92,11 +93,12 @@ class OnnxBuilder:
         """``arr`` as an initializer added to the model's graph, its bytes copied once where
         numpy_helper.from_array's layout is the array's own (make_graph and make_model copy again)."""
         t = self._model.graph.initializer.add()
-        if arr.dtype.isnative and type(arr.dtype).__module__.startswith("numpy") and arr.dtype.kind in "fiub":
+        code = helper.np_dtype_to_tensor_dtype(arr.dtype) if arr.dtype.isnative else None
+        if code in PLAIN_RAW:
             t.name = name
-            t.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
+            t.data_type = code
             t.dims.extend(arr.shape)
-            t.raw_data = np.ascontiguousarray(arr).tobytes()
+            t.raw_data = arr.tobytes()
         else:
             t.CopyFrom(numpy_helper.from_array(arr, name))
         return t

@@ -129,8 +129,8 @@ def _check_size(n: int, itemsize: int, what: str) -> None:
         )
 
 
-#: element types whose raw data numpy reads as is (little-endian, one element per item)
-_PLAIN_RAW = frozenset(
+#: element types whose raw data is numpy's little-endian layout, one element per item (the exporter writes them so)
+PLAIN_RAW = frozenset(
     (
         TensorProto.FLOAT,
         TensorProto.DOUBLE,
@@ -199,7 +199,7 @@ class _Importer:
                     f"onnx.load: {what} declares shape {list(t.dims)} ({want} bytes of "
                     f"{dt}) but holds {len(raw)} bytes of raw data"
                 )
-            if t.data_type in _PLAIN_RAW:  # ONNX's raw data is little-endian numpy layout: one copy, writable
+            if t.data_type in PLAIN_RAW:  # ONNX's raw data is little-endian numpy layout: one copy, writable
                 return np.frombuffer(raw, dt.newbyteorder("<")).astype(dt).reshape(tuple(t.dims))
         else:
             field = helper.tensor_dtype_to_field(t.data_type)

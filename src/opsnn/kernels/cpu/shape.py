@@ -422,18 +422,16 @@ def run_copy(p: CopyPlan, src: np.ndarray, dst: np.ndarray) -> None:
         return
     s = bits(src)
     d = bits(dst)
-    if p.mode == "numpy":
-        np.copyto(_view(d, p.shape, p.doff, p.dstr), _view(s, p.shape, p.soff, p.sstr))
-        return
-    if p.mode == "rows":
-        fn = copy_rows if p.threads else copy_rows_serial
-    else:
-        fn = copy_tiles if p.threads else copy_tiles_serial
-    args = (s, p.soff, p.args[1], d, p.doff, p.args[2], p.args[0], *p.args[3:])
-    if kernel_cache.cold(fn, args):  # compiling in the background: numpy copies the same views meanwhile
-        np.copyto(_view(d, p.shape, p.doff, p.dstr), _view(s, p.shape, p.soff, p.sstr))
-    else:
-        fn(*args)
+    if p.mode != "numpy":
+        if p.mode == "rows":
+            fn = copy_rows if p.threads else copy_rows_serial
+        else:
+            fn = copy_tiles if p.threads else copy_tiles_serial
+        args = (s, p.soff, p.args[1], d, p.doff, p.args[2], p.args[0], *p.args[3:])
+        if not kernel_cache.cold(fn, args):  # else it compiles in the background: numpy copies meanwhile
+            fn(*args)
+            return
+    np.copyto(_view(d, p.shape, p.doff, p.dstr), _view(s, p.shape, p.soff, p.sstr))
 
 
 def run_copies(ins, outs, attrs, plan, ws) -> None:
