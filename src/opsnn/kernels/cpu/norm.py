@@ -787,7 +787,7 @@ def scale_rows(w: np.ndarray, factor: np.ndarray) -> np.ndarray:
     w2 = np.ascontiguousarray(w).reshape(w.shape[0], -1)
     out = np.empty(w2.shape, w.dtype)
     if kernel_cache.cold(_scale_rows, (w2, factor, out)):  # compiling in the background: numpy, the same bits
-        np.multiply(w2.astype(np.float64), factor[:, None], out=out, casting="unsafe")
+        np.multiply(w2, factor[:, None], out=out, dtype=np.float64, casting="unsafe")  # buffered: no float64 copy
     else:
         _scale_rows(w2, factor, out)
     return out.reshape(w.shape)

@@ -765,11 +765,11 @@ class ConvPrimitive:
         # both out, else a second primitive without the post-op runs and opsnn's epilogue activates
         self.checked = self.l1 = None
         if np.dtype(w.dtype) in (np.float32, _dt.bfloat16) and conv_ieee():
-            w64 = np.abs(w.astype(np.float64)).reshape(w.shape[0], -1)
-            taps = w64.shape[1] + 2
+            wabs = np.abs(w).reshape(w.shape[0], -1)  # exact in w's dtype; summed in float64 below
+            taps = wabs.shape[1] + 2
             # float32 partial sums of n terms stay within (1 + n u) of the exact bound (u = 2^-24); bfloat16
             # operands multiply exactly into oneDNN's float32 accumulator, so the same bound holds
-            self.l1 = (float(w64.sum(axis=1).max(initial=0.0)), 1.0 + 2.0 * taps * 2.0**-24)
+            self.l1 = (float(wabs.sum(axis=1, dtype=np.float64).max(initial=0.0)), 1.0 + 2.0 * taps * 2.0**-24)
             self._act = (act, alpha, beta)
             # a bfloat16 output rounds to nearest: up to half a unit (2^-8) past the float32 value
             self._out_grow = 1.0 if np.dtype(w.dtype) == np.float32 else 1.0 + 2.0**-7
