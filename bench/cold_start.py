@@ -54,6 +54,7 @@ def _cache_stats() -> dict:
     from numba.core.registry import CPUDispatcher
 
     hits = misses = 0
+    gc.unfreeze()  # import opsnn froze its dispatchers (OPSNN_GC_FREEZE): get_objects lists them again
     for obj in gc.get_objects():
         if isinstance(obj, CPUDispatcher):
             hits += sum(obj.stats.cache_hits.values())

@@ -402,6 +402,7 @@ from numba.core.registry import CPUDispatcher
 from opsnn.kernels.cpu import winograd
 from opsnn.runtime import kernel_cache
 
+gc.unfreeze()  # import opsnn froze its kernels (OPSNN_GC_FREEZE): get_objects lists them again
 ours = [d for d in gc.get_objects() if isinstance(d, CPUDispatcher) and isinstance(d._cache, kernel_cache._LazyFunctionCache)]
 made = lambda: sorted(d.py_func.__name__ for d in ours if d._cache._real is not None)
 before = made()

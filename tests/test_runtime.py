@@ -582,3 +582,37 @@ def test_openblas_workers_sleep_right_after_a_gemm():
     # a value the user set wins; with a long timeout the workers do spin (what the setting prevents)
     eff, val, spinning = probe("opsnn", OPENBLAS_THREAD_TIMEOUT="30")
     assert (eff, val) == ("True", "30") and spinning >= 1
+
+
+GC_RUNNER = """
+import gc, json, sys
+if sys.argv[1] == "off":
+    gc.disable()
+class Held:  # alive before the import: frozen with it
+    pass
+held = Held()
+import opsnn
+print(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
+                  "held_listed": any(o is held for o in gc.get_objects())}))
+"""
+
+
+@pytest.mark.parametrize(
+    "freeze, before, enabled, frozen",
+    [("1", "on", True, True), ("1", "off", False, True), ("0", "on", True, False), ("0", "off", False, False)],
+)
+def test_import_freezes_what_it_made_and_leaves_the_collector_as_it_found_it(freeze, before, enabled, frozen):
+    """``import opsnn`` pauses the garbage collector and freezes the objects alive at its end
+    (``OPSNN_GC_FREEZE=0``: neither); a collector the process had turned off stays off."""
+    import json
+    import subprocess
+
+    env = dict(os.environ, OPSNN_GC_FREEZE=freeze)
+    out = subprocess.run(
+        [sys.executable, "-c", GC_RUNNER, before], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["enabled"] is enabled
+    assert (got["frozen"] > 50_000) is frozen and (got["frozen"] == 0) is (not frozen)
+    assert got["held_listed"] is (not frozen)

@@ -21,34 +21,50 @@ docs/ (one page per task, docs/ops.md for the operators) have more; ``opsnn --he
 command-line tools.
 """
 
-from ._blas_env import configure as _configure_blas
+import gc as _gc
+import os as _os
 
-_configure_blas()  # before anything imports numpy (which loads OpenBLAS); see _blas_env
-from . import runtime  # noqa: E402, F401 - its ISA cap, too, must be in the environment before numpy loads OpenBLAS
-from . import dtypes, errors  # noqa: E402
-from .runtime import Device, Event, Stream, context, current_stream, finalize, hooks, init, is_initialized
-from .runtime import memory
-from .runtime.threads import get_num_threads, set_num_threads
-from .tensor import Tensor, empty, from_dlpack, from_numpy, full, ones, tensor, zeros
-from . import ops
-from .ops import kernel_selector, register_kernel, register_op
-from . import autograd  # noqa: E402 - before nn: Parameters require grad
-from .autograd import enable_grad, no_grad, set_grad_enabled
-from . import aclnn, config, nn, models, tools
-from . import amp, optim  # noqa: E402
-from .amp import autocast  # noqa: E402
-from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from .nn.init import manual_seed  # noqa: E402
-from .tools import profiler
-from .tools.plot import plot_graph
-from . import debug, graph, optimize, llm, pipeline
-from . import onnx
-from .onnx.session import GraphOptimizationLevel, InferenceSession, RunOptions, SessionOptions
-from .graph.compiler import CompiledGraph
-from .frontend import compile
-from .graph.pattern import GraphPattern, GraphTemplate
+# The import makes ~100K objects (with numba's) that live as long as the process: collecting while they pile
+# up, and in every later full pass, is wasted work, so the collector is off meanwhile and they are frozen.
+_gc_enabled = _gc.isenabled()
+_gc_freeze = _os.environ.get("OPSNN_GC_FREEZE", "1") != "0"
+if _gc_freeze:
+    _gc.disable()
+try:
+    from ._blas_env import configure as _configure_blas
 
-from .version import __version__  # noqa: F401 - opsnn.__version__
+    _configure_blas()  # before anything imports numpy (which loads OpenBLAS); see _blas_env
+    from . import runtime  # noqa: E402, F401 - its ISA cap, too, must be in the environment before numpy loads OpenBLAS
+    from . import dtypes, errors  # noqa: E402
+    from .runtime import Device, Event, Stream, context, current_stream, finalize, hooks, init, is_initialized
+    from .runtime import memory
+    from .runtime.threads import get_num_threads, set_num_threads
+    from .tensor import Tensor, empty, from_dlpack, from_numpy, full, ones, tensor, zeros
+    from . import ops
+    from .ops import kernel_selector, register_kernel, register_op
+    from . import autograd  # noqa: E402 - before nn: Parameters require grad
+    from .autograd import enable_grad, no_grad, set_grad_enabled
+    from . import aclnn, config, nn, models, tools
+    from . import amp, optim  # noqa: E402
+    from .amp import autocast  # noqa: E402
+    from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+    from .nn.init import manual_seed  # noqa: E402
+    from .tools import profiler
+    from .tools.plot import plot_graph
+    from . import debug, graph, optimize, llm, pipeline
+    from . import onnx
+    from .onnx.session import GraphOptimizationLevel, InferenceSession, RunOptions, SessionOptions
+    from .graph.compiler import CompiledGraph
+    from .frontend import compile
+    from .graph.pattern import GraphPattern, GraphTemplate
+
+    from .version import __version__  # noqa: F401 - opsnn.__version__
+
+    if _gc_freeze:
+        _gc.freeze()
+finally:
+    if _gc_enabled:
+        _gc.enable()
 
 from .tools import debug_log as _debug_log
 
