@@ -300,6 +300,8 @@ def attention_head_layout(graph, res) -> None:
     ops); H and D must be static there and H*D the last dim of the tensor split."""
     from .shape_inference import infer_types, probe_types
 
+    if not any(n.op_type == "Attention" and not n.domain for n in graph.nodes):
+        return
     infer_types(graph)
     probe = None
 
@@ -562,6 +564,8 @@ def resize_prologue_fusion(graph, res) -> None:
     from ..ops.registry import get_op
     from .shape_inference import infer_types
 
+    if not any(n.op_type == "Resize" and not n.domain for n in graph.nodes):
+        return
     infer_types(graph)
     prod, users = graph.producers(), graph.consumers()
     fused = get_op("FusedResize", "opsnn")

@@ -768,13 +768,17 @@ def _rule_pass(group: str):
     def run_rules(graph: Graph, res: PassResult) -> None:
         from . import fusion  # noqa: F401 - registers the library's rule groups
         from . import rules as _rules
-        from .pattern import rewrite
+        from .pattern import OpPattern, rewrite
         from .shape_inference import infer_types, probe_types
 
+        rules = _rules.BUILTIN_GROUPS[group]
+        present = {n.op_type for n in graph.nodes}
+        if all(isinstance(r.pattern, OpPattern) and not r.pattern.op_types & present for r in rules):
+            return  # no node can root a match: skip the type inference and the probe run
         infer_types(graph)
         fusion.PROBE_SHAPES[graph] = probe_types(graph)  # rule checks read concrete probe shapes
         try:
-            report = rewrite(graph, _rules.BUILTIN_GROUPS[group])
+            report = rewrite(graph, rules)
         finally:
             fusion.PROBE_SHAPES.pop(graph, None)
         for rule, nodes in report.applied:
