@@ -392,3 +392,24 @@ def test_to_graph_llama_and_unet(rng):
     out = cg.run([x5, c])
     out = list(out.values()) if isinstance(out, dict) else list(out)
     assert out[0].shape == (2, 32, 6, 5) and rel(out[0].numpy(), blk(x5, c).numpy()) < RTOL
+
+
+def test_export_checks_the_graph_without_serializing_the_weights(rng):
+    """``to_onnx`` runs onnx's checker on the model's structure (initializers as empty tensors of their
+    types): the exported file passes the full checker, and a bad node is still refused by name."""
+    import onnx
+
+    proto = export.to_onnx(bert("tiny", vocab_size=1000, seed=0))
+    onnx.checker.check_model(proto)  # weights included
+    skel = export._skeleton(proto)
+    assert [n.name for n in skel.graph.node] == [n.name for n in proto.graph.node]
+    assert [(t.name, t.data_type) for t in skel.graph.initializer] == [
+        (t.name, t.data_type) for t in proto.graph.initializer
+    ]
+    assert skel.ByteSize() < proto.ByteSize() // 100
+    b = export.OnnxBuilder("bad")
+    x = b.input("x", np.float32, [1, 4])
+    w = b.weight("w", rng.standard_normal((4, 4)).astype(np.float32))
+    b.outputs.append(onnx.helper.make_tensor_value_info(b.op("MatMulX", [x, w]), onnx.TensorProto.FLOAT, [1, 4]))
+    with pytest.raises(onnx.checker.ValidationError, match="MatMulX"):
+        b.model()
