@@ -225,6 +225,27 @@ def epilogue_product_rejection(dtype, p: Platform | None = None) -> str | None:
     return None
 
 
+#: fewest rows for which a constant-weight float32 product packs its weight for opsnn's own AVX2 GEMM
+PACKED_OWN_MIN_ROWS = 16
+
+
+def own_packed_rejection(rows: int, dtype, p: Platform | None = None) -> str | None:
+    """Why a float32 product of ``rows`` rows with a constant weight should not run on opsnn's packed
+    GEMM (``gemm_packed``: the weight packed once at prepare), None where it should: on AVX2 CPUs whose
+    GEMM library is OpenBLAS, which packs the weight on every call (oneDNN's matmul there is its
+    ``gemm:jit``, which does too; AVX-512 CPUs have oneDNN's brgemm, MKL its packed panel)."""
+    p = p if p is not None else platform()
+    if np.dtype(dtype) != np.float32:
+        return f"float32 only, not {_dt.name(dtype)}"
+    if p.isa != "avx2":
+        return f"an AVX2 kernel: the ISA in force is {p.isa} (oneDNN's brgemm matmul where AVX-512)"
+    if p.gemm_library == "mkl":
+        return "MKL is the GEMM library: its packed panel"
+    if rows < PACKED_OWN_MIN_ROWS:
+        return f"{rows} rows (< PACKED_OWN_MIN_ROWS = {PACKED_OWN_MIN_ROWS}): the row kernels"
+    return None
+
+
 def onednn_bf16_rows(rows: int, p: Platform | None = None) -> bool:
     """True when a bfloat16 product of ``rows`` rows runs on oneDNN's bf16 matmul (the weight read
     in place): two rows or more where MKL is not the GEMM library and oneDNN has native bf16
@@ -873,6 +894,8 @@ def kernel_choice(
         return Choice("onednn", kernel, "bfloat16 operands known at run time: oneDNN's native bf16 matmul reads them")
     if "onednn" in kernel:
         return Choice("onednn", kernel, "oneDNN's brgemm matmul, the weight reordered once at prepare")
+    if kernel == "matmul_packed":
+        return Choice("opsnn", kernel, "AVX2 without MKL: opsnn's packed GEMM, the weight packed once at prepare")
     if kernel.endswith("mkl_bf16"):
         return Choice("mkl", kernel, "bfloat16 with a constant weight: MKL's bf16 GEMM on the weight as stored")
     if kernel.endswith("mkl_packed"):
