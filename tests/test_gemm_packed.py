@@ -124,3 +124,21 @@ def test_the_packed_gemm_is_chosen_on_avx2_without_mkl():
         assert "AVX2 kernel" in KL.own_packed_rejection(128, np.float32, KL.Platform.for_isa(level, AMD))
     choice = KL.kernel_choice("matmul_packed", 128, 768, 768, np.float32, p=zen3)
     assert choice.library == "opsnn" and "packed once" in choice.reason
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("n", [16, 40])
+def test_gemm_adds_into_c_and_packs_a_linear_weight(parallel, n):
+    """``accumulate``: C += A @ B (the decoder's residual projections), the partial panel too; ``pack(W,
+    transpose=True)`` takes a Linear's (N, K) weight; ``unpacked`` gives B back."""
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((20, 300)).astype(np.float32)
+    wt = rng.standard_normal((n, 300)).astype(np.float32)  # (N, K)
+    c0 = rng.standard_normal((20, n)).astype(np.float32)
+    c = c0.copy()
+    panels = G.pack(wt, transpose=True)
+    np.testing.assert_array_equal(G.unpacked(panels, n), wt.T)
+    G.gemm(a, panels, c, parallel=parallel, accumulate=True)
+    _assert_ieee_close(c, c0.astype(np.float64) + _oracle(a, wt.T))
+    G.gemm(np.empty((20, 0), np.float32), G.pack(np.empty((n, 0), np.float32), transpose=True), c, accumulate=True)
+    _assert_ieee_close(c, c0.astype(np.float64) + _oracle(a, wt.T))

@@ -25,7 +25,7 @@ def _kernels(p, dtype, k=768, n=3072):
 #: (level, vendor) -> decoder projection kernels for ROWS rows of a 768 -> 3072 weight, float32 and bf16
 TABLE = {
     ("avx2", AMD): (
-        ("rows", "rows", "rows", "openblas", "openblas", "openblas"),
+        ("rows", "rows", "rows", "packed", "packed", "packed"),
         ("bf16_gemv", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16", "mkl_bf16"),
     ),
     ("avx512", AMD): (
@@ -220,7 +220,8 @@ ON_OPENBLAS_UNDER_AVX2 = {
 def test_bert_and_prefill_products_on_an_avx2_cpu(vendor):
     """What BERT's and the prefill's constant-weight products run on where the CPU (or the
     ``OPSNN_CPU_ISA=avx2`` cap) offers AVX2 only: no oneDNN matmul (its AVX2 code is gemm:jit, not
-    brgemm), so MKL's packed panel or, on AMD above the packed thresholds, OpenBLAS."""
+    brgemm), so MKL's packed panel or, on AMD above the packed thresholds, OpenBLAS for graphs' plain
+    products and opsnn's packed GEMM for the decoder's (OpenBLAS where its operands are views)."""
     p = KL.Platform.for_isa("avx2", vendor)
     assert p.onednn_matmul is not None and p.onednn_bf16 is not None
     for name, (m, k, n) in BERT_PREFILL.items():
@@ -229,9 +230,12 @@ def test_bert_and_prefill_products_on_an_avx2_cpu(vendor):
         graph = "matmul_blas" if on_openblas else "matmul_mkl_packed"
         assert KL.kernel_choice(graph, m, k, n, F32, p=p).library == ("openblas" if on_openblas else "mkl"), name
         assert KL.projection(m, k, n, F32, p).kernel == (
+            "llm_linear_packed" if on_openblas else "llm_linear_mkl_packed"  # opsnn's panel, packed once
+        ), name
+        assert KL.projection(m, k, n, F32, p, contiguous=False).kernel == (
             "llm_linear_openblas" if on_openblas else "llm_linear_mkl_packed"
         ), name
-        assert KL.weight_stays_unpacked(m, k, n, p) == on_openblas, name
+        assert KL.weight_stays_unpacked(m, k, n, p) == on_openblas, name  # not packed for MKL
     # the same products on an AVX-512 CPU of either vendor: oneDNN's brgemm where MKL is not the library
     wide = KL.Platform.for_isa("avx512", vendor)
     assert {KL.projection(m, k, n, F32, wide).kernel for m, k, n in BERT_PREFILL.values()} == (

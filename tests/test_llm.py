@@ -1253,3 +1253,37 @@ def test_gemm_rows_matches_a_float64_oracle(rng, n, k, lo, hi):
             rtol=0,
             atol=1e-6 * np.sqrt(k) * max(np.abs(x.astype(np.float64) @ w.T).max(initial=0), 1),
         )
+
+
+@pytest.mark.skipif(__import__("opsnn.kernels.cpu.mkl", fromlist=["x"]).unavailable() is not None, reason="needs MKL")
+def test_decoder_projections_on_opsnn_packed_panels(lm, rng, monkeypatch):
+    """On an AVX2 CPU whose GEMM library is OpenBLAS (that platform forced here), a prompt's products past
+    gemm_rows' rows run on opsnn's packed GEMM over panels packed once (q|k|v and gate|up stacked, o and
+    down adding into the residual); the logits agree with the all-Linear-op decoder's."""
+    from opsnn.kernels.cpu import gemm_packed as G
+    from opsnn.kernels.cpu import libraries as KL
+    from opsnn.llm import decoder as D
+    from opsnn.tools.profiler import profile
+
+    avx2 = KL.Platform.for_isa("avx2", "AuthenticAMD")
+    monkeypatch.setattr(KL, "platform", lambda: avx2)
+    cache_a, cache_b = KVCache.for_model(lm, 1, 64), KVCache.for_model(lm, 1, 64)
+    packed, plain = CachedDecoder(lm, cache_a), CachedDecoder(lm, cache_b)
+    packed.fused_steps = False
+    plain._packs = None
+    p0 = packed.layers[0]
+    qkv = packed._packed_cat((p0.wq, p0.wk, p0.wv), 40)
+    assert isinstance(qkv, D._OwnPanels) and qkv.n == sum(w.shape[0] for w in (p0.wq, p0.wk, p0.wv))
+    np.testing.assert_array_equal(
+        G.unpacked(qkv.panels, qkv.n).T, np.concatenate([w.numpy() for w in (p0.wq, p0.wk, p0.wv)])
+    )
+    assert packed._packed_cat((p0.wq, p0.wk, p0.wv), 48) is qkv  # packed once
+    assert not isinstance(packed._packed(p0.wo, 8), D._OwnPanels)  # a few rows: gemm_rows on the weight
+    prompt = rng.integers(0, VOCAB, 40)
+    with profile() as prof:
+        got = packed.forward(prompt[None], [cache_a.allocate()], [0])
+    assert "llm_linear_packed" in {k.kernel for k in prof.kernels if k.op == "Linear"}
+    want = plain.forward(prompt[None], [cache_b.allocate()], [0])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    cache_a.close()
+    cache_b.close()

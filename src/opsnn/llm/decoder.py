@@ -34,6 +34,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops
 from ..errors import ParamInvalidError
+from ..kernels.cpu import gemm_packed as _gp
 from ..kernels.cpu import libraries as _libs
 from ..kernels.cpu import mkl as _mkl
 from ..kernels.cpu import mkl_nb as _mkl_nb
@@ -394,10 +395,12 @@ class CachedDecoder:
         and kept in the model's packs; packed again when a weight was given a new array. Where
         the strategy runs ``rows`` rows on another library
         (:func:`opsnn.kernels.cpu.libraries.weight_stays_unpacked`), the stacked weight itself as a
-        :class:`_PlainWeight`."""
+        :class:`_PlainWeight`, or opsnn's own panels (:class:`_OwnPanels`) where the strategy picks
+        its packed GEMM."""
         n, k = sum(w.shape[0] for w in ws), ws[0].shape[1]
-        plain = _libs.weight_stays_unpacked(rows, k, n)
-        packs, key = self._packs, tuple(id(w) for w in ws) + (plain,)
+        own = _libs.projection(rows, k, n, _F32).kernel == "llm_linear_packed"
+        plain = not own and _libs.weight_stays_unpacked(rows, k, n)
+        packs, key = self._packs, tuple(id(w) for w in ws) + ("own" if own else plain,)
         got = packs.get(key)
         if (
             got is not None
@@ -406,11 +409,12 @@ class CachedDecoder:
         ):
             return got[2]
         arr = ws[0].numpy() if len(ws) == 1 else np.concatenate([w.numpy() for w in ws])
-        p = (
-            _PlainWeight(np.ascontiguousarray(arr))
-            if plain
-            else _mkl.pack(arr, max(self.cache.max_batch_slots, PANEL_ROWS), transpose=True)
-        )
+        if own:
+            p = _OwnPanels(_gp.pack(arr, transpose=True), n, k)
+        elif plain:
+            p = _PlainWeight(np.ascontiguousarray(arr))
+        else:
+            p = _mkl.pack(arr, max(self.cache.max_batch_slots, PANEL_ROWS), transpose=True)
         packs[key] = (tuple(weakref.ref(w) for w in ws), tuple(weakref.ref(w._array) for w in ws), p)
         weakref.finalize(ws[0], packs.pop, key, None)  # the entry goes with the (first) weight tensor
         return p
@@ -923,6 +927,17 @@ class _PlainWeight:
         return self.w.shape[0]
 
 
+class _OwnPanels:
+    """A float32 projection weight (N, K) (or q/k/v, gate/up stacked along N) packed once into opsnn's
+    panels (:mod:`opsnn.kernels.cpu.gemm_packed`) for products of many rows on AVX2 CPUs without MKL
+    as the GEMM library."""
+
+    __slots__ = ("panels", "n", "k")
+
+    def __init__(self, panels: np.ndarray, n: int, k: int):
+        self.panels, self.n, self.k = panels, n, k
+
+
 class _Bf16Weight:
     """A bfloat16 projection weight (N, K), its bits as uint16: ``x`` is rounded to bf16 and
     multiplied by MKL's bf16 GEMM (fp32 accumulation) reading the weight as stored."""
@@ -971,9 +986,11 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
     """``out = x @ W.T`` (``out += x @ W.T`` when ``accumulate``: a residual added by the GEMM
     itself) as (closure over these arrays, task name, profiler info), the arguments of a stream
     launch: ``p`` is W's packed panel (MKL), W itself (N, K) for one row (``cblas_sgemv``), a
-    :class:`_Bf16Weight` (``x`` rounded into a bf16 buffer of its own) or a :class:`_PlainWeight`,
-    each run as :func:`opsnn.kernels.cpu.libraries.projection` decides."""
+    :class:`_Bf16Weight` (``x`` rounded into a bf16 buffer of its own), a :class:`_PlainWeight` or
+    :class:`_OwnPanels`, each run as :func:`opsnn.kernels.cpu.libraries.projection` decides."""
     beta = 1.0 if accumulate else 0.0
+    if isinstance(p, _OwnPanels):
+        return _own_product(x, p, out, accumulate)
     kernel = None
     if isinstance(p, _Bf16Weight):
         kernel = _libs.projection(
@@ -1040,6 +1057,30 @@ def _mkl_product(x: np.ndarray, p, out: np.ndarray, accumulate: bool = False) ->
         n, k = p.n, p.k
         fn, kernel = (lambda: _mkl.gemm(x, p, out, accumulate)), "llm_linear_mkl_packed"
     return fn, "Linear", {"kernel": kernel, "flops": 2 * x.shape[0] * k * n}
+
+
+def _own_product(x: np.ndarray, p: _OwnPanels, out: np.ndarray, accumulate: bool) -> tuple:
+    """:func:`_mkl_product` on opsnn's panels: numpy's BLAS on the weight unpacked again while the
+    packed GEMM compiles in the background (opsnn.ops.tiering); a column view of an output is
+    written through a buffer of its own."""
+    info = {"kernel": "llm_linear_packed", "flops": 2 * x.shape[0] * p.k * p.n}
+    x = np.ascontiguousarray(x)
+    dst = out if out.flags.c_contiguous else np.empty(out.shape, _F32)
+    add = accumulate and dst is out
+    cold = _tiering.cold_direct([(_gp.kernel(x, p.panels, dst), (x, p.panels, dst, add))])
+
+    def fn():
+        if cold and not _tiering.all_cached(cold):
+            _numpy_product(x, _gp.unpacked(p.panels, p.n).T, dst, add)
+        else:
+            _gp.gemm(x, p.panels, dst, accumulate=add)
+        if dst is not out:
+            if accumulate:
+                out[...] += dst
+            else:
+                out[...] = dst
+
+    return fn, "Linear", info
 
 
 class _PackedLinearStep:

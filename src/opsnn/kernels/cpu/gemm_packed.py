@@ -131,70 +131,90 @@ def _panel_rows(a, a_off, lda, b, b_off, c, c_off, ldc, k, accumulate, m):
 
 
 @nb.njit(nogil=True, cache=True)
-def _panel(af, m, k, bf, p, cf, n, scratch):
-    """Panel ``p`` of C (rows of A against columns 16 p .. 16 p + 15 of B); a last, partial panel is
-    computed into ``scratch`` (m, 16) and its columns copied out."""
+def _panel(af, m, k, bf, p, cf, n, scratch, accumulate):
+    """Panel ``p`` of C (rows of A against columns 16 p .. 16 p + 15 of B), added to C's values when
+    ``accumulate``; a last, partial panel goes through ``scratch`` (m, 16)."""
     full = (p + 1) * NR <= n
+    tail = n - p * NR
+    c2 = cf.reshape(m, n)
+    s2 = scratch.reshape(m, NR)
+    if not full and accumulate:
+        for i in range(m):
+            for j in range(tail):
+                s2[i, j] = c2[i, p * NR + j]
     for k0 in range(0, k, KC):
         kb = min(KC, k - k0)
-        acc = 1 if k0 > 0 else 0
+        acc = 1 if k0 > 0 or accumulate else 0
         if full:
             _panel_rows(af, k0, k, bf, p * k * NR + k0 * NR, cf, p * NR, n, kb, acc, m)
         else:
             _panel_rows(af, k0, k, bf, p * k * NR + k0 * NR, scratch, 0, NR, kb, acc, m)
     if not full:
-        c2 = cf.reshape(m, n)
-        s2 = scratch.reshape(m, NR)
         for i in range(m):
-            for j in range(n - p * NR):
+            for j in range(tail):
                 c2[i, p * NR + j] = s2[i, j]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _gemm_parallel(a, panels, c):
+def _gemm_parallel(a, panels, c, accumulate):
     m, k = a.shape
     n = c.shape[1]
     af, bf, cf = a.reshape(-1), panels.reshape(-1), c.reshape(-1)
-    scratch = np.empty(m * NR, np.float32)
+    scratch = np.zeros(m * NR, np.float32)
     for p in nb.prange(panels.shape[0]):
-        _panel(af, m, k, bf, p, cf, n, scratch)
+        _panel(af, m, k, bf, p, cf, n, scratch, accumulate)
 
 
 @nb.njit(nogil=True, cache=True)
-def _gemm_serial(a, panels, c):
+def _gemm_serial(a, panels, c, accumulate):
     m, k = a.shape
     n = c.shape[1]
     af, bf, cf = a.reshape(-1), panels.reshape(-1), c.reshape(-1)
-    scratch = np.empty(m * NR, np.float32)
+    scratch = np.zeros(m * NR, np.float32)
     for p in range(panels.shape[0]):
-        _panel(af, m, k, bf, p, cf, n, scratch)
+        _panel(af, m, k, bf, p, cf, n, scratch, accumulate)
 
 
-def pack(w: np.ndarray) -> np.ndarray:
-    """B (K, N) float32 as ``panels[ceil(N / 16), K, 16]``, the last panel's missing columns zero."""
+def pack(w: np.ndarray, transpose: bool = False) -> np.ndarray:
+    """B (K, N) float32 (``transpose``: given as its transpose (N, K), a Linear's weight) as
+    ``panels[ceil(N / 16), K, 16]``, the last panel's missing columns zero."""
     w = np.asarray(w, np.float32)
-    k, n = w.shape
+    b = w.T if transpose else w
+    k, n = b.shape
     npan = -(-n // NR)
     out = np.zeros((npan, k, NR), np.float32)
     full = n // NR
     if full:
-        out[:full] = w[:, : full * NR].reshape(k, full, NR).transpose(1, 0, 2)
+        out[:full] = b[:, : full * NR].reshape(k, full, NR).transpose(1, 0, 2)
     if n % NR:
-        out[full, :, : n % NR] = w[:, full * NR :]
+        out[full, :, : n % NR] = b[:, full * NR :]
     return out
+
+
+def unpacked(panels: np.ndarray, n: int) -> np.ndarray:
+    """B (K, N) again from ``pack(B)`` (a copy): what a numpy stand-in multiplies by."""
+    npan, k, _ = panels.shape
+    return panels.transpose(1, 0, 2).reshape(k, npan * NR)[:, :n]
 
 
 #: fewest multiply-adds worth the second thread (one panel's worth of rows below it)
 PARALLEL_MIN_MACS = 1 << 18
 
 
-def gemm(a: np.ndarray, panels: np.ndarray, c: np.ndarray, parallel: bool | None = None) -> None:
-    """``c = a @ B`` for ``panels = pack(B)``: ``a`` (M, K) and ``c`` (M, N) float32, C-contiguous;
-    ``parallel`` None: by size."""
-    m, k = a.shape
-    if k == 0:
-        c.fill(0.0)
-        return
+def kernel(a: np.ndarray, panels: np.ndarray, c: np.ndarray, parallel: bool | None = None):
+    """The numba kernel :func:`gemm` runs for these operands (``parallel`` None: by size)."""
     if parallel is None:
-        parallel = m * k * c.shape[1] >= PARALLEL_MIN_MACS and panels.shape[0] > 1
-    (_gemm_parallel if parallel else _gemm_serial)(a, panels, c)
+        parallel = a.shape[0] * a.shape[1] * c.shape[1] >= PARALLEL_MIN_MACS and panels.shape[0] > 1
+    return _gemm_parallel if parallel else _gemm_serial
+
+
+def gemm(
+    a: np.ndarray, panels: np.ndarray, c: np.ndarray, parallel: bool | None = None, accumulate: bool = False
+) -> None:
+    """``c = a @ B`` (``c += a @ B`` when ``accumulate``) for ``panels = pack(B)``: ``a`` (M, K) and ``c``
+    (M, N) float32, C-contiguous; ``parallel`` None: by size."""
+    if a.shape[1] == 0:
+        if not accumulate:
+            c.fill(0.0)
+        return
+    kernel(a, panels, c, parallel)(a, panels, c, bool(accumulate))

@@ -338,6 +338,10 @@ def projection(rows: int, k: int, n: int, dtype, p: Platform | None = None, cont
         )
     if own_rows_kernel(rows, p):
         return Choice("opsnn", "llm_linear_rows", f"<= {SMALL_ROWS} rows, MKL not the GEMM library: opsnn's gemm_rows")
+    if contiguous and own_packed_rejection(rows, dtype, p) is None:
+        return Choice(
+            "opsnn", "llm_linear_packed", "AVX2, OpenBLAS the GEMM library: opsnn's GEMM on a panel packed once"
+        )
     why = packed_panel_rejection(rows, k, n, p)
     if why is not None or onednn_rows(rows, p):
         return Choice("openblas", "llm_linear_openblas", why or "oneDNN needs contiguous operands")
@@ -345,8 +349,8 @@ def projection(rows: int, k: int, n: int, dtype, p: Platform | None = None, cont
 
 
 def weight_stays_unpacked(rows: int, k: int, n: int, p: Platform | None = None) -> bool:
-    """True when the decoder keeps a float32 weight as it is (its products of ``rows`` rows run on
-    oneDNN, opsnn's own kernel or OpenBLAS) rather than packing it for MKL."""
+    """True when the decoder does not pack a float32 weight for MKL (its products of ``rows`` rows
+    run on oneDNN, opsnn's own kernels, one of which packs its own panel, or OpenBLAS)."""
     p = p if p is not None else platform()
     return own_rows_kernel(rows, p) or onednn_rows(rows, p) or packed_panel_rejection(rows, k, n, p) is not None
 
