@@ -142,3 +142,21 @@ def test_gemm_adds_into_c_and_packs_a_linear_weight(parallel, n):
     _assert_ieee_close(c, c0.astype(np.float64) + _oracle(a, wt.T))
     G.gemm(np.empty((20, 0), np.float32), G.pack(np.empty((n, 0), np.float32), transpose=True), c, accumulate=True)
     _assert_ieee_close(c, c0.astype(np.float64) + _oracle(a, wt.T))
+
+
+def test_matmul_on_the_packed_gemm():
+    """MatMul's ``matmul_packed`` (forced here on any CPU): a (3, 21, 50) batch of rows times a constant
+    (50, 37) B, a NaN and an Inf kept where the sums put them; a B known only at run time is refused."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((3, 21, 50)).astype(np.float32)
+    a[2, 4, 7], a[0, 0, 1] = np.nan, np.inf
+    w = rng.standard_normal((50, 37)).astype(np.float32)
+    rec = get_op("MatMul")
+    f32 = np.dtype(np.float32)
+    metas = [TensorMeta(a.shape, f32), TensorMeta(w.shape, f32)]
+    op = plan_op(rec, metas, [None, w], {}, algo="matmul_packed")
+    y = np.empty((3, 21, 37), np.float32)
+    op.selection.kernel.fn([a, w], [y], op.ctx.attrs, op.plan, None)
+    _assert_ieee_close(y, _oracle(a, w))
+    ctx = plan_op(rec, metas, [None, None], {}).ctx
+    assert "constant" in next(k for k in rec.kernels if k.name == "matmul_packed").check(ctx)

@@ -262,13 +262,11 @@ def test_serial_epilogue_after_openblas_under_avx2():
 
 def _expected_under_avx2(gemm: str, act: str) -> tuple:
     """(the inner product's kernel, the epilogue's forced ``parallel`` or None) of a BERT FusedMatMul
-    planned under AVX2 where ``gemm`` is the GEMM library: OpenBLAS with the cheap passes on the
-    calling thread (a GELU pass keeps its threads), else MKL's packed panel and the size rule."""
-    from opsnn.kernels.cpu import fused as KF
-
+    planned under AVX2 (forced onto matmul_epilogue) where ``gemm`` is the GEMM library: OpenBLAS' place
+    taken by opsnn's packed GEMM, else MKL's packed panel; the epilogue's threads by size after either."""
     if gemm != "openblas":
         return "matmul_mkl_packed", None
-    return "matmul_blas", None if KF.costly(KF.ACTIVATIONS[act]) else False
+    return "matmul_packed", None  # opsnn's packed GEMM on numba's threads: the epilogue's by size
 
 
 def _gelu64(y):

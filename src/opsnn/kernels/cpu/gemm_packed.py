@@ -218,3 +218,16 @@ def gemm(
             c.fill(0.0)
         return
     kernel(a, panels, c, parallel)(a, panels, c, bool(accumulate))
+
+
+def product(x: np.ndarray, panels: np.ndarray, y: np.ndarray) -> None:
+    """``y = x @ B`` for ``panels = pack(B)``, ``x`` (..., K) float32 as rows, ``y`` (..., N) the output
+    (written through a buffer of its own where it is not C-contiguous)."""
+    k, n = x.shape[-1], y.shape[-1]
+    x2 = np.ascontiguousarray(x).reshape(-1, k)
+    if y.flags.c_contiguous:
+        gemm(x2, panels, y.reshape(-1, n))
+    else:
+        out = np.empty((x2.shape[0], n), np.float32)
+        gemm(x2, panels, out)
+        np.copyto(y, out.reshape(y.shape))

@@ -19,7 +19,7 @@ from ..autotune import NotPreferred
 from ..registry import Attr, InferContext, Input, TensorMeta, get_op, register_op, select_kernel
 from .conv import bf16_bias, bf16_conv_plan
 from .conv import bf16_rejection as conv_bf16_rejection
-from .matmul import bf16_bias_columns, bf16_matmul_plan
+from .matmul import bf16_bias_columns, bf16_matmul_plan, packed_product_applies
 from .matmul import bf16_rejection as mm_bf16_rejection
 
 _F32_64 = (_dt.float32, _dt.float64)
@@ -405,21 +405,12 @@ FusedMatMul.kernel(
 
 
 def _fused_mm_packed_applies(ctx):
-    dt = ctx.dtype(0)
-    if dt != _dt.float32 or ctx.dtype(1) != _dt.float32:
-        return "float32 operands only"
-    w = ctx.value(1)
-    if w is None or np.ndim(w) != 2:
-        return "B is not a constant 2-D matrix known at prepare time (graph initializer)"
     n = ctx.outputs[0].shape[-1]
-    if ctx.has(2) and (ctx.dtype(2) != dt or tuple(ctx.shape(2)) != (n,)):
+    if ctx.has(2) and (ctx.dtype(2) != _dt.float32 or tuple(ctx.shape(2)) != (n,)):
         return f"bias must be float32 of shape ({n},), got {_dt.name(ctx.dtype(2))} {tuple(ctx.shape(2))}"
-    if ctx.has(3) and (ctx.dtype(3) != dt or tuple(ctx.shape(3)) != tuple(ctx.outputs[0].shape)):
+    if ctx.has(3) and (ctx.dtype(3) != _dt.float32 or tuple(ctx.shape(3)) != tuple(ctx.outputs[0].shape)):
         return "the residual must be float32 of the output's shape"
-    if 0 in ctx.outputs[0].shape or ctx.shape(0)[-1] == 0:
-        return "empty product"
-    why = KL.own_packed_rejection(int(np.prod(ctx.outputs[0].shape[:-1])), dt)
-    return True if why is None else NotPreferred(why)
+    return packed_product_applies(ctx)
 
 
 def _fused_mm_packed_plan(ctx):
@@ -427,15 +418,8 @@ def _fused_mm_packed_plan(ctx):
 
 
 def _fused_mm_packed(ins, outs, attrs, plan, ws):
-    x, y = ins[0], outs[0]
-    k, n = x.shape[-1], y.shape[-1]
-    x2 = np.ascontiguousarray(x).reshape(-1, k)
-    if y.flags.c_contiguous:
-        KP.gemm(x2, plan["panels"], y.reshape(-1, n))
-    else:
-        out = np.empty((y.size // n, n), np.float32)
-        KP.gemm(x2, plan["panels"], out)
-        np.copyto(y, out.reshape(y.shape))
+    y = outs[0]
+    KP.product(ins[0], plan["panels"], y)
     K.epilogue(
         y,
         ins[2] if len(ins) > 2 else None,

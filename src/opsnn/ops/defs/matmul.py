@@ -16,6 +16,7 @@ import numpy as np
 from ... import dtypes as _dt
 from ...errors import DTypeError
 from ...kernels.cpu import gemm as K
+from ...kernels.cpu import gemm_packed as KP
 from ...kernels.cpu import libraries as KL
 from ...kernels.cpu import mkl as KM
 from ...kernels.cpu import onednn as KD
@@ -284,6 +285,33 @@ MatMul.kernel(
     doc="constant B packed once at prepare by Intel MKL (cblas_sgemm_pack); per call one "
     "cblas_sgemm_compute on the packed panel (what onnxruntime's MLAS does)",
 )(_matmul_mkl)
+
+
+def packed_product_applies(ctx):
+    """Whether ``A @ B`` (inputs 0 and 1) runs on opsnn's packed GEMM: float32, B a constant 2-D matrix,
+    A of any rank as rows; a NotPreferred where the strategy leaves it to a library
+    (:func:`KL.own_packed_rejection`)."""
+    if ctx.dtype(0) != _dt.float32 or ctx.dtype(1) != _dt.float32:
+        return "float32 operands only"
+    w = ctx.value(1)
+    if w is None or np.ndim(w) != 2 or len(ctx.shape(0)) < 2:
+        return "B is not a constant 2-D matrix known at prepare time (graph initializer), or A is 1-D"
+    if 0 in ctx.outputs[0].shape or ctx.shape(0)[-1] == 0:
+        return "empty product"
+    why = KL.own_packed_rejection(math.prod(ctx.outputs[0].shape[:-1]), ctx.dtype(0))
+    return True if why is None else NotPreferred(why)
+
+
+MatMul.kernel(
+    "matmul_packed",
+    dtypes=(_dt.float32,),
+    priority=28,
+    applies=packed_product_applies,
+    plan=lambda ctx: KP.pack(np.asarray(ctx.value(1))),
+    cold_alternative="matmul_blas",
+    doc="float32 with a constant 2-D B on AVX2 CPUs without MKL: opsnn's packed GEMM (B in panels of 16 "
+    "columns, packed once at prepare; a 6 x 16 register tile); OpenBLAS would pack B on every call",
+)(lambda ins, outs, attrs, plan, ws: KP.product(ins[0], plan, outs[0]))
 MatMul.kernel(
     "matmul_prepacked",
     dtypes=FLOAT,
