@@ -136,12 +136,10 @@ def _panel(af, m, k, bf, p, cf, n, scratch, accumulate):
     ``accumulate``; a last, partial panel goes through ``scratch`` (m, 16)."""
     full = (p + 1) * NR <= n
     tail = n - p * NR
-    c2 = cf.reshape(m, n)
-    s2 = scratch.reshape(m, NR)
     if not full and accumulate:
         for i in range(m):
             for j in range(tail):
-                s2[i, j] = c2[i, p * NR + j]
+                scratch[i * NR + j] = cf[i * n + p * NR + j]
     for k0 in range(0, k, KC):
         kb = min(KC, k - k0)
         acc = 1 if k0 > 0 or accumulate else 0
@@ -152,7 +150,7 @@ def _panel(af, m, k, bf, p, cf, n, scratch, accumulate):
     if not full:
         for i in range(m):
             for j in range(tail):
-                c2[i, p * NR + j] = s2[i, j]
+                cf[i * n + p * NR + j] = scratch[i * NR + j]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -160,7 +158,7 @@ def _gemm_parallel(a, panels, c, accumulate):
     m, k = a.shape
     n = c.shape[1]
     af, bf, cf = a.reshape(-1), panels.reshape(-1), c.reshape(-1)
-    scratch = np.zeros(m * NR, np.float32)
+    scratch = np.zeros(m * NR if n % NR else 0, np.float32)  # only a partial last panel writes through it
     for p in nb.prange(panels.shape[0]):
         _panel(af, m, k, bf, p, cf, n, scratch, accumulate)
 
@@ -170,7 +168,7 @@ def _gemm_serial(a, panels, c, accumulate):
     m, k = a.shape
     n = c.shape[1]
     af, bf, cf = a.reshape(-1), panels.reshape(-1), c.reshape(-1)
-    scratch = np.zeros(m * NR, np.float32)
+    scratch = np.zeros(m * NR if n % NR else 0, np.float32)  # only a partial last panel writes through it
     for p in range(panels.shape[0]):
         _panel(af, m, k, bf, p, cf, n, scratch, accumulate)
 

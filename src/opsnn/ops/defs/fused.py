@@ -418,16 +418,9 @@ def _fused_mm_packed_plan(ctx):
 
 
 def _fused_mm_packed(ins, outs, attrs, plan, ws):
-    y = outs[0]
-    KP.product(ins[0], plan["panels"], y)
-    K.epilogue(
-        y,
-        ins[2] if len(ins) > 2 else None,
-        ins[3] if len(ins) > 3 else None,
-        plan["code"],
-        attrs["activation_alpha"],
-        attrs["activation_beta"],
-    )
+    x, bias, z, y = epilogue_args(ins, outs)
+    KP.product(x, plan["panels"], y)
+    K.epilogue(y, bias, z, plan["code"], attrs["activation_alpha"], attrs["activation_beta"])
 
 
 FusedMatMul.kernel(
