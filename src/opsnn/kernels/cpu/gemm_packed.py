@@ -6,7 +6,7 @@ matmul there is its ``gemm:jit``, which does too), the plan packs B (K, N) into 
 twelve 8-lane accumulators, two loads of B and six broadcasts of A per step of K, written in LLVM IR
 through a numba intrinsic (numba's loops do not keep such a tile in registers), one variant per row
 count 1..6 for the last rows. Threads take panels; K goes in blocks of ``KC`` so a panel's block
-stays in L1 while every row of A passes over it. Each output element is one fused multiply-add
+stays in L1 while every row of A passes over it, the next block prefetched into L2 meanwhile. Each output element is one fused multiply-add
 chain per block of K, blocks added in order: IEEE arithmetic, NaN and Inf as the sums give them.
 """
 
@@ -30,6 +30,7 @@ _F32 = ir.FloatType()
 _V8 = ir.VectorType(_F32, 8)
 _I64 = ir.IntType(64)
 _I32 = ir.IntType(32)
+_I8P = ir.IntType(8).as_pointer()
 
 
 def _tile_intrinsic(rows: int):
@@ -49,6 +50,9 @@ def _tile_intrinsic(rows: int):
             B = builder.gep(context.make_array(signature.args[3])(context, builder, b_).data, [b_off])
             C = builder.gep(context.make_array(signature.args[5])(context, builder, c_).data, [c_off])
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8, [_V8] * 3), "llvm.fma.v8f32")
+            prefetch = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [_I8P, _I32, _I32, _I32]), "llvm.prefetch.p0"
+            )
             row_ptr = [builder.gep(A, [builder.mul(lda, ir.Constant(_I64, r))]) for r in range(rows)]
             zero = ir.Constant(_V8, [0.0] * 8)
             splat = ir.Constant(ir.VectorType(_I32, 8), [0] * 8)
@@ -68,6 +72,10 @@ def _tile_intrinsic(rows: int):
             bp = builder.gep(B, [builder.mul(kk, ir.Constant(_I64, NR))])
             b0 = builder.load(builder.bitcast(bp, _V8.as_pointer()), align=4)
             b1 = builder.load(builder.bitcast(builder.gep(bp, [ir.Constant(_I64, 8)]), _V8.as_pointer()), align=4)
+            # the thread's next block of B (past the last, the next panel's first) into L2 while this one
+            # computes: a weight read once per call comes from memory, and a page ends the hardware's stream
+            ahead = builder.bitcast(builder.gep(bp, [ir.Constant(_I64, KC * NR)]), _I8P)
+            builder.call(prefetch, [ahead, ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)])
             sums = []
             for r in range(rows):
                 s = builder.load(builder.gep(row_ptr[r], [kk]))
