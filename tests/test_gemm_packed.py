@@ -144,6 +144,28 @@ def test_gemm_adds_into_c_and_packs_a_linear_weight(parallel, n):
     _assert_ieee_close(c, c0.astype(np.float64) + _oracle(a, wt.T))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n", [16, 130, 1000])
+def test_threads_taking_chunks_of_panels_give_the_serial_bits(threads, n):
+    """The parallel product hands panels out as threads come free: every panel exactly once (a lost or
+    repeated one would differ under ``accumulate``), each computed as the serial kernel does it."""
+    import numba
+
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal((37, 70)).astype(np.float32)
+    panels = G.pack(rng.standard_normal((70, n)).astype(np.float32))
+    c0 = rng.standard_normal((37, n)).astype(np.float32)
+    serial, par = c0.copy(), c0.copy()
+    G.gemm(a, panels, serial, parallel=False, accumulate=True)
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        G.gemm(a, panels, par, parallel=True, accumulate=True)
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_array_equal(par, serial)
+
+
 def test_matmul_on_the_packed_gemm():
     """MatMul's ``matmul_packed`` (forced here on any CPU): a (3, 21, 50) batch of rows times a constant
     (50, 37) B, a NaN and an Inf kept where the sums put them; a B known only at run time is refused."""

@@ -5,7 +5,7 @@ matmul there is its ``gemm:jit``, which does too), the plan packs B (K, N) into 
 (the last panel zero-padded) and each call streams it once. The register tile is 6 rows x 16 columns:
 twelve 8-lane accumulators, two loads of B and six broadcasts of A per step of K, written in LLVM IR
 through a numba intrinsic (numba's loops do not keep such a tile in registers), one variant per row
-count 1..6 for the last rows. Threads take panels; K goes in blocks of ``KC`` so a panel's block
+count 1..6 for the last rows. Threads take chunks of panels as they come free; K goes in blocks of ``KC`` so a panel's block
 stays in L1 while every row of A passes over it, the next block prefetched into L2 meanwhile. Each output element is one fused multiply-add
 chain per block of K, blocks added in order: IEEE arithmetic, NaN and Inf as the sums give them.
 """
@@ -161,14 +161,42 @@ def _panel(af, m, k, bf, p, cf, n, scratch, accumulate):
                 cf[i * n + p * NR + j] = scratch[i * NR + j]
 
 
+@intrinsic
+def _fetch_add(typingctx, counter, step):
+    """``counter[0] += step`` atomically (an int64 array), returning the value before."""
+    sig = types.int64(counter, types.int64)
+
+    def codegen(context, builder, signature, args):
+        ptr = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.atomic_rmw("add", ptr, args[1], "monotonic")
+
+    return sig, codegen
+
+
+#: panels a thread takes at a time (fewer where there are few): its prefetch runs on into the next
+CHUNK = 4
+#: iterations of the parallel loop: each takes chunks until none is left (the first of each thread does)
+WORKERS = 256
+
+
 @nb.njit(parallel=True, nogil=True, cache=True)
 def _gemm_parallel(a, panels, c, accumulate):
     m, k = a.shape
     n = c.shape[1]
     af, bf, cf = a.reshape(-1), panels.reshape(-1), c.reshape(-1)
     scratch = np.zeros(m * NR if n % NR else 0, np.float32)  # only a partial last panel writes through it
-    for p in nb.prange(panels.shape[0]):
-        _panel(af, m, k, bf, p, cf, n, scratch, accumulate)
+    npan = panels.shape[0]
+    chunk = max(1, min(CHUNK, npan // 8))
+    nxt = np.zeros(1, np.int64)
+    # threads take chunks of panels as they come free, so one descheduled by another process (a
+    # busy machine) leaves its share to the others instead of stalling the product; WORKERS loop
+    # iterations (more than any thread count) so that every thread gets one
+    for _ in nb.prange(WORKERS):
+        p0 = _fetch_add(nxt, chunk)
+        while p0 < npan:
+            for p in range(p0, min(p0 + chunk, npan)):
+                _panel(af, m, k, bf, p, cf, n, scratch, accumulate)
+            p0 = _fetch_add(nxt, chunk)
 
 
 @nb.njit(nogil=True, cache=True)
