@@ -215,6 +215,33 @@ def test_gemm(rng, ta, tb, c_shape):
     np.testing.assert_allclose(y, run_ort("Gemm", [a, b, c], attrs, opset=13), rtol=RTOL, atol=ATOL)
 
 
+def test_a_cold_one_row_gemm_stands_in_with_blas_where_onednn_matmul_is_off(rng, tmp_path, monkeypatch):
+    """Tiering: while gemm_vector compiles, oneDNN's matmul stands in, and where that is off (AVX2
+    CPUs) BLAS does, instead of compiling in the foreground."""
+    from opsnn.ops import tiering
+    from opsnn.ops.executor import plan_op
+    from opsnn.ops.registry import TensorMeta, get_op
+
+    monkeypatch.setenv("OPSNN_KERNEL_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setenv("OPSNN_TIERED", "1")
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    rec = get_op("Gemm")
+    onednn = next(k for k in rec.kernels if k.name == "gemm_onednn")
+    monkeypatch.setattr(onednn, "applies", lambda ctx: "oneDNN's matmul is off on this CPU")
+    a, b, c = rand(rng, (1, 64)), rand(rng, (10, 64)), rand(rng, (10,))
+    a[0, 3] = np.nan
+    try:
+        planned = plan_op(rec, [TensorMeta(t.shape, t.dtype) for t in (a, b, c)], [None, b, None], {"transB": 1})
+    finally:
+        tiering._background.stop()
+    sel = planned.selection
+    assert (sel.kernel.name, sel.tiered) == ("gemm_blas", "gemm_vector"), sel.reason
+    out = np.empty((1, 10), np.float32)
+    sel.kernel.fn([a, b, c], [out], planned.ctx.attrs, planned.plan, None)
+    want = a.astype(np.float64) @ b.T.astype(np.float64) + c
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("tb", [0, 1])
 @pytest.mark.parametrize("k,n", [(40, 24), (2048, 1000), (1, 3), (37, 129)])
 @pytest.mark.parametrize("c_kind,beta", [(None, 1.0), ("n", 1.0), ("1n", -0.5), ("n", 0.0)])

@@ -156,7 +156,8 @@ class Kernel:
     doc: str = ""
     bind: Callable | None = None
     nonfinite: str = ""
-    cold_alternative: str = ""
+    #: a library kernel (or several, the first that applies) standing in while this one compiles
+    cold_alternative: str | tuple = ""
     in_place: tuple = ()
 
     def check(self, ctx: InferContext) -> str | None:

@@ -152,6 +152,19 @@ def mark_foreground() -> int:
     return len(keys)
 
 
+def _alternative(rec, ctx, names):
+    """The first kernel of ``names`` (one name or a tuple, in order of preference) that can run
+    ``ctx`` (one only expected to be slower counts), else None."""
+    for name in (names,) if isinstance(names, str) else names:
+        alt = next((k for k in rec.kernels if k.name == name), None)
+        if alt is None:
+            continue
+        why = alt.check(ctx)
+        if why is None or _is_not_preferred(why):
+            return alt
+    return None
+
+
 def cold_kernel(rec, ctx, kernel):
     """``(library kernel, why, workload key)`` to run instead of ``kernel`` while its workload is not
     compiled (the workload then queued for the background process), else None."""
@@ -160,11 +173,8 @@ def cold_kernel(rec, ctx, kernel):
         if key is not None:
             _foreground.add(key)
         return None
-    alt = next((k for k in rec.kernels if k.name == kernel.cold_alternative), None)
+    alt = _alternative(rec, ctx, kernel.cold_alternative)
     if alt is None:
-        return None
-    why = alt.check(ctx)
-    if why is not None and not _is_not_preferred(why):
         return None
     key = workload_key(rec, ctx, kernel)
     if key is None or is_cached(key):

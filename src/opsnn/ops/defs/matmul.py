@@ -611,7 +611,7 @@ Gemm.kernel(
     priority=37,
     applies=_gemm_vector_applies,
     plan=_gemm_vector_plan,
-    cold_alternative="gemm_onednn",
+    cold_alternative=("gemm_onednn", "gemm_blas"),  # oneDNN's matmul is off on AVX2 CPUs
     doc="one row, a constant B (transposed once at prepare when transB=0), transA=0, alpha=1: the "
     "weight's rows streamed once by gemm_rows (2 threads), beta * C as a bias row",
 )(_gemm_vector)
