@@ -1067,7 +1067,7 @@ def _own_product(x: np.ndarray, p: _OwnPanels, out: np.ndarray, accumulate: bool
     x = np.ascontiguousarray(x)
     dst = out if out.flags.c_contiguous else np.empty(out.shape, _F32)
     add = accumulate and dst is out
-    cold = _tiering.cold_direct([(_gp.kernel(x, p.panels, dst), (x, p.panels, dst, add))])
+    cold = _tiering.cold_direct([_gp.call(x, p.panels, dst, add)])
 
     def fn():
         if cold and not _tiering.all_cached(cold):

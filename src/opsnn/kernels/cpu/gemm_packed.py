@@ -173,20 +173,20 @@ def _fetch_add(typingctx, counter, step):
     return sig, codegen
 
 
-#: panels a thread takes at a time (fewer where there are few): its prefetch runs on into the next
+#: panels a thread takes at a time (fewer where each thread would get under 4 chunks): its
+#: prefetch runs on into the next
 CHUNK = 4
 #: iterations of the parallel loop: each takes chunks until none is left (the first of each thread does)
 WORKERS = 256
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _gemm_parallel(a, panels, c, accumulate):
+def _gemm_parallel(a, panels, c, accumulate, chunk):
     m, k = a.shape
     n = c.shape[1]
     af, bf, cf = a.reshape(-1), panels.reshape(-1), c.reshape(-1)
     scratch = np.zeros(m * NR if n % NR else 0, np.float32)  # only a partial last panel writes through it
     npan = panels.shape[0]
-    chunk = max(1, min(CHUNK, npan // 8))
     nxt = np.zeros(1, np.int64)
     # threads take chunks of panels as they come free, so one descheduled by another process (a
     # busy machine) leaves its share to the others instead of stalling the product; WORKERS loop
@@ -235,11 +235,15 @@ def unpacked(panels: np.ndarray, n: int) -> np.ndarray:
 PARALLEL_MIN_MACS = 1 << 18
 
 
-def kernel(a: np.ndarray, panels: np.ndarray, c: np.ndarray, parallel: bool | None = None):
-    """The numba kernel :func:`gemm` runs for these operands (``parallel`` None: by size)."""
+def call(a: np.ndarray, panels: np.ndarray, c: np.ndarray, accumulate: bool = False, parallel: bool | None = None):
+    """(numba kernel, its arguments) :func:`gemm` runs for these operands (``parallel`` None: by size)."""
+    npan = panels.shape[0]
     if parallel is None:
-        parallel = a.shape[0] * a.shape[1] * c.shape[1] >= PARALLEL_MIN_MACS and panels.shape[0] > 1
-    return _gemm_parallel if parallel else _gemm_serial
+        parallel = a.shape[0] * a.shape[1] * c.shape[1] >= PARALLEL_MIN_MACS and npan > 1
+    if not parallel:
+        return _gemm_serial, (a, panels, c, bool(accumulate))
+    chunk = max(1, min(CHUNK, npan // (4 * nb.get_num_threads())))
+    return _gemm_parallel, (a, panels, c, bool(accumulate), chunk)
 
 
 def gemm(
@@ -251,7 +255,8 @@ def gemm(
         if not accumulate:
             c.fill(0.0)
         return
-    kernel(a, panels, c, parallel)(a, panels, c, bool(accumulate))
+    fn, args = call(a, panels, c, accumulate, parallel)
+    fn(*args)
 
 
 def product(x: np.ndarray, panels: np.ndarray, y: np.ndarray) -> None:
