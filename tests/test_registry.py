@@ -144,6 +144,33 @@ def test_kernel_selector_context():
         opsnn.kernel_selector(Relu="nope")
 
 
+def test_kernel_selector_forces_the_fusions_ops_too():
+    """An op of the opsnn domain that passes create (FusedMatMul, as explain shows it) is forced by its
+    type like any other; a kernel it lacks is still refused with its kernels listed."""
+    from opsnn.graph import Graph, Node, Value
+
+    rng = np.random.default_rng(0)
+    g = Graph(
+        "mlp",
+        inputs=[Value("x", np.float32, (4, 8))],
+        outputs=["y"],
+        nodes=[Node("MatMul", ["x", "w"], ["h"]), Node("Add", ["h", "b"], ["z"]), Node("Relu", ["z"], ["y"])],
+        initializers={
+            "w": rng.standard_normal((8, 5)).astype(np.float32),
+            "b": rng.standard_normal(5).astype(np.float32),
+        },
+    )
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    want = np.maximum(x.astype(np.float64) @ g.initializers["w"] + g.initializers["b"], 0)
+    with opsnn.kernel_selector(FusedMatMul="matmul_epilogue_numpy"):
+        cg = opsnn.compile(g)
+        got = cg.run({"x": x})["y"].numpy()
+    assert "FusedMatMul): matmul_epilogue_numpy" in cg.explain(), cg.explain()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(KernelNotFoundError, match="matmul_epilogue"):
+        opsnn.kernel_selector(FusedMatMul="nope")
+
+
 def test_bad_input_errors_are_typed_and_pointed():
     x = opsnn.tensor(np.ones(3, np.float32))
     with pytest.raises(InferShapeError, match=r"ScaledAdd: .*\(3,\) and \(4,\)"):

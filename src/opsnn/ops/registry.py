@@ -442,9 +442,10 @@ class kernel_selector:
         for op, name in self.mapping.items():
             if op == "*":
                 continue
-            rec = get_op(op)
-            if not any(k.name == name for k in rec.kernels):
-                names = [k.name for k in rec.kernels]
+            # by op type in any domain, as selection matches it: the fusions' ops (FusedMatMul ...) too
+            recs = [r for (_, n), r in REGISTRY.items() if n == op] or [get_op(op)]
+            if not any(k.name == name for r in recs for k in r.kernels):
+                names = [k.name for r in recs for k in r.kernels]
                 raise KernelNotFoundError(f"kernel_selector: op {op!r} has no kernel {name!r}; kernels: {names}")
 
     def __enter__(self):
@@ -481,7 +482,7 @@ def select_kernel(rec: OpRecord, ctx: InferContext, algo: str | None = None) -> 
             why = None  # correct for these shapes, only expected to be slower: the user asked for it
         if why is None:
             reason = (
-                f"forced ({'algo=' if algo else 'kernel_selector'}{forced})"
+                f"forced ({'algo=' if algo else 'kernel_selector: '}{forced})"
                 if forced
                 else f"highest-priority applicable kernel (priority {k.priority})"
             )
