@@ -5,9 +5,10 @@ matmul there is its ``gemm:jit``, which does too), the plan packs B (K, N) into 
 (the last panel zero-padded) and each call streams it once. The register tile is 6 rows x 16 columns:
 twelve 8-lane accumulators, two loads of B and six broadcasts of A per step of K, written in LLVM IR
 through a numba intrinsic (numba's loops do not keep such a tile in registers), one variant per row
-count 1..6 for the last rows. Threads take chunks of panels as they come free; K goes in blocks of ``KC`` so a panel's block
-stays in L1 while every row of A passes over it, the next block prefetched into L2 meanwhile. Each output element is one fused multiply-add
-chain per block of K, blocks added in order: IEEE arithmetic, NaN and Inf as the sums give them.
+count 1..6 for the last rows. Threads take chunks of panels as they come free; K goes in blocks of
+``KC`` so a panel's block stays in L1 while every row of A passes over it, the next block prefetched
+into L2 meanwhile. Each output element is one fused multiply-add chain per block of K, blocks added
+in order: IEEE arithmetic, NaN and Inf as the sums give them.
 """
 
 from __future__ import annotations
