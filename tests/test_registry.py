@@ -267,3 +267,19 @@ def test_every_entry_point_types_its_scalar_argument_errors(bad):
         except Exception as e:  # noqa: BLE001
             pytest.fail(f"{name}({pname}={bad!r}) raised a bare {type(e).__name__}: {e}")
     assert checked > 50
+
+
+def test_every_tiering_stand_in_is_a_kernel_of_its_own_op():
+    """A ``cold_alternative`` names kernels of the same record (one name or several in order): a typo
+    would silently leave the kernel compiling in the foreground."""
+    from opsnn.ops.registry import REGISTRY
+
+    named = 0
+    for rec in REGISTRY.values():
+        kernels = {k.name for k in rec.kernels}
+        for k in rec.kernels:
+            alts = (k.cold_alternative,) if isinstance(k.cold_alternative, str) else k.cold_alternative
+            for alt in filter(None, alts):
+                assert alt in kernels and alt != k.name, (rec.name, k.name, alt)
+                named += 1
+    assert named >= 10
