@@ -182,3 +182,19 @@ def test_matmul_on_the_packed_gemm():
     _assert_ieee_close(y, _oracle(a, w))
     ctx = plan_op(rec, metas, [None, None], {}).ctx
     assert "constant" in next(k for k in rec.kernels if k.name == "matmul_packed").check(ctx)
+
+
+def test_fused_matmul_of_two_vectors_is_refused_by_the_packed_kernel_not_crashed():
+    """1-D @ 1-D (a scalar output: no columns): the packed kernel's check says why it does not apply
+    (it raised IndexError, fuzz op_schema seed 2505545) and another kernel gives the dot product."""
+    from opsnn.ops.api import run_op
+
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal(7).astype(np.float32), rng.standard_normal(7).astype(np.float32)
+    (y,) = run_op("FusedMatMul", [a, b], domain="opsnn")
+    assert y.shape == ()
+    np.testing.assert_allclose(float(y.numpy()), float(a.astype(np.float64) @ b.astype(np.float64)), rtol=1e-5)
+    rec = get_op("FusedMatMul", domain="opsnn")
+    planned = plan_op(rec, [TensorMeta(a.shape, a.dtype), TensorMeta(b.shape, b.dtype)], [None, b], {})
+    packed = next(k for k in rec.kernels if k.name == "matmul_packed")
+    assert "2-D" in str(packed.check(planned.ctx))

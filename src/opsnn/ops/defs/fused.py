@@ -405,12 +405,15 @@ FusedMatMul.kernel(
 
 
 def _fused_mm_packed_applies(ctx):
+    ok = packed_product_applies(ctx)  # first: it refuses a 1-D A (a scalar output has no columns)
+    if ok is not True and not isinstance(ok, NotPreferred):
+        return ok
     n = ctx.outputs[0].shape[-1]
     if ctx.has(2) and (ctx.dtype(2) != _dt.float32 or tuple(ctx.shape(2)) != (n,)):
         return f"bias must be float32 of shape ({n},), got {_dt.name(ctx.dtype(2))} {tuple(ctx.shape(2))}"
     if ctx.has(3) and (ctx.dtype(3) != _dt.float32 or tuple(ctx.shape(3)) != tuple(ctx.outputs[0].shape)):
         return "the residual must be float32 of the output's shape"
-    return packed_product_applies(ctx)
+    return ok
 
 
 def _fused_mm_packed_plan(ctx):
