@@ -559,11 +559,14 @@ def test_blocked_conv_reads_its_input_when_a_handed_bound_is_too_loose(monkeypat
 @pytest.mark.parametrize("block", KB.BLOCKS)
 def test_blocked_max_pool_keeps_nan(block, rng):
     """oneDNN's max pooling gives a window holding NaN its largest number; BlockedMaxPool gives NaN there
-    (eagerly and bound, as a compiled graph calls it), and +Inf / -Inf as a max does."""
+    (eagerly and bound, as a compiled graph calls it), and +Inf / -Inf as a max does: -Inf where the whole
+    window is -Inf (oneDNN gives it the lowest finite number; opsnn fuzz nan_inf seed 2619483)."""
     if KD.unavailable() is not None:
         pytest.skip(KD.unavailable())
     x = rng.standard_normal((1, 1, 7, 7, block)).astype(np.float32)
     x[0, 0, 1, 1, 3], x[0, 0, 6, 6, 2], x[0, 0, 4, 0, 1] = np.nan, np.inf, -np.inf
+    x[0, 0, 0:3, 0:3, 5] = -np.inf  # the first window of lane 5, whole
+    x[0, 0, 4:7, 4:7, 3] = -np.inf  # and the last of lane 3, whose first window holds the NaN
     prim = KD.MaxPoolPrimitive((1, block, 7, 7), (1, block, 3, 3), (3, 3), (2, 2), (0, 0, 0, 0), block=block)
     plain = x.transpose(0, 1, 4, 2, 3).reshape(1, block, 7, 7).astype(np.float64)
     windows = np.stack([plain[:, :, i : i + 5 : 2, j : j + 5 : 2] for i in range(3) for j in range(3)])

@@ -969,17 +969,24 @@ class MaxPoolPrimitive:
     def __call__(self, x: np.ndarray, y: np.ndarray) -> None:
         self.prim.run(x.ctypes.data, y.ctypes.data)
         if not KF.max_abs(x) < _INF:
-            self.nan_windows(x, y)
+            self.nonfinite_windows(x, y)
 
-    def nan_windows(self, x: np.ndarray, y: np.ndarray) -> None:
-        """NaN where a window of X holds one: oneDNN's max gives such a window its largest number (the
-        same primitive pools a mask of X's NaN)."""
+    def nonfinite_windows(self, x: np.ndarray, y: np.ndarray) -> None:
+        """NaN where a window of X holds one, -inf where all of a window is -inf: oneDNN's max gives the
+        first its largest number and the second the lowest finite one (the same primitive pools masks
+        of X)."""
         nan = np.isnan(x)
         if nan.any():
-            pooled = np.empty_like(y)
-            mask = nan.astype(x.dtype)
-            self.prim.run(mask.ctypes.data, pooled.ctypes.data)
-            y[pooled > 0] = np.nan
+            y[self._pooled(nan, y) > 0] = np.nan
+        above = x != -np.inf
+        if not above.all():
+            y[self._pooled(above, y) == 0] = -np.inf
+
+    def _pooled(self, mask: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """The windows' max of a 0/1 ``mask`` of X (1 where any element of the window is 1)."""
+        m, pooled = np.ascontiguousarray(mask, dtype=y.dtype), np.empty_like(y)  # m held while oneDNN reads it
+        self.prim.run(m.ctypes.data, pooled.ctypes.data)
+        return pooled
 
     def bind(self, x: np.ndarray, y: np.ndarray):
         """``lambda: self(x, y)``, the addresses taken once (:meth:`Primitive.bind`). Y takes X's bound
@@ -992,7 +999,7 @@ class MaxPoolPrimitive:
         def call_keeping_nan():
             call()
             if _bounds.known(xcell) is None and not KF.max_abs(x) < _INF:
-                self.nan_windows(x, y)
+                self.nonfinite_windows(x, y)
 
         return call_keeping_nan
 
