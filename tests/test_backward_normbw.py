@@ -188,12 +188,18 @@ def test_norm_grad_nonfinite_values_stay_where_they_belong(grad_op, attrs, ins_o
 
 
 @pytest.mark.parametrize("training", [1, 0])
-def test_batch_norm_grad_infinite_scale_and_dy_give_the_definitions_nan_and_inf(training):
-    # scale Inf: gh = dy * Inf holds +-Inf (a NaN sum), not Inf times a finite sum of dy (opsnn fuzz)
+@pytest.mark.parametrize("mixed", [False, True])
+def test_batch_norm_grad_infinite_scale_and_dy_give_the_definitions_nan_and_inf(training, mixed):
+    # scale Inf: gh = dy * Inf holds +-Inf (a NaN sum), not Inf times a finite sum of dy (opsnn fuzz);
+    # mixed: dY of both signs and an Inf beside a -Inf scale (fuzz nan_inf seed 2600942: dX was Inf, not NaN)
     x = RNG.standard_normal((5, 2)).astype(np.float32)
     g = RNG.standard_normal((5, 2)).astype(np.float32)
     g[4, 0] = -np.inf
     s = np.array([np.inf, 0.5], np.float32)
+    if mixed:  # the fuzz case's channel
+        g, x = np.array([[np.inf, -0.422, 2.209]], np.float32).T, np.array([[0.966, -1.751, 0.467]], np.float32).T
+        g, x = np.concatenate([g, g[::-1]], 1), np.concatenate([x, x], 1)
+        s = np.array([-np.inf, 1.5], np.float32)
     m, v = np.array([0.1, -0.2], np.float32), np.array([1.5, np.inf], np.float32)
     attrs = {"training_mode": training}
     rec = ops.get_op("BatchNormalizationGrad", "opsnn")

@@ -866,6 +866,13 @@ def _bn_grad_kernel(ins, outs, attrs, plan, ws):
         )
     np.copyto(outs[1], dsc, casting="unsafe")
     np.copyto(outs[2], dbi, casting="unsafe")
+    inf = np.isinf(scale)
+    if inf.any():
+        # the kernel applies scale after its sums; an infinite scale must multiply dY first, as the
+        # definition does (inf * dY of mixed signs sums to NaN where scale * sum(dY) is +-inf)
+        full = [*ins[:5], *[None] * (5 - len(ins[:5])), y]
+        part = [None if a is None else a[inf] if a.ndim == 1 else a[:, inf] for a in full]
+        outs[0][:, inf] = _bn_grad_ref(part, attrs)[0]
 
 
 def _bn_grad_plan(ctx):
