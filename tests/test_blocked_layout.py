@@ -363,6 +363,22 @@ def test_pass_leaves_single_convs_and_odd_channel_counts_alone(rng):
     assert any("20 output channels" in r for r in res.refused), res.refused
 
 
+@needs_onednn
+@pytest.mark.isa_portable
+def test_pass_leaves_a_padded_conv_with_a_nan_weight_to_the_definitions_kernels(rng):
+    """oneDNN skips the taps that read padding; the definition multiplies the padding's zeros, so a NaN
+    weight tap makes its whole output channel NaN (opsnn fuzz onnx_mutate seed 2809226, capped at avx2)."""
+    g = _block_graph(rng, extra_output=True)
+    g.initializers["w2"][3, 5, 2, 0] = np.nan  # a corner tap: it reads padding along the plane's edges
+    cg = opsnn.compile(g)
+    out = cg.run({"x": _f32(rng, 2, 16, 6, 7)})
+    res = next(r for r in cg.pass_report.results if r.name == "blocked_layout")
+    assert any("Inf or NaN" in r for r in res.refused), res.refused
+    br = out["br"].numpy()
+    assert np.isnan(br[:, 3]).all() and np.isfinite(np.delete(br, 3, axis=1)).all()
+    assert np.isnan(out["y"].numpy()).all()  # the 1x1 after it mixes every channel
+
+
 def test_pass_says_why_when_onednn_is_unavailable(rng, monkeypatch):
     monkeypatch.setattr(KD, "_looked", True)
     monkeypatch.setattr(KD, "_why", "disabled by OPSNN_ONEDNN=0")

@@ -88,6 +88,12 @@ def _conv_ok(graph: Graph, n: Node, block: int) -> str | None:
         return f"2-D weight of the input's dtype ({np.dtype(x.dtype)}) only"
     if int(n.attrs.get("group", 1) or 1) != 1:
         return "group 1 only"
+    auto = n.attrs.get("auto_pad") or "NOTSET"
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    padded = auto not in ("NOTSET", "VALID") or any(int(p) for p in n.attrs.get("pads") or ())
+    if padded and not np.isfinite(w).all():
+        # oneDNN skips the taps that read padding; the definition multiplies its zeros (0 * Inf = NaN)
+        return "an Inf or NaN in the constant weight of a padded convolution"
     if int(y.shape[1]) % _vector(block):
         return f"{y.shape[1]} output channels (not a multiple of {_vector(block)})"
     if len(n.inputs) > 2 and n.inputs[2] and _value(graph, n.inputs[2]).dtype not in (None, x.dtype):
