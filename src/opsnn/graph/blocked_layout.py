@@ -90,7 +90,8 @@ def _conv_ok(graph: Graph, n: Node, block: int) -> str | None:
         return "group 1 only"
     auto = n.attrs.get("auto_pad") or "NOTSET"
     auto = auto.decode() if isinstance(auto, bytes) else auto
-    padded = auto not in ("NOTSET", "VALID") or any(int(p) for p in n.attrs.get("pads") or ())
+    pads = n.attrs.get("pads")  # a list, tuple or numpy array (builders pass each)
+    padded = auto not in ("NOTSET", "VALID") or any(int(p) for p in (() if pads is None else pads))
     if padded and not np.isfinite(w).all():
         # oneDNN skips the taps that read padding; the definition multiplies its zeros (0 * Inf = NaN)
         return "an Inf or NaN in the constant weight of a padded convolution"
