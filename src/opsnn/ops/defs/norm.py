@@ -870,7 +870,7 @@ def _bn_grad_kernel(ins, outs, attrs, plan, ws):
     if inf.any():
         # the kernel applies scale after its sums; an infinite scale must multiply dY first, as the
         # definition does (inf * dY of mixed signs sums to NaN where scale * sum(dY) is +-inf)
-        full = [*ins[:5], *[None] * (5 - len(ins[:5])), y]
+        full = list(ins[:5]) + [None] * (5 - len(ins)) + [y]  # dY, X, scale, mean, var, Y
         part = [None if a is None else a[inf] if a.ndim == 1 else a[:, inf] for a in full]
         outs[0][:, inf] = _bn_grad_ref(part, attrs)[0]
 
