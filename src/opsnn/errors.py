@@ -122,6 +122,17 @@ def _expected(default) -> str:
     return "a valid value" if default is not None else "a valid value or None"
 
 
+def real_number(where: str, name: str, value) -> float:
+    """``value`` as a float, or a ParamInvalidError naming ``where`` and the argument ``name``: numbers
+    (Python, numpy, one-element tensors) pass; strings, bools and None do not."""
+    if value is None or isinstance(value, (str, bytes, bool)):
+        raise ParamInvalidError(f"{where}: {name} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except ARGUMENT_ERRORS:
+        raise ParamInvalidError(f"{where}: {name} must be a number, got {type(value).__name__}") from None
+
+
 def bad_arguments_message(name: str, fn, args: tuple, kwargs: dict, exc: BaseException) -> str:
     """One line naming the argument ``fn(*args, **kwargs)`` could not read (``int('abc')``, an
     array where a flag goes, ``None`` for a tensor) after it raised ``exc``. The culprit is the
@@ -182,4 +193,4 @@ def _is_kind(value, kind: str) -> bool:
     return isinstance(value, numbers.Integral if kind == "an int" else numbers.Real)
 
 
-__all__ = [n for n in list(globals()) if n.endswith("Error") or n.isupper()] + ["bad_arguments_message"]
+__all__ = [n for n in list(globals()) if n.endswith("Error") or n.isupper()] + ["bad_arguments_message", "real_number"]

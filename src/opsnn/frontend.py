@@ -93,10 +93,19 @@ def compile(
             if isinstance(model, Module)
             else trace(model, example_inputs, dynamic_dims)
         )
-    else:
+    elif (
+        isinstance(model, (str, bytes, bytearray, os.PathLike))
+        or hasattr(model, "read")
+        or hasattr(model, "SerializeToString")
+    ):
         from . import onnx as _onnx
 
         graph = _onnx.load(model)
+    else:
+        raise ParamInvalidError(
+            "compile: expected a Graph, an ONNX model (path, bytes, file or ModelProto), an opsnn.nn Module "
+            f"or a function, got {type(model).__name__}"
+        )
     cache_dir = cache_dir or os.environ.get("OPSNN_CACHE_DIR")
     entry = None
     if cache_dir:

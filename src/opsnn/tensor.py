@@ -550,30 +550,38 @@ def _norm_dim(dim: int, ndim: int, what: str) -> int:
 
 
 # -- factories -------------------------------------------------------------------------------
-def empty(shape, dtype="float32", format: str = "ND") -> Tensor:
+def _leaf(t: Tensor, requires_grad) -> Tensor:
+    """``t`` as a new leaf that requires grad where asked (torch's ``requires_grad=`` keyword)."""
+    if requires_grad:
+        t.requires_grad_(True)  # installed by opsnn.autograd; a non-float dtype is a DTypeError there
+    return t
+
+
+def empty(shape, dtype="float32", format: str = "ND", *, requires_grad: bool = False) -> Tensor:
     """An uninitialised tensor in pool memory."""
     shape = _shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,))
     if any(s < 0 for s in shape):
         raise ParamInvalidError(f"empty: dims must be >= 0, got {shape}")
-    return Tensor(_alloc_array(shape, _dt.get(dtype)), _check_format(format, len(shape)))
+    return _leaf(Tensor(_alloc_array(shape, _dt.get(dtype)), _check_format(format, len(shape))), requires_grad)
 
 
-def full(shape, value, dtype="float32", format: str = "ND") -> Tensor:
+def full(shape, value, dtype="float32", format: str = "ND", *, requires_grad: bool = False) -> Tensor:
     t = empty(shape, dtype, format)
     t._array.fill(value)
-    return t
+    return _leaf(t, requires_grad)
 
 
-def zeros(shape, dtype="float32", format: str = "ND") -> Tensor:
-    return full(shape, 0, dtype, format)
+def zeros(shape, dtype="float32", format: str = "ND", *, requires_grad: bool = False) -> Tensor:
+    return full(shape, 0, dtype, format, requires_grad=requires_grad)
 
 
-def ones(shape, dtype="float32", format: str = "ND") -> Tensor:
-    return full(shape, 1, dtype, format)
+def ones(shape, dtype="float32", format: str = "ND", *, requires_grad: bool = False) -> Tensor:
+    return full(shape, 1, dtype, format, requires_grad=requires_grad)
 
 
-def tensor(data, dtype=None, format: str = "ND") -> Tensor:
-    """Copy ``data`` (array-like, Tensor, scalar) into a new tensor in pool memory."""
+def tensor(data, dtype=None, format: str = "ND", *, requires_grad: bool = False) -> Tensor:
+    """Copy ``data`` (array-like, Tensor, scalar) into a new tensor in pool memory; ``requires_grad``
+    makes it a leaf that gradients flow into (float dtypes), as ``torch.tensor(..., requires_grad=True)``."""
     if isinstance(data, Tensor):
         data = data.numpy()
     arr = np.asarray(data) if dtype is None else np.asarray(data, dtype=_dt.get(dtype))
@@ -585,7 +593,7 @@ def tensor(data, dtype=None, format: str = "ND") -> Tensor:
         )
     t = Tensor(_alloc_array(arr.shape, arr.dtype), _check_format(format, arr.ndim))
     np.copyto(t._array, arr)
-    return t
+    return _leaf(t, requires_grad)
 
 
 def from_numpy(arr: np.ndarray, format: str = "ND") -> Tensor:

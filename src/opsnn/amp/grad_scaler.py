@@ -16,10 +16,12 @@ array([2048., 2048.], dtype=float32)
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from .. import ops
-from ..errors import OpsnnRuntimeError, ParamInvalidError
+from ..errors import OpsnnRuntimeError, ParamInvalidError, real_number
 from ..runtime.stream import current_stream
 from ..tensor import Tensor, as_tensor
 
@@ -40,11 +42,18 @@ class GradScaler:
         growth_interval: int = 2000,
         enabled: bool = True,
     ):
-        if not growth_factor > 1.0:
+        init_scale = real_number("GradScaler", "init_scale", init_scale)
+        if not 0.0 < init_scale < float("inf"):
+            raise ParamInvalidError(f"GradScaler: init_scale must be positive and finite, got {init_scale}")
+        if not real_number("GradScaler", "growth_factor", growth_factor) > 1.0:
             raise ParamInvalidError(f"GradScaler: growth_factor must be > 1, got {growth_factor}")
-        if not 0.0 < backoff_factor < 1.0:
+        if not 0.0 < real_number("GradScaler", "backoff_factor", backoff_factor) < 1.0:
             raise ParamInvalidError(f"GradScaler: backoff_factor must be in (0, 1), got {backoff_factor}")
-        if int(growth_interval) <= 0:
+        if (
+            isinstance(growth_interval, bool)
+            or not isinstance(growth_interval, numbers.Integral)
+            or growth_interval <= 0
+        ):
             raise ParamInvalidError(f"GradScaler: growth_interval must be a positive int, got {growth_interval}")
         self._enabled = bool(enabled)
         self._scale = float(init_scale)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 
 import numpy as np
 
@@ -27,9 +28,13 @@ _rng = np.random.default_rng(0)
 
 
 def manual_seed(seed: int) -> None:
-    """Reseed the generator layers draw their initial weights from."""
+    """Reseed the generator layers draw their initial weights (and Dropout its masks) from. As in
+    torch, ``seed`` is an int in [-2**63, 2**64 - 1]; a negative one is remapped to 0xffff_ffff_ffff_ffff + seed."""
     global _rng
-    _rng = np.random.default_rng(int(seed))
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not -(2**63) <= int(seed) < 2**64:
+        raise ParamInvalidError(f"manual_seed: seed must be an int in [-2**63, 2**64 - 1], got {seed!r}")
+    seed = int(seed)
+    _rng = np.random.default_rng(seed if seed >= 0 else 0xFFFF_FFFF_FFFF_FFFF + seed)
 
 
 def generator() -> np.random.Generator:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ParamInvalidError
+from ..errors import ParamInvalidError, real_number
 from ..kernels.cpu import optimizer as K
 from .optimizer import Optimizer
 
@@ -45,7 +45,7 @@ class Adam(Optimizer):
             params,
             {
                 "lr": lr,
-                "betas": tuple(betas),
+                "betas": betas,
                 "eps": eps,
                 "weight_decay": weight_decay,
                 "amsgrad": amsgrad,
@@ -57,12 +57,13 @@ class Adam(Optimizer):
 
     def _check_options(self, g: dict) -> None:
         name = type(self).__name__
-        b = tuple(g["betas"])
-        if len(b) != 2 or not all(0.0 <= float(v) < 1.0 for v in b):
+        b = tuple(g["betas"]) if isinstance(g["betas"], (tuple, list)) else ()
+        if len(b) != 2 or not all(0.0 <= real_number(name, "betas", v) < 1.0 for v in b):
             raise ParamInvalidError(f"{name}: betas must be two numbers in [0, 1), got {g['betas']}")
         g["betas"] = (float(b[0]), float(b[1]))
         for k in ("lr", "eps", "weight_decay"):
-            if not float(g[k]) >= 0.0:
+            g[k] = real_number(name, k, g[k])
+            if not g[k] >= 0.0:
                 raise ParamInvalidError(f"{name}: {k} must be >= 0, got {g[k]}")
 
     def step(self, closure=None):

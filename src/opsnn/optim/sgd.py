@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ParamInvalidError
+from ..errors import ParamInvalidError, real_number
 from ..kernels.cpu import optimizer as K
 from .optimizer import Optimizer
 
@@ -51,6 +51,8 @@ class SGD(Optimizer):
     _state_keys = frozenset({"momentum_buffer"})
 
     def _check_options(self, g: dict) -> None:
+        for k in ("lr", "momentum", "dampening", "weight_decay"):
+            g[k] = real_number("SGD", k, g[k])
         if not float(g["lr"]) >= 0.0:
             raise ParamInvalidError(f"SGD: lr must be >= 0, got {g['lr']}")
         if not float(g["momentum"]) >= 0.0:

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ...errors import ParamInvalidError
+from ...errors import ParamInvalidError, real_number
 from ...tensor import Tensor, tensor
 
 
@@ -32,6 +32,13 @@ def clip_grad_norm_(
     returns the norm before clipping (a 0-d tensor)."""
     parameters = [parameters] if isinstance(parameters, Tensor) else list(parameters)
     grads = _grads(parameters)
+    max_norm = real_number("clip_grad_norm_", "max_norm", max_norm)
+    if not max_norm >= 0.0:
+        raise ParamInvalidError(f"clip_grad_norm_: max_norm must be >= 0, got {max_norm}")
+    if norm_type == "inf":
+        norm_type = float("inf")
+    if isinstance(norm_type, str) or not real_number("clip_grad_norm_", "norm_type", norm_type) > 0.0:
+        raise ParamInvalidError(f"clip_grad_norm_: norm_type must be a number > 0 or 'inf', got {norm_type!r}")
     norm_type = float(norm_type)
     if not grads:
         return tensor(np.zeros((), np.float32))
@@ -88,7 +95,9 @@ def _traced_clip_norm(parameters, max_norm: float, norm_type: float) -> Tensor:
 
 def clip_grad_value_(parameters, clip_value: float, foreach=None) -> None:
     """Clamp every gradient element into ``[-clip_value, clip_value]`` in place."""
-    v = float(clip_value)
+    v = real_number("clip_grad_value_", "clip_value", clip_value)
+    if not v >= 0.0:
+        raise ParamInvalidError(f"clip_grad_value_: clip_value must be >= 0, got {v}")
     from ...graph.tracing import active_tracer
 
     if active_tracer() is not None:  # traced: each .grad becomes the clamped value
