@@ -257,7 +257,7 @@ def test_metadata_methods():
     assert t.size() == (2, 3, 4) and t.size(1) == 3 and t.size(-1) == 4
     assert t.element_size() == 4
     assert float(t.sum()) == 0.0 and int(opsnn.tensor(np.array([7], np.int64))) == 7
-    with pytest.raises(ValueError, match="size 1"):
+    with pytest.raises(ParamInvalidError, match="only a one-element tensor has a Python value"):
         float(t)
     with pytest.raises(ParamInvalidError, match="size: dim 3 out of range for a 3-D tensor"):
         t.size(3)
@@ -568,3 +568,50 @@ def test_functional_api_takes_the_same_spellings():
         opsnn.ops.softmax(t, axs=1)
     with pytest.raises(ParamInvalidError, match=r"sum\(\) got two values for 'dim' / 'axis'"):
         opsnn.ops.sum(t, dim=0, axis=1)
+
+
+def test_masked_fill_repeat_chunk_and_fills(rng):
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    t, m = opsnn.tensor(a), a > 0.3
+    np.testing.assert_array_equal(t.masked_fill(m, -1.0).numpy(), np.where(m, np.float32(-1), a))
+    np.testing.assert_array_equal(t.masked_fill(opsnn.tensor(m[0]), 2).numpy(), np.where(m[0], np.float32(2), a))
+    np.testing.assert_array_equal(t.repeat(2, 1).numpy(), np.tile(a, (2, 1)))
+    np.testing.assert_array_equal(t.repeat((1, 2, 3)).numpy(), np.tile(a, (1, 2, 3)))
+    for chunks, dim, sizes in ((2, 0, [2, 1]), (3, 1, [2, 2]), (5, 1, [1, 1, 1, 1]), (1, 0, [3])):
+        parts = t.chunk(chunks, dim)
+        assert isinstance(parts, tuple) and [p.shape[dim] for p in parts] == sizes
+        np.testing.assert_array_equal(np.concatenate([p.numpy() for p in parts], dim), a)
+    assert isinstance(opsnn.ops.split(t, 3), tuple) and len(t.split(3)) == 1  # one piece: still a tuple
+    u = t.clone()
+    assert u.fill_(2.5) is u and (u.numpy() == 2.5).all()
+    assert (u.zero_().numpy() == 0).all() and (t.numpy() == a).all()
+    z = t.new_zeros((2, 2))
+    assert z.dtype == np.float32 and z.shape == (2, 2) and not z.numpy().any()
+    assert t.new_ones(3).numpy().tolist() == [1.0] * 3 and t.new_full((1,), 7).numpy().tolist() == [7.0]
+    assert t.new_tensor([1, 2]).dtype == np.float32 and t.new_zeros(2, dtype="int64").dtype == np.int64
+    assert t.new_empty((2,), requires_grad=True).requires_grad
+    for bad, match in (
+        (lambda: t.repeat(2), r"repeat: expected one non-negative int per dim of the 2-D tensor"),
+        (lambda: t.repeat(-1, 1), r"repeat: expected one non-negative int"),
+        (lambda: t.chunk(0), r"chunk: chunks must be a positive int, got 0"),
+        (lambda: t.chunk(2, 2), r"chunk: dim 2 out of range for a 2-D tensor"),
+        (lambda: t.clone().fill_("x"), r"fill_: value must be a number"),
+        (lambda: t.clone().fill_(np.ones(2)), r"fill_: value must be a number"),
+    ):
+        with pytest.raises(ParamInvalidError, match=match):
+            bad()
+
+
+def test_masked_fill_repeat_chunk_gradients_match_torch(rng):
+    torch = pytest.importorskip("torch")
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    m = a > 0
+    x = opsnn.tensor(a, requires_grad=True)
+    xt = torch.tensor(a, requires_grad=True)
+    (x.masked_fill(m, 0.0) * 2).repeat(2, 1).chunk(3, 1)[0].sum().backward()
+    (xt.masked_fill(torch.from_numpy(m), 0.0) * 2).repeat(2, 1).chunk(3, 1)[0].sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), xt.grad.numpy())
+    for chunks, dim in ((2, 0), (3, 1), (5, 1), (2, -1)):
+        got = [p.numpy() for p in opsnn.tensor(a).chunk(chunks, dim)]
+        want = [p.numpy() for p in torch.from_numpy(a).chunk(chunks, dim)]
+        assert len(got) == len(want) and all(np.array_equal(g, w) for g, w in zip(got, want))

@@ -43,6 +43,14 @@ class ParamInvalidError(OpsnnError, ValueError):
     code = PARAM_INVALID
 
 
+class TensorIndexError(ParamInvalidError, IndexError):
+    """An index outside a tensor's shape (also an IndexError, as Python's sequences raise)."""
+
+
+class UnknownOptionError(ParamInvalidError, AttributeError):
+    """An options object (SessionOptions, RunOptions) has no option of that name."""
+
+
 class DTypeError(ParamInvalidError, TypeError):
     """An input's dtype is not one the op supports."""
 

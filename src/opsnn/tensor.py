@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from . import dtypes as _dt
-from .errors import KernelError, ParamInvalidError
+from .errors import KernelError, ParamInvalidError, TensorIndexError
 from .runtime.context import context
 from .runtime.memory import check_request, physical_memory
 
@@ -247,6 +247,12 @@ class Tensor:
         return arr if dtype is None else arr.astype(dtype)
 
     def item(self):
+        """The value of a one-element tensor as a Python number."""
+        if self.numel != 1:
+            raise ParamInvalidError(
+                f"item: only a one-element tensor has a Python value; this one has shape {self.shape} "
+                f"({self.numel} elements): use .tolist() or .numpy()"
+            )
         return self.numpy().item()
 
     def tolist(self):
@@ -258,10 +264,28 @@ class Tensor:
     def __int__(self) -> int:
         return int(self.item())
 
+    def __bool__(self) -> bool:
+        if self.numel != 1:
+            raise ParamInvalidError(
+                f"the truth value of a tensor of shape {self.shape} ({self.numel} elements) is ambiguous: "
+                "reduce it first (t.numpy().any(), t.numpy().all()) or index one element"
+            )
+        return bool(self.numpy().item())
+
+    def __format__(self, spec: str) -> str:
+        if spec and self.numel == 1 and self.ndim == 0:
+            return format(self.item(), spec)  # f"{loss:.4f}", as torch formats a 0-d tensor
+        return super().__format__(spec)
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
 
     def __repr__(self) -> str:
         fmt = "" if self.format == "ND" else f", format={self.format}"
@@ -386,7 +410,10 @@ class Tensor:
             )
         if isinstance(index, Tensor):
             index = index.numpy()
-        arr = self._array[index]
+        try:
+            arr = self._array[index]
+        except IndexError as e:
+            raise TensorIndexError(f"tensor of shape {self.shape}[{_index_text(index)}]: {e}") from None
         if isinstance(index, np.ndarray) or (
             isinstance(index, (list, tuple))
             and any(isinstance(i, (list, np.ndarray)) for i in (index if isinstance(index, tuple) else [index]))
@@ -400,7 +427,12 @@ class Tensor:
 
     def __setitem__(self, index, value) -> None:
         self._wait(check=False)
-        self._array[index] = value.numpy() if isinstance(value, Tensor) else value
+        try:
+            self._array[index] = value.numpy() if isinstance(value, Tensor) else value
+        except IndexError as e:
+            raise TensorIndexError(f"tensor of shape {self.shape}[{_index_text(index)}] = ...: {e}") from None
+        except ValueError as e:
+            raise ParamInvalidError(f"tensor of shape {self.shape}[{_index_text(index)}] = value: {e}") from None
         if all(
             i is Ellipsis or (isinstance(i, slice) and i == slice(None))
             for i in (index if isinstance(index, tuple) else (index,))
@@ -440,9 +472,42 @@ class Tensor:
     def copy_(self, src) -> Tensor:
         """Copy ``src`` (Tensor or array-like, broadcastable) into this tensor in place."""
         self._wait(check=False)
-        np.copyto(self._array, src.numpy() if isinstance(src, Tensor) else np.asarray(src), casting="unsafe")
+        value = src.numpy() if isinstance(src, Tensor) else np.asarray(src)
+        try:
+            np.copyto(self._array, value, casting="unsafe")
+        except ValueError:
+            raise ParamInvalidError(
+                f"copy_: a source of shape {value.shape} does not broadcast to the tensor's shape {self.shape}"
+            ) from None
         self._producer = None  # written whole: clears a failed producer's mark
         return self
+
+    def fill_(self, value) -> Tensor:
+        """Set every element to the number ``value`` in place (cast to the tensor's dtype)."""
+        if value is None or isinstance(value, (str, bytes)) or np.ndim(value) != 0:
+            raise ParamInvalidError(f"fill_: value must be a number (or a one-element tensor), got {value!r}")
+        return self.copy_(value.reshape(()) if isinstance(value, Tensor) else value)
+
+    def zero_(self) -> Tensor:
+        """Set every element to zero in place."""
+        return self.copy_(0)
+
+    def new_empty(self, shape, dtype=None, *, requires_grad: bool = False) -> Tensor:
+        """A new uninitialised tensor of ``shape`` with this tensor's dtype (or ``dtype``), as torch's."""
+        return empty(shape, self.dtype if dtype is None else dtype, requires_grad=requires_grad)
+
+    def new_full(self, shape, fill_value, dtype=None, *, requires_grad: bool = False) -> Tensor:
+        return full(shape, fill_value, self.dtype if dtype is None else dtype, requires_grad=requires_grad)
+
+    def new_zeros(self, shape, dtype=None, *, requires_grad: bool = False) -> Tensor:
+        return self.new_full(shape, 0, dtype, requires_grad=requires_grad)
+
+    def new_ones(self, shape, dtype=None, *, requires_grad: bool = False) -> Tensor:
+        return self.new_full(shape, 1, dtype, requires_grad=requires_grad)
+
+    def new_tensor(self, data, dtype=None, *, requires_grad: bool = False) -> Tensor:
+        """``data`` copied into a new tensor with this tensor's dtype (or ``dtype``)."""
+        return tensor(data, self.dtype if dtype is None else dtype, requires_grad=requires_grad)
 
     def to(self, dtype) -> Tensor:
         """A copy in ``dtype`` (self when it already is); a device (``"cpu"``) leaves the tensor as is."""
@@ -485,6 +550,24 @@ class Tensor:
     # layer generates them from one table (opsnn/ops/tensor_methods.py) when it is imported.
 
     __hash__ = object.__hash__  # comparisons return tensors; identity hashing stays
+
+
+def _index_text(index) -> str:
+    """``index`` as written between brackets (slices as a:b:c), for error messages."""
+    parts = index if isinstance(index, tuple) else (index,)
+
+    def one(i):
+        if isinstance(i, slice):
+            return ":".join("" if v is None else str(v) for v in (i.start, i.stop)) + (
+                f":{i.step}" if i.step is not None else ""
+            )
+        if i is Ellipsis:
+            return "..."
+        if isinstance(i, np.ndarray):
+            return f"<{i.dtype} array of shape {i.shape}>"
+        return repr(i)
+
+    return ", ".join(one(i) for i in parts)
 
 
 class _Count(int):

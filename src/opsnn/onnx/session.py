@@ -27,9 +27,11 @@ import collections.abc
 import contextlib
 import ctypes
 import datetime
+import difflib
 import enum
 import logging
 import math
+import numbers
 import os
 import threading
 import time
@@ -39,7 +41,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .. import dtypes as _dt
-from ..errors import DTypeError, ParamInvalidError, ParamNullptrError
+from ..errors import DTypeError, ParamInvalidError, ParamNullptrError, UnknownOptionError
 from ..graph.compiler import NONDETERMINISTIC
 from ..graph.compiler import compile as _compile
 from ..runtime import hooks
@@ -99,9 +101,60 @@ class ExecutionOrder(enum.IntEnum):
 _LOG_LEVELS = {0: logging.DEBUG, 1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR, 4: logging.CRITICAL}
 
 
-class SessionOptions:
+class _Options:
+    """Attribute checks of onnxruntime's option objects: an unknown name is an error naming the
+    nearest option (onnxruntime's classes have fixed attributes, so a typo never passes silently),
+    and the integer options take ints in their ranges."""
+
+    #: option -> (lowest, highest) for the integer options
+    _INT_RANGES: dict = {}
+
+    def __setattr__(self, name: str, value) -> None:
+        if not name.startswith("_") and name not in self._options():
+            near = difflib.get_close_matches(name, sorted(self._options()), n=1, cutoff=0.5)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; options: {sorted(self._options())}"
+            raise UnknownOptionError(f"{type(self).__name__} has no option {name!r}{hint}")
+        bounds = self._INT_RANGES.get(name)
+        if bounds is not None and (
+            isinstance(value, bool) or not isinstance(value, numbers.Integral) or not bounds[0] <= value <= bounds[1]
+        ):
+            raise ParamInvalidError(
+                f"{type(self).__name__}.{name}: expected an int in [{bounds[0]}, {bounds[1]}], got {value!r}"
+            )
+        object.__setattr__(self, name, value)
+
+    @classmethod
+    def _options(cls) -> set:
+        return set(cls._FIELDS) | {n for n in dir(cls) if isinstance(getattr(cls, n, None), property)}
+
+
+class SessionOptions(_Options):
     """onnxruntime's ``SessionOptions``: the same attributes and defaults; see the module
     docstring for which of them change what opsnn does (the others are kept and reported)."""
+
+    _FIELDS = (
+        "intra_op_num_threads",
+        "inter_op_num_threads",
+        "optimized_model_filepath",
+        "enable_profiling",
+        "profile_file_prefix",
+        "log_severity_level",
+        "log_verbosity_level",
+        "logid",
+        "execution_mode",
+        "execution_order",
+        "enable_cpu_mem_arena",
+        "enable_mem_pattern",
+        "enable_mem_reuse",
+        "use_deterministic_compute",
+        "use_per_session_threads",
+    )
+    _INT_RANGES = {
+        "intra_op_num_threads": (0, 1 << 16),
+        "inter_op_num_threads": (0, 1 << 16),
+        "log_severity_level": (-1, 4),
+        "log_verbosity_level": (0, 1 << 30),
+    }
 
     def __init__(self):
         self._level = GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -155,8 +208,11 @@ class SessionOptions:
         return False
 
 
-class RunOptions:
+class RunOptions(_Options):
     """onnxruntime's ``RunOptions`` (kept for compatibility; a run reads ``log_severity_level``)."""
+
+    _FIELDS = ("log_severity_level", "log_verbosity_level", "logid", "terminate", "only_execute_path_to_fetches")
+    _INT_RANGES = {"log_severity_level": (-1, 4), "log_verbosity_level": (0, 1 << 30)}
 
     def __init__(self):
         self.log_severity_level = -1
@@ -618,6 +674,10 @@ class InferenceSession:
         return list(output_names)
 
     def _run(self, output_names, input_feed, run_options) -> tuple[list[str], list]:
+        if run_options is not None and not isinstance(run_options, RunOptions):
+            raise ParamInvalidError(
+                f"InferenceSession.run: run_options must be an opsnn.RunOptions or None, got {type(run_options).__name__}"
+            )
         names = self._output_names(output_names)
         severity = self._sess_options.log_severity_level
         if run_options is not None and run_options.log_severity_level >= 0:

@@ -27,11 +27,12 @@ FUNCTIONS: dict[str, OpFunction] = {}
 class OpFunction:
     """Call for eager mode; ``.prepare(...)`` for an :class:`~opsnn.ops.executor.Executor`."""
 
-    def __init__(self, name: str, op: str, translate: Callable, domain: str = ""):
+    def __init__(self, name: str, op: str, translate: Callable, domain: str = "", sequence: bool = False):
         self.name = name
         self.op_name = op
         self.domain = domain
         self.translate = translate
+        self.sequence = sequence  # results are always a tuple, even of one (torch.split's pieces)
         self._rec: OpRecord | None = None
         functools.update_wrapper(self, translate)
 
@@ -86,7 +87,8 @@ class OpFunction:
 
     def __call__(self, *args, algo: str | None = None, stream=None, **kwargs):
         inputs, attrs, n_out = self._translate(args, kwargs)
-        return executor.call(self.record, inputs, attrs, algo=algo, num_outputs=n_out, stream=stream)
+        res = executor.call(self.record, inputs, attrs, algo=algo, num_outputs=n_out, stream=stream)
+        return (res,) if self.sequence and not isinstance(res, tuple) else res
 
     def prepare(self, *args, out=None, algo: str | None = None, **kwargs) -> executor.Executor:
         """Two-phase API: validate, infer, select and plan now; ``.run()`` later."""
@@ -118,14 +120,15 @@ def unknown_keyword(fn_name: str, key: str, params: list) -> ParamInvalidError:
     return ParamInvalidError(f"{fn_name}() got an unexpected keyword {key!r}; its parameters are {listed}")
 
 
-def api(name: str, op: str, domain: str = "") -> Callable[[Callable], OpFunction]:
+def api(name: str, op: str, domain: str = "", *, sequence: bool = False) -> Callable[[Callable], OpFunction]:
     """Decorator: expose ``translate(*args, **kw) -> (inputs, attrs[, num_outputs])``
-    as the functional entry point ``name`` of op record ``op``."""
+    as the functional entry point ``name`` of op record ``op`` (``sequence``: its results are a tuple
+    however many there are)."""
 
     def deco(translate: Callable) -> OpFunction:
         if name in FUNCTIONS:
             raise ParamInvalidError(f"api: a functional entry point {name!r} already exists")
-        fn = OpFunction(name, op, translate, domain)
+        fn = OpFunction(name, op, translate, domain, sequence)
         FUNCTIONS[name] = fn
         return fn
 

@@ -26,6 +26,7 @@ accepts both); an unknown keyword names the nearest parameter::
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections import namedtuple
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -187,6 +188,7 @@ METHODS: dict[str, Method] = {
     "index_select": Method("index_select"),
     "split": Method("split", params=("split_size->split_size_or_sections", "dim")),
     "tile": Method("tile", params=("dims->repeats",)),
+    "masked_fill": Method("where", params=("mask->condition", "value->input"), self_as="other"),
     "topk": Method("topk"),
     "triu": Method("triu"),
     "tril": Method("tril"),
@@ -327,9 +329,61 @@ def _minmax(reduce_name: str, arg_name: str, elementwise: str) -> Callable:
     return method
 
 
+def _comparable(other) -> bool:
+    """Whether ``t == other`` compares elementwise (else Python's identity equality answers)."""
+    return isinstance(other, (Tensor, np.ndarray, np.generic, numbers.Number, list, tuple))
+
+
+def _equality():
+    """torch's ``==`` / ``!=`` (and ``ne`` / ``not_equal``): elementwise bool tensors against tensors,
+    arrays and numbers; None or any other object compares by identity. Hashing stays by identity."""
+    eq = make_method("eq", METHODS["eq"])
+    logical_not = FUNCTIONS["logical_not"]
+
+    def __eq__(self, other):
+        return eq(self, other) if _comparable(other) else NotImplemented
+
+    def __ne__(self, other):
+        return logical_not(eq(self, other)) if _comparable(other) else NotImplemented
+
+    def ne(self, other):
+        return logical_not(eq(self, other))
+
+    for fn in (__eq__, __ne__, ne):
+        fn._generated = METHODS["eq"]
+    return {"__eq__": __eq__, "__ne__": __ne__, "ne": ne, "not_equal": ne}
+
+
+def _repeat(self, *sizes):
+    """torch's ``Tensor.repeat(*sizes)``: ``tile`` with at least one size per dim (more add leading dims)."""
+    sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+    if len(sizes) < self.ndim or any(
+        isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0 for v in sizes
+    ):
+        raise ParamInvalidError(
+            f"repeat: expected one non-negative int per dim of the {self.ndim}-D tensor (or more), got {sizes}"
+        )
+    return FUNCTIONS["tile"](self, [int(v) for v in sizes])
+
+
+def _chunk(self, chunks, dim=0):
+    """torch's ``Tensor.chunk(chunks, dim)``: pieces of ceil(size / chunks) along ``dim`` (the last smaller,
+    fewer pieces where the size runs out)."""
+    if isinstance(chunks, bool) or not isinstance(chunks, numbers.Integral) or chunks <= 0:
+        raise ParamInvalidError(f"chunk: chunks must be a positive int, got {chunks!r}")
+    if self.ndim == 0:
+        raise ParamInvalidError("chunk: a 0-d tensor has no dim to chunk")
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or not -self.ndim <= dim < self.ndim:
+        raise ParamInvalidError(f"chunk: dim {dim!r} out of range for a {self.ndim}-D tensor")
+    return FUNCTIONS["split"](self, max(1, -(-self.shape[dim] // int(chunks))), dim)
+
+
 def install(cls=Tensor) -> list[str]:
     """Put every table method on ``cls`` (keeping the ones ``cls`` defines itself); returns their names."""
     done = []
+    for name, fn in {**_equality(), "repeat": _repeat, "chunk": _chunk}.items():
+        setattr(cls, name, fn)
+        done.append(name)
     for name, spec in METHODS.items():
         own = cls.__dict__.get(name)
         if own is not None and not hasattr(own, "_generated"):

@@ -1769,7 +1769,7 @@ def concat(tensors, dim=0):
     return list(tensors), {"axis": int(dim)}
 
 
-@api("split", "Split")
+@api("split", "Split", sequence=True)
 def split(x, split_size_or_sections, dim=0):
     """torch.split: an int is a chunk size (the last chunk may be smaller), a list gives the sizes."""
     shape = _shape_of(x)

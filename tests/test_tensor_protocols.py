@@ -1,0 +1,126 @@
+"""Python protocols on Tensor behave as torch's do, so habits carry over without silent surprises:
+``==`` / ``!=`` compare elementwise (identity hashing stays), a tensor's truth value is defined for
+one element only, a 0-d tensor neither iterates nor has a length, ``item()`` / ``int()`` need one
+element, ``f"{loss:.4f}"`` formats a 0-d tensor, and indexing / assignment / ``copy_`` errors are
+typed and name the tensor's shape. The onnxruntime-compatible option objects reject unknown names."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn.errors import ParamInvalidError, TensorIndexError, UnknownOptionError
+
+
+@pytest.fixture
+def t():
+    return opsnn.tensor(np.array([[1.0, 2.0, 3.0], [4.0, np.nan, 6.0]], np.float32))
+
+
+def test_equality_is_elementwise_and_hashing_stays_by_identity(t):
+    a = t.numpy()
+    np.testing.assert_array_equal((t == 2.0).numpy(), a == 2.0)
+    np.testing.assert_array_equal((t != 2.0).numpy(), a != 2.0)  # NaN != 2: True, as numpy
+    np.testing.assert_array_equal((t == t).numpy(), a == a)  # NaN == NaN: False
+    np.testing.assert_array_equal((t != t).numpy(), a != a)
+    np.testing.assert_array_equal((2.0 == t).numpy(), a == 2.0)
+    np.testing.assert_array_equal(t.ne(opsnn.tensor(a[0])).numpy(), a != a[0])
+    np.testing.assert_array_equal(t.not_equal(3.0).numpy(), a != 3.0)
+    assert (t == 2.0).dtype == np.bool_
+    assert (t == None) is False and (t != None) is True  # noqa: E711 - identity for None, as torch
+    assert (t == "a") is False
+    d = {t: 1}
+    u = opsnn.tensor(t.numpy())
+    assert d[t] == 1 and u not in d and len({t, u, t}) == 2
+
+
+def test_equality_is_recorded_in_a_traced_function():
+    cg = opsnn.compile(lambda x: x != 0.0, [np.zeros(4, np.float32)])
+    np.testing.assert_array_equal(cg.run([np.array([0, 1, -2, 0], np.float32)])[0], [False, True, True, False])
+
+
+def test_truth_value_needs_exactly_one_element(t):
+    assert bool(opsnn.tensor([0.5])) and not bool(opsnn.tensor(0.0))
+    assert bool(t[0, 0] == 1.0)
+    for bad in (t, opsnn.tensor(np.zeros((0,), np.float32))):
+        with pytest.raises(ParamInvalidError, match=r"truth value of a tensor of shape .* is ambiguous"):
+            bool(bad)
+    with pytest.raises(ParamInvalidError, match="is ambiguous"):
+        if t > 0.0:
+            pass
+
+
+def test_iteration_and_length(t):
+    rows = list(t)
+    assert len(rows) == 2 and rows[1].shape == (3,)
+    np.testing.assert_array_equal(rows[0].numpy(), [1.0, 2.0, 3.0])
+    s = opsnn.tensor(1.5)
+    with pytest.raises(TypeError, match="iteration over a 0-d tensor"):
+        list(s)
+    with pytest.raises(TypeError, match="len"):
+        len(s)
+
+
+def test_item_int_float_and_format(t):
+    s = opsnn.tensor(np.float32(0.123456))
+    assert f"{s:.3f}" == "0.123" and f"{opsnn.tensor(7):>3d}" == "  7"
+    assert float(opsnn.tensor([2.5])) == 2.5 and int(opsnn.tensor([[3]])) == 3
+    assert opsnn.tensor([[4.0]]).item() == 4.0
+    for fn in (lambda: t.item(), lambda: int(t), lambda: float(opsnn.tensor(np.zeros(0, np.float32)))):
+        with pytest.raises(ParamInvalidError, match=r"item: only a one-element tensor has a Python value"):
+            fn()
+    assert "tensor(" in f"{t}"
+
+
+def test_indexing_and_assignment_errors_are_typed_and_name_the_shape(t):
+    with pytest.raises(TensorIndexError, match=r"tensor of shape \(2, 3\)\[5\]: index 5 is out of bounds") as e:
+        t[5]
+    assert isinstance(e.value, IndexError)
+    with pytest.raises(TensorIndexError, match=r"\[0, <bool array of shape \(2,\)>\]"):
+        t[0, np.array([True, False])]
+    with pytest.raises(TensorIndexError, match=r"\[1.5\]"):
+        t[1.5]
+    before = t.numpy().copy()
+    with pytest.raises(ParamInvalidError, match=r"tensor of shape \(2, 3\)\[:, 1:3\] = value: could not broadcast"):
+        t[:, 1:3] = np.ones(4, np.float32)
+    with pytest.raises(TensorIndexError, match=r"\[2\] = \.\.\."):
+        t[2] = 0.0
+    with pytest.raises(ParamInvalidError, match=r"copy_: a source of shape \(5,\) does not broadcast to the tensor's"):
+        t.copy_(np.ones(5, np.float32))
+    np.testing.assert_array_equal(t.numpy(), before)  # nothing written
+    t[0, 1:] = 0.0
+    assert t.numpy()[0].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_option_objects_reject_unknown_names_and_out_of_range_ints():
+    so = opsnn.SessionOptions()
+    with pytest.raises(UnknownOptionError, match=r"no option 'intra_op_threads'; did you mean 'intra_op_num_threads'"):
+        so.intra_op_threads = 2
+    with pytest.raises(AttributeError):  # also an AttributeError, as onnxruntime's fixed attributes raise
+        so.enable_profile = True
+    for name, bad in (("intra_op_num_threads", -1), ("intra_op_num_threads", 2.0), ("log_severity_level", 5)):
+        with pytest.raises(ParamInvalidError, match=rf"SessionOptions.{name}: expected an int in"):
+            setattr(so, name, bad)
+    so.intra_op_num_threads = 1
+    so.graph_optimization_level = opsnn.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.log_severity_level = 3
+    ro = opsnn.RunOptions()
+    with pytest.raises(UnknownOptionError, match="RunOptions has no option 'log_severity'"):
+        ro.log_severity = 1
+    ro.log_severity_level = 2
+    ro.terminate = False
+
+
+def test_run_options_of_the_wrong_type_is_a_typed_error():
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sess = opsnn.InferenceSession(model.SerializeToString())
+    feed = {"x": np.array([-1.0, 2.0], np.float32)}
+    with pytest.raises(ParamInvalidError, match="run_options must be an opsnn.RunOptions or None, got dict"):
+        sess.run(None, feed, {"log_severity_level": 1})
+    np.testing.assert_array_equal(sess.run(None, feed, opsnn.RunOptions())[0], [0.0, 2.0])
