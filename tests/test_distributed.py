@@ -194,6 +194,9 @@ def test_launch_options_end_where_the_program_starts(capsys):
     assert cmd[1:3] == ["-n", "3"] and cmd[-4:] == ["-m", "pkg.x", "-n", "1"] and "slot" in cmd
     assert launch_main(["--dry-run", "train.py", "--dry-run"]) == 0
     assert capsys.readouterr().out.split()[-2:] == ["train.py", "--dry-run"]
+    with pytest.raises(SystemExit):  # a missing script: one line before mpirun starts ranks that each say so
+        launch_main(["-n", "2", "no_such_script.py"])
+    assert "no script 'no_such_script.py' (not a file)" in capsys.readouterr().err
 
 
 @needs_mpi

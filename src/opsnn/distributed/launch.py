@@ -216,4 +216,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(" ".join(cmd))
         return 0
+    if program[0] not in ("-m", "opsnn") and not os.path.isfile(program[0]):
+        parser.error(f"no script {program[0]!r} (not a file)")  # before mpirun starts ranks that each say so
     return run(cmd, env)
