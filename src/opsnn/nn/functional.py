@@ -9,10 +9,12 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from .. import ops
-from ..errors import DTypeError, ParamInvalidError
+from ..errors import DTypeError, ParamInvalidError, real_number
 from ..tensor import Tensor, as_tensor
 from . import init
 
@@ -159,6 +161,10 @@ def cross_entropy(
     if not 0.0 <= float(label_smoothing) <= 1.0:
         raise ParamInvalidError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     x, t = as_tensor(input), as_tensor(target)
+    if x.ndim == 1:  # unbatched (C,) logits, as torch takes them: a batch of one
+        t = ops.reshape(t, (1, -1) if t.dtype.kind == "f" else (1,))
+        loss = cross_entropy(ops.reshape(x, (1, -1)), t, weight, ignore_index, reduction, label_smoothing)
+        return ops.reshape(loss, ()) if reduction == "none" else loss
     C = x.shape[1] if x.ndim > 1 else x.shape[0]
     eps = float(label_smoothing)
     if t.dtype.kind == "f":  # class probabilities
@@ -275,3 +281,226 @@ def binary_cross_entropy_with_logits(input, target, weight=None, reduction: str 
     if reduction == "none":
         return loss
     return ops.sum(loss) if reduction == "sum" else ops.mean(loss)
+
+
+def _reduce(loss, reduction: str) -> Tensor:
+    if reduction == "none":
+        return loss
+    return ops.sum(loss) if reduction == "sum" else ops.mean(loss)
+
+
+def _pair(what: str, input, target, reduction: str):
+    """``input`` and ``target`` as tensors of one shape (torch broadcasts with a warning; opsnn asks)."""
+    _check_reduction(what, reduction)
+    x = as_tensor(input)
+    t = as_tensor(target, like=x)
+    if tuple(t.shape) != tuple(x.shape):
+        raise ParamInvalidError(f"{what}: target shape {tuple(t.shape)} differs from the input's {tuple(x.shape)}")
+    return x, t
+
+
+def _const(value, like: Tensor) -> Tensor:
+    return as_tensor(np.asarray(value, like.dtype))
+
+
+def l1_loss(input, target, reduction: str = "mean") -> Tensor:
+    """torch.nn.functional.l1_loss: ``|input - target|``, reduced."""
+    x, t = _pair("l1_loss", input, target, reduction)
+    return _reduce(ops.abs(ops.sub(x, t)), reduction)
+
+
+def smooth_l1_loss(input, target, reduction: str = "mean", beta: float = 1.0) -> Tensor:
+    """torch.nn.functional.smooth_l1_loss: ``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - beta / 2``
+    (``beta = 0``: the L1 loss)."""
+    x, t = _pair("smooth_l1_loss", input, target, reduction)
+    beta = real_number("smooth_l1_loss", "beta", beta)
+    if not beta >= 0.0:
+        raise ParamInvalidError(f"smooth_l1_loss: beta must be >= 0, got {beta}")
+    d = ops.abs(ops.sub(x, t))
+    if beta == 0.0:
+        return _reduce(d, reduction)
+    quad = ops.div(ops.mul(ops.mul(d, d), _const(0.5, x)), _const(beta, x))
+    return _reduce(ops.where(ops.lt(d, _const(beta, x)), quad, ops.sub(d, _const(0.5 * beta, x))), reduction)
+
+
+def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0) -> Tensor:
+    """torch.nn.functional.huber_loss: ``0.5 d^2`` where ``|d| <= delta``, else ``delta (|d| - delta / 2)``."""
+    x, t = _pair("huber_loss", input, target, reduction)
+    delta = real_number("huber_loss", "delta", delta)
+    if not delta > 0.0:
+        raise ParamInvalidError(f"huber_loss: delta must be > 0, got {delta}")
+    d = ops.abs(ops.sub(x, t))
+    quad = ops.mul(ops.mul(d, d), _const(0.5, x))
+    lin = ops.mul(ops.sub(d, _const(0.5 * delta, x)), _const(delta, x))
+    return _reduce(ops.where(ops.le(d, _const(delta, x)), quad, lin), reduction)
+
+
+def binary_cross_entropy(input, target, weight=None, reduction: str = "mean") -> Tensor:
+    """torch.nn.functional.binary_cross_entropy of probabilities ``input``: each log clamped at -100 as
+    torch does, so a probability of exactly 0 or 1 gives a finite loss."""
+    x, t = _pair("binary_cross_entropy", input, target, reduction)
+    floor = _const(-100.0, x)
+    one = _const(1.0, x)
+    log_p = ops.maximum(ops.log(x), floor)
+    log_q = ops.maximum(ops.log(ops.sub(one, x)), floor)
+    loss = ops.neg(ops.add(ops.mul(t, log_p), ops.mul(ops.sub(one, t), log_q)))
+    if weight is not None:
+        loss = ops.mul(loss, as_tensor(weight, like=x))
+    return _reduce(loss, reduction)
+
+
+def kl_div(input, target, reduction: str = "mean", log_target: bool = False) -> Tensor:
+    """torch.nn.functional.kl_div: ``target * (log target - input)`` with ``input`` log-probabilities
+    (0 where target is 0); ``reduction='batchmean'`` divides the sum by the batch size, as torch advises."""
+    if reduction not in _REDUCTIONS + ("batchmean",):
+        raise ParamInvalidError(f"kl_div: reduction must be one of {_REDUCTIONS + ('batchmean',)}, got {reduction!r}")
+    x, t = _pair("kl_div", input, target, "none")
+    if log_target:
+        loss = ops.mul(ops.exp(t), ops.sub(t, x))
+    else:
+        zero = _const(0.0, x)
+        safe = ops.where(ops.gt(t, zero), t, _const(1.0, x))
+        loss = ops.where(ops.gt(t, zero), ops.mul(t, ops.sub(ops.log(safe), x)), ops.mul(t, zero))
+    if reduction == "batchmean":
+        return ops.div(ops.sum(loss), _const(x.shape[0] if x.ndim else 1, x))
+    return _reduce(loss, reduction)
+
+
+def normalize(input, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """torch.nn.functional.normalize: ``input / max(||input||_p, eps)`` along ``dim``."""
+    x = as_tensor(input)
+    p = real_number("normalize", "p", p)
+    if not p > 0.0:
+        raise ParamInvalidError(f"normalize: p must be > 0, got {p}")
+    a = ops.abs(x)
+    norm = ops.pow(ops.sum(ops.pow(a, _const(p, x)), dim=dim, keepdim=True), _const(1.0 / p, x))
+    return ops.div(x, ops.maximum(norm, _const(eps, x)))
+
+
+def cosine_similarity(x1, x2, dim: int = 1, eps: float = 1e-8) -> Tensor:
+    """torch.nn.functional.cosine_similarity: ``x1 . x2 / max(||x1|| ||x2||, eps)`` along ``dim``."""
+    a, b = as_tensor(x1), as_tensor(x2)
+    b = as_tensor(b, like=a)
+    dot = ops.sum(ops.mul(a, b), dim=dim)
+    na = ops.sum(ops.mul(a, a), dim=dim)
+    nb = ops.sum(ops.mul(b, b), dim=dim)
+    return ops.div(dot, ops.maximum(ops.sqrt(ops.mul(na, nb)), _const(eps, a)))
+
+
+def batch_norm(
+    input, running_mean, running_var, weight=None, bias=None, training: bool = False, momentum=0.1, eps=1e-5
+) -> Tensor:
+    """torch.nn.functional.batch_norm: with ``training`` the batch statistics normalise and the running
+    statistics given are updated in place (unbiased variance, as torch's); without them nothing is
+    updated. Without ``training`` the running statistics normalise (they are required then)."""
+    x = as_tensor(input)
+    if x.ndim < 2:
+        raise ParamInvalidError(f"batch_norm: input must have rank >= 2 (N, C, ...), got shape {tuple(x.shape)}")
+    if (running_mean is None) != (running_var is None):
+        raise ParamInvalidError("batch_norm: give both running_mean and running_var, or neither")
+    if not training:
+        if running_mean is None:
+            raise ParamInvalidError("batch_norm: running_mean and running_var are required when training=False")
+        return ops.batch_norm(x, running_mean, running_var, weight, bias, eps=eps)
+    if x.shape[0] * int(np.prod(x.shape[2:])) == 1:
+        raise ParamInvalidError(
+            f"batch_norm: training needs more than one value per channel, got input shape {tuple(x.shape)}"
+        )
+    if running_mean is None:
+        c = x.shape[1]
+        return ops.batch_norm(x, np.zeros(c, x.dtype), np.ones(c, x.dtype), weight, bias, training=True, eps=eps)[0]
+    y, mean, var = ops.batch_norm(
+        x, running_mean, running_var, weight, bias, training=True, momentum=momentum, eps=eps, unbiased_running_var=True
+    )
+    for buf, new in ((running_mean, mean), (running_var, var)):
+        assign_in_place(buf, new)
+    return y
+
+
+def assign_in_place(buf: Tensor, value: Tensor) -> None:
+    """``buf`` overwritten with ``value``: a copy eagerly, an in-place ``Assign`` node in a traced step."""
+    from ..autograd import no_grad
+    from ..graph.tracing import active_tracer
+    from ..ops import get_op
+
+    tracer = active_tracer()
+    if tracer is not None and hasattr(tracer, "call_inplace"):
+        with no_grad():
+            tracer.call_inplace(get_op("Assign", "opsnn"), [buf, value], {}, [buf])
+        return
+    buf.copy_(value)
+
+
+# -- torch.nn.functional's names for the ops that already take torch's arguments ------------------------------
+#: the torch.nn.functional functions whose ``opsnn.ops`` namesake takes torch's positional arguments in torch's
+#: order with torch's semantics (tests/test_functional_torch.py checks each against torch, values and
+#: gradients); ``opsnn.nn.functional.<name>`` calls it and also takes torch's ``input=`` keyword and its
+#: ``inplace`` flag (False: opsnn computes out of place, and an ignored result would lose the update)
+TORCH_FUNCTIONAL = (
+    "relu",
+    "leaky_relu",
+    "elu",
+    "celu",
+    "gelu",
+    "silu",
+    "mish",
+    "softsign",
+    "tanh",
+    "sigmoid",
+    "hardshrink",
+    "softshrink",
+    "softmax",
+    "log_softmax",
+    "layer_norm",
+    "group_norm",
+    "rms_norm",
+    "embedding",
+    "linear",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "avg_pool1d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "adaptive_avg_pool2d",
+    "interpolate",
+    "pad",
+    "scaled_dot_product_attention",
+    "one_hot",
+    "prelu",
+    "pixel_shuffle",
+    "pixel_unshuffle",
+    "grid_sample",
+)
+
+
+def _torch_functional(name: str):
+    fn = getattr(ops, name)
+    first = next(iter(inspect.signature(fn).parameters))
+
+    def call(*args, inplace: bool = False, **kwargs):
+        if inplace:
+            raise ParamInvalidError(
+                f"{name}: inplace=True is not supported (opsnn computes out of place): write x = F.{name}(x, ...)"
+            )
+        if "input" in kwargs and first != "input":
+            kwargs[first] = kwargs.pop("input")
+        return fn(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = (
+        f"torch.nn.functional.{name}: ``opsnn.ops.{name}`` (its arguments in torch's order).\n\n{fn.__doc__ or ''}"
+    )
+    call.__wrapped__ = fn
+    return call
+
+
+for _name in TORCH_FUNCTIONAL:
+    globals()[_name] = _torch_functional(_name)
+del _name

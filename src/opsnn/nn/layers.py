@@ -416,11 +416,12 @@ class Dropout(Module):
     same generator before every run: compiled and eager steps from one seed draw the same masks.
     The gradient flows through the kept elements (the op's mask output)."""
 
-    def __init__(self, p: float = 0.5):
+    def __init__(self, p: float = 0.5, inplace: bool = False):
         super().__init__()
         if not 0.0 <= p <= 1.0:
             raise ParamInvalidError(f"Dropout: p must be in [0, 1], got {p}")
         self.p = float(p)
+        self.inplace = bool(inplace)  # torch's flag, accepted: the output is a new tensor (see _Activation)
 
     def forward(self, x):
         if not self.training or self.p == 0.0:
@@ -431,7 +432,21 @@ class Dropout(Module):
         return f"p={self.p}"
 
 
-class ReLU(Module):
+class _Activation(Module):
+    """An elementwise activation that takes torch's ``inplace`` flag, so torch model code
+    (``nn.ReLU(inplace=True)``) builds unchanged: the module returns the activated tensor and leaves
+    its input as it was (a module's output is what the next layer reads; the graph engine's memory
+    plan reuses the input's buffer where nothing else reads it)."""
+
+    def __init__(self, inplace: bool = False):
+        super().__init__()
+        self.inplace = bool(inplace)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
+
+
+class ReLU(_Activation):
     def forward(self, x):
         return ops.relu(x)
 
@@ -449,7 +464,7 @@ class GELU(Module):
         return ops.gelu(x, approximate=self.approximate)
 
 
-class SiLU(Module):
+class SiLU(_Activation):
     def forward(self, x):
         return ops.silu(x)
 
