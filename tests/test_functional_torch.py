@@ -208,6 +208,7 @@ def test_torch_keywords_input_and_inplace():
     x = opsnn.tensor(X2)
     np.testing.assert_array_equal(F.relu(input=x).numpy(), np.maximum(X2, 0))
     np.testing.assert_array_equal(F.relu(x, inplace=False).numpy(), np.maximum(X2, 0))
+    np.testing.assert_array_equal(F.pad(input=x, pad=(1, 0)).numpy(), np.pad(X2, ((0, 0), (1, 0))))
     with pytest.raises(ParamInvalidError, match=r"relu: inplace=True is not supported .* write x = F.relu\(x"):
         F.relu(x, inplace=True)
     with pytest.raises(ParamInvalidError, match="unexpected keyword 'dimm'"):

@@ -480,18 +480,21 @@ TORCH_FUNCTIONAL = (
 )
 
 
+#: torch's keyword -> the opsnn.ops keyword, where the two functions spell a parameter differently
+_TORCH_KEYWORDS = {"pad": {"pad": "pads"}}
+
+
 def _torch_functional(name: str):
     fn = getattr(ops, name)
     first = next(iter(inspect.signature(fn).parameters))
+    renames = {"input": first, **_TORCH_KEYWORDS.get(name, {})}
 
     def call(*args, inplace: bool = False, **kwargs):
         if inplace:
             raise ParamInvalidError(
                 f"{name}: inplace=True is not supported (opsnn computes out of place): write x = F.{name}(x, ...)"
             )
-        if "input" in kwargs and first != "input":
-            kwargs[first] = kwargs.pop("input")
-        return fn(*args, **kwargs)
+        return fn(*args, **{renames.get(k, k): v for k, v in kwargs.items()})
 
     call.__name__ = call.__qualname__ = name
     call.__doc__ = (

@@ -156,6 +156,124 @@ class Conv2d(Module):
         return s + ("" if self.bias is not None else ", bias=False")
 
 
+def _tuple(v, n: int, what: str, name: str) -> tuple:
+    if isinstance(v, (int, np.integer)):
+        return (int(v),) * n
+    if isinstance(v, (tuple, list)) and len(v) == n and all(isinstance(i, (int, np.integer)) for i in v):
+        return tuple(int(i) for i in v)
+    raise ParamInvalidError(f"{what}: {name} must be an int or {n} ints, got {v!r}")
+
+
+class _ConvNd(Module):
+    """Conv1d / Conv3d and ConvTranspose1d/2d/3d with torch's arguments, parameter layouts (a
+    transposed convolution's weight is (in, out/groups, *kernel)) and initialisation (Conv2d, with its
+    kernel pinning, is its own class)."""
+
+    nd = 0
+    transposed = False
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        *rest,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        dtype="float32",
+        **kw,
+    ):
+        super().__init__()
+        what = type(self).__name__
+        # torch's order: ... padding, dilation, groups, bias (Conv); ... padding, output_padding, groups, bias,
+        # dilation (ConvTranspose)
+        names = ("output_padding", "groups", "bias", "dilation") if self.transposed else ("dilation", "groups", "bias")
+        if len(rest) > len(names):
+            raise ParamInvalidError(f"{what}: too many positional arguments")
+        opts = {"output_padding": 0, "groups": 1, "dilation": 1, "bias": bias}
+        opts.update(dict(zip(names, rest)))
+        for k, v in kw.items():
+            if k not in opts:
+                raise ParamInvalidError(f"{what}: unexpected keyword {k!r}")
+            opts[k] = v
+        if padding_mode != "zeros":
+            raise ParamInvalidError(f"{what}: only padding_mode='zeros' is supported, got {padding_mode!r}")
+        groups = int(opts["groups"])
+        if groups < 1 or in_channels % groups or out_channels % groups:
+            raise ParamInvalidError(
+                f"{what}: in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by "
+                f"groups ({groups})"
+            )
+        n = self.nd
+        self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), groups
+        self.kernel_size = _tuple(kernel_size, n, what, "kernel_size")
+        self.stride, self.dilation = _tuple(stride, n, what, "stride"), _tuple(opts["dilation"], n, what, "dilation")
+        self.padding = padding if isinstance(padding, str) else _tuple(padding, n, what, "padding")
+        self.output_padding = _tuple(opts["output_padding"], n, what, "output_padding")
+        if self.transposed:
+            shape = (self.in_channels, self.out_channels // groups) + self.kernel_size
+        else:
+            shape = (self.out_channels, self.in_channels // groups) + self.kernel_size
+        self.weight = Parameter(init.kaiming_uniform(shape, dtype=dtype))
+        if opts["bias"]:
+            b = init.fan_in_bound(shape)
+            self.bias = Parameter(init.uniform((self.out_channels,), -b, b, dtype))
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x):
+        if self.transposed:
+            fn = getattr(ops, f"conv_transpose{self.nd}d")
+            return fn(
+                x, self.weight, self.bias, self.stride, self.padding, self.output_padding, self.groups, self.dilation
+            )
+        fn = getattr(ops, f"conv{self.nd}d")
+        return fn(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def extra_repr(self) -> str:
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        return s + f", padding={self.padding}" + ("" if self.bias is not None else ", bias=False")
+
+
+class Conv1d(_ConvNd):
+    nd = 1
+
+
+class Conv3d(_ConvNd):
+    nd = 3
+
+
+class ConvTranspose1d(_ConvNd):
+    nd, transposed = 1, True
+
+
+class ConvTranspose2d(_ConvNd):
+    nd, transposed = 2, True
+
+
+class ConvTranspose3d(_ConvNd):
+    nd, transposed = 3, True
+
+
+class PReLU(Module):
+    """``max(0, x) + weight * min(0, x)``, one learnable slope (``num_parameters=1``) or one per channel."""
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25, dtype="float32"):
+        super().__init__()
+        if isinstance(num_parameters, bool) or not isinstance(num_parameters, (int, np.integer)) or num_parameters < 1:
+            raise ParamInvalidError(f"PReLU: num_parameters must be a positive int, got {num_parameters!r}")
+        self.num_parameters = int(num_parameters)
+        self.weight = Parameter(np.full((self.num_parameters,), init, _dt.get(dtype)))
+
+    def forward(self, x):
+        return ops.prelu(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"
+
+
 class _BatchNorm(Module):
     """Batch norm with torch's parameters (``weight``, ``bias``) and buffers (``running_mean``,
     ``running_var``, ``num_batches_tracked``). In training mode it normalises with the batch's
@@ -529,6 +647,12 @@ class AdaptiveAvgPool2d(Module):
 
 __all__ = [
     "AdaptiveAvgPool2d",
+    "Conv1d",
+    "Conv3d",
+    "ConvTranspose1d",
+    "ConvTranspose2d",
+    "ConvTranspose3d",
+    "PReLU",
     "BatchNorm1d",
     "BatchNorm2d",
     "BatchNorm3d",

@@ -1,0 +1,130 @@
+"""torch.nn's modules under their names in opsnn.nn: each built with the same constructor arguments in
+opsnn and torch (weights copied from opsnn into torch), forward values and input / parameter gradients
+compared (float32 tolerances); the stateless table's rows, constructor checks and initialisation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opsnn
+from opsnn import nn
+from opsnn.errors import ParamInvalidError
+from opsnn.nn import stateless
+
+RNG = np.random.default_rng(7)
+
+
+def _r(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# name -> (constructor args, constructor kwargs, input arrays)
+CASES = {
+    "LeakyReLU": ((0.2,), {}, [_r(3, 4)]),
+    "ELU": ((), {"alpha": 0.5}, [_r(3, 4)]),
+    "CELU": ((1.5,), {}, [_r(3, 4)]),
+    "Mish": ((), {}, [_r(3, 4)]),
+    "Softsign": ((), {}, [_r(3, 4)]),
+    "Hardshrink": ((0.3,), {}, [_r(3, 4)]),
+    "Softshrink": ((), {"lambd": 0.3}, [_r(3, 4)]),
+    "LogSoftmax": ((), {"dim": 1}, [_r(3, 4)]),
+    "MaxPool1d": ((3,), {"stride": 2, "padding": 1}, [_r(2, 3, 9)]),
+    "MaxPool3d": ((2,), {"ceil_mode": True}, [_r(1, 2, 5, 4, 5)]),
+    "AvgPool1d": ((3, 2), {"ceil_mode": True, "count_include_pad": False}, [_r(2, 3, 9)]),
+    "AvgPool2d": ((3,), {"stride": 2, "padding": 1}, [_r(2, 3, 8, 7)]),
+    "AvgPool3d": ((2,), {}, [_r(1, 2, 4, 4, 6)]),
+    "PixelShuffle": ((2,), {}, [_r(1, 8, 3, 2)]),
+    "PixelUnshuffle": ((2,), {}, [_r(1, 2, 4, 6)]),
+    "Upsample": ((), {"scale_factor": 2, "mode": "bilinear", "align_corners": True}, [_r(1, 2, 3, 4)]),
+    "ZeroPad1d": (((1, 2),), {}, [_r(2, 3, 5)]),
+    "ZeroPad2d": ((1,), {}, [_r(1, 2, 3, 4)]),
+    "ConstantPad1d": ((2, 3.5), {}, [_r(2, 3, 5)]),
+    "ConstantPad2d": (((1, 0, 2, 1), -1.0), {}, [_r(1, 2, 3, 4)]),
+    "ConstantPad3d": ((1, 0.5), {}, [_r(1, 2, 3, 4, 2)]),
+    "ReflectionPad1d": ((2,), {}, [_r(2, 3, 5)]),
+    "ReflectionPad2d": (((1, 2, 2, 1),), {}, [_r(1, 2, 4, 4)]),
+    "ReplicationPad1d": ((2,), {}, [_r(2, 3, 5)]),
+    "ReplicationPad2d": ((1,), {}, [_r(1, 2, 4, 4)]),
+    "CosineSimilarity": ((), {"dim": 0}, [_r(4, 3), _r(4, 3)]),
+    "Conv1d": ((3, 4, 3), {"stride": 2, "padding": 1}, [_r(2, 3, 9)]),
+    "Conv3d": ((2, 4, (2, 3, 2)), {"groups": 2, "bias": False}, [_r(1, 2, 4, 5, 4)]),
+    "ConvTranspose1d": ((3, 2, 3), {"stride": 2, "output_padding": 1}, [_r(2, 3, 5)]),
+    "ConvTranspose2d": ((4, 6, 3, 2, 1, 1), {"groups": 2}, [_r(1, 4, 3, 4)]),
+    "ConvTranspose3d": ((2, 2, 2), {"stride": 2}, [_r(1, 2, 2, 3, 2)]),
+    "PReLU": ((3,), {"init": 0.1}, [_r(2, 3, 4)]),
+    "L1Loss": ((), {}, [_r(3, 4), _r(3, 4)]),
+    "SmoothL1Loss": ((), {"beta": 0.5}, [_r(3, 4), _r(3, 4)]),
+    "HuberLoss": ((), {"reduction": "sum", "delta": 0.7}, [_r(3, 4), _r(3, 4)]),
+    "BCELoss": ((), {}, [1 / (1 + np.exp(-_r(3, 4))), (_r(3, 4) > 0).astype(np.float32)]),
+    "KLDivLoss": ((), {"reduction": "batchmean", "log_target": True}, [_r(3, 4), _r(3, 4)]),
+}
+
+
+def test_the_table_lists_every_module_it_makes_and_each_has_a_case():
+    assert stateless.__all__ == sorted(stateless.TABLE)
+    assert set(stateless.TABLE) <= set(CASES)
+    for name in stateless.TABLE:
+        assert getattr(nn, name) is getattr(stateless, name)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_torch(name):
+    torch = pytest.importorskip("torch")
+    args, kw, arrays = CASES[name]
+    with nn.init.seeded(3):
+        m = getattr(nn, name)(*args, **kw)
+    tm = getattr(torch.nn, name)(*args, **kw)
+    tm.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in m.state_dict().items()})
+    xs = [opsnn.tensor(a, requires_grad=True) for a in arrays]
+    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
+    got, want = m(*xs), tm(*ts)
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-5)
+    seed = RNG.standard_normal(want.shape).astype(np.float32)
+    opsnn.ops.sum(opsnn.ops.mul(got, opsnn.tensor(seed))).backward()
+    (want * torch.from_numpy(seed)).sum().backward()
+    for x, t in zip(xs, ts):
+        np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-4)
+    tparams = dict(tm.named_parameters())
+    for k, p in m.named_parameters():
+        np.testing.assert_allclose(p.grad.numpy(), tparams[k].grad.numpy(), rtol=1e-4, atol=1e-4, err_msg=k)
+
+
+def test_convolution_parameters_have_torchs_layout_and_initial_bounds():
+    with nn.init.seeded(0):
+        conv = nn.ConvTranspose2d(4, 6, 3, groups=2)
+        c1 = nn.Conv1d(8, 2, 5, bias=True)
+    assert conv.weight.shape == (4, 3, 3, 3) and conv.bias.shape == (6,)
+    bound = 1 / np.sqrt(3 * 9)  # torch: kaiming_uniform(a=sqrt(5)) -> 1 / sqrt(fan_in), fan_in = weight dim 1 * kernel
+    assert np.abs(conv.weight.numpy()).max() <= bound + 1e-7 and np.abs(conv.weight.numpy()).max() > 0.5 * bound
+    assert np.abs(c1.bias.numpy()).max() <= 1 / np.sqrt(40) + 1e-7
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (
+            lambda: nn.LeakyReLU(negative_slop=0.1),
+            r"LeakyReLU: unexpected keyword 'negative_slop'; did you mean 'negative_slope'",
+        ),
+        (lambda: nn.AvgPool2d(), r"AvgPool2d: missing required argument\(s\) \['kernel_size'\]"),
+        (lambda: nn.MaxPool1d(2, 2, 0, 1, False, False, 7), r"MaxPool1d: takes at most 6 argument"),
+        (lambda: nn.ZeroPad2d((1, 2, 3)), r"padding: expected an int or 4 ints, got \(1, 2, 3\)"),
+        (lambda: nn.LogSoftmax(), r"LogSoftmax: pass dim"),
+        (lambda: nn.Conv1d(3, 4, (3, 3)), r"Conv1d: kernel_size must be an int or 1 ints"),
+        (lambda: nn.Conv3d(3, 4, 3, groups=2), r"Conv3d: in_channels \(3\) and out_channels \(4\) must be divisible"),
+        (lambda: nn.ConvTranspose2d(3, 4, 3, paddin=1), r"ConvTranspose2d: unexpected keyword 'paddin'"),
+        (lambda: nn.PReLU(0), r"PReLU: num_parameters must be a positive int"),
+    ],
+)
+def test_constructor_mistakes_are_typed_errors(make, match):
+    with pytest.raises(ParamInvalidError, match=match):
+        make()
+
+
+def test_modules_trace_into_graphs():
+    with nn.init.seeded(0):
+        net = nn.Sequential(nn.Conv1d(2, 4, 3, padding=1), nn.LeakyReLU(0.1), nn.AvgPool1d(2), nn.Flatten())
+    x = _r(3, 2, 8)
+    cg = opsnn.compile(net, [x])
+    np.testing.assert_allclose(cg.run([x])[0], net(opsnn.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
