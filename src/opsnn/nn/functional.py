@@ -387,6 +387,70 @@ def cosine_similarity(x1, x2, dim: int = 1, eps: float = 1e-8) -> Tensor:
     return ops.div(dot, ops.maximum(ops.sqrt(ops.mul(na, nb)), _const(eps, a)))
 
 
+def _out_of_place(name: str, inplace: bool) -> None:
+    if inplace:
+        raise ParamInvalidError(
+            f"{name}: inplace=True is not supported (opsnn computes out of place): write x = F.{name}(x, ...)"
+        )
+
+
+def hardtanh(input, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
+    """torch.nn.functional.hardtanh: ``input`` clamped to [min_val, max_val]."""
+    _out_of_place("hardtanh", inplace)
+    lo, hi = real_number("hardtanh", "min_val", min_val), real_number("hardtanh", "max_val", max_val)
+    if not lo <= hi:
+        raise ParamInvalidError(f"hardtanh: min_val ({lo}) must not exceed max_val ({hi})")
+    x = as_tensor(input)
+    return ops.clamp(x, _const(lo, x), _const(hi, x))
+
+
+def relu6(input, inplace: bool = False) -> Tensor:
+    """torch.nn.functional.relu6: ``min(max(input, 0), 6)``."""
+    _out_of_place("relu6", inplace)
+    return hardtanh(input, 0.0, 6.0)
+
+
+def hardsigmoid(input, inplace: bool = False) -> Tensor:
+    """torch.nn.functional.hardsigmoid: ``relu6(input + 3) / 6`` (ONNX HardSigmoid, alpha 1/6, beta 1/2)."""
+    _out_of_place("hardsigmoid", inplace)
+    return ops.hard_sigmoid(input, 1.0 / 6.0, 0.5)
+
+
+def hardswish(input, inplace: bool = False) -> Tensor:
+    """torch.nn.functional.hardswish: ``input * relu6(input + 3) / 6``."""
+    _out_of_place("hardswish", inplace)
+    return ops.hard_swish(input)
+
+
+def selu(input, inplace: bool = False) -> Tensor:
+    """torch.nn.functional.selu (torch's alpha and scale)."""
+    _out_of_place("selu", inplace)
+    return ops.selu(input)
+
+
+def softplus(input, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """torch.nn.functional.softplus: ``log(1 + exp(beta x)) / beta``, and ``x`` itself where ``beta x >
+    threshold`` (as torch, for stability)."""
+    x = as_tensor(input)
+    beta = real_number("softplus", "beta", beta)
+    threshold = real_number("softplus", "threshold", threshold)
+    bx = ops.mul(x, _const(beta, x))
+    return ops.where(ops.gt(bx, _const(threshold, x)), x, ops.div(ops.softplus(bx), _const(beta, x)))
+
+
+def unflatten(input, dim: int, sizes) -> Tensor:
+    """torch.unflatten: dim ``dim`` of ``input`` split into ``sizes`` (one of them may be -1)."""
+    x = as_tensor(input)
+    d = dim + x.ndim if dim < 0 else dim
+    if not 0 <= d < x.ndim:
+        raise ParamInvalidError(f"unflatten: dim {dim} out of range for a {x.ndim}-D tensor")
+    sizes = tuple(int(v) for v in sizes)
+    known = int(np.prod([v for v in sizes if v != -1]))
+    if sizes.count(-1) > 1 or (-1 not in sizes and known != x.shape[d]) or (known and x.shape[d] % known):
+        raise ParamInvalidError(f"unflatten: sizes {sizes} do not multiply to dim {dim}'s size {x.shape[d]}")
+    return ops.reshape(x, tuple(x.shape[:d]) + sizes + tuple(x.shape[d + 1 :]))
+
+
 def batch_norm(
     input, running_mean, running_var, weight=None, bias=None, training: bool = False, momentum=0.1, eps=1e-5
 ) -> Tensor:

@@ -72,6 +72,13 @@ TABLE: dict[str, Row] = {
     "Hardshrink": Row(F.hardshrink, {"lambd": 0.5}),
     "Softshrink": Row(F.softshrink, {"lambd": 0.5}),
     "LogSoftmax": Row(F.log_softmax, {"dim": None}),
+    "ReLU6": _activation(F.relu6),
+    "Hardtanh": _activation(F.hardtanh, min_val=-1.0, max_val=1.0),
+    "Hardsigmoid": _activation(F.hardsigmoid),
+    "Hardswish": _activation(F.hardswish),
+    "SELU": _activation(F.selu),
+    "Softplus": Row(F.softplus, {"beta": 1.0, "threshold": 20.0}),
+    "Unflatten": Row(F.unflatten, {"dim": None, "unflattened_size": None}, call={"unflattened_size": "sizes"}),
     "MaxPool1d": _pool(F.max_pool1d),
     "MaxPool3d": _pool(F.max_pool3d),
     "AvgPool1d": _pool(F.avg_pool1d, average=True),
@@ -124,6 +131,7 @@ _REQUIRED = {
     "AvgPool2d": ("kernel_size",),
     "AvgPool3d": ("kernel_size",),
     "PixelShuffle": ("upscale_factor",),
+    "Unflatten": ("dim", "unflattened_size"),
     "PixelUnshuffle": ("downscale_factor",),
     "ZeroPad1d": ("padding",),
     "ZeroPad2d": ("padding",),
@@ -145,7 +153,7 @@ def make_module(name: str, row: Row) -> type:
         bound = _bind(name, row.params, args, kwargs)
         for k, v in bound.items():
             setattr(self, k, v)
-        call = {k: v for k, v in bound.items() if k not in _KEPT}
+        call = {(row.call or {}).get(k, k): v for k, v in bound.items() if k not in _KEPT}
         call = row.prepare(dict(call)) if row.prepare else call
         self._call = {**call, **row.fixed}
         if name == "LogSoftmax" and self._call["dim"] is None:
@@ -172,6 +180,9 @@ ConstantPad3d = make_module("ConstantPad3d", TABLE["ConstantPad3d"])
 CosineSimilarity = make_module("CosineSimilarity", TABLE["CosineSimilarity"])
 ELU = make_module("ELU", TABLE["ELU"])
 Hardshrink = make_module("Hardshrink", TABLE["Hardshrink"])
+Hardsigmoid = make_module("Hardsigmoid", TABLE["Hardsigmoid"])
+Hardswish = make_module("Hardswish", TABLE["Hardswish"])
+Hardtanh = make_module("Hardtanh", TABLE["Hardtanh"])
 LeakyReLU = make_module("LeakyReLU", TABLE["LeakyReLU"])
 LogSoftmax = make_module("LogSoftmax", TABLE["LogSoftmax"])
 MaxPool1d = make_module("MaxPool1d", TABLE["MaxPool1d"])
@@ -179,12 +190,16 @@ MaxPool3d = make_module("MaxPool3d", TABLE["MaxPool3d"])
 Mish = make_module("Mish", TABLE["Mish"])
 PixelShuffle = make_module("PixelShuffle", TABLE["PixelShuffle"])
 PixelUnshuffle = make_module("PixelUnshuffle", TABLE["PixelUnshuffle"])
+ReLU6 = make_module("ReLU6", TABLE["ReLU6"])
 ReflectionPad1d = make_module("ReflectionPad1d", TABLE["ReflectionPad1d"])
 ReflectionPad2d = make_module("ReflectionPad2d", TABLE["ReflectionPad2d"])
 ReplicationPad1d = make_module("ReplicationPad1d", TABLE["ReplicationPad1d"])
 ReplicationPad2d = make_module("ReplicationPad2d", TABLE["ReplicationPad2d"])
+SELU = make_module("SELU", TABLE["SELU"])
+Softplus = make_module("Softplus", TABLE["Softplus"])
 Softshrink = make_module("Softshrink", TABLE["Softshrink"])
 Softsign = make_module("Softsign", TABLE["Softsign"])
+Unflatten = make_module("Unflatten", TABLE["Unflatten"])
 Upsample = make_module("Upsample", TABLE["Upsample"])
 ZeroPad1d = make_module("ZeroPad1d", TABLE["ZeroPad1d"])
 ZeroPad2d = make_module("ZeroPad2d", TABLE["ZeroPad2d"])
@@ -200,6 +215,9 @@ __all__ = [
     "CosineSimilarity",
     "ELU",
     "Hardshrink",
+    "Hardsigmoid",
+    "Hardswish",
+    "Hardtanh",
     "LeakyReLU",
     "LogSoftmax",
     "MaxPool1d",
@@ -207,12 +225,16 @@ __all__ = [
     "Mish",
     "PixelShuffle",
     "PixelUnshuffle",
+    "ReLU6",
     "ReflectionPad1d",
     "ReflectionPad2d",
     "ReplicationPad1d",
     "ReplicationPad2d",
+    "SELU",
+    "Softplus",
     "Softshrink",
     "Softsign",
+    "Unflatten",
     "Upsample",
     "ZeroPad1d",
     "ZeroPad2d",
