@@ -135,3 +135,57 @@ def test_modules_trace_into_graphs():
     x = _r(3, 2, 8)
     cg = opsnn.compile(net, [x])
     np.testing.assert_allclose(cg.run([x])[0], net(opsnn.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_transformer_encoder_and_decoder_match_torch(norm_first, batch_first):
+    torch = pytest.importorskip("torch")
+    kw = dict(dim_feedforward=24, dropout=0.0, batch_first=batch_first, norm_first=norm_first)
+    with nn.init.seeded(5):
+        enc = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(16, 4, activation="gelu", **kw), 2, norm=nn.LayerNorm(16)
+        )
+        dec = nn.TransformerDecoder(nn.TransformerDecoderLayer(16, 4, **kw), 2)
+    tenc = torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(16, 4, activation="gelu", **kw),
+        2,
+        norm=torch.nn.LayerNorm(16),
+        enable_nested_tensor=False,
+    )
+    tdec = torch.nn.TransformerDecoder(torch.nn.TransformerDecoderLayer(16, 4, **kw), 2)
+    for m, tm in ((enc, tenc), (dec, tdec)):
+        state = {k: torch.from_numpy(v.numpy().copy()) for k, v in m.state_dict().items()}
+        assert set(state) == set(tm.state_dict())  # torch's names: torch checkpoints load as they are
+        tm.load_state_dict(state)
+    # the stacked layers start from one layer's weights, as torch's deep copies do
+    np.testing.assert_array_equal(enc.layers[0].linear1.weight.numpy(), enc.layers[1].linear1.weight.numpy())
+    shape = (2, 5, 16) if batch_first else (5, 2, 16)
+    src, tgt = _r(*shape), _r(*(shape[:2] if batch_first else shape[:2]), 16)
+    pad = np.zeros((2, 5), bool)
+    pad[1, 3:] = True
+    causal = np.triu(np.full((5, 5), -np.inf, np.float32), 1)
+    x = opsnn.tensor(src, requires_grad=True)
+    tx = torch.tensor(src, requires_grad=True)
+    mem = enc(x, src_key_padding_mask=pad)
+    tmem = tenc(tx, src_key_padding_mask=torch.from_numpy(pad))
+    out = dec(opsnn.tensor(tgt), mem, tgt_mask=causal, memory_key_padding_mask=pad)
+    tout = tdec(
+        torch.from_numpy(tgt), tmem, tgt_mask=torch.from_numpy(causal), memory_key_padding_mask=torch.from_numpy(pad)
+    )
+    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=1e-4, atol=1e-4)
+    opsnn.ops.sum(out).backward()
+    tout.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-3, atol=1e-4)
+    tp = dict(tenc.named_parameters())
+    for k, p in enc.named_parameters():
+        np.testing.assert_allclose(p.grad.numpy(), tp[k].grad.numpy(), rtol=1e-3, atol=1e-4, err_msg=k)
+
+
+def test_transformer_constructor_mistakes():
+    with pytest.raises(ParamInvalidError, match="activation must be 'relu', 'gelu' or a callable, got 'swish'"):
+        nn.TransformerEncoderLayer(8, 2, activation="swish")
+    with pytest.raises(ParamInvalidError, match="TransformerEncoder: expected a TransformerEncoderLayer, got Linear"):
+        nn.TransformerEncoder(nn.Linear(2, 2), 2)
+    with pytest.raises(ParamInvalidError, match="num_layers must be a positive int, got 0"):
+        nn.TransformerDecoder(nn.TransformerDecoderLayer(8, 2), 0)

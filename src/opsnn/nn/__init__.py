@@ -101,6 +101,7 @@ from .stateless import (
     ZeroPad1d,
     ZeroPad2d,
 )
+from .transformer import TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 from .weights import WeightFileError, onnx_initializers, read_weights, write_weights
 
 __all__ = [
@@ -160,6 +161,10 @@ __all__ = [
     "parallel",
     "read_weights",
     "write_weights",
+    "TransformerDecoder",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
     "Unflatten",
     "Softplus",
     "SELU",
