@@ -189,3 +189,83 @@ def test_transformer_constructor_mistakes():
         nn.TransformerEncoder(nn.Linear(2, 2), 2)
     with pytest.raises(ParamInvalidError, match="num_layers must be a positive int, got 0"):
         nn.TransformerDecoder(nn.TransformerDecoderLayer(8, 2), 0)
+
+
+@pytest.mark.parametrize(
+    "name, args, kw",
+    [
+        ("RNN", (3, 5, 2), {"nonlinearity": "relu", "batch_first": True}),
+        ("RNN", (3, 5), {"bidirectional": True}),
+        ("RNNCell", (3, 5), {}),
+        ("RNNCell", (3, 5), {"nonlinearity": "relu", "bias": False}),
+        ("LSTMCell", (3, 5), {}),
+        ("GRUCell", (3, 5), {}),
+    ],
+)
+def test_recurrent_modules_match_torch(name, args, kw):
+    torch = pytest.importorskip("torch")
+    with nn.init.seeded(2):
+        m = getattr(nn, name)(*args, **kw)
+    tm = getattr(torch.nn, name)(*args, **kw)
+    state = {k: torch.from_numpy(v.numpy().copy()) for k, v in m.state_dict().items()}
+    assert set(state) == set(tm.state_dict())
+    tm.load_state_dict(state)
+    cell = name.endswith("Cell")
+    x = _r(4, 3) if cell else (_r(2, 6, 3) if kw.get("batch_first") else _r(6, 2, 3))
+    h = _r(4, 5) if cell else None
+    tx, th = torch.tensor(x, requires_grad=True), None if h is None else torch.from_numpy(h)
+    ox = opsnn.tensor(x, requires_grad=True)
+    if name == "LSTMCell":
+        c = _r(4, 5)
+        got, want = m(ox, (opsnn.tensor(h), opsnn.tensor(c))), tm(tx, (th, torch.from_numpy(c)))
+        got, want = opsnn.ops.add(got[0], got[1]), want[0] + want[1]
+    else:
+        got, want = (m(ox, opsnn.tensor(h)), tm(tx, th)) if cell else (m(ox)[0], tm(tx)[0])
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-5)
+    opsnn.ops.sum(got).backward()
+    want.sum().backward()
+    np.testing.assert_allclose(ox.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-5)
+    tp = dict(tm.named_parameters())
+    for k, p in m.named_parameters():
+        np.testing.assert_allclose(p.grad.numpy(), tp[k].grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=k)
+    if cell:  # unbatched input, no state: zeros, as torch
+        np.testing.assert_allclose(
+            np.asarray(m(opsnn.tensor(x[0]))[0] if name == "LSTMCell" else m(opsnn.tensor(x[0])).numpy()),
+            (tm(torch.from_numpy(x[0]))[0] if name == "LSTMCell" else tm(torch.from_numpy(x[0]))).detach().numpy(),
+            rtol=1e-4,
+            atol=1e-5,
+        )
+
+
+def test_parameter_containers_register_their_parameters_as_torch_names_them():
+    torch = pytest.importorskip("torch")
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scales = nn.ParameterList([np.ones(3, np.float32), opsnn.tensor(np.full(3, 2.0, np.float32))])
+            self.scales.append(np.zeros(2, np.float32))
+            self.extra = nn.ParameterDict({"b": np.arange(3, dtype=np.float32), "a": np.ones(1, np.float32)})
+
+        def forward(self, x):
+            return opsnn.ops.mul(opsnn.ops.mul(x, self.scales[1]), self.extra["b"])
+
+    class TNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scales = torch.nn.ParameterList([torch.ones(3), torch.full((3,), 2.0), torch.zeros(2)])
+            self.extra = torch.nn.ParameterDict({"b": torch.arange(3.0), "a": torch.ones(1)})
+
+    net = Net()
+    assert list(net.state_dict()) == list(TNet().state_dict())
+    assert len(net.scales) == 3 and all(isinstance(p, nn.Parameter) for p in net.scales)
+    assert "a" in net.extra and list(net.extra.keys()) == ["a", "b"]  # a plain dict: sorted, as torch's
+    net.extra["c"] = np.ones(1, np.float32)
+    assert list(net.extra) == ["a", "b", "c"] and len(net.extra) == 3
+    opsnn.ops.sum(net(opsnn.tensor(np.ones(3, np.float32)))).backward()
+    np.testing.assert_array_equal(net.scales[1].grad.numpy(), [0.0, 1.0, 2.0])
+    opt = opsnn.optim.SGD(net.parameters(), lr=0.5)
+    opt.step()
+    np.testing.assert_array_equal(net.extra["b"].numpy(), [-1.0, 0.0, 1.0])  # b - 0.5 * (x * scales[1])
+    with pytest.raises(ParamInvalidError, match="ParameterList: index 5 out of range for 3 parameters"):
+        net.scales[5] = np.ones(1, np.float32)

@@ -61,11 +61,13 @@ from .module import (
     ModuleDict,
     ModuleList,
     Parameter,
+    ParameterDict,
+    ParameterList,
     Sequential,
     StateDictError,
     new_parameter,
 )
-from .rnn import GRU, LSTM
+from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from .stateless import (
     CELU,
     ELU,
@@ -161,6 +163,12 @@ __all__ = [
     "parallel",
     "read_weights",
     "write_weights",
+    "ParameterDict",
+    "ParameterList",
+    "RNN",
+    "RNNCell",
+    "LSTMCell",
+    "GRUCell",
     "TransformerDecoder",
     "TransformerDecoderLayer",
     "TransformerEncoder",

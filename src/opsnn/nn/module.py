@@ -617,6 +617,77 @@ class ModuleDict(Module):
         return self._modules.values()
 
 
+class ParameterList(Module):
+    """A list of parameters named ``0``, ``1``, ... (arrays and tensors become Parameters)."""
+
+    def __init__(self, values=()):
+        super().__init__()
+        for v in values:
+            self.append(v)
+
+    def append(self, value) -> ParameterList:
+        self.register_parameter(str(len(self._parameters)), value)
+        return self
+
+    def extend(self, values) -> ParameterList:
+        for v in values:
+            self.append(v)
+        return self
+
+    def __len__(self) -> int:
+        return len(self._parameters)
+
+    def __getitem__(self, i):
+        return list(self._parameters.values())[i]
+
+    def __setitem__(self, i: int, value) -> None:
+        n = len(self._parameters)
+        if not -n <= i < n:
+            raise ParamInvalidError(f"ParameterList: index {i} out of range for {n} parameters")
+        self.register_parameter(str(i % n), value)
+
+    def __iter__(self):
+        return iter(self._parameters.values())
+
+
+class ParameterDict(Module):
+    """Parameters by name (arrays and tensors become Parameters). As torch's, a plain dict is taken in
+    sorted key order (an OrderedDict or ParameterDict in its own order)."""
+
+    def __init__(self, parameters=None):
+        super().__init__()
+        parameters = parameters or {}
+        items = (
+            parameters.items() if isinstance(parameters, (OrderedDict, ParameterDict)) else sorted(parameters.items())
+        )
+        for k, v in items:
+            self.register_parameter(k, v)
+
+    def __getitem__(self, key: str) -> Parameter:
+        return self._parameters[key]
+
+    def __setitem__(self, key: str, value) -> None:
+        self.register_parameter(key, value)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._parameters
+
+    def __len__(self) -> int:
+        return len(self._parameters)
+
+    def __iter__(self):
+        return iter(self._parameters)
+
+    def keys(self):
+        return self._parameters.keys()
+
+    def items(self):
+        return self._parameters.items()
+
+    def values(self):
+        return self._parameters.values()
+
+
 def new_parameter(shape, dtype="float32") -> Parameter:
     """An uninitialised parameter of ``shape`` (initializers in ``opsnn.nn.init`` fill it)."""
     return Parameter.wrap(empty(tuple(shape), dtype))

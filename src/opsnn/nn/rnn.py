@@ -233,3 +233,154 @@ class GRU(_RNNBase):
     def forward(self, x, hx=None):
         y, (h,) = self._run(x, [hx])
         return y, h
+
+
+class RNN(_RNNBase):
+    """torch.nn.RNN (Elman, ``nonlinearity`` 'tanh' or 'relu'): ``forward(x, h_0=None) -> (output, h_n)``;
+    torch's argument order (``nonlinearity`` fourth)."""
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        nonlinearity: str = "tanh",
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        dtype="float32",
+    ):
+        if nonlinearity not in ("tanh", "relu"):
+            raise ParamInvalidError(f"RNN: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, dtype=dtype)
+        self.nonlinearity = nonlinearity
+
+    def _op(self, x, W, R, B, init_states, direction):
+        act = "Tanh" if self.nonlinearity == "tanh" else "Relu"
+        return ops.rnn(
+            x,
+            W,
+            R,
+            B,
+            None,
+            init_states[0],
+            hidden_size=self.hidden_size,
+            direction=direction,
+            activations=[act] * self.num_directions,
+        )
+
+    def forward(self, x, hx=None):
+        y, (h,) = self._run(x, [hx])
+        return y, h
+
+
+class _CellBase(Module):
+    """One step of a recurrent layer with torch's cell parameters (``weight_ih`` (G*H, in),
+    ``weight_hh`` (G*H, H), ``bias_ih``, ``bias_hh``), written with opsnn ops (gradients through their
+    rules). Inputs are (N, in) or one unbatched (in,) vector."""
+
+    GATES = 1
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, dtype="float32"):
+        super().__init__()
+        name = type(self).__name__
+        if input_size < 1 or hidden_size < 1:
+            raise ParamInvalidError(f"{name}: input_size and hidden_size must be >= 1, got {input_size}, {hidden_size}")
+        self.input_size, self.hidden_size, self.bias = int(input_size), int(hidden_size), bool(bias)
+        G, H = self.GATES, self.hidden_size
+        bound = 1.0 / math.sqrt(H)
+        self.register_parameter("weight_ih", init.uniform((G * H, self.input_size), -bound, bound, dtype))
+        self.register_parameter("weight_hh", init.uniform((G * H, H), -bound, bound, dtype))
+        if bias:
+            self.register_parameter("bias_ih", init.uniform((G * H,), -bound, bound, dtype))
+            self.register_parameter("bias_hh", init.uniform((G * H,), -bound, bound, dtype))
+        else:
+            self.register_parameter("bias_ih", None)
+            self.register_parameter("bias_hh", None)
+
+    def _batched(self, x, states):
+        x = as_tensor(x)
+        if x.ndim not in (1, 2) or x.shape[-1] != self.input_size:
+            raise ParamInvalidError(
+                f"{type(self).__name__}: input must be (N, {self.input_size}) or ({self.input_size},), got {tuple(x.shape)}"
+            )
+        one = x.ndim == 1
+        x = ops.unsqueeze(x, 0) if one else x
+        n = x.shape[0]
+        out = []
+        for s in states:
+            if s is None:
+                out.append(as_tensor(np.zeros((n, self.hidden_size), x.dtype)))
+            else:
+                s = as_tensor(s)
+                s = ops.unsqueeze(s, 0) if one and s.ndim == 1 else s
+                if tuple(s.shape) != (n, self.hidden_size):
+                    raise ParamInvalidError(
+                        f"{type(self).__name__}: a state must be ({n}, {self.hidden_size}), got {tuple(s.shape)}"
+                    )
+                out.append(s)
+        return x, out, one
+
+    def _gates(self, x, h):
+        gi = ops.linear(x, self.weight_ih, self.bias_ih)
+        gh = ops.linear(h, self.weight_hh, self.bias_hh)
+        return gi, gh
+
+    @staticmethod
+    def _unbatched(t, one):
+        return ops.squeeze(t, 0) if one else t
+
+    def extra_repr(self) -> str:
+        return f"{self.input_size}, {self.hidden_size}" + ("" if self.bias else ", bias=False")
+
+
+class RNNCell(_CellBase):
+    """torch.nn.RNNCell: ``h' = act(x W_ih^T + b_ih + h W_hh^T + b_hh)``."""
+
+    def __init__(
+        self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh", dtype="float32"
+    ):
+        if nonlinearity not in ("tanh", "relu"):
+            raise ParamInvalidError(f"RNNCell: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+        super().__init__(input_size, hidden_size, bias, dtype)
+        self.nonlinearity = nonlinearity
+
+    def forward(self, x, hx=None):
+        x, (h,), one = self._batched(x, [hx])
+        gi, gh = self._gates(x, h)
+        act = ops.tanh if self.nonlinearity == "tanh" else ops.relu
+        return self._unbatched(act(ops.add(gi, gh)), one)
+
+
+class LSTMCell(_CellBase):
+    """torch.nn.LSTMCell: gates (i, f, g, o); ``forward(x, (h, c)=None) -> (h', c')``."""
+
+    GATES = 4
+
+    def forward(self, x, hx=None):
+        h0, c0 = (None, None) if hx is None else hx
+        x, (h, c), one = self._batched(x, [h0, c0])
+        gi, gh = self._gates(x, h)
+        i, f, g, o = ops.split(ops.add(gi, gh), [self.hidden_size] * 4, dim=1)
+        c2 = ops.add(ops.mul(ops.sigmoid(f), c), ops.mul(ops.sigmoid(i), ops.tanh(g)))
+        h2 = ops.mul(ops.sigmoid(o), ops.tanh(c2))
+        return self._unbatched(h2, one), self._unbatched(c2, one)
+
+
+class GRUCell(_CellBase):
+    """torch.nn.GRUCell: gates (r, z, n), ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``."""
+
+    GATES = 3
+
+    def forward(self, x, hx=None):
+        x, (h,), one = self._batched(x, [hx])
+        gi, gh = self._gates(x, h)
+        H = self.hidden_size
+        ir, iz, i_n = ops.split(gi, [H, H, H], dim=1)
+        hr, hz, h_n = ops.split(gh, [H, H, H], dim=1)
+        r = ops.sigmoid(ops.add(ir, hr))
+        z = ops.sigmoid(ops.add(iz, hz))
+        n = ops.tanh(ops.add(i_n, ops.mul(r, h_n)))
+        one_minus = ops.sub(as_tensor(np.ones((), x.dtype)), z)
+        return self._unbatched(ops.add(ops.mul(one_minus, n), ops.mul(z, h)), one)
