@@ -60,6 +60,10 @@ CASES = {
     "ConvTranspose2d": ((4, 6, 3, 2, 1, 1), {"groups": 2}, [_r(1, 4, 3, 4)]),
     "ConvTranspose3d": ((2, 2, 2), {"stride": 2}, [_r(1, 2, 2, 3, 2)]),
     "PReLU": ((3,), {"init": 0.1}, [_r(2, 3, 4)]),
+    "AdaptiveAvgPool1d": ((4,), {}, [_r(2, 3, 10)]),
+    "InstanceNorm1d": ((3,), {"affine": True}, [_r(2, 3, 7)]),
+    "InstanceNorm2d": ((3,), {"eps": 1e-3}, [_r(2, 3, 4, 5)]),
+    "InstanceNorm3d": ((2,), {"affine": True}, [_r(1, 2, 3, 4, 2)]),
     "L1Loss": ((), {}, [_r(3, 4), _r(3, 4)]),
     "SmoothL1Loss": ((), {"beta": 0.5}, [_r(3, 4), _r(3, 4)]),
     "HuberLoss": ((), {"reduction": "sum", "delta": 0.7}, [_r(3, 4), _r(3, 4)]),
@@ -269,3 +273,29 @@ def test_parameter_containers_register_their_parameters_as_torch_names_them():
     np.testing.assert_array_equal(net.extra["b"].numpy(), [-1.0, 0.0, 1.0])  # b - 0.5 * (x * scales[1])
     with pytest.raises(ParamInvalidError, match="ParameterList: index 5 out of range for 3 parameters"):
         net.scales[5] = np.ones(1, np.float32)
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_channel_dropout_zeroes_whole_channels_and_scales_the_rest(dims):
+    m = getattr(nn, f"Dropout{dims}d")(0.4).train()
+    x = np.abs(_r(*((8, 16) + (3,) * dims))) + 0.5
+    opsnn.manual_seed(11)
+    t = opsnn.tensor(x, requires_grad=True)
+    y = m(t).numpy()
+    kept = (y != 0).reshape(8, 16, -1)
+    assert (kept.all(-1) | ~kept.any(-1)).all()  # a channel is kept whole or dropped whole
+    assert 0.35 < 1 - kept[..., 0].mean() < 0.75  # about p of 128 channels dropped
+    np.testing.assert_allclose(y[y != 0], (x / 0.6)[y != 0], rtol=1e-6)
+    opsnn.manual_seed(11)
+    opsnn.ops.sum(m(t)).backward()  # the same seed: the same mask; the gradient is the mask
+    np.testing.assert_allclose(t.grad.numpy(), (y != 0) / 0.6, rtol=1e-6)
+    np.testing.assert_array_equal(m.eval()(t).numpy(), x)
+    with pytest.raises(ParamInvalidError, match=f"dropout{dims}d: expected a {dims + 2}-D"):
+        m.train()(opsnn.tensor(np.ones((2,) * (dims + 3), np.float32)))
+
+
+def test_instance_norm_refuses_running_statistics():
+    with pytest.raises(ParamInvalidError, match="InstanceNorm2d: track_running_stats=True is not supported"):
+        nn.InstanceNorm2d(3, track_running_stats=True)
+    with pytest.raises(ParamInvalidError, match="InstanceNorm2d: input has 4 channels, expected num_features=3"):
+        nn.InstanceNorm2d(3)(opsnn.tensor(np.ones((1, 4, 2, 2), np.float32)))

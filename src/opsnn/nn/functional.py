@@ -451,6 +451,64 @@ def unflatten(input, dim: int, sizes) -> Tensor:
     return ops.reshape(x, tuple(x.shape[:d]) + sizes + tuple(x.shape[d + 1 :]))
 
 
+def _channel_dropout(name: str, dims: int, input, p, training, inplace) -> Tensor:
+    _out_of_place(name, inplace)
+    x = as_tensor(input)
+    if x.ndim not in (dims + 1, dims + 2):
+        raise ParamInvalidError(
+            f"{name}: expected a {dims + 2}-D (N, C, ...) or {dims + 1}-D (C, ...) input, got shape {tuple(x.shape)}"
+        )
+    if not training or float(p) == 0.0:
+        return dropout(x, p, False, name)  # checks p
+    keep = (1,) * dims
+    mask = dropout(as_tensor(np.ones(tuple(x.shape[: x.ndim - dims]) + keep, x.dtype)), p, True, name)
+    return ops.mul(x, mask)
+
+
+def dropout1d(input, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """torch.nn.functional.dropout1d: whole channels of (N, C, L) zeroed with probability ``p``, the rest
+    scaled by ``1/(1-p)``."""
+    return _channel_dropout("dropout1d", 1, input, p, training, inplace)
+
+
+def dropout2d(input, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """torch.nn.functional.dropout2d: whole (H, W) channels zeroed with probability ``p``."""
+    return _channel_dropout("dropout2d", 2, input, p, training, inplace)
+
+
+def dropout3d(input, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """torch.nn.functional.dropout3d: whole (D, H, W) channels zeroed with probability ``p``."""
+    return _channel_dropout("dropout3d", 3, input, p, training, inplace)
+
+
+def instance_norm(
+    input,
+    running_mean=None,
+    running_var=None,
+    weight=None,
+    bias=None,
+    use_input_stats: bool = True,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """torch.nn.functional.instance_norm with each instance's own statistics (``use_input_stats``);
+    running statistics are not kept (torch's InstanceNorm default, track_running_stats=False)."""
+    if running_mean is not None or running_var is not None or not use_input_stats:
+        raise ParamInvalidError(
+            "instance_norm: running statistics (track_running_stats=True) are not supported; "
+            "each instance is normalised with its own statistics"
+        )
+    return ops.instance_norm(input, weight, bias, eps=eps)
+
+
+def adaptive_avg_pool1d(input, output_size) -> Tensor:
+    """torch.nn.functional.adaptive_avg_pool1d over the last dim of (N, C, L) or (C, L)."""
+    x = as_tensor(input)
+    out = output_size[0] if isinstance(output_size, (tuple, list)) else output_size
+    y = ops.adaptive_avg_pool2d(ops.unsqueeze(x, -1), (int(out), 1))
+    return ops.squeeze(y, -1)
+
+
 def batch_norm(
     input, running_mean, running_var, weight=None, bias=None, training: bool = False, momentum=0.1, eps=1e-5
 ) -> Tensor:

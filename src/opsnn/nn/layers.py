@@ -17,6 +17,7 @@ from .. import ops
 from ..errors import ParamInvalidError
 from ..ops.registry import get_op
 from ..tensor import as_tensor
+from . import functional as F
 from . import init
 from .functional import check_token_ids, dropout, reshape
 from .module import Module, Parameter
@@ -478,6 +479,68 @@ class RMSNorm(Module):
         return f"{self.normalized_shape}, eps={self.eps}"
 
 
+class _InstanceNorm(Module):
+    """torch's InstanceNorm1d/2d/3d: each (instance, channel) normalised over its own positions;
+    ``affine`` adds torch's ``weight`` / ``bias``. Running statistics are not kept (torch's default
+    ``track_running_stats=False``; True is refused)."""
+
+    dims = 0
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        affine: bool = False,
+        track_running_stats: bool = False,
+        dtype="float32",
+    ):
+        super().__init__()
+        what = type(self).__name__
+        if track_running_stats:
+            raise ParamInvalidError(f"{what}: track_running_stats=True is not supported (running statistics)")
+        self.num_features, self.eps, self.momentum = int(num_features), float(eps), momentum
+        self.affine, self.track_running_stats = bool(affine), False
+        dt = _dt.get(dtype)
+        if affine:
+            self.weight = Parameter(np.ones(self.num_features, dt))
+            self.bias = Parameter(np.zeros(self.num_features, dt))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x):
+        x = as_tensor(x)
+        what = type(self).__name__
+        if x.ndim not in (self.dims + 1, self.dims + 2):
+            raise ParamInvalidError(
+                f"{what}: expected a {self.dims + 2}-D or {self.dims + 1}-D input, got {tuple(x.shape)}"
+            )
+        one = x.ndim == self.dims + 1
+        x = ops.unsqueeze(x, 0) if one else x
+        if x.shape[1] != self.num_features:
+            raise ParamInvalidError(
+                f"{what}: input has {x.shape[1]} channels, expected num_features={self.num_features}"
+            )
+        y = ops.instance_norm(x, self.weight, self.bias, eps=self.eps)
+        return ops.squeeze(y, 0) if one else y
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, eps={self.eps}, affine={self.affine}"
+
+
+class InstanceNorm1d(_InstanceNorm):
+    dims = 1
+
+
+class InstanceNorm2d(_InstanceNorm):
+    dims = 2
+
+
+class InstanceNorm3d(_InstanceNorm):
+    dims = 3
+
+
 class GroupNorm(Module):
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, dtype="float32"):
         super().__init__()
@@ -548,6 +611,37 @@ class Dropout(Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+class _ChannelDropout(Module):
+    """torch's Dropout1d/2d/3d: in training mode whole channels are zeroed with probability ``p`` and the
+    rest scaled by ``1/(1-p)`` (one mask value per (instance, channel), drawn as Dropout's)."""
+
+    fn = None
+
+    def __init__(self, p: float = 0.5, inplace: bool = False):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ParamInvalidError(f"{type(self).__name__}: p must be in [0, 1], got {p}")
+        self.p, self.inplace = float(p), bool(inplace)  # inplace: torch's flag, the output is a new tensor
+
+    def forward(self, x):
+        return type(self).fn(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Dropout1d(_ChannelDropout):
+    fn = staticmethod(F.dropout1d)
+
+
+class Dropout2d(_ChannelDropout):
+    fn = staticmethod(F.dropout2d)
+
+
+class Dropout3d(_ChannelDropout):
+    fn = staticmethod(F.dropout3d)
 
 
 class _Activation(Module):
@@ -649,6 +743,12 @@ __all__ = [
     "AdaptiveAvgPool2d",
     "Conv1d",
     "Conv3d",
+    "Dropout1d",
+    "Dropout2d",
+    "Dropout3d",
+    "InstanceNorm1d",
+    "InstanceNorm2d",
+    "InstanceNorm3d",
     "ConvTranspose1d",
     "ConvTranspose2d",
     "ConvTranspose3d",

@@ -97,6 +97,7 @@ TABLE: dict[str, Row] = {
     "ReplicationPad1d": Row(F.pad, {"padding": None}, fixed={"mode": "replicate"}, prepare=_pads(1)),
     "ReplicationPad2d": Row(F.pad, {"padding": None}, fixed={"mode": "replicate"}, prepare=_pads(2)),
     "CosineSimilarity": Row(F.cosine_similarity, {"dim": 1, "eps": 1e-8}),
+    "AdaptiveAvgPool1d": Row(F.adaptive_avg_pool1d, {"output_size": None}),
 }
 
 #: the parameters a module keeps for torch's sake but does not pass (opsnn computes out of place)
@@ -131,6 +132,7 @@ _REQUIRED = {
     "AvgPool2d": ("kernel_size",),
     "AvgPool3d": ("kernel_size",),
     "PixelShuffle": ("upscale_factor",),
+    "AdaptiveAvgPool1d": ("output_size",),
     "Unflatten": ("dim", "unflattened_size"),
     "PixelUnshuffle": ("downscale_factor",),
     "ZeroPad1d": ("padding",),
@@ -170,6 +172,7 @@ def make_module(name: str, row: Row) -> type:
 
 
 # one line per module, so tools (and readers) see each name
+AdaptiveAvgPool1d = make_module("AdaptiveAvgPool1d", TABLE["AdaptiveAvgPool1d"])
 AvgPool1d = make_module("AvgPool1d", TABLE["AvgPool1d"])
 AvgPool2d = make_module("AvgPool2d", TABLE["AvgPool2d"])
 AvgPool3d = make_module("AvgPool3d", TABLE["AvgPool3d"])
@@ -205,6 +208,7 @@ ZeroPad1d = make_module("ZeroPad1d", TABLE["ZeroPad1d"])
 ZeroPad2d = make_module("ZeroPad2d", TABLE["ZeroPad2d"])
 
 __all__ = [
+    "AdaptiveAvgPool1d",
     "AvgPool1d",
     "AvgPool2d",
     "AvgPool3d",
