@@ -124,3 +124,23 @@ def test_run_options_of_the_wrong_type_is_a_typed_error():
     with pytest.raises(ParamInvalidError, match="run_options must be an opsnn.RunOptions or None, got dict"):
         sess.run(None, feed, {"log_severity_level": 1})
     np.testing.assert_array_equal(sess.run(None, feed, opsnn.RunOptions())[0], [0.0, 2.0])
+
+
+def test_any_and_all_as_torch_defines_them():
+    cases = [
+        np.array([[0.0, 1.5], [0.0, 0.0]], np.float32),
+        np.array([np.nan, 0.0], np.float32),  # NaN is nonzero
+        np.zeros((0, 3), np.float32),  # nothing: any False, all True
+        np.array(2.0, np.float32),
+        np.array([[True, True], [False, True]]),
+        np.array([[0, 3, 0]], np.int64),
+    ]
+    for a in cases:
+        t = opsnn.tensor(a)
+        assert t.any().dtype == np.bool_ and t.any().shape == ()
+        assert bool(t.any()) == bool(np.any(a != 0)) and bool(t.all()) == bool(np.all(a != 0)), a
+        if a.ndim == 2 and a.size:
+            np.testing.assert_array_equal(t.any(dim=0).numpy(), np.any(a != 0, axis=0))
+            np.testing.assert_array_equal(t.all(1, keepdim=True).numpy(), np.all(a != 0, axis=1, keepdims=True))
+    t = opsnn.tensor(np.array([1.0, -2.0], np.float32))
+    assert (t < 0).any() and not (t < -5).any()  # the truth value of a reduced tensor

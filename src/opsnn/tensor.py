@@ -268,7 +268,7 @@ class Tensor:
         if self.numel != 1:
             raise ParamInvalidError(
                 f"the truth value of a tensor of shape {self.shape} ({self.numel} elements) is ambiguous: "
-                "reduce it first (t.numpy().any(), t.numpy().all()) or index one element"
+                "reduce it first (t.any(), t.all()) or index one element"
             )
         return bool(self.numpy().item())
 

@@ -378,10 +378,34 @@ def _chunk(self, chunks, dim=0):
     return FUNCTIONS["split"](self, max(1, -(-self.shape[dim] // int(chunks))), dim)
 
 
+def _truth_reduction(name: str, reduce: str):
+    """torch's ``any`` / ``all``: whether any / every element is nonzero (NaN counts as nonzero), over
+    all elements (a 0-d bool tensor) or along ``dim``."""
+
+    cast = FUNCTIONS["cast"]
+
+    def method(self, dim=None, keepdim: bool = False):
+        flags = cast(cast(self, "bool"), "int32")
+        if dim is None:
+            if self.numel == 0:  # any() of nothing is False, all() True
+                return cast(np.asarray(reduce == "min"), "bool")
+            return cast(FUNCTIONS[reduce](FUNCTIONS["reshape"](flags, (-1,))), "bool")
+        return cast(FUNCTIONS[reduce](flags, dim, keepdim), "bool")
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
 def install(cls=Tensor) -> list[str]:
     """Put every table method on ``cls`` (keeping the ones ``cls`` defines itself); returns their names."""
     done = []
-    for name, fn in {**_equality(), "repeat": _repeat, "chunk": _chunk}.items():
+    extra = {
+        "repeat": _repeat,
+        "chunk": _chunk,
+        "any": _truth_reduction("any", "max"),
+        "all": _truth_reduction("all", "min"),
+    }
+    for name, fn in {**_equality(), **extra}.items():
         setattr(cls, name, fn)
         done.append(name)
     for name, spec in METHODS.items():
