@@ -64,21 +64,30 @@ def save_checkpoint(
     if scheduler is not None:
         meta["scheduler"] = scheduler.state_dict()
     meta["shapes"] = {k: list(v.shape) for k, v in tensors.items() if v.ndim == 0}  # the file stores 0-d as (1,)
+    folder = os.path.dirname(os.path.abspath(str(path)))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(errno.ENOENT, f"save_checkpoint: no folder {folder!r} to write into", str(path))
     st.save_file(tensors, str(path), metadata={_META_KEY: json.dumps(meta)})
     return str(path)
 
 
-def checkpoint_info(path) -> dict:
-    """``{"step": ..., "extra": ...}`` of a checkpoint file, without loading its tensors."""
+def _open(path, who: str):
+    """The safetensors handle of ``path``: FileNotFoundError where there is no file, CheckpointError where
+    it is not a safetensors file."""
     from safetensors import safe_open
 
     if not os.path.isfile(str(path)):
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
     try:
-        with safe_open(str(path), framework="np") as f:
-            raw = (f.metadata() or {}).get(_META_KEY)
+        return safe_open(str(path), framework="np")
     except Exception as e:  # safetensors' own error type: the file is not a safetensors file
-        raise CheckpointError(f"checkpoint_info: {path} is not a safetensors checkpoint ({e})") from e
+        raise CheckpointError(f"{who}: {path} is not a safetensors checkpoint ({e})") from e
+
+
+def checkpoint_info(path) -> dict:
+    """``{"step": ..., "extra": ...}`` of a checkpoint file, without loading its tensors."""
+    with _open(path, "checkpoint_info") as f:
+        raw = (f.metadata() or {}).get(_META_KEY)
     if raw is None:
         raise CheckpointError(f"checkpoint_info: {path} has no {_META_KEY!r} metadata (not an opsnn checkpoint)")
     meta = json.loads(raw)
@@ -90,11 +99,9 @@ def load_checkpoint(path, model, optimizer=None, *, scaler=None, scheduler=None,
     scheduler given) and the init RNG; returns ``{"step": ..., "extra": ...}``. A file written for
     another model or optimizer raises (StateDictError / OptimizerStateError / CheckpointError)
     before anything is written."""
-    from safetensors import safe_open
-
     from .nn import init
 
-    with safe_open(str(path), framework="np") as f:
+    with _open(path, "load_checkpoint") as f:
         raw = (f.metadata() or {}).get(_META_KEY)
         if raw is None:
             raise CheckpointError(f"load_checkpoint: {path} has no {_META_KEY!r} metadata (not an opsnn checkpoint)")

@@ -667,7 +667,10 @@ def tensor(data, dtype=None, format: str = "ND", *, requires_grad: bool = False)
     makes it a leaf that gradients flow into (float dtypes), as ``torch.tensor(..., requires_grad=True)``."""
     if isinstance(data, Tensor):
         data = data.numpy()
-    arr = np.asarray(data) if dtype is None else np.asarray(data, dtype=_dt.get(dtype))
+    try:
+        arr = np.asarray(data) if dtype is None else np.asarray(data, dtype=_dt.get(dtype))
+    except ValueError as e:  # ragged nested lists, strings that are not numbers for a numeric dtype
+        raise ParamInvalidError(f"tensor: cannot build a tensor from this {type(data).__name__}: {e}") from None
     if arr.dtype == np.float64 and dtype is None and not isinstance(data, (np.ndarray, np.generic)):
         arr = arr.astype(np.float32)  # Python floats default to float32, as in torch
     if arr.dtype.kind == "O" and not all(isinstance(v, (str, bytes)) for v in arr.reshape(-1)):

@@ -357,6 +357,11 @@ class CompiledGraph:
                 raise ParamInvalidError(f"graph {self.graph.name}: missing input(s) {missing}")
             items = [(n, inputs.get(n)) for n in names]
         else:
+            if isinstance(inputs, (str, bytes, np.ndarray, Tensor)) or not hasattr(inputs, "__iter__"):
+                raise ParamInvalidError(
+                    f"graph {self.graph.name}: inputs must be a dict {{name: array}} or a list in input order "
+                    f"{names}, got {type(inputs).__name__}"
+                )
             inputs = list(inputs)
             if len(inputs) != len(names):
                 raise ParamInvalidError(

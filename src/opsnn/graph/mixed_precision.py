@@ -27,6 +27,10 @@ _policy: dict = {}
 def normalize_policy(policy: dict | None, who: str = "allow_mix_precision") -> dict:
     """``{op type: dtype}`` with aliases resolved and dtypes as numpy dtypes; unknown op types
     and non-float dtypes raise (the check shared by compiled graphs and ``opsnn.autocast``)."""
+    if policy is not None and not isinstance(policy, dict):
+        raise ParamInvalidError(
+            f"{who}: expected a dict {{op type: dtype}} (e.g. {{'MatMul': 'bfloat16'}}) or None, got {policy!r}"
+        )
     new = {}
     for op, dt in (policy or {}).items():
         name = ALIASES.get(op, op)

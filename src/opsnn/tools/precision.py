@@ -135,6 +135,12 @@ def precision_compare(model, inputs: dict, dtype="float16", tolerance: float = 1
         if not _dt.is_float(default):
             raise ParamInvalidError(f"precision_compare: dtype must be a float dtype or a policy dict, got {dtype!r}")
         policy, label = {}, _dt.name(default)
+    if not isinstance(inputs, dict):
+        raise ParamInvalidError(
+            f"precision_compare: inputs must be a dict {{input name: array}}, got {type(inputs).__name__}"
+        )
+    if not float(tolerance) >= 0.0:
+        raise ParamInvalidError(f"precision_compare: tolerance must be >= 0, got {tolerance}")
     env32 = {k: np.asarray(v) for k, v in graph.initializers.items()}
     missing = [v.name for v in graph.inputs if v.name not in inputs and v.name not in graph.initializers]
     if missing:
