@@ -1,1 +1,1 @@
-"""torch.utils-shaped helpers: :mod:`opsnn.utils.data` (``DistributedSampler``)."""
+"""torch.utils-shaped helpers: :mod:`opsnn.utils.data` (``Dataset``, ``TensorDataset``, ``DataLoader``, the samplers, ``DistributedSampler``)."""
