@@ -39,11 +39,14 @@ try:
     from .runtime import Device, Event, Stream, context, current_stream, finalize, hooks, init, is_initialized
     from .runtime import memory
     from .runtime.threads import get_num_threads, set_num_threads
-    from .tensor import Tensor, empty, from_dlpack, from_numpy, full, ones, tensor, zeros
+    from .tensor import Tensor, empty, from_dlpack, from_numpy, full, is_tensor, ones, tensor, zeros
     from . import ops
     from .ops import kernel_selector, register_kernel, register_op
+    from .ops import arange, cat, eye, linspace, rand, randint, randn, randperm, stack, where  # torch's names
+    from .ops import empty_like, full_like, ones_like, zeros_like
+    from .dtypes import bfloat16, bool_, float16, float32, float64, int8, int16, int32, int64, uint8
     from . import autograd  # noqa: E402 - before nn: Parameters require grad
-    from .autograd import enable_grad, no_grad, set_grad_enabled
+    from .autograd import enable_grad, inference_mode, no_grad, set_grad_enabled
     from . import aclnn, config, nn, models, tools
     from . import amp, optim  # noqa: E402
     from .amp import autocast  # noqa: E402
@@ -128,4 +131,30 @@ __all__ = [
     "set_num_threads",
     "tensor",
     "zeros",
+    "arange",
+    "cat",
+    "eye",
+    "linspace",
+    "rand",
+    "randint",
+    "randn",
+    "randperm",
+    "stack",
+    "where",
+    "empty_like",
+    "full_like",
+    "ones_like",
+    "zeros_like",
+    "is_tensor",
+    "inference_mode",
+    "bfloat16",
+    "bool_",
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
 ]

@@ -682,6 +682,11 @@ def tensor(data, dtype=None, format: str = "ND", *, requires_grad: bool = False)
     return _leaf(t, requires_grad)
 
 
+def is_tensor(obj) -> bool:
+    """Whether ``obj`` is an opsnn Tensor (torch.is_tensor)."""
+    return isinstance(obj, Tensor)
+
+
 def from_numpy(arr: np.ndarray, format: str = "ND") -> Tensor:
     """Wrap a numpy array without copying (it stays numpy-owned memory)."""
     if not isinstance(arr, np.ndarray):

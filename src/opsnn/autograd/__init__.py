@@ -23,7 +23,7 @@ from .errors import (
     NonScalarBackwardError,
 )
 from .graph import install as _install
-from .mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 
 _install()
 
@@ -38,6 +38,7 @@ __all__ = [
     "grad",
     "is_grad_enabled",
     "no_grad",
+    "inference_mode",
     "queue_callback",
     "set_grad_enabled",
 ]

@@ -40,7 +40,7 @@ class set_grad_enabled:
     def __call__(self, fn):
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
-            with type(self)(self.mode) if type(self) is set_grad_enabled else type(self)():
+            with set_grad_enabled(self.mode):  # a fresh one per call: the decorated function may recurse
                 return fn(*args, **kwargs)
 
         return wrapped
@@ -61,4 +61,12 @@ class enable_grad(set_grad_enabled):
         super().__init__(True)
 
 
-__all__ = ["enable_grad", "is_grad_enabled", "no_grad", "set_grad_enabled"]
+class inference_mode(set_grad_enabled):
+    """torch's ``inference_mode``: no tape inside (``mode=False``: recording as outside it); opsnn's
+    tensors carry no version counters, so it is ``no_grad`` by another name."""
+
+    def __init__(self, mode: bool = True):
+        super().__init__(not mode)
+
+
+__all__ = ["enable_grad", "inference_mode", "is_grad_enabled", "no_grad", "set_grad_enabled"]

@@ -26,6 +26,8 @@ from .registry import (
 )
 from . import defs
 from .defs import *  # noqa: F403 - the functional entry points
+from . import torch_names
+from .torch_names import *  # noqa: F403 - torch's names composed of the functional ops (cat, stack, ...)
 from . import gradients, tensor_methods
 
 gradients.attach()  # each record's gradient rule from ops/gradients.py, once every record exists
@@ -55,4 +57,5 @@ __all__ = [
     "register_kernel",
     "register_op",
     *defs.__all__,
+    *torch_names.__all__,
 ]

@@ -399,11 +399,16 @@ def _truth_reduction(name: str, reduce: str):
 def install(cls=Tensor) -> list[str]:
     """Put every table method on ``cls`` (keeping the ones ``cls`` defines itself); returns their names."""
     done = []
+    from . import torch_names as T
+
     extra = {
         "repeat": _repeat,
         "chunk": _chunk,
         "any": _truth_reduction("any", "max"),
         "all": _truth_reduction("all", "min"),
+        # torch's methods over opsnn.ops.torch_names (self as their first argument)
+        **{n: getattr(T, n) for n in ("std", "sort", "argsort", "flip", "roll", "outer", "norm", "repeat_interleave")},
+        **{n: getattr(T, n) for n in ("isclose", "allclose", "equal")},
     }
     for name, fn in {**_equality(), **extra}.items():
         setattr(cls, name, fn)
