@@ -42,7 +42,7 @@ try:
     from .tensor import Tensor, empty, from_dlpack, from_numpy, full, is_tensor, ones, tensor, zeros
     from . import ops
     from .ops import kernel_selector, register_kernel, register_op
-    from .ops import arange, cat, eye, linspace, rand, randint, randn, randperm, stack, where  # torch's names
+    from .ops import arange, cat, eye, linspace, stack, where  # torch's names
     from .ops import empty_like, full_like, ones_like, zeros_like
     from .dtypes import bfloat16, bool_, float16, float32, float64, int8, int16, int32, int64, uint8
     from . import autograd  # noqa: E402 - before nn: Parameters require grad
@@ -51,7 +51,7 @@ try:
     from . import amp, optim  # noqa: E402
     from .amp import autocast  # noqa: E402
     from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-    from .nn.init import manual_seed  # noqa: E402
+    from .nn.init import manual_seed, rand, randint, randn, randperm  # noqa: E402
     from .tools import profiler
     from .tools.plot import plot_graph
     from . import debug, graph, optimize, llm, pipeline

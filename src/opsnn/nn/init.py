@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import ParamInvalidError
-from ..tensor import Tensor
+from ..tensor import Tensor, tensor
 
 _rng = np.random.default_rng(0)
 
@@ -39,6 +39,56 @@ def manual_seed(seed: int) -> None:
 
 def generator() -> np.random.Generator:
     return _rng
+
+
+# -- torch's random constructors, drawing from the same generator -------------------------------------------------
+def _size(size, what: str) -> tuple:
+    size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else tuple(size)
+    if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0 for s in size):
+        raise ParamInvalidError(f"{what}: sizes must be non-negative ints, got {size}")
+    return tuple(int(s) for s in size)
+
+
+def _traced_generator(what: str) -> np.random.Generator:
+    """The generator, refused while a function is traced (its draws would become constants)."""
+    from ..graph.tracing import TraceError, active_tracer
+
+    if active_tracer() is not None:
+        raise TraceError(
+            f"{what}: random values drawn while a function is traced would be replayed as constants at every "
+            "run; draw them outside the traced function and pass them in"
+        )
+    return _rng
+
+
+def randn(*size, dtype="float32", requires_grad: bool = False) -> Tensor:
+    """Standard normal values from opsnn's generator (``opsnn.manual_seed``)."""
+    a = _traced_generator("randn").standard_normal(_size(size, "randn"))
+    return tensor(a.astype(_dt.get(dtype)), requires_grad=requires_grad)
+
+
+def rand(*size, dtype="float32", requires_grad: bool = False) -> Tensor:
+    """Uniform values in [0, 1) from opsnn's generator."""
+    a = _traced_generator("rand").random(_size(size, "rand"))
+    return tensor(a.astype(_dt.get(dtype)), requires_grad=requires_grad)
+
+
+def randint(low, high=None, size=(), dtype="int64") -> Tensor:
+    """Integers in [low, high) (``randint(high, size)`` draws from [0, high)) from opsnn's generator."""
+    if high is None:
+        low, high = 0, low
+    if not low < high:
+        raise ParamInvalidError(f"randint: low must be below high, got [{low}, {high})")
+    return tensor(
+        _traced_generator("randint").integers(low, high, _size(tuple(size), "randint")).astype(_dt.get(dtype))
+    )
+
+
+def randperm(n: int, dtype="int64") -> Tensor:
+    """A random permutation of 0..n-1 from opsnn's generator."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        raise ParamInvalidError(f"randperm: n must be an int >= 0, got {n!r}")
+    return tensor(_traced_generator("randperm").permutation(int(n)).astype(_dt.get(dtype)))
 
 
 @contextlib.contextmanager

@@ -1,7 +1,6 @@
 """torch's names for tensor creation and manipulation, composed of the functional ops (so gradients
 flow through their rules and traced functions record them): ``cat``, ``stack``, the ``*_like``
-constructors, ``randn`` / ``rand`` / ``randint`` / ``randperm`` (drawn from opsnn's generator,
-``opsnn.manual_seed``), ``linspace``, ``eye``, ``std``, ``sort`` / ``argsort``, ``flip``, ``roll``,
+constructors, ``linspace``, ``eye``, ``std``, ``sort`` / ``argsort``, ``flip``, ``roll``,
 ``outer``, ``norm``, ``isclose`` / ``allclose`` / ``equal``, ``mm`` / ``bmm``, ``repeat_interleave``,
 ``meshgrid``. Each is checked against torch in tests/test_torch_names.py.
 
@@ -77,53 +76,6 @@ def full_like(input, fill_value, dtype=None, *, requires_grad: bool = False) -> 
 
 def empty_like(input, dtype=None, *, requires_grad: bool = False) -> Tensor:
     return empty(tuple(as_tensor(input).shape), _like_dtype(input, dtype), requires_grad=requires_grad)
-
-
-def _size(size, what: str) -> tuple:
-    size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else tuple(size)
-    if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0 for s in size):
-        raise ParamInvalidError(f"{what}: sizes must be non-negative ints, got {size}")
-    return tuple(int(s) for s in size)
-
-
-def _generator(what: str):
-    from ..graph.tracing import TraceError, active_tracer
-    from ..nn import init
-
-    if active_tracer() is not None:
-        raise TraceError(
-            f"{what}: random values drawn while a function is traced would be replayed as constants at every "
-            "run; draw them outside the traced function and pass them in"
-        )
-    return init.generator()
-
-
-def randn(*size, dtype="float32", requires_grad: bool = False) -> Tensor:
-    """Standard normal values from opsnn's generator (``opsnn.manual_seed``)."""
-    a = _generator("randn").standard_normal(_size(size, "randn"))
-    return tensor(a.astype(_dt.get(dtype)), requires_grad=requires_grad)
-
-
-def rand(*size, dtype="float32", requires_grad: bool = False) -> Tensor:
-    """Uniform values in [0, 1) from opsnn's generator."""
-    a = _generator("rand").random(_size(size, "rand"))
-    return tensor(a.astype(_dt.get(dtype)), requires_grad=requires_grad)
-
-
-def randint(low, high=None, size=(), dtype="int64") -> Tensor:
-    """Integers in [low, high) (``randint(high, size)`` draws from [0, high)) from opsnn's generator."""
-    if high is None:
-        low, high = 0, low
-    if not low < high:
-        raise ParamInvalidError(f"randint: low must be below high, got [{low}, {high})")
-    return tensor(_generator("randint").integers(low, high, _size(tuple(size), "randint")).astype(_dt.get(dtype)))
-
-
-def randperm(n: int, dtype="int64") -> Tensor:
-    """A random permutation of 0..n-1 from opsnn's generator."""
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
-        raise ParamInvalidError(f"randperm: n must be an int >= 0, got {n!r}")
-    return tensor(_generator("randperm").permutation(int(n)).astype(_dt.get(dtype)))
 
 
 def linspace(start, end, steps: int, dtype="float32") -> Tensor:
@@ -316,10 +268,6 @@ __all__ = [
     "norm",
     "ones_like",
     "outer",
-    "rand",
-    "randint",
-    "randn",
-    "randperm",
     "repeat_interleave",
     "roll",
     "sort",
