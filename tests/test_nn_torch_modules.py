@@ -299,3 +299,37 @@ def test_instance_norm_refuses_running_statistics():
         nn.InstanceNorm2d(3, track_running_stats=True)
     with pytest.raises(ParamInvalidError, match="InstanceNorm2d: input has 4 channels, expected num_features=3"):
         nn.InstanceNorm2d(3)(opsnn.tensor(np.ones((1, 4, 2, 2), np.float32)))
+
+
+def test_forward_hooks_to_casts_and_lookups_as_torch():
+    with nn.init.seeded(0):
+        net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    seen = []
+    h1 = net[0].register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    h2 = net[2].register_forward_pre_hook(lambda m, args: (opsnn.ops.mul(args[0], 0.0),))
+    h3 = net.register_forward_hook(lambda m, args, out: opsnn.ops.add(out, 1.0))
+    x = opsnn.tensor(_r(5, 3))
+    y = net(x).numpy()
+    np.testing.assert_allclose(y, np.tile(net[2].bias.numpy() + 1.0, (5, 1)), rtol=1e-6)  # zeroed input, +1 after
+    assert seen == [(5, 4)]
+    for h in (h1, h2, h3):
+        h.remove()
+    h1.remove()  # twice: nothing left to remove
+    ref = np.maximum(x.numpy() @ net[0].weight.numpy().T + net[0].bias.numpy(), 0)
+    np.testing.assert_allclose(net(x).numpy(), ref @ net[2].weight.numpy().T + net[2].bias.numpy(), rtol=1e-5)
+    assert seen == [(5, 4)]
+    cg = opsnn.compile(net, [x.numpy()])  # hooks run while a module is traced, as any Python in forward
+    assert net.to("cpu") is net and net.cpu() is net and net.to(device="cpu", dtype=None) is net
+    assert net.double()[0].weight.dtype == np.float64 and net.float()[0].weight.dtype == np.float32
+    assert net.to("bfloat16")[2].bias.dtype == opsnn.dtypes.bfloat16 and net.half()[0].weight.dtype == np.float16
+    net.to(np.float32)
+    assert net.get_submodule("2") is net[2] and net.get_parameter("0.bias") is net[0].bias
+    assert cg.run([x.numpy()])[0].shape == (5, 2)
+    for call, match in (
+        (lambda: net.to("cuda"), "opsnn runs on the CPU, got device 'cuda'"),
+        (lambda: net.get_submodule("1.weight"), "ReLU has no submodule 'weight'"),
+        (lambda: net.get_parameter("0.scale"), "no parameter '0.scale'"),
+        (lambda: net.register_forward_hook(3), "expected a callable, got int"),
+    ):
+        with pytest.raises(ParamInvalidError, match=match):
+            call()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -24,8 +25,13 @@ import numpy as np
 
 from .. import autograd as _autograd  # noqa: F401 - gives Tensor requires_grad / grad before Parameters exist
 from .. import dtypes as _dt
+from ..autograd.graph import RemovableHandle
 from ..errors import ARGUMENT_ERRORS, DTypeError, OpsnnError, ParamInvalidError, bad_arguments_message
+from ..runtime.device import Device
 from ..tensor import Tensor, empty, tensor
+
+#: keys of the forward hooks (one sequence: a handle removes only its own)
+_HOOK_KEYS = itertools.count()
 
 
 class StateDictError(ParamInvalidError):
@@ -414,7 +420,79 @@ class Module:
             p.requires_grad_(requires_grad)
         return self
 
-    def to(self, dtype) -> Module:
+    def to(self, *args, **kwargs) -> Module:
+        """torch's ``module.to(...)``: a dtype casts floating parameters and buffers in place; a
+        device (``"cpu"``, ``opsnn.Device``) is where they already are; returns self."""
+        dtype = kwargs.pop("dtype", None)
+        kwargs.pop("non_blocking", None)
+        for a in list(args) + [kwargs.pop("device", None)]:
+            if a is None:
+                continue
+            if isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda", "mps", "npu", "xpu"):
+                if not a.startswith("cpu"):
+                    raise ParamInvalidError(f"Module.to: opsnn runs on the CPU, got device {a!r}")
+            elif isinstance(a, Device):
+                continue
+            else:
+                dtype = a
+        if kwargs:
+            raise ParamInvalidError(f"Module.to: unexpected keyword(s) {sorted(kwargs)}")
+        return self if dtype is None else self._cast(dtype)
+
+    def float(self) -> Module:
+        return self._cast("float32")
+
+    def double(self) -> Module:
+        return self._cast("float64")
+
+    def half(self) -> Module:
+        return self._cast("float16")
+
+    def bfloat16(self) -> Module:
+        return self._cast("bfloat16")
+
+    def cpu(self) -> Module:
+        return self
+
+    def get_submodule(self, target: str) -> Module:
+        """The submodule at dotted path ``target`` (``""``: self), as torch's."""
+        m = self
+        for part in target.split(".") if target else ():
+            sub = m._modules.get(part)
+            if sub is None:
+                raise ParamInvalidError(f"get_submodule: {type(m).__name__} has no submodule {part!r} (in {target!r})")
+            m = sub
+        return m
+
+    def get_parameter(self, target: str) -> Parameter:
+        """The parameter at dotted path ``target``, as torch's."""
+        path, _, name = target.rpartition(".")
+        p = self.get_submodule(path)._parameters.get(name)
+        if p is None:
+            raise ParamInvalidError(f"get_parameter: no parameter {target!r}")
+        return p
+
+    def register_forward_pre_hook(self, hook) -> RemovableHandle:
+        """``hook(module, args)`` runs before ``forward``; a result other than None replaces the
+        positional arguments (a tuple, or one value). ``handle.remove()`` unregisters it."""
+        return self._add_hook("_forward_pre_hooks", hook)
+
+    def register_forward_hook(self, hook) -> RemovableHandle:
+        """``hook(module, args, output)`` runs after ``forward``; a result other than None replaces
+        the output. ``handle.remove()`` unregisters it."""
+        return self._add_hook("_forward_hooks", hook)
+
+    def _add_hook(self, table: str, hook) -> RemovableHandle:
+        if not callable(hook):
+            raise ParamInvalidError(
+                f"{table.strip('_').replace('_', ' ')}: expected a callable, got {type(hook).__name__}"
+            )
+        hooks = self.__dict__.setdefault(table, OrderedDict())
+        key = next(_HOOK_KEYS)
+        hooks[key] = hook
+        return RemovableHandle(hooks, key)
+
+    def _cast(self, dtype) -> Module:
         """Cast floating parameters and buffers to ``dtype`` in place (returns self)."""
         dt = _dt.get(dtype)
         if not _dt.is_float(dt):
@@ -441,7 +519,20 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        d = self.__dict__
+        pre, post = d.get("_forward_pre_hooks"), d.get("_forward_hooks")
+        if pre:
+            for hook in list(pre.values()):
+                res = hook(self, args)
+                if res is not None:
+                    args = res if isinstance(res, tuple) else (res,)
+        out = self.forward(*args, **kwargs)
+        if post:
+            for hook in list(post.values()):
+                res = hook(self, args, out)
+                if res is not None:
+                    out = res
+        return out
 
     def to_graph(self, example_inputs, dynamic_dims=None, name: str | None = None):
         """Trace ``forward(*example_inputs)`` into an :class:`opsnn.graph.Graph`; weights become
