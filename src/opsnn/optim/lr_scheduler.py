@@ -1,6 +1,8 @@
-"""Learning-rate schedulers with torch's names and semantics (``StepLR``, ``CosineAnnealingLR``,
-``LinearLR`` for warmup, ``LambdaLR``, ``SequentialLR``); each sets ``group["lr"]`` of its
-optimizer's parameter groups, in closed form, on every ``step()``.
+"""Learning-rate schedulers with torch's names and semantics (``StepLR``, ``MultiStepLR``,
+``ExponentialLR``, ``ConstantLR``, ``PolynomialLR``, ``CosineAnnealingLR``,
+``CosineAnnealingWarmRestarts``, ``LinearLR`` for warmup, ``LambdaLR``, ``SequentialLR``); each sets
+``group["lr"]`` of its optimizer's parameter groups, in closed form, on every ``step()``.
+``ReduceLROnPlateau`` lowers them when ``step(metric)`` stops improving.
 
 >>> import opsnn, numpy as np
 >>> opt = opsnn.optim.SGD([opsnn.nn.Parameter(np.zeros(2, np.float32))], lr=0.1)
@@ -14,6 +16,7 @@ optimizer's parameter groups, in closed form, on every ``step()``.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 from ..errors import ParamInvalidError
@@ -129,6 +132,151 @@ class LambdaLR(LRScheduler):
         return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_fns")}
 
 
+class MultiStepLR(LRScheduler):
+    """``lr = base_lr * gamma ** (number of milestones <= epoch)``."""
+
+    def __init__(self, optimizer, milestones, gamma: float = 0.1, last_epoch: int = -1):
+        ms = sorted(int(m) for m in milestones)
+        if any(m < 0 for m in ms):
+            raise ParamInvalidError(f"MultiStepLR: milestones must be ints >= 0, got {list(milestones)}")
+        self.milestones, self.gamma = ms, float(gamma)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr, epoch):
+        return base_lr * self.gamma ** bisect.bisect_right(self.milestones, epoch)
+
+
+class ExponentialLR(LRScheduler):
+    """``lr = base_lr * gamma ** epoch``."""
+
+    def __init__(self, optimizer, gamma: float, last_epoch: int = -1):
+        self.gamma = float(gamma)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr, epoch):
+        return base_lr * self.gamma**epoch
+
+
+class ConstantLR(LRScheduler):
+    """``lr = base_lr * factor`` for the first ``total_iters`` steps, then ``base_lr``."""
+
+    def __init__(self, optimizer, factor: float = 1.0 / 3, total_iters: int = 5, last_epoch: int = -1):
+        if not 0.0 <= float(factor) <= 1.0:
+            raise ParamInvalidError(f"ConstantLR: factor must be in [0, 1], got {factor}")
+        self.factor, self.total_iters = float(factor), int(total_iters)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr, epoch):
+        return base_lr * (self.factor if epoch < self.total_iters else 1.0)
+
+
+class PolynomialLR(LRScheduler):
+    """``lr = base_lr * (1 - min(epoch, total_iters) / total_iters) ** power``."""
+
+    def __init__(self, optimizer, total_iters: int = 5, power: float = 1.0, last_epoch: int = -1):
+        if int(total_iters) <= 0:
+            raise ParamInvalidError(f"PolynomialLR: total_iters must be a positive int, got {total_iters}")
+        self.total_iters, self.power = int(total_iters), float(power)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr, epoch):
+        return base_lr * (1.0 - min(epoch, self.total_iters) / self.total_iters) ** self.power
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """Cosine annealing restarted every ``T_i`` steps, ``T_0`` first and ``T_mult`` times longer each
+    restart: ``lr = eta_min + (base_lr - eta_min) (1 + cos(pi T_cur / T_i)) / 2``."""
+
+    def __init__(self, optimizer, T_0: int, T_mult: int = 1, eta_min: float = 0.0, last_epoch: int = -1):
+        if int(T_0) <= 0 or int(T_mult) < 1:
+            raise ParamInvalidError(
+                f"CosineAnnealingWarmRestarts: T_0 must be a positive int and T_mult an int >= 1, got {T_0}, {T_mult}"
+            )
+        self.T_0, self.T_mult, self.eta_min = int(T_0), int(T_mult), float(eta_min)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr, epoch):
+        if self.T_mult == 1:
+            t_cur, t_i = epoch % self.T_0, self.T_0
+        else:
+            n = int(math.log(epoch / self.T_0 * (self.T_mult - 1) + 1, self.T_mult)) if epoch >= self.T_0 else 0
+            t_cur = epoch - self.T_0 * (self.T_mult**n - 1) // (self.T_mult - 1)
+            t_i = self.T_0 * self.T_mult**n
+        return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * t_cur / t_i)) / 2
+
+
+class ReduceLROnPlateau:
+    """torch's ReduceLROnPlateau: ``step(metric)`` after each evaluation; when the metric has not
+    improved (``mode`` 'min' or 'max', by more than ``threshold``, relative or absolute) for more than
+    ``patience`` evaluations, every group's lr is multiplied by ``factor`` (not below ``min_lr``, and
+    only when the change exceeds ``eps``), then ``cooldown`` evaluations pass before counting again."""
+
+    def __init__(
+        self,
+        optimizer,
+        mode: str = "min",
+        factor: float = 0.1,
+        patience: int = 10,
+        threshold: float = 1e-4,
+        threshold_mode: str = "rel",
+        cooldown: int = 0,
+        min_lr=0.0,
+        eps: float = 1e-8,
+    ):
+        if mode not in ("min", "max") or threshold_mode not in ("rel", "abs"):
+            raise ParamInvalidError(
+                f"ReduceLROnPlateau: mode must be 'min' or 'max' and threshold_mode 'rel' or 'abs', "
+                f"got {mode!r}, {threshold_mode!r}"
+            )
+        if not float(factor) < 1.0:
+            raise ParamInvalidError(f"ReduceLROnPlateau: factor must be < 1, got {factor}")
+        n = len(optimizer.param_groups)
+        mins = list(min_lr) if isinstance(min_lr, (list, tuple)) else [min_lr] * n
+        if len(mins) != n:
+            raise ParamInvalidError(f"ReduceLROnPlateau: {len(mins)} min_lrs for {n} parameter groups")
+        self.optimizer, self.mode, self.factor, self.patience = optimizer, mode, float(factor), int(patience)
+        self.threshold, self.threshold_mode, self.cooldown = float(threshold), threshold_mode, int(cooldown)
+        self.min_lrs, self.eps = [float(v) for v in mins], float(eps)
+        self.best = math.inf if mode == "min" else -math.inf
+        self.num_bad_epochs, self.cooldown_counter, self.last_epoch = 0, 0, 0
+        self._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+    def _better(self, a: float, best: float) -> bool:
+        if self.mode == "min":
+            bound = best * (1.0 - self.threshold) if self.threshold_mode == "rel" else best - self.threshold
+            return a < bound
+        bound = best * (1.0 + self.threshold) if self.threshold_mode == "rel" else best + self.threshold
+        return a > bound
+
+    def step(self, metrics) -> None:
+        current = float(metrics.item() if hasattr(metrics, "item") else metrics)
+        self.last_epoch += 1
+        if self._better(current, self.best):
+            self.best, self.num_bad_epochs = current, 0
+        else:
+            self.num_bad_epochs += 1
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0
+        if self.num_bad_epochs > self.patience:
+            for g, low in zip(self.optimizer.param_groups, self.min_lrs):
+                old = float(g["lr"])
+                new = max(old * self.factor, low)
+                if old - new > self.eps:
+                    g["lr"] = new
+            self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
+        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_last_lr(self) -> list:
+        return list(self._last_lr)
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.__dict__.update(state_dict)
+
+
 class SequentialLR(LRScheduler):
     """Run ``schedulers`` one after another, switching at the ``milestones`` (e.g. warmup then
     cosine); each scheduler counts its own steps from 0, as in torch."""
@@ -174,4 +322,17 @@ class SequentialLR(LRScheduler):
         self._last_lr = state_dict["_last_lr"]
 
 
-__all__ = ["CosineAnnealingLR", "LRScheduler", "LambdaLR", "LinearLR", "SequentialLR", "StepLR"]
+__all__ = [
+    "ConstantLR",
+    "CosineAnnealingLR",
+    "CosineAnnealingWarmRestarts",
+    "ExponentialLR",
+    "LRScheduler",
+    "LambdaLR",
+    "LinearLR",
+    "MultiStepLR",
+    "PolynomialLR",
+    "ReduceLROnPlateau",
+    "SequentialLR",
+    "StepLR",
+]
