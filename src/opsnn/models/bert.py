@@ -230,10 +230,10 @@ class BertModel(nn.Module):
         std = self.config.initializer_range
         for m in self.modules():
             if isinstance(m, nn.Linear):
-                init.normal_(m.weight, std)
+                init.normal_(m.weight, std=std)
                 init.zeros_(m.bias)
             elif isinstance(m, nn.Embedding):
-                init.normal_(m.weight, std)
+                init.normal_(m.weight, std=std)
                 if m.padding_idx is not None:
                     m.weight[m.padding_idx] = 0
 

@@ -171,7 +171,7 @@ class LlamaForCausalLM(nn.Module):
         std = cfg.initializer_range
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
-                init.normal_(m.weight, std)
+                init.normal_(m.weight, std=std)
 
     @property
     def output_weight(self):

@@ -203,8 +203,8 @@ def unet_block(
         model = UNetBlock(in_channels, out_channels, context_dim, heads, groups, temb_channels, dilation)
         for m in model.modules():
             if isinstance(m, (nn.GroupNorm, nn.LayerNorm)):
-                init.normal_(m.weight, 0.1, 1.0)
-                init.normal_(m.bias, 0.1)
+                init.normal_(m.weight, mean=1.0, std=0.1)
+                init.normal_(m.bias, std=0.1)
     if weights is not None:
         from .weights import load_weights
 

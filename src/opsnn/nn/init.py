@@ -134,30 +134,102 @@ def kaiming_uniform(shape, a: float = math.sqrt(5), dtype="float32") -> np.ndarr
     return uniform(shape, -bound, bound, dtype)
 
 
-def kaiming_normal(shape, mode: str = "fan_in", nonlinearity: str = "relu", dtype="float32") -> np.ndarray:
-    fan_in, fan_out = _fans(shape)
-    fan = fan_in if mode == "fan_in" else fan_out
-    gain = math.sqrt(2.0) if nonlinearity == "relu" else 1.0
-    return normal(shape, gain / math.sqrt(max(fan, 1)), dtype=dtype)
-
-
 def fan_in_bound(weight_shape) -> float:
     """torch's bias bound for Linear/Conv: ``1 / sqrt(fan_in)``."""
     fan_in, _ = _fans(weight_shape)
     return 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
 
 
-# -- in place, on existing tensors ------------------------------------------------------------------
-def normal_(t: Tensor, std: float = 1.0, mean: float = 0.0) -> Tensor:
+# -- in place, on existing tensors: torch.nn.init's signatures ----------------------------------------
+_GAINS = {"linear": 1.0, "conv1d": 1.0, "conv2d": 1.0, "conv3d": 1.0, "sigmoid": 1.0, "tanh": 5.0 / 3, "selu": 0.75}
+
+
+def calculate_gain(nonlinearity: str, param=None) -> float:
+    """torch.nn.init.calculate_gain: the gain that keeps activations' variance for ``nonlinearity``."""
+    if nonlinearity in _GAINS:
+        return _GAINS[nonlinearity]
+    if nonlinearity == "relu":
+        return math.sqrt(2.0)
+    if nonlinearity == "leaky_relu":
+        slope = 0.01 if param is None else float(param)
+        return math.sqrt(2.0 / (1 + slope * slope))
+    raise ParamInvalidError(
+        f"calculate_gain: unknown nonlinearity {nonlinearity!r}; one of {sorted(_GAINS) + ['leaky_relu', 'relu']}"
+    )
+
+
+def _fan(shape, mode: str) -> int:
+    if mode not in ("fan_in", "fan_out"):
+        raise ParamInvalidError(f"init: mode must be 'fan_in' or 'fan_out', got {mode!r}")
+    fan_in, fan_out = _fans(shape)
+    return fan_in if mode == "fan_in" else fan_out
+
+
+def normal_(t: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
+    """torch.nn.init.normal_(tensor, mean, std)."""
     return t.copy_(normal(t.shape, std, mean, np.float32))
 
 
-def uniform_(t: Tensor, low: float, high: float) -> Tensor:
-    return t.copy_(uniform(t.shape, low, high, np.float64))
+def uniform_(t: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
+    """torch.nn.init.uniform_(tensor, a, b): U(a, b)."""
+    return t.copy_(uniform(t.shape, a, b, np.float64))
 
 
-def kaiming_normal_(t: Tensor, mode: str = "fan_in", nonlinearity: str = "relu") -> Tensor:
-    return t.copy_(kaiming_normal(t.shape, mode, nonlinearity, np.float32))
+def kaiming_uniform_(t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu") -> Tensor:
+    """torch.nn.init.kaiming_uniform_: U(-b, b), ``b = gain * sqrt(3 / fan)``."""
+    bound = calculate_gain(nonlinearity, a) * math.sqrt(3.0 / max(_fan(t.shape, mode), 1))
+    return uniform_(t, -bound, bound)
+
+
+def kaiming_normal_(t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu") -> Tensor:
+    """torch.nn.init.kaiming_normal_: N(0, std), ``std = gain / sqrt(fan)``."""
+    std = calculate_gain(nonlinearity, a) / math.sqrt(max(_fan(t.shape, mode), 1))
+    return t.copy_(normal(t.shape, std, 0.0, np.float32))
+
+
+def xavier_uniform_(t: Tensor, gain: float = 1.0) -> Tensor:
+    """torch.nn.init.xavier_uniform_: U(-b, b), ``b = gain * sqrt(6 / (fan_in + fan_out))``."""
+    fan_in, fan_out = _fans(t.shape)
+    bound = gain * math.sqrt(6.0 / max(fan_in + fan_out, 1))
+    return uniform_(t, -bound, bound)
+
+
+def xavier_normal_(t: Tensor, gain: float = 1.0) -> Tensor:
+    """torch.nn.init.xavier_normal_: N(0, std), ``std = gain * sqrt(2 / (fan_in + fan_out))``."""
+    fan_in, fan_out = _fans(t.shape)
+    return t.copy_(normal(t.shape, gain * math.sqrt(2.0 / max(fan_in + fan_out, 1)), 0.0, np.float32))
+
+
+def trunc_normal_(t: Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0) -> Tensor:
+    """torch.nn.init.trunc_normal_: N(mean, std) restricted to [a, b] (redrawn where outside)."""
+    if not a < b:
+        raise ParamInvalidError(f"trunc_normal_: a must be below b, got [{a}, {b}]")
+    out = np.empty(t.numel, np.float64)
+    todo = np.arange(t.numel)
+    while todo.size:
+        draw = _rng.standard_normal(todo.size) * std + mean
+        ok = (draw >= a) & (draw <= b)
+        out[todo[ok]] = draw[ok]
+        todo = todo[~ok]
+    return t.copy_(out.reshape(t.shape))
+
+
+def orthogonal_(t: Tensor, gain: float = 1.0) -> Tensor:
+    """torch.nn.init.orthogonal_: the (rows, rest) flattening of ``t`` made (semi-)orthogonal, times ``gain``."""
+    if t.ndim < 2:
+        raise ParamInvalidError(f"orthogonal_: needs a tensor of >= 2 dims, got shape {tuple(t.shape)}")
+    rows, cols = t.shape[0], t.numel // t.shape[0]
+    flat = _rng.standard_normal((rows, cols))
+    q, r = np.linalg.qr(flat.T if rows < cols else flat)
+    q = q * np.sign(np.diag(r))
+    return t.copy_((gain * (q.T if rows < cols else q)).reshape(t.shape))
+
+
+def eye_(t: Tensor) -> Tensor:
+    """torch.nn.init.eye_: the identity in a 2-D tensor."""
+    if t.ndim != 2:
+        raise ParamInvalidError(f"eye_: needs a 2-D tensor, got shape {tuple(t.shape)}")
+    return t.copy_(np.eye(*t.shape))
 
 
 def constant_(t: Tensor, value: float) -> Tensor:
