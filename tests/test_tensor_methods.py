@@ -615,3 +615,41 @@ def test_masked_fill_repeat_chunk_gradients_match_torch(rng):
         got = [p.numpy() for p in opsnn.tensor(a).chunk(chunks, dim)]
         want = [p.numpy() for p in torch.from_numpy(a).chunk(chunks, dim)]
         assert len(got) == len(want) and all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+def test_torch_shaped_views_selections_and_nan_reductions(rng):
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    a[1, 2] = np.nan
+    a[0, 1] = 0.0
+    t = opsnn.tensor(a)
+    np.testing.assert_array_equal(t.t().numpy(), a.T)
+    np.testing.assert_array_equal(t.mT.numpy(), a.T)
+    np.testing.assert_array_equal(t.square().numpy(), a * a)
+    np.testing.assert_array_equal(t.narrow(1, -3, 2).numpy(), a[:, 1:3])
+    np.testing.assert_array_equal(t.select(0, -1).numpy(), a[-1])
+    m = a > 0.2
+    np.testing.assert_array_equal(t.masked_select(m).numpy(), a[m])
+    np.testing.assert_array_equal(t.masked_select(m[0]).numpy(), a[np.broadcast_to(m[0], a.shape)])
+    np.testing.assert_array_equal(t.clamp_min(0.1).numpy(), np.where(np.isnan(a), a, np.maximum(a, 0.1)))
+    np.testing.assert_array_equal(t.clamp_max(0.1).numpy(), np.where(np.isnan(a), a, np.minimum(a, 0.1)))
+    np.testing.assert_allclose(t.nansum(1).numpy(), np.nansum(a.astype(np.float64), 1), rtol=1e-6)
+    np.testing.assert_allclose(t.nanmean().numpy(), np.nanmean(a.astype(np.float64)), rtol=1e-6)
+    np.testing.assert_allclose(
+        t.nanmean(0, keepdim=True).numpy(), np.nanmean(a.astype(np.float64), 0, keepdims=True), rtol=1e-6
+    )
+    assert int(t.count_nonzero()) == 11 and t.count_nonzero(1).numpy().tolist() == [3, 4, 4]
+    assert t.view_as(np.zeros((4, 3))).shape == (4, 3) and t.reshape_as(np.zeros(12)).shape == (12,)
+    assert t[0:1].expand_as(t).shape == (3, 4) and t.is_floating_point() and not opsnn.tensor([1]).is_floating_point()
+    w = opsnn.tensor(a, requires_grad=True)
+    assert not w.data.requires_grad and w.data.numpy() is not None and w.cpu() is w
+    for call, match in (
+        (lambda: opsnn.tensor(np.zeros((2, 2, 2))).t(), "t: expects a tensor of <= 2 dims"),
+        (lambda: t.narrow(1, 3, 2), r"narrow: \[3, 5\) is outside dim 1 of size 4"),
+        (lambda: t.select(0, 3), "select: index 3 out of range for dim 0 of size 3"),
+    ):
+        with pytest.raises(ParamInvalidError, match=match):
+            call()
+    if (torch := pytest.importorskip("torch")) is not None:
+        tt = torch.from_numpy(a)
+        np.testing.assert_allclose(t.nanmean(1).numpy(), tt.nanmean(1).numpy(), rtol=1e-6)
+        np.testing.assert_array_equal(t.count_nonzero(0).numpy(), tt.count_nonzero(0).numpy())

@@ -396,6 +396,104 @@ def _truth_reduction(name: str, reduce: str):
     return method
 
 
+def _shape_of(other) -> tuple:
+    return tuple(other.shape)
+
+
+def _view_as(self, other):
+    return self.view(*_shape_of(other))
+
+
+def _expand_as(self, other):
+    return self.expand(*_shape_of(other))
+
+
+def _reshape_as(self, other):
+    return self.reshape(*_shape_of(other))
+
+
+def _t(self):
+    """torch's ``t()``: a 2-D tensor transposed (0-D and 1-D unchanged)."""
+    if self.ndim > 2:
+        raise ParamInvalidError(f"t: expects a tensor of <= 2 dims, got {self.ndim}-D; use transpose(dim0, dim1)")
+    return self if self.ndim < 2 else self.transpose(0, 1)
+
+
+def _mT(self):
+    if self.ndim < 2:
+        raise ParamInvalidError(f"mT: expects a tensor of >= 2 dims, got shape {self.shape}")
+    return self.transpose(-2, -1)
+
+
+def _square(self):
+    return FUNCTIONS["mul"](self, self)
+
+
+def _is_floating_point(self) -> bool:
+    return self.dtype.kind == "f" or self.dtype.name == "bfloat16"
+
+
+def _narrow(self, dim: int, start: int, length: int):
+    """torch's ``narrow``: ``length`` elements of dim ``dim`` from ``start`` (a view where not traced)."""
+    if self.ndim == 0 or not -self.ndim <= dim < self.ndim:
+        raise ParamInvalidError(f"narrow: dim {dim} out of range for a {self.ndim}-D tensor")
+    n = self.shape[dim]
+    start = start + n if start < 0 else start
+    if not 0 <= start <= n or length < 0 or start + length > n:
+        raise ParamInvalidError(f"narrow: [{start}, {start + length}) is outside dim {dim} of size {n}")
+    return FUNCTIONS["slice"](self, [start], [start + length], [dim % self.ndim])
+
+
+def _select(self, dim: int, index: int):
+    """torch's ``select``: the slice at ``index`` of dim ``dim``, that dim removed."""
+    if self.ndim == 0 or not -self.ndim <= dim < self.ndim:
+        raise ParamInvalidError(f"select: dim {dim} out of range for a {self.ndim}-D tensor")
+    d, n = dim % self.ndim, self.shape[dim]
+    if not -n <= index < n:
+        raise ParamInvalidError(f"select: index {index} out of range for dim {dim} of size {n}")
+    return FUNCTIONS["squeeze"](_narrow(self, d, index % n, 1), d)
+
+
+def _masked_select(self, mask):
+    """torch's ``masked_select``: the elements where ``mask`` (broadcast to the tensor) is true, as 1-D."""
+    m = np.broadcast_to(mask.numpy() if isinstance(mask, Tensor) else np.asarray(mask, bool), self.shape)
+    return FUNCTIONS["compress"](FUNCTIONS["reshape"](self, (-1,)), np.ascontiguousarray(m).reshape(-1), 0)
+
+
+def _clamp_min(self, min):
+    return FUNCTIONS["clamp"](self, min=min)
+
+
+def _clamp_max(self, max):
+    return FUNCTIONS["clamp"](self, max=max)
+
+
+def _nan_reduction(name: str):
+    def method(self, dim=None, keepdim: bool = False):
+        zero = Tensor(np.zeros((), self.dtype))
+        kept = FUNCTIONS["where"](FUNCTIONS["isnan"](self), zero, self)
+        total = FUNCTIONS["sum"](kept, dim, keepdim)
+        if name == "nansum":
+            return total
+        count = FUNCTIONS["sum"](
+            FUNCTIONS["cast"](FUNCTIONS["logical_not"](FUNCTIONS["isnan"](self)), self.dtype), dim, keepdim
+        )
+        return FUNCTIONS["div"](total, count)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+def _count_nonzero(self, dim=None):
+    flags = FUNCTIONS["cast"](FUNCTIONS["cast"](self, "bool"), "int64")
+    return FUNCTIONS["sum"](flags, dim)
+
+
+def _data(self):
+    """torch's ``.data``: the same memory outside autograd (``detach()``)."""
+    return self.detach()
+
+
 def install(cls=Tensor) -> list[str]:
     """Put every table method on ``cls`` (keeping the ones ``cls`` defines itself); returns their names."""
     done = []
@@ -409,6 +507,23 @@ def install(cls=Tensor) -> list[str]:
         # torch's methods over opsnn.ops.torch_names (self as their first argument)
         **{n: getattr(T, n) for n in ("std", "sort", "argsort", "flip", "roll", "outer", "norm", "repeat_interleave")},
         **{n: getattr(T, n) for n in ("isclose", "allclose", "equal")},
+        "view_as": _view_as,
+        "expand_as": _expand_as,
+        "reshape_as": _reshape_as,
+        "t": _t,
+        "mT": property(_mT),
+        "square": _square,
+        "is_floating_point": _is_floating_point,
+        "cpu": lambda self: self,
+        "narrow": _narrow,
+        "select": _select,
+        "masked_select": _masked_select,
+        "clamp_min": _clamp_min,
+        "clamp_max": _clamp_max,
+        "nansum": _nan_reduction("nansum"),
+        "nanmean": _nan_reduction("nanmean"),
+        "count_nonzero": _count_nonzero,
+        "data": property(_data),
     }
     for name, fn in {**_equality(), **extra}.items():
         setattr(cls, name, fn)
