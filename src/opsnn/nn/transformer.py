@@ -33,9 +33,20 @@ class _Layer(Module):
     """What the encoder and decoder layers share: the feed-forward block and the constructor record
     the stacks rebuild each layer from."""
 
-    def _common(
-        self, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation="relu",
+        layer_norm_eps: float = 1e-5,
+        batch_first: bool = False,
+        norm_first: bool = False,
+        bias: bool = True,
     ):
+        """torch's arguments (both layers take the same ones)."""
+        super().__init__()
         if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
             raise ParamInvalidError(f"{type(self).__name__}: d_model must be a positive int, got {d_model!r}")
         self._config = dict(
@@ -75,23 +86,6 @@ class _Layer(Module):
 
 
 class TransformerEncoderLayer(_Layer):
-    def __init__(
-        self,
-        d_model: int,
-        nhead: int,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.1,
-        activation="relu",
-        layer_norm_eps: float = 1e-5,
-        batch_first: bool = False,
-        norm_first: bool = False,
-        bias: bool = True,
-    ):
-        super().__init__()
-        self._common(
-            d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias
-        )
-
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
         x = src
         if self.norm_first:
@@ -102,25 +96,14 @@ class TransformerEncoderLayer(_Layer):
 
 
 class TransformerDecoderLayer(_Layer):
-    def __init__(
-        self,
-        d_model: int,
-        nhead: int,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.1,
-        activation="relu",
-        layer_norm_eps: float = 1e-5,
-        batch_first: bool = False,
-        norm_first: bool = False,
-        bias: bool = True,
-    ):
-        super().__init__()
-        self._common(
-            d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias
+    def __init__(self, d_model: int, nhead: int, *args, **kwargs):
+        super().__init__(d_model, nhead, *args, **kwargs)
+        c = self._config
+        self.multihead_attn = MultiheadAttention(
+            d_model, nhead, dropout=c["dropout"], bias=c["bias"], batch_first=c["batch_first"]
         )
-        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first)
-        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.dropout3 = Dropout(dropout)
+        self.norm3 = LayerNorm(d_model, eps=c["layer_norm_eps"], bias=c["bias"])
+        self.dropout3 = Dropout(c["dropout"])
 
     def _mha(self, x, memory, mask, padding, is_causal):
         out = self.multihead_attn(
