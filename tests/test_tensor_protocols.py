@@ -144,3 +144,47 @@ def test_any_and_all_as_torch_defines_them():
             np.testing.assert_array_equal(t.all(1, keepdim=True).numpy(), np.all(a != 0, axis=1, keepdims=True))
     t = opsnn.tensor(np.array([1.0, -2.0], np.float32))
     assert (t < 0).any() and not (t < -5).any()  # the truth value of a reduced tensor
+
+
+def test_in_place_methods_as_torch_and_the_version_check_that_guards_gradients():
+    a = np.array([1.0, 2.0, 4.0], np.float32)
+    e = opsnn.tensor(np.zeros(3, np.float32))
+    assert e.add_(opsnn.tensor(a), alpha=2) is e and e.numpy().tolist() == [2.0, 4.0, 8.0]
+    e.sub_(1.0).mul_(2.0).div_(2.0).clamp_(max=5.0)
+    assert e.numpy().tolist() == [1.0, 3.0, 5.0]
+    e.lerp_(opsnn.tensor(np.full(3, 11.0, np.float32)), 0.5)
+    e.addcmul_(e, e, value=0.0).addcdiv_(e, e, value=1.0)
+    np.testing.assert_allclose(e.numpy(), [7.0, 8.0, 9.0])
+    np.testing.assert_allclose(opsnn.tensor(a).lerp(opsnn.tensor(a * 3), 0.25).numpy(), a * 1.5)
+    # a leaf that requires grad: not under grad mode; under no_grad, an optimizer-style update
+    w = opsnn.tensor(a, requires_grad=True)
+    with pytest.raises(ParamInvalidError, match="add_: a tensor that requires grad cannot be modified in place"):
+        w.add_(1.0)
+    with opsnn.no_grad():
+        w.add_(1.0)
+    assert w.numpy().tolist() == [2.0, 3.0, 5.0]
+    # a tensor a recorded op saved, written in place afterwards: the backward refuses (no wrong gradient)
+    from opsnn.autograd import InplaceModifiedError
+
+    for write in (
+        lambda t: t.mul_(2.0),
+        lambda t: t.copy_(np.ones(3)),
+        lambda t: t.__setitem__(0, 5.0),
+        lambda t: t.zero_(),
+    ):
+        c = opsnn.tensor(a)
+        loss = opsnn.ops.sum(opsnn.ops.mul(w, c))
+        write(c)
+        with pytest.raises(
+            InplaceModifiedError, match=r"Mul: a tensor of shape \(3,\) that its gradient needs was modified in place"
+        ):
+            loss.backward()
+    view = opsnn.tensor(a)
+    loss = opsnn.ops.sum(opsnn.ops.mul(w, view))
+    view[1:].fill_(0.0)  # a view of the same memory counts too
+    with pytest.raises(InplaceModifiedError):
+        loss.backward()
+    c = opsnn.tensor(a)  # written before the op: fine
+    c.mul_(3.0)
+    opsnn.ops.sum(opsnn.ops.mul(w, c)).backward()
+    np.testing.assert_array_equal(w.grad.numpy(), a * 3)

@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import itertools
 import math
+import weakref
 
 import numpy as np
 
@@ -82,6 +83,33 @@ def _alloc_array(shape: tuple, dtype: np.dtype, tag: str | None = None) -> np.nd
         )
     buf = np.asarray(Storage(context().pool, nbytes, tag))  # base is the Storage: keeps the block alive
     return buf[:nbytes].view(dtype).reshape(shape)
+
+
+#: id(memory owner) -> how many times a Tensor method wrote into that memory in place; only memory
+#: written in place appears (an entry goes with its owner). Autograd compares a saved tensor's count at
+#: record time with the count at backward, as torch's version counters do.
+VERSIONS: dict[int, int] = {}
+
+
+def _owner(arr: np.ndarray):
+    top = arr
+    while isinstance(top.base, np.ndarray):
+        top = top.base
+    return top.base if top.base is not None else top
+
+
+def bump_version(t: Tensor) -> None:
+    """Count one in-place write into ``t``'s memory (every view of it sees the new count)."""
+    owner = _owner(t._array)
+    key = id(owner)
+    if key not in VERSIONS:
+        weakref.finalize(owner, VERSIONS.pop, key, None)
+    VERSIONS[key] = VERSIONS.get(key, 0) + 1
+
+
+def version(t: Tensor) -> int:
+    """How many in-place writes ``t``'s memory has seen."""
+    return VERSIONS.get(id(_owner(t._array)), 0) if VERSIONS else 0
 
 
 def storage_mark() -> int:
@@ -433,6 +461,7 @@ class Tensor:
             raise TensorIndexError(f"tensor of shape {self.shape}[{_index_text(index)}] = ...: {e}") from None
         except ValueError as e:
             raise ParamInvalidError(f"tensor of shape {self.shape}[{_index_text(index)}] = value: {e}") from None
+        bump_version(self)
         if all(
             i is Ellipsis or (isinstance(i, slice) and i == slice(None))
             for i in (index if isinstance(index, tuple) else (index,))
@@ -479,6 +508,7 @@ class Tensor:
             raise ParamInvalidError(
                 f"copy_: a source of shape {value.shape} does not broadcast to the tensor's shape {self.shape}"
             ) from None
+        bump_version(self)
         self._producer = None  # written whole: clears a failed producer's mark
         return self
 

@@ -18,6 +18,7 @@ from .engine import backward, grad, queue_callback
 from .errors import (
     GradientShapeError,
     GraphFreedError,
+    InplaceModifiedError,
     NoGradFnError,
     NoGradientError,
     NonScalarBackwardError,
@@ -28,6 +29,7 @@ from .mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_gra
 _install()
 
 __all__ = [
+    "InplaceModifiedError",
     "GradientShapeError",
     "GraphFreedError",
     "NoGradFnError",

@@ -26,4 +26,16 @@ class NoGradFnError(ParamInvalidError):
     """``backward``/``grad`` of a tensor that does not require grad (or an input it does not depend on)."""
 
 
-__all__ = ["GradientShapeError", "GraphFreedError", "NoGradFnError", "NoGradientError", "NonScalarBackwardError"]
+class InplaceModifiedError(OpsnnRuntimeError):
+    """A tensor a gradient rule reads was written in place (copy_, fill_, ``t[...] = ``, add_ ...)
+    after the op that saved it ran."""
+
+
+__all__ = [
+    "GradientShapeError",
+    "GraphFreedError",
+    "InplaceModifiedError",
+    "NoGradFnError",
+    "NoGradientError",
+    "NonScalarBackwardError",
+]

@@ -18,8 +18,9 @@ from .. import dtypes as _dt
 from ..errors import DTypeError, ParamInvalidError
 from ..ops import executor as _executor
 from ..ops.gradients import GradContext, unbroadcast
-from ..tensor import Tensor
-from .errors import NoGradientError
+from ..tensor import VERSIONS, Tensor
+from ..tensor import version as _version
+from .errors import InplaceModifiedError, NoGradientError
 from .mode import is_grad_enabled, no_grad
 
 LEAF = object()  # edge kind: gradient accumulates into a leaf's .grad
@@ -158,6 +159,7 @@ def record_op(rec, tensors: list, attrs: dict, res) -> None:
     rule = rec.gradient
     saved_in = list(tensors)
     saved_out = [_saved(o) for o in outputs]
+    versions = (_versions(saved_in), _versions(saved_out)) if VERSIONS else (None, None)
     if tracer is not None:  # a traced step: the rule's saved outputs are the graph's values, not constants
         for s, o in zip(saved_out, outputs):
             tracer.alias(s, o)
@@ -176,13 +178,50 @@ def record_op(rec, tensors: list, attrs: dict, res) -> None:
     else:
 
         def fn(grads, op=rec.name):
-            return rule(GradContext(op, saved_in, saved_out, bound, needs), grads)
+            ins, outs = saved_in, saved_out
+            if VERSIONS:  # something was written in place: check what the rule reads as it reads it
+                ins, outs = _Checked(op, saved_in, versions[0]), _Checked(op, saved_out, versions[1])
+            return rule(GradContext(op, ins, outs, bound, needs), grads)
 
         differentiable = getattr(rule, "outputs", 1)
     node = Node(rec.name, fn, edges, tensors, outputs)
     _attach(node, outputs, differentiable)
     if differentiable < len(outputs):
         _attach_non_differentiable(rec, edges, tensors, outputs, differentiable)
+
+
+def _versions(tensors: list) -> list:
+    return [None if t is None else _version(t) for t in tensors]
+
+
+class _Checked(list):
+    """The saved tensors as a gradient rule reads them: each one read is checked against its in-place
+    write count when the op ran, so a tensor written in place since is an error, never a gradient
+    computed from the new values (torch's version-counter check); tensors the rule does not read
+    (BatchNormalization's running statistics in training) are not held against it."""
+
+    def __init__(self, op: str, tensors: list, recorded):
+        super().__init__(tensors)
+        self.op, self.recorded = op, recorded
+
+    def _checked(self, i: int, t):
+        if t is not None:
+            now, then = _version(t), 0 if self.recorded is None else self.recorded[i]
+            if now != then:
+                raise InplaceModifiedError(
+                    f"{self.op}: a tensor of shape {tuple(t.shape)} that its gradient needs was modified in place "
+                    f"after the op ran (version {then} -> {now}): write the new values into a new tensor "
+                    "(x = x + y, not x.add_(y)), or clone() it first"
+                )
+        return t
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._checked(k, list.__getitem__(self, k)) for k in range(*i.indices(len(self)))]
+        return self._checked(i % len(self) if i < 0 else i, list.__getitem__(self, i))
+
+    def __iter__(self):
+        return (self[k] for k in range(len(self)))
 
 
 def _attach_non_differentiable(rec, edges, tensors, outputs, first: int) -> None:

@@ -798,9 +798,10 @@ def _group_norm(ctx, grads):
 
 
 def _batch_norm(ctx, grads):
-    x, scale, _, rmean, rvar = ctx.inputs[:5]
+    x, scale = ctx.inputs[:2]
     attrs = {"epsilon": float(ctx.attrs.get("epsilon", 1e-5)), "training_mode": int(ctx.attrs.get("training_mode", 0))}
-    params = [scale, rmean, rvar]
+    # with batch statistics the running ones are not read (the layer updates them in place right after)
+    params = [scale, None, None] if attrs["training_mode"] else [scale, ctx.inputs[3], ctx.inputs[4]]
     if int(ctx.attrs.get("relu", 0)):  # the fused ReLU's mask comes from the output, as _relu's
         attrs["relu"] = 1
         params.append(ctx.outputs[0])

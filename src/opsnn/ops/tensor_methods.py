@@ -494,6 +494,45 @@ def _data(self):
     return self.detach()
 
 
+def _in_place(name: str, compute):
+    """torch's in-place ``name``: ``compute(self, *args)`` written into self's memory. As in torch, a leaf
+    that requires grad cannot be written while grad mode is on, and a write into a tensor a recorded
+    op saved makes that op's backward an error (autograd's version check), never a silent wrong gradient."""
+
+    def method(self, *args, **kwargs):
+        from ..autograd import is_grad_enabled
+
+        if is_grad_enabled() and self.requires_grad:
+            raise ParamInvalidError(
+                f"{name}: a tensor that requires grad cannot be modified in place while grad mode is on; "
+                "do it under opsnn.no_grad() (an optimizer-style update) or write x = x op y"
+            )
+        result = compute(self, *args, **kwargs)
+        return self.copy_(result)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+def _lerp(self, end, weight):
+    return FUNCTIONS["add"](self, FUNCTIONS["mul"](FUNCTIONS["sub"](end, self), weight))
+
+
+def _addcmul(self, t1, t2, value=1):
+    return FUNCTIONS["add"](self, FUNCTIONS["mul"](FUNCTIONS["mul"](t1, t2), value))
+
+
+def _addcdiv(self, t1, t2, value=1):
+    return FUNCTIONS["add"](self, FUNCTIONS["mul"](FUNCTIONS["div"](t1, t2), value))
+
+
+def _scaled(op: str):
+    def compute(self, other, alpha=1):
+        return FUNCTIONS[op](self, other if alpha == 1 else FUNCTIONS["mul"](other, alpha))
+
+    return compute
+
+
 def install(cls=Tensor) -> list[str]:
     """Put every table method on ``cls`` (keeping the ones ``cls`` defines itself); returns their names."""
     done = []
@@ -524,6 +563,17 @@ def install(cls=Tensor) -> list[str]:
         "nanmean": _nan_reduction("nanmean"),
         "count_nonzero": _count_nonzero,
         "data": property(_data),
+        "lerp": _lerp,
+        "addcmul": _addcmul,
+        "addcdiv": _addcdiv,
+        "add_": _in_place("add_", _scaled("add")),
+        "sub_": _in_place("sub_", _scaled("sub")),
+        "mul_": _in_place("mul_", lambda self, other: FUNCTIONS["mul"](self, other)),
+        "div_": _in_place("div_", lambda self, other: FUNCTIONS["div"](self, other)),
+        "clamp_": _in_place("clamp_", lambda self, min=None, max=None: FUNCTIONS["clamp"](self, min, max)),
+        "lerp_": _in_place("lerp_", _lerp),
+        "addcmul_": _in_place("addcmul_", _addcmul),
+        "addcdiv_": _in_place("addcdiv_", _addcdiv),
     }
     for name, fn in {**_equality(), **extra}.items():
         setattr(cls, name, fn)
