@@ -188,3 +188,17 @@ def test_in_place_methods_as_torch_and_the_version_check_that_guards_gradients()
     c.mul_(3.0)
     opsnn.ops.sum(opsnn.ops.mul(w, c)).backward()
     np.testing.assert_array_equal(w.grad.numpy(), a * 3)
+
+
+def test_write_counts_go_with_their_memory_and_any_owner_works():
+    import gc
+    import sys
+
+    versions = sys.modules["opsnn.tensor"].VERSIONS
+    before = len(versions)
+    for _ in range(200):
+        opsnn.tensor(np.zeros(4, np.float32)).add_(1.0)
+    gc.collect()
+    assert len(versions) <= before + 1  # an entry leaves with the memory it counts
+    t = opsnn.from_numpy(np.frombuffer(bytearray(12), np.float32))  # an owner without weak references
+    assert t.fill_(2.0).numpy().tolist() == [2.0, 2.0, 2.0]

@@ -103,7 +103,10 @@ def bump_version(t: Tensor) -> None:
     owner = _owner(t._array)
     key = id(owner)
     if key not in VERSIONS:
-        weakref.finalize(owner, VERSIONS.pop, key, None)
+        try:
+            weakref.finalize(owner, VERSIONS.pop, key, None)
+        except TypeError:  # memory owned by an object without weak references (a bytearray): the entry stays
+            pass
     VERSIONS[key] = VERSIONS.get(key, 0) + 1
 
 
