@@ -158,8 +158,10 @@ def test_in_place_methods_as_torch_and_the_version_check_that_guards_gradients()
     np.testing.assert_allclose(opsnn.tensor(a).lerp(opsnn.tensor(a * 3), 0.25).numpy(), a * 1.5)
     # a leaf that requires grad: not under grad mode; under no_grad, an optimizer-style update
     w = opsnn.tensor(a, requires_grad=True)
-    with pytest.raises(ParamInvalidError, match="add_: a tensor that requires grad cannot be modified in place"):
+    with pytest.raises(ParamInvalidError, match="add_: in place with grad mode on, a tensor that requires grad"):
         w.add_(1.0)
+    with pytest.raises(ParamInvalidError, match="mul_: in place with grad mode on"):
+        opsnn.tensor(a).mul_(w)  # the result would drop w's gradient
     with opsnn.no_grad():
         w.add_(1.0)
     assert w.numpy().tolist() == [2.0, 3.0, 5.0]

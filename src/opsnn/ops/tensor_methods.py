@@ -502,10 +502,12 @@ def _in_place(name: str, compute):
     def method(self, *args, **kwargs):
         from ..autograd import is_grad_enabled
 
-        if is_grad_enabled() and self.requires_grad:
+        if is_grad_enabled() and (
+            self.requires_grad or any(isinstance(a, Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
+        ):
             raise ParamInvalidError(
-                f"{name}: a tensor that requires grad cannot be modified in place while grad mode is on; "
-                "do it under opsnn.no_grad() (an optimizer-style update) or write x = x op y"
+                f"{name}: in place with grad mode on, a tensor that requires grad would be written or its gradient "
+                "lost; do it under opsnn.no_grad() (an optimizer-style update) or write x = x op y"
             )
         result = compute(self, *args, **kwargs)
         return self.copy_(result)
