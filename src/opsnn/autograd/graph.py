@@ -528,6 +528,7 @@ def install() -> None:
     _wrap_views()
     _executor._autograd = record_op
     _executor._autograd_will_record = will_record
+    _executor._autograd_grad_enabled = is_grad_enabled
 
 
 __all__ = [

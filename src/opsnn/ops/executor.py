@@ -29,6 +29,7 @@ _MAX_CACHE = 4096
 _tracer = None  # set by graph.tracing while a function is traced
 _autograd = None  # set by opsnn.autograd: records eager calls whose inputs require grad
 _autograd_will_record = None  # set by opsnn.autograd: whether an eager call of (rec, tensors) will be recorded
+_autograd_grad_enabled = None  # set by opsnn.autograd: whether grad mode is on (its no_grad / enable_grad)
 _autocast = None  # set by opsnn.amp while an autocast region is open: casts an eager call's inputs
 _cache: OrderedDict[tuple, Executor] = OrderedDict()
 

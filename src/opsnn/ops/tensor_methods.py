@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import ParamInvalidError
 from ..tensor import Tensor
+from . import executor
 from .api import FUNCTIONS, KEYWORD_ALIASES, spellings, unknown_keyword
 
 #: torch's ``(values, indices)`` result of ``max(dim)`` / ``min(dim)``
@@ -500,10 +501,13 @@ def _in_place(name: str, compute):
     op saved makes that op's backward an error (autograd's version check), never a silent wrong gradient."""
 
     def method(self, *args, **kwargs):
-        from ..autograd import is_grad_enabled
-
-        if is_grad_enabled() and (
-            self.requires_grad or any(isinstance(a, Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
+        grad_mode = executor._autograd_grad_enabled
+        if (
+            grad_mode is not None
+            and grad_mode()
+            and (
+                self.requires_grad or any(isinstance(a, Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
+            )
         ):
             raise ParamInvalidError(
                 f"{name}: in place with grad mode on, a tensor that requires grad would be written or its gradient "
