@@ -333,3 +333,32 @@ def test_forward_hooks_to_casts_and_lookups_as_torch():
     ):
         with pytest.raises(ParamInvalidError, match=match):
             call()
+
+
+@pytest.mark.parametrize("batch_first, side", [(False, "right"), (True, "right"), (True, "left")])
+def test_pad_sequence_and_parameter_vectors_match_torch(batch_first, side):
+    torch = pytest.importorskip("torch")
+    seqs = [_r(3, 2), _r(5, 2), _r(1, 2)]
+    xs = [opsnn.tensor(s, requires_grad=True) for s in seqs]
+    ts = [torch.tensor(s, requires_grad=True) for s in seqs]
+    got = nn.utils.rnn.pad_sequence(xs, batch_first=batch_first, padding_value=-2.0, padding_side=side)
+    want = torch.nn.utils.rnn.pad_sequence(ts, batch_first=batch_first, padding_value=-2.0, padding_side=side)
+    np.testing.assert_array_equal(got.numpy(), want.detach().numpy())
+    weight = _r(*want.shape)
+    opsnn.ops.sum(opsnn.ops.mul(got, opsnn.tensor(weight))).backward()
+    (want * torch.from_numpy(weight)).sum().backward()
+    for x, t in zip(xs, ts):
+        np.testing.assert_array_equal(x.grad.numpy(), t.grad.numpy())
+    with nn.init.seeded(1):
+        lin = nn.Linear(3, 2)
+    vec = nn.utils.parameters_to_vector(lin.parameters())
+    np.testing.assert_array_equal(vec.numpy(), np.concatenate([lin.weight.numpy().ravel(), lin.bias.numpy()]))
+    nn.utils.vector_to_parameters(np.arange(8, dtype=np.float32), lin.parameters())
+    assert lin.weight.numpy().ravel().tolist() == list(range(6)) and lin.bias.numpy().tolist() == [6.0, 7.0]
+    for call, match in (
+        (lambda: nn.utils.pad_sequence([opsnn.tensor(_r(2, 3)), opsnn.tensor(_r(2, 4))]), "one trailing shape"),
+        (lambda: nn.utils.pad_sequence([]), "non-empty list of tensors"),
+        (lambda: nn.utils.vector_to_parameters(np.zeros(5, np.float32), lin.parameters()), "1-D vector of 8 values"),
+    ):
+        with pytest.raises(ParamInvalidError, match=match):
+            call()
