@@ -612,10 +612,7 @@ def _torch_functional(name: str):
     renames = {"input": first, **_TORCH_KEYWORDS.get(name, {})}
 
     def call(*args, inplace: bool = False, **kwargs):
-        if inplace:
-            raise ParamInvalidError(
-                f"{name}: inplace=True is not supported (opsnn computes out of place): write x = F.{name}(x, ...)"
-            )
+        _out_of_place(name, inplace)
         return fn(*args, **{renames.get(k, k): v for k, v in kwargs.items()})
 
     call.__name__ = call.__qualname__ = name

@@ -384,7 +384,7 @@ class _BatchNorm(Module):
                 mean = ops.add(ops.mul(rm, one_minus), ops.mul(mean, m))
                 var = ops.add(ops.mul(rv, one_minus), ops.mul(var, m))
             for buf, new in ((rm, mean), (rv, var)):
-                tracer.call_inplace(assign, [buf, new], {}, [buf])
+                F.assign_in_place(buf, new)
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"

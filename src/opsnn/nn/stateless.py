@@ -19,12 +19,16 @@ from ..errors import ParamInvalidError
 from . import functional as F
 from .module import Module
 
+#: a parameter's default in a row when torch's module requires it
+REQUIRED = object()
+
 
 @dataclass(frozen=True)
 class Row:
-    """One module: ``fn`` (the functional it calls), torch's constructor parameters ``params``
-    (name -> default, in torch's order), those forward passes to ``fn`` by keyword (``call``: module
-    parameter -> function keyword; default all but ``inplace``), fixed keywords, and ``prepare``
+    """One module: ``fn`` (the functional it calls), torch's constructor parameters ``params`` (name ->
+    default, :data:`REQUIRED` where torch's module requires it, in torch's order), those forward passes to
+    ``fn`` by keyword (``call``: module parameter -> function keyword; default all but ``inplace``), fixed
+    keywords, and ``prepare``
     (the stored parameters -> the function's keywords) where torch's module and function differ."""
 
     fn: Callable
@@ -51,7 +55,7 @@ def _pads(dims: int):
 
 
 def _pool(fn, average: bool = False) -> Row:
-    params = {"kernel_size": None, "stride": None, "padding": 0}
+    params = {"kernel_size": REQUIRED, "stride": None, "padding": 0}
     if average:
         params.update(ceil_mode=False, count_include_pad=True)
     else:
@@ -78,26 +82,26 @@ TABLE: dict[str, Row] = {
     "Hardswish": _activation(F.hardswish),
     "SELU": _activation(F.selu),
     "Softplus": Row(F.softplus, {"beta": 1.0, "threshold": 20.0}),
-    "Unflatten": Row(F.unflatten, {"dim": None, "unflattened_size": None}, call={"unflattened_size": "sizes"}),
+    "Unflatten": Row(F.unflatten, {"dim": REQUIRED, "unflattened_size": REQUIRED}, call={"unflattened_size": "sizes"}),
     "MaxPool1d": _pool(F.max_pool1d),
     "MaxPool3d": _pool(F.max_pool3d),
     "AvgPool1d": _pool(F.avg_pool1d, average=True),
     "AvgPool2d": _pool(F.avg_pool2d, average=True),
     "AvgPool3d": _pool(F.avg_pool3d, average=True),
-    "PixelShuffle": Row(F.pixel_shuffle, {"upscale_factor": None}),
-    "PixelUnshuffle": Row(F.pixel_unshuffle, {"downscale_factor": None}),
+    "PixelShuffle": Row(F.pixel_shuffle, {"upscale_factor": REQUIRED}),
+    "PixelUnshuffle": Row(F.pixel_unshuffle, {"downscale_factor": REQUIRED}),
     "Upsample": Row(F.interpolate, {"size": None, "scale_factor": None, "mode": "nearest", "align_corners": None}),
-    "ZeroPad1d": Row(F.pad, {"padding": None}, prepare=_pads(1)),
-    "ZeroPad2d": Row(F.pad, {"padding": None}, prepare=_pads(2)),
-    "ConstantPad1d": Row(F.pad, {"padding": None, "value": None}, prepare=_pads(1)),
-    "ConstantPad2d": Row(F.pad, {"padding": None, "value": None}, prepare=_pads(2)),
-    "ConstantPad3d": Row(F.pad, {"padding": None, "value": None}, prepare=_pads(3)),
-    "ReflectionPad1d": Row(F.pad, {"padding": None}, fixed={"mode": "reflect"}, prepare=_pads(1)),
-    "ReflectionPad2d": Row(F.pad, {"padding": None}, fixed={"mode": "reflect"}, prepare=_pads(2)),
-    "ReplicationPad1d": Row(F.pad, {"padding": None}, fixed={"mode": "replicate"}, prepare=_pads(1)),
-    "ReplicationPad2d": Row(F.pad, {"padding": None}, fixed={"mode": "replicate"}, prepare=_pads(2)),
+    "ZeroPad1d": Row(F.pad, {"padding": REQUIRED}, prepare=_pads(1)),
+    "ZeroPad2d": Row(F.pad, {"padding": REQUIRED}, prepare=_pads(2)),
+    "ConstantPad1d": Row(F.pad, {"padding": REQUIRED, "value": REQUIRED}, prepare=_pads(1)),
+    "ConstantPad2d": Row(F.pad, {"padding": REQUIRED, "value": REQUIRED}, prepare=_pads(2)),
+    "ConstantPad3d": Row(F.pad, {"padding": REQUIRED, "value": REQUIRED}, prepare=_pads(3)),
+    "ReflectionPad1d": Row(F.pad, {"padding": REQUIRED}, fixed={"mode": "reflect"}, prepare=_pads(1)),
+    "ReflectionPad2d": Row(F.pad, {"padding": REQUIRED}, fixed={"mode": "reflect"}, prepare=_pads(2)),
+    "ReplicationPad1d": Row(F.pad, {"padding": REQUIRED}, fixed={"mode": "replicate"}, prepare=_pads(1)),
+    "ReplicationPad2d": Row(F.pad, {"padding": REQUIRED}, fixed={"mode": "replicate"}, prepare=_pads(2)),
     "CosineSimilarity": Row(F.cosine_similarity, {"dim": 1, "eps": 1e-8}),
-    "AdaptiveAvgPool1d": Row(F.adaptive_avg_pool1d, {"output_size": None}),
+    "AdaptiveAvgPool1d": Row(F.adaptive_avg_pool1d, {"output_size": REQUIRED}),
 }
 
 #: the parameters a module keeps for torch's sake but does not pass (opsnn computes out of place)
@@ -118,33 +122,10 @@ def _bind(name: str, params: dict, args: tuple, kwargs: dict) -> dict:
         if k in bound:
             raise ParamInvalidError(f"{name}: got two values for {k!r}")
         bound[k] = v
-    missing = [k for k, d in params.items() if d is None and k not in bound and k in _REQUIRED.get(name, ())]
+    missing = [k for k, d in params.items() if d is REQUIRED and k not in bound]
     if missing:
         raise ParamInvalidError(f"{name}: missing required argument(s) {missing}")
     return {k: bound.get(k, d) for k, d in params.items()}
-
-
-#: parameters without a usable default (None in the table means "torch's default is None" otherwise)
-_REQUIRED = {
-    "MaxPool1d": ("kernel_size",),
-    "MaxPool3d": ("kernel_size",),
-    "AvgPool1d": ("kernel_size",),
-    "AvgPool2d": ("kernel_size",),
-    "AvgPool3d": ("kernel_size",),
-    "PixelShuffle": ("upscale_factor",),
-    "AdaptiveAvgPool1d": ("output_size",),
-    "Unflatten": ("dim", "unflattened_size"),
-    "PixelUnshuffle": ("downscale_factor",),
-    "ZeroPad1d": ("padding",),
-    "ZeroPad2d": ("padding",),
-    "ConstantPad1d": ("padding", "value"),
-    "ConstantPad2d": ("padding", "value"),
-    "ConstantPad3d": ("padding", "value"),
-    "ReflectionPad1d": ("padding",),
-    "ReflectionPad2d": ("padding",),
-    "ReplicationPad1d": ("padding",),
-    "ReplicationPad2d": ("padding",),
-}
 
 
 def make_module(name: str, row: Row) -> type:
