@@ -313,6 +313,43 @@ def test_ill_conditioned_singular_places_keep_a_kind_some_reference_has():
     assert F.ill_conditioned(np.array([1.0, -2e30], np.float32), want, [("float64", want.copy())]) is None
 
 
+def test_a_cancelling_sum_added_in_another_order_is_ill_conditioned():
+    """Found by `opsnn fuzz` under the AVX2 cap (onnx_mutate seed 3502494: a Conv whose output cancels to 1e-4
+    from terms of ~15, then a Reciprocal): oneDNN's blocked convolution adds the terms in its own order, one
+    float32 ulp of the terms apart from the reference's, 1.4% after the Reciprocal. The variants that move each
+    sum by what another order may change cover it; a result off where the sum does not cancel, or far past
+    that reach where it does, still fails."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    c, n = 8, 24
+    x = rng.uniform(10, 20, (1, c, 1, n)).astype(np.float32)
+    x[0, 1::2, 0, :16] = x[0, 0::2, 0, :16] + rng.uniform(1e-5, 4e-5, (c // 2, 16)).astype(np.float32)  # cancels
+    w = np.tile(np.array([1.0, -1.0], np.float32), c // 2).reshape(1, c, 1, 1)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["s"]), helper.make_node("Reciprocal", ["s"], ["y"])],
+        "cancel",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 1, n])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    want = F._onnx_reference(model, {"x": x})
+    terms = x[0, :, 0, :] * w.reshape(c, 1)
+    s = np.zeros(n, np.float32)
+    for k in (1, 3, 5, 7, 0, 2, 4, 6):  # the negative terms first: another float32 order
+        s += terms[k]
+    got = (np.float32(1) / s).reshape(want[0].shape)
+    assert F.compare(got, want[0]) is not None, "the orders must differ past the float32 tolerance"
+    status, detail = F.judge_outputs([got], want, model, {"x": x})
+    assert status == F.ILL and "sums reordered" in detail, (status, detail)
+    big = float(np.abs(want[0]).max())  # the absolute tolerance scales with it
+    for k, wrong_value in ((20, got.reshape(-1)[20] + 1e-3 * big), (3, 10 * got.reshape(-1)[3])):
+        wrong = got.copy()  # a sum that does not cancel (k=20); far past the reordered sums' reach (k=3)
+        wrong.reshape(-1)[k] = wrong_value
+        assert F.judge_outputs([wrong], want, model, {"x": x})[0] == F.FAIL, (k, wrong_value)
+
+
 def test_the_soak_runs_the_batches_a_reshape_allows():
     """Found by `opsnn fuzz` (soak seed 27182): a model reshaping to (3, -1) takes only batches whose element
     count 3 divides; the soak probed batch sizes catching InferShapeError only, and Reshape's refusal is a

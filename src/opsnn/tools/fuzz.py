@@ -1077,12 +1077,10 @@ def rounded_per_op(wide):
     import onnx
     from onnx import TensorProto, helper
 
-    try:
-        typed = onnx.shape_inference.infer_shapes(wide)
-    except Exception:  # noqa: BLE001 - a mutated model shape inference refuses: no such variant
+    typed = _with_types(wide)
+    if typed is None:
         return None
-    g = typed.graph
-    kinds = {v.name: v.type.tensor_type.elem_type for v in [*g.input, *g.value_info, *g.output]}
+    g, kinds = typed[0].graph, typed[1]
     taken = {v for n in g.node for v in [*n.input, *n.output]} | {v.name for v in [*g.input, *g.output]}
     taken |= {t.name for t in g.initializer}
     m = onnx.ModelProto()
@@ -1105,15 +1103,94 @@ def rounded_per_op(wide):
     return m
 
 
+#: the sums whose float32 result depends on the order of their terms: a kernel's blocking may add them in any order
+SUMS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "ReduceSum", "ReduceMean")
+#: float32's unit roundoff: a sum's result moves by about this times the sum of its terms' magnitudes when the
+#: order of the additions changes
+UNIT_ROUNDOFF = 2.0**-24
+
+
+def _with_types(model):
+    """(model with inferred value types, {value name: elem_type}) or None where shape inference fails."""
+    import onnx
+
+    try:
+        typed = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - a mutated model shape inference refuses
+        return None
+    g = typed.graph
+    kinds = {v.name: v.type.tensor_type.elem_type for v in [*g.input, *g.value_info, *g.output]}
+    kinds.update({t.name: t.data_type for t in g.initializer})
+    return typed, kinds
+
+
+def sums_reordered(wide, sign: float):
+    """A copy of the float64 model ``wide`` (:func:`as_float64`) in which each sum of :data:`SUMS` is moved by
+    ``sign`` x :data:`UNIT_ROUNDOFF` x the same op over its operands' magnitudes: how far a float32 evaluation
+    that adds the terms in another order may land (None where shape inference fails). A cancelling sum (terms
+    of ~15 that add up to 1e-4) moves by more than its value there, a sum of like-signed terms by an ulp."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    typed = _with_types(wide)
+    if typed is None:
+        return None
+    kinds = typed[1]
+    taken = {v for n in wide.graph.node for v in [*n.input, *n.output]} | {t.name for t in wide.graph.initializer}
+    taken |= {v.name for v in [*wide.graph.input, *wide.graph.output]}
+
+    def fresh(name):
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        return name
+
+    m = onnx.ModelProto()
+    m.CopyFrom(wide)
+    step = fresh("sum_order_step")
+    m.graph.initializer.append(numpy_helper.from_array(np.array(sign * UNIT_ROUNDOFF, np.float64), step))
+    nodes = []
+    for n in m.graph.node:
+        nodes.append(n)
+        o = n.output[0] if n.output else ""
+        if n.op_type not in SUMS or n.domain not in ("", "ai.onnx") or kinds.get(o) != TensorProto.DOUBLE:
+            continue
+        mags = []
+        for v in n.input:
+            if v and kinds.get(v) == TensorProto.DOUBLE:
+                mags.append(fresh(f"{v}__magnitude"))
+                nodes.append(helper.make_node("Abs", [v], [mags[-1]]))
+            else:
+                mags.append(v)
+        size, raw, moved = fresh(f"{o}__magnitude"), fresh(f"{o}__in_order"), fresh(f"{o}__moved")
+        twin = helper.make_node(n.op_type, mags, [size])
+        twin.attribute.extend(n.attribute)
+        for a in twin.attribute:
+            if a.name in ("alpha", "beta"):  # Gemm's scalars
+                a.f = abs(a.f)
+        n.output[0] = raw
+        nodes += [twin, helper.make_node("Mul", [size, step], [moved]), helper.make_node("Add", [raw, moved], [o])]
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    return m
+
+
 def reference_variants(model, feeds: dict) -> list:
     """[(label, onnx.reference's outputs)] of ``model`` computed in float64 (cast back to float32), in float64
-    with every op's result rounded to float32 (:func:`rounded_per_op`), and on its float inputs moved 1 ulp up
-    and 1 ulp down: how far the reference itself moves (variants that cannot run are left out)."""
+    with every op's result rounded to float32 (:func:`rounded_per_op`), in float64 with its sums moved up and
+    down by what adding their terms in another float32 order may change (:func:`sums_reordered`), and on its
+    float inputs moved 1 ulp up and 1 ulp down: how far the reference itself moves (variants that cannot run
+    are left out)."""
     out = []
     wide = as_float64(model)
     if wide is not None:
         feeds64 = {n: x.astype(np.float64) if x.dtype == np.float32 else x for n, x in feeds.items()}
-        for label, m in (("float64", wide), (ROUNDED, rounded_per_op(wide))):
+        runs = [("float64", wide), (ROUNDED, rounded_per_op(wide))]
+        if any(n.op_type in SUMS for n in wide.graph.node):
+            runs += [
+                (f"float64, sums reordered ({way})", sums_reordered(wide, s)) for way, s in (("up", 1), ("down", -1))
+            ]
+        for label, m in runs:
             if m is None:
                 continue
             try:
