@@ -55,6 +55,7 @@ LAYER_OF = {
     "config": "frontends",
     "frontends": "frontends",
     "utils": "frontends",
+    "torch_api": "frontends",
     # applications: whole jobs built on the frontends
     "llm": "applications",
     "pipeline": "applications",

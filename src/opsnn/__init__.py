@@ -21,6 +21,7 @@ docs/ (one page per task, docs/ops.md for the operators) have more; ``opsnn --he
 command-line tools.
 """
 
+import builtins as _builtins
 import gc as _gc
 import os as _os
 
@@ -47,10 +48,14 @@ try:
     from .dtypes import bfloat16, bool_, float16, float32, float64, int8, int16, int32, int64, uint8
     from . import autograd  # noqa: E402 - before nn: Parameters require grad
     from .autograd import enable_grad, inference_mode, no_grad, set_grad_enabled
+    from . import torch_api
+    from .torch_api import *  # noqa: F403 - torch's top-level functions (exp, sum, gather, trace ...)
+    from .dtypes import float16 as half, float32 as float, float64 as double  # noqa: A001, F401 - torch's dtype names
+    from .dtypes import bool_ as bool, int16 as short, int32 as int, int64 as long  # noqa: A001, F401
     from . import aclnn, config, nn, models, tools
     from . import amp, optim  # noqa: E402
     from .amp import autocast  # noqa: E402
-    from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+    from .checkpoint import load, load_checkpoint, save, save_checkpoint  # noqa: E402
     from .nn.init import manual_seed, rand, randint, randn, randperm  # noqa: E402
     from .tools import profiler
     from .tools.plot import plot_graph
@@ -158,3 +163,6 @@ __all__ = [
     "int64",
     "uint8",
 ]
+# torch's names that are Python builtins (sum, max, int ...) stay out of ``from opsnn import *``
+__all__ += ["half", "double", "short", "long", "load", "save"]
+__all__ += [n for n in torch_api.__all__ if not hasattr(_builtins, n) and n not in __all__]

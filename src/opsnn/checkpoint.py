@@ -157,3 +157,70 @@ def load_checkpoint(path, model, optimizer=None, *, scaler=None, scheduler=None,
 
 
 __all__ = ["CheckpointError", "checkpoint_info", "load_checkpoint", "save_checkpoint"]
+
+
+_OBJECT_KEY = "opsnn.object"
+
+
+def _encode(obj, tensors: dict, where: str):
+    """``obj`` as JSON-able structure, its tensors and arrays moved into ``tensors`` by key."""
+    if isinstance(obj, (Tensor, np.ndarray)):
+        key = str(len(tensors))
+        tensors[key] = _np(obj)
+        return {"tensor": key, "shape": list(obj.shape)}  # the file stores 0-d as (1,)
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return {"value": obj}
+    if isinstance(obj, np.generic):
+        return {"value": obj.item()}
+    if isinstance(obj, dict):
+        return {"dict": [[_encode(k, tensors, where), _encode(v, tensors, f"{where}[{k!r}]")] for k, v in obj.items()]}
+    if isinstance(obj, (list, tuple)):
+        kind = "list" if isinstance(obj, list) else "tuple"
+        return {kind: [_encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]}
+    raise CheckpointError(
+        f"save: cannot store a {type(obj).__name__} at {where}; opsnn.save stores tensors, arrays, numbers, "
+        "strings, None and dicts, lists and tuples of them (a state_dict() is one)"
+    )
+
+
+def _decode(node, tensors: dict):
+    if "tensor" in node:
+        return Tensor(tensors[node["tensor"]].reshape(node["shape"]).copy())
+    if "value" in node:
+        return node["value"]
+    if "dict" in node:
+        return {_decode(k, tensors): _decode(v, tensors) for k, v in node["dict"]}
+    items = [_decode(v, tensors) for v in node.get("list", node.get("tuple", []))]
+    return items if "list" in node else tuple(items)
+
+
+def save(obj, f) -> None:
+    """torch.save's role for what training code saves (a ``state_dict()``, an optimizer's, dicts of them with
+    step counts): tensors, arrays, numbers, strings, None and dicts / lists / tuples of them, written to the
+    path ``f`` as one safetensors file (no pickle: loading it runs no code). Anything else is a
+    CheckpointError naming where it sits in ``obj``."""
+    import safetensors.numpy as st
+
+    tensors: dict = {}
+    structure = _encode(obj, tensors, "the top")
+    folder = os.path.dirname(os.path.abspath(str(f)))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(errno.ENOENT, f"save: no folder {folder!r} to write into", str(f))
+    st.save_file(tensors, str(f), metadata={_OBJECT_KEY: json.dumps(structure)})
+
+
+def load(f, map_location=None, *, weights_only: bool = True):
+    """torch.load's role for a file :func:`save` wrote: the object back, tensors as :class:`opsnn.Tensor`
+    (``weights_only`` True or False alike: the file holds no code). ``map_location`` may be None, 'cpu' or
+    a CPU device (opsnn tensors live in host memory)."""
+    if map_location is not None and map_location != "cpu" and getattr(map_location, "type", None) != "cpu":
+        raise CheckpointError(f"load: map_location {map_location!r}: opsnn tensors live on the CPU ('cpu' or None)")
+    if not isinstance(weights_only, bool):
+        raise CheckpointError(f"load: weights_only must be True or False, got {weights_only!r}")
+    with _open(f, "load") as h:
+        raw = (h.metadata() or {}).get(_OBJECT_KEY)
+        if raw is None:
+            what = "a training checkpoint: use opsnn.load_checkpoint" if _META_KEY in (h.metadata() or {}) else ""
+            raise CheckpointError(f"load: {f} was not written by opsnn.save{f' ({what})' if what else ''}")
+        tensors = {k: h.get_tensor(k) for k in h.keys()}  # noqa: SIM118 - a safetensors handle, not a dict
+    return _decode(json.loads(raw), tensors)
