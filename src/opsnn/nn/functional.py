@@ -47,17 +47,23 @@ def _draw_seed() -> np.ndarray:
 def dropout_seed(who: str = "dropout") -> Tensor:
     """One int64 draw from opsnn's generator as a 0-d tensor. While a training step is traced it
     becomes a runtime input of the graph, drawn again before every run (in trace order)."""
+    return _fresh_every_run(_draw_seed, "dropout_seed", who)
+
+
+def _fresh_every_run(draw, name: str, who: str) -> Tensor:
+    """``draw()`` as a tensor; while a training step is traced, a runtime input ``draw`` computes again
+    before every run (random values must not become constants of the graph)."""
     from ..graph.tracing import TraceError, active_tracer
 
-    t = as_tensor(_draw_seed())
+    t = as_tensor(draw())
     tracer = active_tracer()
     if tracer is not None:
         if not hasattr(tracer, "add_input"):
             raise TraceError(
-                f"{who}: a training-mode mask needs a fresh seed at every run, which only a traced training "
-                "step (opsnn.compile(train_step)) feeds; trace the model in eval mode"
+                f"{who}: training-mode random values are drawn afresh at every run, which only a traced "
+                "training step (opsnn.compile(train_step)) feeds; trace the model in eval mode"
             )
-        tracer.add_input(t, "dropout_seed", _draw_seed)
+        tracer.add_input(t, name, draw)
     return t
 
 
@@ -584,9 +590,6 @@ TORCH_FUNCTIONAL = (
     "conv_transpose1d",
     "conv_transpose2d",
     "conv_transpose3d",
-    "max_pool1d",
-    "max_pool2d",
-    "max_pool3d",
     "avg_pool1d",
     "avg_pool2d",
     "avg_pool3d",
@@ -626,3 +629,797 @@ def _torch_functional(name: str):
 for _name in TORCH_FUNCTIONAL:
     globals()[_name] = _torch_functional(_name)
 del _name
+
+
+# -- torch.nn.functional written here as compositions of opsnn ops (gradients and tracing come with them) ---------
+def _legacy_reduction(what: str, size_average, reduce, reduction: str) -> str:
+    """torch's deprecated ``size_average`` / ``reduce`` pair mapped as torch maps it (either set: it wins)."""
+    if size_average is None and reduce is None:
+        return _check_reduction(what, reduction)
+    if reduce is not None and not reduce:
+        return "none"
+    return "mean" if size_average is None or size_average else "sum"
+
+
+def _dim(what: str, dim: int, ndim: int) -> int:
+    d = int(dim)
+    if not -max(ndim, 1) <= d < max(ndim, 1):
+        raise ParamInvalidError(f"{what}: dim {dim} is out of range for a {ndim}-D input (use -{ndim}..{ndim - 1})")
+    return d % max(ndim, 1)
+
+
+def _ntuple(what: str, name: str, value, n: int, low: int = 1) -> tuple:
+    vals = (value,) * n if isinstance(value, (int, np.integer)) else tuple(value)
+    if len(vals) != n or any(isinstance(v, bool) or int(v) != v or int(v) < low for v in vals):
+        raise ParamInvalidError(f"{what}: {name} must be an int >= {low} or {n} of them, got {value!r}")
+    return tuple(int(v) for v in vals)
+
+
+def _batched(what: str, input, dims: int) -> tuple[Tensor, bool]:
+    """``input`` as (N, C, *spatial) with ``dims`` spatial dims, and whether it came unbatched (C, *spatial)."""
+    x = as_tensor(input)
+    if x.ndim not in (dims + 1, dims + 2):
+        raise ParamInvalidError(
+            f"{what}: expected a {dims + 2}-D (N, C, ...) or {dims + 1}-D (C, ...) input, got shape {tuple(x.shape)}"
+        )
+    return (ops.unsqueeze(x, 0), True) if x.ndim == dims + 1 else (x, False)
+
+
+def _unbatched(y, flag: bool):
+    if isinstance(y, tuple):
+        return tuple(_unbatched(v, flag) for v in y)
+    return ops.squeeze(y, 0) if flag else y
+
+
+# activations
+def logsigmoid(input) -> Tensor:
+    """torch.nn.functional.logsigmoid: ``log(sigmoid(x)) = -softplus(-x)``."""
+    return ops.neg(ops.softplus(ops.neg(as_tensor(input))))
+
+
+def _softmax_dtype(x: Tensor, dtype) -> Tensor:
+    return x if dtype is None else ops.cast(x, np.dtype(dtype))
+
+
+def softmin(input, dim=None, _stacklevel: int = 3, dtype=None) -> Tensor:
+    """torch.nn.functional.softmin: ``softmax(-input, dim)`` (``dtype``: cast first)."""
+    x = _softmax_dtype(as_tensor(input), dtype)
+    if dim is None:
+        raise ParamInvalidError("softmin: pass dim (torch's implicit dim is deprecated)")
+    return ops.softmax(ops.neg(x), dim=_dim("softmin", dim, x.ndim))
+
+
+def tanhshrink(input) -> Tensor:
+    """torch.nn.functional.tanhshrink: ``x - tanh(x)``."""
+    x = as_tensor(input)
+    return ops.sub(x, ops.tanh(x))
+
+
+def threshold(input, threshold: float, value: float, inplace: bool = False) -> Tensor:
+    """torch.nn.functional.threshold: ``value`` where ``x <= threshold``, else ``x`` (NaN stays NaN)."""
+    _out_of_place("threshold", inplace)
+    x = as_tensor(input)
+    th, v = real_number("threshold", "threshold", threshold), real_number("threshold", "value", value)
+    return ops.where(ops.le(x, _const(th, x)), _const(v, x), x)
+
+
+def glu(input, dim: int = -1) -> Tensor:
+    """torch.nn.functional.glu: the first half of ``dim`` times the sigmoid of the second."""
+    x = as_tensor(input)
+    if x.ndim == 0:
+        raise ParamInvalidError("glu: does not take a 0-D input")
+    d = _dim("glu", dim, x.ndim)
+    if x.shape[d] % 2:
+        raise ParamInvalidError(f"glu: dim {dim} must have an even size to halve, got {x.shape[d]}")
+    a, b = ops.split(x, x.shape[d] // 2, dim=d)
+    return ops.mul(a, ops.sigmoid(b))
+
+
+def softmax2d(input) -> Tensor:
+    """torch.nn.Softmax2d's function: softmax over the channels of (N, C, H, W) or (C, H, W)."""
+    x = as_tensor(input)
+    if x.ndim not in (3, 4):
+        raise ParamInvalidError(f"Softmax2d: expected a 3-D or 4-D input, got shape {tuple(x.shape)}")
+    return ops.softmax(x, dim=x.ndim - 3)
+
+
+def _random_like(x: Tensor, name: str, sample) -> Tensor:
+    """``sample(generator, shape)`` from opsnn's seeded generator, as ``x``'s dtype (fresh every traced run)."""
+    shape = tuple(x.shape)
+    return _fresh_every_run(lambda: np.asarray(sample(init.generator(), shape), x.dtype), name, name)
+
+
+def rrelu(input, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: bool = False, inplace: bool = False):
+    """torch.nn.functional.rrelu: negative inputs times a slope drawn from U(lower, upper) per element
+    (opsnn's seeded generator) when ``training``, times ``(lower + upper) / 2`` otherwise."""
+    _out_of_place("rrelu", inplace)
+    x = as_tensor(input)
+    lo, hi = real_number("rrelu", "lower", lower), real_number("rrelu", "upper", upper)
+    if not lo <= hi:
+        raise ParamInvalidError(f"rrelu: lower ({lo}) must not exceed upper ({hi})")
+    if not training:
+        return ops.leaky_relu(x, (lo + hi) / 2.0)
+    slope = _random_like(x, "rrelu", lambda g, shape: g.uniform(lo, hi, shape))
+    return ops.where(ops.lt(x, _const(0.0, x)), ops.mul(x, slope), x)
+
+
+_SELU_ALPHA_PRIME = -1.7580993408473766  # -selu.scale * selu.alpha: the value SELU saturates to
+
+
+def _alpha_dropout(name: str, input, p, training, inplace, feature: bool) -> Tensor:
+    _out_of_place(name, inplace)
+    x = as_tensor(input)
+    p = real_number(name, "p", p)
+    if not 0.0 <= p <= 1.0:
+        raise ParamInvalidError(f"{name}: dropout probability must be in [0, 1], got {p}")
+    if feature and x.ndim < 2:
+        raise ParamInvalidError(f"{name}: needs an input of at least 2 dims (N, C, ...), got shape {tuple(x.shape)}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0:
+        return ops.mul(x, _const(0.0, x))
+    shape = tuple(x.shape[:2]) + (1,) * (x.ndim - 2) if feature else tuple(x.shape)
+    keep = ops.mul(dropout(as_tensor(np.ones(shape, x.dtype)), p, True, name), _const(1.0 - p, x))
+    a = ((1.0 - p) * (1.0 + p * _SELU_ALPHA_PRIME**2)) ** -0.5
+    dropped = ops.mul(ops.sub(_const(1.0, x), keep), _const(_SELU_ALPHA_PRIME, x))
+    return ops.add(ops.mul(ops.add(ops.mul(x, keep), dropped), _const(a, x)), _const(-a * _SELU_ALPHA_PRIME * p, x))
+
+
+def alpha_dropout(input, p: float = 0.5, training: bool = False, inplace: bool = False) -> Tensor:
+    """torch.nn.functional.alpha_dropout: dropped elements set to SELU's saturation value, then an affine map
+    that keeps a SELU network's mean and variance."""
+    return _alpha_dropout("alpha_dropout", input, p, training, inplace, feature=False)
+
+
+def feature_alpha_dropout(input, p: float = 0.5, training: bool = False, inplace: bool = False) -> Tensor:
+    """torch.nn.functional.feature_alpha_dropout: :func:`alpha_dropout` of whole channels of (N, C, ...)."""
+    return _alpha_dropout("feature_alpha_dropout", input, p, training, inplace, feature=True)
+
+
+def gumbel_softmax(logits, tau: float = 1, hard: bool = False, eps: float = 1e-10, dim: int = -1) -> Tensor:
+    """torch.nn.functional.gumbel_softmax: ``softmax((logits + g) / tau)`` with Gumbel noise ``g`` from opsnn's
+    seeded generator; ``hard`` returns the one-hot of the argmax with the soft sample's gradient."""
+    x = as_tensor(logits)
+    tau = real_number("gumbel_softmax", "tau", tau)
+    if not tau > 0.0:
+        raise ParamInvalidError(f"gumbel_softmax: tau must be > 0, got {tau}")
+    d = _dim("gumbel_softmax", dim, x.ndim)
+    gumbels = _random_like(x, "gumbel_softmax", lambda g, shape: -np.log(g.exponential(1.0, shape)))
+    y = ops.softmax(ops.div(ops.add(x, gumbels), _const(tau, x)), dim=d)
+    if not hard:
+        return y
+    index = ops.argmax(y, dim=d, keepdim=True)
+    one = ops.scatter_elements(ops.zeros_like(y.detach()), index, ops.ones_like(ops.cast(index, x.dtype)), axis=d)
+    return ops.add(ops.sub(one, y.detach()), y)
+
+
+# losses
+def _per_sample_pair(what: str, a, b) -> tuple[Tensor, Tensor]:
+    x1 = as_tensor(a)
+    x2 = as_tensor(b, like=x1)
+    if tuple(x1.shape) != tuple(x2.shape):
+        raise ParamInvalidError(f"{what}: the inputs' shapes differ, {tuple(x1.shape)} and {tuple(x2.shape)}")
+    return x1, x2
+
+
+def _signs(what: str, target, like: Tensor, shape: tuple) -> Tensor:
+    t = as_tensor(target)
+    if tuple(t.shape) != tuple(shape):
+        raise ParamInvalidError(f"{what}: target must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    return t if t.dtype == like.dtype else ops.cast(t, like.dtype)
+
+
+def cosine_embedding_loss(
+    input1, input2, target, margin: float = 0, size_average=None, reduce=None, reduction: str = "mean"
+) -> Tensor:
+    """torch.nn.functional.cosine_embedding_loss: ``1 - cos`` where target is 1, ``max(0, cos - margin)`` where
+    it is -1 (cos along the last dim of (N, D) or (D,))."""
+    reduction = _legacy_reduction("cosine_embedding_loss", size_average, reduce, reduction)
+    x1, x2 = _per_sample_pair("cosine_embedding_loss", input1, input2)
+    if x1.ndim not in (1, 2):
+        raise ParamInvalidError(f"cosine_embedding_loss: inputs must be (N, D) or (D,), got shape {tuple(x1.shape)}")
+    t = _signs("cosine_embedding_loss", target, x1, x1.shape[:-1])
+    d = x1.ndim - 1
+    eps = _const(1e-12, x1)
+    m1 = ops.add(ops.sum(ops.mul(x1, x1), dim=d), eps)
+    m2 = ops.add(ops.sum(ops.mul(x2, x2), dim=d), eps)
+    cos = ops.div(ops.sum(ops.mul(x1, x2), dim=d), ops.sqrt(ops.mul(m1, m2)))
+    zero = _const(0.0, x1)
+    pos = ops.where(ops.eq(t, _const(1.0, x1)), ops.sub(_const(1.0, x1), cos), zero)
+    neg = ops.where(ops.eq(t, _const(-1.0, x1)), ops.maximum(ops.sub(cos, _const(margin, x1)), zero), zero)
+    return _reduce(ops.add(pos, neg), reduction)
+
+
+def hinge_embedding_loss(input, target, margin: float = 1.0, size_average=None, reduce=None, reduction: str = "mean"):
+    """torch.nn.functional.hinge_embedding_loss: ``x`` where target is 1, ``max(0, margin - x)`` where it is -1."""
+    reduction = _legacy_reduction("hinge_embedding_loss", size_average, reduce, reduction)
+    x = as_tensor(input)
+    t = _signs("hinge_embedding_loss", target, x, x.shape)
+    zero = _const(0.0, x)
+    clamp = ops.maximum(ops.sub(_const(margin, x), x), zero)
+    loss = ops.add(ops.where(ops.eq(t, _const(1.0, x)), zero, clamp), ops.where(ops.eq(t, _const(-1.0, x)), zero, x))
+    return _reduce(loss, reduction)
+
+
+def margin_ranking_loss(
+    input1, input2, target, margin: float = 0, size_average=None, reduce=None, reduction: str = "mean"
+) -> Tensor:
+    """torch.nn.functional.margin_ranking_loss: ``max(0, -target * (input1 - input2) + margin)``."""
+    reduction = _legacy_reduction("margin_ranking_loss", size_average, reduce, reduction)
+    x1, x2 = _per_sample_pair("margin_ranking_loss", input1, input2)
+    t = _signs("margin_ranking_loss", target, x1, x1.shape)
+    loss = ops.add(ops.neg(ops.mul(t, ops.sub(x1, x2))), _const(margin, x1))
+    return _reduce(ops.maximum(loss, _const(0.0, x1)), reduction)
+
+
+def soft_margin_loss(input, target, size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
+    """torch.nn.functional.soft_margin_loss: ``log(1 + exp(-target * input))``."""
+    reduction = _legacy_reduction("soft_margin_loss", size_average, reduce, reduction)
+    x, t = _pair("soft_margin_loss", input, target, reduction)
+    return _reduce(ops.softplus(ops.neg(ops.mul(t, x))), reduction)
+
+
+def multilabel_soft_margin_loss(
+    input, target, weight=None, size_average=None, reduce=None, reduction: str = "mean"
+) -> Tensor:
+    """torch.nn.functional.multilabel_soft_margin_loss: per-class logistic loss of (N, C) logits, averaged
+    over the classes (``weight`` (C,) scales each class)."""
+    reduction = _legacy_reduction("multilabel_soft_margin_loss", size_average, reduce, reduction)
+    x, t = _pair("multilabel_soft_margin_loss", input, target, reduction)
+    if x.ndim == 0:
+        raise ParamInvalidError("multilabel_soft_margin_loss: input must be (N, C) or (C,), got a 0-D tensor")
+    loss = ops.neg(ops.add(ops.mul(t, logsigmoid(x)), ops.mul(ops.sub(_const(1.0, x), t), logsigmoid(ops.neg(x)))))
+    if weight is not None:
+        loss = ops.mul(loss, as_tensor(weight, like=x))
+    loss = ops.div(ops.sum(loss, dim=x.ndim - 1), _const(x.shape[-1], x))
+    return _reduce(loss, reduction)
+
+
+def _class_targets(what: str, input, target) -> tuple[Tensor, Tensor, bool]:
+    """(N, C) input and (N,) int64 class targets (an unbatched (C,) input with a 0-D or (1,) target: N = 1)."""
+    x = as_tensor(input)
+    t = as_tensor(target)
+    if t.dtype.kind not in "iu":
+        raise DTypeError(f"{what}: target must hold integer class indices, got {t.dtype}")
+    single = x.ndim <= 1
+    x = ops.reshape(x, (1, -1)) if single else x
+    t = ops.reshape(t, (-1,)) if single else t
+    if x.ndim != 2 or tuple(t.shape) != (x.shape[0],):
+        raise ParamInvalidError(
+            f"{what}: expected (N, C) input and (N,) target, got {tuple(x.shape)} and {tuple(t.shape)}"
+        )
+    return x, (t if t.dtype == np.int64 else ops.cast(t, np.int64)), single
+
+
+def _pick(x: Tensor, classes: Tensor) -> Tensor:
+    """``x[n, classes[n, k]]`` for (N, C) ``x``, as a one-hot product (its gradient needs no host read)."""
+    hot = ops.cast(ops.one_hot(classes, x.shape[1]), x.dtype)  # (N, K, C)
+    return ops.sum(ops.mul(hot, ops.unsqueeze(x, 1)), dim=2)
+
+
+def _reduce_single(loss, reduction: str, single: bool) -> Tensor:
+    loss = _reduce(loss, reduction)
+    return ops.reshape(loss, ()) if single and reduction == "none" else loss
+
+
+def multi_margin_loss(
+    input, target, p: int = 1, margin: float = 1.0, weight=None, size_average=None, reduce=None, reduction="mean"
+) -> Tensor:
+    """torch.nn.functional.multi_margin_loss: ``sum_{i != y} max(0, margin - x[y] + x[i])^p / C`` per sample
+    (``p`` 1 or 2; ``weight`` (C,) scales by the target class's weight)."""
+    reduction = _legacy_reduction("multi_margin_loss", size_average, reduce, reduction)
+    if p not in (1, 2):
+        raise ParamInvalidError(f"multi_margin_loss: p must be 1 or 2, got {p!r}")
+    x, t, single = _class_targets("multi_margin_loss", input, target)
+    C = x.shape[1]
+    xy = _pick(x, ops.unsqueeze(t, 1))
+    z = ops.maximum(ops.add(ops.sub(_const(margin, x), xy), x), _const(0.0, x))
+    z = ops.mul(z, z) if p == 2 else z
+    if weight is not None:
+        z = ops.mul(z, ops.unsqueeze(ops.gather(as_tensor(weight, like=x), t, axis=0), 1))
+    not_y = ops.logical_not(ops.eq(ops.unsqueeze(t, 1), as_tensor(np.arange(C, dtype=np.int64))))
+    loss = ops.div(ops.sum(ops.where(not_y, z, _const(0.0, x)), dim=1), _const(C, x))
+    return _reduce_single(loss, reduction, single)
+
+
+def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
+    """torch.nn.functional.multilabel_margin_loss: ``target`` (N, C) holds each sample's classes, ended by the
+    first -1; the loss sums ``max(0, 1 - (x[j] - x[i])) / C`` over its classes j and the other classes i."""
+    reduction = _legacy_reduction("multilabel_margin_loss", size_average, reduce, reduction)
+    x = as_tensor(input)
+    t = as_tensor(target)
+    if t.dtype.kind not in "iu":
+        raise DTypeError(f"multilabel_margin_loss: target must hold integer class indices, got {t.dtype}")
+    if x.ndim not in (1, 2) or tuple(t.shape) != tuple(x.shape):
+        raise ParamInvalidError(
+            f"multilabel_margin_loss: input and target must both be (N, C) or (C,), got {tuple(x.shape)} and "
+            f"{tuple(t.shape)}"
+        )
+    single = x.ndim == 1
+    x, t = (ops.unsqueeze(x, 0), ops.unsqueeze(t, 0)) if single else (x, t)
+    t = t if t.dtype == np.int64 else ops.cast(t, np.int64)
+    C = x.shape[1]
+    listed = ops.cumprod(ops.cast(ops.ge(t, as_tensor(np.zeros((), np.int64))), x.dtype), dim=1)  # before the first -1
+    safe = ops.where(ops.gt(listed, _const(0.0, x)), t, as_tensor(np.zeros((), np.int64)))
+    hit = ops.mul(ops.cast(ops.one_hot(safe, C), x.dtype), ops.unsqueeze(listed, 2))  # (N, K, C)
+    other = ops.sub(_const(1.0, x), ops.minimum(ops.sum(hit, dim=1), _const(1.0, x)))  # (N, C)
+    xj = _pick(x, safe)  # (N, K)
+    z = ops.maximum(ops.add(ops.sub(_const(1.0, x), ops.unsqueeze(xj, 2)), ops.unsqueeze(x, 1)), _const(0.0, x))
+    z = ops.mul(ops.mul(z, ops.unsqueeze(listed, 2)), ops.unsqueeze(other, 1))
+    return _reduce_single(ops.div(ops.sum(z, dim=(1, 2)), _const(C, x)), reduction, single)
+
+
+def poisson_nll_loss(
+    input,
+    target,
+    log_input: bool = True,
+    full: bool = False,
+    size_average=None,
+    eps: float = 1e-8,
+    reduce=None,
+    reduction: str = "mean",
+) -> Tensor:
+    """torch.nn.functional.poisson_nll_loss: ``exp(x) - t x`` (``log_input``) or ``x - t log(x + eps)``;
+    ``full`` adds Stirling's term ``t log t - t + log(2 pi t) / 2`` where ``t > 1``."""
+    reduction = _legacy_reduction("poisson_nll_loss", size_average, reduce, reduction)
+    x, t = _pair("poisson_nll_loss", input, target, reduction)
+    if log_input:
+        loss = ops.sub(ops.exp(x), ops.mul(t, x))
+    else:
+        loss = ops.sub(x, ops.mul(t, ops.log(ops.add(x, _const(eps, x)))))
+    if full:
+        one = _const(1.0, x)
+        safe = ops.where(ops.gt(t, one), t, one)
+        stirling = ops.add(
+            ops.sub(ops.mul(safe, ops.log(safe)), safe),
+            ops.mul(ops.log(ops.mul(safe, _const(2 * np.pi, x))), _const(0.5, x)),
+        )
+        loss = ops.add(loss, ops.where(ops.gt(t, one), stirling, _const(0.0, x)))
+    return _reduce(loss, reduction)
+
+
+def gaussian_nll_loss(input, target, var, full: bool = False, eps: float = 1e-6, reduction: str = "mean") -> Tensor:
+    """torch.nn.functional.gaussian_nll_loss: ``(log(var) + (input - target)^2 / var) / 2`` (plus ``log(2 pi) / 2``
+    with ``full``); ``var`` is clamped at ``eps`` for the value only (its gradient passes), as torch does. ``var``
+    has the input's shape, or it with the last dim 1 or dropped, or is a number."""
+    _check_reduction("gaussian_nll_loss", reduction)
+    x = as_tensor(input)
+    t = as_tensor(target, like=x)
+    v = as_tensor(np.full(tuple(x.shape), var, x.dtype)) if isinstance(var, (int, float)) else as_tensor(var, like=x)
+    if tuple(t.shape) != tuple(x.shape):
+        raise ParamInvalidError(
+            f"gaussian_nll_loss: target shape {tuple(t.shape)} differs from the input's {tuple(x.shape)}"
+        )
+    if tuple(v.shape) == tuple(x.shape[:-1]) and x.ndim:
+        v = ops.unsqueeze(v, -1)
+    if tuple(v.shape) not in (tuple(x.shape), tuple(x.shape[:-1]) + (1,)):
+        raise ParamInvalidError(
+            f"gaussian_nll_loss: var of shape {tuple(v.shape)} does not fit the input's {tuple(x.shape)}"
+        )
+    if _host_any(ops.lt(v, _const(0.0, x))):
+        raise ParamInvalidError("gaussian_nll_loss: var has negative entries; variances must be >= 0")
+    v = ops.add(v, ops.sub(ops.maximum(v, _const(eps, x)), v).detach())
+    d = ops.sub(x, t)
+    loss = ops.mul(ops.add(ops.log(v), ops.div(ops.mul(d, d), v)), _const(0.5, x))
+    if full:
+        loss = ops.add(loss, _const(0.5 * np.log(2 * np.pi), x))
+    return _reduce(loss, reduction)
+
+
+def _host_any(mask: Tensor) -> bool:
+    """Whether ``mask`` has a True (a check: False while a training step is traced, the graph has no host)."""
+    from ..tensor import tracing_training_step
+
+    if tracing_training_step():
+        return False
+    return bool(np.any(mask.numpy()))
+
+
+def pairwise_distance(x1, x2, p: float = 2.0, eps: float = 1e-6, keepdim: bool = False) -> Tensor:
+    """torch.nn.functional.pairwise_distance: ``||x1 - x2 + eps||_p`` over the last dim (``p`` >= 0 or inf)."""
+    a = as_tensor(x1)
+    b = as_tensor(x2, like=a)
+    return _p_norm("pairwise_distance", ops.add(ops.sub(a, b), _const(eps, a)), p, -1, keepdim)
+
+
+def _p_norm(what: str, d: Tensor, p, dim: int, keepdim: bool) -> Tensor:
+    p = real_number(what, "p", p)
+    if not p >= 0.0:
+        raise ParamInvalidError(f"{what}: p must be >= 0 (or inf), got {p}")
+    if d.ndim == 0:
+        d = ops.reshape(d, (1,))
+    a = ops.abs(d)
+    if p == np.inf:
+        return ops.max(a, dim=dim, keepdim=keepdim)
+    if p == 0.0:
+        return ops.sum(ops.cast(ops.gt(a, _const(0.0, d)), d.dtype), dim=dim, keepdim=keepdim)
+    if p == 1.0:
+        return ops.sum(a, dim=dim, keepdim=keepdim)
+    if p == 2.0:
+        return ops.sqrt(ops.sum(ops.mul(d, d), dim=dim, keepdim=keepdim))
+    return ops.pow(ops.sum(ops.pow(a, _const(p, d)), dim=dim, keepdim=keepdim), _const(1.0 / p, d))
+
+
+def pdist(input, p: float = 2) -> Tensor:
+    """torch.nn.functional.pdist: the p-norm distance of every pair of rows i < j of (N, M), in row-major order."""
+    x = as_tensor(input)
+    if x.ndim != 2:
+        raise ParamInvalidError(f"pdist: input must be (N, M), got shape {tuple(x.shape)}")
+    i, j = np.triu_indices(x.shape[0], 1)
+    d = ops.sub(
+        ops.gather(x, as_tensor(i.astype(np.int64)), axis=0), ops.gather(x, as_tensor(j.astype(np.int64)), axis=0)
+    )
+    return _p_norm("pdist", d, p, -1, False)
+
+
+def _triplet(what, anchor, positive, negative, distance, margin, swap, reduction) -> Tensor:
+    a = as_tensor(anchor)
+    pos, neg = as_tensor(positive, like=a), as_tensor(negative, like=a)
+    if not (tuple(a.shape) == tuple(pos.shape) == tuple(neg.shape)) or a.ndim not in (1, 2):
+        raise ParamInvalidError(
+            f"{what}: anchor, positive and negative must be (N, D) or (D,) of one shape, got "
+            f"{tuple(a.shape)}, {tuple(pos.shape)} and {tuple(neg.shape)}"
+        )
+    d_pos, d_neg = distance(a, pos), distance(a, neg)
+    if swap:
+        d_neg = ops.minimum(d_neg, distance(pos, neg))
+    return _reduce(ops.maximum(ops.add(ops.sub(d_pos, d_neg), _const(margin, a)), _const(0.0, a)), reduction)
+
+
+def triplet_margin_loss(
+    anchor,
+    positive,
+    negative,
+    margin: float = 1.0,
+    p: float = 2,
+    eps: float = 1e-6,
+    swap: bool = False,
+    size_average=None,
+    reduce=None,
+    reduction: str = "mean",
+) -> Tensor:
+    """torch.nn.functional.triplet_margin_loss: ``max(0, d(a, p) - d(a, n) + margin)`` with ``d`` the
+    :func:`pairwise_distance`; ``swap`` uses ``min(d(a, n), d(p, n))``."""
+    reduction = _legacy_reduction("triplet_margin_loss", size_average, reduce, reduction)
+    margin = real_number("triplet_margin_loss", "margin", margin)
+
+    def distance(u, v):
+        return pairwise_distance(u, v, p, eps)
+
+    return _triplet("triplet_margin_loss", anchor, positive, negative, distance, margin, swap, reduction)
+
+
+def triplet_margin_with_distance_loss(
+    anchor, positive, negative, *, distance_function=None, margin: float = 1.0, swap: bool = False, reduction="mean"
+) -> Tensor:
+    """torch.nn.functional.triplet_margin_with_distance_loss: the triplet loss with ``distance_function``
+    (default :func:`pairwise_distance`); ``margin`` must be > 0."""
+    _check_reduction("triplet_margin_with_distance_loss", reduction)
+    margin = real_number("triplet_margin_with_distance_loss", "margin", margin)
+    if not margin > 0.0:
+        raise ParamInvalidError(f"triplet_margin_with_distance_loss: margin must be > 0, got {margin}")
+    distance = pairwise_distance if distance_function is None else distance_function
+    return _triplet("triplet_margin_with_distance_loss", anchor, positive, negative, distance, margin, swap, reduction)
+
+
+# pooling, vision and shape
+def _plane_indices(idx: Tensor, spatial: tuple) -> Tensor:
+    """ONNX MaxPool's indices (flat over N, C and the plane) as torch's (flat within each plane)."""
+    return ops.remainder(idx, as_tensor(np.asarray(int(np.prod(spatial)), np.int64)))
+
+
+def _max_pool(dims: int):
+    pool = getattr(ops, f"max_pool{dims}d")
+    name = f"max_pool{dims}d"
+
+    def max_pool(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+        x, single = _batched(name, input, dims)
+        if not return_indices:
+            return _unbatched(pool(x, kernel_size, stride, padding, dilation, ceil_mode), single)
+        y, idx = pool(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices=True)
+        return _unbatched((y, _plane_indices(idx, tuple(x.shape[2:]))), single)
+
+    max_pool.__name__ = max_pool.__qualname__ = name
+    max_pool.__doc__ = (
+        f"torch.nn.functional.{name}: ``opsnn.ops.{name}``, with ``return_indices`` torch's indices (flat "
+        "within each (N, C) plane, the ones max_unpool takes)."
+    )
+    return max_pool
+
+
+max_pool1d = _max_pool(1)
+max_pool2d = _max_pool(2)
+max_pool3d = _max_pool(3)
+
+
+def _with_indices(fn):
+    def with_indices(*args, **kwargs):
+        kwargs["return_indices"] = True
+        return fn(*args, **kwargs)
+
+    with_indices.__name__ = with_indices.__qualname__ = f"{fn.__name__}_with_indices"
+    with_indices.__doc__ = f"torch.nn.functional.{fn.__name__}_with_indices: :func:`{fn.__name__}` with its indices."
+    return with_indices
+
+
+max_pool1d_with_indices = _with_indices(max_pool1d)
+max_pool2d_with_indices = _with_indices(max_pool2d)
+max_pool3d_with_indices = _with_indices(max_pool3d)
+
+
+def _max_unpool(dims: int):
+    name = f"max_unpool{dims}d"
+
+    def max_unpool(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+        x, single = _batched(name, input, dims)
+        i = as_tensor(indices)
+        i = ops.unsqueeze(i, 0) if single else i
+        if tuple(i.shape) != tuple(x.shape) or i.dtype.kind not in "iu":
+            raise ParamInvalidError(
+                f"{name}: indices must be integers of the input's shape {tuple(x.shape)}, got {i.dtype}{tuple(i.shape)}"
+            )
+        k = _ntuple(name, "kernel_size", kernel_size, dims)
+        s = k if stride is None else _ntuple(name, "stride", stride, dims)
+        p = _ntuple(name, "padding", padding, dims, low=0)
+        if output_size is None:
+            size = tuple((n - 1) * st - 2 * pd + kk for n, st, pd, kk in zip(x.shape[2:], s, p, k))
+        else:
+            size = tuple(int(v) for v in output_size)[-dims:]
+            if len(tuple(output_size)) not in (dims, dims + 2) or len(size) != dims:
+                raise ParamInvalidError(
+                    f"{name}: output_size must have {dims} or {dims + 2} entries, got {output_size!r}"
+                )
+        N, C = x.shape[:2]
+        plane = int(np.prod(size))
+        # torch's indices are within each plane; ONNX MaxUnpool's run over the whole (N, C, *size) tensor
+        base = (np.arange(N * C, dtype=np.int64) * plane).reshape((N, C) + (1,) * dims)
+        flat = ops.add(ops.cast(i, np.int64), as_tensor(base))
+        shape = as_tensor(np.asarray((N, C) + size, np.int64))
+        attrs = {"kernel_shape": list(k), "strides": list(s), "pads": list(p) * 2}
+        y = ops.run_op("MaxUnpool", [x, flat, shape], attrs)[0]
+        return _unbatched(y, single)
+
+    max_unpool.__name__ = max_unpool.__qualname__ = name
+    max_unpool.__doc__ = (
+        f"torch.nn.functional.{name}: ``input`` scattered to torch's per-plane ``indices`` (from max_pool{dims}d "
+        "with return_indices) of a zero tensor; ``output_size`` picks the size where several pool to one shape."
+    )
+    return max_unpool
+
+
+max_unpool1d = _max_unpool(1)
+max_unpool2d = _max_unpool(2)
+max_unpool3d = _max_unpool(3)
+
+
+def _adaptive_table(sizes: tuple, outs: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """torch's adaptive windows (start ``floor(i L / out)``, end ``ceil((i + 1) L / out)``) as a table of flat
+    plane indices (prod(outs), K) and the mask of the real entries (shorter windows padded)."""
+    dims = len(sizes)
+    table, valid = np.zeros((), np.int64), np.ones((), bool)
+    stride = int(np.prod(sizes))
+    for d, (L, O) in enumerate(zip(sizes, outs)):
+        i = np.arange(O)
+        start, end = (i * L) // O, -((-(i + 1) * L) // O)
+        K = int((end - start).max())
+        idx = start[:, None] + np.arange(K)[None, :]
+        ok = idx < end[:, None]
+        shape = [1] * (2 * dims)
+        shape[d], shape[dims + d] = O, K
+        stride //= L
+        table = table + (np.minimum(idx, end[:, None] - 1) * stride).reshape(shape)
+        valid = valid & ok.reshape(shape)
+    n_out = int(np.prod(outs))
+    return table.reshape(n_out, -1).astype(np.int64), np.broadcast_to(valid, table.shape).reshape(n_out, -1)
+
+
+def _adaptive(name: str, input, output_size, dims: int, return_indices: bool = False, average: bool = False):
+    x, single = _batched(name, input, dims)
+    sizes = tuple(x.shape[2:])
+    req = (
+        (output_size,) * dims
+        if isinstance(output_size, (int, np.integer)) or output_size is None
+        else tuple(output_size)
+    )
+    if len(req) != dims:
+        raise ParamInvalidError(
+            f"{name}: output_size must be an int or {dims} of them (None keeps a size), got {output_size!r}"
+        )
+    outs = tuple(L if o is None else int(o) for L, o in zip(sizes, req))
+    if any(o < 1 for o in outs) or any(L < 1 for L in sizes):
+        raise ParamInvalidError(f"{name}: output_size {outs} and the input's sizes {sizes} must all be >= 1")
+    table, valid = _adaptive_table(sizes, outs)
+    N, C = x.shape[:2]
+    flat = ops.reshape(x, (N, C, -1))
+    windows = ops.reshape(ops.gather(flat, as_tensor(table.reshape(-1)), axis=2), (N, C) + table.shape)
+    if average:
+        weights = valid / valid.sum(axis=1, keepdims=True)
+        y = ops.sum(ops.mul(windows, as_tensor(weights.astype(x.dtype))), dim=-1)
+        return _unbatched(ops.reshape(y, (N, C) + outs), single)
+    masked = ops.where(as_tensor(valid), windows, _const(-np.inf, x))
+    y = ops.reshape(ops.max(masked, dim=-1), (N, C) + outs)
+    if not return_indices:
+        return _unbatched(y, single)
+    pick = ops.argmax(masked, dim=-1, keepdim=True)
+    idx = ops.gather_elements(as_tensor(np.broadcast_to(table, (N, C) + table.shape).copy()), pick, axis=3)
+    return _unbatched((y, ops.reshape(idx, (N, C) + outs)), single)
+
+
+def adaptive_max_pool1d(input, output_size, return_indices: bool = False):
+    """torch.nn.functional.adaptive_max_pool1d over (N, C, L) or (C, L) (torch's windows and indices)."""
+    return _adaptive("adaptive_max_pool1d", input, output_size, 1, return_indices)
+
+
+def adaptive_max_pool2d(input, output_size, return_indices: bool = False):
+    """torch.nn.functional.adaptive_max_pool2d over (N, C, H, W) or (C, H, W); None in output_size keeps a size."""
+    return _adaptive("adaptive_max_pool2d", input, output_size, 2, return_indices)
+
+
+def adaptive_max_pool3d(input, output_size, return_indices: bool = False):
+    """torch.nn.functional.adaptive_max_pool3d over (N, C, D, H, W) or (C, D, H, W)."""
+    return _adaptive("adaptive_max_pool3d", input, output_size, 3, return_indices)
+
+
+adaptive_max_pool1d_with_indices = _with_indices(adaptive_max_pool1d)
+adaptive_max_pool2d_with_indices = _with_indices(adaptive_max_pool2d)
+adaptive_max_pool3d_with_indices = _with_indices(adaptive_max_pool3d)
+
+
+def adaptive_avg_pool3d(input, output_size) -> Tensor:
+    """torch.nn.functional.adaptive_avg_pool3d over (N, C, D, H, W) or (C, D, H, W) (torch's windows)."""
+    return _adaptive("adaptive_avg_pool3d", input, output_size, 3, average=True)
+
+
+def _lp_pool(dims: int):
+    name = f"lp_pool{dims}d"
+    avg = getattr(ops, f"avg_pool{dims}d")
+
+    def lp_pool(input, norm_type, kernel_size, stride=None, ceil_mode=False):
+        x = as_tensor(input)
+        p = real_number(name, "norm_type", norm_type)
+        if not p > 0.0:
+            raise ParamInvalidError(f"{name}: norm_type must be > 0, got {p}")
+        k = _ntuple(name, "kernel_size", kernel_size, dims)
+        x4, single = _batched(name, x, dims)
+        s = k if stride is None else _ntuple(name, "stride", stride, dims)
+        out = avg(ops.pow(x4, _const(p, x)), k, s, 0, ceil_mode)
+        # torch's formula: the window sum of x^p (not |x|^p), its negative part clamped away, to the 1/p
+        out = ops.mul(ops.mul(ops.sign(out), ops.relu(ops.abs(out))), _const(int(np.prod(k)), x))
+        return _unbatched(ops.pow(out, _const(1.0 / p, x)), single)
+
+    lp_pool.__name__ = lp_pool.__qualname__ = name
+    lp_pool.__doc__ = f"torch.nn.functional.{name}: ``(sum over each window of x^p)^(1/p)``, torch's formula."
+    return lp_pool
+
+
+lp_pool1d = _lp_pool(1)
+lp_pool2d = _lp_pool(2)
+lp_pool3d = _lp_pool(3)
+
+
+def local_response_norm(input, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> Tensor:
+    """torch.nn.functional.local_response_norm: ``x / (k + alpha / size * sum x^2)^beta``, the sum over channels
+    ``c - size // 2 .. c + (size - 1) // 2`` (torch's window; ONNX LRN centres even sizes the other way)."""
+    x = as_tensor(input)
+    if x.ndim < 3:
+        raise ParamInvalidError(
+            f"local_response_norm: expected an input of 3 or more dims (N, C, ...), got shape {tuple(x.shape)}"
+        )
+    if isinstance(size, bool) or int(size) != size or size < 1:
+        raise ParamInvalidError(f"local_response_norm: size must be an int >= 1, got {size!r}")
+    size = int(size)
+    N, C = x.shape[:2]
+    sq = ops.reshape(ops.mul(x, x), (N, 1, C, -1))
+    sq = ops.pad(sq, (0, 0, size // 2, (size - 1) // 2))
+    div = ops.reshape(ops.avg_pool2d(sq, (size, 1), (1, 1)), tuple(x.shape))
+    div = ops.pow(ops.add(ops.mul(div, _const(alpha, x)), _const(k, x)), _const(beta, x))
+    return ops.div(x, div)
+
+
+def channel_shuffle(input, groups: int) -> Tensor:
+    """torch.nn.functional.channel_shuffle: the channels of (N, C, *) as (groups, C / groups), transposed."""
+    x = as_tensor(input)
+    if isinstance(groups, bool) or int(groups) != groups or groups < 1:
+        raise ParamInvalidError(f"channel_shuffle: groups must be an int >= 1, got {groups!r}")
+    if x.ndim < 3 or x.shape[1] % int(groups):
+        raise ParamInvalidError(
+            f"channel_shuffle: expected (N, C, *) with C divisible by groups={groups}, got shape {tuple(x.shape)}"
+        )
+    g = int(groups)
+    rest = tuple(x.shape[2:])
+    y = ops.reshape(x, (x.shape[0], g, x.shape[1] // g) + rest)
+    y = ops.transpose(y, (0, 2, 1) + tuple(range(3, y.ndim)))
+    return ops.reshape(y, tuple(x.shape))
+
+
+def _fold_args(what: str, kernel_size, dilation, padding, stride) -> tuple:
+    return tuple(
+        _ntuple(what, n, v, 2, low)
+        for n, v, low in (
+            ("kernel_size", kernel_size, 1),
+            ("dilation", dilation, 1),
+            ("padding", padding, 0),
+            ("stride", stride, 1),
+        )
+    )
+
+
+def unfold(input, kernel_size, dilation=1, padding=0, stride=1) -> Tensor:
+    """torch.nn.functional.unfold (im2col): (N, C, H, W) -> (N, C * kh * kw, L) sliding blocks, a grouped
+    convolution with one-hot kernels."""
+    x, single = _batched("unfold", input, 2)
+    k, d, p, s = _fold_args("unfold", kernel_size, dilation, padding, stride)
+    C, kk = x.shape[1], k[0] * k[1]
+    w = np.tile(np.eye(kk, dtype=x.dtype).reshape(kk, 1, k[0], k[1]), (C, 1, 1, 1))
+    y = ops.conv2d(x, as_tensor(w), None, s, p, d, C)
+    return _unbatched(ops.reshape(y, (x.shape[0], C * kk, -1)), single)
+
+
+def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1) -> Tensor:
+    """torch.nn.functional.fold (col2im): (N, C * kh * kw, L) blocks summed into (N, C, *output_size)."""
+    x = as_tensor(input)
+    if x.ndim not in (2, 3):
+        raise ParamInvalidError(f"fold: expected a 3-D (N, C*kh*kw, L) or 2-D input, got shape {tuple(x.shape)}")
+    single = x.ndim == 2
+    x = ops.unsqueeze(x, 0) if single else x
+    k, d, p, s = _fold_args("fold", kernel_size, dilation, padding, stride)
+    out = _ntuple("fold", "output_size", output_size, 2)
+    blocks = [(o + 2 * pp - dd * (kk - 1) - 1) // ss + 1 for o, pp, dd, kk, ss in zip(out, p, d, k, s)]
+    if x.shape[1] % (k[0] * k[1]) or x.shape[2] != blocks[0] * blocks[1]:
+        raise ParamInvalidError(
+            f"fold: input of shape {tuple(x.shape)} needs dim 1 divisible by {k[0] * k[1]} (kernel_size) and "
+            f"dim 2 = {blocks[0] * blocks[1]} blocks for output_size {out}"
+        )
+    y = ops.col2im(
+        x, np.asarray(out, np.int64), np.asarray(k, np.int64), dilations=list(d), pads=list(p) * 2, strides=list(s)
+    )
+    return _unbatched(y, single)
+
+
+def affine_grid(theta, size, align_corners=None) -> Tensor:
+    """torch.nn.functional.affine_grid: the sampling grid (N, H, W, 2) (or (N, D, H, W, 3)) of the affine maps
+    ``theta`` (N, 2, 3) (or (N, 3, 4)) for an output of ``size``, as grid_sample takes it."""
+    th = as_tensor(theta)
+    size = tuple(int(v) for v in size)
+    if th.dtype.kind != "f":
+        raise DTypeError(f"affine_grid: theta must be floating point, got {th.dtype}")
+    dims = len(size) - 2
+    if dims not in (2, 3) or tuple(th.shape) != (size[0], dims, dims + 1):
+        raise ParamInvalidError(
+            f"affine_grid: size must be (N, C, H, W) with theta (N, 2, 3) or (N, C, D, H, W) with theta (N, 3, 4); "
+            f"got size {size} and theta {tuple(th.shape)}"
+        )
+    if min(size) < 1:
+        raise ParamInvalidError(f"affine_grid: size must be positive, got {size}")
+    align = bool(align_corners)
+
+    def coords(n: int) -> np.ndarray:
+        c = np.linspace(-1.0, 1.0, n) if n > 1 else np.zeros(1)
+        return c if align else c * (n - 1) / n
+
+    grids = np.meshgrid(*[coords(n) for n in size[2:]], indexing="ij")
+    base = np.stack([*grids[::-1], np.ones(size[2:])], axis=-1)  # x (width) first, as grid_sample reads it
+    base = as_tensor(base.reshape(1, -1, dims + 1).astype(th.dtype))
+    grid = ops.matmul(base, ops.transpose(th, (0, 2, 1)))
+    return ops.reshape(grid, (size[0],) + size[2:] + (dims,))
+
+
+def _in_place_variant(name: str, fn):
+    from ..ops.tensor_methods import _in_place
+
+    method = _in_place(name, fn)
+    method.__doc__ = (
+        f"torch.nn.functional.{name}: :func:`{fn.__name__}` written into ``input`` (refused, as torch refuses it, "
+        "where grad mode is on and ``input`` requires grad)."
+    )
+    return method
+
+
+relu_ = _in_place_variant("relu_", ops.relu)
+elu_ = _in_place_variant("elu_", ops.elu)
+celu_ = _in_place_variant("celu_", ops.celu)
+leaky_relu_ = _in_place_variant("leaky_relu_", ops.leaky_relu)
+selu_ = _in_place_variant("selu_", selu)
+hardtanh_ = _in_place_variant("hardtanh_", hardtanh)
+threshold_ = _in_place_variant("threshold_", threshold)
+rrelu_ = _in_place_variant("rrelu_", rrelu)

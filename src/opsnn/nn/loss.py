@@ -1,6 +1,7 @@
 """Loss modules with torch's names and arguments (``nn.CrossEntropyLoss``, ``nn.NLLLoss``,
 ``nn.MSELoss``, ``nn.BCEWithLogitsLoss``, ``nn.L1Loss``, ``nn.SmoothL1Loss``, ``nn.HuberLoss``,
-``nn.BCELoss``, ``nn.KLDivLoss``) over the functional losses, whose ops carry gradient rules.
+``nn.BCELoss``, ``nn.KLDivLoss``, and the margin, ranking, Poisson, Gaussian and triplet losses of
+:data:`TABLE`) over the functional losses, whose ops carry gradient rules.
 
 >>> import opsnn, numpy as np
 >>> loss = opsnn.nn.MSELoss()(opsnn.tensor(np.array([1.0, 3.0], np.float32)), np.array([0.0, 1.0], np.float32))
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from . import functional as F
 from .module import Module
+from .stateless import Row, make_module
 
 
 class CrossEntropyLoss(Module):
@@ -99,14 +101,73 @@ class KLDivLoss(Module):
         return F.kl_div(input, target, self.reduction, self.log_target)
 
 
+def _checked(name: str):
+    """Check the reduction (torch's legacy size_average / reduce included) when the module is built."""
+
+    def prepare(kw: dict) -> dict:
+        F._legacy_reduction(name, kw.get("size_average"), kw.get("reduce"), kw["reduction"])
+        return kw
+
+    return prepare
+
+
+_LEGACY = {"size_average": None, "reduce": None, "reduction": "mean"}
+
+#: the losses that hold only hyper-parameters: (the function, torch's constructor parameters in torch's order)
+_ROWS = {
+    "CosineEmbeddingLoss": (F.cosine_embedding_loss, {"margin": 0.0, **_LEGACY}),
+    "HingeEmbeddingLoss": (F.hinge_embedding_loss, {"margin": 1.0, **_LEGACY}),
+    "MarginRankingLoss": (F.margin_ranking_loss, {"margin": 0.0, **_LEGACY}),
+    "SoftMarginLoss": (F.soft_margin_loss, dict(_LEGACY)),
+    "MultiLabelSoftMarginLoss": (F.multilabel_soft_margin_loss, {"weight": None, **_LEGACY}),
+    "MultiMarginLoss": (F.multi_margin_loss, {"p": 1, "margin": 1.0, "weight": None, **_LEGACY}),
+    "MultiLabelMarginLoss": (F.multilabel_margin_loss, dict(_LEGACY)),
+    "PoissonNLLLoss": (
+        F.poisson_nll_loss,
+        {"log_input": True, "full": False, "size_average": None, "eps": 1e-8, "reduce": None, "reduction": "mean"},
+    ),
+    "GaussianNLLLoss": (F.gaussian_nll_loss, {"full": False, "eps": 1e-6, "reduction": "mean"}),
+    "TripletMarginLoss": (F.triplet_margin_loss, {"margin": 1.0, "p": 2.0, "eps": 1e-6, "swap": False, **_LEGACY}),
+    "TripletMarginWithDistanceLoss": (
+        F.triplet_margin_with_distance_loss,
+        {"distance_function": None, "margin": 1.0, "swap": False, "reduction": "mean"},
+    ),
+}
+TABLE: dict[str, Row] = {k: Row(fn, params, prepare=_checked(k)) for k, (fn, params) in _ROWS.items()}
+
+# one line per module, so tools (and readers) see each name
+CosineEmbeddingLoss = make_module("CosineEmbeddingLoss", TABLE["CosineEmbeddingLoss"])
+GaussianNLLLoss = make_module("GaussianNLLLoss", TABLE["GaussianNLLLoss"])
+HingeEmbeddingLoss = make_module("HingeEmbeddingLoss", TABLE["HingeEmbeddingLoss"])
+MarginRankingLoss = make_module("MarginRankingLoss", TABLE["MarginRankingLoss"])
+MultiLabelMarginLoss = make_module("MultiLabelMarginLoss", TABLE["MultiLabelMarginLoss"])
+MultiLabelSoftMarginLoss = make_module("MultiLabelSoftMarginLoss", TABLE["MultiLabelSoftMarginLoss"])
+MultiMarginLoss = make_module("MultiMarginLoss", TABLE["MultiMarginLoss"])
+PoissonNLLLoss = make_module("PoissonNLLLoss", TABLE["PoissonNLLLoss"])
+SoftMarginLoss = make_module("SoftMarginLoss", TABLE["SoftMarginLoss"])
+TripletMarginLoss = make_module("TripletMarginLoss", TABLE["TripletMarginLoss"])
+TripletMarginWithDistanceLoss = make_module("TripletMarginWithDistanceLoss", TABLE["TripletMarginWithDistanceLoss"])
+
+
 __all__ = [
     "BCELoss",
     "BCEWithLogitsLoss",
+    "CosineEmbeddingLoss",
     "CrossEntropyLoss",
+    "GaussianNLLLoss",
+    "HingeEmbeddingLoss",
     "HuberLoss",
     "KLDivLoss",
     "L1Loss",
     "MSELoss",
+    "MarginRankingLoss",
+    "MultiLabelMarginLoss",
+    "MultiLabelSoftMarginLoss",
+    "MultiMarginLoss",
     "NLLLoss",
+    "PoissonNLLLoss",
     "SmoothL1Loss",
+    "SoftMarginLoss",
+    "TripletMarginLoss",
+    "TripletMarginWithDistanceLoss",
 ]

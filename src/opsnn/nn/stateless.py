@@ -29,7 +29,9 @@ class Row:
     default, :data:`REQUIRED` where torch's module requires it, in torch's order), those forward passes to
     ``fn`` by keyword (``call``: module parameter -> function keyword; default all but ``inplace``), fixed
     keywords, and ``prepare``
-    (the stored parameters -> the function's keywords) where torch's module and function differ."""
+    (the stored parameters -> the function's keywords) where torch's module and function differ.
+    ``training``: forward passes the module's mode as ``training=``; ``forward_args``: forward's own
+    optional arguments after its ``inputs`` tensors (name -> default), passed by keyword."""
 
     fn: Callable
     params: dict
@@ -37,6 +39,9 @@ class Row:
     fixed: dict = field(default_factory=dict)
     prepare: Callable | None = None
     doc: str = ""
+    training: bool = False
+    forward_args: dict = field(default_factory=dict)
+    inputs: int = 1
 
 
 def _same_stride(kw: dict) -> dict:
@@ -61,6 +66,15 @@ def _pool(fn, average: bool = False) -> Row:
     else:
         params.update(dilation=1, return_indices=False, ceil_mode=False)
     return Row(fn, params, prepare=_same_stride)
+
+
+def _unpool(fn) -> Row:
+    params = {"kernel_size": REQUIRED, "stride": None, "padding": 0}
+    return Row(fn, params, forward_args={"output_size": None}, inputs=2)
+
+
+def _lp_pool(fn) -> Row:
+    return Row(fn, {"norm_type": REQUIRED, "kernel_size": REQUIRED, "stride": None, "ceil_mode": False})
 
 
 def _activation(fn, doc="", **params) -> Row:
@@ -102,6 +116,40 @@ TABLE: dict[str, Row] = {
     "ReplicationPad2d": Row(F.pad, {"padding": REQUIRED}, fixed={"mode": "replicate"}, prepare=_pads(2)),
     "CosineSimilarity": Row(F.cosine_similarity, {"dim": 1, "eps": 1e-8}),
     "AdaptiveAvgPool1d": Row(F.adaptive_avg_pool1d, {"output_size": REQUIRED}),
+    "LogSigmoid": Row(F.logsigmoid, {}),
+    "Softmin": Row(F.softmin, {"dim": None}),
+    "Tanhshrink": Row(F.tanhshrink, {}),
+    "Threshold": _activation(F.threshold, threshold=REQUIRED, value=REQUIRED),
+    "GLU": Row(F.glu, {"dim": -1}),
+    "Softmax2d": Row(F.softmax2d, {}),
+    "RReLU": Row(F.rrelu, {"lower": 1.0 / 8, "upper": 1.0 / 3, "inplace": False}, training=True),
+    "AlphaDropout": Row(F.alpha_dropout, {"p": 0.5, "inplace": False}, training=True),
+    "FeatureAlphaDropout": Row(F.feature_alpha_dropout, {"p": 0.5, "inplace": False}, training=True),
+    "AdaptiveMaxPool1d": Row(F.adaptive_max_pool1d, {"output_size": REQUIRED, "return_indices": False}),
+    "AdaptiveMaxPool2d": Row(F.adaptive_max_pool2d, {"output_size": REQUIRED, "return_indices": False}),
+    "AdaptiveMaxPool3d": Row(F.adaptive_max_pool3d, {"output_size": REQUIRED, "return_indices": False}),
+    "AdaptiveAvgPool3d": Row(F.adaptive_avg_pool3d, {"output_size": REQUIRED}),
+    "MaxUnpool1d": _unpool(F.max_unpool1d),
+    "MaxUnpool2d": _unpool(F.max_unpool2d),
+    "MaxUnpool3d": _unpool(F.max_unpool3d),
+    "LPPool1d": _lp_pool(F.lp_pool1d),
+    "LPPool2d": _lp_pool(F.lp_pool2d),
+    "LPPool3d": _lp_pool(F.lp_pool3d),
+    "LocalResponseNorm": Row(F.local_response_norm, {"size": REQUIRED, "alpha": 1e-4, "beta": 0.75, "k": 1.0}),
+    "ChannelShuffle": Row(F.channel_shuffle, {"groups": REQUIRED}),
+    "Unfold": Row(F.unfold, {"kernel_size": REQUIRED, "dilation": 1, "padding": 0, "stride": 1}),
+    "Fold": Row(F.fold, {"output_size": REQUIRED, "kernel_size": REQUIRED, "dilation": 1, "padding": 0, "stride": 1}),
+    "ZeroPad3d": Row(F.pad, {"padding": REQUIRED}, prepare=_pads(3)),
+    "ReflectionPad3d": Row(F.pad, {"padding": REQUIRED}, fixed={"mode": "reflect"}, prepare=_pads(3)),
+    "ReplicationPad3d": Row(F.pad, {"padding": REQUIRED}, fixed={"mode": "replicate"}, prepare=_pads(3)),
+    "CircularPad1d": Row(F.pad, {"padding": REQUIRED}, fixed={"mode": "circular"}, prepare=_pads(1)),
+    "CircularPad2d": Row(F.pad, {"padding": REQUIRED}, fixed={"mode": "circular"}, prepare=_pads(2)),
+    "CircularPad3d": Row(F.pad, {"padding": REQUIRED}, fixed={"mode": "circular"}, prepare=_pads(3)),
+    "UpsamplingNearest2d": Row(F.interpolate, {"size": None, "scale_factor": None}, fixed={"mode": "nearest"}),
+    "UpsamplingBilinear2d": Row(
+        F.interpolate, {"size": None, "scale_factor": None}, fixed={"mode": "bilinear", "align_corners": True}
+    ),
+    "PairwiseDistance": Row(F.pairwise_distance, {"p": 2.0, "eps": 1e-6, "keepdim": False}),
 }
 
 #: the parameters a module keeps for torch's sake but does not pass (opsnn computes out of place)
@@ -142,8 +190,12 @@ def make_module(name: str, row: Row) -> type:
         if name == "LogSoftmax" and self._call["dim"] is None:
             raise ParamInvalidError("LogSoftmax: pass dim (torch's implicit dim is deprecated)")
 
-    def forward(self, *inputs):
-        return row.fn(*inputs, **self._call)
+    def forward(self, *inputs, **kwargs):
+        extra = {"training": self.training} if row.training else {}
+        if row.forward_args:
+            extra.update(_bind(f"{name}.forward", row.forward_args, inputs[row.inputs :], kwargs))
+            inputs = inputs[: row.inputs]
+        return row.fn(*inputs, **self._call, **extra)
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={getattr(self, k)!r}" for k in row.params if getattr(self, k) != row.params[k])
@@ -154,73 +206,137 @@ def make_module(name: str, row: Row) -> type:
 
 # one line per module, so tools (and readers) see each name
 AdaptiveAvgPool1d = make_module("AdaptiveAvgPool1d", TABLE["AdaptiveAvgPool1d"])
+AdaptiveAvgPool3d = make_module("AdaptiveAvgPool3d", TABLE["AdaptiveAvgPool3d"])
+AdaptiveMaxPool1d = make_module("AdaptiveMaxPool1d", TABLE["AdaptiveMaxPool1d"])
+AdaptiveMaxPool2d = make_module("AdaptiveMaxPool2d", TABLE["AdaptiveMaxPool2d"])
+AdaptiveMaxPool3d = make_module("AdaptiveMaxPool3d", TABLE["AdaptiveMaxPool3d"])
+AlphaDropout = make_module("AlphaDropout", TABLE["AlphaDropout"])
 AvgPool1d = make_module("AvgPool1d", TABLE["AvgPool1d"])
 AvgPool2d = make_module("AvgPool2d", TABLE["AvgPool2d"])
 AvgPool3d = make_module("AvgPool3d", TABLE["AvgPool3d"])
 CELU = make_module("CELU", TABLE["CELU"])
+ChannelShuffle = make_module("ChannelShuffle", TABLE["ChannelShuffle"])
+CircularPad1d = make_module("CircularPad1d", TABLE["CircularPad1d"])
+CircularPad2d = make_module("CircularPad2d", TABLE["CircularPad2d"])
+CircularPad3d = make_module("CircularPad3d", TABLE["CircularPad3d"])
 ConstantPad1d = make_module("ConstantPad1d", TABLE["ConstantPad1d"])
 ConstantPad2d = make_module("ConstantPad2d", TABLE["ConstantPad2d"])
 ConstantPad3d = make_module("ConstantPad3d", TABLE["ConstantPad3d"])
 CosineSimilarity = make_module("CosineSimilarity", TABLE["CosineSimilarity"])
 ELU = make_module("ELU", TABLE["ELU"])
+FeatureAlphaDropout = make_module("FeatureAlphaDropout", TABLE["FeatureAlphaDropout"])
+Fold = make_module("Fold", TABLE["Fold"])
+GLU = make_module("GLU", TABLE["GLU"])
 Hardshrink = make_module("Hardshrink", TABLE["Hardshrink"])
 Hardsigmoid = make_module("Hardsigmoid", TABLE["Hardsigmoid"])
 Hardswish = make_module("Hardswish", TABLE["Hardswish"])
 Hardtanh = make_module("Hardtanh", TABLE["Hardtanh"])
+LPPool1d = make_module("LPPool1d", TABLE["LPPool1d"])
+LPPool2d = make_module("LPPool2d", TABLE["LPPool2d"])
+LPPool3d = make_module("LPPool3d", TABLE["LPPool3d"])
 LeakyReLU = make_module("LeakyReLU", TABLE["LeakyReLU"])
+LocalResponseNorm = make_module("LocalResponseNorm", TABLE["LocalResponseNorm"])
+LogSigmoid = make_module("LogSigmoid", TABLE["LogSigmoid"])
 LogSoftmax = make_module("LogSoftmax", TABLE["LogSoftmax"])
 MaxPool1d = make_module("MaxPool1d", TABLE["MaxPool1d"])
 MaxPool3d = make_module("MaxPool3d", TABLE["MaxPool3d"])
+MaxUnpool1d = make_module("MaxUnpool1d", TABLE["MaxUnpool1d"])
+MaxUnpool2d = make_module("MaxUnpool2d", TABLE["MaxUnpool2d"])
+MaxUnpool3d = make_module("MaxUnpool3d", TABLE["MaxUnpool3d"])
 Mish = make_module("Mish", TABLE["Mish"])
+PairwiseDistance = make_module("PairwiseDistance", TABLE["PairwiseDistance"])
 PixelShuffle = make_module("PixelShuffle", TABLE["PixelShuffle"])
 PixelUnshuffle = make_module("PixelUnshuffle", TABLE["PixelUnshuffle"])
+RReLU = make_module("RReLU", TABLE["RReLU"])
 ReLU6 = make_module("ReLU6", TABLE["ReLU6"])
 ReflectionPad1d = make_module("ReflectionPad1d", TABLE["ReflectionPad1d"])
 ReflectionPad2d = make_module("ReflectionPad2d", TABLE["ReflectionPad2d"])
+ReflectionPad3d = make_module("ReflectionPad3d", TABLE["ReflectionPad3d"])
 ReplicationPad1d = make_module("ReplicationPad1d", TABLE["ReplicationPad1d"])
 ReplicationPad2d = make_module("ReplicationPad2d", TABLE["ReplicationPad2d"])
+ReplicationPad3d = make_module("ReplicationPad3d", TABLE["ReplicationPad3d"])
 SELU = make_module("SELU", TABLE["SELU"])
+Softmax2d = make_module("Softmax2d", TABLE["Softmax2d"])
+Softmin = make_module("Softmin", TABLE["Softmin"])
 Softplus = make_module("Softplus", TABLE["Softplus"])
 Softshrink = make_module("Softshrink", TABLE["Softshrink"])
 Softsign = make_module("Softsign", TABLE["Softsign"])
+Tanhshrink = make_module("Tanhshrink", TABLE["Tanhshrink"])
+Threshold = make_module("Threshold", TABLE["Threshold"])
 Unflatten = make_module("Unflatten", TABLE["Unflatten"])
+Unfold = make_module("Unfold", TABLE["Unfold"])
 Upsample = make_module("Upsample", TABLE["Upsample"])
+UpsamplingBilinear2d = make_module("UpsamplingBilinear2d", TABLE["UpsamplingBilinear2d"])
+UpsamplingNearest2d = make_module("UpsamplingNearest2d", TABLE["UpsamplingNearest2d"])
 ZeroPad1d = make_module("ZeroPad1d", TABLE["ZeroPad1d"])
 ZeroPad2d = make_module("ZeroPad2d", TABLE["ZeroPad2d"])
+ZeroPad3d = make_module("ZeroPad3d", TABLE["ZeroPad3d"])
 
 __all__ = [
     "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool3d",
+    "AdaptiveMaxPool1d",
+    "AdaptiveMaxPool2d",
+    "AdaptiveMaxPool3d",
+    "AlphaDropout",
     "AvgPool1d",
     "AvgPool2d",
     "AvgPool3d",
     "CELU",
+    "ChannelShuffle",
+    "CircularPad1d",
+    "CircularPad2d",
+    "CircularPad3d",
     "ConstantPad1d",
     "ConstantPad2d",
     "ConstantPad3d",
     "CosineSimilarity",
     "ELU",
+    "FeatureAlphaDropout",
+    "Fold",
+    "GLU",
     "Hardshrink",
     "Hardsigmoid",
     "Hardswish",
     "Hardtanh",
+    "LPPool1d",
+    "LPPool2d",
+    "LPPool3d",
     "LeakyReLU",
+    "LocalResponseNorm",
+    "LogSigmoid",
     "LogSoftmax",
     "MaxPool1d",
     "MaxPool3d",
+    "MaxUnpool1d",
+    "MaxUnpool2d",
+    "MaxUnpool3d",
     "Mish",
+    "PairwiseDistance",
     "PixelShuffle",
     "PixelUnshuffle",
+    "RReLU",
     "ReLU6",
     "ReflectionPad1d",
     "ReflectionPad2d",
+    "ReflectionPad3d",
     "ReplicationPad1d",
     "ReplicationPad2d",
+    "ReplicationPad3d",
     "SELU",
+    "Softmax2d",
+    "Softmin",
     "Softplus",
     "Softshrink",
     "Softsign",
+    "Tanhshrink",
+    "Threshold",
     "Unflatten",
+    "Unfold",
     "Upsample",
+    "UpsamplingBilinear2d",
+    "UpsamplingNearest2d",
     "ZeroPad1d",
     "ZeroPad2d",
+    "ZeroPad3d",
 ]
