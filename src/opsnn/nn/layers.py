@@ -1,6 +1,6 @@
 """Layers with torch's names, arguments and parameter layouts, running on opsnn ops:
-Linear, Conv2d, BatchNorm1d/2d/3d, LayerNorm, RMSNorm, GroupNorm, Embedding, Dropout and the
-activation modules.
+Linear, Bilinear, Conv2d, BatchNorm1d/2d/3d, LayerNorm, RMSNorm, GroupNorm, Embedding, EmbeddingBag,
+Dropout, the activation modules and the lazy LazyLinear / LazyConv1d-3d.
 
 >>> import opsnn, numpy as np
 >>> conv = opsnn.nn.Conv2d(3, 8, 3, padding=1, config={"algo": "conv2d_im2col"})
@@ -776,3 +776,331 @@ __all__ = [
     "conv_kernels",
     "resolve_conv_algo",
 ]
+
+
+class Bilinear(Module):
+    """``y = x1^T A x2 + b`` with ``weight`` (out_features, in1_features, in2_features) and ``bias``
+    (out_features,), both U(-1/sqrt(in1_features), 1/sqrt(in1_features)) as torch's; the inputs share
+    their leading dims."""
+
+    def __init__(
+        self, in1_features: int, in2_features: int, out_features: int, bias: bool = True, device=None, dtype=None
+    ):
+        super().__init__()
+        _check_device("Bilinear", device)
+        dt = dtype or "float32"
+        self.in1_features, self.in2_features, self.out_features = (
+            int(in1_features),
+            int(in2_features),
+            int(out_features),
+        )
+        b = 1.0 / np.sqrt(self.in1_features) if self.in1_features > 0 else 0.0
+        self.weight = Parameter(init.uniform((self.out_features, self.in1_features, self.in2_features), -b, b, dt))
+        if bias:
+            self.bias = Parameter(init.uniform((self.out_features,), -b, b, dt))
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, input1, input2):
+        x1, x2 = as_tensor(input1), as_tensor(input2)
+        i1, i2, o = self.in1_features, self.in2_features, self.out_features
+        if x1.ndim < 1 or x2.ndim < 1 or x1.shape[-1] != i1 or x2.shape[-1] != i2 or x1.shape[:-1] != x2.shape[:-1]:
+            raise ParamInvalidError(
+                f"Bilinear: input1 must be (*, {i1}) and input2 (*, {i2}) with the same leading dims, got "
+                f"{tuple(x1.shape)} and {tuple(x2.shape)}"
+            )
+        lead = tuple(x1.shape[:-1])
+        # x1 (n, i1) @ A as (i1, o * i2), then a dot with x2 over i2 per output feature
+        w = reshape(ops.transpose(self.weight, (1, 0, 2)), (i1, o * i2))
+        u = reshape(ops.matmul(reshape(x1, (-1, i1)), w), (-1, o, i2))
+        y = ops.sum(ops.mul(u, ops.unsqueeze(reshape(x2, (-1, i2)), 1)), dim=2)
+        if self.bias is not None:
+            y = ops.add(y, self.bias)
+        return reshape(y, lead + (o,))
+
+    def extra_repr(self) -> str:
+        return (
+            f"in1_features={self.in1_features}, in2_features={self.in2_features}, "
+            f"out_features={self.out_features}, bias={self.bias is not None}"
+        )
+
+
+def _check_device(what: str, device) -> None:
+    if device not in (None, "cpu"):
+        raise ParamInvalidError(f"{what}: device must be None or 'cpu', got {device!r}")
+
+
+class EmbeddingBag(Module):
+    """torch.nn.EmbeddingBag: sums, means or maxima of bags of embedding rows without building the
+    per-id embeddings' output. Bags are the rows of a 2-D ``input``, or runs of a 1-D ``input``
+    starting at ``offsets`` (``include_last_offset``: the last offset ends the last bag);
+    ``per_sample_weights`` scale each id's row (mode ``'sum'``); ids equal to ``padding_idx`` are left
+    out of their bag; an empty bag gives zeros. The gradient reaches ``weight`` (and the sample
+    weights). The bag layout is read from the ids on the host, so the module runs eagerly only."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        max_norm=None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        mode: str = "mean",
+        sparse: bool = False,
+        _weight=None,
+        include_last_offset: bool = False,
+        padding_idx: int | None = None,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        _check_device("EmbeddingBag", device)
+        for flag, what in ((max_norm is not None, "max_norm"), (scale_grad_by_freq, "scale_grad_by_freq"),
+                           (sparse, "sparse")):  # fmt: skip
+            if flag:
+                raise ParamInvalidError(f"EmbeddingBag: {what} is not supported; leave it at torch's default")
+        if mode not in ("sum", "mean", "max"):
+            raise ParamInvalidError(f"EmbeddingBag: mode must be 'sum', 'mean' or 'max', got {mode!r}")
+        n, d = int(num_embeddings), int(embedding_dim)
+        if padding_idx is not None:
+            if not -n <= padding_idx < n:
+                raise ParamInvalidError(f"EmbeddingBag: padding_idx {padding_idx} outside [-{n}, {n})")
+            padding_idx %= n
+        if _weight is None:
+            w = init.normal((n, d), dtype=dtype or "float32")
+            if padding_idx is not None:
+                w[padding_idx] = 0
+        else:
+            w = np.asarray(_weight.numpy() if hasattr(_weight, "numpy") else _weight)
+            if w.shape != (n, d):
+                raise ParamInvalidError(f"EmbeddingBag: _weight must have shape {(n, d)}, got {w.shape}")
+        self.num_embeddings, self.embedding_dim, self.mode = n, d, mode
+        self.include_last_offset, self.padding_idx = bool(include_last_offset), padding_idx
+        self.weight = Parameter(w)
+
+    def _bags(self, ids: np.ndarray, offsets) -> tuple:
+        """The bag of every id (flat) and the number of bags."""
+        if ids.ndim == 2:
+            if offsets is not None:
+                raise ParamInvalidError("EmbeddingBag: offsets must be None when input is 2-D (each row is a bag)")
+            return np.repeat(np.arange(ids.shape[0]), ids.shape[1]), ids.shape[0]
+        if ids.ndim != 1:
+            raise ParamInvalidError(f"EmbeddingBag: input must be 1-D (with offsets) or 2-D, got shape {ids.shape}")
+        if offsets is None:
+            raise ParamInvalidError("EmbeddingBag: a 1-D input needs offsets (where each bag starts)")
+        off = np.asarray(offsets.numpy() if hasattr(offsets, "numpy") else offsets)
+        if off.ndim != 1 or off.dtype.kind not in "iu" or (off.size and off[0] != 0):
+            raise ParamInvalidError(f"EmbeddingBag: offsets must be a 1-D int tensor starting at 0, got {off!r}")
+        if np.any(np.diff(off) < 0) or (off.size and off[-1] > ids.size):
+            raise ParamInvalidError(
+                f"EmbeddingBag: offsets must not decrease and stay within the input's {ids.size} ids, got {off!r}"
+            )
+        if self.include_last_offset and (not off.size or off[-1] != ids.size):
+            raise ParamInvalidError(
+                f"EmbeddingBag: with include_last_offset the last offset must be the number of ids ({ids.size}), "
+                f"got {off!r}"
+            )
+        starts = off[:-1] if self.include_last_offset else off
+        bags = np.zeros(ids.size, np.int64)
+        for b, s in enumerate(starts):  # each id belongs to the last bag starting at or before it
+            bags[s:] = b
+        return bags, starts.size
+
+    def forward(self, input, offsets=None, per_sample_weights=None):  # noqa: A002 - torch's name
+        from ..graph.tracing import active_tracer
+
+        if active_tracer() is not None:
+            raise ParamInvalidError(
+                "EmbeddingBag: the bag layout is computed from the ids on the host, so it cannot be traced "
+                "into a compiled graph; call the module eagerly"
+            )
+        ids = check_token_ids(input, self.num_embeddings, "EmbeddingBag")
+        a = ids.numpy()
+        bags, nbags = self._bags(a, offsets)
+        flat = a.reshape(-1)
+        keep = flat != self.padding_idx if self.padding_idx is not None else np.ones(flat.size, bool)
+        rows = ops.embedding(reshape(ids, (-1,)), self.weight)
+        if per_sample_weights is not None:
+            if self.mode != "sum":
+                raise ParamInvalidError(f"EmbeddingBag: per_sample_weights needs mode='sum', the mode is {self.mode!r}")
+            psw = as_tensor(per_sample_weights)
+            if tuple(psw.shape) != a.shape:
+                raise ParamInvalidError(
+                    f"EmbeddingBag: per_sample_weights must have the input's shape {a.shape}, got {tuple(psw.shape)}"
+                )
+            rows = ops.mul(rows, reshape(psw, (-1, 1)))
+        counts = np.bincount(bags[keep], minlength=nbags).astype(np.int64)
+        if self.mode == "max":
+            return self._max(rows, bags, keep, counts, nbags)
+        pick = np.zeros((nbags, flat.size), self.weight.dtype)
+        cols = np.nonzero(keep)[0]
+        scale = 1.0 / np.maximum(counts, 1) if self.mode == "mean" else np.ones(nbags)
+        pick[bags[cols], cols] = scale[bags[cols]]
+        return ops.matmul(as_tensor(pick), rows)
+
+    def _max(self, rows, bags, keep, counts, nbags):
+        """Each bag's rows gathered into an (nbags, longest, dim) block padded with -inf, maximum over
+        the bag; an empty bag reads only a zero row."""
+        n, d = bags.size, self.embedding_dim
+        longest = max(int(counts.max()) if nbags else 0, 1)
+        table = np.full((nbags, longest), n, np.int64)  # row n: -inf, row n + 1: zeros
+        table[counts == 0] = n + 1
+        cols = np.nonzero(keep)[0]
+        slot = np.zeros(n, np.int64)
+        for b in range(nbags):  # position of each kept id inside its bag
+            mine = cols[bags[cols] == b]
+            slot[mine] = np.arange(mine.size)
+        table[bags[cols], slot[cols]] = cols
+        pad = np.zeros((2, d), self.weight.dtype)
+        pad[0] = -np.inf
+        padded = ops.concat([rows, as_tensor(pad)], 0)
+        block = reshape(ops.index_select(padded, 0, table.reshape(-1)), (nbags, longest, d))
+        return ops.max(block, dim=1)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}"
+
+
+class UninitializedParameter(Parameter):
+    """The placeholder of a lazy module's parameter before its first call (torch's name): empty, and
+    refused by optimizers, which must be built after the first forward."""
+
+    uninitialized = True
+
+    def __init__(self, dtype="float32"):
+        super().__init__(np.empty((0,), dtype))
+
+
+class LazyModuleError(ParamInvalidError):
+    """A lazy module was used in a way that needs its shapes before its first call."""
+
+
+class _LazyMixin:
+    """Records the constructor's arguments; the first call infers the input size, builds the concrete
+    module (same init as building it directly), then becomes it (its class and state), as torch's
+    ``cls_to_become``."""
+
+    _placeholders = ("weight", "bias")
+
+    def _lazy_init(self, args: tuple, kwargs: dict, bias: bool) -> None:
+        Module.__init__(self)
+        self._lazy_args = (args, kwargs)
+        dtype = kwargs.get("dtype") or "float32"
+        self.weight = UninitializedParameter(dtype)
+        if bias:
+            self.bias = UninitializedParameter(dtype)
+        else:
+            self.register_parameter("bias", None)
+
+    def has_uninitialized_params(self) -> bool:
+        return True
+
+    def initialize_parameters(self, in_size: int) -> None:
+        """Build the concrete module for ``in_size`` input features/channels and become it."""
+        args, kwargs = self._lazy_args
+        real = self.cls_to_become(int(in_size), *args, **kwargs)
+        training = self.training
+        for k in ("_lazy_args", *self._placeholders):
+            self.__dict__.pop(k, None)
+        for k, v in real.__dict__.items():
+            if k != "training":
+                self.__dict__[k] = v
+        self.__class__ = self.cls_to_become
+        self.training = training
+
+    def forward(self, x, *rest, **kw):
+        self.initialize_parameters(self._in_size(as_tensor(x)))
+        return self.forward(x, *rest, **kw)
+
+    def load_state_dict(self, state_dict, strict: bool = True):
+        """Materializes from the checkpoint's weight shape first (as torch's lazy load hook)."""
+        w = state_dict.get("weight") if hasattr(state_dict, "get") else None
+        if w is None:
+            raise LazyModuleError(
+                f"{type(self).__name__}.load_state_dict: the state dict has no 'weight' to take the input "
+                "size from; call the module on an input first"
+            )
+        self.initialize_parameters(self._size_from_weight(tuple(np.shape(w.numpy() if hasattr(w, "numpy") else w))))
+        return self.load_state_dict(state_dict, strict)
+
+    def state_dict(self, prefix: str = ""):
+        raise LazyModuleError(
+            f"{type(self).__name__}.state_dict: the parameters' shapes are not known before the first call; "
+            "call the module on an input first"
+        )
+
+    def extra_repr(self) -> str:
+        return "uninitialized (lazy: sizes inferred on the first call)"
+
+
+class LazyLinear(_LazyMixin, Linear):
+    """torch.nn.LazyLinear: a Linear whose ``in_features`` is the last dim of its first input."""
+
+    cls_to_become = Linear
+
+    def __init__(self, out_features: int, bias: bool = True, device=None, dtype=None):
+        _check_device("LazyLinear", device)
+        kw = {"bias": bias} | ({"dtype": dtype} if dtype is not None else {})
+        self._lazy_init((int(out_features),), kw, bias)
+        self.out_features = int(out_features)
+
+    def _in_size(self, x) -> int:
+        if x.ndim < 1:
+            raise ParamInvalidError(f"LazyLinear: the input must have at least one dim, got shape {tuple(x.shape)}")
+        return int(x.shape[-1])
+
+    @staticmethod
+    def _size_from_weight(shape) -> int:
+        return shape[1]
+
+
+class _LazyConvNd(_LazyMixin, Module):
+    """torch's LazyConv1d/2d/3d: ``in_channels`` is dim 1 of the first input (batched, as opsnn's
+    convolutions take)."""
+
+    nd = 0
+
+    def __init__(
+        self,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        device=None,
+        dtype=None,
+    ):
+        _check_device(type(self).__name__, device)
+        kw = dict(
+            stride=stride, padding=padding, dilation=dilation, groups=groups, bias=bias, padding_mode=padding_mode
+        )
+        if dtype is not None:
+            kw["dtype"] = dtype
+        self._lazy_init((int(out_channels), kernel_size), kw, bias)
+        self.out_channels = int(out_channels)
+
+    def _in_size(self, x) -> int:
+        if x.ndim != self.nd + 2:
+            raise ParamInvalidError(
+                f"{type(self).__name__}: the input must be batched, (N, C, {self.nd} spatial dims), got shape "
+                f"{tuple(x.shape)}; add the batch dim"
+            )
+        return int(x.shape[1])
+
+    def _size_from_weight(self, shape) -> int:
+        return shape[1] * int(self._lazy_args[1]["groups"])
+
+
+class LazyConv1d(_LazyConvNd):
+    nd, cls_to_become = 1, Conv1d
+
+
+class LazyConv2d(_LazyConvNd):
+    nd, cls_to_become = 2, Conv2d
+
+
+class LazyConv3d(_LazyConvNd):
+    nd, cls_to_become = 3, Conv3d

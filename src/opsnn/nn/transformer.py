@@ -1,6 +1,6 @@
 """torch.nn's transformer layers with torch's arguments, submodule names (so torch state dicts load
 as they are) and forward semantics: TransformerEncoderLayer, TransformerEncoder,
-TransformerDecoderLayer, TransformerDecoder. Post-norm by default, pre-norm with ``norm_first``;
+TransformerDecoderLayer, TransformerDecoder and the encoder-decoder Transformer. Post-norm by default, pre-norm with ``norm_first``;
 the stacks start every layer from the given layer's weights, as torch's deep copies do.
 
 >>> import opsnn, numpy as np
@@ -12,8 +12,12 @@ the stacks start every layer from the given layer's weights, as torch's deep cop
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import ops
 from ..errors import ParamInvalidError
+from ..tensor import as_tensor, tensor
+from . import init
 from .attention import MultiheadAttention
 from .layers import Dropout, LayerNorm, Linear
 from .module import Module, ModuleList
@@ -191,4 +195,118 @@ class TransformerDecoder(Module):
         return self.norm(x) if self.norm is not None else x
 
 
-__all__ = ["TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer"]
+class Transformer(Module):
+    """torch.nn.Transformer: a ``TransformerEncoder`` (``encoder``) and a ``TransformerDecoder``
+    (``decoder``), each ending in a LayerNorm unless ``custom_encoder`` / ``custom_decoder`` replace
+    them; every weight matrix starts Xavier-uniform, as torch's.
+
+    >>> import opsnn, numpy as np
+    >>> t = opsnn.nn.Transformer(16, 4, 1, 1, dim_feedforward=32, dropout=0.0, batch_first=True)
+    >>> mask = opsnn.nn.Transformer.generate_square_subsequent_mask(3)
+    >>> t(np.zeros((2, 5, 16), np.float32), np.zeros((2, 3, 16), np.float32), tgt_mask=mask).shape
+    (2, 3, 16)
+    """
+
+    def __init__(
+        self,
+        d_model: int = 512,
+        nhead: int = 8,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation="relu",
+        custom_encoder=None,
+        custom_decoder=None,
+        layer_norm_eps: float = 1e-5,
+        batch_first: bool = False,
+        norm_first: bool = False,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if device not in (None, "cpu") or dtype not in (None, "float32", np.float32):
+            raise ParamInvalidError(f"Transformer: only device='cpu' and float32 are supported, got {device}, {dtype}")
+        layer_args = dict(
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            activation=activation,
+            layer_norm_eps=layer_norm_eps,
+            batch_first=batch_first,
+            norm_first=norm_first,
+            bias=bias,
+        )
+        if custom_encoder is not None:
+            self.encoder = custom_encoder
+        else:
+            layer = TransformerEncoderLayer(d_model, nhead, **layer_args)
+            norm = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+            self.encoder = TransformerEncoder(layer, num_encoder_layers, norm)
+        if custom_decoder is not None:
+            self.decoder = custom_decoder
+        else:
+            layer = TransformerDecoderLayer(d_model, nhead, **layer_args)
+            norm = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+            self.decoder = TransformerDecoder(layer, num_decoder_layers, norm)
+        for p in self.parameters():
+            if p.ndim > 1:
+                init.xavier_uniform_(p)
+        self.d_model, self.nhead, self.batch_first = d_model, nhead, batch_first
+
+    def forward(
+        self,
+        src,
+        tgt,
+        src_mask=None,
+        tgt_mask=None,
+        memory_mask=None,
+        src_key_padding_mask=None,
+        tgt_key_padding_mask=None,
+        memory_key_padding_mask=None,
+        src_is_causal: bool | None = None,
+        tgt_is_causal: bool | None = None,
+        memory_is_causal: bool = False,
+    ):
+        src, tgt = as_tensor(src), as_tensor(tgt)
+        if src.ndim == 3 and tgt.ndim == 3:
+            axis = 0 if self.batch_first else 1
+            if src.shape[axis] != tgt.shape[axis]:
+                raise ParamInvalidError(
+                    f"Transformer: src and tgt must have the same batch size (dim {axis}), got "
+                    f"{tuple(src.shape)} and {tuple(tgt.shape)}"
+                )
+        if src.shape[-1] != self.d_model or tgt.shape[-1] != self.d_model:
+            raise ParamInvalidError(
+                f"Transformer: the last dim of src and tgt must be d_model={self.d_model}, got "
+                f"{tuple(src.shape)} and {tuple(tgt.shape)}"
+            )
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask, is_causal=src_is_causal)
+        return self.decoder(
+            tgt,
+            memory,
+            tgt_mask=tgt_mask,
+            memory_mask=memory_mask,
+            tgt_key_padding_mask=tgt_key_padding_mask,
+            memory_key_padding_mask=memory_key_padding_mask,
+            tgt_is_causal=tgt_is_causal,
+            memory_is_causal=memory_is_causal,
+        )
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz: int, device=None, dtype=None):
+        """An (sz, sz) float mask with -inf above the diagonal and 0 elsewhere (each position sees
+        itself and the ones before it)."""
+        if isinstance(sz, bool) or not isinstance(sz, (int, np.integer)) or sz < 0:
+            raise ParamInvalidError(f"Transformer.generate_square_subsequent_mask: sz must be an int >= 0, got {sz!r}")
+        dt = np.dtype(dtype or np.float32)
+        return tensor(np.triu(np.full((int(sz), int(sz)), -np.inf, dt), k=1))
+
+
+__all__ = [
+    "Transformer",
+    "TransformerDecoder",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
+]

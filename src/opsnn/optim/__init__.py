@@ -1,5 +1,5 @@
 """``opsnn.optim``: optimizers with torch's names, signatures and parameter groups (SGD, Adam,
-AdamW); each ``step()`` is one fused multi-tensor numba kernel over all parameters.
+AdamW, RMSprop, Adagrad); each ``step()`` is one fused multi-tensor numba kernel over all parameters.
 Learning-rate schedulers are in ``opsnn.optim.lr_scheduler``.
 
 >>> import opsnn, numpy as np
@@ -10,8 +10,10 @@ Learning-rate schedulers are in ``opsnn.optim.lr_scheduler``.
 """
 
 from . import lr_scheduler
+from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .optimizer import Optimizer, OptimizerStateError
+from .rmsprop import RMSprop
 from .sgd import SGD
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "OptimizerStateError", "lr_scheduler"]
+__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Optimizer", "OptimizerStateError", "RMSprop", "lr_scheduler"]

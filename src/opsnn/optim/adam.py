@@ -61,10 +61,7 @@ class Adam(Optimizer):
         if len(b) != 2 or not all(0.0 <= real_number(name, "betas", v) < 1.0 for v in b):
             raise ParamInvalidError(f"{name}: betas must be two numbers in [0, 1), got {g['betas']}")
         g["betas"] = (float(b[0]), float(b[1]))
-        for k in ("lr", "eps", "weight_decay"):
-            g[k] = real_number(name, k, g[k])
-            if not g[k] >= 0.0:
-                raise ParamInvalidError(f"{name}: {k} must be >= 0, got {g[k]}")
+        self._check_nonnegative(g, ("lr", "eps", "weight_decay"))
 
     def step(self, closure=None):
         """One update of every parameter that has a gradient (one kernel launch per dtype)."""

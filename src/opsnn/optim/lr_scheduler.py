@@ -1,7 +1,8 @@
 """Learning-rate schedulers with torch's names and semantics (``StepLR``, ``MultiStepLR``,
 ``ExponentialLR``, ``ConstantLR``, ``PolynomialLR``, ``CosineAnnealingLR``,
-``CosineAnnealingWarmRestarts``, ``LinearLR`` for warmup, ``LambdaLR``, ``SequentialLR``); each sets
-``group["lr"]`` of its optimizer's parameter groups, in closed form, on every ``step()``.
+``CosineAnnealingWarmRestarts``, ``LinearLR`` for warmup, ``LambdaLR``, ``MultiplicativeLR``,
+``OneCycleLR``, ``SequentialLR``); each sets ``group["lr"]`` of its optimizer's parameter groups on
+every ``step()``.
 ``ReduceLROnPlateau`` lowers them when ``step(metric)`` stops improving.
 
 >>> import opsnn, numpy as np
@@ -19,7 +20,9 @@ from __future__ import annotations
 import bisect
 import math
 
-from ..errors import ParamInvalidError
+import numpy as np
+
+from ..errors import ParamInvalidError, real_number
 
 
 class LRScheduler:
@@ -44,13 +47,18 @@ class LRScheduler:
     def lr_at(self, base_lr: float, epoch: int) -> float:
         raise NotImplementedError
 
+    def group_lr(self, i: int, group: dict, base_lr: float, epoch: int) -> float:
+        """Parameter group ``i``'s learning rate at ``epoch`` (schedulers that need the group or its
+        index override this; the others give ``lr_at``)."""
+        return self.lr_at(base_lr, epoch)
+
     def get_last_lr(self) -> list:
         return list(self._last_lr)
 
     def step(self) -> None:
         self.last_epoch += 1
-        for g, base in zip(self.optimizer.param_groups, self.base_lrs):
-            g["lr"] = self.lr_at(base, self.last_epoch)
+        for i, (g, base) in enumerate(zip(self.optimizer.param_groups, self.base_lrs)):
+            g["lr"] = self.group_lr(i, g, base, self.last_epoch)
         self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def state_dict(self) -> dict:
@@ -110,26 +118,34 @@ class LinearLR(LRScheduler):
         return base_lr * (self.start_factor + (self.end_factor - self.start_factor) * frac)
 
 
+def _lambdas(name: str, optimizer, lr_lambda) -> list:
+    """One function per parameter group (one for all, or a list with one per group)."""
+    n = len(optimizer.param_groups)
+    fns = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * n
+    if len(fns) != n or not all(callable(f) for f in fns):
+        raise ParamInvalidError(f"{name}: lr_lambda must be a function or {n} functions (one per group), got {fns}")
+    return fns
+
+
 class LambdaLR(LRScheduler):
     """``lr = base_lr * lr_lambda(epoch)`` (one function, or one per parameter group)."""
 
     def __init__(self, optimizer, lr_lambda, last_epoch: int = -1):
-        n = len(optimizer.param_groups)
-        fns = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * n
-        if len(fns) != n:
-            raise ParamInvalidError(f"LambdaLR: {len(fns)} lr_lambdas for {n} parameter groups")
-        self._fns = fns
-        self._group = 0
+        self._fns = _lambdas(type(self).__name__, optimizer, lr_lambda)
         super().__init__(optimizer, last_epoch)
 
-    def step(self) -> None:
-        self.last_epoch += 1
-        for g, base, fn in zip(self.optimizer.param_groups, self.base_lrs, self._fns):
-            g["lr"] = base * fn(self.last_epoch)
-        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+    def group_lr(self, i, group, base_lr, epoch):
+        return base_lr * self._fns[i](epoch)
 
     def state_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_fns")}
+
+
+class MultiplicativeLR(LambdaLR):
+    """``lr = previous lr * lr_lambda(epoch)`` from the second step on (one function, or one per group)."""
+
+    def group_lr(self, i, group, base_lr, epoch):
+        return group["lr"] * self._fns[i](epoch) if epoch > 0 else group["lr"]
 
 
 class MultiStepLR(LRScheduler):
@@ -296,8 +312,8 @@ class SequentialLR(LRScheduler):
         self._apply(self._schedulers[0], 0)
 
     def _apply(self, sched, epoch) -> None:
-        for g, base in zip(self.optimizer.param_groups, sched.base_lrs):
-            g["lr"] = sched.lr_at(base, epoch)
+        for i, (g, base) in enumerate(zip(self.optimizer.param_groups, sched.base_lrs)):
+            g["lr"] = sched.group_lr(i, g, base, epoch)
         sched.last_epoch = epoch
         self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
@@ -322,6 +338,129 @@ class SequentialLR(LRScheduler):
         self._last_lr = state_dict["_last_lr"]
 
 
+def _per_group(name: str, optimizer, what: str, value) -> list:
+    n = len(optimizer.param_groups)
+    vals = list(value) if isinstance(value, (list, tuple)) else [value] * n
+    if len(vals) != n:
+        raise ParamInvalidError(f"{name}: {len(vals)} values of {what} for {n} parameter groups")
+    return [real_number(name, what, v) for v in vals]
+
+
+def _positive_int(name: str, what: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ParamInvalidError(f"{name}: {what} must be a positive int, got {value!r}")
+    return int(value)
+
+
+class OneCycleLR(LRScheduler):
+    """torch's 1cycle policy: the lr rises from ``max_lr / div_factor`` to ``max_lr`` over the first
+    ``pct_start`` of ``total_steps`` (or ``epochs * steps_per_epoch``), then anneals (``'cos'`` or
+    ``'linear'``) to ``initial_lr / final_div_factor``; ``three_phase`` comes back to the initial lr
+    before the final anneal. With ``cycle_momentum`` the momentum (SGD's ``momentum``, Adam's
+    ``betas[0]``) moves the other way, between ``max_momentum`` and ``base_momentum``."""
+
+    def __init__(
+        self,
+        optimizer,
+        max_lr,
+        total_steps: int | None = None,
+        epochs: int | None = None,
+        steps_per_epoch: int | None = None,
+        pct_start: float = 0.3,
+        anneal_strategy: str = "cos",
+        cycle_momentum: bool = True,
+        base_momentum=0.85,
+        max_momentum=0.95,
+        div_factor: float = 25.0,
+        final_div_factor: float = 1e4,
+        three_phase: bool = False,
+        last_epoch: int = -1,
+    ):
+        name = "OneCycleLR"
+        if total_steps is not None:
+            self.total_steps = _positive_int(name, "total_steps", total_steps)
+        elif epochs is not None and steps_per_epoch is not None:
+            self.total_steps = _positive_int(name, "epochs", epochs) * _positive_int(
+                name, "steps_per_epoch", steps_per_epoch
+            )
+        else:
+            raise ParamInvalidError(f"{name}: give total_steps, or epochs and steps_per_epoch")
+        pct = real_number(name, "pct_start", pct_start)
+        if not 0.0 <= pct <= 1.0:
+            raise ParamInvalidError(f"{name}: pct_start must be in [0, 1], got {pct_start}")
+        if anneal_strategy not in ("cos", "linear"):
+            raise ParamInvalidError(f"{name}: anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
+        self.anneal_strategy = anneal_strategy
+        up = float(pct * self.total_steps) - 1
+        if three_phase:
+            self._phases = [
+                (up, "initial_lr", "max_lr", "max_momentum", "base_momentum"),
+                (float(2 * pct * self.total_steps) - 2, "max_lr", "initial_lr", "base_momentum", "max_momentum"),
+                (self.total_steps - 1, "initial_lr", "min_lr", "max_momentum", "max_momentum"),
+            ]
+        else:
+            self._phases = [
+                (up, "initial_lr", "max_lr", "max_momentum", "base_momentum"),
+                (self.total_steps - 1, "max_lr", "min_lr", "base_momentum", "max_momentum"),
+            ]
+        max_lrs = _per_group(name, optimizer, "max_lr", max_lr)
+        if last_epoch == -1:
+            for g, top in zip(optimizer.param_groups, max_lrs):
+                g["initial_lr"] = top / div_factor
+                g["max_lr"] = top
+                g["min_lr"] = g["initial_lr"] / final_div_factor
+        self.cycle_momentum = bool(cycle_momentum)
+        if self.cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ParamInvalidError(
+                    f"{name}: cycle_momentum=True needs an optimizer with momentum or betas "
+                    f"({type(optimizer).__name__} has neither); pass cycle_momentum=False"
+                )
+            self.use_beta1 = "betas" in optimizer.defaults
+            tops = _per_group(name, optimizer, "max_momentum", max_momentum)
+            bases = _per_group(name, optimizer, "base_momentum", base_momentum)
+            if last_epoch == -1:
+                for g, top, base in zip(optimizer.param_groups, tops, bases):
+                    self._set_momentum(g, top)
+                    g["max_momentum"], g["base_momentum"] = top, base
+        super().__init__(optimizer, last_epoch)
+
+    def _set_momentum(self, group: dict, value: float) -> None:
+        if self.use_beta1:
+            group["betas"] = (value, *group["betas"][1:])
+        else:
+            group["momentum"] = value
+
+    def _anneal(self, start: float, end: float, pct: float) -> float:
+        if self.anneal_strategy == "cos":
+            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+        return (end - start) * pct + start
+
+    def group_lr(self, i, group, base_lr, epoch):
+        """The lr at ``epoch`` (and, with ``cycle_momentum``, the group's momentum set on the way)."""
+        if epoch > self.total_steps:
+            raise ParamInvalidError(
+                f"OneCycleLR: step {epoch} is past total_steps={self.total_steps}; build the scheduler "
+                "with the number of steps the training takes"
+            )
+        start, phase = 0.0, self._phases[-1]
+        for ph in self._phases[:-1]:
+            if epoch <= ph[0]:
+                phase = ph
+                break
+            start = ph[0]
+        end, lr0, lr1, m0, m1 = phase
+        if end == start:
+            raise ParamInvalidError(
+                f"OneCycleLR: a phase of total_steps={self.total_steps} with this pct_start has no steps; "
+                "raise total_steps or change pct_start"
+            )
+        pct = (epoch - start) / (end - start)
+        if self.cycle_momentum:
+            self._set_momentum(group, self._anneal(group[m0], group[m1], pct))
+        return self._anneal(group[lr0], group[lr1], pct)
+
+
 __all__ = [
     "ConstantLR",
     "CosineAnnealingLR",
@@ -331,6 +470,8 @@ __all__ = [
     "LambdaLR",
     "LinearLR",
     "MultiStepLR",
+    "MultiplicativeLR",
+    "OneCycleLR",
     "PolynomialLR",
     "ReduceLROnPlateau",
     "SequentialLR",

@@ -12,7 +12,8 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..autograd import no_grad
-from ..errors import DTypeError, ParamInvalidError
+from ..errors import DTypeError, ParamInvalidError, real_number
+from ..kernels.cpu import optimizer as K
 from ..runtime.stream import current_stream
 from ..tensor import Tensor, tensor, zeros
 
@@ -65,6 +66,11 @@ class Optimizer:
                 raise DTypeError(
                     f"{name}: parameter {i} has dtype {_dt.name(p.dtype)}; only floating tensors can be optimized"
                 )
+            if getattr(p, "uninitialized", False):
+                raise ParamInvalidError(
+                    f"{name}: parameter {i} belongs to a lazy module (LazyLinear, LazyConv2d ...) that has not run "
+                    "yet; call the model on an input once, then build the optimizer"
+                )
             if not p.requires_grad:
                 raise ParamInvalidError(
                     f"{name}: parameter {i} (shape {tuple(p.shape)}) does not require grad; "
@@ -86,6 +92,14 @@ class Optimizer:
 
     def _check_options(self, group: dict) -> None:
         """Subclasses validate their options (learning rate, betas ...) here."""
+
+    def _check_nonnegative(self, group: dict, keys) -> None:
+        """Options ``keys`` of ``group`` as floats >= 0, or a ParamInvalidError naming the option."""
+        name = type(self).__name__
+        for k in keys:
+            group[k] = real_number(name, k, group[k])
+            if not group[k] >= 0.0:
+                raise ParamInvalidError(f"{name}: {k} must be >= 0, got {group[k]}")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for g in self.param_groups:
@@ -221,6 +235,35 @@ class Optimizer:
             labels=[None] * n + labels,
             getters=[None] * n + getters,
         )
+
+    def _fused_step(self, closure, op: str, kernel, slots, uses, rows, attrs):
+        """A step as one fused ``op`` over all parameters with a gradient: eager, ``kernel(params, grads,
+        *state lists, chunks, hyper, flags)`` once per dtype; traced, one ``op`` node per dtype and
+        ``uses``. ``slots`` are the state names the kernel takes, ``uses(group, param)`` which of them a
+        parameter keeps (a tuple of bools; the first slot is always kept and stands in for the others),
+        ``rows([(group, param)])`` the (hyper, flags) tables (it advances step counts), ``attrs(uses)``
+        the node's attributes."""
+        from ..graph.tracing import active_tracer
+
+        tracer = active_tracer()
+        if tracer is not None:
+            groups = self._traced_items(tracer, closure, uses)
+            for (_dt, used), items in groups.items():
+                keys = [s for s, u in zip(slots, used) if u]
+                self._traced_apply(tracer, op, lambda items=items: rows(items), items, keys, attrs(used))
+            return None
+        loss = self._closure(closure)
+        for items in self._with_grads_by_dtype():
+            hyper, flags = rows([(g, p) for g, p, _pa, _ga in items])
+            states = [[] for _ in slots]
+            for g, p, _pa, _ga in items:
+                first = self._state_buffer(p, slots[0])
+                for lst, slot, used in zip(states, slots, uses(g, p)):
+                    lst.append(self._state_buffer(p, slot) if used else first)
+            chunks = K.chunk_table([i[2].size for i in items])
+            args = (K.typed_list([i[2] for i in items]), K.typed_list([i[3] for i in items]))
+            self._launch(op, kernel, args + tuple(K.typed_list(s) for s in states) + (chunks, hyper, flags))
+        return loss
 
     def _closure(self, closure):
         if closure is None:

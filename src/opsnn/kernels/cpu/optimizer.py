@@ -1,5 +1,5 @@
-"""Fused multi-tensor optimizer steps (SGD, Adam/AdamW): one parallel numba kernel per step over
-every parameter, like torch's foreach path or ops-nn's aclnnApplyAdamW.
+"""Fused multi-tensor optimizer steps (SGD, Adam/AdamW, RMSprop, Adagrad): one parallel numba kernel
+per step over every parameter, like torch's foreach path or ops-nn's aclnnApplyAdamW.
 
 The tensors arrive as typed lists of flat arrays (parameters, gradients, state buffers); the
 work is cut into chunks of at most ``CHUNK`` elements, ``chunks[c] = (tensor, start, end)``, and
@@ -142,4 +142,86 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_sqs, chunks, hyper, flag
             bc2_sqrt,
             eps,
             amsgrad != 0,
+        )
+
+
+RMS_LR, RMS_ALPHA, RMS_EPS, RMS_WD, RMS_MOMENTUM = range(5)
+RMS_CENTERED, RMS_MAXIMIZE, RMS_MOMENTUM_BUFFER = range(3)
+ADAGRAD_LR, ADAGRAD_LR_DECAY, ADAGRAD_WD, ADAGRAD_EPS, ADAGRAD_STEP = range(5)
+(ADAGRAD_MAXIMIZE,) = range(1)
+
+
+@nb.njit(inline="always")
+def _rmsprop_chunk(p, g, sq, buf, gavg, sign, lr, alpha, eps, wd, mom, centered, use_buf):
+    """RMSprop on one chunk (slices, indices from 0); states are read back rounded, as torch uses them."""
+    for i in range(p.shape[0]):
+        gi = sign * np.float64(g[i])
+        pi = np.float64(p[i])
+        if wd != 0.0:
+            gi = gi + wd * pi
+        sq[i] = alpha * np.float64(sq[i]) + (1.0 - alpha) * gi * gi
+        var = np.float64(sq[i])
+        if centered:
+            ga = np.float64(gavg[i])
+            gavg[i] = ga + (1.0 - alpha) * (gi - ga)
+            ga = np.float64(gavg[i])
+            var = var - ga * ga
+        avg = math.sqrt(var) + eps  # a negative centered variance gives NaN, as torch's sqrt
+        if use_buf:
+            buf[i] = mom * np.float64(buf[i]) + gi / avg
+            p[i] = pi - lr * np.float64(buf[i])
+        else:
+            p[i] = pi - lr * gi / avg
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def rmsprop_step(params, grads, square_avgs, momentum_bufs, grad_avgs, chunks, hyper, flags):
+    """torch.optim.RMSprop's update for every chunk (weight decay, centered, momentum, maximize); a
+    tensor's momentum buffer and grad_avg are read and written only when its flags ask for them."""
+    for c in prange(chunks.shape[0]):
+        t, s, e = chunks[c, 0], chunks[c, 1], chunks[c, 2]
+        _rmsprop_chunk(
+            params[t][s:e],
+            grads[t][s:e],
+            square_avgs[t][s:e],
+            momentum_bufs[t][s:e],
+            grad_avgs[t][s:e],
+            -1.0 if flags[t, RMS_MAXIMIZE] != 0 else 1.0,
+            hyper[t, RMS_LR],
+            hyper[t, RMS_ALPHA],
+            hyper[t, RMS_EPS],
+            hyper[t, RMS_WD],
+            hyper[t, RMS_MOMENTUM],
+            flags[t, RMS_CENTERED] != 0,
+            flags[t, RMS_MOMENTUM_BUFFER] != 0,
+        )
+
+
+@nb.njit(inline="always")
+def _adagrad_chunk(p, g, acc, sign, clr, eps, wd):
+    """Adagrad on one chunk (slices, indices from 0); the sum is read back rounded, as torch uses it."""
+    for i in range(p.shape[0]):
+        gi = sign * np.float64(g[i])
+        pi = np.float64(p[i])
+        if wd != 0.0:
+            gi = gi + wd * pi
+        acc[i] = np.float64(acc[i]) + gi * gi
+        p[i] = pi - clr * gi / (math.sqrt(np.float64(acc[i])) + eps)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def adagrad_step(params, grads, sums, chunks, hyper, flags):
+    """torch.optim.Adagrad's update for every chunk: weight decay, the decayed rate
+    ``lr / (1 + (step - 1) lr_decay)`` from the per-tensor step, maximize."""
+    for c in prange(chunks.shape[0]):
+        t, s, e = chunks[c, 0], chunks[c, 1], chunks[c, 2]
+        clr = hyper[t, ADAGRAD_LR] / (1.0 + (hyper[t, ADAGRAD_STEP] - 1.0) * hyper[t, ADAGRAD_LR_DECAY])
+        _adagrad_chunk(
+            params[t][s:e],
+            grads[t][s:e],
+            sums[t][s:e],
+            -1.0 if flags[t, ADAGRAD_MAXIMIZE] != 0 else 1.0,
+            clr,
+            hyper[t, ADAGRAD_EPS],
+            hyper[t, ADAGRAD_WD],
         )

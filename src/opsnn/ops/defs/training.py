@@ -288,21 +288,26 @@ __all__ = ["adagrad_step", "adam_step", "momentum_step"]
 
 
 # -- in-place multi-tensor optimizer updates (opsnn domain) ------------------------------------------------
-# ``ApplySGD`` / ``ApplyAdamW`` are torch's SGD and Adam/AdamW steps over any number of tensors in one
-# record, as ops-nn's aclnnApplyAdamW / aclnnFusedSgd: the hyper-parameters (learning rate included)
+# ``ApplySGD`` / ``ApplyAdamW`` / ``ApplyRMSprop`` / ``ApplyAdagrad`` are torch's SGD, Adam/AdamW, RMSprop
+# and Adagrad steps over any number of tensors in one record, as ops-nn's aclnnApplyAdamW / aclnnFusedSgd: the hyper-parameters (learning rate included)
 # arrive as a runtime float64 table with one row per tensor, the switches as an int64 table, so an LR
 # schedule or a new Adam step count changes no graph constant. The outputs are the new tensors and
 # states; a compiled training step binds each to the memory of its input (in place), and the kernel
 # writes elementwise, so an output may be its own input.
 OPSNN = "opsnn"
 
-#: op -> (hyper columns, flag columns, state tensors per optimized tensor by attribute)
-_APPLY = {"ApplySGD": (4, 3), "ApplyAdamW": (7, 3)}
+#: op -> (hyper columns, flag columns)
+_APPLY = {"ApplySGD": (4, 3), "ApplyAdamW": (7, 3), "ApplyRMSprop": (5, 3), "ApplyAdagrad": (5, 1)}
 
 
 def _apply_states(op: str, attrs) -> int:
+    """State tensors per optimized tensor, as the node's attributes say."""
     if op == "ApplySGD":
         return 1 if attrs.get("momentum_buffers", 1) else 0
+    if op == "ApplyRMSprop":
+        return 1 + bool(attrs.get("momentum_buffers", 0)) + bool(attrs.get("centered", 0))
+    if op == "ApplyAdagrad":
+        return 1
     return 3 if attrs.get("amsgrad", 0) else 2
 
 
@@ -416,6 +421,70 @@ def _apply_adamw_ref(ins, a):
     return tuple(outs_p + outs_m + outs_v + outs_vm)
 
 
+def _rmsprop_slots(states, a):
+    """(square_avg, momentum_buffer, grad_avg) lists of a node; an absent state is stood in for by
+    square_avg, which the kernel then neither reads nor writes."""
+    rest = iter(states[1:])
+    buf = next(rest) if a.get("momentum_buffers", 0) else states[0]
+    gavg = next(rest) if a.get("centered", 0) else states[0]
+    return states[0], buf, gavg
+
+
+def _apply_rmsprop_ref(ins, a):
+    """torch.optim.RMSprop's rule read literally, per tensor, in float64 (states rounded when stored)."""
+    n = _apply_count("ApplyRMSprop", len(ins), a)
+    hyper, flags = ins[0], ins[1]
+    mom_buf, centered = bool(a.get("momentum_buffers", 0)), bool(a.get("centered", 0))
+    groups = [[ins[2 + gi * n + k] for k in range(n)] for gi in range(2 + _apply_states("ApplyRMSprop", a))]
+    sq_in, buf_in, gavg_in = _rmsprop_slots(groups[2:], a)
+    out_p, out_sq, out_buf, out_gavg = [], [], [], []
+    for k in range(n):
+        lr, alpha, eps, wd, mom = (float(v) for v in hyper[k])
+        maximize = bool(flags[k][_K.RMS_MAXIMIZE])
+        dt = ins[2 + k].dtype
+        p = ins[2 + k].astype(np.float64)
+        g = groups[1][k].astype(np.float64)
+        g = -g if maximize else g
+        if wd:
+            g = g + wd * p
+        sq = (alpha * sq_in[k].astype(np.float64) + (1 - alpha) * g * g).astype(dt)
+        out_sq.append(sq)
+        var = sq.astype(np.float64)
+        if centered:
+            ga = gavg_in[k].astype(np.float64)
+            ga = (ga + (1 - alpha) * (g - ga)).astype(dt)
+            out_gavg.append(ga)
+            var = var - ga.astype(np.float64) ** 2
+        avg = np.sqrt(var) + eps
+        if mom_buf:
+            b = (mom * buf_in[k].astype(np.float64) + g / avg).astype(dt)
+            out_buf.append(b)
+            out_p.append((p - lr * b.astype(np.float64)).astype(dt))
+        else:
+            out_p.append((p - lr * g / avg).astype(dt))
+    return tuple(out_p + out_sq + out_buf + out_gavg)
+
+
+def _apply_adagrad_ref(ins, a):
+    """torch.optim.Adagrad's rule read literally, per tensor, in float64 (the sum rounded when stored)."""
+    n = _apply_count("ApplyAdagrad", len(ins), a)
+    hyper, flags = ins[0], ins[1]
+    out_p, out_s = [], []
+    for k in range(n):
+        lr, lr_decay, wd, eps, step = (float(v) for v in hyper[k])
+        dt = ins[2 + k].dtype
+        p = ins[2 + k].astype(np.float64)
+        g = ins[2 + n + k].astype(np.float64)
+        g = -g if flags[k][_K.ADAGRAD_MAXIMIZE] else g
+        if wd:
+            g = g + wd * p
+        clr = lr / (1 + (step - 1) * lr_decay)
+        acc = (ins[2 + 2 * n + k].astype(np.float64) + g * g).astype(dt)
+        out_s.append(acc)
+        out_p.append((p - clr * g / (np.sqrt(acc.astype(np.float64)) + eps)).astype(dt))
+    return tuple(out_p + out_s)
+
+
 def _chunks_plan(op):
     def plan(ctx):
         n = _apply_count(op, len(ctx.inputs), ctx.attrs)
@@ -428,12 +497,17 @@ def _flat(arrays):
     return _K.typed_list([a.reshape(-1) for a in arrays])
 
 
+def _flat_grads(grads):
+    """Gradients as flat contiguous arrays (a node may receive strided views)."""
+    return _flat([np.ascontiguousarray(g) for g in grads])
+
+
 def _apply_sgd_kernel(ins, outs, a, plan, ws):
     n, params, grads, states = _apply_groups("ApplySGD", ins, outs, a)
     bufs = states[0] if states else params  # no buffer: the kernel never writes one (momentum is 0)
     _K.sgd_step(
         _flat(params),
-        _flat([np.ascontiguousarray(g) for g in grads]),
+        _flat_grads(grads),
         _flat(bufs),
         plan["chunks"],
         np.ascontiguousarray(ins[0], np.float64),
@@ -449,13 +523,44 @@ def _apply_adamw_kernel(ins, outs, a, plan, ws):
     flags[:, 0] = 1 if len(states) > 2 else 0  # amsgrad follows the node's state count
     _K.adam_step(
         _flat(params),
-        _flat([np.ascontiguousarray(g) for g in grads]),
+        _flat_grads(grads),
         _flat(m),
         _flat(v),
         _flat(vmax),
         plan["chunks"],
         np.ascontiguousarray(ins[0], np.float64),
         flags,
+    )
+
+
+def _apply_rmsprop_kernel(ins, outs, a, plan, ws):
+    n, params, grads, states = _apply_groups("ApplyRMSprop", ins, outs, a)
+    sq, buf, gavg = _rmsprop_slots(states, a)
+    flags = np.array(ins[1], np.int64)
+    # which states exist follows the node's attributes, whatever the flags table says
+    flags[:, _K.RMS_CENTERED] = int(bool(a.get("centered", 0)))
+    flags[:, _K.RMS_MOMENTUM_BUFFER] = int(bool(a.get("momentum_buffers", 0)))
+    _K.rmsprop_step(
+        _flat(params),
+        _flat_grads(grads),
+        _flat(sq),
+        _flat(buf),
+        _flat(gavg),
+        plan["chunks"],
+        np.ascontiguousarray(ins[0], np.float64),
+        flags,
+    )
+
+
+def _apply_adagrad_kernel(ins, outs, a, plan, ws):
+    n, params, grads, states = _apply_groups("ApplyAdagrad", ins, outs, a)
+    _K.adagrad_step(
+        _flat(params),
+        _flat_grads(grads),
+        _flat(states[0]),
+        plan["chunks"],
+        np.ascontiguousarray(ins[0], np.float64),
+        np.ascontiguousarray(ins[1], np.int64),
     )
 
 
@@ -506,6 +611,29 @@ ApplyAdamW = _register_apply(
     "new params..., new states...",
 )
 
+ApplyRMSprop = _register_apply(
+    "ApplyRMSprop",
+    [
+        Attr("momentum_buffers", "int", 0, "1: a momentum_buffer state per tensor (momentum > 0)"),
+        Attr("centered", "int", 0, "1: a grad_avg state per tensor (centered RMSprop)"),
+    ],
+    _apply_rmsprop_ref,
+    _apply_rmsprop_kernel,
+    "torch's RMSprop step over many tensors (weight decay, centered, momentum, maximize): inputs hyper (n, 5) "
+    "float64 [lr, alpha, eps, weight_decay, momentum], flags (n, 3) int64 [centered, maximize, momentum "
+    "buffer], params..., grads..., square_avg... [, momentum_buffer...] [, grad_avg...]; outputs new "
+    "params..., new states...",
+)
+ApplyAdagrad = _register_apply(
+    "ApplyAdagrad",
+    [],
+    _apply_adagrad_ref,
+    _apply_adagrad_kernel,
+    "torch's Adagrad step over many tensors (lr decay, weight decay, maximize): inputs hyper (n, 5) float64 "
+    "[lr, lr_decay, weight_decay, eps, step], flags (n, 1) int64 [maximize], params..., grads..., sum...; "
+    "outputs new params..., new sums...",
+)
+
 
 def _assign_infer(ctx):
     ref, val = ctx.inputs[0], ctx.inputs[1]
@@ -548,10 +676,26 @@ def apply_adamw(hyper, flags, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_
     return [hyper, flags] + flat, {"amsgrad": int(max_exp_avg_sqs is not None)}, (len(groups) - 1) * n
 
 
+@api("apply_rmsprop", "ApplyRMSprop", domain=OPSNN)
+def apply_rmsprop(hyper, flags, params, grads, square_avgs, momentum_buffers=None, grad_avgs=None):
+    """One fused RMSprop update (see the record); returns (*new params, *new states)."""
+    extra = [s for s in (momentum_buffers, grad_avgs) if s is not None]
+    flat, n = _lists("apply_rmsprop", params, grads, square_avgs, *extra)
+    attrs = {"momentum_buffers": int(momentum_buffers is not None), "centered": int(grad_avgs is not None)}
+    return [hyper, flags] + flat, attrs, (2 + len(extra)) * n
+
+
+@api("apply_adagrad", "ApplyAdagrad", domain=OPSNN)
+def apply_adagrad(hyper, flags, params, grads, sums):
+    """One fused Adagrad update (see the record); returns (*new params, *new sums)."""
+    flat, n = _lists("apply_adagrad", params, grads, sums)
+    return [hyper, flags] + flat, {}, 2 * n
+
+
 @api("assign", "Assign", domain=OPSNN)
 def assign(ref, value):
     """The new value of state tensor ``ref`` (a copy; in a compiled training step, written in place)."""
     return [ref, value], {}
 
 
-__all__ += ["apply_adamw", "apply_sgd", "assign"]
+__all__ += ["apply_adagrad", "apply_adamw", "apply_rmsprop", "apply_sgd", "assign"]
