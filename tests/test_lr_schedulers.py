@@ -86,3 +86,62 @@ def test_reduce_on_plateau_matches_torch():
 def test_bad_arguments_are_typed_errors(make, match):
     with pytest.raises(ParamInvalidError, match=match):
         make(opsnn.optim.SGD(_groups(opsnn), lr=0.1))
+
+
+CYCLIC = {
+    "triangular": {"base_lr": 0.01, "max_lr": [0.1, 0.05], "step_size_up": 3},
+    "triangular2": {
+        "base_lr": [0.01, 0.002],
+        "max_lr": 0.1,
+        "step_size_up": 2,
+        "step_size_down": 4,
+        "mode": "triangular2",
+    },
+    "exp_range": {"base_lr": 0.01, "max_lr": 0.1, "step_size_up": 4, "mode": "exp_range", "gamma": 0.9},
+    "scale_fn": {
+        "base_lr": 0.01,
+        "max_lr": 0.1,
+        "step_size_up": 3,
+        "scale_fn": lambda x: 0.5**x,
+        "scale_mode": "iterations",
+    },
+    "no_momentum": {"base_lr": 0.01, "max_lr": 0.1, "step_size_up": 3, "cycle_momentum": False},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CYCLIC))
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
+def test_cyclic_lr_and_momentum_match_torch(case, optimizer):
+    torch = pytest.importorskip("torch")
+    kw = {"momentum": 0.9} if optimizer == "SGD" else {}
+    ours = getattr(opsnn.optim, optimizer)(_groups(opsnn), lr=0.1, **kw)
+    theirs = getattr(torch.optim, optimizer)(_groups(torch), lr=0.1, **kw)
+    s, t = S.CyclicLR(ours, **CYCLIC[case]), torch.optim.lr_scheduler.CyclicLR(theirs, **CYCLIC[case])
+    key = "momentum" if optimizer == "SGD" else "betas"
+    for _ in range(25):
+        np.testing.assert_allclose(s.get_last_lr(), t.get_last_lr(), rtol=1e-12, atol=1e-15)
+        for a, b in zip(ours.param_groups, theirs.param_groups):
+            np.testing.assert_allclose(np.ravel(a[key]), np.ravel(b[key]), rtol=1e-12)
+        s.step()
+        t.step()
+    resumed = S.CyclicLR(getattr(opsnn.optim, optimizer)(_groups(opsnn), lr=0.1, **kw), **CYCLIC[case])
+    resumed.load_state_dict(s.state_dict())
+    assert resumed.last_epoch == s.last_epoch and resumed.base_lrs == s.base_lrs
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"mode": "square"}, "mode must be 'triangular', 'triangular2' or 'exp_range'"),
+        ({"step_size_up": 0}, "step_size_up must be a positive int"),
+        ({"scale_fn": 3}, "scale_fn must be callable"),
+        ({"scale_fn": abs, "scale_mode": "epochs"}, "scale_mode must be 'cycle' or 'iterations'"),
+        ({"max_lr": [0.1, 0.2, 0.3]}, "3 values of max_lr for 2 parameter groups"),
+    ],
+)
+def test_cyclic_lr_bad_arguments(kw, match):
+    opt = opsnn.optim.SGD(_groups(opsnn), lr=0.1, momentum=0.9)
+    with pytest.raises(ParamInvalidError, match=match):
+        S.CyclicLR(opt, **{"base_lr": 0.01, "max_lr": 0.1, **kw})
+    with pytest.raises(ParamInvalidError, match="cycle_momentum=True needs an optimizer with momentum or betas"):
+        S.CyclicLR(opsnn.optim.Adagrad(_groups(opsnn)), 0.01, 0.1)

@@ -400,3 +400,29 @@ def test_the_rows_other_tests_leave_to_this_file_have_cases_here():
     from test_nn_torch_modules import ELSEWHERE
 
     assert ELSEWHERE <= set(MODULES) | {"MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d"}
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m, x: m.upsample(x, scale_factor=2, mode="bilinear", align_corners=False),
+        lambda m, x: m.upsample(x, size=(7, 5), mode="nearest"),
+        lambda m, x: m.upsample_nearest(x, scale_factor=3),
+        lambda m, x: m.upsample_bilinear(x, size=(6, 9)),
+        lambda m, x: m.interpolate(x, None, 1.7, "bilinear", False, True),
+        lambda m, x: m.interpolate(x, scale_factor=(1.5, 2.3), mode="nearest", recompute_scale_factor=True),
+        lambda m, x: m.interpolate(x, scale_factor=1.7, mode="bilinear", recompute_scale_factor=False),
+    ],
+)
+def test_upsample_names_and_recompute_scale_factor_match_torch(call):
+    x = _r(2, 3, 4, 5)
+    ours, theirs = opsnn.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    with np.errstate(all="ignore"):
+        got, want = call(F, ours), call(TF, theirs)
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-6)
+    seed = _r(*want.shape)
+    (got * opsnn.tensor(seed)).sum().backward()
+    (want * torch.tensor(seed)).sum().backward()
+    np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ParamInvalidError, match="recompute_scale_factor goes with scale_factor"):
+        F.interpolate(ours, size=(3, 3), recompute_scale_factor=True)

@@ -631,6 +631,21 @@ for _name in TORCH_FUNCTIONAL:
 del _name
 
 
+def upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
+    """torch.nn.functional.upsample (torch's older name): :func:`interpolate`."""
+    return ops.interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor)
+
+
+def upsample_nearest(input, size=None, scale_factor=None):
+    """torch.nn.functional.upsample_nearest: :func:`interpolate` with mode 'nearest'."""
+    return ops.interpolate(input, size, scale_factor, "nearest")
+
+
+def upsample_bilinear(input, size=None, scale_factor=None):
+    """torch.nn.functional.upsample_bilinear: :func:`interpolate` with mode 'bilinear', align_corners=True."""
+    return ops.interpolate(input, size, scale_factor, "bilinear", True)
+
+
 # -- torch.nn.functional written here as compositions of opsnn ops (gradients and tracing come with them) ---------
 def _legacy_reduction(what: str, size_average, reduce, reduction: str) -> str:
     """torch's deprecated ``size_average`` / ``reduce`` pair mapped as torch maps it (either set: it wins)."""

@@ -1,7 +1,7 @@
 """Learning-rate schedulers with torch's names and semantics (``StepLR``, ``MultiStepLR``,
 ``ExponentialLR``, ``ConstantLR``, ``PolynomialLR``, ``CosineAnnealingLR``,
 ``CosineAnnealingWarmRestarts``, ``LinearLR`` for warmup, ``LambdaLR``, ``MultiplicativeLR``,
-``OneCycleLR``, ``SequentialLR``); each sets ``group["lr"]`` of its optimizer's parameter groups on
+``OneCycleLR``, ``CyclicLR``, ``SequentialLR``); each sets ``group["lr"]`` of its optimizer's parameter groups on
 every ``step()``.
 ``ReduceLROnPlateau`` lowers them when ``step(metric)`` stops improving.
 
@@ -352,6 +352,107 @@ def _positive_int(name: str, what: str, value) -> int:
     return int(value)
 
 
+def _set_momentum(group: dict, value: float, use_beta1: bool) -> None:
+    if use_beta1:
+        group["betas"] = (value, *group["betas"][1:])
+    else:
+        group["momentum"] = value
+
+
+def _cycle_momentum(name: str, optimizer, base_momentum, max_momentum, last_epoch: int) -> bool:
+    """Check that ``optimizer`` has a momentum to cycle (SGD's ``momentum`` or Adam's ``betas[0]``), and on a
+    fresh start record each group's ``max_momentum`` / ``base_momentum`` and set it to the maximum; returns
+    whether it is ``betas[0]``."""
+    if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+        raise ParamInvalidError(
+            f"{name}: cycle_momentum=True needs an optimizer with momentum or betas "
+            f"({type(optimizer).__name__} has neither); pass cycle_momentum=False"
+        )
+    use_beta1 = "betas" in optimizer.defaults
+    tops = _per_group(name, optimizer, "max_momentum", max_momentum)
+    bases = _per_group(name, optimizer, "base_momentum", base_momentum)
+    if last_epoch == -1:
+        for g, top, base in zip(optimizer.param_groups, tops, bases):
+            _set_momentum(g, top, use_beta1)
+            g["max_momentum"], g["base_momentum"] = top, base
+    return use_beta1
+
+
+class CyclicLR(LRScheduler):
+    """torch's cyclical learning rate: each group's lr goes from ``base_lr`` up to ``max_lr`` over
+    ``step_size_up`` steps and back over ``step_size_down`` (default the same), the cycle's height scaled by
+    ``mode`` ('triangular': constant, 'triangular2': halved every cycle, 'exp_range': ``gamma ** step``) or a
+    ``scale_fn`` of the cycle or step count (``scale_mode``). With ``cycle_momentum`` the momentum (SGD's
+    ``momentum``, Adam's ``betas[0]``) moves the other way, between ``max_momentum`` and ``base_momentum``.
+    Called once per batch."""
+
+    def __init__(
+        self,
+        optimizer,
+        base_lr,
+        max_lr,
+        step_size_up: int = 2000,
+        step_size_down: int | None = None,
+        mode: str = "triangular",
+        gamma: float = 1.0,
+        scale_fn=None,
+        scale_mode: str = "cycle",
+        cycle_momentum: bool = True,
+        base_momentum=0.8,
+        max_momentum=0.9,
+        last_epoch: int = -1,
+    ):
+        name = "CyclicLR"
+        base_lrs = _per_group(name, optimizer, "base_lr", base_lr)
+        if last_epoch == -1:
+            for g, lr in zip(optimizer.param_groups, base_lrs):
+                g["lr"] = lr
+        self.max_lrs = _per_group(name, optimizer, "max_lr", max_lr)
+        up = float(_positive_int(name, "step_size_up", step_size_up))
+        down = up if step_size_down is None else float(_positive_int(name, "step_size_down", step_size_down))
+        self.total_size = up + down
+        self.step_ratio = up / self.total_size
+        if scale_fn is None:
+            if mode not in ("triangular", "triangular2", "exp_range"):
+                raise ParamInvalidError(
+                    f"{name}: mode must be 'triangular', 'triangular2' or 'exp_range' (or give scale_fn), got {mode!r}"
+                )
+            scale_mode = "iterations" if mode == "exp_range" else "cycle"
+        elif not callable(scale_fn):
+            raise ParamInvalidError(f"{name}: scale_fn must be callable, got {type(scale_fn).__name__}")
+        if scale_mode not in ("cycle", "iterations"):
+            raise ParamInvalidError(f"{name}: scale_mode must be 'cycle' or 'iterations', got {scale_mode!r}")
+        self.mode, self.scale_mode = mode, scale_mode
+        self.gamma = real_number(name, "gamma", gamma)
+        self._scale_fn_custom = scale_fn
+        self.cycle_momentum = bool(cycle_momentum)
+        if self.cycle_momentum:
+            self.use_beta1 = _cycle_momentum(name, optimizer, base_momentum, max_momentum, last_epoch)
+        super().__init__(optimizer, last_epoch)
+        self.base_lrs = base_lrs
+
+    def scale_fn(self, x: float) -> float:
+        """The cycle's height factor at cycle (or step) ``x``."""
+        if self._scale_fn_custom is not None:
+            return self._scale_fn_custom(x)
+        if self.mode == "triangular":
+            return 1.0
+        if self.mode == "triangular2":
+            return 1 / (2.0 ** (x - 1))
+        return self.gamma**x
+
+    def group_lr(self, i, group, base_lr, epoch):
+        """The lr at batch ``epoch`` (and, with ``cycle_momentum``, the group's momentum set on the way)."""
+        cycle = math.floor(1 + epoch / self.total_size)
+        x = 1.0 + epoch / self.total_size - cycle
+        factor = x / self.step_ratio if x <= self.step_ratio else (x - 1) / (self.step_ratio - 1)
+        scale = self.scale_fn(cycle if self.scale_mode == "cycle" else epoch)
+        if self.cycle_momentum:
+            height = (group["max_momentum"] - group["base_momentum"]) * factor
+            _set_momentum(group, group["max_momentum"] - height * scale, self.use_beta1)
+        return base_lr + (self.max_lrs[i] - base_lr) * factor * scale
+
+
 class OneCycleLR(LRScheduler):
     """torch's 1cycle policy: the lr rises from ``max_lr / div_factor`` to ``max_lr`` over the first
     ``pct_start`` of ``total_steps`` (or ``epochs * steps_per_epoch``), then anneals (``'cos'`` or
@@ -411,25 +512,11 @@ class OneCycleLR(LRScheduler):
                 g["min_lr"] = g["initial_lr"] / final_div_factor
         self.cycle_momentum = bool(cycle_momentum)
         if self.cycle_momentum:
-            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
-                raise ParamInvalidError(
-                    f"{name}: cycle_momentum=True needs an optimizer with momentum or betas "
-                    f"({type(optimizer).__name__} has neither); pass cycle_momentum=False"
-                )
-            self.use_beta1 = "betas" in optimizer.defaults
-            tops = _per_group(name, optimizer, "max_momentum", max_momentum)
-            bases = _per_group(name, optimizer, "base_momentum", base_momentum)
-            if last_epoch == -1:
-                for g, top, base in zip(optimizer.param_groups, tops, bases):
-                    self._set_momentum(g, top)
-                    g["max_momentum"], g["base_momentum"] = top, base
+            self.use_beta1 = _cycle_momentum(name, optimizer, base_momentum, max_momentum, last_epoch)
         super().__init__(optimizer, last_epoch)
 
     def _set_momentum(self, group: dict, value: float) -> None:
-        if self.use_beta1:
-            group["betas"] = (value, *group["betas"][1:])
-        else:
-            group["momentum"] = value
+        _set_momentum(group, value, self.use_beta1)
 
     def _anneal(self, start: float, end: float, pct: float) -> float:
         if self.anneal_strategy == "cos":
@@ -465,6 +552,7 @@ __all__ = [
     "ConstantLR",
     "CosineAnnealingLR",
     "CosineAnnealingWarmRestarts",
+    "CyclicLR",
     "ExponentialLR",
     "LRScheduler",
     "LambdaLR",

@@ -526,8 +526,11 @@ _TORCH_INTERP = {
 
 
 @api("interpolate", "Resize")
-def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None, antialias=False):
-    """torch.nn.functional.interpolate over the spatial dims (all dims after N, C)."""
+def interpolate(
+    x, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None, antialias=False
+):
+    """torch.nn.functional.interpolate over the spatial dims (all dims after N, C); ``recompute_scale_factor``
+    maps through the output size floor(input size x scale) instead of the scale, as torch."""
     s = _shape_of(x)
     nsp = len(s) - 2
     if nsp < 1:
@@ -545,6 +548,12 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
         scales = (
             [float(scale_factor)] * nsp if isinstance(scale_factor, (int, float)) else [float(v) for v in scale_factor]
         )
+    if recompute_scale_factor:
+        if size is not None:
+            raise ParamInvalidError(
+                "interpolate: recompute_scale_factor goes with scale_factor, not with an explicit size", op="Resize"
+            )
+        sizes, scales = [int(math.floor(d * f)) for d, f in zip(s[2:], scales)], None
     if m == "nearest":
         ctm, nm = ("asymmetric", "floor") if mode == "nearest" else ("half_pixel", "round_prefer_ceil")
     else:
