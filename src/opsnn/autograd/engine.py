@@ -104,6 +104,8 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
                 f"backward through {n.name} a second time: its saved tensors were freed by the "
                 "first backward; pass retain_graph=True to the first one"
             )
+        if traced and (n.hooks and any(n.hooks.values()) or n.retained):
+            _refuse_traced(n.name)
         order.append(n)
         kids = []
         for e in n.edges:
@@ -114,11 +116,15 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
                     stack.append(e[0])
         children[id(n)] = kids
     needed = None
-    pending = None
     if targets is not None:
         needed = _needed(order, children, targets)
-    else:
-        pending = _leaf_contributions(roots, order)
+    pending = _leaf_contributions(roots, order)
+    if traced and any(
+        m.hooks
+        for m in [m for m, _ in roots] + [e[1] for n in order for e in n.edges if e is not None and e[0] is LEAF]
+    ):
+        _refuse_traced("a leaf")
+    held: dict = {}  # id(leaf meta) -> its gradient so far in this pass, while hooks wait for the sum
     deps: dict = {}
     for n in order:
         if needed is not None and id(n) not in needed:
@@ -130,7 +136,7 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
     buffers: dict = {}
     for m, g in roots:
         if m.grad_fn is None:
-            _to_leaf(m, g, targets, found, pending)
+            _to_leaf(m, g, targets, found, pending, held=held)
         else:
             buf = buffers.setdefault(id(m.grad_fn), [None] * len(m.grad_fn.out_shapes))
             buf[m.output_nr] = _add(buf[m.output_nr], g)
@@ -141,6 +147,8 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
         while ready:
             n = ready.pop()
             grads = buffers.pop(id(n))
+            if n.hooks or n.retained:
+                _output_hooks(n, grads)
             if targets is not None:
                 for k, g in enumerate(grads):
                     slot = targets.get((id(n), k))
@@ -179,7 +187,7 @@ def _run(roots: list, retain_graph: bool, targets: dict | None) -> dict:
 
                     gi = ops.cast(gi, n.in_dtypes[i])
                 if child is LEAF:
-                    _to_leaf(e[1], gi, targets, found, pending, _owned(gi, mark, given))
+                    _to_leaf(e[1], gi, targets, found, pending, _owned(gi, mark, given), held)
                     continue
                 buf = buffers.setdefault(id(child), [None] * len(child.out_shapes))
                 buf[e[1]] = _add(buf[e[1]], gi)
@@ -250,19 +258,73 @@ def _needed(order: list, children: dict, targets: dict) -> set:
 
 
 def _leaf_contributions(roots: list, order: list) -> dict:
-    """How many gradients each hooked leaf will receive in this pass (its hooks fire after the last)."""
+    """How many gradients each hooked leaf will receive in this pass (its tensor hooks see their sum,
+    its post-accumulate hooks fire after the last)."""
     pending: dict = {}
-    for m, _ in roots:
-        if m.grad_fn is None and m.post_hooks:
+
+    def count(m):
+        if m.post_hooks or m.hooks:
             pending[id(m)] = pending.get(id(m), 0) + 1
+
+    for m, _ in roots:
+        if m.grad_fn is None:
+            count(m)
     for n in order:
         for e in n.edges:
-            if e is not None and e[0] is LEAF and e[1].post_hooks:
-                pending[id(e[1])] = pending.get(id(e[1]), 0) + 1
+            if e is not None and e[0] is LEAF:
+                count(e[1])
     return pending
 
 
-def _to_leaf(m, g: Tensor, targets, found, pending=None, owned: bool = False) -> None:
+def _call_hooks(hooks: dict, g: Tensor, what: str) -> Tensor:
+    """``g`` through each tensor hook in registration order (a hook's tensor result replaces it)."""
+    for fn in list(hooks.values()):
+        r = fn(g)
+        if r is None:
+            continue
+        if not isinstance(r, Tensor):
+            raise GradientShapeError(
+                f"register_hook: a hook on {what} returned a {type(r).__name__}; return an opsnn Tensor or None"
+            )
+        g = _check_grad(g, r, f"register_hook: a hook on {what}")
+    return g
+
+
+def _output_hooks(n, grads: list) -> None:
+    """Run the tensor hooks of ``n``'s outputs on their gradients (in place in ``grads``), then keep the
+    gradients of retained outputs in their ``.grad`` (torch runs retain_grad's hook last)."""
+    for k, g in enumerate(grads):
+        if g is None:
+            continue
+        hooks = n.hooks.get(k) if n.hooks else None
+        if hooks:
+            g = grads[k] = _call_hooks(hooks, g, f"an output of {n.name}")
+        m = n.retained.get(k) if n.retained else None
+        if m is not None:
+            m.grad = g.clone() if m.grad is None else _add(m.grad, g)
+
+
+def _refuse_traced(where: str) -> None:
+    from ..graph.tracing import TraceError
+
+    raise TraceError(
+        f"trace: a tensor hook or retain_grad() on {where} would run only while the step is traced, never at a "
+        "compiled call; change the gradient in the loss or after backward (p.grad.mul_(...) before "
+        "optimizer.step()), read gradients the step returns, or run the step eagerly"
+    )
+
+
+def _to_leaf(m, g: Tensor, targets, found, pending=None, owned: bool = False, held=None) -> None:
+    left = 0
+    if pending is not None and id(m) in pending:
+        left = pending[id(m)] = pending[id(m)] - 1
+    if m.hooks:
+        # the hooks see the leaf's whole gradient of this pass, once (as torch's AccumulateGrad node)
+        total = _add(held.pop(id(m), None), g)
+        if left > 0:
+            held[id(m)] = total
+            return
+        g, owned = _call_hooks(m.hooks, total, "a leaf"), False
     if targets is not None:
         slot = targets.get((LEAF, id(m)))
         if slot is not None:
@@ -280,19 +342,15 @@ def _to_leaf(m, g: Tensor, targets, found, pending=None, owned: bool = False) ->
             )
     if m.grad is None:
         sole = take_sole(g) and tracer is None  # a rule marked it as made for this input alone
-        if m.grad_sink is not None and pending is not None and pending.get(id(m)) == 1:
+        if m.grad_sink is not None and pending is not None and pending.get(id(m)) == 0 and not m.hooks:
             m.grad = m.grad_sink(g)  # the only gradient this pass brings: placed where its user wants it
         else:
             # a contiguous tensor of its own: rules may hand one gradient to several inputs
             m.grad = g if (owned or sole) else g.clone()
     else:
         m.grad = _add(m.grad, g)
-    if m.post_hooks:
-        left = pending.get(id(m), 1) - 1 if pending is not None else 0
-        if pending is not None:
-            pending[id(m)] = left
-        if left <= 0:
-            _fire_post_hooks(m)
+    if m.post_hooks and left <= 0:
+        _fire_post_hooks(m)
 
 
 def _fire_post_hooks(m) -> None:

@@ -27,7 +27,7 @@ LEAF = object()  # edge kind: gradient accumulates into a leaf's .grad
 
 
 class AutogradMeta:
-    __slots__ = ("grad", "grad_fn", "grad_sink", "output_nr", "post_hooks", "ref", "requires_grad")
+    __slots__ = ("grad", "grad_fn", "grad_sink", "hooks", "output_nr", "post_hooks", "ref", "requires_grad")
 
     def __init__(self):
         self.ref = None
@@ -35,6 +35,7 @@ class AutogradMeta:
         self.grad = None
         self.grad_fn = None
         self.output_nr = 0
+        self.hooks = None  # a leaf's {key: fn(grad) -> None | grad}, called on its summed gradient of a pass
         self.post_hooks = None  # {key: fn} called once a backward pass has accumulated all of .grad
         # g -> the tensor .grad becomes when g is a leaf's only gradient of a pass and .grad is None
         # (instead of a copy of g): DistributedDataParallel writes it into its bucket, scaled
@@ -82,11 +83,13 @@ class Node:
         "edges",
         "fn",
         "freed",
+        "hooks",
         "in_dtypes",
         "in_shapes",
         "name",
         "out_dtypes",
         "out_shapes",
+        "retained",
     )
 
     def __init__(self, name: str, fn, edges: list, inputs: list, outputs: list):
@@ -98,6 +101,11 @@ class Node:
         self.out_shapes = [tuple(o.shape) for o in outputs]
         self.out_dtypes = [o.dtype for o in outputs]
         self.freed = False
+        # tensor hooks of the outputs: {output_nr: {key: fn(grad)}}, called on the output's summed
+        # gradient before the node's rule runs (they outlive the tensor, as torch's do)
+        self.hooks = None
+        # {output_nr: AutogradMeta} of outputs that keep their gradient in .grad (retain_grad())
+        self.retained = None
 
     def release(self) -> None:
         """Drop the saved tensors (after a backward without ``retain_graph``)."""
@@ -322,7 +330,7 @@ def _detach(self) -> Tensor:
 
 
 class RemovableHandle:
-    """What ``register_post_accumulate_grad_hook`` returns: ``remove()`` unregisters the hook."""
+    """What ``register_hook`` / ``register_post_accumulate_grad_hook`` return: ``remove()`` unregisters the hook."""
 
     __slots__ = ("_hooks", "_key")
 
@@ -363,6 +371,82 @@ def _register_post_accumulate_grad_hook(self, hook) -> RemovableHandle:
     key = next(_hook_keys)
     m.post_hooks[key] = hook
     return RemovableHandle(m.post_hooks, key)
+
+
+def _grad_meta(self, what: str) -> AutogradMeta:
+    m = _META.get(id(self))
+    if m is None or not m.requires_grad:
+        raise ParamInvalidError(
+            f"{what}: this tensor (shape {tuple(self.shape)}) does not require grad, so no gradient reaches it; "
+            "call requires_grad_() on the leaf it is computed from first"
+        )
+    return m
+
+
+def _register_hook(self, hook) -> RemovableHandle:
+    """Call ``hook(grad)`` each time a backward pass computes this tensor's gradient (the sum of all
+    its uses in that pass), as torch's ``Tensor.register_hook``: returning a tensor of the same shape
+    and dtype replaces the gradient from there on (what flows into the graph below, or into a leaf's
+    ``.grad``); returning None keeps it. Several hooks run in the order registered; on a leaf and on a
+    computed tensor; in ``autograd.grad`` too. Returns a handle whose ``remove()`` unregisters it.
+    Inside a compiled training step a hook is refused at tracing (a compiled call would not run it).
+
+    >>> import opsnn, numpy as np
+    >>> x = opsnn.tensor(np.array([1.0, 2.0], np.float32)).requires_grad_()
+    >>> h = x.register_hook(lambda g: g * 10)
+    >>> opsnn.ops.sum(x * x).backward()
+    >>> x.grad.numpy()
+    array([20., 40.], dtype=float32)
+    >>> h.remove()
+    """
+    if not callable(hook):
+        raise ParamInvalidError(f"register_hook: hook must be callable, got {type(hook).__name__}")
+    m = _grad_meta(self, "register_hook")
+    if m.grad_fn is None:
+        if m.hooks is None:
+            m.hooks = {}
+        hooks = m.hooks
+    else:
+        node = m.grad_fn
+        if node.hooks is None:
+            node.hooks = {}
+        hooks = node.hooks.setdefault(m.output_nr, {})
+    key = next(_hook_keys)
+    hooks[key] = hook
+    return RemovableHandle(hooks, key)
+
+
+def _retain_grad(self) -> None:
+    """Keep this computed tensor's gradient in ``.grad`` after backward (accumulating over passes, after
+    its hooks ran), as torch's ``retain_grad()``; a leaf keeps its gradient anyway (no-op)."""
+    m = _grad_meta(self, "retain_grad")
+    if m.grad_fn is None:
+        return
+    node = m.grad_fn
+    if node.retained is None:
+        node.retained = {}
+    node.retained[m.output_nr] = m
+
+
+def _retains_grad(self) -> bool:
+    m = _META.get(id(self))
+    return bool(
+        m is not None
+        and m.grad_fn is not None
+        and m.grad_fn.retained is not None
+        and m.grad_fn.retained.get(m.output_nr) is m
+    )
+
+
+def _detach_(self):
+    """Make this tensor a leaf that does not require grad, in place (torch's ``detach_()``): later ops on
+    it record nothing; the graph that made it is no longer reachable through it."""
+    m = _META.get(id(self))
+    if m is not None:
+        if m.grad_fn is not None and m.grad_fn.retained is not None and m.grad_fn.retained.get(m.output_nr) is m:
+            del m.grad_fn.retained[m.output_nr]
+        m.grad_fn, m.output_nr, m.requires_grad = None, 0, False
+    return self
 
 
 def _backward(self, gradient=None, retain_graph=None, create_graph: bool = False, inputs=None) -> None:
@@ -523,6 +607,10 @@ def install() -> None:
     Tensor.grad_fn = property(_grad_fn, doc="The backward node that made this tensor, or None for a leaf.")
     Tensor.is_leaf = property(_is_leaf, doc="True unless the tensor was computed from tensors that require grad.")
     Tensor.detach = _detach
+    Tensor.detach_ = _detach_
+    Tensor.register_hook = _register_hook
+    Tensor.retain_grad = _retain_grad
+    Tensor.retains_grad = property(_retains_grad, doc="Whether retain_grad() keeps this non-leaf's gradient.")
     Tensor.backward = _backward
     Tensor.register_post_accumulate_grad_hook = _register_post_accumulate_grad_hook
     _wrap_views()

@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import ParamInvalidError
+from ..ops import tensor_methods as _tensor_methods
 from ..tensor import Tensor, tensor
 
 _rng = np.random.default_rng(0)
@@ -59,6 +60,12 @@ def _traced_generator(what: str) -> np.random.Generator:
             "run; draw them outside the traced function and pass them in"
         )
     return _rng
+
+
+# the in-place random methods (``w.data.normal_(0, 0.02)``, ``uniform_``, ``bernoulli_`` ...) live with the
+# other Tensor methods in the ops layer, which may not import nn: they draw through this hook, so one seed
+# (``manual_seed`` / ``seeded``) rules every draw and tracing refuses them alike
+_tensor_methods.random_source = _traced_generator
 
 
 def randn(*size, dtype="float32", requires_grad: bool = False) -> Tensor:

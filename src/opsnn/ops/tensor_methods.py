@@ -33,9 +33,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ParamInvalidError
-from ..tensor import Tensor
+from .. import dtypes as _dt
+from ..errors import DTypeError, ParamInvalidError
+from ..tensor import Tensor, bump_version
 from . import executor
+from . import tensor_composed as C
 from .api import FUNCTIONS, KEYWORD_ALIASES, spellings, unknown_keyword
 
 #: torch's ``(values, indices)`` result of ``max(dim)`` / ``min(dim)``
@@ -122,6 +124,9 @@ METHODS: dict[str, Method] = {
     "arcsin": Method("asin"),
     "arccos": Method("acos"),
     "arctan": Method("atan"),
+    "arcsinh": Method("asinh"),
+    "arccosh": Method("acosh"),
+    "arctanh": Method("atanh"),
     "sinh": Method("sinh"),
     "cosh": Method("cosh"),
     "asinh": Method("asinh"),
@@ -495,10 +500,27 @@ def _data(self):
     return self.detach()
 
 
+#: bool < integer < floating: a result may be written into a tensor of its own kind or a higher one
+def _kind_rank(dt) -> int:
+    dt = np.dtype(dt)
+    if dt == np.bool_:
+        return 0
+    return 2 if _dt.is_float(dt) else 3 if dt.kind == "c" else 1
+
+
+def _fits(shape: tuple, into: tuple) -> bool:
+    """Whether a result of ``shape`` broadcasts to ``into`` without growing it."""
+    try:
+        return np.broadcast_shapes(shape, into) == into
+    except ValueError:
+        return False
+
+
 def _in_place(name: str, compute):
     """torch's in-place ``name``: ``compute(self, *args)`` written into self's memory. As in torch, a leaf
-    that requires grad cannot be written while grad mode is on, and a write into a tensor a recorded
-    op saved makes that op's backward an error (autograd's version check), never a silent wrong gradient."""
+    that requires grad cannot be written while grad mode is on, a result of a higher kind (float into an
+    integer tensor) or a larger broadcast shape is refused, and a write into a tensor a recorded op saved
+    makes that op's backward an error (autograd's version check), never a silent wrong gradient."""
 
     def method(self, *args, **kwargs):
         grad_mode = executor._autograd_grad_enabled
@@ -514,6 +536,17 @@ def _in_place(name: str, compute):
                 "lost; do it under opsnn.no_grad() (an optimizer-style update) or write x = x op y"
             )
         result = compute(self, *args, **kwargs)
+        rdt = getattr(result, "dtype", None)
+        if rdt is not None and _kind_rank(rdt) > _kind_rank(self.dtype):
+            raise DTypeError(
+                f"{name}: the result is {_dt.name(rdt)}, which cannot be written into this "
+                f"{_dt.name(self.dtype)} tensor in place; write x = x.{name[:-1]}(...) or convert x first"
+            )
+        if not _fits(tuple(np.shape(result)), tuple(self.shape)):
+            raise ParamInvalidError(
+                f"{name}: the result has shape {tuple(np.shape(result))}, which does not fit the tensor's shape "
+                f"{tuple(self.shape)} in place"
+            )
         return self.copy_(result)
 
     method.__name__ = method.__qualname__ = name
@@ -537,6 +570,319 @@ def _scaled(op: str):
         return FUNCTIONS[op](self, other if alpha == 1 else FUNCTIONS["mul"](other, alpha))
 
     return compute
+
+
+#: elementwise methods (and cumsum / tril / index_add ...) that keep self's shape, each given an in-place
+#: ``<name>_`` that writes its result into self (comparisons write 0 / 1 in self's dtype, as torch)
+IN_PLACE = tuple(
+    (
+        "abs absolute neg negative exp exp2 log log2 log10 sqrt rsqrt sigmoid tanh relu sin cos tan asin acos "
+        "atan arcsin arccos arctan arcsinh arccosh arctanh sinh cosh asinh acosh atanh floor ceil round trunc fix "
+        "frac reciprocal sign sgn erf square deg2rad rad2deg nan_to_num pow remainder fmod clamp_min clamp_max "
+        "clip masked_fill masked_scatter eq ne lt le gt ge less less_equal greater greater_equal not_equal "
+        "logical_and logical_or logical_xor logical_not bitwise_and bitwise_or bitwise_xor bitwise_not "
+        "bitwise_left_shift bitwise_right_shift multiply divide true_divide subtract tril triu cumsum cumprod "
+        "scatter scatter_add index_add index_copy index_fill"
+    ).split()
+)
+
+
+def _same_method(name: str):
+    """``self.<name>(...)``, looked up at call time (a later table edit changes both forms); torch's logical
+    ops read any dtype as truth values."""
+
+    def compute(self, *args, **kwargs):
+        if name.startswith("logical_"):
+            self = self if self.dtype == np.bool_ else self.bool()
+            args = tuple(a.bool() if isinstance(a, Tensor) and a.dtype != np.bool_ else a for a in args)
+        return getattr(type(self), name)(self, *args, **kwargs)
+
+    return compute
+
+
+# -- scatter / index_* (torch's signatures; ScatterElements underneath, so gradients flow) ---------------------
+def _index_arg(index, what: str) -> Tensor:
+    idx = index if isinstance(index, Tensor) else Tensor(np.asarray(index))
+    if idx.dtype.kind not in "iu":
+        raise DTypeError(f"{what}: index must be an integer tensor, got {_dt.name(idx.dtype)}")
+    return idx
+
+
+def _dim_of(self, dim, what: str) -> int:
+    n = max(self.ndim, 1)
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or not -n <= dim < n:
+        raise ParamInvalidError(f"{what}: dim {dim!r} out of range for a {self.ndim}-D tensor")
+    return int(dim) % n
+
+
+def _scatter(self, dim, index, src=None, value=None, *, reduce=None):
+    """torch's ``scatter(dim, index, src | value, reduce=None)``: ``src`` (a tensor, sliced to the index's
+    shape) or a number written at ``index`` along ``dim``; ``reduce`` 'add' / 'multiply' combines instead."""
+    d, idx = _dim_of(self, dim, "scatter"), _index_arg(index, "scatter")
+    if src is None:
+        src = value
+    if src is None:
+        raise ParamInvalidError("scatter: give src (a tensor) or value (a number)")
+    if isinstance(src, Tensor):
+        if src.ndim != idx.ndim or any(i > s for i, s in zip(idx.shape, src.shape)):
+            raise ParamInvalidError(
+                f"scatter: src of shape {tuple(src.shape)} is smaller than index {tuple(idx.shape)} (or of another rank)"
+            )
+        if tuple(src.shape) != tuple(idx.shape):
+            src = src[tuple(slice(0, n) for n in idx.shape)]
+    else:
+        src = Tensor(np.full(idx.shape, src, self.dtype))
+    modes = {None: "none", "add": "add", "multiply": "mul"}
+    if reduce not in modes:
+        raise ParamInvalidError(f"scatter: reduce must be None, 'add' or 'multiply', got {reduce!r}")
+    return FUNCTIONS["scatter_elements"](self, idx, src, d, modes[reduce])
+
+
+def _scatter_add(self, dim, index, src):
+    return _scatter(self, dim, index, src, reduce="add")
+
+
+def _spread_index(self, dim, index, source, what: str):
+    """The dim, and ``index`` (1-D) spread to ``source``'s shape along ``dim`` (ScatterElements' indices)."""
+    d, idx = _dim_of(self, dim, what), _index_arg(index, what)
+    source = source if isinstance(source, Tensor) else Tensor(np.asarray(source, self.dtype))
+    if idx.ndim > 1 or source.ndim != self.ndim or (self.ndim and idx.numel != source.shape[d]):
+        raise ParamInvalidError(
+            f"{what}: expects a 1-D index with one entry per slice of source along dim {d}, got index "
+            f"{tuple(idx.shape)} and source {tuple(source.shape)} for a tensor of shape {tuple(self.shape)}"
+        )
+    if any(s != t for k, (s, t) in enumerate(zip(source.shape, self.shape)) if k != d):
+        raise ParamInvalidError(
+            f"{what}: source {tuple(source.shape)} must match the tensor {tuple(self.shape)} except along dim {d}"
+        )
+    if self.ndim == 0:
+        return 0, idx.reshape(()), source
+    shape = [1] * self.ndim
+    shape[d] = -1
+    return d, idx.reshape(*shape).expand(*source.shape), source
+
+
+def _index_add(self, dim, index, source, *, alpha=1):
+    """torch's ``index_add``: ``alpha * source``'s slices added into the slices ``index`` names along ``dim``.
+    ScatterElements' add reduction has no gradient rule, so the slices are placed one occurrence rank at a
+    time (a repeated index lands in a later round) by the plain scatter, whose rule covers both inputs."""
+    d, idx, source = _spread_index(self, dim, index, source, "index_add")
+    if alpha != 1:
+        source = source * alpha
+    flat = np.asarray(_index_arg(index, "index_add").numpy()).reshape(-1)
+    rank = np.zeros(flat.shape, np.int64)
+    seen: dict = {}
+    for i, j in enumerate(flat.tolist()):
+        rank[i] = seen.get(j, 0)
+        seen[j] = rank[i] + 1
+    out = self
+    for r in range(int(rank.max()) + 1 if flat.size else 0):
+        pick = Tensor(np.flatnonzero(rank == r).astype(np.int64))
+        part_idx = FUNCTIONS["index_select"](idx, d, pick) if self.ndim else idx
+        part = FUNCTIONS["index_select"](source, d, pick) if self.ndim else source
+        zeros = Tensor(np.zeros(self.shape, self.dtype))
+        out = out + FUNCTIONS["scatter_elements"](zeros, part_idx, part, d)
+    return out
+
+
+def _index_copy(self, dim, index, source):
+    """torch's ``index_copy``: ``source``'s slices written into the slices ``index`` names along ``dim``."""
+    d, idx, source = _spread_index(self, dim, index, source, "index_copy")
+    return FUNCTIONS["scatter_elements"](self, idx, source, d)
+
+
+def _index_fill(self, dim, index, value):
+    """torch's ``index_fill``: the slices ``index`` names along ``dim`` set to ``value``."""
+    d, idx = _dim_of(self, dim, "index_fill"), _index_arg(index, "index_fill")
+    if idx.ndim > 1:
+        raise ParamInvalidError(f"index_fill: index must be 0-D or 1-D, got shape {tuple(idx.shape)}")
+    n = self.shape[d] if self.ndim else 1
+    hit = FUNCTIONS["scatter_elements"](
+        Tensor(np.zeros(n, np.float32)), idx.reshape(-1), Tensor(np.ones(idx.numel, np.float32))
+    )
+    shape = [1] * self.ndim
+    if self.ndim:
+        shape[d] = n
+    mask = (hit > 0).reshape(*shape) if self.ndim else (hit > 0).reshape(())
+    fill = value if isinstance(value, Tensor) else Tensor(np.asarray(value, self.dtype))
+    return FUNCTIONS["where"](mask, FUNCTIONS["cast"](fill, self.dtype), self)
+
+
+def _masked_scatter(self, mask, source):
+    """torch's ``masked_scatter``: ``source``'s elements, in order, written where ``mask`` (broadcast) is true."""
+    m = np.broadcast_to(mask.numpy() if isinstance(mask, Tensor) else np.asarray(mask), self.shape)
+    if m.dtype != np.bool_:
+        raise DTypeError(f"masked_scatter: mask must be bool, got {_dt.name(m.dtype)}")
+    count = int(m.sum())
+    src = source if isinstance(source, Tensor) else Tensor(np.asarray(source, self.dtype))
+    if src.numel < count:
+        raise ParamInvalidError(f"masked_scatter: the mask selects {count} elements, source has {src.numel}")
+    take = np.maximum(np.cumsum(m.reshape(-1)) - 1, 0)
+    picked = FUNCTIONS["index_select"](src.reshape(-1), 0, Tensor(take.astype(np.int64)))
+    return FUNCTIONS["where"](Tensor(np.ascontiguousarray(m)), picked.reshape(*self.shape), self)
+
+
+# -- in-place random fills, drawn from opsnn's seeded generator ------------------------------------------------
+#: set by opsnn.nn.init (which owns the seed, ``opsnn.manual_seed``): ``random_source(what)`` is the
+#: generator to draw from, refusing while a function is traced; the ops layer may not import nn
+random_source = None
+
+
+def _generator(what: str) -> np.random.Generator:
+    if random_source is None:
+        from ..errors import NotInitializedError
+
+        raise NotInitializedError(f"{what}: no random generator is installed; import opsnn (opsnn.nn.init sets it)")
+    return random_source(what)
+
+
+def _bind(what: str, args: tuple, kwargs: dict, names: tuple, defaults: tuple) -> list:
+    """torch's arguments (``from`` is a Python keyword, so these methods take them by name)."""
+    if len(args) > len(names):
+        raise ParamInvalidError(
+            f"{what}() takes at most {len(names)} argument(s) ({', '.join(names)}), got {len(args)}"
+        )
+    got = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k not in names:
+            raise unknown_keyword(what, k, list(names))
+        if k in got:
+            raise ParamInvalidError(f"{what}() got two values for {k!r}")
+        got[k] = v
+    out = []
+    for n, dv in zip(names, defaults):
+        v = got.get(n, dv)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
+            raise ParamInvalidError(f"{what}: {n} must be a number, got {v!r}")
+        out.append(v)
+    return out
+
+
+def _floating(self, what: str) -> None:
+    if not _is_floating_point(self):
+        raise DTypeError(f"{what}: expects a floating tensor, got {_dt.name(self.dtype)} (as torch)")
+
+
+def _normal(self, *args, **kwargs):
+    mean, std = _bind("normal_", args, kwargs, ("mean", "std"), (0.0, 1.0))
+    _floating(self, "normal_")
+    if not std >= 0:
+        raise ParamInvalidError(f"normal_: std must be >= 0, got {std}")
+    return _generator("normal_").normal(mean, std, self.shape).astype(self.dtype)
+
+
+def _uniform(self, *args, **kwargs):
+    lo, hi = _bind("uniform_", args, kwargs, ("from", "to"), (0.0, 1.0))
+    _floating(self, "uniform_")
+    if not lo <= hi:
+        raise ParamInvalidError(f"uniform_: from must be <= to, got [{lo}, {hi})")
+    return _generator("uniform_").uniform(lo, hi, self.shape).astype(self.dtype)
+
+
+def _exponential(self, *args, **kwargs):
+    (lambd,) = _bind("exponential_", args, kwargs, ("lambd",), (1.0,))
+    _floating(self, "exponential_")
+    if not lambd > 0:
+        raise ParamInvalidError(f"exponential_: lambd must be > 0, got {lambd}")
+    return _generator("exponential_").exponential(1.0 / lambd, self.shape).astype(self.dtype)
+
+
+def _bernoulli_fill(self, p=0.5):
+    if isinstance(p, Tensor):
+        prob = p.numpy().astype(np.float64)
+        if not _fits(prob.shape, tuple(self.shape)):
+            raise ParamInvalidError(f"bernoulli_: p of shape {prob.shape} does not broadcast to {tuple(self.shape)}")
+    elif isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise ParamInvalidError(f"bernoulli_: p must be a number or a tensor, got {p!r}")
+    else:
+        prob = np.float64(p)
+    if np.any(~((prob >= 0) & (prob <= 1))):
+        raise ParamInvalidError("bernoulli_: p must lie in [0, 1]")
+    return (_generator("bernoulli_").random(self.shape) < prob).astype(self.dtype)
+
+
+#: ``random_()``'s default upper bound for floats: every integer below it is exact in the dtype (as torch)
+_FLOAT_DIGITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+
+
+def _random(self, *args, **kwargs):
+    if len(args) == 1 and not kwargs:
+        args = (0, args[0])  # random_(to), as torch
+    lo, hi = _bind("random_", args, kwargs, ("from", "to"), (0, None))
+    if isinstance(lo, float) or isinstance(hi, float):
+        raise ParamInvalidError(f"random_: from and to must be ints, got {lo!r} and {hi!r}")
+    name = _dt.name(self.dtype)
+    if hi is None:
+        if name in _FLOAT_DIGITS:
+            top = 2 ** _FLOAT_DIGITS[name]
+        elif self.dtype == np.bool_:
+            top = 1
+        else:
+            top = int(np.iinfo(self.dtype).max)
+    else:
+        if not lo < hi:
+            raise ParamInvalidError(f"random_: from must be below to, got [{lo}, {hi})")
+        top = int(hi) - 1
+    return _generator("random_").integers(int(lo), top, self.shape, endpoint=True).astype(self.dtype)
+
+
+def _fill_diagonal(self, fill_value, wrap: bool = False):
+    """torch's ``fill_diagonal_``: the main diagonal set to ``fill_value`` (all dims equal beyond 2-D; ``wrap``
+    continues a tall matrix's diagonal every columns + 1 rows)."""
+    if self.ndim < 2 or (self.ndim > 2 and len(set(self.shape)) != 1):
+        raise ParamInvalidError(
+            f"fill_diagonal_: expects a 2-D tensor or one whose dims are all equal, got shape {tuple(self.shape)}"
+        )
+    a = np.array(self.numpy())
+    np.fill_diagonal(a, fill_value, wrap=bool(wrap))
+    return a
+
+
+# -- in-place shape changes: self becomes the view (torch's squeeze_, t_ ...) --------------------------------------
+def _view_in_place(name: str, view):
+    def method(self, *args, **kwargs):
+        if executor._tracer is not None:
+            raise ParamInvalidError(
+                f"{name}: a tensor's shape changed in place is not recorded in a traced function; write "
+                f"x = x.{name[:-1]}(...)"
+            )
+        grad_mode = executor._autograd_grad_enabled
+        if grad_mode is not None and grad_mode() and self.requires_grad:
+            raise ParamInvalidError(
+                f"{name}: in place with grad mode on, a tensor that requires grad would change shape under its "
+                f"graph; write x = x.{name[:-1]}(...) (or do it under opsnn.no_grad())"
+            )
+        out = view(self, *args, **kwargs)
+        self._array = out._array
+        if self.format != "ND" and self.ndim != 4:
+            self.format = "ND"
+        bump_version(self)  # a recorded op that saved this tensor would see another shape: its backward refuses
+        return self
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+# -- metadata as torch names it -----------------------------------------------------------------------------------
+def _stride(self, dim=None):
+    """torch's ``stride()``: the strides in elements (``stride(dim)``: one of them)."""
+    st = self.strides
+    return st if dim is None else st[_dim_of(self, dim, "stride")]
+
+
+def _H(self):
+    if self.ndim not in (0, 2):
+        raise ParamInvalidError(f"H: expects a 0-D or 2-D tensor, got shape {tuple(self.shape)}; use mH for batches")
+    return self if self.ndim == 0 else self.transpose(0, 1)
+
+
+#: composed methods (opsnn/ops/tensor_composed.py), each also ``opsnn.<name>`` in torch_api
+COMPOSED = (
+    "isfinite nan_to_num trunc frac sgn positive signbit float_power log2 log10 exp2 deg2rad rad2deg diagonal "
+    "diag trace dot inner addmm baddbmm addmv addr mv ger broadcast_to swapaxes movedim take_along_dim "
+    "tensor_split hsplit vsplit dsplit split_with_sizes unbind unflatten ravel argwhere fliplr flipud rot90 diff "
+    "sum_to_size adjoint aminmax median nanmedian kthvalue cummax cummin logcumsumexp"
+).split()
 
 
 def install(cls=Tensor) -> list[str]:
@@ -584,6 +930,45 @@ def install(cls=Tensor) -> list[str]:
         "addcmul_": _in_place("addcmul_", _addcmul),
         "addcdiv_": _in_place("addcdiv_", _addcdiv),
     }
+    extra.update({n: getattr(C, n) for n in COMPOSED})
+    extra.update(
+        {
+            "fix": C.trunc,
+            "swapdims": C.swapaxes,
+            "moveaxis": C.movedim,
+            "mH": property(C.adjoint),
+            "H": property(_H),
+            "scatter": _scatter,
+            "scatter_add": _scatter_add,
+            "index_add": _index_add,
+            "index_copy": _index_copy,
+            "index_fill": _index_fill,
+            "masked_scatter": _masked_scatter,
+            "is_complex": lambda self: self.dtype.kind == "c",
+            "is_signed": lambda self: self.dtype.kind in "if" or _dt.is_float(self.dtype),
+            "is_inference": lambda self: False,  # opsnn has no inference tensors (inference_mode is no_grad)
+            "is_cpu": property(lambda self: True),
+            "is_cuda": property(lambda self: False),
+            "itemsize": property(lambda self: self.dtype.itemsize),
+            "get_device": lambda self: -1,  # torch's answer for a CPU tensor
+            "stride": _stride,
+            "storage_offset": lambda self: self.offset,
+            "data_ptr": lambda self: self._array.ctypes.data,
+            "normal_": _in_place("normal_", _normal),
+            "uniform_": _in_place("uniform_", _uniform),
+            "exponential_": _in_place("exponential_", _exponential),
+            "bernoulli_": _in_place("bernoulli_", _bernoulli_fill),
+            "random_": _in_place("random_", _random),
+            "fill_diagonal_": _in_place("fill_diagonal_", _fill_diagonal),
+            "squeeze_": _view_in_place("squeeze_", lambda self, dim=None: self.squeeze(dim)),
+            "unsqueeze_": _view_in_place("unsqueeze_", lambda self, dim: self.unsqueeze(dim)),
+            "t_": _view_in_place("t_", _t),
+            "transpose_": _view_in_place("transpose_", lambda self, dim0, dim1: self.transpose(dim0, dim1)),
+            "swapaxes_": _view_in_place("swapaxes_", lambda self, axis0, axis1: self.transpose(axis0, axis1)),
+            "swapdims_": _view_in_place("swapdims_", lambda self, dim0, dim1: self.transpose(dim0, dim1)),
+        }
+    )
+    extra.update({n + "_": _in_place(n + "_", _same_method(n)) for n in IN_PLACE if n + "_" not in extra})
     for name, fn in {**_equality(), **extra}.items():
         setattr(cls, name, fn)
         done.append(name)
@@ -599,4 +984,15 @@ def install(cls=Tensor) -> list[str]:
     return done
 
 
-__all__ = ["ALIASES", "METHODS", "NOT_METHODS", "Method", "MinMax", "install", "make_method", "unknown_keyword"]
+__all__ = [
+    "ALIASES",
+    "COMPOSED",
+    "IN_PLACE",
+    "METHODS",
+    "NOT_METHODS",
+    "Method",
+    "MinMax",
+    "install",
+    "make_method",
+    "unknown_keyword",
+]
