@@ -55,6 +55,9 @@ CASES = {
     "lerp": (lambda m, a, c: m.lerp(a[:, :4], c, 0.3), [A, C], True),
     "isfinite": (lambda m, v: m.isfinite(v), [V], False),
     "isnan": (lambda m, v: m.isnan(v), [V], False),
+    "sign": (lambda m, v: m.sign(v), [V], False),  # 0 at NaN, as torch
+    "sign_method": (lambda m, v: m.cat([v.sign(), (v * -1).sign()]), [V], False),
+    "sign_grad": (lambda m, a: m.sign(a) * a, [A], True),
     "nan_to_num": (lambda m, v: m.nan_to_num(v), [V], False),
     "nan_to_num_given": (lambda m, v: m.nan_to_num(v, nan=7.0, posinf=1e3, neginf=-5.0), [V], False),
     "nan_to_num_grad": (lambda m, a: m.nan_to_num(a, nan=1.0), [A], True),

@@ -87,11 +87,12 @@ def frac(self) -> Tensor:
 
 
 def sgn(self) -> Tensor:
-    """torch's ``sgn``: ``sign`` for real tensors, 0 at NaN and at -0.0 (as torch)."""
+    """torch's ``sign`` / ``sgn`` of a real tensor: -1, 0 or 1, and 0 at NaN and at -0.0 (ONNX Sign, the
+    functional ``opsnn.ops.sign``, keeps NaN)."""
     if not _dt.is_float(self.dtype):
-        return self.sign()
+        return _f("sign")(self)
     zero = _const(0.0, self.dtype)
-    return _f("where")(self.isnan(), zero, self.sign()) + zero
+    return _f("where")(self.isnan(), zero, _f("sign")(self)) + zero
 
 
 def positive(self) -> Tensor:

@@ -893,6 +893,7 @@ def install(cls=Tensor) -> list[str]:
     extra = {
         "repeat": _repeat,
         "chunk": _chunk,
+        "sign": C.sgn,  # torch's: 0 at NaN
         "any": _truth_reduction("any", "max"),
         "all": _truth_reduction("all", "min"),
         # torch's methods over opsnn.ops.torch_names (self as their first argument)
