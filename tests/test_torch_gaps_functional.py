@@ -209,7 +209,7 @@ TARGETS = {  # inputs that take no gradient, after the ones above
 
 def test_every_new_module_has_a_case_and_is_exported():
     new = set(MODULES) | set(loss_mod.TABLE) | {"MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d"}
-    assert set(loss_mod.TABLE) <= set(MODULES)
+    assert set(loss_mod.TABLE) - {"CTCLoss"} <= set(MODULES)  # CTCLoss: tests/test_ctc_loss.py
     for name in new:
         assert getattr(nn, name).__name__ == name
         assert name in nn.__all__ and hasattr(torch.nn, name)

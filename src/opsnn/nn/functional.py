@@ -631,6 +631,46 @@ for _name in TORCH_FUNCTIONAL:
 del _name
 
 
+def ctc_loss(
+    log_probs,
+    targets,
+    input_lengths,
+    target_lengths,
+    blank: int = 0,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+) -> Tensor:
+    """torch.nn.functional.ctc_loss: the CTC negative log-likelihood of ``targets`` (padded (N, S) or
+    concatenated 1-D) under ``log_probs`` (T, N, C) (or unbatched (T, C)), summed over alignments;
+    'mean' divides each sample's loss by its target length (at least 1), then averages. The gradient
+    w.r.t. ``log_probs`` is the exact one; torch's adds exp(log_probs), a term log_softmax's backward
+    cancels, so gradients into the logits before a log_softmax agree with torch's."""
+    _check_reduction("ctc_loss", reduction)
+    lp = as_tensor(log_probs)
+    if lp.ndim not in (2, 3):
+        raise ParamInvalidError(f"ctc_loss: log_probs must be (T, N, C) or (T, C), got shape {tuple(lp.shape)}")
+    batched = lp.ndim == 3
+
+    def lengths(v, what):
+        a = np.asarray(v.numpy() if isinstance(v, Tensor) else v)
+        if a.dtype.kind not in "iu" and not (a.dtype.kind == "f" and np.all(a == np.round(a))):
+            raise ParamInvalidError(f"ctc_loss: {what} must be integers, got dtype {a.dtype}")
+        return a.astype(np.int64).reshape(-1 if batched else 1)
+
+    tg = np.asarray(targets.numpy() if isinstance(targets, Tensor) else targets)
+    if tg.dtype.kind not in "iu":
+        raise ParamInvalidError(f"ctc_loss: targets must hold integer class labels, got dtype {tg.dtype}")
+    if not batched:
+        lp, tg = ops.unsqueeze(lp, 1), tg.reshape(1, -1)
+    il, tl = lengths(input_lengths, "input_lengths"), lengths(target_lengths, "target_lengths")
+    loss = ops.ctc_nll(lp, tg.astype(np.int64), il, tl, blank=blank, zero_infinity=zero_infinity)
+    if reduction == "mean":
+        return ops.mean(ops.div(loss, as_tensor(np.maximum(tl, 1).astype(lp.dtype))))
+    if reduction == "sum":
+        return ops.sum(loss)
+    return loss if batched else ops.squeeze(loss, 0)
+
+
 def upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
     """torch.nn.functional.upsample (torch's older name): :func:`interpolate`."""
     return ops.interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor)

@@ -1,6 +1,6 @@
 """Loss modules with torch's names and arguments (``nn.CrossEntropyLoss``, ``nn.NLLLoss``,
 ``nn.MSELoss``, ``nn.BCEWithLogitsLoss``, ``nn.L1Loss``, ``nn.SmoothL1Loss``, ``nn.HuberLoss``,
-``nn.BCELoss``, ``nn.KLDivLoss``, and the margin, ranking, Poisson, Gaussian and triplet losses of
+``nn.BCELoss``, ``nn.KLDivLoss``, ``nn.CTCLoss``, and the margin, ranking, Poisson, Gaussian and triplet losses of
 :data:`TABLE`) over the functional losses, whose ops carry gradient rules.
 
 >>> import opsnn, numpy as np
@@ -127,6 +127,7 @@ _ROWS = {
         {"log_input": True, "full": False, "size_average": None, "eps": 1e-8, "reduce": None, "reduction": "mean"},
     ),
     "GaussianNLLLoss": (F.gaussian_nll_loss, {"full": False, "eps": 1e-6, "reduction": "mean"}),
+    "CTCLoss": (F.ctc_loss, {"blank": 0, "reduction": "mean", "zero_infinity": False}),
     "TripletMarginLoss": (F.triplet_margin_loss, {"margin": 1.0, "p": 2.0, "eps": 1e-6, "swap": False, **_LEGACY}),
     "TripletMarginWithDistanceLoss": (
         F.triplet_margin_with_distance_loss,
@@ -137,6 +138,7 @@ TABLE: dict[str, Row] = {k: Row(fn, params, prepare=_checked(k)) for k, (fn, par
 
 # one line per module, so tools (and readers) see each name
 CosineEmbeddingLoss = make_module("CosineEmbeddingLoss", TABLE["CosineEmbeddingLoss"])
+CTCLoss = make_module("CTCLoss", TABLE["CTCLoss"])
 GaussianNLLLoss = make_module("GaussianNLLLoss", TABLE["GaussianNLLLoss"])
 HingeEmbeddingLoss = make_module("HingeEmbeddingLoss", TABLE["HingeEmbeddingLoss"])
 MarginRankingLoss = make_module("MarginRankingLoss", TABLE["MarginRankingLoss"])
@@ -150,6 +152,7 @@ TripletMarginWithDistanceLoss = make_module("TripletMarginWithDistanceLoss", TAB
 
 
 __all__ = [
+    "CTCLoss",
     "BCELoss",
     "BCEWithLogitsLoss",
     "CosineEmbeddingLoss",

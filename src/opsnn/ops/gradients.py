@@ -919,6 +919,22 @@ def _nll(ctx, grads):
     return [dx] + [None] * (len(ctx.inputs) - 1)
 
 
+def _ctc(ctx, grads):
+    """CTCLossGrad from the forward's inputs and per-sample losses (the recursions run again there)."""
+    lp, tg, il, tl = ctx.inputs[:4]
+    d = _ops().ctc_nll_grad(
+        lp,
+        tg,
+        il,
+        tl,
+        ctx.outputs[0],
+        _like(grads[0], lp),
+        blank=int(ctx.attrs["blank"]),
+        zero_infinity=bool(ctx.attrs["zero_infinity"]),
+    )
+    return [d, None, None, None]
+
+
 # -- attention -------------------------------------------------------------------------------------------
 def _attention_bias(mask, B, Hq, Sq, T, causal, left, right):
     """Additive bias (B|1, Hq|1, Sq, T) of a mask, the causal triangle and sliding windows (no
@@ -2248,6 +2264,7 @@ RULES = {
     "RotaryEmbedding": _rotary,
     "SoftmaxCrossEntropyLoss": _softmax_cross_entropy,
     "NegativeLogLikelihoodLoss": _nll,
+    "CTCLoss": _ctc,
     "Sin": _sin,
     "Cos": _cos,
     "Tan": _tan,

@@ -18,6 +18,7 @@ FAMILIES = (
     "rnn",
     "attention",
     "loss",
+    "ctc",
     "random",
     "vision",
     "signal",
