@@ -26,7 +26,14 @@ import numpy as np
 from .. import autograd as _autograd  # noqa: F401 - gives Tensor requires_grad / grad before Parameters exist
 from .. import dtypes as _dt
 from ..autograd.graph import RemovableHandle
-from ..errors import ARGUMENT_ERRORS, DTypeError, OpsnnError, ParamInvalidError, bad_arguments_message
+from ..errors import (
+    ARGUMENT_ERRORS,
+    DTypeError,
+    OpsnnError,
+    OpsnnRuntimeError,
+    ParamInvalidError,
+    bad_arguments_message,
+)
 from ..runtime.device import Device
 from ..tensor import Tensor, empty, tensor
 
@@ -38,9 +45,10 @@ class StateDictError(ParamInvalidError):
     """``load_state_dict`` found missing, unexpected or mis-shaped tensors. The lists are kept
     as attributes: ``missing`` and ``unexpected`` (names), ``mismatched`` ((name, expected, got))."""
 
-    def __init__(self, where: str, missing=(), unexpected=(), mismatched=()):
+    def __init__(self, where: str, missing=(), unexpected=(), mismatched=(), errors=()):
         self.missing, self.unexpected, self.mismatched = list(missing), list(unexpected), list(mismatched)
-        parts = []
+        self.errors = list(errors)
+        parts = list(self.errors)
         if self.missing:
             parts.append(f"{len(self.missing)} missing: {', '.join(self.missing)}")
         if self.unexpected:
@@ -154,10 +162,10 @@ class Module:
         params = self._registry("_parameters")
         buffers, modules = self.__dict__["_buffers"], self.__dict__["_modules"]
         if isinstance(value, Parameter):
-            self._forget(name)
+            self._forget(name, keep="_parameters")  # a replaced parameter keeps its place, as torch's
             params[name] = value
         elif isinstance(value, Module):
-            self._forget(name)
+            self._forget(name, keep="_modules")  # a replaced submodule keeps its place (Sequential order)
             modules[name] = value
         elif name in params:
             if value is not None and not isinstance(value, Tensor):
@@ -178,9 +186,10 @@ class Module:
         else:
             object.__setattr__(self, name, value)
 
-    def _forget(self, name: str) -> None:
+    def _forget(self, name: str, keep: str = "") -> None:
         for reg in ("_parameters", "_buffers", "_modules"):
-            self.__dict__[reg].pop(name, None)
+            if reg != keep:
+                self.__dict__[reg].pop(name, None)
         self.__dict__.pop(name, None)
 
     def __getattr__(self, name: str):
@@ -298,31 +307,75 @@ class Module:
         return sum(p.numel for p in self.parameters())
 
     # -- state -------------------------------------------------------------------------------------
-    def state_dict(self, prefix: str = "") -> OrderedDict[str, Tensor]:
-        """Every parameter and persistent buffer by dotted name (the live tensors, not copies)."""
-        out = OrderedDict()
-        for mname, mod in self.named_modules(prefix, remove_duplicate=False):
-            for n, t in mod._parameters.items():
-                if t is not None:
-                    out[f"{mname}.{n}" if mname else n] = t
-            for n, t in mod._buffers.items():
-                if t is not None and n not in mod._non_persistent:
-                    out[f"{mname}.{n}" if mname else n] = t
+    def state_dict(self, prefix: str = "", *, destination=None, keep_vars: bool = False) -> OrderedDict[str, Tensor]:
+        """Every parameter and persistent buffer by dotted name, as torch's: ``prefix`` is prepended to
+        each key, ``destination`` (a mapping) is filled and returned instead of a new OrderedDict, a
+        module that overrides ``get_extra_state`` adds ``<prefix>_extra_state``, and the state-dict hooks
+        run (pre-hooks before a module's entries, post-hooks after its subtree). The values are the live
+        tensors, not copies, whatever ``keep_vars`` says (it is passed on to the pre-hooks)."""
+        if not isinstance(prefix, str):
+            raise ParamInvalidError(
+                f"state_dict: prefix must be a str (destination and keep_vars are keywords), got {type(prefix).__name__}"
+            )
+        out = OrderedDict() if destination is None else destination
+        self._save_tree(out, prefix, keep_vars)
         return out
 
-    def _optional_names(self) -> set:
-        names = set()
+    def _save_tree(self, out, prefix: str, keep_vars: bool) -> None:
+        d = self.__dict__
+        for hook in list(d.get("_state_dict_pre_hooks", {}).values()):
+            hook(self, prefix, keep_vars)
+        for n, t in self._parameters.items():
+            if t is not None:
+                out[prefix + n] = t
+        for n, t in self._buffers.items():
+            if t is not None and n not in self._non_persistent:
+                out[prefix + n] = t
+        if type(self).get_extra_state is not Module.get_extra_state:
+            out[prefix + "_extra_state"] = self.get_extra_state()
+        for n, m in self._modules.items():
+            if m is not None:
+                m._save_tree(out, prefix + n + ".", keep_vars)
+        for hook in list(d.get("_state_dict_post_hooks", {}).values()):
+            if hook(self, out, prefix, {"version": getattr(self, "_version", 1)}) is not None:
+                raise ParamInvalidError("state_dict: a state_dict post-hook must return None (edit the dict in place)")
+
+    def _tensor_state(self) -> OrderedDict[str, Tensor]:
+        """``state_dict()``'s tensors without running its hooks or extra state (for loading and tracing)."""
+        out = OrderedDict()
         for mname, mod in self.named_modules(remove_duplicate=False):
-            for n in mod._optional_buffers:
-                names.add(f"{mname}.{n}" if mname else n)
-        return names
+            for reg in ("_parameters", "_buffers"):
+                for n, t in mod.__dict__[reg].items():
+                    if t is not None and (reg == "_parameters" or n not in mod._non_persistent):
+                        out[f"{mname}.{n}" if mname else n] = t
+        return out
+
+    def get_extra_state(self):
+        """Override (with ``set_extra_state``) to save any picklable object under ``_extra_state`` in
+        ``state_dict``, as torch's; the base class has none."""
+        raise OpsnnRuntimeError(
+            f"{type(self).__name__}.get_extra_state: not overridden; a module saves extra state by defining "
+            "get_extra_state and set_extra_state"
+        )
+
+    def set_extra_state(self, state) -> None:
+        """Override (with ``get_extra_state``) to restore what ``get_extra_state`` returned."""
+        raise OpsnnRuntimeError(
+            f"{type(self).__name__}.set_extra_state: not overridden, but the state dict has an _extra_state for it"
+        )
 
     def load_state_dict(self, state_dict, strict: bool = True) -> IncompatibleKeys:
         """Copy tensors (opsnn Tensors, numpy arrays, array-likes) into this module's
         parameters and buffers by name. Shapes must match exactly; floating values are cast
         to the parameter's dtype. Raises :class:`StateDictError` listing every missing,
         unexpected and mis-shaped tensor (missing/unexpected only when ``strict``); nothing
-        is written when it raises.
+        is written when it raises, unless a load-state-dict post-hook is registered in the
+        tree: then, as torch, each subtree is written and its post-hooks run (they may edit
+        the missing/unexpected lists the strict check reads) before the error is raised.
+
+        Load-state-dict pre-hooks run per module before its keys are read, with torch's arguments
+        (they may edit the dict, which is a copy of ``state_dict``); ``_extra_state`` goes to
+        ``set_extra_state`` of a module that overrides it.
 
         >>> import opsnn, numpy as np
         >>> lin = opsnn.nn.Linear(2, 3)
@@ -333,33 +386,77 @@ class Module:
             raise ParamInvalidError(
                 f"load_state_dict: expected a mapping of name -> tensor, got {type(state_dict).__name__}"
             )
-        own = self.state_dict()
-        optional = self._optional_names()
-        missing = [k for k in own if k not in state_dict and k not in optional]
-        unexpected = [k for k in state_dict if k not in own]
-        mismatched, arrays = [], {}
-        for k, v in state_dict.items():
-            if k not in own:
-                continue
-            arr = _as_array(v, k)
-            dst = own[k]
-            if tuple(arr.shape) != tuple(dst.shape):
-                mismatched.append((k, tuple(dst.shape), tuple(arr.shape)))
-                continue
-            if not _castable(arr.dtype, dst.dtype):
-                mismatched.append(
-                    (k, f"{tuple(dst.shape)} {_dt.name(dst.dtype)}", f"{tuple(arr.shape)} {_dt.name(arr.dtype)}")
-                )
-                continue
-            arrays[k] = arr
-        if mismatched or (strict and (missing or unexpected)):
+        state = OrderedDict(state_dict.items())
+        missing, unexpected, errors, mismatched, writes, extras = [], [], [], [], [], []
+        # with post-hooks, torch's order: each subtree is written, then its module's post-hooks run
+        eager = any(m.__dict__.get("_load_state_dict_post_hooks") for m in self.modules())
+        keys = IncompatibleKeys(missing, unexpected)
+
+        def visit(mod: Module, local, prefix: str) -> None:
+            d = mod.__dict__
+            for hook in list(d.get("_load_state_dict_pre_hooks", {}).values()):
+                hook(mod, local, prefix, {}, True, missing, unexpected, errors)
+            own = {}
+            for reg in ("_parameters", "_buffers"):
+                for n, t in d[reg].items():
+                    if t is not None and (reg == "_parameters" or n not in mod._non_persistent):
+                        own[n] = t
+            for n, dst in own.items():
+                k = prefix + n
+                if k not in local:
+                    if n not in mod._optional_buffers:
+                        missing.append(k)
+                    continue
+                arr = _as_array(local[k], k)
+                if tuple(arr.shape) != tuple(dst.shape):
+                    mismatched.append((k, tuple(dst.shape), tuple(arr.shape)))
+                elif not _castable(arr.dtype, dst.dtype):
+                    mismatched.append(
+                        (k, f"{tuple(dst.shape)} {_dt.name(dst.dtype)}", f"{tuple(arr.shape)} {_dt.name(arr.dtype)}")
+                    )
+                else:
+                    writes.append((dst, arr))
+            extra = prefix + "_extra_state"
+            if type(mod).set_extra_state is not Module.set_extra_state:
+                if extra in local:
+                    extras.append((mod, local[extra]))
+                else:
+                    missing.append(extra)
+            elif extra in local:
+                unexpected.append(extra)
+            for k in local:
+                if k.startswith(prefix) and k != extra:
+                    head, dot, _ = k[len(prefix) :].partition(".")
+                    if (head not in d["_modules"]) if dot else (head not in own):
+                        unexpected.append(k)
+            if eager:
+                flush()
+            for n, child in d["_modules"].items():
+                if child is not None:
+                    cp = prefix + n + "."
+                    visit(child, OrderedDict((k, v) for k, v in local.items() if k.startswith(cp)), cp)
+            for hook in list(d.get("_load_state_dict_post_hooks", {}).values()):
+                if hook(mod, keys) is not None:
+                    raise ParamInvalidError("load_state_dict: a load_state_dict post-hook must return None")
+
+        def flush() -> None:
+            for dst, arr in writes:
+                dst.copy_(arr)
+            for mod, value in extras:
+                mod.set_extra_state(value)
+            writes.clear()
+            extras.clear()
+
+        visit(self, state, "")
+        if errors or mismatched or (strict and (missing or unexpected)):
+            if eager:
+                self._weights_loaded()
             raise StateDictError(
-                type(self).__name__, missing if strict else (), unexpected if strict else (), mismatched
+                type(self).__name__, missing if strict else (), unexpected if strict else (), mismatched, errors
             )
-        for k, arr in arrays.items():
-            own[k].copy_(arr)
+        flush()
         self._weights_loaded()
-        return IncompatibleKeys(missing, unexpected)
+        return keys
 
     def _weights_loaded(self) -> None:
         """Called on every module after ``load_state_dict`` wrote new values (caches derived
@@ -387,14 +484,14 @@ class Module:
         initializers by name), or from a mapping; see :func:`opsnn.nn.read_weights`."""
         from .weights import read_weights
 
-        sd = source if hasattr(source, "items") else read_weights(source, names=self.state_dict())
+        sd = source if hasattr(source, "items") else read_weights(source, names=self._tensor_state())
         return self.load_state_dict(sd, strict=strict)
 
     def save_weights(self, path) -> str:
         """Write ``state_dict()`` to ``path`` (``.safetensors`` or ``.npz``)."""
         from .weights import write_weights
 
-        return write_weights(self.state_dict(), path)
+        return write_weights(self._tensor_state(), path)
 
     # -- modes and dtype -------------------------------------------------------------------------
     def train(self, mode: bool = True) -> Module:
@@ -472,6 +569,31 @@ class Module:
             raise ParamInvalidError(f"get_parameter: no parameter {target!r}")
         return p
 
+    def get_buffer(self, target: str) -> Tensor:
+        """The buffer at dotted path ``target``, as torch's."""
+        path, _, name = target.rpartition(".")
+        mod = self.get_submodule(path)
+        if name not in mod._buffers or mod._buffers[name] is None:
+            raise ParamInvalidError(f"get_buffer: {type(mod).__name__} has no buffer {name!r} (in {target!r})")
+        return mod._buffers[name]
+
+    def set_submodule(self, target: str, module: Module, strict: bool = False) -> None:
+        """Put ``module`` at dotted path ``target`` (its parent must exist), as torch's: an existing
+        attribute there must be a submodule; ``strict=True`` also requires one to be there already."""
+        if not isinstance(target, str) or not target:
+            raise ParamInvalidError(f"set_submodule: target must be a non-empty dotted path, got {target!r}")
+        if not isinstance(module, Module):
+            raise ParamInvalidError(f"set_submodule: module must be an opsnn.nn.Module, got {type(module).__name__}")
+        path, _, name = target.rpartition(".")
+        parent = self.get_submodule(path)
+        present = name in parent._modules or name in parent._parameters or name in parent._buffers
+        present = present or name in parent.__dict__
+        if strict and not present:
+            raise ParamInvalidError(f"set_submodule: {type(parent).__name__} has no attribute {name!r} (strict=True)")
+        if present and name not in parent._modules:
+            raise ParamInvalidError(f"set_submodule: {type(parent).__name__}.{name} is not a submodule")
+        setattr(parent, name, module)
+
     def register_forward_pre_hook(self, hook) -> RemovableHandle:
         """``hook(module, args)`` runs before ``forward``; a result other than None replaces the
         positional arguments (a tuple, or one value). ``handle.remove()`` unregisters it."""
@@ -482,7 +604,40 @@ class Module:
         the output. ``handle.remove()`` unregisters it."""
         return self._add_hook("_forward_hooks", hook)
 
-    def _add_hook(self, table: str, hook) -> RemovableHandle:
+    def register_full_backward_pre_hook(self, hook, prepend: bool = False) -> RemovableHandle:
+        """``hook(module, grad_output)`` runs when the gradients of this call's outputs are computed
+        (a tuple, None where an output is not a tensor or has no gradient); a tuple it returns replaces
+        them. As torch's (an identity node on the outputs); ``prepend`` runs it before the others."""
+        return self._add_hook("_backward_pre_hooks", hook, prepend)
+
+    def register_full_backward_hook(self, hook, prepend: bool = False) -> RemovableHandle:
+        """``hook(module, grad_input, grad_output)`` runs when the gradients of this call's positional
+        inputs are computed; a tuple it returns replaces ``grad_input``. As torch's: ``grad_input`` has
+        None for non-tensor arguments and those that need no gradient; when no input needs one, the hook
+        runs at the outputs' gradients with all-None ``grad_input`` (and must return None)."""
+        return self._add_hook("_backward_hooks", hook, prepend)
+
+    def register_state_dict_pre_hook(self, hook) -> RemovableHandle:
+        """``hook(module, prefix, keep_vars)`` runs before ``state_dict`` saves this module's entries."""
+        return self._add_hook("_state_dict_pre_hooks", hook)
+
+    def register_state_dict_post_hook(self, hook) -> RemovableHandle:
+        """``hook(module, state_dict, prefix, local_metadata)`` runs after ``state_dict`` saved this
+        module's subtree; it edits ``state_dict`` in place and returns None."""
+        return self._add_hook("_state_dict_post_hooks", hook)
+
+    def register_load_state_dict_pre_hook(self, hook) -> RemovableHandle:
+        """``hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+        error_msgs)`` runs before ``load_state_dict`` reads this module's keys (torch's arguments; it may
+        edit ``state_dict``, and a message appended to ``error_msgs`` fails the load)."""
+        return self._add_hook("_load_state_dict_pre_hooks", hook)
+
+    def register_load_state_dict_post_hook(self, hook) -> RemovableHandle:
+        """``hook(module, incompatible_keys)`` runs after ``load_state_dict`` loaded this module's subtree;
+        it may edit ``incompatible_keys.missing_keys`` / ``unexpected_keys`` before the strict check."""
+        return self._add_hook("_load_state_dict_post_hooks", hook)
+
+    def _add_hook(self, table: str, hook, prepend: bool = False) -> RemovableHandle:
         if not callable(hook):
             raise ParamInvalidError(
                 f"{table.strip('_').replace('_', ' ')}: expected a callable, got {type(hook).__name__}"
@@ -490,7 +645,38 @@ class Module:
         hooks = self.__dict__.setdefault(table, OrderedDict())
         key = next(_HOOK_KEYS)
         hooks[key] = hook
+        if prepend:
+            hooks.move_to_end(key, last=False)
         return RemovableHandle(hooks, key)
+
+    def to_empty(self, *, device, recurse: bool = True) -> Module:
+        """torch's ``to_empty``: parameters and buffers on ``device`` with unspecified values. opsnn has no
+        meta device, so every tensor already has CPU memory: each keeps its object and memory, whose
+        values are from now on unspecified (caches derived from them are dropped). ``device``: the CPU."""
+        _check_cpu("Module.to_empty", device)
+        for m in self.modules() if recurse else [self]:
+            m.__dict__.pop("_derived_caches", None)
+        return self
+
+    def type(self, dst_type) -> Module:
+        """torch's ``type``: cast every parameter and buffer, floating or not, to ``dst_type`` (an opsnn
+        dtype, a torch dtype or a ``"torch.FloatTensor"``-style name) in place; returns self."""
+        dt = _dst_dtype(dst_type)
+        for m in self.modules():
+            for reg in ("_parameters", "_buffers"):
+                d = m.__dict__[reg]
+                for n, t in list(d.items()):
+                    if t is None or t.dtype == dt:
+                        continue
+                    if isinstance(t, Parameter) and t.requires_grad and not _dt.is_float(dt):
+                        raise DTypeError(
+                            f"Module.type: parameter {n!r} of {type(m).__name__} requires grad, so it cannot "
+                            f"become {_dt.name(dt)} (only floating tensors require grad)"
+                        )
+                    arr = t.numpy().astype(dt)
+                    d[n] = Parameter(arr, requires_grad=t.requires_grad) if isinstance(t, Parameter) else tensor(arr)
+        self._weights_loaded()
+        return self
 
     def _cast(self, dtype) -> Module:
         """Cast floating parameters and buffers to ``dtype`` in place (returns self)."""
@@ -526,12 +712,18 @@ class Module:
                 res = hook(self, args)
                 if res is not None:
                     args = res if isinstance(res, tuple) else (res,)
+        bw = None
+        if d.get("_backward_hooks") or d.get("_backward_pre_hooks"):
+            bw = _BackwardHook(self, d.get("_backward_hooks"), d.get("_backward_pre_hooks"))
+            args = bw.setup_input_hook(args)
         out = self.forward(*args, **kwargs)
         if post:
             for hook in list(post.values()):
                 res = hook(self, args, out)
                 if res is not None:
                     out = res
+        if bw is not None:
+            out = bw.setup_output_hook(out)
         return out
 
     def to_graph(self, example_inputs, dynamic_dims=None, name: str | None = None):
@@ -549,7 +741,7 @@ class Module:
         from ..ops import executor as _ex
 
         example_inputs = list(example_inputs)
-        names = {id(t): n for n, t in self.state_dict().items()}
+        names = {id(t): n for n, t in self._tensor_state().items()}
         for n, p in self.named_parameters():
             names.setdefault(id(p), n)
 
@@ -596,6 +788,187 @@ class Module:
             sub = repr(m).replace("\n", "\n  ")
             lines.append(f"  ({n}): {sub}")
         return "\n".join(lines) + "\n)"
+
+
+def _check_cpu(where: str, device) -> None:
+    if device is None or isinstance(device, Device):
+        return
+    name = str(device)
+    if name.split(":")[0] != "cpu":
+        raise ParamInvalidError(f"{where}: opsnn runs on the CPU, got device {device!r}")
+
+
+#: torch's legacy tensor type names, for ``Module.type``
+_TYPE_NAMES = {
+    "FloatTensor": "float32",
+    "DoubleTensor": "float64",
+    "HalfTensor": "float16",
+    "BFloat16Tensor": "bfloat16",
+    "LongTensor": "int64",
+    "IntTensor": "int32",
+    "ShortTensor": "int16",
+    "CharTensor": "int8",
+    "ByteTensor": "uint8",
+    "BoolTensor": "bool",
+}
+
+
+def _dst_dtype(dst_type) -> np.dtype:
+    name = dst_type if isinstance(dst_type, str) else None
+    if name is None and type(dst_type).__module__ == "torch":  # a torch.dtype: its name after "torch."
+        name = str(dst_type)
+    if name is not None and name.startswith("torch."):
+        name = name[len("torch.") :]
+        name = _TYPE_NAMES.get(name, name)
+    return _dt.get(dst_type if name is None else name)
+
+
+class _BackwardHook:
+    """One call's full backward hooks, as torch's ``BackwardHook``: the call's tensor inputs and outputs
+    that need a gradient pass through one recorded identity node each side, whose backward runs the
+    hooks on the gradients of all of them at once."""
+
+    def __init__(self, module: Module, hooks, pre_hooks):
+        self.module = module
+        self.hooks = list((hooks or {}).values())
+        self.pre_hooks = list((pre_hooks or {}).values())
+        self.grad_outputs = None
+        self.n_inputs = 0
+        self.input_index = None
+
+    @staticmethod
+    def _wrap(values: tuple, fn):
+        """``values`` with its tensors that need a gradient replaced by new handles joined to them by an
+        identity node running ``fn(index, grads)``; None when no tensor needs one (nothing recorded)."""
+        from ..autograd import is_grad_enabled
+        from ..autograd.graph import Node, _attach, _edges
+        from ..graph.tracing import TraceError, active_tracer
+
+        index = [i for i, v in enumerate(values) if isinstance(v, Tensor) and v.requires_grad]
+        if not index or not is_grad_enabled():
+            return None
+        tracer = active_tracer()
+        if tracer is not None:
+            if getattr(tracer, "records_tape", False):
+                raise TraceError(
+                    "a module backward hook would run only while the training step is traced, never at a "
+                    "compiled call; remove it or run the step eagerly"
+                )
+            return None
+        ins = [values[i] for i in index]
+        outs = [Tensor(t._array, t.format, t._producer) for t in ins]
+        node = Node("BackwardHookFunction", lambda grads: fn(index, grads), _edges(ins), ins, outs)
+        _attach(node, outs, len(outs))
+        res = list(values)
+        for i, o in zip(index, outs):
+            res[i] = o
+        return tuple(res), index
+
+    @staticmethod
+    def _unpack(index: list, values, like: list) -> list:
+        # a gradient a hook dropped (None) flows on as zeros: the node must give one to each input
+        out = []
+        for i, t in zip(index, like):
+            g = values[i]
+            if g is None:
+                g = _zero_like(t)
+            elif not isinstance(g, Tensor) or tuple(g.shape) != tuple(t.shape):
+                raise ParamInvalidError(
+                    f"backward hook: gradient {i} must be an opsnn Tensor of shape {tuple(t.shape)}, got "
+                    + (f"shape {tuple(g.shape)}" if isinstance(g, Tensor) else type(g).__name__)
+                )
+            out.append(g)
+        return out
+
+    def setup_input_hook(self, args: tuple) -> tuple:
+        self.n_inputs = len(args)
+        wrapped = self._wrap(args, self._input_grads)
+        if wrapped is None:
+            return args
+        args, self.input_index = wrapped
+        self._inputs = [args[i] for i in self.input_index]
+        return args
+
+    def _input_grads(self, index: list, grads: list) -> list:
+        if self.grad_outputs is None:  # the gradient reached the inputs without passing the outputs
+            return [g if g is not None else _zero_like(t) for g, t in zip(grads, self._inputs)]
+        res = [None] * self.n_inputs
+        for i, g in zip(index, grads):
+            res[i] = g
+        res = tuple(res)
+        for hook in self.hooks:
+            out = hook(self.module, res, self.grad_outputs)
+            if out is None:
+                continue
+            out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            if len(out) != len(res):
+                raise ParamInvalidError(
+                    f"backward hook of {type(self.module).__name__}: returned {len(out)} grad_input, expected {len(res)}"
+                )
+            res = out
+        self.grad_outputs = None
+        return self._unpack(index, res, self._inputs)
+
+    def setup_output_hook(self, out):
+        if not isinstance(out, (Tensor, tuple)):
+            import warnings
+
+            warnings.warn(
+                f"{type(self.module).__name__}: for backward hooks to be called, the module's output should be a "
+                f"Tensor or a tuple of Tensors, got {type(out).__name__}",
+                stacklevel=3,
+            )
+        values = out if isinstance(out, tuple) else (out,)
+        self.n_outputs = len(values)
+        wrapped = self._wrap(values, self._output_grads)
+        if wrapped is None:
+            return out
+        values, index = wrapped
+        self._outputs = [values[i] for i in index]
+        return values if isinstance(out, tuple) else values[0]
+
+    def _output_grads(self, index: list, grads: list) -> list:
+        go = [None] * self.n_outputs
+        for i, g in zip(index, grads):
+            go[i] = g
+        self.grad_outputs = tuple(go)
+        for hook in self.pre_hooks:
+            res = hook(self.module, self.grad_outputs)
+            if res is None:
+                continue
+            res = tuple(res) if isinstance(res, (tuple, list)) else (res,)
+            if len(res) != len(self.grad_outputs):
+                raise ParamInvalidError(
+                    f"backward pre-hook of {type(self.module).__name__}: returned {len(res)} grad_output, "
+                    f"expected {len(self.grad_outputs)}"
+                )
+            self.grad_outputs = res
+        local = self.grad_outputs
+        if self.input_index is None:  # no input needs a gradient: the full hooks run here, with None inputs
+            none = (None,) * self.n_inputs
+            if self.hooks:
+                import warnings
+
+                warnings.warn(
+                    f"{type(self.module).__name__}: full backward hook is firing when gradients are computed with "
+                    "respect to module outputs since no inputs require gradients (as torch's)",
+                    stacklevel=2,
+                )
+            for hook in self.hooks:
+                res = hook(self.module, none, self.grad_outputs)
+                if res is not None and not (isinstance(res, tuple) and all(r is None for r in res)):
+                    raise ParamInvalidError(
+                        f"backward hook of {type(self.module).__name__}: no input requires grad, so the hook must "
+                        "return None (or all-None)"
+                    )
+            self.grad_outputs = None
+        return self._unpack(index, local, self._outputs)
+
+
+def _zero_like(t: Tensor) -> Tensor:
+    z = empty(tuple(t.shape), t.dtype)
+    z.numpy().fill(0)
+    return z
 
 
 def _castable(src: np.dtype, dst: np.dtype) -> bool:
