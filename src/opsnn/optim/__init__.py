@@ -1,5 +1,5 @@
 """``opsnn.optim``: optimizers with torch's names, signatures and parameter groups (SGD, Adam,
-AdamW, RMSprop, Adagrad); each ``step()`` is one fused multi-tensor numba kernel over all parameters.
+AdamW, NAdam, RAdam, Adamax, RMSprop, Adagrad, Adadelta); each ``step()`` is one fused multi-tensor numba kernel over all parameters.
 Learning-rate schedulers are in ``opsnn.optim.lr_scheduler``.
 
 >>> import opsnn, numpy as np
@@ -10,10 +10,27 @@ Learning-rate schedulers are in ``opsnn.optim.lr_scheduler``.
 """
 
 from . import lr_scheduler
+from .adadelta import Adadelta
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
+from .adamax import Adamax
+from .nadam import NAdam
 from .optimizer import Optimizer, OptimizerStateError
+from .radam import RAdam
 from .rmsprop import RMSprop
 from .sgd import SGD
 
-__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Optimizer", "OptimizerStateError", "RMSprop", "lr_scheduler"]
+__all__ = [
+    "SGD",
+    "Adadelta",
+    "Adagrad",
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "NAdam",
+    "Optimizer",
+    "OptimizerStateError",
+    "RAdam",
+    "RMSprop",
+    "lr_scheduler",
+]

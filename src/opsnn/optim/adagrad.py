@@ -37,6 +37,7 @@ class Adagrad(Optimizer):
     ):
         if differentiable:
             raise ParamInvalidError("Adagrad: differentiable=True is not supported")
+        self._refuse(foreach=foreach, fused=fused)
         super().__init__(
             params,
             {
@@ -81,9 +82,7 @@ class Adagrad(Optimizer):
     def step(self, closure=None):
         """One update of every parameter that has a gradient (one kernel launch per dtype; traced, one
         ``ApplyAdagrad`` node per dtype)."""
-        return self._fused_step(
-            closure, "ApplyAdagrad", K.adagrad_step, ("sum",), lambda g, p: (True,), self._rows, lambda used: {}
-        )
+        return self._fused_fixed_step(closure, "ApplyAdagrad", K.adagrad_step, ("sum",), self._rows)
 
 
 __all__ = ["Adagrad"]

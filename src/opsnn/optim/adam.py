@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ParamInvalidError, real_number
+from ..errors import ParamInvalidError
 from ..kernels.cpu import optimizer as K
 from .optimizer import Optimizer
 
@@ -40,6 +40,7 @@ class Adam(Optimizer):
     ):
         if differentiable or capturable:
             raise ParamInvalidError(f"{type(self).__name__}: differentiable/capturable are not supported")
+        self._refuse(foreach=foreach, fused=fused)
         self._decoupled = self._decoupled or bool(decoupled_weight_decay)
         super().__init__(
             params,
@@ -56,11 +57,7 @@ class Adam(Optimizer):
     _state_keys = frozenset({"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"})
 
     def _check_options(self, g: dict) -> None:
-        name = type(self).__name__
-        b = tuple(g["betas"]) if isinstance(g["betas"], (tuple, list)) else ()
-        if len(b) != 2 or not all(0.0 <= real_number(name, "betas", v) < 1.0 for v in b):
-            raise ParamInvalidError(f"{name}: betas must be two numbers in [0, 1), got {g['betas']}")
-        g["betas"] = (float(b[0]), float(b[1]))
+        self._check_betas(g)
         self._check_nonnegative(g, ("lr", "eps", "weight_decay"))
 
     def step(self, closure=None):

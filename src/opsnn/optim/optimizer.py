@@ -7,11 +7,14 @@ over all parameters that have a gradient, one launch per parameter dtype.
 from __future__ import annotations
 
 import copy
+import functools
+from collections import OrderedDict
 
 import numpy as np
 
 from .. import dtypes as _dt
 from ..autograd import no_grad
+from ..autograd.graph import RemovableHandle
 from ..errors import DTypeError, ParamInvalidError, real_number
 from ..kernels.cpu import optimizer as K
 from ..runtime.stream import current_stream
@@ -27,7 +30,14 @@ class Optimizer:
     """Base class: ``params`` is an iterable of tensors or of dicts (parameter groups, each with
     ``"params"`` and any per-group option overriding ``defaults``)."""
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "step" in cls.__dict__:  # an inherited step is already wrapped
+            cls.step = _with_step_hooks(cls.step)
+
     def __init__(self, params, defaults: dict):
+        self._optimizer_step_pre_hooks: OrderedDict = OrderedDict()
+        self._optimizer_step_post_hooks: OrderedDict = OrderedDict()
         self.defaults = dict(defaults)
         self.state: dict = {}
         self.param_groups: list[dict] = []
@@ -93,6 +103,25 @@ class Optimizer:
     def _check_options(self, group: dict) -> None:
         """Subclasses validate their options (learning rate, betas ...) here."""
 
+    def _check_betas(self, group: dict) -> None:
+        """``group["betas"]`` as two floats in [0, 1), or a ParamInvalidError."""
+        name = type(self).__name__
+        b = tuple(group["betas"]) if isinstance(group["betas"], (tuple, list)) else ()
+        if len(b) != 2 or not all(0.0 <= real_number(name, "betas", v) < 1.0 for v in b):
+            raise ParamInvalidError(f"{name}: betas must be two numbers in [0, 1), got {group['betas']}")
+        group["betas"] = (float(b[0]), float(b[1]))
+
+    def _refuse(self, **options) -> None:
+        """torch options opsnn does not implement (``foreach``, ``capturable``, ``differentiable``,
+        ``fused``): None or False pass (every step is one fused kernel, with torch's numbers), anything
+        else is a ParamInvalidError rather than an option silently ignored."""
+        for k, v in options.items():
+            if v is not None and v is not False:
+                raise ParamInvalidError(
+                    f"{type(self).__name__}: {k}={v!r} is not supported (each step is one fused multi-tensor "
+                    "kernel); leave it at None or False"
+                )
+
     def _check_nonnegative(self, group: dict, keys) -> None:
         """Options ``keys`` of ``group`` as floats >= 0, or a ParamInvalidError naming the option."""
         name = type(self).__name__
@@ -100,6 +129,34 @@ class Optimizer:
             group[k] = real_number(name, k, group[k])
             if not group[k] >= 0.0:
                 raise ParamInvalidError(f"{name}: {k} must be >= 0, got {group[k]}")
+
+    def register_step_pre_hook(self, hook) -> RemovableHandle:
+        """``hook(optimizer, args, kwargs)`` runs before every ``step`` (``args`` starts with the
+        optimizer, as torch's); a result other than None must be ``(new_args, new_kwargs)`` and
+        replaces them. ``handle.remove()`` unregisters it. Hooks are Python: in a training step compiled
+        with ``opsnn.compile`` they run once, when the step is traced, not on the compiled calls.
+
+        >>> import opsnn, numpy as np
+        >>> p = opsnn.nn.Parameter(np.zeros(2, np.float32))
+        >>> opt = opsnn.optim.SGD([p], lr=0.1)
+        >>> h = opt.register_step_pre_hook(lambda o, args, kwargs: print("stepping", type(o).__name__))
+        >>> opt.step()
+        stepping SGD
+        >>> h.remove()
+        """
+        return self._add_step_hook(self._optimizer_step_pre_hooks, hook)
+
+    def register_step_post_hook(self, hook) -> RemovableHandle:
+        """``hook(optimizer, args, kwargs)`` runs after every ``step``; its result is ignored.
+        ``handle.remove()`` unregisters it."""
+        return self._add_step_hook(self._optimizer_step_post_hooks, hook)
+
+    def _add_step_hook(self, hooks: OrderedDict, hook) -> RemovableHandle:
+        if not callable(hook):
+            raise ParamInvalidError(f"{type(self).__name__}: a step hook must be callable, got {type(hook).__name__}")
+        key = next(_HOOK_KEYS)
+        hooks[key] = hook
+        return RemovableHandle(hooks, key)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for g in self.param_groups:
@@ -144,6 +201,12 @@ class Optimizer:
         stream = current_stream()
         stream.launch(fn, op, {"kernel": f"{op.lower()}_numba"}, args)
         stream.synchronize()
+
+    def _advance(self, p: Tensor) -> tuple[dict, float]:
+        """``p``'s state and its ``step`` count, advanced by one (torch counts per parameter)."""
+        st = self.state.setdefault(p, {})
+        st["step"] = step = float(st.get("step", 0.0)) + 1.0
+        return st, step
 
     def _state_buffer(self, p: Tensor, key: str) -> np.ndarray:
         st = self.state.setdefault(p, {})
@@ -265,6 +328,11 @@ class Optimizer:
             self._launch(op, kernel, args + tuple(K.typed_list(s) for s in states) + (chunks, hyper, flags))
         return loss
 
+    def _fused_fixed_step(self, closure, op: str, kernel, slots, rows):
+        """:meth:`_fused_step` for an op whose parameters all keep every state in ``slots``."""
+        used = (True,) * len(slots)
+        return self._fused_step(closure, op, kernel, slots, lambda g, p: used, rows, lambda used: {})
+
     def _closure(self, closure):
         if closure is None:
             return None
@@ -332,10 +400,15 @@ class Optimizer:
                         f"{name}.load_state_dict: parameter {k} has state {n!r}; {name} keeps "
                         f"{sorted(self._state_keys)}"
                     )
-                if n == "step":
-                    entry[n] = float(np.asarray(v.numpy() if isinstance(v, Tensor) else v))
-                    continue
                 arr = v.numpy() if isinstance(v, Tensor) else np.asarray(v)
+                if n in self._scalar_state_keys:
+                    if arr.size != 1:
+                        raise OptimizerStateError(
+                            f"{name}.load_state_dict: state {n!r} of parameter {k} must be one number, got "
+                            f"shape {tuple(arr.shape)}"
+                        )
+                    entry[n] = float(arr.reshape(()))
+                    continue
                 if tuple(arr.shape) != tuple(p.shape):
                     raise OptimizerStateError(
                         f"{name}.load_state_dict: state {n!r} of parameter {k} has shape "
@@ -349,6 +422,8 @@ class Optimizer:
         self.state = new_state
 
     _state_keys: frozenset = frozenset()
+    #: states kept as one Python float per parameter (torch's 0-d tensors)
+    _scalar_state_keys: frozenset = frozenset({"step"})
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]
@@ -356,6 +431,39 @@ class Optimizer:
             lines.append(f"Parameter Group {i}")
             lines += [f"    {k}: {v}" for k, v in sorted(g.items()) if k != "params"]
         return "\n".join(lines + [")"])
+
+
+_HOOK_KEYS = iter(range(1 << 62))
+
+
+def _with_step_hooks(step):
+    """``step`` with the optimizer's step pre- and post-hooks around it, as torch's ``profile_hook_step``;
+    a ``step`` that calls its parent's through ``super()`` runs the hooks once."""
+
+    @functools.wraps(step)
+    def wrapper(*args, **kwargs):
+        self = args[0]
+        if getattr(self, "_in_step_hooks", False):
+            return step(*args, **kwargs)
+        for hook in list(getattr(self, "_optimizer_step_pre_hooks", {}).values()):
+            result = hook(self, args, kwargs)
+            if result is not None:
+                if not (isinstance(result, tuple) and len(result) == 2):
+                    raise ParamInvalidError(
+                        f"{type(self).__name__}.step: a step pre-hook must return None or (new_args, new_kwargs), "
+                        f"got {type(result).__name__}"
+                    )
+                args, kwargs = result
+        self._in_step_hooks = True
+        try:
+            out = step(*args, **kwargs)
+        finally:
+            self._in_step_hooks = False
+        for hook in list(getattr(self, "_optimizer_step_post_hooks", {}).values()):
+            hook(self, args, kwargs)
+        return out
+
+    return wrapper
 
 
 __all__ = ["Optimizer", "OptimizerStateError", "no_grad"]

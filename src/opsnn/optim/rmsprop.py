@@ -36,6 +36,7 @@ class RMSprop(Optimizer):
     ):
         if differentiable or capturable:
             raise ParamInvalidError("RMSprop: differentiable/capturable are not supported")
+        self._refuse(foreach=foreach)
         super().__init__(
             params,
             {

@@ -36,6 +36,7 @@ class SGD(Optimizer):
     ):
         if differentiable:
             raise ParamInvalidError("SGD: differentiable=True is not supported")
+        self._refuse(foreach=foreach, fused=fused)
         super().__init__(
             params,
             {

@@ -288,8 +288,9 @@ __all__ = ["adagrad_step", "adam_step", "momentum_step"]
 
 
 # -- in-place multi-tensor optimizer updates (opsnn domain) ------------------------------------------------
-# ``ApplySGD`` / ``ApplyAdamW`` / ``ApplyRMSprop`` / ``ApplyAdagrad`` are torch's SGD, Adam/AdamW, RMSprop
-# and Adagrad steps over any number of tensors in one record, as ops-nn's aclnnApplyAdamW / aclnnFusedSgd: the hyper-parameters (learning rate included)
+# ``ApplySGD`` / ``ApplyAdamW`` / ``ApplyNAdam`` / ``ApplyRAdam`` / ``ApplyAdamax`` / ``ApplyRMSprop`` /
+# ``ApplyAdagrad`` / ``ApplyAdadelta`` are torch's steps of those optimizers over any number of tensors in
+# one record, as ops-nn's aclnnApplyAdamW / aclnnFusedSgd: the hyper-parameters (learning rate included)
 # arrive as a runtime float64 table with one row per tensor, the switches as an int64 table, so an LR
 # schedule or a new Adam step count changes no graph constant. The outputs are the new tensors and
 # states; a compiled training step binds each to the memory of its input (in place), and the kernel
@@ -297,17 +298,28 @@ __all__ = ["adagrad_step", "adam_step", "momentum_step"]
 OPSNN = "opsnn"
 
 #: op -> (hyper columns, flag columns)
-_APPLY = {"ApplySGD": (4, 3), "ApplyAdamW": (7, 3), "ApplyRMSprop": (5, 3), "ApplyAdagrad": (5, 1)}
+_APPLY = {
+    "ApplySGD": (4, 3),
+    "ApplyAdamW": (7, 3),
+    "ApplyRMSprop": (5, 3),
+    "ApplyAdagrad": (5, 1),
+    "ApplyNAdam": (8, 2),
+    "ApplyRAdam": (7, 3),
+    "ApplyAdamax": (6, 1),
+    "ApplyAdadelta": (4, 1),
+}
+#: op -> state tensors per optimized tensor, for the ops whose state layout has no options
+_FIXED_STATES = {"ApplyAdagrad": 1, "ApplyNAdam": 2, "ApplyRAdam": 2, "ApplyAdamax": 2, "ApplyAdadelta": 2}
 
 
 def _apply_states(op: str, attrs) -> int:
     """State tensors per optimized tensor, as the node's attributes say."""
+    if op in _FIXED_STATES:
+        return _FIXED_STATES[op]
     if op == "ApplySGD":
         return 1 if attrs.get("momentum_buffers", 1) else 0
     if op == "ApplyRMSprop":
         return 1 + bool(attrs.get("momentum_buffers", 0)) + bool(attrs.get("centered", 0))
-    if op == "ApplyAdagrad":
-        return 1
     return 3 if attrs.get("amsgrad", 0) else 2
 
 
@@ -465,24 +477,92 @@ def _apply_rmsprop_ref(ins, a):
     return tuple(out_p + out_sq + out_buf + out_gavg)
 
 
+def _ref_tensors(op, ins, a):
+    """Per optimized tensor of a node: (hyper row, flags row, dtype, parameter, gradient, [states]), the
+    arrays in float64; for the references below."""
+    n = _apply_count(op, len(ins), a)
+    for k in range(n):
+        states = [ins[2 + (2 + s) * n + k].astype(np.float64) for s in range(_apply_states(op, a))]
+        p, g = ins[2 + k].astype(np.float64), ins[2 + n + k].astype(np.float64)
+        yield [float(v) for v in ins[0][k]], [bool(v) for v in ins[1][k]], ins[2 + k].dtype, p, g, states
+
+
+def _ref_outputs(rows) -> tuple:
+    """[(param, *states) per tensor] as a node's outputs: every parameter, then each state in turn."""
+    return tuple(x for column in zip(*rows) for x in column)
+
+
+def _ref_decayed(p, g, lr, wd, maximize, decoupled=False):
+    """torch's maximize and weight decay (L2 into the gradient, or decoupled on the parameter)."""
+    g = -g if maximize else g
+    if wd and decoupled:
+        return p * (1 - lr * wd), g
+    return p, (g + wd * p if wd else g)
+
+
 def _apply_adagrad_ref(ins, a):
     """torch.optim.Adagrad's rule read literally, per tensor, in float64 (the sum rounded when stored)."""
-    n = _apply_count("ApplyAdagrad", len(ins), a)
-    hyper, flags = ins[0], ins[1]
-    out_p, out_s = [], []
-    for k in range(n):
-        lr, lr_decay, wd, eps, step = (float(v) for v in hyper[k])
-        dt = ins[2 + k].dtype
-        p = ins[2 + k].astype(np.float64)
-        g = ins[2 + n + k].astype(np.float64)
-        g = -g if flags[k][_K.ADAGRAD_MAXIMIZE] else g
-        if wd:
-            g = g + wd * p
+    rows = []
+    for (lr, lr_decay, wd, eps, step), f, dt, p, g, (acc,) in _ref_tensors("ApplyAdagrad", ins, a):
+        p, g = _ref_decayed(p, g, lr, wd, f[_K.ADAGRAD_MAXIMIZE])
         clr = lr / (1 + (step - 1) * lr_decay)
-        acc = (ins[2 + 2 * n + k].astype(np.float64) + g * g).astype(dt)
-        out_s.append(acc)
-        out_p.append((p - clr * g / (np.sqrt(acc.astype(np.float64)) + eps)).astype(dt))
-    return tuple(out_p + out_s)
+        acc = (acc + g * g).astype(dt)
+        rows.append(((p - clr * g / (np.sqrt(acc.astype(np.float64)) + eps)).astype(dt), acc))
+    return _ref_outputs(rows)
+
+
+def _ref_moments(m, v, g, b1, b2, dt):
+    """Adam's exp_avg and exp_avg_sq, rounded to the parameter's dtype as torch stores them."""
+    return (m + (1 - b1) * (g - m)).astype(dt), (b2 * v + (1 - b2) * g * g).astype(dt)
+
+
+def _apply_nadam_ref(ins, a):
+    """torch.optim.NAdam's rule read literally, per tensor, in float64 (states rounded when stored)."""
+    rows = []
+    for h, f, dt, p, g, (m, v) in _ref_tensors("ApplyNAdam", ins, a):
+        lr, b1, b2, eps, wd, bc2, grad_coef, avg_coef = h
+        p, g = _ref_decayed(p, g, lr, wd, f[_K.FAMILY_MAXIMIZE], f[_K.FAMILY_DECOUPLED])
+        m, v = _ref_moments(m, v, g, b1, b2, dt)
+        denom = np.sqrt(v.astype(np.float64) / bc2) + eps
+        rows.append(((p - grad_coef * g / denom - avg_coef * m.astype(np.float64) / denom).astype(dt), m, v))
+    return _ref_outputs(rows)
+
+
+def _apply_radam_ref(ins, a):
+    """torch.optim.RAdam's rule read literally, per tensor, in float64 (states rounded when stored)."""
+    rows = []
+    for h, f, dt, p, g, (m, v) in _ref_tensors("ApplyRAdam", ins, a):
+        lr, b1, b2, eps, wd, step_size, bc2_sqrt = h
+        p, g = _ref_decayed(p, g, lr, wd, f[_K.FAMILY_MAXIMIZE], f[_K.FAMILY_DECOUPLED])
+        m, v = _ref_moments(m, v, g, b1, b2, dt)
+        update = step_size * m.astype(np.float64)
+        if f[_K.RADAM_RECTIFIED]:
+            update = update * (bc2_sqrt / (np.sqrt(v.astype(np.float64)) + eps))
+        rows.append(((p - update).astype(dt), m, v))
+    return _ref_outputs(rows)
+
+
+def _apply_adamax_ref(ins, a):
+    """torch.optim.Adamax's rule read literally, per tensor, in float64 (states rounded when stored)."""
+    rows = []
+    for (lr, b1, b2, eps, wd, clr), f, dt, p, g, (m, u) in _ref_tensors("ApplyAdamax", ins, a):
+        p, g = _ref_decayed(p, g, lr, wd, f[_K.ADAMAX_MAXIMIZE])
+        m = (m + (1 - b1) * (g - m)).astype(dt)
+        u = np.maximum(b2 * u, np.abs(g) + eps).astype(dt)
+        rows.append(((p - clr * m.astype(np.float64) / u.astype(np.float64)).astype(dt), m, u))
+    return _ref_outputs(rows)
+
+
+def _apply_adadelta_ref(ins, a):
+    """torch.optim.Adadelta's rule read literally, per tensor, in float64 (states rounded when stored)."""
+    rows = []
+    for (lr, rho, eps, wd), f, dt, p, g, (sq, acc) in _ref_tensors("ApplyAdadelta", ins, a):
+        p, g = _ref_decayed(p, g, lr, wd, f[_K.ADADELTA_MAXIMIZE])
+        sq = (rho * sq + (1 - rho) * g * g).astype(dt)
+        delta = np.sqrt(acc + eps) / np.sqrt(sq.astype(np.float64) + eps) * g
+        acc = (rho * acc + (1 - rho) * delta * delta).astype(dt)
+        rows.append(((p - lr * delta).astype(dt), sq, acc))
+    return _ref_outputs(rows)
 
 
 def _chunks_plan(op):
@@ -552,16 +632,21 @@ def _apply_rmsprop_kernel(ins, outs, a, plan, ws):
     )
 
 
-def _apply_adagrad_kernel(ins, outs, a, plan, ws):
-    n, params, grads, states = _apply_groups("ApplyAdagrad", ins, outs, a)
-    _K.adagrad_step(
-        _flat(params),
-        _flat_grads(grads),
-        _flat(states[0]),
-        plan["chunks"],
-        np.ascontiguousarray(ins[0], np.float64),
-        np.ascontiguousarray(ins[1], np.int64),
-    )
+def _fixed_states_kernel(op, step):
+    """The kernel of an op with a fixed state layout: ``step(params, grads, *states, chunks, hyper, flags)``."""
+
+    def kernel(ins, outs, a, plan, ws):
+        _n, params, grads, states = _apply_groups(op, ins, outs, a)
+        step(
+            _flat(params),
+            _flat_grads(grads),
+            *[_flat(s) for s in states],
+            plan["chunks"],
+            np.ascontiguousarray(ins[0], np.float64),
+            np.ascontiguousarray(ins[1], np.int64),
+        )
+
+    return kernel
 
 
 def _register_apply(op, attrs, reference, kernel, doc):
@@ -628,10 +713,49 @@ ApplyAdagrad = _register_apply(
     "ApplyAdagrad",
     [],
     _apply_adagrad_ref,
-    _apply_adagrad_kernel,
+    _fixed_states_kernel("ApplyAdagrad", _K.adagrad_step),
     "torch's Adagrad step over many tensors (lr decay, weight decay, maximize): inputs hyper (n, 5) float64 "
     "[lr, lr_decay, weight_decay, eps, step], flags (n, 1) int64 [maximize], params..., grads..., sum...; "
     "outputs new params..., new sums...",
+)
+
+ApplyNAdam = _register_apply(
+    "ApplyNAdam",
+    [],
+    _apply_nadam_ref,
+    _fixed_states_kernel("ApplyNAdam", _K.nadam_step),
+    "torch's NAdam step over many tensors (momentum decay, L2 or decoupled weight decay, maximize): inputs "
+    "hyper (n, 8) float64 [lr, beta1, beta2, eps, weight_decay, 1-beta2^t, lr(1-mu_t)/(1-mu_product), "
+    "lr mu_t+1/(1-mu_product mu_t+1)], flags (n, 2) int64 [decoupled, maximize], params..., grads..., "
+    "exp_avg..., exp_avg_sq...; outputs new params..., new states...",
+)
+ApplyRAdam = _register_apply(
+    "ApplyRAdam",
+    [],
+    _apply_radam_ref,
+    _fixed_states_kernel("ApplyRAdam", _K.radam_step),
+    "torch's RAdam step over many tensors (L2 or decoupled weight decay, maximize): inputs hyper (n, 7) "
+    "float64 [lr, beta1, beta2, eps, weight_decay, lr rect/(1-beta1^t), sqrt(1-beta2^t)], flags (n, 3) "
+    "int64 [decoupled, maximize, rectified (rho_t > 5)], params..., grads..., exp_avg..., exp_avg_sq...; "
+    "outputs new params..., new states...",
+)
+ApplyAdamax = _register_apply(
+    "ApplyAdamax",
+    [],
+    _apply_adamax_ref,
+    _fixed_states_kernel("ApplyAdamax", _K.adamax_step),
+    "torch's Adamax step over many tensors (weight decay, maximize): inputs hyper (n, 6) float64 [lr, beta1, "
+    "beta2, eps, weight_decay, lr/(1-beta1^t)], flags (n, 1) int64 [maximize], params..., grads..., "
+    "exp_avg..., exp_inf...; outputs new params..., new states...",
+)
+ApplyAdadelta = _register_apply(
+    "ApplyAdadelta",
+    [],
+    _apply_adadelta_ref,
+    _fixed_states_kernel("ApplyAdadelta", _K.adadelta_step),
+    "torch's Adadelta step over many tensors (rho, eps, weight decay, maximize): inputs hyper (n, 4) float64 "
+    "[lr, rho, eps, weight_decay], flags (n, 1) int64 [maximize], params..., grads..., square_avg..., "
+    "acc_delta...; outputs new params..., new states...",
 )
 
 
@@ -692,10 +816,49 @@ def apply_adagrad(hyper, flags, params, grads, sums):
     return [hyper, flags] + flat, {}, 2 * n
 
 
+def _two_state_call(fn, hyper, flags, params, grads, first, second):
+    flat, n = _lists(fn, params, grads, first, second)
+    return [hyper, flags] + flat, {}, 3 * n
+
+
+@api("apply_nadam", "ApplyNAdam", domain=OPSNN)
+def apply_nadam(hyper, flags, params, grads, exp_avgs, exp_avg_sqs):
+    """One fused NAdam update (see the record); returns (*new params, *new exp_avgs, *new exp_avg_sqs)."""
+    return _two_state_call("apply_nadam", hyper, flags, params, grads, exp_avgs, exp_avg_sqs)
+
+
+@api("apply_radam", "ApplyRAdam", domain=OPSNN)
+def apply_radam(hyper, flags, params, grads, exp_avgs, exp_avg_sqs):
+    """One fused RAdam update (see the record); returns (*new params, *new exp_avgs, *new exp_avg_sqs)."""
+    return _two_state_call("apply_radam", hyper, flags, params, grads, exp_avgs, exp_avg_sqs)
+
+
+@api("apply_adamax", "ApplyAdamax", domain=OPSNN)
+def apply_adamax(hyper, flags, params, grads, exp_avgs, exp_infs):
+    """One fused Adamax update (see the record); returns (*new params, *new exp_avgs, *new exp_infs)."""
+    return _two_state_call("apply_adamax", hyper, flags, params, grads, exp_avgs, exp_infs)
+
+
+@api("apply_adadelta", "ApplyAdadelta", domain=OPSNN)
+def apply_adadelta(hyper, flags, params, grads, square_avgs, acc_deltas):
+    """One fused Adadelta update (see the record); returns (*new params, *new square_avgs, *new acc_deltas)."""
+    return _two_state_call("apply_adadelta", hyper, flags, params, grads, square_avgs, acc_deltas)
+
+
 @api("assign", "Assign", domain=OPSNN)
 def assign(ref, value):
     """The new value of state tensor ``ref`` (a copy; in a compiled training step, written in place)."""
     return [ref, value], {}
 
 
-__all__ += ["apply_adagrad", "apply_adamw", "apply_rmsprop", "apply_sgd", "assign"]
+__all__ += [
+    "apply_adadelta",
+    "apply_adagrad",
+    "apply_adamax",
+    "apply_adamw",
+    "apply_nadam",
+    "apply_radam",
+    "apply_rmsprop",
+    "apply_sgd",
+    "assign",
+]
