@@ -525,3 +525,25 @@ def test_empty_cache_drops_cached_blocks_and_trims_the_heap():
     assert opsnn.memory.summary()["cached_bytes"] == 0
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
         assert opsnn.runtime.memory.trim_heap() is True
+
+
+def test_a_gradient_that_depends_on_no_input_is_the_steps_own():
+    """loss = model(x).sum(): the bias gradient is a constant of the step (ones summed); the compiled step
+    applies it as eager does (it was refused as 'not computed inside the traced step')."""
+    res = {}
+    for mode in ("eager", "compiled"):
+        with opsnn.nn.init.seeded(1):
+            model = opsnn.nn.Linear(3, 2)
+        opt = opsnn.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x, model=model, opt=opt):
+            opt.zero_grad()
+            loss = model(x).sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        run = opsnn.compile(step) if mode == "compiled" else step
+        x = opsnn.tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+        res[mode] = [float(run(x).item()) for _ in range(3)] + model.bias.numpy().tolist()
+    np.testing.assert_allclose(res["compiled"], res["eager"], rtol=1e-6)

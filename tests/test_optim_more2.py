@@ -477,3 +477,23 @@ def test_a_pre_hook_may_replace_the_arguments_and_a_subclass_runs_hooks_once():
         opt.step()
     with pytest.raises(ParamInvalidError, match="a step hook must be callable, got int"):
         opt.register_step_post_hook(3)
+
+
+def test_step_hooks_refuse_a_traced_step():
+    model = nn.Linear(3, 2)
+    opt = optim.Adamax(model.parameters(), lr=0.1)
+    handle = opt.register_step_post_hook(lambda o, args, kwargs: None)
+
+    def step(x):
+        opt.zero_grad()
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    from opsnn.graph.tracing import TraceError
+
+    with pytest.raises(TraceError, match="step hooks would run only while the step is traced"):
+        opsnn.compile(step)(opsnn.tensor(np.ones((2, 3), np.float32)))
+    handle.remove()
+    assert np.isfinite(float(opsnn.compile(step)(opsnn.tensor(np.ones((2, 3), np.float32))).item()))

@@ -180,7 +180,12 @@ class CompiledTrainStep:
             key += (("trace_key", extra),)
         st = self._steps.get(key)
         if st is None:
-            result = self._trace(key, tensors)
+            tracer = StateTracer(state_of=_is_parameter, label_of=lambda t: self.names.get(id(t)))
+            try:
+                result = self._trace(key, tensors, tracer)
+            except BaseException:
+                _drop_grads(tracer)  # a failed trace's gradients would mislead the next trace
+                raise
             # the blocks the trace's eager run left cached (freed with its locals) serve no compiled run
             _memory.empty_cache()
             return result
@@ -194,8 +199,7 @@ class CompiledTrainStep:
         st.calls += 1
         return self._structure(st, [outs[n] for n in st.outputs])
 
-    def _trace(self, key, tensors):
-        tracer = StateTracer(state_of=_is_parameter, label_of=lambda t: self.names.get(id(t)))
+    def _trace(self, key, tensors, tracer):
         name = getattr(self.fn, "__name__", "train_step")
         graph, updates, result = trace_stateful(self.fn, tensors, tracer, name=name)
         if "backward" not in tracer.events and "update" not in tracer.events:
@@ -233,11 +237,7 @@ class CompiledTrainStep:
         self._latest = st
         self.num_compiles += 1
         self.mode = "compiled"
-        # the step's gradients live inside the graph from now on; .grad would hold this call's forever
-        for t in tracer.state.values():
-            m = get_meta(t)
-            if m is not None and m.grad is not None:
-                m.grad = None
+        _drop_grads(tracer)  # the step's gradients live inside the graph from now on
         log.info("compiled step %s for inputs %s: %d nodes", name, key, len(graph.nodes))
         return result
 
@@ -354,6 +354,14 @@ class CompiledTrainStep:
         return (
             f"<CompiledTrainStep {getattr(self.fn, '__name__', 'step')}: {self.num_compiles} signatures, {self.mode}>"
         )
+
+
+def _drop_grads(tracer) -> None:
+    """Clear ``.grad`` of every state tensor the trace touched (it holds the tracing call's values)."""
+    for t in tracer.state.values():
+        m = get_meta(t)
+        if m is not None and m.grad is not None:
+            m.grad = None
 
 
 __all__ = ["CompiledTrainStep", "TraceError"]

@@ -133,8 +133,8 @@ class Optimizer:
     def register_step_pre_hook(self, hook) -> RemovableHandle:
         """``hook(optimizer, args, kwargs)`` runs before every ``step`` (``args`` starts with the
         optimizer, as torch's); a result other than None must be ``(new_args, new_kwargs)`` and
-        replaces them. ``handle.remove()`` unregisters it. Hooks are Python: in a training step compiled
-        with ``opsnn.compile`` they run once, when the step is traced, not on the compiled calls.
+        replaces them. ``handle.remove()`` unregisters it. Hooks are Python, so a step traced by
+        ``opsnn.compile`` with a hook registered is a TraceError (they would run only while tracing).
 
         >>> import opsnn, numpy as np
         >>> p = opsnn.nn.Parameter(np.zeros(2, np.float32))
@@ -275,7 +275,8 @@ class Optimizer:
         grads = []
         for _g, p in items:
             gr = p.grad
-            if not tracer.is_traced(gr):
+            # a gradient that depends on no input (bias of loss = model(x).sum()) is still the step's own
+            if not tracer.is_traced(gr) and tracer.made_by.get(tracer.names.get(id(gr))) is None:
                 from ..graph.tracing import TraceError
 
                 raise TraceError(
@@ -445,6 +446,14 @@ def _with_step_hooks(step):
         self = args[0]
         if getattr(self, "_in_step_hooks", False):
             return step(*args, **kwargs)
+        if getattr(self, "_optimizer_step_pre_hooks", None) or getattr(self, "_optimizer_step_post_hooks", None):
+            from ..graph.tracing import TraceError, active_tracer
+
+            if active_tracer() is not None:
+                raise TraceError(
+                    f"{type(self).__name__}.step: step hooks would run only while the step is traced, never at a "
+                    "compiled call; remove them before opsnn.compile, or run the step eagerly"
+                )
         for hook in list(getattr(self, "_optimizer_step_pre_hooks", {}).values()):
             result = hook(self, args, kwargs)
             if result is not None:
