@@ -36,7 +36,7 @@ UNARY = {
     "sqrt": np.sqrt,
     "abs": np.abs,
     "neg": np.negative,
-    "sign": np.sign,
+    "sign": lambda a: np.where(np.isnan(a), 0.0, np.sign(a)),  # torch's: 0 at NaN
     "floor": np.floor,
     "ceil": np.ceil,
     "round": np.round,

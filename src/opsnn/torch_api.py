@@ -24,15 +24,17 @@ from .tensor import Tensor, as_tensor
 
 #: torch functions that are the Tensor method of the same name with the input first
 METHOD_FUNCTIONS = (
-    "abs absolute acos acosh add addcdiv addcmul all amax amin any argmax argmin asin asinh atan atanh "
-    "bitwise_and bitwise_not bitwise_or bitwise_xor ceil chunk clamp clamp_max clamp_min clip cos cosh "
-    "count_nonzero cumprod cumsum det div divide eq erf exp flatten floor fmod gather ge greater "
-    "greater_equal gt index_select is_floating_point isinf isnan le lerp less less_equal log log_softmax "
-    "logical_and logical_not logical_or logical_xor logsumexp lt masked_fill masked_select matmul max "
+    "abs absolute acos acosh add addcdiv addcmul all amax amin any arctan2 argmax argmin asin asinh atan atan2 atanh "
+    "bitwise_and bitwise_not bitwise_or bitwise_xor ceil chunk clamp clamp_max clamp_min clip copysign cos cosh "
+    "count_nonzero cumprod cumsum det digamma div divide eq erf erfc erfinv exp expm1 flatten floor fmax fmin fmod "
+    "gather ge greater "
+    "greater_equal gt heaviside hypot index_select is_floating_point isinf isnan le lerp less less_equal lgamma log "
+    "log1p log_softmax logaddexp "
+    "logical_and logical_not logical_or logical_xor logit logsumexp lt masked_fill masked_select matmul max "
     "maximum mean min minimum mul multiply nanmean nansum narrow ne neg negative nonzero not_equal "
     "permute pow prod reciprocal relu remainder reshape round rsqrt scatter scatter_add select sigmoid sign "
     "sin sinh softmax split sqrt square squeeze sub subtract sum t tan tanh tile topk transpose tril triu "
-    "true_divide unique unsqueeze var "
+    "true_divide unique unsqueeze var xlogy "
     # composed ones (opsnn/ops/tensor_composed.py): the method is the one implementation
     "addmm addmv addr adjoint aminmax argwhere baddbmm broadcast_to cummax cummin deg2rad diag diagonal diff "
     "dot dsplit exp2 fix fliplr flipud float_power frac ger hsplit inner isfinite kthvalue log10 log2 "

@@ -2199,6 +2199,125 @@ def _one_hot(ctx, grads):
     return [None, None, ops.concat([ops.reshape(ops.sub(ops.sum(g), hot), (1,)), ops.reshape(hot, (1,))], dim=0)]
 
 
+# -- special functions and binary math (ops/defs/special.py; torch's derivatives.yaml formulas) --------------
+def _log1p(ctx, grads):
+    x = ctx.inputs[0]
+    return [_ops().div(grads[0], _ops().add(x, _const(1, x)))]
+
+
+def _expm1(ctx, grads):
+    y = ctx.outputs[0]
+    return [_ops().mul(grads[0], _ops().add(y, _const(1, y)))]
+
+
+def _erfc(ctx, grads):
+    ops = _ops()
+    x = ctx.inputs[0]
+    return [ops.mul(grads[0], ops.mul(_const(-2 / math.sqrt(math.pi), x), ops.exp(ops.neg(ops.mul(x, x)))))]
+
+
+def _erfinv(ctx, grads):
+    ops = _ops()
+    y = ctx.outputs[0]
+    return [ops.mul(grads[0], ops.mul(_const(math.sqrt(math.pi) / 2, y), ops.exp(ops.mul(y, y))))]
+
+
+def _lgamma(ctx, grads):
+    return [_ops().mul(grads[0], _ops().digamma(ctx.inputs[0]))]
+
+
+def _digamma(ctx, grads):
+    return [_ops().mul(grads[0], _ops().trigamma(ctx.inputs[0]))]
+
+
+def _logit(ctx, grads):
+    """g / (x (1 - x)); with eps >= 0, 0 where x was clamped (outside [eps, 1 - eps], as torch)."""
+    ops, g = _ops(), grads[0]
+    x = ctx.inputs[0]
+    d = ops.div(g, ops.mul(x, ops.sub(_const(1, x), x)))
+    eps = float(ctx.attrs.get("eps", -1.0))
+    if eps < 0:
+        return [d]
+    lo = np.asarray(eps, dtype=x.dtype)
+    hi = np.asarray(1, dtype=x.dtype) - lo  # the bounds the forward clamped to, in x's dtype
+    out = ops.logical_or(ops.lt(x, _const(lo, x)), ops.gt(x, _const(hi, x)))
+    return [ops.where(out, _const(0, d), d)]
+
+
+def _xlogy(ctx, grads):
+    """dA = xlogy(g, B), 0 where A == 0 and B <= 0; dB = g A / B."""
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs
+    ga = gb = None
+    if ctx.needs[0]:
+        at_pole = ops.logical_and(ops.eq(a, _const(0, a)), ops.le(b, _const(0, b)))
+        ga = unbroadcast(ops.where(at_pole, _const(0, g), ops.xlogy(g, b)), a.shape)
+    if ctx.needs[1]:
+        gb = unbroadcast(ops.div(ops.mul(g, a), b), b.shape)
+    return [ga, gb]
+
+
+def _hypot(ctx, grads):
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs
+    y = ctx.outputs[0]
+    return [
+        unbroadcast(ops.div(ops.mul(g, a), y), a.shape) if ctx.needs[0] else None,
+        unbroadcast(ops.div(ops.mul(g, b), y), b.shape) if ctx.needs[1] else None,
+    ]
+
+
+def _atan2(ctx, grads):
+    """atan2(a, b): dA = g b / (a^2 + b^2), dB = -g a / (a^2 + b^2)."""
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs
+    r2 = ops.add(ops.mul(a, a), ops.mul(b, b))
+    return [
+        unbroadcast(ops.div(ops.mul(g, b), r2), a.shape) if ctx.needs[0] else None,
+        unbroadcast(ops.neg(ops.div(ops.mul(g, a), r2)), b.shape) if ctx.needs[1] else None,
+    ]
+
+
+def _copysign(ctx, grads):
+    """dA = g * (result / A), 0 where A == 0; the sign source B gets a zero gradient (torch)."""
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs
+    ga = gb = None
+    if ctx.needs[0]:
+        ratio = ops.div(ctx.outputs[0], a)
+        ratio = ops.where(ops.eq(a, _const(0, a)), _const(0, ratio), ratio)
+        ga = unbroadcast(ops.mul(g, ratio), a.shape)
+    if ctx.needs[1]:
+        gb = zeros(tuple(b.shape), g.dtype)
+    return [ga, gb]
+
+
+def _logaddexp(ctx, grads):
+    ops, g = _ops(), grads[0]
+    a, b = ctx.inputs
+    one = _const(1, g)
+    return [
+        unbroadcast(ops.div(g, ops.add(one, ops.exp(ops.sub(b, a)))), a.shape) if ctx.needs[0] else None,
+        unbroadcast(ops.div(g, ops.add(one, ops.exp(ops.sub(a, b)))), b.shape) if ctx.needs[1] else None,
+    ]
+
+
+def _fextremum(cmp_name: str):
+    """Fmax / Fmin: the whole gradient to A where A wins (ties included) or B is NaN, else to B (torch)."""
+
+    def rule(ctx, grads):
+        ops, g = _ops(), grads[0]
+        a, b = ctx.inputs
+        pick_a = ops.logical_or(getattr(ops, cmp_name)(a, b), ops.isnan(b))
+        zero = _const(0, g)
+        return [
+            unbroadcast(ops.where(pick_a, g, zero), a.shape) if ctx.needs[0] else None,
+            unbroadcast(ops.where(pick_a, zero, g), b.shape) if ctx.needs[1] else None,
+        ]
+
+    return rule
+
+
 #: op name -> gradient rule (the table ``attach`` writes onto the records; names are looked up in the
 #: default domain, then in opsnn's own, where the fused ops such as Linear live)
 RULES = {
@@ -2343,6 +2462,20 @@ RULES = {
     "MaxRoiPool": _max_roi_pool,
     "STFT": _stft,
     "OneHot": _one_hot,
+    "Log1p": _log1p,
+    "Expm1": _expm1,
+    "Erfc": _erfc,
+    "Erfinv": _erfinv,
+    "Lgamma": _lgamma,
+    "Digamma": _digamma,
+    "Logit": _logit,
+    "Xlogy": _xlogy,
+    "Hypot": _hypot,
+    "Atan2": _atan2,
+    "Copysign": _copysign,
+    "Logaddexp": _logaddexp,
+    "Fmax": _fextremum("ge"),
+    "Fmin": _fextremum("le"),
 }
 
 

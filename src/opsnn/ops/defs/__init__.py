@@ -5,6 +5,7 @@ import importlib
 
 FAMILIES = (
     "elementwise",
+    "special",
     "activation",
     "reduction",
     "norm",
