@@ -49,6 +49,15 @@ def _starts(targets, target_lengths):
 
 
 @nb.njit(nogil=True, cache=True)
+def _width(target_lengths) -> int:
+    """The longest extended label sequence (2L + 1) of the batch: the recursion tables' row width."""
+    width = 1
+    for n in range(target_lengths.shape[0]):
+        width = max(width, 2 * target_lengths[n] + 1)
+    return width
+
+
+@nb.njit(nogil=True, cache=True)
 def _alpha(lp, targets, start, n, T, L, blank, la):
     """Fill ``la`` (T, 2L+1) with the forward log probabilities; returns the sample's log-likelihood."""
     S = 2 * L + 1
@@ -93,9 +102,7 @@ def ctc_forward(lp, targets, input_lengths, target_lengths, blank, zero_infinity
     """out[n] = -log p(targets[n] | lp[:input_lengths[n], n]) (0 where infinite under ``zero_infinity``)."""
     T, N, C = lp.shape
     starts = _starts(targets, target_lengths)
-    width = 1
-    for n in range(N):
-        width = max(width, 2 * target_lengths[n] + 1)
+    width = _width(target_lengths)
     for n in nb.prange(N):
         Tn, L = input_lengths[n], target_lengths[n]
         if Tn == 0:
@@ -113,9 +120,7 @@ def ctc_backward(lp, targets, input_lengths, target_lengths, nll, grad_loss, bla
     loss is infinite under ``zero_infinity`` (NaN without it, as the likelihood is 0)."""
     T, N, C = lp.shape
     starts = _starts(targets, target_lengths)
-    width = 1
-    for n in range(N):
-        width = max(width, 2 * target_lengths[n] + 1)
+    width = _width(target_lengths)
     for n in nb.prange(N):
         out[:, n, :] = 0
         Tn, L = input_lengths[n], target_lengths[n]

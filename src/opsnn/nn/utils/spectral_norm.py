@@ -128,13 +128,9 @@ def spectral_norm(
 
 def remove_spectral_norm(module: Module, name: str = "weight") -> Module:
     """Fold the normalised weight back into one parameter ``<name>`` and drop the hook and buffers."""
-    hooks = module.__dict__.get("_forward_pre_hooks", {})
-    for k, hook in list(hooks.items()):
-        if isinstance(hook, SpectralNorm) and hook.name == name:
-            hook.remove(module)
-            del hooks[k]
-            return module
-    raise ParamInvalidError(f"remove_spectral_norm: no spectral_norm of {name!r} on {type(module).__name__}")
+    from .weight_norm import remove_reparametrization
+
+    return remove_reparametrization(module, SpectralNorm, name, "spectral_norm")
 
 
 __all__ = ["SpectralNorm", "remove_spectral_norm", "spectral_norm"]

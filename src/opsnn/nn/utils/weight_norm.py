@@ -99,13 +99,18 @@ def weight_norm(module: Module, name: str = "weight", dim: int | None = 0) -> Mo
 
 def remove_weight_norm(module: Module, name: str = "weight") -> Module:
     """Fold ``<name>_g`` and ``<name>_v`` back into one parameter ``<name>`` and drop the hook; returns ``module``."""
+    return remove_reparametrization(module, WeightNorm, name, "weight_norm")
+
+
+def remove_reparametrization(module: Module, kind: type, name: str, what: str) -> Module:
+    """Undo the ``kind`` forward pre-hook (weight_norm, spectral_norm) that recomputes ``module.<name>``."""
     hooks = module.__dict__.get("_forward_pre_hooks", {})
     for k, hook in list(hooks.items()):
-        if isinstance(hook, WeightNorm) and hook.name == name:
+        if isinstance(hook, kind) and hook.name == name:
             hook.remove(module)
             del hooks[k]
             return module
-    raise ParamInvalidError(f"remove_weight_norm: no weight_norm of {name!r} on {type(module).__name__}")
+    raise ParamInvalidError(f"remove_{what}: no {what} of {name!r} on {type(module).__name__}")
 
 
 __all__ = ["WeightNorm", "remove_weight_norm", "weight_norm"]
