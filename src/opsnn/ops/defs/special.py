@@ -110,9 +110,10 @@ def _trigamma_ref(x: float) -> float:
 
 def _logit_ref(ins, attrs):
     x, eps = ins[0], float(attrs["eps"])
-    if eps >= 0:  # torch clamps in the input's dtype
+    if eps >= 0:  # torch clamps in the input's dtype, low bound first (it wins when eps > 0.5)
         lo = x.dtype.type(eps)
-        x = np.minimum(np.maximum(x, lo), x.dtype.type(1) - lo).astype(x.dtype)  # NaN stays NaN
+        hi = x.dtype.type(1) - lo
+        x = np.where(x < lo, lo, np.where(x > hi, hi, x)).astype(x.dtype)  # NaN stays NaN
     w = _wide(x)
     return np.log(w / (1.0 - w)).astype(ins[0].dtype)
 
