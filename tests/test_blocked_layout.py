@@ -645,3 +645,18 @@ def test_plans_for_several_batch_sizes_hold_one_copy_of_the_weights(rng):
     for n in (2, 3):
         cg.run({"x": _f32(rng, n, 3, 18, 17)})
     assert cg.num_plans == 3 and cg.resident_bytes() == one and one["float32"] > 0
+
+
+@needs_onednn
+def test_sizes_past_onednn_32_bit_range_are_refused_before_the_call():
+    """Found by `opsnn fuzz` under the AVX2 cap (onnx_mutate seed 3911099: a mutated Conv pad of 2**40): the
+    layout pass asked oneDNN for a descriptor and its 32-bit arithmetic inside died of SIGFPE, killing the
+    process. Sizes past 2**31 - 1 are a OneDnnError before any oneDNN call (the pass leaves the conv alone)."""
+    big = 1 << 40
+    with pytest.raises(KD.OneDnnError, match="beyond oneDNN's 32-bit range"):
+        KD.conv_impl(
+            (1, 8, 8, 3), (8, 8, 3, 3), (1, 8, 8, big + 3), (1, 1), (1, 1, 1, big), (1, 1), block=8, src_blocked=True
+        )
+    assert KD.conv_impl(
+        (1, 8, 8, 3), (8, 8, 3, 3), (1, 8, 8, 3), (1, 1), (1, 1, 1, 1), (1, 1), block=8, src_blocked=True
+    )

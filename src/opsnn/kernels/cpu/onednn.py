@@ -101,7 +101,19 @@ def _split_act(act: int, alpha: float, beta: float, dtype) -> tuple[int, tuple |
     return act, None
 
 
-_Dims = C.c_int64 * 12
+_DimsArray = C.c_int64 * 12
+#: oneDNN keeps sizes, strides and pads in 64-bit fields but computes with 32-bit ints inside (a pad of
+#: 2**40 is a SIGFPE in its descriptor code): larger values are refused before any call
+DIM_LIMIT = (1 << 31) - 1
+
+
+def _Dims(*values) -> C.Array:
+    """A oneDNN dims array of ``values``; OneDnnError past :data:`DIM_LIMIT`."""
+    if any(abs(int(v)) > DIM_LIMIT for v in values):
+        raise OneDnnError(f"sizes {tuple(int(v) for v in values)} are beyond oneDNN's 32-bit range")
+    return _DimsArray(*values)
+
+
 _vp = C.c_void_p
 
 _lock = threading.Lock()
