@@ -34,6 +34,8 @@ CASES = {
     "log_softmax": (lambda m, a: m.log_softmax(a, 0), [A], True),
     "gather": (lambda m, a, i: m.gather(a, 1, i), [A, IDX], True),
     "index_select": (lambda m, a, i: m.index_select(a, 1, i[0, :3]), [A, IDX], True),
+    "scatter_add": (lambda m, a, i, s: m.scatter_add(a, 1, i[:, :4], s), [A, IDX, C], True),
+    "scatter_add_method": (lambda m, a, i, s: a.scatter_add(0, i[:2, :4] % 3, s[:2] * 2), [A, IDX, C], True),
     "transpose": (lambda m, a: m.transpose(a, 0, 1), [A], True),
     "permute": (lambda m, a: m.permute(a, (2, 0, 1)), [X3], True),
     "reshape": (lambda m, a: m.reshape(a, (5, 3)), [A], True),

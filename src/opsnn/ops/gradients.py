@@ -1925,17 +1925,23 @@ def _einsum(ctx, grads):
 
 def _scatter(gather_name: str):
     """ScatterElements / ScatterND without a reduction: dData is g with the written places zeroed,
-    dUpdates gathers g there."""
+    dUpdates gathers g there; with reduction 'add' (torch's scatter_add) dData is g itself. The other
+    reductions have no rule (a NoGradientError names the op)."""
 
     def rule(ctx, grads):
         ops, g = _ops(), grads[0]
         x, idx, upd = ctx.inputs
-        if _s(ctx.attrs.get("reduction", "none")) != "none":
+        reduction = _s(ctx.attrs.get("reduction", "none"))
+        if reduction not in ("none", "add"):
             return [None, None, None]
         attrs = {k: v for k, v in ctx.attrs.items() if k == "axis"}
         res = [None, None, None]
         if ctx.needs[0]:
-            res[0] = ops.run_op(ctx.op, [g, idx, zeros(tuple(upd.shape), g.dtype)], ctx.attrs)[0]
+            res[0] = (
+                g
+                if reduction == "add"
+                else ops.run_op(ctx.op, [g, idx, zeros(tuple(upd.shape), g.dtype)], ctx.attrs)[0]
+            )
         if ctx.needs[2]:
             res[2] = ops.run_op(gather_name, [g, idx], attrs)[0]
         return res
